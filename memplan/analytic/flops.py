@@ -1,0 +1,120 @@
+"""FLOPs of one micro-batch, counted as torch.utils.flop_counter counts them.
+
+Convention (FlopCounterMode): only matrix products count — mm, addmm, bmm and the SDPA kernels; a
+multiply-add is 2 FLOPs; bias adds, norms, softmax and element-wise ops count 0; causal masking is not
+halved. T = b·s tokens.
+
+Forward, per layer:  Q: 2·T·h·(a·d)   K, V: 2·T·h·(kv·d) each   O: 2·T·(a·d)·h
+                     attention: QKᵀ 2·b·a·s²·d + P·V 2·b·a·s²·d (eager bmm or flash, the same)
+                     MLP: 2·T·h·f per matrix (3 for SwiGLU, 2 for GELU)
+Model:               lm head 2·T·h·v (the embedding lookup is a gather: 0)
+Backward: every linear needs dX = dY·Wᵀ and dW = Xᵀ·dY, 2× its forward; eager attention's bmms likewise
+2×; the flash backward (torch's ``sdpa_backward_flop_count``) counts five s×s products — it recomputes
+S = QKᵀ, then dP, dV, dQ, dK — 10·b·a·s²·d, 2.5× its forward.
+Recompute (hardware FLOPs only): full / every-k checkpointing and reversible layers re-run every layer's
+forward once in backward; selective recompute re-runs the attention core (4·b·a·s²·d per layer); less
+what torch's early-stopping checkpoint never re-runs (see ``recompute_flops``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from memplan.analytic.inventory import Dims
+from memplan.analytic.params import count_params
+from memplan.config import Attention, Checkpointing, MlpType, Setup
+
+
+class Flops(BaseModel):
+    """FLOPs of one micro-batch for the whole model (one data-parallel replica)."""
+
+    model_config = ConfigDict(frozen=True)
+    forward: int
+    backward: int
+    recompute: int
+    # Breakdown of the forward pass.
+    layer_linear: int
+    layer_attention: int
+    lm_head: int
+
+    @property
+    def total(self) -> int:
+        """Everything that runs: what FlopCounterMode counts (hardware FLOPs, for HFU)."""
+        return self.forward + self.backward + self.recompute
+
+    @property
+    def model(self) -> int:
+        """Forward + backward without recompute (model FLOPs, for MFU)."""
+        return self.forward + self.backward
+
+
+def mm(m: int, k: int, n: int) -> int:
+    """[m, k] @ [k, n]: m·n dot products of length k, a multiply-add each (×2)."""
+    return 2 * m * k * n
+
+
+def layer_linear_flops(setup: Setup, dims: Dims) -> int:
+    """Forward FLOPs of one layer's projections and MLP matrices."""
+    t, h, f = dims.tokens, dims.h, dims.f
+    qd, kvd = dims.a * dims.d, dims.kv * dims.d
+    attn = mm(t, h, qd) + 2 * mm(t, h, kvd) + mm(t, qd, h)
+    mats = 3 if setup.model.mlp is MlpType.SWIGLU else 2
+    return attn + mats * mm(t, h, f)
+
+
+def attention_core_flops(dims: Dims) -> int:
+    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): causal not halved."""
+    return 2 * dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+
+
+def attention_backward_flops(setup: Setup, dims: Dims) -> int:
+    per_bmm = attention_core_flops(dims) // 2
+    # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
+    return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
+
+
+def lm_head_flops(dims: Dims) -> int:
+    return mm(dims.tokens, dims.h, dims.v)
+
+
+def recompute_flops(setup: Setup, dims: Dims) -> int:
+    """Forward work re-run in backward.
+
+    torch.utils.checkpoint stops a recompute as soon as the last tensor backward needs is saved again
+    (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
+    whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down
+    projection (no residual dropout after it, whose mask is saved after it runs) skips it, and selective
+    eager attention skips P·V. The flash kernel saves its outputs, so it always re-runs.
+    """
+    layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
+    if setup.strategy.reversible:
+        return dims.layers * layer_fwd
+    if setup.strategy.segment:
+        segments = -(-dims.layers // setup.strategy.segment)
+        skipped = mm(dims.tokens, dims.f, dims.h) if setup.model.resid_dropout == 0 else 0
+        return dims.layers * layer_fwd - segments * skipped
+    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        core = attention_core_flops(dims)
+        return dims.layers * (core if setup.strategy.attention is Attention.FLASH else core // 2)
+    return 0
+
+
+def flops(setup: Setup) -> Flops:
+    dims = Dims.of(setup)
+    linear = dims.layers * layer_linear_flops(setup, dims)
+    attention = dims.layers * attention_core_flops(dims)
+    head = lm_head_flops(dims)
+    backward = 2 * (linear + head) + dims.layers * attention_backward_flops(setup, dims)
+    return Flops(
+        forward=linear + attention + head,
+        backward=backward,
+        recompute=recompute_flops(setup, dims),
+        layer_linear=linear,
+        layer_attention=attention,
+        lm_head=head,
+    )
+
+
+def six_n(setup: Setup) -> int:
+    """The 6·N·tokens rule of thumb (2N forward + 4N backward) with N = all parameters (active ones)."""
+    return 6 * count_params(setup.model).active * setup.training.micro_batch * setup.training.seq_len

@@ -1,0 +1,51 @@
+"""Model states per device: weights, gradients, master weights and optimizer states under ZeRO.
+
+Rajbhandari et al. 2019 (ZeRO), §5: with mixed-precision Adam a model of Ψ parameters holds 2Ψ (16-bit
+weights) + 2Ψ (16-bit gradients) + KΨ (K = 12: fp32 master, m, v). Per device over Nd data-parallel ranks:
+  stage 0  (4 + K)Ψ          stage 1 (P_os)   4Ψ + KΨ/Nd
+  stage 2  2Ψ + (2 + K)Ψ/Nd  stage 3 (P_os+g+p) (4 + K)Ψ/Nd
+A sharded buffer is padded to a multiple of Nd (DeepSpeed pads the flat buffer), so a shard holds
+ceil(Ψ / Nd) elements. Bytes per element come from the precision recipe and optimizer (config.py).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from memplan.config import Optimizer, Precision, ZeroStage
+
+
+class ModelStates(BaseModel):
+    """Bytes of model states on one device."""
+
+    model_config = ConfigDict(frozen=True)
+    weights: int
+    gradients: int
+    master_weights: int
+    optimizer_states: int
+
+    @property
+    def optimizer(self) -> int:
+        """What the optimizer owns: master copy + its states (ZeRO's KΨ)."""
+        return self.master_weights + self.optimizer_states
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer
+
+
+def shard(elements: int, dp: int, sharded: bool) -> int:
+    """Elements of one device's shard: ceil(elements / dp) when sharded, all of them otherwise."""
+    return -(-elements // dp) if sharded else elements
+
+
+def model_states(
+    params: int, precision: Precision, optimizer: Optimizer, zero: ZeroStage, dp: int
+) -> ModelStates:
+    """Per-device model states for ``params`` parameters (Ψ) replicated over ``dp`` data-parallel ranks."""
+    return ModelStates(
+        weights=shard(params, dp, zero >= ZeroStage.PARAMETERS) * precision.weight_bytes,
+        gradients=shard(params, dp, zero >= ZeroStage.GRADIENTS) * precision.grad_bytes,
+        master_weights=shard(params, dp, zero >= ZeroStage.OPTIMIZER) * precision.master_bytes,
+        optimizer_states=shard(params, dp, zero >= ZeroStage.OPTIMIZER) * optimizer.state_bytes(precision),
+    )

@@ -1,0 +1,448 @@
+"""The reference transformer: built from the same Setup as the estimate, implementing every strategy.
+
+It is written op by op so that each tensor autograd saves is a named tensor (``label``) the inventory of
+memplan/analytic/activations.py describes: RMSNorm as Llama's reference code (fp32 upcast), LayerNorm as
+``native_layer_norm``, attention eager (explicit matmul, causal ``masked_fill``, softmax, dropout) or flash
+(the SDPA flash kernel called directly, so its logsumexp can be named), SwiGLU or GELU MLPs, residual
+dropout through ``native_dropout`` (a bool mask on every device), fp32 logits and an explicit
+``log_softmax`` + ``nll_loss`` so the loss's saves are named too.
+
+Strategies: ``torch.utils.checkpoint`` (non-reentrant) around segments of k layers (full = k 1) or around
+the attention core (selective); reversible layers as RevNet coupling in an ``autograd.Function`` that keeps
+only the stack's last outputs and rebuilds every layer's input in backward.
+
+Known limitations: the CPU flash kernel has no dropout (flash with attention dropout needs CUDA); the CUDA
+path is written against the CUDA flash op's signature but is not exercised by CI (no GPU there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    MlpType,
+    NormType,
+    PositionType,
+    Precision,
+    Setup,
+)
+from memplan.measure.instruments import label, layer_scope, note_kept
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def torch_dtype(precision: Precision) -> torch.dtype:
+    """The dtype the model's weights and activations live in under a precision recipe."""
+    return TORCH_DTYPES[precision.activation_dtype.value]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Ops with named saves
+# ----------------------------------------------------------------------------------------------------
+def dropout(x: Tensor, p: float, mask_name: str) -> Tensor:
+    """``native_dropout``: saves a bool mask on CPU and CUDA alike (F.dropout's CPU path saves A-dtype noise)."""
+    if p == 0:
+        return x
+    out, mask = torch.native_dropout(x, p, True)
+    label(mask, mask_name)
+    return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, prefix: str) -> Tensor:
+    """Llama's RMSNorm: fp32 statistics, cast back before the weight."""
+    x32 = label(x.float(), f"{prefix}.input")
+    rstd = label(torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps), f"{prefix}.rstd")
+    normed = label((x32 * rstd).to(x.dtype), f"{prefix}.normed")
+    return weight * normed
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, prefix: str) -> Tensor:
+    label(x, f"{prefix}.input")
+    out, mean, rstd = torch.native_layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    label(mean, f"{prefix}.mean")
+    label(rstd, f"{prefix}.rstd")
+    return out
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x·cos + rotate_half(x)·sin; the muls save cos and sin (x needs no saving: cos does not need grad)."""
+    return x * cos + rotate_half(x) * sin
+
+
+def rope_tables(
+    s: int, d: int, theta: float, dtype: torch.dtype, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+    freqs = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return label(emb.cos().to(dtype), "rope.cos"), label(emb.sin().to(dtype), "rope.sin")
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """[b, kv, s, d] → [b, kv·n_rep, s, d] (a copy when n_rep > 1), as Llama's eager attention does."""
+    if n_rep == 1:
+        return x
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, n_rep, s, d).reshape(b, kv * n_rep, s, d)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------------------------------
+class Layer(nn.Module):
+    def __init__(self, setup: Setup, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        m = setup.model
+        h, qd, kvd, f = m.hidden_size, m.q_width, m.kv_width, m.ffn
+
+        def linear(fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
+            return nn.Linear(fan_in, fan_out, bias=bias, dtype=dtype, device=device)
+
+        def norm() -> nn.Module:
+            if m.norm is NormType.LAYERNORM:
+                return nn.LayerNorm(h, eps=m.norm_eps, dtype=dtype, device=device)
+            return nn.RMSNorm(h, eps=m.norm_eps, dtype=dtype, device=device)
+
+        self.attn_norm, self.mlp_norm = norm(), norm()
+        self.q, self.k, self.v = (
+            linear(h, qd, m.qkv_bias),
+            linear(h, kvd, m.qkv_bias),
+            linear(h, kvd, m.qkv_bias),
+        )
+        self.o = linear(qd, h, m.out_bias)
+        if m.mlp is MlpType.SWIGLU:
+            self.gate = linear(h, f, m.mlp_bias)
+        self.up, self.down = linear(h, f, m.mlp_bias), linear(f, h, m.mlp_bias)
+
+
+class Consts:
+    """Per-forward tensors every layer reads: RoPE tables and the causal mask (each one storage)."""
+
+    def __init__(self, cos: Tensor | None, sin: Tensor | None, mask: Tensor | None) -> None:
+        self.cos, self.sin, self.mask = cos, sin, mask
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.cos, self.sin, self.mask) if t is not None]
+
+
+class Reference(nn.Module):
+    """A decoder-only transformer that runs the Setup's strategy for real (or under FakeTensorMode)."""
+
+    def __init__(self, setup: Setup, device: torch.device | str = "cpu") -> None:
+        super().__init__()
+        self.setup = setup
+        m = setup.model
+        dev = torch.device(device)
+        self.dtype = dtype = torch_dtype(setup.training.precision)
+        if dev.type == "cpu" and setup.strategy.attention is Attention.FLASH and m.attn_dropout > 0:
+            raise ValueError(
+                "attn_dropout: the CPU flash kernel has no dropout; set --dropout 0, use --attention eager, "
+                "or run on CUDA"
+            )
+        self.embed = nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
+        self.pos = (
+            nn.Parameter(torch.empty(m.max_positions, m.hidden_size, dtype=dtype, device=dev))
+            if m.position is PositionType.LEARNED
+            else None
+        )
+        self.layers = nn.ModuleList(Layer(setup, dtype, dev) for _ in range(m.num_layers))
+        self.final_norm = (
+            nn.LayerNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=dev)
+            if m.norm is NormType.LAYERNORM
+            else nn.RMSNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=dev)
+        )
+        self.head = (
+            None
+            if m.tied_embeddings
+            else nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
+        )
+        self.recompute_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
+        self.reset_parameters()
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 style init: N(0, 0.02) matrices, zero biases, unit norm weights."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+
+    @property
+    def head_weight(self) -> Tensor:
+        return self.embed if self.head is None else self.head
+
+    # -- blocks ---------------------------------------------------------------------------------------
+    def norm(self, module: nn.Module, x: Tensor, prefix: str) -> Tensor:
+        eps = self.setup.model.norm_eps
+        if isinstance(module, nn.LayerNorm):
+            return layer_norm(x, module.weight, module.bias, eps, prefix)
+        assert isinstance(module, nn.RMSNorm)
+        return rms_norm(x, module.weight, eps, prefix)
+
+    def attention_core(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """[b, a, s, d] q, [b, kv, s, d] k and v → [b, s, a·d], the input of W_O."""
+        b, a, s, d = q.shape
+        if self.setup.strategy.attention is Attention.FLASH:
+            out = self.flash(q, k, v)
+            # The kernel writes out in q's [b, s, a, d] layout, so this reshape is a view.
+            return label(out.transpose(1, 2).reshape(b, s, a * d), "attn.out")
+        n_rep = a // k.shape[1]
+        q = label(q.contiguous(), "attn.q")
+        k = label(repeat_kv(k, n_rep).contiguous(), "attn.k")
+        v = label(repeat_kv(v, n_rep).contiguous(), "attn.v")
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(d))  # [b, a, s, s]
+        assert mask is not None
+        probs = label(torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1), "attn.probs")
+        p = self.setup.model.attn_dropout
+        if p > 0:
+            probs = label(dropout(probs, p, "attn.dropout_mask"), "attn.probs_dropped")
+        ctx = torch.matmul(probs, v)  # [b, a, s, d]
+        return label(ctx.transpose(1, 2).reshape(b, s, a * d), "attn.out")
+
+    def flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        p = self.setup.model.attn_dropout
+        if q.device.type == "cuda":
+            res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
+            out, lse, seed, offset = res[0], res[1], res[6], res[7]
+            label(seed, "attn.philox_seed")
+            label(offset, "attn.philox_offset")
+        else:
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, p, True)
+        label(lse, "attn.lse")
+        return out
+
+    def attention(self, layer: Layer, x: Tensor, c: Consts) -> Tensor:
+        m = self.setup.model
+        b, s, _ = x.shape
+        y = label(self.norm(layer.attn_norm, x, "attn_norm"), "attn.input")
+        q = layer.q(y).view(b, s, m.num_heads, m.dim).transpose(1, 2)
+        k = layer.k(y).view(b, s, m.kv_heads, m.dim).transpose(1, 2)
+        v = label(layer.v(y).view(b, s, m.kv_heads, m.dim).transpose(1, 2), "attn.v")
+        if c.cos is not None and c.sin is not None:
+            q, k = apply_rope(q, c.cos, c.sin), apply_rope(k, c.cos, c.sin)
+        label(q, "attn.q")
+        label(k, "attn.k")
+        if self.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+            inputs = [q, k, v] + ([c.mask] if c.mask is not None else [])
+            for t in inputs:
+                note_kept(t)
+            out = checkpoint(self._recomputable(self.attention_core), q, k, v, c.mask, use_reentrant=False)
+        else:
+            out = self.attention_core(q, k, v, c.mask)
+        return dropout(layer.o(out), m.resid_dropout, "attn.resid_dropout_mask")
+
+    def mlp(self, layer: Layer, x: Tensor) -> Tensor:
+        y = label(self.norm(layer.mlp_norm, x, "mlp_norm"), "mlp.input")
+        if self.setup.model.mlp is MlpType.SWIGLU:
+            gate = label(layer.gate(y), "mlp.gate")
+            hidden = label(F.silu(gate), "mlp.act") * label(layer.up(y), "mlp.up")
+        else:
+            hidden = F.gelu(label(layer.up(y), "mlp.up"), approximate="tanh")
+        out = layer.down(label(hidden, "mlp.down_input"))
+        return dropout(out, self.setup.model.resid_dropout, "mlp.resid_dropout_mask")
+
+    def layer(self, i: int, x: Tensor, c: Consts) -> Tensor:
+        layer = self.layers[i]
+        assert isinstance(layer, Layer)
+        with layer_scope(i):
+            x = x + self.attention(layer, x, c)
+            return x + self.mlp(layer, x)
+
+    # -- strategies -----------------------------------------------------------------------------------
+    def _recomputable(self, fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        """Wrap a checkpointed function so its second call (the recompute in backward) is marked."""
+        calls = 0
+
+        def run(*args: Any) -> Tensor:
+            nonlocal calls
+            calls += 1
+            with self.recompute_phase() if calls > 1 else nullcontext():
+                return fn(*args)
+
+        return run
+
+    def segments(self) -> Iterator[range]:
+        k, n = self.setup.strategy.segment, self.setup.model.num_layers
+        for start in range(0, n, k):
+            yield range(start, min(start + k, n))
+
+    def run_layers(self, x: Tensor, c: Consts) -> Tensor:
+        s = self.setup.strategy
+        if s.reversible:
+            return reversible_stack(self, x, c)
+        if not s.segment:
+            for i in range(len(self.layers)):
+                x = self.layer(i, x, c)
+            return x
+        for seg in self.segments():
+
+            def run_segment(x: Tensor, *_consts: Tensor | None, seg: range = seg) -> Tensor:
+                for i in seg:
+                    x = self.layer(i, x, c)
+                return x
+
+            with layer_scope(seg[0]):
+                note_kept(label(x, "layer.input"))
+                for t in c.tensors():
+                    note_kept(t)
+            x = checkpoint(self._recomputable(run_segment), x, c.cos, c.sin, c.mask, use_reentrant=False)
+        return x
+
+    # -- forward --------------------------------------------------------------------------------------
+    def consts(self, s: int, device: torch.device) -> Consts:
+        m = self.setup.model
+        cos = sin = mask = None
+        if m.position is PositionType.ROPE:
+            cos, sin = rope_tables(s, m.dim, m.rope_theta, self.dtype, device)
+        if self.setup.strategy.attention is Attention.EAGER:
+            mask = label(torch.ones(s, s, dtype=torch.bool, device=device).triu(1), "attn.causal_mask")
+        return Consts(cos, sin, mask)
+
+    def forward(self, ids: Tensor, labels: Tensor) -> Tensor:
+        m = self.setup.model
+        s = ids.shape[1]
+        with layer_scope(None):
+            x = F.embedding(label(ids, "embed.ids"), self.embed)
+            if self.pos is not None:
+                positions = label(torch.arange(s, device=ids.device), "embed.positions")
+                x = x + F.embedding(positions, self.pos)
+            x = dropout(x, m.embd_dropout, "embed.dropout_mask")
+            c = self.consts(s, ids.device)
+        x = self.run_layers(x, c)
+        with layer_scope(None):
+            y = label(self.norm(self.final_norm, x, "final_norm"), "lm_head.input")
+            return self.loss(F.linear(y, self.head_weight), labels)
+
+    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Cross-entropy over fp32 logits, spelled out so log-probs and nll_loss's total weight are named."""
+        v = logits.shape[-1]
+        log_probs = label(torch.log_softmax(logits.float().view(-1, v), dim=-1), "loss.log_probs")
+        # reduction 1 = mean, ignore_index -100, as F.cross_entropy's defaults.
+        loss, total_weight = torch.ops.aten.nll_loss_forward(
+            log_probs, label(labels, "loss.labels").view(-1), None, 1, -100
+        )
+        label(total_weight, "loss.total_weight")
+        return loss
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reversible layers (RevNet coupling, Gomez et al. 2017; Reformer, Kitaev et al. 2020)
+# ----------------------------------------------------------------------------------------------------
+@contextmanager
+def rng_restored(state: tuple[Tensor, Tensor | None] | None, device: torch.device) -> Iterator[None]:
+    """Re-run dropout with the RNG state the forward used (nothing to do without dropout)."""
+    if state is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state(state[1], device)
+        yield
+
+
+def rng_state(model: Reference, device: torch.device) -> tuple[Tensor, Tensor | None] | None:
+    m = model.setup.model
+    if m.attn_dropout == 0 and m.resid_dropout == 0:
+        return None
+    return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+class _RevStack(torch.autograd.Function):
+    """y1 = x1 + F(x2), y2 = x2 + G(y1) over all layers; keeps only the last (y1, y2).
+
+    Backward walks the layers down: x2 = y2 − G(y1), x1 = y1 − F(x2), re-running F and G with grad enabled
+    to get their input and parameter gradients (the recompute: one extra forward per layer).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, model: Reference, consts: Consts, *params: Tensor) -> Tensor:
+        ctx.model, ctx.consts = model, consts
+        ctx.rng = []
+        x1, x2 = x, x
+        for i, layer in enumerate(model.layers):
+            assert isinstance(layer, Layer)
+            with layer_scope(i):
+                rng_f = rng_state(model, x.device)
+                y1 = x1 + model.attention(layer, x2, consts)
+                rng_g = rng_state(model, x.device)
+                y2 = x2 + model.mlp(layer, y1)
+            ctx.rng.append((rng_f, rng_g))
+            x1, x2 = y1, y2
+        with layer_scope(None):
+            label(x1, "rev.y1")
+            label(x2, "rev.y2")
+        ctx.save_for_backward(x1, x2, *consts.tensors())
+        return (x1 + x2) * 0.5
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        model: Reference = ctx.model
+        y1, y2 = ctx.saved_tensors[:2]
+        c: Consts = ctx.consts
+        dy1 = dy2 = grad * 0.5
+        grads: list[Tensor | None] = []
+        for i in reversed(range(len(model.layers))):
+            layer = model.layers[i]
+            assert isinstance(layer, Layer)
+            y1, y2, dy1, dy2, g = _rev_layer_backward(model, layer, c, ctx.rng[i], y1, y2, dy1, dy2)
+            grads = g + grads
+        return (dy1 + dy2, None, None, *grads)
+
+
+def _rev_layer_backward(
+    model: Reference,
+    layer: Layer,
+    c: Consts,
+    rng: tuple[Any, Any],
+    y1: Tensor,
+    y2: Tensor,
+    dy1: Tensor,
+    dy2: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor | None]]:
+    params = list(layer.parameters())
+    attn_params = [
+        p for n, p in layer.named_parameters() if n.split(".")[0] in ("attn_norm", "q", "k", "v", "o")
+    ]
+    mlp_params = [p for p in params if all(p is not q for q in attn_params)]
+    with torch.enable_grad():
+        y1 = y1.detach().requires_grad_()
+        with model.recompute_phase(), rng_restored(rng[1], y1.device):
+            g = model.mlp(layer, y1)
+        d_y1, *d_mlp = torch.autograd.grad(g, [y1, *mlp_params], dy2)
+        x2 = (y2 - g).detach().requires_grad_()
+        dy1 = dy1 + d_y1
+        with model.recompute_phase(), rng_restored(rng[0], x2.device):
+            f = model.attention(layer, x2, c)
+        d_x2, *d_attn = torch.autograd.grad(f, [x2, *attn_params], dy1)
+        x1 = (y1 - f).detach()
+    by_id = {id(p): gr for p, gr in zip([*attn_params, *mlp_params], [*d_attn, *d_mlp], strict=True)}
+    return x1, x2.detach(), dy1, dy2 + d_x2, [by_id[id(p)] for p in params]
+
+
+def reversible_stack(model: Reference, x: Tensor, c: Consts) -> Tensor:
+    params: Sequence[Tensor] = [p for layer in model.layers for p in layer.parameters()]
+    out = _RevStack.apply(x, model, c, *params)
+    assert isinstance(out, Tensor)
+    return out

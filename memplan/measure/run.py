@@ -1,0 +1,92 @@
+"""Run the reference model's forward and backward once and measure it.
+
+``measure(setup, fake=True)`` builds the model under ``FakeTensorMode`` (CPU fake tensors: no memory, no
+GPU, any size) and records what autograd saves (named, storage-deduplicated) and the FLOPs per phase.
+``fake=False`` runs real tensors (tiny shapes in tests; the same records byte for byte).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.config import Setup
+from memplan.measure.instruments import FlopMeter, NameTotal, SavedRecord, SavedTensorRecorder
+from memplan.measure.model import Reference
+
+
+@dataclass
+class Measured:
+    """What one forward + backward of the reference model did."""
+
+    records: list[SavedRecord]
+    flops: dict[str, int]
+    by_op: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def by_name(self) -> dict[str, NameTotal]:
+        totals: dict[str, NameTotal] = {}
+        for r in self.records:
+            old = totals.get(r.name, NameTotal(0, 0))
+            totals[r.name] = NameTotal(old.count + 1, old.bytes + r.bytes)
+        return totals
+
+    @property
+    def activations(self) -> int:
+        return sum(r.bytes for r in self.records)
+
+    def layer_bytes(self, layer: int) -> int:
+        return sum(r.bytes for r in self.records if r.layer == layer)
+
+
+def make_batch(setup: Setup, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    t, v = setup.training, setup.model.vocab_size
+    ids = torch.randint(0, v, (t.micro_batch, t.seq_len), device=device)
+    labels = torch.randint(0, v, (t.micro_batch, t.seq_len), device=device)
+    return ids, labels
+
+
+@contextmanager
+def fake_mode(fake: bool) -> Iterator[None]:
+    with FakeTensorMode(allow_non_fake_inputs=False) if fake else nullcontext():
+        yield
+
+
+def run_step(
+    model: Reference,
+    ids: torch.Tensor,
+    labels: torch.Tensor,
+    on_layer: Callable[[int], None] | None = None,
+) -> Measured:
+    """Forward under the saved-tensor recorder and the FLOP meter, then backward (recorder paused)."""
+    meter = FlopMeter()
+    recorder = SavedTensorRecorder(model.parameters())
+
+    def recompute() -> AbstractContextManager[Any]:
+        return meter.phase("recompute")
+
+    model.recompute_phase = recompute
+    with ExitStack() as stack:
+        stack.enter_context(meter)
+        stack.enter_context(recorder)
+        with meter.phase("forward"):
+            loss = model(ids, labels)
+        with recorder.pause(), meter.phase("backward"):
+            loss.backward()
+    model.recompute_phase = nullcontext
+    totals = {k: meter.totals.get(k, 0) for k in ("forward", "backward", "recompute")}
+    # FLOPs of the recompute are nested inside backward's window: report them apart.
+    return Measured(records=recorder.records, flops=totals, by_op=meter.by_op)
+
+
+def measure(setup: Setup, fake: bool = True, device: str = "cpu", seed: int = 0) -> Measured:
+    """Build the reference model for ``setup`` and measure one forward + backward."""
+    torch.manual_seed(seed)
+    with fake_mode(fake):
+        model = Reference(setup, device=device)
+        ids, labels = make_batch(setup, device)
+        return run_step(model, ids, labels)
