@@ -1,0 +1,77 @@
+"""User-facing error messages: one line that names the field and the fix.
+
+The CLI prints a ``ValueError``'s text as is and exits 2, so every message here is a single line of the form
+``<where>: <field path>: <what is wrong>; <fix>``. Pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import ValidationError
+
+# Fixes for the pydantic error types whose own message does not say what to do.
+_FIXES = {
+    "missing": "add it",
+    "extra_forbidden": "remove it or fix its spelling",
+}
+# Error types whose message already says what is wrong with the input (no need to echo it).
+_NO_ECHO = frozenset({"missing", "extra_forbidden", "value_error", "assertion_error"})
+_ECHO_CHARS = 40
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """``('model', 'layers', 0)`` → ``model.layers[0]``; the empty path (a whole-model check) → ``(top)``."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top)"
+
+
+def _echo(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _ECHO_CHARS else text[: _ECHO_CHARS - 1] + "…"
+
+
+def _misspelt(error: Any, errors: list[Any]) -> str | None:
+    """For an unknown field, the closest required field missing beside it (``layers`` → ``num_layers``)."""
+    loc = tuple(error["loc"])
+    missing = [
+        str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == loc[:-1]
+    ]
+    close = difflib.get_close_matches(str(loc[-1]), missing, n=1, cutoff=0.5) if loc else []
+    return close[0] if close else None
+
+
+def _describe(error: Any, errors: list[Any]) -> str:
+    """One pydantic error dict → ``field: message; fix``."""
+    kind: str = error["type"]
+    msg = str(error["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    loc = tuple(error["loc"])
+    guess = _misspelt(error, errors) if kind == "extra_forbidden" else None
+    if guess is not None:
+        msg = f"unknown field; did you mean {guess}?"
+    elif kind in _FIXES:
+        msg = f"{msg.lower()}; {_FIXES[kind]}"
+    elif kind not in _NO_ECHO and "input" in error:
+        msg = f"{msg}, got {_echo(error['input'])}"
+    # Model-level validators (memplan.config) already start their message with the field they check.
+    return msg if not loc else f"{field_path(loc)}: {msg}"
+
+
+def one_line_validation_error(exc: ValidationError, prefix: str) -> str:
+    """Turn a pydantic ``ValidationError`` into one line: ``prefix: field.path: message; fix``.
+
+    Only one error is spelled out (an unknown field if there is one, since a misspelt field is also
+    reported missing; else the first), with the count of the others appended as ``(+N more)``.
+    Newlines inside messages are folded so the result is always one line.
+    """
+    errors: list[Any] = list(exc.errors(include_url=False))
+    if not errors:  # NB: pydantic never raises an empty ValidationError, but stay total.
+        return f"{prefix}: invalid ({exc.title})"
+    # An unknown field first: a misspelt name also reports the real one as missing.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    text = f"{prefix}: {_describe(first, errors)}{more}"
+    return " ".join(text.split())

@@ -1,0 +1,236 @@
+"""Model and GPU presets: data files shipped in the package, validated through the same pydantic models.
+
+A model preset is ``memplan/presets/models/<name>.toml``: ``name``, ``aliases``, ``source`` (where the numbers
+come from), ``published_params`` (the published count, which ``count_params`` must reproduce), ``notes`` and a
+``[model]`` table validated by ``ModelConfig``. A GPU preset is ``memplan/presets/gpus/<name>.toml``.
+
+Everything is read lazily: nothing is loaded at import time; the shipped files are parsed once, on first use
+(``functools.cache``). Files named by path are re-read on every call and capped at 1 MB.
+
+Known limitations: a Hugging Face config.json is imported for the dense families in
+``memplan.presets.hf.SUPPORTED_MODEL_TYPES`` only (no MoE); its ``published_params`` is unknown (None).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, Self, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from memplan.config import ModelConfig
+from memplan.errors import one_line_validation_error
+from memplan.presets._files import looks_like_json, parse_document, read_text
+from memplan.presets.hf import hf_notes, model_from_hf_config
+
+__all__ = [
+    "GpuPreset",
+    "ModelPreset",
+    "PeakTflops",
+    "gpu_names",
+    "load_gpu",
+    "load_model_preset",
+    "model_names",
+]
+
+_LISTS = "(`memplan presets` lists them)"
+
+
+class _Preset(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, description="canonical name, = the file name without .toml")
+    aliases: tuple[str, ...] = Field(default=(), description="other names it answers to, case-insensitive")
+    source: str = Field(min_length=1, description="where the numbers come from (URL or citation)")
+    notes: str = ""
+
+
+class ModelPreset(_Preset):
+    """A published model: its architecture and the parameter count its authors report."""
+
+    published_params: int | None = Field(gt=0, description="published count; None for imported configs")
+    model: ModelConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_the_model(cls, data: Any) -> Any:
+        """``[model].name`` defaults to the preset's name."""
+        if isinstance(data, dict) and isinstance(data.get("model"), dict) and "name" not in data["model"]:
+            return {**data, "model": {**data["model"], "name": data.get("name")}}
+        return data
+
+    @model_validator(mode="after")
+    def _same_name(self) -> Self:
+        if self.model.name != self.name:
+            raise ValueError(
+                f"model.name: {self.model.name!r} differs from the preset name {self.name!r}; "
+                "make them equal or drop model.name"
+            )
+        return self
+
+
+class PeakTflops(BaseModel):
+    """Dense peak throughput in TFLOP/s (10¹² FLOP/s) per dtype, without 2:4 sparsity."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fp32: float = Field(gt=0, description="non-tensor-core fp32")
+    tf32: float = Field(gt=0)
+    bf16: float = Field(gt=0, description="fp32 accumulate")
+    fp16: float = Field(gt=0, description="fp32 accumulate")
+    fp8: float | None = Field(default=None, gt=0, description="absent where the GPU has no fp8 units")
+
+
+class GpuPreset(_Preset):
+    """One accelerator as its vendor's datasheet describes it."""
+
+    memory_bytes: int = Field(gt=0, description="device memory in bytes (the vendor's GB, see the file)")
+    peak_tflops: PeakTflops
+    hbm_bandwidth_gbps: float = Field(gt=0, description="device memory bandwidth, GB/s (10⁹ bytes/s)")
+    interconnect: str = Field(min_length=1, description="GPU-to-GPU link, e.g. 'NVLink 4, 900 GB/s'")
+    interconnect_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth, GB/s, both directions")
+
+
+P = TypeVar("P", bound=_Preset)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shipped presets
+# ----------------------------------------------------------------------------------------------------
+def _folder(kind: str) -> Traversable:
+    return resources.files(__name__) / kind
+
+
+@functools.cache
+def _names(kind: str) -> tuple[str, ...]:
+    return tuple(
+        sorted(f.name.removesuffix(".toml") for f in _folder(kind).iterdir() if f.name.endswith(".toml"))
+    )
+
+
+def _load_shipped(cls: type[P], kind: str, name: str) -> P:
+    where = f"{kind} preset {name}.toml"
+    doc = parse_document((_folder(kind) / f"{name}.toml").read_text(encoding="utf-8"), where, as_json=False)
+    preset = _validate(cls, doc, where)
+    if preset.name != name:
+        raise ValueError(f"{where}: name: {preset.name!r} differs from the file name; rename one of them")
+    return preset
+
+
+@functools.cache
+def _shipped_model(name: str) -> ModelPreset:
+    return _load_shipped(ModelPreset, "models", name)
+
+
+@functools.cache
+def _shipped_gpu(name: str) -> GpuPreset:
+    return _load_shipped(GpuPreset, "gpus", name)
+
+
+@functools.cache
+def _index(kind: str) -> dict[str, str]:
+    """Lower-cased name or alias → canonical name."""
+    load = _shipped_model if kind == "models" else _shipped_gpu
+    index: dict[str, str] = {}
+    for name in _names(kind):
+        for key in (name, *load(name).aliases):
+            other = index.setdefault(key.lower(), name)
+            if other != name:
+                raise ValueError(f"{kind} preset {name}.toml: aliases: {key!r} is taken by {other}; drop it")
+    return index
+
+
+def _validate(cls: type[P], doc: dict[str, Any], where: str) -> P:
+    try:
+        return cls.model_validate(doc)
+    except ValidationError as exc:
+        raise ValueError(one_line_validation_error(exc, where)) from None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Lookup
+# ----------------------------------------------------------------------------------------------------
+def _looks_like_path(text: str) -> bool:
+    return text.lower().endswith((".toml", ".json")) or "/" in text or "\\" in text or Path(text).exists()
+
+
+def _unknown(what: str, kind: str, query: str) -> ValueError:
+    index = _index(kind)
+    close = difflib.get_close_matches(query.lower(), list(index), n=6, cutoff=0.5)
+    names = list(dict.fromkeys(index[c] for c in close))[:4]  # aliases → canonical, deduplicated
+    if names:
+        return ValueError(f"{what}: unknown preset {query!r}; did you mean {', '.join(names)}? {_LISTS}")
+    files = "a preset .toml or a config.json" if kind == "models" else "a preset .toml"
+    return ValueError(
+        f"{what}: unknown preset {query!r}; choose one of {', '.join(_names(kind))}, "
+        f"or pass the path of {files} {_LISTS}"
+    )
+
+
+def _resolve(what: str, kind: str, name_or_path: str) -> str | Path:
+    """The canonical preset name, or the path of a file to read."""
+    query = name_or_path.strip()
+    if not query:
+        raise ValueError(f"{what}: empty name; pass a preset name or a file path {_LISTS}")
+    name = _index(kind).get(query.lower())
+    if name is not None:
+        return name
+    if _looks_like_path(query):
+        return Path(query).expanduser()
+    raise _unknown(what, kind, query)
+
+
+def model_names() -> list[str]:
+    """Canonical names of the shipped model presets, sorted."""
+    return list(_names("models"))
+
+
+def gpu_names() -> list[str]:
+    """Canonical names of the shipped GPU presets, sorted."""
+    return list(_names("gpus"))
+
+
+def load_model_preset(name_or_path: str) -> ModelPreset:
+    """A shipped preset by name or alias (case-insensitive), or a file: a preset .toml (or the same as JSON)
+    or a Hugging Face config.json (recognised by its ``model_type`` key). Raises a one-line ``ValueError``."""
+    target = _resolve("model", "models", name_or_path)
+    if isinstance(target, str):
+        return _shipped_model(target)
+    where = f"model file {target}"
+    text = read_text(target, where)
+    doc = parse_document(text, where, looks_like_json(target, text))
+    if "model_type" in doc:
+        return _from_hf(doc, target, where)
+    return _validate(ModelPreset, doc, where)
+
+
+def _hf_name(path: Path) -> str:
+    """``<repo>/config.json`` → repo; the hub cache's ``models--org--repo/snapshots/<sha>/config.json``
+    → repo; any other ``<name>.json`` → name."""
+    if path.stem != "config":
+        return path.stem
+    folder = path.resolve().parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        return folder.parent.parent.name.split("--")[-1]
+    return folder.name or path.stem
+
+
+def _from_hf(cfg: dict[str, Any], path: Path, where: str) -> ModelPreset:
+    """A preset for an imported config.json (``published_params`` unknown)."""
+    name = _hf_name(path)
+    model = model_from_hf_config(cfg, name, where)  # checks model_type before hf_notes reads it
+    return ModelPreset(name=name, source=str(path), published_params=None, notes=hf_notes(cfg), model=model)
+
+
+def load_gpu(name_or_path: str) -> GpuPreset:
+    """A shipped GPU preset by name or alias (case-insensitive), or a GPU preset .toml/.json file."""
+    target = _resolve("gpu", "gpus", name_or_path)
+    if isinstance(target, str):
+        return _shipped_gpu(target)
+    where = f"gpu file {target}"
+    text = read_text(target, where)
+    return _validate(GpuPreset, parse_document(text, where, looks_like_json(target, text)), where)

@@ -1,0 +1,198 @@
+"""Import a Hugging Face ``config.json`` (already parsed to a dict) as a ``ModelConfig``.
+
+Only the numbers are read; no model code is ever imported or executed (no ``trust_remote_code``).
+Defaults for absent keys follow the ``transformers`` config class of each ``model_type``.
+
+Known limitations (none changes the parameter count):
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
+- NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
+- NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
+- NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from memplan.config import MlpType, ModelConfig, NormType, PositionType
+from memplan.errors import one_line_validation_error
+
+
+@dataclass(frozen=True)
+class _Family:
+    """The fixed layout of a ``model_type`` and the transformers defaults for keys a config may omit."""
+
+    norm: NormType
+    mlp: MlpType
+    position: PositionType
+    tied: bool  # tie_word_embeddings default
+    eps: float  # rms_norm_eps / layer_norm_eps default
+    max_pos: int  # max_position_embeddings default
+
+
+_RMS, _LN, _SWIGLU, _GELU = NormType.RMSNORM, NormType.LAYERNORM, MlpType.SWIGLU, MlpType.GELU
+_FAMILY = {
+    "llama": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
+    "mistral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=4096 * 32),
+    "qwen2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
+    "gemma": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
+    "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
+    "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
+
+
+def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
+    """The first of ``keys`` present with a non-null value, as (key, value); ('', None) if none is."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return key, cfg[key]
+    return "", None
+
+
+def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None) -> int | None:
+    key, value = _get(cfg, keys)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key}: expected a whole number, got {value!r}; fix config.json")
+    return value
+
+
+def _req_int(cfg: Mapping[str, Any], *keys: str) -> int:
+    value = _int(cfg, *keys)
+    if value is None:
+        raise ValueError(f"{keys[0]}: missing; add it to config.json (required for the count)")
+    return value
+
+
+def _float(cfg: Mapping[str, Any], *keys: str, default: float) -> float:
+    key, value = _get(cfg, keys)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{key}: expected a number, got {value!r}; fix config.json")
+    return float(value)
+
+
+def _bool(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}; fix config.json")
+    return value
+
+
+def model_type_of(cfg: Mapping[str, Any]) -> str:
+    """The config's ``model_type``, checked against the supported families."""
+    kind = cfg.get("model_type")
+    supported = ", ".join(SUPPORTED_MODEL_TYPES)
+    if kind is None:
+        raise ValueError(f"model_type: missing; add one of {supported}")
+    if not isinstance(kind, str) or kind not in _FAMILY:
+        raise ValueError(
+            f"model_type: {kind!r} is not supported; supported: {supported} "
+            "(write a preset .toml for other architectures)"
+        )
+    return str(kind)
+
+
+def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
+    """qkv / out / mlp biases per family."""
+    if kind == "gpt2":
+        return {"qkv_bias": True, "out_bias": True, "mlp_bias": True}
+    if kind == "gpt_neox":  # biases on every linear (attention_bias gates the attention ones)
+        attn = _bool(cfg, "attention_bias", True)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
+    if kind == "qwen2":  # q/k/v carry a bias, o_proj and the MLP do not
+        return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    if kind in ("llama", "gemma"):  # attention_bias covers q, k, v and o
+        attn = _bool(cfg, "attention_bias", False)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
+    return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, phi3
+
+
+def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
+    if kind == "gpt2":
+        return {
+            "attn_dropout": _float(cfg, "attn_pdrop", default=0.1),
+            "resid_dropout": _float(cfg, "resid_pdrop", default=0.1),
+            "embd_dropout": _float(cfg, "embd_pdrop", default=0.1),
+        }
+    return {
+        "attn_dropout": _float(cfg, "attention_dropout", "attn_pdrop", default=0.0),
+        "resid_dropout": _float(cfg, "hidden_dropout", "resid_pdrop", default=0.0),
+        "embd_dropout": _float(cfg, "embd_pdrop", default=0.0),
+    }
+
+
+def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+    fam = _FAMILY[kind]
+    fields: dict[str, Any] = {
+        "name": name,
+        "hidden_size": _req_int(cfg, "hidden_size", "n_embd"),
+        "num_layers": _req_int(cfg, "num_hidden_layers", "n_layer"),
+        "num_heads": _req_int(cfg, "num_attention_heads", "n_head"),
+        "num_kv_heads": _int(cfg, "num_key_value_heads"),  # absent → heads (MHA)
+        "head_dim": _int(cfg, "head_dim"),
+        "vocab_size": _req_int(cfg, "vocab_size"),
+        "tied_embeddings": _bool(cfg, "tie_word_embeddings", fam.tied),
+        "norm": fam.norm,
+        "norm_eps": _float(cfg, "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=fam.eps),
+        "mlp": fam.mlp,
+        "position": fam.position,
+        "max_positions": _int(cfg, "max_position_embeddings", "n_positions", default=fam.max_pos),
+        **_biases(kind, cfg),
+        **_dropouts(kind, cfg),
+    }
+    ffn = _int(cfg, "intermediate_size", "n_inner")  # gpt2's n_inner null → 4h (ModelConfig's default)
+    if ffn is not None:
+        fields["ffn_size"] = ffn
+    if fam.position is PositionType.ROPE:
+        fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
+    return fields
+
+
+def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelConfig:
+    """Build a ``ModelConfig`` from a parsed Hugging Face ``config.json``.
+
+    Raises ``ValueError`` (one line, starting with ``where``, default ``hf config <name>``, then the
+    config key and the fix) for an unsupported ``model_type``, a missing or mistyped key, or an
+    architecture ``ModelConfig`` rejects.
+    """
+    where = where or f"hf config {name}"
+    try:
+        kind = model_type_of(cfg)
+        fields = _fields(kind, cfg, name)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    try:
+        return ModelConfig(**fields)
+    except ValidationError as exc:
+        raise ValueError(one_line_validation_error(exc, f"{where} ({kind})")) from None
+
+
+def hf_notes(cfg: Mapping[str, Any]) -> str:
+    """Where the preset came from and the caveats of the import, for ``ModelPreset.notes``."""
+    kind = model_type_of(cfg)
+    notes = [f"imported from a Hugging Face config.json (model_type {kind})"]
+    if kind == "gemma":
+        notes.append("GeGLU MLP mapped to swiglu (same parameter shapes, different activation)")
+    if kind == "phi3":
+        notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
+    if kind == "gpt_neox":
+        notes.append("partial rotary and parallel residual not modelled")
+    if cfg.get("rope_scaling"):
+        notes.append("rope_scaling ignored")
+    if cfg.get("sliding_window") and kind == "mistral":
+        notes.append("sliding-window attention not modelled")
+    act = cfg.get("hidden_act")
+    if _FAMILY[kind].mlp is MlpType.SWIGLU and act not in (None, "silu", "swish") and kind != "gemma":
+        notes.append(f"hidden_act {act} mapped to swiglu (same parameter shapes)")
+    return "; ".join(notes)

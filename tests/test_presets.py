@@ -1,0 +1,329 @@
+"""Shipped model and GPU presets, the loader, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from memplan.analytic.params import count_params
+from memplan.errors import field_path, one_line_validation_error
+from memplan.presets import (
+    GpuPreset,
+    ModelPreset,
+    gpu_names,
+    load_gpu,
+    load_model_preset,
+    model_names,
+)
+
+# Published parameter counts, independent of the preset files.
+GOLDEN = {
+    # Hugging Face safetensors counts on the model pages (Llama 2 paper: 7B/13B/70B).
+    "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,  # exact count from the official config.json shapes
+    "llama-2-70b": 68_976_648_192,  # exact count from the official config.json shapes
+    "llama-3-8b": 8_030_261_248,  # huggingface.co/meta-llama/Meta-Llama-3-8B: 8.03B
+    "llama-3-70b": 70_553_706_496,  # huggingface.co/meta-llama/Meta-Llama-3-70B: 70.6B
+    "llama-3.1-405b": 405_853_388_800,  # huggingface.co/meta-llama/Llama-3.1-405B: 406B
+    "mistral-7b": 7_241_732_096,  # huggingface.co/mistralai/Mistral-7B-v0.1: 7.24B
+    "qwen2.5-7b": 7_615_616_512,  # huggingface.co/Qwen/Qwen2.5-7B: 7.62B
+    "qwen2.5-72b": 72_706_203_648,  # Qwen2.5-72B model card: 72.7B (exact from config.json)
+    # transformers GPT2LMHeadModel: sum(p.numel() for p in model.parameters()), tied head counted once.
+    "gpt2": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "gpt2-large": 774_030_080,
+    "gpt2-xl": 1_557_611_200,
+    # Brown et al. 2020 Table 2.1 (175.0B): d_model 12288, 96 layers, n_ctx 2048, vocab 50257, tied.
+    "gpt3-175b": 174_604_259_328,
+    "tiny": 106_816,  # test fixture: 2·256·64 + 2·36,992 + 64
+}
+GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "rtx-4090"}
+
+VALID_TOML = """\
+name = "mine"
+aliases = ["m"]
+source = "test"
+published_params = 106816
+[model]
+hidden_size = 64
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+ffn_size = 128
+vocab_size = 256
+"""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shipped presets
+# ----------------------------------------------------------------------------------------------------
+def test_the_expected_presets_ship() -> None:
+    assert set(model_names()) == set(GOLDEN)
+    assert set(gpu_names()) == GPUS
+    assert model_names() == sorted(model_names())
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_model_preset_count_equals_published(name: str) -> None:
+    preset = load_model_preset(name)
+    assert isinstance(preset, ModelPreset)
+    assert preset.name == preset.model.name == name
+    assert preset.published_params == GOLDEN[name]
+    assert count_params(preset.model).total == preset.published_params
+    assert preset.source
+
+
+@pytest.mark.parametrize(
+    ("alias", "name"),
+    [
+        ("7b", "llama-2-7b"),
+        ("8b", "llama-3-8b"),
+        ("13b", "llama-2-13b"),
+        ("70b", "llama-3-70b"),
+        ("405b", "llama-3.1-405b"),
+        ("175b", "gpt3-175b"),
+        ("7B", "llama-2-7b"),
+        ("  Llama-3-8B ", "llama-3-8b"),
+        ("GPT2", "gpt2"),
+    ],
+)
+def test_aliases_resolve_case_insensitively(alias: str, name: str) -> None:
+    assert load_model_preset(alias).name == name
+
+
+def test_every_alias_resolves_to_its_own_preset() -> None:
+    for name in model_names():
+        for alias in load_model_preset(name).aliases:
+            assert load_model_preset(alias).name == name
+    for name in gpu_names():
+        for alias in load_gpu(name).aliases:
+            assert load_gpu(alias).name == name
+
+
+def test_architecture_details() -> None:
+    gpt2, qwen, gpt3 = (load_model_preset(n).model for n in ("gpt2", "qwen2.5-7b", "gpt3-175b"))
+    assert (gpt2.attn_dropout, gpt2.resid_dropout, gpt2.embd_dropout) == (0.1, 0.1, 0.1)
+    assert gpt2.qkv_bias and gpt2.out_bias and gpt2.mlp_bias and gpt2.tied_embeddings
+    assert gpt2.max_positions == 1024 and gpt3.max_positions == 2048 and gpt3.dim == 128
+    assert qwen.qkv_bias and not qwen.out_bias and not qwen.tied_embeddings and qwen.norm_eps == 1e-6
+    assert load_model_preset("llama-3-8b").model.rope_theta == 500000.0
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_gpu_preset_loads(name: str) -> None:
+    gpu = load_gpu(name)
+    assert isinstance(gpu, GpuPreset) and gpu.name == name
+    assert gpu.memory_bytes % 2**30 == 0  # vendors' GB are binary (see each file's comment)
+    peak = gpu.peak_tflops
+    assert peak.bf16 == peak.fp16 >= peak.tf32 >= peak.fp32 > 0
+    assert gpu.source.startswith("https://")
+
+
+def test_gpu_figures() -> None:
+    h100, a100 = load_gpu("h100"), load_gpu("a100")
+    assert a100.name == "a100-80gb" and a100.memory_bytes == 80 * 2**30 and a100.peak_tflops.bf16 == 312
+    assert a100.peak_tflops.fp8 is None
+    assert h100.name == "h100-sxm" and h100.peak_tflops.bf16 == 989.5 and h100.interconnect_gbps == 900
+
+
+def test_shipped_loads_are_cached() -> None:
+    assert load_model_preset("llama-2-7b") is load_model_preset("7b")
+
+
+def test_import_is_lazy_and_torch_free() -> None:
+    code = (
+        "import sys, memplan.presets as p; "
+        "assert p._names.cache_info().currsize == 0 and p._index.cache_info().currsize == 0; "
+        "assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Files named by path
+# ----------------------------------------------------------------------------------------------------
+def test_load_preset_toml_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(VALID_TOML)
+    preset = load_model_preset(str(path))
+    assert preset.name == preset.model.name == "mine"
+    assert count_params(preset.model).total == preset.published_params
+
+
+def test_load_preset_by_relative_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mine.toml").write_text(VALID_TOML)
+    monkeypatch.chdir(tmp_path)
+    assert load_model_preset("mine.toml").name == "mine"
+
+
+def test_load_preset_json_and_sniffed_content(tmp_path: Path) -> None:
+    model = {"hidden_size": 64, "num_layers": 1, "num_heads": 4, "ffn_size": 128, "vocab_size": 256}
+    doc = {"name": "j", "source": "t", "published_params": None, "model": model}
+    (tmp_path / "j.json").write_text(json.dumps(doc))
+    (tmp_path / "noext").write_text(json.dumps(doc))
+    (tmp_path / "tomlnoext").write_text(VALID_TOML)
+    assert load_model_preset(str(tmp_path / "j.json")).published_params is None
+    assert load_model_preset(str(tmp_path / "noext")).name == "j"
+    assert load_model_preset(str(tmp_path / "tomlnoext")).name == "mine"
+
+
+def test_load_gpu_by_path(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "memplan/presets/gpus/h100-sxm.toml").read_text()
+    path = tmp_path / "my-gpu.toml"
+    path.write_text(text.replace('name = "h100-sxm"', 'name = "my-gpu"'))
+    assert load_gpu(str(path)).name == "my-gpu"
+
+
+def _replace(old: str, new: str) -> str:
+    assert old in VALID_TOML
+    return VALID_TOML.replace(old, new)
+
+
+MALFORMED: list[tuple[str, str, bytes, str]] = [
+    ("bad toml", "x.toml", b'name = "x"\n[model\n', "invalid TOML"),
+    ("bad json", "x.json", b'{"name": ', "invalid JSON"),
+    ("json list", "x.json", b"[1, 2]", "expected a JSON object"),
+    ("missing field", "x.toml", _replace("published_params = 106816\n", "").encode(), "published_params"),
+    ("missing model field", "x.toml", _replace("hidden_size = 64\n", "").encode(), "model.hidden_size"),
+    ("unknown field", "x.toml", _replace('source = "test"', 'source = "test"\nsorce = 1').encode(), "sorce"),
+    ("unknown model field", "x.toml", _replace("num_layers", "layers").encode(), "model.layers"),
+    (
+        "wrong type",
+        "x.toml",
+        _replace("hidden_size = 64", 'hidden_size = "big"').encode(),
+        "model.hidden_size",
+    ),
+    ("wrong list type", "x.toml", _replace('aliases = ["m"]', "aliases = 7").encode(), "aliases"),
+    ("negative count", "x.toml", _replace("106816", "-1").encode(), "published_params"),
+    ("bad architecture", "x.toml", _replace("num_heads = 4", "num_heads = 5").encode(), "num_heads"),
+    (
+        "name mismatch",
+        "x.toml",
+        _replace("hidden_size = 64", 'name = "other"\nhidden_size = 64').encode(),
+        "model.name",
+    ),
+    ("not utf-8", "x.toml", b'name = "\xff\xfe"\n', "UTF-8"),
+    ("too big", "x.toml", b"#" * 1_000_001, "1000000 byte limit"),
+]
+
+
+@pytest.mark.parametrize(("case", "filename", "content", "needle"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_file_one_line_error(
+    tmp_path: Path, case: str, filename: str, content: bytes, needle: str
+) -> None:
+    path = tmp_path / filename
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        load_model_preset(str(path))
+    msg = str(info.value)
+    assert "\n" not in msg, case
+    assert str(path) in msg and needle in msg, msg
+
+
+def test_missing_and_unknown_fields_say_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "a.toml").write_text(_replace("published_params = 106816\n", ""))
+    (tmp_path / "b.toml").write_text(_replace("num_layers", "layers"))
+    with pytest.raises(ValueError, match=r"published_params: field required; add it"):
+        load_model_preset(str(tmp_path / "a.toml"))
+    with pytest.raises(
+        ValueError, match=r"model\.layers: unknown field; did you mean num_layers\? \(\+1 more\)"
+    ):
+        load_model_preset(str(tmp_path / "b.toml"))
+    (tmp_path / "c.toml").write_text(_replace('source = "test"', 'source = "test"\nsorce = 1'))
+    with pytest.raises(
+        ValueError, match=r": sorce: extra inputs are not permitted; remove it or fix its spelling$"
+    ):
+        load_model_preset(str(tmp_path / "c.toml"))
+
+
+def test_directory_missing_and_unreadable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="is a directory"):
+        load_model_preset(str(tmp_path))
+    with pytest.raises(ValueError, match="no such file"):
+        load_model_preset(str(tmp_path / "nope.toml"))
+    locked = tmp_path / "locked.toml"
+    locked.write_text(VALID_TOML)
+
+    def denied(self: Path, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "open", denied)  # chmod 000 does not stop root, so fake the refusal
+    with pytest.raises(ValueError, match=r"locked\.toml: cannot read it \(Permission denied\)"):
+        load_model_preset(str(locked))
+
+
+def test_malformed_gpu_file(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[1] / "memplan/presets/gpus/a100-80gb.toml").read_text()
+    path = tmp_path / "g.toml"
+    path.write_text(text.replace("bf16 = 312\n", ""))
+    with pytest.raises(ValueError, match=r"peak_tflops\.bf16: field required") as info:
+        load_gpu(str(path))
+    assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Suggestions
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("query", "suggested"),
+    [
+        ("lama-7b", "llama-2-7b"),
+        ("llama3-8", "llama-3-8b"),
+        ("qwen-7b", "qwen2.5-7b"),
+        ("mistral", "mistral-7b"),
+    ],
+)
+def test_near_miss_model_names_are_suggested(query: str, suggested: str) -> None:
+    with pytest.raises(ValueError) as info:
+        load_model_preset(query)
+    msg = str(info.value)
+    assert msg.startswith(f"model: unknown preset '{query}'; did you mean ")
+    assert suggested in msg and "`memplan presets`" in msg and "\n" not in msg
+
+
+def test_far_miss_lists_every_preset() -> None:
+    with pytest.raises(ValueError, match="choose one of") as info:
+        load_model_preset("zzzzzz")
+    assert all(name in str(info.value) for name in model_names())
+
+
+def test_near_miss_gpu_name() -> None:
+    with pytest.raises(ValueError, match=r"gpu: unknown preset 'h10'; did you mean h100-sxm"):
+        load_gpu("h10")
+    with pytest.raises(ValueError, match="empty name"):
+        load_gpu("  ")
+
+
+# ----------------------------------------------------------------------------------------------------
+# memplan.errors
+# ----------------------------------------------------------------------------------------------------
+class _Inner(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    x: int
+
+
+class _Outer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inner: list[_Inner]
+    y: int
+
+
+def test_one_line_validation_error() -> None:
+    with pytest.raises(ValidationError) as info:
+        _Outer.model_validate({"inner": [{"x": "no\nway"}], "y": "z"})
+    msg = one_line_validation_error(info.value, "where")
+    assert msg == (
+        "where: inner[0].x: Input should be a valid integer, unable to parse string as an integer, "
+        "got 'no\\nway' (+1 more)"
+    )
+    with pytest.raises(ValidationError) as info:
+        _Outer.model_validate({"inner": [], "y": 1, "w": 1})
+    assert one_line_validation_error(info.value, "at") == (
+        "at: w: extra inputs are not permitted; remove it or fix its spelling"
+    )
+    assert field_path(()) == "(top)"
