@@ -102,6 +102,15 @@ def label(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
+def relabel(t: torch.Tensor, name: str) -> torch.Tensor:
+    """Name t's storage `name` even if it was labelled before (a reversible stack's outputs were labelled
+    as the last layer's norm inputs while it ran under no_grad, where nothing is saved)."""
+    recorder = _RECORDER.get()
+    if recorder is not None:
+        recorder.label(t, name, force=True)
+    return t
+
+
 def note_kept(t: torch.Tensor, name: str | None = None) -> torch.Tensor:
     """Report a tensor kept alive outside autograd's saves (a checkpoint's inputs); returns t."""
     recorder = _RECORDER.get()
@@ -187,9 +196,9 @@ class SavedTensorRecorder:
             self._storages[ref.cdata] = info
         return info
 
-    def label(self, t: torch.Tensor, name: str) -> None:
+    def label(self, t: torch.Tensor, name: str, force: bool = False) -> None:
         info = self._info(t) if self.recording else None
-        if info is not None and info.name is None:  # first label wins
+        if info is not None and (info.name is None or force):  # first label wins unless forced
             info.name, info.layer = name, current_layer()
 
     def _save(self, t: torch.Tensor) -> None:

@@ -37,7 +37,7 @@ from memplan.config import (
     Precision,
     Setup,
 )
-from memplan.measure.instruments import label, layer_scope, note_kept
+from memplan.measure.instruments import label, layer_scope, note_kept, relabel
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -391,8 +391,8 @@ class _RevStack(torch.autograd.Function):
             ctx.rng.append((rng_f, rng_g))
             x1, x2 = y1, y2
         with layer_scope(None):
-            label(x1, "rev.y1")
-            label(x2, "rev.y2")
+            relabel(x1, "rev.y1")
+            relabel(x2, "rev.y2")
         ctx.save_for_backward(x1, x2, *consts.tensors())
         return (x1 + x2) * 0.5
 
