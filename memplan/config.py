@@ -9,7 +9,7 @@ Enums that order strategies are ``IntEnum`` so that rules read ``if zero >= Zero
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import IntEnum, StrEnum
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,21 +22,21 @@ class _Frozen(BaseModel):
 # ----------------------------------------------------------------------------------------------------
 # Architecture
 # ----------------------------------------------------------------------------------------------------
-class NormType(str, Enum):
+class NormType(StrEnum):
     RMSNORM = "rmsnorm"
     """RMSNorm as Llama's reference code: upcast to fp32, x·rsqrt(mean(x²)+eps), cast back, × weight."""
     LAYERNORM = "layernorm"
     """torch.nn.LayerNorm (``aten.native_layer_norm``): weight and bias, saves input, mean and rstd."""
 
 
-class MlpType(str, Enum):
+class MlpType(StrEnum):
     SWIGLU = "swiglu"
     """down(silu(gate(x)) · up(x)): three matrices h×ffn (Llama, Mistral, Qwen)."""
     GELU = "gelu"
     """fc2(gelu(fc1(x))): two matrices h×ffn (GPT-2, GPT-3, GPT-NeoX)."""
 
 
-class PositionType(str, Enum):
+class PositionType(StrEnum):
     ROPE = "rope"
     """Rotary embeddings applied to q and k; no parameters."""
     LEARNED = "learned"
@@ -121,7 +121,7 @@ class ModelConfig(_Frozen):
 # ----------------------------------------------------------------------------------------------------
 # Training
 # ----------------------------------------------------------------------------------------------------
-class DType(str, Enum):
+class DType(StrEnum):
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
@@ -144,7 +144,7 @@ _DTYPE_BYTES = {
 }
 
 
-class Precision(str, Enum):
+class Precision(StrEnum):
     """Precision recipe: the dtype of weights, gradients, master copy, optimizer states and activations."""
 
     FP32 = "fp32"
@@ -185,7 +185,7 @@ class Precision(str, Enum):
         return 2 if self is Precision.BF16 else 4
 
 
-class Optimizer(str, Enum):
+class Optimizer(StrEnum):
     ADAMW = "adamw"
     """Two states (m, v) per parameter."""
     ADAMW_8BIT = "adamw-8bit"
@@ -251,7 +251,7 @@ class ZeroStage(IntEnum):
     """P_os+g+p: 16-bit weights sharded too (FULL_SHARD)."""
 
 
-class Device(str, Enum):
+class Device(StrEnum):
     """Which kernels the reference model runs on; a handful of saved tensors differ between them."""
 
     CUDA = "cuda"
@@ -274,7 +274,9 @@ class StrategyConfig(_Frozen):
                 "use --checkpointing none with --reversible"
             )
         if self.checkpointing is not Checkpointing.EVERY_K and self.checkpoint_every != 1:
-            raise ValueError("checkpoint_every: only every-k checkpointing takes k; use --checkpointing every-K")
+            raise ValueError(
+                "checkpoint_every: only every-k checkpointing takes k; use --checkpointing every-K"
+            )
         return self
 
     @property
@@ -321,7 +323,9 @@ def parse_checkpointing(text: str) -> tuple[Checkpointing, int]:
         return Checkpointing.EVERY_K, int(k)
     names = {c.name.lower(): c for c in Checkpointing if c is not Checkpointing.EVERY_K}
     if t not in names:
-        raise ValueError(f"checkpointing: unknown '{text}'; choose none, selective, full or every-K (e.g. every-4)")
+        raise ValueError(
+            f"checkpointing: unknown '{text}'; choose none, selective, full or every-K (e.g. every-4)"
+        )
     return names[t], 1
 
 

@@ -168,7 +168,9 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             ("rope.sin", (dims.s, dims.d), dims.act, "rotate_half(q)·sin: dq needs sin"),
         ]
     if setup.strategy.attention is Attention.EAGER:
-        rules.append(("attn.causal_mask", (dims.s, dims.s), BOOL, "masked_fill's backward zeroes masked cells"))
+        rules.append(
+            ("attn.causal_mask", (dims.s, dims.s), BOOL, "masked_fill's backward zeroes masked cells")
+        )
     return rules
 
 
@@ -211,7 +213,9 @@ def inventory(setup: Setup) -> list[Kept]:
         layers: list[Kept] = []
     elif setup.strategy.segment:
         n = kept_layer_inputs(setup, dims)
-        layers = _kept([("layer.input", (b, s, h), act, "checkpoint input: the segment is re-run")], Scope.LAYER, n)
+        layers = _kept(
+            [("layer.input", (b, s, h), act, "checkpoint input: the segment is re-run")], Scope.LAYER, n
+        )
     else:
         layers = _kept(layer_rules(setup, dims), Scope.LAYER, dims.layers)
     return _kept(model, Scope.MODEL, 1) + layers + _kept(head_rules(setup, dims), Scope.MODEL, 1)

@@ -9,14 +9,14 @@ needs it.
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from memplan.config import DType, Setup
 
 
-class Scope(str, Enum):
+class Scope(StrEnum):
     LAYER = "layer"
     """One per transformer layer (count = layers held on the device)."""
     MODEL = "model"

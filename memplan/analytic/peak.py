@@ -22,13 +22,15 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Dims, Kept
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
-from memplan.config import Attention, MlpType, Precision, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, MlpType, Optimizer, Precision, Setup, ZeroStage
 
 
 class Peak(BaseModel):
@@ -53,24 +55,49 @@ def loss_backward_transient(dims: Dims) -> int:
     return 2 * 4 * dims.tokens * dims.v
 
 
-def layer_backward_transient(setup: Setup, dims: Dims) -> int:
-    """Largest set of gradient buffers alive inside one layer's backward, plus the incoming [T, h]."""
+def mlp_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+    """MLP backward at the product's gradient: the residual stream's and the branch's dY [T, h],
+    d(down input) and the two operand gradients
+    [T, f] (SwiGLU; GELU: one fewer) and the down projection's weight gradient, already made."""
     a_bytes = dims.act.bytes
     t = dims.tokens
-    mlp = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
+    f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
+    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
+    return 2 * t * dims.h * a_bytes + f_buffers + down
+
+
+def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
+    """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
+    two [b, a, s, s] softmax gradients (eager) or dq, dk, dv and dO (flash), plus the residual stream's
+    and the branch's dY [T, h]."""
+    a_bytes = dims.act.bytes
+    t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
-        attention = 2 * dims.b * dims.a * dims.s * dims.s * a_bytes
+        buffers = 2 * dims.b * dims.a * dims.s * dims.s * a_bytes
     else:
-        attention = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d + t * dims.a * dims.d) * a_bytes
-    return max(mlp, attention) + t * dims.h * a_bytes
+        buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
+    layer = params.layer
+    grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * setup.training.precision.grad_bytes
+    freed = sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm.")))
+    return 2 * t * dims.h * a_bytes + buffers + grads - freed
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
-    """Temporaries of the reference optimizer for the largest parameter tensor."""
-    precision = setup.training.precision
-    fp32_grad_copy = 4 if precision in (Precision.BF16_MIXED, Precision.FP16_MIXED) else 0
-    denominator = precision.state_bytes if setup.training.optimizer.name.startswith("ADAMW") else 0
-    return largest * (fp32_grad_copy + denominator)
+    """Temporaries of the reference optimizer (measure/optim.py) for the largest parameter tensor.
+
+    The gradient is upcast to fp32 (4 bytes/element) by the mixed recipes and by 8-bit Adam unless it is
+    fp32 already; then Adam's denominator √v̂ + ε and Lion's update (state dtype), or for 8-bit Adam the
+    dequantised fp32 m and v and the fp32 denominator (12 bytes/element). SGD updates in place.
+    """
+    precision, opt = setup.training.precision, setup.training.optimizer
+    upcast = opt is Optimizer.ADAMW_8BIT or precision.master_bytes > 0
+    per_element = 4 if upcast and precision is not Precision.FP32 else 0
+    per_element += {
+        Optimizer.ADAMW: precision.state_bytes,
+        Optimizer.ADAMW_8BIT: 12,
+        Optimizer.LION: precision.state_bytes,
+    }.get(opt, 0)
+    return largest * per_element
 
 
 def largest_tensor(p: ParamCount, setup: Setup) -> int:
@@ -88,30 +115,44 @@ def zero3_gather(p: ParamCount, setup: Setup) -> int:
 
 
 def recompute_working_set(setup: Setup) -> int:
-    """Activations a re-run segment (k layers) or a reversible layer rebuilds in backward."""
+    """Activations a re-run segment (k layers), a reversible layer or a selective attention core rebuilds
+    in backward, alive while that layer's backward runs."""
+    dims = Dims.of(setup)
+    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        # The core's own saves (eager: q, k, v copies and the probabilities; flash: lse) come back.
+        plain = setup.model_copy(
+            update={"strategy": setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE})}
+        )
+        core = act.projection_rules(plain, dims) + act.attention_core_rules(plain, dims)
+        kept = act.projection_rules(setup, dims)
+        return sum(_rule_bytes(r) for r in core) - sum(_rule_bytes(r) for r in kept)
     layers = setup.strategy.segment or (1 if setup.strategy.reversible else 0)
-    # A reversible layer also holds the rebuilt inputs x1, x2 beside the stack outputs.
-    extra = 2 * Dims.of(setup).tokens * setup.model.hidden_size * setup.training.precision.activation_dtype.bytes
     working = act.total_bytes(act.layer_working_set(setup)) * layers
-    return working + (extra if setup.strategy.reversible else 0)
+    # A reversible layer also holds the rebuilt inputs x1, x2 beside the stack outputs.
+    rebuilt = 2 * dims.tokens * dims.h * dims.act.bytes if setup.strategy.reversible else 0
+    return working + rebuilt
 
 
-def peak(setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int) -> Peak:
+def _rule_bytes(rule: act.Rule) -> int:
+    return math.prod(rule[1]) * rule[2].bytes
+
+
+def peak(
+    setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int
+) -> Peak:
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
     head = sum(k.total_bytes for k in kept if k.name.startswith(HEAD_NAMES))
     resident = states.weights + states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)
-    loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather
-    layer_bwd = (
-        resident
-        + max(grads_before, gradient_bytes_head)
-        + activations
-        - head
-        + recompute_working_set(setup)
-        + layer_backward_transient(setup, dims)
-        + gather
+    # + 4: the loss's seed gradient, a fp32 scalar.
+    loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
+    top_layer = resident + max(grads_before, gradient_bytes_head) + activations - head + gather
+    top_layer += recompute_working_set(setup)
+    layer_bwd = top_layer + max(
+        mlp_backward_transient(setup, dims, params), attention_backward_transient(setup, dims, params, kept)
     )
-    step = resident + states.gradients + optimizer_transient(setup, largest_tensor(params, setup))
+    inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
+    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_tensor(params, setup))
     return Peak(phases={"loss backward": loss_bwd, "layer backward": layer_bwd, "optimizer step": step})

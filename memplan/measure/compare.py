@@ -74,11 +74,20 @@ def compare(est: Estimate, meas: Measured) -> Comparison:
     e = estimated_by_name(est)
     m = {name: (t.count, t.bytes) for name, t in meas.by_name().items()}
     rows = [
-        Row(name=n, est_count=e.get(n, (0, 0))[0], est_bytes=e.get(n, (0, 0))[1],
-            meas_count=m.get(n, (0, 0))[0], meas_bytes=m.get(n, (0, 0))[1])
+        Row(
+            name=n,
+            est_count=e.get(n, (0, 0))[0],
+            est_bytes=e.get(n, (0, 0))[1],
+            meas_count=m.get(n, (0, 0))[0],
+            meas_bytes=m.get(n, (0, 0))[1],
+        )
         for n in [*e, *(n for n in m if n not in e)]
     ]
-    est_flops = {"forward": est.flops.forward, "backward": est.flops.backward, "recompute": est.flops.recompute}
+    est_flops = {
+        "forward": est.flops.forward,
+        "backward": est.flops.backward,
+        "recompute": est.flops.recompute,
+    }
     flops = [
         Row(name=p, est_count=1, est_bytes=est_flops[p], meas_count=1, meas_bytes=meas.flops.get(p, 0))
         for p in PHASES
@@ -91,14 +100,19 @@ def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
     """The measurement in the estimate's JSON shape (the keys a measurement can fill)."""
     f = meas.flops
     total = f["forward"] + f["backward"] + f["recompute"]
-    per, layers = layer_bytes(est, meas)
+    _per, layers = layer_bytes(est, meas)
     return {
         "memory": {"activations": meas.activations},
         "activations": {
             "total": meas.activations,
             "per_layer": layers[0] if layers else None,
             "tensors": [
-                {"name": n, "bytes": t.bytes // t.count if t.count else 0, "count": t.count, "total_bytes": t.bytes}
+                {
+                    "name": n,
+                    "bytes": t.bytes // t.count if t.count else 0,
+                    "count": t.count,
+                    "total_bytes": t.bytes,
+                }
                 for n, t in meas.by_name().items()
             ],
         },
@@ -114,8 +128,14 @@ def comparison_json(est: Estimate, meas: Measured) -> dict[str, Any]:
         "diff": {
             "equal": c.equal,
             "tensors": [
-                {"name": r.name, "estimated_count": r.est_count, "estimated_bytes": r.est_bytes,
-                 "measured_count": r.meas_count, "measured_bytes": r.meas_bytes, "delta_bytes": r.delta}
+                {
+                    "name": r.name,
+                    "estimated_count": r.est_count,
+                    "estimated_bytes": r.est_bytes,
+                    "measured_count": r.meas_count,
+                    "measured_bytes": r.meas_bytes,
+                    "delta_bytes": r.delta,
+                }
                 for r in c.tensors
             ],
             "flops": [

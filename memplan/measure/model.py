@@ -30,7 +30,6 @@ from torch.utils.checkpoint import checkpoint
 from memplan.config import (
     Attention,
     Checkpointing,
-    Device,
     MlpType,
     NormType,
     PositionType,
@@ -51,7 +50,7 @@ def torch_dtype(precision: Precision) -> torch.dtype:
 # Ops with named saves
 # ----------------------------------------------------------------------------------------------------
 def dropout(x: Tensor, p: float, mask_name: str) -> Tensor:
-    """``native_dropout``: saves a bool mask on CPU and CUDA alike (F.dropout's CPU path saves A-dtype noise)."""
+    """``native_dropout``: a bool mask on CPU and CUDA alike (F.dropout's CPU path saves A-dtype noise)."""
     if p == 0:
         return x
     out, mask = torch.native_dropout(x, p, True)

@@ -1,0 +1,126 @@
+"""Real training steps of the reference model: measured peak, saved bytes, FLOPs and time vs the estimate.
+
+One instrumented step counts saved tensors and FLOPs (``run.run_step``); then warm-up steps make the
+optimizer's states, and measured steps (forward + backward for each micro-batch, then the optimizer step)
+are timed and their peak taken: on CUDA from the caching allocator (``max_memory_allocated``), on CPU from
+``LiveMemoryTracker`` (every storage alive: weights, gradients, optimizer states, activations and
+transients). Absolute times mean something on a GPU only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from memplan.config import Setup
+from memplan.measure.instruments import LiveMemoryTracker, cuda_peak
+from memplan.measure.model import Reference
+from memplan.measure.optim import ReferenceOptimizer
+from memplan.measure.run import Measured, make_batch, run_step
+
+
+@dataclass
+class Profile:
+    measured: Measured
+    peak: int
+    phase_peaks: dict[str, int]
+    step_seconds: list[float]
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+
+    @property
+    def median_step(self) -> float:
+        s = sorted(self.step_seconds)
+        return s[len(s) // 2]
+
+
+class StepRunner:
+    """Owns the model, optimizer and batch of one profiling session."""
+
+    def __init__(self, setup: Setup, device: str) -> None:
+        torch.manual_seed(0)
+        self.setup = setup
+        self.device = device
+        self.model = Reference(setup, device=device)
+        self.opt = ReferenceOptimizer(
+            list(self.model.parameters()), setup.training.precision, setup.training.optimizer
+        )
+        self.batch = make_batch(setup, device)
+
+    def sync(self) -> None:
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def step(self, mark: Callable[[str], None], times: dict[str, float]) -> None:
+        """zero_grad; forward + backward per micro-batch; optimizer step (marks after each phase)."""
+        self.opt.zero_grad()
+        for _ in range(self.setup.training.grad_accum):
+            t0 = time.perf_counter()
+            loss = self.model(*self.batch)
+            self.sync()
+            t1 = time.perf_counter()
+            mark("forward")
+            loss.backward()
+            del loss
+            self.sync()
+            t2 = time.perf_counter()
+            mark("backward")
+            times["forward"] = times.get("forward", 0.0) + t1 - t0
+            times["backward"] = times.get("backward", 0.0) + t2 - t1
+        t3 = time.perf_counter()
+        self.opt.step()
+        self.sync()
+        times["optimizer"] = times.get("optimizer", 0.0) + time.perf_counter() - t3
+        mark("optimizer step")
+
+
+@contextmanager
+def cpu_tracking(runner: StepRunner) -> Iterator[LiveMemoryTracker]:
+    tracker = LiveMemoryTracker()
+    with tracker:
+        tracker.track([*runner.model.parameters(), *runner.opt.tensors(), *runner.batch])
+        yield tracker
+
+
+def profile(
+    setup: Setup, device: str = "cpu", warmup: int = 1, steps: int = 2, torch_trace: str | None = None
+) -> Profile:
+    runner = StepRunner(setup, device)
+    measured = run_step(runner.model, *runner.batch)
+    runner.opt.zero_grad()
+    times: dict[str, float] = {}
+    for _ in range(warmup):
+        runner.step(lambda _: None, {})
+    step_seconds: list[float] = []
+    phase_peaks: dict[str, int] = {}
+    prof_ctx: Any = (
+        torch.profiler.profile(record_shapes=True, profile_memory=True) if torch_trace else nullcontext()
+    )
+    with prof_ctx as prof:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            if device.startswith("cuda"):
+                with cuda_peak() as cp:
+                    runner.step(lambda _: None, times)
+                peak = cp.peak
+                phase_peaks["step"] = max(phase_peaks.get("step", 0), peak)
+            else:
+                runner.opt.zero_grad()  # grads of the previous step are not part of this one's baseline
+                with cpu_tracking(runner) as tracker:
+                    runner.step(lambda name, tr=tracker: _mark(tr, name, phase_peaks), times)
+                peak = tracker.peak
+            step_seconds.append(time.perf_counter() - t0)
+    if torch_trace and prof is not None:
+        prof.export_chrome_trace(torch_trace)
+    per_step = {k: v / steps for k, v in times.items()}
+    return Profile(measured, max(phase_peaks.values()), phase_peaks, step_seconds, per_step, device)
+
+
+def _mark(tracker: LiveMemoryTracker, name: str, peaks: dict[str, int]) -> None:
+    m = tracker.mark(name)
+    peaks[name] = max(peaks.get(name, 0), m.peak)
