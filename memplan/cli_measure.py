@@ -1,9 +1,273 @@
-"""Sub-commands registered on the main typer app (placeholder until filled in)."""
+"""``memplan trace`` and ``memplan profile``: the estimate set beside PyTorch's own accounting.
+
+torch is imported inside the commands only, so ``memplan estimate`` never loads it.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Annotated, Any
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from memplan.cli_common import (
+    AttentionChoice,
+    AttentionOpt,
+    BatchOpt,
+    CheckpointingOpt,
+    DpOpt,
+    DropoutOpt,
+    GradAccumOpt,
+    ModelOpt,
+    OptimizerOpt,
+    PrecisionOpt,
+    ReversibleOpt,
+    SeqOpt,
+    ZeroOpt,
+    build_setup,
+    fail,
+    user_errors,
+)
+from memplan.config import Device, Optimizer, Precision, Setup
+from memplan.estimate import estimate
+from memplan.report import BYTE_UNITS, fmt_bytes, fmt_flops
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (estimated, measured, diff)")]
+INSTALL = (
+    "torch is not installed: pip install 'memplan[profile]' (or pip install torch==2.13.0 for the CPU build)"
+)
+
+
+def _torch_or_fail() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        fail(INSTALL)
+
+
+def _setup(model: str | None, **kw: Any) -> Setup:
+    return build_setup(model, **kw)
+
+
+def trace(
+    model: ModelOpt = None,
+    seq: SeqOpt = None,
+    batch: BatchOpt = 1,
+    precision: PrecisionOpt = Precision.BF16_MIXED,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    grad_accum: GradAccumOpt = 1,
+    checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = AttentionChoice.FLASH,
+    reversible: ReversibleOpt = False,
+    zero: ZeroOpt = 0,
+    dp: DpOpt = 1,
+    dropout: DropoutOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
+
+    Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
+    per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
+
+    Example: memplan trace --model 70b --seq 8192
+    """
+    with user_errors():
+        setup = _setup(
+            model,
+            seq=seq,
+            batch=batch,
+            precision=precision,
+            optimizer=optimizer,
+            grad_accum=grad_accum,
+            checkpointing=checkpointing,
+            attention=attention,
+            reversible=reversible,
+            zero=zero,
+            dp=dp,
+            dropout=dropout,
+            device=Device.CPU,
+        )
+        _torch_or_fail()
+        from memplan.measure.compare import comparison_json
+        from memplan.measure.model import Reference  # noqa: F401  (fails early on CPU-only limits)
+        from memplan.measure.run import measure
+
+        est = estimate(setup)
+        start = time.perf_counter()
+        with _progress(as_json, setup) as progress:
+            meas = measure(setup, fake=True, on_layer=progress)
+        seconds = time.perf_counter() - start
+        result = comparison_json(est, meas)
+    result["seconds"] = round(seconds, 3)
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        from memplan.report_measure import trace_report
+
+        Console().print(trace_report(result, seconds, _layers_line(result)))
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
+
+
+def _layers_line(result: dict[str, Any]) -> str:
+    est = result["estimated"]["activations"]["per_layer"]
+    meas = result["measured"]["activations"]["per_layer"]
+    if meas is None:
+        return "per layer: checkpointed or reversible layers keep one input per segment (totals compared)"
+    return f"per layer: estimated {fmt_bytes(est)}, measured {fmt_bytes(meas)} (every layer checked)"
+
+
+class _progress:
+    """A rich progress bar over forward and backward layers (silent with --json)."""
+
+    def __init__(self, quiet: bool, setup: Setup) -> None:
+        self.quiet, self.total = quiet, 2 * setup.model.num_layers
+        self.bar = Progress(
+            TextColumn("[bold]tracing[/bold] {task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} layer passes"),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+
+    def __enter__(self) -> Any:
+        if self.quiet:
+            return None
+        self.bar.start()
+        self.task = self.bar.add_task("forward", total=self.total)
+        return self
+
+    def __call__(self, phase: str, layer: int) -> None:
+        self.bar.update(self.task, advance=1, description=f"{phase} layer {layer}")
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.quiet:
+            self.bar.stop()
+
+
+DeviceRunOpt = Annotated[
+    str | None,
+    typer.Option("--device", help="Where to run: cuda (when available) or cpu [default: cuda if available]"),
+]
+
+
+def profile(
+    model: ModelOpt = None,
+    seq: SeqOpt = None,
+    batch: BatchOpt = 1,
+    precision: PrecisionOpt = Precision.BF16_MIXED,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    grad_accum: GradAccumOpt = 1,
+    checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = AttentionChoice.FLASH,
+    reversible: ReversibleOpt = False,
+    dropout: DropoutOpt = None,
+    device: DeviceRunOpt = None,
+    steps: Annotated[int, typer.Option("--steps", min=1, max=1000, help="Measured steps")] = 2,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=1000, help="Warm-up steps")] = 1,
+    torch_trace: Annotated[str | None, typer.Option("--torch-trace", help="Write a Chrome trace")] = None,
+    memory_snapshot: Annotated[
+        str | None, typer.Option("--memory-snapshot", help="Write a CUDA memory snapshot (CUDA only)")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
+    beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
+
+    Example: memplan profile --model tiny --device cpu --seq 256
+    """
+    with user_errors():
+        _torch_or_fail()
+        import torch
+
+        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
+            raise ValueError(f"device: unknown '{dev}'; use --device cuda or --device cpu")
+        if dev.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError("device: CUDA is not available here; use --device cpu")
+        if memory_snapshot and not dev.startswith("cuda"):
+            raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
+        setup = _setup(
+            model,
+            seq=seq,
+            batch=batch,
+            precision=precision,
+            optimizer=optimizer,
+            grad_accum=grad_accum,
+            checkpointing=checkpointing,
+            attention=attention,
+            reversible=reversible,
+            dropout=dropout,
+            device=Device.CUDA if dev.startswith("cuda") else Device.CPU,
+        )
+        from memplan.measure.compare import comparison_json
+        from memplan.measure.profile import profile as run_profile
+
+        est = estimate(setup)
+        if memory_snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100000)
+        try:
+            prof = run_profile(setup, device=dev, warmup=warmup, steps=steps, torch_trace=torch_trace)
+        except (torch.OutOfMemoryError, MemoryError):
+            typer.echo(
+                f"error: out of memory on {dev}; the estimate needs {fmt_bytes(est.peak.bytes)} at its peak "
+                f"({est.peak.phase}) — try --checkpointing full, a smaller --batch or --seq",
+                err=True,
+            )
+            raise typer.Exit(1) from None
+        if memory_snapshot:
+            torch.cuda.memory._dump_snapshot(memory_snapshot)
+        result = comparison_json(est, prof.measured)
+    result["measured"]["memory"]["peak"] = prof.peak
+    result["measured"]["memory"]["phase_peaks"] = prof.phase_peaks
+    flops_step = est.flops.total * setup.training.grad_accum
+    result["time"] = {
+        "device": dev,
+        "step_seconds": prof.step_seconds,
+        "median_step_seconds": prof.median_step,
+        "phase_seconds": prof.phase_seconds,
+        "achieved_tflops": flops_step / prof.median_step / 1e12,
+    }
+    peak_error = prof.peak / est.peak.bytes - 1
+    result["diff"]["peak_relative_error"] = peak_error
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
+
+
+def _print_profile(
+    result: dict[str, Any], est_peak: int, phase: str, peak: int, err: float, flops: int, dev: str
+) -> None:
+    from memplan.report_measure import flop_table, profile_table, tensor_table, verdict
+
+    t = result["time"]
+    rows = [
+        ("peak memory", f"{fmt_bytes(est_peak)} ({phase})", f"{fmt_bytes(peak)} ({err:+.2%})"),
+        (
+            "saved activations",
+            fmt_bytes(result["estimated"]["memory"]["activations"]),
+            fmt_bytes(result["measured"]["memory"]["activations"]),
+        ),
+        ("FLOPs per step", fmt_flops(flops), f"{t['achieved_tflops']:.3f} TFLOP/s achieved"),
+        ("step time (median)", "", f"{t['median_step_seconds'] * 1e3:.1f} ms on {dev}"),
+    ]
+    console = Console()
+    console.print(profile_table(rows))
+    console.print(tensor_table(result["diff"]))
+    console.print(flop_table(result["diff"]))
+    note = "" if dev.startswith("cuda") else " (CPU timings say little about a GPU)"
+    console.print(Text(f"{BYTE_UNITS}{note}"))
+    console.print(verdict(bool(result["diff"]["equal"]), "profile"))
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to `app`."""
+    """Add ``trace`` and ``profile`` to ``app``."""
+    app.command()(trace)
+    app.command()(profile)

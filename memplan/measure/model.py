@@ -172,6 +172,8 @@ class Reference(nn.Module):
             else nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
         )
         self.recompute_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
+        self.on_layer: Callable[[str, int], None] | None = None  # progress: ("forward"|"backward", layer)
+        self._recomputing = False
         self.reset_parameters()
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -265,7 +267,13 @@ class Reference(nn.Module):
         assert isinstance(layer, Layer)
         with layer_scope(i):
             x = x + self.attention(layer, x, c)
-            return x + self.mlp(layer, x)
+            out = x + self.mlp(layer, x)
+        if self.on_layer is not None and not self._recomputing:
+            on_layer = self.on_layer
+            on_layer("forward", i)
+            if out.requires_grad:
+                out.register_hook(lambda _grad: on_layer("backward", i))
+        return out
 
     # -- strategies -----------------------------------------------------------------------------------
     def _recomputable(self, fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -275,8 +283,14 @@ class Reference(nn.Module):
         def run(*args: Any) -> Tensor:
             nonlocal calls
             calls += 1
-            with self.recompute_phase() if calls > 1 else nullcontext():
+            if calls == 1:
                 return fn(*args)
+            self._recomputing = True
+            try:
+                with self.recompute_phase():
+                    return fn(*args)
+            finally:
+                self._recomputing = False
 
         return run
 

@@ -60,7 +60,6 @@ def run_step(
     model: Reference,
     ids: torch.Tensor,
     labels: torch.Tensor,
-    on_layer: Callable[[int], None] | None = None,
 ) -> Measured:
     """Forward under the saved-tensor recorder and the FLOP meter, then backward (recorder paused)."""
     meter = FlopMeter()
@@ -83,10 +82,20 @@ def run_step(
     return Measured(records=recorder.records, flops=totals, by_op=meter.by_op)
 
 
-def measure(setup: Setup, fake: bool = True, device: str = "cpu", seed: int = 0) -> Measured:
-    """Build the reference model for ``setup`` and measure one forward + backward."""
+def measure(
+    setup: Setup,
+    fake: bool = True,
+    device: str = "cpu",
+    seed: int = 0,
+    on_layer: Callable[[str, int], None] | None = None,
+) -> Measured:
+    """Build the reference model for ``setup`` and measure one forward + backward.
+
+    ``on_layer(phase, i)`` is called after each layer's forward and backward (a progress bar).
+    """
     torch.manual_seed(seed)
     with fake_mode(fake):
         model = Reference(setup, device=device)
+        model.on_layer = on_layer
         ids, labels = make_batch(setup, device)
         return run_step(model, ids, labels)
