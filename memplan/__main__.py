@@ -1,0 +1,6 @@
+"""``python -m memplan``: the same as the ``memplan`` console script."""
+
+from memplan.cli import main
+
+if __name__ == "__main__":
+    main()

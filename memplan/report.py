@@ -1,0 +1,383 @@
+"""Rendering: rich panels and tables of an estimate and of the presets. Unit formatting lives here only.
+
+Units, said explicitly wherever they are shown: bytes in binary units (KiB = 2¹⁰, MiB = 2²⁰, GiB = 2³⁰
+bytes; figures ≥ 1 GiB stay in GiB), FLOPs in decimal units (GFLOP = 10⁹, TFLOP = 10¹², PFLOP = 10¹⁵),
+parameters in decimal (M = 10⁶, B = 10⁹). Every function here is pure: it takes computed results
+(``Estimate``, presets, ``ParamCount``) and returns rich renderables; nothing is computed beyond the
+formatting (shares of a bar, a ratio).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.columns import Columns
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from memplan.analytic.inventory import Kept, Scope
+from memplan.analytic.params import ParamCount
+from memplan.config import checkpointing_label
+from memplan.estimate import Estimate
+from memplan.presets import GpuPreset, ModelPreset
+
+BYTE_UNITS = "GiB = 2³⁰ bytes, MiB = 2²⁰ bytes"
+FLOP_UNITS = "PFLOP = 10¹⁵ FLOP, TFLOP = 10¹² FLOP, a multiply-add = 2 FLOP"
+_BINARY = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+_DECIMAL_FLOPS = ((10**15, "PFLOP"), (10**12, "TFLOP"), (10**9, "GFLOP"), (10**6, "MFLOP"))
+_DECIMAL_COUNT = ((10**9, "B"), (10**6, "M"), (10**3, "K"))
+
+# Memory components: (label, style, glyph) in bar order; the glyphs tell them apart without colour.
+_SEGMENTS = (
+    ("weights", "blue", "█"),
+    ("gradients", "magenta", "▓"),
+    ("optimizer", "yellow", "▒"),
+    ("activations", "green", "░"),
+    ("peak transient", "red", "▞"),
+)
+BAR_WIDTH = 64
+
+
+# ----------------------------------------------------------------------------------------------------
+# Units
+# ----------------------------------------------------------------------------------------------------
+def _scaled(n: int, units: tuple[tuple[int, str], ...], plain: str, digits: int = 2) -> str:
+    for size, unit in units:
+        if abs(n) >= size:
+            return f"{n / size:,.{digits}f} {unit}"
+    return f"{n:,}{plain}"
+
+
+def fmt_bytes(n: int) -> str:
+    """Bytes in binary units: ``1,174.83 GiB`` (GiB = 2³⁰ bytes), ``64.00 MiB``, ``512 B``."""
+    return _scaled(n, _BINARY, " B")
+
+
+def fmt_flops(n: int) -> str:
+    """FLOPs in decimal units: ``4.03 PFLOP`` (10¹⁵), ``812.50 TFLOP`` (10¹²), ``1.20 GFLOP`` (10⁹)."""
+    return _scaled(n, _DECIMAL_FLOPS, " FLOP")
+
+
+def fmt_count(n: int) -> str:
+    """A parameter count in decimal units: ``70.55 B``, ``124.44 M``, ``106.82 K``."""
+    return _scaled(n, _DECIMAL_COUNT, "")
+
+
+def fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "scalar" if not shape else "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _row(table: Table, *cells: str, style: str = "") -> None:
+    """Add a row of plain text: data such as ``[b, s, h]`` in a reason is never read as rich markup."""
+    table.add_row(*(Text(c) for c in cells), style=style)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Summary
+# ----------------------------------------------------------------------------------------------------
+def setup_line(e: Estimate) -> str:
+    s = e.setup
+    t, st = s.training, s.strategy
+    rev = " · reversible" if st.reversible else ""
+    tokens = fmt_int(t.micro_batch * t.seq_len)
+    return (
+        f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"
+        f" · {t.precision.value} · {t.optimizer.value} · grad-accum {t.grad_accum}"
+        f" · checkpointing {checkpointing_label(st)} · {st.attention.name.lower()} attention{rev}"
+        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels"
+    )
+
+
+def _components(e: Estimate) -> list[tuple[str, str, str, int]]:
+    """(label, style, glyph, bytes) of the bar: model states, activations, what the peak adds on top."""
+    st = e.states
+    values = [st.weights, st.gradients, st.optimizer, e.activations]
+    values.append(max(0, e.peak.bytes - sum(values)))
+    return [(*segment, v) for segment, v in zip(_SEGMENTS, values, strict=True)]
+
+
+def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> RenderableType:
+    """A stacked bar of one device's memory, its legend, and where the peak falls."""
+    parts = _components(e)
+    scale = max(sum(v for *_, v in parts), e.peak.bytes, 1)
+    bar, done, cum = Text(), 0, 0
+    for _, style, glyph, value in parts:
+        cum += value
+        end = round(cum * width / scale)
+        bar.append(glyph * (end - done), style=style)
+        done = end
+    at = max(0, round(e.peak.bytes * width / scale) - 1)
+    words = f"peak {fmt_bytes(e.peak.bytes)} ({e.peak.phase})"
+    if at + 2 + len(words) <= width:
+        marker = " " * at + "▲ " + words
+    else:  # no room to the right: the words end at the arrow
+        marker = " " * max(0, at - 1 - len(words)) + words + " ▲"
+    legend = [
+        Text(glyph * 2, style=style).append(f" {label} {fmt_bytes(value)}", style="")
+        for label, style, glyph, value in parts
+        if value or label != "peak transient"
+    ]
+    return Group(bar, Text(marker, style="bold"), Columns(legend, padding=(0, 3)))
+
+
+def _phases_line(e: Estimate) -> Text:
+    text = Text("phases: ")
+    for i, (name, value) in enumerate(e.peak.phases.items()):
+        style = "bold" if name == e.peak.phase else ""
+        text.append(("" if i == 0 else " · ") + f"{name} {fmt_bytes(value)}", style=style)
+    return text
+
+
+def _bar_note(e: Estimate) -> str:
+    transient = _components(e)[-1][-1]
+    what = (
+        "the peak transient is what the peak moment holds beyond all of these (loss or backward buffers)"
+        if transient
+        else "the bar's parts are not all alive at once (gradients are made during backward, "
+        "activations are freed before the optimizer step)"
+    )
+    return (
+        f"The peak is the largest of the three moments; {what}. "
+        "NB: CUDA context, allocator fragmentation and communication buckets are not counted."
+    )
+
+
+def summary_panel(e: Estimate) -> Panel:
+    """Model, parameters, the setup, and one device's memory: states, activations and the peak."""
+    p = e.params
+    st = e.setup.strategy
+    head = Text()
+    head.append(e.setup.model.name, style="bold cyan")
+    head.append(f"   {fmt_count(p.total)} parameters ({fmt_int(p.total)}), {fmt_count(p.active)} active")
+    body = Group(
+        head,
+        Text(setup_line(e), style="dim"),
+        Text(""),
+        Text(f"Memory on one device (ZeRO-{int(st.zero)}, dp {st.dp}); {BYTE_UNITS}", style="bold"),
+        memory_bar(e),
+        _phases_line(e),
+        Text(_bar_note(e), style="dim"),
+    )
+    return Panel(body, title="memplan estimate", title_align="left")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Activations
+# ----------------------------------------------------------------------------------------------------
+def _add_kept(table: Table, k: Kept) -> None:
+    _row(
+        table,
+        k.name,
+        fmt_shape(k.shape),
+        k.dtype.value,
+        fmt_bytes(k.bytes),
+        fmt_int(k.count),
+        fmt_bytes(k.total_bytes),
+        k.reason,
+    )
+
+
+def activation_table(e: Estimate) -> Table:
+    """Every tensor autograd keeps for backward: model-level entries, then the per-layer ones; totals."""
+    layers = e.setup.model.num_layers
+    table = Table(
+        title=f"Activations kept for backward (one micro-batch, one device; {BYTE_UNITS})",
+        title_justify="left",
+        show_footer=False,
+    )
+    for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes each", "right")):
+        table.add_column(name, justify=justify, no_wrap=name != "tensor")  # type: ignore[arg-type]
+    table.add_column("count", justify="right")
+    table.add_column("total", justify="right", no_wrap=True)
+    table.add_column("why kept", ratio=1)
+    groups = (
+        (Scope.MODEL, "model-level (once per model)"),
+        (Scope.LAYER, f"per layer ({layers} layers)"),
+    )
+    for scope, title in groups:
+        kept = [k for k in e.tensors if k.scope is scope]
+        if not kept:
+            continue
+        table.add_row(Text(title, style="bold italic"), end_section=False)
+        for k in kept:
+            _add_kept(table, k)
+        table.add_section()
+    _row(
+        table, "one layer", "", "", "", "", fmt_bytes(e.per_layer), "per-layer entries / layers", style="bold"
+    )
+    _row(
+        table,
+        "total",
+        "",
+        "",
+        "",
+        "",
+        fmt_bytes(e.activations),
+        f"{fmt_int(e.activations)} bytes",
+        style="bold",
+    )
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLOPs
+# ----------------------------------------------------------------------------------------------------
+def flops_table(e: Estimate) -> Table:
+    """Forward, backward, recompute; hardware and model FLOPs; the 6N·tokens view; per optimizer step."""
+    f, g = e.flops, e.setup.training.grad_accum
+    table = Table(title=f"FLOPs of one micro-batch, whole model; {FLOP_UNITS}", title_justify="left")
+    table.add_column("", no_wrap=True)
+    table.add_column("FLOPs", justify="right", no_wrap=True)
+    table.add_column("exact", justify="right", no_wrap=True)
+    table.add_column("what it counts", ratio=1)
+    rows: list[tuple[str, int, str]] = [
+        ("forward", f.forward, "matmuls only, as torch's FlopCounterMode counts (≈ 2N·tokens + attention)"),
+        ("  linear layers", f.layer_linear, "projections and MLP matrices of every layer"),
+        ("  attention core", f.layer_attention, "QKᵀ and P·V (causal not halved)"),
+        ("  lm head", f.lm_head, "logits [tokens, vocab]"),
+        ("backward", f.backward, "dX and dW for every matmul (≈ 2× forward; flash attention 2.5×)"),
+        ("recompute", f.recompute, "forward work re-run in backward (checkpointing, reversible)"),
+    ]
+    for name, value, why in rows:
+        _row(table, name, fmt_flops(value), fmt_int(value), why, style="dim" if name[0] == " " else "")
+    table.add_section()
+    _row(
+        table,
+        "total (hardware)",
+        fmt_flops(f.total),
+        fmt_int(f.total),
+        "all that runs, for HFU",
+        style="bold",
+    )
+    _row(table, "model", fmt_flops(f.model), fmt_int(f.model), "without recompute, for MFU", style="bold")
+    _row(table, "6N·tokens", fmt_flops(e.six_n), fmt_int(e.six_n), "rule of thumb, N = active parameters")
+    ratio = f.model / e.six_n if e.six_n else 0.0
+    _row(table, "model / 6N", f"{ratio:.3f}×", "", "exact model FLOPs over the 6N·tokens estimate")
+    table.add_section()
+    _row(
+        table,
+        f"per step (× {g})",
+        fmt_flops(f.total * g),
+        fmt_int(f.total * g),
+        f"hardware FLOPs × grad-accum {g}",
+    )
+    _row(table, "", fmt_flops(f.model * g), fmt_int(f.model * g), f"model FLOPs × grad-accum {g}")
+    return table
+
+
+def estimate_report(e: Estimate) -> Group:
+    """The whole ``memplan estimate`` output: summary, activation inventory, FLOPs."""
+    return Group(summary_panel(e), activation_table(e), flops_table(e))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Presets
+# ----------------------------------------------------------------------------------------------------
+def presets_table(presets: Sequence[ModelPreset]) -> Table:
+    table = Table(title="Model presets (`memplan presets show NAME` for one)", title_justify="left")
+    table.add_column("name", no_wrap=True, style="bold cyan")
+    table.add_column("aliases", max_width=20)
+    table.add_column("published params", justify="right")
+    table.add_column("layers", justify="right")
+    table.add_column("hidden", justify="right")
+    table.add_column("heads/kv", justify="right")
+    table.add_column("source", overflow="fold", ratio=1)
+    for p in presets:
+        m = p.model
+        published = fmt_count(p.published_params) if p.published_params else "?"
+        _row(
+            table,
+            p.name,
+            ", ".join(p.aliases),
+            published,
+            str(m.num_layers),
+            fmt_int(m.hidden_size),
+            f"{m.num_heads}/{m.kv_heads}",
+            p.source,
+        )
+    return table
+
+
+def _params_table(preset: ModelPreset, params: ParamCount) -> Table:
+    layer = params.layer
+    table = Table(title="Parameters (computed from the architecture)", title_justify="left")
+    table.add_column("component")
+    table.add_column("parameters", justify="right")
+    table.add_column("", justify="right")
+    rows = [
+        ("token embedding [v, h]", params.embedding),
+        ("learned positions", params.positions),
+        ("  attention norm", layer.attn_norm),
+        ("  W_Q", layer.q_proj),
+        ("  W_K", layer.k_proj),
+        ("  W_V", layer.v_proj),
+        ("  W_O", layer.o_proj),
+        ("  MLP norm", layer.mlp_norm),
+        ("  MLP", layer.mlp),
+        ("one layer", layer.total),
+        (f"{params.num_layers} layers", params.layers),
+        ("final norm", params.final_norm),
+        ("lm head [h, v]" + (" (tied: 0)" if preset.model.tied_embeddings else ""), params.lm_head),
+    ]
+    for name, n in rows:
+        _row(table, name, fmt_int(n), fmt_count(n), style="dim" if name[0] == " " else "")
+    table.add_section()
+    _row(table, "total", fmt_int(params.total), fmt_count(params.total), style="bold")
+    if preset.published_params is not None:
+        same = "matches" if preset.published_params == params.total else "DIFFERS from"
+        _row(table, f"published ({same} the count)", fmt_int(preset.published_params), "")
+    return table
+
+
+def preset_detail(preset: ModelPreset, params: ParamCount) -> Group:
+    """One preset: its fields, architecture and computed parameter breakdown."""
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column(overflow="fold")
+    _row(info, "name", preset.name)
+    _row(info, "aliases", ", ".join(preset.aliases) or "-")
+    _row(info, "source", preset.source)
+    if preset.notes:
+        _row(info, "notes", preset.notes)
+    for key, value in preset.model.model_dump(mode="json").items():
+        if key != "name":
+            _row(info, key, str(value))
+    return Group(
+        Panel(info, title=Text(f"model preset {preset.name}"), title_align="left"),
+        _params_table(preset, params),
+    )
+
+
+def gpus_table(gpus: Sequence[GpuPreset]) -> Table:
+    table = Table(
+        title="GPU presets (dense peak throughput, no sparsity; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
+        title_justify="left",
+    )
+    table.add_column("name", no_wrap=True, style="bold cyan")
+    table.add_column("aliases", max_width=16)
+    table.add_column("memory", justify="right", no_wrap=True)
+    table.add_column("bf16 TFLOP/s", justify="right")
+    table.add_column("fp8 TFLOP/s", justify="right")
+    table.add_column("HBM GB/s", justify="right")
+    table.add_column("interconnect", max_width=14)
+    table.add_column("source", overflow="fold", ratio=1)
+    for g in gpus:
+        fp8 = g.peak_tflops.fp8
+        _row(
+            table,
+            g.name,
+            ", ".join(g.aliases),
+            fmt_bytes(g.memory_bytes),
+            f"{g.peak_tflops.bf16:,g}",
+            "-" if fp8 is None else f"{fp8:,g}",
+            f"{g.hbm_bandwidth_gbps:,g}",
+            g.interconnect,
+            g.source,
+        )
+    return table

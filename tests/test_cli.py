@@ -1,0 +1,334 @@
+"""The typer app: `estimate` (JSON contract and rich output), `presets`, `gpus`, and one-line user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.cli_common import AttentionChoice, build_setup
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    Optimizer,
+    Precision,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+from memplan.estimate import estimate
+from memplan.presets import gpu_names, load_model_preset, model_names
+
+ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
+runner = CliRunner(env=ENV)
+
+
+def invoke(*args: str) -> Any:
+    return runner.invoke(app, list(args))
+
+
+def estimate_json(*args: str) -> dict[str, Any]:
+    result = invoke("estimate", *args, "--json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    doc = json.loads(result.stdout)  # one JSON object and nothing else
+    assert isinstance(doc, dict)
+    return doc
+
+
+# ----------------------------------------------------------------------------------------------------
+# estimate --json: the contract of DESIGN.md
+# ----------------------------------------------------------------------------------------------------
+CONTRACT = {
+    "params": ("total", "active"),
+    "memory": ("weights", "gradients", "optimizer", "activations", "peak"),
+    "flops": ("forward", "backward", "recompute", "total", "model"),
+}
+
+
+def test_json_70b_has_every_contract_key_as_integers_and_equals_estimate() -> None:
+    doc = estimate_json("--model", "70b", "--seq", "8192")
+    for section, keys in CONTRACT.items():
+        for key in keys:
+            value = doc[section][key]
+            assert type(value) is int, f"{section}.{key} = {value!r}"
+    assert type(doc["activations"]["per_layer"]) is int
+    tensors = doc["activations"]["tensors"]
+    assert tensors
+    for t in tensors:
+        assert isinstance(t["name"], str)
+        assert all(type(d) is int for d in t["shape"])
+        assert isinstance(t["dtype"], str)
+        assert type(t["bytes"]) is int and type(t["count"]) is int
+    expected = estimate(
+        Setup(model=load_model_preset("llama-3-70b").model, training=TrainingConfig(seq_len=8192))
+    )
+    assert doc == expected.to_json()
+    assert doc["params"]["total"] == 70_553_706_496  # Meta-Llama-3-70B model card: 70.6B
+
+
+def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
+    doc = estimate_json(
+        "-m", "gpt2", "-s", "512", "-b", "2", "--precision", "fp32", "--optimizer", "sgd-momentum",
+        "--grad-accum", "4", "--checkpointing", "every-4", "--attention", "eager", "--zero", "3",
+        "--dp", "8", "--dropout", "0.1", "--device", "cpu",
+    )  # fmt: skip
+    gpt2 = load_model_preset("gpt2").model
+    model = gpt2.model_validate(
+        {**gpt2.model_dump(), "attn_dropout": 0.1, "resid_dropout": 0.1, "embd_dropout": 0.1}
+    )
+    setup = Setup(
+        model=model,
+        training=TrainingConfig(
+            micro_batch=2,
+            seq_len=512,
+            precision=Precision.FP32,
+            optimizer=Optimizer.SGD_MOMENTUM,
+            grad_accum=4,
+        ),
+        strategy=StrategyConfig(
+            checkpointing=Checkpointing.EVERY_K,
+            checkpoint_every=4,
+            attention=Attention.EAGER,
+            zero=ZeroStage.PARAMETERS,
+            dp=8,
+        ),
+        device=Device.CPU,
+    )
+    assert doc == estimate(setup).to_json()
+
+
+def test_seq_defaults_to_2048_or_the_context_length_if_shorter() -> None:
+    assert estimate_json("-m", "llama-3-8b")["setup"]["seq_len"] == 2048
+    assert estimate_json("-m", "tiny")["setup"]["seq_len"] == 512  # max_positions of the fixture
+
+
+def test_build_setup_defaults_are_the_config_defaults() -> None:
+    setup = build_setup("tiny", seq=64)
+    assert setup == Setup(model=load_model_preset("tiny").model, training=TrainingConfig(seq_len=64))
+    assert build_setup("tiny", attention=AttentionChoice.EAGER).strategy.attention is Attention.EAGER
+
+
+def test_reversible_and_selective_reach_the_setup() -> None:
+    assert estimate_json("-m", "tiny", "--reversible")["setup"]["reversible"] is True
+    assert (
+        estimate_json("-m", "tiny", "--checkpointing", "selective")["setup"]["checkpointing"] == "selective"
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rich output
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("-m", "70b", "--seq", "8192"),
+        ("-m", "tiny", "--checkpointing", "full", "--attention", "eager", "--dropout", "0.1"),
+        ("-m", "gpt2", "--seq", "1024", "--batch", "8", "--zero", "2", "--dp", "16", "--grad-accum", "8"),
+        (
+            "-m",
+            "llama-3.1-405b",
+            "--seq",
+            "4096",
+            "--checkpointing",
+            "selective",
+            "--zero",
+            "3",
+            "--dp",
+            "512",
+        ),
+        ("-m", "mistral-7b", "--reversible", "--precision", "bf16", "--optimizer", "lion", "--device", "cpu"),
+        (
+            "-m",
+            "gpt3-175b",
+            "--checkpointing",
+            "every-8",
+            "--precision",
+            "fp16-mixed",
+            "--optimizer",
+            "adamw-8bit",
+        ),
+    ],
+)
+def test_rich_output_runs_and_shows_the_estimate(args: tuple[str, ...]) -> None:
+    result = invoke("estimate", *args)
+    assert result.exit_code == 0, result.output
+    doc = estimate_json(*args)
+    assert doc["model"] in result.stdout
+    assert f"{doc['activations']['total']:,} bytes" in result.stdout
+    assert f"{doc['flops']['total']:,}" in result.stdout
+    assert "GiB = 2³⁰ bytes" in result.stdout
+    assert result.stderr == ""
+
+
+def test_estimate_help_states_units_and_examples() -> None:
+    result = invoke("estimate", "--help")
+    assert result.exit_code == 0
+    assert "2³⁰" in result.stdout
+    assert "memplan estimate --model 70b --seq 8192" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# presets, gpus
+# ----------------------------------------------------------------------------------------------------
+def test_presets_lists_every_model() -> None:
+    result = invoke("presets")
+    assert result.exit_code == 0, result.output
+    for name in model_names():
+        assert name in result.stdout
+
+
+def test_presets_show_gives_the_computed_breakdown() -> None:
+    result = invoke("presets", "show", "70b")
+    assert result.exit_code == 0, result.output
+    assert "llama-3-70b" in result.stdout
+    assert "70,553,706,496" in result.stdout  # total = published
+    assert "855,654,400" in result.stdout  # one layer
+
+
+def test_presets_show_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(PRESET.format(heads=4), encoding="utf-8")
+    result = invoke("presets", "show", str(path))
+    assert result.exit_code == 0, result.output
+    assert "106,816" in result.stdout
+
+
+def test_gpus_lists_every_gpu() -> None:
+    result = invoke("gpus")
+    assert result.exit_code == 0, result.output
+    for name in gpu_names():
+        assert name in result.stdout
+
+
+@pytest.mark.parametrize("command", [("estimate", "--model"), ("presets", "show")])
+def test_unknown_preset_suggests_names(command: tuple[str, ...]) -> None:
+    result = invoke(*command, "70bb")
+    assert_one_line_error(result, "model")
+    assert "did you mean" in result.stderr and "llama-3-70b" in result.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# User mistakes: exit 2, one line on stderr naming the field, no traceback
+# ----------------------------------------------------------------------------------------------------
+PRESET = """\
+name = "mine"
+source = "test"
+published_params = 106816
+[model]
+hidden_size = 64
+num_layers = 2
+num_heads = {heads}
+num_kv_heads = 2
+ffn_size = 128
+vocab_size = 256
+"""
+
+
+def assert_one_line_error(result: Any, field: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert field in lines[0]
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (("--seq", "0"), "seq"),
+        (("--seq", "-8"), "seq"),
+        (("--seq", "abc"), "seq"),
+        (("--batch", "0"), "batch"),
+        (("--grad-accum", "0"), "grad-accum"),
+        (("--dp", "0"), "dp"),
+        (("--zero", "5"), "zero"),
+        (("--zero", "-1"), "zero"),
+        (("--checkpointing", "every-0"), "checkpointing"),
+        (("--checkpointing", "every-999"), "checkpointing"),  # llama-3-70b has 80 layers
+        (("--checkpointing", "sometimes"), "checkpointing"),
+        (("--reversible", "--checkpointing", "full"), "reversible"),
+        (("--precision", "fp8"), "precision"),
+        (("--optimizer", "adam"), "optimizer"),
+        (("--attention", "sdpa"), "attention"),
+        (("--device", "tpu"), "device"),
+        (("--dropout", "1.5"), "dropout"),
+        (("--dropout", "-0.1"), "dropout"),
+        (("--bogus",), "--bogus"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], field: str) -> None:
+    assert_one_line_error(invoke("estimate", "--model", "70b", *args, "--json"), field)
+
+
+def test_zero_message_names_the_fix() -> None:
+    result = invoke("estimate", "--model", "70b", "--zero", "5")
+    assert result.stderr.strip() == "error: zero: must be 0, 1, 2 or 3, got 5 (use --zero 0, 1, 2 or 3)"
+
+
+def test_missing_model_is_one_line() -> None:
+    assert_one_line_error(invoke("estimate", "--seq", "128"), "--model")
+
+
+def test_learned_positions_cap_seq() -> None:
+    assert_one_line_error(invoke("estimate", "-m", "gpt2", "--seq", "4096"), "seq")
+
+
+def test_heads_not_dividing_hidden_in_a_preset_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(PRESET.format(heads=6), encoding="utf-8")
+    assert_one_line_error(invoke("estimate", "--model", str(path)), "num_heads")
+
+
+@pytest.mark.parametrize("name", ["missing.toml", "dir"])
+def test_file_errors_are_one_line(tmp_path: Path, name: str) -> None:
+    (tmp_path / "dir").mkdir()
+    assert_one_line_error(invoke("estimate", "--model", str(tmp_path / name)), "model")
+
+
+def test_unknown_command_is_one_line() -> None:
+    result = invoke("estimat")
+    assert result.exit_code == 2
+    assert len(result.stderr.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# torch stays out; python -m memplan
+# ----------------------------------------------------------------------------------------------------
+def test_estimate_never_imports_torch() -> None:
+    code = (
+        "import sys, io, contextlib, memplan.cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    try:\n"
+        "        args = ['estimate', '--model', '70b', '--seq', '8192', '--json']\n"
+        "        memplan.cli.app(args, prog_name='memplan')\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), e.code\n"
+        "assert out.getvalue().startswith('{'), out.getvalue()[:200]\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_python_dash_m_memplan() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "memplan", "estimate", "-m", "tiny", "--seq", "16", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["params"]["total"] == 106_816
