@@ -197,7 +197,7 @@ def activation_table(e: Estimate) -> Table:
     table.add_column("total", justify="right", no_wrap=True)
     table.add_column("why kept", ratio=1)
     groups = (
-        (Scope.MODEL, "model-level (once per model)"),
+        (Scope.MODEL, "model-level"),
         (Scope.LAYER, f"per layer ({layers} layers)"),
     )
     for scope, title in groups:
