@@ -99,7 +99,15 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if setup.strategy.attention is Attention.FLASH:
         rules: list[Rule] = [("attn.lse", (b, a, s), FP32, "row logsumexp: backward rebuilds P from S")]
         if setup.device is Device.CUDA:
-            rules.append(("attn.rng_state", (2,), INT64, "philox seed and offset of the CUDA flash kernel"))
+            rules += [
+                ("attn.philox_seed", (), INT64, "RNG seed the CUDA flash backward regenerates dropout from"),
+                (
+                    "attn.philox_offset",
+                    (),
+                    INT64,
+                    "RNG offset the CUDA flash backward regenerates dropout from",
+                ),
+            ]
         return rules
     rules = [("attn.probs", (b, a, s, s), act, "softmax output: dS = P·(dP − Σ dP·P)")]
     if p > 0:

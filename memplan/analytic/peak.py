@@ -27,7 +27,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
-from memplan.analytic.inventory import Dims, Kept
+from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.config import Attention, Checkpointing, MlpType, Optimizer, Precision, Setup, ZeroStage
@@ -133,6 +133,15 @@ def recompute_working_set(setup: Setup) -> int:
     return working + rebuilt
 
 
+def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
+    """Layer-scope saves still alive when layer i's backward runs (those of layers 0..i)."""
+    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
+    k = setup.strategy.segment
+    if k:  # one kept input per segment of k layers, up to layer i's segment
+        return (i // k + 1) * one
+    return (i + 1) * one
+
+
 def _rule_bytes(rule: act.Rule) -> int:
     return math.prod(rule[1]) * rule[2].bytes
 
@@ -148,11 +157,23 @@ def peak(
     gather = zero3_gather(params, setup)
     # + 4: the loss's seed gradient, a fp32 scalar.
     loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
-    top_layer = resident + max(grads_before, gradient_bytes_head) + activations - head + gather
-    top_layer += recompute_working_set(setup)
-    layer_bwd = top_layer + max(
+    transient = max(
         mlp_backward_transient(setup, dims, params), attention_backward_transient(setup, dims, params, kept)
     )
+    layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
+    before_layers = resident + activations - head - layer_saved + recompute_working_set(setup) + gather
+
+    def layer_moment(i: int) -> int:
+        """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
+        if grads_before:
+            grads = grads_before
+        else:
+            above = params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
+            grads = gradient_bytes_head + above
+        return before_layers + grads + saved_layers_up_to(setup, kept, i) + transient
+
+    # Linear in i: the peak is at the top layer (activations dominate) or the bottom (gradients do).
+    layer_bwd = max(layer_moment(dims.layers - 1), layer_moment(0))
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     step = resident + states.gradients + inputs + optimizer_transient(setup, largest_tensor(params, setup))
     return Peak(phases={"loss backward": loss_bwd, "layer backward": layer_bwd, "optimizer step": step})

@@ -1,0 +1,239 @@
+"""Golden numbers of the analytic core, each from a named table or equation.
+
+Sources: ../shared/reference/formulas.md (Korthikanti 2022, ZeRO, Narayanan 2021, Kaplan 2020, PaLM).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from memplan.analytic.params import count_params
+from memplan.analytic.states import model_states
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    Optimizer,
+    Precision,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+from memplan.estimate import estimate
+from memplan.presets import load_model_preset
+
+GB = 10**9
+
+
+def gpt3(seq: int = 2048, ckpt: Checkpointing = Checkpointing.NONE, device: Device = Device.CUDA) -> Setup:
+    return Setup(
+        model=load_model_preset("gpt3-175b").model,
+        training=TrainingConfig(seq_len=seq, precision=Precision.FP16_MIXED),
+        strategy=StrategyConfig(attention=Attention.EAGER, checkpointing=ckpt),
+        device=device,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# ZeRO (Rajbhandari et al. 2019)
+# ----------------------------------------------------------------------------------------------------
+def zero_gb(psi: int, stage: int, dp: int) -> float:
+    s = model_states(psi, Precision.FP16_MIXED, Optimizer.ADAMW, ZeroStage(stage), dp)
+    return s.total / GB
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    # §5 (Figure 1 text): Ψ = 7.5B, Nd = 64 → 120 GB, 31.4 GB, 16.6 GB, 1.9 GB.
+    [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
+)
+def test_zero_paper_7_5b_at_64(stage: int, expected: float) -> None:
+    assert round(zero_gb(7_500_000_000, stage, 64), 1) == expected
+
+
+@pytest.mark.parametrize(
+    ("psi", "dp", "expected"),
+    # Table 1 (GB per device for P_os, P_os+g, P_os+g+p).
+    [
+        (7_500_000_000, 4, (52.5, 41.25, 30.0)),
+        (7_500_000_000, 16, (35.62, 21.56, 7.5)),
+        (128_000_000_000, 64, (536.0, 284.0, 32.0)),
+        (1_000_000_000_000, 1024, (4011.7, 2013.7, 15.6)),
+    ],
+)
+def test_zero_table_1(psi: int, dp: int, expected: tuple[float, float, float]) -> None:
+    digits = [len(str(x).split(".")[1]) for x in expected]
+    got = tuple(round(zero_gb(psi, stage, dp), n) for stage, n in zip((1, 2, 3), digits, strict=True))
+    assert got == pytest.approx(expected, abs=0.011)  # the paper truncates 35.625 to 35.62
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_zero_llama_2_7b_at_dp_64(stage: int) -> None:
+    """The paper's per-device formulas (4+K)Ψ, 4Ψ+KΨ/Nd, 2Ψ+(2+K)Ψ/Nd, (4+K)Ψ/Nd with K = 12, Nd = 64."""
+    psi, nd, k = 6_738_415_616, 64, 12
+    paper = [(4 + k) * psi, 4 * psi + k * psi / nd, 2 * psi + (2 + k) * psi / nd, (4 + k) * psi / nd][stage]
+    setup = Setup(
+        model=load_model_preset("llama-2-7b").model, strategy=StrategyConfig(zero=ZeroStage(stage), dp=nd)
+    )
+    got = estimate(setup).states.total
+    # ceil(Ψ/Nd) shards: at most one element of padding per sharded buffer (16 bytes).
+    assert abs(got - paper) <= 16
+
+
+def test_zero_stage_is_stage_0_at_dp_1() -> None:
+    for stage in ZeroStage:
+        s = model_states(1_000_003, Precision.BF16_MIXED, Optimizer.ADAMW, stage, 1)
+        assert s == model_states(1_000_003, Precision.BF16_MIXED, Optimizer.ADAMW, ZeroStage.NONE, 1)
+
+
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "per_param"),
+    # EleutherAI "Transformer Math 101": mixed AdamW 16 (2 + 2 + 12), 8-bit Adam 2 + 2 + 4 + 2,
+    # SGD+momentum 2 + 2 + 4 + 4; fp32 AdamW 4 + 4 + 8; pure bf16 AdamW 2 + 2 + 4.
+    [
+        (Precision.BF16_MIXED, Optimizer.ADAMW, 16),
+        (Precision.FP16_MIXED, Optimizer.ADAMW_8BIT, 10),
+        (Precision.BF16_MIXED, Optimizer.SGD_MOMENTUM, 12),
+        (Precision.BF16_MIXED, Optimizer.SGD, 8),
+        (Precision.BF16_MIXED, Optimizer.LION, 12),
+        (Precision.FP32, Optimizer.ADAMW, 16),
+        (Precision.BF16, Optimizer.ADAMW, 8),
+        (Precision.BF16, Optimizer.LION, 6),
+    ],
+)
+def test_bytes_per_parameter(precision: Precision, optimizer: Optimizer, per_param: int) -> None:
+    assert model_states(1000, precision, optimizer, ZeroStage.NONE, 1).total == per_param * 1000
+
+
+# ----------------------------------------------------------------------------------------------------
+# Activations: Korthikanti et al. 2022, §4 and Table 2
+# ----------------------------------------------------------------------------------------------------
+def norm_stats_residual(setup: Setup) -> int:
+    """What the paper ignores: two LayerNorms' fp32 mean and rstd, [b, s] each (CUDA kernels)."""
+    t = setup.training
+    return 2 * 2 * t.micro_batch * t.seq_len * 4
+
+
+def test_korthikanti_no_recompute() -> None:
+    setup = gpt3()
+    m, s, b = setup.model, 2048, 1
+    sbh, a = s * b * m.hidden_size, m.num_heads
+    paper = sbh * 34 + 5 * a * s * s * b  # sbh(34 + 5as/h)
+    assert estimate(setup).per_layer == paper + norm_stats_residual(setup)
+
+
+def test_korthikanti_selective_recompute() -> None:
+    setup = gpt3(ckpt=Checkpointing.SELECTIVE)
+    sbh = 2048 * setup.model.hidden_size
+    assert estimate(setup).per_layer == 34 * sbh + norm_stats_residual(setup)
+
+
+def test_korthikanti_full_recompute() -> None:
+    setup = gpt3(ckpt=Checkpointing.FULL)
+    assert estimate(setup).per_layer == 2 * 2048 * setup.model.hidden_size  # 2sbh, exactly
+
+
+def test_korthikanti_general_ffn_width() -> None:
+    """sb(18h + 4·ffn + 5as) per layer for any FFN width (formulas.md)."""
+    base = load_model_preset("gpt3-175b").model
+    model = base.model_copy(update={"ffn_size": 3 * base.hidden_size})
+    setup = gpt3().model_copy(update={"model": model})
+    s, h, a, f = 2048, model.hidden_size, model.num_heads, model.ffn
+    assert estimate(setup).per_layer == s * (18 * h + 4 * f + 5 * a * s) + norm_stats_residual(setup)
+
+
+def test_korthikanti_model_level_extras() -> None:
+    """p = 1 extras: final LayerNorm input 2sbh, output-layer input 2sbh, fp32 logits 4sbv."""
+    e = estimate(gpt3())
+    m = e.setup.model
+    by = {k.name: k.total_bytes for k in e.tensors}
+    s = 2048
+    assert by["final_norm.input"] == 2 * s * m.hidden_size
+    assert by["lm_head.input"] == 2 * s * m.hidden_size
+    assert by["loss.log_probs"] == 4 * s * m.vocab_size
+
+
+def test_cpu_and_cuda_layer_norm_statistics_differ_only_in_dtype() -> None:
+    cuda, cpu = estimate(gpt3()), estimate(gpt3(device=Device.CPU))
+    # fp32 vs fp16 mean and rstd: 2 norms × 2 stats × [b, s] × 2 bytes per layer.
+    assert cuda.per_layer - cpu.per_layer == 2 * 2 * 2048 * 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLOPs: Narayanan et al. 2021, Korthikanti et al. 2022, Kaplan et al. 2020, PaLM
+# ----------------------------------------------------------------------------------------------------
+def test_model_flops_closed_form() -> None:
+    """72·B·L·s·h²·(1 + s/(6h) + v/(12hL)), exact for eager attention (one micro-batch, B = 1)."""
+    e = estimate(gpt3())
+    m = e.setup.model
+    big_l, s, h, v = m.num_layers, 2048, m.hidden_size, m.vocab_size
+    closed = 72 * big_l * s * h * h * (1 + Fraction(s, 6 * h) + Fraction(v, 12 * h * big_l))
+    assert e.flops.model == closed
+
+
+def test_full_recompute_flops_closed_form() -> None:
+    """Narayanan: 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) with full recompute (GPT-3 has residual dropout, so
+    torch's early-stopping checkpoint re-runs every matmul)."""
+    e = estimate(gpt3(ckpt=Checkpointing.FULL))
+    m = e.setup.model
+    big_l, s, h, v = m.num_layers, 2048, m.hidden_size, m.vocab_size
+    closed = 96 * s * big_l * h * h * (1 + Fraction(s, 6 * h) + Fraction(v, 16 * big_l * h))
+    assert e.flops.total == closed
+
+
+def test_forward_is_kaplan_2n_plus_attention() -> None:
+    """Kaplan Table 1: C_forward ≈ 2N + 2·n_layer·n_ctx·d_attn per token (N without embeddings; ours
+    counts the matmul weights exactly, attention with the full s×s, causal not halved: 4·L·s·h)."""
+    e = estimate(gpt3())
+    m = e.setup.model
+    p = count_params(m)
+    matmul_weights = m.num_layers * (4 * m.hidden_size**2 + 2 * m.hidden_size * m.ffn) + p.embedding
+    per_token = Fraction(e.flops.forward, 2048)
+    assert per_token == 2 * matmul_weights + 4 * m.num_layers * 2048 * m.hidden_size
+
+
+def test_palm_attention_term() -> None:
+    """PaLM App. B: 6N + 12·L·H·Q·T per token; the attention part is ours exactly (eager, fwd + bwd)."""
+    e = estimate(gpt3())
+    m = e.setup.model
+    attention = e.flops.model - 3 * (e.flops.layer_linear + e.flops.lm_head)
+    assert attention == 12 * m.num_layers * m.num_heads * m.dim * 2048 * 2048
+
+
+def test_flash_backward_recomputes_scores() -> None:
+    eager = estimate(gpt3())
+    flash = estimate(gpt3().model_copy(update={"strategy": StrategyConfig(attention=Attention.FLASH)}))
+    assert flash.flops.backward - eager.flops.backward == eager.flops.layer_attention // 2
+    assert flash.flops.forward == eager.flops.forward
+
+
+def test_selective_recompute_flops() -> None:
+    """Eager selective re-runs QKᵀ only (torch's early stop skips P·V, whose saves precede it)."""
+    e = estimate(gpt3(ckpt=Checkpointing.SELECTIVE))
+    assert e.flops.recompute == e.flops.layer_attention // 2
+    assert e.flops.total == e.flops.model + e.flops.recompute
+
+
+def test_six_n_ratio_near_one_for_short_sequences() -> None:
+    e = estimate(Setup(model=load_model_preset("70b").model, training=TrainingConfig(seq_len=2048)))
+    assert 0.95 < e.flops.model / e.six_n < 1.15
+
+
+# ----------------------------------------------------------------------------------------------------
+# Peak
+# ----------------------------------------------------------------------------------------------------
+def test_peak_is_the_largest_phase_and_covers_states() -> None:
+    e = estimate(Setup(model=load_model_preset("70b").model, training=TrainingConfig(seq_len=8192)))
+    assert e.peak.bytes == max(e.peak.phases.values())
+    assert e.peak.bytes >= e.states.total
+    assert e.peak.phases["loss backward"] >= e.states.weights + e.states.optimizer + e.activations
+
+
+def test_grad_accumulation_keeps_gradients_through_forward() -> None:
+    model = load_model_preset("8b").model
+    one = estimate(Setup(model=model, training=TrainingConfig(seq_len=4096)))
+    four = estimate(Setup(model=model, training=TrainingConfig(seq_len=4096, grad_accum=4)))
+    assert four.peak.phases["loss backward"] - one.peak.phases["loss backward"] == one.states.gradients
