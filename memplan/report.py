@@ -143,7 +143,7 @@ def _bar_note(e: Estimate) -> str:
         "activations are freed before the optimizer step)"
     )
     return (
-        f"The peak is the largest of the three moments; {what}. "
+        f"The peak is the largest of the modelled moments; {what}. "
         "NB: CUDA context, allocator fragmentation and communication buckets are not counted."
     )
 

@@ -1,15 +1,19 @@
 """Peak memory of one training step on one device: states + activations + the largest transient.
 
-The step is modelled as three moments; the peak is the largest (T = b·s tokens, A activation bytes):
+The step is modelled as four moments; the peak is the largest (T = b·s tokens, A activation bytes):
 
 1. ``loss backward`` — the forward is done, every saved activation is alive, and the loss backward makes
    two fp32 [T, v] buffers at once: nll_loss's gradient and log_softmax's input gradient (8·T·v bytes)
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
-2. ``layer backward`` — the top layer's backward: the head's saved tensors are freed, the lm head and final
-   norm gradients exist, the layer's working set is alive (re-run for checkpointed or reversible layers)
-   and its gradient temporaries peak: the largest of three [T, f] MLP gradients, two [b, a, s, s] eager
-   softmax gradients, or the five q/k/v/out-sized flash-backward buffers, plus the incoming [T, h] gradient.
-3. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
+2. ``layer backward`` — a layer's backward, at the top layer (most activations alive) or the bottom one
+   (most gradients made), whichever is larger: the head's saves are freed, the lm head and final norm
+   gradients exist, the layer's working set is alive (re-run for checkpointed or reversible layers) and
+   the largest of four moments inside it adds its temporaries: the MLP's three [T, f] gradients, its
+   norm's fp32 gradient pieces, the attention's two [b, a, s, s] softmax gradients (eager) or dq/dk/dv
+   (flash), the attention norm's.
+3. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
+   is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum.
+4. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
    fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates
    one tensor at a time; fused or foreach implementations keep larger temporaries).
 
@@ -17,6 +21,10 @@ Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in eve
 first, so moments 1 and 2 include them; otherwise they are made during the backward.
 ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 and 2.
 
+Accuracy, measured on CPU against every live storage (``memplan profile``, tests/measure/test_peak.py):
+moments 1, 3 and 4 are exact to the byte; moment 2 is an approximation of the backward's op-by-op live set:
+within ±4 % of the measured peak without checkpointing, and above it (up to ~12 % with checkpointing,
+~19 % with reversible flash layers) where a re-run segment frees its tensors as its backward proceeds.
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
 """
 
@@ -30,7 +38,17 @@ from memplan.analytic import activations as act
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
-from memplan.config import Attention, Checkpointing, MlpType, Optimizer, Precision, Setup, ZeroStage
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    DType,
+    MlpType,
+    NormType,
+    Optimizer,
+    Precision,
+    Setup,
+    ZeroStage,
+)
 
 
 class Peak(BaseModel):
@@ -56,30 +74,66 @@ def loss_backward_transient(dims: Dims) -> int:
 
 
 def mlp_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """MLP backward at the product's gradient: the residual stream's and the branch's dY [T, h],
-    d(down input) and the two operand gradients
-    [T, f] (SwiGLU; GELU: one fewer) and the down projection's weight gradient, already made."""
+    """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
+    gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
-    return 2 * t * dims.h * a_bytes + f_buffers + down
+    return t * dims.h * a_bytes + f_buffers + down
+
+
+def norm_backward_transient(setup: Setup, dims: Dims) -> int:
+    """A pre-norm's backward, above what its saves hold: dY [T, h] coming in, plus for Llama's explicit
+    RMSNorm the fp32 gradient pieces of x·rstd, mean(x²) and x² (pow's backward materialises x.pow(1), ×2
+    and ×grad: three fp32 [T, h] at once) and, in 16-bit recipes, the fp32 upcast of the incoming gradient;
+    for ``native_layer_norm`` its [T, h] input gradient."""
+    t, h, a_bytes = dims.tokens, dims.h, dims.act.bytes
+    if setup.model.norm is NormType.LAYERNORM:
+        return 2 * t * h * a_bytes
+    upcast = 4 * t * h if dims.act is not DType.FP32 else 0
+    return t * h * a_bytes + 3 * 4 * t * h + upcast
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
-    two [b, a, s, s] softmax gradients (eager) or dq, dk, dv and dO (flash), plus the residual stream's
-    and the branch's dY [T, h]."""
+    two [b, a, s, s] softmax gradients (eager) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
         buffers = 2 * dims.b * dims.a * dims.s * dims.s * a_bytes
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
+    return t * dims.h * a_bytes + buffers + _mlp_done(setup, dims, params)
+
+
+def _mlp_done(setup: Setup, dims: Dims, params: ParamCount) -> int:
+    """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
+    change of the live set, plus the gradients)."""
     layer = params.layer
     grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * setup.training.precision.grad_bytes
     freed = sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm.")))
-    return 2 * t * dims.h * a_bytes + buffers + grads - freed
+    return grads - freed
+
+
+def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
+    """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
+    norm (MLP saves freed), the attention core and the attention norm (the whole layer's gradients made,
+    the attention's saves freed but for its norm's)."""
+    layer_grads = params.layer.total * setup.training.precision.grad_bytes
+    attn_saved = sum(
+        k.bytes
+        for k in act.layer_working_set(setup)
+        if k.name.startswith("attn.") or "resid_dropout" in k.name
+    )
+    mlp_norm_saved = sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith("mlp_norm."))
+    norm = norm_backward_transient(setup, dims)
+    return max(
+        mlp_backward_transient(setup, dims, params),
+        norm + _mlp_done(setup, dims, params) + mlp_norm_saved,
+        attention_backward_transient(setup, dims, params, kept),
+        norm + _mlp_done(setup, dims, params) + mlp_norm_saved + layer_grads - attn_saved,
+    )
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
@@ -155,11 +209,9 @@ def peak(
     resident = states.weights + states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)
-    # + 4: the loss's seed gradient, a fp32 scalar.
+    # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
-    transient = max(
-        mlp_backward_transient(setup, dims, params), attention_backward_transient(setup, dims, params, kept)
-    )
+    transient = layer_backward_transient(setup, dims, params, kept)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     before_layers = resident + activations - head - layer_saved + recompute_working_set(setup) + gather
 
@@ -175,5 +227,18 @@ def peak(
     # Linear in i: the peak is at the top layer (activations dominate) or the bottom (gradients do).
     layer_bwd = max(layer_moment(dims.layers - 1), layer_moment(0))
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
+    # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
+    # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
+    copies = 2 if setup.model.tied_embeddings else (1 if setup.training.grad_accum > 1 else 0)
+    embedding = params.embedding * setup.training.precision.grad_bytes * copies
+    # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
+    embedding_bwd = resident + states.gradients + inputs + embedding + 8
     step = resident + states.gradients + inputs + optimizer_transient(setup, largest_tensor(params, setup))
-    return Peak(phases={"loss backward": loss_bwd, "layer backward": layer_bwd, "optimizer step": step})
+    return Peak(
+        phases={
+            "loss backward": loss_bwd,
+            "layer backward": layer_bwd,
+            "embedding backward": embedding_bwd,
+            "optimizer step": step,
+        }
+    )
