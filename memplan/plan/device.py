@@ -1,0 +1,445 @@
+"""Memory of the most loaded device under tensor, sequence, pipeline, expert and data parallelism.
+
+One tensor-parallel rank is the narrower model of ``parallel.tp_model``; its inventory (one micro-batch,
+every layer) is transformed by ``moe.with_moe`` and ``shard.sequence_parallel`` and then regrouped per
+pipeline stage:
+
+- Placement (Megatron-LM): stage 0 holds the embedding (and learned positions), the last stage the final
+  norm and the lm head; with tied embeddings and p > 1 the last stage keeps its own copy of the word
+  embedding for the head (Megatron's ``word_embeddings_for_head``, kept in sync by an all-reduce).
+- Micro-batches in flight (Narayanan et al. 2021 §2.2; Korthikanti et al. 2022 §4.2.3): under 1F1B, stage
+  i runs p − i forwards before its first backward, so stage 0 holds p micro-batches of its L/p layers —
+  the same activations as all L layers of one micro-batch. With the interleaved schedule of m model chunks
+  (L/(p·m) layers each) Megatron's warm-up is 2(p − i − 1) + (m − 1)·p forwards, so stage 0 holds
+  m·p + p − 1 chunks = p·(L/p)·(1 + (p − 1)/(p·m)) layers' worth. Both are capped by the micro-batches of
+  the step (``grad_accum``). Stage 0 also holds the embedding's saves of its first p micro-batches, the
+  last stage the head's of one.
+- Model states: each stage's parameters (the MoE's routed experts apart) go through ``model_states`` with
+  ZeRO over dp; the routed experts' over dp/ep, the data-parallel group of expert parallelism.
+- Peak: the three moments of ``analytic.peak`` per stage, built from the same transient functions; a stage
+  without the head has no loss-backward moment. With gradient accumulation or a pipeline of several
+  micro-batches the gradients are alive while activations are (``grad_accum > 1``, as in peak.py).
+
+Only the first and the last stage are computed: a middle stage holds the same layers as stage 0 with fewer
+micro-batches in flight and no embedding, so it never exceeds stage 0.
+
+Known limitations (NB): communication buffers (tp all-reduce / all-gather, pipeline send/recv, ZeRO
+buckets) are not counted; the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
+whole under sequence parallelism.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from memplan.analytic import activations as act
+from memplan.analytic import peak as pk
+from memplan.analytic.flops import Flops, flops
+from memplan.analytic.inventory import Dims, Kept, Scope
+from memplan.analytic.params import ParamCount, count_params
+from memplan.analytic.states import ModelStates, model_states
+from memplan.config import DType, Setup, ZeroStage
+from memplan.estimate import Estimate, head_gradient_bytes
+from memplan.plan.moe import (
+    MoEConfig,
+    mlp_backward_extra,
+    moe_layer_params,
+    param_counts,
+    with_moe,
+    with_moe_flops,
+)
+from memplan.plan.parallel import Parallel, check_parallel, tp_model
+from memplan.plan.shard import sequence_parallel
+
+
+class Group(Enum):
+    LAYER = "layer"
+    CHECKPOINT = "checkpoint"
+    EMBED = "embed"
+    HEAD = "head"
+    STAGE = "stage"
+    """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
+
+
+def group_of(k: Kept) -> Group:
+    if k.name == "layer.input":
+        return Group.CHECKPOINT
+    if k.scope is Scope.LAYER:
+        return Group.LAYER
+    if k.name.startswith("embed."):
+        return Group.EMBED
+    if k.name.startswith(pk.HEAD_NAMES):
+        return Group.HEAD
+    return Group.STAGE
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checks
+# ----------------------------------------------------------------------------------------------------
+def check_plan(setup: Setup, parallel: Parallel, moe: MoEConfig | None) -> None:
+    """One-line ``ValueError`` when the parallel degrees or the MoE do not fit the model and the setup."""
+    check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
+    if parallel.ep == 1:
+        return
+    if moe is None:
+        raise ValueError(
+            f"ep: {setup.model.name} is dense; expert parallelism needs a mixture of experts, drop --ep"
+        )
+    if moe.experts % parallel.ep:
+        raise ValueError(
+            f"ep: {parallel.ep} does not divide the {moe.experts} experts of {setup.model.name}; "
+            f"use --ep {', '.join(str(d) for d in range(1, moe.experts + 1) if moe.experts % d == 0)}"
+        )
+    dp = setup.strategy.dp
+    if dp % parallel.ep:
+        raise ValueError(
+            f"ep: expert parallelism takes its {parallel.ep} ranks from data parallelism, but --dp is {dp}; "
+            f"use a --dp that is a multiple of {parallel.ep}"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-rank pieces (cached: they do not depend on pp, dp, ZeRO or the number of micro-batches)
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """One micro-batch on one tensor-parallel rank, every layer: the inventory and what the peak needs."""
+
+    setup: Setup
+    """The rank's setup: ``tp_model``, ZeRO 0, dp 1, one micro-batch."""
+    kept: tuple[Kept, ...]
+    params: ParamCount
+    """The rank's parameters, whole model; an MoE layer's ``mlp`` = router + local experts + shared."""
+    expert_params: int
+    """Routed-expert parameters of one layer on this rank (ZeRO-sharded over dp/ep)."""
+    group_bytes: dict[Group, int]
+    """Bytes of one instance of each group's tensors (one layer, one micro-batch)."""
+    layer_correction: int
+    """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
+    sequence parallelism, and the MoE's larger MLP gradient buffers."""
+
+
+def _core(setup: Setup) -> Setup:
+    """The setup without what the pieces do not depend on (ZeRO, dp, micro-batches): the cache key."""
+    if setup.strategy.zero is ZeroStage.NONE and setup.strategy.dp == 1 and setup.training.grad_accum == 1:
+        return setup
+    return setup.model_copy(
+        update={
+            "strategy": setup.strategy.model_copy(update={"zero": ZeroStage.NONE, "dp": 1}),
+            "training": setup.training.model_copy(update={"grad_accum": 1}),
+        }
+    )
+
+
+def _device_kept(kept: list[Kept], rank: Setup, parallel: Parallel, moe: MoEConfig | None) -> list[Kept]:
+    kept = with_moe(kept, rank, moe)
+    return sequence_parallel(kept, parallel.tp) if parallel.sp else kept
+
+
+@functools.lru_cache(maxsize=8192)
+def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
+    """The pieces of ``core`` (a ``_core`` setup) on one rank; ``parallel.pp``/``vpp`` do not matter."""
+    rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp)})
+    rank_moe = moe.for_tp(parallel.tp) if moe else None
+    kept = _device_kept(act.inventory(rank), rank, parallel, rank_moe)
+    params = count_params(rank.model)
+    experts = 0
+    if rank_moe is not None:
+        moe_params = moe_layer_params(rank.model, rank_moe)
+        experts = moe_params.local_experts(rank_moe, parallel.ep)
+        params = params.model_copy(
+            update={"layer": params.layer.model_copy(update={"mlp": moe_params.dense() + experts})}
+        )
+    groups = dict.fromkeys(Group, 0)
+    for k in kept:
+        groups[group_of(k)] += k.bytes
+    # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
+    # MoE and sequence parallelism change in each re-run layer's saves.
+    working = act.layer_working_set(rank)
+    rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
+    changed = act.total_bytes(working) - act.total_bytes(_device_kept(working, rank, parallel, rank_moe))
+    # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
+    dims = Dims.of(rank)
+    transient = pk.layer_backward_transient(rank, dims, params, kept)
+    mlp = pk.mlp_backward_transient(rank, dims, params) + mlp_backward_extra(rank, rank_moe)
+    moe_buffers = max(transient, mlp) - transient
+    return Pieces(
+        setup=rank,
+        kept=tuple(kept),
+        params=params,
+        expert_params=experts,
+        group_bytes=groups,
+        layer_correction=moe_buffers - rerun * changed,
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def whole_flops(core: Setup, moe: MoEConfig | None) -> Flops:
+    """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
+    return with_moe_flops(flops(core), core, moe)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pipeline stages
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    first: bool
+    last: bool
+    layers: int
+    """Layers on this pipeline rank: L/p."""
+    chunk_layers: int
+    """Layers of one model chunk: L/(p·m) (= L/p without interleaving)."""
+    chunks: int
+    """Model chunks whose activations are alive at once (micro-batches × chunks in flight)."""
+    embed_micro_batches: int
+
+
+def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> Stage:
+    """Pipeline rank ``index`` of ``parallel.pp`` under 1F1B (interleaved when vpp > 1)."""
+    p, m = parallel.pp, parallel.vpp
+    if m == 1:
+        chunks = min(p - index, micro_batches)
+    else:  # Megatron's interleaved warm-up, 2(p − i − 1) + (m − 1)·p forwards, plus the one in flight
+        chunks = min(2 * (p - index - 1) + (m - 1) * p + 1, m * micro_batches)
+    return Stage(
+        index=index,
+        first=index == 0,
+        last=index == p - 1,
+        layers=layers // p,
+        chunk_layers=layers // (p * m),
+        chunks=chunks,
+        embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
+    )
+
+
+def group_counts(st: Stage, segment: int) -> dict[Group, int]:
+    """Instances of each group's tensors alive on the stage at the end of its warm-up."""
+    return {
+        Group.LAYER: st.chunks * st.chunk_layers,
+        Group.CHECKPOINT: st.chunks * (-(-st.chunk_layers // segment) if segment else 0),
+        Group.EMBED: st.embed_micro_batches,
+        Group.HEAD: 1 if st.last else 0,
+        Group.STAGE: st.chunks,
+    }
+
+
+def stage_params(rank: ParamCount, st: Stage, tied: bool, pp: int) -> ParamCount:
+    """The stage's parameters on one rank: its layers, the embedding on the first, the head on the last."""
+    head = 0
+    if st.last:
+        head = rank.embedding if tied and pp > 1 else rank.lm_head  # tied: the head's own copy
+    return rank.model_copy(
+        update={
+            "embedding": rank.embedding if st.first else 0,
+            "positions": rank.positions if st.first else 0,
+            "num_layers": st.layers,
+            "final_norm": rank.final_norm if st.last else 0,
+            "lm_head": head,
+        }
+    )
+
+
+def _add(a: ModelStates, b: ModelStates) -> ModelStates:
+    return ModelStates(
+        weights=a.weights + b.weights,
+        gradients=a.gradients + b.gradients,
+        master_weights=a.master_weights + b.master_weights,
+        optimizer_states=a.optimizer_states + b.optimizer_states,
+    )
+
+
+def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
+    """Model states of the stage: ZeRO over dp, the routed experts over dp/ep."""
+    t, s = setup.training, setup.strategy
+    experts = pc.expert_params * st.layers
+    dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, s.dp)
+    if not experts:
+        return dense
+    return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, s.dp // ep))
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlan:
+    """One device of one pipeline stage: parameters, model states, activations and the peak."""
+
+    stage: Stage
+    params: ParamCount
+    states: ModelStates
+    counts: dict[Group, int]
+    activations: int
+    peak: pk.Peak
+
+
+def _lump(name: str, nbytes: int, scope: Scope, count: int) -> Kept:
+    return Kept(name=name, shape=(nbytes,), dtype=DType.INT8, scope=scope, count=count, reason="")
+
+
+def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
+    """The stage's saves as ``analytic.peak`` reads an inventory: the layer scope of the one model chunk
+    whose backward runs (one entry per layer or checkpointed segment), the head's saves (a HEAD_NAMES
+    name), and everything else alive the whole time — the embedding's, the stage's constants and the
+    other chunks in flight — as model-scope lumps. Same totals as the stage's tensors, a few entries."""
+    g, segment = pc.group_bytes, pc.setup.strategy.segment
+    layer = g[Group.CHECKPOINT] if segment else g[Group.LAYER]
+    per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
+    one_chunk = per_chunk // st.chunks
+    others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
+    return [
+        _lump("layers", layer, Scope.LAYER, one_chunk),
+        _lump("in_flight", others + g[Group.EMBED] * counts[Group.EMBED], Scope.MODEL, 1),
+        _lump("loss.head", g[Group.HEAD], Scope.MODEL, counts[Group.HEAD]),
+    ]
+
+
+def stage_plan(pc: Pieces, st: Stage, setup: Setup, parallel: Parallel) -> StagePlan:
+    """``setup``: the user's (ZeRO, dp, micro-batches per step); ``pc``: its pieces."""
+    params = stage_params(pc.params, st, setup.model.tied_embeddings, parallel.pp)
+    states = stage_states(pc, params, st, setup, parallel.ep)
+    counts = group_counts(st, pc.setup.strategy.segment)
+    # analytic.peak on the rank's model cut to one chunk, with the user's ZeRO, dp and micro-batches.
+    chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
+    at = pc.setup.model_copy(update={"model": chunk, "training": setup.training, "strategy": setup.strategy})
+    head_grads = head_gradient_bytes(params, pc.setup) if st.last else 0
+    kept = peak_inputs(pc, st, counts)
+    phases = dict(pk.peak(at, states, kept, params, head_grads).phases)
+    if not st.last:
+        del phases["loss backward"]  # the loss runs on the last stage
+    phases["layer backward"] += pc.layer_correction
+    return StagePlan(st, params, states, counts, act.total_bytes(kept), pk.Peak(phases=phases))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The plan
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One training step under a parallel layout: the most loaded device and the whole model's FLOPs."""
+
+    setup: Setup
+    parallel: Parallel
+    moe: MoEConfig | None
+    pieces: Pieces
+    stages: tuple[StagePlan, ...]
+    """The first stage, and the last when pp > 1."""
+    flops: Flops
+    """One micro-batch through the whole model."""
+    params_total: int
+    params_active: int
+
+    @property
+    def device(self) -> StagePlan:
+        """The most loaded device (the stage with the highest peak; the first on a tie)."""
+        return max(self.stages, key=lambda sp: sp.peak.bytes)
+
+    @property
+    def devices(self) -> int:
+        return self.parallel.model_parallel * self.setup.strategy.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per step per pipeline (= grad_accum)."""
+        return self.setup.training.grad_accum
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: micro-batch × micro-batches × dp."""
+        t = self.setup.training
+        return t.micro_batch * t.grad_accum * self.setup.strategy.dp
+
+    @property
+    def six_n(self) -> int:
+        """6·N·tokens of one micro-batch with N the active parameters."""
+        return 6 * self.params_active * self.setup.training.micro_batch * self.setup.training.seq_len
+
+    @property
+    def per_layer(self) -> int:
+        """Bytes one transformer layer keeps on one device for one micro-batch."""
+        return act.per_layer_bytes(list(self.pieces.kept), self.setup.model.num_layers)
+
+    def tensors(self, sp: StagePlan) -> list[Kept]:
+        """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
+        out = []
+        for k in self.pieces.kept:
+            n = sp.counts[group_of(k)]
+            if n:
+                out.append(k.model_copy(update={"count": n}))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The estimate's JSON contract for the most loaded device, plus ``parallel``, ``stages``, ``moe``."""
+        dev = self.device
+        view = Estimate(
+            setup=self.setup,
+            params=count_params(self.setup.model),
+            states=dev.states,
+            tensors=self.tensors(dev),
+            flops=self.flops,
+            six_n=self.six_n,
+            peak=dev.peak,
+        )
+        out = view.to_json()
+        out["setup"].update(
+            self.parallel.model_dump(),
+            devices=self.devices,
+            micro_batches=self.micro_batches,
+            global_batch=self.global_batch,
+        )
+        out["params"].update(total=self.params_total, active=self.params_active, device=dev.params.total)
+        out["memory"]["stage"] = dev.stage.index
+        out["activations"]["per_layer"] = self.per_layer
+        out["flops"]["global_per_step"] = self.flops.total * self.micro_batches * self.setup.strategy.dp
+        out["parallel"] = {**self.parallel.model_dump(), "label": self.parallel.label()}
+        out["moe"] = self.moe.model_dump() if self.moe else None
+        out["stages"] = [_stage_json(sp) for sp in self.stages]
+        return out
+
+
+def _stage_json(sp: StagePlan) -> dict[str, Any]:
+    st = sp.stage
+    return {
+        "stage": st.index,
+        "layers": st.layers,
+        "in_flight_chunks": st.chunks,
+        "in_flight_layers": st.chunks * st.chunk_layers,
+        "params": sp.params.total,
+        "memory": {
+            "weights": sp.states.weights,
+            "gradients": sp.states.gradients,
+            "optimizer": sp.states.optimizer,
+            "activations": sp.activations,
+            "peak": sp.peak.bytes,
+            "peak_phase": sp.peak.phase,
+            "phases": dict(sp.peak.phases),
+        },
+    }
+
+
+def plan(setup: Setup, parallel: Parallel | None = None, moe: MoEConfig | None = None) -> Plan:
+    """Memory per device and FLOPs of one step of ``setup`` under ``parallel`` (ZeRO and dp from
+    ``setup.strategy``, micro-batches per step from ``setup.training.grad_accum``).
+
+    Raises a one-line ``ValueError`` when the layout does not fit the model.
+    """
+    parallel = parallel or Parallel()
+    check_plan(setup, parallel, moe)
+    core = _core(setup)
+    pc = pieces(core, parallel.model_copy(update={"pp": 1, "vpp": 1}), moe)
+    indices = (0,) if parallel.pp == 1 else (0, parallel.pp - 1)
+    layers, n = setup.model.num_layers, setup.training.grad_accum
+    stages = tuple(stage_plan(pc, stage(parallel, i, layers, n), setup, parallel) for i in indices)
+    counts = param_counts(setup.model, moe)
+    return Plan(
+        setup=setup,
+        parallel=parallel,
+        moe=moe,
+        pieces=pc,
+        stages=stages,
+        flops=whole_flops(core, moe),
+        params_total=counts.total,
+        params_active=counts.active,
+    )

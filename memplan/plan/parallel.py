@@ -1,0 +1,141 @@
+"""Model parallelism: the degrees, their checks against the model, and one tensor-parallel rank's model.
+
+``Parallel`` holds the degrees that split the model itself: tensor (``tp``), sequence (``sp``, over the
+same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule)
+and expert (``ep``) parallelism. Data parallelism and the ZeRO stage stay where they already are, in
+``StrategyConfig.dp`` / ``.zero`` (one source of truth); the world is ``tp · pp · dp`` devices and expert
+parallelism takes its ranks from data parallelism (Megatron-Core: ``dp % ep == 0``).
+
+Tensor parallelism as one rank sees it (Shoeybi et al. 2019, Megatron-LM §3; Korthikanti et al. 2022 §4.2.2):
+W_Q/W_K/W_V and the MLP's first matrices are column-parallel (each rank a/t query heads, kv/t key/value
+groups, f/t MLP columns, their biases split too), W_O and the MLP's last matrix are row-parallel (the
+inputs split, the bias whole on every rank), norms are replicated, the embedding and the lm head are
+vocabulary-parallel (v/t rows each). That rank therefore computes, keeps and owns exactly what a model of
+a/t heads, kv/t key/value heads (same head_dim), f/t MLP width and ⌈v/t⌉ vocabulary does: ``tp_model``
+builds that model, and the whole analytic core (inventory, parameters, FLOPs, peak transients) runs on it
+unchanged. Sequence parallelism then divides what that model still holds whole (``shard.py``).
+
+Known limitations (NB): Megatron pads the vocabulary to a multiple of 128·t (``make-vocab-size-divisible-
+by``); memplan uses ⌈v/t⌉ rows per rank, so at tp = 1 the plan equals the single-device estimate. Uneven
+pipeline stages (``--decoder-first-pipeline-num-layers``) are not modelled: pp must divide the layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from memplan.config import ModelConfig, Setup
+
+
+class Parallel(BaseModel):
+    """Degrees of model parallelism (data parallelism and ZeRO live in ``StrategyConfig``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(default=1, gt=0, le=1 << 12, description="tensor-parallel degree t")
+    sp: bool = Field(default=False, description="sequence parallelism over the tensor-parallel ranks")
+    pp: int = Field(default=1, gt=0, le=1 << 12, description="pipeline stages p")
+    vpp: int = Field(default=1, gt=0, le=1 << 12, description="virtual stages per pipeline rank m")
+    ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.sp and self.tp == 1:
+            raise ValueError(
+                "sp: sequence parallelism splits over the tensor-parallel ranks; "
+                "add --tp 2 or more, or drop --sp"
+            )
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
+        return self
+
+    @property
+    def model_parallel(self) -> int:
+        """Devices one model replica spans: tp · pp."""
+        return self.tp * self.pp
+
+    def label(self) -> str:
+        """``tp8+sp·pp8×2·ep1`` style summary for tables."""
+        sp = "+sp" if self.sp else ""
+        vpp = f"×{self.vpp}" if self.vpp > 1 else ""
+        ep = f"·ep{self.ep}" if self.ep > 1 else ""
+        return f"tp{self.tp}{sp}·pp{self.pp}{vpp}{ep}"
+
+
+def divisors(n: int, limit: int = 1 << 12) -> list[int]:
+    """The divisors of n up to ``limit``, ascending."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def _choices(values: list[int], most: int = 8) -> str:
+    shown = [str(v) for v in values[:most]]
+    return ", ".join(shown) + (" …" if len(values) > most else "")
+
+
+def tp_widths(model: ModelConfig, extra: tuple[int, ...] = ()) -> dict[str, int]:
+    """The widths a tensor-parallel degree must divide, by field name (``extra``: MoE expert widths)."""
+    widths = {"num_heads": model.num_heads, "num_kv_heads": model.kv_heads, "ffn_size": model.ffn}
+    for i, width in enumerate(extra):
+        widths[f"moe width {i}"] = width
+    return widths
+
+
+def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ...] = ()) -> None:
+    """Raise a one-line ``ValueError`` (field, what is wrong, the fix) when the degrees do not fit the model.
+
+    ``extra_widths``: further MLP widths tp must divide (routed and shared expert widths of an MoE).
+    """
+    m, t = setup.model, setup.training
+    widths = tp_widths(m, extra_widths)
+    good_tp = divisors(math.gcd(*widths.values()))
+    for field, width in widths.items():
+        if width % parallel.tp:
+            why = " (whole key/value groups per rank)" if field == "num_kv_heads" else ""
+            raise ValueError(
+                f"tp: {parallel.tp} does not divide {field} {width} of {m.name}{why}; "
+                f"use --tp {_choices(good_tp)}"
+            )
+    if parallel.sp and t.seq_len % parallel.tp:
+        lower = t.seq_len - t.seq_len % parallel.tp
+        fix = f"--seq {lower} or {lower + parallel.tp}" if lower else f"--seq {parallel.tp}"
+        raise ValueError(
+            f"seq: {t.seq_len} is not a multiple of --tp {parallel.tp}, which sequence parallelism "
+            f"splits it by; use {fix}"
+        )
+    if m.num_layers % parallel.pp:
+        raise ValueError(
+            f"pp: {parallel.pp} does not divide the {m.num_layers} layers of {m.name}; "
+            f"use --pp {_choices(divisors(m.num_layers))}"
+        )
+    per_stage = m.num_layers // parallel.pp
+    if per_stage % parallel.vpp:
+        raise ValueError(
+            f"vpp: {parallel.vpp} virtual stages do not divide the {per_stage} layers of each pipeline "
+            f"stage; use --vpp {_choices(divisors(per_stage))}"
+        )
+    if parallel.vpp > 1 and t.grad_accum % parallel.pp:
+        raise ValueError(
+            f"grad-accum: the interleaved schedule runs micro-batches in groups of --pp {parallel.pp}, "
+            f"got {t.grad_accum}; use a multiple of {parallel.pp} micro-batches per step"
+        )
+
+
+def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
+    """The model one tensor-parallel rank holds: a/t heads, kv/t key/value heads, f/t MLP, ⌈v/t⌉ vocabulary.
+
+    Call ``check_parallel`` first (t must divide heads, kv heads and ffn). head_dim and hidden size stay.
+    """
+    if tp == 1:
+        return model
+    return model.model_copy(
+        update={
+            "num_heads": model.num_heads // tp,
+            "num_kv_heads": model.kv_heads // tp,
+            "head_dim": model.dim,
+            "ffn_size": model.ffn // tp,
+            "vocab_size": -(-model.vocab_size // tp),
+        }
+    )

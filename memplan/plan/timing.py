@@ -1,0 +1,130 @@
+"""Step time, throughput and training days from FLOPs; MFU and HFU from a measured step time.
+
+FLOPs of one step (B sequences = micro-batch × micro-batches × dp):
+- model FLOPs, as MFU counts them (Korthikanti et al. 2022 App. A; PaLM App. B): forward + backward with the
+  backward 2 × the forward, i.e. 3 × ``flops.forward``. For GPT with eager attention this is exactly
+  Korthikanti's 72·B·L·s·h²·(1 + s/(6h) + v/(12hL)) and memplan's ``flops.model``; for the flash kernel
+  ``flops.model`` also counts the kernel's own re-computation of S in backward (FlopCounterMode's 2.5×),
+  which MFU does not.
+- hardware FLOPs, as HFU counts them: everything that runs, ``flops.total`` (recompute included).
+
+Time at an assumed MFU (``--mfu``, default ``DEFAULT_MFU``): the devices run the model FLOPs and the
+checkpoint recompute (``flops.recompute``) at ``mfu × peak``, and a pipeline adds its 1F1B bubble, the
+fraction (p − 1)/(m·n) of the step for n micro-batches and m virtual stages (Narayanan et al. 2021 §2.2):
+
+    step = (model + recompute) / (devices · peak · mfu) · (1 + (p − 1)/(m·n))
+
+so with neither recompute nor pipeline the achieved MFU is the assumed one. The flash kernel's internal
+recompute is not charged (it replaces eager attention's s×s memory traffic, not charged either).
+Given a measured step time instead, MFU = model / (time · devices · peak), HFU = hardware / (same).
+
+Peak FLOP/s per device: the GPU preset's dense figure for the precision's compute dtype (bf16, fp16, or
+plain fp32 for the fp32 recipe: PyTorch does not use TF32 for matmuls by default).
+
+Known limitations (NB): communication (tp all-reduces, dp gradient reduction, ZeRO gathers, pipeline
+sends) is not modelled beyond the bubble; it is part of what an assumed MFU below 1 stands for.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from memplan.config import Precision
+from memplan.plan.device import Plan
+from memplan.presets import GpuPreset
+
+DEFAULT_MFU = 0.4
+"""Assumed model FLOPs utilisation: 40 % is what well-tuned large dense training reaches on A100/H100
+(Korthikanti et al. 2022 Table 5: 41.5–56.3 %; Llama 3 405B on H100: 38–43 %)."""
+SECONDS_PER_DAY = 86_400
+
+
+class Timing(BaseModel):
+    """One optimizer step of the whole job on ``devices`` devices."""
+
+    model_config = ConfigDict(frozen=True)
+    devices: int
+    peak_flops_per_device: float
+    """FLOP/s (dense, the precision's compute dtype)."""
+    global_batch: int
+    tokens_per_step: int
+    model_flops_per_step: int
+    hardware_flops_per_step: int
+    recompute_flops_per_step: int
+    bubble: float
+    """Pipeline bubble as a fraction of the busy time, (p − 1)/(m·n)."""
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    hfu: float
+    assumed_mfu: float | None
+    """The assumption the step time comes from; None when the step time was measured."""
+    training_tokens: int | None
+    training_days: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump()
+
+
+def peak_flops(gpu: GpuPreset, precision: Precision) -> float:
+    """Dense peak FLOP/s of one device for the recipe's matmul dtype."""
+    tf = gpu.peak_tflops
+    per_dtype = {Precision.BF16_MIXED: tf.bf16, Precision.BF16: tf.bf16, Precision.FP16_MIXED: tf.fp16}
+    return per_dtype.get(precision, tf.fp32) * 1e12
+
+
+def bubble(p: Plan) -> float:
+    """1F1B bubble fraction (p − 1)/(m·n) (Narayanan et al. 2021 §2.2.1; interleaved §2.2.2)."""
+    par = p.parallel
+    return (par.pp - 1) / (par.vpp * p.micro_batches)
+
+
+def timing(
+    p: Plan,
+    gpu: GpuPreset,
+    *,
+    mfu: float | None = None,
+    step_time: float | None = None,
+    tokens: int | None = None,
+) -> Timing:
+    """Time of one step of plan ``p`` on ``gpu``: from an assumed ``mfu`` or a measured ``step_time`` (s).
+
+    ``tokens``: a training budget to turn into days. Raises ``ValueError`` for a non-positive input.
+    """
+    if mfu is not None and step_time is not None:
+        raise ValueError("mfu: give either --mfu (to estimate the step time) or --step-time (to measure MFU)")
+    if step_time is not None and step_time <= 0:
+        raise ValueError(f"step-time: must be positive seconds, got {step_time}; e.g. --step-time 13.75")
+    assumed = DEFAULT_MFU if mfu is None and step_time is None else mfu
+    if assumed is not None and not 0 < assumed <= 1:
+        raise ValueError(f"mfu: must be in (0, 1], got {assumed}; e.g. --mfu 0.4")
+    if tokens is not None and tokens <= 0:
+        raise ValueError(f"tokens: must be positive, got {tokens}; e.g. --tokens 300e9")
+    per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
+    model = 3 * p.flops.forward * per_step
+    recompute = p.flops.recompute * per_step
+    hardware = p.flops.total * per_step
+    peak = peak_flops(gpu, p.setup.training.precision)
+    capacity = p.devices * peak
+    b = bubble(p)
+    seconds = step_time if assumed is None else (model + recompute) / (capacity * assumed) * (1 + b)
+    assert seconds is not None  # NB: for mypy; one of the two is set
+    tokens_per_step = p.global_batch * p.setup.training.seq_len
+    rate = tokens_per_step / seconds
+    return Timing(
+        devices=p.devices,
+        peak_flops_per_device=peak,
+        global_batch=p.global_batch,
+        tokens_per_step=tokens_per_step,
+        model_flops_per_step=model,
+        hardware_flops_per_step=hardware,
+        recompute_flops_per_step=recompute,
+        bubble=b,
+        step_time_s=seconds,
+        tokens_per_s=rate,
+        mfu=model / (seconds * capacity),
+        hfu=hardware / (seconds * capacity),
+        assumed_mfu=assumed,
+        training_tokens=tokens,
+        training_days=tokens / rate / SECONDS_PER_DAY if tokens is not None else None,
+    )

@@ -1,0 +1,211 @@
+"""Mixture of experts: parameter counts (total and active), inventory, FLOPs, expert parallelism, presets
+and Hugging Face imports.
+
+Golden counts: Mixtral-8x7B-v0.1, 46,702,792,704 parameters (the safetensors count on
+huggingface.co/mistralai/Mixtral-8x7B-v0.1, "46.7B") and 12,879,925,248 active ("12.9B", Jiang et al. 2024:
+2 of 8 experts per token); Qwen1.5-MoE-A2.7B, 14,315,784,192 (safetensors count on
+huggingface.co/Qwen/Qwen1.5-MoE-A2.7B, "14.3B") and 2,689,173,504 active (4 of 60 experts + the shared
+expert; the model card's "2.7B").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memplan.analytic.flops import attention_core_flops
+from memplan.analytic.inventory import Dims
+from memplan.config import Attention, Checkpointing, Setup, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.plan.device import plan
+from memplan.plan.moe import MoEConfig, count_moe_params, moe_layer_params
+from memplan.plan.parallel import Parallel
+from memplan.plan.presets import MoEPreset, load_plan_model, moe_names
+
+MIXTRAL_TOTAL, MIXTRAL_ACTIVE = 46_702_792_704, 12_879_925_248
+QWEN_TOTAL, QWEN_ACTIVE = 14_315_784_192, 2_689_173_504
+
+MIXTRAL_HF = {  # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+    "architectures": ["MixtralForCausalLM"],
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 32768,
+    "model_type": "mixtral",
+    "num_attention_heads": 32,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "vocab_size": 32000,
+}
+QWEN_HF = {  # huggingface.co/Qwen/Qwen1.5-MoE-A2.7B/blob/main/config.json
+    "model_type": "qwen2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "max_position_embeddings": 8192,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 16,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": False,
+    "vocab_size": 151936,
+    "decoder_sparse_step": 1,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_experts_per_tok": 4,
+    "num_experts": 60,
+    "norm_topk_prob": False,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "total", "active"),
+    [("mixtral-8x7b", MIXTRAL_TOTAL, MIXTRAL_ACTIVE), ("qwen1.5-moe-a2.7b", QWEN_TOTAL, QWEN_ACTIVE)],
+)
+def test_published_total_and_active(name: str, total: int, active: int) -> None:
+    pm = load_plan_model(name)
+    assert isinstance(pm.preset, MoEPreset) and pm.moe is not None
+    counts = count_moe_params(pm.model, pm.moe)
+    assert (counts.total, counts.active) == (total, active)
+    assert (pm.preset.published_params, pm.preset.published_active_params) == (total, active)
+
+
+def test_mixtral_layer_breakdown() -> None:
+    pm = load_plan_model("mixtral")
+    assert pm.moe is not None
+    layer = moe_layer_params(pm.model, pm.moe)
+    assert layer.router == 4096 * 8  # router h×8 per layer
+    assert layer.expert == 3 * 4096 * 14336  # w1, w3: h×ffn; w2: ffn×h
+    assert layer.shared == 0
+
+
+def test_shipped_moe_presets_and_aliases() -> None:
+    assert moe_names() == ("mixtral-8x7b", "qwen1.5-moe-a2.7b")
+    assert load_plan_model("Mixtral").name == "mixtral-8x7b"
+    assert load_plan_model("qwen-moe").name == "qwen1.5-moe-a2.7b"
+    assert load_plan_model("70b").moe is None  # dense presets pass through
+    with pytest.raises(ValueError, match=r"did you mean mixtral-8x7b\?"):
+        load_plan_model("mixtral-8x7")
+
+
+def mixtral_setup(**strategy: object) -> Setup:
+    return Setup(
+        model=load_plan_model("mixtral").model,
+        training=TrainingConfig(seq_len=4096),
+        strategy=StrategyConfig(**strategy),  # type: ignore[arg-type]
+    )
+
+
+def test_six_n_counts_active_parameters() -> None:
+    p = plan(mixtral_setup(), moe=load_plan_model("mixtral").moe)
+    assert p.six_n == 6 * MIXTRAL_ACTIVE * 4096
+    assert p.to_json()["params"]["active"] == MIXTRAL_ACTIVE
+
+
+def test_forward_flops_are_2_active_matmul_params_per_token() -> None:
+    # Every active parameter but the embedding gather and the norms is a matmul weight used once per
+    # token (×2 multiply-add); attention's QKᵀ and P·V come on top.
+    pm = load_plan_model("mixtral")
+    setup = mixtral_setup()
+    p = plan(setup, moe=pm.moe)
+    t, h, layers = 4096, 4096, 32
+    matmul_params = MIXTRAL_ACTIVE - 32000 * h - (2 * layers + 1) * h
+    assert p.flops.forward == 2 * t * matmul_params + layers * attention_core_flops(Dims.of(setup))
+    assert p.flops.backward == 2 * (p.flops.forward - layers * attention_core_flops(Dims.of(setup))) + (
+        layers * 5 * attention_core_flops(Dims.of(setup)) // 2  # flash backward: five s×s products
+    )
+
+
+def test_inventory_routes_t_times_k_slots() -> None:
+    pm = load_plan_model("mixtral")
+    kept = {k.name: k for k in plan(mixtral_setup(), moe=pm.moe).pieces.kept}
+    assert "mlp.gate" not in kept and "mlp.input" in kept
+    t = 4096
+    assert kept["moe.gate"].shape == (2 * t, 14336)  # top-2: every token in two experts
+    assert kept["moe.expert_input"].shape == (2 * t, 4096)
+    assert kept["moe.router_probs"].shape == (t, 8) and kept["moe.router_probs"].dtype.value == "fp32"
+    assert kept["moe.gate"].count == 32
+
+
+def test_capacity_factor_pads_every_expert_to_capacity() -> None:
+    # Megatron-Core get_capacity: ceil(T·k/E · c) slots per expert.
+    moe = MoEConfig(experts=8, top_k=2, capacity_factor=1.25)
+    assert moe.slots(4096) == 8 * 1280
+    assert MoEConfig(experts=60, top_k=4, capacity_factor=1.0).slots(1000) == 60 * 67  # ceil(66.67)
+
+
+def test_expert_parallel_holds_e_over_ep_experts_sharded_over_dp_over_ep() -> None:
+    pm = load_plan_model("mixtral")
+    assert pm.moe is not None
+    one_expert = 3 * 4096 * 14336
+    whole = plan(mixtral_setup(dp=8), moe=pm.moe).device
+    split = plan(mixtral_setup(dp=8), Parallel(ep=8), pm.moe).device
+    assert whole.params.total - split.params.total == 32 * 7 * one_expert
+    # ZeRO-1 over dp = 8: dense states /8, expert states over dp/ep = 1 (each rank owns its experts).
+    z1 = plan(mixtral_setup(dp=8, zero=ZeroStage.OPTIMIZER), Parallel(ep=8), pm.moe).device
+    dense = z1.params.total - 32 * one_expert
+    assert z1.states.optimizer == 12 * (-(-dense // 8) + 32 * one_expert)
+
+
+def test_expert_parallel_mistakes() -> None:
+    moe = load_plan_model("mixtral").moe
+    with pytest.raises(
+        ValueError, match=r"^ep: 3 does not divide the 8 experts of mixtral-8x7b; use --ep 1, 2, 4, 8$"
+    ):
+        plan(mixtral_setup(dp=3), Parallel(ep=3), moe)
+    with pytest.raises(ValueError, match=r"^ep: expert parallelism takes its 4 ranks from data parallelism"):
+        plan(mixtral_setup(dp=2), Parallel(ep=4), moe)
+
+
+def test_moe_tensor_parallel_and_checkpointing_run() -> None:
+    pm = load_plan_model("qwen1.5-moe-a2.7b")
+    setup = Setup(
+        model=pm.model,
+        training=TrainingConfig(seq_len=4096, grad_accum=4),
+        strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE, attention=Attention.FLASH, dp=4),
+    )
+    one = plan(setup, moe=pm.moe).device
+    split = plan(setup, Parallel(tp=2, sp=True, pp=2, ep=4), pm.moe).device
+    assert split.peak.bytes < one.peak.bytes and split.activations < one.activations
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hugging Face config.json
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("cfg", "preset"), [(MIXTRAL_HF, "mixtral-8x7b"), (QWEN_HF, "qwen1.5-moe-a2.7b")])
+def test_hf_moe_config_imports_to_the_preset(tmp_path: Path, cfg: dict[str, object], preset: str) -> None:
+    folder = tmp_path / "Some-MoE"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    imported, shipped = load_plan_model(str(folder / "config.json")), load_plan_model(preset)
+    assert imported.name == "Some-MoE" and imported.moe == shipped.moe
+    assert imported.model.model_dump(exclude={"name"}) == shipped.model.model_dump(exclude={"name"})
+    assert imported.preset.published_params is None
+
+
+def test_hf_moe_with_dense_layers_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN_HF, "decoder_sparse_step": 2}))
+    with pytest.raises(
+        ValueError, match=r"decoder_sparse_step: dense layers between MoE layers are not modelled"
+    ):
+        load_plan_model(str(path))
+
+
+def test_moe_preset_file_by_path_and_its_errors(tmp_path: Path) -> None:
+    text = (Path(__file__).parents[2] / "memplan/plan/models/mixtral-8x7b.toml").read_text()
+    good = tmp_path / "mine.toml"
+    good.write_text(text.replace('name = "mixtral-8x7b"', 'name = "mine"'))
+    assert load_plan_model(str(good)).moe == load_plan_model("mixtral").moe
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("top_k = 2 ", "top_k = 9 "))
+    with pytest.raises(
+        ValueError, match=r"bad\.toml: moe: top_k: 9 exceeds the 8 experts; use top_k ≤ experts$"
+    ):
+        load_plan_model(str(bad))
