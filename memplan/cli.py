@@ -151,10 +151,11 @@ def main() -> None:
 
 
 # Sub-command modules add their commands last (they import cli_common, never this module's app).
-from memplan import cli_measure, cli_plan  # noqa: E402
+from memplan import cli_measure, cli_plan, cli_schema  # noqa: E402
 
 cli_measure.register(app)
 cli_plan.register(app)
+cli_schema.register(app)
 
 if __name__ == "__main__":
     main()

@@ -6,7 +6,9 @@ torch is imported inside the commands only, so ``memplan estimate`` never loads 
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -191,6 +193,9 @@ def profile(
             raise ValueError("device: CUDA is not available here; use --device cpu")
         if memory_snapshot and not dev.startswith("cuda"):
             raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
+        for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
+            if path is not None:
+                _check_writable(option, path)
         setup = _setup(
             model,
             seq=seq,
@@ -240,6 +245,16 @@ def profile(
         _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Fail before the run, not after it, when the output file cannot be written."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"{option}: {path} is a directory; give a file name, e.g. --{option} trace.json")
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ValueError(f"{option}: cannot write to {folder}; give a path in an existing, writable folder")
 
 
 def _print_profile(

@@ -127,10 +127,10 @@ def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> RenderableType:
 
 
 def _phases_line(e: Estimate) -> Text:
-    text = Text("phases: ")
-    for i, (name, value) in enumerate(e.peak.phases.items()):
+    text = Text("moments of the step (the peak is the largest):")
+    for name, value in e.peak.phases.items():
         style = "bold" if name == e.peak.phase else ""
-        text.append(("" if i == 0 else " · ") + f"{name} {fmt_bytes(value)}", style=style)
+        text.append(f"\n  {name} {fmt_bytes(value)}", style=style)
     return text
 
 
