@@ -283,11 +283,11 @@ def presets_table(presets: Sequence[ModelPreset]) -> Table:
     table = Table(title="Model presets (`memplan presets show NAME` for one)", title_justify="left")
     table.add_column("name", no_wrap=True, style="bold cyan")
     table.add_column("aliases", max_width=20)
-    table.add_column("published params", justify="right")
-    table.add_column("layers", justify="right")
-    table.add_column("hidden", justify="right")
-    table.add_column("heads/kv", justify="right")
-    table.add_column("source", overflow="fold", ratio=1)
+    table.add_column("published params", justify="right", no_wrap=True)
+    table.add_column("layers", justify="right", no_wrap=True)
+    table.add_column("hidden", justify="right", no_wrap=True)
+    table.add_column("heads/kv", justify="right", no_wrap=True)
+    table.add_column("source", overflow="fold")
     for p in presets:
         m = p.model
         published = fmt_count(p.published_params) if p.published_params else "?"
@@ -299,7 +299,7 @@ def presets_table(presets: Sequence[ModelPreset]) -> Table:
             str(m.num_layers),
             fmt_int(m.hidden_size),
             f"{m.num_heads}/{m.kv_heads}",
-            p.source,
+            p.source if len(p.source) <= 40 else p.source[:39] + "…",
         )
     return table
 
