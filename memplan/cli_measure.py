@@ -225,7 +225,7 @@ def profile(
             )
             raise typer.Exit(1) from None
         if memory_snapshot:
-            torch.cuda.memory._dump_snapshot(memory_snapshot)
+            torch.cuda.memory._dump_snapshot(memory_snapshot)  # type: ignore[no-untyped-call]
         result = comparison_json(est, prof.measured)
     result["measured"]["memory"]["peak"] = prof.peak
     result["measured"]["memory"]["phase_peaks"] = prof.phase_peaks

@@ -9,6 +9,7 @@ transients). Absolute times mean something on a GPU only.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -112,7 +113,7 @@ def profile(
             else:
                 runner.opt.zero_grad()  # grads of the previous step are not part of this one's baseline
                 with cpu_tracking(runner) as tracker:
-                    runner.step(lambda name, tr=tracker: _mark(tr, name, phase_peaks), times)
+                    runner.step(functools.partial(_mark, tracker, peaks=phase_peaks), times)
                 peak = tracker.peak
             step_seconds.append(time.perf_counter() - t0)
     if torch_trace and prof is not None:
@@ -121,6 +122,6 @@ def profile(
     return Profile(measured, max(phase_peaks.values()), phase_peaks, step_seconds, per_step, device)
 
 
-def _mark(tracker: LiveMemoryTracker, name: str, peaks: dict[str, int]) -> None:
+def _mark(tracker: LiveMemoryTracker, name: str, *, peaks: dict[str, int]) -> None:
     m = tracker.mark(name)
     peaks[name] = max(peaks.get(name, 0), m.peak)

@@ -45,7 +45,7 @@ def allowed(case: dict[str, Any]) -> bool:
 
 
 def all_pairs() -> list[dict[str, Any]]:
-    """Greedy all-pairs: add the full case that covers the most uncovered (allowed) pairs until none remain."""
+    """Greedy all-pairs: add the case covering the most uncovered (allowed) pairs until none remain."""
     names = list(AXES)
     uncovered = {
         (a, va, b, vb)
@@ -57,12 +57,12 @@ def all_pairs() -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     candidates = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*AXES.values())]
     candidates = [c for c in candidates if allowed(c)]
+
+    def gain(c: dict[str, Any], todo: set[tuple[Any, ...]]) -> int:
+        return sum((a, c[a], b, c[b]) in todo for a, b in itertools.combinations(names, 2))
+
     while uncovered:
-
-        def gain(c: dict[str, Any]) -> int:
-            return sum((a, c[a], b, c[b]) in uncovered for a, b in itertools.combinations(names, 2))
-
-        best = max(candidates, key=gain)
+        best = max(candidates, key=lambda c: gain(c, uncovered))
         cases.append(best)
         uncovered -= {(a, best[a], b, best[b]) for a, b in itertools.combinations(names, 2)}
     return cases
