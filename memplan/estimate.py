@@ -101,6 +101,8 @@ class Estimate(BaseModel):
                 "total": self.flops.total,
                 "model": self.flops.model,
                 "hardware": self.flops.total,
+                "two_n": self.six_n // 3,
+                "four_n": 2 * self.six_n // 3,
                 "six_n": self.six_n,
                 "per_step": self.flops.total * t.grad_accum,
             },

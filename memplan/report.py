@@ -256,9 +256,16 @@ def flops_table(e: Estimate) -> Table:
         style="bold",
     )
     _row(table, "model", fmt_flops(f.model), fmt_int(f.model), "without recompute, for MFU", style="bold")
-    _row(table, "6N·tokens", fmt_flops(e.six_n), fmt_int(e.six_n), "rule of thumb, N = active parameters")
-    ratio = f.model / e.six_n if e.six_n else 0.0
-    _row(table, "model / 6N", f"{ratio:.3f}×", "", "exact model FLOPs over the 6N·tokens estimate")
+    table.add_section()
+    two_n = e.six_n // 3
+    views = (
+        ("2N·tokens", two_n, f.forward, "forward"),
+        ("4N·tokens", 2 * two_n, f.backward, "backward"),
+        ("6N·tokens", e.six_n, f.model, "model"),
+    )
+    for name, rule, exact, what in views:
+        ratio = f"exact {what} = {exact / rule:.3f}× this" if rule else ""
+        _row(table, name, fmt_flops(rule), fmt_int(rule), f"rule of thumb (N active params); {ratio}")
     table.add_section()
     _row(
         table,
