@@ -136,6 +136,15 @@ class NameTotal:
     bytes: int
 
 
+def totals_by_name(records: Iterable[SavedRecord]) -> dict[str, NameTotal]:
+    """Count and bytes of the saved storages per name, in order of first appearance."""
+    totals: dict[str, NameTotal] = {}
+    for r in records:
+        old = totals.get(r.name, NameTotal(0, 0))
+        totals[r.name] = NameTotal(old.count + 1, old.bytes + r.bytes)
+    return totals
+
+
 @dataclass(slots=True)
 class _StorageInfo:
     ref: StorageWeakRef  # held so the cdata key stays unique (see module docstring)
@@ -222,11 +231,7 @@ class SavedTensorRecorder:
         return [SavedRecord(i.name or "unlabelled", i.layer, i.shape, i.dtype, i.nbytes) for i in infos]
 
     def by_name(self) -> dict[str, NameTotal]:
-        totals: dict[str, NameTotal] = {}
-        for r in self.records:
-            old = totals.get(r.name, NameTotal(0, 0))
-            totals[r.name] = NameTotal(old.count + 1, old.bytes + r.bytes)
-        return totals
+        return totals_by_name(self.records)
 
     @property
     def total_bytes(self) -> int:

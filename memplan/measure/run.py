@@ -16,7 +16,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Setup
-from memplan.measure.instruments import FlopMeter, NameTotal, SavedRecord, SavedTensorRecorder
+from memplan.measure.instruments import (
+    FlopMeter,
+    NameTotal,
+    SavedRecord,
+    SavedTensorRecorder,
+    totals_by_name,
+)
 from memplan.measure.model import Reference
 
 
@@ -29,11 +35,7 @@ class Measured:
     by_op: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def by_name(self) -> dict[str, NameTotal]:
-        totals: dict[str, NameTotal] = {}
-        for r in self.records:
-            old = totals.get(r.name, NameTotal(0, 0))
-            totals[r.name] = NameTotal(old.count + 1, old.bytes + r.bytes)
-        return totals
+        return totals_by_name(self.records)
 
     @property
     def activations(self) -> int:
