@@ -10,7 +10,7 @@ import itertools
 import math
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
