@@ -23,12 +23,15 @@ class Verdict(BaseModel):
     gpu: str
     memory_bytes: int
     peak: int
+    """The peak of the most loaded device; when ``exact`` is false, a lower bound of it that already
+    exceeds the memory (the peak itself was not needed to say so)."""
+    exact: bool
     stage: int
+    phase: str
+    """The peak's moment (``analytic.peak``); ``lower bound`` when not exact."""
     fits: bool
     headroom: int
     """memory − peak (negative when it does not fit)."""
-    phase: str
-    """The peak's moment (``analytic.peak``)."""
     overflow: str | None
     """The term whose addition passes the memory (one of ``TERMS``); None when it fits."""
 
@@ -36,8 +39,9 @@ class Verdict(BaseModel):
         return self.model_dump()
 
 
-def terms(sp: StagePlan) -> dict[str, int]:
-    """The device's memory terms, in allocation order; ``transient``: what the peak adds on top."""
+def terms(sp: StagePlan, peak: int | None = None) -> dict[str, int]:
+    """The device's memory terms, in allocation order; ``transient``: what the peak adds on top (0 when
+    the peak is not given)."""
     st = sp.states
     values = {
         "weights": st.weights,
@@ -45,29 +49,38 @@ def terms(sp: StagePlan) -> dict[str, int]:
         "gradients": st.gradients,
         "activations": sp.activations,
     }
-    values["transient"] = max(0, sp.peak.bytes - sum(values.values()))
+    values["transient"] = max(0, peak - sum(values.values())) if peak is not None else 0
     return values
 
 
-def verdict(p: Plan, gpu: GpuPreset) -> Verdict:
-    dev = p.device
-    memory, peak = gpu.memory_bytes, dev.peak.bytes
-    overflow = None
-    if peak > memory:
-        total = 0
-        for name, value in terms(dev).items():
-            total += value
-            if total > memory:
-                overflow = name
-                break
-        overflow = overflow or "transient"
+def overflow(values: dict[str, int], memory: int) -> str:
+    """The first term whose running sum passes ``memory`` (the transient if none of the others does)."""
+    total = 0
+    for name, value in values.items():
+        total += value
+        if total > memory:
+            return name
+    return "transient"
+
+
+def verdict(p: Plan, gpu: GpuPreset, *, exact: bool = True) -> Verdict:
+    """Fit or not on ``gpu``. With ``exact=False`` (the fit search) the peak is computed only when the
+    stages' lower bounds do not already exceed the memory."""
+    memory = gpu.memory_bytes
+    bound = max(p.stages, key=lambda sp: sp.lower_bound)
+    if not exact and bound.lower_bound > memory:
+        dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
+    else:
+        dev = p.device
+        peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
     return Verdict(
         gpu=gpu.name,
         memory_bytes=memory,
         peak=peak,
+        exact=exact,
         stage=dev.stage.index,
+        phase=phase,
         fits=peak <= memory,
         headroom=memory - peak,
-        phase=dev.peak.phase,
-        overflow=overflow,
+        overflow=None if peak <= memory else overflow(terms(dev, peak if exact else None), memory),
     )

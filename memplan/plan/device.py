@@ -31,7 +31,7 @@ whole under sequence parallelism.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -41,10 +41,11 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.analytic.states import ModelStates, model_states
-from memplan.config import DType, Setup, ZeroStage
+from memplan.config import DType, ModelConfig, Setup, ZeroStage
 from memplan.estimate import Estimate, head_gradient_bytes
 from memplan.plan.moe import (
     MoEConfig,
+    MoEParamCount,
     mlp_backward_extra,
     moe_layer_params,
     param_counts,
@@ -108,6 +109,8 @@ def check_plan(setup: Setup, parallel: Parallel, moe: MoEConfig | None) -> None:
 class Pieces:
     """One micro-batch on one tensor-parallel rank, every layer: the inventory and what the peak needs."""
 
+    core: Setup
+    """The whole model's setup with ZeRO 0, dp 1, one micro-batch (what the pieces depend on)."""
     setup: Setup
     """The rank's setup: ``tp_model``, ZeRO 0, dp 1, one micro-batch."""
     kept: tuple[Kept, ...]
@@ -139,7 +142,29 @@ def _device_kept(kept: list[Kept], rank: Setup, parallel: Parallel, moe: MoEConf
     return sequence_parallel(kept, parallel.tp) if parallel.sp else kept
 
 
-@functools.lru_cache(maxsize=8192)
+_PIECES: dict[tuple[object, ...], Pieces] = {}
+_PIECES_MAX = 8192
+
+
+def _pieces_by_key(
+    key: tuple[object, ...], setup: Setup, parallel: Parallel, moe: MoEConfig | None
+) -> Pieces:
+    """``pieces`` memoised on the fields they depend on (cheaper to hash than the setups themselves)."""
+    found = _PIECES.get(key)
+    if found is None:
+        if len(_PIECES) >= _PIECES_MAX:
+            _PIECES.clear()
+        found = _PIECES[key] = pieces(_core(setup), parallel.model_copy(update={"pp": 1, "vpp": 1}), moe)
+    return found
+
+
+def clear_caches() -> None:
+    """Forget the cached pieces, FLOPs and parameter counts (for cold-start benchmarks)."""
+    _PIECES.clear()
+    whole_flops.cache_clear()
+    _param_counts.cache_clear()
+
+
 def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     """The pieces of ``core`` (a ``_core`` setup) on one rank; ``parallel.pp``/``vpp`` do not matter."""
     rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp)})
@@ -167,6 +192,7 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     mlp = pk.mlp_backward_transient(rank, dims, params) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
     return Pieces(
+        core=core,
         setup=rank,
         kept=tuple(kept),
         params=params,
@@ -174,6 +200,11 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
         group_bytes=groups,
         layer_correction=moe_buffers - rerun * changed,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _param_counts(model: ModelConfig, moe: MoEConfig | None) -> MoEParamCount:
+    return param_counts(model, moe)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -263,16 +294,44 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, s.dp // ep))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StagePlan:
-    """One device of one pipeline stage: parameters, model states, activations and the peak."""
+    """One device of one pipeline stage: parameters, model states, activations and (computed on first use,
+    the costly part) the peak."""
 
     stage: Stage
     params: ParamCount
     states: ModelStates
     counts: dict[Group, int]
     activations: int
-    peak: pk.Peak
+    pieces: Pieces = field(repr=False)
+    setup: Setup = field(repr=False)
+    """The user's setup (ZeRO, dp, micro-batches per step)."""
+
+    @functools.cached_property
+    def peak(self) -> pk.Peak:
+        """``analytic.peak`` on the rank's model cut to one chunk, with the user's ZeRO, dp and micro-batches;
+        no loss moment off the last stage; plus what the pieces correct for MoE and sequence parallelism."""
+        pc, st = self.pieces, self.stage
+        chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
+        at = pc.setup.model_copy(
+            update={"model": chunk, "training": self.setup.training, "strategy": self.setup.strategy}
+        )
+        head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
+        kept = peak_inputs(pc, st, self.counts)
+        phases = dict(pk.peak(at, self.states, kept, self.params, head_grads).phases)
+        if not st.last:
+            del phases["loss backward"]  # the loss runs on the last stage
+        phases["layer backward"] += pc.layer_correction
+        return pk.Peak(phases=phases)
+
+    @property
+    def lower_bound(self) -> int:
+        """A floor of the peak, without computing it: the resident states with every activation (and the
+        gradients when micro-batches accumulate), or with all the gradients at the optimizer step."""
+        st = self.states
+        grads_before = st.gradients if self.setup.training.grad_accum > 1 else 0
+        return st.weights + st.optimizer + max(grads_before + self.activations, st.gradients)
 
 
 def _lump(name: str, nbytes: int, scope: Scope, count: int) -> Kept:
@@ -301,16 +360,8 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup, parallel: Parallel) -> Stage
     params = stage_params(pc.params, st, setup.model.tied_embeddings, parallel.pp)
     states = stage_states(pc, params, st, setup, parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
-    # analytic.peak on the rank's model cut to one chunk, with the user's ZeRO, dp and micro-batches.
-    chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
-    at = pc.setup.model_copy(update={"model": chunk, "training": setup.training, "strategy": setup.strategy})
-    head_grads = head_gradient_bytes(params, pc.setup) if st.last else 0
-    kept = peak_inputs(pc, st, counts)
-    phases = dict(pk.peak(at, states, kept, params, head_grads).phases)
-    if not st.last:
-        del phases["loss backward"]  # the loss runs on the last stage
-    phases["layer backward"] += pc.layer_correction
-    return StagePlan(st, params, states, counts, act.total_bytes(kept), pk.Peak(phases=phases))
+    acts = sum(pc.group_bytes[g] * n for g, n in counts.items())
+    return StagePlan(st, params, states, counts, acts, pc, setup)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -328,8 +379,16 @@ class Plan:
     """The first stage, and the last when pp > 1."""
     flops: Flops
     """One micro-batch through the whole model."""
-    params_total: int
-    params_active: int
+    counts: MoEParamCount
+    """Whole-model parameters: total, active (= total when dense), one layer's."""
+
+    @property
+    def params_total(self) -> int:
+        return self.counts.total
+
+    @property
+    def params_active(self) -> int:
+        return self.counts.active
 
     @property
     def device(self) -> StagePlan:
@@ -370,11 +429,18 @@ class Plan:
                 out.append(k.model_copy(update={"count": n}))
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        """The estimate's JSON contract for the most loaded device, plus ``parallel``, ``stages``, ``moe``."""
+    def estimate_view(self) -> Estimate:
+        """The most loaded device as an ``Estimate``: its states, tensors and peak, the whole model's
+        parameters and FLOPs. Its model's ``num_layers`` counts the layer instances the device holds
+        (micro-batches in flight included), so that ``Estimate.per_layer`` is one layer's bytes.
+
+        NB: ``Estimate.params`` is the dense count; an MoE's totals are ``params_total`` / ``params_active``.
+        """
         dev = self.device
-        view = Estimate(
-            setup=self.setup,
+        instances = dev.counts[Group.LAYER] or dev.stage.chunks * dev.stage.chunk_layers
+        model = self.setup.model.model_copy(update={"num_layers": max(1, instances)})
+        return Estimate(
+            setup=self.setup.model_copy(update={"model": model}),
             params=count_params(self.setup.model),
             states=dev.states,
             tensors=self.tensors(dev),
@@ -382,7 +448,11 @@ class Plan:
             six_n=self.six_n,
             peak=dev.peak,
         )
-        out = view.to_json()
+
+    def to_json(self) -> dict[str, Any]:
+        """The estimate's JSON contract for the most loaded device, plus ``parallel``, ``stages``, ``moe``."""
+        dev = self.device
+        out = self.estimate_view().to_json()
         out["setup"].update(
             self.parallel.model_dump(),
             devices=self.devices,
@@ -390,6 +460,9 @@ class Plan:
             global_batch=self.global_batch,
         )
         out["params"].update(total=self.params_total, active=self.params_active, device=dev.params.total)
+        if self.moe is not None:  # the dense count of Estimate.params has one expert per layer
+            per_layer = self.counts.per_layer
+            out["params"].update(per_layer=per_layer, layers=per_layer * self.setup.model.num_layers)
         out["memory"]["stage"] = dev.stage.index
         out["activations"]["per_layer"] = self.per_layer
         out["flops"]["global_per_step"] = self.flops.total * self.micro_batches * self.setup.strategy.dp
@@ -427,12 +500,15 @@ def plan(setup: Setup, parallel: Parallel | None = None, moe: MoEConfig | None =
     """
     parallel = parallel or Parallel()
     check_plan(setup, parallel, moe)
-    core = _core(setup)
-    pc = pieces(core, parallel.model_copy(update={"pp": 1, "vpp": 1}), moe)
+    t, s = setup.training, setup.strategy
+    key: tuple[object, ...] = (setup.model, t.micro_batch, t.seq_len, t.precision, t.optimizer)
+    key += (s.checkpointing, s.checkpoint_every, s.attention, s.reversible, setup.device)
+    key += (parallel.tp, parallel.sp, parallel.ep, moe)
+    pc = _pieces_by_key(key, setup, parallel, moe)
+    core = pc.core
     indices = (0,) if parallel.pp == 1 else (0, parallel.pp - 1)
     layers, n = setup.model.num_layers, setup.training.grad_accum
     stages = tuple(stage_plan(pc, stage(parallel, i, layers, n), setup, parallel) for i in indices)
-    counts = param_counts(setup.model, moe)
     return Plan(
         setup=setup,
         parallel=parallel,
@@ -440,6 +516,5 @@ def plan(setup: Setup, parallel: Parallel | None = None, moe: MoEConfig | None =
         pieces=pc,
         stages=stages,
         flops=whole_flops(core, moe),
-        params_total=counts.total,
-        params_active=counts.active,
+        counts=_param_counts(setup.model, moe),
     )

@@ -129,13 +129,15 @@ class MoEParamCount(BaseModel):
     model_config = ConfigDict(frozen=True)
     total: int
     active: int
+    per_layer: int
+    """One transformer layer, every expert included."""
 
 
 def param_counts(model: ModelConfig, moe: MoEConfig | None) -> MoEParamCount:
     """Total and active parameters of the whole model (equal for a dense one)."""
     if moe is None:
-        total = count_params(model).total
-        return MoEParamCount(total=total, active=total)
+        dense = count_params(model)
+        return MoEParamCount(total=dense.total, active=dense.total, per_layer=dense.layer.total)
     return count_moe_params(model, moe)
 
 
@@ -147,6 +149,7 @@ def count_moe_params(model: ModelConfig, moe: MoEConfig) -> MoEParamCount:
     return MoEParamCount(
         total=rest + base.num_layers * (layer.dense() + moe.experts * layer.expert),
         active=rest + base.num_layers * (layer.dense() + moe.top_k * layer.expert),
+        per_layer=base.layer.total - base.layer.mlp + layer.dense() + moe.experts * layer.expert,
     )
 
 

@@ -1,0 +1,164 @@
+"""``memplan compare``: one row per model × strategy variation, the same columns for every row.
+
+Rows are the cartesian product of the models (``--model 7b,70b``) and of every ``--vary KEY=A,B,…``; a
+vary key is any ``PlanOptions`` field (the option name, ``-`` or ``_``), so ``--vary tp=1,8 --vary
+checkpointing=none,full`` gives 4 rows per model. A row whose settings do not fit the model (tp not
+dividing its heads, say) carries the one-line error instead of numbers.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from memplan.cli_common import describe_validation_error
+from memplan.errors import one_line_validation_error
+from memplan.plan.budget import terms
+from memplan.plan.options import Built, PlanOptions, build
+
+VARY_KEYS = tuple(name.replace("_", "-") for name in PlanOptions.model_fields if name != "model")
+
+# (column key, header): the numbers every row has, in display order.
+NUMBERS: tuple[tuple[str, str], ...] = (
+    ("params", "params"),
+    ("weights", "weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer"),
+    ("activations", "activations"),
+    ("peak", "peak"),
+    ("flops", "FLOPs/step"),
+    ("step_time", "step s"),
+    ("tokens_per_s", "tokens/s"),
+    ("mfu", "MFU"),
+    ("fits", "fits"),
+)
+
+
+def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """``["tp=1,8", "attention=eager,flash"]`` → ``[("tp", ["1", "8"]), …]`` (field names), checked."""
+    out: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        key = key.strip().lower().replace("_", "-")
+        if not eq or not key:
+            raise ValueError(f"vary: expected KEY=V1,V2 (e.g. --vary checkpointing=none,full), got {spec!r}")
+        if key == "model":
+            raise ValueError("vary: models are listed with --model 7b,70b, not --vary model=…")
+        if key not in VARY_KEYS:
+            close = difflib.get_close_matches(key, VARY_KEYS, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"vary: unknown setting {key!r}; {hint}choose from {', '.join(VARY_KEYS)}")
+        items = [v.strip() for v in values.split(",") if v.strip()]
+        if not items:
+            raise ValueError(f"vary: {key} has no values; list them, e.g. --vary {key}=A,B")
+        field = key.replace("-", "_")
+        if any(field == f for f, _ in out):
+            raise ValueError(f"vary: {key} is given twice; list all its values in one --vary {key}=A,B")
+        out.append((field, items))
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    settings: dict[str, str]
+    """The model and the varied settings, as given."""
+    built: Built | None
+    error: str | None = None
+
+    def values(self) -> dict[str, Any]:
+        """The row as flat columns: settings, then numbers (None where unknown)."""
+        out: dict[str, Any] = dict(self.settings)
+        if self.built is None:
+            return {**out, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
+        p, t, v = self.built.plan, self.built.timing, self.built.verdict
+        dev = p.device
+        parts = terms(dev, dev.peak.bytes)
+        out.update(
+            params=p.params_total,
+            weights=parts["weights"],
+            gradients=parts["gradients"],
+            optimizer=parts["optimizer"],
+            activations=parts["activations"],
+            transient=parts["transient"],
+            peak=dev.peak.bytes,
+            flops=p.flops.total * p.micro_batches * p.setup.strategy.dp,
+            step_time=t.step_time_s if t else None,
+            tokens_per_s=t.tokens_per_s if t else None,
+            mfu=t.mfu if t else None,
+            fits=v.fits if v else None,
+            error=None,
+        )
+        return out
+
+
+def row_json(row: Row) -> dict[str, Any]:
+    """A row for ``--json``: its settings, flat values, and the plan's keys (``estimate``'s contract)."""
+    return {
+        "settings": row.settings,
+        "values": row.values(),
+        "error": row.error,
+        "plan": row.built.to_json() if row.built else None,
+    }
+
+
+def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> PlanOptions:
+    try:
+        return PlanOptions.model_validate({**base, "model": model, **change})
+    except ValidationError as exc:
+        raise ValueError(one_line_validation_error(exc, "vary")) from None
+
+
+def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[str]]]) -> list[Row]:
+    """Every combination, built; a combination that does not fit its model keeps the error."""
+    if not models:
+        raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
+    keys = [k for k, _ in varies]
+    out = []
+    for model, *values in itertools.product(models, *(v for _, v in varies)):
+        change = dict(zip(keys, values, strict=True))
+        settings = {"model": model, **{k.replace("_", "-"): v for k, v in change.items()}}
+        options = _options(base, model, change)  # a value of the wrong type is the user's error: raise
+        try:
+            out.append(Row(settings, build(options)))
+        except ValidationError as exc:  # a ValueError too: first
+            out.append(Row(settings, None, describe_validation_error(exc)))
+        except ValueError as exc:
+            out.append(Row(settings, None, " ".join(str(exc).split())))
+    if all(r.built is None for r in out):
+        raise ValueError(out[0].error or "compare: no row could be planned")
+    return out
+
+
+def columns(table_rows: list[Row]) -> list[str]:
+    """Column keys: the settings, the numbers, and ``error`` when a row has one."""
+    keys = list(table_rows[0].settings) + [k for k, _ in NUMBERS]
+    return keys + (["error"] if any(r.error for r in table_rows) else [])
+
+
+def sort_rows(table_rows: list[Row], column: str | None) -> list[Row]:
+    """Sorted by ``column`` (``-column``: descending); rows without a value last."""
+    if column is None:
+        return table_rows
+    key = column.lstrip("-").replace("-", "_")
+    known = list(table_rows[0].values())
+    if key not in known:
+        raise ValueError(f"sort: unknown column {column!r}; choose from {', '.join(known)}")
+    present = [r for r in table_rows if r.values()[key] is not None]
+    missing = [r for r in table_rows if r.values()[key] is None]
+    values = [r.values()[key] for r in present]
+    if all(isinstance(v, str) for v in values) and all(_is_number(v) for v in values):
+        values = [float(v) for v in values]  # settings are text: "16" after "8"
+    order = sorted(range(len(present)), key=lambda i: values[i], reverse=column.startswith("-"))
+    return [present[i] for i in order] + missing
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

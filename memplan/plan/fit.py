@@ -1,0 +1,309 @@
+"""Search the layouts and strategies that fit a model on N GPUs, ranked by estimated throughput.
+
+The space: activation checkpointing × attention kernel × ZeRO stage × (tp, pp, dp) splits of the N devices
+(tp up to ``Space.tp_max``, sequence parallel whenever tp > 1, pp dividing the layers, dp = N / (tp·pp);
+for a mixture of experts every ep dividing both the experts and dp) × micro-batch size. The global batch
+(sequences per step) is fixed, so a layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches.
+
+A family is (checkpointing, attention, ZeRO stage, layout); its configurations are its micro-batch sizes. A
+family fails when none of them fits; its reason is the overflowing term (``budget.verdict``) of its
+smallest micro-batch. Fitting configurations are ranked by tokens/s at the assumed MFU (``timing``: the
+checkpoint recompute and the pipeline bubble cost time; communication is not modelled), ties broken by
+fewer model-parallel devices, the lower ZeRO stage, the larger micro-batch, then the lower peak.
+
+Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
+batch); a configuration then costs its stages' states and activations, and its peak only when the
+lower bound (states + activations) does not already rule it out. A ZeRO stage that fits makes the higher
+stages of the same configuration redundant (they never need more memory and, with communication not
+modelled, run as fast): they are not evaluated and not listed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from memplan.config import Attention, Checkpointing, PositionType, Setup, ZeroStage
+from memplan.plan.budget import Verdict, verdict
+from memplan.plan.device import Plan, plan
+from memplan.plan.moe import MoEConfig
+from memplan.plan.parallel import Parallel, divisors, tp_widths
+from memplan.plan.timing import Timing, timing
+from memplan.presets import GpuPreset
+
+TOKENS_PER_STEP = 1 << 22
+"""Default global batch: about 4M tokens per step (Llama 2 and 3 pre-training), in whole sequences."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """What ``fit`` searches."""
+
+    checkpointing: tuple[Checkpointing, ...] = (
+        Checkpointing.NONE,
+        Checkpointing.SELECTIVE,
+        Checkpointing.FULL,
+    )
+    attention: tuple[Attention, ...] = (Attention.EAGER, Attention.FLASH)
+    zero: tuple[ZeroStage, ...] = tuple(ZeroStage)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    tp_max: int = 8
+    """Tensor parallelism stays inside one 8-GPU NVLink domain by default."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    parallel: Parallel
+    dp: int
+
+    def label(self) -> str:
+        return f"{self.parallel.label()}·dp{self.dp}"
+
+
+@dataclass(frozen=True)
+class Family:
+    checkpointing: Checkpointing
+    attention: Attention
+    zero: ZeroStage
+    layout: Layout
+
+    def settings(self) -> dict[str, Any]:
+        par = self.layout.parallel
+        return {
+            "checkpointing": self.checkpointing.name.lower(),
+            "attention": self.attention.name.lower(),
+            "zero": int(self.zero),
+            "tp": par.tp,
+            "sp": par.sp,
+            "pp": par.pp,
+            "ep": par.ep,
+            "dp": self.layout.dp,
+        }
+
+
+@dataclass(frozen=True)
+class Config:
+    """A configuration that fits."""
+
+    family: Family
+    plan: Plan
+    timing: Timing
+    verdict: Verdict
+
+    @property
+    def micro_batch(self) -> int:
+        return self.plan.setup.training.micro_batch
+
+    def sort_key(self) -> tuple[float, int, int, int, int]:
+        par = self.family.layout.parallel
+        return (
+            -self.timing.tokens_per_s,
+            par.model_parallel,
+            int(self.family.zero),
+            -self.micro_batch,
+            self.verdict.peak,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.plan.to_json()
+        out["settings"] = {**self.family.settings(), "micro_batch": self.micro_batch}
+        out["fit"] = self.verdict.to_json()
+        out["time"] = self.timing.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A family none of whose micro-batch sizes fits, with the verdict of its smallest."""
+
+    family: Family
+    micro_batch: int
+    verdict: Verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.family.settings(), "micro_batch": self.micro_batch, "fit": self.verdict.to_json()}
+
+
+@dataclass
+class FitResult:
+    setup: Setup
+    gpu: GpuPreset
+    gpus: int
+    global_batch: int
+    fitting: list[Config] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    searched: int = 0
+    """Configurations of the space (families × micro-batch sizes that divide the global batch)."""
+    evaluated: int = 0
+    """Configurations whose states and activations were computed (the rest: redundant ZeRO stages)."""
+    peaks: int = 0
+    """Configurations whose peak had to be computed (the lower bound did not rule them out)."""
+    seconds: float = 0.0
+    max_seq: int | None = None
+    """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
+
+    @property
+    def best(self) -> Config | None:
+        return self.fitting[0] if self.fitting else None
+
+    def to_json(self, top: int = 0) -> dict[str, Any]:
+        """The search, its ``top`` configurations (0: all) with their plans' keys, every rejected family."""
+        shown = self.fitting[:top] if top else self.fitting
+        return {
+            "model": self.setup.model.name,
+            "gpu": self.gpu.name,
+            "gpus": self.gpus,
+            "seq_len": self.setup.training.seq_len,
+            "global_batch": self.global_batch,
+            "searched": self.searched,
+            "evaluated": self.evaluated,
+            "peaks": self.peaks,
+            "seconds": self.seconds,
+            "max_seq": self.max_seq,
+            "fitting": len(self.fitting),
+            "configs": [c.to_json() for c in shown],
+            "rejected": [x.to_json() for x in self.rejected],
+        }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The space
+# ----------------------------------------------------------------------------------------------------
+def layouts(setup: Setup, moe: MoEConfig | None, gpus: int, space: Space) -> list[Layout]:
+    """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices."""
+    m, seq = setup.model, setup.training.seq_len
+    widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
+    out = []
+    for tp in divisors(widths, space.tp_max):
+        for pp in divisors(m.num_layers):
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
+            for ep in eps:
+                par = Parallel(tp=tp, sp=tp > 1 and seq % tp == 0, pp=pp, ep=ep)
+                out.append(Layout(par, dp))
+    return out
+
+
+def default_global_batch(seq: int, gpus: int) -> int:
+    """≈ 4M tokens of whole sequences, a power of two, at least one sequence per device."""
+    return max(gpus, 1 << max(0, round(math.log2(max(1, TOKENS_PER_STEP // seq)))))
+
+
+def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
+    """``base`` with a family's strategy and a micro-batch (valid by construction: not re-validated)."""
+    return base.model_copy(
+        update={
+            "training": base.training.model_copy(
+                update={"micro_batch": micro_batch, "grad_accum": micro_batches}
+            ),
+            "strategy": base.strategy.model_copy(
+                update={
+                    "checkpointing": family.checkpointing,
+                    "checkpoint_every": 1,
+                    "attention": family.attention,
+                    "zero": family.zero,
+                    "dp": family.layout.dp,
+                    "reversible": False,
+                }
+            ),
+        }
+    )
+
+
+def fits(p: Plan, memory: int) -> bool:
+    """Every computed stage fits: the lower bound first, the peak only when needed."""
+    return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory
+
+
+# ----------------------------------------------------------------------------------------------------
+# The search
+# ----------------------------------------------------------------------------------------------------
+def fit(
+    base: Setup,
+    moe: MoEConfig | None,
+    gpu: GpuPreset,
+    gpus: int,
+    *,
+    global_batch: int | None = None,
+    mfu: float | None = None,
+    space: Space | None = None,
+    max_seq: bool = True,
+) -> FitResult:
+    """Search ``space`` for ``base``'s model and sequence on ``gpus`` × ``gpu``; see the module docstring."""
+    space = space or Space()
+    if gpus < 1:
+        raise ValueError(f"gpus: need at least one device, got {gpus}; e.g. --gpus 8")
+    batch = global_batch or default_global_batch(base.training.seq_len, gpus)
+    start = time.perf_counter()
+    result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch)
+    memory = gpu.memory_bytes
+    for layout in layouts(base, moe, gpus, space):
+        for ckpt in space.checkpointing:
+            for attention in space.attention:
+                _search_families(result, base, moe, layout, ckpt, attention, space, mfu)
+    result.fitting.sort(key=Config.sort_key)
+    result.seconds = time.perf_counter() - start
+    if max_seq and result.best is not None:
+        result.max_seq = longest_sequence(result.best, moe, memory)
+    return result
+
+
+def _search_families(
+    result: FitResult,
+    base: Setup,
+    moe: MoEConfig | None,
+    layout: Layout,
+    ckpt: Checkpointing,
+    attention: Attention,
+    space: Space,
+    mfu: float | None,
+) -> None:
+    """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch."""
+    memory, dp = result.gpu.memory_bytes, layout.dp
+    families = [Family(ckpt, attention, z, layout) for z in sorted(space.zero)]
+    first_failure: dict[Family, Rejected] = {}
+    fitted: set[Family] = set()
+    for b in space.micro_batches:
+        if result.global_batch % (b * dp):
+            continue
+        n = result.global_batch // (b * dp)
+        result.searched += len(families)
+        for family in families:
+            result.evaluated += 1
+            p = plan(_setup(base, family, b, n), layout.parallel, moe)
+            ok = fits(p, memory)
+            result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
+            if ok:
+                t = timing(p, result.gpu, mfu=mfu)
+                result.fitting.append(Config(family, p, t, verdict(p, result.gpu)))
+                fitted.update(f for f in families if f.zero >= family.zero)
+                break  # the higher ZeRO stages fit too, no faster
+            if family not in first_failure:
+                first_failure[family] = Rejected(family, b, verdict(p, result.gpu, exact=False))
+    result.rejected += [r for f, r in first_failure.items() if f not in fitted]
+
+
+def longest_sequence(best: Config, moe: MoEConfig | None, memory: int, cap: int = 1 << 20) -> int:
+    """The longest sequence the best configuration fits at micro-batch 1 (binary search).
+
+    Sequences step by tp under sequence parallelism; learned positions cap it at ``max_positions``.
+    """
+    p = best.plan
+    step = p.parallel.tp if p.parallel.sp else 1
+    if p.setup.model.position is PositionType.LEARNED:
+        cap = min(cap, p.setup.model.max_positions)
+    n = p.micro_batches * p.setup.training.micro_batch
+
+    def ok(seq: int) -> bool:
+        training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
+        return fits(plan(p.setup.model_copy(update={"training": training}), p.parallel, moe), memory)
+
+    lo, hi = 0, cap // step  # in steps: ok(lo·step) (or lo = 0), not ok above hi·step
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if ok(mid * step) else (lo, mid - 1)
+    return lo * step

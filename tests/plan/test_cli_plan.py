@@ -1,0 +1,272 @@
+"""``memplan plan``, ``compare`` and ``fit`` through the typer app: JSON numbers, tables, one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli import app
+from memplan.plan.device import plan
+from memplan.plan.options import PlanOptions, build
+
+runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+
+
+def invoke(*args: str) -> Any:
+    return runner.invoke(app, list(args))
+
+
+def ok_json(*args: str) -> dict[str, Any]:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    doc = json.loads(result.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def one_line_error(*args: str) -> str:
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+GPT3 = ("plan", "-m", "gpt3-175b", "--seq", "2048", "--precision", "fp16-mixed", "--attention", "eager")
+
+
+# ----------------------------------------------------------------------------------------------------
+# plan
+# ----------------------------------------------------------------------------------------------------
+def test_plan_json_has_the_estimate_contract_and_equals_the_api() -> None:
+    args = (*GPT3, "--tp", "8", "--sp", "--pp", "8", "--gpus", "1024", "--global-batch", "1536")
+    doc = ok_json(*args, "--checkpointing", "selective", "--gpu", "a100", "--step-time", "13.75")
+    for section, keys in {
+        "params": ("total", "active"),
+        "memory": ("weights", "gradients", "optimizer", "activations", "peak"),
+        "flops": ("forward", "backward", "recompute", "total", "model"),
+        "time": ("mfu", "hfu", "step_time_s", "tokens_per_s"),
+        "fit": ("fits", "peak", "memory_bytes"),
+    }.items():
+        for key in keys:
+            assert key in doc[section], f"{section}.{key}"
+    assert {"name", "shape", "dtype", "bytes", "count"} <= set(doc["activations"]["tensors"][0])
+    assert isinstance(doc["activations"]["per_layer"], int)
+    built = build(
+        PlanOptions(
+            model="gpt3-175b",
+            seq=2048,
+            precision="fp16-mixed",  # type: ignore[arg-type]
+            attention="eager",  # type: ignore[arg-type]
+            checkpointing="selective",
+            tp=8,
+            sp=True,
+            pp=8,
+            gpus=1024,
+            global_batch=1536,
+            gpu="a100",
+            step_time=13.75,
+        )
+    )
+    assert doc["memory"]["peak"] == built.plan.device.peak.bytes
+    assert doc["setup"]["dp"] == 16 and doc["setup"]["micro_batches"] == 96
+    assert doc["stages"][0]["in_flight_layers"] == 96  # 8 micro-batches × 12 layers on stage 0
+    assert doc["time"]["mfu"] == built.timing.mfu if built.timing else False
+
+
+def test_plan_rich_output_runs() -> None:
+    result = invoke(
+        *GPT3, "--tp", "8", "--sp", "--pp", "4", "--grad-accum", "8", "--gpu", "h100", "--tokens", "3e11"
+    )
+    assert result.exit_code == 0, result.output
+    assert "memplan plan" in result.stdout and "Pipeline stages" in result.stdout
+
+
+def test_plan_without_parallelism_equals_estimate_json() -> None:
+    est = invoke("estimate", "-m", "llama-3-8b", "--seq", "4096", "--zero", "2", "--dp", "8", "--json")
+    doc = ok_json("plan", "-m", "llama-3-8b", "--seq", "4096", "--zero", "2", "--dp", "8")
+    ref = json.loads(est.stdout)
+    assert doc["memory"]["peak"] == ref["memory"]["peak"]
+    assert doc["activations"]["tensors"] == ref["activations"]["tensors"]
+    assert doc["flops"]["total"] == ref["flops"]["total"]
+
+
+def test_plan_moe_counts_and_expert_parallel() -> None:
+    doc = ok_json("plan", "-m", "mixtral", "--seq", "4096", "--ep", "8", "--gpus", "32", "--zero", "1")
+    assert (doc["params"]["total"], doc["params"]["active"]) == (46_702_792_704, 12_879_925_248)
+    assert doc["params"]["layers"] == 46_702_792_704 - 2 * 32000 * 4096 - 4096  # all experts of 32 layers
+    assert doc["moe"]["experts"] == 8 and doc["setup"]["ep"] == 8
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        ((*GPT3, "--tp", "5"), "error: tp: 5 does not divide num_heads 96 of gpt3-175b; use --tp 1, 2, 3, 4"),
+        ((*GPT3, "--pp", "7"), "error: pp: 7 does not divide the 96 layers of gpt3-175b; use --pp"),
+        ((*GPT3, "--sp"), "error: sp: sequence parallelism splits over the tensor-parallel ranks"),
+        ((*GPT3, "--gpu", "h1000"), "error: gpu: unknown preset 'h1000'; did you mean"),
+        ((*GPT3, "--tp", "8", "--gpus", "12"), "error: gpus: 12 devices do not split into tp 8 × pp 1"),
+        ((*GPT3, "--gpus", "8", "--dp", "4"), "error: dp: tp 1 × pp 1 × dp 4 = 4 devices, not --gpus 8"),
+        (
+            (*GPT3, "--dp", "8", "--global-batch", "100"),
+            "error: global-batch: 100 sequences are not a multiple",
+        ),
+        ((*GPT3, "--mfu", "0.5"), "error: gpu: time needs a GPU's peak FLOP/s; add --gpu NAME"),
+        ((*GPT3, "--gpu", "a100", "--mfu", "2"), "error: mfu: must be in (0, 1], got 2.0"),
+        ((*GPT3, "--ep", "2"), "error: ep: gpt3-175b is dense"),
+        (("plan", "--seq", "2048"), "error: model: required"),
+        (
+            ("plan", "-m", "mixtral-8x7"),
+            "error: model: unknown preset 'mixtral-8x7'; did you mean mixtral-8x7b?",
+        ),
+    ],
+)
+def test_plan_mistakes_are_one_line_exit_2(args: tuple[str, ...], needle: str) -> None:
+    assert one_line_error(*args).startswith(needle)
+
+
+# ----------------------------------------------------------------------------------------------------
+# compare
+# ----------------------------------------------------------------------------------------------------
+COMPARE = ("compare", "-m", "7b,70b", "--seq", "4096", "--gpus", "8", "--gpu", "h100")
+
+
+def test_compare_rows_are_the_cartesian_product() -> None:
+    doc = ok_json(*COMPARE, "--vary", "checkpointing=none,selective,full", "--vary", "attention=eager,flash")
+    rows = doc["rows"]
+    assert len(rows) == 2 * 3 * 2
+    assert doc["columns"][:3] == ["model", "checkpointing", "attention"]
+    first = rows[0]
+    assert first["settings"] == {"model": "7b", "checkpointing": "none", "attention": "eager"}
+    ref = build(PlanOptions(model="7b", seq=4096, gpus=8, gpu="h100", attention="eager"))  # type: ignore[arg-type]
+    assert first["values"]["peak"] == first["plan"]["memory"]["peak"] == ref.plan.device.peak.bytes
+    assert first["plan"]["flops"]["total"] == ref.plan.flops.total
+    # 6.74B parameters × 16 bytes (mixed-precision AdamW, ZeRO-0) = 108 GB alone: more than 80 GiB.
+    assert first["values"]["fits"] is False and first["values"]["peak"] > 6_738_415_616 * 16
+
+
+def test_compare_sort_csv_and_markdown() -> None:
+    args = (*COMPARE, "--vary", "tp=2,4,8", "--sp", "--sort", "-peak")
+    result = invoke(*args, "--csv")
+    assert result.exit_code == 0, result.output
+    table = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(table) == 6
+    peaks = [int(r["peak"]) for r in table]
+    assert peaks == sorted(peaks, reverse=True)
+    md = invoke(*args, "--markdown")
+    assert md.exit_code == 0 and len(md.stdout.strip().splitlines()) == 2 + 6
+    rich = invoke(*args)
+    assert rich.exit_code == 0 and "memplan compare" in rich.stdout
+
+
+def test_compare_keeps_rows_that_do_not_fit_their_model() -> None:
+    # tp 1 with --sp is invalid (sequence parallelism needs tp > 1): that row carries the error.
+    doc = ok_json(*COMPARE, "--vary", "tp=1,8", "--sp")
+    errors = [r["error"] for r in doc["rows"] if r["error"]]
+    assert len(errors) == 2 and all(e.startswith("sp: sequence parallelism") for e in errors)
+    assert "error" in doc["columns"]
+
+
+def test_compare_sorts_numeric_settings_as_numbers() -> None:
+    doc = ok_json("compare", "-m", "8b", "--vary", "gpus=16,8,32", "--sort", "gpus")
+    assert [r["settings"]["gpus"] for r in doc["rows"]] == ["8", "16", "32"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ("--vary", "checkpoint=none"),
+            "error: vary: unknown setting 'checkpoint'; did you mean checkpointing?",
+        ),
+        (("--vary", "tp"), "error: vary: expected KEY=V1,V2"),
+        (("--vary", "tp=x"), "error: vary: tp: Input should be a valid integer"),
+        (("--vary", "model=7b"), "error: vary: models are listed with --model"),
+        (("--sort", "speed"), "error: sort: unknown column 'speed'"),
+        (("--json", "--csv"), "error: output: choose one of --json, --csv and --markdown"),
+        (("--vary", "tp=5"), "error: gpus: 8 devices do not split into tp 5 × pp 1"),  # every row fails
+    ],
+)
+def test_compare_mistakes(args: tuple[str, ...], needle: str) -> None:
+    assert one_line_error(*COMPARE, *args).startswith(needle)
+
+
+# ----------------------------------------------------------------------------------------------------
+# fit
+# ----------------------------------------------------------------------------------------------------
+FIT = ("fit", "-m", "llama-3-8b", "--seq", "8192", "--gpu", "a100-40gb", "--gpus", "8")
+
+
+def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
+    doc = ok_json(*FIT, "--top", "0")
+    configs, memory = doc["configs"], 40 * 2**30
+    assert len(configs) == doc["fitting"] > 0
+    speeds = [c["time"]["tokens_per_s"] for c in configs]
+    assert speeds == sorted(speeds, reverse=True)
+    for c in configs:
+        assert c["memory"]["peak"] <= memory and c["fit"]["fits"]
+        assert {"checkpointing", "attention", "zero", "tp", "pp", "dp", "micro_batch"} <= set(c["settings"])
+        assert "total" in c["flops"] and c["setup"]["devices"] == 8
+    for r in doc["rejected"]:
+        assert r["fit"]["peak"] > memory and r["fit"]["overflow"] in (
+            "weights",
+            "optimizer",
+            "gradients",
+            "activations",
+            "transient",
+        )
+    assert doc["max_seq"] >= 8192 and doc["searched"] >= doc["evaluated"] >= doc["peaks"]
+
+
+def test_fit_best_config_replans_to_the_same_numbers() -> None:
+    doc = ok_json(*FIT, "--top", "1")
+    best = doc["configs"][0]
+    s = best["settings"]
+    options = PlanOptions(
+        model="llama-3-8b",
+        seq=8192,
+        batch=s["micro_batch"],
+        global_batch=doc["global_batch"],
+        checkpointing=s["checkpointing"],
+        attention=s["attention"],
+        zero=s["zero"],
+        tp=s["tp"],
+        sp=s["sp"],
+        pp=s["pp"],
+        gpus=8,
+        gpu="a100-40gb",
+    )
+    built = build(options)
+    assert built.plan.device.peak.bytes == best["memory"]["peak"]
+    assert built.timing is not None and built.timing.tokens_per_s == best["time"]["tokens_per_s"]
+
+
+def test_fit_rich_output_and_mistakes() -> None:
+    result = invoke(*FIT, "--top", "3")
+    assert result.exit_code == 0 and "Configurations that fit" in result.stdout
+    assert one_line_error("fit", "-m", "8b", "--gpus", "8").startswith(
+        "error: gpu: fit needs --gpu NAME and --gpus N"
+    )
+    assert one_line_error(*FIT, "--zero", "0,5").startswith("error: zero: cannot read '0,5'")
+    assert one_line_error(*FIT, "--checkpointing", "every-2").startswith("error: checkpointing: cannot read")
+
+
+def test_plan_and_fit_stay_torch_free() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from typer.testing import CliRunner; from memplan.cli import app; "
+        "r = CliRunner().invoke(app, ['fit', '-m', 'gpt2', '--gpu', 'l40s', '--gpus', '2', '--json']); "
+        "assert r.exit_code == 0, r.output; assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert plan  # the API is importable without torch too

@@ -1,0 +1,142 @@
+"""The fit search: what it claims about the configurations it lists, rejects and skips."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from memplan.cli_common import build_setup
+from memplan.config import Attention, Checkpointing, Setup, ZeroStage
+from memplan.plan.device import plan
+from memplan.plan.fit import Space, default_global_batch, fit, fits, layouts
+from memplan.plan.parallel import Parallel
+from memplan.plan.presets import load_plan_model
+from memplan.presets import load_gpu
+
+SMALL = Space(micro_batches=(1, 2, 4))
+
+
+def _search(name: str, seq: int, gpu: str, gpus: int):  # type: ignore[no-untyped-def]
+    pm = load_plan_model(name)
+    return fit(build_setup(pm.model, seq=seq), pm.moe, load_gpu(gpu), gpus, space=SMALL), pm.moe
+
+
+def _replan(setup: Setup, zero: ZeroStage, micro_batch: int, n: int) -> Setup:
+    return setup.model_copy(
+        update={
+            "training": setup.training.model_copy(update={"micro_batch": micro_batch, "grad_accum": n}),
+            "strategy": setup.strategy.model_copy(update={"zero": zero}),
+        }
+    )
+
+
+def test_listed_configs_fit_and_higher_zero_stages_fit_too() -> None:
+    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    memory = result.gpu.memory_bytes
+    assert result.fitting and result.best is result.fitting[0]
+    for c in result.fitting:
+        assert c.plan.device.peak.bytes <= memory
+        for z in ZeroStage:
+            if z > c.family.zero:  # not listed, claimed to fit as well
+                s = _replan(c.plan.setup, z, c.micro_batch, c.plan.micro_batches)
+                assert plan(s, c.plan.parallel, moe).device.peak.bytes <= memory
+
+
+def test_rejected_families_fit_at_no_micro_batch() -> None:
+    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    memory = result.gpu.memory_bytes
+    assert result.rejected
+    for r in result.rejected:
+        par = r.family.layout.parallel
+        for b in SMALL.micro_batches:
+            if result.global_batch % (b * r.family.layout.dp):
+                continue
+            n = result.global_batch // (b * r.family.layout.dp)
+            base = build_setup(result.setup.model, seq=8192)
+            s = base.model_copy(
+                update={
+                    "training": base.training.model_copy(update={"micro_batch": b, "grad_accum": n}),
+                    "strategy": base.strategy.model_copy(
+                        update={
+                            "checkpointing": r.family.checkpointing,
+                            "attention": r.family.attention,
+                            "zero": r.family.zero,
+                            "dp": r.family.layout.dp,
+                        }
+                    ),
+                }
+            )
+            assert plan(s, par, moe).device.peak.bytes > memory
+        assert r.verdict.peak > memory and r.verdict.overflow is not None
+
+
+def test_ranking_is_by_throughput() -> None:
+    result, _ = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    speeds = [c.timing.tokens_per_s for c in result.fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    # Full checkpointing re-runs the forward: never faster than the same layout without recompute.
+    best = {}
+    for c in result.fitting:
+        key = (c.family.layout, c.family.attention)
+        best.setdefault((key, c.family.checkpointing), c.timing.tokens_per_s)
+    for (key, ckpt), speed in best.items():
+        if ckpt is Checkpointing.FULL and (key, Checkpointing.NONE) in best:
+            assert speed < best[(key, Checkpointing.NONE)]
+
+
+def test_lower_bound_never_exceeds_the_peak() -> None:
+    pm = load_plan_model("llama-3-70b")
+    for ckpt, attention, zero, (tp, pp), b in itertools.product(
+        (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL),
+        tuple(Attention),
+        tuple(ZeroStage),
+        ((1, 1), (8, 1), (4, 4), (2, 8)),
+        (1, 4),
+    ):
+        s = build_setup(
+            pm.model, seq=4096, batch=b, grad_accum=8, checkpointing=ckpt.name.lower(), zero=zero, dp=8
+        )
+        s = s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": attention})})
+        for stage in plan(s, Parallel(tp=tp, sp=tp > 1, pp=pp)).stages:
+            assert stage.lower_bound <= stage.peak.bytes
+
+
+def test_layouts_split_the_devices_exactly() -> None:
+    pm = load_plan_model("mixtral")
+    base = build_setup(pm.model, seq=4096)
+    found = layouts(base, pm.moe, 32, Space())
+    assert found
+    for lay in found:
+        par = lay.parallel
+        assert par.tp * par.pp * lay.dp == 32 and par.tp <= 8
+        assert 8 % par.ep == 0 and lay.dp % par.ep == 0 and par.sp == (par.tp > 1)
+    assert {lay.parallel.ep for lay in found} == {1, 2, 4, 8}
+
+
+def test_longest_sequence_is_the_boundary() -> None:
+    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    best, longest = result.best, result.max_seq
+    assert best is not None and longest is not None
+    p = best.plan
+    step = p.parallel.tp if p.parallel.sp else 1
+
+    def at(seq: int) -> bool:
+        n = p.micro_batches * p.setup.training.micro_batch
+        training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
+        return fits(
+            plan(p.setup.model_copy(update={"training": training}), p.parallel, moe), result.gpu.memory_bytes
+        )
+
+    assert at(longest) and not at(longest + step)
+
+
+@pytest.mark.parametrize(("seq", "gpus", "expected"), [(4096, 64, 1024), (2048, 8, 2048), (8192, 1024, 1024)])
+def test_default_global_batch_is_about_4m_tokens(seq: int, gpus: int, expected: int) -> None:
+    assert default_global_batch(seq, gpus) == expected
+
+
+def test_nothing_fits_says_why() -> None:
+    result, _ = _search("llama-3.1-405b", 4096, "rtx-4090", 2)
+    assert not result.fitting and result.max_seq is None
+    assert all(r.verdict.overflow == "weights" for r in result.rejected if r.family.zero == ZeroStage.NONE)
