@@ -76,10 +76,11 @@ def _folder() -> Traversable:
 
 @functools.cache
 def moe_names() -> tuple[str, ...]:
-    """Canonical names of the shipped MoE presets, sorted."""
-    return tuple(
-        sorted(f.name.removesuffix(".toml") for f in _folder().iterdir() if f.name.endswith(".toml"))
-    )
+    """Canonical names of the shipped MoE presets, sorted (none when the folder was not installed)."""
+    folder = _folder()
+    if not folder.is_dir():  # NB: pyproject's package-data does not list memplan/plan/models yet
+        return ()
+    return tuple(sorted(f.name.removesuffix(".toml") for f in folder.iterdir() if f.name.endswith(".toml")))
 
 
 @functools.cache

@@ -94,6 +94,10 @@ def test_pipeline_first_stage_holds_p_micro_batches_of_l_over_p_layers() -> None
         layer_bytes = p.pieces.group_bytes[Group.LAYER] * first.counts[Group.LAYER]
         assert first.counts[Group.LAYER] == L
         assert layer_bytes == L * (korthikanti(sp=True, selective=False) + Fraction(LN_STATS, T))
+        # The whole first stage adds, per micro-batch in flight, what the formula leaves out: the int64
+        # token and position ids, the embedding dropout mask (sbh/t with sp) and the eager causal mask s².
+        extras = 8 * S * B + 8 * S + SBH // T + S * S
+        assert first.activations == layer_bytes + pp * extras
 
 
 @pytest.mark.parametrize(("pp", "m"), [(2, 2), (4, 2), (8, 2), (8, 3), (4, 4)])
