@@ -33,6 +33,7 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.estimate import Estimate, estimate
+from memplan.presets import load_model_preset
 from memplan.schema import contract_keys, estimate_schema
 
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -290,8 +291,6 @@ def test_higher_zero_stage_never_needs_more(setup: Setup) -> None:
 @pytest.mark.parametrize("dp", [2, 8, 64])
 def test_zero3_peak_below_zero2_for_a_real_model(dp: int) -> None:
     """The exception above never bites a real model: Llama-2-70B's layers are 1/80 of it each."""
-    from memplan.presets import load_model_preset
-
     model = load_model_preset("llama-2-70b").model
     setup = Setup(model=model, training=TrainingConfig(seq_len=4096), strategy=StrategyConfig(dp=dp))
     zero2 = estimate(changed(setup, strategy={"zero": ZeroStage.GRADIENTS}))
@@ -437,3 +436,82 @@ def test_schema_rejects_float_bytes_and_flops(key: str) -> None:
     section, name = key.split(".")
     doc[section][name] = float(doc[section][name]) + 0.5
     assert not VALIDATOR.is_valid(doc)
+
+
+# ----------------------------------------------------------------------------------------------------
+# What a setting must not change, and what it must
+# ----------------------------------------------------------------------------------------------------
+@PROPS
+@given(setups())
+def test_sharding_changes_neither_activations_nor_flops(setup: Setup) -> None:
+    """ZeRO and dp shard model states only: one device's micro-batch keeps and computes the same."""
+    base = estimate(changed(setup, strategy={"zero": ZeroStage.NONE, "dp": 1}))
+    sharded = estimate(setup)
+    assert sharded.tensors == base.tensors
+    assert sharded.flops == base.flops
+
+
+def sharded_gradients(setup: Setup) -> bool:
+    return setup.strategy.zero >= ZeroStage.GRADIENTS and setup.strategy.dp > 1
+
+
+@PROPS
+@given(setups())
+def test_gradient_accumulation_keeps_gradients_alive(setup: Setup) -> None:
+    """With accumulation the gradients live through the forward and backward too: the peak never drops;
+    the activations and one micro-batch's FLOPs stay.
+
+    NB (known bug, test_accumulation_never_lowers_the_peak_under_zero2 below): with sharded gradients
+    (ZeRO ≥ 2, dp > 1) peak.py's layer moment counts only the sharded accumulation buffer and drops the
+    micro-batch's own unsharded head gradient, so the peak can drop. Those setups are left out here until
+    it is fixed; then remove this `if`.
+    """
+    one = estimate(changed(setup, training={"grad_accum": 1}))
+    many = estimate(changed(setup, training={"grad_accum": 2}))
+    assert many.tensors == one.tensors
+    assert many.flops == one.flops
+    if not sharded_gradients(setup):
+        assert many.peak.bytes >= one.peak.bytes
+    assert many.peak.bytes >= many.states.total + many.activations
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="peak.py: under ZeRO ≥ 2 with grad_accum > 1 the layer-backward moment omits the micro-batch's "
+    "unsharded head gradient that the grad_accum = 1 moment counts",
+)
+@pytest.mark.parametrize(
+    ("preset", "zero", "dp"), [("7b", ZeroStage.GRADIENTS, 64), ("70b", ZeroStage.PARAMETERS, 512)]
+)
+def test_accumulation_never_lowers_the_peak_under_zero2(preset: str, zero: ZeroStage, dp: int) -> None:
+    model = load_model_preset(preset).model
+    peaks = [
+        estimate(
+            Setup(
+                model=model,
+                training=TrainingConfig(seq_len=1024, grad_accum=accum),
+                strategy=StrategyConfig(checkpointing=Checkpointing.FULL, zero=zero, dp=dp),
+            )
+        ).peak.bytes
+        for accum in (1, 2)
+    ]
+    assert peaks[1] >= peaks[0]
+
+
+@PROPS
+@given(setups())
+def test_peak_covers_what_is_alive_when_the_forward_ends(setup: Setup) -> None:
+    e = estimate(setup)
+    assert e.peak.bytes >= e.states.weights + e.states.optimizer + e.activations
+    assert e.peak.bytes >= e.states.total
+
+
+@PROPS
+@given(setups())
+def test_activation_bytes_follow_the_activation_dtype(setup: Setup) -> None:
+    """Recipes with the same activation dtype keep the same inventory; fp32 keeps at least as much."""
+    by = {p: estimate(changed(setup, training={"precision": p})) for p in Precision}
+    assert by[Precision.BF16_MIXED].tensors == by[Precision.BF16].tensors
+    assert by[Precision.BF16_MIXED].activations == by[Precision.FP16_MIXED].activations
+    assert by[Precision.FP32].activations >= by[Precision.BF16_MIXED].activations
+    assert len({e.flops for e in by.values()}) == 1  # FLOPs do not depend on the dtype
