@@ -45,7 +45,7 @@ from memplan.plan import compare as cmp
 from memplan.plan import render
 from memplan.plan.fit import Space, fit
 from memplan.plan.options import PlanOptions, build, model_of
-from memplan.plan.timing import DEFAULT_MFU
+from memplan.plan.timing import DEFAULT_MFU, check_time_inputs
 from memplan.presets import load_gpu
 
 _PARALLEL = "Parallelism"
@@ -186,6 +186,8 @@ def _console() -> Console:
 
 
 def _tokens(tokens: float | None) -> int | None:
+    """``--tokens`` (read as a float so that 300e9 works) as a whole number, checked first."""
+    check_time_inputs(None, None, tokens)
     return None if tokens is None else int(tokens)
 
 
@@ -472,6 +474,8 @@ def fit_command(
 ) -> None:
     if gpu is None or gpus is None:
         raise ValueError("gpu: fit needs --gpu NAME and --gpus N (e.g. --gpu h100 --gpus 64)")
+    if top < 0:
+        raise ValueError(f"top: must be 0 (every configuration) or more, got {top}; e.g. --top 10")
     pm = model_of(_required(model))
     base = build_setup(
         pm.model, seq=seq, precision=precision, optimizer=optimizer, dropout=dropout, device=device

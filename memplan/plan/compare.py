@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from memplan.cli_common import describe_validation_error
 from memplan.errors import one_line_validation_error
 from memplan.plan.budget import terms
-from memplan.plan.options import Built, PlanOptions, build
+from memplan.plan.options import Built, PlanOptions, build, model_of
 
 VARY_KEYS = tuple(name.replace("_", "-") for name in PlanOptions.model_fields if name != "model")
 
@@ -116,6 +116,8 @@ def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[s
     """Every combination, built; a combination that does not fit its model keeps the error."""
     if not models:
         raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
+    for model in models:
+        model_of(model)  # an unknown model is the user's mistake, not a row that does not fit
     keys = [k for k, _ in varies]
     out = []
     for model, *values in itertools.product(models, *(v for _, v in varies)):

@@ -146,6 +146,16 @@ _PIECES: dict[tuple[object, ...], Pieces] = {}
 _PIECES_MAX = 8192
 
 
+_PER_STEP = {"grad_accum", "zero", "dp"}
+"""The setup fields the pieces do not depend on (``_core`` resets them)."""
+
+
+def _pieces_key(setup: Setup, parallel: Parallel, moe: MoEConfig | None) -> tuple[object, ...]:
+    """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
+    fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
+    return (setup.model, setup.device, *fields, parallel.tp, parallel.sp, parallel.ep, moe)
+
+
 def _pieces_by_key(
     key: tuple[object, ...], setup: Setup, parallel: Parallel, moe: MoEConfig | None
 ) -> Pieces:
@@ -500,10 +510,7 @@ def plan(setup: Setup, parallel: Parallel | None = None, moe: MoEConfig | None =
     """
     parallel = parallel or Parallel()
     check_plan(setup, parallel, moe)
-    t, s = setup.training, setup.strategy
-    key: tuple[object, ...] = (setup.model, t.micro_batch, t.seq_len, t.precision, t.optimizer)
-    key += (s.checkpointing, s.checkpoint_every, s.attention, s.reversible, setup.device)
-    key += (parallel.tp, parallel.sp, parallel.ep, moe)
+    key = _pieces_key(setup, parallel, moe)
     pc = _pieces_by_key(key, setup, parallel, moe)
     core = pc.core
     indices = (0,) if parallel.pp == 1 else (0, parallel.pp - 1)

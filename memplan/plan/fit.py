@@ -30,7 +30,7 @@ from memplan.plan.budget import Verdict, verdict
 from memplan.plan.device import Plan, plan
 from memplan.plan.moe import MoEConfig
 from memplan.plan.parallel import Parallel, divisors, tp_widths
-from memplan.plan.timing import Timing, timing
+from memplan.plan.timing import Timing, check_time_inputs, timing
 from memplan.presets import GpuPreset
 
 TOKENS_PER_STEP = 1 << 22
@@ -237,6 +237,13 @@ def fit(
     space = space or Space()
     if gpus < 1:
         raise ValueError(f"gpus: need at least one device, got {gpus}; e.g. --gpus 8")
+    if space.tp_max < 1:
+        raise ValueError(f"tp-max: must be at least 1, got {space.tp_max}; e.g. --tp-max 8")
+    if global_batch is not None and global_batch < 1:
+        raise ValueError(
+            f"global-batch: must be at least one sequence, got {global_batch}; e.g. --global-batch 512"
+        )
+    check_time_inputs(mfu, None, None)
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
     result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch)

@@ -27,6 +27,8 @@ sends) is not modelled beyond the bubble; it is part of what an assumed MFU belo
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 from memplan.config import Precision
@@ -79,6 +81,23 @@ def bubble(p: Plan) -> float:
     return (par.pp - 1) / (par.vpp * p.micro_batches)
 
 
+def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float | None) -> float | None:
+    """The MFU the step time is to come from (``DEFAULT_MFU`` when neither is given; None when measured);
+    a one-line ``ValueError`` for a value out of range."""
+    if mfu is not None and step_time is not None:
+        raise ValueError("mfu: give either --mfu (to estimate the step time) or --step-time (to measure MFU)")
+    if step_time is not None and not (math.isfinite(step_time) and step_time > 0):
+        raise ValueError(
+            f"step-time: must be finite positive seconds, got {step_time}; e.g. --step-time 13.75"
+        )
+    assumed = DEFAULT_MFU if mfu is None and step_time is None else mfu
+    if assumed is not None and not 0 < assumed <= 1:
+        raise ValueError(f"mfu: must be in (0, 1], got {assumed}; e.g. --mfu 0.4")
+    if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):
+        raise ValueError(f"tokens: must be a positive number of tokens, got {tokens}; e.g. --tokens 300e9")
+    return assumed
+
+
 def timing(
     p: Plan,
     gpu: GpuPreset,
@@ -91,15 +110,7 @@ def timing(
 
     ``tokens``: a training budget to turn into days. Raises ``ValueError`` for a non-positive input.
     """
-    if mfu is not None and step_time is not None:
-        raise ValueError("mfu: give either --mfu (to estimate the step time) or --step-time (to measure MFU)")
-    if step_time is not None and step_time <= 0:
-        raise ValueError(f"step-time: must be positive seconds, got {step_time}; e.g. --step-time 13.75")
-    assumed = DEFAULT_MFU if mfu is None and step_time is None else mfu
-    if assumed is not None and not 0 < assumed <= 1:
-        raise ValueError(f"mfu: must be in (0, 1], got {assumed}; e.g. --mfu 0.4")
-    if tokens is not None and tokens <= 0:
-        raise ValueError(f"tokens: must be positive, got {tokens}; e.g. --tokens 300e9")
+    assumed = check_time_inputs(mfu, step_time, tokens)
     per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
     model = 3 * p.flops.forward * per_step
     recompute = p.flops.recompute * per_step

@@ -122,6 +122,8 @@ def test_plan_moe_counts_and_expert_parallel() -> None:
         ((*GPT3, "--mfu", "0.5"), "error: gpu: time needs a GPU's peak FLOP/s; add --gpu NAME"),
         ((*GPT3, "--gpu", "a100", "--mfu", "2"), "error: mfu: must be in (0, 1], got 2.0"),
         ((*GPT3, "--ep", "2"), "error: ep: gpt3-175b is dense"),
+        ((*GPT3, "--gpu", "a100", "--step-time", "inf"), "error: step-time: must be finite positive seconds"),
+        ((*GPT3, "--gpu", "a100", "--tokens", "nan"), "error: tokens: must be a positive number of tokens"),
         (("plan", "--seq", "2048"), "error: model: required"),
         (
             ("plan", "-m", "mixtral-8x7"),
@@ -190,6 +192,7 @@ def test_compare_sorts_numeric_settings_as_numbers() -> None:
         (("--vary", "tp"), "error: vary: expected KEY=V1,V2"),
         (("--vary", "tp=x"), "error: vary: tp: Input should be a valid integer"),
         (("--vary", "model=7b"), "error: vary: models are listed with --model"),
+        (("--vary", "zero=5"), "error: zero: must be 0, 1, 2 or 3, got 5"),
         (("--sort", "speed"), "error: sort: unknown column 'speed'"),
         (("--json", "--csv"), "error: output: choose one of --json, --csv and --markdown"),
         (("--vary", "tp=5"), "error: gpus: 8 devices do not split into tp 5 × pp 1"),  # every row fails
@@ -257,6 +260,12 @@ def test_fit_rich_output_and_mistakes() -> None:
     )
     assert one_line_error(*FIT, "--zero", "0,5").startswith("error: zero: cannot read '0,5'")
     assert one_line_error(*FIT, "--checkpointing", "every-2").startswith("error: checkpointing: cannot read")
+    assert one_line_error(*FIT, "--tp-max", "0").startswith("error: tp-max: must be at least 1")
+    assert one_line_error(*FIT, "--top", "-1").startswith(
+        "error: top: must be 0 (every configuration) or more"
+    )
+    assert one_line_error(*FIT, "--global-batch", "0").startswith("error: global-batch: must be at least one")
+    assert one_line_error(*FIT, "--mfu", "2").startswith("error: mfu: must be in (0, 1], got 2.0")
 
 
 def test_plan_and_fit_stay_torch_free() -> None:
