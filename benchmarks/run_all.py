@@ -11,6 +11,8 @@ docs/benchmarks.md.
 3. The full-size fake-tensor trace: ``memplan trace --model 70b --seq 8192 --json`` (the Llama-3-70B
    reference model under FakeTensorMode on CPU), its wall time and the peak RSS of its process
    (``os.wait4``), and whether estimate and measurement agree. Needs torch.
+4. Every other ``benchmarks/bench_*.py`` (e.g. bench_fit.py), run as ``python FILE --json``: its JSON
+   is written down as it comes (a table when it has a ``cases`` list).
 """
 
 from __future__ import annotations
@@ -159,13 +161,64 @@ def trace_70b() -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Other benchmark scripts
+# ----------------------------------------------------------------------------------------------------
+OWN = {"bench_estimate.py", "bench_throughput.py"}
+
+
+def extra_benchmarks() -> dict[str, Any]:
+    """``python FILE --json`` for every other benchmarks/bench_*.py: its JSON, or the error it gave."""
+    results: dict[str, Any] = {}
+    for path in sorted(HERE.glob("bench_*.py")):
+        if path.name in OWN:
+            continue
+        run = subprocess.run(
+            [sys.executable, str(path), "--json"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=bench_estimate.bench_env(),
+        )
+        try:
+            results[path.name] = json.loads(run.stdout)
+        except json.JSONDecodeError:
+            results[path.name] = {"error": f"exit {run.returncode}: {(run.stderr or run.stdout)[-300:]}"}
+    return results
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+
+
+def _extra_markdown(name: str, doc: Any) -> list[str]:
+    lines = [f"## `benchmarks/{name}`", ""]
+    cases = doc.get("cases") if isinstance(doc, dict) else None
+    if isinstance(cases, list) and cases and all(isinstance(c, dict) for c in cases):
+        keys = list(cases[0])
+        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+        for c in cases:
+            cells = [_cell(c.get(k)) for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+        rest = {k: v for k, v in doc.items() if k != "cases"}
+        if rest:
+            lines += ["", ", ".join(f"{k}: {v}" for k, v in rest.items())]
+    else:
+        lines += ["```json", json.dumps(doc, indent=2)[:4000], "```"]
+    return [*lines, ""]
+
+
+# ----------------------------------------------------------------------------------------------------
 # Report
 # ----------------------------------------------------------------------------------------------------
 def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def markdown(m: dict[str, Any], est: dict[str, Any], thr: dict[str, Any], trace: dict[str, Any]) -> str:
+def markdown(
+    m: dict[str, Any], est: dict[str, Any], thr: dict[str, Any], trace: dict[str, Any], extra: dict[str, Any]
+) -> str:
     verdict = "meets" if est["ratio"] <= est["goal_ratio"] else "**misses**"
     imports = est["import_ms"]
     lines = [
@@ -234,7 +287,10 @@ def markdown(m: dict[str, Any], est: dict[str, Any], thr: dict[str, Any], trace:
         ]
         if "error" in trace:
             lines.append(f"- output was not JSON: `{trace['error']}`")
-    return "\n".join(lines) + "\n"
+    lines.append("")
+    for name, doc in extra.items():
+        lines += _extra_markdown(name, doc)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main() -> None:
@@ -253,7 +309,10 @@ def main() -> None:
     print(bench_throughput.render(thr), flush=True)
     trace = trace_70b()
     print("70B fake trace:", json.dumps(trace), flush=True)
-    text = markdown(m, est, thr, trace)
+    extra = extra_benchmarks()
+    for name, doc in extra.items():
+        print(f"{name}:", json.dumps(doc)[:1000], flush=True)
+    text = markdown(m, est, thr, trace, extra)
     if args.no_write:
         print(text)
     else:
