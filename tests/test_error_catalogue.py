@@ -238,16 +238,7 @@ PLAN_COMMANDS = {"plan", "compare", "fit"}
 RAW_DUMPS = ("validation error for", "[type=", "errors.pydantic.dev")
 
 # Cases that fail today: they are bugs (see the report), not relaxed expectations.
-KNOWN_FAILURES: dict[str, str] = {
-    "plan-step-time-inf": "plan accepts --step-time inf (exit 0); it should ask for finite positive seconds",
-    "plan-tokens-nan": "plan --tokens nan prints 'cannot convert float NaN to integer': no field named",
-    "compare-unknown-model-in-list": "compare -m 70b,nosuch exits 0 with the unknown preset as a row error",
-    "compare-vary-zero-5": "compare --vary zero=5 prints pydantic's raw multi-line message folded",
-    "fit-tp-max-zero": "fit --tp-max 0 exits 0 after searching nothing",
-    "fit-top-negative": "fit --top -1 exits 0 and shows no configuration",
-    "fit-global-batch-zero": "fit --global-batch 0 exits 0 and uses the default 2048",
-    "fit-mfu-over-one": "fit --mfu 2 exits 0 (plan and compare reject it)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
