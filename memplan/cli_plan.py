@@ -41,12 +41,10 @@ from memplan.config import (
     ZeroStage,
     parse_checkpointing,
 )
-from memplan.plan import compare as cmp
-from memplan.plan import render
-from memplan.plan.fit import Space, fit
-from memplan.plan.options import PlanOptions, build, model_of
-from memplan.plan.timing import DEFAULT_MFU, check_time_inputs
+from memplan.plan.defaults import DEFAULT_MFU
 from memplan.presets import load_gpu
+
+# NB: the rest of memplan.plan is imported inside the commands: `memplan estimate` does not pay for it.
 
 _PARALLEL = "Parallelism"
 _GPU = "GPU and time"
@@ -186,6 +184,8 @@ def _console() -> Console:
 
 
 def _tokens(tokens: float | None) -> int | None:
+    from memplan.plan.timing import check_time_inputs
+
     """``--tokens`` (read as a float so that 300e9 works) as a whole number, checked first."""
     check_time_inputs(None, None, tokens)
     return None if tokens is None else int(tokens)
@@ -234,6 +234,9 @@ def plan_command(
     tokens: TokensOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
+    from memplan.plan import render
+    from memplan.plan.options import PlanOptions, build
+
     options = PlanOptions(
         model=_required(model),
         seq=seq,
@@ -332,6 +335,9 @@ def compare_command(
         bool, typer.Option("--markdown", help="Print a Markdown table", rich_help_panel=_OUTPUT)
     ] = False,
 ) -> None:
+    from memplan.plan import compare as cmp
+    from memplan.plan import render
+
     if sum((as_json, as_csv, as_markdown)) > 1:
         raise ValueError("output: choose one of --json, --csv and --markdown")
     models = [m.strip() for m in (model or "").split(",") if m.strip()]
@@ -472,6 +478,10 @@ def fit_command(
     ] = 10,
     as_json: JsonOpt = False,
 ) -> None:
+    from memplan.plan import render
+    from memplan.plan.fit import Space, fit
+    from memplan.plan.options import model_of
+
     if gpu is None or gpus is None:
         raise ValueError("gpu: fit needs --gpu NAME and --gpus N (e.g. --gpu h100 --gpus 64)")
     if top < 0:

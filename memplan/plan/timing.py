@@ -32,12 +32,10 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from memplan.config import Precision
+from memplan.plan.defaults import DEFAULT_MFU
 from memplan.plan.device import Plan
 from memplan.presets import GpuPreset
 
-DEFAULT_MFU = 0.4
-"""Assumed model FLOPs utilisation: 40 % is what well-tuned large dense training reaches on A100/H100
-(Korthikanti et al. 2022 Table 5: 41.5–56.3 %; Llama 3 405B on H100: 38–43 %)."""
 SECONDS_PER_DAY = 86_400
 
 
