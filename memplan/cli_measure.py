@@ -95,9 +95,10 @@ def trace(
         )
         _torch_or_fail()
         from memplan.measure.compare import comparison_json
-        from memplan.measure.model import Reference  # noqa: F401  (fails early on CPU-only limits)
+        from memplan.measure.model import check_runnable
         from memplan.measure.run import measure
 
+        check_runnable(setup, "cpu")  # before the progress bar starts drawing
         est = estimate(setup)
         start = time.perf_counter()
         with _progress(as_json, setup) as progress:

@@ -217,7 +217,10 @@ class TrainingConfig(_Frozen):
 # Strategy
 # ----------------------------------------------------------------------------------------------------
 class Checkpointing(IntEnum):
-    """Activation checkpointing, ordered by how much it recomputes."""
+    """Activation checkpointing, ordered by how much of each layer's forward is re-run in backward:
+    nothing, the attention core, whole layers. (every-k keeps ⌈L/k⌉ layer inputs, fewer than full's L,
+    and re-runs whole segments; torch's early stop skips one matmul per segment, so it re-runs a little
+    more than full.)"""
 
     NONE = 0
     """Keep every activation autograd saves."""

@@ -451,35 +451,19 @@ def test_sharding_changes_neither_activations_nor_flops(setup: Setup) -> None:
     assert sharded.flops == base.flops
 
 
-def sharded_gradients(setup: Setup) -> bool:
-    return setup.strategy.zero >= ZeroStage.GRADIENTS and setup.strategy.dp > 1
-
-
 @PROPS
 @given(setups())
 def test_gradient_accumulation_keeps_gradients_alive(setup: Setup) -> None:
     """With accumulation the gradients live through the forward and backward too: the peak never drops;
-    the activations and one micro-batch's FLOPs stay.
-
-    NB (known bug, test_accumulation_never_lowers_the_peak_under_zero2 below): with sharded gradients
-    (ZeRO ≥ 2, dp > 1) peak.py's layer moment counts only the sharded accumulation buffer and drops the
-    micro-batch's own unsharded head gradient, so the peak can drop. Those setups are left out here until
-    it is fixed; then remove this `if`.
-    """
+    the activations and one micro-batch's FLOPs stay."""
     one = estimate(changed(setup, training={"grad_accum": 1}))
     many = estimate(changed(setup, training={"grad_accum": 2}))
     assert many.tensors == one.tensors
     assert many.flops == one.flops
-    if not sharded_gradients(setup):
-        assert many.peak.bytes >= one.peak.bytes
+    assert many.peak.bytes >= one.peak.bytes
     assert many.peak.bytes >= many.states.total + many.activations
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="peak.py: under ZeRO ≥ 2 with grad_accum > 1 the layer-backward moment omits the micro-batch's "
-    "unsharded head gradient that the grad_accum = 1 moment counts",
-)
 @pytest.mark.parametrize(
     ("preset", "zero", "dp"), [("7b", ZeroStage.GRADIENTS, 64), ("70b", ZeroStage.PARAMETERS, 512)]
 )

@@ -220,8 +220,12 @@ def peak(
         if grads_before:
             grads = grads_before
         else:
-            above = params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
-            grads = gradient_bytes_head + above
+            # Gradients of the head and of the layers above, as many bytes per parameter as the device
+            # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
+            # full-size gradients are in its transient).
+            full = params.total * setup.training.precision.grad_bytes
+            head = gradient_bytes_head * states.gradients // full if full else 0
+            grads = head + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
         return before_layers + grads + saved_layers_up_to(setup, kept, i) + transient
 
     # Linear in i: the peak is at the top layer (activations dominate) or the bottom (gradients do).

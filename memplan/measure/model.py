@@ -104,6 +104,16 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 # ----------------------------------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------------------------------
+def check_runnable(setup: Setup, device: torch.device | str) -> None:
+    """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
+    flash = setup.strategy.attention is Attention.FLASH
+    if torch.device(device).type == "cpu" and flash and setup.model.attn_dropout > 0:
+        raise ValueError(
+            "attn_dropout: the CPU flash kernel has no dropout; set --dropout 0, use --attention eager, "
+            "or run on CUDA"
+        )
+
+
 class Layer(nn.Module):
     def __init__(self, setup: Setup, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -149,11 +159,7 @@ class Reference(nn.Module):
         m = setup.model
         dev = torch.device(device)
         self.dtype = dtype = torch_dtype(setup.training.precision)
-        if dev.type == "cpu" and setup.strategy.attention is Attention.FLASH and m.attn_dropout > 0:
-            raise ValueError(
-                "attn_dropout: the CPU flash kernel has no dropout; set --dropout 0, use --attention eager, "
-                "or run on CUDA"
-            )
+        check_runnable(setup, dev)
         self.embed = nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
         self.pos = (
             nn.Parameter(torch.empty(m.max_positions, m.hidden_size, dtype=dtype, device=dev))
@@ -218,7 +224,9 @@ class Reference(nn.Module):
         if p > 0:
             probs = label(dropout(probs, p, "attn.dropout_mask"), "attn.probs_dropped")
         ctx = torch.matmul(probs, v)  # [b, a, s, d]
-        return label(ctx.transpose(1, 2).reshape(b, s, a * d), "attn.out")
+        # Always a contiguous [b, s, a·d] tensor (a copy unless the transpose is one already), so W_O's
+        # input is this very storage and never an unnamed copy made inside F.linear.
+        return label(ctx.transpose(1, 2).contiguous().view(b, s, a * d), "attn.out")
 
     def flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         p = self.setup.model.attn_dropout

@@ -152,9 +152,7 @@ FOUND: dict[str, Setup] = {
         device=Device.CPU,
     ),
 }
-KNOWN_BUGS: dict[str, str] = {
-    "head-dim-1-eager-out": "model.py labels the view of P·V as attn.out, W_O saves an unlabelled copy",
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def _found() -> list[object]:
