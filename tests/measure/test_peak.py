@@ -94,14 +94,16 @@ def test_loss_embedding_and_optimizer_moments_are_exact(setup: Setup) -> None:
     assert p.peak == est.peak.bytes
 
 
+# The layer-backward moment's stated accuracy (analytic/peak.py): measured / estimated − 1 in this band.
+BAND = (-0.08, 0.06)
 LAYER = [
     # Small vocabulary, more tokens: a layer's backward is the peak. (bounds: measured/estimated − 1)
-    (make(LLAMA, 32, b=4, s=128), (-0.04, 0.04)),
-    (make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128), (-0.04, 0.04)),
-    (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), (-0.08, 0.04)),
-    (make(LLAMA, 32, ckpt="full", b=4, s=128), (-0.12, 0.04)),
-    (make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128), (-0.12, 0.04)),
-    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), (-0.04, 0.05)),
+    (make(LLAMA, 32, b=4, s=128), BAND),
+    (make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128), BAND),
+    (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), BAND),
+    (make(LLAMA, 32, ckpt="full", b=4, s=128), BAND),
+    (make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128), BAND),
+    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), BAND),
 ]
 
 
