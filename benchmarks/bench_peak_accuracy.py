@@ -11,6 +11,7 @@ loss backward, an exact moment, is). Prints a markdown table; ``--write`` puts i
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 from pathlib import Path
@@ -28,7 +29,13 @@ from memplan.config import (
 from memplan.estimate import estimate
 from memplan.measure.profile import profile
 
-LLAMA: dict[str, Any] = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}
+LLAMA: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_layers": 3,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "ffn_size": 160,
+}
 GPT: dict[str, Any] = {
     "hidden_size": 64,
     "num_layers": 3,
@@ -79,6 +86,7 @@ def setups() -> list[tuple[str, Setup]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write the table to {DOC}")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (for run_all.py)")
     args = parser.parse_args()
     rows = ["| setup | estimated peak moment | estimated (B) | measured (B) | measured / estimated − 1 |"]
     rows.append("|---|---|---:|---:|---:|")
@@ -89,7 +97,8 @@ def main() -> None:
         error = meas / est.peak.bytes - 1
         errors.setdefault(est.peak.phase, []).append(error)
         rows.append(f"| {name} | {est.peak.phase} | {est.peak.bytes:,} | {meas:,} | {error:+.2%} |")
-        print(rows[-1], flush=True)
+        if not args.json:
+            print(rows[-1], flush=True)
     summary = [
         f"- **{phase}** is the peak in {len(e)} setups: error {min(e):+.2%} … {max(e):+.2%}"
         f" (median {statistics.median(e):+.2%})"
@@ -110,7 +119,14 @@ def main() -> None:
             "",
         ]
     )
-    print("\n".join(summary))
+    if args.json:
+        stats = {
+            phase: {"setups": len(e), "min": min(e), "max": max(e), "median": statistics.median(e)}
+            for phase, e in sorted(errors.items())
+        }
+        print(json.dumps({"measured_over_estimated_minus_1": stats}))
+    else:
+        print("\n".join(summary))
     if args.write:
         DOC.write_text(text)
 
