@@ -1,31 +1,35 @@
 """Peak memory of one training step on one device: states + activations + the largest transient.
 
-The step is modelled as four moments; the peak is the largest (T = b·s tokens, A activation bytes):
+The step is modelled as five moments; the peak is the largest (T = b·s tokens, A activation bytes):
 
 1. ``loss backward`` — the forward is done, every saved activation is alive, and the loss backward makes
    two fp32 [T, v] buffers at once: nll_loss's gradient and log_softmax's input gradient (8·T·v bytes)
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
-2. ``layer backward`` — a layer's backward, at the top layer (most activations alive) or the bottom one
+2. ``final norm backward`` — the head's loss and lm-head saves are freed, its gradients made, and the
+   final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
+3. ``layer backward`` — a layer's backward, at the top layer (most activations alive) or the bottom one
    (most gradients made), whichever is larger: the head's saves are freed, the lm head and final norm
    gradients exist, the layer's working set is alive (re-run for checkpointed or reversible layers) and
    the largest of four moments inside it adds its temporaries: the MLP's three [T, f] gradients, its
    norm's fp32 gradient pieces, the attention's two [b, a, s, s] softmax gradients (eager) or dq/dk/dv
    (flash), the attention norm's.
-3. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
+4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
    is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum.
-4. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
+5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
    fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates
    one tensor at a time; fused or foreach implementations keep larger temporaries).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
-first, so moments 1 and 2 include them; otherwise they are made during the backward.
-ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 and 2.
+first, so moments 1 to 3 include them; otherwise they are made during the backward.
+ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3.
 
 Accuracy, measured on CPU against every live storage (``memplan profile``; benchmarks/bench_peak_accuracy.py,
-docs/peak-accuracy.md; tests/measure/test_peak.py): moments 1, 3 and 4 are exact to the byte; moment 2 is
-an approximation of the backward's op-by-op live set (it does not replay the autograd engine's order, the
-layout copies of view backward, or the re-run forward's Python locals but for reversible attention):
-over 40 setups where it is the peak, the measured peak is within −7.5 % … +5.4 % of it (median −3.7 %).
+docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
+backward and optimizer-step moments are exact to the byte; the layer-backward moment models each
+sub-moment's live set (which saves are released, which gradients exist, the re-run forward's locals) but
+does not replay the autograd engine op by op: within −2.2 % … +2.5 % of the measured peak over the 37
+grid setups where it is the peak (b·s = 512 tokens), and up to 7 % above it (never more than 2.2 % below)
+on random shapes with few tokens (b·s ≤ 64), where the per-layer gradients dominate.
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
 """
 
@@ -67,6 +71,15 @@ class Peak(BaseModel):
 
 
 HEAD_NAMES = ("final_norm.", "lm_head.", "loss.")
+_HEAD_FREED_BEFORE_NORM = {
+    NormType.RMSNORM: {"loss.log_probs", "lm_head.input", "final_norm.normed", "final_norm.rstd"},
+    NormType.LAYERNORM: {"loss.log_probs", "lm_head.input"},
+}
+
+
+def freed_before_final_norm(name: str, norm: NormType) -> bool:
+    """Whether a head tensor's storage is released before the final norm's backward peaks."""
+    return name in _HEAD_FREED_BEFORE_NORM[norm]
 
 
 def loss_backward_transient(dims: Dims) -> int:
@@ -76,33 +89,44 @@ def loss_backward_transient(dims: Dims) -> int:
 
 def mlp_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
-    gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made."""
+    gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;
+    the down projection's saved input is released once its backward has run (a [T, f] fewer)."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
-    return t * dims.h * a_bytes + f_buffers + down
+    return t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
 
 
 def norm_backward_transient(setup: Setup, dims: Dims) -> int:
-    """A pre-norm's backward, above what its saves hold: dY [T, h] coming in, plus for Llama's explicit
-    RMSNorm the fp32 gradient pieces of x·rstd, mean(x²) and x² (pow's backward materialises x.pow(1), ×2
-    and ×grad: three fp32 [T, h] at once) and, in 16-bit recipes, the fp32 upcast of the incoming gradient;
-    for ``native_layer_norm`` its [T, h] input gradient."""
-    t, h, a_bytes = dims.tokens, dims.h, dims.act.bytes
+    """A pre-norm's backward at its peak, beyond the saves still held then (``norm_saves_at_peak``).
+
+    Llama's explicit RMSNorm: five fp32 [T, h] at once — d(x·rstd)'s part through rstd, mean's backward
+    (grad / h, expanded and materialised) and pow's backward (x.pow(1), ×2, ×grad); the incoming gradient
+    and the 16-bit pieces are freed by then. ``native_layer_norm``: the incoming dY and dX [T, h].
+    """
+    t, h = dims.tokens, dims.h
     if setup.model.norm is NormType.LAYERNORM:
-        return 2 * t * h * a_bytes
-    upcast = 4 * t * h if dims.act is not DType.FP32 else 0
-    return t * h * a_bytes + 3 * 4 * t * h + upcast
+        return 2 * t * h * dims.act.bytes
+    return 5 * 4 * t * h
+
+
+def norm_saves_at_peak(setup: Setup, prefix: str) -> int:
+    """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
+    (its fp32 input remains); LayerNorm holds input, mean and rstd until its one backward op ends."""
+    keep = ("input",) if setup.model.norm is NormType.RMSNORM else ("input", "mean", "rstd")
+    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in {f"{prefix}.{x}" for x in keep})
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
-    two [b, a, s, s] softmax gradients (eager) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
+    two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
+    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
-        buffers = 2 * dims.b * dims.a * dims.s * dims.s * a_bytes
+        scores = dims.b * dims.a * dims.s * dims.s * a_bytes
+        buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
     return t * dims.h * a_bytes + buffers + _mlp_done(setup, dims, params)
@@ -117,41 +141,73 @@ def _mlp_done(setup: Setup, dims: Dims, params: ParamCount) -> int:
     return grads - freed
 
 
-def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
-    """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
-    norm (MLP saves freed), the attention core and the attention norm (the whole layer's gradients made,
-    the attention's saves freed but for its norm's)."""
-    layer_grads = params.layer.total * setup.training.precision.grad_bytes
-    attn_saved = sum(
+def attn_saved_bytes(setup: Setup) -> int:
+    """One layer's attention saves (its norm's apart), the residual dropout masks with them."""
+    return sum(
         k.bytes
         for k in act.layer_working_set(setup)
         if k.name.startswith("attn.") or "resid_dropout" in k.name
     )
-    mlp_norm_saved = sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith("mlp_norm."))
-    norm = norm_backward_transient(setup, dims)
-    # A reversible layer re-runs G (the MLP) and runs its backward before it re-runs F (the attention):
-    # during the MLP's backward the attention's saves are not there yet.
-    not_yet = attn_saved + attn_norm_saved(setup) if setup.strategy.reversible else 0
+
+
+def not_yet_rerun(setup: Setup, dims: Dims) -> int:
+    """Saves counted in the layer's working set that are not there yet while its MLP's backward runs.
+
+    A reversible layer re-runs G (the MLP) and runs its backward before it re-runs F (the attention), and
+    meanwhile G's output g and the second output gradient dy1 are alive beside dy2 ([T, h] each); a
+    selectively checkpointed attention core is re-run only when its own backward comes.
+    """
+    if setup.strategy.reversible:
+        return attn_saved_bytes(setup) + attn_norm_saved(setup) - 2 * dims.tokens * dims.h * dims.act.bytes
+    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        return recompute_working_set(setup)
+    return 0
+
+
+def mlp_moment(setup: Setup, dims: Dims, params: ParamCount) -> int:
+    """The MLP backward's rise above the layer's live set (working set included)."""
+    return mlp_backward_transient(setup, dims, params) - not_yet_rerun(setup, dims)
+
+
+def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
+    """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
+    norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
+    attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
+    mlp_done = _mlp_done(setup, dims, params)
+    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, "mlp_norm")
+    attn_norm = (
+        mlp_norm
+        + params.layer.total * setup.training.precision.grad_bytes
+        - attn_saved_bytes(setup)
+        - attn_norm_saved(setup)
+        + norm_saves_at_peak(setup, "attn_norm")
+    )
     return max(
-        mlp_backward_transient(setup, dims, params) - not_yet,
-        norm + _mlp_done(setup, dims, params) + mlp_norm_saved - not_yet,
+        mlp_moment(setup, dims, params),
+        mlp_norm - not_yet_rerun(setup, dims),
         attention_backward_transient(setup, dims, params, kept),
         attention_rerun_transient(setup, dims, params),
-        norm + _mlp_done(setup, dims, params) + mlp_norm_saved + layer_grads - attn_saved,
+        attn_norm,
     )
 
 
 def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """A reversible layer re-running its attention forward in backward (the MLP's backward done): the
-    gradients dy1 and dy2 [T, h] and, for eager attention, the forward's locals: q and k after RoPE and
-    v before their contiguous copies, and the scaled and masked scores beside the probabilities."""
+    """A reversible layer re-running its attention forward in backward (the MLP's backward done).
+
+    Six [T, h] beside the rebuilt inputs: dy1 and dy2 (held by the caller), the new dy1, G's input
+    gradient, G's output g and x2 = y2 − g. Eager attention adds the forward's locals (q and k after
+    RoPE and v, before their contiguous copies) and, beside the probabilities, the scaled and the masked
+    scores at the softmax; with attention dropout the masked scores are gone by the time the dropout's
+    mask and output (counted among the layer's saves) exist, so one [b, a, s, s] more at most.
+    """
     if not setup.strategy.reversible:
         return 0
     a_bytes, t = dims.act.bytes, dims.tokens
-    rerun = 2 * t * dims.h * a_bytes + _mlp_done(setup, dims, params)
+    rerun = 6 * t * dims.h * a_bytes + _mlp_done(setup, dims, params)
     if setup.strategy.attention is Attention.EAGER:
         locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
-        rerun += locals_ + 2 * dims.b * dims.a * dims.s * dims.s * a_bytes
+        scores = dims.b * dims.a * dims.s * dims.s * a_bytes
+        rerun += locals_ + (scores if setup.model.attn_dropout > 0 else 2 * scores)
     return rerun
 
 
@@ -178,9 +234,10 @@ def optimizer_transient(setup: Setup, largest: int) -> int:
 
 
 def largest_tensor(p: ParamCount, setup: Setup) -> int:
-    """Elements of the largest single parameter tensor (embedding, head or an MLP matrix)."""
+    """Elements of the largest single parameter tensor (embedding, position table, head, an MLP or
+    attention matrix)."""
     m = setup.model
-    return max(p.embedding, p.lm_head, m.hidden_size * m.ffn, m.hidden_size * m.q_width)
+    return max(p.embedding, p.positions, p.lm_head, m.hidden_size * m.ffn, m.hidden_size * m.q_width)
 
 
 def zero3_gather(p: ParamCount, setup: Setup) -> int:
@@ -196,22 +253,30 @@ def recompute_working_set(setup: Setup) -> int:
     in backward, alive while that layer's backward runs."""
     dims = Dims.of(setup)
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        # The core's own saves (eager: q, k, v copies and the probabilities; flash: lse) come back.
         plain = setup.model_copy(
             update={"strategy": setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE})}
         )
-        core = act.projection_rules(plain, dims) + act.attention_core_rules(plain, dims)
-        kept = act.projection_rules(setup, dims)
-        return sum(_rule_bytes(r) for r in core) - sum(_rule_bytes(r) for r in kept)
-    layers = setup.strategy.segment or (1 if setup.strategy.reversible else 0)
-    working = act.total_bytes(act.layer_working_set(setup)) * layers
+        # The core's own saves (eager: contiguous q, k, v copies and the probabilities; flash: lse) come
+        # back beside the q, k, v the checkpoint keeps (only the projections' shared input is not new).
+        core = act.projection_rules(plain, dims)[1:] + act.attention_core_rules(plain, dims)
+        new = sum(_rule_bytes(r) for r in core)
+        return new - (0 if eager_core_copies(setup) else _flash_kept(setup, dims))
     if setup.strategy.reversible:
-        # The rebuilt inputs x1, x2 beside the stack outputs.
-        return working + 2 * dims.tokens * dims.h * dims.act.bytes
-    # The segment's first norm saves the kept input itself when it needs no upcast (LayerNorm, or fp32
-    # activations): that storage is the checkpoint's, not a new one.
+        # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
+        return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
+    return segment_rerun_bytes(setup, setup.strategy.segment)
+
+
+def segment_rerun_bytes(setup: Setup, layers: int) -> int:
+    """The saves of ``layers`` re-run layers of a checkpointed segment. Its first norm saves the kept
+    input itself when it needs no upcast (LayerNorm, or fp32 activations): that storage is the
+    checkpoint's, not a new one."""
+    if not layers:
+        return 0
+    dims = Dims.of(setup)
     shared = setup.model.norm is NormType.LAYERNORM or dims.act is DType.FP32
-    return working - (dims.tokens * dims.h * dims.act.bytes if shared and layers else 0)
+    one = act.total_bytes(act.layer_working_set(setup))
+    return layers * one - (dims.tokens * dims.h * dims.act.bytes if shared else 0)
 
 
 def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
@@ -221,6 +286,15 @@ def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
     if k:  # one kept input per segment of k layers, up to layer i's segment
         return (i // k + 1) * one
     return (i + 1) * one
+
+
+def eager_core_copies(setup: Setup) -> bool:
+    return setup.strategy.attention is Attention.EAGER
+
+
+def _flash_kept(setup: Setup, dims: Dims) -> int:
+    """Flash re-runs on the kept q, k, v themselves: they are not new."""
+    return sum(_rule_bytes(r) for r in act.projection_rules(setup, dims)[1:])
 
 
 def _rule_bytes(rule: act.Rule) -> int:
@@ -238,9 +312,22 @@ def peak(
     gather = zero3_gather(params, setup)
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
+    # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
+    freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k.name, setup.model.norm))
+    final_norm_bwd = (
+        resident
+        + max(grads_before, gradient_bytes_head)
+        + activations
+        - freed_for_norm
+        + gather
+        + norm_backward_transient(setup, dims)
+        + 4  # the fp32 loss scalar
+    )
     transient = layer_backward_transient(setup, dims, params, kept)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
-    before_layers = resident + activations - head - layer_saved + recompute_working_set(setup) + gather
+    segment = setup.strategy.segment
+    working = 0 if segment else recompute_working_set(setup)
+    before_layers = resident + activations - head - layer_saved + working + gather
 
     def layer_moment(i: int) -> int:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
@@ -253,10 +340,16 @@ def peak(
             full = params.total * setup.training.precision.grad_bytes
             head = gradient_bytes_head * states.gradients // full if full else 0
             grads = head + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
-        return before_layers + grads + saved_layers_up_to(setup, kept, i) + transient
+        # A re-run segment's layers above i are done too: their saves freed.
+        rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
+        return before_layers + rerun + grads + saved_layers_up_to(setup, kept, i) + transient
 
-    # Linear in i: the peak is at the top layer (activations dominate) or the bottom (gradients do).
-    layer_bwd = max(layer_moment(dims.layers - 1), layer_moment(0))
+    # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
+    # bottom one (gradients do) or, with segments, a segment's top layer.
+    ends = {0, dims.layers - 1} | (
+        {min(s + segment, dims.layers) - 1 for s in range(0, dims.layers, segment)} if segment else set()
+    )
+    layer_bwd = max(layer_moment(i) for i in ends)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
@@ -268,6 +361,7 @@ def peak(
     return Peak(
         phases={
             "loss backward": loss_bwd,
+            "final norm backward": final_norm_bwd,
             "layer backward": layer_bwd,
             "embedding backward": embedding_bwd,
             "optimizer step": step,

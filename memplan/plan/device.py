@@ -41,7 +41,7 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.analytic.states import ModelStates, model_states
-from memplan.config import DType, ModelConfig, Setup, ZeroStage
+from memplan.config import DType, ModelConfig, NormType, Setup, ZeroStage
 from memplan.estimate import Estimate, head_gradient_bytes
 from memplan.plan.moe import (
     MoEConfig,
@@ -61,17 +61,21 @@ class Group(Enum):
     CHECKPOINT = "checkpoint"
     EMBED = "embed"
     HEAD = "head"
+    HEAD_FREED = "head_freed"
+    """Head tensors released before the final norm's backward peaks (the loss's, the lm head's input...)."""
     STAGE = "stage"
     """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
 
 
-def group_of(k: Kept) -> Group:
+def group_of(k: Kept, norm: NormType) -> Group:
     if k.name == "layer.input":
         return Group.CHECKPOINT
     if k.scope is Scope.LAYER:
         return Group.LAYER
     if k.name.startswith("embed."):
         return Group.EMBED
+    if pk.freed_before_final_norm(k.name, norm):
+        return Group.HEAD_FREED
     if k.name.startswith(pk.HEAD_NAMES):
         return Group.HEAD
     return Group.STAGE
@@ -190,7 +194,7 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
         )
     groups = dict.fromkeys(Group, 0)
     for k in kept:
-        groups[group_of(k)] += k.bytes
+        groups[group_of(k, rank.model.norm)] += k.bytes
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
@@ -199,7 +203,7 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params, kept)
-    mlp = pk.mlp_backward_transient(rank, dims, params) + mlp_backward_extra(rank, rank_moe)
+    mlp = pk.mlp_moment(rank, dims, params) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
     return Pieces(
         core=core,
@@ -265,6 +269,7 @@ def group_counts(st: Stage, segment: int) -> dict[Group, int]:
         Group.CHECKPOINT: st.chunks * (-(-st.chunk_layers // segment) if segment else 0),
         Group.EMBED: st.embed_micro_batches,
         Group.HEAD: 1 if st.last else 0,
+        Group.HEAD_FREED: 1 if st.last else 0,
         Group.STAGE: st.chunks,
     }
 
@@ -330,8 +335,9 @@ class StagePlan:
         head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
         kept = peak_inputs(pc, st, self.counts)
         phases = dict(pk.peak(at, self.states, kept, self.params, head_grads).phases)
-        if not st.last:
-            del phases["loss backward"]  # the loss runs on the last stage
+        if not st.last:  # the final norm and the loss run on the last stage
+            del phases["loss backward"]
+            del phases["final norm backward"]
         phases["layer backward"] += pc.layer_correction
         return pk.Peak(phases=phases)
 
@@ -362,6 +368,8 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
         _lump("layers", layer, Scope.LAYER, one_chunk),
         _lump("in_flight", others + g[Group.EMBED] * counts[Group.EMBED], Scope.MODEL, 1),
         _lump("loss.head", g[Group.HEAD], Scope.MODEL, counts[Group.HEAD]),
+        # named as a head tensor the final norm's backward has freed, so analytic.peak treats it so
+        _lump("loss.log_probs", g[Group.HEAD_FREED], Scope.MODEL, counts[Group.HEAD_FREED]),
     ]
 
 
@@ -434,7 +442,7 @@ class Plan:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
         for k in self.pieces.kept:
-            n = sp.counts[group_of(k)]
+            n = sp.counts[group_of(k, self.pieces.setup.model.norm)]
             if n:
                 out.append(k.model_copy(update={"count": n}))
         return out

@@ -1,7 +1,8 @@
 """Estimated peak vs every storage alive in real CPU training steps (``memplan profile``'s tracker).
 
-The loss-backward, embedding-backward and optimizer-step moments are modelled exactly; the layer-backward
-moment is an approximation whose measured accuracy analytic/peak.py states (and these tests hold it to).
+The loss-, final-norm- and embedding-backward and optimizer-step moments are modelled exactly; the
+layer-backward moment is an approximation whose measured accuracy analytic/peak.py states (and these
+tests hold it to).
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ EXACT = [
     make(LLAMA, 4096, ckpt="full", precision="fp16-mixed", optimizer="lion", accum=2),
     make(LLAMA, 4096, attention="eager", ckpt="selective", precision="bf16", optimizer="sgd"),
     make(GPT, 4096, reversible=True),
+    # Small vocabulary, 16-bit: the final RMSNorm's fp32 backward pieces beside every layer's saves.
+    make(LLAMA, 32, b=4, s=128),
     # Few tokens, many parameters: the optimizer step (or, tied, the embedding's gradient sum) is the peak.
     make(LLAMA, 4096, b=1, s=4, precision="bf16-mixed"),
     make(GPT, 4096, b=1, s=4, precision="fp32", optimizer="lion"),
@@ -86,7 +89,7 @@ EXACT = [
 )
 def test_loss_embedding_and_optimizer_moments_are_exact(setup: Setup) -> None:
     est = estimate(setup)
-    assert est.peak.phase in ("loss backward", "embedding backward", "optimizer step")
+    assert est.peak.phase in ("loss backward", "final norm backward", "embedding backward", "optimizer step")
     p = profile(setup, steps=1)
     assert p.phase_peaks["optimizer step"] == est.peak.phases["optimizer step"]
     if est.peak.phase == "loss backward":
@@ -95,10 +98,10 @@ def test_loss_embedding_and_optimizer_moments_are_exact(setup: Setup) -> None:
 
 
 # The layer-backward moment's stated accuracy (analytic/peak.py): measured / estimated − 1 in this band.
-BAND = (-0.08, 0.06)
+BAND = (-0.03, 0.03)
 LAYER = [
     # Small vocabulary, more tokens: a layer's backward is the peak. (bounds: measured/estimated − 1)
-    (make(LLAMA, 32, b=4, s=128), BAND),
+    (make(LLAMA, 32, precision="fp32", b=4, s=128), BAND),
     (make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128), BAND),
     (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), BAND),
     (make(LLAMA, 32, ckpt="full", b=4, s=128), BAND),

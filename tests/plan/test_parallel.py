@@ -116,7 +116,7 @@ def test_single_stage_extras_final_norm_output_layer_and_logits() -> None:
     # Korthikanti §4.3, p = 1: final LayerNorm input 2sbh/t, output-layer input 2sbh/t, fp32 logits 4sbv/t.
     v = 50257
     p = plan(gpt3(), Parallel(tp=T, sp=True))
-    head = p.pieces.group_bytes[Group.HEAD]
+    head = p.pieces.group_bytes[Group.HEAD] + p.pieces.group_bytes[Group.HEAD_FREED]
     vocab_rows = -(-v // T)  # memplan: ⌈v/t⌉ rows per rank (Megatron pads v to a multiple of 128·t)
     # Residual: final LayerNorm statistics (8sb/t), int64 labels (8sb) and nll_loss's fp32 total weight.
     residual = 8 * S * B // T + 8 * S * B + 4
