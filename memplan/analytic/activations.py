@@ -24,6 +24,9 @@ activations: see ``peak.py``.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable
+
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.config import (
     Attention,
@@ -229,13 +232,17 @@ def inventory(setup: Setup) -> list[Kept]:
     return _kept(model, Scope.MODEL, 1) + layers + _kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 
-def layer_working_set(setup: Setup) -> list[Kept]:
-    """What one un-checkpointed layer keeps: the working set of a recomputed layer in backward."""
+@functools.lru_cache(maxsize=1024)
+def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
+    """What one un-checkpointed layer keeps: the working set of a recomputed layer in backward.
+
+    Memoised (the peak model asks for it several times per estimate; ``memplan fit`` per configuration).
+    """
     dims = Dims.of(setup)
-    return _kept(layer_rules(setup, dims), Scope.LAYER, 1)
+    return tuple(_kept(layer_rules(setup, dims), Scope.LAYER, 1))
 
 
-def total_bytes(kept: list[Kept]) -> int:
+def total_bytes(kept: Iterable[Kept]) -> int:
     return sum(k.total_bytes for k in kept)
 
 

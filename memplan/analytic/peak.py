@@ -345,10 +345,9 @@ def peak(
         return before_layers + rerun + grads + saved_layers_up_to(setup, kept, i) + transient
 
     # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
-    # bottom one (gradients do) or, with segments, a segment's top layer.
-    ends = {0, dims.layers - 1} | (
-        {min(s + segment, dims.layers) - 1 for s in range(0, dims.layers, segment)} if segment else set()
-    )
+    # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
+    # linear in the segment's index, so the first segment's top suffices beside the two ends.
+    ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
     layer_bwd = max(layer_moment(i) for i in ends)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over

@@ -199,7 +199,9 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    changed = act.total_bytes(working) - act.total_bytes(_device_kept(working, rank, parallel, rank_moe))
+    changed = act.total_bytes(working) - act.total_bytes(
+        _device_kept(list(working), rank, parallel, rank_moe)
+    )
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params, kept)
