@@ -5,6 +5,7 @@ torch is imported inside the commands only, so ``memplan estimate`` never loads 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
@@ -44,10 +45,16 @@ INSTALL = (
 )
 
 
-def _torch_or_fail() -> None:
+def torch_available() -> bool:
+    """Whether torch can be imported, without importing it (``memplan estimate`` never loads it)."""
     try:
-        import torch  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["torch"] is None or has no spec
+        return False
+
+
+def _torch_or_fail() -> None:
+    if not torch_available():
         fail(INSTALL)
 
 
@@ -185,13 +192,9 @@ def profile(
     """
     with user_errors():
         _torch_or_fail()
-        import torch
+        from memplan.measure import profile as prof_mod
 
-        dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
-            raise ValueError(f"device: unknown '{dev}'; use --device cuda or --device cpu")
-        if dev.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError("device: CUDA is not available here; use --device cpu")
+        dev = prof_mod.resolve_device(device)
         if memory_snapshot and not dev.startswith("cuda"):
             raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
         for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
@@ -211,22 +214,20 @@ def profile(
             device=Device.CUDA if dev.startswith("cuda") else Device.CPU,
         )
         from memplan.measure.compare import comparison_json
-        from memplan.measure.profile import profile as run_profile
 
         est = estimate(setup)
-        if memory_snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=100000)
         try:
-            prof = run_profile(setup, device=dev, warmup=warmup, steps=steps, torch_trace=torch_trace)
-        except (torch.OutOfMemoryError, MemoryError):
+            with prof_mod.cuda_memory_snapshot(memory_snapshot):
+                prof = prof_mod.profile(
+                    setup, device=dev, warmup=warmup, steps=steps, torch_trace=torch_trace
+                )
+        except prof_mod.OUT_OF_MEMORY:
             typer.echo(
                 f"error: out of memory on {dev}; the estimate needs {fmt_bytes(est.peak.bytes)} at its peak "
                 f"({est.peak.phase}) — try --checkpointing full, a smaller --batch or --seq",
                 err=True,
             )
             raise typer.Exit(1) from None
-        if memory_snapshot:
-            torch.cuda.memory._dump_snapshot(memory_snapshot)  # type: ignore[no-untyped-call]
         result = comparison_json(est, prof.measured)
     result["measured"]["memory"]["peak"] = prof.peak
     result["measured"]["memory"]["phase_peaks"] = prof.phase_peaks

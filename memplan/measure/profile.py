@@ -24,6 +24,35 @@ from memplan.measure.model import Reference
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.run import Measured, make_batch, run_step
 
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
+"""What a run that does not fit raises: the CUDA allocator's error, or the host's."""
+
+
+def resolve_device(requested: str | None) -> str:
+    """``cuda`` when available unless asked otherwise; ValueError naming ``--device`` for the impossible."""
+    cuda = torch.cuda.is_available()
+    dev = requested or ("cuda" if cuda else "cpu")
+    if dev not in ("cpu", "cuda") and not dev.startswith("cuda:"):
+        raise ValueError(f"device: unknown '{dev}'; use --device cuda or --device cpu")
+    if dev.startswith("cuda") and not cuda:
+        raise ValueError("device: CUDA is not available here; use --device cpu")
+    return dev
+
+
+@contextmanager
+def cuda_memory_snapshot(path: str | None) -> Iterator[None]:
+    """Record the CUDA allocator's history over the block and dump it to ``path`` for
+    pytorch.org/memory_viz (nothing when ``path`` is None)."""
+    if path is None:
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        yield
+        torch.cuda.memory._dump_snapshot(path)
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
 
 @dataclass
 class Profile:

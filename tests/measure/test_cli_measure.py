@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import builtins
 import json
+import sys
 from typing import Any
 
 import pytest
@@ -75,14 +75,8 @@ def test_profile_out_of_memory_reports_the_estimate(monkeypatch: pytest.MonkeyPa
 
 
 def test_missing_torch_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def no_torch(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("No module named 'torch'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    assert not cli_measure.torch_available()
     result = runner.invoke(app, ["trace", "--model", "tiny", "--seq", "8"])
     assert result.exit_code == 2
     assert cli_measure.INSTALL in result.output
