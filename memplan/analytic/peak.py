@@ -25,11 +25,11 @@ ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3.
 
 Accuracy, measured on CPU against every live storage (``memplan profile``; benchmarks/bench_peak_accuracy.py,
 docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
-backward and optimizer-step moments are exact to the byte; the layer-backward moment models each
-sub-moment's live set (which saves are released, which gradients exist, the re-run forward's locals) but
-does not replay the autograd engine op by op: within −2.2 % … +2.5 % of the measured peak over the 37
-grid setups where it is the peak (b·s = 512 tokens), and up to 7 % above it (never more than 2.2 % below)
-on random shapes with few tokens (b·s ≤ 64), where the per-layer gradients dominate.
+backward and optimizer-step moments are exact to the byte. The layer-backward moment models the live set
+of each part of a layer's backward (which saves are released, which gradients exist, a re-run forward's
+locals, a reversible layer's extra buffers) without replaying the autograd engine op by op: within
+±1.9 % of the measured peak over the 37 grid setups where it is the peak, and within ±3.7 % over 160
+random small shapes and strategies.
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
 """
 
@@ -129,7 +129,14 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, k
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-    return t * dims.h * a_bytes + buffers + _mlp_done(setup, dims, params)
+    return t * dims.h * a_bytes + buffers + _mlp_done(setup, dims, params) + reversible_f_extra(setup, dims)
+
+
+def reversible_f_extra(setup: Setup, dims: Dims) -> int:
+    """While a reversible layer runs F's (the attention's) backward: six [T, h] more than a plain layer
+    holds — dy1 and dy2 held by the caller, the new dy1, G's input gradient, x2 = y2 − g and F's output
+    (see ``attention_rerun_transient``)."""
+    return 6 * dims.tokens * dims.h * dims.act.bytes if setup.strategy.reversible else 0
 
 
 def _mlp_done(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -175,12 +182,17 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept:
     attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
     mlp_done = _mlp_done(setup, dims, params)
     mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, "mlp_norm")
+    layer = params.layer
+    rest_grads = (
+        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm
+    ) * setup.training.precision.grad_bytes
     attn_norm = (
         mlp_norm
-        + params.layer.total * setup.training.precision.grad_bytes
+        + rest_grads  # the MLP's, its norm's and W_O's are in mlp_done already
         - attn_saved_bytes(setup)
         - attn_norm_saved(setup)
         + norm_saves_at_peak(setup, "attn_norm")
+        + reversible_f_extra(setup, dims)
     )
     return max(
         mlp_moment(setup, dims, params),
@@ -192,23 +204,35 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept:
 
 
 def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """A reversible layer re-running its attention forward in backward (the MLP's backward done).
+    """A layer's attention forward re-run in backward, above the layer's live set (its MLP not re-run).
 
-    Six [T, h] beside the rebuilt inputs: dy1 and dy2 (held by the caller), the new dy1, G's input
-    gradient, G's output g and x2 = y2 − g. Eager attention adds the forward's locals (q and k after
-    RoPE and v, before their contiguous copies) and, beside the probabilities, the scaled and the masked
-    scores at the softmax; with attention dropout the masked scores are gone by the time the dropout's
-    mask and output (counted among the layer's saves) exist, so one [b, a, s, s] more at most.
+    Reversible: the MLP's backward is done (``_mlp_done``) and six [T, h] are alive beside the rebuilt
+    inputs (``reversible_f_extra``). A checkpointed segment's layer: its MLP's saves do not exist yet.
+    Both add eager attention's forward locals (``eager_forward_extra``).
     """
-    if not setup.strategy.reversible:
+    if setup.strategy.reversible:
+        rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, dims, params)
+    elif setup.strategy.segment:
+        rerun = -sum(
+            k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm."))
+        )
+    else:
+        return 0
+    return rerun + eager_forward_extra(setup, dims)
+
+
+def eager_forward_extra(setup: Setup, dims: Dims) -> int:
+    """Eager attention's forward beyond its saves: q and k (after RoPE) and v before their contiguous
+    copies, the scaled scores (a local until the core returns), and either the masked scores at the
+    softmax or P·V's output before its [b, s, a·d] copy; with attention dropout the masked scores are
+    gone before the dropout's mask and output (among the saves) exist."""
+    if setup.strategy.attention is not Attention.EAGER:
         return 0
     a_bytes, t = dims.act.bytes, dims.tokens
-    rerun = 6 * t * dims.h * a_bytes + _mlp_done(setup, dims, params)
-    if setup.strategy.attention is Attention.EAGER:
-        locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
-        scores = dims.b * dims.a * dims.s * dims.s * a_bytes
-        rerun += locals_ + (scores if setup.model.attn_dropout > 0 else 2 * scores)
-    return rerun
+    locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
+    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
+    ctx = t * dims.a * dims.d * a_bytes
+    return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
 
 
 def attn_norm_saved(setup: Setup) -> int:
