@@ -87,7 +87,7 @@ def loss_backward_transient(dims: Dims) -> int:
     return 2 * 4 * dims.tokens * dims.v
 
 
-def mlp_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
     gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;
     the down projection's saved input is released once its backward has run (a [T, f] fewer)."""
@@ -118,7 +118,7 @@ def norm_saves_at_peak(setup: Setup, prefix: str) -> int:
     return sum(k.bytes for k in act.layer_working_set(setup) if k.name in {f"{prefix}.{x}" for x in keep})
 
 
-def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
+def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
     backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
@@ -129,7 +129,7 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount, k
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-    return t * dims.h * a_bytes + buffers + _mlp_done(setup, dims, params) + reversible_f_extra(setup, dims)
+    return t * dims.h * a_bytes + buffers + _mlp_done(setup, params) + reversible_f_extra(setup, dims)
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:
@@ -139,7 +139,7 @@ def reversible_f_extra(setup: Setup, dims: Dims) -> int:
     return 6 * dims.tokens * dims.h * dims.act.bytes if setup.strategy.reversible else 0
 
 
-def _mlp_done(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def _mlp_done(setup: Setup, params: ParamCount) -> int:
     """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
     change of the live set, plus the gradients)."""
     layer = params.layer
@@ -171,16 +171,16 @@ def not_yet_rerun(setup: Setup, dims: Dims) -> int:
     return 0
 
 
-def mlp_moment(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def mlp_moment(setup: Setup, dims: Dims) -> int:
     """The MLP backward's rise above the layer's live set (working set included)."""
-    return mlp_backward_transient(setup, dims, params) - not_yet_rerun(setup, dims)
+    return mlp_backward_transient(setup, dims) - not_yet_rerun(setup, dims)
 
 
-def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept: list[Kept]) -> int:
+def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
     norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
     attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
-    mlp_done = _mlp_done(setup, dims, params)
+    mlp_done = _mlp_done(setup, params)
     mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, "mlp_norm")
     layer = params.layer
     rest_grads = (
@@ -195,9 +195,9 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, kept:
         + reversible_f_extra(setup, dims)
     )
     return max(
-        mlp_moment(setup, dims, params),
+        mlp_moment(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),
-        attention_backward_transient(setup, dims, params, kept),
+        attention_backward_transient(setup, dims, params),
         attention_rerun_transient(setup, dims, params),
         attn_norm,
     )
@@ -211,7 +211,7 @@ def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
     Both add eager attention's forward locals (``eager_forward_extra``).
     """
     if setup.strategy.reversible:
-        rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, dims, params)
+        rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, params)
     elif setup.strategy.segment:
         rerun = -sum(
             k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm."))
@@ -347,7 +347,7 @@ def peak(
         + norm_backward_transient(setup, dims)
         + 4  # the fp32 loss scalar
     )
-    transient = layer_backward_transient(setup, dims, params, kept)
+    transient = layer_backward_transient(setup, dims, params)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment
     working = 0 if segment else recompute_working_set(setup)

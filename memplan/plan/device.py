@@ -204,8 +204,8 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     )
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
-    transient = pk.layer_backward_transient(rank, dims, params, kept)
-    mlp = pk.mlp_moment(rank, dims, params) + mlp_backward_extra(rank, rank_moe)
+    transient = pk.layer_backward_transient(rank, dims, params)
+    mlp = pk.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
     return Pieces(
         core=core,
