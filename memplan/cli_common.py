@@ -218,7 +218,17 @@ def load_model(model: str | None) -> ModelPreset:
     """The preset ``--model`` names; a one-line ``ValueError`` (with suggestions) if missing or unknown."""
     if model is None:
         raise ValueError(f"model: required; pass --model NAME (e.g. --model 70b) or a file path {_LISTS}")
-    return load_model_preset(model)
+    try:
+        return load_model_preset(model)
+    except ValueError:
+        from memplan.plan.presets import is_moe_preset  # only on this error path
+
+        if is_moe_preset(model):
+            raise ValueError(
+                f"model: {model} is a mixture-of-experts preset; use `memplan plan --model {model}` "
+                "(or compare / fit): estimate, trace and profile describe dense models"
+            ) from None
+        raise
 
 
 def build_setup(

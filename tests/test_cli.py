@@ -332,3 +332,14 @@ def test_python_dash_m_memplan() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["params"]["total"] == 106_816
+
+
+def test_moe_preset_in_estimate_points_to_plan() -> None:
+    result = CliRunner().invoke(app, ["estimate", "--model", "mixtral-8x7b"])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert (
+        len(lines) == 1
+        and "memplan plan --model mixtral-8x7b" in lines[0]
+        and lines[0].startswith("error: model:")
+    )

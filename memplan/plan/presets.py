@@ -103,6 +103,11 @@ def _index() -> dict[str, str]:
     return index
 
 
+def is_moe_preset(name: str) -> bool:
+    """Whether ``name`` is a shipped MoE preset's name or alias (case-insensitive)."""
+    return name.strip().lower() in _index()
+
+
 # ----------------------------------------------------------------------------------------------------
 # Hugging Face MoE configs
 # ----------------------------------------------------------------------------------------------------
