@@ -126,6 +126,11 @@ def presets_command(ctx: typer.Context) -> None:
         return
     with_errors = handle_user_errors(lambda: [load_model_preset(name) for name in model_names()])
     _console().print(report.presets_table(with_errors()))
+    from memplan.plan.presets import load_plan_model, moe_names
+
+    moe = [load_plan_model(name).preset for name in moe_names()]
+    title = "Mixture-of-experts presets (total parameters; `memplan plan`, `compare` and `fit` read them)"
+    _console().print(report.presets_table(moe, title=title))
 
 
 @presets_app.command("show")

@@ -286,8 +286,10 @@ def estimate_report(e: Estimate) -> Group:
 # ----------------------------------------------------------------------------------------------------
 # Presets
 # ----------------------------------------------------------------------------------------------------
-def presets_table(presets: Sequence[ModelPreset]) -> Table:
-    table = Table(title="Model presets (`memplan presets show NAME` for one)", title_justify="left")
+def presets_table(
+    presets: Sequence[ModelPreset], title: str = "Model presets (`memplan presets show NAME` for one)"
+) -> Table:
+    table = Table(title=title, title_justify="left")
     table.add_column("name", no_wrap=True, style="bold cyan")
     table.add_column("aliases", max_width=20)
     table.add_column("published params", justify="right", no_wrap=True)
