@@ -118,17 +118,9 @@ def trace(
     else:
         from memplan.report_measure import trace_report
 
-        Console().print(trace_report(result, seconds, _layers_line(result)))
+        Console().print(trace_report(result, seconds))
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
-
-
-def _layers_line(result: dict[str, Any]) -> str:
-    est = result["estimated"]["activations"]["per_layer"]
-    meas = result["measured"]["activations"]["per_layer"]
-    if meas is None:
-        return "per layer: checkpointed or reversible layers keep one input per segment (totals compared)"
-    return f"per layer: estimated {fmt_bytes(est)}, measured {fmt_bytes(meas)} (every layer checked)"
 
 
 class _progress:

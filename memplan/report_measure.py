@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -62,12 +64,37 @@ def verdict(equal: bool, what: str) -> Text:
     return Text(f"✗ {what}: estimate and measurement differ (a bug in one of them)", style="bold red")
 
 
-def trace_report(result: dict[str, object], seconds: float, layers_line: str) -> RenderableType:
+def layer_table(diff: dict[str, object]) -> Table:
+    """Bytes each transformer layer keeps, estimated vs measured (layers with equal figures on one row)."""
+    rows = diff["layers"]
+    assert isinstance(rows, list)
+    t = Table(title=f"Per layer: bytes each layer keeps ({BYTE_UNITS})", title_justify="left")
+    for col in ("layers", "estimated", "measured", "Δ"):
+        t.add_column(col, justify="left" if col == "layers" else "right")
+    for r in rows:
+        delta = _delta(r["measured"] - r["estimated"])
+        t.add_row(layer_span(r["layers"]), fmt_bytes(r["estimated"]), fmt_bytes(r["measured"]), delta)
+    return t
+
+
+def layer_span(layers: list[int]) -> str:
+    """0–79 (80 layers); 0–78 every 2 (40 layers); 3; or the first few."""
+    if len(layers) == 1:
+        return str(layers[0])
+    steps = {b - a for a, b in itertools.pairwise(layers)}
+    if len(steps) == 1:
+        step = steps.pop()
+        every = "" if step == 1 else f" every {step}"
+        return f"{layers[0]}–{layers[-1]}{every} ({len(layers)} layers)"
+    return f"{', '.join(map(str, layers[:4]))}, … ({len(layers)} layers)"
+
+
+def trace_report(result: dict[str, object], seconds: float) -> RenderableType:
     diff = result["diff"]
     assert isinstance(diff, dict)
     return Group(
         tensor_table(diff),
-        Text(layers_line),
+        layer_table(diff),
         flop_table(diff),
         Text(f"traced in {seconds:.1f} s (fake tensors on CPU: no memory, no GPU)"),
         verdict(bool(diff["equal"]), "trace"),

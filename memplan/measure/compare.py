@@ -39,13 +39,14 @@ class Comparison(BaseModel):
     model_config = ConfigDict(frozen=True)
     tensors: list[Row]
     flops: list[Row]
-    est_layer_bytes: int
-    meas_layer_bytes: list[int]
+    est_layers: list[int]
+    """Bytes each transformer layer is estimated to keep (layer-scope entries, by layer index)."""
+    meas_layers: list[int]
     """Bytes each layer was measured to keep (layer-scope records by layer index)."""
 
     @property
     def equal(self) -> bool:
-        layers_ok = all(b == self.est_layer_bytes for b in self.meas_layer_bytes)
+        layers_ok = self.est_layers == self.meas_layers
         return layers_ok and all(r.equal for r in self.tensors) and all(r.equal for r in self.flops)
 
 
@@ -57,17 +58,25 @@ def estimated_by_name(est: Estimate) -> dict[str, tuple[int, int]]:
     return out
 
 
-def layer_bytes(est: Estimate, meas: Measured) -> tuple[int, list[int]]:
-    """Estimated bytes per layer and the measured bytes of each layer that kept anything.
+def estimated_layers(est: Estimate) -> list[int]:
+    """What each layer keeps: all of its saves; under every-k / full checkpointing the input of each
+    segment's first layer (nothing in the others); with reversible layers nothing (the stack's outputs
+    are model-level)."""
+    s, n = est.setup.strategy, est.setup.model.num_layers
+    one = sum(k.bytes for k in est.tensors if k.scope is Scope.LAYER)
+    if s.reversible:
+        return [0] * n
+    if s.segment:
+        return [one if i % s.segment == 0 else 0 for i in range(n)]
+    return [one] * n
 
-    Checkpointed models keep one input per segment: the estimate's per-layer figure is then spread over the
-    layers, so only the totals compare; layer-by-layer comparison applies to un-checkpointed models.
-    """
-    s = est.setup.strategy
-    if s.segment or s.reversible:
-        return 0, []
-    per = sum(k.bytes for k in est.tensors if k.scope is Scope.LAYER)
-    return per, [meas.layer_bytes(i) for i in range(est.setup.model.num_layers)]
+
+def layer_groups(est_layers: list[int], meas_layers: list[int]) -> list[tuple[list[int], int, int]]:
+    """Layers grouped by their (estimated, measured) bytes, in order of first appearance."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, pair in enumerate(zip(est_layers, meas_layers, strict=True)):
+        groups.setdefault(pair, []).append(i)
+    return [(layers, e, m) for (e, m), layers in groups.items()]
 
 
 def compare(est: Estimate, meas: Measured) -> Comparison:
@@ -92,20 +101,26 @@ def compare(est: Estimate, meas: Measured) -> Comparison:
         Row(name=p, est_count=1, est_bytes=est_flops[p], meas_count=1, meas_bytes=meas.flops.get(p, 0))
         for p in PHASES
     ]
-    per, measured_layers = layer_bytes(est, meas)
-    return Comparison(tensors=rows, flops=flops, est_layer_bytes=per, meas_layer_bytes=measured_layers)
+    layers = range(est.setup.model.num_layers)
+    return Comparison(
+        tensors=rows,
+        flops=flops,
+        est_layers=estimated_layers(est),
+        meas_layers=[meas.layer_bytes(i) for i in layers],
+    )
 
 
 def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
     """The measurement in the estimate's JSON shape (the keys a measurement can fill)."""
     f = meas.flops
     total = f["forward"] + f["backward"] + f["recompute"]
-    _per, layers = layer_bytes(est, meas)
+    layers = est.setup.model.num_layers
+    layer_total = sum(meas.layer_bytes(i) for i in range(layers))
     return {
         "memory": {"activations": meas.activations},
         "activations": {
             "total": meas.activations,
-            "per_layer": layers[0] if layers else None,
+            "per_layer": layer_total // layers,  # as the estimate: layer-scope bytes spread over layers
             "tensors": [
                 {
                     "name": n,
@@ -141,6 +156,10 @@ def comparison_json(est: Estimate, meas: Measured) -> dict[str, Any]:
             "flops": [
                 {"phase": r.name, "estimated": r.est_bytes, "measured": r.meas_bytes, "delta": r.delta}
                 for r in c.flops
+            ],
+            "layers": [
+                {"layers": layers, "estimated": e, "measured": m}
+                for layers, e, m in layer_groups(c.est_layers, c.meas_layers)
             ],
         },
     }

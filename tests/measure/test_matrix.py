@@ -131,7 +131,7 @@ def test_estimate_equals_measurement(case: dict[str, Any]) -> None:
     wrong = [r for r in c.tensors if not r.equal]
     assert not wrong, [(r.name, r.est_count, r.est_bytes, r.meas_count, r.meas_bytes) for r in wrong]
     assert [(r.name, r.est_bytes) for r in c.flops] == [(r.name, r.meas_bytes) for r in c.flops]
-    assert all(b == c.est_layer_bytes for b in c.meas_layer_bytes)
+    assert c.est_layers == c.meas_layers
     assert c.equal
 
 

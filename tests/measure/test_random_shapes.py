@@ -30,6 +30,7 @@ from memplan.config import (
     TrainingConfig,
 )
 from memplan.estimate import Estimate, estimate
+from memplan.measure.compare import estimated_layers
 from memplan.measure.run import Measured, measure
 
 MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_BATCH = 64, 3, 16, 2
@@ -98,16 +99,6 @@ def measured_by_name(m: Measured) -> dict[str, tuple[int, int]]:
     return {name: (t.count, t.bytes) for name, t in m.by_name().items()}
 
 
-def expected_layer_bytes(e: Estimate) -> list[int]:
-    """Bytes each layer keeps: all of its saves; under checkpointing, one input at the start of each
-    segment of k layers and nothing elsewhere; none in a reversible stack (its outputs are model-level)."""
-    layers, k = e.setup.model.num_layers, e.setup.strategy.segment
-    one = sum(t.bytes for t in e.tensors if t.scope is Scope.LAYER)
-    if e.setup.strategy.reversible:
-        return [0] * layers
-    return [one if not k or i % k == 0 else 0 for i in range(layers)]
-
-
 def mismatches(est: dict[str, tuple[int, int]], meas: dict[str, tuple[int, int]]) -> list[str]:
     """Readable lines for the names whose (count, bytes) differ."""
     return [
@@ -124,7 +115,7 @@ def test_estimate_equals_measurement_for_random_shapes(setup: Setup) -> None:
     meas = measure(setup, fake=False)
     assert mismatches(estimated_by_name(est), measured_by_name(meas)) == []
     assert meas.activations == est.activations
-    assert [meas.layer_bytes(i) for i in range(setup.model.num_layers)] == expected_layer_bytes(est)
+    assert [meas.layer_bytes(i) for i in range(setup.model.num_layers)] == estimated_layers(est)
     model_level = sum(r.bytes for r in meas.records if r.layer is None)
     assert model_level == sum(k.total_bytes for k in est.tensors if k.scope is Scope.MODEL)
     for phase in ("forward", "backward", "recompute"):
