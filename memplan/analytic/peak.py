@@ -7,12 +7,12 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
 2. ``final norm backward`` — the head's loss and lm-head saves are freed, its gradients made, and the
    final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
-3. ``layer backward`` — a layer's backward, at the top layer (most activations alive) or the bottom one
-   (most gradients made), whichever is larger: the head's saves are freed, the lm head and final norm
-   gradients exist, the layer's working set is alive (re-run for checkpointed or reversible layers) and
-   the largest of four moments inside it adds its temporaries: the MLP's three [T, f] gradients, its
-   norm's fp32 gradient pieces, the attention's two [b, a, s, s] softmax gradients (eager) or dq/dk/dv
-   (flash), the attention norm's.
+3. ``layer backward`` — a layer's backward, at the top layer (most activations alive), the bottom one
+   (most gradients made) or the first checkpointed segment's top, whichever is larger: the head's saves
+   are freed, the gradients of the head and the layers above exist, the layer's working set is alive
+   (re-run for checkpointed or reversible layers) and the largest of its parts adds its temporaries: the
+   MLP's [T, f] gradients, its norm's fp32 gradient pieces, the attention's [b, a, s, s] softmax gradients
+   (eager) or dq/dk/dv (flash), a re-run attention forward's locals, the attention norm's.
 4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
    is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum.
 5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
