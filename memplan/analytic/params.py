@@ -54,11 +54,6 @@ class ParamCount(BaseModel):
         """Parameters touched per token; equal to total for dense models."""
         return self.total
 
-    @property
-    def non_embedding(self) -> int:
-        """Kaplan et al.'s N: everything but the embedding and position tables."""
-        return self.total - self.embedding - self.positions
-
 
 def norm_params(m: ModelConfig) -> int:
     """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each."""

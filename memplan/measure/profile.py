@@ -139,6 +139,9 @@ def profile(
                     runner.step(lambda _: None, times)
                 peak = cp.peak
                 phase_peaks["step"] = max(phase_peaks.get("step", 0), peak)
+                # What nvidia-smi sees (the caching allocator's reserved segments), and its retries.
+                phase_peaks["reserved"] = max(phase_peaks.get("reserved", 0), cp.reserved_peak)
+                phase_peaks["alloc_retries"] = max(phase_peaks.get("alloc_retries", 0), cp.alloc_retries)
             else:
                 runner.opt.zero_grad()  # grads of the previous step are not part of this one's baseline
                 with cpu_tracking(runner) as tracker:
@@ -148,7 +151,8 @@ def profile(
     if torch_trace and prof is not None:
         prof.export_chrome_trace(torch_trace)
     per_step = {k: v / steps for k, v in times.items()}
-    return Profile(measured, max(phase_peaks.values()), phase_peaks, step_seconds, per_step, device)
+    peak = phase_peaks["step"] if device.startswith("cuda") else max(phase_peaks.values())
+    return Profile(measured, peak, phase_peaks, step_seconds, per_step, device)
 
 
 def _mark(tracker: LiveMemoryTracker, name: str, *, peaks: dict[str, int]) -> None:
