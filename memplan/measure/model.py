@@ -31,6 +31,7 @@ from memplan.config import (
     Attention,
     Checkpointing,
     MlpType,
+    ModelConfig,
     NormType,
     PositionType,
     Precision,
@@ -114,6 +115,13 @@ def check_runnable(setup: Setup, device: torch.device | str) -> None:
         )
 
 
+def make_norm(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The norm module holding the weights (and bias); the forward is ``rms_norm`` / ``layer_norm``."""
+    if m.norm is NormType.LAYERNORM:
+        return nn.LayerNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=device)
+    return nn.RMSNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=device)
+
+
 class Layer(nn.Module):
     def __init__(self, setup: Setup, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -123,12 +131,7 @@ class Layer(nn.Module):
         def linear(fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
             return nn.Linear(fan_in, fan_out, bias=bias, dtype=dtype, device=device)
 
-        def norm() -> nn.Module:
-            if m.norm is NormType.LAYERNORM:
-                return nn.LayerNorm(h, eps=m.norm_eps, dtype=dtype, device=device)
-            return nn.RMSNorm(h, eps=m.norm_eps, dtype=dtype, device=device)
-
-        self.attn_norm, self.mlp_norm = norm(), norm()
+        self.attn_norm, self.mlp_norm = make_norm(m, dtype, device), make_norm(m, dtype, device)
         self.q, self.k, self.v = (
             linear(h, qd, m.qkv_bias),
             linear(h, kvd, m.qkv_bias),
@@ -167,11 +170,7 @@ class Reference(nn.Module):
             else None
         )
         self.layers = nn.ModuleList(Layer(setup, dtype, dev) for _ in range(m.num_layers))
-        self.final_norm = (
-            nn.LayerNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=dev)
-            if m.norm is NormType.LAYERNORM
-            else nn.RMSNorm(m.hidden_size, eps=m.norm_eps, dtype=dtype, device=dev)
-        )
+        self.final_norm = make_norm(m, dtype, dev)
         self.head = (
             None
             if m.tied_embeddings
