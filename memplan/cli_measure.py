@@ -58,10 +58,6 @@ def _torch_or_fail() -> None:
         fail(INSTALL)
 
 
-def _setup(model: str | None, **kw: Any) -> Setup:
-    return build_setup(model, **kw)
-
-
 def trace(
     model: ModelOpt = None,
     seq: SeqOpt = None,
@@ -85,7 +81,7 @@ def trace(
     Example: memplan trace --model 70b --seq 8192
     """
     with user_errors():
-        setup = _setup(
+        setup = build_setup(
             model,
             seq=seq,
             batch=batch,
@@ -192,7 +188,7 @@ def profile(
         for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
             if path is not None:
                 _check_writable(option, path)
-        setup = _setup(
+        setup = build_setup(
             model,
             seq=seq,
             batch=batch,

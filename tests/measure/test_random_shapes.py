@@ -29,8 +29,8 @@ from memplan.config import (
     StrategyConfig,
     TrainingConfig,
 )
-from memplan.estimate import Estimate, estimate
-from memplan.measure.compare import estimated_layers
+from memplan.estimate import estimate
+from memplan.measure.compare import estimated_by_name, estimated_layers
 from memplan.measure.run import Measured, measure
 
 MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_BATCH = 64, 3, 16, 2
@@ -84,15 +84,6 @@ def small_setups(draw: st.DrawFn) -> Setup:
         precision=draw(st.sampled_from(Precision)),
     )
     return Setup(model=model, training=training, strategy=strategy, device=Device.CPU)
-
-
-def estimated_by_name(e: Estimate) -> dict[str, tuple[int, int]]:
-    """Name → (instances, total bytes): entries of one name are summed (count × instances)."""
-    out: dict[str, tuple[int, int]] = {}
-    for k in e.tensors:
-        count, nbytes = out.get(k.name, (0, 0))
-        out[k.name] = (count + k.count, nbytes + k.total_bytes)
-    return out
 
 
 def measured_by_name(m: Measured) -> dict[str, tuple[int, int]]:
