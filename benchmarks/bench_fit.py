@@ -1,6 +1,6 @@
 """How fast ``memplan fit`` searches: configurations per second, in-process.
 
-For a few searches (dense and MoE, one node to hundreds of GPUs) it times ``memplan.plan.fit.fit`` — the
+For a few searches (dense and MoE, one node to hundreds of GPUs) it times ``memplan.search.fit.fit`` — the
 whole search, ranking included, without the longest-sequence probe — and reports the configurations of
 the space per second (families × micro-batch sizes that divide the global batch), median of ``--runs``
 runs. "warm" runs reuse the per-rank pieces cached by the previous run (what a second search in the same
@@ -17,11 +17,10 @@ import statistics
 import time
 from typing import Any
 
-from memplan.cli_common import build_setup
-from memplan.plan.device import clear_caches
-from memplan.plan.fit import FitResult, fit
-from memplan.plan.presets import load_plan_model
+from memplan.api import build_setup
+from memplan.engine import clear_caches
 from memplan.presets import load_gpu
+from memplan.search.fit import FitResult, fit
 
 CASES = (
     ("llama-3-8b", 8192, "a100-80gb", 8),
@@ -32,8 +31,7 @@ CASES = (
 
 
 def search(name: str, seq: int, gpu: str, gpus: int) -> FitResult:
-    pm = load_plan_model(name)
-    return fit(build_setup(pm.model, seq=seq), pm.moe, load_gpu(gpu), gpus, max_seq=False)
+    return fit(build_setup(name, seq=seq), load_gpu(gpu), gpus, max_seq=False)
 
 
 def bench(name: str, seq: int, gpu: str, gpus: int, runs: int) -> dict[str, Any]:

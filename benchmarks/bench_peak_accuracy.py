@@ -26,7 +26,7 @@ from memplan.config import (
     TrainingConfig,
     parse_checkpointing,
 )
-from memplan.estimate import estimate
+from memplan.engine import estimate
 from memplan.measure.profile import profile
 
 LLAMA: dict[str, Any] = {

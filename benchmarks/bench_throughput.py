@@ -30,7 +30,8 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.estimate import estimate
+from memplan.contract import to_json
+from memplan.engine import estimate
 from memplan.presets import load_model_preset, model_names
 
 SEQS = (512, 2048, 8192)
@@ -103,7 +104,7 @@ def bench(seconds: float = 3.0) -> dict[str, Any]:
     for name, fn in (
         ("setup_validation", lambda: build(points)),
         ("estimate", lambda: [estimate(s) for s in setups]),
-        ("estimate_to_json", lambda: [estimate(s).to_json() for s in setups]),
+        ("estimate_to_json", lambda: [to_json(estimate(s)) for s in setups]),
     ):
         rates[name] = n / statistics.median(passes(fn, seconds))
     return {

@@ -43,7 +43,7 @@ TRACE_ARGS = ["trace", "--model", "70b", "--seq", "8192", "--json"]
 TRACE_FALLBACK = (
     "import json, time; from memplan.config import Setup, TrainingConfig; "
     "from memplan.presets import load_model_preset; from memplan.measure.run import measure; "
-    "from memplan.estimate import estimate; "
+    "from memplan.engine import estimate; "
     "setup = Setup(model=load_model_preset('70b').model, training=TrainingConfig(seq_len=8192), "
     "device='cpu'); "
     "t = time.perf_counter(); m = measure(setup, fake=True); s = time.perf_counter() - t; "

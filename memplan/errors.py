@@ -75,3 +75,53 @@ def one_line_validation_error(exc: ValidationError, prefix: str) -> str:
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
     text = f"{prefix}: {_describe(first, errors)}{more}"
     return " ".join(text.split())
+
+
+# Setup field → (the option's name in messages, how to fix it).
+_OPTION_FIXES: dict[str, tuple[str, str]] = {
+    "training.seq_len": ("seq", "use --seq N with 1 ≤ N ≤ 16777216, e.g. --seq 4096"),
+    "training.micro_batch": ("batch", "use --batch N with 1 ≤ N ≤ 1048576"),
+    "training.grad_accum": ("grad-accum", "use --grad-accum N with 1 ≤ N ≤ 1048576"),
+    "strategy.zero": ("zero", "use --zero 0, 1, 2 or 3"),
+    "strategy.dp": ("dp", "use --dp N with 1 ≤ N ≤ 1048576 data-parallel devices"),
+    "strategy.checkpoint_every": ("checkpointing", "use --checkpointing every-K with K ≥ 1"),
+    "model.attn_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
+    "model.resid_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
+    "model.embd_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
+    "parallel.tp": ("tp", "use --tp N with 1 ≤ N ≤ 4096"),
+    "parallel.pp": ("pp", "use --pp N with 1 ≤ N ≤ 4096"),
+    "parallel.vpp": ("vpp", "use --vpp M with 1 ≤ M ≤ 4096"),
+    "parallel.ep": ("ep", "use --ep N with 1 ≤ N ≤ 4096"),
+}
+
+
+def _option_error(error: Any) -> str | None:
+    """``zero: must be 0, 1, 2 or 3, got 5 (use --zero 0, 1, 2 or 3)`` for a field an option sets."""
+    where = _OPTION_FIXES.get(field_path(tuple(error["loc"])))
+    if where is None:
+        return None
+    name, fix = where
+    msg = str(error["msg"]).replace("Input should be", "must be")
+    return f"{name}: {msg}, got {error.get('input')!r} ({fix})"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line for a ``Setup`` validation error, phrased in terms of the CLI options.
+
+    Field errors of a value an option sets name the option and its fix; the config's own checks
+    (``value_error``) already read ``field: what; fix``; anything else goes through
+    ``errors.one_line_validation_error``.
+    """
+    errors: list[Any] = list(exc.errors(include_url=False))
+    lines: list[str] = []
+    for error in errors:
+        line = _option_error(error)
+        if line is None and error["type"] == "value_error":
+            line = str(error["msg"]).removeprefix("Value error, ")
+        if line is None:
+            return one_line_validation_error(exc, "setup")
+        lines.append(line)
+    # One message per option: the three dropout fields fail together for one --dropout.
+    distinct = list(dict.fromkeys(line.split(":", 1)[0] for line in lines))
+    more = f" (+{len(distinct) - 1} more)" if len(distinct) > 1 else ""
+    return lines[0] + more

@@ -10,7 +10,6 @@ from fractions import Fraction
 import pytest
 
 from memplan.analytic.params import count_params
-from memplan.analytic.states import model_states
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -22,8 +21,9 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.estimate import estimate
+from memplan.engine import estimate
 from memplan.presets import load_model_preset
+from memplan.strategies.zero import model_states
 
 GB = 10**9
 

@@ -1,7 +1,7 @@
 """The error catalogue: every bad input a user can give memplan, through every command and input path.
 
 Each case runs ``memplan …`` through typer's ``CliRunner`` on ``memplan.cli.app`` and asserts the contract
-of DESIGN.md / memplan.cli_common: exit code 2; exactly ONE line on stderr (``error: …``) that names the
+of DESIGN.md / memplan.cli.common: exit code 2; exactly ONE line on stderr (``error: …``) that names the
 field at fault; nothing on stdout; no traceback, and no exception escaping the command.
 
 Input paths covered: flags (types, signs, zero, NaN/inf, absurd sizes, incompatible combinations,
@@ -21,7 +21,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from memplan.cli import app
+from memplan.cli.app import app
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ FILES: dict[str, bytes] = {
     "empty.toml": b"",
     "not-utf8.toml": PRESET_HEAD.encode() + b"notes = '\xff\xfe caf\xe9'\n",
     "hf-missing.json": b'{"model_type": "llama", "hidden_size": 64}',
-    "hf-unsupported.json": b'{"model_type": "mixtral", "hidden_size": 64}',
+    "hf-unsupported.json": b'{"model_type": "bert", "hidden_size": 64}',
     "hf-wrong-type.json": (
         b'{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
         b' "intermediate_size": "x", "vocab_size": 10}'

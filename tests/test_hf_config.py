@@ -206,7 +206,7 @@ def test_family_layouts() -> None:
     assert qwen.qkv_bias and not qwen.out_bias
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "bert"])
+@pytest.mark.parametrize("kind", ["deepseek_v3", "bert"])
 def test_unsupported_model_type_lists_supported(kind: str) -> None:
     with pytest.raises(ValueError, match=f"model_type: '{kind}' is not supported") as info:
         model_from_hf_config({**LLAMA_3_8B, "model_type": kind}, "x")
@@ -246,20 +246,18 @@ def test_load_hf_config_json_by_path(tmp_path: Path) -> None:
 
 
 def test_unsupported_hf_file_by_path(tmp_path: Path) -> None:
-    path = tmp_path / "mixtral.json"
-    path.write_text(json.dumps({**MISTRAL_7B, "model_type": "mixtral"}))
-    with pytest.raises(
-        ValueError, match=r"^model file .*mixtral\.json: model_type: 'mixtral' is not supported"
-    ):
+    path = tmp_path / "bert.json"
+    path.write_text(json.dumps({**MISTRAL_7B, "model_type": "bert"}))
+    with pytest.raises(ValueError, match=r"^model file .*bert\.json: model_type: 'bert' is not supported"):
         load_model_preset(str(path))
     path.write_text(json.dumps({**MISTRAL_7B, "hidden_size": "4096"}))
     with pytest.raises(
-        ValueError, match=r"^model file .*mixtral\.json: hidden_size: expected a whole number"
+        ValueError, match=r"^model file .*bert\.json: hidden_size: expected a whole number"
     ):
         load_model_preset(str(path))
     path.write_text(json.dumps({**MISTRAL_7B, "num_key_value_heads": 3}))
     with pytest.raises(
-        ValueError, match=r"^model file .*mixtral\.json \(mistral\): num_kv_heads: 3 must divide"
+        ValueError, match=r"^model file .*bert\.json \(mistral\): num_kv_heads: 3 must divide"
     ):
         load_model_preset(str(path))
 

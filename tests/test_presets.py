@@ -41,6 +41,9 @@ GOLDEN = {
     # Brown et al. 2020 Table 2.1 (175.0B): d_model 12288, 96 layers, n_ctx 2048, vocab 50257, tied.
     "gpt3-175b": 174_604_259_328,
     "tiny": 106_816,  # test fixture: 2·256·64 + 2·36,992 + 64
+    # Mixtures of experts, every expert counted (safetensors counts on the Hugging Face pages).
+    "mixtral-8x7b": 46_702_792_704,  # huggingface.co/mistralai/Mixtral-8x7B-v0.1: 46.7B
+    "qwen1.5-moe-a2.7b": 14_315_784_192,  # huggingface.co/Qwen/Qwen1.5-MoE-A2.7B: 14.3B
 }
 GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "rtx-4090"}
 
@@ -75,6 +78,8 @@ def test_model_preset_count_equals_published(name: str) -> None:
     assert preset.name == preset.model.name == name
     assert preset.published_params == GOLDEN[name]
     assert count_params(preset.model).total == preset.published_params
+    # Active parameters: published for mixtures of experts, all of them for dense models.
+    assert count_params(preset.model).active == (preset.published_active_params or GOLDEN[name])
     assert preset.source
 
 
@@ -173,7 +178,7 @@ def test_load_preset_json_and_sniffed_content(tmp_path: Path) -> None:
 
 
 def test_load_gpu_by_path(tmp_path: Path) -> None:
-    text = (Path(__file__).parents[1] / "memplan/presets/gpus/h100-sxm.toml").read_text()
+    text = (Path(__file__).parents[1] / "presets/gpus/h100-sxm.toml").read_text()
     path = tmp_path / "my-gpu.toml"
     path.write_text(text.replace('name = "h100-sxm"', 'name = "my-gpu"'))
     assert load_gpu(str(path)).name == "my-gpu"
@@ -258,7 +263,7 @@ def test_directory_missing_and_unreadable(tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def test_malformed_gpu_file(tmp_path: Path) -> None:
-    text = (Path(__file__).parents[1] / "memplan/presets/gpus/a100-80gb.toml").read_text()
+    text = (Path(__file__).parents[1] / "presets/gpus/a100-80gb.toml").read_text()
     path = tmp_path / "g.toml"
     path.write_text(text.replace("bf16 = 312\n", ""))
     with pytest.raises(ValueError, match=r"peak_tflops\.bf16: field required") as info:

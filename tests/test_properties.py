@@ -32,7 +32,8 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.estimate import Estimate, estimate
+from memplan.contract import to_json
+from memplan.engine import Result, estimate
 from memplan.presets import load_model_preset
 from memplan.schema import contract_keys, estimate_schema
 
@@ -134,7 +135,7 @@ def with_checkpointing(setup: Setup, checkpointing: Checkpointing, every: int = 
     )
 
 
-def layer_entries(e: Estimate) -> dict[str, Kept]:
+def layer_entries(e: Result) -> dict[str, Kept]:
     return {k.name: k for k in e.tensors if k.scope is Scope.LAYER}
 
 
@@ -256,7 +257,7 @@ def test_flash_exceeds_eager_when_tiny(device: Device) -> None:
 # ----------------------------------------------------------------------------------------------------
 # ZeRO
 # ----------------------------------------------------------------------------------------------------
-def gathered_unit_bytes(e: Estimate) -> int:
+def gathered_unit_bytes(e: Result) -> int:
     """Weights of the largest unit ZeRO-3 gathers whole: a layer, the embedding or the lm head."""
     p = e.params
     return max(p.layer.total, p.embedding, p.lm_head) * e.setup.training.precision.weight_bytes
@@ -315,7 +316,7 @@ def test_every_zero_stage_is_stage_zero_at_dp_1(setup: Setup) -> None:
 @given(setups())
 def test_totals_equal_the_sum_of_their_parts(setup: Setup) -> None:
     e = estimate(setup)
-    j = e.to_json()
+    j = to_json(e)
     tensors = j["activations"]["tensors"]
     assert (
         j["memory"]["activations"]
@@ -410,7 +411,7 @@ def test_schema_is_a_valid_json_schema() -> None:
 @PROPS
 @given(setups())
 def test_json_output_validates_against_the_schema(setup: Setup) -> None:
-    VALIDATOR.validate(estimate(setup).to_json())
+    VALIDATOR.validate(to_json(estimate(setup)))
 
 
 def _drop(doc: dict[str, Any], path: str) -> None:
@@ -424,7 +425,7 @@ def _drop(doc: dict[str, Any], path: str) -> None:
 @pytest.mark.parametrize("key", contract_keys())
 def test_schema_rejects_output_missing_a_contract_key(key: str) -> None:
     model = ModelConfig(hidden_size=8, num_layers=1, num_heads=2, ffn_size=8, vocab_size=8)
-    doc = estimate(Setup(model=model)).to_json()
+    doc = to_json(estimate(Setup(model=model)))
     _drop(doc, key)
     assert not VALIDATOR.is_valid(doc)
 
@@ -432,7 +433,7 @@ def test_schema_rejects_output_missing_a_contract_key(key: str) -> None:
 @pytest.mark.parametrize("key", ["memory.peak", "flops.total", "activations.per_layer"])
 def test_schema_rejects_float_bytes_and_flops(key: str) -> None:
     model = ModelConfig(hidden_size=8, num_layers=1, num_heads=2, ffn_size=8, vocab_size=8)
-    doc = estimate(Setup(model=model)).to_json()
+    doc = to_json(estimate(Setup(model=model)))
     section, name = key.split(".")
     doc[section][name] = float(doc[section][name]) + 0.5
     assert not VALIDATOR.is_valid(doc)

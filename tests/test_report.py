@@ -7,12 +7,12 @@ import io
 import pytest
 from rich.console import Console, RenderableType
 
-from memplan import report
 from memplan.analytic.inventory import Scope
 from memplan.analytic.params import count_params
 from memplan.config import Attention, Checkpointing, Setup, StrategyConfig, TrainingConfig
-from memplan.estimate import Estimate, estimate
+from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
+from memplan.render import estimate as report
 
 
 def render(renderable: RenderableType, width: int = 120) -> str:
@@ -23,7 +23,7 @@ def render(renderable: RenderableType, width: int = 120) -> str:
     return out
 
 
-def make(preset: str, **training: int) -> Estimate:
+def make(preset: str, **training: int) -> Result:
     return estimate(Setup(model=load_model_preset(preset).model, training=TrainingConfig(**training)))
 
 

@@ -4,13 +4,18 @@ Layout (pre-norm decoder): token embedding [v, h]; learned positions [max_positi
 per layer: attention norm, W_Q [h, a·d], W_K and W_V [h, kv·d], W_O [a·d, h] (+ biases), MLP norm,
 MLP (SwiGLU: gate and up [h, f], down [f, h]; GELU: fc1 [h, f], fc2 [f, h], + biases); final norm;
 lm head [h, v] unless tied to the embedding. Norm weights are h (RMSNorm) or 2h (LayerNorm: weight + bias).
+
+A mixture of experts (``model.moe``) replaces each layer's MLP by a router h×E (no bias), E routed experts
+(each an MLP of the model's kind and ``ffn_size``) and the shared experts with their optional gate h→1.
+``total`` counts every expert; ``active`` the top-k a token is routed to plus everything else (router
+included), which is what 6N counts (Jiang et al. 2024, Mixtral; Qwen1.5-MoE).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.config import MlpType, ModelConfig, NormType, PositionType
+from memplan.config import MlpType, ModelConfig, MoEConfig, NormType, PositionType
 
 
 class LayerParams(BaseModel):
@@ -32,14 +37,45 @@ class LayerParams(BaseModel):
         return self.attn_norm + self.attention + self.mlp_norm + self.mlp
 
 
+class MoELayerParams(BaseModel):
+    """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
+
+    model_config = ConfigDict(frozen=True)
+    router: int
+    expert: int
+    """One routed expert's MLP."""
+    shared: int
+    """All shared experts and their gate."""
+    experts: int
+    top_k: int
+
+    def dense(self) -> int:
+        return self.router + self.shared
+
+    def local_experts(self, ep: int) -> int:
+        """Routed-expert parameters on one expert-parallel rank (E/ep experts)."""
+        return self.expert * (self.experts // ep)
+
+    @property
+    def total(self) -> int:
+        return self.dense() + self.experts * self.expert
+
+    @property
+    def inactive(self) -> int:
+        """Parameters of the experts a token is not routed to, E − k of them."""
+        return (self.experts - self.top_k) * self.expert
+
+
 class ParamCount(BaseModel):
     model_config = ConfigDict(frozen=True)
     embedding: int
     positions: int
     layer: LayerParams
+    """One layer; an MoE layer's ``mlp`` is its router, every expert and the shared experts."""
     num_layers: int
     final_norm: int
     lm_head: int
+    moe: MoELayerParams | None = None
 
     @property
     def layers(self) -> int:
@@ -51,8 +87,8 @@ class ParamCount(BaseModel):
 
     @property
     def active(self) -> int:
-        """Parameters touched per token; equal to total for dense models."""
-        return self.total
+        """Parameters touched per token: all but the experts a token is not routed to (= total if dense)."""
+        return self.total - (self.moe.inactive * self.num_layers if self.moe else 0)
 
 
 def norm_params(m: ModelConfig) -> int:
@@ -71,6 +107,20 @@ def mlp_params(m: ModelConfig) -> int:
     return (2 * up if m.mlp is MlpType.SWIGLU else up) + down
 
 
+def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
+    """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
+    h = m.hidden_size
+    width = moe.shared_width(m)
+    shared = mlp_params(m.model_copy(update={"ffn_size": width})) if width else 0
+    return MoELayerParams(
+        router=h * moe.experts,
+        expert=mlp_params(m),
+        shared=shared + (h if moe.shared_gate else 0),
+        experts=moe.experts,
+        top_k=moe.top_k,
+    )
+
+
 def layer_params(m: ModelConfig) -> LayerParams:
     h = m.hidden_size
     return LayerParams(
@@ -80,7 +130,7 @@ def layer_params(m: ModelConfig) -> LayerParams:
         v_proj=linear_params(h, m.kv_width, m.qkv_bias),
         o_proj=linear_params(m.q_width, h, m.out_bias),
         mlp_norm=norm_params(m),
-        mlp=mlp_params(m),
+        mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
     )
 
 
@@ -93,4 +143,5 @@ def count_params(m: ModelConfig) -> ParamCount:
         num_layers=m.num_layers,
         final_norm=norm_params(m),
         lm_head=0 if m.tied_embeddings else h * m.vocab_size,
+        moe=moe_layer_params(m, m.moe) if m.moe else None,
     )

@@ -42,7 +42,6 @@ from pydantic import BaseModel, ConfigDict
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount
-from memplan.analytic.states import ModelStates
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -54,6 +53,7 @@ from memplan.config import (
     Setup,
     ZeroStage,
 )
+from memplan.strategies.zero import ModelStates
 
 
 class Peak(BaseModel):

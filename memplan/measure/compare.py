@@ -10,7 +10,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Scope
-from memplan.estimate import Estimate
+from memplan.contract import to_json
+from memplan.engine import Result
 from memplan.measure.run import Measured
 
 PHASES = ("forward", "backward", "recompute")
@@ -50,7 +51,7 @@ class Comparison(BaseModel):
         return layers_ok and all(r.equal for r in self.tensors) and all(r.equal for r in self.flops)
 
 
-def estimated_by_name(est: Estimate) -> dict[str, tuple[int, int]]:
+def estimated_by_name(est: Result) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for k in est.tensors:
         count, nbytes = out.get(k.name, (0, 0))
@@ -58,7 +59,7 @@ def estimated_by_name(est: Estimate) -> dict[str, tuple[int, int]]:
     return out
 
 
-def estimated_layers(est: Estimate) -> list[int]:
+def estimated_layers(est: Result) -> list[int]:
     """What each layer keeps: all of its saves; under every-k / full checkpointing the input of each
     segment's first layer (nothing in the others); with reversible layers nothing (the stack's outputs
     are model-level)."""
@@ -79,7 +80,7 @@ def layer_groups(est_layers: list[int], meas_layers: list[int]) -> list[tuple[li
     return [(layers, e, m) for (e, m), layers in groups.items()]
 
 
-def compare(est: Estimate, meas: Measured) -> Comparison:
+def compare(est: Result, meas: Measured) -> Comparison:
     e = estimated_by_name(est)
     m = {name: (t.count, t.bytes) for name, t in meas.by_name().items()}
     rows = [
@@ -110,7 +111,7 @@ def compare(est: Estimate, meas: Measured) -> Comparison:
     )
 
 
-def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
+def measured_json(est: Result, meas: Measured) -> dict[str, Any]:
     """The measurement in the estimate's JSON shape (the keys a measurement can fill)."""
     f = meas.flops
     total = f["forward"] + f["backward"] + f["recompute"]
@@ -135,10 +136,10 @@ def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
     }
 
 
-def comparison_json(est: Estimate, meas: Measured) -> dict[str, Any]:
+def comparison_json(est: Result, meas: Measured) -> dict[str, Any]:
     c = compare(est, meas)
     return {
-        "estimated": est.to_json(),
+        "estimated": to_json(est),
         "measured": measured_json(est, meas),
         "diff": {
             "equal": c.equal,

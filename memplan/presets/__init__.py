@@ -1,14 +1,17 @@
-"""Model and GPU presets: data files shipped in the package, validated through the same pydantic models.
+"""Model and GPU presets, one loader for all of them: the shipped data files, preset files named by path
+and Hugging Face ``config.json`` files, validated through the same pydantic models.
 
-A model preset is ``memplan/presets/models/<name>.toml``: ``name``, ``aliases``, ``source`` (where the numbers
-come from), ``published_params`` (the published count, which ``count_params`` must reproduce), ``notes`` and a
-``[model]`` table validated by ``ModelConfig``. A GPU preset is ``memplan/presets/gpus/<name>.toml``.
+A model preset is ``presets/models/<name>.toml`` (top level of the repository, shipped in the wheel as the
+data package ``memplan._presets``): ``name``, ``aliases``, ``source`` (where the numbers come from),
+``published_params`` (the published count, which ``count_params`` must reproduce), for a mixture of experts
+``published_active_params``, ``notes`` and a ``[model]`` table validated by ``ModelConfig`` (dense, or with a
+``[model.moe]`` table). A GPU preset is ``presets/gpus/<name>.toml``.
 
 Everything is read lazily: nothing is loaded at import time; the shipped files are parsed once, on first use
 (``functools.cache``). Files named by path are re-read on every call and capped at 1 MB.
 
-Known limitations: a Hugging Face config.json is imported for the dense families in
-``memplan.presets.hf.SUPPORTED_MODEL_TYPES`` only (no MoE); its ``published_params`` is unknown (None).
+Known limitations: a Hugging Face config.json is imported for the families in
+``memplan.presets.hf.SUPPORTED_MODEL_TYPES``; its ``published_params`` is unknown (None).
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ class ModelPreset(_Preset):
     """A published model: its architecture and the parameter count its authors report."""
 
     published_params: int | None = Field(gt=0, description="published count; None for imported configs")
+    published_active_params: int | None = Field(
+        default=None, gt=0, description="parameters a token uses (mixture of experts: the top-k experts)"
+    )
     model: ModelConfig
 
     @model_validator(mode="before")
@@ -69,6 +75,11 @@ class ModelPreset(_Preset):
             raise ValueError(
                 f"model.name: {self.model.name!r} differs from the preset name {self.name!r}; "
                 "make them equal or drop model.name"
+            )
+        if self.published_active_params is not None and self.model.moe is None:
+            raise ValueError(
+                "published_active_params: only a mixture of experts has fewer active parameters; "
+                "drop it or add a [model.moe] table"
             )
         return self
 
@@ -102,7 +113,8 @@ P = TypeVar("P", bound=_Preset)
 # Shipped presets
 # ----------------------------------------------------------------------------------------------------
 def _folder(kind: str) -> Traversable:
-    return resources.files(__name__) / kind
+    """``presets/<kind>``: the data package ``memplan._presets`` (pyproject maps it to presets/)."""
+    return resources.files("memplan._presets") / kind
 
 
 @functools.cache

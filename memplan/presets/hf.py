@@ -3,11 +3,16 @@
 Only the numbers are read; no model code is ever imported or executed (no ``trust_remote_code``).
 Defaults for absent keys follow the ``transformers`` config class of each ``model_type``.
 
+Mixtures of experts (``mixtral``, ``qwen2_moe``) are read into ``ModelConfig.moe``, with ``ffn_size`` the
+width of one routed expert.
+
 Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
 - NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
 - NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
 - NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
+- NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
+  ones) are refused, not modelled.
 """
 
 from __future__ import annotations
@@ -43,8 +48,11 @@ _FAMILY = {
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
+    "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
+    "qwen2_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=8192),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe")
 
 
 def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -110,12 +118,12 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "gpt_neox":  # biases on every linear (attention_bias gates the attention ones)
         attn = _bool(cfg, "attention_bias", True)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
-    if kind == "qwen2":  # q/k/v carry a bias, o_proj and the MLP do not
+    if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
     if kind in ("llama", "gemma"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
-    return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, phi3
+    return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
 
 
 def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
@@ -156,7 +164,34 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["ffn_size"] = ffn
     if fam.position is PositionType.ROPE:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
+    if kind in MOE_MODEL_TYPES:
+        fields.update(_moe_fields(kind, cfg))
     return fields
+
+
+def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe config; defaults
+    for absent keys follow transformers' ``MixtralConfig`` and ``Qwen2MoeConfig``."""
+    if kind == "mixtral":
+        moe = {
+            "experts": _int(cfg, "num_local_experts", default=8),
+            "top_k": _int(cfg, "num_experts_per_tok", default=2),
+        }
+        return {"ffn_size": _int(cfg, "intermediate_size", default=14336), "moe": moe}
+    if _int(cfg, "decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers"):
+        raise ValueError(
+            "decoder_sparse_step: dense layers between MoE layers are not modelled; "
+            "use a config with decoder_sparse_step 1 and no mlp_only_layers"
+        )
+    shared = _int(cfg, "shared_expert_intermediate_size", default=5632)
+    moe = {
+        "experts": _int(cfg, "num_experts", default=60),
+        "top_k": _int(cfg, "num_experts_per_tok", default=4),
+        "shared_experts": 1 if shared else 0,
+        "shared_ffn": shared or None,
+        "shared_gate": bool(shared),
+    }
+    return {"ffn_size": _int(cfg, "moe_intermediate_size", default=1408), "moe": moe}
 
 
 def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelConfig:
@@ -190,9 +225,13 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("partial rotary and parallel residual not modelled")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
-    if cfg.get("sliding_window") and kind == "mistral":
+    if cfg.get("sliding_window") and kind in ("mistral", "mixtral"):
         notes.append("sliding-window attention not modelled")
     act = cfg.get("hidden_act")
     if _FAMILY[kind].mlp is MlpType.SWIGLU and act not in (None, "silu", "swish") and kind != "gemma":
         notes.append(f"hidden_act {act} mapped to swiglu (same parameter shapes)")
+    if kind in MOE_MODEL_TYPES:
+        moe = _moe_fields(kind, cfg)["moe"]
+        shared = f" + {moe['shared_experts']} shared" if moe.get("shared_experts") else ""
+        notes.append(f"{moe['experts']} experts top-{moe['top_k']}{shared}")
     return "; ".join(notes)

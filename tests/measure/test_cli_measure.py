@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from memplan import cli_measure
-from memplan.cli import app
+from memplan.cli import measure as cli_measure
+from memplan.cli.app import app
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""Estimate == measurement, exactly, across the strategy matrix (real CPU tensors, tiny shapes).
+"""Result == measurement, exactly, across the strategy matrix (real CPU tensors, tiny shapes).
 
 Every option of every axis and every pair of options of any two axes is covered by an all-pairs design
 (the full product is 3072 runs). Constraints, each a real restriction of the reference model:
@@ -23,7 +23,7 @@ from memplan.config import (
     TrainingConfig,
     parse_checkpointing,
 )
-from memplan.estimate import estimate
+from memplan.engine import estimate
 from memplan.measure.compare import compare
 from memplan.measure.run import measure
 

@@ -21,7 +21,7 @@ from memplan.config import (
     TrainingConfig,
     parse_checkpointing,
 )
-from memplan.estimate import estimate
+from memplan.engine import estimate
 from memplan.measure.profile import profile
 
 LLAMA = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}

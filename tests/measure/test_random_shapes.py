@@ -1,4 +1,4 @@
-"""Estimate == measurement, exactly, for random small architectures and strategies (real CPU tensors).
+"""Result == measurement, exactly, for random small architectures and strategies (real CPU tensors).
 
 tests/measure/test_matrix.py covers every pair of strategy options on fixed shapes; this file draws the
 shapes too — odd head counts, GQA ratios, head widths apart from h / a, odd ffn and vocabulary sizes — so a
@@ -29,7 +29,7 @@ from memplan.config import (
     StrategyConfig,
     TrainingConfig,
 )
-from memplan.estimate import estimate
+from memplan.engine import estimate
 from memplan.measure.compare import estimated_by_name, estimated_layers
 from memplan.measure.run import Measured, measure
 

@@ -6,20 +6,24 @@ import itertools
 
 import pytest
 
-from memplan.cli_common import build_setup
-from memplan.config import Attention, Checkpointing, Setup, ZeroStage
-from memplan.plan.device import plan
-from memplan.plan.fit import Space, default_global_batch, fit, fits, layouts
-from memplan.plan.parallel import Parallel
-from memplan.plan.presets import load_plan_model
-from memplan.presets import load_gpu
+from memplan.api import build_setup
+from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
+from memplan.engine import Result, estimate
+from memplan.presets import load_gpu, load_model_preset
+from memplan.search.fit import Space, default_global_batch, fit, fits, layouts
+
+
+def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
+    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
+    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
+
 
 SMALL = Space(micro_batches=(1, 2, 4))
 
 
 def _search(name: str, seq: int, gpu: str, gpus: int):  # type: ignore[no-untyped-def]
-    pm = load_plan_model(name)
-    return fit(build_setup(pm.model, seq=seq), pm.moe, load_gpu(gpu), gpus, space=SMALL), pm.moe
+    pm = load_model_preset(name)
+    return fit(build_setup(pm.model, seq=seq), load_gpu(gpu), gpus, space=SMALL)
 
 
 def _replan(setup: Setup, zero: ZeroStage, micro_batch: int, n: int) -> Setup:
@@ -32,19 +36,19 @@ def _replan(setup: Setup, zero: ZeroStage, micro_batch: int, n: int) -> Setup:
 
 
 def test_listed_configs_fit_and_higher_zero_stages_fit_too() -> None:
-    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    result = _search("llama-3-8b", 8192, "a100-40gb", 8)
     memory = result.gpu.memory_bytes
     assert result.fitting and result.best is result.fitting[0]
     for c in result.fitting:
-        assert c.plan.device.peak.bytes <= memory
+        assert c.result.device.peak.bytes <= memory
         for z in ZeroStage:
             if z > c.family.zero:  # not listed, claimed to fit as well
-                s = _replan(c.plan.setup, z, c.micro_batch, c.plan.micro_batches)
-                assert plan(s, c.plan.parallel, moe).device.peak.bytes <= memory
+                s = _replan(c.result.setup, z, c.micro_batch, c.result.micro_batches)
+                assert plan(s).device.peak.bytes <= memory
 
 
 def test_rejected_families_fit_at_no_micro_batch() -> None:
-    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    result = _search("llama-3-8b", 8192, "a100-40gb", 8)
     memory = result.gpu.memory_bytes
     assert result.rejected
     for r in result.rejected:
@@ -67,12 +71,12 @@ def test_rejected_families_fit_at_no_micro_batch() -> None:
                     ),
                 }
             )
-            assert plan(s, par, moe).device.peak.bytes > memory
+            assert plan(s, par).device.peak.bytes > memory
         assert r.verdict.peak > memory and r.verdict.overflow is not None
 
 
 def test_ranking_is_by_throughput() -> None:
-    result, _ = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    result = _search("llama-3-8b", 8192, "a100-40gb", 8)
     speeds = [c.timing.tokens_per_s for c in result.fitting]
     assert speeds == sorted(speeds, reverse=True)
     # Full checkpointing re-runs the forward: never faster than the same layout without recompute.
@@ -86,7 +90,7 @@ def test_ranking_is_by_throughput() -> None:
 
 
 def test_lower_bound_never_exceeds_the_peak() -> None:
-    pm = load_plan_model("llama-3-70b")
+    pm = load_model_preset("llama-3-70b")
     for ckpt, attention, zero, (tp, pp), b in itertools.product(
         (Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL),
         tuple(Attention),
@@ -103,9 +107,9 @@ def test_lower_bound_never_exceeds_the_peak() -> None:
 
 
 def test_layouts_split_the_devices_exactly() -> None:
-    pm = load_plan_model("mixtral")
+    pm = load_model_preset("mixtral")
     base = build_setup(pm.model, seq=4096)
-    found = layouts(base, pm.moe, 32, Space())
+    found = layouts(base, 32, Space())
     assert found
     for lay in found:
         par = lay.parallel
@@ -115,17 +119,17 @@ def test_layouts_split_the_devices_exactly() -> None:
 
 
 def test_longest_sequence_is_the_boundary() -> None:
-    result, moe = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    result = _search("llama-3-8b", 8192, "a100-40gb", 8)
     best, longest = result.best, result.max_seq
     assert best is not None and longest is not None
-    p = best.plan
+    p = best.result
     step = p.parallel.tp if p.parallel.sp else 1
 
     def at(seq: int) -> bool:
         n = p.micro_batches * p.setup.training.micro_batch
         training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
         return fits(
-            plan(p.setup.model_copy(update={"training": training}), p.parallel, moe), result.gpu.memory_bytes
+            plan(p.setup.model_copy(update={"training": training}), p.parallel), result.gpu.memory_bytes
         )
 
     assert at(longest) and not at(longest + step)
@@ -137,6 +141,6 @@ def test_default_global_batch_is_about_4m_tokens(seq: int, gpus: int, expected: 
 
 
 def test_nothing_fits_says_why() -> None:
-    result, _ = _search("llama-3.1-405b", 4096, "rtx-4090", 2)
+    result = _search("llama-3.1-405b", 4096, "rtx-4090", 2)
     assert not result.fitting and result.max_seq is None
     assert all(r.verdict.overflow == "weights" for r in result.rejected if r.family.zero == ZeroStage.NONE)

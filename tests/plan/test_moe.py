@@ -17,11 +17,26 @@ import pytest
 
 from memplan.analytic.flops import attention_core_flops
 from memplan.analytic.inventory import Dims
-from memplan.config import Attention, Checkpointing, Setup, StrategyConfig, TrainingConfig, ZeroStage
-from memplan.plan.device import plan
-from memplan.plan.moe import MoEConfig, count_moe_params, moe_layer_params
-from memplan.plan.parallel import Parallel
-from memplan.plan.presets import MoEPreset, load_plan_model, moe_names
+from memplan.analytic.params import count_params
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    MoEConfig,
+    Parallel,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+from memplan.contract import to_json
+from memplan.engine import Result, estimate
+from memplan.presets import load_model_preset, model_names
+
+
+def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
+    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
+    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
+
 
 MIXTRAL_TOTAL, MIXTRAL_ACTIVE = 46_702_792_704, 12_879_925_248
 QWEN_TOTAL, QWEN_ACTIVE = 14_315_784_192, 2_689_173_504
@@ -69,51 +84,50 @@ QWEN_HF = {  # huggingface.co/Qwen/Qwen1.5-MoE-A2.7B/blob/main/config.json
     [("mixtral-8x7b", MIXTRAL_TOTAL, MIXTRAL_ACTIVE), ("qwen1.5-moe-a2.7b", QWEN_TOTAL, QWEN_ACTIVE)],
 )
 def test_published_total_and_active(name: str, total: int, active: int) -> None:
-    pm = load_plan_model(name)
-    assert isinstance(pm.preset, MoEPreset) and pm.moe is not None
-    counts = count_moe_params(pm.model, pm.moe)
+    pm = load_model_preset(name)
+    assert pm.model.moe is not None
+    counts = count_params(pm.model)
     assert (counts.total, counts.active) == (total, active)
-    assert (pm.preset.published_params, pm.preset.published_active_params) == (total, active)
+    assert (pm.published_params, pm.published_active_params) == (total, active)
 
 
 def test_mixtral_layer_breakdown() -> None:
-    pm = load_plan_model("mixtral")
-    assert pm.moe is not None
-    layer = moe_layer_params(pm.model, pm.moe)
+    layer = count_params(load_model_preset("mixtral").model).moe
+    assert layer is not None
     assert layer.router == 4096 * 8  # router h×8 per layer
     assert layer.expert == 3 * 4096 * 14336  # w1, w3: h×ffn; w2: ffn×h
     assert layer.shared == 0
 
 
 def test_shipped_moe_presets_and_aliases() -> None:
-    assert moe_names() == ("mixtral-8x7b", "qwen1.5-moe-a2.7b")
-    assert load_plan_model("Mixtral").name == "mixtral-8x7b"
-    assert load_plan_model("qwen-moe").name == "qwen1.5-moe-a2.7b"
-    assert load_plan_model("70b").moe is None  # dense presets pass through
-    with pytest.raises(ValueError, match=r"did you mean mixtral-8x7b\?"):
-        load_plan_model("mixtral-8x7")
+    moe = [n for n in model_names() if load_model_preset(n).model.moe is not None]
+    assert moe == ["mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+    assert load_model_preset("Mixtral").name == "mixtral-8x7b"
+    assert load_model_preset("qwen-moe").name == "qwen1.5-moe-a2.7b"
+    assert load_model_preset("70b").model.moe is None  # dense presets in the same world
+    with pytest.raises(ValueError, match=r"did you mean mixtral-8x7b"):
+        load_model_preset("mixtral-8x7")
 
 
 def mixtral_setup(**strategy: object) -> Setup:
     return Setup(
-        model=load_plan_model("mixtral").model,
+        model=load_model_preset("mixtral").model,
         training=TrainingConfig(seq_len=4096),
         strategy=StrategyConfig(**strategy),  # type: ignore[arg-type]
     )
 
 
 def test_six_n_counts_active_parameters() -> None:
-    p = plan(mixtral_setup(), moe=load_plan_model("mixtral").moe)
+    p = plan(mixtral_setup())
     assert p.six_n == 6 * MIXTRAL_ACTIVE * 4096
-    assert p.to_json()["params"]["active"] == MIXTRAL_ACTIVE
+    assert to_json(p)["params"]["active"] == MIXTRAL_ACTIVE
 
 
 def test_forward_flops_are_2_active_matmul_params_per_token() -> None:
     # Every active parameter but the embedding gather and the norms is a matmul weight used once per
     # token (×2 multiply-add); attention's QKᵀ and P·V come on top.
-    pm = load_plan_model("mixtral")
     setup = mixtral_setup()
-    p = plan(setup, moe=pm.moe)
+    p = plan(setup)
     t, h, layers = 4096, 4096, 32
     matmul_params = MIXTRAL_ACTIVE - 32000 * h - (2 * layers + 1) * h
     assert p.flops.forward == 2 * t * matmul_params + layers * attention_core_flops(Dims.of(setup))
@@ -123,8 +137,7 @@ def test_forward_flops_are_2_active_matmul_params_per_token() -> None:
 
 
 def test_inventory_routes_t_times_k_slots() -> None:
-    pm = load_plan_model("mixtral")
-    kept = {k.name: k for k in plan(mixtral_setup(), moe=pm.moe).pieces.kept}
+    kept = {k.name: k for k in plan(mixtral_setup()).pieces.kept}
     assert "mlp.gate" not in kept and "mlp.input" in kept
     t = 4096
     assert kept["moe.gate"].shape == (2 * t, 14336)  # top-2: every token in two experts
@@ -141,37 +154,34 @@ def test_capacity_factor_pads_every_expert_to_capacity() -> None:
 
 
 def test_expert_parallel_holds_e_over_ep_experts_sharded_over_dp_over_ep() -> None:
-    pm = load_plan_model("mixtral")
-    assert pm.moe is not None
     one_expert = 3 * 4096 * 14336
-    whole = plan(mixtral_setup(dp=8), moe=pm.moe).device
-    split = plan(mixtral_setup(dp=8), Parallel(ep=8), pm.moe).device
+    whole = plan(mixtral_setup(dp=8)).device
+    split = plan(mixtral_setup(dp=8), Parallel(ep=8)).device
     assert whole.params.total - split.params.total == 32 * 7 * one_expert
     # ZeRO-1 over dp = 8: dense states /8, expert states over dp/ep = 1 (each rank owns its experts).
-    z1 = plan(mixtral_setup(dp=8, zero=ZeroStage.OPTIMIZER), Parallel(ep=8), pm.moe).device
+    z1 = plan(mixtral_setup(dp=8, zero=ZeroStage.OPTIMIZER), Parallel(ep=8)).device
     dense = z1.params.total - 32 * one_expert
     assert z1.states.optimizer == 12 * (-(-dense // 8) + 32 * one_expert)
 
 
 def test_expert_parallel_mistakes() -> None:
-    moe = load_plan_model("mixtral").moe
     with pytest.raises(
         ValueError, match=r"^ep: 3 does not divide the 8 experts of mixtral-8x7b; use --ep 1, 2, 4, 8$"
     ):
-        plan(mixtral_setup(dp=3), Parallel(ep=3), moe)
+        plan(mixtral_setup(dp=3), Parallel(ep=3))
     with pytest.raises(ValueError, match=r"^ep: expert parallelism takes its 4 ranks from data parallelism"):
-        plan(mixtral_setup(dp=2), Parallel(ep=4), moe)
+        plan(mixtral_setup(dp=2), Parallel(ep=4))
 
 
 def test_moe_tensor_parallel_and_checkpointing_run() -> None:
-    pm = load_plan_model("qwen1.5-moe-a2.7b")
+    pm = load_model_preset("qwen1.5-moe-a2.7b")
     setup = Setup(
         model=pm.model,
         training=TrainingConfig(seq_len=4096, grad_accum=4),
         strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE, attention=Attention.FLASH, dp=4),
     )
-    one = plan(setup, moe=pm.moe).device
-    split = plan(setup, Parallel(tp=2, sp=True, pp=2, ep=4), pm.moe).device
+    one = plan(setup).device
+    split = plan(setup, Parallel(tp=2, sp=True, pp=2, ep=4)).device
     assert split.peak.bytes < one.peak.bytes and split.activations < one.activations
 
 
@@ -183,10 +193,10 @@ def test_hf_moe_config_imports_to_the_preset(tmp_path: Path, cfg: dict[str, obje
     folder = tmp_path / "Some-MoE"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(cfg))
-    imported, shipped = load_plan_model(str(folder / "config.json")), load_plan_model(preset)
-    assert imported.name == "Some-MoE" and imported.moe == shipped.moe
+    imported, shipped = load_model_preset(str(folder / "config.json")), load_model_preset(preset)
+    assert imported.name == "Some-MoE" and imported.model.moe == shipped.model.moe
     assert imported.model.model_dump(exclude={"name"}) == shipped.model.model_dump(exclude={"name"})
-    assert imported.preset.published_params is None
+    assert imported.published_params is None
 
 
 def test_hf_moe_with_dense_layers_is_refused(tmp_path: Path) -> None:
@@ -195,17 +205,17 @@ def test_hf_moe_with_dense_layers_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"decoder_sparse_step: dense layers between MoE layers are not modelled"
     ):
-        load_plan_model(str(path))
+        load_model_preset(str(path))
 
 
 def test_moe_preset_file_by_path_and_its_errors(tmp_path: Path) -> None:
-    text = (Path(__file__).parents[2] / "memplan/plan/models/mixtral-8x7b.toml").read_text()
+    text = (Path(__file__).parents[2] / "presets/models/mixtral-8x7b.toml").read_text()
     good = tmp_path / "mine.toml"
     good.write_text(text.replace('name = "mixtral-8x7b"', 'name = "mine"'))
-    assert load_plan_model(str(good)).moe == load_plan_model("mixtral").moe
+    assert load_model_preset(str(good)).model.moe == load_model_preset("mixtral").model.moe
     bad = tmp_path / "bad.toml"
     bad.write_text(text.replace("top_k = 2 ", "top_k = 9 "))
     with pytest.raises(
-        ValueError, match=r"bad\.toml: moe: top_k: 9 exceeds the 8 experts; use top_k ≤ experts$"
+        ValueError, match=r"bad\.toml: model\.moe: top_k: 9 exceeds the 8 experts; use top_k ≤ experts$"
     ):
-        load_plan_model(str(bad))
+        load_model_preset(str(bad))

@@ -18,6 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memplan.analytic import activations as act
+from memplan.analytic import flops as fl
+from memplan.analytic import peak as pk
 from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
@@ -26,6 +29,7 @@ from memplan.config import (
     MlpType,
     ModelConfig,
     NormType,
+    Parallel,
     PositionType,
     Precision,
     Setup,
@@ -33,12 +37,18 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.estimate import estimate
-from memplan.plan.device import Group, plan
-from memplan.plan.parallel import Parallel, tp_model
-from memplan.plan.presets import load_plan_model
-from memplan.plan.shard import RULES, Split, rule, tensor_dim
+from memplan.contract import to_json
+from memplan.engine import Group, Result, estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
+from memplan.strategies.sequence_parallel import RULES, Split, rule, tensor_dim
+from memplan.strategies.tensor_parallel import tp_model
+from memplan.strategies.zero import model_states
+
+
+def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
+    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
+    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
+
 
 S, B, H, A, L, T = 2048, 1, 12288, 96, 96, 8
 SBH = S * B * H
@@ -138,7 +148,7 @@ STRATEGIES = [
 
 
 def _setup(name: str, ckpt: Checkpointing, attention: Attention, reversible: bool, device: Device) -> Setup:
-    model = load_plan_model(name).model
+    model = load_model_preset(name).model
     return Setup(
         model=model,
         training=TrainingConfig(seq_len=1024),
@@ -154,10 +164,9 @@ def test_every_name_has_a_rule_and_tp_model_splits_exactly_the_tensor_ones(
     name: str, ckpt: Checkpointing, attention: Attention, reversible: bool, device: Device
 ) -> None:
     setup = _setup(name, ckpt, attention, reversible, device)
-    moe = load_plan_model(name).moe
-    whole = {k.name: k for k in plan(setup, moe=moe).pieces.kept}
-    split = {k.name: k for k in plan(setup, Parallel(tp=8), moe).pieces.kept}
-    seq = {k.name: k for k in plan(setup, Parallel(tp=8, sp=True), moe).pieces.kept}
+    whole = {k.name: k for k in plan(setup).pieces.kept}
+    split = {k.name: k for k in plan(setup, Parallel(tp=8)).pieces.kept}
+    seq = {k.name: k for k in plan(setup, Parallel(tp=8, sp=True)).pieces.kept}
     assert whole.keys() == split.keys() == seq.keys()
     for n, k in whole.items():
         assert n in RULES, f"{n} has no tensor-parallel rule in plan/shard.py"
@@ -256,16 +265,23 @@ def setups(draw: st.DrawFn) -> Setup:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setups())
-def test_no_parallelism_equals_the_estimate(setup: Setup) -> None:
-    e, p = estimate(setup), plan(setup)
+def test_one_device_equals_the_blocks_composed_directly(setup: Setup) -> None:
+    # One dense device composed straight from the analytic functions (the single-device estimate memplan
+    # had before the engine grouped inventories per pipeline stage): the engine's trivial layout must
+    # give the same tensors, states, FLOPs and peak moments.
+    params = count_params(setup.model)
+    t, s = setup.training, setup.strategy
+    states = model_states(params.total, t.precision, t.optimizer, s.zero, s.dp)
+    kept = act.inventory(setup)
+    direct = pk.peak(setup, states, kept, params, head_gradient_bytes(params, setup))
+    p = plan(setup)
     dev = p.device
-    assert dev.peak.phases == e.peak.phases
-    assert dev.states == e.states and dev.activations == e.activations
-    ej, pj = e.to_json(), p.to_json()
-    assert pj["activations"]["tensors"] == ej["activations"]["tensors"]
-    assert pj["activations"]["per_layer"] == ej["activations"]["per_layer"]
-    assert all(pj["flops"][k] == v for k, v in ej["flops"].items())
-    assert all(pj["memory"][k] == v for k, v in ej["memory"].items())
+    assert dev.peak.phases == direct.phases
+    assert dev.states == states and dev.activations == act.total_bytes(kept)
+    assert p.tensors == kept
+    assert p.per_layer == act.per_layer_bytes(kept, setup.model.num_layers)
+    assert p.flops == fl.flops(setup)
+    assert to_json(p)["activations"]["per_layer"] == p.per_layer
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

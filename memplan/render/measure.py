@@ -8,7 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from memplan.report import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_flops, fmt_int
+from memplan.render.estimate import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_flops, fmt_int
 
 
 def _delta(d: int, fmt: str = "bytes") -> Text:

@@ -1,7 +1,8 @@
 """Options and error handling shared by every memplan command.
 
-Each common option is defined once, as a typer ``Annotated`` alias (``ModelOpt``, ``SeqOpt``, …) with its
-default beside it (``DEFAULT_*``); ``build_setup`` turns their values into a validated ``Setup``.
+Each option is declared once, as a typer ``Annotated`` alias (``ModelOpt``, ``SeqOpt``, …) in ``OPTIONS``,
+keyed by its ``api.Options`` field, whose default it takes; ``@with_options(...)`` gives a command those
+options and ``options_of`` turns their values into ``api.Options`` (``api.build`` does the rest).
 
 Every user mistake ends as ONE line on stderr, ``error: <field>: <what is wrong>; <fix>``, and exit code 2,
 never a traceback:
@@ -17,9 +18,9 @@ Pure Python: no torch here (``memplan estimate`` must not load it).
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import StrEnum
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
@@ -32,45 +33,10 @@ try:  # recent typer ships its own copy of click (typer.BadParameter is one of i
 except ImportError:  # older typer runs on click itself
     from click import BadParameter, ClickException, Context, MissingParameter, Parameter  # type: ignore
 
-from memplan.config import (
-    Attention,
-    Device,
-    ModelConfig,
-    Optimizer,
-    Precision,
-    Setup,
-    TrainingConfig,
-    parse_checkpointing,
-)
-from memplan.errors import field_path, one_line_validation_error
-from memplan.presets import ModelPreset, load_model_preset
-
-__all__ = [
-    "DEFAULT_SEQ",
-    "AttentionChoice",
-    "AttentionOpt",
-    "BatchOpt",
-    "CheckpointingOpt",
-    "DeviceOpt",
-    "DpOpt",
-    "DropoutOpt",
-    "GradAccumOpt",
-    "MemplanGroup",
-    "ModelOpt",
-    "OptimizerOpt",
-    "PrecisionOpt",
-    "ReversibleOpt",
-    "SeqOpt",
-    "ZeroOpt",
-    "build_setup",
-    "describe_validation_error",
-    "fail",
-    "handle_user_errors",
-    "load_model",
-    "new_app",
-    "usage_error_line",
-    "user_errors",
-]
+from memplan.api import DEFAULT_SEQ, Options
+from memplan.config import AttentionChoice, Device, Optimizer, Precision
+from memplan.errors import describe_validation_error
+from memplan.time.defaults import DEFAULT_MFU
 
 EXIT_USAGE = 2
 """Exit code of every user mistake (click's own code for usage errors)."""
@@ -81,20 +47,6 @@ _LISTS = "(`memplan presets` lists them)"
 # ----------------------------------------------------------------------------------------------------
 # Options (defined once; reuse them as `model: ModelOpt = None`, `batch: BatchOpt = 1`, ...)
 # ----------------------------------------------------------------------------------------------------
-class AttentionChoice(StrEnum):
-    """The ``--attention`` values; ``config.Attention`` is an ordered IntEnum, this is its CLI spelling."""
-
-    EAGER = "eager"
-    FLASH = "flash"
-
-    @property
-    def attention(self) -> Attention:
-        return Attention[self.name]
-
-
-DEFAULT_SEQ = TrainingConfig().seq_len
-"""``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
-
 _MODEL_PANEL = "Model"
 _TRAINING_PANEL = "Training"
 _STRATEGY_PANEL = "Strategy"
@@ -151,15 +103,6 @@ OptimizerOpt = Annotated[
     Optimizer,
     typer.Option("--optimizer", case_sensitive=False, help="Optimizer", rich_help_panel=_TRAINING_PANEL),
 ]
-GradAccumOpt = Annotated[
-    int,
-    typer.Option(
-        "--grad-accum",
-        metavar="N",
-        help="Micro-batches per optimizer step (gradient accumulation)",
-        rich_help_panel=_TRAINING_PANEL,
-    ),
-]
 CheckpointingOpt = Annotated[
     str,
     typer.Option(
@@ -196,10 +139,6 @@ ZeroOpt = Annotated[
         rich_help_panel=_STRATEGY_PANEL,
     ),
 ]
-DpOpt = Annotated[
-    int,
-    typer.Option("--dp", metavar="N", help="Data-parallel degree (devices)", rich_help_panel=_STRATEGY_PANEL),
-]
 DeviceOpt = Annotated[
     Device,
     typer.Option(
@@ -211,130 +150,204 @@ DeviceOpt = Annotated[
 ]
 
 
-# ----------------------------------------------------------------------------------------------------
-# Building the Setup
-# ----------------------------------------------------------------------------------------------------
-def load_model(model: str | None) -> ModelPreset:
-    """The preset ``--model`` names; a one-line ``ValueError`` (with suggestions) if missing or unknown."""
-    if model is None:
-        raise ValueError(f"model: required; pass --model NAME (e.g. --model 70b) or a file path {_LISTS}")
-    try:
-        return load_model_preset(model)
-    except ValueError:
-        from memplan.plan.presets import is_moe_preset  # only on this error path
+_PARALLEL = "Parallelism"
+_GPU = "GPU and time"
+_OUTPUT = "Output"
 
-        if is_moe_preset(model):
-            raise ValueError(
-                f"model: {model} is a mixture-of-experts preset; use `memplan plan --model {model}` "
-                "(or compare / fit): estimate, trace and profile describe dense models"
-            ) from None
-        raise
+TpOpt = Annotated[
+    int, typer.Option("--tp", metavar="N", help="Tensor-parallel degree t", rich_help_panel=_PARALLEL)
+]
+SpOpt = Annotated[
+    bool,
+    typer.Option(
+        "--sp/--no-sp", help="Sequence parallelism over the tensor-parallel ranks", rich_help_panel=_PARALLEL
+    ),
+]
+PpOpt = Annotated[
+    int, typer.Option("--pp", metavar="N", help="Pipeline stages p (1F1B)", rich_help_panel=_PARALLEL)
+]
+VppOpt = Annotated[
+    int,
+    typer.Option(
+        "--vpp",
+        metavar="M",
+        help="Virtual stages per pipeline rank (interleaved 1F1B)",
+        rich_help_panel=_PARALLEL,
+    ),
+]
+EpOpt = Annotated[
+    int,
+    typer.Option(
+        "--ep", metavar="N", help="Expert-parallel degree (MoE; ranks from dp)", rich_help_panel=_PARALLEL
+    ),
+]
+DpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--dp",
+        metavar="N",
+        help="Data-parallel degree [default: --gpus / (tp·pp), else 1]",
+        show_default=False,
+        rich_help_panel=_PARALLEL,
+    ),
+]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus",
+        metavar="N",
+        help="Devices in all: tp · pp · dp",
+        show_default=False,
+        rich_help_panel=_PARALLEL,
+    ),
+]
+GlobalBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--global-batch",
+        metavar="B",
+        help="Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
+        show_default=False,
+        rich_help_panel=_PARALLEL,
+    ),
+]
+GradAccumOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--grad-accum",
+        metavar="N",
+        help="Micro-batches per step (the pipeline's, or gradient accumulation) [default: 1]",
+        show_default=False,
+        rich_help_panel=_PARALLEL,
+    ),
+]
+GpuOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--gpu",
+        metavar="NAME",
+        help="GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
+        show_default=False,
+        rich_help_panel=_GPU,
+    ),
+]
+MfuOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--mfu",
+        metavar="F",
+        help=f"Assumed model FLOPs utilisation for the step time [default: {DEFAULT_MFU}]",
+        show_default=False,
+        rich_help_panel=_GPU,
+    ),
+]
+StepTimeOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--step-time",
+        metavar="S",
+        help="Measured seconds per step: gives the achieved MFU and HFU instead",
+        show_default=False,
+        rich_help_panel=_GPU,
+    ),
+]
+TokensOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--tokens",
+        metavar="T",
+        help="Training tokens (e.g. 300e9): gives the training days",
+        show_default=False,
+        rich_help_panel=_GPU,
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object and nothing else", rich_help_panel=_OUTPUT)
+]
 
 
-def build_setup(
-    model: str | ModelConfig | None,
-    *,
-    seq: int | None = None,
-    batch: int = 1,
-    precision: Precision = Precision.BF16_MIXED,
-    optimizer: Optimizer = Optimizer.ADAMW,
-    grad_accum: int = 1,
-    checkpointing: str = "none",
-    attention: AttentionChoice = AttentionChoice.FLASH,
-    reversible: bool = False,
-    zero: int = 0,
-    dp: int = 1,
-    dropout: float | None = None,
-    device: Device = Device.CUDA,
-) -> Setup:
-    """A validated ``Setup`` from the common options (the defaults are the options' defaults).
+# Every ``api.Options`` field's option, by field name: the one declaration each command's options come from.
+OPTIONS: dict[str, Any] = {
+    "model": ModelOpt,
+    "seq": SeqOpt,
+    "batch": BatchOpt,
+    "precision": PrecisionOpt,
+    "optimizer": OptimizerOpt,
+    "grad_accum": GradAccumOpt,
+    "global_batch": GlobalBatchOpt,
+    "checkpointing": CheckpointingOpt,
+    "attention": AttentionOpt,
+    "reversible": ReversibleOpt,
+    "zero": ZeroOpt,
+    "dp": DpOpt,
+    "gpus": GpusOpt,
+    "tp": TpOpt,
+    "sp": SpOpt,
+    "pp": PpOpt,
+    "vpp": VppOpt,
+    "ep": EpOpt,
+    "dropout": DropoutOpt,
+    "device": DeviceOpt,
+    "gpu": GpuOpt,
+    "mfu": MfuOpt,
+    "step_time": StepTimeOpt,
+    "tokens": TokensOpt,
+}
 
-    ``model`` is what ``--model`` names (preset, alias or path) or an already built ``ModelConfig``.
-    Raises ``ValueError`` / ``ValidationError``; run it inside ``user_errors()``.
+
+def option_default(name: str) -> Any:
+    """The default of option ``name``: ``api.Options``'s (``--model`` has none: None, then required)."""
+    field = Options.model_fields[name]
+    return None if field.is_required() else field.default
+
+
+def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    """Give a command the options ``names`` (fields of ``api.Options``; all of them when none are named)
+    before its own parameters, declared once in ``OPTIONS`` with ``api.Options``'s defaults.
+
+    The command receives them as keyword arguments: ``def cmd(as_json: JsonOpt = False, **options)``.
     """
-    cfg = model if isinstance(model, ModelConfig) else load_model(model).model
-    mode, every = parse_checkpointing(checkpointing)
-    model_data: ModelConfig | dict[str, Any] = cfg
-    if dropout is not None:
-        # Re-validated as a dict so that a bad probability is reported against the model's fields.
-        model_data = {
-            **cfg.model_dump(),
-            "attn_dropout": dropout,
-            "resid_dropout": dropout,
-            "embd_dropout": dropout,
-        }
-    return Setup.model_validate(
-        {
-            "model": model_data,
-            "training": {
-                "micro_batch": batch,
-                "seq_len": seq if seq is not None else min(DEFAULT_SEQ, cfg.max_positions),
-                "precision": precision,
-                "optimizer": optimizer,
-                "grad_accum": grad_accum,
-            },
-            "strategy": {
-                "checkpointing": mode,
-                "checkpoint_every": every,
-                "attention": attention.attention,
-                "reversible": reversible,
-                "zero": zero,
-                "dp": dp,
-            },
-            "device": device,
-        }
-    )
+    chosen = names or tuple(OPTIONS)
+
+    def wrap(fn: Callable[..., R]) -> Callable[..., R]:
+        own = [
+            p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD
+        ]
+        params = [
+            inspect.Parameter(
+                n, inspect.Parameter.KEYWORD_ONLY, default=option_default(n), annotation=OPTIONS[n]
+            )
+            for n in chosen
+        ]
+        params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> R:
+            return fn(**kwargs)
+
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return wrap
+
+
+def options_of(values: dict[str, Any]) -> Options:
+    """``api.Options`` from a command's option values (``--tokens`` read as a float: 300e9 works)."""
+    fields = {k: v for k, v in values.items() if k in OPTIONS}
+    if fields.get("model") is None:
+        raise ValueError(f"model: required; pass --model NAME (e.g. --model 70b) or a file path {_LISTS}")
+    if fields.get("tokens") is not None:
+        from memplan.time.timing import check_time_inputs
+
+        check_time_inputs(None, None, fields["tokens"])
+        fields["tokens"] = int(fields["tokens"])
+    return Options(**fields)
 
 
 # ----------------------------------------------------------------------------------------------------
 # One-line errors
 # ----------------------------------------------------------------------------------------------------
-# Setup field → (the option's name in messages, how to fix it).
-_OPTION_FIXES: dict[str, tuple[str, str]] = {
-    "training.seq_len": ("seq", "use --seq N with 1 ≤ N ≤ 16777216, e.g. --seq 4096"),
-    "training.micro_batch": ("batch", "use --batch N with 1 ≤ N ≤ 1048576"),
-    "training.grad_accum": ("grad-accum", "use --grad-accum N with 1 ≤ N ≤ 1048576"),
-    "strategy.zero": ("zero", "use --zero 0, 1, 2 or 3"),
-    "strategy.dp": ("dp", "use --dp N with 1 ≤ N ≤ 1048576 data-parallel devices"),
-    "strategy.checkpoint_every": ("checkpointing", "use --checkpointing every-K with K ≥ 1"),
-    "model.attn_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
-    "model.resid_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
-    "model.embd_dropout": ("dropout", "use --dropout P with 0 ≤ P < 1"),
-}
-
-
-def _option_error(error: Any) -> str | None:
-    """``zero: must be 0, 1, 2 or 3, got 5 (use --zero 0, 1, 2 or 3)`` for a field an option sets."""
-    where = _OPTION_FIXES.get(field_path(tuple(error["loc"])))
-    if where is None:
-        return None
-    name, fix = where
-    msg = str(error["msg"]).replace("Input should be", "must be")
-    return f"{name}: {msg}, got {error.get('input')!r} ({fix})"
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line for a ``Setup`` validation error, phrased in terms of the CLI options.
-
-    Field errors of a value an option sets name the option and its fix; the config's own checks
-    (``value_error``) already read ``field: what; fix``; anything else goes through
-    ``errors.one_line_validation_error``.
-    """
-    errors: list[Any] = list(exc.errors(include_url=False))
-    lines: list[str] = []
-    for error in errors:
-        line = _option_error(error)
-        if line is None and error["type"] == "value_error":
-            line = str(error["msg"]).removeprefix("Value error, ")
-        if line is None:
-            return one_line_validation_error(exc, "setup")
-        lines.append(line)
-    # One message per option: the three dropout fields fail together for one --dropout.
-    distinct = list(dict.fromkeys(line.split(":", 1)[0] for line in lines))
-    more = f" (+{len(distinct) - 1} more)" if len(distinct) > 1 else ""
-    return lines[0] + more
-
-
 def usage_error_line(exc: ClickException) -> str:
     """click's usage errors on one line: ``precision: 'x' is not one of …; see `memplan estimate --help```."""
     ctx: Context | None = getattr(exc, "ctx", None)

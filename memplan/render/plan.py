@@ -18,17 +18,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memplan import report
-from memplan.plan.budget import Verdict
-from memplan.plan.compare import NUMBERS, Row
-from memplan.plan.device import Plan
-from memplan.plan.fit import Family, FitResult
-from memplan.plan.options import Built
-from memplan.plan.timing import Timing
-from memplan.report import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.api import Built
+from memplan.engine import Result
+from memplan.render import estimate as report
+from memplan.render.estimate import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.search.budget import Verdict
+from memplan.search.compare import NUMBERS, Row
+from memplan.search.fit import Family, FitResult
+from memplan.time.timing import Timing
 
 # The memory bar's parts as memplan.report draws them: (label, style, glyph).
-SEGMENTS = report._SEGMENTS  # NB: private there; one bar style for every command
+SEGMENTS = report.SEGMENTS  # one bar style for every command
 COMPARE_BAR = 24
 
 
@@ -39,7 +39,7 @@ def _text(*cells: str) -> list[Text]:
 # ----------------------------------------------------------------------------------------------------
 # memplan plan
 # ----------------------------------------------------------------------------------------------------
-def layout_line(p: Plan) -> str:
+def layout_line(p: Result) -> str:
     par, dp = p.parallel, p.setup.strategy.dp
     schedule = f"interleaved ×{par.vpp}" if par.vpp > 1 else "1F1B"
     parts = [f"tp {par.tp}" + (" + sequence parallel" if par.sp else "")]
@@ -66,8 +66,7 @@ def verdict_text(v: Verdict) -> Text:
 
 
 def summary_panel(b: Built) -> Panel:
-    p = b.plan
-    view = p.estimate_view()
+    p = b.result
     head = Text()
     head.append(p.setup.model.name, style="bold cyan")
     head.append(f"   {fmt_count(p.params_total)} parameters ({fmt_int(p.params_total)})")
@@ -76,11 +75,11 @@ def summary_panel(b: Built) -> Panel:
     where = f" (pipeline stage {dev.stage.index} of {p.parallel.pp})" if p.parallel.pp > 1 else ""
     lines: list[RenderableType] = [
         head,
-        Text(report.setup_line(view), style="dim"),
+        Text(report.setup_line(p), style="dim"),
         Text(layout_line(p), style="dim"),
         Text(""),
         Text(f"Memory on the most loaded device{where}; {BYTE_UNITS}", style="bold"),
-        report.memory_bar(view),
+        report.memory_bar(p),
         Text("moments: " + " · ".join(f"{k} {fmt_bytes(v)}" for k, v in dev.peak.phases.items())),
     ]
     if p.micro_batches < p.parallel.pp:
@@ -96,7 +95,7 @@ def summary_panel(b: Built) -> Panel:
     return Panel(Group(*lines), title="memplan plan", title_align="left")
 
 
-def stages_table(p: Plan) -> Table:
+def stages_table(p: Result) -> Table:
     table = Table(title=f"Pipeline stages on one device each ({BYTE_UNITS})", title_justify="left")
     for name in ("stage", "layers", "in flight", "params", "weights", "gradients", "optimizer"):
         table.add_column(name, justify="right", no_wrap=True)
@@ -156,13 +155,21 @@ def time_table(t: Timing) -> Table:
     return table
 
 
+def step_report(b: Built) -> Group:
+    """What ``memplan estimate`` prints: one device without a GPU as the estimate's report (summary,
+    activation inventory, FLOPs); a parallel layout or a GPU adds the layout, stages, verdict and time."""
+    p = b.result
+    if p.devices == 1 and b.gpu is None:
+        return report.estimate_report(p)
+    return plan_report(b)
+
+
 def plan_report(b: Built) -> Group:
-    p = b.plan
-    view = p.estimate_view()
+    p = b.result
     parts: list[RenderableType] = [summary_panel(b)]
     if p.parallel.pp > 1:
         parts.append(stages_table(p))
-    parts += [report.activation_table(view), report.flops_table(view)]
+    parts += [report.activation_table(p), report.flops_table(p)]
     if b.timing is not None:
         parts.append(time_table(b.timing))
     return Group(*parts)
@@ -326,7 +333,7 @@ def _fitting_table(r: FitResult, top: int) -> Table:
             *_text(
                 str(i),
                 *_family_cells(c.family),
-                f"{c.micro_batch} × {c.plan.micro_batches}",
+                f"{c.micro_batch} × {c.result.micro_batches}",
                 fmt_bytes(v.peak),
                 fmt_bytes(v.headroom),
                 f"{t.step_time_s:,.2f}",

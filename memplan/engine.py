@@ -33,27 +33,17 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount, count_params
-from memplan.analytic.states import ModelStates, model_states
-from memplan.config import DType, ModelConfig, NormType, Setup, ZeroStage
-from memplan.estimate import Estimate, head_gradient_bytes
-from memplan.plan.moe import (
-    MoEConfig,
-    MoEParamCount,
-    mlp_backward_extra,
-    moe_layer_params,
-    param_counts,
-    with_moe,
-    with_moe_flops,
-)
-from memplan.plan.parallel import Parallel, check_parallel, tp_model
-from memplan.plan.shard import sequence_parallel
+from memplan.blocks.moe import mlp_backward_extra, with_moe, with_moe_flops
+from memplan.config import DType, ModelConfig, MoEConfig, NormType, Parallel, Setup, ZeroStage
+from memplan.strategies.sequence_parallel import sequence_parallel
+from memplan.strategies.tensor_parallel import check_parallel, tp_model
+from memplan.strategies.zero import ModelStates, model_states
 
 
 class Group(Enum):
@@ -84,8 +74,9 @@ def group_of(k: Kept, norm: NormType) -> Group:
 # ----------------------------------------------------------------------------------------------------
 # Checks
 # ----------------------------------------------------------------------------------------------------
-def check_plan(setup: Setup, parallel: Parallel, moe: MoEConfig | None) -> None:
+def check_plan(setup: Setup) -> None:
     """One-line ``ValueError`` when the parallel degrees or the MoE do not fit the model and the setup."""
+    parallel, moe = setup.parallel, setup.model.moe
     check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
     if parallel.ep == 1:
         return
@@ -114,7 +105,8 @@ class Pieces:
     """One micro-batch on one tensor-parallel rank, every layer: the inventory and what the peak needs."""
 
     core: Setup
-    """The whole model's setup with ZeRO 0, dp 1, one micro-batch (what the pieces depend on)."""
+    """The whole model's setup with ZeRO 0, dp 1, one micro-batch, one pipeline stage (what the pieces
+    depend on)."""
     setup: Setup
     """The rank's setup: ``tp_model``, ZeRO 0, dp 1, one micro-batch."""
     kept: tuple[Kept, ...]
@@ -130,20 +122,22 @@ class Pieces:
 
 
 def _core(setup: Setup) -> Setup:
-    """The setup without what the pieces do not depend on (ZeRO, dp, micro-batches): the cache key."""
-    if setup.strategy.zero is ZeroStage.NONE and setup.strategy.dp == 1 and setup.training.grad_accum == 1:
+    """The setup without what the pieces do not depend on (ZeRO, dp, micro-batches, pipeline stages)."""
+    s, t, par = setup.strategy, setup.training, setup.parallel
+    if s.zero is ZeroStage.NONE and s.dp == 1 and t.grad_accum == 1 and par.pp == 1:
         return setup
     return setup.model_copy(
         update={
-            "strategy": setup.strategy.model_copy(update={"zero": ZeroStage.NONE, "dp": 1}),
-            "training": setup.training.model_copy(update={"grad_accum": 1}),
+            "strategy": s.model_copy(update={"zero": ZeroStage.NONE, "dp": 1}),
+            "training": t.model_copy(update={"grad_accum": 1}),
+            "parallel": par.model_copy(update={"pp": 1, "vpp": 1}),
         }
     )
 
 
-def _device_kept(kept: list[Kept], rank: Setup, parallel: Parallel, moe: MoEConfig | None) -> list[Kept]:
-    kept = with_moe(kept, rank, moe)
-    return sequence_parallel(kept, parallel.tp) if parallel.sp else kept
+def _device_kept(kept: list[Kept], rank: Setup) -> list[Kept]:
+    kept = with_moe(kept, rank, rank.model.moe)
+    return sequence_parallel(kept, rank.parallel.tp) if rank.parallel.sp else kept
 
 
 _PIECES: dict[tuple[object, ...], Pieces] = {}
@@ -154,21 +148,20 @@ _PER_STEP = {"grad_accum", "zero", "dp"}
 """The setup fields the pieces do not depend on (``_core`` resets them)."""
 
 
-def _pieces_key(setup: Setup, parallel: Parallel, moe: MoEConfig | None) -> tuple[object, ...]:
+def _pieces_key(setup: Setup) -> tuple[object, ...]:
     """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
-    return (setup.model, setup.device, *fields, parallel.tp, parallel.sp, parallel.ep, moe)
+    par = setup.parallel
+    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep)
 
 
-def _pieces_by_key(
-    key: tuple[object, ...], setup: Setup, parallel: Parallel, moe: MoEConfig | None
-) -> Pieces:
+def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
     """``pieces`` memoised on the fields they depend on (cheaper to hash than the setups themselves)."""
     found = _PIECES.get(key)
     if found is None:
         if len(_PIECES) >= _PIECES_MAX:
             _PIECES.clear()
-        found = _PIECES[key] = pieces(_core(setup), parallel.model_copy(update={"pp": 1, "vpp": 1}), moe)
+        found = _PIECES[key] = pieces(_core(setup))
     return found
 
 
@@ -179,18 +172,18 @@ def clear_caches() -> None:
     _param_counts.cache_clear()
 
 
-def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
-    """The pieces of ``core`` (a ``_core`` setup) on one rank; ``parallel.pp``/``vpp`` do not matter."""
+def pieces(core: Setup) -> Pieces:
+    """The pieces of ``core`` (a ``_core`` setup) on one rank."""
+    parallel = core.parallel
     rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp)})
-    rank_moe = moe.for_tp(parallel.tp) if moe else None
-    kept = _device_kept(act.inventory(rank), rank, parallel, rank_moe)
+    rank_moe = rank.model.moe
+    kept = _device_kept(act.inventory(rank), rank)
     params = count_params(rank.model)
     experts = 0
-    if rank_moe is not None:
-        moe_params = moe_layer_params(rank.model, rank_moe)
-        experts = moe_params.local_experts(rank_moe, parallel.ep)
+    if params.moe is not None:
+        experts = params.moe.local_experts(parallel.ep)
         params = params.model_copy(
-            update={"layer": params.layer.model_copy(update={"mlp": moe_params.dense() + experts})}
+            update={"layer": params.layer.model_copy(update={"mlp": params.moe.dense() + experts})}
         )
     groups = dict.fromkeys(Group, 0)
     for k in kept:
@@ -199,9 +192,7 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    changed = act.total_bytes(working) - act.total_bytes(
-        _device_kept(list(working), rank, parallel, rank_moe)
-    )
+    changed = act.total_bytes(working) - act.total_bytes(_device_kept(list(working), rank))
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params)
@@ -219,14 +210,14 @@ def pieces(core: Setup, parallel: Parallel, moe: MoEConfig | None) -> Pieces:
 
 
 @functools.lru_cache(maxsize=256)
-def _param_counts(model: ModelConfig, moe: MoEConfig | None) -> MoEParamCount:
-    return param_counts(model, moe)
+def _param_counts(model: ModelConfig) -> ParamCount:
+    return count_params(model)
 
 
 @functools.lru_cache(maxsize=1024)
-def whole_flops(core: Setup, moe: MoEConfig | None) -> Flops:
+def whole_flops(core: Setup) -> Flops:
     """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
-    return with_moe_flops(flops(core), core, moe)
+    return with_moe_flops(flops(core), core, core.model.moe)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -375,10 +366,10 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
     ]
 
 
-def stage_plan(pc: Pieces, st: Stage, setup: Setup, parallel: Parallel) -> StagePlan:
-    """``setup``: the user's (ZeRO, dp, micro-batches per step); ``pc``: its pieces."""
-    params = stage_params(pc.params, st, setup.model.tied_embeddings, parallel.pp)
-    states = stage_states(pc, params, st, setup, parallel.ep)
+def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
+    """``setup``: the user's (ZeRO, dp, micro-batches per step, layout); ``pc``: its pieces."""
+    params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
+    states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
     acts = sum(pc.group_bytes[g] * n for g, n in counts.items())
     return StagePlan(st, params, states, counts, acts, pc, setup)
@@ -388,27 +379,34 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup, parallel: Parallel) -> Stage
 # The plan
 # ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Plan:
-    """One training step under a parallel layout: the most loaded device and the whole model's FLOPs."""
+class Result:
+    """One training step under a parallel layout: every computed stage, the most loaded device (whose
+    states, tensors and peak the estimate reports) and the whole model's parameters and FLOPs."""
 
     setup: Setup
-    parallel: Parallel
-    moe: MoEConfig | None
     pieces: Pieces
     stages: tuple[StagePlan, ...]
     """The first stage, and the last when pp > 1."""
     flops: Flops
     """One micro-batch through the whole model."""
-    counts: MoEParamCount
+    params: ParamCount
     """Whole-model parameters: total, active (= total when dense), one layer's."""
 
     @property
+    def parallel(self) -> Parallel:
+        return self.setup.parallel
+
+    @property
+    def moe(self) -> MoEConfig | None:
+        return self.setup.model.moe
+
+    @property
     def params_total(self) -> int:
-        return self.counts.total
+        return self.params.total
 
     @property
     def params_active(self) -> int:
-        return self.counts.active
+        return self.params.active
 
     @property
     def device(self) -> StagePlan:
@@ -440,7 +438,7 @@ class Plan:
         """Bytes one transformer layer keeps on one device for one micro-batch."""
         return act.per_layer_bytes(list(self.pieces.kept), self.setup.model.num_layers)
 
-    def tensors(self, sp: StagePlan) -> list[Kept]:
+    def stage_tensors(self, sp: StagePlan) -> list[Kept]:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
         for k in self.pieces.kept:
@@ -449,89 +447,49 @@ class Plan:
                 out.append(k.model_copy(update={"count": n}))
         return out
 
-    def estimate_view(self) -> Estimate:
-        """The most loaded device as an ``Estimate``: its states, tensors and peak, the whole model's
-        parameters and FLOPs. Its model's ``num_layers`` counts the layer instances the device holds
-        (micro-batches in flight included), so that ``Estimate.per_layer`` is one layer's bytes.
+    # The most loaded device's memory: what `memplan estimate` reports.
+    @property
+    def tensors(self) -> list[Kept]:
+        """The most loaded device's activation inventory."""
+        return self.stage_tensors(self.device)
 
-        NB: ``Estimate.params`` is the dense count; an MoE's totals are ``params_total`` / ``params_active``.
-        """
-        dev = self.device
-        instances = dev.counts[Group.LAYER] or dev.stage.chunks * dev.stage.chunk_layers
-        model = self.setup.model.model_copy(update={"num_layers": max(1, instances)})
-        return Estimate(
-            setup=self.setup.model_copy(update={"model": model}),
-            params=count_params(self.setup.model),
-            states=dev.states,
-            tensors=self.tensors(dev),
-            flops=self.flops,
-            six_n=self.six_n,
-            peak=dev.peak,
-        )
+    @property
+    def states(self) -> ModelStates:
+        return self.device.states
 
-    def to_json(self) -> dict[str, Any]:
-        """The estimate's JSON contract for the most loaded device, plus ``parallel``, ``stages``, ``moe``."""
-        dev = self.device
-        out = self.estimate_view().to_json()
-        out["setup"].update(
-            self.parallel.model_dump(),
-            devices=self.devices,
-            micro_batches=self.micro_batches,
-            global_batch=self.global_batch,
-        )
-        out["params"].update(total=self.params_total, active=self.params_active, device=dev.params.total)
-        if self.moe is not None:  # the dense count of Estimate.params has one expert per layer
-            per_layer = self.counts.per_layer
-            out["params"].update(per_layer=per_layer, layers=per_layer * self.setup.model.num_layers)
-        out["memory"]["stage"] = dev.stage.index
-        out["activations"]["per_layer"] = self.per_layer
-        out["flops"]["global_per_step"] = self.flops.total * self.micro_batches * self.setup.strategy.dp
-        out["parallel"] = {**self.parallel.model_dump(), "label": self.parallel.label()}
-        out["moe"] = self.moe.model_dump() if self.moe else None
-        out["stages"] = [_stage_json(sp) for sp in self.stages]
-        return out
+    @property
+    def peak(self) -> pk.Peak:
+        return self.device.peak
+
+    @property
+    def activations(self) -> int:
+        """Bytes of every activation the most loaded device keeps at once."""
+        return self.device.activations
 
 
-def _stage_json(sp: StagePlan) -> dict[str, Any]:
-    st = sp.stage
-    return {
-        "stage": st.index,
-        "layers": st.layers,
-        "in_flight_chunks": st.chunks,
-        "in_flight_layers": st.chunks * st.chunk_layers,
-        "params": sp.params.total,
-        "memory": {
-            "weights": sp.states.weights,
-            "gradients": sp.states.gradients,
-            "optimizer": sp.states.optimizer,
-            "activations": sp.activations,
-            "peak": sp.peak.bytes,
-            "peak_phase": sp.peak.phase,
-            "phases": dict(sp.peak.phases),
-        },
-    }
-
-
-def plan(setup: Setup, parallel: Parallel | None = None, moe: MoEConfig | None = None) -> Plan:
-    """Memory per device and FLOPs of one step of ``setup`` under ``parallel`` (ZeRO and dp from
-    ``setup.strategy``, micro-batches per step from ``setup.training.grad_accum``).
+def estimate(setup: Setup) -> Result:
+    """Memory per device and FLOPs of one step of ``setup``: its parallel layout (``setup.parallel``;
+    one device is ``Parallel()``), ZeRO and dp (``setup.strategy``), micro-batches per step
+    (``setup.training.grad_accum``), dense or a mixture of experts (``setup.model.moe``).
 
     Raises a one-line ``ValueError`` when the layout does not fit the model.
     """
-    parallel = parallel or Parallel()
-    check_plan(setup, parallel, moe)
-    key = _pieces_key(setup, parallel, moe)
-    pc = _pieces_by_key(key, setup, parallel, moe)
-    core = pc.core
+    check_plan(setup)
+    pc = _pieces_by_key(_pieces_key(setup), setup)
+    parallel = setup.parallel
     indices = (0,) if parallel.pp == 1 else (0, parallel.pp - 1)
     layers, n = setup.model.num_layers, setup.training.grad_accum
-    stages = tuple(stage_plan(pc, stage(parallel, i, layers, n), setup, parallel) for i in indices)
-    return Plan(
+    stages = tuple(stage_plan(pc, stage(parallel, i, layers, n), setup) for i in indices)
+    return Result(
         setup=setup,
-        parallel=parallel,
-        moe=moe,
         pieces=pc,
         stages=stages,
-        flops=whole_flops(core, moe),
-        counts=_param_counts(setup.model, moe),
+        flops=whole_flops(pc.core),
+        params=_param_counts(setup.model),
     )
+
+
+def head_gradient_bytes(params: ParamCount, setup: Setup) -> int:
+    """Gradients made before the top layer's backward: lm head (or tied embedding) and final norm."""
+    head = params.lm_head or params.embedding
+    return (head + params.final_norm) * setup.training.precision.grad_bytes

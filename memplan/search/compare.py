@@ -1,7 +1,7 @@
 """``memplan compare``: one row per model × strategy variation, the same columns for every row.
 
 Rows are the cartesian product of the models (``--model 7b,70b``) and of every ``--vary KEY=A,B,…``; a
-vary key is any ``PlanOptions`` field (the option name, ``-`` or ``_``), so ``--vary tp=1,8 --vary
+vary key is any ``api.Options`` field (the option name, ``-`` or ``_``), so ``--vary tp=1,8 --vary
 checkpointing=none,full`` gives 4 rows per model. A row whose settings do not fit the model (tp not
 dividing its heads, say) carries the one-line error instead of numbers.
 """
@@ -15,12 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memplan.cli_common import describe_validation_error
-from memplan.errors import one_line_validation_error
-from memplan.plan.budget import terms
-from memplan.plan.options import Built, PlanOptions, build, model_of
+from memplan.api import Built, Options, build, load_model, to_json
+from memplan.errors import describe_validation_error, one_line_validation_error
+from memplan.search.budget import terms
 
-VARY_KEYS = tuple(name.replace("_", "-") for name in PlanOptions.model_fields if name != "model")
+VARY_KEYS = tuple(name.replace("_", "-") for name in Options.model_fields if name != "model")
 
 # (column key, header): the numbers every row has, in display order.
 NUMBERS: tuple[tuple[str, str], ...] = (
@@ -74,7 +73,7 @@ class Row:
         out: dict[str, Any] = dict(self.settings)
         if self.built is None:
             return {**out, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
-        p, t, v = self.built.plan, self.built.timing, self.built.verdict
+        p, t, v = self.built.result, self.built.timing, self.built.verdict
         dev = p.device
         parts = terms(dev, dev.peak.bytes)
         out.update(
@@ -101,13 +100,13 @@ def row_json(row: Row) -> dict[str, Any]:
         "settings": row.settings,
         "values": row.values(),
         "error": row.error,
-        "plan": row.built.to_json() if row.built else None,
+        "plan": to_json(row.built) if row.built else None,
     }
 
 
-def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> PlanOptions:
+def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> Options:
     try:
-        return PlanOptions.model_validate({**base, "model": model, **change})
+        return Options.model_validate({**base, "model": model, **change})
     except ValidationError as exc:
         raise ValueError(one_line_validation_error(exc, "vary")) from None
 
@@ -117,7 +116,7 @@ def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[s
     if not models:
         raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
     for model in models:
-        model_of(model)  # an unknown model is the user's mistake, not a row that does not fit
+        load_model(model)  # an unknown model is the user's mistake, not a row that does not fit
     keys = [k for k, _ in varies]
     out = []
     for model, *values in itertools.product(models, *(v for _, v in varies)):

@@ -1,10 +1,7 @@
 """Model parallelism: the degrees, their checks against the model, and one tensor-parallel rank's model.
 
-``Parallel`` holds the degrees that split the model itself: tensor (``tp``), sequence (``sp``, over the
-same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule)
-and expert (``ep``) parallelism. Data parallelism and the ZeRO stage stay where they already are, in
-``StrategyConfig.dp`` / ``.zero`` (one source of truth); the world is ``tp · pp · dp`` devices and expert
-parallelism takes its ranks from data parallelism (Megatron-Core: ``dp % ep == 0``).
+``config.Parallel`` holds the degrees (``Setup.parallel``); this module checks them against the model and
+builds one tensor-parallel rank's model.
 
 Tensor parallelism as one rank sees it (Shoeybi et al. 2019, Megatron-LM §3; Korthikanti et al. 2022 §4.2.2):
 W_Q/W_K/W_V and the MLP's first matrices are column-parallel (each rank a/t query heads, kv/t key/value
@@ -23,46 +20,8 @@ pipeline stages (``--decoder-first-pipeline-num-layers``) are not modelled: pp m
 from __future__ import annotations
 
 import math
-from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from memplan.config import ModelConfig, Setup
-
-
-class Parallel(BaseModel):
-    """Degrees of model parallelism (data parallelism and ZeRO live in ``StrategyConfig``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    tp: int = Field(default=1, gt=0, le=1 << 12, description="tensor-parallel degree t")
-    sp: bool = Field(default=False, description="sequence parallelism over the tensor-parallel ranks")
-    pp: int = Field(default=1, gt=0, le=1 << 12, description="pipeline stages p")
-    vpp: int = Field(default=1, gt=0, le=1 << 12, description="virtual stages per pipeline rank m")
-    ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
-
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        if self.sp and self.tp == 1:
-            raise ValueError(
-                "sp: sequence parallelism splits over the tensor-parallel ranks; "
-                "add --tp 2 or more, or drop --sp"
-            )
-        if self.vpp > 1 and self.pp == 1:
-            raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
-        return self
-
-    @property
-    def model_parallel(self) -> int:
-        """Devices one model replica spans: tp · pp."""
-        return self.tp * self.pp
-
-    def label(self) -> str:
-        """``tp8+sp·pp8×2·ep1`` style summary for tables."""
-        sp = "+sp" if self.sp else ""
-        vpp = f"×{self.vpp}" if self.vpp > 1 else ""
-        ep = f"·ep{self.ep}" if self.ep > 1 else ""
-        return f"tp{self.tp}{sp}·pp{self.pp}{vpp}{ep}"
+from memplan.config import ModelConfig, Parallel, Setup
 
 
 def divisors(n: int, limit: int = 1 << 12) -> list[int]:
@@ -124,7 +83,8 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
 
 
 def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
-    """The model one tensor-parallel rank holds: a/t heads, kv/t key/value heads, f/t MLP, ⌈v/t⌉ vocabulary.
+    """The model one tensor-parallel rank holds: a/t heads, kv/t key/value heads, f/t MLP (and shared
+    experts), ⌈v/t⌉ vocabulary.
 
     Call ``check_parallel`` first (t must divide heads, kv heads and ffn). head_dim and hidden size stay.
     """
@@ -137,5 +97,6 @@ def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
             "head_dim": model.dim,
             "ffn_size": model.ffn // tp,
             "vocab_size": -(-model.vocab_size // tp),
+            "moe": model.moe.for_tp(tp) if model.moe else None,
         }
     )

@@ -1,11 +1,9 @@
 """Mixture of experts: routed experts with top-k routing, shared experts, a capacity factor.
 
-``MoEConfig`` sits beside ``ModelConfig`` (which forbids extra fields): the model's ``ffn_size`` is the
+``ModelConfig.moe`` (``config.MoEConfig``) makes a model a mixture of experts: its ``ffn_size`` is the
 width of ONE routed expert; every layer's MLP is replaced by a router (h×E, no bias), E routed experts of
 that width (each a full MLP of the model's kind) and optionally shared experts every token goes through.
-
-Parameters (Jiang et al. 2024, Mixtral; Qwen1.5-MoE): total counts all E experts, active the k a token is
-routed to plus everything else (router included), which is what 6N counts (``six_n`` uses the active N).
+Parameters (total and active) are counted with the dense ones in ``analytic.params``.
 
 Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``), with
 T = b·s tokens and S expert slots (T·k when dropless; E·⌈c·T·k/E⌉ with capacity factor c, the slots of
@@ -27,131 +25,10 @@ counted; with full or every-k checkpointing the recompute FLOPs keep the dense e
 
 from __future__ import annotations
 
-import math
-from typing import Self
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops, mm
 from memplan.analytic.inventory import Dims, Kept, Scope
-from memplan.analytic.params import count_params, mlp_params
-from memplan.config import DType, MlpType, ModelConfig, Setup
-
-
-class MoEConfig(BaseModel):
-    """Mixture-of-experts fields of a model (``[moe]`` in a preset file)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    experts: int = Field(ge=2, le=1 << 16, description="routed experts E per layer")
-    top_k: int = Field(ge=1, description="experts each token is routed to")
-    shared_experts: int = Field(default=0, ge=0, description="experts every token goes through")
-    shared_ffn: int | None = Field(
-        default=None, gt=0, description="width of each shared expert; = the routed expert's ffn_size"
-    )
-    shared_gate: bool = Field(default=False, description="sigmoid gate h→1 on the shared output (Qwen2-MoE)")
-    capacity_factor: float | None = Field(
-        default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> Self:
-        if self.top_k > self.experts:
-            raise ValueError(f"top_k: {self.top_k} exceeds the {self.experts} experts; use top_k ≤ experts")
-        if (self.shared_ffn is not None or self.shared_gate) and self.shared_experts == 0:
-            raise ValueError(
-                "shared_experts: shared_ffn / shared_gate need shared_experts ≥ 1; set it or drop them"
-            )
-        return self
-
-    def shared_width(self, model: ModelConfig) -> int:
-        """Width of all shared experts together, n·f_s (0 without shared experts)."""
-        return self.shared_experts * (self.shared_ffn or model.ffn)
-
-    def widths(self, model: ModelConfig) -> tuple[int, ...]:
-        """MLP widths tensor parallelism must divide beside ``ffn_size``."""
-        return (self.shared_ffn,) if self.shared_experts and self.shared_ffn else ()
-
-    def for_tp(self, tp: int) -> MoEConfig:
-        """This MoE as one tensor-parallel rank holds it (shared width split like the experts' f/t)."""
-        if tp == 1 or self.shared_ffn is None:
-            return self
-        return self.model_copy(update={"shared_ffn": self.shared_ffn // tp})
-
-    def slots(self, tokens: int) -> int:
-        """Expert slots S for T tokens: T·k dropless, or E·⌈(T·k/E)·c⌉ padded to capacity (Megatron-Core
-        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``)."""
-        routed = tokens * self.top_k
-        if self.capacity_factor is None:
-            return routed
-        return self.experts * math.ceil((routed / self.experts) * self.capacity_factor)
-
-    def label(self) -> str:
-        shared = f"+{self.shared_experts} shared" if self.shared_experts else ""
-        return f"{self.experts} experts top-{self.top_k}{shared}"
-
-
-# ----------------------------------------------------------------------------------------------------
-# Parameters
-# ----------------------------------------------------------------------------------------------------
-class MoELayerParams(BaseModel):
-    """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
-
-    model_config = ConfigDict(frozen=True)
-    router: int
-    expert: int
-    """One routed expert's MLP."""
-    shared: int
-    """All shared experts and their gate."""
-
-    def dense(self) -> int:
-        return self.router + self.shared
-
-    def local_experts(self, moe: MoEConfig, ep: int) -> int:
-        """Routed-expert parameters on one expert-parallel rank (E/ep experts)."""
-        return self.expert * (moe.experts // ep)
-
-
-def moe_layer_params(model: ModelConfig, moe: MoEConfig) -> MoELayerParams:
-    """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
-    h = model.hidden_size
-    width = moe.shared_width(model)
-    shared = mlp_params(model.model_copy(update={"ffn_size": width})) if width else 0
-    return MoELayerParams(
-        router=h * moe.experts,
-        expert=mlp_params(model),
-        shared=shared + (h if moe.shared_gate else 0),
-    )
-
-
-class MoEParamCount(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    total: int
-    active: int
-    per_layer: int
-    """One transformer layer, every expert included."""
-
-
-def param_counts(model: ModelConfig, moe: MoEConfig | None) -> MoEParamCount:
-    """Total and active parameters of the whole model (equal for a dense one)."""
-    if moe is None:
-        dense = count_params(model)
-        return MoEParamCount(total=dense.total, active=dense.total, per_layer=dense.layer.total)
-    return count_moe_params(model, moe)
-
-
-def count_moe_params(model: ModelConfig, moe: MoEConfig) -> MoEParamCount:
-    """Total (all experts) and active (top-k experts) parameters of the whole model."""
-    base = count_params(model)
-    layer = moe_layer_params(model, moe)
-    rest = base.total - base.num_layers * base.layer.mlp  # everything but the dense MLPs
-    return MoEParamCount(
-        total=rest + base.num_layers * (layer.dense() + moe.experts * layer.expert),
-        active=rest + base.num_layers * (layer.dense() + moe.top_k * layer.expert),
-        per_layer=base.layer.total - base.layer.mlp + layer.dense() + moe.experts * layer.expert,
-    )
-
+from memplan.config import DType, MlpType, MoEConfig, Setup
 
 # ----------------------------------------------------------------------------------------------------
 # Activations

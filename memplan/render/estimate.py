@@ -3,7 +3,7 @@
 Units, said explicitly wherever they are shown: bytes in binary units (KiB = 2¹⁰, MiB = 2²⁰, GiB = 2³⁰
 bytes; figures ≥ 1 GiB stay in GiB), FLOPs in decimal units (GFLOP = 10⁹, TFLOP = 10¹², PFLOP = 10¹⁵),
 parameters in decimal (M = 10⁶, B = 10⁹). Every function here is pure: it takes computed results
-(``Estimate``, presets, ``ParamCount``) and returns rich renderables; nothing is computed beyond the
+(``Result``, presets, ``ParamCount``) and returns rich renderables; nothing is computed beyond the
 formatting (shares of a bar, a ratio).
 """
 
@@ -20,7 +20,7 @@ from rich.text import Text
 from memplan.analytic.inventory import Kept, Scope
 from memplan.analytic.params import ParamCount
 from memplan.config import checkpointing_label
-from memplan.estimate import Estimate
+from memplan.engine import Result
 from memplan.presets import GpuPreset, ModelPreset
 
 BYTE_UNITS = "GiB = 2³⁰ bytes, MiB = 2²⁰ bytes"
@@ -30,7 +30,7 @@ _DECIMAL_FLOPS = ((10**15, "PFLOP"), (10**12, "TFLOP"), (10**9, "GFLOP"), (10**6
 _DECIMAL_COUNT = ((10**9, "B"), (10**6, "M"), (10**3, "K"))
 
 # Memory components: (label, style, glyph) in bar order; the glyphs tell them apart without colour.
-_SEGMENTS = (
+SEGMENTS = (
     ("weights", "blue", "█"),
     ("gradients", "magenta", "▓"),
     ("optimizer", "yellow", "▒"),
@@ -81,7 +81,7 @@ def _row(table: Table, *cells: str, style: str = "") -> None:
 # ----------------------------------------------------------------------------------------------------
 # Summary
 # ----------------------------------------------------------------------------------------------------
-def setup_line(e: Estimate) -> str:
+def setup_line(e: Result) -> str:
     s = e.setup
     t, st = s.training, s.strategy
     rev = " · reversible" if st.reversible else ""
@@ -94,15 +94,15 @@ def setup_line(e: Estimate) -> str:
     )
 
 
-def _components(e: Estimate) -> list[tuple[str, str, str, int]]:
+def _components(e: Result) -> list[tuple[str, str, str, int]]:
     """(label, style, glyph, bytes) of the bar: model states, activations, what the peak adds on top."""
     st = e.states
     values = [st.weights, st.gradients, st.optimizer, e.activations]
     values.append(max(0, e.peak.bytes - sum(values)))
-    return [(*segment, v) for segment, v in zip(_SEGMENTS, values, strict=True)]
+    return [(*segment, v) for segment, v in zip(SEGMENTS, values, strict=True)]
 
 
-def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> RenderableType:
+def memory_bar(e: Result, width: int = BAR_WIDTH) -> RenderableType:
     """A stacked bar of one device's memory, its legend, and where the peak falls."""
     parts = _components(e)
     scale = max(sum(v for *_, v in parts), e.peak.bytes, 1)
@@ -126,7 +126,7 @@ def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> RenderableType:
     return Group(bar, Text(marker, style="bold"), Columns(legend, padding=(0, 3)))
 
 
-def _phases_line(e: Estimate) -> Text:
+def _phases_line(e: Result) -> Text:
     text = Text("moments of the step (the peak is the largest):")
     for name, value in e.peak.phases.items():
         style = "bold" if name == e.peak.phase else ""
@@ -134,7 +134,7 @@ def _phases_line(e: Estimate) -> Text:
     return text
 
 
-def _bar_note(e: Estimate) -> str:
+def _bar_note(e: Result) -> str:
     transient = _components(e)[-1][-1]
     what = (
         "the peak transient is what the peak moment holds beyond all of these (loss or backward buffers)"
@@ -148,7 +148,7 @@ def _bar_note(e: Estimate) -> str:
     )
 
 
-def summary_panel(e: Estimate) -> Panel:
+def summary_panel(e: Result) -> Panel:
     """Model, parameters, the setup, and one device's memory: states, activations and the peak."""
     p = e.params
     st = e.setup.strategy
@@ -183,7 +183,7 @@ def _add_kept(table: Table, k: Kept) -> None:
     )
 
 
-def activation_table(e: Estimate) -> Table:
+def activation_table(e: Result) -> Table:
     """Every tensor autograd keeps for backward: model-level entries, then the per-layer ones; totals."""
     layers = e.setup.model.num_layers
     table = Table(
@@ -228,7 +228,7 @@ def activation_table(e: Estimate) -> Table:
 # ----------------------------------------------------------------------------------------------------
 # FLOPs
 # ----------------------------------------------------------------------------------------------------
-def flops_table(e: Estimate) -> Table:
+def flops_table(e: Result) -> Table:
     """Forward, backward, recompute; hardware and model FLOPs; the 6N·tokens view; per optimizer step."""
     f, g = e.flops, e.setup.training.grad_accum
     table = Table(title=f"FLOPs of one micro-batch, whole model; {FLOP_UNITS}", title_justify="left")
@@ -278,7 +278,7 @@ def flops_table(e: Estimate) -> Table:
     return table
 
 
-def estimate_report(e: Estimate) -> Group:
+def estimate_report(e: Result) -> Group:
     """The whole ``memplan estimate`` output: summary, activation inventory, FLOPs."""
     return Group(summary_panel(e), activation_table(e), flops_table(e))
 

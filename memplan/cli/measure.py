@@ -17,27 +17,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from memplan.cli_common import (
-    AttentionChoice,
-    AttentionOpt,
-    BatchOpt,
-    CheckpointingOpt,
-    DpOpt,
-    DropoutOpt,
-    GradAccumOpt,
-    ModelOpt,
-    OptimizerOpt,
-    PrecisionOpt,
-    ReversibleOpt,
-    SeqOpt,
-    ZeroOpt,
-    build_setup,
-    fail,
-    user_errors,
-)
-from memplan.config import Device, Optimizer, Precision, Setup
-from memplan.estimate import estimate
-from memplan.report import BYTE_UNITS, fmt_bytes, fmt_flops
+from memplan.api import setup_of
+from memplan.cli.common import fail, options_of, user_errors, with_options
+from memplan.config import Device, Setup
+from memplan.engine import estimate
+from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (estimated, measured, diff)")]
 INSTALL = (
@@ -58,21 +42,23 @@ def _torch_or_fail() -> None:
         fail(INSTALL)
 
 
-def trace(
-    model: ModelOpt = None,
-    seq: SeqOpt = None,
-    batch: BatchOpt = 1,
-    precision: PrecisionOpt = Precision.BF16_MIXED,
-    optimizer: OptimizerOpt = Optimizer.ADAMW,
-    grad_accum: GradAccumOpt = 1,
-    checkpointing: CheckpointingOpt = "none",
-    attention: AttentionOpt = AttentionChoice.FLASH,
-    reversible: ReversibleOpt = False,
-    zero: ZeroOpt = 0,
-    dp: DpOpt = 1,
-    dropout: DropoutOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+# The options the reference model runs with on one process (trace: also the ZeRO sharding of the states).
+_RUN_OPTIONS = (
+    "model",
+    "seq",
+    "batch",
+    "precision",
+    "optimizer",
+    "grad_accum",
+    "checkpointing",
+    "attention",
+    "reversible",
+    "dropout",
+)
+
+
+@with_options(*_RUN_OPTIONS, "zero", "dp")
+def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
     Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
@@ -81,21 +67,7 @@ def trace(
     Example: memplan trace --model 70b --seq 8192
     """
     with user_errors():
-        setup = build_setup(
-            model,
-            seq=seq,
-            batch=batch,
-            precision=precision,
-            optimizer=optimizer,
-            grad_accum=grad_accum,
-            checkpointing=checkpointing,
-            attention=attention,
-            reversible=reversible,
-            zero=zero,
-            dp=dp,
-            dropout=dropout,
-            device=Device.CPU,
-        )
+        setup = setup_of(options_of({**options, "device": Device.CPU}))
         _torch_or_fail()
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable
@@ -112,7 +84,7 @@ def trace(
     if as_json:
         typer.echo(json.dumps(result))
     else:
-        from memplan.report_measure import trace_report
+        from memplan.render.measure import trace_report
 
         Console().print(trace_report(result, seconds))
     if not result["diff"]["equal"]:
@@ -153,17 +125,8 @@ DeviceRunOpt = Annotated[
 ]
 
 
+@with_options(*_RUN_OPTIONS)
 def profile(
-    model: ModelOpt = None,
-    seq: SeqOpt = None,
-    batch: BatchOpt = 1,
-    precision: PrecisionOpt = Precision.BF16_MIXED,
-    optimizer: OptimizerOpt = Optimizer.ADAMW,
-    grad_accum: GradAccumOpt = 1,
-    checkpointing: CheckpointingOpt = "none",
-    attention: AttentionOpt = AttentionChoice.FLASH,
-    reversible: ReversibleOpt = False,
-    dropout: DropoutOpt = None,
     device: DeviceRunOpt = None,
     steps: Annotated[int, typer.Option("--steps", min=1, max=1000, help="Measured steps")] = 2,
     warmup: Annotated[int, typer.Option("--warmup", min=0, max=1000, help="Warm-up steps")] = 1,
@@ -172,6 +135,7 @@ def profile(
         str | None, typer.Option("--memory-snapshot", help="Write a CUDA memory snapshot (CUDA only)")
     ] = None,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
@@ -188,19 +152,8 @@ def profile(
         for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
             if path is not None:
                 _check_writable(option, path)
-        setup = build_setup(
-            model,
-            seq=seq,
-            batch=batch,
-            precision=precision,
-            optimizer=optimizer,
-            grad_accum=grad_accum,
-            checkpointing=checkpointing,
-            attention=attention,
-            reversible=reversible,
-            dropout=dropout,
-            device=Device.CUDA if dev.startswith("cuda") else Device.CPU,
-        )
+        kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
+        setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare import comparison_json
 
         est = estimate(setup)
@@ -250,7 +203,7 @@ def _check_writable(option: str, path: str) -> None:
 def _print_profile(
     result: dict[str, Any], est_peak: int, phase: str, peak: int, err: float, flops: int, dev: str
 ) -> None:
-    from memplan.report_measure import flop_table, profile_table, tensor_table, verdict
+    from memplan.render.measure import flop_table, profile_table, tensor_table, verdict
 
     t = result["time"]
     rows = [

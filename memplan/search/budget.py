@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.plan.device import Plan, StagePlan
+from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
@@ -63,7 +63,7 @@ def overflow(values: dict[str, int], memory: int) -> str:
     return "transient"
 
 
-def verdict(p: Plan, gpu: GpuPreset, *, exact: bool = True) -> Verdict:
+def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True) -> Verdict:
     """Fit or not on ``gpu``. With ``exact=False`` (the fit search) the peak is computed only when the
     stages' lower bounds do not already exceed the memory."""
     memory = gpu.memory_bytes

@@ -32,9 +32,9 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from memplan.config import Precision
-from memplan.plan.defaults import DEFAULT_MFU
-from memplan.plan.device import Plan
+from memplan.engine import Result
 from memplan.presets import GpuPreset
+from memplan.time.defaults import DEFAULT_MFU
 
 SECONDS_PER_DAY = 86_400
 
@@ -73,7 +73,7 @@ def peak_flops(gpu: GpuPreset, precision: Precision) -> float:
     return per_dtype.get(precision, tf.fp32) * 1e12
 
 
-def bubble(p: Plan) -> float:
+def bubble(p: Result) -> float:
     """1F1B bubble fraction (p − 1)/(m·n) (Narayanan et al. 2021 §2.2.1; interleaved §2.2.2)."""
     par = p.parallel
     return (par.pp - 1) / (par.vpp * p.micro_batches)
@@ -97,7 +97,7 @@ def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float 
 
 
 def timing(
-    p: Plan,
+    p: Result,
     gpu: GpuPreset,
     *,
     mfu: float | None = None,

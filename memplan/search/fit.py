@@ -25,13 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memplan.config import Attention, Checkpointing, PositionType, Setup, ZeroStage
-from memplan.plan.budget import Verdict, verdict
-from memplan.plan.device import Plan, plan
-from memplan.plan.moe import MoEConfig
-from memplan.plan.parallel import Parallel, divisors, tp_widths
-from memplan.plan.timing import Timing, check_time_inputs, timing
+from memplan.config import Attention, Checkpointing, Parallel, PositionType, Setup, ZeroStage
+from memplan.contract import to_json as result_json
+from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
+from memplan.search.budget import Verdict, verdict
+from memplan.strategies.tensor_parallel import divisors, tp_widths
+from memplan.time.timing import Timing, check_time_inputs, timing
 
 TOKENS_PER_STEP = 1 << 22
 """Default global batch: about 4M tokens per step (Llama 2 and 3 pre-training), in whole sequences."""
@@ -88,13 +88,13 @@ class Config:
     """A configuration that fits."""
 
     family: Family
-    plan: Plan
+    result: Result
     timing: Timing
     verdict: Verdict
 
     @property
     def micro_batch(self) -> int:
-        return self.plan.setup.training.micro_batch
+        return self.result.setup.training.micro_batch
 
     def sort_key(self) -> tuple[float, int, int, int, int]:
         par = self.family.layout.parallel
@@ -107,7 +107,7 @@ class Config:
         )
 
     def to_json(self) -> dict[str, Any]:
-        out = self.plan.to_json()
+        out = result_json(self.result)
         out["settings"] = {**self.family.settings(), "micro_batch": self.micro_batch}
         out["fit"] = self.verdict.to_json()
         out["time"] = self.timing.to_json()
@@ -171,9 +171,10 @@ class FitResult:
 # ----------------------------------------------------------------------------------------------------
 # The space
 # ----------------------------------------------------------------------------------------------------
-def layouts(setup: Setup, moe: MoEConfig | None, gpus: int, space: Space) -> list[Layout]:
+def layouts(setup: Setup, gpus: int, space: Space) -> list[Layout]:
     """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices."""
     m, seq = setup.model, setup.training.seq_len
+    moe = m.moe
     widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
     out = []
     for tp in divisors(widths, space.tp_max):
@@ -194,9 +195,11 @@ def default_global_batch(seq: int, gpus: int) -> int:
 
 
 def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
-    """``base`` with a family's strategy and a micro-batch (valid by construction: not re-validated)."""
+    """``base`` with a family's strategy, layout and micro-batch (valid by construction: not
+    re-validated)."""
     return base.model_copy(
         update={
+            "parallel": family.layout.parallel,
             "training": base.training.model_copy(
                 update={"micro_batch": micro_batch, "grad_accum": micro_batches}
             ),
@@ -214,7 +217,7 @@ def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) ->
     )
 
 
-def fits(p: Plan, memory: int) -> bool:
+def fits(p: Result, memory: int) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed."""
     return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory
 
@@ -224,7 +227,6 @@ def fits(p: Plan, memory: int) -> bool:
 # ----------------------------------------------------------------------------------------------------
 def fit(
     base: Setup,
-    moe: MoEConfig | None,
     gpu: GpuPreset,
     gpus: int,
     *,
@@ -248,21 +250,20 @@ def fit(
     start = time.perf_counter()
     result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch)
     memory = gpu.memory_bytes
-    for layout in layouts(base, moe, gpus, space):
+    for layout in layouts(base, gpus, space):
         for ckpt in space.checkpointing:
             for attention in space.attention:
-                _search_families(result, base, moe, layout, ckpt, attention, space, mfu)
+                _search_families(result, base, layout, ckpt, attention, space, mfu)
     result.fitting.sort(key=Config.sort_key)
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
-        result.max_seq = longest_sequence(result.best, moe, memory)
+        result.max_seq = longest_sequence(result.best, memory)
     return result
 
 
 def _search_families(
     result: FitResult,
     base: Setup,
-    moe: MoEConfig | None,
     layout: Layout,
     ckpt: Checkpointing,
     attention: Attention,
@@ -281,7 +282,7 @@ def _search_families(
         result.searched += len(families)
         for family in families:
             result.evaluated += 1
-            p = plan(_setup(base, family, b, n), layout.parallel, moe)
+            p = estimate(_setup(base, family, b, n))
             ok = fits(p, memory)
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
@@ -294,12 +295,12 @@ def _search_families(
     result.rejected += [r for f, r in first_failure.items() if f not in fitted]
 
 
-def longest_sequence(best: Config, moe: MoEConfig | None, memory: int, cap: int = 1 << 20) -> int:
+def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
     """The longest sequence the best configuration fits at micro-batch 1 (binary search).
 
     Sequences step by tp under sequence parallelism; learned positions cap it at ``max_positions``.
     """
-    p = best.plan
+    p = best.result
     step = p.parallel.tp if p.parallel.sp else 1
     if p.setup.model.position is PositionType.LEARNED:
         cap = min(cap, p.setup.model.max_positions)
@@ -307,7 +308,7 @@ def longest_sequence(best: Config, moe: MoEConfig | None, memory: int, cap: int 
 
     def ok(seq: int) -> bool:
         training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
-        return fits(plan(p.setup.model_copy(update={"training": training}), p.parallel, moe), memory)
+        return fits(estimate(p.setup.model_copy(update={"training": training})), memory)
 
     lo, hi = 0, cap // step  # in steps: ok(lo·step) (or lo = 0), not ok above hi·step
     while lo < hi:

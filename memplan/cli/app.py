@@ -1,0 +1,122 @@
+"""The ``memplan`` command line: a thin typer app that parses, calls and renders.
+
+Commands: ``estimate`` (alias ``plan``: memory and FLOPs of one training step on any layout),
+``presets`` / ``presets show NAME`` and ``gpus``; the measurement and search commands are registered by
+``memplan.cli.measure`` and ``memplan.cli.search``. Options are declared once in ``memplan.cli.common``;
+computing goes through ``memplan.api``, rendering lives in ``memplan.render``. torch is never imported
+here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from memplan.analytic.params import count_params
+from memplan.api import build, load_model, to_json
+from memplan.cli.common import JsonOpt, handle_user_errors, new_app, options_of, with_options
+from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
+from memplan.render import estimate as report
+
+app = new_app(
+    name="memplan",
+    help="Estimate the GPU memory and FLOPs of one transformer training step, per tensor, "
+    "and prove it against PyTorch.\n\n"
+    "Start with: memplan estimate --model 70b --seq 8192",
+)
+presets_app = new_app(name="presets", invoke_without_command=True, no_args_is_help=False)
+app.add_typer(presets_app, name="presets", help="Model presets: list them, or `presets show NAME`.")
+
+ESTIMATE_HELP = """\
+Memory and FLOPs of one training step, per tensor, per device, without torch.
+
+Memory: weights, gradients, optimizer states (master copy included), every activation autograd keeps for
+backward, and the peak, in bytes on the most loaded device (shown as GiB = 2³⁰ bytes). FLOPs: one
+micro-batch, whole model, forward / backward / recompute (shown as TFLOP = 10¹², PFLOP = 10¹⁵ FLOP).
+
+One device is the default layout; tensor (--tp), sequence (--sp), pipeline (--pp, --vpp), expert (--ep)
+and data parallelism (--dp or --gpus, with --zero) split it (the first pipeline stage holds pp micro-batches
+in flight). Dense and mixture-of-experts models alike (mixtral-8x7b, qwen1.5-moe-a2.7b, or a mixtral /
+qwen2_moe config.json). With --gpu: whether it fits and how long a step takes. `memplan plan` is the same
+command.
+
+Examples:
+
+  memplan estimate --model 70b --seq 8192
+
+  memplan estimate -m llama-3-8b --seq 4096 --batch 4 --checkpointing full --zero 3 --dp 64
+
+  memplan estimate -m mixtral-8x7b --seq 4096
+
+  memplan estimate -m gpt3-175b --seq 2048 --tp 8 --sp --pp 8 --gpus 1024 --global-batch 1536 --gpu a100
+
+  memplan estimate -m ./config.json --seq 2048 --json | jq .memory.peak
+"""
+
+
+def _console() -> Console:
+    """A console on the current stdout (created per command so redirected output is honoured)."""
+    return Console()
+
+
+@app.command("estimate", help=ESTIMATE_HELP)
+@handle_user_errors
+@with_options()
+def estimate_command(as_json: JsonOpt = False, **options: Any) -> None:
+    built = build(options_of(options))
+    if as_json:
+        typer.echo(json.dumps(to_json(built)))
+        return
+    from memplan.render.plan import step_report
+
+    _console().print(step_report(built))
+
+
+app.command("plan", help="Same as `memplan estimate` (its former name for parallel layouts).")(
+    estimate_command
+)
+
+
+@presets_app.callback()
+def presets_command(ctx: typer.Context) -> None:
+    """List the model presets: name, aliases, published parameter count, layers, width, heads, source."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with_errors = handle_user_errors(lambda: [load_model_preset(name) for name in model_names()])
+    _console().print(report.presets_table(with_errors()))
+
+
+@presets_app.command("show")
+@handle_user_errors
+def presets_show(
+    name: Annotated[str, typer.Argument(help="Preset name or alias, a preset .toml or a config.json")],
+) -> None:
+    """One preset's fields and its computed parameter breakdown."""
+    preset = load_model(name)
+    _console().print(report.preset_detail(preset, count_params(preset.model)))
+
+
+@app.command("gpus")
+@handle_user_errors
+def gpus_command() -> None:
+    """List the GPU presets: memory (GiB = 2³⁰ bytes), dense peak TFLOP/s, bandwidths, source."""
+    _console().print(report.gpus_table([load_gpu(name) for name in gpu_names()]))
+
+
+def main() -> None:
+    """Console-script entry point (``memplan``)."""
+    app(prog_name="memplan")
+
+
+# Sub-command modules add their commands last (they import cli_common, never this module's app).
+from memplan.cli import measure, schema, search  # noqa: E402
+
+measure.register(app)
+search.register(app)
+schema.register(app)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""Search commands registered on the main typer app: ``compare`` and ``fit``.
+
+``compare`` tabulates models × strategy variations (each a ``memplan estimate``); ``fit`` searches the
+layouts that fit a GPU count. Options come from ``memplan.cli.common``, computing from ``memplan.api`` and
+``memplan.search``, rendering from ``memplan.render.plan``. torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from memplan.api import Options, build_setup, load_model
+from memplan.cli.common import (
+    DeviceOpt,
+    DropoutOpt,
+    JsonOpt,
+    MfuOpt,
+    ModelOpt,
+    OptimizerOpt,
+    PrecisionOpt,
+    SeqOpt,
+    handle_user_errors,
+    option_default,
+    with_options,
+)
+from memplan.config import (
+    Attention,
+    AttentionChoice,
+    Checkpointing,
+    Device,
+    Optimizer,
+    Precision,
+    ZeroStage,
+    parse_checkpointing,
+)
+from memplan.presets import load_gpu
+
+# NB: memplan.search and memplan.render.plan are imported inside the commands.
+
+_OUTPUT = "Output"
+
+
+def _console() -> Console:
+    return Console()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``compare`` and ``fit`` to ``app``."""
+    app.command("compare", help=COMPARE_HELP)(compare_command)
+    app.command("fit", help=FIT_HELP)(fit_command)
+
+
+# ----------------------------------------------------------------------------------------------------
+# compare
+# ----------------------------------------------------------------------------------------------------
+COMPARE_HELP = """Compare models and strategy variations side by side: one row per combination.
+
+--model takes a comma-separated list; each --vary KEY=A,B,… varies one setting of `memplan estimate` (any of
+its options: checkpointing, attention, zero, tp, sp, pp, dp, gpus, batch, seq, precision, gpu, mfu, …);
+the rows are the cartesian product. Columns: the memory terms and the peak of the most loaded device with
+a stacked bar, FLOPs per step, the step time and whether it fits (with --gpu).
+
+Examples:
+
+  memplan compare -m 7b,70b,405b --seq 4096 --gpus 64 --zero 3 --gpu h100
+
+  memplan compare -m 70b --vary checkpointing=none,selective,full --vary attention=eager,flash --gpu h100
+
+  memplan compare -m 8b --vary tp=1,2,4,8 --sp --gpus 8 --gpu a100 --sort -tokens_per_s --markdown
+"""
+
+
+# Every option of `memplan estimate` but the model (a list here) and the measured step time.
+_COMPARE_OPTIONS = tuple(name for name in Options.model_fields if name not in ("model", "step_time"))
+
+
+@handle_user_errors
+@with_options(*_COMPARE_OPTIONS)
+def compare_command(
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model", "-m", help="Model presets, comma-separated (e.g. 7b,70b,405b)", show_default=False
+        ),
+    ] = None,
+    vary: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vary", metavar="KEY=A,B", help="A setting and its values; repeat for more", show_default=False
+        ),
+    ] = None,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            "--sort", metavar="COLUMN", help="Sort by a column (-COLUMN: descending)", show_default=False
+        ),
+    ] = None,
+    as_json: JsonOpt = False,
+    as_csv: Annotated[
+        bool, typer.Option("--csv", help="Print CSV (raw numbers)", rich_help_panel=_OUTPUT)
+    ] = False,
+    as_markdown: Annotated[
+        bool, typer.Option("--markdown", help="Print a Markdown table", rich_help_panel=_OUTPUT)
+    ] = False,
+    **options: Any,
+) -> None:
+    from memplan.render import plan as render
+    from memplan.search import compare as cmp
+
+    if sum((as_json, as_csv, as_markdown)) > 1:
+        raise ValueError("output: choose one of --json, --csv and --markdown")
+    models = [m.strip() for m in (model or "").split(",") if m.strip()]
+    # Only what the user set: a --vary value then replaces it, and defaults stay Options' own.
+    base = {k: v for k, v in options.items() if v != option_default(k)}
+    rows = cmp.sort_rows(cmp.rows(base, models, cmp.parse_vary(vary or [])), sort)
+    keys = cmp.columns(rows)
+    if as_json:
+        typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}))
+    elif as_csv:
+        typer.echo(render.to_csv(rows, keys), nl=False)
+    elif as_markdown:
+        typer.echo(render.to_markdown(rows, keys), nl=False)
+    else:
+        _console().print(render.compare_table(rows, keys))
+
+
+# ----------------------------------------------------------------------------------------------------
+# fit
+# ----------------------------------------------------------------------------------------------------
+FIT_HELP = """Search the layouts and strategies that fit a model on N GPUs, fastest first.
+
+Searches checkpointing (none, selective, full), attention (eager, flash), ZeRO stage (0-3), the tp × pp × dp
+splits of --gpus (tp ≤ --tp-max, sequence parallel when tp > 1, ep for MoE) and the micro-batch size, at a
+fixed global batch; ranks what fits by tokens/s at --mfu (recompute and the pipeline bubble cost time,
+communication is not modelled), and says for every rejected family which memory term overflows. Also
+reports the longest sequence the best configuration fits.
+
+Examples:
+
+  memplan fit -m 70b --seq 4096 --gpu h100 --gpus 64
+
+  memplan fit -m mixtral --seq 8192 --gpu h100 --gpus 32 --global-batch 512 --json | jq '.configs[0].settings'
+"""
+
+
+def _list(text: str | None, what: str, parse: Any) -> tuple[Any, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(parse(v.strip()) for v in text.split(",") if v.strip())
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"{what}: cannot read {text!r}; give a comma-separated list, e.g. --{what} {FIT_LISTS[what]}"
+        ) from None
+
+
+FIT_LISTS = {
+    "checkpointing": "none,selective,full",
+    "attention": "eager,flash",
+    "zero": "0,1,2,3",
+    "micro-batches": "1,2,4,8",
+}
+
+
+@handle_user_errors
+def fit_command(
+    model: ModelOpt = None,
+    seq: SeqOpt = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu", metavar="NAME", help="GPU preset (required; `memplan gpus`)", show_default=False
+        ),
+    ] = None,
+    gpus: Annotated[
+        int | None, typer.Option("--gpus", metavar="N", help="Number of GPUs (required)", show_default=False)
+    ] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--global-batch",
+            metavar="B",
+            help="Sequences per step [default: ≈ 4M tokens, at least one per GPU]",
+            show_default=False,
+        ),
+    ] = None,
+    precision: PrecisionOpt = Precision.BF16_MIXED,
+    optimizer: OptimizerOpt = Optimizer.ADAMW,
+    dropout: DropoutOpt = None,
+    device: DeviceOpt = Device.CUDA,
+    mfu: MfuOpt = None,
+    checkpointing: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpointing",
+            metavar="LIST",
+            help="Checkpointing modes to search [default: none,selective,full]",
+            show_default=False,
+        ),
+    ] = None,
+    attention: Annotated[
+        str | None,
+        typer.Option(
+            "--attention",
+            metavar="LIST",
+            help="Attention kernels to search [default: eager,flash]",
+            show_default=False,
+        ),
+    ] = None,
+    zero: Annotated[
+        str | None,
+        typer.Option(
+            "--zero", metavar="LIST", help="ZeRO stages to search [default: 0,1,2,3]", show_default=False
+        ),
+    ] = None,
+    micro_batches: Annotated[
+        str | None,
+        typer.Option(
+            "--micro-batches",
+            metavar="LIST",
+            help="Micro-batch sizes to search [default: 1,2,4,8,16,32]",
+            show_default=False,
+        ),
+    ] = None,
+    tp_max: Annotated[
+        int, typer.Option("--tp-max", metavar="N", help="Largest tensor-parallel degree to search")
+    ] = 8,
+    top: Annotated[
+        int, typer.Option("--top", metavar="N", help="Rows shown (and configurations in --json); 0: all")
+    ] = 10,
+    as_json: JsonOpt = False,
+) -> None:
+    from memplan.render import plan as render
+    from memplan.search.fit import Space, fit
+
+    if gpu is None or gpus is None:
+        raise ValueError("gpu: fit needs --gpu NAME and --gpus N (e.g. --gpu h100 --gpus 64)")
+    if top < 0:
+        raise ValueError(f"top: must be 0 (every configuration) or more, got {top}; e.g. --top 10")
+    base = build_setup(
+        load_model(model).model,
+        seq=seq,
+        precision=precision,
+        optimizer=optimizer,
+        dropout=dropout,
+        device=device,
+    )
+    defaults = Space()
+    space = Space(
+        checkpointing=_list(checkpointing, "checkpointing", _whole_layer_mode) or defaults.checkpointing,
+        attention=_list(attention, "attention", lambda v: Attention[AttentionChoice(v.lower()).name])
+        or defaults.attention,
+        zero=_list(zero, "zero", lambda v: ZeroStage(int(v))) or defaults.zero,
+        micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
+        tp_max=tp_max,
+    )
+    result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=mfu, space=space)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(top)))
+        return
+    _console().print(render.fit_report(result, top))
+
+
+def _whole_layer_mode(text: str) -> Checkpointing:
+    mode, _ = parse_checkpointing(text)
+    if mode is Checkpointing.EVERY_K:
+        raise ValueError(text)  # fit searches none, selective and full only
+    return mode
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise ValueError(text)
+    return n

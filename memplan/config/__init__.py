@@ -1,0 +1,47 @@
+"""Configuration models: what the model is, how it is trained, with which strategy and parallel layout.
+
+Pydantic v2, ``frozen=True, extra="forbid"``, each field declared once. Derived defaults (kv heads, head
+dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` naming the field and the fix
+(pydantic turns it into a ``ValidationError``; the CLI prints one line of it and exits 2).
+
+- ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
+- ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
+- ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
+- ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
+"""
+
+from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
+from memplan.config.setup import Parallel, Setup
+from memplan.config.strategy import (
+    Attention,
+    AttentionChoice,
+    Checkpointing,
+    Device,
+    StrategyConfig,
+    ZeroStage,
+    checkpointing_label,
+    parse_checkpointing,
+)
+from memplan.config.training import DType, Optimizer, Precision, TrainingConfig
+
+__all__ = [
+    "Attention",
+    "AttentionChoice",
+    "Checkpointing",
+    "DType",
+    "Device",
+    "MlpType",
+    "MoEConfig",
+    "ModelConfig",
+    "NormType",
+    "Optimizer",
+    "Parallel",
+    "PositionType",
+    "Precision",
+    "Setup",
+    "StrategyConfig",
+    "TrainingConfig",
+    "ZeroStage",
+    "checkpointing_label",
+    "parse_checkpointing",
+]

@@ -1,0 +1,164 @@
+"""The model: a decoder-only transformer (pre-norm, as GPT-2/3 and Llama lay it out), dense or a mixture
+of experts. A dense model is one with ``moe`` None; with ``moe`` set, ``ffn_size`` is the width of ONE
+routed expert and every layer's MLP becomes a router, E routed experts and optional shared experts
+(Jiang et al. 2024, Mixtral; Qwen1.5-MoE).
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from memplan.config._base import Frozen
+
+
+class NormType(StrEnum):
+    RMSNORM = "rmsnorm"
+    """RMSNorm as Llama's reference code: upcast to fp32, x·rsqrt(mean(x²)+eps), cast back, × weight."""
+    LAYERNORM = "layernorm"
+    """torch.nn.LayerNorm (``aten.native_layer_norm``): weight and bias, saves input, mean and rstd."""
+
+
+class MlpType(StrEnum):
+    SWIGLU = "swiglu"
+    """down(silu(gate(x)) · up(x)): three matrices h×ffn (Llama, Mistral, Qwen)."""
+    GELU = "gelu"
+    """fc2(gelu(fc1(x))): two matrices h×ffn (GPT-2, GPT-3, GPT-NeoX)."""
+
+
+class PositionType(StrEnum):
+    ROPE = "rope"
+    """Rotary embeddings applied to q and k; no parameters."""
+    LEARNED = "learned"
+    """A learned [max_positions, hidden] table added to the token embedding."""
+
+
+class MoEConfig(Frozen):
+    """Mixture-of-experts fields of a model (``[model.moe]`` in a preset file): every layer's MLP is a
+    router (h×E, no bias), E routed experts of the model's ``ffn_size`` and optional shared experts."""
+
+    experts: int = Field(ge=2, le=1 << 16, description="routed experts E per layer")
+    top_k: int = Field(ge=1, description="experts each token is routed to")
+    shared_experts: int = Field(default=0, ge=0, description="experts every token goes through")
+    shared_ffn: int | None = Field(
+        default=None, gt=0, description="width of each shared expert; = the routed expert's ffn_size"
+    )
+    shared_gate: bool = Field(default=False, description="sigmoid gate h→1 on the shared output (Qwen2-MoE)")
+    capacity_factor: float | None = Field(
+        default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k: {self.top_k} exceeds the {self.experts} experts; use top_k ≤ experts")
+        if (self.shared_ffn is not None or self.shared_gate) and self.shared_experts == 0:
+            raise ValueError(
+                "shared_experts: shared_ffn / shared_gate need shared_experts ≥ 1; set it or drop them"
+            )
+        return self
+
+    def shared_width(self, model: ModelConfig) -> int:
+        """Width of all shared experts together, n·f_s (0 without shared experts)."""
+        return self.shared_experts * (self.shared_ffn or model.ffn)
+
+    def widths(self, model: ModelConfig) -> tuple[int, ...]:
+        """MLP widths tensor parallelism must divide beside ``ffn_size``."""
+        return (self.shared_ffn,) if self.shared_experts and self.shared_ffn else ()
+
+    def for_tp(self, tp: int) -> MoEConfig:
+        """This MoE as one tensor-parallel rank holds it (shared width split like the experts' f/t)."""
+        if tp == 1 or self.shared_ffn is None:
+            return self
+        return self.model_copy(update={"shared_ffn": self.shared_ffn // tp})
+
+    def slots(self, tokens: int) -> int:
+        """Expert slots S for T tokens: T·k dropless, or E·⌈(T·k/E)·c⌉ padded to capacity (Megatron-Core
+        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``)."""
+        routed = tokens * self.top_k
+        if self.capacity_factor is None:
+            return routed
+        return self.experts * math.ceil((routed / self.experts) * self.capacity_factor)
+
+    def label(self) -> str:
+        shared = f"+{self.shared_experts} shared" if self.shared_experts else ""
+        return f"{self.experts} experts top-{self.top_k}{shared}"
+
+
+class ModelConfig(Frozen):
+    """A decoder-only transformer, pre-norm, as GPT-2/3 and Llama lay it out."""
+
+    name: str = "custom"
+    hidden_size: int = Field(gt=0, description="model width h")
+    num_layers: int = Field(gt=0, description="transformer layers L")
+    num_heads: int = Field(gt=0, description="query heads a")
+    num_kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA/MQA); = heads")
+    head_dim: int | None = Field(default=None, gt=0, description="per-head width d; = hidden / heads")
+    ffn_size: int | None = Field(default=None, gt=0, description="MLP width; 4h for gelu, none for swiglu")
+    vocab_size: int = Field(gt=0, description="vocabulary v")
+    tied_embeddings: bool = False
+    norm: NormType = NormType.RMSNORM
+    norm_eps: float = Field(default=1e-5, gt=0)
+    mlp: MlpType = MlpType.SWIGLU
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    position: PositionType = PositionType.ROPE
+    max_positions: int = Field(default=4096, gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
+    resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
+    embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")
+    moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
+
+    @model_validator(mode="after")
+    def _derive(self) -> Self:
+        h, a = self.hidden_size, self.num_heads
+        if self.head_dim is None:
+            if h % a:
+                raise ValueError(
+                    f"num_heads: {a} does not divide hidden_size {h}; choose heads that divide it "
+                    "or set head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", h // a)
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", a)
+        kv = self.kv_heads
+        if kv > a or a % kv:
+            raise ValueError(f"num_kv_heads: {kv} must divide num_heads {a} (1 = MQA, {a} = MHA)")
+        if self.ffn_size is None:
+            if self.mlp is MlpType.SWIGLU:
+                raise ValueError("ffn_size: required for swiglu MLPs (e.g. 11008 for Llama-2-7B)")
+            object.__setattr__(self, "ffn_size", 4 * h)
+        if self.position is PositionType.ROPE and self.dim % 2:
+            raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
+        return self
+
+    # Typed accessors for the derived fields (never None after validation).
+    @property
+    def kv_heads(self) -> int:
+        assert self.num_kv_heads is not None  # filled by _derive
+        return self.num_kv_heads
+
+    @property
+    def dim(self) -> int:
+        assert self.head_dim is not None  # filled by _derive
+        return self.head_dim
+
+    @property
+    def ffn(self) -> int:
+        assert self.ffn_size is not None  # filled by _derive
+        return self.ffn_size
+
+    @property
+    def q_width(self) -> int:
+        """Width of the query projection output, a·d (= h unless head_dim is set apart)."""
+        return self.num_heads * self.dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of each of the key and value projection outputs, kv·d."""
+        return self.kv_heads * self.dim

@@ -1,0 +1,78 @@
+"""Everything one estimate depends on: the model, how it is trained, the strategy, the parallel layout and
+the device's kernels. One device of a dense model is the trivial layout (``Parallel()``), not another case.
+
+``Parallel`` holds the degrees that split the model itself: tensor (``tp``), sequence (``sp``, over the
+same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule)
+and expert (``ep``) parallelism. Data parallelism and the ZeRO stage live in ``StrategyConfig.dp`` /
+``.zero``; the world is ``tp · pp · dp`` devices and expert parallelism takes its ranks from data
+parallelism (Megatron-Core: ``dp % ep == 0``).
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from memplan.config._base import Frozen
+from memplan.config.model import ModelConfig, PositionType
+from memplan.config.strategy import Checkpointing, Device, StrategyConfig
+from memplan.config.training import TrainingConfig
+
+
+class Parallel(Frozen):
+    """Degrees of model parallelism (data parallelism and ZeRO live in ``StrategyConfig``)."""
+
+    tp: int = Field(default=1, gt=0, le=1 << 12, description="tensor-parallel degree t")
+    sp: bool = Field(default=False, description="sequence parallelism over the tensor-parallel ranks")
+    pp: int = Field(default=1, gt=0, le=1 << 12, description="pipeline stages p")
+    vpp: int = Field(default=1, gt=0, le=1 << 12, description="virtual stages per pipeline rank m")
+    ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.sp and self.tp == 1:
+            raise ValueError(
+                "sp: sequence parallelism splits over the tensor-parallel ranks; "
+                "add --tp 2 or more, or drop --sp"
+            )
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
+        return self
+
+    @property
+    def model_parallel(self) -> int:
+        """Devices one model replica spans: tp · pp."""
+        return self.tp * self.pp
+
+    def label(self) -> str:
+        """``tp8+sp·pp8×2·ep1`` style summary for tables."""
+        sp = "+sp" if self.sp else ""
+        vpp = f"×{self.vpp}" if self.vpp > 1 else ""
+        ep = f"·ep{self.ep}" if self.ep > 1 else ""
+        return f"tp{self.tp}{sp}·pp{self.pp}{vpp}{ep}"
+
+
+class Setup(Frozen):
+    """Everything one estimate depends on."""
+
+    model: ModelConfig
+    training: TrainingConfig = TrainingConfig()
+    strategy: StrategyConfig = StrategyConfig()
+    parallel: Parallel = Parallel()
+    device: Device = Device.CUDA
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        m, t, s = self.model, self.training, self.strategy
+        if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
+            raise ValueError(
+                f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
+                f"use --seq {m.max_positions} or less"
+            )
+        if s.checkpointing is Checkpointing.EVERY_K and s.checkpoint_every > m.num_layers:
+            raise ValueError(
+                f"checkpointing: every-{s.checkpoint_every} exceeds the {m.num_layers} layers; "
+                f"choose k between 1 and {m.num_layers}"
+            )
+        return self

@@ -1,0 +1,101 @@
+"""How the model is trained: micro-batch, sequence, precision recipe, optimizer, gradient accumulation."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from memplan.config._base import Frozen
+
+
+class DType(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    INT8 = "int8"
+    BOOL = "bool"
+    INT64 = "int64"
+
+    @property
+    def bytes(self) -> int:
+        return _DTYPE_BYTES[self]
+
+
+_DTYPE_BYTES = {
+    DType.FP32: 4,
+    DType.BF16: 2,
+    DType.FP16: 2,
+    DType.INT8: 1,
+    DType.BOOL: 1,
+    DType.INT64: 8,
+}
+
+
+class Precision(StrEnum):
+    """Precision recipe: the dtype of weights, gradients, master copy, optimizer states and activations."""
+
+    FP32 = "fp32"
+    """Everything fp32: weights 4, gradients 4, optimizer states fp32, activations fp32."""
+    BF16_MIXED = "bf16-mixed"
+    """bf16 weights, gradients and activations; fp32 master weights and optimizer states
+    (DeepSpeed / ZeRO mixed precision, Megatron without the fp32 grad buffer): 16 bytes/param with AdamW."""
+    FP16_MIXED = "fp16-mixed"
+    """As bf16-mixed with fp16 (plus a loss scale, which costs no per-parameter memory)."""
+    BF16 = "bf16"
+    """Pure bf16: weights, gradients, optimizer states and activations in bf16, no master copy."""
+
+    @property
+    def activation_dtype(self) -> DType:
+        return {
+            Precision.FP32: DType.FP32,
+            Precision.BF16_MIXED: DType.BF16,
+            Precision.FP16_MIXED: DType.FP16,
+            Precision.BF16: DType.BF16,
+        }[self]
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.activation_dtype.bytes
+
+    @property
+    def grad_bytes(self) -> int:
+        return self.activation_dtype.bytes
+
+    @property
+    def master_bytes(self) -> int:
+        """fp32 master copy kept by the mixed recipes only."""
+        return 4 if self in (Precision.BF16_MIXED, Precision.FP16_MIXED) else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one full-precision optimizer state element (fp32, or bf16 for pure bf16)."""
+        return 2 if self is Precision.BF16 else 4
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    """Two states (m, v) per parameter."""
+    ADAMW_8BIT = "adamw-8bit"
+    """bitsandbytes 8-bit AdamW: m and v at 1 byte each (block-wise absmax statistics not counted)."""
+    SGD = "sgd"
+    """No state."""
+    SGD_MOMENTUM = "sgd-momentum"
+    """One momentum buffer per parameter."""
+    LION = "lion"
+    """One momentum buffer per parameter (Chen et al. 2023)."""
+
+    def state_bytes(self, precision: Precision) -> int:
+        """Bytes of optimizer state per parameter (the master copy excluded)."""
+        if self is Optimizer.ADAMW_8BIT:
+            return 2
+        n = {Optimizer.ADAMW: 2, Optimizer.SGD: 0, Optimizer.SGD_MOMENTUM: 1, Optimizer.LION: 1}[self]
+        return n * precision.state_bytes
+
+
+class TrainingConfig(Frozen):
+    micro_batch: int = Field(default=1, gt=0, le=1 << 20, description="sequences per micro-batch b")
+    seq_len: int = Field(default=2048, gt=0, le=1 << 24, description="tokens per sequence s")
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: Optimizer = Optimizer.ADAMW
+    grad_accum: int = Field(default=1, gt=0, le=1 << 20, description="micro-batches per optimizer step")

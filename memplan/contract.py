@@ -1,0 +1,117 @@
+"""The machine-readable result (``--json``): the contract of DESIGN.md, integers for bytes and FLOPs.
+
+Keys that other tools build on and that are never renamed: ``params.total``, ``params.active``,
+``memory.weights|gradients|optimizer|activations|peak`` (bytes on one device: the most loaded one),
+``activations.tensors[]`` (``name``, ``shape``, ``dtype``, ``bytes``, ``count``), ``activations.per_layer``,
+``flops.forward|backward|recompute|total|model`` (one micro-batch, whole model). Keys may be added.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memplan.config import checkpointing_label
+from memplan.engine import Result, StagePlan
+
+
+def to_json(r: Result) -> dict[str, Any]:
+    """The JSON contract of DESIGN.md for ``r``'s most loaded device (bytes on it; FLOPs of one
+    micro-batch, whole model), plus ``parallel``, ``stages`` and ``moe``."""
+    s, t = r.setup, r.setup.training
+    p, dev = r.params, r.device
+    return {
+        "model": s.model.name,
+        "setup": {
+            "micro_batch": t.micro_batch,
+            "seq_len": t.seq_len,
+            "precision": t.precision.value,
+            "optimizer": t.optimizer.value,
+            "grad_accum": t.grad_accum,
+            "checkpointing": checkpointing_label(s.strategy),
+            "attention": s.strategy.attention.name.lower(),
+            "reversible": s.strategy.reversible,
+            "zero": int(s.strategy.zero),
+            "dp": s.strategy.dp,
+            "device": s.device.value,
+            **s.parallel.model_dump(),
+            "devices": r.devices,
+            "micro_batches": r.micro_batches,
+            "global_batch": r.global_batch,
+        },
+        "params": {
+            "total": p.total,
+            "active": p.active,
+            "embedding": p.embedding,
+            "positions": p.positions,
+            "per_layer": p.layer.total,
+            "layers": p.layers,
+            "final_norm": p.final_norm,
+            "lm_head": p.lm_head,
+            "device": dev.params.total,
+        },
+        "memory": {
+            "weights": r.states.weights,
+            "gradients": r.states.gradients,
+            "optimizer": r.states.optimizer,
+            "master_weights": r.states.master_weights,
+            "optimizer_states": r.states.optimizer_states,
+            "activations": r.activations,
+            "peak": r.peak.bytes,
+            "peak_phase": r.peak.phase,
+            "phases": dict(r.peak.phases),
+            "stage": dev.stage.index,
+        },
+        "activations": {
+            "total": r.activations,
+            "per_layer": r.per_layer,
+            "tensors": [
+                {
+                    "name": k.name,
+                    "shape": list(k.shape),
+                    "dtype": k.dtype.value,
+                    "bytes": k.bytes,
+                    "count": k.count,
+                    "total_bytes": k.total_bytes,
+                    "scope": k.scope.value,
+                    "reason": k.reason,
+                }
+                for k in r.tensors
+            ],
+        },
+        "flops": {
+            "forward": r.flops.forward,
+            "backward": r.flops.backward,
+            "recompute": r.flops.recompute,
+            "total": r.flops.total,
+            "model": r.flops.model,
+            "hardware": r.flops.total,
+            "two_n": r.six_n // 3,
+            "four_n": 2 * r.six_n // 3,
+            "six_n": r.six_n,
+            "per_step": r.flops.total * t.grad_accum,
+            "global_per_step": r.flops.total * r.micro_batches * s.strategy.dp,
+        },
+        "parallel": {**s.parallel.model_dump(), "label": s.parallel.label()},
+        "moe": s.model.moe.model_dump() if s.model.moe else None,
+        "stages": [_stage_json(sp) for sp in r.stages],
+    }
+
+
+def _stage_json(sp: StagePlan) -> dict[str, Any]:
+    st = sp.stage
+    return {
+        "stage": st.index,
+        "layers": st.layers,
+        "in_flight_chunks": st.chunks,
+        "in_flight_layers": st.chunks * st.chunk_layers,
+        "params": sp.params.total,
+        "memory": {
+            "weights": sp.states.weights,
+            "gradients": sp.states.gradients,
+            "optimizer": sp.states.optimizer,
+            "activations": sp.activations,
+            "peak": sp.peak.bytes,
+            "peak_phase": sp.peak.phase,
+            "phases": dict(sp.peak.phases),
+        },
+    }
