@@ -1,6 +1,8 @@
 """Set the estimate beside the measurement: per tensor name, per layer, in total, and FLOPs per phase.
 
-Used by ``memplan trace`` and ``memplan profile`` and by the tests; pure data, no rendering.
+Used by ``memplan trace`` and ``memplan profile`` and by the tests; pure data, no rendering. A dense model is
+compared with ``estimate(setup)``; a mixture of experts with ``plan(setup, Parallel(), moe)`` (one device:
+its inventory and the whole model's FLOPs), which ``estimate_for`` picks.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Scope
-from memplan.estimate import Estimate
+from memplan.config import Setup
+from memplan.estimate import Estimate, estimate
 from memplan.measure.run import Measured
+from memplan.plan.device import Plan, plan
+from memplan.plan.moe import MoEConfig
+from memplan.plan.parallel import Parallel
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -50,6 +56,16 @@ class Comparison(BaseModel):
         return layers_ok and all(r.equal for r in self.tensors) and all(r.equal for r in self.flops)
 
 
+def estimate_for(setup: Setup, moe: MoEConfig | None = None) -> Estimate | Plan:
+    """What a measurement of ``setup`` is compared with: the dense estimate, or the one-device MoE plan."""
+    return estimate(setup) if moe is None else plan(setup, Parallel(), moe)
+
+
+def as_estimate(est: Estimate | Plan) -> Estimate:
+    """A plan's one device as an ``Estimate`` (its tensors, the whole model's FLOPs)."""
+    return est.estimate_view() if isinstance(est, Plan) else est
+
+
 def estimated_by_name(est: Estimate) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for k in est.tensors:
@@ -79,7 +95,8 @@ def layer_groups(est_layers: list[int], meas_layers: list[int]) -> list[tuple[li
     return [(layers, e, m) for (e, m), layers in groups.items()]
 
 
-def compare(est: Estimate, meas: Measured) -> Comparison:
+def compare(estimated: Estimate | Plan, meas: Measured) -> Comparison:
+    est = as_estimate(estimated)
     e = estimated_by_name(est)
     m = {name: (t.count, t.bytes) for name, t in meas.by_name().items()}
     rows = [
@@ -110,8 +127,9 @@ def compare(est: Estimate, meas: Measured) -> Comparison:
     )
 
 
-def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
+def measured_json(estimated: Estimate | Plan, meas: Measured) -> dict[str, Any]:
     """The measurement in the estimate's JSON shape (the keys a measurement can fill)."""
+    est = as_estimate(estimated)
     f = meas.flops
     total = f["forward"] + f["backward"] + f["recompute"]
     layers = est.setup.model.num_layers
@@ -135,7 +153,8 @@ def measured_json(est: Estimate, meas: Measured) -> dict[str, Any]:
     }
 
 
-def comparison_json(est: Estimate, meas: Measured) -> dict[str, Any]:
+def comparison_json(est: Estimate | Plan, meas: Measured) -> dict[str, Any]:
+    """``estimated`` (a plan's JSON for an MoE: total, active parameters, ``moe``), ``measured``, ``diff``."""
     c = compare(est, meas)
     return {
         "estimated": est.to_json(),

@@ -54,6 +54,11 @@ class MoEConfig(BaseModel):
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
+    norm_topk_prob: bool | None = Field(
+        default=None,
+        description="renormalise the top-k probabilities to sum to 1; none: as the imported families do "
+        "(Mixtral always; Qwen2-MoE, which has shared experts, by default not)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -64,6 +69,12 @@ class MoEConfig(BaseModel):
                 "shared_experts: shared_ffn / shared_gate need shared_experts ≥ 1; set it or drop them"
             )
         return self
+
+    @property
+    def renormalises(self) -> bool:
+        """Whether the top-k probabilities are divided by their sum (``norm_topk_prob``, derived when unset:
+        Mixtral renormalises, Qwen2-MoE's ``norm_topk_prob`` defaults to false)."""
+        return self.shared_experts == 0 if self.norm_topk_prob is None else self.norm_topk_prob
 
     def shared_width(self, model: ModelConfig) -> int:
         """Width of all shared experts together, n·f_s (0 without shared experts)."""
@@ -172,14 +183,24 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[tuple[str, tuple[int, ...], 
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
+    k = moe.top_k
     rules: list[act.Rule] = [
         ("moe.router_probs", (t, moe.experts), FP32, "router softmax in fp32: its backward needs the output"),
-        ("moe.topk_indices", (t, moe.top_k), INT64, "top-k backward scatters into [T, E] at these indices"),
+        ("moe.topk_indices", (t, k), INT64, "top-k backward scatters into [T, E] at these indices"),
+    ]
+    if moe.renormalises:  # weights / weights.sum(-1, keepdim=True), in fp32 before the cast
+        rules += [
+            ("moe.topk_sum", (t, 1), FP32, "sum of the top-k probabilities, divisor: d(numerator) needs it"),
+            ("moe.topk_weights", (t, k), FP32, "top-k probabilities, dividend: d(divisor) needs them"),
+        ]
+    rules += [
+        ("moe.weight_index", (s,), INT64, "top-k slot of each expert slot: the weight gather's backward"),
         ("moe.dispatch_index", (s,), INT64, "token of each expert slot: gather / index_add backward"),
         ("moe.expert_input", (s, h), a, "tokens dispatched to the experts, input of W_gate/W_up"),
         *_mlp_inner(setup, dims, "moe", s, dims.f),
         ("moe.expert_output", (s, h), a, "expert output × routing weight: d(weight) needs it"),
         ("moe.routing_weights", (s, 1), a, "routing weight of each slot: d(expert output) needs it"),
+        ("moe.weighted_output", (s, h), a, "source of index_add_: its backward (expand_as) keeps it"),
     ]
     width = moe.shared_width(setup.model)
     if width:
@@ -235,10 +256,30 @@ def with_moe_flops(f: Flops, setup: Setup, moe: MoEConfig | None) -> Flops:
         update={
             "forward": f.forward + delta,
             "backward": f.backward + 2 * delta,
-            "recompute": f.recompute + (delta if rerun else 0),
+            "recompute": f.recompute + (delta if rerun else 0) + early_stop_delta(setup, moe),
             "layer_linear": f.layer_linear + delta,
         }
     )
+
+
+def early_stop_delta(setup: Setup, moe: MoEConfig) -> int:
+    """What the checkpoint's early stop skips per segment with MoE layers minus what it skips with dense
+    ones (``flops.recompute_flops``: a segment whose last save is W_down's input never re-runs W_down).
+
+    A segment's last save is the last layer's last one: without residual dropout, the shared gate's product
+    (nothing skipped), else the shared experts' W_down input (their W_down, [T, n·f_s]·[n·f_s, h], is
+    skipped), else the routed combine (``index_add_``: nothing skipped). With residual dropout the mask is
+    saved after everything runs in either case. Reversible layers re-run everything (no early stop).
+    """
+    segment = setup.strategy.segment
+    if not segment or setup.model.resid_dropout > 0:
+        return 0
+    dims = Dims.of(setup)
+    t, h = dims.tokens, dims.h
+    width = moe.shared_width(setup.model)
+    skipped = mm(t, width, h) if width and not moe.shared_gate else 0
+    segments = -(-dims.layers // segment)
+    return segments * (mm(t, dims.f, h) - skipped)
 
 
 def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:
