@@ -7,22 +7,33 @@ that width (each a full MLP of the model's kind) and optionally shared experts e
 Parameters (Jiang et al. 2024, Mixtral; Qwen1.5-MoE): total counts all E experts, active the k a token is
 routed to plus everything else (router included), which is what 6N counts (``six_n`` uses the active N).
 
-Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``), with
+Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
+Megatron-Core's sort-based dispatch, as the reference model (memplan/measure/moe.py) runs them, with
 T = b·s tokens and S expert slots (T·k when dropless; E·⌈c·T·k/E⌉ with capacity factor c, the slots of
 token-dropping Megatron/GShard with padding to capacity):
 - router: linear on the MLP input (already kept as ``mlp.input``), softmax in fp32 → saves [T, E] fp32;
-  top-k → saves its [T, k] int64 indices;
-- dispatch: ``hidden[top_x]`` → saves the slot indices [S] int64 (index_add's backward reuses them);
-- each expert: its input [S, h] and, like a dense MLP, gate / act / up / down-input [S, f] (SwiGLU);
-- combine: ``expert(x) · weight`` saves the expert output [S, h] and the weight [S, 1];
+  top-k → saves its [T, k] int64 indices; renormalised (``norm_topk_prob``: Mixtral) the division saves
+  the top-k probabilities [T, k] and their sum [T, 1], fp32;
+- dispatch: the slots sorted by expert; ``hidden.index_select(token)`` saves the token of each slot [S]
+  int64 (index_add's backward reuses it), the routing-weight gather the slot order [S] int64;
+- each expert: its input [S, h] and, like a dense MLP, gate / act / up / down-input [S, f] (SwiGLU), one
+  tensor per name (the experts' outputs concatenated, as a grouped GEMM lays them out);
+- combine: ``expert(x) · weight`` saves the expert output [S, h] and the weight [S, 1]; ``index_add_``
+  back to the tokens keeps its source, the product [S, h] (its backward reads the shape via expand_as);
 - shared experts: a dense MLP of width n·f_s on every token, and with a shared gate (Qwen2-MoE)
   ``sigmoid(x·w_g) · shared(x)`` saves the sigmoid [T, 1] and the shared output [T, h].
 
-Known limitations (NB): the reference model (memplan/measure) has no MoE, so this inventory is not checked
-against autograd; routing is assumed balanced (each device of an expert-parallel group processes S slots
-on average; the most loaded expert can take more); the top-k renormalisation's [T, k] fp32 saves, the
-router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are not
-counted; with full or every-k checkpointing the recompute FLOPs keep the dense early-stop allowance.
+Checked against autograd: per tensor name and per FLOP phase, the estimate equals the reference model's
+measurement (tests/measure/test_moe.py: no / full / selective / every-k checkpointing, flash and eager,
+SwiGLU and GELU experts, shared experts with and without a gate; real tiny tensors and fake ones at
+Mixtral-8x7B's size).
+
+Known limitations (NB): routing is assumed balanced (each device of an expert-parallel group processes
+S slots on average; the most loaded expert can take more; on one device the split changes no total);
+the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
+the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
+not counted; sequence parallelism splits the top-k renormalisation's saves by no rule (plan/shard.py
+keeps ``moe.topk_sum`` / ``moe.topk_weights`` whole, a small over-estimate).
 """
 
 from __future__ import annotations
