@@ -23,6 +23,7 @@ from memplan.measure.instruments import LiveMemoryTracker, cuda_peak
 from memplan.measure.model import Reference
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.run import Measured, make_batch, run_step
+from memplan.plan.moe import MoEConfig
 
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 """What a run that does not fit raises: the CUDA allocator's error, or the host's."""
@@ -72,11 +73,11 @@ class Profile:
 class StepRunner:
     """Owns the model, optimizer and batch of one profiling session."""
 
-    def __init__(self, setup: Setup, device: str) -> None:
+    def __init__(self, setup: Setup, device: str, moe: MoEConfig | None = None) -> None:
         torch.manual_seed(0)
         self.setup = setup
         self.device = device
-        self.model = Reference(setup, device=device)
+        self.model = Reference(setup, device=device, moe=moe)
         self.opt = ReferenceOptimizer(
             list(self.model.parameters()), setup.training.precision, setup.training.optimizer
         )
@@ -118,9 +119,16 @@ def cpu_tracking(runner: StepRunner) -> Iterator[LiveMemoryTracker]:
 
 
 def profile(
-    setup: Setup, device: str = "cpu", warmup: int = 1, steps: int = 2, torch_trace: str | None = None
+    setup: Setup,
+    device: str = "cpu",
+    warmup: int = 1,
+    steps: int = 2,
+    torch_trace: str | None = None,
+    moe: MoEConfig | None = None,
 ) -> Profile:
-    runner = StepRunner(setup, device)
+    """Real training steps of the reference model (every MLP an MoE block with ``moe``): saves, FLOPs,
+    peak and times. NB: with ``moe`` only saves and FLOPs are checked against the plan, not the peak."""
+    runner = StepRunner(setup, device, moe)
     measured = run_step(runner.model, *runner.batch)
     runner.opt.zero_grad()
     times: dict[str, float] = {}
