@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from memplan.config import (
     Attention,
@@ -28,6 +30,8 @@ from memplan.measure.moe import MoEMlp, expert_counts
 from memplan.measure.run import make_batch, measure, run_step
 from memplan.plan.moe import MoEConfig, moe_layer_params
 from memplan.plan.presets import load_plan_model
+
+from .test_random_shapes import small_setups
 
 MIXTRAL_LIKE = MoEConfig(experts=4, top_k=2)
 QWEN_LIKE = MoEConfig(experts=4, top_k=2, shared_experts=1, shared_ffn=40, shared_gate=True)
@@ -107,6 +111,27 @@ def test_fake_run_equals_real_run(moe: MoEConfig) -> None:
     real, fake = measure(setup, fake=False, moe=moe), measure(setup, fake=True, moe=moe)
     assert real.by_name() == fake.by_name()
     assert real.flops == fake.flops
+
+
+@st.composite
+def moe_configs(draw: st.DrawFn) -> MoEConfig:
+    experts = draw(st.integers(2, 6))
+    shared = draw(st.integers(0, 2))
+    return MoEConfig(
+        experts=experts,
+        top_k=draw(st.integers(1, experts)),
+        shared_experts=shared,
+        shared_ffn=draw(st.none() | st.integers(1, 40)) if shared else None,
+        shared_gate=shared > 0 and draw(st.booleans()),
+        norm_topk_prob=draw(st.none() | st.booleans()),
+    )
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_setups(), moe_configs())
+def test_estimate_equals_measurement_for_random_shapes(setup: Setup, moe: MoEConfig) -> None:
+    """Random architectures and strategies (tests/measure/test_random_shapes.py) with random MoE layers."""
+    assert_equal(compare(estimate_for(setup, moe), measure(setup, fake=False, moe=moe)))
 
 
 def test_unbalanced_routing_keeps_every_total() -> None:
