@@ -32,8 +32,7 @@ Known limitations (NB): routing is assumed balanced (each device of an expert-pa
 S slots on average; the most loaded expert can take more; on one device the split changes no total);
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
 the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
-not counted; sequence parallelism splits the top-k renormalisation's saves by no rule (plan/shard.py
-keeps ``moe.topk_sum`` / ``moe.topk_weights`` whole, a small over-estimate).
+not counted; tensor and sequence parallelism are not measured (plan/shard.py's rules for the MoE names).
 """
 
 from __future__ import annotations
