@@ -251,9 +251,7 @@ def test_unsupported_hf_file_by_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^model file .*bert\.json: model_type: 'bert' is not supported"):
         load_model_preset(str(path))
     path.write_text(json.dumps({**MISTRAL_7B, "hidden_size": "4096"}))
-    with pytest.raises(
-        ValueError, match=r"^model file .*bert\.json: hidden_size: expected a whole number"
-    ):
+    with pytest.raises(ValueError, match=r"^model file .*bert\.json: hidden_size: expected a whole number"):
         load_model_preset(str(path))
     path.write_text(json.dumps({**MISTRAL_7B, "num_key_value_heads": 3}))
     with pytest.raises(

@@ -5,22 +5,32 @@ width of ONE routed expert; every layer's MLP is replaced by a router (h×E, no 
 that width (each a full MLP of the model's kind) and optionally shared experts every token goes through.
 Parameters (total and active) are counted with the dense ones in ``analytic.params``.
 
-Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``), with
+Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
+Megatron-Core's sort-based dispatch, as the reference model (memplan/measure/moe.py) runs them, with
 T = b·s tokens and S expert slots (T·k when dropless; E·⌈c·T·k/E⌉ with capacity factor c, the slots of
 token-dropping Megatron/GShard with padding to capacity):
 - router: linear on the MLP input (already kept as ``mlp.input``), softmax in fp32 → saves [T, E] fp32;
-  top-k → saves its [T, k] int64 indices;
-- dispatch: ``hidden[top_x]`` → saves the slot indices [S] int64 (index_add's backward reuses them);
-- each expert: its input [S, h] and, like a dense MLP, gate / act / up / down-input [S, f] (SwiGLU);
-- combine: ``expert(x) · weight`` saves the expert output [S, h] and the weight [S, 1];
+  top-k → saves its [T, k] int64 indices; renormalised (``norm_topk_prob``: Mixtral) the division saves
+  the top-k probabilities [T, k] and their sum [T, 1], fp32;
+- dispatch: the slots sorted by expert; ``hidden.index_select(token)`` saves the token of each slot [S]
+  int64 (index_add's backward reuses it), the routing-weight gather the slot order [S] int64;
+- each expert: its input [S, h] and, like a dense MLP, gate / act / up / down-input [S, f] (SwiGLU), one
+  tensor per name (the experts' outputs concatenated, as a grouped GEMM lays them out);
+- combine: ``expert(x) · weight`` saves the expert output [S, h] and the weight [S, 1]; ``index_add_``
+  back to the tokens keeps its source, the product [S, h] (its backward reads the shape via expand_as);
 - shared experts: a dense MLP of width n·f_s on every token, and with a shared gate (Qwen2-MoE)
   ``sigmoid(x·w_g) · shared(x)`` saves the sigmoid [T, 1] and the shared output [T, h].
 
-Known limitations (NB): the reference model (memplan/measure) has no MoE, so this inventory is not checked
-against autograd; routing is assumed balanced (each device of an expert-parallel group processes S slots
-on average; the most loaded expert can take more); the top-k renormalisation's [T, k] fp32 saves, the
-router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are not
-counted; with full or every-k checkpointing the recompute FLOPs keep the dense early-stop allowance.
+Checked against autograd: per tensor name and per FLOP phase, the estimate equals the reference model's
+measurement (tests/measure/test_moe.py: no / full / selective / every-k checkpointing, flash and eager,
+SwiGLU and GELU experts, shared experts with and without a gate; real tiny tensors and fake ones at
+Mixtral-8x7B's size).
+
+Known limitations (NB): routing is assumed balanced (each device of an expert-parallel group processes
+S slots on average; the most loaded expert can take more; on one device the split changes no total);
+the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
+the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
+not counted; tensor and sequence parallelism are not measured (plan/shard.py's rules for the MoE names).
 """
 
 from __future__ import annotations
@@ -49,14 +59,24 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[tuple[str, tuple[int, ...], 
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
+    k = moe.top_k
     rules: list[act.Rule] = [
         ("moe.router_probs", (t, moe.experts), FP32, "router softmax in fp32: its backward needs the output"),
-        ("moe.topk_indices", (t, moe.top_k), INT64, "top-k backward scatters into [T, E] at these indices"),
+        ("moe.topk_indices", (t, k), INT64, "top-k backward scatters into [T, E] at these indices"),
+    ]
+    if moe.renormalises:  # weights / weights.sum(-1, keepdim=True), in fp32 before the cast
+        rules += [
+            ("moe.topk_sum", (t, 1), FP32, "sum of the top-k probabilities, divisor: d(numerator) needs it"),
+            ("moe.topk_weights", (t, k), FP32, "top-k probabilities, dividend: d(divisor) needs them"),
+        ]
+    rules += [
+        ("moe.weight_index", (s,), INT64, "top-k slot of each expert slot: the weight gather's backward"),
         ("moe.dispatch_index", (s,), INT64, "token of each expert slot: gather / index_add backward"),
         ("moe.expert_input", (s, h), a, "tokens dispatched to the experts, input of W_gate/W_up"),
         *_mlp_inner(setup, dims, "moe", s, dims.f),
         ("moe.expert_output", (s, h), a, "expert output × routing weight: d(weight) needs it"),
         ("moe.routing_weights", (s, 1), a, "routing weight of each slot: d(expert output) needs it"),
+        ("moe.weighted_output", (s, h), a, "source of index_add_: its backward (expand_as) keeps it"),
     ]
     width = moe.shared_width(setup.model)
     if width:
@@ -112,10 +132,31 @@ def with_moe_flops(f: Flops, setup: Setup, moe: MoEConfig | None) -> Flops:
         update={
             "forward": f.forward + delta,
             "backward": f.backward + 2 * delta,
-            "recompute": f.recompute + (delta if rerun else 0),
+            "recompute": f.recompute + (delta if rerun else 0) + early_stop_delta(setup, moe),
             "layer_linear": f.layer_linear + delta,
         }
     )
+
+
+def early_stop_delta(setup: Setup, moe: MoEConfig) -> int:
+    """Recompute FLOPs MoE layers add back: what the checkpoint's early stop skips in a dense segment
+    (``flops.recompute_flops``: a segment whose last save is W_down's input never re-runs W_down, [T, f]·
+    [f, h]) minus what it skips in an MoE one, per segment.
+
+    A segment's last save is the last layer's last one: without residual dropout, the shared gate's product
+    (nothing skipped), else the shared experts' W_down input (their W_down, [T, n·f_s]·[n·f_s, h], is
+    skipped), else the routed combine (``index_add_``: nothing skipped). With residual dropout the mask is
+    saved after everything runs in either case. Reversible layers re-run everything (no early stop).
+    """
+    segment = setup.strategy.segment
+    if not segment or setup.model.resid_dropout > 0:
+        return 0
+    dims = Dims.of(setup)
+    t, h = dims.tokens, dims.h
+    width = moe.shared_width(setup.model)
+    skipped = mm(t, width, h) if width and not moe.shared_gate else 0
+    segments = -(-dims.layers // segment)
+    return segments * (mm(t, dims.f, h) - skipped)
 
 
 def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:

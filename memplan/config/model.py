@@ -50,6 +50,11 @@ class MoEConfig(Frozen):
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
+    norm_topk_prob: bool | None = Field(
+        default=None,
+        description="renormalise the top-k probabilities to sum to 1; none: as the imported families do "
+        "(Mixtral always; Qwen2-MoE, which has shared experts, by default not)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -60,6 +65,12 @@ class MoEConfig(Frozen):
                 "shared_experts: shared_ffn / shared_gate need shared_experts ≥ 1; set it or drop them"
             )
         return self
+
+    @property
+    def renormalises(self) -> bool:
+        """Whether the top-k probabilities are divided by their sum (``norm_topk_prob``, derived when unset:
+        Mixtral renormalises, Qwen2-MoE's ``norm_topk_prob`` defaults to false)."""
+        return self.shared_experts == 0 if self.norm_topk_prob is None else self.norm_topk_prob
 
     def shared_width(self, model: ModelConfig) -> int:
         """Width of all shared experts together, n·f_s (0 without shared experts)."""

@@ -7,6 +7,9 @@ memplan/analytic/activations.py describes: RMSNorm as Llama's reference code (fp
 dropout through ``native_dropout`` (a bool mask on every device), fp32 logits and an explicit
 ``log_softmax`` + ``nll_loss`` so the loss's saves are named too.
 
+With an ``MoEConfig`` every MLP is a mixture-of-experts block (router, top-k, sort-based dispatch, E experts,
+shared experts and gate; memplan/measure/moe.py, which also holds the dense MLP).
+
 Strategies: ``torch.utils.checkpoint`` (non-reentrant) around segments of k layers (full = k 1) or around
 the attention core (selective); reversible layers as RevNet coupling in an ``autograd.Function`` that keeps
 only the stack's last outputs and rebuilds every layer's input in backward.
@@ -20,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +41,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments import label, layer_scope, note_kept, relabel
+from memplan.measure.moe import Mlp, MoEMlp, check_moe, dense_mlp
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -126,7 +130,7 @@ class Layer(nn.Module):
     def __init__(self, setup: Setup, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         m = setup.model
-        h, qd, kvd, f = m.hidden_size, m.q_width, m.kv_width, m.ffn
+        h, qd, kvd = m.hidden_size, m.q_width, m.kv_width
 
         def linear(fan_in: int, fan_out: int, bias: bool) -> nn.Linear:
             return nn.Linear(fan_in, fan_out, bias=bias, dtype=dtype, device=device)
@@ -138,9 +142,8 @@ class Layer(nn.Module):
             linear(h, kvd, m.qkv_bias),
         )
         self.o = linear(qd, h, m.out_bias)
-        if m.mlp is MlpType.SWIGLU:
-            self.gate = linear(h, f, m.mlp_bias)
-        self.up, self.down = linear(h, f, m.mlp_bias), linear(f, h, m.mlp_bias)
+        # The MLP: a dense one of width ffn_size, or an MoE block (router, experts of width ffn_size).
+        self.mlp: nn.Module = MoEMlp(m, m.moe, dtype, device) if m.moe else Mlp(m, m.ffn, dtype, device)
 
 
 class Consts:
@@ -163,6 +166,7 @@ class Reference(nn.Module):
         dev = torch.device(device)
         self.dtype = dtype = torch_dtype(setup.training.precision)
         check_runnable(setup, dev)
+        check_moe(m.moe)
         self.embed = nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
         self.pos = (
             nn.Parameter(torch.empty(m.max_positions, m.hidden_size, dtype=dtype, device=dev))
@@ -261,12 +265,11 @@ class Reference(nn.Module):
 
     def mlp(self, layer: Layer, x: Tensor) -> Tensor:
         y = label(self.norm(layer.mlp_norm, x, "mlp_norm"), "mlp.input")
-        if self.setup.model.mlp is MlpType.SWIGLU:
-            gate = label(layer.gate(y), "mlp.gate")
-            hidden = label(F.silu(gate), "mlp.act") * label(layer.up(y), "mlp.up")
+        block = layer.mlp
+        if isinstance(block, MoEMlp):
+            out = block(y)
         else:
-            hidden = F.gelu(label(layer.up(y), "mlp.up"), approximate="tanh")
-        out = layer.down(label(hidden, "mlp.down_input"))
+            out = dense_mlp(cast(Mlp, block), y, self.setup.model.mlp is MlpType.SWIGLU, "mlp")
         return dropout(out, self.setup.model.resid_dropout, "mlp.resid_dropout_mask")
 
     def layer(self, i: int, x: Tensor, c: Consts) -> Tensor:

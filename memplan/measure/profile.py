@@ -118,8 +118,14 @@ def cpu_tracking(runner: StepRunner) -> Iterator[LiveMemoryTracker]:
 
 
 def profile(
-    setup: Setup, device: str = "cpu", warmup: int = 1, steps: int = 2, torch_trace: str | None = None
+    setup: Setup,
+    device: str = "cpu",
+    warmup: int = 1,
+    steps: int = 2,
+    torch_trace: str | None = None,
 ) -> Profile:
+    """Real training steps of the reference model: saves, FLOPs, peak and times. NB: for a mixture of
+    experts only saves and FLOPs are checked against the estimate, not the peak."""
     runner = StepRunner(setup, device)
     measured = run_step(runner.model, *runner.batch)
     runner.opt.zero_grad()

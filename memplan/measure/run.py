@@ -2,7 +2,8 @@
 
 ``measure(setup, fake=True)`` builds the model under ``FakeTensorMode`` (CPU fake tensors: no memory, no
 GPU, any size) and records what autograd saves (named, storage-deduplicated) and the FLOPs per phase.
-``fake=False`` runs real tensors (tiny shapes in tests; the same records byte for byte).
+``fake=False`` runs real tensors (tiny shapes in tests; the same records byte for byte). A model with
+``moe`` has a mixture-of-experts block for every MLP (memplan/measure/moe.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from memplan.measure.instruments import (
     totals_by_name,
 )
 from memplan.measure.model import Reference
+from memplan.measure.moe import check_moe
 
 
 @dataclass
@@ -91,10 +93,13 @@ def measure(
     seed: int = 0,
     on_layer: Callable[[str, int], None] | None = None,
 ) -> Measured:
-    """Build the reference model for ``setup`` and measure one forward + backward.
+    """Build the reference model for ``setup`` (every MLP an MoE block for a mixture of experts) and
+    measure one forward + backward.
 
-    ``on_layer(phase, i)`` is called after each layer's forward and backward (a progress bar).
+    ``on_layer(phase, i)`` is called after each layer's forward and backward (a progress bar). Raises a
+    one-line ``ValueError`` for an MoE it cannot run (``measure.moe.check_moe``).
     """
+    check_moe(setup.model.moe)
     torch.manual_seed(seed)
     with fake_mode(fake):
         model = Reference(setup, device=device)

@@ -176,6 +176,7 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
         moe = {
             "experts": _int(cfg, "num_local_experts", default=8),
             "top_k": _int(cfg, "num_experts_per_tok", default=2),
+            "norm_topk_prob": True,  # MixtralSparseMoeBlock always divides by the top-k sum
         }
         return {"ffn_size": _int(cfg, "intermediate_size", default=14336), "moe": moe}
     if _int(cfg, "decoder_sparse_step", default=1) != 1 or cfg.get("mlp_only_layers"):
@@ -190,6 +191,7 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
         "shared_experts": 1 if shared else 0,
         "shared_ffn": shared or None,
         "shared_gate": bool(shared),
+        "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),  # Qwen2MoeConfig's default
     }
     return {"ffn_size": _int(cfg, "moe_intermediate_size", default=1408), "moe": moe}
 

@@ -102,6 +102,9 @@ RULES: dict[str, Rule] = {
     # all-gather token dispatcher with expert tensor parallelism = tp).
     "moe.router_probs": _TOKENS,
     "moe.topk_indices": _TOKENS,
+    "moe.topk_sum": _TOKENS,
+    "moe.topk_weights": _TOKENS,
+    "moe.weight_index": _WHOLE,
     "moe.dispatch_index": _WHOLE,
     "moe.expert_input": _WHOLE,
     "moe.gate": _WIDTH,
@@ -110,6 +113,7 @@ RULES: dict[str, Rule] = {
     "moe.down_input": _WIDTH,
     "moe.expert_output": _WHOLE,
     "moe.routing_weights": _WHOLE,
+    "moe.weighted_output": _WHOLE,
     "moe.shared.gate": _WIDTH,
     "moe.shared.act": _WIDTH,
     "moe.shared.up": _WIDTH,
