@@ -36,6 +36,7 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,7 +54,9 @@ from memplan.config import (
     Setup,
     ZeroStage,
 )
-from memplan.strategies.zero import ModelStates
+
+if TYPE_CHECKING:  # the ZeRO strategy (above this layer) makes them; the peak only reads them
+    from memplan.strategies.zero import ModelStates
 
 
 class Peak(BaseModel):

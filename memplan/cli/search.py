@@ -108,8 +108,8 @@ def compare_command(
     ] = False,
     **options: Any,
 ) -> None:
+    from memplan import compare as cmp
     from memplan.render import plan as render
-    from memplan.search import compare as cmp
 
     if sum((as_json, as_csv, as_markdown)) > 1:
         raise ValueError("output: choose one of --json, --csv and --markdown")

@@ -19,11 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from memplan.api import Built
+from memplan.compare import NUMBERS, Row
 from memplan.engine import Result
 from memplan.render import estimate as report
 from memplan.render.estimate import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
 from memplan.search.budget import Verdict
-from memplan.search.compare import NUMBERS, Row
 from memplan.search.fit import Family, FitResult
 from memplan.time.timing import Timing
 
