@@ -37,7 +37,7 @@ from enum import Enum
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops, flops
-from memplan.analytic.inventory import Dims, Kept, Scope
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra, with_moe, with_moe_flops
 from memplan.config import DType, ModelConfig, MoEConfig, NormType, Parallel, Setup, ZeroStage
@@ -343,8 +343,17 @@ class StagePlan:
         return st.weights + st.optimizer + max(grads_before + self.activations, st.gradients)
 
 
-def _lump(name: str, nbytes: int, scope: Scope, count: int) -> Kept:
-    return Kept(name=name, shape=(nbytes,), dtype=DType.INT8, scope=scope, count=count, reason="")
+def _lump(name: str, nbytes: int, scope: Scope, count: int, block: Block, role: Role) -> Kept:
+    return Kept(
+        name=name,
+        shape=(nbytes,),
+        dtype=DType.INT8,
+        scope=scope,
+        count=count,
+        reason="",
+        block=block,
+        role=role,
+    )
 
 
 def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
@@ -358,11 +367,25 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
     one_chunk = per_chunk // st.chunks
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
     return [
-        _lump("layers", layer, Scope.LAYER, one_chunk),
-        _lump("in_flight", others + g[Group.EMBED] * counts[Group.EMBED], Scope.MODEL, 1),
-        _lump("loss.head", g[Group.HEAD], Scope.MODEL, counts[Group.HEAD]),
-        # named as a head tensor the final norm's backward has freed, so analytic.peak treats it so
-        _lump("loss.log_probs", g[Group.HEAD_FREED], Scope.MODEL, counts[Group.HEAD_FREED]),
+        _lump("layers", layer, Scope.LAYER, one_chunk, Block.CHECKPOINT, Role.RESIDUAL),
+        _lump(
+            "in_flight",
+            others + g[Group.EMBED] * counts[Group.EMBED],
+            Scope.MODEL,
+            1,
+            Block.EMBED,
+            Role.TOKEN_IDS,
+        ),
+        _lump("loss.head", g[Group.HEAD], Scope.MODEL, counts[Group.HEAD], Block.LOSS, Role.LABELS),
+        # tagged as a head tensor the final norm's backward has freed, so analytic.peak treats it so
+        _lump(
+            "loss.log_probs",
+            g[Group.HEAD_FREED],
+            Scope.MODEL,
+            counts[Group.HEAD_FREED],
+            Block.LOSS,
+            Role.LOG_PROBS,
+        ),
     ]
 
 

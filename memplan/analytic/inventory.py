@@ -3,7 +3,14 @@
 A `Kept` entry names a tensor by the layer's data flow (``attn_norm.input``, ``attn.q``, ``loss.log_probs``),
 gives its shape, dtype and the bytes of the storage that stays alive (views share a storage and are counted
 once), how many such tensors the model keeps (``count``: one per layer for layer entries) and why backward
-needs it.
+needs it. Names are for people (and for matching the measurement, which labels the same names); code keys
+on two typed tags every entry carries:
+
+- ``block``: where in the model it is kept (the embedding, a layer's attention norm, the attention, …, the
+  loss): pipeline placement and the peak's moments (what is freed when) key on it;
+- ``role``: what the tensor is (a norm's input, its statistics, the attention probabilities, a dropout
+  mask, …): the split under tensor, sequence and expert parallelism keys on it
+  (``strategies.sequence_parallel.SPLITS``, one rule per role; a role without a rule is an error).
 """
 
 from __future__ import annotations
@@ -23,11 +30,91 @@ class Scope(StrEnum):
     """Once per model: embeddings, shared constants, final norm, lm head, loss."""
 
 
+class Block(StrEnum):
+    """Where a kept tensor lives; the value is its name's prefix."""
+
+    EMBED = "embed"
+    """The token (and position) embedding and its dropout."""
+    ROPE = "rope"
+    """Rotary tables made once per forward, read by every layer."""
+    CONST = "const"
+    """Other per-forward constants every layer reads (the causal mask)."""
+    REVERSIBLE = "rev"
+    """A reversible stack's last outputs, from which backward rebuilds every layer's input."""
+    CHECKPOINT = "layer"
+    """A checkpointed segment's input."""
+    ATTN_NORM = "attn_norm"
+    ATTN = "attn"
+    MLP_NORM = "mlp_norm"
+    MLP = "mlp"
+    MOE = "moe"
+    """A mixture-of-experts MLP's saves beyond its input (router, dispatch, experts, shared experts)."""
+    FINAL_NORM = "final_norm"
+    LM_HEAD = "lm_head"
+    LOSS = "loss"
+
+    @property
+    def in_layer(self) -> bool:
+        """Part of a transformer layer's own saves (what a re-run layer rebuilds)."""
+        return self in _LAYER_BLOCKS
+
+    @property
+    def in_head(self) -> bool:
+        """Part of the head: the final norm, the lm head and the loss."""
+        return self in (Block.FINAL_NORM, Block.LM_HEAD, Block.LOSS)
+
+
+_LAYER_BLOCKS = frozenset({Block.ATTN_NORM, Block.ATTN, Block.MLP_NORM, Block.MLP, Block.MOE})
+
+
+class Role(StrEnum):
+    """What a kept tensor is, whatever block keeps it."""
+
+    TOKEN_IDS = "token ids"
+    """Token or position ids (int64)."""
+    RESIDUAL = "residual"
+    """The residual stream between layers: a checkpoint's input, a reversible stack's output."""
+    NORM_INPUT = "norm input"
+    NORM_STATS = "norm statistics"
+    """mean / rstd over the hidden dimension, [b, s, 1]."""
+    NORM_OUTPUT = "norm output"
+    LINEAR_INPUT = "linear input"
+    """Input of a column-parallel linear (W_Q/W_K/W_V, the MLP's first matrices, the lm head)."""
+    ROPE_TABLE = "rope table"
+    CAUSAL_MASK = "causal mask"
+    ATTN_QKV = "attention q/k/v"
+    """q, k or v as the attention core reads them (heads-major, or v's [b, s, kv·d] projection output)."""
+    ATTN_PROBS = "attention probabilities"
+    ATTN_DROPOUT_MASK = "attention dropout mask"
+    ATTN_LSE = "attention logsumexp"
+    RNG_STATE = "rng state"
+    """The CUDA flash kernel's philox seed and offset."""
+    ATTN_OUT = "attention output"
+    """Input of the row-parallel W_O."""
+    DROPOUT_MASK = "dropout mask"
+    """A dropout mask on the residual stream (after W_O, the MLP or the embedding)."""
+    MLP_INNER = "mlp inner"
+    """Between an MLP's column- and row-parallel matrices: gate, act, up, down input (f wide)."""
+    LOG_PROBS = "log-probs"
+    LABELS = "labels"
+    LOSS_SCALAR = "loss scalar"
+    ROUTER = "router"
+    """Router probabilities and top-k selections, per token."""
+    DISPATCH_INDEX = "dispatch index"
+    """Which token or top-k slot fills each expert slot."""
+    EXPERT_TOKENS = "expert tokens"
+    """Tokens dispatched to the experts, their outputs and routing weights ([S, ·] slots)."""
+    SHARED_GATE = "shared-expert gate"
+    """The shared experts' sigmoid gate and gated output, per token."""
+
+
 class Kept(BaseModel):
     """One logical tensor autograd keeps for backward."""
 
     model_config = ConfigDict(frozen=True)
     name: str
+    block: Block
+    role: Role
     shape: tuple[int, ...]
     dtype: DType
     scope: Scope

@@ -37,54 +37,105 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops, mm
-from memplan.analytic.inventory import Dims, Kept, Scope
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.config import DType, MlpType, MoEConfig, Setup
 
 # ----------------------------------------------------------------------------------------------------
 # Activations
 # ----------------------------------------------------------------------------------------------------
-DENSE_MLP_INNER = ("mlp.gate", "mlp.act", "mlp.up", "mlp.down_input")
 FP32, INT64 = DType.FP32, DType.INT64
+B, R = Block, Role
 
 
-def _mlp_inner(setup: Setup, dims: Dims, prefix: str, rows: int, width: int) -> list[act.Rule]:
-    """An MLP's inner saves over ``rows`` tokens: ``activations.mlp_rules`` (its input dropped, since the
-    MoE layer keeps that once as ``mlp.input`` or ``moe.expert_input``), renamed, laid out [rows, width]."""
-    dense = act.mlp_rules(setup, dims.model_copy(update={"b": 1, "s": rows, "f": width}))
-    return [(prefix + name.removeprefix("mlp"), (rows, width), dt, why) for name, _, dt, why in dense[1:]]
-
-
-def moe_rules(setup: Setup, moe: MoEConfig) -> list[tuple[str, tuple[int, ...], DType, str]]:
+def moe_rules(setup: Setup, moe: MoEConfig) -> list[act.Rule]:
     """What one MoE layer keeps beyond ``mlp.input`` (which the router, experts and shared experts share)."""
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
     k = moe.top_k
-    rules: list[act.Rule] = [
-        ("moe.router_probs", (t, moe.experts), FP32, "router softmax in fp32: its backward needs the output"),
-        ("moe.topk_indices", (t, k), INT64, "top-k backward scatters into [T, E] at these indices"),
+
+    def save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> act.Rule:
+        return act.save(B.MOE, part, shape, dtype, role, why)
+
+    rules = [
+        save(
+            "router_probs",
+            (t, moe.experts),
+            FP32,
+            R.ROUTER,
+            "router softmax in fp32: its backward needs the output",
+        ),
+        save("topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"),
     ]
     if moe.renormalises:  # weights / weights.sum(-1, keepdim=True), in fp32 before the cast
         rules += [
-            ("moe.topk_sum", (t, 1), FP32, "sum of the top-k probabilities, divisor: d(numerator) needs it"),
-            ("moe.topk_weights", (t, k), FP32, "top-k probabilities, dividend: d(divisor) needs them"),
+            save(
+                "topk_sum",
+                (t, 1),
+                FP32,
+                R.ROUTER,
+                "sum of the top-k probabilities, divisor: d(numerator) needs it",
+            ),
+            save(
+                "topk_weights", (t, k), FP32, R.ROUTER, "top-k probabilities, dividend: d(divisor) needs them"
+            ),
         ]
     rules += [
-        ("moe.weight_index", (s,), INT64, "top-k slot of each expert slot: the weight gather's backward"),
-        ("moe.dispatch_index", (s,), INT64, "token of each expert slot: gather / index_add backward"),
-        ("moe.expert_input", (s, h), a, "tokens dispatched to the experts, input of W_gate/W_up"),
-        *_mlp_inner(setup, dims, "moe", s, dims.f),
-        ("moe.expert_output", (s, h), a, "expert output × routing weight: d(weight) needs it"),
-        ("moe.routing_weights", (s, 1), a, "routing weight of each slot: d(expert output) needs it"),
-        ("moe.weighted_output", (s, h), a, "source of index_add_: its backward (expand_as) keeps it"),
+        save(
+            "weight_index",
+            (s,),
+            INT64,
+            R.DISPATCH_INDEX,
+            "top-k slot of each expert slot: the weight gather's backward",
+        ),
+        save(
+            "dispatch_index",
+            (s,),
+            INT64,
+            R.DISPATCH_INDEX,
+            "token of each expert slot: gather / index_add backward",
+        ),
+        save(
+            "expert_input",
+            (s, h),
+            a,
+            R.EXPERT_TOKENS,
+            "tokens dispatched to the experts, input of W_gate/W_up",
+        ),
+        *act.mlp_inner_rules(setup, B.MOE, "", (s, dims.f), a),
+        save(
+            "expert_output", (s, h), a, R.EXPERT_TOKENS, "expert output × routing weight: d(weight) needs it"
+        ),
+        save(
+            "routing_weights",
+            (s, 1),
+            a,
+            R.EXPERT_TOKENS,
+            "routing weight of each slot: d(expert output) needs it",
+        ),
+        save(
+            "weighted_output",
+            (s, h),
+            a,
+            R.EXPERT_TOKENS,
+            "source of index_add_: its backward (expand_as) keeps it",
+        ),
     ]
     width = moe.shared_width(setup.model)
     if width:
-        rules += _mlp_inner(setup, dims, "moe.shared", t, width)
+        rules += act.mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
     if moe.shared_gate:
         rules += [
-            ("moe.shared_gate", (t, 1), a, "sigmoid of the shared-expert gate: d(shared output) needs it"),
-            ("moe.shared_output", (t, h), a, "shared experts' output × gate: d(gate) needs it"),
+            save(
+                "shared_gate",
+                (t, 1),
+                a,
+                R.SHARED_GATE,
+                "sigmoid of the shared-expert gate: d(shared output) needs it",
+            ),
+            save(
+                "shared_output", (t, h), a, R.SHARED_GATE, "shared experts' output × gate: d(gate) needs it"
+            ),
         ]
     return rules
 
@@ -96,14 +147,11 @@ def with_moe(kept: list[Kept], setup: Setup, moe: MoEConfig | None) -> list[Kept
     out: list[Kept] = []
     done = False
     for k in kept:
-        if k.scope is not Scope.LAYER or k.name not in DENSE_MLP_INNER:
+        if not (k.block is B.MLP and k.role is R.MLP_INNER):
             out.append(k)
             continue
         if not done:
-            out += [
-                Kept(name=n, shape=sh, dtype=dt, scope=Scope.LAYER, count=k.count, reason=why)
-                for n, sh, dt, why in moe_rules(setup, moe)
-            ]
+            out += act.kept(moe_rules(setup, moe), Scope.LAYER, k.count)
             done = True
     return out
 

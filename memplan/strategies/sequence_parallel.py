@@ -1,4 +1,4 @@
-"""What tensor and sequence parallelism do to each kept activation, by inventory name.
+"""What tensor and sequence parallelism do to each kept activation, by its role (``inventory.Role``).
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"), §4.2:
 
@@ -22,8 +22,8 @@ Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
   the causal mask and RoPE tables (constants of the sequence), the flash kernel's RNG seed and offset, and the
   MoE tokens dispatched to the experts (expert tensor parallelism all-gathers them over the tp ranks).
 
-A name missing from the table is kept whole (the safe, larger answer); tests/plan assert that every name
-the inventory produces for any strategy is in it.
+Every role has a rule (``SPLITS``); a role without one raises, and tests/plan check the table covers the
+enum.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from memplan.analytic.inventory import Kept
+from memplan.analytic.inventory import Kept, Role
 
 
 class Split(StrEnum):
@@ -55,84 +55,56 @@ _SEQ = Rule(Split.SEQUENCE, 1)  # [b, s, …]
 _TOKENS = Rule(Split.SEQUENCE, 0)  # [T, …] with T = b·s flattened
 _WHOLE = Rule(Split.REPLICATED, 0)
 
-_NORM_PARTS = ("input", "mean", "rstd", "normed")
-RULES: dict[str, Rule] = {
+SPLITS: dict[Role, Rule] = {
     # Layer norms (LayerNorm: input, mean, rstd; RMSNorm: fp32 input, rstd, normed): replicated under TP.
-    **{f"{norm}.{part}": _SEQ for norm in ("attn_norm", "mlp_norm", "final_norm") for part in _NORM_PARTS},
-    # Inputs of the column-parallel linears and the masks after the row-parallel ones.
-    "attn.input": _SEQ,
-    "mlp.input": _SEQ,
-    "lm_head.input": _SEQ,
-    "attn.resid_dropout_mask": _SEQ,
-    "mlp.resid_dropout_mask": _SEQ,
-    "embed.dropout_mask": _SEQ,
-    "layer.input": _SEQ,
-    "rev.y1": _SEQ,
-    "rev.y2": _SEQ,
+    Role.NORM_INPUT: _SEQ,
+    Role.NORM_STATS: _SEQ,
+    Role.NORM_OUTPUT: _SEQ,
+    # Inputs of the column-parallel linears, the masks after the row-parallel ones, the residual stream.
+    Role.LINEAR_INPUT: _SEQ,
+    Role.DROPOUT_MASK: _SEQ,
+    Role.RESIDUAL: _SEQ,
     # Inside the attention core: a/t heads (and kv/t groups) per rank. attn.v is [b, s, kv·d] on the flash
     # and selective paths (split on its last dimension) and [b, a, s, d] on the eager one (dimension 1).
-    "attn.q": _HEADS,
-    "attn.k": _HEADS,
-    "attn.v": _HEADS,
-    "attn.probs": _HEADS,
-    "attn.dropout_mask": _HEADS,
-    "attn.probs_dropped": _HEADS,
-    "attn.lse": _HEADS,
-    "attn.out": _WIDTH,
-    # MLP between its column- and row-parallel matrices: f/t columns.
-    "mlp.gate": _WIDTH,
-    "mlp.act": _WIDTH,
-    "mlp.up": _WIDTH,
-    "mlp.down_input": _WIDTH,
+    Role.ATTN_QKV: _HEADS,
+    Role.ATTN_PROBS: _HEADS,
+    Role.ATTN_DROPOUT_MASK: _HEADS,
+    Role.ATTN_LSE: _HEADS,
+    Role.ATTN_OUT: _WIDTH,
+    # MLP between its column- and row-parallel matrices: f/t columns (routed and shared experts alike).
+    Role.MLP_INNER: _WIDTH,
     # Vocabulary-parallel loss.
-    "loss.log_probs": _WIDTH,
+    Role.LOG_PROBS: _WIDTH,
     # Replicated.
-    "embed.ids": _WHOLE,
-    "embed.positions": _WHOLE,
-    "loss.labels": _WHOLE,
-    "loss.total_weight": _WHOLE,
-    "attn.causal_mask": _WHOLE,
-    "attn.philox_seed": _WHOLE,
-    "attn.philox_offset": _WHOLE,
-    "rope.cos": _WHOLE,
-    "rope.sin": _WHOLE,
-    # Mixture of experts (moe.py): the router runs on the rank's tokens (s/t of them with sequence
-    # parallelism); the experts' inner activations are split like a dense MLP; the tokens dispatched to
-    # the experts, their outputs and routing weights are gathered over the tp ranks (Megatron-Core's
-    # all-gather token dispatcher with expert tensor parallelism = tp).
-    "moe.router_probs": _TOKENS,
-    "moe.topk_indices": _TOKENS,
-    "moe.topk_sum": _TOKENS,
-    "moe.topk_weights": _TOKENS,
-    "moe.weight_index": _WHOLE,
-    "moe.dispatch_index": _WHOLE,
-    "moe.expert_input": _WHOLE,
-    "moe.gate": _WIDTH,
-    "moe.act": _WIDTH,
-    "moe.up": _WIDTH,
-    "moe.down_input": _WIDTH,
-    "moe.expert_output": _WHOLE,
-    "moe.routing_weights": _WHOLE,
-    "moe.weighted_output": _WHOLE,
-    "moe.shared.gate": _WIDTH,
-    "moe.shared.act": _WIDTH,
-    "moe.shared.up": _WIDTH,
-    "moe.shared.down_input": _WIDTH,
-    "moe.shared_gate": _TOKENS,
-    "moe.shared_output": _TOKENS,
+    Role.TOKEN_IDS: _WHOLE,
+    Role.LABELS: _WHOLE,
+    Role.LOSS_SCALAR: _WHOLE,
+    Role.CAUSAL_MASK: _WHOLE,
+    Role.RNG_STATE: _WHOLE,
+    Role.ROPE_TABLE: _WHOLE,
+    # Mixture of experts (blocks/moe.py): the router runs on the rank's tokens (s/t of them with sequence
+    # parallelism); the tokens dispatched to the experts, their outputs and routing weights are gathered
+    # over the tp ranks (Megatron-Core's all-gather token dispatcher with expert tensor parallelism = tp).
+    Role.ROUTER: _TOKENS,
+    Role.SHARED_GATE: _TOKENS,
+    Role.DISPATCH_INDEX: _WHOLE,
+    Role.EXPERT_TOKENS: _WHOLE,
 }
 
 
-def rule(name: str) -> Rule:
-    """The rule of one inventory name; a name not in the table is kept whole (see the module docstring)."""
-    return RULES.get(name, _WHOLE)
+def rule(role: Role) -> Rule:
+    """The split of a role; a role without a rule is an error (tests/plan check every role has one)."""
+    try:
+        return SPLITS[role]
+    except KeyError:
+        raise ValueError(f"role: {str(role)!r} has no tensor-parallel rule; add it to SPLITS") from None
 
 
 def tensor_dim(k: Kept) -> int:
     """The dimension tensor parallelism splits: heads (dim 1) of a head-major tensor, else the last."""
-    if k.name == "attn.v" and len(k.shape) == 3:
-        return -1  # [b, s, kv·d] on the flash / selective paths
-    return rule(k.name).dim
+    if k.role is Role.ATTN_QKV and len(k.shape) == 3:
+        return -1  # v as the projection output [b, s, kv·d] on the flash / selective paths
+    return rule(k.role).dim
 
 
 def sequence_parallel(kept: list[Kept], tp: int) -> list[Kept]:
@@ -140,7 +112,7 @@ def sequence_parallel(kept: list[Kept], tp: int) -> list[Kept]:
     every ``SEQUENCE`` entry keeps s/t of its tokens (``check_parallel`` ensures t divides s)."""
     out: list[Kept] = []
     for k in kept:
-        r = rule(k.name)
+        r = rule(k.role)
         if r.split is Split.SEQUENCE and tp > 1:
             shape = list(k.shape)
             shape[r.dim] //= tp

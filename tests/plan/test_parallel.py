@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from memplan.analytic import activations as act
 from memplan.analytic import flops as fl
 from memplan.analytic import peak as pk
+from memplan.analytic.inventory import Block, Role
 from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
@@ -40,7 +41,7 @@ from memplan.config import (
 from memplan.contract import to_json
 from memplan.engine import Group, Result, estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
-from memplan.strategies.sequence_parallel import RULES, Split, rule, tensor_dim
+from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
 from memplan.strategies.tensor_parallel import tp_model
 from memplan.strategies.zero import model_states
 
@@ -169,8 +170,8 @@ def test_every_name_has_a_rule_and_tp_model_splits_exactly_the_tensor_ones(
     seq = {k.name: k for k in plan(setup, Parallel(tp=8, sp=True)).pieces.kept}
     assert whole.keys() == split.keys() == seq.keys()
     for n, k in whole.items():
-        assert n in RULES, f"{n} has no tensor-parallel rule in plan/shard.py"
-        r = rule(n)
+        assert n == f"{k.block.value}.{n.split('.', 1)[1]}" or k.block is Block.CONST, n  # name = block.part
+        r = rule(k.role)
         expected = list(k.shape)
         if r.split is Split.TENSOR:
             expected[tensor_dim(k)] = -(-expected[tensor_dim(k)] // 8)
@@ -178,6 +179,12 @@ def test_every_name_has_a_rule_and_tp_model_splits_exactly_the_tensor_ones(
         if r.split is Split.SEQUENCE:
             expected[r.dim] //= 8
         assert list(seq[n].shape) == expected, n
+
+
+def test_every_role_has_a_split_and_an_unknown_one_is_an_error() -> None:
+    assert set(SPLITS) == set(Role)
+    with pytest.raises(ValueError, match=r"^role: .* has no tensor-parallel rule; add it to SPLITS$"):
+        rule("bogus")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------------------------------
