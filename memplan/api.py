@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
@@ -36,7 +37,8 @@ from memplan.config import (
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
 from memplan.search.budget import Verdict, verdict
-from memplan.time.timing import Timing, timing
+from memplan.time.defaults import DEFAULT_MFU
+from memplan.time.timing import Timing, check_time_inputs, timing
 
 DEFAULT_SEQ = TrainingConfig().seq_len
 """``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
@@ -44,35 +46,140 @@ DEFAULT_SEQ = TrainingConfig().seq_len
 _LISTS = "(`memplan presets` lists them)"
 
 
+def _option(
+    description: str,
+    panel: str,
+    *,
+    default: Any = None,
+    metavar: str | None = None,
+    flags: tuple[str, ...] = (),
+    show_default: bool = True,
+    **constraints: Any,
+) -> Any:
+    """An ``Options`` field and how the command line spells it: help text, metavar, extra flags (``-s``),
+    help panel; ``cli.common`` derives every command's typer options from these."""
+    extra: JsonDict = {"panel": panel, "metavar": metavar, "flags": list(flags), "show_default": show_default}
+    return Field(default=default, description=description, json_schema_extra=extra, **constraints)
+
+
+_MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
+
+
 class Options(BaseModel):
-    """Every setting of one estimate (field names = option names with ``_`` for ``-``)."""
+    """Every setting of one estimate, declared once: field names are the option names (``_`` for ``-``),
+    each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str = Field(min_length=1)
-    seq: int | None = None
-    batch: int = 1
-    precision: Precision = Precision.BF16_MIXED
-    optimizer: Optimizer = Optimizer.ADAMW
-    grad_accum: int | None = None
-    global_batch: int | None = Field(default=None, gt=0)
-    checkpointing: str = "none"
-    attention: AttentionChoice = AttentionChoice.FLASH
-    reversible: bool = False
-    zero: int = 0
-    dp: int | None = Field(default=None, gt=0)
-    gpus: int | None = Field(default=None, gt=0)
-    tp: int = 1
-    sp: bool = False
-    pp: int = 1
-    vpp: int = 1
-    ep: int = 1
-    dropout: float | None = None
-    device: Device = Device.CUDA
-    gpu: str | None = None
-    mfu: float | None = None
-    step_time: float | None = None
-    tokens: int | None = None
+    model: str = _option(
+        "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml or a Hugging "
+        "Face config.json. Required. `memplan presets` lists them.",
+        _MODEL,
+        default=...,
+        flags=("-m",),
+        show_default=False,
+        min_length=1,
+    )
+    dropout: float | None = _option(
+        "Dropout probability 0 ≤ P < 1 for attention, residual and embedding dropout [default: the "
+        "preset's own]",
+        _MODEL,
+        metavar="P",
+        show_default=False,
+    )
+    seq: int | None = _option(
+        f"Tokens per sequence s [default: {DEFAULT_SEQ}, or the model's context length if shorter]",
+        _TRAINING,
+        metavar="TOKENS",
+        flags=("-s",),
+        show_default=False,
+    )
+    batch: int = _option("Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",))
+    precision: Precision = _option(
+        "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations",
+        _TRAINING,
+        default=Precision.BF16_MIXED,
+    )
+    optimizer: Optimizer = _option("Optimizer", _TRAINING, default=Optimizer.ADAMW)
+    checkpointing: str = _option(
+        "Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
+        "attention core), every-K (keep one input per K layers)",
+        _STRATEGY,
+        default="none",
+        metavar="none|full|selective|every-K",
+    )
+    attention: AttentionChoice = _option(
+        "Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse)",
+        _STRATEGY,
+        default=AttentionChoice.FLASH,
+    )
+    reversible: bool = _option(
+        "Reversible (RevNet) layers: backward rebuilds each layer's input from its output",
+        _STRATEGY,
+        default=False,
+    )
+    zero: int = _option(
+        "ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights (sharded over --dp)",
+        _STRATEGY,
+        default=0,
+        metavar="0-3",
+    )
+    device: Device = _option(
+        "Kernels the step runs on (a few saved tensors differ between cuda and cpu)",
+        _STRATEGY,
+        default=Device.CUDA,
+    )
+    tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N")
+    sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
+    pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N")
+    vpp: int = _option(
+        "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M"
+    )
+    ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N")
+    dp: int | None = _option(
+        "Data-parallel degree [default: --gpus / (tp·pp), else 1]",
+        _PARALLEL,
+        metavar="N",
+        show_default=False,
+        gt=0,
+    )
+    gpus: int | None = _option(
+        "Devices in all: tp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0
+    )
+    global_batch: int | None = _option(
+        "Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
+        _PARALLEL,
+        metavar="B",
+        show_default=False,
+        gt=0,
+    )
+    grad_accum: int | None = _option(
+        "Micro-batches per step (the pipeline's, or gradient accumulation) [default: 1]",
+        _PARALLEL,
+        metavar="N",
+        show_default=False,
+    )
+    gpu: str | None = _option(
+        "GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
+        _GPU,
+        metavar="NAME",
+        show_default=False,
+    )
+    mfu: float | None = _option(
+        f"Assumed model FLOPs utilisation for the step time [default: {DEFAULT_MFU}]",
+        _GPU,
+        metavar="F",
+        show_default=False,
+    )
+    step_time: float | None = _option(
+        "Measured seconds per step: gives the achieved MFU and HFU instead",
+        _GPU,
+        metavar="S",
+        show_default=False,
+    )
+    tokens: float | None = _option(
+        "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -237,7 +344,9 @@ def build(o: Options) -> Built:
             )
         return Built(o, result, None, None, None)
     gpu = load_gpu(o.gpu)
-    t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=o.tokens)
+    check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
+    tokens = None if o.tokens is None else int(o.tokens)
+    t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
     return Built(o, result, gpu, verdict(result, gpu), t)
 
 

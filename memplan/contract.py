@@ -1,4 +1,5 @@
-"""The machine-readable result (``--json``): the contract of DESIGN.md, integers for bytes and FLOPs.
+"""The machine-readable result (``--json``): the contract in docs/architecture.md, integers for bytes and
+FLOPs.
 
 Keys that other tools build on and that are never renamed: ``params.total``, ``params.active``,
 ``memory.weights|gradients|optimizer|activations|peak`` (bytes on one device: the most loaded one),
@@ -15,7 +16,7 @@ from memplan.engine import Result, StagePlan
 
 
 def to_json(r: Result) -> dict[str, Any]:
-    """The JSON contract of DESIGN.md for ``r``'s most loaded device (bytes on it; FLOPs of one
+    """The JSON contract (docs/architecture.md) for ``r``'s most loaded device (bytes on it; FLOPs of one
     micro-batch, whole model), plus ``parallel``, ``stages`` and ``moe``."""
     s, t = r.setup, r.setup.training
     p, dev = r.params, r.device

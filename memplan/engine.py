@@ -1,8 +1,10 @@
-"""Memory of the most loaded device under tensor, sequence, pipeline, expert and data parallelism.
+"""The engine: one setup → the memory of its most loaded device and the FLOPs of one step.
 
-One tensor-parallel rank is the narrower model of ``parallel.tp_model``; its inventory (one micro-batch,
-every layer) is transformed by ``moe.with_moe`` and ``shard.sequence_parallel`` and then regrouped per
-pipeline stage:
+``estimate(setup)`` is the one computation for every layout: one device of a dense model is
+``Parallel()`` with ``moe`` None, the trivial case of the same path. One tensor-parallel rank is the
+narrower model of ``strategies.tensor_parallel.tp_model``; its inventory (one micro-batch, every layer,
+from ``analytic.activations``) is transformed by ``blocks.moe.with_moe`` and
+``strategies.sequence_parallel`` and then regrouped per pipeline stage:
 
 - Placement (Megatron-LM): stage 0 holds the embedding (and learned positions), the last stage the final
   norm and the lm head; with tied embeddings and p > 1 the last stage keeps its own copy of the word
@@ -16,9 +18,9 @@ pipeline stage:
   last stage the head's of one.
 - Model states: each stage's parameters (the MoE's routed experts apart) go through ``model_states`` with
   ZeRO over dp; the routed experts' over dp/ep, the data-parallel group of expert parallelism.
-- Peak: the three moments of ``analytic.peak`` per stage, built from the same transient functions; a stage
-  without the head has no loss-backward moment. With gradient accumulation or a pipeline of several
-  micro-batches the gradients are alive while activations are (``grad_accum > 1``, as in peak.py).
+- Peak: the moments of ``analytic.peak`` per stage, built from the same transient functions; a stage
+  without the head has no loss- or final-norm-backward moment. With gradient accumulation or a pipeline of
+  several micro-batches the gradients are alive while activations are (``grad_accum > 1``, as in peak.py).
 
 Only the first and the last stage are computed: a middle stage holds the same layers as stage 0 with fewer
 micro-batches in flight and no embedding, so it never exceeds stage 0.

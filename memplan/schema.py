@@ -1,9 +1,9 @@
-"""The published JSON Schema of ``memplan estimate --json`` (``Estimate.to_json()``).
+"""The published JSON Schema of ``memplan estimate --json`` (``contract.to_json``).
 
-The contract of DESIGN.md ("Machine-readable output"): the keys below must exist and byte and FLOP figures
-are integers. Every object allows further keys (``additionalProperties`` is left open): the contract says
-"add keys freely; never rename these", so a consumer validating against this schema keeps working when
-memplan adds a key, and breaks when one of these is renamed or changes type.
+The contract of docs/architecture.md ("Machine-readable output"): the keys below must exist and byte and
+FLOP figures are integers. Every object allows further keys (``additionalProperties`` is left open): the
+contract says "add keys freely; never rename these", so a consumer validating against this schema keeps
+working when memplan adds a key, and breaks when one of these is renamed or changes type.
 
 Pure Python, no torch. ``estimate_schema()`` returns a fresh copy (callers may mutate it);
 ``memplan schema`` prints it.

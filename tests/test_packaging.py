@@ -3,6 +3,7 @@ built wheel installed elsewhere (the data package ``memplan._presets``, mapped t
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -31,25 +32,22 @@ def test_presets_are_found_from_the_editable_install() -> None:
 
 
 def test_presets_ship_in_the_wheel_and_load_from_it(tmp_path: Path) -> None:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(ROOT),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    # Built from a copy of the sources (a build in the checkout would leave build/ behind).
+    src = tmp_path / "src"
+    for part in ("memplan", "presets", "pyproject.toml", "README.md"):
+        copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
+        copy(
+            ROOT / part,
+            src / part,
+            **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / part).is_dir() else {}),
+        )
+    wheel_cmd = ["wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(src)]
+    subprocess.run([sys.executable, "-m", "pip", *wheel_cmd], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("memplan-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert sorted(n.removeprefix("memplan/_presets/") for n in names if n.endswith(".toml")) == SHIPPED
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "memplan").rglob("*.py")}
+    assert {n for n in names if n.endswith(".py") and not n.startswith("memplan/_presets/")} == modules
     site = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

@@ -30,7 +30,8 @@ Known limitations (NB): routing is assumed balanced (each device of an expert-pa
 S slots on average; the most loaded expert can take more; on one device the split changes no total);
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
 the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
-not counted; tensor and sequence parallelism are not measured (plan/shard.py's rules for the MoE names).
+not counted; tensor and sequence parallelism are not measured (strategies/sequence_parallel.py's rules
+for the MoE roles).
 """
 
 from __future__ import annotations

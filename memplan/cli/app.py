@@ -111,7 +111,7 @@ def main() -> None:
     app(prog_name="memplan")
 
 
-# Sub-command modules add their commands last (they import cli_common, never this module's app).
+# Sub-command modules add their commands last (they import cli.common, never this module's app).
 from memplan.cli import measure, schema, search  # noqa: E402
 
 measure.register(app)

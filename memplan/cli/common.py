@@ -1,8 +1,8 @@
 """Options and error handling shared by every memplan command.
 
-Each option is declared once, as a typer ``Annotated`` alias (``ModelOpt``, ``SeqOpt``, …) in ``OPTIONS``,
-keyed by its ``api.Options`` field, whose default it takes; ``@with_options(...)`` gives a command those
-options and ``options_of`` turns their values into ``api.Options`` (``api.build`` does the rest).
+Each option is declared once, as an ``api.Options`` field (help text, metavar, panel with it); ``OPTIONS``
+derives its typer option, ``@with_options(...)`` gives a command those options with ``api.Options``'s
+defaults, and ``options_of`` turns their values back into ``api.Options`` (``api.build`` does the rest).
 
 Every user mistake ends as ONE line on stderr, ``error: <field>: <what is wrong>; <fix>``, and exit code 2,
 never a traceback:
@@ -21,10 +21,11 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 from typer.core import TyperGroup
 
 try:  # recent typer ships its own copy of click (typer.BadParameter is one of its exceptions)
@@ -33,10 +34,8 @@ try:  # recent typer ships its own copy of click (typer.BadParameter is one of i
 except ImportError:  # older typer runs on click itself
     from click import BadParameter, ClickException, Context, MissingParameter, Parameter  # type: ignore
 
-from memplan.api import DEFAULT_SEQ, Options
-from memplan.config import AttentionChoice, Device, Optimizer, Precision
+from memplan.api import Options
 from memplan.errors import describe_validation_error
-from memplan.time.defaults import DEFAULT_MFU
 
 EXIT_USAGE = 2
 """Exit code of every user mistake (click's own code for usage errors)."""
@@ -45,254 +44,36 @@ _LISTS = "(`memplan presets` lists them)"
 
 
 # ----------------------------------------------------------------------------------------------------
-# Options (defined once; reuse them as `model: ModelOpt = None`, `batch: BatchOpt = 1`, ...)
+# Options: derived from api.Options, where each one is declared once
 # ----------------------------------------------------------------------------------------------------
-_MODEL_PANEL = "Model"
-_TRAINING_PANEL = "Training"
-_STRATEGY_PANEL = "Strategy"
-
-ModelOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--model",
-        "-m",
-        help="Model preset name or alias (e.g. 70b, llama-3-8b, gpt2), a preset .toml or a Hugging Face "
-        "config.json. Required. `memplan presets` lists them.",
-        show_default=False,
-        rich_help_panel=_MODEL_PANEL,
-    ),
-]
-DropoutOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--dropout",
-        metavar="P",
-        help="Dropout probability 0 ≤ P < 1 for attention, residual and embedding dropout "
-        "[default: the preset's own]",
-        show_default=False,
-        rich_help_panel=_MODEL_PANEL,
-    ),
-]
-SeqOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--seq",
-        "-s",
-        metavar="TOKENS",
-        help=f"Tokens per sequence s [default: {DEFAULT_SEQ}, or the model's context length if shorter]",
-        show_default=False,
-        rich_help_panel=_TRAINING_PANEL,
-    ),
-]
-BatchOpt = Annotated[
-    int,
-    typer.Option(
-        "--batch", "-b", metavar="N", help="Sequences per micro-batch b", rich_help_panel=_TRAINING_PANEL
-    ),
-]
-PrecisionOpt = Annotated[
-    Precision,
-    typer.Option(
-        "--precision",
+def _typer_option(name: str, field: FieldInfo) -> Any:
+    """``Annotated[type, typer.Option(...)]`` for an ``api.Options`` field: ``--name`` (``_`` → ``-``) and
+    its extra flags, a ``--x/--no-x`` pair for a switch, choices case-insensitive, its help and panel."""
+    extra = cast(dict[str, Any], field.json_schema_extra)
+    flag = "--" + name.replace("_", "-")
+    annotation: Any = field.annotation
+    switch = f"{flag}/--no-{flag.removeprefix('--')}"
+    flags = [switch] if annotation is bool else [flag, *extra["flags"]]
+    if field.is_required():  # --model: None when absent, then a one-line "required" error
+        annotation = annotation | None
+    option = typer.Option(
+        *flags,
+        help=field.description,
+        metavar=extra["metavar"],
+        show_default=extra["show_default"],
         case_sensitive=False,
-        help="Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations",
-        rich_help_panel=_TRAINING_PANEL,
-    ),
-]
-OptimizerOpt = Annotated[
-    Optimizer,
-    typer.Option("--optimizer", case_sensitive=False, help="Optimizer", rich_help_panel=_TRAINING_PANEL),
-]
-CheckpointingOpt = Annotated[
-    str,
-    typer.Option(
-        "--checkpointing",
-        metavar="none|full|selective|every-K",
-        help="Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
-        "attention core), every-K (keep one input per K layers)",
-        rich_help_panel=_STRATEGY_PANEL,
-    ),
-]
-AttentionOpt = Annotated[
-    AttentionChoice,
-    typer.Option(
-        "--attention",
-        case_sensitive=False,
-        help="Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse)",
-        rich_help_panel=_STRATEGY_PANEL,
-    ),
-]
-ReversibleOpt = Annotated[
-    bool,
-    typer.Option(
-        "--reversible/--no-reversible",
-        help="Reversible (RevNet) layers: backward rebuilds each layer's input from its output",
-        rich_help_panel=_STRATEGY_PANEL,
-    ),
-]
-ZeroOpt = Annotated[
-    int,
-    typer.Option(
-        "--zero",
-        metavar="0-3",
-        help="ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights (sharded over --dp)",
-        rich_help_panel=_STRATEGY_PANEL,
-    ),
-]
-DeviceOpt = Annotated[
-    Device,
-    typer.Option(
-        "--device",
-        case_sensitive=False,
-        help="Kernels the step runs on (a few saved tensors differ between cuda and cpu)",
-        rich_help_panel=_STRATEGY_PANEL,
-    ),
-]
+        rich_help_panel=extra["panel"],
+    )
+    return Annotated[annotation, option]
 
 
-_PARALLEL = "Parallelism"
-_GPU = "GPU and time"
+OPTIONS: dict[str, Any] = {name: _typer_option(name, f) for name, f in Options.model_fields.items()}
+"""Every ``api.Options`` field's typer option, by field name."""
+
 _OUTPUT = "Output"
-
-TpOpt = Annotated[
-    int, typer.Option("--tp", metavar="N", help="Tensor-parallel degree t", rich_help_panel=_PARALLEL)
-]
-SpOpt = Annotated[
-    bool,
-    typer.Option(
-        "--sp/--no-sp", help="Sequence parallelism over the tensor-parallel ranks", rich_help_panel=_PARALLEL
-    ),
-]
-PpOpt = Annotated[
-    int, typer.Option("--pp", metavar="N", help="Pipeline stages p (1F1B)", rich_help_panel=_PARALLEL)
-]
-VppOpt = Annotated[
-    int,
-    typer.Option(
-        "--vpp",
-        metavar="M",
-        help="Virtual stages per pipeline rank (interleaved 1F1B)",
-        rich_help_panel=_PARALLEL,
-    ),
-]
-EpOpt = Annotated[
-    int,
-    typer.Option(
-        "--ep", metavar="N", help="Expert-parallel degree (MoE; ranks from dp)", rich_help_panel=_PARALLEL
-    ),
-]
-DpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--dp",
-        metavar="N",
-        help="Data-parallel degree [default: --gpus / (tp·pp), else 1]",
-        show_default=False,
-        rich_help_panel=_PARALLEL,
-    ),
-]
-GpusOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--gpus",
-        metavar="N",
-        help="Devices in all: tp · pp · dp",
-        show_default=False,
-        rich_help_panel=_PARALLEL,
-    ),
-]
-GlobalBatchOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--global-batch",
-        metavar="B",
-        help="Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
-        show_default=False,
-        rich_help_panel=_PARALLEL,
-    ),
-]
-GradAccumOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--grad-accum",
-        metavar="N",
-        help="Micro-batches per step (the pipeline's, or gradient accumulation) [default: 1]",
-        show_default=False,
-        rich_help_panel=_PARALLEL,
-    ),
-]
-GpuOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--gpu",
-        metavar="NAME",
-        help="GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
-        show_default=False,
-        rich_help_panel=_GPU,
-    ),
-]
-MfuOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--mfu",
-        metavar="F",
-        help=f"Assumed model FLOPs utilisation for the step time [default: {DEFAULT_MFU}]",
-        show_default=False,
-        rich_help_panel=_GPU,
-    ),
-]
-StepTimeOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--step-time",
-        metavar="S",
-        help="Measured seconds per step: gives the achieved MFU and HFU instead",
-        show_default=False,
-        rich_help_panel=_GPU,
-    ),
-]
-TokensOpt = Annotated[
-    float | None,
-    typer.Option(
-        "--tokens",
-        metavar="T",
-        help="Training tokens (e.g. 300e9): gives the training days",
-        show_default=False,
-        rich_help_panel=_GPU,
-    ),
-]
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object and nothing else", rich_help_panel=_OUTPUT)
 ]
-
-
-# Every ``api.Options`` field's option, by field name: the one declaration each command's options come from.
-OPTIONS: dict[str, Any] = {
-    "model": ModelOpt,
-    "seq": SeqOpt,
-    "batch": BatchOpt,
-    "precision": PrecisionOpt,
-    "optimizer": OptimizerOpt,
-    "grad_accum": GradAccumOpt,
-    "global_batch": GlobalBatchOpt,
-    "checkpointing": CheckpointingOpt,
-    "attention": AttentionOpt,
-    "reversible": ReversibleOpt,
-    "zero": ZeroOpt,
-    "dp": DpOpt,
-    "gpus": GpusOpt,
-    "tp": TpOpt,
-    "sp": SpOpt,
-    "pp": PpOpt,
-    "vpp": VppOpt,
-    "ep": EpOpt,
-    "dropout": DropoutOpt,
-    "device": DeviceOpt,
-    "gpu": GpuOpt,
-    "mfu": MfuOpt,
-    "step_time": StepTimeOpt,
-    "tokens": TokensOpt,
-}
 
 
 def option_default(name: str) -> Any:
@@ -333,15 +114,10 @@ def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
 
 
 def options_of(values: dict[str, Any]) -> Options:
-    """``api.Options`` from a command's option values (``--tokens`` read as a float: 300e9 works)."""
+    """``api.Options`` from a command's option values (those it has; the rest keep their defaults)."""
     fields = {k: v for k, v in values.items() if k in OPTIONS}
     if fields.get("model") is None:
         raise ValueError(f"model: required; pass --model NAME (e.g. --model 70b) or a file path {_LISTS}")
-    if fields.get("tokens") is not None:
-        from memplan.time.timing import check_time_inputs
-
-        check_time_inputs(None, None, fields["tokens"])
-        fields["tokens"] = int(fields["tokens"])
     return Options(**fields)
 
 

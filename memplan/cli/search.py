@@ -13,27 +13,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from memplan.api import Options, build_setup, load_model
-from memplan.cli.common import (
-    DeviceOpt,
-    DropoutOpt,
-    JsonOpt,
-    MfuOpt,
-    ModelOpt,
-    OptimizerOpt,
-    PrecisionOpt,
-    SeqOpt,
-    handle_user_errors,
-    option_default,
-    with_options,
-)
+from memplan.api import Options, build_setup
+from memplan.cli.common import JsonOpt, handle_user_errors, option_default, options_of, with_options
 from memplan.config import (
     Attention,
     AttentionChoice,
     Checkpointing,
-    Device,
-    Optimizer,
-    Precision,
     ZeroStage,
     parse_checkpointing,
 )
@@ -167,9 +152,8 @@ FIT_LISTS = {
 
 
 @handle_user_errors
+@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu")
 def fit_command(
-    model: ModelOpt = None,
-    seq: SeqOpt = None,
     gpu: Annotated[
         str | None,
         typer.Option(
@@ -188,11 +172,6 @@ def fit_command(
             show_default=False,
         ),
     ] = None,
-    precision: PrecisionOpt = Precision.BF16_MIXED,
-    optimizer: OptimizerOpt = Optimizer.ADAMW,
-    dropout: DropoutOpt = None,
-    device: DeviceOpt = Device.CUDA,
-    mfu: MfuOpt = None,
     checkpointing: Annotated[
         str | None,
         typer.Option(
@@ -233,6 +212,7 @@ def fit_command(
         int, typer.Option("--top", metavar="N", help="Rows shown (and configurations in --json); 0: all")
     ] = 10,
     as_json: JsonOpt = False,
+    **options: Any,
 ) -> None:
     from memplan.render import plan as render
     from memplan.search.fit import Space, fit
@@ -241,13 +221,9 @@ def fit_command(
         raise ValueError("gpu: fit needs --gpu NAME and --gpus N (e.g. --gpu h100 --gpus 64)")
     if top < 0:
         raise ValueError(f"top: must be 0 (every configuration) or more, got {top}; e.g. --top 10")
+    o = options_of(options)
     base = build_setup(
-        load_model(model).model,
-        seq=seq,
-        precision=precision,
-        optimizer=optimizer,
-        dropout=dropout,
-        device=device,
+        o.model, seq=o.seq, precision=o.precision, optimizer=o.optimizer, dropout=o.dropout, device=o.device
     )
     defaults = Space()
     space = Space(
@@ -258,7 +234,7 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
     )
-    result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=mfu, space=space)
+    result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=o.mfu, space=space)
     if as_json:
         typer.echo(json.dumps(result.to_json(top)))
         return

@@ -1,7 +1,7 @@
 """Rendering of ``memplan plan``, ``compare`` and ``fit``: rich panels and tables, CSV and Markdown.
 
-Units as in ``memplan.report`` (whose formatters and estimate panels are reused): bytes in binary units
-(GiB = 2³⁰ bytes), FLOPs in decimal (TFLOP = 10¹², PFLOP = 10¹⁵), parameters in decimal (B = 10⁹). Pure:
+Units as in ``memplan.render.estimate`` (whose formatters and estimate panels are reused): bytes in binary
+units (GiB = 2³⁰ bytes), FLOPs in decimal (TFLOP = 10¹², PFLOP = 10¹⁵), parameters in decimal (B = 10⁹). Pure:
 every function takes computed results and returns text or renderables.
 """
 
@@ -27,7 +27,7 @@ from memplan.search.budget import Verdict
 from memplan.search.fit import Family, FitResult
 from memplan.time.timing import Timing
 
-# The memory bar's parts as memplan.report draws them: (label, style, glyph).
+# The memory bar's parts as memplan.render.estimate draws them: (label, style, glyph).
 SEGMENTS = report.SEGMENTS  # one bar style for every command
 COMPARE_BAR = 24
 
@@ -182,7 +182,7 @@ HEADERS = dict(NUMBERS)
 
 
 def fmt_value(key: str, value: Any) -> str:
-    """One cell of a compare row, in the units of memplan.report."""
+    """One cell of a compare row, in the units of memplan.render.estimate."""
     if value is None:
         return "–"
     if key in ("weights", "gradients", "optimizer", "activations", "peak", "transient"):
