@@ -98,6 +98,7 @@ class Estimate(BaseModel):
                 "forward": self.flops.forward,
                 "backward": self.flops.backward,
                 "recompute": self.flops.recompute,
+                "kernel_recompute": self.flops.kernel_recompute,
                 "total": self.flops.total,
                 "model": self.flops.model,
                 "hardware": self.flops.total,

@@ -208,6 +208,11 @@ def test_flash_backward_recomputes_scores() -> None:
     flash = estimate(gpt3().model_copy(update={"strategy": StrategyConfig(attention=Attention.FLASH)}))
     assert flash.flops.backward - eager.flops.backward == eager.flops.layer_attention // 2
     assert flash.flops.forward == eager.flops.forward
+    # The recompute of S = QKᵀ (2·b·a·s²·d per layer, GPT-3: b 1, a 96, d 128, 96 layers) is hardware
+    # work, not model FLOPs: both kernels do the same model FLOPs, Korthikanti's closed form.
+    assert flash.flops.kernel_recompute == 96 * 2 * 96 * 2048 * 2048 * 128
+    assert flash.flops.total - eager.flops.total == flash.flops.kernel_recompute
+    assert flash.flops.model == eager.flops.model
 
 
 def test_selective_recompute_flops() -> None:
