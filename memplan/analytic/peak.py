@@ -15,9 +15,10 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    (eager) or dq/dk/dv (flash), a re-run attention forward's locals, the attention norm's.
 4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
    is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum.
-5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
-   fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates
-   one tensor at a time; fused or foreach implementations keep larger temporaries).
+5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor it
+   steps (under ZeRO ≥ 1 one rank's FSDP2-style dim-0 shard of it, ``largest_step_tensor``): its fp32
+   gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates one
+   tensor at a time; fused or foreach implementations keep larger temporaries).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
@@ -42,7 +43,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Dims, Kept, Scope
 from memplan.analytic.params import ParamCount
-from memplan.analytic.states import ModelStates
+from memplan.analytic.states import ModelStates, shard
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -50,6 +51,7 @@ from memplan.config import (
     MlpType,
     NormType,
     Optimizer,
+    PositionType,
     Precision,
     Setup,
     ZeroStage,
@@ -240,11 +242,13 @@ def attn_norm_saved(setup: Setup) -> int:
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
-    """Temporaries of the reference optimizer (measure/optim.py) for the largest parameter tensor.
+    """Temporaries of the reference optimizer (measure/optim.py) for the largest tensor it steps
+    (``largest_step_tensor``: a whole parameter, or under ZeRO one rank's shard of it).
 
     The gradient is upcast to fp32 (4 bytes/element) by the mixed recipes and by 8-bit Adam unless it is
     fp32 already; then Adam's denominator √v̂ + ε and Lion's update (state dtype), or for 8-bit Adam the
-    dequantised fp32 m and v and the fp32 denominator (12 bytes/element). SGD updates in place.
+    dequantised fp32 m and v and the fp32 denominator (12 bytes/element) — and once the denominator is
+    freed, |m| in its place while the fp32 absmax scalar is made (+ 4 bytes). SGD updates in place.
     """
     precision, opt = setup.training.precision, setup.training.optimizer
     upcast = opt is Optimizer.ADAMW_8BIT or precision.master_bytes > 0
@@ -254,14 +258,40 @@ def optimizer_transient(setup: Setup, largest: int) -> int:
         Optimizer.ADAMW_8BIT: 12,
         Optimizer.LION: precision.state_bytes,
     }.get(opt, 0)
-    return largest * per_element
+    return largest * per_element + (4 if opt is Optimizer.ADAMW_8BIT else 0)
 
 
-def largest_tensor(p: ParamCount, setup: Setup) -> int:
-    """Elements of the largest single parameter tensor (embedding, position table, head, an MLP or
-    attention matrix)."""
+def weight_shapes(setup: Setup) -> list[tuple[int, int]]:
+    """The model's 2-D parameter shapes as torch lays them out: an nn.Linear's weight is [out, in]
+    (W_Q [a·d, h], W_K and W_V [kv·d, h], W_O [h, a·d], gate / up [f, h], down [h, f]); the embedding
+    and the lm head [v, h]; learned positions [max_positions, h].
+    NB: 1-D parameters (norms, biases) are left out: [n] shards to ⌈n/dp⌉ elements, never more than a
+    matrix with n rows (a bias [out] beside its weight [out, in]; a norm [h] beside W_O [h, a·d])."""
     m = setup.model
-    return max(p.embedding, p.positions, p.lm_head, m.hidden_size * m.ffn, m.hidden_size * m.q_width)
+    h, f = m.hidden_size, m.ffn
+    shapes = [(m.vocab_size, h), (m.q_width, h), (m.kv_width, h), (h, m.q_width), (f, h), (h, f)]
+    if m.position is PositionType.LEARNED:
+        shapes.append((m.max_positions, h))
+    return shapes
+
+
+def largest_step_tensor(setup: Setup) -> int:
+    """Elements of the largest tensor one rank's optimizer steps at once.
+
+    Without ZeRO (or dp 1): the largest whole parameter. With ZeRO ≥ 1 a rank steps only its shard of
+    each parameter. Modelled as PyTorch FSDP2 (``fully_shard``) shards, per parameter: each parameter is
+    cut along dim 0 into dp chunks as ``torch.chunk`` cuts it, so rank 0 holds ⌈rows/dp⌉ rows (the last
+    ranks fewer, or none) and steps a [⌈rows/dp⌉, cols] local tensor (FSDP2's DTensor ``Shard(0)``;
+    torch.distributed.fsdp ``FSDPParam._init_sharded_param``). The largest shard is the largest of
+    ⌈rows/dp⌉·cols over the parameters — not always the largest parameter's.
+    NB: DeepSpeed's ZeRO instead steps one flat fp32 partition of ⌈Ψ/dp⌉ elements (states.py's padding
+    follows it); with its fused Adam the temporaries are per partition, not per tensor, which this does
+    not model (memplan's reference optimizer steps one tensor at a time, as FSDP2 with a per-tensor
+    optimizer does).
+    """
+    s = setup.strategy
+    sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
+    return max(shard(rows, s.dp, sharded) * cols for rows, cols in weight_shapes(setup))
 
 
 def zero3_gather(p: ParamCount, setup: Setup) -> int:
@@ -380,7 +410,7 @@ def peak(
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     embedding_bwd = resident + states.gradients + inputs + embedding + 8
-    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_tensor(params, setup))
+    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_step_tensor(setup))
     return Peak(
         phases={
             "loss backward": loss_bwd,

@@ -3,6 +3,10 @@
 The loss-, final-norm- and embedding-backward and optimizer-step moments are modelled exactly; the
 layer-backward moment is an approximation whose measured accuracy analytic/peak.py states (and these
 tests hold it to).
+
+The optimizer step under ZeRO: a rank of a per-parameter dim-0 sharding (PyTorch FSDP2) steps only its
+shards; analytic/peak.py (``largest_step_tensor``) models the largest, ⌈rows/dp⌉·cols elements. Emulated on
+one CPU: rank 0's shards of the reference model's parameters, one real step, every storage tracked.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import random
 from typing import Any
 
 import pytest
+import torch
 
+from memplan.analytic.peak import largest_step_tensor, optimizer_transient
 from memplan.config import (
     Attention,
     Device,
@@ -19,9 +25,12 @@ from memplan.config import (
     Setup,
     StrategyConfig,
     TrainingConfig,
+    ZeroStage,
     parse_checkpointing,
 )
 from memplan.estimate import estimate
+from memplan.measure.model import Reference
+from memplan.measure.optim import rank_shards, step_transient
 from memplan.measure.profile import profile
 
 LLAMA = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}
@@ -165,3 +174,41 @@ def test_random_shapes_peak_within_stated_accuracy(setup: Setup) -> None:
     est = estimate(setup)
     error = profile(setup, steps=1).peak / est.peak.bytes - 1
     assert -0.04 <= error <= 0.04, (est.peak.phase, error)
+
+
+def sharded(setup: Setup, zero: int, dp: int) -> Setup:
+    strategy = setup.strategy.model_copy(update={"zero": ZeroStage(zero), "dp": dp})
+    return setup.model_copy(update={"strategy": strategy})
+
+
+CASES = [
+    # (setup, ZeRO stage, dp, the largest tensor rank 0 steps, by hand from the layouts)
+    # Llama, v 100, h 64, f 160: over 4 ranks gate / up [f, h]'s ⌈160/4⌉ = 40 rows of 64 (the
+    # embedding's ⌈100/4⌉ = 25 rows fewer).
+    (make(LLAMA, 100), 3, 4, 40 * 64),
+    # Over 64 ranks gate / up keep ⌈160/64⌉ = 3 rows of 64 = 192, more than the embedding's 2 rows of 64:
+    # the largest shard is not the largest tensor's.
+    (make(LLAMA, 100, precision="fp32", optimizer="lion"), 1, 64, 3 * 64),
+    # More ranks than rows everywhere: rank 0 holds one row of each; the widest, down [h, f]'s, is 160.
+    (make(LLAMA, 100, precision="fp16-mixed", optimizer="adamw-8bit"), 2, 1000, 160),
+    # GPT, learned positions [512, 64]: ⌈512/8⌉ = 64 rows of 64 beat ⌈256/8⌉ = 32 rows of up [256, 64].
+    (make(GPT, 100, precision="bf16"), 3, 8, 64 * 64),
+    (make(GPT, 100, optimizer="sgd"), 3, 8, 64 * 64),
+    # ZeRO-0: every rank steps whole tensors, the largest the positions [512, 64].
+    (make(GPT, 100), 0, 8, 512 * 64),
+]
+
+
+@pytest.mark.parametrize(
+    ("setup", "zero", "dp", "largest"),
+    CASES,
+    ids=lambda x: f"{x.training.precision.value}-{x.training.optimizer.value}" if isinstance(x, Setup) else x,
+)
+def test_one_ranks_step_transient_is_exact(setup: Setup, zero: int, dp: int, largest: int) -> None:
+    at = sharded(setup, zero, dp)
+    assert largest_step_tensor(at) == largest
+    torch.manual_seed(0)
+    params = list(Reference(at).parameters())
+    local = rank_shards(params, dp if zero >= ZeroStage.OPTIMIZER else 1)
+    measured = step_transient(local, at.training.precision, at.training.optimizer)
+    assert measured == optimizer_transient(at, largest)
