@@ -123,7 +123,8 @@ def norm_saves_at_peak(setup: Setup, prefix: str) -> int:
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
-    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
+    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h].
+    W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
@@ -131,7 +132,16 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-    return t * dims.h * a_bytes + buffers + _mlp_done(setup, params) + reversible_f_extra(setup, dims)
+    done = _mlp_done(setup, params) - w_o_done(setup)
+    return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
+
+
+def w_o_done(setup: Setup) -> int:
+    """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
+    mask after W_O, and (eager) W_O's input, the [b, s, a·d] copy of P·V's output that nothing else holds.
+    NB: the flash kernel's output is that input too (a view), and its own backward still needs it."""
+    freed = {"attn.resid_dropout_mask"} | ({"attn.out"} if eager_core_copies(setup) else set())
+    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in freed)
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:
@@ -402,12 +412,18 @@ def peak(
     # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
     # linear in the segment's index, so the first segment's top suffices beside the two ends.
     ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
-    layer_bwd = max(layer_moment(i) for i in ends)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
+    # The head's saves are freed by then but for the labels, which the training loop holds (the ids are
+    # the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
+    layer_bwd = max(layer_moment(i) for i in ends) + inputs // 2 + 8
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
-    copies = 2 if setup.model.tied_embeddings else (1 if setup.training.grad_accum > 1 else 0)
+    # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
+    # new [v, h] (tied, it is freed before the sum).
+    tied = setup.model.tied_embeddings
+    copies = 2 if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
+    embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     embedding_bwd = resident + states.gradients + inputs + embedding + 8
     step = resident + states.gradients + inputs + optimizer_transient(setup, largest_step_tensor(setup))

@@ -91,6 +91,10 @@ EXACT = [
     # Few tokens, many parameters: the optimizer step (or, tied, the embedding's gradient sum) is the peak.
     make(LLAMA, 4096, b=1, s=4, precision="bf16-mixed"),
     make(GPT, 4096, b=1, s=4, precision="fp32", optimizer="lion"),
+    # Untied, no optimizer temporaries: the embedding's own backward, its [v, h] gradient made beside the
+    # incoming [T, h] one (GPT: through the learned positions' and the embedding dropout's backward too).
+    make(LLAMA, 4096, b=2, s=8, precision="fp32", optimizer="sgd"),
+    make(dict(GPT, tied_embeddings=False), 4096, b=2, s=8, precision="fp32", optimizer="sgd"),
 ]
 
 
@@ -107,14 +111,32 @@ def test_loss_embedding_and_optimizer_moments_are_exact(setup: Setup) -> None:
     assert p.peak == est.peak.bytes
 
 
-# The layer-backward moment's stated accuracy (analytic/peak.py): measured / estimated − 1 in this band.
-BAND = (-0.03, 0.03)
+LAYER_EXACT = [
+    # Small vocabulary, more tokens: a layer's backward is the peak, its live set modelled to the byte.
+    make(LLAMA, 32, precision="fp32", b=4, s=128),
+    make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128),
+    make(LLAMA, 32, ckpt="full", b=4, s=128),
+    make(LLAMA, 32, attention="eager", ckpt="full", b=4, s=128),
+    make(dict(GPT, resid_dropout=0.0, embd_dropout=0.0), 32, precision="fp32", b=4, s=128),
+]
+
+
+@pytest.mark.parametrize(
+    "setup", LAYER_EXACT, ids=lambda s: f"{s.model.norm.value}-{s.strategy.attention.name}"
+)
+def test_layer_backward_moment_is_exact(setup: Setup) -> None:
+    est = estimate(setup)
+    assert est.peak.phase == "layer backward"
+    p = profile(setup, steps=1)
+    assert p.phase_peaks["backward"] == est.peak.phases["layer backward"]
+    assert p.peak == est.peak.bytes
+
+
+# The layer-backward moment's stated accuracy (analytic/peak.py) where it is not exact: measured /
+# estimated − 1 in this band. Measured: −0.33 % (GPT every-2), −0.16 % (reversible), +0.92 % (GPT selective).
+BAND = (-0.005, 0.010)
 LAYER = [
-    # Small vocabulary, more tokens: a layer's backward is the peak. (bounds: measured/estimated − 1)
-    (make(LLAMA, 32, precision="fp32", b=4, s=128), BAND),
-    (make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128), BAND),
     (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), BAND),
-    (make(LLAMA, 32, ckpt="full", b=4, s=128), BAND),
     (make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128), BAND),
     (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), BAND),
 ]
@@ -170,10 +192,12 @@ def random_setups(seed: int, n: int) -> list[Setup]:
 
 @pytest.mark.parametrize("setup", random_setups(seed=2026, n=12), ids=lambda s: s.model.norm.value)
 def test_random_shapes_peak_within_stated_accuracy(setup: Setup) -> None:
-    """On random shapes (160 seen while building the model, worst 3.7 %) the whole peak is within ±4 %."""
+    """On random shapes the whole peak is within −0.1 % … +0.7 % (these 12 measure −0.04 % … +0.58 %, the
+    largest an eager forward's softmax at the top layer, a moment not modelled; analytic/peak.py states
+    the accuracy over 160 of this seed)."""
     est = estimate(setup)
     error = profile(setup, steps=1).peak / est.peak.bytes - 1
-    assert -0.04 <= error <= 0.04, (est.peak.phase, error)
+    assert -0.001 <= error <= 0.007, (est.peak.phase, error)
 
 
 def sharded(setup: Setup, zero: int, dp: int) -> Setup:
