@@ -118,6 +118,12 @@ LAYER_EXACT = [
     make(LLAMA, 32, ckpt="full", b=4, s=128),
     make(LLAMA, 32, attention="eager", ckpt="full", b=4, s=128),
     make(dict(GPT, resid_dropout=0.0, embd_dropout=0.0), 32, precision="fp32", b=4, s=128),
+    # GPT with residual dropout: the down projection's backward (dropout's input gradient beside dY).
+    make(GPT, 32, b=4, s=128),
+    make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128),
+    # A selectively checkpointed eager core re-run at its backward: the re-run softmax is the peak.
+    make(LLAMA, 32, attention="eager", ckpt="selective", b=4, s=128),
+    make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128),
 ]
 
 
@@ -132,13 +138,22 @@ def test_layer_backward_moment_is_exact(setup: Setup) -> None:
     assert p.peak == est.peak.bytes
 
 
-# The layer-backward moment's stated accuracy (analytic/peak.py) where it is not exact: measured /
-# estimated − 1 in this band. Measured: −0.33 % (GPT every-2), −0.16 % (reversible), +0.92 % (GPT selective).
-BAND = (-0.005, 0.010)
+# Where the layer-backward moment is not exact (analytic/peak.py: reversible layers; an eager core with
+# attention dropout re-run by selective checkpointing): measured / estimated − 1, each within its
+# measured error rounded outward to 0.1 %.
 LAYER = [
-    (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), BAND),
-    (make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128), BAND),
-    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), BAND),
+    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), (-0.002, 0.0)),  # −0.16 %
+    (
+        make(LLAMA, 32, reversible=True, attention="eager", precision="fp32", b=4, s=128),
+        (-0.019, 0.0),
+    ),  # −1.90 %
+    (make(LLAMA, 32, reversible=True, b=4, s=128), (0.0, 0.018)),  # +1.73 %
+    (
+        make(
+            dict(GPT, attn_dropout=0.1), 32, attention="eager", ckpt="selective", precision="fp32", b=4, s=128
+        ),
+        (0.0, 0.007),  # +0.69 %
+    ),
 ]
 
 
@@ -192,9 +207,9 @@ def random_setups(seed: int, n: int) -> list[Setup]:
 
 @pytest.mark.parametrize("setup", random_setups(seed=2026, n=12), ids=lambda s: s.model.norm.value)
 def test_random_shapes_peak_within_stated_accuracy(setup: Setup) -> None:
-    """On random shapes the whole peak is within −0.1 % … +0.7 % (these 12 measure −0.04 % … +0.58 %, the
-    largest an eager forward's softmax at the top layer, a moment not modelled; analytic/peak.py states
-    the accuracy over 160 of this seed)."""
+    """On random shapes the whole peak is within −0.1 % … +0.7 %: these 12 measure 0 (11 exact) … +0.58 %,
+    an eager forward's softmax at the top layer, a moment not modelled (analytic/peak.py states the
+    accuracy over 160 of this seed)."""
     est = estimate(setup)
     error = profile(setup, steps=1).peak / est.peak.bytes - 1
     assert -0.001 <= error <= 0.007, (est.peak.phase, error)
