@@ -83,6 +83,7 @@ def to_json(r: Result) -> dict[str, Any]:
             "forward": r.flops.forward,
             "backward": r.flops.backward,
             "recompute": r.flops.recompute,
+            "kernel_recompute": r.flops.kernel_recompute,
             "total": r.flops.total,
             "model": r.flops.model,
             "hardware": r.flops.total,

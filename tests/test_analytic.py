@@ -208,6 +208,11 @@ def test_flash_backward_recomputes_scores() -> None:
     flash = estimate(gpt3().model_copy(update={"strategy": StrategyConfig(attention=Attention.FLASH)}))
     assert flash.flops.backward - eager.flops.backward == eager.flops.layer_attention // 2
     assert flash.flops.forward == eager.flops.forward
+    # The recompute of S = QKᵀ (2·b·a·s²·d per layer, GPT-3: b 1, a 96, d 128, 96 layers) is hardware
+    # work, not model FLOPs: both kernels do the same model FLOPs, Korthikanti's closed form.
+    assert flash.flops.kernel_recompute == 96 * 2 * 96 * 2048 * 2048 * 128
+    assert flash.flops.total - eager.flops.total == flash.flops.kernel_recompute
+    assert flash.flops.model == eager.flops.model
 
 
 def test_selective_recompute_flops() -> None:
@@ -237,3 +242,24 @@ def test_grad_accumulation_keeps_gradients_through_forward() -> None:
     one = estimate(Setup(model=model, training=TrainingConfig(seq_len=4096)))
     four = estimate(Setup(model=model, training=TrainingConfig(seq_len=4096, grad_accum=4)))
     assert four.peak.phases["loss backward"] - one.peak.phases["loss backward"] == one.states.gradients
+
+
+def test_zero3_optimizer_step_steps_one_shard() -> None:
+    """Under ZeRO a rank steps only its shards (FSDP2: each parameter cut along dim 0): Llama-3-70B
+    (v 128256, h 8192) over dp 1024 steps at most ⌈128256/1024⌉ = 126 rows of the embedding / head."""
+    model = load_model_preset("70b").model
+
+    def at(zero: ZeroStage) -> Setup:
+        return Setup(
+            model=model,
+            training=TrainingConfig(seq_len=512),
+            strategy=StrategyConfig(checkpointing=Checkpointing.FULL, zero=zero, dp=1024),
+        )
+
+    z0, z3 = estimate(at(ZeroStage.NONE)), estimate(at(ZeroStage.PARAMETERS))
+    ids_and_labels = 2 * 8 * 512  # int64 [1, 512] each
+    # bf16-mixed AdamW: the fp32 gradient copy and the fp32 denominator, 8 bytes per element stepped.
+    assert z3.peak.phases["optimizer step"] == z3.states.total + ids_and_labels + 126 * 8192 * 8
+    assert z0.peak.phases["optimizer step"] == z0.states.total + ids_and_labels + 128256 * 8192 * 8
+    # States and the step's temporaries both shrink by about the shard factor (126 rows for 125.25).
+    assert 1000 < z0.peak.phases["optimizer step"] / z3.peak.phases["optimizer step"] <= 1024

@@ -14,6 +14,16 @@ S = QKᵀ, then dP, dV, dQ, dK — 10·b·a·s²·d, 2.5× its forward.
 Recompute (hardware FLOPs only): full / every-k checkpointing and reversible layers re-run every layer's
 forward once in backward; selective recompute re-runs the attention core (4·b·a·s²·d per layer); less
 what torch's early-stopping checkpoint never re-runs (see ``recompute_flops``).
+
+Model FLOPs — the one definition, used by ``flops.model`` in the JSON, the estimate and plan reports and
+timing's MFU (plan/timing.py): forward + backward without any re-computation, i.e.
+    model = forward + backward − kernel_recompute
+where ``kernel_recompute`` is the flash kernel's own re-computation of S = QKᵀ inside its backward
+(2·b·a·s²·d per layer; 0 for eager attention). Checkpoint recompute (``recompute``) is apart already.
+This is the MFU convention of PaLM (App. B) and Korthikanti et al. 2022 (App. A): for full training every
+matmul's backward is 2× its forward, so model = 3 × forward — an identity of today's terms, not the
+definition (frozen weights, which skip dW, break it). ``total`` (hardware FLOPs, for HFU) is what
+FlopCounterMode counts: forward + backward + recompute, the kernel's recompute included.
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ class Flops(BaseModel):
     model_config = ConfigDict(frozen=True)
     forward: int
     backward: int
+    """Everything FlopCounterMode counts in backward, ``kernel_recompute`` included."""
     recompute: int
+    kernel_recompute: int
+    """The flash kernel's re-computation of S = QKᵀ inside its backward (part of ``backward``)."""
     # Breakdown of the forward pass.
     layer_linear: int
     layer_attention: int
@@ -44,8 +57,8 @@ class Flops(BaseModel):
 
     @property
     def model(self) -> int:
-        """Forward + backward without recompute (model FLOPs, for MFU)."""
-        return self.forward + self.backward
+        """Model FLOPs, for MFU (module docstring): forward + backward without any re-computation."""
+        return self.forward + self.backward - self.kernel_recompute
 
 
 def mm(m: int, k: int, n: int) -> int:
@@ -71,6 +84,14 @@ def attention_backward_flops(setup: Setup, dims: Dims) -> int:
     per_bmm = attention_core_flops(dims) // 2
     # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
     return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
+
+
+def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
+    """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
+    s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
+    if setup.strategy.attention is not Attention.FLASH:
+        return 0
+    return dims.b * dims.a * mm(dims.s, dims.d, dims.s)
 
 
 def lm_head_flops(dims: Dims) -> int:
@@ -109,6 +130,7 @@ def flops(setup: Setup) -> Flops:
         forward=linear + attention + head,
         backward=backward,
         recompute=recompute_flops(setup, dims),
+        kernel_recompute=dims.layers * kernel_recompute_flops(setup, dims),
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,

@@ -9,15 +9,20 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
 3. ``layer backward`` — a layer's backward, at the top layer (most activations alive), the bottom one
    (most gradients made) or the first checkpointed segment's top, whichever is larger: the head's saves
-   are freed, the gradients of the head and the layers above exist, the layer's working set is alive
-   (re-run for checkpointed or reversible layers) and the largest of its parts adds its temporaries: the
-   MLP's [T, f] gradients, its norm's fp32 gradient pieces, the attention's [b, a, s, s] softmax gradients
-   (eager) or dq/dk/dv (flash), a re-run attention forward's locals, the attention norm's.
+   are freed (not the labels the training loop holds, nor the loss scalar and its seed gradient), the
+   gradients of the head and the layers above exist, the layer's working set is alive (re-run for
+   checkpointed or reversible layers) and the largest of its parts adds its temporaries: the down
+   projection's backward or the MLP's [T, f] gradients, its norm's fp32 gradient pieces, the attention's
+   [b, a, s, s] softmax gradients (eager; W_O's input freed by then) or dq/dk/dv (flash), a re-run
+   attention forward's locals (checkpointed segment, reversible layer, selective eager core), the
+   attention norm's.
 4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
-   is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum.
-5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor: its
-   fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates
-   one tensor at a time; fused or foreach implementations keep larger temporaries).
+   is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum;
+   untied, the incoming [T, h] gradient is alive beside the new [v, h].
+5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor it
+   steps (under ZeRO ≥ 1 one rank's FSDP2-style dim-0 shard of it, ``largest_step_tensor``): its fp32
+   gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates one
+   tensor at a time; fused or foreach implementations keep larger temporaries).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
@@ -27,16 +32,20 @@ Accuracy, measured on CPU against every live storage (``memplan profile``; bench
 docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
 backward and optimizer-step moments are exact to the byte. The layer-backward moment models the live set
 of each part of a layer's backward (which saves are released, which gradients exist, a re-run forward's
-locals, a reversible layer's extra buffers) without replaying the autograd engine op by op: within
-±1.9 % of the measured peak over the 37 grid setups where it is the peak, and within ±3.7 % over 160
-random small shapes and strategies.
+locals, a reversible layer's extra buffers) without replaying the autograd engine op by op. It is exact
+in 28 of the 37 grid setups where it is the peak; the rest (reversible layers; an eager core with
+attention dropout re-run by selective checkpointing) are within −1.9 % … +1.8 %. Over 160 random small
+shapes and strategies (seed 2026) the whole peak is exact in 122 and within −2.8 % … +2.9 %; of the 38
+not exact, 20 have reversible layers, 7 attention dropout, 8 grouped-query attention (73 more are
+exact), 3 are checkpointed eager layers with f ≤ h.
+NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
+every backward moment (+0.6 % in one of the random setups).
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
@@ -50,13 +59,12 @@ from memplan.config import (
     MlpType,
     NormType,
     Optimizer,
+    PositionType,
     Precision,
     Setup,
     ZeroStage,
 )
-
-if TYPE_CHECKING:  # the ZeRO strategy (above this layer) makes them; the peak only reads them
-    from memplan.strategies.zero import ModelStates
+from memplan.strategies.zero import ModelStates, shard
 
 
 class Peak(BaseModel):
@@ -93,12 +101,29 @@ def loss_backward_transient(dims: Dims) -> int:
 def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
     gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;
-    the down projection's saved input is released once its backward has run (a [T, f] fewer)."""
+    the down projection's saved input is released once its backward has run (a [T, f] fewer).
+    Or earlier, whichever is larger: ``down_backward_transient``."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
-    return t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
+    later = t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
+    return max(later, down_backward_transient(setup, dims))
+
+
+def down_backward_transient(setup: Setup, dims: Dims) -> int:
+    """The down projection's own backward, its saved input still alive: dY [T, h], with residual dropout
+    also the dropout's input gradient [T, h] (its bool mask freed), then d(down input) [T, f], the weight
+    gradient and the bias gradient. A checkpoint's re-run input is released right after its last use, the
+    weight gradient's matmul, before the bias gradient is made: the peak is at that matmul then."""
+    a_bytes, t, h = dims.act.bytes, dims.tokens, dims.h
+    dropout = 0
+    if setup.model.resid_dropout > 0:
+        mask = sum(k.bytes for k in act.layer_working_set(setup) if k.name == "mlp.resid_dropout_mask")
+        dropout = t * h * a_bytes - mask
+    bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
+    grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
+    return t * h * a_bytes + dropout + t * dims.f * a_bytes + grads
 
 
 def norm_backward_transient(setup: Setup, dims: Dims) -> int:
@@ -124,7 +149,8 @@ def norm_saves_at_peak(setup: Setup, prefix: str) -> int:
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
-    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h]."""
+    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h].
+    W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
@@ -132,7 +158,16 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-    return t * dims.h * a_bytes + buffers + _mlp_done(setup, params) + reversible_f_extra(setup, dims)
+    done = _mlp_done(setup, params) - w_o_done(setup)
+    return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
+
+
+def w_o_done(setup: Setup) -> int:
+    """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
+    mask after W_O, and (eager) W_O's input, the [b, s, a·d] copy of P·V's output that nothing else holds.
+    NB: the flash kernel's output is that input too (a view), and its own backward still needs it."""
+    freed = {"attn.resid_dropout_mask"} | ({"attn.out"} if eager_core_copies(setup) else set())
+    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in freed)
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:
@@ -202,23 +237,41 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         mlp_norm - not_yet_rerun(setup, dims),
         attention_backward_transient(setup, dims, params),
         attention_rerun_transient(setup, dims, params),
+        selective_rerun_transient(setup, dims, params),
         attn_norm,
     )
+
+
+def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+    """A selectively checkpointed eager core re-run at its backward, at its softmax: W_O's backward is
+    done (``_mlp_done``, ``w_o_done``), dY [T, h] and the core's output gradient [T, a·d] are alive, the
+    core's saves are back (the working set) and the scaled and the masked scores [b, a, s, s] are alive
+    beside the probabilities.
+    NB: with attention dropout the re-run and P·V's backward are not modelled apart (measured up to
+    +0.7 % above the estimate)."""
+    eager = setup.strategy.attention is Attention.EAGER
+    if setup.strategy.checkpointing is not Checkpointing.SELECTIVE or not eager or setup.model.attn_dropout:
+        return 0
+    a_bytes, t = dims.act.bytes, dims.tokens
+    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
+    grads_in = t * dims.h * a_bytes + t * dims.a * dims.d * a_bytes
+    return grads_in + 2 * scores + _mlp_done(setup, params) - w_o_done(setup)
 
 
 def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """A layer's attention forward re-run in backward, above the layer's live set (its MLP not re-run).
 
     Reversible: the MLP's backward is done (``_mlp_done``) and six [T, h] are alive beside the rebuilt
-    inputs (``reversible_f_extra``). A checkpointed segment's layer: its MLP's saves do not exist yet.
+    inputs (``reversible_f_extra``). A checkpointed segment's layer: its MLP's saves and its attention's
+    residual dropout mask do not exist yet.
     Both add eager attention's forward locals (``eager_forward_extra``).
     """
     if setup.strategy.reversible:
         rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, params)
     elif setup.strategy.segment:
-        rerun = -sum(
-            k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm."))
-        )
+        # Not made yet at the core's softmax: the MLP's saves and the residual dropout mask after W_O.
+        later = ("mlp.", "mlp_norm.", "attn.resid_dropout_mask")
+        rerun = -sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith(later))
     else:
         return 0
     return rerun + eager_forward_extra(setup, dims)
@@ -243,11 +296,13 @@ def attn_norm_saved(setup: Setup) -> int:
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
-    """Temporaries of the reference optimizer (measure/optim.py) for the largest parameter tensor.
+    """Temporaries of the reference optimizer (measure/optim.py) for the largest tensor it steps
+    (``largest_step_tensor``: a whole parameter, or under ZeRO one rank's shard of it).
 
     The gradient is upcast to fp32 (4 bytes/element) by the mixed recipes and by 8-bit Adam unless it is
     fp32 already; then Adam's denominator √v̂ + ε and Lion's update (state dtype), or for 8-bit Adam the
-    dequantised fp32 m and v and the fp32 denominator (12 bytes/element). SGD updates in place.
+    dequantised fp32 m and v and the fp32 denominator (12 bytes/element) — and once the denominator is
+    freed, |m| in its place while the fp32 absmax scalar is made (+ 4 bytes). SGD updates in place.
     """
     precision, opt = setup.training.precision, setup.training.optimizer
     upcast = opt is Optimizer.ADAMW_8BIT or precision.master_bytes > 0
@@ -257,14 +312,40 @@ def optimizer_transient(setup: Setup, largest: int) -> int:
         Optimizer.ADAMW_8BIT: 12,
         Optimizer.LION: precision.state_bytes,
     }.get(opt, 0)
-    return largest * per_element
+    return largest * per_element + (4 if opt is Optimizer.ADAMW_8BIT else 0)
 
 
-def largest_tensor(p: ParamCount, setup: Setup) -> int:
-    """Elements of the largest single parameter tensor (embedding, position table, head, an MLP or
-    attention matrix)."""
+def weight_shapes(setup: Setup) -> list[tuple[int, int]]:
+    """The model's 2-D parameter shapes as torch lays them out: an nn.Linear's weight is [out, in]
+    (W_Q [a·d, h], W_K and W_V [kv·d, h], W_O [h, a·d], gate / up [f, h], down [h, f]); the embedding
+    and the lm head [v, h]; learned positions [max_positions, h].
+    NB: 1-D parameters (norms, biases) are left out: [n] shards to ⌈n/dp⌉ elements, never more than a
+    matrix with n rows (a bias [out] beside its weight [out, in]; a norm [h] beside W_O [h, a·d])."""
     m = setup.model
-    return max(p.embedding, p.positions, p.lm_head, m.hidden_size * m.ffn, m.hidden_size * m.q_width)
+    h, f = m.hidden_size, m.ffn
+    shapes = [(m.vocab_size, h), (m.q_width, h), (m.kv_width, h), (h, m.q_width), (f, h), (h, f)]
+    if m.position is PositionType.LEARNED:
+        shapes.append((m.max_positions, h))
+    return shapes
+
+
+def largest_step_tensor(setup: Setup) -> int:
+    """Elements of the largest tensor one rank's optimizer steps at once.
+
+    Without ZeRO (or dp 1): the largest whole parameter. With ZeRO ≥ 1 a rank steps only its shard of
+    each parameter. Modelled as PyTorch FSDP2 (``fully_shard``) shards, per parameter: each parameter is
+    cut along dim 0 into dp chunks as ``torch.chunk`` cuts it, so rank 0 holds ⌈rows/dp⌉ rows (the last
+    ranks fewer, or none) and steps a [⌈rows/dp⌉, cols] local tensor (FSDP2's DTensor ``Shard(0)``;
+    torch.distributed.fsdp ``FSDPParam._init_sharded_param``). The largest shard is the largest of
+    ⌈rows/dp⌉·cols over the parameters — not always the largest parameter's.
+    NB: DeepSpeed's ZeRO instead steps one flat fp32 partition of ⌈Ψ/dp⌉ elements (states.py's padding
+    follows it); with its fused Adam the temporaries are per partition, not per tensor, which this does
+    not model (memplan's reference optimizer steps one tensor at a time, as FSDP2 with a per-tensor
+    optimizer does).
+    """
+    s = setup.strategy
+    sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
+    return max(shard(rows, s.dp, sharded) * cols for rows, cols in weight_shapes(setup))
 
 
 def zero3_gather(p: ParamCount, setup: Setup) -> int:
@@ -375,15 +456,21 @@ def peak(
     # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
     # linear in the segment's index, so the first segment's top suffices beside the two ends.
     ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
-    layer_bwd = max(layer_moment(i) for i in ends)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
+    # The head's saves are freed by then but for the labels, which the training loop holds (the ids are
+    # the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
+    layer_bwd = max(layer_moment(i) for i in ends) + inputs // 2 + 8
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
-    copies = 2 if setup.model.tied_embeddings else (1 if setup.training.grad_accum > 1 else 0)
+    # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
+    # new [v, h] (tied, it is freed before the sum).
+    tied = setup.model.tied_embeddings
+    copies = 2 if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
+    embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     embedding_bwd = resident + states.gradients + inputs + embedding + 8
-    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_tensor(params, setup))
+    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_step_tensor(setup))
     return Peak(
         phases={
             "loss backward": loss_bwd,

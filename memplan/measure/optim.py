@@ -1,6 +1,6 @@
 """The reference optimizer: the precision recipes' states, updated one tensor at a time.
 
-Memory layout per parameter (matches memplan/analytic/states.py and config.Optimizer):
+Memory layout per parameter (matches memplan/strategies/zero.py and config.Optimizer):
 - mixed recipes: an fp32 master copy; states in fp32; the gradient is upcast per tensor (a transient);
 - fp32: no master, fp32 states; pure bf16: no master, bf16 states;
 - adamw: m, v; adamw-8bit: m (int8, absmax-scaled) and v (uint8, max-scaled) + one fp32 scale each
@@ -8,6 +8,9 @@ Memory layout per parameter (matches memplan/analytic/states.py and config.Optim
   sgd-momentum and lion: one momentum buffer.
 Transients of a step (analytic/peak.py ``optimizer_transient``): the fp32 gradient copy (unless the
 gradient is fp32 already), Adam's denominator, lion's update, and for 8-bit Adam the fp32 m and v.
+
+ZeRO on one CPU: ``rank_shards`` builds the tensors one rank of a per-parameter dim-0 sharding (PyTorch
+FSDP2) holds and ``step_transient`` measures a step over them (analytic/peak.py ``largest_step_tensor``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 from torch import Tensor
 
 from memplan.config import Optimizer, Precision
+from memplan.measure.instruments import LiveMemoryTracker
 
 BETAS, EPS, WD = (0.9, 0.999), 1e-8, 0.01
 LION_BETAS = (0.9, 0.99)
@@ -106,3 +110,28 @@ class ReferenceOptimizer:
         vs.copy_(v.max().clamp_(min=1e-12) / 255)
         mq.copy_(m.div_(ms).round_())
         vq.copy_(v.div_(vs).round_())
+
+
+def rank_shards(params: list[Tensor], dp: int, rank: int = 0) -> list[Tensor]:
+    """The parameter shards one rank holds when each parameter is sharded over ``dp`` ranks along dim 0
+    as FSDP2 shards it: ``torch.chunk(p, dp)[rank]`` (⌈rows/dp⌉ rows for the first ranks, fewer or none
+    for the last), as fresh leaf tensors with a gradient of their own dtype and shape."""
+    out = []
+    for p in params:
+        chunks = torch.chunk(p.detach(), dp, dim=0)
+        local = chunks[rank].clone() if rank < len(chunks) else p.detach().new_empty((0, *p.shape[1:]))
+        local.grad = torch.randn_like(local)
+        out.append(local)
+    return out
+
+
+def step_transient(params: list[Tensor], precision: Precision, optimizer: Optimizer) -> int:
+    """Bytes the reference optimizer's step allocates above what is live before it (parameters, their
+    gradients, master copies and states), at its peak: every storage tracked (``LiveMemoryTracker``)."""
+    opt = ReferenceOptimizer(params, precision, optimizer)
+    tracker = LiveMemoryTracker()
+    with tracker:
+        tracker.track([*params, *(p.grad for p in params if p.grad is not None), *opt.tensors()])
+        before = tracker.current
+        opt.step()
+    return tracker.peak - before

@@ -242,6 +242,7 @@ def flops_table(e: Result) -> Table:
         ("  attention core", f.layer_attention, "QKᵀ and P·V (causal not halved)"),
         ("  lm head", f.lm_head, "logits [tokens, vocab]"),
         ("backward", f.backward, "dX and dW for every matmul (≈ 2× forward; flash attention 2.5×)"),
+        ("  flash S recompute", f.kernel_recompute, "the flash backward re-computing QKᵀ (not model FLOPs)"),
         ("recompute", f.recompute, "forward work re-run in backward (checkpointing, reversible)"),
     ]
     for name, value, why in rows:
@@ -255,7 +256,8 @@ def flops_table(e: Result) -> Table:
         "all that runs, for HFU",
         style="bold",
     )
-    _row(table, "model", fmt_flops(f.model), fmt_int(f.model), "without recompute, for MFU", style="bold")
+    why = "forward + backward without any recompute (flash's S neither), for MFU"
+    _row(table, "model", fmt_flops(f.model), fmt_int(f.model), why, style="bold")
     table.add_section()
     two_n = e.six_n // 3
     views = (

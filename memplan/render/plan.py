@@ -137,7 +137,7 @@ def time_table(t: Timing) -> Table:
     rows = [
         ("step time", f"{t.step_time_s:,.3f} s", basis),
         ("tokens/s", f"{t.tokens_per_s:,.0f}", f"{fmt_int(t.tokens_per_step)} tokens per step"),
-        ("MFU", f"{t.mfu:.1%}", "model FLOPs (3 × forward) / (time × devices × peak)"),
+        ("MFU", f"{t.mfu:.1%}", "model FLOPs (no recompute) / (time × devices × peak)"),
         ("HFU", f"{t.hfu:.1%}", "all FLOPs that run (recompute included) / the same"),
         ("pipeline bubble", f"{t.bubble:.1%}", "(p − 1)/(m·n) of the busy time"),
         ("model FLOPs", fmt_flops(t.model_flops_per_step), "per step"),

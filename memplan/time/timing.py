@@ -1,11 +1,10 @@
 """Step time, throughput and training days from FLOPs; MFU and HFU from a measured step time.
 
 FLOPs of one step (B sequences = micro-batch × micro-batches × dp):
-- model FLOPs, as MFU counts them (Korthikanti et al. 2022 App. A; PaLM App. B): forward + backward with the
-  backward 2 × the forward, i.e. 3 × ``flops.forward``. For GPT with eager attention this is exactly
-  Korthikanti's 72·B·L·s·h²·(1 + s/(6h) + v/(12hL)) and memplan's ``flops.model``; for the flash kernel
-  ``flops.model`` also counts the kernel's own re-computation of S in backward (FlopCounterMode's 2.5×),
-  which MFU does not.
+- model FLOPs, as MFU counts them: ``flops.model``, defined once in analytic/flops.py (forward + backward
+  without any re-computation: the flash kernel's internal re-computation of S is not counted). For full
+  training that is 3 × the forward (Korthikanti et al. 2022 App. A; PaLM App. B); for GPT with eager
+  attention exactly Korthikanti's 72·B·L·s·h²·(1 + s/(6h) + v/(12hL)).
 - hardware FLOPs, as HFU counts them: everything that runs, ``flops.total`` (recompute included).
 
 Time at an assumed MFU (``--mfu``, default ``DEFAULT_MFU``): the devices run the model FLOPs and the
@@ -110,7 +109,7 @@ def timing(
     """
     assumed = check_time_inputs(mfu, step_time, tokens)
     per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
-    model = 3 * p.flops.forward * per_step
+    model = p.flops.model * per_step
     recompute = p.flops.recompute * per_step
     hardware = p.flops.total * per_step
     peak = peak_flops(gpu, p.setup.training.precision)

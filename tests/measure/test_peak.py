@@ -3,6 +3,10 @@
 The loss-, final-norm- and embedding-backward and optimizer-step moments are modelled exactly; the
 layer-backward moment is an approximation whose measured accuracy analytic/peak.py states (and these
 tests hold it to).
+
+The optimizer step under ZeRO: a rank of a per-parameter dim-0 sharding (PyTorch FSDP2) steps only its
+shards; analytic/peak.py (``largest_step_tensor``) models the largest, ⌈rows/dp⌉·cols elements. Emulated on
+one CPU: rank 0's shards of the reference model's parameters, one real step, every storage tracked.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ import random
 from typing import Any
 
 import pytest
+import torch
 
+from memplan.analytic.peak import largest_step_tensor, optimizer_transient
 from memplan.config import (
     Attention,
     Device,
@@ -19,9 +25,12 @@ from memplan.config import (
     Setup,
     StrategyConfig,
     TrainingConfig,
+    ZeroStage,
     parse_checkpointing,
 )
 from memplan.engine import estimate
+from memplan.measure.model import Reference
+from memplan.measure.optim import rank_shards, step_transient
 from memplan.measure.profile import profile
 
 LLAMA = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}
@@ -82,6 +91,10 @@ EXACT = [
     # Few tokens, many parameters: the optimizer step (or, tied, the embedding's gradient sum) is the peak.
     make(LLAMA, 4096, b=1, s=4, precision="bf16-mixed"),
     make(GPT, 4096, b=1, s=4, precision="fp32", optimizer="lion"),
+    # Untied, no optimizer temporaries: the embedding's own backward, its [v, h] gradient made beside the
+    # incoming [T, h] one (GPT: through the learned positions' and the embedding dropout's backward too).
+    make(LLAMA, 4096, b=2, s=8, precision="fp32", optimizer="sgd"),
+    make(dict(GPT, tied_embeddings=False), 4096, b=2, s=8, precision="fp32", optimizer="sgd"),
 ]
 
 
@@ -98,16 +111,49 @@ def test_loss_embedding_and_optimizer_moments_are_exact(setup: Setup) -> None:
     assert p.peak == est.peak.bytes
 
 
-# The layer-backward moment's stated accuracy (analytic/peak.py): measured / estimated − 1 in this band.
-BAND = (-0.03, 0.03)
+LAYER_EXACT = [
+    # Small vocabulary, more tokens: a layer's backward is the peak, its live set modelled to the byte.
+    make(LLAMA, 32, precision="fp32", b=4, s=128),
+    make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128),
+    make(LLAMA, 32, ckpt="full", b=4, s=128),
+    make(LLAMA, 32, attention="eager", ckpt="full", b=4, s=128),
+    make(dict(GPT, resid_dropout=0.0, embd_dropout=0.0), 32, precision="fp32", b=4, s=128),
+    # GPT with residual dropout: the down projection's backward (dropout's input gradient beside dY).
+    make(GPT, 32, b=4, s=128),
+    make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128),
+    # A selectively checkpointed eager core re-run at its backward: the re-run softmax is the peak.
+    make(LLAMA, 32, attention="eager", ckpt="selective", b=4, s=128),
+    make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128),
+]
+
+
+@pytest.mark.parametrize(
+    "setup", LAYER_EXACT, ids=lambda s: f"{s.model.norm.value}-{s.strategy.attention.name}"
+)
+def test_layer_backward_moment_is_exact(setup: Setup) -> None:
+    est = estimate(setup)
+    assert est.peak.phase == "layer backward"
+    p = profile(setup, steps=1)
+    assert p.phase_peaks["backward"] == est.peak.phases["layer backward"]
+    assert p.peak == est.peak.bytes
+
+
+# Where the layer-backward moment is not exact (analytic/peak.py: reversible layers; an eager core with
+# attention dropout re-run by selective checkpointing): measured / estimated − 1, each within its
+# measured error rounded outward to 0.1 %.
 LAYER = [
-    # Small vocabulary, more tokens: a layer's backward is the peak. (bounds: measured/estimated − 1)
-    (make(LLAMA, 32, precision="fp32", b=4, s=128), BAND),
-    (make(LLAMA, 32, attention="eager", precision="fp32", b=4, s=128), BAND),
-    (make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128), BAND),
-    (make(LLAMA, 32, ckpt="full", b=4, s=128), BAND),
-    (make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128), BAND),
-    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), BAND),
+    (make(LLAMA, 32, reversible=True, attention="eager", b=4, s=128), (-0.002, 0.0)),  # −0.16 %
+    (
+        make(LLAMA, 32, reversible=True, attention="eager", precision="fp32", b=4, s=128),
+        (-0.019, 0.0),
+    ),  # −1.90 %
+    (make(LLAMA, 32, reversible=True, b=4, s=128), (0.0, 0.018)),  # +1.73 %
+    (
+        make(
+            dict(GPT, attn_dropout=0.1), 32, attention="eager", ckpt="selective", precision="fp32", b=4, s=128
+        ),
+        (0.0, 0.007),  # +0.69 %
+    ),
 ]
 
 
@@ -161,7 +207,47 @@ def random_setups(seed: int, n: int) -> list[Setup]:
 
 @pytest.mark.parametrize("setup", random_setups(seed=2026, n=12), ids=lambda s: s.model.norm.value)
 def test_random_shapes_peak_within_stated_accuracy(setup: Setup) -> None:
-    """On random shapes (160 seen while building the model, worst 3.7 %) the whole peak is within ±4 %."""
+    """On random shapes the whole peak is within −0.1 % … +0.7 %: these 12 measure 0 (11 exact) … +0.58 %,
+    an eager forward's softmax at the top layer, a moment not modelled (analytic/peak.py states the
+    accuracy over 160 of this seed)."""
     est = estimate(setup)
     error = profile(setup, steps=1).peak / est.peak.bytes - 1
-    assert -0.04 <= error <= 0.04, (est.peak.phase, error)
+    assert -0.001 <= error <= 0.007, (est.peak.phase, error)
+
+
+def sharded(setup: Setup, zero: int, dp: int) -> Setup:
+    strategy = setup.strategy.model_copy(update={"zero": ZeroStage(zero), "dp": dp})
+    return setup.model_copy(update={"strategy": strategy})
+
+
+CASES = [
+    # (setup, ZeRO stage, dp, the largest tensor rank 0 steps, by hand from the layouts)
+    # Llama, v 100, h 64, f 160: over 4 ranks gate / up [f, h]'s ⌈160/4⌉ = 40 rows of 64 (the
+    # embedding's ⌈100/4⌉ = 25 rows fewer).
+    (make(LLAMA, 100), 3, 4, 40 * 64),
+    # Over 64 ranks gate / up keep ⌈160/64⌉ = 3 rows of 64 = 192, more than the embedding's 2 rows of 64:
+    # the largest shard is not the largest tensor's.
+    (make(LLAMA, 100, precision="fp32", optimizer="lion"), 1, 64, 3 * 64),
+    # More ranks than rows everywhere: rank 0 holds one row of each; the widest, down [h, f]'s, is 160.
+    (make(LLAMA, 100, precision="fp16-mixed", optimizer="adamw-8bit"), 2, 1000, 160),
+    # GPT, learned positions [512, 64]: ⌈512/8⌉ = 64 rows of 64 beat ⌈256/8⌉ = 32 rows of up [256, 64].
+    (make(GPT, 100, precision="bf16"), 3, 8, 64 * 64),
+    (make(GPT, 100, optimizer="sgd"), 3, 8, 64 * 64),
+    # ZeRO-0: every rank steps whole tensors, the largest the positions [512, 64].
+    (make(GPT, 100), 0, 8, 512 * 64),
+]
+
+
+@pytest.mark.parametrize(
+    ("setup", "zero", "dp", "largest"),
+    CASES,
+    ids=lambda x: f"{x.training.precision.value}-{x.training.optimizer.value}" if isinstance(x, Setup) else x,
+)
+def test_one_ranks_step_transient_is_exact(setup: Setup, zero: int, dp: int, largest: int) -> None:
+    at = sharded(setup, zero, dp)
+    assert largest_step_tensor(at) == largest
+    torch.manual_seed(0)
+    params = list(Reference(at).parameters())
+    local = rank_shards(params, dp if zero >= ZeroStage.OPTIMIZER else 1)
+    measured = step_transient(local, at.training.precision, at.training.optimizer)
+    assert measured == optimizer_transient(at, largest)

@@ -109,6 +109,23 @@ def test_table5_mfu_from_the_measured_iteration_time(row: tuple) -> None:  # typ
     assert got.hfu < hfu / 100
 
 
+def test_flash_attention_has_the_same_model_flops() -> None:
+    """One definition of model FLOPs (analytic/flops.py): the flash backward's re-computation of S = QKᵀ
+    (2·B·s²·h per layer) is hardware work; MFU's model FLOPs stay Korthikanti's, as for eager attention."""
+    _, a, h, layers, t, p, gpus, batch, seconds, _, _ = TABLE5[0]
+    eager = table5_plan(a, h, layers, t, p, gpus, batch)
+    setup = eager.setup.model_copy(
+        update={"strategy": eager.setup.strategy.model_copy(update={"attention": Attention.FLASH})}
+    )
+    flash = plan(setup, Parallel(tp=t, sp=True, pp=p))
+    got = timing(flash, A100, step_time=seconds)
+    assert got.model_flops_per_step == korthikanti_model(batch, layers, h)
+    assert got.model_flops_per_step == flash.flops.model * flash.micro_batches * flash.setup.strategy.dp
+    # Selective flash re-runs the whole kernel's forward (4·B·s²·h per layer), and its backward re-runs QKᵀ.
+    kernel = 2 * batch * layers * SEQ * SEQ * h
+    assert got.hardware_flops_per_step == got.model_flops_per_step + 2 * kernel + kernel
+
+
 def narayanan_days(tokens: float, params: float, gpus: int, flops_per_gpu: float) -> float:
     """8TP/(nX), in days."""
     return 8 * tokens * params / (gpus * flops_per_gpu) / 86_400
