@@ -60,15 +60,15 @@ class Group(Enum):
 
 
 def group_of(k: Kept, norm: NormType) -> Group:
-    if k.name == "layer.input":
+    if k.block is Block.CHECKPOINT:
         return Group.CHECKPOINT
     if k.scope is Scope.LAYER:
         return Group.LAYER
-    if k.name.startswith("embed."):
+    if k.block is Block.EMBED:
         return Group.EMBED
-    if pk.freed_before_final_norm(k.name, norm):
+    if pk.freed_before_final_norm(k, norm):
         return Group.HEAD_FREED
-    if k.name.startswith(pk.HEAD_NAMES):
+    if k.block.in_head:
         return Group.HEAD
     return Group.STAGE
 
@@ -360,8 +360,8 @@ def _lump(name: str, nbytes: int, scope: Scope, count: int, block: Block, role: 
 
 def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
     """The stage's saves as ``analytic.peak`` reads an inventory: the layer scope of the one model chunk
-    whose backward runs (one entry per layer or checkpointed segment), the head's saves (a HEAD_NAMES
-    name), and everything else alive the whole time — the embedding's, the stage's constants and the
+    whose backward runs (one entry per layer or checkpointed segment), the head's saves (tagged as head
+    blocks), and everything else alive the whole time — the embedding's, the stage's constants and the
     other chunks in flight — as model-scope lumps. Same totals as the stage's tensors, a few entries."""
     g, segment = pc.group_bytes, pc.setup.strategy.segment
     layer = g[Group.CHECKPOINT] if segment else g[Group.LAYER]

@@ -50,7 +50,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
-from memplan.analytic.inventory import Dims, Kept, Scope
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount
 from memplan.config import (
     Attention,
@@ -81,16 +81,32 @@ class Peak(BaseModel):
         return max(self.phases, key=lambda k: self.phases[k])
 
 
-HEAD_NAMES = ("final_norm.", "lm_head.", "loss.")
+# (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
+# lm head's input (their backward has run), and an RMSNorm's normalised output and rstd (its backward's
+# first ops consumed them); LayerNorm's one backward op holds its statistics to the end.
 _HEAD_FREED_BEFORE_NORM = {
-    NormType.RMSNORM: {"loss.log_probs", "lm_head.input", "final_norm.normed", "final_norm.rstd"},
-    NormType.LAYERNORM: {"loss.log_probs", "lm_head.input"},
+    NormType.RMSNORM: {
+        (Block.LOSS, Role.LOG_PROBS),
+        (Block.LM_HEAD, Role.LINEAR_INPUT),
+        (Block.FINAL_NORM, Role.NORM_OUTPUT),
+        (Block.FINAL_NORM, Role.NORM_STATS),
+    },
+    NormType.LAYERNORM: {(Block.LOSS, Role.LOG_PROBS), (Block.LM_HEAD, Role.LINEAR_INPUT)},
 }
 
 
-def freed_before_final_norm(name: str, norm: NormType) -> bool:
+def freed_before_final_norm(k: Kept, norm: NormType) -> bool:
     """Whether a head tensor's storage is released before the final norm's backward peaks."""
-    return name in _HEAD_FREED_BEFORE_NORM[norm]
+    return (k.block, k.role) in _HEAD_FREED_BEFORE_NORM[norm]
+
+
+def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
+    """Bytes one un-checkpointed layer keeps in ``blocks`` (only of ``roles`` when given)."""
+    return sum(
+        k.bytes
+        for k in act.layer_working_set(setup)
+        if k.block in blocks and (roles is None or k.role in roles)
+    )
 
 
 def loss_backward_transient(dims: Dims) -> int:
@@ -119,7 +135,7 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     a_bytes, t, h = dims.act.bytes, dims.tokens, dims.h
     dropout = 0
     if setup.model.resid_dropout > 0:
-        mask = sum(k.bytes for k in act.layer_working_set(setup) if k.name == "mlp.resid_dropout_mask")
+        mask = layer_saves(setup, {Block.MLP}, {Role.DROPOUT_MASK})
         dropout = t * h * a_bytes - mask
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
@@ -139,11 +155,11 @@ def norm_backward_transient(setup: Setup, dims: Dims) -> int:
     return 5 * 4 * t * h
 
 
-def norm_saves_at_peak(setup: Setup, prefix: str) -> int:
+def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
     """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
     (its fp32 input remains); LayerNorm holds input, mean and rstd until its one backward op ends."""
-    keep = ("input",) if setup.model.norm is NormType.RMSNORM else ("input", "mean", "rstd")
-    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in {f"{prefix}.{x}" for x in keep})
+    keep = {Role.NORM_INPUT} if setup.model.norm is NormType.RMSNORM else {Role.NORM_INPUT, Role.NORM_STATS}
+    return layer_saves(setup, {norm}, keep)
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -166,8 +182,8 @@ def w_o_done(setup: Setup) -> int:
     """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
     mask after W_O, and (eager) W_O's input, the [b, s, a·d] copy of P·V's output that nothing else holds.
     NB: the flash kernel's output is that input too (a view), and its own backward still needs it."""
-    freed = {"attn.resid_dropout_mask"} | ({"attn.out"} if eager_core_copies(setup) else set())
-    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in freed)
+    freed = {Role.DROPOUT_MASK} | ({Role.ATTN_OUT} if eager_core_copies(setup) else set())
+    return layer_saves(setup, {Block.ATTN}, freed)
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:
@@ -182,17 +198,12 @@ def _mlp_done(setup: Setup, params: ParamCount) -> int:
     change of the live set, plus the gradients)."""
     layer = params.layer
     grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * setup.training.precision.grad_bytes
-    freed = sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith(("mlp.", "mlp_norm.")))
-    return grads - freed
+    return grads - layer_saves(setup, {Block.MLP, Block.MLP_NORM})
 
 
 def attn_saved_bytes(setup: Setup) -> int:
     """One layer's attention saves (its norm's apart), the residual dropout masks with them."""
-    return sum(
-        k.bytes
-        for k in act.layer_working_set(setup)
-        if k.name.startswith("attn.") or "resid_dropout" in k.name
-    )
+    return layer_saves(setup, {Block.ATTN}) + layer_saves(setup, {Block.MLP}, {Role.DROPOUT_MASK})
 
 
 def not_yet_rerun(setup: Setup, dims: Dims) -> int:
@@ -219,7 +230,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
     attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
     mlp_done = _mlp_done(setup, params)
-    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, "mlp_norm")
+    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
     layer = params.layer
     rest_grads = (
         layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm
@@ -229,7 +240,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         + rest_grads  # the MLP's, its norm's and W_O's are in mlp_done already
         - attn_saved_bytes(setup)
         - attn_norm_saved(setup)
-        + norm_saves_at_peak(setup, "attn_norm")
+        + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)
     )
     return max(
@@ -270,8 +281,8 @@ def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
         rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, params)
     elif setup.strategy.segment:
         # Not made yet at the core's softmax: the MLP's saves and the residual dropout mask after W_O.
-        later = ("mlp.", "mlp_norm.", "attn.resid_dropout_mask")
-        rerun = -sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith(later))
+        later = layer_saves(setup, {Block.MLP, Block.MLP_NORM})
+        rerun = -later - layer_saves(setup, {Block.ATTN}, {Role.DROPOUT_MASK})
     else:
         return 0
     return rerun + eager_forward_extra(setup, dims)
@@ -292,7 +303,7 @@ def eager_forward_extra(setup: Setup, dims: Dims) -> int:
 
 
 def attn_norm_saved(setup: Setup) -> int:
-    return sum(k.bytes for k in act.layer_working_set(setup) if k.name.startswith("attn_norm."))
+    return layer_saves(setup, {Block.ATTN_NORM})
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
@@ -414,14 +425,14 @@ def peak(
 ) -> Peak:
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
-    head = sum(k.total_bytes for k in kept if k.name.startswith(HEAD_NAMES))
+    head = sum(k.total_bytes for k in kept if k.block.in_head)
     resident = states.weights + states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
-    freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k.name, setup.model.norm))
+    freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
     final_norm_bwd = (
         resident
         + max(grads_before, gradient_bytes_head)
