@@ -42,8 +42,8 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra, with_moe, with_moe_flops
-from memplan.config import DType, ModelConfig, MoEConfig, NormType, Parallel, Setup, ZeroStage
-from memplan.strategies.sequence_parallel import sequence_parallel
+from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, NormType, Parallel, Setup, ZeroStage
+from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
 from memplan.strategies.tensor_parallel import check_parallel, tp_model
 from memplan.strategies.zero import ModelStates, model_states
 
@@ -137,9 +137,22 @@ def _core(setup: Setup) -> Setup:
     )
 
 
+STRATEGIES: tuple[Strategy, ...] = (checkpointing, reversible, sequence_parallel)
+"""Applied in this order to the blocks' inventory of one rank (``memplan.strategies``)."""
+
+
 def _device_kept(kept: list[Kept], rank: Setup) -> list[Kept]:
+    """What one rank keeps: the blocks' inventory (an MoE's MLPs swapped in), then every strategy."""
     kept = with_moe(kept, rank, rank.model.moe)
-    return sequence_parallel(kept, rank.parallel.tp) if rank.parallel.sp else kept
+    for strategy in STRATEGIES:
+        kept = strategy.keeps(kept, rank)
+    return kept
+
+
+def _without_recompute(setup: Setup) -> Setup:
+    """``setup`` without the strategies that re-run layers: what a re-run layer keeps under the others."""
+    plain = setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE, "reversible": False})
+    return setup.model_copy(update={"strategy": plain})
 
 
 _PIECES: dict[tuple[object, ...], Pieces] = {}
@@ -194,7 +207,9 @@ def pieces(core: Setup) -> Pieces:
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    changed = act.total_bytes(working) - act.total_bytes(_device_kept(list(working), rank))
+    changed = act.total_bytes(working) - act.total_bytes(
+        _device_kept(list(working), _without_recompute(rank))
+    )
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params)
@@ -219,7 +234,9 @@ def _param_counts(model: ModelConfig) -> ParamCount:
 @functools.lru_cache(maxsize=1024)
 def whole_flops(core: Setup) -> Flops:
     """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
-    return with_moe_flops(flops(core), core, core.model.moe)
+    dims = Dims.of(core)
+    recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
+    return with_moe_flops(flops(core, recompute), core, core.model.moe)
 
 
 # ----------------------------------------------------------------------------------------------------

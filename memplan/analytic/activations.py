@@ -262,12 +262,6 @@ def head_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
-def kept_layer_inputs(setup: Setup, dims: Dims) -> int:
-    """Layer inputs a checkpointed model keeps: one per segment of k layers (ceil(L / k))."""
-    k = setup.strategy.segment
-    return -(-dims.layers // k) if k else 0
-
-
 # ----------------------------------------------------------------------------------------------------
 # The inventory
 # ----------------------------------------------------------------------------------------------------
@@ -289,24 +283,12 @@ def kept(rules: list[Rule], scope: Scope, count: int) -> list[Kept]:
 
 
 def inventory(setup: Setup) -> list[Kept]:
-    """Every tensor autograd holds when the forward pass of one micro-batch ends (one device)."""
+    """What the blocks keep when the forward pass of one micro-batch ends, every layer whole: the
+    embedding and per-forward constants, each layer's saves, the head. The strategies that drop or replace
+    layers' saves (checkpointing, reversible layers, memplan.strategies) are applied to it by the engine."""
     dims = Dims.of(setup)
-    b, s, h, act = dims.b, dims.s, dims.h, dims.act
-    model: list[Rule] = embedding_rules(setup, dims) + constant_rules(setup, dims)
-    if setup.strategy.reversible:
-        # RevNet coupling y1 = x1 + F(x2), y2 = x2 + G(y1): only the last layer's outputs are kept.
-        why = "reversible stack output: backward rebuilds every layer's input"
-        model += [
-            save(B.REVERSIBLE, "y1", (b, s, h), act, R.RESIDUAL, why),
-            save(B.REVERSIBLE, "y2", (b, s, h), act, R.RESIDUAL, why),
-        ]
-        layers: list[Kept] = []
-    elif setup.strategy.segment:
-        n = kept_layer_inputs(setup, dims)
-        why = "checkpoint input: the segment is re-run"
-        layers = kept([save(B.CHECKPOINT, "input", (b, s, h), act, R.RESIDUAL, why)], Scope.LAYER, n)
-    else:
-        layers = kept(layer_rules(setup, dims), Scope.LAYER, dims.layers)
+    model = embedding_rules(setup, dims) + constant_rules(setup, dims)
+    layers = kept(layer_rules(setup, dims), Scope.LAYER, dims.layers)
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 

@@ -13,7 +13,8 @@ Backward: every linear needs dX = dY·Wᵀ and dW = Xᵀ·dY, 2× its forward; e
 S = QKᵀ, then dP, dV, dQ, dK — 10·b·a·s²·d, 2.5× its forward.
 Recompute (hardware FLOPs only): full / every-k checkpointing and reversible layers re-run every layer's
 forward once in backward; selective recompute re-runs the attention core (4·b·a·s²·d per layer); less
-what torch's early-stopping checkpoint never re-runs (see ``recompute_flops``).
+what torch's early-stopping checkpoint never re-runs (``strategies.checkpointing``,
+``strategies.reversible``).
 
 Model FLOPs — the one definition, used by ``flops.model`` in the JSON, the estimate and plan reports and
 timing's MFU (plan/timing.py): forward + backward without any re-computation, i.e.
@@ -32,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Dims
 from memplan.analytic.params import count_params
-from memplan.config import Attention, Checkpointing, MlpType, Setup
+from memplan.config import Attention, MlpType, Setup
 
 
 class Flops(BaseModel):
@@ -98,29 +99,9 @@ def lm_head_flops(dims: Dims) -> int:
     return mm(dims.tokens, dims.h, dims.v)
 
 
-def recompute_flops(setup: Setup, dims: Dims) -> int:
-    """Forward work re-run in backward.
-
-    torch.utils.checkpoint stops a recompute as soon as the last tensor backward needs is saved again
-    (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
-    whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down
-    projection (no residual dropout after it, whose mask is saved after it runs) skips it, and selective
-    eager attention skips P·V. The flash kernel saves its outputs, so it always re-runs.
-    """
-    layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
-    if setup.strategy.reversible:
-        return dims.layers * layer_fwd
-    if setup.strategy.segment:
-        segments = -(-dims.layers // setup.strategy.segment)
-        skipped = mm(dims.tokens, dims.f, dims.h) if setup.model.resid_dropout == 0 else 0
-        return dims.layers * layer_fwd - segments * skipped
-    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        core = attention_core_flops(dims)
-        return dims.layers * (core if setup.strategy.attention is Attention.FLASH else core // 2)
-    return 0
-
-
-def flops(setup: Setup) -> Flops:
+def flops(setup: Setup, recompute: int = 0) -> Flops:
+    """FLOPs of one micro-batch; ``recompute``: the forward work the strategies re-run in backward
+    (``memplan.strategies``: checkpointing, reversible layers), which the engine adds up."""
     dims = Dims.of(setup)
     linear = dims.layers * layer_linear_flops(setup, dims)
     attention = dims.layers * attention_core_flops(dims)
@@ -129,7 +110,7 @@ def flops(setup: Setup) -> Flops:
     return Flops(
         forward=linear + attention + head,
         backward=backward,
-        recompute=recompute_flops(setup, dims),
+        recompute=recompute,
         kernel_recompute=dims.layers * kernel_recompute_flops(setup, dims),
         layer_linear=linear,
         layer_attention=attention,

@@ -31,7 +31,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from memplan.analytic.inventory import Kept, Role
+from memplan.analytic.inventory import Dims, Kept, Role
+from memplan.config import Setup
 
 
 class Split(StrEnum):
@@ -105,6 +106,20 @@ def tensor_dim(k: Kept) -> int:
     if k.role is Role.ATTN_QKV and len(k.shape) == 3:
         return -1  # v as the projection output [b, s, kv·d] on the flash / selective paths
     return rule(k.role).dim
+
+
+def applies(setup: Setup) -> bool:
+    return setup.parallel.sp
+
+
+def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
+    """The inventory of a tensor-parallel rank (``tp_model``) under sequence parallelism."""
+    return sequence_parallel(kept, setup.parallel.tp) if applies(setup) else kept
+
+
+def recompute(setup: Setup, dims: Dims) -> int:
+    """Nothing is re-run (the gathered inputs are communication, not recompute)."""
+    return 0
 
 
 def sequence_parallel(kept: list[Kept], tp: int) -> list[Kept]:

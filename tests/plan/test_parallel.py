@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from memplan.analytic import activations as act
 from memplan.analytic import flops as fl
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Block, Role
+from memplan.analytic.inventory import Block, Dims, Role
 from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
@@ -41,6 +41,7 @@ from memplan.config import (
 from memplan.contract import to_json
 from memplan.engine import Group, Result, estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
+from memplan.strategies import checkpointing, reversible
 from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
 from memplan.strategies.tensor_parallel import tp_model
 from memplan.strategies.zero import model_states
@@ -273,21 +274,23 @@ def setups(draw: st.DrawFn) -> Setup:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setups())
 def test_one_device_equals_the_blocks_composed_directly(setup: Setup) -> None:
-    # One dense device composed straight from the analytic functions (the single-device estimate memplan
-    # had before the engine grouped inventories per pipeline stage): the engine's trivial layout must
-    # give the same tensors, states, FLOPs and peak moments.
+    # One dense device composed straight from the blocks and the strategies (the single-device estimate
+    # memplan had before the engine grouped inventories per pipeline stage): the engine's trivial layout
+    # must give the same tensors, states, FLOPs and peak moments.
     params = count_params(setup.model)
     t, s = setup.training, setup.strategy
     states = model_states(params.total, t.precision, t.optimizer, s.zero, s.dp)
-    kept = act.inventory(setup)
+    kept = reversible.keeps(checkpointing.keeps(act.inventory(setup), setup), setup)
     direct = pk.peak(setup, states, kept, params, head_gradient_bytes(params, setup))
+    dims = Dims.of(setup)
+    recompute = checkpointing.recompute(setup, dims) + reversible.recompute(setup, dims)
     p = plan(setup)
     dev = p.device
     assert dev.peak.phases == direct.phases
     assert dev.states == states and dev.activations == act.total_bytes(kept)
     assert p.tensors == kept
     assert p.per_layer == act.per_layer_bytes(kept, setup.model.num_layers)
-    assert p.flops == fl.flops(setup)
+    assert p.flops == fl.flops(setup, recompute)
     assert to_json(p)["activations"]["per_layer"] == p.per_layer
 
 

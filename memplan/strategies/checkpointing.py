@@ -1,0 +1,53 @@
+"""Activation checkpointing (``torch.utils.checkpoint``, non-reentrant): full and every-k segments, and
+selective recompute of the attention core (Korthikanti et al. 2022).
+
+Segments (Chen et al. 2016): every layer's saves are dropped; each segment of k layers keeps its input (a
+``Block.CHECKPOINT`` residual, ⌈L/k⌉ of them) and re-runs its forward in backward. Selective: the attention
+block leaves its core's saves out under it (``activations.attention_core_rules``), and the core re-runs.
+
+Re-run FLOPs: torch.utils.checkpoint stops a recompute as soon as the last tensor backward needs is saved
+again (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
+whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down projection
+(no residual dropout after it, whose mask is saved after it runs) skips it, and selective eager attention
+skips P·V. The flash kernel saves its outputs, so it always re-runs.
+"""
+
+from __future__ import annotations
+
+from memplan.analytic import activations as act
+from memplan.analytic.flops import attention_core_flops, layer_linear_flops, mm
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
+from memplan.config import Attention, Checkpointing, Setup
+
+
+def applies(setup: Setup) -> bool:
+    return setup.strategy.checkpointing is not Checkpointing.NONE
+
+
+def segments(setup: Setup) -> int:
+    """Checkpointed segments of k layers: ⌈L / k⌉ (0 without segment checkpointing)."""
+    k = setup.strategy.segment
+    return -(-setup.model.num_layers // k) if k else 0
+
+
+def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
+    """Segments: the layers' saves give way to one checkpoint input per segment, where they stood."""
+    if not setup.strategy.segment:
+        return kept
+    dims = Dims.of(setup)
+    why = "checkpoint input: the segment is re-run"
+    rule = act.save(Block.CHECKPOINT, "input", (dims.b, dims.s, dims.h), dims.act, Role.RESIDUAL, why)
+    first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
+    rest = [k for k in kept if k.scope is not Scope.LAYER]
+    return rest[:first] + act.kept([rule], Scope.LAYER, segments(setup)) + rest[first:]
+
+
+def recompute(setup: Setup, dims: Dims) -> int:
+    if setup.strategy.segment:
+        layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
+        skipped = mm(dims.tokens, dims.f, dims.h) if setup.model.resid_dropout == 0 else 0
+        return dims.layers * layer_fwd - segments(setup) * skipped
+    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        core = attention_core_flops(dims)
+        return dims.layers * (core if setup.strategy.attention is Attention.FLASH else core // 2)
+    return 0
