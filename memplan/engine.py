@@ -2,20 +2,14 @@
 
 ``estimate(setup)`` is the one computation for every layout: one device of a dense model is
 ``Parallel()`` with ``moe`` None, the trivial case of the same path. One tensor-parallel rank is the
-narrower model of ``strategies.tensor_parallel.tp_model``; its inventory (one micro-batch, every layer,
-from ``analytic.activations``) is transformed by ``blocks.moe.with_moe`` and
-``strategies.sequence_parallel`` and then regrouped per pipeline stage:
+narrower model of ``strategies.tensor_parallel.tp_model``; its inventory (one micro-batch, every layer:
+the blocks' saves from ``analytic.activations``, an MoE's MLPs swapped in by ``blocks.moe.with_moe``) goes
+through ``STRATEGIES`` in order (checkpointing, reversible layers, sequence parallelism) and is then
+regrouped per pipeline stage (``strategies.pipeline_parallel``):
 
-- Placement (Megatron-LM): stage 0 holds the embedding (and learned positions), the last stage the final
-  norm and the lm head; with tied embeddings and p > 1 the last stage keeps its own copy of the word
-  embedding for the head (Megatron's ``word_embeddings_for_head``, kept in sync by an all-reduce).
-- Micro-batches in flight (Narayanan et al. 2021 §2.2; Korthikanti et al. 2022 §4.2.3): under 1F1B, stage
-  i runs p − i forwards before its first backward, so stage 0 holds p micro-batches of its L/p layers —
-  the same activations as all L layers of one micro-batch. With the interleaved schedule of m model chunks
-  (L/(p·m) layers each) Megatron's warm-up is 2(p − i − 1) + (m − 1)·p forwards, so stage 0 holds
-  m·p + p − 1 chunks = p·(L/p)·(1 + (p − 1)/(p·m)) layers' worth. Both are capped by the micro-batches of
-  the step (``grad_accum``). Stage 0 also holds the embedding's saves of its first p micro-batches, the
-  last stage the head's of one.
+- Placement and micro-batches in flight: ``strategies.pipeline_parallel`` (stage 0 holds p micro-batches
+  of its L/p layers under 1F1B — the same activations as all L layers of one micro-batch — and the
+  embedding's saves of its first p micro-batches; the last stage the head's of one).
 - Model states: each stage's parameters (the MoE's routed experts apart) go through ``model_states`` with
   ZeRO over dp; the routed experts' over dp/ep, the data-parallel group of expert parallelism.
 - Peak: the moments of ``analytic.peak`` per stage, built from the same transient functions; a stage
@@ -34,7 +28,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from enum import Enum
 
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
@@ -42,35 +35,11 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra, with_moe, with_moe_flops
-from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, NormType, Parallel, Setup, ZeroStage
+from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
 from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
+from memplan.strategies.pipeline_parallel import Group, Stage, group_counts, group_of, stage, stage_params
 from memplan.strategies.tensor_parallel import check_parallel, tp_model
 from memplan.strategies.zero import ModelStates, model_states
-
-
-class Group(Enum):
-    LAYER = "layer"
-    CHECKPOINT = "checkpoint"
-    EMBED = "embed"
-    HEAD = "head"
-    HEAD_FREED = "head_freed"
-    """Head tensors released before the final norm's backward peaks (the loss's, the lm head's input...)."""
-    STAGE = "stage"
-    """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
-
-
-def group_of(k: Kept, norm: NormType) -> Group:
-    if k.block is Block.CHECKPOINT:
-        return Group.CHECKPOINT
-    if k.scope is Scope.LAYER:
-        return Group.LAYER
-    if k.block is Block.EMBED:
-        return Group.EMBED
-    if pk.freed_before_final_norm(k, norm):
-        return Group.HEAD_FREED
-    if k.block.in_head:
-        return Group.HEAD
-    return Group.STAGE
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -242,66 +211,6 @@ def whole_flops(core: Setup) -> Flops:
 # ----------------------------------------------------------------------------------------------------
 # Pipeline stages
 # ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Stage:
-    index: int
-    first: bool
-    last: bool
-    layers: int
-    """Layers on this pipeline rank: L/p."""
-    chunk_layers: int
-    """Layers of one model chunk: L/(p·m) (= L/p without interleaving)."""
-    chunks: int
-    """Model chunks whose activations are alive at once (micro-batches × chunks in flight)."""
-    embed_micro_batches: int
-
-
-def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> Stage:
-    """Pipeline rank ``index`` of ``parallel.pp`` under 1F1B (interleaved when vpp > 1)."""
-    p, m = parallel.pp, parallel.vpp
-    if m == 1:
-        chunks = min(p - index, micro_batches)
-    else:  # Megatron's interleaved warm-up, 2(p − i − 1) + (m − 1)·p forwards, plus the one in flight
-        chunks = min(2 * (p - index - 1) + (m - 1) * p + 1, m * micro_batches)
-    return Stage(
-        index=index,
-        first=index == 0,
-        last=index == p - 1,
-        layers=layers // p,
-        chunk_layers=layers // (p * m),
-        chunks=chunks,
-        embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
-    )
-
-
-def group_counts(st: Stage, segment: int) -> dict[Group, int]:
-    """Instances of each group's tensors alive on the stage at the end of its warm-up."""
-    return {
-        Group.LAYER: st.chunks * st.chunk_layers,
-        Group.CHECKPOINT: st.chunks * (-(-st.chunk_layers // segment) if segment else 0),
-        Group.EMBED: st.embed_micro_batches,
-        Group.HEAD: 1 if st.last else 0,
-        Group.HEAD_FREED: 1 if st.last else 0,
-        Group.STAGE: st.chunks,
-    }
-
-
-def stage_params(rank: ParamCount, st: Stage, tied: bool, pp: int) -> ParamCount:
-    """The stage's parameters on one rank: its layers, the embedding on the first, the head on the last."""
-    head = 0
-    if st.last:
-        head = rank.embedding if tied and pp > 1 else rank.lm_head  # tied: the head's own copy
-    return rank.model_copy(
-        update={
-            "embedding": rank.embedding if st.first else 0,
-            "positions": rank.positions if st.first else 0,
-            "num_layers": st.layers,
-            "final_norm": rank.final_norm if st.last else 0,
-            "lm_head": head,
-        }
-    )
-
-
 def _add(a: ModelStates, b: ModelStates) -> ModelStates:
     return ModelStates(
         weights=a.weights + b.weights,

@@ -189,8 +189,8 @@ def with_moe_flops(f: Flops, setup: Setup, moe: MoEConfig | None) -> Flops:
 
 def early_stop_delta(setup: Setup, moe: MoEConfig) -> int:
     """Recompute FLOPs MoE layers add back: what the checkpoint's early stop skips in a dense segment
-    (``flops.recompute_flops``: a segment whose last save is W_down's input never re-runs W_down, [T, f]·
-    [f, h]) minus what it skips in an MoE one, per segment.
+    (``strategies.checkpointing.recompute``: a segment whose last save is W_down's input never re-runs
+    W_down, [T, f]·[f, h]) minus what it skips in an MoE one, per segment.
 
     A segment's last save is the last layer's last one: without residual dropout, the shared gate's product
     (nothing skipped), else the shared experts' W_down input (their W_down, [T, n·f_s]·[n·f_s, h], is

@@ -39,9 +39,10 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.contract import to_json
-from memplan.engine import Group, Result, estimate, head_gradient_bytes
+from memplan.engine import Result, estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
 from memplan.strategies import checkpointing, reversible
+from memplan.strategies.pipeline_parallel import Group
 from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
 from memplan.strategies.tensor_parallel import tp_model
 from memplan.strategies.zero import model_states

@@ -1,0 +1,108 @@
+"""Pipeline parallelism: which layers, embedding and head a stage holds, and how many micro-batches' saves
+are alive on it at the end of its warm-up (1F1B, or interleaved with virtual stages).
+
+Placement (Megatron-LM): stage 0 holds the embedding (and learned positions), the last stage the final
+norm and the lm head; with tied embeddings and p > 1 the last stage keeps its own copy of the word embedding
+for the head (Megatron's ``word_embeddings_for_head``, kept in sync by an all-reduce). Micro-batches in
+flight (Narayanan et al. 2021 §2.2; Korthikanti et al. 2022 §4.2.3): under 1F1B, stage i runs p − i
+forwards before its first backward; with the interleaved schedule of m model chunks Megatron's warm-up is
+2(p − i − 1) + (m − 1)·p forwards. Both are capped by the micro-batches of the step (``grad_accum``).
+
+A rank's inventory is grouped (``Group``, by each tensor's block and scope) so that a stage's saves are
+each group's bytes times its instances alive (``group_counts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from memplan.analytic import peak as pk
+from memplan.analytic.inventory import Block, Kept, Scope
+from memplan.analytic.params import ParamCount
+from memplan.config import NormType, Parallel
+
+
+class Group(Enum):
+    LAYER = "layer"
+    CHECKPOINT = "checkpoint"
+    EMBED = "embed"
+    HEAD = "head"
+    HEAD_FREED = "head_freed"
+    """Head tensors released before the final norm's backward peaks (the loss's, the lm head's input...)."""
+    STAGE = "stage"
+    """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
+
+
+def group_of(k: Kept, norm: NormType) -> Group:
+    if k.block is Block.CHECKPOINT:
+        return Group.CHECKPOINT
+    if k.scope is Scope.LAYER:
+        return Group.LAYER
+    if k.block is Block.EMBED:
+        return Group.EMBED
+    if pk.freed_before_final_norm(k, norm):
+        return Group.HEAD_FREED
+    if k.block.in_head:
+        return Group.HEAD
+    return Group.STAGE
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    index: int
+    first: bool
+    last: bool
+    layers: int
+    """Layers on this pipeline rank: L/p."""
+    chunk_layers: int
+    """Layers of one model chunk: L/(p·m) (= L/p without interleaving)."""
+    chunks: int
+    """Model chunks whose activations are alive at once (micro-batches × chunks in flight)."""
+    embed_micro_batches: int
+
+
+def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> Stage:
+    """Pipeline rank ``index`` of ``parallel.pp`` under 1F1B (interleaved when vpp > 1)."""
+    p, m = parallel.pp, parallel.vpp
+    if m == 1:
+        chunks = min(p - index, micro_batches)
+    else:  # Megatron's interleaved warm-up, 2(p − i − 1) + (m − 1)·p forwards, plus the one in flight
+        chunks = min(2 * (p - index - 1) + (m - 1) * p + 1, m * micro_batches)
+    return Stage(
+        index=index,
+        first=index == 0,
+        last=index == p - 1,
+        layers=layers // p,
+        chunk_layers=layers // (p * m),
+        chunks=chunks,
+        embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
+    )
+
+
+def group_counts(st: Stage, segment: int) -> dict[Group, int]:
+    """Instances of each group's tensors alive on the stage at the end of its warm-up."""
+    return {
+        Group.LAYER: st.chunks * st.chunk_layers,
+        Group.CHECKPOINT: st.chunks * (-(-st.chunk_layers // segment) if segment else 0),
+        Group.EMBED: st.embed_micro_batches,
+        Group.HEAD: 1 if st.last else 0,
+        Group.HEAD_FREED: 1 if st.last else 0,
+        Group.STAGE: st.chunks,
+    }
+
+
+def stage_params(rank: ParamCount, st: Stage, tied: bool, pp: int) -> ParamCount:
+    """The stage's parameters on one rank: its layers, the embedding on the first, the head on the last."""
+    head = 0
+    if st.last:
+        head = rank.embedding if tied and pp > 1 else rank.lm_head  # tied: the head's own copy
+    return rank.model_copy(
+        update={
+            "embedding": rank.embedding if st.first else 0,
+            "positions": rank.positions if st.first else 0,
+            "num_layers": st.layers,
+            "final_norm": rank.final_norm if st.last else 0,
+            "lm_head": head,
+        }
+    )
