@@ -1,4 +1,5 @@
-"""FLOPs of one micro-batch, counted as torch.utils.flop_counter counts them.
+"""FLOPs of one micro-batch, counted as torch.utils.flop_counter counts them; each block's own FLOPs are in
+its module (``memplan.blocks``), composed here.
 
 Convention (FlopCounterMode): only matrix products count — mm, addmm, bmm and the SDPA kernels; a
 multiply-add is 2 FLOPs; bias adds, norms, softmax and element-wise ops count 0; causal masking is not
@@ -33,7 +34,15 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Dims
 from memplan.analytic.params import count_params
-from memplan.config import Attention, MlpType, Setup
+from memplan.blocks.attention import (
+    attention_backward_flops,
+    attention_core_flops,
+    kernel_recompute_flops,
+    projection_flops,
+)
+from memplan.blocks.head import lm_head_flops
+from memplan.blocks.mlp import mlp_flops
+from memplan.config import Setup
 
 
 class Flops(BaseModel):
@@ -62,41 +71,9 @@ class Flops(BaseModel):
         return self.forward + self.backward - self.kernel_recompute
 
 
-def mm(m: int, k: int, n: int) -> int:
-    """[m, k] @ [k, n]: m·n dot products of length k, a multiply-add each (×2)."""
-    return 2 * m * k * n
-
-
 def layer_linear_flops(setup: Setup, dims: Dims) -> int:
     """Forward FLOPs of one layer's projections and MLP matrices."""
-    t, h, f = dims.tokens, dims.h, dims.f
-    qd, kvd = dims.a * dims.d, dims.kv * dims.d
-    attn = mm(t, h, qd) + 2 * mm(t, h, kvd) + mm(t, qd, h)
-    mats = 3 if setup.model.mlp is MlpType.SWIGLU else 2
-    return attn + mats * mm(t, h, f)
-
-
-def attention_core_flops(dims: Dims) -> int:
-    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): causal not halved."""
-    return 2 * dims.b * dims.a * mm(dims.s, dims.d, dims.s)
-
-
-def attention_backward_flops(setup: Setup, dims: Dims) -> int:
-    per_bmm = attention_core_flops(dims) // 2
-    # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
-    return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
-
-
-def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
-    """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
-    s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
-    if setup.strategy.attention is not Attention.FLASH:
-        return 0
-    return dims.b * dims.a * mm(dims.s, dims.d, dims.s)
-
-
-def lm_head_flops(dims: Dims) -> int:
-    return mm(dims.tokens, dims.h, dims.v)
+    return projection_flops(dims) + mlp_flops(setup, dims)
 
 
 def flops(setup: Setup, recompute: int = 0) -> Flops:

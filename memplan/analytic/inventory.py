@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -165,3 +166,23 @@ class Dims(BaseModel):
     @property
     def tokens(self) -> int:
         return self.b * self.s
+
+
+class Rule(NamedTuple):
+    """One save of one op before its scope and count are attached: ``block.part`` names it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    reason: str
+    block: Block
+    role: Role
+
+    @property
+    def bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.bytes
+
+
+def save(block: Block, part: str, shape: tuple[int, ...], dtype: DType, role: Role, reason: str) -> Rule:
+    """The save ``<block>.<part>`` (e.g. ``attn.q``) with its tags."""
+    return Rule(f"{block.value}.{part}", shape, dtype, reason, block, role)

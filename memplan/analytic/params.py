@@ -1,4 +1,4 @@
-"""Parameter counts per component, from the architecture alone.
+"""Parameter counts per component, from the architecture alone, composed from the blocks' own counts.
 
 Layout (pre-norm decoder): token embedding [v, h]; learned positions [max_positions, h] when used;
 per layer: attention norm, W_Q [h, a·d], W_K and W_V [h, kv·d], W_O [a·d, h] (+ biases), MLP norm,
@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.config import MlpType, ModelConfig, MoEConfig, NormType, PositionType
+from memplan.blocks.attention import attention_params
+from memplan.blocks.embedding import embedding_params
+from memplan.blocks.head import lm_head_params
+from memplan.blocks.mlp import mlp_params
+from memplan.blocks.norm import norm_params
+from memplan.config import ModelConfig, MoEConfig
 
 
 class LayerParams(BaseModel):
@@ -91,22 +96,6 @@ class ParamCount(BaseModel):
         return self.total - (self.moe.inactive * self.num_layers if self.moe else 0)
 
 
-def norm_params(m: ModelConfig) -> int:
-    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each."""
-    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM else 1)
-
-
-def linear_params(fan_in: int, fan_out: int, bias: bool) -> int:
-    return fan_in * fan_out + (fan_out if bias else 0)
-
-
-def mlp_params(m: ModelConfig) -> int:
-    h, f, b = m.hidden_size, m.ffn, m.mlp_bias
-    up = linear_params(h, f, b)
-    down = linear_params(f, h, b)
-    return (2 * up if m.mlp is MlpType.SWIGLU else up) + down
-
-
 def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
     """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
     h = m.hidden_size
@@ -122,26 +111,26 @@ def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
 
 
 def layer_params(m: ModelConfig) -> LayerParams:
-    h = m.hidden_size
+    q, k, v, o = attention_params(m)
     return LayerParams(
         attn_norm=norm_params(m),
-        q_proj=linear_params(h, m.q_width, m.qkv_bias),
-        k_proj=linear_params(h, m.kv_width, m.qkv_bias),
-        v_proj=linear_params(h, m.kv_width, m.qkv_bias),
-        o_proj=linear_params(m.q_width, h, m.out_bias),
+        q_proj=q,
+        k_proj=k,
+        v_proj=v,
+        o_proj=o,
         mlp_norm=norm_params(m),
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
     )
 
 
 def count_params(m: ModelConfig) -> ParamCount:
-    h = m.hidden_size
+    embedding, positions = embedding_params(m)
     return ParamCount(
-        embedding=m.vocab_size * h,
-        positions=m.max_positions * h if m.position is PositionType.LEARNED else 0,
+        embedding=embedding,
+        positions=positions,
         layer=layer_params(m),
         num_layers=m.num_layers,
         final_norm=norm_params(m),
-        lm_head=0 if m.tied_embeddings else h * m.vocab_size,
+        lm_head=lm_head_params(m),
         moe=moe_layer_params(m, m.moe) if m.moe else None,
     )

@@ -45,18 +45,24 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount
+from memplan.blocks.attention import (
+    attention_core_rules,
+    eager_core_copies,
+    eager_forward_extra,
+    projection_rules,
+)
+from memplan.blocks.head import loss_backward_transient
+from memplan.blocks.mlp import mlp_backward_transient
+from memplan.blocks.norm import norm_backward_transient
 from memplan.config import (
     Attention,
     Checkpointing,
     DType,
-    MlpType,
     NormType,
     Optimizer,
     PositionType,
@@ -107,52 +113,6 @@ def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None
         for k in act.layer_working_set(setup)
         if k.block in blocks and (roles is None or k.role in roles)
     )
-
-
-def loss_backward_transient(dims: Dims) -> int:
-    """nll_loss's gradient and log_softmax's input gradient, both fp32 [T, v]."""
-    return 2 * 4 * dims.tokens * dims.v
-
-
-def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
-    """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
-    gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;
-    the down projection's saved input is released once its backward has run (a [T, f] fewer).
-    Or earlier, whichever is larger: ``down_backward_transient``."""
-    a_bytes = dims.act.bytes
-    t = dims.tokens
-    f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
-    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
-    later = t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
-    return max(later, down_backward_transient(setup, dims))
-
-
-def down_backward_transient(setup: Setup, dims: Dims) -> int:
-    """The down projection's own backward, its saved input still alive: dY [T, h], with residual dropout
-    also the dropout's input gradient [T, h] (its bool mask freed), then d(down input) [T, f], the weight
-    gradient and the bias gradient. A checkpoint's re-run input is released right after its last use, the
-    weight gradient's matmul, before the bias gradient is made: the peak is at that matmul then."""
-    a_bytes, t, h = dims.act.bytes, dims.tokens, dims.h
-    dropout = 0
-    if setup.model.resid_dropout > 0:
-        mask = layer_saves(setup, {Block.MLP}, {Role.DROPOUT_MASK})
-        dropout = t * h * a_bytes - mask
-    bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
-    grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
-    return t * h * a_bytes + dropout + t * dims.f * a_bytes + grads
-
-
-def norm_backward_transient(setup: Setup, dims: Dims) -> int:
-    """A pre-norm's backward at its peak, beyond the saves still held then (``norm_saves_at_peak``).
-
-    Llama's explicit RMSNorm: five fp32 [T, h] at once — d(x·rstd)'s part through rstd, mean's backward
-    (grad / h, expanded and materialised) and pow's backward (x.pow(1), ×2, ×grad); the incoming gradient
-    and the 16-bit pieces are freed by then. ``native_layer_norm``: the incoming dY and dX [T, h].
-    """
-    t, h = dims.tokens, dims.h
-    if setup.model.norm is NormType.LAYERNORM:
-        return 2 * t * h * dims.act.bytes
-    return 5 * 4 * t * h
 
 
 def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
@@ -288,20 +248,6 @@ def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
     return rerun + eager_forward_extra(setup, dims)
 
 
-def eager_forward_extra(setup: Setup, dims: Dims) -> int:
-    """Eager attention's forward beyond its saves: q and k (after RoPE) and v before their contiguous
-    copies, the scaled scores (a local until the core returns), and either the masked scores at the
-    softmax or P·V's output before its [b, s, a·d] copy; with attention dropout the masked scores are
-    gone before the dropout's mask and output (among the saves) exist."""
-    if setup.strategy.attention is not Attention.EAGER:
-        return 0
-    a_bytes, t = dims.act.bytes, dims.tokens
-    locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
-    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
-    ctx = t * dims.a * dims.d * a_bytes
-    return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
-
-
 def attn_norm_saved(setup: Setup) -> int:
     return layer_saves(setup, {Block.ATTN_NORM})
 
@@ -377,8 +323,8 @@ def recompute_working_set(setup: Setup) -> int:
         )
         # The core's own saves (eager: contiguous q, k, v copies and the probabilities; flash: lse) come
         # back beside the q, k, v the checkpoint keeps (only the projections' shared input is not new).
-        core = act.projection_rules(plain, dims)[1:] + act.attention_core_rules(plain, dims)
-        new = sum(_rule_bytes(r) for r in core)
+        core = projection_rules(plain, dims)[1:] + attention_core_rules(plain, dims)
+        new = sum(r.bytes for r in core)
         return new - (0 if eager_core_copies(setup) else _flash_kept(setup, dims))
     if setup.strategy.reversible:
         # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
@@ -407,17 +353,9 @@ def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
     return (i + 1) * one
 
 
-def eager_core_copies(setup: Setup) -> bool:
-    return setup.strategy.attention is Attention.EAGER
-
-
 def _flash_kept(setup: Setup, dims: Dims) -> int:
     """Flash re-runs on the kept q, k, v themselves: they are not new."""
-    return sum(_rule_bytes(r) for r in act.projection_rules(setup, dims)[1:])
-
-
-def _rule_bytes(rule: act.Rule) -> int:
-    return math.prod(rule[1]) * rule[2].bytes
+    return sum(r.bytes for r in projection_rules(setup, dims)[1:])
 
 
 def peak(

@@ -37,8 +37,10 @@ for the MoE roles).
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.analytic.flops import Flops, mm
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
+from memplan.analytic.flops import Flops
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
+from memplan.blocks import mm
+from memplan.blocks.mlp import mlp_inner_rules
 from memplan.config import DType, MlpType, MoEConfig, Setup
 
 # ----------------------------------------------------------------------------------------------------
@@ -48,73 +50,75 @@ FP32, INT64 = DType.FP32, DType.INT64
 B, R = Block, Role
 
 
-def moe_rules(setup: Setup, moe: MoEConfig) -> list[act.Rule]:
+def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     """What one MoE layer keeps beyond ``mlp.input`` (which the router, experts and shared experts share)."""
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
     k = moe.top_k
 
-    def save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> act.Rule:
-        return act.save(B.MOE, part, shape, dtype, role, why)
+    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
+        return save(B.MOE, part, shape, dtype, role, why)
 
     rules = [
-        save(
+        moe_save(
             "router_probs",
             (t, moe.experts),
             FP32,
             R.ROUTER,
             "router softmax in fp32: its backward needs the output",
         ),
-        save("topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"),
+        moe_save(
+            "topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"
+        ),
     ]
     if moe.renormalises:  # weights / weights.sum(-1, keepdim=True), in fp32 before the cast
         rules += [
-            save(
+            moe_save(
                 "topk_sum",
                 (t, 1),
                 FP32,
                 R.ROUTER,
                 "sum of the top-k probabilities, divisor: d(numerator) needs it",
             ),
-            save(
+            moe_save(
                 "topk_weights", (t, k), FP32, R.ROUTER, "top-k probabilities, dividend: d(divisor) needs them"
             ),
         ]
     rules += [
-        save(
+        moe_save(
             "weight_index",
             (s,),
             INT64,
             R.DISPATCH_INDEX,
             "top-k slot of each expert slot: the weight gather's backward",
         ),
-        save(
+        moe_save(
             "dispatch_index",
             (s,),
             INT64,
             R.DISPATCH_INDEX,
             "token of each expert slot: gather / index_add backward",
         ),
-        save(
+        moe_save(
             "expert_input",
             (s, h),
             a,
             R.EXPERT_TOKENS,
             "tokens dispatched to the experts, input of W_gate/W_up",
         ),
-        *act.mlp_inner_rules(setup, B.MOE, "", (s, dims.f), a),
-        save(
+        *mlp_inner_rules(setup, B.MOE, "", (s, dims.f), a),
+        moe_save(
             "expert_output", (s, h), a, R.EXPERT_TOKENS, "expert output × routing weight: d(weight) needs it"
         ),
-        save(
+        moe_save(
             "routing_weights",
             (s, 1),
             a,
             R.EXPERT_TOKENS,
             "routing weight of each slot: d(expert output) needs it",
         ),
-        save(
+        moe_save(
             "weighted_output",
             (s, h),
             a,
@@ -124,17 +128,17 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[act.Rule]:
     ]
     width = moe.shared_width(setup.model)
     if width:
-        rules += act.mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
+        rules += mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
     if moe.shared_gate:
         rules += [
-            save(
+            moe_save(
                 "shared_gate",
                 (t, 1),
                 a,
                 R.SHARED_GATE,
                 "sigmoid of the shared-expert gate: d(shared output) needs it",
             ),
-            save(
+            moe_save(
                 "shared_output", (t, h), a, R.SHARED_GATE, "shared experts' output × gate: d(gate) needs it"
             ),
         ]

@@ -15,8 +15,10 @@ skips P·V. The flash kernel saves its outputs, so it always re-runs.
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.analytic.flops import attention_core_flops, layer_linear_flops, mm
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
+from memplan.analytic.flops import layer_linear_flops
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
+from memplan.blocks import mm
+from memplan.blocks.attention import attention_core_flops
 from memplan.config import Attention, Checkpointing, Setup
 
 
@@ -36,7 +38,7 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
         return kept
     dims = Dims.of(setup)
     why = "checkpoint input: the segment is re-run"
-    rule = act.save(Block.CHECKPOINT, "input", (dims.b, dims.s, dims.h), dims.act, Role.RESIDUAL, why)
+    rule = save(Block.CHECKPOINT, "input", (dims.b, dims.s, dims.h), dims.act, Role.RESIDUAL, why)
     first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
     rest = [k for k in kept if k.scope is not Scope.LAYER]
     return rest[:first] + act.kept([rule], Scope.LAYER, segments(setup)) + rest[first:]

@@ -7,8 +7,9 @@ model) and backward rebuilds every layer's inputs from its outputs, re-running e
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.analytic.flops import attention_core_flops, layer_linear_flops
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
+from memplan.analytic.flops import layer_linear_flops
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
+from memplan.blocks.attention import attention_core_flops
 from memplan.config import Setup
 
 
@@ -24,8 +25,8 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     why = "reversible stack output: backward rebuilds every layer's input"
     shape = (dims.b, dims.s, dims.h)
     outputs = [
-        act.save(Block.REVERSIBLE, "y1", shape, dims.act, Role.RESIDUAL, why),
-        act.save(Block.REVERSIBLE, "y2", shape, dims.act, Role.RESIDUAL, why),
+        save(Block.REVERSIBLE, "y1", shape, dims.act, Role.RESIDUAL, why),
+        save(Block.REVERSIBLE, "y2", shape, dims.act, Role.RESIDUAL, why),
     ]
     first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
     rest = [k for k in kept if k.scope is not Scope.LAYER]

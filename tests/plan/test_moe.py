@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from memplan.analytic.flops import attention_core_flops
-from memplan.analytic.inventory import Dims
 from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
@@ -126,14 +124,14 @@ def test_six_n_counts_active_parameters() -> None:
 def test_forward_flops_are_2_active_matmul_params_per_token() -> None:
     # Every active parameter but the embedding gather and the norms is a matmul weight used once per
     # token (×2 multiply-add); attention's QKᵀ and P·V come on top.
-    setup = mixtral_setup()
-    p = plan(setup)
-    t, h, layers = 4096, 4096, 32
+    p = plan(mixtral_setup())
+    t, h, layers, heads, d = 4096, 4096, 32, 32, 128
     matmul_params = MIXTRAL_ACTIVE - 32000 * h - (2 * layers + 1) * h
-    assert p.flops.forward == 2 * t * matmul_params + layers * attention_core_flops(Dims.of(setup))
-    assert p.flops.backward == 2 * (p.flops.forward - layers * attention_core_flops(Dims.of(setup))) + (
-        layers * 5 * attention_core_flops(Dims.of(setup)) // 2  # flash backward: five s×s products
-    )
+    # QKᵀ and P·V per layer: 2 products of [s, d]·[d, s] (or [s, s]·[s, d]) per head, 2·s·s·d FLOPs each.
+    core = layers * 2 * heads * (2 * t * t * d)
+    assert p.flops.forward == 2 * t * matmul_params + core
+    # Backward: 2× every matmul; the flash kernel's five s×s products = 2.5× the core's forward.
+    assert p.flops.backward == 2 * (p.flops.forward - core) + 5 * core // 2
 
 
 def test_inventory_routes_t_times_k_slots() -> None:

@@ -1,0 +1,149 @@
+"""Attention: W_Q/W_K/W_V [h, a·d | kv·d], W_O [a·d, h] (+ biases), rotary embeddings, and the core — eager
+(explicit QKᵀ, causal ``masked_fill``, softmax, dropout, ·V) or flash (the SDPA flash kernel).
+
+FLOPs (FlopCounterMode): the projections 2·T·h·(a·d) + 2·2·T·h·(kv·d) + 2·T·(a·d)·h forward; the core's
+QKᵀ and P·V 2·b·a·s²·d each (causal not halved); backward 2× for the projections and eager's bmms, and for
+flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel's own re-computation.
+"""
+
+from __future__ import annotations
+
+from memplan.analytic.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks import linear_params, mm
+from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
+
+FP32, BOOL, INT64 = DType.FP32, DType.BOOL, DType.INT64
+B, R = Block, Role
+
+
+def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
+    """W_Q, W_K, W_V and W_O with their biases."""
+    h = m.hidden_size
+    kv = linear_params(h, m.kv_width, m.qkv_bias)
+    return linear_params(h, m.q_width, m.qkv_bias), kv, kv, linear_params(m.q_width, h, m.out_bias)
+
+
+def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads."""
+    b, s, h, a, kv, d, act = dims.b, dims.s, dims.h, dims.a, dims.kv, dims.d, dims.act
+    rules = [
+        save(B.ATTN, "input", (b, s, h), act, R.LINEAR_INPUT, "input of W_Q/W_K/W_V: dW = Xᵀ·dY needs X")
+    ]
+    eager = setup.strategy.attention is Attention.EAGER
+    core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    if eager and not core_recomputed:
+        # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
+        return [
+            *rules,
+            save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, "Q for QKᵀ: dK = dSᵀ·Q"),
+            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, "K (repeated to a heads) for QKᵀ: dQ = dS·K"),
+            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, "V (repeated to a heads) for P·V: dP = dO·Vᵀ"),
+        ]
+    # Flash kernel, or the inputs the selective checkpoint keeps: q and k after RoPE (a new tensor) or
+    # the projection output itself; v is always the projection output [b, s, kv·d].
+    why = "input of the recomputed attention core" if core_recomputed else "flash backward recomputes S = QKᵀ"
+    return [
+        *rules,
+        save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
+        save(B.ATTN, "k", (b, kv, s, d), act, R.ATTN_QKV, why),
+        save(B.ATTN, "v", (b, s, kv * d), act, R.ATTN_QKV, why),
+    ]
+
+
+def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Saves inside the attention core (absent under selective recompute)."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        return []
+    p = setup.model.attn_dropout
+    if setup.strategy.attention is Attention.FLASH:
+        rules = [
+            save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
+        ]
+        if setup.device is Device.CUDA:
+            why = "the CUDA flash backward regenerates dropout from"
+            rules += [
+                save(B.ATTN, "philox_seed", (), INT64, R.RNG_STATE, f"RNG seed {why}"),
+                save(B.ATTN, "philox_offset", (), INT64, R.RNG_STATE, f"RNG offset {why}"),
+            ]
+        return rules
+    rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    if p > 0:
+        rules += [
+            save(
+                B.ATTN,
+                "dropout_mask",
+                (b, a, s, s),
+                BOOL,
+                R.ATTN_DROPOUT_MASK,
+                "dropout mask on the probabilities",
+            ),
+            save(
+                B.ATTN,
+                "probs_dropped",
+                (b, a, s, s),
+                act,
+                R.ATTN_PROBS,
+                "dropped probabilities for P·V: dV = Pᵀ·dO",
+            ),
+        ]
+    return rules
+
+
+def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Tensors made once per forward and shared by every layer (one storage each)."""
+    rules: list[Rule] = []
+    if setup.model.position is PositionType.ROPE:
+        rules += [
+            save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+        ]
+    if setup.strategy.attention is Attention.EAGER:
+        # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
+        why = "masked_fill's backward zeroes masked cells"
+        rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
+    return rules
+
+
+def projection_flops(dims: Dims) -> int:
+    """Forward FLOPs of W_Q, W_K, W_V and W_O."""
+    t, h = dims.tokens, dims.h
+    qd, kvd = dims.a * dims.d, dims.kv * dims.d
+    return mm(t, h, qd) + 2 * mm(t, h, kvd) + mm(t, qd, h)
+
+
+def attention_core_flops(dims: Dims) -> int:
+    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): causal not halved."""
+    return 2 * dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+
+
+def attention_backward_flops(setup: Setup, dims: Dims) -> int:
+    per_bmm = attention_core_flops(dims) // 2
+    # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
+    return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
+
+
+def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
+    """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
+    s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
+    if setup.strategy.attention is not Attention.FLASH:
+        return 0
+    return dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+
+
+def eager_core_copies(setup: Setup) -> bool:
+    return setup.strategy.attention is Attention.EAGER
+
+
+def eager_forward_extra(setup: Setup, dims: Dims) -> int:
+    """Eager attention's forward beyond its saves: q and k (after RoPE) and v before their contiguous
+    copies, the scaled scores (a local until the core returns), and either the masked scores at the
+    softmax or P·V's output before its [b, s, a·d] copy; with attention dropout the masked scores are
+    gone before the dropout's mask and output (among the saves) exist."""
+    if setup.strategy.attention is not Attention.EAGER:
+        return 0
+    a_bytes, t = dims.act.bytes, dims.tokens
+    locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
+    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
+    ctx = t * dims.a * dims.d * a_bytes
+    return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))

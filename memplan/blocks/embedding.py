@@ -1,0 +1,28 @@
+"""The token embedding [v, h] (a gather: no FLOPs), learned positions [max_positions, h] when used, and the
+embedding dropout."""
+
+from __future__ import annotations
+
+from memplan.analytic.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks import dropout_rule
+from memplan.config import DType, ModelConfig, PositionType, Setup
+
+INT64 = DType.INT64
+B, R = Block, Role
+
+
+def embedding_params(m: ModelConfig) -> tuple[int, int]:
+    """The token embedding [v, h] and the learned position table [max_positions, h] (0 with RoPE)."""
+    h = m.hidden_size
+    return m.vocab_size * h, (m.max_positions * h if m.position is PositionType.LEARNED else 0)
+
+
+def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    b, s, h = dims.b, dims.s, dims.h
+    rules = [
+        save(B.EMBED, "ids", (b, s), INT64, R.TOKEN_IDS, "token ids: the embedding gradient is a scatter-add")
+    ]
+    if setup.model.position is PositionType.LEARNED:
+        why = "position ids for the position table's scatter-add"
+        rules.append(save(B.EMBED, "positions", (s,), INT64, R.TOKEN_IDS, why))
+    return rules + dropout_rule(B.EMBED, "dropout_mask", setup.model.embd_dropout, (b, s, h))

@@ -1,0 +1,48 @@
+"""Pre-norms: RMSNorm as Llama's reference code (fp32 upcast), LayerNorm as ``native_layer_norm``."""
+
+from __future__ import annotations
+
+from memplan.analytic.inventory import Block, Dims, Role, Rule, save
+from memplan.config import Device, DType, ModelConfig, NormType, Setup
+
+FP32 = DType.FP32
+R = Role
+
+
+def norm_params(m: ModelConfig) -> int:
+    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each."""
+    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM else 1)
+
+
+def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
+    """Saves of one pre-norm over [b, s, h]."""
+    b, s, h, act = dims.b, dims.s, dims.h, dims.act
+    if setup.model.norm is NormType.RMSNORM:
+        # Llama's RMSNorm: x32 = x.float(); rstd = rsqrt(mean(x32²) + eps); n = (x32·rstd).to(A); w·n.
+        # pow and x32·rstd save x32 (the layer input itself when A is fp32); rsqrt saves rstd; w·n saves n.
+        why_x = "x upcast to fp32: d(x²)/dx and d(x·rstd)/drstd need it"
+        return [
+            save(block, "input", (b, s, h), FP32, R.NORM_INPUT, why_x),
+            save(block, "rstd", (b, s, 1), FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
+            save(block, "normed", (b, s, h), act, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it"),
+        ]
+    # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
+    stats = FP32 if setup.device is Device.CUDA else act
+    return [
+        save(block, "input", (b, s, h), act, R.NORM_INPUT, "layer_norm backward recomputes x̂ from x"),
+        save(block, "mean", (b, s, 1), stats, R.NORM_STATS, "layer_norm statistics for backward"),
+        save(block, "rstd", (b, s, 1), stats, R.NORM_STATS, "layer_norm statistics for backward"),
+    ]
+
+
+def norm_backward_transient(setup: Setup, dims: Dims) -> int:
+    """A pre-norm's backward at its peak, beyond the saves still held then (``norm_saves_at_peak``).
+
+    Llama's explicit RMSNorm: five fp32 [T, h] at once — d(x·rstd)'s part through rstd, mean's backward
+    (grad / h, expanded and materialised) and pow's backward (x.pow(1), ×2, ×grad); the incoming gradient
+    and the 16-bit pieces are freed by then. ``native_layer_norm``: the incoming dY and dX [T, h].
+    """
+    t, h = dims.tokens, dims.h
+    if setup.model.norm is NormType.LAYERNORM:
+        return 2 * t * h * dims.act.bytes
+    return 5 * 4 * t * h
