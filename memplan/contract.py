@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.config import checkpointing_label
 from memplan.engine import Result, StagePlan
 
 
@@ -23,18 +22,7 @@ def to_json(r: Result) -> dict[str, Any]:
     return {
         "model": s.model.name,
         "setup": {
-            "micro_batch": t.micro_batch,
-            "seq_len": t.seq_len,
-            "precision": t.precision.value,
-            "optimizer": t.optimizer.value,
-            "grad_accum": t.grad_accum,
-            "checkpointing": checkpointing_label(s.strategy),
-            "attention": s.strategy.attention.name.lower(),
-            "reversible": s.strategy.reversible,
-            "zero": int(s.strategy.zero),
-            "dp": s.strategy.dp,
-            "device": s.device.value,
-            **s.parallel.model_dump(),
+            **s.settings(),
             "devices": r.devices,
             "micro_batches": r.micro_batches,
             "global_batch": r.global_batch,

@@ -16,7 +16,13 @@ cannot express sums. tests/test_properties.py checks those.
 from __future__ import annotations
 
 import copy
+from enum import Enum
 from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from memplan.config import Device, Parallel, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.config.setup import json_value
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "urn:memplan:schema:estimate:1"
@@ -107,22 +113,31 @@ _FLOPS_OBJ = _obj(
     required=["forward", "backward", "recompute", "total", "model"],
 )
 
-_SETUP = _obj(
-    {
-        "micro_batch": _POSITIVE,
-        "seq_len": _POSITIVE,
-        "precision": {"type": "string"},
-        "optimizer": {"type": "string"},
-        "grad_accum": _POSITIVE,
-        "checkpointing": {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"},
-        "attention": {"type": "string", "enum": ["eager", "flash"]},
-        "reversible": {"type": "boolean"},
-        "zero": {"type": "integer", "minimum": 0, "maximum": 3},
-        "dp": _POSITIVE,
-        "device": {"type": "string", "enum": ["cuda", "cpu"]},
-    },
-    required=[],
-)
+
+def _setting(field: FieldInfo) -> dict[str, Any]:
+    """The schema of one setting, from its config field: what ``Setup.settings`` writes for it."""
+    kind = field.annotation
+    if kind is bool:
+        return {"type": "boolean"}
+    if isinstance(kind, type) and issubclass(kind, Enum):
+        values = [json_value(member) for member in kind]
+        return {"type": "integer" if kind is ZeroStage else "string", "enum": values}
+    bounds = [getattr(m, "gt", None) for m in field.metadata]
+    above = next((b for b in bounds if b is not None), None)
+    return {"type": "integer", **({"minimum": above + 1} if above is not None else {})}
+
+
+def _setup_schema() -> dict[str, Any]:
+    """``setup``: every setting of ``Setup.settings``, typed from the config fields it comes from."""
+    fields = {**TrainingConfig.model_fields, **StrategyConfig.model_fields, **Parallel.model_fields}
+    del fields["checkpoint_every"]
+    properties = {name: _setting(field) for name, field in fields.items()}
+    properties["checkpointing"] = {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"}
+    properties["device"] = {"type": "string", "enum": [d.value for d in Device]}
+    return _obj(properties, required=[])
+
+
+_SETUP = _setup_schema()
 
 _ESTIMATE: dict[str, Any] = {
     "$schema": SCHEMA_DRAFT,

@@ -347,3 +347,27 @@ def test_estimate_takes_a_mixture_of_experts_and_every_parallel_flag() -> None:
     )  # fmt: skip
     assert split["setup"]["dp"] == 8 and split["setup"]["devices"] == 32
     assert split["memory"]["peak"] < doc["memory"]["peak"] and split["time"]["step_time_s"] > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# One engine, one source for options
+# ----------------------------------------------------------------------------------------------------
+def test_plan_is_estimate_on_any_layout() -> None:
+    args = ["-m", "gpt3-175b", "--seq", "2048", "--tp", "8", "--sp", "--pp", "4", "--gpus", "64", "--json"]
+    assert estimate_json(*args) == json.loads(invoke("plan", *args).stdout)
+
+
+def test_every_setting_is_one_option_of_estimate_and_one_setup_key() -> None:
+    from memplan.api import Options, setup_of
+    from memplan.cli.common import OPTIONS
+    from memplan.compare import VARY_KEYS
+    from memplan.schema import estimate_schema
+
+    assert set(OPTIONS) == set(Options.model_fields)
+    assert set(VARY_KEYS) == {n.replace("_", "-") for n in Options.model_fields} - {"model"}
+    help_text = invoke("estimate", "--help").stdout
+    for name in Options.model_fields:
+        assert f"--{name.replace('_', '-')}" in help_text, name
+    settings = setup_of(Options(model="tiny")).settings()
+    assert set(settings) == set(estimate_schema()["properties"]["setup"]["properties"])
+    assert estimate_json("-m", "tiny")["setup"].items() >= settings.items()

@@ -10,13 +10,14 @@ parallelism (Megatron-Core: ``dp % ep == 0``).
 
 from __future__ import annotations
 
-from typing import Self
+from enum import Enum, IntEnum
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.model import ModelConfig, PositionType
-from memplan.config.strategy import Checkpointing, Device, StrategyConfig
+from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
 from memplan.config.training import TrainingConfig
 
 
@@ -76,3 +77,25 @@ class Setup(Frozen):
                 f"choose k between 1 and {m.num_layers}"
             )
         return self
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting but the model's, flat and JSON-ready, under its field's name: the ``setup`` object
+        of ``--json`` and its schema (``schema.py``) come from here. Checkpointing is one value
+        (``every-4``); choices are their names, the ZeRO stage its number."""
+        out = {
+            name: json_value(v) for part in (self.training, self.strategy, self.parallel) for name, v in part
+        }
+        del out["checkpoint_every"]
+        out["checkpointing"] = checkpointing_label(self.strategy)
+        out["device"] = self.device.value
+        return out
+
+
+def json_value(value: Any) -> Any:
+    """A setting as ``--json`` writes it: an enum's value (a string), an ordered choice's lower-case name
+    (``flash``), the ZeRO stage's number."""
+    if isinstance(value, ZeroStage):
+        return int(value)
+    if isinstance(value, IntEnum):
+        return value.name.lower()
+    return value.value if isinstance(value, Enum) else value
