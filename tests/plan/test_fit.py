@@ -8,15 +8,10 @@ import pytest
 
 from memplan.api import build_setup
 from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
-from memplan.engine import Result, estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.search.fit import Space, default_global_batch, fit, fits, layouts
 
-
-def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
-    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
-    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
-
+from .layout import plan
 
 SMALL = Space(micro_batches=(1, 2, 4))
 

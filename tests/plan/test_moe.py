@@ -27,14 +27,9 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.contract import to_json
-from memplan.engine import Result, estimate
 from memplan.presets import load_model_preset, model_names
 
-
-def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
-    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
-    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
-
+from .layout import plan
 
 MIXTRAL_TOTAL, MIXTRAL_ACTIVE = 46_702_792_704, 12_879_925_248
 QWEN_TOTAL, QWEN_ACTIVE = 14_315_784_192, 2_689_173_504

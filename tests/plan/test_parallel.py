@@ -39,7 +39,7 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.contract import to_json
-from memplan.engine import Result, estimate, head_gradient_bytes
+from memplan.engine import estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
 from memplan.strategies import checkpointing, reversible
 from memplan.strategies.pipeline_parallel import Group
@@ -47,11 +47,7 @@ from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
 from memplan.strategies.tensor_parallel import tp_model
 from memplan.strategies.zero import model_states
 
-
-def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
-    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
-    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
-
+from .layout import plan
 
 S, B, H, A, L, T = 2048, 1, 12288, 96, 96, 8
 SBH = S * B * H

@@ -25,15 +25,10 @@ from memplan.config import (
     StrategyConfig,
     TrainingConfig,
 )
-from memplan.engine import Result, estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time.timing import DEFAULT_MFU, timing
 
-
-def plan(setup: Setup, parallel: Parallel | None = None) -> Result:
-    """The engine's estimate of ``setup`` under the layout ``parallel`` (default: the setup's own)."""
-    return estimate(setup if parallel is None else setup.model_copy(update={"parallel": parallel}))
-
+from .layout import plan
 
 A100 = load_gpu("a100-80gb")  # 312 TFLOP/s bf16/fp16 dense
 SEQ, VOCAB = 2048, 51200

@@ -1,0 +1,1 @@
+"""Planning tests: layouts, MoE, timing, fit, the planning CLI."""
