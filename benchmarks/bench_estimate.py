@@ -27,7 +27,7 @@ GOAL_RATIO = 1.3
 ESTIMATE_ARGS = ["estimate", "--model", "70b", "--seq", "8192"]
 FLOOR = [sys.executable, "-c", "import typer, rich, pydantic"]
 TORCH_PROBE = (
-    "import sys; from typer.testing import CliRunner; from memplan.cli import app; "
+    "import sys; from typer.testing import CliRunner; from memplan.cli.app import app; "
     "r = CliRunner().invoke(app, ['estimate', '--model', '70b', '--seq', '8192', '--json']); "
     "assert r.exit_code == 0, r.output; print('torch' in sys.modules)"
 )
@@ -75,7 +75,7 @@ def import_breakdown(top: int = 8) -> dict[str, list[tuple[str, float]]]:
     """Where ``memplan``'s import time goes (``python -X importtime``, ms): the modules ``memplan.cli``
     imports directly, by cumulative time, and the modules with the largest self time anywhere."""
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "from memplan.cli import main"],
+        [sys.executable, "-X", "importtime", "-c", "from memplan.cli.app import main"],
         check=True,
         capture_output=True,
         text=True,

@@ -329,7 +329,7 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
 # ----------------------------------------------------------------------------------------------------
 # The plan
 # ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Result:
     """One training step under a parallel layout: every computed stage, the most loaded device (whose
     states, tensors and peak the estimate reports) and the whole model's parameters and FLOPs."""
@@ -359,7 +359,7 @@ class Result:
     def params_active(self) -> int:
         return self.params.active
 
-    @property
+    @functools.cached_property
     def device(self) -> StagePlan:
         """The most loaded device (the stage with the highest peak; the first on a tie)."""
         return max(self.stages, key=lambda sp: sp.peak.bytes)
@@ -399,7 +399,7 @@ class Result:
         return out
 
     # The most loaded device's memory: what `memplan estimate` reports.
-    @property
+    @functools.cached_property
     def tensors(self) -> list[Kept]:
         """The most loaded device's activation inventory."""
         return self.stage_tensors(self.device)
