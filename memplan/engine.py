@@ -3,7 +3,7 @@
 ``estimate(setup)`` is the one computation for every layout: one device of a dense model is
 ``Parallel()`` with ``moe`` None, the trivial case of the same path. One tensor-parallel rank is the
 narrower model of ``strategies.tensor_parallel.tp_model``; its inventory (one micro-batch, every layer:
-the blocks' saves from ``analytic.activations``, an MoE's MLPs swapped in by ``blocks.moe.with_moe``) goes
+the blocks' saves from ``analytic.activations``, an MoE's MLPs swapped in by ``activations.with_moe``) goes
 through ``STRATEGIES`` in order (checkpointing, reversible layers, sequence parallelism) and is then
 regrouped per pipeline stage (``strategies.pipeline_parallel``):
 
@@ -34,7 +34,7 @@ from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops, flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
-from memplan.blocks.moe import mlp_backward_extra, with_moe, with_moe_flops
+from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
 from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
 from memplan.strategies.pipeline_parallel import Group, Stage, group_counts, group_of, stage, stage_params
@@ -111,8 +111,7 @@ STRATEGIES: tuple[Strategy, ...] = (checkpointing, reversible, sequence_parallel
 
 
 def _device_kept(kept: list[Kept], rank: Setup) -> list[Kept]:
-    """What one rank keeps: the blocks' inventory (an MoE's MLPs swapped in), then every strategy."""
-    kept = with_moe(kept, rank, rank.model.moe)
+    """What one rank keeps: the blocks' inventory (an MoE's MLPs swapped in) under every strategy."""
     for strategy in STRATEGIES:
         kept = strategy.keeps(kept, rank)
     return kept
@@ -177,7 +176,7 @@ def pieces(core: Setup) -> Pieces:
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
     changed = act.total_bytes(working) - act.total_bytes(
-        _device_kept(list(working), _without_recompute(rank))
+        _device_kept(act.with_moe(list(working), rank), _without_recompute(rank))
     )
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
@@ -205,7 +204,7 @@ def whole_flops(core: Setup) -> Flops:
     """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
     dims = Dims.of(core)
     recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
-    return with_moe_flops(flops(core, recompute), core, core.model.moe)
+    return flops(core, recompute)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from memplan.blocks.attention import attention_core_rules, constant_rules, proje
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
+from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules
 from memplan.config import Setup
 
@@ -91,13 +92,32 @@ def kept(rules: list[Rule], scope: Scope, count: int) -> list[Kept]:
     ]
 
 
+def with_moe(saves: list[Kept], setup: Setup) -> list[Kept]:
+    """``saves`` with each layer's dense MLP inner saves replaced by the MoE layer's (same count), for a
+    mixture of experts (``blocks.moe.moe_rules``)."""
+    moe = setup.model.moe
+    if moe is None:
+        return saves
+    out: list[Kept] = []
+    done = False
+    for k in saves:
+        if not (k.block is B.MLP and k.role is R.MLP_INNER):
+            out.append(k)
+            continue
+        if not done:
+            out += kept(moe_rules(setup, moe), Scope.LAYER, k.count)
+            done = True
+    return out
+
+
 def inventory(setup: Setup) -> list[Kept]:
     """What the blocks keep when the forward pass of one micro-batch ends, every layer whole: the
-    embedding and per-forward constants, each layer's saves, the head. The strategies that drop or replace
-    layers' saves (checkpointing, reversible layers, memplan.strategies) are applied to it by the engine."""
+    embedding and per-forward constants, each layer's saves (an MoE's MLP swapped in), the head. The
+    strategies that drop or replace layers' saves (checkpointing, reversible layers, memplan.strategies)
+    are applied to it by the engine."""
     dims = Dims.of(setup)
     model = embedding_rules(setup, dims) + constant_rules(setup, dims)
-    layers = kept(layer_rules(setup, dims), Scope.LAYER, dims.layers)
+    layers = with_moe(kept(layer_rules(setup, dims), Scope.LAYER, dims.layers), setup)
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Dims
 from memplan.analytic.params import count_params
+from memplan.blocks import moe
 from memplan.blocks.attention import (
     attention_backward_flops,
     attention_core_flops,
@@ -72,8 +73,10 @@ class Flops(BaseModel):
 
 
 def layer_linear_flops(setup: Setup, dims: Dims) -> int:
-    """Forward FLOPs of one layer's projections and MLP matrices."""
-    return projection_flops(dims) + mlp_flops(setup, dims)
+    """Forward FLOPs of one layer's projections and MLP matrices (an MoE's router, experts and shared
+    experts)."""
+    mlp = moe.mlp_flops(setup, dims) if setup.model.moe else mlp_flops(setup, dims)
+    return projection_flops(dims) + mlp
 
 
 def flops(setup: Setup, recompute: int = 0) -> Flops:

@@ -19,8 +19,9 @@ from memplan.blocks.attention import attention_params
 from memplan.blocks.embedding import embedding_params
 from memplan.blocks.head import lm_head_params
 from memplan.blocks.mlp import mlp_params
+from memplan.blocks.moe import MoELayerParams, moe_layer_params
 from memplan.blocks.norm import norm_params
-from memplan.config import ModelConfig, MoEConfig
+from memplan.config import ModelConfig
 
 
 class LayerParams(BaseModel):
@@ -40,35 +41,6 @@ class LayerParams(BaseModel):
     @property
     def total(self) -> int:
         return self.attn_norm + self.attention + self.mlp_norm + self.mlp
-
-
-class MoELayerParams(BaseModel):
-    """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
-
-    model_config = ConfigDict(frozen=True)
-    router: int
-    expert: int
-    """One routed expert's MLP."""
-    shared: int
-    """All shared experts and their gate."""
-    experts: int
-    top_k: int
-
-    def dense(self) -> int:
-        return self.router + self.shared
-
-    def local_experts(self, ep: int) -> int:
-        """Routed-expert parameters on one expert-parallel rank (E/ep experts)."""
-        return self.expert * (self.experts // ep)
-
-    @property
-    def total(self) -> int:
-        return self.dense() + self.experts * self.expert
-
-    @property
-    def inactive(self) -> int:
-        """Parameters of the experts a token is not routed to, E − k of them."""
-        return (self.experts - self.top_k) * self.expert
 
 
 class ParamCount(BaseModel):
@@ -94,20 +66,6 @@ class ParamCount(BaseModel):
     def active(self) -> int:
         """Parameters touched per token: all but the experts a token is not routed to (= total if dense)."""
         return self.total - (self.moe.inactive * self.num_layers if self.moe else 0)
-
-
-def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
-    """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
-    h = m.hidden_size
-    width = moe.shared_width(m)
-    shared = mlp_params(m.model_copy(update={"ffn_size": width})) if width else 0
-    return MoELayerParams(
-        router=h * moe.experts,
-        expert=mlp_params(m),
-        shared=shared + (h if moe.shared_gate else 0),
-        experts=moe.experts,
-        top_k=moe.top_k,
-    )
 
 
 def layer_params(m: ModelConfig) -> LayerParams:

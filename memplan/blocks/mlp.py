@@ -50,6 +50,12 @@ def mlp_flops(setup: Setup, dims: Dims) -> int:
     return mats * mm(dims.tokens, dims.h, dims.f)
 
 
+def early_stop_skip(setup: Setup, dims: Dims) -> int:
+    """The forward FLOPs a checkpointed segment ending in this MLP never re-runs: its last save is W_down's
+    input, saved before W_down runs, so the early-stopping re-run skips W_down, [T, f]·[f, h]."""
+    return mm(dims.tokens, dims.f, dims.h)
+
+
 def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
     gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;

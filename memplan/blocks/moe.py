@@ -36,18 +36,66 @@ for the MoE roles).
 
 from __future__ import annotations
 
-from memplan.analytic import activations as act
-from memplan.analytic.flops import Flops
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
+from pydantic import BaseModel, ConfigDict
+
+from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
-from memplan.blocks.mlp import mlp_inner_rules
-from memplan.config import DType, MlpType, MoEConfig, Setup
+from memplan.blocks.mlp import mlp_inner_rules, mlp_params
+from memplan.config import DType, MlpType, ModelConfig, MoEConfig, Setup
+
+FP32, INT64 = DType.FP32, DType.INT64
+B, R = Block, Role
+
+
+# ----------------------------------------------------------------------------------------------------
+# Parameters
+# ----------------------------------------------------------------------------------------------------
+class MoELayerParams(BaseModel):
+    """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
+
+    model_config = ConfigDict(frozen=True)
+    router: int
+    expert: int
+    """One routed expert's MLP."""
+    shared: int
+    """All shared experts and their gate."""
+    experts: int
+    top_k: int
+
+    def dense(self) -> int:
+        return self.router + self.shared
+
+    def local_experts(self, ep: int) -> int:
+        """Routed-expert parameters on one expert-parallel rank (E/ep experts)."""
+        return self.expert * (self.experts // ep)
+
+    @property
+    def total(self) -> int:
+        return self.dense() + self.experts * self.expert
+
+    @property
+    def inactive(self) -> int:
+        """Parameters of the experts a token is not routed to, E − k of them."""
+        return (self.experts - self.top_k) * self.expert
+
+
+def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
+    """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
+    h = m.hidden_size
+    width = moe.shared_width(m)
+    shared = mlp_params(m.model_copy(update={"ffn_size": width})) if width else 0
+    return MoELayerParams(
+        router=h * moe.experts,
+        expert=mlp_params(m),
+        shared=shared + (h if moe.shared_gate else 0),
+        experts=moe.experts,
+        top_k=moe.top_k,
+    )
+
 
 # ----------------------------------------------------------------------------------------------------
 # Activations
 # ----------------------------------------------------------------------------------------------------
-FP32, INT64 = DType.FP32, DType.INT64
-B, R = Block, Role
 
 
 def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
@@ -145,71 +193,29 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     return rules
 
 
-def with_moe(kept: list[Kept], setup: Setup, moe: MoEConfig | None) -> list[Kept]:
-    """The inventory with each layer's dense MLP inner saves replaced by the MoE layer's (same count)."""
-    if moe is None:
-        return kept
-    out: list[Kept] = []
-    done = False
-    for k in kept:
-        if not (k.block is B.MLP and k.role is R.MLP_INNER):
-            out.append(k)
-            continue
-        if not done:
-            out += act.kept(moe_rules(setup, moe), Scope.LAYER, k.count)
-            done = True
-    return out
-
-
 # ----------------------------------------------------------------------------------------------------
 # FLOPs
 # ----------------------------------------------------------------------------------------------------
-def mlp_forward_delta(setup: Setup, moe: MoEConfig) -> int:
-    """Forward FLOPs of one MoE layer's MLP minus the dense MLP's (router, S expert slots, shared)."""
-    dims = Dims.of(setup)
+def mlp_flops(setup: Setup, dims: Dims) -> int:
+    """Forward FLOPs of one MoE layer's MLP: the router h×E, the S expert slots through an expert's
+    matrices, the shared experts and their gate, on T tokens."""
+    moe = setup.model.moe
+    assert moe is not None  # NB: called for mixtures of experts only
     t, h, f = dims.tokens, dims.h, dims.f
     mats = 3 if setup.model.mlp is MlpType.SWIGLU else 2
-    moe_mlp = mm(t, h, moe.experts) + mats * mm(moe.slots(t), h, f)
-    moe_mlp += mats * mm(t, h, moe.shared_width(setup.model)) + (mm(t, h, 1) if moe.shared_gate else 0)
-    return moe_mlp - mats * mm(t, h, f)
+    routed = mm(t, h, moe.experts) + mats * mm(moe.slots(t), h, f)
+    return routed + mats * mm(t, h, moe.shared_width(setup.model)) + (mm(t, h, 1) if moe.shared_gate else 0)
 
 
-def with_moe_flops(f: Flops, setup: Setup, moe: MoEConfig | None) -> Flops:
-    """Whole-model FLOPs of one micro-batch with every MLP an MoE layer: backward 2× the forward change;
-    recompute changes with it when whole layers are re-run (full / every-k checkpointing, reversible)."""
-    if moe is None:
-        return f
-    delta = setup.model.num_layers * mlp_forward_delta(setup, moe)
-    rerun = bool(setup.strategy.segment) or setup.strategy.reversible
-    return f.model_copy(
-        update={
-            "forward": f.forward + delta,
-            "backward": f.backward + 2 * delta,
-            "recompute": f.recompute + (delta if rerun else 0) + early_stop_delta(setup, moe),
-            "layer_linear": f.layer_linear + delta,
-        }
-    )
-
-
-def early_stop_delta(setup: Setup, moe: MoEConfig) -> int:
-    """Recompute FLOPs MoE layers add back: what the checkpoint's early stop skips in a dense segment
-    (``strategies.checkpointing.recompute``: a segment whose last save is W_down's input never re-runs
-    W_down, [T, f]·[f, h]) minus what it skips in an MoE one, per segment.
-
-    A segment's last save is the last layer's last one: without residual dropout, the shared gate's product
-    (nothing skipped), else the shared experts' W_down input (their W_down, [T, n·f_s]·[n·f_s, h], is
-    skipped), else the routed combine (``index_add_``: nothing skipped). With residual dropout the mask is
-    saved after everything runs in either case. Reversible layers re-run everything (no early stop).
-    """
-    segment = setup.strategy.segment
-    if not segment or setup.model.resid_dropout > 0:
-        return 0
-    dims = Dims.of(setup)
-    t, h = dims.tokens, dims.h
+def early_stop_skip(setup: Setup, dims: Dims) -> int:
+    """The forward FLOPs a checkpointed segment of MoE layers never re-runs (``strategies.checkpointing``):
+    its last save is, without residual dropout, the shared gate's product (nothing skipped), else the shared
+    experts' W_down input (their W_down, [T, n·f_s]·[n·f_s, h], is skipped), else the routed combine
+    (``index_add_``: nothing skipped)."""
+    moe = setup.model.moe
+    assert moe is not None  # NB: called for mixtures of experts only
     width = moe.shared_width(setup.model)
-    skipped = mm(t, width, h) if width and not moe.shared_gate else 0
-    segments = -(-dims.layers // segment)
-    return segments * (mm(t, dims.f, h) - skipped)
+    return mm(dims.tokens, width, dims.h) if width and not moe.shared_gate else 0
 
 
 def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
-from memplan.blocks import mm
+from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
 from memplan.config import Attention, Checkpointing, Setup
 
@@ -47,7 +47,9 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
 def recompute(setup: Setup, dims: Dims) -> int:
     if setup.strategy.segment:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
-        skipped = mm(dims.tokens, dims.f, dims.h) if setup.model.resid_dropout == 0 else 0
+        # The last save of a segment with residual dropout is its mask, made after everything ran.
+        last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
+        skipped = last(setup, dims) if setup.model.resid_dropout == 0 else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
