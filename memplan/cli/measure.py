@@ -139,6 +139,7 @@ def profile(
 ) -> None:
     """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
+    One process holds every model state, so ZeRO and dp are not options here.
 
     Example: memplan profile --model tiny --device cpu --seq 256
     """
