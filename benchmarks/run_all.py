@@ -116,7 +116,8 @@ def machine() -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 def _has_trace_command() -> bool:
     probe = (
-        "import typer; from memplan.cli.app import app; print('trace' in typer.main.get_command(app).commands)"
+        "import typer; from memplan.cli.app import app; "
+        "print('trace' in typer.main.get_command(app).commands)"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     return out.stdout.strip() == "True"
