@@ -70,17 +70,23 @@ def test_zero_table_1(psi: int, dp: int, expected: tuple[float, float, float]) -
     assert got == pytest.approx(expected, abs=0.011)  # the paper truncates 35.625 to 35.62
 
 
+@pytest.mark.parametrize("nd", [64, 1000])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_zero_llama_2_7b_at_dp_64(stage: int) -> None:
-    """The paper's per-device formulas (4+K)Ψ, 4Ψ+KΨ/Nd, 2Ψ+(2+K)Ψ/Nd, (4+K)Ψ/Nd with K = 12, Nd = 64."""
-    psi, nd, k = 6_738_415_616, 64, 12
+def test_zero_llama_2_7b(stage: int, nd: int) -> None:
+    """The paper's per-device formulas (4+K)Ψ, 4Ψ+KΨ/Nd, 2Ψ+(2+K)Ψ/Nd, (4+K)Ψ/Nd with K = 12; Nd = 64
+    divides Ψ, Nd = 1000 does not."""
+    psi, k = 6_738_415_616, 12
     paper = [(4 + k) * psi, 4 * psi + k * psi / nd, 2 * psi + (2 + k) * psi / nd, (4 + k) * psi / nd][stage]
     setup = Setup(
         model=load_model_preset("llama-2-7b").model, strategy=StrategyConfig(zero=ZeroStage(stage), dp=nd)
     )
     got = estimate(setup).states.total
-    # ceil(Ψ/Nd) shards: at most one element of padding per sharded buffer (16 bytes).
-    assert abs(got - paper) <= 16
+    # A sharded buffer is padded to a multiple of Nd (DeepSpeed's flat buffer): each device holds ⌈Ψ/Nd⌉
+    # elements, at most one more than Ψ/Nd per sharded buffer (16 bytes in all).
+    shard = -(-psi // nd)
+    weights, grads, opt = (shard if stage >= s else psi for s in (3, 2, 1))
+    assert got == 2 * weights + 2 * grads + k * opt
+    assert 0 <= got - paper < 16
 
 
 def test_zero_stage_is_stage_0_at_dp_1() -> None:
@@ -263,3 +269,20 @@ def test_zero3_optimizer_step_steps_one_shard() -> None:
     assert z0.peak.phases["optimizer step"] == z0.states.total + ids_and_labels + 128256 * 8192 * 8
     # States and the step's temporaries both shrink by about the shard factor (126 rows for 125.25).
     assert 1000 < z0.peak.phases["optimizer step"] / z3.peak.phases["optimizer step"] <= 1024
+
+
+def test_zero3_loss_backward_holds_the_largest_gathered_unit() -> None:
+    # ZeRO-3 gathers one unit's 16-bit weights at a time; for Llama-3-70B the largest unit is the embedding
+    # (or the untied head), v·h = 128,256 × 8,192 = 1,050,673,152 parameters, larger than one layer
+    # (855,654,400). At the loss backward ZeRO-2 and ZeRO-3 (dp 8) differ only by the sharded weights and
+    # that gathered unit (no gradients exist yet at grad-accum 1).
+    psi, unit, dp = 70_553_706_496, 128_256 * 8_192, 8
+    model = load_model_preset("70b").model
+
+    def loss_backward(stage: ZeroStage) -> int:
+        setup = Setup(model=model, strategy=StrategyConfig(zero=stage, dp=dp))
+        return estimate(setup).peak.phases["loss backward"]
+
+    weights_z2, weights_z3 = 2 * psi, 2 * -(-psi // dp)
+    expected = weights_z3 - weights_z2 + 2 * unit
+    assert loss_backward(ZeroStage.PARAMETERS) - loss_backward(ZeroStage.GRADIENTS) == expected

@@ -52,7 +52,9 @@ def test_profile_tiny_on_cpu(flags: list[str]) -> None:
     assert data["diff"]["equal"] is True
     assert data["measured"]["memory"]["peak"] > data["estimated"]["memory"]["weights"]
     assert data["time"]["device"] == "cpu" and data["time"]["median_step_seconds"] > 0
-    assert abs(data["diff"]["peak_relative_error"]) < 0.2
+    # Measured on CPU by the live-storage tracker: every one of these peaks at an exactly modelled moment.
+    assert data["measured"]["memory"]["peak"] == data["estimated"]["memory"]["peak"]
+    assert data["diff"]["peak_relative_error"] == 0
 
 
 def test_trace_rich_output_says_equal() -> None:
