@@ -132,6 +132,13 @@ class Options(BaseModel):
     tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N")
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
     pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N")
+    pp_layers: str | None = _option(
+        "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7 [default: ⌈L/pp⌉ each, the first "
+        "and last stages one fewer in turn when pp does not divide the layers]",
+        _PARALLEL,
+        metavar="N,N,…",
+        show_default=False,
+    )
     vpp: int = _option(
         "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M"
     )
@@ -299,6 +306,19 @@ def micro_batches(o: Options, dp: int) -> int:
     return n
 
 
+def _stage_layers(text: str | None) -> tuple[int, ...] | None:
+    """``--pp-layers 7,8,8,7`` as a tuple; a one-line error for anything but whole numbers."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise ValueError(
+            f"pp-layers: cannot read {text!r}; give each stage's layers, comma-separated, "
+            "e.g. --pp-layers 7,8,8,7"
+        ) from None
+
+
 def setup_of(o: Options) -> Setup:
     """The validated ``Setup`` that ``o`` describes."""
     dp = data_parallel(o)
@@ -316,7 +336,9 @@ def setup_of(o: Options) -> Setup:
         dp=dp,
         dropout=o.dropout,
         device=o.device,
-        parallel=Parallel(tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep),
+        parallel=Parallel(
+            tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep, pp_layers=_stage_layers(o.pp_layers)
+        ),
     )
 
 

@@ -16,8 +16,9 @@ regrouped per pipeline stage (``strategies.pipeline_parallel``):
   without the head has no loss- or final-norm-backward moment. With gradient accumulation or a pipeline of
   several micro-batches the gradients are alive while activations are (``grad_accum > 1``, as in peak.py).
 
-Only the first and the last stage are computed: a middle stage holds the same layers as stage 0 with fewer
-micro-batches in flight and no embedding, so it never exceeds stage 0.
+Only the representative stages are computed (``pipeline_parallel.representative_stages``): the first, the
+last, and the first stage of each other layer count — a later stage with as many layers holds fewer
+micro-batches in flight and no embedding, so it never exceeds that one.
 
 Known limitations (NB): communication buffers (tp all-reduce / all-gather, pipeline send/recv, ZeRO
 buckets) are not counted; the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
@@ -37,7 +38,16 @@ from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
 from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
-from memplan.strategies.pipeline_parallel import Group, Stage, group_counts, group_of, stage, stage_params
+from memplan.strategies.pipeline_parallel import (
+    Group,
+    Stage,
+    group_counts,
+    group_of,
+    representative_stages,
+    stage,
+    stage_layers,
+    stage_params,
+)
 from memplan.strategies.tensor_parallel import check_parallel, tp_model
 from memplan.strategies.zero import ModelStates, model_states
 
@@ -101,7 +111,7 @@ def _core(setup: Setup) -> Setup:
         update={
             "strategy": s.model_copy(update={"zero": ZeroStage.NONE, "dp": 1}),
             "training": t.model_copy(update={"grad_accum": 1}),
-            "parallel": par.model_copy(update={"pp": 1, "vpp": 1}),
+            "parallel": par.model_copy(update={"pp": 1, "vpp": 1, "pp_layers": None}),
         }
     )
 
@@ -426,10 +436,10 @@ def estimate(setup: Setup) -> Result:
     """
     check_plan(setup)
     pc = _pieces_by_key(_pieces_key(setup), setup)
-    parallel = setup.parallel
-    indices = (0,) if parallel.pp == 1 else (0, parallel.pp - 1)
-    layers, n = setup.model.num_layers, setup.training.grad_accum
-    stages = tuple(stage_plan(pc, stage(parallel, i, layers, n), setup) for i in indices)
+    parallel, n = setup.parallel, setup.training.grad_accum
+    counts = stage_layers(setup.model.num_layers, parallel)
+    indices = representative_stages(counts)
+    stages = tuple(stage_plan(pc, stage(parallel, i, counts[i], n), setup) for i in indices)
     return Result(
         setup=setup,
         pieces=pc,

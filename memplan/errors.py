@@ -92,6 +92,7 @@ _OPTION_FIXES: dict[str, tuple[str, str]] = {
     "parallel.pp": ("pp", "use --pp N with 1 ≤ N ≤ 4096"),
     "parallel.vpp": ("vpp", "use --vpp M with 1 ≤ M ≤ 4096"),
     "parallel.ep": ("ep", "use --ep N with 1 ≤ N ≤ 4096"),
+    "parallel.pp_layers": ("pp-layers", "give each stage's layers, e.g. --pp-layers 7,8,8,7"),
 }
 
 

@@ -122,6 +122,8 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
     if isinstance(kind, type) and issubclass(kind, Enum):
         values = [json_value(member) for member in kind]
         return {"type": "integer" if kind is ZeroStage else "string", "enum": values}
+    if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers)
+        return {"type": ["array", "null"], "items": _POSITIVE}
     bounds = [getattr(m, "gt", None) for m in field.metadata]
     above = next((b for b in bounds if b is not None), None)
     return {"type": "integer", **({"minimum": above + 1} if above is not None else {})}

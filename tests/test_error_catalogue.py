@@ -187,7 +187,7 @@ CASES: list[Case] = [
     # --- planning commands: plan, compare, fit ----------------------------------------------------------
     case("plan-tp-not-dividing-heads", "plan -m 70b --tp 3", "tp"),
     case("plan-tp-zero", "plan -m 70b --tp 0", "tp"),
-    case("plan-pp-not-dividing-layers", "plan -m 70b --pp 3", "pp"),
+    case("plan-pp-more-than-layers", "plan -m 70b --pp 81", "pp"),
     case("plan-pp-zero", "plan -m 70b --pp 0", "pp"),
     case("plan-vpp-not-dividing", "plan -m 70b --pp 4 --vpp 3", "vpp"),
     case("plan-gpus-not-splitting", "plan -m 70b --gpus 7 --tp 2", "gpus"),
@@ -206,7 +206,7 @@ CASES: list[Case] = [
     case("plan-tokens-negative", "plan -m 70b --gpu h100-sxm --tokens -5", "tokens"),
     case("plan-tokens-nan", "plan -m 70b --gpu h100-sxm --tokens nan", "tokens"),
     case("compare-tp-not-dividing-heads", "compare -m 70b --tp 3", "tp"),
-    case("compare-pp-not-dividing-layers", "compare -m 70b --pp 3", "pp"),
+    case("compare-pp-more-than-layers", "compare -m 70b --pp 81", "pp"),
     case("compare-unknown-gpu", "compare -m 70b --gpu nosuch", "gpu"),
     case("compare-unknown-model-in-list", "compare -m 70b,nosuch", "nosuch"),
     case("compare-empty-model-list", "compare -m ,", "model"),

@@ -28,6 +28,11 @@ class Parallel(Frozen):
     sp: bool = Field(default=False, description="sequence parallelism over the tensor-parallel ranks")
     pp: int = Field(default=1, gt=0, le=1 << 12, description="pipeline stages p")
     vpp: int = Field(default=1, gt=0, le=1 << 12, description="virtual stages per pipeline rank m")
+    pp_layers: tuple[int, ...] | None = Field(
+        default=None,
+        description="layers of each pipeline stage, first to last; none: ⌈L/p⌉ each, one fewer on the first "
+        "and last stages in turn when p does not divide L (Llama 3 405B: 126 layers over 16 stages)",
+    )
     ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
 
     @model_validator(mode="after")
@@ -39,6 +44,14 @@ class Parallel(Frozen):
             )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
+        if self.pp_layers is not None:
+            if len(self.pp_layers) != self.pp:
+                raise ValueError(
+                    f"pp_layers: {len(self.pp_layers)} stages listed for --pp {self.pp}; "
+                    f"give one layer count per stage"
+                )
+            if min(self.pp_layers) < 1:
+                raise ValueError("pp_layers: every pipeline stage needs at least one layer")
         return self
 
     @property

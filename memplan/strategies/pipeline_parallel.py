@@ -62,8 +62,40 @@ class Stage:
     embed_micro_batches: int
 
 
+def stage_layers(layers: int, parallel: Parallel) -> tuple[int, ...]:
+    """Layers on each pipeline stage: ``parallel.pp_layers`` when given, else ⌈L/p⌉ each with the
+    p·⌈L/p⌉ − L layers too many taken one by one from the first and the last stage, then the second and the
+    second-to-last, … — the stages that also hold the embedding and the head (Llama 3 405B, Dubey et al.
+    2024 §3.3.2: 126 layers over 16 stages, the first and last one layer fewer; Megatron's
+    ``--decoder-first/last-pipeline-num-layers``)."""
+    if parallel.pp_layers is not None:
+        return parallel.pp_layers
+    p = parallel.pp
+    full = -(-layers // p)
+    counts = [full] * p
+    for i in range(p * full - layers):
+        counts[i // 2 if i % 2 == 0 else p - 1 - i // 2] -= 1
+    return tuple(counts)
+
+
+def representative_stages(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """The stages whose memory can be the largest: the first (the embedding, the most micro-batches in
+    flight), the last (the head) and each middle stage with more layers than every stage before it — a
+    stage with no more layers than an earlier one holds fewer micro-batches in flight, so it never exceeds
+    that one."""
+    p = len(counts)
+    picked = {0, p - 1}
+    most = counts[0]
+    for i in range(1, p - 1):
+        if counts[i] > most:
+            picked.add(i)
+            most = counts[i]
+    return tuple(sorted(picked))
+
+
 def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> Stage:
-    """Pipeline rank ``index`` of ``parallel.pp`` under 1F1B (interleaved when vpp > 1)."""
+    """Pipeline rank ``index`` of ``parallel.pp``, holding ``layers`` layers, under 1F1B (interleaved when
+    vpp > 1)."""
     p, m = parallel.pp, parallel.vpp
     if m == 1:
         chunks = min(p - index, micro_batches)
@@ -73,8 +105,8 @@ def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> St
         index=index,
         first=index == 0,
         last=index == p - 1,
-        layers=layers // p,
-        chunk_layers=layers // (p * m),
+        layers=layers,
+        chunk_layers=layers // m,
         chunks=chunks,
         embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
     )

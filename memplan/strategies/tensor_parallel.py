@@ -64,17 +64,26 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
             f"seq: {t.seq_len} is not a multiple of --tp {parallel.tp}, which sequence parallelism "
             f"splits it by; use {fix}"
         )
-    if m.num_layers % parallel.pp:
+    layers = parallel.pp_layers
+    if layers is not None and sum(layers) != m.num_layers:
         raise ValueError(
-            f"pp: {parallel.pp} does not divide the {m.num_layers} layers of {m.name}; "
-            f"use --pp {_choices(divisors(m.num_layers))}"
+            f"pp-layers: the stages hold {sum(layers)} layers, {m.name} has {m.num_layers}; "
+            "make the counts add up"
         )
-    per_stage = m.num_layers // parallel.pp
-    if per_stage % parallel.vpp:
+    if parallel.pp > m.num_layers:
         raise ValueError(
-            f"vpp: {parallel.vpp} virtual stages do not divide the {per_stage} layers of each pipeline "
-            f"stage; use --vpp {_choices(divisors(per_stage))}"
+            f"pp: {parallel.pp} stages for the {m.num_layers} layers of {m.name}; use --pp {m.num_layers} "
+            "or fewer"
         )
+    if parallel.vpp > 1:
+        uneven = layers is not None or m.num_layers % parallel.pp
+        per_stage = m.num_layers // parallel.pp
+        if uneven or per_stage % parallel.vpp:
+            raise ValueError(
+                f"vpp: {parallel.vpp} virtual stages need the same layers on every stage, a multiple of "
+                f"{parallel.vpp}; use a --pp that divides the {m.num_layers} layers "
+                f"({_choices(divisors(m.num_layers))}) and a --vpp that divides the layers per stage"
+            )
     if parallel.vpp > 1 and t.grad_accum % parallel.pp:
         raise ValueError(
             f"grad-accum: the interleaved schedule runs micro-batches in groups of --pp {parallel.pp}, "

@@ -110,7 +110,7 @@ def test_plan_moe_counts_and_expert_parallel() -> None:
     ("args", "needle"),
     [
         ((*GPT3, "--tp", "5"), "error: tp: 5 does not divide num_heads 96 of gpt3-175b; use --tp 1, 2, 3, 4"),
-        ((*GPT3, "--pp", "7"), "error: pp: 7 does not divide the 96 layers of gpt3-175b; use --pp"),
+        ((*GPT3, "--pp", "7", "--pp-layers", "14,14,14,14,14,14,14"), "error: pp-layers: the stages hold 98"),
         ((*GPT3, "--sp"), "error: sp: sequence parallelism splits over the tensor-parallel ranks"),
         ((*GPT3, "--gpu", "h1000"), "error: gpu: unknown preset 'h1000'; did you mean"),
         ((*GPT3, "--tp", "8", "--gpus", "12"), "error: gpus: 12 devices do not split into tp 8 × pp 1"),

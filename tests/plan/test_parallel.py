@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,7 +43,7 @@ from memplan.contract import to_json
 from memplan.engine import estimate, head_gradient_bytes
 from memplan.presets import load_model_preset
 from memplan.strategies import checkpointing, reversible
-from memplan.strategies.pipeline_parallel import Group
+from memplan.strategies.pipeline_parallel import Group, stage_layers
 from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
 from memplan.strategies.tensor_parallel import tp_model
 from memplan.strategies.zero import model_states
@@ -311,12 +312,14 @@ def test_more_tensor_parallelism_never_needs_more_per_device(setup: Setup, t: in
     ("parallel", "needle"),
     [
         (dict(tp=5), "tp: 5 does not divide num_heads 96 of gpt3-175b; use --tp 1, 2, 3, 4"),
-        (dict(pp=5), "pp: 5 does not divide the 96 layers of gpt3-175b; use --pp 1, 2, 3, 4, 6, 8"),
-        (dict(pp=8, vpp=5), "vpp: 5 virtual stages do not divide the 12 layers of each pipeline stage"),
+        (dict(pp=97), "pp: 97 stages for the 96 layers of gpt3-175b; use --pp 96 or fewer"),
+        (dict(pp=8, vpp=5), "vpp: 5 virtual stages need the same layers on every stage, a multiple of 5"),
+        (dict(pp=5, vpp=2), "vpp: 2 virtual stages need the same layers on every stage"),
+        (dict(pp=2, pp_layers=(40, 40)), "pp-layers: the stages hold 80 layers, gpt3-175b has 96"),
         (dict(ep=2), "ep: gpt3-175b is dense; expert parallelism needs a mixture of experts, drop --ep"),
     ],
 )
-def test_layout_mistakes_are_one_line(parallel: dict[str, int], needle: str) -> None:
+def test_layout_mistakes_are_one_line(parallel: dict[str, Any], needle: str) -> None:
     with pytest.raises(ValueError) as info:
         plan(gpt3(grad_accum=8), Parallel(**parallel))  # type: ignore[arg-type]
     assert needle in str(info.value) and "\n" not in str(info.value)
@@ -341,3 +344,42 @@ def test_kv_heads_must_split_whole() -> None:
 def test_interleaving_needs_micro_batches_in_groups_of_p() -> None:
     with pytest.raises(ValueError, match=r"^grad-accum: the interleaved schedule .* groups of --pp 8, got 4"):
         plan(gpt3(grad_accum=4), Parallel(pp=8, vpp=2))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Uneven pipeline stages
+# ----------------------------------------------------------------------------------------------------
+def test_llama3_405b_places_126_layers_on_16_stages_as_meta_did() -> None:
+    # Dubey et al. 2024 §3.3.2: the first and the last stage hold one layer fewer (they hold the embedding
+    # and the head): 7 + 14 × 8 + 7 = 126.
+    assert stage_layers(126, Parallel(pp=16)) == (7, *[8] * 14, 7)
+    assert stage_layers(96, Parallel(pp=5)) == (19, 19, 20, 19, 19)  # 4 too many: first, last, 2nd, 4th
+    assert stage_layers(96, Parallel(pp=8)) == (12,) * 8
+
+
+def test_a_middle_stage_with_more_layers_is_computed_and_can_be_the_most_loaded() -> None:
+    # 405B, pp 16, 64 micro-batches per step under 1F1B: stage 0 keeps 7 layers × 16 micro-batches in
+    # flight = 112 layer-sets, stage 1 keeps 8 × 15 = 120, the last stage 7 × 1.
+    model = load_model_preset("llama-3.1-405b").model
+    setup = Setup(
+        model=model,
+        training=TrainingConfig(seq_len=8192, grad_accum=64),
+        strategy=StrategyConfig(checkpointing=Checkpointing.FULL, dp=64, zero=ZeroStage.OPTIMIZER),
+    )
+    p = plan(setup, Parallel(tp=8, sp=True, pp=16))
+    assert [(sp.stage.index, sp.stage.layers, sp.counts[Group.CHECKPOINT]) for sp in p.stages] == [
+        (0, 7, 112),
+        (1, 8, 120),
+        (15, 7, 7),
+    ]
+    assert p.device.stage.index == 1
+    whole = count_params(tp_model(model, 8))
+    assert p.stages[1].params.total == 8 * whole.layer.total  # a middle stage: its layers only
+
+
+def test_explicit_stage_layers() -> None:
+    setup = gpt3(grad_accum=8)
+    p = plan(setup, Parallel(pp=4, pp_layers=(23, 25, 25, 23)))
+    assert [sp.stage.layers for sp in p.stages] == [23, 25, 23]
+    with pytest.raises(ValueError, match=r"pp_layers: 3 stages listed for --pp 4; give one layer count"):
+        Parallel(pp=4, pp_layers=(32, 32, 32))
