@@ -291,6 +291,13 @@ def micro_batches(o: Options, dp: int) -> int:
             f"= {per}; use --global-batch {_choices(o.global_batch, per)}"
         )
     n = o.global_batch // per
+    most = TrainingConfig.model_fields["grad_accum"].metadata  # the micro-batches a step may have
+    limit = next(c.le for c in most if getattr(c, "le", None) is not None)
+    if o.grad_accum is None and n > limit:
+        raise ValueError(
+            f"global-batch: {o.global_batch} sequences are {n} micro-batches of {o.batch} × dp {dp}, more "
+            f"than {limit}; use --global-batch {limit * per} or less, or a larger --batch or dp"
+        )
     if o.grad_accum is not None and o.grad_accum != n:
         raise ValueError(
             f"grad-accum: {o.grad_accum} disagrees with --global-batch {o.global_batch} "

@@ -68,7 +68,7 @@ def _console() -> Console:
 def estimate_command(as_json: JsonOpt = False, **options: Any) -> None:
     built = build(options_of(options))
     if as_json:
-        typer.echo(json.dumps(to_json(built)))
+        typer.echo(json.dumps(to_json(built), allow_nan=False))
         return
     from memplan.render.plan import step_report
 

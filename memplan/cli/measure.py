@@ -82,7 +82,7 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         result = comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json.dumps(result, allow_nan=False))
     else:
         from memplan.render.measure import trace_report
 
@@ -184,7 +184,7 @@ def profile(
     peak_error = prof.peak / est.peak.bytes - 1
     result["diff"]["peak_relative_error"] = peak_error
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json.dumps(result, allow_nan=False))
     else:
         _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
     if not result["diff"]["equal"]:

@@ -104,7 +104,7 @@ def compare_command(
     rows = cmp.sort_rows(cmp.rows(base, models, cmp.parse_vary(vary or [])), sort)
     keys = cmp.columns(rows)
     if as_json:
-        typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}))
+        typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}, allow_nan=False))
     elif as_csv:
         typer.echo(render.to_csv(rows, keys), nl=False)
     elif as_markdown:
@@ -236,7 +236,7 @@ def fit_command(
     )
     result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=o.mfu, space=space)
     if as_json:
-        typer.echo(json.dumps(result.to_json(top)))
+        typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return
     _console().print(render.fit_report(result, top))
 
