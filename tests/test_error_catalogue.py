@@ -251,6 +251,11 @@ CASES: list[Case] = [
     case("plan-tp-zero-fix", "plan -m 7b --tp 0", "use --tp N"),
     case("plan-dp-zero-fix", "plan -m 7b --dp 0", "use --dp N"),
     case("plan-gpus-zero-fix", "plan -m 7b --gpus 0", "use --gpus N"),
+    case("fit-gpus-7-nothing-to-search", "fit -m 7b --gpu h100 --gpus 7", "global-batch"),
+    case("plan-reserve-whole-gpu", "plan -m 7b --gpu h100 --reserve 80", "reserve"),
+    case("plan-reserve-negative", "plan -m 7b --gpu h100 --reserve -1", "reserve"),
+    case("plan-reserve-without-gpu", "plan -m 7b --reserve 2", "reserve"),
+    case("fit-reserve-nan", "fit -m 7b --gpu h100 --gpus 8 --reserve nan", "reserve"),
     case("file-bool-for-int", "estimate -m {dir}/bool-int.toml", "hidden_size"),
     case("hf-config-without-model-type", "estimate -m {dir}/hf-no-model-type.json", "model_type: missing"),
 ]

@@ -152,7 +152,7 @@ FIT_LISTS = {
 
 
 @handle_user_errors
-@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu")
+@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu", "reserve")
 def fit_command(
     gpu: Annotated[
         str | None,
@@ -215,6 +215,7 @@ def fit_command(
     **options: Any,
 ) -> None:
     from memplan.render import plan as render
+    from memplan.search.budget import reserve_bytes
     from memplan.search.fit import Space, fit
 
     if gpu is None or gpus is None:
@@ -234,7 +235,9 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
     )
-    result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=o.mfu, space=space)
+    device = load_gpu(gpu)
+    reserve = reserve_bytes(o.reserve, device)
+    result = fit(base, device, gpus, global_batch=global_batch, mfu=o.mfu, space=space, reserve=reserve)
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return

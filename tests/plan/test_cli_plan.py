@@ -209,7 +209,8 @@ FIT = ("fit", "-m", "llama-3-8b", "--seq", "8192", "--gpu", "a100-40gb", "--gpus
 
 def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
     doc = ok_json(*FIT, "--top", "0")
-    configs, memory = doc["configs"], 40 * 2**30
+    configs, memory = doc["configs"], 40 * 2**30 - doc["reserve"]
+    assert doc["reserve"] == 2**30  # the default reserve: CUDA context and allocator
     assert len(configs) == doc["fitting"] > 0
     speeds = [c["time"]["tokens_per_s"] for c in configs]
     assert speeds == sorted(speeds, reverse=True)
