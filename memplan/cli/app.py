@@ -57,6 +57,25 @@ Examples:
 """
 
 
+def _version(value: bool) -> None:
+    if value:
+        from memplan import __version__
+
+        typer.echo(f"memplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print memplan's version and exit"),
+    ] = None,
+) -> None:
+    """Estimate the GPU memory and FLOPs of one transformer training step, per tensor, and prove it against
+    PyTorch."""
+
+
 def _console() -> Console:
     """A console on the current stdout (created per command so redirected output is honoured)."""
     return Console()

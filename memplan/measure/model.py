@@ -114,9 +114,12 @@ def check_runnable(setup: Setup, device: torch.device | str) -> None:
     """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
     flash = setup.strategy.attention is Attention.FLASH
     if torch.device(device).type == "cpu" and flash and setup.model.attn_dropout > 0:
+        # NB: an error, not a silent switch to eager attention: eager keeps the s×s probabilities, so the
+        # run would trace (and check) other tensors than the flash estimate the user asked about.
         raise ValueError(
-            "attn_dropout: the CPU flash kernel has no dropout; set --dropout 0, use --attention eager, "
-            "or run on CUDA"
+            f"dropout: {setup.model.name}'s attention dropout (attn_dropout {setup.model.attn_dropout:g}) "
+            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0 "
+            "(profile: or --device cuda)"
         )
 
 
