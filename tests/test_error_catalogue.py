@@ -256,6 +256,7 @@ CASES: list[Case] = [
     case("plan-reserve-negative", "plan -m 7b --gpu h100 --reserve -1", "reserve"),
     case("plan-reserve-without-gpu", "plan -m 7b --reserve 2", "reserve"),
     case("fit-reserve-nan", "fit -m 7b --gpu h100 --gpus 8 --reserve nan", "reserve"),
+    case("plan-model-empty", "plan --model=", "--model NAME"),
     case("file-bool-for-int", "estimate -m {dir}/bool-int.toml", "hidden_size"),
     case("hf-config-without-model-type", "estimate -m {dir}/hf-no-model-type.json", "model_type: missing"),
 ]
