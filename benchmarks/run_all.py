@@ -1,8 +1,8 @@
-"""Run every memplan benchmark once and write the figures, with the machine they ran on, to
-docs/benchmarks.md.
+"""Run every memplan benchmark once and print the figures, with the machine they ran on, as the
+Markdown of docs/benchmarks.md; ``--write`` replaces that tracked file with them.
 
-    python benchmarks/run_all.py            # all benchmarks, then rewrite docs/benchmarks.md
-    python benchmarks/run_all.py --no-write # print only
+    python benchmarks/run_all.py            # all benchmarks, print the report only
+    python benchmarks/run_all.py --write    # all benchmarks, then rewrite docs/benchmarks.md
     python benchmarks/run_all.py --quick    # fewer runs (a smoke test of the scripts themselves)
 
 1. bench_estimate: wall time of ``memplan estimate --model 70b --seq 8192`` against
@@ -225,8 +225,8 @@ def markdown(
     lines = [
         "# Benchmarks",
         "",
-        "Written by `python benchmarks/run_all.py` (see benchmarks/README.md); the latest run replaces this",
-        "file. Times are wall clock; GiB = 2³⁰ bytes.",
+        "Written by `python benchmarks/run_all.py --write` (see benchmarks/README.md); the latest run",
+        "replaces this file. Times are wall clock; GiB = 2³⁰ bytes.",
         "",
         "## Machine",
         "",
@@ -298,7 +298,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/benchmarks.md")
+    parser.add_argument("--write", action="store_true", help="rewrite docs/benchmarks.md (default: print)")
+    parser.add_argument(
+        "--no-write", action="store_true", help="print only (the default; kept for old scripts)"
+    )
     parser.add_argument("--quick", action="store_true", help="few runs: check the scripts, not the figures")
     args = parser.parse_args()
     m = machine()
@@ -314,7 +317,7 @@ def main() -> None:
     for name, doc in extra.items():
         print(f"{name}:", json.dumps(doc)[:1000], flush=True)
     text = markdown(m, est, thr, trace, extra)
-    if args.no_write:
+    if not args.write or args.no_write:
         print(text)
     else:
         DOCS.parent.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from memplan.config import (
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
-from memplan.search.budget import Verdict, verdict
+from memplan.search.budget import DEFAULT_RESERVE_GIB, Verdict, reserve_bytes, verdict
 from memplan.time.defaults import DEFAULT_MFU
 from memplan.time.timing import Timing, check_time_inputs, timing
 
@@ -187,6 +187,13 @@ class Options(BaseModel):
     tokens: float | None = _option(
         "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
     )
+    reserve: float = _option(
+        "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
+        "buffers, fragmentation): a plan fits in the GPU's memory minus this",
+        _GPU,
+        default=DEFAULT_RESERVE_GIB,
+        metavar="GiB",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -298,6 +305,13 @@ def micro_batches(o: Options, dp: int) -> int:
             f"= {per}; use --global-batch {_choices(o.global_batch, per)}"
         )
     n = o.global_batch // per
+    most = TrainingConfig.model_fields["grad_accum"].metadata  # the micro-batches a step may have
+    limit = next(c.le for c in most if getattr(c, "le", None) is not None)
+    if o.grad_accum is None and n > limit:
+        raise ValueError(
+            f"global-batch: {o.global_batch} sequences are {n} micro-batches of {o.batch} × dp {dp}, more "
+            f"than {limit}; use --global-batch {limit * per} or less, or a larger --batch or dp"
+        )
     if o.grad_accum is not None and o.grad_accum != n:
         raise ValueError(
             f"grad-accum: {o.grad_accum} disagrees with --global-batch {o.global_batch} "
@@ -364,12 +378,17 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: time needs a GPU's peak FLOP/s; add --gpu NAME (`memplan gpus` lists them)"
             )
+        if o.reserve != DEFAULT_RESERVE_GIB:
+            raise ValueError(
+                "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
+            )
         return Built(o, result, None, None, None)
     gpu = load_gpu(o.gpu)
+    reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    return Built(o, result, gpu, verdict(result, gpu), t)
+    return Built(o, result, gpu, verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu)), t)
 
 
 def to_json(b: Built) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Rows are the cartesian product of the models (``--model 7b,70b``) and of every ``--vary KEY=A,B,…``; a
 vary key is any ``api.Options`` field (the option name, ``-`` or ``_``), so ``--vary tp=1,8 --vary
-checkpointing=none,full`` gives 4 rows per model. A row whose settings do not fit the model (tp not
-dividing its heads, say) carries the one-line error instead of numbers.
+checkpointing=none,full`` gives 4 rows per model. A row whose settings cannot be planned (a bad value, tp not
+dividing the model's heads) is an error naming that row, not a row without numbers.
 """
 
 from __future__ import annotations
@@ -112,7 +112,9 @@ def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> Option
 
 
 def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[str]]]) -> list[Row]:
-    """Every combination, built; a combination that does not fit its model keeps the error."""
+    """Every combination, built. A combination that cannot be planned (a bad value, a layout that does not
+    fit its model) is the user's mistake: a one-line ``ValueError`` with the reason of the first such row
+    and that row's settings, never a row of dashes."""
     if not models:
         raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
     for model in models:
@@ -126,12 +128,16 @@ def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[s
         try:
             out.append(Row(settings, build(options)))
         except ValidationError as exc:  # a ValueError too: first
-            out.append(Row(settings, None, describe_validation_error(exc)))
+            raise ValueError(_in_row(describe_validation_error(exc), settings)) from None
         except ValueError as exc:
-            out.append(Row(settings, None, " ".join(str(exc).split())))
-    if all(r.built is None for r in out):
-        raise ValueError(out[0].error or "compare: no row could be planned")
+            raise ValueError(_in_row(str(exc), settings)) from None
     return out
+
+
+def _in_row(message: str, settings: dict[str, str]) -> str:
+    """``message`` (one line) and the row it comes from: ``… [row model=7b, zero=5]``."""
+    row = ", ".join(f"{k}={v}" for k, v in settings.items())
+    return f"{' '.join(message.split())} [row {row}]"
 
 
 def columns(table_rows: list[Row]) -> list[str]:

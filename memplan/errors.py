@@ -16,6 +16,11 @@ _FIXES = {
     "missing": "add it",
     "extra_forbidden": "remove it or fix its spelling",
 }
+# Fixes appended after the echoed input (``Input should be a valid integer, got True; write …``).
+_TYPE_FIXES = {
+    "int_type": "write a whole number (not true/false, a decimal or a string)",
+    "int_parsing": "write a whole number",
+}
 # Error types whose message already says what is wrong with the input (no need to echo it).
 _NO_ECHO = frozenset({"missing", "extra_forbidden", "value_error", "assertion_error"})
 _ECHO_CHARS = 40
@@ -56,6 +61,8 @@ def _describe(error: Any, errors: list[Any]) -> str:
         msg = f"{msg.lower()}; {_FIXES[kind]}"
     elif kind not in _NO_ECHO and "input" in error:
         msg = f"{msg}, got {_echo(error['input'])}"
+        if kind in _TYPE_FIXES:
+            msg = f"{msg}; {_TYPE_FIXES[kind]}"
     # Model-level validators (memplan.config) already start their message with the field they check.
     return msg if not loc else f"{field_path(loc)}: {msg}"
 
@@ -93,6 +100,18 @@ _OPTION_FIXES: dict[str, tuple[str, str]] = {
     "parallel.vpp": ("vpp", "use --vpp M with 1 ≤ M ≤ 4096"),
     "parallel.ep": ("ep", "use --ep N with 1 ≤ N ≤ 4096"),
     "parallel.pp_layers": ("pp-layers", "give each stage's layers, e.g. --pp-layers 7,8,8,7"),
+}
+# The same options checked one level up: ``api.Options`` (dp, gpus, global-batch) and ``Parallel`` built
+# on its own (``api.setup_of``), whose errors carry the bare field name.
+_OPTION_FIXES |= {
+    "tp": _OPTION_FIXES["parallel.tp"],
+    "pp": _OPTION_FIXES["parallel.pp"],
+    "vpp": _OPTION_FIXES["parallel.vpp"],
+    "ep": _OPTION_FIXES["parallel.ep"],
+    "dp": _OPTION_FIXES["strategy.dp"],
+    "model": ("model", "pass --model NAME, e.g. --model 70b (`memplan presets` lists them)"),
+    "gpus": ("gpus", "use --gpus N with N ≥ 1 devices, e.g. --gpus 8"),
+    "global_batch": ("global-batch", "use --global-batch B with B ≥ 1 sequences, e.g. --global-batch 512"),
 }
 
 

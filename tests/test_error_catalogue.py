@@ -48,6 +48,8 @@ def preset(model_lines: str) -> str:
 FILES: dict[str, bytes] = {
     "bad-syntax.toml": f"{PRESET_HEAD}[model\nhidden_size = 1\n".encode(),
     "bad-syntax.json": b'{"name": "x", "model": {',
+    "bool-int.toml": preset(GOOD_MODEL.replace("hidden_size = 64", "hidden_size = true")).encode(),
+    "hf-no-model-type.json": b'{"architectures": ["LlamaForCausalLM"], "hidden_size": 64}',
     "missing-field.toml": preset(GOOD_MODEL.replace("vocab_size = 10\n", "")).encode(),
     "unknown-field.toml": preset(GOOD_MODEL + "hiden = 3\n").encode(),
     "unknown-top-field.toml": (PRESET_HEAD + "colour = 'red'\n[model]\n" + GOOD_MODEL).encode(),
@@ -231,6 +233,32 @@ CASES: list[Case] = [
     case("fit-top-negative", "fit -m 70b --gpu h100-sxm --gpus 8 --top -1", "top"),
     case("fit-global-batch-zero", "fit -m 70b --gpu h100-sxm --gpus 8 --global-batch 0", "global"),
     case("fit-mfu-over-one", "fit -m 70b --gpu h100-sxm --gpus 8 --mfu 2", "mfu"),
+    # --- issue #13: every bad input is an error (the field, and for compare the failing row) ------------
+    case(
+        "compare-vary-bad-checkpointing",
+        "compare -m 7b --vary checkpointing=none,bogus",
+        "checkpointing=bogus",
+    ),
+    case("compare-vary-zero-0-5", "compare -m 7b --vary zero=0,5", "zero=5"),
+    case("compare-vary-seq-0", "compare -m 7b --vary seq=1024,0", "seq=0"),
+    case("compare-vary-gpu-nosuch", "compare -m 7b --vary gpu=h100,nosuch", "gpu=nosuch"),
+    case("compare-vary-tp-gpus-7", "compare -m 7b --vary tp=1,2 --gpus 7", "tp=2"),
+    case("compare-vary-tp-1-sp", "compare -m 7b --vary tp=1,2,4,8 --sp", "tp=1"),
+    case("plan-step-time-over-peak", "plan -m 7b --gpu h100 --step-time 0.001", "--step-time 0.0887"),
+    case("plan-step-time-denormal", "plan -m 7b --gpu h100 --step-time 1e-320 --json", "step-time"),
+    case("plan-unknown-gpu-lists-gpus", "plan -m 7b --gpu nosuch", "`memplan gpus`"),
+    case("plan-global-batch-huge", "plan -m 7b --global-batch 1000000000000", "global-batch"),
+    case("plan-tp-zero-fix", "plan -m 7b --tp 0", "use --tp N"),
+    case("plan-dp-zero-fix", "plan -m 7b --dp 0", "use --dp N"),
+    case("plan-gpus-zero-fix", "plan -m 7b --gpus 0", "use --gpus N"),
+    case("fit-gpus-7-nothing-to-search", "fit -m 7b --gpu h100 --gpus 7", "global-batch"),
+    case("plan-reserve-whole-gpu", "plan -m 7b --gpu h100 --reserve 80", "reserve"),
+    case("plan-reserve-negative", "plan -m 7b --gpu h100 --reserve -1", "reserve"),
+    case("plan-reserve-without-gpu", "plan -m 7b --reserve 2", "reserve"),
+    case("fit-reserve-nan", "fit -m 7b --gpu h100 --gpus 8 --reserve nan", "reserve"),
+    case("plan-model-empty", "plan --model=", "--model NAME"),
+    case("file-bool-for-int", "estimate -m {dir}/bool-int.toml", "hidden_size"),
+    case("hf-config-without-model-type", "estimate -m {dir}/hf-no-model-type.json", "model_type: missing"),
 ]
 TORCH_COMMANDS = {"trace", "profile"}
 PLAN_COMMANDS = {"plan", "compare", "fit"}

@@ -324,7 +324,7 @@ def test_one_line_validation_error() -> None:
     msg = one_line_validation_error(info.value, "where")
     assert msg == (
         "where: inner[0].x: Input should be a valid integer, unable to parse string as an integer, "
-        "got 'no\\nway' (+1 more)"
+        "got 'no\\nway'; write a whole number (+1 more)"
     )
     with pytest.raises(ValidationError) as info:
         _Outer.model_validate({"inner": [], "y": 1, "w": 1})

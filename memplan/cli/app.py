@@ -57,6 +57,25 @@ Examples:
 """
 
 
+def _version(value: bool) -> None:
+    if value:
+        from memplan import __version__
+
+        typer.echo(f"memplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print memplan's version and exit"),
+    ] = None,
+) -> None:
+    """Estimate the GPU memory and FLOPs of one transformer training step, per tensor, and prove it against
+    PyTorch."""
+
+
 def _console() -> Console:
     """A console on the current stdout (created per command so redirected output is honoured)."""
     return Console()
@@ -68,7 +87,7 @@ def _console() -> Console:
 def estimate_command(as_json: JsonOpt = False, **options: Any) -> None:
     built = build(options_of(options))
     if as_json:
-        typer.echo(json.dumps(to_json(built)))
+        typer.echo(json.dumps(to_json(built), allow_nan=False))
         return
     from memplan.render.plan import step_report
 

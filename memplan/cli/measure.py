@@ -70,11 +70,12 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         setup = setup_of(options_of({**options, "device": Device.CPU}))
         _torch_or_fail()
         from memplan.measure.compare import comparison_json
-        from memplan.measure.model import check_runnable
+        from memplan.measure.model import check_runnable, check_sizes
         from memplan.measure.run import measure
 
         check_runnable(setup, "cpu")  # before the progress bar starts drawing
         est = estimate(setup)
+        check_sizes(est.tensors)
         start = time.perf_counter()
         with _progress(as_json, setup) as progress:
             meas = measure(setup, fake=True, on_layer=progress)
@@ -82,7 +83,7 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         result = comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json.dumps(result, allow_nan=False))
     else:
         from memplan.render.measure import trace_report
 
@@ -156,8 +157,11 @@ def profile(
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
         setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare import comparison_json
+        from memplan.measure.model import check_sizes
 
         est = estimate(setup)
+        check_sizes(est.tensors)
+        _check_memory(est.peak.bytes, est.peak.phase, dev, *prof_mod.available_memory(dev))
         try:
             with prof_mod.cuda_memory_snapshot(memory_snapshot):
                 prof = prof_mod.profile(
@@ -184,11 +188,21 @@ def profile(
     peak_error = prof.peak / est.peak.bytes - 1
     result["diff"]["peak_relative_error"] = peak_error
     if as_json:
-        typer.echo(json.dumps(result))
+        typer.echo(json.dumps(result, allow_nan=False))
     else:
         _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
+
+
+def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:
+    """Refuse, before allocating anything, a run whose estimated peak exceeds what ``dev`` has free (the
+    run would be killed or raise out of memory part-way, on CPU after swapping)."""
+    if peak > available:
+        raise ValueError(
+            f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
+            f"({where}); use a smaller --seq or --batch, --checkpointing full, or a smaller model"
+        )
 
 
 def _check_writable(option: str, path: str) -> None:

@@ -26,4 +26,6 @@ def register(app: typer.Typer) -> None:
         if keys:
             typer.echo("\n".join(contract_keys()))
             return
-        typer.echo(json.dumps(estimate_schema(), indent=None if compact else 2, ensure_ascii=False))
+        typer.echo(
+            json.dumps(estimate_schema(), indent=None if compact else 2, ensure_ascii=False, allow_nan=False)
+        )

@@ -104,7 +104,7 @@ def compare_command(
     rows = cmp.sort_rows(cmp.rows(base, models, cmp.parse_vary(vary or [])), sort)
     keys = cmp.columns(rows)
     if as_json:
-        typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}))
+        typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}, allow_nan=False))
     elif as_csv:
         typer.echo(render.to_csv(rows, keys), nl=False)
     elif as_markdown:
@@ -152,7 +152,7 @@ FIT_LISTS = {
 
 
 @handle_user_errors
-@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu")
+@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu", "reserve")
 def fit_command(
     gpu: Annotated[
         str | None,
@@ -215,6 +215,7 @@ def fit_command(
     **options: Any,
 ) -> None:
     from memplan.render import plan as render
+    from memplan.search.budget import reserve_bytes
     from memplan.search.fit import Space, fit
 
     if gpu is None or gpus is None:
@@ -234,9 +235,11 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
     )
-    result = fit(base, load_gpu(gpu), gpus, global_batch=global_batch, mfu=o.mfu, space=space)
+    device = load_gpu(gpu)
+    reserve = reserve_bytes(o.reserve, device)
+    result = fit(base, device, gpus, global_batch=global_batch, mfu=o.mfu, space=space, reserve=reserve)
     if as_json:
-        typer.echo(json.dumps(result.to_json(top)))
+        typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return
     _console().print(render.fit_report(result, top))
 

@@ -40,11 +40,14 @@ class MoEConfig(Frozen):
     """Mixture-of-experts fields of a model (``[model.moe]`` in a preset file): every layer's MLP is a
     router (h×E, no bias), E routed experts of the model's ``ffn_size`` and optional shared experts."""
 
-    experts: int = Field(ge=2, le=1 << 16, description="routed experts E per layer")
-    top_k: int = Field(ge=1, description="experts each token is routed to")
-    shared_experts: int = Field(default=0, ge=0, description="experts every token goes through")
+    experts: int = Field(strict=True, ge=2, le=1 << 16, description="routed experts E per layer")
+    top_k: int = Field(strict=True, ge=1, description="experts each token is routed to")
+    shared_experts: int = Field(strict=True, default=0, ge=0, description="experts every token goes through")
     shared_ffn: int | None = Field(
-        default=None, gt=0, description="width of each shared expert; = the routed expert's ffn_size"
+        strict=True,
+        default=None,
+        gt=0,
+        description="width of each shared expert; = the routed expert's ffn_size",
     )
     shared_gate: bool = Field(default=False, description="sigmoid gate h→1 on the shared output (Qwen2-MoE)")
     capacity_factor: float | None = Field(
@@ -103,13 +106,19 @@ class ModelConfig(Frozen):
     """A decoder-only transformer, pre-norm, as GPT-2/3 and Llama lay it out."""
 
     name: str = "custom"
-    hidden_size: int = Field(gt=0, description="model width h")
-    num_layers: int = Field(gt=0, description="transformer layers L")
-    num_heads: int = Field(gt=0, description="query heads a")
-    num_kv_heads: int | None = Field(default=None, gt=0, description="key/value heads (GQA/MQA); = heads")
-    head_dim: int | None = Field(default=None, gt=0, description="per-head width d; = hidden / heads")
-    ffn_size: int | None = Field(default=None, gt=0, description="MLP width; 4h for gelu, none for swiglu")
-    vocab_size: int = Field(gt=0, description="vocabulary v")
+    hidden_size: int = Field(strict=True, gt=0, description="model width h")
+    num_layers: int = Field(strict=True, gt=0, description="transformer layers L")
+    num_heads: int = Field(strict=True, gt=0, description="query heads a")
+    num_kv_heads: int | None = Field(
+        strict=True, default=None, gt=0, description="key/value heads (GQA/MQA); = heads"
+    )
+    head_dim: int | None = Field(
+        strict=True, default=None, gt=0, description="per-head width d; = hidden / heads"
+    )
+    ffn_size: int | None = Field(
+        strict=True, default=None, gt=0, description="MLP width; 4h for gelu, none for swiglu"
+    )
+    vocab_size: int = Field(strict=True, gt=0, description="vocabulary v")
     tied_embeddings: bool = False
     norm: NormType = NormType.RMSNORM
     norm_eps: float = Field(default=1e-5, gt=0)
@@ -118,7 +127,7 @@ class ModelConfig(Frozen):
     out_bias: bool = False
     mlp_bias: bool = False
     position: PositionType = PositionType.ROPE
-    max_positions: int = Field(default=4096, gt=0)
+    max_positions: int = Field(strict=True, default=4096, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
     attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")

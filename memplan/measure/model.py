@@ -21,7 +21,7 @@ path is written against the CUDA flash op's signature but is not exercised by CI
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from memplan.analytic.inventory import Kept, Role
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -114,10 +115,33 @@ def check_runnable(setup: Setup, device: torch.device | str) -> None:
     """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
     flash = setup.strategy.attention is Attention.FLASH
     if torch.device(device).type == "cpu" and flash and setup.model.attn_dropout > 0:
+        # NB: an error, not a silent switch to eager attention: eager keeps the s×s probabilities, so the
+        # run would trace (and check) other tensors than the flash estimate the user asked about.
         raise ValueError(
-            "attn_dropout: the CPU flash kernel has no dropout; set --dropout 0, use --attention eager, "
-            "or run on CUDA"
+            f"dropout: {setup.model.name}'s attention dropout (attn_dropout {setup.model.attn_dropout:g}) "
+            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0 "
+            "(profile: or --device cuda)"
         )
+
+
+INT64_MAX = (1 << 63) - 1
+WIDEST = 4
+"""Bytes per element of the widest tensor a run builds from a saved one (an fp32 upcast, fp32 log-probs)."""
+
+
+def check_sizes(tensors: Iterable[Kept]) -> None:
+    """Raise ValueError (seq and batch, the fix) when a tensor of the run would be too large for torch to
+    index: its elements, or its bytes at the widest dtype, above int64's range (torch's sizes and storage
+    offsets are int64; a larger shape overflows in ``torch.empty`` even under fake tensors)."""
+    big = max(tensors, key=lambda k: math.prod(k.shape), default=None)
+    if big is None or math.prod(big.shape) * WIDEST <= INT64_MAX:
+        return
+    shape = " × ".join(map(str, big.shape))
+    flash = " or --attention flash (no s×s tensor)" if big.role in (Role.ATTN_PROBS, Role.CAUSAL_MASK) else ""
+    raise ValueError(
+        f"seq: {big.name} would be {shape} = {math.prod(big.shape):.3g} elements, beyond the int64 sizes "
+        f"torch can allocate even as a fake tensor; use a smaller --seq or --batch{flash}"
+    )
 
 
 def make_norm(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:

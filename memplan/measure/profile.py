@@ -10,10 +10,12 @@ transients). Absolute times mean something on a GPU only.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +39,42 @@ def resolve_device(requested: str | None) -> str:
     if dev.startswith("cuda") and not cuda:
         raise ValueError("device: CUDA is not available here; use --device cpu")
     return dev
+
+
+def available_memory(dev: str) -> tuple[int, str]:
+    """Bytes the run can still allocate on ``dev``, and where the figure comes from: on CUDA the driver's
+    free memory (``torch.cuda.mem_get_info``); on CPU the kernel's MemAvailable (/proc/meminfo, else
+    ``os.sysconf``), capped by a cgroup v2 memory limit when the process runs under one."""
+    if dev.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(torch.device(dev))
+        return int(free), f"free on {dev}"
+    avail, where = _meminfo_available()
+    limit = _cgroup_headroom()
+    if limit is not None and limit < avail:
+        return limit, "left under this container's memory limit"
+    return avail, where
+
+
+def _meminfo_available() -> tuple[int, str]:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "available host memory"
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "free host memory"
+
+
+def _cgroup_headroom() -> int | None:
+    """memory.max − memory.current of this process's cgroup (v2); None without a limit."""
+    try:
+        root = Path("/sys/fs/cgroup")
+        limit = (root / "memory.max").read_text(encoding="ascii").strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((root / "memory.current").read_text(encoding="ascii")))
+    except (OSError, ValueError):
+        return None
 
 
 @contextmanager

@@ -41,6 +41,7 @@ __all__ = [
 ]
 
 _LISTS = "(`memplan presets` lists them)"
+_LISTS_OF = {"models": _LISTS, "gpus": "(`memplan gpus` lists them)"}
 
 
 class _Preset(BaseModel):
@@ -175,11 +176,13 @@ def _unknown(what: str, kind: str, query: str) -> ValueError:
     close = difflib.get_close_matches(query.lower(), list(index), n=6, cutoff=0.5)
     names = list(dict.fromkeys(index[c] for c in close))[:4]  # aliases → canonical, deduplicated
     if names:
-        return ValueError(f"{what}: unknown preset {query!r}; did you mean {', '.join(names)}? {_LISTS}")
+        return ValueError(
+            f"{what}: unknown preset {query!r}; did you mean {', '.join(names)}? {_LISTS_OF[kind]}"
+        )
     files = "a preset .toml or a config.json" if kind == "models" else "a preset .toml"
     return ValueError(
         f"{what}: unknown preset {query!r}; choose one of {', '.join(_names(kind))}, "
-        f"or pass the path of {files} {_LISTS}"
+        f"or pass the path of {files} {_LISTS_OF[kind]}"
     )
 
 
@@ -187,7 +190,7 @@ def _resolve(what: str, kind: str, name_or_path: str) -> str | Path:
     """The canonical preset name, or the path of a file to read."""
     query = name_or_path.strip()
     if not query:
-        raise ValueError(f"{what}: empty name; pass a preset name or a file path {_LISTS}")
+        raise ValueError(f"{what}: empty name; pass a preset name or a file path {_LISTS_OF[kind]}")
     name = _index(kind).get(query.lower())
     if name is not None:
         return name
@@ -215,9 +218,13 @@ def load_model_preset(name_or_path: str) -> ModelPreset:
     where = f"model file {target}"
     text = read_text(target, where)
     doc = parse_document(text, where, looks_like_json(target, text))
-    if "model_type" in doc:
+    if "model_type" in doc or _HF_KEYS & doc.keys():  # a config.json: its model_type is checked there
         return _from_hf(doc, target, where)
     return _validate(ModelPreset, doc, where)
+
+
+_HF_KEYS = frozenset({"architectures", "num_attention_heads", "num_hidden_layers", "hidden_size"})
+"""Top-level keys of a Hugging Face config.json (a preset file has them under ``[model]``, if at all)."""
 
 
 def _hf_name(path: Path) -> str:

@@ -2,13 +2,20 @@
 
 The most loaded device's terms are added in the order they are allocated — weights, optimizer states
 (master copy included), gradients, activations, then the peak's transient on top — and the first sum to
-pass the GPU's memory names the overflowing term: "weights" means the weights alone do not fit, and
-"activations" that the model states fit but not with the activations. ``memory_bytes`` is the vendor's
-capacity from the GPU preset; the CUDA context (0.3–1 GiB) and allocator fragmentation are not reserved
-(see ``analytic.peak``): keep some headroom.
+pass the GPU's usable memory names the overflowing term: "weights" means the weights alone do not fit, and
+"activations" that the model states fit but not with the activations.
+
+Usable memory = the vendor's capacity (``memory_bytes`` of the GPU preset) − a reserve (``--reserve``,
+default ``DEFAULT_RESERVE_GIB`` = 1 GiB) for what the estimate does not count (``analytic.peak``): the CUDA
+context with the kernels of torch, cuBLAS and cuDNN loaded (about 0.3–0.6 GiB on an H100 with CUDA 12's
+lazy loading; PyTorch's CUDA semantics notes say this memory is not reported by ``memory_allocated``),
+cuBLAS workspaces, NCCL's communicator buffers, and the caching allocator's rounding (2 MiB blocks, 20 MiB
+segments) and fragmentation. 1 GiB is a floor, not a bound: a fragmented allocator can hold several GiB more.
 """
 
 from __future__ import annotations
+
+import math
 
 from pydantic import BaseModel, ConfigDict
 
@@ -16,12 +23,31 @@ from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
+DEFAULT_RESERVE_GIB = 1.0
+"""Memory kept back per GPU by default, in GiB (2³⁰ bytes): CUDA context and allocator (module docstring)."""
+DEFAULT_RESERVE = int(DEFAULT_RESERVE_GIB * 2**30)
+
+
+def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
+    """``--reserve`` GiB → bytes; a one-line ``ValueError`` unless 0 ≤ reserve < the GPU's memory."""
+    total = gpu.memory_bytes / 2**30
+    if not (math.isfinite(gib) and 0 <= gib < total):
+        raise ValueError(
+            f"reserve: must be 0 ≤ GiB < the {gpu.name}'s {total:g} GiB, got {gib}; e.g. --reserve 1 "
+            "(CUDA context and allocator), --reserve 0 for the vendor's full capacity"
+        )
+    return int(gib * 2**30)
 
 
 class Verdict(BaseModel):
     model_config = ConfigDict(frozen=True)
     gpu: str
     memory_bytes: int
+    """The vendor's capacity."""
+    reserve: int
+    """Kept back for the CUDA context and the allocator (``--reserve``)."""
+    usable_bytes: int
+    """memory_bytes − reserve: what the plan must fit in."""
     peak: int
     """The peak of the most loaded device; when ``exact`` is false, a lower bound of it that already
     exceeds the memory (the peak itself was not needed to say so)."""
@@ -31,9 +57,9 @@ class Verdict(BaseModel):
     """The peak's moment (``analytic.peak``); ``lower bound`` when not exact."""
     fits: bool
     headroom: int
-    """memory − peak (negative when it does not fit)."""
+    """usable − peak (negative when it does not fit)."""
     overflow: str | None
-    """The term whose addition passes the memory (one of ``TERMS``); None when it fits."""
+    """The term whose addition passes the usable memory (one of ``TERMS``); None when it fits."""
 
     def to_json(self) -> dict[str, object]:
         return self.model_dump()
@@ -63,10 +89,10 @@ def overflow(values: dict[str, int], memory: int) -> str:
     return "transient"
 
 
-def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True) -> Verdict:
-    """Fit or not on ``gpu``. With ``exact=False`` (the fit search) the peak is computed only when the
-    stages' lower bounds do not already exceed the memory."""
-    memory = gpu.memory_bytes
+def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE) -> Verdict:
+    """Fit or not on ``gpu`` with ``reserve`` bytes kept back. With ``exact=False`` (the fit search) the peak
+    is computed only when the stages' lower bounds do not already exceed the usable memory."""
+    memory = gpu.memory_bytes - reserve
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
@@ -75,7 +101,9 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True) -> Verdict:
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
     return Verdict(
         gpu=gpu.name,
-        memory_bytes=memory,
+        memory_bytes=gpu.memory_bytes,
+        reserve=reserve,
+        usable_bytes=memory,
         peak=peak,
         exact=exact,
         stage=dev.stage.index,

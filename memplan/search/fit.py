@@ -29,7 +29,7 @@ from memplan.config import Attention, Checkpointing, Parallel, PositionType, Set
 from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
-from memplan.search.budget import Verdict, verdict
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, verdict
 from memplan.strategies.tensor_parallel import divisors, tp_widths
 from memplan.time.timing import Timing, check_time_inputs, timing
 
@@ -132,6 +132,8 @@ class FitResult:
     gpu: GpuPreset
     gpus: int
     global_batch: int
+    reserve: int = DEFAULT_RESERVE
+    """Bytes of each GPU kept back (``budget``): configurations fit in ``usable``."""
     fitting: list[Config] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     searched: int = 0
@@ -143,6 +145,11 @@ class FitResult:
     seconds: float = 0.0
     max_seq: int | None = None
     """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
+
+    @property
+    def usable(self) -> int:
+        """Bytes of each GPU a configuration may use: its memory less the reserve."""
+        return self.gpu.memory_bytes - self.reserve
 
     @property
     def best(self) -> Config | None:
@@ -157,6 +164,7 @@ class FitResult:
             "gpus": self.gpus,
             "seq_len": self.setup.training.seq_len,
             "global_batch": self.global_batch,
+            "reserve": self.reserve,
             "searched": self.searched,
             "evaluated": self.evaluated,
             "peaks": self.peaks,
@@ -234,8 +242,10 @@ def fit(
     mfu: float | None = None,
     space: Space | None = None,
     max_seq: bool = True,
+    reserve: int = DEFAULT_RESERVE,
 ) -> FitResult:
-    """Search ``space`` for ``base``'s model and sequence on ``gpus`` × ``gpu``; see the module docstring."""
+    """Search ``space`` for ``base``'s model and sequence on ``gpus`` × ``gpu``, each with ``reserve`` bytes
+    kept back (``budget``); see the module docstring."""
     space = space or Space()
     if gpus < 1:
         raise ValueError(f"gpus: need at least one device, got {gpus}; e.g. --gpus 8")
@@ -248,8 +258,10 @@ def fit(
     check_time_inputs(mfu, None, None)
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
-    result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch)
-    memory = gpu.memory_bytes
+    result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve)
+    memory = result.usable
+    if not _searchable(base, gpus, batch, space):
+        raise ValueError(_why_nothing(base, gpus, batch, global_batch is not None, space))
     for layout in layouts(base, gpus, space):
         for ckpt in space.checkpointing:
             for attention in space.attention:
@@ -259,6 +271,38 @@ def fit(
     if max_seq and result.best is not None:
         result.max_seq = longest_sequence(result.best, memory)
     return result
+
+
+def _searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
+    """Whether some layout of ``gpus`` devices and micro-batch size splits ``batch`` sequences evenly."""
+    return any(batch % (b * x.dp) == 0 for x in layouts(base, gpus, space) for b in space.micro_batches)
+
+
+def _why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -> str:
+    """One line: why no configuration of the space could be searched, and what to change.
+
+    A layout always exists (tp = pp = 1), so the constraint that fails is the global batch: B sequences must
+    split into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B.
+    """
+    m = base.model
+    dps = sorted({x.dp for x in layouts(base, gpus, space)})
+    sizes = ", ".join(map(str, space.micro_batches))
+    step = min((b * dp for b in space.micro_batches for dp in dps), key=lambda k: (-(-batch // k) * k, k))
+    better = -(-batch // step) * step
+    near = [
+        g
+        for g in sorted(range(1, 2 * gpus + 9), key=lambda g: (abs(g - gpus), g))
+        if g != gpus
+        and _searchable(base, g, batch if given else default_global_batch(base.training.seq_len, g), space)
+    ][:1]
+    gpus_fix = f" or --gpus {near[0]}" if near else ""
+    origin = "" if given else " (the default, ≈ 4M tokens)"
+    return (
+        f"global-batch: {batch} sequences{origin} do not split into micro-batches of {sizes} on dp "
+        f"{', '.join(map(str, dps))} ranks, the data-parallel degrees {gpus} GPUs allow (tp ≤ {space.tp_max} "
+        f"dividing the heads and widths, pp dividing the {m.num_layers} layers); nothing to search: use "
+        f"--global-batch {better} (a multiple of {step}){gpus_fix}"
+    )
 
 
 def _search_families(
@@ -271,7 +315,7 @@ def _search_families(
     mfu: float | None,
 ) -> None:
     """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch."""
-    memory, dp = result.gpu.memory_bytes, layout.dp
+    memory, dp = result.usable, layout.dp
     families = [Family(ckpt, attention, z, layout) for z in sorted(space.zero)]
     first_failure: dict[Family, Rejected] = {}
     fitted: set[Family] = set()
@@ -287,11 +331,13 @@ def _search_families(
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
                 t = timing(p, result.gpu, mfu=mfu)
-                result.fitting.append(Config(family, p, t, verdict(p, result.gpu)))
+                result.fitting.append(Config(family, p, t, verdict(p, result.gpu, reserve=result.reserve)))
                 fitted.update(f for f in families if f.zero >= family.zero)
                 break  # the higher ZeRO stages fit too, no faster
             if family not in first_failure:
-                first_failure[family] = Rejected(family, b, verdict(p, result.gpu, exact=False))
+                first_failure[family] = Rejected(
+                    family, b, verdict(p, result.gpu, exact=False, reserve=result.reserve)
+                )
     result.rejected += [r for f, r in first_failure.items() if f not in fitted]
 
 

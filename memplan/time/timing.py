@@ -15,7 +15,8 @@ fraction (p − 1)/(m·n) of the step for n micro-batches and m virtual stages (
 
 so with neither recompute nor pipeline the achieved MFU is the assumed one. The flash kernel's internal
 recompute is not charged (it replaces eager attention's s×s memory traffic, not charged either).
-Given a measured step time instead, MFU = model / (time · devices · peak), HFU = hardware / (same).
+Given a measured step time instead, MFU = model / (time · devices · peak), HFU = hardware / (same); a step
+time shorter than model / (devices · peak), an MFU over 1, is refused (a mistyped time or a wrong layout).
 
 Peak FLOP/s per device: the GPU preset's dense figure for the precision's compute dtype (bf16, fp16, or
 plain fp32 for the fp32 recipe: PyTorch does not use TF32 for matmuls by default).
@@ -117,6 +118,16 @@ def timing(
     b = bubble(p)
     seconds = step_time if assumed is None else (model + recompute) / (capacity * assumed) * (1 + b)
     assert seconds is not None  # NB: for mypy; one of the two is set
+    fastest = model / capacity  # every model FLOP at the devices' peak: MFU 1
+    if assumed is None and seconds < fastest:
+        achieved = model / (seconds * capacity)
+        mfu_text = f"{achieved:,.0%}" if math.isfinite(achieved) else "unbounded"
+        raise ValueError(
+            f"step-time: {seconds:.4g} s is faster than {p.devices} × {gpu.name} at peak "
+            f"({fastest:.4g} s for this step's model FLOPs): MFU {mfu_text} > 100%; give the measured "
+            f"seconds per optimizer step, at least --step-time {fastest:.6g}, or check --gpus and "
+            "--global-batch"
+        )
     tokens_per_step = p.global_batch * p.setup.training.seq_len
     rate = tokens_per_step / seconds
     return Timing(

@@ -169,12 +169,11 @@ def test_compare_sort_csv_and_markdown() -> None:
     assert rich.exit_code == 0 and "memplan compare" in rich.stdout
 
 
-def test_compare_keeps_rows_that_do_not_fit_their_model() -> None:
-    # tp 1 with --sp is invalid (sequence parallelism needs tp > 1): that row carries the error.
-    doc = ok_json(*COMPARE, "--vary", "tp=1,8", "--sp")
-    errors = [r["error"] for r in doc["rows"] if r["error"]]
-    assert len(errors) == 2 and all(e.startswith("sp: sequence parallelism") for e in errors)
-    assert "error" in doc["columns"]
+def test_compare_refuses_a_row_that_cannot_be_planned() -> None:
+    # tp 1 with --sp is invalid (sequence parallelism needs tp > 1): an error naming that row, not a row of
+    # dashes.
+    line = one_line_error(*COMPARE, "--vary", "tp=1,8", "--sp")
+    assert line.startswith("error: sp: sequence parallelism") and line.endswith("tp=1]")
 
 
 def test_compare_sorts_numeric_settings_as_numbers() -> None:
@@ -210,7 +209,8 @@ FIT = ("fit", "-m", "llama-3-8b", "--seq", "8192", "--gpu", "a100-40gb", "--gpus
 
 def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
     doc = ok_json(*FIT, "--top", "0")
-    configs, memory = doc["configs"], 40 * 2**30
+    configs, memory = doc["configs"], 40 * 2**30 - doc["reserve"]
+    assert doc["reserve"] == 2**30  # the default reserve: CUDA context and allocator
     assert len(configs) == doc["fitting"] > 0
     speeds = [c["time"]["tokens_per_s"] for c in configs]
     assert speeds == sorted(speeds, reverse=True)

@@ -32,7 +32,7 @@ def _replan(setup: Setup, zero: ZeroStage, micro_batch: int, n: int) -> Setup:
 
 def test_listed_configs_fit_and_higher_zero_stages_fit_too() -> None:
     result = _search("llama-3-8b", 8192, "a100-40gb", 8)
-    memory = result.gpu.memory_bytes
+    memory = result.usable
     assert result.fitting and result.best is result.fitting[0]
     for c in result.fitting:
         assert c.result.device.peak.bytes <= memory
@@ -44,7 +44,7 @@ def test_listed_configs_fit_and_higher_zero_stages_fit_too() -> None:
 
 def test_rejected_families_fit_at_no_micro_batch() -> None:
     result = _search("llama-3-8b", 8192, "a100-40gb", 8)
-    memory = result.gpu.memory_bytes
+    memory = result.usable
     assert result.rejected
     for r in result.rejected:
         par = r.family.layout.parallel
@@ -123,9 +123,7 @@ def test_longest_sequence_is_the_boundary() -> None:
     def at(seq: int) -> bool:
         n = p.micro_batches * p.setup.training.micro_batch
         training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
-        return fits(
-            plan(p.setup.model_copy(update={"training": training}), p.parallel), result.gpu.memory_bytes
-        )
+        return fits(plan(p.setup.model_copy(update={"training": training}), p.parallel), result.usable)
 
     assert at(longest) and not at(longest + step)
 
