@@ -79,10 +79,10 @@ class Row:
         numbers (None where unknown)."""
         out: dict[str, Any] = dict(self.settings)
         if self.built is None:
-            derived = dict.fromkeys(k for k in SETTINGS if k not in out and k not in NUMBER_KEYS)
-            return {**out, **derived, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
-        derived = effective_settings(self.built).items()
-        out.update({k: v for k, v in derived if k not in out and k not in NUMBER_KEYS})
+            unknown = dict.fromkeys(k for k in SETTINGS if k not in out and k not in NUMBER_KEYS)
+            return {**out, **unknown, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
+        derived = effective_settings(self.built)
+        out.update({k: v for k, v in derived.items() if k not in out and k not in NUMBER_KEYS})
         p, t, v = self.built.result, self.built.timing, self.built.verdict
         dev = p.device
         parts = terms(dev, dev.peak.bytes)

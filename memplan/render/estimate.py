@@ -290,11 +290,11 @@ def estimate_report(e: Result) -> Group:
 # ----------------------------------------------------------------------------------------------------
 PRESET_COLUMNS = (
     Col("name", "left", style="bold cyan"),
-    Col("aliases", "left", priority=3, wrap=True, min_width=12),
+    Col("aliases", "left", priority=2, wrap=True, min_width=12, words=True),
     Col("published\nparams", priority=1),
     Col("layers", priority=1),
     Col("hidden", priority=2),
-    Col("heads/kv", priority=2),
+    Col("heads/kv", priority=3),
     Col("source", "left", priority=4, wrap=True, min_width=30),
 )
 
@@ -368,12 +368,12 @@ def preset_detail(preset: ModelPreset, params: ParamCount) -> Group:
 
 GPU_COLUMNS = (
     Col("name", "left", style="bold cyan"),
-    Col("aliases", "left", priority=3, wrap=True, min_width=12),
+    Col("aliases", "left", priority=3, wrap=True, min_width=12, words=True),
     Col("memory\nGiB", priority=1),
     Col("bf16\nTFLOP/s", priority=1),
     Col("fp8\nTFLOP/s", priority=2),
     Col("HBM\nGB/s", priority=2),
-    Col("interconnect", "left", priority=2, wrap=True, min_width=14),
+    Col("interconnect", "left", priority=2, wrap=True, min_width=14, words=True),
     Col("source", "left", priority=4, wrap=True, min_width=30),
 )
 

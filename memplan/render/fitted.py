@@ -44,6 +44,8 @@ class Col:
     wrap: bool = False
     """Prose: folds onto more lines; shown only with at least ``min_width`` columns for it."""
     min_width: int = 20
+    words: bool = False
+    """Prose whose words are names (aliases): never narrower than its longest word, so none is split."""
     same: bool = False
     """Left out when every row holds the same value, which is then said under the table."""
     below: bool = False
@@ -152,7 +154,12 @@ def _natural(col: Col, lines: Sequence[Line], i: int) -> int:
 def _need(col: Col, lines: Sequence[Line], i: int) -> int:
     """The columns one column takes: its widest cell, or its minimum for prose; plus padding and rule."""
     natural = _natural(col, lines, i)
-    return (min(natural, col.min_width) if col.wrap else natural) + PER_COLUMN
+    if not col.wrap:
+        return natural + PER_COLUMN
+    least = col.min_width
+    if col.words:
+        least = max([least] + [cell_len(w) for line in lines for w in line.cells[i].plain.split()])
+    return min(natural, least) + PER_COLUMN
 
 
 def layout(
