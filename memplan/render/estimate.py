@@ -190,10 +190,10 @@ ACTIVATION_COLUMNS = (
     Col("tensor", "left"),
     Col("shape", "left", priority=1),
     Col("dtype", "left", priority=3),
-    Col("bytes each", priority=4),
+    Col("bytes each", priority=5),
     Col("count", priority=2),
     Col("total"),
-    Col("why kept", "left", priority=5, wrap=True, min_width=24),
+    Col("why kept", "left", priority=4, wrap=True, min_width=22),
 )
 
 
