@@ -6,7 +6,9 @@ that may wrap) and its rows of plain cells — and laid out when rich renders it
 
 - a key or number cell is never cut and never wrapped: its column is exactly as wide as its widest cell
   (or header line), ``no_wrap``; a column that does not fit is left out whole, lowest priority first;
-- priority 0 columns (the keys: names, the layout) are always shown;
+- priority 0 columns (the keys: names, the layout) are always shown; prose among them (a compare row's
+  error) narrows down to ``NARROWEST`` columns before a key would be cut. NB: a terminal narrower than
+  the keys themselves (≈ 40 columns for compare) still cuts them: rich crops what passes the width;
 - a column whose cells are all empty (``""``, ``"–"``, ``"-"``) is left out; with ``same=True`` a column
   whose cells are all equal is left out and its value said under the table (``ep 1 in every row``);
 - prose (``wrap=True``) is shown only when ``min_width`` columns are left for it, and then folds onto more
@@ -31,6 +33,7 @@ from rich.text import Text
 EMPTY = frozenset({"", "–", "-"})
 EDGE = 1  # the table's left border; each column adds its padding (2) and its right border (1)
 PER_COLUMN = 3
+NARROWEST = 8
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,10 @@ def column_widths(
     """Each shown column's width: its widest cell; prose columns share what is left, up to their widest."""
     widths = {i: _need(cols[i], lines, i) - PER_COLUMN for i in chosen}
     spare = width - EDGE - sum(w + PER_COLUMN for w in widths.values())
+    for i in (i for i in chosen if cols[i].wrap and spare < 0):  # the keys alone pass the width
+        give = min(-spare, widths[i] - NARROWEST)
+        widths[i] -= max(0, give)
+        spare += max(0, give)
     for i in (i for i in chosen if cols[i].wrap):
         grow = max(0, min(spare, _natural(cols[i], lines, i) - widths[i]))
         widths[i] += grow

@@ -278,8 +278,8 @@ def _compare_columns(keys: Sequence[str], units: dict[str, tuple[int, str]]) -> 
             unit = units.get(key, (1, ""))[1]
             header = f"{HEADERS[key]}\n{unit}" if unit else HEADERS[key]
             cols.append(Col(header, priority=PRIORITY[key]))
-        else:
-            cols.append(Col(key, "left"))
+        else:  # a setting: a key; "global-batch" on two lines, its values are short
+            cols.append(Col(key.replace("-", "-\n"), "left"))
         if key == "peak":
             cols.append(Col("memory", "left", priority=8, below=True))
     return cols
