@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from memplan.api import Built, Options, build, load_model, to_json
+from memplan.config import checkpointing_label
 from memplan.errors import describe_validation_error, one_line_validation_error
 from memplan.search.budget import terms
 
@@ -35,6 +36,11 @@ NUMBERS: tuple[tuple[str, str], ...] = (
     ("mfu", "MFU"),
     ("fits", "fits"),
 )
+
+
+NUMBER_KEYS = frozenset(k for k, _ in NUMBERS)
+"""NB: ``optimizer`` and ``mfu`` name a setting and a figure; in the flat row the figure wins (the
+setting is said in the title when every row shares it)."""
 
 
 def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
@@ -69,10 +75,14 @@ class Row:
     error: str | None = None
 
     def values(self) -> dict[str, Any]:
-        """The row as flat columns: settings, then numbers (None where unknown)."""
+        """The row as flat columns: settings (as given, then every other one the row ran with), then
+        numbers (None where unknown)."""
         out: dict[str, Any] = dict(self.settings)
         if self.built is None:
-            return {**out, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
+            unknown = dict.fromkeys(k for k in SETTINGS if k not in out and k not in NUMBER_KEYS)
+            return {**out, **unknown, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
+        derived = effective_settings(self.built)
+        out.update({k: v for k, v in derived.items() if k not in out and k not in NUMBER_KEYS})
         p, t, v = self.built.result, self.built.timing, self.built.verdict
         dev = p.device
         parts = terms(dev, dev.peak.bytes)
@@ -92,6 +102,68 @@ class Row:
             error=None,
         )
         return out
+
+
+# Every setting a row runs with, by its option name: what `columns` compares across the rows.
+SETTINGS = (
+    "seq",
+    "batch",
+    "grad-accum",
+    "global-batch",
+    "precision",
+    "optimizer",
+    "checkpointing",
+    "attention",
+    "reversible",
+    "zero",
+    "device",
+    "tp",
+    "sp",
+    "pp",
+    "vpp",
+    "ep",
+    "dp",
+    "gpus",
+    "gpu",
+    "mfu",
+)
+
+
+def effective_settings(built: Built) -> dict[str, str]:
+    """Every setting the row ran with (defaults and derived ones included), as text, by option name."""
+    p = built.result
+    t, st, par = p.setup.training, p.setup.strategy, p.parallel
+    mfu = built.timing.assumed_mfu if built.timing else None
+    values = {
+        "seq": t.seq_len,
+        "batch": t.micro_batch,
+        "grad-accum": t.grad_accum,
+        "global-batch": p.global_batch,
+        "precision": t.precision.value,
+        "optimizer": t.optimizer.value,
+        "checkpointing": checkpointing_label(st),
+        "attention": st.attention.name.lower(),
+        "reversible": "yes" if st.reversible else "no",
+        "zero": int(st.zero),
+        "device": p.setup.device.value,
+        "tp": par.tp,
+        "sp": "yes" if par.sp else "no",
+        "pp": par.pp,
+        "vpp": par.vpp,
+        "ep": par.ep,
+        "dp": st.dp,
+        "gpus": p.devices,
+        "gpu": built.gpu.name if built.gpu else "none",
+        "mfu": "–" if mfu is None else f"{mfu:.3g}",
+    }
+    return {k: str(values[k]) for k in SETTINGS}
+
+
+def common_settings(table_rows: list[Row]) -> dict[str, str]:
+    """The settings every planned row shares (not given with --vary): said once, not as a column."""
+    built = [effective_settings(r.built) for r in table_rows if r.built is not None]
+    given = set(table_rows[0].settings)
+    return {k: built[0][k] for k in SETTINGS if k not in given and len({v[k] for v in built}) == 1}
 
 
 def row_json(row: Row) -> dict[str, Any]:
@@ -141,8 +213,15 @@ def _in_row(message: str, settings: dict[str, str]) -> str:
 
 
 def columns(table_rows: list[Row]) -> list[str]:
-    """Column keys: the settings, the numbers, and ``error`` when a row has one."""
-    keys = list(table_rows[0].settings) + [k for k, _ in NUMBERS]
+    """Column keys: the settings given (the model and each --vary), every other setting that differs
+    between the planned rows (a model's default seq, the dp that --gpus leaves), the numbers, and
+    ``error`` when a row has one."""
+    given = list(table_rows[0].settings)
+    built = [r.values() for r in table_rows if r.built is not None]
+    differ = [
+        k for k in SETTINGS if k not in given and k not in NUMBER_KEYS and len({v[k] for v in built}) > 1
+    ]
+    keys = given + differ + [k for k, _ in NUMBERS]
     return keys + (["error"] if any(r.error for r in table_rows) else [])
 
 

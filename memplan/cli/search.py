@@ -110,7 +110,7 @@ def compare_command(
     elif as_markdown:
         typer.echo(render.to_markdown(rows, keys), nl=False)
     else:
-        _console().print(render.compare_table(rows, keys))
+        _console().print(render.compare_table(rows, keys, cmp.common_settings(rows)))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -17,17 +17,18 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memplan.analytic.inventory import Kept, Scope
+from memplan.analytic.inventory import Scope
 from memplan.analytic.params import ParamCount
 from memplan.config import checkpointing_label
 from memplan.engine import Result
 from memplan.presets import GpuPreset, ModelPreset
+from memplan.render.fitted import Col, Fitted
 
 BYTE_UNITS = "GiB = 2³⁰ bytes, MiB = 2²⁰ bytes"
 FLOP_UNITS = "PFLOP = 10¹⁵ FLOP, TFLOP = 10¹² FLOP, a multiply-add = 2 FLOP"
-_BINARY = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
-_DECIMAL_FLOPS = ((10**15, "PFLOP"), (10**12, "TFLOP"), (10**9, "GFLOP"), (10**6, "MFLOP"))
-_DECIMAL_COUNT = ((10**9, "B"), (10**6, "M"), (10**3, "K"))
+BINARY = ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+DECIMAL_FLOPS = ((10**15, "PFLOP"), (10**12, "TFLOP"), (10**9, "GFLOP"), (10**6, "MFLOP"))
+DECIMAL_COUNT = ((10**9, "B"), (10**6, "M"), (10**3, "K"))
 
 # Memory components: (label, style, glyph) in bar order; the glyphs tell them apart without colour.
 SEGMENTS = (
@@ -52,17 +53,32 @@ def _scaled(n: int, units: tuple[tuple[int, str], ...], plain: str, digits: int 
 
 def fmt_bytes(n: int) -> str:
     """Bytes in binary units: ``1,174.83 GiB`` (GiB = 2³⁰ bytes), ``64.00 MiB``, ``512 B``."""
-    return _scaled(n, _BINARY, " B")
+    return _scaled(n, BINARY, " B")
 
 
 def fmt_flops(n: int) -> str:
     """FLOPs in decimal units: ``4.03 PFLOP`` (10¹⁵), ``812.50 TFLOP`` (10¹²), ``1.20 GFLOP`` (10⁹)."""
-    return _scaled(n, _DECIMAL_FLOPS, " FLOP")
+    return _scaled(n, DECIMAL_FLOPS, " FLOP")
 
 
 def fmt_count(n: int) -> str:
     """A parameter count in decimal units: ``70.55 B``, ``124.44 M``, ``106.82 K``."""
-    return _scaled(n, _DECIMAL_COUNT, "")
+    return _scaled(n, DECIMAL_COUNT, "")
+
+
+def unit_of(values: Sequence[int | None], units: tuple[tuple[int, str], ...] = BINARY) -> tuple[int, str]:
+    """The one unit a column of figures is shown in (said in its header): the largest unit its largest
+    figure reaches, e.g. ``(2**30, "GiB")``; ``(1, "")`` below the smallest."""
+    top = max((abs(v) for v in values if v is not None), default=0)
+    for size, unit in units:
+        if top >= size:
+            return size, unit
+    return 1, ""
+
+
+def fmt_in(n: int, size: int, digits: int = 2) -> str:
+    """``n`` in a column's unit (``unit_of``), without the unit: ``1,059.16``."""
+    return f"{n / size:,.{digits}f}" if size > 1 else f"{n:,}"
 
 
 def fmt_int(n: int) -> str:
@@ -170,32 +186,24 @@ def summary_panel(e: Result) -> Panel:
 # ----------------------------------------------------------------------------------------------------
 # Activations
 # ----------------------------------------------------------------------------------------------------
-def _add_kept(table: Table, k: Kept) -> None:
-    _row(
-        table,
-        k.name,
-        fmt_shape(k.shape),
-        k.dtype.value,
-        fmt_bytes(k.bytes),
-        fmt_int(k.count),
-        fmt_bytes(k.total_bytes),
-        k.reason,
-    )
+ACTIVATION_COLUMNS = (
+    Col("tensor", "left"),
+    Col("shape", "left", priority=1),
+    Col("dtype", "left", priority=3),
+    Col("bytes each", priority=5),
+    Col("count", priority=2),
+    Col("total"),
+    Col("why kept", "left", priority=4, wrap=True, min_width=22),
+)
 
 
-def activation_table(e: Result) -> Table:
+def activation_table(e: Result) -> Fitted:
     """Every tensor autograd keeps for backward: model-level entries, then the per-layer ones; totals."""
     layers = e.setup.model.num_layers
-    table = Table(
+    table = Fitted(
+        ACTIVATION_COLUMNS,
         title=f"Activations kept for backward (one micro-batch, one device; {BYTE_UNITS})",
-        title_justify="left",
-        show_footer=False,
     )
-    for name, justify in (("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes each", "right")):
-        table.add_column(name, justify=justify, no_wrap=name != "tensor")  # type: ignore[arg-type]
-    table.add_column("count", justify="right")
-    table.add_column("total", justify="right", no_wrap=True)
-    table.add_column("why kept", ratio=1)
     groups = (
         (Scope.MODEL, "model-level"),
         (Scope.LAYER, f"per layer ({layers} layers)"),
@@ -204,38 +212,44 @@ def activation_table(e: Result) -> Table:
         kept = [k for k in e.tensors if k.scope is scope]
         if not kept:
             continue
-        table.add_row(Text(title, style="bold italic"), end_section=False)
+        table.add(Text(title, style="bold italic"), "", "", "", "", "", "", data=False)
         for k in kept:
-            _add_kept(table, k)
-        table.add_section()
-    _row(
-        table, "one layer", "", "", "", "", fmt_bytes(e.per_layer), "per-layer entries / layers", style="bold"
-    )
-    _row(
-        table,
-        "total",
-        "",
-        "",
-        "",
-        "",
-        fmt_bytes(e.activations),
-        f"{fmt_int(e.activations)} bytes",
-        style="bold",
-    )
+            table.add(
+                k.name,
+                fmt_shape(k.shape),
+                k.dtype.value,
+                fmt_bytes(k.bytes),
+                fmt_int(k.count),
+                fmt_bytes(k.total_bytes),
+                k.reason,
+            )
+        table.section()
+    per_layer = "per-layer entries / layers"
+    table.add("one layer", "", "", "", "", fmt_bytes(e.per_layer), per_layer, style="bold", data=False)
+    total = f"{fmt_int(e.activations)} bytes"
+    table.add("total", "", "", "", "", fmt_bytes(e.activations), total, style="bold", data=False)
     return table
 
 
 # ----------------------------------------------------------------------------------------------------
 # FLOPs
 # ----------------------------------------------------------------------------------------------------
-def flops_table(e: Result) -> Table:
+FLOPS_COLUMNS = (
+    Col("", "left"),
+    Col("FLOPs"),
+    Col("exact", priority=2),
+    Col("what it counts", "left", priority=1, wrap=True, min_width=24),
+)
+
+
+def flops_table(e: Result) -> Fitted:
     """Forward, backward, recompute; hardware and model FLOPs; the 6N·tokens view; per optimizer step."""
     f, g = e.flops, e.setup.training.grad_accum
-    table = Table(title=f"FLOPs of one micro-batch, whole model; {FLOP_UNITS}", title_justify="left")
-    table.add_column("", no_wrap=True)
-    table.add_column("FLOPs", justify="right", no_wrap=True)
-    table.add_column("exact", justify="right", no_wrap=True)
-    table.add_column("what it counts", ratio=1)
+    table = Fitted(FLOPS_COLUMNS, title=f"FLOPs of one micro-batch, whole model; {FLOP_UNITS}")
+
+    def add(name: str, value: int, why: str, style: str = "") -> None:
+        table.add(name, fmt_flops(value), fmt_int(value), why, style=style)
+
     rows: list[tuple[str, int, str]] = [
         ("forward", f.forward, "matmuls only, as torch's FlopCounterMode counts (≈ 2N·tokens + attention)"),
         ("  linear layers", f.layer_linear, "projections and MLP matrices of every layer"),
@@ -246,19 +260,11 @@ def flops_table(e: Result) -> Table:
         ("recompute", f.recompute, "forward work re-run in backward (checkpointing, reversible)"),
     ]
     for name, value, why in rows:
-        _row(table, name, fmt_flops(value), fmt_int(value), why, style="dim" if name[0] == " " else "")
-    table.add_section()
-    _row(
-        table,
-        "total (hardware)",
-        fmt_flops(f.total),
-        fmt_int(f.total),
-        "all that runs, for HFU",
-        style="bold",
-    )
-    why = "forward + backward without any recompute (flash's S neither), for MFU"
-    _row(table, "model", fmt_flops(f.model), fmt_int(f.model), why, style="bold")
-    table.add_section()
+        add(name, value, why, style="dim" if name[0] == " " else "")
+    table.section()
+    add("total (hardware)", f.total, "all that runs, for HFU", style="bold")
+    add("model", f.model, "forward + backward without any recompute (flash's S neither), for MFU", "bold")
+    table.section()
     two_n = e.six_n // 3
     views = (
         ("2N·tokens", two_n, f.forward, "forward"),
@@ -267,16 +273,10 @@ def flops_table(e: Result) -> Table:
     )
     for name, rule, exact, what in views:
         ratio = f"exact {what} = {exact / rule:.3f}× this" if rule else ""
-        _row(table, name, fmt_flops(rule), fmt_int(rule), f"rule of thumb (N active params); {ratio}")
-    table.add_section()
-    _row(
-        table,
-        f"per step (× {g})",
-        fmt_flops(f.total * g),
-        fmt_int(f.total * g),
-        f"hardware FLOPs × grad-accum {g}",
-    )
-    _row(table, "", fmt_flops(f.model * g), fmt_int(f.model * g), f"model FLOPs × grad-accum {g}")
+        add(name, rule, f"rule of thumb (N active params); {ratio}")
+    table.section()
+    add(f"per step (× {g})", f.total * g, f"hardware FLOPs × grad-accum {g}")
+    add("", f.model * g, f"model FLOPs × grad-accum {g}")
     return table
 
 
@@ -288,39 +288,40 @@ def estimate_report(e: Result) -> Group:
 # ----------------------------------------------------------------------------------------------------
 # Presets
 # ----------------------------------------------------------------------------------------------------
+PRESET_COLUMNS = (
+    Col("name", "left", style="bold cyan"),
+    Col("aliases", "left", priority=2, wrap=True, min_width=12, words=True),
+    Col("published\nparams", priority=1),
+    Col("layers", priority=1),
+    Col("hidden", priority=2),
+    Col("heads/kv", priority=3),
+    Col("source", "left", priority=4, wrap=True, min_width=30),
+)
+
+
 def presets_table(
     presets: Sequence[ModelPreset], title: str = "Model presets (`memplan presets show NAME` for one)"
-) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("name", no_wrap=True, style="bold cyan")
-    table.add_column("aliases", max_width=20)
-    table.add_column("published params", justify="right", no_wrap=True)
-    table.add_column("layers", justify="right", no_wrap=True)
-    table.add_column("hidden", justify="right", no_wrap=True)
-    table.add_column("heads/kv", justify="right", no_wrap=True)
-    table.add_column("source", overflow="fold")
+) -> Fitted:
+    table = Fitted(PRESET_COLUMNS, title=title)
     for p in presets:
         m = p.model
         published = fmt_count(p.published_params) if p.published_params else "?"
-        _row(
-            table,
+        table.add(
             p.name,
             ", ".join(p.aliases),
             published,
             str(m.num_layers),
             fmt_int(m.hidden_size),
             f"{m.num_heads}/{m.kv_heads}",
-            p.source if len(p.source) <= 40 else p.source[:39] + "…",
+            p.source,
         )
     return table
 
 
-def _params_table(preset: ModelPreset, params: ParamCount) -> Table:
+def _params_table(preset: ModelPreset, params: ParamCount) -> Fitted:
     layer = params.layer
-    table = Table(title="Parameters (computed from the architecture)", title_justify="left")
-    table.add_column("component")
-    table.add_column("parameters", justify="right")
-    table.add_column("", justify="right")
+    cols = (Col("component", "left"), Col("parameters"), Col("", priority=1))
+    table = Fitted(cols, title="Parameters (computed from the architecture)")
     rows = [
         ("token embedding [v, h]", params.embedding),
         ("learned positions", params.positions),
@@ -337,12 +338,12 @@ def _params_table(preset: ModelPreset, params: ParamCount) -> Table:
         ("lm head [h, v]" + (" (tied: 0)" if preset.model.tied_embeddings else ""), params.lm_head),
     ]
     for name, n in rows:
-        _row(table, name, fmt_int(n), fmt_count(n), style="dim" if name[0] == " " else "")
-    table.add_section()
-    _row(table, "total", fmt_int(params.total), fmt_count(params.total), style="bold")
+        table.add(name, fmt_int(n), fmt_count(n), style="dim" if name[0] == " " else "")
+    table.section()
+    table.add("total", fmt_int(params.total), fmt_count(params.total), style="bold")
     if preset.published_params is not None:
         same = "matches" if preset.published_params == params.total else "DIFFERS from"
-        _row(table, f"published ({same} the count)", fmt_int(preset.published_params), "")
+        table.add(f"published ({same} the count)", fmt_int(preset.published_params), "")
     return table
 
 
@@ -365,26 +366,29 @@ def preset_detail(preset: ModelPreset, params: ParamCount) -> Group:
     )
 
 
-def gpus_table(gpus: Sequence[GpuPreset]) -> Table:
-    table = Table(
+GPU_COLUMNS = (
+    Col("name", "left", style="bold cyan"),
+    Col("aliases", "left", priority=3, wrap=True, min_width=12, words=True),
+    Col("memory\nGiB", priority=1),
+    Col("bf16\nTFLOP/s", priority=1),
+    Col("fp8\nTFLOP/s", priority=2),
+    Col("HBM\nGB/s", priority=2),
+    Col("interconnect", "left", priority=2, wrap=True, min_width=14, words=True),
+    Col("source", "left", priority=4, wrap=True, min_width=30),
+)
+
+
+def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
+    table = Fitted(
+        GPU_COLUMNS,
         title="GPU presets (dense peak throughput, no sparsity; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
-        title_justify="left",
     )
-    table.add_column("name", no_wrap=True, style="bold cyan")
-    table.add_column("aliases", max_width=16)
-    table.add_column("memory", justify="right", no_wrap=True)
-    table.add_column("bf16 TFLOP/s", justify="right")
-    table.add_column("fp8 TFLOP/s", justify="right")
-    table.add_column("HBM GB/s", justify="right")
-    table.add_column("interconnect", max_width=14)
-    table.add_column("source", overflow="fold", ratio=1)
     for g in gpus:
         fp8 = g.peak_tflops.fp8
-        _row(
-            table,
+        table.add(
             g.name,
             ", ".join(g.aliases),
-            fmt_bytes(g.memory_bytes),
+            fmt_in(g.memory_bytes, 1 << 30),
             f"{g.peak_tflops.bf16:,g}",
             "-" if fp8 is None else f"{fp8:,g}",
             f"{g.hbm_bandwidth_gbps:,g}",

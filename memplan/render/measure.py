@@ -5,10 +5,10 @@ from __future__ import annotations
 import itertools
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from memplan.render.estimate import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_flops, fmt_int
+from memplan.render.fitted import Col, Fitted
 
 
 def _delta(d: int, fmt: str = "bytes") -> Text:
@@ -19,14 +19,20 @@ def _delta(d: int, fmt: str = "bytes") -> Text:
     return Text(f"{sign}{body}", style="bold red")
 
 
-def tensor_table(diff: dict[str, object]) -> Table:
+def tensor_table(diff: dict[str, object]) -> Fitted:
     rows = diff["tensors"]
     assert isinstance(rows, list)
-    t = Table(title=f"Saved tensors: estimated vs measured ({BYTE_UNITS})", title_justify="left")
-    for col in ("tensor", "est. count", "meas. count", "est. bytes", "meas. bytes", "Δ"):
-        t.add_column(col, justify="left" if col == "tensor" else "right")
+    cols = (
+        Col("tensor", "left"),
+        Col("est.\ncount", priority=2),
+        Col("meas.\ncount", priority=2),
+        Col("est. bytes"),
+        Col("meas. bytes"),
+        Col("Δ", priority=1),
+    )
+    t = Fitted(cols, title=f"Saved tensors: estimated vs measured ({BYTE_UNITS})")
     for r in rows:
-        t.add_row(
+        t.add(
             r["name"],
             fmt_int(r["estimated_count"]),
             fmt_int(r["measured_count"]),
@@ -36,19 +42,24 @@ def tensor_table(diff: dict[str, object]) -> Table:
         )
     est = sum(r["estimated_bytes"] for r in rows)
     meas = sum(r["measured_bytes"] for r in rows)
-    t.add_section()
-    t.add_row("total", "", "", fmt_bytes(est), fmt_bytes(meas), _delta(meas - est), style="bold")
+    t.section()
+    t.add("total", "", "", fmt_bytes(est), fmt_bytes(meas), _delta(meas - est), style="bold", data=False)
     return t
 
 
-def flop_table(diff: dict[str, object]) -> Table:
+def flop_table(diff: dict[str, object]) -> Fitted:
     rows = diff["flops"]
     assert isinstance(rows, list)
-    t = Table(title=f"FLOPs: estimated vs FlopCounterMode ({FLOP_UNITS})", title_justify="left")
-    for col in ("phase", "estimated", "measured", "exact count", "Δ"):
-        t.add_column(col, justify="left" if col == "phase" else "right")
+    cols = (
+        Col("phase", "left"),
+        Col("estimated"),
+        Col("measured"),
+        Col("exact count", priority=2),
+        Col("Δ", priority=1),
+    )
+    t = Fitted(cols, title=f"FLOPs: estimated vs FlopCounterMode ({FLOP_UNITS})")
     for r in rows:
-        t.add_row(
+        t.add(
             r["phase"],
             fmt_flops(r["estimated"]),
             fmt_flops(r["measured"]),
@@ -64,16 +75,15 @@ def verdict(equal: bool, what: str) -> Text:
     return Text(f"✗ {what}: estimate and measurement differ (a bug in one of them)", style="bold red")
 
 
-def layer_table(diff: dict[str, object]) -> Table:
+def layer_table(diff: dict[str, object]) -> Fitted:
     """Bytes each transformer layer keeps, estimated vs measured (layers with equal figures on one row)."""
     rows = diff["layers"]
     assert isinstance(rows, list)
-    t = Table(title=f"Per layer: bytes each layer keeps ({BYTE_UNITS})", title_justify="left")
-    for col in ("layers", "estimated", "measured", "Δ"):
-        t.add_column(col, justify="left" if col == "layers" else "right")
+    cols = (Col("layers", "left"), Col("estimated"), Col("measured"), Col("Δ", priority=1))
+    t = Fitted(cols, title=f"Per layer: bytes each layer keeps ({BYTE_UNITS})")
     for r in rows:
         delta = _delta(r["measured"] - r["estimated"])
-        t.add_row(layer_span(r["layers"]), fmt_bytes(r["estimated"]), fmt_bytes(r["measured"]), delta)
+        t.add(layer_span(r["layers"]), fmt_bytes(r["estimated"]), fmt_bytes(r["measured"]), delta)
     return t
 
 
@@ -101,10 +111,9 @@ def trace_report(result: dict[str, object], seconds: float) -> RenderableType:
     )
 
 
-def profile_table(rows: list[tuple[str, str, str]]) -> Table:
-    t = Table(title=f"Profile: measured vs estimated ({BYTE_UNITS})", title_justify="left")
-    for col in ("quantity", "estimated", "measured"):
-        t.add_column(col, justify="left" if col == "quantity" else "right")
+def profile_table(rows: list[tuple[str, str, str]]) -> Fitted:
+    cols = (Col("quantity", "left"), Col("estimated"), Col("measured"))
+    t = Fitted(cols, title=f"Profile: measured vs estimated ({BYTE_UNITS})")
     for r in rows:
-        t.add_row(*r)
+        t.add(*r)
     return t

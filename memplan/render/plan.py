@@ -15,14 +15,25 @@ from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from memplan.api import Built
 from memplan.compare import NUMBERS, Row
 from memplan.engine import Result
 from memplan.render import estimate as report
-from memplan.render.estimate import BYTE_UNITS, FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.render.estimate import (
+    BYTE_UNITS,
+    DECIMAL_COUNT,
+    DECIMAL_FLOPS,
+    FLOP_UNITS,
+    fmt_bytes,
+    fmt_count,
+    fmt_flops,
+    fmt_in,
+    fmt_int,
+    unit_of,
+)
+from memplan.render.fitted import Col, Fitted
 from memplan.search.budget import Verdict
 from memplan.search.fit import Family, FitResult
 from memplan.time.timing import Timing
@@ -30,10 +41,6 @@ from memplan.time.timing import Timing
 # The memory bar's parts as memplan.render.estimate draws them: (label, style, glyph).
 SEGMENTS = report.SEGMENTS  # one bar style for every command
 COMPARE_BAR = 24
-
-
-def _text(*cells: str) -> list[Text]:
-    return [Text(c) for c in cells]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -56,12 +63,22 @@ def layout_line(p: Result) -> str:
 
 
 def verdict_text(v: Verdict) -> Text:
-    memory = f"{v.gpu} ({fmt_bytes(v.memory_bytes)})"
+    """Fits or not, against the usable memory (the GPU's less ``--reserve``); when the peak and the usable
+    memory print the same, the byte difference says which way it goes."""
+    memory = (
+        f"{v.gpu} ({fmt_bytes(v.usable_bytes)} usable of {fmt_bytes(v.memory_bytes)}, "
+        f"{fmt_bytes(v.reserve)} reserved)"
+    )
+    close = fmt_bytes(v.peak) == fmt_bytes(v.usable_bytes)
+    gap = f" ({fmt_int(abs(v.headroom))} bytes {'under' if v.headroom >= 0 else 'over'})" if close else ""
     if v.fits:
-        return Text(f"fits on {memory}: peak {fmt_bytes(v.peak)}, headroom {fmt_bytes(v.headroom)}", "green")
+        return Text(
+            f"fits on {memory}: peak {fmt_bytes(v.peak)}{gap}, headroom {fmt_bytes(v.headroom)}", "green"
+        )
     peak = f"at least {fmt_bytes(v.peak)}" if not v.exact else f"{fmt_bytes(v.peak)} ({v.phase})"
     return Text(
-        f"does NOT fit on {memory}: peak {peak}; {v.overflow} overflow on stage {v.stage}", style="bold red"
+        f"does NOT fit on {memory}: peak {peak}{gap}; {v.overflow} overflow on stage {v.stage}",
+        style="bold red",
     )
 
 
@@ -95,27 +112,35 @@ def summary_panel(b: Built) -> Panel:
     return Panel(Group(*lines), title="memplan plan", title_align="left")
 
 
-def stages_table(p: Result) -> Table:
-    table = Table(title=f"Pipeline stages on one device each ({BYTE_UNITS})", title_justify="left")
-    for name in ("stage", "layers", "in flight", "params", "weights", "gradients", "optimizer"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for name in ("activations", "peak", "moment"):
-        table.add_column(name, justify="right", no_wrap=True)
-    for sp in p.stages:
+def stages_table(p: Result) -> Fitted:
+    byte_keys = ("weights", "gradients", "optimizer", "activations", "peak")
+    figures = {
+        "weights": [sp.states.weights for sp in p.stages],
+        "gradients": [sp.states.gradients for sp in p.stages],
+        "optimizer": [sp.states.optimizer for sp in p.stages],
+        "activations": [sp.activations for sp in p.stages],
+        "peak": [sp.peak.bytes for sp in p.stages],
+    }
+    units = {k: unit_of(figures[k]) for k in byte_keys}
+    priority = {"weights": 4, "gradients": 4, "optimizer": 3, "activations": 2, "peak": 0}
+    cols = [
+        Col("stage"),
+        Col("layers"),
+        Col("in flight\nlayer-sets", priority=2),
+        Col("params", priority=3),
+        *(Col(f"{k}\n{units[k][1]}", priority=priority[k]) for k in byte_keys),
+        Col("moment", "left", priority=1),
+    ]
+    table = Fitted(cols, title=f"Pipeline stages on one device each ({BYTE_UNITS})")
+    for n, sp in enumerate(p.stages):
         st = sp.stage
-        table.add_row(
-            *_text(
-                str(st.index),
-                str(st.layers),
-                f"{st.chunks * st.chunk_layers} layer-sets",
-                fmt_count(sp.params.total),
-                fmt_bytes(sp.states.weights),
-                fmt_bytes(sp.states.gradients),
-                fmt_bytes(sp.states.optimizer),
-                fmt_bytes(sp.activations),
-                fmt_bytes(sp.peak.bytes),
-                sp.peak.phase,
-            )
+        table.add(
+            str(st.index),
+            str(st.layers),
+            fmt_int(st.chunks * st.chunk_layers),
+            fmt_count(sp.params.total),
+            *(fmt_in(figures[k][n], units[k][0]) for k in byte_keys),
+            sp.peak.phase,
         )
     table.caption = (
         "in flight: layers × micro-batches (× chunks) whose activations are alive at the end of the "
@@ -124,11 +149,9 @@ def stages_table(p: Result) -> Table:
     return table
 
 
-def time_table(t: Timing) -> Table:
-    table = Table(title=f"Time of one step ({FLOP_UNITS})", title_justify="left", show_header=False)
-    table.add_column("", no_wrap=True)
-    table.add_column("", justify="right", no_wrap=True)
-    table.add_column("", ratio=1)
+def time_table(t: Timing) -> Fitted:
+    cols = (Col("", "left"), Col(""), Col("", "left", priority=1, wrap=True, min_width=16))
+    table = Fitted(cols, title=f"Time of one step ({FLOP_UNITS})", show_header=False)
     basis = (
         f"at an assumed MFU of {t.assumed_mfu:.0%} (--mfu)"
         if t.assumed_mfu is not None
@@ -151,7 +174,7 @@ def time_table(t: Timing) -> Table:
     if t.training_days is not None and t.training_tokens is not None:
         rows.append(("training", f"{t.training_days:,.1f} days", f"{fmt_count(t.training_tokens)} tokens"))
     for cells in rows:
-        table.add_row(*_text(*cells))
+        table.add(*cells)
     return table
 
 
@@ -179,18 +202,40 @@ def plan_report(b: Built) -> Group:
 # memplan compare
 # ----------------------------------------------------------------------------------------------------
 HEADERS = dict(NUMBERS)
+BYTE_KEYS = ("weights", "gradients", "optimizer", "activations", "peak", "transient")
+# Which numbers give way first when the terminal is narrow (0: never; the settings are keys, always shown).
+PRIORITY = {
+    "peak": 1,
+    "fits": 1,
+    "step_time": 2,
+    "tokens_per_s": 3,
+    "mfu": 3,
+    "params": 4,
+    "activations": 5,
+    "optimizer": 5,
+    "flops": 6,
+    "weights": 7,
+    "gradients": 7,
+}
+BAR_LEGEND = "bar: █ weights ▓ gradients ▒ optimizer ░ activations ▞ peak transient, │ the GPU's memory"
 
 
 def fmt_value(key: str, value: Any) -> str:
-    """One cell of a compare row, in the units of memplan.render.estimate."""
+    """One cell of a compare row, in the units of memplan.render.estimate (each cell says its unit)."""
     if value is None:
         return "–"
-    if key in ("weights", "gradients", "optimizer", "activations", "peak", "transient"):
+    if key in BYTE_KEYS:
         return fmt_bytes(int(value))
     if key == "flops":
         return fmt_flops(int(value))
     if key == "params":
         return fmt_count(int(value))
+    return _plain(key, value)
+
+
+def _plain(key: str, value: Any) -> str:
+    if value is None:
+        return "–"
     if key == "step_time":
         return f"{value:,.2f}"
     if key == "tokens_per_s":
@@ -200,6 +245,20 @@ def fmt_value(key: str, value: Any) -> str:
     if key == "fits":
         return "yes" if value else "NO"
     return str(value)
+
+
+def column_units(values: Sequence[dict[str, Any]]) -> dict[str, tuple[int, str]]:
+    """The unit each figure column is shown in (its header says it): its largest figure's."""
+    units = {k: unit_of([v.get(k) for v in values]) for k in BYTE_KEYS}
+    units["params"] = unit_of([v.get("params") for v in values], DECIMAL_COUNT)
+    units["flops"] = unit_of([v.get("flops") for v in values], DECIMAL_FLOPS)
+    return units
+
+
+def _cell(key: str, value: Any, units: dict[str, tuple[int, str]]) -> str:
+    if key in units and value is not None:
+        return fmt_in(int(value), units[key][0])
+    return _plain(key, value)
 
 
 def memory_cell(values: dict[str, Any], scale: int, memory: int | None, width: int = COMPARE_BAR) -> Text:
@@ -220,26 +279,46 @@ def memory_cell(values: dict[str, Any], scale: int, memory: int | None, width: i
     return bar
 
 
-def compare_table(rows: Sequence[Row], keys: Sequence[str]) -> Table:
-    table = Table(title=f"memplan compare ({BYTE_UNITS}; {FLOP_UNITS})", title_justify="left")
-    numbers = set(HEADERS)
+def _compare_columns(keys: Sequence[str], units: dict[str, tuple[int, str]]) -> list[Col]:
+    cols: list[Col] = []
+    for key in keys:
+        if key == "error":
+            cols.append(Col("error", "left", wrap=True, min_width=20))
+        elif key in HEADERS:
+            unit = units.get(key, (1, ""))[1]
+            header = f"{HEADERS[key]}\n{unit}" if unit else HEADERS[key]
+            cols.append(Col(header, priority=PRIORITY[key]))
+        else:  # a setting: a key; "global-batch" on two lines, its values are short
+            cols.append(Col(key.replace("-", "-\n"), "left"))
+        if key == "peak":
+            cols.append(Col("memory", "left", priority=8, below=True))
+    return cols
+
+
+def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str] | None = None) -> Fitted:
+    """One row per combination: the settings that tell the rows apart (keys), then the figures, each
+    column in one unit said in its header; ``same``: the settings every row shares, said once above."""
     values = [r.values() for r in rows]
+    units = column_units(values)
     memory = [r.built.gpu.memory_bytes if r.built and r.built.gpu else 0 for r in rows]
     scale = max([v["peak"] or 0 for v in values] + memory + [1])
-    for key in keys:
-        table.add_column(
-            HEADERS.get(key, key), justify="right" if key in numbers else "left", no_wrap=key != "error"
-        )
-        if key == "peak":
-            table.add_column("memory (█ w ▓ g ▒ opt ░ act ▞ peak, │ GPU)", no_wrap=True)
+    shared = " · ".join(f"{k} {v}" for k, v in (same or {}).items() if v != "–")
+    table = Fitted(
+        _compare_columns(keys, units),
+        title="memplan compare" + (f": {shared}" if shared else ""),
+        caption=(
+            "peak: most loaded device; FLOPs/step: all that runs, whole job; step time at --mfu. "
+            f"{BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
+        ),
+    )
     for row, vals, mem in zip(rows, values, memory, strict=True):
         cells: list[Text] = []
         for key in keys:
-            cells.append(Text(fmt_value(key, vals.get(key)), style="red" if vals.get(key) is False else ""))
+            style = "red" if vals.get(key) is False else ""
+            cells.append(Text(_cell(key, vals.get(key), units), style=style))
             if key == "peak":
                 cells.append(memory_cell(vals, scale, mem or None) if row.built else Text("–"))
-        table.add_row(*cells)
-    table.caption = "peak: most loaded device; FLOPs/step: all that runs, whole job; step time at --mfu"
+        table.add(*cells)
     return table
 
 
@@ -317,29 +396,47 @@ def fit_report(r: FitResult, top: int) -> Group:
     return Group(*parts)
 
 
-def _fitting_table(r: FitResult, top: int) -> Table:
+def _family_columns() -> list[Col]:
+    """The family's settings: keys (never cut), each left out when equal in every row (said below)."""
+    return [
+        Col("ckpt", "left", same=True),
+        Col("attention", "left", same=True),
+        Col("ZeRO", same=True),
+        Col("tp", same=True),
+        Col("pp", same=True),
+        Col("ep", same=True),
+        Col("dp", same=True),
+    ]
+
+
+def _fitting_table(r: FitResult, top: int) -> Fitted:
     shown = r.fitting[:top] if top else r.fitting
-    table = Table(
-        title=f"Configurations that fit, fastest first ({len(shown)} of {len(r.fitting)}; {BYTE_UNITS})",
-        title_justify="left",
+    peak_unit = unit_of([c.verdict.peak for c in shown])
+    room_unit = unit_of([c.verdict.headroom for c in shown])
+    cols = [
+        Col("#"),
+        *_family_columns(),
+        Col("micro-\nbatch", priority=1),
+        Col(f"peak\n{peak_unit[1]}", priority=1),
+        Col(f"headroom\n{room_unit[1]}", priority=2),
+        Col("step s", priority=2),
+        Col("tokens/s", priority=1),
+        Col("MFU", priority=3),
+    ]
+    table = Fitted(
+        cols, title=f"Configurations that fit, fastest first ({len(shown)} of {len(r.fitting)}; {BYTE_UNITS})"
     )
-    for name in ("#", "ckpt", "attention", "ZeRO", "tp", "pp", "ep", "dp", "micro-batch", "peak", "headroom"):
-        table.add_column(name, justify="right" if name not in ("ckpt", "attention") else "left", no_wrap=True)
-    for name in ("step s", "tokens/s", "MFU"):
-        table.add_column(name, justify="right", no_wrap=True)
     for i, c in enumerate(shown, 1):
         t, v = c.timing, c.verdict
-        table.add_row(
-            *_text(
-                str(i),
-                *_family_cells(c.family),
-                f"{c.micro_batch} × {c.result.micro_batches}",
-                fmt_bytes(v.peak),
-                fmt_bytes(v.headroom),
-                f"{t.step_time_s:,.2f}",
-                f"{t.tokens_per_s:,.0f}",
-                f"{t.mfu:.1%}",
-            )
+        table.add(
+            str(i),
+            *_family_cells(c.family),
+            f"{c.micro_batch} × {c.result.micro_batches}",
+            fmt_in(v.peak, peak_unit[0]),
+            fmt_in(v.headroom, room_unit[0]),
+            f"{t.step_time_s:,.2f}",
+            f"{t.tokens_per_s:,.0f}",
+            f"{t.mfu:.1%}",
         )
     table.caption = (
         "micro-batch: size × micro-batches per step; higher ZeRO stages of a listed configuration fit too "
@@ -348,23 +445,26 @@ def _fitting_table(r: FitResult, top: int) -> Table:
     return table
 
 
-def _rejected_table(r: FitResult, top: int) -> Table:
+def _rejected_table(r: FitResult, top: int) -> Fitted:
     closest = sorted(r.rejected, key=lambda x: x.verdict.peak)
     shown = closest[:top] if top else closest
     reasons = Counter(x.verdict.overflow for x in r.rejected)
     summary = ", ".join(f"{n} {term}" for term, n in reasons.most_common())
-    table = Table(
-        title=f"Rejected families, closest first ({len(shown)} of {len(r.rejected)}: {summary})",
-        title_justify="left",
-    )
-    for name in ("ckpt", "attention", "ZeRO", "tp", "pp", "ep", "dp", "peak", "overflows"):
-        table.add_column(name, justify="right" if name not in ("ckpt", "attention", "overflows") else "left")
+    size, unit = unit_of([x.verdict.peak for x in shown])
+    cols = [
+        *_family_columns(),
+        Col(f"peak\n{unit}"),
+        Col("overflows", "left"),
+        Col("stage", priority=1),
+    ]
+    title = f"Rejected families, closest first ({len(shown)} of {len(r.rejected)}: {summary})"
+    table = Fitted(cols, title=title)
     for x in shown:
         v = x.verdict
-        peak = fmt_bytes(v.peak) if v.exact else f"≥ {fmt_bytes(v.peak)}"
-        table.add_row(*_text(*_family_cells(x.family), peak, f"{v.overflow} (stage {v.stage})"))
+        peak = fmt_in(v.peak, size) if v.exact else f"≥ {fmt_in(v.peak, size)}"
+        table.add(*_family_cells(x.family), peak, v.overflow or "–", str(v.stage))
     table.caption = (
-        "at micro-batch 1; overflows: the first of weights, optimizer, gradients, activations, transient "
-        "whose running sum passes the memory"
+        "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
+        "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory"
     )
     return table
