@@ -94,7 +94,9 @@ class Options(BaseModel):
         flags=("-s",),
         show_default=False,
     )
-    batch: int = _option("Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",))
+    batch: int = _option(
+        "Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",), gt=0
+    )
     precision: Precision = _option(
         "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations",
         _TRAINING,
@@ -129,9 +131,9 @@ class Options(BaseModel):
         _STRATEGY,
         default=Device.CUDA,
     )
-    tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N")
+    tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
-    pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N")
+    pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
     pp_layers: str | None = _option(
         "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7 [default: ⌈L/pp⌉ each, the first "
         "and last stages one fewer in turn when pp does not divide the layers]",
@@ -140,9 +142,9 @@ class Options(BaseModel):
         show_default=False,
     )
     vpp: int = _option(
-        "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M"
+        "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M", gt=0
     )
-    ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N")
+    ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N", gt=0)
     dp: int | None = _option(
         "Data-parallel degree [default: --gpus / (tp·pp), else 1]",
         _PARALLEL,

@@ -71,16 +71,12 @@ def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
 class Row:
     settings: dict[str, str]
     """The model and the varied settings, as given."""
-    built: Built | None
-    error: str | None = None
+    built: Built
 
     def values(self) -> dict[str, Any]:
         """The row as flat columns: settings (as given, then every other one the row ran with), then
         numbers (None where unknown)."""
         out: dict[str, Any] = dict(self.settings)
-        if self.built is None:
-            unknown = dict.fromkeys(k for k in SETTINGS if k not in out and k not in NUMBER_KEYS)
-            return {**out, **unknown, **dict.fromkeys(k for k, _ in NUMBERS), "error": self.error}
         derived = effective_settings(self.built)
         out.update({k: v for k, v in derived.items() if k not in out and k not in NUMBER_KEYS})
         p, t, v = self.built.result, self.built.timing, self.built.verdict
@@ -99,7 +95,6 @@ class Row:
             tokens_per_s=t.tokens_per_s if t else None,
             mfu=t.mfu if t else None,
             fits=v.fits if v else None,
-            error=None,
         )
         return out
 
@@ -161,7 +156,7 @@ def effective_settings(built: Built) -> dict[str, str]:
 
 def common_settings(table_rows: list[Row]) -> dict[str, str]:
     """The settings every planned row shares (not given with --vary): said once, not as a column."""
-    built = [effective_settings(r.built) for r in table_rows if r.built is not None]
+    built = [effective_settings(r.built) for r in table_rows]
     given = set(table_rows[0].settings)
     return {k: built[0][k] for k in SETTINGS if k not in given and len({v[k] for v in built}) == 1}
 
@@ -171,8 +166,7 @@ def row_json(row: Row) -> dict[str, Any]:
     return {
         "settings": row.settings,
         "values": row.values(),
-        "error": row.error,
-        "plan": to_json(row.built) if row.built else None,
+        "plan": to_json(row.built),
     }
 
 
@@ -214,15 +208,13 @@ def _in_row(message: str, settings: dict[str, str]) -> str:
 
 def columns(table_rows: list[Row]) -> list[str]:
     """Column keys: the settings given (the model and each --vary), every other setting that differs
-    between the planned rows (a model's default seq, the dp that --gpus leaves), the numbers, and
-    ``error`` when a row has one."""
+    between the rows (a model's default seq, the dp that --gpus leaves), then the numbers."""
     given = list(table_rows[0].settings)
-    built = [r.values() for r in table_rows if r.built is not None]
+    built = [r.values() for r in table_rows]
     differ = [
         k for k in SETTINGS if k not in given and k not in NUMBER_KEYS and len({v[k] for v in built}) > 1
     ]
-    keys = given + differ + [k for k, _ in NUMBERS]
-    return keys + (["error"] if any(r.error for r in table_rows) else [])
+    return given + differ + [k for k, _ in NUMBERS]
 
 
 def sort_rows(table_rows: list[Row], column: str | None) -> list[Row]:

@@ -109,6 +109,7 @@ _OPTION_FIXES |= {
     "vpp": _OPTION_FIXES["parallel.vpp"],
     "ep": _OPTION_FIXES["parallel.ep"],
     "dp": _OPTION_FIXES["strategy.dp"],
+    "batch": _OPTION_FIXES["training.micro_batch"],
     "model": ("model", "pass --model NAME, e.g. --model 70b (`memplan presets` lists them)"),
     "gpus": ("gpus", "use --gpus N with N ≥ 1 devices, e.g. --gpus 8"),
     "global_batch": ("global-batch", "use --global-batch B with B ≥ 1 sequences, e.g. --global-batch 512"),

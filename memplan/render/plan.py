@@ -282,9 +282,7 @@ def memory_cell(values: dict[str, Any], scale: int, memory: int | None, width: i
 def _compare_columns(keys: Sequence[str], units: dict[str, tuple[int, str]]) -> list[Col]:
     cols: list[Col] = []
     for key in keys:
-        if key == "error":
-            cols.append(Col("error", "left", wrap=True, min_width=20))
-        elif key in HEADERS:
+        if key in HEADERS:
             unit = units.get(key, (1, ""))[1]
             header = f"{HEADERS[key]}\n{unit}" if unit else HEADERS[key]
             cols.append(Col(header, priority=PRIORITY[key]))
@@ -300,7 +298,7 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
     column in one unit said in its header; ``same``: the settings every row shares, said once above."""
     values = [r.values() for r in rows]
     units = column_units(values)
-    memory = [r.built.gpu.memory_bytes if r.built and r.built.gpu else 0 for r in rows]
+    memory = [r.built.gpu.memory_bytes if r.built.gpu else 0 for r in rows]
     scale = max([v["peak"] or 0 for v in values] + memory + [1])
     shared = " · ".join(f"{k} {v}" for k, v in (same or {}).items() if v != "–")
     table = Fitted(
@@ -311,13 +309,13 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
             f"{BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
         ),
     )
-    for row, vals, mem in zip(rows, values, memory, strict=True):
+    for vals, mem in zip(values, memory, strict=True):
         cells: list[Text] = []
         for key in keys:
             style = "red" if vals.get(key) is False else ""
             cells.append(Text(_cell(key, vals.get(key), units), style=style))
             if key == "peak":
-                cells.append(memory_cell(vals, scale, mem or None) if row.built else Text("–"))
+                cells.append(memory_cell(vals, scale, mem or None))
         table.add(*cells)
     return table
 
