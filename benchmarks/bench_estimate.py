@@ -72,7 +72,7 @@ def torch_loaded() -> bool:
 
 
 def import_breakdown(top: int = 8) -> dict[str, list[tuple[str, float]]]:
-    """Where ``memplan``'s import time goes (``python -X importtime``, ms): the modules ``memplan.cli``
+    """Where ``memplan``'s import time goes (``python -X importtime``, ms): the modules ``memplan.cli.app``
     imports directly, by cumulative time, and the modules with the largest self time anywhere."""
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "from memplan.cli.app import main"],
@@ -88,17 +88,17 @@ def import_breakdown(top: int = 8) -> dict[str, list[tuple[str, float]]]:
         self_us, cum_us, name = line.removeprefix("import time:").split("|")
         depth = (len(name) - len(name.lstrip()) - 1) // 2  # ' name' at the top, two spaces a level
         rows.append((name.strip(), depth, int(self_us) / 1000, int(cum_us) / 1000))
-    # importtime prints children before their parent: memplan.cli's direct imports are the depth-1
-    # rows printed after the previous top-level row and before memplan.cli's own.
+    # importtime prints children before their parent: memplan.cli.app's direct imports are the depth-1
+    # rows printed after the previous top-level row and before memplan.cli.app's own.
     direct: list[tuple[str, float]] = []
     for name, depth, _self, cum in reversed(rows):
-        if depth == 0 and name == "memplan.cli":
+        if depth == 0 and name == "memplan.cli.app":
             continue
         if depth == 0:
             break
         if depth == 1:
             direct.append((name, cum))
-    cli_total = next((cum for name, _d, _s, cum in rows if name == "memplan.cli"), 0.0)
+    cli_total = next((cum for name, _d, _s, cum in rows if name == "memplan.cli.app"), 0.0)
     return {
         "memplan.cli": [("total", cli_total)],
         "direct_imports": sorted(direct, key=lambda r: -r[1])[:top],
@@ -139,7 +139,7 @@ def render(r: dict[str, Any]) -> str:
             f"  estimate --json        {r['estimate_json_s'] * 1000:8.1f} ms   ratio {r['ratio_json']:.2f}",
             f"  floor: {r['floor']}  {r['floor_s'] * 1000:8.1f} ms",
             f"  goal ≤ {r['goal_ratio']}×: {verdict}; torch imported: {torch}",
-            f"  import memplan.cli: {cli_ms:.1f} ms (python -X importtime, one run)",
+            f"  import memplan.cli.app: {cli_ms:.1f} ms (python -X importtime, one run)",
             "    its direct imports (cumulative): "
             + ", ".join(f"{n} {ms:.1f}" for n, ms in r["import_ms"]["direct_imports"]),
             "    largest self times: "

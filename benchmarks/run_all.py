@@ -252,7 +252,7 @@ def markdown(
         f"Goal ≤ {est['goal_ratio']}×: {verdict}. torch imported by `memplan estimate`: "
         f"{'**yes**' if est['torch_imported'] else 'no'}.",
         "",
-        f"Where the import time goes (`python -X importtime`, one run): `import memplan.cli` "
+        f"Where the import time goes (`python -X importtime`, one run): `import memplan.cli.app` "
         f"{imports['memplan.cli'][0][1]:.0f} ms; its direct imports (cumulative) "
         + ", ".join(f"`{n}` {ms:.0f} ms" for n, ms in imports["direct_imports"][:6])
         + "; largest self times "
