@@ -81,6 +81,16 @@ def test_recorder_view_and_base_count_once() -> None:
     assert rec.records == [SavedRecord("unlabelled", None, (4, 6), "fp32", 96)]
 
 
+def test_a_saved_partial_view_counts_its_whole_storage() -> None:
+    # Only a slice of y is saved, but its storage (all of y) stays alive: 4·6 fp32 = 96 bytes, not the
+    # slice's 2·6·4 = 48 (issue #13 item 8: a recorder counting the view would undercount).
+    x = torch.randn(4, 6, requires_grad=True)
+    with SavedTensorRecorder() as rec:
+        y = x * 2.0  # saves nothing (a Python scalar)
+        y[:2].sin().sum()  # saves the view y[:2]
+    assert rec.records == [SavedRecord("unlabelled", None, (2, 6), "fp32", 96)]
+
+
 def test_recorder_excludes_parameter_views() -> None:
     w = torch.randn(3, 5, requires_grad=True)
     x = torch.randn(2, 3)  # needs no grad, so w's gradient needs x: x is saved
