@@ -264,12 +264,13 @@ class StagePlan:
         )
         head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
         kept = peak_inputs(pc, st, self.counts)
-        phases = dict(pk.peak(at, self.states, kept, self.params, head_grads).phases)
+        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads).moments)
         if not st.last:  # the final norm and the loss run on the last stage
-            del phases["loss backward"]
-            del phases["final norm backward"]
-        phases["layer backward"] += pc.layer_correction
-        return pk.Peak(phases=phases)
+            del moments["loss backward"]
+            del moments["final norm backward"]
+        layer = moments["layer backward"]
+        moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
+        return pk.Peak(moments=moments)
 
     @property
     def lower_bound(self) -> int:

@@ -72,15 +72,29 @@ from memplan.config import (
 )
 from memplan.strategies.zero import ModelStates, shard
 
+TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
+"""What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit
+included), the optimizer's master copy and states, gradients, the saved activations (and the ids and
+labels the training loop holds), and the moment's own temporaries (a re-run layer's saves among them)."""
+
+
+def terms(weights: int, optimizer: int, gradients: int, activations: int, transient: int) -> dict[str, int]:
+    return dict(zip(TERMS, (weights, optimizer, gradients, activations, transient), strict=True))
+
 
 class Peak(BaseModel):
     model_config = ConfigDict(frozen=True)
-    phases: dict[str, int]
-    """Bytes alive at each modelled moment."""
+    moments: dict[str, dict[str, int]]
+    """Each modelled moment, in step order, as the bytes of each of ``TERMS`` alive then."""
+
+    @property
+    def phases(self) -> dict[str, int]:
+        """Bytes alive at each modelled moment."""
+        return {name: sum(parts.values()) for name, parts in self.moments.items()}
 
     @property
     def bytes(self) -> int:
-        return max(self.phases.values())
+        return max(sum(parts.values()) for parts in self.moments.values())
 
     @property
     def phase(self) -> str:
@@ -364,29 +378,29 @@ def peak(
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
     head = sum(k.total_bytes for k in kept if k.block.in_head)
-    resident = states.weights + states.optimizer
+    weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
-    gather = zero3_gather(params, setup)
+    gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
-    loss_bwd = resident + grads_before + activations + loss_backward_transient(dims) + gather + 4
+    loss_bwd = terms(
+        weights + gather, optimizer, grads_before, activations, loss_backward_transient(dims) + 4
+    )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
-    final_norm_bwd = (
-        resident
-        + max(grads_before, gradient_bytes_head)
-        + activations
-        - freed_for_norm
-        + gather
-        + norm_backward_transient(setup, dims)
-        + 4  # the fp32 loss scalar
+    final_norm_bwd = terms(
+        weights + gather,
+        optimizer,
+        max(grads_before, gradient_bytes_head),
+        activations - freed_for_norm,
+        norm_backward_transient(setup, dims) + 4,  # + the fp32 loss scalar
     )
     transient = layer_backward_transient(setup, dims, params)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment
     working = 0 if segment else recompute_working_set(setup)
-    before_layers = resident + activations - head - layer_saved + working + gather
+    inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
 
-    def layer_moment(i: int) -> int:
+    def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
         if grads_before:
             grads = grads_before
@@ -395,20 +409,20 @@ def peak(
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
-            head = gradient_bytes_head * states.gradients // full if full else 0
-            grads = head + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
+            head_grads = gradient_bytes_head * states.gradients // full if full else 0
+            grads = head_grads + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
-        return before_layers + rerun + grads + saved_layers_up_to(setup, kept, i) + transient
+        # The head's saves are freed by then but for the labels, which the training loop holds (the ids
+        # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
+        saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
+        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
 
     # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
     # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
     # linear in the segment's index, so the first segment's top suffices beside the two ends.
     ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
-    inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
-    # The head's saves are freed by then but for the labels, which the training loop holds (the ids are
-    # the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
-    layer_bwd = max(layer_moment(i) for i in ends) + inputs // 2 + 8
+    layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
     # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
@@ -418,10 +432,12 @@ def peak(
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
-    embedding_bwd = resident + states.gradients + inputs + embedding + 8
-    step = resident + states.gradients + inputs + optimizer_transient(setup, largest_step_tensor(setup))
+    embedding_bwd = terms(weights, optimizer, states.gradients, inputs, embedding + 8)
+    step = terms(
+        weights, optimizer, states.gradients, inputs, optimizer_transient(setup, largest_step_tensor(setup))
+    )
     return Peak(
-        phases={
+        moments={
             "loss backward": loss_bwd,
             "final norm backward": final_norm_bwd,
             "layer backward": layer_bwd,

@@ -22,7 +22,6 @@ from pydantic import BaseModel, ConfigDict
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
 
-TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 DEFAULT_RESERVE_GIB = 1.0
 """Memory kept back per GPU by default, in GiB (2³⁰ bytes): CUDA context and allocator (module docstring)."""
 DEFAULT_RESERVE = int(DEFAULT_RESERVE_GIB * 2**30)
