@@ -17,9 +17,10 @@ from rich.console import Console
 
 from memplan.analytic.params import count_params
 from memplan.api import build, load_model, to_json
-from memplan.cli.common import JsonOpt, handle_user_errors, new_app, options_of, with_options
+from memplan.cli.common import JsonOpt, check_writable, handle_user_errors, new_app, options_of, with_options
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
 from memplan.render import estimate as report
+from memplan.timeline import timeline as timeline_points
 
 app = new_app(
     name="memplan",
@@ -84,14 +85,51 @@ def _console() -> Console:
 @app.command("estimate", help=ESTIMATE_HELP)
 @handle_user_errors
 @with_options()
-def estimate_command(as_json: JsonOpt = False, **options: Any) -> None:
+def estimate_command(
+    as_json: JsonOpt = False,
+    timeline: Annotated[
+        bool,
+        typer.Option(
+            "--timeline",
+            help="Also draw the most loaded device's memory over the step: the forward layer by layer, "
+            "then each modelled moment, term by term",
+            rich_help_panel="Output",
+        ),
+    ] = False,
+    plot: Annotated[
+        str | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]')",
+            show_default=False,
+            rich_help_panel="Output",
+        ),
+    ] = None,
+    **options: Any,
+) -> None:
+    if plot is not None:
+        check_writable("plot", plot)  # before any work: nothing half-written
     built = build(options_of(options))
+    points = timeline_points(built.result) if timeline or plot else []
+    if plot is not None:
+        from memplan.render.timeline import write_plot
+
+        write_plot(points, plot, f"{built.result.setup.model.name}: one training step")
     if as_json:
-        typer.echo(json.dumps(to_json(built), allow_nan=False))
+        out = to_json(built)
+        if timeline:
+            out["timeline"] = [{"label": p.label, "bytes": p.bytes, **p.terms} for p in points]
+        typer.echo(json.dumps(out, allow_nan=False))
         return
     from memplan.render.plan import step_report
 
-    _console().print(step_report(built))
+    console = _console()
+    console.print(step_report(built))
+    if timeline:
+        from memplan.render.timeline import timeline_chart
+
+        console.print(timeline_chart(points, console.width))
 
 
 app.command("plan", help="Same as `memplan estimate` (its former name for parallel layouts).")(

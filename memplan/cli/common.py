@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
@@ -216,3 +218,13 @@ def new_app(**kwargs: Any) -> typer.Typer:
         "context_settings": {"help_option_names": ["-h", "--help"]},
     }
     return typer.Typer(**(settings | kwargs))
+
+
+def check_writable(option: str, path: str) -> None:
+    """Fail before the run, not after it, when the output file cannot be written."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ValueError(f"{option}: {path} is a directory; give a file name, e.g. --{option} trace.json")
+    if not folder.is_dir() or not os.access(folder, os.W_OK):
+        raise ValueError(f"{option}: cannot write to {folder}; give a path in an existing, writable folder")

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import time
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -18,7 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from memplan.api import setup_of
-from memplan.cli.common import fail, options_of, user_errors, with_options
+from memplan.cli.common import check_writable, fail, options_of, user_errors, with_options
 from memplan.config import Device, Setup
 from memplan.engine import estimate
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
@@ -153,7 +151,7 @@ def profile(
             raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
         for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
             if path is not None:
-                _check_writable(option, path)
+                check_writable(option, path)
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
         setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare import comparison_json
@@ -203,16 +201,6 @@ def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -
             f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
             f"({where}); use a smaller --seq or --batch, --checkpointing full, or a smaller model"
         )
-
-
-def _check_writable(option: str, path: str) -> None:
-    """Fail before the run, not after it, when the output file cannot be written."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise ValueError(f"{option}: {path} is a directory; give a file name, e.g. --{option} trace.json")
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise ValueError(f"{option}: cannot write to {folder}; give a path in an existing, writable folder")
 
 
 def _print_profile(

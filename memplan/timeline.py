@@ -1,0 +1,64 @@
+"""The memory of the most loaded device over one training step, term by term: a picture of the step.
+
+Points, in step order:
+
+- the forward pass, layer by layer: the resident states (weights, optimizer; gradients too when micro-batches
+  accumulate) and the saved activations growing by one layer's saves per layer the device holds (its
+  micro-batches in flight included), from the embedding's and the per-forward constants' saves to every
+  save at the forward's end (the head's added last);
+- then each moment of the backward and the optimizer step that ``analytic.peak`` models, with the terms it
+  holds (``Peak.moments``): loss backward, final norm backward, the largest layer backward, embedding
+  backward, optimizer step.
+
+Exact at each point (the same figures the estimate reports); NB: between points nothing is drawn, and
+the forward's own temporaries (a layer's forward locals, the fp32 logits) are not points of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.analytic.peak import TERMS, terms
+from memplan.engine import Result
+from memplan.strategies.pipeline_parallel import Group
+
+FORWARD_POINTS = 8
+"""Forward points drawn at most (evenly spread over the layers), beside the forward's start and end."""
+
+
+@dataclass(frozen=True)
+class Point:
+    label: str
+    terms: dict[str, int]
+    """Bytes of each of ``analytic.peak.TERMS`` alive then."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.terms.values())
+
+
+def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
+    """The most loaded device's memory at the forward's layer boundaries and at the modelled moments."""
+    dev = r.device
+    st, g = dev.states, r.pieces.group_bytes
+    accumulating = r.setup.training.grad_accum > 1
+    grads = st.gradients if accumulating else 0
+    layer_group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
+    layer_sets = dev.counts[layer_group]
+    per_layer = g[layer_group]
+    # What the forward saves before its first layer and after its last one: the embedding's and the
+    # constants' (and, reversible, the stack's outputs) first; the head's at the end.
+    head = g[Group.HEAD] * dev.counts[Group.HEAD] + g[Group.HEAD_FREED] * dev.counts[Group.HEAD_FREED]
+    before = dev.activations - head - per_layer * layer_sets
+
+    def forward(label: str, activations: int) -> Point:
+        return Point(label, terms(st.weights, st.optimizer, grads, activations, 0))
+
+    unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
+    points = [forward("forward: start", before)]
+    steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
+    points += [forward(f"forward: {n}/{layer_sets} {unit}", before + per_layer * n) for n in steps]
+    points.append(forward("forward: end", dev.activations))
+    points += [Point(name, dict(parts)) for name, parts in dev.peak.moments.items()]
+    assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout
+    return points

@@ -1,0 +1,80 @@
+"""The picture of the step (issue #13 item 5): the timeline's points are the estimate's own figures, the
+terminal chart fits its width, and the plot file is written (or nothing is)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.analytic.peak import TERMS
+from memplan.api import build_setup
+from memplan.cli.app import app
+from memplan.engine import estimate
+from memplan.render.timeline import timeline_chart
+from memplan.timeline import timeline
+
+runner = CliRunner(env={"COLUMNS": "100"})
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full", "every-4"])
+def test_points_are_the_estimates_figures(checkpointing: str) -> None:
+    r = estimate(build_setup("70b", seq=8192, checkpointing=checkpointing))
+    points = timeline(r)
+    st = r.states
+    resident = st.weights + st.optimizer
+    # The forward starts with the states alone and the embedding's and constants' saves (ids, RoPE tables).
+    start = points[0]
+    assert start.terms["weights"] == st.weights and start.terms["gradients"] == 0
+    assert 0 < start.terms["activations"] < 8 * 2**20
+    # It grows by whole layers (or checkpointed segments) to every save at its end.
+    end = next(p for p in points if p.label == "forward: end")
+    assert end.bytes == resident + r.activations
+    forward = [p.terms["activations"] for p in points if p.label.startswith("forward")]
+    assert forward == sorted(forward)
+    # Then the modelled moments, term by term, summing to the moments the estimate reports.
+    moments = {p.label: p.bytes for p in points if not p.label.startswith("forward")}
+    assert moments == r.peak.phases
+    assert max(p.bytes for p in points) == r.peak.bytes
+    assert all(list(p.terms) == list(TERMS) for p in points)
+
+
+def test_gradient_accumulation_keeps_the_gradients_through_the_forward() -> None:
+    r = estimate(build_setup("8b", seq=2048, grad_accum=4))
+    assert all(p.terms["gradients"] == r.states.gradients for p in timeline(r)[:3])
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_chart_fits_its_width(width: int) -> None:
+    r = estimate(build_setup("70b", seq=8192))
+    from rich.console import Console
+
+    console = Console(width=width, record=True)
+    console.print(timeline_chart(timeline(r), width))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= width for line in lines)
+    assert sum("◀ peak" in line for line in lines) == 1
+
+
+def test_cli_timeline_json_and_plot(tmp_path: Path) -> None:
+    svg = tmp_path / "step.svg"
+    result = runner.invoke(app, ["estimate", "-m", "tiny", "--timeline", "--plot", str(svg), "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["timeline"][-1]["label"] == "optimizer step"
+    assert doc["timeline"][-1]["bytes"] == doc["memory"]["phases"]["optimizer step"]
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+
+
+def test_plot_refuses_before_any_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "no" / "such" / "folder" / "step.png"
+    result = runner.invoke(app, ["estimate", "-m", "tiny", "--plot", str(missing)])
+    assert result.exit_code == 2 and "plot:" in result.stderr and not missing.parent.exists()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the plot extra were not installed
+    result = runner.invoke(app, ["estimate", "-m", "tiny", "--plot", str(tmp_path / "a.png")])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: plot: matplotlib is not installed; pip install 'memplan[plot]'"
+    assert not (tmp_path / "a.png").exists()
