@@ -48,34 +48,8 @@ from memplan.strategies.pipeline_parallel import (
     stage_layers,
     stage_params,
 )
-from memplan.strategies.tensor_parallel import check_parallel, tp_model
+from memplan.strategies.tensor_parallel import check_layout, tp_model
 from memplan.strategies.zero import ModelStates, model_states
-
-
-# ----------------------------------------------------------------------------------------------------
-# Checks
-# ----------------------------------------------------------------------------------------------------
-def check_plan(setup: Setup) -> None:
-    """One-line ``ValueError`` when the parallel degrees or the MoE do not fit the model and the setup."""
-    parallel, moe = setup.parallel, setup.model.moe
-    check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
-    if parallel.ep == 1:
-        return
-    if moe is None:
-        raise ValueError(
-            f"ep: {setup.model.name} is dense; expert parallelism needs a mixture of experts, drop --ep"
-        )
-    if moe.experts % parallel.ep:
-        raise ValueError(
-            f"ep: {parallel.ep} does not divide the {moe.experts} experts of {setup.model.name}; "
-            f"use --ep {', '.join(str(d) for d in range(1, moe.experts + 1) if moe.experts % d == 0)}"
-        )
-    dp = setup.strategy.dp
-    if dp % parallel.ep:
-        raise ValueError(
-            f"ep: expert parallelism takes its {parallel.ep} ranks from data parallelism, but --dp is {dp}; "
-            f"use a --dp that is a multiple of {parallel.ep}"
-        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -435,7 +409,7 @@ def estimate(setup: Setup) -> Result:
 
     Raises a one-line ``ValueError`` when the layout does not fit the model.
     """
-    check_plan(setup)
+    check_layout(setup)
     pc = _pieces_by_key(_pieces_key(setup), setup)
     parallel, n = setup.parallel, setup.training.grad_accum
     counts = stage_layers(setup.model.num_layers, parallel)

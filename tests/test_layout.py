@@ -25,7 +25,7 @@ from memplan import compare as cmp
 from memplan.api import Options, build, build_setup
 from memplan.cli.app import app
 from memplan.presets import gpu_names, load_gpu, model_names
-from memplan.render import plan as render
+from memplan.render.fit import fit_report
 from memplan.search.fit import FitResult, fit
 
 WIDTHS = (80, 120, 200)
@@ -68,7 +68,7 @@ def fit_result() -> FitResult:
 
 def fit_output(width: int) -> str:
     console = Console(width=width, file=io.StringIO(), color_system=None, record=True)
-    console.print(render.fit_report(fit_result(), top=5))
+    console.print(fit_report(fit_result(), top=5))
     return console.export_text()
 
 

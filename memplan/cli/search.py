@@ -214,7 +214,6 @@ def fit_command(
     as_json: JsonOpt = False,
     **options: Any,
 ) -> None:
-    from memplan.render import plan as render
     from memplan.search.budget import reserve_bytes
     from memplan.search.fit import Space, fit
 
@@ -241,7 +240,9 @@ def fit_command(
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return
-    _console().print(render.fit_report(result, top))
+    from memplan.render.fit import fit_report
+
+    _console().print(fit_report(result, top))
 
 
 def _whole_layer_mode(text: str) -> Checkpointing:

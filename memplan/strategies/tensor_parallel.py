@@ -109,3 +109,26 @@ def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
             "moe": model.moe.for_tp(tp) if model.moe else None,
         }
     )
+
+
+def check_layout(setup: Setup) -> None:
+    """One-line ``ValueError`` when the parallel degrees or the MoE do not fit the model and the setup."""
+    parallel, moe = setup.parallel, setup.model.moe
+    check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
+    if parallel.ep == 1:
+        return
+    if moe is None:
+        raise ValueError(
+            f"ep: {setup.model.name} is dense; expert parallelism needs a mixture of experts, drop --ep"
+        )
+    if moe.experts % parallel.ep:
+        raise ValueError(
+            f"ep: {parallel.ep} does not divide the {moe.experts} experts of {setup.model.name}; "
+            f"use --ep {', '.join(str(d) for d in range(1, moe.experts + 1) if moe.experts % d == 0)}"
+        )
+    dp = setup.strategy.dp
+    if dp % parallel.ep:
+        raise ValueError(
+            f"ep: expert parallelism takes its {parallel.ep} ranks from data parallelism, but --dp is {dp}; "
+            f"use a --dp that is a multiple of {parallel.ep}"
+        )

@@ -1,0 +1,134 @@
+"""Rendering of ``memplan fit``: the search's summary, the configurations that fit, fastest first, and the
+rejected families with the memory term that overflows. Units as in ``memplan.render.estimate``."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.text import Text
+
+from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
+from memplan.render.fitted import Col, Fitted
+from memplan.search.fit import Family, FitResult
+
+
+def _family_cells(f: Family) -> list[str]:
+    par = f.layout.parallel
+    return [
+        f.checkpointing.name.lower(),
+        f.attention.name.lower(),
+        str(int(f.zero)),
+        f"{par.tp}" + ("+sp" if par.sp else ""),
+        str(par.pp),
+        str(par.ep),
+        str(f.layout.dp),
+    ]
+
+
+def fit_report(r: FitResult, top: int) -> Group:
+    s = r.setup
+    head = Text()
+    head.append(s.model.name, style="bold cyan")
+    head.append(
+        f" on {r.gpus} × {r.gpu.name} ({fmt_bytes(r.gpu.memory_bytes)} each), "
+        f"seq {fmt_int(s.training.seq_len)}, global batch {fmt_int(r.global_batch)} sequences, "
+        f"{s.training.precision.value}, {s.training.optimizer.value}"
+    )
+    speed = r.searched / r.seconds if r.seconds else 0.0
+    lines: list[RenderableType] = [
+        head,
+        Text(
+            f"searched {fmt_int(r.searched)} configurations in {r.seconds * 1000:,.0f} ms ({speed:,.0f}/s): "
+            f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak; "
+            f"{len(r.fitting)} fit, {len(r.rejected)} families rejected",
+            style="dim",
+        ),
+    ]
+    if r.best is not None and r.max_seq is not None:
+        lines.append(
+            Text(f"longest sequence for the best configuration (micro-batch 1): {fmt_int(r.max_seq)}")
+        )
+    if r.best is None:
+        lines.append(Text("nothing fits: see the rejected families below", style="bold red"))
+    parts: list[RenderableType] = [Panel(Group(*lines), title="memplan fit", title_align="left")]
+    if r.fitting:
+        parts.append(_fitting_table(r, top))
+    if r.rejected:
+        parts.append(_rejected_table(r, top))
+    return Group(*parts)
+
+
+def _family_columns() -> list[Col]:
+    """The family's settings: keys (never cut), each left out when equal in every row (said below)."""
+    return [
+        Col("ckpt", "left", same=True),
+        Col("attention", "left", same=True),
+        Col("ZeRO", same=True),
+        Col("tp", same=True),
+        Col("pp", same=True),
+        Col("ep", same=True),
+        Col("dp", same=True),
+    ]
+
+
+def _fitting_table(r: FitResult, top: int) -> Fitted:
+    shown = r.fitting[:top] if top else r.fitting
+    peak_unit = unit_of([c.verdict.peak for c in shown])
+    room_unit = unit_of([c.verdict.headroom for c in shown])
+    cols = [
+        Col("#"),
+        *_family_columns(),
+        Col("micro-\nbatch", priority=1),
+        Col(f"peak\n{peak_unit[1]}", priority=1),
+        Col(f"headroom\n{room_unit[1]}", priority=2),
+        Col("step s", priority=2),
+        Col("tokens/s", priority=1),
+        Col("MFU", priority=3),
+    ]
+    table = Fitted(
+        cols, title=f"Configurations that fit, fastest first ({len(shown)} of {len(r.fitting)}; {BYTE_UNITS})"
+    )
+    for i, c in enumerate(shown, 1):
+        t, v = c.timing, c.verdict
+        table.add(
+            str(i),
+            *_family_cells(c.family),
+            f"{c.micro_batch} × {c.result.micro_batches}",
+            fmt_in(v.peak, peak_unit[0]),
+            fmt_in(v.headroom, room_unit[0]),
+            f"{t.step_time_s:,.2f}",
+            f"{t.tokens_per_s:,.0f}",
+            f"{t.mfu:.1%}",
+        )
+    table.caption = (
+        "micro-batch: size × micro-batches per step; higher ZeRO stages of a listed configuration fit too "
+        "(not listed: no faster, communication not modelled)"
+    )
+    return table
+
+
+def _rejected_table(r: FitResult, top: int) -> Fitted:
+    closest = sorted(r.rejected, key=lambda x: x.verdict.peak)
+    shown = closest[:top] if top else closest
+    reasons = Counter(x.verdict.overflow for x in r.rejected)
+    summary = ", ".join(f"{n} {term}" for term, n in reasons.most_common())
+    size, unit = unit_of([x.verdict.peak for x in shown])
+    cols = [
+        *_family_columns(),
+        Col(f"peak\n{unit}"),
+        Col("overflows", "left"),
+        Col("stage", priority=1),
+    ]
+    title = f"Rejected families, closest first ({len(shown)} of {len(r.rejected)}: {summary})"
+    table = Fitted(cols, title=title)
+    for x in shown:
+        v = x.verdict
+        peak = fmt_in(v.peak, size) if v.exact else f"≥ {fmt_in(v.peak, size)}"
+        table.add(*_family_cells(x.family), peak, v.overflow or "–", str(v.stage))
+    table.caption = (
+        "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
+        "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory"
+    )
+    return table
