@@ -22,18 +22,20 @@ from memplan.search.budget import terms
 
 VARY_KEYS = tuple(name.replace("_", "-") for name in Options.model_fields if name != "model")
 
-# (column key, header): the numbers every row has, in display order.
+# (column key, header): the numbers every row has, in display order. Keys never equal a setting's name
+# (``--vary optimizer=…`` and ``--vary mfu=…`` are settings; the figures are ``optimizer_memory`` and
+# ``step_mfu``).
 NUMBERS: tuple[tuple[str, str], ...] = (
     ("params", "params"),
     ("weights", "weights"),
     ("gradients", "gradients"),
-    ("optimizer", "optimizer"),
+    ("optimizer_memory", "optimizer"),
     ("activations", "activations"),
     ("peak", "peak"),
     ("flops", "FLOPs/step"),
     ("step_time", "step s"),
     ("tokens_per_s", "tokens/s"),
-    ("mfu", "MFU"),
+    ("step_mfu", "MFU"),
     ("fits", "fits"),
 )
 
@@ -86,14 +88,14 @@ class Row:
             params=p.params_total,
             weights=parts["weights"],
             gradients=parts["gradients"],
-            optimizer=parts["optimizer"],
+            optimizer_memory=parts["optimizer"],
             activations=parts["activations"],
             transient=parts["transient"],
             peak=dev.peak.bytes,
             flops=p.flops.total * p.micro_batches * p.setup.strategy.dp,
             step_time=t.step_time_s if t else None,
             tokens_per_s=t.tokens_per_s if t else None,
-            mfu=t.mfu if t else None,
+            step_mfu=t.mfu if t else None,
             fits=v.fits if v else None,
         )
         return out

@@ -200,17 +200,17 @@ def plan_report(b: Built) -> Group:
 # memplan compare
 # ----------------------------------------------------------------------------------------------------
 HEADERS = dict(NUMBERS)
-BYTE_KEYS = ("weights", "gradients", "optimizer", "activations", "peak", "transient")
+BYTE_KEYS = ("weights", "gradients", "optimizer_memory", "activations", "peak", "transient")
 # Which numbers give way first when the terminal is narrow (0: never; the settings are keys, always shown).
 PRIORITY = {
     "peak": 1,
     "fits": 1,
     "step_time": 2,
     "tokens_per_s": 3,
-    "mfu": 3,
+    "step_mfu": 3,
     "params": 4,
     "activations": 5,
-    "optimizer": 5,
+    "optimizer_memory": 5,
     "flops": 6,
     "weights": 7,
     "gradients": 7,
@@ -238,7 +238,7 @@ def _plain(key: str, value: Any) -> str:
         return f"{value:,.2f}"
     if key == "tokens_per_s":
         return f"{value:,.0f}"
-    if key == "mfu":
+    if key == "step_mfu":
         return f"{value:.1%}"
     if key == "fits":
         return "yes" if value else "NO"
@@ -264,7 +264,7 @@ def memory_cell(values: dict[str, Any], scale: int, memory: int | None, width: i
     ``│`` marks the GPU's memory."""
     bar = Text()
     done = cum = 0
-    parts = ("weights", "gradients", "optimizer", "activations", "transient")
+    parts = ("weights", "gradients", "optimizer_memory", "activations", "transient")
     for key, (_, style, glyph) in zip(parts, SEGMENTS, strict=True):
         cum += values[key] or 0
         end = round(cum * width / scale)

@@ -279,3 +279,33 @@ def test_plan_and_fit_stay_torch_free() -> None:
     )
     subprocess.run([sys.executable, "-c", code], check=True)
     assert estimate  # the API is importable without torch too
+
+
+def test_a_varied_setting_is_never_shadowed_by_a_figure_of_the_same_name() -> None:
+    # optimizer and mfu are settings (--vary) and figures (optimizer memory, the step's MFU) alike.
+    out = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            "-m",
+            "7b",
+            "--vary",
+            "optimizer=adamw,lion",
+            "--vary",
+            "mfu=0.3,0.5",
+            "--gpu",
+            "h100",
+            "--csv",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(io.StringIO(out.stdout)))
+    assert [(r["optimizer"], r["mfu"]) for r in rows] == [
+        ("adamw", "0.3"),
+        ("adamw", "0.5"),
+        ("lion", "0.3"),
+        ("lion", "0.5"),
+    ]
+    # AdamW keeps two fp32 states per parameter, Lion one: 12 vs 8 bytes per parameter with the master copy.
+    assert int(rows[0]["optimizer_memory"]) * 8 == int(rows[2]["optimizer_memory"]) * 12
+    assert float(rows[1]["step_mfu"]) == 0.5
