@@ -15,7 +15,8 @@ Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing
 batch); a configuration then costs its stages' states and activations, and its peak only when the
 lower bound (states + activations) does not already rule it out. A ZeRO stage that fits makes the higher
 stages of the same configuration redundant (they never need more memory and, with communication not
-modelled, run as fast): they are not evaluated and not listed.
+modelled, run as fast): they are not evaluated and not listed. Over one data-parallel rank (dp 1) the
+ZeRO stages shard nothing, so only stage 0 is searched there.
 """
 
 from __future__ import annotations
@@ -316,7 +317,9 @@ def _search_families(
 ) -> None:
     """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch."""
     memory, dp = result.usable, layout.dp
-    families = [Family(ckpt, attention, z, layout) for z in sorted(space.zero)]
+    # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0.
+    stages = sorted(space.zero) if dp > 1 else sorted(space.zero)[:1]
+    families = [Family(ckpt, attention, z, layout) for z in stages]
     first_failure: dict[Family, Rejected] = {}
     fitted: set[Family] = set()
     for b in space.micro_batches:

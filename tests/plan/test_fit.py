@@ -137,3 +137,11 @@ def test_nothing_fits_says_why() -> None:
     result = _search("llama-3.1-405b", 4096, "rtx-4090", 2)
     assert not result.fitting and result.max_seq is None
     assert all(r.verdict.overflow == "weights" for r in result.rejected if r.family.zero == ZeroStage.NONE)
+
+
+def test_zero_stages_are_not_searched_over_one_data_parallel_rank() -> None:
+    # 8 GPUs at tp 8: dp 1, where ZeRO shards nothing (the same states, no gather): one family, not four.
+    result = _search("llama-3-70b", 8192, "h100-sxm", 8)
+    single = [r.family for r in result.rejected if r.family.layout.dp == 1]
+    assert single and all(f.zero == ZeroStage.NONE for f in single)
+    assert any(r.family.zero > ZeroStage.NONE for r in result.rejected if r.family.layout.dp > 1)
