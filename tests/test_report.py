@@ -1,4 +1,4 @@
-"""report.py: unit formatting and the rendered tables, on a console of pinned width."""
+"""render/estimate.py: unit formatting and the rendered tables, on a console of pinned width."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Pure functions of the configuration: parameters, model states, activations, FLOPs, peak.
+"""The blocks (``memplan.blocks``) composed into a layer and a model: the inventory's vocabulary, parameters,
+the activation inventory, FLOPs and the peak's moments.
 
 Nothing here imports torch; every function returns int bytes or int FLOPs.
 """

@@ -33,7 +33,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Dims
-from memplan.analytic.params import count_params
 from memplan.blocks import moe
 from memplan.blocks.attention import (
     attention_backward_flops,
@@ -96,8 +95,3 @@ def flops(setup: Setup, recompute: int = 0) -> Flops:
         layer_attention=attention,
         lm_head=head,
     )
-
-
-def six_n(setup: Setup) -> int:
-    """The 6·N·tokens rule of thumb (2N forward + 4N backward) with N = all parameters (active ones)."""
-    return 6 * count_params(setup.model).active * setup.training.micro_batch * setup.training.seq_len

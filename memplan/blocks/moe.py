@@ -3,7 +3,8 @@
 ``ModelConfig.moe`` (``config.MoEConfig``) makes a model a mixture of experts: its ``ffn_size`` is the
 width of ONE routed expert; every layer's MLP is replaced by a router (h×E, no bias), E routed experts of
 that width (each a full MLP of the model's kind) and optionally shared experts every token goes through.
-Parameters (total and active) are counted with the dense ones in ``analytic.params``.
+Its parameters (router, one expert, shared experts; ``moe_layer_params``) are here; ``analytic.params``
+counts the whole model's, total and active, from them.
 
 Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
 Megatron-Core's sort-based dispatch, as the reference model (memplan/measure/moe.py) runs them, with
