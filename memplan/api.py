@@ -37,7 +37,6 @@ from memplan.config import (
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
 from memplan.search.budget import DEFAULT_RESERVE_GIB, Verdict, reserve_bytes, verdict
-from memplan.time.defaults import DEFAULT_MFU
 from memplan.time.timing import Timing, check_time_inputs, timing
 
 DEFAULT_SEQ = TrainingConfig().seq_len
@@ -175,7 +174,8 @@ class Options(BaseModel):
         show_default=False,
     )
     mfu: float | None = _option(
-        f"Assumed model FLOPs utilisation for the step time [default: {DEFAULT_MFU}]",
+        "Assumed model FLOPs utilisation for the step time [default: predicted from the kernels, the "
+        "communication on the topology and the bubble]",
         _GPU,
         metavar="F",
         show_default=False,
@@ -188,6 +188,27 @@ class Options(BaseModel):
     )
     tokens: float | None = _option(
         "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
+    )
+    gpus_per_node: int | None = _option(
+        "GPUs per node: tensor-parallel and other groups inside it use the intra-node link [default: the "
+        "GPU preset's topology]",
+        _GPU,
+        metavar="N",
+        show_default=False,
+    )
+    intra_node_bw: float | None = _option(
+        "Bandwidth per GPU and direction inside a node, GB/s (NVLink, Infinity Fabric, PCIe) [default: "
+        "the GPU preset's]",
+        _GPU,
+        metavar="GB/s",
+        show_default=False,
+    )
+    inter_node_bw: float | None = _option(
+        "Bandwidth per GPU and direction between nodes, GB/s (InfiniBand/RoCE NICs) [default: the GPU "
+        "preset's]",
+        _GPU,
+        metavar="GB/s",
+        show_default=False,
     )
     reserve: float = _option(
         "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
@@ -372,6 +393,14 @@ class Built:
     timing: Timing | None
 
 
+def gpu_of(o: Options, name: str) -> GpuPreset:
+    """The GPU preset ``name`` with ``o``'s topology settings (``--gpus-per-node``, ``--intra-node-bw``,
+    ``--inter-node-bw``) in place of its own."""
+    gpu = load_gpu(name)
+    topology = gpu.topology.with_overrides(o.gpus_per_node, o.intra_node_bw, o.inter_node_bw)
+    return gpu if topology == gpu.topology else gpu.model_copy(update={"topology": topology})
+
+
 def build(o: Options) -> Built:
     """Estimate the configuration ``o`` describes; ``ValueError`` (one line) for any user mistake."""
     result = estimate(setup_of(o))
@@ -380,12 +409,16 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: time needs a GPU's peak FLOP/s; add --gpu NAME (`memplan gpus` lists them)"
             )
+        if any(v is not None for v in (o.gpus_per_node, o.intra_node_bw, o.inter_node_bw)):
+            raise ValueError(
+                "gpu: a topology setting changes a GPU preset's; add --gpu NAME (`memplan gpus` lists them)"
+            )
         if o.reserve != DEFAULT_RESERVE_GIB:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
         return Built(o, result, None, None, None)
-    gpu = load_gpu(o.gpu)
+    gpu = gpu_of(o, o.gpu)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from memplan.api import Options, build_setup
+from memplan.api import Options, build_setup, gpu_of
 from memplan.cli.common import JsonOpt, handle_user_errors, option_default, options_of, with_options
 from memplan.config import (
     Attention,
@@ -22,7 +22,6 @@ from memplan.config import (
     ZeroStage,
     parse_checkpointing,
 )
-from memplan.presets import load_gpu
 
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 
@@ -152,7 +151,19 @@ FIT_LISTS = {
 
 
 @handle_user_errors
-@with_options("model", "seq", "precision", "optimizer", "dropout", "device", "mfu", "reserve")
+@with_options(
+    "model",
+    "seq",
+    "precision",
+    "optimizer",
+    "dropout",
+    "device",
+    "mfu",
+    "gpus_per_node",
+    "intra_node_bw",
+    "inter_node_bw",
+    "reserve",
+)
 def fit_command(
     gpu: Annotated[
         str | None,
@@ -234,7 +245,7 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
     )
-    device = load_gpu(gpu)
+    device = gpu_of(o, gpu)
     reserve = reserve_bytes(o.reserve, device)
     result = fit(base, device, gpus, global_batch=global_batch, mfu=o.mfu, space=space, reserve=reserve)
     if as_json:

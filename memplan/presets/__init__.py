@@ -29,11 +29,13 @@ from memplan.config import ModelConfig
 from memplan.errors import one_line_validation_error
 from memplan.presets._files import looks_like_json, parse_document, read_text
 from memplan.presets.hf import hf_notes, model_from_hf_config
+from memplan.presets.topology import Topology
 
 __all__ = [
     "GpuPreset",
     "ModelPreset",
     "PeakTflops",
+    "Topology",
     "gpu_names",
     "load_gpu",
     "load_model_preset",
@@ -105,6 +107,8 @@ class GpuPreset(_Preset):
     hbm_bandwidth_gbps: float = Field(gt=0, description="device memory bandwidth, GB/s (10⁹ bytes/s)")
     interconnect: str = Field(min_length=1, description="GPU-to-GPU link, e.g. 'NVLink 4, 900 GB/s'")
     interconnect_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth, GB/s, both directions")
+    topology: Topology
+    """The node and the links, per GPU and direction (``[topology]``; communication and step time)."""
 
 
 P = TypeVar("P", bound=_Preset)

@@ -33,8 +33,8 @@ from memplan.render.estimate import (
     unit_of,
 )
 from memplan.render.fitted import Col, Fitted
+from memplan.render.time import comm_table, time_table
 from memplan.search.budget import Verdict
-from memplan.time.timing import Timing
 
 # The memory bar's parts as memplan.render.estimate draws them: (label, style, glyph).
 SEGMENTS = report.SEGMENTS  # one bar style for every command
@@ -147,35 +147,6 @@ def stages_table(p: Result) -> Fitted:
     return table
 
 
-def time_table(t: Timing) -> Fitted:
-    cols = (Col("", "left"), Col(""), Col("", "left", priority=1, wrap=True, min_width=16))
-    table = Fitted(cols, title=f"Time of one step ({FLOP_UNITS})", show_header=False)
-    basis = (
-        f"at an assumed MFU of {t.assumed_mfu:.0%} (--mfu)"
-        if t.assumed_mfu is not None
-        else "measured (--step-time)"
-    )
-    rows = [
-        ("step time", f"{t.step_time_s:,.3f} s", basis),
-        ("tokens/s", f"{t.tokens_per_s:,.0f}", f"{fmt_int(t.tokens_per_step)} tokens per step"),
-        ("MFU", f"{t.mfu:.1%}", "model FLOPs (no recompute) / (time × devices × peak)"),
-        ("HFU", f"{t.hfu:.1%}", "all FLOPs that run (recompute included) / the same"),
-        ("pipeline bubble", f"{t.bubble:.1%}", "(p − 1)/(m·n) of the busy time"),
-        ("model FLOPs", fmt_flops(t.model_flops_per_step), "per step"),
-        ("hardware FLOPs", fmt_flops(t.hardware_flops_per_step), "per step"),
-        (
-            "peak per device",
-            f"{t.peak_flops_per_device / 1e12:,.1f} TFLOP/s",
-            f"× {fmt_int(t.devices)} devices",
-        ),
-    ]
-    if t.training_days is not None and t.training_tokens is not None:
-        rows.append(("training", f"{t.training_days:,.1f} days", f"{fmt_count(t.training_tokens)} tokens"))
-    for cells in rows:
-        table.add(*cells)
-    return table
-
-
 def step_report(b: Built) -> Group:
     """What ``memplan estimate`` prints: one device without a GPU as the estimate's report (summary,
     activation inventory, FLOPs); a parallel layout or a GPU adds the layout, stages, verdict and time."""
@@ -193,6 +164,8 @@ def plan_report(b: Built) -> Group:
     parts += [report.activation_table(p), report.flops_table(p)]
     if b.timing is not None:
         parts.append(time_table(b.timing))
+        if b.timing.prediction.communication:
+            parts.append(comm_table(b.timing))
     return Group(*parts)
 
 

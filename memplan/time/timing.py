@@ -7,22 +7,25 @@ FLOPs of one step (B sequences = micro-batch × micro-batches × dp):
   attention exactly Korthikanti's 72·B·L·s·h²·(1 + s/(6h) + v/(12hL)).
 - hardware FLOPs, as HFU counts them: everything that runs, ``flops.total`` (recompute included).
 
-Time at an assumed MFU (``--mfu``, default ``DEFAULT_MFU``): the devices run the model FLOPs and the
-checkpoint recompute (``flops.recompute``) at ``mfu × peak``, and a pipeline adds its 1F1B bubble, the
-fraction (p − 1)/(m·n) of the step for n micro-batches and m virtual stages (Narayanan et al. 2021 §2.2):
+Three ways to the step time, one of them per call:
+- predicted (the default): ``predict.predict`` — compute per kernel class at its achievable fraction of
+  peak, plus the communication that is not hidden, plus the pipeline bubble (docs/step-time.md);
+- at an assumed MFU (``--mfu``): the devices run the model FLOPs and the checkpoint recompute
+  (``flops.recompute``) at ``mfu × peak``, and a pipeline adds its 1F1B bubble, the fraction (p − 1)/(m·n)
+  of the step for n micro-batches and m virtual stages (Narayanan et al. 2021 §2.2):
 
-    step = (model + recompute) / (devices · peak · mfu) · (1 + (p − 1)/(m·n))
+      step = (model + recompute) / (devices · peak · mfu) · (1 + (p − 1)/(m·n))
 
-so with neither recompute nor pipeline the achieved MFU is the assumed one. The flash kernel's internal
-recompute is not charged (it replaces eager attention's s×s memory traffic, not charged either).
-Given a measured step time instead, MFU = model / (time · devices · peak), HFU = hardware / (same); a step
-time shorter than model / (devices · peak), an MFU over 1, is refused (a mistyped time or a wrong layout).
+  so with neither recompute nor pipeline the achieved MFU is the assumed one (communication is part of
+  what an MFU below 1 stands for);
+- measured (``--step-time``): MFU = model / (time · devices · peak), HFU = hardware / (same); a step time
+  shorter than model / (devices · peak), an MFU over 1, is refused (a mistyped time or a wrong layout).
+The communication table (``comm``) comes with every basis.
 
 Peak FLOP/s per device: the GPU preset's dense figure for the precision's compute dtype (bf16, fp16, or
 plain fp32 for the fp32 recipe: PyTorch does not use TF32 for matmuls by default).
 
-Known limitations (NB): communication (tp all-reduces, dp gradient reduction, ZeRO gathers, pipeline
-sends) is not modelled beyond the bubble; it is part of what an assumed MFU below 1 stands for.
+Known limitations (NB): the prediction's own (``predict``, ``comm``, ``compute``).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Precision
 from memplan.engine import Result
 from memplan.presets import GpuPreset
-from memplan.time.defaults import DEFAULT_MFU
+from memplan.time.predict import Prediction, predict
 
 SECONDS_PER_DAY = 86_400
 
@@ -58,12 +61,19 @@ class Timing(BaseModel):
     mfu: float
     hfu: float
     assumed_mfu: float | None
-    """The assumption the step time comes from; None when the step time was measured."""
+    """The assumption the step time comes from (``--mfu``); None when predicted or measured."""
+    basis: str
+    """``predicted``, ``assumed`` (``--mfu``) or ``measured`` (``--step-time``)."""
+    prediction: Prediction
+    """The predicted step: its parts, and the communication table (whatever the basis)."""
     training_tokens: int | None
     training_days: float | None
 
     def to_json(self) -> dict[str, object]:
-        return self.model_dump()
+        out = self.model_dump(exclude={"prediction"})
+        out["predicted"] = self.prediction.to_json()
+        out["communication"] = out["predicted"].pop("communication")
+        return out
 
 
 def peak_flops(gpu: GpuPreset, precision: Precision) -> float:
@@ -80,15 +90,15 @@ def bubble(p: Result) -> float:
 
 
 def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float | None) -> float | None:
-    """The MFU the step time is to come from (``DEFAULT_MFU`` when neither is given; None when measured);
-    a one-line ``ValueError`` for a value out of range."""
+    """The MFU the step time is to come from (None when predicted or measured); a one-line
+    ``ValueError`` for a value out of range."""
     if mfu is not None and step_time is not None:
         raise ValueError("mfu: give either --mfu (to estimate the step time) or --step-time (to measure MFU)")
     if step_time is not None and not (math.isfinite(step_time) and step_time > 0):
         raise ValueError(
             f"step-time: must be finite positive seconds, got {step_time}; e.g. --step-time 13.75"
         )
-    assumed = DEFAULT_MFU if mfu is None and step_time is None else mfu
+    assumed = mfu
     if assumed is not None and not 0 < assumed <= 1:
         raise ValueError(f"mfu: must be in (0, 1], got {assumed}; e.g. --mfu 0.4")
     if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):
@@ -104,7 +114,8 @@ def timing(
     step_time: float | None = None,
     tokens: int | None = None,
 ) -> Timing:
-    """Time of one step of plan ``p`` on ``gpu``: from an assumed ``mfu`` or a measured ``step_time`` (s).
+    """Time of one step of plan ``p`` on ``gpu``: predicted, or from an assumed ``mfu`` or a measured
+    ``step_time`` (s); ``gpu.topology`` places the communication.
 
     ``tokens``: a training budget to turn into days. Raises ``ValueError`` for a non-positive input.
     """
@@ -116,10 +127,15 @@ def timing(
     peak = peak_flops(gpu, p.setup.training.precision)
     capacity = p.devices * peak
     b = bubble(p)
-    seconds = step_time if assumed is None else (model + recompute) / (capacity * assumed) * (1 + b)
-    assert seconds is not None  # NB: for mypy; one of the two is set
+    predicted = predict(p, gpu, peak)
+    if assumed is not None:
+        seconds, basis = (model + recompute) / (capacity * assumed) * (1 + b), "assumed"
+    elif step_time is not None:
+        seconds, basis = step_time, "measured"
+    else:
+        seconds, basis = predicted.step_time_s, "predicted"
     fastest = model / capacity  # every model FLOP at the devices' peak: MFU 1
-    if assumed is None and seconds < fastest:
+    if basis == "measured" and seconds < fastest:
         achieved = model / (seconds * capacity)
         mfu_text = f"{achieved:,.0%}" if math.isfinite(achieved) else "unbounded"
         raise ValueError(
@@ -144,6 +160,8 @@ def timing(
         mfu=model / (seconds * capacity),
         hfu=hardware / (seconds * capacity),
         assumed_mfu=assumed,
+        basis=basis,
+        prediction=predicted,
         training_tokens=tokens,
         training_days=tokens / rate / SECONDS_PER_DAY if tokens is not None else None,
     )

@@ -26,7 +26,7 @@ from memplan.config import (
     TrainingConfig,
 )
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.timing import DEFAULT_MFU, timing
+from memplan.time.timing import timing
 
 from .layout import plan
 
@@ -166,6 +166,10 @@ def test_narayanan_training_days(
     assert got.training_days is not None and abs(got.training_days - days) / days < 0.03
 
 
+MFU = 0.4
+"""An assumed MFU (``--mfu``) for the tests of that basis."""
+
+
 def llama_plan(checkpointing: Checkpointing = Checkpointing.NONE, pp: int = 1, grad_accum: int = 8):  # type: ignore[no-untyped-def]
     setup = Setup(
         model=load_model_preset("llama-3-8b").model,
@@ -176,25 +180,26 @@ def llama_plan(checkpointing: Checkpointing = Checkpointing.NONE, pp: int = 1, g
 
 
 def test_assumed_mfu_is_achieved_without_recompute_or_bubble() -> None:
-    got = timing(llama_plan(), load_gpu("h100"))
-    assert got.assumed_mfu == DEFAULT_MFU and got.mfu == pytest.approx(DEFAULT_MFU)
+    got = timing(llama_plan(), load_gpu("h100"), mfu=MFU)
+    assert got.basis == "assumed"
+    assert got.assumed_mfu == MFU and got.mfu == pytest.approx(MFU)
     assert got.tokens_per_s == pytest.approx(got.tokens_per_step / got.step_time_s)
     assert got.global_batch == 8 * 4 and got.devices == 4
     # step = model FLOPs / (devices · peak · mfu)
-    assert got.step_time_s == pytest.approx(got.model_flops_per_step / (4 * 989.5e12 * DEFAULT_MFU))
+    assert got.step_time_s == pytest.approx(got.model_flops_per_step / (4 * 989.5e12 * MFU))
 
 
 def test_recompute_and_bubble_lengthen_the_step() -> None:
     h100 = load_gpu("h100")
-    base = timing(llama_plan(), h100)
-    full = timing(llama_plan(Checkpointing.FULL), h100)
-    piped = timing(llama_plan(pp=4), h100)
+    base = timing(llama_plan(), h100, mfu=MFU)
+    full = timing(llama_plan(Checkpointing.FULL), h100, mfu=MFU)
+    piped = timing(llama_plan(pp=4), h100, mfu=MFU)
     assert full.step_time_s == pytest.approx(
         base.step_time_s * (1 + full.recompute_flops_per_step / full.model_flops_per_step)
     )
     assert piped.bubble == pytest.approx(3 / 8)  # (p − 1)/(m·n), Narayanan §2.2.1
     assert piped.step_time_s == pytest.approx(base.step_time_s / 4 * (1 + 3 / 8))  # 4 × the devices, same dp
-    assert piped.mfu == pytest.approx(DEFAULT_MFU / (1 + 3 / 8))
+    assert piped.mfu == pytest.approx(MFU / (1 + 3 / 8))
 
 
 def test_precision_picks_the_peak() -> None:

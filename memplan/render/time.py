@@ -1,0 +1,87 @@
+"""Rendering of the step time and the communication table (``memplan estimate --gpu``): formatting only,
+every figure computed in ``memplan.time``. Units: seconds, bytes in binary units (MiB = 2²⁰), FLOPs in
+decimal (TFLOP = 10¹²)."""
+
+from __future__ import annotations
+
+from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.render.fitted import Col, Fitted
+from memplan.time.timing import Timing
+
+_BASIS = {
+    "predicted": "predicted: kernels at their achievable peak + exposed communication + bubble",
+    "measured": "measured (--step-time)",
+}
+
+
+def _seconds(s: float) -> str:
+    return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def time_table(t: Timing) -> Fitted:
+    cols = (Col("", "left"), Col(""), Col("", "left", priority=1, wrap=True, min_width=16))
+    table = Fitted(cols, title=f"Time of one step ({FLOP_UNITS})", show_header=False)
+    pr = t.prediction
+    basis = _BASIS.get(t.basis, f"at an assumed MFU of {t.assumed_mfu or 0:.0%} (--mfu)")
+    rows = [
+        ("step time", f"{t.step_time_s:,.3f} s", basis),
+        ("tokens/s", f"{t.tokens_per_s:,.0f}", f"{fmt_int(t.tokens_per_step)} tokens per step"),
+        ("MFU", f"{t.mfu:.1%}", "model FLOPs (no recompute) / (time × devices × peak)"),
+        ("HFU", f"{t.hfu:.1%}", "all FLOPs that run (recompute included) / the same"),
+        ("pipeline bubble", f"{t.bubble:.1%}", "(p − 1)/(m·n) of the busy time"),
+        ("model FLOPs", fmt_flops(t.model_flops_per_step), "per step"),
+        ("hardware FLOPs", fmt_flops(t.hardware_flops_per_step), "per step"),
+        (
+            "peak per device",
+            f"{t.peak_flops_per_device / 1e12:,.1f} TFLOP/s",
+            f"× {fmt_int(t.devices)} devices",
+        ),
+    ]
+    if t.training_days is not None and t.training_tokens is not None:
+        rows.append(("training", f"{t.training_days:,.1f} days", f"{fmt_count(t.training_tokens)} tokens"))
+    stage = f"stage {pr.stage}, {pr.stage_layers} layers" if t.devices > 1 else "one device"
+    rows += [
+        ("predicted step", _seconds(pr.step_time_s), f"MFU {pr.mfu:.1%}; the busiest device ({stage})"),
+        ("  matmul", _seconds(pr.matmul_s), "linears and the head at their achievable peak"),
+        ("  attention", _seconds(pr.attention_s), "QKᵀ and P·V, forward and backward"),
+        ("  element-wise", _seconds(pr.elementwise_s), "norms, residuals, activations: bytes / HBM"),
+    ]
+    hidden = "communication no compute hides"
+    rows += [(f"  {k} exposed", _seconds(v), hidden) for k, v in pr.exposed_s.items()]
+    if pr.bubble_s:
+        rows.append(("  bubble", _seconds(pr.bubble_s), "pipeline fill and drain"))
+    for cells in rows:
+        table.add(*cells)
+    return table
+
+
+def comm_table(t: Timing) -> Fitted:
+    """One row per collective of the busiest device's step (``time.communication``)."""
+    cols = (
+        Col("dim", "left"),
+        Col("collective", "left"),
+        Col("phase", "left", priority=1),
+        Col("per call"),
+        Col("calls"),
+        Col("ranks", priority=4),
+        Col("link", "left", priority=3),
+        Col("time"),
+        Col("hidden\nbehind", "left", priority=2),
+        Col("what", "left", priority=4, wrap=True, min_width=14),
+    )
+    table = Fitted(cols, title="Communication of one step, one device of the busiest stage")
+    for r in t.prediction.communication:
+        table.add(
+            r.dimension,
+            r.collective.value,
+            r.phase.value,
+            fmt_bytes(r.bytes),
+            fmt_int(r.count),
+            str(r.group),
+            r.link.level,
+            _seconds(r.time_s),
+            "–" if r.overlap.value == "none" else r.overlap.value,
+            r.what,
+        )
+    table.caption = "time: ring algorithm, (n−1)/n·bytes per link step (all-reduce twice) + latency per step"
+    return table

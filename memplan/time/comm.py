@@ -1,0 +1,370 @@
+"""Communication of one training step, per parallel dimension, placed on the GPU's topology.
+
+Each row is one kind of collective a device of the busiest pipeline stage (``Critical``) runs: its
+dimension, the collective, the phase, the bytes of ONE call, the calls per step, the group it runs over and
+the link that group sits on, and which compute it overlaps with (``Overlap``).
+
+Bytes of one call, NCCL's convention: an all-reduce's buffer, an all-gather's output, a reduce-scatter's
+input, an all-to-all's send buffer, a point-to-point's message. X = b·s·h·e is one micro-batch's hidden
+states on one rank (e the activation bytes); P a rank's parameters on the stage; w, g the bytes of a weight
+and a gradient element.
+
+Time of one call on n ranks, ring algorithms (Patarasuk & Yuan 2009; NCCL's bus bandwidth, nccl-tests
+PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``efficiency.NETWORK``, α its latency per
+step:  all-reduce 2(n−1)/n·B/β + 2(n−1)·α;  all-gather, reduce-scatter, all-to-all (n−1)/n·B/β + (n−1)·α;
+point-to-point B/β + α.
+
+Placement (``link``): ranks are numbered with tp innermost, then cp, pp and dp outward (Llama 3, Dubey et
+al. 2024 §3.3.2: "[TP, CP, PP, DP]"); a group of n ranks with stride S (the product of the inner degrees)
+spans S·n consecutive ranks, inside one node when S·n ≤ GPUs per node, otherwise over the inter-node
+network (a ring that leaves the node runs at the slowest link's bandwidth). Expert parallelism takes its
+ranks from dp (stride tp·cp·pp).
+
+Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4.2.2, Narayanan et al. 2021):
+- tp without sp: per layer two all-reduces of X in forward (after the attention and MLP row-parallel
+  linears; the embedding adds one), two in backward (the column-parallel linears' input gradient, and the
+  head's), overlapped with the weight-gradient GEMM (Megatron's async all-reduce); a re-run layer repeats
+  its forward ones. The vocabulary-parallel cross entropy all-reduces three [b, s] fp32 tensors (max,
+  sum of exponentials, target logit).
+- tp with sp: each all-reduce becomes an all-gather and a reduce-scatter of X (same bytes on the wire);
+  forward 2L+1 of each (the embedding reduce-scatters, the head all-gathers); backward the transposes
+  (an all-gather for each forward reduce-scatter, exposed; a reduce-scatter for each forward all-gather,
+  overlapped with the weight gradient) plus the re-gather of each column-parallel linear's saved sharded
+  input for its weight gradient (overlapped with the input-gradient GEMM).
+- pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
+  and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
+- dp: ZeRO 0 all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
+  bucketed as DDP does); ZeRO 1 reduce-scatters them once and all-gathers the updated weights once (with the
+  next forward, Megatron's overlap_param_gather); ZeRO 2 reduce-scatters every micro-batch's gradients
+  (with its backward); ZeRO 3 also all-gathers the weights in every forward and again in every backward
+  (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep group.
+- ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
+  two in backward, two more in a re-run; not overlapped.
+
+Adding a dimension (context parallelism's ring exchange of K/V): write one row function
+``(Critical, Topology) → list[Row]`` below and append it to ``ROWS``; give its degree a place in
+``ORDER`` (cp sits between tp and pp) so the groups outside it get their stride.
+
+Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
+each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's; tree
+and NVLS algorithms, and compression, are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from memplan.analytic.params import ParamCount
+from memplan.config import Checkpointing, Setup, ZeroStage
+from memplan.engine import Result
+from memplan.presets import Topology
+from memplan.strategies.pipeline_parallel import stage, stage_layers, stage_params
+from memplan.time import efficiency
+
+
+class Collective(StrEnum):
+    ALL_REDUCE = "all-reduce"
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_TO_ALL = "all-to-all"
+    SEND_RECV = "send/recv"
+
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    STEP = "step"
+    """Once per optimizer step."""
+
+
+class Overlap(StrEnum):
+    """The compute a collective runs under (``none``: it waits, exposed)."""
+
+    NONE = "none"
+    FORWARD = "forward"
+    """Every micro-batch's forward."""
+    BACKWARD = "backward"
+    """Every micro-batch's backward."""
+    LAST_BACKWARD = "last backward"
+    """The last micro-batch's backward (a once-per-step gradient reduction)."""
+    FIRST_FORWARD = "first forward"
+    """The next step's first forward (a once-per-step weight all-gather)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    level: str
+    """``intra-node`` or ``inter-node``."""
+    gbps: float
+    """Per direction, GB/s (before ``efficiency.NETWORK``)."""
+    latency_us: float
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kind of collective: ``count`` calls per step of ``bytes`` each over ``group`` ranks."""
+
+    dimension: str
+    collective: Collective
+    phase: Phase
+    bytes: int
+    count: int
+    group: int
+    link: Link
+    overlap: Overlap
+    what: str
+
+    @property
+    def call_s(self) -> float:
+        """Seconds of one call (module docstring)."""
+        return collective_seconds(self.collective, self.bytes, self.group, self.link)
+
+    @property
+    def time_s(self) -> float:
+        return self.count * self.call_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dimension": self.dimension,
+            "collective": self.collective.value,
+            "phase": self.phase.value,
+            "bytes": self.bytes,
+            "count": self.count,
+            "group": self.group,
+            "link": self.link.level,
+            "time_s": self.time_s,
+            "overlapped": self.overlap is not Overlap.NONE,
+            "overlaps": self.overlap.value,
+            "what": self.what,
+        }
+
+
+def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> float:
+    """Ring time of one call of ``nbytes`` over ``n`` ranks on ``link``."""
+    beta = link.gbps * 1e9 * efficiency.NETWORK
+    alpha = link.latency_us * 1e-6
+    if kind is Collective.SEND_RECV:
+        return nbytes / beta + alpha
+    steps = 2 * (n - 1) if kind is Collective.ALL_REDUCE else n - 1
+    return steps / n * nbytes / beta + steps * alpha
+
+
+# ----------------------------------------------------------------------------------------------------
+# The device the rows are for, and where its groups sit
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Critical:
+    """The busiest pipeline stage (most layer FLOPs, the head's counted on the last): what one of its
+    devices runs per micro-batch bounds the pipeline's pace."""
+
+    result: Result
+    index: int
+    layers: int
+    params: ParamCount
+    """The stage's parameters on one tensor-parallel rank."""
+
+    @property
+    def setup(self) -> Setup:
+        return self.result.setup
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.setup.parallel.pp - 1
+
+    @property
+    def rerun_layers(self) -> int:
+        """Layers whose forward (and its collectives) re-runs in backward: full / every-k checkpointing
+        and reversible layers re-run whole layers; selective only the attention core (no collective)."""
+        s = self.setup.strategy
+        whole = s.checkpointing >= Checkpointing.EVERY_K or s.reversible
+        return self.layers if whole else 0
+
+
+def critical_stage(r: Result) -> Critical:
+    """The stage with the most forward FLOPs: its layers' share, plus the head on the last stage."""
+    par, f = r.setup.parallel, r.flops
+    counts = stage_layers(r.setup.model.num_layers, par)
+    per_layer = (f.layer_linear + f.layer_attention) / r.setup.model.num_layers
+    work = [n * per_layer + (f.lm_head if i == par.pp - 1 else 0) for i, n in enumerate(counts)]
+    i = max(range(par.pp), key=lambda k: (work[k], k))
+    st = stage(par, i, counts[i], r.micro_batches)
+    return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
+
+
+ORDER: tuple[tuple[str, Callable[[Setup], int]], ...] = (
+    ("tp", lambda s: s.parallel.tp),
+    # ("cp", lambda s: s.parallel.cp),  ← context parallelism takes its place here (Llama 3's order)
+    ("pp", lambda s: s.parallel.pp),
+    ("dp", lambda s: s.strategy.dp),
+)
+"""The parallel dimensions, innermost first: a group's stride is the product of the degrees before it."""
+
+
+def stride(setup: Setup, dimension: str) -> int:
+    out = 1
+    for name, degree in ORDER:
+        if name == dimension:
+            return out
+        out *= degree(setup)
+    raise ValueError(f"dimension: {dimension!r} is not one of {[n for n, _ in ORDER]}")
+
+
+def link(topo: Topology, group_stride: int, n: int) -> Link:
+    """The link a group of ``n`` ranks ``group_stride`` apart runs on (module docstring)."""
+    if group_stride * n <= topo.gpus_per_node:
+        return Link("intra-node", topo.intra_node_gbps, topo.intra_node_latency_us)
+    return Link("inter-node", topo.inter_node_gbps, topo.inter_node_latency_us)
+
+
+def hidden_bytes(setup: Setup) -> int:
+    """X = b·s·h·e: one micro-batch's hidden states, whole sequence."""
+    t = setup.training
+    return t.micro_batch * t.seq_len * setup.model.hidden_size * t.precision.activation_dtype.bytes
+
+
+# ----------------------------------------------------------------------------------------------------
+# One function per dimension: the rows of its collectives
+# ----------------------------------------------------------------------------------------------------
+def tp_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Tensor (and sequence) parallelism, per micro-batch × micro-batches (module docstring)."""
+    s, t = c.setup, c.setup.parallel.tp
+    if t == 1:
+        return []
+    n, x = c.result.micro_batches, hidden_bytes(s)
+    on = link(topo, stride(s, "tp"), t)
+    embed, head = int(c.first), int(c.last)
+    fwd_in = (2 * c.layers + head) * n  # column-parallel linears' inputs: QKV, MLP in, the head
+    fwd_out = (2 * c.layers + embed) * n  # row-parallel outputs: attention out, MLP out, the embedding
+    rerun = 2 * c.rerun_layers * n
+
+    def row(kind: Collective, phase: Phase, count: int, overlap: Overlap, what: str, nbytes: int = x) -> Row:
+        return Row("tp", kind, phase, nbytes, count, t, on, overlap, what)
+
+    tokens = s.training.micro_batch * s.training.seq_len
+    loss = 4 * tokens  # one fp32 per token
+    rows = [row(Collective.ALL_REDUCE, Phase.FORWARD, 3 * n * head, Overlap.NONE, "cross entropy", loss)]
+    if not s.parallel.sp:
+        rows += [
+            row(Collective.ALL_REDUCE, Phase.FORWARD, fwd_out, Overlap.NONE, "row-parallel outputs"),
+            row(Collective.ALL_REDUCE, Phase.BACKWARD, fwd_in, Overlap.BACKWARD, "input gradients ‖ dW"),
+            row(Collective.ALL_REDUCE, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
+        ]
+    else:
+        AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+        rows += [
+            row(AG, Phase.FORWARD, fwd_in, Overlap.NONE, "sequence → linear inputs"),
+            row(RS, Phase.FORWARD, fwd_out, Overlap.NONE, "outputs → sequence shards"),
+            row(AG, Phase.BACKWARD, fwd_out, Overlap.NONE, "output gradients"),
+            row(RS, Phase.BACKWARD, fwd_in, Overlap.BACKWARD, "input gradients ‖ dW"),
+            row(AG, Phase.BACKWARD, fwd_in, Overlap.BACKWARD, "saved inputs for dW ‖ dX"),
+            row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' inputs"),
+            row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
+        ]
+    return [r for r in rows if r.count]
+
+
+def pp_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Pipeline sends: one per micro-batch and chunk each way (a middle stage; the first stage sends
+    forward only, the last backward only). Each tensor-parallel rank sends its 1/t of X: sharded already
+    with sp; without sp Megatron's scatter/gather optimisation (Narayanan et al. 2021 §4.1) sends 1/t and
+    all-gathers X on the receiving side, over the tensor-parallel group."""
+    s = c.setup
+    p, m, n, t = s.parallel.pp, s.parallel.vpp, c.result.micro_batches, s.parallel.tp
+    if p == 1:
+        return []
+    x = hidden_bytes(s)
+    on = link(topo, stride(s, "pp"), 2)  # two neighbouring stages
+    rows = [
+        Row("pp", Collective.SEND_RECV, Phase.FORWARD, x // t, n * m, 2, on, Overlap.NONE, "activations →"),
+        Row("pp", Collective.SEND_RECV, Phase.BACKWARD, x // t, n * m, 2, on, Overlap.NONE, "← gradients"),
+    ]
+    if t > 1 and not s.parallel.sp:
+        inside = link(topo, stride(s, "tp"), t)
+        rows += [
+            Row("pp", Collective.ALL_GATHER, phase, x, n * m, t, inside, Overlap.NONE, "received 1/t → X")
+            for phase in (Phase.FORWARD, Phase.BACKWARD)
+        ]
+    return rows
+
+
+def _dp_group(
+    dimension: str, params: int, ranks: int, group_stride: int, c: Critical, topo: Topology
+) -> list[Row]:
+    """ZeRO's collectives over ``ranks`` data-parallel ranks for ``params`` parameters (module docstring)."""
+    s = c.setup
+    if ranks == 1 or params == 0:
+        return []
+    zero, n, prec = s.strategy.zero, c.result.micro_batches, s.training.precision
+    grads, weights = params * prec.grad_bytes, params * prec.weight_bytes
+    on = link(topo, group_stride, ranks)
+
+    def row(kind: Collective, phase: Phase, nbytes: int, count: int, overlap: Overlap, what: str) -> Row:
+        return Row(dimension, kind, phase, nbytes, count, ranks, on, overlap, what)
+
+    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    if zero is ZeroStage.NONE:
+        return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients")]
+    if zero is ZeroStage.OPTIMIZER:
+        return [
+            row(RS, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients"),
+            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
+        ]
+    if zero is ZeroStage.GRADIENTS:
+        return [
+            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
+        ]
+    return [
+        row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
+        row(AG, Phase.BACKWARD, weights, n, Overlap.BACKWARD, "weights again"),
+        row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+    ]
+
+
+def dp_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Data parallelism and ZeRO: the dense parameters over dp, routed experts over dp/ep."""
+    s = c.setup
+    dp, ep = s.strategy.dp, s.parallel.ep
+    experts = c.result.pieces.expert_params * c.layers
+    at = stride(s, "dp")
+    return _dp_group("dp", c.params.total - experts, dp, at, c, topo) + _dp_group(
+        "dp experts", experts, dp // ep, at * ep, c, topo
+    )
+
+
+def ep_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Expert parallelism: dispatch and combine all-to-alls of the routed tokens, per MoE layer."""
+    s, moe = c.setup, c.setup.model.moe
+    ep = s.parallel.ep
+    if moe is None or ep == 1:
+        return []
+    t = s.training
+    tokens = t.micro_batch * t.seq_len // (s.parallel.tp if s.parallel.sp else 1)
+    nbytes = moe.slots(tokens) * s.model.hidden_size * t.precision.activation_dtype.bytes
+    on = link(topo, stride(s, "dp"), ep)
+    n = c.result.micro_batches
+
+    def row(phase: Phase, layers: int) -> Row:
+        count = 2 * layers * n  # dispatch and combine
+        return Row("ep", Collective.ALL_TO_ALL, phase, nbytes, count, ep, on, Overlap.NONE, "tokens ⇄")
+
+    rows = [row(Phase.FORWARD, c.layers), row(Phase.BACKWARD, c.layers), row(Phase.RECOMPUTE, c.rerun_layers)]
+    return [r for r in rows if r.count]
+
+
+ROWS: tuple[Callable[[Critical, Topology], list[Row]], ...] = (tp_rows, pp_rows, dp_rows, ep_rows)
+"""One function per dimension, in the table's order; context parallelism appends its ``cp_rows``."""
+
+
+def communication(r: Result, topo: Topology) -> tuple[Critical, list[Row]]:
+    """The busiest stage and every collective one of its devices runs in one step."""
+    c = critical_stage(r)
+    return c, [row for rows in ROWS for row in rows(c, topo)]

@@ -1,0 +1,120 @@
+"""Compute time of one micro-batch on one device of the busiest stage, per kernel class.
+
+Three classes, each at its achievable fraction (``efficiency``):
+- matrix products: the layers' linears (and an MoE's experts) and the lm head, at ``MATMUL`` × peak;
+- the attention core's products (QKᵀ, P·V, their gradients, the flash backward's recompute of S), at
+  ``ATTENTION`` × peak;
+- element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``) at ``MEMORY`` × HBM bandwidth.
+
+FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
+layers, the head's on the last stage, ÷ tp (every matmul is split over the tensor-parallel ranks).
+Checkpoint recompute re-runs the attention core (selective: attention class) or whole layers (its FLOPs
+split as the layer forward's, linear : attention).
+
+Element-wise bytes of one layer's forward on one rank (each op reads its inputs and writes its output;
+T tokens, Tr = T/t with sequence parallelism else T — norms, residual adds and dropouts run on the rank's
+tokens —, e the activation bytes):
+    two norms 2·(2·Tr·h·e); two residual adds 2·(3·Tr·h·e); two residual dropouts (when p > 0)
+    2·(2·Tr·h·e + Tr·h) (a 1-byte mask); rotary on q and k 2·T·(a + kv)·d/t·e; the MLP's activation
+    (SwiGLU reads gate and up, writes one: 3·T·F/t·e; GELU 2·T·F/t·e; F the routed and shared width an
+    MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e and its dropout
+    2·b·(a/t)·s²·e + b·(a/t)·s² (the flash kernel does these inside, no traffic).
+The backward moves twice the forward's bytes (each op reads the incoming gradient and what it saved, and
+writes a gradient); a re-run forward moves its bytes again.
+
+Known limitations (NB): fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
+the lm head's softmax and the optimizer step's traffic are not counted; compute is charged per class,
+never overlapped with another class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup
+from memplan.presets import GpuPreset
+from memplan.time import efficiency
+from memplan.time.comm import Critical
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Seconds of one micro-batch's forward or backward (with recompute) on one device, per class."""
+
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.matmul_s + self.attention_s + self.elementwise_s
+
+
+@dataclass(frozen=True)
+class StageFlops:
+    """FLOPs of one micro-batch on one device of the stage, forward and backward (recompute included)."""
+
+    matmul_forward: float
+    attention_forward: float
+    matmul_backward: float
+    attention_backward: float
+
+
+def stage_flops(c: Critical) -> StageFlops:
+    """The stage's share of the whole model's FLOPs on one tensor-parallel rank (module docstring)."""
+    f, s = c.result.flops, c.setup
+    cut = c.layers / s.model.num_layers / s.parallel.tp
+    head = f.lm_head / s.parallel.tp if c.last else 0.0
+    linear, attention = f.layer_linear * cut, f.layer_attention * cut
+    attention_back = (f.backward - 2 * (f.layer_linear + f.lm_head)) * cut
+    recompute = f.recompute * cut
+    if s.strategy.checkpointing is Checkpointing.SELECTIVE:
+        rerun_attention = recompute
+    else:
+        rerun_attention = recompute * attention / (linear + attention) if linear + attention else 0.0
+    return StageFlops(
+        matmul_forward=linear + head,
+        attention_forward=attention,
+        matmul_backward=2 * (linear + head) + recompute - rerun_attention,
+        attention_backward=attention_back + rerun_attention,
+    )
+
+
+def elementwise_bytes(s: Setup) -> int:
+    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring)."""
+    m, t, par = s.model, s.training, s.parallel
+    e = t.precision.activation_dtype.bytes
+    tokens = t.micro_batch * t.seq_len
+    rank_tokens = tokens // par.tp if par.sp else tokens
+    hidden = rank_tokens * m.hidden_size
+    out = 2 * 2 * hidden * e + 2 * 3 * hidden * e
+    if m.resid_dropout > 0:
+        out += 2 * (2 * hidden * e + hidden)
+    if m.position is PositionType.ROPE:
+        out += 2 * tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * e
+    width = m.ffn * m.moe.top_k + m.moe.shared_width(m) if m.moe else m.ffn
+    out += (3 if m.mlp is MlpType.SWIGLU else 2) * tokens * width // par.tp * e
+    if s.strategy.attention is Attention.EAGER:
+        probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
+        out += 2 * probs * e + (2 * probs * e + probs if m.attn_dropout > 0 else 0)
+    return out
+
+
+def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
+    """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
+    f = stage_flops(c)
+    layer = elementwise_bytes(c.setup) * c.layers
+    rerun = c.rerun_layers * elementwise_bytes(c.setup)
+    if c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        rerun = _attention_bytes(c.setup) * c.layers
+    hbm = gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY
+    mm, at = peak * efficiency.MATMUL, peak * efficiency.ATTENTION
+    forward = KernelTime(f.matmul_forward / mm, f.attention_forward / at, layer / hbm)
+    backward = KernelTime(f.matmul_backward / mm, f.attention_backward / at, (2 * layer + rerun) / hbm)
+    return forward, backward
+
+
+def _attention_bytes(s: Setup) -> int:
+    """The eager attention core's element-wise bytes (what selective recompute re-runs); 0 for flash."""
+    eager = s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})
+    return elementwise_bytes(s) - elementwise_bytes(eager)

@@ -1,0 +1,111 @@
+"""The predicted step time: compute per kernel class, plus the communication not hidden, plus the bubble.
+
+On one device of the busiest pipeline stage (``comm.critical_stage``), n micro-batches per step, p stages
+and m virtual stages per rank:
+
+    busy   = n · (forward + backward) + exposed(tp, ep)        forward, backward: ``compute.kernel_times``
+    bubble = busy · (p − 1)/(m·n)                              1F1B (Narayanan et al. 2021 §2.2)
+    step   = busy + bubble + exposed(pp) + exposed(dp)
+
+A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
+one dimension that overlap the same compute cost what they take beyond it,
+max(0, Σ their time − that compute) — every micro-batch's forward or backward, the last backward (a
+once-per-step gradient reduction) or the first forward (the weight all-gather after the step). The
+collectives of tensor and expert parallelism stretch every micro-batch of the stage (and so the bubble);
+pipeline sends and data-parallel reductions are added once.
+
+MFU = model FLOPs / (step · devices · peak), as for any other step time (``timing``).
+
+Known limitations (NB): different dimensions' overlapped collectives are assumed to share nothing (they
+run on different links); overlapped communication slows nothing it overlaps (no SM or memory contention);
+the bubble is the balanced pipeline's; the optimizer step's time is not counted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import BaseModel, ConfigDict
+
+from memplan.engine import Result
+from memplan.presets import GpuPreset
+from memplan.time.comm import Overlap, Row, communication
+from memplan.time.compute import KernelTime, kernel_times
+
+IN_STAGE = frozenset({"tp", "ep"})
+"""Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
+ring exchange joins them)."""
+
+
+class Prediction(BaseModel):
+    """The predicted step on one device of the busiest stage; seconds per step."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    stage: int
+    """The busiest pipeline stage (0 without a pipeline)."""
+    stage_layers: int
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float
+    compute_s: float
+    """n · (forward + backward), the three classes together."""
+    exposed_s: dict[str, float]
+    """Communication not hidden behind compute, per dimension (every dimension with a collective)."""
+    bubble_s: float
+    step_time_s: float
+    mfu: float
+    communication: tuple[Row, ...]
+
+    def to_json(self) -> dict[str, object]:
+        out = self.model_dump(exclude={"communication"})
+        out["communication"] = [r.to_json() for r in self.communication]
+        return out
+
+
+def windows(forward: KernelTime, backward: KernelTime, n: int) -> dict[Overlap, float]:
+    """Seconds of the compute each kind of overlap hides behind."""
+    return {
+        Overlap.NONE: 0.0,
+        Overlap.FORWARD: n * forward.total_s,
+        Overlap.BACKWARD: n * backward.total_s,
+        Overlap.LAST_BACKWARD: backward.total_s,
+        Overlap.FIRST_FORWARD: forward.total_s,
+    }
+
+
+def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
+    """Per dimension: the time of its rows that no compute hides (module docstring)."""
+    per: dict[tuple[str, Overlap], float] = defaultdict(float)
+    for r in rows:
+        per[(r.dimension, r.overlap)] += r.time_s
+    out: dict[str, float] = {r.dimension: 0.0 for r in rows}
+    for (dimension, overlap), seconds in per.items():
+        out[dimension] += max(0.0, seconds - hide[overlap])
+    return out
+
+
+def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
+    """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring)."""
+    c, rows = communication(p, gpu.topology)
+    forward, backward = kernel_times(c, gpu, peak)
+    n, par = p.micro_batches, p.parallel
+    hidden = exposed(rows, windows(forward, backward, n))
+    in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
+    compute = n * (forward.total_s + backward.total_s)
+    busy = compute + in_stage
+    bubble = busy * (par.pp - 1) / (par.vpp * n)
+    step = busy + bubble + sum(v for k, v in hidden.items() if k not in IN_STAGE)
+    model = p.flops.model * n * p.setup.strategy.dp
+    return Prediction(
+        stage=c.index,
+        stage_layers=c.layers,
+        matmul_s=n * (forward.matmul_s + backward.matmul_s),
+        attention_s=n * (forward.attention_s + backward.attention_s),
+        elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
+        compute_s=compute,
+        exposed_s=hidden,
+        bubble_s=bubble,
+        step_time_s=step,
+        mfu=model / (step * p.devices * peak),
+        communication=tuple(rows),
+    )

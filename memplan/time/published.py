@@ -1,0 +1,203 @@
+"""Published training runs, predicted from their configuration alone: the table of docs/step-time.md.
+
+``python -m memplan.time.published`` prints the table; tests/plan/test_published.py checks that the docs
+hold exactly this output. Each run is built from what its paper states (model shape, precision, layout,
+batch, recompute, GPU); nothing of the measured result goes in. The metric is the paper's own:
+Korthikanti et al. 2022 Table 5 reports seconds per iteration; Narayanan et al. 2021 TFLOP/s per GPU
+counted with their formula F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) (full recompute included); Llama 3
+(Dubey et al. 2024, Table 4) TFLOP/s per GPU of model FLOPs (BF16 MFU × 989 TFLOP/s).
+
+Readings of the papers (stated, not fitted):
+- Korthikanti Table 5 and Narayanan: GPT layout (LayerNorm, GELU MLP 4h, biases, learned positions,
+  dropout 0.1), v 51200, s 2048, fp16 mixed precision, Megatron's fused softmax (eager attention: no flash
+  kernel in 2021–22), micro-batch 1, plain 1F1B; Korthikanti with sequence parallelism and selective
+  recompute, Narayanan with full recompute and no sequence parallelism.
+- Llama 3 405B (§3.3.2, Table 4): the llama-3.1-405b preset, bf16, s 8192, 16M tokens per step (2,048
+  sequences), micro-batch 1, TP 8 with sequence parallelism, PP 16 (126 layers, first and last stage one
+  fewer), flash attention, no recompute, FSDP that does not reshard weights after the forward (ZeRO 2:
+  gradients and optimizer sharded, weights gathered once per step). NB: the paper's interleaved schedule
+  has one layer per model chunk (its first chunk holds the embedding alone), vpp 8; memplan refuses vpp on
+  uneven stages, so the run is built with vpp 1 and the table also shows the step with the bubble divided
+  by 8, the interleaved schedule's (p − 1)/(m·n) — arithmetic on the same prediction, marked as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    MlpType,
+    ModelConfig,
+    NormType,
+    Parallel,
+    PositionType,
+    Precision,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+from memplan.engine import estimate
+from memplan.presets import load_gpu, load_model_preset
+from memplan.time.timing import Timing, timing
+
+GPT_SEQ, GPT_VOCAB = 2048, 51200
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: how to build it, what was published and in which unit."""
+
+    name: str
+    source: str
+    setup: Setup
+    parallel: Parallel
+    gpu: str
+    published: float
+    unit: str
+    """``s`` (seconds per iteration) or ``TFLOP/s`` (per GPU)."""
+    interleave: int = 1
+    """The paper's virtual stages when memplan cannot build them (the bubble ÷ this, shown apart)."""
+
+
+def gpt(h: int, heads: int, layers: int) -> ModelConfig:
+    """The GPT layout Megatron's papers train (module docstring)."""
+    return ModelConfig(
+        name=f"gpt-h{h}-l{layers}",
+        hidden_size=h,
+        num_layers=layers,
+        num_heads=heads,
+        vocab_size=GPT_VOCAB,
+        norm=NormType.LAYERNORM,
+        mlp=MlpType.GELU,
+        qkv_bias=True,
+        out_bias=True,
+        mlp_bias=True,
+        position=PositionType.LEARNED,
+        max_positions=GPT_SEQ,
+        attn_dropout=0.1,
+        resid_dropout=0.1,
+    )
+
+
+def _megatron(model: ModelConfig, checkpointing: Checkpointing, dp: int, micro_batches: int) -> Setup:
+    return Setup(
+        model=model,
+        training=TrainingConfig(seq_len=GPT_SEQ, precision=Precision.FP16_MIXED, grad_accum=micro_batches),
+        strategy=StrategyConfig(checkpointing=checkpointing, attention=Attention.EAGER, dp=dp),
+    )
+
+
+def _korthikanti(name: str, h: int, heads: int, layers: int, p: int, batch: int, seconds: float) -> Run:
+    setup = _megatron(gpt(h, heads, layers), Checkpointing.SELECTIVE, 1, batch)
+    return Run(name, "Korthikanti 2022 T5", setup, Parallel(tp=8, sp=True, pp=p), "a100-80gb", seconds, "s")
+
+
+def _llama(dp: int, tflops: float) -> Run:
+    setup = Setup(
+        model=load_model_preset("llama-3.1-405b").model,
+        training=TrainingConfig(seq_len=8192, precision=Precision.BF16_MIXED, grad_accum=2048 // dp),
+        strategy=StrategyConfig(attention=Attention.FLASH, zero=ZeroStage.GRADIENTS, dp=dp),
+    )
+    name = f"Llama 3 405B, {128 * dp:,} GPUs"
+    parallel = Parallel(tp=8, sp=True, pp=16)
+    return Run(name, "Dubey 2024 T4", setup, parallel, "h100-sxm", tflops, "TFLOP/s", interleave=8)
+
+
+RUNS: tuple[Run, ...] = (
+    _korthikanti("22B, 8 GPUs", 6144, 64, 48, 1, 4, 1.10),
+    _korthikanti("175B, 64 GPUs", 12288, 96, 96, 8, 64, 13.75),
+    _korthikanti("530B, 280 GPUs", 20480, 128, 105, 35, 280, 37.83),
+    _korthikanti("1T, 512 GPUs", 25600, 160, 128, 64, 512, 71.49),
+    Run(
+        "1T, 3,072 GPUs",
+        "Narayanan 2021 T1",
+        _megatron(gpt(25600, 160, 128), Checkpointing.FULL, 6, 512),
+        Parallel(tp=8, pp=64),
+        "a100-80gb",
+        163,
+        "TFLOP/s",
+    ),
+    _llama(64, 430),
+    _llama(128, 400),
+)
+PENDING = (("Llama 3 405B, 16,384 GPUs, CP 16, s 131,072", "Dubey 2024 T4", "380 TFLOP/s", "needs --cp"),)
+
+
+def predicted_timing(run: Run) -> Timing:
+    setup = run.setup.model_copy(update={"parallel": run.parallel})
+    return timing(estimate(setup), load_gpu(run.gpu))
+
+
+def narayanan_flops(setup: Setup) -> int:
+    """F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) per iteration (Narayanan et al. 2021 §5.1), B the global
+    batch."""
+    m, t = setup.model, setup.training
+    b, s, layers, h = t.micro_batch * t.grad_accum * setup.strategy.dp, t.seq_len, m.num_layers, m.hidden_size
+    return 96 * b * s * layers * h * h + 16 * b * s * s * layers * h + 6 * b * s * h * m.vocab_size
+
+
+def metric(run: Run, seconds: float, t: Timing) -> float:
+    """The run's published metric for a step of ``seconds``."""
+    if run.unit == "s":
+        return seconds
+    if run.source.startswith("Narayanan"):
+        return narayanan_flops(run.setup) / (seconds * t.devices) / 1e12
+    return t.model_flops_per_step / (seconds * t.devices) / 1e12
+
+
+def rows() -> list[tuple[str, ...]]:
+    """The table: run, source, published, predicted, difference, and the prediction's parts."""
+    out = []
+    for run in RUNS:
+        t = predicted_timing(run)
+        pr = t.prediction
+        got = metric(run, t.step_time_s, t)
+        comm = ", ".join(f"{k} {v:.2f}" for k, v in pr.exposed_s.items() if v >= 0.005)
+        cells = [
+            run.name,
+            run.source,
+            f"{run.published:g} {run.unit}",
+            f"{got:.2f} {run.unit}" if run.unit == "s" else f"{got:.0f} {run.unit}",
+            f"{(got / run.published - 1):+.1%}",
+            f"{pr.compute_s:.2f}",
+            comm or "–",
+            f"{pr.bubble_s:.2f}",
+            f"{t.mfu:.1%}",
+        ]
+        out.append(tuple(cells))
+        if run.interleave > 1:
+            seconds = t.step_time_s - pr.bubble_s * (1 - 1 / run.interleave)
+            got = metric(run, seconds, t)
+            bubble = pr.bubble_s / run.interleave
+            cells = [
+                f"↳ same, bubble ÷ {run.interleave} (vpp {run.interleave})",
+                "",
+                "",
+                f"{got:.0f} {run.unit}",
+                f"{(got / run.published - 1):+.1%}",
+                "",
+                "",
+                f"{bubble:.2f}",
+                f"{t.model_flops_per_step / (seconds * t.devices * t.peak_flops_per_device):.1%}",
+            ]
+            out.append(tuple(cells))
+    for name, source, published, why in PENDING:
+        out.append((name, source, published, f"pending ({why})", "", "", "", "", ""))
+    return out
+
+
+HEADER = ("run", "source", "published", "predicted", "Δ", "compute s", "exposed comm s", "bubble s", "MFU")
+
+
+def markdown() -> str:
+    """The table as docs/step-time.md holds it."""
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(markdown(), end="")
