@@ -119,8 +119,9 @@ FIT_HELP = """Search the layouts and strategies that fit a model on N GPUs, fast
 
 Searches checkpointing (none, selective, full), attention (eager, flash), ZeRO stage (0-3), the tp × pp × dp
 splits of --gpus (tp ≤ --tp-max, sequence parallel when tp > 1, ep for MoE) and the micro-batch size, at a
-fixed global batch; ranks what fits by tokens/s at --mfu (recompute and the pipeline bubble cost time,
-communication is not modelled), and says for every rejected family which memory term overflows. Also
+fixed global batch; ranks what fits by predicted tokens/s (kernels, the communication on the GPU's
+topology, the pipeline bubble; or at --mfu when given), and says for every rejected family which memory
+term overflows. Also
 reports the longest sequence the best configuration fits.
 
 Examples:

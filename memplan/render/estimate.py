@@ -374,6 +374,7 @@ GPU_COLUMNS = (
     Col("fp8\nTFLOP/s", priority=2),
     Col("HBM\nGB/s", priority=2),
     Col("interconnect", "left", priority=2, wrap=True, min_width=14, words=True),
+    Col("GPUs/node ×\nGB/s in/out", priority=3),
     Col("source", "left", priority=4, wrap=True, min_width=30),
 )
 
@@ -393,6 +394,7 @@ def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
             "-" if fp8 is None else f"{fp8:,g}",
             f"{g.hbm_bandwidth_gbps:,g}",
             g.interconnect,
+            f"{g.topology.gpus_per_node} × {g.topology.intra_node_gbps:,g} / {g.topology.inter_node_gbps:,g}",
             g.source,
         )
     return table

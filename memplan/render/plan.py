@@ -276,8 +276,8 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
         _compare_columns(keys, units),
         title="memplan compare" + (f": {shared}" if shared else ""),
         caption=(
-            "peak: most loaded device; FLOPs/step: all that runs, whole job; step time at --mfu. "
-            f"{BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
+            "peak: most loaded device; FLOPs/step: all that runs, whole job; step time predicted (or at "
+            f"--mfu). {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
         ),
     )
     for vals, mem in zip(values, memory, strict=True):

@@ -7,15 +7,18 @@ for a mixture of experts every ep dividing both the experts and dp) × micro-bat
 
 A family is (checkpointing, attention, ZeRO stage, layout); its configurations are its micro-batch sizes. A
 family fails when none of them fits; its reason is the overflowing term (``budget.verdict``) of its
-smallest micro-batch. Fitting configurations are ranked by tokens/s at the assumed MFU (``timing``: the
-checkpoint recompute and the pipeline bubble cost time; communication is not modelled), ties broken by
-fewer model-parallel devices, the lower ZeRO stage, the larger micro-batch, then the lower peak.
+smallest micro-batch. Fitting configurations are ranked by tokens/s, predicted (``timing``: kernels,
+the communication not hidden on the GPU's topology, the pipeline bubble; docs/step-time.md) or at an
+assumed ``--mfu``, ties broken by fewer model-parallel devices, the lower ZeRO stage, the larger
+micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
 batch); a configuration then costs its stages' states and activations, and its peak only when the
 lower bound (states + activations) does not already rule it out. A ZeRO stage that fits makes the higher
-stages of the same configuration redundant (they never need more memory and, with communication not
-modelled, run as fast): they are not evaluated and not listed. Over one data-parallel rank (dp 1) the
+stages of the same configuration redundant (they never need more memory and never move fewer bytes):
+they are not evaluated and not listed. NB: ZeRO 1 moves ZeRO 0's all-reduce as a reduce-scatter and an
+all-gather, and the all-gather may hide behind the next forward: a small gain this search does not look
+for. Over one data-parallel rank (dp 1) the
 ZeRO stages shard nothing, so only stage 0 is searched there.
 """
 
