@@ -84,9 +84,10 @@ def option_default(name: str) -> Any:
     return None if field.is_required() else field.default
 
 
-def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+def with_options(*names: str, **defaults: Any) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Give a command the options ``names`` (fields of ``api.Options``; all of them when none are named)
-    before its own parameters, declared once in ``OPTIONS`` with ``api.Options``'s defaults.
+    before its own parameters, declared once in ``OPTIONS`` with ``api.Options``'s defaults (or the
+    command's own, ``defaults``: ``trace`` runs the cpu kernels unless ``--device cuda``).
 
     The command receives them as keyword arguments: ``def cmd(as_json: JsonOpt = False, **options)``.
     """
@@ -98,7 +99,10 @@ def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
         ]
         params = [
             inspect.Parameter(
-                n, inspect.Parameter.KEYWORD_ONLY, default=option_default(n), annotation=OPTIONS[n]
+                n,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=defaults.get(n, option_default(n)),
+                annotation=OPTIONS[n],
             )
             for n in chosen
         ]

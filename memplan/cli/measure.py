@@ -55,31 +55,35 @@ _RUN_OPTIONS = (
 )
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp")
+@with_options(*_RUN_OPTIONS, "zero", "dp", "device", device=Device.CPU)
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
     Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
+    --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
+    (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
 
-    Example: memplan trace --model 70b --seq 8192
+    Example: memplan trace --model 70b --seq 8192 --device cuda
     """
     with user_errors():
-        setup = setup_of(options_of({**options, "device": Device.CPU}))
+        setup = setup_of(options_of(options))
         _torch_or_fail()
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable, check_sizes
-        from memplan.measure.run import measure
+        from memplan.measure.run import measure, trace_device
 
-        check_runnable(setup, "cpu")  # before the progress bar starts drawing
+        device = trace_device(setup.device)
+        check_runnable(setup, device)  # before the progress bar starts drawing
         est = estimate(setup)
         check_sizes(est.tensors)
         start = time.perf_counter()
         with _progress(as_json, setup) as progress:
-            meas = measure(setup, fake=True, on_layer=progress)
+            meas = measure(setup, fake=True, device=device, on_layer=progress)
         seconds = time.perf_counter() - start
         result = comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
+    result["ran_on"] = device  # cpu: fake tensors, CPU kernels; meta: the CUDA kernels' outputs
     if as_json:
         typer.echo(json.dumps(result, allow_nan=False))
     else:

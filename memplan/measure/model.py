@@ -14,8 +14,11 @@ Strategies: ``torch.utils.checkpoint`` (non-reentrant) around segments of k laye
 the attention core (selective); reversible layers as RevNet coupling in an ``autograd.Function`` that keeps
 only the stack's last outputs and rebuilds every layer's input in backward.
 
-Known limitations: the CPU flash kernel has no dropout (flash with attention dropout needs CUDA); the CUDA
-path is written against the CUDA flash op's signature but is not exercised by CI (no GPU there).
+Devices: ``cpu`` runs the CPU kernels (real or fake tensors); ``cuda`` the CUDA ones; ``meta`` the CUDA code
+path with the meta device's kernels, which return what the CUDA kernels return (``CUDA_KERNELS``), so CI
+checks the CUDA-only saves (the flash RNG state, fp32 LayerNorm statistics, dropout masks) without a GPU.
+
+Known limitations: the CPU flash kernel has no dropout (flash with attention dropout needs CUDA or meta).
 """
 
 from __future__ import annotations
@@ -114,15 +117,20 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 def check_runnable(setup: Setup, device: torch.device | str) -> None:
     """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
     flash = setup.strategy.attention is Attention.FLASH
-    if torch.device(device).type == "cpu" and flash and setup.model.attn_dropout > 0:
+    if torch.device(device).type not in CUDA_KERNELS and flash and setup.model.attn_dropout > 0:
         # NB: an error, not a silent switch to eager attention: eager keeps the s×s probabilities, so the
         # run would trace (and check) other tensors than the flash estimate the user asked about.
         raise ValueError(
             f"dropout: {setup.model.name}'s attention dropout (attn_dropout {setup.model.attn_dropout:g}) "
-            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0 "
-            "(profile: or --device cuda)"
+            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0, "
+            "or --device cuda (CUDA's kernels)"
         )
 
+
+CUDA_KERNELS = ("cuda", "meta")
+"""Devices whose kernels give CUDA's outputs: a GPU, and the meta device, whose shape functions mirror the
+CUDA kernels' outputs (the flash kernel's [2] uint64 RNG state and [] uint64 offset, ``native_layer_norm``'s
+fp32 statistics) while allocating nothing: ``trace --device cuda`` runs there, on CPU."""
 
 INT64_MAX = (1 << 63) - 1
 WIDEST = 4
@@ -258,7 +266,7 @@ class Reference(nn.Module):
 
     def flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         p = self.setup.model.attn_dropout
-        if q.device.type == "cuda":
+        if q.device.type in CUDA_KERNELS:
             res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
             out, lse, seed, offset = res[0], res[1], res[6], res[7]
             label(seed, "attn.philox_seed")
