@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from memplan.config import Setup
-from memplan.measure.instruments import LiveMemoryTracker, cuda_peak
 from memplan.measure.model import Reference
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.run import Measured, make_batch, run_step
+from memplan.measure.tracker import LiveMemoryTracker, cuda_peak
 
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 """What a run that does not fit raises: the CUDA allocator's error, or the host's."""
