@@ -76,6 +76,26 @@ _OUTPUT = "Output"
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object and nothing else", rich_help_panel=_OUTPUT)
 ]
+TimelineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--timeline",
+        help="Also draw the most loaded device's memory over the step: the forward layer by layer, then "
+        "each modelled moment, term by term (profile: with the measured curve over each point)",
+        rich_help_panel=_OUTPUT,
+    ),
+]
+PlotOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--plot",
+        metavar="FILE",
+        help="Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]'; "
+        "profile: the measured and the estimated curve as two lines)",
+        show_default=False,
+        rich_help_panel=_OUTPUT,
+    ),
+]
 
 
 def option_default(name: str) -> Any:

@@ -215,6 +215,7 @@ class Reference(nn.Module):
         )
         self.recompute_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
         self.on_layer: Callable[[str, int], None] | None = None  # progress: ("forward"|"backward", layer)
+        self.on_note: Callable[[str], None] | None = None  # the curve's "backward <block>" boundaries
         self._recomputing = False
         self.reset_parameters()
 
@@ -382,12 +383,22 @@ class Reference(nn.Module):
             if self.pos is not None:
                 positions = label(torch.arange(s, device=ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)
-            x = dropout(x, m.embd_dropout, "embed.dropout_mask")
+            x = self.note_backward(dropout(x, m.embd_dropout, "embed.dropout_mask"), "embedding")
             c = self.consts(s, ids.device)
         x = self.run_layers(x, c)
         with layer_scope(None):
             y = label(self.norm(self.final_norm, x, "final_norm"), "lm_head.input")
-            return self.loss(F.linear(y, self.head_weight), labels)
+            logits = F.linear(self.note_backward(y, "final_norm"), self.head_weight)
+            return self.loss(self.note_backward(logits, "lm_head"), labels)
+
+    def note_backward(self, t: Tensor, block: str) -> Tensor:
+        """With ``on_note`` set (``profile``'s curve): note "backward <block>" when t's gradient is ready,
+        where the backward of the block that made t begins (the lm head's, the final norm's, the
+        embedding's)."""
+        if self.on_note is not None and t.requires_grad:
+            on_note = self.on_note
+            t.register_hook(lambda _grad: on_note(f"backward {block}"))
+        return t
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Cross-entropy over fp32 logits, spelled out so log-probs and nll_loss's total weight are named."""
