@@ -168,6 +168,29 @@ def test_cpu_and_cuda_layer_norm_statistics_differ_only_in_dtype() -> None:
     assert cuda.per_layer - cpu.per_layer == 2 * 2 * 2048 * 2
 
 
+def test_llama3_70b_cuda_flash_activations_closed_form() -> None:
+    """Llama-3-70B (model card: h 8192, 64 heads, 8 kv heads, d 128, f 28672, v 128256, 80 layers), bf16,
+    b 1, s 8192, flash on CUDA, summed from the ops' saves (aten's autograd formulas, per layer):
+    RMSNorm ×2: fp32 x (4sh), fp32 rstd (4s), bf16 x̂ (2sh); W_QKV input 2sh; q 2sh, k and v 2·s·kv·d each;
+    flash lse fp32 4·a·s; out 2sh; MLP input 2sh; gate, silu, up, down input 2sf each; and the flash RNG
+    state: PyTorch's flash_api.cpp allocates a [2] uint64 and a [] uint64 (16 + 8 = 24 B, with or without
+    dropout), 8 B more per layer than two int64 scalars: 640 B more over 80 layers.
+    Model level: ids and labels 8s each, RoPE cos and sin 2·s·d each, final norm 4sh + 4s + 2sh, lm-head
+    input 2sh, fp32 log-probs 4sv, nll_loss's fp32 total weight 4."""
+    h, a, kv, d, f, v, n, s = 8192, 64, 8, 128, 28672, 128256, 80, 8192
+    norm = 4 * s * h + 4 * s + 2 * s * h
+    attn = 2 * s * h + 2 * s * h + 2 * (2 * s * kv * d) + 4 * a * s + 2 * s * h + (16 + 8)
+    mlp = 2 * s * h + 4 * (2 * s * f)
+    layer = 2 * norm + attn + mlp
+    model = 8 * s + 2 * (2 * s * d) + norm + 2 * s * h + 4 * s * v + 8 * s + 4
+    setup = Setup(model=load_model_preset("llama-3-70b").model, training=TrainingConfig(seq_len=s))
+    e = estimate(setup)
+    assert setup.device is Device.CUDA and setup.strategy.attention is Attention.FLASH
+    assert e.activations == n * layer + model
+    cpu = estimate(setup.model_copy(update={"device": Device.CPU}))
+    assert e.activations - cpu.activations == n * (16 + 8)  # RMSNorm: no other CUDA/CPU difference
+
+
 # ----------------------------------------------------------------------------------------------------
 # FLOPs: Narayanan et al. 2021, Korthikanti et al. 2022, Kaplan et al. 2020, PaLM
 # ----------------------------------------------------------------------------------------------------

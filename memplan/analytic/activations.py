@@ -13,8 +13,9 @@ What each op saves (torch 2.x derivatives.yaml, checked by tests/measure):
 - ``silu`` / ``gelu``: input; ``softmax`` / ``log_softmax``: output; ``native_dropout``: the bool mask;
 - ``masked_fill``: the mask; ``matmul``/``bmm``: both operands; ``embedding``: the indices;
 - ``native_layer_norm``: input, mean and rstd ([b, s, 1]; fp32 on CUDA, A on CPU);
-- the flash SDPA kernel: q, k, v, out and the fp32 logsumexp [b, a, s] (CUDA adds a philox seed and
-  offset, 8 bytes each); ``nll_loss``: log-probs, labels and a fp32 scalar total weight.
+- the flash SDPA kernel: q, k, v, out and the fp32 logsumexp [b, a, s] (CUDA adds its RNG state,
+  a [2] uint64, and an unused [] uint64 offset: 24 bytes, with or without dropout); ``nll_loss``: log-probs,
+  labels and a fp32 scalar total weight.
 - ``torch.utils.checkpoint`` (non-reentrant) keeps the checkpointed function's inputs; a reversible stack
   keeps its last outputs.
 

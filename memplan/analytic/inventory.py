@@ -89,7 +89,7 @@ class Role(StrEnum):
     ATTN_DROPOUT_MASK = "attention dropout mask"
     ATTN_LSE = "attention logsumexp"
     RNG_STATE = "rng state"
-    """The CUDA flash kernel's philox seed and offset."""
+    """The CUDA flash kernel's RNG state ([2] uint64: philox seed and offset) and its unused [] uint64."""
     ATTN_OUT = "attention output"
     """Input of the row-parallel W_O."""
     DROPOUT_MASK = "dropout mask"

@@ -12,7 +12,7 @@ from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
-FP32, BOOL, INT64 = DType.FP32, DType.BOOL, DType.INT64
+FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
 B, R = Block, Role
 
 
@@ -61,10 +61,16 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
         if setup.device is Device.CUDA:
+            # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
+            # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
+            # without dropout; autograd saves both (the backward takes philox_seed and philox_offset):
+            # 16 + 8 = 24 B per layer. The meta kernel returns the same (``trace --device cuda``).
             why = "the CUDA flash backward regenerates dropout from"
             rules += [
-                save(B.ATTN, "philox_seed", (), INT64, R.RNG_STATE, f"RNG seed {why}"),
-                save(B.ATTN, "philox_offset", (), INT64, R.RNG_STATE, f"RNG offset {why}"),
+                save(B.ATTN, "philox_seed", (2,), UINT64, R.RNG_STATE, f"RNG state (seed, offset) {why}"),
+                save(
+                    B.ATTN, "philox_offset", (), UINT64, R.RNG_STATE, "unused offset slot, saved all the same"
+                ),
             ]
         return rules
     rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]

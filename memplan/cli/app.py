@@ -17,7 +17,16 @@ from rich.console import Console
 
 from memplan.analytic.params import count_params
 from memplan.api import build, load_model, to_json
-from memplan.cli.common import JsonOpt, check_writable, handle_user_errors, new_app, options_of, with_options
+from memplan.cli.common import (
+    JsonOpt,
+    PlotOpt,
+    TimelineOpt,
+    check_writable,
+    handle_user_errors,
+    new_app,
+    options_of,
+    with_options,
+)
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
 from memplan.render import estimate as report
 from memplan.timeline import timeline as timeline_points
@@ -87,25 +96,8 @@ def _console() -> Console:
 @with_options()
 def estimate_command(
     as_json: JsonOpt = False,
-    timeline: Annotated[
-        bool,
-        typer.Option(
-            "--timeline",
-            help="Also draw the most loaded device's memory over the step: the forward layer by layer, "
-            "then each modelled moment, term by term",
-            rich_help_panel="Output",
-        ),
-    ] = False,
-    plot: Annotated[
-        str | None,
-        typer.Option(
-            "--plot",
-            metavar="FILE",
-            help="Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]')",
-            show_default=False,
-            rich_help_panel="Output",
-        ),
-    ] = None,
+    timeline: TimelineOpt = False,
+    plot: PlotOpt = None,
     **options: Any,
 ) -> None:
     if plot is not None:

@@ -76,6 +76,26 @@ _OUTPUT = "Output"
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print one JSON object and nothing else", rich_help_panel=_OUTPUT)
 ]
+TimelineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--timeline",
+        help="Also draw the most loaded device's memory over the step: the forward layer by layer, then "
+        "each modelled moment, term by term (profile: with the measured curve over each point)",
+        rich_help_panel=_OUTPUT,
+    ),
+]
+PlotOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--plot",
+        metavar="FILE",
+        help="Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]'; "
+        "profile: the measured and the estimated curve as two lines)",
+        show_default=False,
+        rich_help_panel=_OUTPUT,
+    ),
+]
 
 
 def option_default(name: str) -> Any:
@@ -84,9 +104,10 @@ def option_default(name: str) -> Any:
     return None if field.is_required() else field.default
 
 
-def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
+def with_options(*names: str, **defaults: Any) -> Callable[[Callable[..., R]], Callable[..., R]]:
     """Give a command the options ``names`` (fields of ``api.Options``; all of them when none are named)
-    before its own parameters, declared once in ``OPTIONS`` with ``api.Options``'s defaults.
+    before its own parameters, declared once in ``OPTIONS`` with ``api.Options``'s defaults (or the
+    command's own, ``defaults``: ``trace`` runs the cpu kernels unless ``--device cuda``).
 
     The command receives them as keyword arguments: ``def cmd(as_json: JsonOpt = False, **options)``.
     """
@@ -98,7 +119,10 @@ def with_options(*names: str) -> Callable[[Callable[..., R]], Callable[..., R]]:
         ]
         params = [
             inspect.Parameter(
-                n, inspect.Parameter.KEYWORD_ONLY, default=option_default(n), annotation=OPTIONS[n]
+                n,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=defaults.get(n, option_default(n)),
+                annotation=OPTIONS[n],
             )
             for n in chosen
         ]

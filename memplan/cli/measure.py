@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,10 +16,22 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from memplan.api import setup_of
-from memplan.cli.common import check_writable, fail, options_of, user_errors, with_options
+from memplan.cli.common import (
+    PlotOpt,
+    TimelineOpt,
+    check_writable,
+    fail,
+    options_of,
+    user_errors,
+    with_options,
+)
 from memplan.config import Device, Setup
-from memplan.engine import estimate
+from memplan.engine import Result, estimate
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
+from memplan.timeline import timeline as timeline_points
+
+if TYPE_CHECKING:
+    from memplan.measure.tracker import Curve
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (estimated, measured, diff)")]
 INSTALL = (
@@ -55,31 +67,35 @@ _RUN_OPTIONS = (
 )
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp")
+@with_options(*_RUN_OPTIONS, "zero", "dp", "device", device=Device.CPU)
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
     Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
+    --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
+    (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
 
-    Example: memplan trace --model 70b --seq 8192
+    Example: memplan trace --model 70b --seq 8192 --device cuda
     """
     with user_errors():
-        setup = setup_of(options_of({**options, "device": Device.CPU}))
+        setup = setup_of(options_of(options))
         _torch_or_fail()
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable, check_sizes
-        from memplan.measure.run import measure
+        from memplan.measure.run import measure, trace_device
 
-        check_runnable(setup, "cpu")  # before the progress bar starts drawing
+        device = trace_device(setup.device)
+        check_runnable(setup, device)  # before the progress bar starts drawing
         est = estimate(setup)
         check_sizes(est.tensors)
         start = time.perf_counter()
         with _progress(as_json, setup) as progress:
-            meas = measure(setup, fake=True, on_layer=progress)
+            meas = measure(setup, fake=True, device=device, on_layer=progress)
         seconds = time.perf_counter() - start
         result = comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
+    result["ran_on"] = device  # cpu: fake tensors, CPU kernels; meta: the CUDA kernels' outputs
     if as_json:
         typer.echo(json.dumps(result, allow_nan=False))
     else:
@@ -134,13 +150,15 @@ def profile(
         str | None, typer.Option("--memory-snapshot", help="Write a CUDA memory snapshot (CUDA only)")
     ] = None,
     as_json: JsonOpt = False,
+    timeline: TimelineOpt = False,
+    plot: PlotOpt = None,
     **options: Any,
 ) -> None:
     """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
     One process holds every model state, so ZeRO and dp are not options here.
 
-    Example: memplan profile --model tiny --device cpu --seq 256
+    Example: memplan profile --model tiny --device cpu --seq 256 --timeline
     """
     with user_errors():
         _torch_or_fail()
@@ -149,9 +167,22 @@ def profile(
         dev = prof_mod.resolve_device(device)
         if memory_snapshot and not dev.startswith("cuda"):
             raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
-        for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
+        if memory_snapshot and (timeline or plot):
+            raise ValueError(
+                "memory-snapshot: the measured curve records the allocator's history itself; "
+                "drop --memory-snapshot or --timeline/--plot"
+            )
+        for option, path in (
+            ("torch-trace", torch_trace),
+            ("memory-snapshot", memory_snapshot),
+            ("plot", plot),
+        ):
             if path is not None:
                 check_writable(option, path)
+        if plot is not None:
+            from memplan.render.timeline import pyplot
+
+            pyplot()  # before any work: without matplotlib, one line and nothing run
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
         setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare import comparison_json
@@ -162,9 +193,7 @@ def profile(
         _check_memory(est.peak.bytes, est.peak.phase, dev, *prof_mod.available_memory(dev))
         try:
             with prof_mod.cuda_memory_snapshot(memory_snapshot):
-                prof = prof_mod.profile(
-                    setup, device=dev, warmup=warmup, steps=steps, torch_trace=torch_trace
-                )
+                prof = prof_mod.profile(setup, dev, warmup, steps, torch_trace, curve=bool(timeline or plot))
         except prof_mod.OUT_OF_MEMORY:
             typer.echo(
                 f"error: out of memory on {dev}; the estimate needs {fmt_bytes(est.peak.bytes)} at its peak "
@@ -185,12 +214,51 @@ def profile(
     }
     peak_error = prof.peak / est.peak.bytes - 1
     result["diff"]["peak_relative_error"] = peak_error
+    curve = _measured_timeline(est, prof.curve, timeline, plot)
+    if curve is not None and timeline:
+        result["timeline"] = curve
     if as_json:
         typer.echo(json.dumps(result, allow_nan=False))
     else:
         _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
+        if curve is not None and timeline:
+            from memplan.render.timeline import timeline_chart
+
+            console = Console()
+            points = timeline_points(est)
+            console.print(timeline_chart(points, console.width, [row["measured"] for row in curve]))
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
+
+
+def _measured_timeline(
+    est: Result, curve: Curve | None, timeline: bool, plot: str | None
+) -> list[dict[str, Any]] | None:
+    """The estimate's timeline points with the measured curve read at each (``measure.moments``), for
+    --timeline (JSON rows: label, estimated bytes and terms, measured bytes or None, sample index); with
+    --plot the two curves are written to the file. None when neither was asked or no curve was recorded."""
+    if curve is None or not (timeline or plot):
+        return None
+    from memplan.measure.moments import read_points
+
+    points = timeline_points(est)
+    readings = read_points(curve, [p.label for p in points])
+    if plot is not None:
+        from memplan.render.timeline import write_profile_plot
+
+        at = [None if r is None else r[0] for r in readings]
+        title = f"{est.setup.model.name}: one training step, measured vs estimated"
+        write_profile_plot(points, curve.samples, at, plot, title)
+    return [
+        {
+            "label": p.label,
+            "bytes": p.bytes,
+            **p.terms,
+            "measured": None if r is None else r[1],
+            "measured_sample": None if r is None else r[0],
+        }
+        for p, r in zip(points, readings, strict=True)
+    ]
 
 
 def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:

@@ -16,6 +16,7 @@ class DType(StrEnum):
     INT8 = "int8"
     BOOL = "bool"
     INT64 = "int64"
+    UINT64 = "uint64"
 
     @property
     def bytes(self) -> int:
@@ -29,6 +30,7 @@ _DTYPE_BYTES = {
     DType.INT8: 1,
     DType.BOOL: 1,
     DType.INT64: 8,
+    DType.UINT64: 8,
 }
 
 

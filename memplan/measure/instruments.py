@@ -4,8 +4,7 @@
   per storage (x and x.view(...) are one tensor), named by the label the model gave it.
 - `FlopMeter`: FlopCounterMode's counting convention, split into phases (forward / backward / recompute),
   plus the CPU flash-attention formulas torch lacks (`register_cpu_sdpa_formulas`).
-- `LiveMemoryTracker`: exact live-storage bytes and peaks on CPU and under FakeTensorMode.
-- `cuda_peak`: the CUDA caching allocator's own peak, for runs on a GPU.
+- memory (live-storage tracker, CUDA allocator peak and history): memplan/measure/tracker.py.
 
 Storage identity is `StorageWeakRef(t.untyped_storage()).cdata` (the address of the C++ StorageImpl). Every
 table keyed by it also holds the StorageWeakRef, whose weak count keeps the StorageImpl struct (not its data)
@@ -16,25 +15,21 @@ Known limitations:
   saves. The model reports what the checkpoint closure keeps alive with `note_kept`.
 - NB: `FlopMeter` counts only ops with a formula in torch's `flop_registry` (matmul, conv, attention);
   elementwise ops, norms, softmax and the optimizer count 0, exactly as in FlopCounterMode.
-- NB: `LiveMemoryTracker` sees the storages that op outputs own. Kernel workspaces and temporaries freed
-  inside one op, allocator rounding/caching/fragmentation, and `untyped_storage().resize_()` are not seen.
 - NB: a tensor subclass without a real storage (DTensor, nested tensors) is not supported.
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol, Self, cast
+from typing import Any, Self
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import (
     flop_registry,
     register_flop_formula,
@@ -363,120 +358,3 @@ class FlopMeter(_Mode):
         if formula is not None:
             self._add(str(packet), int(formula(*args, **kwargs, out_val=out)))
         return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# 3. Memory
-# ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryMark:
-    label: str
-    current: int  # live bytes when the mark was taken
-    peak: int  # highest live bytes since the previous mark (or since tracking began)
-
-
-class LiveMemoryTracker(_Mode):
-    """Exact live bytes of every storage allocated by an op while active, plus those given to `track`.
-
-    Why our own mode rather than torch.distributed._tools.mem_tracker.MemTracker: that private tool needs
-    nn.Module and optimizer hooks for its categories, monkey-patches UntypedStorage.resize_, and rounds
-    sizes the CUDA way; we need only exact storage bytes, on CPU and fake tensors, in ~50 lines.
-
-    A storage is new when an op output's storage is neither tracked nor one of the op's inputs' storages
-    (views and in-place results alias an input). Its end is exact: torch keeps one Python object per
-    storage while the C++ storage lives, so a `weakref.finalize` on it fires when the last reference (a
-    view, autograd's saved variable, ...) dies. Peak = max of live bytes after each op's outputs appear;
-    inputs cannot die during an op, so that is the peak of the live set. Frees keep being counted after
-    exit; allocations only while active.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.current = 0
-        self.peak = 0
-        self._window_peak = 0
-        self.marks: list[MemoryMark] = []
-
-    def track(self, tensors: Iterable[torch.Tensor]) -> None:
-        """Count pre-existing tensors (parameters, optimizer states) as live from now on."""
-        for t in tensors:
-            self._add(t.untyped_storage())
-
-    def mark(self, label: str) -> MemoryMark:
-        """Close a window (e.g. "forward"): its peak, and the bytes live now; the next window starts here."""
-        m = MemoryMark(label, self.current, self._window_peak)
-        self.marks.append(m)
-        self._window_peak = self.current
-        return m
-
-    def _add(self, storage: torch.UntypedStorage) -> None:
-        ref = StorageWeakRef(storage)
-        if ref.cdata in self._live:
-            return
-        nbytes = storage.nbytes()
-        self._live[ref.cdata] = (ref, nbytes)
-        weakref.finalize(storage, self._free, ref.cdata).atexit = False
-        self.current += nbytes
-        self.peak = max(self.peak, self.current)
-        self._window_peak = max(self._window_peak, self.current)
-
-    def _free(self, key: int) -> None:
-        _, nbytes = self._live.pop(key)
-        self.current -= nbytes
-
-    def __torch_dispatch__(
-        self,
-        func: torch._ops.OpOverload,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {storage_ref(t).cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and storage_ref(t).cdata not in inputs:
-                self._add(t.untyped_storage())
-        return out
-
-
-class CudaMemoryApi(Protocol):
-    """The slice of `torch.cuda` that `cuda_peak` uses (injectable for tests without a GPU)."""
-
-    def synchronize(self, device: int | None = None) -> None: ...
-    def reset_peak_memory_stats(self, device: int | None = None) -> None: ...
-    def memory_allocated(self, device: int | None = None) -> int: ...
-    def max_memory_allocated(self, device: int | None = None) -> int: ...
-    def memory_stats(self, device: int | None = None) -> dict[str, Any]: ...
-
-
-@dataclass(slots=True)
-class CudaPeak:
-    """Allocator figures for one window; filled when the `cuda_peak` block exits."""
-
-    baseline: int = 0  # bytes allocated when the window opened (weights, optimizer states, ...)
-    peak: int = 0  # max_memory_allocated in the window, absolute (includes baseline)
-    reserved_peak: int = 0  # memory_stats()["reserved_bytes.all.peak"]: what nvidia-smi sees, ≥ peak
-    alloc_retries: int = 0  # memory_stats()["num_alloc_retries"]: > 0 means the cache was flushed to fit
-
-    @property
-    def peak_above_baseline(self) -> int:
-        return self.peak - self.baseline
-
-
-@contextmanager
-def cuda_peak(device: int | None = None, api: CudaMemoryApi | None = None) -> Iterator[CudaPeak]:
-    """Measure the CUDA caching allocator's peak over the block (synchronized at both ends)."""
-    cuda = api if api is not None else cast(CudaMemoryApi, torch.cuda)
-    cuda.synchronize(device)
-    cuda.reset_peak_memory_stats(device)  # resets both allocated and reserved peaks
-    result = CudaPeak(baseline=cuda.memory_allocated(device))
-    yield result
-    cuda.synchronize(device)  # kernels still queued may not have allocated yet
-    stats = cuda.memory_stats(device)
-    result.peak = cuda.max_memory_allocated(device)
-    result.reserved_peak = int(stats.get("reserved_bytes.all.peak", 0))
-    result.alloc_retries = int(stats.get("num_alloc_retries", 0))

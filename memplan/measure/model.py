@@ -14,8 +14,11 @@ Strategies: ``torch.utils.checkpoint`` (non-reentrant) around segments of k laye
 the attention core (selective); reversible layers as RevNet coupling in an ``autograd.Function`` that keeps
 only the stack's last outputs and rebuilds every layer's input in backward.
 
-Known limitations: the CPU flash kernel has no dropout (flash with attention dropout needs CUDA); the CUDA
-path is written against the CUDA flash op's signature but is not exercised by CI (no GPU there).
+Devices: ``cpu`` runs the CPU kernels (real or fake tensors); ``cuda`` the CUDA ones; ``meta`` the CUDA code
+path with the meta device's kernels, which return what the CUDA kernels return (``CUDA_KERNELS``), so CI
+checks the CUDA-only saves (the flash RNG state, fp32 LayerNorm statistics, dropout masks) without a GPU.
+
+Known limitations: the CPU flash kernel has no dropout (flash with attention dropout needs CUDA or meta).
 """
 
 from __future__ import annotations
@@ -114,15 +117,20 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 def check_runnable(setup: Setup, device: torch.device | str) -> None:
     """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
     flash = setup.strategy.attention is Attention.FLASH
-    if torch.device(device).type == "cpu" and flash and setup.model.attn_dropout > 0:
+    if torch.device(device).type not in CUDA_KERNELS and flash and setup.model.attn_dropout > 0:
         # NB: an error, not a silent switch to eager attention: eager keeps the s×s probabilities, so the
         # run would trace (and check) other tensors than the flash estimate the user asked about.
         raise ValueError(
             f"dropout: {setup.model.name}'s attention dropout (attn_dropout {setup.model.attn_dropout:g}) "
-            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0 "
-            "(profile: or --device cuda)"
+            "cannot run in the CPU flash kernel, which has no dropout; add --attention eager or --dropout 0, "
+            "or --device cuda (CUDA's kernels)"
         )
 
+
+CUDA_KERNELS = ("cuda", "meta")
+"""Devices whose kernels give CUDA's outputs: a GPU, and the meta device, whose shape functions mirror the
+CUDA kernels' outputs (the flash kernel's [2] uint64 RNG state and [] uint64 offset, ``native_layer_norm``'s
+fp32 statistics) while allocating nothing: ``trace --device cuda`` runs there, on CPU."""
 
 INT64_MAX = (1 << 63) - 1
 WIDEST = 4
@@ -207,6 +215,7 @@ class Reference(nn.Module):
         )
         self.recompute_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
         self.on_layer: Callable[[str, int], None] | None = None  # progress: ("forward"|"backward", layer)
+        self.on_note: Callable[[str], None] | None = None  # the curve's "backward <block>" boundaries
         self._recomputing = False
         self.reset_parameters()
 
@@ -258,7 +267,7 @@ class Reference(nn.Module):
 
     def flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         p = self.setup.model.attn_dropout
-        if q.device.type == "cuda":
+        if q.device.type in CUDA_KERNELS:
             res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
             out, lse, seed, offset = res[0], res[1], res[6], res[7]
             label(seed, "attn.philox_seed")
@@ -374,12 +383,22 @@ class Reference(nn.Module):
             if self.pos is not None:
                 positions = label(torch.arange(s, device=ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)
-            x = dropout(x, m.embd_dropout, "embed.dropout_mask")
+            x = self.note_backward(dropout(x, m.embd_dropout, "embed.dropout_mask"), "embedding")
             c = self.consts(s, ids.device)
         x = self.run_layers(x, c)
         with layer_scope(None):
             y = label(self.norm(self.final_norm, x, "final_norm"), "lm_head.input")
-            return self.loss(F.linear(y, self.head_weight), labels)
+            logits = F.linear(self.note_backward(y, "final_norm"), self.head_weight)
+            return self.loss(self.note_backward(logits, "lm_head"), labels)
+
+    def note_backward(self, t: Tensor, block: str) -> Tensor:
+        """With ``on_note`` set (``profile``'s curve): note "backward <block>" when t's gradient is ready,
+        where the backward of the block that made t begins (the lm head's, the final norm's, the
+        embedding's)."""
+        if self.on_note is not None and t.requires_grad:
+            on_note = self.on_note
+            t.register_hook(lambda _grad: on_note(f"backward {block}"))
+        return t
 
     def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         """Cross-entropy over fp32 logits, spelled out so log-probs and nll_loss's total weight are named."""

@@ -17,9 +17,9 @@ sort-based permutation instead of HF's per-expert ``torch.where`` loop:
 
 Routing assumption: dropless (every slot is computed, S = T·k). Bytes and FLOPs do not depend on how the
 tokens split among the experts: the buffers are [S, ·] and the experts' matmuls sum to 2·S·h·f each. On
-real tensors the real per-expert counts are used; under ``FakeTensorMode`` they cannot be read (routing is
-data), so the experts take S/E slots each (balanced, the estimate's stated assumption; when E does not
-divide S the first S mod E experts take one slot more, which changes no total).
+real tensors the real per-expert counts are used; under ``FakeTensorMode`` and on the meta device they
+cannot be read (routing is data), so the experts take S/E slots each (balanced, the estimate's stated
+assumption; when E does not divide S the first S mod E experts take one slot more, which changes no total).
 
 Known limitations: no capacity factor (token dropping and padding are refused with a ``ValueError``); no
 router auxiliary / z-loss; HF's per-expert loop would keep E separate tensors per name (the same bytes).
@@ -76,7 +76,7 @@ def check_moe(moe: MoEConfig | None) -> None:
 def expert_counts(expert_of_slot: Tensor, experts: int) -> list[int]:
     """Slots per expert: the real counts on real tensors; under fake tensors (routing is data, unreadable)
     balanced: S/E each, the first S mod E experts one more when E does not divide S."""
-    if is_fake(expert_of_slot):
+    if is_fake(expert_of_slot) or expert_of_slot.device.type == "meta":
         each, rest = divmod(expert_of_slot.numel(), experts)
         return [each + 1] * rest + [each] * (experts - rest)
     return [int(n) for n in torch.bincount(expert_of_slot, minlength=experts).tolist()]

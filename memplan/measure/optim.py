@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from memplan.config import Optimizer, Precision
-from memplan.measure.instruments import LiveMemoryTracker
+from memplan.measure.tracker import LiveMemoryTracker
 
 BETAS, EPS, WD = (0.9, 0.999), 1e-8, 0.01
 LION_BETAS = (0.9, 0.99)

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from memplan.config import Setup
-from memplan.measure.instruments import LiveMemoryTracker, cuda_peak
 from memplan.measure.model import Reference
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.run import Measured, make_batch, run_step
+from memplan.measure.tracker import CudaCurveRecorder, CudaPeak, Curve, LiveMemoryTracker, cuda_peak
 
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 """What a run that does not fit raises: the CUDA allocator's error, or the host's."""
@@ -100,6 +100,9 @@ class Profile:
     step_seconds: list[float]
     phase_seconds: dict[str, float] = field(default_factory=dict)
     device: str = "cpu"
+    curve: Curve | None = None
+    """Live bytes over the step that peaked highest (CPU: its tracker; CUDA with ``curve=True``: the
+    allocator's history of the last step), with the step's boundaries noted (``StepRunner.step``)."""
 
     @property
     def median_step(self) -> float:
@@ -124,10 +127,22 @@ class StepRunner:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def step(self, mark: Callable[[str], None], times: dict[str, float]) -> None:
-        """zero_grad; forward + backward per micro-batch; optimizer step (marks after each phase)."""
+    def step(
+        self,
+        mark: Callable[[str], None],
+        times: dict[str, float],
+        note: Callable[[str], None] | None = None,
+    ) -> None:
+        """zero_grad; forward + backward per micro-batch; optimizer step (marks after each phase). With
+        ``note``, the boundaries on the curve: "start" of each micro-batch, "forward i" after layer i's
+        forward, "backward <block>" when the output gradient of the lm head, the final norm, layer i or the
+        embedding is ready (its backward begins)."""
         self.opt.zero_grad()
+        self.model.on_layer = None if note is None else lambda phase, i: note(f"{phase} {i}")
+        self.model.on_note = note
         for _ in range(self.setup.training.grad_accum):
+            if note is not None:
+                note("start")
             t0 = time.perf_counter()
             loss = self.model(*self.batch)
             self.sync()
@@ -145,6 +160,7 @@ class StepRunner:
         self.sync()
         times["optimizer"] = times.get("optimizer", 0.0) + time.perf_counter() - t3
         mark("optimizer step")
+        self.model.on_layer = self.model.on_note = None
 
 
 @contextmanager
@@ -161,9 +177,11 @@ def profile(
     warmup: int = 1,
     steps: int = 2,
     torch_trace: str | None = None,
+    curve: bool = False,
 ) -> Profile:
-    """Real training steps of the reference model: saves, FLOPs, peak and times. NB: for a mixture of
-    experts only saves and FLOPs are checked against the estimate, not the peak."""
+    """Real training steps of the reference model: saves, FLOPs, peak and times, and on CPU the curve of
+    live bytes (on CUDA too with ``curve``: the allocator's recorded history, which slows the step). NB:
+    for a mixture of experts only saves and FLOPs are checked against the estimate, not the peak."""
     runner = StepRunner(setup, device)
     measured = run_step(runner.model, *runner.batch)
     runner.opt.zero_grad()
@@ -172,6 +190,7 @@ def profile(
         runner.step(lambda _: None, {})
     step_seconds: list[float] = []
     phase_peaks: dict[str, int] = {}
+    best: Curve | None = None
     prof_ctx: Any = (
         torch.profiler.profile(record_shapes=True, profile_memory=True) if torch_trace else nullcontext()
     )
@@ -179,8 +198,7 @@ def profile(
         for _ in range(steps):
             t0 = time.perf_counter()
             if device.startswith("cuda"):
-                with cuda_peak() as cp:
-                    runner.step(lambda _: None, times)
+                cp, best = _cuda_step(runner, times, curve)
                 peak = cp.peak
                 phase_peaks["step"] = max(phase_peaks.get("step", 0), peak)
                 # What nvidia-smi sees (the caching allocator's reserved segments), and its retries.
@@ -189,14 +207,28 @@ def profile(
             else:
                 runner.opt.zero_grad()  # grads of the previous step are not part of this one's baseline
                 with cpu_tracking(runner) as tracker:
-                    runner.step(functools.partial(_mark, tracker, peaks=phase_peaks), times)
+                    runner.step(functools.partial(_mark, tracker, peaks=phase_peaks), times, tracker.note)
                 peak = tracker.peak
+                if best is None or tracker.peak > best.peak:
+                    best = tracker.curve
             step_seconds.append(time.perf_counter() - t0)
     if torch_trace and prof is not None:
         prof.export_chrome_trace(torch_trace)
     per_step = {k: v / steps for k, v in times.items()}
     peak = phase_peaks["step"] if device.startswith("cuda") else max(phase_peaks.values())
-    return Profile(measured, peak, phase_peaks, step_seconds, per_step, device)
+    return Profile(measured, peak, phase_peaks, step_seconds, per_step, device, best)
+
+
+def _cuda_step(runner: StepRunner, times: dict[str, float], curve: bool) -> tuple[CudaPeak, Curve | None]:
+    """One step on CUDA: the allocator's peak, and with ``curve`` its recorded history as a `Curve`."""
+    if not curve:
+        with cuda_peak() as cp:
+            runner.step(lambda _: None, times)
+        return cp, None
+    recorder = CudaCurveRecorder()
+    with cuda_peak() as cp, recorder.recording():
+        runner.step(recorder.note, times, recorder.note)
+    return cp, recorder.curve()
 
 
 def _mark(tracker: LiveMemoryTracker, name: str, *, peaks: dict[str, int]) -> None:

@@ -4,6 +4,12 @@
 GPU, any size) and records what autograd saves (named, storage-deduplicated) and the FLOPs per phase.
 ``fake=False`` runs real tensors (tiny shapes in tests; the same records byte for byte). A model with
 ``moe`` has a mixture-of-experts block for every MLP (memplan/measure/moe.py).
+
+``device="meta"`` runs the CUDA code path of the reference model on the meta device (no FakeTensorMode
+needed: meta tensors own no memory either), whose kernels return what CUDA's return: ``trace --device
+cuda`` checks the CUDA rules of the estimate on CPU (``trace_device``). NB: FakeTensorMode with a fake
+``cuda`` device is not usable on a CPU-only torch build: the first tensor requiring grad aborts the process
+("PyTorch is not linked with support for cuda devices", from autograd's InputMetadata).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Setup
+from memplan.config import Device, Setup
 from memplan.measure.instruments import (
     FlopMeter,
     NameTotal,
@@ -54,9 +60,14 @@ def make_batch(setup: Setup, device: torch.device | str) -> tuple[torch.Tensor, 
     return ids, labels
 
 
+def trace_device(kernels: Device) -> str:
+    """Where a fake trace runs ``kernels``: CPU fake tensors for cpu, the meta device for cuda."""
+    return "meta" if kernels is Device.CUDA else "cpu"
+
+
 @contextmanager
-def fake_mode(fake: bool) -> Iterator[None]:
-    with FakeTensorMode(allow_non_fake_inputs=False) if fake else nullcontext():
+def fake_mode(fake: bool, device: str = "cpu") -> Iterator[None]:
+    with FakeTensorMode(allow_non_fake_inputs=False) if fake and device != "meta" else nullcontext():
         yield
 
 
@@ -101,7 +112,7 @@ def measure(
     """
     check_moe(setup.model.moe)
     torch.manual_seed(seed)
-    with fake_mode(fake):
+    with fake_mode(fake, device):
         model = Reference(setup, device=device)
         model.on_layer = on_layer
         ids, labels = make_batch(setup, device)

@@ -106,9 +106,15 @@ def trace_report(result: dict[str, object], seconds: float) -> RenderableType:
         tensor_table(diff),
         layer_table(diff),
         flop_table(diff),
-        Text(f"traced in {seconds:.1f} s (fake tensors on CPU: no memory, no GPU)"),
+        Text(f"traced in {seconds:.1f} s ({_RAN_ON.get(str(result.get('ran_on')), _RAN_ON['cpu'])})"),
         verdict(bool(diff["equal"]), "trace"),
     )
+
+
+_RAN_ON = {
+    "cpu": "fake tensors on CPU: no memory, no GPU",
+    "meta": "CUDA kernels' outputs on meta tensors, on CPU: no memory, no GPU",
+}
 
 
 def profile_table(rows: list[tuple[str, str, str]]) -> Fitted:

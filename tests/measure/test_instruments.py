@@ -16,18 +16,16 @@ from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop
 
 from memplan.measure.instruments import (
-    CudaPeak,
     FlopMeter,
-    LiveMemoryTracker,
     NameTotal,
     SavedRecord,
     SavedTensorRecorder,
-    cuda_peak,
     label,
     layer_scope,
     note_kept,
     register_cpu_sdpa_formulas,
 )
+from memplan.measure.tracker import CudaPeak, LiveMemoryTracker, cuda_peak
 
 aten = torch.ops.aten
 B, H, S = 2, 16, 4  # batch, hidden, sequence
