@@ -33,6 +33,8 @@ from memplan.config import (
     Setup,
     TrainingConfig,
     parse_checkpointing,
+    parse_loss,
+    parse_offload,
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
@@ -131,6 +133,21 @@ class Options(BaseModel):
         _STRATEGY,
         default=Device.CUDA,
     )
+    offload: str = _option(
+        "Host offload: none, or any of optimizer (ZeRO-Offload: master weights, optimizer states and "
+        "gradients on the host, the step on the CPU), params (16-bit weights on the host, needs --zero 3), "
+        "activations (torch's save_on_cpu), comma-separated",
+        _STRATEGY,
+        default="none",
+        metavar="none|optimizer,params,activations",
+    )
+    loss: str = _option(
+        "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
+        "chunk), fused (Liger's fused linear cross-entropy: no [T, v] tensor kept)",
+        _STRATEGY,
+        default="standard",
+        metavar="standard|chunked:N|fused",
+    )
     tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
     pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
@@ -189,6 +206,13 @@ class Options(BaseModel):
     tokens: float | None = _option(
         "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
     )
+    host_memory: float | None = _option(
+        "GiB of host (CPU) memory per node for offloaded tensors: says whether they fit [default: the GPU "
+        "preset's node, when it states one]",
+        _GPU,
+        metavar="GiB",
+        show_default=False,
+    )
     reserve: float = _option(
         "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
         "buffers, fragmentation): a plan fits in the GPU's memory minus this",
@@ -230,6 +254,8 @@ def build_setup(
     dropout: float | None = None,
     device: Device = Device.CUDA,
     parallel: Parallel | None = None,
+    offload: str = "none",
+    loss: str = "standard",
 ) -> Setup:
     """A validated ``Setup`` from option values (the defaults are the options' defaults).
 
@@ -238,6 +264,7 @@ def build_setup(
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model).model
     mode, every = parse_checkpointing(checkpointing)
+    loss_kind, chunks = parse_loss(loss)
     model_data: ModelConfig | dict[str, Any] = cfg
     if dropout is not None:
         # Re-validated as a dict so that a bad probability is reported against the model's fields.
@@ -267,6 +294,9 @@ def build_setup(
             },
             "parallel": parallel or Parallel(),
             "device": device,
+            "offload": parse_offload(offload),
+            "loss": loss_kind,
+            "loss_chunks": chunks,
         }
     )
 
@@ -355,6 +385,8 @@ def setup_of(o: Options) -> Setup:
         parallel=Parallel(
             tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep, pp_layers=_stage_layers(o.pp_layers)
         ),
+        offload=o.offload,
+        loss=o.loss,
     )
 
 

@@ -119,7 +119,8 @@ def _pieces_key(setup: Setup) -> tuple[object, ...]:
     """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
-    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep)
+    savers = (setup.offload, setup.loss, setup.loss_chunks)
+    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep, *savers)
 
 
 def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:

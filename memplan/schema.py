@@ -136,6 +136,9 @@ def _setup_schema() -> dict[str, Any]:
     properties = {name: _setting(field) for name, field in fields.items()}
     properties["checkpointing"] = {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"}
     properties["device"] = {"type": "string", "enum": [d.value for d in Device]}
+    offload = "(none|optimizer|params|activations)(,(optimizer|params|activations))*"
+    properties["offload"] = {"type": "string", "pattern": f"^{offload}$"}
+    properties["loss"] = {"type": "string", "pattern": "^(standard|fused|chunked:[1-9][0-9]*)$"}
     return _obj(properties, required=[])
 
 

@@ -5,6 +5,8 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 1. ``loss backward`` — the forward is done, every saved activation is alive, and the loss backward makes
    two fp32 [T, v] buffers at once: nll_loss's gradient and log_softmax's input gradient (8·T·v bytes)
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
+   The chunked loss makes them for its largest chunk only; the fused one none (it scales the gradients it
+   kept in place), and the labels the training loop holds are counted when the loss keeps no view of them.
 2. ``final norm backward`` — the head's loss and lm-head saves are freed, its gradients made, and the
    final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
 3. ``layer backward`` — a layer's backward, at the top layer (most activations alive), the bottom one
@@ -56,7 +58,7 @@ from memplan.blocks.attention import (
     eager_forward_extra,
     projection_rules,
 )
-from memplan.blocks.head import loss_backward_transient
+from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
 from memplan.config import (
@@ -107,11 +109,18 @@ class Peak(BaseModel):
 _HEAD_FREED_BEFORE_NORM = {
     NormType.RMSNORM: {
         (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
         (Block.FINAL_NORM, Role.NORM_OUTPUT),
         (Block.FINAL_NORM, Role.NORM_STATS),
     },
-    NormType.LAYERNORM: {(Block.LOSS, Role.LOG_PROBS), (Block.LM_HEAD, Role.LINEAR_INPUT)},
+    NormType.LAYERNORM: {
+        (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LM_HEAD, Role.LINEAR_INPUT),
+    },
 }
 
 
@@ -382,8 +391,10 @@ def peak(
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
+    # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
+    activations += loop_labels_bytes(setup, dims)
     loss_bwd = terms(
-        weights + gather, optimizer, grads_before, activations, loss_backward_transient(dims) + 4
+        weights + gather, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
@@ -416,6 +427,7 @@ def peak(
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
+        saved -= loop_labels_bytes(setup, dims)
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
 
     # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
