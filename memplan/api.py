@@ -27,6 +27,7 @@ from memplan.config import (
     AttentionChoice,
     Device,
     ModelConfig,
+    Offload,
     Optimizer,
     Parallel,
     Precision,
@@ -38,7 +39,15 @@ from memplan.config import (
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
-from memplan.search.budget import DEFAULT_RESERVE_GIB, Verdict, reserve_bytes, verdict
+from memplan.search.budget import (
+    DEFAULT_RESERVE_GIB,
+    HostVerdict,
+    Verdict,
+    host_bytes,
+    host_verdict,
+    reserve_bytes,
+    verdict,
+)
 from memplan.time.defaults import DEFAULT_MFU
 from memplan.time.timing import Timing, check_time_inputs, timing
 
@@ -402,12 +411,23 @@ class Built:
     gpu: GpuPreset | None
     verdict: Verdict | None
     timing: Timing | None
+    host: HostVerdict | None = None
+    """Whether the offloaded tensors fit the node's host memory (``--host-memory`` or the GPU preset's)."""
+
+
+def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
+    """The host-memory verdict from ``--host-memory``, or with offload the GPU preset's node (None without
+    either)."""
+    offloads = result.setup.offload is not Offload.NONE
+    gib = o.host_memory if o.host_memory is not None else (gpu.host_memory_gib if gpu and offloads else None)
+    return None if gib is None else host_verdict(result, host_bytes(gib))
 
 
 def build(o: Options) -> Built:
     """Estimate the configuration ``o`` describes; ``ValueError`` (one line) for any user mistake."""
     result = estimate(setup_of(o))
     if o.gpu is None:
+        host = _host(o, result, None)
         if o.mfu is not None or o.step_time is not None or o.tokens is not None:
             raise ValueError(
                 "gpu: time needs a GPU's peak FLOP/s; add --gpu NAME (`memplan gpus` lists them)"
@@ -416,13 +436,14 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(o, result, None, None, None)
+        return Built(o, result, None, None, None, host)
     gpu = load_gpu(o.gpu)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    return Built(o, result, gpu, verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu)), t)
+    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu))
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu))
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -432,4 +453,6 @@ def to_json(b: Built) -> dict[str, Any]:
     out = result_json(b.result)
     out["fit"] = b.verdict.to_json() if b.verdict else None
     out["time"] = b.timing.to_json() if b.timing else None
+    if b.host is not None:  # with --host-memory, or a GPU preset that states its node's host memory
+        out["host_fit"] = b.host.to_json()
     return out

@@ -86,6 +86,16 @@ _MEMORY = _obj(
         "peak": _with(_BYTES, "the largest modelled moment of the step"),
         "peak_phase": {"type": "string"},
         "phases": {"type": "object", "additionalProperties": _BYTES},
+        "host": _obj(
+            {
+                "weights": _with(_BYTES, "16-bit weights offloaded (--offload params)"),
+                "gradients": _with(_BYTES, "the fp32 host gradient buffer (--offload optimizer)"),
+                "optimizer": _with(_BYTES, "master weights + optimizer states (--offload optimizer)"),
+                "activations": _with(_BYTES, "saved tensors copied to the host (--offload activations)"),
+                "total": _BYTES,
+            },
+            required=["weights", "gradients", "optimizer", "activations", "total"],
+        ),
     },
     required=["weights", "gradients", "optimizer", "activations", "peak"],
 )

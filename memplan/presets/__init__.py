@@ -105,6 +105,11 @@ class GpuPreset(_Preset):
     hbm_bandwidth_gbps: float = Field(gt=0, description="device memory bandwidth, GB/s (10⁹ bytes/s)")
     interconnect: str = Field(min_length=1, description="GPU-to-GPU link, e.g. 'NVLink 4, 900 GB/s'")
     interconnect_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth, GB/s, both directions")
+    host_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="host (CPU) memory of one node, GiB: the vendor's reference system (a DGX), for offload",
+    )
 
 
 P = TypeVar("P", bound=_Preset)

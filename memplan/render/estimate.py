@@ -19,7 +19,7 @@ from rich.text import Text
 
 from memplan.analytic.inventory import Scope
 from memplan.analytic.params import ParamCount
-from memplan.config import checkpointing_label
+from memplan.config import LossKind, Offload, checkpointing_label, loss_label, offload_label
 from memplan.engine import Result
 from memplan.presets import GpuPreset, ModelPreset
 from memplan.render.fitted import Col, Fitted
@@ -106,8 +106,34 @@ def setup_line(e: Result) -> str:
         f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"
         f" · {t.precision.value} · {t.optimizer.value} · grad-accum {t.grad_accum}"
         f" · checkpointing {checkpointing_label(st)} · {st.attention.name.lower()} attention{rev}"
-        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels"
+        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels{_savers(e)}"
     )
+
+
+def _savers(e: Result) -> str:
+    """`` · offload optimizer · loss fused`` when they differ from the defaults."""
+    s = e.setup
+    off = f" · offload {offload_label(s.offload)}" if s.offload is not Offload.NONE else ""
+    loss = f" · loss {loss_label(s.loss, s.loss_chunks)}" if s.loss is not LossKind.STANDARD else ""
+    return off + loss
+
+
+def host_line(e: Result) -> Text | None:
+    """The most loaded device's offloaded tensors in host memory (None without offload)."""
+    if e.setup.offload is Offload.NONE:
+        return None
+    h = e.device.host
+    parts = [
+        f"{name} {fmt_bytes(value)}"
+        for name, value in (
+            ("weights", h.weights),
+            ("gradients", h.gradients),
+            ("optimizer", h.optimizer),
+            ("activations", h.activations),
+        )
+        if value
+    ]
+    return Text(f"Host memory for this device: {fmt_bytes(h.total)} ({' · '.join(parts) or 'nothing'})")
 
 
 def _components(e: Result) -> list[tuple[str, str, str, int]]:
@@ -178,6 +204,7 @@ def summary_panel(e: Result) -> Panel:
         Text(f"Memory on one device (ZeRO-{int(st.zero)}, dp {st.dp}); {BYTE_UNITS}", style="bold"),
         memory_bar(e),
         _phases_line(e),
+        *([line] if (line := host_line(e)) else []),
         Text(_bar_note(e), style="dim"),
     )
     return Panel(body, title="memplan estimate", title_align="left")
