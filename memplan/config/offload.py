@@ -88,10 +88,18 @@ def loss_label(kind: LossKind, chunks: int) -> str:
     return f"chunked:{chunks}" if kind is LossKind.CHUNKED else kind.name.lower()
 
 
-def check_savers(offload: Offload, loss: LossKind, chunks: int, zero: int, segmented: bool) -> None:
-    """The combinations memplan models; a one-line ``ValueError`` with the fix otherwise."""
+def check_savers(
+    offload: Offload, loss: LossKind, chunks: int, zero: int, segmented: bool, mixed: bool
+) -> None:
+    """The combinations memplan models; a one-line ``ValueError`` with the fix otherwise. ``mixed``: the
+    precision recipe keeps an fp32 master copy."""
     if loss is not LossKind.CHUNKED and chunks != 1:
         raise ValueError("loss_chunks: only the chunked loss takes a chunk count; use --loss chunked:N")
+    if Offload.OPTIMIZER in offload and not mixed:
+        raise ValueError(
+            "offload: ZeRO-Offload steps an fp32 master copy of 16-bit weights on the host; use --precision "
+            "bf16-mixed or fp16-mixed with --offload optimizer"
+        )
     if Offload.PARAMS in offload and zero < 3:
         raise ValueError(
             "offload: parameter offload shards the weights as ZeRO-3 does (DeepSpeed stage 3 / FSDP2 "

@@ -85,7 +85,8 @@ class Setup(Frozen):
     def _check(self) -> Self:
         m, t, s = self.model, self.training, self.strategy
         segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
-        check_savers(self.offload, self.loss, self.loss_chunks, int(s.zero), segmented)
+        mixed = t.precision.master_bytes > 0
+        check_savers(self.offload, self.loss, self.loss_chunks, int(s.zero), segmented, mixed)
         if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
             raise ValueError(
                 f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
