@@ -114,7 +114,7 @@ def optimizer_offload(setup: Setup, seed: int = 0) -> tuple[Pools, Pools]:
     (gradients moved to the host) and after the step."""
     torch.manual_seed(seed)
     model = Reference(setup)
-    params = list(model.parameters())
+    params: list[Tensor] = list(model.parameters())
     opt = OffloadedOptimizer(params, setup.training.precision, setup.training.optimizer)
     ids, labels = make_batch(setup, "cpu")
     model(ids, labels).backward()
