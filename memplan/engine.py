@@ -317,7 +317,8 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
         return StagePlan(st, params, states, counts, acts, pc, setup)
     host = offload.host_states(states, params.total, setup)
     if offload.offloads_activations(setup):
-        host, acts = host.model_copy(update={"activations": acts}), 0
+        copies = offload.saved_weight_bytes(params, pc.setup.model, setup, st.last)
+        host, acts = host.model_copy(update={"activations": acts + copies}), 0
     return StagePlan(st, params, offload.device_states(states, setup), counts, acts, pc, setup, host)
 
 

@@ -44,19 +44,26 @@ class Pools:
 
     device: int
     host: int
+    host_weights: int = 0
+    """Of ``host``: the copies of parameters (save_on_cpu copies the weights the forward saves)."""
 
 
 class CountingSaveOnCpu(torch.autograd.graph.save_on_cpu):
-    """torch's ``save_on_cpu``; its pack hook wrapped to add each copy it makes to ``copies``."""
+    """torch's ``save_on_cpu``; its pack hook wrapped to add each copy it makes to ``copies`` (and to
+    ``weight_copies`` when it copies one of ``params``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, params: list[Tensor]) -> None:
         super().__init__(pin_memory=True)
         self.copies: list[Tensor] = []
+        self.weight_copies: list[Tensor] = []
+        weights = {storage_ref(p).cdata for p in params}
         pack = self.pack_hook
 
         def counted(t: Tensor) -> Any:
             device, copy = pack(t)
             self.copies.append(copy)
+            if storage_ref(t).cdata in weights:
+                self.weight_copies.append(copy)
             return device, copy
 
         self.pack_hook = counted
@@ -67,7 +74,7 @@ def activation_offload(setup: Setup, seed: int = 0) -> Pools:
     torch.manual_seed(seed)
     model = Reference(setup)
     ids, labels = make_batch(setup, "cpu")
-    tracker, offload = LiveMemoryTracker(), CountingSaveOnCpu()
+    tracker, offload = LiveMemoryTracker(), CountingSaveOnCpu(list(model.parameters()))
     with tracker:
         tracker.track([*model.parameters(), ids, labels])
         before = tracker.current
@@ -76,7 +83,7 @@ def activation_offload(setup: Setup, seed: int = 0) -> Pools:
         host = pool_bytes(offload.copies)
         device = tracker.current - before - host - pool_bytes([loss])
     loss.backward()
-    return Pools(device=device, host=host)
+    return Pools(device=device, host=host, host_weights=pool_bytes(offload.weight_copies))
 
 
 class OffloadedOptimizer:

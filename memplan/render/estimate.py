@@ -229,7 +229,7 @@ def activation_table(e: Result) -> Fitted:
     layers = e.setup.model.num_layers
     table = Fitted(
         ACTIVATION_COLUMNS,
-        title=f"Activations kept for backward (one micro-batch, one device; {BYTE_UNITS})",
+        title=f"Activations kept for backward (one micro-batch, one device{_where(e)}; {BYTE_UNITS})",
     )
     groups = (
         (Scope.MODEL, "model-level"),
@@ -253,9 +253,13 @@ def activation_table(e: Result) -> Fitted:
         table.section()
     per_layer = "per-layer entries / layers"
     table.add("one layer", "", "", "", "", fmt_bytes(e.per_layer), per_layer, style="bold", data=False)
-    total = f"{fmt_int(e.activations)} bytes"
-    table.add("total", "", "", "", "", fmt_bytes(e.activations), total, style="bold", data=False)
+    every = sum(k.total_bytes for k in e.tensors)  # = e.activations unless they are offloaded
+    table.add("total", "", "", "", "", fmt_bytes(every), f"{fmt_int(every)} bytes", style="bold", data=False)
     return table
+
+
+def _where(e: Result) -> str:
+    return ", copied to the host: --offload activations" if Offload.ACTIVATIONS in e.setup.offload else ""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -267,6 +271,12 @@ FLOPS_COLUMNS = (
     Col("exact", priority=2),
     Col("what it counts", "left", priority=1, wrap=True, min_width=24),
 )
+
+
+def _head_why(e: Result) -> str:
+    if e.setup.loss is LossKind.FUSED:
+        return "logits [tokens, vocab], and the fused loss's dX and dW products (backward work, run here)"
+    return "logits [tokens, vocab]"
 
 
 def flops_table(e: Result) -> Fitted:
@@ -281,7 +291,7 @@ def flops_table(e: Result) -> Fitted:
         ("forward", f.forward, "matmuls only, as torch's FlopCounterMode counts (≈ 2N·tokens + attention)"),
         ("  linear layers", f.layer_linear, "projections and MLP matrices of every layer"),
         ("  attention core", f.layer_attention, "QKᵀ and P·V (causal not halved)"),
-        ("  lm head", f.lm_head, "logits [tokens, vocab]"),
+        ("  lm head", f.lm_head, _head_why(e)),
         ("backward", f.backward, "dX and dW for every matmul (≈ 2× forward; flash attention 2.5×)"),
         ("  flash S recompute", f.kernel_recompute, "the flash backward re-computing QKᵀ (not model FLOPs)"),
         ("recompute", f.recompute, "forward work re-run in backward (checkpointing, reversible)"),

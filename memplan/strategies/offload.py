@@ -21,11 +21,11 @@
   the copies.
 
 Known limitations (NB):
-- the host's activation bytes are the storages autograd keeps, each counted once: a lower bound. save_on_cpu
-  copies per save, not per storage — a tensor saved by three ops (the shared input of W_Q, W_K, W_V) is
-  copied three times, and the weights the matmuls save for dX (parameters) are copied too (torchtune's
-  ``OffloadActivations`` skips parameters and tensors under 1 KiB). docs/offload.md gives the measured
-  ratio.
+- the host's activation bytes are the storages autograd keeps, each counted once, plus the weights the
+  forward saves (``saved_weight_bytes``, exact): a lower bound. save_on_cpu copies per save, not per
+  storage — a tensor saved by three ops (the shared input of W_Q, W_K, W_V) is copied three times, the RoPE
+  tables once per use in every layer (torchtune's ``OffloadActivations`` also copies per save, but skips
+  parameters and tensors under 1 KiB). docs/offload.md gives the measured ratio.
 - on the device the activation offload is modelled as one layer's saves brought back during its backward
   (an upper bound of save_on_cpu's per-op unpacking), and the head's during the loss backward.
 - DeepSpeed's gradient buckets on the device, the host's optimizer-step temporaries (CPU Adam steps the
@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.config import Offload, Setup, ZeroStage
+from memplan.analytic.params import ParamCount
+from memplan.config import LossKind, MlpType, ModelConfig, Offload, Setup, ZeroStage
 from memplan.strategies.zero import ModelStates, shard
 
 HOST_GRADIENT_BYTES = 4
@@ -90,3 +91,26 @@ def device_states(states: ModelStates, setup: Setup) -> ModelStates:
 
 def offloads_activations(setup: Setup) -> bool:
     return Offload.ACTIVATIONS in setup.offload
+
+
+def linear_bias_params(m: ModelConfig) -> int:
+    """One layer's linear biases: W_Q/W_K/W_V's (qkv_bias), W_O's (out_bias), the MLP's (mlp_bias)."""
+    qkv = m.q_width + 2 * m.kv_width if m.qkv_bias else 0
+    out = m.hidden_size if m.out_bias else 0
+    mlp = (2 * m.ffn if m.mlp is MlpType.SWIGLU else m.ffn) + m.hidden_size if m.mlp_bias else 0
+    return qkv + out + mlp
+
+
+def saved_weight_bytes(stage: ParamCount, m: ModelConfig, setup: Setup, last: bool) -> int:
+    """The parameters the forward saves for backward, each once, which ``save_on_cpu`` copies to the host
+    like any saved tensor: every matmul's weight (dX = dY·Wᵀ) and every norm's weight (and LayerNorm's
+    bias) — all of a stage's parameters but the embedding and position tables (a lookup saves the ids),
+    the linear biases (their gradient is a sum) and, with the fused loss, the head's weight (Liger keeps
+    only its gradients). The tied head reads the embedding's weight: saved once by the head.
+    Measured (tests/measure/test_offload.py). ``m``: the rank's model. NB: an MoE's experts are counted as
+    if every one ran."""
+    head = stage.lm_head or (stage.embedding if last and m.tied_embeddings else 0)
+    if setup.loss is LossKind.FUSED:
+        head = 0
+    weights = stage.layers - linear_bias_params(m) * stage.num_layers + stage.final_norm + head
+    return weights * setup.training.precision.weight_bytes

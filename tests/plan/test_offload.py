@@ -64,7 +64,10 @@ def test_activation_offload_leaves_no_saved_activation_on_the_device() -> None:
     plain = build(Options(model="llama-2-13b", seq=1024)).result
     off = build(Options(model="llama-2-13b", seq=1024, offload="activations")).result
     assert off.activations == 0
-    assert off.device.host.activations == plain.activations  # the distinct storages: a lower bound
+    # The distinct saved storages and a copy of every weight but the embedding (13B untied: Ψ − v·h): a
+    # lower bound of what save_on_cpu copies (tests/measure/test_offload.py).
+    weights = 2 * (PSI - 32_000 * 5120)
+    assert off.device.host.activations == plain.activations + weights
     for moment in ("loss backward", "layer backward"):  # a layer's saves brought back, not all layers'
         assert off.peak.moments[moment]["activations"] < plain.peak.moments[moment]["activations"]
 
