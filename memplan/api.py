@@ -39,15 +39,7 @@ from memplan.config import (
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
-from memplan.search.budget import (
-    DEFAULT_RESERVE_GIB,
-    HostVerdict,
-    Verdict,
-    host_bytes,
-    host_verdict,
-    reserve_bytes,
-    verdict,
-)
+from memplan.search.budget import DEFAULT_RESERVE_GIB, HostVerdict, Verdict, host_fit, reserve_bytes, verdict
 from memplan.time.defaults import DEFAULT_MFU
 from memplan.time.timing import Timing, check_time_inputs, timing
 
@@ -216,8 +208,7 @@ class Options(BaseModel):
         "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
     )
     host_memory: float | None = _option(
-        "GiB of host (CPU) memory per node for offloaded tensors: says whether they fit [default: the GPU "
-        "preset's node, when it states one]",
+        "GiB of host memory per node: do the offloaded tensors fit [default: the GPU preset's node's]",
         _GPU,
         metavar="GiB",
         show_default=False,
@@ -416,11 +407,10 @@ class Built:
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
-    """The host-memory verdict from ``--host-memory``, or with offload the GPU preset's node (None without
-    either)."""
+    """The host verdict from ``--host-memory``, or with offload the GPU preset's node's (else None)."""
     offloads = result.setup.offload is not Offload.NONE
     gib = o.host_memory if o.host_memory is not None else (gpu.host_memory_gib if gpu and offloads else None)
-    return None if gib is None else host_verdict(result, host_bytes(gib))
+    return host_fit(result, gib)
 
 
 def build(o: Options) -> Built:

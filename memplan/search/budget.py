@@ -146,6 +146,11 @@ def host_bytes(gib: float) -> int:
     return int(gib * 2**30)
 
 
+def host_fit(p: Result, gib: float | None) -> HostVerdict | None:
+    """``host_verdict`` for ``gib`` GiB per node (None without it)."""
+    return None if gib is None else host_verdict(p, host_bytes(gib))
+
+
 def host_verdict(p: Result, memory: int) -> HostVerdict:
     """Whether ``memory`` bytes of one node's host memory hold the offloaded tensors of its devices (each
     as much as the most loaded device's, an upper bound for pipeline stages)."""
