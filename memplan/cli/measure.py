@@ -52,6 +52,7 @@ _RUN_OPTIONS = (
     "attention",
     "reversible",
     "dropout",
+    "loss",
 )
 
 
