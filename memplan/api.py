@@ -27,16 +27,19 @@ from memplan.config import (
     AttentionChoice,
     Device,
     ModelConfig,
+    Offload,
     Optimizer,
     Parallel,
     Precision,
     Setup,
     TrainingConfig,
     parse_checkpointing,
+    parse_loss,
+    parse_offload,
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
-from memplan.search.budget import DEFAULT_RESERVE_GIB, Verdict, reserve_bytes, verdict
+from memplan.search.budget import DEFAULT_RESERVE_GIB, HostVerdict, Verdict, host_fit, reserve_bytes, verdict
 from memplan.time.timing import Timing, check_time_inputs, timing
 
 DEFAULT_SEQ = TrainingConfig().seq_len
@@ -130,6 +133,21 @@ class Options(BaseModel):
         _STRATEGY,
         default=Device.CUDA,
     )
+    offload: str = _option(
+        "Host offload: none, or any of optimizer (ZeRO-Offload: master weights, optimizer states and "
+        "gradients on the host, the step on the CPU), params (16-bit weights on the host, needs --zero 3), "
+        "activations (torch's save_on_cpu), comma-separated",
+        _STRATEGY,
+        default="none",
+        metavar="none|optimizer,params,activations",
+    )
+    loss: str = _option(
+        "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
+        "chunk), fused (Liger's fused linear cross-entropy: no [T, v] tensor kept)",
+        _STRATEGY,
+        default="standard",
+        metavar="standard|chunked:N|fused",
+    )
     tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
     pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
@@ -210,6 +228,12 @@ class Options(BaseModel):
         metavar="GB/s",
         show_default=False,
     )
+    host_memory: float | None = _option(
+        "GiB of host memory per node: do the offloaded tensors fit [default: the GPU preset's node's]",
+        _GPU,
+        metavar="GiB",
+        show_default=False,
+    )
     reserve: float = _option(
         "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
         "buffers, fragmentation): a plan fits in the GPU's memory minus this",
@@ -251,6 +275,8 @@ def build_setup(
     dropout: float | None = None,
     device: Device = Device.CUDA,
     parallel: Parallel | None = None,
+    offload: str = "none",
+    loss: str = "standard",
 ) -> Setup:
     """A validated ``Setup`` from option values (the defaults are the options' defaults).
 
@@ -259,6 +285,7 @@ def build_setup(
     """
     cfg = model if isinstance(model, ModelConfig) else load_model(model).model
     mode, every = parse_checkpointing(checkpointing)
+    loss_kind, chunks = parse_loss(loss)
     model_data: ModelConfig | dict[str, Any] = cfg
     if dropout is not None:
         # Re-validated as a dict so that a bad probability is reported against the model's fields.
@@ -288,6 +315,9 @@ def build_setup(
             },
             "parallel": parallel or Parallel(),
             "device": device,
+            "offload": parse_offload(offload),
+            "loss": loss_kind,
+            "loss_chunks": chunks,
         }
     )
 
@@ -376,6 +406,8 @@ def setup_of(o: Options) -> Setup:
         parallel=Parallel(
             tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep, pp_layers=_stage_layers(o.pp_layers)
         ),
+        offload=o.offload,
+        loss=o.loss,
     )
 
 
@@ -391,6 +423,15 @@ class Built:
     gpu: GpuPreset | None
     verdict: Verdict | None
     timing: Timing | None
+    host: HostVerdict | None = None
+    """Whether the offloaded tensors fit the node's host memory (``--host-memory`` or the GPU preset's)."""
+
+
+def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
+    """The host verdict from ``--host-memory``, or with offload the GPU preset's node's (else None)."""
+    offloads = result.setup.offload is not Offload.NONE
+    gib = o.host_memory if o.host_memory is not None else (gpu.host_memory_gib if gpu and offloads else None)
+    return host_fit(result, gib)
 
 
 def gpu_of(o: Options, name: str) -> GpuPreset:
@@ -405,6 +446,7 @@ def build(o: Options) -> Built:
     """Estimate the configuration ``o`` describes; ``ValueError`` (one line) for any user mistake."""
     result = estimate(setup_of(o))
     if o.gpu is None:
+        host = _host(o, result, None)
         if o.mfu is not None or o.step_time is not None or o.tokens is not None:
             raise ValueError(
                 "gpu: time needs a GPU's peak FLOP/s; add --gpu NAME (`memplan gpus` lists them)"
@@ -417,13 +459,14 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(o, result, None, None, None)
+        return Built(o, result, None, None, None, host)
     gpu = gpu_of(o, o.gpu)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    return Built(o, result, gpu, verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu)), t)
+    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu))
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu))
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -433,4 +476,6 @@ def to_json(b: Built) -> dict[str, Any]:
     out = result_json(b.result)
     out["fit"] = b.verdict.to_json() if b.verdict else None
     out["time"] = b.timing.to_json() if b.timing else None
+    if b.host is not None:  # with --host-memory, or a GPU preset that states its node's host memory
+        out["host_fit"] = b.host.to_json()
     return out

@@ -4,7 +4,9 @@ FLOPs.
 Keys that other tools build on and that are never renamed: ``params.total``, ``params.active``,
 ``memory.weights|gradients|optimizer|activations|peak`` (bytes on one device: the most loaded one),
 ``activations.tensors[]`` (``name``, ``shape``, ``dtype``, ``bytes``, ``count``), ``activations.per_layer``,
-``flops.forward|backward|recompute|total|model`` (one micro-batch, whole model). Keys may be added.
+``flops.forward|backward|recompute|total|model`` (one micro-batch, whole model). Keys may be added:
+``memory.host.weights|gradients|optimizer|activations|total`` are the bytes one device's offloaded tensors
+take in host memory (``--offload``; zeros without it).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def to_json(r: Result) -> dict[str, Any]:
             "peak_phase": r.peak.phase,
             "phases": dict(r.peak.phases),
             "stage": dev.stage.index,
+            "host": _host_json(dev),
         },
         "activations": {
             "total": r.activations,
@@ -87,6 +90,18 @@ def to_json(r: Result) -> dict[str, Any]:
     }
 
 
+def _host_json(sp: StagePlan) -> dict[str, int]:
+    """Host memory of one device's offloaded tensors (``strategies.offload``; zeros without offload)."""
+    h = sp.host
+    return {
+        "weights": h.weights,
+        "gradients": h.gradients,
+        "optimizer": h.optimizer,
+        "activations": h.activations,
+        "total": h.total,
+    }
+
+
 def _stage_json(sp: StagePlan) -> dict[str, Any]:
     st = sp.stage
     return {
@@ -103,5 +118,6 @@ def _stage_json(sp: StagePlan) -> dict[str, Any]:
             "peak": sp.peak.bytes,
             "peak_phase": sp.peak.phase,
             "phases": dict(sp.peak.phases),
+            "host": _host_json(sp),
         },
     }

@@ -37,7 +37,8 @@ from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
-from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
+from memplan.strategies import Strategy, checkpointing, offload, reversible, sequence_parallel
+from memplan.strategies.offload import HostMemory
 from memplan.strategies.pipeline_parallel import (
     Group,
     Stage,
@@ -119,7 +120,8 @@ def _pieces_key(setup: Setup) -> tuple[object, ...]:
     """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
-    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep)
+    savers = (setup.offload, setup.loss, setup.loss_chunks)
+    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep, *savers)
 
 
 def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
@@ -221,11 +223,15 @@ class StagePlan:
     stage: Stage
     params: ParamCount
     states: ModelStates
+    """On the device (``strategies.offload``: what the host holds is in ``host``)."""
     counts: dict[Group, int]
     activations: int
+    """Saved between forward and backward on the device (0 when they are offloaded to the host)."""
     pieces: Pieces = field(repr=False)
     setup: Setup = field(repr=False)
     """The user's setup (ZeRO, dp, micro-batches per step)."""
+    host: HostMemory = field(default_factory=HostMemory)
+    """What the device's offloaded tensors take in host memory."""
 
     @functools.cached_property
     def peak(self) -> pk.Peak:
@@ -307,7 +313,13 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
     acts = sum(pc.group_bytes[g] * n for g, n in counts.items())
-    return StagePlan(st, params, states, counts, acts, pc, setup)
+    if not offload.applies(setup):
+        return StagePlan(st, params, states, counts, acts, pc, setup)
+    host = offload.host_states(states, params.total, setup)
+    if offload.offloads_activations(setup):
+        copies = offload.saved_weight_bytes(params, pc.setup.model, setup, st.last)
+        host, acts = host.model_copy(update={"activations": acts + copies}), 0
+    return StagePlan(st, params, offload.device_states(states, setup), counts, acts, pc, setup, host)
 
 
 # ----------------------------------------------------------------------------------------------------

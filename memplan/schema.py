@@ -86,6 +86,16 @@ _MEMORY = _obj(
         "peak": _with(_BYTES, "the largest modelled moment of the step"),
         "peak_phase": {"type": "string"},
         "phases": {"type": "object", "additionalProperties": _BYTES},
+        "host": _obj(
+            {
+                "weights": _with(_BYTES, "16-bit weights offloaded (--offload params)"),
+                "gradients": _with(_BYTES, "the fp32 host gradient buffer (--offload optimizer)"),
+                "optimizer": _with(_BYTES, "master weights + optimizer states (--offload optimizer)"),
+                "activations": _with(_BYTES, "saved tensors copied to the host (--offload activations)"),
+                "total": _BYTES,
+            },
+            required=["weights", "gradients", "optimizer", "activations", "total"],
+        ),
     },
     required=["weights", "gradients", "optimizer", "activations", "peak"],
 )
@@ -136,6 +146,9 @@ def _setup_schema() -> dict[str, Any]:
     properties = {name: _setting(field) for name, field in fields.items()}
     properties["checkpointing"] = {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"}
     properties["device"] = {"type": "string", "enum": [d.value for d in Device]}
+    offload = "(none|optimizer|params|activations)(,(optimizer|params|activations))*"
+    properties["offload"] = {"type": "string", "pattern": f"^{offload}$"}
+    properties["loss"] = {"type": "string", "pattern": "^(standard|fused|chunked:[1-9][0-9]*)$"}
     return _obj(properties, required=[])
 
 

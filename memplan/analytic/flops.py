@@ -40,7 +40,7 @@ from memplan.blocks.attention import (
     kernel_recompute_flops,
     projection_flops,
 )
-from memplan.blocks.head import lm_head_flops
+from memplan.blocks.head import head_flops
 from memplan.blocks.mlp import mlp_flops
 from memplan.config import Setup
 
@@ -84,8 +84,8 @@ def flops(setup: Setup, recompute: int = 0) -> Flops:
     dims = Dims.of(setup)
     linear = dims.layers * layer_linear_flops(setup, dims)
     attention = dims.layers * attention_core_flops(dims)
-    head = lm_head_flops(dims)
-    backward = 2 * (linear + head) + dims.layers * attention_backward_flops(setup, dims)
+    head, head_backward = head_flops(setup, dims)
+    backward = 2 * linear + head_backward + dims.layers * attention_backward_flops(setup, dims)
     return Flops(
         forward=linear + attention + head,
         backward=backward,
@@ -93,5 +93,5 @@ def flops(setup: Setup, recompute: int = 0) -> Flops:
         kernel_recompute=dims.layers * kernel_recompute_flops(setup, dims),
         layer_linear=linear,
         layer_attention=attention,
-        lm_head=head,
+        lm_head=head,  # a fused loss's gradient products included (blocks/head.py)
     )

@@ -5,6 +5,8 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 1. ``loss backward`` — the forward is done, every saved activation is alive, and the loss backward makes
    two fp32 [T, v] buffers at once: nll_loss's gradient and log_softmax's input gradient (8·T·v bytes)
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
+   The chunked loss makes them for its largest chunk only; the fused one none (it scales the gradients it
+   kept in place), and the labels the training loop holds are counted when the loss keeps no view of them.
 2. ``final norm backward`` — the head's loss and lm-head saves are freed, its gradients made, and the
    final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
 3. ``layer backward`` — a layer's backward, at the top layer (most activations alive), the bottom one
@@ -19,10 +21,11 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient
    is summed into the one the tied lm head (or an earlier micro-batch) left: the new one and the sum;
    untied, the incoming [T, h] gradient is alive beside the new [v, h].
-5. ``optimizer step`` — all gradients and states, plus the step's temporaries for the largest tensor it
-   steps (under ZeRO ≥ 1 one rank's FSDP2-style dim-0 shard of it, ``largest_step_tensor``): its fp32
-   gradient copy (mixed recipes) and Adam's denominator √v + ε (memplan's reference optimizer updates one
-   tensor at a time; fused or foreach implementations keep larger temporaries).
+5. ``optimizer step`` — all gradients and states, plus the step's temporaries (``analytic.step``) for the
+   largest tensor it steps (under ZeRO ≥ 1 one rank's FSDP2-style dim-0 shard of it,
+   ``largest_step_tensor``): its fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε
+   (memplan's reference optimizer updates one tensor at a time; fused or foreach implementations keep larger
+   temporaries); none on the device when the step runs on the host (``--offload optimizer``).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
@@ -50,13 +53,14 @@ from pydantic import BaseModel, ConfigDict
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount
+from memplan.analytic.step import largest_step_tensor, optimizer_transient, zero3_gather
 from memplan.blocks.attention import (
     attention_core_rules,
     eager_core_copies,
     eager_forward_extra,
     projection_rules,
 )
-from memplan.blocks.head import loss_backward_transient
+from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
 from memplan.config import (
@@ -64,13 +68,10 @@ from memplan.config import (
     Checkpointing,
     DType,
     NormType,
-    Optimizer,
-    PositionType,
-    Precision,
+    Offload,
     Setup,
-    ZeroStage,
 )
-from memplan.strategies.zero import ModelStates, shard
+from memplan.strategies.zero import ModelStates
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 """What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit
@@ -107,11 +108,18 @@ class Peak(BaseModel):
 _HEAD_FREED_BEFORE_NORM = {
     NormType.RMSNORM: {
         (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
         (Block.FINAL_NORM, Role.NORM_OUTPUT),
         (Block.FINAL_NORM, Role.NORM_STATS),
     },
-    NormType.LAYERNORM: {(Block.LOSS, Role.LOG_PROBS), (Block.LM_HEAD, Role.LINEAR_INPUT)},
+    NormType.LAYERNORM: {
+        (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LM_HEAD, Role.LINEAR_INPUT),
+    },
 }
 
 
@@ -266,67 +274,6 @@ def attn_norm_saved(setup: Setup) -> int:
     return layer_saves(setup, {Block.ATTN_NORM})
 
 
-def optimizer_transient(setup: Setup, largest: int) -> int:
-    """Temporaries of the reference optimizer (measure/optim.py) for the largest tensor it steps
-    (``largest_step_tensor``: a whole parameter, or under ZeRO one rank's shard of it).
-
-    The gradient is upcast to fp32 (4 bytes/element) by the mixed recipes and by 8-bit Adam unless it is
-    fp32 already; then Adam's denominator √v̂ + ε and Lion's update (state dtype), or for 8-bit Adam the
-    dequantised fp32 m and v and the fp32 denominator (12 bytes/element) — and once the denominator is
-    freed, |m| in its place while the fp32 absmax scalar is made (+ 4 bytes). SGD updates in place.
-    """
-    precision, opt = setup.training.precision, setup.training.optimizer
-    upcast = opt is Optimizer.ADAMW_8BIT or precision.master_bytes > 0
-    per_element = 4 if upcast and precision is not Precision.FP32 else 0
-    per_element += {
-        Optimizer.ADAMW: precision.state_bytes,
-        Optimizer.ADAMW_8BIT: 12,
-        Optimizer.LION: precision.state_bytes,
-    }.get(opt, 0)
-    return largest * per_element + (4 if opt is Optimizer.ADAMW_8BIT else 0)
-
-
-def weight_shapes(setup: Setup) -> list[tuple[int, int]]:
-    """The model's 2-D parameter shapes as torch lays them out: an nn.Linear's weight is [out, in]
-    (W_Q [a·d, h], W_K and W_V [kv·d, h], W_O [h, a·d], gate / up [f, h], down [h, f]); the embedding
-    and the lm head [v, h]; learned positions [max_positions, h].
-    NB: 1-D parameters (norms, biases) are left out: [n] shards to ⌈n/dp⌉ elements, never more than a
-    matrix with n rows (a bias [out] beside its weight [out, in]; a norm [h] beside W_O [h, a·d])."""
-    m = setup.model
-    h, f = m.hidden_size, m.ffn
-    shapes = [(m.vocab_size, h), (m.q_width, h), (m.kv_width, h), (h, m.q_width), (f, h), (h, f)]
-    if m.position is PositionType.LEARNED:
-        shapes.append((m.max_positions, h))
-    return shapes
-
-
-def largest_step_tensor(setup: Setup) -> int:
-    """Elements of the largest tensor one rank's optimizer steps at once.
-
-    Without ZeRO (or dp 1): the largest whole parameter. With ZeRO ≥ 1 a rank steps only its shard of
-    each parameter. Modelled as PyTorch FSDP2 (``fully_shard``) shards, per parameter: each parameter is
-    cut along dim 0 into dp chunks as ``torch.chunk`` cuts it, so rank 0 holds ⌈rows/dp⌉ rows (the last
-    ranks fewer, or none) and steps a [⌈rows/dp⌉, cols] local tensor (FSDP2's DTensor ``Shard(0)``;
-    torch.distributed.fsdp ``FSDPParam._init_sharded_param``). The largest shard is the largest of
-    ⌈rows/dp⌉·cols over the parameters — not always the largest parameter's.
-    NB: DeepSpeed's ZeRO instead steps one flat fp32 partition of ⌈Ψ/dp⌉ elements (states.py's padding
-    follows it); with its fused Adam the temporaries are per partition, not per tensor, which this does
-    not model (memplan's reference optimizer steps one tensor at a time, as FSDP2 with a per-tensor
-    optimizer does).
-    """
-    s = setup.strategy
-    sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
-    return max(shard(rows, s.dp, sharded) * cols for rows, cols in weight_shapes(setup))
-
-
-def zero3_gather(p: ParamCount, setup: Setup) -> int:
-    """Weights of the largest unit ZeRO-3 gathers at once (a layer, or the embedding / head)."""
-    s = setup.strategy
-    if s.zero < ZeroStage.PARAMETERS or s.dp == 1:
-        return 0
-    return max(p.layer.total, p.embedding, p.lm_head) * setup.training.precision.weight_bytes
-
-
 def recompute_working_set(setup: Setup) -> int:
     """Activations a re-run segment (k layers), a reversible layer or a selective attention core rebuilds
     in backward, alive while that layer's backward runs."""
@@ -378,12 +325,18 @@ def peak(
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
     head = sum(k.total_bytes for k in kept if k.block.in_head)
+    inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
+    # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
+    activations += loop_labels_bytes(setup, dims)
+    offloaded = Offload.ACTIVATIONS in setup.offload
+    if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
+        activations = head + inputs
     loss_bwd = terms(
-        weights + gather, optimizer, grads_before, activations, loss_backward_transient(dims) + 4
+        weights + gather, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
@@ -398,7 +351,6 @@ def peak(
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment
     working = 0 if segment else recompute_working_set(setup)
-    inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
 
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
@@ -416,6 +368,9 @@ def peak(
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
+        saved -= loop_labels_bytes(setup, dims)
+        if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
+            saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
 
     # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
@@ -433,9 +388,10 @@ def peak(
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     embedding_bwd = terms(weights, optimizer, states.gradients, inputs, embedding + 8)
-    step = terms(
-        weights, optimizer, states.gradients, inputs, optimizer_transient(setup, largest_step_tensor(setup))
-    )
+    # ZeRO-Offload steps on the host: nothing on the device.
+    on_device = Offload.OPTIMIZER not in setup.offload
+    step_transient = optimizer_transient(setup, largest_step_tensor(setup)) if on_device else 0
+    step = terms(weights, optimizer, states.gradients, inputs, step_transient)
     return Peak(
         moments={
             "loss backward": loss_bwd,

@@ -1,11 +1,36 @@
-"""The lm head [h, v] (absent when tied to the embedding) and the loss: logits upcast to fp32 as Megatron and
-HF do, an explicit ``log_softmax`` + ``nll_loss``. The final norm before it is a ``norm`` block."""
+"""The lm head [h, v] (absent when tied to the embedding) and the loss, in one of three variants
+(``config.offload.LossKind``):
+
+- standard: logits upcast to fp32 as Megatron and HF do, an explicit ``log_softmax`` + ``nll_loss``: keeps
+  the fp32 log-probs [T, v] (3.91 GiB at 8,192 tokens of a 128,256 vocabulary).
+- chunked:N — torchtune's ``CEWithChunkedOutputLoss`` with the model's chunked output
+  (``TransformerDecoder.chunked_output``): the final norm's output is cut into N chunks along the sequence
+  (``torch.chunk``: ⌈s/N⌉ positions each, fewer chunks when that leaves none), each goes through the lm
+  head, is upcast to fp32 and ``cross_entropy``'d with reduction "sum"; the sum is divided by the number of
+  labels (an int64 scalar, kept by the division). Autograd keeps every chunk's log-probs: the same 4·T·v
+  bytes as standard. What shrinks is the transient: the forward's logits and the backward's two fp32
+  buffers are one chunk's. With b > 1 a chunk along the sequence is not contiguous, so the lm head's
+  ``matmul`` and the labels' ``reshape(-1)`` copy it: each chunk keeps its own [b·c, h] input and [b·c]
+  labels (the same bytes in N storages).
+- fused — Liger's ``LigerFusedLinearCrossEntropyFunction``: in forward, per chunk of rows the logits,
+  their softmax gradient (written over them), grad_input[chunk] = dlogits·W and grad_weight += dlogitsᵀ·X;
+  autograd keeps grad_input [T, h] (the hidden states' dtype) and grad_weight [v, h] (the weight's) and no
+  [T, v] tensor. Liger's chunk: next_pow2(⌈T / ⌈v/h⌉⌉) rows. Its backward only scales them by the incoming
+  gradient (in place, 0 FLOPs): the head's 4·T·h·v backward FLOPs run in the forward phase.
+
+The final norm before the head is a ``norm`` block.
+
+Known limitations (NB): under the fused loss the final norm's backward moment is measured 4 bytes above the
+estimate (one fp32 scalar alive that is not identified; tests/measure/test_loss.py); the forward's own
+transient (one chunk's logits, and the reference's fp32 copy of them) is not a modelled moment and can
+exceed the backward's for small vocabularies.
+"""
 
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
-from memplan.config import DType, ModelConfig, Setup
+from memplan.config import DType, LossKind, ModelConfig, Setup
 
 FP32, INT64 = DType.FP32, DType.INT64
 B, R = Block, Role
@@ -15,8 +40,26 @@ def lm_head_params(m: ModelConfig) -> int:
     return 0 if m.tied_embeddings else m.hidden_size * m.vocab_size
 
 
+def chunk_sizes(n: int, chunks: int) -> list[int]:
+    """Lengths of ``torch.chunk`` of n elements into ``chunks``: ⌈n/chunks⌉ each, the last one shorter, and
+    fewer chunks when ⌈n/chunks⌉ already covers n."""
+    size = -(-n // chunks)
+    return [min(size, n - start) for start in range(0, n, size)]
+
+
+def liger_chunk_rows(tokens: int, h: int, v: int) -> int:
+    """Rows of one chunk of Liger's fused linear cross-entropy (``fused_linear_cross_entropy_forward``):
+    inc_factor = ⌈v/h⌉, chunk_size = next_power_of_2(⌈T / inc_factor⌉)."""
+    rows = -(-tokens // -(-v // h))
+    return 1 << (rows - 1).bit_length()
+
+
 def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """The lm head's input and the loss's saves."""
+    if setup.loss is LossKind.FUSED:
+        return fused_rules(setup, dims)
+    if setup.loss is LossKind.CHUNKED:
+        return chunked_rules(setup, dims)
     b, s, h, v = dims.b, dims.s, dims.h, dims.v
     return [
         save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY"),
@@ -33,10 +76,85 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
+def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """torchtune's chunked loss: per chunk its log-probs and nll_loss's total weight; the lm head's input
+    and the labels are views of one storage unless b > 1 makes each chunk a copy (module docstring)."""
+    b, s, h, v = dims.b, dims.s, dims.h, dims.v
+    sizes = chunk_sizes(s, setup.loss_chunks)
+    copies = b > 1 and len(sizes) > 1
+    inputs = (
+        [
+            save(B.LM_HEAD, "input", (b * c, h), dims.act, R.LINEAR_INPUT, "a chunk's copy: dW = Xᵀ·dY")
+            for c in sizes
+        ]
+        if copies
+        else [save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head (chunks)")]
+    )
+    labels = (
+        [save(B.LOSS, "labels", (b * c,), INT64, R.LABELS, "a chunk's labels, reshaped") for c in sizes]
+        if copies
+        else [save(B.LOSS, "labels", (b, s), INT64, R.LABELS, "targets of nll_loss (chunks)")]
+    )
+    per_chunk = [
+        rule
+        for c in sizes
+        for rule in (
+            save(B.LOSS, "log_probs", (b * c, v), FP32, R.LOG_PROBS, "a chunk's fp32 log_softmax output"),
+            save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "a chunk's nll_loss normaliser"),
+        )
+    ]
+    count = save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the sum's divisor")
+    return inputs + per_chunk + labels + [count]
+
+
+def fused_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Liger's fused linear cross-entropy keeps the two gradients it made in forward."""
+    w = setup.training.precision.activation_dtype  # the reference model's weights are in this dtype
+    t = dims.tokens
+    return [
+        save(B.LOSS, "grad_input", (t, dims.h), dims.act, R.HEAD_INPUT_GRAD, "dL/dX, made in forward"),
+        save(B.LOSS, "grad_weight", (dims.v, dims.h), w, R.HEAD_WEIGHT_GRAD, "dL/dW made in forward"),
+    ]
+
+
 def lm_head_flops(dims: Dims) -> int:
+    """The lm head's forward product (the logits), whatever the loss variant."""
     return mm(dims.tokens, dims.h, dims.v)
 
 
-def loss_backward_transient(dims: Dims) -> int:
-    """nll_loss's gradient and log_softmax's input gradient, both fp32 [T, v]."""
-    return 2 * 4 * dims.tokens * dims.v
+def head_flops(setup: Setup, dims: Dims) -> tuple[int, int]:
+    """(forward, backward) FLOPs of the lm head: the logits, and dX = dY·W plus dW = dYᵀ·X (2× forward) —
+    in the forward phase for the fused loss, which makes both gradients there (FlopCounterMode counts
+    them where they run)."""
+    head = lm_head_flops(dims)
+    if setup.loss is LossKind.FUSED:
+        return 3 * head, 0
+    return head, 2 * head
+
+
+def loop_labels_bytes(setup: Setup, dims: Dims) -> int:
+    """The training loop's int64 labels [b, s] when no save of the loss is that storage (the fused loss
+    keeps none; the chunked loss keeps copies when b > 1): alive beside the saves all the same."""
+    if setup.loss is LossKind.FUSED:
+        return 8 * dims.tokens
+    copies = setup.loss is LossKind.CHUNKED and dims.b > 1 and len(chunk_sizes(dims.s, setup.loss_chunks)) > 1
+    return 8 * dims.tokens if copies else 0
+
+
+def loss_backward_transient(setup: Setup, dims: Dims) -> int:
+    """The loss backward's buffers beside every save: nll_loss's gradient and log_softmax's input gradient,
+    both fp32 [T, v] (standard). The fused loss only scales its kept gradients in place: none.
+
+    Chunked: autograd runs the chunks' backward last chunk first (the latest made), so the moment is the
+    last chunk's log_softmax backward, 8·b·c_last·v, all the others' log-probs still alive; by then its
+    nll_loss backward has released its fp32 total weight and, when they are copies (b > 1), its labels.
+    NB: when the last chunk is much shorter (c_last < 2c/3) the next chunk's backward is larger; it is
+    counted as 8·b·c·v less the last chunk's freed log-probs, without that chunk's dX and dW pieces."""
+    if setup.loss is LossKind.FUSED:
+        return 0
+    if setup.loss is LossKind.STANDARD:
+        return 2 * 4 * dims.tokens * dims.v
+    sizes = chunk_sizes(dims.s, setup.loss_chunks)
+    first, longest = dims.b * sizes[-1], dims.b * sizes[0]
+    freed = 4 + (8 * first if loop_labels_bytes(setup, dims) else 0)
+    return max(8 * first * dims.v, 8 * longest * dims.v - 4 * first * dims.v) - freed

@@ -64,6 +64,7 @@ _RUN_OPTIONS = (
     "attention",
     "reversible",
     "dropout",
+    "loss",
 )
 
 

@@ -7,10 +7,12 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
+- ``offload``: ``Offload`` (host offload) and ``LossKind`` (the loss variant);
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
 from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
+from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
 from memplan.config.strategy import (
     Attention,
@@ -30,10 +32,12 @@ __all__ = [
     "Checkpointing",
     "DType",
     "Device",
+    "LossKind",
     "MlpType",
     "MoEConfig",
     "ModelConfig",
     "NormType",
+    "Offload",
     "Optimizer",
     "Parallel",
     "PositionType",
@@ -43,5 +47,9 @@ __all__ = [
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
+    "loss_label",
+    "offload_label",
     "parse_checkpointing",
+    "parse_loss",
+    "parse_offload",
 ]

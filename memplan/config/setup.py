@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.model import ModelConfig, PositionType
+from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
 from memplan.config.training import TrainingConfig
 
@@ -75,10 +76,17 @@ class Setup(Frozen):
     strategy: StrategyConfig = StrategyConfig()
     parallel: Parallel = Parallel()
     device: Device = Device.CUDA
+    offload: Offload = Offload.NONE
+    """What lives in host memory (config/offload.py)."""
+    loss: LossKind = LossKind.STANDARD
+    loss_chunks: int = Field(default=1, gt=0, le=1 << 20, description="chunks of the chunked loss")
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         m, t, s = self.model, self.training, self.strategy
+        segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
+        mixed = t.precision.master_bytes > 0
+        check_savers(self.offload, self.loss, self.loss_chunks, int(s.zero), segmented, mixed)
         if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
             raise ValueError(
                 f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -101,6 +109,8 @@ class Setup(Frozen):
         del out["checkpoint_every"]
         out["checkpointing"] = checkpointing_label(self.strategy)
         out["device"] = self.device.value
+        out["offload"] = offload_label(self.offload)
+        out["loss"] = loss_label(self.loss, self.loss_chunks)
         return out
 
 

@@ -4,8 +4,8 @@ It is written op by op so that each tensor autograd saves is a named tensor (``l
 memplan/analytic/activations.py describes: RMSNorm as Llama's reference code (fp32 upcast), LayerNorm as
 ``native_layer_norm``, attention eager (explicit matmul, causal ``masked_fill``, softmax, dropout) or flash
 (the SDPA flash kernel called directly, so its logsumexp can be named), SwiGLU or GELU MLPs, residual
-dropout through ``native_dropout`` (a bool mask on every device), fp32 logits and an explicit
-``log_softmax`` + ``nll_loss`` so the loss's saves are named too.
+dropout through ``native_dropout`` (a bool mask on every device), and the loss in the variant the setup
+names (memplan/measure/loss.py: standard, torchtune's chunked, Liger's fused), its saves named too.
 
 With an ``MoEConfig`` every MLP is a mixture-of-experts block (router, top-k, sort-based dispatch, E experts,
 shared experts and gate; memplan/measure/moe.py, which also holds the dense MLP).
@@ -45,6 +45,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments import label, layer_scope, note_kept
+from memplan.measure.loss import head_loss
 from memplan.measure.moe import Mlp, MoEMlp, check_moe, dense_mlp
 from memplan.measure.reversible import reversible_stack
 
@@ -387,9 +388,10 @@ class Reference(nn.Module):
             c = self.consts(s, ids.device)
         x = self.run_layers(x, c)
         with layer_scope(None):
-            y = label(self.norm(self.final_norm, x, "final_norm"), "lm_head.input")
-            logits = F.linear(self.note_backward(y, "final_norm"), self.head_weight)
-            return self.loss(self.note_backward(logits, "lm_head"), labels)
+            y = self.note_backward(self.norm(self.final_norm, x, "final_norm"), "final_norm")
+            return head_loss(
+                self.setup, y, self.head_weight, labels, lambda t: self.note_backward(t, "lm_head")
+            )
 
     def note_backward(self, t: Tensor, block: str) -> Tensor:
         """With ``on_note`` set (``profile``'s curve): note "backward <block>" when t's gradient is ready,
@@ -399,14 +401,3 @@ class Reference(nn.Module):
             on_note = self.on_note
             t.register_hook(lambda _grad: on_note(f"backward {block}"))
         return t
-
-    def loss(self, logits: Tensor, labels: Tensor) -> Tensor:
-        """Cross-entropy over fp32 logits, spelled out so log-probs and nll_loss's total weight are named."""
-        v = logits.shape[-1]
-        log_probs = label(torch.log_softmax(logits.float().view(-1, v), dim=-1), "loss.log_probs")
-        # reduction 1 = mean, ignore_index -100, as F.cross_entropy's defaults.
-        loss, total_weight = torch.ops.aten.nll_loss_forward(
-            log_probs, label(labels, "loss.labels").view(-1), None, 1, -100
-        )
-        label(total_weight, "loss.total_weight")
-        return loss

@@ -109,6 +109,11 @@ class GpuPreset(_Preset):
     interconnect_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth, GB/s, both directions")
     topology: Topology
     """The node and the links, per GPU and direction (``[topology]``; communication and step time)."""
+    host_memory_gib: float | None = Field(
+        default=None,
+        gt=0,
+        description="host (CPU) memory of one node, GiB: the vendor's reference system (a DGX), for offload",
+    )
 
 
 P = TypeVar("P", bound=_Preset)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from memplan.analytic.inventory import Scope
 from memplan.analytic.params import ParamCount
-from memplan.config import checkpointing_label
+from memplan.config import LossKind, Offload, checkpointing_label, loss_label, offload_label
 from memplan.engine import Result
 from memplan.presets import GpuPreset, ModelPreset
 from memplan.render.fitted import Col, Fitted
@@ -106,8 +106,34 @@ def setup_line(e: Result) -> str:
         f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"
         f" · {t.precision.value} · {t.optimizer.value} · grad-accum {t.grad_accum}"
         f" · checkpointing {checkpointing_label(st)} · {st.attention.name.lower()} attention{rev}"
-        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels"
+        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels{_savers(e)}"
     )
+
+
+def _savers(e: Result) -> str:
+    """`` · offload optimizer · loss fused`` when they differ from the defaults."""
+    s = e.setup
+    off = f" · offload {offload_label(s.offload)}" if s.offload is not Offload.NONE else ""
+    loss = f" · loss {loss_label(s.loss, s.loss_chunks)}" if s.loss is not LossKind.STANDARD else ""
+    return off + loss
+
+
+def host_line(e: Result) -> Text | None:
+    """The most loaded device's offloaded tensors in host memory (None without offload)."""
+    if e.setup.offload is Offload.NONE:
+        return None
+    h = e.device.host
+    parts = [
+        f"{name} {fmt_bytes(value)}"
+        for name, value in (
+            ("weights", h.weights),
+            ("gradients", h.gradients),
+            ("optimizer", h.optimizer),
+            ("activations", h.activations),
+        )
+        if value
+    ]
+    return Text(f"Host memory for this device: {fmt_bytes(h.total)} ({' · '.join(parts) or 'nothing'})")
 
 
 def _components(e: Result) -> list[tuple[str, str, str, int]]:
@@ -178,6 +204,7 @@ def summary_panel(e: Result) -> Panel:
         Text(f"Memory on one device (ZeRO-{int(st.zero)}, dp {st.dp}); {BYTE_UNITS}", style="bold"),
         memory_bar(e),
         _phases_line(e),
+        *([line] if (line := host_line(e)) else []),
         Text(_bar_note(e), style="dim"),
     )
     return Panel(body, title="memplan estimate", title_align="left")
@@ -202,7 +229,7 @@ def activation_table(e: Result) -> Fitted:
     layers = e.setup.model.num_layers
     table = Fitted(
         ACTIVATION_COLUMNS,
-        title=f"Activations kept for backward (one micro-batch, one device; {BYTE_UNITS})",
+        title=f"Activations kept for backward (one micro-batch, one device{_where(e)}; {BYTE_UNITS})",
     )
     groups = (
         (Scope.MODEL, "model-level"),
@@ -226,9 +253,13 @@ def activation_table(e: Result) -> Fitted:
         table.section()
     per_layer = "per-layer entries / layers"
     table.add("one layer", "", "", "", "", fmt_bytes(e.per_layer), per_layer, style="bold", data=False)
-    total = f"{fmt_int(e.activations)} bytes"
-    table.add("total", "", "", "", "", fmt_bytes(e.activations), total, style="bold", data=False)
+    every = sum(k.total_bytes for k in e.tensors)  # = e.activations unless they are offloaded
+    table.add("total", "", "", "", "", fmt_bytes(every), f"{fmt_int(every)} bytes", style="bold", data=False)
     return table
+
+
+def _where(e: Result) -> str:
+    return ", copied to the host: --offload activations" if Offload.ACTIVATIONS in e.setup.offload else ""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -240,6 +271,12 @@ FLOPS_COLUMNS = (
     Col("exact", priority=2),
     Col("what it counts", "left", priority=1, wrap=True, min_width=24),
 )
+
+
+def _head_why(e: Result) -> str:
+    if e.setup.loss is LossKind.FUSED:
+        return "logits [tokens, vocab], and the fused loss's dX and dW products (backward work, run here)"
+    return "logits [tokens, vocab]"
 
 
 def flops_table(e: Result) -> Fitted:
@@ -254,7 +291,7 @@ def flops_table(e: Result) -> Fitted:
         ("forward", f.forward, "matmuls only, as torch's FlopCounterMode counts (≈ 2N·tokens + attention)"),
         ("  linear layers", f.layer_linear, "projections and MLP matrices of every layer"),
         ("  attention core", f.layer_attention, "QKᵀ and P·V (causal not halved)"),
-        ("  lm head", f.lm_head, "logits [tokens, vocab]"),
+        ("  lm head", f.lm_head, _head_why(e)),
         ("backward", f.backward, "dX and dW for every matmul (≈ 2× forward; flash attention 2.5×)"),
         ("  flash S recompute", f.kernel_recompute, "the flash backward re-computing QKᵀ (not model FLOPs)"),
         ("recompute", f.recompute, "forward work re-run in backward (checkpointing, reversible)"),

@@ -34,7 +34,7 @@ from memplan.render.estimate import (
 )
 from memplan.render.fitted import Col, Fitted
 from memplan.render.time import comm_table, time_table
-from memplan.search.budget import Verdict
+from memplan.search.budget import HostVerdict, Verdict
 
 # The memory bar's parts as memplan.render.estimate draws them: (label, style, glyph).
 SEGMENTS = report.SEGMENTS  # one bar style for every command
@@ -105,9 +105,22 @@ def summary_panel(b: Built) -> Panel:
                 style="yellow",
             )
         )
+    if (host := report.host_line(p)) is not None:
+        lines.append(host)
     if b.verdict is not None:
         lines.append(verdict_text(b.verdict))
+    if b.host is not None:
+        lines.append(host_verdict_text(b.host))
     return Panel(Group(*lines), title="memplan plan", title_align="left")
+
+
+def host_verdict_text(v: HostVerdict) -> Text:
+    """Whether one node's host memory holds its devices' offloaded tensors."""
+    devices = f"{v.devices} device{'s' if v.devices > 1 else ''}"
+    need = f"{devices} × {fmt_bytes(v.per_device)} = {fmt_bytes(v.need)}"
+    if v.fits:
+        return Text(f"host fits: {need} of {fmt_bytes(v.host_memory_bytes)} per node", "green")
+    return Text(f"host does NOT fit: {need} > {fmt_bytes(v.host_memory_bytes)} per node", style="bold red")
 
 
 def stages_table(p: Result) -> Fitted:

@@ -111,3 +111,57 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
         headroom=memory - peak,
         overflow=None if peak <= memory else overflow(terms(dev, peak if exact else None), memory),
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host memory (offload)
+# ----------------------------------------------------------------------------------------------------
+NODE_GPUS = 8
+"""GPUs sharing one node's host memory: the 8 of an HGX / DGX board (DGX A100, H100, H200, B200). NB: the
+GPU presets do not state it yet; a smaller job shares it among its own devices only."""
+
+
+class HostVerdict(BaseModel):
+    """Do one node's devices' offloaded tensors fit in its host memory?"""
+
+    model_config = ConfigDict(frozen=True)
+    host_memory_bytes: int
+    """Host memory of one node (``--host-memory`` or the GPU preset's node)."""
+    per_device: int
+    """Host bytes of the most loaded device's offloaded tensors."""
+    devices: int
+    """Devices of the job on one node: min(devices, ``NODE_GPUS``)."""
+    need: int
+    fits: bool
+    headroom: int
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump()
+
+
+def host_bytes(gib: float) -> int:
+    """``--host-memory`` GiB → bytes; a one-line ``ValueError`` unless positive and finite."""
+    if not (math.isfinite(gib) and gib > 0):
+        raise ValueError(f"host-memory: must be a positive number of GiB per node, got {gib}; e.g. 2048")
+    return int(gib * 2**30)
+
+
+def host_fit(p: Result, gib: float | None) -> HostVerdict | None:
+    """``host_verdict`` for ``gib`` GiB per node (None without it)."""
+    return None if gib is None else host_verdict(p, host_bytes(gib))
+
+
+def host_verdict(p: Result, memory: int) -> HostVerdict:
+    """Whether ``memory`` bytes of one node's host memory hold the offloaded tensors of its devices (each
+    as much as the most loaded device's, an upper bound for pipeline stages)."""
+    per_device = max(sp.host.total for sp in p.stages)
+    devices = min(p.devices, NODE_GPUS)
+    need = per_device * devices
+    return HostVerdict(
+        host_memory_bytes=memory,
+        per_device=per_device,
+        devices=devices,
+        need=need,
+        fits=need <= memory,
+        headroom=memory - need,
+    )

@@ -76,6 +76,10 @@ SPLITS: dict[Role, Rule] = {
     Role.MLP_INNER: _WIDTH,
     # Vocabulary-parallel loss.
     Role.LOG_PROBS: _WIDTH,
+    # A fused loss's gradients: dX like the lm head's input, dW [v/t, h] vocabulary rows (fused with
+    # tp > 1 is a vocabulary-parallel variant Liger does not ship: the rank's rows).
+    Role.HEAD_INPUT_GRAD: _SEQ,
+    Role.HEAD_WEIGHT_GRAD: Rule(Split.TENSOR, 0),
     # Replicated.
     Role.TOKEN_IDS: _WHOLE,
     Role.LABELS: _WHOLE,
