@@ -10,10 +10,11 @@
   and the norm weights' gradients are all-reduced over the tp ranks after backward (Megatron-LM does the
   same for sequence-parallel norm weights).
 - ZeRO-3: FSDP2 ``fully_shard`` per layer and on the root (parameters, gradients and optimizer states
-  sharded over dp, dim 0 of each parameter); ZeRO-2: the same with ``reshard_after_forward=False`` (the
-  gathered parameters stay from forward to backward, gradients and states sharded: DeepSpeed stage 2 /
-  FSDP's SHARD_GRAD_OP memory at the step). ZeRO-0 over dp: every gradient all-reduced after backward
-  (what DDP does, one call per parameter instead of 25 MB buckets).
+  sharded over dp, dim 0 of each parameter); ZeRO-2: the same with ``reshard_after_forward=False`` (ZeRO-2's
+  communication: the gathered parameters stay from forward to backward, no re-gather; gradients and states
+  sharded; but FSDP2 reshards after backward, so at rest the weights are sharded too: dist_compare.py).
+  ZeRO-0 over dp: every gradient all-reduced after backward (what DDP does, one call per parameter instead
+  of 25 MB buckets).
 
 Known limitations (NB): ZeRO-1 and pipeline parallelism are not run (the CLI refuses them in one line);
 DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
