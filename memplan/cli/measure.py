@@ -25,8 +25,10 @@ from memplan.cli.common import (
     user_errors,
     with_options,
 )
+from memplan.cli.nproc import LAYOUT_OPTIONS, check_single, profile_distributed
 from memplan.config import Device, Setup
 from memplan.engine import Result, estimate
+from memplan.measure.torchrun import torchrun_world
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
 from memplan.timeline import timeline as timeline_points
 
@@ -141,9 +143,19 @@ DeviceRunOpt = Annotated[
 ]
 
 
-@with_options(*_RUN_OPTIONS)
+@with_options(*_RUN_OPTIONS, *LAYOUT_OPTIONS)
 def profile(
     device: DeviceRunOpt = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            max=64,
+            help="Run the layout (--tp, --sp, --zero; dp = N / tp) in N processes with torch.distributed "
+            "(gloo on CPU, NCCL on CUDA; or under torchrun) and compare every rank with the estimate",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, max=1000, help="Measured steps")] = 2,
     warmup: Annotated[int, typer.Option("--warmup", min=0, max=1000, help="Warm-up steps")] = 1,
     torch_trace: Annotated[str | None, typer.Option("--torch-trace", help="Write a Chrome trace")] = None,
@@ -157,15 +169,21 @@ def profile(
 ) -> None:
     """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
-    One process holds every model state, so ZeRO and dp are not options here.
+    With --nproc N: N ranks of a tensor/sequence-parallel and ZeRO layout (docs/distributed.md).
 
     Example: memplan profile --model tiny --device cpu --seq 256 --timeline
+    Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
     """
     with user_errors():
         _torch_or_fail()
         from memplan.measure import profile as prof_mod
 
         dev = prof_mod.resolve_device(device)
+        nproc = nproc or torchrun_world()
+        if nproc is not None:
+            profile_distributed(nproc, dev, as_json, options)
+            return
+        check_single(options)
         if memory_snapshot and not dev.startswith("cuda"):
             raise ValueError("memory-snapshot: CUDA memory snapshots need --device cuda")
         if memory_snapshot and (timeline or plot):

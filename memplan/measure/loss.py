@@ -38,17 +38,19 @@ def head_loss(
     y: Tensor,
     weight: Tensor,
     labels: Tensor,
-    note: Callable[[Tensor], Tensor] = lambda t: t,
+    head: Callable[[Tensor], Tensor] | None = None,
 ) -> Tensor:
-    """The mean cross-entropy of the lm head over the final norm's output ``y`` [b, s, h]; ``note`` sees
-    the standard loss's logits (``profile``'s curve marks where the lm head's backward begins)."""
+    """The mean cross-entropy of the lm head over the final norm's output ``y`` [b, s, h]; ``head`` makes
+    the standard loss's logits from y (default ``F.linear(y, weight)``; the reference model's hooks it for
+    ``profile``'s curve and a vocabulary-parallel rank)."""
     if setup.loss is LossKind.FUSED:
         h = y.shape[-1]
         out = FusedLinearCrossEntropy.apply(y.reshape(-1, h), weight, labels.reshape(-1))
         return out
     if setup.loss is LossKind.CHUNKED:
         return chunked_loss(y, weight, labels, setup.loss_chunks)
-    return standard_loss(note(F.linear(label(y, "lm_head.input"), weight)), labels)
+    y = label(y, "lm_head.input")
+    return standard_loss(F.linear(y, weight) if head is None else head(y), labels)
 
 
 def standard_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -179,6 +179,11 @@ class Layer(nn.Module):
         # The MLP: a dense one of width ffn_size, or an MoE block (router, experts of width ffn_size).
         self.mlp: nn.Module = MoEMlp(m, m.moe, dtype, device) if m.moe else Mlp(m, m.ffn, dtype, device)
 
+    def forward(self, body: Callable[..., Tensor], *args: Any) -> Tensor:
+        """Run ``body(*args)`` (``Reference.layer_body``) as this module's call, so that module hooks fire
+        per layer (FSDP2's all-gather and reshard, memplan/measure/distributed.py)."""
+        return body(*args)
+
 
 class Consts:
     """Per-forward tensors every layer reads: RoPE tables and the causal mask (each one storage)."""
@@ -280,11 +285,9 @@ class Reference(nn.Module):
 
     def attention(self, layer: Layer, x: Tensor, c: Consts) -> Tensor:
         m = self.setup.model
-        b, s, _ = x.shape
         y = label(self.norm(layer.attn_norm, x, "attn_norm"), "attn.input")
-        q = layer.q(y).view(b, s, m.num_heads, m.dim).transpose(1, 2)
-        k = layer.k(y).view(b, s, m.kv_heads, m.dim).transpose(1, 2)
-        v = label(layer.v(y).view(b, s, m.kv_heads, m.dim).transpose(1, 2), "attn.v")
+        q, k, v = (self.heads(proj(y)) for proj in (layer.q, layer.k, layer.v))
+        label(v, "attn.v")
         if c.cos is not None and c.sin is not None:
             q, k = apply_rope(q, c.cos, c.sin), apply_rope(k, c.cos, c.sin)
         label(q, "attn.q")
@@ -298,6 +301,12 @@ class Reference(nn.Module):
             out = self.attention_core(q, k, v, c.mask)
         return dropout(layer.o(out), m.resid_dropout, "attn.resid_dropout_mask")
 
+    def heads(self, t: Tensor) -> Tensor:
+        """[b, s, n·d] → [b, n, s, d]; n and s from the projection's output: a tensor-parallel rank's W_Q
+        holds a/t heads, and under sequence parallelism x held s/t tokens but the projection sees all s."""
+        b, s, _ = t.shape
+        return t.view(b, s, -1, self.setup.model.dim).transpose(1, 2)
+
     def mlp(self, layer: Layer, x: Tensor) -> Tensor:
         y = label(self.norm(layer.mlp_norm, x, "mlp_norm"), "mlp.input")
         block = layer.mlp
@@ -310,15 +319,18 @@ class Reference(nn.Module):
     def layer(self, i: int, x: Tensor, c: Consts) -> Tensor:
         layer = self.layers[i]
         assert isinstance(layer, Layer)
-        with layer_scope(i):
-            x = x + self.attention(layer, x, c)
-            out = x + self.mlp(layer, x)
+        out = cast(Tensor, layer(self.layer_body, layer, i, x, c))
         if self.on_layer is not None and not self._recomputing:
             on_layer = self.on_layer
             on_layer("forward", i)
             if out.requires_grad:
                 out.register_hook(lambda _grad: on_layer("backward", i))
         return out
+
+    def layer_body(self, layer: Layer, i: int, x: Tensor, c: Consts) -> Tensor:
+        with layer_scope(i):
+            x = x + self.attention(layer, x, c)
+            return x + self.mlp(layer, x)
 
     # -- strategies -----------------------------------------------------------------------------------
     def _recomputable(self, fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
@@ -380,7 +392,7 @@ class Reference(nn.Module):
         m = self.setup.model
         s = ids.shape[1]
         with layer_scope(None):
-            x = F.embedding(label(ids, "embed.ids"), self.embed)
+            x = self.embed_tokens(label(ids, "embed.ids"))
             if self.pos is not None:
                 positions = label(torch.arange(s, device=ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)
@@ -390,8 +402,20 @@ class Reference(nn.Module):
         with layer_scope(None):
             y = self.note_backward(self.norm(self.final_norm, x, "final_norm"), "final_norm")
             return head_loss(
-                self.setup, y, self.head_weight, labels, lambda t: self.note_backward(t, "lm_head")
+                self.setup,
+                y,
+                self.head_weight,
+                labels,
+                lambda t: self.note_backward(self.logits(t), "lm_head"),
             )
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """[b, s] ids → [b, s, h] (a vocabulary-parallel rank overrides this: distributed.py)."""
+        return F.embedding(ids, self.embed)
+
+    def logits(self, y: Tensor) -> Tensor:
+        """[b, s, h] → [b, s, v] logits of the lm head (vocabulary-parallel: distributed.py)."""
+        return F.linear(y, self.head_weight)
 
     def note_backward(self, t: Tensor, block: str) -> Tensor:
         """With ``on_note`` set (``profile``'s curve): note "backward <block>" when t's gradient is ready,

@@ -1,0 +1,66 @@
+"""``memplan profile --nproc N``: the distributed check (memplan/measure/distributed.py), as the CLI runs it.
+
+torch is imported inside ``profile_distributed`` only. Under ``torchrun`` every process runs the command
+and rank 0 prints the result; otherwise this process spawns the N ranks itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from memplan.api import setup_of
+from memplan.cli.common import options_of
+from memplan.config import Device
+from memplan.engine import estimate
+
+LAYOUT_OPTIONS = ("tp", "sp", "pp", "zero")
+"""The options ``profile`` takes for a layout; dp follows from --nproc / (tp · pp)."""
+
+
+def check_single(options: dict[str, Any]) -> None:
+    """One process holds the whole model: a layout needs ``--nproc``."""
+    if options.get("tp", 1) > 1 or options.get("sp") or options.get("pp", 1) > 1:
+        raise ValueError(
+            "nproc: tensor, sequence or pipeline parallelism needs ranks; add --nproc N (tp · pp · dp)"
+        )
+
+
+def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, Any]) -> None:
+    """Run the layout in ``nproc`` processes and set every rank beside the estimate (exit 1 when a rank
+    differs beyond the documented differences). Raises ValueError for what cannot run."""
+    from memplan.measure import distributed as dist_mod
+    from memplan.measure.dist_compare import comparison
+    from memplan.measure.parallelize import check_distributed
+
+    kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
+    replica = options.get("tp", 1) * options.get("pp", 1)
+    if nproc % replica:
+        raise ValueError(
+            f"nproc: {nproc} processes do not split into replicas of tp · pp = {replica}; "
+            f"use --nproc {replica}, {2 * replica} or another multiple of {replica}"
+        )
+    setup = setup_of(options_of({**options, "device": kernels, "gpus": nproc}))
+    check_distributed(setup)
+    est = estimate(setup)
+    launcher = "torchrun" if dist_mod.under_torchrun() else "spawn"
+    try:
+        reports = dist_mod.launch(setup, nproc, cuda=kernels is Device.CUDA)
+    except (TimeoutError, RuntimeError, OSError) as e:  # a rank failed or hung: its error, one line
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        typer.echo(f"error: nproc: the distributed run failed: {last}", err=True)
+        raise typer.Exit(1) from None
+    if not reports:  # a torchrun rank other than 0: rank 0 prints
+        return
+    result = comparison(reports, est, launcher)
+    if as_json:
+        typer.echo(json.dumps(result, allow_nan=False))
+    else:
+        from memplan.render.distributed import distributed_report
+
+        Console().print(distributed_report(result))
+    if not result["equal"]:
+        raise typer.Exit(1)

@@ -1,0 +1,249 @@
+"""``memplan profile --nproc N``: the reference model run by N processes with torch.distributed, per rank.
+
+Launch: under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` set) every process
+runs ``run_rank`` itself and rank 0 gets every rank's report; otherwise ``launch`` spawns N processes with
+``torch.multiprocessing`` on a free localhost port, and each rank writes its report to a file the parent
+reads. Backend gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``). The mesh is
+``(dp, tp)``, tp the inner (adjacent ranks), as Megatron and torchtitan place it.
+
+One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2):
+1. forward under ``RankRecorder`` (what autograd saves, local shards), backward, the gradient collectives
+   of ``parallelize.sync_gradients`` and the optimizer step, all under ``CollectiveCounter``;
+2. model states: the local storages of the parameters, of their gradients (before they are dropped) and of
+   the reference optimizer's master copies and states;
+3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
+   dist_instruments.py says where it over-counts).
+
+Known limitations (NB): no pipeline parallelism, no ZeRO-1, dense models, no checkpointing
+(``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+import warnings
+from contextlib import nullcontext
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
+from torch.multiprocessing.spawn import ProcessException
+
+from memplan.config import Setup
+from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
+from memplan.measure.instruments import cuda_peak, storage_ref, totals_by_name
+from memplan.measure.optim import ReferenceOptimizer
+from memplan.measure.parallelize import build, sync_gradients
+from memplan.measure.run import make_batch
+from memplan.measure.torchrun import torchrun_world
+
+TIMEOUT_S = 120
+"""Seconds a collective (and the whole launch, per process) may wait before the run is abandoned."""
+
+
+def free_port() -> int:
+    """A localhost TCP port nobody listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (or another launcher setting its environment)."""
+    return torchrun_world() is not None
+
+
+def _device(cuda: bool) -> str:
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu"
+
+
+def _mesh(setup: Setup, cuda: bool) -> DeviceMesh:
+    dp, tp = setup.strategy.dp, setup.parallel.tp
+    return init_device_mesh("cuda" if cuda else "cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+
+
+def _groups(mesh: DeviceMesh) -> dict[str, str]:
+    """Process group name → the dimension it spans (tp, dp; the whole world when both are 1-sized)."""
+    world = dist.group.WORLD
+    out: dict[str, str] = {str(world.group_name): "world"} if world is not None else {}
+    for dim in ("dp", "tp"):
+        if mesh[dim].size() > 1:
+            out[str(mesh[dim].get_group().group_name)] = dim
+    return out
+
+
+def _states(model: torch.nn.Module, opt: ReferenceOptimizer) -> dict[str, int]:
+    """Bytes of the rank's own storages: parameters, gradients, master copies, optimizer states."""
+
+    def total(tensors: Any) -> int:
+        # By storage: FSDP2's sharded gradients of one group are views of one reduce-scatter output.
+        storages = {storage_ref(local(t)).cdata: local(t).untyped_storage().nbytes() for t in tensors}
+        return sum(storages.values())
+
+    params = list(model.parameters())
+    return {
+        "weights": total(params),
+        "gradients": total(p.grad for p in params if p.grad is not None),
+        "master_weights": total(opt.master),
+        "optimizer_states": total(s for states in opt.states for s in states),
+    }
+
+
+def _step(
+    model: Any,
+    opt: ReferenceOptimizer,
+    batch: Any,
+    setup: Setup,
+    mesh: DeviceMesh,
+    counter: CollectiveCounter | None = None,
+    recorder: RankRecorder | None = None,
+) -> None:
+    """zero_grad, forward (saves recorded when ``recorder`` is given), backward, the gradient collectives;
+    ``counter.phase`` marks forward, backward and step. The vocabulary-parallel loss runs under
+    ``loss_parallel`` (log-softmax and NLL on [T, v/t] shards)."""
+    opt.zero_grad()
+    with loss_parallel() if setup.parallel.tp > 1 else nullcontext():
+        loss = model(*batch)
+        if counter is not None:
+            counter.phase = "backward"
+        with recorder.pause() if recorder is not None else nullcontext():
+            loss.backward()
+    del loss
+    if counter is not None:
+        counter.phase = "step"
+    sync_gradients(model, setup, mesh)
+
+
+def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
+    """This rank's measurement (the process group is initialised already)."""
+    # CommDebugMode's module tracker registers full backward hooks on modules whose inputs need no grad.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    device = _device(cuda)
+    mesh = _mesh(setup, cuda)
+    model = build(setup, mesh, device)
+    opt = ReferenceOptimizer(list(model.parameters()), setup.training.precision, setup.training.optimizer)
+    dp_rank = mesh.get_local_rank("dp")
+    torch.manual_seed(1 + dp_rank)  # tp ranks of one replica read the same tokens
+    batch = make_batch(setup, device)
+
+    recorder = RankRecorder(model)
+    counter = CollectiveCounter(_groups(mesh))
+    with counter:
+        with recorder:
+            _step(model, opt, batch, setup, mesh, counter, recorder)
+        states = _states(model, opt)
+        opt.step()
+    peak = _peak(model, opt, batch, setup, mesh, cuda)
+    records = recorder.records
+    return {
+        "rank": dist.get_rank(),
+        "coords": {"dp": dp_rank, "tp": mesh.get_local_rank("tp")},
+        "tensors": {n: {"count": t.count, "bytes": t.bytes} for n, t in totals_by_name(records).items()},
+        "unlabelled": [
+            {"shape": list(r.shape), "dtype": r.dtype, "bytes": r.bytes, "layer": r.layer}
+            for r in records
+            if r.name == "unlabelled"
+        ],
+        "memory": {**states, "activations": sum(r.bytes for r in records), "peak": peak},
+        "collectives": [c.to_json() for c in counter.collectives()],
+    }
+
+
+def _peak(model: Any, opt: ReferenceOptimizer, batch: Any, setup: Setup, mesh: DeviceMesh, cuda: bool) -> int:
+    """The peak of a second whole step: every storage alive on CPU, the allocator's peak on CUDA."""
+    if cuda:
+        with cuda_peak() as cp:
+            _step(model, opt, batch, setup, mesh)
+            opt.step()
+        return cp.peak
+    opt.zero_grad()
+    tracker = RankMemoryTracker()
+    with tracker:
+        tracker.track([*model.parameters(), *opt.tensors(), *batch])
+        _step(model, opt, batch, setup, mesh)
+        opt.step()
+    return tracker.peak
+
+
+def _init(rank: int, world: int, cuda: bool) -> None:
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S)
+    )
+
+
+def _spawned(rank: int, world: int, port: int, setup: Setup, cuda: bool, out: str) -> None:
+    """A process of ``launch``: environment as torchrun would set it, run, write this rank's report."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    _init(rank, world, cuda)
+    try:
+        report = run_rank(setup, cuda)
+        Path(out, f"rank{rank}.json").write_text(json.dumps(report), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(
+    setup: Setup, nproc: int, cuda: bool = False, timeout_s: float = TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """Run ``setup`` in ``nproc`` processes and return every rank's report, rank order. Under torchrun
+    this process is one of them: rank 0 returns all the reports, the others an empty list."""
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != nproc:
+            raise ValueError(
+                f"nproc: torchrun started {world} processes, not --nproc {nproc}; make them agree"
+            )
+        _init(int(os.environ["RANK"]), world, cuda)
+        try:
+            report = run_rank(setup, cuda)
+            gathered: list[Any] = [None] * world if dist.get_rank() == 0 else []
+            dist.gather_object(report, gathered if dist.get_rank() == 0 else None, dst=0)
+        finally:
+            dist.destroy_process_group()
+        return gathered
+    with tempfile.TemporaryDirectory(prefix="memplan-nproc-") as out:
+        ctx = mp.start_processes(  # type: ignore[attr-defined]
+            _spawned,
+            args=(nproc, free_port(), setup, cuda, out),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
+        _join(ctx, timeout_s)
+        return [json.loads(Path(out, f"rank{r}.json").read_text(encoding="utf-8")) for r in range(nproc)]
+
+
+def _join(ctx: Any, timeout_s: float) -> None:
+    """Wait for every process. A rank that raised or died, or a run past ``timeout_s`` (a hung collective),
+    raises RuntimeError or TimeoutError with the rank's last error line; the survivors are terminated."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {len(ctx.processes)} processes ran past {timeout_s:.0f} s")
+    except ProcessException as e:
+        lines = [line for line in str(e).strip().splitlines() if line.strip()]
+        raise RuntimeError(f"rank {e.error_index}: {lines[-1] if lines else 'exited'}") from None
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)

@@ -1,0 +1,182 @@
+"""``memplan profile --nproc``: the tiny model run by 2–4 real processes (gloo on CPU) against the estimate.
+
+Each layout is launched once (module-scoped fixtures: process start with torch's import is seconds each).
+Per rank the saved tensors and model states must equal ``engine.estimate`` of the same layout; the
+independent checks come from the papers: the model states of ZeRO-3 are Ψ/N_d of the preset's published
+parameter count (Rajbhandari et al. 2019 §5), ZeRO-3 moves every parameter once in each all-gather and the
+whole gradient into the reduce-scatter (ZeRO §7: 3Ψ per step), tensor parallelism all-reduces the [b, s, h]
+activation twice per layer in forward (Megatron-LM §3, the g operator after W_O and after the MLP).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.api import Options, load_model, setup_of
+from memplan.cli.app import app
+from memplan.config import Device
+from memplan.engine import estimate
+from memplan.measure.compare import estimated_by_name
+from memplan.measure.dist_compare import comparison, sequence_parallel_gathers
+from memplan.measure.dist_instruments import collective_name
+from memplan.measure.distributed import launch
+
+SEQ = 32
+TIMEOUT_S = 300  # a loaded 2-core machine starts 4 torch processes slowly; a hang still ends
+
+
+def _setup(**layout: Any) -> Any:
+    return setup_of(Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, **layout))
+
+
+def _run(nproc: int, **layout: Any) -> tuple[Any, dict[str, Any]]:
+    setup = _setup(gpus=nproc, **layout)
+    est = estimate(setup)
+    return est, comparison(launch(setup, nproc, timeout_s=TIMEOUT_S), est, "spawn")
+
+
+@pytest.fixture(scope="module")
+def zero3() -> tuple[Any, dict[str, Any]]:
+    return _run(2, zero=3)
+
+
+@pytest.fixture(scope="module")
+def tp_dp() -> tuple[Any, dict[str, Any]]:
+    return _run(4, tp=2, zero=3)
+
+
+def _collectives(rank: dict[str, Any]) -> dict[tuple[str, str, str], tuple[int, int]]:
+    return {
+        (c["dimension"], c["collective"], c["phase"]): (c["count"], c["bytes"]) for c in rank["collectives"]
+    }
+
+
+def _exact(est: Any, result: dict[str, Any]) -> None:
+    """Every rank's saved tensors (name by name, no unnamed ones) and model states equal the estimate."""
+    expected = {n: {"count": c, "bytes": b} for n, (c, b) in estimated_by_name(est).items()}
+    assert result["equal"] is True
+    for rank in result["ranks"]:
+        assert rank["measured"]["tensors"] == expected
+        assert rank["measured"]["unlabelled"] == []
+        assert rank["diff"]["states_equal"] is True
+        assert rank["diff"]["activations_equal"] is True
+
+
+def test_zero3_over_two_ranks_equals_the_estimate(zero3: tuple[Any, dict[str, Any]]) -> None:
+    est, result = zero3
+    _exact(est, result)
+    psi = load_model("tiny").published_params  # 106,816 (the preset's own count)
+    assert [r["coords"]["dp"] for r in result["ranks"]] == [0, 1]
+    for rank in result["ranks"]:
+        mem = rank["measured"]["memory"]
+        assert mem["weights"] == mem["gradients"] == psi // 2 * 4  # fp32 shards of Ψ/N_d
+        assert mem["optimizer"] == psi // 2 * 8  # Adam's m and v, fp32, no master copy in fp32
+        comm = _collectives(rank)
+        units = est.setup.model.num_layers + 1  # fully_shard per layer and the root
+        assert comm[("dp", "all_gather", "forward")] == (units, psi // 2 * 4)
+        assert comm[("dp", "all_gather", "backward")] == (units, psi // 2 * 4)
+        assert comm[("dp", "reduce_scatter", "backward")] == (units, psi * 4)
+
+
+def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, Any]]) -> None:
+    est, result = tp_dp
+    _exact(est, result)
+    coords = [(r["coords"]["dp"], r["coords"]["tp"]) for r in result["ranks"]]
+    assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # tp the inner dimension
+    m = est.setup.model
+    bsh = SEQ * m.hidden_size * 4  # one [b, s, h] fp32 activation
+    for rank in result["ranks"]:
+        comm = _collectives(rank)
+        # Megatron §3: the g all-reduce after W_O and after the MLP per layer, plus the vocabulary-parallel
+        # embedding's; the vocabulary-parallel loss's max, sum-exp and target logit are 3 small ones.
+        count, nbytes = comm[("tp", "all_reduce", "forward")]
+        assert count == 2 * m.num_layers + 1 + 3
+        assert nbytes >= (2 * m.num_layers + 1) * bsh
+        # DTensor: one backward all-reduce per column-parallel linear (W_Q, W_K, W_V, gate, up) and the lm
+        # head, where Megatron's f operator does one per block (docs/distributed.md).
+        assert comm[("tp", "all_reduce", "backward")] == (5 * m.num_layers + 1, (5 * m.num_layers + 1) * bsh)
+
+
+def test_tp_with_sequence_parallelism_differs_only_by_the_gathered_inputs() -> None:
+    """Through the CLI: states equal, and the saves equal the estimate but for DTensor's gathered inputs:
+    attn.input, mlp.input and lm_head.input absent, L·5 + 1 unnamed [b, s, h] tensors instead."""
+    result = CliRunner().invoke(
+        app,
+        [
+            *("profile", "-m", "tiny", "--device", "cpu", "--seq", str(SEQ), "--precision", "fp32"),
+            *("--nproc", "2", "--tp", "2", "--sp", "--json"),
+        ],
+        env={"COLUMNS": "120"},
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["equal"] is True
+    est = estimate(_setup(gpus=2, tp=2, sp=True))
+    m = est.setup.model
+    plain = estimated_by_name(est)
+    for rank in data["ranks"]:
+        assert rank["diff"]["states_equal"] is True
+        tensors = rank["measured"]["tensors"]
+        for name in ("attn.input", "mlp.input", "lm_head.input"):
+            assert name not in tensors
+        for name, (count, nbytes) in plain.items():
+            if name not in ("attn.input", "mlp.input", "lm_head.input"):
+                assert (tensors[name]["count"], tensors[name]["bytes"]) == (count, nbytes), name
+        gathered = rank["measured"]["unlabelled"]
+        assert len(gathered) == 5 * m.num_layers + 1
+        assert all(g["bytes"] == SEQ * m.hidden_size * 4 for g in gathered)  # whole [b, s, h], fp32
+    assert sequence_parallel_gathers(est)["unlabelled"] == (11, 11 * SEQ * m.hidden_size * 4)
+
+
+@pytest.mark.parametrize(
+    ("op", "name"),
+    [
+        ("c10d._allgather_base_", "all_gather"),
+        ("c10d._reduce_scatter_base_", "reduce_scatter"),
+        ("c10d.allreduce_", "all_reduce"),
+        ("_c10d_functional.all_gather_into_tensor", "all_gather"),
+        ("_c10d_functional.reduce_scatter_tensor", "reduce_scatter"),
+        ("_c10d_functional.all_reduce", "all_reduce"),
+        ("_c10d_functional.all_to_all_single", "all_to_all"),
+    ],
+)
+def test_collective_names(op: str, name: str) -> None:
+    assert collective_name(op) == name
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--nproc", "2", "--pp", "2"], "pp"),
+        (["--nproc", "2", "--zero", "1"], "zero"),
+        (["--nproc", "2", "--checkpointing", "full"], "checkpointing"),
+        (["--tp", "2"], "nproc"),
+        (["--nproc", "3", "--tp", "2"], "nproc"),
+    ],
+)
+def test_what_cannot_run_is_refused_in_one_line(flags: list[str], field: str) -> None:
+    result = CliRunner().invoke(app, ["profile", "-m", "tiny", "--device", "cpu", "--seq", "32", *flags])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}:"), result.output
+
+
+class _Hung:
+    """A process context whose ranks never finish (a collective waiting forever)."""
+
+    def __init__(self) -> None:
+        self.processes: list[Any] = []
+
+    def join(self, timeout: float) -> bool:
+        return False
+
+
+def test_a_hung_launch_ends_with_a_timeout() -> None:
+    from memplan.measure.distributed import _join
+
+    with pytest.raises(TimeoutError, match="ran past"):
+        _join(_Hung(), timeout_s=0.3)
