@@ -32,7 +32,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.measure.instruments import LiveMemoryTracker, SavedTensorRecorder, storage_ref
+from memplan.measure.instruments import SavedTensorRecorder, storage_ref
+from memplan.measure.tracker import LiveMemoryTracker
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -40,11 +40,12 @@ from torch.multiprocessing.spawn import ProcessException
 
 from memplan.config import Setup
 from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
-from memplan.measure.instruments import cuda_peak, storage_ref, totals_by_name
+from memplan.measure.instruments import storage_ref, totals_by_name
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.parallelize import build, sync_gradients
 from memplan.measure.run import make_batch
 from memplan.measure.torchrun import torchrun_world
+from memplan.measure.tracker import cuda_peak
 
 TIMEOUT_S = 120
 """Seconds a collective (and the whole launch, per process) may wait before the run is abandoned."""
