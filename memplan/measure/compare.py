@@ -94,10 +94,11 @@ def compare(est: Result, meas: Measured) -> Comparison:
         )
         for n in [*e, *(n for n in m if n not in e)]
     ]
+    cp = est.parallel.cp  # the measurement runs one context-parallel rank: 1/cp of the whole model's
     est_flops = {
-        "forward": est.flops.forward,
-        "backward": est.flops.backward,
-        "recompute": est.flops.recompute,
+        "forward": est.flops.forward // cp,
+        "backward": est.flops.backward // cp,
+        "recompute": est.flops.recompute // cp,
     }
     flops = [
         Row(name=p, est_count=1, est_bytes=est_flops[p], meas_count=1, meas_bytes=meas.flops.get(p, 0))
