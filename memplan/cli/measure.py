@@ -55,12 +55,13 @@ _RUN_OPTIONS = (
 )
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp")
+@with_options(*_RUN_OPTIONS, "zero", "dp", "cp")
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
     Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
-    per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
+    per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ. With --cp
+    it runs rank 0 of the ring (torch's own ring attention over a fake process group); FLOPs × cp.
 
     Example: memplan trace --model 70b --seq 8192
     """
