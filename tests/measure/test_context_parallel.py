@@ -27,6 +27,7 @@ from memplan.config import (
     Checkpointing,
     Device,
     ModelConfig,
+    MoEConfig,
     Parallel,
     Setup,
     StrategyConfig,
@@ -56,6 +57,7 @@ def tiny(cp: int, **kw: Any) -> Setup:
         max_positions=64,
         qkv_bias=gpt,
         resid_dropout=kw.pop("dropout", 0.0),
+        moe=kw.pop("moe", None),
     )
     return Setup(
         model=model,
@@ -75,6 +77,7 @@ CASES = {
     "cp4-full-dropout": tiny(4, checkpointing=Checkpointing.FULL, dropout=0.1),
     "cp2-gpt-learned-positions": tiny(2, gpt=True, seq=24),
     "cp2-reversible": tiny(2, reversible=True),
+    "cp2-moe": tiny(2, precision="bf16-mixed", moe=MoEConfig(experts=4, top_k=2)),
 }
 
 
