@@ -7,7 +7,7 @@ engine and, with a GPU, the memory verdict and the step time. ``memplan compare 
 replaces one ``Options`` field by name and re-validates, so a vary value is parsed and checked exactly
 as the option would be.
 
-Devices: ``--gpus N`` is the world size tp · pp · dp; without ``--dp`` it sets dp = N / (tp · pp).
+Devices: ``--gpus N`` is the world size tp · cp · pp · dp; without ``--dp`` it sets dp = N / (tp · cp · pp).
 Micro-batches per step: ``--global-batch B`` sequences make B / (micro-batch · dp) of them (the pipeline's
 micro-batches, gradient accumulation otherwise); else ``--grad-accum`` (default 1).
 
@@ -162,15 +162,24 @@ class Options(BaseModel):
         "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M", gt=0
     )
     ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N", gt=0)
+    cp: int = _option(
+        "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan), each rank holds "
+        "s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash attention and s a multiple "
+        "of 2·c",
+        _PARALLEL,
+        default=1,
+        metavar="N",
+        gt=0,
+    )
     dp: int | None = _option(
-        "Data-parallel degree [default: --gpus / (tp·pp), else 1]",
+        "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",
         _PARALLEL,
         metavar="N",
         show_default=False,
         gt=0,
     )
     gpus: int | None = _option(
-        "Devices in all: tp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0
+        "Devices in all: tp · cp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0
     )
     global_batch: int | None = _option(
         "Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
@@ -328,20 +337,21 @@ def _choices(n: int, step: int) -> str:
 
 
 def data_parallel(o: Options) -> int:
-    """dp from ``--dp`` or ``--gpus`` / (tp · pp); one-line errors when they disagree."""
-    world = o.tp * o.pp
+    """dp from ``--dp`` or ``--gpus`` / (tp · cp · pp); one-line errors when they disagree."""
+    world = o.tp * o.cp * o.pp
+    cp = f" × cp {o.cp}" if o.cp > 1 else ""
     if o.gpus is None:
         return o.dp or 1
     if o.dp is None:
         if o.gpus % world:
             raise ValueError(
-                f"gpus: {o.gpus} devices do not split into tp {o.tp} × pp {o.pp} = {world}-device model "
+                f"gpus: {o.gpus} devices do not split into tp {o.tp}{cp} × pp {o.pp} = {world}-device model "
                 f"replicas; use --gpus {_choices(o.gpus, world)}"
             )
         return o.gpus // world
     if o.dp * world != o.gpus:
         raise ValueError(
-            f"dp: tp {o.tp} × pp {o.pp} × dp {o.dp} = {world * o.dp} devices, not --gpus {o.gpus}; "
+            f"dp: tp {o.tp}{cp} × pp {o.pp} × dp {o.dp} = {world * o.dp} devices, not --gpus {o.gpus}; "
             "drop --dp (it follows from --gpus) or make them agree"
         )
     return o.dp
@@ -404,7 +414,13 @@ def setup_of(o: Options) -> Setup:
         dropout=o.dropout,
         device=o.device,
         parallel=Parallel(
-            tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep, pp_layers=_stage_layers(o.pp_layers)
+            tp=o.tp,
+            sp=o.sp,
+            pp=o.pp,
+            vpp=o.vpp,
+            ep=o.ep,
+            pp_layers=_stage_layers(o.pp_layers),
+            cp=o.cp,
         ),
         offload=o.offload,
         loss=o.loss,

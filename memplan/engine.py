@@ -37,7 +37,14 @@ from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
-from memplan.strategies import Strategy, checkpointing, offload, reversible, sequence_parallel
+from memplan.strategies import (
+    Strategy,
+    checkpointing,
+    context_parallel,
+    offload,
+    reversible,
+    sequence_parallel,
+)
 from memplan.strategies.offload import HostMemory
 from memplan.strategies.pipeline_parallel import (
     Group,
@@ -121,7 +128,7 @@ def _pieces_key(setup: Setup) -> tuple[object, ...]:
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
     savers = (setup.offload, setup.loss, setup.loss_chunks)
-    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep, *savers)
+    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
 
 
 def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
@@ -187,10 +194,11 @@ def _param_counts(model: ModelConfig) -> ParamCount:
 
 @functools.lru_cache(maxsize=1024)
 def whole_flops(core: Setup) -> Flops:
-    """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
+    """FLOPs of one micro-batch through the whole model (all devices of one replica together): ``Dims.of``
+    speaks in one context-parallel rank's s/cp tokens, whose FLOPs every one of the cp ranks runs."""
     dims = Dims.of(core)
     recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
-    return flops(core, recompute)
+    return context_parallel.whole_model(flops(core, recompute), core.parallel.cp)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -206,13 +214,15 @@ def _add(a: ModelStates, b: ModelStates) -> ModelStates:
 
 
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
-    """Model states of the stage: ZeRO over dp, the routed experts over dp/ep."""
+    """Model states of the stage: ZeRO over dp × cp (``context_parallel.state_shards``), the routed experts
+    over dp × cp / ep."""
     t, s = setup.training, setup.strategy
+    shards = context_parallel.state_shards(setup)
     experts = pc.expert_params * st.layers
-    dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, s.dp)
+    dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards)
     if not experts:
         return dense
-    return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, s.dp // ep))
+    return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, shards // ep))
 
 
 @dataclass(frozen=True)

@@ -150,13 +150,18 @@ class Dims(BaseModel):
     v: int
     layers: int
     act: DType
+    ring: int = 1
+    """Context-parallel ranks the attention's keys span (ring attention): s is one rank's s/cp tokens."""
 
     @classmethod
     def of(cls, setup: Setup) -> Dims:
-        m, t = setup.model, setup.training
+        """The sizes one device speaks in: with context parallelism its s/cp tokens (the check of the
+        layout ensures cp divides s), the keys of all cp ranks in the ring."""
+        m, t, cp = setup.model, setup.training, setup.parallel.cp
         return cls(
             b=t.micro_batch,
-            s=t.seq_len,
+            s=t.seq_len // cp,
+            ring=cp,
             h=m.hidden_size,
             a=m.num_heads,
             kv=m.kv_heads,

@@ -60,6 +60,12 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
+        if dims.ring > 1:
+            # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
+            # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
+            # the output the ring backward reads is kept apart.
+            why = "merged ring-attention output: the flash backward of every ring step reads it"
+            rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
         if setup.device is Device.CUDA:
             # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
             # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
@@ -118,9 +124,25 @@ def projection_flops(dims: Dims) -> int:
     return mm(t, h, qd) + 2 * mm(t, h, kvd) + mm(t, qd, h)
 
 
+def score_cells(dims: Dims) -> int:
+    """(query, key) cells of S = QKᵀ the kernels compute per (batch, head), as FlopCounterMode counts them
+    (causal not halved): s² on one device.
+
+    Ring attention over c = ``dims.ring`` ranks, s = one rank's s/c tokens (torch's
+    ``_templated_ring_attention`` with its default load balancing: the sequence cut into 2c chunks, rank r
+    holding chunks r and 2c−1−r): step 0 runs the causal kernel on the rank's own q, k, v (s² cells);
+    each of the c−1 later steps runs a non-causal kernel on half of them — all of q against the first half
+    of the received K/V when the source rank is lower, else the second half of q against all of it
+    (s·s/2 cells): s² + (c−1)·s²/2 = s²·(c+1)/2 in all (s even: c divides s/2).
+    """
+    s, c = dims.s, dims.ring
+    return s * s + (c - 1) * (s * (s // 2))
+
+
 def attention_core_flops(dims: Dims) -> int:
-    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): causal not halved."""
-    return 2 * dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): 2·d FLOPs per score cell each
+    (``score_cells``: causal not halved; ring attention's steps under context parallelism)."""
+    return 2 * 2 * dims.b * dims.a * dims.d * score_cells(dims)
 
 
 def attention_backward_flops(setup: Setup, dims: Dims) -> int:
@@ -134,7 +156,7 @@ def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
     s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
     if setup.strategy.attention is not Attention.FLASH:
         return 0
-    return dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+    return attention_core_flops(dims) // 2
 
 
 def eager_core_copies(setup: Setup) -> bool:

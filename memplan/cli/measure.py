@@ -70,7 +70,7 @@ _RUN_OPTIONS = (
 )
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp", "device", device=Device.CPU)
+@with_options(*_RUN_OPTIONS, "zero", "dp", "cp", "device", device=Device.CPU)
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
@@ -78,6 +78,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
+    With --cp it runs rank 0 of the ring (torch's own ring attention over a fake process group; --device
+    cpu); FLOPs × cp.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """

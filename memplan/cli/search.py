@@ -220,6 +220,15 @@ def fit_command(
     tp_max: Annotated[
         int, typer.Option("--tp-max", metavar="N", help="Largest tensor-parallel degree to search")
     ] = 8,
+    cp_max: Annotated[
+        int,
+        typer.Option(
+            "--cp-max",
+            metavar="N",
+            help="Largest context-parallel degree to search (powers of two, flash attention), only when "
+            "nothing fits without it; 1: never",
+        ),
+    ] = 16,
     top: Annotated[
         int, typer.Option("--top", metavar="N", help="Rows shown (and configurations in --json); 0: all")
     ] = 10,
@@ -245,6 +254,7 @@ def fit_command(
         zero=_list(zero, "zero", lambda v: ZeroStage(int(v))) or defaults.zero,
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
+        cp_max=cp_max,
     )
     device = gpu_of(o, gpu)
     reserve = reserve_bytes(o.reserve, device)

@@ -2,10 +2,10 @@
 the device's kernels. One device of a dense model is the trivial layout (``Parallel()``), not another case.
 
 ``Parallel`` holds the degrees that split the model itself: tensor (``tp``), sequence (``sp``, over the
-same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule)
-and expert (``ep``) parallelism. Data parallelism and the ZeRO stage live in ``StrategyConfig.dp`` /
-``.zero``; the world is ``tp · pp · dp`` devices and expert parallelism takes its ranks from data
-parallelism (Megatron-Core: ``dp % ep == 0``).
+same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule),
+expert (``ep``) and context (``cp``: ring attention, each rank s/cp tokens) parallelism. Data parallelism
+and the ZeRO stage live in ``StrategyConfig.dp`` / ``.zero``; the world is ``tp · cp · pp · dp`` devices
+and expert parallelism takes its ranks from data parallelism (Megatron-Core: ``dp % ep == 0``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ class Parallel(Frozen):
         "and last stages in turn when p does not divide L (Llama 3 405B: 126 layers over 16 stages)",
     )
     ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
+    cp: int = Field(
+        default=1,
+        gt=0,
+        le=1 << 12,
+        description="context-parallel degree c: ring attention over c ranks, each holding s/c tokens",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -57,15 +63,16 @@ class Parallel(Frozen):
 
     @property
     def model_parallel(self) -> int:
-        """Devices one model replica spans: tp · pp."""
-        return self.tp * self.pp
+        """Devices one model replica spans: tp · cp · pp."""
+        return self.tp * self.cp * self.pp
 
     def label(self) -> str:
-        """``tp8+sp·pp8×2·ep1`` style summary for tables."""
+        """``tp8+sp·cp2·pp8×2·ep2`` style summary for tables (cp and ep only when above 1)."""
         sp = "+sp" if self.sp else ""
+        cp = f"·cp{self.cp}" if self.cp > 1 else ""
         vpp = f"×{self.vpp}" if self.vpp > 1 else ""
         ep = f"·ep{self.ep}" if self.ep > 1 else ""
-        return f"tp{self.tp}{sp}·pp{self.pp}{vpp}{ep}"
+        return f"tp{self.tp}{sp}{cp}·pp{self.pp}{vpp}{ep}"
 
 
 class Setup(Frozen):

@@ -81,6 +81,13 @@ def layer_groups(est_layers: list[int], meas_layers: list[int]) -> list[tuple[li
     return [(layers, e, m) for (e, m), layers in groups.items()]
 
 
+def whole_model_flops(est: Result, meas: Measured) -> dict[str, int]:
+    """The measured FLOPs of the whole model: with context parallelism the run is one rank of cp, each of
+    which runs the same FLOPs (its causal step and cp−1 half steps, whichever rank), so × cp."""
+    cp = est.parallel.cp
+    return {phase: n * cp for phase, n in meas.flops.items()}
+
+
 def compare(est: Result, meas: Measured) -> Comparison:
     e = estimated_by_name(est)
     m = {name: (t.count, t.bytes) for name, t in meas.by_name().items()}
@@ -99,8 +106,9 @@ def compare(est: Result, meas: Measured) -> Comparison:
         "backward": est.flops.backward,
         "recompute": est.flops.recompute,
     }
+    whole = whole_model_flops(est, meas)
     flops = [
-        Row(name=p, est_count=1, est_bytes=est_flops[p], meas_count=1, meas_bytes=meas.flops.get(p, 0))
+        Row(name=p, est_count=1, est_bytes=est_flops[p], meas_count=1, meas_bytes=whole.get(p, 0))
         for p in PHASES
     ]
     layers = range(est.setup.model.num_layers)
@@ -114,7 +122,7 @@ def compare(est: Result, meas: Measured) -> Comparison:
 
 def measured_json(est: Result, meas: Measured) -> dict[str, Any]:
     """The measurement in the estimate's JSON shape (the keys a measurement can fill)."""
-    f = meas.flops
+    f = whole_model_flops(est, meas)
     total = f["forward"] + f["backward"] + f["recompute"]
     layers = est.setup.model.num_layers
     layer_total = sum(meas.layer_bytes(i) for i in range(layers))

@@ -95,11 +95,10 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
-def rope_tables(
-    s: int, d: int, theta: float, dtype: torch.dtype, device: torch.device
-) -> tuple[Tensor, Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
-    freqs = torch.outer(torch.arange(s, device=device, dtype=torch.float32), inv_freq)
+def rope_tables(positions: Tensor, d: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """cos and sin [s, d] at ``positions`` (0…s−1, or one context-parallel rank's tokens)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d))
+    freqs = torch.outer(positions.to(torch.float32), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return label(emb.cos().to(dtype), "rope.cos"), label(emb.sin().to(dtype), "rope.sin")
 
@@ -219,6 +218,8 @@ class Reference(nn.Module):
             if m.tied_embeddings
             else nn.Parameter(torch.empty(m.vocab_size, m.hidden_size, dtype=dtype, device=dev))
         )
+        self.ring: Any = None  # a torch.distributed.ProcessGroup
+        """With context parallelism: the (fake) group whose rank this model runs (measure/context.py)."""
         self.recompute_phase: Callable[[], AbstractContextManager[Any]] = nullcontext
         self.on_layer: Callable[[str, int], None] | None = None  # progress: ("forward"|"backward", layer)
         self.on_note: Callable[[str], None] | None = None  # the curve's "backward <block>" boundaries
@@ -273,7 +274,14 @@ class Reference(nn.Module):
 
     def flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         p = self.setup.model.attn_dropout
-        if q.device.type in CUDA_KERNELS:
+        if self.ring is not None:
+            from memplan.measure.context import ring_flash
+
+            out, lse = ring_flash(q, k, v, self.ring)
+            # Head-major after the merge's re-concatenation on every rank but the last: W_O's input is
+            # then a copy, and the saved output a tensor of its own.
+            label(out, "attn.merged_out")
+        elif q.device.type in CUDA_KERNELS:
             res = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, p, True, False)
             out, lse, seed, offset = res[0], res[1], res[6], res[7]
             label(seed, "attn.philox_seed")
@@ -379,11 +387,23 @@ class Reference(nn.Module):
         return x
 
     # -- forward --------------------------------------------------------------------------------------
+    def positions(self, s: int, device: torch.device) -> Tensor:
+        """Positions of the s tokens this model runs: 0…s−1, or one context-parallel rank's head-tail
+        chunks of the whole sequence."""
+        if self.ring is None:
+            return torch.arange(s, device=device)
+        import torch.distributed as dist
+
+        from memplan.measure.context import head_tail_positions
+
+        cp = dist.get_world_size(self.ring)
+        return head_tail_positions(s * cp, cp, dist.get_rank(self.ring), device)
+
     def consts(self, s: int, device: torch.device) -> Consts:
         m = self.setup.model
         cos = sin = mask = None
         if m.position is PositionType.ROPE:
-            cos, sin = rope_tables(s, m.dim, m.rope_theta, self.dtype, device)
+            cos, sin = rope_tables(self.positions(s, device), m.dim, m.rope_theta, self.dtype)
         if self.setup.strategy.attention is Attention.EAGER:
             mask = label(torch.ones(s, s, dtype=torch.bool, device=device).triu(1), "attn.causal_mask")
         return Consts(cos, sin, mask)
@@ -394,7 +414,7 @@ class Reference(nn.Module):
         with layer_scope(None):
             x = self.embed_tokens(label(ids, "embed.ids"))
             if self.pos is not None:
-                positions = label(torch.arange(s, device=ids.device), "embed.positions")
+                positions = label(self.positions(s, ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)
             x = self.note_backward(dropout(x, m.embd_dropout, "embed.dropout_mask"), "embedding")
             c = self.consts(s, ids.device)

@@ -103,17 +103,44 @@ def measure(
     device: str = "cpu",
     seed: int = 0,
     on_layer: Callable[[str, int], None] | None = None,
+    cp_rank: int = 0,
 ) -> Measured:
     """Build the reference model for ``setup`` (every MLP an MoE block for a mixture of experts) and
     measure one forward + backward.
+
+    With context parallelism (``setup.parallel.cp`` > 1) the run is rank ``cp_rank`` of the ring: its s/cp
+    tokens, torch's ring attention (``measure.context``); its FLOPs are one rank's (the estimate's / cp).
 
     ``on_layer(phase, i)`` is called after each layer's forward and backward (a progress bar). Raises a
     one-line ``ValueError`` for an MoE it cannot run (``measure.moe.check_moe``).
     """
     check_moe(setup.model.moe)
     torch.manual_seed(seed)
-    with fake_mode(fake, device):
+    cp = setup.parallel.cp
+    with ring(cp, cp_rank, device) as group, fake_mode(fake, device):
         model = Reference(setup, device=device)
         model.on_layer = on_layer
+        model.ring = group
         ids, labels = make_batch(setup, device)
+        if group is not None:  # the rank's head-tail chunks of the sequence
+            mine = model.positions(ids.shape[1] // cp, ids.device)
+            ids, labels = ids[:, mine], labels[:, mine]
         return run_step(model, ids, labels)
+
+
+@contextmanager
+def ring(cp: int, rank: int, device: str) -> Iterator[Any]:
+    """With context parallelism, rank ``rank`` of a fake ``cp``-rank process group (``measure.context``);
+    else None. A one-line ``ValueError`` where the simulation cannot run."""
+    if cp == 1:
+        yield None
+        return
+    if torch.device(device).type != "cpu" or not 0 <= rank < cp:
+        raise ValueError(
+            f"cp: one context-parallel rank (0 ≤ rank < {cp}) is simulated with torch's ring attention on "
+            "the CPU flash kernel; use --device cpu"
+        )
+    from memplan.measure.context import ring_group
+
+    with ring_group(cp, rank) as group:
+        yield group

@@ -101,12 +101,13 @@ def setup_line(e: Result) -> str:
     s = e.setup
     t, st = s.training, s.strategy
     rev = " · reversible" if st.reversible else ""
+    cp = f" × cp {s.parallel.cp}" if s.parallel.cp > 1 else ""
     tokens = fmt_int(t.micro_batch * t.seq_len)
     return (
         f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"
         f" · {t.precision.value} · {t.optimizer.value} · grad-accum {t.grad_accum}"
         f" · checkpointing {checkpointing_label(st)} · {st.attention.name.lower()} attention{rev}"
-        f" · ZeRO-{int(st.zero)} over dp {st.dp} · {s.device.value} kernels{_savers(e)}"
+        f" · ZeRO-{int(st.zero)} over dp {st.dp}{cp} · {s.device.value} kernels{_savers(e)}"
     )
 
 

@@ -20,7 +20,7 @@ def _family_cells(f: Family) -> list[str]:
         f.checkpointing.name.lower(),
         f.attention.name.lower(),
         str(int(f.zero)),
-        f"{par.tp}" + ("+sp" if par.sp else ""),
+        f"{par.tp}" + ("+sp" if par.sp else "") + (f"·cp{par.cp}" if par.cp > 1 else ""),
         str(par.pp),
         str(par.ep),
         str(f.layout.dp),

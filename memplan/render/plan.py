@@ -48,6 +48,10 @@ def layout_line(p: Result) -> str:
     par, dp = p.parallel, p.setup.strategy.dp
     schedule = f"interleaved ×{par.vpp}" if par.vpp > 1 else "1F1B"
     parts = [f"tp {par.tp}" + (" + sequence parallel" if par.sp else "")]
+    if par.cp > 1:
+        parts.append(
+            f"cp {par.cp} (ring attention, {fmt_int(p.setup.training.seq_len // par.cp)} tokens each)"
+        )
     parts.append(f"pp {par.pp} ({schedule})" if par.pp > 1 else "pp 1")
     if par.ep > 1:
         parts.append(f"ep {par.ep}")

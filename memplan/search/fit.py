@@ -2,6 +2,7 @@
 
 The space: activation checkpointing × attention kernel × ZeRO stage × (tp, pp, dp) splits of the N devices
 (tp up to ``Space.tp_max``, sequence parallel whenever tp > 1, pp dividing the layers, dp = N / (tp·pp);
+context parallelism cp = 2, 4, … ``Space.cp_max`` with flash attention only when nothing fits without it;
 for a mixture of experts every ep dividing both the experts and dp) × micro-batch size. The global batch
 (sequences per step) is fixed, so a layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches.
 
@@ -55,6 +56,9 @@ class Space:
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tp_max: int = 8
     """Tensor parallelism stays inside one 8-GPU NVLink domain by default."""
+    cp_max: int = 16
+    """Context parallelism (powers of two up to this, flash attention only) is searched when the sequence
+    needs it: only if no layout without it fits."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class Family:
             "sp": par.sp,
             "pp": par.pp,
             "ep": par.ep,
+            "cp": par.cp,
             "dp": self.layout.dp,
         }
 
@@ -183,20 +188,20 @@ class FitResult:
 # ----------------------------------------------------------------------------------------------------
 # The space
 # ----------------------------------------------------------------------------------------------------
-def layouts(setup: Setup, gpus: int, space: Space) -> list[Layout]:
-    """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices."""
+def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1) -> list[Layout]:
+    """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices with ``cp`` context-parallel ranks."""
     m, seq = setup.model, setup.training.seq_len
     moe = m.moe
     widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
     out = []
     for tp in divisors(widths, space.tp_max):
         for pp in divisors(m.num_layers):
-            if gpus % (tp * pp):
+            if gpus % (tp * cp * pp):
                 continue
-            dp = gpus // (tp * pp)
+            dp = gpus // (tp * cp * pp)
             eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
             for ep in eps:
-                par = Parallel(tp=tp, sp=tp > 1 and seq % tp == 0, pp=pp, ep=ep)
+                par = Parallel(tp=tp, sp=tp > 1 and (seq // cp) % tp == 0, pp=pp, ep=ep, cp=cp)
                 out.append(Layout(par, dp))
     return out
 
@@ -255,6 +260,10 @@ def fit(
         raise ValueError(f"gpus: need at least one device, got {gpus}; e.g. --gpus 8")
     if space.tp_max < 1:
         raise ValueError(f"tp-max: must be at least 1, got {space.tp_max}; e.g. --tp-max 8")
+    if space.cp_max < 1:
+        raise ValueError(
+            f"cp-max: must be at least 1 (1: no context parallelism), got {space.cp_max}; e.g. --cp-max 16"
+        )
     if global_batch is not None and global_batch < 1:
         raise ValueError(
             f"global-batch: must be at least one sequence, got {global_batch}; e.g. --global-batch 512"
@@ -270,11 +279,27 @@ def fit(
         for ckpt in space.checkpointing:
             for attention in space.attention:
                 _search_families(result, base, layout, ckpt, attention, space, mfu)
+    if not result.fitting and Attention.FLASH in space.attention:  # the sequence needs context parallelism
+        for cp in context_degrees(base, gpus, space):
+            for layout in layouts(base, gpus, space, cp):
+                for ckpt in space.checkpointing:
+                    _search_families(result, base, layout, ckpt, Attention.FLASH, space, mfu)
     result.fitting.sort(key=Config.sort_key)
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
         result.max_seq = longest_sequence(result.best, memory)
     return result
+
+
+def context_degrees(base: Setup, gpus: int, space: Space) -> list[int]:
+    """The context-parallel degrees searched: powers of two 2…``cp_max`` dividing the devices whose 2·cp
+    chunks split the sequence (``strategies.context_parallel.check_context``)."""
+    seq, out, cp = base.training.seq_len, [], 2
+    while cp <= min(space.cp_max, gpus):
+        if gpus % cp == 0 and seq % (2 * cp) == 0:
+            out.append(cp)
+        cp *= 2
+    return out
 
 
 def _searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
@@ -350,10 +375,14 @@ def _search_families(
 def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
     """The longest sequence the best configuration fits at micro-batch 1 (binary search).
 
-    Sequences step by tp under sequence parallelism; learned positions cap it at ``max_positions``.
+    Sequences step by tp under sequence parallelism, by 2·cp under context parallelism (cp·lcm(2, tp)
+    with both); learned positions cap it at ``max_positions``.
     """
     p = best.result
-    step = p.parallel.tp if p.parallel.sp else 1
+    par = p.parallel
+    step = par.tp if par.sp else 1
+    if par.cp > 1:
+        step = par.cp * math.lcm(2, step)
     if p.setup.model.position is PositionType.LEARNED:
         cap = min(cap, p.setup.model.max_positions)
     n = p.micro_batches * p.setup.training.micro_batch

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 from memplan.config import ModelConfig, Parallel, Setup
+from memplan.strategies.context_parallel import check_context
 
 
 def divisors(n: int, limit: int = 1 << 12) -> list[int]:
@@ -114,6 +115,7 @@ def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
 def check_layout(setup: Setup) -> None:
     """One-line ``ValueError`` when the parallel degrees or the MoE do not fit the model and the setup."""
     parallel, moe = setup.parallel, setup.model.moe
+    check_context(setup)
     check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
     if parallel.ep == 1:
         return

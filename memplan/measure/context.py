@@ -1,0 +1,86 @@
+"""One context-parallel rank in one process: torch's own ring attention, over a fake process group.
+
+torch's ``context_parallel`` (``torch.distributed.tensor.experimental``, what torchtitan uses) runs the
+ring *inside* the dispatch of one SDPA op: ``_templated_ring_attention`` and
+``_templated_ring_attention_backward`` (``_context_parallel/_attention.py``, torch 2.13). Its DTensor
+handler covers the CUDA flash / efficient / cuDNN kernels only, so it cannot run on a CPU. This module
+calls those two functions themselves, with the CPU flash kernel as the per-step op and torch's fake
+process group (``torch.testing._internal.distributed.fake_pg``: ``dist.get_rank`` and the world size are
+the simulated rank's, the collectives move nothing): one rank runs exactly torch's op sequence — its two
+head-tail chunks, the causal step 0, the c−1 half steps against K/V chunks in ring order, the
+``_SDPAMerger`` merge of out/lse — and ``RingFlash`` saves for backward what autograd saves for the one
+SDPA op torch dispatches (derivatives.yaml, ``_scaled_dot_product_flash_attention``: query, key, value,
+output, logsumexp).
+
+Known limitations (NB): the received K/V and dK/dV are whatever the fake collectives return (the bytes
+and FLOPs are exact, the values are not a real run's); ``head_tail_positions`` is torch's default
+``_HeadTailLoadBalancer`` order; CPU only (the CUDA kernels' ring needs a real NCCL group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+
+aten = torch.ops.aten
+SEQ_DIM = 2
+"""[b, heads, s, d]: the dimension torch's ring splits and merges along."""
+
+
+def head_tail_positions(s: int, cp: int, rank: int, device: torch.device | str = "cpu") -> Tensor:
+    """Positions of the tokens rank ``rank`` holds: chunks ``rank`` and ``2·cp−1−rank`` of 2·cp
+    (torch's ``_HeadTailLoadBalancer``, the default of ``context_parallel`` for causal attention)."""
+    chunk = s // (2 * cp)
+    first = torch.arange(rank * chunk, (rank + 1) * chunk, device=device)
+    last = torch.arange((2 * cp - 1 - rank) * chunk, (2 * cp - rank) * chunk, device=device)
+    return torch.cat([first, last])
+
+
+@contextmanager
+def ring_group(cp: int, rank: int) -> Iterator[dist.ProcessGroup]:
+    """The default process group as rank ``rank`` of ``cp`` (fake backend), torn down afterwards."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise RuntimeError("a process group is already initialised; the one-rank simulation needs its own")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+    try:
+        group = dist.group.WORLD
+        assert group is not None
+        yield group
+    finally:
+        dist.destroy_process_group()
+
+
+class RingFlash(torch.autograd.Function):
+    """Causal flash attention of one rank's q [b, a, s/c, d], k and v [b, kv, s/c, d] over the ring."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+        op = aten._scaled_dot_product_flash_attention_for_cpu
+        out, lse = ring._templated_ring_attention(group, SEQ_DIM, op, q, k, v, is_causal=True, dropout_p=0.0)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group = group
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse = ctx.saved_tensors
+        op = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+        dq, dk, dv, *_ = ring._templated_ring_attention_backward(
+            ctx.group, SEQ_DIM, op, dout, "grad_out", q, k, v, out, lse, True, dropout_p=0.0
+        )
+        return dq, dk, dv, None
+
+
+def ring_flash(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+    """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank."""
+    out, lse = RingFlash.apply(q, k, v, group)
+    return out, lse

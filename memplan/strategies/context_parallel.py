@@ -1,0 +1,130 @@
+"""Context parallelism: ring attention over ``cp`` ranks, as torch's
+``torch.distributed.tensor.experimental.context_parallel`` runs it (the implementation torchtitan uses;
+read in torch 2.13, ``torch/distributed/tensor/experimental/_context_parallel/_attention.py``).
+
+What one rank does (``_templated_ring_attention`` and its backward, default options):
+
+- The sequence is cut into 2c chunks and rank r holds chunks r and 2c−1−r (``_HeadTailLoadBalancer``:
+  the head-tail / round-robin split that balances the causal mask), so every [b, s, …] activation of a
+  layer — norms, projections, q, k, v, the attention output, the MLP, the head and the loss, the RoPE
+  table (torchtitan passes ``freqs_cis`` as a context-parallel buffer) — holds s/c tokens. memplan gets
+  this by speaking in one rank's sizes: ``Dims.of`` gives s = seq_len / c (as ``tp_model`` gives a/t
+  heads), so the blocks' inventory, FLOPs and peak are the rank's without another rule.
+- Attention: the ring runs *inside* the dispatch of one SDPA op (the DTensor handler of
+  ``aten._scaled_dot_product_flash_attention`` / ``_efficient_attention``), below autograd. Autograd
+  therefore saves exactly what the one kernel saves: the rank's local q, k, v, the *merged* output
+  (cast back to the activation dtype) and the *merged* fp32 logsumexp, [b, a, s/c] — not each step's
+  out/lse and not the received K/V chunks, which are transients of the forward. The backward re-gathers
+  K/V and runs the kernel's backward per step again.
+- FLOPs: step 0 runs the causal kernel on the local q, k, v; each of the c−1 later steps a non-causal
+  kernel on half of q or half of the received K/V (``blocks.attention.score_cells``). Linear layers run
+  on s/c tokens. The whole model's FLOPs are c × one rank's (``whole_model``).
+- Communication, per layer and micro-batch (``kv_exchanges``; ``_RotateMethod.ALL_GATHER`` is torch's
+  and torchtitan's default): forward, one all-gather of the rank's K/V (``torch.cat([k.flatten(),
+  v.flatten()])``, activation dtype); backward, the same all-gather again plus c point-to-point rotations
+  (``permute_tensor`` to rank r+1, the all-to-all rotater) of the fp32 dK/dV accumulators
+  (``convert_to_f32``); a layer whose attention re-runs in backward (checkpointing) gathers K/V once more.
+- Model states: weights are replicated over the cp ranks; gradients are reduced and ZeRO/FSDP shards
+  over dp × cp (torchtitan's ``dp_shard_cp`` mesh: FSDP shards over data and context parallel ranks
+  together), ``state_shards``.
+
+Known limitations (NB): the ring's forward and backward transients (the gathered K/V, the fp32 merge and
+gradient buffers) are not in the peak; torch's ring runs only the SDPA flash / efficient / cuDNN kernels,
+so eager attention is refused; torchtitan's Llama repeats K/V to a heads before SDPA (the exchanged bytes
+×a/kv), memplan exchanges the kernel's kv heads as the reference model passes them; FlopCounterMode
+counts the causal step-0 kernel whole (hardware FLOPs), as everywhere in memplan.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from memplan.analytic.flops import Flops
+from memplan.analytic.inventory import Dims
+from memplan.config import Attention, Checkpointing, DType, Setup
+
+
+def check_context(setup: Setup) -> None:
+    """One-line ``ValueError`` when context parallelism does not fit the setup."""
+    cp, s = setup.parallel.cp, setup.training.seq_len
+    if cp == 1:
+        return
+    if setup.strategy.attention is not Attention.FLASH:
+        raise ValueError(
+            "cp: torch's ring attention runs the SDPA flash / efficient kernels only; "
+            "use --attention flash or drop --cp"
+        )
+    chunks = 2 * cp
+    if s % chunks:
+        lower = s - s % chunks
+        fix = f"--seq {lower} or {lower + chunks}" if lower else f"--seq {chunks}"
+        raise ValueError(
+            f"seq: {s} does not split into 2 × cp = {chunks} equal chunks (the load-balanced causal split "
+            f"of torch's context_parallel); use {fix}"
+        )
+    tp = setup.parallel.tp
+    if setup.parallel.sp and (s // cp) % tp:
+        step = cp * math.lcm(2, tp)
+        lower = s - s % step
+        raise ValueError(
+            f"seq: the {s // cp} tokens of each context-parallel rank do not split over --tp {tp} for "
+            f"sequence parallelism; use --seq {lower or step} (a multiple of {step})"
+        )
+
+
+def state_shards(setup: Setup) -> int:
+    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp."""
+    return setup.strategy.dp * setup.parallel.cp
+
+
+def whole_model(rank: Flops, cp: int) -> Flops:
+    """The whole model's FLOPs from one context-parallel rank's (every rank runs the same work)."""
+    if cp == 1:
+        return rank
+    return Flops(**{name: value * cp for name, value in rank.model_dump().items()})
+
+
+class Exchange(NamedTuple):
+    """One kind of K/V communication of one attention layer, one micro-batch, on one rank."""
+
+    phase: str
+    """forward, backward or recompute."""
+    collective: str
+    """all-gather (every rank's shard to every rank) or send-recv (to rank r+1, from rank r−1)."""
+    bytes: int
+    """Bytes this rank contributes per call: its K/V shard (all-gather) or the buffer it sends."""
+    calls: int
+    """Calls per layer per micro-batch."""
+
+
+def kv_bytes(dims: Dims, dtype: DType) -> int:
+    """One rank's k and v as the kernel reads them, [b, kv, s/c, d] each, in ``dtype``."""
+    return 2 * dims.b * dims.kv * dims.s * dims.d * dtype.bytes
+
+
+def attention_reruns(setup: Setup) -> bool:
+    """Whether backward re-runs the attention's forward (checkpointing, reversible layers)."""
+    s = setup.strategy
+    return s.checkpointing is not Checkpointing.NONE or s.reversible
+
+
+def kv_exchanges(setup: Setup) -> list[Exchange]:
+    """K/V traffic of one attention layer per micro-batch on one rank (module docstring); empty at cp 1.
+
+    ``setup``: the rank's (``tp_model``: kv/t heads). An all-gather's output is c × ``bytes``, of which
+    (c−1) × ``bytes`` arrive over the network.
+    """
+    cp = setup.parallel.cp
+    if cp == 1:
+        return []
+    dims = Dims.of(setup)
+    kv, grads = kv_bytes(dims, dims.act), kv_bytes(dims, DType.FP32)
+    out = [
+        Exchange("forward", "all-gather", kv, 1),
+        Exchange("backward", "all-gather", kv, 1),
+        Exchange("backward", "send-recv", grads, cp),
+    ]
+    if attention_reruns(setup):
+        out.append(Exchange("recompute", "all-gather", kv, 1))
+    return out

@@ -1,0 +1,178 @@
+"""Context parallelism in the plan: invariants against the one-device estimate and torch's ring.
+
+Independent sources: the one-device estimate itself (proved equal to the measurement elsewhere) for what a
+split by the sequence must give; torch's ``_templated_ring_attention`` for the exchanges (counted by a
+dispatch mode around the real function, over a fake process group); torchtitan's FSDP over dp × cp for
+the model states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from memplan.analytic.inventory import Dims
+from memplan.api import Options, build
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    DType,
+    Parallel,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+from memplan.engine import estimate
+from memplan.presets import load_model_preset
+from memplan.strategies import context_parallel as cpx
+from memplan.strategies.tensor_parallel import tp_model
+
+from .layout import plan
+
+
+def llama(cp: int = 1, seq: int = 8192, **par: Any) -> Setup:
+    return Setup(
+        model=load_model_preset("llama-3-8b").model,
+        training=TrainingConfig(seq_len=seq, micro_batch=2),
+        strategy=StrategyConfig(attention=Attention.FLASH, dp=par.pop("dp", 1), zero=par.pop("zero", 0)),
+        parallel=Parallel(cp=cp, **par),
+        device=Device.CPU,
+    )
+
+
+def test_cp1_changes_nothing() -> None:
+    assert plan(llama(), Parallel(tp=2, sp=True, cp=1)).peak == plan(llama(), Parallel(tp=2, sp=True)).peak
+    assert estimate(llama(cp=1)).flops == estimate(llama()).flops
+
+
+@pytest.mark.parametrize("cp", [2, 4, 8])
+def test_every_token_tensor_is_one_cp_th(cp: int) -> None:
+    """Per rank, every kept tensor with a token dimension holds 1/cp of the one-device tensor; the only
+    addition is the merged ring output (one [b, a, s/cp, d] per layer), the only whole ones the loss's
+    scalar weight."""
+    one = {k.name: k for k in estimate(llama()).tensors}
+    ranked = {k.name: k for k in estimate(llama(cp)).tensors}
+    assert set(ranked) - set(one) == {"attn.merged_out"}
+    for name, k in one.items():
+        if name == "loss.total_weight":
+            assert ranked[name].total_bytes == k.total_bytes
+        else:
+            assert ranked[name].total_bytes * cp == k.total_bytes, name
+    m, bf16 = llama().model, 2
+    merged = ranked["attn.merged_out"]
+    assert merged.total_bytes == m.num_layers * 2 * m.num_heads * (8192 // cp) * m.dim * bf16
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_flops_per_rank_times_cp_is_the_whole_model(cp: int) -> None:
+    """Linear layers and the head: the whole model's FLOPs are unchanged by the split (cp ranks × s/cp
+    tokens); the attention core is the ring's: per (batch, head) and layer, each rank counts its causal
+    step on s/cp tokens and cp−1 half steps, 4·d·(s/cp)²·(cp+1)/2 forward."""
+    one, ranked = estimate(llama()).flops, estimate(llama(cp)).flops
+    assert ranked.layer_linear == one.layer_linear
+    assert ranked.lm_head == one.lm_head
+    m, s, b = llama().model, 8192, 2
+    per_rank = 4 * b * m.num_heads * m.dim * (s // cp) ** 2 * (cp + 1) // 2
+    assert ranked.layer_attention == m.num_layers * cp * per_rank
+    assert ranked.forward - ranked.layer_attention == one.forward - one.layer_attention
+
+
+def test_model_states_shard_over_dp_times_cp() -> None:
+    """torchtitan's FSDP mesh ``dp_shard_cp``: ZeRO-3 over dp 2 × cp 4 is ZeRO-3 over 8 ranks."""
+    assert (
+        estimate(llama(cp=4, dp=2, zero=ZeroStage.PARAMETERS)).states
+        == estimate(llama(dp=8, zero=ZeroStage.PARAMETERS)).states
+    )
+
+
+def test_devices_and_layout_label() -> None:
+    r = estimate(llama(cp=4, tp=2, sp=True, dp=3))
+    assert r.devices == 2 * 4 * 3
+    assert "cp4" in r.parallel.label()
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"seq": 8190, "cp": 2}, "seq:"),
+        ({"seq": 8192, "cp": 2, "attention": "eager"}, "cp:"),
+        ({"seq": 8200, "cp": 4, "tp": 4, "sp": True}, "seq:"),
+        ({"seq": 8192, "cp": 4, "gpus": 6}, "gpus:"),
+    ],
+)
+def test_user_mistakes_are_one_line(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError) as err:
+        build(Options(model="llama-3-8b", **options))
+    assert str(err.value).startswith(field) and "\n" not in str(err.value)
+
+
+def test_gpus_give_dp_over_tp_cp_pp() -> None:
+    b = build(Options(model="llama-3-8b", seq=8192, cp=4, tp=2, gpus=64))
+    assert b.result.setup.strategy.dp == 8
+
+
+def test_kv_exchanges_equal_torch_ring_collectives() -> None:
+    """The exchanges of one attention layer, counted on torch's own ring (forward + backward) over a fake
+    process group: the functional collectives it issues and their input bytes."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memplan.measure.context import ring_flash, ring_group
+
+    class Log(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, int]] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = func.__name__
+            if func.namespace == "_c10d_functional" and not name.startswith(("wait", "_wrap")):
+                t = args[0]
+                self.calls.append((name.split(".")[0], t.numel() * t.element_size()))
+            return func(*args, **(kwargs or {}))
+
+    setup = llama(cp=4, seq=64).model_copy(
+        update={"training": TrainingConfig(seq_len=64, micro_batch=2, precision="bf16-mixed")}
+    )
+    m = tp_model(setup.model, 1)
+    s_r = 64 // 4
+    with ring_group(4, 1) as group:
+        q = torch.randn(2, m.num_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        log = Log()
+        with log:
+            out, _ = ring_flash(q, k, v, group)
+            out.sum().backward()
+    expected = []
+    for e in cpx.kv_exchanges(setup):
+        kind = "all_gather_into_tensor" if e.collective == "all-gather" else "all_to_all_single"
+        expected += [(kind, e.bytes)] * e.calls
+    assert sorted(log.calls) == sorted(expected)
+    assert cpx.kv_bytes(Dims.of(setup), DType.BF16) == 2 * 2 * m.kv_heads * s_r * m.dim * 2
+
+
+def test_fit_searches_cp_when_the_sequence_needs_it() -> None:
+    """Llama 3 70B at 512K tokens on 64 H100s: nothing fits without context parallelism (cp_max 1);
+    with it, every fitting configuration is a ring over cp ranks whose estimate fits, and the longest
+    sequence it reports steps by its chunks."""
+    from memplan.api import build_setup
+    from memplan.presets import load_gpu
+    from memplan.search.fit import Space, fit, fits
+
+    base = build_setup("llama-3-70b", seq=1 << 19)
+    gpu = load_gpu("h100-sxm")
+    space = Space(checkpointing=(Checkpointing.FULL,), micro_batches=(1,))
+    assert not fit(base, gpu, 64, global_batch=16, space=replace(space, cp_max=1), max_seq=False).fitting
+    found = fit(base, gpu, 64, global_batch=16, space=space)
+    assert found.fitting
+    for c in found.fitting:
+        par = c.result.parallel
+        assert par.cp > 1 and par.tp * par.cp * par.pp * c.result.setup.strategy.dp == 64
+        assert c.result.setup.strategy.attention is Attention.FLASH
+        assert fits(estimate(c.result.setup), found.usable)
+    assert found.max_seq is not None and found.max_seq % (2 * found.fitting[0].result.parallel.cp) == 0
