@@ -41,9 +41,12 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
-Adding a dimension (context parallelism's ring exchange of K/V): write one row function
-``(Critical, Topology) → list[Row]`` below and append it to ``ROWS``; give its degree a place in
-``ORDER`` (cp sits between tp and pp) so the groups outside it get their stride.
+- cp: per attention layer torch's ring all-gathers K/V in forward (again in backward and in a re-run) and
+  rotates the fp32 dK/dV cp times in backward; not overlapped. Every [b, s, h] collective of the other
+  dimensions carries s/cp tokens; dp's gradients and ZeRO shards run over dp × cp.
+
+Adding a dimension: write one row function ``(Critical, Topology) → list[Row]`` below and append it to
+``ROWS``; give its degree a place in ``ORDER`` so the groups outside it get their stride.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
 each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's; tree
@@ -61,6 +64,7 @@ from memplan.analytic.params import ParamCount
 from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
+from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import stage, stage_layers, stage_params
 from memplan.time import efficiency
 
@@ -201,7 +205,7 @@ def critical_stage(r: Result) -> Critical:
 
 ORDER: tuple[tuple[str, Callable[[Setup], int]], ...] = (
     ("tp", lambda s: s.parallel.tp),
-    # ("cp", lambda s: s.parallel.cp),  ← context parallelism takes its place here (Llama 3's order)
+    ("cp", lambda s: s.parallel.cp),  # Llama 3's order: tp, cp, pp, dp
     ("pp", lambda s: s.parallel.pp),
     ("dp", lambda s: s.strategy.dp),
 )
@@ -224,10 +228,15 @@ def link(topo: Topology, group_stride: int, n: int) -> Link:
     return Link("inter-node", topo.inter_node_gbps, topo.inter_node_latency_us)
 
 
+def rank_tokens(setup: Setup) -> int:
+    """Tokens of one micro-batch on one context-parallel rank: b·s/cp."""
+    return setup.training.micro_batch * setup.training.seq_len // setup.parallel.cp
+
+
 def hidden_bytes(setup: Setup) -> int:
-    """X = b·s·h·e: one micro-batch's hidden states, whole sequence."""
-    t = setup.training
-    return t.micro_batch * t.seq_len * setup.model.hidden_size * t.precision.activation_dtype.bytes
+    """X = b·(s/cp)·h·e: one micro-batch's hidden states, the rank's whole sequence (s/cp with context
+    parallelism)."""
+    return rank_tokens(setup) * setup.model.hidden_size * setup.training.precision.activation_dtype.bytes
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -248,8 +257,7 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
     def row(kind: Collective, phase: Phase, count: int, overlap: Overlap, what: str, nbytes: int = x) -> Row:
         return Row("tp", kind, phase, nbytes, count, t, on, overlap, what)
 
-    tokens = s.training.micro_batch * s.training.seq_len
-    loss = 4 * tokens  # one fp32 per token
+    loss = 4 * rank_tokens(s)  # one fp32 per token
     rows = [row(Collective.ALL_REDUCE, Phase.FORWARD, 3 * n * head, Overlap.NONE, "cross entropy", loss)]
     if not s.parallel.sp:
         rows += [
@@ -295,16 +303,13 @@ def pp_rows(c: Critical, topo: Topology) -> list[Row]:
     return rows
 
 
-def _dp_group(
-    dimension: str, params: int, ranks: int, group_stride: int, c: Critical, topo: Topology
-) -> list[Row]:
+def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) -> list[Row]:
     """ZeRO's collectives over ``ranks`` data-parallel ranks for ``params`` parameters (module docstring)."""
     s = c.setup
     if ranks == 1 or params == 0:
         return []
     zero, n, prec = s.strategy.zero, c.result.micro_batches, s.training.precision
     grads, weights = params * prec.grad_bytes, params * prec.weight_bytes
-    on = link(topo, group_stride, ranks)
 
     def row(kind: Collective, phase: Phase, nbytes: int, count: int, overlap: Overlap, what: str) -> Row:
         return Row(dimension, kind, phase, nbytes, count, ranks, on, overlap, what)
@@ -329,15 +334,54 @@ def _dp_group(
     ]
 
 
+def slower(a: Link, b: Link) -> Link:
+    """The link a ring over both kinds of neighbours runs at: the slower one."""
+    return min(a, b, key=lambda k: (k.gbps, -k.latency_us))
+
+
 def dp_rows(c: Critical, topo: Topology) -> list[Row]:
-    """Data parallelism and ZeRO: the dense parameters over dp, routed experts over dp/ep."""
+    """Data parallelism and ZeRO: the dense parameters over dp (× cp: the context-parallel ranks hold
+    replicas too, their gradients reduced and their states sharded with dp's, as torchtitan's
+    ``dp_shard_cp`` mesh does), routed experts over dp/ep. A dp × cp group's ring runs on the slower of the
+    two dimensions' links."""
     s = c.setup
-    dp, ep = s.strategy.dp, s.parallel.ep
+    dp, ep, cp = s.strategy.dp, s.parallel.ep, s.parallel.cp
     experts = c.result.pieces.expert_params * c.layers
     at = stride(s, "dp")
-    return _dp_group("dp", c.params.total - experts, dp, at, c, topo) + _dp_group(
-        "dp experts", experts, dp // ep, at * ep, c, topo
+    dense_on = link(topo, at, dp)
+    if cp > 1:
+        dense_on = (
+            slower(dense_on, link(topo, stride(s, "cp"), cp)) if dp > 1 else link(topo, stride(s, "cp"), cp)
+        )
+    return _dp_group("dp", c.params.total - experts, dp * cp, dense_on, c) + _dp_group(
+        "dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c
     )
+
+
+def cp_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Context parallelism: per attention layer and micro-batch the K/V all-gather of torch's ring in
+    forward (and again in backward and in a re-run) and the fp32 dK/dV rotations of its backward, from
+    ``context_parallel.kv_exchanges`` (the rank's setup: kv/t heads, s/cp tokens). Not overlapped: the
+    attention waits for the gathered K/V, and each rotation for the previous step's gradients. An
+    all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
+    s = c.setup
+    cp = s.parallel.cp
+    if cp == 1:
+        return []
+    on, n = link(topo, stride(s, "cp"), cp), c.result.micro_batches
+    phases = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD, "recompute": Phase.RECOMPUTE}
+    rows = []
+    for e in context_parallel.kv_exchanges(c.result.pieces.setup):
+        gather = e.collective == "all-gather"
+        kind = Collective.ALL_GATHER if gather else Collective.SEND_RECV
+        layers = c.rerun_layers if e.phase == "recompute" else c.layers
+        nbytes = e.bytes * cp if gather else e.bytes
+        group = cp if gather else 2
+        what = "K/V shards" if gather else "dK/dV rotation"
+        rows.append(
+            Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, Overlap.NONE, what)
+        )
+    return [r for r in rows if r.count]
 
 
 def ep_rows(c: Critical, topo: Topology) -> list[Row]:
@@ -347,7 +391,7 @@ def ep_rows(c: Critical, topo: Topology) -> list[Row]:
     if moe is None or ep == 1:
         return []
     t = s.training
-    tokens = t.micro_batch * t.seq_len // (s.parallel.tp if s.parallel.sp else 1)
+    tokens = rank_tokens(s) // (s.parallel.tp if s.parallel.sp else 1)
     nbytes = moe.slots(tokens) * s.model.hidden_size * t.precision.activation_dtype.bytes
     on = link(topo, stride(s, "dp"), ep)
     n = c.result.micro_batches
@@ -360,8 +404,8 @@ def ep_rows(c: Critical, topo: Topology) -> list[Row]:
     return [r for r in rows if r.count]
 
 
-ROWS: tuple[Callable[[Critical, Topology], list[Row]], ...] = (tp_rows, pp_rows, dp_rows, ep_rows)
-"""One function per dimension, in the table's order; context parallelism appends its ``cp_rows``."""
+ROWS: tuple[Callable[[Critical, Topology], list[Row]], ...] = (tp_rows, cp_rows, pp_rows, dp_rows, ep_rows)
+"""One function per dimension, in the table's order."""
 
 
 def communication(r: Result, topo: Topology) -> tuple[Critical, list[Row]]:

@@ -7,13 +7,14 @@ Three classes, each at its achievable fraction (``efficiency``):
 - element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``) at ``MEMORY`` × HBM bandwidth.
 
 FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
-layers, the head's on the last stage, ÷ tp (every matmul is split over the tensor-parallel ranks).
+layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
+context-parallel rank runs 1/cp of the tokens — the whole-model FLOPs are cp × one rank's).
 Checkpoint recompute re-runs the attention core (selective: attention class) or whole layers (its FLOPs
 split as the layer forward's, linear : attention).
 
 Element-wise bytes of one layer's forward on one rank (each op reads its inputs and writes its output;
-T tokens, Tr = T/t with sequence parallelism else T — norms, residual adds and dropouts run on the rank's
-tokens —, e the activation bytes):
+T = b·s/cp tokens, Tr = T/t with sequence parallelism else T — norms, residual adds and dropouts run
+on the rank's tokens —, e the activation bytes):
     two norms 2·(2·Tr·h·e); two residual adds 2·(3·Tr·h·e); two residual dropouts (when p > 0)
     2·(2·Tr·h·e + Tr·h) (a 1-byte mask); rotary on q and k 2·T·(a + kv)·d/t·e; the MLP's activation
     (SwiGLU reads gate and up, writes one: 3·T·F/t·e; GELU 2·T·F/t·e; F the routed and shared width an
@@ -63,8 +64,9 @@ class StageFlops:
 def stage_flops(c: Critical) -> StageFlops:
     """The stage's share of the whole model's FLOPs on one tensor-parallel rank (module docstring)."""
     f, s = c.result.flops, c.setup
-    cut = c.layers / s.model.num_layers / s.parallel.tp
-    head = f.lm_head / s.parallel.tp if c.last else 0.0
+    ranks = s.parallel.tp * s.parallel.cp  # the whole model's work over the tp × cp ranks of a stage
+    cut = c.layers / s.model.num_layers / ranks
+    head = f.lm_head / ranks if c.last else 0.0
     linear, attention = f.layer_linear * cut, f.layer_attention * cut
     attention_back = (f.backward - 2 * (f.layer_linear + f.lm_head)) * cut
     recompute = f.recompute * cut
@@ -84,7 +86,7 @@ def elementwise_bytes(s: Setup) -> int:
     """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring)."""
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
-    tokens = t.micro_batch * t.seq_len
+    tokens = t.micro_batch * t.seq_len // par.cp  # a context-parallel rank's share of the sequence
     rank_tokens = tokens // par.tp if par.sp else tokens
     hidden = rank_tokens * m.hidden_size
     out = 2 * 2 * hidden * e + 2 * 3 * hidden * e

@@ -32,7 +32,7 @@ from memplan.presets import GpuPreset
 from memplan.time.comm import Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times
 
-IN_STAGE = frozenset({"tp", "ep"})
+IN_STAGE = frozenset({"tp", "cp", "ep"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
 ring exchange joins them)."""
 

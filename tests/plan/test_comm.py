@@ -262,3 +262,41 @@ def test_topology_needs_a_gpu() -> None:
     from .test_cli_plan import one_line_error
 
     assert one_line_error(*LAYOUT, "--inter-node-bw", "50").startswith("error: gpu: a topology setting")
+
+
+# Context parallelism: torch's ring (torch/distributed/tensor/experimental/_context_parallel) all-gathers
+# each rank's K/V shard per attention layer in forward and again in backward, and rotates the fp32 dK/dV
+# cp times in backward. Llama-3-8B: 8 kv heads of 128, so one rank's K and V over s/cp tokens are
+# 2·(s/cp)·8·128 elements; the gathered output is cp × that.
+KV = 2 * SEQ * 8 * 128  # K and V, every token, elements
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_rows_are_torch_ring_exchanges(cp: int) -> None:
+    rows = rows_of(plan(Parallel(cp=cp), n=2))
+    (fwd,) = pick(rows, "cp", Collective.ALL_GATHER, Phase.FORWARD)
+    (bwd,) = pick(rows, "cp", Collective.ALL_GATHER, Phase.BACKWARD)
+    (rot,) = pick(rows, "cp", Collective.SEND_RECV, Phase.BACKWARD)
+    assert fwd.bytes == bwd.bytes == KV * 2  # bf16
+    assert fwd.count == bwd.count == 32 * 2  # a layer each, two micro-batches
+    assert rot.bytes == KV // cp * 4 and rot.count == cp * 32 * 2  # fp32 dK, dV of the rank's shard
+    assert fwd.group == cp and fwd.link.level == "intra-node"
+
+
+def test_cp_splits_the_other_dimensions_tokens() -> None:
+    """tp's all-reduces carry b·(s/cp)·h; dp's gradients are reduced over dp × cp ranks."""
+    one = rows_of(plan(Parallel(tp=2), dp=2, n=1))
+    two = rows_of(plan(Parallel(tp=2, cp=2), dp=2, n=1))
+    (ar1,) = pick(one, "tp", Collective.ALL_REDUCE, Phase.FORWARD)[1:]
+    (ar2,) = pick(two, "tp", Collective.ALL_REDUCE, Phase.FORWARD)[1:]
+    assert ar1.bytes == X and ar2.bytes == X // 2
+    (g1,) = pick(one, "dp", Collective.ALL_REDUCE, Phase.STEP)
+    (g2,) = pick(two, "dp", Collective.ALL_REDUCE, Phase.STEP)
+    assert g1.group == 2 and g2.group == 4 and g1.bytes == g2.bytes
+
+
+def test_cp_divides_each_rank_s_compute() -> None:
+    """A cp rank runs 1/cp of the tokens: its linear layers' time is 1/cp of one device's."""
+    one = timing(plan(Parallel(), n=1), H100)
+    two = timing(plan(Parallel(cp=2), n=1), H100)
+    assert two.prediction.matmul_s == pytest.approx(one.prediction.matmul_s / 2, rel=1e-9)
