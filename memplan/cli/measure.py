@@ -11,15 +11,14 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
 from memplan.api import setup_of
 from memplan.cli.common import check_writable, fail, options_of, user_errors, with_options
 from memplan.config import Device, Setup
 from memplan.engine import estimate
-from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
+
+# NB: rich and memplan.render are imported inside the commands: `memplan estimate` imports this module
+# (to register trace and profile) and must not pay for their progress bars and tables (start-up).
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (estimated, measured, diff)")]
 INSTALL = (
@@ -83,6 +82,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     if as_json:
         typer.echo(json.dumps(result, allow_nan=False))
     else:
+        from rich.console import Console
+
         from memplan.render.measure import trace_report
 
         Console().print(trace_report(result, seconds))
@@ -94,6 +95,8 @@ class _progress:
     """A rich progress bar over forward and backward layers (silent with --json)."""
 
     def __init__(self, quiet: bool, setup: Setup) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.quiet, self.total = quiet, 2 * setup.model.num_layers
         self.bar = Progress(
             TextColumn("[bold]tracing[/bold] {task.description}"),
@@ -166,6 +169,8 @@ def profile(
                     setup, device=dev, warmup=warmup, steps=steps, torch_trace=torch_trace
                 )
         except prof_mod.OUT_OF_MEMORY:
+            from memplan.render.estimate import fmt_bytes
+
             typer.echo(
                 f"error: out of memory on {dev}; the estimate needs {fmt_bytes(est.peak.bytes)} at its peak "
                 f"({est.peak.phase}) — try --checkpointing full, a smaller --batch or --seq",
@@ -196,6 +201,8 @@ def profile(
 def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:
     """Refuse, before allocating anything, a run whose estimated peak exceeds what ``dev`` has free (the
     run would be killed or raise out of memory part-way, on CPU after swapping)."""
+    from memplan.render.estimate import fmt_bytes
+
     if peak > available:
         raise ValueError(
             f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
@@ -206,6 +213,10 @@ def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -
 def _print_profile(
     result: dict[str, Any], est_peak: int, phase: str, peak: int, err: float, flops: int, dev: str
 ) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
     from memplan.render.measure import flop_table, profile_table, tensor_table, verdict
 
     t = result["time"]
