@@ -225,26 +225,11 @@ def _startup_row(est: dict[str, Any], key: str, label: str) -> str:
     )
 
 
-def markdown(
-    m: dict[str, Any], est: dict[str, Any], thr: dict[str, Any], trace: dict[str, Any], extra: dict[str, Any]
-) -> str:
+def startup_markdown(est: dict[str, Any]) -> list[str]:
+    """The start-up section of docs/benchmarks.md, from ``bench_estimate.bench()``'s figures."""
     verdict = "meets" if est["ratio"] <= est["goal_ratio"] else "**misses**"
     imports = est["import_ms"]
-    lines = [
-        "# Benchmarks",
-        "",
-        "Written by `python benchmarks/run_all.py --write` (see benchmarks/README.md); the latest run",
-        "replaces this file. Times are wall clock; GiB = 2³⁰ bytes.",
-        "",
-        "## Machine",
-        "",
-        f"- date (UTC): {m['date_utc']}; commit {m['commit']}",
-        f"- CPU: {m['cpu_model']}, {m['nproc']} usable cores (nproc); RAM {_gib(m['ram_bytes'])}",
-        f"- {m['os']}; Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
-        f"- 1-minute load average when the run started: {m['load_average_1m']:.2f}"
-        if m["load_average_1m"] is not None
-        else "- load average: unknown",
-        "",
+    return [
         "## Start-up: `memplan estimate --model 70b --seq 8192`",
         "",
         f"Median of {est['runs']} fresh processes each, interleaved (console script {est['runner']}); "
@@ -281,6 +266,28 @@ def markdown(
         + ". NB: the floor imports `pydantic` lazily (no `pydantic_core`, no model is built), so any",
         "program that defines a pydantic model pays more than the floor.",
         "",
+    ]
+
+
+def markdown(
+    m: dict[str, Any], est: dict[str, Any], thr: dict[str, Any], trace: dict[str, Any], extra: dict[str, Any]
+) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `python benchmarks/run_all.py --write` (see benchmarks/README.md); the latest run",
+        "replaces this file. Times are wall clock; GiB = 2³⁰ bytes.",
+        "",
+        "## Machine",
+        "",
+        f"- date (UTC): {m['date_utc']}; commit {m['commit']}",
+        f"- CPU: {m['cpu_model']}, {m['nproc']} usable cores (nproc); RAM {_gib(m['ram_bytes'])}",
+        f"- {m['os']}; Python {m['python']}; " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
+        f"- 1-minute load average when the run started: {m['load_average_1m']:.2f}"
+        if m["load_average_1m"] is not None
+        else "- load average: unknown",
+        "",
+        *startup_markdown(est),
         "## Throughput: estimates per second (in-process)",
         "",
         f"Grid of {thr['grid']['setups']} setups: {thr['grid']['models']} model presets × seq "
