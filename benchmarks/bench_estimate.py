@@ -4,8 +4,18 @@ The floor is ``python -c "import typer, rich, pydantic"``: the libraries memplan
 that only parses, computes in pure Python and renders should cost little more than importing them; the
 goal is a ratio ≤ 1.5 (issue #13 item 7; `memplan estimate` never loads torch, ≈ 2 s of import).
 
-All are timed as fresh subprocesses (wall clock, ``time.perf_counter``), interleaved, after warm-up rounds
+All are timed as fresh subprocesses (wall clock, ``time.perf_counter``, and the child's CPU time, user +
+system, from ``os.wait4``: steadier than wall time on a shared machine), interleaved, after warm-up rounds
 that fill the OS file cache and the bytecode cache; the figure is the median of N runs.
+
+Two more programs are timed beside them, to show what any CLI on these libraries pays beyond the floor
+(the floor imports ``pydantic`` lazily: no ``pydantic_core``, no model): ``+ one pydantic model`` defines
+and validates one model with one constrained field (pydantic.main, its fields and types, the plugin
+loader's ``importlib.metadata``), ``+ a rich table`` also prints a rich panel and table.
+
+``phases`` breaks one run down, in-process (``time.process_time``, CPU ms, median of the runs): each
+import in the order the CLI makes it, then the command's steps (typer's command, the preset, the
+estimate, the report, printing it).
 
     python benchmarks/bench_estimate.py [--runs 21] [--warmup 3] [--json]
 """
@@ -26,6 +36,53 @@ from typing import Any
 GOAL_RATIO = 1.5
 ESTIMATE_ARGS = ["estimate", "--model", "70b", "--seq", "8192"]
 FLOOR = [sys.executable, "-c", "import typer, rich, pydantic"]
+MODEL_FLOOR = (
+    "import typer, rich, pydantic\n"
+    "from pydantic import BaseModel, Field\n"
+    "class A(BaseModel):\n"
+    "    x: int = Field(default=1, gt=0)\n"
+    "A()\n"
+)
+TABLE_FLOOR = (
+    MODEL_FLOOR
+    + "from rich.console import Console\nfrom rich.panel import Panel\nfrom rich.table import Table\n"
+    "t = Table('a', 'b'); t.add_row('1', '2'); c = Console(); c.print(Panel('x')); c.print(t)\n"
+)
+REFERENCES = {
+    "+ one pydantic model": [sys.executable, "-c", MODEL_FLOOR],
+    "+ a rich panel and table printed": [sys.executable, "-c", TABLE_FLOOR],
+}
+# One run broken down in-process: CPU milliseconds per step, in the order `memplan estimate` takes them.
+PHASES_PROBE = """
+import io, json, sys, time
+T = {}
+t = time.process_time()
+def lap(name):
+    global t
+    now = time.process_time(); T[name] = (now - t) * 1000; t = now
+import typer, rich, pydantic; lap("floor: import typer, rich, pydantic")
+from pydantic import BaseModel, Field; lap("pydantic.main, fields, types")
+class _A(BaseModel):
+    x: int = Field(default=1, gt=0)
+_A(); lap("first pydantic validator (plugin loader: importlib.metadata)")
+import memplan.config; lap("memplan.config (models, enums)")
+import memplan.engine; lap("memplan.engine (analytic, blocks, strategies)")
+import memplan.api; lap("memplan.api (presets, search.budget, time, contract)")
+import memplan.cli.app as cli; lap("memplan.cli (app, common, commands)")
+import typer.main
+from memplan.cli.common import only_invoked
+args = ["estimate", "--model", "70b", "--seq", "8192"]
+command = typer.main.get_command(only_invoked(cli.app, args)); lap("typer: the estimate command built")
+ctx = command.make_context("memplan", list(args)); lap("typer: arguments parsed")
+from memplan.presets import load_model_preset; load_model_preset("70b"); lap("preset 70b loaded")
+from memplan.api import Options, build
+built = build(Options(model="70b", seq=8192)); lap("estimate computed (Options, Setup, engine)")
+from rich.console import Console; lap("rich.console imported")
+from memplan.render.plan import step_report; lap("memplan.render imported (rich table, panel)")
+report = step_report(built); lap("report laid out")
+Console(file=io.StringIO(), width=100).print(report); lap("report printed (rich renders)")
+print(json.dumps(T))
+"""
 TORCH_PROBE = (
     "import sys; from typer.testing import CliRunner; from memplan.cli.app import app; "
     "r = CliRunner().invoke(app, ['estimate', '--model', '70b', '--seq', '8192', '--json']); "
@@ -52,18 +109,42 @@ def bench_env() -> dict[str, str]:
     return {**env, "COLUMNS": "100"}
 
 
-def wall_times(cmds: list[list[str]], runs: int, warmup: int) -> list[list[float]]:
-    """Seconds of each run of each command, interleaved (A B C A B C …) so that drifting machine load
-    falls on all of them alike; ``warmup`` untimed rounds first. Fails if a command fails."""
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the child: user + system) of one run; fails if it fails."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def wall_times(cmds: list[list[str]], runs: int, warmup: int) -> tuple[list[list[float]], list[list[float]]]:
+    """Wall and CPU seconds of each run of each command, interleaved (A B C A B C …) so that drifting
+    machine load falls on all of them alike; ``warmup`` untimed rounds first. Fails if a command fails."""
     env = bench_env()
-    times: list[list[float]] = [[] for _ in cmds]
+    walls: list[list[float]] = [[] for _ in cmds]
+    cpus: list[list[float]] = [[] for _ in cmds]
     for i in range(warmup + runs):
-        for cmd, out in zip(cmds, times, strict=True):
-            start = time.perf_counter()
-            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        for cmd, wall, cpu in zip(cmds, walls, cpus, strict=True):
+            w, c = timed(cmd, env)
             if i >= warmup:
-                out.append(time.perf_counter() - start)
-    return times
+                wall.append(w)
+                cpu.append(c)
+    return walls, cpus
+
+
+def phases(runs: int) -> dict[str, float]:
+    """CPU ms of each step of one ``memplan estimate`` (``PHASES_PROBE``), median over ``runs`` processes."""
+    samples: dict[str, list[float]] = {}
+    for _ in range(runs):
+        out = subprocess.run(
+            [sys.executable, "-c", PHASES_PROBE], check=True, capture_output=True, text=True, env=bench_env()
+        )
+        for name, ms in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            samples.setdefault(name, []).append(ms)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def torch_loaded() -> bool:
@@ -108,8 +189,13 @@ def import_breakdown(top: int = 8) -> dict[str, list[tuple[str, float]]]:
 
 def bench(runs: int = 21, warmup: int = 3) -> dict[str, Any]:
     estimate_cmd = memplan_command() + ESTIMATE_ARGS
-    est, est_json, floor = wall_times([estimate_cmd, [*estimate_cmd, "--json"], FLOOR], runs, warmup)
+    cmds = [estimate_cmd, [*estimate_cmd, "--json"], FLOOR, *REFERENCES.values()]
+    walls, cpus = wall_times(cmds, runs, warmup)
+    est, est_json, floor = walls[:3]
     median = statistics.median
+    names = ["estimate", "estimate_json", "floor", *REFERENCES]
+    cpu = {name: median(c) for name, c in zip(names, cpus, strict=True)}
+    wall = {name: median(w) for name, w in zip(names, walls, strict=True)}
     return {
         "command": " ".join(["memplan", *ESTIMATE_ARGS]),
         "runner": " ".join(estimate_cmd[: len(estimate_cmd) - len(ESTIMATE_ARGS)]),
@@ -125,6 +211,10 @@ def bench(runs: int = 21, warmup: int = 3) -> dict[str, Any]:
         "floor_min_max_s": [min(floor), max(floor)],
         "torch_imported": torch_loaded(),
         "import_ms": import_breakdown(),
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "cpu_ratio": {name: c / cpu["floor"] for name, c in cpu.items()},
+        "phases_cpu_ms": phases(max(5, runs // 2)),
     }
 
 
@@ -139,6 +229,14 @@ def render(r: dict[str, Any]) -> str:
             f"  estimate --json        {r['estimate_json_s'] * 1000:8.1f} ms   ratio {r['ratio_json']:.2f}",
             f"  floor: {r['floor']}  {r['floor_s'] * 1000:8.1f} ms",
             f"  goal ≤ {r['goal_ratio']}×: {verdict}; torch imported: {torch}",
+            "  wall / CPU (user + system) medians, ratio of CPU to the floor's:",
+            *(
+                f"    {name:34s} {r['wall_s'][name] * 1000:7.1f} ms  {r['cpu_s'][name] * 1000:7.1f} ms  "
+                f"{r['cpu_ratio'][name]:.2f}"
+                for name in r["cpu_s"]
+            ),
+            "  one run, in-process CPU ms per step (median):",
+            *(f"    {ms:6.1f}  {name}" for name, ms in r["phases_cpu_ms"].items()),
             f"  import memplan.cli.app: {cli_ms:.1f} ms (python -X importtime, one run)",
             "    its direct imports (cumulative): "
             + ", ".join(f"{n} {ms:.1f}" for n, ms in r["import_ms"]["direct_imports"]),

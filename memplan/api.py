@@ -20,12 +20,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
     Device,
+    Frozen,
     ModelConfig,
     Offload,
     Optimizer,
@@ -67,11 +68,9 @@ def _option(
 _MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
 
 
-class Options(BaseModel):
+class Options(Frozen):
     """Every setting of one estimate, declared once: field names are the option names (``_`` for ``-``),
     each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: str = _option(
         "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml or a Hugging "

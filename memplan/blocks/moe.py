@@ -54,7 +54,7 @@ B, R = Block, Role
 class MoELayerParams(BaseModel):
     """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use (start-up)
     router: int
     expert: int
     """One routed expert's MLP."""

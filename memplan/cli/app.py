@@ -10,26 +10,31 @@ here.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from memplan.analytic.params import count_params
 from memplan.api import build, load_model, to_json
 from memplan.cli.common import (
     JsonOpt,
     PlotOpt,
     TimelineOpt,
     check_writable,
+    console,
     handle_user_errors,
     new_app,
+    only_invoked,
     options_of,
     with_options,
 )
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
-from memplan.render import estimate as report
-from memplan.timeline import timeline as timeline_points
+
+if TYPE_CHECKING:
+    from memplan.timeline import Point
+
+# NB: rich, memplan.render and memplan.timeline are imported where they are used, so that `estimate
+# --json` never loads rich's tables and `estimate` only what it shows (start-up, docs/benchmarks.md).
 
 app = new_app(
     name="memplan",
@@ -86,11 +91,6 @@ def main_options(
     PyTorch."""
 
 
-def _console() -> Console:
-    """A console on the current stdout (created per command so redirected output is honoured)."""
-    return Console()
-
-
 @app.command("estimate", help=ESTIMATE_HELP)
 @handle_user_errors
 @with_options()
@@ -103,7 +103,11 @@ def estimate_command(
     if plot is not None:
         check_writable("plot", plot)  # before any work: nothing half-written
     built = build(options_of(options))
-    points = timeline_points(built.result) if timeline or plot else []
+    points: list[Point] = []
+    if timeline or plot:
+        from memplan.timeline import timeline as timeline_points
+
+        points = timeline_points(built.result)
     if plot is not None:
         from memplan.render.timeline import write_plot
 
@@ -116,12 +120,12 @@ def estimate_command(
         return
     from memplan.render.plan import step_report
 
-    console = _console()
-    console.print(step_report(built))
+    screen = console()
+    screen.print(step_report(built))
     if timeline:
         from memplan.render.timeline import timeline_chart
 
-        console.print(timeline_chart(points, console.width))
+        screen.print(timeline_chart(points, screen.width))
 
 
 app.command("plan", help="Same as `memplan estimate` (its former name for parallel layouts).")(
@@ -134,8 +138,10 @@ def presets_command(ctx: typer.Context) -> None:
     """List the model presets: name, aliases, published parameter count, layers, width, heads, source."""
     if ctx.invoked_subcommand is not None:
         return
+    from memplan.render.estimate import presets_table
+
     with_errors = handle_user_errors(lambda: [load_model_preset(name) for name in model_names()])
-    _console().print(report.presets_table(with_errors()))
+    console().print(presets_table(with_errors()))
 
 
 @presets_app.command("show")
@@ -144,20 +150,26 @@ def presets_show(
     name: Annotated[str, typer.Argument(help="Preset name or alias, a preset .toml or a config.json")],
 ) -> None:
     """One preset's fields and its computed parameter breakdown."""
+    from memplan.analytic.params import count_params
+    from memplan.render.estimate import preset_detail
+
     preset = load_model(name)
-    _console().print(report.preset_detail(preset, count_params(preset.model)))
+    console().print(preset_detail(preset, count_params(preset.model)))
 
 
 @app.command("gpus")
 @handle_user_errors
 def gpus_command() -> None:
     """List the GPU presets: memory (GiB = 2³⁰ bytes), dense peak TFLOP/s, bandwidths, source."""
-    _console().print(report.gpus_table([load_gpu(name) for name in gpu_names()]))
+    from memplan.render.estimate import gpus_table
+
+    console().print(gpus_table([load_gpu(name) for name in gpu_names()]))
 
 
 def main() -> None:
-    """Console-script entry point (``memplan``)."""
-    app(prog_name="memplan")
+    """Console-script entry point (``memplan``): the app narrowed to the command invoked (see
+    ``cli.common.only_invoked``: typer would otherwise build every command's options on each run)."""
+    only_invoked(app, sys.argv[1:])(prog_name="memplan")
 
 
 # Sub-command modules add their commands last (they import cli.common, never this module's app).

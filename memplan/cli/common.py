@@ -17,15 +17,17 @@ Pure Python: no torch here (``memplan estimate`` must not load it).
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, ParamSpec, TypeVar, cast
 
 import typer
+import typer.main
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 from typer.core import TyperGroup
@@ -38,6 +40,9 @@ except ImportError:  # older typer runs on click itself
 
 from memplan.api import Options
 from memplan.errors import describe_validation_error
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_USAGE = 2
 """Exit code of every user mistake (click's own code for usage errors)."""
@@ -242,6 +247,44 @@ def new_app(**kwargs: Any) -> typer.Typer:
         "context_settings": {"help_option_names": ["-h", "--help"]},
     }
     return typer.Typer(**(settings | kwargs))
+
+
+def _names(app: typer.Typer) -> dict[str, tuple[list[Any], list[Any]]]:
+    """Each command or sub-app of ``app`` by the name it is invoked as: (its commands, its sub-apps)."""
+    out: dict[str, tuple[list[Any], list[Any]]] = {}
+    for c in app.registered_commands:
+        name = c.name or typer.main.get_command_name(getattr(c.callback, "__name__", ""))  # typer's rule
+        out.setdefault(name, ([], []))[0].append(c)
+    for g in app.registered_groups:
+        group = g.name or (g.typer_instance.info.name if g.typer_instance else None)
+        out.setdefault(group or "", ([], []))[1].append(g)
+    return out
+
+
+def only_invoked(app: typer.Typer, args: Sequence[str]) -> typer.Typer:
+    """``app`` with only the command ``args`` invoke, when they start with one (``estimate …``).
+
+    On every run typer turns each registered command into a click command, parsing its signature and
+    building each of its options (memplan's commands have dozens); the command run needs only its own.
+    The app itself (its callback, settings, the command's help and errors) is unchanged; anything else
+    (``--help``, ``--version``, no command, an unknown one) gets the whole app, so listings and "did you
+    mean" suggestions name every command."""
+    found = _names(app).get(args[0]) if args else None
+    if found is None:
+        return app
+    narrow = copy.copy(app)
+    narrow.registered_commands, narrow.registered_groups = found
+    return narrow
+
+
+def console() -> Console:
+    """A rich console on the current stdout (created per command, so redirected output is honoured).
+
+    rich's console and tables are imported here, on first use, not with the CLI: ``--json`` and the
+    commands that print no table never load them (start-up, see docs/benchmarks.md)."""
+    from rich.console import Console
+
+    return Console()
 
 
 def check_writable(option: str, path: str) -> None:

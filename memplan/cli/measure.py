@@ -11,29 +11,29 @@ import time
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.text import Text
 
 from memplan.api import setup_of
 from memplan.cli.common import (
     PlotOpt,
     TimelineOpt,
     check_writable,
+    console,
     fail,
     options_of,
     user_errors,
     with_options,
 )
-from memplan.cli.nproc import LAYOUT_OPTIONS, check_single, profile_distributed
+from memplan.cli.nproc import LAYOUT_OPTIONS
 from memplan.config import Device, Setup
-from memplan.engine import Result, estimate
-from memplan.measure.torchrun import torchrun_world
-from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
-from memplan.timeline import timeline as timeline_points
+from memplan.engine import estimate
 
 if TYPE_CHECKING:
+    from memplan.engine import Result
     from memplan.measure.tracker import Curve
+
+# NB: rich, memplan.render and memplan.measure are imported inside the commands: `memplan estimate`
+# imports this module (to register trace and profile) and must not pay for their progress bars and
+# tables (start-up).
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object (estimated, measured, diff)")]
 INSTALL = (
@@ -104,6 +104,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     if as_json:
         typer.echo(json.dumps(result, allow_nan=False))
     else:
+        from rich.console import Console
+
         from memplan.render.measure import trace_report
 
         Console().print(trace_report(result, seconds))
@@ -115,6 +117,8 @@ class _progress:
     """A rich progress bar over forward and backward layers (silent with --json)."""
 
     def __init__(self, quiet: bool, setup: Setup) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.quiet, self.total = quiet, 2 * setup.model.num_layers
         self.bar = Progress(
             TextColumn("[bold]tracing[/bold] {task.description}"),
@@ -178,7 +182,9 @@ def profile(
     """
     with user_errors():
         _torch_or_fail()
+        from memplan.cli.nproc import check_single, profile_distributed
         from memplan.measure import profile as prof_mod
+        from memplan.measure.torchrun import torchrun_world
 
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
@@ -216,6 +222,8 @@ def profile(
             with prof_mod.cuda_memory_snapshot(memory_snapshot):
                 prof = prof_mod.profile(setup, dev, warmup, steps, torch_trace, curve=bool(timeline or plot))
         except prof_mod.OUT_OF_MEMORY:
+            from memplan.render.estimate import fmt_bytes
+
             typer.echo(
                 f"error: out of memory on {dev}; the estimate needs {fmt_bytes(est.peak.bytes)} at its peak "
                 f"({est.peak.phase}) — try --checkpointing full, a smaller --batch or --seq",
@@ -244,10 +252,11 @@ def profile(
         _print_profile(result, est.peak.bytes, est.peak.phase, prof.peak, peak_error, flops_step, dev)
         if curve is not None and timeline:
             from memplan.render.timeline import timeline_chart
+            from memplan.timeline import timeline as timeline_points
 
-            console = Console()
+            out = console()
             points = timeline_points(est)
-            console.print(timeline_chart(points, console.width, [row["measured"] for row in curve]))
+            out.print(timeline_chart(points, out.width, [row["measured"] for row in curve]))
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
 
@@ -261,6 +270,7 @@ def _measured_timeline(
     if curve is None or not (timeline or plot):
         return None
     from memplan.measure.moments import read_points
+    from memplan.timeline import timeline as timeline_points
 
     points = timeline_points(est)
     readings = read_points(curve, [p.label for p in points])
@@ -285,6 +295,8 @@ def _measured_timeline(
 def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:
     """Refuse, before allocating anything, a run whose estimated peak exceeds what ``dev`` has free (the
     run would be killed or raise out of memory part-way, on CPU after swapping)."""
+    from memplan.render.estimate import fmt_bytes
+
     if peak > available:
         raise ValueError(
             f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
@@ -295,6 +307,10 @@ def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -
 def _print_profile(
     result: dict[str, Any], est_peak: int, phase: str, peak: int, err: float, flops: int, dev: str
 ) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
     from memplan.render.measure import flop_table, profile_table, tensor_table, verdict
 
     t = result["time"]

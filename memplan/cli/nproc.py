@@ -10,10 +10,9 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 
 from memplan.api import setup_of
-from memplan.cli.common import options_of
+from memplan.cli.common import console, options_of
 from memplan.config import Device
 from memplan.engine import estimate
 
@@ -61,6 +60,6 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     else:
         from memplan.render.distributed import distributed_report
 
-        Console().print(distributed_report(result))
+        console().print(distributed_report(result))
     if not result["equal"]:
         raise typer.Exit(1)

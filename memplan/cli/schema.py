@@ -9,8 +9,6 @@ import json
 
 import typer
 
-from memplan.schema import contract_keys, estimate_schema
-
 
 def register(app: typer.Typer) -> None:
     """Add ``memplan schema`` to ``app``."""
@@ -23,6 +21,8 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Print the JSON Schema (draft 2020-12) that `memplan estimate --json` output validates against."""
+        from memplan.schema import contract_keys, estimate_schema  # here: not loaded by other commands
+
         if keys:
             typer.echo("\n".join(contract_keys()))
             return

@@ -11,10 +11,16 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from memplan.api import Options, build_setup, gpu_of
-from memplan.cli.common import JsonOpt, handle_user_errors, option_default, options_of, with_options
+from memplan.cli.common import (
+    JsonOpt,
+    console,
+    handle_user_errors,
+    option_default,
+    options_of,
+    with_options,
+)
 from memplan.config import (
     Attention,
     AttentionChoice,
@@ -26,10 +32,6 @@ from memplan.config import (
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 
 _OUTPUT = "Output"
-
-
-def _console() -> Console:
-    return Console()
 
 
 def register(app: typer.Typer) -> None:
@@ -109,7 +111,7 @@ def compare_command(
     elif as_markdown:
         typer.echo(render.to_markdown(rows, keys), nl=False)
     else:
-        _console().print(render.compare_table(rows, keys, cmp.common_settings(rows)))
+        console().print(render.compare_table(rows, keys, cmp.common_settings(rows)))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ def fit_command(
         return
     from memplan.render.fit import fit_report
 
-    _console().print(fit_report(result, top))
+    console().print(fit_report(result, top))
 
 
 def _whole_layer_mode(text: str) -> Checkpointing:

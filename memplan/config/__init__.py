@@ -4,6 +4,7 @@ Pydantic v2, ``frozen=True, extra="forbid"``, each field declared once. Derived 
 dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` naming the field and the fix
 (pydantic turns it into a ``ValidationError``; the CLI prints one line of it and exits 2).
 
+- ``Frozen``: the base of every configuration model (also ``api.Options`` and the presets);
 - ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
@@ -11,6 +12,7 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
+from memplan.config._base import Frozen
 from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
@@ -32,6 +34,7 @@ __all__ = [
     "Checkpointing",
     "DType",
     "Device",
+    "Frozen",
     "LossKind",
     "MlpType",
     "MoEConfig",

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import difflib
 import functools
+import re
+import tomllib
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from memplan.config import ModelConfig
+from memplan.config import Frozen, ModelConfig
 from memplan.errors import one_line_validation_error
 from memplan.presets._files import looks_like_json, parse_document, read_text
-from memplan.presets.hf import hf_notes, model_from_hf_config
 from memplan.presets.topology import Topology
 
 __all__ = [
@@ -46,9 +47,7 @@ _LISTS = "(`memplan presets` lists them)"
 _LISTS_OF = {"models": _LISTS, "gpus": "(`memplan gpus` lists them)"}
 
 
-class _Preset(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class _Preset(Frozen):
     name: str = Field(min_length=1, description="canonical name, = the file name without .toml")
     aliases: tuple[str, ...] = Field(default=(), description="other names it answers to, case-insensitive")
     source: str = Field(min_length=1, description="where the numbers come from (URL or citation)")
@@ -87,10 +86,8 @@ class ModelPreset(_Preset):
         return self
 
 
-class PeakTflops(BaseModel):
+class PeakTflops(Frozen):
     """Dense peak throughput in TFLOP/s (10¹² FLOP/s) per dtype, without 2:4 sparsity."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     fp32: float = Field(gt=0, description="non-tensor-core fp32")
     tf32: float = Field(gt=0)
@@ -153,13 +150,32 @@ def _shipped_gpu(name: str) -> GpuPreset:
     return _load_shipped(GpuPreset, "gpus", name)
 
 
+_TABLE_HEADER = re.compile(r"^\[", re.MULTILINE)
+
+
+def _aliases(kind: str, name: str) -> tuple[str, ...]:
+    """A shipped preset's ``aliases``, read without validating the whole preset: a name lookup then
+    parses and validates only the preset it names (start-up). TOML puts every top-level key before the
+    first table header (``[model]``), so only the text above the first line starting with ``[`` is
+    parsed; anything unexpected there (a multi-line array, aliases that are not strings) falls back to
+    loading the whole preset, which reports it."""
+    text = (_folder(kind) / f"{name}.toml").read_text(encoding="utf-8")
+    head = _TABLE_HEADER.split(text, maxsplit=1)[0]
+    try:
+        aliases = tomllib.loads(head).get("aliases", ())
+    except tomllib.TOMLDecodeError:
+        aliases = None
+    if isinstance(aliases, list | tuple) and all(isinstance(a, str) for a in aliases):
+        return tuple(aliases)
+    return (_shipped_model if kind == "models" else _shipped_gpu)(name).aliases
+
+
 @functools.cache
 def _index(kind: str) -> dict[str, str]:
     """Lower-cased name or alias → canonical name."""
-    load = _shipped_model if kind == "models" else _shipped_gpu
     index: dict[str, str] = {}
     for name in _names(kind):
-        for key in (name, *load(name).aliases):
+        for key in (name, *_aliases(kind, name)):
             other = index.setdefault(key.lower(), name)
             if other != name:
                 raise ValueError(f"{kind} preset {name}.toml: aliases: {key!r} is taken by {other}; drop it")
@@ -249,6 +265,8 @@ def _hf_name(path: Path) -> str:
 
 def _from_hf(cfg: dict[str, Any], path: Path, where: str) -> ModelPreset:
     """A preset for an imported config.json (``published_params`` unknown)."""
+    from memplan.presets.hf import hf_notes, model_from_hf_config  # here: only config.json needs it
+
     name = _hf_name(path)
     model = model_from_hf_config(cfg, name, where)  # checks model_type before hf_notes reads it
     return ModelPreset(name=name, source=str(path), published_params=None, notes=hf_notes(cfg), model=model)

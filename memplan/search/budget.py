@@ -39,7 +39,7 @@ def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
 
 
 class Verdict(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use (start-up)
     gpu: str
     memory_bytes: int
     """The vendor's capacity."""

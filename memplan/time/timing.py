@@ -45,7 +45,7 @@ SECONDS_PER_DAY = 86_400
 class Timing(BaseModel):
     """One optimizer step of the whole job on ``devices`` devices."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use (start-up)
     devices: int
     peak_flops_per_device: float
     """FLOP/s (dense, the precision's compute dtype)."""
