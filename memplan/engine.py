@@ -37,7 +37,8 @@ from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
-from memplan.strategies import Strategy, checkpointing, reversible, sequence_parallel
+from memplan.strategies import Strategy, checkpointing, lora, reversible, sequence_parallel
+from memplan.strategies.lora_states import dequant_transient, finetune_states, trainable_params
 from memplan.strategies.pipeline_parallel import (
     Group,
     Stage,
@@ -74,6 +75,11 @@ class Pieces:
     layer_correction: int
     """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
     sequence parallelism, and the MoE's larger MLP gradient buffers."""
+    layer_bytes: tuple[int, ...] = ()
+    """Under fine-tuning, what each layer keeps (layers differ along the gradient flow); the layer group's
+    bytes are then the largest layer's."""
+    layer_deficit: int = 0
+    """What the layers keep less than ``group_bytes[LAYER]`` each (fine-tuning's smaller layers)."""
 
 
 def _core(setup: Setup) -> Setup:
@@ -90,7 +96,7 @@ def _core(setup: Setup) -> Setup:
     )
 
 
-STRATEGIES: tuple[Strategy, ...] = (checkpointing, reversible, sequence_parallel)
+STRATEGIES: tuple[Strategy, ...] = (lora, checkpointing, reversible, sequence_parallel)
 """Applied in this order to the blocks' inventory of one rank (``memplan.strategies``)."""
 
 
@@ -119,7 +125,7 @@ def _pieces_key(setup: Setup) -> tuple[object, ...]:
     """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
-    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep)
+    return (setup.model, setup.device, setup.finetune, *fields, par.tp, par.sp, par.ep)
 
 
 def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
@@ -155,6 +161,9 @@ def pieces(core: Setup) -> Pieces:
     groups = dict.fromkeys(Group, 0)
     for k in kept:
         groups[group_of(k, rank.model.norm)] += k.bytes
+    per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else ()
+    if per_layer:
+        groups[Group.LAYER] = max(per_layer)
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
@@ -175,6 +184,8 @@ def pieces(core: Setup) -> Pieces:
         expert_params=experts,
         group_bytes=groups,
         layer_correction=moe_buffers - rerun * changed,
+        layer_bytes=per_layer,
+        layer_deficit=max(per_layer) * len(per_layer) - sum(per_layer) if per_layer else 0,
     )
 
 
@@ -186,6 +197,8 @@ def _param_counts(model: ModelConfig) -> ParamCount:
 @functools.lru_cache(maxsize=1024)
 def whole_flops(core: Setup) -> Flops:
     """FLOPs of one micro-batch through the whole model (all devices of one replica together)."""
+    if lora.applies(core):
+        return lora.flops(core)
     dims = Dims.of(core)
     recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
     return flops(core, recompute)
@@ -206,6 +219,8 @@ def _add(a: ModelStates, b: ModelStates) -> ModelStates:
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
     """Model states of the stage: ZeRO over dp, the routed experts over dp/ep."""
     t, s = setup.training, setup.strategy
+    if lora.applies(setup):  # one stage, dense: check_finetune
+        return finetune_states(setup, params)
     experts = pc.expert_params * st.layers
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, s.dp)
     if not experts:
@@ -244,6 +259,11 @@ class StagePlan:
             del moments["final norm backward"]
         layer = moments["layer backward"]
         moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
+        dequant = dequant_transient(self.setup)  # QLoRA: one 4-bit weight dequantised for its matmul
+        if dequant:
+            for name, m in moments.items():
+                if name != "optimizer step":
+                    moments[name] = {**m, "transient": m["transient"] + dequant}
         return pk.Peak(moments=moments)
 
     @property
@@ -306,7 +326,7 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
-    acts = sum(pc.group_bytes[g] * n for g, n in counts.items())
+    acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - pc.layer_deficit
     return StagePlan(st, params, states, counts, acts, pc, setup)
 
 
@@ -344,6 +364,17 @@ class Result:
         return self.params.active
 
     @functools.cached_property
+    def params_trainable(self) -> int:
+        """Parameters that train (``strategies.lora_states``): all of them under plain full training."""
+        return trainable_params(self.setup, self.params)
+
+    @property
+    def params_frozen(self) -> int:
+        """Parameters that do not train: the base's and the frozen parts (adapters counted as peft does)."""
+        adapters = self.params_trainable if self.setup.finetune.lora else 0
+        return self.params.total + adapters - self.params_trainable
+
+    @functools.cached_property
     def device(self) -> StagePlan:
         """The most loaded device (the stage with the highest peak; the first on a tie)."""
         return max(self.stages, key=lambda sp: sp.peak.bytes)
@@ -377,7 +408,9 @@ class Result:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
         for k in self.pieces.kept:
-            n = sp.counts[group_of(k, self.pieces.setup.model.norm)]
+            group = group_of(k, self.pieces.setup.model.norm)
+            # Fine-tuning (one stage): a layer save is kept in the layers its gradient flow reaches only.
+            n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if n:
                 out.append(k.model_copy(update={"count": n}))
         return out

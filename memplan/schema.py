@@ -22,6 +22,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from memplan.config import Device, Parallel, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.config.finetune import Method
 from memplan.config.setup import json_value
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -71,6 +72,8 @@ _PARAMS = _obj(
         "layers": _COUNT,
         "final_norm": _COUNT,
         "lm_head": _COUNT,
+        "trainable": _with(_COUNT, "parameters that train (LoRA: the adapters, as peft counts them)"),
+        "frozen": _with(_COUNT, "parameters that do not train (the base under LoRA)"),
     },
     required=["total", "active"],
 )
@@ -136,6 +139,7 @@ def _setup_schema() -> dict[str, Any]:
     properties = {name: _setting(field) for name, field in fields.items()}
     properties["checkpointing"] = {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"}
     properties["device"] = {"type": "string", "enum": [d.value for d in Device]}
+    properties["finetune"] = {"type": "string", "enum": [m.name.lower() for m in Method]}
     return _obj(properties, required=[])
 
 

@@ -7,9 +7,20 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
+- ``finetune``: ``FineTune`` (full, LoRA, QLoRA; freezing), ``Method``, ``Target``, ``Quant``;
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
+from memplan.config.finetune import (
+    FULL_TRAINING,
+    FineTune,
+    Method,
+    MethodChoice,
+    Quant,
+    Target,
+    parse_freeze,
+    parse_targets,
+)
 from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.setup import Parallel, Setup
 from memplan.config.strategy import (
@@ -25,11 +36,15 @@ from memplan.config.strategy import (
 from memplan.config.training import DType, Optimizer, Precision, TrainingConfig
 
 __all__ = [
+    "FULL_TRAINING",
     "Attention",
     "AttentionChoice",
     "Checkpointing",
     "DType",
     "Device",
+    "FineTune",
+    "Method",
+    "MethodChoice",
     "MlpType",
     "MoEConfig",
     "ModelConfig",
@@ -38,10 +53,14 @@ __all__ = [
     "Parallel",
     "PositionType",
     "Precision",
+    "Quant",
     "Setup",
     "StrategyConfig",
+    "Target",
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
     "parse_checkpointing",
+    "parse_freeze",
+    "parse_targets",
 ]

@@ -16,7 +16,8 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
-from memplan.config.model import ModelConfig, PositionType
+from memplan.config.finetune import FULL_TRAINING, FineTune, Target
+from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
 from memplan.config.training import TrainingConfig
 
@@ -75,10 +76,14 @@ class Setup(Frozen):
     strategy: StrategyConfig = StrategyConfig()
     parallel: Parallel = Parallel()
     device: Device = Device.CUDA
+    finetune: FineTune = FULL_TRAINING
+    """Which parameters train (``config.finetune``); full training by default."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
         m, t, s = self.model, self.training, self.strategy
+        if not self.finetune.trains_everything:
+            check_finetune(self)
         if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
             raise ValueError(
                 f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -101,7 +106,44 @@ class Setup(Frozen):
         del out["checkpoint_every"]
         out["checkpointing"] = checkpointing_label(self.strategy)
         out["device"] = self.device.value
+        out["finetune"] = self.finetune.method.name.lower()
         return out
+
+
+def check_finetune(setup: Setup) -> None:
+    """The fine-tuning settings fit the model and the layouts memplan models them for; one-line errors."""
+    m, ft, s, par = setup.model, setup.finetune, setup.strategy, setup.parallel
+    if ft.freeze_layers is not None and ft.freeze_layers[1] >= m.num_layers:
+        raise ValueError(
+            f"freeze: layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]} beyond {m.name}'s "
+            f"{m.num_layers} layers (0-{m.num_layers - 1}); use layers:A-B with B < {m.num_layers}"
+        )
+    if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets:
+        raise ValueError(
+            f"lora_targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
+            "or all-linear"
+        )
+    if (
+        ft.lora
+        and ft.freeze_layers is not None
+        and ft.freeze_layers[1] - ft.freeze_layers[0] + 1 >= m.num_layers
+    ):
+        raise ValueError("freeze: every layer frozen leaves no LoRA adapter to train; freeze fewer layers")
+    # NB: refused rather than estimated wrongly: the strategies below re-run or split layers whose saves
+    # and FLOPs memplan models for fine-tuning on one unsplit replica only (data parallelism and ZeRO are).
+    unmodelled = {
+        "--checkpointing": s.checkpointing is not Checkpointing.NONE,
+        "--reversible": s.reversible,
+        "--tp/--sp": par.tp > 1,
+        "--pp": par.pp > 1,
+        "a mixture of experts": m.moe is not None,
+    }
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"finetune: fine-tuning or freezing with {name} is not modelled yet; "
+                "use full training (--finetune full, no --freeze) or drop that setting"
+            )
 
 
 def json_value(value: Any) -> Any:

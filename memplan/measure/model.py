@@ -42,6 +42,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments import label, layer_scope, note_kept
+from memplan.measure.lora import apply_finetune
 from memplan.measure.moe import Mlp, MoEMlp, check_moe, dense_mlp
 from memplan.measure.reversible import reversible_stack
 
@@ -209,6 +210,7 @@ class Reference(nn.Module):
         self.on_layer: Callable[[str, int], None] | None = None  # progress: ("forward"|"backward", layer)
         self._recomputing = False
         self.reset_parameters()
+        apply_finetune(self)  # LoRA adapters and frozen parameters (memplan/measure/lora.py)
 
     # -- set-up ---------------------------------------------------------------------------------------
     @torch.no_grad()
