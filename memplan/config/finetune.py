@@ -97,7 +97,7 @@ class FineTune(Frozen):
     @model_validator(mode="after")
     def _check(self) -> Self:
         if len(set(self.targets)) != len(self.targets):
-            raise ValueError("lora_targets: a target is named twice; name each of q,k,v,o,gate,up,down once")
+            raise ValueError("lora-targets: a target is named twice; name each of q,k,v,o,gate,up,down once")
         if self.freeze_layers is not None and not 0 <= self.freeze_layers[0] <= self.freeze_layers[1]:
             raise ValueError("freeze: layers:A-B needs 0 ≤ A ≤ B, e.g. --freeze layers:0-15")
         if self.method is not Method.FULL and (self.freeze_embeddings or self.freeze_lm_head):
@@ -137,7 +137,7 @@ def parse_targets(text: str) -> tuple[Target, ...]:
     bad = [n for n in names if n not in {x.value for x in Target}]
     if bad or not names:
         raise ValueError(
-            f"lora_targets: unknown {', '.join(bad) or repr(text)}; give some of q,k,v,o,gate,up,down "
+            f"lora-targets: unknown {', '.join(bad) or repr(text)}; give some of q,k,v,o,gate,up,down "
             "(comma-separated) or all-linear"
         )
     return tuple(Target(n) for n in names)

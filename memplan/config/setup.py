@@ -120,7 +120,7 @@ def check_finetune(setup: Setup) -> None:
         )
     if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets:
         raise ValueError(
-            f"lora_targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
+            f"lora-targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
             "or all-linear"
         )
     if (

@@ -114,6 +114,7 @@ CASES: list[dict[str, Any]] = [
     {"method": LORA, "norm": "layernorm", "mlp": "gelu", "targets": parse_targets("up,v"), "tied": True},
     {"method": LORA, "precision": "bf16-mixed", "targets": parse_targets("gate,up"), "rank": 3},
     {"method": QLORA, "targets": parse_targets("all-linear"), "precision": "bf16-mixed"},
+    {"method": QLORA, "double_quant": True, "norm": "layernorm", "mlp": "gelu", "attn": "eager", "p": 0.1},
     {"method": FULL, "freeze_embeddings": True, "freeze_layers": (0, 1)},
     {"method": FULL, "freeze_lm_head": True, "freeze_layers": (1, 2), "norm": "layernorm", "mlp": "gelu"},
     {"method": FULL, "attn": "eager", "p": 0.1, "freeze_layers": (2, 2), "tied": True},
@@ -151,3 +152,19 @@ def test_lora_at_scale_under_fake_tensors() -> None:
     setup = base.model_copy(update={"model": model, "finetune": lora})
     setup = Setup.model_validate(setup.model_dump())
     assert compare(estimate(setup), measure(setup, fake=True)).equal
+
+
+@pytest.mark.parametrize(("method", "double_quant"), [(QLORA, False), (QLORA, True), (LORA, False)])
+def test_weights_equal_the_reference_models_storage(method: Method, double_quant: bool) -> None:
+    """The estimate's weights = the reference model's bytes: under QLoRA its 4-bit storage buffers (laid
+    out as bitsandbytes' Linear4bit, tests/test_finetune_libraries.py), the other parameters in the compute
+    dtype and the adapters; under LoRA the base and the adapters in the weight dtype."""
+    from memplan.measure.lora import FourBitWeight
+    from memplan.measure.model import Reference
+
+    setup = setup_for(method=method, double_quant=double_quant, precision="bf16-mixed", rank=4)
+    model = Reference(setup)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    storage = [m.storage_bytes() for m in model.modules() if isinstance(m, FourBitWeight)]
+    assert len(storage) == (7 * setup.model.num_layers if method is QLORA else 0)
+    assert estimate(setup).states.weights == params + sum(storage)
