@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
 
 from memplan.config import (
+    FINETUNE_OPTIONS,
     AttentionChoice,
     Device,
     FineTune,
-    Method,
     MethodChoice,
     ModelConfig,
     Optimizer,
@@ -36,9 +36,8 @@ from memplan.config import (
     Quant,
     Setup,
     TrainingConfig,
+    finetune_from,
     parse_checkpointing,
-    parse_freeze,
-    parse_targets,
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
@@ -70,6 +69,11 @@ def _option(
 
 _MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
 _FINETUNE = "Fine-tuning"
+
+
+def _tune(description: str, metavar: str | None = None) -> Any:
+    """A fine-tuning option without a shown default (None: the setting's default, or not given)."""
+    return _option(description, _FINETUNE, metavar=metavar, show_default=False)
 
 
 class Options(BaseModel):
@@ -202,44 +206,27 @@ class Options(BaseModel):
         _FINETUNE,
         default=MethodChoice.FULL,
     )
-    lora_rank: int | None = _option(
-        "LoRA rank r (A is r × in, B out × r) [default: 8]", _FINETUNE, metavar="R", show_default=False
+    lora_rank: int | None = _tune("LoRA rank r (A is r × in, B out × r) [default: 8]", "R")
+    lora_alpha: float | None = _tune("LoRA α: B·A is scaled by α/r (no memory effect) [default: 16]", "ALPHA")
+    lora_dropout: float | None = _tune(
+        "Dropout 0 ≤ P < 1 on each adapter's input (keeps its bool mask and the dropped input) [default: 0]",
+        "P",
     )
-    lora_alpha: float | None = _option(
-        "LoRA α: the update B·A is scaled by α/r (no memory effect) [default: 16]",
-        _FINETUNE,
-        metavar="ALPHA",
-        show_default=False,
+    lora_targets: str | None = _tune(
+        "Linears with adapters: some of q,k,v,o,gate,up,down (GELU: up = fc1, down = fc2) or all-linear, "
+        "e.g. q,v [default: q,v, as peft for Llama]",
+        "q,k,v,o,gate,up,down|all-linear",
     )
-    lora_dropout: float | None = _option(
-        "Dropout probability 0 ≤ P < 1 on each adapter's input (keeps a bool mask and the dropped input per "
-        "adapter) [default: 0]",
-        _FINETUNE,
-        metavar="P",
-        show_default=False,
+    freeze: str | None = _tune(
+        "Parts that do not train: embeddings, lm_head, layers:A-B (from 0), e.g. embeddings,layers:0-15; "
+        "with lora|qlora only layers:A-B (no adapters there)",
+        "PARTS",
     )
-    lora_targets: str | None = _option(
-        "Linears with adapters, comma-separated from q,k,v,o,gate,up,down (GELU models: up = fc1, down = "
-        "fc2), or all-linear, e.g. q,v [default: q,v as peft for Llama]",
-        _FINETUNE,
-        metavar="q,k,v,o,gate,up,down|all-linear",
-        show_default=False,
-    )
-    freeze: str | None = _option(
-        "Parts that do not train, comma-separated: embeddings, lm_head, layers:A-B (layers A to B, from 0), "
-        "e.g. --freeze embeddings,layers:0-15; with lora|qlora only layers:A-B (no adapters there)",
-        _FINETUNE,
-        metavar="PARTS",
-        show_default=False,
-    )
-    quant: Quant | None = _option(
-        "QLoRA's 4-bit data type (bitsandbytes): nf4 or fp4, 64 weights per fp32 absmax [default: nf4]",
-        _FINETUNE,
-        show_default=False,
+    quant: Quant | None = _tune(
+        "QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, an absmax per 64 [default: nf4]"
     )
     double_quant: bool = _option(
-        "QLoRA double quantisation: the absmax stored as uint8 + a fp32 constant per 256 blocks "
-        "(0.5 → 0.127 bits per weight)",
+        "QLoRA double quantisation: absmax in uint8 + fp32 per 256 (0.5 → 0.127 bits/weight)",
         _FINETUNE,
         default=False,
     )
@@ -411,37 +398,13 @@ def setup_of(o: Options) -> Setup:
         parallel=Parallel(
             tp=o.tp, sp=o.sp, pp=o.pp, vpp=o.vpp, ep=o.ep, pp_layers=_stage_layers(o.pp_layers)
         ),
-        finetune=finetune_of(o),
+        finetune=finetune_from(
+            o.finetune.method,
+            {name: getattr(o, name) for name in FINETUNE_OPTIONS},
+            o.double_quant,
+            o.precision.activation_dtype,
+        ),
     )
-
-
-_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-
-
-def finetune_of(o: Options) -> FineTune:
-    """The ``FineTune`` the fine-tuning options describe; one-line errors for options of another method."""
-    method = o.finetune.method
-    lora = method >= Method.LORA
-    for name in _LORA_OPTIONS:
-        if getattr(o, name) is not None and not lora:
-            flag = name.replace("_", "-")
-            raise ValueError(
-                f"{flag}: LoRA settings need --finetune lora or qlora; add one, or drop --{flag}"
-            )
-    if (o.quant is not None or o.double_quant) and method is not Method.QLORA:
-        raise ValueError("quant: --quant and --double-quant describe QLoRA's base; add --finetune qlora")
-    given: dict[str, Any] = {
-        "rank": o.lora_rank,
-        "alpha": o.lora_alpha,
-        "dropout": o.lora_dropout,
-        "targets": None if o.lora_targets is None else parse_targets(o.lora_targets),
-        "quant": o.quant,
-    }
-    fields = {k: v for k, v in given.items() if v is not None}
-    freeze = parse_freeze(o.freeze) if o.freeze is not None else {}
-    if method is Method.QLORA:  # bitsandbytes computes in the activations' dtype (bnb_4bit_compute_dtype)
-        fields["compute_dtype"] = o.precision.activation_dtype
-    return FineTune.model_validate({"method": method, **fields, **freeze, "double_quant": o.double_quant})
 
 
 # ----------------------------------------------------------------------------------------------------

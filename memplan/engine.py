@@ -38,7 +38,7 @@ from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, DType, ModelConfig, MoEConfig, Parallel, Setup, ZeroStage
 from memplan.strategies import Strategy, checkpointing, lora, reversible, sequence_parallel
-from memplan.strategies.lora_states import dequant_transient, finetune_states, trainable_params
+from memplan.strategies.lora_states import finetune_states, frozen_params, trainable_params, with_dequant
 from memplan.strategies.pipeline_parallel import (
     Group,
     Stage,
@@ -76,10 +76,7 @@ class Pieces:
     """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
     sequence parallelism, and the MoE's larger MLP gradient buffers."""
     layer_bytes: tuple[int, ...] = ()
-    """Under fine-tuning, what each layer keeps (layers differ along the gradient flow); the layer group's
-    bytes are then the largest layer's."""
-    layer_deficit: int = 0
-    """What the layers keep less than ``group_bytes[LAYER]`` each (fine-tuning's smaller layers)."""
+    """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
 
 
 def _core(setup: Setup) -> Setup:
@@ -162,8 +159,7 @@ def pieces(core: Setup) -> Pieces:
     for k in kept:
         groups[group_of(k, rank.model.norm)] += k.bytes
     per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else ()
-    if per_layer:
-        groups[Group.LAYER] = max(per_layer)
+    groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
@@ -185,7 +181,6 @@ def pieces(core: Setup) -> Pieces:
         group_bytes=groups,
         layer_correction=moe_buffers - rerun * changed,
         layer_bytes=per_layer,
-        layer_deficit=max(per_layer) * len(per_layer) - sum(per_layer) if per_layer else 0,
     )
 
 
@@ -259,11 +254,7 @@ class StagePlan:
             del moments["final norm backward"]
         layer = moments["layer backward"]
         moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
-        dequant = dequant_transient(self.setup)  # QLoRA: one 4-bit weight dequantised for its matmul
-        if dequant:
-            for name, m in moments.items():
-                if name != "optimizer step":
-                    moments[name] = {**m, "transient": m["transient"] + dequant}
+        moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul
         return pk.Peak(moments=moments)
 
     @property
@@ -326,7 +317,7 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
-    acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - pc.layer_deficit
+    acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - lora.deficit(pc.layer_bytes)
     return StagePlan(st, params, states, counts, acts, pc, setup)
 
 
@@ -363,16 +354,13 @@ class Result:
     def params_active(self) -> int:
         return self.params.active
 
-    @functools.cached_property
+    @property
     def params_trainable(self) -> int:
-        """Parameters that train (``strategies.lora_states``): all of them under plain full training."""
         return trainable_params(self.setup, self.params)
 
     @property
     def params_frozen(self) -> int:
-        """Parameters that do not train: the base's and the frozen parts (adapters counted as peft does)."""
-        adapters = self.params_trainable if self.setup.finetune.lora else 0
-        return self.params.total + adapters - self.params_trainable
+        return frozen_params(self.setup, self.params)
 
     @functools.cached_property
     def device(self) -> StagePlan:
@@ -409,7 +397,6 @@ class Result:
         out = []
         for k in self.pieces.kept:
             group = group_of(k, self.pieces.setup.model.norm)
-            # Fine-tuning (one stage): a layer save is kept in the layers its gradient flow reaches only.
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if n:
                 out.append(k.model_copy(update={"count": n}))

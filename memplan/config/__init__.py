@@ -12,12 +12,14 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 """
 
 from memplan.config.finetune import (
+    FINETUNE_OPTIONS,
     FULL_TRAINING,
     FineTune,
     Method,
     MethodChoice,
     Quant,
     Target,
+    finetune_from,
     parse_freeze,
     parse_targets,
 )
@@ -36,6 +38,7 @@ from memplan.config.strategy import (
 from memplan.config.training import DType, Optimizer, Precision, TrainingConfig
 
 __all__ = [
+    "FINETUNE_OPTIONS",
     "FULL_TRAINING",
     "Attention",
     "AttentionChoice",
@@ -60,6 +63,7 @@ __all__ = [
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
+    "finetune_from",
     "parse_checkpointing",
     "parse_freeze",
     "parse_targets",

@@ -14,7 +14,7 @@ double-quantised absmax) and computes in ``compute_dtype``.
 from __future__ import annotations
 
 from enum import IntEnum, StrEnum
-from typing import Self
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 
@@ -161,3 +161,34 @@ def parse_freeze(text: str) -> dict[str, object]:
                 f"freeze: unknown {part!r}; give embeddings, lm_head and/or layers:A-B (comma-separated)"
             )
     return out
+
+
+FINETUNE_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "freeze", "quant")
+"""The options ``finetune_from`` reads (``api.Options`` fields), None when not given."""
+_LORA_FIELDS = {"lora_rank": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout"}
+
+
+def finetune_from(method: Method, given: dict[str, Any], double_quant: bool, compute: DType) -> FineTune:
+    """The ``FineTune`` of the fine-tuning options (``given``: ``FINETUNE_OPTIONS`` by name, None when not
+    given); one-line errors for an option of another method. ``compute``: the activations' dtype, which
+    bitsandbytes computes in under QLoRA (``bnb_4bit_compute_dtype``)."""
+    for name in (*_LORA_FIELDS, "lora_targets"):
+        if given.get(name) is not None and method < Method.LORA:
+            flag = name.replace("_", "-")
+            raise ValueError(
+                f"{flag}: LoRA settings need --finetune lora or qlora; add one, or drop --{flag}"
+            )
+    if (given.get("quant") is not None or double_quant) and method is not Method.QLORA:
+        raise ValueError("quant: --quant and --double-quant describe QLoRA's base; add --finetune qlora")
+    fields: dict[str, Any] = {f: given[n] for n, f in _LORA_FIELDS.items() if given.get(n) is not None}
+    if given.get("lora_targets") is not None:
+        fields["targets"] = parse_targets(given["lora_targets"])
+    if given.get("freeze") is not None:
+        fields |= parse_freeze(given["freeze"])
+    if method is Method.QLORA:
+        fields |= {
+            "quant": given.get("quant") or Quant.NF4,
+            "double_quant": double_quant,
+            "compute_dtype": compute,
+        }
+    return FineTune.model_validate({"method": method, **fields})

@@ -322,6 +322,11 @@ def layer_bytes(setup: Setup) -> list[int]:
     return [sum(r.bytes for r in layer_rules(setup, dims, f)) for f in flows(setup)]
 
 
+def deficit(per_layer: tuple[int, ...]) -> int:
+    """What the layers keep less than the largest one each, together (0 without fine-tuning's bytes)."""
+    return max(per_layer) * len(per_layer) - sum(per_layer) if per_layer else 0
+
+
 def recompute(setup: Setup, dims: Dims) -> int:
     """Fine-tuning re-runs nothing (checkpointing is refused with it)."""
     return 0

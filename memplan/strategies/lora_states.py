@@ -122,3 +122,20 @@ def dequant_transient(setup: Setup) -> int:
         return 0
     largest = max(i * o for i, o in linear_shapes(setup).values())
     return largest * setup.finetune.compute_dtype.bytes
+
+
+def with_dequant(moments: dict[str, dict[str, int]], setup: Setup) -> dict[str, dict[str, int]]:
+    """The peak's moments with QLoRA's ``dequant_transient`` in each but the optimizer step."""
+    extra = dequant_transient(setup)
+    if not extra:
+        return moments
+    return {
+        name: m if name == "optimizer step" else {**m, "transient": m["transient"] + extra}
+        for name, m in moments.items()
+    }
+
+
+def frozen_params(setup: Setup, params: ParamCount) -> int:
+    """Parameters that do not train: the base (and frozen parts); with the adapters, peft's "all params"."""
+    trainable = trainable_params(setup, params)
+    return params.total + (trainable if setup.finetune.lora else 0) - trainable
