@@ -214,7 +214,7 @@ class Options(BaseModel):
     )
     lora_targets: str | None = _tune(
         "Linears with adapters: some of q,k,v,o,gate,up,down (GELU: up = fc1, down = fc2) or all-linear, "
-        "e.g. q,v [default: q,v, as peft for Llama]",
+        "e.g. q,v (q+v in compare --vary) [default: q,v, as peft for Llama]",
         "q,k,v,o,gate,up,down|all-linear",
     )
     freeze: str | None = _tune(

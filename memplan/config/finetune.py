@@ -119,6 +119,18 @@ class FineTune(Frozen):
         frozen = self.freeze_embeddings or self.freeze_lm_head or self.freeze_layers is not None
         return self.method is Method.FULL and not frozen
 
+    def label(self) -> str:
+        """``lora r8 q+v`` style summary for tables (``full`` for plain full training)."""
+        text = self.method.name.lower()
+        if self.lora:
+            targets = "all-linear" if set(self.targets) == set(ALL_LINEAR) else "+".join(self.targets)
+            text += f" r{self.rank} {targets}"
+        if self.method is Method.QLORA:
+            text += f" {self.quant.value}{'+dq' if self.double_quant else ''}"
+        if self.freeze_embeddings or self.freeze_lm_head or self.freeze_layers:
+            text += " (frozen parts)"
+        return text
+
     def layer_frozen(self, i: int) -> bool:
         """Whether layer ``i`` is in ``--freeze layers:A-B`` (no adapters there under LoRA)."""
         f = self.freeze_layers
@@ -133,12 +145,13 @@ def parse_targets(text: str) -> tuple[Target, ...]:
     t = text.strip().lower()
     if t == "all-linear":
         return ALL_LINEAR
-    names = [n.strip().removesuffix("_proj") for n in t.split(",") if n.strip()]
+    # "+" separates too: compare --vary splits its values on commas (--vary lora-targets=q+v,all-linear).
+    names = [n.strip().removesuffix("_proj") for n in t.replace("+", ",").split(",") if n.strip()]
     bad = [n for n in names if n not in {x.value for x in Target}]
     if bad or not names:
         raise ValueError(
             f"lora-targets: unknown {', '.join(bad) or repr(text)}; give some of q,k,v,o,gate,up,down "
-            "(comma-separated) or all-linear"
+            "(separated by , or +) or all-linear"
         )
     return tuple(Target(n) for n in names)
 
