@@ -18,7 +18,7 @@ from memplan.engine import Result, StagePlan
 def finetune_json(r: Result) -> dict[str, Any]:
     """The fine-tuning settings (LoRA's only when it is used)."""
     ft = r.setup.finetune
-    out: dict[str, Any] = {"method": ft.method.name.lower()}
+    out: dict[str, Any] = {"method": ft.method.name.lower(), "label": ft.label()}
     if ft.lora:
         out |= {
             "rank": ft.rank,
