@@ -158,15 +158,15 @@ def pieces(core: Setup) -> Pieces:
     groups = dict.fromkeys(Group, 0)
     for k in kept:
         groups[group_of(k, rank.model.norm)] += k.bytes
-    per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else ()
+    per_layer = () if rank.strategy.segment or not lora.applies(rank) else tuple(lora.layer_bytes(rank))
     groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    changed = act.total_bytes(working) - act.total_bytes(
-        _device_kept(act.with_moe(list(working), rank), _without_recompute(rank))
-    )
+    plain, moe = _without_recompute(rank), act.with_moe(list(working), rank)  # fine-tuning: largest layer
+    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(_device_kept(moe, plain))]
+    changed = act.total_bytes(working) - max(redone)
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params)

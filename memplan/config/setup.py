@@ -131,8 +131,12 @@ def check_finetune(setup: Setup) -> None:
         raise ValueError("freeze: every layer frozen leaves no LoRA adapter to train; freeze fewer layers")
     # NB: refused rather than estimated wrongly: the strategies below re-run or split layers whose saves
     # and FLOPs memplan models for fine-tuning on one unsplit replica only (data parallelism and ZeRO are).
+    # Segment checkpointing re-runs layers whose output needs a gradient: every one under LoRA on all layers.
+    segment_ok = ft.lora and ft.freeze_layers is None and s.checkpointing is not Checkpointing.SELECTIVE
     unmodelled = {
-        "--checkpointing": s.checkpointing is not Checkpointing.NONE,
+        "--checkpointing (but full or every-K with LoRA on every layer)": s.checkpointing
+        is not Checkpointing.NONE
+        and not segment_ok,
         "--reversible": s.reversible,
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,

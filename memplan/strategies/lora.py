@@ -17,7 +17,8 @@ none when its input needs no gradient; an adapter adds 2·T·r·(in + out) forwa
 dX when its input needs a gradient in backward. Eager attention's two bmms compute only the operand
 gradients needed; the flash backward runs all five s×s products when any of q, k, v needs a gradient.
 
-Known limitations (NB): refused with checkpointing, reversible layers, tensor/sequence/pipeline
+Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
+every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
 parallelism and mixtures of experts (``config.setup.check_finetune``). peft's GPT-2 adapts the fused
 ``c_attn`` (one A [r, h], one B [3h, r]); memplan's separate q, k, v adapters have 2·r·h more parameters.
 """
@@ -328,8 +329,19 @@ def deficit(per_layer: tuple[int, ...]) -> int:
 
 
 def recompute(setup: Setup, dims: Dims) -> int:
-    """Fine-tuning re-runs nothing (checkpointing is refused with it)."""
-    return 0
+    """Segment checkpointing (allowed with LoRA on every layer) re-runs each layer's forward, adapters
+    included; torch's early stop skips what runs after a segment's last save (``checkpointing``'s
+    docstring): B's input is saved before B's matmul [T, r]·[r, h] on an adapted down projection, else the
+    product's operands before the frozen down projection [T, f]·[f, h]; nothing with residual dropout (its
+    mask is saved last)."""
+    segments = -(-dims.layers // setup.strategy.segment) if setup.strategy.segment else 0
+    if not segments:
+        return 0
+    forward = sum(layer_flops(setup, dims, f)[0] for f in flows(setup))
+    forward += dims.layers * attention_core_flops(dims)
+    down = T.DOWN in setup.finetune.targets
+    skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
+    return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -387,7 +399,7 @@ def flops(setup: Setup) -> Flops:
     return Flops(
         forward=linear + attention + head,
         backward=sum(p[1] + p[2] for p in per) + _linear(head, g_final, head_trains(setup)),
-        recompute=0,
+        recompute=recompute(setup, dims),
         kernel_recompute=kernel,
         layer_linear=linear,
         layer_attention=attention,

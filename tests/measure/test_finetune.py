@@ -24,6 +24,7 @@ from memplan.config import (
     Setup,
     StrategyConfig,
     TrainingConfig,
+    parse_checkpointing,
     parse_targets,
 )
 from memplan.engine import estimate
@@ -130,6 +131,29 @@ def test_estimate_equals_measurement(case: dict[str, Any]) -> None:
     assert [r for r in c.flops if not r.equal] == []
     assert c.est_layers == c.meas_layers
     assert c.equal
+
+
+CHECKPOINTED: list[dict[str, Any]] = [
+    {"method": LORA, "targets": parse_targets("all-linear"), "dropout": 0.1},
+    {"method": LORA, "attn": "eager", "p": 0.1, "targets": parse_targets("q,down")},
+    {"method": QLORA, "norm": "layernorm", "mlp": "gelu", "targets": parse_targets("down")},
+    {"method": LORA, "attn": "eager", "targets": parse_targets("gate")},
+]
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "every-2"])
+@pytest.mark.parametrize("case", CHECKPOINTED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_checkpointed_lora_equals_measurement(case: dict[str, Any], checkpointing: str) -> None:
+    """Segment checkpointing with LoRA on every layer: one input per segment, and the re-run forward with
+    the adapters up to each segment's last save (torch's early stop), per FLOP phase."""
+    mode, k = parse_checkpointing(checkpointing)
+    base = setup_for(**case)
+    strategy = base.strategy.model_copy(update={"checkpointing": mode, "checkpoint_every": k})
+    setup = Setup.model_validate({**base.model_dump(), "strategy": strategy.model_dump()})
+    c = compare(estimate(setup), measure(setup, fake=False))
+    assert [r for r in c.tensors if not r.equal] == []
+    assert [r for r in c.flops if not r.equal] == []
+    assert c.equal and c.flops[2].est_bytes > 0  # something re-runs
 
 
 def test_frozen_prefix_keeps_nothing_and_runs_no_backward() -> None:
