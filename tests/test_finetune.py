@@ -12,7 +12,17 @@ from typer.testing import CliRunner
 
 from memplan.api import Options, build_setup, setup_of
 from memplan.cli.app import app
-from memplan.config import FineTune, Method, Setup, parse_freeze, parse_targets
+from memplan.config import (
+    DType,
+    FineTune,
+    Method,
+    ModelConfig,
+    Optimizer,
+    Setup,
+    finetune_from,
+    parse_freeze,
+    parse_targets,
+)
 from memplan.contract import to_json
 from memplan.engine import clear_caches, estimate
 from memplan.schema import estimate_schema
@@ -84,3 +94,33 @@ def test_lora_lowers_backward_flops_and_states() -> None:
     lora = estimate(with_finetune(build_setup("llama-2-7b", seq=2048), method=Method.LORA))
     assert lora.flops.backward < 0.6 * full.flops.backward
     assert lora.states.optimizer < full.states.optimizer / 1000
+
+
+def test_qlora_65b_fits_one_48gb_gpu() -> None:
+    """Dettmers et al. 2023 (QLoRA), abstract: a 65B model fine-tuned on a single 48 GB GPU — NF4 with
+    double quantisation, LoRA r = 64 on every linear, paged 8-bit AdamW, gradient checkpointing. LLaMA-65B's
+    shapes (Touvron et al. 2023, Table 2: d 8192, 64 heads, 80 layers; ffn 22016, vocab 32000)."""
+
+    llama_65b = ModelConfig(
+        name="llama-65b",
+        hidden_size=8192,
+        num_layers=80,
+        num_heads=64,
+        ffn_size=22016,
+        vocab_size=32000,
+        max_positions=2048,
+    )
+    setup = build_setup(
+        llama_65b,
+        seq=512,
+        optimizer=Optimizer.ADAMW_8BIT,
+        checkpointing="full",
+        finetune=finetune_from(
+            Method.QLORA, {"lora_rank": 64, "lora_targets": "all-linear"}, True, DType.BF16
+        ),
+    )
+    est = estimate(setup)
+    assert 65.0e9 < est.params.total < 65.5e9  # LLaMA-65B: 65.2B
+    gpu_bytes = 48 * 10**9  # "48 GB"
+    assert est.peak.bytes < gpu_bytes
+    assert estimate(setup.model_copy(update={"finetune": FineTune()})).states.total > 10 * gpu_bytes
