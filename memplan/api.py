@@ -24,16 +24,21 @@ from pydantic import Field
 from pydantic.config import JsonDict
 
 from memplan.config import (
+    FINETUNE_OPTIONS,
     AttentionChoice,
     Device,
+    FineTune,
     Frozen,
+    MethodChoice,
     ModelConfig,
     Offload,
     Optimizer,
     Parallel,
     Precision,
+    Quant,
     Setup,
     TrainingConfig,
+    finetune_from,
     parse_checkpointing,
     parse_loss,
     parse_offload,
@@ -66,6 +71,12 @@ def _option(
 
 
 _MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
+_FINETUNE = "Fine-tuning"
+
+
+def _tune(description: str, metavar: str | None = None) -> Any:
+    """A fine-tuning option without a shown default (None: the setting's default, or not given)."""
+    return _option(description, _FINETUNE, metavar=metavar, show_default=False)
 
 
 class Options(Frozen):
@@ -242,6 +253,36 @@ class Options(Frozen):
         metavar="GiB",
         show_default=False,
     )
+    finetune: MethodChoice = _option(
+        "What trains: full (every parameter), lora (low-rank adapters on a frozen base, peft's LoRA) or "
+        "qlora (LoRA on a 4-bit bitsandbytes base), e.g. --finetune lora --lora-rank 16",
+        _FINETUNE,
+        default=MethodChoice.FULL,
+    )
+    lora_rank: int | None = _tune("LoRA rank r (A is r × in, B out × r) [default: 8]", "R")
+    lora_alpha: float | None = _tune("LoRA α: B·A is scaled by α/r (no memory effect) [default: 16]", "ALPHA")
+    lora_dropout: float | None = _tune(
+        "Dropout 0 ≤ P < 1 on each adapter's input (keeps its bool mask and the dropped input) [default: 0]",
+        "P",
+    )
+    lora_targets: str | None = _tune(
+        "Linears with adapters: some of q,k,v,o,gate,up,down (GELU: up = fc1, down = fc2) or all-linear, "
+        "e.g. q,v (q+v in compare --vary) [default: q,v, as peft for Llama]",
+        "q,k,v,o,gate,up,down|all-linear",
+    )
+    freeze: str | None = _tune(
+        "Parts that do not train: embeddings, lm_head, layers:A-B (from 0), e.g. embeddings,layers:0-15; "
+        "with lora|qlora only layers:A-B (no adapters there)",
+        "PARTS",
+    )
+    quant: Quant | None = _tune(
+        "QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, an absmax per 64 [default: nf4]"
+    )
+    double_quant: bool = _option(
+        "QLoRA double quantisation: absmax in uint8 + fp32 per 256 (0.5 → 0.127 bits/weight)",
+        _FINETUNE,
+        default=False,
+    )
     reserve: float = _option(
         "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
         "buffers, fragmentation): a plan fits in the GPU's memory minus this",
@@ -285,6 +326,7 @@ def build_setup(
     parallel: Parallel | None = None,
     offload: str = "none",
     loss: str = "standard",
+    finetune: FineTune | None = None,
 ) -> Setup:
     """A validated ``Setup`` from option values (the defaults are the options' defaults).
 
@@ -326,6 +368,7 @@ def build_setup(
             "offload": parse_offload(offload),
             "loss": loss_kind,
             "loss_chunks": chunks,
+            **({"finetune": finetune} if finetune is not None else {}),
         }
     )
 
@@ -423,6 +466,12 @@ def setup_of(o: Options) -> Setup:
         ),
         offload=o.offload,
         loss=o.loss,
+        finetune=finetune_from(
+            o.finetune.method,
+            {name: getattr(o, name) for name in FINETUNE_OPTIONS},
+            o.double_quant,
+            o.precision.activation_dtype,
+        ),
     )
 
 

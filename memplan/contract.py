@@ -13,7 +13,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from memplan.config import Method
 from memplan.engine import Result, StagePlan
+
+
+def finetune_json(r: Result) -> dict[str, Any]:
+    """The fine-tuning settings (LoRA's only when it is used)."""
+    ft = r.setup.finetune
+    out: dict[str, Any] = {"method": ft.method.name.lower(), "label": ft.label()}
+    if ft.lora:
+        out |= {
+            "rank": ft.rank,
+            "alpha": ft.alpha,
+            "dropout": ft.dropout,
+            "targets": [t.value for t in ft.targets],
+            "adapter_params": r.params_trainable,
+        }
+    if ft.method is Method.QLORA:
+        out |= {
+            "quant": ft.quant.value,
+            "double_quant": ft.double_quant,
+            "compute_dtype": ft.compute_dtype.value,
+        }
+    out["frozen"] = {
+        "embeddings": ft.freeze_embeddings,
+        "lm_head": ft.freeze_lm_head,
+        "layers": list(ft.freeze_layers) if ft.freeze_layers else None,
+    }
+    return out
 
 
 def to_json(r: Result) -> dict[str, Any]:
@@ -39,7 +66,10 @@ def to_json(r: Result) -> dict[str, Any]:
             "final_norm": p.final_norm,
             "lm_head": p.lm_head,
             "device": dev.params.total,
+            "trainable": r.params_trainable,
+            "frozen": r.params_frozen,
         },
+        "finetune": finetune_json(r),
         "memory": {
             "weights": r.states.weights,
             "gradients": r.states.gradients,

@@ -41,10 +41,12 @@ from memplan.strategies import (
     Strategy,
     checkpointing,
     context_parallel,
+    lora,
     offload,
     reversible,
     sequence_parallel,
 )
+from memplan.strategies.lora_states import finetune_states, frozen_params, trainable_params, with_dequant
 from memplan.strategies.offload import HostMemory
 from memplan.strategies.pipeline_parallel import (
     Group,
@@ -82,6 +84,8 @@ class Pieces:
     layer_correction: int
     """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
     sequence parallelism, and the MoE's larger MLP gradient buffers."""
+    layer_bytes: tuple[int, ...] = ()
+    """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
 
 
 def _core(setup: Setup) -> Setup:
@@ -98,7 +102,7 @@ def _core(setup: Setup) -> Setup:
     )
 
 
-STRATEGIES: tuple[Strategy, ...] = (checkpointing, reversible, sequence_parallel)
+STRATEGIES: tuple[Strategy, ...] = (lora, checkpointing, reversible, sequence_parallel)
 """Applied in this order to the blocks' inventory of one rank (``memplan.strategies``)."""
 
 
@@ -128,7 +132,7 @@ def _pieces_key(setup: Setup) -> tuple[object, ...]:
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
     savers = (setup.offload, setup.loss, setup.loss_chunks)
-    return (setup.model, setup.device, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
+    return (setup.model, setup.device, setup.finetune, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
 
 
 def _pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
@@ -164,13 +168,15 @@ def pieces(core: Setup) -> Pieces:
     groups = dict.fromkeys(Group, 0)
     for k in kept:
         groups[group_of(k, rank.model.norm)] += k.bytes
+    per_layer = () if rank.strategy.segment or not lora.applies(rank) else tuple(lora.layer_bytes(rank))
+    groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    changed = act.total_bytes(working) - act.total_bytes(
-        _device_kept(act.with_moe(list(working), rank), _without_recompute(rank))
-    )
+    plain, moe = _without_recompute(rank), act.with_moe(list(working), rank)  # fine-tuning: largest layer
+    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(_device_kept(moe, plain))]
+    changed = act.total_bytes(working) - max(redone)
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = pk.layer_backward_transient(rank, dims, params)
@@ -184,6 +190,7 @@ def pieces(core: Setup) -> Pieces:
         expert_params=experts,
         group_bytes=groups,
         layer_correction=moe_buffers - rerun * changed,
+        layer_bytes=per_layer,
     )
 
 
@@ -196,6 +203,8 @@ def _param_counts(model: ModelConfig) -> ParamCount:
 def whole_flops(core: Setup) -> Flops:
     """FLOPs of one micro-batch through the whole model (all devices of one replica together): ``Dims.of``
     speaks in one context-parallel rank's s/cp tokens, whose FLOPs every one of the cp ranks runs."""
+    if lora.applies(core):
+        return lora.flops(core)
     dims = Dims.of(core)
     recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
     return context_parallel.whole_model(flops(core, recompute), core.parallel.cp)
@@ -217,6 +226,8 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     """Model states of the stage: ZeRO over dp × cp (``context_parallel.state_shards``), the routed experts
     over dp × cp / ep."""
     t, s = setup.training, setup.strategy
+    if lora.applies(setup):  # one stage, dense: check_finetune
+        return finetune_states(setup, params)
     shards = context_parallel.state_shards(setup)
     experts = pc.expert_params * st.layers
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards)
@@ -260,6 +271,7 @@ class StagePlan:
             del moments["final norm backward"]
         layer = moments["layer backward"]
         moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
+        moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul
         return pk.Peak(moments=moments)
 
     @property
@@ -322,7 +334,7 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment)
-    acts = sum(pc.group_bytes[g] * n for g, n in counts.items())
+    acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - lora.deficit(pc.layer_bytes)
     if not offload.applies(setup):
         return StagePlan(st, params, states, counts, acts, pc, setup)
     host = offload.host_states(states, params.total, setup)
@@ -365,6 +377,14 @@ class Result:
     def params_active(self) -> int:
         return self.params.active
 
+    @property
+    def params_trainable(self) -> int:
+        return trainable_params(self.setup, self.params)
+
+    @property
+    def params_frozen(self) -> int:
+        return frozen_params(self.setup, self.params)
+
     @functools.cached_property
     def device(self) -> StagePlan:
         """The most loaded device (the stage with the highest peak; the first on a tie)."""
@@ -399,7 +419,8 @@ class Result:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
         for k in self.pieces.kept:
-            n = sp.counts[group_of(k, self.pieces.setup.model.norm)]
+            group = group_of(k, self.pieces.setup.model.norm)
+            n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if n:
                 out.append(k.model_copy(update={"count": n}))
         return out

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 
 from memplan.config import Device, Parallel, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.config.finetune import Method
 from memplan.config.setup import json_value
 
 SCHEMA_DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -71,6 +72,8 @@ _PARAMS = _obj(
         "layers": _COUNT,
         "final_norm": _COUNT,
         "lm_head": _COUNT,
+        "trainable": _with(_COUNT, "parameters that train (LoRA: the adapters, as peft counts them)"),
+        "frozen": _with(_COUNT, "parameters that do not train (the base under LoRA)"),
     },
     required=["total", "active"],
 )
@@ -149,6 +152,7 @@ def _setup_schema() -> dict[str, Any]:
     offload = "(none|optimizer|params|activations)(,(optimizer|params|activations))*"
     properties["offload"] = {"type": "string", "pattern": f"^{offload}$"}
     properties["loss"] = {"type": "string", "pattern": "^(standard|fused|chunked:[1-9][0-9]*)$"}
+    properties["finetune"] = {"type": "string", "enum": [m.name.lower() for m in Method]}
     return _obj(properties, required=[])
 
 

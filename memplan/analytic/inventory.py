@@ -111,6 +111,8 @@ class Role(StrEnum):
     """Tokens dispatched to the experts, their outputs and routing weights ([S, ·] slots)."""
     SHARED_GATE = "shared-expert gate"
     """The shared experts' sigmoid gate and gated output, per token."""
+    LORA_RANK = "lora rank"
+    """A LoRA adapter's A·x [·, r]: the input of B, dB = (A·x)ᵀ·dY needs it."""
 
 
 class Kept(BaseModel):

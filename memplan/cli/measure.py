@@ -70,7 +70,21 @@ _RUN_OPTIONS = (
 )
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp", "cp", "device", device=Device.CPU)
+_FINETUNE_OPTIONS = (
+    "finetune",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_targets",
+    "freeze",
+    "quant",
+    "double_quant",
+)
+"""trace only: the reference model runs LoRA adapters and frozen parameters (QLoRA's base as a frozen
+linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it does)."""
+
+
+@with_options(*_RUN_OPTIONS, "zero", "dp", "cp", "device", *_FINETUNE_OPTIONS, device=Device.CPU)
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 

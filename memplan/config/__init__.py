@@ -9,10 +9,23 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
 - ``offload``: ``Offload`` (host offload) and ``LossKind`` (the loss variant);
+- ``finetune``: ``FineTune`` (full, LoRA, QLoRA; freezing), ``Method``, ``Target``, ``Quant``;
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
 from memplan.config._base import Frozen
+from memplan.config.finetune import (
+    FINETUNE_OPTIONS,
+    FULL_TRAINING,
+    FineTune,
+    Method,
+    MethodChoice,
+    Quant,
+    Target,
+    finetune_from,
+    parse_freeze,
+    parse_targets,
+)
 from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
@@ -29,13 +42,18 @@ from memplan.config.strategy import (
 from memplan.config.training import DType, Optimizer, Precision, TrainingConfig
 
 __all__ = [
+    "FINETUNE_OPTIONS",
+    "FULL_TRAINING",
     "Attention",
     "AttentionChoice",
     "Checkpointing",
     "DType",
     "Device",
+    "FineTune",
     "Frozen",
     "LossKind",
+    "Method",
+    "MethodChoice",
     "MlpType",
     "MoEConfig",
     "ModelConfig",
@@ -45,14 +63,19 @@ __all__ = [
     "Parallel",
     "PositionType",
     "Precision",
+    "Quant",
     "Setup",
     "StrategyConfig",
+    "Target",
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
+    "finetune_from",
     "loss_label",
     "offload_label",
     "parse_checkpointing",
+    "parse_freeze",
     "parse_loss",
     "parse_offload",
+    "parse_targets",
 ]

@@ -16,7 +16,8 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
-from memplan.config.model import ModelConfig, PositionType
+from memplan.config.finetune import FULL_TRAINING, FineTune, Target
+from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
 from memplan.config.training import TrainingConfig
@@ -87,6 +88,8 @@ class Setup(Frozen):
     """What lives in host memory (config/offload.py)."""
     loss: LossKind = LossKind.STANDARD
     loss_chunks: int = Field(default=1, gt=0, le=1 << 20, description="chunks of the chunked loss")
+    finetune: FineTune = FULL_TRAINING
+    """Which parameters train (``config.finetune``); full training by default."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -94,6 +97,8 @@ class Setup(Frozen):
         segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
         mixed = t.precision.master_bytes > 0
         check_savers(self.offload, self.loss, self.loss_chunks, int(s.zero), segmented, mixed)
+        if not self.finetune.trains_everything:
+            check_finetune(self)
         if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
             raise ValueError(
                 f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -118,7 +123,51 @@ class Setup(Frozen):
         out["device"] = self.device.value
         out["offload"] = offload_label(self.offload)
         out["loss"] = loss_label(self.loss, self.loss_chunks)
+        out["finetune"] = self.finetune.method.name.lower()
         return out
+
+
+def check_finetune(setup: Setup) -> None:
+    """The fine-tuning settings fit the model and the layouts memplan models them for; one-line errors."""
+    m, ft, s, par = setup.model, setup.finetune, setup.strategy, setup.parallel
+    if ft.freeze_layers is not None and ft.freeze_layers[1] >= m.num_layers:
+        raise ValueError(
+            f"freeze: layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]} beyond {m.name}'s "
+            f"{m.num_layers} layers (0-{m.num_layers - 1}); use layers:A-B with B < {m.num_layers}"
+        )
+    if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets:
+        raise ValueError(
+            f"lora-targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
+            "or all-linear"
+        )
+    if (
+        ft.lora
+        and ft.freeze_layers is not None
+        and ft.freeze_layers[1] - ft.freeze_layers[0] + 1 >= m.num_layers
+    ):
+        raise ValueError("freeze: every layer frozen leaves no LoRA adapter to train; freeze fewer layers")
+    # NB: refused rather than estimated wrongly: the strategies below re-run or split layers whose saves
+    # and FLOPs memplan models for fine-tuning on one unsplit replica only (data parallelism and ZeRO are).
+    # Segment checkpointing re-runs layers whose output needs a gradient: every one under LoRA on all layers.
+    segment_ok = ft.lora and ft.freeze_layers is None and s.checkpointing is not Checkpointing.SELECTIVE
+    unmodelled = {
+        "--checkpointing (but full or every-K with LoRA on every layer)": s.checkpointing
+        is not Checkpointing.NONE
+        and not segment_ok,
+        "--reversible": s.reversible,
+        "--tp/--sp": par.tp > 1,
+        "--pp": par.pp > 1,
+        "--cp": par.cp > 1,
+        "a mixture of experts": m.moe is not None,
+        "--offload": setup.offload is not Offload.NONE,
+        "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+    }
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"finetune: fine-tuning or freezing with {name} is not modelled yet; "
+                "use full training (--finetune full, no --freeze) or drop that setting"
+            )
 
 
 def json_value(value: Any) -> Any:

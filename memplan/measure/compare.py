@@ -63,8 +63,10 @@ def estimated_by_name(est: Result) -> dict[str, tuple[int, int]]:
 def estimated_layers(est: Result) -> list[int]:
     """What each layer keeps: all of its saves; under every-k / full checkpointing the input of each
     segment's first layer (nothing in the others); with reversible layers nothing (the stack's outputs
-    are model-level)."""
+    are model-level); under fine-tuning each layer's own (``strategies.lora.layer_bytes``)."""
     s, n = est.setup.strategy, est.setup.model.num_layers
+    if est.pieces.layer_bytes:  # fine-tuning: layers differ along the gradient flow
+        return list(est.pieces.layer_bytes)
     one = sum(k.bytes for k in est.tensors if k.scope is Scope.LAYER)
     if s.reversible:
         return [0] * n

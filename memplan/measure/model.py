@@ -45,6 +45,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments import label, layer_scope, note_kept
+from memplan.measure.lora import apply_finetune
 from memplan.measure.loss import head_loss
 from memplan.measure.moe import Mlp, MoEMlp, check_moe, dense_mlp
 from memplan.measure.reversible import reversible_stack
@@ -225,6 +226,7 @@ class Reference(nn.Module):
         self.on_note: Callable[[str], None] | None = None  # the curve's "backward <block>" boundaries
         self._recomputing = False
         self.reset_parameters()
+        apply_finetune(self)  # LoRA adapters and frozen parameters (memplan/measure/lora.py)
 
     # -- set-up ---------------------------------------------------------------------------------------
     @torch.no_grad()

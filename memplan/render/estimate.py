@@ -19,7 +19,7 @@ from rich.text import Text
 
 from memplan.analytic.inventory import Scope
 from memplan.analytic.params import ParamCount
-from memplan.config import LossKind, Offload, checkpointing_label, loss_label, offload_label
+from memplan.config import LossKind, Method, Offload, checkpointing_label, loss_label, offload_label
 from memplan.engine import Result
 from memplan.presets import GpuPreset, ModelPreset
 from memplan.render.fitted import Col, Fitted
@@ -191,6 +191,27 @@ def _bar_note(e: Result) -> str:
     )
 
 
+def finetune_line(e: Result) -> str:
+    """What trains and what is frozen, and where the model states come from under fine-tuning."""
+    ft = e.setup.finetune
+    what = "full fine-tuning"
+    if ft.lora:
+        targets = ",".join(t.value for t in ft.targets)
+        name = "QLoRA" if ft.method is Method.QLORA else "LoRA"
+        what = f"{name} r={ft.rank} on {targets} (α {ft.alpha:g}, dropout {ft.dropout:g})"
+    if ft.method is Method.QLORA:
+        what += f" · base {ft.quant.value}{' + double quant' if ft.double_quant else ''} 4-bit"
+    frozen = [n for n, f in (("embeddings", ft.freeze_embeddings), ("lm head", ft.freeze_lm_head)) if f]
+    if ft.freeze_layers:
+        frozen.append(f"layers {ft.freeze_layers[0]}-{ft.freeze_layers[1]}")
+    parts = f" · frozen: {', '.join(frozen)}" if frozen else ""
+    return (
+        f"{what}{parts} · trainable {fmt_count(e.params_trainable)} ({fmt_int(e.params_trainable)}), "
+        f"frozen {fmt_count(e.params_frozen)}: gradients, master weights and optimizer states for the "
+        "trainable ones only"
+    )
+
+
 def summary_panel(e: Result) -> Panel:
     """Model, parameters, the setup, and one device's memory: states, activations and the peak."""
     p = e.params
@@ -201,6 +222,7 @@ def summary_panel(e: Result) -> Panel:
     body = Group(
         head,
         Text(setup_line(e), style="dim"),
+        *([Text(finetune_line(e), style="dim")] if not e.setup.finetune.trains_everything else []),
         Text(""),
         Text(f"Memory on one device (ZeRO-{int(st.zero)}, dp {st.dp}); {BYTE_UNITS}", style="bold"),
         memory_bar(e),

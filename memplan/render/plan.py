@@ -96,6 +96,7 @@ def summary_panel(b: Built) -> Panel:
         head,
         Text(report.setup_line(p), style="dim"),
         Text(layout_line(p), style="dim"),
+        *([Text(report.finetune_line(p), style="dim")] if not p.setup.finetune.trains_everything else []),
         Text(""),
         Text(f"Memory on the most loaded device{where}; {BYTE_UNITS}", style="bold"),
         report.memory_bar(p),

@@ -64,6 +64,7 @@ SPLITS: dict[Role, Rule] = {
     # Inputs of the column-parallel linears, the masks after the row-parallel ones, the residual stream.
     Role.LINEAR_INPUT: _SEQ,
     Role.DROPOUT_MASK: _SEQ,
+    Role.LORA_RANK: _SEQ,
     Role.RESIDUAL: _SEQ,
     # Inside the attention core: a/t heads (and kv/t groups) per rank. attn.v is [b, s, kv·d] on the flash
     # and selective paths (split on its last dimension) and [b, a, s, d] on the eager one (dimension 1).

@@ -1,0 +1,407 @@
+"""Fine-tuning (LoRA, QLoRA, frozen parts): what autograd keeps and what backward computes when only some
+parameters train.
+
+PyTorch saves a tensor for backward only when a gradient that needs it will be computed (autograd's
+generated code guards each save by ``should_compute_output``; checked in tests/measure/test_finetune.py):
+a linear whose weight is frozen keeps no input (dX = dY·W needs the weight only), ``w·n`` with a frozen
+norm weight keeps no ``n``, ``a @ b`` keeps ``a`` only when ``b`` needs a gradient, and an op none of whose
+inputs needs a gradient keeps nothing. So the saves follow the *gradient flow*: which tensors require
+grad, layer by layer (``Flow``). The first layers before any trainable parameter keep nothing and run no
+backward; the first trainable layer's input needs no gradient, so its norm keeps nothing either.
+
+A LoRA adapter on a linear x → W·x adds B·A·drop(x)·α/r (peft's ``lora.Linear``): A's input (x itself
+without LoRA dropout, else the dropped copy and the dropout's bool mask), and A's output [T, r] for dB.
+
+FLOPs (FlopCounterMode counts matmuls): a frozen linear's backward is dX only (1× its forward), and
+none when its input needs no gradient; an adapter adds 2·T·r·(in + out) forward and dA, dB, d(A·x) plus
+dX when its input needs a gradient in backward. Eager attention's two bmms compute only the operand
+gradients needed; the flash backward runs all five s×s products when any of q, k, v needs a gradient.
+
+Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
+every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
+parallelism and mixtures of experts (``config.setup.check_finetune``). peft's GPT-2 adapts the fused
+``c_attn`` (one A [r, h], one B [3h, r]); memplan's separate q, k, v adapters have 2·r·h more parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.analytic.flops import Flops
+from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
+from memplan.blocks import mm
+from memplan.blocks.attention import (
+    attention_core_flops,
+    attention_core_rules,
+    constant_rules,
+    projection_rules,
+)
+from memplan.blocks.embedding import embedding_rules
+from memplan.blocks.head import lm_head_flops, lm_head_rules
+from memplan.blocks.mlp import mlp_rules
+from memplan.blocks.norm import norm_rules
+from memplan.config import Attention, DType, MlpType, NormType, Setup
+from memplan.config.finetune import Method, Target
+
+B, R, T = Block, Role, Target
+ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
+
+
+def applies(setup: Setup) -> bool:
+    return not setup.finetune.trains_everything
+
+
+# ----------------------------------------------------------------------------------------------------
+# What trains
+# ----------------------------------------------------------------------------------------------------
+def base_trains(setup: Setup, layer: int) -> bool:
+    """Whether layer ``layer``'s own weights (linears, norms) train: full training outside --freeze."""
+    ft = setup.finetune
+    return ft.method is Method.FULL and not ft.layer_frozen(layer)
+
+
+def adapted(setup: Setup, layer: int) -> frozenset[Target]:
+    """The linears of layer ``layer`` with a LoRA adapter (none in frozen layers or without LoRA)."""
+    ft = setup.finetune
+    if not ft.lora or ft.layer_frozen(layer):
+        return frozenset()
+    return frozenset(ft.targets)
+
+
+def embedding_trains(setup: Setup) -> bool:
+    ft = setup.finetune
+    tied = setup.model.tied_embeddings and ft.freeze_lm_head  # one tensor: frozen as the head is
+    return ft.method is Method.FULL and not ft.freeze_embeddings and not tied
+
+
+def head_trains(setup: Setup) -> bool:
+    """The lm head (the embedding itself when tied) trains."""
+    if setup.model.tied_embeddings:
+        return embedding_trains(setup)
+    ft = setup.finetune
+    return ft.method is Method.FULL and not ft.freeze_lm_head
+
+
+def final_norm_trains(setup: Setup) -> bool:
+    return setup.finetune.method is Method.FULL
+
+
+# ----------------------------------------------------------------------------------------------------
+# The gradient flow through one layer
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """Which tensors of one layer require grad (``g_*``) and which weights train."""
+
+    g_in: bool
+    trains: bool
+    """The layer's own weights train (full fine-tuning of an unfrozen layer)."""
+    adapters: frozenset[Target]
+    dropout: bool
+    """LoRA dropout on the adapters' inputs."""
+    swiglu: bool
+    """SwiGLU MLP (gate, up, down); else GELU (up = fc1, down = fc2)."""
+
+    def lin(self, t: Target, g_x: bool) -> bool:
+        """A linear's output requires grad: its input does, its weight trains, or it has an adapter."""
+        return g_x or self.trains or t in self.adapters
+
+    def keeps_input(self, *targets: Target) -> bool:
+        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout."""
+        return self.trains or (not self.dropout and any(t in self.adapters for t in targets))
+
+    @property
+    def g_y(self) -> bool:
+        """The attention norm's output (its weight trains, or its input needs a gradient)."""
+        return self.g_in or self.trains
+
+    @property
+    def g_q(self) -> bool:
+        return self.lin(T.Q, self.g_y)
+
+    @property
+    def g_k(self) -> bool:
+        return self.lin(T.K, self.g_y)
+
+    @property
+    def g_v(self) -> bool:
+        return self.lin(T.V, self.g_y)
+
+    @property
+    def g_qk(self) -> bool:
+        return self.g_q or self.g_k
+
+    @property
+    def g_core(self) -> bool:
+        return self.g_qk or self.g_v
+
+    @property
+    def g_mid(self) -> bool:
+        """The residual stream between attention and MLP."""
+        return self.g_in or self.lin(T.O, self.g_core)
+
+    @property
+    def g_y2(self) -> bool:
+        return self.g_mid or self.trains
+
+    @property
+    def g_gate(self) -> bool:
+        return self.lin(T.GATE, self.g_y2)
+
+    @property
+    def g_up(self) -> bool:
+        return self.lin(T.UP, self.g_y2)
+
+    @property
+    def g_act(self) -> bool:
+        """The MLP's product (or GELU output), the down projection's input."""
+        return (self.g_gate or self.g_up) if self.swiglu else self.g_up
+
+    @property
+    def g_down(self) -> bool:
+        return self.lin(T.DOWN, self.g_act)
+
+    @property
+    def g_out(self) -> bool:
+        return self.g_mid or self.g_down
+
+
+def flows(setup: Setup) -> tuple[Flow, ...]:
+    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains;
+    each layer's output is the next one's input."""
+    g = embedding_trains(setup)
+    dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
+    out = []
+    for i in range(setup.model.num_layers):
+        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, swiglu)
+        out.append(f)
+        g = f.g_out
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# What autograd keeps
+# ----------------------------------------------------------------------------------------------------
+def _pick(rules: list[Rule], keep: list[bool]) -> list[Rule]:
+    """The rules kept, by position: ``keep`` follows the order the block function lists its saves in."""
+    assert len(rules) == len(keep), (len(rules), len(keep))
+    return [r for r, k in zip(rules, keep, strict=True) if k]
+
+
+def norm_keep(setup: Setup, g_x: bool, weight_trains: bool, n: int) -> list[bool]:
+    """RMSNorm's [input, rstd, normed]: pow and x·rstd keep x32 and rstd when x needs a gradient, w·n keeps
+    n when w trains. ``native_layer_norm``'s [input, mean, rstd]: one node, all kept when anything does."""
+    if setup.model.norm is NormType.RMSNORM:
+        return [g_x, g_x, weight_trains]
+    return [g_x or weight_trains] * n
+
+
+def widths(setup: Setup, dims: Dims) -> dict[Target, tuple[int, int]]:
+    """Each target's (in, out) features."""
+    h, qd, kvd, f = dims.h, dims.a * dims.d, dims.kv * dims.d, dims.f
+    return {
+        T.Q: (h, qd),
+        T.K: (h, kvd),
+        T.V: (h, kvd),
+        T.O: (qd, h),
+        T.GATE: (h, f),
+        T.UP: (h, f),
+        T.DOWN: (f, h),
+    }
+
+
+def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
+    """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient) and the dropped x, A's
+    input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's rule."""
+    block = B.ATTN if t in ATTN_TARGETS else B.MLP
+    fan_in = widths(setup, dims)[t][0]
+    b, s, act, r = dims.b, dims.s, dims.act, setup.finetune.rank
+    out = []
+    if setup.finetune.dropout > 0:
+        if g_x:
+            why = "LoRA dropout mask: dX = dY·mask/(1−p)"
+            out.append(save(block, f"{t}_lora_mask", (b, s, fan_in), DType.BOOL, R.DROPOUT_MASK, why))
+        why = "dropped input of LoRA's A: dA = dYᵀ·X needs it"
+        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), act, R.LINEAR_INPUT, why))
+    why = "LoRA's A·x, input of B: dB = dYᵀ·(A·x)"
+    return [*out, save(block, f"{t}_lora_mid", (b, s, r), act, R.LORA_RANK, why)]
+
+
+def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
+    """What one layer keeps under its gradient flow ``f`` (the blocks' saves, picked, plus the adapters')."""
+    eager = setup.strategy.attention is Attention.EAGER
+    dropout = setup.model.attn_dropout > 0
+    out = _pick(norm_rules(setup, B.ATTN_NORM, dims), norm_keep(setup, f.g_in, f.trains, 3))
+    qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
+    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *qkv])
+    core = attention_core_rules(setup, dims)
+    # eager: softmax keeps P for dS, P·V keeps (dropped) P for dV; flash: every save when any grad runs.
+    eager_keep = [f.g_qk, f.g_qk, f.g_v] if dropout else [f.g_core]
+    out += _pick(core, eager_keep if eager else [f.g_core] * len(core))
+    # The flash kernel keeps its own output, W_O's input (a view of it): kept whenever the core's is.
+    if f.keeps_input(T.O) or (not eager and f.g_core):
+        why = "attention output, input of W_O: dW = Xᵀ·dY"
+        out.append(save(B.ATTN, "out", (dims.b, dims.s, dims.a * dims.d), dims.act, R.ATTN_OUT, why))
+    if setup.model.resid_dropout > 0 and f.lin(T.O, f.g_core):
+        out.append(_resid_mask(B.ATTN, dims))
+    out += _pick(norm_rules(setup, B.MLP_NORM, dims), norm_keep(setup, f.g_mid, f.trains, 3))
+    inner = [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]  # silu keeps g; g·u keeps each
+    out += _pick(mlp_rules(setup, dims), [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
+    if setup.model.resid_dropout > 0 and f.g_down:
+        out.append(_resid_mask(B.MLP, dims))
+    inputs = {
+        T.Q: f.g_y,
+        T.K: f.g_y,
+        T.V: f.g_y,
+        T.O: f.g_core,
+        T.GATE: f.g_y2,
+        T.UP: f.g_y2,
+        T.DOWN: f.g_act,
+    }
+    for t in Target:
+        if t in f.adapters:
+            out += adapter_rules(setup, dims, t, inputs[t])
+    return out
+
+
+def _resid_mask(block: Block, dims: Dims) -> Rule:
+    why = "dropout mask: dX = dY·mask/(1−p)"
+    return save(block, "resid_dropout_mask", (dims.b, dims.s, dims.h), DType.BOOL, R.DROPOUT_MASK, why)
+
+
+def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Rule], list[Rule]]:
+    """The embedding's and the constants' saves, and the head's: before and after the layers."""
+    g_embed = embedding_trains(setup)
+    emb = embedding_rules(setup, dims)
+    before = _pick(emb, [g_embed] * len(emb))
+    consts = constant_rules(setup, dims)
+    before += _pick(consts, [any(f.g_qk for f in fl)] * len(consts))  # q·cos, masked_fill keep theirs
+    g_last = fl[-1].g_out if fl else g_embed
+    norm_w = final_norm_trains(setup)
+    after = _pick(norm_rules(setup, B.FINAL_NORM, dims), norm_keep(setup, g_last, norm_w, 3))
+    g_logits = g_last or norm_w or head_trains(setup)
+    after += _pick(lm_head_rules(setup, dims), [head_trains(setup), g_logits, g_logits, g_logits])
+    return before, after
+
+
+def _entries(rules: list[Rule], scope: Scope, count: int) -> list[Kept]:
+    return [
+        Kept(
+            name=r.name,
+            shape=r.shape,
+            dtype=r.dtype,
+            scope=scope,
+            count=count,
+            reason=r.reason,
+            block=r.block,
+            role=r.role,
+        )
+        for r in rules
+    ]
+
+
+def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
+    """The inventory under fine-tuning, rebuilt from the blocks' saves under each layer's gradient flow (the
+    strategies that would change ``kept`` are refused with fine-tuning, so nothing of it is lost). A layer
+    save kept in n of the layers has count n."""
+    if not applies(setup):
+        return kept
+    dims = Dims.of(setup)
+    fl = flows(setup)
+    counts: dict[str, tuple[Rule, int]] = {}
+    for f in fl:
+        for r in layer_rules(setup, dims, f):
+            counts[r.name] = (r, counts.get(r.name, (r, 0))[1] + 1)
+    layers = [k for r, n in counts.values() for k in _entries([r], Scope.LAYER, n)]
+    before, after = model_rules(setup, dims, fl)
+    return _entries(before, Scope.MODEL, 1) + layers + _entries(after, Scope.MODEL, 1)
+
+
+def layer_bytes(setup: Setup) -> list[int]:
+    """Bytes each layer keeps, first to last."""
+    dims = Dims.of(setup)
+    return [sum(r.bytes for r in layer_rules(setup, dims, f)) for f in flows(setup)]
+
+
+def deficit(per_layer: tuple[int, ...]) -> int:
+    """What the layers keep less than the largest one each, together (0 without fine-tuning's bytes)."""
+    return max(per_layer) * len(per_layer) - sum(per_layer) if per_layer else 0
+
+
+def recompute(setup: Setup, dims: Dims) -> int:
+    """Segment checkpointing (allowed with LoRA on every layer) re-runs each layer's forward, adapters
+    included; torch's early stop skips what runs after a segment's last save (``checkpointing``'s
+    docstring): B's input is saved before B's matmul [T, r]·[r, h] on an adapted down projection, else the
+    product's operands before the frozen down projection [T, f]·[f, h]; nothing with residual dropout (its
+    mask is saved last)."""
+    segments = -(-dims.layers // setup.strategy.segment) if setup.strategy.segment else 0
+    if not segments:
+        return 0
+    forward = sum(layer_flops(setup, dims, f)[0] for f in flows(setup))
+    forward += dims.layers * attention_core_flops(dims)
+    down = T.DOWN in setup.finetune.targets
+    skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
+    return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLOPs
+# ----------------------------------------------------------------------------------------------------
+def _linear(fwd: int, g_x: bool, trains: bool) -> int:
+    """A linear's backward: dX = dY·W when its input needs a gradient, dW = dYᵀ·X when it trains (each as
+    many FLOPs as the forward)."""
+    return fwd * (int(g_x) + int(trains))
+
+
+def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
+    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
+    tokens, r = dims.tokens, setup.finetune.rank
+    shapes = widths(setup, dims)
+    targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
+    inputs = {
+        T.Q: f.g_y,
+        T.K: f.g_y,
+        T.V: f.g_y,
+        T.O: f.g_core,
+        T.GATE: f.g_y2,
+        T.UP: f.g_y2,
+        T.DOWN: f.g_act,
+    }
+    forward = backward = 0
+    for t in targets:
+        fan_in, fan_out = shapes[t]
+        base = mm(tokens, fan_in, fan_out)
+        forward += base
+        backward += _linear(base, inputs[t], f.trains)
+        if t in f.adapters:
+            a, b = mm(tokens, fan_in, r), mm(tokens, r, fan_out)
+            forward += a + b
+            backward += _linear(a, inputs[t], True) + _linear(b, True, True)
+    per_bmm = dims.b * dims.a * mm(dims.s, dims.d, dims.s)
+    if setup.strategy.attention is Attention.FLASH:
+        core = 5 * per_bmm if f.g_core else 0  # S recomputed, dP, dV, dQ, dK: all when any runs
+    else:  # QKᵀ: dQ if q, dK if k needs one; P·V: dP if P (q or k), dV if v
+        core = per_bmm * (int(f.g_q) + int(f.g_k) + int(f.g_qk) + int(f.g_v))
+    return forward, backward, core
+
+
+def flops(setup: Setup) -> Flops:
+    """FLOPs of one micro-batch under fine-tuning (``analytic.flops.Flops``, the same phases)."""
+    dims = Dims.of(setup)
+    fl = flows(setup)
+    per = [layer_flops(setup, dims, f) for f in fl]
+    linear = sum(p[0] for p in per)
+    attention = dims.layers * attention_core_flops(dims)
+    head = lm_head_flops(dims)
+    g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
+    flash = setup.strategy.attention is Attention.FLASH
+    kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
+    return Flops(
+        forward=linear + attention + head,
+        backward=sum(p[1] + p[2] for p in per) + _linear(head, g_final, head_trains(setup)),
+        recompute=recompute(setup, dims),
+        kernel_recompute=kernel,
+        layer_linear=linear,
+        layer_attention=attention,
+        lm_head=head,
+    )

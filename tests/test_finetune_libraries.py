@@ -1,0 +1,148 @@
+"""Fine-tuning against the real libraries (no downloads): peft's trainable counts on transformers' Llama built
+from memplan's presets on the meta device, bitsandbytes' ``Linear4bit`` storage on CPU, and the tensors a
+peft-LoRA tiny Llama keeps for its adapters.
+
+Published: Llama-2-7B with r = 8 on q, v trains 4,194,304 parameters; Llama-3-8B with r = 16 on every
+linear 41,943,040 (peft's ``print_trainable_parameters`` for those configurations).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from memplan.api import build_setup  # noqa: E402
+from memplan.config import Device, FineTune, Method, ModelConfig, Setup, parse_targets  # noqa: E402
+from memplan.engine import estimate  # noqa: E402
+from memplan.strategies.lora_states import quantized_bytes  # noqa: E402
+
+HF_TARGETS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj"}
+HF_TARGETS |= {"up": "up_proj", "down": "down_proj"}
+
+
+def llama_config(m: ModelConfig) -> Any:
+    return transformers.LlamaConfig(
+        hidden_size=m.hidden_size,
+        intermediate_size=m.ffn,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.kv_heads,
+        vocab_size=m.vocab_size,
+        tie_word_embeddings=m.tied_embeddings,
+        max_position_embeddings=m.max_positions,
+    )
+
+
+def with_lora(setup: Setup, rank: int, targets: str) -> Setup:
+    ft = FineTune(method=Method.LORA, rank=rank, targets=parse_targets(targets))
+    return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump()})
+
+
+def peft_model(m: ModelConfig, rank: int, targets: str, device: str = "meta", **lora: Any) -> Any:
+    modules: Any = "all-linear" if targets == "all-linear" else [HF_TARGETS[t] for t in targets.split(",")]
+    with torch.device(device), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(llama_config(m))
+        return peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=modules, **lora))
+
+
+@pytest.mark.parametrize(
+    ("preset", "rank", "targets", "published"),
+    [("llama-2-7b", 8, "q,v", 4_194_304), ("llama-3-8b", 16, "all-linear", 41_943_040)],
+)
+def test_trainable_parameters_equal_peft(preset: str, rank: int, targets: str, published: int) -> None:
+    setup = with_lora(build_setup(preset, seq=128), rank, targets)
+    trainable, total = peft_model(setup.model, rank, targets).get_nb_trainable_parameters()
+    est = estimate(setup)
+    assert trainable == published
+    assert est.params_trainable == trainable
+    assert est.params_frozen + est.params_trainable == total  # peft's "all params": base + adapters
+
+
+def storage_bytes(layer: Any) -> int:
+    """Bytes of a Linear4bit's weight and every tensor of its QuantState (and the nested one)."""
+    w = layer.weight
+    qs = w.quant_state
+    tensors = [w, qs.absmax, qs.code]
+    if qs.offset is not None:
+        tensors.append(qs.offset)
+    if qs.state2 is not None:
+        tensors += [qs.state2.absmax, qs.state2.code]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.mark.parametrize("quant", ["nf4", "fp4"])
+@pytest.mark.parametrize("double_quant", [False, True])
+@pytest.mark.parametrize(("fan_out", "fan_in"), [(1024, 4096), (96, 64), (352, 160)])
+def test_4bit_storage_equals_bitsandbytes(quant: str, double_quant: bool, fan_out: int, fan_in: int) -> None:
+    bnb = pytest.importorskip("bitsandbytes")
+    weight = torch.randn(fan_out, fan_in, dtype=torch.bfloat16)
+    layer = bnb.nn.Linear4bit(fan_in, fan_out, bias=False, compute_dtype=torch.bfloat16, quant_type=quant)
+    layer.weight = bnb.nn.Params4bit(
+        weight, requires_grad=False, quant_type=quant, compress_statistics=double_quant, blocksize=64
+    )
+    layer = layer.to("cpu")  # quantises on the CPU backend
+    assert storage_bytes(layer) == quantized_bytes(fan_out * fan_in, double_quant)
+
+
+def test_4bit_linear_keeps_nothing_and_runs_a_frozen_linears_backward() -> None:
+    """bitsandbytes' MatMul4Bit keeps no tensor for autograd (its packed weight sits on ctx) and its backward
+    is a frozen linear's: dX only, dequantise then matmul. Its forward is the fused
+    ``bitsandbytes::gemm_4bit`` op, which FlopCounterMode does not see (0); memplan counts it as the
+    2·T·in·out matmul it computes."""
+    bnb = pytest.importorskip("bitsandbytes")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer = bnb.nn.Linear4bit(64, 32, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+    layer.weight = bnb.nn.Params4bit(torch.randn(32, 64), requires_grad=False, quant_type="nf4", blocksize=64)
+    layer = layer.to("cpu")
+    x = torch.randn(2, 3, 64, requires_grad=True)
+    saved: list[Any] = []
+    hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t)
+    with FlopCounterMode(display=False) as forward, hooks:
+        y = layer(x)
+    with FlopCounterMode(display=False) as backward:
+        y.sum().backward()
+    assert saved == []
+    assert forward.get_total_flops() == 0
+    assert backward.get_total_flops() == 2 * 6 * 64 * 32  # dX = dY·W: [6, 32]·[32, 64]; no dW
+
+
+def test_peft_lora_keeps_the_adapters_tensors_of_the_estimate() -> None:
+    """A tiny peft-LoRA Llama on CPU keeps, per adapter, A's output [b, s, r] (for dB), exactly as many and
+    as large as the estimate's ``*_lora_mid`` tensors."""
+    tiny = ModelConfig(
+        name="tiny-llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_size=96,
+        vocab_size=128,
+        max_positions=64,
+    )
+    rank, b, s = 5, 2, 16
+    setup = with_lora(Setup(model=tiny, device=Device.CPU), rank, "q,v,down")
+    setup = Setup.model_validate(
+        {**setup.model_dump(), "training": {"micro_batch": b, "seq_len": s, "precision": "fp32"}}
+    )
+    model = peft_model(tiny, rank, "q,v,down", device="cpu")
+    ids = torch.randint(0, tiny.vocab_size, (b, s))
+    saved: list[Any] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    # F.linear keeps its 3-d input flattened to [b·s, in]: A's output is a [b·s, r] tensor (its weight's
+    # transpose is [in, r], in ≠ b·s here).
+    mids = {t.data_ptr(): t for t in saved if tuple(t.shape) in ((b, s, rank), (b * s, rank))}
+    est = [k for k in estimate(setup).tensors if k.name.endswith("_lora_mid")]
+    assert len(mids) == sum(k.count for k in est) == 3 * tiny.num_layers
+    assert sum(t.numel() * t.element_size() for t in mids.values()) == sum(k.total_bytes for k in est)
+    assert math.prod(est[0].shape) == b * s * rank
