@@ -45,7 +45,15 @@ from memplan.config import (
 )
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
-from memplan.search.budget import DEFAULT_RESERVE_GIB, HostVerdict, Verdict, host_fit, reserve_bytes, verdict
+from memplan.search.budget import (
+    DEFAULT_RESERVE_GIB,
+    NODE_GPUS,
+    HostVerdict,
+    Verdict,
+    host_fit,
+    reserve_bytes,
+    verdict,
+)
 from memplan.time.timing import Timing, check_time_inputs, timing
 
 DEFAULT_SEQ = TrainingConfig().seq_len
@@ -495,7 +503,7 @@ def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | No
     """The host verdict from ``--host-memory``, or with offload the GPU preset's node's (else None)."""
     offloads = result.setup.offload is not Offload.NONE
     gib = o.host_memory if o.host_memory is not None else (gpu.host_memory_gib if gpu and offloads else None)
-    return host_fit(result, gib)
+    return host_fit(result, gib, gpu.topology.gpus_per_node if gpu else NODE_GPUS)
 
 
 def gpu_of(o: Options, name: str) -> GpuPreset:

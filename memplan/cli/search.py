@@ -166,6 +166,14 @@ FIT_LISTS = {
     "intra_node_bw",
     "inter_node_bw",
     "reserve",
+    "finetune",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_targets",
+    "freeze",
+    "quant",
+    "double_quant",
 )
 def fit_command(
     gpu: Annotated[
@@ -231,14 +239,27 @@ def fit_command(
             "nothing fits without it; 1: never",
         ),
     ] = 16,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            "--method",
+            metavar="full,lora,qlora",
+            help="Training methods to search, each with the memory savers it needs (fused loss, "
+            "optimizer/parameter/activation offload) [default: the --finetune method, then LoRA and QLoRA "
+            "when it fits only with savers or not at all]",
+            show_default=False,
+        ),
+    ] = None,
     top: Annotated[
         int, typer.Option("--top", metavar="N", help="Rows shown (and configurations in --json); 0: all")
     ] = 10,
     as_json: JsonOpt = False,
     **options: Any,
 ) -> None:
+    from memplan.config import FINETUNE_OPTIONS
     from memplan.search.budget import reserve_bytes
     from memplan.search.fit import Space, fit
+    from memplan.search.methods import finetunes, parse_methods
 
     if gpu is None or gpus is None:
         raise ValueError("gpu: fit needs --gpu NAME and --gpus N (e.g. --gpu h100 --gpus 64)")
@@ -258,9 +279,21 @@ def fit_command(
         tp_max=tp_max,
         cp_max=cp_max,
     )
+    given = {name: getattr(o, name) for name in FINETUNE_OPTIONS}
+    tunes, escalate = finetunes(o.finetune.method, parse_methods(method), given, o.double_quant, base)
     device = gpu_of(o, gpu)
     reserve = reserve_bytes(o.reserve, device)
-    result = fit(base, device, gpus, global_batch=global_batch, mfu=o.mfu, space=space, reserve=reserve)
+    result = fit(
+        base,
+        device,
+        gpus,
+        global_batch=global_batch,
+        mfu=o.mfu,
+        space=space,
+        reserve=reserve,
+        finetunes=tunes,
+        escalate=escalate,
+    )
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return

@@ -93,22 +93,7 @@ class Setup(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
-        m, t, s = self.model, self.training, self.strategy
-        segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
-        mixed = t.precision.master_bytes > 0
-        check_savers(self.offload, self.loss, self.loss_chunks, int(s.zero), segmented, mixed)
-        if not self.finetune.trains_everything:
-            check_finetune(self)
-        if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
-            raise ValueError(
-                f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
-                f"use --seq {m.max_positions} or less"
-            )
-        if s.checkpointing is Checkpointing.EVERY_K and s.checkpoint_every > m.num_layers:
-            raise ValueError(
-                f"checkpointing: every-{s.checkpoint_every} exceeds the {m.num_layers} layers; "
-                f"choose k between 1 and {m.num_layers}"
-            )
+        check_setup(self)
         return self
 
     def settings(self) -> dict[str, Any]:
@@ -125,6 +110,27 @@ class Setup(Frozen):
         out["loss"] = loss_label(self.loss, self.loss_chunks)
         out["finetune"] = self.finetune.method.name.lower()
         return out
+
+
+def check_setup(setup: Setup) -> None:
+    """The combinations memplan models (the ``Setup`` validator; ``search.methods`` calls it on copies it
+    does not re-validate); one-line ``ValueError``s naming the field and the fix."""
+    m, t, s = setup.model, setup.training, setup.strategy
+    segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
+    mixed = t.precision.master_bytes > 0
+    check_savers(setup.offload, setup.loss, setup.loss_chunks, int(s.zero), segmented, mixed)
+    if not setup.finetune.trains_everything:
+        check_finetune(setup)
+    if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
+        raise ValueError(
+            f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
+            f"use --seq {m.max_positions} or less"
+        )
+    if s.checkpointing is Checkpointing.EVERY_K and s.checkpoint_every > m.num_layers:
+        raise ValueError(
+            f"checkpointing: every-{s.checkpoint_every} exceeds the {m.num_layers} layers; "
+            f"choose k between 1 and {m.num_layers}"
+        )
 
 
 def check_finetune(setup: Setup) -> None:

@@ -12,11 +12,14 @@ from rich.text import Text
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
 from memplan.search.fit import Family, FitResult
+from memplan.search.methods import SAVERS
 
 
 def _family_cells(f: Family) -> list[str]:
-    par = f.layout.parallel
+    par, saver = f.layout.parallel, SAVERS[f.saver]
     return [
+        f.finetune.method.name.lower(),
+        saver.label(),
         f.checkpointing.name.lower(),
         f.attention.name.lower(),
         str(int(f.zero)),
@@ -50,6 +53,7 @@ def fit_report(r: FitResult, top: int) -> Group:
         lines.append(
             Text(f"longest sequence for the best configuration (micro-batch 1): {fmt_int(r.max_seq)}")
         )
+    lines += _method_lines(r)
     if r.best is None:
         lines.append(Text("nothing fits: see the rejected families below", style="bold red"))
     parts: list[RenderableType] = [Panel(Group(*lines), title="memplan fit", title_align="left")]
@@ -60,9 +64,36 @@ def fit_report(r: FitResult, top: int) -> Group:
     return Group(*parts)
 
 
+def _method_lines(r: FitResult) -> list[RenderableType]:
+    """Each training method searched: the cheapest way it fits (its lowest saver level, fastest
+    configuration there), or that it does not; only when more than one method or a saver was needed."""
+    plain = len(r.methods) == 1 and (r.best is None or r.best.family.saver == 0)
+    if plain:
+        return []
+    out: list[RenderableType] = [Text("the cheapest way each training method fits:")]
+    for m in r.methods:
+        name = m.finetune.method.name.lower()
+        if m.best is None:
+            out.append(Text(f"  {name}: does not fit, even with every saver", style="red"))
+            continue
+        b = m.best
+        savers = SAVERS[b.family.saver].label()
+        how = "without savers" if b.family.saver == 0 else f"with {savers}"
+        out.append(
+            Text(
+                f"  {name}: fits {how}: {b.family.layout.label()}, ZeRO-{int(b.family.zero)}, "
+                f"checkpointing {b.family.checkpointing.name.lower()}, peak {fmt_bytes(b.verdict.peak)}, "
+                f"{b.timing.tokens_per_s:,.0f} tokens/s, {fmt_int(b.result.params_trainable)} trainable"
+            )
+        )
+    return out
+
+
 def _family_columns() -> list[Col]:
     """The family's settings: keys (never cut), each left out when equal in every row (said below)."""
     return [
+        Col("method", "left", same=True),
+        Col("savers", "left", same=True),
         Col("ckpt", "left", same=True),
         Col("attention", "left", same=True),
         Col("ZeRO", same=True),

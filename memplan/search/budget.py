@@ -130,7 +130,7 @@ class HostVerdict(BaseModel):
     per_device: int
     """Host bytes of the most loaded device's offloaded tensors."""
     devices: int
-    """Devices of the job on one node: min(devices, ``NODE_GPUS``)."""
+    """Devices of the job on one node: min(devices, GPUs per node (the preset's topology, else 8))."""
     need: int
     fits: bool
     headroom: int
@@ -146,16 +146,16 @@ def host_bytes(gib: float) -> int:
     return int(gib * 2**30)
 
 
-def host_fit(p: Result, gib: float | None) -> HostVerdict | None:
-    """``host_verdict`` for ``gib`` GiB per node (None without it)."""
-    return None if gib is None else host_verdict(p, host_bytes(gib))
+def host_fit(p: Result, gib: float | None, gpus_per_node: int = NODE_GPUS) -> HostVerdict | None:
+    """``host_verdict`` for ``gib`` GiB per node of ``gpus_per_node`` GPUs (None without it)."""
+    return None if gib is None else host_verdict(p, host_bytes(gib), gpus_per_node)
 
 
-def host_verdict(p: Result, memory: int) -> HostVerdict:
+def host_verdict(p: Result, memory: int, gpus_per_node: int = NODE_GPUS) -> HostVerdict:
     """Whether ``memory`` bytes of one node's host memory hold the offloaded tensors of its devices (each
     as much as the most loaded device's, an upper bound for pipeline stages)."""
     per_device = max(sp.host.total for sp in p.stages)
-    devices = min(p.devices, NODE_GPUS)
+    devices = min(p.devices, gpus_per_node)
     need = per_device * devices
     return HostVerdict(
         host_memory_bytes=memory,

@@ -30,44 +30,54 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from memplan.config import Attention, Checkpointing, Parallel, PositionType, Setup, ZeroStage
+from memplan.config import (
+    FULL_TRAINING,
+    Attention,
+    Checkpointing,
+    FineTune,
+    Offload,
+    PositionType,
+    Setup,
+    ZeroStage,
+    loss_label,
+    offload_label,
+)
 from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
-from memplan.search.budget import DEFAULT_RESERVE, Verdict, verdict
-from memplan.strategies.tensor_parallel import divisors, tp_widths
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, host_fit, verdict
+from memplan.search.methods import (
+    SAVERS,
+    searches_checkpointing,
+    searches_layout,
+    valid,
+    with_method,
+)
+from memplan.search.space import (
+    Layout,
+    Space,
+    context_degrees,
+    default_global_batch,
+    layouts,
+    searchable,
+    why_nothing,
+)
 from memplan.time.timing import Timing, check_time_inputs, timing
 
-TOKENS_PER_STEP = 1 << 22
-"""Default global batch: about 4M tokens per step (Llama 2 and 3 pre-training), in whole sequences."""
-
-
-@dataclass(frozen=True)
-class Space:
-    """What ``fit`` searches."""
-
-    checkpointing: tuple[Checkpointing, ...] = (
-        Checkpointing.NONE,
-        Checkpointing.SELECTIVE,
-        Checkpointing.FULL,
-    )
-    attention: tuple[Attention, ...] = (Attention.EAGER, Attention.FLASH)
-    zero: tuple[ZeroStage, ...] = tuple(ZeroStage)
-    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    tp_max: int = 8
-    """Tensor parallelism stays inside one 8-GPU NVLink domain by default."""
-    cp_max: int = 16
-    """Context parallelism (powers of two up to this, flash attention only) is searched when the sequence
-    needs it: only if no layout without it fits."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    parallel: Parallel
-    dp: int
-
-    def label(self) -> str:
-        return f"{self.parallel.label()}·dp{self.dp}"
+__all__ = [
+    "Config",
+    "Family",
+    "FitResult",
+    "Layout",
+    "Outcome",
+    "Rejected",
+    "Space",
+    "default_global_batch",
+    "fit",
+    "fits",
+    "layouts",
+    "longest_sequence",
+]
 
 
 @dataclass(frozen=True)
@@ -76,10 +86,17 @@ class Family:
     attention: Attention
     zero: ZeroStage
     layout: Layout
+    finetune: FineTune = FULL_TRAINING
+    saver: int = 0
+    """The level of memory savers (``methods.SAVERS``: offload, loss)."""
 
     def settings(self) -> dict[str, Any]:
         par = self.layout.parallel
+        saver = SAVERS[self.saver]
         return {
+            "method": self.finetune.method.name.lower(),
+            "offload": offload_label(saver.offload),
+            "loss": loss_label(saver.loss, 1),
             "checkpointing": self.checkpointing.name.lower(),
             "attention": self.attention.name.lower(),
             "zero": int(self.zero),
@@ -105,9 +122,11 @@ class Config:
     def micro_batch(self) -> int:
         return self.result.setup.training.micro_batch
 
-    def sort_key(self) -> tuple[float, int, int, int, int]:
+    def sort_key(self) -> tuple[int, int, float, int, int, int, int]:
         par = self.family.layout.parallel
         return (
+            int(self.family.finetune.method),
+            self.family.saver,
             -self.timing.tokens_per_s,
             par.model_parallel,
             int(self.family.zero),
@@ -135,6 +154,26 @@ class Rejected:
         return {**self.family.settings(), "micro_batch": self.micro_batch, "fit": self.verdict.to_json()}
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One method's answer: its fastest configuration at the lowest saver level that fits (None: none)."""
+
+    finetune: FineTune
+    best: Config | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}
+        if self.best is not None:
+            b = self.best
+            out |= {
+                "settings": {**b.family.settings(), "micro_batch": b.micro_batch},
+                "peak": b.verdict.peak,
+                "tokens_per_s": b.timing.tokens_per_s,
+                "trainable": b.result.params_trainable,
+            }
+        return out
+
+
 @dataclass
 class FitResult:
     setup: Setup
@@ -154,6 +193,8 @@ class FitResult:
     seconds: float = 0.0
     max_seq: int | None = None
     """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
+    methods: list[Outcome] = field(default_factory=list)
+    """Each method searched, in order: the fastest configuration at the lowest saver level that fits."""
 
     @property
     def usable(self) -> int:
@@ -181,6 +222,7 @@ class FitResult:
             "max_seq": self.max_seq,
             "fitting": len(self.fitting),
             "configs": [c.to_json() for c in shown],
+            "methods": [m.to_json() for m in self.methods],
             "rejected": [x.to_json() for x in self.rejected],
         }
 
@@ -188,29 +230,6 @@ class FitResult:
 # ----------------------------------------------------------------------------------------------------
 # The space
 # ----------------------------------------------------------------------------------------------------
-def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1) -> list[Layout]:
-    """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices with ``cp`` context-parallel ranks."""
-    m, seq = setup.model, setup.training.seq_len
-    moe = m.moe
-    widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
-    out = []
-    for tp in divisors(widths, space.tp_max):
-        for pp in divisors(m.num_layers):
-            if gpus % (tp * cp * pp):
-                continue
-            dp = gpus // (tp * cp * pp)
-            eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
-            for ep in eps:
-                par = Parallel(tp=tp, sp=tp > 1 and (seq // cp) % tp == 0, pp=pp, ep=ep, cp=cp)
-                out.append(Layout(par, dp))
-    return out
-
-
-def default_global_batch(seq: int, gpus: int) -> int:
-    """≈ 4M tokens of whole sequences, a power of two, at least one sequence per device."""
-    return max(gpus, 1 << max(0, round(math.log2(max(1, TOKENS_PER_STEP // seq)))))
-
-
 def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
     """``base`` with a family's strategy, layout and micro-batch (valid by construction: not
     re-validated)."""
@@ -234,6 +253,14 @@ def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) ->
     )
 
 
+def host_fits(p: Result, gpu: GpuPreset) -> bool:
+    """With offload, the node's host memory (the preset's) holds its devices' offloaded tensors."""
+    if p.setup.offload is Offload.NONE or gpu.host_memory_gib is None:
+        return True
+    host = host_fit(p, gpu.host_memory_gib, gpu.topology.gpus_per_node)
+    return host is None or host.fits
+
+
 def fits(p: Result, memory: int) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed."""
     return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory
@@ -252,9 +279,12 @@ def fit(
     space: Space | None = None,
     max_seq: bool = True,
     reserve: int = DEFAULT_RESERVE,
+    finetunes: tuple[FineTune, ...] = (),
+    escalate: bool = False,
 ) -> FitResult:
     """Search ``space`` for ``base``'s model and sequence on ``gpus`` × ``gpu``, each with ``reserve`` bytes
-    kept back (``budget``); see the module docstring."""
+    kept back (``budget``); see the module docstring. ``finetunes``: the methods to search, in order
+    (default: ``base``'s); ``escalate``: stop at the first that fits without a saver (``methods``)."""
     space = space or Space()
     if gpus < 1:
         raise ValueError(f"gpus: need at least one device, got {gpus}; e.g. --gpus 8")
@@ -273,65 +303,61 @@ def fit(
     start = time.perf_counter()
     result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve)
     memory = result.usable
-    if not _searchable(base, gpus, batch, space):
-        raise ValueError(_why_nothing(base, gpus, batch, global_batch is not None, space))
-    for layout in layouts(base, gpus, space):
-        for ckpt in space.checkpointing:
-            for attention in space.attention:
-                _search_families(result, base, layout, ckpt, attention, space, mfu)
-    if not result.fitting and Attention.FLASH in space.attention:  # the sequence needs context parallelism
-        for cp in context_degrees(base, gpus, space):
-            for layout in layouts(base, gpus, space, cp):
-                for ckpt in space.checkpointing:
-                    _search_families(result, base, layout, ckpt, Attention.FLASH, space, mfu)
+    if not searchable(base, gpus, batch, space):
+        raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
+    tried: list[FineTune] = []
+    for ft in finetunes or (base.finetune,):
+        tried.append(ft)
+        for level, saver in enumerate(SAVERS):
+            before = len(result.fitting)
+            _search_level(result, with_method(base, ft, saver), ft, level, gpus, space, mfu)
+            if len(result.fitting) > before:
+                break
+        fits_plainly = any(c.family.finetune == ft and c.family.saver == 0 for c in result.fitting)
+        if escalate and fits_plainly:
+            break  # the method fits without a saver: the later methods are not needed
     result.fitting.sort(key=Config.sort_key)
+    searched = {c.family.finetune: None for c in result.fitting} | {
+        r.family.finetune: None for r in result.rejected
+    }
+    result.methods = [
+        Outcome(ft, next((c for c in result.fitting if c.family.finetune == ft), None))
+        for ft in finetunes or (base.finetune,)
+        if ft in searched
+    ]
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
         result.max_seq = longest_sequence(result.best, memory)
     return result
 
 
-def context_degrees(base: Setup, gpus: int, space: Space) -> list[int]:
-    """The context-parallel degrees searched: powers of two 2…``cp_max`` dividing the devices whose 2·cp
-    chunks split the sequence (``strategies.context_parallel.check_context``)."""
-    seq, out, cp = base.training.seq_len, [], 2
-    while cp <= min(space.cp_max, gpus):
-        if gpus % cp == 0 and seq % (2 * cp) == 0:
-            out.append(cp)
-        cp *= 2
-    return out
-
-
-def _searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
-    """Whether some layout of ``gpus`` devices and micro-batch size splits ``batch`` sequences evenly."""
-    return any(batch % (b * x.dp) == 0 for x in layouts(base, gpus, space) for b in space.micro_batches)
-
-
-def _why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -> str:
-    """One line: why no configuration of the space could be searched, and what to change.
-
-    A layout always exists (tp = pp = 1), so the constraint that fails is the global batch: B sequences must
-    split into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B.
-    """
-    m = base.model
-    dps = sorted({x.dp for x in layouts(base, gpus, space)})
-    sizes = ", ".join(map(str, space.micro_batches))
-    step = min((b * dp for b in space.micro_batches for dp in dps), key=lambda k: (-(-batch // k) * k, k))
-    better = -(-batch // step) * step
-    near = [
-        g
-        for g in sorted(range(1, 2 * gpus + 9), key=lambda g: (abs(g - gpus), g))
-        if g != gpus
-        and _searchable(base, g, batch if given else default_global_batch(base.training.seq_len, g), space)
-    ][:1]
-    gpus_fix = f" or --gpus {near[0]}" if near else ""
-    origin = "" if given else " (the default, ≈ 4M tokens)"
-    return (
-        f"global-batch: {batch} sequences{origin} do not split into micro-batches of {sizes} on dp "
-        f"{', '.join(map(str, dps))} ranks, the data-parallel degrees {gpus} GPUs allow (tp ≤ {space.tp_max} "
-        f"dividing the heads and widths, pp dividing the {m.num_layers} layers); nothing to search: use "
-        f"--global-batch {better} (a multiple of {step}){gpus_fix}"
-    )
+def _search_level(
+    result: FitResult,
+    base: Setup,
+    ft: FineTune,
+    level: int,
+    gpus: int,
+    space: Space,
+    mfu: float | None,
+) -> None:
+    """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
+    both); context parallelism only when nothing fits without it."""
+    before = len(result.fitting)
+    for layout in layouts(base, gpus, space):
+        par = layout.parallel
+        if not searches_layout(ft, par.tp, par.pp, par.cp):
+            continue
+        for ckpt in space.checkpointing:
+            if not searches_checkpointing(ft, ckpt):
+                continue
+            for attention in space.attention:
+                _search_families(result, base, layout, ckpt, attention, space, mfu, ft, level)
+    if len(result.fitting) > before or Attention.FLASH not in space.attention or not ft.trains_everything:
+        return
+    for cp in context_degrees(base, gpus, space):  # the sequence needs context parallelism
+        for layout in layouts(base, gpus, space, cp):
+            for ckpt in space.checkpointing:
+                _search_families(result, base, layout, ckpt, Attention.FLASH, space, mfu, ft, level)
 
 
 def _search_families(
@@ -342,12 +368,19 @@ def _search_families(
     attention: Attention,
     space: Space,
     mfu: float | None,
+    ft: FineTune,
+    level: int,
 ) -> None:
-    """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch."""
+    """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch, at
+    method ``ft`` and saver ``level``; families memplan does not model (``methods.valid``) are skipped."""
     memory, dp = result.usable, layout.dp
-    # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0.
+    # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
+    # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
     stages = sorted(space.zero) if dp > 1 else sorted(space.zero)[:1]
-    families = [Family(ckpt, attention, z, layout) for z in stages]
+    if Offload.PARAMS in SAVERS[level].offload:
+        stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
+    every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
+    families = [f for f in every if valid(_setup(base, f, 1, 1))]
     first_failure: dict[Family, Rejected] = {}
     fitted: set[Family] = set()
     for b in space.micro_batches:
@@ -358,14 +391,14 @@ def _search_families(
         for family in families:
             result.evaluated += 1
             p = estimate(_setup(base, family, b, n))
-            ok = fits(p, memory)
+            ok = fits(p, memory) and host_fits(p, result.gpu)
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
                 t = timing(p, result.gpu, mfu=mfu)
                 result.fitting.append(Config(family, p, t, verdict(p, result.gpu, reserve=result.reserve)))
                 fitted.update(f for f in families if f.zero >= family.zero)
                 break  # the higher ZeRO stages fit too, no faster
-            if family not in first_failure:
+            if family not in first_failure and family.saver == 0:  # why it fails without savers
                 first_failure[family] = Rejected(
                     family, b, verdict(p, result.gpu, exact=False, reserve=result.reserve)
                 )
