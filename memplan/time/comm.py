@@ -61,7 +61,7 @@ from memplan.analytic.params import ParamCount
 from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
-from memplan.strategies.pipeline_parallel import stage, stage_layers, stage_params
+from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time import efficiency
 
 
@@ -195,7 +195,7 @@ def critical_stage(r: Result) -> Critical:
     per_layer = (f.layer_linear + f.layer_attention) / r.setup.model.num_layers
     work = [n * per_layer + (f.lm_head if i == par.pp - 1 else 0) for i, n in enumerate(counts)]
     i = max(range(par.pp), key=lambda k: (work[k], k))
-    st = stage(par, i, counts[i], r.micro_batches)
+    st = stage(par, i, chunk_layers(r.setup.model.num_layers, par)[i], r.micro_batches)
     return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
 
 
