@@ -10,7 +10,7 @@ states on one rank (e the activation bytes); P a rank's parameters on the stage;
 and a gradient element.
 
 Time of one call on n ranks, ring algorithms (Patarasuk & Yuan 2009; NCCL's bus bandwidth, nccl-tests
-PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``efficiency.NETWORK``, α its latency per
+PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``network_fraction``, α its latency per
 step:  all-reduce 2(n−1)/n·B/β + 2(n−1)·α;  all-gather, reduce-scatter, all-to-all (n−1)/n·B/β + (n−1)·α;
 point-to-point B/β + α.
 
@@ -100,7 +100,7 @@ class Link:
     level: str
     """``intra-node`` or ``inter-node``."""
     gbps: float
-    """Per direction, GB/s (before ``efficiency.NETWORK``)."""
+    """Per direction, GB/s (before ``network_fraction``)."""
     latency_us: float
 
 
@@ -143,9 +143,14 @@ class Row:
         }
 
 
+def network_fraction(link: Link) -> float:
+    """The achieved fraction of the link's bandwidth: ``efficiency.NETWORK_INTRA`` or ``NETWORK_INTER``."""
+    return efficiency.NETWORK_INTRA if link.level == "intra-node" else efficiency.NETWORK_INTER
+
+
 def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> float:
     """Ring time of one call of ``nbytes`` over ``n`` ranks on ``link``."""
-    beta = link.gbps * 1e9 * efficiency.NETWORK
+    beta = link.gbps * 1e9 * network_fraction(link)
     alpha = link.latency_us * 1e-6
     if kind is Collective.SEND_RECV:
         return nbytes / beta + alpha

@@ -165,15 +165,27 @@ def rows() -> list[tuple[str, ...]]:
             f"{pr.compute_s:.2f}",
             comm or "–",
             f"{pr.bubble_s:.2f}",
+            f"{pr.optimizer_s:.2f}",
             f"{t.mfu:.1%}",
         ]
         out.append(tuple(cells))
     for name, source, published, why in PENDING:
-        out.append((name, source, published, f"pending ({why})", "", "", "", "", ""))
+        out.append((name, source, published, f"pending ({why})", "", "", "", "", "", ""))
     return out
 
 
-HEADER = ("run", "source", "published", "predicted", "Δ", "compute s", "exposed comm s", "bubble s", "MFU")
+HEADER = (
+    "run",
+    "source",
+    "published",
+    "predicted",
+    "Δ",
+    "compute s",
+    "exposed comm s",
+    "bubble s",
+    "optimizer s",
+    "MFU",
+)
 
 
 def markdown() -> str:
