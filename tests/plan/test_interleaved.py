@@ -4,8 +4,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from typer.testing import CliRunner
+
+from memplan.cli.app import app
 from memplan.config import ModelConfig, Parallel, Setup, TrainingConfig
 from memplan.engine import estimate
 from memplan.strategies.pipeline_parallel import Group, chunk_layers, stage_layers
@@ -65,3 +69,19 @@ def test_uneven_vpp_without_a_list_is_refused_with_the_fix() -> None:
 def test_bad_virtual_lists(pp_layers: tuple[int, ...], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Parallel(pp=4, vpp=4, pp_layers=pp_layers)
+
+
+def test_the_cli_takes_a_virtual_stage_list() -> None:
+    """Llama 3 405B as the paper places it: 16 ranks × 8 one-layer chunks, the first chunk the embedding
+    alone and the last the head alone (Dubey et al. 2024 §3.3.2). The second rank holds 2·14 + 7·16 + 1 =
+    141 one-layer chunks at the end of its warm-up (Megatron's count), the first 7 × 16 = 112 (its chunk 0
+    has no layer), the last 112 (its 7 one-layer chunks × 16 micro-batches; the 113th forward is the head's
+    chunk)."""
+    layers = ",".join(["0", *["1"] * 126, "0"])
+    args = ["estimate", "-m", "llama-3.1-405b", "-s", "8192", "--tp", "8", "--sp", "--pp", "16", "--vpp", "8"]
+    args += ["--pp-layers", layers, "--dp", "64", "--grad-accum", "32", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    stages = {s["stage"]: s for s in json.loads(result.stdout)["stages"]}
+    assert {i: s["layers"] for i, s in stages.items()} == {0: 7, 1: 8, 15: 7}
+    assert {i: s["in_flight_layers"] for i, s in stages.items()} == {0: 112, 1: 141, 15: 112}
