@@ -170,7 +170,8 @@ class Options(Frozen):
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
     pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
     pp_layers: str | None = _option(
-        "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7 [default: ⌈L/pp⌉ each, the first "
+        "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7; with --vpp M one per virtual stage "
+        "(pp·M, model order; 0 for a chunk of the embedding or head alone) [default: ⌈L/pp⌉ each, the first "
         "and last stages one fewer in turn when pp does not divide the layers]",
         _PARALLEL,
         metavar="N,N,…",

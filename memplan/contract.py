@@ -138,7 +138,7 @@ def _stage_json(sp: StagePlan) -> dict[str, Any]:
         "stage": st.index,
         "layers": st.layers,
         "in_flight_chunks": st.chunks,
-        "in_flight_layers": st.chunks * st.chunk_layers,
+        "in_flight_layers": st.in_flight_layers,
         "params": sp.params.total,
         "memory": {
             "weights": sp.states.weights,

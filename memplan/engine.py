@@ -51,6 +51,7 @@ from memplan.strategies.offload import HostMemory
 from memplan.strategies.pipeline_parallel import (
     Group,
     Stage,
+    chunk_layers,
     group_counts,
     group_of,
     representative_stages,
@@ -304,7 +305,7 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
     g, segment = pc.group_bytes, pc.setup.strategy.segment
     layer = g[Group.CHECKPOINT] if segment else g[Group.LAYER]
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
-    one_chunk = per_chunk // st.chunks
+    one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
     return [
         _lump("layers", layer, Scope.LAYER, one_chunk, Block.CHECKPOINT, Role.RESIDUAL),
@@ -456,8 +457,9 @@ def estimate(setup: Setup) -> Result:
     pc = _pieces_by_key(_pieces_key(setup), setup)
     parallel, n = setup.parallel, setup.training.grad_accum
     counts = stage_layers(setup.model.num_layers, parallel)
+    chunks = chunk_layers(setup.model.num_layers, parallel)
     indices = representative_stages(counts)
-    stages = tuple(stage_plan(pc, stage(parallel, i, counts[i], n), setup) for i in indices)
+    stages = tuple(stage_plan(pc, stage(parallel, i, chunks[i], n), setup) for i in indices)
     return Result(
         setup=setup,
         pieces=pc,

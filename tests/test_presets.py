@@ -30,6 +30,7 @@ GOLDEN = {
     "llama-3-8b": 8_030_261_248,  # huggingface.co/meta-llama/Meta-Llama-3-8B: 8.03B
     "llama-3-70b": 70_553_706_496,  # huggingface.co/meta-llama/Meta-Llama-3-70B: 70.6B
     "llama-3.1-405b": 405_853_388_800,  # huggingface.co/meta-llama/Llama-3.1-405B: 406B
+    "llama-65b": 65_285_660_672,  # LLaMA paper 65.2B; exact count from the converted config.json shapes
     "mistral-7b": 7_241_732_096,  # huggingface.co/mistralai/Mistral-7B-v0.1: 7.24B
     "qwen2.5-7b": 7_615_616_512,  # huggingface.co/Qwen/Qwen2.5-7B: 7.62B
     "qwen2.5-72b": 72_706_203_648,  # Qwen2.5-72B model card: 72.7B (exact from config.json)

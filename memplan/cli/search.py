@@ -166,6 +166,7 @@ FIT_LISTS = {
     "intra_node_bw",
     "inter_node_bw",
     "reserve",
+    "host_memory",
     "finetune",
     "lora_rank",
     "lora_alpha",
@@ -282,6 +283,8 @@ def fit_command(
     given = {name: getattr(o, name) for name in FINETUNE_OPTIONS}
     tunes, escalate = finetunes(o.finetune.method, parse_methods(method), given, o.double_quant, base)
     device = gpu_of(o, gpu)
+    if o.host_memory is not None:
+        device = device.model_copy(update={"host_memory_gib": o.host_memory})
     reserve = reserve_bytes(o.reserve, device)
     result = fit(
         base,

@@ -32,8 +32,10 @@ class Parallel(Frozen):
     vpp: int = Field(default=1, gt=0, le=1 << 12, description="virtual stages per pipeline rank m")
     pp_layers: tuple[int, ...] | None = Field(
         default=None,
-        description="layers of each pipeline stage, first to last; none: ⌈L/p⌉ each, one fewer on the first "
-        "and last stages in turn when p does not divide L (Llama 3 405B: 126 layers over 16 stages)",
+        description="layers of each pipeline stage, first to last, or with vpp > 1 of each of the p·m "
+        "virtual stages in model order (0 for a chunk of the embedding or head alone); none: ⌈L/p⌉ each, one "
+        "fewer on the first and last stages in turn when p does not divide L (Llama 3 405B: 126 layers over "
+        "16 stages)",
     )
     ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
     cp: int = Field(
@@ -53,12 +55,21 @@ class Parallel(Frozen):
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
         if self.pp_layers is not None:
-            if len(self.pp_layers) != self.pp:
+            virtual = self.pp * self.vpp
+            if len(self.pp_layers) == virtual > self.pp:  # one count per virtual stage, model order
+                ranks = [sum(self.pp_layers[i :: self.pp]) for i in range(self.pp)]
+                if min(self.pp_layers) < 0 or min(ranks) < 1:
+                    raise ValueError(
+                        "pp_layers: a virtual stage may hold 0 layers (the embedding or head alone) but "
+                        "every pipeline rank needs at least one layer"
+                    )
+            elif len(self.pp_layers) != self.pp:
+                also = f", or one per virtual stage ({virtual})" if self.vpp > 1 else ""
                 raise ValueError(
                     f"pp_layers: {len(self.pp_layers)} stages listed for --pp {self.pp}; "
-                    f"give one layer count per stage"
+                    f"give one layer count per stage{also}"
                 )
-            if min(self.pp_layers) < 1:
+            elif min(self.pp_layers) < 1:
                 raise ValueError("pp_layers: every pipeline stage needs at least one layer")
         return self
 

@@ -9,17 +9,23 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
+from memplan.config import Method
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
 from memplan.search.fit import Family, FitResult
 from memplan.search.methods import SAVERS
 
 
-def _family_cells(f: Family) -> list[str]:
+def _plain(families: list[Family]) -> bool:
+    """Full training without savers in every row: the method and savers columns are left out unsaid."""
+    return all(f.finetune.method is Method.FULL and f.saver == 0 for f in families)
+
+
+def _family_cells(f: Family, plain: bool) -> list[str]:
     par, saver = f.layout.parallel, SAVERS[f.saver]
+    method = [] if plain else [f.finetune.method.name.lower(), saver.label()]
     return [
-        f.finetune.method.name.lower(),
-        saver.label(),
+        *method,
         f.checkpointing.name.lower(),
         f.attention.name.lower(),
         str(int(f.zero)),
@@ -89,11 +95,12 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
     return out
 
 
-def _family_columns() -> list[Col]:
-    """The family's settings: keys (never cut), each left out when equal in every row (said below)."""
+def _family_columns(plain: bool) -> list[Col]:
+    """The family's settings: keys (never cut), each left out when equal in every row (said below); the
+    method and savers only when some row is not plain full training (``_plain``)."""
+    method = [] if plain else [Col("method", "left", same=True), Col("savers", "left", same=True)]
     return [
-        Col("method", "left", same=True),
-        Col("savers", "left", same=True),
+        *method,
         Col("ckpt", "left", same=True),
         Col("attention", "left", same=True),
         Col("ZeRO", same=True),
@@ -108,9 +115,10 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
     shown = r.fitting[:top] if top else r.fitting
     peak_unit = unit_of([c.verdict.peak for c in shown])
     room_unit = unit_of([c.verdict.headroom for c in shown])
+    plain = _plain([c.family for c in shown])
     cols = [
         Col("#"),
-        *_family_columns(),
+        *_family_columns(plain),
         Col("micro-\nbatch", priority=1),
         Col(f"peak\n{peak_unit[1]}", priority=1),
         Col(f"headroom\n{room_unit[1]}", priority=2),
@@ -125,7 +133,7 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
         t, v = c.timing, c.verdict
         table.add(
             str(i),
-            *_family_cells(c.family),
+            *_family_cells(c.family, plain),
             f"{c.micro_batch} × {c.result.micro_batches}",
             fmt_in(v.peak, peak_unit[0]),
             fmt_in(v.headroom, room_unit[0]),
@@ -146,8 +154,9 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
     reasons = Counter(x.verdict.overflow for x in r.rejected)
     summary = ", ".join(f"{n} {term}" for term, n in reasons.most_common())
     size, unit = unit_of([x.verdict.peak for x in shown])
+    plain = _plain([x.family for x in shown])
     cols = [
-        *_family_columns(),
+        *_family_columns(plain),
         Col(f"peak\n{unit}"),
         Col("overflows", "left"),
         Col("stage", priority=1),
@@ -157,7 +166,7 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
     for x in shown:
         v = x.verdict
         peak = fmt_in(v.peak, size) if v.exact else f"≥ {fmt_in(v.peak, size)}"
-        table.add(*_family_cells(x.family), peak, v.overflow or "–", str(v.stage))
+        table.add(*_family_cells(x.family, plain), peak, v.overflow or "–", str(v.stage))
     table.caption = (
         "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
         "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory"

@@ -153,7 +153,7 @@ def stages_table(p: Result) -> Fitted:
         table.add(
             str(st.index),
             str(st.layers),
-            fmt_int(st.chunks * st.chunk_layers),
+            fmt_int(st.in_flight_layers),
             fmt_count(sp.params.total),
             *(fmt_in(figures[k][n], units[k][0]) for k in byte_keys),
             sp.peak.phase,

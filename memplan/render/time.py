@@ -9,7 +9,7 @@ from memplan.render.fitted import Col, Fitted
 from memplan.time.timing import Timing
 
 _BASIS = {
-    "predicted": "predicted: kernels at their achievable peak + exposed communication + bubble",
+    "predicted": "predicted: kernels at their achievable peak + exposed communication + bubble + optimizer",
     "measured": "measured (--step-time)",
 }
 

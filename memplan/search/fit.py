@@ -309,6 +309,8 @@ def fit(
     for ft in finetunes or (base.finetune,):
         tried.append(ft)
         for level, saver in enumerate(SAVERS):
+            if saver.offload and gpu.host_memory_gib is None:
+                break  # offload needs the node's host memory (the preset's or --host-memory) to judge
             before = len(result.fitting)
             _search_level(result, with_method(base, ft, saver), ft, level, gpus, space, mfu)
             if len(result.fitting) > before:

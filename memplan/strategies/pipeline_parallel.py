@@ -54,12 +54,19 @@ class Stage:
     first: bool
     last: bool
     layers: int
-    """Layers on this pipeline rank: L/p."""
+    """Layers on this pipeline rank (L/p when even)."""
     chunk_layers: int
-    """Layers of one model chunk: L/(p·m) (= L/p without interleaving)."""
+    """Layers of the rank's largest model chunk: L/(p·m) when even (= L/p without interleaving)."""
     chunks: int
     """Model chunks whose activations are alive at once (micro-batches × chunks in flight)."""
     embed_micro_batches: int
+    in_flight: tuple[int, ...] = ()
+    """Layers of each of those ``chunks`` chunk-forwards (uneven virtual stages differ)."""
+
+    @property
+    def in_flight_layers(self) -> int:
+        """Layer activations alive at the end of the warm-up: Σ of ``in_flight``."""
+        return sum(self.in_flight)
 
 
 def stage_layers(layers: int, parallel: Parallel) -> tuple[int, ...]:
@@ -68,14 +75,32 @@ def stage_layers(layers: int, parallel: Parallel) -> tuple[int, ...]:
     second-to-last, … — the stages that also hold the embedding and the head (Llama 3 405B, Dubey et al.
     2024 §3.3.2: 126 layers over 16 stages, the first and last one layer fewer; Megatron's
     ``--decoder-first/last-pipeline-num-layers``)."""
+    p, m = parallel.pp, parallel.vpp
+    if parallel.pp_layers is not None and len(parallel.pp_layers) == p * m > p:
+        return tuple(sum(parallel.pp_layers[k * p + i] for k in range(m)) for i in range(p))
     if parallel.pp_layers is not None:
         return parallel.pp_layers
-    p = parallel.pp
     full = -(-layers // p)
     counts = [full] * p
     for i in range(p * full - layers):
         counts[i // 2 if i % 2 == 0 else p - 1 - i // 2] -= 1
     return tuple(counts)
+
+
+def chunk_layers(layers: int, parallel: Parallel) -> tuple[tuple[int, ...], ...]:
+    """Each rank's model chunks' layers, chunk 0 first. Virtual stage v = k·p + i is chunk k of rank i
+    (Megatron's interleaved placement, Narayanan et al. 2021 §2.2.1). ``pp_layers`` with p·m entries lists
+    the virtual stages in model order — Megatron's explicit pipeline layout
+    (``--pipeline-model-parallel-layout``, Megatron-LM MR 2795), e.g. Llama 3 405B's 0, 1 × 126, 0: the
+    first chunk holds the embedding alone and the last the head alone (Dubey et al. 2024 §3.3.2);
+    otherwise L/(p·m) each (``check_layout`` refuses an uneven split without a list)."""
+    p, m = parallel.pp, parallel.vpp
+    if m == 1:
+        return tuple((n,) for n in stage_layers(layers, parallel))
+    virtual = parallel.pp_layers
+    if virtual is None or len(virtual) != p * m:
+        virtual = (layers // (p * m),) * (p * m)
+    return tuple(tuple(virtual[k * p + i] for k in range(m)) for i in range(p))
 
 
 def representative_stages(counts: tuple[int, ...]) -> tuple[int, ...]:
@@ -93,34 +118,37 @@ def representative_stages(counts: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(picked))
 
 
-def stage(parallel: Parallel, index: int, layers: int, micro_batches: int) -> Stage:
-    """Pipeline rank ``index`` of ``parallel.pp``, holding ``layers`` layers, under 1F1B (interleaved when
-    vpp > 1)."""
+def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batches: int) -> Stage:
+    """Pipeline rank ``index`` of ``parallel.pp`` whose model chunks hold ``chunks_of`` layers (one entry
+    without interleaving), under 1F1B (interleaved when vpp > 1)."""
     p, m = parallel.pp, parallel.vpp
     if m == 1:
         chunks = min(p - index, micro_batches)
     else:  # Megatron's interleaved warm-up, 2(p − i − 1) + (m − 1)·p forwards, plus the one in flight
         chunks = min(2 * (p - index - 1) + (m - 1) * p + 1, m * micro_batches)
+    # forward j runs chunk (j mod p·m) // p (Megatron's get_model_chunk_id: groups of p micro-batches)
+    in_flight = tuple(chunks_of[(j // p) % m] for j in range(chunks))
     return Stage(
         index=index,
         first=index == 0,
         last=index == p - 1,
-        layers=layers,
-        chunk_layers=layers // m,
+        layers=sum(chunks_of),
+        chunk_layers=max(chunks_of),
         chunks=chunks,
         embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
+        in_flight=in_flight,
     )
 
 
 def group_counts(st: Stage, segment: int) -> dict[Group, int]:
     """Instances of each group's tensors alive on the stage at the end of its warm-up."""
     return {
-        Group.LAYER: st.chunks * st.chunk_layers,
-        Group.CHECKPOINT: st.chunks * (-(-st.chunk_layers // segment) if segment else 0),
+        Group.LAYER: st.in_flight_layers,
+        Group.CHECKPOINT: sum(-(-n // segment) for n in st.in_flight) if segment else 0,
         Group.EMBED: st.embed_micro_batches,
         Group.HEAD: 1 if st.last else 0,
         Group.HEAD_FREED: 1 if st.last else 0,
-        Group.STAGE: st.chunks,
+        Group.STAGE: sum(1 for n in st.in_flight if n),  # a chunk of only the embedding or head makes none
     }
 
 

@@ -76,14 +76,16 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
             f"pp: {parallel.pp} stages for the {m.num_layers} layers of {m.name}; use --pp {m.num_layers} "
             "or fewer"
         )
-    if parallel.vpp > 1:
+    listed = layers is not None and len(layers) == parallel.pp * parallel.vpp > parallel.pp
+    if parallel.vpp > 1 and not listed:
         uneven = layers is not None or m.num_layers % parallel.pp
         per_stage = m.num_layers // parallel.pp
         if uneven or per_stage % parallel.vpp:
             raise ValueError(
                 f"vpp: {parallel.vpp} virtual stages need the same layers on every stage, a multiple of "
                 f"{parallel.vpp}; use a --pp that divides the {m.num_layers} layers "
-                f"({_choices(divisors(m.num_layers))}) and a --vpp that divides the layers per stage"
+                f"({_choices(divisors(m.num_layers))}) and a --vpp that divides the layers per stage, or "
+                f"list the {parallel.pp * parallel.vpp} virtual stages' layers with --pp-layers"
             )
     if parallel.vpp > 1 and t.grad_accum % parallel.pp:
         raise ValueError(

@@ -10,7 +10,7 @@ states on one rank (e the activation bytes); P a rank's parameters on the stage;
 and a gradient element.
 
 Time of one call on n ranks, ring algorithms (Patarasuk & Yuan 2009; NCCL's bus bandwidth, nccl-tests
-PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``efficiency.NETWORK``, α its latency per
+PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``network_fraction``, α its latency per
 step:  all-reduce 2(n−1)/n·B/β + 2(n−1)·α;  all-gather, reduce-scatter, all-to-all (n−1)/n·B/β + (n−1)·α;
 point-to-point B/β + α.
 
@@ -65,7 +65,7 @@ from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
-from memplan.strategies.pipeline_parallel import stage, stage_layers, stage_params
+from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time import efficiency
 
 
@@ -104,7 +104,7 @@ class Link:
     level: str
     """``intra-node`` or ``inter-node``."""
     gbps: float
-    """Per direction, GB/s (before ``efficiency.NETWORK``)."""
+    """Per direction, GB/s (before ``network_fraction``)."""
     latency_us: float
 
 
@@ -147,9 +147,14 @@ class Row:
         }
 
 
+def network_fraction(link: Link) -> float:
+    """The achieved fraction of the link's bandwidth: ``efficiency.NETWORK_INTRA`` or ``NETWORK_INTER``."""
+    return efficiency.NETWORK_INTRA if link.level == "intra-node" else efficiency.NETWORK_INTER
+
+
 def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> float:
     """Ring time of one call of ``nbytes`` over ``n`` ranks on ``link``."""
-    beta = link.gbps * 1e9 * efficiency.NETWORK
+    beta = link.gbps * 1e9 * network_fraction(link)
     alpha = link.latency_us * 1e-6
     if kind is Collective.SEND_RECV:
         return nbytes / beta + alpha
@@ -199,7 +204,7 @@ def critical_stage(r: Result) -> Critical:
     per_layer = (f.layer_linear + f.layer_attention) / r.setup.model.num_layers
     work = [n * per_layer + (f.lm_head if i == par.pp - 1 else 0) for i, n in enumerate(counts)]
     i = max(range(par.pp), key=lambda k: (work[k], k))
-    st = stage(par, i, counts[i], r.micro_batches)
+    st = stage(par, i, chunk_layers(r.setup.model.num_layers, par)[i], r.micro_batches)
     return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
 
 

@@ -23,8 +23,11 @@ on the rank's tokens —, e the activation bytes):
 The backward moves twice the forward's bytes (each op reads the incoming gradient and what it saved, and
 writes a gradient); a re-run forward moves its bytes again.
 
+The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the parameters the
+device owns.
+
 Known limitations (NB): fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
-the lm head's softmax and the optimizer step's traffic are not counted; compute is charged per class,
+the lm head's softmax is not counted; compute is charged per class,
 never overlapped with another class.
 """
 
@@ -32,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup
+from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup, ZeroStage
 from memplan.presets import GpuPreset
 from memplan.time import efficiency
 from memplan.time.comm import Critical
@@ -114,6 +117,25 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     forward = KernelTime(f.matmul_forward / mm, f.attention_forward / at, layer / hbm)
     backward = KernelTime(f.matmul_backward / mm, f.attention_backward / at, (2 * layer + rerun) / hbm)
     return forward, backward
+
+
+def optimizer_step_bytes(c: Critical) -> int:
+    """Bytes the optimizer step moves on one device of the stage, once per step: it reads and writes the
+    master weights and optimizer states of the parameters it owns (ZeRO ≥ 1: 1/dp of the stage's), reads
+    their gradients and writes their working copy — an element-wise, memory-bound kernel (Megatron-LM's
+    README: its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
+    loading, optimization, and even logging").
+    NB: gradient clipping's norm and fp16's inf check (one more read of the gradients each) are not
+    counted."""
+    s, t = c.setup.strategy, c.setup.training
+    p = t.precision
+    owned = -(-c.params.total // s.dp) if s.zero >= ZeroStage.OPTIMIZER else c.params.total
+    return owned * (2 * (p.master_bytes + t.optimizer.state_bytes(p)) + p.grad_bytes + p.weight_bytes)
+
+
+def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
+    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth."""
+    return optimizer_step_bytes(c) / (gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY)
 
 
 def _attention_bytes(s: Setup) -> int:

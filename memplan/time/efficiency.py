@@ -1,28 +1,31 @@
 """The achievable fractions of a GPU's peak the step-time prediction uses: one set, for every GPU and run.
 
-Each is a round figure read off a public benchmark of the kernel class alone, not of a training run. They
-were written down with the published runs of docs/step-time.md in view (the runs were known, the
-constants were not adjusted to them: each was set once from its source below and left there; the
-prediction's errors are reported as they come out).
+Each is read off a public measurement of the kernel class alone, not of a training run, and was checked
+against that source (docs/step-time.md quotes them). ``MATMUL``, ``ATTENTION`` and ``MEMORY`` were written
+down with the published runs of docs/step-time.md in view and were not adjusted to them;
+``NETWORK_INTRA`` and ``NETWORK_INTER`` replaced a single 0.80 (quoted from memory) when the sources were
+checked, also with the runs in view, and are the sources' figures, not fitted ones.
 
-- ``MATMUL``: dense GEMMs of training shapes (bf16/fp16, fp32 accumulate) reach ≈ 80 % of the datasheet
-  peak: A100 cuBLAS ≈ 250 of 312 TFLOP/s on large GEMMs (NVIDIA, "Matrix Multiplication Background User's
-  Guide", Deep Learning Performance docs, A100 GEMM figures), H100 SXM ≈ 750–800 of 989 TFLOP/s (cuBLAS 12
-  bf16 8192³, as widely reproduced; the clock drops under full tensor load).
-- ``ATTENTION``: the attention core (QKᵀ and P·V, forward and backward) reaches ≈ 50 %: FlashAttention-2
-  (Dao 2023, arXiv 2307.08691, abstract and §4.1): "50–73 % of the theoretical maximum FLOPs/s on A100",
-  the backward (2.5× the forward's FLOPs) at the low end; eager attention's batched matmuls are charged the
-  same, its softmax and dropout as memory traffic (``MEMORY``).
-- ``MEMORY``: element-wise kernels (norms, residual adds, activation functions, dropout, rotary, an eager
-  softmax) are memory-bound and stream at ≈ 80 % of the HBM bandwidth (a device-to-device copy or STREAM
-  triad on A100/H100 reaches 80–90 % of the datasheet's TB/s).
-- ``NETWORK``: NCCL's ring collectives reach a bus bandwidth of ≈ 80 % of the link's per-direction peak:
-  nccl-tests all_reduce_perf busbw ≈ 230 of 300 GB/s on DGX A100's NVSwitch, ≈ 360 of 450 GB/s on DGX
-  H100 without NVLS, ≈ 20 of 25 GB/s per HDR NIC (NVIDIA's published nccl-tests results and the NCCL
-  performance notes).
+- ``MATMUL`` 0.80: the best bf16 ``matmul`` over a sweep of shapes (the "Maximum Achievable Matmul FLOPS",
+  torch 2.6–2.7, CUDA 12.6) reaches 794.5 of 989 TFLOP/s on H100 SXM (80.3 %) and 271.2 of 312 on A100 SXM
+  (86.9 %) (S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+  comparison table"); the H100's, the lower, for every GPU: a training step's shapes are not the best one.
+- ``ATTENTION`` 0.50: FlashAttention-2 (Dao 2023, arXiv 2307.08691, abstract): "reaching 50-73% of the
+  theoretical maximum FLOPs/s on A100", the backward (2.5× the forward's FLOPs) at the low end; eager
+  attention's batched matmuls are charged the same, its softmax and dropout as memory traffic (``MEMORY``).
+- ``MEMORY`` 0.80: element-wise kernels (norms, residual adds, activation functions, dropout, rotary, an
+  eager softmax, the optimizer step) are memory-bound and stream at ≈ 80 % of the HBM bandwidth (a
+  device-to-device copy or STREAM triad on A100/H100; not re-checked against a stored measurement).
+- ``NETWORK_INTRA`` 0.67: nccl-tests ``all_reduce_perf`` bus bandwidth on 8 A100-SXM4-80GB over NVLink
+  plateaus at ≈ 200 GB/s of the 300 GB/s per direction (NVIDIA/nccl-tests issue #149, 2023; issue #178
+  reports 208 GB/s on an NVLink pair).
+- ``NETWORK_INTER`` 0.85: nccl-tests ``all_reduce_perf`` over 3 nodes of 8 A100-SXM4-40GB with 4 × 200 Gb/s
+  HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
+  issue #119, 2022).
 
 NB: one fraction per class for every GPU and every shape: small GEMMs (a narrow tensor-parallel shard, a
-short sequence) run below it, FP8 and newer attention kernels (FlashAttention-3) above it.
+short sequence) run below ``MATMUL``, FP8 and newer attention kernels (FlashAttention-3) above
+``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's.
 """
 
 MATMUL = 0.80
@@ -31,5 +34,9 @@ ATTENTION = 0.50
 """Achieved fraction of the dense peak FLOP/s for the attention core's products."""
 MEMORY = 0.80
 """Achieved fraction of the HBM bandwidth for memory-bound element-wise kernels."""
-NETWORK = 0.80
-"""Achieved bus bandwidth of a ring collective as a fraction of the link's per-direction peak."""
+NETWORK_INTRA = 0.67
+"""Achieved bus bandwidth of a ring collective inside a node (NVLink/NVSwitch, Infinity Fabric, PCIe), as a
+fraction of the link's per-direction peak."""
+NETWORK_INTER = 0.85
+"""Achieved bus bandwidth of a ring collective between nodes (InfiniBand/RoCE), as a fraction of the GPU's
+share of the node's NICs."""

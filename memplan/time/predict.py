@@ -5,7 +5,7 @@ and m virtual stages per rank:
 
     busy   = n · (forward + backward) + exposed(tp, ep)        forward, backward: ``compute.kernel_times``
     bubble = busy · (p − 1)/(m·n)                              1F1B (Narayanan et al. 2021 §2.2)
-    step   = busy + bubble + exposed(pp) + exposed(dp)
+    step   = busy + bubble + exposed(pp) + exposed(dp) + optimizer   ``compute.optimizer_seconds``
 
 A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
 one dimension that overlap the same compute cost what they take beyond it,
@@ -18,7 +18,7 @@ MFU = model FLOPs / (step · devices · peak), as for any other step time (``tim
 
 Known limitations (NB): different dimensions' overlapped collectives are assumed to share nothing (they
 run on different links); overlapped communication slows nothing it overlaps (no SM or memory contention);
-the bubble is the balanced pipeline's; the optimizer step's time is not counted.
+the bubble is the balanced pipeline's.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.time.comm import Overlap, Row, communication
-from memplan.time.compute import KernelTime, kernel_times
+from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
 IN_STAGE = frozenset({"tp", "cp", "ep"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
@@ -52,6 +52,8 @@ class Prediction(BaseModel):
     exposed_s: dict[str, float]
     """Communication not hidden behind compute, per dimension (every dimension with a collective)."""
     bubble_s: float
+    optimizer_s: float
+    """The optimizer step, once per step (memory-bound)."""
     step_time_s: float
     mfu: float
     communication: tuple[Row, ...]
@@ -94,7 +96,8 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     compute = n * (forward.total_s + backward.total_s)
     busy = compute + in_stage
     bubble = busy * (par.pp - 1) / (par.vpp * n)
-    step = busy + bubble + sum(v for k, v in hidden.items() if k not in IN_STAGE)
+    optimizer = optimizer_seconds(c, gpu)
+    step = busy + bubble + sum(v for k, v in hidden.items() if k not in IN_STAGE) + optimizer
     model = p.flops.model * n * p.setup.strategy.dp
     return Prediction(
         stage=c.index,
@@ -105,6 +108,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         compute_s=compute,
         exposed_s=hidden,
         bubble_s=bubble,
+        optimizer_s=optimizer,
         step_time_s=step,
         mfu=model / (step * p.devices * peak),
         communication=tuple(rows),

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from memplan.strategies.pipeline_parallel import chunk_layers, stage_layers
 from memplan.time.published import RUNS, markdown, narayanan_flops, predicted_timing
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "step-time.md"
@@ -40,3 +41,15 @@ def test_narayanan_flops_of_the_1t_run() -> None:
     assert narayanan_flops(run.setup) == pytest.approx(
         96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
     )
+
+
+def test_llama_runs_use_the_papers_interleaved_placement() -> None:
+    """Dubey et al. 2024 §3.3.2: 126 layers over 16 ranks, one fewer on the first and last, interleaved with
+    the first chunk the embedding alone and the last the head alone — one layer per chunk, 8 per rank."""
+    for run in [r for r in RUNS if r.source.startswith("Dubey")]:
+        par = run.parallel
+        assert (par.tp, par.sp, par.pp, par.vpp) == (8, True, 16, 8)
+        assert stage_layers(126, par) == (7, *[8] * 14, 7)
+        chunks = chunk_layers(126, par)
+        assert chunks[0] == (0, *[1] * 7) and chunks[-1] == (*[1] * 7, 0)
+        assert all(c == (1,) * 8 for c in chunks[1:-1])
