@@ -13,6 +13,7 @@ from memplan.config import Attention, Checkpointing, Setup, StrategyConfig, Trai
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
 from memplan.render import estimate as report
+from memplan.render import presets as presets_report
 
 
 def render(renderable: RenderableType, width: int = 120) -> str:
@@ -155,10 +156,10 @@ def test_flops_table_rows() -> None:
 # ----------------------------------------------------------------------------------------------------
 def test_preset_tables_render() -> None:
     presets = [load_model_preset(n) for n in model_names()]
-    text = render(report.presets_table(presets), width=200)
+    text = render(presets_report.presets_table(presets), width=200)
     assert all(p.name in text for p in presets)
     preset = load_model_preset("gpt2")
-    detail = render(report.preset_detail(preset, count_params(preset.model)), width=200)
+    detail = render(presets_report.preset_detail(preset, count_params(preset.model)), width=200)
     assert "124,439,808" in detail and "matches" in detail
-    gpus = render(report.gpus_table([load_gpu(n) for n in gpu_names()]), width=200)
+    gpus = render(presets_report.gpus_table([load_gpu(n) for n in gpu_names()]), width=200)
     assert all(n in gpus for n in gpu_names())

@@ -138,7 +138,7 @@ def presets_command(ctx: typer.Context) -> None:
     """List the model presets: name, aliases, published parameter count, layers, width, heads, source."""
     if ctx.invoked_subcommand is not None:
         return
-    from memplan.render.estimate import presets_table
+    from memplan.render.presets import presets_table
 
     with_errors = handle_user_errors(lambda: [load_model_preset(name) for name in model_names()])
     console().print(presets_table(with_errors()))
@@ -151,7 +151,7 @@ def presets_show(
 ) -> None:
     """One preset's fields and its computed parameter breakdown."""
     from memplan.analytic.params import count_params
-    from memplan.render.estimate import preset_detail
+    from memplan.render.presets import preset_detail
 
     preset = load_model(name)
     console().print(preset_detail(preset, count_params(preset.model)))
@@ -161,7 +161,7 @@ def presets_show(
 @handle_user_errors
 def gpus_command() -> None:
     """List the GPU presets: memory (GiB = 2³⁰ bytes), dense peak TFLOP/s, bandwidths, source."""
-    from memplan.render.estimate import gpus_table
+    from memplan.render.presets import gpus_table
 
     console().print(gpus_table([load_gpu(name) for name in gpu_names()]))
 

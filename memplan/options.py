@@ -1,0 +1,269 @@
+"""Every setting of one estimate as the user gives it, declared once: ``Options``.
+
+Field names are the option names (``_`` for ``-``), each with its help text, metavar and help panel;
+``cli.common`` derives every command's typer options from them, ``compare --vary`` replaces a field by
+name and re-validates, and ``api.setup_of`` turns them into a ``Setup``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic.config import JsonDict
+
+from memplan.config import (
+    AttentionChoice,
+    Device,
+    Frozen,
+    MethodChoice,
+    Optimizer,
+    Precision,
+    Quant,
+    TrainingConfig,
+)
+from memplan.search.budget import DEFAULT_RESERVE_GIB
+
+DEFAULT_SEQ = TrainingConfig().seq_len
+"""``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
+
+LISTS = "(`memplan presets` lists them)"
+
+
+def _option(
+    description: str,
+    panel: str,
+    *,
+    default: Any = None,
+    metavar: str | None = None,
+    flags: tuple[str, ...] = (),
+    show_default: bool = True,
+    **constraints: Any,
+) -> Any:
+    """An ``Options`` field and how the command line spells it: help text, metavar, extra flags (``-s``),
+    help panel; ``cli.common`` derives every command's typer options from these."""
+    extra: JsonDict = {"panel": panel, "metavar": metavar, "flags": list(flags), "show_default": show_default}
+    return Field(default=default, description=description, json_schema_extra=extra, **constraints)
+
+
+_MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
+_FINETUNE = "Fine-tuning"
+
+
+def _tune(description: str, metavar: str | None = None) -> Any:
+    """A fine-tuning option without a shown default (None: the setting's default, or not given)."""
+    return _option(description, _FINETUNE, metavar=metavar, show_default=False)
+
+
+class Options(Frozen):
+    """Every setting of one estimate, declared once: field names are the option names (``_`` for ``-``),
+    each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
+
+    model: str = _option(
+        "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml or a Hugging "
+        "Face config.json. Required. `memplan presets` lists them.",
+        _MODEL,
+        default=...,
+        flags=("-m",),
+        show_default=False,
+        min_length=1,
+    )
+    dropout: float | None = _option(
+        "Dropout probability 0 ≤ P < 1 for attention, residual and embedding dropout [default: the "
+        "preset's own]",
+        _MODEL,
+        metavar="P",
+        show_default=False,
+    )
+    seq: int | None = _option(
+        f"Tokens per sequence s [default: {DEFAULT_SEQ}, or the model's context length if shorter]",
+        _TRAINING,
+        metavar="TOKENS",
+        flags=("-s",),
+        show_default=False,
+    )
+    batch: int = _option(
+        "Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",), gt=0
+    )
+    precision: Precision = _option(
+        "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations",
+        _TRAINING,
+        default=Precision.BF16_MIXED,
+    )
+    optimizer: Optimizer = _option("Optimizer", _TRAINING, default=Optimizer.ADAMW)
+    checkpointing: str = _option(
+        "Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
+        "attention core), every-K (keep one input per K layers)",
+        _STRATEGY,
+        default="none",
+        metavar="none|full|selective|every-K",
+    )
+    attention: AttentionChoice = _option(
+        "Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse)",
+        _STRATEGY,
+        default=AttentionChoice.FLASH,
+    )
+    reversible: bool = _option(
+        "Reversible (RevNet) layers: backward rebuilds each layer's input from its output",
+        _STRATEGY,
+        default=False,
+    )
+    zero: int = _option(
+        "ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights (sharded over --dp)",
+        _STRATEGY,
+        default=0,
+        metavar="0-3",
+    )
+    device: Device = _option(
+        "Kernels the step runs on (a few saved tensors differ between cuda and cpu)",
+        _STRATEGY,
+        default=Device.CUDA,
+    )
+    offload: str = _option(
+        "Host offload: none, or any of optimizer (ZeRO-Offload: master weights, optimizer states and "
+        "gradients on the host, the step on the CPU), params (16-bit weights on the host, needs --zero 3), "
+        "activations (torch's save_on_cpu), comma-separated",
+        _STRATEGY,
+        default="none",
+        metavar="none|optimizer,params,activations",
+    )
+    loss: str = _option(
+        "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
+        "chunk), fused (Liger's fused linear cross-entropy: no [T, v] tensor kept)",
+        _STRATEGY,
+        default="standard",
+        metavar="standard|chunked:N|fused",
+    )
+    tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
+    sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
+    pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
+    pp_layers: str | None = _option(
+        "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7; with --vpp M one per virtual stage "
+        "(pp·M, model order; 0 for a chunk of the embedding or head alone) [default: ⌈L/pp⌉ each, the first "
+        "and last stages one fewer in turn when pp does not divide the layers]",
+        _PARALLEL,
+        metavar="N,N,…",
+        show_default=False,
+    )
+    vpp: int = _option(
+        "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M", gt=0
+    )
+    ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N", gt=0)
+    cp: int = _option(
+        "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan), each rank holds "
+        "s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash attention and s a multiple "
+        "of 2·c",
+        _PARALLEL,
+        default=1,
+        metavar="N",
+        gt=0,
+    )
+    dp: int | None = _option(
+        "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",
+        _PARALLEL,
+        metavar="N",
+        show_default=False,
+        gt=0,
+    )
+    gpus: int | None = _option(
+        "Devices in all: tp · cp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0
+    )
+    global_batch: int | None = _option(
+        "Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
+        _PARALLEL,
+        metavar="B",
+        show_default=False,
+        gt=0,
+    )
+    grad_accum: int | None = _option(
+        "Micro-batches per step (the pipeline's, or gradient accumulation) [default: 1]",
+        _PARALLEL,
+        metavar="N",
+        show_default=False,
+    )
+    gpu: str | None = _option(
+        "GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
+        _GPU,
+        metavar="NAME",
+        show_default=False,
+    )
+    mfu: float | None = _option(
+        "Assumed model FLOPs utilisation for the step time [default: predicted from the kernels, the "
+        "communication on the topology and the bubble]",
+        _GPU,
+        metavar="F",
+        show_default=False,
+    )
+    step_time: float | None = _option(
+        "Measured seconds per step: gives the achieved MFU and HFU instead",
+        _GPU,
+        metavar="S",
+        show_default=False,
+    )
+    tokens: float | None = _option(
+        "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
+    )
+    gpus_per_node: int | None = _option(
+        "GPUs per node: tensor-parallel and other groups inside it use the intra-node link [default: the "
+        "GPU preset's topology]",
+        _GPU,
+        metavar="N",
+        show_default=False,
+    )
+    intra_node_bw: float | None = _option(
+        "Bandwidth per GPU and direction inside a node, GB/s (NVLink, Infinity Fabric, PCIe) [default: "
+        "the GPU preset's]",
+        _GPU,
+        metavar="GB/s",
+        show_default=False,
+    )
+    inter_node_bw: float | None = _option(
+        "Bandwidth per GPU and direction between nodes, GB/s (InfiniBand/RoCE NICs) [default: the GPU "
+        "preset's]",
+        _GPU,
+        metavar="GB/s",
+        show_default=False,
+    )
+    host_memory: float | None = _option(
+        "GiB of host memory per node: do the offloaded tensors fit [default: the GPU preset's node's]",
+        _GPU,
+        metavar="GiB",
+        show_default=False,
+    )
+    finetune: MethodChoice = _option(
+        "What trains: full (every parameter), lora (low-rank adapters on a frozen base, peft's LoRA) or "
+        "qlora (LoRA on a 4-bit bitsandbytes base), e.g. --finetune lora --lora-rank 16",
+        _FINETUNE,
+        default=MethodChoice.FULL,
+    )
+    lora_rank: int | None = _tune("LoRA rank r (A is r × in, B out × r) [default: 8]", "R")
+    lora_alpha: float | None = _tune("LoRA α: B·A is scaled by α/r (no memory effect) [default: 16]", "ALPHA")
+    lora_dropout: float | None = _tune(
+        "Dropout 0 ≤ P < 1 on each adapter's input (keeps its bool mask and the dropped input) [default: 0]",
+        "P",
+    )
+    lora_targets: str | None = _tune(
+        "Linears with adapters: some of q,k,v,o,gate,up,down (GELU: up = fc1, down = fc2) or all-linear, "
+        "e.g. q,v (q+v in compare --vary) [default: q,v, as peft for Llama]",
+        "q,k,v,o,gate,up,down|all-linear",
+    )
+    freeze: str | None = _tune(
+        "Parts that do not train: embeddings, lm_head, layers:A-B (from 0), e.g. embeddings,layers:0-15; "
+        "with lora|qlora only layers:A-B (no adapters there)",
+        "PARTS",
+    )
+    quant: Quant | None = _tune(
+        "QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, an absmax per 64 [default: nf4]"
+    )
+    double_quant: bool = _option(
+        "QLoRA double quantisation: absmax in uint8 + fp32 per 256 (0.5 → 0.127 bits/weight)",
+        _FINETUNE,
+        default=False,
+    )
+    reserve: float = _option(
+        "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
+        "buffers, fragmentation): a plan fits in the GPU's memory minus this",
+        _GPU,
+        default=DEFAULT_RESERVE_GIB,
+        metavar="GiB",
+    )
