@@ -1,0 +1,31 @@
+"""pytest plugin for the mutation run only (scripts/mutation.sh loads it): each mutant's tests start from
+empty memo caches.
+
+mutmut forks every mutant's test run from a process that has already run the whole test selection once
+(to learn which tests reach which function). memplan memoises its pieces (``functools`` caches in
+engine.py and analytic/), so a forked run would get the unmutated code's cached answers and every mutant
+of a memoised function would survive unseen. Clearing them at session start makes the mutant run.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def clear_memplan_caches() -> int:
+    """Clear every ``functools`` cache held by a module-level name in memplan; how many were cleared."""
+    cleared = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "memplan" or name.startswith("memplan.")):
+            continue
+        for value in list(vars(module).values()):
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear) and getattr(value, "__module__", None) == name:
+                clear()
+                cleared += 1
+    return cleared
+
+
+def pytest_sessionstart(session: Any) -> None:
+    clear_memplan_caches()
