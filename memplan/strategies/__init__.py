@@ -2,7 +2,7 @@
 
 Every strategy is one module with the interface of ``Strategy``: ``applies(setup)``, ``keeps(kept, setup)``
 (the inventory one rank keeps under it, from the one before) and ``recompute(setup, dims)`` (the forward
-FLOPs it re-runs in backward). The engine applies ``engine.STRATEGIES`` in order to the blocks' inventory
+FLOPs it re-runs in backward). The engine applies ``pieces.STRATEGIES`` in order to the blocks' inventory
 (``analytic.activations.inventory``, with ``blocks.moe`` swapped in). Rules inside a strategy key on the
 typed tags of each kept tensor (``Block``, ``Role``), never on its name.
 
@@ -15,7 +15,7 @@ typed tags of each kept tensor (``Block``, ``Role``), never on its name.
 - ``zero``: the model states per device (weights, gradients, master weights, optimizer states).
 
 Adding one (context parallelism, LoRA, offload): a module here with these three functions, its field in
-``config`` and ``api.Options``, its place in ``engine.STRATEGIES``, and its tests (docs/architecture.md).
+``config`` and ``api.Options``, its place in ``pieces.STRATEGIES``, and its tests (docs/architecture.md).
 """
 
 from __future__ import annotations

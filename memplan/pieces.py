@@ -1,0 +1,181 @@
+"""The per-rank pieces of an estimate: one micro-batch on one tensor-parallel rank, every layer.
+
+``pieces(core)`` is the blocks' inventory of the rank's model (``strategies.tensor_parallel.tp_model``)
+under ``STRATEGIES`` in order, with what the peak needs (group bytes, the layer-backward correction). They
+do not depend on pp, dp, ZeRO or the number of micro-batches, so the engine caches them on the fields
+they do depend on (``pieces_by_key``); ``whole_flops`` is the whole model's FLOPs of one micro-batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from memplan.analytic import activations as act
+from memplan.analytic import peak as pk
+from memplan.analytic.flops import Flops, flops
+from memplan.analytic.inventory import Dims, Kept
+from memplan.analytic.params import ParamCount, count_params
+from memplan.blocks.moe import mlp_backward_extra
+from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
+from memplan.strategies import (
+    Strategy,
+    checkpointing,
+    context_parallel,
+    lora,
+    reversible,
+    sequence_parallel,
+)
+from memplan.strategies.pipeline_parallel import (
+    Group,
+    group_of,
+)
+from memplan.strategies.tensor_parallel import tp_model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Per-rank pieces (cached: they do not depend on pp, dp, ZeRO or the number of micro-batches)
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Pieces:
+    """One micro-batch on one tensor-parallel rank, every layer: the inventory and what the peak needs."""
+
+    core: Setup
+    """The whole model's setup with ZeRO 0, dp 1, one micro-batch, one pipeline stage (what the pieces
+    depend on)."""
+    setup: Setup
+    """The rank's setup: ``tp_model``, ZeRO 0, dp 1, one micro-batch."""
+    kept: tuple[Kept, ...]
+    params: ParamCount
+    """The rank's parameters, whole model; an MoE layer's ``mlp`` = router + local experts + shared."""
+    expert_params: int
+    """Routed-expert parameters of one layer on this rank (ZeRO-sharded over dp/ep)."""
+    group_bytes: dict[Group, int]
+    """Bytes of one instance of each group's tensors (one layer, one micro-batch)."""
+    layer_correction: int
+    """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
+    sequence parallelism, and the MoE's larger MLP gradient buffers."""
+    layer_bytes: tuple[int, ...] = ()
+    """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
+
+
+def core_of(setup: Setup) -> Setup:
+    """The setup without what the pieces do not depend on (ZeRO, dp, micro-batches, pipeline stages)."""
+    s, t, par = setup.strategy, setup.training, setup.parallel
+    if s.zero is ZeroStage.NONE and s.dp == 1 and t.grad_accum == 1 and par.pp == 1:
+        return setup
+    return setup.model_copy(
+        update={
+            "strategy": s.model_copy(update={"zero": ZeroStage.NONE, "dp": 1}),
+            "training": t.model_copy(update={"grad_accum": 1}),
+            "parallel": par.model_copy(update={"pp": 1, "vpp": 1, "pp_layers": None}),
+        }
+    )
+
+
+STRATEGIES: tuple[Strategy, ...] = (lora, checkpointing, reversible, sequence_parallel)
+"""Applied in this order to the blocks' inventory of one rank (``memplan.strategies``)."""
+
+
+def _device_kept(kept: list[Kept], rank: Setup) -> list[Kept]:
+    """What one rank keeps: the blocks' inventory (an MoE's MLPs swapped in) under every strategy."""
+    for strategy in STRATEGIES:
+        kept = strategy.keeps(kept, rank)
+    return kept
+
+
+def _without_recompute(setup: Setup) -> Setup:
+    """``setup`` without the strategies that re-run layers: what a re-run layer keeps under the others."""
+    plain = setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE, "reversible": False})
+    return setup.model_copy(update={"strategy": plain})
+
+
+_PIECES: dict[tuple[object, ...], Pieces] = {}
+_PIECES_MAX = 8192
+
+
+_PER_STEP = {"grad_accum", "zero", "dp"}
+"""The setup fields the pieces do not depend on (``core_of`` resets them)."""
+
+
+def pieces_key(setup: Setup) -> tuple[object, ...]:
+    """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
+    fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
+    par = setup.parallel
+    savers = (setup.offload, setup.loss, setup.loss_chunks)
+    return (setup.model, setup.device, setup.finetune, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
+
+
+def pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
+    """``pieces`` memoised on the fields they depend on (cheaper to hash than the setups themselves)."""
+    found = _PIECES.get(key)
+    if found is None:
+        if len(_PIECES) >= _PIECES_MAX:
+            _PIECES.clear()
+        found = _PIECES[key] = pieces(core_of(setup))
+    return found
+
+
+def clear_caches() -> None:
+    """Forget the cached pieces, FLOPs and parameter counts (for cold-start benchmarks)."""
+    _PIECES.clear()
+    whole_flops.cache_clear()
+    param_counts.cache_clear()
+
+
+def pieces(core: Setup) -> Pieces:
+    """The pieces of ``core`` (a ``core_of`` setup) on one rank."""
+    parallel = core.parallel
+    rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp)})
+    rank_moe = rank.model.moe
+    kept = _device_kept(act.inventory(rank), rank)
+    params = count_params(rank.model)
+    experts = 0
+    if params.moe is not None:
+        experts = params.moe.local_experts(parallel.ep)
+        params = params.model_copy(
+            update={"layer": params.layer.model_copy(update={"mlp": params.moe.dense() + experts})}
+        )
+    groups = dict.fromkeys(Group, 0)
+    for k in kept:
+        groups[group_of(k, rank.model.norm)] += k.bytes
+    per_layer = () if rank.strategy.segment or not lora.applies(rank) else tuple(lora.layer_bytes(rank))
+    groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
+    # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
+    # MoE and sequence parallelism change in each re-run layer's saves.
+    working = act.layer_working_set(rank)
+    rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
+    plain, moe = _without_recompute(rank), act.with_moe(list(working), rank)  # fine-tuning: largest layer
+    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(_device_kept(moe, plain))]
+    changed = act.total_bytes(working) - max(redone)
+    # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
+    dims = Dims.of(rank)
+    transient = pk.layer_backward_transient(rank, dims, params)
+    mlp = pk.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
+    moe_buffers = max(transient, mlp) - transient
+    return Pieces(
+        core=core,
+        setup=rank,
+        kept=tuple(kept),
+        params=params,
+        expert_params=experts,
+        group_bytes=groups,
+        layer_correction=moe_buffers - rerun * changed,
+        layer_bytes=per_layer,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def param_counts(model: ModelConfig) -> ParamCount:
+    return count_params(model)
+
+
+@functools.lru_cache(maxsize=1024)
+def whole_flops(core: Setup) -> Flops:
+    """FLOPs of one micro-batch through the whole model (all devices of one replica together): ``Dims.of``
+    speaks in one context-parallel rank's s/cp tokens, whose FLOPs every one of the cp ranks runs."""
+    if lora.applies(core):
+        return lora.flops(core)
+    dims = Dims.of(core)
+    recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
+    return context_parallel.whole_model(flops(core, recompute), core.parallel.cp)
