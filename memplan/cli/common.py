@@ -39,10 +39,15 @@ except ImportError:  # older typer runs on click itself
     from click import BadParameter, ClickException, Context, MissingParameter, Parameter  # type: ignore
 
 from memplan.api import Options
+from memplan.config import FINETUNE_OPTIONS
 from memplan.errors import describe_validation_error
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+FINETUNE_FLAGS = ("finetune", *FINETUNE_OPTIONS, "double_quant")
+"""The fine-tuning options (``--finetune``, the LoRA and QLoRA settings) as ``with_options`` names them."""
 
 EXIT_USAGE = 2
 """Exit code of every user mistake (click's own code for usage errors)."""

@@ -14,6 +14,7 @@ import typer
 
 from memplan.api import setup_of
 from memplan.cli.common import (
+    FINETUNE_FLAGS,
     PlotOpt,
     TimelineOpt,
     check_writable,
@@ -70,16 +71,7 @@ _RUN_OPTIONS = (
 )
 
 
-_FINETUNE_OPTIONS = (
-    "finetune",
-    "lora_rank",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_targets",
-    "freeze",
-    "quant",
-    "double_quant",
-)
+_FINETUNE_OPTIONS = FINETUNE_FLAGS
 """trace only: the reference model runs LoRA adapters and frozen parameters (QLoRA's base as a frozen
 linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it does)."""
 

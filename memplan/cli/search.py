@@ -14,6 +14,7 @@ import typer
 
 from memplan.api import Options, build_setup, gpu_of
 from memplan.cli.common import (
+    FINETUNE_FLAGS,
     JsonOpt,
     console,
     handle_user_errors,
@@ -167,14 +168,7 @@ FIT_LISTS = {
     "inter_node_bw",
     "reserve",
     "host_memory",
-    "finetune",
-    "lora_rank",
-    "lora_alpha",
-    "lora_dropout",
-    "lora_targets",
-    "freeze",
-    "quant",
-    "double_quant",
+    *FINETUNE_FLAGS,
 )
 def fit_command(
     gpu: Annotated[
