@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks import mm
@@ -284,22 +285,6 @@ def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Ru
     return before, after
 
 
-def _entries(rules: list[Rule], scope: Scope, count: int) -> list[Kept]:
-    return [
-        Kept(
-            name=r.name,
-            shape=r.shape,
-            dtype=r.dtype,
-            scope=scope,
-            count=count,
-            reason=r.reason,
-            block=r.block,
-            role=r.role,
-        )
-        for r in rules
-    ]
-
-
 def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     """The inventory under fine-tuning, rebuilt from the blocks' saves under each layer's gradient flow (the
     strategies that would change ``kept`` are refused with fine-tuning, so nothing of it is lost). A layer
@@ -312,9 +297,9 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     for f in fl:
         for r in layer_rules(setup, dims, f):
             counts[r.name] = (r, counts.get(r.name, (r, 0))[1] + 1)
-    layers = [k for r, n in counts.values() for k in _entries([r], Scope.LAYER, n)]
+    layers = [k for r, n in counts.values() for k in act.kept([r], Scope.LAYER, n)]
     before, after = model_rules(setup, dims, fl)
-    return _entries(before, Scope.MODEL, 1) + layers + _entries(after, Scope.MODEL, 1)
+    return act.kept(before, Scope.MODEL, 1) + layers + act.kept(after, Scope.MODEL, 1)
 
 
 def layer_bytes(setup: Setup) -> list[int]:
