@@ -267,3 +267,30 @@ def test_hub_cache_snapshot_is_named_after_the_repo(tmp_path: Path) -> None:
     (tmp_path / "my-mistral.json").write_text(json.dumps(MISTRAL_7B))
     assert load_model_preset(str(snapshot / "config.json")).name == "Mistral-7B-v0.1"
     assert load_model_preset(str(tmp_path / "my-mistral.json")).name == "my-mistral"
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"hidden_act": "relu"}, "hidden_act"),  # a llama config with a ReGLU MLP: not silently SiLU
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
+def test_an_activation_memplan_does_not_model_is_an_error(change: dict[str, Any], key: str) -> None:
+    with pytest.raises(ValueError, match=rf"^hf config x: {key}: '{change[key]}' is not modelled") as err:
+        model_from_hf_config({**LLAMA_3_8B, **change}, "x")
+    assert "\n" not in str(err.value) and "silu" in str(err.value)
+
+
+def test_gelu_families_take_the_gelu_variants_only() -> None:
+    gpt2 = {
+        "model_type": "gpt2",
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+    }
+    assert model_from_hf_config(gpt2, "g").mlp is MlpType.GELU
+    with pytest.raises(ValueError, match=r"activation_function: 'relu' is not modelled for model_type gpt2"):
+        model_from_hf_config({**gpt2, "activation_function": "relu"}, "g")

@@ -6,6 +6,9 @@ Defaults for absent keys follow the ``transformers`` config class of each ``mode
 Mixtures of experts (``mixtral``, ``qwen2_moe``) are read into ``ModelConfig.moe``, with ``ffn_size`` the
 width of one routed expert.
 
+A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what the family's MLP models is
+refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
+
 Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
 - NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
@@ -140,8 +143,27 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+_GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python")
+_ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: _GELUS}
+"""The ``hidden_act`` values each MLP type models (Gemma's GeGLU: the GELUs, mapped to swiglu's shapes)."""
+
+
+def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
+    """A ``hidden_act`` memplan does not model is an error, not silently SiLU or GELU."""
+    key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
+    if act is None:
+        return
+    allowed = _GELUS if kind == "gemma" else _ACTIVATIONS[_FAMILY[kind].mlp]
+    if str(act) not in allowed:
+        raise ValueError(
+            f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
+            "use a config with one of those"
+        )
+
+
 def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     fam = _FAMILY[kind]
+    _check_activation(kind, cfg)
     fields: dict[str, Any] = {
         "name": name,
         "hidden_size": _req_int(cfg, "hidden_size", "n_embd"),
@@ -229,9 +251,6 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("rope_scaling ignored")
     if cfg.get("sliding_window") and kind in ("mistral", "mixtral"):
         notes.append("sliding-window attention not modelled")
-    act = cfg.get("hidden_act")
-    if _FAMILY[kind].mlp is MlpType.SWIGLU and act not in (None, "silu", "swish") and kind != "gemma":
-        notes.append(f"hidden_act {act} mapped to swiglu (same parameter shapes)")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]
         shared = f" + {moe['shared_experts']} shared" if moe.get("shared_experts") else ""
