@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memplan.config import (
     FINETUNE_OPTIONS,
@@ -51,7 +51,9 @@ from memplan.search.budget import (
     reserve_bytes,
     verdict,
 )
-from memplan.time.timing import Timing, check_time_inputs, timing
+
+if TYPE_CHECKING:
+    from memplan.time.timing import Timing
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -286,6 +288,8 @@ def build(o: Options) -> Built:
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
         return Built(o, result, None, None, None, host)
+    from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
+
     gpu = gpu_of(o, o.gpu)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf

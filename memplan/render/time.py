@@ -4,9 +4,13 @@ decimal (TFLOP = 10¹²)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
 from memplan.render.fitted import Col, Fitted
-from memplan.time.timing import Timing
+
+if TYPE_CHECKING:
+    from memplan.time.timing import Timing
 
 _BASIS = {
     "predicted": "predicted: kernels at their achievable peak + exposed communication + bubble + optimizer",
