@@ -62,14 +62,14 @@ class Run:
     """``s`` (seconds per iteration) or ``TFLOP/s`` (per GPU)."""
 
 
-def gpt(h: int, heads: int, layers: int) -> ModelConfig:
+def gpt(h: int, heads: int, layers: int, vocab: int = GPT_VOCAB) -> ModelConfig:
     """The GPT layout Megatron's papers train (module docstring)."""
     return ModelConfig(
         name=f"gpt-h{h}-l{layers}",
         hidden_size=h,
         num_layers=layers,
         num_heads=heads,
-        vocab_size=GPT_VOCAB,
+        vocab_size=vocab,
         norm=NormType.LAYERNORM,
         mlp=MlpType.GELU,
         qkv_bias=True,

@@ -15,42 +15,21 @@ import pytest
 from memplan.config import (
     Attention,
     Checkpointing,
-    MlpType,
     ModelConfig,
-    NormType,
     Parallel,
-    PositionType,
     Precision,
     Setup,
     StrategyConfig,
     TrainingConfig,
 )
 from memplan.presets import load_gpu, load_model_preset
+from memplan.time.published import gpt  # the GPT layout of Megatron's papers
 from memplan.time.timing import timing
 
 from .layout import plan
 
 A100 = load_gpu("a100-80gb")  # 312 TFLOP/s bf16/fp16 dense
 SEQ, VOCAB = 2048, 51200
-
-
-def gpt(h: int, a: int, layers: int, vocab: int = VOCAB) -> ModelConfig:
-    return ModelConfig(
-        name=f"gpt-{h}",
-        hidden_size=h,
-        num_layers=layers,
-        num_heads=a,
-        vocab_size=vocab,
-        norm=NormType.LAYERNORM,
-        mlp=MlpType.GELU,
-        qkv_bias=True,
-        out_bias=True,
-        mlp_bias=True,
-        position=PositionType.LEARNED,
-        max_positions=SEQ,
-        attn_dropout=0.1,
-        resid_dropout=0.1,
-    )
 
 
 def korthikanti_model(batch: int, layers: int, h: int, s: int = SEQ, v: int = VOCAB) -> int:
