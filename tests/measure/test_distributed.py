@@ -24,6 +24,8 @@ from memplan.measure.compare import estimated_by_name
 from memplan.measure.dist_compare import comparison, sequence_parallel_gathers
 from memplan.measure.dist_instruments import collective_name
 from memplan.measure.distributed import launch
+from memplan.presets import load_gpu
+from memplan.time.comm import communication
 
 SEQ = 32
 TIMEOUT_S = 300  # a loaded 2-core machine starts 4 torch processes slowly; a hang still ends
@@ -55,6 +57,12 @@ def _collectives(rank: dict[str, Any]) -> dict[tuple[str, str, str], tuple[int, 
     }
 
 
+def _table(est: Any, dimension: str) -> dict[tuple[str, str], Any]:
+    """The communication table's rows of ``dimension`` by (collective, phase)."""
+    rows = communication(est, load_gpu("h100-sxm").topology)[1]
+    return {(r.collective.value, r.phase.value): r for r in rows if r.dimension == dimension}
+
+
 def _exact(est: Any, result: dict[str, Any]) -> None:
     """Every rank's saved tensors (name by name, no unnamed ones) and model states equal the estimate."""
     expected = {n: {"count": c, "bytes": b} for n, (c, b) in estimated_by_name(est).items()}
@@ -80,6 +88,15 @@ def test_zero3_over_two_ranks_equals_the_estimate(zero3: tuple[Any, dict[str, An
         assert comm[("dp", "all_gather", "forward")] == (units, psi // 2 * 4)
         assert comm[("dp", "all_gather", "backward")] == (units, psi // 2 * 4)
         assert comm[("dp", "reduce_scatter", "backward")] == (units, psi * 4)
+        # The communication table (time/comm.py) moves the same bytes: one row per kind and micro-batch
+        # (its buckets are one call), an all-gather's row carrying the gathered output (each rank sends
+        # 1/dp of it), a reduce-scatter's the full gradient buffer each rank sends.
+        table = _table(est, "dp")
+        for phase in ("forward", "backward"):
+            row = table[("all-gather", phase)]
+            assert comm[("dp", "all_gather", phase)][1] * row.group == row.bytes * row.count
+        row = table[("reduce-scatter", "backward")]
+        assert comm[("dp", "reduce_scatter", "backward")][1] == row.bytes * row.count
 
 
 def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, Any]]) -> None:
@@ -96,6 +113,11 @@ def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, 
         count, nbytes = comm[("tp", "all_reduce", "forward")]
         assert count == 2 * m.num_layers + 1 + 3
         assert nbytes >= (2 * m.num_layers + 1) * bsh
+        # The communication table's forward all-reduces (row-parallel outputs and the vocabulary-parallel
+        # cross entropy's three per-token fp32 reductions): the same calls and bytes.
+        table = [r for r in communication(est, load_gpu("h100-sxm").topology)[1] if r.dimension == "tp"]
+        forward = [r for r in table if r.phase.value == "forward" and r.collective.value == "all-reduce"]
+        assert (count, nbytes) == (sum(r.count for r in forward), sum(r.bytes * r.count for r in forward))
         # DTensor: one backward all-reduce per column-parallel linear (W_Q, W_K, W_V, gate, up) and the lm
         # head, where Megatron's f operator does one per block (docs/distributed.md).
         assert comm[("tp", "all_reduce", "backward")] == (5 * m.num_layers + 1, (5 * m.num_layers + 1) * bsh)
