@@ -19,6 +19,7 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
+from memplan.config.model import MlpType, ModelConfig
 from memplan.config.training import DType
 
 
@@ -205,3 +206,20 @@ def finetune_from(method: Method, given: dict[str, Any], double_quant: bool, com
             "compute_dtype": compute,
         }
     return FineTune.model_validate({"method": method, **fields})
+
+
+def linear_shapes(model: ModelConfig) -> dict[Target, tuple[int, int]]:
+    """(in, out) features of each linear of one layer (a GELU MLP has no gate: up and down only)."""
+    h, qd, kvd, f = model.hidden_size, model.q_width, model.kv_width, model.ffn
+    out = {
+        Target.Q: (h, qd),
+        Target.K: (h, kvd),
+        Target.V: (h, kvd),
+        Target.O: (qd, h),
+        Target.GATE: (h, f),
+        Target.UP: (h, f),
+        Target.DOWN: (f, h),
+    }
+    if model.mlp is not MlpType.SWIGLU:
+        del out[Target.GATE]
+    return out

@@ -42,7 +42,7 @@ from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules
 from memplan.config import Attention, DType, MlpType, NormType, Setup
-from memplan.config.finetune import Method, Target
+from memplan.config.finetune import Method, Target, linear_shapes
 
 B, R, T = Block, Role, Target
 ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
@@ -197,25 +197,11 @@ def norm_keep(setup: Setup, g_x: bool, weight_trains: bool, n: int) -> list[bool
     return [g_x or weight_trains] * n
 
 
-def widths(setup: Setup, dims: Dims) -> dict[Target, tuple[int, int]]:
-    """Each target's (in, out) features."""
-    h, qd, kvd, f = dims.h, dims.a * dims.d, dims.kv * dims.d, dims.f
-    return {
-        T.Q: (h, qd),
-        T.K: (h, kvd),
-        T.V: (h, kvd),
-        T.O: (qd, h),
-        T.GATE: (h, f),
-        T.UP: (h, f),
-        T.DOWN: (f, h),
-    }
-
-
 def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
     """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient) and the dropped x, A's
     input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's rule."""
     block = B.ATTN if t in ATTN_TARGETS else B.MLP
-    fan_in = widths(setup, dims)[t][0]
+    fan_in = linear_shapes(setup.model)[t][0]
     b, s, act, r = dims.b, dims.s, dims.act, setup.finetune.rank
     out = []
     if setup.finetune.dropout > 0:
@@ -341,7 +327,7 @@ def _linear(fwd: int, g_x: bool, trains: bool) -> int:
 def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
     """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
     tokens, r = dims.tokens, setup.finetune.rank
-    shapes = widths(setup, dims)
+    shapes = linear_shapes(setup.model)
     targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
     inputs = {
         T.Q: f.g_y,

@@ -21,8 +21,8 @@ precision (peft casts them to fp32 in QLoRA's recipe, which ``--precision fp32``
 from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
-from memplan.config import MlpType, Setup, ZeroStage
-from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, Target
+from memplan.config import Setup, ZeroStage
+from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, linear_shapes
 from memplan.strategies.zero import ModelStates, model_states, shard
 
 FP32_BYTES = 4
@@ -42,27 +42,9 @@ def quantized_bytes(n: int, double_quant: bool) -> int:
     return packed + blocks + FP32_BYTES + FP32_BYTES * blocks2 + CODE_8BIT + CODE_4BIT
 
 
-def linear_shapes(setup: Setup) -> dict[Target, tuple[int, int]]:
-    """(in, out) of each linear of a layer (GELU: up and down only)."""
-    m = setup.model
-    h, qd, kvd, f = m.hidden_size, m.q_width, m.kv_width, m.ffn
-    out = {
-        Target.Q: (h, qd),
-        Target.K: (h, kvd),
-        Target.V: (h, kvd),
-        Target.O: (qd, h),
-        Target.GATE: (h, f),
-        Target.UP: (h, f),
-        Target.DOWN: (f, h),
-    }
-    if m.mlp is not MlpType.SWIGLU:
-        del out[Target.GATE]
-    return out
-
-
 def adapter_params(setup: Setup) -> int:
     """LoRA parameters of one adapted layer: A [r, in] and B [out, r] per target (peft: no bias)."""
-    r, shapes = setup.finetune.rank, linear_shapes(setup)
+    r, shapes = setup.finetune.rank, linear_shapes(setup.model)
     return sum(r * (shapes[t][0] + shapes[t][1]) for t in setup.finetune.targets)
 
 
@@ -95,7 +77,7 @@ def base_weight_bytes(setup: Setup, params: ParamCount) -> int:
     w = setup.training.precision.weight_bytes
     if setup.finetune.method is not Method.QLORA:
         return params.total * w
-    shapes = linear_shapes(setup).values()
+    shapes = linear_shapes(setup.model).values()
     linear_elements = sum(i * o for i, o in shapes)
     quant = sum(quantized_bytes(i * o, setup.finetune.double_quant) for i, o in shapes)
     layers = setup.model.num_layers
@@ -120,7 +102,7 @@ def dequant_transient(setup: Setup) -> int:
     matmul (forward, and again for dX in backward) and frees it after; the largest linear's. 0 otherwise."""
     if setup.finetune.method is not Method.QLORA:
         return 0
-    largest = max(i * o for i, o in linear_shapes(setup).values())
+    largest = max(i * o for i, o in linear_shapes(setup.model).values())
     return largest * setup.finetune.compute_dtype.bytes
 
 
