@@ -25,6 +25,7 @@ from memplan.config import (
     AttentionChoice,
     Device,
     FineTune,
+    ImplConfig,
     ModelConfig,
     Offload,
     Optimizer,
@@ -91,6 +92,7 @@ def build_setup(
     offload: str = "none",
     loss: str = "standard",
     finetune: FineTune | None = None,
+    impl: ImplConfig | None = None,
 ) -> Setup:
     """A validated ``Setup`` from option values (the defaults are the options' defaults).
 
@@ -133,6 +135,7 @@ def build_setup(
             "loss": loss_kind,
             "loss_chunks": chunks,
             **({"finetune": finetune} if finetune is not None else {}),
+            **({"impl": impl} if impl is not None else {}),
         }
     )
 
@@ -236,6 +239,7 @@ def setup_of(o: Options) -> Setup:
             o.double_quant,
             o.precision.activation_dtype,
         ),
+        impl=ImplConfig(impl=o.impl, use_cache=o.use_cache, reentrant=o.reentrant),
     )
 
 

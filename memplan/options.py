@@ -16,6 +16,7 @@ from memplan.config import (
     AttentionChoice,
     Device,
     Frozen,
+    Impl,
     MethodChoice,
     Optimizer,
     Precision,
@@ -113,6 +114,24 @@ class Options(Frozen):
         _STRATEGY,
         default=0,
         metavar="0-3",
+    )
+    impl: Impl = _option(
+        "Whose training code the estimate follows: reference (memplan's own model, what trace/profile "
+        "run), hf (Hugging Face transformers' modeling code of the model's family), torchtitan (its "
+        "Llama), megatron (Megatron-core's fused layers, Korthikanti et al. 2022)",
+        _STRATEGY,
+        default=Impl.REFERENCE,
+    )
+    use_cache: bool = _option(
+        "--impl hf: the forward builds a KV cache (transformers' default in training; gradient "
+        "checkpointing turns it off)",
+        _STRATEGY,
+        default=True,
+    )
+    reentrant: bool = _option(
+        "--impl hf: gradient checkpointing with use_reentrant=True (transformers' default: False)",
+        _STRATEGY,
+        default=False,
     )
     device: Device = _option(
         "Kernels the step runs on (a few saved tensors differ between cuda and cpu)",

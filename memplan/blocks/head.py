@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
+from memplan.blocks.profile import profile_of
 from memplan.config import DType, LossKind, ModelConfig, Setup
 
 FP32, INT64 = DType.FP32, DType.INT64
@@ -71,9 +72,17 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.LOG_PROBS,
             "log_softmax output of the fp32 logits: d = p − onehot",
         ),
-        save(B.LOSS, "labels", (b, s), INT64, R.LABELS, "targets of nll_loss"),
+        labels_rule(setup, dims),
         save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "nll_loss's normaliser (a fp32 scalar)"),
     ]
+
+
+def labels_rule(setup: Setup, dims: Dims) -> Rule:
+    """nll_loss's targets: the [b, s] labels, or transformers' padded-and-shifted [b, s+1] storage."""
+    if profile_of(setup).labels_padded:
+        why = "targets of nll_loss: a shifted view of the labels padded by one ignore_index"
+        return save(B.LOSS, "labels", (dims.b, dims.s + 1), INT64, R.LABELS, why)
+    return save(B.LOSS, "labels", (dims.b, dims.s), INT64, R.LABELS, "targets of nll_loss")
 
 
 def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:

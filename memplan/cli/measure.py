@@ -25,7 +25,7 @@ from memplan.cli.common import (
     with_options,
 )
 from memplan.cli.nproc import LAYOUT_OPTIONS
-from memplan.config import Device, Setup
+from memplan.config import Device, Impl, Setup
 from memplan.engine import estimate
 
 if TYPE_CHECKING:
@@ -76,7 +76,18 @@ _FINETUNE_OPTIONS = FINETUNE_FLAGS
 linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it does)."""
 
 
-@with_options(*_RUN_OPTIONS, "zero", "dp", "cp", "device", *_FINETUNE_OPTIONS, device=Device.CPU)
+@with_options(
+    *_RUN_OPTIONS,
+    "zero",
+    "dp",
+    "cp",
+    "device",
+    "impl",
+    "use_cache",
+    "reentrant",
+    *_FINETUNE_OPTIONS,
+    device=Device.CPU,
+)
 def trace(as_json: JsonOpt = False, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
@@ -92,6 +103,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     with user_errors():
         setup = setup_of(options_of(options))
         _torch_or_fail()
+        if setup.impl.impl is not Impl.REFERENCE:
+            return _trace_impl(setup, as_json)
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable, check_sizes
         from memplan.measure.run import measure, trace_device
@@ -115,6 +128,32 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         from memplan.render.measure import trace_report
 
         Console().print(trace_report(result, seconds))
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
+
+
+def _trace_impl(setup: Setup, as_json: bool) -> None:
+    """``trace --impl hf``: the framework's own model under fake tensors, compared per layer and in total
+    (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op)."""
+    from memplan.measure.hf import check_traceable, measure_hf
+    from memplan.measure.impl_compare import impl_comparison_json
+
+    check_traceable(setup)
+    est = estimate(setup)
+    start = time.perf_counter()
+    meas = measure_hf(setup)
+    seconds = time.perf_counter() - start
+    result = impl_comparison_json(est, meas)
+    result["seconds"] = round(seconds, 3)
+    result["ran_on"] = "cpu"
+    if as_json:
+        typer.echo(json.dumps(result, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        from memplan.render.measure import impl_trace_report
+
+        Console().print(impl_trace_report(result, seconds))
     if not result["diff"]["equal"]:
         raise typer.Exit(1)
 

@@ -10,6 +10,7 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
 - ``offload``: ``Offload`` (host offload) and ``LossKind`` (the loss variant);
 - ``finetune``: ``FineTune`` (full, LoRA, QLoRA; freezing), ``Method``, ``Target``, ``Quant``;
+- ``impl``: ``Impl`` (whose code runs the step), ``ImplConfig`` (its switches), ``Family``;
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
@@ -26,6 +27,7 @@ from memplan.config.finetune import (
     parse_freeze,
     parse_targets,
 )
+from memplan.config.impl import Family, Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
@@ -49,8 +51,11 @@ __all__ = [
     "Checkpointing",
     "DType",
     "Device",
+    "Family",
     "FineTune",
     "Frozen",
+    "Impl",
+    "ImplConfig",
     "LossKind",
     "Method",
     "MethodChoice",

@@ -13,6 +13,7 @@ from typing import Self
 from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
+from memplan.config.impl import Family
 
 
 class NormType(StrEnum):
@@ -133,6 +134,12 @@ class ModelConfig(Frozen):
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
     embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
+    family: Family | None = Field(
+        default=None,
+        description="Hugging Face model_type whose modeling code --impl hf follows; none: from the "
+        "layout (llama for RMSNorm, gpt2 for LayerNorm with learned positions, gpt_neox with rotary; "
+        "mixtral for MoE)",
+    )
 
     @model_validator(mode="after")
     def _derive(self) -> Self:
@@ -158,6 +165,17 @@ class ModelConfig(Frozen):
         return self
 
     # Typed accessors for the derived fields (never None after validation).
+    @property
+    def code_family(self) -> Family:
+        """The family whose transformers code runs this model (``family``, else read off the layout)."""
+        if self.family is not None:
+            return self.family
+        if self.moe is not None:
+            return Family.MIXTRAL
+        if self.norm is NormType.RMSNORM:
+            return Family.LLAMA
+        return Family.GPT2 if self.position is PositionType.LEARNED else Family.GPT_NEOX
+
     @property
     def kv_heads(self) -> int:
         assert self.num_kv_heads is not None  # filled by _derive

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune, Target
+from memplan.config.impl import Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
@@ -101,6 +102,8 @@ class Setup(Frozen):
     loss_chunks: int = Field(default=1, gt=0, le=1 << 20, description="chunks of the chunked loss")
     finetune: FineTune = FULL_TRAINING
     """Which parameters train (``config.finetune``); full training by default."""
+    impl: ImplConfig = ImplConfig()
+    """Whose training code the estimate follows (``config.impl``): memplan's reference by default."""
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -120,6 +123,7 @@ class Setup(Frozen):
         out["offload"] = offload_label(self.offload)
         out["loss"] = loss_label(self.loss, self.loss_chunks)
         out["finetune"] = self.finetune.method.name.lower()
+        out |= {name: json_value(v) for name, v in self.impl}
         return out
 
 
@@ -132,6 +136,8 @@ def check_setup(setup: Setup) -> None:
     check_savers(setup.offload, setup.loss, setup.loss_chunks, int(s.zero), segmented, mixed)
     if not setup.finetune.trains_everything:
         check_finetune(setup)
+    if setup.impl.impl is not Impl.REFERENCE:
+        check_impl(setup)
     if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
         raise ValueError(
             f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -184,6 +190,28 @@ def check_finetune(setup: Setup) -> None:
             raise ValueError(
                 f"finetune: fine-tuning or freezing with {name} is not modelled yet; "
                 "use full training (--finetune full, no --freeze) or drop that setting"
+            )
+
+
+def check_impl(setup: Setup) -> None:
+    """A framework profile covers what that framework's own code does on one replica; one-line errors."""
+    impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
+    if impl is Impl.MEGATRON:
+        return  # Megatron-core runs every layout memplan models
+    unmodelled = {
+        "--tp/--sp": par.tp > 1,
+        "--pp": par.pp > 1,
+        "--cp": par.cp > 1,
+        "--reversible": s.reversible,
+        "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
+        "--offload": setup.offload is not Offload.NONE,
+        "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+    }
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"impl: --impl {impl.value} with {name} is not modelled; use --impl reference (memplan's "
+                "reference model) or --impl megatron, or drop that setting"
             )
 
 

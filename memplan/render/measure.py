@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.text import Text
@@ -75,6 +76,18 @@ def verdict(equal: bool, what: str) -> Text:
     return Text(f"✗ {what}: estimate and measurement differ (a bug in one of them)", style="bold red")
 
 
+def impl_verdict(within: bool, exact: bool, impl: str, tolerance: float) -> Text:
+    if exact:
+        return verdict(True, f"trace --impl {impl}")
+    if within:
+        return Text(
+            f"✓ trace --impl {impl}: every layer and the total within {tolerance:.0%}", style="bold green"
+        )
+    return Text(
+        f"✗ trace --impl {impl}: a layer or the total differs by more than {tolerance:.0%}", style="bold red"
+    )
+
+
 def layer_table(diff: dict[str, object]) -> Fitted:
     """Bytes each transformer layer keeps, estimated vs measured (layers with equal figures on one row)."""
     rows = diff["layers"]
@@ -108,6 +121,25 @@ def trace_report(result: dict[str, object], seconds: float) -> RenderableType:
         flop_table(diff),
         Text(f"traced in {seconds:.1f} s ({_RAN_ON.get(str(result.get('ran_on')), _RAN_ON['cpu'])})"),
         verdict(bool(diff["equal"]), "trace"),
+    )
+
+
+def impl_trace_report(result: dict[str, Any], seconds: float) -> RenderableType:
+    """``trace --impl``: tensors paired with the framework's (module · op), layers with their ratio, the
+    total, FLOPs; the verdict is within 1 % per layer and in total."""
+    diff = result["diff"]
+    impl = result["estimated"]["setup"]["impl"]
+    total = diff["total"]
+    exact = "exactly equal" if diff["exact"] else f"measured/estimated {total['ratio']:.4f}"
+    return Group(
+        tensor_table(diff),
+        layer_table(diff),
+        flop_table(diff),
+        Text(
+            f"{impl}: {fmt_bytes(total['measured'])} measured, {fmt_bytes(total['estimated'])} estimated "
+            f"({exact}); traced in {seconds:.1f} s on fake tensors (CPU)"
+        ),
+        impl_verdict(bool(diff["equal"]), bool(diff["exact"]), impl, float(diff["tolerance"])),
     )
 
 

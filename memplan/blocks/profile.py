@@ -1,0 +1,39 @@
+"""Implementation profiles: what one framework's code keeps where memplan's reference model keeps something
+else, as data the blocks read (``profile_of(setup)``), not a fork of the engine.
+
+A ``Profile`` is a set of switches, each one fact about the code that runs, with the op that causes it. The
+reference model is the all-default profile. ``hf`` reads transformers' ``modeling_<model_type>.py`` per
+family (``ModelConfig.code_family``); ``torchtitan`` its Llama; ``megatron`` Megatron-core's fused layers.
+Each switch is named after what the code does, and the block that owns the tensor applies it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from memplan.config import Impl, Setup
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the running code keeps, beyond the reference model (every switch off: the reference)."""
+
+    impl: Impl = Impl.REFERENCE
+    labels_padded: bool = False
+    """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
+    shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+
+
+REFERENCE = Profile()
+
+
+def profile_of(setup: Setup) -> Profile:
+    """The profile of ``setup.impl`` for the model's family."""
+    if setup.impl.impl is Impl.HF:
+        return hf_profile(setup)
+    return REFERENCE
+
+
+def hf_profile(setup: Setup) -> Profile:
+    """transformers' modeling code (5.x) of ``setup.model.code_family``."""
+    return Profile(impl=Impl.HF, labels_padded=True)

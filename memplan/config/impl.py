@@ -1,0 +1,59 @@
+"""Whose code runs the step: memplan's reference model, Hugging Face transformers, torchtitan or
+Megatron-core. The same model trained by different code keeps different tensors for backward (a fp32
+softmax copy, a per-layer mask, a fused qkv buffer): ``Impl`` names the code, ``ImplConfig`` its switches,
+and ``blocks.profile`` turns them into what each block keeps. Which family's code runs (``Family``) is
+the model's ``family`` (a Hugging Face ``model_type``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from memplan.config._base import Frozen
+
+
+class Impl(StrEnum):
+    """The training code whose saved tensors the estimate follows (``--impl``)."""
+
+    REFERENCE = "reference"
+    """memplan's own reference model (``memplan/measure/model.py``), what ``trace`` and ``profile`` run."""
+    HF = "hf"
+    """Hugging Face transformers' modeling code of the model's family (``modeling_<model_type>.py``)."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's Llama (``torchtitan/models/llama3``): ``nn.RMSNorm``, SDPA, its checkpoint modes."""
+    MEGATRON = "megatron"
+    """Megatron-core GPT layers with fused kernels, as Korthikanti et al. (2022) count them."""
+
+
+class Family(StrEnum):
+    """A Hugging Face ``model_type``: which ``modeling_*.py`` ``--impl hf`` follows."""
+
+    LLAMA = "llama"
+    MISTRAL = "mistral"
+    QWEN2 = "qwen2"
+    QWEN3 = "qwen3"
+    GEMMA = "gemma"
+    GEMMA2 = "gemma2"
+    GEMMA3 = "gemma3_text"
+    PHI3 = "phi3"
+    GPT2 = "gpt2"
+    GPT_NEOX = "gpt_neox"
+    MIXTRAL = "mixtral"
+    QWEN2_MOE = "qwen2_moe"
+
+
+class ImplConfig(Frozen):
+    """The implementation and the switches of its code that change what it keeps."""
+
+    impl: Impl = Impl.REFERENCE
+    use_cache: bool = Field(
+        default=True,
+        description="hf: the forward builds a KV cache (transformers' default in training unless "
+        "use_cache=False; off under gradient checkpointing, which turns it off)",
+    )
+    reentrant: bool = Field(
+        default=False,
+        description="hf: gradient checkpointing with use_reentrant=True (transformers' default is False)",
+    )
