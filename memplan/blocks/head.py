@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
-from memplan.blocks.profile import profile_of
+from memplan.blocks.profiles import profile_of
 from memplan.config import DType, LossKind, ModelConfig, Setup
 
 FP32, INT64 = DType.FP32, DType.INT64

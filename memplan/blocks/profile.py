@@ -5,13 +5,14 @@ A ``Profile`` is a set of switches, each one fact about the code that runs, with
 reference model is the all-default profile. ``hf`` reads transformers' ``modeling_<model_type>.py`` per
 family (``ModelConfig.code_family``); ``torchtitan`` its Llama; ``megatron`` Megatron-core's fused layers.
 Each switch is named after what the code does, and the block that owns the tensor applies it.
+``blocks.profiles.profile_of(setup)`` picks the profile of a setup.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Impl, Setup
+from memplan.config import Impl
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,3 @@ class Profile:
 
 
 REFERENCE = Profile()
-
-
-def profile_of(setup: Setup) -> Profile:
-    """The profile of ``setup.impl`` for the model's family."""
-    if setup.impl.impl is Impl.HF:
-        return hf_profile(setup)
-    return REFERENCE
-
-
-def hf_profile(setup: Setup) -> Profile:
-    """transformers' modeling code (5.x) of ``setup.model.code_family``."""
-    return Profile(impl=Impl.HF, labels_padded=True)

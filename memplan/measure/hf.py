@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, Family, Impl, MlpType, Setup
+from memplan.config import Attention, Checkpointing, Impl, Setup
+from memplan.measure.hf_config import hf_config, require_transformers
 from memplan.measure.instruments import (
     FlopMeter,
     SavedRecord,
@@ -38,19 +39,6 @@ from memplan.measure.instruments import (
 )
 from memplan.measure.run import Measured, make_batch
 
-INSTALL = "pip install 'memplan[hf]'"
-
-
-def require_transformers() -> Any:
-    """The ``transformers`` module, or a one-line ``ValueError`` saying how to install it."""
-    try:
-        import transformers
-    except ImportError:
-        raise ValueError(
-            f"impl: --impl hf runs Hugging Face transformers, not installed; {INSTALL}"
-        ) from None
-    return transformers
-
 
 def check_traceable(setup: Setup) -> None:
     """One-line errors before building: the frameworks this module runs, and transformers installed."""
@@ -60,73 +48,6 @@ def check_traceable(setup: Setup) -> None:
             "transformers' code, trace (--impl reference) memplan's reference model"
         )
     require_transformers()
-
-
-def hf_config(setup: Setup) -> Any:
-    """The transformers config of ``setup.model`` for its family (``ModelConfig.code_family``)."""
-    transformers = require_transformers()
-    m = setup.model
-    family = m.code_family
-    common: dict[str, Any] = {
-        "vocab_size": m.vocab_size,
-        "tie_word_embeddings": m.tied_embeddings,
-        "use_cache": setup.impl.use_cache,
-    }
-    keys: dict[str, Any]
-    if family is Family.GPT2:
-        keys = {
-            "n_embd": m.hidden_size,
-            "n_layer": m.num_layers,
-            "n_head": m.num_heads,
-            "n_inner": m.ffn,
-            "n_positions": m.max_positions,
-            "layer_norm_epsilon": m.norm_eps,
-            "attn_pdrop": m.attn_dropout,
-            "resid_pdrop": m.resid_dropout,
-            "embd_pdrop": m.embd_dropout,
-        }
-    elif family is Family.GPT_NEOX:
-        keys = {
-            "hidden_size": m.hidden_size,
-            "num_hidden_layers": m.num_layers,
-            "num_attention_heads": m.num_heads,
-            "intermediate_size": m.ffn,
-            "max_position_embeddings": m.max_positions,
-            "layer_norm_eps": m.norm_eps,
-            "rotary_emb_base": m.rope_theta,
-            "attention_dropout": m.attn_dropout,
-            "hidden_dropout": m.resid_dropout,
-        }
-    else:  # the Llama-style families
-        keys = {
-            "hidden_size": m.hidden_size,
-            "num_hidden_layers": m.num_layers,
-            "num_attention_heads": m.num_heads,
-            "num_key_value_heads": m.kv_heads,
-            "head_dim": m.dim,
-            "intermediate_size": m.ffn,
-            "max_position_embeddings": m.max_positions,
-            "rms_norm_eps": m.norm_eps,
-            "rope_theta": m.rope_theta,
-            "attention_dropout": m.attn_dropout,
-            "attention_bias": m.qkv_bias,
-            "hidden_act": "silu" if m.mlp is MlpType.SWIGLU else "gelu",
-        }
-        if m.moe is not None:
-            keys |= moe_keys(setup)
-    return transformers.AutoConfig.for_model(family.value, **common, **keys)
-
-
-def moe_keys(setup: Setup) -> dict[str, Any]:
-    """Mixtral / Qwen2-MoE expert keys."""
-    moe = setup.model.moe
-    assert moe is not None
-    keys: dict[str, Any] = {"num_experts_per_tok": moe.top_k}
-    if setup.model.code_family is Family.QWEN2_MOE:
-        keys |= {"num_experts": moe.experts, "moe_intermediate_size": setup.model.ffn}
-    else:
-        keys |= {"num_local_experts": moe.experts}
-    return keys
 
 
 def attn_implementation(setup: Setup) -> str:

@@ -1,0 +1,17 @@
+"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3)."""
+
+from __future__ import annotations
+
+from memplan.blocks.profile import Profile
+from memplan.config import Impl, Setup
+
+
+def common(setup: Setup) -> Profile:
+    """What every transformers causal LM does: ``ForCausalLMLoss`` (loss/loss_utils.py) pads the labels
+    by one ignore_index and shifts them by a view."""
+    return Profile(impl=Impl.HF, labels_padded=True)
+
+
+def profile(setup: Setup) -> Profile:
+    """Llama (``modeling_llama.py``)."""
+    return common(setup)

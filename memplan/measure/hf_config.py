@@ -1,0 +1,106 @@
+"""A memplan ``ModelConfig`` as the transformers config of its family (``ModelConfig.code_family``).
+
+One function per family group (``KEYS``) gives the config keys of ``AutoConfig.for_model``; keys a family
+does not take are never passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from memplan.config import Family, MlpType, Setup
+
+INSTALL = "pip install 'memplan[hf]'"
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module, or a one-line ``ValueError`` saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(
+            f"impl: --impl hf runs Hugging Face transformers, not installed; {INSTALL}"
+        ) from None
+    return transformers
+
+
+def hf_config(setup: Setup) -> Any:
+    """The transformers config of ``setup.model`` for its family."""
+    transformers = require_transformers()
+    m = setup.model
+    family = m.code_family
+    common: dict[str, Any] = {
+        "vocab_size": m.vocab_size,
+        "tie_word_embeddings": m.tied_embeddings,
+        "use_cache": setup.impl.use_cache,
+    }
+    return transformers.AutoConfig.for_model(family.value, **common, **KEYS[family](setup))
+
+
+def gpt2_keys(setup: Setup) -> dict[str, Any]:
+    m = setup.model
+    return {
+        "n_embd": m.hidden_size,
+        "n_layer": m.num_layers,
+        "n_head": m.num_heads,
+        "n_inner": m.ffn,
+        "n_positions": m.max_positions,
+        "layer_norm_epsilon": m.norm_eps,
+        "attn_pdrop": m.attn_dropout,
+        "resid_pdrop": m.resid_dropout,
+        "embd_pdrop": m.embd_dropout,
+    }
+
+
+def gpt_neox_keys(setup: Setup) -> dict[str, Any]:
+    m = setup.model
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "intermediate_size": m.ffn,
+        "max_position_embeddings": m.max_positions,
+        "layer_norm_eps": m.norm_eps,
+        "rotary_emb_base": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "hidden_dropout": m.resid_dropout,
+    }
+
+
+def llama_keys(setup: Setup) -> dict[str, Any]:
+    """The Llama-style families (Llama, Mistral, Qwen2/3, Gemma, Phi-3, and the MoEs' common keys)."""
+    m = setup.model
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.kv_heads,
+        "head_dim": m.dim,
+        "intermediate_size": m.ffn,
+        "max_position_embeddings": m.max_positions,
+        "rms_norm_eps": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "attention_bias": m.qkv_bias,
+        "hidden_act": "silu" if m.mlp is MlpType.SWIGLU else "gelu",
+    }
+
+
+def moe_keys(setup: Setup) -> dict[str, Any]:
+    """Mixtral / Qwen2-MoE: the Llama keys and the experts."""
+    moe = setup.model.moe
+    assert moe is not None
+    keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k}
+    if setup.model.code_family is Family.QWEN2_MOE:
+        return keys | {"num_experts": moe.experts, "moe_intermediate_size": setup.model.ffn}
+    return keys | {"num_local_experts": moe.experts}
+
+
+KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
+    **{f: llama_keys for f in Family},
+    Family.GPT2: gpt2_keys,
+    Family.GPT_NEOX: gpt_neox_keys,
+    Family.MIXTRAL: moe_keys,
+    Family.QWEN2_MOE: moe_keys,
+}
