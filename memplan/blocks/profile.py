@@ -23,6 +23,16 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    experts_grouped_mm: bool = False
+    """transformers' default experts (``integrations/moe.py::grouped_mm_experts_forward``,
+    ``experts_implementation="grouped_mm"``): gate and up are one grouped_mm output [S, 2f] that
+    ``chunk(2)`` views (``act_fn(gate) * up`` keeps the whole buffer), each grouped_mm keeps its offsets
+    [E] int32 (``cumsum(histc(...))``), and the slots go back to the tokens by ``weighted_out[inv_perm]``
+    and a sum over k, not ``index_add_``: the inverse permutation [S] int64 is kept, the weighted product
+    is not."""
+    routing_weights_fp32: bool = False
+    """Mixtral's router (``MixtralTopKRouter.forward``) returns its fp32 top-k weights uncast:
+    ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""
 
 
 REFERENCE = Profile()

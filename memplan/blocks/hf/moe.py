@@ -1,0 +1,58 @@
+"""transformers' mixtures of experts: ``modeling_mixtral.py`` and ``modeling_qwen2_moe.py`` (5.x).
+
+Both run their experts through ``@use_experts_implementation``, whose default ``experts_implementation`` is
+``grouped_mm`` (``PreTrainedModel.get_correct_experts_implementation``): ``grouped_mm_experts_forward`` in
+``integrations/moe.py`` sorts the T·k slots by expert and runs ``torch.nn.functional.grouped_mm`` over all
+of them (``Profile.experts_grouped_mm``). Every buffer it keeps is [S, ·] with S = T·k, whatever the
+split among the experts, so the kept bytes and the FLOPs do not depend on the routing (dropless; checked
+with realised random-router routings, tests/hf/test_moe.py). Mixtral's router does not cast its top-k
+weights back to the activation dtype (``Profile.routing_weights_fp32``); Qwen2-MoE's does.
+
+The attention, norms and loss are Mistral's and Qwen2's (``llama.profile``). Known limitations: NB the
+``eager`` experts loop (``experts_implementation="eager"``: one ``torch.where`` per expert) keeps the same
+bytes in E pieces but its shapes are data, which fake tensors cannot run; it is not a profile here. NB the
+router's auxiliary loss (``output_router_logits``) is off, as the configs' default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memplan.blocks.hf import llama
+from memplan.blocks.profile import Profile
+from memplan.config import MlpType, Setup
+
+
+def check(setup: Setup, shared: int) -> None:
+    """One-line errors for what the family's code cannot express: gated (SwiGLU-shaped) experts, dropless,
+    and ``shared`` shared experts (Mixtral none; Qwen2-MoE one, behind its sigmoid gate)."""
+    m, family = setup.model, setup.model.code_family.value
+    moe = m.moe
+    if moe is None:
+        raise ValueError(f"moe: model_type {family} is a mixture of experts; add a [model.moe] table")
+    if m.mlp is not MlpType.SWIGLU:
+        raise ValueError(f"mlp: {family}'s experts are gated (act(gate)·up, hidden_act silu); use mlp = swiglu")
+    if moe.capacity_factor is not None:
+        raise ValueError(f"capacity_factor: {family} routes dropless in transformers; drop capacity_factor")
+    if (moe.shared_experts, moe.shared_gate) != (shared, shared > 0):
+        gate = " with shared_gate = true" if shared else ""
+        raise ValueError(f"shared_experts: {family} has {shared} shared expert(s){gate}; set them so")
+
+
+def grouped(setup: Setup) -> Profile:
+    """The facts both share: the llama-like layers around ``grouped_mm_experts_forward``."""
+    return replace(llama.profile(setup), experts_grouped_mm=True)
+
+
+def mixtral(setup: Setup) -> Profile:
+    """Mixtral (``MixtralSparseMoeBlock``): ``MixtralTopKRouter`` renormalises in fp32 and returns the
+    weights uncast; no shared experts."""
+    check(setup, shared=0)
+    return replace(grouped(setup), routing_weights_fp32=True)
+
+
+def qwen2_moe(setup: Setup) -> Profile:
+    """Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): router weights cast to the activation dtype
+    (``router_top_value.to(router_logits.dtype)``), one shared expert behind ``sigmoid(shared_expert_gate)``."""
+    check(setup, shared=1)
+    return grouped(setup)
