@@ -27,8 +27,13 @@ measurement (tests/measure/test_moe.py: no / full / selective / every-k checkpoi
 SwiGLU and GELU experts, shared experts with and without a gate; real tiny tensors and fake ones at
 Mixtral-8x7B's size).
 
-Known limitations (NB): routing is assumed balanced (each device of an expert-parallel group processes
-S slots on average; the most loaded expert can take more; on one device the split changes no total);
+Routing assumption (``routing``, in the JSON's ``moe``): dropless top-k, S = T·k slots. On one device the
+kept bytes and FLOPs do not depend on how the slots split among the experts: every buffer is [S, ·], or
+E per-expert pieces whose rows sum to S (checked with realised, unbalanced routings of random routers,
+tests/measure/test_moe.py and tests/hf/test_moe.py). A split only matters per expert-parallel rank, which
+is assumed balanced (S/ep slots: the most loaded rank can take more).
+
+Known limitations (NB):
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
 the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
 not counted; tensor and sequence parallelism are not measured (strategies/sequence_parallel.py's rules
@@ -213,9 +218,25 @@ def combine_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
         return [weight, product]
     return [
         weight,
-        save(B.MOE, "offsets", (moe.experts,), INT32, R.DISPATCH_INDEX, "grouped_mm's group ends, kept by both"),
-        save(B.MOE, "inverse_index", (slots,), INT64, R.DISPATCH_INDEX, "weighted_out[inv_perm]: its backward"),
+        save(
+            B.MOE, "offsets", (moe.experts,), INT32, R.DISPATCH_INDEX, "grouped_mm's group ends, kept by both"
+        ),
+        save(
+            B.MOE, "inverse_index", (slots,), INT64, R.DISPATCH_INDEX, "weighted_out[inv_perm]: its backward"
+        ),
     ]
+
+
+def routing(setup: Setup, moe: MoEConfig) -> dict[str, int | str]:
+    """The routing assumption of the estimate, for the JSON: the slots S and what they assume."""
+    t = Dims.of(setup).tokens
+    if moe.capacity_factor is None:
+        how = f"dropless top-{moe.top_k}: every choice computed, S = T·k; bytes independent of the split"
+    else:
+        how = (
+            f"capacity factor {moe.capacity_factor}: each expert padded to ⌈c·T·k/E⌉ slots, overflow dropped"
+        )
+    return {"tokens": t, "slots": moe.slots(t), "assumption": how}
 
 
 # ----------------------------------------------------------------------------------------------------

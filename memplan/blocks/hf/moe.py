@@ -23,20 +23,27 @@ from memplan.blocks.profile import Profile
 from memplan.config import MlpType, Setup
 
 
-def check(setup: Setup, shared: int) -> None:
-    """One-line errors for what the family's code cannot express: gated (SwiGLU-shaped) experts, dropless,
-    and ``shared`` shared experts (Mixtral none; Qwen2-MoE one, behind its sigmoid gate)."""
+def check(setup: Setup, shared: bool) -> None:
+    """One-line errors for what the family's code cannot express: gated (SwiGLU-shaped) experts, dropless
+    routing, and shared experts (Mixtral none; Qwen2-MoE one of width n·f_s behind its sigmoid gate)."""
     m, family = setup.model, setup.model.code_family.value
     moe = m.moe
     if moe is None:
         raise ValueError(f"moe: model_type {family} is a mixture of experts; add a [model.moe] table")
     if m.mlp is not MlpType.SWIGLU:
-        raise ValueError(f"mlp: {family}'s experts are gated (act(gate)·up, hidden_act silu); use mlp = swiglu")
+        raise ValueError(
+            f"mlp: {family}'s experts are gated (act(gate)·up, hidden_act silu); use mlp = swiglu"
+        )
     if moe.capacity_factor is not None:
         raise ValueError(f"capacity_factor: {family} routes dropless in transformers; drop capacity_factor")
-    if (moe.shared_experts, moe.shared_gate) != (shared, shared > 0):
-        gate = " with shared_gate = true" if shared else ""
-        raise ValueError(f"shared_experts: {family} has {shared} shared expert(s){gate}; set them so")
+    if shared and not (moe.shared_experts and moe.shared_gate):
+        raise ValueError(
+            f"shared_gate: {family} has a sigmoid-gated shared expert; set shared_experts ≥ 1 and shared_gate"
+        )
+    if not shared and moe.shared_experts:
+        raise ValueError(
+            f"shared_experts: {family} has none; set shared_experts = 0 (or family qwen2_moe, shared_gate)"
+        )
 
 
 def grouped(setup: Setup) -> Profile:
@@ -47,12 +54,13 @@ def grouped(setup: Setup) -> Profile:
 def mixtral(setup: Setup) -> Profile:
     """Mixtral (``MixtralSparseMoeBlock``): ``MixtralTopKRouter`` renormalises in fp32 and returns the
     weights uncast; no shared experts."""
-    check(setup, shared=0)
+    check(setup, shared=False)
     return replace(grouped(setup), routing_weights_fp32=True)
 
 
 def qwen2_moe(setup: Setup) -> Profile:
     """Qwen2-MoE (``Qwen2MoeSparseMoeBlock``): router weights cast to the activation dtype
-    (``router_top_value.to(router_logits.dtype)``), one shared expert behind ``sigmoid(shared_expert_gate)``."""
-    check(setup, shared=1)
+    (``router_top_value.to(router_logits.dtype)``), one shared expert behind
+    ``sigmoid(shared_expert_gate)``."""
+    check(setup, shared=True)
     return grouped(setup)
