@@ -188,11 +188,11 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
 
 
 def expert_inner_rules(setup: Setup, slots: int) -> list[Rule]:
-    """The experts' [S, f] tensors, as a dense MLP's; with transformers' grouped_mm experts
-    (``Profile.experts_grouped_mm``) gate and up are views of one [S, 2f] output, kept whole."""
+    """The experts' [S, f] tensors, as a dense MLP's; with transformers' fused ``gate_up_proj``
+    (``Profile.experts_gate_up_fused``) gate and up are views of one [S, 2f] output, kept whole."""
     dims = Dims.of(setup)
     inner = mlp_inner_rules(setup, B.MOE, "", (slots, dims.f), dims.act)
-    if not profile_of(setup).experts_grouped_mm:
+    if not profile_of(setup).experts_gate_up_fused:
         return inner
     why = "gate_up grouped_mm output, chunked: silu'(gate) needs gate, d silu(gate) needs up"
     fused = save(B.MOE, "gate_up", (slots, 2 * dims.f), dims.act, R.MLP_INNER, why)

@@ -23,13 +23,17 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    experts_gate_up_fused: bool = False
+    """transformers' experts hold gate and up as one ``gate_up_proj``: their product [S, 2f] is one
+    storage that ``chunk(2)`` views, so ``act_fn(gate) * up`` keeps the whole buffer (the same bytes as a
+    separate gate and up, one tensor)."""
     experts_grouped_mm: bool = False
     """transformers' default experts (``integrations/moe.py::grouped_mm_experts_forward``,
-    ``experts_implementation="grouped_mm"``): gate and up are one grouped_mm output [S, 2f] that
-    ``chunk(2)`` views (``act_fn(gate) * up`` keeps the whole buffer), each grouped_mm keeps its offsets
-    [E] int32 (``cumsum(histc(...))``), and the slots go back to the tokens by ``weighted_out[inv_perm]``
-    and a sum over k, not ``index_add_``: the inverse permutation [S] int64 is kept, the weighted product
-    is not."""
+    ``experts_implementation="grouped_mm"``): each grouped_mm keeps its offsets [E] int32
+    (``cumsum(histc(...))``), and the slots go back to the tokens by ``weighted_out[inv_perm]`` and a sum
+    over k, not ``index_add_``: the inverse permutation [S] int64 is kept, the weighted product is not.
+    (The ``eager`` loop keeps what the reference model keeps: per expert its ``torch.where`` [n_e, 2]
+    int64, and ``index_add_``'s source.)"""
     routing_weights_fp32: bool = False
     """Mixtral's router (``MixtralTopKRouter.forward``) returns its fp32 top-k weights uncast:
     ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""

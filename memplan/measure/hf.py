@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, Impl, Setup
+from memplan.config import Attention, Checkpointing, ExpertsImpl, Impl, Setup
 from memplan.measure.hf_config import hf_config, require_transformers
 from memplan.measure.instruments import (
     FlopMeter,
@@ -66,8 +66,9 @@ def build(setup: Setup) -> Any:
     transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
         model = transformers.AutoModelForCausalLM.from_config(
-            hf_config(setup), dtype=dtype, attn_implementation=attn_implementation(setup)
+            hf_config(setup), dtype=dtype, attn_implementation=attn_implementation(setup), **experts
         )
     model.train()
     return model
@@ -214,6 +215,11 @@ def op_names(loss: torch.Tensor) -> dict[int, str]:
 
 def measure_hf(setup: Setup, fake: bool = True) -> Measured:
     """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU."""
+    if fake and setup.model.moe and setup.impl.experts is ExpertsImpl.EAGER:
+        raise ValueError(
+            "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
+            "tensors cannot run; trace --experts grouped_mm, or measure eager on real tensors (tests/hf)"
+        )
     torch.manual_seed(0)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
         model = build(setup)

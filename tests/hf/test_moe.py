@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from memplan.config import ExpertsImpl
 from memplan.engine import Result, estimate
 from memplan.measure.hf import measure_hf
 from memplan.measure.impl_compare import paired_tensors
@@ -80,9 +81,12 @@ def tiny(preset: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_moe_realised_routing(preset: str) -> None:
-    """Real tensors: whatever the router chose (unbalanced), the bytes and FLOPs are the estimate's."""
+@pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
+def test_moe_realised_routing(preset: str, experts: str) -> None:
+    """Real tensors: whatever the router chose (unbalanced), the bytes and FLOPs are the estimate's, with
+    transformers' grouped_mm experts and with its eager loop (per-expert shapes: real tensors only)."""
     setup = hf_setup(preset, seq=SEQ, **tiny(preset))
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
     moe = setup.model.moe
     assert moe is not None
     est, meas = check_hf(setup, fake=False)
@@ -110,3 +114,10 @@ def test_moe_refused(preset: str, fields: dict[str, Any], field: str) -> None:
     """What transformers' MoE code cannot run is a one-line error naming the field."""
     with pytest.raises(ValueError, match=f"^{field}: "):
         estimate(hf_setup(preset, **fields))
+
+
+def test_eager_experts_refused_under_fake() -> None:
+    setup = hf_setup("mixtral-8x7b", layers=1, seq=16)
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl.EAGER})})
+    with pytest.raises(ValueError, match=r"^experts: "):
+        measure_hf(setup)

@@ -8,10 +8,14 @@ split among the experts, so the kept bytes and the FLOPs do not depend on the ro
 with realised random-router routings, tests/hf/test_moe.py). Mixtral's router does not cast its top-k
 weights back to the activation dtype (``Profile.routing_weights_fp32``); Qwen2-MoE's does.
 
+``--experts eager`` follows the modeling file's own loop (``experts_implementation="eager"``): per expert a
+``torch.where`` [n_e, 2] int64, its tokens' MLP and ``index_add_``, whose source [n_e, h] stays: E pieces
+whose rows sum to S, the reference model's bytes. Its shapes are data: only real tensors run it.
+
 The attention, norms and loss are Mistral's and Qwen2's (``llama.profile``). Known limitations: NB the
-``eager`` experts loop (``experts_implementation="eager"``: one ``torch.where`` per expert) keeps the same
-bytes in E pieces but its shapes are data, which fake tensors cannot run; it is not a profile here. NB the
-router's auxiliary loss (``output_router_logits``) is off, as the configs' default.
+router's auxiliary loss (``output_router_logits``) is off, as the configs' default; NB on a GPU without a
+grouped GEMM kernel transformers falls back to a custom op that holds the offsets on its ctx (32 B per
+layer that saved-tensor hooks do not see).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import replace
 
 from memplan.blocks.hf import llama
 from memplan.blocks.profile import Profile
-from memplan.config import MlpType, Setup
+from memplan.config import ExpertsImpl, MlpType, Setup
 
 
 def check(setup: Setup, shared: bool) -> None:
@@ -46,16 +50,17 @@ def check(setup: Setup, shared: bool) -> None:
         )
 
 
-def grouped(setup: Setup) -> Profile:
-    """The facts both share: the llama-like layers around ``grouped_mm_experts_forward``."""
-    return replace(llama.profile(setup), experts_grouped_mm=True)
+def experts(setup: Setup) -> Profile:
+    """The facts both share: the llama-like layers, ``gate_up_proj``, and the experts implementation."""
+    grouped = setup.impl.experts is ExpertsImpl.GROUPED_MM
+    return replace(llama.profile(setup), experts_gate_up_fused=True, experts_grouped_mm=grouped)
 
 
 def mixtral(setup: Setup) -> Profile:
     """Mixtral (``MixtralSparseMoeBlock``): ``MixtralTopKRouter`` renormalises in fp32 and returns the
     weights uncast; no shared experts."""
     check(setup, shared=False)
-    return replace(grouped(setup), routing_weights_fp32=True)
+    return replace(experts(setup), routing_weights_fp32=True)
 
 
 def qwen2_moe(setup: Setup) -> Profile:
@@ -63,4 +68,4 @@ def qwen2_moe(setup: Setup) -> Profile:
     (``router_top_value.to(router_logits.dtype)``), one shared expert behind
     ``sigmoid(shared_expert_gate)``."""
     check(setup, shared=True)
-    return grouped(setup)
+    return experts(setup)
