@@ -23,6 +23,30 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    fused_norm: bool = False
+    """Fused LayerNorm / RMSNorm kernels (Apex ``FusedLayerNormAffineFunction`` /
+    ``FusedRMSNormAffineFunction``, TE ``LayerNorm`` / ``RMSNorm`` / ``LayerNormLinear``):
+    ``save_for_backward`` keeps the input in the activation dtype and the fp32 statistics [b, s] (mean and
+    invvar; RMSNorm invvar only) on any device, no fp32 copy of x and no normalised output. Korthikanti's
+    "two LayerNorm inputs, 4sbh" (statistics ignored)."""
+    fused_causal_softmax: bool = False
+    """Megatron-core ``FusedScaleMaskSoftmax`` with the causal mask type (``masked_softmax_fusion``, on in
+    Megatron-LM's arguments): where ``is_kernel_available`` holds (``attention.fused_softmax_runs``) the
+    kernel ``ScaledUpperTriangMaskedSoftmax`` scales, masks and softmaxes in one op and saves its output only
+    (Korthikanti's "softmax output, 2as²b") and no mask tensor exists; elsewhere ``forward_torch_softmax``
+    runs: with ``attention_softmax_in_fp32`` (Megatron-core's default) the probabilities are kept in fp32
+    and ``masked_fill_`` keeps the cached [s, s] bool causal mask (``get_default_causal_mask``)."""
+    qkv_views: bool = False
+    """Megatron-core ``SelfAttention.get_query_key_value_tensors``: one W_QKV output [s, b, g, (a/g + 2)·d]
+    split by ``torch.split`` into views; a saved view keeps the whole buffer (``attention.qkv_view_rules``:
+    which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager core's ``repeat_interleave``).
+    For MHA without RoPE this is Korthikanti's "Q and K, 4sbh" + "V, 2sbh" in one storage."""
+    fused_swiglu: bool = False
+    """Megatron-core ``bias_swiglu_impl`` (``SwiGLUFunction``, ``bias_swiglu_fusion`` on by default):
+    ``save_for_backward(input)`` keeps W_fc1's fused [·, 2f] output only, not silu(g) nor the chunks."""
+    flash_rng_int64: bool = False
+    """flash-attn's ``mha_fwd`` (``flash_attn_interface.FlashAttnFunc``, TE's flash backend): ``rng_state``
+    is a [2] int64 (16 B), saved with or without dropout, where torch's SDPA keeps a [2] and a [] uint64."""
 
 
 REFERENCE = Profile()
