@@ -16,10 +16,11 @@ Korthikanti's terms and the op that keeps each (memplan's save in brackets):
 - "MLP input, 2sbh": W_fc1's input [``mlp.input``]; "GeLU input, 8sbh": ``bias_gelu_impl``
   (``GeLUFunction.save_for_backward(input, bias)``, the bias a parameter) [``mlp.up``]; "4h→h input, 8sbh":
   W_fc2's input [``mlp.down_input``].
-These are the reference model's bytes already, save three facts that differ from it: the fused norms keep
-fp32 statistics on any device, the fused softmax keeps no causal mask, and the flash kernel's RNG state is
-flash-attn's [2] int64. The others switched on here (``qkv_views``, ``fused_swiglu``) change bytes only
-for the layouts Korthikanti does not count (RoPE, GQA, SwiGLU).
+These are the reference model's bytes already but for three facts: the fused norms keep fp32 statistics on
+any device, the fused softmax keeps no causal mask, the flash kernel's RNG state is flash-attn's [2] int64.
+``qkv_views`` and ``fused_swiglu`` change bytes only where Korthikanti does not count (RoPE, GQA, SwiGLU).
+Beyond the layer, §4.3's "fp32 logits, 4sbv/t" is the vocabulary-parallel cross entropy's softmax
+(``vocab_parallel_loss``, with its [T] target mask, shifted targets and pretrain_gpt's loss mask).
 
 Where memplan and the paper legitimately differ (tests/plan/test_megatron_profile.py names each):
 - the fused norms' fp32 statistics, 2 norms × (mean, rstd) × 4·s·b = 16sb per layer (the paper ignores
@@ -31,9 +32,12 @@ Where memplan and the paper legitimately differ (tests/plan/test_megatron_profil
 Known limitations (NB, not counted): the data loader's [1, 1, s, s] attention mask, which Megatron's
 ``CheckpointFunction`` keeps under selective recompute when ``create_attention_mask`` is on; TE backends
 that copy q, k, v to bshd (``.contiguous()``) or keep ``cu_seqlens`` int32 [b+1]; the vocabulary-parallel
-embedding's masked ids (tp > 1) and cross entropy's bool target mask [T]; ``softmax_in_fp32`` off or
-``apply_query_key_layer_scaling`` on; Megatron's own context-parallel ring (``--cp`` follows torch's) and
-MoE token dispatchers (the reference MoE); the peak's transients (the reference model's).
+embedding's masked ids (tp > 1); ``softmax_in_fp32`` off, ``apply_query_key_layer_scaling`` on,
+``--cross-entropy-loss-fusion``, ``--no-rope-fusion`` (unfused RoPE keeps cos and sin per call); RoPE's
+table (the reference's cos and sin, 2·s·d each in the activation dtype, where TE's fused RoPE keeps fp32
+freqs [s, d]: the same bytes for 16-bit activations); Megatron's own context-parallel ring (``--cp``
+follows torch's ring attention) and MoE token dispatchers (the reference MoE); the peak's transients (the
+reference model's).
 """
 
 from __future__ import annotations
@@ -52,4 +56,5 @@ def profile(setup: Setup) -> Profile:
         qkv_views=True,
         fused_swiglu=True,
         flash_rng_int64=True,
+        vocab_parallel_loss=True,
     )

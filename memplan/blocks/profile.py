@@ -47,6 +47,13 @@ class Profile:
     flash_rng_int64: bool = False
     """flash-attn's ``mha_fwd`` (``flash_attn_interface.FlashAttnFunc``, TE's flash backend): ``rng_state``
     is a [2] int64 (16 B), saved with or without dropout, where torch's SDPA keeps a [2] and a [] uint64."""
+    vocab_parallel_loss: bool = False
+    """Megatron-core ``_VocabParallelCrossEntropy`` (``tensor_parallel/cross_entropy.py``):
+    ``save_for_backward(exp_logits, target_mask, masked_target_1d)`` — the fp32 softmax [T, v/t]
+    (Korthikanti's "fp32 logits, 4sbv/t"), a bool [T] mask of the targets outside the rank's vocabulary
+    and the int64 [T] targets shifted into it; Megatron-LM's ``pretrain_gpt.loss_func``
+    (``torch.sum(losses * loss_mask)``) keeps the data set's fp32 [T] loss mask. No labels, no total
+    weight."""
 
 
 REFERENCE = Profile()

@@ -36,7 +36,7 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.engine import estimate
+from memplan.engine import Result, estimate
 from memplan.presets import load_model_preset
 from memplan.strategies.pipeline_parallel import Group
 from memplan.time.published import gpt
@@ -166,12 +166,27 @@ def test_first_stage_holds_l_layers_whatever_p_and_no_causal_mask(pp: int) -> No
     assert first.activations == layers + pp * extras
 
 
+def test_single_stage_extras_final_norm_output_layer_and_fp32_logits_plus_statistics_and_loss_masks() -> None:
+    # Korthikanti §4.3, p = 1: final LayerNorm input 2sbh/t, output-layer input 2sbh/t, fp32 logits 4sbv/t.
+    m, t = model("175B"), 8
+    p = plan(setup(m), Parallel(tp=t, sp=True))
+    head = p.pieces.group_bytes[Group.HEAD] + p.pieces.group_bytes[Group.HEAD_FREED]
+    sbh, vocab_rows = S * B * m.hidden_size, -(-m.vocab_size // t)  # ⌈v/t⌉ rows per rank
+    paper = 2 * sbh // t + 2 * sbh // t + 4 * S * B * vocab_rows
+    # Beyond the paper: the final norm's fp32 mean and rstd (8sb/t); the vocabulary-parallel cross
+    # entropy's bool target mask (sb) and int64 shifted targets (8sb); pretrain_gpt's fp32 loss mask (4sb).
+    assert head == paper + 8 * S * B // t + (1 + 8 + 4) * S * B
+
+
 def test_the_fused_softmax_keeps_no_causal_mask_where_the_reference_keeps_one() -> None:
     m = model("22B")
-    ref = estimate(setup(m, impl=ImplConfig()))
-    meg = estimate(setup(m))
+    ref, meg = estimate(setup(m, impl=ImplConfig())), estimate(setup(m))
     assert ref.per_layer == meg.per_layer
-    assert ref.activations - meg.activations == S * S  # the reference's bool [s, s] mask
+
+    def outside_the_loss(e: Result) -> int:
+        return sum(k.total_bytes for k in e.tensors if k.block is not Block.LOSS)
+
+    assert outside_the_loss(ref) - outside_the_loss(meg) == S * S  # the reference's bool [s, s] mask
     assert "attn.causal_mask" not in {k.name for k in meg.tensors}
 
 
