@@ -56,5 +56,6 @@ def profile(setup: Setup) -> Profile:
         qkv_views=True,
         fused_swiglu=True,
         flash_rng_int64=True,
+        checkpoint_reruns_all=True,
         vocab_parallel_loss=True,
     )

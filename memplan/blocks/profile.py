@@ -47,6 +47,11 @@ class Profile:
     flash_rng_int64: bool = False
     """flash-attn's ``mha_fwd`` (``flash_attn_interface.FlashAttnFunc``, TE's flash backend): ``rng_state``
     is a [2] int64 (16 B), saved with or without dropout, where torch's SDPA keeps a [2] and a [] uint64."""
+    checkpoint_reruns_all: bool = False
+    """Megatron-core's ``tensor_parallel.checkpoint`` (``CheckpointFunction``, an ``autograd.Function``: it
+    keeps the function's tensor inputs and re-runs the whole function in backward, without torch's early
+    stop): full recompute re-runs every matmul of the layer, selective recompute (``core_attention`` under
+    ``_checkpointed_attention_forward``) both QKᵀ and P·V."""
     vocab_parallel_loss: bool = False
     """Megatron-core ``_VocabParallelCrossEntropy`` (``tensor_parallel/cross_entropy.py``):
     ``save_for_backward(exp_logits, target_mask, masked_target_1d)`` — the fp32 softmax [T, v/t]

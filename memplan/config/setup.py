@@ -202,6 +202,11 @@ def check_impl(setup: Setup) -> None:
             raise ValueError(
                 "device: --impl megatron follows Megatron-core's CUDA kernels; use --device cuda"
             )
+        if not setup.finetune.trains_everything:
+            raise ValueError(
+                "finetune: --impl megatron with LoRA, QLoRA or frozen parts is not modelled; use --impl "
+                "reference or train every weight"
+            )
         return
     unmodelled = {
         "--tp/--sp": par.tp > 1,

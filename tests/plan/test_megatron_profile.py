@@ -255,9 +255,46 @@ def test_megatron_differs_from_the_reference_gpt_layer_by_the_rng_state_only(
     assert ref.per_layer - meg.per_layer == 24 - 16
 
 
-def test_megatron_on_cpu_is_a_one_line_error() -> None:
-    result = CliRunner().invoke(app, ["estimate", "-m", "gpt3", "--impl", "megatron", "--device", "cpu"])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--device", "cpu"],
+            "device: --impl megatron follows Megatron-core's CUDA kernels; use --device cuda",
+        ),
+        (
+            ["--finetune", "lora"],
+            "finetune: --impl megatron with LoRA, QLoRA or frozen parts is not modelled; "
+            "use --impl reference or train every weight",
+        ),
+    ],
+)
+def test_what_megatron_does_not_model_is_a_one_line_error(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["estimate", "-m", "gpt3", "--impl", "megatron", *args])
     assert result.exit_code == 2
-    assert result.stderr.splitlines() == [
-        "error: device: --impl megatron follows Megatron-core's CUDA kernels; use --device cuda"
-    ]
+    assert result.stderr.splitlines() == [f"error: {message}"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# FLOPs: Megatron's checkpoint re-runs whole regions (Narayanan et al. 2021, Korthikanti et al. 2022)
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_full_recompute_total_is_narayanans_96bslh2_with_or_without_dropout(dropout: float) -> None:
+    # F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)): every matmul re-run, also where torch's early stop would
+    # skip the last W_fc2 (no residual dropout after it).
+    m = model("22B").model_copy(update={"attn_dropout": dropout, "resid_dropout": dropout})
+    e = estimate(setup(m, Checkpointing.FULL))
+    big_l, h, v = m.num_layers, m.hidden_size, m.vocab_size
+    assert e.flops.total == 96 * B * S * big_l * h * h * (
+        1 + Fraction(S, 6 * h) + Fraction(v, 16 * big_l * h)
+    )
+
+
+def test_selective_recompute_reruns_qk_and_pv_and_model_flops_are_korthikantis() -> None:
+    m = model("175B")
+    e = estimate(setup(m, Checkpointing.SELECTIVE))
+    big_l, h, v = m.num_layers, m.hidden_size, m.vocab_size
+    assert e.flops.model == 72 * B * big_l * S * h * h * (
+        1 + Fraction(S, 6 * h) + Fraction(v, 12 * h * big_l)
+    )
+    assert e.flops.recompute == big_l * 2 * (2 * B * S * S * h)  # QKᵀ and P·V forward, 2·b·s²·h each
