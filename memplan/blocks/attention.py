@@ -222,4 +222,16 @@ def eager_forward_extra(setup: Setup, dims: Dims) -> int:
     locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
     ctx = t * dims.a * dims.d * a_bytes
+    if profile_of(setup).qkv_views:
+        return megatron_forward_extra(setup, dims, scores, ctx)
     return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
+
+
+def megatron_forward_extra(setup: Setup, dims: Dims, scores: int, ctx: int) -> int:
+    """Megatron-core's eager core (``DotProductAttention.forward``) beyond its saves: W_QKV's output where
+    no saved view holds it (GQA: q is a copy, k and v repeated, the split views are locals); ``baddbmm``'s
+    scores (``matmul_result``, a local until the core returns); P·V's output while its [s, b, a·d] copy is
+    made. NB: the torch softmax fallback's fp32 copies (s > 4096) are not counted."""
+    saved = any(r.name == "attn.qkv" for r in qkv_view_rules(setup, dims, eager_core=True))
+    buffer = 0 if saved else dims.tokens * (dims.a + 2 * dims.kv) * dims.d * dims.act.bytes
+    return buffer + scores + ctx

@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.analytic.inventory import Block
+from memplan.analytic.peak import recompute_working_set
 from memplan.cli.app import app
 from memplan.config import (
     Attention,
@@ -140,6 +141,13 @@ def test_flash_is_selective_recompute_plus_fp32_lse_int64_rng_state_and_norm_sta
     rng = 2 * 8  # flash-attn's rng_state: [2] int64
     got = plan(setup(m, attention=Attention.FLASH), Parallel(tp=t, sp=sp)).per_layer
     assert got == korthikanti(m, t, sp, selective=True) + lse + rng + norm_stats(t, sp)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_selective_rerun_rebuilds_exactly_the_5as2b_it_dropped(name: str) -> None:
+    # Megatron's checkpoint re-runs the core on the kept q, k, v (views): only its own saves come back.
+    m = model(name)
+    assert recompute_working_set(setup(m, Checkpointing.SELECTIVE)) == 5 * m.num_heads * S * S * B
 
 
 def test_flash_and_selective_recompute_keep_the_same_layer_but_the_kernels_lse_and_rng_state() -> None:
