@@ -209,6 +209,13 @@ def test_beyond_4096_keys_the_torch_softmax_keeps_fp32_probabilities_and_the_cau
     assert {k.name: k.total_bytes for k in e.tensors}["attn.causal_mask"] == s * s
 
 
+def test_the_fused_kernel_needs_the_ranks_heads_in_fours() -> None:
+    # is_kernel_available: b·a/t a multiple of 4 (get_batch_per_block for s > 128). 22B at t 32: 2 heads.
+    m = model("22B")
+    kept = {k.name: k for k in plan(setup(m), Parallel(tp=32)).tensors}
+    assert kept["attn.probs"].dtype.bytes == 4 and kept["attn.causal_mask"].bytes == S * S
+
+
 # ----------------------------------------------------------------------------------------------------
 # Layouts the paper does not count: RMSNorm, SwiGLU, RoPE, GQA (Megatron-core's ops, blocks/megatron.py)
 # ----------------------------------------------------------------------------------------------------
