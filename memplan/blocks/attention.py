@@ -4,15 +4,19 @@
 FLOPs (FlopCounterMode): the projections 2·T·h·(a·d) + 2·2·T·h·(kv·d) + 2·T·(a·d)·h forward; the core's
 QKᵀ and P·V 2·b·a·s²·d each (causal not halved); backward 2× for the projections and eager's bmms, and for
 flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel's own re-computation.
+
+Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
+the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
 """
 
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
-FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
+FP32, BOOL, INT64, UINT64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64
 B, R = Block, Role
 
 
@@ -31,6 +35,8 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
     eager = setup.strategy.attention is Attention.EAGER
     core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    if profile_of(setup).qkv_views:
+        return [*rules, *qkv_view_rules(setup, dims, eager and not core_recomputed)]
     if eager and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
         return [
@@ -50,6 +56,42 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
+def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
+    """Megatron-core's q, k, v (``SelfAttention.get_query_key_value_tensors``): W_QKV's one output
+    [s, b, g, (a/g + 2)·d] (g = kv groups) split by ``torch.split`` into views; a saved view keeps that whole
+    buffer alive. New tensors instead: q and k after RoPE (``apply_rotary_pos_emb``); q under GQA, whose
+    ``reshape`` to [s, b, a, d] cannot view the split (its groups are (a/g + 2)·d apart, not (a/g)·d); in
+    the eager core (``DotProductAttention``) k and v repeated to a heads under GQA (``repeat_interleave``).
+    The eager core's ``baddbmm`` keeps q and k, its ``bmm`` v; the flash kernel and the selective
+    ``CheckpointFunction`` keep q, k and v as they come."""
+    b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
+    rope = setup.model.position is PositionType.ROPE
+    gqa = kv < a
+    why = "input of the attention core's backward"
+    # (name, new tensor?, heads): k and v repeated to a heads in the eager core under GQA.
+    parts = [
+        ("q", rope or gqa, a),
+        ("k", rope or (eager_core and gqa), a if eager_core else kv),
+        ("v", eager_core and gqa, a),
+    ]
+    rules = [save(B.ATTN, n, (b, h, s, d), act, R.ATTN_QKV, why) for n, new, h in parts if new]
+    if not all(new for _, new, _ in parts):
+        why_buffer = "W_QKV's output: the q, k or v views the core keeps hold all of it"
+        rules.append(save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), act, R.ATTN_QKV, why_buffer))
+    return rules
+
+
+def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
+    """Whether Megatron-core's fused causal softmax runs (``FusedScaleMaskSoftmax.is_kernel_available``):
+    16-bit scores, 16 < s ≤ 4096, s a multiple of 4, and b·a (the rank's heads) a multiple of the kernel's
+    batches per block (``get_batch_per_block``: 128 threads in warps min(2^⌈log₂ s⌉, 32) wide, two batches
+    a warp up to 128 keys, else one: 8 for s ≤ 128, else 4)."""
+    if not profile_of(setup).fused_causal_softmax or dims.act not in (DType.FP16, DType.BF16):
+        return False
+    per_block = 8 if dims.s <= 128 else 4
+    return 16 < dims.s <= 4096 and dims.s % 4 == 0 and (dims.b * dims.a) % per_block == 0
+
+
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
@@ -66,7 +108,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             # the output the ring backward reads is kept apart.
             why = "merged ring-attention output: the flash backward of every ring step reads it"
             rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
-        if setup.device is Device.CUDA:
+        if setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
+            why = "flash-attn's rng_state (seed, offset): the backward regenerates dropout from it"
+            rules.append(save(B.ATTN, "rng_state", (2,), INT64, R.RNG_STATE, why))
+        elif setup.device is Device.CUDA:
             # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
             # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
             # without dropout; autograd saves both (the backward takes philox_seed and philox_offset):
@@ -79,7 +124,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
                 ),
             ]
         return rules
-    rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    # Megatron's torch fallback (no fused kernel) keeps the softmax output in fp32 (softmax_in_fp32).
+    fp32 = profile_of(setup).fused_causal_softmax and not fused_softmax_runs(setup, dims)
+    probs = FP32 if fp32 else act
+    rules = [save(B.ATTN, "probs", (b, a, s, s), probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
     if p > 0:
         rules += [
             save(
@@ -110,7 +158,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
-    if setup.strategy.attention is Attention.EAGER:
+    if setup.strategy.attention is Attention.EAGER and not fused_softmax_runs(setup, dims):
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
@@ -174,4 +222,16 @@ def eager_forward_extra(setup: Setup, dims: Dims) -> int:
     locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
     ctx = t * dims.a * dims.d * a_bytes
+    if profile_of(setup).qkv_views:
+        return megatron_forward_extra(setup, dims, scores, ctx)
     return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
+
+
+def megatron_forward_extra(setup: Setup, dims: Dims, scores: int, ctx: int) -> int:
+    """Megatron-core's eager core (``DotProductAttention.forward``) beyond its saves: W_QKV's output where
+    no saved view holds it (GQA: q is a copy, k and v repeated, the split views are locals); ``baddbmm``'s
+    scores (``matmul_result``, a local until the core returns); P·V's output while its [s, b, a·d] copy is
+    made. NB: the torch softmax fallback's fp32 copies (s > 4096) are not counted."""
+    saved = any(r.name == "attn.qkv" for r in qkv_view_rules(setup, dims, eager_core=True))
+    buffer = 0 if saved else dims.tokens * (dims.a + 2 * dims.kv) * dims.d * dims.act.bytes
+    return buffer + scores + ctx

@@ -23,6 +23,42 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    fused_norm: bool = False
+    """Fused LayerNorm / RMSNorm kernels (Apex ``FusedLayerNormAffineFunction`` /
+    ``FusedRMSNormAffineFunction``, TE ``LayerNorm`` / ``RMSNorm`` / ``LayerNormLinear``):
+    ``save_for_backward`` keeps the input in the activation dtype and the fp32 statistics [b, s] (mean and
+    invvar; RMSNorm invvar only) on any device, no fp32 copy of x and no normalised output. Korthikanti's
+    "two LayerNorm inputs, 4sbh" (statistics ignored)."""
+    fused_causal_softmax: bool = False
+    """Megatron-core ``FusedScaleMaskSoftmax`` with the causal mask type (``masked_softmax_fusion``, on in
+    Megatron-LM's arguments): where ``is_kernel_available`` holds (``attention.fused_softmax_runs``) the
+    kernel ``ScaledUpperTriangMaskedSoftmax`` scales, masks and softmaxes in one op and saves its output only
+    (Korthikanti's "softmax output, 2as²b") and no mask tensor exists; elsewhere ``forward_torch_softmax``
+    runs: with ``attention_softmax_in_fp32`` (Megatron-core's default) the probabilities are kept in fp32
+    and ``masked_fill_`` keeps the cached [s, s] bool causal mask (``get_default_causal_mask``)."""
+    qkv_views: bool = False
+    """Megatron-core ``SelfAttention.get_query_key_value_tensors``: one W_QKV output [s, b, g, (a/g + 2)·d]
+    split by ``torch.split`` into views; a saved view keeps the whole buffer (``attention.qkv_view_rules``:
+    which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager core's ``repeat_interleave``).
+    For MHA without RoPE this is Korthikanti's "Q and K, 4sbh" + "V, 2sbh" in one storage."""
+    fused_swiglu: bool = False
+    """Megatron-core ``bias_swiglu_impl`` (``SwiGLUFunction``, ``bias_swiglu_fusion`` on by default):
+    ``save_for_backward(input)`` keeps W_fc1's fused [·, 2f] output only, not silu(g) nor the chunks."""
+    flash_rng_int64: bool = False
+    """flash-attn's ``mha_fwd`` (``flash_attn_interface.FlashAttnFunc``, TE's flash backend): ``rng_state``
+    is a [2] int64 (16 B), saved with or without dropout, where torch's SDPA keeps a [2] and a [] uint64."""
+    checkpoint_reruns_all: bool = False
+    """Megatron-core's ``tensor_parallel.checkpoint`` (``CheckpointFunction``, an ``autograd.Function``: it
+    keeps the function's tensor inputs and re-runs the whole function in backward, without torch's early
+    stop): full recompute re-runs every matmul of the layer, selective recompute (``core_attention`` under
+    ``_checkpointed_attention_forward``) both QKᵀ and P·V."""
+    vocab_parallel_loss: bool = False
+    """Megatron-core ``_VocabParallelCrossEntropy`` (``tensor_parallel/cross_entropy.py``):
+    ``save_for_backward(exp_logits, target_mask, masked_target_1d)`` — the fp32 softmax [T, v/t]
+    (Korthikanti's "fp32 logits, 4sbv/t"), a bool [T] mask of the targets outside the rank's vocabulary
+    and the int64 [T] targets shifted into it; Megatron-LM's ``pretrain_gpt.loss_func``
+    (``torch.sum(losses * loss_mask)``) keeps the data set's fp32 [T] loss mask. No labels, no total
+    weight."""
     experts_gate_up_fused: bool = False
     """transformers' experts hold gate and up as one ``gate_up_proj``: their product [S, 2f] is one
     storage that ``chunk(2)`` views, so ``act_fn(gate) * up`` keeps the whole buffer (the same bytes as a
