@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from memplan.config import ExpertsImpl
+from memplan.contract import to_json
 from memplan.engine import Result, estimate
 from memplan.measure.hf import measure_hf
 from memplan.measure.impl_compare import paired_tensors
@@ -20,6 +21,7 @@ from tests.hf.harness import check_hf, hf_setup
 
 PRESETS = ["mixtral-8x7b", "qwen1.5-moe-a2.7b"]
 SEQ = 256
+TINY_SEQ = 128  # real tensors: 128 tokens route unevenly enough
 
 
 def same_flops(est: Result, meas: Measured) -> None:
@@ -63,12 +65,24 @@ def test_moe_eager(preset: str) -> None:
     same_flops(est, meas)
 
 
+@pytest.mark.parametrize("preset", PRESETS)
+def test_routing_in_json(preset: str) -> None:
+    """The JSON states the routing assumption: dropless, S = T·k slots."""
+    setup = hf_setup(preset, seq=SEQ)
+    moe = setup.model.moe
+    assert moe is not None
+    routing = to_json(estimate(setup))["moe"]["routing"]
+    assert (routing["tokens"], routing["slots"]) == (SEQ, SEQ * moe.top_k)
+    assert routing["assumption"].startswith(f"dropless top-{moe.top_k}")
+
+
 def tiny(preset: str) -> dict[str, Any]:
-    """The preset at toy widths (real tensors on CPU in a second): its experts and top-k, the shared
-    expert narrowed."""
+    """The preset at toy widths (real tensors on CPU in a second): its top-k, at most 16 experts (the eager
+    loop runs one step per expert), the shared expert narrowed."""
     moe = load_model_preset(preset).model.moe
     assert moe is not None
     shared = {"shared_ffn": 48} if moe.shared_experts else {}
+    shared |= {"experts": min(moe.experts, 16)}
     return {
         "hidden_size": 64,
         "num_heads": 4,
@@ -85,14 +99,14 @@ def tiny(preset: str) -> dict[str, Any]:
 def test_moe_realised_routing(preset: str, experts: str) -> None:
     """Real tensors: whatever the router chose (unbalanced), the bytes and FLOPs are the estimate's, with
     transformers' grouped_mm experts and with its eager loop (per-expert shapes: real tensors only)."""
-    setup = hf_setup(preset, seq=SEQ, **tiny(preset))
+    setup = hf_setup(preset, seq=TINY_SEQ, **tiny(preset))
     setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
     moe = setup.model.moe
     assert moe is not None
     est, meas = check_hf(setup, fake=False)
     assert len(meas.routing) == setup.model.num_layers
     for counts in meas.routing:
-        assert sum(counts) == moe.slots(SEQ) and max(counts) > min(counts)  # dropless, not balanced
+        assert sum(counts) == moe.slots(TINY_SEQ) and max(counts) > min(counts)  # dropless, not balanced
     assert est.activations == meas.activations
     same_flops(est, meas)
 
