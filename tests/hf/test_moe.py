@@ -130,6 +130,13 @@ def test_moe_refused(preset: str, fields: dict[str, Any], field: str) -> None:
         estimate(hf_setup(preset, **fields))
 
 
+def test_moe_expert_parallel_refused() -> None:
+    setup = hf_setup("mixtral-8x7b", seq=SEQ)
+    setup = setup.model_copy(update={"parallel": setup.parallel.model_copy(update={"ep": 8})})
+    with pytest.raises(ValueError, match=r"^ep: "):
+        estimate(setup)
+
+
 def test_eager_experts_refused_under_fake() -> None:
     setup = hf_setup("mixtral-8x7b", layers=1, seq=16)
     setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl.EAGER})})

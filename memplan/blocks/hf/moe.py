@@ -38,6 +38,8 @@ def check(setup: Setup, shared: bool) -> None:
         raise ValueError(
             f"mlp: {family}'s experts are gated (act(gate)·up, hidden_act silu); use mlp = swiglu"
         )
+    if setup.parallel.ep > 1:  # NB: transformers' EP keeps sentinel masks [S, 1]; not measured here
+        raise ValueError(f"ep: {family}'s expert parallelism under --impl hf is not modelled; use --ep 1")
     if moe.capacity_factor is not None:
         raise ValueError(f"capacity_factor: {family} routes dropless in transformers; drop capacity_factor")
     if shared and not (moe.shared_experts and moe.shared_gate):
