@@ -1,0 +1,165 @@
+"""The optimizer step's temporaries by implementation (``--optimizer-impl``), and bitsandbytes' 8-bit states.
+
+What one rank's step allocates above the states, at its peak, for the tensors it steps in order
+(``step_tensors``: the reference model's ``parameters()`` order, each a whole parameter or under ZeRO its
+dim-0 shard as ``analytic.step.largest_step_tensor`` cuts it), e bytes per element of the stepped dtype:
+
+- reference: memplan's own optimizer (``analytic.step.optimizer_transient``), unchanged.
+- for-loop, torch/optim/adam.py ``_single_tensor_adam``: per parameter i,
+  ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``: ``sqrt()`` and the quotient are two
+  new [N_i] tensors alive at once, while the previous iteration's ``denom`` [N_{i-1}] is still bound (the
+  name is rebound only after the right side is built); ``lerp_``, ``mul_``, ``addcmul_``, ``addcdiv_``
+  and AdamW's ``param.mul_(1 - lr·wd)`` are in place: e · max_i (N_{i-1} + 2·N_i). Two equal tensors in a
+  row give three copies of one tensor (the reference model registers embed then head, both [v, h]).
+- foreach, ``_multi_tensor_adam``: ``torch._foreach_lerp_`` / ``_foreach_mul_`` / ``_foreach_addcmul_``
+  / ``_foreach_div_`` / ``_foreach_add_`` / ``_foreach_addcdiv_`` are in place; only
+  ``exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`` allocates, one [N_i] per parameter of
+  the (device, dtype) group: e · Σ N_i (one group: every parameter has the recipe's dtype).
+- fused, ``torch._fused_adamw_``: one kernel updating param, exp_avg, exp_avg_sq in place: 0.
+- bitsandbytes ``AdamW8bit`` on CUDA: ``optimizer_update_8bit_blockwise`` dequantises, updates and
+  requantises each block in registers (bitsandbytes/backends/cuda/ops.py): 0.
+- Under a mixed recipe the optimizer steps the fp32 master copy (e = 4): torch.optim reads ``p.grad`` in
+  p's dtype, so the master's fp32 gradient comes from the training framework (DeepSpeed's flat partition,
+  FSDP2's fp32 reduce dtype, apex's master grads).
+
+Known limitations:
+- NB: the order is the reference model's (embed, positions, head, layers, final norm); a framework that
+  registers the lm head after the final norm (transformers) steps it after a [h] tensor: its for-loop
+  peak is e·(2·v·h + h), not e·3·v·h. Per-family orders are not modelled.
+- NB: the fp32 gradients of the master copy under a mixed recipe are the framework's, not counted here
+  (the reference optimizer upcasts one tensor at a time; torch.optim cannot).
+- NB: with LoRA or frozen parts all parameters are counted as stepped (an upper bound); pipeline stages
+  step the whole model's list. bitsandbytes on CPU runs a Python fallback with temporaries of its own:
+  not modelled (its CUDA kernel's 0 is used).
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from memplan.analytic.step import largest_step_tensor, optimizer_transient
+from memplan.config import (
+    Device,
+    Impl,
+    MlpType,
+    ModelConfig,
+    NormType,
+    Optimizer,
+    OptimizerImpl,
+    PositionType,
+    Setup,
+    ZeroStage,
+)
+from memplan.strategies.zero import shard
+
+Shape = tuple[int, ...]
+
+BNB_BLOCK = 256
+"""Elements per absmax block of bitsandbytes' 8-bit states (optim/optimizer.py ``init_state``:
+``blocksize = 256``; ``absmax1`` / ``absmax2`` fp32 [⌈n/256⌉])."""
+BNB_MIN_8BIT = 4096
+"""bitsandbytes' ``min_8bit_size``: a parameter of fewer elements keeps fp32 state1 / state2."""
+BNB_QMAPS = 2 * 256 * 4
+"""The two fp32 [256] quantisation maps (``name2qmap['dynamic']`` / ``['udynamic']``), one pair shared
+by every parameter of the optimizer."""
+
+
+def optimizer_impl(setup: Setup) -> OptimizerImpl:
+    """The implementation that steps: the user's, else the reference optimizer under ``--impl reference``
+    (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
+    torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
+    every parameter is on a foreach device — cuda, not cpu; never fused by default)."""
+    t = setup.training
+    if t.optimizer_impl is not None:
+        return t.optimizer_impl
+    if setup.impl.impl is Impl.REFERENCE or t.optimizer not in (Optimizer.ADAMW, Optimizer.ADAMW_8BIT):
+        return OptimizerImpl.REFERENCE
+    if t.optimizer is Optimizer.ADAMW_8BIT:
+        return OptimizerImpl.BITSANDBYTES
+    return OptimizerImpl.FOREACH if setup.device is Device.CUDA else OptimizerImpl.FOR_LOOP
+
+
+def _mlp_shapes(m: ModelConfig, width: int) -> list[Shape]:
+    """measure/moe.py ``Mlp``: gate (SwiGLU), up [width, h], down [h, width], each with its bias."""
+    h, bias = m.hidden_size, m.mlp_bias
+    linears = [(width, h)] * (2 if m.mlp is MlpType.SWIGLU else 1) + [(h, width)]
+    return [s for rows, cols in linears for s in [(rows, cols), *([(rows,)] if bias else [])]]
+
+
+def _layer_shapes(m: ModelConfig) -> list[Shape]:
+    """measure/model.py ``Layer``: attn_norm, mlp_norm (weight, LayerNorm's bias), q, k, v, o (their
+    biases after each), then the MLP (dense, or router, experts, shared experts and their gate)."""
+    h = m.hidden_size
+    norm = [(h,)] * (2 if m.norm is NormType.LAYERNORM else 1)
+    attn = [(m.q_width, h, m.qkv_bias), (m.kv_width, h, m.qkv_bias), (m.kv_width, h, m.qkv_bias)]
+    attn.append((h, m.q_width, m.out_bias))
+    shapes: list[Shape] = [*norm, *norm]
+    for rows, cols, bias in attn:
+        shapes += [(rows, cols), *([(rows,)] if bias else [])]
+    if m.moe is None:
+        return shapes + _mlp_shapes(m, m.ffn)
+    moe, width = m.moe, m.moe.shared_width(m)
+    shapes.append((moe.experts, h))
+    shapes += _mlp_shapes(m, m.ffn) * moe.experts
+    shapes += _mlp_shapes(m, width) if width else []
+    return shapes + ([(1, h)] if moe.shared_gate else [])
+
+
+def parameter_shapes(m: ModelConfig) -> list[Shape]:
+    """Every parameter of the reference model in ``parameters()`` order (measure/model.py ``Reference``):
+    nn.Module yields a module's own parameters before its submodules', so embed [v, h], learned
+    positions [P, h] and an untied head [v, h] come first, then the layers and the final norm."""
+    h = m.hidden_size
+    shapes: list[Shape] = [(m.vocab_size, h)]
+    shapes += [(m.max_positions, h)] if m.position is PositionType.LEARNED else []
+    shapes += [] if m.tied_embeddings else [(m.vocab_size, h)]
+    shapes += _layer_shapes(m) * m.num_layers
+    return shapes + [(h,)] * (2 if m.norm is NormType.LAYERNORM else 1)
+
+
+def step_tensors(setup: Setup) -> list[int]:
+    """Elements of each tensor one rank steps, in order: whole parameters, or under ZeRO ≥ 1 over dp > 1
+    the rank's ``torch.chunk`` of each along dim 0 (⌈rows/dp⌉ rows; FSDP2's ``Shard(0)``)."""
+    s = setup.strategy
+    sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
+    out = []
+    for shape in parameter_shapes(setup.model):
+        rest = 1
+        for d in shape[1:]:
+            rest *= d
+        out.append(shard(shape[0], s.dp, sharded) * rest)
+    return out
+
+
+def for_loop_transient(sizes: list[int], e: int) -> int:
+    """``_single_tensor_adam``: e · max_i (N_{i-1} + 2·N_i) (module docstring)."""
+    return e * max((prev + 2 * n for prev, n in pairwise([0, *sizes])), default=0)
+
+
+def foreach_transient(sizes: list[int], e: int) -> int:
+    """``_multi_tensor_adam``: ``_foreach_sqrt``'s list, e · Σ N_i (module docstring)."""
+    return e * sum(sizes)
+
+
+def bnb_state_bytes(sizes: list[int]) -> int:
+    """bitsandbytes AdamW8bit's states for these tensors (optim/optimizer.py ``Optimizer2State.init_state``):
+    n ≥ 4096: uint8 state1 and state2 (2n) + fp32 absmax1 / absmax2 per 256-element block (2·4·⌈n/256⌉);
+    smaller: fp32 state1 and state2 (8n); + the two shared fp32 [256] qmaps when any tensor is 8-bit.
+    NB: the per-step ``step`` counter is a Python int (no storage)."""
+    blocks = sum(2 * n + 8 * -(-n // BNB_BLOCK) for n in sizes if n >= BNB_MIN_8BIT)
+    small = sum(8 * n for n in sizes if n < BNB_MIN_8BIT)
+    return blocks + small + (BNB_QMAPS if any(n >= BNB_MIN_8BIT for n in sizes) else 0)
+
+
+def step_transient(setup: Setup) -> int:
+    """Bytes the optimizer step allocates above the states at its peak, by implementation."""
+    impl = optimizer_impl(setup)
+    if impl is OptimizerImpl.REFERENCE:
+        return optimizer_transient(setup, largest_step_tensor(setup))
+    sizes = step_tensors(setup)
+    e = setup.training.precision.state_bytes  # the stepped dtype: the fp32 master, or the parameters' own
+    if impl is OptimizerImpl.FOR_LOOP:
+        return for_loop_transient(sizes, e)
+    if impl is OptimizerImpl.FOREACH:
+        return foreach_transient(sizes, e)
+    return 0  # fused, bitsandbytes' CUDA kernel: in place
