@@ -23,9 +23,11 @@ dim-0 shard as ``analytic.step.largest_step_tensor`` cuts it), e bytes per eleme
   FSDP2's fp32 reduce dtype, apex's master grads).
 
 Known limitations:
-- NB: the order is the reference model's (embed, positions, head, layers, final norm); a framework that
-  registers the lm head after the final norm (transformers) steps it after a [h] tensor: its for-loop
-  peak is e·(2·v·h + h), not e·3·v·h. Per-family orders are not modelled.
+- The order matters to the for-loop: the reference model registers embed then head (e·3·v·h when untied);
+  transformers registers the lm head after the final norm (e·(2·v·h + h)). ``parameter_shapes`` follows
+  transformers' order for Llama, Mistral, Qwen2 and GPT-2 under ``--impl hf``.
+- NB: the other families under ``--impl hf`` (Phi-3, GPT-NeoX, MoE, Gemma, Gemma-2/3, Qwen3) and torchtitan /
+  Megatron step in the reference model's order here.
 - NB: the fp32 gradients of the master copy under a mixed recipe are the framework's, not counted here
   (the reference optimizer upcasts one tensor at a time; torch.optim cannot).
 - NB: with LoRA or frozen parts all parameters are counted as stepped (an upper bound); pipeline stages
@@ -40,6 +42,7 @@ from itertools import pairwise
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
 from memplan.config import (
     Device,
+    Family,
     Impl,
     MlpType,
     ModelConfig,
@@ -86,35 +89,84 @@ def _mlp_shapes(m: ModelConfig, width: int) -> list[Shape]:
     return [s for rows, cols in linears for s in [(rows, cols), *([(rows,)] if bias else [])]]
 
 
-def _layer_shapes(m: ModelConfig) -> list[Shape]:
-    """measure/model.py ``Layer``: attn_norm, mlp_norm (weight, LayerNorm's bias), q, k, v, o (their
-    biases after each), then the MLP (dense, or router, experts, shared experts and their gate)."""
+def _linear(rows: int, cols: int, bias: bool) -> list[Shape]:
+    """An nn.Linear's weight [out, in] and, after it, its bias [out]."""
+    return [(rows, cols), *([(rows,)] if bias else [])]
+
+
+def _attention_shapes(m: ModelConfig) -> list[Shape]:
+    """q [a·d, h], k and v [kv·d, h] (biases with qkv_bias), o [h, a·d] (bias with out_bias)."""
     h = m.hidden_size
-    norm = [(h,)] * (2 if m.norm is NormType.LAYERNORM else 1)
-    attn = [(m.q_width, h, m.qkv_bias), (m.kv_width, h, m.qkv_bias), (m.kv_width, h, m.qkv_bias)]
-    attn.append((h, m.q_width, m.out_bias))
-    shapes: list[Shape] = [*norm, *norm]
-    for rows, cols, bias in attn:
-        shapes += [(rows, cols), *([(rows,)] if bias else [])]
+    qkv = [(m.q_width, h), (m.kv_width, h), (m.kv_width, h)]
+    return [s for rows, cols in qkv for s in _linear(rows, cols, m.qkv_bias)] + _linear(
+        h, m.q_width, m.out_bias
+    )
+
+
+def _norm_shapes(m: ModelConfig) -> list[Shape]:
+    """A norm's weight [h] (and LayerNorm's bias [h])."""
+    return [(m.hidden_size,)] * (2 if m.norm is NormType.LAYERNORM else 1)
+
+
+def _layer_shapes(m: ModelConfig) -> list[Shape]:
+    """measure/model.py ``Layer``: attn_norm, mlp_norm, q, k, v, o, then the MLP (dense, or router,
+    experts, shared experts and their gate)."""
+    shapes = [*_norm_shapes(m), *_norm_shapes(m), *_attention_shapes(m)]
     if m.moe is None:
         return shapes + _mlp_shapes(m, m.ffn)
     moe, width = m.moe, m.moe.shared_width(m)
-    shapes.append((moe.experts, h))
+    shapes.append((moe.experts, m.hidden_size))
     shapes += _mlp_shapes(m, m.ffn) * moe.experts
     shapes += _mlp_shapes(m, width) if width else []
-    return shapes + ([(1, h)] if moe.shared_gate else [])
+    return shapes + ([(1, m.hidden_size)] if moe.shared_gate else [])
 
 
-def parameter_shapes(m: ModelConfig) -> list[Shape]:
-    """Every parameter of the reference model in ``parameters()`` order (measure/model.py ``Reference``):
-    nn.Module yields a module's own parameters before its submodules', so embed [v, h], learned
-    positions [P, h] and an untied head [v, h] come first, then the layers and the final norm."""
+def _reference_shapes(m: ModelConfig) -> list[Shape]:
+    """measure/model.py ``Reference``: nn.Module yields a module's own parameters before its submodules',
+    so embed [v, h], learned positions [P, h] and an untied head [v, h] come first, then the layers and
+    the final norm."""
     h = m.hidden_size
     shapes: list[Shape] = [(m.vocab_size, h)]
     shapes += [(m.max_positions, h)] if m.position is PositionType.LEARNED else []
     shapes += [] if m.tied_embeddings else [(m.vocab_size, h)]
-    shapes += _layer_shapes(m) * m.num_layers
-    return shapes + [(h,)] * (2 if m.norm is NormType.LAYERNORM else 1)
+    return shapes + _layer_shapes(m) * m.num_layers + _norm_shapes(m)
+
+
+def _hf_llama_shapes(m: ModelConfig) -> list[Shape]:
+    """transformers' ``LlamaForCausalLM`` layout (modeling_llama.py; Mistral and Qwen2 the same):
+    model.embed_tokens, per ``LlamaDecoderLayer`` self_attn (q, k, v, o with their biases) then mlp (gate,
+    up, down) then input_layernorm and post_attention_layernorm, model.norm, then an untied lm_head —
+    after the final norm."""
+    layer = [*_attention_shapes(m), *_mlp_shapes(m, m.ffn), *_norm_shapes(m), *_norm_shapes(m)]
+    head = [] if m.tied_embeddings else [(m.vocab_size, m.hidden_size)]
+    return [(m.vocab_size, m.hidden_size), *layer * m.num_layers, *_norm_shapes(m), *head]
+
+
+def _hf_gpt2_shapes(m: ModelConfig) -> list[Shape]:
+    """transformers' ``GPT2LMHeadModel`` (modeling_gpt2.py): wte, wpe, per block ln_1, attn.c_attn,
+    attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f; the head is tied to wte. ``Conv1D`` keeps its
+    weight [in, out] (the transpose of nn.Linear's), its bias [out] after it."""
+    h, f, qkv = m.hidden_size, m.ffn, m.q_width + 2 * m.kv_width
+    conv = [(h, qkv), (qkv,), (m.q_width, h), (h,)], [(h, f), (f,), (f, h), (h,)]
+    layer = [*_norm_shapes(m), *conv[0], *_norm_shapes(m), *conv[1]]
+    return [(m.vocab_size, h), (m.max_positions, h), *layer * m.num_layers, *_norm_shapes(m)]
+
+
+HF_LAYOUTS = {
+    Family.LLAMA: _hf_llama_shapes,
+    Family.MISTRAL: _hf_llama_shapes,
+    Family.QWEN2: _hf_llama_shapes,
+    Family.GPT2: _hf_gpt2_shapes,
+}
+"""Families whose parameter order ``--impl hf`` follows; the others step in the reference model's order."""
+
+
+def parameter_shapes(setup: Setup) -> list[Shape]:
+    """Every parameter in the order the optimizer steps them (``model.parameters()``): transformers'
+    layout under ``--impl hf`` for the families of ``HF_LAYOUTS``, else the reference model's."""
+    m = setup.model
+    layout = HF_LAYOUTS.get(m.code_family) if setup.impl.impl is Impl.HF else None
+    return (layout or _reference_shapes)(m)
 
 
 def step_tensors(setup: Setup) -> list[int]:
@@ -123,7 +175,7 @@ def step_tensors(setup: Setup) -> list[int]:
     s = setup.strategy
     sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
     out = []
-    for shape in parameter_shapes(setup.model):
+    for shape in parameter_shapes(setup):
         rest = 1
         for d in shape[1:]:
             rest *= d

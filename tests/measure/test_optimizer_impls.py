@@ -56,7 +56,7 @@ def real_params(s: Setup, dp: int = 1) -> list[torch.Tensor]:
 
 def test_parameter_order_is_the_reference_models() -> None:
     s = setup(Precision.FP32, OptimizerImpl.FOREACH)
-    assert parameter_shapes(s.model) == [tuple(p.shape) for p in Reference(s).parameters()]
+    assert parameter_shapes(s) == [tuple(p.shape) for p in Reference(s).parameters()]
     assert sum(step_tensors(s)) == SUM
 
 
@@ -138,3 +138,33 @@ def test_bitsandbytes_states_are_exact() -> None:
 def test_impl_must_fit_the_optimizer(impl: OptimizerImpl, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         setup(Precision.FP32, impl, optimizer="sgd")
+
+
+# transformers' order under --impl hf: the lm head comes after model.norm [64], not after the embedding.
+@pytest.mark.parametrize("preset", ["llama-3-8b", "mistral-7b", "gpt2"])
+def test_hf_parameter_order_is_transformers(preset: str) -> None:
+    pytest.importorskip("transformers")
+    from memplan.measure.hf import build
+    from tests.hf.harness import hf_setup
+
+    s = hf_setup(preset, layers=1, seq=64)
+    with torch.device("meta"):
+        model = build(s)
+    assert parameter_shapes(s) == [tuple(p.shape) for p in model.parameters()]
+
+
+def test_hf_llama_for_loop_step_is_exact() -> None:
+    pytest.importorskip("transformers")
+    from memplan.measure.hf import build
+    from tests.hf.harness import hf_setup
+
+    s = hf_setup(LLAMA, layers=2, seq=16)
+    s = s.model_copy(update={"training": s.training.model_copy(update={"precision": Precision.FP32})})
+    expected = 4 * (64 + 2 * 64_000)  # lm_head [1000, 64] after model.norm [64]
+    assert step_transient(s) == expected  # --device cpu: torch picks the for-loop
+    torch.manual_seed(0)
+    params = list(build(s).parameters())
+    for p in params:
+        p.grad = torch.randn_like(p)
+    measured, _ = measured_step(params, Precision.FP32, OptimizerImpl.FOR_LOOP)
+    assert measured == expected
