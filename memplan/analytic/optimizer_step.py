@@ -30,9 +30,13 @@ Known limitations:
   Megatron step in the reference model's order here.
 - NB: the fp32 gradients of the master copy under a mixed recipe are the framework's, not counted here
   (the reference optimizer upcasts one tensor at a time; torch.optim cannot).
-- NB: with LoRA or frozen parts all parameters are counted as stepped (an upper bound); pipeline stages
-  step the whole model's list. bitsandbytes on CPU runs a Python fallback with temporaries of its own:
-  not modelled (its CUDA kernel's 0 is used).
+- NB: LoRA / QLoRA / --freeze are modelled with the reference optimizer only (``optimizer_impl``).
+- NB: a pipeline stage steps its own layers but is counted with the embedding and head too (the list is
+  the rank's model cut to the stage's layers): an upper bound off the first and last stages.
+- NB: bitsandbytes on CPU runs a Python fallback (backends/cpu/ops.py) with temporaries of its own, inside
+  one custom op, where memplan's tracker cannot see them: not modelled (its CUDA kernel's 0 is used).
+- NB: torch.optim's per-parameter ``step`` counter (a fp32 scalar; on the device only with fused or
+  capturable) is not counted in the states.
 """
 
 from __future__ import annotations
@@ -71,11 +75,22 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
     """The implementation that steps: the user's, else the reference optimizer under ``--impl reference``
     (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
     torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
-    every parameter is on a foreach device — cuda, not cpu; never fused by default)."""
+    every parameter is on a foreach device — cuda, not cpu; never fused by default). Fine-tuning (LoRA,
+    frozen parts) steps the reference optimizer: the torch implementations are modelled for full
+    training only (an explicit one is an error)."""
     t = setup.training
     if t.optimizer_impl is not None:
+        if t.optimizer_impl is not OptimizerImpl.REFERENCE and not setup.finetune.trains_everything:
+            raise ValueError(
+                f"optimizer_impl: {t.optimizer_impl} is modelled for full training (every parameter "
+                "stepped); with --finetune lora|qlora or --freeze use --optimizer-impl reference"
+            )
         return t.optimizer_impl
-    if setup.impl.impl is Impl.REFERENCE or t.optimizer not in (Optimizer.ADAMW, Optimizer.ADAMW_8BIT):
+    if (
+        setup.impl.impl is Impl.REFERENCE
+        or t.optimizer not in (Optimizer.ADAMW, Optimizer.ADAMW_8BIT)
+        or not setup.finetune.trains_everything
+    ):
         return OptimizerImpl.REFERENCE
     if t.optimizer is Optimizer.ADAMW_8BIT:
         return OptimizerImpl.BITSANDBYTES

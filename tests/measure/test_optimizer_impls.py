@@ -16,9 +16,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memplan.analytic.optimizer_step import bnb_state_bytes, parameter_shapes, step_tensors, step_transient
+from memplan.analytic.optimizer_step import (
+    bnb_state_bytes,
+    optimizer_impl,
+    parameter_shapes,
+    step_tensors,
+    step_transient,
+)
 from memplan.api import build_setup
-from memplan.config import ModelConfig, OptimizerImpl, Precision, Setup, StrategyConfig
+from memplan.config import (
+    DType,
+    Impl,
+    ImplConfig,
+    Method,
+    ModelConfig,
+    OptimizerImpl,
+    Precision,
+    Setup,
+    StrategyConfig,
+    finetune_from,
+)
 from memplan.engine import estimate
 from memplan.measure.model import Reference
 from memplan.measure.optim_impls import make_optimizer
@@ -168,3 +185,14 @@ def test_hf_llama_for_loop_step_is_exact() -> None:
         p.grad = torch.randn_like(p)
     measured, _ = measured_step(params, Precision.FP32, OptimizerImpl.FOR_LOOP)
     assert measured == expected
+
+
+def test_fine_tuning_steps_the_reference_optimizer() -> None:
+    s = build_setup(LLAMA, seq=16, finetune=finetune_from(Method.LORA, {}, False, DType.BF16))
+    hf = s.model_copy(update={"impl": ImplConfig(impl=Impl.HF)})
+    assert optimizer_impl(hf) is OptimizerImpl.REFERENCE
+    explicit = hf.model_copy(
+        update={"training": hf.training.model_copy(update={"optimizer_impl": OptimizerImpl.FUSED})}
+    )
+    with pytest.raises(ValueError, match="optimizer_impl: fused is modelled for full training"):
+        optimizer_impl(explicit)
