@@ -41,6 +41,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import math
 from itertools import pairwise
 
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
@@ -189,13 +190,7 @@ def step_tensors(setup: Setup) -> list[int]:
     the rank's ``torch.chunk`` of each along dim 0 (⌈rows/dp⌉ rows; FSDP2's ``Shard(0)``)."""
     s = setup.strategy
     sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
-    out = []
-    for shape in parameter_shapes(setup):
-        rest = 1
-        for d in shape[1:]:
-            rest *= d
-        out.append(shard(shape[0], s.dp, sharded) * rest)
-    return out
+    return [shard(shape[0], s.dp, sharded) * math.prod(shape[1:]) for shape in parameter_shapes(setup)]
 
 
 def for_loop_transient(sizes: list[int], e: int) -> int:
