@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memplan.analytic.optimizer_step import optimizer_impl
 from memplan.blocks.moe import routing
 from memplan.config import Method
 from memplan.engine import Result, StagePlan
@@ -81,6 +82,8 @@ def to_json(r: Result) -> dict[str, Any]:
             "peak": r.peak.bytes,
             "peak_phase": r.peak.phase,
             "phases": dict(r.peak.phases),
+            "optimizer_impl": optimizer_impl(r.setup).value,
+            "optimizer_step_transient": r.peak.moments["optimizer step"]["transient"],
             "stage": dev.stage.index,
             "host": _host_json(dev),
         },

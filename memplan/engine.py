@@ -34,8 +34,9 @@ from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops
 from memplan.analytic.inventory import Block, Kept, Role, Scope
+from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
-from memplan.config import DType, MoEConfig, Parallel, Setup
+from memplan.config import DType, MoEConfig, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -83,6 +84,19 @@ def _add(a: ModelStates, b: ModelStates) -> ModelStates:
     )
 
 
+def bnb_states(states: ModelStates, setup: Setup) -> ModelStates:
+    """bitsandbytes' AdamW8bit states counted per tensor (block-wise absmax, fp32 states below 4096
+    elements: ``optimizer_step.bnb_state_bytes``) for one stage holding the whole model.
+    NB: with pipeline stages or context parallelism the flat 2 bytes per parameter stay."""
+    if (
+        optimizer_impl(setup) is not OptimizerImpl.BITSANDBYTES
+        or setup.parallel.pp > 1
+        or setup.parallel.cp > 1
+    ):
+        return states
+    return states.model_copy(update={"optimizer_states": bnb_state_bytes(step_tensors(setup))})
+
+
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
     """Model states of the stage: ZeRO over dp × cp (``context_parallel.state_shards``), the routed experts
     over dp × cp / ep."""
@@ -93,7 +107,7 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     experts = pc.expert_params * st.layers
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards)
     if not experts:
-        return dense
+        return bnb_states(dense, setup)
     return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, shards // ep))
 
 

@@ -20,6 +20,7 @@ from memplan.config import (
     Impl,
     MethodChoice,
     Optimizer,
+    OptimizerImpl,
     Precision,
     Quant,
     TrainingConfig,
@@ -93,6 +94,15 @@ class Options(Frozen):
         default=Precision.BF16_MIXED,
     )
     optimizer: Optimizer = _option("Optimizer", _TRAINING, default=Optimizer.ADAMW)
+    optimizer_impl: OptimizerImpl | None = _option(
+        "Whose code steps the optimizer (its step's temporaries differ): reference (memplan's own), "
+        "for-loop / foreach / fused (torch.optim.AdamW), bitsandbytes (AdamW8bit, with --optimizer "
+        "adamw-8bit) [default: reference under --impl reference; otherwise as torch picks on --device: "
+        "foreach on cuda, for-loop on cpu (torch.optim.optimizer._default_to_fused_or_foreach); "
+        "bitsandbytes for adamw-8bit]",
+        _TRAINING,
+        show_default=False,
+    )
     checkpointing: str = _option(
         "Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
         "attention core), every-K (keep one input per K layers)",

@@ -89,6 +89,8 @@ _MEMORY = _obj(
         "peak": _with(_BYTES, "the largest modelled moment of the step"),
         "peak_phase": {"type": "string"},
         "phases": {"type": "object", "additionalProperties": _BYTES},
+        "optimizer_impl": _with({"type": "string"}, "whose code steps the optimizer (--optimizer-impl)"),
+        "optimizer_step_transient": _with(_BYTES, "what the optimizer step allocates above the states"),
         "host": _obj(
             {
                 "weights": _with(_BYTES, "16-bit weights offloaded (--offload params)"),

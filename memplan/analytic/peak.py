@@ -24,8 +24,9 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 5. ``optimizer step`` — all gradients and states, plus the step's temporaries (``analytic.step``) for the
    largest tensor it steps (under ZeRO ≥ 1 one rank's FSDP2-style dim-0 shard of it,
    ``largest_step_tensor``): its fp32 gradient copy (mixed recipes) and Adam's denominator √v + ε
-   (memplan's reference optimizer updates one tensor at a time; fused or foreach implementations keep larger
-   temporaries); none on the device when the step runs on the host (``--offload optimizer``).
+   (memplan's reference optimizer updates one tensor at a time); torch's for-loop, foreach and fused AdamW
+   and bitsandbytes keep their own (``analytic.optimizer_step``, ``--optimizer-impl``); none on the
+   device when the step runs on the host (``--offload optimizer``).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
@@ -52,8 +53,9 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
+from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
-from memplan.analytic.step import largest_step_tensor, optimizer_transient, zero3_gather
+from memplan.analytic.step import zero3_gather
 from memplan.blocks.attention import (
     attention_core_rules,
     eager_core_copies,
@@ -395,7 +397,7 @@ def peak(
     embedding_bwd = terms(weights, optimizer, states.gradients, inputs, embedding + 8)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
-    step_transient = optimizer_transient(setup, largest_step_tensor(setup)) if on_device else 0
+    step_transient = optimizer_step_transient(setup) if on_device else 0
     step = terms(weights, optimizer, states.gradients, inputs, step_transient)
     return Peak(
         moments={

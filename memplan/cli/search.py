@@ -160,6 +160,7 @@ FIT_LISTS = {
     "seq",
     "precision",
     "optimizer",
+    "optimizer_impl",
     "dropout",
     "device",
     "mfu",
@@ -262,7 +263,13 @@ def fit_command(
         raise ValueError(f"top: must be 0 (every configuration) or more, got {top}; e.g. --top 10")
     o = options_of(options)
     base = build_setup(
-        o.model, seq=o.seq, precision=o.precision, optimizer=o.optimizer, dropout=o.dropout, device=o.device
+        o.model,
+        seq=o.seq,
+        precision=o.precision,
+        optimizer=o.optimizer,
+        optimizer_impl=o.optimizer_impl,
+        dropout=o.dropout,
+        device=o.device,
     )
     defaults = Space()
     space = Space(

@@ -41,11 +41,12 @@ from memplan.config.strategy import (
     checkpointing_label,
     parse_checkpointing,
 )
-from memplan.config.training import DType, Optimizer, Precision, TrainingConfig
+from memplan.config.training import TORCH_ADAMW, DType, Optimizer, OptimizerImpl, Precision, TrainingConfig
 
 __all__ = [
     "FINETUNE_OPTIONS",
     "FULL_TRAINING",
+    "TORCH_ADAMW",
     "Attention",
     "AttentionChoice",
     "Checkpointing",
@@ -66,6 +67,7 @@ __all__ = [
     "NormType",
     "Offload",
     "Optimizer",
+    "OptimizerImpl",
     "Parallel",
     "PositionType",
     "Precision",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 
@@ -97,9 +97,47 @@ class Optimizer(StrEnum):
         return n * precision.state_bytes
 
 
+class OptimizerImpl(StrEnum):
+    """Whose code steps the optimizer (``--optimizer-impl``): the step's temporaries differ
+    (``analytic.optimizer_step``)."""
+
+    REFERENCE = "reference"
+    """memplan's reference optimizer (measure/optim.py): one tensor at a time, in-place where it can."""
+    FOR_LOOP = "for-loop"
+    """torch.optim.AdamW(foreach=False): ``_single_tensor_adam``, one parameter at a time (torch's pick
+    on CPU)."""
+    FOREACH = "foreach"
+    """torch.optim.AdamW(foreach=True): ``_multi_tensor_adam``, ``torch._foreach_*`` over every parameter
+    of a device and dtype (torch's pick on CUDA)."""
+    FUSED = "fused"
+    """torch.optim.AdamW(fused=True): ``torch._fused_adamw_``, one in-place kernel."""
+    BITSANDBYTES = "bitsandbytes"
+    """bitsandbytes' ``bnb.optim.AdamW8bit`` (with ``--optimizer adamw-8bit``): block-wise 8-bit states."""
+
+
+TORCH_ADAMW = (OptimizerImpl.FOR_LOOP, OptimizerImpl.FOREACH, OptimizerImpl.FUSED)
+
+
 class TrainingConfig(Frozen):
     micro_batch: int = Field(default=1, gt=0, le=1 << 20, description="sequences per micro-batch b")
     seq_len: int = Field(default=2048, gt=0, le=1 << 24, description="tokens per sequence s")
     precision: Precision = Precision.BF16_MIXED
     optimizer: Optimizer = Optimizer.ADAMW
     grad_accum: int = Field(default=1, gt=0, le=1 << 20, description="micro-batches per optimizer step")
+    optimizer_impl: OptimizerImpl | None = Field(
+        default=None,
+        description="whose code steps the optimizer; None: the reference optimizer under --impl reference, "
+        "else as torch picks on the device (analytic.optimizer_step.optimizer_impl)",
+    )
+
+    @model_validator(mode="after")
+    def _impl_fits_optimizer(self) -> TrainingConfig:
+        impl, opt = self.optimizer_impl, self.optimizer
+        if impl in TORCH_ADAMW and opt is not Optimizer.ADAMW:
+            raise ValueError(
+                f"optimizer_impl: {impl} steps torch.optim.AdamW; with --optimizer {opt} use "
+                f"{'bitsandbytes or ' if opt is Optimizer.ADAMW_8BIT else ''}reference"
+            )
+        if impl is OptimizerImpl.BITSANDBYTES and opt is not Optimizer.ADAMW_8BIT:
+            raise ValueError("optimizer_impl: bitsandbytes models AdamW8bit; add --optimizer adamw-8bit")
+        return self

@@ -18,7 +18,16 @@ from rich.table import Table
 from rich.text import Text
 
 from memplan.analytic.inventory import Scope
-from memplan.config import LossKind, Method, Offload, checkpointing_label, loss_label, offload_label
+from memplan.analytic.optimizer_step import optimizer_impl
+from memplan.config import (
+    LossKind,
+    Method,
+    Offload,
+    OptimizerImpl,
+    checkpointing_label,
+    loss_label,
+    offload_label,
+)
 from memplan.engine import Result
 from memplan.render.fitted import Col, Fitted
 
@@ -172,6 +181,10 @@ def _phases_line(e: Result) -> Text:
     for name, value in e.peak.phases.items():
         style = "bold" if name == e.peak.phase else ""
         text.append(f"\n  {name} {fmt_bytes(value)}", style=style)
+        impl = optimizer_impl(e.setup)
+        if name == "optimizer step" and impl is not OptimizerImpl.REFERENCE:
+            step = e.peak.moments[name]["transient"]
+            text.append(f" ({impl.value}: step temporaries {fmt_bytes(step)})")
     return text
 
 

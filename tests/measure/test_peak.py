@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from memplan.analytic.peak import largest_step_tensor, optimizer_transient
+from memplan.analytic.step import largest_step_tensor, optimizer_transient
 from memplan.config import (
     Attention,
     Device,
