@@ -15,6 +15,9 @@ from memplan.config import Family, Setup
 
 FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
+    Family.MISTRAL: llama.windowed,
+    Family.QWEN2: llama.windowed,
+    Family.QWEN3: llama.windowed,
 }
 
 
