@@ -31,7 +31,12 @@ from collections.abc import Iterable
 
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks import dropout_rule
-from memplan.blocks.attention import attention_core_rules, constant_rules, projection_rules
+from memplan.blocks.attention import (
+    attention_core_rules,
+    constant_rules,
+    projection_rules,
+    qk_norm_rules,
+)
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
@@ -52,6 +57,7 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
+        *(qk_norm_rules(dims) if setup.model.qk_norm else []),
         *attention_core_rules(setup, dims),
         save(
             B.ATTN,

@@ -215,7 +215,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
     layer = params.layer
     rest_grads = (
-        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm
+        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
     ) * setup.training.precision.grad_bytes
     attn_norm = (
         mlp_norm

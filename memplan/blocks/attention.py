@@ -198,9 +198,10 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
     if prof.checkpoint_keeps_mask and setup.strategy.segment and (eager or window_masked(setup, dims)):
-        # eager: the additive mask in the activation dtype; SDPA: the bool window mask.
+        # eager: the additive mask in the activation dtype, [b, 1, s, s] (eager_mask's torch.where
+        # materialises the expanded mask); SDPA: the bool window mask, an expand of one [s, s] storage.
         why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
-        shape, dtype = (dims.b, 1, dims.s, dims.s), dims.act if eager else BOOL
+        shape, dtype = ((dims.b, 1, dims.s, dims.s), dims.act) if eager else ((1, 1, dims.s, dims.s), BOOL)
         rules.append(Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
     return rules
 

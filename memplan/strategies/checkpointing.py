@@ -19,7 +19,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.config import Attention, Checkpointing, Setup
+from memplan.config import Attention, Checkpointing, Impl, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -49,7 +49,9 @@ def recompute(setup: Setup, dims: Dims) -> int:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        skipped = last(setup, dims) if setup.model.resid_dropout == 0 else 0
+        # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
+        reentrant = setup.impl.impl is Impl.HF and setup.impl.reentrant
+        skipped = last(setup, dims) if setup.model.resid_dropout == 0 and not reentrant else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
