@@ -102,7 +102,7 @@ def pieces_key(setup: Setup) -> tuple[object, ...]:
     """Every field of the setup but ``_PER_STEP``, and the rank's degrees: a cheap key (no copies)."""
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
-    savers = (setup.offload, setup.loss, setup.loss_chunks)
+    savers = (setup.offload, setup.loss, setup.loss_chunks, setup.impl)  # impl: whose code keeps what
     return (setup.model, setup.device, setup.finetune, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
 
 
