@@ -184,10 +184,6 @@ def check_finetune(setup: Setup) -> None:
         "a mixture of experts": m.moe is not None,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
-        # NB: transformers' every_n_layers checkpoints every K-th layer alone (the others keep all they
-        # save), not memplan's K-layer segments.
-        "--checkpointing every-K (transformers' every_n_layers)": impl is Impl.HF
-        and s.checkpointing is Checkpointing.EVERY_K,
     }
     for name, used in unmodelled.items():
         if used:

@@ -33,9 +33,7 @@ def check_exact(setup: Setup) -> None:
 @pytest.mark.parametrize("attention", ["flash", "eager"])
 @pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
 def test_family(preset: str, attention: str, checkpointing: str, reentrant: bool) -> None:
-    setup = hf_setup(
-        preset, seq=256, attention=attention, checkpointing=checkpointing, reentrant=reentrant
-    )
+    setup = hf_setup(preset, seq=256, attention=attention, checkpointing=checkpointing, reentrant=reentrant)
     check_exact(setup)
 
 
