@@ -42,6 +42,7 @@ from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules
+from memplan.blocks.profiles import hidden_dropouts
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -53,7 +54,7 @@ B, R = Block, Role
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
-    p = setup.model.resid_dropout
+    p = hidden_dropouts(setup)[0]
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),

@@ -23,6 +23,10 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    hidden_dropout: bool = True
+    """The code applies ``resid_dropout`` after attention and the MLP and ``embd_dropout`` after the
+    embedding; transformers' Llama-style decoder layers have neither (only ``attention_dropout``), so
+    ``--dropout`` reaches the attention probabilities only."""
     eager_fp32_softmax: bool = False
     """The eager core's ``softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)``
     (``eager_attention_forward``): Softmax keeps its fp32 output [b, a, s, s], and P·V the 16-bit copy."""
@@ -46,7 +50,9 @@ class Profile:
     ``create_sliding_window_causal_mask``): at s ≥ W ``masking_utils._ignore_causal_mask_sdpa`` cannot
     skip it (``kv_length >= local_attention_size``) and SDPA gets an explicit bool [b, 1, s, s] mask; with
     a mask ``sdpa_attention_forward`` repeats k and v to a heads (``use_gqa_in_sdpa`` needs none), and the
-    CPU flash kernel keeps the mask converted to the query's dtype, per layer."""
+    CPU flash kernel keeps the mask converted to the query's dtype, per layer. NB: on CUDA a masked SDPA
+    runs the memory-efficient kernel (its own logsumexp padding and RNG state): estimated as the CPU
+    flash kernel's saves, not checked (measure_hf runs CPU kernels)."""
     checkpoint_keeps_mask: bool = False
     """``GradientCheckpointingLayer`` checkpoints ``partial(forward, self, **kwargs)``: the attention mask
     bound in the partial (one storage for every layer) stays alive until backward, with the rotary

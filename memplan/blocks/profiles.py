@@ -7,6 +7,12 @@ from memplan.blocks.profile import REFERENCE, Profile
 from memplan.config import Impl, Setup
 
 
+def hidden_dropouts(setup: Setup) -> tuple[float, float]:
+    """(residual, embedding) dropout probabilities the code applies (``Profile.hidden_dropout``)."""
+    m = setup.model
+    return (m.resid_dropout, m.embd_dropout) if profile_of(setup).hidden_dropout else (0.0, 0.0)
+
+
 def profile_of(setup: Setup) -> Profile:
     """The profile of ``setup.impl`` for the model's family."""
     if setup.impl.impl is Impl.HF:

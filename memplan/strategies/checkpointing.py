@@ -19,6 +19,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
+from memplan.blocks.profiles import hidden_dropouts
 from memplan.config import Attention, Checkpointing, Impl, Setup
 
 
@@ -51,7 +52,7 @@ def recompute(setup: Setup, dims: Dims) -> int:
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
         # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
         reentrant = setup.impl.impl is Impl.HF and setup.impl.reentrant
-        skipped = last(setup, dims) if setup.model.resid_dropout == 0 and not reentrant else 0
+        skipped = last(setup, dims) if hidden_dropouts(setup)[0] == 0 and not reentrant else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)

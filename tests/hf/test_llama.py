@@ -63,3 +63,8 @@ def test_every_k_is_refused() -> None:
     """transformers' every_n_layers is every K-th layer checkpointed alone: not memplan's segments."""
     with pytest.raises(ValueError, match="every_n_layers"):
         hf_setup("llama-3-8b", checkpointing="every-2")
+
+
+def test_dropout_option_reaches_the_attention_only() -> None:
+    """``--dropout`` sets residual and embedding dropout too; Llama's code has neither (Profile.hidden_dropout)."""
+    check_exact(hf_setup("llama-3-8b", seq=256, attn_dropout=0.1, resid_dropout=0.1, embd_dropout=0.1))

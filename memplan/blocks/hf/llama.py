@@ -19,6 +19,7 @@ def profile(setup: Setup) -> Profile:
     through torch's dispatcher, ``F.dropout`` (CPU: noise), the checkpointed layer's kwargs kept."""
     return replace(
         common(setup),
+        hidden_dropout=False,
         eager_fp32_softmax=True,
         additive_mask=True,
         cpu_dropout_noise=True,
