@@ -4,6 +4,14 @@
 FLOPs (FlopCounterMode): the projections 2·T·h·(a·d) + 2·2·T·h·(kv·d) + 2·T·(a·d)·h forward; the core's
 QKᵀ and P·V 2·b·a·s²·d each (causal not halved); backward 2× for the projections and eager's bmms, and for
 flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel's own re-computation.
+
+Implementation profiles (``blocks.profile``) change the core's saves: transformers' fp32 eager softmax,
+additive mask, CPU dropout noise, SDPA's math kernel on CPU with dropout (``Core.MATH``), a sliding
+window's mask with k and v repeated.
+
+Known limitations: NB: ``eager_forward_extra`` (the forward's peak locals) follows the reference model's
+eager core under every profile; transformers' (a [b, 1, s, s] additive mask alive through the forward,
+the fp32 softmax) is not measured by ``measure_hf`` (it counts saves, not the peak) and not modelled.
 """
 
 from __future__ import annotations
