@@ -68,3 +68,10 @@ def test_every_k_is_refused() -> None:
 def test_dropout_option_reaches_the_attention_only() -> None:
     """``--dropout`` sets residual and embedding dropout too; Llama's code has neither (Profile.hidden_dropout)."""
     check_exact(hf_setup("llama-3-8b", seq=256, attn_dropout=0.1, resid_dropout=0.1, embd_dropout=0.1))
+
+
+def test_qk_norm_follows_the_family_code() -> None:
+    with pytest.raises(ValueError, match="qk_norm: Qwen3's code"):
+        hf_setup("qwen3-8b", qk_norm=False)
+    with pytest.raises(ValueError, match="qk_norm: llama's code has no"):
+        hf_setup("llama-3-8b", qk_norm=True)
