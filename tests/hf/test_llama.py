@@ -66,7 +66,8 @@ def test_every_k_is_refused() -> None:
 
 
 def test_dropout_option_reaches_the_attention_only() -> None:
-    """``--dropout`` sets residual and embedding dropout too; Llama's code has neither (Profile.hidden_dropout)."""
+    """``--dropout`` sets residual and embedding dropout too; Llama's code has neither
+    (``Profile.hidden_dropout``)."""
     check_exact(hf_setup("llama-3-8b", seq=256, attn_dropout=0.1, resid_dropout=0.1, embd_dropout=0.1))
 
 
