@@ -63,6 +63,7 @@ from memplan.blocks.attention import (
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
+from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -290,7 +291,8 @@ def recompute_working_set(setup: Setup) -> int:
     if setup.strategy.reversible:
         # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
         return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
-    return segment_rerun_bytes(setup, setup.strategy.segment)
+    # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``).
+    return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
 
 
 def segment_rerun_bytes(setup: Setup, layers: int) -> int:

@@ -23,6 +23,10 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    checkpoints_alone: bool = False
+    """``--checkpointing every-K`` is transformers' ``every_n_layers`` (modeling_utils
+    ``_set_gradient_checkpointing``: ``layer_index % every_n_layers == 0``): every K-th layer is
+    checkpointed alone and the others keep all they save — not K-layer segments re-run whole."""
     hidden_dropout: bool = True
     """The code applies ``resid_dropout`` after attention and the MLP and ``embd_dropout`` after the
     embedding; transformers' Llama-style decoder layers have neither (only ``attention_dropout``), so

@@ -220,10 +220,6 @@ def check_impl(setup: Setup) -> None:
         "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
-        # NB: transformers' every_n_layers checkpoints every K-th layer alone (the others keep all they
-        # save), not memplan's K-layer segments.
-        "--checkpointing every-K (transformers' every_n_layers)": impl is Impl.HF
-        and s.checkpointing is Checkpointing.EVERY_K,
     }
     for name, used in unmodelled.items():
         if used:

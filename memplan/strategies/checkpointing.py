@@ -19,7 +19,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.blocks.profiles import hidden_dropouts
+from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts
 from memplan.config import Attention, Checkpointing, Impl, Setup
 
 
@@ -42,7 +42,13 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     rule = save(Block.CHECKPOINT, "input", (dims.b, dims.s, dims.h), dims.act, Role.RESIDUAL, why)
     first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
     rest = [k for k in kept if k.scope is not Scope.LAYER]
-    return rest[:first] + act.kept([rule], Scope.LAYER, segments(setup)) + rest[first:]
+    inputs = act.kept([rule], Scope.LAYER, segments(setup))
+    if checkpoints_alone(setup):  # the layers not checkpointed keep their saves
+        plain = [
+            k.model_copy(update={"count": k.count - segments(setup)}) for k in kept if k.scope is Scope.LAYER
+        ]
+        return rest[:first] + inputs + plain + rest[first:]
+    return rest[:first] + inputs + rest[first:]
 
 
 def recompute(setup: Setup, dims: Dims) -> int:
@@ -53,7 +59,8 @@ def recompute(setup: Setup, dims: Dims) -> int:
         # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
         reentrant = setup.impl.impl is Impl.HF and setup.impl.reentrant
         skipped = last(setup, dims) if hidden_dropouts(setup)[0] == 0 and not reentrant else 0
-        return dims.layers * layer_fwd - segments(setup) * skipped
+        rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
+        return rerun * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
         return dims.layers * (core if setup.strategy.attention is Attention.FLASH else core // 2)

@@ -1,7 +1,8 @@
 """transformers' Llama-style families (``modeling_llama.py``, ``modeling_mistral.py``, ``modeling_qwen2.py``,
 ``modeling_qwen3.py``) against ``--impl hf``: SDPA and eager, without and with transformers' gradient
 checkpointing (reentrant and not), at each family's real widths (2 layers); the cache off, attention
-dropout (CPU: SDPA's math kernel, dropout noise), a sliding window shorter than the sequence, b = 2.
+dropout (CPU: SDPA's math kernel, dropout noise), a sliding window shorter than the sequence, b = 2,
+every-K checkpointing (transformers' every_n_layers).
 Every case is exact to the byte per layer and in total, and the FLOPs per phase are equal."""
 
 from __future__ import annotations
@@ -59,10 +60,12 @@ def test_qwen3_window_and_dropout() -> None:
     check_exact(hf_setup("qwen3-8b", seq=256, sliding_window=128, attn_dropout=0.1))
 
 
-def test_every_k_is_refused() -> None:
-    """transformers' every_n_layers is every K-th layer checkpointed alone: not memplan's segments."""
-    with pytest.raises(ValueError, match="every_n_layers"):
-        hf_setup("llama-3-8b", checkpointing="every-2")
+def test_every_k_is_every_n_layers() -> None:
+    """transformers' every_n_layers: every K-th layer checkpointed alone, the others keep all they save."""
+    check_exact(hf_setup("qwen2.5-7b", layers=4, seq=256, checkpointing="every-2"))
+    check_exact(
+        hf_setup("qwen3-8b", layers=3, seq=256, attention="eager", checkpointing="every-2", reentrant=True)
+    )
 
 
 def test_dropout_option_reaches_the_attention_only() -> None:

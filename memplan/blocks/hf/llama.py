@@ -10,8 +10,8 @@ from memplan.config import Impl, Setup
 
 def common(setup: Setup) -> Profile:
     """What every transformers causal LM does: ``ForCausalLMLoss`` (loss/loss_utils.py) pads the labels
-    by one ignore_index and shifts them by a view."""
-    return Profile(impl=Impl.HF, labels_padded=True)
+    by one ignore_index and shifts them by a view; ``every_n_layers`` checkpoints single layers."""
+    return Profile(impl=Impl.HF, labels_padded=True, checkpoints_alone=True)
 
 
 def profile(setup: Setup) -> Profile:
