@@ -36,6 +36,7 @@ from memplan.analytic.flops import Flops
 from memplan.analytic.inventory import Block, Kept, Role, Scope
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
+from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import DType, MoEConfig, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
@@ -181,6 +182,8 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
     one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
+    if checkpoints_alone(pc.setup):  # NB: the layers not checkpointed, lumped as alive throughout
+        others += g[Group.LAYER] * counts[Group.LAYER]
     return [
         _lump("layers", layer, Scope.LAYER, one_chunk, Block.CHECKPOINT, Role.RESIDUAL),
         _lump(
@@ -208,7 +211,7 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     """``setup``: the user's (ZeRO, dp, micro-batches per step, layout); ``pc``: its pieces."""
     params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
-    counts = group_counts(st, pc.setup.strategy.segment)
+    counts = group_counts(st, pc.setup.strategy.segment, checkpoints_alone(pc.setup))
     acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - lora.deficit(pc.layer_bytes)
     if not offload.applies(setup):
         return StagePlan(st, params, states, counts, acts, pc, setup)

@@ -105,6 +105,29 @@ MISTRAL_7B: dict[str, Any] = {
     "vocab_size": 32000,
 }
 
+# huggingface.co/Qwen/Qwen3-8B/blob/main/config.json (the keys memplan reads)
+QWEN3_8B: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 36,
+    "model_type": "qwen3",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
 # huggingface.co/google/gemma-2b/blob/main/config.json (no tie_word_embeddings key: Gemma ties)
 GEMMA_2B: dict[str, Any] = {
     "architectures": ["GemmaForCausalLM"],
@@ -185,7 +208,13 @@ def test_hf_config_count_equals_published(cfg: dict[str, Any], published: int) -
 
 @pytest.mark.parametrize(
     ("cfg", "preset"),
-    [(LLAMA_3_8B, "llama-3-8b"), (GPT2, "gpt2"), (QWEN25_7B, "qwen2.5-7b"), (MISTRAL_7B, "mistral-7b")],
+    [
+        (LLAMA_3_8B, "llama-3-8b"),
+        (GPT2, "gpt2"),
+        (QWEN25_7B, "qwen2.5-7b"),
+        (MISTRAL_7B, "mistral-7b"),
+        (QWEN3_8B, "qwen3-8b"),
+    ],
 )
 def test_hf_import_matches_the_shipped_preset(cfg: dict[str, Any], preset: str) -> None:
     shipped = load_model_preset(preset).model
@@ -294,3 +323,20 @@ def test_gelu_families_take_the_gelu_variants_only() -> None:
     assert model_from_hf_config(gpt2, "g").mlp is MlpType.GELU
     with pytest.raises(ValueError, match=r"activation_function: 'relu' is not modelled for model_type gpt2"):
         model_from_hf_config({**gpt2, "activation_function": "relu"}, "g")
+
+
+def test_sliding_window_as_transformers_reads_it() -> None:
+    """MistralConfig: sliding_window (default 4096, null: none); Qwen2/Qwen3: only with use_sliding_window,
+    on layers ≥ max_window_layers (all: 0, none: ≥ the layers; some: refused)."""
+    assert model_from_hf_config(MISTRAL_7B, "m").sliding_window == 4096
+    assert model_from_hf_config({**MISTRAL_7B, "sliding_window": None}, "m").sliding_window is None
+    no_key = {k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}
+    assert model_from_hf_config(no_key, "m").sliding_window == 4096
+    assert model_from_hf_config(QWEN25_7B, "q").sliding_window is None
+    on = {**QWEN25_7B, "use_sliding_window": True, "sliding_window": 4096}
+    assert model_from_hf_config(on, "q").sliding_window is None  # max_window_layers 28 = the layers
+    assert model_from_hf_config({**on, "max_window_layers": 0}, "q").sliding_window == 4096
+    with pytest.raises(ValueError, match="max_window_layers: 14 slides only layers"):
+        model_from_hf_config({**on, "max_window_layers": 14}, "q")
+    qwen3 = model_from_hf_config(QWEN3_8B, "q3")
+    assert qwen3.qk_norm and qwen3.family == "qwen3" and not qwen3.qkv_bias

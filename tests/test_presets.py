@@ -33,7 +33,9 @@ GOLDEN = {
     "llama-65b": 65_285_660_672,  # LLaMA paper 65.2B; exact count from the converted config.json shapes
     "mistral-7b": 7_241_732_096,  # huggingface.co/mistralai/Mistral-7B-v0.1: 7.24B
     "qwen2.5-7b": 7_615_616_512,  # huggingface.co/Qwen/Qwen2.5-7B: 7.62B
-    "qwen2.5-72b": 72_706_203_648,  # Qwen2.5-72B model card: 72.7B (exact from config.json)
+    "qwen2.5-72b": 72_706_203_648,
+    # computed from huggingface.co/Qwen/Qwen3-8B config.json shapes (page: 8.19B)
+    "qwen3-8b": 8_190_735_360,  # Qwen2.5-72B model card: 72.7B (exact from config.json)
     # transformers GPT2LMHeadModel: sum(p.numel() for p in model.parameters()), tied head counted once.
     "gpt2": 124_439_808,
     "gpt2-medium": 354_823_168,

@@ -31,12 +31,18 @@ from collections.abc import Iterable
 
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks import dropout_rule
-from memplan.blocks.attention import attention_core_rules, constant_rules, projection_rules
+from memplan.blocks.attention import (
+    attention_core_rules,
+    constant_rules,
+    projection_rules,
+    qk_norm_rules,
+)
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules
+from memplan.blocks.profiles import hidden_dropouts
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -48,10 +54,11 @@ B, R = Block, Role
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
-    p = setup.model.resid_dropout
+    p = hidden_dropouts(setup)[0]
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
+        *(qk_norm_rules(dims) if setup.model.qk_norm else []),
         *attention_core_rules(setup, dims),
         save(
             B.ATTN,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.blocks.attention import attention_params
+from memplan.blocks.attention import attention_params, qk_norm_params
 from memplan.blocks.embedding import embedding_params
 from memplan.blocks.head import lm_head_params
 from memplan.blocks.mlp import mlp_params
@@ -33,6 +33,8 @@ class LayerParams(BaseModel):
     o_proj: int
     mlp_norm: int
     mlp: int
+    qk_norm: int = 0
+    """q_norm and k_norm (``ModelConfig.qk_norm``): an RMSNorm weight [d] each, replicated like the norms."""
 
     @property
     def attention(self) -> int:
@@ -40,7 +42,7 @@ class LayerParams(BaseModel):
 
     @property
     def total(self) -> int:
-        return self.attn_norm + self.attention + self.mlp_norm + self.mlp
+        return self.attn_norm + self.qk_norm + self.attention + self.mlp_norm + self.mlp
 
 
 class ParamCount(BaseModel):
@@ -78,6 +80,7 @@ def layer_params(m: ModelConfig) -> LayerParams:
         o_proj=o,
         mlp_norm=norm_params(m),
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
+        qk_norm=qk_norm_params(m),
     )
 
 

@@ -65,7 +65,7 @@ from memplan.blocks.attention import (
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -218,7 +218,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
     layer = params.layer
     rest_grads = (
-        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm
+        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
     ) * setup.training.precision.grad_bytes
     attn_norm = (
         mlp_norm
@@ -297,7 +297,8 @@ def recompute_working_set(setup: Setup) -> int:
     if setup.strategy.reversible:
         # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
         return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
-    return segment_rerun_bytes(setup, setup.strategy.segment)
+    # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``).
+    return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
 
 
 def segment_rerun_bytes(setup: Setup, layers: int) -> int:

@@ -7,9 +7,19 @@ flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel'
 
 Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
 the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
+
+Implementation profiles (``blocks.profile``) change the core's saves: transformers' fp32 eager softmax,
+additive mask, CPU dropout noise, SDPA's math kernel on CPU with dropout (``Core.MATH``), a sliding
+window's mask with k and v repeated.
+
+Known limitations: NB: ``eager_forward_extra`` (the forward's peak locals) follows the reference model's
+eager core under every profile; transformers' (a [b, 1, s, s] additive mask alive through the forward,
+the fp32 softmax) is not measured by ``measure_hf`` (it counts saves, not the peak) and not modelled.
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
@@ -18,6 +28,52 @@ from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig,
 
 FP32, BOOL, INT64, UINT64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64
 B, R = Block, Role
+
+
+class Core(StrEnum):
+    """The kernel the attention core runs."""
+
+    EAGER = "eager"
+    """Explicit QKᵀ, mask, softmax, dropout, ·V (``--attention eager``)."""
+    FLASH = "flash"
+    """The SDPA flash kernel: q, k, v, out and the logsumexp."""
+    MATH = "math"
+    """SDPA's math fallback (``Profile.sdpa_dispatch``: on CPU with attention dropout): eager's ops in
+    fp32."""
+
+
+def core_of(setup: Setup) -> Core:
+    """Which kernel runs the core: eager, or SDPA's flash kernel unless torch's dispatcher picks math."""
+    if setup.strategy.attention is Attention.EAGER:
+        return Core.EAGER
+    math = setup.device is Device.CPU and setup.model.attn_dropout > 0
+    return Core.MATH if math and profile_of(setup).sdpa_dispatch else Core.FLASH
+
+
+def window_masked(setup: Setup, dims: Dims) -> bool:
+    """Whether the code masks a sliding window explicitly: W set, honoured (``Profile.window_mask``) and
+    s ≥ W (below it the window covers every causal cell and SDPA's ``is_causal`` does it)."""
+    w = setup.model.sliding_window
+    return profile_of(setup).window_mask and w is not None and dims.s >= w
+
+
+def qk_norm_params(m: ModelConfig) -> int:
+    """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each."""
+    return 2 * m.dim if m.qk_norm else 0
+
+
+def qk_norm_rules(dims: Dims) -> list[Rule]:
+    """RMSNorm over head_dim of the projected q [b, s, a, d] and k [b, s, kv, d] before RoPE, as the
+    pre-norms (``norm.norm_rules``): the fp32 input, the rstd per head and the normalised output."""
+    b, s, d, act = dims.b, dims.s, dims.d, dims.act
+    rules = []
+    for part, heads in (("q_norm", dims.a), ("k_norm", dims.kv)):
+        rules += [
+            save(B.ATTN, f"{part}.input", (b, s, heads, d), FP32, R.NORM_INPUT, "x upcast to fp32"),
+            save(B.ATTN, f"{part}.rstd", (b, s, heads, 1), FP32, R.NORM_STATS, "rsqrt output per head"),
+            save(B.ATTN, f"{part}.normed", (b, s, heads, d), act, R.NORM_OUTPUT, "dW = Σ grad·n"),
+        ]
+    return rules
 
 
 def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
@@ -33,11 +89,28 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules = [
         save(B.ATTN, "input", (b, s, h), act, R.LINEAR_INPUT, "input of W_Q/W_K/W_V: dW = Xᵀ·dY needs X")
     ]
-    eager = setup.strategy.attention is Attention.EAGER
+    core = core_of(setup)
     core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if profile_of(setup).qkv_views:
-        return [*rules, *qkv_view_rules(setup, dims, eager and not core_recomputed)]
-    if eager and not core_recomputed:
+        return [*rules, *qkv_view_rules(setup, dims, core is Core.EAGER and not core_recomputed)]
+    if core is Core.MATH and not core_recomputed:
+        # _scaled_dot_product_attention_math: q·√scale and k·√scale (k, v repeated to a heads) in fp32.
+        why = "fp32 copy (SDPA's math kernel upcasts 16-bit inputs)"
+        return [
+            *rules,
+            save(B.ATTN, "q", (b, a, s, d), FP32, R.ATTN_QKV, f"Q·√scale for QKᵀ, {why}"),
+            save(B.ATTN, "k", (b, a, s, d), FP32, R.ATTN_QKV, f"K·√scale, repeated, for QKᵀ, {why}"),
+            save(B.ATTN, "v", (b, a, s, d), FP32, R.ATTN_QKV, f"V, repeated, for P·V, {why}"),
+        ]
+    if core is Core.FLASH and window_masked(setup, dims) and not core_recomputed:
+        why = "flash backward recomputes S = QKᵀ; with a mask transformers repeats k and v (repeat_kv)"
+        return [
+            *rules,
+            save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, why),
+        ]
+    if core is Core.EAGER and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
         return [
             *rules,
@@ -94,58 +167,73 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
 
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
-    b, s, a, act = dims.b, dims.s, dims.a, dims.act
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
-    p = setup.model.attn_dropout
-    if setup.strategy.attention is Attention.FLASH:
-        rules = [
-            save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
+    core = core_of(setup)
+    if core is Core.FLASH:
+        return flash_rules(setup, dims)
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    probs = (b, a, s, s)
+    if core is Core.MATH:
+        return [
+            save(B.ATTN, "probs", probs, FP32, R.ATTN_PROBS, "fp32 softmax output (SDPA's math kernel)"),
+            *dropout_rules(setup, probs, FP32),
         ]
-        if dims.ring > 1:
-            # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
-            # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
-            # the output the ring backward reads is kept apart.
-            why = "merged ring-attention output: the flash backward of every ring step reads it"
-            rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
-        if setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
-            why = "flash-attn's rng_state (seed, offset): the backward regenerates dropout from it"
-            rules.append(save(B.ATTN, "rng_state", (2,), INT64, R.RNG_STATE, why))
-        elif setup.device is Device.CUDA:
-            # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
-            # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
-            # without dropout; autograd saves both (the backward takes philox_seed and philox_offset):
-            # 16 + 8 = 24 B per layer. The meta kernel returns the same (``trace --device cuda``).
-            why = "the CUDA flash backward regenerates dropout from"
-            rules += [
-                save(B.ATTN, "philox_seed", (2,), UINT64, R.RNG_STATE, f"RNG state (seed, offset) {why}"),
-                save(
-                    B.ATTN, "philox_offset", (), UINT64, R.RNG_STATE, "unused offset slot, saved all the same"
-                ),
-            ]
-        return rules
+    if profile_of(setup).eager_fp32_softmax:
+        # softmax(dtype=float32).to(query.dtype): the fp32 output, and its copy when P·V reads it.
+        why = "softmax(dtype=float32) output: dS = P·(dP − Σ dP·P)"
+        rules = [save(B.ATTN, "probs_fp32", probs, FP32, R.ATTN_PROBS, why)]
+        if setup.model.attn_dropout == 0:
+            why = "the probabilities cast to the activation dtype, for P·V: dV = Pᵀ·dO"
+            rules.append(save(B.ATTN, "probs", probs, act, R.ATTN_PROBS, why))
+        return rules + dropout_rules(setup, probs, act)
     # Megatron's torch fallback (no fused kernel) keeps the softmax output in fp32 (softmax_in_fp32).
     fp32 = profile_of(setup).fused_causal_softmax and not fused_softmax_runs(setup, dims)
-    probs = FP32 if fp32 else act
-    rules = [save(B.ATTN, "probs", (b, a, s, s), probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
-    if p > 0:
+    why = "softmax output: dS = P·(dP − Σ dP·P)"
+    kept = save(B.ATTN, "probs", probs, FP32 if fp32 else act, R.ATTN_PROBS, why)
+    return [kept, *dropout_rules(setup, probs, act)]
+
+
+def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Rule]:
+    """Dropout on the probabilities (when p > 0): ``native_dropout``'s bool mask, or on CPU under
+    ``Profile.cpu_dropout_noise`` the noise it multiplies by; and the dropped probabilities for P·V."""
+    if setup.model.attn_dropout == 0:
+        return []
+    if setup.device is Device.CPU and profile_of(setup).cpu_dropout_noise:
+        why = "dropout noise bernoulli(1−p)/(1−p) (CPU at::dropout: input·noise): dX = dY·noise"
+        kept = save(B.ATTN, "dropout_noise", probs, dtype, R.ATTN_DROPOUT_MASK, why)
+    else:
+        why = "dropout mask on the probabilities"
+        kept = save(B.ATTN, "dropout_mask", probs, BOOL, R.ATTN_DROPOUT_MASK, why)
+    why = "dropped probabilities for P·V: dV = Pᵀ·dO"
+    return [kept, save(B.ATTN, "probs_dropped", probs, dtype, R.ATTN_PROBS, why)]
+
+
+def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """The flash kernel's own saves: the logsumexp, a window's mask, ring and CUDA extras."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    rules = [save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")]
+    if window_masked(setup, dims):
+        why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
+        rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
+    if dims.ring > 1:
+        # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
+        # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
+        # the output the ring backward reads is kept apart.
+        why = "merged ring-attention output: the flash backward of every ring step reads it"
+        rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
+    if setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
+        why = "flash-attn's rng_state (seed, offset): the backward regenerates dropout from it"
+        rules.append(save(B.ATTN, "rng_state", (2,), INT64, R.RNG_STATE, why))
+    elif setup.device is Device.CUDA:
+        # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
+        # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
+        # without dropout; autograd saves both (the backward takes philox_seed and philox_offset):
+        # 16 + 8 = 24 B per layer. The meta kernel returns the same (``trace --device cuda``).
+        why = "the CUDA flash backward regenerates dropout from"
         rules += [
-            save(
-                B.ATTN,
-                "dropout_mask",
-                (b, a, s, s),
-                BOOL,
-                R.ATTN_DROPOUT_MASK,
-                "dropout mask on the probabilities",
-            ),
-            save(
-                B.ATTN,
-                "probs_dropped",
-                (b, a, s, s),
-                act,
-                R.ATTN_PROBS,
-                "dropped probabilities for P·V: dV = Pᵀ·dO",
-            ),
+            save(B.ATTN, "philox_seed", (2,), UINT64, R.RNG_STATE, f"RNG state (seed, offset) {why}"),
+            save(B.ATTN, "philox_offset", (), UINT64, R.RNG_STATE, "unused offset slot, saved all the same"),
         ]
     return rules
 
@@ -158,10 +246,18 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
-    if setup.strategy.attention is Attention.EAGER and not fused_softmax_runs(setup, dims):
+    eager = setup.strategy.attention is Attention.EAGER
+    prof = profile_of(setup)
+    if eager and not prof.additive_mask and not fused_softmax_runs(setup, dims):
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
+    if prof.checkpoint_keeps_mask and setup.strategy.segment and (eager or window_masked(setup, dims)):
+        # eager: the additive mask in the activation dtype, [b, 1, s, s] (eager_mask's torch.where
+        # materialises the expanded mask); SDPA: the bool window mask, an expand of one [s, s] storage.
+        why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
+        shape, dtype = ((dims.b, 1, dims.s, dims.s), dims.act) if eager else ((1, 1, dims.s, dims.s), BOOL)
+        rules.append(Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
     return rules
 
 
@@ -195,14 +291,15 @@ def attention_core_flops(dims: Dims) -> int:
 
 def attention_backward_flops(setup: Setup, dims: Dims) -> int:
     per_bmm = attention_core_flops(dims) // 2
-    # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
-    return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
+    # eager and math: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ,
+    # dK).
+    return (5 if core_of(setup) is Core.FLASH else 4) * per_bmm
 
 
 def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
     """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
     s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
-    if setup.strategy.attention is not Attention.FLASH:
+    if core_of(setup) is not Core.FLASH:
         return 0
     return attention_core_flops(dims) // 2
 

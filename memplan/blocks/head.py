@@ -94,7 +94,8 @@ def vocab_parallel_loss_rules(dims: Dims) -> list[Rule]:
 
 def labels_rule(setup: Setup, dims: Dims) -> Rule:
     """nll_loss's targets: the [b, s] labels, or transformers' padded-and-shifted [b, s+1] storage."""
-    if profile_of(setup).labels_padded:
+    # labels[..., 1:].contiguous() is a view only for one row; with b > 1 it is a [b, s] copy.
+    if profile_of(setup).labels_padded and dims.b == 1:
         why = "targets of nll_loss: a shifted view of the labels padded by one ignore_index"
         return save(B.LOSS, "labels", (dims.b, dims.s + 1), INT64, R.LABELS, why)
     return save(B.LOSS, "labels", (dims.b, dims.s), INT64, R.LABELS, "targets of nll_loss")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import hidden_dropouts, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
 
 B, R = Block, Role
@@ -84,7 +84,7 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     weight gradient's matmul, before the bias gradient is made: the peak is at that matmul then."""
     a_bytes, t, h = dims.act.bytes, dims.tokens, dims.h
     dropout = 0
-    if setup.model.resid_dropout > 0:
+    if hidden_dropouts(setup)[0] > 0:
         mask = t * h * DType.BOOL.bytes  # the bool mask of the dropout after W_down
         dropout = t * h * a_bytes - mask
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0

@@ -5,7 +5,20 @@ from __future__ import annotations
 from memplan.blocks import megatron
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import REFERENCE, Profile
-from memplan.config import Impl, Setup
+from memplan.config import Checkpointing, Impl, Setup
+
+
+def checkpoints_alone(setup: Setup) -> bool:
+    """Every-K checkpointing of single layers (``Profile.checkpoints_alone``): ⌈L/K⌉ layers checkpointed,
+    each alone; the others keep their saves."""
+    every_k = setup.strategy.checkpointing is Checkpointing.EVERY_K
+    return every_k and profile_of(setup).checkpoints_alone
+
+
+def hidden_dropouts(setup: Setup) -> tuple[float, float]:
+    """(residual, embedding) dropout probabilities the code applies (``Profile.hidden_dropout``)."""
+    m = setup.model
+    return (m.resid_dropout, m.embd_dropout) if profile_of(setup).hidden_dropout else (0.0, 0.0)
 
 
 def profile_of(setup: Setup) -> Profile:

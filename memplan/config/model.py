@@ -133,6 +133,20 @@ class ModelConfig(Frozen):
     attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
     embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")
+    sliding_window: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="sliding-window attention: each token attends to the last W positions (itself "
+        "included); none: full causal. --impl hf: at s ≥ W transformers passes SDPA an explicit mask "
+        "(what it keeps changes); the FLOPs do not (the kernels compute all s² cells), and the reference "
+        "model ignores it",
+    )
+    qk_norm: bool = Field(
+        default=False,
+        description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm): 2·d "
+        "parameters per layer",
+    )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     family: Family | None = Field(
         default=None,

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune, Target
-from memplan.config.impl import Impl, ImplConfig
+from memplan.config.impl import Family, Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
@@ -193,6 +193,18 @@ def check_finetune(setup: Setup) -> None:
             )
 
 
+def check_qk_norm(m: ModelConfig) -> None:
+    """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
+    Qwen2's never."""
+    family = m.code_family
+    if family is Family.QWEN3 and not m.qk_norm:
+        raise ValueError("qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family qwen3")
+    if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
+        raise ValueError(
+            f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
+        )
+
+
 def check_impl(setup: Setup) -> None:
     """A framework profile covers what that framework's own code does on one replica; one-line errors."""
     impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
@@ -208,6 +220,8 @@ def check_impl(setup: Setup) -> None:
                 "reference or train every weight"
             )
         return
+    if impl is Impl.HF:
+        check_qk_norm(setup.model)
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,

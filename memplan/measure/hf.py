@@ -213,6 +213,28 @@ def op_names(loss: torch.Tensor) -> dict[int, str]:
     return names
 
 
+@contextmanager
+def _one_sequence_per_row(fake: bool) -> Iterator[None]:
+    """transformers' ``find_packed_sequence_indices`` (masking_utils) as a real run answers for
+    ``make_batch``'s rows (one sequence each, positions 0…s−1: ``None``, no packing mask).
+
+    Under fake tensors it cannot read the positions (``is_tracing`` is true for a FakeTensor) and returns
+    a packed-sequence index, so ``create_causal_mask`` would build an explicit [b, 1, s, s] mask whenever
+    no cache is passed (``use_cache`` off, or gradient checkpointing) where the real run lets SDPA's
+    ``is_causal`` do it."""
+    if not fake:
+        yield
+        return
+    import transformers.masking_utils as masking
+
+    find = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = find
+
+
 def measure_hf(setup: Setup, fake: bool = True) -> Measured:
     """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU."""
     if fake and setup.model.moe and setup.impl.experts is ExpertsImpl.EAGER:
@@ -236,6 +258,7 @@ def measure_hf(setup: Setup, fake: bool = True) -> Measured:
         state = {"backward": False}
         routing: list[list[int]] = []
         with ExitStack() as stack:
+            stack.enter_context(_one_sequence_per_row(fake))
             stack.enter_context(_scoped(model, meter, recorder, state))
             stack.enter_context(meter)
             stack.enter_context(recorder)

@@ -87,6 +87,20 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def window_keys(setup: Setup) -> dict[str, Any]:
+    """The sliding window as each family's config takes it: Mistral's ``sliding_window`` (None: full
+    causal; MistralConfig's default is 4096, so None is passed explicitly); Qwen2/Qwen3's
+    ``use_sliding_window`` with every layer sliding (``max_window_layers`` 0: layer i slides when
+    i ≥ max_window_layers, configuration_qwen2.py)."""
+    m = setup.model
+    if m.code_family is Family.MISTRAL:
+        return {"sliding_window": m.sliding_window}
+    if m.code_family in (Family.QWEN2, Family.QWEN3):
+        on = m.sliding_window is not None
+        return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": 0}
+    return {}
+
+
 def moe_keys(setup: Setup) -> dict[str, Any]:
     """Mixtral / Qwen2-MoE: the Llama keys and the experts; no router auxiliary loss
     (``output_router_logits``, as both configs default) and no router jitter (Mixtral)."""
@@ -105,8 +119,12 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
     return keys | {"num_local_experts": moe.experts, "router_jitter_noise": 0.0}
 
 
+WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
+"""The Llama-style families whose config takes a sliding window (``window_keys``)."""
+
 KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     **{f: llama_keys for f in Family},
+    **{f: lambda setup: llama_keys(setup) | window_keys(setup) for f in WINDOWED},
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
     Family.MIXTRAL: moe_keys,

@@ -176,6 +176,9 @@ class Layer(nn.Module):
             linear(h, kvd, m.qkv_bias),
         )
         self.o = linear(qd, h, m.out_bias)
+        if m.qk_norm:  # Qwen3's q_norm / k_norm: RMSNorm over head_dim
+            self.q_norm = nn.RMSNorm(m.dim, eps=m.norm_eps, dtype=dtype, device=device)
+            self.k_norm = nn.RMSNorm(m.dim, eps=m.norm_eps, dtype=dtype, device=device)
         # The MLP: a dense one of width ffn_size, or an MoE block (router, experts of width ffn_size).
         self.mlp: nn.Module = MoEMlp(m, m.moe, dtype, device) if m.moe else Mlp(m, m.ffn, dtype, device)
 
@@ -298,6 +301,9 @@ class Reference(nn.Module):
         y = label(self.norm(layer.attn_norm, x, "attn_norm"), "attn.input")
         q, k, v = (self.heads(proj(y)) for proj in (layer.q, layer.k, layer.v))
         label(v, "attn.v")
+        if m.qk_norm:  # on [b, s, n, d] before the heads' transpose and RoPE, as Qwen3Attention
+            q = self.norm(layer.q_norm, q.transpose(1, 2), "attn.q_norm").transpose(1, 2)
+            k = self.norm(layer.k_norm, k.transpose(1, 2), "attn.k_norm").transpose(1, 2)
         if c.cos is not None and c.sin is not None:
             q, k = apply_rope(q, c.cos, c.sin), apply_rope(k, c.cos, c.sin)
         label(q, "attn.q")

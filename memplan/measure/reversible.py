@@ -92,7 +92,9 @@ def _rev_layer_backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, list[Tensor | None]]:
     params = list(layer.parameters())
     attn_params = [
-        p for n, p in layer.named_parameters() if n.split(".")[0] in ("attn_norm", "q", "k", "v", "o")
+        p
+        for n, p in layer.named_parameters()
+        if n.split(".")[0] in ("attn_norm", "q", "k", "v", "o", "q_norm", "k_norm")
     ]
     mlp_params = [p for p in params if all(p is not q for q in attn_params)]
     with torch.enable_grad():

@@ -10,7 +10,10 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's and Phi-3's ``sliding_window`` are
+  not read (Mistral's, Qwen2's and Qwen3's are: ``_sliding_window``).
+- NB: Qwen2/Qwen3 configs whose sliding window covers only some layers (0 < max_window_layers <
+  num_hidden_layers with use_sliding_window) are refused, not modelled.
 - NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
 - NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
 - NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
@@ -47,6 +50,7 @@ _FAMILY = {
     "llama": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
     "mistral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=4096 * 32),
     "qwen2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
+    "qwen3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gemma": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
@@ -123,7 +127,7 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
-    if kind in ("llama", "gemma"):  # attention_bias covers q, k, v and o
+    if kind in ("llama", "gemma", "qwen3"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -188,7 +192,42 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
+    if kind in _WINDOWED:
+        fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
+    if kind == "qwen3":
+        fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
+    if kind in _OWN_CODE:
+        fields["family"] = kind
     return fields
+
+
+_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "phi3", "qwen2_moe")
+"""The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
+derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
+
+_WINDOWED = ("mistral", "qwen2", "qwen3")
+
+
+def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | None:
+    """The sliding window as transformers reads it: MistralConfig's ``sliding_window`` (default 4096,
+    null: full causal); Qwen2Config / Qwen3Config's only with ``use_sliding_window`` (default false), on
+    layers i ≥ ``max_window_layers`` (default 28; configuration_qwen2.py ``layer_types``)."""
+    if kind == "mistral":
+        if "sliding_window" in cfg and cfg["sliding_window"] is None:
+            return None  # an explicit null: full causal
+        return _int(cfg, "sliding_window", default=4096)
+    if not _bool(cfg, "use_sliding_window", False):
+        return None
+    first = _int(cfg, "max_window_layers", default=28)
+    assert first is not None
+    if first >= layers:
+        return None  # no layer slides
+    if first > 0:
+        raise ValueError(
+            f"max_window_layers: {first} slides only layers ≥ {first} of {layers}; a window on some "
+            "layers is not modelled — use max_window_layers 0 (all) or ≥ num_hidden_layers (none)"
+        )
+    return _int(cfg, "sliding_window", default=4096)
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +288,7 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("partial rotary and parallel residual not modelled")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
-    if cfg.get("sliding_window") and kind in ("mistral", "mixtral"):
+    if cfg.get("sliding_window") and kind == "mixtral":
         notes.append("sliding-window attention not modelled")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]

@@ -20,8 +20,8 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.blocks.profiles import profile_of
-from memplan.config import Attention, Checkpointing, Setup
+from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
+from memplan.config import Attention, Checkpointing, Impl, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -43,7 +43,13 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     rule = save(Block.CHECKPOINT, "input", (dims.b, dims.s, dims.h), dims.act, Role.RESIDUAL, why)
     first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
     rest = [k for k in kept if k.scope is not Scope.LAYER]
-    return rest[:first] + act.kept([rule], Scope.LAYER, segments(setup)) + rest[first:]
+    inputs = act.kept([rule], Scope.LAYER, segments(setup))
+    if checkpoints_alone(setup):  # the layers not checkpointed keep their saves
+        plain = [
+            k.model_copy(update={"count": k.count - segments(setup)}) for k in kept if k.scope is Scope.LAYER
+        ]
+        return rest[:first] + inputs + plain + rest[first:]
+    return rest[:first] + inputs + rest[first:]
 
 
 def recompute(setup: Setup, dims: Dims) -> int:
@@ -52,8 +58,11 @@ def recompute(setup: Setup, dims: Dims) -> int:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        skipped = last(setup, dims) if setup.model.resid_dropout == 0 and not whole else 0
-        return dims.layers * layer_fwd - segments(setup) * skipped
+        # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
+        whole = whole or (setup.impl.impl is Impl.HF and setup.impl.reentrant)
+        skipped = last(setup, dims) if hidden_dropouts(setup)[0] == 0 and not whole else 0
+        rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
+        return rerun * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
         return dims.layers * (core if setup.strategy.attention is Attention.FLASH or whole else core // 2)

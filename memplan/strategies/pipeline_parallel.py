@@ -140,11 +140,13 @@ def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batc
     )
 
 
-def group_counts(st: Stage, segment: int) -> dict[Group, int]:
-    """Instances of each group's tensors alive on the stage at the end of its warm-up."""
+def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, int]:
+    """Instances of each group's tensors alive on the stage at the end of its warm-up (``alone``: the
+    checkpointed layers are single layers, the others keep their saves: ``checkpointing.alone``)."""
+    checkpoints = sum(-(-n // segment) for n in st.in_flight) if segment else 0
     return {
-        Group.LAYER: st.in_flight_layers,
-        Group.CHECKPOINT: sum(-(-n // segment) for n in st.in_flight) if segment else 0,
+        Group.LAYER: st.in_flight_layers - (checkpoints if alone else 0),
+        Group.CHECKPOINT: checkpoints,
         Group.EMBED: st.embed_micro_batches,
         Group.HEAD: 1 if st.last else 0,
         Group.HEAD_FREED: 1 if st.last else 0,

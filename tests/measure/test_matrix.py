@@ -141,3 +141,16 @@ def test_fake_run_equals_real_run(case: dict[str, Any]) -> None:
     real, fake = measure(setup, fake=False), measure(setup, fake=True)
     assert real.records == fake.records
     assert real.flops == fake.flops
+
+
+@pytest.mark.parametrize("case", CASES[:6], ids=case_id)
+def test_qk_norm_estimate_equals_measurement(case: dict[str, Any]) -> None:
+    """Qwen3's q_norm / k_norm (``ModelConfig.qk_norm``) in the reference model: saves, FLOPs, parameters."""
+    base = setup_for(case)
+    setup = base.model_copy(update={"model": base.model.model_copy(update={"qk_norm": True})})
+    est = estimate(setup)
+    c = compare(est, measure(setup, fake=False))
+    wrong = [r for r in c.tensors if not r.equal]
+    assert not wrong, [(r.name, r.est_count, r.est_bytes, r.meas_count, r.meas_bytes) for r in wrong]
+    assert c.est_layers == c.meas_layers and c.equal
+    assert est.params.total - estimate(base).params.total == 2 * base.model.dim * base.model.num_layers

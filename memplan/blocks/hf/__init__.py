@@ -17,6 +17,9 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
     Family.MIXTRAL: moe.mixtral,
     Family.QWEN2_MOE: moe.qwen2_moe,
+    Family.MISTRAL: llama.windowed,
+    Family.QWEN2: llama.windowed,
+    Family.QWEN3: llama.windowed,
 }
 
 

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memplan.blocks.profile import Profile
 from memplan.config import Impl, Setup
 
 
 def common(setup: Setup) -> Profile:
     """What every transformers causal LM does: ``ForCausalLMLoss`` (loss/loss_utils.py) pads the labels
-    by one ignore_index and shifts them by a view."""
-    return Profile(impl=Impl.HF, labels_padded=True)
+    by one ignore_index and shifts them by a view; ``every_n_layers`` checkpoints single layers."""
+    return Profile(impl=Impl.HF, labels_padded=True, checkpoints_alone=True)
 
 
 def profile(setup: Setup) -> Profile:
-    """Llama (``modeling_llama.py``)."""
-    return common(setup)
+    """Llama (``modeling_llama.py``): ``eager_attention_forward``'s fp32 softmax and additive mask, SDPA
+    through torch's dispatcher, ``F.dropout`` (CPU: noise), the checkpointed layer's kwargs kept."""
+    return replace(
+        common(setup),
+        hidden_dropout=False,
+        eager_fp32_softmax=True,
+        additive_mask=True,
+        cpu_dropout_noise=True,
+        sdpa_dispatch=True,
+        checkpoint_keeps_mask=True,
+    )
+
+
+def windowed(setup: Setup) -> Profile:
+    """Mistral, Qwen2 and Qwen3 (``modeling_mistral.py``, ``modeling_qwen2.py``, ``modeling_qwen3.py``):
+    Llama's code with a sliding window (``create_sliding_window_causal_mask``); Qwen3's q_norm/k_norm are
+    ``ModelConfig.qk_norm``, the same RMSNorm as the reference's."""
+    return replace(profile(setup), window_mask=True)
