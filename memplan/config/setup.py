@@ -204,6 +204,8 @@ def check_impl(setup: Setup) -> None:
         "--cp": par.cp > 1,
         "--reversible": s.reversible,
         "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
+        # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
+        "--checkpointing every-K": impl is Impl.TORCHTITAN and s.checkpointing is Checkpointing.EVERY_K,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
     }

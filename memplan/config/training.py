@@ -17,6 +17,8 @@ class DType(StrEnum):
     BOOL = "bool"
     INT64 = "int64"
     UINT64 = "uint64"
+    COMPLEX64 = "complex64"
+    """Two fp32 (real, imaginary): torchtitan's rotary cache (``torch.polar``)."""
 
     @property
     def bytes(self) -> int:
@@ -31,6 +33,7 @@ _DTYPE_BYTES = {
     DType.BOOL: 1,
     DType.INT64: 8,
     DType.UINT64: 8,
+    DType.COMPLEX64: 8,
 }
 
 

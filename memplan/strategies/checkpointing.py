@@ -9,7 +9,8 @@ Re-run FLOPs: torch.utils.checkpoint stops a recompute as soon as the last tenso
 again (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
 whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down projection
 (no residual dropout after it, whose mask is saved after it runs) skips it, and selective eager attention
-skips P·V. The flash kernel saves its outputs, so it always re-runs.
+skips P·V. The flash kernel saves its outputs, so it always re-runs. A checkpoint without early stop
+(``Profile.checkpoint_early_stop`` off: torchtitan's ``FullAC``) re-runs the whole segment.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, Setup
 
 
@@ -49,7 +51,8 @@ def recompute(setup: Setup, dims: Dims) -> int:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        skipped = last(setup, dims) if setup.model.resid_dropout == 0 else 0
+        stops = setup.model.resid_dropout == 0 and profile_of(setup).checkpoint_early_stop
+        skipped = last(setup, dims) if stops else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
