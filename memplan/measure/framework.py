@@ -57,7 +57,7 @@ def check_traceable(setup: Setup) -> Callable[[Setup], Measured]:
 
 def activation_dtype(setup: Setup) -> torch.dtype:
     """The torch dtype of the activations (the precision's activation dtype)."""
-    return getattr(torch, _TORCH_DTYPES[setup.training.precision.activation_dtype.value])  # type: ignore[no-any-return]
+    return getattr(torch, _TORCH_DTYPES[setup.training.precision.activation_dtype.value])
 
 
 _TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}

@@ -53,7 +53,12 @@ def require_torchtitan() -> Any:
             f"impl: --impl torchtitan runs torchtitan's Llama 3, not importable ({e}); {INSTALL}"
         ) from None
     return SimpleNamespace(
-        loss=loss, ac=activation_checkpoint, common=common, attention=attention, utils=config_utils, model=model
+        loss=loss,
+        ac=activation_checkpoint,
+        common=common,
+        attention=attention,
+        utils=config_utils,
+        model=model,
     )
 
 
@@ -82,7 +87,8 @@ def check_titan(setup: Setup) -> None:
             raise ValueError(f"model: --impl torchtitan cannot map {name}")
     if setup.strategy.attention is Attention.EAGER:
         raise ValueError(
-            "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); use --attention flash"
+            "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
+            "use --attention flash"
         )
     require_torchtitan()
 
@@ -156,7 +162,7 @@ def measure_titan(setup: Setup, fake: bool = True) -> Measured:
         layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
 
         def forward() -> torch.Tensor:
-            return tt.loss.cross_entropy_loss(model(ids), labels)  # type: ignore[no-any-return]
+            return tt.loss.cross_entropy_loss(model(ids), labels)
 
         checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
         return run_step(model, layers, forward, checkpointed, titan_path)
