@@ -32,6 +32,9 @@ class Profile:
     """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
     [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k
     by a view of it: the mul keeps the cache, one per layer, and no shared cos/sin tables exist."""
+    loss_over_token_count: bool = False
+    """torchtitan's ``CrossEntropyLoss`` (components/loss.py) sums the loss and divides it by the trainer's
+    ``global_valid_tokens``, an int64 scalar tensor: the division keeps it (8 B)."""
     checkpoint_early_stop: bool = True
     """The activation checkpoint stops its re-run once the last saved tensor is rebuilt (torch's default,
     ``set_checkpoint_early_stop``). torchtitan's ``FullAC`` (distributed/activation_checkpoint.py) wraps

@@ -5,8 +5,9 @@
 ``_build_llama3_layers``: fused ``wqkv``, ``ComplexRoPE``, ``nn.RMSNorm``, the SwiGLU ``FeedForward`` with
 memplan's ffn as its final ``hidden_dim``) under ``FakeTensorMode`` on CPU, its parameters in the activation
 dtype (what FSDP2's ``MixedPrecisionPolicy(param_dtype)`` computes in; the complex RoPE cache stays
-complex64, as FSDP casts parameters only), runs forward, torchtitan's loss (``components/loss.py``
-``cross_entropy_loss``: the logits upcast to fp32, ``reduction="sum"``) and backward, and records every
+complex64, as FSDP casts parameters only), runs forward, torchtitan's loss as its trainer calls it
+(``components/loss.py`` ``CrossEntropyLoss``: the logits upcast to fp32, ``reduction="sum"``, divided by
+the int64 count of valid labels, ``global_valid_tokens``) and backward, and records every
 saved storage per decoder layer (``memplan.measure.framework.run_step``). ``--checkpointing full`` is
 torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
 non-reentrant, on every block).
@@ -17,7 +18,6 @@ Known limitations:
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
 - NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
   are refused (``memplan.config.setup.check_impl``).
-- NB: the loss is summed, not divided by the global token count the trainer passes (a scalar division).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 """
 
@@ -75,7 +75,6 @@ def unmapped(m: ModelConfig) -> dict[str, bool]:
             m.attn_dropout or m.resid_dropout or m.embd_dropout
         ),
         "moe (torchtitan's Llama 3 is dense; drop moe)": m.moe is not None,
-        "num_kv_heads (the fused wqkv needs num_heads divisible by it)": m.num_heads % m.kv_heads != 0,
     }
 
 
@@ -161,8 +160,12 @@ def measure_titan(setup: Setup, fake: bool = True) -> Measured:
         ids, labels = make_batch(setup, "cpu")
         layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
 
+        loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
+        # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
+        tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
+
         def forward() -> torch.Tensor:
-            return tt.loss.cross_entropy_loss(model(ids), labels)
+            return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
 
         checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
         return run_step(model, layers, forward, checkpointed, titan_path)
