@@ -16,11 +16,14 @@ from memplan.measure.impl_compare import paired_tensors
 from memplan.measure.titan import measure_titan
 from tests.hf.harness import hf_setup
 
+# Tied embeddings (enable_weight_tying) and a head dim apart from h / a (GQAttention's head_dim).
+TIED = {"tied_embeddings": True, "head_dim": 64, "num_heads": 16, "num_kv_heads": 4}
 
-@pytest.mark.parametrize("preset", ["llama-2-7b", "llama-3-8b"])
+
+@pytest.mark.parametrize(("preset", "fields"), [("llama-2-7b", {}), ("llama-3-8b", {}), ("llama-3-8b", TIED)])
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
-def test_llama3_sdpa(preset: str, checkpointing: str) -> None:
-    setup = hf_setup(preset, seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN)
+def test_llama3_sdpa(preset: str, fields: dict[str, object], checkpointing: str) -> None:
+    setup = hf_setup(preset, seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN, **fields)
     est, meas = estimate(setup), measure_titan(setup)
     unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
