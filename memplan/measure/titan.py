@@ -31,8 +31,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, ModelConfig, Setup
-from memplan.config.model import MlpType, NormType, PositionType
+from memplan.config import Checkpointing, Setup
 from memplan.measure.framework import activation_dtype, run_step
 from memplan.measure.run import Measured, make_batch
 
@@ -62,33 +61,9 @@ def require_torchtitan() -> Any:
     )
 
 
-def unmapped(m: ModelConfig) -> dict[str, bool]:
-    """What torchtitan's Llama 3 cannot express, by the field that would have to change."""
-    return {
-        "mlp (torchtitan's Llama has a SwiGLU FeedForward; use mlp = swiglu)": m.mlp is not MlpType.SWIGLU,
-        "norm (torchtitan's Llama has RMSNorm; use norm = rmsnorm)": m.norm is not NormType.RMSNORM,
-        "position (torchtitan's Llama has RoPE; use position = rope)": m.position is not PositionType.ROPE,
-        "qkv_bias / out_bias / mlp_bias (torchtitan's Llama has no biases; set them false)": m.qkv_bias
-        or m.out_bias
-        or m.mlp_bias,
-        "dropout (torchtitan's Llama has none; set attn/resid/embd_dropout 0)": bool(
-            m.attn_dropout or m.resid_dropout or m.embd_dropout
-        ),
-        "moe (torchtitan's Llama 3 is dense; drop moe)": m.moe is not None,
-    }
-
-
 def check_titan(setup: Setup) -> None:
-    """One-line errors before building: a model torchtitan's Llama 3 cannot be, eager attention, and
-    torchtitan importable."""
-    for name, used in unmapped(setup.model).items():
-        if used:
-            raise ValueError(f"model: --impl torchtitan cannot map {name}")
-    if setup.strategy.attention is Attention.EAGER:
-        raise ValueError(
-            "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
-            "use --attention flash"
-        )
+    """One-line error before building: torchtitan not importable (what torchtitan's Llama 3 cannot be is
+    refused with the setup: ``memplan.config.setup.check_impl``)."""
     require_torchtitan()
 
 
