@@ -326,7 +326,9 @@ def test_totals_equal_the_sum_of_their_parts(setup: Setup) -> None:
         assert (
             t["bytes"]
             == math.prod(t["shape"])
-            * {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8, "uint64": 8}[t["dtype"]]
+            * {"fp32": 4, "bf16": 2, "fp16": 2, "bool": 1, "int64": 8, "uint64": 8, "complex64": 8}[
+                t["dtype"]
+            ]
         )
         assert t["total_bytes"] == t["bytes"] * t["count"]
         assert (

@@ -26,7 +26,7 @@ from memplan.blocks import linear_params, mm
 from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
-FP32, BOOL, INT64, UINT64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64
+FP32, BOOL, INT64, UINT64, COMPLEX64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64, DType.COMPLEX64
 B, R = Block, Role
 
 
@@ -123,6 +123,7 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     why = "input of the recomputed attention core" if core_recomputed else "flash backward recomputes S = QKᵀ"
     return [
         *rules,
+        *rope_cache_rules(setup, dims),
         save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "k", (b, kv, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "v", (b, s, kv * d), act, R.ATTN_QKV, why),
@@ -163,6 +164,15 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
         return False
     per_block = 8 if dims.s <= 128 else 4
     return 16 < dims.s <= 4096 and dims.s % 4 == 0 and (dims.b * dims.a) % per_block == 0
+
+
+def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """torchtitan's per-layer complex rotary cache (``Profile.rope_cache_per_layer``): [s, d/2] complex64,
+    the cache sized to the training sequence (``Decoder.Config.update_from_config``)."""
+    if setup.model.position is not PositionType.ROPE or not profile_of(setup).rope_cache_per_layer:
+        return []
+    why = "complex q·cache and k·cache: dq = dout·conj(cache) needs the cache"
+    return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
 
 
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -241,7 +251,7 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
 def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
     rules: list[Rule] = []
-    if setup.model.position is PositionType.ROPE:
+    if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
         rules += [
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),

@@ -77,6 +77,7 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
         ),
         labels_rule(setup, dims),
         save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "nll_loss's normaliser (a fp32 scalar)"),
+        *count_rules(setup),
     ]
 
 
@@ -90,6 +91,14 @@ def vocab_parallel_loss_rules(dims: Dims) -> list[Rule]:
         save(B.LOSS, "masked_target", (t,), INT64, R.LABELS, "targets shifted into the rank's vocabulary"),
         save(B.LOSS, "loss_mask", (t,), FP32, R.LABELS, "losses · loss_mask: d(losses) needs the mask"),
     ]
+
+
+def count_rules(setup: Setup) -> list[Rule]:
+    """The label count a summed loss is divided by, kept by the division (``Profile.loss_over_token_count``,
+    and torchtune's chunked loss)."""
+    if setup.loss is LossKind.CHUNKED or profile_of(setup).loss_over_token_count:
+        return [save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the sum's divisor")]
+    return []
 
 
 def labels_rule(setup: Setup, dims: Dims) -> Rule:
@@ -128,8 +137,7 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "a chunk's nll_loss normaliser"),
         )
     ]
-    count = save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the sum's divisor")
-    return inputs + per_chunk + labels + [count]
+    return inputs + per_chunk + labels + count_rules(setup)
 
 
 def fused_rules(setup: Setup, dims: Dims) -> list[Rule]:

@@ -24,11 +24,13 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     if setup.model.norm is NormType.RMSNORM:
         # Llama's RMSNorm: x32 = x.float(); rstd = rsqrt(mean(x32²) + eps); n = (x32·rstd).to(A); w·n.
         # pow and x32·rstd save x32 (the layer input itself when A is fp32); rsqrt saves rstd; w·n saves n.
+        # torch's F.rms_norm multiplies n by w in fp32 before the cast (Profile.rms_norm_fp32_product).
         why_x = "x upcast to fp32: d(x²)/dx and d(x·rstd)/drstd need it"
+        normed = FP32 if profile_of(setup).rms_norm_fp32_product else act
         return [
             save(block, "input", (b, s, h), FP32, R.NORM_INPUT, why_x),
             save(block, "rstd", (b, s, 1), FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
-            save(block, "normed", (b, s, h), act, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it"),
+            save(block, "normed", (b, s, h), normed, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it"),
         ]
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act

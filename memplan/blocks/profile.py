@@ -48,10 +48,13 @@ class Profile:
     """flash-attn's ``mha_fwd`` (``flash_attn_interface.FlashAttnFunc``, TE's flash backend): ``rng_state``
     is a [2] int64 (16 B), saved with or without dropout, where torch's SDPA keeps a [2] and a [] uint64."""
     checkpoint_reruns_all: bool = False
-    """Megatron-core's ``tensor_parallel.checkpoint`` (``CheckpointFunction``, an ``autograd.Function``: it
-    keeps the function's tensor inputs and re-runs the whole function in backward, without torch's early
-    stop): full recompute re-runs every matmul of the layer, selective recompute (``core_attention`` under
-    ``_checkpointed_attention_forward``) both QKᵀ and P·V."""
+    """The checkpoint re-runs its whole function in backward, without torch's early stop (which ends the
+    re-run once the last saved tensor is rebuilt, ``set_checkpoint_early_stop``): Megatron-core's
+    ``tensor_parallel.checkpoint`` (``CheckpointFunction``, an ``autograd.Function``: full recompute re-runs
+    every matmul of the layer, selective recompute (``core_attention`` under
+    ``_checkpointed_attention_forward``) both QKᵀ and P·V); torchtitan's ``FullAC``
+    (distributed/activation_checkpoint.py: ``checkpoint_wrapper(..., early_stop=False)``), the MLP's down
+    projection included."""
     vocab_parallel_loss: bool = False
     """Megatron-core ``_VocabParallelCrossEntropy`` (``tensor_parallel/cross_entropy.py``):
     ``save_for_backward(exp_logits, target_mask, masked_target_1d)`` — the fp32 softmax [T, v/t]
@@ -111,6 +114,18 @@ class Profile:
     """``GradientCheckpointingLayer`` checkpoints ``partial(forward, self, **kwargs)``: the attention mask
     bound in the partial (one storage for every layer) stays alive until backward, with the rotary
     cos/sin the reference keeps anyway."""
+    rms_norm_fp32_product: bool = False
+    """torch's ``F.rms_norm`` (``nn.RMSNorm``; ``aten::rms_norm`` is CompositeImplicitAutograd, no fused CPU
+    kernel: ``rms_norm_symint`` in aten/src/ATen/native/layer_norm.cpp) multiplies x32·rstd by the weight
+    in fp32 and casts the product back (``type_as``): the mul with the weight keeps the normalised x in
+    fp32, not in the activation dtype (2·b·s·h B more per norm in bf16)."""
+    rope_cache_per_layer: bool = False
+    """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
+    [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k
+    by a view of it: the mul keeps the cache, one per layer, and no shared cos/sin tables exist."""
+    loss_over_token_count: bool = False
+    """torchtitan's ``CrossEntropyLoss`` (components/loss.py) sums the loss and divides it by the trainer's
+    ``global_valid_tokens``, an int64 scalar tensor: the division keeps it (8 B)."""
 
 
 REFERENCE = Profile()

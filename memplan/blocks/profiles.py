@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.blocks import megatron
+from memplan.blocks import megatron, torchtitan
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import REFERENCE, Profile
 from memplan.config import Checkpointing, Impl, Setup
@@ -27,4 +27,6 @@ def profile_of(setup: Setup) -> Profile:
         return hf_profile(setup)
     if setup.impl.impl is Impl.MEGATRON:
         return megatron.profile(setup)
+    if setup.impl.impl is Impl.TORCHTITAN:
+        return torchtitan.profile(setup)
     return REFERENCE

@@ -134,15 +134,15 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
 
 
 def _trace_impl(setup: Setup, as_json: bool) -> None:
-    """``trace --impl hf``: the framework's own model under fake tensors, compared per layer and in total
-    (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op)."""
-    from memplan.measure.hf import check_traceable, measure_hf
+    """``trace --impl hf|torchtitan``: the framework's own model under fake tensors, compared per layer and
+    in total (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op)."""
+    from memplan.measure.framework import check_traceable
     from memplan.measure.impl_compare import impl_comparison_json
 
-    check_traceable(setup)
+    measure_impl = check_traceable(setup)
     est = estimate(setup)
     start = time.perf_counter()
-    meas = measure_hf(setup)
+    meas = measure_impl(setup)
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)

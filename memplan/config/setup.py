@@ -18,9 +18,16 @@ from pydantic import Field, model_validator
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune, Target
 from memplan.config.impl import Family, Impl, ImplConfig
-from memplan.config.model import MlpType, ModelConfig, PositionType
+from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
-from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
+from memplan.config.strategy import (
+    Attention,
+    Checkpointing,
+    Device,
+    StrategyConfig,
+    ZeroStage,
+    checkpointing_label,
+)
 from memplan.config.training import TrainingConfig
 
 
@@ -205,6 +212,22 @@ def check_qk_norm(m: ModelConfig) -> None:
         )
 
 
+def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
+    """What torchtitan's Llama 3 (``torchtitan/models/llama3``) cannot be, by the field to change."""
+    return {
+        "mlp (torchtitan's Llama has a SwiGLU FeedForward; use mlp = swiglu)": m.mlp is not MlpType.SWIGLU,
+        "norm (torchtitan's Llama has RMSNorm; use norm = rmsnorm)": m.norm is not NormType.RMSNORM,
+        "position (torchtitan's Llama has RoPE; use position = rope)": m.position is not PositionType.ROPE,
+        "qkv_bias / out_bias / mlp_bias (torchtitan's Llama has no biases; set them false)": m.qkv_bias
+        or m.out_bias
+        or m.mlp_bias,
+        "dropout (torchtitan's Llama has none; set attn/resid/embd_dropout 0)": bool(
+            m.attn_dropout or m.resid_dropout or m.embd_dropout
+        ),
+        "moe (torchtitan's Llama 3 is dense; drop moe)": m.moe is not None,
+    }
+
+
 def check_impl(setup: Setup) -> None:
     """A framework profile covers what that framework's own code does on one replica; one-line errors."""
     impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
@@ -222,12 +245,25 @@ def check_impl(setup: Setup) -> None:
         return
     if impl is Impl.HF:
         check_qk_norm(setup.model)
+    if impl is Impl.TORCHTITAN:
+        for name, used in titan_unmapped(setup.model).items():
+            if used:
+                raise ValueError(f"model: --impl torchtitan cannot map {name}")
+        if s.attention is Attention.EAGER:
+            raise ValueError(
+                "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
+                "use --attention flash"
+            )
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
         "--cp": par.cp > 1,
         "--reversible": s.reversible,
         "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
+        # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
+        "--checkpointing every-K": impl is Impl.TORCHTITAN and s.checkpointing is Checkpointing.EVERY_K,
+        # LoRA's saves along the gradient flow (strategies/lora.py) are not checked against torchtitan.
+        "--finetune or --freeze": impl is Impl.TORCHTITAN and not setup.finetune.trains_everything,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
     }

@@ -18,6 +18,8 @@ class DType(StrEnum):
     INT32 = "int32"
     INT64 = "int64"
     UINT64 = "uint64"
+    COMPLEX64 = "complex64"
+    """Two fp32 (real, imaginary): torchtitan's rotary cache (``torch.polar``)."""
 
     @property
     def bytes(self) -> int:
@@ -33,6 +35,7 @@ _DTYPE_BYTES = {
     DType.INT32: 4,
     DType.INT64: 8,
     DType.UINT64: 8,
+    DType.COMPLEX64: 8,
 }
 
 

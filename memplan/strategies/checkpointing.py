@@ -9,8 +9,9 @@ Re-run FLOPs: torch.utils.checkpoint stops a recompute as soon as the last tenso
 again (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
 whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down projection
 (no residual dropout after it, whose mask is saved after it runs) skips it, and selective eager attention
-skips P·V. The flash kernel saves its outputs, so it always re-runs. Megatron's own checkpoint re-runs
-whole regions (``Profile.checkpoint_reruns_all``).
+skips P·V. The flash kernel saves its outputs, so it always re-runs. A checkpoint without early stop
+re-runs whole regions (``Profile.checkpoint_reruns_all``: Megatron's own checkpoint, torchtitan's
+``FullAC``; transformers' with ``use_reentrant=True``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Shared by the tests that run Hugging Face transformers' own models against ``--impl hf``: a setup with a
-few layers at a family's real widths, measured under fake tensors on CPU, compared per layer and in total
-(≤ 1 %, ``memplan.measure.impl_compare.TOLERANCE``); the exact bytes are in the failure message."""
+"""Shared by the tests that run a framework's own models (transformers against ``--impl hf``, torchtitan
+against ``--impl torchtitan``): a setup with a few layers at a family's real widths, measured under fake
+tensors on CPU, compared per layer and in total (≤ 1 %, ``memplan.measure.impl_compare.TOLERANCE``); the
+exact bytes are in the failure message."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from memplan.api import build_setup
 from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig, Setup
 from memplan.engine import Result, estimate
 from memplan.measure.compare import estimated_layers
+from memplan.measure.framework import check_traceable
 from memplan.measure.hf import measure_hf
 from memplan.measure.impl_compare import paired_tensors, within
 from memplan.measure.run import Measured
@@ -31,12 +33,12 @@ def hf_setup(
     checkpointing: str = "none",
     reentrant: bool = False,
     use_cache: bool = True,
+    impl: Impl = Impl.HF,
     **fields: Any,
 ) -> Setup:
     """``model`` (a preset or a config) cut to ``layers`` layers (``fields`` replaced), CPU kernels."""
     m = load_model_preset(model).model if isinstance(model, str) else model
     m = ModelConfig.model_validate({**m.model_dump(), "num_layers": layers, **fields})
-    impl = ImplConfig(impl=Impl.HF, reentrant=reentrant, use_cache=use_cache)
     return build_setup(
         m,
         seq=seq,
@@ -44,14 +46,16 @@ def hf_setup(
         attention=AttentionChoice(attention),
         checkpointing=checkpointing,
         device=Device.CPU,
-        impl=impl,
+        impl=ImplConfig(impl=impl, reentrant=reentrant, use_cache=use_cache),
     )
 
 
 def check_hf(setup: Setup, fake: bool = True) -> tuple[Result, Measured]:
-    """The estimate within 1 % of transformers' own run per layer and in total (``fake``: under fake
-    tensors, else real ones); both returned for further checks."""
-    est, meas = estimate(setup), measure_hf(setup, fake=fake)
+    """The estimate within 1 % of the framework's own run (``setup.impl``) per layer and in total
+    (``fake``: under fake tensors, else real ones, transformers only); both returned for further checks."""
+    measure = check_traceable(setup)
+    meas = measure(setup) if fake else measure_hf(setup, fake=False)
+    est = estimate(setup)
     est_layers = estimated_layers(est)
     meas_layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
     unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]

@@ -1,0 +1,57 @@
+"""torchtitan's Llama 3 (``torchtitan/models/llama3``, 0.3.0) against ``--impl torchtitan``: SDPA, without
+and with torchtitan's ``FullAC``, at Llama-2-7B's and Llama-3-8B's widths; saved bytes per layer and in
+total, and FLOPs per phase, equal to the byte and the FLOP."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch_checkpointing, triton
+
+from memplan.config import Impl
+from memplan.engine import estimate
+from memplan.measure.compare import estimated_layers
+from memplan.measure.framework import check_traceable
+from memplan.measure.impl_compare import paired_tensors
+from memplan.measure.titan import measure_titan
+from tests.hf.harness import hf_setup
+
+# Tied embeddings (enable_weight_tying) and a head dim apart from h / a (GQAttention's head_dim).
+TIED = {"tied_embeddings": True, "head_dim": 64, "num_heads": 16, "num_kv_heads": 4}
+
+
+@pytest.mark.parametrize(("preset", "fields"), [("llama-2-7b", {}), ("llama-3-8b", {}), ("llama-3-8b", TIED)])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama3_sdpa(preset: str, fields: dict[str, object], checkpointing: str) -> None:
+    setup = hf_setup(preset, seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN, **fields)
+    est, meas = estimate(setup), measure_titan(setup)
+    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
+    assert est.activations == meas.activations, unpaired
+    assert (est.flops.forward, est.flops.backward, est.flops.recompute) == (
+        meas.flops["forward"],
+        meas.flops["backward"],
+        meas.flops["recompute"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"mlp": "gelu"}, "mlp"),
+        ({"qkv_bias": True}, "qkv_bias"),
+        ({"attn_dropout": 0.1}, "dropout"),
+    ],
+)
+def test_unmappable_models_are_refused(fields: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_traceable(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, **fields))
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"attention": "eager"}, "attention"), ({"checkpointing": "every-2"}, "every-K")],
+)
+def test_unmodelled_strategies_are_refused(options: dict[str, str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        check_traceable(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, **options))

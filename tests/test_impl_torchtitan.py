@@ -1,0 +1,48 @@
+"""``--impl torchtitan`` without torch: what its profile changes against memplan's reference, term by term
+(the derivation of each fact is in ``memplan/blocks/profile.py``; tests/hf/test_torchtitan.py measures
+them), and what the setup refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.api import build_setup
+from memplan.config import AttentionChoice, Device, Impl, ImplConfig
+from memplan.config.finetune import FineTune, Method
+from memplan.engine import estimate
+from memplan.measure.compare import estimated_layers
+
+TITAN = ImplConfig(impl=Impl.TORCHTITAN)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_titan_keeps_what_its_profile_says(batch: int) -> None:
+    ref = build_setup("llama-3-8b", seq=1024, batch=batch, device=Device.CPU)
+    titan = build_setup("llama-3-8b", seq=1024, batch=batch, device=Device.CPU, impl=TITAN)
+    b, s, h, d = batch, 1024, 4096, 128
+    normed = 2 * b * s * h  # F.rms_norm's normalised x in fp32 (4 B) instead of bf16 (2 B)
+    rope = s * (d // 2) * 8  # each layer's complex64 cache [s, d/2], whatever the batch
+    per_layer = 2 * normed + rope
+    r, t = estimate(ref), estimate(titan)
+    assert [x - y for x, y in zip(estimated_layers(t), estimated_layers(r), strict=True)] == [per_layer] * 32
+    cos_sin = 2 * s * d * 2  # the reference's shared bf16 cos and sin tables, absent
+    count = 8  # the int64 valid-token count the summed loss is divided by
+    assert t.activations - r.activations == 32 * per_layer + normed - cos_sin + count
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "match"),
+    [
+        ("gpt2", {}, "mlp"),
+        ("mixtral-8x7b", {}, "moe"),
+        ("qwen2.5-7b", {}, "qkv_bias"),
+        ("llama-3-8b", {"dropout": 0.1}, "dropout"),
+        ("llama-3-8b", {"attention": AttentionChoice.EAGER}, "attention"),
+        ("llama-3-8b", {"checkpointing": "every-2"}, "every-K"),
+        ("llama-3-8b", {"checkpointing": "selective"}, "selective"),
+        ("llama-3-8b", {"finetune": FineTune(method=Method.LORA)}, "finetune"),
+    ],
+)
+def test_titan_refuses_what_it_does_not_model(model: str, options: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        build_setup(model, seq=512, impl=TITAN, **options)  # type: ignore[arg-type]
