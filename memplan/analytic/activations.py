@@ -30,7 +30,7 @@ import functools
 from collections.abc import Iterable
 
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
-from memplan.blocks import dropout_rule
+from memplan.blocks import dropout_keeps, dropout_rule
 from memplan.blocks.attention import attention_core_rules, constant_rules, projection_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
@@ -48,7 +48,7 @@ B, R = Block, Role
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
-    p = setup.model.resid_dropout
+    p, keeps = setup.model.resid_dropout, dropout_keeps(setup, act)
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
@@ -61,10 +61,10 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.ATTN_OUT,
             "attention output, input of W_O: dW = Xᵀ·dY",
         ),
-        *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h)),
+        *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h), keeps),
         *norm_rules(setup, B.MLP_NORM, dims),
         *mlp_rules(setup, dims),
-        *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h)),
+        *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
 
 

@@ -9,7 +9,8 @@ flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel'
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks import linear_params, mm
+from memplan.blocks import dropout_keeps, linear_params, mm
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
 FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
@@ -29,6 +30,8 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules = [
         save(B.ATTN, "input", (b, s, h), act, R.LINEAR_INPUT, "input of W_Q/W_K/W_V: dW = Xᵀ·dY needs X")
     ]
+    if profile_of(setup).fused_qkv:
+        return [*rules, *fused_qkv_rules(setup, dims)]
     eager = setup.strategy.attention is Attention.EAGER
     core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if eager and not core_recomputed:
@@ -50,12 +53,77 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
+def sdpa_math(setup: Setup) -> bool:
+    """SDPA runs torch's math path (``Profile.sdpa_math_dropout``): attention dropout on CPU kernels."""
+    flash = setup.strategy.attention is Attention.FLASH
+    cpu_dropout = setup.device is Device.CPU and setup.model.attn_dropout > 0
+    return flash and cpu_dropout and profile_of(setup).sdpa_math_dropout
+
+
+def flash_kernel(setup: Setup) -> bool:
+    """The flash kernel runs the core (flash chosen, and SDPA did not fall back to the math path)."""
+    return setup.strategy.attention is Attention.FLASH and not sdpa_math(setup)
+
+
+def fused_qkv_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """q, k and v the core keeps when they are split off one projection output (``Profile.fused_qkv``):
+    each is a tensor of its own when something made it anew — RoPE (GPT-NeoX's ``torch.cat`` of the
+    rotated and passed dims), the KV cache's ``cat``, SDPA's math path (q·√scale and kᵀ·√scale; v
+    upcast to fp32 when 16-bit), or eager ``torch.matmul`` reshaping a non-contiguous 4-D view to
+    [b·a, s, d] (a copy when b > 1; a view when b = 1) — else a view: the whole [b, s, (a+2·kv)·d] buffer
+    is kept once."""
+    b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
+    prof, rope = profile_of(setup), setup.model.position is PositionType.ROPE
+    math = sdpa_math(setup)
+    copied = setup.strategy.attention is Attention.EAGER and b > 1
+    own = {
+        "q": rope or math or copied,
+        "k": rope or prof.kv_cache or math or copied,
+        "v": prof.kv_cache or (math and act.bytes < 4) or copied,
+    }
+    dtype = FP32 if math else act
+    whys = {"q": "Q for S = QKᵀ: dK needs Q", "k": "K for S = QKᵀ: dQ needs K", "v": "V for P·V: dP needs V"}
+    rules = [
+        save(B.ATTN, n, (b, a if n == "q" else kv, s, d), dtype, R.ATTN_QKV, whys[n]) for n in "qkv" if own[n]
+    ]
+    views = [n for n in "qkv" if not own[n]]
+    if views:
+        why = f"fused projection output: the core keeps {', '.join(views)}, views of it"
+        rules.insert(0, save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), act, R.ATTN_QKV, why))
+    return rules
+
+
+def probs_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """The probabilities an explicit softmax keeps (eager, or SDPA's math path: fp32), its dropout's mask
+    or noise (``dropout_keeps``) and the dropped probabilities P·V reads."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    shape, p = (b, a, s, s), setup.model.attn_dropout
+    prof = profile_of(setup)
+    probs = FP32 if sdpa_math(setup) or prof.eager_softmax_fp32 else act
+    dropped = FP32 if sdpa_math(setup) else act
+    rules = [save(B.ATTN, "probs", shape, probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    if probs != dropped and p == 0:
+        why = "the probabilities cast to A (.to(q.dtype)), P·V's operand: dV = Pᵀ·dO"
+        rules.append(save(B.ATTN, "probs_cast", shape, dropped, R.ATTN_PROBS, why))
+    if p == 0:
+        return rules
+    keep = dropout_keeps(setup, dropped)
+    why = "dropout noise on the probabilities" if keep is not BOOL else "dropout mask on the probabilities"
+    return [
+        *rules,
+        save(B.ATTN, "dropout_mask", shape, keep, R.ATTN_DROPOUT_MASK, why),
+        save(B.ATTN, "probs_dropped", shape, dropped, R.ATTN_PROBS, "dropped probabilities: dV = Pᵀ·dO"),
+    ]
+
+
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
     p = setup.model.attn_dropout
+    if profile_of(setup).fused_qkv and not flash_kernel(setup):
+        return probs_rules(setup, dims)
     if setup.strategy.attention is Attention.FLASH:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
@@ -106,11 +174,18 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
     rules: list[Rule] = []
     if setup.model.position is PositionType.ROPE:
+        rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
         rules += [
-            save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
-            save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+            save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
-    if setup.strategy.attention is Attention.EAGER:
+    additive = profile_of(setup).eager_additive_mask
+    if setup.strategy.attention is Attention.EAGER and additive and setup.strategy.segment:
+        # transformers' eager_mask: an A-dtype [b, 1, s, s] (0 or the dtype's min), an argument of every
+        # checkpointed layer (``GradientCheckpointingLayer``), kept with them; one storage.
+        why = "additive causal mask, an input of every checkpointed layer"
+        rules.append(Rule("attn.causal_mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK))
+    if setup.strategy.attention is Attention.EAGER and not additive:
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
@@ -147,14 +222,15 @@ def attention_core_flops(dims: Dims) -> int:
 
 def attention_backward_flops(setup: Setup, dims: Dims) -> int:
     per_bmm = attention_core_flops(dims) // 2
-    # eager: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ, dK).
-    return (5 if setup.strategy.attention is Attention.FLASH else 4) * per_bmm
+    # eager (and SDPA's math path): two bmms, each 2× in backward; flash: five s×s products (S
+    # recomputed, dP, dV, dQ, dK).
+    return (5 if flash_kernel(setup) else 4) * per_bmm
 
 
 def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
     """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
     s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
-    if setup.strategy.attention is not Attention.FLASH:
+    if not flash_kernel(setup):
         return 0
     return attention_core_flops(dims) // 2
 

@@ -12,6 +12,10 @@ K, ``use_reentrant`` from ``--reentrant``).
 Known limitations:
 - NB: ops are named from the autograd graph only without checkpointing (reading a saved tensor of a
   non-reentrant checkpoint would re-run it); under checkpointing each record names its module only.
+- Fake tensors cannot be read, so transformers' packed-sequence check (``masking_utils.
+  find_packed_sequence_indices``, run when there is no cache) would assume packing and build a [b, 1, s, s]
+  mask a real run never makes; the run patches it to what a real run finds for the default position ids
+  (0…s−1: one sequence, no mask) — ``one_sequence``.
 - NB: transformers is an optional extra (``pip install 'memplan[hf]'``); ``require_transformers`` says so.
 """
 
@@ -23,6 +27,7 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import replace
 from functools import partial
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -208,10 +213,20 @@ def op_names(loss: torch.Tensor) -> dict[int, str]:
     return names
 
 
+def one_sequence(position_ids: torch.Tensor) -> None:
+    """``find_packed_sequence_indices`` as a real run answers for the default position ids (0…s−1 in every
+    row: ``(position_diff != 1).cumsum(-1)`` is all 0, so it returns None)."""
+    return None
+
+
 def measure_hf(setup: Setup, fake: bool = True) -> Measured:
     """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU."""
     torch.manual_seed(0)
-    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+    masking = require_transformers().masking_utils
+    with (
+        FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(),
+        patch.object(masking, "find_packed_sequence_indices", one_sequence),
+    ):
         model = build(setup)
         s = setup.strategy
         if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
