@@ -122,12 +122,20 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
     p = setup.model.attn_dropout
-    if profile_of(setup).fused_qkv and not flash_kernel(setup):
+    fused = profile_of(setup).fused_qkv
+    if fused and not flash_kernel(setup):
         return probs_rules(setup, dims)
     if setup.strategy.attention is Attention.FLASH:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
+        if fused and setup.model.position is PositionType.ROPE:
+            # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
+            # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
+            # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
+            # layout, gives an output whose transpose is W_O's input itself.
+            why = "flash output in q's [b, a, s, d] layout; W_O reads a contiguous copy"
+            rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
         if dims.ring > 1:
             # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
             # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
