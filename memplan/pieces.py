@@ -103,7 +103,18 @@ def pieces_key(setup: Setup) -> tuple[object, ...]:
     fields = [v for part in (setup.training, setup.strategy) for k, v in part if k not in _PER_STEP]
     par = setup.parallel
     savers = (setup.offload, setup.loss, setup.loss_chunks)
-    return (setup.model, setup.device, setup.finetune, setup.impl, *fields, par.tp, par.sp, par.ep, par.cp, *savers)
+    return (
+        setup.model,
+        setup.device,
+        setup.finetune,
+        setup.impl,
+        *fields,
+        par.tp,
+        par.sp,
+        par.ep,
+        par.cp,
+        *savers,
+    )
 
 
 def pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:

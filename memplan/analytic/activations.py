@@ -30,13 +30,14 @@ import functools
 from collections.abc import Iterable
 
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
-from memplan.blocks import dropout_keeps, dropout_rule
+from memplan.blocks import dropout_rule
 from memplan.blocks.attention import attention_core_rules, constant_rules, projection_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules
+from memplan.blocks.profiles import dropout_keeps
 from memplan.config import Setup
 
 B, R = Block, Role

@@ -17,7 +17,7 @@ head dim, f ffn width, v vocabulary, T = b·s tokens; A the activation dtype of 
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Role, Rule, save
-from memplan.config import Device, DType, Setup
+from memplan.config import DType
 
 
 def mm(m: int, k: int, n: int) -> int:
@@ -33,15 +33,6 @@ def dropout_rule(
     block: Block, part: str, p: float, shape: tuple[int, ...], keeps: DType = DType.BOOL
 ) -> list[Rule]:
     """``native_dropout``'s bool mask (when p > 0): dX = dY·mask/(1−p); or the noise ``keeps`` names
-    (``dropout_keeps``)."""
+    (``blocks.profiles.dropout_keeps``)."""
     why = "dropout mask: dX = dY·mask/(1−p)" if keeps is DType.BOOL else "dropout noise: dX = dY·noise"
     return [save(block, part, shape, keeps, Role.DROPOUT_MASK, why)] if p > 0 else []
-
-
-def dropout_keeps(setup: Setup, dtype: DType) -> DType:
-    """What a dropout of a ``dtype`` input keeps: ``native_dropout``'s bool mask, or the noise in the
-    input's dtype where the code calls ``nn.Dropout`` on CPU (``Profile.dropout_noise``)."""
-    from memplan.blocks.profiles import profile_of  # the profiles read the blocks' config only
-
-    noise = setup.device is Device.CPU and profile_of(setup).dropout_noise
-    return dtype if noise else DType.BOOL

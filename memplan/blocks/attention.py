@@ -9,8 +9,8 @@ flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel'
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks import dropout_keeps, linear_params, mm
-from memplan.blocks.profiles import profile_of
+from memplan.blocks import linear_params, mm
+from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
 FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
@@ -192,7 +192,9 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
         # transformers' eager_mask: an A-dtype [b, 1, s, s] (0 or the dtype's min), an argument of every
         # checkpointed layer (``GradientCheckpointingLayer``), kept with them; one storage.
         why = "additive causal mask, an input of every checkpointed layer"
-        rules.append(Rule("attn.causal_mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK))
+        rules.append(
+            Rule("attn.causal_mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK)
+        )
     if setup.strategy.attention is Attention.EAGER and not additive:
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"

@@ -4,7 +4,8 @@ embedding dropout."""
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks import dropout_keeps, dropout_rule
+from memplan.blocks import dropout_rule
+from memplan.blocks.profiles import dropout_keeps
 from memplan.config import DType, ModelConfig, PositionType, Setup
 
 INT64 = DType.INT64

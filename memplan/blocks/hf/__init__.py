@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.blocks.hf import gpt2, llama
+from memplan.blocks.hf import gpt2, gpt_neox, llama
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
 FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
-    Family.GPT2: gpt2.gpt2,
-    Family.GPT_NEOX: gpt2.gpt_neox,
+    Family.GPT2: gpt2.profile,
+    Family.GPT_NEOX: gpt_neox.profile,
 }
 
 
