@@ -25,6 +25,7 @@ def hf_setup(
     *,
     layers: int = 2,
     seq: int = 512,
+    batch: int = 1,
     attention: str = "flash",
     checkpointing: str = "none",
     reentrant: bool = False,
@@ -38,6 +39,7 @@ def hf_setup(
     return build_setup(
         m,
         seq=seq,
+        batch=batch,
         attention=AttentionChoice(attention),
         checkpointing=checkpointing,
         device=Device.CPU,

@@ -66,3 +66,11 @@ def test_pythia_params() -> None:
 
     p = count_params(PYTHIA_1B)
     assert p.total - 2 * 50304 * 2048 == 805_736_448
+
+
+@pytest.mark.parametrize("model", ["gpt2", PYTHIA_1B], ids=["gpt2", "pythia-1b"])
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_gpt_batch(model: str | ModelConfig, attention: str) -> None:
+    """b = 2: eager ``torch.matmul`` copies the non-contiguous q/k/v views (b·a not mergeable) and the
+    loss's shifted labels are a [b, s] copy."""
+    check_hf(hf_setup(model, seq=128, batch=2, attention=attention, use_cache=False))
