@@ -268,7 +268,7 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
-        notes.append("partial rotary and parallel residual not modelled")
+        notes.append("partial rotary and parallel residual: modelled for --impl hf only")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
     if cfg.get("sliding_window") and kind in ("mistral", "mixtral"):
