@@ -106,8 +106,8 @@ def pieces_key(setup: Setup) -> tuple[object, ...]:
     return (
         setup.model,
         setup.device,
-        setup.finetune,
         setup.impl,
+        setup.finetune,
         *fields,
         par.tp,
         par.sp,

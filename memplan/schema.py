@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from memplan.config import Device, Parallel, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.config import Device, ImplConfig, Parallel, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.config.finetune import Method
 from memplan.config.setup import json_value
 
@@ -144,7 +144,12 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
 
 def _setup_schema() -> dict[str, Any]:
     """``setup``: every setting of ``Setup.settings``, typed from the config fields it comes from."""
-    fields = {**TrainingConfig.model_fields, **StrategyConfig.model_fields, **Parallel.model_fields}
+    fields = {
+        **TrainingConfig.model_fields,
+        **StrategyConfig.model_fields,
+        **Parallel.model_fields,
+        **ImplConfig.model_fields,
+    }
     del fields["checkpoint_every"]
     properties = {name: _setting(field) for name, field in fields.items()}
     properties["checkpointing"] = {"type": "string", "pattern": "^(none|selective|full|every-[1-9][0-9]*)$"}

@@ -53,8 +53,9 @@ OPTIONS: dict[str, Any] = {
     "--step-time": ANY_FLOAT,
     "--tokens": ANY_FLOAT,
     "--reserve": ANY_FLOAT,
+    "--impl": st.sampled_from(["reference", "hf", "torchtitan", "megatron", "bogus"]),
 }
-SWITCHES = ["--sp", "--no-sp", "--reversible", "--json"]
+SWITCHES = ["--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant"]
 MODELS = st.sampled_from(["tiny", "gpt2", "70b", "mixtral", "qwen-moe", "nosuch", "", "FILE"])
 FILE_TEXT = st.one_of(
     st.text(max_size=200),

@@ -63,6 +63,7 @@ from memplan.blocks.attention import (
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
+from memplan.blocks.profiles import profile_of
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -285,6 +286,10 @@ def recompute_working_set(setup: Setup) -> int:
         # The core's own saves (eager: contiguous q, k, v copies and the probabilities; flash: lse) come
         # back beside the q, k, v the checkpoint keeps (only the projections' shared input is not new).
         core = projection_rules(plain, dims)[1:] + attention_core_rules(plain, dims)
+        if profile_of(setup).qkv_views:
+            # Megatron: the re-run's q, k, v are the checkpoint's own (views): only GQA's repeats are new.
+            kept = {(r.name, r.shape) for r in projection_rules(setup, dims)}
+            return sum(r.bytes for r in core if (r.name, r.shape) not in kept)
         new = sum(r.bytes for r in core)
         return new - (0 if eager_core_copies(setup) else _flash_kept(setup, dims))
     if setup.strategy.reversible:

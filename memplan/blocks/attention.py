@@ -4,6 +4,9 @@
 FLOPs (FlopCounterMode): the projections 2·T·h·(a·d) + 2·2·T·h·(kv·d) + 2·T·(a·d)·h forward; the core's
 QKᵀ and P·V 2·b·a·s²·d each (causal not halved); backward 2× for the projections and eager's bmms, and for
 flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel's own re-computation.
+
+Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
+the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from memplan.blocks import linear_params, mm
 from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
-FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
+FP32, BOOL, INT64, UINT64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64
 B, R = Block, Role
 
 
@@ -30,10 +33,10 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules = [
         save(B.ATTN, "input", (b, s, h), act, R.LINEAR_INPUT, "input of W_Q/W_K/W_V: dW = Xᵀ·dY needs X")
     ]
-    if profile_of(setup).fused_qkv:
-        return [*rules, *fused_qkv_rules(setup, dims)]
     eager = setup.strategy.attention is Attention.EAGER
     core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    if profile_of(setup).qkv_views:
+        return [*rules, *qkv_view_rules(setup, dims, eager and not core_recomputed)]
     if eager and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
         return [
@@ -54,43 +57,15 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
 
 
 def sdpa_math(setup: Setup) -> bool:
-    """SDPA runs torch's math path (``Profile.sdpa_math_dropout``): attention dropout on CPU kernels."""
+    """SDPA runs torch's math path (``Profile.torch_sdpa``): attention dropout on CPU kernels."""
     flash = setup.strategy.attention is Attention.FLASH
     cpu_dropout = setup.device is Device.CPU and setup.model.attn_dropout > 0
-    return flash and cpu_dropout and profile_of(setup).sdpa_math_dropout
+    return flash and cpu_dropout and profile_of(setup).torch_sdpa
 
 
 def flash_kernel(setup: Setup) -> bool:
     """The flash kernel runs the core (flash chosen, and SDPA did not fall back to the math path)."""
     return setup.strategy.attention is Attention.FLASH and not sdpa_math(setup)
-
-
-def fused_qkv_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """q, k and v the core keeps when they are split off one projection output (``Profile.fused_qkv``):
-    each is a tensor of its own when something made it anew — RoPE (GPT-NeoX's ``torch.cat`` of the
-    rotated and passed dims), the KV cache's ``cat``, SDPA's math path (q·√scale and kᵀ·√scale; v
-    upcast to fp32 when 16-bit), or eager ``torch.matmul`` reshaping a non-contiguous 4-D view to
-    [b·a, s, d] (a copy when b > 1; a view when b = 1) — else a view: the whole [b, s, (a+2·kv)·d] buffer
-    is kept once."""
-    b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
-    prof, rope = profile_of(setup), setup.model.position is PositionType.ROPE
-    math = sdpa_math(setup)
-    copied = setup.strategy.attention is Attention.EAGER and b > 1
-    own = {
-        "q": rope or math or copied,
-        "k": rope or prof.kv_cache or math or copied,
-        "v": prof.kv_cache or (math and act.bytes < 4) or copied,
-    }
-    dtype = FP32 if math else act
-    whys = {"q": "Q for S = QKᵀ: dK needs Q", "k": "K for S = QKᵀ: dQ needs K", "v": "V for P·V: dP needs V"}
-    rules = [
-        save(B.ATTN, n, (b, a if n == "q" else kv, s, d), dtype, R.ATTN_QKV, whys[n]) for n in "qkv" if own[n]
-    ]
-    views = [n for n in "qkv" if not own[n]]
-    if views:
-        why = f"fused projection output: the core keeps {', '.join(views)}, views of it"
-        rules.insert(0, save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), act, R.ATTN_QKV, why))
-    return rules
 
 
 def probs_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -116,20 +91,62 @@ def probs_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
+def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
+    """q, k, v split off one projection output (``Profile.qkv_views``): a saved view keeps that whole
+    buffer alive, [b, s, (a + 2·kv)·d] in all. New tensors instead: q and k after RoPE (Megatron's
+    ``apply_rotary_pos_emb``, GPT-NeoX's ``torch.cat`` of the rotated and passed dims); q under GQA, whose
+    ``reshape`` to [s, b, a, d] cannot view Megatron's split (its groups are (a/g + 2)·d apart, not
+    (a/g)·d); in Megatron's eager core (``DotProductAttention``) k and v repeated to a heads under GQA
+    (``repeat_interleave``); k and v under transformers' KV cache (``Profile.kv_cache``); all three in
+    SDPA's math path (q·√scale, kᵀ·√scale, v upcast to fp32 when 16-bit; ``sdpa_math``); and, with b > 1,
+    the views transformers' eager ``torch.matmul`` reshapes to [b·a, s, d] (``Profile.matmul_copies_views``).
+    Megatron's eager core keeps q and k (``baddbmm``) and v (``bmm``); the flash kernel and the selective
+    ``CheckpointFunction`` keep q, k and v as they come."""
+    b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
+    prof = profile_of(setup)
+    rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, sdpa_math(setup)
+    copied = eager_core and b > 1 and prof.matmul_copies_views
+    repeated = eager_core and gqa
+    why = "input of the attention core's backward"
+    # (name, new tensor?, heads): k and v repeated to a heads in Megatron's eager core under GQA.
+    parts = [
+        ("q", rope or gqa or math or copied, a),
+        ("k", rope or repeated or prof.kv_cache or math or copied, a if repeated else kv),
+        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, a if repeated else kv),
+    ]
+    dtype = FP32 if math else act
+    rules = [save(B.ATTN, n, (b, h, s, d), dtype, R.ATTN_QKV, why) for n, new, h in parts if new]
+    if not all(new for _, new, _ in parts):
+        why_buffer = "W_QKV's output: the q, k or v views the core keeps hold all of it"
+        rules.append(save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), act, R.ATTN_QKV, why_buffer))
+    return rules
+
+
+def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
+    """Whether Megatron-core's fused causal softmax runs (``FusedScaleMaskSoftmax.is_kernel_available``):
+    16-bit scores, 16 < s ≤ 4096, s a multiple of 4, and b·a (the rank's heads) a multiple of the kernel's
+    batches per block (``get_batch_per_block``: 128 threads in warps min(2^⌈log₂ s⌉, 32) wide, two batches
+    a warp up to 128 keys, else one: 8 for s ≤ 128, else 4)."""
+    if not profile_of(setup).fused_causal_softmax or dims.act not in (DType.FP16, DType.BF16):
+        return False
+    per_block = 8 if dims.s <= 128 else 4
+    return 16 < dims.s <= 4096 and dims.s % 4 == 0 and (dims.b * dims.a) % per_block == 0
+
+
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
     p = setup.model.attn_dropout
-    fused = profile_of(setup).fused_qkv
-    if fused and not flash_kernel(setup):
-        return probs_rules(setup, dims)
+    prof = profile_of(setup)
+    if (setup.strategy.attention is Attention.EAGER and prof.eager_additive_mask) or sdpa_math(setup):
+        return probs_rules(setup, dims)  # transformers' eager cores, or SDPA's math path
     if setup.strategy.attention is Attention.FLASH:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
-        if fused and setup.model.position is PositionType.ROPE:
+        if prof.torch_sdpa and prof.qkv_views and setup.model.position is PositionType.ROPE:
             # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
             # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
             # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
@@ -142,7 +159,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             # the output the ring backward reads is kept apart.
             why = "merged ring-attention output: the flash backward of every ring step reads it"
             rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
-        if setup.device is Device.CUDA:
+        if setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
+            why = "flash-attn's rng_state (seed, offset): the backward regenerates dropout from it"
+            rules.append(save(B.ATTN, "rng_state", (2,), INT64, R.RNG_STATE, why))
+        elif setup.device is Device.CUDA:
             # PyTorch's flash_api.cpp (mha_fwd, "[Note] BC breaking change to flash seed/offset", torch ≥
             # 2.5) returns rng_state = empty({2}, uint64) and an unused empty({}, uint64) on the GPU, with or
             # without dropout; autograd saves both (the backward takes philox_seed and philox_offset):
@@ -155,7 +175,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
                 ),
             ]
         return rules
-    rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    # Megatron's torch fallback (no fused kernel) keeps the softmax output in fp32 (softmax_in_fp32).
+    fp32 = profile_of(setup).fused_causal_softmax and not fused_softmax_runs(setup, dims)
+    probs = FP32 if fp32 else act
+    rules = [save(B.ATTN, "probs", (b, a, s, s), probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
     if p > 0:
         rules += [
             save(
@@ -195,7 +218,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules.append(
             Rule("attn.causal_mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK)
         )
-    if setup.strategy.attention is Attention.EAGER and not additive:
+    if setup.strategy.attention is Attention.EAGER and not additive and not fused_softmax_runs(setup, dims):
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
@@ -260,4 +283,16 @@ def eager_forward_extra(setup: Setup, dims: Dims) -> int:
     locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
     ctx = t * dims.a * dims.d * a_bytes
+    if profile_of(setup).qkv_views:
+        return megatron_forward_extra(setup, dims, scores, ctx)
     return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
+
+
+def megatron_forward_extra(setup: Setup, dims: Dims, scores: int, ctx: int) -> int:
+    """Megatron-core's eager core (``DotProductAttention.forward``) beyond its saves: W_QKV's output where
+    no saved view holds it (GQA: q is a copy, k and v repeated, the split views are locals); ``baddbmm``'s
+    scores (``matmul_result``, a local until the core returns); P·V's output while its [s, b, a·d] copy is
+    made. NB: the torch softmax fallback's fp32 copies (s > 4096) are not counted."""
+    saved = any(r.name == "attn.qkv" for r in qkv_view_rules(setup, dims, eager_core=True))
+    buffer = 0 if saved else dims.tokens * (dims.a + 2 * dims.kv) * dims.d * dims.act.bytes
+    return buffer + scores + ctx

@@ -33,7 +33,7 @@ from memplan.blocks import mm
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, LossKind, ModelConfig, Setup
 
-FP32, INT64 = DType.FP32, DType.INT64
+FP32, INT64, BOOL = DType.FP32, DType.INT64, DType.BOOL
 B, R = Block, Role
 
 
@@ -62,8 +62,11 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if setup.loss is LossKind.CHUNKED:
         return chunked_rules(setup, dims)
     b, s, h, v = dims.b, dims.s, dims.h, dims.v
+    head = save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY")
+    if profile_of(setup).vocab_parallel_loss:
+        return [head, *vocab_parallel_loss_rules(dims)]
     return [
-        save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY"),
+        head,
         save(
             B.LOSS,
             "log_probs",
@@ -74,6 +77,18 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
         ),
         labels_rule(setup, dims),
         save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "nll_loss's normaliser (a fp32 scalar)"),
+    ]
+
+
+def vocab_parallel_loss_rules(dims: Dims) -> list[Rule]:
+    """Megatron's vocabulary-parallel cross entropy and pretrain_gpt's masked sum (``Profile``'s
+    ``vocab_parallel_loss``): [T, v] is the rank's [T, v/t] (``tp_model``'s vocabulary)."""
+    t = dims.b * dims.s
+    return [
+        save(B.LOSS, "softmax", (t, dims.v), FP32, R.LOG_PROBS, "fp32 softmax: d = softmax − onehot"),
+        save(B.LOSS, "target_mask", (t,), BOOL, R.LABELS, "targets outside the rank's vocabulary"),
+        save(B.LOSS, "masked_target", (t,), INT64, R.LABELS, "targets shifted into the rank's vocabulary"),
+        save(B.LOSS, "loss_mask", (t,), FP32, R.LABELS, "losses · loss_mask: d(losses) needs the mask"),
     ]
 
 

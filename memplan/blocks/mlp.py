@@ -19,11 +19,18 @@ def mlp_params(m: ModelConfig) -> int:
 
 def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...], act: DType) -> list[Rule]:
     """What an MLP keeps between its first matrices and its last, each of ``shape`` ([·, f]): SwiGLU's
-    gate, act, up and down input, GELU's fc1 output and fc2 input. ``part`` prefixes the names."""
+    gate, act, up and down input (fused SwiGLU: W_fc1's [·, 2f] output and the down input), GELU's fc1
+    output and fc2 input. ``part`` prefixes the names."""
 
     def inner(name: str, why: str) -> Rule:
         return save(block, part + name, shape, act, R.MLP_INNER, why)
 
+    if setup.model.mlp is MlpType.SWIGLU and profile_of(setup).fused_swiglu:
+        # Megatron's SwiGLUFunction keeps W_fc1's fused [·, 2f] output (gate and up side by side) only.
+        fc1 = save(
+            block, part + "fc1", (*shape[:-1], 2 * shape[-1]), act, R.MLP_INNER, "fused SwiGLU's input"
+        )
+        return [fc1, inner("down_input", "input of W_down: dW = Xᵀ·dY")]
     if setup.model.mlp is MlpType.SWIGLU:
         return [
             inner("gate", "gate projection: silu'(g) needs g"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from memplan.blocks import megatron
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import REFERENCE, Profile
 from memplan.config import Device, DType, Impl, Setup
@@ -11,6 +12,8 @@ def profile_of(setup: Setup) -> Profile:
     """The profile of ``setup.impl`` for the model's family."""
     if setup.impl.impl is Impl.HF:
         return hf_profile(setup)
+    if setup.impl.impl is Impl.MEGATRON:
+        return megatron.profile(setup)
     return REFERENCE
 
 

@@ -202,7 +202,17 @@ def check_impl(setup: Setup) -> None:
     """A framework profile covers what that framework's own code does on one replica; one-line errors."""
     impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
     if impl is Impl.MEGATRON:
-        return  # Megatron-core runs every layout memplan models
+        # Megatron-core runs every layout memplan models, on CUDA only (its fused kernels are CUDA's).
+        if setup.device is not Device.CUDA:
+            raise ValueError(
+                "device: --impl megatron follows Megatron-core's CUDA kernels; use --device cuda"
+            )
+        if not setup.finetune.trains_everything:
+            raise ValueError(
+                "finetune: --impl megatron with LoRA, QLoRA or frozen parts is not modelled; use --impl "
+                "reference or train every weight"
+            )
+        return
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,

@@ -6,7 +6,8 @@ runs ``run_rank`` itself and rank 0 gets every rank's report; otherwise ``launch
 reads. Backend gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``). The mesh is
 ``(dp, tp)``, tp the inner (adjacent ranks), as Megatron and torchtitan place it.
 
-One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2):
+One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2, ZeRO-1 with
+``zero1.Zero1Optimizer``):
 1. forward under ``RankRecorder`` (what autograd saves, local shards), backward, the gradient collectives
    of ``parallelize.sync_gradients`` and the optimizer step, all under ``CollectiveCounter``;
 2. model states: the local storages of the parameters, of their gradients (before they are dropped) and of
@@ -14,7 +15,7 @@ One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2)
 3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
    dist_instruments.py says where it over-counts).
 
-Known limitations (NB): no pipeline parallelism, no ZeRO-1, dense models, no checkpointing
+Known limitations (NB): no pipeline parallelism, dense models, no checkpointing
 (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
 """
 
@@ -38,7 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.multiprocessing.spawn import ProcessException
 
-from memplan.config import Setup
+from memplan.config import Setup, ZeroStage
 from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
 from memplan.measure.instruments import storage_ref, totals_by_name
 from memplan.measure.optim import ReferenceOptimizer
@@ -46,6 +47,7 @@ from memplan.measure.parallelize import build, sync_gradients
 from memplan.measure.run import make_batch
 from memplan.measure.torchrun import torchrun_world
 from memplan.measure.tracker import cuda_peak
+from memplan.measure.zero1 import Zero1Optimizer
 
 TIMEOUT_S = 120
 """Seconds a collective (and the whole launch, per process) may wait before the run is abandoned."""
@@ -131,7 +133,7 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
     device = _device(cuda)
     mesh = _mesh(setup, cuda)
     model = build(setup, mesh, device)
-    opt = ReferenceOptimizer(list(model.parameters()), setup.training.precision, setup.training.optimizer)
+    opt = _optimizer(model, setup, mesh)
     dp_rank = mesh.get_local_rank("dp")
     torch.manual_seed(1 + dp_rank)  # tp ranks of one replica read the same tokens
     batch = make_batch(setup, device)
@@ -157,6 +159,15 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
         "memory": {**states, "activations": sum(r.bytes for r in records), "peak": peak},
         "collectives": [c.to_json() for c in counter.collectives()],
     }
+
+
+def _optimizer(model: torch.nn.Module, setup: Setup, mesh: DeviceMesh) -> ReferenceOptimizer:
+    """The reference optimizer; under ZeRO-1 over dp > 1 its sharded form (``zero1.Zero1Optimizer``)."""
+    params: list[torch.Tensor] = list(model.parameters())
+    t, s = setup.training, setup.strategy
+    if s.zero is ZeroStage.OPTIMIZER and s.dp > 1:
+        return Zero1Optimizer(params, t.precision, t.optimizer, mesh["dp"].get_group())
+    return ReferenceOptimizer(params, t.precision, t.optimizer)
 
 
 def _peak(model: Any, opt: ReferenceOptimizer, batch: Any, setup: Setup, mesh: DeviceMesh, cuda: bool) -> int:

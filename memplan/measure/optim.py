@@ -66,16 +66,22 @@ class ReferenceOptimizer:
     def step(self) -> None:
         self.t += 1
         for i, p in enumerate(self.params):
-            if p.grad is None:
-                continue
-            target = self.master[i] if self.mixed else p
-            grad = p.grad
-            if grad.dtype != torch.float32 and (self.mixed or self.kind is Optimizer.ADAMW_8BIT):
-                grad = grad.float()  # the per-tensor fp32 gradient copy
-            self._update(target, grad, self.states[i])
-            del grad
-            if self.mixed:
-                p.copy_(target)
+            if p.grad is not None:
+                self.update(i)
+
+    @torch.no_grad()
+    def update(self, i: int) -> None:
+        """Update parameter ``i`` from its gradient (one tensor of the step)."""
+        p = self.params[i]
+        assert p.grad is not None
+        target = self.master[i] if self.mixed else p
+        grad = p.grad
+        if grad.dtype != torch.float32 and (self.mixed or self.kind is Optimizer.ADAMW_8BIT):
+            grad = grad.float()  # the per-tensor fp32 gradient copy
+        self._update(target, grad, self.states[i])
+        del grad
+        if self.mixed:
+            p.copy_(target)
 
     def _update(self, w: Tensor, g: Tensor, st: list[Tensor]) -> None:
         lr, k = self.lr, self.kind

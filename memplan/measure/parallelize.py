@@ -16,7 +16,10 @@
   ZeRO-0 over dp: every gradient all-reduced after backward (what DDP does, one call per parameter instead
   of 25 MB buckets).
 
-Known limitations (NB): ZeRO-1 and pipeline parallelism are not run (the CLI refuses them in one line);
+- ZeRO-1: the parameters and gradients whole, the optimizer's master weights and states sharded over dp
+  along dim 0; reduce-scatter, step, all-gather (memplan/measure/zero1.py).
+
+Known limitations (NB): pipeline parallelism is not run (the CLI refuses it in one line);
 DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
 gathered [b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
 """
@@ -126,11 +129,6 @@ def check_distributed(setup: Setup) -> None:
         raise ValueError(
             "pp: the distributed profile does not run pipeline parallelism (torch.distributed.pipelining "
             "is not wired in); drop --pp and check the stages with memplan estimate --pp"
-        )
-    if s.zero is ZeroStage.OPTIMIZER and s.dp > 1:
-        raise ValueError(
-            "zero: ZeRO-1 is not run by the distributed profile; use --zero 2 (FSDP2 without "
-            "resharding after forward) or --zero 3 (FSDP2)"
         )
     if setup.model.moe is not None:
         raise ValueError(f"model: {setup.model.name} is a mixture of experts; --nproc runs dense models only")

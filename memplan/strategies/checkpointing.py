@@ -9,8 +9,8 @@ Re-run FLOPs: torch.utils.checkpoint stops a recompute as soon as the last tenso
 again (``set_checkpoint_early_stop``, on by default). A matmul saves its inputs *before* it runs, so a region
 whose last saving op is a matmul never re-runs that matmul: a segment ending in the MLP's down projection
 (no residual dropout after it, whose mask is saved after it runs) skips it, and selective eager attention
-skips P·V. The flash kernel saves its outputs, so it always re-runs. Reentrant checkpointing (``--reentrant``,
-``--impl hf``) has no early stop: the whole segment re-runs.
+skips P·V. The flash kernel saves its outputs, so it always re-runs. Megatron's own checkpoint re-runs
+whole regions (``Profile.checkpoint_reruns_all``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.config import Attention, Checkpointing, Impl, Setup
+from memplan.blocks.profiles import profile_of
+from memplan.config import Attention, Checkpointing, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -46,17 +47,14 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
 
 
 def recompute(setup: Setup, dims: Dims) -> int:
+    whole = profile_of(setup).checkpoint_reruns_all  # no early stop: nothing skipped
     if setup.strategy.segment:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
-        # Reentrant checkpointing (transformers' use_reentrant=True: CheckpointFunction.backward) re-runs
-        # the whole segment: no early stop.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        reentrant = setup.impl.impl is Impl.HF and setup.impl.reentrant
-        early = setup.model.resid_dropout == 0 and not reentrant
-        skipped = last(setup, dims) if early else 0
+        skipped = last(setup, dims) if setup.model.resid_dropout == 0 and not whole else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
-        return dims.layers * (core if setup.strategy.attention is Attention.FLASH else core // 2)
+        return dims.layers * (core if setup.strategy.attention is Attention.FLASH or whole else core // 2)
     return 0

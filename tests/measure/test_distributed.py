@@ -123,6 +123,27 @@ def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, 
         assert comm[("tp", "all_reduce", "backward")] == (5 * m.num_layers + 1, (5 * m.num_layers + 1) * bsh)
 
 
+def test_zero1_over_two_ranks_shards_only_the_optimizer() -> None:
+    """ZeRO-1 (Rajbhandari et al. 2019 §5.1, P_os): weights and gradients whole (4Ψ B each in fp32), Adam's
+    m and v sharded (8Ψ/N_d B); the step reduce-scatters every gradient and all-gathers every parameter
+    once (ZeRO §7: 2Ψ moved, as data parallelism), the communication table's two dp rows."""
+    est, result = _run(2, zero=1)
+    _exact(est, result)
+    psi = load_model("tiny").published_params
+    table = _table(est, "dp")
+    for rank in result["ranks"]:
+        mem = rank["measured"]["memory"]
+        assert (mem["weights"], mem["gradients"], mem["optimizer"]) == (psi * 4, psi * 4, psi // 2 * 8)
+        comm = _collectives(rank)
+        count, gathered = comm[("dp", "all_gather", "step")]
+        assert gathered == psi // 2 * 4  # each rank contributes its chunk of every parameter
+        assert comm[("dp", "reduce_scatter", "step")] == (count, psi * 4)  # every whole gradient, once
+        row = table[("all-gather", "step")]
+        assert gathered * row.group == row.bytes * row.count
+        row = table[("reduce-scatter", "step")]
+        assert psi * 4 == row.bytes * row.count
+
+
 def test_tp_with_sequence_parallelism_differs_only_by_the_gathered_inputs() -> None:
     """Through the CLI: states equal, and the saves equal the estimate but for DTensor's gathered inputs:
     attn.input, mlp.input and lm_head.input absent, L·5 + 1 unnamed [b, s, h] tensors instead."""
@@ -174,7 +195,6 @@ def test_collective_names(op: str, name: str) -> None:
     ("flags", "field"),
     [
         (["--nproc", "2", "--pp", "2"], "pp"),
-        (["--nproc", "2", "--zero", "1"], "zero"),
         (["--nproc", "2", "--checkpointing", "full"], "checkpointing"),
         (["--tp", "2"], "nproc"),
         (["--nproc", "3", "--tp", "2"], "nproc"),

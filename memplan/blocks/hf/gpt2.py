@@ -17,9 +17,10 @@ def gpt_common(setup: Setup) -> Profile:
     ``ACT2FN[activation_function / hidden_act]``."""
     return replace(
         common(setup),
-        fused_qkv=True,
+        qkv_views=True,
         dropout_noise=True,
-        sdpa_math_dropout=True,
+        torch_sdpa=True,
+        matmul_copies_views=True,
         eager_additive_mask=True,
         gelu_python=setup.model.gelu is Gelu.GELU_NEW,
     )

@@ -12,7 +12,8 @@ def common(setup: Setup) -> Profile:
     which the layers fill unless gradient checkpointing runs them (they get ``None`` then,
     e.g. ``GPT2Model.forward``: ``cache if not (self.gradient_checkpointing and self.training)``)."""
     cached = setup.impl.use_cache and setup.strategy.checkpointing is Checkpointing.NONE
-    return Profile(impl=Impl.HF, labels_padded=True, kv_cache=cached)
+    reruns = setup.impl.reentrant  # torch.utils.checkpoint(use_reentrant=True): CheckpointFunction
+    return Profile(impl=Impl.HF, labels_padded=True, kv_cache=cached, checkpoint_reruns_all=reruns)
 
 
 def profile(setup: Setup) -> Profile:

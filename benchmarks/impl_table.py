@@ -1,0 +1,134 @@
+"""memplan vs the real code: run each framework's own model under fake tensors on CPU and set its saved bytes
+beside ``memplan estimate --impl …``, per layer and in total, for every family × attention × checkpointing.
+
+    python benchmarks/impl_table.py            # print the Markdown table
+    python benchmarks/impl_table.py --write    # and replace README's table between its markers
+    python benchmarks/impl_table.py --json     # the figures as JSON
+
+Each case is 2 layers at the model's real widths, seq 512, bf16, CPU kernels (what ``memplan trace --impl
+hf`` runs); "reference" is what memplan's reference model (``--impl reference``) estimates for the same
+code, i.e. what memplan said before the profile existed. Ratios are measured / estimated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+START, END = "<!-- impl:start -->", "<!-- impl:end -->"
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    preset: str
+    impl: str = "hf"
+    fields: tuple[tuple[str, Any], ...] = ()
+
+
+CASES = (
+    Case("Llama-2", "llama-2-7b"),
+    Case("Llama-3", "llama-3-8b"),
+    Case("Mistral-v0.1", "mistral-7b"),
+    Case("Qwen2.5", "qwen2.5-7b"),
+    Case("GPT-2", "gpt2"),
+    Case("Mixtral", "mixtral-8x7b"),
+    Case("Qwen1.5-MoE", "qwen1.5-moe-a2.7b"),
+)
+ATTENTION = ("flash", "eager")
+CHECKPOINTING = ("none", "full")
+
+
+def run(case: Case, attention: str, checkpointing: str, seq: int = 512) -> dict[str, Any]:
+    """One case: the framework's run and memplan's estimate (profile and reference) per layer and in total."""
+    from memplan.api import build_setup
+    from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig
+    from memplan.engine import estimate
+    from memplan.measure.compare import estimated_layers
+    from memplan.measure.hf import measure_hf
+    from memplan.presets import load_model_preset
+
+    m = load_model_preset(case.preset).model
+    m = ModelConfig.model_validate({**m.model_dump(), "num_layers": 2, **dict(case.fields)})
+
+    def setup(impl: Impl) -> Any:
+        kind = AttentionChoice(attention)
+        return build_setup(
+            m,
+            seq=seq,
+            attention=kind,
+            checkpointing=checkpointing,
+            device=Device.CPU,
+            impl=ImplConfig(impl=impl),
+        )
+
+    profiled, reference = estimate(setup(Impl(case.impl))), estimate(setup(Impl.REFERENCE))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meas = measure_hf(setup(Impl(case.impl)))
+    return {
+        "family": case.family,
+        "preset": case.preset,
+        "impl": case.impl,
+        "attention": "sdpa" if attention == "flash" else "eager",
+        "checkpointing": checkpointing,
+        "measured_layer": meas.layer_bytes(0),
+        "estimated_layer": estimated_layers(profiled)[0],
+        "reference_layer": estimated_layers(reference)[0],
+        "measured_total": meas.activations,
+        "estimated_total": profiled.activations,
+        "reference_total": reference.activations,
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| family (preset) | attention | HF checkpointing | layer 0: measured B | `--impl hf` ratio | "
+        "`--impl reference` ratio | total: measured B | `--impl hf` ratio |\n" + "|---" * 8 + "|"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['family']} ({r['preset']}) | {r['attention']} | {r['checkpointing']} | "
+            f"{r['measured_layer']:,} | {_ratio(r['measured_layer'], r['estimated_layer'])} | "
+            f"{_ratio(r['measured_layer'], r['reference_layer'])} | {r['measured_total']:,} | "
+            f"{_ratio(r['measured_total'], r['estimated_total'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(measured: int, estimated: int) -> str:
+    return "1 (exact)" if measured == estimated else f"{measured / max(estimated, 1):.4f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write", action="store_true", help="replace README's table between its markers")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    rows = [run(c, a, k) for c in CASES for a in ATTENTION for k in CHECKPOINTING]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = markdown(rows)
+    print(table)
+    if args.write:
+        text = README.read_text()
+        if START not in text or END not in text:
+            print(f"README.md has no {START} … {END} markers", file=sys.stderr)
+            return 2
+        before, rest = text.split(START, 1)
+        after = rest.split(END, 1)[1]
+        README.write_text(f"{before}{START}\n{table}\n{END}{after}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
