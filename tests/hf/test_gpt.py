@@ -50,9 +50,10 @@ def test_gpt(model: str | ModelConfig, attention: str, checkpointing: str, p: fl
 
 
 @pytest.mark.parametrize("model", ["gpt2", PYTHIA_1B], ids=["gpt2", "pythia-1b"])
-def test_gpt_no_cache(model: str | ModelConfig) -> None:
-    """use_cache off: k and v stay views of the fused projection output (no cache ``cat``)."""
-    check_hf(hf_setup(model, seq=256, use_cache=False))
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_gpt_no_cache(model: str | ModelConfig, attention: str) -> None:
+    """use_cache off, no dropout: k and v stay views of the fused projection output (no cache ``cat``)."""
+    check_hf(hf_setup(model, seq=256, attention=attention, use_cache=False, **dropout(0.0)))
 
 
 @pytest.mark.parametrize("model", ["gpt2", PYTHIA_1B], ids=["gpt2", "pythia-1b"])
