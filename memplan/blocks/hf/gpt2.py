@@ -1,4 +1,13 @@
-"""transformers' ``modeling_gpt2.py`` (GPT-2), and what GPT-NeoX's code shares with it (``gpt_common``)."""
+"""transformers' ``modeling_gpt2.py`` (GPT-2), and what GPT-NeoX's code shares with it (``gpt_common``).
+
+Checked (tests/hf/test_gpt.py) on CPU kernels: saved bytes per layer and in total, and FLOPs per phase,
+exact. Known limitations:
+- NB: CUDA semantics (``native_dropout``'s bool masks, SDPA's flash kernel with dropout instead of the
+  math path) follow torch's dispatch rules but are not measured: ``measure.hf`` runs on CPU only.
+- NB: the peak's transients (eager forward locals, backward buffers) use the reference's and Megatron's
+  formulas (``attention.eager_forward_extra``, ``mlp.mlp_backward_transient``): gelu_new's extra backward
+  buffers and the math path's fp32 locals are not counted there; ``trace --impl hf`` checks saves only.
+"""
 
 from __future__ import annotations
 
