@@ -75,3 +75,16 @@ def test_gpt_batch(model: str | ModelConfig, attention: str) -> None:
     """b = 2: eager ``torch.matmul`` copies the non-contiguous q/k/v views (b·a not mergeable) and the
     loss's shifted labels are a [b, s] copy."""
     check_hf(hf_setup(model, seq=128, batch=2, attention=attention, use_cache=False))
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [
+        ("gpt2", {"gelu": Gelu.GELU_PYTORCH_TANH}),  # F.gelu(approximate="tanh"): its input alone
+        (PYTHIA_1B, {"rotary_pct": 1.0, "parallel_residual": False}),  # sequential, fully rotary
+    ],
+    ids=["gpt2-gelu_pytorch_tanh", "neox-sequential-full-rotary"],
+)
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_gpt_variants(model: str | ModelConfig, fields: dict[str, object], attention: str) -> None:
+    check_hf(hf_setup(model, seq=256, attention=attention, **dropout(0.0), **fields))
