@@ -239,7 +239,7 @@ def setup_of(o: Options) -> Setup:
             o.double_quant,
             o.precision.activation_dtype,
         ),
-        impl=ImplConfig(impl=o.impl, use_cache=o.use_cache, reentrant=o.reentrant),
+        impl=ImplConfig(impl=o.impl, use_cache=o.use_cache, reentrant=o.reentrant, experts=o.experts),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memplan.blocks.moe import routing
 from memplan.config import Method
 from memplan.engine import Result, StagePlan
 
@@ -115,7 +116,7 @@ def to_json(r: Result) -> dict[str, Any]:
             "global_per_step": r.flops.total * r.micro_batches * s.strategy.dp,
         },
         "parallel": {**s.parallel.model_dump(), "label": s.parallel.label()},
-        "moe": s.model.moe.model_dump() if s.model.moe else None,
+        "moe": {**s.model.moe.model_dump(), "routing": routing(s, s.model.moe)} if s.model.moe else None,
         "stages": [_stage_json(sp) for sp in r.stages],
     }
 

@@ -15,6 +15,7 @@ from pydantic.config import JsonDict
 from memplan.config import (
     AttentionChoice,
     Device,
+    ExpertsImpl,
     Frozen,
     Impl,
     MethodChoice,
@@ -132,6 +133,13 @@ class Options(Frozen):
         "--impl hf: gradient checkpointing with use_reentrant=True (transformers' default: False)",
         _STRATEGY,
         default=False,
+    )
+    experts: ExpertsImpl = _option(
+        "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
+        "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "
+        "weighted [T·k, h] product); both keep bytes independent of the routing",
+        _STRATEGY,
+        default=ExpertsImpl.GROUPED_MM,
     )
     device: Device = _option(
         "Kernels the step runs on (a few saved tensors differ between cuda and cpu)",

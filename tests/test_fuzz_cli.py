@@ -54,6 +54,7 @@ OPTIONS: dict[str, Any] = {
     "--tokens": ANY_FLOAT,
     "--reserve": ANY_FLOAT,
     "--impl": st.sampled_from(["reference", "hf", "torchtitan", "megatron", "bogus"]),
+    "--experts": st.sampled_from(["grouped_mm", "eager", "bogus"]),
 }
 SWITCHES = ["--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant"]
 MODELS = st.sampled_from(["tiny", "gpt2", "70b", "mixtral", "qwen-moe", "nosuch", "", "FILE"])

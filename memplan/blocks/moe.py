@@ -27,8 +27,13 @@ measurement (tests/measure/test_moe.py: no / full / selective / every-k checkpoi
 SwiGLU and GELU experts, shared experts with and without a gate; real tiny tensors and fake ones at
 Mixtral-8x7B's size).
 
-Known limitations (NB): routing is assumed balanced (each device of an expert-parallel group processes
-S slots on average; the most loaded expert can take more; on one device the split changes no total);
+Routing assumption (``routing``, in the JSON's ``moe``): dropless top-k, S = T·k slots. On one device the
+kept bytes and FLOPs do not depend on how the slots split among the experts: every buffer is [S, ·], or
+E per-expert pieces whose rows sum to S (checked with realised, unbalanced routings of random routers,
+tests/measure/test_moe.py and tests/hf/test_moe.py). A split only matters per expert-parallel rank, which
+is assumed balanced (S/ep slots: the most loaded rank can take more).
+
+Known limitations (NB):
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
 the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
 not counted; tensor and sequence parallelism are not measured (strategies/sequence_parallel.py's rules
@@ -42,9 +47,10 @@ from pydantic import BaseModel, ConfigDict
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
 from memplan.blocks.mlp import mlp_inner_rules, mlp_params
+from memplan.blocks.profiles import profile_of
 from memplan.config import DType, MlpType, ModelConfig, MoEConfig, Setup
 
-FP32, INT64 = DType.FP32, DType.INT64
+FP32, INT32, INT64 = DType.FP32, DType.INT32, DType.INT64
 B, R = Block, Role
 
 
@@ -156,24 +162,11 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             R.EXPERT_TOKENS,
             "tokens dispatched to the experts, input of W_gate/W_up",
         ),
-        *mlp_inner_rules(setup, B.MOE, "", (s, dims.f), a),
+        *expert_inner_rules(setup, s),
         moe_save(
             "expert_output", (s, h), a, R.EXPERT_TOKENS, "expert output × routing weight: d(weight) needs it"
         ),
-        moe_save(
-            "routing_weights",
-            (s, 1),
-            a,
-            R.EXPERT_TOKENS,
-            "routing weight of each slot: d(expert output) needs it",
-        ),
-        moe_save(
-            "weighted_output",
-            (s, h),
-            a,
-            R.EXPERT_TOKENS,
-            "source of index_add_: its backward (expand_as) keeps it",
-        ),
+        *combine_rules(setup, moe, s),
     ]
     width = moe.shared_width(setup.model)
     if width:
@@ -192,6 +185,58 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             ),
         ]
     return rules
+
+
+def expert_inner_rules(setup: Setup, slots: int) -> list[Rule]:
+    """The experts' [S, f] tensors, as a dense MLP's; with transformers' fused ``gate_up_proj``
+    (``Profile.experts_gate_up_fused``) gate and up are views of one [S, 2f] output, kept whole."""
+    dims = Dims.of(setup)
+    inner = mlp_inner_rules(setup, B.MOE, "", (slots, dims.f), dims.act)
+    if not profile_of(setup).experts_gate_up_fused:
+        return inner
+    why = "gate_up grouped_mm output, chunked: silu'(gate) needs gate, d silu(gate) needs up"
+    fused = save(B.MOE, "gate_up", (slots, 2 * dims.f), dims.act, R.MLP_INNER, why)
+    return [fused, *(r for r in inner if r.name not in ("moe.gate", "moe.up"))]
+
+
+def combine_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
+    """What the slots' way back to the tokens keeps: the routing weight of each slot and, in the reference
+    model, ``index_add_``'s source (the weighted product); in transformers' grouped_mm experts the
+    grouped_mm offsets and the inverse permutation of ``weighted_out[inv_perm]`` instead."""
+    p, dims = profile_of(setup), Dims.of(setup)
+    weight = save(
+        B.MOE,
+        "routing_weights",
+        (slots, 1),
+        FP32 if p.routing_weights_fp32 else dims.act,
+        R.EXPERT_TOKENS,
+        "routing weight of each slot: d(expert output) needs it",
+    )
+    if not p.experts_grouped_mm:
+        why = "source of index_add_: its backward (expand_as) keeps it"
+        product = save(B.MOE, "weighted_output", (slots, dims.h), dims.act, R.EXPERT_TOKENS, why)
+        return [weight, product]
+    return [
+        weight,
+        save(
+            B.MOE, "offsets", (moe.experts,), INT32, R.DISPATCH_INDEX, "grouped_mm's group ends, kept by both"
+        ),
+        save(
+            B.MOE, "inverse_index", (slots,), INT64, R.DISPATCH_INDEX, "weighted_out[inv_perm]: its backward"
+        ),
+    ]
+
+
+def routing(setup: Setup, moe: MoEConfig) -> dict[str, int | str]:
+    """The routing assumption of the estimate, for the JSON: the slots S and what they assume."""
+    t = Dims.of(setup).tokens
+    if moe.capacity_factor is None:
+        how = f"dropless top-{moe.top_k}: every choice computed, S = T·k; bytes independent of the split"
+    else:
+        how = (
+            f"capacity factor {moe.capacity_factor}: each expert padded to ⌈c·T·k/E⌉ slots, overflow dropped"
+        )
+    return {"tokens": t, "slots": moe.slots(t), "assumption": how}
 
 
 # ----------------------------------------------------------------------------------------------------

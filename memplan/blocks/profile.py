@@ -90,6 +90,20 @@ class Profile:
     and the int64 [T] targets shifted into it; Megatron-LM's ``pretrain_gpt.loss_func``
     (``torch.sum(losses * loss_mask)``) keeps the data set's fp32 [T] loss mask. No labels, no total
     weight."""
+    experts_gate_up_fused: bool = False
+    """transformers' experts hold gate and up as one ``gate_up_proj``: their product [S, 2f] is one
+    storage that ``chunk(2)`` views, so ``act_fn(gate) * up`` keeps the whole buffer (the same bytes as a
+    separate gate and up, one tensor)."""
+    experts_grouped_mm: bool = False
+    """transformers' default experts (``integrations/moe.py::grouped_mm_experts_forward``,
+    ``experts_implementation="grouped_mm"``): each grouped_mm keeps its offsets [E] int32
+    (``cumsum(histc(...))``), and the slots go back to the tokens by ``weighted_out[inv_perm]`` and a sum
+    over k, not ``index_add_``: the inverse permutation [S] int64 is kept, the weighted product is not.
+    (The ``eager`` loop keeps what the reference model keeps: per expert its ``torch.where`` [n_e, 2]
+    int64, and ``index_add_``'s source.)"""
+    routing_weights_fp32: bool = False
+    """Mixtral's router (``MixtralTopKRouter.forward``) returns its fp32 top-k weights uncast:
+    ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""
 
 
 REFERENCE = Profile()

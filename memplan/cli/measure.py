@@ -85,6 +85,7 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     "impl",
     "use_cache",
     "reentrant",
+    "experts",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )

@@ -27,7 +27,7 @@ from memplan.config.finetune import (
     parse_freeze,
     parse_targets,
 )
-from memplan.config.impl import Family, Impl, ImplConfig
+from memplan.config.impl import ExpertsImpl, Family, Impl, ImplConfig
 from memplan.config.model import Gelu, MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
@@ -51,6 +51,7 @@ __all__ = [
     "Checkpointing",
     "DType",
     "Device",
+    "ExpertsImpl",
     "Family",
     "FineTune",
     "Frozen",

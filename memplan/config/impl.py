@@ -44,6 +44,17 @@ class Family(StrEnum):
     QWEN2_MOE = "qwen2_moe"
 
 
+class ExpertsImpl(StrEnum):
+    """transformers' ``experts_implementation`` for a mixture of experts (``--experts``)."""
+
+    GROUPED_MM = "grouped_mm"
+    """transformers' default: one grouped GEMM over all T·k slots sorted by expert
+    (``integrations/moe.py::grouped_mm_experts_forward``)."""
+    EAGER = "eager"
+    """the modeling file's loop (``MixtralExperts.forward``): per expert ``torch.where``, its tokens' MLP,
+    ``index_add_`` back; its shapes are data, so only real tensors run it."""
+
+
 class ImplConfig(Frozen):
     """The implementation and the switches of its code that change what it keeps."""
 
@@ -56,4 +67,8 @@ class ImplConfig(Frozen):
     reentrant: bool = Field(
         default=False,
         description="hf: gradient checkpointing with use_reentrant=True (transformers' default is False)",
+    )
+    experts: ExpertsImpl = Field(
+        default=ExpertsImpl.GROUPED_MM,
+        description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",
     )

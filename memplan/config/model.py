@@ -196,8 +196,8 @@ class ModelConfig(Frozen):
         """The family whose transformers code runs this model (``family``, else read off the layout)."""
         if self.family is not None:
             return self.family
-        if self.moe is not None:
-            return Family.MIXTRAL
+        if self.moe is not None:  # a sigmoid-gated shared expert is Qwen2-MoE's layout
+            return Family.QWEN2_MOE if self.moe.shared_gate else Family.MIXTRAL
         if self.norm is NormType.RMSNORM:
             return Family.LLAMA
         return Family.GPT2 if self.position is PositionType.LEARNED else Family.GPT_NEOX

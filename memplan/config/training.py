@@ -15,6 +15,7 @@ class DType(StrEnum):
     FP16 = "fp16"
     INT8 = "int8"
     BOOL = "bool"
+    INT32 = "int32"
     INT64 = "int64"
     UINT64 = "uint64"
 
@@ -29,6 +30,7 @@ _DTYPE_BYTES = {
     DType.FP16: 2,
     DType.INT8: 1,
     DType.BOOL: 1,
+    DType.INT32: 4,
     DType.INT64: 8,
     DType.UINT64: 8,
 }

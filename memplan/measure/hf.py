@@ -9,6 +9,10 @@ FLOPs per phase (``FlopMeter``). The attention kernel is ``attn_implementation``
 ``--checkpointing full`` / ``every-K`` is transformers' ``gradient_checkpointing_enable`` (``every_n_layers``
 K, ``use_reentrant`` from ``--reentrant``).
 
+Mixtures of experts run transformers' default ``grouped_mm`` experts, whose buffers are [T·k, ·] whatever
+the routing, so fake tensors run them at any size; on real tensors (``fake=False``) a forward hook on each
+router records the tokens per expert it chose (``Measured.routing``).
+
 Known limitations:
 - NB: ops are named from the autograd graph only without checkpointing (reading a saved tensor of a
   non-reentrant checkpoint would re-run it); under checkpointing each record names its module only.
@@ -32,7 +36,7 @@ from unittest.mock import patch
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, Impl, Setup
+from memplan.config import Attention, Checkpointing, ExpertsImpl, Impl, Setup
 from memplan.measure.hf_config import hf_config, require_transformers
 from memplan.measure.instruments import (
     FlopMeter,
@@ -67,8 +71,9 @@ def build(setup: Setup) -> Any:
     transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
         model = transformers.AutoModelForCausalLM.from_config(
-            hf_config(setup), dtype=dtype, attn_implementation=attn_implementation(setup)
+            hf_config(setup), dtype=dtype, attn_implementation=attn_implementation(setup), **experts
         )
     model.train()
     return model
@@ -221,6 +226,11 @@ def one_sequence(position_ids: torch.Tensor) -> None:
 
 def measure_hf(setup: Setup, fake: bool = True) -> Measured:
     """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU."""
+    if fake and setup.model.moe and setup.impl.experts is ExpertsImpl.EAGER:
+        raise ValueError(
+            "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
+            "tensors cannot run; trace --experts grouped_mm, or measure eager on real tensors (tests/hf)"
+        )
     torch.manual_seed(0)
     masking = require_transformers().masking_utils
     with (
@@ -239,11 +249,12 @@ def measure_hf(setup: Setup, fake: bool = True) -> Measured:
         meter = FlopMeter()
         recorder = PathRecorder(model)
         state = {"backward": False}
+        routing: list[list[int]] = []
         with ExitStack() as stack:
             stack.enter_context(_scoped(model, meter, recorder, state))
             stack.enter_context(meter)
             stack.enter_context(recorder)
-            with meter.phase("forward"):
+            with meter.phase("forward"), nullcontext() if fake else _routing(model, routing):
                 loss = model(input_ids=ids, labels=labels, use_cache=setup.impl.use_cache).loss
             ops = op_names(loss) if s.checkpointing is Checkpointing.NONE else {}
             state["backward"] = True
@@ -252,4 +263,22 @@ def measure_hf(setup: Setup, fake: bool = True) -> Measured:
         recorder.remove()
     records = recorder.named(ops)
     totals = {k: meter.totals.get(k, 0) for k in ("forward", "backward", "recompute")}
-    return Measured(records=records, flops=totals, by_op=meter.by_op)
+    return Measured(records=records, flops=totals, by_op=meter.by_op, routing=routing)
+
+
+@contextmanager
+def _routing(model: Any, out: list[list[int]]) -> Iterator[None]:
+    """Per MoE layer, the tokens per expert its router chose: a forward hook on each ``*TopKRouter``
+    (``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter`` return logits, scores and the [T, k] expert indices)."""
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    handles = [r.register_forward_hook(partial(_count, out)) for r in routers]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _count(out: list[list[int]], module: Any, args: Any, result: Any) -> None:
+    indices = result[2]
+    out.append(torch.bincount(indices.reshape(-1), minlength=module.num_experts).tolist())

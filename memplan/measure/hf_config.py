@@ -98,13 +98,21 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
 
 
 def moe_keys(setup: Setup) -> dict[str, Any]:
-    """Mixtral / Qwen2-MoE: the Llama keys and the experts."""
-    moe = setup.model.moe
-    assert moe is not None
-    keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k}
-    if setup.model.code_family is Family.QWEN2_MOE:
-        return keys | {"num_experts": moe.experts, "moe_intermediate_size": setup.model.ffn}
-    return keys | {"num_local_experts": moe.experts}
+    """Mixtral / Qwen2-MoE: the Llama keys and the experts; no router auxiliary loss
+    (``output_router_logits``, as both configs default) and no router jitter (Mixtral)."""
+    m, moe = setup.model, setup.model.moe
+    assert moe is not None  # NB: blocks.hf.moe.check refuses an MoE family without [model.moe]
+    keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k, "output_router_logits": False}
+    if m.code_family is Family.QWEN2_MOE:
+        return keys | {
+            "num_experts": moe.experts,
+            "moe_intermediate_size": m.ffn,
+            "shared_expert_intermediate_size": moe.shared_width(m),
+            "norm_topk_prob": moe.renormalises,
+            "decoder_sparse_step": 1,  # every layer an MoE, as memplan's model
+            "mlp_only_layers": [],
+        }
+    return keys | {"num_local_experts": moe.experts, "router_jitter_noise": 0.0}
 
 
 KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {

@@ -284,12 +284,28 @@ def cpu_flash_sdpa_backward_flop(
     return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
 
+def grouped_mm_flop(a_shape: Any, b_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """`_grouped_mm` (transformers' grouped_mm experts): 2·M·K·N per group, summed over the groups ``offs``
+    splits the shared dimension into, which sums to the whole of it:
+        [S, K]·[E, K, N] → [S, N]      (forward, dX)   2·S·K·N   (each row in one group)
+        [K, S]·[S, N]    → [E, K, N]   (dW)            2·K·S·N   (each inner row in one group)
+        [E, M, K]·[K, N] → [M, N]                      2·M·K·N
+        [E, M, K]·[E, K, N]            (batched)       2·E·M·K·N
+    """
+    a, b = list(a_shape), list(b_shape)
+    if len(a) == 3 and len(b) == 3:
+        return 2 * a[0] * a[1] * a[2] * b[2]
+    return 2 * a[-2] * a[-1] * b[-1]
+
+
 def register_cpu_sdpa_formulas() -> None:
-    """Teach torch's flop_registry the CPU flash kernels (torch 2.13 counts them as 0). Idempotent."""
+    """Teach torch's flop_registry the CPU flash kernels and the grouped GEMM (torch 2.13 counts them as
+    0). Idempotent."""
     aten = torch.ops.aten
     formulas: dict[Any, Callable[..., int]] = {
         aten._scaled_dot_product_flash_attention_for_cpu: cpu_flash_sdpa_flop,
         aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_flash_sdpa_backward_flop,
+        aten._grouped_mm: grouped_mm_flop,
     }
     for op, formula in formulas.items():
         if op not in flop_registry:  # registering twice raises "duplicate registrations"

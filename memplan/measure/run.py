@@ -41,6 +41,9 @@ class Measured:
     records: list[SavedRecord]
     flops: dict[str, int]
     by_op: dict[str, dict[str, int]] = field(default_factory=dict)
+    routing: list[list[int]] = field(default_factory=list)
+    """Tokens each expert got, per MoE layer, as the router chose (real tensors only: fake ones hold
+    no data)."""
 
     def by_name(self) -> dict[str, NameTotal]:
         return totals_by_name(self.records)

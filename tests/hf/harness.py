@@ -13,10 +13,11 @@ pytest.importorskip("transformers")
 
 from memplan.api import build_setup
 from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig, Setup
-from memplan.engine import estimate
+from memplan.engine import Result, estimate
 from memplan.measure.compare import estimated_layers
 from memplan.measure.hf import measure_hf
 from memplan.measure.impl_compare import paired_tensors, within
+from memplan.measure.run import Measured
 from memplan.presets import load_model_preset
 
 
@@ -47,9 +48,10 @@ def hf_setup(
     )
 
 
-def check_hf(setup: Setup) -> None:
-    """The estimate within 1 % of transformers' own run per layer and in total; FLOPs equal."""
-    est, meas = estimate(setup), measure_hf(setup)
+def check_hf(setup: Setup, fake: bool = True) -> tuple[Result, Measured]:
+    """The estimate within 1 % of transformers' own run per layer and in total (``fake``: under fake
+    tensors, else real ones); both returned for further checks."""
+    est, meas = estimate(setup), measure_hf(setup, fake=fake)
     est_layers = estimated_layers(est)
     meas_layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
     unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
@@ -60,3 +62,4 @@ def check_hf(setup: Setup) -> None:
     for e, m in zip(est_layers, meas_layers, strict=True):
         assert within(e, m), report
     assert within(est.activations, meas.activations), report
+    return est, meas

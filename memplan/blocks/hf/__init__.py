@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.blocks.hf import gpt2, gpt_neox, llama
+from memplan.blocks.hf import gpt2, gpt_neox, llama, moe
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -17,6 +17,8 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
     Family.GPT2: gpt2.profile,
     Family.GPT_NEOX: gpt_neox.profile,
+    Family.MIXTRAL: moe.mixtral,
+    Family.QWEN2_MOE: moe.qwen2_moe,
 }
 
 
