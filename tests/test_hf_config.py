@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from memplan.analytic.params import count_params
-from memplan.config import MlpType, NormType, PositionType
+from memplan.api import build_setup
+from memplan.config import Gelu, Impl, ImplConfig, MlpType, NormType, PositionType
 from memplan.presets import load_model_preset
 from memplan.presets.hf import SUPPORTED_MODEL_TYPES, hf_notes, model_from_hf_config
 
@@ -340,3 +341,16 @@ def test_sliding_window_as_transformers_reads_it() -> None:
         model_from_hf_config({**on, "max_window_layers": 14}, "q")
     qwen3 = model_from_hf_config(QWEN3_8B, "q3")
     assert qwen3.qk_norm and qwen3.family == "qwen3" and not qwen3.qkv_bias
+
+
+def test_gpt_neox_structure_is_read_and_refused_by_the_reference() -> None:
+    """Pythia's partial rotary and parallel residual are read (the model's own structure); memplan's
+    reference model implements neither, so only --impl hf estimates them."""
+    neox = model_from_hf_config(PYTHIA_160M, "pythia")
+    assert (neox.rotary_pct, neox.rotary_dims, neox.parallel_residual) == (0.25, 16, True)
+    assert neox.gelu is Gelu.GELU and model_from_hf_config(GPT2, "gpt2").gelu is Gelu.GELU_NEW
+    with pytest.raises(ValueError, match=r"impl: pythia's partial rotary .* --impl hf only"):
+        build_setup(neox, seq=128)
+    build_setup(neox, seq=128, impl=ImplConfig(impl=Impl.HF))
+    with pytest.raises(ValueError, match=r"activation_function: 'gelu_fast' is not modelled"):
+        model_from_hf_config({**GPT2, "activation_function": "gelu_fast"}, "g")

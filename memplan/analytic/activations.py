@@ -42,7 +42,7 @@ from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules
-from memplan.blocks.profiles import hidden_dropouts
+from memplan.blocks.profiles import dropout_keeps, hidden_dropouts
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -54,7 +54,7 @@ B, R = Block, Role
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
-    p = hidden_dropouts(setup)[0]
+    p, keeps = hidden_dropouts(setup)[0], dropout_keeps(setup, act)
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
@@ -68,10 +68,10 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.ATTN_OUT,
             "attention output, input of W_O: dW = Xᵀ·dY",
         ),
-        *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h)),
+        *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h), keeps),
         *norm_rules(setup, B.MLP_NORM, dims),
         *mlp_rules(setup, dims),
-        *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h)),
+        *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
 
 

@@ -29,7 +29,10 @@ def linear_params(fan_in: int, fan_out: int, bias: bool) -> int:
     return fan_in * fan_out + (fan_out if bias else 0)
 
 
-def dropout_rule(block: Block, part: str, p: float, shape: tuple[int, ...]) -> list[Rule]:
-    """``native_dropout``'s bool mask (when p > 0): dX = dY·mask/(1−p)."""
-    why = "dropout mask: dX = dY·mask/(1−p)"
-    return [save(block, part, shape, DType.BOOL, Role.DROPOUT_MASK, why)] if p > 0 else []
+def dropout_rule(
+    block: Block, part: str, p: float, shape: tuple[int, ...], keeps: DType = DType.BOOL
+) -> list[Rule]:
+    """``native_dropout``'s bool mask (when p > 0): dX = dY·mask/(1−p); or the noise ``keeps`` names
+    (``blocks.profiles.dropout_keeps``)."""
+    why = "dropout mask: dX = dY·mask/(1−p)" if keeps is DType.BOOL else "dropout noise: dX = dY·noise"
+    return [save(block, part, shape, keeps, Role.DROPOUT_MASK, why)] if p > 0 else []

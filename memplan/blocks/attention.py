@@ -23,7 +23,7 @@ from enum import StrEnum
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
 FP32, BOOL, INT64, UINT64, COMPLEX64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64, DType.COMPLEX64
@@ -130,25 +130,64 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
+def sdpa_math(setup: Setup) -> bool:
+    """SDPA runs torch's math path (``core_of``: attention dropout on CPU kernels)."""
+    return core_of(setup) is Core.MATH
+
+
+def flash_kernel(setup: Setup) -> bool:
+    """The flash kernel runs the core (flash chosen, and SDPA did not fall back to the math path)."""
+    return core_of(setup) is Core.FLASH
+
+
+def probs_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """The probabilities an explicit softmax keeps (eager, or SDPA's math path: fp32), its dropout's mask
+    or noise (``dropout_keeps``) and the dropped probabilities P·V reads."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    shape, p = (b, a, s, s), setup.model.attn_dropout
+    prof = profile_of(setup)
+    probs = FP32 if sdpa_math(setup) or prof.eager_fp32_softmax else act
+    dropped = FP32 if sdpa_math(setup) else act
+    rules = [save(B.ATTN, "probs", shape, probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    if probs != dropped and p == 0:
+        why = "the probabilities cast to A (.to(q.dtype)), P·V's operand: dV = Pᵀ·dO"
+        rules.append(save(B.ATTN, "probs_cast", shape, dropped, R.ATTN_PROBS, why))
+    if p == 0:
+        return rules
+    keep = dropout_keeps(setup, dropped)
+    why = "dropout noise on the probabilities" if keep is not BOOL else "dropout mask on the probabilities"
+    return [
+        *rules,
+        save(B.ATTN, "dropout_mask", shape, keep, R.ATTN_DROPOUT_MASK, why),
+        save(B.ATTN, "probs_dropped", shape, dropped, R.ATTN_PROBS, "dropped probabilities: dV = Pᵀ·dO"),
+    ]
+
+
 def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
-    """Megatron-core's q, k, v (``SelfAttention.get_query_key_value_tensors``): W_QKV's one output
-    [s, b, g, (a/g + 2)·d] (g = kv groups) split by ``torch.split`` into views; a saved view keeps that whole
-    buffer alive. New tensors instead: q and k after RoPE (``apply_rotary_pos_emb``); q under GQA, whose
-    ``reshape`` to [s, b, a, d] cannot view the split (its groups are (a/g + 2)·d apart, not (a/g)·d); in
-    the eager core (``DotProductAttention``) k and v repeated to a heads under GQA (``repeat_interleave``).
-    The eager core's ``baddbmm`` keeps q and k, its ``bmm`` v; the flash kernel and the selective
+    """q, k, v split off one projection output (``Profile.qkv_views``): a saved view keeps that whole
+    buffer alive, [b, s, (a + 2·kv)·d] in all. New tensors instead: q and k after RoPE (Megatron's
+    ``apply_rotary_pos_emb``, GPT-NeoX's ``torch.cat`` of the rotated and passed dims); q under GQA, whose
+    ``reshape`` to [s, b, a, d] cannot view Megatron's split (its groups are (a/g + 2)·d apart, not
+    (a/g)·d); in Megatron's eager core (``DotProductAttention``) k and v repeated to a heads under GQA
+    (``repeat_interleave``); k and v under transformers' KV cache (``Profile.kv_cache``); all three in
+    SDPA's math path (q·√scale, kᵀ·√scale, v upcast to fp32 when 16-bit; ``sdpa_math``); and, with b > 1,
+    the views transformers' eager ``torch.matmul`` reshapes to [b·a, s, d] (``Profile.matmul_copies_views``).
+    Megatron's eager core keeps q and k (``baddbmm``) and v (``bmm``); the flash kernel and the selective
     ``CheckpointFunction`` keep q, k and v as they come."""
     b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
-    rope = setup.model.position is PositionType.ROPE
-    gqa = kv < a
+    prof = profile_of(setup)
+    rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, sdpa_math(setup)
+    copied = eager_core and b > 1 and prof.matmul_copies_views
+    repeated = eager_core and gqa
     why = "input of the attention core's backward"
-    # (name, new tensor?, heads): k and v repeated to a heads in the eager core under GQA.
+    # (name, new tensor?, heads): k and v repeated to a heads in Megatron's eager core under GQA.
     parts = [
-        ("q", rope or gqa, a),
-        ("k", rope or (eager_core and gqa), a if eager_core else kv),
-        ("v", eager_core and gqa, a),
+        ("q", rope or gqa or math or copied, a),
+        ("k", rope or repeated or prof.kv_cache or math or copied, a if repeated else kv),
+        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, a if repeated else kv),
     ]
-    rules = [save(B.ATTN, n, (b, h, s, d), act, R.ATTN_QKV, why) for n, new, h in parts if new]
+    dtype = FP32 if math else act
+    rules = [save(B.ATTN, n, (b, h, s, d), dtype, R.ATTN_QKV, why) for n, new, h in parts if new]
     if not all(new for _, new, _ in parts):
         why_buffer = "W_QKV's output: the q, k or v views the core keeps hold all of it"
         rules.append(save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), act, R.ATTN_QKV, why_buffer))
@@ -179,7 +218,9 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
-    core = core_of(setup)
+    core, prof = core_of(setup), profile_of(setup)
+    if prof.qkv_views and (core is Core.MATH or (core is Core.EAGER and prof.additive_mask)):
+        return probs_rules(setup, dims)  # transformers' GPT-2/NeoX eager core, or SDPA's math path
     if core is Core.FLASH:
         return flash_rules(setup, dims)
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
@@ -226,6 +267,14 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if window_masked(setup, dims):
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
+    prof = profile_of(setup)
+    if prof.sdpa_dispatch and prof.qkv_views and setup.model.position is PositionType.ROPE:
+        # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
+        # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
+        # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
+        # layout, gives an output whose transpose is W_O's input itself.
+        why = "flash output in q's [b, a, s, d] layout; W_O reads a contiguous copy"
+        rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
     if dims.ring > 1:
         # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
         # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
@@ -252,9 +301,10 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
     rules: list[Rule] = []
     if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
+        rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
         rules += [
-            save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
-            save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+            save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
     eager = setup.strategy.attention is Attention.EAGER
     prof = profile_of(setup)

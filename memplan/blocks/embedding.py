@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import dropout_rule
-from memplan.blocks.profiles import hidden_dropouts
+from memplan.blocks.profiles import dropout_keeps, hidden_dropouts
 from memplan.config import DType, ModelConfig, PositionType, Setup
 
 INT64 = DType.INT64
@@ -26,4 +26,5 @@ def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if setup.model.position is PositionType.LEARNED:
         why = "position ids for the position table's scatter-add"
         rules.append(save(B.EMBED, "positions", (s,), INT64, R.TOKEN_IDS, why))
-    return rules + dropout_rule(B.EMBED, "dropout_mask", hidden_dropouts(setup)[1], (b, s, h))
+    keeps = dropout_keeps(setup, dims.act)
+    return rules + dropout_rule(B.EMBED, "dropout_mask", hidden_dropouts(setup)[1], (b, s, h), keeps)

@@ -102,8 +102,8 @@ def count_rules(setup: Setup) -> list[Rule]:
 
 
 def labels_rule(setup: Setup, dims: Dims) -> Rule:
-    """nll_loss's targets: the [b, s] labels, or transformers' padded-and-shifted [b, s+1] storage."""
-    # labels[..., 1:].contiguous() is a view only for one row; with b > 1 it is a [b, s] copy.
+    """nll_loss's targets: the [b, s] labels, or transformers' padded-and-shifted [b, s+1] storage
+    (``labels[..., 1:].contiguous()`` is that storage's view when b = 1; when b > 1 it is a [b, s] copy)."""
     if profile_of(setup).labels_padded and dims.b == 1:
         why = "targets of nll_loss: a shifted view of the labels padded by one ignore_index"
         return save(B.LOSS, "labels", (dims.b, dims.s + 1), INT64, R.LABELS, why)

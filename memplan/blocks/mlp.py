@@ -38,9 +38,19 @@ def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...
             inner("up", "up projection for the product: d silu(g) needs u"),
             inner("down_input", "input of W_down: dW = Xᵀ·dY"),
         ]
-    return [
+    gelu = [
         inner("up", "fc1 output: gelu'(x) needs x"),
         inner("down_input", "gelu output, input of fc2: dW = Xᵀ·dY"),
+    ]
+    if not profile_of(setup).gelu_python:
+        return gelu
+    # NewGELUActivation: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·pow(x, 3)))); pow keeps x (``up``).
+    return [
+        gelu[0],
+        inner("tanh", "tanh output: tanh' = 1 − tanh²"),
+        inner("half_x", "0.5·x, an operand of the last product: d(1 + tanh) needs it"),
+        inner("one_plus_tanh", "1 + tanh, the other operand: d(0.5·x) needs it"),
+        gelu[1],
     ]
 
 

@@ -34,8 +34,15 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         ]
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act
+    # Parallel residual: the MLP's norm reads the layer input, kept already by the attention's norm.
+    shared = block is Block.MLP_NORM and setup.model.parallel_residual
+    inputs = (
+        []
+        if shared
+        else [save(block, "input", (b, s, h), act, R.NORM_INPUT, "layer_norm backward recomputes x̂ from x")]
+    )
     return [
-        save(block, "input", (b, s, h), act, R.NORM_INPUT, "layer_norm backward recomputes x̂ from x"),
+        *inputs,
         save(block, "mean", (b, s, 1), stats, R.NORM_STATS, "layer_norm statistics for backward"),
         save(block, "rstd", (b, s, 1), stats, R.NORM_STATS, "layer_norm statistics for backward"),
     ]

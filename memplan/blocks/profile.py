@@ -23,6 +23,17 @@ class Profile:
     labels_padded: bool = False
     """transformers' ``ForCausalLMLoss`` pads the labels by one ignore_index (``F.pad(labels, (0, 1))``) and
     shifts them by a view: cross_entropy keeps the [b, s+1] int64 storage (8·b B more)."""
+    kv_cache: bool = False
+    """The forward fills a ``DynamicCache`` (``use_cache``, not under gradient checkpointing, where the
+    layers get none): ``DynamicLayer.update`` cats k and v onto an empty cache, so the attention reads
+    contiguous copies [b, kv, s, d], never views of the projection output."""
+    matmul_copies_views: bool = False
+    """transformers' eager core multiplies [b, a, s, d] views of a batch-first [b, s, ·] buffer with
+    ``torch.matmul``, whose reshape to [b·a, s, d] copies a view when b > 1 (a view when b = 1)."""
+    gelu_python: bool = False
+    """``gelu_new`` is ``NewGELUActivation``, written in Python (activations.py):
+    ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` keeps x (pow), tanh's output, 0.5·x and 1 + tanh
+    (the last product): four [T, f] where ``F.gelu`` keeps x alone."""
     fused_norm: bool = False
     """Fused LayerNorm / RMSNorm kernels (Apex ``FusedLayerNormAffineFunction`` /
     ``FusedRMSNormAffineFunction``, TE ``LayerNorm`` / ``RMSNorm`` / ``LayerNormLinear``):
@@ -37,10 +48,13 @@ class Profile:
     runs: with ``attention_softmax_in_fp32`` (Megatron-core's default) the probabilities are kept in fp32
     and ``masked_fill_`` keeps the cached [s, s] bool causal mask (``get_default_causal_mask``)."""
     qkv_views: bool = False
-    """Megatron-core ``SelfAttention.get_query_key_value_tensors``: one W_QKV output [s, b, g, (a/g + 2)·d]
-    split by ``torch.split`` into views; a saved view keeps the whole buffer (``attention.qkv_view_rules``:
-    which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager core's ``repeat_interleave``).
-    For MHA without RoPE this is Korthikanti's "Q and K, 4sbh" + "V, 2sbh" in one storage."""
+    """q, k, v are views of one projection output: Megatron-core's
+    ``SelfAttention.get_query_key_value_tensors`` (one W_QKV output [s, b, g, (a/g + 2)·d] split by
+    ``torch.split``), transformers' GPT-2 (``c_attn(x).split``) and GPT-NeoX
+    (``query_key_value(x).view(...).chunk(3)``); a saved view keeps the whole buffer
+    (``attention.qkv_view_rules``: which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager
+    core's ``repeat_interleave``, transformers' KV cache). For MHA without RoPE this is Korthikanti's
+    "Q and K, 4sbh" + "V, 2sbh" in one storage."""
     fused_swiglu: bool = False
     """Megatron-core ``bias_swiglu_impl`` (``SwiGLUFunction``, ``bias_swiglu_fusion`` on by default):
     ``save_for_backward(input)`` keeps W_fc1's fused [·, 2f] output only, not silu(g) nor the chunks."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from memplan.blocks import megatron, torchtitan
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import REFERENCE, Profile
-from memplan.config import Checkpointing, Impl, Setup
+from memplan.config import Checkpointing, Device, DType, Impl, Setup
 
 
 def checkpoints_alone(setup: Setup) -> bool:
@@ -30,3 +30,10 @@ def profile_of(setup: Setup) -> Profile:
     if setup.impl.impl is Impl.TORCHTITAN:
         return torchtitan.profile(setup)
     return REFERENCE
+
+
+def dropout_keeps(setup: Setup, dtype: DType) -> DType:
+    """What a dropout of a ``dtype`` input keeps: ``native_dropout``'s bool mask, or the noise in the
+    input's dtype where the code calls ``nn.Dropout`` on CPU (``Profile.cpu_dropout_noise``)."""
+    noise = setup.device is Device.CPU and profile_of(setup).cpu_dropout_noise
+    return dtype if noise else DType.BOOL

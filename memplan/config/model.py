@@ -30,6 +30,19 @@ class MlpType(StrEnum):
     """fc2(gelu(fc1(x))): two matrices h×ffn (GPT-2, GPT-3, GPT-NeoX)."""
 
 
+class Gelu(StrEnum):
+    """Which GELU a gelu MLP applies: a Hugging Face ``activation_function`` / ``hidden_act``. The values
+    differ in what transformers' code keeps (``blocks.mlp``), not in parameters or FLOPs; memplan's
+    reference model applies ``F.gelu`` (one saved input) whichever it is."""
+
+    GELU = "gelu"
+    """Exact (erf) GELU, ``F.gelu`` (transformers' ``GELUActivation``)."""
+    GELU_NEW = "gelu_new"
+    """tanh approximation written in Python (transformers' ``NewGELUActivation``, GPT-2)."""
+    GELU_PYTORCH_TANH = "gelu_pytorch_tanh"
+    """tanh approximation in one kernel, ``F.gelu(approximate="tanh")`` (transformers' ``GELUTanh``)."""
+
+
 class PositionType(StrEnum):
     ROPE = "rope"
     """Rotary embeddings applied to q and k; no parameters."""
@@ -147,6 +160,14 @@ class ModelConfig(Frozen):
         description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm): 2·d "
         "parameters per layer",
     )
+    gelu: Gelu = Field(default=Gelu.GELU, description="which GELU a gelu MLP applies (activation_function)")
+    rotary_pct: float = Field(
+        default=1.0, gt=0, le=1, description="fraction of each head's width rotated (GPT-NeoX rotary_pct)"
+    )
+    parallel_residual: bool = Field(
+        default=False,
+        description="attention and MLP both read the layer input: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)",
+    )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     family: Family | None = Field(
         default=None,
@@ -176,6 +197,11 @@ class ModelConfig(Frozen):
             object.__setattr__(self, "ffn_size", 4 * h)
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
+        if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):
+            raise ValueError(
+                f"rotary_pct: {self.rotary_pct:g} rotates {self.rotary_dims} of {self.dim} dims per head, "
+                "which must be even (> 0); choose a fraction giving an even width"
+            )
         return self
 
     # Typed accessors for the derived fields (never None after validation).
@@ -189,6 +215,11 @@ class ModelConfig(Frozen):
         if self.norm is NormType.RMSNORM:
             return Family.LLAMA
         return Family.GPT2 if self.position is PositionType.LEARNED else Family.GPT_NEOX
+
+    @property
+    def rotary_dims(self) -> int:
+        """Rotated width per head, int(d·rotary_pct) (transformers' ``GPTNeoXAttention.rotary_ndims``)."""
+        return int(self.dim * self.rotary_pct)
 
     @property
     def kv_heads(self) -> int:

@@ -145,6 +145,11 @@ def check_setup(setup: Setup) -> None:
         check_finetune(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
+    if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):
+        raise ValueError(
+            f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX) is modelled for --impl hf only, "
+            "not in memplan's reference model; use --impl hf"
+        )
     if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
         raise ValueError(
             f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "

@@ -50,11 +50,18 @@ def gpt2_keys(setup: Setup) -> dict[str, Any]:
         "attn_pdrop": m.attn_dropout,
         "resid_pdrop": m.resid_dropout,
         "embd_pdrop": m.embd_dropout,
+        "activation_function": m.gelu.value,
     }
 
 
 def gpt_neox_keys(setup: Setup) -> dict[str, Any]:
+    """GPT-NeoX: one ``hidden_dropout`` after the attention, the MLP and the embedding (``emb_dropout``)."""
     m = setup.model
+    if m.embd_dropout != m.resid_dropout:
+        raise ValueError(
+            f"embd_dropout: GPT-NeoX's embedding dropout is its hidden_dropout ({m.resid_dropout:g}); set "
+            f"embd_dropout to resid_dropout, or use --dropout"
+        )
     return {
         "hidden_size": m.hidden_size,
         "num_hidden_layers": m.num_layers,
@@ -65,6 +72,9 @@ def gpt_neox_keys(setup: Setup) -> dict[str, Any]:
         "rotary_emb_base": m.rope_theta,
         "attention_dropout": m.attn_dropout,
         "hidden_dropout": m.resid_dropout,
+        "hidden_act": m.gelu.value,
+        "rotary_pct": m.rotary_pct,
+        "use_parallel_residual": m.parallel_residual,
     }
 
 

@@ -16,7 +16,9 @@ Known limitations (none changes the parameter count):
   num_hidden_layers with use_sliding_window) are refused, not modelled.
 - NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
 - NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
-- NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
+- GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
+  default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
+  for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
   ones) are refused, not modelled.
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memplan.config import MlpType, ModelConfig, NormType, PositionType
+from memplan.config import Gelu, MlpType, ModelConfig, NormType, PositionType
 from memplan.errors import one_line_validation_error
 
 
@@ -134,6 +136,10 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
+    if kind == "gpt_neox":  # GPTNeoXModel.emb_dropout = nn.Dropout(config.hidden_dropout)
+        hidden = _float(cfg, "hidden_dropout", default=0.0)
+        attn = _float(cfg, "attention_dropout", default=0.0)
+        return {"attn_dropout": attn, "resid_dropout": hidden, "embd_dropout": hidden}
     if kind == "gpt2":
         return {
             "attn_dropout": _float(cfg, "attn_pdrop", default=0.1),
@@ -148,7 +154,7 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
 
 
 _GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python")
-_ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: _GELUS}
+_ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: tuple(g.value for g in Gelu)}
 """The ``hidden_act`` values each MLP type models (Gemma's GeGLU: the GELUs, mapped to swiglu's shapes)."""
 
 
@@ -163,6 +169,17 @@ def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
             f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
             "use a config with one of those"
         )
+
+
+def _neox_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-NeoX's partial rotary and parallel residual (``GPTNeoXConfig``: ``rotary_pct`` → ``rope_parameters
+    ["partial_rotary_factor"]``, default 0.25; ``use_parallel_residual``, default true)."""
+    rope = cfg.get("rope_parameters") or {}
+    pct = _float(cfg, "rotary_pct", "partial_rotary_factor", default=0.25)
+    return {
+        "rotary_pct": _float(rope, "partial_rotary_factor", default=pct),
+        "parallel_residual": _bool(cfg, "use_parallel_residual", True),
+    }
 
 
 def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -190,6 +207,11 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["ffn_size"] = ffn
     if fam.position is PositionType.ROPE:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
+    if fam.mlp is MlpType.GELU:
+        _, act = _get(cfg, ("activation_function", "hidden_act"))
+        fields["gelu"] = act or ("gelu_new" if kind == "gpt2" else "gelu")  # the configs' defaults
+    if kind == "gpt_neox":
+        fields.update(_neox_fields(cfg))
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
     if kind in _WINDOWED:
@@ -285,7 +307,7 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
-        notes.append("partial rotary and parallel residual not modelled")
+        notes.append("partial rotary and parallel residual: modelled for --impl hf only")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
     if cfg.get("sliding_window") and kind == "mixtral":

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.blocks.hf import llama, moe
+from memplan.blocks.hf import gpt2, gpt_neox, llama, moe
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
 FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
+    Family.GPT2: gpt2.profile,
+    Family.GPT_NEOX: gpt_neox.profile,
     Family.MIXTRAL: moe.mixtral,
     Family.QWEN2_MOE: moe.qwen2_moe,
     Family.MISTRAL: llama.windowed,
