@@ -111,6 +111,8 @@ class Role(StrEnum):
     """Tokens dispatched to the experts, their outputs and routing weights ([S, ·] slots)."""
     SHARED_GATE = "shared-expert gate"
     """The shared experts' sigmoid gate and gated output, per token."""
+    PARAM_DERIVED = "parameter-derived"
+    """Made from a weight or a constant, not from the tokens (Gemma's fp32 1 + w, its √h normaliser)."""
     LORA_RANK = "lora rank"
     """A LoRA adapter's A·x [·, r]: the input of B, dB = (A·x)ᵀ·dY needs it."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
 FP32, BOOL, UINT64 = DType.FP32, DType.BOOL, DType.UINT64
@@ -33,11 +34,12 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     core_recomputed = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if eager and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
+        heads = kv if kv == 1 and profile_of(setup).repeat_kv_view else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, "Q for QKᵀ: dK = dSᵀ·Q"),
-            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, "K (repeated to a heads) for QKᵀ: dQ = dS·K"),
-            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, "V (repeated to a heads) for P·V: dP = dO·Vᵀ"),
+            save(B.ATTN, "k", (b, heads, s, d), act, R.ATTN_QKV, "K (repeat_kv) for QKᵀ: dQ = dS·K"),
+            save(B.ATTN, "v", (b, heads, s, d), act, R.ATTN_QKV, "V (repeat_kv) for P·V: dP = dO·Vᵀ"),
         ]
     # Flash kernel, or the inputs the selective checkpoint keeps: q and k after RoPE (a new tensor) or
     # the projection output itself; v is always the projection output [b, s, kv·d].
@@ -60,6 +62,9 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
+        if profile_of(setup).fused_qkv:
+            why = "SDPA's output, head-major like the query; W_O's input is its contiguous copy"
+            rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
         if dims.ring > 1:
             # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
             # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
@@ -80,6 +85,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             ]
         return rules
     rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    if profile_of(setup).softmax_fp32 and act is not FP32:
+        # softmax(dtype=float32) keeps its fp32 output; the cast copy above is what P·V keeps.
+        why = "fp32 softmax output: dS = P·(dP − Σ dP·P)"
+        rules.insert(0, save(B.ATTN, "probs_fp32", (b, a, s, s), FP32, R.ATTN_PROBS, why))
     if p > 0:
         rules += [
             save(
@@ -110,11 +119,26 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
-    if setup.strategy.attention is Attention.EAGER:
+    if setup.strategy.attention is Attention.EAGER and profile_of(setup).mask_added:
+        rules += checkpointed_mask_rule(setup, dims)
+    elif setup.strategy.attention is Attention.EAGER:
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
     return rules
+
+
+def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
+    """transformers' eager mask (``masking_utils.eager_mask``: ``torch.where`` of the bool mask expanded to
+    [b, 1, s, s], 0 or the dtype's min) is an argument of every decoder layer: a gradient checkpoint keeps
+    it (``--checkpointing full`` / ``every-k``); without one the add keeps nothing.
+    NB: SDPA runs with ``is_causal`` and no mask; under fake tensors transformers cannot skip the mask
+    and a checkpoint keeps a bool [b, 1, s, s] the real run has not (not counted: the real run is truth).
+    """
+    if setup.strategy.checkpointing not in (Checkpointing.FULL, Checkpointing.EVERY_K):
+        return []
+    why = "additive float mask, an input of every checkpointed layer"
+    return [Rule("attn.mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK)]
 
 
 def projection_flops(dims: Dims) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
+from memplan.blocks.profiles import profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
 
 B, R = Block, Role
@@ -23,6 +24,13 @@ def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...
     def inner(name: str, why: str) -> Rule:
         return save(block, part + name, shape, act, R.MLP_INNER, why)
 
+    if setup.model.mlp is MlpType.SWIGLU and profile_of(setup).fused_gate_up:
+        fused = (*shape[:-1], 2 * shape[-1])
+        return [
+            save(block, part + "gate_up", fused, act, R.MLP_INNER, "fused gate|up output: act and · read it"),
+            inner("act", "act(g) for the product act(g)·u: du needs it"),
+            inner("down_input", "input of W_down: dW = Xᵀ·dY"),
+        ]
     if setup.model.mlp is MlpType.SWIGLU:
         return [
             inner("gate", "gate projection: silu'(g) needs g"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks.profiles import profile_of
 from memplan.config import Device, DType, ModelConfig, NormType, Setup
 
 FP32 = DType.FP32
@@ -21,11 +22,19 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         # Llama's RMSNorm: x32 = x.float(); rstd = rsqrt(mean(x32²) + eps); n = (x32·rstd).to(A); w·n.
         # pow and x32·rstd save x32 (the layer input itself when A is fp32); rsqrt saves rstd; w·n saves n.
         why_x = "x upcast to fp32: d(x²)/dx and d(x·rstd)/drstd need it"
-        return [
+        rules = [
             save(block, "input", (b, s, h), FP32, R.NORM_INPUT, why_x),
             save(block, "rstd", (b, s, 1), FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
-            save(block, "normed", (b, s, h), act, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it"),
         ]
+        if profile_of(setup).norm_fp32_affine:
+            # Gemma: (x32·rstd) * (1 + w.float()), then cast: the product keeps both fp32 operands.
+            return [
+                *rules,
+                save(block, "normed", (b, s, h), FP32, R.NORM_OUTPUT, "fp32 normalised x: dW needs it"),
+                save(block, "weight_plus_one", (h,), FP32, R.PARAM_DERIVED, "fp32 1 + w: d(normed) needs it"),
+            ]
+        why_n = "normalised x: dW = Σ grad·n needs it"
+        return [*rules, save(block, "normed", (b, s, h), act, R.NORM_OUTPUT, why_n)]
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act
     return [

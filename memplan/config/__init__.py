@@ -28,7 +28,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import Family, Impl, ImplConfig
-from memplan.config.model import MlpType, ModelConfig, MoEConfig, NormType, PositionType
+from memplan.config.model import GateActivation, MlpType, ModelConfig, MoEConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
 from memplan.config.strategy import (
@@ -54,6 +54,7 @@ __all__ = [
     "Family",
     "FineTune",
     "Frozen",
+    "GateActivation",
     "Impl",
     "ImplConfig",
     "LossKind",

@@ -30,6 +30,15 @@ class MlpType(StrEnum):
     """fc2(gelu(fc1(x))): two matrices h×ffn (GPT-2, GPT-3, GPT-NeoX)."""
 
 
+class GateActivation(StrEnum):
+    """The activation on the gate of a gated (``swiglu``) MLP: down(act(gate(x))·up(x))."""
+
+    SILU = "silu"
+    """SwiGLU (Llama, Mistral, Qwen, Phi-3)."""
+    GELU_TANH = "gelu_tanh"
+    """GeGLU with the tanh approximation, ``gelu(x, approximate="tanh")`` (Gemma's gelu_pytorch_tanh)."""
+
+
 class PositionType(StrEnum):
     ROPE = "rope"
     """Rotary embeddings applied to q and k; no parameters."""
@@ -124,6 +133,14 @@ class ModelConfig(Frozen):
     norm: NormType = NormType.RMSNORM
     norm_eps: float = Field(default=1e-5, gt=0)
     mlp: MlpType = MlpType.SWIGLU
+    gate_act: GateActivation = Field(
+        default=GateActivation.SILU,
+        description="activation on the gate of a swiglu MLP (gelu_tanh: GeGLU, Gemma); its saves and "
+        "parameters are SwiGLU's",
+    )
+    embed_scale: bool = Field(
+        default=False, description="the token embedding is multiplied by √hidden_size (Gemma)"
+    )
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
@@ -160,6 +177,8 @@ class ModelConfig(Frozen):
             if self.mlp is MlpType.SWIGLU:
                 raise ValueError("ffn_size: required for swiglu MLPs (e.g. 11008 for Llama-2-7B)")
             object.__setattr__(self, "ffn_size", 4 * h)
+        if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
+            raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memplan.config import Family, MlpType, Setup
+from memplan.config import Family, GateActivation, MlpType, Setup
 
 INSTALL = "pip install 'memplan[hf]'"
 
@@ -83,8 +83,17 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
         "rope_theta": m.rope_theta,
         "attention_dropout": m.attn_dropout,
         "attention_bias": m.qkv_bias,
-        "hidden_act": "silu" if m.mlp is MlpType.SWIGLU else "gelu",
+        "hidden_act": hidden_act(setup),
     }
+
+
+def hidden_act(setup: Setup) -> str:
+    """transformers' ``ACT2FN`` key of the MLP's activation (GeGLU: ``gelu_pytorch_tanh``, a
+    ``GELUTanh``: ``gelu(x, approximate="tanh")``)."""
+    m = setup.model
+    if m.mlp is not MlpType.SWIGLU:
+        return "gelu"
+    return "gelu_pytorch_tanh" if m.gate_act is GateActivation.GELU_TANH else "silu"
 
 
 def moe_keys(setup: Setup) -> dict[str, Any]:

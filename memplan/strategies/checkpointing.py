@@ -19,7 +19,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.config import Attention, Checkpointing, Setup
+from memplan.config import Attention, Checkpointing, Impl, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -44,12 +44,20 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     return rest[:first] + act.kept([rule], Scope.LAYER, segments(setup)) + rest[first:]
 
 
+def reentrant(setup: Setup) -> bool:
+    """Whether the code checkpoints with ``use_reentrant=True`` (transformers with ``--reentrant``; the
+    reference model never does)."""
+    return setup.impl.impl is Impl.HF and setup.impl.reentrant
+
+
 def recompute(setup: Setup, dims: Dims) -> int:
     if setup.strategy.segment:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        skipped = last(setup, dims) if setup.model.resid_dropout == 0 else 0
+        # torch.utils.checkpoint's early stop is non-reentrant only: a reentrant one re-runs all of it.
+        early_stop = setup.model.resid_dropout == 0 and not reentrant(setup)
+        skipped = last(setup, dims) if early_stop else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)

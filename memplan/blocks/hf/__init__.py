@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.blocks.hf import llama
+from memplan.blocks.hf import gemma, llama, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
 FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
+    Family.GEMMA: gemma.profile,
+    Family.PHI3: phi3.profile,
 }
 
 
