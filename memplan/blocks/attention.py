@@ -62,6 +62,9 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules = [
             save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")
         ]
+        if profile_of(setup).sdpa_mask_converted and sliding_mask(setup, dims):
+            why = "bool mask converted to the query dtype by SDPA: the flash backward reads it"
+            rules.append(save(B.ATTN, "mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
         if profile_of(setup).fused_qkv:
             why = "SDPA's output, head-major like the query; W_O's input is its contiguous copy"
             rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
@@ -119,26 +122,39 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
-    if setup.strategy.attention is Attention.EAGER and profile_of(setup).mask_added:
-        rules += checkpointed_mask_rule(setup, dims)
-    elif setup.strategy.attention is Attention.EAGER:
+    rules += checkpointed_mask_rule(setup, dims)
+    if setup.strategy.attention is Attention.EAGER and not profile_of(setup).mask_added:
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
     return rules
 
 
+def sliding_mask(setup: Setup, dims: Dims) -> bool:
+    """Whether transformers masks SDPA explicitly: a sliding window that does not cover the sequence
+    (``masking_utils._ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size``)."""
+    w = setup.model.sliding_window
+    return w is not None and dims.s >= w
+
+
 def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
-    """transformers' eager mask (``masking_utils.eager_mask``: ``torch.where`` of the bool mask expanded to
-    [b, 1, s, s], 0 or the dtype's min) is an argument of every decoder layer: a gradient checkpoint keeps
-    it (``--checkpointing full`` / ``every-k``); without one the add keeps nothing.
-    NB: SDPA runs with ``is_causal`` and no mask; under fake tensors transformers cannot skip the mask
-    and a checkpoint keeps a bool [b, 1, s, s] the real run has not (not counted: the real run is truth).
-    """
+    """transformers' mask is an argument of every decoder layer: a gradient checkpoint keeps it
+    (``--checkpointing full`` / ``every-k``). Eager: ``masking_utils.eager_mask``, ``torch.where`` of the
+    bool mask expanded to [b, 1, s, s] (0 or the dtype's min), in A; SDPA: the bool mask itself, only when
+    a sliding window needs it (``sliding_mask``). Without a checkpoint the add keeps nothing.
+    NB: under fake tensors transformers cannot skip SDPA's mask and a checkpoint keeps a bool [b, 1, s, s]
+    the real run has not (not counted: the real run is the truth; within 1 % in tests/hf)."""
     if setup.strategy.checkpointing not in (Checkpointing.FULL, Checkpointing.EVERY_K):
         return []
-    why = "additive float mask, an input of every checkpointed layer"
-    return [Rule("attn.mask", (dims.b, 1, dims.s, dims.s), dims.act, why, B.CONST, R.CAUSAL_MASK)]
+    profile, eager = profile_of(setup), setup.strategy.attention is Attention.EAGER
+    if eager and profile.mask_added:
+        dtype = dims.act
+    elif not eager and profile.sdpa_mask_converted and sliding_mask(setup, dims):
+        dtype = BOOL
+    else:
+        return []
+    why = "attention mask, an input of every checkpointed layer"
+    return [Rule("attn.mask", (dims.b, 1, dims.s, dims.s), dtype, why, B.CONST, R.CAUSAL_MASK)]
 
 
 def projection_flops(dims: Dims) -> int:

@@ -29,6 +29,10 @@ class Profile:
     mask_added: bool = False
     """Eager attention adds a float mask (``attn_weights + attention_mask``): an add keeps nothing, where
     the reference's ``masked_fill`` keeps a bool [s, s]."""
+    sdpa_mask_converted: bool = False
+    """transformers passes SDPA a bool [b, 1, s, s] mask only when ``is_causal`` cannot do (a sliding window
+    that does not cover the sequence: ``masking_utils._ignore_causal_mask_sdpa``, kv_length ≥ window);
+    torch converts it to a float mask in the query dtype per call, which the CPU flash kernel keeps."""
     repeat_kv_view: bool = False
     """``repeat_kv`` is ``expand`` + ``reshape``: a view of the kv-head k and v when kv = 1 (MQA: the merged
     dimension has size 1), a copy to a heads otherwise; the eager matmuls keep what it returns."""

@@ -147,6 +147,12 @@ class ModelConfig(Frozen):
     position: PositionType = PositionType.ROPE
     max_positions: int = Field(strict=True, default=4096, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
+    sliding_window: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="each query attends to the last sliding_window keys (Mistral, Phi-3); none: all",
+    )
     attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
     embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")

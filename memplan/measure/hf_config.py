@@ -96,6 +96,11 @@ def hidden_act(setup: Setup) -> str:
     return "gelu_pytorch_tanh" if m.gate_act is GateActivation.GELU_TANH else "silu"
 
 
+def phi3_keys(setup: Setup) -> dict[str, Any]:
+    """Phi-3: the Llama keys and its sliding window (``Phi3Config.sliding_window``)."""
+    return llama_keys(setup) | {"sliding_window": setup.model.sliding_window}
+
+
 def moe_keys(setup: Setup) -> dict[str, Any]:
     """Mixtral / Qwen2-MoE: the Llama keys and the experts."""
     moe = setup.model.moe
@@ -110,6 +115,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     **{f: llama_keys for f in Family},
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
+    Family.PHI3: phi3_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
 }

@@ -11,8 +11,10 @@ refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
-- NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
-- NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
+- Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
+  by √h (``embed_scale``).
+- NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's
+  (what is kept: ``--impl hf``'s profile, blocks/hf/phi3.py).
 - NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
   ones) are refused, not modelled.
@@ -26,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memplan.config import MlpType, ModelConfig, NormType, PositionType
+from memplan.config import GateActivation, MlpType, ModelConfig, NormType, PositionType
 from memplan.errors import one_line_validation_error
 
 
@@ -145,7 +147,9 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
 
 _GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python")
 _ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: _GELUS}
-"""The ``hidden_act`` values each MLP type models (Gemma's GeGLU: the GELUs, mapped to swiglu's shapes)."""
+"""The ``hidden_act`` values each MLP type models."""
+_GEGLU = ("gelu", "gelu_pytorch_tanh")
+"""Gemma's GeGLU gates: ``GemmaConfig`` turns the legacy "gelu" into "gelu_pytorch_tanh"."""
 
 
 def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
@@ -153,7 +157,7 @@ def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
     if act is None:
         return
-    allowed = _GELUS if kind == "gemma" else _ACTIVATIONS[_FAMILY[kind].mlp]
+    allowed = _GEGLU if kind == "gemma" else _ACTIVATIONS[_FAMILY[kind].mlp]
     if str(act) not in allowed:
         raise ValueError(
             f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
@@ -188,6 +192,10 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
+    if kind == "gemma":
+        fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
+    if kind == "phi3":
+        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
     return fields
 
 
@@ -242,7 +250,7 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
     kind = model_type_of(cfg)
     notes = [f"imported from a Hugging Face config.json (model_type {kind})"]
     if kind == "gemma":
-        notes.append("GeGLU MLP mapped to swiglu (same parameter shapes, different activation)")
+        notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
