@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memplan.config import GateActivation, MlpType, ModelConfig, NormType, PositionType
+from memplan.config import Family, GateActivation, MlpType, ModelConfig, NormType, PositionType
 from memplan.errors import one_line_validation_error
 
 
@@ -192,6 +192,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
+    if kind in ("gemma", "phi3"):  # code_family would read llama off the layout
+        fields["family"] = Family(kind)
     if kind == "gemma":
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
     if kind == "phi3":
