@@ -36,7 +36,7 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
-from memplan.blocks.norm import norm_rules
+from memplan.blocks.norm import norm_rules, post_norm_rules
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -61,9 +61,11 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.ATTN_OUT,
             "attention output, input of W_O: dW = Xᵀ·dY",
         ),
+        *post_norm_rules(setup, B.POST_ATTN_NORM, dims),
         *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h)),
         *norm_rules(setup, B.MLP_NORM, dims),
         *mlp_rules(setup, dims),
+        *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h)),
     ]
 

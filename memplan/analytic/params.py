@@ -33,6 +33,8 @@ class LayerParams(BaseModel):
     o_proj: int
     mlp_norm: int
     mlp: int
+    post_norms: int = 0
+    """The norms after attention and after the MLP (Gemma-2's ``post_norms``)."""
 
     @property
     def attention(self) -> int:
@@ -40,7 +42,7 @@ class LayerParams(BaseModel):
 
     @property
     def total(self) -> int:
-        return self.attn_norm + self.attention + self.mlp_norm + self.mlp
+        return self.attn_norm + self.attention + self.mlp_norm + self.mlp + self.post_norms
 
 
 class ParamCount(BaseModel):
@@ -78,6 +80,7 @@ def layer_params(m: ModelConfig) -> LayerParams:
         o_proj=o,
         mlp_norm=norm_params(m),
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
+        post_norms=2 * norm_params(m) if m.post_norms else 0,
     )
 
 

@@ -88,6 +88,10 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             ]
         return rules
     rules = [save(B.ATTN, "probs", (b, a, s, s), act, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
+    if setup.model.attn_softcap is not None:
+        # Gemma-2's eager_attention_forward: tanh(scores / c) · c; tanh keeps its output (scalars: nothing).
+        why = "tanh of the softcapped scores: d tanh = 1 − tanh²"
+        rules.insert(0, save(B.ATTN, "softcap_tanh", (b, a, s, s), act, R.ATTN_PROBS, why))
     if profile_of(setup).softmax_fp32 and act is not FP32:
         # softmax(dtype=float32) keeps its fp32 output; the cast copy above is what P·V keeps.
         why = "fp32 softmax output: dS = P·(dP − Σ dP·P)"
@@ -153,8 +157,19 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
         dtype = BOOL
     else:
         return []
-    why = "attention mask, an input of every checkpointed layer"
-    return [Rule("attn.mask", (dims.b, 1, dims.s, dims.s), dtype, why, B.CONST, R.CAUSAL_MASK)]
+    shape, why = (dims.b, 1, dims.s, dims.s), "attention mask, an input of every checkpointed layer"
+    rules = [Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK)]
+    if eager and full_and_sliding(setup.model):
+        why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
+        rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
+    return rules
+
+
+def full_and_sliding(m: ModelConfig) -> bool:
+    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full): transformers
+    then makes a causal and a sliding-window mask (``Gemma2Model.forward``'s ``causal_mask_mapping``)."""
+    every = m.sliding_window_pattern
+    return every is not None and m.num_layers >= every
 
 
 def projection_flops(dims: Dims) -> int:

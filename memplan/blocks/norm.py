@@ -44,6 +44,11 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     ]
 
 
+def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
+    """The norms on the attention's and the MLP's outputs (``post_norms``), saving as a pre-norm does."""
+    return norm_rules(setup, block, dims) if setup.model.post_norms else []
+
+
 def norm_backward_transient(setup: Setup, dims: Dims) -> int:
     """A pre-norm's backward at its peak, beyond the saves still held then (``norm_saves_at_peak``).
 

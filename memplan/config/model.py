@@ -153,6 +153,28 @@ class ModelConfig(Frozen):
         gt=0,
         description="each query attends to the last sliding_window keys (Mistral, Phi-3); none: all",
     )
+    sliding_window_pattern: int | None = Field(
+        strict=True,
+        default=None,
+        ge=2,
+        description="every n-th layer attends to all keys, the others through sliding_window (Gemma-2: "
+        "2); none: every layer slides",
+    )
+    post_norms: bool = Field(
+        default=False, description="RMSNorms after attention and after the MLP too: 4 per layer (Gemma-2)"
+    )
+    query_pre_attn_scalar: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="scores scaled by scalar^-½, not head_dim^-½ (Gemma-2; no bytes)",
+    )
+    attn_softcap: float | None = Field(
+        default=None, gt=0, description="scores → c·tanh(scores/c) before the softmax (Gemma-2)"
+    )
+    final_softcap: float | None = Field(
+        default=None, gt=0, description="logits → c·tanh(logits/c) before the loss (Gemma-2)"
+    )
     attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
     embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")
@@ -185,6 +207,8 @@ class ModelConfig(Frozen):
             object.__setattr__(self, "ffn_size", 4 * h)
         if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
+        if self.sliding_window_pattern is not None and self.sliding_window is None:
+            raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         return self
@@ -200,6 +224,16 @@ class ModelConfig(Frozen):
         if self.norm is NormType.RMSNORM:
             return Family.LLAMA
         return Family.GPT2 if self.position is PositionType.LEARNED else Family.GPT_NEOX
+
+    @property
+    def hf_only(self) -> dict[str, bool]:
+        """Structure only ``--impl hf`` models (transformers' Gemma-2 code), by field."""
+        return {
+            "post_norms": self.post_norms,
+            "attn_softcap": self.attn_softcap is not None,
+            "final_softcap": self.final_softcap is not None,
+            "sliding_window_pattern": self.sliding_window_pattern is not None,
+        }
 
     @property
     def kv_heads(self) -> int:

@@ -20,7 +20,14 @@ from memplan.config.finetune import FULL_TRAINING, FineTune, Target
 from memplan.config.impl import Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
-from memplan.config.strategy import Checkpointing, Device, StrategyConfig, ZeroStage, checkpointing_label
+from memplan.config.strategy import (
+    Attention,
+    Checkpointing,
+    Device,
+    StrategyConfig,
+    ZeroStage,
+    checkpointing_label,
+)
 from memplan.config.training import TrainingConfig
 
 
@@ -138,6 +145,7 @@ def check_setup(setup: Setup) -> None:
         check_finetune(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
+    check_hf_only(setup)
     if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
         raise ValueError(
             f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -191,6 +199,19 @@ def check_finetune(setup: Setup) -> None:
                 f"finetune: fine-tuning or freezing with {name} is not modelled yet; "
                 "use full training (--finetune full, no --freeze) or drop that setting"
             )
+
+
+def check_hf_only(setup: Setup) -> None:
+    """Gemma-2's structure is modelled as transformers runs it, and transformers runs it eager only
+    (``Gemma2PreTrainedModel._supports_sdpa = False``: SDPA has no softcapping)."""
+    m, impl = setup.model, setup.impl.impl
+    for name, used in m.hf_only.items():
+        if used and impl is not Impl.HF:
+            raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
+    if impl is Impl.HF and m.attn_softcap is not None and setup.strategy.attention is not Attention.EAGER:
+        raise ValueError(
+            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
+        )
 
 
 def check_impl(setup: Setup) -> None:

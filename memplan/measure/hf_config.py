@@ -101,6 +101,26 @@ def phi3_keys(setup: Setup) -> dict[str, Any]:
     return llama_keys(setup) | {"sliding_window": setup.model.sliding_window}
 
 
+def gemma2_keys(setup: Setup) -> dict[str, Any]:
+    """Gemma-2 (``Gemma2Config``): the Llama keys, its activation key, softcaps, the query scalar and the
+    layer types (every ``sliding_window_pattern``-th layer full, as ``Gemma2Config``'s default)."""
+    m = setup.model
+    keys = llama_keys(setup)
+    keys["hidden_activation"] = keys.pop("hidden_act")
+    every = m.sliding_window_pattern
+    kinds = [
+        "full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+        for i in range(m.num_layers)
+    ]
+    return keys | {
+        "query_pre_attn_scalar": m.query_pre_attn_scalar or m.dim,
+        "attn_logit_softcapping": m.attn_softcap,
+        "final_logit_softcapping": m.final_softcap,
+        "sliding_window": m.sliding_window,
+        "layer_types": kinds if m.sliding_window else ["full_attention"] * m.num_layers,
+    }
+
+
 def moe_keys(setup: Setup) -> dict[str, Any]:
     """Mixtral / Qwen2-MoE: the Llama keys and the experts."""
     moe = setup.model.moe
@@ -116,6 +136,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
     Family.PHI3: phi3_keys,
+    Family.GEMMA2: gemma2_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
 }

@@ -50,6 +50,7 @@ _FAMILY = {
     "mistral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=4096 * 32),
     "qwen2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gemma": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
+    "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -157,7 +158,7 @@ def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
     if act is None:
         return
-    allowed = _GEGLU if kind == "gemma" else _ACTIVATIONS[_FAMILY[kind].mlp]
+    allowed = {"gemma": _GEGLU, "gemma2": _GEGLU[1:]}.get(kind, _ACTIVATIONS[_FAMILY[kind].mlp])
     if str(act) not in allowed:
         raise ValueError(
             f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
@@ -192,13 +193,37 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
-    if kind in ("gemma", "phi3"):  # code_family would read llama off the layout
+    if kind in ("gemma", "gemma2", "phi3"):  # code_family would read llama off the layout
         fields["family"] = Family(kind)
-    if kind == "gemma":
+    if kind in ("gemma", "gemma2"):
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
+    if kind == "gemma2":
+        fields.update(_gemma2_fields(cfg, fields["num_layers"]))
     if kind == "phi3":
         fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
     return fields
+
+
+def _optional(cfg: Mapping[str, Any], key: str, default: float) -> float | None:
+    """A number whose explicit null turns the feature off (Gemma-2's softcaps), absent → the default."""
+    return None if key in cfg and cfg[key] is None else _float(cfg, key, default=default)
+
+
+def _gemma2_fields(cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """Gemma-2's structure, defaults as ``Gemma2Config``: post norms, the query scalar, the softcaps and
+    sliding-window layers alternating with full ones (``layer_types``: every 2nd layer full)."""
+    pattern = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if cfg.get("layer_types") not in (None, pattern):
+        raise ValueError("layer_types: only Gemma-2's alternation (sliding, full, …) is modelled; drop it")
+    window = _int(cfg, "sliding_window", default=4096)
+    return {
+        "post_norms": True,
+        "query_pre_attn_scalar": _int(cfg, "query_pre_attn_scalar", default=256),
+        "attn_softcap": _optional(cfg, "attn_logit_softcapping", 50.0),
+        "final_softcap": _optional(cfg, "final_logit_softcapping", 30.0),
+        "sliding_window": window,
+        "sliding_window_pattern": 2 if window else None,
+    }
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,6 +278,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
     notes = [f"imported from a Hugging Face config.json (model_type {kind})"]
     if kind == "gemma":
         notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
+    if kind == "gemma2":
+        notes.append("post norms, softcapping and alternating sliding-window layers: --impl hf only")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":

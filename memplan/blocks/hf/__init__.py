@@ -16,6 +16,7 @@ from memplan.config import Family, Setup
 FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
     Family.GEMMA: gemma.profile,
+    Family.GEMMA2: gemma.profile,
     Family.PHI3: phi3.profile,
 }
 

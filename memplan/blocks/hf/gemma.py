@@ -1,5 +1,7 @@
-"""transformers' ``modeling_gemma.py``: Llama's layout with GeGLU (``ModelConfig.gate_act``), an
-embedding scaled by √h and an RMSNorm that applies (1 + w) in fp32."""
+"""transformers' ``modeling_gemma.py`` and ``modeling_gemma2.py``: Llama's layout with GeGLU
+(``ModelConfig.gate_act``), an embedding scaled by √h and an RMSNorm that applies (1 + w) in fp32.
+Gemma-2 adds structure, not code facts: ``post_norms``, ``attn_softcap`` / ``final_softcap`` (the
+blocks' rules) and alternating sliding-window layers (``sliding_window_pattern``)."""
 
 from __future__ import annotations
 
