@@ -36,7 +36,7 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
-from memplan.blocks.norm import norm_rules, post_norm_rules
+from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -52,6 +52,7 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
+        *qk_norm_rules(setup, dims),
         *attention_core_rules(setup, dims),
         save(
             B.ATTN,

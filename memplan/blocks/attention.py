@@ -126,6 +126,12 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
+        if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
+            why = "the full-attention layers' table (the sliding layers' base differs)"
+            rules += [
+                save(B.ROPE, "full_cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+                save(B.ROPE, "full_sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+            ]
     rules += checkpointed_mask_rule(setup, dims)
     if setup.strategy.attention is Attention.EAGER and not profile_of(setup).mask_added:
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.

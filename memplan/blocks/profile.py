@@ -42,6 +42,9 @@ class Profile:
     embed_scale_tensor: bool = False
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (with ``ModelConfig.embed_scale``)."""
+    rope_per_layer_type: bool = False
+    """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
+    layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""
     fused_qkv: bool = False
     """Phi-3's ``qkv_proj``: q, k, v are slices of one [b, s, (a + 2·kv)·d] output. A slice is not dense, so
     RoPE's output is laid out head-major [b, a, s, d] and SDPA's output follows the query's layout:

@@ -160,6 +160,10 @@ class ModelConfig(Frozen):
         description="every n-th layer attends to all keys, the others through sliding_window (Gemma-2: "
         "2); none: every layer slides",
     )
+    qk_norm: bool = Field(default=False, description="RMSNorm on each head's q and k before RoPE (Gemma-3)")
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, description="rotary base of the sliding-window layers (Gemma-3); none: rope_theta"
+    )
     post_norms: bool = Field(
         default=False, description="RMSNorms after attention and after the MLP too: 4 per layer (Gemma-2)"
     )
@@ -233,6 +237,8 @@ class ModelConfig(Frozen):
             "attn_softcap": self.attn_softcap is not None,
             "final_softcap": self.final_softcap is not None,
             "sliding_window_pattern": self.sliding_window_pattern is not None,
+            "qk_norm": self.qk_norm,
+            "rope_local_theta": self.rope_local_theta is not None,
         }
 
     @property

@@ -208,7 +208,15 @@ def check_hf_only(setup: Setup) -> None:
     for name, used in m.hf_only.items():
         if used and impl is not Impl.HF:
             raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
-    if impl is Impl.HF and m.attn_softcap is not None and setup.strategy.attention is not Attention.EAGER:
+    flash = setup.strategy.attention is not Attention.EAGER
+    window = m.sliding_window
+    if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:
+        # NB: only the sliding layers would keep SDPA's converted mask: the layers' saves differ.
+        raise ValueError(
+            f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
+            "use --attention eager or a shorter --seq"
+        )
+    if impl is Impl.HF and m.attn_softcap is not None and flash:
         raise ValueError(
             "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
         )

@@ -121,6 +121,12 @@ def gemma2_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def gemma3_keys(setup: Setup) -> dict[str, Any]:
+    """Gemma-3 text (``Gemma3TextConfig``): Gemma-2's keys and the sliding layers' rotary base."""
+    m = setup.model
+    return gemma2_keys(setup) | {"rope_local_base_freq": m.rope_local_theta or m.rope_theta}
+
+
 def moe_keys(setup: Setup) -> dict[str, Any]:
     """Mixtral / Qwen2-MoE: the Llama keys and the experts."""
     moe = setup.model.moe
@@ -137,6 +143,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT_NEOX: gpt_neox_keys,
     Family.PHI3: phi3_keys,
     Family.GEMMA2: gemma2_keys,
+    Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
 }

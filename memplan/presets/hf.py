@@ -51,6 +51,7 @@ _FAMILY = {
     "qwen2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gemma": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
+    "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -151,6 +152,8 @@ _ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: _GELUS}
 """The ``hidden_act`` values each MLP type models."""
 _GEGLU = ("gelu", "gelu_pytorch_tanh")
 """Gemma's GeGLU gates: ``GemmaConfig`` turns the legacy "gelu" into "gelu_pytorch_tanh"."""
+_GEGLUS = {"gemma": _GEGLU, "gemma2": _GEGLU[1:], "gemma3_text": _GEGLU[1:]}
+"""The GeGLU gates of each Gemma (Gemma-2/3's configs name ``hidden_activation`` only)."""
 
 
 def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
@@ -158,7 +161,9 @@ def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
     if act is None:
         return
-    allowed = {"gemma": _GEGLU, "gemma2": _GEGLU[1:]}.get(kind, _ACTIVATIONS[_FAMILY[kind].mlp])
+    allowed = {"gemma": _GEGLU, "gemma2": _GEGLU[1:], "gemma3_text": _GEGLU[1:]}.get(
+        kind, _ACTIVATIONS[_FAMILY[kind].mlp]
+    )
     if str(act) not in allowed:
         raise ValueError(
             f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
@@ -193,37 +198,60 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if kind in MOE_MODEL_TYPES:
         fields.update(_moe_fields(kind, cfg))
-    if kind in ("gemma", "gemma2", "phi3"):  # code_family would read llama off the layout
+    if kind in ("gemma", "gemma2", "gemma3_text", "phi3"):  # code_family would read llama off the layout
         fields["family"] = Family(kind)
-    if kind in ("gemma", "gemma2"):
+    if kind in ("gemma", "gemma2", "gemma3_text"):
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
-    if kind == "gemma2":
-        fields.update(_gemma2_fields(cfg, fields["num_layers"]))
+    if kind in ("gemma2", "gemma3_text"):
+        fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
     if kind == "phi3":
         fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
     return fields
 
 
-def _optional(cfg: Mapping[str, Any], key: str, default: float) -> float | None:
+def _optional(cfg: Mapping[str, Any], key: str, default: float | None) -> float | None:
     """A number whose explicit null turns the feature off (Gemma-2's softcaps), absent → the default."""
-    return None if key in cfg and cfg[key] is None else _float(cfg, key, default=default)
+    if cfg.get(key) is None:
+        return None if key in cfg else default
+    return _float(cfg, key, default=0.0)
 
 
-def _gemma2_fields(cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
-    """Gemma-2's structure, defaults as ``Gemma2Config``: post norms, the query scalar, the softcaps and
-    sliding-window layers alternating with full ones (``layer_types``: every 2nd layer full)."""
-    pattern = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+def _gemma2_fields(kind: str, cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """Gemma-2's and Gemma-3's structure, defaults as ``Gemma2Config`` / ``Gemma3TextConfig``: post norms,
+    the query scalar, the softcaps (Gemma-3: none), sliding-window layers with every n-th one full
+    (``layer_types``; Gemma-2 every 2nd, Gemma-3 ``sliding_window_pattern``, 6); Gemma-3's q/k norms and
+    its sliding layers' rotary base."""
+    gemma3 = kind == "gemma3_text"
+    every = _int(cfg, "sliding_window_pattern", default=6) if gemma3 else 2
+    assert every is not None  # a default is given
+    pattern = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
     if cfg.get("layer_types") not in (None, pattern):
-        raise ValueError("layer_types: only Gemma-2's alternation (sliding, full, …) is modelled; drop it")
+        raise ValueError(f"layer_types: only every {every}th layer full is modelled; drop layer_types")
     window = _int(cfg, "sliding_window", default=4096)
-    return {
+    fields = {
         "post_norms": True,
         "query_pre_attn_scalar": _int(cfg, "query_pre_attn_scalar", default=256),
-        "attn_softcap": _optional(cfg, "attn_logit_softcapping", 50.0),
-        "final_softcap": _optional(cfg, "final_logit_softcapping", 30.0),
+        "attn_softcap": _optional(cfg, "attn_logit_softcapping", None if gemma3 else 50.0),
+        "final_softcap": _optional(cfg, "final_logit_softcapping", None if gemma3 else 30.0),
         "sliding_window": window,
-        "sliding_window_pattern": 2 if window else None,
+        "sliding_window_pattern": every if window else None,
     }
+    if gemma3:
+        fields |= {
+            "qk_norm": True,
+            "rope_theta": _float(cfg, "rope_theta", default=1_000_000.0),
+            "rope_local_theta": _float(cfg, "rope_local_base_freq", default=10_000.0),
+        }
+    return fields
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal Gemma-3 config (``model_type`` gemma3) as its text model's (``text_config``, a
+    ``gemma3_text``); NB: the vision tower's parameters are not counted."""
+    text = cfg.get("text_config")
+    if cfg.get("model_type") == "gemma3" and isinstance(text, Mapping):
+        return {**text, "model_type": "gemma3_text"}
+    return cfg
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,6 +289,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = 
     architecture ``ModelConfig`` rejects.
     """
     where = where or f"hf config {name}"
+    cfg = text_config(cfg)
     try:
         kind = model_type_of(cfg)
         fields = _fields(kind, cfg, name)
@@ -274,11 +303,13 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = 
 
 def hf_notes(cfg: Mapping[str, Any]) -> str:
     """Where the preset came from and the caveats of the import, for ``ModelPreset.notes``."""
+    notes = ["text model only (text_config)"] if text_config(cfg) is not cfg else []
+    cfg = text_config(cfg)
     kind = model_type_of(cfg)
-    notes = [f"imported from a Hugging Face config.json (model_type {kind})"]
+    notes.insert(0, f"imported from a Hugging Face config.json (model_type {kind})")
     if kind == "gemma":
         notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
-    if kind == "gemma2":
+    if kind in ("gemma2", "gemma3_text"):
         notes.append("post norms, softcapping and alternating sliding-window layers: --impl hf only")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")

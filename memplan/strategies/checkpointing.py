@@ -55,8 +55,10 @@ def recompute(setup: Setup, dims: Dims) -> int:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        # torch.utils.checkpoint's early stop is non-reentrant only: a reentrant one re-runs all of it.
-        early_stop = setup.model.resid_dropout == 0 and not reentrant(setup)
+        # torch.utils.checkpoint's early stop is non-reentrant only: a reentrant one re-runs all of it;
+        # a norm after the MLP (post_norms) saves after W_down, so the re-run reaches W_down too.
+        m = setup.model
+        early_stop = m.resid_dropout == 0 and not m.post_norms and not reentrant(setup)
         skipped = last(setup, dims) if early_stop else 0
         return dims.layers * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:

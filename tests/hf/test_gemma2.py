@@ -64,5 +64,5 @@ def test_gemma2_eager(checkpointing: str, reentrant: bool, layers: int) -> None:
 def test_gemma2_refused(impl: str, attention: str) -> None:
     """Gemma-2's structure is modelled for transformers' code only, and that code has no SDPA path."""
     model = model_from_hf_config(GEMMA2_9B, "gemma-2-9b")
-    with pytest.raises(ValueError, match="post_norms|attention"):
+    with pytest.raises(ValueError, match=r"post_norms|attention"):
         build_setup(model, seq=256, attention=AttentionChoice(attention), impl=ImplConfig(impl=impl))

@@ -17,6 +17,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.LLAMA: llama.profile,
     Family.GEMMA: gemma.profile,
     Family.GEMMA2: gemma.profile,
+    Family.GEMMA3: gemma.profile3,
     Family.PHI3: phi3.profile,
 }
 
