@@ -47,8 +47,12 @@ def test_gemma3_import() -> None:
 
 @pytest.mark.parametrize(
     ("attention", "checkpointing", "reentrant", "window"),
-    [("flash", "none", False, 512), ("flash", "full", False, 512), ("eager", "none", False, 128)]
-    + [("eager", "full", True, 128)],
+    [
+        ("flash", "none", False, 512),
+        ("flash", "full", False, 512),
+        ("eager", "none", False, 128),
+        ("eager", "full", True, 128),
+    ],
 )
 def test_gemma3(attention: str, checkpointing: str, reentrant: bool, window: int) -> None:
     model = model_from_hf_config(GEMMA3_4B, "gemma-3-4b")
