@@ -23,7 +23,7 @@ def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules = [
         save(B.EMBED, "ids", (b, s), INT64, R.TOKEN_IDS, "token ids: the embedding gradient is a scatter-add")
     ]
-    if setup.model.embed_scale and profile_of(setup).embed_scale_tensor:
+    if profile_of(setup).embed_scale_tensor:  # transformers' Gemmas scale whatever embed_scale says
         why = "the √h normaliser, a 0-dim tensor: d(embedding) = dY·normaliser"
         rules.append(save(B.EMBED, "normalizer", (), dims.act, R.PARAM_DERIVED, why))
     if setup.model.position is PositionType.LEARNED:

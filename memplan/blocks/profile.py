@@ -41,7 +41,8 @@ class Profile:
     normalised x in fp32 [b, s, h] (not the 16-bit cast) and the fp32 (1 + w) [h] of each norm."""
     embed_scale_tensor: bool = False
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
-    the 0-dim normaliser (A bytes) once per forward (with ``ModelConfig.embed_scale``)."""
+    the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
+    the reference model does)."""
     rope_per_layer_type: bool = False
     """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
     layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""

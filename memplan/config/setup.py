@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune, Target
-from memplan.config.impl import Impl, ImplConfig
+from memplan.config.impl import Family, Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import (
@@ -201,6 +201,17 @@ def check_finetune(setup: Setup) -> None:
             )
 
 
+HF_STRUCTURE = {
+    "post_norms": (Family.GEMMA2, Family.GEMMA3),
+    "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "final_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
+    "qk_norm": (Family.GEMMA3, Family.QWEN3),
+    "rope_local_theta": (Family.GEMMA3,),
+}
+"""The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
+
+
 def check_hf_only(setup: Setup) -> None:
     """Gemma-2's structure is modelled as transformers runs it, and transformers runs it eager only
     (``Gemma2PreTrainedModel._supports_sdpa = False``: SDPA has no softcapping)."""
@@ -208,6 +219,10 @@ def check_hf_only(setup: Setup) -> None:
     for name, used in m.hf_only.items():
         if used and impl is not Impl.HF:
             raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
+        families = HF_STRUCTURE.get(name, ())
+        if used and impl is Impl.HF and m.code_family not in families:
+            names = ", ".join(f.value for f in families)
+            raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
     flash = setup.strategy.attention is not Attention.EAGER
     window = m.sliding_window
     if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:

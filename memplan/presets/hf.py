@@ -13,6 +13,9 @@ Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) and Mistral's ``sliding_window`` are not modelled.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
   by √h (``embed_scale``).
+- Gemma-2 / Gemma-3 (``gemma3_text``, or a ``gemma3`` config's ``text_config``: NB the vision tower is
+  not counted) import post norms, softcaps, the query scalar, sliding layers with every n-th full (other
+  ``layer_types`` refused), Gemma-3's q/k norms and local rotary base; NB rope_scaling is ignored.
 - NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's
   (what is kept: ``--impl hf``'s profile, blocks/hf/phi3.py).
 - NB: GPT-NeoX's partial rotary (``rotary_pct``) and parallel residual are not modelled.
