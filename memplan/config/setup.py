@@ -213,8 +213,9 @@ HF_STRUCTURE = {
 
 
 def check_hf_only(setup: Setup) -> None:
-    """Gemma-2's structure is modelled as transformers runs it, and transformers runs it eager only
-    (``Gemma2PreTrainedModel._supports_sdpa = False``: SDPA has no softcapping)."""
+    """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
+    whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
+    False``); SDPA with a window ≤ seq on alternating layers is refused, not modelled."""
     m, impl = setup.model, setup.impl.impl
     for name, used in m.hf_only.items():
         if used and impl is not Impl.HF:
@@ -224,16 +225,16 @@ def check_hf_only(setup: Setup) -> None:
             names = ", ".join(f.value for f in families)
             raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
     flash = setup.strategy.attention is not Attention.EAGER
+    if impl is Impl.HF and m.attn_softcap is not None and flash:
+        raise ValueError(
+            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
+        )
     window = m.sliding_window
     if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:
         # NB: only the sliding layers would keep SDPA's converted mask: the layers' saves differ.
         raise ValueError(
             f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
             "use --attention eager or a shorter --seq"
-        )
-    if impl is Impl.HF and m.attn_softcap is not None and flash:
-        raise ValueError(
-            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
         )
 
 
