@@ -414,8 +414,7 @@ class Reference(nn.Module):
         s = ids.shape[1]
         with layer_scope(None):
             x = self.embed_tokens(label(ids, "embed.ids"))
-            if m.embed_scale:  # × √h as a Python float: saves nothing (the HF profile's tensor does)
-                x = x * m.hidden_size**0.5
+            x = x * m.hidden_size**0.5 if m.embed_scale else x  # a Python float: saves nothing
             if self.pos is not None:
                 positions = label(self.positions(s, ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)

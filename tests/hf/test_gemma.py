@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+from memplan.config import Attention, Device, ModelConfig, Setup, StrategyConfig, TrainingConfig
+from memplan.engine import estimate
+from memplan.measure.compare import compare
+from memplan.measure.run import measure
 from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import check_hf, hf_setup
 from tests.test_hf_config import GEMMA_2B
@@ -35,3 +39,31 @@ GEMMA_7B: dict[str, Any] = GEMMA_2B | {
 def test_gemma(config: dict[str, Any], attention: str, checkpointing: str, reentrant: bool) -> None:
     model = model_from_hf_config(config, "gemma")
     check_hf(hf_setup(model, seq=256, attention=attention, checkpointing=checkpointing, reentrant=reentrant))
+
+
+@pytest.mark.parametrize("attention", [Attention.FLASH, Attention.EAGER])
+def test_reference_runs_geglu_and_the_embedding_scale(attention: Attention) -> None:
+    """Gemma's structure under ``--impl reference``: memplan's reference model runs the tanh-GELU gate and
+    the √h scale (a Python float); its saves and FLOPs equal the estimate's, tensor by tensor."""
+    model = ModelConfig(
+        name="geglu",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=1,
+        ffn_size=48,
+        vocab_size=96,
+        tied_embeddings=True,
+        gate_act="gelu_tanh",
+        embed_scale=True,
+    )
+    setup = Setup(
+        model=model,
+        training=TrainingConfig(micro_batch=2, seq_len=12),
+        strategy=StrategyConfig(attention=attention),
+        device=Device.CPU,
+    )
+    c = compare(estimate(setup), measure(setup, fake=False))
+    assert [r.name for r in c.tensors if not r.equal] == []
+    assert [(r.name, r.est_bytes) for r in c.flops] == [(r.name, r.meas_bytes) for r in c.flops]
+    assert c.equal
