@@ -35,13 +35,12 @@ from memplan.blocks.attention import (
     attention_core_rules,
     constant_rules,
     projection_rules,
-    qk_norm_rules,
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
-from memplan.blocks.norm import norm_rules
+from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts
 from memplan.config import Setup
 
@@ -58,7 +57,7 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [
         *norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
-        *(qk_norm_rules(dims) if setup.model.qk_norm else []),
+        *qk_norm_rules(setup, dims),
         *attention_core_rules(setup, dims),
         save(
             B.ATTN,
@@ -68,9 +67,11 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.ATTN_OUT,
             "attention output, input of W_O: dW = Xᵀ·dY",
         ),
+        *post_norm_rules(setup, B.POST_ATTN_NORM, dims),
         *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h), keeps),
         *norm_rules(setup, B.MLP_NORM, dims),
         *mlp_rules(setup, dims),
+        *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
 

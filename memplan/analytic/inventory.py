@@ -48,6 +48,10 @@ class Block(StrEnum):
     ATTN = "attn"
     MLP_NORM = "mlp_norm"
     MLP = "mlp"
+    POST_ATTN_NORM = "post_attn_norm"
+    """The norm on the attention's output before the residual add (Gemma-2's ``post_norms``)."""
+    POST_MLP_NORM = "post_mlp_norm"
+    """The norm on the MLP's output before the residual add (Gemma-2's ``post_norms``)."""
     MOE = "moe"
     """A mixture-of-experts MLP's saves beyond its input (router, dispatch, experts, shared experts)."""
     FINAL_NORM = "final_norm"
@@ -65,7 +69,17 @@ class Block(StrEnum):
         return self in (Block.FINAL_NORM, Block.LM_HEAD, Block.LOSS)
 
 
-_LAYER_BLOCKS = frozenset({Block.ATTN_NORM, Block.ATTN, Block.MLP_NORM, Block.MLP, Block.MOE})
+_LAYER_BLOCKS = frozenset(
+    {
+        Block.ATTN_NORM,
+        Block.ATTN,
+        Block.MLP_NORM,
+        Block.MLP,
+        Block.MOE,
+        Block.POST_ATTN_NORM,
+        Block.POST_MLP_NORM,
+    }
+)
 
 
 class Role(StrEnum):
@@ -111,6 +125,8 @@ class Role(StrEnum):
     """Tokens dispatched to the experts, their outputs and routing weights ([S, ·] slots)."""
     SHARED_GATE = "shared-expert gate"
     """The shared experts' sigmoid gate and gated output, per token."""
+    PARAM_DERIVED = "parameter-derived"
+    """Made from a weight or a constant, not from the tokens (Gemma's fp32 1 + w, its √h normaliser)."""
     LORA_RANK = "lora rank"
     """A LoRA adapter's A·x [·, r]: the input of B, dB = (A·x)ᵀ·dY needs it."""
 

@@ -35,6 +35,8 @@ class LayerParams(BaseModel):
     mlp: int
     qk_norm: int = 0
     """q_norm and k_norm (``ModelConfig.qk_norm``): an RMSNorm weight [d] each, replicated like the norms."""
+    post_norms: int = 0
+    """The norms after attention and after the MLP (Gemma-2's ``post_norms``)."""
 
     @property
     def attention(self) -> int:
@@ -42,7 +44,7 @@ class LayerParams(BaseModel):
 
     @property
     def total(self) -> int:
-        return self.attn_norm + self.qk_norm + self.attention + self.mlp_norm + self.mlp
+        return self.attn_norm + self.qk_norm + self.attention + self.mlp_norm + self.mlp + self.post_norms
 
 
 class ParamCount(BaseModel):
@@ -81,6 +83,7 @@ def layer_params(m: ModelConfig) -> LayerParams:
         mlp_norm=norm_params(m),
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
         qk_norm=qk_norm_params(m),
+        post_norms=2 * norm_params(m) if m.post_norms else 0,
     )
 
 

@@ -62,20 +62,6 @@ def qk_norm_params(m: ModelConfig) -> int:
     return 2 * m.dim if m.qk_norm else 0
 
 
-def qk_norm_rules(dims: Dims) -> list[Rule]:
-    """RMSNorm over head_dim of the projected q [b, s, a, d] and k [b, s, kv, d] before RoPE, as the
-    pre-norms (``norm.norm_rules``): the fp32 input, the rstd per head and the normalised output."""
-    b, s, d, act = dims.b, dims.s, dims.d, dims.act
-    rules = []
-    for part, heads in (("q_norm", dims.a), ("k_norm", dims.kv)):
-        rules += [
-            save(B.ATTN, f"{part}.input", (b, s, heads, d), FP32, R.NORM_INPUT, "x upcast to fp32"),
-            save(B.ATTN, f"{part}.rstd", (b, s, heads, 1), FP32, R.NORM_STATS, "rsqrt output per head"),
-            save(B.ATTN, f"{part}.normed", (b, s, heads, d), act, R.NORM_OUTPUT, "dW = Σ grad·n"),
-        ]
-    return rules
-
-
 def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
     """W_Q, W_K, W_V and W_O with their biases."""
     h = m.hidden_size
@@ -112,11 +98,12 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
         ]
     if core is Core.EAGER and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
+        heads = kv if kv == 1 and profile_of(setup).repeat_kv_view else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, "Q for QKᵀ: dK = dSᵀ·Q"),
-            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, "K (repeated to a heads) for QKᵀ: dQ = dS·K"),
-            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, "V (repeated to a heads) for P·V: dP = dO·Vᵀ"),
+            save(B.ATTN, "k", (b, heads, s, d), act, R.ATTN_QKV, "K (repeat_kv) for QKᵀ: dQ = dS·K"),
+            save(B.ATTN, "v", (b, heads, s, d), act, R.ATTN_QKV, "V (repeat_kv) for P·V: dP = dO·Vᵀ"),
         ]
     # Flash kernel, or the inputs the selective checkpoint keeps: q and k after RoPE (a new tensor) or
     # the projection output itself; v is always the projection output [b, s, kv·d].
@@ -230,11 +217,17 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "probs", probs, FP32, R.ATTN_PROBS, "fp32 softmax output (SDPA's math kernel)"),
             *dropout_rules(setup, probs, FP32),
         ]
+    softcap = []
+    if setup.model.attn_softcap is not None:
+        # Gemma-2's eager_attention_forward: tanh(scores / c) · c; tanh keeps its output (scalars: nothing).
+        why = "tanh of the softcapped scores: d tanh = 1 − tanh²"
+        softcap = [save(B.ATTN, "softcap_tanh", probs, act, R.ATTN_PROBS, why)]
     if profile_of(setup).eager_fp32_softmax:
-        # softmax(dtype=float32).to(query.dtype): the fp32 output, and its copy when P·V reads it.
+        # softmax(dtype=float32).to(query.dtype): the fp32 output, and its copy when P·V reads it (one
+        # storage when A is fp32).
         why = "softmax(dtype=float32) output: dS = P·(dP − Σ dP·P)"
-        rules = [save(B.ATTN, "probs_fp32", probs, FP32, R.ATTN_PROBS, why)]
-        if setup.model.attn_dropout == 0:
+        rules = [*softcap, save(B.ATTN, "probs_fp32", probs, FP32, R.ATTN_PROBS, why)]
+        if setup.model.attn_dropout == 0 and act is not FP32:
             why = "the probabilities cast to the activation dtype, for P·V: dV = Pᵀ·dO"
             rules.append(save(B.ATTN, "probs", probs, act, R.ATTN_PROBS, why))
         return rules + dropout_rules(setup, probs, act)
@@ -242,7 +235,7 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     fp32 = profile_of(setup).fused_causal_softmax and not fused_softmax_runs(setup, dims)
     why = "softmax output: dS = P·(dP − Σ dP·P)"
     kept = save(B.ATTN, "probs", probs, FP32 if fp32 else act, R.ATTN_PROBS, why)
-    return [kept, *dropout_rules(setup, probs, act)]
+    return [*softcap, kept, *dropout_rules(setup, probs, act)]
 
 
 def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Rule]:
@@ -268,11 +261,14 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
     prof = profile_of(setup)
-    if prof.sdpa_dispatch and prof.qkv_views and setup.model.position is PositionType.ROPE:
+    if prof.fused_qkv or (
+        prof.sdpa_dispatch and prof.qkv_views and setup.model.position is PositionType.ROPE
+    ):
         # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
         # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
         # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
-        # layout, gives an output whose transpose is W_O's input itself.
+        # layout, gives an output whose transpose is W_O's input itself. Phi-3's fused qkv_proj: its q slice
+        # is not dense, RoPE lays it out head-major, and the output follows (``Profile.fused_qkv``).
         why = "flash output in q's [b, a, s, d] layout; W_O reads a contiguous copy"
         rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
     if dims.ring > 1:
@@ -306,19 +302,52 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
+        if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
+            why = "the full-attention layers' table (the sliding layers' base differs)"
+            rules += [
+                save(B.ROPE, "full_cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+                save(B.ROPE, "full_sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+            ]
     eager = setup.strategy.attention is Attention.EAGER
     prof = profile_of(setup)
     if eager and not prof.additive_mask and not fused_softmax_runs(setup, dims):
         # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
-    if prof.checkpoint_keeps_mask and setup.strategy.segment and (eager or window_masked(setup, dims)):
-        # eager: the additive mask in the activation dtype, [b, 1, s, s] (eager_mask's torch.where
-        # materialises the expanded mask); SDPA: the bool window mask, an expand of one [s, s] storage.
-        why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
-        shape, dtype = ((dims.b, 1, dims.s, dims.s), dims.act) if eager else ((1, 1, dims.s, dims.s), BOOL)
-        rules.append(Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
+    rules += checkpointed_mask_rule(setup, dims)
     return rules
+
+
+def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
+    """transformers' mask is an argument of every decoder layer (``GradientCheckpointingLayer``
+    checkpoints ``partial(forward, self, **kwargs)``): a gradient checkpoint keeps it until backward
+    (``Profile.checkpoint_keeps_mask``, ``--checkpointing full`` / ``every-k``), one storage for every
+    layer. Eager: ``masking_utils.eager_mask``, ``torch.where`` of the bool mask expanded to [b, 1, s, s]
+    (0 or the dtype's min), in A; SDPA: the bool window mask (an expand of one [s, s] storage), only when
+    a sliding window needs it (``window_masked``). Without a checkpoint the add keeps nothing."""
+    prof, eager = profile_of(setup), setup.strategy.attention is Attention.EAGER
+    if not (prof.checkpoint_keeps_mask and setup.strategy.segment):
+        return []
+    b, s = dims.b, dims.s
+    if eager and prof.additive_mask:
+        shape, dtype = (b, 1, s, s), dims.act
+    elif not eager and window_masked(setup, dims):
+        shape, dtype = (1, 1, s, s), BOOL
+    else:
+        return []
+    why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
+    rules = [Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK)]
+    if eager and full_and_sliding(setup.model):
+        why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
+        rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
+    return rules
+
+
+def full_and_sliding(m: ModelConfig) -> bool:
+    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full): transformers
+    then makes a causal and a sliding-window mask (``Gemma2Model.forward``'s ``causal_mask_mapping``)."""
+    every = m.sliding_window_pattern
+    return every is not None and m.num_layers >= every
 
 
 def projection_flops(dims: Dims) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import dropout_rule
-from memplan.blocks.profiles import dropout_keeps, hidden_dropouts
+from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.config import DType, ModelConfig, PositionType, Setup
 
 INT64 = DType.INT64
@@ -23,6 +23,9 @@ def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules = [
         save(B.EMBED, "ids", (b, s), INT64, R.TOKEN_IDS, "token ids: the embedding gradient is a scatter-add")
     ]
+    if profile_of(setup).embed_scale_tensor:  # transformers' Gemmas scale whatever embed_scale says
+        why = "the √h normaliser, a 0-dim tensor: d(embedding) = dY·normaliser"
+        rules.append(save(B.EMBED, "normalizer", (), dims.act, R.PARAM_DERIVED, why))
     if setup.model.position is PositionType.LEARNED:
         why = "position ids for the position table's scatter-add"
         rules.append(save(B.EMBED, "positions", (s,), INT64, R.TOKEN_IDS, why))

@@ -75,6 +75,7 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
             R.LOG_PROBS,
             "log_softmax output of the fp32 logits: d = p − onehot",
         ),
+        *softcap_rules(setup, dims),
         labels_rule(setup, dims),
         save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "nll_loss's normaliser (a fp32 scalar)"),
         *count_rules(setup),
@@ -99,6 +100,15 @@ def count_rules(setup: Setup) -> list[Rule]:
     if setup.loss is LossKind.CHUNKED or profile_of(setup).loss_over_token_count:
         return [save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the sum's divisor")]
     return []
+
+
+def softcap_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Gemma-2's ``Gemma2ForCausalLM.forward``: logits → tanh(logits / c) · c before the loss; tanh keeps
+    its output [b, s, v] in A (the divisions by a Python scalar keep nothing)."""
+    if setup.model.final_softcap is None:
+        return []
+    why = "tanh of the softcapped logits: d tanh = 1 − tanh²"
+    return [save(B.LOSS, "softcap_tanh", (dims.b, dims.s, dims.v), dims.act, R.LOG_PROBS, why)]
 
 
 def labels_rule(setup: Setup, dims: Dims) -> Rule:

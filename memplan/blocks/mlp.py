@@ -31,6 +31,13 @@ def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...
             block, part + "fc1", (*shape[:-1], 2 * shape[-1]), act, R.MLP_INNER, "fused SwiGLU's input"
         )
         return [fc1, inner("down_input", "input of W_down: dW = Xᵀ·dY")]
+    if setup.model.mlp is MlpType.SWIGLU and profile_of(setup).fused_gate_up:
+        fused = (*shape[:-1], 2 * shape[-1])
+        return [
+            save(block, part + "gate_up", fused, act, R.MLP_INNER, "fused gate|up output: act and · read it"),
+            inner("act", "act(g) for the product act(g)·u: du needs it"),
+            inner("down_input", "input of W_down: dW = Xᵀ·dY"),
+        ]
     if setup.model.mlp is MlpType.SWIGLU:
         return [
             inner("gate", "gate projection: silu'(g) needs g"),

@@ -22,16 +22,7 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     if profile_of(setup).fused_norm:
         return fused_norm_rules(setup, block, dims)
     if setup.model.norm is NormType.RMSNORM:
-        # Llama's RMSNorm: x32 = x.float(); rstd = rsqrt(mean(x32²) + eps); n = (x32·rstd).to(A); w·n.
-        # pow and x32·rstd save x32 (the layer input itself when A is fp32); rsqrt saves rstd; w·n saves n.
-        # torch's F.rms_norm multiplies n by w in fp32 before the cast (Profile.rms_norm_fp32_product).
-        why_x = "x upcast to fp32: d(x²)/dx and d(x·rstd)/drstd need it"
-        normed = FP32 if profile_of(setup).rms_norm_fp32_product else act
-        return [
-            save(block, "input", (b, s, h), FP32, R.NORM_INPUT, why_x),
-            save(block, "rstd", (b, s, 1), FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
-            save(block, "normed", (b, s, h), normed, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it"),
-        ]
+        return rms_rules(setup, block, "", (b, s, h))
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act
     # Parallel residual: the MLP's norm reads the layer input, kept already by the attention's norm.
@@ -61,6 +52,50 @@ def fused_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         ),
         *[save(block, name, (b, s, 1), FP32, R.NORM_STATS, why) for name in (*stats, "rstd")],
     ]
+
+
+def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -> list[Rule]:
+    """Saves of one RMSNorm over the last dimension of ``shape``.
+
+    Llama's: x32 = x.float(); rstd = rsqrt(mean(x32²) + eps); n = (x32·rstd).to(A); w·n. pow and x32·rstd
+    save x32 (the input itself when A is fp32); rsqrt saves rstd; w·n saves n (fp32 under torch's
+    ``F.rms_norm``, ``rms_norm_fp32_product``). Gemma's
+    (``norm_fp32_affine``): (x32·rstd) · (1 + w.float()), then cast: the product keeps both fp32 operands.
+    """
+    act = Dims.of(setup).act
+    stats, width = (*shape[:-1], 1), (shape[-1],)
+
+    def rms(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
+        return save(block, prefix + part, shape, dtype, role, why)
+
+    rules = [
+        rms("input", shape, FP32, R.NORM_INPUT, "x upcast to fp32: d(x²)/dx and d(x·rstd)/drstd need it"),
+        rms("rstd", stats, FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
+    ]
+    prof = profile_of(setup)
+    if prof.norm_fp32_affine:
+        return [
+            *rules,
+            rms("normed", shape, FP32, R.NORM_OUTPUT, "fp32 normalised x: dW needs it"),
+            rms("weight_plus_one", width, FP32, R.PARAM_DERIVED, "fp32 1 + w: d(normed) needs it"),
+        ]
+    # torch's F.rms_norm multiplies n by w in fp32 before the cast (Profile.rms_norm_fp32_product).
+    normed = FP32 if prof.rms_norm_fp32_product else act
+    return [*rules, rms("normed", shape, normed, R.NORM_OUTPUT, "normalised x: dW = Σ grad·n needs it")]
+
+
+def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``)."""
+    if not setup.model.qk_norm:
+        return []
+    b, s, d = dims.b, dims.s, dims.d
+    q = rms_rules(setup, Block.ATTN, "q_norm.", (b, dims.a, s, d))
+    return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, dims.kv, s, d))
+
+
+def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
+    """The norms on the attention's and the MLP's outputs (``post_norms``), saving as a pre-norm does."""
+    return norm_rules(setup, block, dims) if setup.model.post_norms else []
 
 
 def norm_backward_transient(setup: Setup, dims: Dims) -> int:

@@ -140,6 +140,27 @@ class Profile:
     loss_over_token_count: bool = False
     """torchtitan's ``CrossEntropyLoss`` (components/loss.py) sums the loss and divides it by the trainer's
     ``global_valid_tokens``, an int64 scalar tensor: the division keeps it (8 B)."""
+    repeat_kv_view: bool = False
+    """``repeat_kv`` is ``expand`` + ``reshape``: a view of the kv-head k and v when kv = 1 (MQA: the merged
+    dimension has size 1), a copy to a heads otherwise; the eager matmuls keep what it returns."""
+    norm_fp32_affine: bool = False
+    """Gemma's RMSNorm: ``(x32·rstd) * (1.0 + weight.float())`` then ``type_as(x)``: the product keeps the
+    normalised x in fp32 [b, s, h] (not the 16-bit cast) and the fp32 (1 + w) [h] of each norm."""
+    embed_scale_tensor: bool = False
+    """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
+    the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
+    the reference model does)."""
+    rope_per_layer_type: bool = False
+    """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
+    layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""
+    fused_qkv: bool = False
+    """Phi-3's ``qkv_proj``: q, k, v are slices of one [b, s, (a + 2·kv)·d] output. A slice is not dense, so
+    RoPE's output is laid out head-major [b, a, s, d] and SDPA's output follows the query's layout:
+    ``attn_output.reshape(...).contiguous()`` copies it, and the kernel's output and W_O's input are two
+    [b, s, a·d] storages (eager's P·V output is a local, copied either way)."""
+    fused_gate_up: bool = False
+    """Phi-3's ``gate_up_proj``: gate and up are the two ``chunk``s of one [b, s, 2f] output; the
+    activation's input and the product's operand are views of it, kept as one storage."""
 
 
 REFERENCE = Profile()

@@ -28,7 +28,15 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import ExpertsImpl, Family, Impl, ImplConfig
-from memplan.config.model import Gelu, MlpType, ModelConfig, MoEConfig, NormType, PositionType
+from memplan.config.model import (
+    GateActivation,
+    Gelu,
+    MlpType,
+    ModelConfig,
+    MoEConfig,
+    NormType,
+    PositionType,
+)
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import Parallel, Setup
 from memplan.config.strategy import (
@@ -56,6 +64,7 @@ __all__ = [
     "Family",
     "FineTune",
     "Frozen",
+    "GateActivation",
     "Gelu",
     "Impl",
     "ImplConfig",

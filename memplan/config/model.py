@@ -43,6 +43,15 @@ class Gelu(StrEnum):
     """tanh approximation in one kernel, ``F.gelu(approximate="tanh")`` (transformers' ``GELUTanh``)."""
 
 
+class GateActivation(StrEnum):
+    """The activation on the gate of a gated (``swiglu``) MLP: down(act(gate(x))·up(x))."""
+
+    SILU = "silu"
+    """SwiGLU (Llama, Mistral, Qwen, Phi-3)."""
+    GELU_TANH = "gelu_tanh"
+    """GeGLU with the tanh approximation, ``gelu(x, approximate="tanh")`` (Gemma's gelu_pytorch_tanh)."""
+
+
 class PositionType(StrEnum):
     ROPE = "rope"
     """Rotary embeddings applied to q and k; no parameters."""
@@ -137,12 +146,45 @@ class ModelConfig(Frozen):
     norm: NormType = NormType.RMSNORM
     norm_eps: float = Field(default=1e-5, gt=0)
     mlp: MlpType = MlpType.SWIGLU
+    gate_act: GateActivation = Field(
+        default=GateActivation.SILU,
+        description="activation on the gate of a swiglu MLP (gelu_tanh: GeGLU, Gemma); its saves and "
+        "parameters are SwiGLU's",
+    )
+    embed_scale: bool = Field(
+        default=False, description="the token embedding is multiplied by √hidden_size (Gemma)"
+    )
     qkv_bias: bool = False
     out_bias: bool = False
     mlp_bias: bool = False
     position: PositionType = PositionType.ROPE
     max_positions: int = Field(strict=True, default=4096, gt=0)
     rope_theta: float = Field(default=10000.0, gt=0)
+    sliding_window_pattern: int | None = Field(
+        strict=True,
+        default=None,
+        ge=2,
+        description="every n-th layer attends to all keys, the others through sliding_window (Gemma-2: "
+        "2); none: every layer slides",
+    )
+    rope_local_theta: float | None = Field(
+        default=None, gt=0, description="rotary base of the sliding-window layers (Gemma-3); none: rope_theta"
+    )
+    post_norms: bool = Field(
+        default=False, description="RMSNorms after attention and after the MLP too: 4 per layer (Gemma-2)"
+    )
+    query_pre_attn_scalar: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="scores scaled by scalar^-½, not head_dim^-½ (Gemma-2; no bytes)",
+    )
+    attn_softcap: float | None = Field(
+        default=None, gt=0, description="scores → c·tanh(scores/c) before the softmax (Gemma-2)"
+    )
+    final_softcap: float | None = Field(
+        default=None, gt=0, description="logits → c·tanh(logits/c) before the loss (Gemma-2)"
+    )
     attn_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on attention probabilities")
     resid_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after attention and MLP")
     embd_dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout after the embedding")
@@ -157,8 +199,8 @@ class ModelConfig(Frozen):
     )
     qk_norm: bool = Field(
         default=False,
-        description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm): 2·d "
-        "parameters per layer",
+        description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm, Gemma-3's): "
+        "2·d parameters per layer",
     )
     gelu: Gelu = Field(default=Gelu.GELU, description="which GELU a gelu MLP applies (activation_function)")
     rotary_pct: float = Field(
@@ -195,6 +237,10 @@ class ModelConfig(Frozen):
             if self.mlp is MlpType.SWIGLU:
                 raise ValueError("ffn_size: required for swiglu MLPs (e.g. 11008 for Llama-2-7B)")
             object.__setattr__(self, "ffn_size", 4 * h)
+        if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
+            raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
+        if self.sliding_window_pattern is not None and self.sliding_window is None:
+            raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):
@@ -220,6 +266,17 @@ class ModelConfig(Frozen):
     def rotary_dims(self) -> int:
         """Rotated width per head, int(d·rotary_pct) (transformers' ``GPTNeoXAttention.rotary_ndims``)."""
         return int(self.dim * self.rotary_pct)
+
+    @property
+    def hf_only(self) -> dict[str, bool]:
+        """Structure only ``--impl hf`` models (transformers' Gemma-2 code), by field."""
+        return {
+            "post_norms": self.post_norms,
+            "attn_softcap": self.attn_softcap is not None,
+            "final_softcap": self.final_softcap is not None,
+            "sliding_window_pattern": self.sliding_window_pattern is not None,
+            "rope_local_theta": self.rope_local_theta is not None,
+        }
 
     @property
     def kv_heads(self) -> int:

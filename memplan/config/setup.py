@@ -150,6 +150,7 @@ def check_setup(setup: Setup) -> None:
             f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX) is modelled for --impl hf only, "
             "not in memplan's reference model; use --impl hf"
         )
+    check_hf_only(setup)
     if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
         raise ValueError(
             f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -231,6 +232,42 @@ def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
         ),
         "moe (torchtitan's Llama 3 is dense; drop moe)": m.moe is not None,
     }
+
+
+HF_STRUCTURE = {
+    "post_norms": (Family.GEMMA2, Family.GEMMA3),
+    "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "final_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
+    "rope_local_theta": (Family.GEMMA3,),
+}
+"""The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
+
+
+def check_hf_only(setup: Setup) -> None:
+    """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
+    whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
+    False``); SDPA with a window ≤ seq on alternating layers is refused, not modelled."""
+    m, impl = setup.model, setup.impl.impl
+    for name, used in m.hf_only.items():
+        if used and impl is not Impl.HF:
+            raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
+        families = HF_STRUCTURE.get(name, ())
+        if used and impl is Impl.HF and m.code_family not in families:
+            names = ", ".join(f.value for f in families)
+            raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
+    flash = setup.strategy.attention is not Attention.EAGER
+    if impl is Impl.HF and m.attn_softcap is not None and flash:
+        raise ValueError(
+            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
+        )
+    window = m.sliding_window
+    if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:
+        # NB: only the sliding layers would keep SDPA's converted mask: the layers' saves differ.
+        raise ValueError(
+            f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
+            "use --attention eager or a shorter --seq"
+        )
 
 
 def check_impl(setup: Setup) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from memplan.config import Family, MlpType, Setup
+from memplan.config import Family, GateActivation, MlpType, Setup
 
 INSTALL = "pip install 'memplan[hf]'"
 
@@ -93,7 +93,7 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
         "rope_theta": m.rope_theta,
         "attention_dropout": m.attn_dropout,
         "attention_bias": m.qkv_bias,
-        "hidden_act": "silu" if m.mlp is MlpType.SWIGLU else "gelu",
+        "hidden_act": hidden_act(setup),
     }
 
 
@@ -109,6 +109,46 @@ def window_keys(setup: Setup) -> dict[str, Any]:
         on = m.sliding_window is not None
         return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": 0}
     return {}
+
+
+def hidden_act(setup: Setup) -> str:
+    """transformers' ``ACT2FN`` key of the MLP's activation (GeGLU: ``gelu_pytorch_tanh``, a
+    ``GELUTanh``: ``gelu(x, approximate="tanh")``)."""
+    m = setup.model
+    if m.mlp is not MlpType.SWIGLU:
+        return "gelu"
+    return "gelu_pytorch_tanh" if m.gate_act is GateActivation.GELU_TANH else "silu"
+
+
+def phi3_keys(setup: Setup) -> dict[str, Any]:
+    """Phi-3: the Llama keys and its sliding window (``Phi3Config.sliding_window``)."""
+    return llama_keys(setup) | {"sliding_window": setup.model.sliding_window}
+
+
+def gemma2_keys(setup: Setup) -> dict[str, Any]:
+    """Gemma-2 (``Gemma2Config``): the Llama keys, its activation key, softcaps, the query scalar and the
+    layer types (every ``sliding_window_pattern``-th layer full, as ``Gemma2Config``'s default)."""
+    m = setup.model
+    keys = llama_keys(setup)
+    keys["hidden_activation"] = keys.pop("hidden_act")
+    every = m.sliding_window_pattern
+    kinds = [
+        "full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+        for i in range(m.num_layers)
+    ]
+    return keys | {
+        "query_pre_attn_scalar": m.query_pre_attn_scalar or m.dim,
+        "attn_logit_softcapping": m.attn_softcap,
+        "final_logit_softcapping": m.final_softcap,
+        "sliding_window": m.sliding_window,
+        "layer_types": kinds if m.sliding_window else ["full_attention"] * m.num_layers,
+    }
+
+
+def gemma3_keys(setup: Setup) -> dict[str, Any]:
+    """Gemma-3 text (``Gemma3TextConfig``): Gemma-2's keys and the sliding layers' rotary base."""
+    m = setup.model
+    return gemma2_keys(setup) | {"rope_local_base_freq": m.rope_local_theta or m.rope_theta}
 
 
 def moe_keys(setup: Setup) -> dict[str, Any]:
@@ -137,6 +177,9 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     **{f: lambda setup: llama_keys(setup) | window_keys(setup) for f in WINDOWED},
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
+    Family.PHI3: phi3_keys,
+    Family.GEMMA2: gemma2_keys,
+    Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
 }

@@ -37,7 +37,6 @@ from memplan.analytic.inventory import Kept, Role
 from memplan.config import (
     Attention,
     Checkpointing,
-    MlpType,
     ModelConfig,
     NormType,
     PositionType,
@@ -329,7 +328,7 @@ class Reference(nn.Module):
         if isinstance(block, MoEMlp):
             out = block(y)
         else:
-            out = dense_mlp(cast(Mlp, block), y, self.setup.model.mlp is MlpType.SWIGLU, "mlp")
+            out = dense_mlp(cast(Mlp, block), y, self.setup.model, "mlp")
         return dropout(out, self.setup.model.resid_dropout, "mlp.resid_dropout_mask")
 
     def layer(self, i: int, x: Tensor, c: Consts) -> Tensor:
@@ -421,6 +420,7 @@ class Reference(nn.Module):
         s = ids.shape[1]
         with layer_scope(None):
             x = self.embed_tokens(label(ids, "embed.ids"))
+            x = x * m.hidden_size**0.5 if m.embed_scale else x  # a Python float: saves nothing
             if self.pos is not None:
                 positions = label(self.positions(s, ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)

@@ -27,6 +27,8 @@ router auxiliary / z-loss; HF's per-expert loop would keep E separate tensors pe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 import torch
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import is_fake
 
-from memplan.config import MlpType, ModelConfig, MoEConfig
+from memplan.config import GateActivation, MlpType, ModelConfig, MoEConfig
 from memplan.measure.instruments import label
 
 
@@ -54,11 +56,20 @@ class Mlp(nn.Module):
         self.down = nn.Linear(width, h, bias=bias, dtype=dtype, device=device)
 
 
-def dense_mlp(mlp: Mlp, y: Tensor, swiglu: bool, prefix: str) -> Tensor:
-    """SwiGLU down(silu(gate(y))·up(y)) or GELU down(gelu(up(y))); saves named ``{prefix}.gate`` etc."""
-    if swiglu:
+def gate_activation(m: ModelConfig) -> Callable[[Tensor], Tensor]:
+    """The activation on a gated MLP's gate: SiLU, or GeGLU's tanh GELU (``gate_act``); each saves its
+    input, so the saves are SwiGLU's either way."""
+    if m.gate_act is GateActivation.GELU_TANH:
+        return partial(F.gelu, approximate="tanh")
+    return F.silu
+
+
+def dense_mlp(mlp: Mlp, y: Tensor, m: ModelConfig, prefix: str) -> Tensor:
+    """Gated down(act(gate(y))·up(y)) (SwiGLU, GeGLU) or GELU down(gelu(up(y))); saves named
+    ``{prefix}.gate`` etc."""
+    if m.mlp is MlpType.SWIGLU:
         gate = label(mlp.gate(y), f"{prefix}.gate")
-        hidden = label(F.silu(gate), f"{prefix}.act") * label(mlp.up(y), f"{prefix}.up")
+        hidden = label(gate_activation(m)(gate), f"{prefix}.act") * label(mlp.up(y), f"{prefix}.up")
     else:
         hidden = F.gelu(label(mlp.up(y), f"{prefix}.up"), approximate="tanh")
     return mlp.down(label(hidden, f"{prefix}.down_input"))
@@ -92,7 +103,7 @@ class MoEMlp(nn.Module):
 
     def __init__(self, m: ModelConfig, moe: MoEConfig, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
-        self.cfg, self.swiglu = moe, m.mlp is MlpType.SWIGLU
+        self.cfg, self.model, self.swiglu = moe, m, m.mlp is MlpType.SWIGLU
         h = m.hidden_size
         self.router = nn.Linear(h, moe.experts, bias=False, dtype=dtype, device=device)
         self.experts = nn.ModuleList(Mlp(m, m.ffn, dtype, device) for _ in range(moe.experts))
@@ -107,7 +118,7 @@ class MoEMlp(nn.Module):
         weights, chosen = self.route(x)
         out = self.routed(x, weights, chosen)
         if self.shared is not None:
-            shared = dense_mlp(self.shared, x, self.swiglu, "moe.shared")  # [T, h]
+            shared = dense_mlp(self.shared, x, self.model, "moe.shared")  # [T, h]
             if self.shared_gate is not None:
                 gate = label(torch.sigmoid(self.shared_gate(x)), "moe.shared_gate")  # [T, 1]
                 shared = gate * label(shared, "moe.shared_output")
@@ -137,7 +148,7 @@ class MoEMlp(nn.Module):
         if self.swiglu:
             gate = label(grouped(xs, [e.gate for e in experts], counts), "moe.gate")  # [S, f]
             up = label(grouped(xs, [e.up for e in experts], counts), "moe.up")
-            hidden = label(F.silu(gate), "moe.act") * up
+            hidden = label(gate_activation(self.model)(gate), "moe.act") * up
         else:
             hidden = F.gelu(label(grouped(xs, [e.up for e in experts], counts), "moe.up"), approximate="tanh")
         label(hidden, "moe.down_input")

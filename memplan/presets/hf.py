@@ -10,12 +10,17 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's and Phi-3's ``sliding_window`` are
-  not read (Mistral's, Qwen2's and Qwen3's are: ``_sliding_window``).
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's ``sliding_window`` is not read
+  (Mistral's, Qwen2's, Qwen3's, Phi-3's and Gemma-2/3's are).
 - NB: Qwen2/Qwen3 configs whose sliding window covers only some layers (0 < max_window_layers <
   num_hidden_layers with use_sliding_window) are refused, not modelled.
-- NB: Gemma's MLP is GeGLU (gelu gate); it is mapped to swiglu, which has the same three h×ffn matrices.
-- NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's.
+- Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
+  by √h (``embed_scale``).
+- Gemma-2 / Gemma-3 (``gemma3_text``, or a ``gemma3`` config's ``text_config``: NB the vision tower is
+  not counted) import post norms, softcaps, the query scalar, sliding layers with every n-th full (other
+  ``layer_types`` refused), Gemma-3's q/k norms and local rotary base; NB rope_scaling is ignored.
+- NB: Phi-3 fuses qkv and gate/up into single matrices; the parameter count equals the separate layout's
+  (what is kept: ``--impl hf``'s profile, blocks/hf/phi3.py).
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
@@ -31,7 +36,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from memplan.config import Gelu, MlpType, ModelConfig, NormType, PositionType
+from memplan.config import GateActivation, Gelu, MlpType, ModelConfig, NormType, PositionType
 from memplan.errors import one_line_validation_error
 
 
@@ -54,6 +59,8 @@ _FAMILY = {
     "qwen2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "qwen3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gemma": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
+    "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
+    "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -153,9 +160,12 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-_GELUS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python")
 _ACTIVATIONS = {MlpType.SWIGLU: ("silu", "swish"), MlpType.GELU: tuple(g.value for g in Gelu)}
-"""The ``hidden_act`` values each MLP type models (Gemma's GeGLU: the GELUs, mapped to swiglu's shapes)."""
+"""The ``hidden_act`` values each MLP type models."""
+_GEGLU = ("gelu", "gelu_pytorch_tanh")
+"""Gemma's GeGLU gates: ``GemmaConfig`` turns the legacy "gelu" into "gelu_pytorch_tanh"."""
+_GEGLUS = {"gemma": _GEGLU, "gemma2": _GEGLU[1:], "gemma3_text": _GEGLU[1:]}
+"""The GeGLU gates of each Gemma (Gemma-2/3's configs name ``hidden_activation`` only)."""
 
 
 def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
@@ -163,7 +173,7 @@ def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
     if act is None:
         return
-    allowed = _GELUS if kind == "gemma" else _ACTIVATIONS[_FAMILY[kind].mlp]
+    allowed = _GEGLUS.get(kind, _ACTIVATIONS[_FAMILY[kind].mlp])
     if str(act) not in allowed:
         raise ValueError(
             f"{key}: {act!r} is not modelled for model_type {kind} (memplan models {', '.join(allowed)}); "
@@ -220,10 +230,16 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
     if kind in _OWN_CODE:
         fields["family"] = kind
+    if kind in ("gemma", "gemma2", "gemma3_text"):
+        fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
+    if kind in ("gemma2", "gemma3_text"):
+        fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
+    if kind == "phi3":
+        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "phi3", "qwen2_moe")
+_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe")
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
@@ -250,6 +266,51 @@ def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | Non
             "layers is not modelled — use max_window_layers 0 (all) or ≥ num_hidden_layers (none)"
         )
     return _int(cfg, "sliding_window", default=4096)
+
+
+def _optional(cfg: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """A number whose explicit null turns the feature off (Gemma-2's softcaps), absent → the default."""
+    if cfg.get(key) is None:
+        return None if key in cfg else default
+    return _float(cfg, key, default=0.0)
+
+
+def _gemma2_fields(kind: str, cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """Gemma-2's and Gemma-3's structure, defaults as ``Gemma2Config`` / ``Gemma3TextConfig``: post norms,
+    the query scalar, the softcaps (Gemma-3: none), sliding-window layers with every n-th one full
+    (``layer_types``; Gemma-2 every 2nd, Gemma-3 ``sliding_window_pattern``, 6); Gemma-3's q/k norms and
+    its sliding layers' rotary base."""
+    gemma3 = kind == "gemma3_text"
+    every = _int(cfg, "sliding_window_pattern", default=6) if gemma3 else 2
+    assert every is not None  # a default is given
+    pattern = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+    if cfg.get("layer_types") not in (None, pattern):
+        raise ValueError(f"layer_types: only every {every}th layer full is modelled; drop layer_types")
+    window = _int(cfg, "sliding_window", default=4096)
+    fields = {
+        "post_norms": True,
+        "query_pre_attn_scalar": _int(cfg, "query_pre_attn_scalar", default=256),
+        "attn_softcap": _optional(cfg, "attn_logit_softcapping", None if gemma3 else 50.0),
+        "final_softcap": _optional(cfg, "final_logit_softcapping", None if gemma3 else 30.0),
+        "sliding_window": window,
+        "sliding_window_pattern": every if window else None,
+    }
+    if gemma3:
+        fields |= {
+            "qk_norm": True,
+            "rope_theta": _float(cfg, "rope_theta", default=1_000_000.0),
+            "rope_local_theta": _float(cfg, "rope_local_base_freq", default=10_000.0),
+        }
+    return fields
+
+
+def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A multimodal Gemma-3 config (``model_type`` gemma3) as its text model's (``text_config``, a
+    ``gemma3_text``); NB: the vision tower's parameters are not counted."""
+    text = cfg.get("text_config")
+    if cfg.get("model_type") == "gemma3" and isinstance(text, Mapping):
+        return {**text, "model_type": "gemma3_text"}
+    return cfg
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,6 +348,7 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = 
     architecture ``ModelConfig`` rejects.
     """
     where = where or f"hf config {name}"
+    cfg = text_config(cfg)
     try:
         kind = model_type_of(cfg)
         fields = _fields(kind, cfg, name)
@@ -300,10 +362,14 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = 
 
 def hf_notes(cfg: Mapping[str, Any]) -> str:
     """Where the preset came from and the caveats of the import, for ``ModelPreset.notes``."""
+    notes = ["text model only (text_config)"] if text_config(cfg) is not cfg else []
+    cfg = text_config(cfg)
     kind = model_type_of(cfg)
-    notes = [f"imported from a Hugging Face config.json (model_type {kind})"]
+    notes.insert(0, f"imported from a Hugging Face config.json (model_type {kind})")
     if kind == "gemma":
-        notes.append("GeGLU MLP mapped to swiglu (same parameter shapes, different activation)")
+        notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
+    if kind in ("gemma2", "gemma3_text"):
+        notes.append("post norms, softcapping and alternating sliding-window layers: --impl hf only")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":

@@ -53,6 +53,12 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     return rest[:first] + inputs + rest[first:]
 
 
+def reentrant(setup: Setup) -> bool:
+    """Whether the code checkpoints with ``use_reentrant=True`` (transformers with ``--reentrant``; the
+    reference model never does)."""
+    return setup.impl.impl is Impl.HF and setup.impl.reentrant
+
+
 def recompute(setup: Setup, dims: Dims) -> int:
     whole = profile_of(setup).checkpoint_reruns_all  # no early stop: nothing skipped
     if setup.strategy.segment:
@@ -61,7 +67,9 @@ def recompute(setup: Setup, dims: Dims) -> int:
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
         # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
         whole = whole or (setup.impl.impl is Impl.HF and setup.impl.reentrant)
-        skipped = last(setup, dims) if hidden_dropouts(setup)[0] == 0 and not whole else 0
+        # A norm after the MLP (post_norms) saves after W_down, so the re-run reaches W_down too.
+        stops = hidden_dropouts(setup)[0] == 0 and not setup.model.post_norms and not whole
+        skipped = last(setup, dims) if stops else 0
         rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
         return rerun * layer_fwd - segments(setup) * skipped
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:

@@ -88,6 +88,7 @@ SPLITS: dict[Role, Rule] = {
     Role.CAUSAL_MASK: _WHOLE,
     Role.RNG_STATE: _WHOLE,
     Role.ROPE_TABLE: _WHOLE,
+    Role.PARAM_DERIVED: _WHOLE,
     # Mixture of experts (blocks/moe.py): the router runs on the rank's tokens (s/t of them with sequence
     # parallelism); the tokens dispatched to the experts, their outputs and routing weights are gathered
     # over the tp ranks (Megatron-Core's all-gather token dispatcher with expert tensor parallelism = tp).

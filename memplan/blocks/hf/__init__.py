@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.blocks.hf import gpt2, gpt_neox, llama, moe
+from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -22,6 +22,10 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.MISTRAL: llama.windowed,
     Family.QWEN2: llama.windowed,
     Family.QWEN3: llama.windowed,
+    Family.GEMMA: gemma.profile,
+    Family.GEMMA2: gemma.profile,
+    Family.GEMMA3: gemma.profile3,
+    Family.PHI3: phi3.profile,
 }
 
 

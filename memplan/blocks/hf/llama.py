@@ -36,6 +36,7 @@ def profile(setup: Setup) -> Profile:
         cpu_dropout_noise=True,
         sdpa_dispatch=True,
         checkpoint_keeps_mask=True,
+        repeat_kv_view=True,
     )
 
 

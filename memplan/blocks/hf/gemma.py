@@ -1,0 +1,35 @@
+"""transformers' ``modeling_gemma.py`` and ``modeling_gemma2.py``: Llama's code (``llama.windowed``) with
+GeGLU (``ModelConfig.gate_act``), an embedding scaled by √h and an RMSNorm that applies (1 + w) in fp32.
+Gemma-2 adds structure, not code facts: ``post_norms``, ``attn_softcap`` / ``final_softcap`` (the
+blocks' rules) and alternating sliding-window layers (``sliding_window_pattern``); Gemma-3 (text) the
+per-head ``qk_norm`` and a second rotary base.
+
+Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test_gemma*.py), except:
+- NB: under fake tensors transformers cannot skip SDPA's causal mask, and a checkpoint keeps a bool
+  [b, 1, s, s] per mask kind that the real run (``is_causal``) has not: not counted (1.0002–1.0005× in
+  total at the tests' sizes; ``attention.checkpointed_mask_rule``).
+- NB: the peak's backward transients (``analytic.peak``) follow Llama's RMSNorm: Gemma's fp32 (1 + w)
+  product, the post norms, the q/k norms and the softcaps' tanh backward are not in them.
+- NB: SDPA with a window ≤ seq on alternating layers (only the sliding layers would keep SDPA's mask) is
+  refused, not modelled (``config.setup.check_hf_only``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from memplan.blocks.hf.llama import windowed
+from memplan.blocks.profile import Profile
+from memplan.config import Setup
+
+
+def profile(setup: Setup) -> Profile:
+    """Gemma: ``GemmaRMSNorm.forward`` (``output * (1.0 + self.weight.float())``) and
+    ``GemmaModel.forward`` (``hidden_states * normalizer``, a 0-dim tensor)."""
+    return replace(windowed(setup), norm_fp32_affine=True, embed_scale_tensor=True)
+
+
+def profile3(setup: Setup) -> Profile:
+    """Gemma-3 (``modeling_gemma3.py``, text): Gemma's facts (``Gemma3TextScaledWordEmbedding`` multiplies
+    by ``embed_scale.to(dtype)``, a 0-dim tensor) and a rotary table pair per layer type."""
+    return replace(profile(setup), rope_per_layer_type=True)
