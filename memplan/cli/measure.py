@@ -107,8 +107,9 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         if setup.impl.impl is not Impl.REFERENCE:
             return _trace_impl(setup, as_json)
         from memplan.measure.compare import comparison_json
-        from memplan.measure.model import check_runnable, check_sizes
+        from memplan.measure.model import check_runnable
         from memplan.measure.run import measure, trace_device
+        from memplan.measure.sizes import check_sizes
 
         device = trace_device(setup.device)
         check_runnable(setup, device)  # before the progress bar starts drawing
@@ -259,7 +260,7 @@ def profile(
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
         setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare import comparison_json
-        from memplan.measure.model import check_sizes
+        from memplan.measure.sizes import check_sizes
 
         est = estimate(setup)
         check_sizes(est.tensors)

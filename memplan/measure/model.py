@@ -24,7 +24,7 @@ Known limitations: the CPU flash kernel has no dropout (flash with attention dro
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, cast
 
@@ -33,7 +33,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from memplan.analytic.inventory import Kept, Role
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -131,25 +130,6 @@ CUDA_KERNELS = ("cuda", "meta")
 """Devices whose kernels give CUDA's outputs: a GPU, and the meta device, whose shape functions mirror the
 CUDA kernels' outputs (the flash kernel's [2] uint64 RNG state and [] uint64 offset, ``native_layer_norm``'s
 fp32 statistics) while allocating nothing: ``trace --device cuda`` runs there, on CPU."""
-
-INT64_MAX = (1 << 63) - 1
-WIDEST = 4
-"""Bytes per element of the widest tensor a run builds from a saved one (an fp32 upcast, fp32 log-probs)."""
-
-
-def check_sizes(tensors: Iterable[Kept]) -> None:
-    """Raise ValueError (seq and batch, the fix) when a tensor of the run would be too large for torch to
-    index: its elements, or its bytes at the widest dtype, above int64's range (torch's sizes and storage
-    offsets are int64; a larger shape overflows in ``torch.empty`` even under fake tensors)."""
-    big = max(tensors, key=lambda k: math.prod(k.shape), default=None)
-    if big is None or math.prod(big.shape) * WIDEST <= INT64_MAX:
-        return
-    shape = " × ".join(map(str, big.shape))
-    flash = " or --attention flash (no s×s tensor)" if big.role in (Role.ATTN_PROBS, Role.CAUSAL_MASK) else ""
-    raise ValueError(
-        f"seq: {big.name} would be {shape} = {math.prod(big.shape):.3g} elements, beyond the int64 sizes "
-        f"torch can allocate even as a fake tensor; use a smaller --seq or --batch{flash}"
-    )
 
 
 def make_norm(m: ModelConfig, dtype: torch.dtype, device: torch.device) -> nn.Module:
