@@ -243,7 +243,13 @@ def setup_of(o: Options) -> Setup:
             o.double_quant,
             o.precision.activation_dtype,
         ),
-        impl=ImplConfig(impl=o.impl, use_cache=o.use_cache, reentrant=o.reentrant, experts=o.experts),
+        impl=ImplConfig(
+            impl=o.impl,
+            use_cache=o.use_cache,
+            reentrant=o.reentrant,
+            flash_attn=o.flash_attn,
+            experts=o.experts,
+        ),
     )
 
 

@@ -144,6 +144,12 @@ class Options(Frozen):
         _STRATEGY,
         default=False,
     )
+    flash_attn: bool = _option(
+        "--impl hf --attention flash: transformers' flash_attention_2 (the flash-attn package, CUDA "
+        "only: its kernel's [2] int64 RNG state, sliding windows without a mask) instead of its sdpa",
+        _STRATEGY,
+        default=False,
+    )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "

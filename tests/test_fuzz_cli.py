@@ -56,7 +56,7 @@ OPTIONS: dict[str, Any] = {
     "--impl": st.sampled_from(["reference", "hf", "torchtitan", "megatron", "bogus"]),
     "--experts": st.sampled_from(["grouped_mm", "eager", "bogus"]),
 }
-SWITCHES = ["--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant"]
+SWITCHES = ["--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant", "--flash-attn"]
 MODELS = st.sampled_from(["tiny", "gpt2", "70b", "mixtral", "qwen-moe", "nosuch", "", "FILE"])
 FILE_TEXT = st.one_of(
     st.text(max_size=200),

@@ -68,6 +68,11 @@ class ImplConfig(Frozen):
         default=False,
         description="hf: gradient checkpointing with use_reentrant=True (transformers' default is False)",
     )
+    flash_attn: bool = Field(
+        default=False,
+        description="hf: attn_implementation='flash_attention_2' (the flash-attn package, CUDA only) for "
+        "--attention flash, instead of transformers' sdpa",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

@@ -143,6 +143,8 @@ def check_setup(setup: Setup) -> None:
     check_savers(setup.offload, setup.loss, setup.loss_chunks, int(s.zero), segmented, mixed)
     if not setup.finetune.trains_everything:
         check_finetune(setup)
+    if setup.impl.flash_attn:
+        check_flash_attn(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):
@@ -268,6 +270,16 @@ def check_hf_only(setup: Setup) -> None:
             f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
             "use --attention eager or a shorter --seq"
         )
+
+
+def check_flash_attn(setup: Setup) -> None:
+    """``--flash-attn`` is transformers' flash_attention_2: the hf profile's, a flash kernel, on CUDA."""
+    if setup.impl.impl is not Impl.HF:
+        raise ValueError("flash_attn: --flash-attn is transformers' flash_attention_2; add --impl hf")
+    if setup.strategy.attention is not Attention.FLASH:
+        raise ValueError("flash_attn: flash_attention_2 is a flash kernel; use --attention flash")
+    if setup.device is not Device.CUDA:
+        raise ValueError("flash_attn: the flash-attn package runs on CUDA only; use --device cuda")
 
 
 def check_impl(setup: Setup) -> None:

@@ -8,6 +8,7 @@ code under fake tensors (``memplan.measure.hf``, tests/hf/).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, phi3
 from memplan.blocks.profile import Profile
@@ -33,4 +34,17 @@ def hf_profile(setup: Setup) -> Profile:
     """The profile of the model's family (``ModelConfig.code_family``); families without a module of
     their own yet share transformers' common facts (``llama.common``)."""
     family = setup.model.code_family
-    return FAMILIES.get(family, llama.common)(setup)
+    profile = FAMILIES.get(family, llama.common)(setup)
+    return flash_attention_2(profile) if setup.impl.flash_attn else profile
+
+
+def flash_attention_2(profile: Profile) -> Profile:
+    """``attn_implementation="flash_attention_2"`` (integrations/flash_attention.py →
+    ``flash_attn_func``): flash-attn's own kernel, not torch's SDPA dispatcher. Its ``FlashAttnFunc``
+    saves q, k, v as given (GQA unrepeated, the [b, s, a, d] views of the transposed states: no copy),
+    the output, the fp32 logsumexp and a [2] int64 ``rng_state`` (``flash_rng_int64``, 16 B where torch's
+    kernel keeps 24); it takes dropout on the GPU (no math fallback: ``sdpa_dispatch`` off) and the
+    sliding window as ``window_size`` (no mask: ``window_mask`` off); its output is laid out
+    [b, s, a, d], so W_O's input is a view of it (no head-major copy: ``fused_qkv`` off).
+    NB: derived from flash-attn's and transformers' sources; not measured here (CUDA only)."""
+    return replace(profile, flash_rng_int64=True, sdpa_dispatch=False, window_mask=False, fused_qkv=False)
