@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.config import Device, ModelConfig, Optimizer, Precision, Setup, TrainingConfig
+from memplan.config import (
+    Device,
+    ModelConfig,
+    Optimizer,
+    Precision,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
 from memplan.engine import estimate
 
 B, S, H, V = 2, 64, 64, 1000
@@ -102,4 +111,16 @@ def test_the_step_follows_the_largest_tensor_learned_positions_included(position
         max_positions=4096,
     )
     s = Setup(model=model, training=TrainingConfig(micro_batch=B, seq_len=S), device=Device.CPU)
+    assert transient(s, "optimizer step") == largest * (4 + 4)
+
+
+@pytest.mark.parametrize(
+    ("zero", "largest"),
+    [(ZeroStage.NONE, V * H), (ZeroStage.OPTIMIZER, 125 * H), (ZeroStage.GRADIENTS, 125 * H)],
+)
+def test_zero_steps_one_ranks_shard_from_stage_one(zero: ZeroStage, largest: int) -> None:
+    # From ZeRO-1 on, a rank steps its shard of each parameter: FSDP2 cuts dim 0 into dp chunks, rank 0
+    # holding ceil(rows / dp) rows. At dp 8: embedding [1000, 64] -> 125 rows of 64 = 8,000 elements (the
+    # MLP's [160, 64] -> 20 rows, down [64, 160] -> 8 rows of 160: smaller). ZeRO-0 steps whole tensors.
+    s = setup().model_copy(update={"strategy": StrategyConfig(zero=zero, dp=8)})
     assert transient(s, "optimizer step") == largest * (4 + 4)
