@@ -115,12 +115,18 @@ def test_the_step_follows_the_largest_tensor_learned_positions_included(position
 
 
 @pytest.mark.parametrize(
-    ("zero", "largest"),
-    [(ZeroStage.NONE, V * H), (ZeroStage.OPTIMIZER, 125 * H), (ZeroStage.GRADIENTS, 125 * H)],
+    ("zero", "dp", "largest"),
+    [
+        (ZeroStage.NONE, 8, V * H),
+        (ZeroStage.OPTIMIZER, 8, 125 * H),
+        (ZeroStage.GRADIENTS, 8, 125 * H),
+        (ZeroStage.OPTIMIZER, 2, 500 * H),
+    ],
 )
-def test_zero_steps_one_ranks_shard_from_stage_one(zero: ZeroStage, largest: int) -> None:
+def test_zero_steps_one_ranks_shard_from_stage_one(zero: ZeroStage, dp: int, largest: int) -> None:
     # From ZeRO-1 on, a rank steps its shard of each parameter: FSDP2 cuts dim 0 into dp chunks, rank 0
     # holding ceil(rows / dp) rows. At dp 8: embedding [1000, 64] -> 125 rows of 64 = 8,000 elements (the
-    # MLP's [160, 64] -> 20 rows, down [64, 160] -> 8 rows of 160: smaller). ZeRO-0 steps whole tensors.
-    s = setup().model_copy(update={"strategy": StrategyConfig(zero=zero, dp=8)})
+    # MLP's [160, 64] -> 20 rows, down [64, 160] -> 8 rows of 160: smaller); at dp 2, 500 rows.
+    # ZeRO-0 steps whole tensors.
+    s = setup().model_copy(update={"strategy": StrategyConfig(zero=zero, dp=dp)})
     assert transient(s, "optimizer step") == largest * (4 + 4)
