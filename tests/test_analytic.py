@@ -14,6 +14,7 @@ from memplan.config import (
     Attention,
     Checkpointing,
     Device,
+    ModelConfig,
     Optimizer,
     Precision,
     Setup,
@@ -335,3 +336,16 @@ def test_zero3_gathers_a_layer_or_the_embedding_whichever_is_larger(name: str, u
 
     expected = 2 * -(-psi // dp) - 2 * psi + 2 * unit
     assert loss_backward(ZeroStage.PARAMETERS) - loss_backward(ZeroStage.GRADIENTS) == expected
+
+
+def test_reversible_recompute_is_every_layers_forward_by_hand() -> None:
+    # RevNet backward re-runs each layer's forward once. Llama-style layer, h 64, 4 heads of 16, 4 kv
+    # heads, SwiGLU f 160, T = 2 × 64 tokens: projections 2·T·(4h² + 3hf) = 12,058,624 FLOPs; attention
+    # core QKᵀ and P·V 2 × 2·b·a·s²·d = 2,097,152 (causal not halved); two layers.
+    model = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, vocab_size=1000)
+    training = TrainingConfig(micro_batch=2, seq_len=64)
+    setup = Setup(model=model, training=training, strategy=StrategyConfig(reversible=True))
+    t = 2 * 64
+    linear = 2 * t * (4 * 64**2 + 3 * 64 * 160)
+    core = 2 * 2 * 2 * 4 * 64**2 * 16
+    assert estimate(setup).flops.recompute == 2 * (linear + core)
