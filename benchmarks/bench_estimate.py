@@ -17,7 +17,12 @@ loader's ``importlib.metadata``), ``+ a rich table`` also prints a rich panel an
 import in the order the CLI makes it, then the command's steps (typer's command, the preset, the
 estimate, the report, printing it).
 
-    python benchmarks/bench_estimate.py [--runs 21] [--warmup 3] [--json]
+``--instructions`` also counts the instructions each program executes (valgrind's callgrind, ``Ir``): on
+a shared, loaded machine wall and CPU medians move by ±10 % from run to run, instruction counts by less
+than 0.1 %, so a change of a few per cent is seen in one run (a count is not a time: a cache miss costs
+more than an add, but at start-up both follow the same work).
+
+    python benchmarks/bench_estimate.py [--runs 21] [--warmup 3] [--instructions] [--json]
 """
 
 from __future__ import annotations
@@ -25,10 +30,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -147,6 +154,35 @@ def phases(runs: int) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
+def instructions(cmd: list[str]) -> int | None:
+    """Instructions one run of ``cmd`` executes (callgrind's ``Ir`` total), None without valgrind. The
+    interpreter must be the real binary (a pyenv shim would be measured instead of Python)."""
+    if shutil.which("valgrind") is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.out", *cmd],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=bench_env(),
+            check=True,
+        ).stderr
+    total = re.search(r"Collected : (\d+)", out)
+    return int(total.group(1)) if total else None
+
+
+def instruction_counts() -> dict[str, int | None]:
+    """Instructions of ``estimate``, ``estimate --json`` and the floor, each run once under callgrind."""
+    python = str(Path(os.path.realpath(sys.executable)))
+    estimate = [python, "-m", "memplan", *ESTIMATE_ARGS]
+    return {
+        "estimate": instructions(estimate),
+        "estimate_json": instructions([*estimate, "--json"]),
+        "floor": instructions([python, *FLOOR[1:]]),
+    }
+
+
 def torch_loaded() -> bool:
     out = subprocess.run([sys.executable, "-c", TORCH_PROBE], check=True, capture_output=True, text=True)
     return out.stdout.strip() == "True"
@@ -187,7 +223,7 @@ def import_breakdown(top: int = 8) -> dict[str, list[tuple[str, float]]]:
     }
 
 
-def bench(runs: int = 21, warmup: int = 3) -> dict[str, Any]:
+def bench(runs: int = 21, warmup: int = 3, count: bool = False) -> dict[str, Any]:
     estimate_cmd = memplan_command() + ESTIMATE_ARGS
     cmds = [estimate_cmd, [*estimate_cmd, "--json"], FLOOR, *REFERENCES.values()]
     walls, cpus = wall_times(cmds, runs, warmup)
@@ -215,6 +251,7 @@ def bench(runs: int = 21, warmup: int = 3) -> dict[str, Any]:
         "cpu_s": cpu,
         "cpu_ratio": {name: c / cpu["floor"] for name, c in cpu.items()},
         "phases_cpu_ms": phases(max(5, runs // 2)),
+        "instructions": instruction_counts() if count else {},
     }
 
 
@@ -222,6 +259,15 @@ def render(r: dict[str, Any]) -> str:
     verdict = "meets" if r["ratio"] <= r["goal_ratio"] else "MISSES"
     torch = "yes" if r["torch_imported"] else "no"
     cli_ms = r["import_ms"]["memplan.cli"][0][1]
+    ins = r.get("instructions") or {}
+    counted = (
+        [
+            "  instructions (callgrind Ir, one run each), ratio to the floor's:",
+            *(f"    {name:34s} {n:>14,}  {n / ins['floor']:.2f}" for name, n in ins.items()),
+        ]
+        if ins.get("floor")
+        else []
+    )
     return "\n".join(
         [
             f"{r['command']}  (median of {r['runs']} runs, via {r['runner']})",
@@ -242,6 +288,7 @@ def render(r: dict[str, Any]) -> str:
             + ", ".join(f"{n} {ms:.1f}" for n, ms in r["import_ms"]["direct_imports"]),
             "    largest self times: "
             + ", ".join(f"{n} {ms:.1f}" for n, ms in r["import_ms"]["largest_self"]),
+            *counted,
         ]
     )
 
@@ -253,8 +300,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--instructions", action="store_true", help="also count instructions with valgrind (≈ 1 min)"
+    )
     args = parser.parse_args()
-    result = bench(args.runs, args.warmup)
+    result = bench(args.runs, args.warmup, args.instructions)
     print(json.dumps(result, indent=2) if args.json else render(result))
 
 

@@ -14,6 +14,7 @@ from memplan.config import (
     Attention,
     Checkpointing,
     Device,
+    ModelConfig,
     Optimizer,
     Precision,
     Setup,
@@ -309,3 +310,42 @@ def test_zero3_loss_backward_holds_the_largest_gathered_unit() -> None:
     weights_z2, weights_z3 = 2 * psi, 2 * -(-psi // dp)
     expected = weights_z3 - weights_z2 + 2 * unit
     assert loss_backward(ZeroStage.PARAMETERS) - loss_backward(ZeroStage.GRADIENTS) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "unit"),
+    [
+        # GPT-3 175B (tied head): one layer, 12h² + 13h = 1,812,099,072 parameters (QKV and output
+        # projections 4h², MLP 8h², their biases 9h, two LayerNorms 4h), beats the embedding v·h =
+        # 50,257 × 12,288 = 617,558,016.
+        ("gpt3-175b", 12 * 12_288**2 + 13 * 12_288),
+        # GPT-2 (tied head): the embedding v·h = 50,257 × 768 = 38,597,376 beats a layer (7,087,872).
+        ("gpt2", 50_257 * 768),
+    ],
+)
+def test_zero3_gathers_a_layer_or_the_embedding_whichever_is_larger(name: str, unit: int) -> None:
+    # As above: ZeRO-3 minus ZeRO-2 at the loss backward = the weights' shard change + the gathered unit's
+    # 16-bit weights. Ψ from count_params (checked against the model cards above).
+    model, dp = load_model_preset(name).model, 8
+    psi = count_params(model).total
+
+    def loss_backward(stage: ZeroStage) -> int:
+        training = TrainingConfig(seq_len=1024)  # GPT-2's 1,024 learned positions
+        setup = Setup(model=model, training=training, strategy=StrategyConfig(zero=stage, dp=dp))
+        return estimate(setup).peak.phases["loss backward"]
+
+    expected = 2 * -(-psi // dp) - 2 * psi + 2 * unit
+    assert loss_backward(ZeroStage.PARAMETERS) - loss_backward(ZeroStage.GRADIENTS) == expected
+
+
+def test_reversible_recompute_is_every_layers_forward_by_hand() -> None:
+    # RevNet backward re-runs each layer's forward once. Llama-style layer, h 64, 4 heads of 16, 4 kv
+    # heads, SwiGLU f 160, T = 2 × 64 tokens: projections 2·T·(4h² + 3hf) = 12,058,624 FLOPs; attention
+    # core QKᵀ and P·V 2 × 2·b·a·s²·d = 2,097,152 (causal not halved); two layers.
+    model = ModelConfig(hidden_size=64, num_layers=2, num_heads=4, ffn_size=160, vocab_size=1000)
+    training = TrainingConfig(micro_batch=2, seq_len=64)
+    setup = Setup(model=model, training=training, strategy=StrategyConfig(reversible=True))
+    t = 2 * 64
+    linear = 2 * t * (4 * 64**2 + 3 * 64 * 160)
+    core = 2 * 2 * 2 * 4 * 64**2 * 16
+    assert estimate(setup).flops.recompute == 2 * (linear + core)

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.config import Device, ModelConfig, Optimizer, Precision, Setup, TrainingConfig
+from memplan.config import (
+    Device,
+    ModelConfig,
+    Optimizer,
+    Precision,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
 from memplan.engine import estimate
 
 B, S, H, V = 2, 64, 64, 1000
@@ -69,6 +78,13 @@ def test_final_norm_backward_transient(norm: str, precision: Precision, expected
         (Precision.FP16_MIXED, Optimizer.ADAMW_8BIT, 4 + 12, 4),
         (Precision.FP32, Optimizer.ADAMW_8BIT, 12, 4),
         (Precision.FP32, Optimizer.SGD, 0, 0),
+        # Pure bf16 (no master copy): the gradient stays bf16 (measure/optim.py upcasts only for the mixed
+        # recipes and 8-bit Adam), Adam's denominator and Lion's update are bf16 like their states (2);
+        # 8-bit Adam still upcasts it (4) and dequantises in fp32 (12). (bf16 AdamW is also measured:
+        # tests/measure/test_peak.py test_one_ranks_step_transient_is_exact[bf16-adamw].)
+        (Precision.BF16, Optimizer.ADAMW, 2, 0),
+        (Precision.BF16, Optimizer.LION, 2, 0),
+        (Precision.BF16, Optimizer.ADAMW_8BIT, 4 + 12, 4),
     ],
 )
 def test_optimizer_step_transient(
@@ -76,3 +92,41 @@ def test_optimizer_step_transient(
 ) -> None:
     s = setup(precision=precision, optimizer=optimizer)
     assert transient(s, "optimizer step") == V * H * per_element + extra
+
+
+@pytest.mark.parametrize(("position", "largest"), [("learned", 4096 * H), ("rope", V * H)])
+def test_the_step_follows_the_largest_tensor_learned_positions_included(position: str, largest: int) -> None:
+    # A learned position table [max_positions, h] = [4096, 64] is a parameter the optimizer steps, larger
+    # than the embedding [1000, 64]; rotary positions have no table, so the embedding is the largest.
+    # bf16-mixed AdamW: fp32 gradient copy (4) + fp32 denominator (4) per element of that one tensor.
+    model = ModelConfig(
+        hidden_size=H,
+        num_layers=2,
+        num_heads=4,
+        ffn_size=160,
+        vocab_size=V,
+        norm="layernorm",
+        mlp="gelu",
+        position=position,
+        max_positions=4096,
+    )
+    s = Setup(model=model, training=TrainingConfig(micro_batch=B, seq_len=S), device=Device.CPU)
+    assert transient(s, "optimizer step") == largest * (4 + 4)
+
+
+@pytest.mark.parametrize(
+    ("zero", "dp", "largest"),
+    [
+        (ZeroStage.NONE, 8, V * H),
+        (ZeroStage.OPTIMIZER, 8, 125 * H),
+        (ZeroStage.GRADIENTS, 8, 125 * H),
+        (ZeroStage.OPTIMIZER, 2, 500 * H),
+    ],
+)
+def test_zero_steps_one_ranks_shard_from_stage_one(zero: ZeroStage, dp: int, largest: int) -> None:
+    # From ZeRO-1 on, a rank steps its shard of each parameter: FSDP2 cuts dim 0 into dp chunks, rank 0
+    # holding ceil(rows / dp) rows. At dp 8: embedding [1000, 64] -> 125 rows of 64 = 8,000 elements (the
+    # MLP's [160, 64] -> 20 rows, down [64, 160] -> 8 rows of 160: smaller); at dp 2, 500 rows.
+    # ZeRO-0 steps whole tensors.
+    s = setup().model_copy(update={"strategy": StrategyConfig(zero=zero, dp=dp)})
+    assert transient(s, "optimizer step") == largest * (4 + 4)

@@ -341,6 +341,23 @@ def test_kv_heads_must_split_whole() -> None:
         plan(setup, Parallel(tp=16))
 
 
+# The fix lists the valid degrees: all of them up to eight, else the first eight and "…". By hand: GPT-3's
+# widths (96 heads, 96 kv heads, ffn 49,152) have gcd 96, whose divisors are 1, 2, 3, 4, 6, 8, 12, 16, 24,
+# 32, 48, 96 (twelve); Llama-3-70B's (64, 8, 28,672) gcd 8: 1, 2, 4, 8; 24 layers have exactly eight
+# divisors, 1, 2, 3, 4, 6, 8, 12, 24, all shown.
+def test_the_fix_lists_at_most_eight_valid_degrees() -> None:
+    with pytest.raises(ValueError) as many:
+        plan(gpt3(), Parallel(tp=5))
+    assert str(many.value).endswith("; use --tp 1, 2, 3, 4, 6, 8, 12, 16 …")
+    with pytest.raises(ValueError) as few:
+        plan(Setup(model=load_model_preset("llama-3-70b").model), Parallel(tp=3))
+    assert str(few.value).endswith("; use --tp 1, 2, 4, 8")
+    layers24 = ModelConfig(hidden_size=64, num_layers=24, num_heads=4, ffn_size=160, vocab_size=1000)
+    with pytest.raises(ValueError) as eight:
+        plan(Setup(model=layers24, training=TrainingConfig(grad_accum=10)), Parallel(pp=5, vpp=2))
+    assert "use a --pp that divides the 24 layers (1, 2, 3, 4, 6, 8, 12, 24) and" in str(eight.value)
+
+
 def test_interleaving_needs_micro_batches_in_groups_of_p() -> None:
     with pytest.raises(ValueError, match=r"^grad-accum: the interleaved schedule .* groups of --pp 8, got 4"):
         plan(gpt3(grad_accum=4), Parallel(pp=8, vpp=2))
