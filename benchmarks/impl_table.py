@@ -68,6 +68,8 @@ def model_of(case: Case) -> Any:
 
     if case.source is None:
         return load_model_preset(case.preset).model
+    if str(ROOT) not in sys.path:  # the config.json dicts live in tests/ (run as a script: benchmarks/)
+        sys.path.insert(0, str(ROOT))
     module, name = case.source.split(":")
     return model_from_hf_config(getattr(importlib.import_module(module), name), case.preset)
 
