@@ -5,11 +5,12 @@ beside ``memplan estimate --impl …``, per layer and in total, for every family
     python benchmarks/impl_table.py --write    # and replace README's table between its markers
     python benchmarks/impl_table.py --json     # the figures as JSON
 
-Each case is 2 layers at the model's real widths, seq 512, bf16, CPU kernels (what ``memplan trace --impl
-hf`` / ``--impl torchtitan`` runs); the families without a shipped preset are read from their published
-config.json as tests/ holds them. "reference" is what memplan's reference model (``--impl reference``)
-estimates for the same model, i.e. what memplan said before the profiles existed ("not modelled": the
-reference refuses the model's structure). Ratios are measured / estimated.
+Each case is 2 layers (Gemma-2: 4, two of each layer type) at the model's real widths, seq 512, bf16,
+CPU kernels (what ``memplan trace --impl hf`` / ``--impl torchtitan`` runs); the families without a
+shipped preset are read from their published config.json as tests/ holds them. "reference" is what
+memplan's reference model (``--impl reference``) estimates for the same model, i.e. what memplan said
+before the profiles existed ("not modelled": the reference refuses the model's structure).
+Ratios are measured / estimated.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ CASES = (
     Case("Qwen2.5", "qwen2.5-7b"),
     Case("Qwen3", "qwen3-8b"),
     Case("Gemma", "gemma-2b", source="tests.test_hf_config:GEMMA_2B"),
-    Case("Gemma-2 (eager)", "gemma-2-9b", source="tests.hf.test_gemma2:GEMMA2_9B", attention=("eager",)),
+    Case(
+        "Gemma-2 (eager)",
+        "gemma-2-9b",
+        source="tests.hf.test_gemma2:GEMMA2_9B",
+        attention=("eager",),
+        fields=(("num_layers", 4),),  # two of each layer type: each mask is shared, as at full depth
+    ),
     Case("Gemma-3 text", "gemma-3-4b", source="tests.hf.test_gemma3:GEMMA3_4B"),
     Case("Phi-3-mini", "phi-3-mini", source="tests.test_hf_config:PHI3_MINI"),
     Case("GPT-2 (dropout 0.1)", "gpt2"),
