@@ -117,39 +117,6 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
-def sdpa_math(setup: Setup) -> bool:
-    """SDPA runs torch's math path (``core_of``: attention dropout on CPU kernels)."""
-    return core_of(setup) is Core.MATH
-
-
-def flash_kernel(setup: Setup) -> bool:
-    """The flash kernel runs the core (flash chosen, and SDPA did not fall back to the math path)."""
-    return core_of(setup) is Core.FLASH
-
-
-def probs_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """The probabilities an explicit softmax keeps (eager, or SDPA's math path: fp32), its dropout's mask
-    or noise (``dropout_keeps``) and the dropped probabilities P·V reads."""
-    b, s, a, act = dims.b, dims.s, dims.a, dims.act
-    shape, p = (b, a, s, s), setup.model.attn_dropout
-    prof = profile_of(setup)
-    probs = FP32 if sdpa_math(setup) or prof.eager_fp32_softmax else act
-    dropped = FP32 if sdpa_math(setup) else act
-    rules = [save(B.ATTN, "probs", shape, probs, R.ATTN_PROBS, "softmax output: dS = P·(dP − Σ dP·P)")]
-    if probs != dropped and p == 0:
-        why = "the probabilities cast to A (.to(q.dtype)), P·V's operand: dV = Pᵀ·dO"
-        rules.append(save(B.ATTN, "probs_cast", shape, dropped, R.ATTN_PROBS, why))
-    if p == 0:
-        return rules
-    keep = dropout_keeps(setup, dropped)
-    why = "dropout noise on the probabilities" if keep is not BOOL else "dropout mask on the probabilities"
-    return [
-        *rules,
-        save(B.ATTN, "dropout_mask", shape, keep, R.ATTN_DROPOUT_MASK, why),
-        save(B.ATTN, "probs_dropped", shape, dropped, R.ATTN_PROBS, "dropped probabilities: dV = Pᵀ·dO"),
-    ]
-
-
 def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     """q, k, v split off one projection output (``Profile.qkv_views``): a saved view keeps that whole
     buffer alive, [b, s, (a + 2·kv)·d] in all. New tensors instead: q and k after RoPE (Megatron's
@@ -157,13 +124,13 @@ def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     ``reshape`` to [s, b, a, d] cannot view Megatron's split (its groups are (a/g + 2)·d apart, not
     (a/g)·d); in Megatron's eager core (``DotProductAttention``) k and v repeated to a heads under GQA
     (``repeat_interleave``); k and v under transformers' KV cache (``Profile.kv_cache``); all three in
-    SDPA's math path (q·√scale, kᵀ·√scale, v upcast to fp32 when 16-bit; ``sdpa_math``); and, with b > 1,
+    SDPA's math path (q·√scale, kᵀ·√scale, v upcast to fp32 when 16-bit; ``Core.MATH``); and, with b > 1,
     the views transformers' eager ``torch.matmul`` reshapes to [b·a, s, d] (``Profile.matmul_copies_views``).
     Megatron's eager core keeps q and k (``baddbmm``) and v (``bmm``); the flash kernel and the selective
     ``CheckpointFunction`` keep q, k and v as they come."""
     b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
     prof = profile_of(setup)
-    rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, sdpa_math(setup)
+    rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, core_of(setup) is Core.MATH
     copied = eager_core and b > 1 and prof.matmul_copies_views
     repeated = eager_core and gqa
     why = "input of the attention core's backward"
@@ -205,9 +172,7 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         return []
-    core, prof = core_of(setup), profile_of(setup)
-    if prof.qkv_views and (core is Core.MATH or (core is Core.EAGER and prof.additive_mask)):
-        return probs_rules(setup, dims)  # transformers' GPT-2/NeoX eager core, or SDPA's math path
+    core = core_of(setup)
     if core is Core.FLASH:
         return flash_rules(setup, dims)
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
@@ -243,9 +208,10 @@ def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Ru
     ``Profile.cpu_dropout_noise`` the noise it multiplies by; and the dropped probabilities for P·V."""
     if setup.model.attn_dropout == 0:
         return []
-    if setup.device is Device.CPU and profile_of(setup).cpu_dropout_noise:
+    keep = dropout_keeps(setup, dtype)
+    if keep is not BOOL:
         why = "dropout noise bernoulli(1−p)/(1−p) (CPU at::dropout: input·noise): dX = dY·noise"
-        kept = save(B.ATTN, "dropout_noise", probs, dtype, R.ATTN_DROPOUT_MASK, why)
+        kept = save(B.ATTN, "dropout_noise", probs, keep, R.ATTN_DROPOUT_MASK, why)
     else:
         why = "dropout mask on the probabilities"
         kept = save(B.ATTN, "dropout_mask", probs, BOOL, R.ATTN_DROPOUT_MASK, why)
