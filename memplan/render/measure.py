@@ -20,7 +20,11 @@ def _delta(d: int, fmt: str = "bytes") -> Text:
     return Text(f"{sign}{body}", style="bold red")
 
 
-def tensor_table(diff: dict[str, object]) -> Fitted:
+def tensor_table(
+    diff: dict[str, object],
+    title: str = "Saved tensors: estimated vs measured",
+    total: str = "total",
+) -> Fitted:
     rows = diff["tensors"]
     assert isinstance(rows, list)
     cols = (
@@ -31,7 +35,7 @@ def tensor_table(diff: dict[str, object]) -> Fitted:
         Col("meas. bytes"),
         Col("Δ", priority=1),
     )
-    t = Fitted(cols, title=f"Saved tensors: estimated vs measured ({BYTE_UNITS})")
+    t = Fitted(cols, title=f"{title} ({BYTE_UNITS})")
     for r in rows:
         t.add(
             r["name"],
@@ -44,7 +48,7 @@ def tensor_table(diff: dict[str, object]) -> Fitted:
     est = sum(r["estimated_bytes"] for r in rows)
     meas = sum(r["measured_bytes"] for r in rows)
     t.section()
-    t.add("total", "", "", fmt_bytes(est), fmt_bytes(meas), _delta(meas - est), style="bold", data=False)
+    t.add(total, "", "", fmt_bytes(est), fmt_bytes(meas), _delta(meas - est), style="bold", data=False)
     return t
 
 
@@ -131,8 +135,9 @@ def impl_trace_report(result: dict[str, Any], seconds: float) -> RenderableType:
     impl = result["estimated"]["setup"]["impl"]
     total = diff["total"]
     exact = "exactly equal" if diff["exact"] else f"measured/estimated {total['ratio']:.4f}"
+    title = "Saved tensors of layer 0 and the model, estimated ↔ measured (module · op)"
     return Group(
-        tensor_table(diff),
+        tensor_table(diff, title, "layer 0 + model"),
         layer_table(diff),
         flop_table(diff),
         Text(
