@@ -1,0 +1,48 @@
+"""transformers' attention masks that a gradient checkpoint keeps (``attention.checkpointed_mask_rule``),
+derived by hand, no torch: every checkpointed decoder layer is called with its mask kind's [b, 1, s, s]
+additive mask in the activation dtype (``masking_utils.eager_mask``), one storage per kind; Gemma-2's
+alternating layers (every ``sliding_window_pattern``-th full) have a sliding and a full kind once the
+model has a full layer, only the sliding kind before."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.api import build_setup
+from memplan.config import AttentionChoice, Family, Impl, ImplConfig, ModelConfig
+from memplan.engine import estimate
+
+B, S = 2, 32
+
+
+def masks(layers: int, pattern: int) -> dict[str, int]:
+    model = ModelConfig(
+        hidden_size=64,
+        num_layers=layers,
+        num_heads=4,
+        ffn_size=128,
+        vocab_size=128,
+        family=Family.GEMMA2,
+        sliding_window=16,
+        sliding_window_pattern=pattern,
+    )
+    setup = build_setup(
+        model,
+        seq=S,
+        batch=B,
+        attention=AttentionChoice.EAGER,
+        checkpointing="full",
+        impl=ImplConfig(impl=Impl.HF),
+    )
+    return {
+        k.name: k.total_bytes
+        for k in estimate(setup).tensors
+        if k.name.startswith("attn.") and "mask" in k.name
+    }
+
+
+@pytest.mark.parametrize(("layers", "pattern", "kinds"), [(2, 2, 2), (3, 2, 2), (2, 3, 1), (3, 3, 2)])
+def test_one_checkpointed_mask_per_kind(layers: int, pattern: int, kinds: int) -> None:
+    one = B * S * S * 2  # [b, 1, s, s] bf16
+    names = ["attn.mask", "attn.full_mask"][:kinds]
+    assert masks(layers, pattern) == dict.fromkeys(names, one)
