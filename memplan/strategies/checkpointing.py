@@ -22,7 +22,7 @@ from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
-from memplan.config import Attention, Checkpointing, Impl, Setup
+from memplan.config import Attention, Checkpointing, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -53,20 +53,12 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     return rest[:first] + inputs + rest[first:]
 
 
-def reentrant(setup: Setup) -> bool:
-    """Whether the code checkpoints with ``use_reentrant=True`` (transformers with ``--reentrant``; the
-    reference model never does)."""
-    return setup.impl.impl is Impl.HF and setup.impl.reentrant
-
-
 def recompute(setup: Setup, dims: Dims) -> int:
     whole = profile_of(setup).checkpoint_reruns_all  # no early stop: nothing skipped
     if setup.strategy.segment:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
-        # A reentrant checkpoint (transformers' use_reentrant=True) re-runs the whole segment: no early stop.
-        whole = whole or (setup.impl.impl is Impl.HF and setup.impl.reentrant)
         # A norm after the MLP (post_norms) saves after W_down, so the re-run reaches W_down too.
         stops = hidden_dropouts(setup)[0] == 0 and not setup.model.post_norms and not whole
         skipped = last(setup, dims) if stops else 0
