@@ -142,8 +142,8 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
             f"{t.mfu:.1%}",
         )
     table.caption = (
-        "micro-batch: size × micro-batches per step; higher ZeRO stages of a listed configuration fit too "
-        "(not listed: no faster, communication not modelled)"
+        "micro-batch: size × micro-batches per step; ZeRO: the fastest stage that fits (ties: the lowest); "
+        "the higher stages of a listed configuration fit too"
     )
     return table
 

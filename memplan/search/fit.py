@@ -396,15 +396,41 @@ def _search_families(
             ok = fits(p, memory) and host_fits(p, result.gpu)
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
-                t = timing(p, result.gpu, mfu=mfu)
-                result.fitting.append(Config(family, p, t, verdict(p, result.gpu, reserve=result.reserve)))
-                fitted.update(f for f in families if f.zero >= family.zero)
-                break  # the higher ZeRO stages fit too, no faster
+                higher = [f for f in families if f.zero > family.zero]
+                result.fitting.append(_fastest_stage(result, base, family, p, higher, b, n, mfu))
+                fitted.update(higher, (family,))
+                break  # the higher ZeRO stages fit too (memory falls with the stage); the fastest is listed
             if family not in first_failure and family.saver == 0:  # why it fails without savers
                 first_failure[family] = Rejected(
                     family, b, verdict(p, result.gpu, exact=False, reserve=result.reserve)
                 )
     result.rejected += [r for f, r in first_failure.items() if f not in fitted]
+
+
+def _fastest_stage(
+    result: FitResult,
+    base: Setup,
+    first: Family,
+    p: Result,
+    higher: list[Family],
+    b: int,
+    n: int,
+    mfu: float | None,
+) -> Config:
+    """The fastest of ``first`` (the lowest ZeRO stage that fits, estimated as ``p``) and the higher stages
+    of the same family, ties to the lowest stage. A higher stage can be faster: each rank steps the
+    optimizer on its 1/dp of the parameters (``time.compute.optimizer_step_bytes``), while its extra
+    communication (ZeRO-3's parameter all-gathers) may hide behind compute."""
+    best = Config(first, p, timing(p, result.gpu, mfu=mfu), verdict(p, result.gpu, reserve=result.reserve))
+    for family in higher:
+        result.evaluated += 1
+        q = estimate(_setup(base, family, b, n))
+        if not (fits(q, result.usable) and host_fits(q, result.gpu)):
+            continue
+        t = timing(q, result.gpu, mfu=mfu)
+        if t.step_time_s < best.timing.step_time_s:
+            best = Config(family, q, t, verdict(q, result.gpu, reserve=result.reserve))
+    return best
 
 
 def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:

@@ -10,6 +10,7 @@ from memplan.api import build_setup
 from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
 from memplan.presets import load_gpu, load_model_preset
 from memplan.search.fit import Space, default_global_batch, fit, fits, layouts
+from memplan.time.timing import timing
 
 from .layout import plan
 
@@ -40,6 +41,29 @@ def test_listed_configs_fit_and_higher_zero_stages_fit_too() -> None:
             if z > c.family.zero:  # not listed, claimed to fit as well
                 s = _replan(c.result.setup, z, c.micro_batch, c.result.micro_batches)
                 assert plan(s).device.peak.bytes <= memory
+
+
+def test_each_listed_config_is_its_fastest_zero_stage() -> None:
+    """A higher ZeRO stage can be the faster one (each rank steps the optimizer on its 1/dp of the
+    parameters): every listed configuration is the fastest of its stages that fit, ties to the lowest, and
+    on this cluster at least one listed row is above the lowest stage that fits."""
+    result = _search("llama-3-8b", 8192, "a100-40gb", 8)
+    memory, above_lowest = result.usable, 0
+    for c in result.fitting:
+        if c.result.setup.strategy.dp == 1:
+            continue
+        lowest_fitting = True
+        for z in ZeroStage:
+            if z == c.family.zero:
+                continue
+            q = plan(_replan(c.result.setup, z, c.micro_batch, c.result.micro_batches))
+            if q.device.peak.bytes > memory:
+                continue
+            t = timing(q, result.gpu).step_time_s
+            assert t >= c.timing.step_time_s if z > c.family.zero else t > c.timing.step_time_s
+            lowest_fitting &= z > c.family.zero
+        above_lowest += not lowest_fitting
+    assert above_lowest
 
 
 def test_rejected_families_fit_at_no_micro_batch() -> None:
