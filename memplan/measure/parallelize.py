@@ -98,7 +98,7 @@ def build(setup: Setup, mesh: DeviceMesh, device: str) -> ParallelReference:
     return model
 
 
-def sync_gradients(model: ParallelReference, setup: Setup, mesh: DeviceMesh) -> None:
+def sync_gradients(model: nn.Module, setup: Setup, mesh: DeviceMesh) -> None:
     """The gradient collectives FSDP2 and DTensor do not issue themselves: ZeRO-0's all-reduce over dp
     (averaged, as DDP), and the sequence-parallel norm weights' all-reduce over tp (summed: each rank saw
     s/t of the tokens)."""
@@ -126,14 +126,30 @@ def check_distributed(setup: Setup) -> None:
     """One-line ValueError (field, fix) for a layout this run does not implement."""
     par, s = setup.parallel, setup.strategy
     if par.pp > 1:
-        raise ValueError(
-            "pp: the distributed profile does not run pipeline parallelism (torch.distributed.pipelining "
-            "is not wired in); drop --pp and check the stages with memplan estimate --pp"
-        )
+        check_pipeline(setup)
     if setup.model.moe is not None:
         raise ValueError(f"model: {setup.model.name} is a mixture of experts; --nproc runs dense models only")
     if s.reversible or s.checkpointing is not Checkpointing.NONE:
         raise ValueError(
             "checkpointing: the distributed profile runs without activation checkpointing or reversible "
             "layers; drop --checkpointing and --reversible"
+        )
+
+
+def check_pipeline(setup: Setup) -> None:
+    """What the pipeline run (measure/pipeline.py) does not combine with, one line each."""
+    par, s, n = setup.parallel, setup.strategy, setup.training.grad_accum
+    if par.vpp > 1:
+        raise ValueError("vpp: the distributed profile runs 1F1B, not the interleaved schedule; drop --vpp")
+    if n < par.pp:
+        raise ValueError(
+            f"grad_accum: 1F1B over {par.pp} stages needs at least {par.pp} micro-batches "
+            f"(torch's Schedule1F1B); use --grad-accum {par.pp} or more"
+        )
+    if par.tp > 1:
+        raise ValueError("tp: the distributed profile runs pp with dp only; drop --tp (or --pp)")
+    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
+        raise ValueError(
+            "zero: with pp the distributed profile shards no gradients or parameters over dp; "
+            "use --zero 0 or 1 (or drop --pp)"
         )
