@@ -45,7 +45,14 @@ from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracke
 from memplan.measure.instruments import storage_ref, totals_by_name
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.parallelize import build, sync_gradients
-from memplan.measure.pipeline import InFlightRecorder, StageModule, make_schedule, make_stage, run_step
+from memplan.measure.pipeline import (
+    InFlightRecorder,
+    StageModule,
+    make_schedule,
+    make_stage,
+    run_step,
+    stage_batches,
+)
 from memplan.measure.run import make_batch
 from memplan.measure.torchrun import torchrun_world
 from memplan.measure.tracker import cuda_peak
@@ -152,7 +159,9 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
     dp_rank = mesh.get_local_rank("dp")
     torch.manual_seed(1 + dp_rank)  # tp and pp ranks of one replica read the same tokens
     # One micro-batch; with a pipeline the step's grad_accum, each its own tensors (as a loader yields them)
-    batches = [make_batch(setup, device) for _ in range(setup.training.grad_accum if pp > 1 else 1)]
+    batches: list[Any] = [make_batch(setup, device) for _ in range(setup.training.grad_accum if pp > 1 else 1)]
+    if isinstance(model, StageModule):
+        batches = stage_batches(batches, model)
 
     recorder = InFlightRecorder(model) if pp > 1 else RankRecorder(model)
     with counter:
@@ -206,7 +215,7 @@ def _peak(
     tracker = RankMemoryTracker()
     held = schedule._stage.buffers() if schedule is not None else []  # type: ignore[attr-defined]
     with tracker:
-        tracker.track([*model.parameters(), *opt.tensors(), *(t for b in batches for t in b), *held])
+        tracker.track([*model.parameters(), *opt.tensors(), *(t for b in batches for t in b if t is not None), *held])
         _step(model, opt, batches, setup, mesh, schedule=schedule)
         opt.step()
     return tracker.peak

@@ -158,9 +158,15 @@ def make_schedule(stage: CountedStage, setup: Setup) -> Schedule1F1B:
     return Schedule1F1B(stage, setup.training.grad_accum, loss_fn=module.loss)
 
 
-def run_step(schedule: Schedule1F1B, batches: list[tuple[Tensor, Tensor]]) -> None:
-    """One step over ``batches`` (ids, labels) per micro-batch: ``Schedule1F1B.step`` without its split
-    (module docstring)."""
+def stage_batches(batches: list[tuple[Tensor, Tensor]], module: StageModule) -> list[tuple[Any, Any]]:
+    """(ids, labels) per micro-batch as the stage reads them: ids on the first stage, labels on the last
+    (None elsewhere: what the stage never reads is not held, nor counted in its peak)."""
+    return [(ids if module.first else None, labels if module.last else None) for ids, labels in batches]
+
+
+def run_step(schedule: Schedule1F1B, batches: list[tuple[Any, Any]]) -> None:
+    """One step over ``batches`` (``stage_batches``): ``Schedule1F1B.step`` without its split (module
+    docstring)."""
     stage = schedule._stage
     stage.has_backward = schedule._has_backward
     stage.clear_runtime_states()
