@@ -44,7 +44,7 @@ from memplan.config import Setup, ZeroStage
 from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
 from memplan.measure.instruments import storage_ref, totals_by_name
 from memplan.measure.optim import ReferenceOptimizer
-from memplan.measure.parallelize import build, sync_gradients
+from memplan.measure.parallelize import build, shard_dp, sync_gradients
 from memplan.measure.pipeline import (
     InFlightRecorder,
     StageModule,
@@ -153,13 +153,16 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
     schedule = stage = None
     if pp > 1:
         model = StageModule(model, pp_rank, pp)
+        shard_dp(model, model.ref.layers, setup, mesh)
         stage = make_stage(model, setup, mesh["pp"].get_group(), device, counter.set_phase)
         schedule = make_schedule(stage, setup)
     opt = _optimizer(model, setup, mesh)
     dp_rank = mesh.get_local_rank("dp")
     torch.manual_seed(1 + dp_rank)  # tp and pp ranks of one replica read the same tokens
     # One micro-batch; with a pipeline the step's grad_accum, each its own tensors (as a loader yields them)
-    batches: list[Any] = [make_batch(setup, device) for _ in range(setup.training.grad_accum if pp > 1 else 1)]
+    batches: list[Any] = [
+        make_batch(setup, device) for _ in range(setup.training.grad_accum if pp > 1 else 1)
+    ]
     if isinstance(model, StageModule):
         batches = stage_batches(batches, model)
 
@@ -215,7 +218,9 @@ def _peak(
     tracker = RankMemoryTracker()
     held = schedule._stage.buffers() if schedule is not None else []  # type: ignore[attr-defined]
     with tracker:
-        tracker.track([*model.parameters(), *opt.tensors(), *(t for b in batches for t in b if t is not None), *held])
+        tracker.track(
+            [*model.parameters(), *opt.tensors(), *(t for b in batches for t in b if t is not None), *held]
+        )
         _step(model, opt, batches, setup, mesh, schedule=schedule)
         opt.step()
     return tracker.peak

@@ -81,7 +81,7 @@ def build(setup: Setup, mesh: DeviceMesh, device: str) -> ParallelReference:
     """The rank's model: the whole reference model built alike on every rank (seed 0), then split."""
     torch.manual_seed(0)
     model = ParallelReference(setup, device=device)
-    par, zero, dp = setup.parallel, setup.strategy.zero, setup.strategy.dp
+    par = setup.parallel
     if par.tp > 1:
         tp_mesh = mesh["tp"]
         model.tp_mesh, model.sequence_parallel = tp_mesh, par.sp
@@ -89,13 +89,21 @@ def build(setup: Setup, mesh: DeviceMesh, device: str) -> ParallelReference:
         model.embed = nn.Parameter(distribute_tensor(model.embed.detach(), tp_mesh, [Shard(0)]))
         if model.head is not None:
             model.head = nn.Parameter(distribute_tensor(model.head.detach(), tp_mesh, [Shard(0)]))
+    if par.pp == 1:
+        shard_dp(model, model.layers, setup, mesh)
+    return model
+
+
+def shard_dp(root: nn.Module, layers: nn.ModuleList, setup: Setup, mesh: DeviceMesh) -> None:
+    """ZeRO-2/3 over dp > 1: FSDP2 ``fully_shard`` on each layer and on the root (a pipeline rank's root
+    is its stage: measure/pipeline.py)."""
+    zero, dp = setup.strategy.zero, setup.strategy.dp
     if dp > 1 and zero >= ZeroStage.GRADIENTS:
         dp_mesh = mesh["dp"]
         after_forward = zero >= ZeroStage.PARAMETERS
-        for layer in model.layers:
+        for layer in layers:
             fully_shard(layer, mesh=dp_mesh, reshard_after_forward=after_forward)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=after_forward)
-    return model
+        fully_shard(root, mesh=dp_mesh, reshard_after_forward=after_forward)
 
 
 def sync_gradients(model: nn.Module, setup: Setup, mesh: DeviceMesh) -> None:
@@ -138,7 +146,7 @@ def check_distributed(setup: Setup) -> None:
 
 def check_pipeline(setup: Setup) -> None:
     """What the pipeline run (measure/pipeline.py) does not combine with, one line each."""
-    par, s, n = setup.parallel, setup.strategy, setup.training.grad_accum
+    par, n = setup.parallel, setup.training.grad_accum
     if par.vpp > 1:
         raise ValueError("vpp: the distributed profile runs 1F1B, not the interleaved schedule; drop --vpp")
     if n < par.pp:
@@ -148,8 +156,3 @@ def check_pipeline(setup: Setup) -> None:
         )
     if par.tp > 1:
         raise ValueError("tp: the distributed profile runs pp with dp only; drop --tp (or --pp)")
-    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
-        raise ValueError(
-            "zero: with pp the distributed profile shards no gradients or parameters over dp; "
-            "use --zero 0 or 1 (or drop --pp)"
-        )

@@ -4,8 +4,8 @@ run by ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``).
 Placement as the estimate's (``strategies.pipeline_parallel.stage_layers``, ``--pp-layers`` included): stage
 i holds its layers; stage 0 the embedding (and learned positions), the last stage the final norm and the lm
 head (with tied embeddings its own copy of the word embedding: Megatron's ``word_embeddings_for_head``).
-Every stage makes its RoPE tables and causal mask itself. The loss is the schedule's ``loss_fn`` on the last
-stage (lm head + loss over the final norm's output). 1F1B with n = grad_accum micro-batches: stage i runs
+Every stage makes its RoPE tables and causal mask itself. The last stage's forward ends with the lm head
+and the loss (its labels passed to it alone), the schedule's ``loss_fn`` passing that loss on. 1F1B with n = grad_accum micro-batches: stage i runs
 min(n, p − i) forwards before its first backward (``Schedule1F1B._step_microbatches``'s warm-up, the
 estimate's in-flight count).
 
@@ -70,16 +70,21 @@ class StageModule(nn.Module):
             ref.head = None
         self.ref = ref
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Stage 0: ids → hidden states; then the layers; the last stage: the final norm's output."""
+    def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Stage 0: ids → hidden states; then the layers; the last stage: the final norm, the lm head and
+        the loss over ``labels`` (inside the stage's forward, where FSDP2 has its parameters gathered)."""
         ref = self.ref
         h = ref.embedding(x) if self.first else x
         h = ref.run_layers(h, ref.consts(h.shape[1], h.device))
-        return ref.final(h) if self.last else h
+        if not self.last:
+            return h
+        assert labels is not None
+        return ref.loss(ref.final(h), labels)
 
-    def loss(self, y: Tensor, labels: Tensor) -> Tensor:
-        """The schedule's ``loss_fn`` on the last stage: lm head and loss."""
-        return self.ref.loss(y, labels)
+
+def stage_loss(loss: Tensor, _labels: Tensor) -> Tensor:
+    """The schedule's ``loss_fn``: the last stage's output is its loss already."""
+    return loss
 
 
 class CountedStage(PipelineStage):
@@ -134,9 +139,12 @@ def make_stage(
     """The rank's ``PipelineStage`` with static shapes (no metadata inference run: it would run the stage
     once more, on empty tensors): stage 0 takes [b, s] ids, every stage passes [b, s, h] hidden states."""
     t, m = setup.training, setup.model
-    hidden = torch.empty(t.micro_batch, t.seq_len, m.hidden_size, dtype=torch_dtype(t.precision), device="meta")
+    hidden = torch.empty(
+        t.micro_batch, t.seq_len, m.hidden_size, dtype=torch_dtype(t.precision), device="meta"
+    )
     ids = torch.empty(t.micro_batch, t.seq_len, dtype=torch.long, device="meta")
     inputs = ids if module.first else hidden.requires_grad_()
+    loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)  # the fp32 loss
     index, num = dist.get_rank(group), dist.get_world_size(group)
     return CountedStage(
         module,
@@ -144,7 +152,7 @@ def make_stage(
         num,
         torch.device(device),
         input_args=inputs,
-        output_args=hidden.detach().requires_grad_(),
+        output_args=loss if module.last else hidden.detach().requires_grad_(),
         group=group,
         on_phase=on_phase,
     )
@@ -153,9 +161,7 @@ def make_stage(
 def make_schedule(stage: CountedStage, setup: Setup) -> Schedule1F1B:
     """1F1B over the step's grad_accum micro-batches, the loss (mean per micro-batch, gradients divided
     by n: ``scale_grads``) on the last stage."""
-    module = stage.submod
-    assert isinstance(module, StageModule)
-    return Schedule1F1B(stage, setup.training.grad_accum, loss_fn=module.loss)
+    return Schedule1F1B(stage, setup.training.grad_accum, loss_fn=stage_loss)
 
 
 def stage_batches(batches: list[tuple[Tensor, Tensor]], module: StageModule) -> list[tuple[Any, Any]]:
@@ -171,8 +177,9 @@ def run_step(schedule: Schedule1F1B, batches: list[tuple[Any, Any]]) -> None:
     stage.has_backward = schedule._has_backward
     stage.clear_runtime_states()
     args = [(ids,) if stage.is_first else () for ids, _ in batches]
+    kwargs = [{"labels": labels} if stage.is_last else {} for _, labels in batches]
     targets = [labels for _, labels in batches] if stage.is_last else None
-    schedule._step_microbatches(args, [{} for _ in batches], targets, None, return_outputs=False)
+    schedule._step_microbatches(args, kwargs, targets, None, return_outputs=False)
 
 
 class InFlightRecorder(RankRecorder):

@@ -78,7 +78,11 @@ def collective_table(rank: dict[str, Any]) -> Fitted:
         Col("count"),
         Col("bytes"),
     )
-    t = Fitted(cols, title=f"Rank {rank['rank']}: collectives (CommDebugMode, pp: the stage's send/recv; bytes this rank sends in)")
+    t = Fitted(
+        cols,
+        title=f"Rank {rank['rank']}: collectives (CommDebugMode; pp: the stage's sends and receives; "
+        "bytes this rank sends in)",
+    )
     for c in rank["collectives"]:
         t.add(c["dimension"], c["collective"], c["phase"], fmt_int(c["count"]), fmt_bytes(c["bytes"]))
     return t

@@ -47,11 +47,11 @@ def pp2() -> tuple[Any, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def pp2_dp2() -> tuple[Any, dict[str, Any]]:
-    """Through the CLI: 4 processes, (dp, pp) = (2, 2), ZeRO-0 (each gradient all-reduced over dp)."""
-    args = [*FLAGS, "--nproc", "4", "--pp", "2", "--grad-accum", str(N), "--json"]
+    """Through the CLI: 4 processes, (dp, pp) = (2, 2), ZeRO-3 (FSDP2 on each stage's layers and root)."""
+    args = [*FLAGS, "--nproc", "4", "--pp", "2", "--zero", "3", "--grad-accum", str(N), "--json"]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
-    return estimate(_setup(gpus=4, pp=2)), json.loads(result.stdout)
+    return estimate(_setup(gpus=4, pp=2, zero=3)), json.loads(result.stdout)
 
 
 def _stage_params(m: Any, stage: int, stages: int) -> int:
@@ -96,8 +96,9 @@ def _check_stage(est: Any, rank: dict[str, Any]) -> None:
         assert tensors["lm_head.input"]["count"] == tensors["loss.log_probs"]["count"] == 1
     mem = rank["measured"]["memory"]
     psi = _stage_params(est.setup.model, stage, p)
-    assert mem["weights"] == mem["gradients"] == psi * 4  # fp32, whole over dp (ZeRO-0)
-    assert mem["optimizer"] == psi * 8  # Adam's m and v, fp32
+    shards = est.setup.strategy.dp if est.setup.strategy.zero == 3 else 1
+    assert mem["weights"] == mem["gradients"] == psi // shards * 4  # fp32 (ZeRO-3: Ψ/N_d of the stage)
+    assert mem["optimizer"] == psi // shards * 8  # Adam's m and v, fp32
 
 
 def _check_p2p(est: Any, rank: dict[str, Any]) -> None:
@@ -146,25 +147,38 @@ def test_pp2_each_stage_equals_its_estimate(pp2: tuple[Any, dict[str, Any]]) -> 
         assert [c for c in rank["collectives"] if c["dimension"] != "pp"] == []  # no dp, no tp
 
 
-def test_pp2_by_dp2_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> None:
+def test_pp2_by_dp2_zero3_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> None:
+    """FSDP2 inside torch's pipelining: states, saves and p2p as the stage's estimate. The dp collectives
+    follow ``PipelineStage.backward_maybe_with_nosync``: every backward but the step's last runs with
+    ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)``, so a stage's u
+    FSDP units (its layers and its root) all-gather in a forward only while still sharded (the warm-up's
+    w = min(p − i, n) forwards: the first backward leaves them gathered, and each later forward reshards
+    them again, reshard_after_forward) and in each backward that follows a forward (n − w + 1), and
+    reduce-scatter each whole gradient once, after the last micro-batch. The communication table (ZeRO-3
+    as DeepSpeed: each micro-batch gathers and reduce-scatters) moves more: docs/distributed.md."""
     est, result = pp2_dp2
     assert result["equal"] is True
     coords = [(r["coords"]["dp"], r["coords"]["pp"]) for r in result["ranks"]]
     assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # pp inside dp (time/comm.py's ORDER)
-    dp_rows = {
-        r.collective.value: r for r in communication(est, load_gpu("h100-sxm").topology)[1] if r.dimension == "dp"
-    }
+    p = est.setup.parallel.pp
     for rank in result["ranks"]:
         _check_stage(est, rank)
         _check_p2p(est, rank)
-        _check_peak(est, rank)
         stage = rank["coords"]["pp"]
-        psi = _stage_params(est.setup.model, stage, 2)
-        (reduce,) = [c for c in rank["collectives"] if c["dimension"] == "dp"]
-        assert (reduce["collective"], reduce["phase"]) == ("all_reduce", "step")
-        assert reduce["bytes"] == psi * 4  # every gradient of the stage once, after the last micro-batch
-        if stage == 1:  # the table's dp row is the critical (last, with the head) stage's
-            assert reduce["bytes"] == dp_rows["all-reduce"].bytes * dp_rows["all-reduce"].count
+        psi = _stage_params(est.setup.model, stage, p)
+        units = est.setup.model.num_layers // p + 1  # fully_shard per layer and on the stage
+        warm = min(p - stage, N)
+        dp = {(c["collective"], c["phase"]): (c["count"], c["bytes"]) for c in rank["collectives"]}
+        dp = {k: v for k, v in dp.items() if k[0] not in ("send", "recv")}
+        assert dp == {
+            ("all_gather", "forward"): (units * warm, warm * psi // 2 * 4),
+            ("all_gather", "backward"): (units * (N - warm + 1), (N - warm + 1) * psi // 2 * 4),
+            ("reduce_scatter", "backward"): (units, psi * 4),
+        }
+        # NB: the peak is an upper bound under ZeRO-3 (dist_instruments.py: FSDP2's freeing is invisible to
+        # the CPU tracker), and the stage holds its gathered weights and whole gradients from the first
+        # backward to the step's end; it is reported, not compared.
+        assert rank["measured"]["memory"]["peak"] >= at_stage(est, stage).peak.bytes
 
 
 @pytest.mark.parametrize(
@@ -172,7 +186,6 @@ def test_pp2_by_dp2_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> None:
     [
         (["--nproc", "2", "--pp", "2"], "grad_accum"),  # 1F1B needs n ≥ p micro-batches
         (["--nproc", "4", "--pp", "2", "--tp", "2", "--grad-accum", "2"], "tp"),
-        (["--nproc", "4", "--pp", "2", "--zero", "3", "--grad-accum", "2"], "zero"),
     ],
 )
 def test_what_pp_does_not_combine_with_is_refused_in_one_line(flags: list[str], field: str) -> None:
