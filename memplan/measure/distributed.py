@@ -126,16 +126,16 @@ def _step(
     ``loss_parallel`` (log-softmax and NLL on [T, v/t] shards). With a pipeline ``schedule`` its 1F1B
     step over the micro-batches ``batches`` (the stage sets the phase: pipeline.CountedStage)."""
     opt.zero_grad()
-    if schedule is not None:
-        run_step(schedule, batches)
-    else:
-        with loss_parallel() if setup.parallel.tp > 1 else nullcontext():
+    with loss_parallel() if setup.parallel.tp > 1 else nullcontext():
+        if schedule is not None:
+            run_step(schedule, batches)
+        else:
             loss = model(*batches[0])
             if counter is not None:
                 counter.phase = "backward"
             with recorder.pause() if recorder is not None else nullcontext():
                 loss.backward()
-        del loss
+            del loss
     if counter is not None:
         counter.phase = "step"
     sync_gradients(model, setup, mesh)

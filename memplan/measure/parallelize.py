@@ -154,5 +154,5 @@ def check_pipeline(setup: Setup) -> None:
             f"grad_accum: 1F1B over {par.pp} stages needs at least {par.pp} micro-batches "
             f"(torch's Schedule1F1B); use --grad-accum {par.pp} or more"
         )
-    if par.tp > 1:
-        raise ValueError("tp: the distributed profile runs pp with dp only; drop --tp (or --pp)")
+    if par.sp:
+        raise ValueError("sp: the distributed profile runs pp with tp but without --sp; drop --sp")

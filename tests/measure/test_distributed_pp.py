@@ -185,7 +185,7 @@ def test_pp2_by_dp2_zero3_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> 
     ("flags", "field"),
     [
         (["--nproc", "2", "--pp", "2"], "grad_accum"),  # 1F1B needs n ≥ p micro-batches
-        (["--nproc", "4", "--pp", "2", "--tp", "2", "--grad-accum", "2"], "tp"),
+        (["--nproc", "4", "--pp", "2", "--tp", "2", "--sp", "--grad-accum", "2"], "sp"),
     ],
 )
 def test_what_pp_does_not_combine_with_is_refused_in_one_line(flags: list[str], field: str) -> None:
