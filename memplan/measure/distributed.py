@@ -4,10 +4,12 @@ Launch: under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_P
 runs ``run_rank`` itself and rank 0 gets every rank's report; otherwise ``launch`` spawns N processes with
 ``torch.multiprocessing`` on a free localhost port, and each rank writes its report to a file the parent
 reads. Backend gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``). The mesh is
-``(dp, tp)``, tp the inner (adjacent ranks), as Megatron and torchtitan place it.
+``(dp, pp, tp)``, tp the innermost (adjacent ranks), as Megatron and torchtitan place it (time/comm.py's
+``ORDER``).
 
 One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2, ZeRO-1 with
-``zero1.Zero1Optimizer``):
+``zero1.Zero1Optimizer``; with pp the rank's stage run by ``Schedule1F1B`` over grad_accum micro-batches,
+its saves those alive at once at their maximum and its sends and receives counted: pipeline.py):
 1. forward under ``RankRecorder`` (what autograd saves, local shards), backward, the gradient collectives
    of ``parallelize.sync_gradients`` and the optimizer step, all under ``CollectiveCounter``;
 2. model states: the local storages of the parameters, of their gradients (before they are dropped) and of
@@ -15,8 +17,8 @@ One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2,
 3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
    dist_instruments.py says where it over-counts).
 
-Known limitations (NB): no pipeline parallelism, dense models, no checkpointing
-(``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
+Known limitations (NB): dense models, no checkpointing, pipeline parallelism with 1F1B only and without
+sequence parallelism (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
 """
 
 from __future__ import annotations

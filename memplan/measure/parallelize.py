@@ -19,8 +19,10 @@
 - ZeRO-1: the parameters and gradients whole, the optimizer's master weights and states sharded over dp
   along dim 0; reduce-scatter, step, all-gather (memplan/measure/zero1.py).
 
-Known limitations (NB): pipeline parallelism is not run (the CLI refuses it in one line);
-DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
+- Pipeline parallelism: the model cut into stages and run by torch.distributed.pipelining
+  (memplan/measure/pipeline.py); ZeRO-2/3 then shards each stage (``shard_dp``).
+
+Known limitations (NB): pp without sp or the interleaved schedule (``check_pipeline``); DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
 gathered [b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
 """
 

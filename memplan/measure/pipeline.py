@@ -5,9 +5,11 @@ Placement as the estimate's (``strategies.pipeline_parallel.stage_layers``, ``--
 i holds its layers; stage 0 the embedding (and learned positions), the last stage the final norm and the lm
 head (with tied embeddings its own copy of the word embedding: Megatron's ``word_embeddings_for_head``).
 Every stage makes its RoPE tables and causal mask itself. The last stage's forward ends with the lm head
-and the loss (its labels passed to it alone), the schedule's ``loss_fn`` passing that loss on. 1F1B with n = grad_accum micro-batches: stage i runs
-min(n, p − i) forwards before its first backward (``Schedule1F1B._step_microbatches``'s warm-up, the
-estimate's in-flight count).
+and the loss (its labels passed to it alone: inside the forward, where FSDP2 has gathered the head), the
+schedule's ``loss_fn`` passing that loss on. 1F1B over n = grad_accum micro-batches: stage i runs
+min(n, p − i) forwards before its first backward (``Schedule1F1B._step_microbatches``'s warm-up: the
+estimate's in-flight count). Tensor parallelism runs inside each stage; ZeRO-2/3 shards each stage
+(``parallelize.shard_dp``), and torch's stage then syncs gradients after the last micro-batch only.
 
 Measured per rank, beside ``distributed.py``'s model states and peak:
 - ``InFlightRecorder``: the saves autograd holds *at once*. A save is alive from its pack until autograd
@@ -20,12 +22,12 @@ Measured per rank, beside ``distributed.py``'s model states and peak:
 Known limitations (NB): the micro-batches are given to the schedule one by one (``run_step`` calls
 ``_step_microbatches``, the private step after ``step()``'s split) so that each has its own storage, as a
 data loader yields them (``step()`` splits one batch tensor into views of one storage, which the recorder
-would count once). torch's stage allocates one receive buffer per micro-batch for the activations (and one
-for the gradients) at its first step and keeps each stage output until its backward; Megatron reuses
-buffers and frees the output's data (``deallocate_output_tensor``): both are in the measured peak, not in
-the estimate (engine.py's NB on communication buffers). No interleaved schedule (vpp > 1), no tensor
-parallelism, no ZeRO-2/3 with pp (``parallelize.check_distributed``); the tied embedding's two copies are
-not all-reduced.
+would count once). torch's stage allocates one receive buffer per micro-batch and direction at its first
+step and keeps each stage output until its backward; Megatron reuses buffers and frees the output's data
+(``deallocate_output_tensor``): both are in the measured peak, not in the estimate (engine.py's NB on
+communication buffers; docs/distributed.md). ``CommDebugMode``'s per-module attribution is off (a forward
+follows a backward). No interleaved schedule (vpp > 1), no sequence parallelism with pp
+(``parallelize.check_pipeline``); the tied embedding's two copies are not all-reduced.
 """
 
 from __future__ import annotations
