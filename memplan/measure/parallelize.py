@@ -22,8 +22,9 @@
 - Pipeline parallelism: the model cut into stages and run by torch.distributed.pipelining
   (memplan/measure/pipeline.py); ZeRO-2/3 then shards each stage (``shard_dp``).
 
-Known limitations (NB): pp without sp or the interleaved schedule (``check_pipeline``); DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
-gathered [b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
+Known limitations (NB): pp without sp or the interleaved schedule (``check_pipeline``); DTensor sequence
+parallelism gathers the input of each column-parallel linear itself and autograd keeps the gathered
+[b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
 """
 
 from __future__ import annotations
