@@ -81,7 +81,7 @@ def collective_table(rank: dict[str, Any]) -> Fitted:
     t = Fitted(
         cols,
         title=f"Rank {rank['rank']}: collectives (CommDebugMode; pp: the stage's sends and receives; "
-        "bytes this rank sends in)",
+        "bytes this rank sends in, or receives)",
     )
     for c in rank["collectives"]:
         t.add(c["dimension"], c["collective"], c["phase"], fmt_int(c["count"]), fmt_bytes(c["bytes"]))

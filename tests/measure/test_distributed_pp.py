@@ -126,8 +126,9 @@ def _check_peak(est: Any, rank: dict[str, Any]) -> None:
     NB: the rest is the schedule's and the loop's: on the last stage (+8,972 B on tiny) the previous
     micro-batch's input gradient, held by the pending send during the next backward (b·s·h·4), and the
     labels and loss scalars of the other n − 1 micro-batches (the loop holds all n); on the first
-    (+120 B) the ids of the micro-batches not in flight, less the labels and loss scalar the estimate's
-    layer-backward moment counts and a stage without the head does not hold."""
+    (+120 B) the ids of the micro-batches not in flight (+512), less the labels and loss scalar the
+    estimate's layer-backward moment counts and a stage without the head does not hold (−264), and −128 B
+    not attributed (docs/distributed.md, item 6)."""
     stage, p = rank["coords"]["pp"], est.setup.parallel.pp
     x = SEQ * est.setup.model.hidden_size * 4
     buffers = N * x * ((stage > 0) + (stage < p - 1))
