@@ -27,6 +27,7 @@ whole under sequence parallelism.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -344,6 +345,16 @@ def estimate(setup: Setup) -> Result:
         flops=whole_flops(pc.core),
         params=param_counts(setup.model),
     )
+
+
+def at_stage(result: Result, index: int) -> Result:
+    """``result`` reporting pipeline stage ``index`` as its device (computed when it is not one of the
+    representative stages): what that stage's ranks hold."""
+    setup = result.setup
+    parallel, n = setup.parallel, setup.training.grad_accum
+    chunks = chunk_layers(setup.model.num_layers, parallel)
+    plan = stage_plan(result.pieces, stage(parallel, index, chunks[index], n), setup)
+    return dataclasses.replace(result, stages=(plan,))
 
 
 def head_gradient_bytes(params: ParamCount, setup: Setup) -> int:

@@ -205,8 +205,9 @@ def profile(
             "--nproc",
             min=1,
             max=64,
-            help="Run the layout (--tp, --sp, --zero; dp = N / tp) in N processes with torch.distributed "
-            "(gloo on CPU, NCCL on CUDA; or under torchrun) and compare every rank with the estimate",
+            help="Run the layout (--tp, --sp, --pp with 1F1B over --grad-accum micro-batches, --zero; "
+            "dp = N / (tp · pp)) in N processes with torch.distributed (gloo on CPU, NCCL on CUDA; or under "
+            "torchrun) and compare every rank with the estimate of its stage",
         ),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, max=1000, help="Measured steps")] = 2,
@@ -222,7 +223,7 @@ def profile(
 ) -> None:
     """Run real training steps of the reference model and set peak memory, saved bytes, FLOPs and time
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
-    With --nproc N: N ranks of a tensor/sequence-parallel and ZeRO layout (docs/distributed.md).
+    With --nproc N: N ranks of a tensor/sequence/pipeline-parallel and ZeRO layout (docs/distributed.md).
 
     Example: memplan profile --model tiny --device cpu --seq 256 --timeline
     Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from memplan.config import MlpType, Setup, ZeroStage
-from memplan.engine import Result, estimate
+from memplan.engine import Result, at_stage, estimate
 from memplan.measure.compare import estimated_by_name
 
 GATHERED_NAMES = ("attn.input", "mlp.input", "lm_head.input")
@@ -118,13 +118,20 @@ def rank_diff(report: dict[str, Any], est: Result) -> dict[str, Any]:
     }
 
 
+def rank_estimate(est: Result, report: dict[str, Any]) -> Result:
+    """The estimate of what ``report``'s rank holds: its pipeline stage's (every rank's without pp)."""
+    if est.setup.parallel.pp == 1:
+        return est
+    return at_stage(est, report["coords"]["pp"])
+
+
 def comparison(reports: list[dict[str, Any]], est: Result, launcher: str) -> dict[str, Any]:
     """The ``--json`` object of ``profile --nproc``: the layout, the estimate, every rank and the verdict
     (``equal``: every rank's states equal and its saves equal to the estimate with the known differences)."""
     setup = est.setup
     ranks = []
     for r in reports:
-        diff = rank_diff(r, est)
+        diff = rank_diff(r, rank_estimate(est, r))
         ranks.append(
             {
                 "rank": r["rank"],
@@ -152,6 +159,11 @@ def comparison(reports: list[dict[str, Any]], est: Result, launcher: str) -> dic
         },
         "estimated": {
             "memory": estimated_memory(est),
+            "stages": [
+                {"stage": i, "memory": estimated_memory(at_stage(est, i))} for i in range(setup.parallel.pp)
+            ]
+            if setup.parallel.pp > 1
+            else [],
             "tensors": {n: {"count": c, "bytes": b} for n, (c, b) in estimated_by_name(est).items()},
             "known_differences": {
                 "tensors": {

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.debug._comm_mode import _CommModeModuleTracker
 from torch.utils._pytree import tree_leaves
 
 from memplan.measure.instruments import SavedTensorRecorder, storage_ref
@@ -150,8 +151,10 @@ class CollectiveCounter(CommDebugMode):
     """``CommDebugMode`` with the bytes of every collective call, keyed by dimension (``groups``: process
     group name → dimension name), collective and phase (set ``phase`` between forward, backward, step)."""
 
-    def __init__(self, groups: dict[str, str]) -> None:
+    def __init__(self, groups: dict[str, str], modules: bool = True) -> None:
         super().__init__()
+        if not modules:  # a pipeline's forwards run between backwards, which the module tracker cannot follow
+            self.advanced_module_tracker = _NoModuleTracker()
         self.groups = groups
         self.phase = "forward"
         self.calls: dict[tuple[str, str, str], list[int]] = {}
@@ -174,8 +177,28 @@ class CollectiveCounter(CommDebugMode):
             entry[1] += _tensor_bytes(inputs)
         return out
 
+    def set_phase(self, phase: str) -> None:
+        """The phase the following calls belong to (a callback for the pipeline's stage)."""
+        self.phase = phase
+
     def collectives(self) -> list[Collective]:
         return [Collective(d, c, p, n, b) for (d, c, p), (n, b) in sorted(self.calls.items())]
+
+
+class _NoModuleTracker(_CommModeModuleTracker):
+    """``CommDebugMode``'s per-module attribution switched off (its hooks assume that a forward never follows
+    a backward before the next root forward; 1F1B does just that). The counts stay whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "Global"  # every call attributed to the whole model, as CommDebugMode's root entry
+        self.module_parents_dict["Global"] = set()
+
+    def __enter__(self) -> _NoModuleTracker:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
 
 
 def _input_args(op: str, args: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -4,10 +4,12 @@ Launch: under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_P
 runs ``run_rank`` itself and rank 0 gets every rank's report; otherwise ``launch`` spawns N processes with
 ``torch.multiprocessing`` on a free localhost port, and each rank writes its report to a file the parent
 reads. Backend gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``). The mesh is
-``(dp, tp)``, tp the inner (adjacent ranks), as Megatron and torchtitan place it.
+``(dp, pp, tp)``, tp the innermost (adjacent ranks), as Megatron and torchtitan place it (time/comm.py's
+``ORDER``).
 
 One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2, ZeRO-1 with
-``zero1.Zero1Optimizer``):
+``zero1.Zero1Optimizer``; with pp the rank's stage run by ``Schedule1F1B`` over grad_accum micro-batches,
+its saves those alive at once at their maximum and its sends and receives counted: pipeline.py):
 1. forward under ``RankRecorder`` (what autograd saves, local shards), backward, the gradient collectives
    of ``parallelize.sync_gradients`` and the optimizer step, all under ``CollectiveCounter``;
 2. model states: the local storages of the parameters, of their gradients (before they are dropped) and of
@@ -15,8 +17,8 @@ One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2,
 3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
    dist_instruments.py says where it over-counts).
 
-Known limitations (NB): no pipeline parallelism, dense models, no checkpointing
-(``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
+Known limitations (NB): dense models, no checkpointing, pipeline parallelism with 1F1B only and without
+sequence parallelism (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.pipelining import Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
 from torch.multiprocessing.spawn import ProcessException
 
@@ -43,7 +46,15 @@ from memplan.config import Setup, ZeroStage
 from memplan.measure.dist_instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
 from memplan.measure.instruments import storage_ref, totals_by_name
 from memplan.measure.optim import ReferenceOptimizer
-from memplan.measure.parallelize import build, sync_gradients
+from memplan.measure.parallelize import build, shard_dp, sync_gradients
+from memplan.measure.pipeline import (
+    InFlightRecorder,
+    StageModule,
+    make_schedule,
+    make_stage,
+    run_step,
+    stage_batches,
+)
 from memplan.measure.run import make_batch
 from memplan.measure.torchrun import torchrun_world
 from memplan.measure.tracker import cuda_peak
@@ -70,15 +81,16 @@ def _device(cuda: bool) -> str:
 
 
 def _mesh(setup: Setup, cuda: bool) -> DeviceMesh:
-    dp, tp = setup.strategy.dp, setup.parallel.tp
-    return init_device_mesh("cuda" if cuda else "cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    """(dp, pp, tp), tp the innermost: time/comm.py's ORDER (Llama 3's tp, cp, pp, dp)."""
+    dp, pp, tp = setup.strategy.dp, setup.parallel.pp, setup.parallel.tp
+    return init_device_mesh("cuda" if cuda else "cpu", (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
 
 
 def _groups(mesh: DeviceMesh) -> dict[str, str]:
-    """Process group name → the dimension it spans (tp, dp; the whole world when both are 1-sized)."""
+    """Process group name → the dimension it spans (tp, pp, dp; the whole world when one spans it)."""
     world = dist.group.WORLD
     out: dict[str, str] = {str(world.group_name): "world"} if world is not None else {}
-    for dim in ("dp", "tp"):
+    for dim in ("dp", "pp", "tp"):
         if mesh[dim].size() > 1:
             out[str(mesh[dim].get_group().group_name)] = dim
     return out
@@ -104,23 +116,28 @@ def _states(model: torch.nn.Module, opt: ReferenceOptimizer) -> dict[str, int]:
 def _step(
     model: Any,
     opt: ReferenceOptimizer,
-    batch: Any,
+    batches: list[Any],
     setup: Setup,
     mesh: DeviceMesh,
     counter: CollectiveCounter | None = None,
     recorder: RankRecorder | None = None,
+    schedule: Schedule1F1B | None = None,
 ) -> None:
     """zero_grad, forward (saves recorded when ``recorder`` is given), backward, the gradient collectives;
     ``counter.phase`` marks forward, backward and step. The vocabulary-parallel loss runs under
-    ``loss_parallel`` (log-softmax and NLL on [T, v/t] shards)."""
+    ``loss_parallel`` (log-softmax and NLL on [T, v/t] shards). With a pipeline ``schedule`` its 1F1B
+    step over the micro-batches ``batches`` (the stage sets the phase: pipeline.CountedStage)."""
     opt.zero_grad()
     with loss_parallel() if setup.parallel.tp > 1 else nullcontext():
-        loss = model(*batch)
-        if counter is not None:
-            counter.phase = "backward"
-        with recorder.pause() if recorder is not None else nullcontext():
-            loss.backward()
-    del loss
+        if schedule is not None:
+            run_step(schedule, batches)
+        else:
+            loss = model(*batches[0])
+            if counter is not None:
+                counter.phase = "backward"
+            with recorder.pause() if recorder is not None else nullcontext():
+                loss.backward()
+            del loss
     if counter is not None:
         counter.phase = "step"
     sync_gradients(model, setup, mesh)
@@ -132,24 +149,37 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     device = _device(cuda)
     mesh = _mesh(setup, cuda)
-    model = build(setup, mesh, device)
+    model: Any = build(setup, mesh, device)
+    pp, pp_rank = setup.parallel.pp, mesh.get_local_rank("pp")
+    counter = CollectiveCounter(_groups(mesh), modules=pp == 1)
+    schedule = stage = None
+    if pp > 1:
+        model = StageModule(model, pp_rank, pp)
+        shard_dp(model, model.ref.layers, setup, mesh)
+        stage = make_stage(model, setup, mesh["pp"].get_group(), device, counter.set_phase)
+        schedule = make_schedule(stage, setup)
     opt = _optimizer(model, setup, mesh)
     dp_rank = mesh.get_local_rank("dp")
-    torch.manual_seed(1 + dp_rank)  # tp ranks of one replica read the same tokens
-    batch = make_batch(setup, device)
+    torch.manual_seed(1 + dp_rank)  # tp and pp ranks of one replica read the same tokens
+    # One micro-batch; with a pipeline the step's grad_accum, each its own tensors (as a loader yields them)
+    batches: list[Any] = [
+        make_batch(setup, device) for _ in range(setup.training.grad_accum if pp > 1 else 1)
+    ]
+    if isinstance(model, StageModule):
+        batches = stage_batches(batches, model)
 
-    recorder = RankRecorder(model)
-    counter = CollectiveCounter(_groups(mesh))
+    recorder = InFlightRecorder(model) if pp > 1 else RankRecorder(model)
     with counter:
         with recorder:
-            _step(model, opt, batch, setup, mesh, counter, recorder)
+            _step(model, opt, batches, setup, mesh, counter, recorder, schedule)
         states = _states(model, opt)
         opt.step()
-    peak = _peak(model, opt, batch, setup, mesh, cuda)
+    p2p = stage.collectives() if stage is not None else []  # the first step's (the peak's step counts on)
+    peak = _peak(model, opt, batches, setup, mesh, cuda, schedule)
     records = recorder.records
     return {
         "rank": dist.get_rank(),
-        "coords": {"dp": dp_rank, "tp": mesh.get_local_rank("tp")},
+        "coords": {"dp": dp_rank, "pp": pp_rank, "tp": mesh.get_local_rank("tp")},
         "tensors": {n: {"count": t.count, "bytes": t.bytes} for n, t in totals_by_name(records).items()},
         "unlabelled": [
             {"shape": list(r.shape), "dtype": r.dtype, "bytes": r.bytes, "layer": r.layer}
@@ -157,7 +187,7 @@ def run_rank(setup: Setup, cuda: bool = False) -> dict[str, Any]:
             if r.name == "unlabelled"
         ],
         "memory": {**states, "activations": sum(r.bytes for r in records), "peak": peak},
-        "collectives": [c.to_json() for c in counter.collectives()],
+        "collectives": [c.to_json() for c in [*counter.collectives(), *p2p]],
     }
 
 
@@ -170,18 +200,30 @@ def _optimizer(model: torch.nn.Module, setup: Setup, mesh: DeviceMesh) -> Refere
     return ReferenceOptimizer(params, t.precision, t.optimizer)
 
 
-def _peak(model: Any, opt: ReferenceOptimizer, batch: Any, setup: Setup, mesh: DeviceMesh, cuda: bool) -> int:
-    """The peak of a second whole step: every storage alive on CPU, the allocator's peak on CUDA."""
+def _peak(
+    model: Any,
+    opt: ReferenceOptimizer,
+    batches: list[Any],
+    setup: Setup,
+    mesh: DeviceMesh,
+    cuda: bool,
+    schedule: Schedule1F1B | None,
+) -> int:
+    """The peak of a second whole step: every storage alive on CPU (with a pipeline also the stage's
+    receive buffers, allocated at its first step), the allocator's peak on CUDA."""
     if cuda:
         with cuda_peak() as cp:
-            _step(model, opt, batch, setup, mesh)
+            _step(model, opt, batches, setup, mesh, schedule=schedule)
             opt.step()
         return cp.peak
     opt.zero_grad()
     tracker = RankMemoryTracker()
+    held = schedule._stage.buffers() if schedule is not None else []  # type: ignore[attr-defined]
     with tracker:
-        tracker.track([*model.parameters(), *opt.tensors(), *batch])
-        _step(model, opt, batch, setup, mesh)
+        tracker.track(
+            [*model.parameters(), *opt.tensors(), *(t for b in batches for t in b if t is not None), *held]
+        )
+        _step(model, opt, batches, setup, mesh, schedule=schedule)
         opt.step()
     return tracker.peak
 

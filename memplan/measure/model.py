@@ -396,19 +396,30 @@ class Reference(nn.Module):
         return Consts(cos, sin, mask)
 
     def forward(self, ids: Tensor, labels: Tensor) -> Tensor:
+        x = self.embedding(ids)
+        x = self.run_layers(x, self.consts(ids.shape[1], ids.device))
+        return self.loss(self.final(x), labels)
+
+    # The forward's pieces, which a pipeline stage runs a part of (measure/pipeline.py).
+    def embedding(self, ids: Tensor) -> Tensor:
+        """[b, s] ids → the first layer's [b, s, h] input (scaled, learned positions added, dropout)."""
         m = self.setup.model
-        s = ids.shape[1]
         with layer_scope(None):
             x = self.embed_tokens(label(ids, "embed.ids"))
             x = x * m.hidden_size**0.5 if m.embed_scale else x  # a Python float: saves nothing
             if self.pos is not None:
-                positions = label(self.positions(s, ids.device), "embed.positions")
+                positions = label(self.positions(ids.shape[1], ids.device), "embed.positions")
                 x = x + F.embedding(positions, self.pos)
-            x = self.note_backward(dropout(x, m.embd_dropout, "embed.dropout_mask"), "embedding")
-            c = self.consts(s, ids.device)
-        x = self.run_layers(x, c)
+            return self.note_backward(dropout(x, m.embd_dropout, "embed.dropout_mask"), "embedding")
+
+    def final(self, x: Tensor) -> Tensor:
+        """The final norm of the last layer's output."""
         with layer_scope(None):
-            y = self.note_backward(self.norm(self.final_norm, x, "final_norm"), "final_norm")
+            return self.note_backward(self.norm(self.final_norm, x, "final_norm"), "final_norm")
+
+    def loss(self, y: Tensor, labels: Tensor) -> Tensor:
+        """The lm head and the loss over the final norm's output y."""
+        with layer_scope(None):
             return head_loss(
                 self.setup,
                 y,

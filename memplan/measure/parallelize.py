@@ -19,9 +19,12 @@
 - ZeRO-1: the parameters and gradients whole, the optimizer's master weights and states sharded over dp
   along dim 0; reduce-scatter, step, all-gather (memplan/measure/zero1.py).
 
-Known limitations (NB): pipeline parallelism is not run (the CLI refuses it in one line);
-DTensor sequence parallelism gathers the input of each column-parallel linear itself and autograd keeps the
-gathered [b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
+- Pipeline parallelism: the model cut into stages and run by torch.distributed.pipelining
+  (memplan/measure/pipeline.py); ZeRO-2/3 then shards each stage (``shard_dp``).
+
+Known limitations (NB): pp without sp or the interleaved schedule (``check_pipeline``); DTensor sequence
+parallelism gathers the input of each column-parallel linear itself and autograd keeps the gathered
+[b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def build(setup: Setup, mesh: DeviceMesh, device: str) -> ParallelReference:
     """The rank's model: the whole reference model built alike on every rank (seed 0), then split."""
     torch.manual_seed(0)
     model = ParallelReference(setup, device=device)
-    par, zero, dp = setup.parallel, setup.strategy.zero, setup.strategy.dp
+    par = setup.parallel
     if par.tp > 1:
         tp_mesh = mesh["tp"]
         model.tp_mesh, model.sequence_parallel = tp_mesh, par.sp
@@ -89,16 +92,24 @@ def build(setup: Setup, mesh: DeviceMesh, device: str) -> ParallelReference:
         model.embed = nn.Parameter(distribute_tensor(model.embed.detach(), tp_mesh, [Shard(0)]))
         if model.head is not None:
             model.head = nn.Parameter(distribute_tensor(model.head.detach(), tp_mesh, [Shard(0)]))
-    if dp > 1 and zero >= ZeroStage.GRADIENTS:
-        dp_mesh = mesh["dp"]
-        after_forward = zero >= ZeroStage.PARAMETERS
-        for layer in model.layers:
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=after_forward)
-        fully_shard(model, mesh=dp_mesh, reshard_after_forward=after_forward)
+    if par.pp == 1:
+        shard_dp(model, model.layers, setup, mesh)
     return model
 
 
-def sync_gradients(model: ParallelReference, setup: Setup, mesh: DeviceMesh) -> None:
+def shard_dp(root: nn.Module, layers: nn.ModuleList, setup: Setup, mesh: DeviceMesh) -> None:
+    """ZeRO-2/3 over dp > 1: FSDP2 ``fully_shard`` on each layer and on the root (a pipeline rank's root
+    is its stage: measure/pipeline.py)."""
+    zero, dp = setup.strategy.zero, setup.strategy.dp
+    if dp > 1 and zero >= ZeroStage.GRADIENTS:
+        dp_mesh = mesh["dp"]
+        after_forward = zero >= ZeroStage.PARAMETERS
+        for layer in layers:
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=after_forward)
+        fully_shard(root, mesh=dp_mesh, reshard_after_forward=after_forward)
+
+
+def sync_gradients(model: nn.Module, setup: Setup, mesh: DeviceMesh) -> None:
     """The gradient collectives FSDP2 and DTensor do not issue themselves: ZeRO-0's all-reduce over dp
     (averaged, as DDP), and the sequence-parallel norm weights' all-reduce over tp (summed: each rank saw
     s/t of the tokens)."""
@@ -126,10 +137,7 @@ def check_distributed(setup: Setup) -> None:
     """One-line ValueError (field, fix) for a layout this run does not implement."""
     par, s = setup.parallel, setup.strategy
     if par.pp > 1:
-        raise ValueError(
-            "pp: the distributed profile does not run pipeline parallelism (torch.distributed.pipelining "
-            "is not wired in); drop --pp and check the stages with memplan estimate --pp"
-        )
+        check_pipeline(setup)
     if setup.model.moe is not None:
         raise ValueError(f"model: {setup.model.name} is a mixture of experts; --nproc runs dense models only")
     if s.reversible or s.checkpointing is not Checkpointing.NONE:
@@ -137,3 +145,17 @@ def check_distributed(setup: Setup) -> None:
             "checkpointing: the distributed profile runs without activation checkpointing or reversible "
             "layers; drop --checkpointing and --reversible"
         )
+
+
+def check_pipeline(setup: Setup) -> None:
+    """What the pipeline run (measure/pipeline.py) does not combine with, one line each."""
+    par, n = setup.parallel, setup.training.grad_accum
+    if par.vpp > 1:
+        raise ValueError("vpp: the distributed profile runs 1F1B, not the interleaved schedule; drop --vpp")
+    if n < par.pp:
+        raise ValueError(
+            f"grad_accum: 1F1B over {par.pp} stages needs at least {par.pp} micro-batches "
+            f"(torch's Schedule1F1B); use --grad-accum {par.pp} or more"
+        )
+    if par.sp:
+        raise ValueError("sp: the distributed profile runs pp with tp but without --sp; drop --sp")

@@ -20,14 +20,20 @@ def _cell(est: int, meas: int) -> Text:
 
 
 def rank_table(result: dict[str, Any]) -> Fitted:
-    """One row per rank: its coordinates and each memory figure (green when equal to the estimate)."""
-    est = result["estimated"]["memory"]
-    cols = (Col("rank", "left"), Col("dp·tp", priority=2), *(Col(k) for k in _MEMORY))
+    """One row per rank: its coordinates and each memory figure (green when equal to the estimate of what
+    the rank holds: its pipeline stage's with pp)."""
+    whole = result["estimated"]["memory"]
+    stages = [s["memory"] for s in result["estimated"].get("stages", [])] or [whole]
+    cols = (Col("rank", "left"), Col("dp·pp·tp", priority=2), *(Col(k) for k in _MEMORY))
     t = Fitted(cols, title=f"Per rank: measured vs estimated ({BYTE_UNITS})")
-    t.add("estimate", "", *(fmt_bytes(est[k]) for k in _MEMORY), style="bold", end_section=True)
+    for i, est in enumerate(stages):
+        name = f"estimate, stage {i}" if len(stages) > 1 else "estimate"
+        last = i == len(stages) - 1
+        t.add(name, "", *(fmt_bytes(est[k]) for k in _MEMORY), style="bold", end_section=last)
     for r in result["ranks"]:
-        meas = r["measured"]["memory"]
-        coords = f"{r['coords']['dp']}·{r['coords']['tp']}"
+        meas, c = r["measured"]["memory"], r["coords"]
+        est = stages[c.get("pp", 0)]
+        coords = f"{c['dp']}·{c.get('pp', 0)}·{c['tp']}"
         t.add(str(r["rank"]), coords, *(_cell(est[k], meas[k]) for k in _MEMORY))
     return t
 
@@ -72,7 +78,11 @@ def collective_table(rank: dict[str, Any]) -> Fitted:
         Col("count"),
         Col("bytes"),
     )
-    t = Fitted(cols, title=f"Rank {rank['rank']}: collectives (CommDebugMode; bytes this rank sends in)")
+    t = Fitted(
+        cols,
+        title=f"Rank {rank['rank']}: collectives (CommDebugMode; pp: the stage's sends and receives; "
+        "bytes this rank sends in, or receives)",
+    )
     for c in rank["collectives"]:
         t.add(c["dimension"], c["collective"], c["phase"], fmt_int(c["count"]), fmt_bytes(c["bytes"]))
     return t
@@ -82,7 +92,7 @@ def distributed_report(result: dict[str, Any]) -> RenderableType:
     lay = result["layout"]
     head = (
         f"{result['model']} on {result['nproc']} processes ({result['launcher']}): tp {lay['tp']}"
-        f"{' + sp' if lay['sp'] else ''} × dp {lay['dp']}, ZeRO-{lay['zero']}"
+        f"{' + sp' if lay['sp'] else ''} × pp {lay['pp']} × dp {lay['dp']}, ZeRO-{lay['zero']}"
     )
     rank0 = result["ranks"][0]
     parts: list[RenderableType] = [Text(head, style="bold"), rank_table(result)]

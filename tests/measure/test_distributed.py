@@ -194,7 +194,6 @@ def test_collective_names(op: str, name: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        (["--nproc", "2", "--pp", "2"], "pp"),
         (["--nproc", "2", "--checkpointing", "full"], "checkpointing"),
         (["--tp", "2"], "nproc"),
         (["--nproc", "3", "--tp", "2"], "nproc"),

@@ -1,0 +1,54 @@
+"""``memplan profile --nproc 4 --tp 2 --pp 2``: tensor parallelism inside each pipeline stage (the tiny
+model, 1F1B over 4 micro-batches), every rank against its stage's estimate.
+
+Its own file: one 4-process launch (≈ 25 s on two busy cores) beside test_distributed_pp.py's two.
+"""
+
+from __future__ import annotations
+
+from memplan.api import Options, setup_of
+from memplan.config import Device
+from memplan.engine import at_stage, estimate
+from memplan.measure.compare import estimated_by_name
+from memplan.measure.dist_compare import comparison
+from memplan.measure.distributed import launch
+from memplan.presets import load_gpu
+from memplan.time.comm import communication
+
+SEQ, N = 32, 4
+TIMEOUT_S = 300
+
+
+def test_tp2_by_pp2_each_rank_equals_its_stage() -> None:
+    """Saves and states equal the stage's tp-rank estimate; the tp all-reduces are Megatron's forward ones
+    (2 per layer + the embedding's + the vocabulary-parallel loss's 3) and DTensor's backward ones (one per
+    column-parallel linear + the lm head's: docs/distributed.md) per micro-batch. Each tp rank sends the
+    whole replicated [b, s, h] to the next stage: t times the table's pp row, which models Megatron's
+    scatter/gather (send 1/t, all-gather after the receive; Narayanan et al. 2021 §4.1), not done here."""
+    setup = setup_of(
+        Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, gpus=4, tp=2, pp=2, grad_accum=N)
+    )
+    est = estimate(setup)
+    result = comparison(launch(setup, 4, timeout_s=TIMEOUT_S), est, "spawn")
+    assert result["equal"] is True
+    coords = [(r["coords"]["pp"], r["coords"]["tp"]) for r in result["ranks"]]
+    assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # tp inside pp
+    rows = communication(est, load_gpu("h100-sxm").topology)[1]
+    send = next(r for r in rows if r.dimension == "pp" and r.phase.value == "forward")
+    layers, t = est.setup.model.num_layers // 2, 2
+    for rank in result["ranks"]:
+        stage = rank["coords"]["pp"]
+        expected = {
+            n: {"count": c, "bytes": b} for n, (c, b) in estimated_by_name(at_stage(est, stage)).items()
+        }
+        assert rank["measured"]["tensors"] == expected
+        assert rank["measured"]["unlabelled"] == []
+        assert rank["diff"]["states_equal"] is True
+        calls = {(c["dimension"], c["collective"], c["phase"]): c["count"] for c in rank["collectives"]}
+        last = stage == 1
+        assert calls[("tp", "all_reduce", "forward")] == N * (2 * layers + (3 if last else 1))
+        assert calls[("tp", "all_reduce", "backward")] == N * (5 * layers + (1 if last else 0))
+        p2p = {c["phase"]: c for c in rank["collectives"] if c["dimension"] == "pp"}
+        assert p2p["forward"]["count"] == send.count == N
+        assert p2p["forward"]["bytes"] == t * send.bytes * send.count  # the whole X, not X/t
+        assert ("tp", "all_gather", "forward") not in calls
