@@ -16,9 +16,12 @@ loss is nil; a GEMM of this shape runs at ``MATMUL`` × efficiency, taking FLOPs
 The tile (``TILES``): the guide (§2.3 "Typical Tile Dimensions In cuBLAS And Performance") lists the
 tiles cuBLAS chooses from, 256×128 and 128×256 the most efficient, then 128×128, then smaller ones, and
 says cuBLAS's heuristics pick one per shape, trading a large tile's data reuse against the parallelism
-of more, smaller tiles. Rule: the best of 256×128, 128×256 and 128×128 for each shape, taken as equally
-efficient per tile. Chosen from the guide with the published runs of docs/step-time.md in view (their
-misses motivated the model), before computing them, and not changed after.
+of more, smaller tiles (the list as recalled from the guide: the stored excerpts checked confirm that
+larger tiles reuse more data and are more efficient, and the 256×128 tiles on A100's 108 SMs of its
+wave example, not the list itself). Rule: the best of 256×128, 128×256 and 128×128 for each shape,
+taken as equally efficient per tile. Chosen from the guide with the published runs of
+docs/step-time.md in view (their misses motivated the model), before computing them, and not changed
+after.
 
 A class of GEMMs (one layer's forward, its backward, the lm head's) takes Σ FLOPs / (``MATMUL`` · peak ·
 ``efficiency``) with ``efficiency`` = Σ FLOPs / Σ (FLOPs / efficiency of each): a FLOP-weighted
@@ -28,7 +31,8 @@ Known limitations (NB): 128×128 is taken to run a tile as fast per element as t
 reuses less data; the guide ranks it below them), so a shape that fits 128×128 better is credited
 slightly too much; the smaller tiles (64×128, 64×64, …) and split-K, stream-K or persistent kernels
 (which cuBLAS uses on narrow or long-K shapes, e.g. a weight gradient's) are not modelled; neither is
-the reduction dimension's own quantization (K tiles of 32 or 64 fill exactly for every width here).
+the reduction dimension's quantization (a partial last step along K costs a fraction of one tile's
+work).
 A mixture of experts' router [h, E] and shared-expert gate [h, 1] are narrow GEMMs (memory-bound in
 truth) charged a whole 128-wide tile, which makes them slow per FLOP; they are few FLOPs. Every
 tensor-parallel rank runs them whole, while ``compute.stage_flops`` cuts every FLOP by tp: their shapes
