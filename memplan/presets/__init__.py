@@ -106,6 +106,12 @@ class GpuPreset(_Preset):
     interconnect_gbps: float = Field(gt=0, description="GPU-to-GPU bandwidth, GB/s, both directions")
     topology: Topology
     """The node and the links, per GPU and direction (``[topology]``; communication and step time)."""
+    sms: int | None = Field(
+        default=None,
+        gt=0,
+        description="streaming multiprocessors (AMD: compute units), for the GEMMs' wave quantization "
+        "(time/gemm.py); absent: every GEMM shape taken at the best shape's speed",
+    )
     host_memory_gib: float | None = Field(
         default=None,
         gt=0,

@@ -46,7 +46,12 @@ def time_table(t: Timing) -> Fitted:
     stage = f"stage {pr.stage}, {pr.stage_layers} layers" if t.devices > 1 else "one device"
     rows += [
         ("predicted step", _seconds(pr.step_time_s), f"MFU {pr.mfu:.1%}; the busiest device ({stage})"),
-        ("  matmul", _seconds(pr.matmul_s), "linears and the head at their achievable peak"),
+        (
+            "  matmul",
+            _seconds(pr.matmul_s),
+            f"linears and the head at their achievable peak × {pr.matmul_wave_efficiency:.1%} (wave "
+            "quantization)",
+        ),
         ("  attention", _seconds(pr.attention_s), "QKᵀ and P·V, forward and backward"),
         ("  element-wise", _seconds(pr.elementwise_s), "norms, residuals, activations: bytes / HBM"),
     ]

@@ -1,7 +1,8 @@
 """Compute time of one micro-batch on one device of the busiest stage, per kernel class.
 
 Three classes, each at its achievable fraction (``efficiency``):
-- matrix products: the layers' linears (and an MoE's experts) and the lm head, at ``MATMUL`` × peak;
+- matrix products: the layers' linears (and an MoE's experts) and the lm head, at ``MATMUL`` × peak ×
+  their shapes' wave efficiency (``gemm``: wave and tile quantization on the GPU's SMs);
 - the attention core's products (QKᵀ, P·V, their gradients, the flash backward's recompute of S), at
   ``ATTENTION`` × peak;
 - element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``) at ``MEMORY`` × HBM bandwidth.
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup, ZeroStage
 from memplan.presets import GpuPreset
-from memplan.time import efficiency
+from memplan.time import efficiency, gemm
 from memplan.time.comm import Critical
 
 
@@ -48,6 +49,8 @@ class KernelTime:
     matmul_s: float
     attention_s: float
     elementwise_s: float
+    matmul_flops: float
+    """The matrix products' FLOPs (``matmul_s`` at ``MATMUL`` × peak × their wave efficiency)."""
 
     @property
     def total_s(self) -> float:
@@ -58,10 +61,23 @@ class KernelTime:
 class StageFlops:
     """FLOPs of one micro-batch on one device of the stage, forward and backward (recompute included)."""
 
-    matmul_forward: float
+    linear_forward: float
+    head_forward: float
     attention_forward: float
-    matmul_backward: float
+    linear_backward: float
+    """dX and dW of the layers' linears: 2× their forward."""
+    rerun_linear: float
+    """The linears' share of the checkpoint recompute (forward shapes)."""
+    head_backward: float
     attention_backward: float
+
+    @property
+    def matmul_forward(self) -> float:
+        return self.linear_forward + self.head_forward
+
+    @property
+    def matmul_backward(self) -> float:
+        return self.linear_backward + self.rerun_linear + self.head_backward
 
 
 def stage_flops(c: Critical) -> StageFlops:
@@ -78,9 +94,12 @@ def stage_flops(c: Critical) -> StageFlops:
     else:
         rerun_attention = recompute * attention / (linear + attention) if linear + attention else 0.0
     return StageFlops(
-        matmul_forward=linear + head,
+        linear_forward=linear,
+        head_forward=head,
         attention_forward=attention,
-        matmul_backward=2 * (linear + head) + recompute - rerun_attention,
+        linear_backward=2 * linear,
+        rerun_linear=recompute - rerun_attention,
+        head_backward=2 * head,
         attention_backward=attention_back + rerun_attention,
     )
 
@@ -105,6 +124,18 @@ def elementwise_bytes(s: Setup) -> int:
     return out
 
 
+def matmul_seconds(f: StageFlops, e: gemm.Efficiencies, mm: float) -> tuple[float, float]:
+    """Forward and backward seconds of the matrix products at ``mm`` FLOP/s (``MATMUL`` × peak) × each
+    class's wave efficiency (``gemm``); a re-run layer's linears have the forward's shapes."""
+    forward = f.linear_forward / e.layer_forward + f.head_forward / e.head_forward
+    backward = (
+        f.linear_backward / e.layer_backward
+        + f.rerun_linear / e.layer_forward
+        + f.head_backward / e.head_backward
+    )
+    return forward / mm, backward / mm
+
+
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
@@ -113,9 +144,10 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     if c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup) * c.layers
     hbm = gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY
-    mm, at = peak * efficiency.MATMUL, peak * efficiency.ATTENTION
-    forward = KernelTime(f.matmul_forward / mm, f.attention_forward / at, layer / hbm)
-    backward = KernelTime(f.matmul_backward / mm, f.attention_backward / at, (2 * layer + rerun) / hbm)
+    at = peak * efficiency.ATTENTION
+    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms), peak * efficiency.MATMUL)
+    forward = KernelTime(mm_f, f.attention_forward / at, layer / hbm, f.matmul_forward)
+    backward = KernelTime(mm_b, f.attention_backward / at, (2 * layer + rerun) / hbm, f.matmul_backward)
     return forward, backward
 
 

@@ -23,8 +23,13 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
   issue #119, 2022).
 
-NB: one fraction per class for every GPU and every shape: small GEMMs (a narrow tensor-parallel shard, a
-short sequence) run below ``MATMUL``, FP8 and newer attention kernels (FlashAttention-3) above
+``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
+sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs
+(``gemm``: NVIDIA's "Matrix Multiplication Background User's Guide" §3; the tile rule, the best of
+256×128, 128×256 and 128×128 per shape, was chosen from the guide with the published runs in view, before
+computing them, and not changed after).
+
+NB: one fraction per class for every GPU: FP8 and newer attention kernels (FlashAttention-3) run above
 ``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's.
 """
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.engine import Result
 from memplan.presets import GpuPreset
+from memplan.time import efficiency
 from memplan.time.comm import Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
@@ -45,6 +46,9 @@ class Prediction(BaseModel):
     """The busiest pipeline stage (0 without a pipeline)."""
     stage_layers: int
     matmul_s: float
+    matmul_wave_efficiency: float
+    """The matrix products' FLOPs / (``matmul_s`` · ``MATMUL`` · peak): what wave and tile quantization of
+    their shapes leave of the best shape's speed (``gemm``; 1 on a GPU without an SM count)."""
     attention_s: float
     elementwise_s: float
     compute_s: float
@@ -86,6 +90,13 @@ def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
     return out
 
 
+def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float) -> float:
+    """The matrix products' FLOPs over what ``MATMUL`` × peak would run in their time (1 without any)."""
+    seconds = forward.matmul_s + backward.matmul_s
+    flops = forward.matmul_flops + backward.matmul_flops
+    return flops / (seconds * efficiency.MATMUL * peak) if seconds else 1.0
+
+
 def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring)."""
     c, rows = communication(p, gpu.topology)
@@ -103,6 +114,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         stage=c.index,
         stage_layers=c.layers,
         matmul_s=n * (forward.matmul_s + backward.matmul_s),
+        matmul_wave_efficiency=wave_efficiency(forward, backward, peak),
         attention_s=n * (forward.attention_s + backward.attention_s),
         elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
         compute_s=compute,
