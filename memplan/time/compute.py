@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, LossKind, MlpType, PositionType, Setup, ZeroStage
 from memplan.presets import GpuPreset
 from memplan.time import efficiency, gemm
 from memplan.time.comm import Critical
@@ -86,8 +86,13 @@ def stage_flops(c: Critical) -> StageFlops:
     ranks = s.parallel.tp * s.parallel.cp  # the whole model's work over the tp × cp ranks of a stage
     cut = c.layers / s.model.num_layers / ranks
     head = f.lm_head / ranks if c.last else 0.0
+    # The lm head's backward products (dX, dW: 2× its forward) run in backward, except under the fused loss,
+    # which makes both in the forward phase: its ``lm_head`` already holds all three and ``backward`` none
+    # (blocks/head.py::head_flops).
+    fused = s.loss is LossKind.FUSED
+    whole_head_back = 0 if fused else 2 * f.lm_head
     linear, attention = f.layer_linear * cut, f.layer_attention * cut
-    attention_back = (f.backward - 2 * (f.layer_linear + f.lm_head)) * cut
+    attention_back = (f.backward - 2 * f.layer_linear - whole_head_back) * cut
     recompute = f.recompute * cut
     if s.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun_attention = recompute
@@ -99,7 +104,7 @@ def stage_flops(c: Critical) -> StageFlops:
         attention_forward=attention,
         linear_backward=2 * linear,
         rerun_linear=recompute - rerun_attention,
-        head_backward=2 * head,
+        head_backward=0.0 if fused else 2 * head,
         attention_backward=attention_back + rerun_attention,
     )
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from memplan.blocks import mm
 from memplan.blocks.profiles import profile_of
-from memplan.config import MlpType, Setup
+from memplan.config import LossKind, MlpType, Setup
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
 """Output tiles Tm × Tn (module docstring: the guide's §2.3, the three largest)."""
@@ -183,9 +183,11 @@ class Efficiencies:
 def efficiencies(setup: Setup, sms: int | None) -> Efficiencies:
     """The four classes' efficiencies on a GPU of ``sms`` SMs (1 each where unknown)."""
     layer, head = layer_gemms(setup), head_gemms(setup)
+    # the fused loss runs the head's gradient products in its forward (blocks/head.py::head_flops)
+    head_in_forward = head + backward_all(head) if setup.loss is LossKind.FUSED else head
     return Efficiencies(
         layer_forward=class_efficiency(layer, sms),
         layer_backward=class_efficiency(backward_all(layer), sms),
-        head_forward=class_efficiency(head, sms),
+        head_forward=class_efficiency(head_in_forward, sms),
         head_backward=class_efficiency(backward_all(head), sms),
     )

@@ -4,6 +4,7 @@ rows·cols / (waves·SMs·Tm·Tn), the best of the 256×128, 128×256 and 128×1
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from memplan.analytic.flops import layer_linear_flops
 from memplan.analytic.inventory import Dims
 from memplan.blocks.head import lm_head_flops
-from memplan.config import Parallel, Setup, TrainingConfig
+from memplan.config import LossKind, Parallel, Setup, TrainingConfig
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import efficiency as eff
 from memplan.time import gemm
@@ -194,3 +195,15 @@ def test_the_published_22b_matmul_time_by_hand() -> None:
     assert t.prediction.matmul_s == pytest.approx(expected, rel=1e-12)
     total = n * (3 * layers * linear + 3 * head)
     assert t.prediction.matmul_wave_efficiency == pytest.approx(total / (n * flops_time), rel=1e-12)
+
+
+def test_the_fused_loss_moves_the_heads_gradient_products_not_the_attention() -> None:
+    """The fused loss runs the lm head's dX and dW inside its forward (blocks/head.py::head_flops: forward
+    3·head, backward none): the same products, so the same matmul seconds, forward and backward together,
+    and the attention core's backward untouched. On the 22B (above) the head's forward, dX and dW run at
+    25/27, 8/9 and 200/207: in one class 3/(27/25 + 9/8 + 207/200) = 25/27, the standard loss's too."""
+    (run,) = [r for r in RUNS if r.name.startswith("22B")]
+    fused = replace(run, setup=run.setup.model_copy(update={"loss": LossKind.FUSED}))
+    standard_t, fused_t = predicted_timing(run).prediction, predicted_timing(fused).prediction
+    assert fused_t.attention_s == pytest.approx(standard_t.attention_s, rel=1e-12)
+    assert fused_t.matmul_s == pytest.approx(standard_t.matmul_s, rel=1e-12)
