@@ -28,9 +28,17 @@ B, S, H = 2, 64, 64
 T = B * S
 
 
-def setup(norm: str = "rmsnorm", precision: Precision = Precision.BF16_MIXED, **kw: object) -> Setup:
+def setup(
+    norm: str = "rmsnorm", precision: Precision = Precision.BF16_MIXED, layers: int = 4, **kw: object
+) -> Setup:
     model = ModelConfig(
-        hidden_size=H, num_layers=4, num_heads=4, ffn_size=160, vocab_size=1000, norm=norm, max_positions=S
+        hidden_size=H,
+        num_layers=layers,
+        num_heads=4,
+        ffn_size=160,
+        vocab_size=1000,
+        norm=norm,
+        max_positions=S,
     )
     return Setup(
         model=model,
@@ -124,6 +132,29 @@ def test_the_top_layers_backward_holds_every_save_but_the_heads() -> None:
     the head's are freed but for the labels the training loop holds (8·T)."""
     est = estimate(setup())
     assert est.activations - est.peak.moments["layer backward"]["activations"] == HEAD_SAVES - 8 * T
+    # No layer's backward has run yet: the gradients are the head's, lm head [v, h] and final norm [h], bf16.
+    assert est.peak.moments["layer backward"]["gradients"] == 2 * (1000 * H + H)
+
+
+def test_a_fully_checkpointed_layer_re_runs_one_layers_saves() -> None:
+    """Full checkpointing's layer backward holds, beside what it would hold un-checkpointed, the saves of the
+    one layer it re-ran: one layer's saves = the activations of 4 layers less those of 3 (RMSNorm in bf16
+    shares no storage with the kept input)."""
+
+    def moment(checkpointing: Checkpointing) -> dict[str, int]:
+        return estimate(setup(strategy=StrategyConfig(checkpointing=checkpointing))).peak.moments[
+            "layer backward"
+        ]
+
+    one_layer = estimate(setup()).activations - estimate(setup(layers=3)).activations
+    assert moment(Checkpointing.FULL)["transient"] - moment(Checkpointing.NONE)["transient"] == one_layer
+
+
+def test_selective_flash_re_runs_only_the_kernels_logsumexp() -> None:
+    """Selective checkpointing re-runs the flash core on the q, k, v the checkpoint keeps: only its fp32
+    logsumexp [b, a, s] is new."""
+    s = setup(strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE))
+    assert pk.recompute_working_set(s) == 4 * B * 4 * S
 
 
 def test_zero3_gathers_the_largest_unit_for_each_backward_moment() -> None:
