@@ -82,6 +82,19 @@ def test_reference_moe_layer_has_router_experts_shared_expert_and_gate() -> None
         (1, H),
     ]
     assert ost.parameter_shapes(setup(moe=moe)) == [(V, H), (V, H), *layer * L, (H,)]
+    # No gate; the shared expert's width defaults to the routed one's, f.
+    attn = [(H,), (H,), (H, H), (KV, H), (KV, H), (H, H)]
+    shared = MoEConfig(experts=2, top_k=1, shared_experts=1)
+    layer = [*attn, (2, H), *expert * 2, *expert]
+    assert ost.parameter_shapes(setup(moe=shared)) == [(V, H), (V, H), *layer * L, (H,)]
+    # Neither shared experts nor a gate.
+    layer = [*attn, (2, H), *expert * 2]
+    assert ost.parameter_shapes(setup(moe=MoEConfig(experts=2, top_k=1))) == [
+        (V, H),
+        (V, H),
+        *layer * L,
+        (H,),
+    ]
 
 
 def test_transformers_llama_order_puts_the_head_after_the_final_norm() -> None:
