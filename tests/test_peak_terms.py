@@ -155,6 +155,11 @@ def test_selective_flash_re_runs_only_the_kernels_logsumexp() -> None:
     logsumexp [b, a, s] is new."""
     s = setup(strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE))
     assert pk.recompute_working_set(s) == 4 * B * 4 * S
+    # The layer's backward peaks in its MLP (flash: no [s, s] scores), which runs before the core is
+    # re-run: the same rise above the live set as without checkpointing (the live set lacks every lse).
+    selective, plain = (estimate(x).peak.moments["layer backward"] for x in (s, setup()))
+    assert selective["transient"] == plain["transient"]
+    assert plain["activations"] - selective["activations"] == 4 * (4 * B * 4 * S)  # 4 layers' lse
 
 
 def test_zero3_gathers_the_largest_unit_for_each_backward_moment() -> None:
