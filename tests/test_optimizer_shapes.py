@@ -20,6 +20,7 @@ from memplan.config import (
     ImplConfig,
     ModelConfig,
     MoEConfig,
+    OptimizerImpl,
     Setup,
     StrategyConfig,
     TrainingConfig,
@@ -160,3 +161,36 @@ def test_for_loop_holds_the_previous_denominator_beside_two_new_tensors(
 )
 def test_bitsandbytes_8bit_states(sizes: list[int], expected: int) -> None:
     assert ost.bnb_state_bytes(sizes) == expected
+
+
+def test_transformers_tied_llama_steps_no_head() -> None:
+    layer = [(H, H), (KV, H), (KV, H), (H, H), (F, H), (F, H), (H, F), (H,), (H,)]
+    s = setup(Impl.HF, family=Family.LLAMA, tied_embeddings=True)
+    assert ost.parameter_shapes(s) == [(V, H), *layer * L, (H,)]
+
+
+def test_zero_one_over_two_ranks_shards_too() -> None:
+    assert ost.step_tensors(setup(strategy=StrategyConfig(zero=ZeroStage.OPTIMIZER, dp=2)))[:3] == [
+        500 * H,
+        500 * H,
+        32,
+    ]
+
+
+# Ψ = 2·1000·64 (embedding, untied head) + 2 · (2·64 + 2·64² + 2·32·64 + 3·64·160) + 64 = 214,336.
+PSI = 2 * V * H + L * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F) + H
+
+
+@pytest.mark.parametrize(
+    ("impl", "expected"),
+    [
+        # the fp32 master (4 bytes): embed then head, both [v, h]: the previous denominator + two new ones
+        (OptimizerImpl.FOR_LOOP, 4 * 3 * V * H),
+        (OptimizerImpl.FOREACH, 4 * PSI),  # _foreach_sqrt over every parameter
+        (OptimizerImpl.FUSED, 0),
+    ],
+)
+def test_step_transient_by_implementation(impl: OptimizerImpl, expected: int) -> None:
+    s = setup()
+    s = s.model_copy(update={"training": s.training.model_copy(update={"optimizer_impl": impl})})
+    assert ost.step_transient(s) == expected
