@@ -5,10 +5,17 @@ mutmut forks every mutant's test run from a process that has already run the who
 (to learn which tests reach which function). memplan memoises its pieces (``functools`` caches in
 engine.py and analytic/), so a forked run would get the unmutated code's cached answers and every mutant
 of a memoised function would survive unseen. Clearing them at session start makes the mutant run.
+
+The same caches hide who calls what when mutmut first runs the selection to learn which tests reach which
+function (its "stats" run, ``MUTANT_UNDER_TEST=stats``): a function a memoised estimate calls is recorded
+for the first test that computes the estimate only, and each of its mutants is then judged by that test
+alone. In the stats run the caches are therefore also cleared before every test, so each test is recorded
+against every function its estimates call.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -29,3 +36,8 @@ def clear_memplan_caches() -> int:
 
 def pytest_sessionstart(session: Any) -> None:
     clear_memplan_caches()
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    if os.environ.get("MUTANT_UNDER_TEST") == "stats":
+        clear_memplan_caches()

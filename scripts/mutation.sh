@@ -15,5 +15,9 @@ minutes="${1:-25}"
 # mutmut imports the mutated copy in mutants/; a PYTHONPATH naming a checkout would shadow it. scripts/
 # holds the pytest plugin (memplan_mutmut.py) that clears memplan's memo caches in each mutant's run.
 export PYTHONPATH="$PWD/scripts${MUTATION_PYTHONPATH:+:$MUTATION_PYTHONPATH}"
+# The mutated tree reads its own presets (memplan/_presets → ../presets, as the checkout's; also_copy brings
+# presets/). Without the link memplan._presets resolves through the editable install, possibly to another
+# checkout whose presets this code does not accept.
+mkdir -p mutants/memplan && ln -sfn ../presets mutants/memplan/_presets
 timeout --signal=INT "$((minutes * 60))" python -m mutmut run --max-children 1 || true
 python benchmarks/mutation_summary.py | tee mutants/summary.txt

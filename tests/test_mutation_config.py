@@ -95,3 +95,12 @@ def test_plugin_empties_memplans_memo_caches(monkeypatch: pytest.MonkeyPatch) ->
     assert square.cache_info().currsize == 1
     assert memplan_mutmut.clear_memplan_caches() >= 1
     assert square.cache_info().currsize == 0
+    # mutmut's stats run (which test reaches which function) clears them before every test too; a
+    # mutant's run (after its session start) does not.
+    square(3)
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "memplan.x__mutmut_1")
+    memplan_mutmut.pytest_runtest_setup(None)
+    assert square.cache_info().currsize == 1
+    monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
+    memplan_mutmut.pytest_runtest_setup(None)
+    assert square.cache_info().currsize == 0

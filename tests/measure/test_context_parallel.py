@@ -22,10 +22,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from memplan.analytic.inventory import Dims
 from memplan.config import (
     Attention,
     Checkpointing,
     Device,
+    DType,
     ModelConfig,
     MoEConfig,
     Parallel,
@@ -39,6 +41,9 @@ from memplan.measure.context import head_tail_positions, ring_flash, ring_group
 from memplan.measure.instruments import register_cpu_sdpa_formulas
 from memplan.measure.model import Reference
 from memplan.measure.run import make_batch, measure, run_step
+from memplan.presets import load_model_preset
+from memplan.strategies import context_parallel as cpx
+from memplan.strategies.tensor_parallel import tp_model
 
 
 def tiny(cp: int, **kw: Any) -> Setup:
@@ -222,3 +227,45 @@ def test_two_gloo_ranks_run_the_ring(tmp_path: Path) -> None:
         assert got["saved"] == want
         assert got["flops"]["forward"] * cp == est.flops.forward
         assert got["flops"]["backward"] * cp == est.flops.backward
+
+
+def test_kv_exchanges_equal_torch_ring_collectives() -> None:
+    """The exchanges of one attention layer, counted on torch's own ring (forward + backward) over a fake
+    process group: the functional collectives it issues and their input bytes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Log(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, int]] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            name = func.__name__
+            if func.namespace == "_c10d_functional" and not name.startswith(("wait", "_wrap")):
+                t = args[0]
+                self.calls.append((name.split(".")[0], t.numel() * t.element_size()))
+            return func(*args, **(kwargs or {}))
+
+    setup = Setup(
+        model=load_model_preset("llama-3-8b").model,
+        training=TrainingConfig(seq_len=64, micro_batch=2, precision="bf16-mixed"),
+        strategy=StrategyConfig(attention=Attention.FLASH),
+        parallel=Parallel(cp=4),
+        device=Device.CPU,
+    )
+    m = tp_model(setup.model, 1)
+    s_r = 64 // 4
+    with ring_group(4, 1) as group:
+        q = torch.randn(2, m.num_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
+        log = Log()
+        with log:
+            out, _ = ring_flash(q, k, v, group)
+            out.sum().backward()
+    expected = []
+    for e in cpx.kv_exchanges(setup):
+        kind = "all_gather_into_tensor" if e.collective == "all-gather" else "all_to_all_single"
+        expected += [(kind, e.bytes)] * e.calls
+    assert sorted(log.calls) == sorted(expected)
+    assert cpx.kv_bytes(Dims.of(setup), DType.BF16) == 2 * 2 * m.kv_heads * s_r * m.dim * 2

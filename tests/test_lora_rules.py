@@ -1,0 +1,100 @@
+"""LoRA's small rules by hand (strategies/lora.py): what trains, one adapter's saves, the residual dropout
+mask; in the fast, torch-free suite the mutation run uses (docs/mutation.md). The layer-by-layer gradient
+flow is measured per tensor by tests/measure/test_finetune.py (torch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memplan.analytic.inventory import Block, Dims, Role
+from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig
+from memplan.config.finetune import Target
+from memplan.strategies import lora
+
+H, F, B, S = 64, 160, 2, 32
+
+
+def setup(tied: bool = False, **ft: Any) -> Setup:
+    m = ModelConfig(
+        hidden_size=H,
+        num_layers=4,
+        num_heads=4,
+        ffn_size=F,
+        vocab_size=1000,
+        max_positions=S,
+        tied_embeddings=tied,
+    )
+    return Setup(
+        model=m, training=TrainingConfig(micro_batch=B, seq_len=S), finetune=FineTune.model_validate(ft)
+    )
+
+
+@pytest.mark.parametrize(
+    ("tied", "ft", "embedding", "head", "norm"),
+    [
+        (False, {}, True, True, True),
+        (False, {"freeze_embeddings": True}, False, True, True),
+        (False, {"freeze_lm_head": True}, True, False, True),
+        # tied: one tensor, frozen when either name freezes it
+        (True, {"freeze_lm_head": True}, False, False, True),
+        (True, {"freeze_embeddings": True}, False, False, True),
+        (True, {}, True, True, True),
+        # LoRA: only the adapters train
+        (False, {"method": Method.LORA}, False, False, False),
+    ],
+)
+def test_what_trains(tied: bool, ft: dict[str, Any], embedding: bool, head: bool, norm: bool) -> None:
+    s = setup(tied, **ft)
+    assert (lora.embedding_trains(s), lora.head_trains(s), lora.final_norm_trains(s)) == (
+        embedding,
+        head,
+        norm,
+    )
+
+
+def test_frozen_layers_train_nothing_and_carry_no_adapter() -> None:
+    full = setup(freeze_layers=(1, 2))
+    assert [lora.base_trains(full, i) for i in range(4)] == [True, False, False, True]
+    adapted = setup(method=Method.LORA, targets=(Target.Q, Target.DOWN), freeze_layers=(0, 0))
+    assert [lora.adapted(adapted, i) for i in range(2)] == [frozenset(), {Target.Q, Target.DOWN}]
+    assert lora.adapted(setup(), 0) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("target", "block", "fan_in"), [(Target.O, Block.ATTN, H), (Target.DOWN, Block.MLP, F)]
+)
+def test_an_adapter_with_dropout_keeps_mask_dropped_input_and_rank_output(
+    target: Target, block: Block, fan_in: int
+) -> None:
+    """peft's lora_dropout(x) → A → B: the bool mask [b, s, in] (when x needs a gradient), the dropped x
+    [b, s, in] (A's input, bf16) and A·x [b, s, r] (B's input); r = 8."""
+    s = setup(method=Method.LORA, dropout=0.1, targets=(target,))
+    dims = Dims.of(s)
+    got = [(r.name, r.shape, r.dtype, r.block, r.role) for r in lora.adapter_rules(s, dims, target, True)]
+    p = f"{block.value}.{target.value}"
+    assert got == [
+        (f"{p}_lora_mask", (B, S, fan_in), DType.BOOL, block, Role.DROPOUT_MASK),
+        (f"{p}_lora_input", (B, S, fan_in), DType.BF16, block, Role.LINEAR_INPUT),
+        (f"{p}_lora_mid", (B, S, 8), DType.BF16, block, Role.LORA_RANK),
+    ]
+    # x needs no gradient: no mask; without dropout A reads x itself (its linear's save): A·x only.
+    assert [r.name for r in lora.adapter_rules(s, dims, target, False)] == [
+        f"{p}_lora_input",
+        f"{p}_lora_mid",
+    ]
+    plain = setup(method=Method.LORA, targets=(target,))
+    assert [r.name for r in lora.adapter_rules(plain, Dims.of(plain), target, True)] == [f"{p}_lora_mid"]
+
+
+def test_residual_dropout_mask_is_a_bool_per_activation() -> None:
+    dims = Dims.of(setup())
+    r = lora._resid_mask(Block.MLP, dims)
+    assert (r.name, r.shape, r.dtype, r.block, r.role) == (
+        "mlp.resid_dropout_mask",
+        (B, S, H),
+        DType.BOOL,
+        Block.MLP,
+        Role.DROPOUT_MASK,
+    )

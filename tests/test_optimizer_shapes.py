@@ -1,0 +1,196 @@
+"""The tensors the optimizer steps, in order, and bitsandbytes' 8-bit states, by hand
+(analytic/optimizer_step.py), in the fast, torch-free suite the mutation run uses (docs/mutation.md).
+
+tests/measure/test_optimizer_impls.py runs torch.optim on the reference model and transformers (torch); here
+the orders are written out from the module layouts: memplan/measure/model.py ``Reference`` (a module's own
+parameters before its submodules': embed, positions, head, then the layers and the final norm; a layer's
+attn_norm, mlp_norm, q, k, v, o, MLP), transformers' ``LlamaForCausalLM`` and ``GPT2LMHeadModel``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memplan.analytic import optimizer_step as ost
+from memplan.config import (
+    Family,
+    Impl,
+    ImplConfig,
+    ModelConfig,
+    MoEConfig,
+    OptimizerImpl,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+    ZeroStage,
+)
+
+H, V, F, L, P = 64, 1000, 160, 2, 32
+KV = 32  # 2 kv heads of 16
+
+
+def setup(impl: Impl = Impl.REFERENCE, strategy: StrategyConfig | None = None, **model: Any) -> Setup:
+    base: dict[str, Any] = {"hidden_size": H, "num_layers": L, "num_heads": 4, "num_kv_heads": 2}
+    m = ModelConfig(**{**base, "ffn_size": F, "vocab_size": V, "max_positions": P, **model})
+    return Setup(
+        model=m,
+        training=TrainingConfig(micro_batch=1, seq_len=P),
+        impl=ImplConfig(impl=impl),
+        strategy=strategy or StrategyConfig(),
+    )
+
+
+def test_reference_llama_order() -> None:
+    layer = [(H,), (H,), (H, H), (KV, H), (KV, H), (H, H), (F, H), (F, H), (H, F)]
+    assert ost.parameter_shapes(setup()) == [(V, H), (V, H), *layer * L, (H,)]
+
+
+def test_reference_gpt_order_with_biases_learned_positions_and_a_tied_head() -> None:
+    """LayerNorm weight and bias; every linear followed by its bias; fc1 [f, h], fc2 [h, f]."""
+    s = setup(
+        num_kv_heads=4,
+        norm="layernorm",
+        mlp="gelu",
+        position="learned",
+        tied_embeddings=True,
+        qkv_bias=True,
+        out_bias=True,
+        mlp_bias=True,
+    )
+    ln = [(H,), (H,)]
+    linear = [(H, H), (H,)]
+    layer = [*ln, *ln, *linear * 4, (F, H), (F,), (H, F), (H,)]
+    assert ost.parameter_shapes(s) == [(V, H), (P, H), *layer * L, *ln]
+
+
+def test_reference_moe_layer_has_router_experts_shared_expert_and_gate() -> None:
+    moe = MoEConfig(experts=3, top_k=2, shared_experts=1, shared_ffn=48, shared_gate=True)
+    expert = [(F, H), (F, H), (H, F)]
+    layer = [
+        (H,),
+        (H,),
+        (H, H),
+        (KV, H),
+        (KV, H),
+        (H, H),
+        (3, H),
+        *expert * 3,
+        (48, H),
+        (48, H),
+        (H, 48),
+        (1, H),
+    ]
+    assert ost.parameter_shapes(setup(moe=moe)) == [(V, H), (V, H), *layer * L, (H,)]
+    # No gate; the shared expert's width defaults to the routed one's, f.
+    attn = [(H,), (H,), (H, H), (KV, H), (KV, H), (H, H)]
+    shared = MoEConfig(experts=2, top_k=1, shared_experts=1)
+    layer = [*attn, (2, H), *expert * 2, *expert]
+    assert ost.parameter_shapes(setup(moe=shared)) == [(V, H), (V, H), *layer * L, (H,)]
+    # Neither shared experts nor a gate.
+    layer = [*attn, (2, H), *expert * 2]
+    assert ost.parameter_shapes(setup(moe=MoEConfig(experts=2, top_k=1))) == [
+        (V, H),
+        (V, H),
+        *layer * L,
+        (H,),
+    ]
+
+
+def test_transformers_llama_order_puts_the_head_after_the_final_norm() -> None:
+    """model.embed_tokens, per layer self_attn (q, k, v, o; Qwen2's q/k/v biases) then mlp (gate, up,
+    down) then input_layernorm, post_attention_layernorm; model.norm; lm_head."""
+    layer = [(H, H), (H,), (KV, H), (KV,), (KV, H), (KV,), (H, H), (F, H), (F, H), (H, F), (H,), (H,)]
+    s = setup(Impl.HF, family=Family.QWEN2, qkv_bias=True)
+    assert ost.parameter_shapes(s) == [(V, H), *layer * L, (H,), (V, H)]
+
+
+def test_transformers_gpt2_order_with_conv1d_weights() -> None:
+    """wte, wpe, per block ln_1, c_attn [h, 3h] + bias, c_proj [h, h] + bias, ln_2, c_fc [h, f] + bias,
+    c_proj [f, h] + bias; ln_f; the head tied."""
+    s = setup(
+        Impl.HF,
+        family=Family.GPT2,
+        num_kv_heads=4,
+        norm="layernorm",
+        mlp="gelu",
+        position="learned",
+        tied_embeddings=True,
+        qkv_bias=True,
+        out_bias=True,
+        mlp_bias=True,
+    )
+    ln = [(H,), (H,)]
+    layer = [*ln, (H, 3 * H), (3 * H,), (H, H), (H,), *ln, (H, F), (F,), (F, H), (H,)]
+    assert ost.parameter_shapes(s) == [(V, H), (P, H), *layer * L, *ln]
+
+
+def test_zero_steps_each_ranks_dim0_chunk() -> None:
+    """ZeRO-1 over 3 ranks: ⌈rows/3⌉ rows of each parameter ([1000, 64] → 334 · 64; [64] → 22)."""
+    sharded = ost.step_tensors(setup(strategy=StrategyConfig(zero=ZeroStage.OPTIMIZER, dp=3)))
+    assert sharded[:3] == [334 * H, 334 * H, 22]
+    assert ost.step_tensors(setup(strategy=StrategyConfig(dp=3)))[:3] == [V * H, V * H, H]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        # e · max(0 + 2·5, 5 + 2·3, 3 + 2·7) = 4 · 17
+        ([5, 3, 7], 4 * 17),
+        ([7, 3, 5], 4 * max(14, 7 + 6, 3 + 10)),
+        ([], 0),
+    ],
+)
+def test_for_loop_holds_the_previous_denominator_beside_two_new_tensors(
+    sizes: list[int], expected: int
+) -> None:
+    assert ost.for_loop_transient(sizes, 4) == expected
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        # 4096: uint8 state1 and state2 (2·4096) + fp32 absmax1/absmax2 per 256 (2·4·16) + the qmaps 2·256·4
+        ([4096], 2 * 4096 + 2 * 4 * 16 + 2 * 256 * 4),
+        # 4095 stays fp32: 2 · 4 · 4095, no qmaps
+        ([4095], 8 * 4095),
+        # 4097: ⌈4097/256⌉ = 17 blocks; with a small one beside it
+        ([4097, 10], 2 * 4097 + 2 * 4 * 17 + 8 * 10 + 2 * 256 * 4),
+    ],
+)
+def test_bitsandbytes_8bit_states(sizes: list[int], expected: int) -> None:
+    assert ost.bnb_state_bytes(sizes) == expected
+
+
+def test_transformers_tied_llama_steps_no_head() -> None:
+    layer = [(H, H), (KV, H), (KV, H), (H, H), (F, H), (F, H), (H, F), (H,), (H,)]
+    s = setup(Impl.HF, family=Family.LLAMA, tied_embeddings=True)
+    assert ost.parameter_shapes(s) == [(V, H), *layer * L, (H,)]
+
+
+def test_zero_one_over_two_ranks_shards_too() -> None:
+    assert ost.step_tensors(setup(strategy=StrategyConfig(zero=ZeroStage.OPTIMIZER, dp=2)))[:3] == [
+        500 * H,
+        500 * H,
+        32,
+    ]
+
+
+# Ψ = 2·1000·64 (embedding, untied head) + 2 · (2·64 + 2·64² + 2·32·64 + 3·64·160) + 64 = 214,336.
+PSI = 2 * V * H + L * (2 * H + 2 * H * H + 2 * KV * H + 3 * H * F) + H
+
+
+@pytest.mark.parametrize(
+    ("impl", "expected"),
+    [
+        # the fp32 master (4 bytes): embed then head, both [v, h]: the previous denominator + two new ones
+        (OptimizerImpl.FOR_LOOP, 4 * 3 * V * H),
+        (OptimizerImpl.FOREACH, 4 * PSI),  # _foreach_sqrt over every parameter
+        (OptimizerImpl.FUSED, 0),
+    ],
+)
+def test_step_transient_by_implementation(impl: OptimizerImpl, expected: int) -> None:
+    s = setup()
+    s = s.model_copy(update={"training": s.training.model_copy(update={"optimizer_impl": impl})})
+    assert ost.step_transient(s) == expected
