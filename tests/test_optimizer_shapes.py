@@ -42,6 +42,19 @@ def setup(impl: Impl = Impl.REFERENCE, strategy: StrategyConfig | None = None, *
     )
 
 
+GPT: dict[str, Any] = {
+    "num_kv_heads": 4,
+    "norm": "layernorm",
+    "mlp": "gelu",
+    "position": "learned",
+    "tied_embeddings": True,
+    "qkv_bias": True,
+    "out_bias": True,
+    "mlp_bias": True,
+}
+"""A GPT-2-style layout: LayerNorm with bias, GELU MLP, learned positions, a tied head, every bias."""
+
+
 def test_reference_llama_order() -> None:
     layer = [(H,), (H,), (H, H), (KV, H), (KV, H), (H, H), (F, H), (F, H), (H, F)]
     assert ost.parameter_shapes(setup()) == [(V, H), (V, H), *layer * L, (H,)]
@@ -49,16 +62,7 @@ def test_reference_llama_order() -> None:
 
 def test_reference_gpt_order_with_biases_learned_positions_and_a_tied_head() -> None:
     """LayerNorm weight and bias; every linear followed by its bias; fc1 [f, h], fc2 [h, f]."""
-    s = setup(
-        num_kv_heads=4,
-        norm="layernorm",
-        mlp="gelu",
-        position="learned",
-        tied_embeddings=True,
-        qkv_bias=True,
-        out_bias=True,
-        mlp_bias=True,
-    )
+    s = setup(**GPT)
     ln = [(H,), (H,)]
     linear = [(H, H), (H,)]
     layer = [*ln, *ln, *linear * 4, (F, H), (F,), (H, F), (H,)]
@@ -109,18 +113,7 @@ def test_transformers_llama_order_puts_the_head_after_the_final_norm() -> None:
 def test_transformers_gpt2_order_with_conv1d_weights() -> None:
     """wte, wpe, per block ln_1, c_attn [h, 3h] + bias, c_proj [h, h] + bias, ln_2, c_fc [h, f] + bias,
     c_proj [f, h] + bias; ln_f; the head tied."""
-    s = setup(
-        Impl.HF,
-        family=Family.GPT2,
-        num_kv_heads=4,
-        norm="layernorm",
-        mlp="gelu",
-        position="learned",
-        tied_embeddings=True,
-        qkv_bias=True,
-        out_bias=True,
-        mlp_bias=True,
-    )
+    s = setup(Impl.HF, family=Family.GPT2, **GPT)
     ln = [(H,), (H,)]
     layer = [*ln, (H, 3 * H), (3 * H,), (H, H), (H,), *ln, (H, F), (F,), (F, H), (H,)]
     assert ost.parameter_shapes(s) == [(V, H), (P, H), *layer * L, *ln]
