@@ -131,7 +131,7 @@ def dropped(t: str, mask: bool) -> list[Entry]:
     return [*m, (f"{block}.{t}_lora_input", (B, S, FAN_IN[t]), "bf16")]
 
 
-@pytest.mark.parametrize("method", [Method.LORA, Method.QLORA])
+@pytest.mark.parametrize("method", [Method.LORA, Method.QLORA], ids=["lora", "qlora"])
 def test_adapters_on_q_and_v(method: Method) -> None:
     """LoRA / QLoRA on W_Q, W_V (flash, RMSNorm, SwiGLU): the base — 4-bit or not — is frozen, so the saves
     are the same. Layer 0's input needs no gradient (frozen embedding): its attention norm keeps nothing
@@ -292,7 +292,7 @@ def test_eager_attention_backward_runs_the_needed_operand_gradients() -> None:
     dims = Dims.of(s)
     assert [lora.layer_flops(s, dims, f)[2] for f in lora.flows(s)] == [2 * PER_BMM] + [4 * PER_BMM] * 3
     g = setup(Attention.EAGER, method=Method.LORA, targets=(Target.GATE,))
-    fl = lora.flows(g)
+    dims, fl = Dims.of(g), lora.flows(g)
     assert [lora.layer_flops(g, dims, f)[2] for f in fl] == [0] + [4 * PER_BMM] * 3
     # layer 0's backward: W_gate's A (dA only: x needs no gradient) and B (dB, d(A·x)); W_down's dX (its
     # input silu(g)·u needs one, through g); W_gate's and W_up's own dX are not needed (frozen, input too).
@@ -374,9 +374,8 @@ def test_frozen_layers_over_a_trained_embedding_keep_what_dx_needs() -> None:
     before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
     assert inv(before) == [("embed.ids", (B, S), "int64"), *ROPE]
     assert inv(after) == [*FINAL_X, FINAL_N, HEAD_IN, *LOSS]
-    assert next(
-        r for r in lora.layer_rules(s, Dims.of(s), lora.flows(s)[0]) if r.name == "attn.out"
-    ).role is (Role.ATTN_OUT)
+    roles = {r.name: r.role for r in lora.layer_rules(s, Dims.of(s), lora.flows(s)[0])}
+    assert roles["attn.out"] is Role.ATTN_OUT  # W_O's input, the attention output (flash's own save)
 
 
 def test_only_the_top_layer_adapted() -> None:
