@@ -19,6 +19,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from memplan.config import Offload
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
 
@@ -165,3 +166,16 @@ def host_verdict(p: Result, memory: int, gpus_per_node: int = NODE_GPUS) -> Host
         fits=need <= memory,
         headroom=memory - need,
     )
+
+
+def host_fits(p: Result, gpu: GpuPreset) -> bool:
+    """With offload, the node's host memory (the preset's) holds its devices' offloaded tensors."""
+    if p.setup.offload is Offload.NONE or gpu.host_memory_gib is None:
+        return True
+    host = host_fit(p, gpu.host_memory_gib, gpu.topology.gpus_per_node)
+    return host is None or host.fits
+
+
+def fits(p: Result, memory: int) -> bool:
+    """Every computed stage fits: the lower bound first, the peak only when needed."""
+    return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory

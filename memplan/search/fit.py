@@ -45,7 +45,7 @@ from memplan.config import (
 from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
-from memplan.search.budget import DEFAULT_RESERVE, Verdict, host_fit, verdict
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, fits, host_fits, verdict
 from memplan.search.methods import (
     SAVERS,
     searches_checkpointing,
@@ -251,19 +251,6 @@ def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) ->
             ),
         }
     )
-
-
-def host_fits(p: Result, gpu: GpuPreset) -> bool:
-    """With offload, the node's host memory (the preset's) holds its devices' offloaded tensors."""
-    if p.setup.offload is Offload.NONE or gpu.host_memory_gib is None:
-        return True
-    host = host_fit(p, gpu.host_memory_gib, gpu.topology.gpus_per_node)
-    return host is None or host.fits
-
-
-def fits(p: Result, memory: int) -> bool:
-    """Every computed stage fits: the lower bound first, the peak only when needed."""
-    return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory
 
 
 # ----------------------------------------------------------------------------------------------------
