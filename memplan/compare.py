@@ -45,6 +45,11 @@ NUMBER_KEYS = frozenset(k for k, _ in NUMBERS)
 setting is said in the title when every row shares it)."""
 
 
+LIST_KEYS = frozenset({"offload", "pp-layers", "freeze", "lora-targets"})
+"""Settings whose one value is itself a comma-separated list: in ``--vary`` its entries are joined with
+``+`` (``--vary pp-layers=16+16,8+24``: two values), as the commas separate the values."""
+
+
 def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
     """``["tp=1,8", "attention=eager,flash"]`` → ``[("tp", ["1", "8"]), …]`` (field names), checked."""
     out: list[tuple[str, list[str]]] = []
@@ -60,6 +65,8 @@ def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
             hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(f"vary: unknown setting {key!r}; {hint}choose from {', '.join(VARY_KEYS)}")
         items = [v.strip() for v in values.split(",") if v.strip()]
+        if key in LIST_KEYS:  # one value of a list-valued setting joins its entries with "+"
+            items = [v.replace("+", ",") for v in items]
         if not items:
             raise ValueError(f"vary: {key} has no values; list them, e.g. --vary {key}=A,B")
         field = key.replace("-", "_")

@@ -48,8 +48,9 @@ COMPARE_HELP = """Compare models and strategy variations side by side: one row p
 
 --model takes a comma-separated list; each --vary KEY=A,B,… varies one setting of `memplan estimate` (any of
 its options: checkpointing, attention, zero, tp, sp, pp, dp, gpus, batch, seq, precision, gpu, mfu, …);
-the rows are the cartesian product. Columns: the memory terms and the peak of the most loaded device with
-a stacked bar, FLOPs per step, the step time and whether it fits (with --gpu).
+the rows are the cartesian product; a list-valued setting (offload, pp-layers, freeze, lora-targets) joins
+the entries of one value with +, e.g. --vary pp-layers=16+16,8+24. Columns: the memory terms and the peak of
+the most loaded device with a stacked bar, FLOPs per step, the step time and whether it fits (with --gpu).
 
 Examples:
 

@@ -309,3 +309,17 @@ def test_a_varied_setting_is_never_shadowed_by_a_figure_of_the_same_name() -> No
     # AdamW keeps two fp32 states per parameter, Lion one: 12 vs 8 bytes per parameter with the master copy.
     assert int(rows[0]["optimizer_memory"]) * 8 == int(rows[2]["optimizer_memory"]) * 12
     assert float(rows[1]["step_mfu"]) == 0.5
+
+
+def test_compare_varies_a_list_valued_setting_with_plus() -> None:
+    """The commas of --vary separate values, so one value of a list-valued setting joins its entries with +:
+    two rows, each equal to the estimate given that list directly."""
+    result = invoke(
+        "compare", "-m", "8b", "--seq", "4096", "--pp", "2", "--vary", "pp-layers=16+16,8+24", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    assert [r["settings"]["pp-layers"] for r in rows] == ["16,16", "8,24"]
+    for row, layers in zip(rows, ("16,16", "8,24"), strict=True):
+        ref = build(Options(model="8b", seq=4096, pp=2, pp_layers=layers))  # type: ignore[arg-type]
+        assert row["values"]["peak"] == ref.result.device.peak.bytes
