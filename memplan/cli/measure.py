@@ -24,7 +24,7 @@ from memplan.cli.common import (
     user_errors,
     with_options,
 )
-from memplan.cli.nproc import LAYOUT_OPTIONS
+from memplan.cli.nproc import LAYOUT_OPTIONS, check_memory
 from memplan.config import Device, Impl, Setup
 from memplan.engine import estimate
 
@@ -265,7 +265,7 @@ def profile(
 
         est = estimate(setup)
         check_sizes(est.tensors)
-        _check_memory(est.peak.bytes, est.peak.phase, dev, *prof_mod.available_memory(dev))
+        check_memory(est.peak.bytes, est.peak.phase, dev, *prof_mod.available_memory(dev))
         try:
             with prof_mod.cuda_memory_snapshot(memory_snapshot):
                 prof = prof_mod.profile(setup, dev, warmup, steps, torch_trace, curve=bool(timeline or plot))
@@ -338,18 +338,6 @@ def _measured_timeline(
         }
         for p, r in zip(points, readings, strict=True)
     ]
-
-
-def _check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:
-    """Refuse, before allocating anything, a run whose estimated peak exceeds what ``dev`` has free (the
-    run would be killed or raise out of memory part-way, on CPU after swapping)."""
-    from memplan.render.estimate import fmt_bytes
-
-    if peak > available:
-        raise ValueError(
-            f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
-            f"({where}); use a smaller --seq or --batch, --checkpointing full, or a smaller model"
-        )
 
 
 def _print_profile(

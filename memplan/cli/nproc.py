@@ -14,7 +14,7 @@ import typer
 from memplan.api import setup_of
 from memplan.cli.common import console, options_of
 from memplan.config import Device
-from memplan.engine import estimate
+from memplan.engine import Result, at_stage, estimate
 
 LAYOUT_OPTIONS = ("tp", "sp", "pp", "zero")
 """The options ``profile`` takes for a layout; dp follows from --nproc / (tp · pp)."""
@@ -26,6 +26,40 @@ def check_single(options: dict[str, Any]) -> None:
         raise ValueError(
             "nproc: tensor, sequence or pipeline parallelism needs ranks; add --nproc N (tp · pp · dp)"
         )
+
+
+def check_memory(peak: int, phase: str, dev: str, available: int, where: str) -> None:
+    """Refuse, before allocating anything, a run whose estimated peak exceeds what ``dev`` has free (the
+    run would be killed or raise out of memory part-way, on CPU after swapping)."""
+    from memplan.render.estimate import fmt_bytes
+
+    if peak > available:
+        raise ValueError(
+            f"memory: the estimate peaks at {fmt_bytes(peak)} ({phase}) but {dev} has {fmt_bytes(available)} "
+            f"({where}); use a smaller --seq or --batch, --checkpointing full, or a smaller model"
+        )
+
+
+def rank_peaks(est: Result, nproc: int) -> list[int]:
+    """The estimated peak of every rank: its pipeline stage's (the same on every rank without pp)."""
+    pp = est.setup.parallel.pp
+    if pp == 1:
+        return [est.peak.bytes] * nproc
+    return [at_stage(est, i).peak.bytes for i in range(pp)] * (nproc // pp)
+
+
+def check_ranks_memory(est: Result, nproc: int, dev: str) -> None:
+    """Refuse a launch whose ranks would not fit, before any rank allocates: on CPU the ranks share the
+    host, so their peaks add up; on CUDA each rank has its own GPU, checked at the largest rank's peak
+    (``profile.available_memory``: free memory of the first GPU, available host memory)."""
+    from memplan.measure import profile as prof_mod
+
+    peaks = rank_peaks(est, nproc)
+    available, where = prof_mod.available_memory(dev)
+    if dev.startswith("cuda"):
+        check_memory(max(peaks), "the largest rank's", dev, available, where)
+    else:
+        check_memory(sum(peaks), f"the sum of {nproc} ranks' peaks on one host", dev, available, where)
 
 
 def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, Any]) -> None:
@@ -45,6 +79,7 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     setup = setup_of(options_of({**options, "device": kernels, "gpus": nproc}))
     check_distributed(setup)
     est = estimate(setup)
+    check_ranks_memory(est, nproc, dev)
     launcher = "torchrun" if dist_mod.under_torchrun() else "spawn"
     try:
         reports = dist_mod.launch(setup, nproc, cuda=kernels is Device.CUDA)

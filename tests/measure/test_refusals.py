@@ -33,6 +33,24 @@ def test_profile_refuses_a_peak_above_the_free_memory(monkeypatch: pytest.Monkey
     assert "but cpu has 1.00 MiB (available host memory)" in line and "--checkpointing full" in line
 
 
+def test_profile_nproc_refuses_ranks_that_do_not_fit_the_host_together(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On CPU the ranks share the host: their estimated peaks (each pipeline stage's own) add up, and the
+    launch is refused before any rank starts when the sum exceeds what is available."""
+    from memplan.api import Options, build
+    from memplan.engine import at_stage
+    from memplan.render.estimate import fmt_bytes
+
+    monkeypatch.setattr(prof_mod, "available_memory", lambda dev: (2**20, "available host memory"))
+    flags = ("-m", "tiny", "--device", "cpu", "--seq", "32", "--nproc", "4", "--pp", "2", "--grad-accum", "4")
+    line = one_line_error("profile", *flags)
+    est = build(Options(model="tiny", seq=32, pp=2, grad_accum=4, gpus=4, device="cpu")).result  # type: ignore[arg-type]
+    total = 2 * (at_stage(est, 0).peak.bytes + at_stage(est, 1).peak.bytes)  # dp 2 replicas of 2 stages
+    assert line.startswith(f"error: memory: the estimate peaks at {fmt_bytes(total)} (the sum of 4 ranks' ")
+    assert "but cpu has 1.00 MiB (available host memory)" in line
+
+
 def test_trace_refuses_a_shape_beyond_int64() -> None:
     line = one_line_error(
         "trace", "--model", "405b", "--seq", "16777216", "--batch", "1048576", "--attention", "eager"
