@@ -76,7 +76,7 @@ def korthikanti(sp: bool, selective: bool, t: int = T) -> Fraction:
     return SBH * (10 + Fraction(24, t) + core / t)
 
 
-@pytest.mark.parametrize(("sp", "selective"), itertools.product([False, True], repeat=2))
+@pytest.mark.parametrize(("sp", "selective"), list(itertools.product([False, True], repeat=2)))
 def test_table2_tensor_and_sequence_parallel(sp: bool, selective: bool) -> None:
     ckpt = Checkpointing.SELECTIVE if selective else Checkpointing.NONE
     p = plan(gpt3(ckpt), Parallel(tp=T, sp=sp))
