@@ -400,3 +400,46 @@ def test_explicit_stage_layers() -> None:
     assert [sp.stage.layers for sp in p.stages] == [23, 25, 23]
     with pytest.raises(ValueError, match=r"pp_layers: 3 stages listed for --pp 4; give one layer count"):
         Parallel(pp=4, pp_layers=(32, 32, 32))
+
+
+# Refusals of a tensor-parallel degree, by hand (the seventh mutation run's holes, docs/mutation.md).
+def _tp_setup(**model: Any) -> Setup:
+    from memplan.config import ModelConfig, TrainingConfig
+
+    fields: dict[str, Any] = {"hidden_size": 64, "num_layers": 2, "num_heads": 8, "num_kv_heads": 8}
+    fields.update({"ffn_size": 128, "vocab_size": 1000, "max_positions": 64, **model})
+    return Setup(model=ModelConfig(**fields), training=TrainingConfig(micro_batch=1, seq_len=64))
+
+
+def test_divisors_stop_at_the_limit() -> None:
+    """12's divisors are 1, 2, 3, 4, 6, 12; up to 5 only the first four (never 6, one past the limit)."""
+    from memplan.strategies.tensor_parallel import divisors
+
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(12, limit=5) == [1, 2, 3, 4]
+
+
+def test_tp_refusal_names_the_mlp_width() -> None:
+    """8 heads and kv heads divide by 4 but an MLP width of 100 does not: the refusal names ffn_size, and
+    offers the common divisors of 8, 8 and 100: 1, 2, 4."""
+    from memplan.strategies.tensor_parallel import check_parallel
+
+    with pytest.raises(ValueError, match=r"^tp: 8 does not divide ffn_size 100 of .*; use --tp 1, 2, 4$"):
+        check_parallel(_tp_setup(ffn_size=100), Parallel(tp=8))
+
+
+def test_tp_must_divide_the_extra_moe_widths() -> None:
+    """A width given beside the model's (an expert's MLP) must divide by tp too: 6 is not a multiple of 4."""
+    from memplan.strategies.tensor_parallel import check_parallel
+
+    check_parallel(_tp_setup(), Parallel(tp=4))  # 8, 8 and 128 divide by 4
+    with pytest.raises(ValueError, match=r"^tp: 4 does not divide moe width 0 6 of .*; use --tp 1, 2$"):
+        check_parallel(_tp_setup(), Parallel(tp=4), extra_widths=(6,))
+
+
+def test_sequence_parallelism_re_runs_nothing() -> None:
+    """Sequence parallelism only gathers inputs (communication): it adds no recompute, not even a byte."""
+    from memplan.strategies.sequence_parallel import recompute
+
+    s = _tp_setup()
+    assert recompute(s, Dims.of(s)) == 0
