@@ -46,3 +46,17 @@ def test_one_checkpointed_mask_per_kind(layers: int, pattern: int, kinds: int) -
     one = B * S * S * 2  # [b, 1, s, s] bf16
     names = ["attn.mask", "attn.full_mask"][:kinds]
     assert masks(layers, pattern) == dict.fromkeys(names, one)
+
+
+def test_gemma_norms_keep_one_plus_w_at_the_hidden_width() -> None:
+    """Gemma's RMSNorm (transformers' GemmaRMSNorm) computes output·(1.0 + weight.float()) in fp32: autograd
+    keeps the [h] fp32 ``1 + w`` of each norm for d(normed), 4·h bytes — the norm's width, the last
+    dimension of its input [b, s, h] (not s, not b)."""
+    model = ModelConfig(
+        hidden_size=64, num_layers=2, num_heads=4, ffn_size=128, vocab_size=128, family=Family.GEMMA
+    )
+    setup = build_setup(model, seq=S, batch=B, impl=ImplConfig(impl=Impl.HF))
+    kept = {k.name: k for k in estimate(setup).tensors if k.name.endswith("weight_plus_one")}
+    assert set(kept) == {f"{n}_norm.weight_plus_one" for n in ("attn", "mlp", "final")}
+    for k in kept.values():
+        assert tuple(k.shape) == (64,) and k.total_bytes == 4 * 64 * k.count
