@@ -25,45 +25,28 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tiny_setup import A, B, F, H, L, S, T, V, tiny_setup
 
 from memplan.analytic.inventory import Dims, Role
 from memplan.config import (
     Attention,
     FineTune,
     Method,
-    ModelConfig,
     Setup,
-    StrategyConfig,
-    TrainingConfig,
 )
 from memplan.config.finetune import Target
 from memplan.config.strategy import Checkpointing
 from memplan.strategies import lora
 
-H, A, D, F, V, B, S, R, L = 64, 4, 16, 160, 1000, 2, 32, 8, 4
-T = B * S
+D, R = H // A, 8  # head dim, LoRA rank
 SIZE = {"bf16": 2, "fp32": 4, "bool": 1, "int64": 8, "uint64": 8}  # bytes per element
 
 Entry = tuple[str, tuple[int, ...], str]
 
 
 def setup(attn: Attention = Attention.FLASH, model: dict[str, Any] | None = None, **ft: Any) -> Setup:
-    m = ModelConfig(
-        hidden_size=H,
-        num_layers=L,
-        num_heads=A,
-        ffn_size=F,
-        vocab_size=V,
-        max_positions=S,
-        **(model or {}),
-    )
-    strategy = ft.pop("strategy", {})
-    return Setup(
-        model=m,
-        training=TrainingConfig(micro_batch=B, seq_len=S),
-        strategy=StrategyConfig(attention=attn, **strategy),
-        finetune=FineTune.model_validate(ft),
-    )
+    strategy = {"attention": attn, **ft.pop("strategy", {})}
+    return tiny_setup(model, strategy, finetune=FineTune.model_validate(ft))
 
 
 def inv(rules: list[Any]) -> list[Entry]:

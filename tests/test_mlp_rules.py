@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tiny_setup import A, B, F, H, L, S, T, tiny_setup
 
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
@@ -30,38 +31,19 @@ from memplan.config import (
     DType,
     Impl,
     ImplConfig,
-    ModelConfig,
     MoEConfig,
     Setup,
-    StrategyConfig,
-    TrainingConfig,
 )
 from memplan.config.impl import Family
 from memplan.config.model import Gelu, MlpType
 from memplan.config.strategy import Checkpointing
 
-H, A, F, V, B, S, L = 64, 4, 160, 1000, 2, 32, 4
-T = B * S
 BF16, FP32, BOOL = DType.BF16, DType.FP32, DType.BOOL
 R = Role
 
 
 def setup(impl: Impl = Impl.REFERENCE, strategy: dict[str, Any] | None = None, **model: Any) -> Setup:
-    m = ModelConfig(
-        hidden_size=H,
-        num_layers=L,
-        num_heads=A,
-        ffn_size=F,
-        vocab_size=V,
-        max_positions=S,
-        **model,
-    )
-    return Setup(
-        model=m,
-        training=TrainingConfig(micro_batch=B, seq_len=S),
-        strategy=StrategyConfig(**(strategy or {})),
-        impl=ImplConfig(impl=impl),
-    )
+    return tiny_setup(model, strategy, impl=ImplConfig(impl=impl))
 
 
 def saves(s: Setup) -> list[tuple[str, tuple[int, ...], DType, Role, Block]]:
