@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tiny_setup import A, B, F, H, L, S, T, V, tiny_setup
+from tiny_setup import A, B, F, H, L, S, T, V, nbytes, tiny_setup
 
 from memplan.analytic.inventory import Dims, Role
 from memplan.config import (
@@ -39,7 +39,6 @@ from memplan.config.strategy import Checkpointing
 from memplan.strategies import lora
 
 D, R = H // A, 8  # head dim, LoRA rank
-SIZE = {"bf16": 2, "fp32": 4, "bool": 1, "int64": 8, "uint64": 8}  # bytes per element
 
 Entry = tuple[str, tuple[int, ...], str]
 
@@ -56,16 +55,6 @@ def inv(rules: list[Any]) -> list[Entry]:
 def layers(s: Setup) -> list[list[Entry]]:
     dims = Dims.of(s)
     return [inv(lora.layer_rules(s, dims, f)) for f in lora.flows(s)]
-
-
-def nbytes(entries: list[Entry]) -> int:
-    total = 0
-    for _, shape, dtype in entries:
-        n = SIZE[dtype]
-        for x in shape:
-            n *= x
-        total += n
-    return total
 
 
 # the saves, named as the blocks name them; shapes [b, s, ·] of the layer's tensors

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tiny_setup import A, B, F, H, L, S, T, tiny_setup
+from tiny_setup import A, B, F, H, L, S, T, nbytes, tiny_setup
 
 from memplan.analytic import activations as act
 from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
@@ -229,17 +229,6 @@ LAYER = [
     ("mlp.up", (B, S, F), "bf16"),
     ("mlp.down_input", (B, S, F), "bf16"),
 ]
-SIZE = {"bf16": 2, "fp32": 4, "bool": 1, "int64": 8, "uint64": 8}
-
-
-def nbytes(rows: list[tuple[str, tuple[int, ...], str]]) -> int:
-    total = 0
-    for _, shape, dtype in rows:
-        n = SIZE[dtype]
-        for x in shape:
-            n *= x
-        total += n
-    return total
 
 
 def test_a_layer_keeps_its_norms_attention_and_mlp() -> None:

@@ -10,6 +10,8 @@ from memplan.config import FineTune, ImplConfig, ModelConfig, Setup, StrategyCon
 H, A, F, V, B, S, L = 64, 4, 160, 1000, 2, 32, 4
 """hidden, heads, MLP width, vocabulary, micro-batch, sequence, layers."""
 T = B * S
+SIZE = {"bf16": 2, "fp32": 4, "bool": 1, "int64": 8, "uint64": 8}
+"""Bytes per element of each dtype name."""
 
 
 def tiny_setup(
@@ -28,3 +30,14 @@ def tiny_setup(
         impl=impl or ImplConfig(),
         finetune=finetune or FineTune(),
     )
+
+
+def nbytes(rows: list[tuple[str, tuple[int, ...], str]]) -> int:
+    """Bytes of (name, shape, dtype name) rows: each shape's product times its dtype's size."""
+    total = 0
+    for _, shape, dtype in rows:
+        n = SIZE[dtype]
+        for x in shape:
+            n *= x
+        total += n
+    return total
