@@ -78,3 +78,15 @@ def test_plot_refuses_before_any_work(tmp_path: Path, monkeypatch: pytest.Monkey
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: plot: matplotlib is not installed; pip install 'memplan[plot]'"
     assert not (tmp_path / "a.png").exists()
+
+
+@pytest.mark.parametrize("name", ["step.txt", "step", "step.svg.bak"])
+def test_plot_refuses_a_name_without_a_plot_format(tmp_path: Path, name: str) -> None:
+    # matplotlib would refuse .txt with a traceback-worded message and write PNG bytes under "step".
+    result = runner.invoke(app, ["estimate", "-m", "tiny", "--plot", str(tmp_path / name)])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: plot: {tmp_path / name} does not end in .svg, .png, .pdf; "
+        "name the format, e.g. --plot step.svg"
+    )
+    assert list(tmp_path.iterdir()) == []

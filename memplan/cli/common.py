@@ -292,6 +292,10 @@ def console() -> Console:
     return Console()
 
 
+PLOT_SUFFIXES = (".svg", ".png", ".pdf")
+"""The plot files ``--plot`` writes (matplotlib's savefig picks the format from the suffix)."""
+
+
 def check_writable(option: str, path: str) -> None:
     """Fail before the run, not after it, when the output file cannot be written."""
     target = Path(path)
@@ -300,3 +304,8 @@ def check_writable(option: str, path: str) -> None:
         raise ValueError(f"{option}: {path} is a directory; give a file name, e.g. --{option} trace.json")
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise ValueError(f"{option}: cannot write to {folder}; give a path in an existing, writable folder")
+    if option == "plot" and target.suffix.lower() not in PLOT_SUFFIXES:
+        # matplotlib picks the format from the suffix (and writes PNG bytes under any name without one).
+        raise ValueError(
+            f"plot: {path} does not end in {', '.join(PLOT_SUFFIXES)}; name the format, e.g. --plot step.svg"
+        )
