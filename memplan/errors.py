@@ -99,6 +99,11 @@ _OPTION_FIXES: dict[str, tuple[str, str]] = {
     "parallel.pp": ("pp", "use --pp N with 1 ≤ N ≤ 4096"),
     "parallel.vpp": ("vpp", "use --vpp M with 1 ≤ M ≤ 4096"),
     "parallel.ep": ("ep", "use --ep N with 1 ≤ N ≤ 4096"),
+    "parallel.cp": ("cp", "use --cp N with 1 ≤ N ≤ 4096"),
+    "loss_chunks": ("loss", "use --loss chunked:N with 1 ≤ N ≤ 1048576, e.g. --loss chunked:8"),
+    "finetune.rank": ("lora-rank", "use --lora-rank R with 1 ≤ R ≤ 65536, e.g. --lora-rank 16"),
+    "finetune.alpha": ("lora-alpha", "use --lora-alpha A with 0 < A ≤ 1048576, e.g. --lora-alpha 32"),
+    "finetune.dropout": ("lora-dropout", "use --lora-dropout P with 0 ≤ P < 1, e.g. --lora-dropout 0.05"),
     "parallel.pp_layers": ("pp-layers", "give each stage's layers, e.g. --pp-layers 7,8,8,7"),
 }
 # The same options checked one level up: ``api.Options`` (dp, gpus, global-batch) and ``Parallel`` built
@@ -108,6 +113,7 @@ _OPTION_FIXES |= {
     "pp": _OPTION_FIXES["parallel.pp"],
     "vpp": _OPTION_FIXES["parallel.vpp"],
     "ep": _OPTION_FIXES["parallel.ep"],
+    "cp": _OPTION_FIXES["parallel.cp"],
     "dp": _OPTION_FIXES["strategy.dp"],
     "batch": _OPTION_FIXES["training.micro_batch"],
     "model": ("model", "pass --model NAME, e.g. --model 70b (`memplan presets` lists them)"),
@@ -116,9 +122,9 @@ _OPTION_FIXES |= {
 }
 
 
-def _option_error(error: Any) -> str | None:
+def _option_error(error: Any, under: tuple[str, ...]) -> str | None:
     """``zero: must be 0, 1, 2 or 3, got 5 (use --zero 0, 1, 2 or 3)`` for a field an option sets."""
-    where = _OPTION_FIXES.get(field_path(tuple(error["loc"])))
+    where = _OPTION_FIXES.get(field_path((*under, *error["loc"])))
     if where is None:
         return None
     name, fix = where
@@ -126,8 +132,9 @@ def _option_error(error: Any) -> str | None:
     return f"{name}: {msg}, got {error.get('input')!r} ({fix})"
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line for a ``Setup`` validation error, phrased in terms of the CLI options.
+def describe_validation_error(exc: ValidationError, under: tuple[str, ...] = ()) -> str:
+    """One line for a ``Setup`` validation error, phrased in terms of the CLI options (``under``: where in
+    a ``Setup`` the failing model sits, e.g. ``("finetune",)`` for a ``FineTune`` validated on its own).
 
     Field errors of a value an option sets name the option and its fix; the config's own checks
     (``value_error``) already read ``field: what; fix``; anything else goes through
@@ -136,7 +143,7 @@ def describe_validation_error(exc: ValidationError) -> str:
     errors: list[Any] = list(exc.errors(include_url=False))
     lines: list[str] = []
     for error in errors:
-        line = _option_error(error)
+        line = _option_error(error, under)
         if line is None and error["type"] == "value_error":
             line = str(error["msg"]).removeprefix("Value error, ")
         if line is None:

@@ -282,6 +282,16 @@ CASES: list[Case] = [
     case("plan-reserve-without-gpu", "plan -m 7b --reserve 2", "reserve"),
     case("fit-reserve-nan", "fit -m 7b --gpu h100 --gpus 8 --reserve nan", "reserve"),
     case("plan-model-empty", "plan --model=", "--model NAME"),
+    # --- options whose constraint failed in pydantic's words, without the option or a fix --------------
+    case("plan-cp-zero-fix", "plan -m 7b --cp 0", "use --cp N"),
+    case("plan-lora-rank-zero-fix", "plan -m 7b --finetune lora --lora-rank 0", "use --lora-rank R"),
+    case("plan-lora-alpha-nan-fix", "plan -m 7b --finetune lora --lora-alpha nan", "use --lora-alpha A"),
+    case("plan-lora-dropout-one-fix", "plan -m 7b --finetune qlora --lora-dropout 1", "use --lora-dropout P"),
+    case(
+        "fit-lora-rank-huge-fix", "fit -m 7b --gpu h100 --gpus 8 --finetune lora --lora-rank 1e9", "lora-rank"
+    ),
+    case("plan-loss-chunks-huge-fix", "plan -m 7b --loss chunked:99999999999", "use --loss chunked:N"),
+    case("plan-plot-txt", "plan -m 7b --plot {dir}/step.txt", "--plot step.svg"),
     case("file-bool-for-int", "estimate -m {dir}/bool-int.toml", "hidden_size"),
     case("hf-config-without-model-type", "estimate -m {dir}/hf-no-model-type.json", "model_type: missing"),
 ]

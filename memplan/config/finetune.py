@@ -16,11 +16,12 @@ from __future__ import annotations
 from enum import IntEnum, StrEnum
 from typing import Any, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.model import MlpType, ModelConfig
 from memplan.config.training import DType
+from memplan.errors import describe_validation_error
 
 
 class Method(IntEnum):
@@ -205,7 +206,10 @@ def finetune_from(method: Method, given: dict[str, Any], double_quant: bool, com
             "double_quant": double_quant,
             "compute_dtype": compute,
         }
-    return FineTune.model_validate({"method": method, **fields})
+    try:
+        return FineTune.model_validate({"method": method, **fields})
+    except ValidationError as exc:  # the field's option and its fix, not pydantic's words
+        raise ValueError(describe_validation_error(exc, under=("finetune",))) from None
 
 
 def linear_shapes(model: ModelConfig) -> dict[Target, tuple[int, int]]:
