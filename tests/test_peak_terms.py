@@ -17,12 +17,13 @@ from memplan.config import (
     LossKind,
     ModelConfig,
     Offload,
+    Parallel,
     Precision,
     Setup,
     StrategyConfig,
     TrainingConfig,
 )
-from memplan.engine import estimate
+from memplan.engine import at_stage, estimate
 
 B, S, H = 2, 64, 64
 T = B * S
@@ -175,6 +176,20 @@ def test_zero3_gathers_the_largest_unit_for_each_backward_moment() -> None:
         "embedding backward": shard,
         "optimizer step": shard,
     }
+
+
+def test_zero3_on_the_last_pipeline_stage_gathers_the_lm_head() -> None:
+    """pp 2: the last stage holds layers 2-3, the final norm and the untied head, Ψ = 2 · 47,232 + 64 +
+    1000·64 = 158,528 parameters, a rank ⌈Ψ/2⌉ of them in bf16; no embedding there, so the largest unit
+    ZeRO-3 gathers is the [1000, 64] head (a layer is 47,232), bf16."""
+    parallel = Parallel(pp=2)
+    s = setup(strategy=StrategyConfig(zero=3, dp=2), parallel=parallel)
+    s = s.model_copy(update={"training": s.training.model_copy(update={"grad_accum": 2})})
+    moments = at_stage(estimate(s), 1).peak.moments
+    shard, unit = 158_528 // 2 * 2, 1000 * 64 * 2
+    assert moments["loss backward"]["weights"] == shard + unit
+    assert moments["layer backward"]["weights"] == shard + unit
+    assert moments["optimizer step"]["weights"] == shard
 
 
 def test_every_k_bottom_layer_re_runs_one_layer_as_full_checkpointing_does() -> None:
