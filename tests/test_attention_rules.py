@@ -1,0 +1,154 @@
+"""The attention block's rules by hand (blocks/attention.py) where the fast suite did not reach them:
+which of q, k, v a core keeps as views of one projection output and which as new tensors, and the eager
+core's forward locals; torch-free, in the mutation selection (docs/mutation.md). tests/hf/ and
+tests/measure/ measure the same saves per tensor with torch.
+
+The tiny model: h = 64, 4 heads of d = 16, s = 32, bf16 activations; b = 2 unless a case sets b = 1.
+
+A saved view keeps its whole base alive, so where the code splits q, k, v off one projection output
+(GPT-2's ``c_attn(x).split``, GPT-NeoX's ``qkv.chunk``, Megatron's ``linear_qkv``) and the core keeps any of
+them as a view, the estimate holds that [b, s, (a + 2·kv)·d] output once. New tensors instead:
+- q and k after RoPE (the rotation makes new tensors), q under GQA (Megatron's reshape cannot view it);
+- k and v repeated to a heads by Megatron's eager core under GQA (``repeat_interleave``);
+- k and v of transformers' KV cache (``DynamicCache.update`` concatenates them);
+- all three in SDPA's math path: q·√scale, kᵀ·√scale, and v upcast to fp32 when 16-bit;
+- with b > 1, the copies transformers' eager ``torch.matmul`` makes reshaping them to [b·a, s, d].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tiny_setup import A, H, S, tiny_setup
+
+from memplan.analytic.inventory import Dims
+from memplan.blocks import attention
+from memplan.config import Device, Impl, ImplConfig, Precision, Setup
+from memplan.config.impl import Family
+from memplan.config.strategy import Attention
+
+D = H // A
+EAGER = {"attention": Attention.EAGER}
+FLASH = {"attention": Attention.FLASH}
+GPT2 = {"family": Family.GPT2, "position": "learned", "mlp": "gelu", "norm": "layernorm"}
+NEOX = {"family": Family.GPT_NEOX, "mlp": "gelu", "norm": "layernorm"}
+
+
+def build(
+    model: dict[str, Any],
+    strategy: dict[str, Any],
+    impl: ImplConfig,
+    b: int = 2,
+    precision: Precision = Precision.BF16_MIXED,
+    device: Device = Device.CUDA,
+) -> Setup:
+    s = tiny_setup(model, strategy, impl=impl)
+    training = s.training.model_copy(update={"micro_batch": b, "precision": precision})
+    return s.model_copy(update={"training": training, "device": device})
+
+
+def views(s: Setup, eager_core: bool) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(r.name, r.shape, r.dtype.name) for r in attention.qkv_view_rules(s, Dims.of(s), eager_core)]
+
+
+def heads(name: str, b: int, n: int = A, dtype: str = "BF16") -> tuple[str, tuple[int, ...], str]:
+    """A new q, k or v: [b, heads, s, d]."""
+    return ("attn." + name, (b, n, S, D), dtype)
+
+
+def buffer(b: int, kv: int = A, dtype: str = "BF16") -> tuple[str, tuple[int, ...], str]:
+    """The projection's whole output, [b, s, (a + 2·kv)·d]."""
+    return ("attn.qkv", (b, S, (A + 2 * kv) * D), dtype)
+
+
+HF = ImplConfig(impl=Impl.HF, use_cache=False)
+HF_CACHE = ImplConfig(impl=Impl.HF, use_cache=True)
+MEGATRON = ImplConfig(impl=Impl.MEGATRON)
+
+
+@pytest.mark.parametrize(
+    ("setup", "eager_core", "expected"),
+    [
+        # GPT-2 (learned positions, MHA), eager, b = 2: torch.matmul copies q, k and v; no view is saved.
+        (build(GPT2, EAGER, HF), True, [heads("q", 2), heads("k", 2), heads("v", 2)]),
+        # b = 1: the reshape is a view, all three are views of c_attn's output.
+        (build(GPT2, EAGER, HF, b=1), True, [buffer(1)]),
+        # The KV cache's k and v are new (torch.cat); q stays a view.
+        (build(GPT2, EAGER, HF_CACHE, b=1), True, [heads("k", 1), heads("v", 1), buffer(1)]),
+        # SDPA's math path (CPU with attention dropout): q and k scaled, v upcast, all fp32.
+        (
+            build({**GPT2, "attn_dropout": 0.1}, FLASH, HF, device=Device.CPU),
+            False,
+            [heads("q", 2, dtype="FP32"), heads("k", 2, dtype="FP32"), heads("v", 2, dtype="FP32")],
+        ),
+        # In fp32 the math path's v is the input itself: a view, which holds the buffer.
+        (
+            build({**GPT2, "attn_dropout": 0.1}, FLASH, HF, precision=Precision.FP32, device=Device.CPU),
+            False,
+            [heads("q", 2, dtype="FP32"), heads("k", 2, dtype="FP32"), buffer(2, dtype="FP32")],
+        ),
+        # GPT-NeoX: RoPE makes q and k new (torch.cat of rotated and passed dims); v a view.
+        (build(NEOX, EAGER, HF, b=1), True, [heads("q", 1), heads("k", 1), buffer(1)]),
+        # Megatron, GQA (2 kv heads), learned positions, eager core: q a copy (GQA), k and v repeated to
+        # a heads: nothing is a view.
+        (
+            build({"num_kv_heads": 2, "position": "learned"}, EAGER, MEGATRON),
+            True,
+            [heads("q", 2), heads("k", 2), heads("v", 2)],
+        ),
+        # The same under flash: k and v are not repeated, they stay views beside the copied q.
+        (
+            build({"num_kv_heads": 2, "position": "learned"}, FLASH, MEGATRON),
+            False,
+            [heads("q", 2), buffer(2, kv=2)],
+        ),
+        # Megatron, MHA, RoPE, flash: q and k rotated, v a view.
+        (build({}, FLASH, MEGATRON), False, [heads("q", 2), heads("k", 2), buffer(2)]),
+    ],
+)
+def test_which_of_q_k_v_are_views_of_the_projection_output(
+    setup: Setup, eager_core: bool, expected: list[tuple[str, tuple[int, ...], str]]
+) -> None:
+    assert views(setup, eager_core) == expected
+
+
+def test_the_eager_core_flag_follows_the_kernel() -> None:
+    # projection_rules calls qkv_view_rules with eager_core only for the eager kernel outside selective
+    # recompute: flash's b = 2 GPT-2 keeps views (no matmul copies), eager's copies.
+    def rules(strategy: dict[str, Any]) -> list[str]:
+        s = build(GPT2, strategy, HF)
+        return [r.name for r in attention.projection_rules(s, Dims.of(s))]
+
+    assert rules(FLASH) == ["attn.input", "attn.qkv"]
+    assert rules(EAGER) == ["attn.input", "attn.q", "attn.k", "attn.v"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The eager core's forward locals, beyond its saves (eager_forward_extra, megatron_forward_extra)
+# ----------------------------------------------------------------------------------------------------
+def test_megatron_eager_forward_holds_the_unsaved_buffer_the_scores_and_the_context() -> None:
+    # T = 64 tokens, bf16. baddbmm's scores [b·a, s, s] = 2·4·32·32·2 = 16,384 B; P·V's output [T, a·d]
+    # while its copy is made = 64·64·2 = 8,192 B.
+    scores, ctx = 2 * A * S * S * 2, 64 * A * D * 2
+    # GQA: no view saved, so W_QKV's output [T, (a + 2·kv)·d] = 64·8·16·2 = 16,384 B is a local too.
+    gqa = build({"num_kv_heads": 2, "position": "learned"}, EAGER, MEGATRON)
+    assert attention.eager_forward_extra(gqa, Dims.of(gqa)) == 64 * (A + 2 * 2) * D * 2 + scores + ctx
+    # MHA with RoPE: v is a saved view, the buffer is among the saves already.
+    mha = build({}, EAGER, MEGATRON)
+    assert attention.eager_forward_extra(mha, Dims.of(mha)) == scores + ctx
+    assert attention.megatron_forward_extra(mha, Dims.of(mha), 3, 5) == 8
+    assert attention.megatron_forward_extra(gqa, Dims.of(gqa), 3, 5) == 16_384 + 8
+
+
+def test_the_reference_eager_forward_locals() -> None:
+    # q, k, v before their contiguous copies [T, (a + 2·kv)·d] = 64·12·16·2 = 24,576 B, the scaled scores
+    # 16,384 B, then the larger of the masked scores (16,384) and P·V's output (8,192); with attention
+    # dropout both, the masked scores gone before the dropout's outputs exist.
+    locals_, scores, ctx = 64 * 3 * A * D * 2, 2 * A * S * S * 2, 64 * A * D * 2
+    plain = build({}, EAGER, ImplConfig())
+    assert attention.eager_forward_extra(plain, Dims.of(plain)) == locals_ + scores + max(scores, ctx)
+    dropout = build({"attn_dropout": 0.1}, EAGER, ImplConfig())
+    assert attention.eager_forward_extra(dropout, Dims.of(dropout)) == locals_ + scores + ctx
+    flash = build({}, FLASH, ImplConfig())
+    assert attention.eager_forward_extra(flash, Dims.of(flash)) == 0
