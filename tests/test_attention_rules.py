@@ -152,3 +152,33 @@ def test_the_reference_eager_forward_locals() -> None:
     assert attention.eager_forward_extra(dropout, Dims.of(dropout)) == locals_ + scores + ctx
     flash = build({}, FLASH, ImplConfig())
     assert attention.eager_forward_extra(flash, Dims.of(flash)) == 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Megatron's fused causal softmax: where its kernel runs (fused_softmax_runs)
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("s", "b", "runs"),
+    [
+        # FusedScaleMaskSoftmax.is_kernel_available: 16 < s ≤ 4096, s % 4 == 0, and b·a (4 heads here) a
+        # multiple of the batches per block: 8 up to s = 128 (warps of min(2^⌈log₂ s⌉, 32) threads, two
+        # batches a warp up to 128 keys, 128 threads a block), else 4.
+        (16, 2, False),  # s not above 16
+        (20, 2, True),  # b·a = 8: a multiple of 8
+        (32, 1, False),  # b·a = 4 is not a multiple of 8 at s ≤ 128
+        (128, 1, False),
+        (132, 1, True),  # above 128 four batches a block: 4 divides b·a = 4
+        (4096, 1, True),
+        (4100, 1, False),  # beyond the kernel's 4096 keys
+        (34, 2, False),  # s not a multiple of 4
+    ],
+)
+def test_megatron_fused_softmax_runs_where_its_kernel_is_available(s: int, b: int, runs: bool) -> None:
+    setup = build({"max_positions": 4100}, EAGER, MEGATRON, b=b)
+    setup = setup.model_copy(update={"training": setup.training.model_copy(update={"seq_len": s})})
+    assert attention.fused_softmax_runs(setup, Dims.of(setup)) is runs
+    # 16-bit scores only: in fp32 the torch softmax runs.
+    fp32 = setup.model_copy(
+        update={"training": setup.training.model_copy(update={"precision": Precision.FP32})}
+    )
+    assert attention.fused_softmax_runs(fp32, Dims.of(fp32)) is False
