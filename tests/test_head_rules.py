@@ -59,7 +59,9 @@ Row = tuple[str, tuple[int, ...], DType, Role, Block]
 
 
 def rows(s: Setup) -> list[Row]:
-    return [(r.name, r.shape, r.dtype, r.role, r.block) for r in head.lm_head_rules(s, Dims.of(s))]
+    rules = head.lm_head_rules(s, Dims.of(s))
+    assert all(isinstance(r.reason, str) and r.reason for r in rules)  # every save says why it is kept
+    return [(r.name, r.shape, r.dtype, r.role, r.block) for r in rules]
 
 
 def head_input(*shape: int, dtype: DType = BF16) -> Row:
@@ -204,6 +206,18 @@ def test_chunked_b2_copies_each_chunks_input_and_labels() -> None:
     assert got[15:] == [*(labels(c) for c in n), COUNT]
 
 
+def test_two_chunks_at_b2_are_copies() -> None:
+    """chunked:2: 16 + 16 positions, 32 rows each, two copies of the input and of the labels."""
+    n = [32, 32]
+    expected = [
+        *(("lm_head.input", (c, H), BF16, R.LINEAR_INPUT, K.LM_HEAD) for c in n),
+        *chunk_saves(n),
+        *(labels(c) for c in n),
+        COUNT,
+    ]
+    assert rows(setup(CHUNKED, 2)) == expected
+
+
 def test_chunked_b1_keeps_one_input_and_one_labels_storage() -> None:
     """b = 1: chunks of 11, 11, 10 positions are views; only the log-probs and total weights are per chunk."""
     expected = [head_input(1, S, H), *chunk_saves([11, 11, 10]), labels(1, S), COUNT]
@@ -265,6 +279,7 @@ def test_fused_keeps_the_two_gradients_it_made(precision: Precision, dtype: DTyp
         (FUSED, 1, 1, 8 * S),  # 256
         (CHUNKED, 1, 2, 0),  # one chunk: a view
         (CHUNKED, 3, 1, 0),  # b = 1: views
+        (CHUNKED, 2, 2, 8 * T),  # two chunks: copies
         (CHUNKED, 3, 2, 8 * T),  # copies: the loop's own [2, 32] beside them
         (CHUNKED, 40, 2, 8 * T),
     ],
@@ -290,6 +305,7 @@ def test_loop_labels_bytes(loss: LossKind, chunks: int, b: int, nbytes: int) -> 
         (STD, 1, 1, 8 * S * V),  # 256,000
         (FUSED, 1, 2, 0),
         (CHUNKED, 1, 2, 8 * 64 * V - 4),  # one chunk of 64 rows, a view: 511,996
+        (CHUNKED, 2, 2, 8 * 32 * V - 4 - 8 * 32),  # 16 positions, 32 rows each, copies: 255,740
         (CHUNKED, 4, 2, 8 * 16 * V - 4 - 8 * 16),  # 8 positions, 16 rows each, copies: 127,868
         (CHUNKED, 3, 2, 8 * 20 * V - 4 - 8 * 20),  # last chunk 10 positions, 20 rows: 159,836
         (CHUNKED, 3, 1, 8 * 10 * V - 4),  # 79,996 (views: no labels freed)
