@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from tiny_setup import A, H, S, tiny_setup
 
-from memplan.analytic.inventory import Dims
+from memplan.analytic.inventory import Block, Dims, Role
 from memplan.blocks import attention
-from memplan.config import Device, Impl, ImplConfig, Precision, Setup
+from memplan.config import Device, DType, Impl, ImplConfig, Precision, Setup
 from memplan.config.impl import Family
 from memplan.config.strategy import Attention
 
@@ -182,3 +182,30 @@ def test_megatron_fused_softmax_runs_where_its_kernel_is_available(s: int, b: in
         update={"training": setup.training.model_copy(update={"precision": Precision.FP32})}
     )
     assert attention.fused_softmax_runs(fp32, Dims.of(fp32)) is False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention dropout: the mask or, on CPU in transformers' nn.Dropout / F.dropout code, the noise
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("device", "kept"),
+    [
+        # native_dropout (CUDA): a bool mask [b, a, s, s].
+        (Device.CUDA, ("attn.dropout_mask", "BOOL", Role.ATTN_DROPOUT_MASK)),
+        # CPU at::dropout: input · noise, the noise bernoulli(1−p)/(1−p) in the probabilities' dtype.
+        (Device.CPU, ("attn.dropout_noise", "BF16", Role.ATTN_DROPOUT_MASK)),
+    ],
+)
+def test_attention_dropout_keeps_a_mask_or_the_noise_and_the_dropped_probabilities(
+    device: Device, kept: tuple[str, str, Role]
+) -> None:
+    s = build({**GPT2, "attn_dropout": 0.1}, EAGER, HF, device=device)
+    probs = (2, A, S, S)
+    rules = attention.dropout_rules(s, probs, DType.BF16)
+    name, dtype, role = kept
+    assert [(r.name, r.shape, r.dtype.name, r.role, r.block) for r in rules] == [
+        (name, probs, dtype, role, Block.ATTN),
+        ("attn.probs_dropped", probs, "BF16", Role.ATTN_PROBS, Block.ATTN),  # P·V's input: dV = Pᵀ·dO
+    ]
+    assert all(r.reason for r in rules)
+    assert attention.dropout_rules(build(GPT2, EAGER, HF, device=device), probs, DType.BF16) == []
