@@ -209,3 +209,13 @@ def test_attention_dropout_keeps_a_mask_or_the_noise_and_the_dropped_probabiliti
     ]
     assert all(r.reason for r in rules)
     assert attention.dropout_rules(build(GPT2, EAGER, HF, device=device), probs, DType.BF16) == []
+
+
+@pytest.mark.parametrize(("window", "masked"), [(S - 1, True), (S, True), (S + 1, False)])
+def test_a_sliding_window_is_masked_from_s_equal_to_the_window(window: int, masked: bool) -> None:
+    # transformers' masking_utils._ignore_causal_mask_sdpa skips the mask (SDPA's is_causal does it) only
+    # while kv_length < local_attention_size; from s = W on the CPU flash kernel gets the window's mask.
+    s = build({"family": Family.MISTRAL, "sliding_window": window}, FLASH, HF, device=Device.CPU)
+    assert attention.window_masked(s, Dims.of(s)) is masked
+    names = [r.name for r in attention.flash_rules(s, Dims.of(s))]
+    assert ("attn.window_mask" in names) is masked
