@@ -382,9 +382,14 @@ def peak(
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
 
     # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
-    # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
-    # linear in the segment's index, so the first segment's top suffices beside the two ends.
-    ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
+    # bottom one (gradients do) or, with segments, a segment's top layer. Up one layer inside a segment adds
+    # a re-run layer's saves and removes a layer's gradients; from a full segment's top to the next adds a
+    # kept input and removes k layers' gradients: linear in the segment's index, so the first or the last
+    # full segment's top, beside the two ends (L − 1 is a partial segment's top when k does not divide L:
+    # every-2 of 5 layers can peak at layer 3, neither end nor the first top). Bottoms: a kept input is at
+    # most a layer's saves, so when saves fall short of gradients layer 0 is the largest bottom.
+    last_full = dims.layers // segment * segment - 1 if segment else 0
+    ends = {0, dims.layers - 1, min(segment, dims.layers) - 1, last_full} if segment else {0, dims.layers - 1}
     layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
