@@ -69,9 +69,11 @@ def test_the_layer_moments_transient_is_the_swiglu_product_gradient_plus_the_los
     """b 2, s 64, T 128, no checkpointing: the layer's backward peaks in its MLP, at the SwiGLU product's
     gradient (tests/test_mlp_rules.py derives it): dY [T, h], d(down input) and the two operand gradients
     [T, f] (3 · [T, f]), the down projection's weight gradient [h, f], its saved input [T, f] released:
-    2·T·h + 2·2·T·f + 2·h·f = 16,384 + 81,920 + 20,480 bytes. The other parts rise less: the MLP norm's five
-    fp32 [T, h] (327,680 B) come after the MLP's saves (2·T·(h + 4f) = 180,224 B) and its norm's n and rstd
-    are freed, and flash attention's dq, dk, dv, dO (4 · 2·T·h) after the MLP's saves and more are freed.
+    2·T·h + 2·2·T·f + 2·h·f = 16,384 + 81,920 + 20,480 = 118,784 bytes. The other parts rise less: the
+    MLP norm's five fp32 [T, h] (163,840) + the MLP's, its norm's and W_O's gradients (2 · 34,880) come
+    after the MLP's saves (2·T·(h + 4f) = 180,224) and the norm's n [T, h] bf16 and rstd [T] fp32 (16,896)
+    are freed: 36,480; flash attention's dY and dq, dk, dv, dO (5 · 2·T·h = 81,920) after the MLP norm's
+    fp32 input (32,768) is freed too: below 0.
     + 8: the fp32 loss scalar and the backward's fp32 seed gradient, alive until the backward ends."""
     t = 2 * 64
     mlp = 2 * t * H + 2 * 2 * t * F + 2 * H * F
@@ -91,14 +93,14 @@ def test_the_loop_labels_are_alive_once_at_a_layers_backward(loss: LossKind, chu
     assert layer_backward(s) == layer_backward(setup())
 
 
-@pytest.mark.parametrize(("b", "s"), [(2, 64), (1 << 19, (1 << 20) - 1)])
+@pytest.mark.parametrize(("b", "s"), [(2, 64), ((1 << 20) - 1, (1 << 24) - 1)])
 def test_the_top_layers_activations_are_every_save_but_the_heads_to_the_byte(b: int, s: int) -> None:
     """Layer 3 of 4 (the top: saves outweigh gradients): every layer's and the embedding's saves are
     alive, the head's freed but for the labels the loop holds. The head's saves (RMSNorm, lm head, loss):
     the fp32 upcast input [T, h] and rstd [T, 1], the bf16 normalised input [T, h], the lm head's input
     [T, h], log_softmax's fp32 [T, v], nll_loss's int64 targets [T] and fp32 total weight (one scalar).
-    Exact in integers at any size: the second shape, b = 2¹⁹, s = 2²⁰ − 1, keeps ≈ 2⁵⁷ bytes, where a
-    float would round away bytes."""
+    Exact in integers at any size: the second shape, the largest b and s (2²⁰ − 1, 2²⁴ − 1), keeps ≈ 2⁵⁷·⁵
+    bytes at the top layer, where floats are 32 bytes apart (a float byte count would round)."""
     t = b * s
     head = 4 * t * H + 4 * t + 2 * t * H + 2 * t * H + 4 * t * V + LABELS * t + 4
     est = estimate(setup(b=b, s=s))
@@ -133,12 +135,17 @@ def test_an_inventory_without_layer_saves_brings_nothing_back() -> None:
 # (or the last, partial segment's top L − 1) is the moment.
 
 
-def test_every_3_of_5_layers_peaks_at_the_first_segments_top() -> None:
-    """L 5, k 3: segments {0, 1, 2} and {3, 4}; T 128 (S > G). Layer 2 (3 layers re-run, 1 kept input,
-    2 layers' gradients) against layer 4 (2 re-run, 2 kept, none): + S − K + 2G > 0; against layer 0:
-    + 2S − 2G > 0. The moment is layer 2's: the head's and two layers' gradients."""
-    assert one_layers_saves(5) > G
-    assert layer_backward(setup(5, strategy=every(3)))["gradients"] == HEAD_GRADS + 2 * G
+@pytest.mark.parametrize(("layers", "k"), [(5, 3), (4, 2)])
+def test_few_tokens_peak_at_the_first_segments_top(layers: int, k: int) -> None:
+    """T 128 (S > G: a segment peaks at its top), K = 2·128·64 = 16,384 bytes.
+    L 5, k 3: segments {0, 1, 2} and {3, 4}. Layer 2 (3 layers re-run, 1 kept input, 2 layers'
+    gradients) against layer 4 (2 re-run, 2 kept, none): + S − K + 2G > 0; against layer 0: + 2S − 2G > 0.
+    L 4, k 2: segments {0, 1} and {2, 3}, two full ones. Layer 1 (2 re-run, 1 kept, 2 layers' gradients)
+    against layer 3, the last full top (2 re-run, 2 kept, none): 2G − K > 0; against layer 0: S − G > 0.
+    Either way the moment is the first segment's top, layer k − 1: the head's and L − k layers' gradients."""
+    assert one_layers_saves(layers) > G > 2 * 128 * H
+    moment = layer_backward(setup(layers, strategy=every(k)))
+    assert moment["gradients"] == HEAD_GRADS + (layers - k) * G
 
 
 def test_every_2_of_4_layers_peaks_at_the_top_when_a_kept_input_outweighs_two_layers_gradients() -> None:
