@@ -16,8 +16,11 @@ import pytest
 
 from memplan.analytic import peak as pk
 from memplan.config import (
+    Attention,
     Checkpointing,
     Device,
+    Impl,
+    ImplConfig,
     LossKind,
     ModelConfig,
     Offload,
@@ -57,9 +60,12 @@ def layer_backward(s: Setup) -> dict[str, int]:
     return estimate(s).peak.moments["layer backward"]
 
 
-def one_layers_saves(layers: int = 4, b: int = 2, s: int = 64) -> int:
+def one_layers_saves(layers: int = 4, b: int = 2, s: int = 64, impl: ImplConfig | None = None) -> int:
     """The saves of one un-checkpointed layer: the inventory of L layers less that of L − 1."""
-    return estimate(setup(layers, b, s)).activations - estimate(setup(layers - 1, b, s)).activations
+    kw = {"impl": impl} if impl else {}
+    return (
+        estimate(setup(layers, b, s, **kw)).activations - estimate(setup(layers - 1, b, s, **kw)).activations
+    )
 
 
 # --- what the layer moment holds -----------------------------------------------------------------------
@@ -123,6 +129,43 @@ def test_an_inventory_without_layer_saves_brings_nothing_back() -> None:
     dev = estimate(s).device
     moments = pk.peak(s, dev.states, [], dev.params, 0).moments
     assert moments["layer backward"]["activations"] == 2 * LABELS * 2 * 64
+
+
+# --- what a re-run rebuilds (``recompute_working_set``) ----------------------------------------------------
+# T 128. RMSNorm upcasts its bf16 input to fp32 before saving it: no re-run save shares the kept input.
+HF = ImplConfig(impl=Impl.HF, use_cache=False)  # transformers' Llama, no KV cache (checkpointing drops it)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "impl", "layers"),
+    [
+        (StrategyConfig(checkpointing=Checkpointing.FULL), None, 1),  # each layer alone
+        (every(2), None, 2),  # the reference model re-runs a segment of 2 layers at once
+        (every(2), HF, 1),  # transformers' every_n_layers checkpoints single layers (1 in 2)
+    ],
+)
+def test_a_checkpointed_re_run_rebuilds_its_layers_saves(
+    strategy: StrategyConfig, impl: ImplConfig | None, layers: int
+) -> None:
+    """A checkpoint's re-run rebuilds every save of the layers it re-runs at once. (The estimate reads this
+    for un-segmented setups only, where it is 0; the segment's re-run is counted layer by layer.)"""
+    s = setup(strategy=strategy, **({"impl": impl} if impl else {}))
+    assert pk.recompute_working_set(s) == layers * one_layers_saves(impl=impl)
+
+
+def test_a_reversible_layer_rebuilds_its_saves_and_its_two_inputs() -> None:
+    """RevNet: the layer's backward re-runs F and G (one layer's saves) and rebuilds its inputs x1 and x2
+    from the outputs, two bf16 [T, h] beside them."""
+    s = setup(strategy=StrategyConfig(reversible=True))
+    assert pk.recompute_working_set(s) == one_layers_saves() + 2 * 2 * 128 * H
+
+
+def test_a_selective_eager_core_rebuilds_its_copies_and_the_probabilities() -> None:
+    """The eager core's matmuls save their own contiguous q, k (q·kᵀ) and v (P·V) [b, a, s, d] and
+    softmax's probabilities [b, a, s, s] (bf16): all new storages, none of them the q, k, v the
+    checkpoint keeps (flash re-runs on those, tests/test_peak_terms.py). 3 · 2·T·h + 2·b·a·s²."""
+    s = setup(strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE, attention=Attention.EAGER))
+    assert pk.recompute_working_set(s) == 3 * 2 * 128 * H + 2 * 2 * 4 * 64 * 64
 
 
 # --- which layer's backward is the moment ---------------------------------------------------------------
