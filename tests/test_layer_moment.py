@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic import peak as pk
+from memplan.analytic.inventory import Block, Dims
+from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -37,9 +39,16 @@ LABELS = 8  # bytes per token of the loop's int64 labels (and of its ids)
 
 
 def setup(
-    layers: int = 4, b: int = 2, s: int = 64, tied: bool = False, accum: int = 1, **kw: object
+    layers: int = 4,
+    b: int = 2,
+    s: int = 64,
+    tied: bool = False,
+    accum: int = 1,
+    norm: str = "rmsnorm",
+    **kw: object,
 ) -> Setup:
     model = ModelConfig(
+        norm=norm,
         hidden_size=H,
         num_layers=layers,
         num_heads=4,
@@ -129,6 +138,36 @@ def test_an_inventory_without_layer_saves_brings_nothing_back() -> None:
     dev = estimate(s).device
     moments = pk.peak(s, dev.states, [], dev.params, 0).moments
     assert moments["layer backward"]["activations"] == 2 * LABELS * 2 * 64
+
+
+# --- the parts of a layer's backward ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("norm", "alive"),
+    [
+        # Llama's RMSNorm: its last backward ops need the fp32 upcast input [T, h] only; n and rstd are gone.
+        ("rmsnorm", 4 * 128 * H),
+        # native_layer_norm's one backward op holds its bf16 input [T, h] and mean, rstd [b, s, 1] (on CPU
+        # in the input's dtype, bf16) to its end.
+        ("layernorm", 2 * 128 * H + 2 * 2 * 128),
+    ],
+)
+def test_a_norms_own_saves_alive_at_its_backwards_peak(norm: str, alive: int) -> None:
+    s = setup(norm=norm)
+    assert pk.norm_saves_at_peak(s, Block.MLP_NORM) == pk.norm_saves_at_peak(s, Block.ATTN_NORM) == alive
+
+
+def test_eager_attentions_backward_holds_two_score_gradients_where_flash_holds_four_t_by_h() -> None:
+    """The attention's backward after the MLP's (the same MLP done and dY either way). Eager: softmax's
+    and the scores' gradients, two [b, a, s, s] bf16, with W_O's input (eager's [b, s, a·d] copy of P·V's
+    output) freed; flash: dq, dO [T, a·d] and dk, dv [T, kv·d] bf16, W_O's input the kernel's own output
+    (still needed). Eager − flash = 2 · 2·b·a·s² − 4 · 2·T·h − 2·T·h = 131,072 − 65,536 − 16,384."""
+    eager = setup(strategy=StrategyConfig(attention=Attention.EAGER))
+    flash = setup()
+    params = count_params(flash.model)
+    rise = [pk.attention_backward_transient(x, Dims.of(x), params) for x in (eager, flash)]
+    assert rise[0] - rise[1] == 2 * 2 * 2 * 4 * 64 * 64 - 4 * 2 * 128 * H - 2 * 128 * H == 49_152
 
 
 # --- what a re-run rebuilds (``recompute_working_set``) ----------------------------------------------------
