@@ -381,10 +381,17 @@ def peak(
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
 
-    # Linear in i between segment boundaries: the peak is at the top layer (activations dominate), the
-    # bottom one (gradients do) or, with segments, a segment's top layer; over those tops the live set is
-    # linear in the segment's index, so the first segment's top suffices beside the two ends.
-    ends = {0, dims.layers - 1, min(segment, dims.layers) - 1} if segment else {0, dims.layers - 1}
+    # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
+    # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a
+    # segment adds a re-run layer's saves S and has one layer's gradients G fewer: a segment peaks at its
+    # top (S > G) or its bottom. The full segments' tops are linear in the segment's index (one more kept
+    # input K, k·G fewer): the first or the last full segment's top, which is not L − 1 when k does not
+    # divide L (every-2 of 5 layers at T 2048 peaks at layer 3: tests/measure/test_peak.py). The bottoms
+    # are linear too, and K ≤ S < G makes layer 0 the largest then. L − 1 tops a partial segment (fewer
+    # layers re-run, one more kept input than the last full top: smaller unless a layer saves less than K).
+    ends = {0, dims.layers - 1}
+    if segment:
+        ends |= {min(segment, dims.layers) - 1, dims.layers // segment * segment - 1}
     layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.

@@ -121,6 +121,9 @@ LAYER_EXACT = [
     # GPT with residual dropout: the down projection's backward (dropout's input gradient beside dY).
     make(GPT, 32, b=4, s=128),
     make(GPT, 32, attention="eager", ckpt="every-2", precision="fp32", b=4, s=128),
+    # Every-2 of 5 layers, T 2048: a kept [T, h] input outweighs two layers' gradients, so the last full
+    # segment's top (layer 3) is the peak, neither end nor the first segment's top.
+    make(dict(LLAMA, num_layers=5, num_kv_heads=4), 32, ckpt="every-2", b=4, s=512),
     # A selectively checkpointed eager core re-run at its backward: the re-run softmax is the peak.
     make(LLAMA, 32, attention="eager", ckpt="selective", b=4, s=128),
     make(GPT, 32, attention="eager", ckpt="selective", b=4, s=128),
