@@ -16,6 +16,7 @@ import pytest
 from memplan.analytic import optimizer_step as ost
 from memplan.config import (
     Family,
+    FineTune,
     Impl,
     ImplConfig,
     ModelConfig,
@@ -26,6 +27,7 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
+from memplan.config.finetune import Method
 
 H, V, F, L, P = 64, 1000, 160, 2, 32
 KV = 32  # 2 kv heads of 16
@@ -187,3 +189,53 @@ def test_step_transient_by_implementation(impl: OptimizerImpl, expected: int) ->
     s = setup()
     s = s.model_copy(update={"training": s.training.model_copy(update={"optimizer_impl": impl})})
     assert ost.step_transient(s) == expected
+
+
+# ----------------------------------------------------------------------------------------------------
+# Which implementation steps (optimizer_impl): torch's default for AdamW is foreach when every parameter
+# is on a foreach-capable device (optim/optimizer.py _default_to_fused_or_foreach(..., use_fused=False):
+# cuda yes, cpu no), never fused by default; adamw-8bit is bitsandbytes'; memplan's reference model and
+# the optimizers torch.optim is not modelled for step the reference optimizer, and so does fine-tuning.
+# ----------------------------------------------------------------------------------------------------
+def chosen(impl: Impl, optimizer: str = "adamw", device: str = "cuda", **setup: Any) -> OptimizerImpl:
+    model = ModelConfig(hidden_size=H, num_layers=L, num_heads=4, ffn_size=F, vocab_size=V)
+    training = TrainingConfig(seq_len=P, optimizer=optimizer)
+    s = Setup(model=model, training=training, impl=ImplConfig(impl=impl), device=device, **setup)
+    return ost.optimizer_impl(s)
+
+
+@pytest.mark.parametrize(
+    ("impl", "optimizer", "device", "expected"),
+    [
+        (Impl.REFERENCE, "adamw", "cuda", OptimizerImpl.REFERENCE),
+        (Impl.HF, "adamw", "cuda", OptimizerImpl.FOREACH),
+        (Impl.HF, "adamw", "cpu", OptimizerImpl.FOR_LOOP),
+        (Impl.TORCHTITAN, "adamw", "cpu", OptimizerImpl.FOR_LOOP),
+        (Impl.HF, "adamw-8bit", "cuda", OptimizerImpl.BITSANDBYTES),
+        (Impl.HF, "adamw-8bit", "cpu", OptimizerImpl.BITSANDBYTES),
+        (Impl.HF, "sgd", "cuda", OptimizerImpl.REFERENCE),
+        (Impl.HF, "lion", "cuda", OptimizerImpl.REFERENCE),
+    ],
+)
+def test_the_default_implementation(impl: Impl, optimizer: str, device: str, expected: OptimizerImpl) -> None:
+    assert chosen(impl, optimizer, device) is expected
+
+
+def test_fine_tuning_steps_the_reference_optimizer_and_refuses_a_torch_one() -> None:
+    lora = FineTune(method=Method.LORA)
+    assert chosen(Impl.HF, finetune=lora) is OptimizerImpl.REFERENCE
+    explicit = TrainingConfig(seq_len=P, optimizer_impl=OptimizerImpl.REFERENCE)
+    model = ModelConfig(hidden_size=H, num_layers=L, num_heads=4, ffn_size=F, vocab_size=V)
+    s = Setup(model=model, training=explicit, impl=ImplConfig(impl=Impl.HF), finetune=lora)
+    assert ost.optimizer_impl(s) is OptimizerImpl.REFERENCE
+    fused = s.model_copy(
+        update={"training": explicit.model_copy(update={"optimizer_impl": OptimizerImpl.FUSED})}
+    )
+    with pytest.raises(ValueError) as err:
+        ost.optimizer_impl(fused)
+    assert str(err.value) == (
+        "optimizer_impl: fused is modelled for full training (every parameter stepped); with --finetune "
+        "lora|qlora or --freeze use --optimizer-impl reference"
+    )
+    full = fused.model_copy(update={"finetune": FineTune()})
+    assert ost.optimizer_impl(full) is OptimizerImpl.FUSED
