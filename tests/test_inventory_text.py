@@ -18,6 +18,7 @@ from tiny_setup import tiny_setup
 
 from memplan.config import (
     Device,
+    ExpertsImpl,
     FineTune,
     Impl,
     ImplConfig,
@@ -80,6 +81,17 @@ SETUPS: dict[str, Setup] = {
         impl=HF,
     ),
     "hf-qwen3-qk-norm": tiny_setup({"family": Family.QWEN3, "qk_norm": True}, impl=HF),
+    "hf-qwen2-moe-grouped-mm": tiny_setup(
+        {
+            "family": Family.QWEN2_MOE,
+            "moe": MoEConfig(experts=4, top_k=2, shared_experts=1, shared_gate=True, norm_topk_prob=True),
+        },
+        impl=HF,
+    ),
+    "hf-mixtral-eager-experts": tiny_setup(
+        {"family": Family.MIXTRAL, "moe": MoEConfig(experts=4, top_k=2)},
+        impl=ImplConfig(impl=Impl.HF, experts=ExpertsImpl.EAGER),
+    ),
     "megatron-eager-gqa": tiny_setup({"num_kv_heads": 2}, EAGER, impl=ImplConfig(impl=Impl.MEGATRON)),
     "megatron-selective": tiny_setup(
         strategy={"checkpointing": Checkpointing.SELECTIVE}, impl=ImplConfig(impl=Impl.MEGATRON)

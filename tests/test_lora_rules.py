@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from tiny_setup import tiny_setup
 
 from memplan.analytic.inventory import Block, Dims, Role
 from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig
-from memplan.config.finetune import Target
+from memplan.config.finetune import Target, parse_freeze
+from memplan.engine import estimate
 from memplan.strategies import lora
 
 H, F, B, S = 64, 160, 2, 32
@@ -98,3 +100,31 @@ def test_residual_dropout_mask_is_a_bool_per_activation() -> None:
         Block.MLP,
         Role.DROPOUT_MASK,
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# The inventory's counts under fine-tuning (lora.keeps): a layer save kept in n layers has count n
+# ----------------------------------------------------------------------------------------------------
+def test_lora_counts_each_layer_save_in_the_layers_that_keep_it() -> None:
+    kept = {
+        k.name: (k.scope.value, k.count)
+        for k in estimate(tiny_setup(finetune=FineTune(method=Method.LORA))).tensors
+    }
+    # Adapters on q and v in every layer: A·x, B's input, is kept in all 4 layers (tests/tiny_setup.py).
+    assert kept["attn.q_lora_mid"] == kept["attn.v_lora_mid"] == ("layer", 4)
+    # The attention norm's input and rstd serve its dX only, which layer 0 does not need (the frozen
+    # embedding below takes no gradient): layers 1-3.
+    assert kept["attn_norm.input"] == kept["attn_norm.rstd"] == ("layer", 3)
+    # Model-level saves once: q·cos / rotate_half(q)·sin (before the layers), the loss's (after).
+    assert kept["rope.cos"] == kept["rope.sin"] == ("model", 1)
+    assert kept["loss.log_probs"] == kept["final_norm.input"] == ("model", 1)
+
+
+def test_a_trained_final_norm_alone_keeps_its_normed_input_and_the_losss_saves() -> None:
+    # Full training with the embedding, every layer and the lm head frozen: only the final norm's weight
+    # trains. Its dW = Σ dY·n needs n, and dY needs the logits' gradient: the loss keeps its log-probs,
+    # labels and total weight; the frozen head's dX needs only its weight (no save); nothing below the
+    # final norm needs a gradient, so neither its fp32 input nor rstd (they serve dX) is kept.
+    ft = FineTune.model_validate({"method": Method.FULL, **parse_freeze("embeddings,lm_head,layers:0-3")})
+    names = [k.name for k in estimate(tiny_setup(finetune=ft)).tensors]
+    assert names == ["final_norm.normed", "loss.log_probs", "loss.labels", "loss.total_weight"]

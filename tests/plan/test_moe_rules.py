@@ -165,3 +165,24 @@ def test_no_shared_experts_no_shared_parameters() -> None:
     m = tiny(mlp="gelu").model_copy(update={"mlp_bias": True})
     assert m.moe is not None
     assert mx.moe_layer_params(m, m.moe).shared == 0
+
+
+@pytest.mark.parametrize(
+    ("mlp", "moe", "extra"),
+    [
+        # The MLP backward's [T, f] gradient buffers (gate, up and the product's for SwiGLU; fc1's and the
+        # activation's for GELU) cover S expert slots instead of T tokens: (S − T) more rows each, f = 96,
+        # bf16. Dropless top-2: S = 2T.
+        ("swiglu", {}, 3 * (2 * T - T) * 96 * 2),
+        ("gelu", {}, 2 * (2 * T - T) * 96 * 2),
+        # Capacity factor 1.5: S = E·⌈(T·k/E)·c⌉ = 4·⌈(2T/4)·1.5⌉ = 3T slots.
+        ("swiglu", {"capacity_factor": 1.5}, 3 * (3 * T - T) * 96 * 2),
+    ],
+)
+def test_the_mlp_backward_buffers_grow_with_the_expert_slots(
+    mlp: str, moe: dict[str, Any], extra: int
+) -> None:
+    m = tiny(mlp, **moe)
+    s = Setup(model=m, training=TrainingConfig(seq_len=T))
+    assert mx.mlp_backward_extra(s, m.moe) == extra
+    assert mx.mlp_backward_extra(s, None) == 0
