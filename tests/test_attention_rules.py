@@ -219,3 +219,15 @@ def test_a_sliding_window_is_masked_from_s_equal_to_the_window(window: int, mask
     assert attention.window_masked(s, Dims.of(s)) is masked
     names = [r.name for r in attention.flash_rules(s, Dims.of(s))]
     assert ("attn.window_mask" in names) is masked
+
+
+def test_torchtitan_keeps_a_complex_rotary_cache_per_layer() -> None:
+    # torchtitan's precompute_freqs_cis: [s, d/2] complex64 (one complex number per pair of dims), sized to
+    # the training sequence, saved by each layer's apply_rotary_emb (view_as_complex · freqs_cis).
+    s = build({}, FLASH, ImplConfig(impl=Impl.TORCHTITAN), device=Device.CPU)
+    rules = attention.rope_cache_rules(s, Dims.of(s))
+    assert [(r.name, r.shape, r.dtype.name) for r in rules] == [("attn.rope_cache", (S, D // 2), "COMPLEX64")]
+    assert all(type(x) is int for x in rules[0].shape)  # a shape prints as whole numbers
+    # The reference model (one table for the model, rope.cos / rope.sin) keeps none per layer.
+    reference = build({}, FLASH, ImplConfig(), device=Device.CPU)
+    assert attention.rope_cache_rules(reference, Dims.of(reference)) == []

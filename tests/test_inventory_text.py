@@ -66,6 +66,9 @@ SETUPS: dict[str, Setup] = {
     "hf-llama-flash-full": tiny_setup(
         {"family": Family.LLAMA}, {"checkpointing": Checkpointing.FULL}, impl=HF
     ),
+    "hf-llama-flash-attn-2": tiny_setup(
+        {"family": Family.LLAMA}, impl=ImplConfig(impl=Impl.HF, flash_attn=True)
+    ),
     "hf-gpt2-eager-cpu": on(tiny_setup(GPT2, EAGER, impl=HF), device=Device.CPU),
     "hf-gpt2-math-cpu": on(tiny_setup(GPT2, impl=HF), device=Device.CPU),
     "hf-neox-flash-cpu": on(
