@@ -21,15 +21,20 @@ from typing import Any
 
 
 def clear_memplan_caches() -> int:
-    """Clear every ``functools`` cache held by a module-level name in memplan; how many were cleared."""
+    """Clear every ``functools`` cache held by a module-level name in memplan, and call each memplan
+    module's own ``clear_caches()`` (``memplan.pieces`` memoises the pieces in a plain dict, ``_PIECES``,
+    which no ``cache_clear`` reaches); how many were cleared."""
     cleared = 0
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "memplan" or name.startswith("memplan.")):
             continue
-        for value in list(vars(module).values()):
+        for attr, value in list(vars(module).items()):
             clear = getattr(value, "cache_clear", None)
             if callable(clear) and getattr(value, "__module__", None) == name:
                 clear()
+                cleared += 1
+            elif attr == "clear_caches" and callable(value) and getattr(value, "__module__", None) == name:
+                value()
                 cleared += 1
     return cleared
 

@@ -104,3 +104,20 @@ def test_plugin_empties_memplans_memo_caches(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("MUTANT_UNDER_TEST", "stats")
     memplan_mutmut.pytest_runtest_setup(None)
     assert square.cache_info().currsize == 0
+
+
+def test_plugin_empties_the_pieces_dict_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    # memplan.pieces memoises whole estimates' pieces in a plain dict (_PIECES), beyond any cache_clear:
+    # left full, a forked mutant run's estimate answers with the unmutated pieces (a false survivor).
+    from tiny_setup import tiny_setup
+
+    from memplan import pieces
+    from memplan.engine import estimate
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import memplan_mutmut
+
+    estimate(tiny_setup())
+    assert pieces._PIECES
+    memplan_mutmut.clear_memplan_caches()
+    assert not pieces._PIECES
