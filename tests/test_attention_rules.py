@@ -231,3 +231,20 @@ def test_torchtitan_keeps_a_complex_rotary_cache_per_layer() -> None:
     # The reference model (one table for the model, rope.cos / rope.sin) keeps none per layer.
     reference = build({}, FLASH, ImplConfig(), device=Device.CPU)
     assert attention.rope_cache_rules(reference, Dims.of(reference)) == []
+
+
+@pytest.mark.parametrize(("pattern", "tables"), [(2, 2), (5, 1)])
+def test_gemma3_keeps_a_second_rotary_table_for_its_full_attention_layers(pattern: int, tables: int) -> None:
+    # transformers' Gemma-3 rotates its sliding layers with rope_local_theta and its full layers with
+    # rope_theta (Gemma3TextModel: rotary_emb_local and rotary_emb): where both layer types exist (every
+    # pattern-th layer full, 4 layers here) each table's cos and sin [s, d] (bf16) are kept; with a
+    # pattern longer than the model every layer slides, one table.
+    model = {"family": Family.GEMMA3, "sliding_window": 64, "sliding_window_pattern": pattern}
+    s = build({**model, "rope_local_theta": 10000.0}, FLASH, HF_CACHE)
+    rules = [(r.name, r.shape, r.dtype.name, r.role) for r in attention.constant_rules(s, Dims.of(s))]
+    table = [("rope.cos", (S, D), "BF16", Role.ROPE_TABLE), ("rope.sin", (S, D), "BF16", Role.ROPE_TABLE)]
+    full = [
+        ("rope.full_cos", (S, D), "BF16", Role.ROPE_TABLE),
+        ("rope.full_sin", (S, D), "BF16", Role.ROPE_TABLE),
+    ]
+    assert rules == table + (full if tables == 2 else [])

@@ -83,6 +83,10 @@ SETUPS: dict[str, Setup] = {
         EAGER,
         impl=HF,
     ),
+    "hf-gemma3-two-rotary-tables": tiny_setup(
+        {"family": Family.GEMMA3, "sliding_window": 64, "sliding_window_pattern": 2, "rope_local_theta": 1e4},
+        impl=HF,
+    ),
     "hf-qwen3-qk-norm": tiny_setup({"family": Family.QWEN3, "qk_norm": True}, impl=HF),
     "hf-qwen2-moe-grouped-mm": tiny_setup(
         {
