@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 from tiny_setup import A, B, F, H, L, S, T, tiny_setup
 
-from memplan.analytic.inventory import Dims
+from memplan.analytic.inventory import Dims, Scope
 from memplan.config import Impl, ImplConfig, MoEConfig, Setup
 from memplan.config.impl import Family
 from memplan.config.strategy import Attention, Checkpointing
+from memplan.engine import estimate
 from memplan.strategies import checkpointing
 
 D = H // A
@@ -169,3 +170,24 @@ def test_selective_re_runs_the_flash_core_whole_and_half_the_eager_one() -> None
 def test_no_checkpointing_re_runs_nothing() -> None:
     assert rerun(tiny_setup()) == 0
     assert rerun(tiny_setup({"resid_dropout": 0.1})) == 0
+
+
+def test_transformers_every_k_checkpoints_single_layers_and_the_others_keep_their_saves() -> None:
+    # every_n_layers = 3 of 4 layers: layers 0 and 3 are checkpointed alone (⌈4/3⌉ = 2 kept inputs), layers
+    # 1 and 2 keep every save; the reference model's segments {0, 1, 2} and {3} keep their inputs alone.
+    def layer_counts(s: Setup) -> dict[str, int]:
+        return {k.name: k.count for k in estimate(s).tensors if k.scope is Scope.LAYER}
+
+    hf = layer_counts(hf_llama(every(3)))
+    assert hf.pop("layer.input") == 2
+    assert hf and set(hf.values()) == {2}  # every other layer save: layers 1 and 2
+    assert layer_counts(tiny_setup(strategy=every(3))) == {"layer.input": 2}
+
+
+def test_re_run_flops_are_whole_numbers() -> None:
+    for strategy in (
+        {"checkpointing": Checkpointing.SELECTIVE, "attention": Attention.EAGER},
+        FULL,
+        every(3),
+    ):
+        assert type(rerun(tiny_setup(strategy=strategy))) is int

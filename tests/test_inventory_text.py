@@ -99,6 +99,13 @@ SETUPS: dict[str, Setup] = {
         {"family": Family.MIXTRAL, "moe": MoEConfig(experts=4, top_k=2)},
         impl=ImplConfig(impl=Impl.HF, experts=ExpertsImpl.EAGER),
     ),
+    "hf-neox-parallel-residual": tiny_setup(
+        {"family": Family.GPT_NEOX, "mlp": "gelu", "norm": "layernorm", "parallel_residual": True}, impl=HF
+    ),
+    "hf-llama-every-3": tiny_setup(
+        {"family": Family.LLAMA}, {"checkpointing": Checkpointing.EVERY_K, "checkpoint_every": 3}, impl=HF
+    ),
+    "megatron-layernorm": tiny_setup({"norm": "layernorm"}, impl=ImplConfig(impl=Impl.MEGATRON)),
     "megatron-eager-gqa": tiny_setup({"num_kv_heads": 2}, EAGER, impl=ImplConfig(impl=Impl.MEGATRON)),
     "megatron-selective": tiny_setup(
         strategy={"checkpointing": Checkpointing.SELECTIVE}, impl=ImplConfig(impl=Impl.MEGATRON)

@@ -7,8 +7,14 @@ model has a full layer, only the sliding kind before."""
 from __future__ import annotations
 
 import pytest
+from tiny_setup import B as TB
+from tiny_setup import H as TH
+from tiny_setup import S as TS
+from tiny_setup import tiny_setup
 
+from memplan.analytic.inventory import Block, Dims
 from memplan.api import build_setup
+from memplan.blocks import norm
 from memplan.config import AttentionChoice, Family, Impl, ImplConfig, ModelConfig
 from memplan.engine import estimate
 
@@ -60,3 +66,19 @@ def test_gemma_norms_keep_one_plus_w_at_the_hidden_width() -> None:
     assert set(kept) == {f"{n}_norm.weight_plus_one" for n in ("attn", "mlp", "final")}
     for k in kept.values():
         assert tuple(k.shape) == (64,) and k.total_bytes == 4 * 64 * k.count
+
+
+def test_a_parallel_residual_mlp_norm_shares_the_attention_norms_input() -> None:
+    # GPT-NeoX's use_parallel_residual: both norms read the layer input x, which the attention's norm keeps
+    # already [b, s, h] (bf16); the MLP's keeps its own mean and rstd, fp32 [b, s, 1] on CUDA.
+    model = {"family": Family.GPT_NEOX, "mlp": "gelu", "norm": "layernorm", "parallel_residual": True}
+    s = tiny_setup(model, impl=ImplConfig(impl=Impl.HF))
+
+    def rules(block: Block) -> list[tuple[str, tuple[int, ...], str]]:
+        return [(r.name, r.shape, r.dtype.name) for r in norm.norm_rules(s, block, Dims.of(s))]
+
+    stats = [("mean", (TB, TS, 1), "FP32"), ("rstd", (TB, TS, 1), "FP32")]
+    assert rules(Block.ATTN_NORM) == [("attn_norm.input", (TB, TS, TH), "BF16")] + [
+        ("attn_norm." + n, shape, d) for n, shape, d in stats
+    ]
+    assert rules(Block.MLP_NORM) == [("mlp_norm." + n, shape, d) for n, shape, d in stats]
