@@ -115,7 +115,8 @@ def test_lora_counts_each_layer_save_in_the_layers_that_keep_it() -> None:
     # The attention norm's input and rstd serve its dX only, which layer 0 does not need (the frozen
     # embedding below takes no gradient): layers 1-3.
     assert kept["attn_norm.input"] == kept["attn_norm.rstd"] == ("layer", 3)
-    # Model-level saves once: q·cos / rotate_half(q)·sin (before the layers), the loss's (after).
+    # Model-level saves once (the engine counts model-scope groups itself, engine.group_counts): q·cos /
+    # rotate_half(q)·sin before the layers, the loss's after.
     assert kept["rope.cos"] == kept["rope.sin"] == ("model", 1)
     assert kept["loss.log_probs"] == kept["final_norm.input"] == ("model", 1)
 

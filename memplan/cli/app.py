@@ -20,7 +20,7 @@ from memplan.cli.common import (
     JsonOpt,
     PlotOpt,
     TimelineOpt,
-    check_writable,
+    check_plot,
     console,
     handle_user_errors,
     new_app,
@@ -101,7 +101,7 @@ def estimate_command(
     **options: Any,
 ) -> None:
     if plot is not None:
-        check_writable("plot", plot)  # before any work: nothing half-written
+        check_plot(plot)  # before any work: nothing half-written
     built = build(options_of(options))
     points: list[Point] = []
     if timeline or plot:

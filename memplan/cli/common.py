@@ -304,8 +304,13 @@ def check_writable(option: str, path: str) -> None:
         raise ValueError(f"{option}: {path} is a directory; give a file name, e.g. --{option} trace.json")
     if not folder.is_dir() or not os.access(folder, os.W_OK):
         raise ValueError(f"{option}: cannot write to {folder}; give a path in an existing, writable folder")
-    if option == "plot" and target.suffix.lower() not in PLOT_SUFFIXES:
-        # matplotlib picks the format from the suffix (and writes PNG bytes under any name without one).
+
+
+def check_plot(path: str) -> None:
+    """``check_writable`` for ``--plot``, and a suffix that names the format: matplotlib picks it from the
+    suffix (and writes PNG bytes under any name without one)."""
+    check_writable("plot", path)
+    if Path(path).suffix.lower() not in PLOT_SUFFIXES:
         raise ValueError(
             f"plot: {path} does not end in {', '.join(PLOT_SUFFIXES)}; name the format, e.g. --plot step.svg"
         )

@@ -17,6 +17,7 @@ from memplan.cli.common import (
     FINETUNE_FLAGS,
     PlotOpt,
     TimelineOpt,
+    check_plot,
     check_writable,
     console,
     fail,
@@ -247,14 +248,11 @@ def profile(
                 "memory-snapshot: the measured curve records the allocator's history itself; "
                 "drop --memory-snapshot or --timeline/--plot"
             )
-        for option, path in (
-            ("torch-trace", torch_trace),
-            ("memory-snapshot", memory_snapshot),
-            ("plot", plot),
-        ):
+        for option, path in (("torch-trace", torch_trace), ("memory-snapshot", memory_snapshot)):
             if path is not None:
                 check_writable(option, path)
         if plot is not None:
+            check_plot(plot)
             from memplan.render.timeline import pyplot
 
             pyplot()  # before any work: without matplotlib, one line and nothing run
