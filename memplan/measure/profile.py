@@ -118,9 +118,10 @@ class StepRunner:
         self.setup = setup
         self.device = device
         self.model = Reference(setup, device=device)
-        self.opt = ReferenceOptimizer(
-            list(self.model.parameters()), setup.training.precision, setup.training.optimizer
-        )
+        trainable: list[torch.Tensor] = [
+            p for p in self.model.parameters() if p.requires_grad
+        ]  # frozen: no state
+        self.opt = ReferenceOptimizer(trainable, setup.training.precision, setup.training.optimizer)
         self.batch = make_batch(setup, device)
 
     def sync(self) -> None:

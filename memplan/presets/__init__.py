@@ -25,7 +25,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from memplan.config import Frozen, ModelConfig
 from memplan.errors import one_line_validation_error
@@ -48,6 +48,7 @@ _LISTS_OF = {"models": _LISTS, "gpus": "(`memplan gpus` lists them)"}
 
 
 class _Preset(Frozen):
+    model_config = ConfigDict(**Frozen.model_config, allow_inf_nan=False)  # a file's inf / nan is refused
     name: str = Field(min_length=1, description="canonical name, = the file name without .toml")
     aliases: tuple[str, ...] = Field(default=(), description="other names it answers to, case-insensitive")
     source: str = Field(min_length=1, description="where the numbers come from (URL or citation)")
@@ -88,6 +89,8 @@ class ModelPreset(_Preset):
 
 class PeakTflops(Frozen):
     """Dense peak throughput in TFLOP/s (10¹² FLOP/s) per dtype, without 2:4 sparsity."""
+
+    model_config = ConfigDict(**Frozen.model_config, allow_inf_nan=False)
 
     fp32: float = Field(gt=0, description="non-tensor-core fp32")
     tf32: float = Field(gt=0)

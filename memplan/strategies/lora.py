@@ -42,7 +42,14 @@ from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules
 from memplan.config import Attention, DType, MlpType, NormType, Setup
-from memplan.config.finetune import Method, Target, linear_shapes
+from memplan.config.finetune import Target, linear_shapes
+from memplan.config.trainable import (
+    adapted,
+    base_trains,
+    embedding_trains,
+    final_norm_trains,
+    head_trains,
+)
 
 B, R, T = Block, Role, Target
 ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
@@ -50,41 +57,6 @@ ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
 
 def applies(setup: Setup) -> bool:
     return not setup.finetune.trains_everything
-
-
-# ----------------------------------------------------------------------------------------------------
-# What trains
-# ----------------------------------------------------------------------------------------------------
-def base_trains(setup: Setup, layer: int) -> bool:
-    """Whether layer ``layer``'s own weights (linears, norms) train: full training outside --freeze."""
-    ft = setup.finetune
-    return ft.method is Method.FULL and not ft.layer_frozen(layer)
-
-
-def adapted(setup: Setup, layer: int) -> frozenset[Target]:
-    """The linears of layer ``layer`` with a LoRA adapter (none in frozen layers or without LoRA)."""
-    ft = setup.finetune
-    if not ft.lora or ft.layer_frozen(layer):
-        return frozenset()
-    return frozenset(ft.targets)
-
-
-def embedding_trains(setup: Setup) -> bool:
-    ft = setup.finetune
-    tied = setup.model.tied_embeddings and ft.freeze_lm_head  # one tensor: frozen as the head is
-    return ft.method is Method.FULL and not ft.freeze_embeddings and not tied
-
-
-def head_trains(setup: Setup) -> bool:
-    """The lm head (the embedding itself when tied) trains."""
-    if setup.model.tied_embeddings:
-        return embedding_trains(setup)
-    ft = setup.finetune
-    return ft.method is Method.FULL and not ft.freeze_lm_head
-
-
-def final_norm_trains(setup: Setup) -> bool:
-    return setup.finetune.method is Method.FULL
 
 
 # ----------------------------------------------------------------------------------------------------
