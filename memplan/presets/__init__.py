@@ -117,6 +117,18 @@ class GpuPreset(_Preset):
         gt=0,
         description="host (CPU) memory of one node, GiB: the vendor's reference system (a DGX), for offload",
     )
+    host_link_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="the GPU's link to the host (PCIe), GB/s per direction, for offload's transfers "
+        "(time/offload.py)",
+    )
+    host_memory_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="host (CPU) memory bandwidth of one node, GB/s, shared by its GPUs: the CPU optimizer "
+        "step of optimizer offload (time/offload.py)",
+    )
 
 
 P = TypeVar("P", bound=_Preset)

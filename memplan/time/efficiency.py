@@ -23,6 +23,14 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
   issue #119, 2022).
 
+- ``HOST_LINK`` 0.80: CUDA's ``bandwidthTest`` on an A100-SXM4-40GB (PCIe Gen4 x16, 32 GB/s per direction),
+  pinned 32 MB copies: host to device 26.1 GB/s, device to host 25.6 GB/s (a published run log; the
+  lower, 25.6/32 = 0.80). Offload's copies (``time.offload``).
+- ``HOST_MEMORY`` 0.80: the CPU optimizer step streams the host's DRAM like an element-wise GPU kernel
+  streams HBM; STREAM-triad-like kernels on dual-socket servers reach ≈ 80 % of the DDR channels' peak
+  (taken equal to ``MEMORY``; not re-checked against a stored measurement). No published offload run was
+  in view when it was chosen.
+
 ``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
 sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs
 (``gemm``: NVIDIA's "Matrix Multiplication Background User's Guide" §3; the tile rule, the best of
@@ -45,3 +53,7 @@ fraction of the link's per-direction peak."""
 NETWORK_INTER = 0.85
 """Achieved bus bandwidth of a ring collective between nodes (InfiniBand/RoCE), as a fraction of the GPU's
 share of the node's NICs."""
+HOST_LINK = 0.80
+"""Achieved fraction of the GPU's host link (PCIe) per direction for pinned copies."""
+HOST_MEMORY = 0.80
+"""Achieved fraction of the host's memory bandwidth for the CPU optimizer step."""
