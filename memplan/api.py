@@ -248,6 +248,7 @@ def setup_of(o: Options) -> Setup:
             use_cache=o.use_cache,
             reentrant=o.reentrant,
             flash_attn=o.flash_attn,
+            attention_kernel=o.attention_kernel,
             experts=o.experts,
         ),
     )

@@ -14,6 +14,7 @@ from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
+    AttentionKernel,
     Device,
     ExpertsImpl,
     Frozen,
@@ -149,6 +150,12 @@ class Options(Frozen):
         "only: its kernel's [2] int64 RNG state, sliding windows without a mask) instead of its sdpa",
         _STRATEGY,
         default=False,
+    )
+    attention_kernel: AttentionKernel = _option(
+        "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
+        "flash-attn 2 run), fa2, or fa3 (FlashAttention-3, Hopper only)",
+        _STRATEGY,
+        default=AttentionKernel.AUTO,
     )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "

@@ -55,6 +55,17 @@ class ExpertsImpl(StrEnum):
     ``index_add_`` back; its shapes are data, so only real tensors run it."""
 
 
+class AttentionKernel(StrEnum):
+    """The flash kernel that runs ``--attention flash`` (step time only: they keep the same tensors)."""
+
+    AUTO = "auto"
+    """FlashAttention-2: what torch's SDPA flash backend and transformers' flash_attention_2 run."""
+    FA2 = "fa2"
+    """FlashAttention-2 (Dao 2023)."""
+    FA3 = "fa3"
+    """FlashAttention-3 (Shah et al. 2024), Hopper only."""
+
+
 class ImplConfig(Frozen):
     """The implementation and the switches of its code that change what it keeps."""
 
@@ -72,6 +83,10 @@ class ImplConfig(Frozen):
         default=False,
         description="hf: attn_implementation='flash_attention_2' (the flash-attn package, CUDA only) for "
         "--attention flash, instead of transformers' sdpa",
+    )
+    attention_kernel: AttentionKernel = Field(
+        default=AttentionKernel.AUTO,
+        description="the flash kernel's implementation, for the step time (time/attention.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

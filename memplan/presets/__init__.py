@@ -117,6 +117,12 @@ class GpuPreset(_Preset):
         gt=0,
         description="host (CPU) memory of one node, GiB: the vendor's reference system (a DGX), for offload",
     )
+    arch: str | None = Field(
+        default=None,
+        description="the GPU's architecture (ampere, ada, hopper, blackwell, cdna3): which attention "
+        "kernels run and at what fraction of peak (time/attention.py); absent: FlashAttention-2's A100 "
+        "figure",
+    )
     host_link_gbps: float | None = Field(
         default=None,
         gt=0,

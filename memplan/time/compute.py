@@ -50,7 +50,7 @@ from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import efficiency, gemm
+from memplan.time import attention, efficiency, gemm
 from memplan.time.comm import Critical
 
 
@@ -165,14 +165,34 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     if c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup) * c.layers
     hbm = hbm_bytes_per_s(gpu)
-    at = peak * efficiency.ATTENTION
-    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms), peak * efficiency.MATMUL)
+    roof = roofline(c.setup, gpu, peak)
+    mm = peak * efficiency.MATMUL
+    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm)
+    at_f, at_b = attention_seconds(c.setup, f, gpu, peak)
     dq_f, dq_b = dequant_bytes(c)
-    forward = KernelTime(mm_f, f.attention_forward / at, layer / hbm, f.matmul_forward, dq_f / hbm)
-    backward = KernelTime(
-        mm_b, f.attention_backward / at, (2 * layer + rerun) / hbm, f.matmul_backward, dq_b / hbm
-    )
+    forward = KernelTime(mm_f, at_f, layer / hbm, f.matmul_forward, dq_f / hbm)
+    backward = KernelTime(mm_b, at_b, (2 * layer + rerun) / hbm, f.matmul_backward, dq_b / hbm)
     return forward, backward
+
+
+def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
+    """The GEMMs' ridge on ``gpu``: (``MATMUL`` · peak) / (``MEMORY`` · HBM) FLOPs per byte, operands in
+    the activation dtype."""
+    ridge = peak * efficiency.MATMUL / hbm_bytes_per_s(gpu)
+    return gemm.Roofline(ridge, s.training.precision.activation_dtype.bytes)
+
+
+def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> tuple[float, float]:
+    """Forward and backward (with re-run) seconds of the attention core (``time.attention``): eager's
+    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction."""
+    if attention.is_eager(s):
+        roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
+        mm = peak * efficiency.MATMUL
+        forward = gemm.class_efficiency(shapes, gpu.sms, roof)
+        backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
+        return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
+    flash = peak * attention.flash_fraction(s, gpu)
+    return f.attention_forward / flash, f.attention_backward / flash
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:

@@ -57,3 +57,11 @@ HOST_LINK = 0.80
 """Achieved fraction of the GPU's host link (PCIe) per direction for pinned copies."""
 HOST_MEMORY = 0.80
 """Achieved fraction of the host's memory bandwidth for the CPU optimizer step."""
+FA2_HOPPER = 0.35
+"""FlashAttention-2 on Hopper (and later) GPUs, both directions: "FlashAttention-2 achieving only 35%
+utilization on the H100 GPU" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract). FA2 is
+written for Ampere's mma instructions; Blackwell is taken as Hopper (no published figure)."""
+FA3_SPEEDUP = 1.5
+"""FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
+abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
+1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""

@@ -1,0 +1,96 @@
+"""The per-kernel time model (issue #21 item 2): attention by implementation and GPU generation, GEMMs
+that are memory-bound by their arithmetic intensity, LoRA's narrow adapters. Every expected figure is
+derived here by hand from the shapes, the GPU's datasheet figures and the constants' sources."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.api import Options, build
+from memplan.cli.app import app
+from memplan.config import Setup
+from memplan.time import efficiency as eff
+from memplan.time import gemm
+from memplan.time.gemm import Gemm
+
+runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+
+# Llama-3-8B: 32 heads of 128, 32 layers.
+A, D, L = 32, 128, 32
+
+
+def _attention_s(**kw: object) -> float:
+    b = build(Options(model="llama-3-8b", **kw))  # type: ignore[arg-type]
+    assert b.timing is not None
+    return b.timing.prediction.attention_s
+
+
+def _flash_flops(s: int) -> int:
+    """The flash core of one micro-batch (b 1): forward QKᵀ and P·V 2 × 2·a·s²·d per layer, backward five
+    such products (S recomputed, dP, dV, dQ, dK) → 14·a·s²·d per layer."""
+    return 14 * A * s * s * D * L
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kernel", "peak", "fraction"),
+    [
+        ("a100-80gb", "auto", 312e12, 0.50),  # FlashAttention-2 on A100: the FA2 paper's low end
+        ("h100-sxm", "auto", 989.5e12, 0.35),  # FA2 on H100: 35 % (FlashAttention-3's abstract)
+        ("h100-sxm", "fa2", 989.5e12, 0.35),
+        ("h100-sxm", "fa3", 989.5e12, 0.35 * 1.5),  # FA3: 1.5–2.0× FA2 on H100, the low end
+    ],
+)
+def test_flash_attention_by_kernel_and_generation(
+    gpu: str, kernel: str, peak: float, fraction: float
+) -> None:
+    seconds = _attention_s(seq=4096, gpu=gpu, attention_kernel=kernel)
+    assert seconds == pytest.approx(_flash_flops(4096) / (fraction * peak), rel=1e-12)
+
+
+def test_the_constants_are_the_sources_figures() -> None:
+    assert (eff.ATTENTION, eff.FA2_HOPPER, eff.FA3_SPEEDUP) == (0.50, 0.35, 1.5)
+
+
+def test_flashattention_3_off_hopper_is_a_one_line_error() -> None:
+    r = runner.invoke(
+        app, ["estimate", "-m", "llama-3-8b", "--gpu", "a100-80gb", "--attention-kernel", "fa3"]
+    )
+    assert r.exit_code == 2
+    assert "attention-kernel: FlashAttention-3 runs on Hopper GPUs only" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_eager_attention_is_memory_bound_on_a100() -> None:
+    # Eager QKᵀ [s, d]·[d, s] per head reads 2·s·d and writes s² elements for 2·s²·d FLOPs: intensity
+    # s·d/(2d + s) = 2048·128/2304 ≈ 113.8 FLOPs per byte (bf16) under A100-80GB's ridge
+    # (MATMUL·312 TFLOP/s)/(MEMORY·2,039 GB/s) ≈ 153. P·V [s, s]·[s, d] and every gradient product (dQ, dK,
+    # dP, dV) move the same three matrices' kind: the same intensity. Their waves are fuller than that
+    # (QKᵀ's 32 heads × 128 tiles of 256×128 on 108 SMs: 38 waves, 99.8 %; the [s, d] outputs of 128×128
+    # tiles: 512 tiles, 5 waves, 94.8 %), so every product runs at its bytes: time = FLOPs / (MEMORY ·
+    # 2,039 GB/s · 113.8). FLOPs: forward 2 × 2·a·s²·d, backward twice that, per layer.
+    s = 2048
+    intensity = s * D / (2 * D + s)
+    flops = 12 * A * s * s * D * L
+    seconds = _attention_s(seq=s, gpu="a100-80gb", attention="eager")
+    assert seconds == pytest.approx(flops / (eff.MEMORY * 2039e9 * intensity), rel=1e-12)
+
+
+def test_a_narrow_gemm_runs_at_its_bytes() -> None:
+    # [4096, 4096]·[4096, 16] (a LoRA A of rank 16): 2·4096·4096·16 FLOPs over (4096² + 2·4096·16)·2 bytes
+    # = 4096·16/4128 ≈ 15.9 FLOPs per byte; against a ridge of 295.4 it runs at 15.9/295.4 of MATMUL.
+    roof = gemm.Roofline(ridge=989.5e12 / 3350e9, element_bytes=2)
+    g = Gemm(4096, 4096, 16)
+    assert gemm.efficiency(g, None, roof) == pytest.approx(
+        (4096 * 16 / 4128) / (989.5e12 / 3350e9), rel=1e-12
+    )
+    assert gemm.efficiency(g, None) == 1.0  # without a roofline: the best shape's speed
+
+
+def test_lora_adapters_are_gemms_of_rank_r() -> None:
+    b = build(Options(model="llama-3-8b", seq=2048, finetune="lora", lora_rank=8))
+    setup: Setup = b.result.setup
+    shapes = gemm.adapter_gemms(setup, 2048)
+    # q: A [4096, 8], B [8, 4096]; v: A [4096, 8], B [8, 1024] (8 kv heads of 128)
+    assert shapes == [Gemm(2048, 4096, 8), Gemm(2048, 8, 4096), Gemm(2048, 4096, 8), Gemm(2048, 8, 1024)]
+    assert gemm.adapter_gemms(setup.model_copy(update={"finetune": type(setup.finetune)()}), 2048) == []
