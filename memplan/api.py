@@ -249,6 +249,7 @@ def setup_of(o: Options) -> Setup:
             reentrant=o.reentrant,
             flash_attn=o.flash_attn,
             attention_kernel=o.attention_kernel,
+            compile=o.compile,
             experts=o.experts,
         ),
     )

@@ -157,6 +157,12 @@ class Options(Frozen):
         _STRATEGY,
         default=AttentionKernel.AUTO,
     )
+    compile: bool = _option(
+        "torch.compile: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) into one "
+        "kernel; changes the step time only (the saved tensors are the eager code's)",
+        _STRATEGY,
+        default=False,
+    )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "

@@ -88,6 +88,10 @@ class ImplConfig(Frozen):
         default=AttentionKernel.AUTO,
         description="the flash kernel's implementation, for the step time (time/attention.py)",
     )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile: Inductor fuses element-wise chains (step time only: time/elementwise.py)",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

@@ -45,12 +45,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Checkpointing, MlpType, Offload, PositionType, Setup, ZeroStage
 from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, gemm
+from memplan.time import attention, efficiency, elementwise, gemm
 from memplan.time.comm import Critical
 
 
@@ -126,19 +127,22 @@ def stage_flops(c: Critical) -> StageFlops:
 
 
 def elementwise_bytes(s: Setup) -> int:
-    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring)."""
+    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring; each
+    op's bytes per element, fused or eager, from ``time.elementwise``)."""
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
+    p = profile_of(s)
     tokens = t.micro_batch * t.seq_len // par.cp  # a context-parallel rank's share of the sequence
     rank_tokens = tokens // par.tp if par.sp else tokens
     hidden = rank_tokens * m.hidden_size
-    out = 2 * 2 * hidden * e + 2 * 3 * hidden * e
+    out = 2 * hidden * elementwise.norm_bytes(s, p, e) + 2 * 3 * hidden * e
     if m.resid_dropout > 0:
         out += 2 * (2 * hidden * e + hidden)
     if m.position is PositionType.ROPE:
-        out += 2 * tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * e
+        out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * elementwise.rotary_bytes(s, e)
     width = m.ffn * m.moe.top_k + m.moe.shared_width(m) if m.moe else m.ffn
-    out += (3 if m.mlp is MlpType.SWIGLU else 2) * tokens * width // par.tp * e
+    per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
+    out += per * tokens * width // par.tp
     if s.strategy.attention is Attention.EAGER:
         probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
         out += 2 * probs * e + (2 * probs * e + probs if m.attn_dropout > 0 else 0)

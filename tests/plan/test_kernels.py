@@ -94,3 +94,29 @@ def test_lora_adapters_are_gemms_of_rank_r() -> None:
     # q: A [4096, 8], B [8, 4096]; v: A [4096, 8], B [8, 1024] (8 kv heads of 128)
     assert shapes == [Gemm(2048, 4096, 8), Gemm(2048, 8, 4096), Gemm(2048, 4096, 8), Gemm(2048, 8, 1024)]
     assert gemm.adapter_gemms(setup.model_copy(update={"finetune": type(setup.finetune)()}), 2048) == []
+
+
+def _elementwise_s(**kw: object) -> float:
+    b = build(Options(model="llama-3-8b", seq=4096, gpu="h100-sxm", **kw))  # type: ignore[arg-type]
+    assert b.timing is not None
+    return b.timing.prediction.elementwise_s
+
+
+def test_eager_and_compiled_element_wise_bytes_by_hand() -> None:
+    # One layer's forward on one H100, T = 4096 tokens, h 4096, f 14336, 32 q + 8 kv heads of 128, bf16
+    # (e = 2); the backward moves twice the forward's bytes: 3 × per step, 32 layers, at MEMORY × 3,350 GB/s.
+    T, h, f, e = 4096, 4096, 14336, 2
+    residual = 2 * 3 * T * h * e  # two adds: read two, write one
+    rope_elements = T * (32 + 8) * 128
+    # eager: RMSNorm 28 + 4e per element (fp32 upcast, pow, mean, rsqrt product, cast back, weight);
+    # rotary 10e (q·cos, rotate_half's neg and cat, ·sin, the sum); SwiGLU 5e (silu, then the product)
+    eager = 2 * T * h * (28 + 4 * e) + residual + rope_elements * 10 * e + T * f * 5 * e
+    # --compile: each chain one kernel, its input read and its output written once
+    compiled = 2 * T * h * 2 * e + residual + rope_elements * 2 * e + T * f * 3 * e
+    rate = eff.MEMORY * 3350e9
+    assert _elementwise_s() == pytest.approx(3 * 32 * eager / rate, rel=1e-12)
+    assert _elementwise_s(compile=True) == pytest.approx(3 * 32 * compiled / rate, rel=1e-12)
+
+
+def test_megatrons_fused_kernels_need_no_compile() -> None:
+    assert _elementwise_s(impl="megatron") < _elementwise_s(impl="reference")
