@@ -42,6 +42,8 @@ def flash_fraction(setup: Setup, gpu: GpuPreset) -> float:
     """The flash kernel's fraction of the dense peak on ``gpu`` (module docstring's table); a one-line
     ``ValueError`` for FlashAttention-3 off Hopper."""
     hopper = gpu.arch in HOPPER_ON
+    if gpu.calibrated and gpu.calibrated.attention and setup.impl.attention_kernel is AttentionKernel.AUTO:
+        return gpu.calibrated.attention  # measured on the device (``memplan calibrate``: SDPA's own pick)
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
             raise ValueError(

@@ -170,7 +170,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
         rerun = _attention_bytes(c.setup) * c.layers
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)
-    mm = peak * efficiency.MATMUL
+    mm = peak * efficiency.matmul(gpu)
     mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm)
     at_f, at_b = attention_seconds(c.setup, f, gpu, peak)
     dq_f, dq_b = dequant_bytes(c)
@@ -182,7 +182,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
 def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
     """The GEMMs' ridge on ``gpu``: (``MATMUL`` · peak) / (``MEMORY`` · HBM) FLOPs per byte, operands in
     the activation dtype."""
-    ridge = peak * efficiency.MATMUL / hbm_bytes_per_s(gpu)
+    ridge = peak * efficiency.matmul(gpu) / hbm_bytes_per_s(gpu)
     return gemm.Roofline(ridge, s.training.precision.activation_dtype.bytes)
 
 
@@ -191,7 +191,7 @@ def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> t
     batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction."""
     if attention.is_eager(s):
         roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
-        mm = peak * efficiency.MATMUL
+        mm = peak * efficiency.matmul(gpu)
         forward = gemm.class_efficiency(shapes, gpu.sms, roof)
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
@@ -200,8 +200,8 @@ def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> t
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:
-    """What memory-bound kernels stream: ``MEMORY`` × the HBM bandwidth."""
-    return gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY
+    """What memory-bound kernels stream: ``MEMORY`` (or the calibrated fraction) × the HBM bandwidth."""
+    return gpu.hbm_bandwidth_gbps * 1e9 * efficiency.memory(gpu)
 
 
 def dequant_call_bytes(s: Setup, elements: int) -> int:

@@ -41,6 +41,8 @@ NB: one fraction per class for every GPU: FP8 and newer attention kernels (Flash
 ``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's.
 """
 
+from memplan.presets import GpuPreset
+
 MATMUL = 0.80
 """Achieved fraction of the dense peak FLOP/s for matrix products."""
 ATTENTION = 0.50
@@ -65,3 +67,13 @@ FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
 1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""
+
+
+def matmul(gpu: GpuPreset) -> float:
+    """``MATMUL``, or what ``memplan calibrate`` measured on the device."""
+    return gpu.calibrated.matmul if gpu.calibrated else MATMUL
+
+
+def memory(gpu: GpuPreset) -> float:
+    """``MEMORY``, or what ``memplan calibrate`` measured on the device."""
+    return gpu.calibrated.memory if gpu.calibrated else MEMORY

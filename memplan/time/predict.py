@@ -118,11 +118,11 @@ def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
     return out
 
 
-def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float) -> float:
+def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float, matmul: float) -> float:
     """The matrix products' FLOPs over what ``MATMUL`` × peak would run in their time (1 without any)."""
     seconds = forward.matmul_s + backward.matmul_s
     flops = forward.matmul_flops + backward.matmul_flops
-    return flops / (seconds * efficiency.MATMUL * peak) if seconds else 1.0
+    return flops / (seconds * matmul * peak) if seconds else 1.0
 
 
 def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
@@ -146,7 +146,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         stage=c.index,
         stage_layers=c.layers,
         matmul_s=n * (forward.matmul_s + backward.matmul_s),
-        matmul_wave_efficiency=wave_efficiency(forward, backward, peak),
+        matmul_wave_efficiency=wave_efficiency(forward, backward, peak, efficiency.matmul(gpu)),
         attention_s=n * (forward.attention_s + backward.attention_s),
         elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
         compute_s=compute,
