@@ -250,6 +250,7 @@ def setup_of(o: Options) -> Setup:
             flash_attn=o.flash_attn,
             attention_kernel=o.attention_kernel,
             compile=o.compile,
+            fp8=o.fp8,
             experts=o.experts,
         ),
     )

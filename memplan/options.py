@@ -17,6 +17,7 @@ from memplan.config import (
     AttentionKernel,
     Device,
     ExpertsImpl,
+    Fp8Recipe,
     Frozen,
     Impl,
     MethodChoice,
@@ -162,6 +163,12 @@ class Options(Frozen):
         "kernel; changes the step time only (the saved tensors are the eager code's)",
         _STRATEGY,
         default=False,
+    )
+    fp8: Fp8Recipe = _option(
+        "torchao float8 training of the layers' linears: none, tensorwise or rowwise scaling (their GEMMs at "
+        "the GPU's FP8 peak plus the casts' traffic); changes the step time only",
+        _STRATEGY,
+        default=Fp8Recipe.NONE,
     )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "

@@ -27,7 +27,7 @@ from memplan.config.finetune import (
     parse_freeze,
     parse_targets,
 )
-from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Impl, ImplConfig
+from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
 from memplan.config.model import (
     GateActivation,
     Gelu,
@@ -64,6 +64,7 @@ __all__ = [
     "ExpertsImpl",
     "Family",
     "FineTune",
+    "Fp8Recipe",
     "Frozen",
     "GateActivation",
     "Gelu",

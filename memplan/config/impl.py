@@ -66,6 +66,16 @@ class AttentionKernel(StrEnum):
     """FlashAttention-3 (Shah et al. 2024), Hopper only."""
 
 
+class Fp8Recipe(StrEnum):
+    """torchao's float8 training of the layers' linears (``--fp8``; step time only)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"
+    """One dynamic scale per tensor (cuBLAS's tensorwise kernel): an amax pass, then the cast."""
+    ROWWISE = "rowwise"
+    """One dynamic scale per row (CUTLASS's rowwise kernel): the row's amax and cast in one pass."""
+
+
 class ImplConfig(Frozen):
     """The implementation and the switches of its code that change what it keeps."""
 
@@ -91,6 +101,10 @@ class ImplConfig(Frozen):
     compile: bool = Field(
         default=False,
         description="torch.compile: Inductor fuses element-wise chains (step time only: time/elementwise.py)",
+    )
+    fp8: Fp8Recipe = Field(
+        default=Fp8Recipe.NONE,
+        description="torchao float8 training of the layers' linears (step time only: time/fp8.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

@@ -51,7 +51,7 @@ from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, elementwise, gemm
+from memplan.time import attention, efficiency, elementwise, fp8, gemm
 from memplan.time.comm import Critical
 
 
@@ -149,16 +149,16 @@ def elementwise_bytes(s: Setup) -> int:
     return out
 
 
-def matmul_seconds(f: StageFlops, e: gemm.Efficiencies, mm: float) -> tuple[float, float]:
+def matmul_seconds(
+    f: StageFlops, e: gemm.Efficiencies, mm: float, layer: tuple[gemm.Efficiencies, float] | None = None
+) -> tuple[float, float]:
     """Forward and backward seconds of the matrix products at ``mm`` FLOP/s (``MATMUL`` × peak) × each
-    class's wave efficiency (``gemm``); a re-run layer's linears have the forward's shapes."""
-    forward = f.linear_forward / e.layer_forward + f.head_forward / e.head_forward
-    backward = (
-        f.linear_backward / e.layer_backward
-        + f.rerun_linear / e.layer_forward
-        + f.head_backward / e.head_backward
-    )
-    return forward / mm, backward / mm
+    class's wave efficiency (``gemm``); a re-run layer's linears have the forward's shapes. ``layer``: the
+    layers' linears at other efficiencies and rate (``--fp8``: the FP8 peak), the head at ``mm``."""
+    le, lmm = layer if layer is not None else (e, mm)
+    forward = f.linear_forward / le.layer_forward / lmm + f.head_forward / e.head_forward / mm
+    backward = (f.linear_backward / le.layer_backward + f.rerun_linear / le.layer_forward) / lmm
+    return forward, backward + f.head_backward / e.head_backward / mm
 
 
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
@@ -171,12 +171,24 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)
     mm = peak * efficiency.matmul(gpu)
-    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm)
+    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm, fp8_layers(c.setup, gpu))
     at_f, at_b = attention_seconds(c.setup, f, gpu, peak)
     dq_f, dq_b = dequant_bytes(c)
-    forward = KernelTime(mm_f, at_f, layer / hbm, f.matmul_forward, dq_f / hbm)
-    backward = KernelTime(mm_b, at_b, (2 * layer + rerun) / hbm, f.matmul_backward, dq_b / hbm)
+    cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
+    forward_bytes = layer + c.layers * cast_f
+    backward_bytes = 2 * layer + rerun + c.layers * cast_b + c.rerun_layers * cast_f
+    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm)
+    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm)
     return forward, backward
+
+
+def fp8_layers(s: Setup, gpu: GpuPreset) -> tuple[gemm.Efficiencies, float] | None:
+    """Under ``--fp8``: the layers' GEMMs' efficiencies with 1-byte operands against the FP8 ridge, and
+    their rate ``MATMUL`` × the FP8 peak (``time.fp8``); None otherwise."""
+    if not fp8.enabled(s):
+        return None
+    rate = fp8.peak(s, gpu) * efficiency.matmul(gpu)
+    return gemm.efficiencies(s, gpu.sms, gemm.Roofline(rate / hbm_bytes_per_s(gpu), 1)), rate
 
 
 def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:

@@ -120,3 +120,59 @@ def test_eager_and_compiled_element_wise_bytes_by_hand() -> None:
 
 def test_megatrons_fused_kernels_need_no_compile() -> None:
     assert _elementwise_s(impl="megatron") < _elementwise_s(impl="reference")
+
+
+def _fp8_prediction(recipe: str) -> tuple[float, float]:
+    """(matmul_s, elementwise_s) of Llama-3-8B at T = 4096 on one H100 without an SM count (no wave loss)."""
+    from memplan.config import ImplConfig, Setup, TrainingConfig
+    from memplan.engine import estimate
+    from memplan.presets import load_gpu, load_model_preset
+    from memplan.time.timing import timing
+
+    setup = Setup(
+        model=load_model_preset("llama-3-8b").model,
+        training=TrainingConfig(seq_len=4096),
+        impl=ImplConfig(fp8=recipe),  # type: ignore[arg-type]
+    )
+    pr = timing(estimate(setup), load_gpu("h100-sxm").model_copy(update={"sms": None})).prediction
+    return pr.matmul_s, pr.elementwise_s
+
+
+# Llama-3-8B's linears per layer, (in, out): q, k, v, o, gate, up, down.
+LINEARS = [
+    (4096, 4096),
+    (4096, 1024),
+    (4096, 1024),
+    (4096, 4096),
+    (4096, 14336),
+    (4096, 14336),
+    (14336, 4096),
+]
+
+
+@pytest.mark.parametrize(("recipe", "per_element"), [("tensorwise", 2 * 2 + 1), ("rowwise", 2 + 1)])
+def test_fp8_gemms_at_the_fp8_peak_and_their_casts(recipe: str, per_element: int) -> None:
+    T = 4096
+    # Every layer GEMM is compute-bound at T = 4096 (the narrowest, W_K [4096, 4096]·[4096, 1024], has
+    # 4096·1024/6144 ≈ 683 FLOPs per bf16 byte against a ridge of 295, twice both in fp8): the layers'
+    # forward and backward (3×) at MATMUL × 1,979 TFLOP/s, the lm head [T, 4096]·[4096, 128256] at
+    # MATMUL × 989.5.
+    layer = sum(2 * T * i * o for i, o in LINEARS)
+    head = 2 * T * 4096 * 128256
+    matmul, elementwise = _fp8_prediction(recipe)
+    expected = 3 * 32 * layer / (eff.MATMUL * 1979e12) + 3 * head / (eff.MATMUL * 989.5e12)
+    assert matmul == pytest.approx(expected, rel=1e-12)
+    # Six casts per linear (torchao's docs: X and Wᵀ forward; dY twice, W and Xᵀ backward) on [T, in],
+    # [in, out], [T, out]; tensorwise 2e + 1 bytes an element (amax pass, then the cast), rowwise e + 1.
+    casts = sum((T * i + i * o) + (2 * T * o + i * o + T * i) for i, o in LINEARS)
+    _, plain = _fp8_prediction("none")
+    assert elementwise - plain == pytest.approx(32 * casts * per_element / (eff.MEMORY * 3350e9), rel=1e-9)
+
+
+def test_fp8_on_a_gpu_without_fp8_is_a_one_line_error() -> None:
+    r = runner.invoke(app, ["estimate", "-m", "llama-3-8b", "--gpu", "a100-80gb", "--fp8", "tensorwise"])
+    assert r.exit_code == 2
+    assert (
+        r.stderr.strip()
+        == "error: fp8: a100-80gb has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
+    )
