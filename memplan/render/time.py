@@ -35,7 +35,7 @@ _PARTS = {
 
 def _part_text(name: str, wave: float) -> str:
     if name == "matmul":
-        return f"linears and the head at their achievable peak × {wave:.1%} (wave quantization)"
+        return f"linears and the head at their achievable peak × {wave:.1%} (waves, memory-bound shapes)"
     return _PARTS.get(name, "communication no compute hides")
 
 

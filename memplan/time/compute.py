@@ -1,11 +1,15 @@
 """Compute time of one micro-batch on one device of the busiest stage, per kernel class.
 
-Three classes, each at its achievable fraction (``efficiency``):
-- matrix products: the layers' linears (and an MoE's experts) and the lm head, at ``MATMUL`` × peak ×
-  their shapes' wave efficiency (``gemm``: wave and tile quantization on the GPU's SMs);
-- the attention core's products (QKᵀ, P·V, their gradients, the flash backward's recompute of S), at
-  ``ATTENTION`` × peak;
-- element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``) at ``MEMORY`` × HBM bandwidth.
+Three classes, each at its achievable fraction (``efficiency``, or a calibrated GPU file's):
+- matrix products: the layers' linears (and an MoE's experts, LoRA's adapters) and the lm head, at
+  ``MATMUL`` × peak × their shapes' efficiency (``gemm``: wave and tile quantization on the GPU's SMs, and
+  the roofline: a GEMM under the ridge runs at its bytes); ``--fp8``: the layers' at the FP8 peak
+  (``fp8``);
+- the attention core (QKᵀ, P·V, their gradients, the flash backward's recompute of S): eager attention's
+  batched GEMMs as the linears, a flash kernel at its fraction by kernel and GPU generation
+  (``attention``);
+- element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``, eager or fused:
+  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth.
 
 FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
 layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
@@ -21,6 +25,7 @@ on the rank's tokens —, e the activation bytes):
     (SwiGLU reads gate and up, writes one: 3·T·F/t·e; GELU 2·T·F/t·e; F the routed and shared width an
     MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e and its dropout
     2·b·(a/t)·s²·e + b·(a/t)·s² (the flash kernel does these inside, no traffic).
+— the fused kernels' bytes; eager PyTorch's RMSNorm, SwiGLU and rotary move more (``elementwise``).
 The backward moves twice the forward's bytes (each op reads the incoming gradient and what it saved, and
 writes a gradient); a re-run forward moves its bytes again.
 

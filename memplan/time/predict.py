@@ -52,7 +52,8 @@ class Prediction(BaseModel):
     matmul_s: float
     matmul_wave_efficiency: float
     """The matrix products' FLOPs / (``matmul_s`` · ``MATMUL`` · peak): what wave and tile quantization of
-    their shapes leave of the best shape's speed (``gemm``; 1 on a GPU without an SM count)."""
+    their shapes, and the memory-bound ones' bytes, leave of the best shape's speed (``gemm``); with
+    ``--fp8`` against the bf16 peak (so it may exceed 1)."""
     attention_s: float
     elementwise_s: float
     compute_s: float
