@@ -248,6 +248,9 @@ def setup_of(o: Options) -> Setup:
             use_cache=o.use_cache,
             reentrant=o.reentrant,
             flash_attn=o.flash_attn,
+            attention_kernel=o.attention_kernel,
+            compile=o.compile,
+            fp8=o.fp8,
             experts=o.experts,
         ),
     )

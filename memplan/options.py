@@ -14,8 +14,10 @@ from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
+    AttentionKernel,
     Device,
     ExpertsImpl,
+    Fp8Recipe,
     Frozen,
     Impl,
     MethodChoice,
@@ -149,6 +151,24 @@ class Options(Frozen):
         "only: its kernel's [2] int64 RNG state, sliding windows without a mask) instead of its sdpa",
         _STRATEGY,
         default=False,
+    )
+    attention_kernel: AttentionKernel = _option(
+        "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
+        "flash-attn 2 run), fa2, or fa3 (FlashAttention-3, Hopper only)",
+        _STRATEGY,
+        default=AttentionKernel.AUTO,
+    )
+    compile: bool = _option(
+        "torch.compile: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) into one "
+        "kernel; changes the step time only (the saved tensors are the eager code's)",
+        _STRATEGY,
+        default=False,
+    )
+    fp8: Fp8Recipe = _option(
+        "torchao float8 training of the layers' linears: none, tensorwise or rowwise scaling (their GEMMs at "
+        "the GPU's FP8 peak plus the casts' traffic); changes the step time only",
+        _STRATEGY,
+        default=Fp8Recipe.NONE,
     )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "

@@ -59,6 +59,12 @@ class Flops(BaseModel):
     layer_linear: int
     layer_attention: int
     lm_head: int
+    # Breakdown of the backward pass (the rest of ``backward`` is the attention core's).
+    layer_linear_backward: int
+    """The layers' linears: dX and dW, 2 × ``layer_linear`` in full training; a frozen linear's dX only
+    (none when its input needs no gradient) and the adapters' products under fine-tuning."""
+    lm_head_backward: int
+    """The lm head's dX and dW in backward (0 under the fused loss, which runs them in its forward)."""
 
     @property
     def total(self) -> int:
@@ -94,4 +100,6 @@ def flops(setup: Setup, recompute: int = 0) -> Flops:
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,  # a fused loss's gradient products included (blocks/head.py)
+        layer_linear_backward=2 * linear,
+        lm_head_backward=head_backward,
     )

@@ -173,9 +173,10 @@ def main() -> None:
 
 
 # Sub-command modules add their commands last (they import cli.common, never this module's app).
-from memplan.cli import measure, schema, search  # noqa: E402
+from memplan.cli import calibrate, measure, schema, search  # noqa: E402
 
 measure.register(app)
+calibrate.register(app)
 search.register(app)
 schema.register(app)
 

@@ -296,10 +296,9 @@ def _linear(fwd: int, g_x: bool, trains: bool) -> int:
     return fwd * (int(g_x) + int(trains))
 
 
-def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
-    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
-    tokens, r = dims.tokens, setup.finetune.rank
-    shapes = linear_shapes(setup.model)
+def input_grads(f: Flow) -> dict[Target, bool]:
+    """The layer's linears under ``f``, in order, each with whether its input needs a gradient (its
+    backward runs dX = dY·W)."""
     targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
     inputs = {
         T.Q: f.g_y,
@@ -310,8 +309,26 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
         T.UP: f.g_y2,
         T.DOWN: f.g_act,
     }
+    return {t: inputs[t] for t in targets}
+
+
+def base_dx_linears(setup: Setup) -> dict[Target, int]:
+    """Per linear, the layers whose frozen base runs dX in backward (QLoRA dequantises its weight again
+    for it: ``time.compute``)."""
+    out: dict[Target, int] = {}
+    for f in flows(setup):
+        for t, g in input_grads(f).items():
+            out[t] = out.get(t, 0) + int(g)
+    return out
+
+
+def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
+    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
+    tokens, r = dims.tokens, setup.finetune.rank
+    shapes = linear_shapes(setup.model)
+    inputs = input_grads(f)
     forward = backward = 0
-    for t in targets:
+    for t in inputs:
         fan_in, fan_out = shapes[t]
         base = mm(tokens, fan_in, fan_out)
         forward += base
@@ -339,12 +356,15 @@ def flops(setup: Setup) -> Flops:
     g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
     flash = setup.strategy.attention is Attention.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
+    head_backward = _linear(head, g_final, head_trains(setup))
     return Flops(
         forward=linear + attention + head,
-        backward=sum(p[1] + p[2] for p in per) + _linear(head, g_final, head_trains(setup)),
+        backward=sum(p[1] + p[2] for p in per) + head_backward,
         recompute=recompute(setup, dims),
         kernel_recompute=kernel,
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,
+        layer_linear_backward=sum(p[1] for p in per),
+        lm_head_backward=head_backward,
     )
