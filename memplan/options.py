@@ -159,8 +159,9 @@ class Options(Frozen):
         default=AttentionKernel.AUTO,
     )
     compile: bool = _option(
-        "torch.compile: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) into one "
-        "kernel; changes the step time only (the saved tensors are the eager code's)",
+        "torch.compile of each block: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) "
+        "into one kernel (step time), and AOTAutograd's partitioner recomputes the fp32 norm upcasts and "
+        "silu(g) (memory; --impl reference dense RMSNorm/SwiGLU blocks, else a note; memplan trace --compile)",
         _STRATEGY,
         default=False,
     )

@@ -87,6 +87,7 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     "use_cache",
     "reentrant",
     "experts",
+    "compile",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )
@@ -98,7 +99,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
     With --cp it runs rank 0 of the ring (torch's own ring attention over a fake process group; --device
-    cpu); FLOPs × cp.
+    cpu); FLOPs × cp. With --compile each block's saves are what torch.compile's partitioner
+    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """
@@ -107,6 +109,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         _torch_or_fail()
         if setup.impl.impl is not Impl.REFERENCE:
             return _trace_impl(setup, as_json)
+        if setup.impl.compile:
+            return _trace_compiled(setup, as_json)
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable
         from memplan.measure.run import measure, trace_device
@@ -147,6 +151,36 @@ def _trace_impl(setup: Setup, as_json: bool) -> None:
     meas = measure_impl(setup)
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
+    result["seconds"] = round(seconds, 3)
+    result["ran_on"] = "cpu"
+    if as_json:
+        typer.echo(json.dumps(result, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        from memplan.render.measure import impl_trace_report
+
+        Console().print(impl_trace_report(result, seconds))
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
+
+
+def _trace_compiled(setup: Setup, as_json: bool) -> None:
+    """``trace --compile``: each block's saves from torch.compile's partitioner (measure/compiled.py), the
+    model's eager parts as they run; exact per layer, in total and in FLOPs."""
+    from memplan.blocks.profiles import compile_note
+    from memplan.measure.compiled import compiled_comparison_json, measure_compiled
+
+    note = compile_note(setup)
+    if note is not None:
+        raise ValueError(note.replace("compile:", "compile: trace --compile needs a modelled setup;", 1))
+    if setup.device is not Device.CPU:
+        raise ValueError("device: trace --compile runs the CPU kernels; use --device cpu")
+    est = estimate(setup)
+    start = time.perf_counter()
+    meas = measure_compiled(setup)
+    seconds = time.perf_counter() - start
+    result = compiled_comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
     result["ran_on"] = "cpu"
     if as_json:

@@ -100,7 +100,8 @@ class ImplConfig(Frozen):
     )
     compile: bool = Field(
         default=False,
-        description="torch.compile: Inductor fuses element-wise chains (step time only: time/elementwise.py)",
+        description="torch.compile of each block: Inductor fuses element-wise chains (time/elementwise.py); "
+        "the partitioner's saved set (blocks.profiles.compile_modelled)",
     )
     fp8: Fp8Recipe = Field(
         default=Fp8Recipe.NONE,

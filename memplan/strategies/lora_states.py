@@ -15,8 +15,9 @@ Known limitations (NB): the peak's layer-backward moment (``analytic.peak``) kee
 backward buffers (a layer's weight gradients), so under fine-tuning that moment is an upper bound (the
 activations, states and FLOPs are exact; the optimizer step steps the trainable tensors only,
 ``analytic.optimizer_step.trainable_shapes``, measured in tests/measure/test_finetune.py); QLoRA adds the
-dequantised weight to every moment but the optimizer step. The LoRA adapters are counted in the weight dtype with a master copy under mixed
-precision (peft casts them to fp32 in QLoRA's recipe, which ``--precision fp32`` describes).
+dequantised weight to every moment but the optimizer step. The LoRA adapters are counted in the weight
+dtype with a master copy under mixed precision (peft casts them to fp32 in QLoRA's recipe, which
+``--precision fp32`` describes).
 """
 
 from __future__ import annotations
