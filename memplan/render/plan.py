@@ -116,7 +116,7 @@ def summary_panel(b: Built) -> Panel:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:
         lines.append(host_verdict_text(b.host))
-    return Panel(Group(*lines), title="memplan plan", title_align="left")
+    return Panel(Group(*lines), title="memplan estimate", title_align="left")
 
 
 def host_verdict_text(v: HostVerdict) -> Text:
