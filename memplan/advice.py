@@ -31,7 +31,7 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict
 
 from memplan.api import Built, Options, gpu_of, setup_of
-from memplan.config import FINETUNE_OPTIONS, MethodChoice, Optimizer
+from memplan.config import FINETUNE_OPTIONS, Attention, Checkpointing, MethodChoice, Optimizer
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, reserve_bytes, verdict
@@ -118,6 +118,8 @@ class Advice(BaseModel):
     """The three largest terms of the peak moment, largest first, in bytes."""
     counts: list[GpuCount]
     suggestions: list[Suggestion]
+    notes: list[str]
+    """Settings that pass but deserve a word (``notes``); also ``--json``'s top-level ``notes``."""
 
     def to_json(self) -> dict[str, object]:
         return self.model_dump()
@@ -189,47 +191,39 @@ def _zero3_args(dp: int, full: bool) -> list[str]:
 
 
 def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
-    """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module)."""
-    start = r.setup.strategy.dp
-    full_options = [False] if o.checkpointing == "full" else [False, True]
+    """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): dp
+    doubles from 1 until it fits, then a bisection finds the smallest that fits."""
+    world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
+    usable = gpu.memory_bytes - reserve
     last = 0
-    for full in full_options:
+    for full in [False] if o.checkpointing == "full" else [False, True]:
 
-        def fits(dp: int, full: bool = full) -> tuple[int, bool] | None:
+        def at(dp: int, full: bool = full) -> tuple[int, bool] | None:
             got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
             return None if got is None else (got[0], got[1])
 
-        low, high = start - 1, start  # invariant: low does not fit (or is below start), high is tried
-        got = fits(high)
-        while got is not None and not got[1] and high < MAX_DP:
+        low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
+        got = at(high)
+        while (got is None or not got[1]) and high < MAX_DP:
+            last = got[0] if got is not None else last
             low, high = high, min(2 * high, MAX_DP)
-            got = fits(high)
-        if got is None:
+            got = at(high)
+        if got is None or not got[1]:
+            last = got[0] if got is not None else last
             continue
-        last = got[0]
-        if not got[1]:
-            continue
+        best = got
         while high - low > 1:
             mid = (low + high) // 2
-            at = fits(mid)
-            if at is not None and at[1]:
-                high = mid
+            tried = at(mid)
+            if tried is not None and tried[1]:
+                high, best = mid, tried
             else:
                 low = mid
-        peak = _peak_fits(_zero3(o, r, high, full), gpu, reserve)
-        assert peak is not None
-        world = r.devices // start * high
+        args = _zero3_args(high, full)
         return GpuCount(
-            gpu=gpu.name,
-            usable_bytes=gpu.memory_bytes - reserve,
-            devices=world,
-            dp=high,
-            args=_zero3_args(high, full),
-            peak=peak[0],
+            gpu=gpu.name, usable_bytes=usable, devices=world * high, dp=high, args=args, peak=best[0]
         )
-    return GpuCount(
-        gpu=gpu.name, usable_bytes=gpu.memory_bytes - reserve, devices=None, dp=None, args=[], peak=last
-    )
+    return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
 
 
 def _single_changes(o: Options) -> list[tuple[list[str], dict[str, object], str]]:
@@ -311,6 +305,33 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
 
 
 # ----------------------------------------------------------------------------------------------------
+# Notes: settings that pass but deserve a word
+# ----------------------------------------------------------------------------------------------------
+def notes(b: Built) -> list[str]:
+    """One line each: a sequence beyond the model's positions, selective checkpointing under flash."""
+    r, o = b.result, b.options
+    out: list[str] = []
+    m, seq = r.setup.model, r.setup.training.seq_len
+    if seq > m.max_positions:  # learned positions refuse it (config.setup); rotary ones run past it
+        out.append(
+            f"seq {seq:,} exceeds {m.name}'s {m.max_positions:,} positions (max_position_embeddings): "
+            "training beyond them is a choice that needs RoPE scaling (e.g. rope_scaling in the config); "
+            "the memory and FLOPs here do not depend on it"
+        )
+    st = r.setup.strategy
+    if st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
+        none = _result(o.model_copy(update={"checkpointing": "none"}))
+        if none is not None:
+            saved = none.device.peak.bytes - r.device.peak.bytes
+            out.append(
+                f"checkpointing selective under flash attention lowers the peak by {saved:,} bytes "
+                f"against none (flash keeps no s×s probabilities to drop) and re-runs the attention core "
+                f"({r.flops.recompute:,} FLOPs); --checkpointing full or every-K saves memory"
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
 # The verdict
 # ----------------------------------------------------------------------------------------------------
 @functools.cache
@@ -348,7 +369,8 @@ def advise(b: Built) -> Advice:
         counts.append(gpu_count(o, r, gpu, reserve))
         largest = _presets()[-1]
         if given and largest.memory_bytes > gpu.memory_bytes:
-            counts.append(gpu_count(o, r, gpu_of(o, largest.name), DEFAULT_RESERVE))
+            preset = gpu_of(o.model_copy(update={"gpu_memory": None}), largest.name)  # its own memory
+            counts.append(gpu_count(o, r, preset, DEFAULT_RESERVE))
         found = suggestions(o, r, gpu, reserve, counts[0])
     return Advice(
         gpu=gpu.name,
@@ -363,4 +385,5 @@ def advise(b: Built) -> Advice:
         terms=top_terms(r),
         counts=counts,
         suggestions=found,
+        notes=notes(b),
     )

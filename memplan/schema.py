@@ -158,6 +158,7 @@ _VERDICT = _obj(
                 }
             ),
         },
+        "notes": {"type": "array", "items": {"type": "string"}},
         "suggestions": {
             "type": "array",
             "items": _obj(
@@ -229,6 +230,10 @@ _ESTIMATE: dict[str, Any] = {
             "activations": _ACTIVATIONS,
             "flops": _FLOPS_OBJ,
             "verdict": _VERDICT,
+            "notes": _with(
+                {"type": "array", "items": {"type": "string"}},
+                "settings that pass but deserve a word (a sequence past the model's positions, …)",
+            ),
         },
         required=["params", "memory", "activations", "flops"],
     ),

@@ -84,7 +84,7 @@ def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
     six = _json("-m", "70b", "--seq", "8192", "--gpu", "mi300x", *count["args"])
     assert six["fit"]["fits"] and six["memory"]["peak"] == count["peak"]
     text = _text("--model", "70b", "--seq", "8192", "--summary")
-    assert "needs 6 × mi300x with --zero 3 --dp 6 --checkpointing full" in text
+    assert "needs 6 × mi300x (--zero 3 --dp 6 --checkpointing full): peak" in text
 
 
 def test_gpu_count_under_gpu_h100_and_the_largest_preset() -> None:
@@ -156,3 +156,93 @@ def test_fits_under_gpu_says_so_without_suggestions() -> None:
 def test_summary_refuses_json() -> None:
     result = runner.invoke(app, ["estimate", "-m", "gpt2", "--summary", "--json"])
     assert result.exit_code == 2 and result.stderr.startswith("error: summary:")
+
+
+# ----------------------------------------------------------------------------------------------------
+# --gpu-memory GiB and --gpu FILE
+# ----------------------------------------------------------------------------------------------------
+def test_gpu_memory_judges_against_that_memory_with_the_default_gpus_compute() -> None:
+    custom = _json("-m", "8b", "--gpu-memory", "48")
+    h100 = _json("-m", "8b", "--gpu", "h100-sxm")
+    assert custom["fit"]["memory_bytes"] == 48 * GIB and custom["fit"]["usable_bytes"] == 47 * GIB
+    assert custom["fit"]["gpu"] == "h100-sxm with 48 GiB"
+    assert custom["fit"]["headroom"] == 47 * GIB - custom["memory"]["peak"]
+    assert custom["time"] == h100["time"]  # memory only: FLOP/s and bandwidths are the H100's
+    v = custom["verdict"]
+    assert v["gpu"] == "h100-sxm with 48 GiB" and v["gpu_given"] and not v["fits"]
+    # By hand: 8,030,261,248 parameters × 16 B over dp 3 = 39.9 GiB of states before any activation; the
+    # estimate's count, 4, must fit on 48 GiB and 3 must not.
+    assert v["counts"][0]["dp"] == 4
+    base = ("-m", "8b", "--gpu-memory", "48", "--zero", "3")
+    assert _json(*base, "--dp", "4")["fit"]["fits"] and not _json(*base, "--dp", "3")["fit"]["fits"]
+    assert v["counts"][1]["gpu"] == "mi300x"  # the largest preset at its own 192 GiB
+    assert v["counts"][1]["usable_bytes"] == 191 * GIB
+
+
+def test_gpu_memory_replaces_the_memory_of_the_gpu_given() -> None:
+    custom = _json("-m", "8b", "--gpu", "a100-40gb", "--gpu-memory", "100")
+    assert custom["fit"]["memory_bytes"] == 100 * GIB and custom["fit"]["gpu"] == "a100-40gb with 100 GiB"
+    assert custom["time"] == _json("-m", "8b", "--gpu", "a100-40gb")["time"]
+
+
+def test_gpu_memory_mistakes_are_one_line() -> None:
+    for bad in ("-3", "0", "nan", "inf"):
+        result = runner.invoke(app, ["estimate", "-m", "8b", "--gpu-memory", bad])
+        assert result.exit_code == 2, (bad, result.output)
+        assert result.stderr.startswith("error: gpu-memory:") and result.stderr.count("\n") == 1
+
+
+def test_gpu_file_is_documented_and_read(tmp_path: Path) -> None:
+    text = (
+        (GPUS / "h100-sxm.toml")
+        .read_text()
+        .replace("memory_bytes = 85899345920", f"memory_bytes = {96 * GIB}")
+    )
+    path = tmp_path / "h100-96.toml"
+    path.write_text(text)
+    doc = _json("-m", "8b", "--gpu", str(path))
+    assert doc["fit"]["memory_bytes"] == 96 * GIB
+    assert doc["fit"]["headroom"] == 95 * GIB - doc["memory"]["peak"]
+    help_text = " ".join(runner.invoke(app, ["estimate", "--help"]).stdout.split())
+    assert "NAME|FILE" in help_text and "--gpu-memory" in help_text
+
+
+# ----------------------------------------------------------------------------------------------------
+# Notes, help text, words
+# ----------------------------------------------------------------------------------------------------
+def test_seq_beyond_the_models_positions_is_a_note_not_silence() -> None:
+    doc = _json("-m", "8b", "--seq", "16384")  # llama-3-8b: max_position_embeddings 8192 (its config.json)
+    assert len(doc["notes"]) == 1 and "seq 16,384 exceeds llama-3-8b's 8,192 positions" in doc["notes"][0]
+    assert _json("-m", "8b", "--seq", "8192")["notes"] == []
+    assert "NB: seq 16,384 exceeds" in _text("-m", "8b", "--seq", "16384", "--summary")
+
+
+def test_selective_under_flash_says_what_it_saves() -> None:
+    sel = _json("-m", "8b", "--checkpointing", "selective")
+    none = _json("-m", "8b")
+    saved = none["memory"]["peak"] - sel["memory"]["peak"]
+    # Flash keeps no [b, a, s, s] probabilities: selective saves nothing of that size (32 heads × 2048² × 2 B
+    # = 256 MiB per layer would be eager's); it still re-runs QKᵀ and P·V: 2 · 2 · s² · h per layer.
+    assert 0 <= saved < 32 * 2048**2 * 2
+    assert sel["flops"]["recompute"] == 32 * 2 * 2 * 2048 * 2048 * 4096
+    assert any(f"lowers the peak by {saved:,} bytes" in n for n in sel["notes"])
+    assert _json("-m", "8b", "--checkpointing", "selective", "--attention", "eager")["notes"] == []
+
+
+def test_help_keeps_bracketed_text() -> None:
+    result = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "memplan[plot]" in text
+    assert "Tokens per sequence s [default: 2048, or the model's context length if shorter]" in text
+    assert "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]" in text
+    fit = runner.invoke(app, ["fit", "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    assert "ZeRO stages to search [default: 0,1,2,3]" in " ".join(fit.stdout.replace("│", " ").split())
+
+
+def test_one_device_is_singular_and_the_panel_is_estimates() -> None:
+    text = _text("-m", "gpt2", "--gpu", "h100")
+    assert "╭─ memplan estimate" in text and "memplan plan" not in text
+    assert "dp 1 = 1 device · 1 micro-batch per step, global batch 1 sequence = 1,024 tokens" in text
+    assert "× 1 device " in text and "1 devices" not in text
+    eight = _text("-m", "gpt2", "--gpu", "h100", "--dp", "8", "--grad-accum", "2")
+    assert "dp 8 = 8 devices · 2 micro-batches per step, global batch 16 sequences = 16,384 tokens" in eight

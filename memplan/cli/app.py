@@ -132,6 +132,7 @@ def estimate_command(
     if as_json:
         out = to_json(built)
         out["verdict"] = advice.to_json()
+        out["notes"] = advice.notes
         if timeline:
             out["timeline"] = [{"label": p.label, "bytes": p.bytes, **p.terms} for p in points]
         typer.echo(json.dumps(out, allow_nan=False))

@@ -22,6 +22,7 @@ from memplan.cli.common import (
     console,
     fail,
     options_of,
+    plain,
     user_errors,
     with_options,
 )
@@ -193,7 +194,9 @@ class _progress:
 
 DeviceRunOpt = Annotated[
     str | None,
-    typer.Option("--device", help="Where to run: cuda (when available) or cpu [default: cuda if available]"),
+    typer.Option(
+        "--device", help=plain("Where to run: cuda (when available) or cpu [default: cuda if available]")
+    ),
 ]
 
 

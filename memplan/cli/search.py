@@ -20,6 +20,7 @@ from memplan.cli.common import (
     handle_user_errors,
     option_default,
     options_of,
+    plain,
     with_options,
 )
 from memplan.config import (
@@ -187,7 +188,7 @@ def fit_command(
         typer.Option(
             "--global-batch",
             metavar="B",
-            help="Sequences per step [default: ≈ 4M tokens, at least one per GPU]",
+            help=plain("Sequences per step [default: ≈ 4M tokens, at least one per GPU]"),
             show_default=False,
         ),
     ] = None,
@@ -196,7 +197,7 @@ def fit_command(
         typer.Option(
             "--checkpointing",
             metavar="LIST",
-            help="Checkpointing modes to search [default: none,selective,full]",
+            help=plain("Checkpointing modes to search [default: none,selective,full]"),
             show_default=False,
         ),
     ] = None,
@@ -205,14 +206,17 @@ def fit_command(
         typer.Option(
             "--attention",
             metavar="LIST",
-            help="Attention kernels to search [default: eager,flash]",
+            help=plain("Attention kernels to search [default: eager,flash]"),
             show_default=False,
         ),
     ] = None,
     zero: Annotated[
         str | None,
         typer.Option(
-            "--zero", metavar="LIST", help="ZeRO stages to search [default: 0,1,2,3]", show_default=False
+            "--zero",
+            metavar="LIST",
+            help=plain("ZeRO stages to search [default: 0,1,2,3]"),
+            show_default=False,
         ),
     ] = None,
     micro_batches: Annotated[
@@ -220,7 +224,7 @@ def fit_command(
         typer.Option(
             "--micro-batches",
             metavar="LIST",
-            help="Micro-batch sizes to search [default: 1,2,4,8,16,32]",
+            help=plain("Micro-batch sizes to search [default: 1,2,4,8,16,32]"),
             show_default=False,
         ),
     ] = None,
@@ -241,9 +245,11 @@ def fit_command(
         typer.Option(
             "--method",
             metavar="full,lora,qlora",
-            help="Training methods to search, each with the memory savers it needs (fused loss, "
-            "optimizer/parameter/activation offload) [default: the --finetune method, then LoRA and QLoRA "
-            "when it fits only with savers or not at all]",
+            help=plain(
+                "Training methods to search, each with the memory savers it needs (fused loss, "
+                "optimizer/parameter/activation offload) [default: the --finetune method, then LoRA and "
+                "QLoRA when it fits only with savers or not at all]"
+            ),
             show_default=False,
         ),
     ] = None,

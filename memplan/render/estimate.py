@@ -92,6 +92,12 @@ def fmt_int(n: int) -> str:
     return f"{n:,}"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 device``, ``8 devices``: a count and its noun, in the number's grammar (``many``: the plural
+    when it is not the word + s, ``micro-batches``)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
 def fmt_shape(shape: Sequence[int]) -> str:
     return "scalar" if not shape else "[" + ", ".join(str(d) for d in shape) + "]"
 

@@ -15,11 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memplan.advice import Advice, GpuCount, Suggestion
-from memplan.render.estimate import fmt_bytes
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n:,} {word}{'' if n == 1 else 's'}"
+from memplan.render.estimate import fmt_bytes, plural
 
 
 def _headline(a: Advice) -> Text:
@@ -45,13 +41,13 @@ def _count_line(c: GpuCount) -> Text:
             "(--tp, --pp, --cp: memplan fit)",
             style="yellow",
         )
-    how = f" with {' '.join(c.args)}" if c.args else ""
+    how = f" ({' '.join(c.args)})" if c.args else ""
     if c.devices == 1:
         usable = fmt_bytes(c.usable_bytes)
         return Text(f"fits on one {c.gpu}{how}: peak {fmt_bytes(c.peak)} ({usable} usable)")
     return Text(
-        f"needs {c.devices:,} × {c.gpu}{how}: peak {fmt_bytes(c.peak)} on the most loaded"
-        f" ({fmt_bytes(c.usable_bytes)} usable)",
+        f"needs {c.devices:,} × {c.gpu}{how}: peak {fmt_bytes(c.peak)} on the most loaded, "
+        f"{fmt_bytes(c.usable_bytes)} usable",
         style="bold",
     )
 
@@ -68,7 +64,7 @@ def _suggestions(found: list[Suggestion]) -> Table:
     table.add_column(overflow="fold")
     for s in found:
         mark = Text("fits", style="green") if s.fits else Text("no", style="red")
-        gpus = f" ({_plural(s.devices, 'GPU')})" if s.devices > 1 else ""
+        gpus = f" ({plural(s.devices, 'GPU')})" if s.devices > 1 else ""
         table.add_row(mark, fmt_bytes(s.peak), Text(f"{shlex.join(s.command)}{gpus}: {s.why}"))
     return table
 
@@ -85,4 +81,5 @@ def verdict_panel(a: Advice) -> Panel:
             )
         )
         lines.append(_suggestions(a.suggestions))
+    lines += [Text(f"NB: {note}", style="yellow") for note in a.notes]
     return Panel(Group(*lines), title="verdict", title_align="left")
