@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from memplan.api import Built, Options, build, load_model, to_json
-from memplan.config import checkpointing_label
+from memplan.config import MethodChoice, checkpointing_label
 from memplan.errors import describe_validation_error, one_line_validation_error
 from memplan.search.budget import terms
 
@@ -179,9 +179,28 @@ def row_json(row: Row) -> dict[str, Any]:
     }
 
 
+QLORA_ONLY = ("quant", "double_quant")
+"""Options that describe QLoRA's 4-bit base: under ``--vary finetune=…`` they apply to the qlora rows only."""
+ADAPTERS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+"""Options of the adapters: under ``--vary finetune=…`` they apply to the lora and qlora rows only."""
+
+
+def _for_method(base: dict[str, Any], change: dict[str, str]) -> dict[str, Any]:
+    """``base`` without the fine-tuning options that do not apply to the row's method, when the method is
+    what varies (``--vary finetune=lora,qlora --double-quant``: double quantisation on the qlora row); a
+    method given once keeps them, and a mismatch stays the user's error."""
+    method = change.get("finetune", "").strip().lower()
+    if method not in {m.value for m in MethodChoice}:
+        return base
+    drop = set(QLORA_ONLY) if method != MethodChoice.QLORA else set()
+    if method == MethodChoice.FULL:
+        drop |= set(ADAPTERS)
+    return {k: v for k, v in base.items() if k not in drop}
+
+
 def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> Options:
     try:
-        return Options.model_validate({**base, "model": model, **change})
+        return Options.model_validate({**_for_method(base, change), "model": model, **change})
     except ValidationError as exc:
         raise ValueError(one_line_validation_error(exc, "vary")) from None
 

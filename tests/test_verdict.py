@@ -246,3 +246,39 @@ def test_one_device_is_singular_and_the_panel_is_estimates() -> None:
     assert "× 1 device " in text and "1 devices" not in text
     eight = _text("-m", "gpt2", "--gpu", "h100", "--dp", "8", "--grad-accum", "2")
     assert "dp 8 = 8 devices · 2 micro-batches per step, global batch 16 sequences = 16,384 tokens" in eight
+
+
+# ----------------------------------------------------------------------------------------------------
+# compare --vary finetune=…: each method's own options on its own rows
+# ----------------------------------------------------------------------------------------------------
+def _compare(*args: str) -> dict[str, dict[str, Any]]:
+    result = runner.invoke(app, ["compare", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return {r["settings"]["finetune"]: r["plan"] for r in json.loads(result.stdout)["rows"]}
+
+
+def test_compare_applies_qlora_options_to_the_qlora_rows_only() -> None:
+    rows = _compare("-m", "8b", "--vary", "finetune=lora,qlora", "--double-quant")
+    lora = _json("-m", "8b", "--finetune", "lora")
+    qlora_dq = _json("-m", "8b", "--finetune", "qlora", "--double-quant")
+    qlora = _json("-m", "8b", "--finetune", "qlora")
+    assert rows["lora"]["memory"] == lora["memory"]
+    assert rows["qlora"]["memory"] == qlora_dq["memory"]
+    # Double quantisation stores the absmax of each 64 weights in 8 bits (+ fp32 per 256 of them) instead
+    # of fp32: (4 − 1 − 4/256) B per 64 weights less.
+    assert rows["qlora"]["memory"]["weights"] < qlora["memory"]["weights"]
+
+
+def test_compare_applies_lora_options_to_the_adapter_rows_only() -> None:
+    rows = _compare("-m", "8b", "--vary", "finetune=full,lora,qlora", "--lora-rank", "64", "--quant", "fp4")
+    assert rows["full"]["memory"] == _json("-m", "8b")["memory"]
+    assert rows["lora"]["memory"] == _json("-m", "8b", "--finetune", "lora", "--lora-rank", "64")["memory"]
+    qlora = _json("-m", "8b", "--finetune", "qlora", "--lora-rank", "64", "--quant", "fp4")
+    assert rows["qlora"]["memory"] == qlora["memory"]
+    # r 64 on q and v of 32 layers: (4096·64 + 64·4096) + (4096·64 + 64·1024) per layer = 851,968 → ×32.
+    assert rows["lora"]["params"]["trainable"] == 32 * (2 * 4096 * 64 + 64 * (4096 + 1024))
+
+
+def test_compare_with_one_method_still_refuses_its_mismatch() -> None:
+    result = runner.invoke(app, ["compare", "-m", "8b", "--vary", "tp=1,2", "--double-quant"])
+    assert result.exit_code == 2 and "add --finetune qlora" in result.stderr
