@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,10 +207,20 @@ def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> Option
         raise ValueError(one_line_validation_error(exc, "vary")) from None
 
 
-def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[str]]]) -> list[Row]:
-    """Every combination, built. A combination that cannot be planned (a bad value, a layout that does not
-    fit its model) is the user's mistake: a one-line ``ValueError`` with the reason of the first such row
-    and that row's settings, never a row of dashes."""
+def row_count(models: list[str], varies: list[tuple[str, list[str]]]) -> int:
+    """How many rows ``rows`` builds: the models × each vary's values."""
+    return len(models) * math.prod(len(values) for _, values in varies)
+
+
+def rows(
+    base: dict[str, Any],
+    models: list[str],
+    varies: list[tuple[str, list[str]]],
+    on_row: Callable[[], None] | None = None,
+) -> list[Row]:
+    """Every combination, built (``on_row`` is called after each: the progress bar). A combination that
+    cannot be planned (a bad value, a layout that does not fit its model) is the user's mistake: a one-line
+    ``ValueError`` with the reason of the first such row and that row's settings, never a row of dashes."""
     if not models:
         raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
     for model in models:
@@ -221,6 +233,8 @@ def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[s
         options = _options(base, model, change)  # a value of the wrong type is the user's error: raise
         try:
             out.append(Row(settings, build(options)))
+            if on_row is not None:
+                on_row()
         except ValidationError as exc:  # a ValueError too: first
             raise ValueError(_in_row(describe_validation_error(exc), settings)) from None
         except ValueError as exc:

@@ -105,7 +105,12 @@ def compare_command(
     models = [m.strip() for m in (model or "").split(",") if m.strip()]
     # Only what the user set: a --vary value then replaces it, and defaults stay Options' own.
     base = {k: v for k, v in options.items() if v != option_default(k)}
-    rows = cmp.sort_rows(cmp.rows(base, models, cmp.parse_vary(vary or [])), sort)
+    varies = cmp.parse_vary(vary or [])
+    from memplan.cli.progress import Bar
+
+    with Bar("estimating", total=cmp.row_count(models, varies), unit="rows") as bar:
+        built = cmp.rows(base, models, varies, on_row=lambda: bar.advance())
+    rows = cmp.sort_rows(built, sort)
     keys = cmp.columns(rows)
     if as_json:
         typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}, allow_nan=False))
@@ -294,17 +299,21 @@ def fit_command(
     if o.host_memory is not None:
         device = device.model_copy(update={"host_memory_gib": o.host_memory})
     reserve = reserve_bytes(o.reserve, device)
-    result = fit(
-        base,
-        device,
-        gpus,
-        global_batch=global_batch,
-        mfu=o.mfu,
-        space=space,
-        reserve=reserve,
-        finetunes=tunes,
-        escalate=escalate,
-    )
+    from memplan.cli.progress import Bar
+
+    with Bar("searching", enabled=True) as bar:
+        bar.advance(0, f"layouts of {gpus:,} × {device.name}")
+        result = fit(
+            base,
+            device,
+            gpus,
+            global_batch=global_batch,
+            mfu=o.mfu,
+            space=space,
+            reserve=reserve,
+            finetunes=tunes,
+            escalate=escalate,
+        )
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return
