@@ -289,7 +289,8 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
     if got is None or not got[1]:
         return []
     seq = str(r.setup.training.seq_len)
-    command = ["memplan", "fit", "-m", o.model, "--seq", seq, "--gpu", gpu.name, "--gpus", str(gpus)]
+    name = o.gpu or gpu.name  # as typed: a preset file's path stays a path
+    command = ["memplan", "fit", "-m", o.model, "--seq", seq, "--gpu", name, "--gpus", str(gpus)]
     own = {n: getattr(o, n) for n in given & FIT_OPTIONS - {"seq"}}
     command += flags(o.model_validate({"model": o.model, **own}))[2:]
     return [

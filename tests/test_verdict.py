@@ -282,3 +282,11 @@ def test_compare_applies_lora_options_to_the_adapter_rows_only() -> None:
 def test_compare_with_one_method_still_refuses_its_mismatch() -> None:
     result = runner.invoke(app, ["compare", "-m", "8b", "--vary", "tp=1,2", "--double-quant"])
     assert result.exit_code == 2 and "add --finetune qlora" in result.stderr
+
+
+def test_the_fit_suggestion_names_a_gpu_file_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "my-h100.toml"
+    path.write_text((GPUS / "h100-sxm.toml").read_text())
+    found = _json("-m", "8b", "--gpu", str(path))["verdict"]["suggestions"]
+    fit = found[-1]["command"]
+    assert fit[:2] == ["memplan", "fit"] and fit[fit.index("--gpu") + 1] == str(path)
