@@ -4,6 +4,7 @@ the panel suggests, run through the CLI."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import tomllib
@@ -29,7 +30,9 @@ def _memory(gpu: str) -> int:
     return int(tomllib.loads((GPUS / f"{gpu}.toml").read_text())["memory_bytes"])
 
 
+@functools.cache
 def _json(*args: str) -> dict[str, Any]:
+    """``estimate … --json`` (cached: the tests only read it)."""
     result = runner.invoke(app, ["estimate", *args, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)

@@ -350,7 +350,7 @@ def _print_profile(
             fmt_bytes(result["measured"]["memory"]["activations"]),
         ),
         ("FLOPs per step", fmt_flops(flops), f"{fmt_rate(t['achieved_tflops'] * 1e12)} achieved"),
-        ("step time (median)", "", f"{t['median_step_seconds'] * 1e3:.1f} ms on {dev}"),
+        ("step time (median)", "", f"{t['median_step_seconds'] * 1e3:,.1f} ms on {dev}"),
     ]
     console = Console()
     console.print(profile_table(rows))
