@@ -29,6 +29,9 @@ from memplan.config import (
 )
 from memplan.search.budget import DEFAULT_RESERVE_GIB
 
+DEFAULT_GPU = "h100-sxm"
+"""The GPU preset ``--gpu-memory`` takes everything but the memory from when ``--gpu`` is not given."""
+
 DEFAULT_SEQ = TrainingConfig().seq_len
 """``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
 
@@ -161,7 +164,7 @@ class Options(Frozen):
     compile: bool = _option(
         "torch.compile of each block: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) "
         "into one kernel (step time), and AOTAutograd's partitioner recomputes the fp32 norm upcasts and "
-        "silu(g) (memory; --impl reference dense RMSNorm/SwiGLU blocks, else a note; memplan trace --compile)",
+        "silu(g) (memory; --impl reference dense RMSNorm/SwiGLU blocks, else a note; trace --compile)",
         _STRATEGY,
         default=False,
     )
@@ -246,9 +249,18 @@ class Options(Frozen):
         show_default=False,
     )
     gpu: str | None = _option(
-        "GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
+        "GPU preset name (`memplan gpus` lists them) or a GPU preset .toml file with the fields of "
+        "presets/gpus/*.toml (memory_bytes, peak_tflops, bandwidths, [topology]): marks fit / not fit, "
+        "gives the time",
         _GPU,
-        metavar="NAME",
+        metavar="NAME|FILE",
+        show_default=False,
+    )
+    gpu_memory: float | None = _option(
+        "A custom GPU's memory in GiB (2³⁰ bytes), e.g. 48: judged against this much memory, with the "
+        f"rest (FLOP/s, bandwidths, topology) from --gpu, else {DEFAULT_GPU}",
+        _GPU,
+        metavar="GiB",
         show_default=False,
     )
     mfu: float | None = _option(

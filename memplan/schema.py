@@ -129,6 +129,54 @@ _FLOPS_OBJ = _obj(
 )
 
 
+_ARGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+_VERDICT = _obj(
+    {
+        "gpu": _with({"type": "string"}, "the GPU judged against: --gpu, else a GPU preset"),
+        "gpu_given": {"type": "boolean"},
+        "memory_bytes": _BYTES,
+        "usable_bytes": _with(_BYTES, "memory_bytes − the reserve (--reserve)"),
+        "peak": _BYTES,
+        "phase": {"type": "string"},
+        "fits": {"type": "boolean"},
+        "headroom": {"type": "integer", "description": "usable − peak, bytes (negative: does not fit)"},
+        "devices": _POSITIVE,
+        "terms": _with(
+            {"type": "object", "additionalProperties": _BYTES, "maxProperties": 3},
+            "the three largest terms of the peak moment, bytes",
+        ),
+        "counts": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "gpu": {"type": "string"},
+                    "usable_bytes": _BYTES,
+                    "devices": {"type": ["integer", "null"], "minimum": 1},
+                    "dp": {"type": ["integer", "null"], "minimum": 1},
+                    "args": _ARGS,
+                    "peak": _BYTES,
+                }
+            ),
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "suggestions": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "args": _ARGS,
+                    "command": _ARGS,
+                    "peak": _BYTES,
+                    "fits": {"type": "boolean"},
+                    "devices": _POSITIVE,
+                    "why": {"type": "string"},
+                }
+            ),
+        },
+    }
+)
+"""``estimate --json``'s ``verdict`` (``memplan.advice.Advice``): the answer the panel leads with."""
+
+
 def _setting(field: FieldInfo) -> dict[str, Any]:
     """The schema of one setting, from its config field: what ``Setup.settings`` writes for it."""
     kind = field.annotation
@@ -181,6 +229,11 @@ _ESTIMATE: dict[str, Any] = {
             "memory": _MEMORY,
             "activations": _ACTIVATIONS,
             "flops": _FLOPS_OBJ,
+            "verdict": _VERDICT,
+            "notes": _with(
+                {"type": "array", "items": {"type": "string"}},
+                "settings that pass but deserve a word (a sequence past the model's positions, …)",
+            ),
         },
         required=["params", "memory", "activations", "flops"],
     ),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int, plural
 from memplan.render.fitted import Col, Fitted
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def time_table(t: Timing) -> Fitted:
         (
             "peak per device",
             f"{t.peak_flops_per_device / 1e12:,.1f} TFLOP/s",
-            f"× {fmt_int(t.devices)} devices",
+            f"× {plural(t.devices, 'device')}",
         ),
     ]
     if t.training_days is not None and t.training_tokens is not None:

@@ -80,3 +80,12 @@ def test_trace_compile_from_the_command_line() -> None:
     bad = runner.invoke(app, ["trace", "-m", "tiny", "--seq", "64", "--compile", "--attention", "eager"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1
     assert bad.output.startswith("error: compile: trace --compile needs a modelled setup;")
+
+
+def test_the_note_reaches_the_estimate() -> None:
+    from memplan.advice import notes
+    from memplan.api import build
+
+    b = build(Options(model="tiny", seq=64, compile=True, attention="eager"))
+    assert compile_note(b.result.setup) in notes(b)
+    assert all(not n.startswith("compile:") for n in notes(build(Options(model="tiny", seq=64, compile=True))))

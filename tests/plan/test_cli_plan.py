@@ -87,7 +87,7 @@ def test_plan_rich_output_runs() -> None:
         *GPT3, "--tp", "8", "--sp", "--pp", "4", "--grad-accum", "8", "--gpu", "h100", "--tokens", "3e11"
     )
     assert result.exit_code == 0, result.output
-    assert "memplan plan" in result.stdout and "Pipeline stages" in result.stdout
+    assert "memplan estimate" in result.stdout and "Pipeline stages" in result.stdout
 
 
 def test_plan_without_parallelism_equals_estimate_json() -> None:
