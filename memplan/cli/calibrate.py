@@ -22,6 +22,10 @@ def calibrate(
     name: Annotated[
         str | None, typer.Option("--name", help="Its name [default: the preset's + -calibrated]")
     ] = None,
+    nproc: Annotated[
+        int | None,
+        typer.Option("--nproc", min=2, help="Also time an all-reduce over N local ranks (one node's link)"),
+    ] = None,
     small: Annotated[
         bool | None,
         typer.Option("--small/--full", help="CPU-sized benchmarks (a few seconds) [default: --small on CPU]"),
@@ -42,10 +46,16 @@ def calibrate(
             raise ValueError(f"out: {out} is a folder; give a file name, e.g. --out {out / 'gpu.toml'}")
         if not torch_available():
             fail(INSTALL)
-        from memplan.measure.calibrate import measure
+        if nproc is not None and nproc > base.topology.gpus_per_node:
+            raise ValueError(
+                f"nproc: {nproc} ranks leave {base.name}'s node of {base.topology.gpus_per_node}; calibrate "
+                f"measures one node's link: --nproc ≤ {base.topology.gpus_per_node}"
+            )
+        from memplan.measure.calibrate import all_reduce_busbw, measure
 
         m = measure(small)
-        c = calibration(base, m.matmul_flops, m.copy_bytes, m.attention_flops, m.launch_s, m.device)
+        busbw = all_reduce_busbw(nproc, small) if nproc else None
+        c = calibration(base, m.matmul_flops, m.copy_bytes, m.attention_flops, m.launch_s, m.device, busbw)
         written = preset_text(text, name or f"{base.name}-calibrated", c)
         load_gpu_text_check(written, out)
     if as_json:

@@ -10,7 +10,10 @@ Each is timed after two warm-up calls, between device synchronisations, best of 
 On a CUDA device in bf16 at training sizes; on CPU in fp32 at small sizes (a few seconds, what the test
 runs): a CPU's figures against a GPU preset's peak are not a GPU's, only the code path.
 
-Known limitations (NB): collectives (``--nproc``) are not measured yet; the GEMM sweep is a handful of
+With ``--nproc N``: an all-reduce of fp32 values over N spawned local ranks (gloo on CPU, NCCL on CUDA),
+its bus bandwidth 2(N − 1)/N · bytes / seconds as nccl-tests reports it.
+
+Known limitations (NB): one node's link only (no inter-node collective); the GEMM sweep is a handful of
 shapes, not cuBLAS's whole heuristic space; the attention figure is SDPA's default kernel on the device.
 """
 
@@ -112,3 +115,68 @@ def measure(small: bool | None = None) -> Measured:
         launch_s=launch_seconds(device, 100 if small else 2000),
         device=name,
     )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Collectives (--nproc): an all-reduce ring over the node's ranks
+# ----------------------------------------------------------------------------------------------------
+def _all_reduce_rank(rank: int, world: int, port: int, elements: int, repeat: int, out: str) -> None:
+    """One spawned rank: time ``repeat`` all-reduces of ``elements`` fp32 values; rank 0 writes the
+    seconds per call."""
+    import json
+    import os
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        x = torch.ones(elements, device=device)
+        for _ in range(2):
+            dist.all_reduce(x)
+        _sync(device)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(repeat):
+            dist.all_reduce(x)
+        _sync(device)
+        took = (time.perf_counter() - start) / repeat
+        if rank == 0:
+            Path(out, "all_reduce.json").write_text(json.dumps({"seconds": took}), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def all_reduce_busbw(nproc: int, small: bool | None = None) -> float:
+    """Bus bandwidth (bytes/s) of an all-reduce over ``nproc`` local ranks, as nccl-tests reports it:
+    2(n − 1)/n · bytes / seconds (gloo on CPU, NCCL on CUDA)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import torch.multiprocessing as mp
+
+    from memplan.measure.distributed import _join, free_port
+
+    small = not torch.cuda.is_available() if small is None else small
+    elements = 1 << (18 if small else 26)  # fp32: 1 MiB on CPU, 256 MiB on a GPU
+    with tempfile.TemporaryDirectory(prefix="memplan-calibrate-") as out:
+        ctx = mp.start_processes(  # type: ignore[attr-defined]
+            _all_reduce_rank,
+            args=(nproc, free_port(), elements, 3 if small else 20, out),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
+        _join(ctx, 300)
+        seconds = float(json.loads(Path(out, "all_reduce.json").read_text(encoding="utf-8"))["seconds"])
+    return 2 * (nproc - 1) / nproc * elements * 4 / seconds

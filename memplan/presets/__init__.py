@@ -113,6 +113,12 @@ class Calibration(Frozen):
     launch_us: float | None = Field(
         default=None, gt=0, description="seconds per tiny kernel in a queue, µs (recorded; not modelled yet)"
     )
+    network_intra: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="an all-reduce's bus bandwidth over the node's ranks / intra_node_gbps (NETWORK_INTRA)",
+    )
     device: str = Field(default="", description="the device it ran on")
 
 

@@ -4,7 +4,9 @@ prediction uses in place of ``efficiency``'s published fractions (``efficiency.m
 flash kernel's fraction in ``attention``).
 
 Fractions: the best GEMM's FLOP/s over the preset's dense peak for the recipe's dtype (bf16), a device
-copy's bytes read and written over its HBM bandwidth, SDPA's forward and backward over the dense peak.
+copy's bytes read and written over its HBM bandwidth, SDPA's forward and backward over the dense peak,
+and with ``--nproc`` an all-reduce's bus bandwidth over the node's ranks over ``intra_node_gbps`` (the
+collectives then run on ``calibrated_topology``).
 A fraction above 1 means the base preset is not this device: refused with that fix.
 """
 
@@ -13,7 +15,8 @@ from __future__ import annotations
 import json
 import re
 
-from memplan.presets import Calibration, GpuPreset
+from memplan.presets import Calibration, GpuPreset, Topology
+from memplan.time.efficiency import NETWORK_INTRA
 
 
 def fraction(what: str, achieved: float, peak: float, gpu: GpuPreset, unit: str) -> float:
@@ -35,16 +38,31 @@ def calibration(
     attention_flops: float,
     launch_s: float,
     device: str,
+    busbw: float | None = None,
 ) -> Calibration:
+    """The fractions of ``gpu``'s figures the rates reach; ``busbw``: an all-reduce's bus bandwidth over
+    the node's ranks (``--nproc``), against ``intra_node_gbps``."""
     peak = gpu.peak_tflops.bf16 * 1e12
     hbm = gpu.hbm_bandwidth_gbps * 1e9
+    link = gpu.topology.intra_node_gbps * 1e9
     return Calibration(
         matmul=fraction("GEMM", matmul_flops, peak, gpu, "FLOP/s"),
         memory=fraction("copy", copy_bytes, hbm, gpu, "B/s"),
         attention=fraction("attention", attention_flops, peak, gpu, "FLOP/s"),
         launch_us=launch_s * 1e6 if launch_s > 0 else None,
+        network_intra=fraction("all-reduce bus bandwidth", busbw, link, gpu, "B/s") if busbw else None,
         device=device,
     )
+
+
+def calibrated_topology(gpu: GpuPreset) -> Topology:
+    """The topology the collectives run on: a measured intra-node fraction scales ``intra_node_gbps`` so
+    that ``comm``'s ``NETWORK_INTRA`` × it is the measured bus bandwidth."""
+    c = gpu.calibrated
+    if c is None or c.network_intra is None:
+        return gpu.topology
+    scaled = gpu.topology.intra_node_gbps * c.network_intra / NETWORK_INTRA
+    return gpu.topology.model_copy(update={"intra_node_gbps": scaled})
 
 
 def preset_text(base: str, name: str, c: Calibration) -> str:
@@ -61,5 +79,7 @@ def preset_text(base: str, name: str, c: Calibration) -> str:
         lines.append(f"attention = {c.attention!r}")
     if c.launch_us is not None:
         lines.append(f"launch_us = {c.launch_us!r}")
+    if c.network_intra is not None:
+        lines.append(f"network_intra = {c.network_intra!r}")
     lines.append(f"device = {json.dumps(c.device)}")  # a JSON string is a TOML basic string
     return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"

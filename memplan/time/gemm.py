@@ -42,6 +42,7 @@ gets S/E slots (under expert parallelism a rank's E/ep experts S·ep/E each, the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from memplan.blocks import mm
@@ -112,10 +113,17 @@ def efficiency(g: Gemm, sms: int | None, roof: Roofline | None = None) -> float:
 
 def class_efficiency(gemms: list[Gemm], sms: int | None, roof: Roofline | None = None) -> float:
     """Σ FLOPs / Σ (FLOPs / efficiency): the class's time is Σ FLOPs / (MATMUL · this · peak)."""
-    total = sum(g.flops for g in gemms)
+    return _class_efficiency(tuple(gemms), sms, roof)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _class_efficiency(gemms: tuple[Gemm, ...], sms: int | None, roof: Roofline | None) -> float:
+    """``class_efficiency``, memoised: ``fit`` asks for the same shapes under many layouts."""
+    flops = [g.flops for g in gemms]
+    total = sum(flops)
     if total == 0:
         return 1.0
-    return total / sum(g.flops / efficiency(g, sms, roof) for g in gemms)
+    return total / sum(f / efficiency(g, sms, roof) for f, g in zip(flops, gemms, strict=True))
 
 
 def backward(g: Gemm) -> list[Gemm]:

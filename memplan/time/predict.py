@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.time import efficiency, offload
+from memplan.time.calibration import calibrated_topology
 from memplan.time.comm import Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
@@ -128,7 +129,7 @@ def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float, matm
 
 def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring)."""
-    c, rows = communication(p, gpu.topology)
+    c, rows = communication(p, calibrated_topology(gpu))
     forward, backward = kernel_times(c, gpu, peak)
     n, par = p.micro_batches, p.parallel
     hide = windows(forward, backward, n)

@@ -53,3 +53,14 @@ def test_fractions_from_rates_and_a_device_faster_than_its_preset() -> None:
     assert (c.matmul, c.memory, c.attention, c.launch_us) == pytest.approx((0.5, 0.5, 0.25, 5.0), rel=1e-12)
     with pytest.raises(ValueError, match=r"gpu: measured GEMM .* exceeds h100-sxm's"):
         calibration(h100, 2000e12, 1675e9, 247e12, 5e-6, "gpu")
+
+
+def test_a_measured_all_reduce_sets_the_links_bandwidth(tmp_path: Path) -> None:
+    # network_intra 0.335 = half of NETWORK_INTRA 0.67: the collectives run on 450 GB/s · 0.335/0.67 =
+    # 225 GB/s of H100's NVLink, so NETWORK_INTRA × it is the measured 0.335 × 450 GB/s.
+    gpu = _write(tmp_path, Calibration(matmul=0.8, memory=0.8, network_intra=0.335))
+    b = build(Options(model="llama-3-8b", seq=4096, gpu=gpu, gpus=8, tp=8))
+    assert b.timing is not None
+    rows = b.timing.prediction.communication
+    assert rows
+    assert [r.link.gbps for r in rows] == pytest.approx([225.0] * len(rows), rel=1e-12)
