@@ -74,8 +74,9 @@ def check_context(setup: Setup) -> None:
 
 
 def state_shards(setup: Setup) -> int:
-    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp."""
-    return setup.strategy.dp * setup.parallel.cp
+    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp, or with HSDP
+    the shard group × cp (``StrategyConfig.shard_group``)."""
+    return setup.strategy.shard_group * setup.parallel.cp
 
 
 def whole_model(rank: Flops, cp: int) -> Flops:
