@@ -103,9 +103,12 @@ class Family:
             "tp": par.tp,
             "sp": par.sp,
             "pp": par.pp,
+            "vpp": par.vpp,
+            "pp_layers": list(par.pp_layers) if par.pp_layers is not None else None,
             "ep": par.ep,
             "cp": par.cp,
             "dp": self.layout.dp,
+            "hsdp": self.layout.hsdp,
         }
 
 
@@ -246,6 +249,7 @@ def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) ->
                     "attention": family.attention,
                     "zero": family.zero,
                     "dp": family.layout.dp,
+                    "hsdp": family.layout.hsdp,
                     "reversible": False,
                 }
             ),
@@ -330,9 +334,10 @@ def _search_level(
     mfu: float | None,
 ) -> None:
     """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
-    both); context parallelism only when nothing fits without it."""
-    before = len(result.fitting)
-    for layout in layouts(base, gpus, space):
+    both); context parallelism (flash attention only) with every layout, not only when nothing fits
+    without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble)."""
+    node = result.gpu.topology.gpus_per_node
+    for layout in layouts(base, gpus, space, gpus_per_node=node):
         par = layout.parallel
         if not searches_layout(ft, par.tp, par.pp, par.cp):
             continue
@@ -341,10 +346,10 @@ def _search_level(
                 continue
             for attention in space.attention:
                 _search_families(result, base, layout, ckpt, attention, space, mfu, ft, level)
-    if len(result.fitting) > before or Attention.FLASH not in space.attention or not ft.trains_everything:
+    if Attention.FLASH not in space.attention or not ft.trains_everything:
         return
-    for cp in context_degrees(base, gpus, space):  # the sequence needs context parallelism
-        for layout in layouts(base, gpus, space, cp):
+    for cp in context_degrees(base, gpus, space):
+        for layout in layouts(base, gpus, space, cp, gpus_per_node=node):
             for ckpt in space.checkpointing:
                 _search_families(result, base, layout, ckpt, Attention.FLASH, space, mfu, ft, level)
 
@@ -366,6 +371,8 @@ def _search_families(
     # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
     # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
     stages = sorted(space.zero) if dp > 1 else sorted(space.zero)[:1]
+    if layout.hsdp:  # hybrid sharding shards inside its groups: ZeRO 1–3 only
+        stages = [z for z in stages if z is not ZeroStage.NONE]
     if Offload.PARAMS in SAVERS[level].offload:
         stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
@@ -376,6 +383,8 @@ def _search_families(
         if result.global_batch % (b * dp):
             continue
         n = result.global_batch // (b * dp)
+        if layout.parallel.vpp > 1 and n % layout.parallel.pp:
+            continue  # the interleaved schedule runs micro-batches in groups of pp
         result.searched += len(families)
         for family in families:
             result.evaluated += 1
