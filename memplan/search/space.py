@@ -3,11 +3,12 @@
 A layout is a (tp, sp, cp, pp, vpp, ep) split with dp = N / (tp·cp·pp) and an HSDP shard group
 (``layouts``): pp any degree up to the layers that divides the devices, its stages uneven as ``estimate``
 places them (``stage_layers``: ⌈L/p⌉ each, the first and last one fewer in turn); with the interleaved
-schedule (vpp m > 1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a
-layout only when every rank gets a layer; HSDP with one node's data-parallel ranks as the shard group
-when dp leaves the node. The global batch B sequences must split into whole micro-batches of a searched
-size b on each of the dp ranks, b · dp | B (``searchable``; ``why_nothing`` says what to change when no
-layout allows it); the interleaved schedule also needs the micro-batches per step to be a multiple of pp.
+schedule (vpp m > 1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a layout
+only when every rank gets a layer and no chunk but the first and last is empty; HSDP with one node's
+data-parallel ranks as the shard group when dp leaves the node. The global batch B sequences must split
+into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B (``searchable``;
+``why_nothing`` says what to change when no layout allows it); the interleaved schedule also needs the
+micro-batches per step to be a multiple of pp.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Space:
     """Virtual stages per pipeline rank (the interleaved schedule) searched with pp > 1."""
     hsdp: bool = True
     """Whether HSDP (the shard group one node's data-parallel ranks) is searched beside full sharding."""
+    keep: int = 10
+    """The fastest configurations the search must find exactly; one whose step-time bound is slower
+    than the ``keep``-th fastest so far is pruned (``search.bound``); 0: evaluate every one."""
 
 
 @dataclass(frozen=True)
@@ -60,16 +64,18 @@ class Layout:
 def virtual_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
     """The p·m virtual stages' layers, placed as ``stage_layers`` places stages (⌈L/(p·m)⌉ each, the first
     and last one fewer in turn: a 0 is the embedding or the head alone); None when a rank would get no
-    layer."""
+    layer or a middle chunk none."""
     virtual = stage_layers(layers, Parallel(pp=pp * vpp))
-    if min(virtual) < 0 or min(sum(virtual[k * pp + i] for k in range(vpp)) for i in range(pp)) < 1:
+    if min(virtual) < 0 or min(virtual[1:-1]) < 1:  # only the embedding's or the head's chunk may be empty
+        return None
+    if min(sum(virtual[k * pp + i] for k in range(vpp)) for i in range(pp)) < 1:
         return None
     return virtual
 
 
 def pipelines(layers: int, room: int, space: Space) -> list[tuple[int, int, tuple[int, ...] | None]]:
     """(pp, vpp, virtual stages) searched over ``room`` = devices / (tp·cp): every pp ≤ the layers dividing
-    it, each with the vpp of ``space`` (m > 1 only with pp > 1 and ⌈L/(p·m)⌉ ≤ 1 layer too many)."""
+    it, each with the vpp of ``space`` (m > 1 only with pp > 1 and a placement, ``virtual_layers``)."""
     out: list[tuple[int, int, tuple[int, ...] | None]] = []
     for pp in divisors(room, layers):
         for vpp in space.vpp:
