@@ -241,6 +241,7 @@ def setup_of(o: Options) -> Setup:
             ep=o.ep,
             pp_layers=_stage_layers(o.pp_layers),
             cp=o.cp,
+            cp_rotate=o.cp_rotate,
         ),
         offload=o.offload,
         loss=o.loss,

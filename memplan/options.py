@@ -14,6 +14,7 @@ from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
+    CpRotate,
     Device,
     ExpertsImpl,
     Frozen,
@@ -201,6 +202,13 @@ class Options(Frozen):
         default=1,
         metavar="N",
         gt=0,
+    )
+    cp_rotate: CpRotate = _option(
+        "--cp: how torch's ring attention passes K/V (set_rotate_method): allgather (one all-gather, waited "
+        "for after the first block; torch's default) or alltoall (a rotation to the next rank per block, "
+        "each under the block before)",
+        _PARALLEL,
+        default=CpRotate.ALLGATHER,
     )
     dp: int | None = _option(
         "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",

@@ -38,7 +38,7 @@ from memplan.config.model import (
     PositionType,
 )
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
-from memplan.config.setup import Parallel, Setup
+from memplan.config.setup import CpRotate, Parallel, Setup
 from memplan.config.strategy import (
     Attention,
     AttentionChoice,
@@ -59,6 +59,7 @@ __all__ = [
     "Attention",
     "AttentionChoice",
     "Checkpointing",
+    "CpRotate",
     "DType",
     "Device",
     "ExpertsImpl",

@@ -1,10 +1,13 @@
 """Search the layouts and strategies that fit a model on N GPUs, ranked by estimated throughput.
 
-The space: activation checkpointing × attention kernel × ZeRO stage × (tp, pp, dp) splits of the N devices
-(tp up to ``Space.tp_max``, sequence parallel whenever tp > 1, pp dividing the layers, dp = N / (tp·pp);
-context parallelism cp = 2, 4, … ``Space.cp_max`` with flash attention only when nothing fits without it;
-for a mixture of experts every ep dividing both the experts and dp) × micro-batch size. The global batch
-(sequences per step) is fixed, so a layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches.
+The space: activation checkpointing × attention kernel × ZeRO stage × layouts of the N devices
+(``space.layouts``: tp up to ``Space.tp_max``, sequence parallel whenever tp > 1; pp any degree up to the
+layers, uneven stages as ``estimate`` places them, with the interleaved schedule's vpp of ``Space.vpp``;
+context parallelism cp = 1, 2, 4, … ``Space.cp_max`` with flash attention, beside every layout; HSDP with
+one node's data-parallel ranks as the shard group; dp = N / (tp·cp·pp); for a mixture of experts every ep
+dividing both the experts and dp) × micro-batch size. The global batch (sequences per step) is fixed, so a
+layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches. Each listed configuration comes with
+the ``memplan estimate`` command that reproduces it (``estimate_command``).
 
 A family is (checkpointing, attention, ZeRO stage, layout); its configurations are its micro-batch sizes. A
 family fails when none of them fits; its reason is the overflowing term (``budget.verdict``) of its
@@ -15,12 +18,15 @@ micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
 batch); a configuration then costs its stages' states and activations, and its peak only when the
-lower bound (states + activations) does not already rule it out. A ZeRO stage that fits makes the higher
-stages of the same configuration redundant (they never need more memory and never move fewer bytes):
-they are not evaluated and not listed. NB: ZeRO 1 moves ZeRO 0's all-reduce as a reduce-scatter and an
-all-gather, and the all-gather may hide behind the next forward: a small gain this search does not look
-for. Over one data-parallel rank (dp 1) the
-ZeRO stages shard nothing, so only stage 0 is searched there.
+lower bound (states + activations) does not already rule it out. A configuration whose step-time lower
+bound (``bound``: its FLOPs at the best kernel fraction of peak, stretched by its bubble) is slower than
+the ``Space.keep`` (``--top``) fastest found so far is pruned unevaluated — neither listed nor judged for
+memory (``pruned``); layouts go fastest bound first so the cut-off tightens early. A ZeRO stage that
+fits makes the higher stages of the same configuration redundant (they never need more memory and never
+move fewer bytes): they are not evaluated and not listed. NB: ZeRO 1 moves ZeRO 0's all-reduce as a
+reduce-scatter and an all-gather, and the all-gather may hide behind the next forward: a small gain this
+search does not look for. Over one data-parallel rank (dp 1) the ZeRO stages shard nothing, so only stage
+0 is searched there.
 """
 
 from __future__ import annotations

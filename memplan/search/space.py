@@ -5,10 +5,10 @@ A layout is a (tp, sp, cp, pp, vpp, ep) split with dp = N / (tp·cp·pp) and an 
 places them (``stage_layers``: ⌈L/p⌉ each, the first and last one fewer in turn); with the interleaved
 schedule (vpp m > 1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a layout
 only when every rank gets a layer and no chunk but the first and last is empty; HSDP with one node's
-data-parallel ranks as the shard group when dp leaves the node. The global batch B sequences must split
-into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B (``searchable``;
-``why_nothing`` says what to change when no layout allows it); the interleaved schedule also needs the
-micro-batches per step to be a multiple of pp.
+data-parallel ranks as the shard group when dp leaves the node (dense layers only: ep 1). The global
+batch B sequences must split into whole micro-batches of a searched size b on each of the dp ranks,
+b · dp | B (``searchable``; ``why_nothing`` says what to change when no layout allows it); the
+interleaved schedule also needs the micro-batches per step to be a multiple of pp.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
             for ep in eps:
                 sp = tp > 1 and (seq // cp) % tp == 0
                 par = Parallel(tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, cp=cp)
-                for hsdp in shard_groups(dp, tp * cp * pp, gpus_per_node, space):
+                groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if ep == 1 else [0]
+                for hsdp in groups:
                     out.append(Layout(par, dp, hsdp))
     return out
 

@@ -116,6 +116,12 @@ class Overlap(StrEnum):
     """The last micro-batch's backward (a once-per-step gradient reduction)."""
     FIRST_FORWARD = "first forward"
     """The next step's first forward (a once-per-step weight all-gather)."""
+    RING_FIRST_FORWARD = "ring's first block, forward"
+    """Context parallelism: every micro-batch's forward attention in each rank's first (local) block."""
+    RING_FIRST_BACKWARD = "ring's first block, backward"
+    RING_FORWARD = "ring's blocks, forward"
+    """Context parallelism: every micro-batch's forward attention in all blocks but the last."""
+    RING_BACKWARD = "ring's blocks, backward"
 
 
 @dataclass(frozen=True)
@@ -487,12 +493,23 @@ def dp_rows(c: Critical, topo: Topology) -> list[Row]:
     return dense + _dp_group("dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c)
 
 
+RING = {
+    ("forward", "first"): Overlap.RING_FIRST_FORWARD,
+    ("backward", "first"): Overlap.RING_FIRST_BACKWARD,
+    ("forward", "blocks"): Overlap.RING_FORWARD,
+    ("backward", "blocks"): Overlap.RING_BACKWARD,
+}
+"""Where a context-parallel exchange runs (``context_parallel.Exchange.under``) → the compute it hides
+behind (``predict.windows``: the attention of those blocks)."""
+
+
 def cp_rows(c: Critical, topo: Topology) -> list[Row]:
-    """Context parallelism: per attention layer and micro-batch the K/V all-gather of torch's ring in
-    forward (and again in backward and in a re-run) and the fp32 dK/dV rotations of its backward, from
-    ``context_parallel.kv_exchanges`` (the rank's setup: kv/t heads, s/cp tokens). Not overlapped: the
-    attention waits for the gathered K/V, and each rotation for the previous step's gradients. An
-    all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
+    """Context parallelism: per attention layer and micro-batch the K/V exchanges of torch's ring
+    (``context_parallel.kv_exchanges``, the rank's setup: kv/t heads, s/cp tokens) — with ``allgather`` one
+    all-gather in forward, another in backward (and in a re-run), with ``alltoall`` c − 1 rotations each —
+    and the c fp32 dK/dV rotations of the backward. Ring overlap per block: each exchange hides behind the
+    attention of the block(s) it runs under (``RING``); a block costs max(its compute, the transfer of
+    the next). An all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
     s = c.setup
     cp = s.parallel.cp
     if cp == 1:
@@ -500,16 +517,15 @@ def cp_rows(c: Critical, topo: Topology) -> list[Row]:
     on, n = link(topo, stride(s, "cp"), cp), c.result.micro_batches
     phases = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD, "recompute": Phase.RECOMPUTE}
     rows = []
-    for e in context_parallel.kv_exchanges(c.result.pieces.setup):
+    for e in context_parallel.kv_exchanges(c.result.pieces.setup, s.parallel.cp_rotate):
         gather = e.collective == "all-gather"
         kind = Collective.ALL_GATHER if gather else Collective.SEND_RECV
         layers = c.rerun_layers if e.phase == "recompute" else c.layers
         nbytes = e.bytes * cp if gather else e.bytes
         group = cp if gather else 2
-        what = "K/V shards" if gather else "dK/dV rotation"
-        rows.append(
-            Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, Overlap.NONE, what)
-        )
+        what = "K/V shards" if e.bytes == context_parallel.kv_bytes_of(c.result.pieces.setup) else "dK/dV"
+        overlap = RING.get((e.phase, e.under), Overlap.NONE)
+        rows.append(Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, overlap, what))
     return [r for r in rows if r.count]
 
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.engine import Result
 from memplan.presets import GpuPreset
+from memplan.strategies.context_parallel import block_shares
 from memplan.time import efficiency
 from memplan.time.comm import Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
@@ -68,14 +69,20 @@ class Prediction(BaseModel):
         return out
 
 
-def windows(forward: KernelTime, backward: KernelTime, n: int) -> dict[Overlap, float]:
-    """Seconds of the compute each kind of overlap hides behind."""
+def windows(forward: KernelTime, backward: KernelTime, n: int, cp: int = 1) -> dict[Overlap, float]:
+    """Seconds of the compute each kind of overlap hides behind (the ring's: the attention of its blocks,
+    ``context_parallel.block_shares``)."""
+    first, blocks = block_shares(cp)
     return {
         Overlap.NONE: 0.0,
         Overlap.FORWARD: n * forward.total_s,
         Overlap.BACKWARD: n * backward.total_s,
         Overlap.LAST_BACKWARD: backward.total_s,
         Overlap.FIRST_FORWARD: forward.total_s,
+        Overlap.RING_FIRST_FORWARD: n * forward.attention_s * first,
+        Overlap.RING_FIRST_BACKWARD: n * backward.attention_s * first,
+        Overlap.RING_FORWARD: n * forward.attention_s * blocks,
+        Overlap.RING_BACKWARD: n * backward.attention_s * blocks,
     }
 
 
@@ -102,7 +109,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     c, rows = communication(p, gpu.topology)
     forward, backward = kernel_times(c, gpu, peak)
     n, par = p.micro_batches, p.parallel
-    hidden = exposed(rows, windows(forward, backward, n))
+    hidden = exposed(rows, windows(forward, backward, n, par.cp))
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
     compute = n * (forward.total_s + backward.total_s)
     busy = compute + in_stage

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.config import ReduceDtype, Setup, StrategyConfig, TrainingConfig, ZeroStage
+from memplan.config import CpRotate, Parallel, ReduceDtype, Setup, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.comm import Collective, Row, collective_seconds, communication, link, placed
+from memplan.time.comm import Collective, Overlap, Row, collective_seconds, communication, link, placed
 
 H100 = load_gpu("h100")
 TOPO = H100.topology
@@ -193,3 +193,51 @@ def test_hsdp_over_all_of_dp_is_fsdp() -> None:
     same, plain = plan(16, ZeroStage.PARAMETERS, hsdp=16), plan(16, ZeroStage.PARAMETERS)
     assert dp_rows(same) == dp_rows(plain)
     assert same.stages[0].states == plain.stages[0].states
+
+
+@pytest.mark.parametrize("rotate", [CpRotate.ALLGATHER, CpRotate.ALLTOALL])
+@pytest.mark.parametrize("nvlink", [450.0, 2.0])
+def test_ring_overlap_per_block(rotate: CpRotate, nvlink: float) -> None:
+    """Context parallelism's exchanges hide behind the attention of the blocks they run under: the
+    all-gather (or each rotation) behind the first block (or the blocks before the next), the dK/dV
+    rotations behind the backward's next blocks, the last rotation alone. With the attention times of the
+    stage (F forward, G backward, per micro-batch; cp = 2: first block 2/3, all but the last 2/3):
+    exposed = Σ over kinds max(0, rows' time − n · its attention · share)."""
+    from memplan.time.compute import kernel_times
+    from memplan.time.timing import peak_flops, timing
+
+    setup = Setup(
+        model=LLAMA8.model,
+        training=TrainingConfig(seq_len=8192, grad_accum=2),
+        parallel=Parallel(cp=2, cp_rotate=rotate),
+    )
+    result = estimate(setup)
+    gpu = H100.model_copy(update={"topology": TOPO.model_copy(update={"intra_node_gbps": nvlink})})
+    crit, rows = communication(result, gpu.topology)
+    fwd, bwd = kernel_times(crit, gpu, peak_flops(gpu, setup.training.precision))
+    n, first, blocks = 2, 2 / 3, 2 / 3
+    cp = [r for r in rows if r.dimension == "cp"]
+    share = {
+        Overlap.RING_FIRST_FORWARD: n * fwd.attention_s * first,
+        Overlap.RING_FIRST_BACKWARD: n * bwd.attention_s * first,
+        Overlap.RING_FORWARD: n * fwd.attention_s * blocks,
+        Overlap.RING_BACKWARD: n * bwd.attention_s * blocks,
+        Overlap.NONE: 0.0,
+    }
+    kinds = {r.overlap for r in cp}
+    expected = sum(max(0.0, sum(r.time_s for r in cp if r.overlap is k) - share[k]) for k in kinds)
+    if rotate is CpRotate.ALLGATHER:
+        assert kinds == {
+            Overlap.RING_FIRST_FORWARD,
+            Overlap.RING_FIRST_BACKWARD,
+            Overlap.RING_BACKWARD,
+            Overlap.NONE,
+        }
+    else:
+        assert kinds == {Overlap.RING_FORWARD, Overlap.RING_BACKWARD, Overlap.NONE}
+    got = timing(result, gpu).prediction.exposed_s["cp"]
+    assert got == pytest.approx(expected, rel=1e-12)
+    last = sum(r.time_s for r in cp if r.overlap is Overlap.NONE)
+    assert got >= last  # the last dK/dV rotation is never hidden
+    if nvlink == 2.0:
+        assert got > last  # at 2 GB/s the transfers outlast the blocks
