@@ -15,6 +15,7 @@ from pydantic.config import JsonDict
 from memplan.config import (
     AttentionChoice,
     AttentionKernel,
+    CpRotate,
     Device,
     ExpertsImpl,
     Fp8Recipe,
@@ -25,6 +26,7 @@ from memplan.config import (
     OptimizerImpl,
     Precision,
     Quant,
+    ReduceDtype,
     TrainingConfig,
 )
 from memplan.search.budget import DEFAULT_RESERVE_GIB
@@ -225,12 +227,34 @@ class Options(Frozen):
         metavar="N",
         gt=0,
     )
+    cp_rotate: CpRotate = _option(
+        "--cp: how torch's ring attention passes K/V (set_rotate_method): allgather (one all-gather, waited "
+        "for after the first block; torch's default) or alltoall (a rotation to the next rank per block, "
+        "each under the block before)",
+        _PARALLEL,
+        default=CpRotate.ALLGATHER,
+    )
     dp: int | None = _option(
         "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",
         _PARALLEL,
         metavar="N",
         show_default=False,
         gt=0,
+    )
+    hsdp: int | None = _option(
+        "Hybrid sharding (HSDP): shard the model states (--zero 1-3) inside groups of R data-parallel ranks, "
+        "the innermost of dp, and all-reduce the gradient shards across the dp/R groups, e.g. --hsdp 8 "
+        "[default: shard over all of dp]",
+        _PARALLEL,
+        metavar="R",
+        show_default=False,
+        gt=0,
+    )
+    reduce_dtype: ReduceDtype | None = _option(
+        "dtype of the data-parallel gradient reduction (FSDP2's MixedPrecisionPolicy.reduce_dtype; "
+        "torchtitan's default fp32) [default: the gradients' dtype]",
+        _STRATEGY,
+        show_default=False,
     )
     gpus: int | None = _option(
         "Devices in all: tp · cp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0

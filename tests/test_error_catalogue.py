@@ -99,6 +99,12 @@ CASES: list[Case] = [
     case("dp-zero", "estimate -m 70b --dp 0", "dp"),
     case("dp-negative", "estimate -m 70b --dp -3", "dp"),
     case("dp-absurd", "estimate -m 70b --dp 99999999", "dp"),
+    case("hsdp-zero", "estimate -m 70b --dp 16 --zero 3 --hsdp 0", "hsdp"),
+    case("hsdp-not-dividing", "estimate -m 70b --dp 16 --zero 3 --hsdp 3", "hsdp"),
+    case("hsdp-without-zero", "estimate -m 70b --dp 16 --hsdp 8", "hsdp"),
+    case("hsdp-with-ep", "estimate -m mixtral-8x7b --dp 16 --ep 8 --zero 3 --hsdp 8", "hsdp"),
+    case("reduce-dtype-unknown", "estimate -m 70b --reduce-dtype fp8", "reduce-dtype"),
+    case("cp-rotate-unknown", "estimate -m 70b --cp 2 --cp-rotate ring", "cp-rotate"),
     case("zero-5", "estimate -m 70b --zero 5", "zero"),
     # fine-tuning (LoRA, QLoRA, freezing)
     case("lora-rank-without-lora", "estimate -m 7b --lora-rank 8", "lora-rank"),

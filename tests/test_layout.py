@@ -152,6 +152,9 @@ def test_fit_rows_are_numbered_and_their_layout_whole(width: int) -> None:
     assert [r[0] for r in fitting] == ["1", "2", "3", "4", "5"]
     for row, config in zip(fitting, fit_result().fitting, strict=False):
         par = config.family.layout.parallel
-        tp = f"{par.tp}" + ("+sp" if par.sp else "")
-        for key, value in (("tp", tp), ("pp", str(par.pp)), ("dp", str(config.family.layout.dp))):
+        tp = f"{par.tp}" + ("+sp" if par.sp else "") + (f"·cp{par.cp}" if par.cp > 1 else "")
+        pp = f"{par.pp}" + (f"×{par.vpp}" if par.vpp > 1 else "")
+        hsdp = config.family.layout.hsdp
+        dp = f"{config.family.layout.dp}" + (f"/{hsdp}" if hsdp else "")
+        for key, value in (("tp", tp), ("pp", pp), ("dp", dp)):
             assert value in row or f"{key} {value}" in text  # a column, or said once for every row

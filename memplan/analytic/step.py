@@ -59,8 +59,8 @@ def largest_step_tensor(setup: Setup) -> int:
     optimizer does).
     """
     s = setup.strategy
-    sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
-    return max(shard(rows, s.dp, sharded) * cols for rows, cols in weight_shapes(setup))
+    sharded = s.zero >= ZeroStage.OPTIMIZER and s.shard_group > 1
+    return max(shard(rows, s.shard_group, sharded) * cols for rows, cols in weight_shapes(setup))
 
 
 def zero3_gather(p: ParamCount, setup: Setup) -> int:
@@ -68,6 +68,6 @@ def zero3_gather(p: ParamCount, setup: Setup) -> int:
     other ranks or, with parameter offload, from the host."""
     s = setup.strategy
     offloaded = Offload.PARAMS in setup.offload  # gathered from the host even at dp 1
-    if not offloaded and (s.zero < ZeroStage.PARAMETERS or s.dp == 1):
+    if not offloaded and (s.zero < ZeroStage.PARAMETERS or s.shard_group == 1):
         return 0
     return max(p.layer.total, p.embedding, p.lm_head) * setup.training.precision.weight_bytes

@@ -292,6 +292,7 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
         cp_max=cp_max,
+        keep=top,  # the rows shown are found exactly; slower configurations may be pruned
     )
     given = {name: getattr(o, name) for name in FINETUNE_OPTIONS}
     tunes, escalate = finetunes(o.finetune.method, parse_methods(method), given, o.double_quant, base)

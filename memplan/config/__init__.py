@@ -38,12 +38,13 @@ from memplan.config.model import (
     PositionType,
 )
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
-from memplan.config.setup import Parallel, Setup
+from memplan.config.setup import CpRotate, Parallel, Setup
 from memplan.config.strategy import (
     Attention,
     AttentionChoice,
     Checkpointing,
     Device,
+    ReduceDtype,
     StrategyConfig,
     ZeroStage,
     checkpointing_label,
@@ -59,6 +60,7 @@ __all__ = [
     "AttentionChoice",
     "AttentionKernel",
     "Checkpointing",
+    "CpRotate",
     "DType",
     "Device",
     "ExpertsImpl",
@@ -84,6 +86,7 @@ __all__ = [
     "PositionType",
     "Precision",
     "Quant",
+    "ReduceDtype",
     "Setup",
     "StrategyConfig",
     "Target",

@@ -10,7 +10,7 @@ and expert parallelism takes its ranks from data parallelism (Megatron-Core: ``d
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import Enum, IntEnum, StrEnum
 from typing import Any, Self
 
 from pydantic import Field, model_validator
@@ -29,6 +29,15 @@ from memplan.config.strategy import (
     checkpointing_label,
 )
 from memplan.config.training import TrainingConfig
+
+
+class CpRotate(StrEnum):
+    """How torch's ring attention passes K/V between the context-parallel ranks (``set_rotate_method``)."""
+
+    ALLGATHER = "allgather"
+    """One all-gather of every rank's K/V, waited for after the first block (torch's default)."""
+    ALLTOALL = "alltoall"
+    """A point-to-point rotation of K/V to the next rank per block (``_AllToAllRotater``)."""
 
 
 class Parallel(Frozen):
@@ -51,6 +60,10 @@ class Parallel(Frozen):
         gt=0,
         le=1 << 12,
         description="context-parallel degree c: ring attention over c ranks, each holding s/c tokens",
+    )
+    cp_rotate: CpRotate = Field(
+        default=CpRotate.ALLGATHER,
+        description="how the ring passes K/V: allgather (torch's default) or alltoall",
     )
 
     @model_validator(mode="after")
@@ -138,6 +151,11 @@ def check_setup(setup: Setup) -> None:
     """The combinations memplan models (the ``Setup`` validator; ``search.methods`` calls it on copies it
     does not re-validate); one-line ``ValueError``s naming the field and the fix."""
     m, t, s = setup.model, setup.training, setup.strategy
+    if s.hsdp and setup.parallel.ep > 1:
+        raise ValueError(
+            "hsdp: hybrid sharding with expert parallelism is not modelled (the experts' shard group); "
+            "drop --hsdp or --ep"
+        )
     segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
     mixed = t.precision.master_bytes > 0
     check_savers(setup.offload, setup.loss, setup.loss_chunks, int(s.zero), segmented, mixed)

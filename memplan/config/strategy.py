@@ -6,6 +6,7 @@ Enums that order strategies are ``IntEnum`` so that rules read ``if zero >= Zero
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum, StrEnum
 from typing import Self
 
@@ -74,6 +75,18 @@ MAX_DP = 1 << 20
 """The largest data-parallel degree a setup takes (2²⁰ ranks; the largest published jobs use 2¹⁴ GPUs)."""
 
 
+class ReduceDtype(StrEnum):
+    """The dtype data parallelism reduces gradients in (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``)."""
+
+    FP32 = "fp32"
+    """torchtitan's default (``mixed_precision_reduce = "float32"``, its job config)."""
+    BF16 = "bf16"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is ReduceDtype.FP32 else 2
+
+
 class StrategyConfig(Frozen):
     checkpointing: Checkpointing = Checkpointing.NONE
     checkpoint_every: int = Field(default=1, gt=0, description="k of every-k checkpointing")
@@ -81,6 +94,16 @@ class StrategyConfig(Frozen):
     reversible: bool = False
     zero: ZeroStage = ZeroStage.NONE
     dp: int = Field(default=1, gt=0, le=MAX_DP, description="data-parallel degree")
+    hsdp: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_DP,
+        description="HSDP: shard the model states inside groups of this many data-parallel ranks and "
+        "replicate across the dp/hsdp groups (0: shard over all of dp)",
+    )
+    reduce_dtype: ReduceDtype | None = Field(
+        default=None, description="dtype of the data-parallel gradient reduction (none: the gradients')"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -93,7 +116,27 @@ class StrategyConfig(Frozen):
             raise ValueError(
                 "checkpoint_every: only every-k checkpointing takes k; use --checkpointing every-K"
             )
+        if self.hsdp:
+            if self.zero is ZeroStage.NONE:
+                raise ValueError(
+                    "hsdp: hybrid sharding shards the model states inside each group; add --zero 1, 2 or 3"
+                )
+            if self.dp % self.hsdp:
+                raise ValueError(
+                    f"hsdp: {self.hsdp} does not divide dp {self.dp} into whole shard groups; use a divisor "
+                    f"of {self.dp}, e.g. --hsdp {math.gcd(self.dp, 8)}"
+                )
         return self
+
+    @property
+    def shard_group(self) -> int:
+        """Data-parallel ranks one copy of the model states is sharded over: ``hsdp``, else dp."""
+        return self.hsdp or self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the sharded model states (HSDP's replicate degree dp/hsdp; 1 without HSDP)."""
+        return self.dp // self.shard_group
 
     @property
     def segment(self) -> int:

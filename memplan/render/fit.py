@@ -12,7 +12,7 @@ from rich.text import Text
 from memplan.config import Method
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
-from memplan.search.fit import Family, FitResult
+from memplan.search.fit import Family, FitResult, estimate_command
 from memplan.search.methods import SAVERS
 
 
@@ -30,9 +30,9 @@ def _family_cells(f: Family, plain: bool) -> list[str]:
         f.attention.name.lower(),
         str(int(f.zero)),
         f"{par.tp}" + ("+sp" if par.sp else "") + (f"·cp{par.cp}" if par.cp > 1 else ""),
-        str(par.pp),
+        f"{par.pp}" + (f"×{par.vpp}" if par.vpp > 1 else ""),
         str(par.ep),
-        str(f.layout.dp),
+        f"{f.layout.dp}" + (f"/{f.layout.hsdp}" if f.layout.hsdp else ""),
     ]
 
 
@@ -50,7 +50,8 @@ def fit_report(r: FitResult, top: int) -> Group:
         head,
         Text(
             f"searched {fmt_int(r.searched)} configurations in {r.seconds * 1000:,.0f} ms ({speed:,.0f}/s): "
-            f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak; "
+            f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak, {fmt_int(r.pruned)} "
+            "pruned (step-time bound slower than the rows shown); "
             f"{len(r.fitting)} fit, {len(r.rejected)} families rejected",
             style="dim",
         ),
@@ -65,6 +66,7 @@ def fit_report(r: FitResult, top: int) -> Group:
     parts: list[RenderableType] = [Panel(Group(*lines), title="memplan fit", title_align="left")]
     if r.fitting:
         parts.append(_fitting_table(r, top))
+        parts.append(_commands(r, top))
     if r.rejected:
         parts.append(_rejected_table(r, top))
     return Group(*parts)
@@ -146,6 +148,15 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
         "the higher stages of a listed configuration fit too"
     )
     return table
+
+
+def _commands(r: FitResult, top: int) -> Text:
+    """Each listed row's ``memplan estimate`` command (``fit.estimate_command``), by its number."""
+    shown = r.fitting[:top] if top else r.fitting
+    text = Text("to reproduce a row:\n", style="dim")
+    for i, c in enumerate(shown, 1):
+        text.append(f"{i}: {estimate_command(c, r)}\n")
+    return text
 
 
 def _rejected_table(r: FitResult, top: int) -> Fitted:

@@ -1,10 +1,13 @@
 """Search the layouts and strategies that fit a model on N GPUs, ranked by estimated throughput.
 
-The space: activation checkpointing × attention kernel × ZeRO stage × (tp, pp, dp) splits of the N devices
-(tp up to ``Space.tp_max``, sequence parallel whenever tp > 1, pp dividing the layers, dp = N / (tp·pp);
-context parallelism cp = 2, 4, … ``Space.cp_max`` with flash attention only when nothing fits without it;
-for a mixture of experts every ep dividing both the experts and dp) × micro-batch size. The global batch
-(sequences per step) is fixed, so a layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches.
+The space: activation checkpointing × attention kernel × ZeRO stage × layouts of the N devices
+(``space.layouts``: tp up to ``Space.tp_max``, sequence parallel whenever tp > 1; pp any degree up to the
+layers, uneven stages as ``estimate`` places them, with the interleaved schedule's vpp of ``Space.vpp``;
+context parallelism cp = 1, 2, 4, … ``Space.cp_max`` with flash attention, beside every layout; HSDP with
+one node's data-parallel ranks as the shard group; dp = N / (tp·cp·pp); for a mixture of experts every ep
+dividing both the experts and dp) × micro-batch size. The global batch (sequences per step) is fixed, so a
+layout with dp ranks and micro-batch b runs B / (b·dp) micro-batches. Each listed configuration comes with
+the ``memplan estimate`` command that reproduces it (``estimate_command``).
 
 A family is (checkpointing, attention, ZeRO stage, layout); its configurations are its micro-batch sizes. A
 family fails when none of them fits; its reason is the overflowing term (``budget.verdict``) of its
@@ -15,12 +18,15 @@ micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
 batch); a configuration then costs its stages' states and activations, and its peak only when the
-lower bound (states + activations) does not already rule it out. A ZeRO stage that fits makes the higher
-stages of the same configuration redundant (they never need more memory and never move fewer bytes):
-they are not evaluated and not listed. NB: ZeRO 1 moves ZeRO 0's all-reduce as a reduce-scatter and an
-all-gather, and the all-gather may hide behind the next forward: a small gain this search does not look
-for. Over one data-parallel rank (dp 1) the
-ZeRO stages shard nothing, so only stage 0 is searched there.
+lower bound (states + activations) does not already rule it out. A configuration whose step-time lower
+bound (``bound``: its FLOPs at the best kernel fraction of peak, stretched by its bubble) is slower than
+the ``Space.keep`` (``--top``) fastest found so far is pruned unevaluated — neither listed nor judged for
+memory (``pruned``); layouts go fastest bound first so the cut-off tightens early. A ZeRO stage that
+fits makes the higher stages of the same configuration redundant (they never need more memory and never
+move fewer bytes): they are not evaluated and not listed. NB: ZeRO 1 moves ZeRO 0's all-reduce as a
+reduce-scatter and an all-gather, and the all-gather may hide behind the next forward: a small gain this
+search does not look for. Over one data-parallel rank (dp 1) the ZeRO stages shard nothing, so only stage
+0 is searched there.
 """
 
 from __future__ import annotations
@@ -35,8 +41,12 @@ from memplan.config import (
     Attention,
     Checkpointing,
     FineTune,
+    LossKind,
+    Method,
     Offload,
+    Optimizer,
     PositionType,
+    Precision,
     Setup,
     ZeroStage,
     loss_label,
@@ -45,6 +55,7 @@ from memplan.config import (
 from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
+from memplan.search.bound import Bound, Cutoff
 from memplan.search.budget import DEFAULT_RESERVE, Verdict, fits, host_fits, verdict
 from memplan.search.methods import (
     SAVERS,
@@ -104,9 +115,12 @@ class Family:
             "tp": par.tp,
             "sp": par.sp,
             "pp": par.pp,
+            "vpp": par.vpp,
+            "pp_layers": list(par.pp_layers) if par.pp_layers is not None else None,
             "ep": par.ep,
             "cp": par.cp,
             "dp": self.layout.dp,
+            "hsdp": self.layout.hsdp,
         }
 
 
@@ -191,11 +205,16 @@ class FitResult:
     """Configurations whose states and activations were computed (the rest: redundant ZeRO stages)."""
     peaks: int = 0
     """Configurations whose peak had to be computed (the lower bound did not rule them out)."""
+    pruned: int = 0
+    """Configurations skipped unevaluated: their step-time bound (``bound``) is slower than the ``keep``
+    fastest found (neither listed nor judged for memory)."""
     seconds: float = 0.0
     max_seq: int | None = None
     """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
     methods: list[Outcome] = field(default_factory=list)
     """Each method searched, in order: the fastest configuration at the lowest saver level that fits."""
+    cutoffs: dict[tuple[FineTune, int], Cutoff] = field(default_factory=dict, repr=False)
+    """Per method and saver level, the ``Space.keep`` fastest step times so far (``bound``)."""
 
     @property
     def usable(self) -> int:
@@ -219,13 +238,63 @@ class FitResult:
             "searched": self.searched,
             "evaluated": self.evaluated,
             "peaks": self.peaks,
+            "pruned": self.pruned,
             "seconds": self.seconds,
             "max_seq": self.max_seq,
             "fitting": len(self.fitting),
-            "configs": [c.to_json() for c in shown],
+            "configs": [c.to_json() | {"command": estimate_command(c, self)} for c in shown],
             "methods": [m.to_json() for m in self.methods],
             "rejected": [x.to_json() for x in self.rejected],
         }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The command that reproduces a row
+# ----------------------------------------------------------------------------------------------------
+def estimate_command(c: Config, r: FitResult) -> str:
+    """The ``memplan estimate`` command that gives configuration ``c`` of search ``r`` (the same setup, so the
+    same memory and step time): the base's model and training settings that differ from the options'
+    defaults, the searched family's strategy and layout, the GPU, the GPU count and the global batch."""
+    s = c.result.setup
+    t, st, par = s.training, s.strategy, s.parallel
+    f = c.family
+    args = ["memplan estimate", f"-m {s.model.name}", f"--seq {t.seq_len}"]
+    if t.precision is not Precision.BF16_MIXED:
+        args.append(f"--precision {t.precision.value}")
+    if t.optimizer is not Optimizer.ADAMW:
+        args.append(f"--optimizer {t.optimizer.value}")
+    args += [f"--gpu {r.gpu.name}", f"--gpus {r.gpus}", f"--global-batch {r.global_batch}"]
+    args += [f"--batch {t.micro_batch}", f"--tp {par.tp}"] + (["--sp"] if par.sp else [])
+    args.append(f"--pp {par.pp}")
+    if par.vpp > 1:
+        args.append(f"--vpp {par.vpp}")
+    if par.pp_layers is not None:
+        args.append("--pp-layers " + ",".join(map(str, par.pp_layers)))
+    args += [f"--cp {par.cp}"] if par.cp > 1 else []
+    args += [f"--ep {par.ep}"] if par.ep > 1 else []
+    args.append(f"--zero {int(st.zero)}")
+    args += [f"--hsdp {st.hsdp}"] if st.hsdp else []
+    args += [f"--checkpointing {f.checkpointing.name.lower()}", f"--attention {f.attention.name.lower()}"]
+    saver = SAVERS[f.saver]
+    if saver.offload is not Offload.NONE:
+        args.append(f"--offload {offload_label(saver.offload)}")
+    if saver.loss is not LossKind.STANDARD:
+        args.append(f"--loss {loss_label(saver.loss, 1)}")
+    return " ".join(args + _finetune_args(f.finetune))
+
+
+def _finetune_args(ft: FineTune) -> list[str]:
+    """The fine-tuning options that give ``ft`` (nothing for plain full training)."""
+    out = [] if ft.method is Method.FULL else [f"--finetune {ft.method.name.lower()}"]
+    if ft.method is not Method.FULL:
+        out += [f"--lora-rank {ft.rank}", f"--lora-alpha {ft.alpha:g}", f"--lora-dropout {ft.dropout:g}"]
+        out.append("--lora-targets " + ",".join(t.value for t in ft.targets))
+    if ft.method is Method.QLORA:
+        out.append(f"--quant {ft.quant.value}" + (" --double-quant" if ft.double_quant else ""))
+    parts = ["embeddings"] * ft.freeze_embeddings + ["lm_head"] * ft.freeze_lm_head
+    if ft.freeze_layers is not None:
+        parts.append(f"layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]}")
+    return out + ([f"--freeze {','.join(parts)}"] if parts else [])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -247,6 +316,7 @@ def _setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) ->
                     "attention": family.attention,
                     "zero": family.zero,
                     "dp": family.layout.dp,
+                    "hsdp": family.layout.hsdp,
                     "reversible": False,
                 }
             ),
@@ -296,6 +366,7 @@ def fit(
         raise ValueError(crowded)
     if not searchable(base, gpus, batch, space):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
+    bound = Bound(gpu, gpus, batch) if mfu is None and space.keep else None
     tried: list[FineTune] = []
     for ft in finetunes or (base.finetune,):
         tried.append(ft)
@@ -303,7 +374,7 @@ def fit(
             if saver.offload and gpu.host_memory_gib is None:
                 break  # offload needs the node's host memory (the preset's or --host-memory) to judge
             before = len(result.fitting)
-            _search_level(result, with_method(base, ft, saver), ft, level, gpus, space, mfu)
+            _search_level(result, with_method(base, ft, saver), ft, level, gpus, space, mfu, bound)
             if len(result.fitting) > before:
                 break
         fits_plainly = any(c.family.finetune == ft and c.family.saver == 0 for c in result.fitting)
@@ -332,25 +403,33 @@ def _search_level(
     gpus: int,
     space: Space,
     mfu: float | None,
+    bound: Bound | None,
 ) -> None:
     """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
-    both); context parallelism only when nothing fits without it."""
-    before = len(result.fitting)
-    for layout in layouts(base, gpus, space):
-        par = layout.parallel
-        if not searches_layout(ft, par.tp, par.pp, par.cp):
-            continue
+    both); context parallelism (flash attention only) with every layout, not only when nothing fits
+    without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble). Layouts
+    go fastest bound first (``bound``), so that the cut-off tightens early."""
+    node = result.gpu.topology.gpus_per_node
+    flash = Attention.FLASH in space.attention and ft.trains_everything
+    degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
+    candidates = [x for cp in degrees for x in layouts(base, gpus, space, cp, gpus_per_node=node)]
+    candidates = [x for x in candidates if searches_layout(ft, x.parallel.tp, x.parallel.pp, x.parallel.cp)]
+    if bound is not None:
+        first = space.checkpointing[0]
+
+        def key(x: Layout) -> float:
+            n = max(1, result.global_batch // (min(space.micro_batches) * x.dp))
+            return bound.seconds(base, first, Attention.FLASH, x.parallel, n)
+
+        candidates.sort(key=key)
+    cutoff = result.cutoffs.setdefault((ft, level), Cutoff(space.keep if bound is not None else 0))
+    for layout in candidates:
+        attentions = space.attention if layout.parallel.cp == 1 else (Attention.FLASH,)
         for ckpt in space.checkpointing:
             if not searches_checkpointing(ft, ckpt):
                 continue
-            for attention in space.attention:
-                _search_families(result, base, layout, ckpt, attention, space, mfu, ft, level)
-    if len(result.fitting) > before or Attention.FLASH not in space.attention or not ft.trains_everything:
-        return
-    for cp in context_degrees(base, gpus, space):  # the sequence needs context parallelism
-        for layout in layouts(base, gpus, space, cp):
-            for ckpt in space.checkpointing:
-                _search_families(result, base, layout, ckpt, Attention.FLASH, space, mfu, ft, level)
+            for attention in attentions:
+                _search_families(result, base, layout, ckpt, attention, space, mfu, ft, level, bound, cutoff)
 
 
 def _search_families(
@@ -363,13 +442,18 @@ def _search_families(
     mfu: float | None,
     ft: FineTune,
     level: int,
+    bound: Bound | None,
+    cutoff: Cutoff,
 ) -> None:
     """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch, at
-    method ``ft`` and saver ``level``; families memplan does not model (``methods.valid``) are skipped."""
+    method ``ft`` and saver ``level``; families memplan does not model (``methods.valid``) are skipped, and
+    a micro-batch size whose step-time bound is slower than ``cutoff`` is pruned."""
     memory, dp = result.usable, layout.dp
     # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
     # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
     stages = sorted(space.zero) if dp > 1 else sorted(space.zero)[:1]
+    if layout.hsdp:  # hybrid sharding shards inside its groups: ZeRO 1–3 only
+        stages = [z for z in stages if z is not ZeroStage.NONE]
     if Offload.PARAMS in SAVERS[level].offload:
         stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
@@ -380,7 +464,12 @@ def _search_families(
         if result.global_batch % (b * dp):
             continue
         n = result.global_batch // (b * dp)
+        if layout.parallel.vpp > 1 and n % layout.parallel.pp:
+            continue  # the interleaved schedule runs micro-batches in groups of pp
         result.searched += len(families)
+        if bound is not None and bound.seconds(base, ckpt, attention, layout.parallel, n) > cutoff.seconds:
+            result.pruned += len(families)
+            continue
         for family in families:
             result.evaluated += 1
             p = estimate(_setup(base, family, b, n))
@@ -388,7 +477,9 @@ def _search_families(
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
                 higher = [f for f in families if f.zero > family.zero]
-                result.fitting.append(_fastest_stage(result, base, family, p, higher, b, n, mfu))
+                best = _fastest_stage(result, base, family, p, higher, b, n, mfu)
+                result.fitting.append(best)
+                cutoff.add(best.timing.step_time_s)
                 fitted.update(higher, (family,))
                 break  # the higher ZeRO stages fit too (memory falls with the stage); the fastest is listed
             if family not in first_failure and family.saver == 0:  # why it fails without savers

@@ -1,8 +1,14 @@
 """The space ``fit`` searches: its settings (``Space``), the layouts of N devices and the global batch.
 
-A layout is a (tp, sp, pp, ep, cp) split with dp = N / (tp·cp·pp) (``layouts``); the global batch B
-sequences must split into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B
-(``searchable``; ``why_nothing`` says what to change when no layout allows it).
+A layout is a (tp, sp, cp, pp, vpp, ep) split with dp = N / (tp·cp·pp) and an HSDP shard group
+(``layouts``): pp any degree up to the layers that divides the devices, its stages uneven as ``estimate``
+places them (``stage_layers``: ⌈L/p⌉ each, the first and last one fewer in turn); with the interleaved
+schedule (vpp m > 1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a layout
+only when every rank gets a layer and no chunk but the first and last is empty; HSDP with one node's
+data-parallel ranks as the shard group when dp leaves the node (dense layers only: ep 1). The global
+batch B sequences must split into whole micro-batches of a searched size b on each of the dp ranks,
+b · dp | B (``searchable``; ``why_nothing`` says what to change when no layout allows it); the
+interleaved schedule also needs the micro-batches per step to be a multiple of pp.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from dataclasses import dataclass
 
 from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
 from memplan.config.strategy import MAX_DP
+from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.strategies.tensor_parallel import divisors, tp_widths
 
 TOKENS_PER_STEP = 1 << 22
@@ -33,36 +40,83 @@ class Space:
     tp_max: int = 8
     """Tensor parallelism stays inside one 8-GPU NVLink domain by default."""
     cp_max: int = 16
-    """Context parallelism (powers of two up to this, flash attention only) is searched when the sequence
-    needs it: only if no layout without it fits."""
+    """Context parallelism: powers of two up to this, flash attention only, searched with every layout."""
+    vpp: tuple[int, ...] = (1, 2, 4, 8)
+    """Virtual stages per pipeline rank (the interleaved schedule) searched with pp > 1."""
+    hsdp: bool = True
+    """Whether HSDP (the shard group one node's data-parallel ranks) is searched beside full sharding."""
+    keep: int = 10
+    """The fastest configurations the search must find exactly; one whose step-time bound is slower
+    than the ``keep``-th fastest so far is pruned (``search.bound``); 0: evaluate every one."""
 
 
 @dataclass(frozen=True)
 class Layout:
     parallel: Parallel
     dp: int
+    hsdp: int = 0
+    """HSDP's shard group (0: shard over all of dp)."""
 
     def label(self) -> str:
-        return f"{self.parallel.label()}·dp{self.dp}"
+        hsdp = f"(hsdp{self.hsdp})" if self.hsdp else ""
+        return f"{self.parallel.label()}·dp{self.dp}{hsdp}"
 
 
-def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1) -> list[Layout]:
-    """Every valid (tp, sp, pp, ep, dp) split of ``gpus`` devices with ``cp`` context-parallel ranks."""
+def virtual_layers(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    """The p·m virtual stages' layers, placed as ``stage_layers`` places stages (⌈L/(p·m)⌉ each, the first
+    and last one fewer in turn: a 0 is the embedding or the head alone); None when a rank would get no
+    layer or a middle chunk none."""
+    virtual = stage_layers(layers, Parallel(pp=pp * vpp))
+    if min(virtual) < 0 or min(virtual[1:-1]) < 1:  # only the embedding's or the head's chunk may be empty
+        return None
+    if min(sum(virtual[k * pp + i] for k in range(vpp)) for i in range(pp)) < 1:
+        return None
+    return virtual
+
+
+def pipelines(layers: int, room: int, space: Space) -> list[tuple[int, int, tuple[int, ...] | None]]:
+    """(pp, vpp, virtual stages) searched over ``room`` = devices / (tp·cp): every pp ≤ the layers dividing
+    it, each with the vpp of ``space`` (m > 1 only with pp > 1 and a placement, ``virtual_layers``)."""
+    out: list[tuple[int, int, tuple[int, ...] | None]] = []
+    for pp in divisors(room, layers):
+        for vpp in space.vpp:
+            if vpp == 1:
+                out.append((pp, 1, None))
+            elif pp > 1 and (virtual := virtual_layers(layers, pp, vpp)) is not None:
+                out.append((pp, vpp, virtual))
+    return out
+
+
+def shard_groups(dp: int, stride: int, gpus_per_node: int, space: Space) -> list[int]:
+    """HSDP shard groups searched: full sharding (0), and one node's data-parallel ranks (the node's GPUs
+    over tp·cp·pp) when dp leaves the node."""
+    node = gpus_per_node // stride
+    if not space.hsdp or node < 2 or node >= dp or dp % node:
+        return [0]
+    return [0, node]
+
+
+def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: int = 8) -> list[Layout]:
+    """Every valid (tp, sp, pp, vpp, ep, dp, hsdp) split of ``gpus`` devices with ``cp`` context-parallel
+    ranks (module docstring)."""
     m, seq = setup.model, setup.training.seq_len
     moe = m.moe
     widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
     out = []
     for tp in divisors(widths, space.tp_max):
-        for pp in divisors(m.num_layers):
-            if gpus % (tp * cp * pp):
-                continue
+        if gpus % (tp * cp):
+            continue
+        for pp, vpp, virtual in pipelines(m.num_layers, gpus // (tp * cp), space):
             dp = gpus // (tp * cp * pp)
             if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)
                 continue
             eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
             for ep in eps:
-                par = Parallel(tp=tp, sp=tp > 1 and (seq // cp) % tp == 0, pp=pp, ep=ep, cp=cp)
-                out.append(Layout(par, dp))
+                sp = tp > 1 and (seq // cp) % tp == 0
+                par = Parallel(tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, cp=cp)
+                groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if ep == 1 else [0]
+                for hsdp in groups:
+                    out.append(Layout(par, dp, hsdp))
     return out
 
 
@@ -132,6 +186,6 @@ def why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -
     return (
         f"global-batch: {batch} sequences{origin} do not split into micro-batches of {sizes} on dp "
         f"{', '.join(map(str, dps))} ranks, the data-parallel degrees {gpus} GPUs allow (tp ≤ {space.tp_max} "
-        f"dividing the heads and widths, pp dividing the {m.num_layers} layers); nothing to search: use "
+        f"dividing the heads and widths, pp up to the {m.num_layers} layers); nothing to search: use "
         f"--global-batch {better} (a multiple of {step}){gpus_fix}"
     )

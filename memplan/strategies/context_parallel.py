@@ -24,6 +24,8 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   v.flatten()])``, activation dtype); backward, the same all-gather again plus c point-to-point rotations
   (``permute_tensor`` to rank r+1, the all-to-all rotater) of the fp32 dK/dV accumulators
   (``convert_to_f32``); a layer whose attention re-runs in backward (checkpointing) gathers K/V once more.
+  With ``--cp-rotate alltoall`` (``set_rotate_method("alltoall")``) the K/V travel as c − 1 rotations to
+  the next rank instead of the all-gather. Which block each exchange runs under: ``kv_exchanges``.
 - Model states: weights are replicated over the cp ranks; gradients are reduced and ZeRO/FSDP shards
   over dp × cp (torchtitan's ``dp_shard_cp`` mesh: FSDP shards over data and context parallel ranks
   together), ``state_shards``.
@@ -42,7 +44,7 @@ from typing import NamedTuple
 
 from memplan.analytic.flops import Flops
 from memplan.analytic.inventory import Dims
-from memplan.config import Attention, Checkpointing, DType, Setup
+from memplan.config import Attention, Checkpointing, CpRotate, DType, Setup
 
 
 def check_context(setup: Setup) -> None:
@@ -74,8 +76,9 @@ def check_context(setup: Setup) -> None:
 
 
 def state_shards(setup: Setup) -> int:
-    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp."""
-    return setup.strategy.dp * setup.parallel.cp
+    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp, or with HSDP
+    the shard group × cp (``StrategyConfig.shard_group``)."""
+    return setup.strategy.shard_group * setup.parallel.cp
 
 
 def whole_model(rank: Flops, cp: int) -> Flops:
@@ -96,11 +99,27 @@ class Exchange(NamedTuple):
     """Bytes this rank contributes per call: its K/V shard (all-gather) or the buffer it sends."""
     calls: int
     """Calls per layer per micro-batch."""
+    under: str = "none"
+    """The ring's compute it runs under (``block_shares``): ``first`` (the first block, the local causal
+    one), ``blocks`` (each of the blocks before the last: it is waited for at the next), ``none``."""
+
+
+def block_shares(cp: int) -> tuple[float, float]:
+    """The shares of a rank's attention work (forward or backward) in its first block and in all its
+    blocks but the last: the local causal block counts (s/c)² cells (FlopCounterMode does not halve causal),
+    each of the c − 1 later ones (s/c)²/2 (half of q or of k/v), so 2/(c+1) and (c+1−1)/(c+1) = c/(c+1)."""
+    return 2 / (cp + 1), cp / (cp + 1)
 
 
 def kv_bytes(dims: Dims, dtype: DType) -> int:
     """One rank's k and v as the kernel reads them, [b, kv, s/c, d] each, in ``dtype``."""
     return 2 * dims.b * dims.kv * dims.s * dims.d * dtype.bytes
+
+
+def kv_bytes_of(setup: Setup) -> int:
+    """One rank's K/V in the activation dtype (``kv_bytes`` of the rank's dims)."""
+    dims = Dims.of(setup)
+    return kv_bytes(dims, dims.act)
 
 
 def attention_reruns(setup: Setup) -> bool:
@@ -109,22 +128,41 @@ def attention_reruns(setup: Setup) -> bool:
     return s.checkpointing is not Checkpointing.NONE or s.reversible
 
 
-def kv_exchanges(setup: Setup) -> list[Exchange]:
+def kv_exchanges(setup: Setup, rotate: CpRotate | None = None) -> list[Exchange]:
     """K/V traffic of one attention layer per micro-batch on one rank (module docstring); empty at cp 1.
 
     ``setup``: the rank's (``tp_model``: kv/t heads). An all-gather's output is c × ``bytes``, of which
-    (c−1) × ``bytes`` arrive over the network.
+    (c−1) × ``bytes`` arrive over the network. torch 2.13 ``_templated_ring_attention`` and its backward:
+    with ``allgather`` one all-gather is issued before the first block and waited for after it; with
+    ``alltoall`` a rotation is issued at every block but the last and waited for at the next. The backward's
+    c fp32 dK/dV rotations (always point-to-point) each run under the next block, the last one after the
+    loop, alone. A re-run's gather waits for nothing (counted exposed). ``rotate``: the user's
+    ``--cp-rotate`` (the rank's setup may be a cached one's), else the setup's.
     """
+    rotate = rotate or setup.parallel.cp_rotate
     cp = setup.parallel.cp
     if cp == 1:
         return []
     dims = Dims.of(setup)
     kv, grads = kv_bytes(dims, dims.act), kv_bytes(dims, DType.FP32)
-    out = [
-        Exchange("forward", "all-gather", kv, 1),
-        Exchange("backward", "all-gather", kv, 1),
-        Exchange("backward", "send-recv", grads, cp),
+    if rotate is CpRotate.ALLTOALL:
+        out = [
+            Exchange("forward", "send-recv", kv, cp - 1, "blocks"),
+            Exchange("backward", "send-recv", kv, cp - 1, "blocks"),
+        ]
+    else:
+        out = [
+            Exchange("forward", "all-gather", kv, 1, "first"),
+            Exchange("backward", "all-gather", kv, 1, "first"),
+        ]
+    out += [
+        Exchange("backward", "send-recv", grads, cp - 1, "blocks"),
+        Exchange("backward", "send-recv", grads, 1),
     ]
     if attention_reruns(setup):
-        out.append(Exchange("recompute", "all-gather", kv, 1))
+        out.append(
+            Exchange("recompute", "send-recv", kv, cp - 1)
+            if rotate is CpRotate.ALLTOALL
+            else Exchange("recompute", "all-gather", kv, 1)
+        )
     return out

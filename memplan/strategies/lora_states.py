@@ -91,11 +91,11 @@ def finetune_states(setup: Setup, params: ParamCount) -> ModelStates:
     weights, gradients, master weights and optimizer states (``strategies.zero.model_states``)."""
     t, s = setup.training, setup.strategy
     trainable = trainable_params(setup, params)
-    states = model_states(trainable, t.precision, t.optimizer, s.zero, s.dp)
+    states = model_states(trainable, t.precision, t.optimizer, s.zero, s.shard_group)
     # The base excludes the adapters; under full fine-tuning it includes the trainable weights (in states).
     in_base = 0 if setup.finetune.lora else trainable * t.precision.weight_bytes
     frozen_bytes = base_weight_bytes(setup, params) - in_base
-    frozen = shard(frozen_bytes, s.dp, s.zero >= ZeroStage.PARAMETERS)
+    frozen = shard(frozen_bytes, s.shard_group, s.zero >= ZeroStage.PARAMETERS)
     return states.model_copy(update={"weights": states.weights + frozen})
 
 

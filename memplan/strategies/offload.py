@@ -68,7 +68,9 @@ def host_states(states: ModelStates, params: int, setup: Setup) -> HostMemory:
     host under ``setup.offload``."""
     o, s = setup.offload, setup.strategy
     optimizer = Offload.OPTIMIZER in o
-    gradients = shard(params, s.dp, s.zero >= ZeroStage.OPTIMIZER) * HOST_GRADIENT_BYTES if optimizer else 0
+    gradients = (
+        shard(params, s.shard_group, s.zero >= ZeroStage.OPTIMIZER) * HOST_GRADIENT_BYTES if optimizer else 0
+    )
     return HostMemory(
         weights=states.weights if Offload.PARAMS in o else 0,
         gradients=gradients,

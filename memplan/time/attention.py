@@ -16,10 +16,19 @@
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
   it (torch vendors FA2), on every GPU.
 
+- the causal mask: a flash kernel skips the tiles above the diagonal, so it runs about half of the s × s
+  cells that FlopCounterMode (and memplan's FLOPs) count. FlashAttention's own benchmark counts a causal
+  kernel's FLOPs that way, ``4·s²·heads·d // (2 if causal else 1)``
+  (Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py), and the fractions above are TFLOP/s
+  of that count: a kernel's seconds are its counted FLOPs × ``causal_work`` at the fraction. Under context
+  parallelism (torch's load-balanced ring) a rank's local block is causal ((s/c)²/2 cells run, (s/c)²
+  counted) and each of its c − 1 others a full block of (s/c)²/2 cells, so of the (c + 1)/2 · (s/c)²
+  counted cells c/2 · (s/c)² run: c/(c + 1), 1/2 without cp. Eager attention's bmms run every cell.
+
 Known limitations (NB): one fraction for forward and backward (the papers' ranges, their low end); cuDNN's
 and the memory-efficient SDPA kernels are not offered (no published figure in view); CDNA3 (MI300X,
 Composable Kernel's flash attention) and Blackwell take the figures above without a measurement of their
-own; the causal mask's skipped blocks are not modelled (FLOPs count the whole s × s, as FlopCounterMode).
+own; a sliding window's further skipped tiles are not modelled (the window's cells are counted as causal).
 """
 
 from __future__ import annotations
@@ -52,6 +61,13 @@ def flash_fraction(setup: Setup, gpu: GpuPreset) -> float:
             )
         return efficiency.FA3_SPEEDUP * efficiency.FA2_HOPPER
     return efficiency.FA2_HOPPER if hopper else efficiency.ATTENTION
+
+
+def causal_work(setup: Setup) -> float:
+    """The share of its counted FLOPs a causal flash kernel runs (module docstring): c/(c + 1) of a
+    context-parallel rank's, 1/2 without cp."""
+    cp = setup.parallel.cp
+    return cp / (cp + 1)
 
 
 def is_eager(setup: Setup) -> bool:

@@ -9,16 +9,29 @@ input, an all-to-all's send buffer, a point-to-point's message. X = b·s·h·e i
 states on one rank (e the activation bytes); P a rank's parameters on the stage; w, g the bytes of a weight
 and a gradient element.
 
-Time of one call on n ranks, ring algorithms (Patarasuk & Yuan 2009; NCCL's bus bandwidth, nccl-tests
-PERFORMANCE.md), B bytes, β the link's per-direction bandwidth × ``network_fraction``, α its latency per
-step:  all-reduce 2(n−1)/n·B/β + 2(n−1)·α;  all-gather, reduce-scatter, all-to-all (n−1)/n·B/β + (n−1)·α;
-point-to-point B/β + α.
+Time of one call on n ranks (Patarasuk & Yuan 2009; NCCL's bus bandwidth, nccl-tests PERFORMANCE.md), B
+bytes, β the achieved bandwidth per rank and direction (``ring_bandwidth``), α the latency per step:
+ring all-reduce 2(n−1)/n·B/β + latency of 2(n−1) steps; all-gather, reduce-scatter (n−1)/n·B/β +
+latency of n−1 steps; point-to-point B/β_own + α. An all-reduce takes the faster of the ring and NCCL's
+tree, 2B/β + 2·((k−1)·α_intra + ⌊log₂ N⌋·α_inter) (``tree_seconds``): NCCL models every algorithm per size
+and picks the fastest (NVIDIA/nccl issue #457), the tree winning at thousands of ranks and small buffers.
 
-Placement (``link``): ranks are numbered with tp innermost, then cp, pp and dp outward (Llama 3, Dubey et
-al. 2024 §3.3.2: "[TP, CP, PP, DP]"); a group of n ranks with stride S (the product of the inner degrees)
-spans S·n consecutive ranks, inside one node when S·n ≤ GPUs per node, otherwise over the inter-node
-network (a ring that leaves the node runs at the slowest link's bandwidth). Expert parallelism takes its
-ranks from dp (stride tp·cp·pp).
+Fabric (``placed``): a group of n ranks with k of them on each of N nodes
+- inside one node (k = n): β = NVLink × ``NETWORK_INTRA``, every step α_intra;
+- across nodes: NCCL runs one channel per NIC and each ring crosses the node on its own rail, so the ring
+  gets the k ranks' NICs together, β = min(k × the GPU's NIC share × ``NETWORK_INTER``, NVLink ×
+  ``NETWORK_INTRA``) (the NVLink hops of the same ring bound it); "Ring and Tree both use all NICs in
+  parallel" (NVIDIA/nccl issue #530); nccl-tests issue #119 measures 84.8 GB/s of bus bandwidth across
+  nodes whose 4 HDR NICs give 100 GB/s together. Of a ring's steps, 2(N−1) (all-reduce) or N−1 (the
+  others) cross the network at α_inter and the rest NVLink at α_intra (NCCL ``src/graph/tuning.cc``,
+  ``ncclTopoTuneModel``, ``nInterSteps``). A point-to-point send leaves through the sender's own NIC; an
+  all-to-all sends each rank's (n−k)/n through its own NIC (NCCL's PXN routes a rail's traffic over
+  NVLink first) while (k−1)/n stays on NVLink.
+
+Placement: ranks are numbered with tp innermost, then cp, pp and dp outward (Llama 3, Dubey et al. 2024
+§3.3.2: "[TP, CP, PP, DP]"); a group's ranks on one node follow from the strides (``per_node``). Expert
+parallelism takes its ranks from dp (stride tp·cp·pp); HSDP's shard group is dp's innermost R ranks, its
+replicas R·tp·cp·pp apart.
 
 Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4.2.2, Narayanan et al. 2021):
 - tp without sp: per layer two all-reduces of X in forward (after the attention and MLP row-parallel
@@ -33,11 +46,14 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   input for its weight gradient (overlapped with the input-gradient GEMM).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
-- dp: ZeRO 0 all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
+- dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype. ZeRO 0
+  all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
   bucketed as DDP does); ZeRO 1 reduce-scatters them once and all-gathers the updated weights once (with the
   next forward, Megatron's overlap_param_gather); ZeRO 2 reduce-scatters every micro-batch's gradients
   (with its backward); ZeRO 3 also all-gathers the weights in every forward and again in every backward
-  (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep group.
+  (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep group. HSDP
+  (``--hsdp R``): all of this inside groups of R (× cp), then each gradient reduce-scatter's shard
+  all-reduced across the dp/R groups (FSDP2's hybrid sharding).
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
@@ -49,12 +65,15 @@ Adding a dimension: write one row function ``(Critical, Topology) → list[Row]`
 ``ROWS``; give its degree a place in ``ORDER`` so the groups outside it get their stride.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
-each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's; tree
-and NVLS algorithms, and compression, are not modelled.
+each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's; NCCL's
+protocols (LL, LL128, Simple) share one α per level; NVLS / NVLSTree (NVSwitch SHARP), CollNet, PAT and
+compression are not modelled; the fabric is taken as non-blocking (rail-optimised, no oversubscribed
+spine); concurrent groups of different dimensions are taken not to share NICs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -97,15 +116,33 @@ class Overlap(StrEnum):
     """The last micro-batch's backward (a once-per-step gradient reduction)."""
     FIRST_FORWARD = "first forward"
     """The next step's first forward (a once-per-step weight all-gather)."""
+    RING_FIRST_FORWARD = "ring's first block, forward"
+    """Context parallelism: every micro-batch's forward attention in each rank's first (local) block."""
+    RING_FIRST_BACKWARD = "ring's first block, backward"
+    RING_FORWARD = "ring's blocks, forward"
+    """Context parallelism: every micro-batch's forward attention in all blocks but the last."""
+    RING_BACKWARD = "ring's blocks, backward"
 
 
 @dataclass(frozen=True)
 class Link:
+    """Where a group's ring runs: inside one node, or over ``nodes`` nodes with ``per_node`` of its ranks on
+    each (module docstring, "Fabric")."""
+
     level: str
     """``intra-node`` or ``inter-node``."""
     gbps: float
-    """Per direction, GB/s (before ``network_fraction``)."""
+    """Per direction, GB/s (before ``network_fraction``): inside a node the GPU's NVLink; between nodes the
+    ``per_node`` GPUs' NICs together (k × the GPU's share of the node's NICs)."""
     latency_us: float
+    """Per ring step over this level (between nodes: the network's)."""
+    nodes: int = 1
+    per_node: int = 0
+    """Ranks of the group on one node (0: inside one node, all of them)."""
+    intra_gbps: float = 0.0
+    """The NVLink hops' bandwidth of a group that leaves the node (0 inside a node)."""
+    intra_latency_us: float = 0.0
+    """Per intra-node ring step of a group that leaves the node."""
 
 
 @dataclass(frozen=True)
@@ -152,14 +189,60 @@ def network_fraction(link: Link) -> float:
     return efficiency.NETWORK_INTRA if link.level == "intra-node" else efficiency.NETWORK_INTER
 
 
-def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> float:
-    """Ring time of one call of ``nbytes`` over ``n`` ranks on ``link``."""
+def ring_bandwidth(link: Link) -> float:
+    """Achieved bytes/s per rank and direction of a ring (or tree) over ``link``: inside a node the GPU's
+    NVLink; between nodes the group's NICs on one node together (NCCL runs one channel per NIC, every
+    ring crossing the node on its own rail), no faster than the NVLink hops the ring also takes."""
     beta = link.gbps * 1e9 * network_fraction(link)
+    if link.per_node > 1:
+        beta = min(beta, link.intra_gbps * 1e9 * efficiency.NETWORK_INTRA)
+    return beta
+
+
+def ring_latency(kind: Collective, n: int, link: Link) -> float:
+    """Seconds of latency of a ring over ``n`` ranks: 2(n−1) steps for an all-reduce, n−1 otherwise; over
+    N nodes 2(N−1) (all-reduce) or N−1 of them cross the network, the rest NVLink (NCCL
+    ``src/graph/tuning.cc``, ``ncclTopoTuneModel``: ``nInterSteps``)."""
+    reduce = kind is Collective.ALL_REDUCE
+    steps = 2 * (n - 1) if reduce else n - 1
+    if link.level == "intra-node":
+        return steps * link.latency_us * 1e-6
+    inter = 2 * (link.nodes - 1) if reduce else link.nodes - 1
+    return ((steps - inter) * link.intra_latency_us + inter * link.latency_us) * 1e-6
+
+
+def tree_seconds(nbytes: int, n: int, link: Link) -> float:
+    """NCCL's tree all-reduce: a chain inside each node and a double binary tree between nodes (reduce up,
+    broadcast down), every rank moving ≈ 2B (NVIDIA/nccl issue #457) at the ring's bandwidth ("Ring and
+    Tree both use all NICs in parallel", #530); latency 2·((k−1)·α_intra + ⌊log₂ N⌋·α_inter) for k ranks
+    on each of N nodes (``tuning.cc``, ``NCCL_ALGO_TREE``)."""
+    if link.level == "intra-node":
+        k, nodes, intra, inter = n, 1, link.latency_us, link.latency_us
+    else:
+        k, nodes, intra, inter = link.per_node, link.nodes, link.intra_latency_us, link.latency_us
+    latency = 2 * ((k - 1) * intra + (nodes.bit_length() - 1) * inter) * 1e-6
+    return 2 * nbytes / ring_bandwidth(link) + latency
+
+
+def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> float:
+    """Time of one call of ``nbytes`` over ``n`` ranks on ``link`` (module docstring): a ring, or for an
+    all-reduce the faster of ring and tree (NCCL picks per size from the same models, #457)."""
     alpha = link.latency_us * 1e-6
-    if kind is Collective.SEND_RECV:
-        return nbytes / beta + alpha
+    if kind is Collective.SEND_RECV:  # one rank to one rank: its own NIC (or NVLink)
+        own = link.gbps / max(1, link.per_node)
+        return nbytes / (own * 1e9 * network_fraction(link)) + alpha
+    if kind is Collective.ALL_TO_ALL and link.level == "inter-node":
+        # each rank's (n − k)/n of the buffer leaves the node through its own NIC (NCCL's PXN gathers a
+        # rail's traffic over NVLink first), its (k − 1)/n stays on NVLink, both at once
+        k = link.per_node
+        out = (n - k) / n * nbytes / (link.gbps / k * 1e9 * efficiency.NETWORK_INTER)
+        inside = (k - 1) / n * nbytes / (link.intra_gbps * 1e9 * efficiency.NETWORK_INTRA) if k > 1 else 0.0
+        return max(out, inside) + ring_latency(kind, n, link)
     steps = 2 * (n - 1) if kind is Collective.ALL_REDUCE else n - 1
-    return steps / n * nbytes / beta + steps * alpha
+    ring = steps / n * nbytes / ring_bandwidth(link) + ring_latency(kind, n, link)
+    if kind is Collective.ALL_REDUCE:
+        return min(ring, tree_seconds(nbytes, n, link))
+    return ring
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -226,11 +309,43 @@ def stride(setup: Setup, dimension: str) -> int:
     raise ValueError(f"dimension: {dimension!r} is not one of {[n for n, _ in ORDER]}")
 
 
-def link(topo: Topology, group_stride: int, n: int) -> Link:
-    """The link a group of ``n`` ranks ``group_stride`` apart runs on (module docstring)."""
-    if group_stride * n <= topo.gpus_per_node:
+def per_node(room: int, dims: tuple[tuple[int, int], ...]) -> int:
+    """Ranks of a group on the first node: the index tuples with Σ iⱼ·strideⱼ < ``room`` (GPUs per node);
+    ``dims`` are the group's (stride, degree) pairs, innermost first."""
+    if not dims:
+        return 1
+    stride_, degree = dims[-1]
+    total = 0
+    for i in range(degree):
+        left = room - i * stride_
+        if left <= 0:
+            break
+        total += per_node(left, dims[:-1])
+    return total
+
+
+def placed(topo: Topology, dims: tuple[tuple[int, int], ...]) -> Link:
+    """The link a group spanning ``dims`` ((stride, degree) pairs, innermost first) runs on: inside one node
+    when all its ranks are on one, otherwise over ⌈n/k⌉ nodes with k of its ranks on each (module
+    docstring)."""
+    n = math.prod(d for _, d in dims)
+    k = per_node(topo.gpus_per_node, dims)
+    if k >= n:
         return Link("intra-node", topo.intra_node_gbps, topo.intra_node_latency_us)
-    return Link("inter-node", topo.inter_node_gbps, topo.inter_node_latency_us)
+    return Link(
+        "inter-node",
+        k * topo.inter_node_gbps,
+        topo.inter_node_latency_us,
+        nodes=-(-n // k),
+        per_node=k,
+        intra_gbps=topo.intra_node_gbps,
+        intra_latency_us=topo.intra_node_latency_us,
+    )
+
+
+def link(topo: Topology, group_stride: int, n: int) -> Link:
+    """The link a group of ``n`` ranks ``group_stride`` apart runs on (``placed``)."""
+    return placed(topo, ((group_stride, n),))
 
 
 def rank_tokens(setup: Setup) -> int:
@@ -308,13 +423,20 @@ def pp_rows(c: Critical, topo: Topology) -> list[Row]:
     return rows
 
 
+def gradient_bytes(setup: Setup) -> int:
+    """Bytes of one gradient element as data parallelism reduces it: ``--reduce-dtype`` (FSDP2's
+    ``MixedPrecisionPolicy.reduce_dtype``), else the gradients' own dtype."""
+    chosen = setup.strategy.reduce_dtype
+    return chosen.bytes if chosen is not None else setup.training.precision.grad_bytes
+
+
 def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) -> list[Row]:
     """ZeRO's collectives over ``ranks`` data-parallel ranks for ``params`` parameters (module docstring)."""
     s = c.setup
     if ranks == 1 or params == 0:
         return []
     zero, n, prec = s.strategy.zero, c.result.micro_batches, s.training.precision
-    grads, weights = params * prec.grad_bytes, params * prec.weight_bytes
+    grads, weights = params * gradient_bytes(s), params * prec.weight_bytes
 
     def row(kind: Collective, phase: Phase, nbytes: int, count: int, overlap: Overlap, what: str) -> Row:
         return Row(dimension, kind, phase, nbytes, count, ranks, on, overlap, what)
@@ -339,36 +461,55 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
     ]
 
 
-def slower(a: Link, b: Link) -> Link:
-    """The link a ring over both kinds of neighbours runs at: the slower one."""
-    return min(a, b, key=lambda k: (k.gbps, -k.latency_us))
+def _replicas(rows: list[Row], replicas: int, on: Link) -> list[Row]:
+    """HSDP across ``replicas`` shard groups: after each gradient reduce-scatter inside a group, an
+    all-reduce of the rank's gradient shard (1/group of it) with its peers in the other groups, as often
+    and under the same compute (FSDP2's HSDP: reduce-scatter over the shard mesh dimension, then
+    all-reduce over the replicate one)."""
+    if replicas == 1:
+        return []
+    what = "gradient shards across replicas"
+    return [
+        Row("dp", Collective.ALL_REDUCE, r.phase, r.bytes // r.group, r.count, replicas, on, r.overlap, what)
+        for r in rows
+        if r.collective is Collective.REDUCE_SCATTER
+    ]
 
 
 def dp_rows(c: Critical, topo: Topology) -> list[Row]:
     """Data parallelism and ZeRO: the dense parameters over dp (× cp: the context-parallel ranks hold
     replicas too, their gradients reduced and their states sharded with dp's, as torchtitan's
-    ``dp_shard_cp`` mesh does), routed experts over dp/ep. A dp × cp group's ring runs on the slower of the
-    two dimensions' links."""
+    ``dp_shard_cp`` mesh does), routed experts over dp/ep. With HSDP (``--hsdp R``) ZeRO's collectives run
+    inside the shard group of R data-parallel ranks (× cp), the innermost of dp, and the gradient shards
+    are all-reduced across the dp/R groups (``_replicas``). Each group's link: ``placed`` on its ranks."""
     s = c.setup
     dp, ep, cp = s.strategy.dp, s.parallel.ep, s.parallel.cp
+    shard, replicas = s.strategy.shard_group, s.strategy.replicas
     experts = c.result.pieces.expert_params * c.layers
     at = stride(s, "dp")
-    dense_on = link(topo, at, dp)
-    if cp > 1:
-        dense_on = (
-            slower(dense_on, link(topo, stride(s, "cp"), cp)) if dp > 1 else link(topo, stride(s, "cp"), cp)
-        )
-    return _dp_group("dp", c.params.total - experts, dp * cp, dense_on, c) + _dp_group(
-        "dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c
-    )
+    dense_on = placed(topo, ((stride(s, "cp"), cp), (at, shard)))
+    dense = _dp_group("dp", c.params.total - experts, shard * cp, dense_on, c)
+    dense += _replicas(dense, replicas, link(topo, at * shard, replicas))
+    return dense + _dp_group("dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c)
+
+
+RING = {
+    ("forward", "first"): Overlap.RING_FIRST_FORWARD,
+    ("backward", "first"): Overlap.RING_FIRST_BACKWARD,
+    ("forward", "blocks"): Overlap.RING_FORWARD,
+    ("backward", "blocks"): Overlap.RING_BACKWARD,
+}
+"""Where a context-parallel exchange runs (``context_parallel.Exchange.under``) → the compute it hides
+behind (``predict.windows``: the attention of those blocks)."""
 
 
 def cp_rows(c: Critical, topo: Topology) -> list[Row]:
-    """Context parallelism: per attention layer and micro-batch the K/V all-gather of torch's ring in
-    forward (and again in backward and in a re-run) and the fp32 dK/dV rotations of its backward, from
-    ``context_parallel.kv_exchanges`` (the rank's setup: kv/t heads, s/cp tokens). Not overlapped: the
-    attention waits for the gathered K/V, and each rotation for the previous step's gradients. An
-    all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
+    """Context parallelism: per attention layer and micro-batch the K/V exchanges of torch's ring
+    (``context_parallel.kv_exchanges``, the rank's setup: kv/t heads, s/cp tokens) — with ``allgather`` one
+    all-gather in forward, another in backward (and in a re-run), with ``alltoall`` c − 1 rotations each —
+    and the c fp32 dK/dV rotations of the backward. Ring overlap per block: each exchange hides behind the
+    attention of the block(s) it runs under (``RING``); a block costs max(its compute, the transfer of
+    the next). An all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
     s = c.setup
     cp = s.parallel.cp
     if cp == 1:
@@ -376,16 +517,15 @@ def cp_rows(c: Critical, topo: Topology) -> list[Row]:
     on, n = link(topo, stride(s, "cp"), cp), c.result.micro_batches
     phases = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD, "recompute": Phase.RECOMPUTE}
     rows = []
-    for e in context_parallel.kv_exchanges(c.result.pieces.setup):
+    for e in context_parallel.kv_exchanges(c.result.pieces.setup, s.parallel.cp_rotate):
         gather = e.collective == "all-gather"
         kind = Collective.ALL_GATHER if gather else Collective.SEND_RECV
         layers = c.rerun_layers if e.phase == "recompute" else c.layers
         nbytes = e.bytes * cp if gather else e.bytes
         group = cp if gather else 2
-        what = "K/V shards" if gather else "dK/dV rotation"
-        rows.append(
-            Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, Overlap.NONE, what)
-        )
+        what = "K/V shards" if e.bytes == context_parallel.kv_bytes_of(c.result.pieces.setup) else "dK/dV"
+        overlap = RING.get((e.phase, e.under), Overlap.NONE)
+        rows.append(Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, overlap, what))
     return [r for r in rows if r.count]
 
 

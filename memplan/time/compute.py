@@ -212,7 +212,7 @@ def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> t
         forward = gemm.class_efficiency(shapes, gpu.sms, roof)
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
-    flash = peak * attention.flash_fraction(s, gpu)
+    flash = peak * attention.flash_fraction(s, gpu) / attention.causal_work(s)
     return f.attention_forward / flash, f.attention_backward / flash
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.engine import Result
 from memplan.presets import GpuPreset
+from memplan.strategies.context_parallel import block_shares
 from memplan.time import efficiency, offload
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm import Overlap, Row, communication
@@ -98,14 +99,20 @@ class Prediction(BaseModel):
         return out
 
 
-def windows(forward: KernelTime, backward: KernelTime, n: int) -> dict[Overlap, float]:
-    """Seconds of the compute each kind of overlap hides behind."""
+def windows(forward: KernelTime, backward: KernelTime, n: int, cp: int = 1) -> dict[Overlap, float]:
+    """Seconds of the compute each kind of overlap hides behind (the ring's: the attention of its blocks,
+    ``context_parallel.block_shares``)."""
+    first, blocks = block_shares(cp)
     return {
         Overlap.NONE: 0.0,
         Overlap.FORWARD: n * forward.total_s,
         Overlap.BACKWARD: n * backward.total_s,
         Overlap.LAST_BACKWARD: backward.total_s,
         Overlap.FIRST_FORWARD: forward.total_s,
+        Overlap.RING_FIRST_FORWARD: n * forward.attention_s * first,
+        Overlap.RING_FIRST_BACKWARD: n * backward.attention_s * first,
+        Overlap.RING_FORWARD: n * forward.attention_s * blocks,
+        Overlap.RING_BACKWARD: n * backward.attention_s * blocks,
     }
 
 
@@ -132,7 +139,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     c, rows = communication(p, calibrated_topology(gpu))
     forward, backward = kernel_times(c, gpu, peak)
     n, par = p.micro_batches, p.parallel
-    hide = windows(forward, backward, n)
+    hide = windows(forward, backward, n, par.cp)
     hidden = exposed(rows, hide)
     copies_stage, copies_step = offload.exposed_transfers(offload.transfers(c, p), hide, gpu)
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)

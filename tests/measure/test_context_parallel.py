@@ -26,6 +26,7 @@ from memplan.analytic.inventory import Dims
 from memplan.config import (
     Attention,
     Checkpointing,
+    CpRotate,
     Device,
     DType,
     ModelConfig,
@@ -229,9 +230,12 @@ def test_two_gloo_ranks_run_the_ring(tmp_path: Path) -> None:
         assert got["flops"]["backward"] * cp == est.flops.backward
 
 
-def test_kv_exchanges_equal_torch_ring_collectives() -> None:
+@pytest.mark.parametrize("rotate", ["allgather", "alltoall"])
+def test_kv_exchanges_equal_torch_ring_collectives(rotate: str) -> None:
     """The exchanges of one attention layer, counted on torch's own ring (forward + backward) over a fake
-    process group: the functional collectives it issues and their input bytes."""
+    process group: the functional collectives it issues and their input bytes, under either of torch's
+    rotate methods (``set_rotate_method``)."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Log(TorchDispatchMode):
@@ -250,7 +254,7 @@ def test_kv_exchanges_equal_torch_ring_collectives() -> None:
         model=load_model_preset("llama-3-8b").model,
         training=TrainingConfig(seq_len=64, micro_batch=2, precision="bf16-mixed"),
         strategy=StrategyConfig(attention=Attention.FLASH),
-        parallel=Parallel(cp=4),
+        parallel=Parallel(cp=4, cp_rotate=CpRotate(rotate)),
         device=Device.CPU,
     )
     m = tp_model(setup.model, 1)
@@ -260,9 +264,14 @@ def test_kv_exchanges_equal_torch_ring_collectives() -> None:
         k = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
         v = torch.randn(2, m.kv_heads, s_r, m.dim, dtype=torch.bfloat16, requires_grad=True)
         log = Log()
-        with log:
-            out, _ = ring_flash(q, k, v, group)
-            out.sum().backward()
+        before = cp_attention._cp_options.rotate_method
+        cp_attention.set_rotate_method(rotate)
+        try:
+            with log:
+                out, _ = ring_flash(q, k, v, group)
+                out.sum().backward()
+        finally:
+            cp_attention._cp_options.rotate_method = before
     expected = []
     for e in cpx.kv_exchanges(setup):
         kind = "all_gather_into_tensor" if e.collective == "all-gather" else "all_to_all_single"

@@ -244,6 +244,10 @@ def test_fit_best_config_replans_to_the_same_numbers() -> None:
         tp=s["tp"],
         sp=s["sp"],
         pp=s["pp"],
+        vpp=s["vpp"],
+        pp_layers=",".join(map(str, s["pp_layers"])) if s["pp_layers"] else None,
+        cp=s["cp"],
+        hsdp=s["hsdp"] or None,
         gpus=8,
         gpu="a100-40gb",
     )

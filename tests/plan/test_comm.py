@@ -278,11 +278,14 @@ def test_cp_rows_are_torch_ring_exchanges(cp: int) -> None:
     rows = rows_of(plan(Parallel(cp=cp), n=2))
     (fwd,) = pick(rows, "cp", Collective.ALL_GATHER, Phase.FORWARD)
     (bwd,) = pick(rows, "cp", Collective.ALL_GATHER, Phase.BACKWARD)
-    (rot,) = pick(rows, "cp", Collective.SEND_RECV, Phase.BACKWARD)
+    under, last = pick(rows, "cp", Collective.SEND_RECV, Phase.BACKWARD)
     assert fwd.bytes == bwd.bytes == KV * 2  # bf16
     assert fwd.count == bwd.count == 32 * 2  # a layer each, two micro-batches
-    assert rot.bytes == KV // cp * 4 and rot.count == cp * 32 * 2  # fp32 dK, dV of the rank's shard
+    assert under.bytes == last.bytes == KV // cp * 4  # fp32 dK, dV of the rank's shard
+    assert (under.count, last.count) == ((cp - 1) * 32 * 2, 32 * 2)  # cp rotations per layer
     assert fwd.group == cp and fwd.link.level == "intra-node"
+    assert (fwd.overlap, bwd.overlap) == (Overlap.RING_FIRST_FORWARD, Overlap.RING_FIRST_BACKWARD)
+    assert (under.overlap, last.overlap) == (Overlap.RING_BACKWARD, Overlap.NONE)
 
 
 def test_cp_splits_the_other_dimensions_tokens() -> None:

@@ -16,6 +16,7 @@ from memplan.analytic.inventory import Dims
 from memplan.config import (
     Attention,
     Checkpointing,
+    CpRotate,
     Device,
     DType,
     Parallel,
@@ -56,14 +57,40 @@ def test_no_exchange_without_context_parallelism() -> None:
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_forward_gathers_backward_gathers_again_and_rotates_fp32_gradients(cp: int) -> None:
-    """Forward: one all-gather of the bf16 K/V shard; backward: the same all-gather plus cp rotations of
-    the fp32 dK/dV accumulators (``convert_to_f32``) to rank r+1."""
+    """Forward: one all-gather of the bf16 K/V shard, under the first block; backward: the same all-gather
+    plus cp rotations of the fp32 dK/dV accumulators (``convert_to_f32``) to rank r+1, the first cp − 1
+    each under the next block, the last after the loop (torch 2.13 ``_templated_ring_attention_backward``)."""
     tokens = 64 // cp
     assert cpx.kv_exchanges(llama(cp)) == [
-        cpx.Exchange("forward", "all-gather", kv(tokens, 2), 1),
-        cpx.Exchange("backward", "all-gather", kv(tokens, 2), 1),
-        cpx.Exchange("backward", "send-recv", kv(tokens, 4), cp),
+        cpx.Exchange("forward", "all-gather", kv(tokens, 2), 1, "first"),
+        cpx.Exchange("backward", "all-gather", kv(tokens, 2), 1, "first"),
+        cpx.Exchange("backward", "send-recv", kv(tokens, 4), cp - 1, "blocks"),
+        cpx.Exchange("backward", "send-recv", kv(tokens, 4), 1),
     ]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_alltoall_rotates_kv_per_block(cp: int) -> None:
+    """``set_rotate_method("alltoall")``: K/V go to rank r+1 at every block but the last (cp − 1 sends),
+    in forward and again in backward, each waited for at the next block."""
+    tokens = 64 // cp
+    setup = llama(cp)
+    setup = setup.model_copy(update={"parallel": Parallel(cp=cp, cp_rotate=CpRotate.ALLTOALL)})
+    assert cpx.kv_exchanges(setup) == [
+        cpx.Exchange("forward", "send-recv", kv(tokens, 2), cp - 1, "blocks"),
+        cpx.Exchange("backward", "send-recv", kv(tokens, 2), cp - 1, "blocks"),
+        cpx.Exchange("backward", "send-recv", kv(tokens, 4), cp - 1, "blocks"),
+        cpx.Exchange("backward", "send-recv", kv(tokens, 4), 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cp", "first", "blocks"), [(2, 2 / 3, 2 / 3), (4, 2 / 5, 4 / 5), (16, 2 / 17, 16 / 17)]
+)
+def test_block_shares(cp: int, first: float, blocks: float) -> None:
+    """A rank's attention cells: its local causal block (s/c)² (counted whole), each later block
+    (s/c)²/2: the first block 2/(c+1) of the work, all but the last block 1 − 1/(c+1)."""
+    assert cpx.block_shares(cp) == pytest.approx((first, blocks))
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -143,6 +144,8 @@ def test_longest_sequence_is_the_boundary() -> None:
     assert best is not None and longest is not None
     p = best.result
     step = p.parallel.tp if p.parallel.sp else 1
+    if p.parallel.cp > 1:  # 2·cp chunks, each rank's s/cp split over tp: cp·lcm(2, tp)
+        step = p.parallel.cp * math.lcm(2, step)
 
     def at(seq: int) -> bool:
         n = p.micro_batches * p.setup.training.micro_batch
