@@ -63,9 +63,9 @@ def test_the_smallest_mfu_gives_finite_json() -> None:
 
 
 def test_fit_with_more_devices_than_any_layout_takes() -> None:
-    r = runner.invoke(app, ["fit", "-m", "7b", "--gpu", "h100", "--gpus", "1000000000"])
+    r = runner.invoke(app, ["fit", "-m", "7b", "--gpu", "h100", "--gpus", str(1 << 40)])
     assert r.exit_code == 2
     assert r.output.strip().splitlines() == [
-        "error: gpus: 1,000,000,000 devices need a data-parallel degree above 1,048,576 in every layout fit "
-        "searches (tp ≤ 8, pp dividing the 32 layers); use at most --gpus 268,435,456"
+        "error: gpus: 1,099,511,627,776 devices need a data-parallel degree above 1,048,576 in every layout "
+        "fit searches (tp ≤ 8, pp up to the 32 layers, cp ≤ 16); use at most --gpus 4,294,967,296"
     ]

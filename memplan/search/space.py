@@ -136,9 +136,16 @@ def context_degrees(base: Setup, gpus: int, space: Space) -> list[int]:
     return out
 
 
+def every_layout(base: Setup, gpus: int, space: Space) -> list[Layout]:
+    """``layouts`` without and (under flash attention) with each searched context-parallel degree."""
+    flash = base.strategy.attention is Attention.FLASH
+    degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
+    return [x for cp in degrees for x in layouts(base, gpus, space, cp)]
+
+
 def searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
     """Whether some layout of ``gpus`` devices and micro-batch size splits ``batch`` sequences evenly."""
-    return any(batch % (b * x.dp) == 0 for x in layouts(base, gpus, space) for b in space.micro_batches)
+    return any(batch % (b * x.dp) == 0 for x in every_layout(base, gpus, space) for b in space.micro_batches)
 
 
 NEAR = 64
@@ -146,17 +153,25 @@ NEAR = 64
 
 
 def too_many(base: Setup, gpus: int, space: Space) -> str | None:
-    """One line when every layout of ``gpus`` devices needs dp > ``MAX_DP`` (what `estimate` refuses),
-    else None. The most devices a layout takes is tp · pp · ``MAX_DP`` with the widest tp and the deepest
-    pp (one layer a stage) that ``layouts`` searches."""
-    if layouts(base, gpus, space):
+    """One line when every layout of ``gpus`` devices, with or without context parallelism, needs
+    dp > ``MAX_DP`` (what `estimate` refuses), else None. The most devices a layout takes is
+    tp · pp · cp · ``MAX_DP`` with the widest tp, the deepest pp (one layer a stage) and the largest cp that
+    ``layouts`` and ``context_degrees`` search (cp under flash attention only, as ``fit`` searches it)."""
+    flash = base.strategy.attention is Attention.FLASH
+    if every_layout(base, gpus, space):
         return None
-    m = base.model
+    m, seq = base.model, base.training.seq_len
     widths = math.gcd(*tp_widths(m, m.moe.widths(m) if m.moe else ()).values())
-    most = max(divisors(widths, space.tp_max)) * m.num_layers * MAX_DP
+    cps = [
+        c
+        for c in (2**i for i in range(space.cp_max.bit_length()))
+        if c <= space.cp_max and seq % (2 * c) == 0
+    ]
+    cp = max(cps) if flash and cps else 1
+    most = max(divisors(widths, space.tp_max)) * m.num_layers * cp * MAX_DP
     return (
         f"gpus: {gpus:,} devices need a data-parallel degree above {MAX_DP:,} in every layout fit searches "
-        f"(tp ≤ {space.tp_max}, pp dividing the {m.num_layers} layers); use at most --gpus {most:,}"
+        f"(tp ≤ {space.tp_max}, pp up to the {m.num_layers} layers, cp ≤ {cp}); use at most --gpus {most:,}"
     )
 
 
@@ -167,7 +182,7 @@ def why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -
     split into whole micro-batches of a searched size b on each of the dp ranks, b · dp | B.
     """
     m = base.model
-    dps = sorted({x.dp for x in layouts(base, gpus, space)})
+    dps = sorted({x.dp for x in every_layout(base, gpus, space)})
     sizes = ", ".join(map(str, space.micro_batches))
     step = min((b * dp for b in space.micro_batches for dp in dps), key=lambda k: (-(-batch // k) * k, k))
     better = -(-batch // step) * step

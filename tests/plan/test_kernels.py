@@ -44,8 +44,23 @@ def _flash_flops(s: int) -> int:
 def test_flash_attention_by_kernel_and_generation(
     gpu: str, kernel: str, peak: float, fraction: float
 ) -> None:
+    # A causal flash kernel runs half the counted cells (FlashAttention's benchmark halves causal FLOPs,
+    # and the fractions are TFLOP/s of that count).
     seconds = _attention_s(seq=4096, gpu=gpu, attention_kernel=kernel)
-    assert seconds == pytest.approx(_flash_flops(4096) / (fraction * peak), rel=1e-12)
+    assert seconds == pytest.approx(_flash_flops(4096) / 2 / (fraction * peak), rel=1e-12)
+
+
+@pytest.mark.parametrize("cp", [2, 4, 16])
+def test_a_context_parallel_rank_runs_c_of_c_plus_one_of_its_counted_cells(cp: int) -> None:
+    """torch's load-balanced ring: a rank's local block is causal ((s/c)²/2 cells run of (s/c)² counted), its
+    c − 1 others full blocks of (s/c)²/2 cells: counted (c + 1)/2 · (s/c)², run c/2 · (s/c)²."""
+    s = 8192
+    counted = (s // cp) ** 2 + (cp - 1) * (s // cp) ** 2 // 2
+    ran = cp * (s // cp) ** 2 // 2
+    assert ran / counted == pytest.approx(cp / (cp + 1), rel=1e-15)
+    one = _attention_s(seq=s, gpu="h100-sxm", cp=cp, gpus=cp)
+    flops = 14 * A * counted * D * L  # the core's products on the rank's counted cells
+    assert one == pytest.approx(flops * cp / (cp + 1) / (0.35 * 989.5e12), rel=1e-12)
 
 
 def test_the_constants_are_the_sources_figures() -> None:
