@@ -17,8 +17,16 @@ its saves those alive at once at their maximum and its sends and receives counte
 3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
    dist_instruments.py says where it over-counts).
 
+Under faults (``spawn_ranks``): a failed, hung or stopped rank, and SIGINT / SIGTERM / SIGHUP to the
+parent, end with every rank killed with SIGKILL and reaped, and the run's temporary folder removed; the
+ranks ignore SIGINT (a terminal's Ctrl-C stops them through the parent) and die with the parent. A
+spawned run's rendezvous listens on 127.0.0.1 only (``local_store``).
+
 Known limitations (NB): dense models, no checkpointing, pipeline parallelism with 1F1B only and without
-sequence parallelism (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's.
+sequence parallelism (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's. A
+rank's own child processes are not tracked (the ranks start none: gloo and NCCL use threads); SIGKILL of
+the parent leaves its temporary folder (the ranks die with it, on Linux); a SIGINT in the moment the
+ranks are being started is ignored (SIGINT is ignored then, so that they inherit it).
 """
 
 from __future__ import annotations
