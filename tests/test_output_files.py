@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
+from memplan.cli.streams import exit_on_termination
 from memplan.files import replaced, write_with
 
 runner = CliRunner()
@@ -104,6 +107,30 @@ def test_another_error_of_the_writer_is_raised_as_it_was(tmp_path: Path) -> None
     with pytest.raises(KeyError), replaced(str(target), "plot") as tmp:
         Path(tmp).write_text("partial")
         raise KeyError("writer bug")
+    assert target.read_bytes() == OLD
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.svg"]
+
+
+def test_sigterm_while_writing_leaves_no_temporary(tmp_path: Path) -> None:
+    """The CLI turns SIGTERM into SystemExit(143) (``cli.streams.exit_on_termination``): the write's clean-up
+    runs. Python's default would end the process where it stands, the temporary file left behind."""
+    target = tmp_path / "keep.svg"
+    target.write_bytes(OLD)
+    prior = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+    def terminated_midway(path: str) -> None:
+        Path(path).write_bytes(b"<svg> half of a picture")
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises during the sleep
+
+    try:
+        exit_on_termination()
+        with pytest.raises(SystemExit) as exc:
+            write_with(str(target), "plot", terminated_midway)
+    finally:
+        for sig, handler in prior.items():
+            signal.signal(sig, handler)
+    assert exc.value.code == 128 + signal.SIGTERM  # 143, the shell's code for a SIGTERM
     assert target.read_bytes() == OLD
     assert [p.name for p in tmp_path.iterdir()] == ["keep.svg"]
 

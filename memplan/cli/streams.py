@@ -11,6 +11,8 @@
 - a failed write to stdout (``> /dev/full``: ENOSPC; an I/O error) is an ``OSError`` whose filename is
   ``stdout``, so the one-line error names it (``cli.common.user_errors``, ``app.main``); the last flush
   at exit is checked too (``finish``). A closed pipe (EPIPE, ``| head``) stays click's own case.
+- SIGTERM and SIGHUP exit through Python's clean-up (exit code 143, 129), not where they land
+  (``exit_on_termination``).
 
 Pure Python, no torch.
 
@@ -23,7 +25,9 @@ from __future__ import annotations
 import codecs
 import io
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 EXIT_STREAM = 2
@@ -39,6 +43,21 @@ def sane_terminal_env() -> None:
         value = os.environ.get(name)
         if value is not None and not (value.strip().isdigit() and int(value) > 0):
             del os.environ[name]
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_termination() -> None:
+    """SIGTERM and SIGHUP end the command as an exception (``SystemExit(128 + signal)``, exit code 143 or
+    129, no traceback) rather than at once: ``finally`` blocks and context managers run, so a file being
+    written leaves no temporary behind (``memplan.files``) and temporary folders are removed. (Python's
+    own default kills the process where it stands.) Main thread only; ``profile --nproc`` installs its
+    own while its ranks run (``measure.distributed.spawn_ranks``)."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _terminated)
 
 
 def stdout_error(exc: OSError) -> OSError:
@@ -72,7 +91,9 @@ def _writes_all(encoding: str) -> bool:
 
 
 def prepare() -> None:
-    """Fix the environment and stdout before a command runs; exit 2 when stdout is closed."""
+    """Fix the environment and stdout before a command runs (and SIGTERM's effect:
+    ``exit_on_termination``); exit 2 when stdout is closed."""
+    exit_on_termination()
     sane_terminal_env()
     out: Any = sys.stdout
     if out is None:

@@ -38,6 +38,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -386,12 +387,13 @@ def spawn_ranks(
     reaped, so that nothing is left running and the parent's exit does not wait on them. torch's
     per-rank error files go to ``tmp`` (removed by the caller) rather than ``$TMPDIR``. Main thread only
     (signal handlers)."""
-    handlers = {s: signal.signal(s, _interrupted) for s in _STOP_SIGNALS}
+    main = threading.current_thread() is threading.main_thread()
+    handlers = {s: signal.signal(s, _interrupted) for s in _STOP_SIGNALS} if main else {}
     before = set(mp.active_children())
     ctx: Any = None
     saved_tmp = tempfile.tempdir
     try:
-        with _sigint_ignored():
+        with _sigint_ignored() if main else nullcontext():
             tempfile.tempdir = tmp or saved_tmp
             try:
                 ctx = mp.start_processes(  # type: ignore[attr-defined]
@@ -405,9 +407,13 @@ def spawn_ranks(
                 tempfile.tempdir = saved_tmp
         _join(ctx, timeout_s)
     finally:
+        # A second signal must not cut the clean-up short: ignored until every rank is reaped.
+        during = (
+            {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *_STOP_SIGNALS)} if main else {}
+        )
         ranks = [*ctx.processes] if ctx is not None else []
         _kill([*ranks, *(p for p in set(mp.active_children()) - before if p not in ranks)])
-        for s, h in handlers.items():
+        for s, h in {**during, **handlers}.items():
             signal.signal(s, h)
 
 

@@ -89,9 +89,29 @@ def test_the_rendezvous_store_listens_on_loopback_only() -> None:
     del store
 
 
-def memplan_profile(tmp: Path, *extra: str) -> subprocess.Popen[str]:
+WIDE = """\
+name = "wide"
+published_params = 31727616
+source = "a test model: wide enough that a rank computes for seconds (h 512, 8 layers, SwiGLU 2048)"
+
+[model]
+name = "wide"
+hidden_size = 512
+num_layers = 8
+num_heads = 4
+num_kv_heads = 2
+ffn_size = 2048
+vocab_size = 256
+tied_embeddings = false
+norm = "rmsnorm"
+mlp = "swiglu"
+position = "rope"
+"""
+
+
+def memplan_profile(tmp: Path, model: str = "tiny", seq: str = "16") -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
-    args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "16", "--nproc", "2", *extra]
+    args = ["profile", "-m", model, "--device", "cpu", "--seq", seq, "--nproc", "2"]
     return subprocess.Popen(
         [sys.executable, "-m", "memplan", *args],
         env=env,
@@ -143,7 +163,11 @@ def test_sigterm_while_the_ranks_start(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_ctrl_c_to_the_process_group_while_the_ranks_run(tmp_path: Path) -> None:
-    proc = memplan_profile(tmp_path)
+    (tmp_path / "wide.toml").write_text(WIDE)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # The wide model computes for some 10 s after the rendezvous (the tiny one is done in a moment).
+    proc = memplan_profile(tmp, str(tmp_path / "wide.toml"), "256")
     ranks = wait_for_ranks(proc, 2)
     # Running: the rendezvous is up when rank 0's store listens (the ranks have imported torch).
     deadline = time.monotonic() + 90
@@ -151,7 +175,7 @@ def test_ctrl_c_to_the_process_group_while_the_ranks_run(tmp_path: Path) -> None
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)  # the parent and both ranks, as a terminal's Ctrl-C
-    check_stopped(proc, ranks, tmp_path, 128 + signal.SIGINT, "SIGINT")
+    check_stopped(proc, ranks, tmp, 128 + signal.SIGINT, "SIGINT")
 
 
 def _listening(pid: int) -> bool:
