@@ -211,3 +211,28 @@ def test_one_process_refusals_come_before_any_rank(tmp_path: Path) -> None:
     assert p.returncode == 2 and not spawned, err
     assert err.startswith("error: dropout: gpt2's attention dropout") and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--torch-trace", "t.json"),
+        ("--memory-snapshot", "s.pickle"),
+        ("--timeline", None),
+        ("--plot", "p.svg"),
+    ],
+)
+def test_the_one_process_records_are_refused_with_nproc(tmp_path: Path, flag: str, value: str | None) -> None:
+    """Before: silently left out (the command succeeded without writing the file asked for)."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "16", "--nproc", "2", flag]
+    result = CliRunner().invoke(app, [*args, *([str(tmp_path / value)] if value else [])])
+    assert result.exit_code == 2, result.output
+    name = flag.removeprefix("--")
+    assert result.stderr == (
+        f"error: {name}: recorded by the one-process run only; drop --{name} or run without --nproc\n"
+    )
+    assert list(tmp_path.iterdir()) == []
