@@ -11,8 +11,15 @@
   (``pydantic.plugin._loader.get_plugins``) reads the entry points of every installed distribution
   (``importlib.metadata.distributions()``: ≈ 5 ms with a hundred-odd packages installed). memplan uses no
   plugin; ``PYDANTIC_DISABLE_PLUGINS`` set by the user, even empty, is kept.
+- **Unfrozen again at exit.** Frozen objects are never collected, not even by the interpreter's last
+  collection at shutdown: objects of an extension imported before the CLI (the test suite imports
+  triton, through peft and bitsandbytes, before ``memplan.cli``) would then outlive the interpreter,
+  and nanobind, whose bindings triton uses, reports each of them at exit ("nanobind: leaked 4
+  instances!", some 40 lines after pytest's summary). ``gc.unfreeze`` at exit hands them back to
+  that last collection (a few ms, once, at exit).
 """
 
+import atexit
 import gc
 import os
 
@@ -27,6 +34,7 @@ def _load_quietly() -> None:
         import memplan.api  # noqa: F401
     finally:
         gc.freeze()
+        atexit.register(gc.unfreeze)
         if enabled:
             gc.enable()
 

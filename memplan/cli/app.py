@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from memplan.api import build, load_model, to_json
+from memplan.cli import streams
 from memplan.cli.common import (
     JsonOpt,
     PlotOpt,
@@ -191,8 +192,21 @@ def gpus_command() -> None:
 
 def main() -> None:
     """Console-script entry point (``memplan``): the app narrowed to the command invoked (see
-    ``cli.common.only_invoked``: typer would otherwise build every command's options on each run)."""
-    only_invoked(app, sys.argv[1:])(prog_name="memplan")
+    ``cli.common.only_invoked``: typer would otherwise build every command's options on each run), with
+    the terminal's environment and stdout made safe first and stdout's last flush checked
+    (``cli.streams``)."""
+    streams.prepare()
+    code: Any = 0
+    try:
+        only_invoked(app, sys.argv[1:])(prog_name="memplan")
+    except SystemExit as exc:
+        code = exc.code
+    except OSError as exc:  # stdout failed outside a command's own error handling (--help > /dev/full)
+        if exc.filename != "stdout":
+            raise
+        print(f"error: {streams.stream_message(exc)}", file=sys.stderr)
+        code = streams.EXIT_STREAM
+    sys.exit(streams.finish(code))
 
 
 # Sub-command modules add their commands last (they import cli.common, never this module's app).

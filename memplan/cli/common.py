@@ -40,6 +40,7 @@ except ImportError:  # older typer runs on click itself
     from click import BadParameter, ClickException, Context, MissingParameter, Parameter  # type: ignore
 
 from memplan.api import Options
+from memplan.cli.streams import stream_message
 from memplan.config import FINETUNE_OPTIONS
 from memplan.errors import describe_validation_error
 
@@ -205,6 +206,8 @@ def user_errors() -> Iterator[None]:
     except BrokenPipeError:
         raise
     except OSError as exc:
+        if exc.filename == "stdout":  # cli.streams names stdout's own write errors
+            fail(stream_message(exc))
         where = f"{exc.filename}: " if exc.filename else ""
         fail(f"{where}{exc.strerror or exc}; check the path and permissions")
     except ValueError as exc:

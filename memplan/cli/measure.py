@@ -253,6 +253,16 @@ def profile(
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
         if nproc is not None:
+            for flag, value in (
+                ("torch-trace", torch_trace),
+                ("memory-snapshot", memory_snapshot),
+                ("timeline", timeline),
+                ("plot", plot),
+            ):
+                if value:  # the one-process records: refused, not silently left out
+                    raise ValueError(
+                        f"{flag}: recorded by the one-process run only; drop --{flag} or run without --nproc"
+                    )
             profile_distributed(nproc, dev, as_json, options)
             return
         check_single(options)

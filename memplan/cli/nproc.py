@@ -7,6 +7,7 @@ and rank 0 prints the result; otherwise this process spawns the N ranks itself.
 from __future__ import annotations
 
 import json
+import signal
 from typing import Any
 
 import typer
@@ -67,7 +68,9 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     differs beyond the documented differences). Raises ValueError for what cannot run."""
     from memplan.measure import distributed as dist_mod
     from memplan.measure.dist_compare import comparison
+    from memplan.measure.model import check_runnable
     from memplan.measure.parallelize import check_distributed
+    from memplan.measure.sizes import check_sizes
 
     kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
     replica = options.get("tp", 1) * options.get("pp", 1)
@@ -78,15 +81,25 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
         )
     setup = setup_of(options_of({**options, "device": kernels, "gpus": nproc}))
     check_distributed(setup)
+    # What the single-process run refuses, refused here too, before any rank starts (importing torch in
+    # every rank takes seconds, and a rank's refusal reaches the parent only as its last error line).
+    check_runnable(setup, dev)
     est = estimate(setup)
+    check_sizes(est.tensors)
     check_ranks_memory(est, nproc, dev)
     launcher = "torchrun" if dist_mod.under_torchrun() else "spawn"
     try:
         reports = dist_mod.launch(setup, nproc, cuda=kernels is Device.CUDA)
     except (TimeoutError, RuntimeError, OSError) as e:  # a rank failed or hung: its error, one line
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        typer.echo(f"error: nproc: the distributed run failed: {last}", err=True)
+        typer.echo(f"error: nproc: the distributed run failed: {last}; every rank was stopped", err=True)
         raise typer.Exit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped (measure.distributed.spawn_ranks)
+        typer.echo("error: nproc: interrupted (SIGINT); every rank was stopped", err=True)
+        raise typer.Exit(128 + signal.SIGINT) from None
+    except dist_mod.Interrupted as e:
+        typer.echo(f"error: nproc: interrupted ({e}); every rank was stopped", err=True)
+        raise typer.Exit(128 + e.signum) from None
     if not reports:  # a torchrun rank other than 0: rank 0 prints
         return
     result = comparison(reports, est, launcher)

@@ -9,6 +9,7 @@ transients). Absolute times mean something on a GPU only.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from memplan.config import Setup
+from memplan.files import write_with
 from memplan.measure.model import Reference
 from memplan.measure.optim import ReferenceOptimizer
 from memplan.measure.run import Measured, make_batch, run_step
@@ -87,7 +89,7 @@ def cuda_memory_snapshot(path: str | None) -> Iterator[None]:
     torch.cuda.memory._record_memory_history(max_entries=100_000)
     try:
         yield
-        torch.cuda.memory._dump_snapshot(path)
+        write_with(path, "memory-snapshot", torch.cuda.memory._dump_snapshot)  # whole or not at all
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
 
@@ -233,10 +235,26 @@ def profile(
             step_seconds.append(time.perf_counter() - t0)
             done(f"measured step {len(step_seconds)}")
     if torch_trace and prof is not None:
-        prof.export_chrome_trace(torch_trace)
+        write_with(torch_trace, "torch-trace", functools.partial(export_chrome_trace, prof))
     per_step = {k: v / steps for k, v in times.items()}
     peak = phase_peaks["step"] if device.startswith("cuda") else max(phase_peaks.values())
     return Profile(measured, peak, phase_peaks, step_seconds, per_step, device, best)
+
+
+def export_chrome_trace(prof: Any, path: str) -> None:
+    """``prof.export_chrome_trace(path)``, raising ``OSError`` when it could not write the file.
+
+    Kineto's writer (C++, ``output_json.cpp``) writes ``path + ".tmp"`` and renames it onto ``path`` only
+    when every write succeeded; on a failed write (a full disk) it logs "Failed to write to log file!"
+    and returns normally, leaving the partial ``.tmp`` (torch 2.13: no exception reaches Python). That
+    outcome is read from the files it leaves: no ``path``, or a ``.tmp`` beside it."""
+    leftover = Path(path + ".tmp")
+    prof.export_chrome_trace(path)
+    if leftover.exists() or not Path(path).exists():
+        leftover.unlink(missing_ok=True)
+        if os.statvfs(Path(path).parent).f_bavail == 0:  # the usual cause, and one that can be told
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise OSError(errno.EIO, "PyTorch's trace writer could not write the whole trace")
 
 
 def _cuda_step(runner: StepRunner, times: dict[str, float], curve: bool) -> tuple[CudaPeak, Curve | None]:

@@ -71,11 +71,17 @@ def parse_document(text: str, where: str, as_json: bool) -> dict[str, Any]:
     """Parse TOML or JSON text into a top-level table; ``ValueError`` with the position on bad syntax."""
     if not as_json:
         try:
-            return tomllib.loads(text)
+            table = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValueError(_one_line(f"{where}: invalid TOML: {exc}; fix the syntax")) from None
+        except RecursionError:
+            raise ValueError(_too_deep(where, "TOML")) from None
+        _checked(table, where, "TOML")
+        return table
     try:
         doc = json.loads(text)
+    except RecursionError:
+        raise ValueError(_too_deep(where, "JSON")) from None
     except json.JSONDecodeError as exc:
         raise ValueError(
             _one_line(
@@ -87,4 +93,42 @@ def parse_document(text: str, where: str, as_json: bool) -> dict[str, Any]:
             f"{where}: expected a JSON object {{...}} at the top, got a {type(doc).__name__}; "
             "pass a preset or a Hugging Face config.json"
         )
+    _checked(doc, where, "JSON")
     return doc
+
+
+def _checked(doc: Any, where: str, kind: str) -> None:
+    try:
+        check_numbers(doc, where)
+    except RecursionError:  # parsed just under the limit, walked just over it
+        raise ValueError(_too_deep(where, kind)) from None
+
+
+def _too_deep(where: str, kind: str) -> str:
+    return (
+        f"{where}: invalid {kind}: nested deeper than Python's parser allows (about 1,000 levels); "
+        "a config is a few levels of tables, check the file"
+    )
+
+
+INT_LIMIT = 2**63
+"""Integers a config may hold: TOML's own range (64-bit signed, toml.io "Integer"), which JSON configs
+share in practice. Beyond it a value is no size at all, and Python's arbitrary-precision ints would only
+fail later, unnamed, where a float is made of them (``OverflowError`` past ~1.8e308, e.g.
+``hidden_size: 10**400``)."""
+
+
+def check_numbers(doc: Any, where: str, path: str = "") -> None:
+    """``ValueError`` naming the key of the first integer outside ±2⁶³ (``INT_LIMIT``) in ``doc``."""
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            check_numbers(value, where, f"{path}.{key}" if path else str(key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            check_numbers(value, where, f"{path}[{i}]")
+    elif isinstance(doc, int) and not isinstance(doc, bool) and not -INT_LIMIT <= doc < INT_LIMIT:
+        digits = len(str(abs(doc)))
+        raise ValueError(
+            f"{where}: {path or '(top)'}: a {digits}-digit number, outside the 64-bit integers a config "
+            "holds (|n| < 2**63); check the value"
+        )

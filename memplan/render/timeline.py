@@ -1,7 +1,7 @@
 """The step's memory over time (``memplan.timeline``): a terminal chart, one stacked bar per point, and a
 plot file (matplotlib, the optional ``plot`` extra) with each term as a band. ``profile --timeline`` marks
 the measured curve on each bar; ``profile --plot`` draws the measured curve and the estimate as two lines.
-GiB = 2³⁰ bytes."""
+GiB = 2³⁰ bytes. A plot file is written whole or not at all (``memplan.files``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from rich.console import Group
 from rich.text import Text
 
 from memplan.analytic.peak import TERMS
+from memplan.files import write_with
 from memplan.render.estimate import BYTE_UNITS, SEGMENTS, fmt_bytes
 from memplan.timeline import Point
 
@@ -98,8 +99,10 @@ def write_plot(points: Sequence[Point], path: str, title: str) -> None:
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        write_with(path, "plot", fig.savefig)  # whole or not at all (memplan/files.py)
+    finally:
+        plt.close(fig)
 
 
 def write_profile_plot(
@@ -129,8 +132,10 @@ def write_profile_plot(
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        write_with(path, "plot", fig.savefig)  # whole or not at all (memplan/files.py)
+    finally:
+        plt.close(fig)
 
 
 def pyplot() -> Any:

@@ -1,0 +1,238 @@
+"""``profile --nproc`` under faults (issue #20, "Data loss, hangs, leftovers"), with real processes and
+real signals, each bounded in time:
+
+- a rank stopped by SIGSTOP: after the timeout every rank is killed (SIGKILL ends a stopped process, the
+  SIGTERM sent before the fix waited for a SIGCONT that never came, and the parent's exit then waited on it);
+- SIGTERM to the parent while its ranks start, SIGINT to the whole foreground process group (a terminal's
+  Ctrl-C) while they run: every rank killed, ``$TMPDIR/memplan-nproc-*`` and torch's error files removed,
+  no traceback from any process, exit code 128 + the signal (143, 130) and one error line;
+- a refusal of the one-process run (gpt2's attention dropout under the CPU flash kernel) comes before any
+  rank is spawned;
+- the rendezvous store listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from memplan.measure.distributed import free_port, local_store, spawn_ranks
+from tests.measure import rank_targets
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (absent, or a zombie waiting for a reaper that is not its parent)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+def children(pid: int) -> list[int]:
+    """The spawned ranks of ``pid`` (its children running multiprocessing's spawn main)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(text.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmd:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_stopped_rank_is_killed_after_the_timeout(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="ran past 30 s"):
+        spawn_ranks(rank_targets.stop_rank_1, (str(tmp_path),), 2, timeout_s=30)
+    assert time.monotonic() - start < 50
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]  # both ranks had started
+    assert all(gone(pid) for pid in pids), pids
+
+
+def listeners(port: int) -> list[str]:
+    """Local addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on ``port``."""
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: TCP_LISTEN
+                out.append(local.rsplit(":", 1)[0])
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net/tcp")
+def test_the_rendezvous_store_listens_on_loopback_only() -> None:
+    port = free_port()
+    store = local_store(port, 0, 1)
+    store.set("k", "v")
+    # 127.0.0.1 in /proc/net/tcp: the address's bytes in host (little-endian) order, 0100007F. The store
+    # torch makes itself listens on "::" (tcp6, all zeros) or 0.0.0.0 whatever MASTER_ADDR says.
+    assert listeners(port) == ["0100007F"]
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass
+    del store
+
+
+WIDE = """\
+name = "wide"
+published_params = 31727616
+source = "a test model: wide enough that a rank computes for seconds (h 512, 8 layers, SwiGLU 2048)"
+
+[model]
+name = "wide"
+hidden_size = 512
+num_layers = 8
+num_heads = 4
+num_kv_heads = 2
+ffn_size = 2048
+vocab_size = 256
+tied_embeddings = false
+norm = "rmsnorm"
+mlp = "swiglu"
+position = "rope"
+"""
+
+
+def memplan_profile(tmp: Path, model: str = "tiny", seq: str = "16") -> subprocess.Popen[str]:
+    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
+    args = ["profile", "-m", model, "--device", "cpu", "--seq", seq, "--nproc", "2"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "memplan", *args],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell job: killpg below is the terminal's ^C
+    )
+
+
+def wait_for_ranks(proc: subprocess.Popen[str], n: int, within: float = 90) -> list[int]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        ranks = children(proc.pid)
+        if len(ranks) == n:
+            return ranks
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the ranks did not start")
+
+
+def check_stopped(proc: subprocess.Popen[str], ranks: list[int], tmp: Path, code: int, name: str) -> None:
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"error: nproc: interrupted ({name}); every rank was stopped"], err
+    assert "✓" not in out
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(gone(pid) for pid in ranks)
+    assert sorted(p.name for p in tmp.iterdir()) == []  # no memplan-nproc-*, no pytorch-errorfile-*
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_while_the_ranks_start(tmp_path: Path) -> None:
+    proc = memplan_profile(tmp_path)
+    ranks = wait_for_ranks(proc, 2)
+    proc.send_signal(signal.SIGTERM)  # the ranks are still importing torch
+    check_stopped(proc, ranks, tmp_path, 128 + signal.SIGTERM, "SIGTERM")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ctrl_c_to_the_process_group_while_the_ranks_run(tmp_path: Path) -> None:
+    (tmp_path / "wide.toml").write_text(WIDE)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    # The wide model computes for some 10 s after the rendezvous (the tiny one is done in a moment).
+    proc = memplan_profile(tmp, str(tmp_path / "wide.toml"), "256")
+    ranks = wait_for_ranks(proc, 2)
+    # Running: the rendezvous is up when rank 0's store listens (the ranks have imported torch).
+    deadline = time.monotonic() + 90
+    while not _listening(ranks[0]):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # the parent and both ranks, as a terminal's Ctrl-C
+    check_stopped(proc, ranks, tmp, 128 + signal.SIGINT, "SIGINT")
+
+
+def _listening(pid: int) -> bool:
+    """Whether ``pid`` holds a listening TCP socket (rank 0's store: the rank is past torch's import)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[3] == "0A" and cols[9] in inodes:
+                return True
+    return False
+
+
+def test_one_process_refusals_come_before_any_rank(tmp_path: Path) -> None:
+    """gpt2's attention dropout cannot run in the CPU flash kernel: refused by the parent, no rank spawned."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    args = ["profile", "-m", "gpt2", "--device", "cpu", "--seq", "16", "--nproc", "2"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "memplan", *args], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
+    ) as p:
+        spawned = set()
+        while p.poll() is None:
+            spawned |= set(children(p.pid))
+            time.sleep(0.05)
+        err = p.stderr.read() if p.stderr else ""
+    assert p.returncode == 2 and not spawned, err
+    assert err.startswith("error: dropout: gpt2's attention dropout") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--torch-trace", "t.json"),
+        ("--memory-snapshot", "s.pickle"),
+        ("--timeline", None),
+        ("--plot", "p.svg"),
+    ],
+)
+def test_the_one_process_records_are_refused_with_nproc(tmp_path: Path, flag: str, value: str | None) -> None:
+    """Before: silently left out (the command succeeded without writing the file asked for)."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "16", "--nproc", "2", flag]
+    result = CliRunner().invoke(app, [*args, *([str(tmp_path / value)] if value else [])])
+    assert result.exit_code == 2, result.output
+    name = flag.removeprefix("--")
+    assert result.stderr == (
+        f"error: {name}: recorded by the one-process run only; drop --{name} or run without --nproc\n"
+    )
+    assert list(tmp_path.iterdir()) == []
