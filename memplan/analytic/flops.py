@@ -59,6 +59,12 @@ class Flops(BaseModel):
     layer_linear: int
     layer_attention: int
     lm_head: int
+    # Breakdown of the backward pass (what is not here is the attention core's backward).
+    layer_linear_backward: int
+    """The layers' linears' dX and dW: 2 × ``layer_linear`` in full training; less under fine-tuning, where
+    a frozen weight skips its dW (``strategies.lora._linear``)."""
+    lm_head_backward: int
+    """The lm head's dX and dW in the backward phase (0 under the fused loss, which makes them forward)."""
 
     @property
     def total(self) -> int:
@@ -94,4 +100,6 @@ def flops(setup: Setup, recompute: int = 0) -> Flops:
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,  # a fused loss's gradient products included (blocks/head.py)
+        layer_linear_backward=2 * linear,
+        lm_head_backward=head_backward,
     )

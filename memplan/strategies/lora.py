@@ -367,12 +367,16 @@ def flops(setup: Setup) -> Flops:
     g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
     flash = setup.strategy.attention is Attention.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
+    head_backward = _linear(head, g_final, head_trains(setup))
+    linear_backward = sum(p[1] for p in per)
     return Flops(
         forward=linear + attention + head,
-        backward=sum(p[1] + p[2] for p in per) + _linear(head, g_final, head_trains(setup)),
+        backward=linear_backward + sum(p[2] for p in per) + head_backward,
         recompute=recompute(setup, dims),
         kernel_recompute=kernel,
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,
+        layer_linear_backward=linear_backward,
+        lm_head_backward=head_backward,
     )

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, LossKind, MlpType, PositionType, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup, ZeroStage
 from memplan.presets import GpuPreset
 from memplan.time import efficiency, gemm
 from memplan.time.comm import Critical
@@ -65,7 +65,7 @@ class StageFlops:
     head_forward: float
     attention_forward: float
     linear_backward: float
-    """dX and dW of the layers' linears: 2× their forward."""
+    """dX and dW of the layers' linears: 2× their forward (less where a frozen weight skips dW)."""
     rerun_linear: float
     """The linears' share of the checkpoint recompute (forward shapes)."""
     head_backward: float
@@ -88,11 +88,10 @@ def stage_flops(c: Critical) -> StageFlops:
     head = f.lm_head / ranks if c.last else 0.0
     # The lm head's backward products (dX, dW: 2× its forward) run in backward, except under the fused loss,
     # which makes both in the forward phase: its ``lm_head`` already holds all three and ``backward`` none
-    # (blocks/head.py::head_flops).
-    fused = s.loss is LossKind.FUSED
-    whole_head_back = 0 if fused else 2 * f.lm_head
+    # (blocks/head.py::head_flops). Under fine-tuning a frozen weight skips dW (strategies/lora.py): the
+    # linears' and the head's backward are the FLOPs' own breakdown, never 2× the forward assumed.
     linear, attention = f.layer_linear * cut, f.layer_attention * cut
-    attention_back = (f.backward - 2 * f.layer_linear - whole_head_back) * cut
+    attention_back = (f.backward - f.layer_linear_backward - f.lm_head_backward) * cut
     recompute = f.recompute * cut
     if s.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun_attention = recompute
@@ -102,9 +101,9 @@ def stage_flops(c: Critical) -> StageFlops:
         linear_forward=linear,
         head_forward=head,
         attention_forward=attention,
-        linear_backward=2 * linear,
+        linear_backward=f.layer_linear_backward * cut,
         rerun_linear=recompute - rerun_attention,
-        head_backward=0.0 if fused else 2 * head,
+        head_backward=f.lm_head_backward / ranks if c.last else 0.0,
         attention_backward=attention_back + rerun_attention,
     )
 
