@@ -1,4 +1,7 @@
-"""The published JSON Schema of ``memplan estimate --json`` (``contract.to_json``).
+"""The published JSON Schema of ``memplan estimate --json`` (``api.to_json``: ``contract.to_json`` with
+``fit``, ``time``, ``host_fit`` and, with --timeline, ``timeline``). The other commands' schemas
+(``memplan schema --command compare|fit|trace|profile``) hold this one under ``$defs.estimate``
+(memplan/schema_commands.py).
 
 The contract of docs/architecture.md ("Machine-readable output"): the keys below must exist and byte and
 FLOP figures are integers. Every object allows further keys (``additionalProperties`` is left open): the
@@ -6,7 +9,8 @@ contract says "add keys freely; never rename these", so a consumer validating ag
 working when memplan adds a key, and breaks when one of these is renamed or changes type.
 
 Pure Python, no torch. ``estimate_schema()`` returns a fresh copy (callers may mutate it);
-``memplan schema`` prints it.
+``memplan schema`` prints it. Sizes (bytes, FLOPs, counts) are integers ≥ 0, seconds and fractions numbers
+≥ 0; only ``headroom`` (usable − peak) is signed.
 
 Known limitations (NB): the schema checks types, required keys and signs, not the arithmetic between keys
 (``flops.total = forward + backward + recompute``, ``activations.total = Σ bytes × count``): JSON Schema

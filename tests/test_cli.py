@@ -74,7 +74,21 @@ def test_json_70b_has_every_contract_key_as_integers_and_equals_estimate() -> No
         Setup(model=load_model_preset("llama-3-70b").model, training=TrainingConfig(seq_len=8192))
     )
     assert doc == {**to_json(expected), "fit": None, "time": None}  # no --gpu: no verdict, no time
-    assert doc["params"]["total"] == 70_553_706_496  # Meta-Llama-3-70B model card: 70.6B
+    p = 70_553_706_496
+    assert doc["params"]["total"] == p  # Meta-Llama-3-70B model card: 70.6B
+    # The values, not only the plumbing: bf16-mixed AdamW on one device, 2 + 2 + 12 bytes a parameter
+    # (Transformer Math 101); forward FLOPs 2·T·(a layer's linears: W_Q, W_O [h, h], W_K, W_V [h, 1024],
+    # three [h, 28672]) × 80 + the attention core 4·b·a·s²·d × 80 + the head 2·T·h·v; model = 3 × forward.
+    m = doc["memory"]
+    assert (m["weights"], m["gradients"], m["optimizer"]) == (2 * p, 2 * p, 12 * p)
+    t, h = 8192, 8192
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * 28672
+    forward = 2 * t * layer * 80 + 80 * 4 * 64 * t * t * 128 + 2 * t * h * 128256
+    assert (doc["flops"]["forward"], doc["flops"]["model"], doc["flops"]["recompute"]) == (
+        forward,
+        3 * forward,
+        0,
+    )
 
 
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
