@@ -91,8 +91,12 @@ GPUS = ["none", "h100-sxm", "a100-80gb", "rtx-4090", "mi300x"]
 
 @st.composite
 def estimate_args(draw: st.DrawFn) -> list[str]:
+    """Options drawn to be mostly valid: the combinations memplan refuses as not modelled (fine-tuning
+    with model parallelism, reversible layers with checkpointing, …) are drawn rarely, not never."""
     model = draw(st.sampled_from(sorted(MODELS)))
     moe = model.startswith("qwen")
+    finetune = "full" if moe else draw(st.sampled_from(["full", "full", "lora", "qlora"]))
+    tuned = finetune != "full"
     args = [
         "-m",
         model,
@@ -101,35 +105,47 @@ def estimate_args(draw: st.DrawFn) -> list[str]:
         "--batch",
         str(draw(st.integers(1, 3))),
     ]
-    tp, pp = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
-    ep = draw(st.sampled_from([1, 2])) if moe else 1
+    args += ["--finetune", finetune]
+    tp, pp = (1, 1) if tuned else (draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2])))
     dp = draw(st.sampled_from([1, 2, 4]))
+    ep = draw(st.sampled_from([e for e in (1, 2) if dp % e == 0])) if moe else 1
     args += ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp), "--zero", str(draw(st.integers(0, 3)))]
     if ep > 1:
         args += ["--ep", str(ep)]
+    attention = draw(st.sampled_from(["flash", "eager"]))
+    args += ["--attention", attention]
+    if not moe and not tuned and attention == "flash" and draw(st.booleans()):
+        args += ["--cp", "2"]  # context parallelism: the sequence split over 2 ranks (16, 64, 256 are even)
     if tp > 1 and draw(st.booleans()):
         args.append("--sp")
-    if pp > 1 and draw(st.booleans()):
+    if pp > 1 and MODELS[model] % 4 == 0 and draw(st.booleans()):
         args += ["--vpp", "2", "--grad-accum", "4"]
-    elif pp > 1 and MODELS[model] % 2 == 0 and draw(st.booleans()):
+    elif pp > 1 and draw(st.booleans()):
         first = draw(st.integers(1, MODELS[model] - 1))
         args += ["--pp-layers", f"{first},{MODELS[model] - first}"]
-    args += ["--checkpointing", draw(st.sampled_from(["none", "full", "selective", "every-2"]))]
-    args += ["--attention", draw(st.sampled_from(["flash", "eager"]))]
-    args += ["--precision", draw(st.sampled_from(["bf16-mixed", "fp32", "fp16-mixed"]))]
+    checkpointing = draw(
+        st.sampled_from(["none", "full"] if tuned else ["none", "full", "selective", "every-2"])
+    )
+    args += ["--checkpointing", checkpointing]
+    precision = draw(st.sampled_from(["bf16-mixed", "fp32", "fp16-mixed"]))
+    args += ["--precision", precision]
     optimizer = draw(st.sampled_from(["adamw", "adamw-8bit", "sgd-momentum", "lion"]))
     args += ["--optimizer", optimizer]
-    if optimizer == "adamw":
+    if optimizer == "adamw" and not tuned:
         args += ["--optimizer-impl", draw(st.sampled_from(["reference", "for-loop", "foreach", "fused"]))]
-    elif optimizer == "adamw-8bit" and draw(st.booleans()):
+    elif optimizer == "adamw-8bit" and not tuned and draw(st.booleans()):
         args += ["--optimizer-impl", "bitsandbytes"]
-    finetune = "full" if moe else draw(st.sampled_from(["full", "lora", "qlora"]))
-    args += ["--finetune", finetune]
-    if finetune == "full":
-        args += ["--offload", draw(st.sampled_from(["none", "optimizer", "params", "activations"]))]
-    args += ["--loss", draw(st.sampled_from(["standard", "fused", "chunked:2"]))]
-    if draw(st.booleans()):
-        args.append("--reversible")
+    plain = checkpointing == "none"
+    if not tuned:
+        # ZeRO-Offload steps an fp32 master copy of 16-bit weights: not under fp32
+        states = ["optimizer", "params"] if precision != "fp32" else []
+        offload = draw(st.sampled_from(["none", *states, *(["activations"] if plain else [])]))
+        args += ["--offload", offload]
+        if offload == "params":
+            args[args.index("--zero") + 1] = "3"  # parameter offload shards as ZeRO-3 does
+        args += ["--loss", draw(st.sampled_from(["standard", "fused", "chunked:2"]))]
+        if plain and offload != "activations" and draw(st.booleans()):
+            args.append("--reversible")
     gpu = draw(st.sampled_from(GPUS))
     if gpu != "none":
         args += ["--gpu", gpu]
