@@ -27,7 +27,9 @@ writes a gradient); a re-run forward moves its bytes again.
 The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the parameters the
 device owns.
 
-Known limitations (NB): fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
+Known limitations (NB): under fine-tuning the backward's FLOPs are the fine-tuned ones (a frozen weight
+skips dW: ``Flops.layer_linear_backward``), but the backward class's wave efficiency (``gemm``) still
+weighs every linear's dW shape; fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
 the lm head's softmax is not counted; compute is charged per class,
 never overlapped with another class.
 """

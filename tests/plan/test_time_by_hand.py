@@ -167,6 +167,24 @@ def test_compare_time_columns_by_hand() -> None:
         12 * RANK_PARAMS,
     )
     assert zero1["optimizer_memory"] == 12 * (RANK_PARAMS // 2)
+    # Activations on a rank (b 1, s 64): model-level token ids int64 [1, 64] and the bf16 rotary tables
+    # cos, sin [64, 16]; per layer the fp32 residuals into both RMSNorms [64, 64] with their fp32 rstd
+    # [64, 1] and bf16 outputs, the attention's input, q [1, 2, 64, 16], k and v [64, 16] (a rank's heads),
+    # the fp32 logsumexp [1, 2, 64], the flash RNG state (2 + 1 uint64), the core's output [64, 32], the
+    # MLP's input, gate, activation, up and down input [64, 64] (f/t = 64); the head's final norm (fp32
+    # input, rstd, bf16 output), lm_head input, fp32 log-probs [64, v/t = 128], int64 labels, fp32 total
+    # weight.
+    layer = 2 * (64 * 64 * 4 + 64 * 4 + 64 * 64 * 2) + 64 * 64 * 2 + 2 * 64 * 16 * 2 + 2 * (64 * 16 * 2)
+    layer += 2 * 64 * 4 + 3 * 8 + 64 * 32 * 2 + 5 * (64 * 64 * 2)
+    head = 64 * 64 * 4 + 64 * 4 + 64 * 64 * 2 + 64 * 64 * 2 + 64 * 128 * 4 + 64 * 8 + 4
+    activations = 64 * 8 + 2 * (64 * 16 * 2) + 2 * layer + head
+    assert zero0["activations"] == activations == 294_196
+    # The peak is the loss backward: weights, optimizer states and every save alive, no gradient yet,
+    # nll_loss's and log_softmax's fp32 [T, v/t] gradients, and the fp32 loss scalar; below weights +
+    # optimizer + gradients + activations, so the column "transient" (what the peak adds on those) is 0.
+    peak = 2 * RANK_PARAMS + 12 * RANK_PARAMS + activations + 2 * 4 * T * 128 + 4
+    assert zero0["peak"] == peak
+    assert zero0["transient"] == max(0, peak - (16 * RANK_PARAMS + activations)) == 0
     assert zero0["fits"] is zero1["fits"] is True
     # ZeRO 1: the optimizer step moves half the bytes; the gradients are reduce-scattered (half the
     # ring's all-reduce traffic and latency) and the weights all-gathered, both hidden behind compute
