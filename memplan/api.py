@@ -17,6 +17,7 @@ Every user mistake raises a one-line ``ValueError`` (``field: what is wrong; fix
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,8 @@ from memplan.config import (
     parse_offload,
 )
 from memplan.engine import Result, estimate
+from memplan.options import DEFAULT_GPU, LISTS
 from memplan.options import DEFAULT_SEQ as DEFAULT_SEQ
-from memplan.options import LISTS
 from memplan.options import Options as Options
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
 from memplan.search.budget import (
@@ -248,6 +249,9 @@ def setup_of(o: Options) -> Setup:
             use_cache=o.use_cache,
             reentrant=o.reentrant,
             flash_attn=o.flash_attn,
+            attention_kernel=o.attention_kernel,
+            compile=o.compile,
+            fp8=o.fp8,
             experts=o.experts,
         ),
     )
@@ -276,10 +280,24 @@ def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | No
     return host_fit(result, gib, gpu.topology.gpus_per_node if gpu else NODE_GPUS)
 
 
+def gpu_memory_bytes(gib: float) -> int:
+    """``--gpu-memory`` GiB → bytes; a one-line ``ValueError`` unless positive, finite and whole bytes."""
+    if not (math.isfinite(gib) and 0 < gib < 2**30):  # below 1 EiB: any real device
+        raise ValueError(f"gpu-memory: must be a positive number of GiB, got {gib:g}; e.g. --gpu-memory 48")
+    n = int(gib * 2**30)
+    if n < 1:
+        raise ValueError(f"gpu-memory: {gib:g} GiB is less than a byte; e.g. --gpu-memory 48")
+    return n
+
+
 def gpu_of(o: Options, name: str) -> GpuPreset:
-    """The GPU preset ``name`` with ``o``'s topology settings (``--gpus-per-node``, ``--intra-node-bw``,
-    ``--inter-node-bw``) in place of its own."""
+    """The GPU preset ``name`` with ``o``'s settings in place of its own: ``--gpu-memory`` (its name then
+    says so: ``h100-sxm with 48 GiB``) and the topology (``--gpus-per-node``, ``--intra-node-bw``,
+    ``--inter-node-bw``)."""
     gpu = load_gpu(name)
+    if o.gpu_memory is not None:
+        memory = gpu_memory_bytes(o.gpu_memory)
+        gpu = gpu.model_copy(update={"memory_bytes": memory, "name": f"{gpu.name} with {o.gpu_memory:g} GiB"})
     topology = gpu.topology.with_overrides(o.gpus_per_node, o.intra_node_bw, o.inter_node_bw)
     return gpu if topology == gpu.topology else gpu.model_copy(update={"topology": topology})
 
@@ -287,7 +305,7 @@ def gpu_of(o: Options, name: str) -> GpuPreset:
 def build(o: Options) -> Built:
     """Estimate the configuration ``o`` describes; ``ValueError`` (one line) for any user mistake."""
     result = estimate(setup_of(o))
-    if o.gpu is None:
+    if o.gpu is None and o.gpu_memory is None:
         host = _host(o, result, None)
         if o.mfu is not None or o.step_time is not None or o.tokens is not None:
             raise ValueError(
@@ -304,7 +322,7 @@ def build(o: Options) -> Built:
         return Built(o, result, None, None, None, host)
     from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
 
-    gpu = gpu_of(o, o.gpu)
+    gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)

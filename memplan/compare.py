@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from memplan.api import Built, Options, build, load_model, to_json
-from memplan.config import checkpointing_label
+from memplan.config import MethodChoice, checkpointing_label
 from memplan.errors import describe_validation_error, one_line_validation_error
 from memplan.search.budget import terms
 
@@ -179,17 +181,46 @@ def row_json(row: Row) -> dict[str, Any]:
     }
 
 
+QLORA_ONLY = ("quant", "double_quant")
+"""Options that describe QLoRA's 4-bit base: under ``--vary finetune=…`` they apply to the qlora rows only."""
+ADAPTERS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+"""Options of the adapters: under ``--vary finetune=…`` they apply to the lora and qlora rows only."""
+
+
+def _for_method(base: dict[str, Any], change: dict[str, str]) -> dict[str, Any]:
+    """``base`` without the fine-tuning options that do not apply to the row's method, when the method is
+    what varies (``--vary finetune=lora,qlora --double-quant``: double quantisation on the qlora row); a
+    method given once keeps them, and a mismatch stays the user's error."""
+    method = change.get("finetune", "").strip().lower()
+    if method not in {m.value for m in MethodChoice}:
+        return base
+    drop = set(QLORA_ONLY) if method != MethodChoice.QLORA else set()
+    if method == MethodChoice.FULL:
+        drop |= set(ADAPTERS)
+    return {k: v for k, v in base.items() if k not in drop}
+
+
 def _options(base: dict[str, Any], model: str, change: dict[str, str]) -> Options:
     try:
-        return Options.model_validate({**base, "model": model, **change})
+        return Options.model_validate({**_for_method(base, change), "model": model, **change})
     except ValidationError as exc:
         raise ValueError(one_line_validation_error(exc, "vary")) from None
 
 
-def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[str]]]) -> list[Row]:
-    """Every combination, built. A combination that cannot be planned (a bad value, a layout that does not
-    fit its model) is the user's mistake: a one-line ``ValueError`` with the reason of the first such row
-    and that row's settings, never a row of dashes."""
+def row_count(models: list[str], varies: list[tuple[str, list[str]]]) -> int:
+    """How many rows ``rows`` builds: the models × each vary's values."""
+    return len(models) * math.prod(len(values) for _, values in varies)
+
+
+def rows(
+    base: dict[str, Any],
+    models: list[str],
+    varies: list[tuple[str, list[str]]],
+    on_row: Callable[[], None] | None = None,
+) -> list[Row]:
+    """Every combination, built (``on_row`` is called after each: the progress bar). A combination that
+    cannot be planned (a bad value, a layout that does not fit its model) is the user's mistake: a one-line
+    ``ValueError`` with the reason of the first such row and that row's settings, never a row of dashes."""
     if not models:
         raise ValueError("model: required; pass --model NAME or a list, e.g. --model 7b,70b")
     for model in models:
@@ -202,6 +233,8 @@ def rows(base: dict[str, Any], models: list[str], varies: list[tuple[str, list[s
         options = _options(base, model, change)  # a value of the wrong type is the user's error: raise
         try:
             out.append(Row(settings, build(options)))
+            if on_row is not None:
+                on_row()
         except ValidationError as exc:  # a ValueError too: first
             raise ValueError(_in_row(describe_validation_error(exc), settings)) from None
         except ValueError as exc:

@@ -104,7 +104,7 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     over dp × cp / ep."""
     t, s = setup.training, setup.strategy
     if lora.applies(setup):  # one stage, dense: check_finetune
-        return finetune_states(setup, params)
+        return bnb_states(finetune_states(setup, params), setup)  # 8-bit states of the trainable tensors
     shards = context_parallel.state_shards(setup)
     experts = pc.expert_params * st.layers
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards)

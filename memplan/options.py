@@ -14,8 +14,10 @@ from pydantic.config import JsonDict
 
 from memplan.config import (
     AttentionChoice,
+    AttentionKernel,
     Device,
     ExpertsImpl,
+    Fp8Recipe,
     Frozen,
     Impl,
     MethodChoice,
@@ -26,6 +28,9 @@ from memplan.config import (
     TrainingConfig,
 )
 from memplan.search.budget import DEFAULT_RESERVE_GIB
+
+DEFAULT_GPU = "h100-sxm"
+"""The GPU preset ``--gpu-memory`` takes everything but the memory from when ``--gpu`` is not given."""
 
 DEFAULT_SEQ = TrainingConfig().seq_len
 """``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
@@ -150,6 +155,25 @@ class Options(Frozen):
         _STRATEGY,
         default=False,
     )
+    attention_kernel: AttentionKernel = _option(
+        "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
+        "flash-attn 2 run), fa2, or fa3 (FlashAttention-3, Hopper only)",
+        _STRATEGY,
+        default=AttentionKernel.AUTO,
+    )
+    compile: bool = _option(
+        "torch.compile of each block: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) "
+        "into one kernel (step time), and AOTAutograd's partitioner recomputes the fp32 norm upcasts and "
+        "silu(g) (memory; --impl reference dense RMSNorm/SwiGLU blocks, else a note; trace --compile)",
+        _STRATEGY,
+        default=False,
+    )
+    fp8: Fp8Recipe = _option(
+        "torchao float8 training of the layers' linears: none, tensorwise or rowwise scaling (their GEMMs at "
+        "the GPU's FP8 peak plus the casts' traffic); changes the step time only",
+        _STRATEGY,
+        default=Fp8Recipe.NONE,
+    )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "
@@ -225,9 +249,18 @@ class Options(Frozen):
         show_default=False,
     )
     gpu: str | None = _option(
-        "GPU preset: marks fit / not fit, gives the time (`memplan gpus`)",
+        "GPU preset name (`memplan gpus` lists them) or a GPU preset .toml file with the fields of "
+        "presets/gpus/*.toml (memory_bytes, peak_tflops, bandwidths, [topology]): marks fit / not fit, "
+        "gives the time",
         _GPU,
-        metavar="NAME",
+        metavar="NAME|FILE",
+        show_default=False,
+    )
+    gpu_memory: float | None = _option(
+        "A custom GPU's memory in GiB (2³⁰ bytes), e.g. 48: judged against this much memory, with the "
+        f"rest (FLOP/s, bandwidths, topology) from --gpu, else {DEFAULT_GPU}",
+        _GPU,
+        metavar="GiB",
         show_default=False,
     )
     mfu: float | None = _option(

@@ -133,6 +133,54 @@ _FLOPS_OBJ = _obj(
 )
 
 
+_ARGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+_VERDICT = _obj(
+    {
+        "gpu": _with({"type": "string"}, "the GPU judged against: --gpu, else a GPU preset"),
+        "gpu_given": {"type": "boolean"},
+        "memory_bytes": _BYTES,
+        "usable_bytes": _with(_BYTES, "memory_bytes − the reserve (--reserve)"),
+        "peak": _BYTES,
+        "phase": {"type": "string"},
+        "fits": {"type": "boolean"},
+        "headroom": {"type": "integer", "description": "usable − peak, bytes (negative: does not fit)"},
+        "devices": _POSITIVE,
+        "terms": _with(
+            {"type": "object", "additionalProperties": _BYTES, "maxProperties": 3},
+            "the three largest terms of the peak moment, bytes",
+        ),
+        "counts": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "gpu": {"type": "string"},
+                    "usable_bytes": _BYTES,
+                    "devices": {"type": ["integer", "null"], "minimum": 1},
+                    "dp": {"type": ["integer", "null"], "minimum": 1},
+                    "args": _ARGS,
+                    "peak": _BYTES,
+                }
+            ),
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "suggestions": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "args": _ARGS,
+                    "command": _ARGS,
+                    "peak": _BYTES,
+                    "fits": {"type": "boolean"},
+                    "devices": _POSITIVE,
+                    "why": {"type": "string"},
+                }
+            ),
+        },
+    }
+)
+"""``estimate --json``'s ``verdict`` (``memplan.advice.Advice``): the answer the panel leads with."""
+
+
 def _setting(field: FieldInfo) -> dict[str, Any]:
     """The schema of one setting, from its config field: what ``Setup.settings`` writes for it."""
     kind = field.annotation
@@ -233,7 +281,7 @@ _STAGE = _obj(
     }
 )
 
-_VERDICT = _obj(
+_FIT_VERDICT = _obj(
     {
         "gpu": _NAME,
         "memory_bytes": _with(_BYTES, "the GPU's capacity"),
@@ -348,10 +396,15 @@ _ESTIMATE: dict[str, Any] = {
                 "description": "the mixture of experts' settings and routing",
             },
             "stages": {"type": "array", "items": _STAGE, "description": "every pipeline stage's device"},
-            "fit": {"oneOf": [_VERDICT, {"type": "null"}], "description": "with --gpu: the memory verdict"},
+            "fit": {"oneOf": [_FIT_VERDICT, {"type": "null"}], "description": "with --gpu: the memory fit"},
             "time": {"oneOf": [_TIME, {"type": "null"}], "description": "with --gpu: the step time"},
             "host_fit": _with(_HOST_FIT, "with --host-memory or offload on a GPU preset with a host"),
             "timeline": _with(_TIMELINE, "with --timeline: memory at each moment of the step"),
+            "verdict": _VERDICT,
+            "notes": _with(
+                {"type": "array", "items": {"type": "string"}},
+                "settings that pass but deserve a word (a sequence past the model's positions, …)",
+            ),
         },
         required=["params", "memory", "activations", "flops"],
     ),

@@ -148,7 +148,6 @@ CASES: list[Case] = [
     case("unknown-optimizer-impl", "estimate -m 70b --optimizer-impl apex", "optimizer-impl"),
     case("torch-impl-for-sgd", "estimate -m 70b --optimizer sgd --optimizer-impl fused", "optimizer_impl"),
     case("bnb-impl-for-adamw", "estimate -m 70b --optimizer-impl bitsandbytes", "optimizer_impl"),
-    case("torch-impl-for-lora", "estimate -m 70b --finetune lora --optimizer-impl foreach", "optimizer_impl"),
     case("unknown-attention", "estimate -m 70b --attention sparse", "attention"),
     case("unknown-device", "estimate -m 70b --device tpu", "device"),
     case("unknown-preset", "estimate -m nosuch", "model"),

@@ -21,13 +21,14 @@ from memplan.config import (
     ImplConfig,
     ModelConfig,
     MoEConfig,
+    Optimizer,
     OptimizerImpl,
     Setup,
     StrategyConfig,
     TrainingConfig,
     ZeroStage,
 )
-from memplan.config.finetune import Method
+from memplan.config.finetune import Method, Target
 
 H, V, F, L, P = 64, 1000, 160, 2, 32
 KV = 32  # 2 kv heads of 16
@@ -221,7 +222,7 @@ def test_the_default_implementation(impl: Impl, optimizer: str, device: str, exp
     assert chosen(impl, optimizer, device) is expected
 
 
-def test_fine_tuning_steps_the_reference_optimizer_and_refuses_a_torch_one() -> None:
+def test_fine_tuning_defaults_to_the_reference_optimizer_and_takes_a_torch_one() -> None:
     lora = FineTune(method=Method.LORA)
     assert chosen(Impl.HF, finetune=lora) is OptimizerImpl.REFERENCE
     explicit = TrainingConfig(seq_len=P, optimizer_impl=OptimizerImpl.REFERENCE)
@@ -231,11 +232,75 @@ def test_fine_tuning_steps_the_reference_optimizer_and_refuses_a_torch_one() -> 
     fused = s.model_copy(
         update={"training": explicit.model_copy(update={"optimizer_impl": OptimizerImpl.FUSED})}
     )
-    with pytest.raises(ValueError) as err:
-        ost.optimizer_impl(fused)
-    assert str(err.value) == (
-        "optimizer_impl: fused is modelled for full training (every parameter stepped); with --finetune "
-        "lora|qlora or --freeze use --optimizer-impl reference"
-    )
+    assert ost.optimizer_impl(fused) is OptimizerImpl.FUSED  # explicit: stepped over the adapters
     full = fused.model_copy(update={"finetune": FineTune()})
     assert ost.optimizer_impl(full) is OptimizerImpl.FUSED
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fine-tuning: only what trains is stepped (issue #20: QLoRA's frozen embedding was counted)
+# ----------------------------------------------------------------------------------------------------
+Q, KVW = 64, 32  # q width (4 heads of 16) and k/v width (2 kv heads of 16) of ``setup()``'s model
+
+
+def tuned(ft: FineTune, impl: OptimizerImpl | None = None, **training: Any) -> Setup:
+    s = setup()
+    t = s.training.model_copy(update={"optimizer_impl": impl, **training})
+    return Setup.model_validate({**s.model_dump(), "finetune": ft.model_dump(), "training": t.model_dump()})
+
+
+def test_lora_steps_its_adapters_only() -> None:
+    """LoRA r 8 on q, v: per layer A_q [8, H], B_q [Q, 8], A_v [8, H], B_v [KV, 8] (module order; peft
+    registers lora_A before lora_B); the frozen embedding [V, H] and head are never stepped."""
+    s = tuned(FineTune(method=Method.LORA))
+    assert ost.trainable_shapes(s) == [(8, H), (Q, 8), (8, H), (KVW, 8)] * L
+    # The reference optimizer's temporaries for the largest (512 elements), bf16-mixed AdamW: the fp32
+    # gradient copy (4 B) and the fp32 denominator (4 B) per element — not the [V, H] embedding's 64,000.
+    assert ost.step_transient(s) == 512 * (4 + 4)
+
+
+def test_all_linear_lora_with_a_frozen_layer() -> None:
+    """r 4 on every linear, layer 0 frozen: layer 1's adapters in module order q, k, v, o, gate, up, down."""
+    ft = FineTune(method=Method.LORA, rank=4, targets=tuple(Target), freeze_layers=(0, 0))
+    s = tuned(ft)
+    adapters = [(4, H), (Q, 4), (4, H), (KVW, 4), (4, H), (KVW, 4), (4, Q), (H, 4)]
+    adapters += [(4, H), (F, 4), (4, H), (F, 4), (4, F), (H, 4)]
+    assert ost.trainable_shapes(s) == adapters
+
+
+def test_full_fine_tuning_with_frozen_parts_steps_the_rest() -> None:
+    """Frozen embedding and layer 0: the untied head [V, H], layer 1 (norms, q, k, v, o, gate, up, down),
+    the final norm."""
+    s = tuned(FineTune(freeze_embeddings=True, freeze_layers=(0, 0)))
+    layer = [(H,), (H,), (Q, H), (KVW, H), (KVW, H), (H, Q), (F, H), (F, H), (H, F)]
+    assert ost.trainable_shapes(s) == [(V, H), *layer, (H,)]
+
+
+def test_qlora_takes_the_torch_and_bitsandbytes_optimizers() -> None:
+    """An explicit implementation steps the adapters: sizes 512, 512, 512, 256 per layer (r 8 on q, v)."""
+    ft = FineTune(method=Method.QLORA)
+    loop = tuned(ft, OptimizerImpl.FOR_LOOP)
+    # _single_tensor_adam: e·max(N_{i-1} + 2·N_i) = 4·(512 + 2·512), the fp32 master under bf16-mixed
+    assert ost.step_transient(loop) == 4 * (512 + 2 * 512)
+    each = tuned(ft, OptimizerImpl.FOREACH)
+    assert ost.step_transient(each) == 4 * (512 * 3 + 256) * L  # _foreach_sqrt: one copy of each
+    bnb = tuned(ft, OptimizerImpl.BITSANDBYTES, optimizer=Optimizer.ADAMW_8BIT)
+    # Every adapter has < 4,096 elements: bitsandbytes keeps fp32 state1 and state2 (8 B each element).
+    assert bnb_states_of(bnb) == 8 * (512 * 3 + 256) * L
+
+
+def bnb_states_of(s: Setup) -> int:
+    from memplan.engine import estimate
+
+    return estimate(s).device.states.optimizer_states
+
+
+def test_qlora_70b_steps_no_frozen_embedding() -> None:
+    """Llama-3-70B under QLoRA r 8 on q, v: the largest trainable tensor is A_q [8, 8192] (= B_q [8192, 8],
+    A_v) of 65,536 elements; the step's temporaries are 8 B each (fp32 gradient copy + fp32 denominator).
+    Before the fix it was the frozen [128256, 8192] embedding: 8.4 GB."""
+    from memplan.api import Options, setup_of
+
+    s = setup_of(Options(model="70b", finetune="qlora", checkpointing="full"))
+    assert max(ost.step_tensors(s)) == 8 * 8192
+    assert ost.step_transient(s) == 8 * 8192 * 8

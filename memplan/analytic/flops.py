@@ -59,12 +59,12 @@ class Flops(BaseModel):
     layer_linear: int
     layer_attention: int
     lm_head: int
-    # Breakdown of the backward pass (what is not here is the attention core's backward).
+    # Breakdown of the backward pass (the rest of ``backward`` is the attention core's).
     layer_linear_backward: int
-    """The layers' linears' dX and dW: 2 × ``layer_linear`` in full training; less under fine-tuning, where
-    a frozen weight skips its dW (``strategies.lora._linear``)."""
+    """The layers' linears: dX and dW, 2 × ``layer_linear`` in full training; a frozen linear's dX only
+    (none when its input needs no gradient) and the adapters' products under fine-tuning."""
     lm_head_backward: int
-    """The lm head's dX and dW in the backward phase (0 under the fused loss, which makes them forward)."""
+    """The lm head's dX and dW in backward (0 under the fused loss, which runs them in its forward)."""
 
     @property
     def total(self) -> int:

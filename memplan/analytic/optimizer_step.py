@@ -30,7 +30,7 @@ Known limitations:
   Megatron step in the reference model's order here.
 - NB: the fp32 gradients of the master copy under a mixed recipe are the framework's, not counted here
   (the reference optimizer upcasts one tensor at a time; torch.optim cannot).
-- NB: LoRA / QLoRA / --freeze are modelled with the reference optimizer only (``optimizer_impl``).
+- LoRA / QLoRA / --freeze: every implementation steps the trainable tensors only (``trainable_shapes``).
 - NB: a pipeline stage steps its own layers but is counted with the embedding and head too (the list is
   the rank's model cut to the stage's layers): an upper bound off the first and last stages.
 - NB: bitsandbytes on CPU runs a Python fallback (backends/cpu/ops.py) with temporaries of its own, inside
@@ -58,6 +58,8 @@ from memplan.config import (
     Setup,
     ZeroStage,
 )
+from memplan.config.finetune import Target, linear_shapes
+from memplan.config.trainable import adapted, base_trains, embedding_trains, final_norm_trains, head_trains
 from memplan.strategies.zero import shard
 
 Shape = tuple[int, ...]
@@ -77,15 +79,11 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
     (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
     torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
     every parameter is on a foreach device — cuda, not cpu; never fused by default). Fine-tuning (LoRA,
-    frozen parts) steps the reference optimizer: the torch implementations are modelled for full
-    training only (an explicit one is an error)."""
+    frozen parts) defaults to the reference optimizer; an explicit implementation steps the trainable
+    tensors only (``trainable_shapes``: the optimizer is built over the ``requires_grad`` parameters, as
+    transformers' Trainer builds it), so a frozen tensor has no state and no step."""
     t = setup.training
     if t.optimizer_impl is not None:
-        if t.optimizer_impl is not OptimizerImpl.REFERENCE and not setup.finetune.trains_everything:
-            raise ValueError(
-                f"optimizer_impl: {t.optimizer_impl} is modelled for full training (every parameter "
-                "stepped); with --finetune lora|qlora or --freeze use --optimizer-impl reference"
-            )
         return t.optimizer_impl
     if (
         setup.impl.impl is Impl.REFERENCE
@@ -185,12 +183,44 @@ def parameter_shapes(setup: Setup) -> list[Shape]:
     return (layout or _reference_shapes)(m)
 
 
+def _adapter_shapes(m: ModelConfig, targets: frozenset[Target], rank: int) -> list[Shape]:
+    """One layer's LoRA adapters in module order (q, k, v, o, then the MLP's gate, up, down; measure/lora.py
+    ``LoraLinear`` and peft's ``lora.Linear`` alike): A [r, in] then B [out, r] for each adapted linear."""
+    shapes = linear_shapes(m)
+    return [s for t in Target if t in targets for s in ((rank, shapes[t][0]), (shapes[t][1], rank))]
+
+
+def _finetune_shapes(setup: Setup) -> list[Shape]:
+    """The tensors that train under ``--finetune``/``--freeze``, in the reference model's ``parameters()``
+    order (``_reference_shapes`` with the frozen ones dropped and each layer's adapters in place).
+    NB: full fine-tuning with frozen parts under ``--impl hf`` steps in this order too (transformers
+    registers the lm head last): only the for-loop's transient depends on the order."""
+    m, ft = setup.model, setup.finetune
+    h = m.hidden_size
+    shapes: list[Shape] = []
+    if embedding_trains(setup):
+        shapes.append((m.vocab_size, h))
+        shapes += [(m.max_positions, h)] if m.position is PositionType.LEARNED else []
+    if not m.tied_embeddings and head_trains(setup):
+        shapes.append((m.vocab_size, h))
+    for i in range(m.num_layers):
+        shapes += _layer_shapes(m) if base_trains(setup, i) else []
+        shapes += _adapter_shapes(m, adapted(setup, i), ft.rank)
+    return shapes + (_norm_shapes(m) if final_norm_trains(setup) else [])
+
+
+def trainable_shapes(setup: Setup) -> list[Shape]:
+    """The tensors the optimizer steps, in order: every parameter under full training
+    (``parameter_shapes``), else the trainable ones (``_finetune_shapes``)."""
+    return parameter_shapes(setup) if setup.finetune.trains_everything else _finetune_shapes(setup)
+
+
 def step_tensors(setup: Setup) -> list[int]:
-    """Elements of each tensor one rank steps, in order: whole parameters, or under ZeRO ≥ 1 over dp > 1
-    the rank's ``torch.chunk`` of each along dim 0 (⌈rows/dp⌉ rows; FSDP2's ``Shard(0)``)."""
+    """Elements of each tensor one rank steps, in order: whole trainable parameters, or under ZeRO ≥ 1 over
+    dp > 1 the rank's ``torch.chunk`` of each along dim 0 (⌈rows/dp⌉ rows; FSDP2's ``Shard(0)``)."""
     s = setup.strategy
     sharded = s.zero >= ZeroStage.OPTIMIZER and s.dp > 1
-    return [shard(shape[0], s.dp, sharded) * math.prod(shape[1:]) for shape in parameter_shapes(setup)]
+    return [shard(shape[0], s.dp, sharded) * math.prod(shape[1:]) for shape in trainable_shapes(setup)]
 
 
 def for_loop_transient(sizes: list[int], e: int) -> int:
@@ -217,7 +247,11 @@ def step_transient(setup: Setup) -> int:
     """Bytes the optimizer step allocates above the states at its peak, by implementation."""
     impl = optimizer_impl(setup)
     if impl is OptimizerImpl.REFERENCE:
-        return optimizer_transient(setup, largest_step_tensor(setup))
+        # Full training: the largest 2-D weight (``largest_step_tensor``); fine-tuning: the largest tensor
+        # that trains — a frozen embedding is never stepped.
+        full = setup.finetune.trains_everything
+        largest = largest_step_tensor(setup) if full else max(step_tensors(setup), default=0)
+        return optimizer_transient(setup, largest)
     sizes = step_tensors(setup)
     e = setup.training.precision.state_bytes  # the stepped dtype: the fp32 master, or the parameters' own
     if impl is OptimizerImpl.FOR_LOOP:

@@ -38,6 +38,13 @@ def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...
             inner("act", "act(g) for the product act(g)·u: du needs it"),
             inner("down_input", "input of W_down: dW = Xᵀ·dY"),
         ]
+    if setup.model.mlp is MlpType.SWIGLU and profile_of(setup).compiled_block:
+        # The compiled block recomputes silu(g) from g in backward (Profile.compiled_block).
+        return [
+            inner("gate", "gate projection: silu(g) and silu'(g) are recomputed from it"),
+            inner("up", "up projection for the product: d silu(g) needs u"),
+            inner("down_input", "input of W_down: dW = Xᵀ·dY"),
+        ]
     if setup.model.mlp is MlpType.SWIGLU:
         return [
             inner("gate", "gate projection: silu'(g) needs g"),

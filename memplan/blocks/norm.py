@@ -21,6 +21,8 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
     if profile_of(setup).fused_norm:
         return fused_norm_rules(setup, block, dims)
+    if profile_of(setup).compiled_block and block is not Block.FINAL_NORM:  # the final norm runs eagerly
+        return compiled_rms_rules(block, "", (b, s, h), act)
     if setup.model.norm is NormType.RMSNORM:
         return rms_rules(setup, block, "", (b, s, h))
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
@@ -51,6 +53,18 @@ def fused_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
             block, "input", (b, s, h), dims.act, R.NORM_INPUT, "the fused norm's backward rebuilds x̂ from x"
         ),
         *[save(block, name, (b, s, 1), FP32, R.NORM_STATS, why) for name in (*stats, "rstd")],
+    ]
+
+
+def compiled_rms_rules(block: Block, prefix: str, shape: tuple[int, ...], act: DType) -> list[Rule]:
+    """An RMSNorm inside a compiled block (``Profile.compiled_block``): the partitioner keeps x in the
+    activation dtype and the fp32 rstd, and recomputes the fp32 upcast x32 and x32·rstd in backward
+    (cheaper to rebuild by one element-wise pass than to keep in fp32)."""
+    stats = (*shape[:-1], 1)
+    why = "kept by the compiled block: backward recomputes x32 and x32·rstd from x and rstd"
+    return [
+        save(block, prefix + "input", shape, act, R.NORM_INPUT, why),
+        save(block, prefix + "rstd", stats, FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
     ]
 
 
@@ -89,6 +103,9 @@ def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if not setup.model.qk_norm:
         return []
     b, s, d = dims.b, dims.s, dims.d
+    if profile_of(setup).compiled_block:  # the projections' outputs and rstd (compiled_rms_rules)
+        q = compiled_rms_rules(Block.ATTN, "q_norm.", (b, dims.a, s, d), dims.act)
+        return q + compiled_rms_rules(Block.ATTN, "k_norm.", (b, dims.kv, s, d), dims.act)
     q = rms_rules(setup, Block.ATTN, "q_norm.", (b, dims.a, s, d))
     return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, dims.kv, s, d))
 
@@ -107,6 +124,9 @@ def norm_backward_transient(setup: Setup, dims: Dims) -> int:
     dX [T, h].
     """
     t, h = dims.tokens, dims.h
-    if setup.model.norm is NormType.LAYERNORM or profile_of(setup).fused_norm:
+    prof = profile_of(setup)
+    # NB: a compiled block's backward is one generated kernel graph; its norm's transient is taken as a
+    # fused kernel's (dY and dX), not measured.
+    if setup.model.norm is NormType.LAYERNORM or prof.fused_norm or prof.compiled_block:
         return 2 * t * h * dims.act.bytes
     return 5 * 4 * t * h

@@ -133,6 +133,16 @@ class Profile:
     kernel: ``rms_norm_symint`` in aten/src/ATen/native/layer_norm.cpp) multiplies x32·rstd by the weight
     in fp32 and casts the product back (``type_as``): the mul with the weight keeps the normalised x in
     fp32, not in the activation dtype (2·b·s·h B more per norm in bf16)."""
+    compiled_block: bool = False
+    """Each transformer block under ``torch.compile`` (torchtitan's ``apply_compile``: one
+    ``torch.compile(block)`` a layer; the embedding, final norm, head and loss stay eager). AOTAutograd's
+    ``min_cut_rematerialization_partition`` (torch/_functorch/partitioners.py) chooses what the compiled
+    forward returns for backward: the cheapest cut that lets backward recompute the element-wise ops
+    (``default_recomputable_ops``). Measured on the reference block under fake tensors
+    (``measure.compiled``; Llama 2/3 and Qwen3 shapes): each RMSNorm keeps its input in the activation
+    dtype (the layer input; before the MLP, W_O's output, re-added to it) and the fp32 rstd — the fp32
+    upcast and the normalised x are recomputed; SwiGLU keeps gate, up and their product, not silu(g); the
+    rest as eager (W_Q/W_K/W_V's input w·n, q and k after RoPE, v, the flash output and lse)."""
     rope_cache_per_layer: bool = False
     """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
     [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k
@@ -164,3 +174,5 @@ class Profile:
 
 
 REFERENCE = Profile()
+COMPILED_REFERENCE = Profile(compiled_block=True)
+"""The reference model with every block under ``torch.compile`` (``--compile``; ``compile_modelled``)."""

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 from memplan.blocks import megatron, torchtitan
 from memplan.blocks.hf import hf_profile
-from memplan.blocks.profile import REFERENCE, Profile
-from memplan.config import Checkpointing, Device, DType, Impl, Setup
+from memplan.blocks.profile import COMPILED_REFERENCE, REFERENCE, Profile
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    DType,
+    GateActivation,
+    Impl,
+    MlpType,
+    NormType,
+    PositionType,
+    Setup,
+)
 
 
 def checkpoints_alone(setup: Setup) -> bool:
@@ -29,7 +40,50 @@ def profile_of(setup: Setup) -> Profile:
         return megatron.profile(setup)
     if setup.impl.impl is Impl.TORCHTITAN:
         return torchtitan.profile(setup)
-    return REFERENCE
+    return COMPILED_REFERENCE if compile_modelled(setup) else REFERENCE
+
+
+def compile_modelled(setup: Setup) -> bool:
+    """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
+    measured (measure/compiled.py): the reference model's dense RMSNorm / SwiGLU blocks with flash
+    attention and no dropout, on one tensor- and context-parallel rank, full training. Elsewhere the
+    estimate keeps the eager code's saves and says so (``compile_note``)."""
+    m, s, p = setup.model, setup.strategy, setup.parallel
+    return (
+        setup.impl.compile
+        and setup.impl.impl is Impl.REFERENCE
+        and m.norm is NormType.RMSNORM
+        and m.mlp is MlpType.SWIGLU
+        and m.moe is None
+        and s.attention is Attention.FLASH
+        and not (m.attn_dropout or m.resid_dropout or m.embd_dropout)
+        and not (m.qkv_bias or m.out_bias or m.mlp_bias)
+        and not m.post_norms
+        and not m.parallel_residual
+        and m.gate_act is GateActivation.SILU
+        and m.position is PositionType.ROPE
+        and m.rotary_pct == 1.0
+        and m.sliding_window is None
+        and m.sliding_window_pattern is None
+        and m.attn_softcap is None
+        and p.tp == 1
+        and p.cp == 1
+        and s.checkpointing in (Checkpointing.NONE, Checkpointing.FULL)
+        and not s.reversible
+        and setup.finetune.trains_everything
+    )
+
+
+def compile_note(setup: Setup) -> str | None:
+    """One line when ``--compile`` is given but its saved set is not modelled for this setup."""
+    if not setup.impl.compile or compile_modelled(setup):
+        return None
+    return (
+        "compile: torch.compile's saved set is modelled for --impl reference dense RMSNorm/SwiGLU blocks "
+        "with flash attention, no dropout or biases, tp 1, cp 1, full training and checkpointing none or "
+        "full (measured: memplan trace --compile); here the memory is the eager code's, the step time the "
+        "compiled kernels'"
+    )
 
 
 def dropout_keeps(setup: Setup, dtype: DType) -> DType:

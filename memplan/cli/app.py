@@ -91,18 +91,35 @@ def main_options(
     PyTorch."""
 
 
+SummaryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--summary",
+        help="Print the verdict panel alone: fits or not, the GPUs it needs, the peak's largest terms and "
+        "the commands that make it fit",
+        rich_help_panel="Output",
+    ),
+]
+
+
 @app.command("estimate", help=ESTIMATE_HELP)
 @handle_user_errors
 @with_options()
 def estimate_command(
     as_json: JsonOpt = False,
+    summary: SummaryOpt = False,
     timeline: TimelineOpt = False,
     plot: PlotOpt = None,
     **options: Any,
 ) -> None:
     if plot is not None:
         check_plot(plot)  # before any work: nothing half-written
+    if summary and (as_json or timeline):
+        raise ValueError("summary: prints the verdict panel alone; drop --json or --timeline (or --summary)")
+    from memplan.advice import advise
+
     built = build(options_of(options))
+    advice = advise(built)
     points: list[Point] = []
     if timeline or plot:
         from memplan.timeline import timeline as timeline_points
@@ -114,13 +131,19 @@ def estimate_command(
         write_plot(points, plot, f"{built.result.setup.model.name}: one training step")
     if as_json:
         out = to_json(built)
+        out["verdict"] = advice.to_json()
+        out["notes"] = advice.notes
         if timeline:
             out["timeline"] = [{"label": p.label, "bytes": p.bytes, **p.terms} for p in points]
         typer.echo(json.dumps(out, allow_nan=False))
         return
     from memplan.render.plan import step_report
+    from memplan.render.verdict import verdict_panel
 
     screen = console()
+    screen.print(verdict_panel(advice))
+    if summary:
+        return
     screen.print(step_report(built))
     if timeline:
         from memplan.render.timeline import timeline_chart
@@ -173,9 +196,10 @@ def main() -> None:
 
 
 # Sub-command modules add their commands last (they import cli.common, never this module's app).
-from memplan.cli import measure, schema, search  # noqa: E402
+from memplan.cli import calibrate, measure, schema, search  # noqa: E402
 
 measure.register(app)
+calibrate.register(app)
 search.register(app)
 schema.register(app)
 

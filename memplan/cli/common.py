@@ -21,6 +21,7 @@ import copy
 import functools
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +59,16 @@ _LISTS = "(`memplan presets` lists them)"
 # ----------------------------------------------------------------------------------------------------
 # Options: derived from api.Options, where each one is declared once
 # ----------------------------------------------------------------------------------------------------
+_MARKUP_TAG = re.compile(r"(\\*)(\[[a-z#/@][^[]*?])")
+
+
+def plain(text: str) -> str:
+    """Help text shown as written: typer renders help as rich markup, which takes ``[default: 2048]`` or
+    ``memplan[plot]`` for a style tag and drops it; a backslash before the bracket keeps it (the rule of
+    ``rich.markup.escape``, here without importing rich at start-up)."""
+    return _MARKUP_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
+
+
 def _typer_option(name: str, field: FieldInfo) -> Any:
     """``Annotated[type, typer.Option(...)]`` for an ``api.Options`` field: ``--name`` (``_`` → ``-``) and
     its extra flags, a ``--x/--no-x`` pair for a switch, choices case-insensitive, its help and panel."""
@@ -70,7 +81,7 @@ def _typer_option(name: str, field: FieldInfo) -> Any:
         annotation = annotation | None
     option = typer.Option(
         *flags,
-        help=field.description,
+        help=plain(field.description or ""),
         metavar=extra["metavar"],
         show_default=extra["show_default"],
         case_sensitive=False,
@@ -100,8 +111,10 @@ PlotOpt = Annotated[
     typer.Option(
         "--plot",
         metavar="FILE",
-        help="Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]'; "
-        "profile: the measured and the estimated curve as two lines)",
+        help=plain(
+            "Write that picture as a plot file (.svg, .png or .pdf; needs pip install 'memplan[plot]'; "
+            "profile: the measured and the estimated curve as two lines)"
+        ),
         show_default=False,
         rich_help_panel=_OUTPUT,
     ),

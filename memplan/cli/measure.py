@@ -22,10 +22,12 @@ from memplan.cli.common import (
     console,
     fail,
     options_of,
+    plain,
     user_errors,
     with_options,
 )
 from memplan.cli.nproc import LAYOUT_OPTIONS, check_memory
+from memplan.cli.progress import Bar
 from memplan.config import Device, Impl, Setup
 from memplan.engine import estimate
 
@@ -87,6 +89,7 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     "use_cache",
     "reentrant",
     "experts",
+    "compile",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )
@@ -98,7 +101,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
     With --cp it runs rank 0 of the ring (torch's own ring attention over a fake process group; --device
-    cpu); FLOPs × cp.
+    cpu); FLOPs × cp. With --compile each block's saves are what torch.compile's partitioner
+    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """
@@ -107,6 +111,8 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         _torch_or_fail()
         if setup.impl.impl is not Impl.REFERENCE:
             return _trace_impl(setup, as_json)
+        if setup.impl.compile:
+            return _trace_compiled(setup, as_json)
         from memplan.measure.compare import comparison_json
         from memplan.measure.model import check_runnable
         from memplan.measure.run import measure, trace_device
@@ -117,8 +123,13 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         est = estimate(setup)
         check_sizes(est.tensors)
         start = time.perf_counter()
-        with _progress(as_json, setup) as progress:
-            meas = measure(setup, fake=True, device=device, on_layer=progress)
+        with Bar("tracing", total=2 * setup.model.num_layers, unit="layer passes") as bar:
+            meas = measure(
+                setup,
+                fake=True,
+                device=device,
+                on_layer=lambda phase, layer: bar.advance(description=f"{phase} layer {layer}"),
+            )
         seconds = time.perf_counter() - start
         result = comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
@@ -144,7 +155,9 @@ def _trace_impl(setup: Setup, as_json: bool) -> None:
     measure_impl = check_traceable(setup)
     est = estimate(setup)
     start = time.perf_counter()
-    meas = measure_impl(setup)
+    with Bar("tracing") as bar:
+        bar.advance(0, f"{setup.impl.impl.value}'s {setup.model.name} under fake tensors")
+        meas = measure_impl(setup)
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
     result["seconds"] = round(seconds, 3)
@@ -161,39 +174,41 @@ def _trace_impl(setup: Setup, as_json: bool) -> None:
         raise typer.Exit(1)
 
 
-class _progress:
-    """A rich progress bar over forward and backward layers (silent with --json)."""
+def _trace_compiled(setup: Setup, as_json: bool) -> None:
+    """``trace --compile``: each block's saves from torch.compile's partitioner (measure/compiled.py), the
+    model's eager parts as they run; exact per layer, in total and in FLOPs."""
+    from memplan.blocks.profiles import compile_note
+    from memplan.measure.compiled import compiled_comparison_json, measure_compiled
 
-    def __init__(self, quiet: bool, setup: Setup) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    note = compile_note(setup)
+    if note is not None:
+        raise ValueError(note.replace("compile:", "compile: trace --compile needs a modelled setup;", 1))
+    if setup.device is not Device.CPU:
+        raise ValueError("device: trace --compile runs the CPU kernels; use --device cpu")
+    est = estimate(setup)
+    start = time.perf_counter()
+    meas = measure_compiled(setup)
+    seconds = time.perf_counter() - start
+    result = compiled_comparison_json(est, meas)
+    result["seconds"] = round(seconds, 3)
+    result["ran_on"] = "cpu"
+    if as_json:
+        typer.echo(json.dumps(result, allow_nan=False))
+    else:
+        from rich.console import Console
 
-        self.quiet, self.total = quiet, 2 * setup.model.num_layers
-        self.bar = Progress(
-            TextColumn("[bold]tracing[/bold] {task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} layer passes"),
-            TimeElapsedColumn(),
-            transient=True,
-        )
+        from memplan.render.measure import impl_trace_report
 
-    def __enter__(self) -> Any:
-        if self.quiet:
-            return None
-        self.bar.start()
-        self.task = self.bar.add_task("forward", total=self.total)
-        return self
-
-    def __call__(self, phase: str, layer: int) -> None:
-        self.bar.update(self.task, advance=1, description=f"{phase} layer {layer}")
-
-    def __exit__(self, *exc: object) -> None:
-        if not self.quiet:
-            self.bar.stop()
+        Console().print(impl_trace_report(result, seconds))
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
 
 
 DeviceRunOpt = Annotated[
     str | None,
-    typer.Option("--device", help="Where to run: cuda (when available) or cpu [default: cuda if available]"),
+    typer.Option(
+        "--device", help=plain("Where to run: cuda (when available) or cpu [default: cuda if available]")
+    ),
 ]
 
 
@@ -264,9 +279,22 @@ def profile(
         est = estimate(setup)
         check_sizes(est.tensors)
         check_memory(est.peak.bytes, est.peak.phase, dev, *prof_mod.available_memory(dev))
+        if not dev.startswith("cuda"):
+            _cpu_bf16_note(setup, est.flops.total * setup.training.grad_accum * (1 + warmup + steps))
         try:
-            with prof_mod.cuda_memory_snapshot(memory_snapshot):
-                prof = prof_mod.profile(setup, dev, warmup, steps, torch_trace, curve=bool(timeline or plot))
+            with (
+                prof_mod.cuda_memory_snapshot(memory_snapshot),
+                Bar("profiling", total=1 + warmup + steps, unit="passes") as bar,
+            ):
+                prof = prof_mod.profile(
+                    setup,
+                    dev,
+                    warmup,
+                    steps,
+                    torch_trace,
+                    curve=bool(timeline or plot),
+                    on_step=lambda what: bar.advance(description=what),
+                )
         except prof_mod.OUT_OF_MEMORY:
             from memplan.render.estimate import fmt_bytes
 
@@ -344,7 +372,7 @@ def _print_profile(
     from rich.console import Console
     from rich.text import Text
 
-    from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops
+    from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_flops, fmt_rate
     from memplan.render.measure import flop_table, profile_table, tensor_table, verdict
 
     t = result["time"]
@@ -355,8 +383,8 @@ def _print_profile(
             fmt_bytes(result["estimated"]["memory"]["activations"]),
             fmt_bytes(result["measured"]["memory"]["activations"]),
         ),
-        ("FLOPs per step", fmt_flops(flops), f"{t['achieved_tflops']:.3f} TFLOP/s achieved"),
-        ("step time (median)", "", f"{t['median_step_seconds'] * 1e3:.1f} ms on {dev}"),
+        ("FLOPs per step", fmt_flops(flops), f"{fmt_rate(t['achieved_tflops'] * 1e12)} achieved"),
+        ("step time (median)", "", f"{t['median_step_seconds'] * 1e3:,.1f} ms on {dev}"),
     ]
     console = Console()
     console.print(profile_table(rows))
@@ -365,6 +393,40 @@ def _print_profile(
     note = "" if dev.startswith("cuda") else " (CPU timings say little about a GPU)"
     console.print(Text(f"{BYTE_UNITS}{note}"))
     console.print(verdict(bool(result["diff"]["equal"]), "profile"))
+
+
+SLOW_BF16 = 2.0
+"""bf16 is called slow when its matmul runs at less than 1/SLOW_BF16 of fp32's (both measured now)."""
+
+
+def bf16_note(bf16: float, fp32: float, flops: int) -> str | None:
+    """What to tell the user before a CPU profile in bf16 whose matmuls run slower than fp32's (rates in
+    FLOP/s, measured on this CPU; ``flops``: the whole run's): None when bf16 is not slow."""
+    from memplan.render.estimate import fmt_flops, fmt_rate
+
+    if bf16 * SLOW_BF16 > fp32:
+        return None
+    return (
+        f"note: bf16 matmuls run at {fmt_rate(bf16)} on this CPU against {fmt_rate(fp32)} in fp32 (a 256³ "
+        "matmul, measured now): this CPU has no fast bf16 matmul kernel in this torch build (no AVX512-BF16 "
+        f"or AMX path), so this run's {fmt_flops(flops)} take ≈ {flops / bf16:,.0f} s or more at that rate; "
+        "--precision fp32 runs faster (its saved bytes differ from bf16's)"
+    )
+
+
+def _cpu_bf16_note(setup: Setup, flops: int) -> None:
+    """On CPU with bf16 activations: measure bf16's and fp32's matmul rates, say so on stderr when slow."""
+    from memplan.config import DType
+
+    if setup.training.precision.activation_dtype is not DType.BF16:
+        return
+    import torch
+
+    from memplan.measure.profile import matmul_rate
+
+    note = bf16_note(matmul_rate(torch.bfloat16), matmul_rate(torch.float32), flops)
+    if note is not None:
+        typer.echo(note, err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from memplan.cli.common import (
     handle_user_errors,
     option_default,
     options_of,
+    plain,
     with_options,
 )
 from memplan.config import (
@@ -104,7 +105,12 @@ def compare_command(
     models = [m.strip() for m in (model or "").split(",") if m.strip()]
     # Only what the user set: a --vary value then replaces it, and defaults stay Options' own.
     base = {k: v for k, v in options.items() if v != option_default(k)}
-    rows = cmp.sort_rows(cmp.rows(base, models, cmp.parse_vary(vary or [])), sort)
+    varies = cmp.parse_vary(vary or [])
+    from memplan.cli.progress import Bar
+
+    with Bar("estimating", total=cmp.row_count(models, varies), unit="rows") as bar:
+        built = cmp.rows(base, models, varies, on_row=lambda: bar.advance())
+    rows = cmp.sort_rows(built, sort)
     keys = cmp.columns(rows)
     if as_json:
         typer.echo(json.dumps({"columns": keys, "rows": [cmp.row_json(r) for r in rows]}, allow_nan=False))
@@ -187,7 +193,7 @@ def fit_command(
         typer.Option(
             "--global-batch",
             metavar="B",
-            help="Sequences per step [default: ≈ 4M tokens, at least one per GPU]",
+            help=plain("Sequences per step [default: ≈ 4M tokens, at least one per GPU]"),
             show_default=False,
         ),
     ] = None,
@@ -196,7 +202,7 @@ def fit_command(
         typer.Option(
             "--checkpointing",
             metavar="LIST",
-            help="Checkpointing modes to search [default: none,selective,full]",
+            help=plain("Checkpointing modes to search [default: none,selective,full]"),
             show_default=False,
         ),
     ] = None,
@@ -205,14 +211,17 @@ def fit_command(
         typer.Option(
             "--attention",
             metavar="LIST",
-            help="Attention kernels to search [default: eager,flash]",
+            help=plain("Attention kernels to search [default: eager,flash]"),
             show_default=False,
         ),
     ] = None,
     zero: Annotated[
         str | None,
         typer.Option(
-            "--zero", metavar="LIST", help="ZeRO stages to search [default: 0,1,2,3]", show_default=False
+            "--zero",
+            metavar="LIST",
+            help=plain("ZeRO stages to search [default: 0,1,2,3]"),
+            show_default=False,
         ),
     ] = None,
     micro_batches: Annotated[
@@ -220,7 +229,7 @@ def fit_command(
         typer.Option(
             "--micro-batches",
             metavar="LIST",
-            help="Micro-batch sizes to search [default: 1,2,4,8,16,32]",
+            help=plain("Micro-batch sizes to search [default: 1,2,4,8,16,32]"),
             show_default=False,
         ),
     ] = None,
@@ -241,9 +250,11 @@ def fit_command(
         typer.Option(
             "--method",
             metavar="full,lora,qlora",
-            help="Training methods to search, each with the memory savers it needs (fused loss, "
-            "optimizer/parameter/activation offload) [default: the --finetune method, then LoRA and QLoRA "
-            "when it fits only with savers or not at all]",
+            help=plain(
+                "Training methods to search, each with the memory savers it needs (fused loss, "
+                "optimizer/parameter/activation offload) [default: the --finetune method, then LoRA and "
+                "QLoRA when it fits only with savers or not at all]"
+            ),
             show_default=False,
         ),
     ] = None,
@@ -288,17 +299,21 @@ def fit_command(
     if o.host_memory is not None:
         device = device.model_copy(update={"host_memory_gib": o.host_memory})
     reserve = reserve_bytes(o.reserve, device)
-    result = fit(
-        base,
-        device,
-        gpus,
-        global_batch=global_batch,
-        mfu=o.mfu,
-        space=space,
-        reserve=reserve,
-        finetunes=tunes,
-        escalate=escalate,
-    )
+    from memplan.cli.progress import Bar
+
+    with Bar("searching", enabled=True) as bar:
+        bar.advance(0, f"layouts of {gpus:,} × {device.name}")
+        result = fit(
+            base,
+            device,
+            gpus,
+            global_batch=global_batch,
+            mfu=o.mfu,
+            space=space,
+            reserve=reserve,
+            finetunes=tunes,
+            escalate=escalate,
+        )
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return

@@ -27,7 +27,7 @@ from memplan.config.finetune import (
     parse_freeze,
     parse_targets,
 )
-from memplan.config.impl import ExpertsImpl, Family, Impl, ImplConfig
+from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
 from memplan.config.model import (
     GateActivation,
     Gelu,
@@ -57,12 +57,14 @@ __all__ = [
     "TORCH_ADAMW",
     "Attention",
     "AttentionChoice",
+    "AttentionKernel",
     "Checkpointing",
     "DType",
     "Device",
     "ExpertsImpl",
     "Family",
     "FineTune",
+    "Fp8Recipe",
     "Frozen",
     "GateActivation",
     "Gelu",

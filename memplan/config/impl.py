@@ -55,6 +55,27 @@ class ExpertsImpl(StrEnum):
     ``index_add_`` back; its shapes are data, so only real tensors run it."""
 
 
+class AttentionKernel(StrEnum):
+    """The flash kernel that runs ``--attention flash`` (step time only: they keep the same tensors)."""
+
+    AUTO = "auto"
+    """FlashAttention-2: what torch's SDPA flash backend and transformers' flash_attention_2 run."""
+    FA2 = "fa2"
+    """FlashAttention-2 (Dao 2023)."""
+    FA3 = "fa3"
+    """FlashAttention-3 (Shah et al. 2024), Hopper only."""
+
+
+class Fp8Recipe(StrEnum):
+    """torchao's float8 training of the layers' linears (``--fp8``; step time only)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"
+    """One dynamic scale per tensor (cuBLAS's tensorwise kernel): an amax pass, then the cast."""
+    ROWWISE = "rowwise"
+    """One dynamic scale per row (CUTLASS's rowwise kernel): the row's amax and cast in one pass."""
+
+
 class ImplConfig(Frozen):
     """The implementation and the switches of its code that change what it keeps."""
 
@@ -72,6 +93,19 @@ class ImplConfig(Frozen):
         default=False,
         description="hf: attn_implementation='flash_attention_2' (the flash-attn package, CUDA only) for "
         "--attention flash, instead of transformers' sdpa",
+    )
+    attention_kernel: AttentionKernel = Field(
+        default=AttentionKernel.AUTO,
+        description="the flash kernel's implementation, for the step time (time/attention.py)",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile of each block: Inductor fuses element-wise chains (time/elementwise.py); "
+        "the partitioner's saved set (blocks.profiles.compile_modelled)",
+    )
+    fp8: Fp8Recipe = Field(
+        default=Fp8Recipe.NONE,
+        description="torchao float8 training of the layers' linears (step time only: time/fp8.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

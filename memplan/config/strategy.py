@@ -70,13 +70,17 @@ class Device(StrEnum):
     CPU = "cpu"
 
 
+MAX_DP = 1 << 20
+"""The largest data-parallel degree a setup takes (2²⁰ ranks; the largest published jobs use 2¹⁴ GPUs)."""
+
+
 class StrategyConfig(Frozen):
     checkpointing: Checkpointing = Checkpointing.NONE
     checkpoint_every: int = Field(default=1, gt=0, description="k of every-k checkpointing")
     attention: Attention = Attention.FLASH
     reversible: bool = False
     zero: ZeroStage = ZeroStage.NONE
-    dp: int = Field(default=1, gt=0, le=1 << 20, description="data-parallel degree")
+    dp: int = Field(default=1, gt=0, le=MAX_DP, description="data-parallel degree")
 
     @model_validator(mode="after")
     def _check(self) -> Self:

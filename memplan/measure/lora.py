@@ -25,15 +25,15 @@ from torch import Tensor, nn
 
 from memplan.config import Setup
 from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, Target
-from memplan.measure.instruments import label
-from memplan.strategies.lora import (
-    ATTN_TARGETS,
+from memplan.config.trainable import (
     adapted,
     base_trains,
     embedding_trains,
     final_norm_trains,
     head_trains,
 )
+from memplan.measure.instruments import label
+from memplan.strategies.lora import ATTN_TARGETS
 
 if TYPE_CHECKING:
     from memplan.measure.model import Reference

@@ -118,9 +118,10 @@ class StepRunner:
         self.setup = setup
         self.device = device
         self.model = Reference(setup, device=device)
-        self.opt = ReferenceOptimizer(
-            list(self.model.parameters()), setup.training.precision, setup.training.optimizer
-        )
+        trainable: list[torch.Tensor] = [
+            p for p in self.model.parameters() if p.requires_grad
+        ]  # frozen: no state
+        self.opt = ReferenceOptimizer(trainable, setup.training.precision, setup.training.optimizer)
         self.batch = make_batch(setup, device)
 
     def sync(self) -> None:
@@ -171,6 +172,18 @@ def cpu_tracking(runner: StepRunner) -> Iterator[LiveMemoryTracker]:
         yield tracker
 
 
+def matmul_rate(dtype: torch.dtype, n: int = 256, seconds: float = 0.05) -> float:
+    """FLOP/s of an n × n × n matmul in ``dtype`` on the CPU (2n³ FLOPs each), timed over at least
+    ``seconds`` and 3 runs after one warm-up: what ``profile`` tells the user before a slow bf16 run."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    runs, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or runs < 3:
+        a @ b
+        runs += 1
+    return 2 * n**3 * runs / elapsed
+
+
 def profile(
     setup: Setup,
     device: str = "cpu",
@@ -178,16 +191,22 @@ def profile(
     steps: int = 2,
     torch_trace: str | None = None,
     curve: bool = False,
+    on_step: Callable[[str], None] | None = None,
 ) -> Profile:
     """Real training steps of the reference model: saves, FLOPs, peak and times, and on CPU the curve of
     live bytes (on CUDA too with ``curve``: the allocator's recorded history, which slows the step). NB:
-    for a mixture of experts only saves and FLOPs are checked against the estimate, not the peak."""
+    for a mixture of experts only saves and FLOPs are checked against the estimate, not the peak.
+    ``on_step(what)`` is called after each pass (the saves' run, each warm-up and measured step): a
+    progress bar."""
+    done = on_step or (lambda _: None)
     runner = StepRunner(setup, device)
     measured = run_step(runner.model, *runner.batch)
+    done("saved tensors counted")
     runner.opt.zero_grad()
     times: dict[str, float] = {}
-    for _ in range(warmup):
+    for i in range(warmup):
         runner.step(lambda _: None, {})
+        done(f"warm-up step {i + 1}")
     step_seconds: list[float] = []
     phase_peaks: dict[str, int] = {}
     best: Curve | None = None
@@ -212,6 +231,7 @@ def profile(
                 if best is None or tracker.peak > best.peak:
                     best = tracker.curve
             step_seconds.append(time.perf_counter() - t0)
+            done(f"measured step {len(step_seconds)}")
     if torch_trace and prof is not None:
         prof.export_chrome_trace(torch_trace)
     per_step = {k: v / steps for k, v in times.items()}

@@ -25,7 +25,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from memplan.config import Frozen, ModelConfig
 from memplan.errors import one_line_validation_error
@@ -48,6 +48,7 @@ _LISTS_OF = {"models": _LISTS, "gpus": "(`memplan gpus` lists them)"}
 
 
 class _Preset(Frozen):
+    model_config = ConfigDict(**Frozen.model_config, allow_inf_nan=False)  # a file's inf / nan is refused
     name: str = Field(min_length=1, description="canonical name, = the file name without .toml")
     aliases: tuple[str, ...] = Field(default=(), description="other names it answers to, case-insensitive")
     source: str = Field(min_length=1, description="where the numbers come from (URL or citation)")
@@ -89,11 +90,30 @@ class ModelPreset(_Preset):
 class PeakTflops(Frozen):
     """Dense peak throughput in TFLOP/s (10¹² FLOP/s) per dtype, without 2:4 sparsity."""
 
+    model_config = ConfigDict(**Frozen.model_config, allow_inf_nan=False)
+
     fp32: float = Field(gt=0, description="non-tensor-core fp32")
     tf32: float = Field(gt=0)
     bf16: float = Field(gt=0, description="fp32 accumulate")
     fp16: float = Field(gt=0, description="fp32 accumulate")
     fp8: float | None = Field(default=None, gt=0, description="absent where the GPU has no fp8 units")
+
+
+class Calibration(Frozen):
+    """What ``memplan calibrate`` measured on the device (``[calibrated]`` in a GPU file): fractions the
+    step-time prediction uses instead of ``time.efficiency``'s published ones."""
+
+    matmul: float = Field(gt=0, le=1, description="best GEMM of the sweep / the dense peak (MATMUL)")
+    memory: float = Field(
+        gt=0, le=1, description="a device copy's bytes read and written / the HBM bandwidth (MEMORY)"
+    )
+    attention: float | None = Field(
+        default=None, gt=0, le=1, description="SDPA forward and backward / the dense peak (the flash kernel)"
+    )
+    launch_us: float | None = Field(
+        default=None, gt=0, description="seconds per tiny kernel in a queue, µs (recorded; not modelled yet)"
+    )
+    device: str = Field(default="", description="the device it ran on")
 
 
 class GpuPreset(_Preset):
@@ -116,6 +136,26 @@ class GpuPreset(_Preset):
         default=None,
         gt=0,
         description="host (CPU) memory of one node, GiB: the vendor's reference system (a DGX), for offload",
+    )
+    calibrated: Calibration | None = None
+    """Measured fractions (``memplan calibrate``); None: the published ones (``time.efficiency``)."""
+    arch: str | None = Field(
+        default=None,
+        description="the GPU's architecture (ampere, ada, hopper, blackwell, cdna3): which attention "
+        "kernels run and at what fraction of peak (time/attention.py); absent: FlashAttention-2's A100 "
+        "figure",
+    )
+    host_link_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="the GPU's link to the host (PCIe), GB/s per direction, for offload's transfers "
+        "(time/offload.py)",
+    )
+    host_memory_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="host (CPU) memory bandwidth of one node, GB/s, shared by its GPUs: the CPU optimizer "
+        "step of optimizer offload (time/offload.py)",
     )
 
 
@@ -233,6 +273,14 @@ def _resolve(what: str, kind: str, name_or_path: str) -> str | Path:
 def model_names() -> list[str]:
     """Canonical names of the shipped model presets, sorted."""
     return list(_names("models"))
+
+
+def gpu_text(name_or_path: str) -> str:
+    """The TOML text of a shipped GPU preset (by name or alias) or of a GPU .toml file."""
+    target = _resolve("gpu", "gpus", name_or_path)
+    if isinstance(target, str):
+        return (_folder("gpus") / f"{target}.toml").read_text(encoding="utf-8")
+    return read_text(target, f"gpu file {target}")
 
 
 def gpu_names() -> list[str]:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Topology(BaseModel):
     """GPUs per node, and the bandwidth and latency inside a node and between nodes, per GPU."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)  # finite figures only
 
     gpus_per_node: int = Field(gt=0, le=1 << 12, description="GPUs in one node (one NVLink/xGMI domain)")
     intra_node: str = Field(min_length=1, description="the link inside a node, e.g. 'NVSwitch, NVLink 4'")

@@ -68,6 +68,15 @@ def fmt_flops(n: int) -> str:
     return _scaled(n, DECIMAL_FLOPS, " FLOP")
 
 
+def fmt_rate(flops_per_s: float) -> str:
+    """FLOP/s in the decimal unit that keeps it readable: ``312.5 TFLOP/s``, ``3.29 GFLOP/s``,
+    ``850.00 MFLOP/s`` (never ``0.000 TFLOP/s``)."""
+    for size, unit in DECIMAL_FLOPS:
+        if abs(flops_per_s) >= size:
+            return f"{flops_per_s / size:,.2f} {unit}/s"
+    return f"{flops_per_s:,.0f} FLOP/s"
+
+
 def fmt_count(n: int) -> str:
     """A parameter count in decimal units: ``70.55 B``, ``124.44 M``, ``106.82 K``."""
     return _scaled(n, DECIMAL_COUNT, "")
@@ -90,6 +99,12 @@ def fmt_in(n: int, size: int, digits: int = 2) -> str:
 
 def fmt_int(n: int) -> str:
     return f"{n:,}"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 device``, ``8 devices``: a count and its noun, in the number's grammar (``many``: the plural
+    when it is not the word + s, ``micro-batches``)."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
 
 
 def fmt_shape(shape: Sequence[int]) -> str:

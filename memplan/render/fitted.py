@@ -8,7 +8,8 @@ that may wrap) and its rows of plain cells — and laid out when rich renders it
   (or header line), ``no_wrap``; a column that does not fit is left out whole, lowest priority first;
 - priority 0 columns (the keys: names, the layout) are always shown; prose among them (a compare row's
   error) narrows down to ``NARROWEST`` columns before a key would be cut. NB: a terminal narrower than
-  the keys themselves (≈ 40 columns for compare) still cuts them: rich crops what passes the width;
+  the keys themselves (≈ 40 columns for compare) still cuts them: rich crops what passes the width, and a
+  last line says so ("cut at N columns");
 - a column whose cells are all empty (``""``, ``"–"``, ``"-"``) is left out; with ``same=True`` a column
   whose cells are all equal is left out and its value said under the table (``ep 1 in every row``);
 - prose (``wrap=True``) is shown only when ``min_width`` columns are left for it, and then folds onto more
@@ -111,6 +112,10 @@ class Fitted:
             need = EDGE + sum(_need(self.cols[i], self.lines, i) for i in chosen + dropped)
             names = ", ".join(self.cols[i].header.replace("\n", " ") for i in left_out)
             notes.append(f"not shown at {width} columns: {names} (a terminal of ≥ {need} columns shows them)")
+        keys = EDGE + sum(_least(self.cols[i], self.lines, i) for i in chosen)
+        if keys > width:  # the keys alone pass the width: rich crops their right end
+            names = ", ".join(self.cols[i].header.replace("\n", " ") for i in chosen)
+            notes.append(f"cut at {width} columns: {names} (a terminal of ≥ {keys} columns shows them whole)")
         if notes:
             out.append(Text("; ".join(notes), style="dim"))
         return out
@@ -163,6 +168,12 @@ def _need(col: Col, lines: Sequence[Line], i: int) -> int:
     if col.words:
         least = max([least] + [cell_len(w) for line in lines for w in line.cells[i].plain.split()])
     return min(natural, least) + PER_COLUMN
+
+
+def _least(col: Col, lines: Sequence[Line], i: int) -> int:
+    """The fewest columns a shown column can take without a cut: prose narrows to ``NARROWEST``."""
+    natural = _natural(col, lines, i)
+    return (min(natural, NARROWEST) if col.wrap else natural) + PER_COLUMN
 
 
 def layout(

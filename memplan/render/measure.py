@@ -28,7 +28,9 @@ def tensor_table(
     rows = diff["tensors"]
     assert isinstance(rows, list)
     cols = (
-        Col("tensor", "left"),
+        # A key, but long prose under --impl (``final_norm.input ↔ transformer.ln_f · NativeLayerNorm``):
+        # it folds, so that the counts and the byte figures keep their whole width at 80 columns.
+        Col("tensor", "left", wrap=True, min_width=24),
         Col("est.\ncount", priority=2),
         Col("meas.\ncount", priority=2),
         Col("est. bytes"),

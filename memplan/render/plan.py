@@ -30,6 +30,7 @@ from memplan.render.estimate import (
     fmt_flops,
     fmt_in,
     fmt_int,
+    plural,
     unit_of,
 )
 from memplan.render.fitted import Col, Fitted
@@ -55,11 +56,11 @@ def layout_line(p: Result) -> str:
     parts.append(f"pp {par.pp} ({schedule})" if par.pp > 1 else "pp 1")
     if par.ep > 1:
         parts.append(f"ep {par.ep}")
-    parts.append(f"dp {dp} = {fmt_int(p.devices)} devices")
+    parts.append(f"dp {dp} = {plural(p.devices, 'device')}")
     tokens = p.global_batch * p.setup.training.seq_len
     parts.append(
-        f"{p.micro_batches} micro-batches per step, global batch {fmt_int(p.global_batch)} "
-        f"sequences = {fmt_int(tokens)} tokens"
+        f"{plural(p.micro_batches, 'micro-batch', 'micro-batches')} per step, global batch "
+        f"{plural(p.global_batch, 'sequence')} = {plural(tokens, 'token')}"
     )
     return " · ".join(parts)
 
@@ -105,7 +106,8 @@ def summary_panel(b: Built) -> Panel:
     if p.micro_batches < p.parallel.pp:
         lines.append(
             Text(
-                f"NB: {p.micro_batches} micro-batches per step for {p.parallel.pp} stages: the pipeline is "
+                f"NB: {plural(p.micro_batches, 'micro-batch', 'micro-batches')} per step for {p.parallel.pp} "
+                "stages: the pipeline is "
                 "mostly bubble; set --global-batch (or --grad-accum) to at least pp micro-batches",
                 style="yellow",
             )
@@ -116,13 +118,12 @@ def summary_panel(b: Built) -> Panel:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:
         lines.append(host_verdict_text(b.host))
-    return Panel(Group(*lines), title="memplan plan", title_align="left")
+    return Panel(Group(*lines), title="memplan estimate", title_align="left")
 
 
 def host_verdict_text(v: HostVerdict) -> Text:
     """Whether one node's host memory holds its devices' offloaded tensors."""
-    devices = f"{v.devices} device{'s' if v.devices > 1 else ''}"
-    need = f"{devices} × {fmt_bytes(v.per_device)} = {fmt_bytes(v.need)}"
+    need = f"{plural(v.devices, 'device')} × {fmt_bytes(v.per_device)} = {fmt_bytes(v.need)}"
     if v.fits:
         return Text(f"host fits: {need} of {fmt_bytes(v.host_memory_bytes)} per node", "green")
     return Text(f"host does NOT fit: {need} > {fmt_bytes(v.host_memory_bytes)} per node", style="bold red")

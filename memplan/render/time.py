@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int
+from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int, plural
 from memplan.render.fitted import Col, Fitted
 
 if TYPE_CHECKING:
@@ -20,6 +20,23 @@ _BASIS = {
 
 def _seconds(s: float) -> str:
     return f"{s * 1e3:,.1f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+_PARTS = {
+    "attention": "QKᵀ and P·V, forward and backward",
+    "element-wise": "norms, residuals, activations: bytes / HBM",
+    "dequantize": "QLoRA's 4-bit weights to the compute dtype, per linear, forward and dX: bytes / HBM",
+    "offload copies": "host-link (PCIe) copies no compute hides",
+    "bubble": "pipeline fill and drain",
+    "optimizer": "the optimizer step on the GPU: bytes / HBM",
+    "host optimizer": "the CPU optimizer step (offload): bytes / host memory",
+}
+
+
+def _part_text(name: str, wave: float) -> str:
+    if name == "matmul":
+        return f"linears and the head at their achievable peak × {wave:.1%} (waves, memory-bound shapes)"
+    return _PARTS.get(name, "communication no compute hides")
 
 
 def time_table(t: Timing) -> Fitted:
@@ -38,27 +55,19 @@ def time_table(t: Timing) -> Fitted:
         (
             "peak per device",
             f"{t.peak_flops_per_device / 1e12:,.1f} TFLOP/s",
-            f"× {fmt_int(t.devices)} devices",
+            f"× {plural(t.devices, 'device')}",
         ),
     ]
     if t.training_days is not None and t.training_tokens is not None:
         rows.append(("training", f"{t.training_days:,.1f} days", f"{fmt_count(t.training_tokens)} tokens"))
     stage = f"stage {pr.stage}, {pr.stage_layers} layers" if t.devices > 1 else "one device"
-    rows += [
-        ("predicted step", _seconds(pr.step_time_s), f"MFU {pr.mfu:.1%}; the busiest device ({stage})"),
-        (
-            "  matmul",
-            _seconds(pr.matmul_s),
-            f"linears and the head at their achievable peak × {pr.matmul_wave_efficiency:.1%} (wave "
-            "quantization)",
-        ),
-        ("  attention", _seconds(pr.attention_s), "QKᵀ and P·V, forward and backward"),
-        ("  element-wise", _seconds(pr.elementwise_s), "norms, residuals, activations: bytes / HBM"),
-    ]
-    hidden = "communication no compute hides"
-    rows += [(f"  {k} exposed", _seconds(v), hidden) for k, v in pr.exposed_s.items()]
-    if pr.bubble_s:
-        rows.append(("  bubble", _seconds(pr.bubble_s), "pipeline fill and drain"))
+    rows.append(
+        ("predicted step", _seconds(pr.step_time_s), f"MFU {pr.mfu:.1%}; the busiest device ({stage})")
+    )
+    always = {"matmul", "attention", "element-wise", "optimizer"}
+    for name, seconds in pr.parts().items():
+        if seconds or name in always or name.endswith(" exposed"):
+            rows.append((f"  {name}", _seconds(seconds), _part_text(name, pr.matmul_wave_efficiency)))
     for cells in rows:
         table.add(*cells)
     return table

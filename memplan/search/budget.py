@@ -79,6 +79,12 @@ def terms(sp: StagePlan, peak: int | None = None) -> dict[str, int]:
     return values
 
 
+def peak_terms(sp: StagePlan) -> dict[str, int]:
+    """The terms alive at the device's peak moment (``analytic.peak``): at the optimizer step the
+    activations are gone, so an overflow there is the states' or the step's, never the activations'."""
+    return sp.peak.moments[sp.peak.phase]
+
+
 def overflow(values: dict[str, int], memory: int) -> str:
     """The first term whose running sum passes ``memory`` (the transient if none of the others does)."""
     total = 0
@@ -110,7 +116,7 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
         phase=phase,
         fits=peak <= memory,
         headroom=memory - peak,
-        overflow=None if peak <= memory else overflow(terms(dev, peak if exact else None), memory),
+        overflow=None if peak <= memory else overflow(peak_terms(dev) if exact else terms(dev), memory),
     )
 
 

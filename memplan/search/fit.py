@@ -60,6 +60,7 @@ from memplan.search.space import (
     default_global_batch,
     layouts,
     searchable,
+    too_many,
     why_nothing,
 )
 from memplan.time.timing import Timing, check_time_inputs, timing
@@ -290,6 +291,9 @@ def fit(
     start = time.perf_counter()
     result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve)
     memory = result.usable
+    crowded = too_many(base, gpus, space)
+    if crowded:
+        raise ValueError(crowded)
     if not searchable(base, gpus, batch, space):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
     tried: list[FineTune] = []

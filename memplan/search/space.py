@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
+from memplan.config.strategy import MAX_DP
 from memplan.strategies.tensor_parallel import divisors, tp_widths
 
 TOKENS_PER_STEP = 1 << 22
@@ -56,6 +57,8 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1) -> list[Layout]:
             if gpus % (tp * cp * pp):
                 continue
             dp = gpus // (tp * cp * pp)
+            if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)
+                continue
             eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
             for ep in eps:
                 par = Parallel(tp=tp, sp=tp > 1 and (seq // cp) % tp == 0, pp=pp, ep=ep, cp=cp)
@@ -84,6 +87,25 @@ def searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
     return any(batch % (b * x.dp) == 0 for x in layouts(base, gpus, space) for b in space.micro_batches)
 
 
+NEAR = 64
+"""How far from --gpus ``why_nothing`` looks for a device count that would split the batch."""
+
+
+def too_many(base: Setup, gpus: int, space: Space) -> str | None:
+    """One line when every layout of ``gpus`` devices needs dp > ``MAX_DP`` (what `estimate` refuses),
+    else None. The most devices a layout takes is tp · pp · ``MAX_DP`` with the widest tp and the deepest
+    pp (one layer a stage) that ``layouts`` searches."""
+    if layouts(base, gpus, space):
+        return None
+    m = base.model
+    widths = math.gcd(*tp_widths(m, m.moe.widths(m) if m.moe else ()).values())
+    most = max(divisors(widths, space.tp_max)) * m.num_layers * MAX_DP
+    return (
+        f"gpus: {gpus:,} devices need a data-parallel degree above {MAX_DP:,} in every layout fit searches "
+        f"(tp ≤ {space.tp_max}, pp dividing the {m.num_layers} layers); use at most --gpus {most:,}"
+    )
+
+
 def why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -> str:
     """One line: why no configuration of the space could be searched, and what to change.
 
@@ -95,12 +117,16 @@ def why_nothing(base: Setup, gpus: int, batch: int, given: bool, space: Space) -
     sizes = ", ".join(map(str, space.micro_batches))
     step = min((b * dp for b in space.micro_batches for dp in dps), key=lambda k: (-(-batch // k) * k, k))
     better = -(-batch // step) * step
-    near = [
+    # The nearest device count that would do, looked for in a window around --gpus (lazily: each look is a
+    # layout enumeration, and --gpus may be large).
+    window = sorted(range(max(1, gpus - NEAR), gpus + NEAR + 1), key=lambda g: (abs(g - gpus), g))
+    fits = (
         g
-        for g in sorted(range(1, 2 * gpus + 9), key=lambda g: (abs(g - gpus), g))
+        for g in window
         if g != gpus
         and searchable(base, g, batch if given else default_global_batch(base.training.seq_len, g), space)
-    ][:1]
+    )
+    near = [g for g in [next(fits, None)] if g is not None]
     gpus_fix = f" or --gpus {near[0]}" if near else ""
     origin = "" if given else " (the default, ≈ 4M tokens)"
     return (

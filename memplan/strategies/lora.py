@@ -42,7 +42,14 @@ from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules
 from memplan.config import Attention, DType, MlpType, NormType, Setup
-from memplan.config.finetune import Method, Target, linear_shapes
+from memplan.config.finetune import Target, linear_shapes
+from memplan.config.trainable import (
+    adapted,
+    base_trains,
+    embedding_trains,
+    final_norm_trains,
+    head_trains,
+)
 
 B, R, T = Block, Role, Target
 ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
@@ -50,41 +57,6 @@ ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
 
 def applies(setup: Setup) -> bool:
     return not setup.finetune.trains_everything
-
-
-# ----------------------------------------------------------------------------------------------------
-# What trains
-# ----------------------------------------------------------------------------------------------------
-def base_trains(setup: Setup, layer: int) -> bool:
-    """Whether layer ``layer``'s own weights (linears, norms) train: full training outside --freeze."""
-    ft = setup.finetune
-    return ft.method is Method.FULL and not ft.layer_frozen(layer)
-
-
-def adapted(setup: Setup, layer: int) -> frozenset[Target]:
-    """The linears of layer ``layer`` with a LoRA adapter (none in frozen layers or without LoRA)."""
-    ft = setup.finetune
-    if not ft.lora or ft.layer_frozen(layer):
-        return frozenset()
-    return frozenset(ft.targets)
-
-
-def embedding_trains(setup: Setup) -> bool:
-    ft = setup.finetune
-    tied = setup.model.tied_embeddings and ft.freeze_lm_head  # one tensor: frozen as the head is
-    return ft.method is Method.FULL and not ft.freeze_embeddings and not tied
-
-
-def head_trains(setup: Setup) -> bool:
-    """The lm head (the embedding itself when tied) trains."""
-    if setup.model.tied_embeddings:
-        return embedding_trains(setup)
-    ft = setup.finetune
-    return ft.method is Method.FULL and not ft.freeze_lm_head
-
-
-def final_norm_trains(setup: Setup) -> bool:
-    return setup.finetune.method is Method.FULL
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -324,10 +296,9 @@ def _linear(fwd: int, g_x: bool, trains: bool) -> int:
     return fwd * (int(g_x) + int(trains))
 
 
-def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
-    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
-    tokens, r = dims.tokens, setup.finetune.rank
-    shapes = linear_shapes(setup.model)
+def input_grads(f: Flow) -> dict[Target, bool]:
+    """The layer's linears under ``f``, in order, each with whether its input needs a gradient (its
+    backward runs dX = dY·W)."""
     targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
     inputs = {
         T.Q: f.g_y,
@@ -338,8 +309,26 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
         T.UP: f.g_y2,
         T.DOWN: f.g_act,
     }
+    return {t: inputs[t] for t in targets}
+
+
+def base_dx_linears(setup: Setup) -> dict[Target, int]:
+    """Per linear, the layers whose frozen base runs dX in backward (QLoRA dequantises its weight again
+    for it: ``time.compute``)."""
+    out: dict[Target, int] = {}
+    for f in flows(setup):
+        for t, g in input_grads(f).items():
+            out[t] = out.get(t, 0) + int(g)
+    return out
+
+
+def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
+    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
+    tokens, r = dims.tokens, setup.finetune.rank
+    shapes = linear_shapes(setup.model)
+    inputs = input_grads(f)
     forward = backward = 0
-    for t in targets:
+    for t in inputs:
         fan_in, fan_out = shapes[t]
         base = mm(tokens, fan_in, fan_out)
         forward += base
@@ -368,15 +357,14 @@ def flops(setup: Setup) -> Flops:
     flash = setup.strategy.attention is Attention.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
     head_backward = _linear(head, g_final, head_trains(setup))
-    linear_backward = sum(p[1] for p in per)
     return Flops(
         forward=linear + attention + head,
-        backward=linear_backward + sum(p[2] for p in per) + head_backward,
+        backward=sum(p[1] + p[2] for p in per) + head_backward,
         recompute=recompute(setup, dims),
         kernel_recompute=kernel,
         layer_linear=linear,
         layer_attention=attention,
         lm_head=head,
-        layer_linear_backward=linear_backward,
+        layer_linear_backward=sum(p[1] for p in per),
         lm_head_backward=head_backward,
     )

@@ -11,11 +11,13 @@ with a fp32 offset (4 bytes) and a second ``QuantState``: a fp32 absmax per 256 
 the lm head) stays in the compute dtype. Dettmers et al. 2023 §3: 4 + 32/64 = 4.5 bits per weight, 4.127
 with double quantisation (the constants are 8/64 + 32/(64·256) bits).
 
-Known limitations (NB): the peak's moments (``analytic.peak``) keep full training's backward buffers —
-a layer's weight gradients, the optimizer step's largest tensor — so under fine-tuning the peak is an upper
-bound (the activations, states and FLOPs are exact); QLoRA adds the dequantised weight to every moment but
-the optimizer step. The LoRA adapters are counted in the weight dtype with a master copy under mixed
-precision (peft casts them to fp32 in QLoRA's recipe, which ``--precision fp32`` describes).
+Known limitations (NB): the peak's layer-backward moment (``analytic.peak``) keeps full training's
+backward buffers (a layer's weight gradients), so under fine-tuning that moment is an upper bound (the
+activations, states and FLOPs are exact; the optimizer step steps the trainable tensors only,
+``analytic.optimizer_step.trainable_shapes``, measured in tests/measure/test_finetune.py); QLoRA adds the
+dequantised weight to every moment but the optimizer step. The LoRA adapters are counted in the weight
+dtype with a master copy under mixed precision (peft casts them to fp32 in QLoRA's recipe, which
+``--precision fp32`` describes).
 """
 
 from __future__ import annotations

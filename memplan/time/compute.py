@@ -1,11 +1,15 @@
 """Compute time of one micro-batch on one device of the busiest stage, per kernel class.
 
-Three classes, each at its achievable fraction (``efficiency``):
-- matrix products: the layers' linears (and an MoE's experts) and the lm head, at ``MATMUL`` × peak ×
-  their shapes' wave efficiency (``gemm``: wave and tile quantization on the GPU's SMs);
-- the attention core's products (QKᵀ, P·V, their gradients, the flash backward's recompute of S), at
-  ``ATTENTION`` × peak;
-- element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``) at ``MEMORY`` × HBM bandwidth.
+Three classes, each at its achievable fraction (``efficiency``, or a calibrated GPU file's):
+- matrix products: the layers' linears (and an MoE's experts, LoRA's adapters) and the lm head, at
+  ``MATMUL`` × peak × their shapes' efficiency (``gemm``: wave and tile quantization on the GPU's SMs, and
+  the roofline: a GEMM under the ridge runs at its bytes); ``--fp8``: the layers' at the FP8 peak
+  (``fp8``);
+- the attention core (QKᵀ, P·V, their gradients, the flash backward's recompute of S): eager attention's
+  batched GEMMs as the linears, a flash kernel at its fraction by kernel and GPU generation
+  (``attention``);
+- element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``, eager or fused:
+  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth.
 
 FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
 layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
@@ -21,15 +25,23 @@ on the rank's tokens —, e the activation bytes):
     (SwiGLU reads gate and up, writes one: 3·T·F/t·e; GELU 2·T·F/t·e; F the routed and shared width an
     MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e and its dropout
     2·b·(a/t)·s²·e + b·(a/t)·s² (the flash kernel does these inside, no traffic).
+— the fused kernels' bytes; eager PyTorch's RMSNorm, SwiGLU and rotary move more (``elementwise``).
 The backward moves twice the forward's bytes (each op reads the incoming gradient and what it saved, and
 writes a gradient); a re-run forward moves its bytes again.
 
-The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the parameters the
-device owns.
+QLoRA (``dequant_bytes``): bitsandbytes dequantises each frozen 4-bit linear's weight to the compute
+dtype for its forward matmul and again for dX in backward, a memory-bound kernel that reads the 4-bit
+storage and writes the weight.
 
-Known limitations (NB): under fine-tuning the backward's FLOPs are the fine-tuned ones (a frozen weight
-skips dW: ``Flops.layer_linear_backward``), but the backward class's wave efficiency (``gemm``) still
-weighs every linear's dW shape; fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
+The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the trainable
+parameters the device owns (LoRA's adapters only); under optimizer offload the CPU runs it
+(``time.offload``).
+
+The backward's linears are ``Flops.layer_linear_backward`` (a frozen linear runs dX alone), the rest of
+the backward the attention core's — never a difference of assumed ratios (LoRA's frozen linears made
+that negative).
+
+Known limitations (NB): fused kernels (bias-GELU, fused norm-residual) move fewer bytes than counted;
 the lm head's softmax is not counted; compute is charged per class,
 never overlapped with another class.
 """
@@ -38,9 +50,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, MlpType, PositionType, Setup, ZeroStage
+from memplan.blocks.profiles import profile_of
+from memplan.config import Attention, Checkpointing, MlpType, Offload, PositionType, Setup, ZeroStage
+from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
-from memplan.time import efficiency, gemm
+from memplan.strategies.lora import base_dx_linears
+from memplan.strategies.lora_states import quantized_bytes, trainable_params
+from memplan.time import attention, efficiency, elementwise, fp8, gemm
 from memplan.time.comm import Critical
 
 
@@ -53,10 +69,12 @@ class KernelTime:
     elementwise_s: float
     matmul_flops: float
     """The matrix products' FLOPs (``matmul_s`` at ``MATMUL`` × peak × their wave efficiency)."""
+    dequant_s: float = 0.0
+    """QLoRA's dequantisation of the frozen 4-bit weights (``dequant_bytes``), memory-bound."""
 
     @property
     def total_s(self) -> float:
-        return self.matmul_s + self.attention_s + self.elementwise_s
+        return self.matmul_s + self.attention_s + self.elementwise_s + self.dequant_s
 
 
 @dataclass(frozen=True)
@@ -67,7 +85,8 @@ class StageFlops:
     head_forward: float
     attention_forward: float
     linear_backward: float
-    """dX and dW of the layers' linears: 2× their forward (less where a frozen weight skips dW)."""
+    """dX and dW of the layers' linears (``Flops.layer_linear_backward``: 2× their forward in full
+    training)."""
     rerun_linear: float
     """The linears' share of the checkpoint recompute (forward shapes)."""
     head_backward: float
@@ -90,8 +109,10 @@ def stage_flops(c: Critical) -> StageFlops:
     head = f.lm_head / ranks if c.last else 0.0
     # The lm head's backward products (dX, dW: 2× its forward) run in backward, except under the fused loss,
     # which makes both in the forward phase: its ``lm_head`` already holds all three and ``backward`` none
-    # (blocks/head.py::head_flops). Under fine-tuning a frozen weight skips dW (strategies/lora.py): the
-    # linears' and the head's backward are the FLOPs' own breakdown, never 2× the forward assumed.
+    # (blocks/head.py::head_flops).
+    # The backward's linears and head from the FLOP count's own breakdown: 2× the forward in full
+    # training, a frozen linear's dX alone under fine-tuning (strategies/lora.py::layer_flops); the fused
+    # loss runs the head's products in its forward (``lm_head_backward`` 0). The rest is the core's.
     linear, attention = f.layer_linear * cut, f.layer_attention * cut
     attention_back = (f.backward - f.layer_linear_backward - f.lm_head_backward) * cut
     recompute = f.recompute * cut
@@ -111,35 +132,38 @@ def stage_flops(c: Critical) -> StageFlops:
 
 
 def elementwise_bytes(s: Setup) -> int:
-    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring)."""
+    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring; each
+    op's bytes per element, fused or eager, from ``time.elementwise``)."""
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
+    p = profile_of(s)
     tokens = t.micro_batch * t.seq_len // par.cp  # a context-parallel rank's share of the sequence
     rank_tokens = tokens // par.tp if par.sp else tokens
     hidden = rank_tokens * m.hidden_size
-    out = 2 * 2 * hidden * e + 2 * 3 * hidden * e
+    out = 2 * hidden * elementwise.norm_bytes(s, p, e) + 2 * 3 * hidden * e
     if m.resid_dropout > 0:
         out += 2 * (2 * hidden * e + hidden)
     if m.position is PositionType.ROPE:
-        out += 2 * tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * e
+        out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * elementwise.rotary_bytes(s, e)
     width = m.ffn * m.moe.top_k + m.moe.shared_width(m) if m.moe else m.ffn
-    out += (3 if m.mlp is MlpType.SWIGLU else 2) * tokens * width // par.tp * e
+    per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
+    out += per * tokens * width // par.tp
     if s.strategy.attention is Attention.EAGER:
         probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
         out += 2 * probs * e + (2 * probs * e + probs if m.attn_dropout > 0 else 0)
     return out
 
 
-def matmul_seconds(f: StageFlops, e: gemm.Efficiencies, mm: float) -> tuple[float, float]:
+def matmul_seconds(
+    f: StageFlops, e: gemm.Efficiencies, mm: float, layer: tuple[gemm.Efficiencies, float] | None = None
+) -> tuple[float, float]:
     """Forward and backward seconds of the matrix products at ``mm`` FLOP/s (``MATMUL`` × peak) × each
-    class's wave efficiency (``gemm``); a re-run layer's linears have the forward's shapes."""
-    forward = f.linear_forward / e.layer_forward + f.head_forward / e.head_forward
-    backward = (
-        f.linear_backward / e.layer_backward
-        + f.rerun_linear / e.layer_forward
-        + f.head_backward / e.head_backward
-    )
-    return forward / mm, backward / mm
+    class's wave efficiency (``gemm``); a re-run layer's linears have the forward's shapes. ``layer``: the
+    layers' linears at other efficiencies and rate (``--fp8``: the FP8 peak), the head at ``mm``."""
+    le, lmm = layer if layer is not None else (e, mm)
+    forward = f.linear_forward / le.layer_forward / lmm + f.head_forward / e.head_forward / mm
+    backward = (f.linear_backward / le.layer_backward + f.rerun_linear / le.layer_forward) / lmm
+    return forward, backward + f.head_backward / e.head_backward / mm
 
 
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
@@ -149,31 +173,107 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     rerun = c.rerun_layers * elementwise_bytes(c.setup)
     if c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup) * c.layers
-    hbm = gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY
-    at = peak * efficiency.ATTENTION
-    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms), peak * efficiency.MATMUL)
-    forward = KernelTime(mm_f, f.attention_forward / at, layer / hbm, f.matmul_forward)
-    backward = KernelTime(mm_b, f.attention_backward / at, (2 * layer + rerun) / hbm, f.matmul_backward)
+    hbm = hbm_bytes_per_s(gpu)
+    roof = roofline(c.setup, gpu, peak)
+    mm = peak * efficiency.matmul(gpu)
+    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm, fp8_layers(c.setup, gpu))
+    at_f, at_b = attention_seconds(c.setup, f, gpu, peak)
+    dq_f, dq_b = dequant_bytes(c)
+    cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
+    forward_bytes = layer + c.layers * cast_f
+    backward_bytes = 2 * layer + rerun + c.layers * cast_b + c.rerun_layers * cast_f
+    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm)
+    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm)
     return forward, backward
+
+
+def fp8_layers(s: Setup, gpu: GpuPreset) -> tuple[gemm.Efficiencies, float] | None:
+    """Under ``--fp8``: the layers' GEMMs' efficiencies with 1-byte operands against the FP8 ridge, and
+    their rate ``MATMUL`` × the FP8 peak (``time.fp8``); None otherwise."""
+    if not fp8.enabled(s):
+        return None
+    rate = fp8.peak(s, gpu) * efficiency.matmul(gpu)
+    return gemm.efficiencies(s, gpu.sms, gemm.Roofline(rate / hbm_bytes_per_s(gpu), 1)), rate
+
+
+def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
+    """The GEMMs' ridge on ``gpu``: (``MATMUL`` · peak) / (``MEMORY`` · HBM) FLOPs per byte, operands in
+    the activation dtype."""
+    ridge = peak * efficiency.matmul(gpu) / hbm_bytes_per_s(gpu)
+    return gemm.Roofline(ridge, s.training.precision.activation_dtype.bytes)
+
+
+def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> tuple[float, float]:
+    """Forward and backward (with re-run) seconds of the attention core (``time.attention``): eager's
+    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction."""
+    if attention.is_eager(s):
+        roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
+        mm = peak * efficiency.matmul(gpu)
+        forward = gemm.class_efficiency(shapes, gpu.sms, roof)
+        backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
+        return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
+    flash = peak * attention.flash_fraction(s, gpu)
+    return f.attention_forward / flash, f.attention_backward / flash
+
+
+def hbm_bytes_per_s(gpu: GpuPreset) -> float:
+    """What memory-bound kernels stream: ``MEMORY`` (or the calibrated fraction) × the HBM bandwidth."""
+    return gpu.hbm_bandwidth_gbps * 1e9 * efficiency.memory(gpu)
+
+
+def dequant_call_bytes(s: Setup, elements: int) -> int:
+    """Bytes one ``dequantize_4bit`` of a weight of ``elements`` moves: it reads the 4-bit storage (packed
+    codes, absmax, code books: ``lora_states.quantized_bytes``) and writes the weight in the compute
+    dtype."""
+    ft = s.finetune
+    return quantized_bytes(elements, ft.double_quant) + elements * ft.compute_dtype.bytes
+
+
+def dequant_bytes(c: Critical) -> tuple[int, int]:
+    """QLoRA's dequantisation traffic of one micro-batch, (forward, backward with re-run): bitsandbytes'
+    ``MatMul4Bit`` dequantises each frozen 4-bit linear's weight for its forward matmul, and again in
+    backward for dX = dY·W where the linear's input needs a gradient (``lora.base_dx_linears``); a re-run
+    layer dequantises its forward's again. 0 without QLoRA."""
+    s = c.setup
+    if s.finetune.method is not Method.QLORA:
+        return 0, 0
+    shapes = linear_shapes(s.model)
+    per_layer = sum(dequant_call_bytes(s, i * o) for i, o in shapes.values())
+    backward = sum(
+        n * dequant_call_bytes(s, shapes[t][0] * shapes[t][1]) for t, n in base_dx_linears(s).items()
+    )
+    return c.layers * per_layer, backward + c.rerun_layers * per_layer
+
+
+def owned_params(c: Critical) -> int:
+    """Parameters the optimizer steps on one device of the stage: the trainable ones (all in full
+    training; peft's adapters under LoRA/QLoRA, ``lora_states.trainable_params``), 1/dp of them under
+    ZeRO ≥ 1."""
+    s = c.setup.strategy
+    trainable = trainable_params(c.setup, c.params)
+    return -(-trainable // s.dp) if s.zero >= ZeroStage.OPTIMIZER else trainable
 
 
 def optimizer_step_bytes(c: Critical) -> int:
     """Bytes the optimizer step moves on one device of the stage, once per step: it reads and writes the
-    master weights and optimizer states of the parameters it owns (ZeRO ≥ 1: 1/dp of the stage's), reads
-    their gradients and writes their working copy — an element-wise, memory-bound kernel (Megatron-LM's
+    master weights and optimizer states of the parameters it owns (``owned_params``), reads their
+    gradients and writes their working copy — an element-wise, memory-bound kernel (Megatron-LM's
     README: its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
     loading, optimization, and even logging").
     NB: gradient clipping's norm and fp16's inf check (one more read of the gradients each) are not
     counted."""
-    s, t = c.setup.strategy, c.setup.training
+    t = c.setup.training
     p = t.precision
-    owned = -(-c.params.total // s.dp) if s.zero >= ZeroStage.OPTIMIZER else c.params.total
+    owned = owned_params(c)
     return owned * (2 * (p.master_bytes + t.optimizer.state_bytes(p)) + p.grad_bytes + p.weight_bytes)
 
 
 def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
-    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth."""
-    return optimizer_step_bytes(c) / (gpu.hbm_bandwidth_gbps * 1e9 * efficiency.MEMORY)
+    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth; 0 when the optimizer is offloaded (the
+    CPU runs it: ``time.offload``)."""
+    if Offload.OPTIMIZER in c.setup.offload:
+        return 0.0
+    return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu)
 
 
 def _attention_bytes(s: Setup) -> int:

@@ -23,6 +23,14 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
   issue #119, 2022).
 
+- ``HOST_LINK`` 0.80: CUDA's ``bandwidthTest`` on an A100-SXM4-40GB (PCIe Gen4 x16, 32 GB/s per direction),
+  pinned 32 MB copies: host to device 26.1 GB/s, device to host 25.6 GB/s (a published run log; the
+  lower, 25.6/32 = 0.80). Offload's copies (``time.offload``).
+- ``HOST_MEMORY`` 0.80: the CPU optimizer step streams the host's DRAM like an element-wise GPU kernel
+  streams HBM; STREAM-triad-like kernels on dual-socket servers reach ≈ 80 % of the DDR channels' peak
+  (taken equal to ``MEMORY``; not re-checked against a stored measurement). No published offload run was
+  in view when it was chosen.
+
 ``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
 sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs
 (``gemm``: NVIDIA's "Matrix Multiplication Background User's Guide" §3; the tile rule, the best of
@@ -32,6 +40,8 @@ computing them, and not changed after).
 NB: one fraction per class for every GPU: FP8 and newer attention kernels (FlashAttention-3) run above
 ``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's.
 """
+
+from memplan.presets import GpuPreset
 
 MATMUL = 0.80
 """Achieved fraction of the dense peak FLOP/s for matrix products."""
@@ -45,3 +55,25 @@ fraction of the link's per-direction peak."""
 NETWORK_INTER = 0.85
 """Achieved bus bandwidth of a ring collective between nodes (InfiniBand/RoCE), as a fraction of the GPU's
 share of the node's NICs."""
+HOST_LINK = 0.80
+"""Achieved fraction of the GPU's host link (PCIe) per direction for pinned copies."""
+HOST_MEMORY = 0.80
+"""Achieved fraction of the host's memory bandwidth for the CPU optimizer step."""
+FA2_HOPPER = 0.35
+"""FlashAttention-2 on Hopper (and later) GPUs, both directions: "FlashAttention-2 achieving only 35%
+utilization on the H100 GPU" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract). FA2 is
+written for Ampere's mma instructions; Blackwell is taken as Hopper (no published figure)."""
+FA3_SPEEDUP = 1.5
+"""FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
+abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
+1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""
+
+
+def matmul(gpu: GpuPreset) -> float:
+    """``MATMUL``, or what ``memplan calibrate`` measured on the device."""
+    return gpu.calibrated.matmul if gpu.calibrated else MATMUL
+
+
+def memory(gpu: GpuPreset) -> float:
+    """``MEMORY``, or what ``memplan calibrate`` measured on the device."""
+    return gpu.calibrated.memory if gpu.calibrated else MEMORY

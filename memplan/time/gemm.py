@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from memplan.blocks import mm
 from memplan.blocks.profiles import profile_of
 from memplan.config import LossKind, MlpType, Setup
+from memplan.config.finetune import linear_shapes
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
 """Output tiles Tm × Tn (module docstring: the guide's §2.3, the three largest)."""
@@ -83,20 +84,38 @@ def tile_efficiency(g: Gemm, tile: tuple[int, int], sms: int) -> float:
     return g.count * g.rows * g.cols / (waves(g, tile, sms) * sms * tm * tn)
 
 
-def efficiency(g: Gemm, sms: int | None) -> float:
-    """The shape's fraction of the best shape's speed: the best tile's (module docstring); 1 where the
-    GPU's SM count is not known."""
-    if sms is None:
-        return 1.0
-    return max(tile_efficiency(g, t, sms) for t in TILES)
+@dataclass(frozen=True)
+class Roofline:
+    """Where a GEMM turns memory-bound: ``ridge`` FLOPs per byte, (``MATMUL`` · peak) / (``MEMORY`` · HBM
+    bandwidth), its operands ``element_bytes`` each."""
+
+    ridge: float
+    element_bytes: int
 
 
-def class_efficiency(gemms: list[Gemm], sms: int | None) -> float:
+def gemm_bytes(g: Gemm, element_bytes: int) -> int:
+    """The least traffic of a GEMM: each operand read once, the output written once,
+    (rows·inner + inner·cols + rows·cols) elements per product."""
+    return g.count * (g.rows * g.inner + g.inner * g.cols + g.rows * g.cols) * element_bytes
+
+
+def efficiency(g: Gemm, sms: int | None, roof: Roofline | None = None) -> float:
+    """The shape's fraction of the best shape's speed: the best tile's (module docstring; 1 where the
+    GPU's SM count is not known), and at most its arithmetic intensity over the ridge (a narrow GEMM is
+    memory-bound: its time is max(FLOPs / (MATMUL · wave · peak), bytes / (MEMORY · HBM)))."""
+    wave = 1.0 if sms is None else max(tile_efficiency(g, t, sms) for t in TILES)
+    if roof is None or g.flops == 0:
+        return wave
+    intensity = g.flops / gemm_bytes(g, roof.element_bytes)
+    return min(wave, intensity / roof.ridge)
+
+
+def class_efficiency(gemms: list[Gemm], sms: int | None, roof: Roofline | None = None) -> float:
     """Σ FLOPs / Σ (FLOPs / efficiency): the class's time is Σ FLOPs / (MATMUL · this · peak)."""
     total = sum(g.flops for g in gemms)
     if total == 0:
         return 1.0
-    return total / sum(g.flops / efficiency(g, sms) for g in gemms)
+    return total / sum(g.flops / efficiency(g, sms, roof) for g in gemms)
 
 
 def backward(g: Gemm) -> list[Gemm]:
@@ -143,6 +162,29 @@ def mlp_gemms(setup: Setup, rows: int, width: int, experts: int = 0) -> list[Gem
     return [*ins, Gemm(rows, f, h, count)]
 
 
+def adapter_gemms(setup: Setup, tokens: int) -> list[Gemm]:
+    """LoRA's adapters on one layer (peft, rank r): A [in, r] then B [r, out] per target — narrow,
+    memory-bound GEMMs (none without LoRA)."""
+    ft = setup.finetune
+    if not ft.lora:
+        return []
+    shapes = linear_shapes(setup.model)
+    return [
+        g
+        for t in ft.targets
+        for g in (Gemm(tokens, shapes[t][0], ft.rank), Gemm(tokens, ft.rank, shapes[t][1]))
+    ]
+
+
+def attention_core_gemms(setup: Setup) -> list[Gemm]:
+    """Eager attention's batched products on one rank, b·a/t heads each: QKᵀ [s/cp, d]·[d, s] and
+    P·V [s/cp, s]·[s, d]."""
+    m, tr, par = setup.model, setup.training, setup.parallel
+    heads = tr.micro_batch * m.num_heads // par.tp
+    q = tr.seq_len // par.cp
+    return [Gemm(q, m.dim, tr.seq_len, heads), Gemm(q, tr.seq_len, m.dim, heads)]
+
+
 def layer_gemms(setup: Setup) -> list[Gemm]:
     """One layer's forward GEMMs on one rank, T = b·s/cp tokens (with sequence parallelism the
     column-parallel linears run on the gathered sequence: T rows all the same). A mixture of experts:
@@ -152,7 +194,11 @@ def layer_gemms(setup: Setup) -> list[Gemm]:
     tokens = tr.micro_batch * tr.seq_len // setup.parallel.cp
     moe = setup.model.moe
     if moe is None:
-        return attention_gemms(setup, tokens) + mlp_gemms(setup, tokens, setup.model.ffn)
+        return (
+            attention_gemms(setup, tokens)
+            + mlp_gemms(setup, tokens, setup.model.ffn)
+            + adapter_gemms(setup, tokens)
+        )
     h = setup.model.hidden_size
     out = [*attention_gemms(setup, tokens), Gemm(tokens, h, moe.experts)]
     ep = setup.parallel.ep  # a rank's E/ep experts take the slots of ep ranks' tokens: S·ep/E rows each
@@ -180,14 +226,15 @@ class Efficiencies:
     head_backward: float
 
 
-def efficiencies(setup: Setup, sms: int | None) -> Efficiencies:
-    """The four classes' efficiencies on a GPU of ``sms`` SMs (1 each where unknown)."""
+def efficiencies(setup: Setup, sms: int | None, roof: Roofline | None = None) -> Efficiencies:
+    """The four classes' efficiencies on a GPU of ``sms`` SMs (1 each where unknown), memory-bound
+    shapes slowed to their intensity where ``roof`` is given."""
     layer, head = layer_gemms(setup), head_gemms(setup)
     # the fused loss runs the head's gradient products in its forward (blocks/head.py::head_flops)
     head_in_forward = head + backward_all(head) if setup.loss is LossKind.FUSED else head
     return Efficiencies(
-        layer_forward=class_efficiency(layer, sms),
-        layer_backward=class_efficiency(backward_all(layer), sms),
-        head_forward=class_efficiency(head_in_forward, sms),
-        head_backward=class_efficiency(backward_all(head), sms),
+        layer_forward=class_efficiency(layer, sms, roof),
+        layer_backward=class_efficiency(backward_all(layer), sms, roof),
+        head_forward=class_efficiency(head_in_forward, sms, roof),
+        head_backward=class_efficiency(backward_all(head), sms, roof),
     )

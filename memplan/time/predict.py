@@ -3,9 +3,13 @@
 On one device of the busiest pipeline stage (``comm.critical_stage``), n micro-batches per step, p stages
 and m virtual stages per rank:
 
-    busy   = n · (forward + backward) + exposed(tp, ep)        forward, backward: ``compute.kernel_times``
+    busy   = n · (forward + backward) + exposed(tp, cp, ep) + exposed host copies of every micro-batch
     bubble = busy · (p − 1)/(m·n)                              1F1B (Narayanan et al. 2021 §2.2)
-    step   = busy + bubble + exposed(pp) + exposed(dp) + optimizer   ``compute.optimizer_seconds``
+    step   = busy + bubble + exposed(pp) + exposed(dp) + optimizer + host step + exposed once-per-step copies
+
+forward, backward: ``compute.kernel_times`` (QLoRA's dequantisation included); optimizer:
+``compute.optimizer_seconds`` on the GPU, or under optimizer offload the CPU's step and the host link's
+copies (``offload``). ``Prediction.parts`` lists every term; they add up to the step.
 
 A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
 one dimension that overlap the same compute cost what they take beyond it,
@@ -29,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.engine import Result
 from memplan.presets import GpuPreset
-from memplan.time import efficiency
+from memplan.time import efficiency, offload
 from memplan.time.comm import Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
@@ -48,7 +52,8 @@ class Prediction(BaseModel):
     matmul_s: float
     matmul_wave_efficiency: float
     """The matrix products' FLOPs / (``matmul_s`` · ``MATMUL`` · peak): what wave and tile quantization of
-    their shapes leave of the best shape's speed (``gemm``; 1 on a GPU without an SM count)."""
+    their shapes, and the memory-bound ones' bytes, leave of the best shape's speed (``gemm``); with
+    ``--fp8`` against the bf16 peak (so it may exceed 1)."""
     attention_s: float
     elementwise_s: float
     compute_s: float
@@ -57,13 +62,37 @@ class Prediction(BaseModel):
     """Communication not hidden behind compute, per dimension (every dimension with a collective)."""
     bubble_s: float
     optimizer_s: float
-    """The optimizer step, once per step (memory-bound)."""
+    """The optimizer step on the GPU, once per step (memory-bound; 0 when offloaded)."""
+    dequant_s: float = 0.0
+    """QLoRA's dequantisation of the frozen 4-bit weights, n · (forward + backward)."""
+    offload_micro_batch_s: float = 0.0
+    """Host-link copies of every micro-batch that no compute hides (``offload``), n of them."""
+    offload_step_s: float = 0.0
+    """Host-link copies once per step that no compute hides (the updated weights)."""
+    host_optimizer_s: float = 0.0
+    """The CPU optimizer step under optimizer offload."""
     step_time_s: float
     mfu: float
     communication: tuple[Row, ...]
 
+    def parts(self) -> dict[str, float]:
+        """Every term of the step, in order; they add up to ``step_time_s``."""
+        out = {
+            "matmul": self.matmul_s,
+            "attention": self.attention_s,
+            "element-wise": self.elementwise_s,
+            "dequantize": self.dequant_s,
+        }
+        out.update({f"{k} exposed": v for k, v in self.exposed_s.items()})
+        out["offload copies"] = self.offload_micro_batch_s + self.offload_step_s
+        out["bubble"] = self.bubble_s
+        out["optimizer"] = self.optimizer_s
+        out["host optimizer"] = self.host_optimizer_s
+        return out
+
     def to_json(self) -> dict[str, object]:
         out = self.model_dump(exclude={"communication"})
+        out["parts"] = self.parts()
         out["communication"] = [r.to_json() for r in self.communication]
         return out
 
@@ -90,11 +119,11 @@ def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
     return out
 
 
-def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float) -> float:
+def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float, matmul: float) -> float:
     """The matrix products' FLOPs over what ``MATMUL`` × peak would run in their time (1 without any)."""
     seconds = forward.matmul_s + backward.matmul_s
     flops = forward.matmul_flops + backward.matmul_flops
-    return flops / (seconds * efficiency.MATMUL * peak) if seconds else 1.0
+    return flops / (seconds * matmul * peak) if seconds else 1.0
 
 
 def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
@@ -102,25 +131,33 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     c, rows = communication(p, gpu.topology)
     forward, backward = kernel_times(c, gpu, peak)
     n, par = p.micro_batches, p.parallel
-    hidden = exposed(rows, windows(forward, backward, n))
+    hide = windows(forward, backward, n)
+    hidden = exposed(rows, hide)
+    copies_stage, copies_step = offload.exposed_transfers(offload.transfers(c, p), hide, gpu)
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
     compute = n * (forward.total_s + backward.total_s)
-    busy = compute + in_stage
+    busy = compute + in_stage + copies_stage
     bubble = busy * (par.pp - 1) / (par.vpp * n)
     optimizer = optimizer_seconds(c, gpu)
-    step = busy + bubble + sum(v for k, v in hidden.items() if k not in IN_STAGE) + optimizer
+    host = offload.host_optimizer_seconds(c, gpu)
+    outside = sum(v for k, v in hidden.items() if k not in IN_STAGE)
+    step = busy + bubble + outside + optimizer + host + copies_step
     model = p.flops.model * n * p.setup.strategy.dp
     return Prediction(
         stage=c.index,
         stage_layers=c.layers,
         matmul_s=n * (forward.matmul_s + backward.matmul_s),
-        matmul_wave_efficiency=wave_efficiency(forward, backward, peak),
+        matmul_wave_efficiency=wave_efficiency(forward, backward, peak, efficiency.matmul(gpu)),
         attention_s=n * (forward.attention_s + backward.attention_s),
         elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
         compute_s=compute,
         exposed_s=hidden,
         bubble_s=bubble,
         optimizer_s=optimizer,
+        dequant_s=n * (forward.dequant_s + backward.dequant_s),
+        offload_micro_batch_s=copies_stage,
+        offload_step_s=copies_step,
+        host_optimizer_s=host,
         step_time_s=step,
         mfu=model / (step * p.devices * peak),
         communication=tuple(rows),

@@ -40,6 +40,9 @@ from memplan.presets import GpuPreset
 from memplan.time.predict import Prediction, predict
 
 SECONDS_PER_DAY = 86_400
+MIN_MFU = 1e-6
+"""The smallest ``--mfu`` taken: below a millionth of the peak the value is a mistype (``1e-320`` made
+the step time overflow to infinity), not a measurement."""
 
 
 class Timing(BaseModel):
@@ -99,8 +102,8 @@ def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float 
             f"step-time: must be finite positive seconds, got {step_time}; e.g. --step-time 13.75"
         )
     assumed = mfu
-    if assumed is not None and not 0 < assumed <= 1:
-        raise ValueError(f"mfu: must be in (0, 1], got {assumed}; e.g. --mfu 0.4")
+    if assumed is not None and not MIN_MFU <= assumed <= 1:
+        raise ValueError(f"mfu: must be in [{MIN_MFU:g}, 1], got {assumed}; e.g. --mfu 0.4")
     if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):
         raise ValueError(f"tokens: must be a positive number of tokens, got {tokens}; e.g. --tokens 300e9")
     return assumed
@@ -134,6 +137,11 @@ def timing(
         seconds, basis = step_time, "measured"
     else:
         seconds, basis = predicted.step_time_s, "predicted"
+    if not (math.isfinite(seconds) and seconds > 0):  # a GPU file's extreme figures (gt=0, finite)
+        raise ValueError(
+            f"gpu: {gpu.name}'s figures give a step time of {seconds:g} s; check the GPU file's "
+            "peak_tflops, hbm_bandwidth_gbps and topology bandwidths (finite GB/s and TFLOP/s)"
+        )
     fastest = model / capacity  # every model FLOP at the devices' peak: MFU 1
     if basis == "measured" and seconds < fastest:
         achieved = model / (seconds * capacity)

@@ -192,3 +192,35 @@ def test_weights_equal_the_reference_models_storage(method: Method, double_quant
     storage = [m.storage_bytes() for m in model.modules() if isinstance(m, FourBitWeight)]
     assert len(storage) == (7 * setup.model.num_layers if method is QLORA else 0)
     assert estimate(setup).states.weights == params + sum(storage)
+
+
+OPTIMIZER_CASES: list[dict[str, Any]] = [
+    {"method": LORA, "precision": "bf16-mixed"},
+    {"method": QLORA, "targets": parse_targets("all-linear"), "precision": "bf16-mixed", "rank": 3},
+    {"method": FULL, "freeze_embeddings": True, "freeze_layers": (0, 1), "precision": "bf16-mixed"},
+]
+
+
+@pytest.mark.parametrize("case", OPTIMIZER_CASES, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+def test_optimizer_step_over_what_trains_equals_measurement(case: dict[str, Any]) -> None:
+    """The step's temporaries (reference optimizer) and the torch for-loop / foreach AdamW over the reference
+    model's requires_grad parameters, measured, equal the estimate (issue #20: the frozen embedding was
+    counted)."""
+    from memplan.analytic.optimizer_step import step_transient, trainable_shapes
+    from memplan.config import OptimizerImpl
+    from memplan.measure.model import Reference
+    from memplan.measure.optim import step_transient as reference_step
+    from memplan.measure.optim_impls import step_transient as torch_step
+
+    setup = setup_for(**case)
+    torch.manual_seed(0)
+    trainable = [p for p in Reference(setup).parameters() if p.requires_grad]
+    assert [tuple(p.shape) for p in trainable] == trainable_shapes(setup)
+    for p in trainable:
+        p.grad = torch.randn_like(p)
+    precision, optimizer = setup.training.precision, setup.training.optimizer
+    assert reference_step(trainable, precision, optimizer) == step_transient(setup)
+    for impl in (OptimizerImpl.FOR_LOOP, OptimizerImpl.FOREACH):
+        t = setup.training.model_copy(update={"optimizer_impl": impl})
+        explicit = Setup.model_validate({**setup.model_dump(), "training": t.model_dump()})
+        assert torch_step(trainable, precision, impl)[0] == step_transient(explicit)

@@ -22,6 +22,7 @@ from memplan.analytic.optimizer_step import (
     parameter_shapes,
     step_tensors,
     step_transient,
+    trainable_shapes,
 )
 from memplan.api import build_setup
 from memplan.config import (
@@ -187,12 +188,36 @@ def test_hf_llama_for_loop_step_is_exact() -> None:
     assert measured == expected
 
 
-def test_fine_tuning_steps_the_reference_optimizer() -> None:
+def test_fine_tuning_steps_the_trainable_tensors_of_peft() -> None:
+    """Issue #20: under LoRA an explicit torch / bitsandbytes optimizer steps what trains — peft's
+    ``requires_grad`` parameters on transformers' Llama, in its order — and the real for-loop AdamW over
+    them allocates the estimate's temporaries (the frozen [V, H] embedding and head are never stepped)."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
     s = build_setup(LLAMA, seq=16, finetune=finetune_from(Method.LORA, {}, False, DType.BF16))
     hf = s.model_copy(update={"impl": ImplConfig(impl=Impl.HF)})
-    assert optimizer_impl(hf) is OptimizerImpl.REFERENCE
-    explicit = hf.model_copy(
-        update={"training": hf.training.model_copy(update={"optimizer_impl": OptimizerImpl.FUSED})}
+    assert optimizer_impl(hf) is OptimizerImpl.REFERENCE  # the default under fine-tuning
+    loop = hf.model_copy(
+        update={"training": hf.training.model_copy(update={"optimizer_impl": OptimizerImpl.FOR_LOOP})}
     )
-    with pytest.raises(ValueError, match="optimizer_impl: fused is modelled for full training"):
-        optimizer_impl(explicit)
+    assert optimizer_impl(loop) is OptimizerImpl.FOR_LOOP
+    m = LLAMA
+    config = transformers.LlamaConfig(
+        hidden_size=m.hidden_size,
+        intermediate_size=m.ffn,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.kv_heads,
+        vocab_size=m.vocab_size,
+        max_position_embeddings=m.max_positions,
+    )
+    torch.manual_seed(0)
+    base = transformers.AutoModelForCausalLM.from_config(config)
+    lora = peft.get_peft_model(base, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"]))
+    trainable = [p for p in lora.parameters() if p.requires_grad]
+    assert [tuple(p.shape) for p in trainable] == trainable_shapes(loop)
+    params = [p.detach().to(torch.bfloat16).clone() for p in trainable]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    measured, _ = measured_step(params, loop.training.precision, OptimizerImpl.FOR_LOOP)
+    assert measured == step_transient(loop)

@@ -87,7 +87,7 @@ def test_plan_rich_output_runs() -> None:
         *GPT3, "--tp", "8", "--sp", "--pp", "4", "--grad-accum", "8", "--gpu", "h100", "--tokens", "3e11"
     )
     assert result.exit_code == 0, result.output
-    assert "memplan plan" in result.stdout and "Pipeline stages" in result.stdout
+    assert "memplan estimate" in result.stdout and "Pipeline stages" in result.stdout
 
 
 def test_plan_without_parallelism_equals_estimate_json() -> None:
@@ -120,7 +120,7 @@ def test_plan_moe_counts_and_expert_parallel() -> None:
             "error: global-batch: 100 sequences are not a multiple",
         ),
         ((*GPT3, "--mfu", "0.5"), "error: gpu: time needs a GPU's peak FLOP/s; add --gpu NAME"),
-        ((*GPT3, "--gpu", "a100", "--mfu", "2"), "error: mfu: must be in (0, 1], got 2.0"),
+        ((*GPT3, "--gpu", "a100", "--mfu", "2"), "error: mfu: must be in [1e-06, 1], got 2.0"),
         ((*GPT3, "--ep", "2"), "error: ep: gpt3-175b is dense"),
         ((*GPT3, "--gpu", "a100", "--step-time", "inf"), "error: step-time: must be finite positive seconds"),
         ((*GPT3, "--gpu", "a100", "--tokens", "nan"), "error: tokens: must be a positive number of tokens"),
@@ -265,7 +265,7 @@ def test_fit_rich_output_and_mistakes() -> None:
         "error: top: must be 0 (every configuration) or more"
     )
     assert one_line_error(*FIT, "--global-batch", "0").startswith("error: global-batch: must be at least one")
-    assert one_line_error(*FIT, "--mfu", "2").startswith("error: mfu: must be in (0, 1], got 2.0")
+    assert one_line_error(*FIT, "--mfu", "2").startswith("error: mfu: must be in [1e-06, 1], got 2.0")
 
 
 def test_plan_and_fit_stay_torch_free() -> None:

@@ -169,3 +169,27 @@ def test_zero_stages_are_not_searched_over_one_data_parallel_rank() -> None:
     single = [r.family for r in result.rejected if r.family.layout.dp == 1]
     assert single and all(f.zero == ZeroStage.NONE for f in single)
     assert any(r.family.zero > ZeroStage.NONE for r in result.rejected if r.family.layout.dp > 1)
+
+
+def test_fit_lists_only_layouts_estimate_takes() -> None:
+    """Issue #20: `fit --gpus 1000000000` recommended dp 3,906,250, which `estimate` refuses (dp ≤ 2²⁰).
+    2²⁸ devices: the only layout with dp ≤ 2²⁰ is tp 8 × pp 32 (one layer a stage) × dp 2²⁰; every row
+    fit lists is then rebuilt by estimate's own setup."""
+    from memplan.api import Options, build
+    from memplan.config.strategy import MAX_DP
+
+    base = build_setup("7b", seq=2048)
+    result = fit(base, load_gpu("h100"), 1 << 28, max_seq=False)
+    assert result.fitting
+    for c in result.fitting:
+        s = c.result.setup
+        assert (s.parallel.tp, s.parallel.pp, s.strategy.dp) == (8, 32, MAX_DP)
+        again = build(Options(model="7b", seq=2048, tp=8, sp=True, pp=32, dp=MAX_DP, zero=s.strategy.zero))
+        assert again.result.setup.strategy.dp == MAX_DP
+    with pytest.raises(ValueError) as err:
+        fit(base, load_gpu("h100"), 10**9, max_seq=False)
+    # The most: the widest tp (8) × one layer a stage (32) × 2²⁰.
+    assert str(err.value) == (
+        "gpus: 1,000,000,000 devices need a data-parallel degree above 1,048,576 in every layout fit "
+        "searches (tp ≤ 8, pp dividing the 32 layers); use at most --gpus 268,435,456"
+    )

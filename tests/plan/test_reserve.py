@@ -40,3 +40,20 @@ def test_fit_searches_the_usable_memory() -> None:
 def test_reserve_out_of_range_is_refused(gib: float) -> None:
     with pytest.raises(ValueError, match=r"^reserve: "):
         reserve_bytes(gib, load_gpu("h100"))
+
+
+def test_the_overflowing_term_is_one_alive_at_the_peak() -> None:
+    """Issue #20: at the optimizer step the activations are freed, so they cannot be what overflows.
+    Llama-2-7B at seq 2048 without checkpointing peaks at the optimizer step; its model states are 16 B per
+    parameter (bf16 weights 2 + fp32 master 4 + fp32 m, v 8 + bf16 gradients 2), far above the ids and
+    labels the moment holds, so a GPU just under the peak overflows in the step's temporaries — while
+    weights + optimizer + gradients + all activations (the bar) pass it already."""
+    r = build(Options(model="7b", seq=2048)).result
+    dev, psi = r.device, r.params.total
+    assert dev.peak.phase == "optimizer step"
+    st = dev.states
+    assert (st.weights, st.optimizer, st.gradients) == (2 * psi, 12 * psi, 2 * psi)
+    gpu = load_gpu("h100").model_copy(update={"memory_bytes": dev.peak.bytes - 1})
+    v = verdict(r, gpu, reserve=0)
+    assert not v.fits and 16 * psi + dev.activations > v.usable_bytes  # the old rule named activations
+    assert v.overflow == "transient"

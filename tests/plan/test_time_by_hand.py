@@ -5,8 +5,8 @@ untied), seq 64, micro-batch 1, bf16-mixed AdamW, flash attention, tp 2 × dp 2 
 The figures the CLI prints (``memplan estimate --gpu``: step time, tokens/s, MFU, HFU, bubble, model and
 hardware FLOPs, peak per device, the predicted parts; the communication rows; ``compare``'s step time,
 tokens/s, MFU and FLOPs/step) are the JSON's; each is asserted against a derivation from the config, the
-GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, ATTENTION 0.50, MEMORY 0.80,
-NETWORK_INTRA 0.67), never against memplan's own functions.
+GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, MEMORY 0.80, NETWORK_INTRA 0.67;
+FlashAttention-2 on Hopper FA2_HOPPER 0.35), never against memplan's own functions.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ ARGS = ("-m", "tiny", "--seq", "64", "--gpu", "h100-sxm", "--tp", "2", "--dp", "
 # H100 SXM (its preset, NVIDIA's datasheet): dense bf16 989.5 TFLOP/s, 132 SMs, HBM 3.35 TB/s, NVLink
 # 450 GB/s per direction, 1.5 µs per ring step.
 PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
-MM, AT, MEM, NET = 0.80 * PEAK, 0.50 * PEAK, 0.80 * HBM, 0.67 * NVLINK
+# the flash core: torch's SDPA runs FlashAttention-2, at 35 % of peak on an H100 (Shah et al. 2024,
+# FlashAttention-3, abstract; time/attention.py)
+MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * PEAK, 0.80 * HBM, 0.67 * NVLINK
 
 # tiny: T = 64 tokens; per tensor-parallel rank (t 2): q 4·16/2 = 32 columns, k and v 2·16/2 = 16, MLP 64.
 T, H, TP = 64, 64, 2
@@ -55,9 +57,13 @@ MATMUL_FWD_S = (2 * LAYER_FWD + HEAD_FWD) / MM
 MATMUL_BWD_S = (2 * LAYER_BWD + HEAD_BWD) / MM
 # Attention core on a rank: half the heads.
 ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / AT, 2 * (5 * CORE // 2) / TP / AT
-# Element-wise bytes of one layer's forward on a rank (compute.py's docstring): two norms 2·(2·T·h·e),
-# two residual adds 2·(3·T·h·e), rotary on q and k 2·T·(a + kv)·d/t·e, SwiGLU 3·T·f/t·e; e = 2.
-ELEMENTWISE = 2 * 2 * T * H * 2 + 2 * 3 * T * H * 2 + 2 * T * 6 * 16 // TP * 2 + 3 * T * 128 // TP * 2
+# Element-wise bytes of one layer's forward on a rank (compute.py, elementwise.py: memplan's reference
+# model runs eager PyTorch, one kernel per op, e = 2): two RMSNorms, each x.to(fp32) (e + 4), pow (4 + 4),
+# mean (4), x·rsqrt (4 + 4), .to(bf16) (4 + e), weight· (e + e) = 28 + 4e = 36 bytes an element of
+# [T, h]; two residual adds 3·e; rotary on q and k (a + kv)·d/t elements a token, 10e each (q·cos,
+# rotate_half's negation and cat, ·sin, the sum); SwiGLU silu(gate)·up 5e per [T, f/t] element.
+ELEMENTWISE = 2 * T * H * 36 + 2 * 3 * T * H * 2 + T * 6 * 16 // TP * 10 * 2 + 5 * 2 * T * 128 // TP
+assert ELEMENTWISE == 446_464
 EW_FWD_S, EW_BWD_S = 2 * ELEMENTWISE / MEM, 2 * 2 * ELEMENTWISE / MEM
 FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S
 BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S

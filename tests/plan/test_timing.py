@@ -203,7 +203,8 @@ def test_precision_picks_the_peak() -> None:
         (dict(mfu=0.4, step_time=1.0), "mfu: give either --mfu"),
         (dict(step_time=0.0), "step-time: must be finite positive seconds"),
         (dict(step_time=float("inf")), "step-time: must be finite positive seconds"),
-        (dict(mfu=1.5), r"mfu: must be in \(0, 1\]"),
+        (dict(mfu=1.5), r"mfu: must be in \[1e-06, 1\]"),
+        (dict(mfu=1e-320), r"mfu: must be in \[1e-06, 1\]"),
         (dict(tokens=0), "tokens: must be a positive number of tokens"),
     ],
 )

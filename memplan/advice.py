@@ -1,0 +1,395 @@
+"""The answer first: does this step fit a GPU, what fills its peak, and what would make it fit.
+
+``advise(built)`` takes one estimate and answers, from memplan's own estimates only:
+
+- against which GPU: ``--gpu`` when given (with ``--reserve``); otherwise the largest GPU preset by memory
+  (with the default reserve), and, when the step fits there, the smallest preset that still holds it;
+- the three largest terms of the peak moment (weights, optimizer, gradients, activations, transient);
+- how many GPUs of that size it needs: the smallest data-parallel degree N for which ``--zero 3 --dp N``
+  (the user's other settings kept; ``--checkpointing full`` added when no N fits without it) fits, checked
+  by estimating N and N − 1;
+- suggestions, each a change of the user's options that is estimated here, with its peak and whether it
+  fits: the ZeRO-3 layout above, ``--checkpointing full``, ``--finetune lora``, ``--optimizer adamw-8bit``,
+  and ``memplan fit`` on a power of two ≥ N GPUs (where ``--zero 3 --dp`` that many is estimated to fit,
+  so the search finds at least that). A change that does not lower the peak is never suggested.
+
+Pure Python (no torch): every candidate is one ``engine.estimate`` of ``api.setup_of(options)``; the
+engine's per-rank pieces are cached, so the whole advice costs a few tens of estimates (milliseconds).
+
+NB: the GPU count keeps the user's tensor, context and pipeline degrees and grows only dp: splitting the
+model (``--tp``, ``--pp``, ``--cp``) can need fewer GPUs: what the suggested ``memplan fit`` searches.
+The count assumes the peak under ZeRO-3 does not grow with dp (states shrink as 1/dp, the rest is
+constant); the search checks N and N − 1 only. A candidate whose settings cannot be planned (e.g. a
+``--global-batch`` that the new dp does not divide) is dropped, not reported.
+"""
+
+from __future__ import annotations
+
+import functools
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict
+
+from memplan.api import Built, Options, gpu_of, setup_of
+from memplan.blocks.profiles import compile_note
+from memplan.config import FINETUNE_OPTIONS, Attention, Checkpointing, MethodChoice, Optimizer
+from memplan.engine import Result, estimate
+from memplan.presets import GpuPreset, gpu_names, load_gpu
+from memplan.search.budget import DEFAULT_RESERVE, reserve_bytes, verdict
+
+MAX_DP = 1 << 20
+"""The largest data-parallel degree searched: ``StrategyConfig.dp``'s own limit."""
+
+TOP_TERMS = 3
+
+FIT_OPTIONS = frozenset(
+    {
+        "seq",
+        "precision",
+        "optimizer",
+        "optimizer_impl",
+        "dropout",
+        "device",
+        "mfu",
+        "gpus_per_node",
+        "intra_node_bw",
+        "inter_node_bw",
+        "reserve",
+        "host_memory",
+        "finetune",
+        *FINETUNE_OPTIONS,
+        "double_quant",
+    }
+)
+"""The ``api.Options`` fields ``memplan fit`` takes as they are (``cli.search`` gives it these)."""
+_FIT_SEARCHES = frozenset(
+    {"gpu", "gpus", "dp", "zero", "checkpointing", "attention", "batch", "grad_accum", "global_batch"}
+)
+"""The settings ``memplan fit`` chooses itself (or is given as --gpu, --gpus)."""
+
+
+class Suggestion(BaseModel):
+    """One change of the user's options, estimated: its peak on the most loaded device; does it fit."""
+
+    model_config = ConfigDict(frozen=True)
+    args: list[str]
+    """The options to add or change, as typed: ``["--zero", "3", "--dp", "20"]``."""
+    command: list[str]
+    """The whole command line that runs it (``memplan estimate …`` or ``memplan fit …``)."""
+    peak: int
+    """Bytes at the peak on the most loaded device (for ``memplan fit``: of the ZeRO-3 layout it contains)."""
+    fits: bool
+    devices: int
+    """GPUs the suggestion runs on."""
+    why: str
+    """What it changes, in a few words."""
+
+
+class GpuCount(BaseModel):
+    """How many GPUs of one size the step needs under ZeRO-3 over dp (None: no dp ≤ ``MAX_DP`` fits)."""
+
+    model_config = ConfigDict(frozen=True)
+    gpu: str
+    usable_bytes: int
+    devices: int | None
+    dp: int | None
+    args: list[str]
+    """The options that make ``devices`` GPUs fit (``--zero 3 --dp N``, maybe ``--checkpointing full``)."""
+    peak: int
+    """The peak at ``dp`` (at ``MAX_DP`` when nothing fits)."""
+
+
+class Advice(BaseModel):
+    """The verdict panel's content; ``--json``'s ``verdict`` object."""
+
+    model_config = ConfigDict(frozen=True)
+    gpu: str
+    """The GPU judged against: ``--gpu``, else the largest preset (or the smallest that holds the step)."""
+    gpu_given: bool
+    memory_bytes: int
+    usable_bytes: int
+    """memory_bytes − the reserve (``--reserve``, default 1 GiB)."""
+    peak: int
+    phase: str
+    fits: bool
+    headroom: int
+    """usable − peak (negative when it does not fit)."""
+    devices: int
+    terms: dict[str, int]
+    """The three largest terms of the peak moment, largest first, in bytes."""
+    counts: list[GpuCount]
+    suggestions: list[Suggestion]
+    notes: list[str]
+    """Settings that pass but deserve a word (``notes``); also ``--json``'s top-level ``notes``."""
+
+    def to_json(self) -> dict[str, object]:
+        return self.model_dump()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Options → command line
+# ----------------------------------------------------------------------------------------------------
+def _text(value: object) -> str:
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def flags(o: Options) -> list[str]:
+    """The options ``o`` sets away from their defaults, as typed on a command line (``-m`` first)."""
+    out = ["-m", o.model]
+    for name, field in Options.model_fields.items():
+        value = getattr(o, name)
+        if name == "model" or value == field.default:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            out += [flag, _text(value)]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Estimating candidates
+# ----------------------------------------------------------------------------------------------------
+def _result(o: Options) -> Result | None:
+    """The estimate of ``o``, or None when its settings cannot be planned (a rejected candidate)."""
+    try:
+        return estimate(setup_of(o))
+    except ValueError:  # pydantic's ValidationError included
+        return None
+
+
+def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int] | None:
+    """(peak bytes, fits, devices) of ``o`` on ``gpu``; None when it cannot be planned."""
+    r = _result(o)
+    if r is None:
+        return None
+    v = verdict(r, gpu, reserve=reserve)
+    return v.peak, v.fits, r.devices
+
+
+def _change(o: Options, built: Result, **update: object) -> Options:
+    """``o`` with ``update``: dp given directly (``--gpus`` dropped), the micro-batches per step kept."""
+    base: dict[str, object] = {"gpus": None}
+    if o.global_batch is not None:  # the new dp may not divide it: keep the micro-batches it made
+        base |= {"global_batch": None, "grad_accum": built.micro_batches}
+    return o.model_copy(update=base | update)
+
+
+def _zero3(o: Options, r: Result, dp: int, full: bool) -> Options:
+    extra: dict[str, object] = {"checkpointing": "full"} if full else {}
+    return _change(o, r, zero=3, dp=dp, **extra)
+
+
+def _zero3_args(dp: int, full: bool) -> list[str]:
+    """The options of ``_zero3`` as typed; none for ZeRO-3 over one GPU (it shards nothing)."""
+    zero = ["--zero", "3", "--dp", str(dp)] if dp > 1 else []
+    return [*zero, *(["--checkpointing", "full"] if full else [])]
+
+
+def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
+    """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): dp
+    doubles from 1 until it fits, then a bisection finds the smallest that fits."""
+    world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
+    usable = gpu.memory_bytes - reserve
+    last = 0
+    for full in [False] if o.checkpointing == "full" else [False, True]:
+
+        def at(dp: int, full: bool = full) -> tuple[int, bool] | None:
+            got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
+            return None if got is None else (got[0], got[1])
+
+        low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
+        got = at(high)
+        while (got is None or not got[1]) and high < MAX_DP:
+            last = got[0] if got is not None else last
+            low, high = high, min(2 * high, MAX_DP)
+            got = at(high)
+        if got is None or not got[1]:
+            last = got[0] if got is not None else last
+            continue
+        best = got
+        while high - low > 1:
+            mid = (low + high) // 2
+            tried = at(mid)
+            if tried is not None and tried[1]:
+                high, best = mid, tried
+            else:
+                low = mid
+        args = _zero3_args(high, full)
+        return GpuCount(
+            gpu=gpu.name, usable_bytes=usable, devices=world * high, dp=high, args=args, peak=best[0]
+        )
+    return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
+
+
+def _single_changes(o: Options) -> list[tuple[list[str], dict[str, object], str]]:
+    """(args, option changes, what) of the one-option suggestions that apply to ``o``."""
+    out: list[tuple[list[str], dict[str, object], str]] = []
+    if o.checkpointing != "full" and not o.reversible:
+        out.append((["--checkpointing", "full"], {"checkpointing": "full"}, "keep one input per layer"))
+    if o.finetune is MethodChoice.FULL:
+        out.append((["--finetune", "lora"], {"finetune": MethodChoice.LORA}, "train low-rank adapters only"))
+    if o.optimizer is Optimizer.ADAMW and o.optimizer_impl is None:
+        out.append(
+            (["--optimizer", "adamw-8bit"], {"optimizer": Optimizer.ADAMW_8BIT}, "8-bit optimizer states")
+        )
+    return out
+
+
+def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuCount) -> list[Suggestion]:
+    """Every suggestion that lowers the peak, estimated; the ZeRO-3 count first, then by peak."""
+    peak = r.device.peak.bytes
+    out: list[Suggestion] = []
+    if count.dp is not None:
+        full = "full" in count.args
+        if not count.args:  # fits as it is on one GPU of this size: nothing to suggest
+            return []
+        out.append(
+            Suggestion(
+                args=count.args,
+                command=["memplan", "estimate", *flags(_zero3(o, r, count.dp, full))],
+                peak=count.peak,
+                fits=True,
+                devices=count.devices or 0,
+                why=f"shard weights, gradients and optimizer states over {count.dp} data-parallel GPUs",
+            )
+        )
+    singles: list[Suggestion] = []
+    for args, update, why in _single_changes(o):
+        changed = o.model_copy(update=update)
+        got = _peak_fits(changed, gpu, reserve)
+        if got is None or got[0] >= peak:
+            continue
+        command = ["memplan", "estimate", *flags(changed)]
+        singles.append(
+            Suggestion(args=args, command=command, peak=got[0], fits=got[1], devices=got[2], why=why)
+        )
+    out += sorted(singles, key=lambda s: s.peak)
+    if count.dp is not None and count.devices is not None:
+        out += _fit_suggestion(o, r, gpu, reserve, count)
+    return out
+
+
+def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuCount) -> list[Suggestion]:
+    """``memplan fit`` on the power of two ≥ the count (it divides fit's default global batch, a power of
+    two), when ``--zero 3`` over that many data-parallel GPUs is estimated to fit (the search includes it)."""
+    assert count.dp is not None and count.devices is not None
+    given = {n for n, f in Options.model_fields.items() if n != "model" and getattr(o, n) != f.default}
+    if given - FIT_OPTIONS - _FIT_SEARCHES:
+        return []  # a setting fit does not take (a layout, offload, a loss): its search would differ
+    gpus = 1 << (count.devices - 1).bit_length()
+    full = "full" in count.args
+    # fit's space holds tp 1, pp 1, dp = gpus, micro-batch 1, the user's attention and ZeRO 3 (with full
+    # checkpointing) at its default global batch, a power of two ≥ gpus: estimate that one.
+    got = _peak_fits(_zero3(o, r, gpus, full).model_copy(update={"batch": 1}), gpu, reserve)
+    if got is None or not got[1]:
+        return []
+    seq = str(r.setup.training.seq_len)
+    name = o.gpu or gpu.name  # as typed: a preset file's path stays a path
+    command = ["memplan", "fit", "-m", o.model, "--seq", seq, "--gpu", name, "--gpus", str(gpus)]
+    own = {n: getattr(o, n) for n in given & FIT_OPTIONS - {"seq"}}
+    command += flags(o.model_validate({"model": o.model, **own}))[2:]
+    return [
+        Suggestion(
+            args=command[2:],
+            command=command,
+            peak=got[0],
+            fits=True,
+            devices=gpus,
+            why=f"the fastest layouts (tp, pp, dp, ZeRO, checkpointing) on {gpus} GPUs",
+        )
+    ]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Notes: settings that pass but deserve a word
+# ----------------------------------------------------------------------------------------------------
+def notes(b: Built) -> list[str]:
+    """One line each: a sequence beyond the model's positions, --compile where its saved set is not modelled,
+    selective checkpointing under flash."""
+    r, o = b.result, b.options
+    out: list[str] = []
+    m, seq = r.setup.model, r.setup.training.seq_len
+    if seq > m.max_positions:  # learned positions refuse it (config.setup); rotary ones run past it
+        out.append(
+            f"seq {seq:,} exceeds {m.name}'s {m.max_positions:,} positions (max_position_embeddings): "
+            "training beyond them is a choice that needs RoPE scaling (e.g. rope_scaling in the config); "
+            "the memory and FLOPs here do not depend on it"
+        )
+    compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
+    if compiled is not None:
+        out.append(compiled)
+    st = r.setup.strategy
+    if st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
+        none = _result(o.model_copy(update={"checkpointing": "none"}))
+        if none is not None:
+            saved = none.device.peak.bytes - r.device.peak.bytes
+            out.append(
+                f"checkpointing selective under flash attention lowers the peak by {saved:,} bytes "
+                f"against none (flash keeps no s×s probabilities to drop) and re-runs the attention core "
+                f"({r.flops.recompute:,} FLOPs); --checkpointing full or every-K saves memory"
+            )
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# The verdict
+# ----------------------------------------------------------------------------------------------------
+@functools.cache
+def _presets() -> tuple[GpuPreset, ...]:
+    """The shipped GPU presets, smallest memory first (ties: by name)."""
+    return tuple(sorted((load_gpu(n) for n in gpu_names()), key=lambda g: (g.memory_bytes, g.name)))
+
+
+def top_terms(r: Result, n: int = TOP_TERMS) -> dict[str, int]:
+    """The ``n`` largest terms of the peak moment on the most loaded device, largest first (ties: the
+    allocation order)."""
+    moment = r.device.peak.moments[r.device.peak.phase]
+    order = sorted(moment.items(), key=lambda kv: -kv[1])
+    return dict(order[:n])
+
+
+def _judged_against(b: Built) -> tuple[GpuPreset, int, bool]:
+    """(GPU, reserve bytes, given): ``--gpu``; else the smallest preset that holds the peak with the default
+    reserve, else the largest preset."""
+    if b.gpu is not None:
+        return b.gpu, reserve_bytes(b.options.reserve, b.gpu), True
+    peak = b.result.device.peak.bytes
+    holds = [g for g in _presets() if peak <= g.memory_bytes - DEFAULT_RESERVE]
+    return (holds[0] if holds else _presets()[-1]), DEFAULT_RESERVE, False
+
+
+def advise(b: Built) -> Advice:
+    """The verdict of ``b`` (see the module docstring)."""
+    r, o = b.result, b.options
+    gpu, reserve, given = _judged_against(b)
+    v = verdict(r, gpu, reserve=reserve)
+    counts: list[GpuCount] = []
+    found: list[Suggestion] = []
+    if not v.fits:
+        counts.append(gpu_count(o, r, gpu, reserve))
+        largest = _presets()[-1]
+        if given and largest.memory_bytes > gpu.memory_bytes:
+            preset = gpu_of(o.model_copy(update={"gpu_memory": None}), largest.name)  # its own memory
+            counts.append(gpu_count(o, r, preset, DEFAULT_RESERVE))
+        found = suggestions(o, r, gpu, reserve, counts[0])
+    return Advice(
+        gpu=gpu.name,
+        gpu_given=given,
+        memory_bytes=gpu.memory_bytes,
+        usable_bytes=v.usable_bytes,
+        peak=v.peak,
+        phase=v.phase,
+        fits=v.fits,
+        headroom=v.headroom,
+        devices=r.devices,
+        terms=top_terms(r),
+        counts=counts,
+        suggestions=found,
+        notes=notes(b),
+    )

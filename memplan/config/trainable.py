@@ -1,0 +1,41 @@
+"""What trains under fine-tuning (``--finetune``, ``--freeze``): one fact each, read by the saves
+(``strategies.lora``), the optimizer step (``analytic.optimizer_step``) and the reference model
+(``measure.lora``). Full training outside ``--freeze`` trains everything; LoRA trains only its adapters.
+"""
+
+from __future__ import annotations
+
+from memplan.config.finetune import Method, Target
+from memplan.config.setup import Setup
+
+
+def base_trains(setup: Setup, layer: int) -> bool:
+    """Whether layer ``layer``'s own weights (linears, norms) train: full training outside --freeze."""
+    ft = setup.finetune
+    return ft.method is Method.FULL and not ft.layer_frozen(layer)
+
+
+def adapted(setup: Setup, layer: int) -> frozenset[Target]:
+    """The linears of layer ``layer`` with a LoRA adapter (none in frozen layers or without LoRA)."""
+    ft = setup.finetune
+    if not ft.lora or ft.layer_frozen(layer):
+        return frozenset()
+    return frozenset(ft.targets)
+
+
+def embedding_trains(setup: Setup) -> bool:
+    ft = setup.finetune
+    tied = setup.model.tied_embeddings and ft.freeze_lm_head  # one tensor: frozen as the head is
+    return ft.method is Method.FULL and not ft.freeze_embeddings and not tied
+
+
+def head_trains(setup: Setup) -> bool:
+    """The lm head (the embedding itself when tied) trains."""
+    if setup.model.tied_embeddings:
+        return embedding_trains(setup)
+    ft = setup.finetune
+    return ft.method is Method.FULL and not ft.freeze_lm_head
+
+
+def final_norm_trains(setup: Setup) -> bool:
+    return setup.finetune.method is Method.FULL

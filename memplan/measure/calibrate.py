@@ -1,0 +1,114 @@
+"""``memplan calibrate``'s microbenchmarks on the user's device (torch; the only place they run).
+
+Each is timed after two warm-up calls, between device synchronisations, best of the sweep:
+- GEMMs: ``a @ b`` for a sweep of shapes [m, k]·[k, n] in the compute dtype: 2·m·k·n FLOPs per call;
+- element-wise bandwidth: ``y.copy_(x)`` of a large tensor: 2·n·e bytes (read and written) per call;
+- attention: ``F.scaled_dot_product_attention`` forward and backward (whichever kernel SDPA picks on the
+  device), counted as memplan counts the flash kernel: 4·b·a·s²·d forward + 10·b·a·s²·d backward;
+- launch gap: a queue of in-place adds on a one-element tensor, seconds per kernel.
+
+On a CUDA device in bf16 at training sizes; on CPU in fp32 at small sizes (a few seconds, what the test
+runs): a CPU's figures against a GPU preset's peak are not a GPU's, only the code path.
+
+Known limitations (NB): collectives (``--nproc``) are not measured yet; the GEMM sweep is a handful of
+shapes, not cuBLAS's whole heuristic space; the attention figure is SDPA's default kernel on the device.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+GEMMS_FULL = ((8192, 8192, 8192), (4096, 4096, 4096), (8192, 4096, 14336), (8192, 14336, 4096))
+GEMMS_SMALL = ((256, 256, 256), (512, 512, 512))
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Achieved rates on the device."""
+
+    matmul_flops: float
+    """FLOP/s of the sweep's best GEMM."""
+    copy_bytes: float
+    """Bytes/s read and written by a device copy."""
+    attention_flops: float
+    """FLOP/s of SDPA forward + backward (memplan's flash count)."""
+    launch_s: float
+    """Seconds per tiny kernel in a queue."""
+    device: str
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Mean seconds of ``fn`` over ``repeat`` calls after two warm-ups."""
+    for _ in range(2):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / repeat
+
+
+def gemm_flops(
+    device: torch.device, dtype: torch.dtype, shapes: tuple[tuple[int, int, int], ...], repeat: int
+) -> float:
+    best = 0.0
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        best = max(best, 2 * m * k * n / seconds(functools.partial(torch.matmul, a, b), device, repeat))
+    return best
+
+
+def copy_bandwidth(device: torch.device, dtype: torch.dtype, elements: int, repeat: int) -> float:
+    x = torch.randn(elements, device=device, dtype=dtype)
+    y = torch.empty_like(x)
+    return 2 * elements * x.element_size() / seconds(lambda: y.copy_(x), device, repeat)
+
+
+def attention_flops(
+    device: torch.device, dtype: torch.dtype, shape: tuple[int, int, int, int], repeat: int
+) -> float:
+    b, a, s, d = shape
+    q, k, v = (torch.randn(b, a, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(b, a, s, d, device=device, dtype=dtype)
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v).backward(grad)
+
+    return 14 * b * a * s * s * d / seconds(step, device, repeat)
+
+
+def launch_seconds(device: torch.device, kernels: int) -> float:
+    x = torch.zeros(1, device=device)
+    return seconds(lambda: [x.add_(1) for _ in range(kernels)], device, 1) / kernels
+
+
+def measure(small: bool | None = None) -> Measured:
+    """Every microbenchmark on the default device (CUDA when present); ``small``: CPU-sized (default on
+    CPU)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    small = device.type == "cpu" if small is None else small
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    repeat = 3 if small else 20
+    return Measured(
+        matmul_flops=gemm_flops(device, dtype, GEMMS_SMALL if small else GEMMS_FULL, repeat),
+        copy_bytes=copy_bandwidth(device, dtype, 1 << (20 if small else 28), repeat),
+        attention_flops=attention_flops(
+            device, dtype, (1, 4, 256, 64) if small else (4, 32, 4096, 128), repeat
+        ),
+        launch_s=launch_seconds(device, 100 if small else 2000),
+        device=name,
+    )

@@ -1,0 +1,65 @@
+"""A calibrated GPU file from ``memplan calibrate``'s measurements (``measure.calibrate``): the base
+preset's text with a new name and a ``[calibrated]`` table, which ``--gpu FILE`` reads and the step-time
+prediction uses in place of ``efficiency``'s published fractions (``efficiency.matmul``, ``memory``, the
+flash kernel's fraction in ``attention``).
+
+Fractions: the best GEMM's FLOP/s over the preset's dense peak for the recipe's dtype (bf16), a device
+copy's bytes read and written over its HBM bandwidth, SDPA's forward and backward over the dense peak.
+A fraction above 1 means the base preset is not this device: refused with that fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from memplan.presets import Calibration, GpuPreset
+
+
+def fraction(what: str, achieved: float, peak: float, gpu: GpuPreset, unit: str) -> float:
+    if not achieved > 0:
+        raise ValueError(f"calibrate: measured no {what} rate on the device; run it again")
+    value = achieved / peak
+    if value > 1:
+        raise ValueError(
+            f"gpu: measured {what} {achieved:.4g} {unit} exceeds {gpu.name}'s {peak:.4g}; give --gpu the "
+            "preset of the device it runs on"
+        )
+    return value
+
+
+def calibration(
+    gpu: GpuPreset,
+    matmul_flops: float,
+    copy_bytes: float,
+    attention_flops: float,
+    launch_s: float,
+    device: str,
+) -> Calibration:
+    peak = gpu.peak_tflops.bf16 * 1e12
+    hbm = gpu.hbm_bandwidth_gbps * 1e9
+    return Calibration(
+        matmul=fraction("GEMM", matmul_flops, peak, gpu, "FLOP/s"),
+        memory=fraction("copy", copy_bytes, hbm, gpu, "B/s"),
+        attention=fraction("attention", attention_flops, peak, gpu, "FLOP/s"),
+        launch_us=launch_s * 1e6 if launch_s > 0 else None,
+        device=device,
+    )
+
+
+def preset_text(base: str, name: str, c: Calibration) -> str:
+    """``base`` (a GPU preset's TOML) renamed ``name``, without aliases, with ``[calibrated]`` appended."""
+    text = re.sub(r'(?m)^name = ".*"$', f'name = "{name}"', base, count=1)
+    text = re.sub(r"(?m)^aliases = \[.*\]$", "aliases = []", text, count=1)
+    lines = [
+        "",
+        "[calibrated]  # memplan calibrate: measured on the device; the step time uses these fractions",
+        f"matmul = {c.matmul!r}",
+        f"memory = {c.memory!r}",
+    ]
+    if c.attention is not None:
+        lines.append(f"attention = {c.attention!r}")
+    if c.launch_us is not None:
+        lines.append(f"launch_us = {c.launch_us!r}")
+    lines.append(f"device = {json.dumps(c.device)}")  # a JSON string is a TOML basic string
+    return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"

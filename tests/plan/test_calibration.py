@@ -1,0 +1,55 @@
+"""A calibrated GPU file (``memplan calibrate``, issue #21 item 5): what the step time does with it, by
+hand, and the file's round trip. The measurement itself runs in tests/measure/test_calibrate.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from memplan.api import Options, build
+from memplan.presets import Calibration, gpu_text, load_gpu
+from memplan.time import efficiency as eff
+from memplan.time.calibration import calibration, preset_text
+
+
+def _write(tmp_path: Path, c: Calibration) -> str:
+    path = tmp_path / "cal.toml"
+    path.write_text(preset_text(gpu_text("h100-sxm"), "my-h100", c), encoding="utf-8")
+    return str(path)
+
+
+def _prediction(gpu: str) -> dict[str, float]:
+    b = build(Options(model="llama-3-8b", seq=4096, gpu=gpu))
+    assert b.timing is not None
+    pr = b.timing.prediction
+    return {"matmul": pr.matmul_s, "attention": pr.attention_s, "elementwise": pr.elementwise_s}
+
+
+def test_the_file_round_trips(tmp_path: Path) -> None:
+    c = Calibration(matmul=0.71, memory=0.9, attention=0.42, launch_us=4.5, device='NVIDIA "X"')
+    gpu = load_gpu(_write(tmp_path, c))
+    assert gpu.name == "my-h100"
+    assert gpu.calibrated == c
+    assert gpu.peak_tflops == load_gpu("h100-sxm").peak_tflops  # the rest is the base preset's
+
+
+def test_the_step_uses_the_measured_fractions(tmp_path: Path) -> None:
+    # matmul and memory both at half of the published 0.80: the GEMMs' ridge (MATMUL·peak)/(MEMORY·HBM) is
+    # unchanged, so every GEMM and element-wise kernel takes 0.80/0.40 = 2× as long; the flash kernel runs
+    # at the measured 0.25 of the peak instead of FlashAttention-2's 0.35 on Hopper.
+    base = _prediction("h100-sxm")
+    cal = _prediction(_write(tmp_path, Calibration(matmul=0.4, memory=0.4, attention=0.25)))
+    assert eff.MATMUL == eff.MEMORY == 0.8
+    assert cal["matmul"] == pytest.approx(2 * base["matmul"], rel=1e-12)
+    assert cal["elementwise"] == pytest.approx(2 * base["elementwise"], rel=1e-12)
+    assert cal["attention"] == pytest.approx(base["attention"] * 0.35 / 0.25, rel=1e-12)
+
+
+def test_fractions_from_rates_and_a_device_faster_than_its_preset() -> None:
+    h100 = load_gpu("h100-sxm")
+    # 494.75 TFLOP/s of 989.5, 1,675 GB/s of 3,350, 247.375 TFLOP/s of 989.5
+    c = calibration(h100, 494.75e12, 1675e9, 247.375e12, 5e-6, "gpu")
+    assert (c.matmul, c.memory, c.attention, c.launch_us) == pytest.approx((0.5, 0.5, 0.25, 5.0), rel=1e-12)
+    with pytest.raises(ValueError, match=r"gpu: measured GEMM .* exceeds h100-sxm's"):
+        calibration(h100, 2000e12, 1675e9, 247e12, 5e-6, "gpu")

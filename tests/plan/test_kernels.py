@@ -1,0 +1,178 @@
+"""The per-kernel time model (issue #21 item 2): attention by implementation and GPU generation, GEMMs
+that are memory-bound by their arithmetic intensity, LoRA's narrow adapters. Every expected figure is
+derived here by hand from the shapes, the GPU's datasheet figures and the constants' sources."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.api import Options, build
+from memplan.cli.app import app
+from memplan.config import Setup
+from memplan.time import efficiency as eff
+from memplan.time import gemm
+from memplan.time.gemm import Gemm
+
+runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+
+# Llama-3-8B: 32 heads of 128, 32 layers.
+A, D, L = 32, 128, 32
+
+
+def _attention_s(**kw: object) -> float:
+    b = build(Options(model="llama-3-8b", **kw))  # type: ignore[arg-type]
+    assert b.timing is not None
+    return b.timing.prediction.attention_s
+
+
+def _flash_flops(s: int) -> int:
+    """The flash core of one micro-batch (b 1): forward QKᵀ and P·V 2 × 2·a·s²·d per layer, backward five
+    such products (S recomputed, dP, dV, dQ, dK) → 14·a·s²·d per layer."""
+    return 14 * A * s * s * D * L
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kernel", "peak", "fraction"),
+    [
+        ("a100-80gb", "auto", 312e12, 0.50),  # FlashAttention-2 on A100: the FA2 paper's low end
+        ("h100-sxm", "auto", 989.5e12, 0.35),  # FA2 on H100: 35 % (FlashAttention-3's abstract)
+        ("h100-sxm", "fa2", 989.5e12, 0.35),
+        ("h100-sxm", "fa3", 989.5e12, 0.35 * 1.5),  # FA3: 1.5–2.0× FA2 on H100, the low end
+    ],
+)
+def test_flash_attention_by_kernel_and_generation(
+    gpu: str, kernel: str, peak: float, fraction: float
+) -> None:
+    seconds = _attention_s(seq=4096, gpu=gpu, attention_kernel=kernel)
+    assert seconds == pytest.approx(_flash_flops(4096) / (fraction * peak), rel=1e-12)
+
+
+def test_the_constants_are_the_sources_figures() -> None:
+    assert (eff.ATTENTION, eff.FA2_HOPPER, eff.FA3_SPEEDUP) == (0.50, 0.35, 1.5)
+
+
+def test_flashattention_3_off_hopper_is_a_one_line_error() -> None:
+    r = runner.invoke(
+        app, ["estimate", "-m", "llama-3-8b", "--gpu", "a100-80gb", "--attention-kernel", "fa3"]
+    )
+    assert r.exit_code == 2
+    assert "attention-kernel: FlashAttention-3 runs on Hopper GPUs only" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_eager_attention_is_memory_bound_on_a100() -> None:
+    # Eager QKᵀ [s, d]·[d, s] per head reads 2·s·d and writes s² elements for 2·s²·d FLOPs: intensity
+    # s·d/(2d + s) = 2048·128/2304 ≈ 113.8 FLOPs per byte (bf16) under A100-80GB's ridge
+    # (MATMUL·312 TFLOP/s)/(MEMORY·2,039 GB/s) ≈ 153. P·V [s, s]·[s, d] and every gradient product (dQ, dK,
+    # dP, dV) move the same three matrices' kind: the same intensity. Their waves are fuller than that
+    # (QKᵀ's 32 heads × 128 tiles of 256×128 on 108 SMs: 38 waves, 99.8 %; the [s, d] outputs of 128×128
+    # tiles: 512 tiles, 5 waves, 94.8 %), so every product runs at its bytes: time = FLOPs / (MEMORY ·
+    # 2,039 GB/s · 113.8). FLOPs: forward 2 × 2·a·s²·d, backward twice that, per layer.
+    s = 2048
+    intensity = s * D / (2 * D + s)
+    flops = 12 * A * s * s * D * L
+    seconds = _attention_s(seq=s, gpu="a100-80gb", attention="eager")
+    assert seconds == pytest.approx(flops / (eff.MEMORY * 2039e9 * intensity), rel=1e-12)
+
+
+def test_a_narrow_gemm_runs_at_its_bytes() -> None:
+    # [4096, 4096]·[4096, 16] (a LoRA A of rank 16): 2·4096·4096·16 FLOPs over (4096² + 2·4096·16)·2 bytes
+    # = 4096·16/4128 ≈ 15.9 FLOPs per byte; against a ridge of 295.4 it runs at 15.9/295.4 of MATMUL.
+    roof = gemm.Roofline(ridge=989.5e12 / 3350e9, element_bytes=2)
+    g = Gemm(4096, 4096, 16)
+    assert gemm.efficiency(g, None, roof) == pytest.approx(
+        (4096 * 16 / 4128) / (989.5e12 / 3350e9), rel=1e-12
+    )
+    assert gemm.efficiency(g, None) == 1.0  # without a roofline: the best shape's speed
+
+
+def test_lora_adapters_are_gemms_of_rank_r() -> None:
+    b = build(Options(model="llama-3-8b", seq=2048, finetune="lora", lora_rank=8))
+    setup: Setup = b.result.setup
+    shapes = gemm.adapter_gemms(setup, 2048)
+    # q: A [4096, 8], B [8, 4096]; v: A [4096, 8], B [8, 1024] (8 kv heads of 128)
+    assert shapes == [Gemm(2048, 4096, 8), Gemm(2048, 8, 4096), Gemm(2048, 4096, 8), Gemm(2048, 8, 1024)]
+    assert gemm.adapter_gemms(setup.model_copy(update={"finetune": type(setup.finetune)()}), 2048) == []
+
+
+def _elementwise_s(**kw: object) -> float:
+    b = build(Options(model="llama-3-8b", seq=4096, gpu="h100-sxm", **kw))  # type: ignore[arg-type]
+    assert b.timing is not None
+    return b.timing.prediction.elementwise_s
+
+
+def test_eager_and_compiled_element_wise_bytes_by_hand() -> None:
+    # One layer's forward on one H100, T = 4096 tokens, h 4096, f 14336, 32 q + 8 kv heads of 128, bf16
+    # (e = 2); the backward moves twice the forward's bytes: 3 × per step, 32 layers, at MEMORY × 3,350 GB/s.
+    T, h, f, e = 4096, 4096, 14336, 2
+    residual = 2 * 3 * T * h * e  # two adds: read two, write one
+    rope_elements = T * (32 + 8) * 128
+    # eager: RMSNorm 28 + 4e per element (fp32 upcast, pow, mean, rsqrt product, cast back, weight);
+    # rotary 10e (q·cos, rotate_half's neg and cat, ·sin, the sum); SwiGLU 5e (silu, then the product)
+    eager = 2 * T * h * (28 + 4 * e) + residual + rope_elements * 10 * e + T * f * 5 * e
+    # --compile: each chain one kernel, its input read and its output written once
+    compiled = 2 * T * h * 2 * e + residual + rope_elements * 2 * e + T * f * 3 * e
+    rate = eff.MEMORY * 3350e9
+    assert _elementwise_s() == pytest.approx(3 * 32 * eager / rate, rel=1e-12)
+    assert _elementwise_s(compile=True) == pytest.approx(3 * 32 * compiled / rate, rel=1e-12)
+
+
+def test_megatrons_fused_kernels_need_no_compile() -> None:
+    assert _elementwise_s(impl="megatron") < _elementwise_s(impl="reference")
+
+
+def _fp8_prediction(recipe: str) -> tuple[float, float]:
+    """(matmul_s, elementwise_s) of Llama-3-8B at T = 4096 on one H100 without an SM count (no wave loss)."""
+    from memplan.config import ImplConfig, Setup, TrainingConfig
+    from memplan.engine import estimate
+    from memplan.presets import load_gpu, load_model_preset
+    from memplan.time.timing import timing
+
+    setup = Setup(
+        model=load_model_preset("llama-3-8b").model,
+        training=TrainingConfig(seq_len=4096),
+        impl=ImplConfig(fp8=recipe),  # type: ignore[arg-type]
+    )
+    pr = timing(estimate(setup), load_gpu("h100-sxm").model_copy(update={"sms": None})).prediction
+    return pr.matmul_s, pr.elementwise_s
+
+
+# Llama-3-8B's linears per layer, (in, out): q, k, v, o, gate, up, down.
+LINEARS = [
+    (4096, 4096),
+    (4096, 1024),
+    (4096, 1024),
+    (4096, 4096),
+    (4096, 14336),
+    (4096, 14336),
+    (14336, 4096),
+]
+
+
+@pytest.mark.parametrize(("recipe", "per_element"), [("tensorwise", 2 * 2 + 1), ("rowwise", 2 + 1)])
+def test_fp8_gemms_at_the_fp8_peak_and_their_casts(recipe: str, per_element: int) -> None:
+    T = 4096
+    # Every layer GEMM is compute-bound at T = 4096 (the narrowest, W_K [4096, 4096]·[4096, 1024], has
+    # 4096·1024/6144 ≈ 683 FLOPs per bf16 byte against a ridge of 295, twice both in fp8): the layers'
+    # forward and backward (3×) at MATMUL × 1,979 TFLOP/s, the lm head [T, 4096]·[4096, 128256] at
+    # MATMUL × 989.5.
+    layer = sum(2 * T * i * o for i, o in LINEARS)
+    head = 2 * T * 4096 * 128256
+    matmul, elementwise = _fp8_prediction(recipe)
+    expected = 3 * 32 * layer / (eff.MATMUL * 1979e12) + 3 * head / (eff.MATMUL * 989.5e12)
+    assert matmul == pytest.approx(expected, rel=1e-12)
+    # Six casts per linear (torchao's docs: X and Wᵀ forward; dY twice, W and Xᵀ backward) on [T, in],
+    # [in, out], [T, out]; tensorwise 2e + 1 bytes an element (amax pass, then the cast), rowwise e + 1.
+    casts = sum((T * i + i * o) + (2 * T * o + i * o + T * i) for i, o in LINEARS)
+    _, plain = _fp8_prediction("none")
+    assert elementwise - plain == pytest.approx(32 * casts * per_element / (eff.MEMORY * 3350e9), rel=1e-9)
+
+
+def test_fp8_on_a_gpu_without_fp8_is_a_one_line_error() -> None:
+    r = runner.invoke(app, ["estimate", "-m", "llama-3-8b", "--gpu", "a100-80gb", "--fp8", "tensorwise"])
+    assert r.exit_code == 2
+    assert (
+        r.stderr.strip()
+        == "error: fp8: a100-80gb has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
+    )

@@ -1,0 +1,295 @@
+"""``memplan estimate`` leads with the answer: the verdict panel (``--summary`` alone) and ``--json``'s
+``verdict``. Every figure is checked against a hand derivation or against the estimate of the very command
+the panel suggests, run through the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
+from typer.testing import CliRunner
+
+from memplan.cli.app import app
+from memplan.schema import estimate_schema
+
+ENV = {"COLUMNS": "100", "NO_COLOR": "1"}
+runner = CliRunner(env=ENV)
+GPUS = Path(__file__).parents[1] / "presets" / "gpus"
+GIB = 2**30
+RESERVE = GIB  # --reserve's default, 1 GiB
+N_70B = 70_553_706_496  # llama-3-70b's parameters (its preset's published count, and `presets show 70b`)
+
+
+def _memory(gpu: str) -> int:
+    """A GPU preset's memory_bytes, read from its file (not through memplan)."""
+    return int(tomllib.loads((GPUS / f"{gpu}.toml").read_text())["memory_bytes"])
+
+
+@functools.cache
+def _json(*args: str) -> dict[str, Any]:
+    """``estimate … --json`` (cached: the tests only read it)."""
+    result = runner.invoke(app, ["estimate", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def _text(*args: str) -> str:
+    result = runner.invoke(app, ["estimate", *args])
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stdout.replace("│", " ").split())  # the panel's lines joined, borders dropped
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB"
+
+
+def test_70b_leads_with_the_verdict_against_the_largest_gpu_preset() -> None:
+    doc = _json("--model", "70b", "--seq", "8192")
+    v = doc["verdict"]
+    jsonschema.validate(doc, estimate_schema())
+    # The largest preset by memory, from the files: MI300X's 192 GiB (B200: 180 GiB, H200: 141 GiB).
+    largest = max((p.stem for p in GPUS.glob("*.toml")), key=_memory)
+    assert largest == "mi300x" and v["gpu"] == "mi300x" and not v["gpu_given"]
+    assert v["usable_bytes"] == _memory("mi300x") - RESERVE == 191 * GIB
+    assert v["peak"] == doc["memory"]["peak"] and not v["fits"]
+    assert v["headroom"] == v["usable_bytes"] - doc["memory"]["peak"]
+    # The three largest terms of the peak (loss backward: nothing freed yet): optimizer = fp32 master + m + v
+    # = 12 B per parameter; activations = every saved tensor; weights = bf16, 2 B per parameter.
+    assert v["terms"] == {
+        "optimizer": 12 * N_70B,
+        "activations": doc["memory"]["activations"],
+        "weights": 2 * N_70B,
+    }
+    text = _text("--model", "70b", "--seq", "8192", "--summary")
+    assert text.startswith("╭─ verdict")
+    assert "does NOT fit on one mi300x" in text and f"peak {_gib(doc['memory']['peak'])}" in text
+    assert f"optimizer {_gib(12 * N_70B)} (67%)" in text  # 846.6e9 / 1,261.5e9 = 0.671
+    assert "Activations kept for backward" not in text  # --summary: the panel alone
+
+
+def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
+    v = _json("--model", "70b", "--seq", "8192")["verdict"]
+    count = v["counts"][0]
+    # By hand: ZeRO-3 shards 16 B per parameter (bf16 weights and gradients, 12 B of fp32 master and Adam
+    # states) over dp; at dp 5 that is 70.55e9 × 16 / 5 = 225.8e9 B = 210.3 GiB > 191 GiB usable, so at
+    # least 6 MI300X; 6 leave 191 − 175.2 = 15.8 GiB for the rest, which full checkpointing's saves
+    # (80 layer inputs of 8192 × 8192 × 2 B = 10 GiB) need: its estimate fits.
+    assert 16 * N_70B / 5 > 191 * GIB > 16 * N_70B / 6
+    assert count["devices"] == count["dp"] == 6
+    assert count["args"] == ["--zero", "3", "--dp", "6", "--checkpointing", "full"]
+    six = _json("-m", "70b", "--seq", "8192", "--gpu", "mi300x", *count["args"])
+    assert six["fit"]["fits"] and six["memory"]["peak"] == count["peak"]
+    text = _text("--model", "70b", "--seq", "8192", "--summary")
+    assert "needs 6 × mi300x (--zero 3 --dp 6 --checkpointing full): peak" in text
+
+
+def test_gpu_count_under_gpu_h100_and_the_largest_preset() -> None:
+    v = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")["verdict"]
+    assert v["gpu"] == "h100-sxm" and v["gpu_given"] and v["usable_bytes"] == 79 * GIB
+    h100, largest = v["counts"]
+    assert largest["gpu"] == "mi300x" and largest["devices"] == 6
+    # By hand, the sharded states alone: 70.55e9 × 16 / 79 GiB = 13.3 → at least 14 H100s; the estimate's
+    # answer (17, with 10 GiB of checkpoints, the gathered layer and the loss) must fit, 16 must not.
+    assert h100["dp"] >= 14 and h100["dp"] == 17
+    base = ("-m", "70b", "--seq", "8192", "--gpu", "h100", "--checkpointing", "full", "--zero", "3")
+    assert _json(*base, "--dp", "17")["fit"]["fits"]
+    assert not _json(*base, "--dp", "16")["fit"]["fits"]
+
+
+def test_every_suggestion_is_estimated_lowers_the_peak_and_its_command_says_so() -> None:
+    doc = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")
+    found = doc["verdict"]["suggestions"]
+    kinds = [s["args"][:2] for s in found]
+    assert ["--zero", "3"] in kinds and ["--finetune", "lora"] in kinds
+    assert ["--optimizer", "adamw-8bit"] in kinds and ["--checkpointing", "full"] in kinds
+    assert found[-1]["command"][:2] == ["memplan", "fit"]
+    for s in found:
+        assert s["peak"] < doc["memory"]["peak"]  # never one that does not help
+        if s["command"][1] != "estimate":
+            continue
+        ran = _json(*s["command"][2:])  # the printed command, run: its own estimate
+        assert ran["memory"]["peak"] == s["peak"]
+        assert ran["fit"]["fits"] is s["fits"]
+    text = _text("--model", "70b", "--seq", "8192", "--gpu", "h100", "--summary")
+    lora = next(s for s in found if s["args"] == ["--finetune", "lora"])
+    assert f"no {_gib(lora['peak'])} {shlex.join(lora['command'])}" in text
+
+
+def test_the_fit_suggestion_holds_a_layout_that_fits() -> None:
+    found = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")["verdict"]["suggestions"]
+    fit = found[-1]
+    gpus = int(fit["command"][fit["command"].index("--gpus") + 1])
+    assert gpus == 32  # the power of two ≥ 17
+    result = runner.invoke(app, [*fit["command"][1:], "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["configs"]  # the search finds at least one layout that fits
+
+
+def test_suggestions_leave_out_what_is_already_set() -> None:
+    found = _json("-m", "70b", "--seq", "8192", "--checkpointing", "full", "--optimizer", "sgd")["verdict"]
+    kinds = [s["args"][:2] for s in found["suggestions"]]
+    assert ["--checkpointing", "full"] not in kinds and ["--optimizer", "adamw-8bit"] not in kinds
+
+
+def test_a_step_that_fits_names_the_smallest_preset_and_its_free_memory() -> None:
+    doc = _json("--model", "gpt2")
+    v = doc["verdict"]
+    smallest = min((p.stem for p in GPUS.glob("*.toml")), key=_memory)
+    assert smallest == "rtx-4090" and v["gpu"] == smallest and v["fits"]
+    free = _memory("rtx-4090") - RESERVE - doc["memory"]["peak"]  # 24 GiB − 1 GiB − the peak
+    assert v["headroom"] == free and v["counts"] == [] and v["suggestions"] == []
+    text = _text("--model", "gpt2", "--summary")
+    assert f"fits on one rtx-4090 with {_gib(free)} free" in text
+
+
+def test_fits_under_gpu_says_so_without_suggestions() -> None:
+    doc = _json("-m", "8b", "--gpu", "h100", "--finetune", "lora")
+    v = doc["verdict"]
+    assert v["fits"] and v["gpu"] == "h100-sxm" and v["suggestions"] == []
+    assert v["headroom"] == 79 * GIB - doc["memory"]["peak"]
+
+
+def test_summary_refuses_json() -> None:
+    result = runner.invoke(app, ["estimate", "-m", "gpt2", "--summary", "--json"])
+    assert result.exit_code == 2 and result.stderr.startswith("error: summary:")
+
+
+# ----------------------------------------------------------------------------------------------------
+# --gpu-memory GiB and --gpu FILE
+# ----------------------------------------------------------------------------------------------------
+def test_gpu_memory_judges_against_that_memory_with_the_default_gpus_compute() -> None:
+    custom = _json("-m", "8b", "--gpu-memory", "48")
+    h100 = _json("-m", "8b", "--gpu", "h100-sxm")
+    assert custom["fit"]["memory_bytes"] == 48 * GIB and custom["fit"]["usable_bytes"] == 47 * GIB
+    assert custom["fit"]["gpu"] == "h100-sxm with 48 GiB"
+    assert custom["fit"]["headroom"] == 47 * GIB - custom["memory"]["peak"]
+    assert custom["time"] == h100["time"]  # memory only: FLOP/s and bandwidths are the H100's
+    v = custom["verdict"]
+    assert v["gpu"] == "h100-sxm with 48 GiB" and v["gpu_given"] and not v["fits"]
+    # By hand: 8,030,261,248 parameters × 16 B over dp 3 = 39.9 GiB of states before any activation; the
+    # estimate's count, 4, must fit on 48 GiB and 3 must not.
+    assert v["counts"][0]["dp"] == 4
+    base = ("-m", "8b", "--gpu-memory", "48", "--zero", "3")
+    assert _json(*base, "--dp", "4")["fit"]["fits"] and not _json(*base, "--dp", "3")["fit"]["fits"]
+    assert v["counts"][1]["gpu"] == "mi300x"  # the largest preset at its own 192 GiB
+    assert v["counts"][1]["usable_bytes"] == 191 * GIB
+
+
+def test_gpu_memory_replaces_the_memory_of_the_gpu_given() -> None:
+    custom = _json("-m", "8b", "--gpu", "a100-40gb", "--gpu-memory", "100")
+    assert custom["fit"]["memory_bytes"] == 100 * GIB and custom["fit"]["gpu"] == "a100-40gb with 100 GiB"
+    assert custom["time"] == _json("-m", "8b", "--gpu", "a100-40gb")["time"]
+
+
+def test_gpu_memory_mistakes_are_one_line() -> None:
+    for bad in ("-3", "0", "nan", "inf"):
+        result = runner.invoke(app, ["estimate", "-m", "8b", "--gpu-memory", bad])
+        assert result.exit_code == 2, (bad, result.output)
+        assert result.stderr.startswith("error: gpu-memory:") and result.stderr.count("\n") == 1
+
+
+def test_gpu_file_is_documented_and_read(tmp_path: Path) -> None:
+    text = (
+        (GPUS / "h100-sxm.toml")
+        .read_text()
+        .replace("memory_bytes = 85899345920", f"memory_bytes = {96 * GIB}")
+    )
+    path = tmp_path / "h100-96.toml"
+    path.write_text(text)
+    doc = _json("-m", "8b", "--gpu", str(path))
+    assert doc["fit"]["memory_bytes"] == 96 * GIB
+    assert doc["fit"]["headroom"] == 95 * GIB - doc["memory"]["peak"]
+    help_text = " ".join(runner.invoke(app, ["estimate", "--help"]).stdout.split())
+    assert "NAME|FILE" in help_text and "--gpu-memory" in help_text
+
+
+# ----------------------------------------------------------------------------------------------------
+# Notes, help text, words
+# ----------------------------------------------------------------------------------------------------
+def test_seq_beyond_the_models_positions_is_a_note_not_silence() -> None:
+    doc = _json("-m", "8b", "--seq", "16384")  # llama-3-8b: max_position_embeddings 8192 (its config.json)
+    assert len(doc["notes"]) == 1 and "seq 16,384 exceeds llama-3-8b's 8,192 positions" in doc["notes"][0]
+    assert _json("-m", "8b", "--seq", "8192")["notes"] == []
+    assert "NB: seq 16,384 exceeds" in _text("-m", "8b", "--seq", "16384", "--summary")
+
+
+def test_selective_under_flash_says_what_it_saves() -> None:
+    sel = _json("-m", "8b", "--checkpointing", "selective")
+    none = _json("-m", "8b")
+    saved = none["memory"]["peak"] - sel["memory"]["peak"]
+    # Flash keeps no [b, a, s, s] probabilities: selective saves nothing of that size (32 heads × 2048² × 2 B
+    # = 256 MiB per layer would be eager's); it still re-runs QKᵀ and P·V: 2 · 2 · s² · h per layer.
+    assert 0 <= saved < 32 * 2048**2 * 2
+    assert sel["flops"]["recompute"] == 32 * 2 * 2 * 2048 * 2048 * 4096
+    assert any(f"lowers the peak by {saved:,} bytes" in n for n in sel["notes"])
+    assert _json("-m", "8b", "--checkpointing", "selective", "--attention", "eager")["notes"] == []
+
+
+def test_help_keeps_bracketed_text() -> None:
+    result = runner.invoke(app, ["estimate", "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    text = " ".join(result.stdout.replace("│", " ").split())
+    assert "memplan[plot]" in text
+    assert "Tokens per sequence s [default: 2048, or the model's context length if shorter]" in text
+    assert "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]" in text
+    fit = runner.invoke(app, ["fit", "--help"], env={"COLUMNS": "250", "NO_COLOR": "1"})
+    assert "ZeRO stages to search [default: 0,1,2,3]" in " ".join(fit.stdout.replace("│", " ").split())
+
+
+def test_one_device_is_singular_and_the_panel_is_estimates() -> None:
+    text = _text("-m", "gpt2", "--gpu", "h100")
+    assert "╭─ memplan estimate" in text and "memplan plan" not in text
+    assert "dp 1 = 1 device · 1 micro-batch per step, global batch 1 sequence = 1,024 tokens" in text
+    assert "× 1 device " in text and "1 devices" not in text
+    eight = _text("-m", "gpt2", "--gpu", "h100", "--dp", "8", "--grad-accum", "2")
+    assert "dp 8 = 8 devices · 2 micro-batches per step, global batch 16 sequences = 16,384 tokens" in eight
+
+
+# ----------------------------------------------------------------------------------------------------
+# compare --vary finetune=…: each method's own options on its own rows
+# ----------------------------------------------------------------------------------------------------
+def _compare(*args: str) -> dict[str, dict[str, Any]]:
+    result = runner.invoke(app, ["compare", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    return {r["settings"]["finetune"]: r["plan"] for r in json.loads(result.stdout)["rows"]}
+
+
+def test_compare_applies_qlora_options_to_the_qlora_rows_only() -> None:
+    rows = _compare("-m", "8b", "--vary", "finetune=lora,qlora", "--double-quant")
+    lora = _json("-m", "8b", "--finetune", "lora")
+    qlora_dq = _json("-m", "8b", "--finetune", "qlora", "--double-quant")
+    qlora = _json("-m", "8b", "--finetune", "qlora")
+    assert rows["lora"]["memory"] == lora["memory"]
+    assert rows["qlora"]["memory"] == qlora_dq["memory"]
+    # Double quantisation stores the absmax of each 64 weights in 8 bits (+ fp32 per 256 of them) instead
+    # of fp32: (4 − 1 − 4/256) B per 64 weights less.
+    assert rows["qlora"]["memory"]["weights"] < qlora["memory"]["weights"]
+
+
+def test_compare_applies_lora_options_to_the_adapter_rows_only() -> None:
+    rows = _compare("-m", "8b", "--vary", "finetune=full,lora,qlora", "--lora-rank", "64", "--quant", "fp4")
+    assert rows["full"]["memory"] == _json("-m", "8b")["memory"]
+    assert rows["lora"]["memory"] == _json("-m", "8b", "--finetune", "lora", "--lora-rank", "64")["memory"]
+    qlora = _json("-m", "8b", "--finetune", "qlora", "--lora-rank", "64", "--quant", "fp4")
+    assert rows["qlora"]["memory"] == qlora["memory"]
+    # r 64 on q and v of 32 layers: (4096·64 + 64·4096) + (4096·64 + 64·1024) per layer = 851,968 → ×32.
+    assert rows["lora"]["params"]["trainable"] == 32 * (2 * 4096 * 64 + 64 * (4096 + 1024))
+
+
+def test_compare_with_one_method_still_refuses_its_mismatch() -> None:
+    result = runner.invoke(app, ["compare", "-m", "8b", "--vary", "tp=1,2", "--double-quant"])
+    assert result.exit_code == 2 and "add --finetune qlora" in result.stderr
+
+
+def test_the_fit_suggestion_names_a_gpu_file_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "my-h100.toml"
+    path.write_text((GPUS / "h100-sxm.toml").read_text())
+    found = _json("-m", "8b", "--gpu", str(path))["verdict"]["suggestions"]
+    fit = found[-1]["command"]
+    assert fit[:2] == ["memplan", "fit"] and fit[fit.index("--gpu") + 1] == str(path)
