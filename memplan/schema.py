@@ -1,4 +1,7 @@
-"""The published JSON Schema of ``memplan estimate --json`` (``contract.to_json``).
+"""The published JSON Schema of ``memplan estimate --json`` (``api.to_json``: ``contract.to_json`` with
+``fit``, ``time``, ``host_fit`` and, with --timeline, ``timeline``). The other commands' schemas
+(``memplan schema --command compare|fit|trace|profile``) hold this one under ``$defs.estimate``
+(memplan/schema_commands.py).
 
 The contract of docs/architecture.md ("Machine-readable output"): the keys below must exist and byte and
 FLOP figures are integers. Every object allows further keys (``additionalProperties`` is left open): the
@@ -6,7 +9,8 @@ contract says "add keys freely; never rename these", so a consumer validating ag
 working when memplan adds a key, and breaks when one of these is renamed or changes type.
 
 Pure Python, no torch. ``estimate_schema()`` returns a fresh copy (callers may mutate it);
-``memplan schema`` prints it.
+``memplan schema`` prints it. Sizes (bytes, FLOPs, counts) are integers ≥ 0, seconds and fractions numbers
+≥ 0; only ``headroom`` (usable − peak) is signed.
 
 Known limitations (NB): the schema checks types, required keys and signs, not the arithmetic between keys
 (``flops.total = forward + backward + recompute``, ``activations.total = Σ bytes × count``): JSON Schema
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from enum import Enum
-from typing import Any
+from typing import Any, get_args
 
 from pydantic.fields import FieldInfo
 
@@ -185,6 +189,12 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
     if isinstance(kind, type) and issubclass(kind, Enum):
         values = [json_value(member) for member in kind]
         return {"type": "integer" if kind is ZeroStage else "string", "enum": values}
+    members = [k for k in get_args(kind) if k is not type(None)]
+    if len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], Enum):
+        # An optional choice (``--optimizer-impl``): one of its values, or null when not given. Typed by
+        # its values, never as an array (the bug that failed every output given --optimizer-impl).
+        values = [json_value(member) for member in members[0]]
+        return {"type": ["string", "null"], "enum": [*values, None]}
     if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers)
         return {"type": ["array", "null"], "items": _POSITIVE}
     bounds = [getattr(m, "gt", None) for m in field.metadata]
@@ -213,6 +223,156 @@ def _setup_schema() -> dict[str, Any]:
 
 _SETUP = _setup_schema()
 
+_SECONDS: dict[str, Any] = {"type": "number", "minimum": 0, "description": "seconds"}
+_FRACTION: dict[str, Any] = {"type": "number", "minimum": 0, "description": "a fraction (1 = 100 %)"}
+_SIGNED: dict[str, Any] = {"type": "integer", "description": "bytes, negative when short"}
+_NAME: dict[str, Any] = {"type": "string", "minLength": 1}
+_TERMS = ["weights", "optimizer", "gradients", "activations", "transient"]  # search.budget.terms
+
+_FINETUNE = _obj(
+    {
+        "method": {"type": "string", "enum": [m.name.lower() for m in Method]},
+        "label": _NAME,
+        "rank": _POSITIVE,
+        "alpha": {"type": "number", "exclusiveMinimum": 0},
+        "dropout": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+        "targets": {"type": "array", "items": _NAME},
+        "adapter_params": _with(_COUNT, "trainable adapter parameters (= params.trainable)"),
+        "quant": _NAME,
+        "double_quant": {"type": "boolean"},
+        "compute_dtype": _NAME,
+        "frozen": _obj(
+            {
+                "embeddings": {"type": "boolean"},
+                "lm_head": {"type": "boolean"},
+                "layers": {"type": ["array", "null"], "items": _COUNT},
+            }
+        ),
+    },
+    required=["method", "label", "frozen"],
+)
+
+_PARALLEL = _obj(
+    {
+        **{k: _POSITIVE for k in ("tp", "pp", "vpp", "ep", "cp")},
+        "sp": {"type": "boolean"},
+        "pp_layers": {"type": ["array", "null"], "items": _POSITIVE},
+        "label": _NAME,
+    },
+)
+
+_STAGE_MEMORY = _obj(
+    {k: _MEMORY["properties"][k] for k in ("weights", "gradients", "optimizer", "activations", "peak")}
+    | {
+        "peak_phase": {"type": "string"},
+        "phases": {"type": "object", "additionalProperties": _BYTES},
+        "host": _MEMORY["properties"]["host"],
+    },
+)
+
+_STAGE = _obj(
+    {
+        "stage": _COUNT,
+        "layers": _with(_COUNT, "layers of this pipeline stage"),
+        "in_flight_chunks": _COUNT,
+        "in_flight_layers": _COUNT,
+        "params": _COUNT,
+        "memory": _STAGE_MEMORY,
+    }
+)
+
+_FIT_VERDICT = _obj(
+    {
+        "gpu": _NAME,
+        "memory_bytes": _with(_BYTES, "the GPU's capacity"),
+        "reserve": _with(_BYTES, "kept back for the CUDA context and the allocator (--reserve)"),
+        "usable_bytes": _with(_BYTES, "memory_bytes − reserve"),
+        "peak": _BYTES,
+        "exact": {"type": "boolean"},
+        "stage": _COUNT,
+        "phase": {"type": "string"},
+        "fits": {"type": "boolean"},
+        "headroom": _with(_SIGNED, "usable − peak (negative when it does not fit)"),
+        "overflow": {"type": ["string", "null"], "enum": [*_TERMS, None]},
+    }
+)
+
+_HOST_FIT = _obj(
+    {
+        "host_memory_bytes": _BYTES,
+        "per_device": _BYTES,
+        "devices": _POSITIVE,
+        "need": _BYTES,
+        "fits": {"type": "boolean"},
+        "headroom": _SIGNED,
+    }
+)
+
+_COMMUNICATION = _obj(
+    {
+        "dimension": _NAME,
+        "collective": _NAME,
+        "phase": _NAME,
+        "bytes": _with(_BYTES, "bytes one call moves"),
+        "count": _with(_COUNT, "calls per step"),
+        "group": _POSITIVE,
+        "link": _NAME,
+        "time_s": _with(_SECONDS, "count × one call's seconds"),
+        "overlapped": {"type": "boolean"},
+        "overlaps": _NAME,
+        "what": {"type": "string"},
+    }
+)
+
+_PREDICTED = _obj(
+    {
+        "stage": _COUNT,
+        "stage_layers": _COUNT,
+        "matmul_s": _SECONDS,
+        "matmul_wave_efficiency": _FRACTION,
+        "attention_s": _SECONDS,
+        "elementwise_s": _SECONDS,
+        "compute_s": _SECONDS,
+        "exposed_s": {"type": "object", "additionalProperties": _SECONDS},
+        "bubble_s": _SECONDS,
+        "optimizer_s": _SECONDS,
+        "step_time_s": _SECONDS,
+        "mfu": _FRACTION,
+    }
+)
+
+_TIME = _obj(
+    {
+        "devices": _POSITIVE,
+        "peak_flops_per_device": {"type": "number", "exclusiveMinimum": 0},
+        "global_batch": _POSITIVE,
+        "tokens_per_step": _POSITIVE,
+        "model_flops_per_step": _FLOPS,
+        "hardware_flops_per_step": _FLOPS,
+        "recompute_flops_per_step": _FLOPS,
+        "bubble": _with(_FRACTION, "pipeline bubble / busy time, (p − 1)/(v·m)"),
+        "step_time_s": _SECONDS,
+        "tokens_per_s": {"type": "number", "minimum": 0},
+        "mfu": _FRACTION,
+        "hfu": _FRACTION,
+        "assumed_mfu": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "basis": {"type": "string", "enum": ["predicted", "assumed", "measured"]},
+        "training_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "training_days": {"type": ["number", "null"], "minimum": 0},
+        "predicted": _PREDICTED,
+        "communication": {"type": "array", "items": _COMMUNICATION},
+    }
+)
+
+_TIMELINE = {
+    "type": "array",
+    "items": _obj(
+        {"label": _NAME, "bytes": _BYTES, **{k: _BYTES for k in _TERMS}},
+        # profile --timeline adds the measured curve at each point (null where it has no sample)
+        required=["label", "bytes", *_TERMS],
+    ),
+}
+
 _ESTIMATE: dict[str, Any] = {
     "$schema": SCHEMA_DRAFT,
     "$id": SCHEMA_ID,
@@ -229,6 +389,17 @@ _ESTIMATE: dict[str, Any] = {
             "memory": _MEMORY,
             "activations": _ACTIVATIONS,
             "flops": _FLOPS_OBJ,
+            "finetune": _FINETUNE,
+            "parallel": _PARALLEL,
+            "moe": {
+                "type": ["object", "null"],
+                "description": "the mixture of experts' settings and routing",
+            },
+            "stages": {"type": "array", "items": _STAGE, "description": "every pipeline stage's device"},
+            "fit": {"oneOf": [_FIT_VERDICT, {"type": "null"}], "description": "with --gpu: the memory fit"},
+            "time": {"oneOf": [_TIME, {"type": "null"}], "description": "with --gpu: the step time"},
+            "host_fit": _with(_HOST_FIT, "with --host-memory or offload on a GPU preset with a host"),
+            "timeline": _with(_TIMELINE, "with --timeline: memory at each moment of the step"),
             "verdict": _VERDICT,
             "notes": _with(
                 {"type": "array", "items": {"type": "string"}},

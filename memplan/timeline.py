@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from memplan.analytic.peak import TERMS, terms
 from memplan.engine import Result
+from memplan.strategies.offload import offloads_activations
 from memplan.strategies.pipeline_parallel import Group
 
 FORWARD_POINTS = 8
@@ -37,6 +38,17 @@ class Point:
         return sum(self.terms.values())
 
 
+def saved_after(r: Result, layer_sets: int) -> list[int]:
+    """Bytes the layers (or checkpointed segments) have saved after the first n of them, n = 0 … all.
+    Fine-tuning's layers keep different bytes along the gradient flow (``Pieces.layer_bytes``, first layer
+    first): their running sum; else n × one layer's."""
+    per_layer = r.pieces.layer_bytes
+    if per_layer and not r.setup.strategy.segment and len(per_layer) == layer_sets:
+        return [sum(per_layer[:n]) for n in range(layer_sets + 1)]
+    group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
+    return [r.pieces.group_bytes[group] * n for n in range(layer_sets + 1)]
+
+
 def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     """The most loaded device's memory at the forward's layer boundaries and at the modelled moments."""
     dev = r.device
@@ -45,11 +57,13 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     grads = st.gradients if accumulating else 0
     layer_group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     layer_sets = dev.counts[layer_group]
-    per_layer = g[layer_group]
+    saved = saved_after(r, layer_sets)
     # What the forward saves before its first layer and after its last one: the embedding's and the
     # constants' (and, reversible, the stack's outputs) first; the head's at the end.
     head = g[Group.HEAD] * dev.counts[Group.HEAD] + g[Group.HEAD_FREED] * dev.counts[Group.HEAD_FREED]
-    before = dev.activations - head - per_layer * layer_sets
+    before = dev.activations - head - saved[-1]
+    if offloads_activations(r.setup):  # every save goes to the host as it is made: none stays on the GPU
+        before, saved = 0, [0] * (layer_sets + 1)
 
     def forward(label: str, activations: int) -> Point:
         return Point(label, terms(st.weights, st.optimizer, grads, activations, 0))
@@ -57,7 +71,7 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
     points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
-    points += [forward(f"forward: {n}/{layer_sets} {unit}", before + per_layer * n) for n in steps]
+    points += [forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]) for n in steps]
     points.append(forward("forward: end", dev.activations))
     points += [Point(name, dict(parts)) for name, parts in dev.peak.moments.items()]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout

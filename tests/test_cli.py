@@ -76,7 +76,21 @@ def test_json_70b_has_every_contract_key_as_integers_and_equals_estimate() -> No
     assert doc.pop("verdict")["gpu"] == "mi300x"  # the verdict panel's answer: tests/test_verdict.py
     assert doc.pop("notes") == []
     assert doc == {**to_json(expected), "fit": None, "time": None}  # no --gpu: no fit, no time
-    assert doc["params"]["total"] == 70_553_706_496  # Meta-Llama-3-70B model card: 70.6B
+    p = 70_553_706_496
+    assert doc["params"]["total"] == p  # Meta-Llama-3-70B model card: 70.6B
+    # The values, not only the plumbing: bf16-mixed AdamW on one device, 2 + 2 + 12 bytes a parameter
+    # (Transformer Math 101); forward FLOPs 2·T·(a layer's linears: W_Q, W_O [h, h], W_K, W_V [h, 1024],
+    # three [h, 28672]) × 80 + the attention core 4·b·a·s²·d × 80 + the head 2·T·h·v; model = 3 × forward.
+    m = doc["memory"]
+    assert (m["weights"], m["gradients"], m["optimizer"]) == (2 * p, 2 * p, 12 * p)
+    t, h = 8192, 8192
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * 28672
+    forward = 2 * t * layer * 80 + 80 * 4 * 64 * t * t * 128 + 2 * t * h * 128256
+    assert (doc["flops"]["forward"], doc["flops"]["model"], doc["flops"]["recompute"]) == (
+        forward,
+        3 * forward,
+        0,
+    )
 
 
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
@@ -350,7 +364,18 @@ def test_estimate_takes_a_mixture_of_experts_and_every_parallel_flag() -> None:
         "--zero", "1", "--grad-accum", "8", "--gpu", "h100",
     )  # fmt: skip
     assert split["setup"]["dp"] == 8 and split["setup"]["devices"] == 32
-    assert split["memory"]["peak"] < doc["memory"]["peak"] and split["time"]["step_time_s"] > 0
+    assert split["memory"]["peak"] < doc["memory"]["peak"]
+    t = split["time"]
+    # 8 micro-batches × dp 8 × 4,096 tokens; model FLOPs 3 × forward (full training; the flash kernel's
+    # re-computed S excluded), forward per micro-batch: 2·T·(the linears one token passes through per
+    # layer: W_Q, W_O [h, h], W_K, W_V [h, 1024], router [h, 8], two experts' 3 [h, f]) × 32 layers,
+    # the attention core 4·b·a·s²·d × 32, the head 2·T·h·v
+    tokens, h, f = 4096, 4096, 14336
+    linear = 32 * (2 * h * h + 2 * h * 1024 + h * 8 + 2 * 3 * h * f)
+    forward = 2 * tokens * linear + 32 * 4 * 32 * tokens**2 * 128 + 2 * tokens * h * 32000
+    assert t["tokens_per_step"] == 8 * 8 * tokens
+    assert t["model_flops_per_step"] == 3 * forward * 8 * 8
+    assert t["mfu"] == pytest.approx(t["model_flops_per_step"] / (t["step_time_s"] * 32 * 989.5e12))
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -90,3 +90,25 @@ def test_plot_refuses_a_name_without_a_plot_format(tmp_path: Path, name: str) ->
         "name the format, e.g. --plot step.svg"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_forward_points_never_negative_under_lora_and_activation_offload() -> None:
+    """Found by tests/test_json_outputs.py: the forward's start was the activations less L × the largest
+    layer's bytes, negative under LoRA (its layers keep different bytes along the gradient flow) and under
+    --offload activations (nothing stays on the GPU, yet L layers' saves were subtracted)."""
+    from memplan.api import Options, build
+
+    lora = build(Options(model="gpt2", seq=16, finetune="lora")).result
+    points = timeline(lora)
+    forward = [p for p in points if p.label.startswith("forward")]
+    acts = [p.terms["activations"] for p in forward]
+    # LoRA freezes the embeddings: the lookup keeps no token ids (no scatter-add into a frozen table) and
+    # nothing is kept before the first layer.
+    assert acts[0] == 0
+    assert acts == sorted(acts)
+    assert acts[-1] == lora.device.activations
+    offloaded = build(Options(model="gpt2", seq=16, offload="activations")).result
+    # every save is copied to the host as it is made: the GPU holds none at any forward point
+    assert [p.terms["activations"] for p in timeline(offloaded) if p.label.startswith("forward")] == [
+        0
+    ] * len(forward)

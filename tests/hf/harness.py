@@ -1,7 +1,9 @@
 """Shared by the tests that run a framework's own models (transformers against ``--impl hf``, torchtitan
 against ``--impl torchtitan``): a setup with a few layers at a family's real widths, measured under fake
-tensors on CPU, compared per layer and in total (≤ 1 %, ``memplan.measure.impl_compare.TOLERANCE``); the
-exact bytes are in the failure message."""
+tensors on CPU, compared to the byte per layer, in total and tensor by tensor (an unpaired tensor fails,
+where ``memplan trace --impl`` accepts 1 %: ``memplan.measure.impl_compare.TOLERANCE``); a case whose
+tensors knowingly do not pair is named in ``EXPECTED_DIFFERENCES`` with its reason, its bytes still
+exact. The exact bytes are in the failure message."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from memplan.engine import Result, estimate
 from memplan.measure.compare import estimated_layers
 from memplan.measure.framework import check_traceable
 from memplan.measure.hf import measure_hf
-from memplan.measure.impl_compare import paired_tensors, within
+from memplan.measure.impl_compare import paired_tensors
 from memplan.measure.run import Measured
 from memplan.presets import load_model_preset
 
@@ -50,20 +52,51 @@ def hf_setup(
     )
 
 
+_EAGER_EXPERTS = (
+    "transformers' eager experts loop (one torch.where per expert) keeps E pieces of each [T·k, ·] tensor, "
+    "rows as the router chose; the estimate keeps each whole. Bytes equal per layer and in total; the "
+    "pieces cannot pair one to one with the whole tensors, so the MoE's tensors stay unpaired"
+)
+EXPECTED_DIFFERENCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mixtral-8x7b hf flash none experts eager": (_EAGER_EXPERTS, ("moe.", "mlp.experts")),
+    "qwen1.5-moe-a2.7b hf flash none experts eager": (_EAGER_EXPERTS, ("moe.", "mlp.experts")),
+}
+"""The cases (``case_name``) whose tensors knowingly do not pair one to one, each with its reason and the
+names (estimated or measured prefixes) that may stay unpaired. Their bytes are still exact per layer and
+in total; every other case is exact tensor by tensor too."""
+
+
+def case_name(setup: Setup) -> str:
+    """``model impl attention checkpointing [experts IMPL]``: the key of ``EXPECTED_DIFFERENCES``."""
+    s = setup.strategy
+    ckpt = f"every-{s.checkpoint_every}" if s.checkpoint_every > 1 else s.checkpointing.name.lower()
+    experts = f" experts {setup.impl.experts.value}" if setup.model.moe else ""
+    return f"{setup.model.name} {setup.impl.impl.value} {s.attention.name.lower()} {ckpt}{experts}"
+
+
+def _names(row: dict[str, Any]) -> list[str]:
+    """The real names of an unpaired row ``est ↔ meas`` (``—`` is the missing side)."""
+    return [n for n in str(row["name"]).split(" ↔ ") if n != "—"]
+
+
 def check_hf(setup: Setup, fake: bool = True) -> tuple[Result, Measured]:
-    """The estimate within 1 % of the framework's own run (``setup.impl``) per layer and in total
-    (``fake``: under fake tensors, else real ones, transformers only); both returned for further checks."""
+    """The estimate equals the framework's own run (``setup.impl``) to the byte: per layer, in total and
+    tensor by tensor, none unpaired (``fake``: under fake tensors, else real ones, transformers only); an
+    ``EXPECTED_DIFFERENCES`` case may leave its named tensors unpaired. Both returned for further checks."""
     measure = check_traceable(setup)
     meas = measure(setup) if fake else measure_hf(setup, fake=False)
     est = estimate(setup)
     est_layers = estimated_layers(est)
     meas_layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
-    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    unpaired = [r for r in paired_tensors(est, meas) if r["delta_bytes"]]
     report = (
-        f"layers est {est_layers} meas {meas_layers}; total est {est.activations:,} meas "
-        f"{meas.activations:,}; unpaired {unpaired}"
+        f"{case_name(setup)}: layers est {est_layers} meas {meas_layers}; total est {est.activations:,} "
+        f"meas {meas.activations:,}; unpaired {[r['name'] for r in unpaired]}"
     )
-    for e, m in zip(est_layers, meas_layers, strict=True):
-        assert within(e, m), report
-    assert within(est.activations, meas.activations), report
+    assert est_layers == meas_layers, report
+    assert est.activations == meas.activations, report
+    _, allowed = EXPECTED_DIFFERENCES.get(case_name(setup), ("", ()))
+    assert all(n.startswith(allowed) for r in unpaired for n in _names(r)) if allowed else not unpaired, (
+        report
+    )
     return est, meas

@@ -51,7 +51,14 @@ def test_profile_tiny_on_cpu(flags: list[str]) -> None:
     assert code == 0, data
     assert data["diff"]["equal"] is True
     assert data["measured"]["memory"]["peak"] > data["estimated"]["memory"]["weights"]
-    assert data["time"]["device"] == "cpu" and data["time"]["median_step_seconds"] > 0
+    t = data["time"]
+    assert t["device"] == "cpu" and len(t["step_seconds"]) == 1  # --steps 1
+    assert t["median_step_seconds"] == t["step_seconds"][0]
+    # the achieved rate: the FLOPs FlopCounterMode counted in one micro-batch × the micro-batches of a step,
+    # over the measured step
+    micro_batches = 2 if "--grad-accum" in flags else 1
+    achieved = data["measured"]["flops"]["total"] * micro_batches / t["median_step_seconds"] / 1e12
+    assert t["achieved_tflops"] == pytest.approx(achieved, rel=1e-12)
     # Measured on CPU by the live-storage tracker: every one of these peaks at an exactly modelled moment.
     assert data["measured"]["memory"]["peak"] == data["estimated"]["memory"]["peak"]
     assert data["diff"]["peak_relative_error"] == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
 import pytest
 from typer.testing import CliRunner
 
@@ -25,6 +26,7 @@ from memplan.measure.dist_compare import comparison, sequence_parallel_gathers
 from memplan.measure.dist_instruments import collective_name
 from memplan.measure.distributed import launch
 from memplan.presets import load_gpu
+from memplan.schema_commands import command_schema
 from memplan.time.comm import communication
 
 SEQ = 32
@@ -158,6 +160,8 @@ def test_tp_with_sequence_parallelism_differs_only_by_the_gathered_inputs() -> N
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["equal"] is True
+    # --nproc's output is the second alternative of profile's schema (memplan schema --command profile)
+    jsonschema.Draft202012Validator(command_schema("profile")).validate(data)
     est = estimate(_setup(gpus=2, tp=2, sp=True))
     m = est.setup.model
     plain = estimated_by_name(est)

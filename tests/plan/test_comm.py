@@ -227,9 +227,28 @@ def test_json_communication_rows() -> None:
     doc = ok_json(*LAYOUT, "--global-batch", "64", "--gpu", "h100", "--json")
     rows = doc["time"]["communication"]
     assert {r["dimension"] for r in rows} == {"tp", "pp", "dp"}
+    # H100's links (its preset): NVLink 450 GB/s per direction, 1.5 µs a ring step; the network 50 GB/s,
+    # 5 µs; at the network fractions of time/efficiency.py (0.67 intra-node, 0.85 inter-node). A ring
+    # all-reduce takes 2(n−1) steps, an all-gather, reduce-scatter or all-to-all n−1, each moving B/n;
+    # a send one step of B (Patarasuk & Yuan 2009)
+    links = {"intra-node": (450e9 * 0.67, 1.5e-6), "inter-node": (50e9 * 0.85, 5e-6)}
     for r in rows:
         assert set(r) >= {"dimension", "collective", "bytes", "count", "time_s", "overlapped"}
-        assert isinstance(r["bytes"], int) and isinstance(r["count"], int) and r["time_s"] > 0
+        assert isinstance(r["bytes"], int) and isinstance(r["count"], int)
+        beta, alpha = links[r["link"]]
+        n, nbytes = r["group"], r["bytes"]
+        if r["collective"] == "send/recv":
+            one = nbytes / beta + alpha
+        else:
+            steps = 2 * (n - 1) if r["collective"] == "all-reduce" else n - 1
+            one = steps / n * nbytes / beta + steps * alpha
+        assert r["time_s"] == pytest.approx(r["count"] * one, rel=1e-12)
+    # the layout's groups: tp 8 inside a node, pp 2 across nodes (stride 8), dp 4 (stride 16)
+    assert {(r["dimension"], r["group"], r["link"]) for r in rows} == {
+        ("tp", 8, "intra-node"),
+        ("pp", 2, "inter-node"),
+        ("dp", 4, "inter-node"),
+    }
     assert doc["time"]["basis"] == "predicted"
     assert doc["time"]["step_time_s"] == doc["time"]["predicted"]["step_time_s"]
 

@@ -162,10 +162,19 @@ def test_assumed_mfu_is_achieved_without_recompute_or_bubble() -> None:
     got = timing(llama_plan(), load_gpu("h100"), mfu=MFU)
     assert got.basis == "assumed"
     assert got.assumed_mfu == MFU and got.mfu == pytest.approx(MFU)
-    assert got.tokens_per_s == pytest.approx(got.tokens_per_step / got.step_time_s)
-    assert got.global_batch == 8 * 4 and got.devices == 4
-    # step = model FLOPs / (devices · peak · mfu)
-    assert got.step_time_s == pytest.approx(got.model_flops_per_step / (4 * 989.5e12 * MFU))
+    assert got.global_batch == 8 * 4 and got.devices == 4 and got.tokens_per_step == 8 * 4 * 4096
+    # Llama-3-8B (h 4096, 32 layers, 32 heads of 128, 8 kv heads, SwiGLU 14336, v 128256), T = 4096: a
+    # layer's linears W_Q, W_O [h, h], W_K, W_V [h, 1024], three [h, f]; model FLOPs = 3 × forward, the
+    # forward 2·T·(their parameters) × 32 + the attention core 4·b·a·s²·d × 32 + the head 2·T·h·v; × 8
+    # micro-batches × dp 4
+    t, h = 4096, 4096
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * 14336
+    forward = 2 * t * layer * 32 + 4 * 32 * t * t * 128 * 32 + 2 * t * h * 128256
+    assert got.model_flops_per_step == 3 * forward * 8 * 4
+    # step = model FLOPs / (devices · peak · mfu), H100's dense bf16 989.5 TFLOP/s
+    step = 3 * forward * 8 * 4 / (4 * 989.5e12 * MFU)
+    assert got.step_time_s == pytest.approx(step, rel=1e-12)
+    assert got.tokens_per_s == pytest.approx(8 * 4 * 4096 / step, rel=1e-12)
 
 
 def test_recompute_and_bubble_lengthen_the_step() -> None:
