@@ -55,8 +55,9 @@ LAYER_FWD, LAYER_BWD = WAVE * 416, WAVE * (320 + 7 * 64)
 HEAD_FWD, HEAD_BWD = WAVE * 64, WAVE * (128 + 64)
 MATMUL_FWD_S = (2 * LAYER_FWD + HEAD_FWD) / MM
 MATMUL_BWD_S = (2 * LAYER_BWD + HEAD_BWD) / MM
-# Attention core on a rank: half the heads.
-ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / AT, 2 * (5 * CORE // 2) / TP / AT
+# Attention core on a rank: half the heads; the causal kernel runs half of the counted cells (FlashAttention's
+# benchmark halves causal FLOPs, and AT is TFLOP/s of that count: time/attention.py causal_work).
+ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / AT
 # Element-wise bytes of one layer's forward on a rank (compute.py, elementwise.py: memplan's reference
 # model runs eager PyTorch, one kernel per op, e = 2): two RMSNorms, each x.to(fp32) (e + 4), pow (4 + 4),
 # mean (4), x·rsqrt (4 + 4), .to(bf16) (4 + e), weight· (e + e) = 28 + 4e = 36 bytes an element of
