@@ -52,6 +52,25 @@ _QWEN3 = {
     "use_sliding_window": False,
     "attention_bias": False,
 }
+_QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "attention_bias": False,
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 _PHI3 = {"model_type": "phi3", "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
 _GEMMA2 = {
     "model_type": "gemma2",
@@ -427,6 +446,36 @@ PRESETS: dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]] = {
             "vocab_size": 50304,
         },
     ),
+    "qwen3-30b-a3b": (
+        (),
+        "Qwen/Qwen3-30B-A3B",
+        "30.5B, 3.3B activated",
+        "",
+        {
+            **_QWEN3_MOE,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "max_window_layers": 48,
+            "moe_intermediate_size": 768,
+            "num_attention_heads": 32,
+            "num_hidden_layers": 48,
+        },
+    ),
+    "qwen3-235b-a22b": (
+        (),
+        "Qwen/Qwen3-235B-A22B",
+        "235B, 22B activated",
+        "",
+        {
+            **_QWEN3_MOE,
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "max_window_layers": 94,
+            "moe_intermediate_size": 1536,
+            "num_attention_heads": 64,
+            "num_hidden_layers": 94,
+        },
+    ),
     "mixtral-8x22b": (
         (),
         "mistralai/Mixtral-8x22B-v0.1",
@@ -525,7 +574,7 @@ def main() -> None:
         for name, (*_, cfg) in PRESETS.items():
             print(f'"{name}": {transformers_count(dict(cfg))},')
         return
-    for name in PRESETS:
+    for name in sys.argv[1:] or PRESETS:
         (ROOT / "presets/models" / f"{name}.toml").write_text(preset_text(name))
 
 

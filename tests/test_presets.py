@@ -74,11 +74,19 @@ GOLDEN = {
     "phi-4": 14_659_507_200,  # huggingface.co/microsoft/phi-4: 14.7B
     "pythia-160m": 162_322_944,  # huggingface.co/EleutherAI/pythia-160m: 162M
     "mixtral-8x22b": 140_630_071_296,  # huggingface.co/mistralai/Mixtral-8x22B-v0.1: 141B
+    "qwen3-30b-a3b": 30_532_122_624,  # huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B (by hand: test_qwen3_moe)
+    "qwen3-235b-a22b": 235_093_634_560,  # huggingface.co/Qwen/Qwen3-235B-A22B: 235B
 }
 # Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
 # skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped
 # (the announcement's 39B active of 141B).
-ACTIVE = {"mixtral-8x22b": 140_630_071_296 - 56 * 6 * 3 * 6144 * 16384}
+# Qwen3-30B-A3B: 48 layers · 120 unused of 128 experts · 3 · 2048 · 768 (the page's 3.3B activated);
+# Qwen3-235B-A22B: 94 layers · 120 · 3 · 4096 · 1536 (the page's 22B activated).
+ACTIVE = {
+    "mixtral-8x22b": 140_630_071_296 - 56 * 6 * 3 * 6144 * 16384,
+    "qwen3-30b-a3b": 30_532_122_624 - 48 * 120 * 3 * 2048 * 768,
+    "qwen3-235b-a22b": 235_093_634_560 - 94 * 120 * 3 * 4096 * 1536,
+}
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""
 GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "rtx-4090"}

@@ -42,6 +42,7 @@ class Family(StrEnum):
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"
     QWEN2_MOE = "qwen2_moe"
+    QWEN3_MOE = "qwen3_moe"
 
 
 class ExpertsImpl(StrEnum):

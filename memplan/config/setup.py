@@ -212,8 +212,10 @@ def check_qk_norm(m: ModelConfig) -> None:
     """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
     Qwen2's never."""
     family = m.code_family
-    if family is Family.QWEN3 and not m.qk_norm:
-        raise ValueError("qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family qwen3")
+    if family in (Family.QWEN3, Family.QWEN3_MOE) and not m.qk_norm:
+        raise ValueError(
+            f"qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family {family.value}"
+        )
     if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
         raise ValueError(
             f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"

@@ -152,11 +152,21 @@ def gemma3_keys(setup: Setup) -> dict[str, Any]:
 
 
 def moe_keys(setup: Setup) -> dict[str, Any]:
-    """Mixtral / Qwen2-MoE: the Llama keys and the experts; no router auxiliary loss
+    """Mixtral / Qwen2-MoE / Qwen3-MoE: the Llama keys and the experts; no router auxiliary loss
     (``output_router_logits``, as both configs default) and no router jitter (Mixtral)."""
     m, moe = setup.model, setup.model.moe
     assert moe is not None  # NB: blocks.hf.moe.check refuses an MoE family without [model.moe]
     keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k, "output_router_logits": False}
+    if m.code_family is Family.QWEN3_MOE:  # Qwen3MoeConfig: no shared expert; its window on every layer
+        return keys | {
+            "num_experts": moe.experts,
+            "moe_intermediate_size": m.ffn,
+            "norm_topk_prob": moe.renormalises,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "use_sliding_window": m.sliding_window is not None,
+            "sliding_window": m.sliding_window,
+        }
     if m.code_family is Family.QWEN2_MOE:
         return keys | {
             "num_experts": moe.experts,
@@ -182,4 +192,5 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
+    Family.QWEN3_MOE: moe_keys,
 }

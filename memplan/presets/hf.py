@@ -3,8 +3,8 @@
 Only the numbers are read; no model code is ever imported or executed (no ``trust_remote_code``).
 Defaults for absent keys follow the ``transformers`` config class of each ``model_type``.
 
-Mixtures of experts (``mixtral``, ``qwen2_moe``) are read into ``ModelConfig.moe``, with ``ffn_size`` the
-width of one routed expert.
+Mixtures of experts (``mixtral``, ``qwen2_moe``, ``qwen3_moe``) are read into ``ModelConfig.moe``, with
+``ffn_size`` the width of one routed expert.
 
 A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what the family's MLP models is
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
@@ -24,8 +24,10 @@ Known limitations (none changes the parameter count):
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
-- NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
-  ones) are refused, not modelled.
+- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers
+  between MoE ones) are refused, not modelled.
+- Qwen3-MoE: Qwen2-MoE's experts without the shared one, Qwen3's q/k norms; its sliding window, with
+  ``use_sliding_window``, covers every layer (``Qwen3MoeConfig``: no ``max_window_layers``).
 """
 
 from __future__ import annotations
@@ -66,9 +68,10 @@ _FAMILY = {
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
     "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
     "qwen2_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=8192),
+    "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -136,7 +139,7 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
-    if kind in ("llama", "gemma", "qwen3"):  # attention_bias covers q, k, v and o
+    if kind in ("llama", "gemma", "qwen3", "qwen3_moe"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -226,8 +229,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_moe_fields(kind, cfg))
     if kind in _WINDOWED:
         fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
-    if kind == "qwen3":
-        fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
+    if kind in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True  # Qwen3Attention's / Qwen3MoeAttention's q_norm / k_norm
     if kind in _OWN_CODE:
         fields["family"] = kind
     if kind in ("gemma", "gemma2", "gemma3_text"):
@@ -239,11 +242,11 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe")
+_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe", "qwen3_moe")
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
-_WINDOWED = ("mistral", "qwen2", "qwen3")
+_WINDOWED = ("mistral", "qwen2", "qwen3", "qwen3_moe")
 
 
 def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | None:
@@ -256,6 +259,8 @@ def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | Non
         return _int(cfg, "sliding_window", default=4096)
     if not _bool(cfg, "use_sliding_window", False):
         return None
+    if kind == "qwen3_moe":  # Qwen3MoeConfig: every layer slides (no max_window_layers)
+        return _int(cfg, "sliding_window", default=4096)
     first = _int(cfg, "max_window_layers", default=28)
     assert first is not None
     if first >= layers:
@@ -314,8 +319,9 @@ def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe config; defaults
-    for absent keys follow transformers' ``MixtralConfig`` and ``Qwen2MoeConfig``."""
+    """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe / qwen3_moe config;
+    defaults for absent keys follow transformers' ``MixtralConfig``, ``Qwen2MoeConfig`` and
+    ``Qwen3MoeConfig``."""
     if kind == "mixtral":
         moe = {
             "experts": _int(cfg, "num_local_experts", default=8),
@@ -328,6 +334,13 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
             "decoder_sparse_step: dense layers between MoE layers are not modelled; "
             "use a config with decoder_sparse_step 1 and no mlp_only_layers"
         )
+    if kind == "qwen3_moe":  # Qwen3MoeConfig's defaults; no shared expert
+        moe = {
+            "experts": _int(cfg, "num_experts", default=128),
+            "top_k": _int(cfg, "num_experts_per_tok", default=8),
+            "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),
+        }
+        return {"ffn_size": _int(cfg, "moe_intermediate_size", default=768), "moe": moe}
     shared = _int(cfg, "shared_expert_intermediate_size", default=5632)
     moe = {
         "experts": _int(cfg, "num_experts", default=60),

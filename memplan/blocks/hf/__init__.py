@@ -20,6 +20,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GPT_NEOX: gpt_neox.profile,
     Family.MIXTRAL: moe.mixtral,
     Family.QWEN2_MOE: moe.qwen2_moe,
+    Family.QWEN3_MOE: moe.qwen3_moe,
     Family.MISTRAL: llama.windowed,
     Family.QWEN2: llama.windowed,
     Family.QWEN3: llama.windowed,
