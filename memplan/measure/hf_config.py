@@ -1,12 +1,13 @@
 """A memplan ``ModelConfig`` as the transformers config of its family (``ModelConfig.code_family``).
 
 One function per family group (``KEYS``) gives the config keys of ``AutoConfig.for_model``; keys a family
-does not take are never passed.
+does not take are never passed. When the model came from a config.json (a file or a Hub id),
+``hf_config_of_file`` builds transformers' config from that file itself, every key of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from memplan.config import Family, GateActivation, MlpType, Setup
@@ -28,14 +29,38 @@ def require_transformers() -> Any:
 def hf_config(setup: Setup) -> Any:
     """The transformers config of ``setup.model`` for its family."""
     transformers = require_transformers()
+    return transformers.AutoConfig.for_model(setup.model.code_family.value, **keys_of(setup))
+
+
+def keys_of(setup: Setup) -> dict[str, Any]:
+    """Every config key ``hf_config`` passes for ``setup``."""
     m = setup.model
-    family = m.code_family
-    common: dict[str, Any] = {
-        "vocab_size": m.vocab_size,
-        "tie_word_embeddings": m.tied_embeddings,
-        "use_cache": setup.impl.use_cache,
-    }
-    return transformers.AutoConfig.for_model(family.value, **common, **KEYS[family](setup))
+    common = {"vocab_size": m.vocab_size, "tie_word_embeddings": m.tied_embeddings}
+    return common | {"use_cache": setup.impl.use_cache} | KEYS[m.code_family](setup)
+
+
+RUN_KEYS = ("use_cache",)
+"""Keys that are the run's, not the model's: always the setup's (``--use-cache / --no-use-cache``)."""
+
+
+def hf_config_of_file(setup: Setup, document: Mapping[str, Any]) -> Any:
+    """transformers' config of the user's own config.json (``AutoConfig.for_model`` on every key of the
+    file, as ``from_pretrained`` reads it), with on top only the keys the run changes: those whose value for
+    ``setup`` differs from their value for the model memplan read from the same file (an option such as
+    ``--dropout``), and the run's own switches (``RUN_KEYS``). A key memplan does not read, or reads
+    wrongly, keeps the file's value, so transformers' run differs from the estimate where memplan misreads
+    the file.
+    A multimodal Gemma-3 config gives its ``text_config`` (the text model memplan estimates)."""
+    transformers = require_transformers()
+    from memplan.presets.hf import model_from_hf_config, text_config
+
+    doc = dict(text_config(document))
+    read = model_from_hf_config(doc, setup.model.name)  # the ValueError of a bad file, as the estimate's
+    theirs = keys_of(setup.model_copy(update={"model": read}))
+    ours = keys_of(setup)
+    changed = {k: v for k, v in ours.items() if k in RUN_KEYS or k not in theirs or theirs[k] != v}
+    kind = doc.pop("model_type")
+    return transformers.AutoConfig.for_model(kind, **(doc | changed))
 
 
 def gpt2_keys(setup: Setup) -> dict[str, Any]:

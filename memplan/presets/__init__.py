@@ -42,6 +42,7 @@ __all__ = [
     "PeakTflops",
     "Topology",
     "gpu_names",
+    "hf_document",
     "load_gpu",
     "load_model_preset",
     "model_names",
@@ -258,6 +259,22 @@ def load_model_preset(name_or_path: str) -> ModelPreset:
     if "model_type" in doc or _HF_KEYS & doc.keys():  # a config.json: its model_type is checked there
         return _from_hf(doc, target, where)
     return _validate(ModelPreset, doc, where)
+
+
+def hf_document(name_or_path: str) -> dict[str, Any] | None:
+    """The Hugging Face config.json ``--model`` names, parsed, every key as the file has it (a file, or a Hub
+    id's cached config.json); None for a shipped preset or a preset file. ``trace --impl hf`` builds
+    transformers' model from it, so a key memplan does not read still reaches transformers."""
+    target = _resolve("model", "models", name_or_path)
+    if isinstance(target, str):
+        return None
+    if is_hub_id(name_or_path):
+        target, where = hub_config(name_or_path.strip()), f"model {name_or_path.strip()} (config.json)"
+    else:
+        where = f"model file {target}"
+    text = read_text(target, where)
+    doc = parse_document(text, where, looks_like_json(target, text))
+    return doc if "model_type" in doc or _HF_KEYS & doc.keys() else None
 
 
 def _from_hub(repo_id: str) -> ModelPreset:

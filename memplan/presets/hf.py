@@ -195,9 +195,32 @@ def _neox_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_unmodelled(kind: str, cfg: Mapping[str, Any]) -> None:
+    """Keys whose effect memplan does not model are refused, not silently dropped: the MoE router's
+    auxiliary loss (``output_router_logits``: every layer's router logits kept for the load-balancing
+    loss) and Phi-3's partial rotary (``partial_rotary_factor`` < 1, Phi-4-mini: ``Phi3Attention`` rotates
+    a slice of each head and concatenates the rest)."""
+    if kind in MOE_MODEL_TYPES and _bool(cfg, "output_router_logits", False):
+        raise ValueError(
+            "output_router_logits: the router's auxiliary (load-balancing) loss is not modelled; "
+            "set it false in config.json"
+        )
+    if kind == "phi3":
+        rope = cfg.get("rope_parameters") or {}
+        factor = _float(
+            rope, "partial_rotary_factor", default=_float(cfg, "partial_rotary_factor", default=1.0)
+        )
+        if factor != 1.0:
+            raise ValueError(
+                f"partial_rotary_factor: {factor:g} (a partially rotated Phi-3) is not modelled for "
+                "model_type phi3; use a config with partial_rotary_factor 1"
+            )
+
+
 def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     fam = _FAMILY[kind]
     _check_activation(kind, cfg)
+    _check_unmodelled(kind, cfg)
     fields: dict[str, Any] = {
         "name": name,
         "hidden_size": _req_int(cfg, "hidden_size", "n_embd"),
