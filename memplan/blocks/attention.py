@@ -316,6 +316,32 @@ def full_and_sliding(m: ModelConfig) -> bool:
     return every is not None and m.num_layers >= every
 
 
+def sliding_layers(m: ModelConfig) -> int:
+    """How many layers slide when every ``sliding_window_pattern``-th layer is full (layer i full when
+    (i + 1) % n == 0, ``Gemma2Config`` / ``Gemma3TextConfig``'s ``layer_types``)."""
+    every = m.sliding_window_pattern
+    return m.num_layers - m.num_layers // every if every else m.num_layers
+
+
+def is_sliding(m: ModelConfig, layer: int) -> bool:
+    every = m.sliding_window_pattern
+    return m.sliding_window is not None and (not every or (layer + 1) % every != 0)
+
+
+def full_layer_setup(setup: Setup) -> Setup | None:
+    """The setup of a full-attention layer when its saves differ from a sliding layer's, else None: under
+    SDPA with both layer types and a window shorter than the sequence, the sliding layers pass SDPA an
+    explicit mask (kept, with k and v repeated: ``window_masked``) and the full layers none
+    (``is_causal``); under eager attention every layer keeps the same [b, a, s, s] tensors (the masks are
+    the forward's constants)."""
+    m = setup.model
+    eager = setup.strategy.attention is Attention.EAGER
+    if eager or not full_and_sliding(m) or not window_masked(setup, Dims.of(setup)):
+        return None
+    full = m.model_copy(update={"sliding_window": None, "sliding_window_pattern": None})
+    return setup.model_copy(update={"model": full})
+
+
 def projection_flops(dims: Dims) -> int:
     """Forward FLOPs of W_Q, W_K, W_V and W_O."""
     t, h = dims.tokens, dims.h

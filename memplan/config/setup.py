@@ -251,7 +251,8 @@ HF_STRUCTURE = {
 def check_hf_only(setup: Setup) -> None:
     """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
     whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
-    False``); SDPA with a window ≤ seq on alternating layers is refused, not modelled."""
+    False``). SDPA with a window ≤ seq on alternating layers: the two layer kinds' saves differ
+    (``blocks.attention.full_layer_setup``)."""
     m, impl = setup.model, setup.impl.impl
     for name, used in m.hf_only.items():
         if used and impl is not Impl.HF:
@@ -264,13 +265,6 @@ def check_hf_only(setup: Setup) -> None:
     if impl is Impl.HF and m.attn_softcap is not None and flash:
         raise ValueError(
             "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
-        )
-    window = m.sliding_window
-    if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:
-        # NB: only the sliding layers would keep SDPA's converted mask: the layers' saves differ.
-        raise ValueError(
-            f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
-            "use --attention eager or a shorter --seq"
         )
 
 
