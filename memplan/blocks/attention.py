@@ -310,22 +310,28 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
 
 
 def full_and_sliding(m: ModelConfig) -> bool:
-    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full): transformers
-    then makes a causal and a sliding-window mask (``Gemma2Model.forward``'s ``causal_mask_mapping``)."""
+    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full; ``full_layers``:
+    the first N full): transformers then makes a causal and a sliding-window mask
+    (``Gemma2Model.forward``'s / ``Qwen2Model.forward``'s ``causal_mask_mapping``)."""
     every = m.sliding_window_pattern
-    return every is not None and m.num_layers >= every
-
-
-def sliding_layers(m: ModelConfig) -> int:
-    """How many layers slide when every ``sliding_window_pattern``-th layer is full (layer i full when
-    (i + 1) % n == 0, ``Gemma2Config`` / ``Gemma3TextConfig``'s ``layer_types``)."""
-    every = m.sliding_window_pattern
-    return m.num_layers - m.num_layers // every if every else m.num_layers
+    return (every is not None and m.num_layers >= every) or m.full_layers is not None
 
 
 def is_sliding(m: ModelConfig, layer: int) -> bool:
+    """Whether layer i attends through the sliding window: with ``sliding_window_pattern`` n unless
+    (i + 1) % n == 0 (``Gemma2Config`` / ``Gemma3TextConfig``'s ``layer_types``), with ``full_layers`` N
+    when i ≥ N (``Qwen2Config``'s: ``i >= max_window_layers``), else every layer when a window is set."""
+    if m.sliding_window is None:
+        return False
     every = m.sliding_window_pattern
-    return m.sliding_window is not None and (not every or (layer + 1) % every != 0)
+    if every:
+        return (layer + 1) % every != 0
+    return layer >= (m.full_layers or 0)
+
+
+def sliding_layers(m: ModelConfig) -> int:
+    """How many layers slide (``is_sliding``)."""
+    return sum(is_sliding(m, i) for i in range(m.num_layers))
 
 
 def full_layer_setup(setup: Setup) -> Setup | None:
@@ -338,7 +344,7 @@ def full_layer_setup(setup: Setup) -> Setup | None:
     eager = setup.strategy.attention is Attention.EAGER
     if eager or not full_and_sliding(m) or not window_masked(setup, Dims.of(setup)):
         return None
-    full = m.model_copy(update={"sliding_window": None, "sliding_window_pattern": None})
+    full = m.model_copy(update={"sliding_window": None, "sliding_window_pattern": None, "full_layers": None})
     return setup.model_copy(update={"model": full})
 
 

@@ -167,6 +167,13 @@ class ModelConfig(Frozen):
         description="every n-th layer attends to all keys, the others through sliding_window (Gemma-2: "
         "2); none: every layer slides",
     )
+    full_layers: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        description="the first N layers attend to all keys, the later ones through sliding_window (Qwen2's "
+        "and Qwen3's max_window_layers); none: every layer slides (or sliding_window_pattern)",
+    )
     rope_local_theta: float | None = Field(
         default=None, gt=0, description="rotary base of the sliding-window layers (Gemma-3); none: rope_theta"
     )
@@ -241,6 +248,16 @@ class ModelConfig(Frozen):
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
         if self.sliding_window_pattern is not None and self.sliding_window is None:
             raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
+        if self.full_layers is not None:
+            if self.sliding_window is None or self.sliding_window_pattern is not None:
+                raise ValueError(
+                    "full_layers: needs a sliding_window and no sliding_window_pattern; set one or drop it"
+                )
+            if self.full_layers >= self.num_layers:
+                raise ValueError(
+                    f"full_layers: {self.full_layers} ≥ num_layers {self.num_layers} leaves no layer "
+                    "sliding; drop sliding_window instead"
+                )
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):

@@ -125,14 +125,15 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
 def window_keys(setup: Setup) -> dict[str, Any]:
     """The sliding window as each family's config takes it: Mistral's ``sliding_window`` (None: full
     causal; MistralConfig's default is 4096, so None is passed explicitly); Qwen2/Qwen3's
-    ``use_sliding_window`` with every layer sliding (``max_window_layers`` 0: layer i slides when
-    i ≥ max_window_layers, configuration_qwen2.py)."""
+    ``use_sliding_window`` with the layers i ≥ ``max_window_layers`` sliding (``full_layers``, 0 when
+    every layer slides; configuration_qwen2.py's ``layer_types``)."""
     m = setup.model
     if m.code_family is Family.MISTRAL:
         return {"sliding_window": m.sliding_window}
     if m.code_family in (Family.QWEN2, Family.QWEN3):
         on = m.sliding_window is not None
-        return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": 0}
+        first = m.full_layers or 0
+        return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": first}
     return {}
 
 

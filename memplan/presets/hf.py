@@ -12,8 +12,8 @@ refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's ``sliding_window`` is not read
   (Mistral's, Qwen2's, Qwen3's, Phi-3's and Gemma-2/3's are).
-- NB: Qwen2/Qwen3 configs whose sliding window covers only some layers (0 < max_window_layers <
-  num_hidden_layers with use_sliding_window) are refused, not modelled.
+- Qwen2/Qwen3 configs whose sliding window covers only the layers from ``max_window_layers`` on
+  (``use_sliding_window``) import the first ones as ``full_layers``.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
   by √h (``embed_scale``).
 - Gemma-2 / Gemma-3 (``gemma3_text``, or a ``gemma3`` config's ``text_config``: NB the vision tower is
@@ -252,6 +252,7 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_moe_fields(kind, cfg))
     if kind in _WINDOWED:
         fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
+        fields.update(_qwen2_layer_types(kind, cfg, fields["num_layers"], fields["sliding_window"]))
     if kind in ("qwen3", "qwen3_moe"):
         fields["qk_norm"] = True  # Qwen3Attention's / Qwen3MoeAttention's q_norm / k_norm
     if kind in _OWN_CODE:
@@ -288,12 +289,24 @@ def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | Non
     assert first is not None
     if first >= layers:
         return None  # no layer slides
-    if first > 0:
-        raise ValueError(
-            f"max_window_layers: {first} slides only layers ≥ {first} of {layers}; a window on some "
-            "layers is not modelled — use max_window_layers 0 (all) or ≥ num_hidden_layers (none)"
-        )
     return _int(cfg, "sliding_window", default=4096)
+
+
+def _qwen2_layer_types(kind: str, cfg: Mapping[str, Any], layers: int, window: int | None) -> dict[str, Any]:
+    """Qwen2's / Qwen3's full layers below ``max_window_layers`` (``full_layers``: layer i slides when
+    i ≥ max_window_layers, ``Qwen2Config.layer_types``); an explicit ``layer_types`` of another pattern is
+    refused."""
+    if kind not in ("qwen2", "qwen3"):
+        return {}
+    first = _int(cfg, "max_window_layers", default=28) or 0
+    kinds = [
+        "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)
+    ]
+    if cfg.get("layer_types") not in (None, kinds):
+        raise ValueError(
+            "layer_types: only the layers from max_window_layers on sliding is modelled; drop layer_types"
+        )
+    return {"full_layers": first} if window is not None and 0 < first < layers else {}
 
 
 def _optional(cfg: Mapping[str, Any], key: str, default: float | None) -> float | None:
