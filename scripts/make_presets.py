@@ -71,6 +71,26 @@ _QWEN3_MOE = {
     "use_sliding_window": False,
     "vocab_size": 151936,
 }
+_GPT_OSS = {
+    "model_type": "gpt_oss",
+    "attention_bias": True,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 64,
+    "num_experts_per_tok": 4,
+    "num_key_value_heads": 8,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+    "rope_theta": 150000,
+    "sliding_window": 128,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "vocab_size": 201088,
+}
 _PHI3 = {"model_type": "phi3", "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
 _GEMMA2 = {
     "model_type": "gemma2",
@@ -475,6 +495,20 @@ PRESETS: dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]] = {
             "num_attention_heads": 64,
             "num_hidden_layers": 94,
         },
+    ),
+    "gpt-oss-20b": (
+        (),
+        "openai/gpt-oss-20b",
+        "21B, 3.6B active (the card's active count leaves out the input embedding)",
+        "",
+        {**_GPT_OSS, "num_hidden_layers": 24, "num_local_experts": 32},
+    ),
+    "gpt-oss-120b": (
+        (),
+        "openai/gpt-oss-120b",
+        "117B, 5.1B active (the card's active count leaves out the input embedding)",
+        "",
+        {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128},
     ),
     "mixtral-8x22b": (
         (),

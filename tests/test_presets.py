@@ -76,6 +76,8 @@ GOLDEN = {
     "mixtral-8x22b": 140_630_071_296,  # huggingface.co/mistralai/Mixtral-8x22B-v0.1: 141B
     "qwen3-30b-a3b": 30_532_122_624,  # huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B (by hand: test_qwen3_moe)
     "qwen3-235b-a22b": 235_093_634_560,  # huggingface.co/Qwen/Qwen3-235B-A22B: 235B
+    "gpt-oss-20b": 20_914_757_184,  # huggingface.co/openai/gpt-oss-20b: 21B (by hand: tests/hf/test_gpt_oss)
+    "gpt-oss-120b": 116_829_156_672,  # huggingface.co/openai/gpt-oss-120b: 117B
 }
 # Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
 # skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped
@@ -86,6 +88,10 @@ ACTIVE = {
     "mixtral-8x22b": 140_630_071_296 - 56 * 6 * 3 * 6144 * 16384,
     "qwen3-30b-a3b": 30_532_122_624 - 48 * 120 * 3 * 2048 * 768,
     "qwen3-235b-a22b": 235_093_634_560 - 94 * 120 * 3 * 4096 * 1536,
+    # gpt-oss: an expert is gate_up 2880·5760 + 5760 and down 2880·2880 + 2880 (with biases); the cards'
+    # 3.6B / 5.1B active leave out the 201,088·2880 input embedding, which memplan's active count keeps.
+    "gpt-oss-20b": 20_914_757_184 - 24 * 28 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
+    "gpt-oss-120b": 116_829_156_672 - 36 * 124 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""

@@ -182,6 +182,8 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "probs", probs, FP32, R.ATTN_PROBS, "fp32 softmax output (SDPA's math kernel)"),
             *dropout_rules(setup, probs, FP32),
         ]
+    if setup.model.attn_sinks:
+        return sink_rules(dims)
     softcap = []
     if setup.model.attn_softcap is not None:
         # Gemma-2's eager_attention_forward: tanh(scores / c) · c; tanh keeps its output (scalars: nothing).
@@ -201,6 +203,18 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     why = "softmax output: dS = P·(dP − Σ dP·P)"
     kept = save(B.ATTN, "probs", probs, FP32 if fp32 else act, R.ATTN_PROBS, why)
     return [*softcap, kept, *dropout_rules(setup, probs, act)]
+
+
+def sink_rules(dims: Dims) -> list[Rule]:
+    """gpt-oss's ``eager_attention_forward``: the sinks [a] expanded to one more column of every row,
+    ``combined - combined.max(-1, keepdim=True).values`` (``max.dim`` keeps its indices [b, a, s, 1] int64),
+    ``softmax(dtype=A)`` keeps its output [b, a, s, s+1]; P·V reads the first s columns, a view of it
+    (``matmul`` of the strided slice: no copy)."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    return [
+        save(B.ATTN, "sink_max_index", (b, a, s, 1), INT64, R.ATTN_PROBS, "max.dim backward scatters at it"),
+        save(B.ATTN, "probs", (b, a, s, s + 1), act, R.ATTN_PROBS, "softmax over the scores and the sink"),
+    ]
 
 
 def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Rule]:
@@ -264,6 +278,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules: list[Rule] = []
     if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
+        rot = rot // 2 if profile_of(setup).rope_half_table else rot
         rules += [
             save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),

@@ -43,6 +43,7 @@ class Family(StrEnum):
     MIXTRAL = "mixtral"
     QWEN2_MOE = "qwen2_moe"
     QWEN3_MOE = "qwen3_moe"
+    GPT_OSS = "gpt_oss"
 
 
 class ExpertsImpl(StrEnum):

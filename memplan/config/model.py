@@ -50,6 +50,9 @@ class GateActivation(StrEnum):
     """SwiGLU (Llama, Mistral, Qwen, Phi-3)."""
     GELU_TANH = "gelu_tanh"
     """GeGLU with the tanh approximation, ``gelu(x, approximate="tanh")`` (Gemma's gelu_pytorch_tanh)."""
+    CLAMPED = "clamped_swiglu"
+    """gpt-oss's experts (``GptOssExperts._apply_gate``): g = min(gate, limit), u = clamp(up, ±limit),
+    (u + 1) · g · σ(α·g) on interleaved gate/up columns; SwiGLU's matrices, its own saves (--impl hf)."""
 
 
 class PositionType(StrEnum):
@@ -73,6 +76,10 @@ class MoEConfig(Frozen):
         description="width of each shared expert; = the routed expert's ffn_size",
     )
     shared_gate: bool = Field(default=False, description="sigmoid gate h→1 on the shared output (Qwen2-MoE)")
+    router_bias: bool = Field(default=False, description="the router h→E has a bias, E parameters (gpt-oss)")
+    expert_bias: bool = Field(
+        default=False, description="each routed expert's gate/up and down carry biases, 2f + h (gpt-oss)"
+    )
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
@@ -204,6 +211,11 @@ class ModelConfig(Frozen):
         "(what it keeps changes); the FLOPs do not (the kernels compute all s² cells), and the reference "
         "model ignores it",
     )
+    attn_sinks: bool = Field(
+        default=False,
+        description="a learned logit per head joins every softmax row and is dropped after it (gpt-oss's "
+        "sinks): a parameters per layer; --impl hf, eager attention",
+    )
     qk_norm: bool = Field(
         default=False,
         description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm, Gemma-3's): "
@@ -293,6 +305,10 @@ class ModelConfig(Frozen):
             "final_softcap": self.final_softcap is not None,
             "sliding_window_pattern": self.sliding_window_pattern is not None,
             "rope_local_theta": self.rope_local_theta is not None,
+            "attn_sinks": self.attn_sinks,
+            "gate_act": self.gate_act is GateActivation.CLAMPED,
+            "moe.router_bias": self.moe is not None and self.moe.router_bias,
+            "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
         }
 
     @property

@@ -242,8 +242,12 @@ HF_STRUCTURE = {
     "post_norms": (Family.GEMMA2, Family.GEMMA3),
     "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
     "final_softcap": (Family.GEMMA2, Family.GEMMA3),
-    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
+    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3, Family.GPT_OSS),
     "rope_local_theta": (Family.GEMMA3,),
+    "attn_sinks": (Family.GPT_OSS,),
+    "gate_act": (Family.GPT_OSS,),
+    "moe.router_bias": (Family.GPT_OSS,),
+    "moe.expert_bias": (Family.GPT_OSS,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 
@@ -266,6 +270,12 @@ def check_hf_only(setup: Setup) -> None:
         raise ValueError(
             "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
         )
+    if impl is Impl.HF and m.attn_sinks and flash:  # GptOssPreTrainedModel._supports_sdpa = False
+        raise ValueError(
+            "attention: transformers has no SDPA path with attention sinks (gpt-oss); use --attention eager"
+        )
+    if m.attn_sinks and m.attn_dropout > 0:
+        raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
 
 
 def check_flash_attn(setup: Setup) -> None:

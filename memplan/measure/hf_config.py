@@ -183,6 +183,17 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
     m, moe = setup.model, setup.model.moe
     assert moe is not None  # NB: blocks.hf.moe.check refuses an MoE family without [model.moe]
     keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k, "output_router_logits": False}
+    if m.code_family is Family.GPT_OSS:  # GptOssConfig: sliding layers alternating with full ones
+        every = m.sliding_window_pattern
+        kinds = [
+            "full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+            for i in range(m.num_layers)
+        ]
+        return keys | {
+            "num_local_experts": moe.experts,
+            "sliding_window": m.sliding_window,
+            "layer_types": kinds if m.sliding_window else ["full_attention"] * m.num_layers,
+        }
     if m.code_family is Family.QWEN3_MOE:  # Qwen3MoeConfig: no shared expert; its window on every layer
         return keys | {
             "num_experts": moe.experts,
@@ -219,4 +230,5 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
     Family.QWEN3_MOE: moe_keys,
+    Family.GPT_OSS: moe_keys,
 }

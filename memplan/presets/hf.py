@@ -26,6 +26,9 @@ Known limitations (none changes the parameter count):
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
 - NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers
   between MoE ones) are refused, not modelled.
+- gpt-oss: attention sinks, a biased router, clamped SwiGLU experts with biases, sliding layers
+  alternating with full ones (``layer_types``, another pattern refused); NB ``swiglu_limit`` /
+  ``swiglu_alpha`` change values only; NB its YaRN ``rope_scaling`` is ignored (no bytes).
 - Qwen3-MoE: Qwen2-MoE's experts without the shared one, Qwen3's q/k norms; its sliding window, with
   ``use_sliding_window``, covers every layer (``Qwen3MoeConfig``: no ``max_window_layers``).
 """
@@ -69,9 +72,10 @@ _FAMILY = {
     "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
     "qwen2_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=8192),
     "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
+    "gpt_oss": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=131072),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -139,6 +143,9 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    if kind == "gpt_oss":  # GptOssConfig.attention_bias defaults to true: q, k, v and o
+        attn = _bool(cfg, "attention_bias", True)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
     if kind in ("llama", "gemma", "qwen3", "qwen3_moe"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
@@ -259,6 +266,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["family"] = kind
     if kind in ("gemma", "gemma2", "gemma3_text"):
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
+    if kind == "gpt_oss":
+        fields.update(_gpt_oss_fields(cfg, fields["num_layers"]))
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
     if kind == "phi3":
@@ -266,7 +275,18 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe", "qwen3_moe")
+_OWN_CODE = (
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gpt_oss",
+)
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
@@ -307,6 +327,23 @@ def _qwen2_layer_types(kind: str, cfg: Mapping[str, Any], layers: int, window: i
             "layer_types: only the layers from max_window_layers on sliding is modelled; drop layer_types"
         )
     return {"full_layers": first} if window is not None and 0 < first < layers else {}
+
+
+def _gpt_oss_fields(cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss (``GptOssConfig``): attention sinks, the clamped SwiGLU experts (``swiglu_limit`` and
+    ``swiglu_alpha`` change values, not what is kept), sliding-window layers alternating with full ones
+    (``layer_types``: layer i slides when (i + 1) % 2, the default; another pattern refused)."""
+    pattern = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if cfg.get("layer_types") not in (None, pattern):
+        raise ValueError("layer_types: only every 2nd layer full is modelled for gpt_oss; drop layer_types")
+    window = _int(cfg, "sliding_window", default=128)
+    return {
+        "attn_sinks": True,
+        "gate_act": GateActivation.CLAMPED,
+        "sliding_window": window,
+        "sliding_window_pattern": 2 if window else None,
+        "rope_theta": _float(cfg, "rope_theta", default=150000.0),
+    }
 
 
 def _optional(cfg: Mapping[str, Any], key: str, default: float | None) -> float | None:
@@ -370,6 +407,15 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
             "decoder_sparse_step: dense layers between MoE layers are not modelled; "
             "use a config with decoder_sparse_step 1 and no mlp_only_layers"
         )
+    if kind == "gpt_oss":  # GptOssConfig's defaults: biased router and experts, softmax over the top-k
+        moe = {
+            "experts": _int(cfg, "num_local_experts", default=128),
+            "top_k": _int(cfg, "num_experts_per_tok", default=4),
+            "norm_topk_prob": False,  # the top-k logits' softmax sums to 1 by itself
+            "router_bias": True,
+            "expert_bias": True,
+        }
+        return {"ffn_size": _int(cfg, "intermediate_size", default=2880), "moe": moe}
     if kind == "qwen3_moe":  # Qwen3MoeConfig's defaults; no shared expert
         moe = {
             "experts": _int(cfg, "num_experts", default=128),
@@ -419,6 +465,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
     if kind in ("gemma2", "gemma3_text"):
         notes.append("post norms, softcapping and alternating sliding-window layers: --impl hf only")
+    if kind == "gpt_oss":
+        notes.append("attention sinks, clamped SwiGLU experts with biases: --impl hf, eager attention only")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
