@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +140,18 @@ def test_model_preset_count_equals_published(name: str) -> None:
 def test_readme_names_resolve(name: str) -> None:
     assert load_model_preset(name).name == name
     assert f"({name})" in (Path(__file__).parents[1] / "README.md").read_text() or name == "llama-3.1-8b"
+
+
+def test_every_model_readme_names_resolves() -> None:
+    """The presets README's comparison table names (``| family (preset) |``) and its commands' ``-m`` /
+    ``--model`` values: each one a shipped preset or alias (``MODEL`` and the header are placeholders)."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    table = set(re.findall(r"^\| [^|\n]+ \(([a-z0-9][a-z0-9.\-]*)\) \|", text, re.MULTILINE))
+    commands = r"memplan [a-z]+ [^`\n]*?(?:-m|--model) ([A-Za-z0-9][A-Za-z0-9.\-]*)(?=[\s`])"
+    names = (table | set(re.findall(commands, text))) - {"preset", "MODEL"}
+    assert {"gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "70b"} <= names
+    for name in names:
+        load_model_preset(name)  # raises "unknown preset" otherwise
 
 
 @pytest.mark.parametrize(
