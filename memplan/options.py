@@ -70,8 +70,9 @@ class Options(Frozen):
     each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
 
     model: str = _option(
-        "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml or a Hugging "
-        "Face config.json. Required. `memplan presets` lists them.",
+        "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml, a Hugging "
+        "Face config.json or a Hub id (org/name: its config.json only, through the Hub cache; "
+        "HF_HUB_OFFLINE, HF_TOKEN). Required. `memplan presets` lists them.",
         _MODEL,
         default=...,
         flags=("-m",),

@@ -150,7 +150,9 @@ def pieces(core: Setup) -> Pieces:
     groups = dict.fromkeys(Group, 0)
     for k in kept:
         groups[group_of(k, rank.model.norm)] += k.bytes
-    per_layer = () if rank.strategy.segment or not lora.applies(rank) else tuple(lora.layer_bytes(rank))
+    per_layer: tuple[int, ...] = ()
+    if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds
+        per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else act.layer_kind_bytes(rank)
     groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
     # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
     # MoE and sequence parallelism change in each re-run layer's saves.

@@ -328,7 +328,7 @@ def test_gelu_families_take_the_gelu_variants_only() -> None:
 
 def test_sliding_window_as_transformers_reads_it() -> None:
     """MistralConfig: sliding_window (default 4096, null: none); Qwen2/Qwen3: only with use_sliding_window,
-    on layers ≥ max_window_layers (all: 0, none: ≥ the layers; some: refused)."""
+    on layers ≥ max_window_layers (all: 0, none: ≥ the layers; some: the first ones full_layers)."""
     assert model_from_hf_config(MISTRAL_7B, "m").sliding_window == 4096
     assert model_from_hf_config({**MISTRAL_7B, "sliding_window": None}, "m").sliding_window is None
     no_key = {k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}
@@ -337,8 +337,12 @@ def test_sliding_window_as_transformers_reads_it() -> None:
     on = {**QWEN25_7B, "use_sliding_window": True, "sliding_window": 4096}
     assert model_from_hf_config(on, "q").sliding_window is None  # max_window_layers 28 = the layers
     assert model_from_hf_config({**on, "max_window_layers": 0}, "q").sliding_window == 4096
-    with pytest.raises(ValueError, match="max_window_layers: 14 slides only layers"):
-        model_from_hf_config({**on, "max_window_layers": 14}, "q")
+    some = model_from_hf_config({**on, "max_window_layers": 14}, "q")
+    assert (some.sliding_window, some.full_layers) == (4096, 14)
+    kinds = ["full_attention"] * 14 + ["sliding_attention"] * 14
+    assert model_from_hf_config({**on, "max_window_layers": 14, "layer_types": kinds}, "q") == some
+    with pytest.raises(ValueError, match="layer_types: only the layers from max_window_layers on sliding"):
+        model_from_hf_config({**on, "max_window_layers": 14, "layer_types": kinds[::-1]}, "q")
     qwen3 = model_from_hf_config(QWEN3_8B, "q3")
     assert qwen3.qk_norm and qwen3.family == "qwen3" and not qwen3.qkv_bias
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,54 @@ GOLDEN = {
     # Mixtures of experts, every expert counted (safetensors counts on the Hugging Face pages).
     "mixtral-8x7b": 46_702_792_704,  # huggingface.co/mistralai/Mixtral-8x7B-v0.1: 46.7B
     "qwen1.5-moe-a2.7b": 14_315_784_192,  # huggingface.co/Qwen/Qwen1.5-MoE-A2.7B: 14.3B
+    # Current releases: transformers' own count, sum(p.numel() for p in model.parameters()) of
+    # AutoModelForCausalLM.from_config(<the published config.json>) on the meta device
+    # (scripts/make_presets.py), beside the rounded figure of the model page.
+    "llama-3.1-8b": 8_030_261_248,  # huggingface.co/meta-llama/Llama-3.1-8B: 8.03B
+    "llama-3.1-70b": 70_553_706_496,  # huggingface.co/meta-llama/Llama-3.1-70B: 70.6B
+    "llama-3.3-70b": 70_553_706_496,  # huggingface.co/meta-llama/Llama-3.3-70B-Instruct: 70.6B
+    "llama-3.2-1b": 1_235_814_400,  # huggingface.co/meta-llama/Llama-3.2-1B: 1.24B (tied)
+    "llama-3.2-3b": 3_212_749_824,  # huggingface.co/meta-llama/Llama-3.2-3B: 3.21B (tied)
+    "qwen3-0.6b": 596_049_920,  # huggingface.co/Qwen/Qwen3-0.6B: 0.6B (tied)
+    "qwen3-1.7b": 1_720_574_976,  # huggingface.co/Qwen/Qwen3-1.7B: 1.7B (tied)
+    "qwen3-4b": 4_022_468_096,  # huggingface.co/Qwen/Qwen3-4B: 4.0B (tied)
+    "qwen3-14b": 14_768_307_200,  # huggingface.co/Qwen/Qwen3-14B: 14.8B
+    "qwen3-32b": 32_762_123_264,  # huggingface.co/Qwen/Qwen3-32B: 32.8B
+    "gemma-2b": 2_506_172_416,  # huggingface.co/google/gemma-2b: 2.51B
+    "gemma-7b": 8_537_680_896,  # huggingface.co/google/gemma-7b: 8.54B
+    "gemma-2-2b": 2_614_341_888,  # huggingface.co/google/gemma-2-2b: 2.61B
+    "gemma-2-9b": 9_241_705_984,  # huggingface.co/google/gemma-2-9b: 9.24B
+    "gemma-2-27b": 27_227_128_320,  # huggingface.co/google/gemma-2-27b: 27.2B
+    "gemma-3-1b": 999_885_952,  # huggingface.co/google/gemma-3-1b-pt: 1B (text only)
+    # gemma-3-4b-pt's text_config (Gemma3ForCausalLM); the page's 4.3B adds the SigLIP vision tower.
+    "gemma-3-4b": 3_880_263_168,
+    "phi-3-mini": 3_821_079_552,  # huggingface.co/microsoft/Phi-3-mini-4k-instruct: 3.82B
+    "phi-3.5-mini": 3_821_079_552,  # huggingface.co/microsoft/Phi-3.5-mini-instruct: 3.82B
+    "phi-3-medium": 13_960_238_080,  # huggingface.co/microsoft/Phi-3-medium-4k-instruct: 14B
+    "phi-4": 14_659_507_200,  # huggingface.co/microsoft/phi-4: 14.7B
+    "pythia-160m": 162_322_944,  # huggingface.co/EleutherAI/pythia-160m: 162M
+    "mixtral-8x22b": 140_630_071_296,  # huggingface.co/mistralai/Mixtral-8x22B-v0.1: 141B
+    "qwen3-30b-a3b": 30_532_122_624,  # huggingface.co/Qwen/Qwen3-30B-A3B: 30.5B (by hand: test_qwen3_moe)
+    "qwen3-235b-a22b": 235_093_634_560,  # huggingface.co/Qwen/Qwen3-235B-A22B: 235B
+    "gpt-oss-20b": 20_914_757_184,  # huggingface.co/openai/gpt-oss-20b: 21B (by hand: tests/hf/test_gpt_oss)
+    "gpt-oss-120b": 116_829_156_672,  # huggingface.co/openai/gpt-oss-120b: 117B
 }
+# Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
+# skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped
+# (the announcement's 39B active of 141B).
+# Qwen3-30B-A3B: 48 layers · 120 unused of 128 experts · 3 · 2048 · 768 (the page's 3.3B activated);
+# Qwen3-235B-A22B: 94 layers · 120 · 3 · 4096 · 1536 (the page's 22B activated).
+ACTIVE = {
+    "mixtral-8x22b": 140_630_071_296 - 56 * 6 * 3 * 6144 * 16384,
+    "qwen3-30b-a3b": 30_532_122_624 - 48 * 120 * 3 * 2048 * 768,
+    "qwen3-235b-a22b": 235_093_634_560 - 94 * 120 * 3 * 4096 * 1536,
+    # gpt-oss: an expert is gate_up 2880·5760 + 5760 and down 2880·2880 + 2880 (with biases); the cards'
+    # 3.6B / 5.1B active leave out the 201,088·2880 input embedding, which memplan's active count keeps.
+    "gpt-oss-20b": 20_914_757_184 - 24 * 28 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
+    "gpt-oss-120b": 116_829_156_672 - 36 * 124 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
+}
+README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
+"""Names README.md's comparison table and the issue use: each one a shipped preset."""
 GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "rtx-4090"}
 
 VALID_TOML = """\
@@ -83,7 +131,27 @@ def test_model_preset_count_equals_published(name: str) -> None:
     assert count_params(preset.model).total == preset.published_params
     # Active parameters: published for mixtures of experts, all of them for dense models.
     assert count_params(preset.model).active == (preset.published_active_params or GOLDEN[name])
+    if name in ACTIVE:
+        assert preset.published_active_params == ACTIVE[name]
     assert preset.source
+
+
+@pytest.mark.parametrize("name", README_NAMES)
+def test_readme_names_resolve(name: str) -> None:
+    assert load_model_preset(name).name == name
+    assert f"({name})" in (Path(__file__).parents[1] / "README.md").read_text() or name == "llama-3.1-8b"
+
+
+def test_every_model_readme_names_resolves() -> None:
+    """The presets README's comparison table names (``| family (preset) |``) and its commands' ``-m`` /
+    ``--model`` values: each one a shipped preset or alias (``MODEL`` and the header are placeholders)."""
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    table = set(re.findall(r"^\| [^|\n]+ \(([a-z0-9][a-z0-9.\-]*)\) \|", text, re.MULTILINE))
+    commands = r"memplan [a-z]+ [^`\n]*?(?:-m|--model) ([A-Za-z0-9][A-Za-z0-9.\-]*)(?=[\s`])"
+    names = (table | set(re.findall(commands, text))) - {"preset", "MODEL"}
+    assert {"gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "70b"} <= names
+    for name in names:
+        load_model_preset(name)  # raises "unknown preset" otherwise
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,10 @@ from memplan.blocks import dropout_rule
 from memplan.blocks.attention import (
     attention_core_rules,
     constant_rules,
+    full_layer_setup,
+    is_sliding,
     projection_rules,
+    sliding_layers,
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
@@ -119,6 +122,36 @@ def with_moe(saves: list[Kept], setup: Setup) -> list[Kept]:
     return out
 
 
+def layer_entries(setup: Setup, dims: Dims) -> list[Kept]:
+    """Every layer's saves: one entry per save, ``count`` the layers keeping it. Layers of two kinds
+    (``attention.full_layer_setup``: Gemma-2/3's full and sliding layers under SDPA) share the saves both
+    make (count L); a save of one kind only counts that kind's layers."""
+    full = full_layer_setup(setup)
+    if full is None:
+        return with_moe(kept(layer_rules(setup, dims), Scope.LAYER, dims.layers), setup)
+    sliding, whole = layer_rules(setup, dims), layer_rules(full, Dims.of(full))
+    n = sliding_layers(setup.model)
+
+    def key(r: Rule) -> tuple[object, ...]:
+        return r.name, r.shape, r.dtype, r.role
+
+    theirs, ours = {key(r) for r in whole}, {key(r) for r in sliding}
+    entries = [k for r in sliding for k in kept([r], Scope.LAYER, dims.layers if key(r) in theirs else n)]
+    entries += kept([r for r in whole if key(r) not in ours], Scope.LAYER, dims.layers - n)
+    return with_moe(entries, setup)
+
+
+def layer_kind_bytes(setup: Setup) -> tuple[int, ...]:
+    """Each layer's bytes when the layers differ by kind (``attention.full_layer_setup``), in order;
+    () when every layer keeps the same."""
+    full = full_layer_setup(setup)
+    if full is None:
+        return ()
+    sliding = total_bytes(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1))
+    whole = total_bytes(kept(layer_rules(full, Dims.of(full)), Scope.LAYER, 1))
+    return tuple(sliding if is_sliding(setup.model, i) else whole for i in range(setup.model.num_layers))
+
+
 def inventory(setup: Setup) -> list[Kept]:
     """What the blocks keep when the forward pass of one micro-batch ends, every layer whole: the
     embedding and per-forward constants, each layer's saves (an MoE's MLP swapped in), the head. The
@@ -126,7 +159,7 @@ def inventory(setup: Setup) -> list[Kept]:
     are applied to it by the engine."""
     dims = Dims.of(setup)
     model = embedding_rules(setup, dims) + constant_rules(setup, dims)
-    layers = with_moe(kept(layer_rules(setup, dims), Scope.LAYER, dims.layers), setup)
+    layers = layer_entries(setup, dims)
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 

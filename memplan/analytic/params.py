@@ -37,6 +37,8 @@ class LayerParams(BaseModel):
     """q_norm and k_norm (``ModelConfig.qk_norm``): an RMSNorm weight [d] each, replicated like the norms."""
     post_norms: int = 0
     """The norms after attention and after the MLP (Gemma-2's ``post_norms``)."""
+    sinks: int = 0
+    """The attention sinks (``ModelConfig.attn_sinks``): one learned logit per head, a."""
 
     @property
     def attention(self) -> int:
@@ -44,7 +46,8 @@ class LayerParams(BaseModel):
 
     @property
     def total(self) -> int:
-        return self.attn_norm + self.qk_norm + self.attention + self.mlp_norm + self.mlp + self.post_norms
+        norms = self.attn_norm + self.qk_norm + self.mlp_norm + self.post_norms
+        return norms + self.attention + self.sinks + self.mlp
 
 
 class ParamCount(BaseModel):
@@ -84,6 +87,7 @@ def layer_params(m: ModelConfig) -> LayerParams:
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
         qk_norm=qk_norm_params(m),
         post_norms=2 * norm_params(m) if m.post_norms else 0,
+        sinks=m.num_heads if m.attn_sinks else 0,
     )
 
 

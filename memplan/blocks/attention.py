@@ -182,6 +182,8 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "probs", probs, FP32, R.ATTN_PROBS, "fp32 softmax output (SDPA's math kernel)"),
             *dropout_rules(setup, probs, FP32),
         ]
+    if setup.model.attn_sinks:
+        return sink_rules(dims)
     softcap = []
     if setup.model.attn_softcap is not None:
         # Gemma-2's eager_attention_forward: tanh(scores / c) · c; tanh keeps its output (scalars: nothing).
@@ -201,6 +203,18 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     why = "softmax output: dS = P·(dP − Σ dP·P)"
     kept = save(B.ATTN, "probs", probs, FP32 if fp32 else act, R.ATTN_PROBS, why)
     return [*softcap, kept, *dropout_rules(setup, probs, act)]
+
+
+def sink_rules(dims: Dims) -> list[Rule]:
+    """gpt-oss's ``eager_attention_forward``: the sinks [a] expanded to one more column of every row,
+    ``combined - combined.max(-1, keepdim=True).values`` (``max.dim`` keeps its indices [b, a, s, 1] int64),
+    ``softmax(dtype=A)`` keeps its output [b, a, s, s+1]; P·V reads the first s columns, a view of it
+    (``matmul`` of the strided slice: no copy)."""
+    b, s, a, act = dims.b, dims.s, dims.a, dims.act
+    return [
+        save(B.ATTN, "sink_max_index", (b, a, s, 1), INT64, R.ATTN_PROBS, "max.dim backward scatters at it"),
+        save(B.ATTN, "probs", (b, a, s, s + 1), act, R.ATTN_PROBS, "softmax over the scores and the sink"),
+    ]
 
 
 def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Rule]:
@@ -264,6 +278,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules: list[Rule] = []
     if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
+        rot = rot // 2 if profile_of(setup).rope_half_table else rot
         rules += [
             save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
             save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
@@ -310,10 +325,42 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
 
 
 def full_and_sliding(m: ModelConfig) -> bool:
-    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full): transformers
-    then makes a causal and a sliding-window mask (``Gemma2Model.forward``'s ``causal_mask_mapping``)."""
+    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full; ``full_layers``:
+    the first N full): transformers then makes a causal and a sliding-window mask
+    (``Gemma2Model.forward``'s / ``Qwen2Model.forward``'s ``causal_mask_mapping``)."""
     every = m.sliding_window_pattern
-    return every is not None and m.num_layers >= every
+    return (every is not None and m.num_layers >= every) or m.full_layers is not None
+
+
+def is_sliding(m: ModelConfig, layer: int) -> bool:
+    """Whether layer i attends through the sliding window: with ``sliding_window_pattern`` n unless
+    (i + 1) % n == 0 (``Gemma2Config`` / ``Gemma3TextConfig``'s ``layer_types``), with ``full_layers`` N
+    when i ≥ N (``Qwen2Config``'s: ``i >= max_window_layers``), else every layer when a window is set."""
+    if m.sliding_window is None:
+        return False
+    every = m.sliding_window_pattern
+    if every:
+        return (layer + 1) % every != 0
+    return layer >= (m.full_layers or 0)
+
+
+def sliding_layers(m: ModelConfig) -> int:
+    """How many layers slide (``is_sliding``)."""
+    return sum(is_sliding(m, i) for i in range(m.num_layers))
+
+
+def full_layer_setup(setup: Setup) -> Setup | None:
+    """The setup of a full-attention layer when its saves differ from a sliding layer's, else None: under
+    SDPA with both layer types and a window shorter than the sequence, the sliding layers pass SDPA an
+    explicit mask (kept, with k and v repeated: ``window_masked``) and the full layers none
+    (``is_causal``); under eager attention every layer keeps the same [b, a, s, s] tensors (the masks are
+    the forward's constants)."""
+    m = setup.model
+    eager = setup.strategy.attention is Attention.EAGER
+    if eager or not full_and_sliding(m) or not window_masked(setup, Dims.of(setup)):
+        return None
+    full = m.model_copy(update={"sliding_window": None, "sliding_window_pattern": None, "full_layers": None})
+    return setup.model_copy(update={"model": full})
 
 
 def projection_flops(dims: Dims) -> int:

@@ -48,7 +48,7 @@ from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
 from memplan.blocks.mlp import mlp_inner_rules, mlp_params
 from memplan.blocks.profiles import profile_of
-from memplan.config import DType, MlpType, ModelConfig, MoEConfig, Setup
+from memplan.config import DType, GateActivation, MlpType, ModelConfig, MoEConfig, Setup
 
 FP32, INT32, INT64 = DType.FP32, DType.INT32, DType.INT64
 B, R = Block, Role
@@ -87,13 +87,14 @@ class MoELayerParams(BaseModel):
 
 
 def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
-    """Router h×E, one routed expert (an MLP of the model's kind and ffn_size), shared experts and gate."""
+    """Router h×E (+ E with ``router_bias``), one routed expert (an MLP of the model's kind and ffn_size,
+    + 2f + h with ``expert_bias``: gpt-oss's gate_up and down biases), shared experts and gate."""
     h = m.hidden_size
     width = moe.shared_width(m)
     shared = mlp_params(m.model_copy(update={"ffn_size": width})) if width else 0
     return MoELayerParams(
-        router=h * moe.experts,
-        expert=mlp_params(m),
+        router=h * moe.experts + (moe.experts if moe.router_bias else 0),
+        expert=mlp_params(m) + (2 * m.ffn + h if moe.expert_bias else 0),
         shared=shared + (h if moe.shared_gate else 0),
         experts=moe.experts,
         top_k=moe.top_k,
@@ -110,11 +111,45 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
-    k = moe.top_k
 
     def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
         return save(B.MOE, part, shape, dtype, role, why)
 
+    rules = router_rules(setup, moe) + dispatch_rules(setup, moe, s)
+    width = moe.shared_width(setup.model)
+    if width:
+        rules += mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
+    if moe.shared_gate:
+        rules += [
+            moe_save(
+                "shared_gate",
+                (t, 1),
+                a,
+                R.SHARED_GATE,
+                "sigmoid of the shared-expert gate: d(shared output) needs it",
+            ),
+            moe_save(
+                "shared_output", (t, h), a, R.SHARED_GATE, "shared experts' output × gate: d(gate) needs it"
+            ),
+        ]
+    return rules
+
+
+def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
+    """The router's saves: its fp32 softmax over E, the top-k indices and the renormalisation; or
+    gpt-oss's top-k of the logits and softmax over those k (``Profile.router_topk_softmax``)."""
+    dims = Dims.of(setup)
+    t, k = dims.tokens, moe.top_k
+
+    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
+        return save(B.MOE, part, shape, dtype, role, why)
+
+    indices = moe_save(
+        "topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"
+    )
+    if profile_of(setup).router_topk_softmax:
+        why = "softmax over the top-k logits: its backward needs the output"
+        return [indices, moe_save("topk_softmax", (t, k), dims.act, R.ROUTER, why)]
     rules = [
         moe_save(
             "router_probs",
@@ -123,9 +158,7 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             R.ROUTER,
             "router softmax in fp32: its backward needs the output",
         ),
-        moe_save(
-            "topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"
-        ),
+        indices,
     ]
     if moe.renormalises:  # weights / weights.sum(-1, keepdim=True), in fp32 before the cast
         rules += [
@@ -140,7 +173,24 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
                 "topk_weights", (t, k), FP32, R.ROUTER, "top-k probabilities, dividend: d(divisor) needs them"
             ),
         ]
-    rules += [
+    return rules
+
+
+def dispatch_rules(setup: Setup, moe: MoEConfig, s: int) -> list[Rule]:
+    """The slots' way to the experts, through them and back; with expert biases (gpt-oss) the bias
+    gather ``gate_up_proj_bias[expert_ids_g]`` keeps the sorted expert ids [S] int64 (one storage for
+    both biases)."""
+    dims = Dims.of(setup)
+    h, a = dims.h, dims.act
+
+    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
+        return save(B.MOE, part, shape, dtype, role, why)
+
+    bias = []
+    if moe.expert_bias:
+        why = "sorted expert of each slot: the bias gather's backward scatters at it"
+        bias = [moe_save("bias_index", (s,), INT64, R.DISPATCH_INDEX, why)]
+    return [
         moe_save(
             "weight_index",
             (s,),
@@ -167,36 +217,43 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             "expert_output", (s, h), a, R.EXPERT_TOKENS, "expert output × routing weight: d(weight) needs it"
         ),
         *combine_rules(setup, moe, s),
+        *bias,
     ]
-    width = moe.shared_width(setup.model)
-    if width:
-        rules += mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
-    if moe.shared_gate:
-        rules += [
-            moe_save(
-                "shared_gate",
-                (t, 1),
-                a,
-                R.SHARED_GATE,
-                "sigmoid of the shared-expert gate: d(shared output) needs it",
-            ),
-            moe_save(
-                "shared_output", (t, h), a, R.SHARED_GATE, "shared experts' output × gate: d(gate) needs it"
-            ),
-        ]
-    return rules
 
 
 def expert_inner_rules(setup: Setup, slots: int) -> list[Rule]:
     """The experts' [S, f] tensors, as a dense MLP's; with transformers' fused ``gate_up_proj``
     (``Profile.experts_gate_up_fused``) gate and up are views of one [S, 2f] output, kept whole."""
     dims = Dims.of(setup)
+    if setup.model.gate_act is GateActivation.CLAMPED:
+        return clamped_rules(slots, dims)
     inner = mlp_inner_rules(setup, B.MOE, "", (slots, dims.f), dims.act)
     if not profile_of(setup).experts_gate_up_fused:
         return inner
     why = "gate_up grouped_mm output, chunked: silu'(gate) needs gate, d silu(gate) needs up"
     fused = save(B.MOE, "gate_up", (slots, 2 * dims.f), dims.act, R.MLP_INNER, why)
     return [fused, *(r for r in inner if r.name not in ("moe.gate", "moe.up"))]
+
+
+def clamped_rules(slots: int, dims: Dims) -> list[Rule]:
+    """gpt-oss's ``_apply_gate`` on the grouped gate_up output [S, 2f] (gate and up interleaved,
+    strided views): ``gate.clamp(max=limit)`` and ``up.clamp(±limit)`` keep their inputs (views of the
+    one buffer); ``gate·α`` keeps nothing; ``sigmoid`` its output; ``gate · σ`` both (the clamped gate a
+    new tensor); ``up + 1`` nothing, but ``(up + 1) · glu`` both; W_down its input. All [S, f], A."""
+    f, act = dims.f, dims.act
+
+    def inner(name: str, why: str) -> Rule:
+        return save(B.MOE, name, (slots, f), act, R.MLP_INNER, why)
+
+    why = "gate_up grouped output: both clamps' backward read their input views of it"
+    return [
+        save(B.MOE, "gate_up", (slots, 2 * f), act, R.MLP_INNER, why),
+        inner("gate_clamped", "min(gate, limit) for gate·σ(α·gate): dσ-term needs it"),
+        inner("gate_sigmoid", "σ(α·gate): its backward and gate·σ's need it"),
+        inner("up_plus_one", "clamp(up) + 1 for (up + 1)·glu: d glu needs it"),
+        inner("glu", "gate·σ(α·gate) for (up + 1)·glu: d up needs it"),
+        inner("down_input", "input of W_down: dW = Xᵀ·dY"),
+    ]
 
 
 def combine_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:

@@ -87,6 +87,13 @@ class Profile:
     over k, not ``index_add_``: the inverse permutation [S] int64 is kept, the weighted product is not.
     (The ``eager`` loop keeps what the reference model keeps: per expert its ``torch.where`` [n_e, 2]
     int64, and ``index_add_``'s source.)"""
+    router_topk_softmax: bool = False
+    """gpt-oss's router (``GptOssTopKRouter.forward``): top-k of the biased logits, then a softmax over
+    those k in the activation dtype: it keeps the [T, k] softmax output and the top-k indices, no [T, E]
+    fp32 probabilities."""
+    rope_half_table: bool = False
+    """gpt-oss's rotary embedding (``GptOssRotaryEmbedding``, ``_apply_rotary_emb``) holds cos and sin as
+    [s, d/2] (first and second halves rotated by one table), not [s, d]."""
     routing_weights_fp32: bool = False
     """Mixtral's router (``MixtralTopKRouter.forward``) returns its fp32 top-k weights uncast:
     ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""

@@ -55,9 +55,9 @@ micro-batch, whole model, forward / backward / recompute (shown as TFLOP = 10Â¹Â
 
 One device is the default layout; tensor (--tp), sequence (--sp), pipeline (--pp, --vpp), expert (--ep)
 and data parallelism (--dp or --gpus, with --zero) split it (the first pipeline stage holds pp micro-batches
-in flight). Dense and mixture-of-experts models alike (mixtral-8x7b, qwen1.5-moe-a2.7b, or a mixtral /
-qwen2_moe config.json). With --gpu: whether it fits and how long a step takes. `memplan plan` is the same
-command.
+in flight). Dense and mixture-of-experts models alike (mixtral-8x7b, qwen1.5-moe-a2.7b, qwen3-30b-a3b, or
+a mixtral / qwen2_moe / qwen3_moe config.json). With --gpu: whether it fits and how long a step takes.
+`memplan plan` is the same command.
 
 Examples:
 

@@ -30,6 +30,7 @@ from memplan.cli.nproc import LAYOUT_OPTIONS, check_memory
 from memplan.cli.progress import Bar
 from memplan.config import Device, Impl, Setup
 from memplan.engine import estimate
+from memplan.presets import hf_document
 
 if TYPE_CHECKING:
     from memplan.engine import Result
@@ -110,7 +111,7 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         setup = setup_of(options_of(options))
         _torch_or_fail()
         if setup.impl.impl is not Impl.REFERENCE:
-            return _trace_impl(setup, as_json)
+            return _trace_impl(setup, as_json, str(options["model"]))
         if setup.impl.compile:
             return _trace_compiled(setup, as_json)
         from memplan.measure.compare import comparison_json
@@ -146,20 +147,25 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         raise typer.Exit(1)
 
 
-def _trace_impl(setup: Setup, as_json: bool) -> None:
+def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     """``trace --impl hf|torchtitan``: the framework's own model under fake tensors, compared per layer and
-    in total (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op)."""
+    in total (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op).
+    With ``--impl hf`` and a config.json (a file or a Hub id), transformers builds the model from that
+    file, every key of it (``hf_config_of_file``), not from what memplan read of it."""
     from memplan.measure.framework import check_traceable
+    from memplan.measure.hf import measure_hf
     from memplan.measure.impl_compare import impl_comparison_json
 
     measure_impl = check_traceable(setup)
+    document = hf_document(model) if setup.impl.impl is Impl.HF else None
     est = estimate(setup)
     start = time.perf_counter()
     with Bar("tracing") as bar:
         bar.advance(0, f"{setup.impl.impl.value}'s {setup.model.name} under fake tensors")
-        meas = measure_impl(setup)
+        meas = measure_impl(setup) if document is None else measure_hf(setup, document=document)
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
+    result["built_from"] = "config.json" if document is not None else "memplan's model"
     result["seconds"] = round(seconds, 3)
     result["ran_on"] = "cpu"
     if as_json:

@@ -42,6 +42,8 @@ class Family(StrEnum):
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"
     QWEN2_MOE = "qwen2_moe"
+    QWEN3_MOE = "qwen3_moe"
+    GPT_OSS = "gpt_oss"
 
 
 class ExpertsImpl(StrEnum):

@@ -50,6 +50,9 @@ class GateActivation(StrEnum):
     """SwiGLU (Llama, Mistral, Qwen, Phi-3)."""
     GELU_TANH = "gelu_tanh"
     """GeGLU with the tanh approximation, ``gelu(x, approximate="tanh")`` (Gemma's gelu_pytorch_tanh)."""
+    CLAMPED = "clamped_swiglu"
+    """gpt-oss's experts (``GptOssExperts._apply_gate``): g = min(gate, limit), u = clamp(up, ±limit),
+    (u + 1) · g · σ(α·g) on interleaved gate/up columns; SwiGLU's matrices, its own saves (--impl hf)."""
 
 
 class PositionType(StrEnum):
@@ -73,6 +76,10 @@ class MoEConfig(Frozen):
         description="width of each shared expert; = the routed expert's ffn_size",
     )
     shared_gate: bool = Field(default=False, description="sigmoid gate h→1 on the shared output (Qwen2-MoE)")
+    router_bias: bool = Field(default=False, description="the router h→E has a bias, E parameters (gpt-oss)")
+    expert_bias: bool = Field(
+        default=False, description="each routed expert's gate/up and down carry biases, 2f + h (gpt-oss)"
+    )
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
@@ -167,6 +174,13 @@ class ModelConfig(Frozen):
         description="every n-th layer attends to all keys, the others through sliding_window (Gemma-2: "
         "2); none: every layer slides",
     )
+    full_layers: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        description="the first N layers attend to all keys, the later ones through sliding_window (Qwen2's "
+        "and Qwen3's max_window_layers); none: every layer slides (or sliding_window_pattern)",
+    )
     rope_local_theta: float | None = Field(
         default=None, gt=0, description="rotary base of the sliding-window layers (Gemma-3); none: rope_theta"
     )
@@ -196,6 +210,11 @@ class ModelConfig(Frozen):
         "included); none: full causal. --impl hf: at s ≥ W transformers passes SDPA an explicit mask "
         "(what it keeps changes); the FLOPs do not (the kernels compute all s² cells), and the reference "
         "model ignores it",
+    )
+    attn_sinks: bool = Field(
+        default=False,
+        description="a learned logit per head joins every softmax row and is dropped after it (gpt-oss's "
+        "sinks): a parameters per layer; --impl hf, eager attention",
     )
     qk_norm: bool = Field(
         default=False,
@@ -241,6 +260,16 @@ class ModelConfig(Frozen):
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
         if self.sliding_window_pattern is not None and self.sliding_window is None:
             raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
+        if self.full_layers is not None:
+            if self.sliding_window is None or self.sliding_window_pattern is not None:
+                raise ValueError(
+                    "full_layers: needs a sliding_window and no sliding_window_pattern; set one or drop it"
+                )
+            if self.full_layers >= self.num_layers:
+                raise ValueError(
+                    f"full_layers: {self.full_layers} ≥ num_layers {self.num_layers} leaves no layer "
+                    "sliding; drop sliding_window instead"
+                )
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):
@@ -276,6 +305,10 @@ class ModelConfig(Frozen):
             "final_softcap": self.final_softcap is not None,
             "sliding_window_pattern": self.sliding_window_pattern is not None,
             "rope_local_theta": self.rope_local_theta is not None,
+            "attn_sinks": self.attn_sinks,
+            "gate_act": self.gate_act is GateActivation.CLAMPED,
+            "moe.router_bias": self.moe is not None and self.moe.router_bias,
+            "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
         }
 
     @property

@@ -230,8 +230,10 @@ def check_qk_norm(m: ModelConfig) -> None:
     """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
     Qwen2's never."""
     family = m.code_family
-    if family is Family.QWEN3 and not m.qk_norm:
-        raise ValueError("qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family qwen3")
+    if family in (Family.QWEN3, Family.QWEN3_MOE) and not m.qk_norm:
+        raise ValueError(
+            f"qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family {family.value}"
+        )
     if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
         raise ValueError(
             f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
@@ -258,8 +260,12 @@ HF_STRUCTURE = {
     "post_norms": (Family.GEMMA2, Family.GEMMA3),
     "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
     "final_softcap": (Family.GEMMA2, Family.GEMMA3),
-    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
+    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3, Family.GPT_OSS),
     "rope_local_theta": (Family.GEMMA3,),
+    "attn_sinks": (Family.GPT_OSS,),
+    "gate_act": (Family.GPT_OSS,),
+    "moe.router_bias": (Family.GPT_OSS,),
+    "moe.expert_bias": (Family.GPT_OSS,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 
@@ -267,7 +273,8 @@ HF_STRUCTURE = {
 def check_hf_only(setup: Setup) -> None:
     """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
     whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
-    False``); SDPA with a window ≤ seq on alternating layers is refused, not modelled."""
+    False``). SDPA with a window ≤ seq on alternating layers: the two layer kinds' saves differ
+    (``blocks.attention.full_layer_setup``)."""
     m, impl = setup.model, setup.impl.impl
     for name, used in m.hf_only.items():
         if used and impl is not Impl.HF:
@@ -281,13 +288,12 @@ def check_hf_only(setup: Setup) -> None:
         raise ValueError(
             "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
         )
-    window = m.sliding_window
-    if flash and m.sliding_window_pattern and window is not None and setup.training.seq_len >= window:
-        # NB: only the sliding layers would keep SDPA's converted mask: the layers' saves differ.
+    if impl is Impl.HF and m.attn_sinks and flash:  # GptOssPreTrainedModel._supports_sdpa = False
         raise ValueError(
-            f"sliding_window: {window} ≤ seq with alternating full layers under SDPA is not modelled; "
-            "use --attention eager or a shorter --seq"
+            "attention: transformers has no SDPA path with attention sinks (gpt-oss); use --attention eager"
         )
+    if m.attn_sinks and m.attn_dropout > 0:
+        raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
 
 
 def check_flash_attn(setup: Setup) -> None:

@@ -22,7 +22,7 @@ Known limitations:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from functools import partial
 from typing import Any
@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Setup
 from memplan.measure.framework import activation_dtype, run_step
-from memplan.measure.hf_config import hf_config, require_transformers
+from memplan.measure.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.run import Measured, make_batch
 
 
@@ -40,17 +40,19 @@ def attn_implementation(setup: Setup) -> str:
     return "eager" if setup.strategy.attention is Attention.EAGER else "sdpa"
 
 
-def build(setup: Setup) -> Any:
+def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
     """transformers' causal LM for ``setup`` in the activation dtype, in training mode (call under a fake
-    mode: no memory is allocated)."""
+    mode: no memory is allocated); from the user's own config.json ``document`` when given
+    (``hf_config_of_file``), else from memplan's model (``hf_config``)."""
     transformers = require_transformers()
+    config = hf_config(setup) if document is None else hf_config_of_file(setup, document)
     dtype = activation_dtype(setup)
     transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
     experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(
-            hf_config(setup), dtype=dtype, attn_implementation=attn_implementation(setup), **experts
+            config, dtype=dtype, attn_implementation=attn_implementation(setup), **experts
         )
     model.train()
     return model
@@ -62,8 +64,9 @@ def layers_of(model: Any) -> list[Any]:
     return list(base.layers if hasattr(base, "layers") else base.h)
 
 
-def measure_hf(setup: Setup, fake: bool = True) -> Measured:
-    """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU."""
+def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | None = None) -> Measured:
+    """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU; built from
+    the user's config.json ``document`` when the model came from one."""
     if fake and setup.model.moe and setup.impl.experts is ExpertsImpl.EAGER:
         raise ValueError(
             "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
@@ -71,7 +74,7 @@ def measure_hf(setup: Setup, fake: bool = True) -> Measured:
         )
     torch.manual_seed(0)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
-        model = build(setup)
+        model = build(setup, document)
         s = setup.strategy
         if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
             with warnings.catch_warnings():

@@ -1,12 +1,13 @@
 """A memplan ``ModelConfig`` as the transformers config of its family (``ModelConfig.code_family``).
 
 One function per family group (``KEYS``) gives the config keys of ``AutoConfig.for_model``; keys a family
-does not take are never passed.
+does not take are never passed. When the model came from a config.json (a file or a Hub id),
+``hf_config_of_file`` builds transformers' config from that file itself, every key of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from memplan.config import Family, GateActivation, MlpType, Setup
@@ -28,14 +29,38 @@ def require_transformers() -> Any:
 def hf_config(setup: Setup) -> Any:
     """The transformers config of ``setup.model`` for its family."""
     transformers = require_transformers()
+    return transformers.AutoConfig.for_model(setup.model.code_family.value, **keys_of(setup))
+
+
+def keys_of(setup: Setup) -> dict[str, Any]:
+    """Every config key ``hf_config`` passes for ``setup``."""
     m = setup.model
-    family = m.code_family
-    common: dict[str, Any] = {
-        "vocab_size": m.vocab_size,
-        "tie_word_embeddings": m.tied_embeddings,
-        "use_cache": setup.impl.use_cache,
-    }
-    return transformers.AutoConfig.for_model(family.value, **common, **KEYS[family](setup))
+    common = {"vocab_size": m.vocab_size, "tie_word_embeddings": m.tied_embeddings}
+    return common | {"use_cache": setup.impl.use_cache} | KEYS[m.code_family](setup)
+
+
+RUN_KEYS = ("use_cache",)
+"""Keys that are the run's, not the model's: always the setup's (``--use-cache / --no-use-cache``)."""
+
+
+def hf_config_of_file(setup: Setup, document: Mapping[str, Any]) -> Any:
+    """transformers' config of the user's own config.json (``AutoConfig.for_model`` on every key of the
+    file, as ``from_pretrained`` reads it), with on top only the keys the run changes: those whose value for
+    ``setup`` differs from their value for the model memplan read from the same file (an option such as
+    ``--dropout``), and the run's own switches (``RUN_KEYS``). A key memplan does not read, or reads
+    wrongly, keeps the file's value, so transformers' run differs from the estimate where memplan misreads
+    the file.
+    A multimodal Gemma-3 config gives its ``text_config`` (the text model memplan estimates)."""
+    transformers = require_transformers()
+    from memplan.presets.hf import model_from_hf_config, text_config
+
+    doc = dict(text_config(document))
+    read = model_from_hf_config(doc, setup.model.name)  # the ValueError of a bad file, as the estimate's
+    theirs = keys_of(setup.model_copy(update={"model": read}))
+    ours = keys_of(setup)
+    changed = {k: v for k, v in ours.items() if k in RUN_KEYS or k not in theirs or theirs[k] != v}
+    kind = doc.pop("model_type")
+    return transformers.AutoConfig.for_model(kind, **(doc | changed))
 
 
 def gpt2_keys(setup: Setup) -> dict[str, Any]:
@@ -100,14 +125,15 @@ def llama_keys(setup: Setup) -> dict[str, Any]:
 def window_keys(setup: Setup) -> dict[str, Any]:
     """The sliding window as each family's config takes it: Mistral's ``sliding_window`` (None: full
     causal; MistralConfig's default is 4096, so None is passed explicitly); Qwen2/Qwen3's
-    ``use_sliding_window`` with every layer sliding (``max_window_layers`` 0: layer i slides when
-    i ≥ max_window_layers, configuration_qwen2.py)."""
+    ``use_sliding_window`` with the layers i ≥ ``max_window_layers`` sliding (``full_layers``, 0 when
+    every layer slides; configuration_qwen2.py's ``layer_types``)."""
     m = setup.model
     if m.code_family is Family.MISTRAL:
         return {"sliding_window": m.sliding_window}
     if m.code_family in (Family.QWEN2, Family.QWEN3):
         on = m.sliding_window is not None
-        return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": 0}
+        first = m.full_layers or 0
+        return {"use_sliding_window": on, "sliding_window": m.sliding_window, "max_window_layers": first}
     return {}
 
 
@@ -152,11 +178,32 @@ def gemma3_keys(setup: Setup) -> dict[str, Any]:
 
 
 def moe_keys(setup: Setup) -> dict[str, Any]:
-    """Mixtral / Qwen2-MoE: the Llama keys and the experts; no router auxiliary loss
+    """Mixtral / Qwen2-MoE / Qwen3-MoE: the Llama keys and the experts; no router auxiliary loss
     (``output_router_logits``, as both configs default) and no router jitter (Mixtral)."""
     m, moe = setup.model, setup.model.moe
     assert moe is not None  # NB: blocks.hf.moe.check refuses an MoE family without [model.moe]
     keys = llama_keys(setup) | {"num_experts_per_tok": moe.top_k, "output_router_logits": False}
+    if m.code_family is Family.GPT_OSS:  # GptOssConfig: sliding layers alternating with full ones
+        every = m.sliding_window_pattern
+        kinds = [
+            "full_attention" if every and (i + 1) % every == 0 else "sliding_attention"
+            for i in range(m.num_layers)
+        ]
+        return keys | {
+            "num_local_experts": moe.experts,
+            "sliding_window": m.sliding_window,
+            "layer_types": kinds if m.sliding_window else ["full_attention"] * m.num_layers,
+        }
+    if m.code_family is Family.QWEN3_MOE:  # Qwen3MoeConfig: no shared expert; its window on every layer
+        return keys | {
+            "num_experts": moe.experts,
+            "moe_intermediate_size": m.ffn,
+            "norm_topk_prob": moe.renormalises,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "use_sliding_window": m.sliding_window is not None,
+            "sliding_window": m.sliding_window,
+        }
     if m.code_family is Family.QWEN2_MOE:
         return keys | {
             "num_experts": moe.experts,
@@ -182,4 +229,6 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,
     Family.QWEN2_MOE: moe_keys,
+    Family.QWEN3_MOE: moe_keys,
+    Family.GPT_OSS: moe_keys,
 }

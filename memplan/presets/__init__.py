@@ -10,6 +10,9 @@ data package ``memplan._presets``): ``name``, ``aliases``, ``source`` (where the
 Everything is read lazily: nothing is loaded at import time; the shipped files are parsed once, on first use
 (``functools.cache``). Files named by path are re-read on every call and capped at 1 MB.
 
+A Hugging Face Hub id (``org/name`` that names no file) is read from the repository's config.json,
+fetched through ``huggingface_hub`` (``presets/hub.py``: its cache, ``HF_HUB_OFFLINE``, ``HF_TOKEN``).
+
 Known limitations: a Hugging Face config.json is imported for the families in
 ``memplan.presets.hf.SUPPORTED_MODEL_TYPES``; its ``published_params`` is unknown (None).
 """
@@ -30,6 +33,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from memplan.config import Frozen, ModelConfig
 from memplan.errors import one_line_validation_error
 from memplan.presets._files import looks_like_json, parse_document, read_text
+from memplan.presets.hub import hub_config, is_hub_id, snapshot_of
 from memplan.presets.topology import Topology
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "PeakTflops",
     "Topology",
     "gpu_names",
+    "hf_document",
     "load_gpu",
     "load_model_preset",
     "model_names",
@@ -300,12 +305,41 @@ def load_model_preset(name_or_path: str) -> ModelPreset:
     target = _resolve("model", "models", name_or_path)
     if isinstance(target, str):
         return _shipped_model(target)
+    if is_hub_id(name_or_path):
+        return _from_hub(name_or_path.strip())
     where = f"model file {target}"
     text = read_text(target, where)
     doc = parse_document(text, where, looks_like_json(target, text))
     if "model_type" in doc or _HF_KEYS & doc.keys():  # a config.json: its model_type is checked there
         return _from_hf(doc, target, where)
     return _validate(ModelPreset, doc, where)
+
+
+def hf_document(name_or_path: str) -> dict[str, Any] | None:
+    """The Hugging Face config.json ``--model`` names, parsed, every key as the file has it (a file, or a Hub
+    id's cached config.json); None for a shipped preset or a preset file. ``trace --impl hf`` builds
+    transformers' model from it, so a key memplan does not read still reaches transformers."""
+    target = _resolve("model", "models", name_or_path)
+    if isinstance(target, str):
+        return None
+    if is_hub_id(name_or_path):
+        target, where = hub_config(name_or_path.strip()), f"model {name_or_path.strip()} (config.json)"
+    else:
+        where = f"model file {target}"
+    text = read_text(target, where)
+    doc = parse_document(text, where, looks_like_json(target, text))
+    return doc if "model_type" in doc or _HF_KEYS & doc.keys() else None
+
+
+def _from_hub(repo_id: str) -> ModelPreset:
+    """A Hub id's config.json (``presets/hub.py``: only that file is fetched), named by the id."""
+    path = hub_config(repo_id)
+    where = f"model {repo_id} (config.json)"
+    text = read_text(path, where)
+    doc = parse_document(text, where, as_json=True)
+    snapshot = snapshot_of(path)
+    source = f"https://huggingface.co/{repo_id}" + (f" (config.json at {snapshot})" if snapshot else "")
+    return _from_hf(doc, path, where, name=repo_id, source=source)
 
 
 _HF_KEYS = frozenset({"architectures", "num_attention_heads", "num_hidden_layers", "hidden_size"})
@@ -323,13 +357,17 @@ def _hf_name(path: Path) -> str:
     return folder.name or path.stem
 
 
-def _from_hf(cfg: dict[str, Any], path: Path, where: str) -> ModelPreset:
+def _from_hf(
+    cfg: dict[str, Any], path: Path, where: str, name: str | None = None, source: str | None = None
+) -> ModelPreset:
     """A preset for an imported config.json (``published_params`` unknown)."""
     from memplan.presets.hf import hf_notes, model_from_hf_config  # here: only config.json needs it
 
-    name = _hf_name(path)
+    name = name or _hf_name(path)
     model = model_from_hf_config(cfg, name, where)  # checks model_type before hf_notes reads it
-    return ModelPreset(name=name, source=str(path), published_params=None, notes=hf_notes(cfg), model=model)
+    return ModelPreset(
+        name=name, source=source or str(path), published_params=None, notes=hf_notes(cfg), model=model
+    )
 
 
 def load_gpu(name_or_path: str) -> GpuPreset:

@@ -3,8 +3,8 @@
 Only the numbers are read; no model code is ever imported or executed (no ``trust_remote_code``).
 Defaults for absent keys follow the ``transformers`` config class of each ``model_type``.
 
-Mixtures of experts (``mixtral``, ``qwen2_moe``) are read into ``ModelConfig.moe``, with ``ffn_size`` the
-width of one routed expert.
+Mixtures of experts (``mixtral``, ``qwen2_moe``, ``qwen3_moe``) are read into ``ModelConfig.moe``, with
+``ffn_size`` the width of one routed expert.
 
 A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what the family's MLP models is
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
@@ -12,8 +12,8 @@ refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 Known limitations (none changes the parameter count):
 - NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's ``sliding_window`` is not read
   (Mistral's, Qwen2's, Qwen3's, Phi-3's and Gemma-2/3's are).
-- NB: Qwen2/Qwen3 configs whose sliding window covers only some layers (0 < max_window_layers <
-  num_hidden_layers with use_sliding_window) are refused, not modelled.
+- Qwen2/Qwen3 configs whose sliding window covers only the layers from ``max_window_layers`` on
+  (``use_sliding_window``) import the first ones as ``full_layers``.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
   by √h (``embed_scale``).
 - Gemma-2 / Gemma-3 (``gemma3_text``, or a ``gemma3`` config's ``text_config``: NB the vision tower is
@@ -24,8 +24,13 @@ Known limitations (none changes the parameter count):
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
-- NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
-  ones) are refused, not modelled.
+- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers
+  between MoE ones) are refused, not modelled.
+- gpt-oss: attention sinks, a biased router, clamped SwiGLU experts with biases, sliding layers
+  alternating with full ones (``layer_types``, another pattern refused); NB ``swiglu_limit`` /
+  ``swiglu_alpha`` change values only; NB its YaRN ``rope_scaling`` is ignored (no bytes).
+- Qwen3-MoE: Qwen2-MoE's experts without the shared one, Qwen3's q/k norms; its sliding window, with
+  ``use_sliding_window``, covers every layer (``Qwen3MoeConfig``: no ``max_window_layers``).
 """
 
 from __future__ import annotations
@@ -66,9 +71,11 @@ _FAMILY = {
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
     "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
     "qwen2_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=8192),
+    "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
+    "gpt_oss": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=131072),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
 def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -136,7 +143,10 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
-    if kind in ("llama", "gemma", "qwen3"):  # attention_bias covers q, k, v and o
+    if kind == "gpt_oss":  # GptOssConfig.attention_bias defaults to true: q, k, v and o
+        attn = _bool(cfg, "attention_bias", True)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind in ("llama", "gemma", "qwen3", "qwen3_moe"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -192,9 +202,32 @@ def _neox_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _check_unmodelled(kind: str, cfg: Mapping[str, Any]) -> None:
+    """Keys whose effect memplan does not model are refused, not silently dropped: the MoE router's
+    auxiliary loss (``output_router_logits``: every layer's router logits kept for the load-balancing
+    loss) and Phi-3's partial rotary (``partial_rotary_factor`` < 1, Phi-4-mini: ``Phi3Attention`` rotates
+    a slice of each head and concatenates the rest)."""
+    if kind in MOE_MODEL_TYPES and _bool(cfg, "output_router_logits", False):
+        raise ValueError(
+            "output_router_logits: the router's auxiliary (load-balancing) loss is not modelled; "
+            "set it false in config.json"
+        )
+    if kind == "phi3":
+        rope = cfg.get("rope_parameters") or {}
+        factor = _float(
+            rope, "partial_rotary_factor", default=_float(cfg, "partial_rotary_factor", default=1.0)
+        )
+        if factor != 1.0:
+            raise ValueError(
+                f"partial_rotary_factor: {factor:g} (a partially rotated Phi-3) is not modelled for "
+                "model_type phi3; use a config with partial_rotary_factor 1"
+            )
+
+
 def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     fam = _FAMILY[kind]
     _check_activation(kind, cfg)
+    _check_unmodelled(kind, cfg)
     fields: dict[str, Any] = {
         "name": name,
         "hidden_size": _req_int(cfg, "hidden_size", "n_embd"),
@@ -226,12 +259,15 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_moe_fields(kind, cfg))
     if kind in _WINDOWED:
         fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
-    if kind == "qwen3":
-        fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
+        fields.update(_qwen2_layer_types(kind, cfg, fields["num_layers"], fields["sliding_window"]))
+    if kind in ("qwen3", "qwen3_moe"):
+        fields["qk_norm"] = True  # Qwen3Attention's / Qwen3MoeAttention's q_norm / k_norm
     if kind in _OWN_CODE:
         fields["family"] = kind
     if kind in ("gemma", "gemma2", "gemma3_text"):
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
+    if kind == "gpt_oss":
+        fields.update(_gpt_oss_fields(cfg, fields["num_layers"]))
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
     if kind == "phi3":
@@ -239,11 +275,22 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe")
+_OWN_CODE = (
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "gpt_oss",
+)
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
-_WINDOWED = ("mistral", "qwen2", "qwen3")
+_WINDOWED = ("mistral", "qwen2", "qwen3", "qwen3_moe")
 
 
 def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | None:
@@ -256,16 +303,47 @@ def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | Non
         return _int(cfg, "sliding_window", default=4096)
     if not _bool(cfg, "use_sliding_window", False):
         return None
+    if kind == "qwen3_moe":  # Qwen3MoeConfig: every layer slides (no max_window_layers)
+        return _int(cfg, "sliding_window", default=4096)
     first = _int(cfg, "max_window_layers", default=28)
     assert first is not None
     if first >= layers:
         return None  # no layer slides
-    if first > 0:
-        raise ValueError(
-            f"max_window_layers: {first} slides only layers ≥ {first} of {layers}; a window on some "
-            "layers is not modelled — use max_window_layers 0 (all) or ≥ num_hidden_layers (none)"
-        )
     return _int(cfg, "sliding_window", default=4096)
+
+
+def _qwen2_layer_types(kind: str, cfg: Mapping[str, Any], layers: int, window: int | None) -> dict[str, Any]:
+    """Qwen2's / Qwen3's full layers below ``max_window_layers`` (``full_layers``: layer i slides when
+    i ≥ max_window_layers, ``Qwen2Config.layer_types``); an explicit ``layer_types`` of another pattern is
+    refused."""
+    if kind not in ("qwen2", "qwen3"):
+        return {}
+    first = _int(cfg, "max_window_layers", default=28) or 0
+    kinds = [
+        "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(layers)
+    ]
+    if cfg.get("layer_types") not in (None, kinds):
+        raise ValueError(
+            "layer_types: only the layers from max_window_layers on sliding is modelled; drop layer_types"
+        )
+    return {"full_layers": first} if window is not None and 0 < first < layers else {}
+
+
+def _gpt_oss_fields(cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """gpt-oss (``GptOssConfig``): attention sinks, the clamped SwiGLU experts (``swiglu_limit`` and
+    ``swiglu_alpha`` change values, not what is kept), sliding-window layers alternating with full ones
+    (``layer_types``: layer i slides when (i + 1) % 2, the default; another pattern refused)."""
+    pattern = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if cfg.get("layer_types") not in (None, pattern):
+        raise ValueError("layer_types: only every 2nd layer full is modelled for gpt_oss; drop layer_types")
+    window = _int(cfg, "sliding_window", default=128)
+    return {
+        "attn_sinks": True,
+        "gate_act": GateActivation.CLAMPED,
+        "sliding_window": window,
+        "sliding_window_pattern": 2 if window else None,
+        "rope_theta": _float(cfg, "rope_theta", default=150000.0),
+    }
 
 
 def _optional(cfg: Mapping[str, Any], key: str, default: float | None) -> float | None:
@@ -314,8 +392,9 @@ def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe config; defaults
-    for absent keys follow transformers' ``MixtralConfig`` and ``Qwen2MoeConfig``."""
+    """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe / qwen3_moe config;
+    defaults for absent keys follow transformers' ``MixtralConfig``, ``Qwen2MoeConfig`` and
+    ``Qwen3MoeConfig``."""
     if kind == "mixtral":
         moe = {
             "experts": _int(cfg, "num_local_experts", default=8),
@@ -328,6 +407,22 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
             "decoder_sparse_step: dense layers between MoE layers are not modelled; "
             "use a config with decoder_sparse_step 1 and no mlp_only_layers"
         )
+    if kind == "gpt_oss":  # GptOssConfig's defaults: biased router and experts, softmax over the top-k
+        moe = {
+            "experts": _int(cfg, "num_local_experts", default=128),
+            "top_k": _int(cfg, "num_experts_per_tok", default=4),
+            "norm_topk_prob": False,  # the top-k logits' softmax sums to 1 by itself
+            "router_bias": True,
+            "expert_bias": True,
+        }
+        return {"ffn_size": _int(cfg, "intermediate_size", default=2880), "moe": moe}
+    if kind == "qwen3_moe":  # Qwen3MoeConfig's defaults; no shared expert
+        moe = {
+            "experts": _int(cfg, "num_experts", default=128),
+            "top_k": _int(cfg, "num_experts_per_tok", default=8),
+            "norm_topk_prob": _bool(cfg, "norm_topk_prob", False),
+        }
+        return {"ffn_size": _int(cfg, "moe_intermediate_size", default=768), "moe": moe}
     shared = _int(cfg, "shared_expert_intermediate_size", default=5632)
     moe = {
         "experts": _int(cfg, "num_experts", default=60),
@@ -370,6 +465,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
     if kind in ("gemma2", "gemma3_text"):
         notes.append("post norms, softcapping and alternating sliding-window layers: --impl hf only")
+    if kind == "gpt_oss":
+        notes.append("attention sinks, clamped SwiGLU experts with biases: --impl hf, eager attention only")
     if kind == "phi3":
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":

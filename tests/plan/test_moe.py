@@ -94,7 +94,15 @@ def test_mixtral_layer_breakdown() -> None:
 
 def test_shipped_moe_presets_and_aliases() -> None:
     moe = [n for n in model_names() if load_model_preset(n).model.moe is not None]
-    assert moe == ["mixtral-8x7b", "qwen1.5-moe-a2.7b"]
+    assert moe == [
+        "gpt-oss-120b",
+        "gpt-oss-20b",
+        "mixtral-8x22b",
+        "mixtral-8x7b",
+        "qwen1.5-moe-a2.7b",
+        "qwen3-235b-a22b",
+        "qwen3-30b-a3b",
+    ]
     assert load_model_preset("Mixtral").name == "mixtral-8x7b"
     assert load_model_preset("qwen-moe").name == "qwen1.5-moe-a2.7b"
     assert load_model_preset("70b").model.moe is None  # dense presets in the same world

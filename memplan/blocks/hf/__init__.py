@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, phi3
+from memplan.blocks.hf import gemma, gpt2, gpt_neox, gpt_oss, llama, moe, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -20,6 +20,8 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GPT_NEOX: gpt_neox.profile,
     Family.MIXTRAL: moe.mixtral,
     Family.QWEN2_MOE: moe.qwen2_moe,
+    Family.QWEN3_MOE: moe.qwen3_moe,
+    Family.GPT_OSS: gpt_oss.profile,
     Family.MISTRAL: llama.windowed,
     Family.QWEN2: llama.windowed,
     Family.QWEN3: llama.windowed,

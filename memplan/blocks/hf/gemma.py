@@ -10,8 +10,8 @@ Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test
   total at the tests' sizes; ``attention.checkpointed_mask_rule``).
 - NB: the peak's backward transients (``analytic.peak``) follow Llama's RMSNorm: Gemma's fp32 (1 + w)
   product, the post norms, the q/k norms and the softcaps' tanh backward are not in them.
-- NB: SDPA with a window ≤ seq on alternating layers (only the sliding layers would keep SDPA's mask) is
-  refused, not modelled (``config.setup.check_hf_only``).
+- SDPA with a window ≤ seq on alternating layers: only the sliding layers keep SDPA's mask and k, v
+  repeated; the saves differ by layer kind (``attention.full_layer_setup``, tests/hf/test_gemma3_windows.py).
 """
 
 from __future__ import annotations

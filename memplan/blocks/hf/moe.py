@@ -1,4 +1,5 @@
-"""transformers' mixtures of experts: ``modeling_mixtral.py`` and ``modeling_qwen2_moe.py`` (5.x).
+"""transformers' mixtures of experts: ``modeling_mixtral.py``, ``modeling_qwen2_moe.py`` and
+``modeling_qwen3_moe.py`` (5.x).
 
 Both run their experts through ``@use_experts_implementation``, whose default ``experts_implementation`` is
 ``grouped_mm`` (``PreTrainedModel.get_correct_experts_implementation``): ``grouped_mm_experts_forward`` in
@@ -6,7 +7,7 @@ Both run their experts through ``@use_experts_implementation``, whose default ``
 of them (``Profile.experts_grouped_mm``). Every buffer it keeps is [S, ·] with S = T·k, whatever the
 split among the experts, so the kept bytes and the FLOPs do not depend on the routing (dropless; checked
 with realised random-router routings, tests/hf/test_moe.py). Mixtral's router does not cast its top-k
-weights back to the activation dtype (``Profile.routing_weights_fp32``); Qwen2-MoE's does.
+weights back to the activation dtype (``Profile.routing_weights_fp32``); Qwen2-MoE's and Qwen3-MoE's do.
 
 ``--experts eager`` follows the modeling file's own loop (``experts_implementation="eager"``): per expert a
 ``torch.where`` [n_e, 2] int64, its tokens' MLP and ``index_add_``, whose source [n_e, h] stays: E pieces
@@ -71,3 +72,12 @@ def qwen2_moe(setup: Setup) -> Profile:
     ``sigmoid(shared_expert_gate)``."""
     check(setup, shared=True)
     return experts(setup)
+
+
+def qwen3_moe(setup: Setup) -> Profile:
+    """Qwen3-MoE (``Qwen3MoeSparseMoeBlock``): Qwen2-MoE's router (``Qwen3MoeTopKRouter``, weights cast to
+    the activation dtype) and grouped experts, no shared expert; ``Qwen3MoeAttention``'s q_norm / k_norm
+    (``ModelConfig.qk_norm``) and Mistral's sliding-window mask (``create_sliding_window_causal_mask`` when
+    ``config.sliding_window`` is set: every layer)."""
+    check(setup, shared=False)
+    return replace(experts(setup), window_mask=True)
