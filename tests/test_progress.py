@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import time
+
+import pytest
 
 from rich.console import Console
 from typer.testing import CliRunner
@@ -69,3 +72,21 @@ def test_rates_print_in_a_readable_unit() -> None:
     assert fmt_rate(989.5e12) == "989.50 TFLOP/s"
     assert fmt_rate(2.5e15) == "2.50 PFLOP/s"
     assert fmt_rate(5.0) == "5 FLOP/s"
+
+
+def test_profile_nproc_shows_a_spinner_while_its_ranks_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``profile --nproc``: the ranks report only at the end, so a spinner with the elapsed time runs on
+    stderr meanwhile (a terminal, past the delay); the ranks' launch is stood in for by a 0.3 s wait."""
+    from memplan.cli import nproc
+    from memplan.measure import distributed
+
+    console, out = terminal()
+    monkeypatch.setattr(nproc, "Bar", functools.partial(Bar, delay=0.0, console=console))
+
+    def launch(*_args: object, **_kw: object) -> list[object]:
+        time.sleep(0.3)
+        return []  # as a torchrun rank other than 0: nothing to print
+
+    monkeypatch.setattr(distributed, "launch", launch)
+    nproc.profile_distributed(2, "cpu", False, {"model": "tiny", "seq": 32})
+    assert "profiling" in out.getvalue() and "2 ranks" in out.getvalue()

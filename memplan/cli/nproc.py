@@ -14,6 +14,7 @@ import typer
 
 from memplan.api import setup_of
 from memplan.cli.common import console, options_of
+from memplan.cli.progress import Bar
 from memplan.config import Device
 from memplan.engine import Result, at_stage, estimate
 
@@ -89,7 +90,11 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     check_ranks_memory(est, nproc, dev)
     launcher = "torchrun" if dist_mod.under_torchrun() else "spawn"
     try:
-        reports = dist_mod.launch(setup, nproc, cuda=kernels is Device.CUDA)
+        # A spinner with the elapsed time on stderr (a terminal, past a second): the ranks report only at
+        # the end. Under torchrun every rank runs this: no bar there.
+        with Bar("profiling", enabled=launcher == "spawn" and not as_json) as bar:
+            bar.advance(0, f"{nproc} ranks ({setup.parallel.label()}, dp {setup.strategy.dp})")
+            reports = dist_mod.launch(setup, nproc, cuda=kernels is Device.CUDA)
     except (TimeoutError, RuntimeError, OSError) as e:  # a rank failed or hung: its error, one line
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         typer.echo(f"error: nproc: the distributed run failed: {last}; every rank was stopped", err=True)
