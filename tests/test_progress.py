@@ -7,7 +7,6 @@ import io
 import time
 
 import pytest
-
 from rich.console import Console
 from typer.testing import CliRunner
 
