@@ -45,7 +45,7 @@ from memplan.config import (
 from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
-from memplan.search.budget import DEFAULT_RESERVE, Verdict, fits, host_fits, verdict
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, allocator_memory, fits, host_fits, verdict
 from memplan.search.methods import (
     SAVERS,
     searches_checkpointing,
@@ -198,8 +198,9 @@ class FitResult:
 
     @property
     def usable(self) -> int:
-        """Bytes of each GPU a configuration may use: its memory less the reserve."""
-        return self.gpu.memory_bytes - self.reserve
+        """Bytes of each GPU torch's allocator may reserve: the driver's memory less the CUDA context and
+        the reserve (``budget.allocator_memory``)."""
+        return allocator_memory(self.gpu, self.reserve)
 
     @property
     def best(self) -> Config | None:
@@ -316,7 +317,7 @@ def fit(
     ]
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
-        result.max_seq = longest_sequence(result.best, memory)
+        result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
     return result
 
 
@@ -380,7 +381,7 @@ def _search_families(
         for family in families:
             result.evaluated += 1
             p = estimate(_setup(base, family, b, n))
-            ok = fits(p, memory) and host_fits(p, result.gpu)
+            ok = fits(p, memory, result.gpu) and host_fits(p, result.gpu)
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
                 higher = [f for f in families if f.zero > family.zero]
@@ -412,7 +413,7 @@ def _fastest_stage(
     for family in higher:
         result.evaluated += 1
         q = estimate(_setup(base, family, b, n))
-        if not (fits(q, result.usable) and host_fits(q, result.gpu)):
+        if not (fits(q, result.usable, result.gpu) and host_fits(q, result.gpu)):
             continue
         t = timing(q, result.gpu, mfu=mfu)
         if t.step_time_s < best.timing.step_time_s:
@@ -420,11 +421,12 @@ def _fastest_stage(
     return best
 
 
-def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
+def longest_sequence(best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPreset | None = None) -> int:
     """The longest sequence the best configuration fits at micro-batch 1 (binary search).
 
     Sequences step by tp under sequence parallelism, by 2·cp under context parallelism (cp·lcm(2, tp)
-    with both); learned positions cap it at ``max_positions``.
+    with both); learned positions cap it at ``max_positions``. With ``gpu``, judged on what the allocator
+    reserves (``budget.fits``).
     """
     p = best.result
     par = p.parallel
@@ -437,7 +439,7 @@ def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
 
     def ok(seq: int) -> bool:
         training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
-        return fits(estimate(p.setup.model_copy(update={"training": training})), memory)
+        return fits(estimate(p.setup.model_copy(update={"training": training})), memory, gpu)
 
     lo, hi = 0, cap // step  # in steps: ok(lo·step) (or lo = 0), not ok above hi·step
     while lo < hi:
