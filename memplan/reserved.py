@@ -10,9 +10,10 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   block of the difference when the layer's saves do not add up to it: fine-tuning's unequal layers,
   checkpointed segments, the embedding's and the head's saves);
 - weights, optimizer states and gradients as one allocation per parameter tensor of the rank
-  (``analytic.optimizer_step.step_tensors``: whole tensors or ZeRO's dim-0 shards) when the term is a whole
-  number of bytes per element over them, else one block (pipeline stages, LoRA's trainable subset,
-  offloaded parts);
+  (``analytic.optimizer_step.step_tensors``: whole tensors or ZeRO's dim-0 shards) when the term's full
+  size is a whole number of bytes per element over them (else as one block per rise: pipeline stages,
+  LoRA's trainable subset, offloaded parts): weights and states in parameter order, gradients in reverse
+  (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
 - a moment's transient as one block, freed at the next point;
 - cuBLAS's workspace (with a GPU) once, before the first layer, and never freed (torch keeps one per
   handle and stream, ``getNewWorkspace`` takes it from the caching allocator).
@@ -108,14 +109,24 @@ class Reserved:
         }
 
 
-def split(total: int, elements: list[int]) -> list[int]:
-    """``total`` bytes laid over tensors of ``elements``: one allocation each when ``total`` is a whole
-    number of bytes per element over them, else one block."""
+def tensor_bytes(total: int, elements: list[int]) -> list[int]:
+    """``total`` bytes laid over tensors of ``elements``, one allocation each, when ``total`` is a whole
+    number of bytes per element over them; else none (the term is then allocated as blocks)."""
     count = sum(elements)
     if count and total % count == 0:
-        per = total // count
-        return [e * per for e in elements if e]
-    return [total]
+        return [e * (total // count) for e in elements if e]
+    return []
+
+
+def take(queue: list[int], delta: int) -> list[int]:
+    """Allocations for ``delta`` more bytes of a term: its next whole tensors from ``queue`` (consumed)
+    while they fit, the rest as one block."""
+    out: list[int] = []
+    rest = delta
+    while queue and queue[0] <= rest:
+        rest -= queue[0]
+        out.append(queue.pop(0))
+    return out + ([rest] if rest > 0 else [])
 
 
 def layer_saves(r: Result) -> list[int]:
@@ -129,10 +140,13 @@ def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = step_tensors(r.pieces.setup.model_copy(update={"strategy": dev.setup.strategy}))
+    st = dev.states
+    full = {"weights": st.weights, "optimizer": st.optimizer, "gradients": st.gradients}
     layer = layer_saves(r)
     ids = itertools.count()
     held: dict[str, list[tuple[int, int]]] = {t: [] for t in TERMS}
     total = dict.fromkeys(TERMS, 0)
+    queues: dict[str, list[int]] = {}
     events: list[Event] = []
 
     def pieces(term: str, delta: int) -> list[int]:
@@ -140,7 +154,10 @@ def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
             return layer if sum(layer) == delta else [delta]
         if term == "transient":
             return [delta]
-        return split(delta, per_tensor)
+        if total[term] == 0:  # the term starts (again): its tensors in the order they are made
+            order = per_tensor[::-1] if term == "gradients" else per_tensor
+            queues[term] = tensor_bytes(full[term], order)
+        return take(queues[term], delta)
 
     def move_to(p: Point, first: bool) -> None:
         for term in TERMS:  # frees first: what shrinks, newest first; every transient
