@@ -426,7 +426,9 @@ def longest_sequence(best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPres
 
     Sequences step by tp under sequence parallelism, by 2·cp under context parallelism (cp·lcm(2, tp)
     with both); learned positions cap it at ``max_positions``. With ``gpu``, judged on what the allocator
-    reserves (``budget.fits``).
+    reserves (``budget.fits``). NB: that judgement is not monotonic in the sequence (the allocator's
+    segments and splits change with the sizes), so a longer sequence than the binary search's boundary can
+    fit; none beyond the tensors' own boundary can (reserved ≥ allocated ≥ the peak).
     """
     p = best.result
     par = p.parallel
