@@ -105,10 +105,6 @@ class _Block:
     tail: bool = False
     """Expandable segments: the block at the mapped end (it can grow)."""
 
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.size, self.addr)
-
 
 @dataclass
 class Replay:
@@ -155,8 +151,10 @@ class Allocator:
 
     def malloc(self, id_: int, size: int, stream: int = 0) -> None:
         rounded = round_size(size)
-        small = is_small(rounded)
-        block = self._best_fit(small, stream, rounded) or self._new_block(small, stream, rounded)
+        small = rounded <= K_SMALL_SIZE  # is_small
+        keys = self._pools.get((small, stream))
+        block = self._best_fit(small, stream, rounded) if keys or self.expandable else None
+        block = block or self._new_block(small, stream, rounded)
         if block is not None and block.size < rounded:  # an expandable segment's end: map more pages
             block = self._grow(block, rounded)
         if block is None:
@@ -174,8 +172,10 @@ class Allocator:
         s = self.stats
         s.allocated += block.size
         s.requested += size
-        s.allocated_peak = max(s.allocated_peak, s.allocated)
-        s.requested_peak = max(s.requested_peak, s.requested)
+        if s.allocated > s.allocated_peak:
+            s.allocated_peak = s.allocated
+        if s.requested > s.requested_peak:
+            s.requested_peak = s.requested
 
     def free(self, id_: int) -> None:
         found = self._live.pop(id_, None)
@@ -281,8 +281,10 @@ class Allocator:
         return self.stats.reserved + size <= self.capacity
 
     def _reserve(self, size: int) -> None:
-        self.stats.reserved += size
-        self.stats.reserved_peak = max(self.stats.reserved_peak, self.stats.reserved)
+        s = self.stats
+        s.reserved += size
+        if s.reserved > s.reserved_peak:
+            s.reserved_peak = s.reserved
 
     def _merge(self, block: _Block, other: _Block) -> _Block:
         """``try_merge_blocks``: ``other`` (a free neighbour) joins ``block``."""
@@ -301,11 +303,11 @@ class Allocator:
         if block.tail:
             self._expanding[(block.small, block.stream)] = block
         self._free[block.addr] = block
-        bisect.insort(self._pools.setdefault((block.small, block.stream), []), block.key)
+        bisect.insort(self._pools.setdefault((block.small, block.stream), []), (block.size, block.addr))
 
     def _remove(self, block: _Block) -> None:
         keys = self._pools[(block.small, block.stream)]
-        del keys[bisect.bisect_left(keys, block.key)]
+        del keys[bisect.bisect_left(keys, (block.size, block.addr))]
         del self._free[block.addr]
 
 

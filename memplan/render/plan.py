@@ -76,6 +76,7 @@ def verdict_text(v: Verdict) -> Text:
     close = fmt_bytes(judged) == fmt_bytes(v.usable_bytes)
     gap = f" ({fmt_int(abs(v.headroom))} bytes {'under' if v.headroom >= 0 else 'over'})" if close else ""
     what = f"reserved {fmt_bytes(judged)}" if v.reserved_peak is not None else f"peak {fmt_bytes(v.peak)}"
+    what += " (cached segments released to fit)" if v.capped else ""
     if v.fits:
         return Text(f"fits on {memory}: {what}{gap}, headroom {fmt_bytes(v.headroom)}", "green")
     if not v.exact:
@@ -92,8 +93,8 @@ def allocator_text(r: Reserved) -> Text:
     """The step as torch's caching allocator would report it (``memplan.reserved``)."""
     extra = f" + cuBLAS workspace {fmt_bytes(r.cublas_workspace)}" if r.cublas_workspace else ""
     return Text(
-        f"allocator (replayed): allocated peak {fmt_bytes(r.allocated_peak)} · reserved peak "
-        f"{fmt_bytes(r.reserved_peak)} in {fmt_int(r.segments)} segments{extra}"
+        f"allocator (replayed, memory unlimited): allocated peak {fmt_bytes(r.allocated_peak)} · "
+        f"reserved peak {fmt_bytes(r.reserved_peak)} in {fmt_int(r.segments)} segments{extra}"
     )
 
 

@@ -69,6 +69,9 @@ class Verdict(BaseModel):
     """The allocator's ``allocated_bytes.all.peak`` (None when not exact)."""
     reserved_peak: int | None
     """The allocator's ``reserved_bytes.all.peak``, the judged figure (None when not exact)."""
+    capped: bool = False
+    """The reserved peak is the replay at the usable memory's capacity (the allocator released cached
+    segments to fit); otherwise the unlimited replay's."""
     exact: bool
     stage: int
     phase: str
@@ -114,8 +117,8 @@ def judged(p: Result, gpu: GpuPreset, memory: int) -> tuple[Reserved, bool]:
     found = replay_device(p, gpu)
     if found.reserved_peak <= memory:
         return found, True
-    capped = fits_reserved(p, gpu, memory)
-    return (found, False) if capped is None else (capped, True)
+    at_capacity = fits_reserved(p, gpu, memory)
+    return (found, False) if at_capacity is None else (at_capacity, True)
 
 
 def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE) -> Verdict:
@@ -124,6 +127,7 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
     memory = allocator_memory(gpu, reserve)
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
+    capped = False
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         fit, headroom = False, memory - peak
@@ -132,6 +136,7 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         found, fit = judged(p, gpu, memory) if peak <= memory else (replay_device(p, gpu), False)
         allocated, reserved = found.allocated_peak, found.reserved_peak
+        capped = fit and reserved < replay_device(p, gpu).reserved_peak
         headroom = memory - reserved
     why = None
     if not fit:
@@ -146,6 +151,7 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
         peak=peak,
         allocated_peak=allocated,
         reserved_peak=reserved,
+        capped=capped,
         exact=exact,
         stage=dev.stage.index,
         phase=phase,
