@@ -35,9 +35,11 @@ Known limitations:
   allocator does, and is not affected the same way.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
-- NB: one stream: FSDP2's all-gather / reduce-scatter streams, DDP's buckets (25 MiB each,
-  ``bucket_cap_mb``) and NCCL's own buffers (``cudaMalloc``'d by NCCL outside torch's allocator,
-  ``NCCL_BUFFSIZE`` 4 MiB per channel and peer) are not counted; ``--reserve`` keeps memory back for them.
+- NB: one stream: FSDP2's all-gather / reduce-scatter streams, DDP's buckets (``bucket_cap_mb``, 25 MiB
+  each by default, torch.nn.parallel.DistributedDataParallel) and NCCL's own buffers (allocated by NCCL
+  outside torch's allocator; ``NCCL_BUFFSIZE``, 4 MiB by default per connection, NCCL user guide,
+  Environment Variables, times channels and peers NCCL picks at run time) are not counted; ``--reserve``
+  keeps memory back for them.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.
 """

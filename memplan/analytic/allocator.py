@@ -35,7 +35,9 @@ the requests as made. Peaks are taken after every event, as ``torch.cuda.memory_
 NB: CUDA graphs' private pools, ``garbage_collection_threshold``, ``roundup_power2_divisions`` and the
 ``record_stream`` events that delay a block's reuse until another stream is done with it are not
 modelled; a block is free for reuse the moment it is freed. The addresses are the model's own (segments
-laid one after another), so best-fit ties between segments break in creation order.
+laid one after another), so best-fit ties between segments break in creation order. Under expandable
+segments the out-of-memory path's unmapping of free pages (``release_cached_blocks`` → ``unmap_block``) is
+not modelled: only whole free segments of the plain allocator are released.
 """
 
 from __future__ import annotations
