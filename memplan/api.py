@@ -305,7 +305,9 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(o, result, None, None, None, host, replay_device(result))
+        return Built(
+            o, result, None, None, None, host, replay_device(result, expandable=o.expandable_segments)
+        )
     from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
 
     gpu = gpu_of(o, o.gpu)
@@ -313,8 +315,10 @@ def build(o: Options) -> Built:
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu))
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), replay_device(result, gpu))
+    expandable = o.expandable_segments
+    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
+    reserved = replay_device(result, gpu, expandable=expandable)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved)
 
 
 def to_json(b: Built) -> dict[str, Any]:

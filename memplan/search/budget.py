@@ -111,19 +111,22 @@ def overflow(values: dict[str, int], memory: int) -> str:
     return "transient"
 
 
-def judged(p: Result, gpu: GpuPreset, memory: int) -> tuple[Reserved, bool]:
+def judged(p: Result, gpu: GpuPreset, memory: int, expandable: bool = False) -> tuple[Reserved, bool]:
     """The reserved replay on ``gpu`` and whether it fits ``memory`` (re-run at that capacity when the
     unlimited replay passes it: the allocator releases its free cached segments first)."""
-    found = replay_device(p, gpu)
+    found = replay_device(p, gpu, expandable=expandable)
     if found.reserved_peak <= memory:
         return found, True
-    at_capacity = fits_reserved(p, gpu, memory)
+    at_capacity = fits_reserved(p, gpu, memory, expandable=expandable)
     return (found, False) if at_capacity is None else (at_capacity, True)
 
 
-def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE) -> Verdict:
-    """Fit or not on ``gpu`` with ``reserve`` bytes kept back. With ``exact=False`` (the fit search) the peak
-    is computed only when the stages' lower bounds do not already exceed the usable memory."""
+def verdict(
+    p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE, expandable: bool = False
+) -> Verdict:
+    """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
+    expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
+    lower bounds do not already exceed the usable memory."""
     memory = allocator_memory(gpu, reserve)
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
@@ -134,9 +137,10 @@ def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEF
     else:
         dev = p.device
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
-        found, fit = judged(p, gpu, memory) if peak <= memory else (replay_device(p, gpu), False)
+        unlimited = replay_device(p, gpu, expandable=expandable)
+        found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
         allocated, reserved = found.allocated_peak, found.reserved_peak
-        capped = fit and reserved < replay_device(p, gpu).reserved_peak
+        capped = fit and reserved < unlimited.reserved_peak
         headroom = memory - reserved
     why = None
     if not fit:

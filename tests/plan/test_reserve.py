@@ -61,3 +61,14 @@ def test_fit_searches_the_usable_memory() -> None:
 def test_reserve_out_of_range_is_refused(gib: float) -> None:
     with pytest.raises(ValueError, match=r"^reserve: "):
         reserve_bytes(gib, load_gpu("h100"))
+
+
+def test_expandable_segments_are_replayed_when_asked() -> None:
+    plain = build(Options(model="7b", gpu="h100", zero=3, dp=8))
+    grown = build(Options(model="7b", gpu="h100", zero=3, dp=8, expandable_segments=True))
+    assert plain.reserved is not None and grown.reserved is not None and grown.verdict is not None
+    assert not plain.reserved.expandable and grown.reserved.expandable
+    # the same requests (the stream does not depend on the allocator's setting)
+    assert grown.reserved.requested_peak == plain.reserved.requested_peak
+    # the verdict judges the expandable replay
+    assert grown.verdict.reserved_peak == grown.reserved.reserved_peak
