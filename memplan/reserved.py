@@ -130,10 +130,11 @@ def take(queue: list[int], delta: int) -> list[int]:
     """Allocations for ``delta`` more bytes of a term: its next whole tensors from ``queue`` (consumed)
     while they fit, the rest as one block."""
     out: list[int] = []
-    rest = delta
-    while queue and queue[0] <= rest:
-        rest -= queue[0]
-        out.append(queue.pop(0))
+    rest, n = delta, 0
+    while n < len(queue) and queue[n] <= rest:
+        rest -= queue[n]
+        n += 1
+    out, queue[:] = queue[:n], queue[n:]
     return out + ([rest] if rest > 0 else [])
 
 
@@ -170,21 +171,27 @@ def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
         return take(queues[term], delta)
 
     def move_to(p: Point, first: bool) -> None:
+        terms = p.terms
         for term in TERMS:  # frees first: what shrinks, newest first; every transient
-            stack, target = held[term], 0 if term == "transient" else p.terms[term]
-            while stack and total[term] > target:
+            stack, now = held[term], total[term]
+            target = 0 if term == "transient" else terms[term]
+            while stack and now > target:
                 i, size = stack.pop()
                 events.append(Free(i))
-                total[term] -= size
+                now -= size
+            total[term] = now
         if first and workspace:
             events.append(Alloc(next(ids), workspace))
         for term in TERMS:
-            delta = p.terms[term] - total[term]
-            for size in pieces(term, delta) if delta > 0 else []:
+            delta = terms[term] - total[term]
+            if delta <= 0:
+                continue
+            stack = held[term]
+            for size in pieces(term, delta):
                 i = next(ids)
                 events.append(Alloc(i, size))
-                held[term].append((i, size))
-            total[term] += max(delta, 0)
+                stack.append((i, size))
+            total[term] += delta
 
     for step in range(steps):
         for k, p in enumerate(points):

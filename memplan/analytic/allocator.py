@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 K_MIN_BLOCK_SIZE = 512
 """``kMinBlockSize``: all sizes are rounded to at least 512 bytes."""
@@ -59,8 +60,7 @@ K_ROUND_LARGE = 2 << 20
 """``kRoundLarge``: larger allocations are rounded up to 2 MiB."""
 
 
-@dataclass(frozen=True, slots=True)
-class Alloc:
+class Alloc(NamedTuple):
     """One allocation of ``size`` bytes on ``stream``, named ``id`` for its free."""
 
     id: int
@@ -68,8 +68,7 @@ class Alloc:
     stream: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Free:
+class Free(NamedTuple):
     id: int
 
 
@@ -144,15 +143,16 @@ class Allocator:
 
     # ------------------------------------------------------------------------------------------------
     def replay(self, events: list[Event]) -> Replay:
+        malloc, free = self.malloc, self.free
         for e in events:
-            if isinstance(e, Alloc):
-                self.malloc(e.id, e.size, e.stream)
+            if type(e) is Alloc:
+                malloc(e[0], e[1], e[2])
             else:
-                self.free(e.id)
+                free(e[0])
         return self.stats
 
     def malloc(self, id_: int, size: int, stream: int = 0) -> None:
-        rounded = round_size(size)
+        rounded = -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE or K_MIN_BLOCK_SIZE  # round_size, inline
         small = rounded <= K_SMALL_SIZE  # is_small
         keys = self._pools.get((small, stream))
         block = self._best_fit(small, stream, rounded) if keys or self.expandable else None
@@ -162,7 +162,12 @@ class Allocator:
         if block is None:
             self.stats.oom = True
             return
-        if self._should_split(block, rounded):
+        remaining = block.size - rounded  # should_split, inline
+        if (
+            remaining >= K_MIN_BLOCK_SIZE
+            if small or self.expandable
+            else remaining > K_SMALL_SIZE and self._below_max_split(rounded)
+        ):
             rest = _Block(block.addr + rounded, block.size - rounded, small, stream, block, block.next)
             rest.tail, block.tail = block.tail, False
             if block.next is not None:
@@ -194,13 +199,6 @@ class Allocator:
         self._insert(block)
 
     # ------------------------------------------------------------------------------------------------
-    def _should_split(self, block: _Block, rounded: int) -> bool:
-        """``should_split``."""
-        remaining = block.size - rounded
-        if block.small or self.expandable:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return self._below_max_split(rounded) and remaining > K_SMALL_SIZE
-
     def _below_max_split(self, size: int) -> bool:
         return self.max_split_size is None or size < self.max_split_size
 
