@@ -3,10 +3,13 @@
 The one prepared script to run when a task is lent a GPU machine: it profiles a 1–8B preset at a few
 sequence lengths and strategies with ``memplan.measure.profile`` (the CUDA caching allocator's
 ``max_memory_allocated`` over a whole step, optimizer included) beside ``memplan estimate --device cuda``,
-and writes the table to docs/gpu-profile.md. Each case runs in a process of its own, so that one
+and the allocator's reserved peak (``torch.cuda.memory_stats()["reserved_bytes.all.peak"]``, what the
+profile reports as ``phase_peaks.reserved``) beside the estimate's replay of the step through the caching
+allocator model (``memory.reserved_peak`` of ``estimate --gpu``, issue #22), and writes the table to
+docs/gpu-profile.md. Each case runs in a process of its own, so that one
 out-of-memory or kernel failure does not stop the others and the allocator starts clean.
 
-    python benchmarks/gpu_profile.py                 # on the GPU machine (≈ 5–8 minutes on one H200)
+    python benchmarks/gpu_profile.py --gpu h200      # on the GPU machine (≈ 5–8 minutes on one H200)
     python benchmarks/gpu_profile.py --device cpu --model tiny --seqs 64,128 --no-write   # a dry run here
 """
 
@@ -35,7 +38,24 @@ CASES = (
 RULE_CASES = (("gpt2", 1024, "none", "flash"),)
 
 
-def run_case(model: str, seq: int, ckpt: str, attention: str, device: str) -> dict[str, Any]:
+def estimated_allocator(model: str, seq: int, ckpt: str, attention: str, gpu: str | None) -> dict[str, Any]:
+    """``estimate --json``'s replay of the step through the caching allocator model (with ``gpu``: its
+    cuBLAS workspace), or the error's last line."""
+    cmd = [
+        sys.executable, "-m", "memplan", "estimate", "--model", model, "--seq", str(seq),
+        "--checkpointing", ckpt, "--attention", attention, "--device", "cuda", "--json",
+        *(["--gpu", gpu] if gpu else []),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+    memory = json.loads(proc.stdout)["memory"]
+    return {"allocated_peak": memory["allocated_peak"], "reserved_peak": memory["reserved_peak"]}
+
+
+def run_case(
+    model: str, seq: int, ckpt: str, attention: str, device: str, gpu: str | None = None
+) -> dict[str, Any]:
     cmd = [
         sys.executable, "-m", "memplan", "profile", "--model", model, "--seq", str(seq),
         "--checkpointing", ckpt, "--attention", attention, "--device", device,
@@ -63,6 +83,14 @@ def run_case(model: str, seq: int, ckpt: str, attention: str, device: str) -> di
         step_seconds=data["time"]["median_step_seconds"],
         tflops=data["time"]["achieved_tflops"],
     )
+    reserved = meas.get("phase_peaks", {}).get("reserved")  # on CUDA only: reserved_bytes.all.peak
+    alloc = estimated_allocator(model, seq, ckpt, attention, gpu)
+    if reserved and "reserved_peak" in alloc:
+        row.update(
+            estimated_reserved=alloc["reserved_peak"],
+            measured_reserved=reserved,
+            reserved_error=reserved / alloc["reserved_peak"] - 1,
+        )
     return row
 
 
@@ -73,11 +101,14 @@ def render(rows: list[dict[str, Any]], device: str) -> str:
         "",
         f"`python benchmarks/gpu_profile.py` on {device}; Python {platform.python_version()}. Measured peak: "
         "the CUDA caching allocator's `max_memory_allocated` over a whole step (forward, backward, "
-        "optimizer) after one warm-up step; estimated: `memplan estimate --device cuda` (GiB = 2³⁰ bytes).",
+        "optimizer) after one warm-up step; estimated: `memplan estimate --device cuda` (GiB = 2³⁰ bytes). "
+        'Reserved: the allocator\'s `memory_stats()["reserved_bytes.all.peak"]` over the step, and the '
+        "estimate's replay of two steps through memplan's model of the caching allocator (`--gpu`).",
         "",
         "| model | seq | checkpointing | attention | estimated peak (moment) | measured peak | measured / "
-        "estimated − 1 | saved tensors equal | step s | TFLOP/s |",
-        "|---|---:|---|---|---:|---:|---:|---|---:|---:|",
+        "estimated − 1 | saved tensors equal | step s | TFLOP/s | estimated reserved | measured reserved | "
+        "measured / estimated − 1 |",
+        "|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         head = f"| {r['model']} | {r['seq']} | {r['checkpointing']} | {r['attention']} |"
@@ -88,9 +119,20 @@ def render(rows: list[dict[str, Any]], device: str) -> str:
             f"{head} {int(r['estimated_peak']) / gib:.2f} GiB ({r['estimated_phase']}) | "
             f"{int(r['measured_peak']) / gib:.2f} GiB | {float(r['error']):+.2%} | "
             f"{r['saved_equal'] or ', '.join(r['differing'])} | "
-            f"{float(r['step_seconds']):.3f} | {float(r['tflops']):.1f} |"
+            f"{float(r['step_seconds']):.3f} | {float(r['tflops']):.1f} | {_reserved(r)}"
         )
     return "\n".join([*lines, ""])
+
+
+def _reserved(r: dict[str, Any]) -> str:
+    """The reserved columns: the estimate's replay, the allocator's ``reserved_bytes.all.peak``."""
+    if "estimated_reserved" not in r:
+        return "– | – | – |"
+    gib = 1 << 30
+    return (
+        f"{int(r['estimated_reserved']) / gib:.2f} GiB | {int(r['measured_reserved']) / gib:.2f} GiB | "
+        f"{float(r['reserved_error']):+.2%} |"
+    )
 
 
 def main() -> None:
@@ -98,13 +140,16 @@ def main() -> None:
     parser.add_argument("--model", default="llama-2-7b")
     parser.add_argument("--seqs", default="512,2048", help="comma-separated sequence lengths")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--gpu", default=None, help="the GPU preset of the machine (cuBLAS workspace), e.g. h200"
+    )
     parser.add_argument("--no-write", action="store_true", help=f"print instead of writing {DOC}")
     args = parser.parse_args()
     rows = []
     cases = [(args.model, int(s), *case) for s in args.seqs.split(",") for case in CASES]
     rules = list(RULE_CASES) if args.device.startswith("cuda") else []  # CPU flash has no dropout
     for model, seq, ckpt, attention in [*cases, *rules]:
-        row = run_case(model, seq, ckpt, attention, args.device)
+        row = run_case(model, seq, ckpt, attention, args.device, args.gpu)
         print(json.dumps(row), flush=True)
         rows.append(row)
     text = render(rows, args.device)

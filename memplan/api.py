@@ -46,6 +46,7 @@ from memplan.options import DEFAULT_GPU, LISTS
 from memplan.options import DEFAULT_SEQ as DEFAULT_SEQ
 from memplan.options import Options as Options
 from memplan.presets import GpuPreset, ModelPreset, load_gpu, load_model_preset
+from memplan.reserved import Reserved, replay_device
 from memplan.search.budget import (
     DEFAULT_RESERVE_GIB,
     NODE_GPUS,
@@ -279,6 +280,9 @@ class Built:
     timing: Timing | None
     host: HostVerdict | None = None
     """Whether the offloaded tensors fit the node's host memory (``--host-memory`` or the GPU preset's)."""
+    reserved: Reserved | None = None
+    """The step's allocations replayed through torch's caching allocator (``memplan.reserved``): allocated
+    and reserved peaks, with the GPU's cuBLAS workspace and CUDA context when there is one."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -327,7 +331,9 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(o, result, None, None, None, host)
+        return Built(
+            o, result, None, None, None, host, replay_device(result, expandable=o.expandable_segments)
+        )
     from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
@@ -335,8 +341,10 @@ def build(o: Options) -> Built:
     check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu))
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu))
+    expandable = o.expandable_segments
+    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
+    reserved = replay_device(result, gpu, expandable=expandable)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -344,6 +352,13 @@ def to_json(b: Built) -> dict[str, Any]:
     from memplan.contract import to_json as result_json
 
     out = result_json(b.result)
+    if b.reserved is not None:  # as torch's allocator would report it (memplan.reserved)
+        out["memory"]["allocated_peak"] = b.reserved.allocated_peak
+        out["memory"]["reserved_peak"] = b.reserved.reserved_peak
+        out["memory"]["allocator"] = b.reserved.to_json()
+    if b.verdict is not None:
+        out["memory"]["device_bytes"] = b.verdict.device_bytes
+        out["memory"]["device_usable"] = b.verdict.usable_bytes
     out["fit"] = b.verdict.to_json() if b.verdict else None
     out["time"] = b.timing.to_json() if b.timing else None
     if b.host is not None:  # with --host-memory, or a GPU preset that states its node's host memory

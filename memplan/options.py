@@ -362,9 +362,15 @@ class Options(Frozen):
         default=False,
     )
     reserve: float = _option(
-        "GiB of each GPU's memory kept back for the CUDA context and the allocator (cuBLAS and NCCL "
-        "buffers, fragmentation): a plan fits in the GPU's memory minus this",
+        "GiB of each GPU's memory kept back for what memplan does not model (NCCL's and DDP's buffers): "
+        "the caching allocator's reserved peak must fit the driver's memory less the CUDA context and this",
         _GPU,
         default=DEFAULT_RESERVE_GIB,
         metavar="GiB",
+    )
+    expandable_segments: bool = _option(
+        "replay the step through the caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+        "(one growing segment per pool; torchtitan's launch script sets it)",
+        _GPU,
+        default=False,
     )

@@ -95,6 +95,30 @@ _MEMORY = _obj(
         "phases": {"type": "object", "additionalProperties": _BYTES},
         "optimizer_impl": _with({"type": "string"}, "whose code steps the optimizer (--optimizer-impl)"),
         "optimizer_step_transient": _with(_BYTES, "what the optimizer step allocates above the states"),
+        "allocated_peak": _with(
+            _BYTES,
+            "torch's allocated_bytes.all.peak: the step's allocations replayed through the caching "
+            "allocator (512-byte rounding, blocks handed out unsplit; with --gpu its cuBLAS workspace)",
+        ),
+        "reserved_peak": _with(
+            _BYTES, "torch's reserved_bytes.all.peak: the segments the caching allocator holds at most"
+        ),
+        "allocator": _obj(
+            {
+                "requested_peak": _with(_BYTES, "the peak plus the cuBLAS workspace"),
+                "allocated_peak": _BYTES,
+                "reserved_peak": _BYTES,
+                "segments": _COUNT,
+                "cublas_workspace": _BYTES,
+                "cuda_context": _with(_BYTES, "outside the allocator (with --gpu)"),
+                "device_peak": _with(_BYTES, "reserved peak + CUDA context"),
+                "expandable_segments": {"type": "boolean"},
+            }
+        ),
+        "device_bytes": _with(_BYTES, "the GPU's memory as the driver reports it (nvidia-smi), with --gpu"),
+        "device_usable": _with(
+            _BYTES, "what the allocator may reserve: device_bytes − CUDA context − --reserve (with --gpu)"
+        ),
         "host": _obj(
             {
                 "weights": _with(_BYTES, "16-bit weights offloaded (--offload params)"),

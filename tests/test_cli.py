@@ -25,12 +25,23 @@ from memplan.config import (
     TrainingConfig,
     ZeroStage,
 )
-from memplan.contract import to_json
-from memplan.engine import estimate
+from memplan.contract import to_json as contract_json
+from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_model_preset, model_names
+from memplan.reserved import replay_device
 
 ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
 runner = CliRunner(env=ENV)
+
+
+def to_json(r: Result) -> dict[str, Any]:
+    """The contract of ``r`` with what ``estimate --json`` adds without a GPU: the allocator's replay."""
+    out = contract_json(r)
+    found = replay_device(r)
+    out["memory"].update(
+        allocated_peak=found.allocated_peak, reserved_peak=found.reserved_peak, allocator=found.to_json()
+    )
+    return out
 
 
 def invoke(*args: str) -> Any:

@@ -38,7 +38,8 @@ print(json.dumps(sorted(sys.modules)), file=sys.stderr)
 """
 
 # Prefixes of modules `memplan estimate` never needs: torch and plotting, the measurement, the search and
-# the other commands' computing and rendering.
+# the other commands' computing and rendering. (memplan.timeline is needed: the allocator's replay of the
+# step, memplan.reserved, walks its points.)
 NEVER = (
     "torch",
     "matplotlib",
@@ -49,7 +50,6 @@ NEVER = (
     "memplan.render.fit",
     "memplan.render.measure",
     "memplan.render.timeline",
-    "memplan.timeline",
     "memplan.schema",
     "memplan.presets.hf",
     "rich.progress",

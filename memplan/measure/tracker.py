@@ -28,6 +28,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
+from memplan.analytic.allocator import Alloc, Event, Free
 from memplan.measure.instruments import _Mode, storage_ref
 
 
@@ -76,6 +77,10 @@ class LiveMemoryTracker(_Mode):
         self.curve = Curve()
         """Live bytes after each op (and at each `track` and `note`): its maximum is `peak`, since live
         bytes only grow while an op's outputs appear and frees between ops only lower them."""
+        self.events: list[Event] = []
+        """Every storage's allocation and free, in order (``analytic.allocator``'s stream: what the CUDA
+        caching allocator would have been asked for; replay it with ``analytic.allocator.replay``)."""
+        self._ids: dict[int, int] = {}
 
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count pre-existing tensors (parameters, optimizer states) as live from now on."""
@@ -103,6 +108,8 @@ class LiveMemoryTracker(_Mode):
             return
         nbytes = storage.nbytes()
         self._live[ref.cdata] = (ref, nbytes)
+        self._ids[ref.cdata] = len(self.events)
+        self.events.append(Alloc(len(self.events), nbytes))
         weakref.finalize(storage, self._free, ref.cdata).atexit = False
         self.current += nbytes
         self.peak = max(self.peak, self.current)
@@ -111,6 +118,7 @@ class LiveMemoryTracker(_Mode):
     def _free(self, key: int) -> None:
         _, nbytes = self._live.pop(key)
         self.current -= nbytes
+        self.events.append(Free(self._ids.pop(key)))
 
     def __torch_dispatch__(
         self,
@@ -200,6 +208,22 @@ class CudaCurveRecorder:
         traces = self.snapshot.get("device_traces", [])
         events = traces[device] if device < len(traces) else []
         return cuda_history_curve(events, self.baseline, self.times)
+
+
+def cuda_history_events(events: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """The allocator's recorded history (``_record_memory_history``'s device trace) as an allocation stream:
+    each ``alloc`` (size as requested, its ``stream``) and its first ``free_requested`` (or
+    ``free_completed``), keyed by address; segment events are the allocator's own decisions, left out."""
+    ids: dict[int, int] = {}
+    out: list[Event] = []
+    for e in events:
+        action, addr = e.get("action"), int(e.get("addr", 0))
+        if action == "alloc":
+            ids[addr] = len(out)
+            out.append(Alloc(len(out), int(e["size"]), int(e.get("stream", 0))))
+        elif action in ("free_requested", "free_completed") and addr in ids:
+            out.append(Free(ids.pop(addr)))
+    return out
 
 
 def cuda_history_curve(

@@ -14,6 +14,12 @@ NB: ``ZeroRedundancyOptimizer`` (torch's own) assigns whole parameters to ranks,
 not Ψ/N_d; DeepSpeed and Megatron's distributed optimizer shard elements, which this follows.
 NB: the reduce-scatter output and the all-gather input are per-parameter transients of the step (the peak is
 reported, not required equal: dist_compare.py).
+
+With tensor parallelism (``--tp``, DTensor parameters) ZeRO-1 shards what the rank holds: each parameter's
+local tensor (``DTensor.to_local()``: the rank's tp shard, or the whole tensor where it is replicated) is
+chunked over the dp group, and the collectives run on local tensors over that group. DTensor has no
+sharding strategy for ``c10d._reduce_scatter_base_`` (issue #22), so the DTensors themselves never enter
+the collectives.
 """
 
 from __future__ import annotations
@@ -21,9 +27,15 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from memplan.config import Optimizer, Precision
 from memplan.measure.optim import ReferenceOptimizer
+
+
+def local(t: Tensor) -> Tensor:
+    """A DTensor's local tensor (a view of the same storage), any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Zero1Optimizer(ReferenceOptimizer):
@@ -35,12 +47,12 @@ class Zero1Optimizer(ReferenceOptimizer):
         self.full, self.group = params, group
         self.dp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         for p in params:
-            if p.shape[0] % self.dp:
+            if local(p).shape[0] % self.dp:
                 raise ValueError(
-                    f"zero: a parameter of {p.shape[0]} rows does not split over dp {self.dp}; "
+                    f"zero: a parameter of {local(p).shape[0]} rows does not split over dp {self.dp}; "
                     "use a dp that divides the model's widths"
                 )
-        chunks = [torch.chunk(p.detach(), self.dp)[self.rank] for p in params]  # views into the params
+        chunks = [torch.chunk(local(p.detach()), self.dp)[self.rank] for p in params]  # views into them
         super().__init__(chunks, precision, optimizer)
 
     def zero_grad(self) -> None:
@@ -57,8 +69,8 @@ class Zero1Optimizer(ReferenceOptimizer):
                 continue
             chunk.grad = torch.empty_like(chunk)
             summed = dist.ReduceOp.SUM
-            dist.reduce_scatter_single(chunk.grad, p.grad.contiguous(), op=summed, group=self.group)
+            dist.reduce_scatter_single(chunk.grad, local(p.grad).contiguous(), op=summed, group=self.group)
             chunk.grad.div_(self.dp)
             self.update(i)
             chunk.grad = None
-            dist.all_gather_single(p.detach(), chunk.clone(), group=self.group)
+            dist.all_gather_single(local(p.detach()), chunk.clone(), group=self.group)

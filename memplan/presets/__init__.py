@@ -168,6 +168,23 @@ class GpuPreset(_Preset):
         description="host (CPU) memory bandwidth of one node, GB/s, shared by its GPUs: the CPU optimizer "
         "step of optimizer offload (time/offload.py)",
     )
+    device_mib: int | None = Field(
+        default=None,
+        gt=0,
+        description="memory the driver reports (nvidia-smi's total, MiB = 2²⁰ bytes), with its source in "
+        "the file: what a process can have; absent: the vendor's figure (memory_bytes)",
+    )
+    compute_capability: str | None = Field(
+        default=None,
+        pattern=r"^\d+\.\d+$",
+        description="CUDA compute capability, e.g. '9.0' (NVIDIA's CUDA GPUs list); torch's cuBLAS workspace "
+        "size depends on it (memplan/reserved.py); absent on non-NVIDIA GPUs",
+    )
+
+    @property
+    def device_bytes(self) -> int:
+        """What the driver hands out: nvidia-smi's total when the preset states it, else the vendor's."""
+        return self.device_mib * 2**20 if self.device_mib is not None else self.memory_bytes
 
 
 P = TypeVar("P", bound=_Preset)

@@ -180,6 +180,7 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
         table.add(*_family_cells(x.family, plain), peak, v.overflow or "–", str(v.stage))
     table.caption = (
         "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
-        "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory"
+        "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory; "
+        "allocator: the peak fits, the caching allocator's reserved segments do not"
     )
     return table

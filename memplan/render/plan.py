@@ -35,6 +35,7 @@ from memplan.render.estimate import (
 )
 from memplan.render.fitted import Col, Fitted
 from memplan.render.time import comm_table, time_table
+from memplan.reserved import Reserved
 from memplan.search.budget import HostVerdict, Verdict
 
 # The memory bar's parts as memplan.render.estimate draws them: (label, style, glyph).
@@ -66,22 +67,35 @@ def layout_line(p: Result) -> str:
 
 
 def verdict_text(v: Verdict) -> Text:
-    """Fits or not, against the usable memory (the GPU's less ``--reserve``); when the peak and the usable
-    memory print the same, the byte difference says which way it goes."""
+    """Fits or not: the allocator's reserved peak against the memory left to it (the driver's, less the
+    CUDA context and ``--reserve``); when the two print the same, the byte difference says which way."""
     memory = (
-        f"{v.gpu} ({fmt_bytes(v.usable_bytes)} usable of {fmt_bytes(v.memory_bytes)}, "
-        f"{fmt_bytes(v.reserve)} reserved)"
+        f"{v.gpu} ({fmt_bytes(v.usable_bytes)} for the allocator of {fmt_bytes(v.device_bytes)} "
+        f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, --reserve {fmt_bytes(v.reserve)})"
     )
-    close = fmt_bytes(v.peak) == fmt_bytes(v.usable_bytes)
+    judged = v.reserved_peak if v.reserved_peak is not None else v.peak
+    close = fmt_bytes(judged) == fmt_bytes(v.usable_bytes)
     gap = f" ({fmt_int(abs(v.headroom))} bytes {'under' if v.headroom >= 0 else 'over'})" if close else ""
+    what = f"reserved {fmt_bytes(judged)}" if v.reserved_peak is not None else f"peak {fmt_bytes(v.peak)}"
+    what += " (cached segments released to fit)" if v.capped else ""
     if v.fits:
-        return Text(
-            f"fits on {memory}: peak {fmt_bytes(v.peak)}{gap}, headroom {fmt_bytes(v.headroom)}", "green"
-        )
-    peak = f"at least {fmt_bytes(v.peak)}" if not v.exact else f"{fmt_bytes(v.peak)} ({v.phase})"
+        return Text(f"fits on {memory}: {what}{gap}, headroom {fmt_bytes(v.headroom)}", "green")
+    if not v.exact:
+        what = f"peak at least {fmt_bytes(v.peak)}"
+    else:
+        what += f", peak {fmt_bytes(v.peak)} ({v.phase})"
     return Text(
-        f"does NOT fit on {memory}: peak {peak}{gap}; {v.overflow} overflow on stage {v.stage}",
+        f"does NOT fit on {memory}: {what}{gap}; {v.overflow} overflow on stage {v.stage}",
         style="bold red",
+    )
+
+
+def allocator_text(r: Reserved) -> Text:
+    """The step as torch's caching allocator would report it (``memplan.reserved``)."""
+    extra = f" + cuBLAS workspace {fmt_bytes(r.cublas_workspace)}" if r.cublas_workspace else ""
+    return Text(
+        f"allocator (replayed, memory unlimited): allocated peak {fmt_bytes(r.allocated_peak)} · "
+        f"reserved peak {fmt_bytes(r.reserved_peak)} in {fmt_int(r.segments)} segments{extra}"
     )
 
 
@@ -114,6 +128,8 @@ def summary_panel(b: Built) -> Panel:
         )
     if (host := report.host_line(p)) is not None:
         lines.append(host)
+    if b.reserved is not None:
+        lines.append(allocator_text(b.reserved))
     if b.verdict is not None:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:

@@ -96,6 +96,7 @@ GPU_COLUMNS = (
     Col("name", "left", style="bold cyan"),
     Col("aliases", "left", priority=3, wrap=True, min_width=12, words=True),
     Col("memory\nGiB", priority=1),
+    Col("driver\nGiB", priority=2),
     Col("bf16\nTFLOP/s", priority=1),
     Col("fp8\nTFLOP/s", priority=2),
     Col("HBM\nGB/s", priority=2),
@@ -108,7 +109,8 @@ GPU_COLUMNS = (
 def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
     table = Fitted(
         GPU_COLUMNS,
-        title="GPU presets (dense peak throughput, no sparsity; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
+        title="GPU presets (dense peak throughput, no sparsity; driver: the memory nvidia-smi reports, where "
+        "cited; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
     )
     for g in gpus:
         fp8 = g.peak_tflops.fp8
@@ -116,6 +118,7 @@ def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
             g.name,
             ", ".join(g.aliases),
             fmt_in(g.memory_bytes, 1 << 30),
+            "-" if g.device_mib is None else fmt_in(g.device_bytes, 1 << 30),  # nvidia-smi's total, cited
             f"{g.peak_tflops.bf16:,g}",
             "-" if fp8 is None else f"{fp8:,g}",
             f"{g.hbm_bandwidth_gbps:,g}",

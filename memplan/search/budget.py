@@ -1,16 +1,19 @@
 """Does a plan fit a GPU, and if not, which memory term overflows.
 
-The most loaded device's terms are added in the order they are allocated — weights, optimizer states
-(master copy included), gradients, activations, then the peak's transient on top — and the first sum to
-pass the GPU's usable memory names the overflowing term: "weights" means the weights alone do not fit, and
-"activations" that the model states fit but not with the activations.
+The plan fits when what torch's caching allocator reserves at the step's peak (``reserved.replay_device``:
+the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspace included) fits the
+memory left to it: the memory the driver reports (``GpuPreset.device_bytes``: nvidia-smi's total where the
+preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
+(``reserved.CUDA_CONTEXT``, outside the allocator) and less ``--reserve`` (default 0: what memplan does not
+model, NCCL's buffers and DDP's buckets, ``reserved``'s NB). When the reserved peak of an unlimited
+replay passes it, the replay is run again with that capacity, as the allocator runs: it releases its wholly
+free cached segments before it gives up, and the plan fits if no request is then refused.
 
-Usable memory = the vendor's capacity (``memory_bytes`` of the GPU preset) − a reserve (``--reserve``,
-default ``DEFAULT_RESERVE_GIB`` = 1 GiB) for what the estimate does not count (``analytic.peak``): the CUDA
-context with the kernels of torch, cuBLAS and cuDNN loaded (about 0.3–0.6 GiB on an H100 with CUDA 12's
-lazy loading; PyTorch's CUDA semantics notes say this memory is not reported by ``memory_allocated``),
-cuBLAS workspaces, NCCL's communicator buffers, and the caching allocator's rounding (2 MiB blocks, 20 MiB
-segments) and fragmentation. 1 GiB is a floor, not a bound: a fragmented allocator can hold several GiB more.
+The overflowing term: the most loaded device's terms are added in the order they are allocated — weights,
+optimizer states (master copy included), gradients, activations, then the peak's transient on top — and
+the first sum to pass the usable memory names it ("weights": the weights alone do not fit; "activations":
+the model states fit but not with the activations); ``allocator`` when the peak itself fits and only the
+allocator's rounding, segments and cuBLAS workspace do not.
 """
 
 from __future__ import annotations
@@ -22,21 +25,28 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Offload
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
+from memplan.reserved import CUDA_CONTEXT, Reserved, fits_reserved, replay_device
 
-DEFAULT_RESERVE_GIB = 1.0
-"""Memory kept back per GPU by default, in GiB (2³⁰ bytes): CUDA context and allocator (module docstring)."""
+DEFAULT_RESERVE_GIB = 0.0
+"""Memory kept back per GPU by default, in GiB (2³⁰ bytes), beyond what memplan models (module docstring)."""
 DEFAULT_RESERVE = int(DEFAULT_RESERVE_GIB * 2**30)
 
 
 def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
     """``--reserve`` GiB → bytes; a one-line ``ValueError`` unless 0 ≤ reserve < the GPU's memory."""
-    total = gpu.memory_bytes / 2**30
+    total = gpu.device_bytes / 2**30
     if not (math.isfinite(gib) and 0 <= gib < total):
         raise ValueError(
             f"reserve: must be 0 ≤ GiB < the {gpu.name}'s {total:g} GiB, got {gib}; e.g. --reserve 1 "
-            "(CUDA context and allocator), --reserve 0 for the vendor's full capacity"
+            "(NCCL and DDP buffers memplan does not model), --reserve 0 for none"
         )
     return int(gib * 2**30)
+
+
+def allocator_memory(gpu: GpuPreset, reserve: int) -> int:
+    """Bytes torch's caching allocator may reserve on ``gpu``: the driver's memory less the CUDA context
+    and ``reserve`` (never below 0)."""
+    return max(0, gpu.device_bytes - CUDA_CONTEXT - reserve)
 
 
 class Verdict(BaseModel):
@@ -44,22 +54,34 @@ class Verdict(BaseModel):
     gpu: str
     memory_bytes: int
     """The vendor's capacity."""
+    device_bytes: int
+    """What the driver reports (nvidia-smi's total; the vendor's capacity when the preset states none)."""
+    cuda_context: int
+    """Held outside torch's allocator (``reserved.CUDA_CONTEXT``)."""
     reserve: int
-    """Kept back for the CUDA context and the allocator (``--reserve``)."""
+    """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
-    """memory_bytes − reserve: what the plan must fit in."""
+    """device_bytes − cuda_context − reserve: what the allocator may reserve."""
     peak: int
-    """The peak of the most loaded device; when ``exact`` is false, a lower bound of it that already
-    exceeds the memory (the peak itself was not needed to say so)."""
+    """The peak of the most loaded device's tensors (``memory.peak``); when ``exact`` is false, a lower
+    bound of it that already exceeds the memory (the peak itself was not needed to say so)."""
+    allocated_peak: int | None
+    """The allocator's ``allocated_bytes.all.peak`` (None when not exact)."""
+    reserved_peak: int | None
+    """The allocator's ``reserved_bytes.all.peak``, the judged figure (None when not exact)."""
+    capped: bool = False
+    """The reserved peak is the replay at the usable memory's capacity (the allocator released cached
+    segments to fit); otherwise the unlimited replay's."""
     exact: bool
     stage: int
     phase: str
     """The peak's moment (``analytic.peak``); ``lower bound`` when not exact."""
     fits: bool
     headroom: int
-    """usable − peak (negative when it does not fit)."""
+    """usable − reserved peak (− peak when not exact; negative when it does not fit)."""
     overflow: str | None
-    """The term whose addition passes the usable memory (one of ``TERMS``); None when it fits."""
+    """The term whose addition passes the usable memory (one of ``TERMS`` or ``allocator``); None when it
+    fits."""
 
     def to_json(self) -> dict[str, object]:
         return self.model_dump()
@@ -95,28 +117,57 @@ def overflow(values: dict[str, int], memory: int) -> str:
     return "transient"
 
 
-def verdict(p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE) -> Verdict:
-    """Fit or not on ``gpu`` with ``reserve`` bytes kept back. With ``exact=False`` (the fit search) the peak
-    is computed only when the stages' lower bounds do not already exceed the usable memory."""
-    memory = gpu.memory_bytes - reserve
+def judged(p: Result, gpu: GpuPreset, memory: int, expandable: bool = False) -> tuple[Reserved, bool]:
+    """The reserved replay on ``gpu`` and whether it fits ``memory`` (re-run at that capacity when the
+    unlimited replay passes it: the allocator releases its free cached segments first)."""
+    found = replay_device(p, gpu, expandable=expandable)
+    if found.reserved_peak <= memory:
+        return found, True
+    at_capacity = fits_reserved(p, gpu, memory, expandable=expandable)
+    return (found, False) if at_capacity is None else (at_capacity, True)
+
+
+def verdict(
+    p: Result, gpu: GpuPreset, *, exact: bool = True, reserve: int = DEFAULT_RESERVE, expandable: bool = False
+) -> Verdict:
+    """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
+    expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
+    lower bounds do not already exceed the usable memory."""
+    memory = allocator_memory(gpu, reserve)
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
+    allocated = reserved = None
+    capped = False
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
+        fit, headroom = False, memory - peak
     else:
         dev = p.device
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
+        unlimited = replay_device(p, gpu, expandable=expandable)
+        found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
+        allocated, reserved = found.allocated_peak, found.reserved_peak
+        capped = fit and reserved < unlimited.reserved_peak
+        headroom = memory - reserved
+    why = None
+    if not fit:
+        why = overflow(peak_terms(dev) if exact else terms(dev), memory) if peak > memory else "allocator"
     return Verdict(
         gpu=gpu.name,
         memory_bytes=gpu.memory_bytes,
+        device_bytes=gpu.device_bytes,
+        cuda_context=CUDA_CONTEXT,
         reserve=reserve,
         usable_bytes=memory,
         peak=peak,
+        allocated_peak=allocated,
+        reserved_peak=reserved,
+        capped=capped,
         exact=exact,
         stage=dev.stage.index,
         phase=phase,
-        fits=peak <= memory,
-        headroom=memory - peak,
-        overflow=None if peak <= memory else overflow(peak_terms(dev) if exact else terms(dev), memory),
+        fits=fit,
+        headroom=headroom,
+        overflow=why,
     )
 
 
@@ -182,6 +233,9 @@ def host_fits(p: Result, gpu: GpuPreset) -> bool:
     return host is None or host.fits
 
 
-def fits(p: Result, memory: int) -> bool:
-    """Every computed stage fits: the lower bound first, the peak only when needed."""
-    return all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory
+def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
+    """Every computed stage fits: the lower bound first, the peak only when needed, then (with ``gpu``)
+    what the allocator reserves (``judged``)."""
+    if not (all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory):
+        return False
+    return gpu is None or judged(p, gpu, memory)[1]

@@ -56,7 +56,7 @@ from memplan.contract import to_json as result_json
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff
-from memplan.search.budget import DEFAULT_RESERVE, Verdict, fits, host_fits, verdict
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, allocator_memory, fits, host_fits, verdict
 from memplan.search.methods import (
     SAVERS,
     searches_checkpointing,
@@ -218,8 +218,9 @@ class FitResult:
 
     @property
     def usable(self) -> int:
-        """Bytes of each GPU a configuration may use: its memory less the reserve."""
-        return self.gpu.memory_bytes - self.reserve
+        """Bytes of each GPU torch's allocator may reserve: the driver's memory less the CUDA context and
+        the reserve (``budget.allocator_memory``)."""
+        return allocator_memory(self.gpu, self.reserve)
 
     @property
     def best(self) -> Config | None:
@@ -391,7 +392,7 @@ def fit(
     ]
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
-        result.max_seq = longest_sequence(result.best, memory)
+        result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
     return result
 
 
@@ -473,7 +474,7 @@ def _search_families(
         for family in families:
             result.evaluated += 1
             p = estimate(_setup(base, family, b, n))
-            ok = fits(p, memory) and host_fits(p, result.gpu)
+            ok = fits(p, memory, result.gpu) and host_fits(p, result.gpu)
             result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
             if ok:
                 higher = [f for f in families if f.zero > family.zero]
@@ -510,16 +511,20 @@ def _fastest_stage(
         if not (fits(q, result.usable) and host_fits(q, result.gpu)):
             continue
         t = timing(q, result.gpu, mfu=mfu)
-        if t.step_time_s < best.timing.step_time_s:
+        # judged on the allocator's reserved peak (a replay) only when it would be listed: faster
+        if t.step_time_s < best.timing.step_time_s and fits(q, result.usable, result.gpu):
             best = Config(family, q, t, verdict(q, result.gpu, reserve=result.reserve))
     return best
 
 
-def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
+def longest_sequence(best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPreset | None = None) -> int:
     """The longest sequence the best configuration fits at micro-batch 1 (binary search).
 
     Sequences step by tp under sequence parallelism, by 2·cp under context parallelism (cp·lcm(2, tp)
-    with both); learned positions cap it at ``max_positions``.
+    with both); learned positions cap it at ``max_positions``. With ``gpu``, judged on what the allocator
+    reserves (``budget.fits``). NB: that judgement is not monotonic in the sequence (the allocator's
+    segments and splits change with the sizes), so a longer sequence than the binary search's boundary can
+    fit; none beyond the tensors' own boundary can (reserved ≥ allocated ≥ the peak).
     """
     p = best.result
     par = p.parallel
@@ -532,7 +537,7 @@ def longest_sequence(best: Config, memory: int, cap: int = 1 << 20) -> int:
 
     def ok(seq: int) -> bool:
         training = p.setup.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": n})
-        return fits(estimate(p.setup.model_copy(update={"training": training})), memory)
+        return fits(estimate(p.setup.model_copy(update={"training": training})), memory, gpu)
 
     lo, hi = 0, cap // step  # in steps: ok(lo·step) (or lo = 0), not ok above hi·step
     while lo < hi:

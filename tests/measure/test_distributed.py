@@ -225,3 +225,25 @@ def test_a_hung_launch_ends_with_a_timeout() -> None:
 
     with pytest.raises(TimeoutError, match="ran past"):
         _join(_Hung(), timeout_s=0.3)
+
+
+def test_zero1_over_tensor_parallel_ranks_shards_each_local_tensor() -> None:
+    """Issue #22: ``--nproc 4 --tp 2 --zero 1`` ran into DTensor's missing sharding strategy for
+    ``c10d._reduce_scatter_base_``; ZeRO-1 now shards each rank's local tp tensor over dp (zero1.local).
+    Independent check (ZeRO §5.1, P_os): in fp32 Adam keeps two fp32 states per element, sharded over
+    dp = 2: 2 · 4 · N/2 bytes = 4 · N, the bytes of the rank's own fp32 weights (4 · N)."""
+    result = CliRunner().invoke(
+        app,
+        [
+            *("profile", "-m", "tiny", "--device", "cpu", "--seq", str(SEQ), "--precision", "fp32"),
+            *("--nproc", "4", "--tp", "2", "--zero", "1", "--json"),
+        ],
+        env={"COLUMNS": "120"},
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["equal"] is True
+    for rank in data["ranks"]:
+        assert rank["diff"]["states_equal"] is True
+        memory = rank["measured"]["memory"]
+        assert memory["optimizer"] == memory["weights"] > 0

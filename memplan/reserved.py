@@ -1,0 +1,239 @@
+"""Memory as the GPU reports it: the step's allocations replayed through torch's caching allocator
+(``analytic.allocator``), and what the device holds outside it.
+
+The allocation stream of the most loaded device is built from ``timeline.timeline`` at every layer (the
+forward's layer boundaries, then the backward's and the optimizer step's modelled moments), term by term
+(``analytic.peak.TERMS``): at each point the terms that shrink are freed first, newest first (the
+backward frees the last layer's saves first), then the terms that grow are allocated:
+
+- a layer's activations as that layer's saved tensors, one allocation each, in inventory order (one
+  block of the difference when the layer's saves do not add up to it: fine-tuning's unequal layers,
+  checkpointed segments, the embedding's and the head's saves);
+- weights, optimizer states and gradients as one allocation per parameter tensor of the rank
+  (``analytic.optimizer_step.step_tensors``: whole tensors or ZeRO's dim-0 shards) when the term's full
+  size is a whole number of bytes per element over them (else as one block per rise: pipeline stages,
+  LoRA's trainable subset, offloaded parts): weights and states in parameter order, gradients in reverse
+  (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
+- a moment's transient as one block, freed at the next point;
+- cuBLAS's workspace (with a GPU) once, before the first layer, and never freed (torch keeps one per
+  handle and stream, ``getNewWorkspace`` takes it from the caching allocator).
+
+The step is replayed ``STEPS`` times: the second step finds the first one's cached segments, as every
+step after the first does (its gradients freed by ``zero_grad(set_to_none=True)`` and its
+transients reused), so the peaks are those ``torch.cuda.memory_stats()`` keeps over a run. The requested
+peak of the replay equals the estimate's peak (plus the workspace) by construction; the allocated peak
+adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
+
+Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context.
+
+Known limitations:
+- NB: a moment's transient is one block, though it is often several tensors (the loss backward's two
+  fp32 [T, v] buffers, the optimizer step's per-parameter temporaries): one large block cannot reuse the
+  smaller blocks the freed activations left, so the unlimited replay can overstate the segments (QLoRA on
+  Llama-3-8B: reserved 27.8 GiB for 20.0 GiB allocated, its 7.8 GiB optimizer-step transient a new
+  segment); the verdict's replay at the device's capacity releases the free cached segments first, as the
+  allocator does, and is not affected the same way.
+- NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
+  the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
+- NB: one stream: FSDP2's all-gather / reduce-scatter streams, DDP's buckets (``bucket_cap_mb``, 25 MiB
+  each by default, torch.nn.parallel.DistributedDataParallel) and NCCL's own buffers (allocated by NCCL
+  outside torch's allocator; ``NCCL_BUFFSIZE``, 4 MiB by default per connection, NCCL user guide,
+  Environment Variables, times channels and peers NCCL picks at run time) are not counted; ``--reserve``
+  keeps memory back for them.
+- NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
+  one published measurement, not a bound.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from memplan.analytic.allocator import Alloc, Event, Free, Replay, replay
+from memplan.analytic.inventory import Scope
+from memplan.analytic.optimizer_step import step_tensors
+from memplan.analytic.peak import TERMS
+from memplan.engine import Result
+from memplan.presets import GpuPreset
+from memplan.strategies.pipeline_parallel import Group
+from memplan.timeline import Point, timeline
+
+STEPS = 2
+"""Steps replayed: the first fills the cache, the second reuses it (module docstring)."""
+
+CUBLAS_WORKSPACE_SM90 = 4096 * 1024 * 8
+"""cuBLAS workspace torch takes on a compute-capability 9.0 GPU (Hopper) without
+``CUBLAS_WORKSPACE_CONFIG``: ``:4096:8``, 8 chunks of 4096 KiB = 32 MiB (aten/src/ATen/cuda/
+CublasHandlePool.cpp, ``parseChosenWorkspaceSize``: ``sm90 ? 4096 * 8 * 1024 : ...``)."""
+CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+"""…on every other GPU: ``:4096:2:16:8``, 2 × 4096 KiB + 8 × 16 KiB = 8 MiB + 128 KiB (the same function)."""
+
+CUDA_CONTEXT = 723 * 2**20
+"""The CUDA context torch's first CUDA call creates, outside the caching allocator: 723 MiB in
+nvidia-smi for ``th.randn(1).cuda()`` (discuss.pytorch.org/t/what-is-the-reason-for-pytorchs-gpu-memory-
+floor/73021; ptrblck there and in /t/high-gpu-memory-overhead/81330: "~700+MB" depending on the CUDA
+version and the device). NB: CUDA ≥ 12.2 loads kernels lazily on Linux (CUDA_MODULE_LOADING=LAZY by
+default), which makes it smaller: an upper figure for recent stacks."""
+
+
+def cublas_workspace(gpu: GpuPreset | None) -> int:
+    """Bytes of the one cuBLAS workspace a training step's GEMMs take (0 without a GPU)."""
+    if gpu is None:
+        return 0
+    return CUBLAS_WORKSPACE_SM90 if gpu.compute_capability == "9.0" else CUBLAS_WORKSPACE_DEFAULT
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """The most loaded device's memory as torch's allocator and the driver report it (bytes)."""
+
+    requested_peak: int
+    """The estimate's peak plus the cuBLAS workspace: what the tensors ask for."""
+    allocated_peak: int
+    """``allocated_bytes.all.peak``: the blocks handed out (512-byte rounding, unsplit blocks)."""
+    reserved_peak: int
+    """``reserved_bytes.all.peak``: the segments the allocator holds."""
+    segments: int
+    cublas_workspace: int
+    cuda_context: int
+    """Outside the allocator (with a GPU; else 0)."""
+    expandable: bool
+
+    @property
+    def device_peak(self) -> int:
+        """What the process holds on the device at the peak: reserved + the CUDA context."""
+        return self.reserved_peak + self.cuda_context
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "requested_peak": self.requested_peak,
+            "allocated_peak": self.allocated_peak,
+            "reserved_peak": self.reserved_peak,
+            "segments": self.segments,
+            "cublas_workspace": self.cublas_workspace,
+            "cuda_context": self.cuda_context,
+            "device_peak": self.device_peak,
+            "expandable_segments": self.expandable,
+        }
+
+
+def tensor_bytes(total: int, elements: list[int]) -> list[int]:
+    """``total`` bytes laid over tensors of ``elements``, one allocation each, when ``total`` is a whole
+    number of bytes per element over them; else none (the term is then allocated as blocks)."""
+    count = sum(elements)
+    if count and total % count == 0:
+        return [e * (total // count) for e in elements if e]
+    return []
+
+
+def take(queue: list[int], delta: int) -> list[int]:
+    """Allocations for ``delta`` more bytes of a term: its next whole tensors from ``queue`` (consumed)
+    while they fit, the rest as one block."""
+    out: list[int] = []
+    rest, n = delta, 0
+    while n < len(queue) and queue[n] <= rest:
+        rest -= queue[n]
+        n += 1
+    out, queue[:] = queue[:n], queue[n:]
+    return out + ([rest] if rest > 0 else [])
+
+
+def layer_saves(r: Result) -> list[int]:
+    """Bytes of each tensor one layer saves, in inventory order (one instance each)."""
+    return [k.bytes for k in r.pieces.kept if k.scope is Scope.LAYER and k.count]
+
+
+def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
+    """The most loaded device's allocations and frees over ``steps`` steps (module docstring)."""
+    dev = r.device
+    group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
+    points = timeline(r, forward_points=max(1, dev.counts[group]))
+    per_tensor = step_tensors(r.pieces.setup.model_copy(update={"strategy": dev.setup.strategy}))
+    st = dev.states
+    full = {"weights": st.weights, "optimizer": st.optimizer, "gradients": st.gradients}
+    layer = layer_saves(r)
+    ids = itertools.count()
+    held: dict[str, list[tuple[int, int]]] = {t: [] for t in TERMS}
+    total = dict.fromkeys(TERMS, 0)
+    queues: dict[str, list[int]] = {}
+    events: list[Event] = []
+
+    one_layer = sum(layer)
+
+    def pieces(term: str, delta: int) -> list[int]:
+        if term == "activations":
+            return layer if one_layer == delta else [delta]
+        if term == "transient":
+            return [delta]
+        if total[term] == 0:  # the term starts (again): its tensors in the order they are made
+            order = per_tensor[::-1] if term == "gradients" else per_tensor
+            queues[term] = tensor_bytes(full[term], order)
+        return take(queues[term], delta)
+
+    def move_to(p: Point, first: bool) -> None:
+        terms = p.terms
+        for term in TERMS:  # frees first: what shrinks, newest first; every transient
+            stack, now = held[term], total[term]
+            target = 0 if term == "transient" else terms[term]
+            while stack and now > target:
+                i, size = stack.pop()
+                events.append(Free(i))
+                now -= size
+            total[term] = now
+        if first and workspace:
+            events.append(Alloc(next(ids), workspace))
+        for term in TERMS:
+            delta = terms[term] - total[term]
+            if delta <= 0:
+                continue
+            stack = held[term]
+            for size in pieces(term, delta):
+                i = next(ids)
+                events.append(Alloc(i, size))
+                stack.append((i, size))
+            total[term] += delta
+
+    for step in range(steps):
+        for k, p in enumerate(points):
+            move_to(p, step == 0 and k == 0)
+    return events
+
+
+_REPLAYS: dict[tuple[int, int, bool], tuple[Result, Reserved]] = {}
+_REPLAYS_MAX = 256
+
+
+def replay_device(r: Result, gpu: GpuPreset | None = None, *, expandable: bool = False) -> Reserved:
+    """The estimate's stream replayed through the allocator on ``gpu`` (its cuBLAS workspace, the CUDA
+    context; without a GPU neither). Memoised per result (the fit search asks twice: fits, verdict)."""
+    workspace = cublas_workspace(gpu)
+    key = (id(r), workspace, expandable)
+    found = _REPLAYS.get(key)
+    if found is not None and found[0] is r:
+        return found[1]
+    out = replay(stream(r, workspace), expandable=expandable)
+    result = reserved_of(out, workspace, CUDA_CONTEXT if gpu else 0, expandable)
+    if len(_REPLAYS) >= _REPLAYS_MAX:
+        _REPLAYS.clear()
+    _REPLAYS[key] = (r, result)
+    return result
+
+
+def reserved_of(out: Replay, workspace: int, context: int, expandable: bool) -> Reserved:
+    return Reserved(
+        requested_peak=out.requested_peak,
+        allocated_peak=out.allocated_peak,
+        reserved_peak=out.reserved_peak,
+        segments=out.segments,
+        cublas_workspace=workspace,
+        cuda_context=context,
+        expandable=expandable,
+    )
+
+
+def fits_reserved(r: Result, gpu: GpuPreset, capacity: int, *, expandable: bool = False) -> Reserved | None:
+    """The replay when the allocator may hold only ``capacity`` bytes (it releases its wholly free cached
+    segments before it gives up); None when a request still finds no room."""
+    workspace = cublas_workspace(gpu)
+    out = replay(stream(r, workspace), expandable=expandable, capacity=capacity)
+    return None if out.oom else reserved_of(out, workspace, CUDA_CONTEXT, expandable)
