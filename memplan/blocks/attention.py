@@ -70,6 +70,37 @@ def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
 
 
 def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads; under a fused
+    ``qkv_proj`` whose v slice reaches the core as a view, that whole output in v's place."""
+    rules = unfused_projection_rules(setup, dims)
+    if not fused_v_is_view(setup, dims):
+        return rules
+    b, s, a, kv, d = dims.b, dims.s, dims.a, dims.kv, dims.d
+    why = "qkv_proj's output: the core keeps v, a view of its slice, so all of it stays"
+    qkv = save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), dims.act, R.ATTN_QKV, why)
+    return [qkv if r.name == "attn.v" else r for r in rules]
+
+
+def fused_v_is_view(setup: Setup, dims: Dims) -> bool:
+    """Whether the core keeps v as a view of a fused ``qkv_proj`` output (``Profile.fused_qkv``,
+    Phi-3's ``qkv[..., q+k:].view(...).transpose(1, 2)``): not when the ``DynamicCache`` cats it into a
+    copy (``kv_cache``); nor when k and v are repeated to a heads, by ``repeat_kv`` (GQA: eager, or SDPA
+    with a window's mask, ``use_gqa_in_sdpa`` false) or by SDPA's math kernel; nor when eager's
+    ``torch.matmul`` folds [b, a, s, d] to [b·a, s, d], a copy for b > 1; nor when the math kernel upcasts
+    16-bit v to fp32. MQA's ``repeat_kv`` is an expand + reshape view (``Profile.repeat_kv_view``)."""
+    prof = profile_of(setup)
+    core = core_of(setup)
+    if not prof.fused_qkv or prof.kv_cache or setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        return False
+    gqa = dims.kv < dims.a and not (dims.kv == 1 and prof.repeat_kv_view)
+    if core is Core.MATH:
+        return dims.kv == dims.a and dims.act.bytes == 4
+    if core is Core.EAGER:
+        return not gqa and dims.b == 1
+    return not (gqa and window_masked(setup, dims))
+
+
+def unfused_projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads."""
     b, s, h, a, kv, d, act = dims.b, dims.s, dims.h, dims.a, dims.kv, dims.d, dims.act
     rules = [
@@ -88,17 +119,22 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "k", (b, a, s, d), FP32, R.ATTN_QKV, f"K·√scale, repeated, for QKᵀ, {why}"),
             save(B.ATTN, "v", (b, a, s, d), FP32, R.ATTN_QKV, f"V, repeated, for P·V, {why}"),
         ]
+    # MQA's repeat_kv is an expand + reshape view (Profile.repeat_kv_view): k and v keep kv = 1 head.
+    mqa_view = kv == 1 and profile_of(setup).repeat_kv_view
     if core is Core.FLASH and window_masked(setup, dims) and not core_recomputed:
         why = "flash backward recomputes S = QKᵀ; with a mask transformers repeats k and v (repeat_kv)"
+        heads = kv if mqa_view else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
-            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, why),
-            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "k", (b, heads, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "v", (b, heads, s, d), act, R.ATTN_QKV, why),
         ]
     if core is Core.EAGER and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
-        heads = kv if kv == 1 and profile_of(setup).repeat_kv_view else a
+        # MQA's view has a stride-0 head dimension: torch.matmul's fold to [b·a, s, d] views it when
+        # b = 1 and copies it to a heads when b > 1 (b and the stride-0 heads cannot merge).
+        heads = kv if mqa_view and b == 1 else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, "Q for QKᵀ: dK = dSᵀ·Q"),

@@ -166,7 +166,12 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
             "decoder_sparse_step": 1,  # every layer an MoE, as memplan's model
             "mlp_only_layers": [],
         }
-    return keys | {"num_local_experts": moe.experts, "router_jitter_noise": 0.0}
+    # MixtralConfig.sliding_window (default None: full causal), honoured by create_sliding_window_causal_mask.
+    return keys | {
+        "num_local_experts": moe.experts,
+        "router_jitter_noise": 0.0,
+        "sliding_window": m.sliding_window,
+    }
 
 
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)

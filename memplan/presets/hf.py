@@ -10,8 +10,8 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's ``sliding_window`` is not read
-  (Mistral's, Qwen2's, Qwen3's, Phi-3's and Gemma-2/3's are).
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled. The sliding window is read for Mistral,
+  Mixtral, Qwen2, Qwen3, Phi-3 and Gemma-2/3.
 - NB: Qwen2/Qwen3 configs whose sliding window covers only some layers (0 < max_window_layers <
   num_hidden_layers with use_sliding_window) are refused, not modelled.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
@@ -234,8 +234,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
-    if kind == "phi3":
-        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
+    if kind in ("phi3", "mixtral"):
+        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's, MixtralConfig's default: none
     return fields
 
 
@@ -376,8 +376,6 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("partial rotary and parallel residual: modelled for --impl hf only")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
-    if cfg.get("sliding_window") and kind == "mixtral":
-        notes.append("sliding-window attention not modelled")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]
         shared = f" + {moe['shared_experts']} shared" if moe.get("shared_experts") else ""
