@@ -58,7 +58,10 @@ def window_masked(setup: Setup, dims: Dims) -> bool:
 
 
 def qk_norm_params(m: ModelConfig) -> int:
-    """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each."""
+    """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each; OLMo-2's over the whole projection outputs
+    (``qk_norm_whole``): [a·d] and [kv·d]."""
+    if m.qk_norm_whole:
+        return m.q_width + m.kv_width
     return 2 * m.dim if m.qk_norm else 0
 
 
@@ -300,9 +303,10 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules: list[Rule] = []
     if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
+        table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
         rules += [
-            save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
-            save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+            save(B.ROPE, "cos", (dims.s, rot), table, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, rot), table, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
         if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
             why = "the full-attention layers' table (the sliding layers' base differs)"

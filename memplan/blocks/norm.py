@@ -85,12 +85,23 @@ def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -
 
 
 def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``)."""
+    """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``); OLMo-2's
+    (``qk_norm_whole``: ``self.q_norm(self.q_proj(x))``) over q_proj's [b, s, a·d] and k_proj's
+    [b, s, kv·d] outputs, one statistic per token."""
     if not setup.model.qk_norm:
         return []
     b, s, d = dims.b, dims.s, dims.d
+    if setup.model.qk_norm_whole:
+        q = rms_rules(setup, Block.ATTN, "q_norm.", (b, s, dims.a * d))
+        return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, s, dims.kv * d))
     q = rms_rules(setup, Block.ATTN, "q_norm.", (b, dims.a, s, d))
     return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, dims.kv, s, d))
+
+
+def pre_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
+    """The norms before attention and the MLP (none without ``pre_norms``: OLMo-2's sublayers read the
+    residual, which W_Q/W_K/W_V and W_gate/W_up keep as their input)."""
+    return norm_rules(setup, block, dims) if setup.model.pre_norms else []
 
 
 def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:

@@ -150,6 +150,10 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    rope_fp32_tables: bool = False
+    """OLMo-2's ``Olmo2RotaryEmbedding.forward`` returns cos and sin in fp32 (no ``.to(x.dtype)``) and
+    ``apply_rotary_pos_emb`` multiplies in fp32 before ``q_embed.to(q_type)``: the muls keep fp32 tables
+    [s, d] (4·s·d B each, not 2)."""
     rope_per_layer_type: bool = False
     """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
     layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""

@@ -38,6 +38,7 @@ class Family(StrEnum):
     GEMMA2 = "gemma2"
     GEMMA3 = "gemma3_text"
     PHI3 = "phi3"
+    OLMO2 = "olmo2"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

@@ -173,6 +173,11 @@ class ModelConfig(Frozen):
     post_norms: bool = Field(
         default=False, description="RMSNorms after attention and after the MLP too: 4 per layer (Gemma-2)"
     )
+    pre_norms: bool = Field(
+        default=True,
+        description="norms before attention and the MLP; false with post_norms: OLMo-2's layout, "
+        "x + norm(attn(x)), the sublayers reading the residual itself",
+    )
     query_pre_attn_scalar: int | None = Field(
         strict=True,
         default=None,
@@ -201,6 +206,11 @@ class ModelConfig(Frozen):
         default=False,
         description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm, Gemma-3's): "
         "2·d parameters per layer",
+    )
+    qk_norm_whole: bool = Field(
+        default=False,
+        description="qk_norm over the whole projection outputs, a·d and kv·d wide (OLMo-2's q_norm / "
+        "k_norm on q_proj's and k_proj's outputs): (a + kv)·d parameters per layer",
     )
     gelu: Gelu = Field(default=Gelu.GELU, description="which GELU a gelu MLP applies (activation_function)")
     rotary_pct: float = Field(
@@ -239,6 +249,10 @@ class ModelConfig(Frozen):
             object.__setattr__(self, "ffn_size", 4 * h)
         if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ValueError("qk_norm_whole: widens qk_norm; set qk_norm true or drop qk_norm_whole")
+        if not self.pre_norms and not self.post_norms:
+            raise ValueError("pre_norms: a layer without pre-norms needs post_norms; set post_norms true")
         if self.sliding_window_pattern is not None and self.sliding_window is None:
             raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
         if self.position is PositionType.ROPE and self.dim % 2:
@@ -269,13 +283,15 @@ class ModelConfig(Frozen):
 
     @property
     def hf_only(self) -> dict[str, bool]:
-        """Structure only ``--impl hf`` models (transformers' Gemma-2 code), by field."""
+        """Structure only ``--impl hf`` models (transformers' Gemma-2 and OLMo-2 code), by field."""
         return {
             "post_norms": self.post_norms,
             "attn_softcap": self.attn_softcap is not None,
             "final_softcap": self.final_softcap is not None,
             "sliding_window_pattern": self.sliding_window_pattern is not None,
             "rope_local_theta": self.rope_local_theta is not None,
+            "pre_norms": not self.pre_norms,
+            "qk_norm_whole": self.qk_norm_whole,
         }
 
     @property

@@ -210,10 +210,16 @@ def check_finetune(setup: Setup) -> None:
 
 def check_qk_norm(m: ModelConfig) -> None:
     """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
-    Qwen2's never."""
+    Qwen2's never; OLMo-2's over the whole projection widths, with its post-norm-only layout."""
     family = m.code_family
     if family is Family.QWEN3 and not m.qk_norm:
         raise ValueError("qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family qwen3")
+    olmo2 = m.qk_norm_whole and m.post_norms and not m.pre_norms
+    if family is Family.OLMO2 and not olmo2:
+        raise ValueError(
+            "post_norms: OLMo-2's code normalises after attention and the MLP only, and q and k over "
+            "their whole width; set post_norms true, pre_norms false, qk_norm and qk_norm_whole true"
+        )
     if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
         raise ValueError(
             f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
@@ -237,11 +243,13 @@ def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
 
 
 HF_STRUCTURE = {
-    "post_norms": (Family.GEMMA2, Family.GEMMA3),
+    "post_norms": (Family.GEMMA2, Family.GEMMA3, Family.OLMO2),
     "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
     "final_softcap": (Family.GEMMA2, Family.GEMMA3),
     "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
     "rope_local_theta": (Family.GEMMA3,),
+    "pre_norms": (Family.OLMO2,),
+    "qk_norm_whole": (Family.OLMO2,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 

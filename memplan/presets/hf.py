@@ -24,6 +24,8 @@ Known limitations (none changes the parameter count):
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
+- OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
+  ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
   ones) are refused, not modelled.
 """
@@ -62,6 +64,7 @@ _FAMILY = {
     "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
     "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
@@ -136,6 +139,9 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
+        attn = _bool(cfg, "attention_bias", False)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
     if kind in ("llama", "gemma", "qwen3"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
@@ -228,6 +234,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
     if kind == "qwen3":
         fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
+    if kind == "olmo2":  # Olmo2DecoderLayer: post norms only; Olmo2Attention: q/k norms over a·d, kv·d
+        fields.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True)
     if kind in _OWN_CODE:
         fields["family"] = kind
     if kind in ("gemma", "gemma2", "gemma3_text"):
@@ -239,7 +247,7 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe")
+_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe", "olmo2")
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
@@ -374,6 +382,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
         notes.append("partial rotary and parallel residual: modelled for --impl hf only")
+    if kind == "olmo2":
+        notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
     if kind in MOE_MODEL_TYPES:

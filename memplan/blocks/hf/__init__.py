@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, phi3
+from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, olmo2, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -27,6 +27,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GEMMA2: gemma.profile,
     Family.GEMMA3: gemma.profile3,
     Family.PHI3: phi3.profile,
+    Family.OLMO2: olmo2.profile,
 }
 
 
