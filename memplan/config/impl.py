@@ -39,6 +39,7 @@ class Family(StrEnum):
     GEMMA3 = "gemma3_text"
     PHI3 = "phi3"
     OLMO2 = "olmo2"
+    GRANITE = "granite"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

@@ -24,6 +24,8 @@ Known limitations (none changes the parameter count):
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
+- Granite's multipliers (``embedding_multiplier``, ``attention_multiplier``, ``residual_multiplier``,
+  ``logits_scaling``) are read into the notes: scalar multiplies that change no byte and no FLOP.
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
@@ -64,6 +66,7 @@ _FAMILY = {
     "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "granite": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -142,7 +145,7 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
-    if kind in ("llama", "gemma", "qwen3"):  # attention_bias covers q, k, v and o
+    if kind in ("llama", "gemma", "qwen3", "granite"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -247,7 +250,18 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-_OWN_CODE = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "qwen2_moe", "olmo2")
+_OWN_CODE = (
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "qwen2_moe",
+    "olmo2",
+    "granite",
+)
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
@@ -348,6 +362,22 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"ffn_size": _int(cfg, "moe_intermediate_size", default=1408), "moe": moe}
 
 
+_GRANITE_MULTIPLIERS = {
+    "embedding_multiplier": "embedding ×",
+    "attention_multiplier": "attention scale ",
+    "residual_multiplier": "residual branches ×",
+    "logits_scaling": "logits ÷",
+}
+"""GraniteConfig's multipliers (default 1.0 each), read and named in the notes."""
+
+
+def _granite_note(cfg: Mapping[str, Any]) -> str:
+    """Granite's multipliers as read: Python-float multiplies that keep nothing and count no FLOPs
+    (``blocks.hf.llama.granite``)."""
+    values = [f"{what}{_float(cfg, key, default=1.0):g}" for key, what in _GRANITE_MULTIPLIERS.items()]
+    return f"multipliers ({', '.join(values)}) keep no tensor and add no counted FLOPs"
+
+
 def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelConfig:
     """Build a ``ModelConfig`` from a parsed Hugging Face ``config.json``.
 
@@ -382,6 +412,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
         notes.append("partial rotary and parallel residual: modelled for --impl hf only")
+    if kind == "granite":
+        notes.append(_granite_note(cfg))
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):

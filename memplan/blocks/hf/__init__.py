@@ -28,6 +28,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GEMMA3: gemma.profile3,
     Family.PHI3: phi3.profile,
     Family.OLMO2: olmo2.profile,
+    Family.GRANITE: llama.granite,
 }
 
 

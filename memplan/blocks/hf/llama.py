@@ -1,4 +1,4 @@
-"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3)."""
+"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3, Granite)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,14 @@ def windowed(setup: Setup) -> Profile:
     Llama's code with a sliding window (``create_sliding_window_causal_mask``); Qwen3's q_norm/k_norm are
     ``ModelConfig.qk_norm``, the same RMSNorm as the reference's."""
     return replace(profile(setup), window_mask=True)
+
+
+def granite(setup: Setup) -> Profile:
+    """Granite (``modeling_granite.py``): Llama's code and four multipliers, each a multiply by a Python
+    float, which saves nothing (``mul(Tensor, Scalar)``'s backward needs only the scalar) and which
+    FlopCounterMode does not count: ``inputs_embeds * self.embedding_multiplier`` (GraniteModel),
+    ``scaling=config.attention_multiplier`` (the scores' scale in place of d^-½: SDPA's ``scale``, eager's
+    ``* scaling``), ``residual + hidden_states * self.residual_multiplier`` (twice per layer) and
+    ``logits / self.config.logits_scaling`` (a new [b, s, v] the loss's ``.float()`` copies, as Llama's
+    logits). The multipliers change no byte and no FLOP: Llama's profile."""
+    return profile(setup)
