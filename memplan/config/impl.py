@@ -40,6 +40,7 @@ class Family(StrEnum):
     PHI3 = "phi3"
     OLMO2 = "olmo2"
     GRANITE = "granite"
+    STARCODER2 = "starcoder2"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

@@ -174,6 +174,34 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def starcoder2_keys(setup: Setup) -> dict[str, Any]:
+    """StarCoder2 (``Starcoder2Config``): one ``use_bias`` for every linear, LayerNorm's ``norm_epsilon``,
+    residual and embedding dropout, the sliding window (None: full causal)."""
+    m = setup.model
+    if not m.qkv_bias == m.out_bias == m.mlp_bias:
+        raise ValueError(
+            "qkv_bias: StarCoder2's use_bias sets every linear's bias; "
+            "set qkv_bias, out_bias and mlp_bias alike"
+        )
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.kv_heads,
+        "head_dim": m.dim,
+        "intermediate_size": m.ffn,
+        "max_position_embeddings": m.max_positions,
+        "norm_epsilon": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "residual_dropout": m.resid_dropout,
+        "embedding_dropout": m.embd_dropout,
+        "use_bias": m.qkv_bias,
+        "hidden_act": m.gelu.value,
+        "sliding_window": m.sliding_window,
+    }
+
+
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
@@ -183,6 +211,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
     Family.PHI3: phi3_keys,
+    Family.STARCODER2: starcoder2_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

@@ -67,6 +67,7 @@ _FAMILY = {
     "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "granite": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
+    "starcoder2": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=4096),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -142,6 +143,9 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": True}
     if kind in ("qwen2", "qwen2_moe"):  # q/k/v carry a bias, o_proj and the MLP do not
         return {"qkv_bias": True, "out_bias": False, "mlp_bias": False}
+    if kind == "starcoder2":  # use_bias on every linear but the lm head
+        every = _bool(cfg, "use_bias", True)
+        return {"qkv_bias": every, "out_bias": every, "mlp_bias": every}
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
@@ -156,6 +160,12 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
         hidden = _float(cfg, "hidden_dropout", default=0.0)
         attn = _float(cfg, "attention_dropout", default=0.0)
         return {"attn_dropout": attn, "resid_dropout": hidden, "embd_dropout": hidden}
+    if kind == "starcoder2":  # Starcoder2Config: residual_dropout after W_O and c_proj, embedding_dropout
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "residual_dropout", default=0.0),
+            "embd_dropout": _float(cfg, "embedding_dropout", default=0.0),
+        }
     if kind == "gpt2":
         return {
             "attn_dropout": _float(cfg, "attn_pdrop", default=0.1),
@@ -214,7 +224,9 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         "vocab_size": _req_int(cfg, "vocab_size"),
         "tied_embeddings": _bool(cfg, "tie_word_embeddings", fam.tied),
         "norm": fam.norm,
-        "norm_eps": _float(cfg, "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=fam.eps),
+        "norm_eps": _float(
+            cfg, "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_epsilon", default=fam.eps
+        ),
         "mlp": fam.mlp,
         "position": fam.position,
         "max_positions": _int(cfg, "max_position_embeddings", "n_positions", default=fam.max_pos),
@@ -228,7 +240,7 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if fam.mlp is MlpType.GELU:
         _, act = _get(cfg, ("activation_function", "hidden_act"))
-        fields["gelu"] = act or ("gelu_new" if kind == "gpt2" else "gelu")  # the configs' defaults
+        fields["gelu"] = act or _GELU_DEFAULT.get(kind, "gelu")  # the configs' defaults
     if kind == "gpt_neox":
         fields.update(_neox_fields(cfg))
     if kind in MOE_MODEL_TYPES:
@@ -245,10 +257,13 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(gate_act=GateActivation.GELU_TANH, embed_scale=True)
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
-    if kind in ("phi3", "mixtral"):
-        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's, MixtralConfig's default: none
+    if kind in ("phi3", "mixtral", "starcoder2"):
+        fields["sliding_window"] = _int(cfg, "sliding_window")  # the config classes' default: none
     return fields
 
+
+_GELU_DEFAULT = {"gpt2": "gelu_new", "starcoder2": "gelu_pytorch_tanh"}
+"""The config classes' ``hidden_act`` / ``activation_function`` defaults where not "gelu"."""
 
 _OWN_CODE = (
     "mistral",
@@ -261,6 +276,7 @@ _OWN_CODE = (
     "qwen2_moe",
     "olmo2",
     "granite",
+    "starcoder2",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""

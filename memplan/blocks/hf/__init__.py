@@ -29,6 +29,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.PHI3: phi3.profile,
     Family.OLMO2: olmo2.profile,
     Family.GRANITE: llama.granite,
+    Family.STARCODER2: llama.starcoder2,
 }
 
 

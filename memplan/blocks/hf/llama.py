@@ -1,4 +1,5 @@
-"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3, Granite)."""
+"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3, Granite,
+StarCoder2)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def granite(setup: Setup) -> Profile:
     ``logits / self.config.logits_scaling`` (a new [b, s, v] the loss's ``.float()`` copies, as Llama's
     logits). The multipliers change no byte and no FLOP: Llama's profile."""
     return profile(setup)
+
+
+def starcoder2(setup: Setup) -> Profile:
+    """StarCoder2 (``modeling_starcoder2.py``): Mistral's code (the sliding window's mask) with
+    ``nn.LayerNorm`` and a GELU MLP with biases (``ModelConfig.norm``, ``mlp``, the biases: the blocks'),
+    and dropout on the residual branches and the embedding: ``nn.functional.dropout(attn_output,
+    p=self.residual_dropout)`` after W_O, the same after ``c_proj`` and ``embedding_dropout`` after the
+    embedding (``hidden_dropout``; on CPU ``F.dropout`` keeps its noise, ``cpu_dropout_noise``)."""
+    return replace(windowed(setup), hidden_dropout=True)
