@@ -12,8 +12,8 @@ R = Role
 
 
 def norm_params(m: ModelConfig) -> int:
-    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each."""
-    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM else 1)
+    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each (no bias: ``norm_bias`` false)."""
+    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM and m.norm_bias else 1)
 
 
 def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
@@ -23,6 +23,8 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         return fused_norm_rules(setup, block, dims)
     if setup.model.norm is NormType.RMSNORM:
         return rms_rules(setup, block, "", (b, s, h))
+    if profile_of(setup).layernorm_python:
+        return python_layernorm_rules(setup, block, "", (b, s, h))
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act
     # Parallel residual: the MLP's norm reads the layer input, kept already by the attention's norm.
@@ -52,6 +54,28 @@ def fused_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         ),
         *[save(block, name, (b, s, 1), FP32, R.NORM_STATS, why) for name in (*stats, "rstd")],
     ]
+
+
+def python_layernorm_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -> list[Rule]:
+    """Saves of Cohere's LayerNorm written in Python (``Profile.layernorm_python``) over the last dimension
+    of ``shape``: x32 = x.to(fp32); mean; ``(x32 − mean).pow(2)`` keeps its fp32 input; ``(x32 − mean) *
+    rsqrt(var + eps)`` a second fp32 x − mean (computed again) and rsqrt's output; ``weight.to(fp32) *
+    normed`` the fp32 normalised x and, under 16-bit weights, the fp32 weight copy."""
+    act = Dims.of(setup).act
+    stats = (*shape[:-1], 1)
+
+    def ln(part: str, shape: tuple[int, ...], role: Role, why: str) -> Rule:
+        return save(block, prefix + part, shape, FP32, role, why)
+
+    rules = [
+        ln("input", shape, R.NORM_INPUT, "fp32 x − mean for pow(2): d(x²)/dx needs it"),
+        ln("centered", shape, R.NORM_INPUT, "fp32 x − mean again, an operand of ·rstd: drstd needs it"),
+        ln("rstd", stats, R.NORM_STATS, "rsqrt output: the product's d(x − mean) and its own derivative"),
+        ln("normed", shape, R.NORM_OUTPUT, "fp32 normalised x: dW needs it"),
+    ]
+    if act is not FP32:
+        rules.append(ln("weight_fp32", shape[-1:], R.PARAM_DERIVED, "weight.to(fp32): d(normed) needs it"))
+    return rules
 
 
 def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -> list[Rule]:
@@ -100,7 +124,10 @@ def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
 
 def pre_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     """The norms before attention and the MLP (none without ``pre_norms``: OLMo-2's sublayers read the
-    residual, which W_Q/W_K/W_V and W_gate/W_up keep as their input)."""
+    residual, which W_Q/W_K/W_V and W_gate/W_up keep as their input; the attention's alone under
+    ``shared_norm``)."""
+    if block is Block.MLP_NORM and setup.model.shared_norm:
+        return []  # one norm feeds both branches (``shared_norm``): the attention's
     return norm_rules(setup, block, dims) if setup.model.pre_norms else []
 
 

@@ -150,6 +150,11 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    layernorm_python: bool = False
+    """Cohere's ``CohereLayerNorm.forward``, LayerNorm in Python ops in fp32 (no ``native_layer_norm``):
+    ``(x32 - mean).pow(2)`` keeps x − mean, ``(x32 - mean) * rsqrt(...)`` a second x − mean and rstd,
+    ``self.weight.to(float32) * x`` the fp32 normalised x and the fp32 weight copy
+    (``norm.python_layernorm_rules``)."""
     rope_fp32_tables: bool = False
     """OLMo-2's ``Olmo2RotaryEmbedding.forward`` returns cos and sin in fp32 (no ``.to(x.dtype)``) and
     ``apply_rotary_pos_emb`` multiplies in fp32 before ``q_embed.to(q_type)``: the muls keep fp32 tables

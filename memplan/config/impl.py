@@ -41,6 +41,7 @@ class Family(StrEnum):
     OLMO2 = "olmo2"
     GRANITE = "granite"
     STARCODER2 = "starcoder2"
+    COHERE = "cohere"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

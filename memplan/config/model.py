@@ -220,6 +220,14 @@ class ModelConfig(Frozen):
         default=False,
         description="attention and MLP both read the layer input: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)",
     )
+    shared_norm: bool = Field(
+        default=False,
+        description="with parallel_residual: one norm feeds both branches, x + attn(ln(x)) + mlp(ln(x)) "
+        "(Cohere)",
+    )
+    norm_bias: bool = Field(
+        default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
+    )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     family: Family | None = Field(
         default=None,
@@ -249,6 +257,12 @@ class ModelConfig(Frozen):
             object.__setattr__(self, "ffn_size", 4 * h)
         if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError("shared_norm: one norm for both branches needs parallel_residual; set it true")
+        if not self.norm_bias and self.norm is not NormType.LAYERNORM:
+            raise ValueError(
+                "norm_bias: only a LayerNorm has a bias; set norm = 'layernorm' or drop norm_bias"
+            )
         if self.qk_norm_whole and not self.qk_norm:
             raise ValueError("qk_norm_whole: widens qk_norm; set qk_norm true or drop qk_norm_whole")
         if not self.pre_norms and not self.post_norms:
@@ -292,6 +306,8 @@ class ModelConfig(Frozen):
             "rope_local_theta": self.rope_local_theta is not None,
             "pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
+            "shared_norm": self.shared_norm,
+            "norm_bias": not self.norm_bias,
         }
 
     @property

@@ -202,6 +202,14 @@ def starcoder2_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def cohere_keys(setup: Setup) -> dict[str, Any]:
+    """Cohere (``CohereConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, no q/k norm, and the
+    logit scale (a Python float: any value keeps the same tensors; CohereConfig's default)."""
+    keys = llama_keys(setup)
+    keys["layer_norm_eps"] = keys.pop("rms_norm_eps")
+    return keys | {"use_qk_norm": False}
+
+
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
@@ -212,6 +220,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT_NEOX: gpt_neox_keys,
     Family.PHI3: phi3_keys,
     Family.STARCODER2: starcoder2_keys,
+    Family.COHERE: cohere_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

@@ -26,6 +26,8 @@ Known limitations (none changes the parameter count):
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
 - Granite's multipliers (``embedding_multiplier``, ``attention_multiplier``, ``residual_multiplier``,
   ``logits_scaling``) are read into the notes: scalar multiplies that change no byte and no FLOP.
+- Cohere imports its parallel layer with one bias-free LayerNorm (``parallel_residual``, ``shared_norm``,
+  ``norm_bias`` false; --impl hf only) and names ``logit_scale`` in the notes; NB ``use_qk_norm`` is refused.
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
@@ -68,6 +70,7 @@ _FAMILY = {
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "granite": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
     "starcoder2": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=4096),
+    "cohere": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=8192),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -147,6 +150,9 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
         every = _bool(cfg, "use_bias", True)
         return {"qkv_bias": every, "out_bias": every, "mlp_bias": every}
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
+        attn = _bool(cfg, "attention_bias", False)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind == "cohere":  # CohereAttention: attention_bias on q, k, v and o; CohereMLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
     if kind in ("llama", "gemma", "qwen3", "granite"):  # attention_bias covers q, k, v and o
@@ -249,6 +255,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["sliding_window"] = _sliding_window(kind, cfg, fields["num_layers"])
     if kind == "qwen3":
         fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
+    if kind == "cohere":
+        fields.update(_cohere_fields(cfg))
     if kind == "olmo2":  # Olmo2DecoderLayer: post norms only; Olmo2Attention: q/k norms over a·d, kv·d
         fields.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True)
     if kind in _OWN_CODE:
@@ -277,6 +285,7 @@ _OWN_CODE = (
     "olmo2",
     "granite",
     "starcoder2",
+    "cohere",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -378,6 +387,17 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"ffn_size": _int(cfg, "moe_intermediate_size", default=1408), "moe": moe}
 
 
+def _cohere_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Cohere's parallel layer with one bias-free LayerNorm (``CohereDecoderLayer``); ``use_qk_norm``
+    (Command R+) is refused, not modelled."""
+    if _bool(cfg, "use_qk_norm", False):
+        raise ValueError(
+            "use_qk_norm: Cohere's per-head q/k LayerNorm is not modelled; use a config with use_qk_norm "
+            "false (Command R)"
+        )
+    return {"parallel_residual": True, "shared_norm": True, "norm_bias": False}
+
+
 _GRANITE_MULTIPLIERS = {
     "embedding_multiplier": "embedding ×",
     "attention_multiplier": "attention scale ",
@@ -430,6 +450,11 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("partial rotary and parallel residual: modelled for --impl hf only")
     if kind == "granite":
         notes.append(_granite_note(cfg))
+    if kind == "cohere":
+        scale = _float(cfg, "logit_scale", default=0.0625)
+        notes.append(
+            f"parallel layer with one bias-free LayerNorm: --impl hf only; logits ×{scale:g} keep nothing"
+        )
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import gemma, gpt2, gpt_neox, llama, moe, olmo2, phi3
+from memplan.blocks.hf import cohere, gemma, gpt2, gpt_neox, llama, moe, olmo2, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -30,6 +30,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.OLMO2: olmo2.profile,
     Family.GRANITE: llama.granite,
     Family.STARCODER2: llama.starcoder2,
+    Family.COHERE: cohere.profile,
 }
 
 
