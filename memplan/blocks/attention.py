@@ -266,11 +266,11 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
     prof = profile_of(setup)
-    if prof.fused_qkv or (
-        prof.sdpa_dispatch and prof.qkv_views and setup.model.position is PositionType.ROPE
-    ):
+    head_major = prof.qkv_views or prof.rotary_cat
+    if prof.fused_qkv or (prof.sdpa_dispatch and head_major and setup.model.position is PositionType.ROPE):
         # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
-        # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
+        # (and StableLM's, Profile.rotary_cat) is torch.cat's contiguous [b, a, s, d], so
+        # transpose(1, 2).contiguous() copies the output
         # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
         # layout, gives an output whose transpose is W_O's input itself. Phi-3's fused qkv_proj: its q slice
         # is not dense, RoPE lays it out head-major, and the output follows (``Profile.fused_qkv``).

@@ -150,6 +150,13 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    rotary_cat: bool = False
+    """StableLM's attention rotates the first ``rotary_ndims`` of each head and ``torch.cat((query_rot,
+    query_pass), dim=-1)``s them (as GPT-NeoX's): q is a new contiguous head-major [b, a, s, d], so SDPA's
+    output is laid out head-major and ``transpose(1, 2).contiguous()`` copies it (``attn.kernel_out``)."""
+    mlp_dropout_only: bool = False
+    """StableLM's only hidden dropout is ``self.dropout(mlp_output)`` (``nn.Dropout(hidden_dropout)`` after
+    the MLP, ``StableLmDecoderLayer.forward``): none after the attention nor after the embedding."""
     layernorm_python: bool = False
     """Cohere's ``CohereLayerNorm.forward``, LayerNorm in Python ops in fp32 (no ``native_layer_norm``):
     ``(x32 - mean).pow(2)`` keeps x − mean, ``(x32 - mean) * rsqrt(...)`` a second x − mean and rstd,

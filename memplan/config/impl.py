@@ -42,6 +42,7 @@ class Family(StrEnum):
     GRANITE = "granite"
     STARCODER2 = "starcoder2"
     COHERE = "cohere"
+    STABLELM = "stablelm"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

@@ -210,6 +210,27 @@ def cohere_keys(setup: Setup) -> dict[str, Any]:
     return keys | {"use_qk_norm": False}
 
 
+def stablelm_keys(setup: Setup) -> dict[str, Any]:
+    """StableLM (``StableLmConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, ``use_qkv_bias``,
+    the partial rotary, the parallel layer, ``hidden_dropout`` (after the MLP) and no q/k LayerNorm."""
+    m = setup.model
+    if m.out_bias or m.mlp_bias or m.parallel_residual != m.shared_norm:
+        raise ValueError(
+            "out_bias: StableLM's o_proj and MLP have no bias and its parallel layer one norm; set out_bias "
+            "and mlp_bias false, shared_norm = parallel_residual"
+        )
+    keys = llama_keys(setup)
+    keys["layer_norm_eps"] = keys.pop("rms_norm_eps")
+    del keys["attention_bias"]
+    return keys | {
+        "use_qkv_bias": m.qkv_bias,
+        "partial_rotary_factor": m.rotary_pct,
+        "use_parallel_residual": m.parallel_residual,
+        "hidden_dropout": m.resid_dropout,
+        "qk_layernorm": False,
+    }
+
+
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
@@ -221,6 +242,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.PHI3: phi3_keys,
     Family.STARCODER2: starcoder2_keys,
     Family.COHERE: cohere_keys,
+    Family.STABLELM: stablelm_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

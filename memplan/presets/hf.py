@@ -28,6 +28,8 @@ Known limitations (none changes the parameter count):
   ``logits_scaling``) are read into the notes: scalar multiplies that change no byte and no FLOP.
 - Cohere imports its parallel layer with one bias-free LayerNorm (``parallel_residual``, ``shared_norm``,
   ``norm_bias`` false; --impl hf only) and names ``logit_scale`` in the notes; NB ``use_qk_norm`` is refused.
+- StableLM imports its partial rotary and optional parallel layer with one LayerNorm (--impl hf only);
+  its ``hidden_dropout`` is after the MLP only; NB ``qk_layernorm`` is refused.
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
@@ -71,6 +73,7 @@ _FAMILY = {
     "granite": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
     "starcoder2": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=4096),
     "cohere": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=8192),
+    "stablelm": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -152,6 +155,8 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind == "stablelm":  # use_qkv_bias on q, k, v; o_proj and the MLP none
+        return {"qkv_bias": _bool(cfg, "use_qkv_bias", False), "out_bias": False, "mlp_bias": False}
     if kind == "cohere":  # CohereAttention: attention_bias on q, k, v and o; CohereMLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
@@ -166,6 +171,12 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
         hidden = _float(cfg, "hidden_dropout", default=0.0)
         attn = _float(cfg, "attention_dropout", default=0.0)
         return {"attn_dropout": attn, "resid_dropout": hidden, "embd_dropout": hidden}
+    if kind == "stablelm":  # StableLmConfig: hidden_dropout after the MLP only (blocks.hf.llama.stablelm)
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "hidden_dropout", default=0.0),
+            "embd_dropout": 0.0,
+        }
     if kind == "starcoder2":  # Starcoder2Config: residual_dropout after W_O and c_proj, embedding_dropout
         return {
             "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
@@ -257,6 +268,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields["qk_norm"] = True  # Qwen3Attention's q_norm / k_norm
     if kind == "cohere":
         fields.update(_cohere_fields(cfg))
+    if kind == "stablelm":
+        fields.update(_stablelm_fields(cfg))
     if kind == "olmo2":  # Olmo2DecoderLayer: post norms only; Olmo2Attention: q/k norms over a·d, kv·d
         fields.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True)
     if kind in _OWN_CODE:
@@ -286,6 +299,7 @@ _OWN_CODE = (
     "granite",
     "starcoder2",
     "cohere",
+    "stablelm",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -398,6 +412,25 @@ def _cohere_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"parallel_residual": True, "shared_norm": True, "norm_bias": False}
 
 
+def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """StableLM's partial rotary (``partial_rotary_factor``, StableLmConfig's default 0.25, or in
+    ``rope_parameters``) and optional parallel layer with one norm (``use_parallel_residual``, default
+    false); ``qk_layernorm`` (per-head LayerNorms, StableLM-2-12B) is refused, not modelled."""
+    if _bool(cfg, "qk_layernorm", False):
+        raise ValueError(
+            "qk_layernorm: StableLM's per-head q/k LayerNorms are not modelled; use a config with "
+            "qk_layernorm false"
+        )
+    rope = cfg.get("rope_parameters") or {}
+    pct = _float(cfg, "partial_rotary_factor", default=0.25)
+    parallel = _bool(cfg, "use_parallel_residual", False)
+    return {
+        "rotary_pct": _float(rope, "partial_rotary_factor", default=pct),
+        "parallel_residual": parallel,
+        "shared_norm": parallel,
+    }
+
+
 _GRANITE_MULTIPLIERS = {
     "embedding_multiplier": "embedding ×",
     "attention_multiplier": "attention scale ",
@@ -455,6 +488,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append(
             f"parallel layer with one bias-free LayerNorm: --impl hf only; logits ×{scale:g} keep nothing"
         )
+    if kind == "stablelm":
+        notes.append("partial rotary (and the parallel layer): --impl hf only")
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):

@@ -31,6 +31,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GRANITE: llama.granite,
     Family.STARCODER2: llama.starcoder2,
     Family.COHERE: cohere.profile,
+    Family.STABLELM: llama.stablelm,
 }
 
 

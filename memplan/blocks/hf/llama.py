@@ -66,3 +66,12 @@ def starcoder2(setup: Setup) -> Profile:
     p=self.residual_dropout)`` after W_O, the same after ``c_proj`` and ``embedding_dropout`` after the
     embedding (``hidden_dropout``; on CPU ``F.dropout`` keeps its noise, ``cpu_dropout_noise``)."""
     return replace(windowed(setup), hidden_dropout=True)
+
+
+def stablelm(setup: Setup) -> Profile:
+    """StableLM (``modeling_stablelm.py``): Llama's attention and MLP with ``nn.LayerNorm`` (the model's
+    ``norm``), partial rotary on the first ``rotary_pct`` of each head (``torch.cat((query_rot,
+    query_pass))``, as GPT-NeoX: ``rotary_pct``, ``rotary_cat``), an optional parallel layer with one norm
+    (``use_parallel_residual``: ``parallel_residual`` and ``shared_norm``) and ``nn.Dropout(hidden_dropout)``
+    after the MLP only (``mlp_dropout_only``; on CPU its noise, ``cpu_dropout_noise``)."""
+    return replace(profile(setup), hidden_dropout=True, mlp_dropout_only=True, rotary_cat=True)
