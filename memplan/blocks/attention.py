@@ -75,7 +75,8 @@ def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
 def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads; under a fused
     ``qkv_proj`` whose v slice reaches the core as a view, that whole output in v's place."""
-    rules = unfused_projection_rules(setup, dims)
+    first, *rest = unfused_projection_rules(setup, dims)
+    rules = [first, *rope_cache_rules(setup, dims), *rest]  # W_Q's input, the layer's rotary tables, …
     if not fused_v_is_view(setup, dims):
         return rules
     b, s, a, kv, d = dims.b, dims.s, dims.a, dims.kv, dims.d
@@ -149,7 +150,6 @@ def unfused_projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     why = "input of the recomputed attention core" if core_recomputed else "flash backward recomputes S = QKᵀ"
     return [
         *rules,
-        *rope_cache_rules(setup, dims),
         save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "k", (b, kv, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "v", (b, s, kv * d), act, R.ATTN_QKV, why),
@@ -200,8 +200,17 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
 
 def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """torchtitan's per-layer complex rotary cache (``Profile.rope_cache_per_layer``): [s, d/2] complex64,
-    the cache sized to the training sequence (``Decoder.Config.update_from_config``)."""
-    if setup.model.position is not PositionType.ROPE or not profile_of(setup).rope_cache_per_layer:
+    the cache sized to the training sequence (``Decoder.Config.update_from_config``); GLM's interleaved
+    tables made per layer (``Profile.rope_tables_per_layer``): [s, rot] cos and sin in A."""
+    if setup.model.position is not PositionType.ROPE:
+        return []
+    if profile_of(setup).rope_tables_per_layer:
+        rot, why = setup.model.rotary_dims, "this layer's repeat_interleaved table: dq_rot needs it"
+        return [
+            save(B.ATTN, "rope_cos", (dims.s, rot), dims.act, R.ROPE_TABLE, f"q_rot·cos: {why}"),
+            save(B.ATTN, "rope_sin", (dims.s, rot), dims.act, R.ROPE_TABLE, f"rotate_half(q_rot)·sin: {why}"),
+        ]
+    if not profile_of(setup).rope_cache_per_layer:
         return []
     why = "complex q·cache and k·cache: dq = dout·conj(cache) needs the cache"
     return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
@@ -301,7 +310,9 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
 def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
     rules: list[Rule] = []
-    if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
+    prof = profile_of(setup)
+    per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
+    if setup.model.position is PositionType.ROPE and not per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
         table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
         rules += [

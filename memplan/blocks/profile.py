@@ -150,6 +150,10 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    rope_tables_per_layer: bool = False
+    """GLM's ``apply_rotary_pos_emb`` interleaves the tables on every call (``cos[..., : rot // 2]
+    .repeat_interleave(2, dim=-1)``): q_rot·cos and k_rot·cos keep that layer's own [s, rot] cos and sin,
+    and the model's shared tables are kept only by a checkpoint (the layer's ``position_embeddings``)."""
     rotary_cat: bool = False
     """StableLM's attention rotates the first ``rotary_ndims`` of each head and ``torch.cat((query_rot,
     query_pass), dim=-1)``s them (as GPT-NeoX's): q is a new contiguous head-major [b, a, s, d], so SDPA's

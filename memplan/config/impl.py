@@ -43,6 +43,7 @@ class Family(StrEnum):
     STARCODER2 = "starcoder2"
     COHERE = "cohere"
     STABLELM = "stablelm"
+    GLM = "glm"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

@@ -231,6 +231,14 @@ def stablelm_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def glm_keys(setup: Setup) -> dict[str, Any]:
+    """GLM-4 (``GlmConfig``): the Llama keys and the partial rotary; o_proj has no bias."""
+    m = setup.model
+    if m.out_bias or m.mlp_bias:
+        raise ValueError("out_bias: GLM's o_proj and MLP have no bias; set out_bias and mlp_bias false")
+    return llama_keys(setup) | {"partial_rotary_factor": m.rotary_pct}
+
+
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
@@ -243,6 +251,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.STARCODER2: starcoder2_keys,
     Family.COHERE: cohere_keys,
     Family.STABLELM: stablelm_keys,
+    Family.GLM: glm_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

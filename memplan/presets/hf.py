@@ -30,6 +30,8 @@ Known limitations (none changes the parameter count):
   ``norm_bias`` false; --impl hf only) and names ``logit_scale`` in the notes; NB ``use_qk_norm`` is refused.
 - StableLM imports its partial rotary and optional parallel layer with one LayerNorm (--impl hf only);
   its ``hidden_dropout`` is after the MLP only; NB ``qk_layernorm`` is refused.
+- GLM-4 (``glm``) imports its partial rotary (``partial_rotary_factor``, default 0.5); its fused
+  gate_up is counted as separate matrices (same parameter count).
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
@@ -74,6 +76,7 @@ _FAMILY = {
     "starcoder2": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=4096),
     "cohere": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=8192),
     "stablelm": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "glm": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1.5625e-7, max_pos=131072),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -155,6 +158,8 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind == "glm":  # GlmAttention: attention_bias (default true) on q, k, v; o_proj and the MLP none
+        return {"qkv_bias": _bool(cfg, "attention_bias", True), "out_bias": False, "mlp_bias": False}
     if kind == "stablelm":  # use_qkv_bias on q, k, v; o_proj and the MLP none
         return {"qkv_bias": _bool(cfg, "use_qkv_bias", False), "out_bias": False, "mlp_bias": False}
     if kind == "cohere":  # CohereAttention: attention_bias on q, k, v and o; CohereMLP: none
@@ -270,6 +275,12 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_cohere_fields(cfg))
     if kind == "stablelm":
         fields.update(_stablelm_fields(cfg))
+    if kind == "glm":  # GlmConfig: partial_rotary_factor 0.5 by default, head_dim 128, 2 kv heads
+        rope = cfg.get("rope_parameters") or {}
+        pct = _float(cfg, "partial_rotary_factor", default=0.5)
+        fields["rotary_pct"] = _float(rope, "partial_rotary_factor", default=pct)
+        fields["head_dim"] = _int(cfg, "head_dim", default=128)
+        fields["num_kv_heads"] = _int(cfg, "num_key_value_heads", default=2)
     if kind == "olmo2":  # Olmo2DecoderLayer: post norms only; Olmo2Attention: q/k norms over a·d, kv·d
         fields.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True)
     if kind in _OWN_CODE:
@@ -300,6 +311,7 @@ _OWN_CODE = (
     "starcoder2",
     "cohere",
     "stablelm",
+    "glm",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -488,6 +500,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append(
             f"parallel layer with one bias-free LayerNorm: --impl hf only; logits ×{scale:g} keep nothing"
         )
+    if kind == "glm":
+        notes.append("partial interleaved rotary and fused gate_up: --impl hf only (same parameter count)")
     if kind == "stablelm":
         notes.append("partial rotary (and the parallel layer): --impl hf only")
     if kind == "olmo2":

@@ -32,6 +32,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.STARCODER2: llama.starcoder2,
     Family.COHERE: cohere.profile,
     Family.STABLELM: llama.stablelm,
+    Family.GLM: llama.glm,
 }
 
 

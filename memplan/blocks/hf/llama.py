@@ -1,5 +1,5 @@
 """transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3, Granite,
-StarCoder2)."""
+StarCoder2, StableLM, GLM)."""
 
 from __future__ import annotations
 
@@ -75,3 +75,11 @@ def stablelm(setup: Setup) -> Profile:
     (``use_parallel_residual``: ``parallel_residual`` and ``shared_norm``) and ``nn.Dropout(hidden_dropout)``
     after the MLP only (``mlp_dropout_only``; on CPU its noise, ``cpu_dropout_noise``)."""
     return replace(profile(setup), hidden_dropout=True, mlp_dropout_only=True, rotary_cat=True)
+
+
+def glm(setup: Setup) -> Profile:
+    """GLM-4 (``modeling_glm.py``): Llama's code with Phi-3's fused ``gate_up_proj`` (``GlmMLP``:
+    ``up_states.chunk(2, dim=-1)``, ``fused_gate_up``) and partial interleaved rotary:
+    ``apply_rotary_pos_emb`` repeat_interleaves half of each table per call (``rope_tables_per_layer``)
+    and cats the rotated and passed dims (``torch.cat([q_embed, q_pass])``: ``rotary_cat``)."""
+    return replace(profile(setup), fused_gate_up=True, rope_tables_per_layer=True, rotary_cat=True)
