@@ -51,10 +51,11 @@ def core_of(setup: Setup) -> Core:
 
 
 def window_masked(setup: Setup, dims: Dims) -> bool:
-    """Whether the code masks a sliding window explicitly: W set, honoured (``Profile.window_mask``) and
-    s ≥ W (below it the window covers every causal cell and SDPA's ``is_causal`` does it)."""
-    w = setup.model.sliding_window
-    return profile_of(setup).window_mask and w is not None and dims.s >= w
+    """Whether the code passes SDPA an explicit mask: a sliding window W set, honoured
+    (``Profile.window_mask``) and s ≥ W (below it the window covers every causal cell and SDPA's
+    ``is_causal`` does it); or always (``Profile.sdpa_mask_always``, Falcon)."""
+    w, prof = setup.model.sliding_window, profile_of(setup)
+    return prof.sdpa_mask_always or (prof.window_mask and w is not None and dims.s >= w)
 
 
 def qk_norm_params(m: ModelConfig) -> int:
@@ -171,13 +172,18 @@ def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     prof = profile_of(setup)
     rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, core_of(setup) is Core.MATH
     copied = eager_core and b > 1 and prof.matmul_copies_views
-    repeated = eager_core and gqa
+    # k and v repeated to a heads: Megatron's eager core under GQA; transformers' repeat_kv in eager and in
+    # SDPA with a mask (not MQA's one head: a view, Profile.repeat_kv_view); SDPA's math kernel (enable_gqa).
+    masked = core_of(setup) is Core.FLASH and window_masked(setup, dims)
+    mqa_view = kv == 1 and prof.repeat_kv_view
+    repeated = ((eager_core or masked) and gqa and not mqa_view) or (math and gqa)
     why = "input of the attention core's backward"
-    # (name, new tensor?, heads): k and v repeated to a heads in Megatron's eager core under GQA.
+    kv_heads = a if repeated or copied else kv
+    # (name, new tensor?, heads)
     parts = [
         ("q", rope or gqa or math or copied, a),
-        ("k", rope or repeated or prof.kv_cache or math or copied, a if repeated else kv),
-        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, a if repeated else kv),
+        ("k", rope or repeated or prof.kv_cache or math or copied, kv_heads),
+        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, kv_heads),
     ]
     dtype = FP32 if math else act
     rules = [save(B.ATTN, n, (b, h, s, d), dtype, R.ATTN_QKV, why) for n, new, h in parts if new]
@@ -275,14 +281,15 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
     prof = profile_of(setup)
-    head_major = prof.qkv_views or prof.rotary_cat
-    if prof.fused_qkv or (prof.sdpa_dispatch and head_major and setup.model.position is PositionType.ROPE):
+    if prof.fused_qkv or (
+        prof.sdpa_dispatch and prof.rotary_cat and setup.model.position is PositionType.ROPE
+    ):
         # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
-        # (and StableLM's, Profile.rotary_cat) is torch.cat's contiguous [b, a, s, d], so
-        # transpose(1, 2).contiguous() copies the output
-        # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
-        # layout, gives an output whose transpose is W_O's input itself. Phi-3's fused qkv_proj: its q slice
-        # is not dense, RoPE lays it out head-major, and the output follows (``Profile.fused_qkv``).
+        # (and StableLM's, GLM's: Profile.rotary_cat) is torch.cat's contiguous [b, a, s, d], so
+        # transpose(1, 2).contiguous() copies the output (W_O's input, ``attn.out``) and the kernel keeps
+        # its own. GPT-2's q, a view in [b, s, a, d] layout, and Falcon's, rotated elementwise in that
+        # layout, give an output whose transpose is W_O's input itself. Phi-3's apply_rotary_pos_emb cats
+        # the rotated dims with the passed ones (none at full rotary): head-major (``Profile.fused_qkv``).
         why = "flash output in q's [b, a, s, d] layout; W_O reads a contiguous copy"
         rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
     if dims.ring > 1:

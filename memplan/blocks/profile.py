@@ -124,6 +124,11 @@ class Profile:
     CPU flash kernel keeps the mask converted to the query's dtype, per layer. NB: on CUDA a masked SDPA
     runs the memory-efficient kernel (its own logsumexp padding and RNG state): estimated as the CPU
     flash kernel's saves, not checked (measure_hf runs CPU kernels)."""
+    sdpa_mask_always: bool = False
+    """Falcon's ``FalconModel.forward`` calls ``create_causal_mask(..., allow_is_causal_skip=False)``
+    ("Always materialize the mask so alibi can be added"): SDPA always gets an explicit bool [b, 1, s, s]
+    mask, with ``window_mask``'s consequences (the CPU flash kernel's converted mask per layer, k and v
+    repeated under GQA, the mask kept by a checkpoint)."""
     checkpoint_keeps_mask: bool = False
     """``GradientCheckpointingLayer`` checkpoints ``partial(forward, self, **kwargs)``: the attention mask
     bound in the partial (one storage for every layer) stays alive until backward, with the rotary
@@ -155,9 +160,10 @@ class Profile:
     .repeat_interleave(2, dim=-1)``): q_rot·cos and k_rot·cos keep that layer's own [s, rot] cos and sin,
     and the model's shared tables are kept only by a checkpoint (the layer's ``position_embeddings``)."""
     rotary_cat: bool = False
-    """StableLM's attention rotates the first ``rotary_ndims`` of each head and ``torch.cat((query_rot,
-    query_pass), dim=-1)``s them (as GPT-NeoX's): q is a new contiguous head-major [b, a, s, d], so SDPA's
-    output is laid out head-major and ``transpose(1, 2).contiguous()`` copies it (``attn.kernel_out``)."""
+    """GPT-NeoX's, StableLM's and GLM's attention rotate the first ``rotary_ndims`` of each head and
+    ``torch.cat((query_rot, query_pass), dim=-1)`` them: q is a new contiguous head-major [b, a, s, d],
+    so SDPA's output is laid out head-major and ``transpose(1, 2).contiguous()`` copies it
+    (``attn.kernel_out``)."""
     mlp_dropout_only: bool = False
     """StableLM's only hidden dropout is ``self.dropout(mlp_output)`` (``nn.Dropout(hidden_dropout)`` after
     the MLP, ``StableLmDecoderLayer.forward``): none after the attention nor after the embedding."""

@@ -44,6 +44,7 @@ class Family(StrEnum):
     COHERE = "cohere"
     STABLELM = "stablelm"
     GLM = "glm"
+    FALCON = "falcon"
     GPT2 = "gpt2"
     GPT_NEOX = "gpt_neox"
     MIXTRAL = "mixtral"

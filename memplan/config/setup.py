@@ -250,7 +250,7 @@ HF_STRUCTURE = {
     "rope_local_theta": (Family.GEMMA3,),
     "pre_norms": (Family.OLMO2,),
     "qk_norm_whole": (Family.OLMO2,),
-    "shared_norm": (Family.COHERE, Family.STABLELM),
+    "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""

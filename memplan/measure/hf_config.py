@@ -239,6 +239,37 @@ def glm_keys(setup: Setup) -> dict[str, Any]:
     return llama_keys(setup) | {"partial_rotary_factor": m.rotary_pct}
 
 
+def falcon_keys(setup: Setup) -> dict[str, Any]:
+    """Falcon (``FalconConfig``): multi-query for one kv head with one norm (Falcon-7B), else the new
+    decoder architecture with ``num_kv_heads`` and one or two norms (``num_ln_in_parallel_attn``); one
+    ``bias`` for every linear; ``hidden_dropout`` once per layer; rotary, never ALiBi."""
+    m = setup.model
+    if not m.qkv_bias == m.out_bias == m.mlp_bias:
+        raise ValueError(
+            "qkv_bias: Falcon's bias sets every linear's; set qkv_bias, out_bias and mlp_bias alike"
+        )
+    multi_query = m.kv_heads == 1 and m.shared_norm
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_kv_heads": m.kv_heads,
+        "multi_query": multi_query,
+        "new_decoder_architecture": not multi_query,
+        "parallel_attn": True,
+        "num_ln_in_parallel_attn": 1 if m.shared_norm else 2,
+        "bias": m.qkv_bias,
+        "ffn_hidden_size": m.ffn,
+        "activation": m.gelu.value,
+        "max_position_embeddings": m.max_positions,
+        "layer_norm_epsilon": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "hidden_dropout": m.resid_dropout,
+        "alibi": False,
+    }
+
+
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
@@ -252,6 +283,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.COHERE: cohere_keys,
     Family.STABLELM: stablelm_keys,
     Family.GLM: glm_keys,
+    Family.FALCON: falcon_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

@@ -32,6 +32,8 @@ Known limitations (none changes the parameter count):
   its ``hidden_dropout`` is after the MLP only; NB ``qk_layernorm`` is refused.
 - GLM-4 (``glm``) imports its partial rotary (``partial_rotary_factor``, default 0.5); its fused
   gate_up is counted as separate matrices (same parameter count).
+- Falcon imports multi-query / the new decoder architecture's kv heads and its parallel layer (one norm
+  or ``ln_attn`` / ``ln_mlp``); NB ALiBi and ``parallel_attn`` false are refused.
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
 - NB: Qwen2-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
@@ -77,6 +79,7 @@ _FAMILY = {
     "cohere": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=8192),
     "stablelm": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
     "glm": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1.5625e-7, max_pos=131072),
+    "falcon": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=2048),
     "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
@@ -158,6 +161,9 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind == "falcon":  # FalconConfig.bias on every linear but the lm head
+        every = _bool(cfg, "bias", False)
+        return {"qkv_bias": every, "out_bias": every, "mlp_bias": every}
     if kind == "glm":  # GlmAttention: attention_bias (default true) on q, k, v; o_proj and the MLP none
         return {"qkv_bias": _bool(cfg, "attention_bias", True), "out_bias": False, "mlp_bias": False}
     if kind == "stablelm":  # use_qkv_bias on q, k, v; o_proj and the MLP none
@@ -176,6 +182,12 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
         hidden = _float(cfg, "hidden_dropout", default=0.0)
         attn = _float(cfg, "attention_dropout", default=0.0)
         return {"attn_dropout": attn, "resid_dropout": hidden, "embd_dropout": hidden}
+    if kind == "falcon":  # dropout_add(mlp_output, residual, hidden_dropout): once per layer
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "hidden_dropout", default=0.0),
+            "embd_dropout": 0.0,
+        }
     if kind == "stablelm":  # StableLmConfig: hidden_dropout after the MLP only (blocks.hf.llama.stablelm)
         return {
             "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
@@ -211,7 +223,7 @@ _GEGLUS = {"gemma": _GEGLU, "gemma2": _GEGLU[1:], "gemma3_text": _GEGLU[1:]}
 
 def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     """A ``hidden_act`` memplan does not model is an error, not silently SiLU or GELU."""
-    key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
+    key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function", "activation"))
     if act is None:
         return
     allowed = _GEGLUS.get(kind, _ACTIVATIONS[_FAMILY[kind].mlp])
@@ -261,7 +273,7 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     if fam.position is PositionType.ROPE:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if fam.mlp is MlpType.GELU:
-        _, act = _get(cfg, ("activation_function", "hidden_act"))
+        _, act = _get(cfg, ("activation_function", "hidden_act", "activation"))
         fields["gelu"] = act or _GELU_DEFAULT.get(kind, "gelu")  # the configs' defaults
     if kind == "gpt_neox":
         fields.update(_neox_fields(cfg))
@@ -275,6 +287,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_cohere_fields(cfg))
     if kind == "stablelm":
         fields.update(_stablelm_fields(cfg))
+    if kind == "falcon":
+        fields.update(_falcon_fields(cfg))
     if kind == "glm":  # GlmConfig: partial_rotary_factor 0.5 by default, head_dim 128, 2 kv heads
         rope = cfg.get("rope_parameters") or {}
         pct = _float(cfg, "partial_rotary_factor", default=0.5)
@@ -312,6 +326,7 @@ _OWN_CODE = (
     "cohere",
     "stablelm",
     "glm",
+    "falcon",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -443,6 +458,30 @@ def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _falcon_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Falcon's attention layout and parallel layer as ``FalconConfig`` reads them: kv heads 1 with
+    ``multi_query`` (default true) unless ``new_decoder_architecture`` (then ``num_kv_heads``, default the
+    heads); the new architecture's two norms (``num_ln_in_parallel_attn`` default 2) or one; the MLP width
+    ``ffn_hidden_size`` (default 4h) and ``activation``. ALiBi and the sequential layer are refused."""
+    if _bool(cfg, "alibi", False):
+        raise ValueError(
+            "alibi: Falcon's ALiBi position bias is not modelled; use a rotary Falcon (alibi false)"
+        )
+    new = _bool(cfg, "new_decoder_architecture", False)
+    if not new and not _bool(cfg, "parallel_attn", True):
+        raise ValueError(
+            "parallel_attn: Falcon's sequential layer is not modelled; use a config with parallel_attn true"
+        )
+    heads = _req_int(cfg, "num_attention_heads", "n_head")
+    kv = _int(cfg, "num_kv_heads", default=heads) if new or not _bool(cfg, "multi_query", True) else 1
+    norms = _int(cfg, "num_ln_in_parallel_attn", default=2 if new else 1)
+    fields: dict[str, Any] = {"num_kv_heads": kv, "parallel_residual": True, "shared_norm": norms == 1}
+    ffn = _int(cfg, "ffn_hidden_size")
+    if ffn is not None:
+        fields["ffn_size"] = ffn
+    return fields
+
+
 _GRANITE_MULTIPLIERS = {
     "embedding_multiplier": "embedding ×",
     "attention_multiplier": "attention scale ",
@@ -500,6 +539,8 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append(
             f"parallel layer with one bias-free LayerNorm: --impl hf only; logits ×{scale:g} keep nothing"
         )
+    if kind == "falcon":
+        notes.append("fused query_key_value and the parallel layer: --impl hf only (same parameter count)")
     if kind == "glm":
         notes.append("partial interleaved rotary and fused gate_up: --impl hf only (same parameter count)")
     if kind == "stablelm":

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import cohere, gemma, gpt2, gpt_neox, llama, moe, olmo2, phi3
+from memplan.blocks.hf import cohere, falcon, gemma, gpt2, gpt_neox, llama, moe, olmo2, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -33,6 +33,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.COHERE: cohere.profile,
     Family.STABLELM: llama.stablelm,
     Family.GLM: llama.glm,
+    Family.FALCON: falcon.profile,
 }
 
 
