@@ -149,7 +149,8 @@ def check_setup(setup: Setup) -> None:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):
         raise ValueError(
-            f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX) is modelled for --impl hf only, "
+            f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX, StableLM, GLM, Cohere, Falcon) "
+            "is modelled for --impl hf only, "
             "not in memplan's reference model; use --impl hf"
         )
     check_hf_only(setup)
