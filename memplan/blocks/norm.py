@@ -56,11 +56,14 @@ def fused_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     ]
 
 
-def python_layernorm_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -> list[Rule]:
+def python_layernorm_rules(
+    setup: Setup, block: Block, prefix: str, shape: tuple[int, ...], weight: tuple[int, ...] = ()
+) -> list[Rule]:
     """Saves of Cohere's LayerNorm written in Python (``Profile.layernorm_python``) over the last dimension
     of ``shape``: x32 = x.to(fp32); mean; ``(x32 − mean).pow(2)`` keeps its fp32 input; ``(x32 − mean) *
     rsqrt(var + eps)`` a second fp32 x − mean (computed again) and rsqrt's output; ``weight.to(fp32) *
-    normed`` the fp32 normalised x and, under 16-bit weights, the fp32 weight copy."""
+    normed`` the fp32 normalised x and, under 16-bit weights, the fp32 weight copy (``weight``: its shape,
+    default the last dimension's)."""
     act = Dims.of(setup).act
     stats = (*shape[:-1], 1)
 
@@ -74,7 +77,8 @@ def python_layernorm_rules(setup: Setup, block: Block, prefix: str, shape: tuple
         ln("normed", shape, R.NORM_OUTPUT, "fp32 normalised x: dW needs it"),
     ]
     if act is not FP32:
-        rules.append(ln("weight_fp32", shape[-1:], R.PARAM_DERIVED, "weight.to(fp32): d(normed) needs it"))
+        why = "weight.to(fp32): d(normed) needs it"
+        rules.append(ln("weight_fp32", weight or shape[-1:], R.PARAM_DERIVED, why))
     return rules
 
 
@@ -111,10 +115,16 @@ def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -
 def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``); OLMo-2's
     (``qk_norm_whole``: ``self.q_norm(self.q_proj(x))``) over q_proj's [b, s, a·d] and k_proj's
-    [b, s, kv·d] outputs, one statistic per token."""
+    [b, s, kv·d] outputs, one statistic per token; Cohere's (``use_qk_norm``) a Python LayerNorm with a
+    [heads, d] weight over each head of the [b, s, heads, d] views."""
     if not setup.model.qk_norm:
         return []
     b, s, d = dims.b, dims.s, dims.d
+    if setup.model.qk_norm_whole and profile_of(setup).layernorm_python:
+        # Cohere's q_norm / k_norm: CohereLayerNorm((heads, d)) on the [b, s, heads, d] views, per head.
+        a, kv = dims.a, dims.kv
+        q = python_layernorm_rules(setup, Block.ATTN, "q_norm.", (b, s, a, d), (a, d))
+        return q + python_layernorm_rules(setup, Block.ATTN, "k_norm.", (b, s, kv, d), (kv, d))
     if setup.model.qk_norm_whole:
         q = rms_rules(setup, Block.ATTN, "q_norm.", (b, s, dims.a * d))
         return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, s, dims.kv * d))

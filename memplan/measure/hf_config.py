@@ -203,11 +203,11 @@ def starcoder2_keys(setup: Setup) -> dict[str, Any]:
 
 
 def cohere_keys(setup: Setup) -> dict[str, Any]:
-    """Cohere (``CohereConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, no q/k norm, and the
+    """Cohere (``CohereConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, the q/k norms, and the
     logit scale (a Python float: any value keeps the same tensors; CohereConfig's default)."""
     keys = llama_keys(setup)
     keys["layer_norm_eps"] = keys.pop("rms_norm_eps")
-    return keys | {"use_qk_norm": False}
+    return keys | {"use_qk_norm": setup.model.qk_norm}
 
 
 def stablelm_keys(setup: Setup) -> dict[str, Any]:

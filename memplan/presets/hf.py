@@ -27,7 +27,8 @@ Known limitations (none changes the parameter count):
 - Granite's multipliers (``embedding_multiplier``, ``attention_multiplier``, ``residual_multiplier``,
   ``logits_scaling``) are read into the notes: scalar multiplies that change no byte and no FLOP.
 - Cohere imports its parallel layer with one bias-free LayerNorm (``parallel_residual``, ``shared_norm``,
-  ``norm_bias`` false; --impl hf only) and names ``logit_scale`` in the notes; NB ``use_qk_norm`` is refused.
+  ``norm_bias`` false; --impl hf only), its optional q/k LayerNorms (``use_qk_norm``) and names
+  ``logit_scale`` in the notes.
 - StableLM imports its partial rotary and optional parallel layer with one LayerNorm (--impl hf only);
   its ``hidden_dropout`` is after the MLP only; NB ``qk_layernorm`` is refused.
 - GLM-4 (``glm``) imports its partial rotary (``partial_rotary_factor``, default 0.5); its fused
@@ -429,14 +430,16 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _cohere_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Cohere's parallel layer with one bias-free LayerNorm (``CohereDecoderLayer``); ``use_qk_norm``
-    (Command R+) is refused, not modelled."""
-    if _bool(cfg, "use_qk_norm", False):
-        raise ValueError(
-            "use_qk_norm: Cohere's per-head q/k LayerNorm is not modelled; use a config with use_qk_norm "
-            "false (Command R)"
-        )
-    return {"parallel_residual": True, "shared_norm": True, "norm_bias": False}
+    """Cohere's parallel layer with one bias-free LayerNorm (``CohereDecoderLayer``) and, with
+    ``use_qk_norm`` (Command R+), q/k LayerNorms with [heads, d] weights."""
+    qk = _bool(cfg, "use_qk_norm", False)
+    return {
+        "parallel_residual": True,
+        "shared_norm": True,
+        "norm_bias": False,
+        "qk_norm": qk,
+        "qk_norm_whole": qk,
+    }
 
 
 def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:

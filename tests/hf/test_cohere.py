@@ -93,5 +93,51 @@ def test_cohere_import() -> None:
     m = model_from_hf_config(COMMAND_R, "c")
     assert (m.parallel_residual, m.shared_norm, m.norm_bias, m.tied_embeddings) == (True, True, False, True)
     assert "logits ×0.0625" in hf_notes(COMMAND_R)
-    with pytest.raises(ValueError, match="use_qk_norm: Cohere's per-head"):
-        model_from_hf_config({**COMMAND_R, "use_qk_norm": True}, "c")
+    plus = model_from_hf_config(COMMAND_R_PLUS, "c")
+    assert (plus.qk_norm, plus.qk_norm_whole, plus.kv_heads) == (True, True, 8)
+
+
+# huggingface.co/CohereForAI/c4ai-command-r-plus/blob/main/config.json (the keys memplan reads)
+COMMAND_R_PLUS: dict[str, Any] = {
+    **COMMAND_R,
+    "hidden_size": 12288,
+    "intermediate_size": 33792,
+    "logit_scale": 0.8333333333333334,
+    "max_position_embeddings": 131072,
+    "num_attention_heads": 96,
+    "num_hidden_layers": 64,
+    "num_key_value_heads": 8,
+    "rope_theta": 75000000.0,
+    "use_qk_norm": True,
+}
+
+
+def test_cohere_plus_parameters() -> None:
+    """Command R+, 104B on its model page: tied embedding 256000·12288; per layer W_Q and W_O 12288², W_K
+    and W_V 12288·1024 (8 kv heads of 128), the MLP 3·12288·33792, one LayerNorm 12288 and the q/k norms'
+    [96, 128] and [8, 128] weights; 64 layers and the final norm."""
+    per_layer = 2 * 12288**2 + 2 * 12288 * 1024 + 3 * 12288 * 33792 + 12288 + (96 + 8) * 128
+    expected = 256000 * 12288 + 64 * per_layer + 12288
+    assert count_params(model_from_hf_config(COMMAND_R_PLUS, "c")).total == expected
+    assert round(expected / 1e9) == 104
+
+
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_cohere_qk_norm(attention: str, checkpointing: str, use_cache: bool) -> None:
+    """Command R+'s q/k LayerNorms (``use_qk_norm``), tiny widths: exact."""
+    fields = {"qk_norm": True, "qk_norm_whole": True, "use_cache": use_cache}
+    check_exact(cohere(attention=attention, checkpointing=checkpointing, **fields))
+
+
+def test_cohere_qk_norm_by_hand() -> None:
+    """Tiny Command R+ (a 4, kv 2, d 64), b 1, s 256, bf16: q_norm keeps x − mean twice and the normalised
+    q in fp32 [1, 256, 4, 64] (4·256·256 B each), rstd per head [1, 256, 4, 1] fp32 and the fp32 copy of
+    its [4, 64] weight; k_norm the same over 2 kv heads."""
+    rows = {r.name: r.bytes for r in estimate(cohere(qk_norm=True, qk_norm_whole=True)).tensors}
+    q = {n.removeprefix("attn.q_norm."): b for n, b in rows.items() if n.startswith("attn.q_norm.")}
+    k = {n.removeprefix("attn.k_norm."): b for n, b in rows.items() if n.startswith("attn.k_norm.")}
+    big = 4 * 256 * 4 * 64
+    assert q == {"input": big, "centered": big, "rstd": 4 * 256 * 4, "normed": big, "weight_fp32": 4 * 4 * 64}
+    assert k == {n: b // 2 for n, b in q.items()}

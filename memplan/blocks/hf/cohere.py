@@ -7,8 +7,8 @@ products in fp32 after ``q.float()``), and ``logits * self.logit_scale`` (a Pyth
 
 Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test_cohere.py). Known
 limitations:
-- NB: ``use_qk_norm`` (Command R+: a ``CohereLayerNorm`` over [heads, d] on q and k) is refused by the
-  importer, not modelled.
+- ``use_qk_norm`` (Command R+): a ``CohereLayerNorm`` with a [heads, d] weight on the [b, s, heads, d]
+  views of q and k (``qk_norm``, ``qk_norm_whole``; ``norm.qk_norm_rules``).
 - NB: the peak's backward transients (``analytic.peak``) follow Llama's RMSNorm, not the Python
   LayerNorm's fp32 buffers.
 """
