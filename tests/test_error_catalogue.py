@@ -83,7 +83,6 @@ FILES: dict[str, bytes] = {
         )
         for name, extra in {
             "olmo2": b'"rms_norm_eps": 1e-6',
-            "stablelm": b'"qk_layernorm": true',
             "falcon": b'"alibi": true',
         }.items()
     },
@@ -196,7 +195,6 @@ CASES: list[Case] = [
     case("hf-unsupported-type", "estimate -m {dir}/hf-unsupported.json", "model_type"),
     case("hf-wrong-type", "estimate -m {dir}/hf-wrong-type.json", "intermediate_size"),
     case("hf-olmo2-reference", "estimate -m {dir}/hf-olmo2.json", "post_norms: modelled for transformers'"),
-    case("hf-stablelm-qk-layernorm", "estimate -m {dir}/hf-stablelm.json --impl hf", "qk_layernorm"),
     case("hf-falcon-alibi", "estimate -m {dir}/hf-falcon.json --impl hf", "alibi"),
     # --- other commands ---------------------------------------------------------------------------------
     case("presets-show-unknown", "presets show nosuch", "model"),

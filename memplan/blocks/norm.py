@@ -125,6 +125,10 @@ def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
         a, kv = dims.a, dims.kv
         q = python_layernorm_rules(setup, Block.ATTN, "q_norm.", (b, s, a, d), (a, d))
         return q + python_layernorm_rules(setup, Block.ATTN, "k_norm.", (b, s, kv, d), (kv, d))
+    if setup.model.qk_norm_whole and setup.model.norm is NormType.LAYERNORM:
+        return per_head_layernorm_rules(setup, "q_norm.", dims.a, dims) + per_head_layernorm_rules(
+            setup, "k_norm.", dims.kv, dims
+        )
     if setup.model.qk_norm_whole:
         q = rms_rules(setup, Block.ATTN, "q_norm.", (b, s, dims.a * d))
         return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, s, dims.kv * d))
@@ -139,6 +143,22 @@ def pre_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     if block is Block.MLP_NORM and setup.model.shared_norm:
         return []  # one norm feeds both branches (``shared_norm``): the attention's
     return norm_rules(setup, block, dims) if setup.model.pre_norms else []
+
+
+def per_head_layernorm_rules(setup: Setup, prefix: str, heads: int, dims: Dims) -> list[Rule]:
+    """StableLM's ``StableLmLayerNormPerHead`` (``qk_layernorm``): ``torch.split(x, 1, dim=1)`` of the
+    [b, heads, s, d] view and one ``nn.LayerNorm(d, bias=False)`` per head. ``native_layer_norm`` keeps
+    its input, a view of the projection's [b, s, heads·d] output (one storage for all heads), and each
+    head's mean and rstd [b, 1, s, 1] (fp32 on CUDA, the input dtype on CPU)."""
+    b, s, act = dims.b, dims.s, dims.act
+    stats = FP32 if setup.device is Device.CUDA else act
+    why = "the projection's output: each head's layer_norm keeps its view"
+    rules = [save(Block.ATTN, prefix + "input", (b, s, heads * dims.d), act, R.NORM_INPUT, why)]
+    for i in range(heads):
+        for part in ("mean", "rstd"):
+            why = f"head {i}'s layer_norm statistics for backward"
+            rules.append(save(Block.ATTN, f"{prefix}{part}{i}", (b, 1, s, 1), stats, R.NORM_STATS, why))
+    return rules
 
 
 def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:

@@ -221,9 +221,9 @@ def check_qk_norm(m: ModelConfig) -> None:
             "post_norms: OLMo-2's code normalises after attention and the MLP only, and q and k over "
             "their whole width; set post_norms true, pre_norms false, qk_norm and qk_norm_whole true"
         )
-    if family is Family.COHERE and m.qk_norm != m.qk_norm_whole:
+    if family in (Family.COHERE, Family.STABLELM) and m.qk_norm != m.qk_norm_whole:
         raise ValueError(
-            "qk_norm_whole: Cohere's q_norm / k_norm have [heads, d] weights; "
+            f"qk_norm_whole: {family.value}'s q/k norms have [heads, d] weights; "
             "set qk_norm and qk_norm_whole alike"
         )
     if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
@@ -255,7 +255,7 @@ HF_STRUCTURE = {
     "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3),
     "rope_local_theta": (Family.GEMMA3,),
     "pre_norms": (Family.OLMO2,),
-    "qk_norm_whole": (Family.OLMO2, Family.COHERE),
+    "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
 }

@@ -212,7 +212,8 @@ def cohere_keys(setup: Setup) -> dict[str, Any]:
 
 def stablelm_keys(setup: Setup) -> dict[str, Any]:
     """StableLM (``StableLmConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, ``use_qkv_bias``,
-    the partial rotary, the parallel layer, ``hidden_dropout`` (after the MLP) and no q/k LayerNorm."""
+    the partial rotary, the parallel layer, ``hidden_dropout`` (after the MLP) and the per-head q/k
+    LayerNorms (``qk_layernorm``)."""
     m = setup.model
     if m.out_bias or m.mlp_bias or m.parallel_residual != m.shared_norm:
         raise ValueError(
@@ -227,7 +228,7 @@ def stablelm_keys(setup: Setup) -> dict[str, Any]:
         "partial_rotary_factor": m.rotary_pct,
         "use_parallel_residual": m.parallel_residual,
         "hidden_dropout": m.resid_dropout,
-        "qk_layernorm": False,
+        "qk_layernorm": m.qk_norm,
     }
 
 

@@ -30,7 +30,7 @@ Known limitations (none changes the parameter count):
   ``norm_bias`` false; --impl hf only), its optional q/k LayerNorms (``use_qk_norm``) and names
   ``logit_scale`` in the notes.
 - StableLM imports its partial rotary and optional parallel layer with one LayerNorm (--impl hf only);
-  its ``hidden_dropout`` is after the MLP only; NB ``qk_layernorm`` is refused.
+  its ``hidden_dropout`` is after the MLP only; ``qk_layernorm``'s per-head LayerNorms are read.
 - GLM-4 (``glm``) imports its partial rotary (``partial_rotary_factor``, default 0.5); its fused
   gate_up is counted as separate matrices (same parameter count).
 - Falcon imports multi-query / the new decoder architecture's kv heads and its parallel layer (one norm
@@ -445,12 +445,8 @@ def _cohere_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """StableLM's partial rotary (``partial_rotary_factor``, StableLmConfig's default 0.25, or in
     ``rope_parameters``) and optional parallel layer with one norm (``use_parallel_residual``, default
-    false); ``qk_layernorm`` (per-head LayerNorms, StableLM-2-12B) is refused, not modelled."""
-    if _bool(cfg, "qk_layernorm", False):
-        raise ValueError(
-            "qk_layernorm: StableLM's per-head q/k LayerNorms are not modelled; use a config with "
-            "qk_layernorm false"
-        )
+    false) and per-head q/k LayerNorms (``qk_layernorm``, StableLM-2-12B)."""
+    qk = _bool(cfg, "qk_layernorm", False)
     rope = cfg.get("rope_parameters") or {}
     pct = _float(cfg, "partial_rotary_factor", default=0.25)
     parallel = _bool(cfg, "use_parallel_residual", False)
@@ -458,6 +454,8 @@ def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "rotary_pct": _float(rope, "partial_rotary_factor", default=pct),
         "parallel_residual": parallel,
         "shared_norm": parallel,
+        "qk_norm": qk,
+        "qk_norm_whole": qk,
     }
 
 

@@ -95,5 +95,57 @@ def test_stablelm_import() -> None:
     assert (m.rotary_pct, m.qkv_bias, m.out_bias, m.parallel_residual) == (0.25, True, False, False)
     parallel = model_from_hf_config({**STABLELM_2_1_6B, "use_parallel_residual": True}, "s")
     assert (parallel.parallel_residual, parallel.shared_norm) == (True, True)
-    with pytest.raises(ValueError, match="qk_layernorm: StableLM's per-head"):
-        model_from_hf_config({**STABLELM_2_1_6B, "qk_layernorm": True}, "s")
+    big = model_from_hf_config(STABLELM_2_12B, "s")
+    assert (big.qk_norm, big.qk_norm_whole, big.parallel_residual, big.shared_norm) == (
+        True,
+        True,
+        True,
+        True,
+    )
+
+
+# huggingface.co/stabilityai/stablelm-2-12b/blob/main/config.json (the keys memplan reads)
+STABLELM_2_12B: dict[str, Any] = {
+    **STABLELM_2_1_6B,
+    "hidden_size": 5120,
+    "intermediate_size": 13824,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 40,
+    "num_key_value_heads": 8,
+    "qk_layernorm": True,
+    "use_parallel_residual": True,
+    "use_qkv_bias": False,
+}
+
+
+def test_stablelm_12b_parameters() -> None:
+    """StableLM-2-12B, 12.1B on its model page: embedding and head 2·100352·5120; per layer W_Q and W_O
+    5120², W_K and W_V 5120·1280 (8 kv heads of 160), the MLP 3·5120·13824, one LayerNorm 2·5120 (the
+    parallel layer's), the per-head q/k LayerNorms (32 + 8)·160 (no bias); 40 layers and the final norm."""
+    per_layer = 2 * 5120**2 + 2 * 5120 * 1280 + 3 * 5120 * 13824 + 2 * 5120 + (32 + 8) * 160
+    expected = 2 * 100352 * 5120 + 40 * per_layer + 2 * 5120
+    assert count_params(model_from_hf_config(STABLELM_2_12B, "s")).total == expected
+    assert round(expected / 1e8) == 121
+
+
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize("fields", [{}, {"use_cache": False}, {"batch": 2}, PARALLEL], ids=str)
+def test_stablelm_qk_layernorm(attention: str, checkpointing: str, fields: dict[str, Any]) -> None:
+    """StableLM-2-12B's per-head q/k LayerNorms (``qk_layernorm``), tiny widths: exact."""
+    setup = stablelm(
+        attention=attention, checkpointing=checkpointing, qk_norm=True, qk_norm_whole=True, **fields
+    )
+    check_exact(setup)
+
+
+def test_stablelm_qk_layernorm_by_hand() -> None:
+    """Tiny StableLM (a 4, kv 2, d 64), b 1, s 256, bf16, CPU: each head's layer_norm keeps a view of
+    q_proj's output, so that output [1, 256, 256] (2·256·256 B) once, and its own mean and rstd
+    [1, 1, 256, 1] in bf16 (512 B each): 4 heads for q, 2 for k."""
+    rows = {r.name: r.bytes for r in estimate(stablelm(qk_norm=True, qk_norm_whole=True)).tensors}
+    assert rows["attn.q_norm.input"] == 2 * 256 * 256 and rows["attn.k_norm.input"] == 2 * 256 * 128
+    stats = sorted(
+        n for n in rows if n.startswith(("attn.q_norm.m", "attn.q_norm.r", "attn.k_norm.m", "attn.k_norm.r"))
+    )
+    assert len(stats) == 2 * (4 + 2) and {rows[n] for n in stats} == {2 * 256}
