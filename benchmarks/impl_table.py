@@ -60,7 +60,9 @@ CASES = (
     Case("GPT-2 (dropout 0.1)", "gpt2"),
     Case("Pythia (GPT-NeoX)", "pythia-160m", source="tests.test_hf_config:PYTHIA_160M"),
     Case("OLMo-2", "olmo-2-7b", source="tests.hf.test_olmo2:OLMO2_7B"),
-    Case("Granite-3.0", "granite-3.0-8b", source="tests.hf.test_granite:GRANITE_3_8B"),
+    Case(
+        "Granite-3.0 (attention dropout 0.1)", "granite-3.0-8b", source="tests.hf.test_granite:GRANITE_3_8B"
+    ),
     Case("StarCoder2 (dropout 0.1)", "starcoder2-3b", source="tests.hf.test_starcoder2:STARCODER2_3B"),
     Case("Command R (Cohere)", "command-r", source="tests.hf.test_cohere:COMMAND_R"),
     Case("StableLM-2", "stablelm-2-1.6b", source="tests.hf.test_stablelm:STABLELM_2_1_6B"),
