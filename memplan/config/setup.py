@@ -226,7 +226,8 @@ def check_qk_norm(m: ModelConfig) -> None:
             f"qk_norm_whole: {family.value}'s q/k norms have [heads, d] weights; "
             "set qk_norm and qk_norm_whole alike"
         )
-    if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
+    no_qk_norm = (Family.LLAMA, Family.MISTRAL, Family.QWEN2, Family.GRANITE, Family.STARCODER2, Family.GLM)
+    if m.qk_norm and family in (*no_qk_norm, Family.FALCON, Family.GPT2, Family.GPT_NEOX, Family.PHI3):
         raise ValueError(
             f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
         )
@@ -288,6 +289,40 @@ def check_hf_only(setup: Setup) -> None:
         )
 
 
+_LN_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.FALCON)
+"""The transformers families whose decoder layers are LayerNorms (the others: RMSNorm)."""
+_GELU_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.FALCON)
+"""The transformers families whose MLP is fc → GELU → fc (the others: gated, SwiGLU's matrices)."""
+_LAYOUT_CODE = {
+    "parallel_residual": (Family.GPT_NEOX, Family.COHERE, Family.STABLELM, Family.FALCON),
+    "rotary_pct": (Family.GPT_NEOX, Family.STABLELM, Family.GLM),
+}
+"""The families whose code has a parallel layer, and a partial rotary (``ModelConfig.rotary_pct`` < 1)."""
+
+
+def check_family_layout(m: ModelConfig) -> None:
+    """The norm, the MLP, a parallel layer and a partial rotary as the family's transformers code has
+    them: a layout its code cannot run is an error, not an estimate of other code."""
+    family = m.code_family
+    norm = NormType.LAYERNORM if family in _LN_CODE else NormType.RMSNORM
+    if m.norm is not norm:
+        raise ValueError(
+            f"norm: transformers' {family.value} code has {norm.value}; set norm = '{norm.value}'"
+        )
+    mlp = MlpType.GELU if family in _GELU_CODE else MlpType.SWIGLU
+    if m.mlp is not mlp and m.moe is None:  # a mixture's experts: blocks.hf.moe.check
+        raise ValueError(
+            f"mlp: transformers' {family.value} code has a {mlp.value} MLP; set mlp = '{mlp.value}'"
+        )
+    used = {"parallel_residual": (m.parallel_residual, "false"), "rotary_pct": (m.rotary_pct < 1, "1")}
+    for name, (on, off) in used.items():
+        if on and family not in _LAYOUT_CODE[name]:
+            names = ", ".join(f.value for f in _LAYOUT_CODE[name])
+            raise ValueError(
+                f"{name}: transformers' {family.value} code has none ({names} do); set {name} {off}"
+            )
+
+
 def check_flash_attn(setup: Setup) -> None:
     """``--flash-attn`` is transformers' flash_attention_2: the hf profile's, a flash kernel, on CUDA."""
     if setup.impl.impl is not Impl.HF:
@@ -315,6 +350,7 @@ def check_impl(setup: Setup) -> None:
         return
     if impl is Impl.HF:
         check_qk_norm(setup.model)
+        check_family_layout(setup.model)
     if impl is Impl.TORCHTITAN:
         for name, used in titan_unmapped(setup.model).items():
             if used:
