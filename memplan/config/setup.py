@@ -166,6 +166,10 @@ def check_setup(setup: Setup) -> None:
         )
 
 
+_NO_LORA = (Family.OLMO2, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.GLM, Family.FALCON)
+"""The transformers families whose layers ``strategies.lora`` does not express (fine-tuning refused)."""
+
+
 def check_finetune(setup: Setup) -> None:
     """The fine-tuning settings fit the model and the layouts memplan models them for; one-line errors."""
     m, ft, s, par = setup.model, setup.finetune, setup.strategy, setup.parallel
@@ -200,6 +204,10 @@ def check_finetune(setup: Setup) -> None:
         "a mixture of experts": m.moe is not None,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+        # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
+        # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
+        # residual dropouts) are not expressed there nor checked against peft.
+        f"--impl hf for {m.code_family.value}": setup.impl.impl is Impl.HF and m.code_family in _NO_LORA,
     }
     for name, used in unmodelled.items():
         if used:
