@@ -59,6 +59,16 @@ CASES = (
     Case("Phi-3-mini", "phi-3-mini", source="tests.test_hf_config:PHI3_MINI"),
     Case("GPT-2 (dropout 0.1)", "gpt2"),
     Case("Pythia (GPT-NeoX)", "pythia-160m", source="tests.test_hf_config:PYTHIA_160M"),
+    Case("OLMo-2", "olmo-2-7b", source="tests.hf.test_olmo2:OLMO2_7B"),
+    Case(
+        "Granite-3.0 (attention dropout 0.1)", "granite-3.0-8b", source="tests.hf.test_granite:GRANITE_3_8B"
+    ),
+    Case("StarCoder2 (dropout 0.1)", "starcoder2-3b", source="tests.hf.test_starcoder2:STARCODER2_3B"),
+    Case("Command R (Cohere)", "command-r", source="tests.hf.test_cohere:COMMAND_R"),
+    Case("StableLM-2", "stablelm-2-1.6b", source="tests.hf.test_stablelm:STABLELM_2_1_6B"),
+    Case("GLM-4", "glm-4-9b", source="tests.hf.test_glm:GLM4_9B"),
+    Case("Falcon-7B", "falcon-7b", source="tests.hf.test_falcon:FALCON_7B"),
+    Case("Falcon-40B", "falcon-40b", source="tests.hf.test_falcon:FALCON_40B"),
     Case("Mixtral", "mixtral-8x7b"),
     Case("Qwen1.5-MoE", "qwen1.5-moe-a2.7b"),
     Case("torchtitan Llama 3", "llama-3-8b", impl="torchtitan", attention=("flash",)),

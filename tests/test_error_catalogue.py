@@ -75,6 +75,17 @@ FILES: dict[str, bytes] = {
         b' "intermediate_size": "x", "vocab_size": 10}'
     ),
     "unreadable.toml": preset(GOOD_MODEL).encode(),
+    # The families' unmodelled features (tests/hf/test_<family>.py): refused, one line each.
+    **{
+        f"hf-{name}.json": (
+            b'{"model_type": "%s", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,'
+            b' "intermediate_size": 128, "vocab_size": 10, %s}' % (name.encode(), extra)
+        )
+        for name, extra in {
+            "olmo2": b'"rms_norm_eps": 1e-6',
+            "falcon": b'"alibi": true',
+        }.items()
+    },
 }
 BIG_FILE = "fifty-megabytes.toml"
 BIG_SIZE = 50 * 1024 * 1024
@@ -188,6 +199,8 @@ CASES: list[Case] = [
     case("hf-missing-field", "estimate -m {dir}/hf-missing.json", "num_hidden_layers"),
     case("hf-unsupported-type", "estimate -m {dir}/hf-unsupported.json", "model_type"),
     case("hf-wrong-type", "estimate -m {dir}/hf-wrong-type.json", "intermediate_size"),
+    case("hf-olmo2-reference", "estimate -m {dir}/hf-olmo2.json", "post_norms: modelled for transformers'"),
+    case("hf-falcon-alibi", "estimate -m {dir}/hf-falcon.json --impl hf", "alibi"),
     # --- other commands ---------------------------------------------------------------------------------
     case("presets-show-unknown", "presets show nosuch", "model"),
     case("presets-show-directory", "presets show {dir}", "directory"),

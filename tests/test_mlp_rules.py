@@ -35,7 +35,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.config.impl import Family
-from memplan.config.model import Gelu, MlpType
+from memplan.config.model import Gelu, MlpType, NormType
 from memplan.config.strategy import Checkpointing
 
 BF16, FP32, BOOL = DType.BF16, DType.FP32, DType.BOOL
@@ -88,11 +88,11 @@ def test_reference_gelu_keeps_the_input_fc1_output_and_fc2_input() -> None:
 
 
 def test_transformers_gelu_new_keeps_the_python_gelus_four_operands() -> None:
-    s = setup(Impl.HF, mlp=MlpType.GELU, gelu=Gelu.GELU_NEW, family=Family.GPT2)
+    s = setup(Impl.HF, mlp=MlpType.GELU, gelu=Gelu.GELU_NEW, family=Family.GPT2, norm=NormType.LAYERNORM)
     names = ("up", "tanh", "half_x", "one_plus_tanh", "down_input")
     assert saves(s) == [MLP_IN, *(inner(n) for n in names)]
     # F.gelu (activation_function "gelu") keeps x alone
-    s = setup(Impl.HF, mlp=MlpType.GELU, gelu=Gelu.GELU, family=Family.GPT2)
+    s = setup(Impl.HF, mlp=MlpType.GELU, gelu=Gelu.GELU, family=Family.GPT2, norm=NormType.LAYERNORM)
     assert saves(s) == [MLP_IN, inner("up"), inner("down_input")]
 
 

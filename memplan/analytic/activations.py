@@ -43,8 +43,8 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
-from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
-from memplan.blocks.profiles import dropout_keeps, hidden_dropouts
+from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
+from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.config import Setup
 
 B, R = Block, Role
@@ -57,8 +57,9 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
     p, keeps = hidden_dropouts(setup)[0], dropout_keeps(setup, act)
+    p_attn = 0.0 if profile_of(setup).mlp_dropout_only else p
     return [
-        *norm_rules(setup, B.ATTN_NORM, dims),
+        *pre_norm_rules(setup, B.ATTN_NORM, dims),
         *projection_rules(setup, dims),
         *qk_norm_rules(setup, dims),
         *attention_core_rules(setup, dims),
@@ -71,8 +72,8 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
             "attention output, input of W_O: dW = Xᵀ·dY",
         ),
         *post_norm_rules(setup, B.POST_ATTN_NORM, dims),
-        *dropout_rule(B.ATTN, "resid_dropout_mask", p, (b, s, h), keeps),
-        *norm_rules(setup, B.MLP_NORM, dims),
+        *dropout_rule(B.ATTN, "resid_dropout_mask", p_attn, (b, s, h), keeps),
+        *pre_norm_rules(setup, B.MLP_NORM, dims),
         *mlp_rules(setup, dims),
         *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),

@@ -78,12 +78,12 @@ class ParamCount(BaseModel):
 def layer_params(m: ModelConfig) -> LayerParams:
     q, k, v, o = attention_params(m)
     return LayerParams(
-        attn_norm=norm_params(m),
+        attn_norm=norm_params(m) if m.pre_norms else 0,
         q_proj=q,
         k_proj=k,
         v_proj=v,
         o_proj=o,
-        mlp_norm=norm_params(m),
+        mlp_norm=norm_params(m) if m.pre_norms and not m.shared_norm else 0,
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
         qk_norm=qk_norm_params(m),
         post_norms=2 * norm_params(m) if m.post_norms else 0,

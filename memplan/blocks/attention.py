@@ -51,14 +51,18 @@ def core_of(setup: Setup) -> Core:
 
 
 def window_masked(setup: Setup, dims: Dims) -> bool:
-    """Whether the code masks a sliding window explicitly: W set, honoured (``Profile.window_mask``) and
-    s ≥ W (below it the window covers every causal cell and SDPA's ``is_causal`` does it)."""
-    w = setup.model.sliding_window
-    return profile_of(setup).window_mask and w is not None and dims.s >= w
+    """Whether the code passes SDPA an explicit mask: a sliding window W set, honoured
+    (``Profile.window_mask``) and s ≥ W (below it the window covers every causal cell and SDPA's
+    ``is_causal`` does it); or always (``Profile.sdpa_mask_always``, Falcon)."""
+    w, prof = setup.model.sliding_window, profile_of(setup)
+    return prof.sdpa_mask_always or (prof.window_mask and w is not None and dims.s >= w)
 
 
 def qk_norm_params(m: ModelConfig) -> int:
-    """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each."""
+    """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each; OLMo-2's over the whole projection outputs
+    (``qk_norm_whole``): [a·d] and [kv·d]."""
+    if m.qk_norm_whole:
+        return m.q_width + m.kv_width
     return 2 * m.dim if m.qk_norm else 0
 
 
@@ -70,6 +74,38 @@ def attention_params(m: ModelConfig) -> tuple[int, int, int, int]:
 
 
 def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads; under a fused
+    ``qkv_proj`` whose v slice reaches the core as a view, that whole output in v's place."""
+    first, *rest = unfused_projection_rules(setup, dims)
+    rules = [first, *rope_cache_rules(setup, dims), *rest]  # W_Q's input, the layer's rotary tables, …
+    if not fused_v_is_view(setup, dims):
+        return rules
+    b, s, a, kv, d = dims.b, dims.s, dims.a, dims.kv, dims.d
+    why = "qkv_proj's output: the core keeps v, a view of its slice, so all of it stays"
+    qkv = save(B.ATTN, "qkv", (b, s, (a + 2 * kv) * d), dims.act, R.ATTN_QKV, why)
+    return [qkv if r.name == "attn.v" else r for r in rules]
+
+
+def fused_v_is_view(setup: Setup, dims: Dims) -> bool:
+    """Whether the core keeps v as a view of a fused ``qkv_proj`` output (``Profile.fused_qkv``,
+    Phi-3's ``qkv[..., q+k:].view(...).transpose(1, 2)``): not when the ``DynamicCache`` cats it into a
+    copy (``kv_cache``); nor when k and v are repeated to a heads, by ``repeat_kv`` (GQA: eager, or SDPA
+    with a window's mask, ``use_gqa_in_sdpa`` false) or by SDPA's math kernel; nor when eager's
+    ``torch.matmul`` folds [b, a, s, d] to [b·a, s, d], a copy for b > 1; nor when the math kernel upcasts
+    16-bit v to fp32. MQA's ``repeat_kv`` is an expand + reshape view (``Profile.repeat_kv_view``)."""
+    prof = profile_of(setup)
+    core = core_of(setup)
+    if not prof.fused_qkv or prof.kv_cache or setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+        return False
+    gqa = dims.kv < dims.a and not (dims.kv == 1 and prof.repeat_kv_view)
+    if core is Core.MATH:
+        return dims.kv == dims.a and dims.act.bytes == 4
+    if core is Core.EAGER:
+        return not gqa and dims.b == 1
+    return not (gqa and window_masked(setup, dims))
+
+
+def unfused_projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Input of W_Q/W_K/W_V and the post-RoPE q, k and v the attention core reads."""
     b, s, h, a, kv, d, act = dims.b, dims.s, dims.h, dims.a, dims.kv, dims.d, dims.act
     rules = [
@@ -88,17 +124,22 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "k", (b, a, s, d), FP32, R.ATTN_QKV, f"K·√scale, repeated, for QKᵀ, {why}"),
             save(B.ATTN, "v", (b, a, s, d), FP32, R.ATTN_QKV, f"V, repeated, for P·V, {why}"),
         ]
+    # MQA's repeat_kv is an expand + reshape view (Profile.repeat_kv_view): k and v keep kv = 1 head.
+    mqa_view = kv == 1 and profile_of(setup).repeat_kv_view
     if core is Core.FLASH and window_masked(setup, dims) and not core_recomputed:
         why = "flash backward recomputes S = QKᵀ; with a mask transformers repeats k and v (repeat_kv)"
+        heads = kv if mqa_view else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
-            save(B.ATTN, "k", (b, a, s, d), act, R.ATTN_QKV, why),
-            save(B.ATTN, "v", (b, a, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "k", (b, heads, s, d), act, R.ATTN_QKV, why),
+            save(B.ATTN, "v", (b, heads, s, d), act, R.ATTN_QKV, why),
         ]
     if core is Core.EAGER and not core_recomputed:
         # The matmuls read contiguous [b, a, s, d] copies; GQA repeats k and v to a heads (repeat_kv).
-        heads = kv if kv == 1 and profile_of(setup).repeat_kv_view else a
+        # MQA's view has a stride-0 head dimension: torch.matmul's fold to [b·a, s, d] views it when
+        # b = 1 and copies it to a heads when b > 1 (b and the stride-0 heads cannot merge).
+        heads = kv if mqa_view and b == 1 else a
         return [
             *rules,
             save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, "Q for QKᵀ: dK = dSᵀ·Q"),
@@ -110,7 +151,6 @@ def projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     why = "input of the recomputed attention core" if core_recomputed else "flash backward recomputes S = QKᵀ"
     return [
         *rules,
-        *rope_cache_rules(setup, dims),
         save(B.ATTN, "q", (b, a, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "k", (b, kv, s, d), act, R.ATTN_QKV, why),
         save(B.ATTN, "v", (b, s, kv * d), act, R.ATTN_QKV, why),
@@ -132,13 +172,18 @@ def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     prof = profile_of(setup)
     rope, gqa, math = setup.model.position is PositionType.ROPE, kv < a, core_of(setup) is Core.MATH
     copied = eager_core and b > 1 and prof.matmul_copies_views
-    repeated = eager_core and gqa
+    # k and v repeated to a heads: Megatron's eager core under GQA; transformers' repeat_kv in eager and in
+    # SDPA with a mask (not MQA's one head: a view, Profile.repeat_kv_view); SDPA's math kernel (enable_gqa).
+    masked = core_of(setup) is Core.FLASH and window_masked(setup, dims)
+    mqa_view = kv == 1 and prof.repeat_kv_view
+    repeated = ((eager_core or masked) and gqa and not mqa_view) or (math and gqa)
     why = "input of the attention core's backward"
-    # (name, new tensor?, heads): k and v repeated to a heads in Megatron's eager core under GQA.
+    kv_heads = a if repeated or copied else kv
+    # (name, new tensor?, heads)
     parts = [
         ("q", rope or gqa or math or copied, a),
-        ("k", rope or repeated or prof.kv_cache or math or copied, a if repeated else kv),
-        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, a if repeated else kv),
+        ("k", rope or repeated or prof.kv_cache or math or copied, kv_heads),
+        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, kv_heads),
     ]
     dtype = FP32 if math else act
     rules = [save(B.ATTN, n, (b, h, s, d), dtype, R.ATTN_QKV, why) for n, new, h in parts if new]
@@ -161,8 +206,17 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
 
 def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """torchtitan's per-layer complex rotary cache (``Profile.rope_cache_per_layer``): [s, d/2] complex64,
-    the cache sized to the training sequence (``Decoder.Config.update_from_config``)."""
-    if setup.model.position is not PositionType.ROPE or not profile_of(setup).rope_cache_per_layer:
+    the cache sized to the training sequence (``Decoder.Config.update_from_config``); GLM's interleaved
+    tables made per layer (``Profile.rope_tables_per_layer``): [s, rot] cos and sin in A."""
+    if setup.model.position is not PositionType.ROPE:
+        return []
+    if profile_of(setup).rope_tables_per_layer:
+        rot, why = setup.model.rotary_dims, "this layer's repeat_interleaved table: dq_rot needs it"
+        return [
+            save(B.ATTN, "rope_cos", (dims.s, rot), dims.act, R.ROPE_TABLE, f"q_rot·cos: {why}"),
+            save(B.ATTN, "rope_sin", (dims.s, rot), dims.act, R.ROPE_TABLE, f"rotate_half(q_rot)·sin: {why}"),
+        ]
+    if not profile_of(setup).rope_cache_per_layer:
         return []
     why = "complex q·cache and k·cache: dq = dout·conj(cache) needs the cache"
     return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
@@ -242,13 +296,14 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
     prof = profile_of(setup)
     if prof.fused_qkv or (
-        prof.sdpa_dispatch and prof.qkv_views and setup.model.position is PositionType.ROPE
+        prof.sdpa_dispatch and prof.rotary_cat and setup.model.position is PositionType.ROPE
     ):
         # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
-        # is torch.cat's contiguous [b, a, s, d], so transpose(1, 2).contiguous() copies the output
-        # (W_O's input, ``attn.out``) and the kernel keeps its own. GPT-2's q, a view in [b, s, a, d]
-        # layout, gives an output whose transpose is W_O's input itself. Phi-3's fused qkv_proj: its q slice
-        # is not dense, RoPE lays it out head-major, and the output follows (``Profile.fused_qkv``).
+        # (and StableLM's, GLM's: Profile.rotary_cat) is torch.cat's contiguous [b, a, s, d], so
+        # transpose(1, 2).contiguous() copies the output (W_O's input, ``attn.out``) and the kernel keeps
+        # its own. GPT-2's q, a view in [b, s, a, d] layout, and Falcon's, rotated elementwise in that
+        # layout, give an output whose transpose is W_O's input itself. Phi-3's apply_rotary_pos_emb cats
+        # the rotated dims with the passed ones (none at full rotary): head-major (``Profile.fused_qkv``).
         why = "flash output in q's [b, a, s, d] layout; W_O reads a contiguous copy"
         rules.append(save(B.ATTN, "kernel_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
     if dims.ring > 1:
@@ -276,12 +331,15 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
 def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
     rules: list[Rule] = []
-    if setup.model.position is PositionType.ROPE and not profile_of(setup).rope_cache_per_layer:
+    prof = profile_of(setup)
+    per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
+    if setup.model.position is PositionType.ROPE and not per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
         rot = rot // 2 if profile_of(setup).rope_half_table else rot
+        table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
         rules += [
-            save(B.ROPE, "cos", (dims.s, rot), dims.act, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
-            save(B.ROPE, "sin", (dims.s, rot), dims.act, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+            save(B.ROPE, "cos", (dims.s, rot), table, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, rot), table, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
         ]
         if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
             why = "the full-attention layers' table (the sliding layers' base differs)"

@@ -69,11 +69,12 @@ def mlp_inner_rules(setup: Setup, block: Block, part: str, shape: tuple[int, ...
 
 
 def mlp_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """The MLP's input and inner saves; under ``shared_norm`` its input is the attention's (the one norm's
+    output, ``attn.input``), kept once."""
     b, s, h, f, act = dims.b, dims.s, dims.h, dims.f, dims.act
-    return [
-        save(B.MLP, "input", (b, s, h), act, R.LINEAR_INPUT, "input of the MLP's first matrices: dW = Xᵀ·dY"),
-        *mlp_inner_rules(setup, B.MLP, "", (b, s, f), act),
-    ]
+    why = "input of the MLP's first matrices: dW = Xᵀ·dY"
+    inputs = [] if setup.model.shared_norm else [save(B.MLP, "input", (b, s, h), act, R.LINEAR_INPUT, why)]
+    return [*inputs, *mlp_inner_rules(setup, B.MLP, "", (b, s, f), act)]
 
 
 def mlp_flops(setup: Setup, dims: Dims) -> int:

@@ -12,8 +12,8 @@ R = Role
 
 
 def norm_params(m: ModelConfig) -> int:
-    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each."""
-    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM else 1)
+    """RMSNorm has a weight [h]; LayerNorm a weight and a bias [h] each (no bias: ``norm_bias`` false)."""
+    return m.hidden_size * (2 if m.norm is NormType.LAYERNORM and m.norm_bias else 1)
 
 
 def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
@@ -25,6 +25,8 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         return compiled_rms_rules(block, "", (b, s, h), act)
     if setup.model.norm is NormType.RMSNORM:
         return rms_rules(setup, block, "", (b, s, h))
+    if profile_of(setup).layernorm_python:
+        return python_layernorm_rules(setup, block, "", (b, s, h))
     # native_layer_norm keeps mean and rstd in fp32 on CUDA but in the input dtype on CPU.
     stats = FP32 if setup.device is Device.CUDA else act
     # Parallel residual: the MLP's norm reads the layer input, kept already by the attention's norm.
@@ -68,6 +70,32 @@ def compiled_rms_rules(block: Block, prefix: str, shape: tuple[int, ...], act: D
     ]
 
 
+def python_layernorm_rules(
+    setup: Setup, block: Block, prefix: str, shape: tuple[int, ...], weight: tuple[int, ...] = ()
+) -> list[Rule]:
+    """Saves of Cohere's LayerNorm written in Python (``Profile.layernorm_python``) over the last dimension
+    of ``shape``: x32 = x.to(fp32); mean; ``(x32 − mean).pow(2)`` keeps its fp32 input; ``(x32 − mean) *
+    rsqrt(var + eps)`` a second fp32 x − mean (computed again) and rsqrt's output; ``weight.to(fp32) *
+    normed`` the fp32 normalised x and, under 16-bit weights, the fp32 weight copy (``weight``: its shape,
+    default the last dimension's)."""
+    act = Dims.of(setup).act
+    stats = (*shape[:-1], 1)
+
+    def ln(part: str, shape: tuple[int, ...], role: Role, why: str) -> Rule:
+        return save(block, prefix + part, shape, FP32, role, why)
+
+    rules = [
+        ln("input", shape, R.NORM_INPUT, "fp32 x − mean for pow(2): d(x²)/dx needs it"),
+        ln("centered", shape, R.NORM_INPUT, "fp32 x − mean again, an operand of ·rstd: drstd needs it"),
+        ln("rstd", stats, R.NORM_STATS, "rsqrt output: the product's d(x − mean) and its own derivative"),
+        ln("normed", shape, R.NORM_OUTPUT, "fp32 normalised x: dW needs it"),
+    ]
+    if act is not FP32:
+        why = "weight.to(fp32): d(normed) needs it"
+        rules.append(ln("weight_fp32", weight or shape[-1:], R.PARAM_DERIVED, why))
+    return rules
+
+
 def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -> list[Rule]:
     """Saves of one RMSNorm over the last dimension of ``shape``.
 
@@ -99,15 +127,55 @@ def rms_rules(setup: Setup, block: Block, prefix: str, shape: tuple[int, ...]) -
 
 
 def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``)."""
+    """The per-head RMSNorms on q [b, a, s, d] and k [b, kv, s, d] before RoPE (``qk_norm``); OLMo-2's
+    (``qk_norm_whole``: ``self.q_norm(self.q_proj(x))``) over q_proj's [b, s, a·d] and k_proj's
+    [b, s, kv·d] outputs, one statistic per token; Cohere's (``use_qk_norm``) a Python LayerNorm with a
+    [heads, d] weight over each head of the [b, s, heads, d] views."""
     if not setup.model.qk_norm:
         return []
     b, s, d = dims.b, dims.s, dims.d
     if profile_of(setup).compiled_block:  # the projections' outputs and rstd (compiled_rms_rules)
         q = compiled_rms_rules(Block.ATTN, "q_norm.", (b, dims.a, s, d), dims.act)
         return q + compiled_rms_rules(Block.ATTN, "k_norm.", (b, dims.kv, s, d), dims.act)
+    if setup.model.qk_norm_whole and profile_of(setup).layernorm_python:
+        # Cohere's q_norm / k_norm: CohereLayerNorm((heads, d)) on the [b, s, heads, d] views, per head.
+        a, kv = dims.a, dims.kv
+        q = python_layernorm_rules(setup, Block.ATTN, "q_norm.", (b, s, a, d), (a, d))
+        return q + python_layernorm_rules(setup, Block.ATTN, "k_norm.", (b, s, kv, d), (kv, d))
+    if setup.model.qk_norm_whole and setup.model.norm is NormType.LAYERNORM:
+        return per_head_layernorm_rules(setup, "q_norm.", dims.a, dims) + per_head_layernorm_rules(
+            setup, "k_norm.", dims.kv, dims
+        )
+    if setup.model.qk_norm_whole:
+        q = rms_rules(setup, Block.ATTN, "q_norm.", (b, s, dims.a * d))
+        return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, s, dims.kv * d))
     q = rms_rules(setup, Block.ATTN, "q_norm.", (b, dims.a, s, d))
     return q + rms_rules(setup, Block.ATTN, "k_norm.", (b, dims.kv, s, d))
+
+
+def pre_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
+    """The norms before attention and the MLP (none without ``pre_norms``: OLMo-2's sublayers read the
+    residual, which W_Q/W_K/W_V and W_gate/W_up keep as their input; the attention's alone under
+    ``shared_norm``)."""
+    if block is Block.MLP_NORM and setup.model.shared_norm:
+        return []  # one norm feeds both branches (``shared_norm``): the attention's
+    return norm_rules(setup, block, dims) if setup.model.pre_norms else []
+
+
+def per_head_layernorm_rules(setup: Setup, prefix: str, heads: int, dims: Dims) -> list[Rule]:
+    """StableLM's ``StableLmLayerNormPerHead`` (``qk_layernorm``): ``torch.split(x, 1, dim=1)`` of the
+    [b, heads, s, d] view and one ``nn.LayerNorm(d, bias=False)`` per head. ``native_layer_norm`` keeps
+    its input, a view of the projection's [b, s, heads·d] output (one storage for all heads), and each
+    head's mean and rstd [b, 1, s, 1] (fp32 on CUDA, the input dtype on CPU)."""
+    b, s, act = dims.b, dims.s, dims.act
+    stats = FP32 if setup.device is Device.CUDA else act
+    why = "the projection's output: each head's layer_norm keeps its view"
+    rules = [save(Block.ATTN, prefix + "input", (b, s, heads * dims.d), act, R.NORM_INPUT, why)]
+    for i in range(heads):
+        for part in ("mean", "rstd"):
+            why = f"head {i}'s layer_norm statistics for backward"
+            rules.append(save(Block.ATTN, f"{prefix}{part}{i}", (b, 1, s, 1), stats, R.NORM_STATS, why))
+    return rules
 
 
 def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:

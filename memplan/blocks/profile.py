@@ -131,6 +131,11 @@ class Profile:
     CPU flash kernel keeps the mask converted to the query's dtype, per layer. NB: on CUDA a masked SDPA
     runs the memory-efficient kernel (its own logsumexp padding and RNG state): estimated as the CPU
     flash kernel's saves, not checked (measure_hf runs CPU kernels)."""
+    sdpa_mask_always: bool = False
+    """Falcon's ``FalconModel.forward`` calls ``create_causal_mask(..., allow_is_causal_skip=False)``
+    ("Always materialize the mask so alibi can be added"): SDPA always gets an explicit bool [b, 1, s, s]
+    mask, with ``window_mask``'s consequences (the CPU flash kernel's converted mask per layer, k and v
+    repeated under GQA, the mask kept by a checkpoint)."""
     checkpoint_keeps_mask: bool = False
     """``GradientCheckpointingLayer`` checkpoints ``partial(forward, self, **kwargs)``: the attention mask
     bound in the partial (one storage for every layer) stays alive until backward, with the rotary
@@ -167,6 +172,27 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    rope_tables_per_layer: bool = False
+    """GLM's ``apply_rotary_pos_emb`` interleaves the tables on every call (``cos[..., : rot // 2]
+    .repeat_interleave(2, dim=-1)``): q_rot·cos and k_rot·cos keep that layer's own [s, rot] cos and sin,
+    and the model's shared tables are kept only by a checkpoint (the layer's ``position_embeddings``)."""
+    rotary_cat: bool = False
+    """GPT-NeoX's, StableLM's and GLM's attention rotate the first ``rotary_ndims`` of each head and
+    ``torch.cat((query_rot, query_pass), dim=-1)`` them: q is a new contiguous head-major [b, a, s, d],
+    so SDPA's output is laid out head-major and ``transpose(1, 2).contiguous()`` copies it
+    (``attn.kernel_out``)."""
+    mlp_dropout_only: bool = False
+    """StableLM's only hidden dropout is ``self.dropout(mlp_output)`` (``nn.Dropout(hidden_dropout)`` after
+    the MLP, ``StableLmDecoderLayer.forward``): none after the attention nor after the embedding."""
+    layernorm_python: bool = False
+    """Cohere's ``CohereLayerNorm.forward``, LayerNorm in Python ops in fp32 (no ``native_layer_norm``):
+    ``(x32 - mean).pow(2)`` keeps x − mean, ``(x32 - mean) * rsqrt(...)`` a second x − mean and rstd,
+    ``self.weight.to(float32) * x`` the fp32 normalised x and the fp32 weight copy
+    (``norm.python_layernorm_rules``)."""
+    rope_fp32_tables: bool = False
+    """OLMo-2's ``Olmo2RotaryEmbedding.forward`` returns cos and sin in fp32 (no ``.to(x.dtype)``) and
+    ``apply_rotary_pos_emb`` multiplies in fp32 before ``q_embed.to(q_type)``: the muls keep fp32 tables
+    [s, d] (4·s·d B each, not 2)."""
     rope_per_layer_type: bool = False
     """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
     layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""

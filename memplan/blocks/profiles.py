@@ -28,8 +28,10 @@ def checkpoints_alone(setup: Setup) -> bool:
 
 def hidden_dropouts(setup: Setup) -> tuple[float, float]:
     """(residual, embedding) dropout probabilities the code applies (``Profile.hidden_dropout``)."""
-    m = setup.model
-    return (m.resid_dropout, m.embd_dropout) if profile_of(setup).hidden_dropout else (0.0, 0.0)
+    m, prof = setup.model, profile_of(setup)
+    if prof.mlp_dropout_only:
+        return m.resid_dropout, 0.0
+    return (m.resid_dropout, m.embd_dropout) if prof.hidden_dropout else (0.0, 0.0)
 
 
 def profile_of(setup: Setup) -> Profile:

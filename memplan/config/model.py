@@ -187,6 +187,11 @@ class ModelConfig(Frozen):
     post_norms: bool = Field(
         default=False, description="RMSNorms after attention and after the MLP too: 4 per layer (Gemma-2)"
     )
+    pre_norms: bool = Field(
+        default=True,
+        description="norms before attention and the MLP; false with post_norms: OLMo-2's layout, "
+        "x + norm(attn(x)), the sublayers reading the residual itself",
+    )
     query_pre_attn_scalar: int | None = Field(
         strict=True,
         default=None,
@@ -221,6 +226,11 @@ class ModelConfig(Frozen):
         description="RMSNorm over head_dim on q and k before RoPE (Qwen3's q_norm / k_norm, Gemma-3's): "
         "2·d parameters per layer",
     )
+    qk_norm_whole: bool = Field(
+        default=False,
+        description="qk_norm over the whole projection outputs, a·d and kv·d wide (OLMo-2's q_norm / "
+        "k_norm on q_proj's and k_proj's outputs): (a + kv)·d parameters per layer",
+    )
     gelu: Gelu = Field(default=Gelu.GELU, description="which GELU a gelu MLP applies (activation_function)")
     rotary_pct: float = Field(
         default=1.0, gt=0, le=1, description="fraction of each head's width rotated (GPT-NeoX rotary_pct)"
@@ -228,6 +238,14 @@ class ModelConfig(Frozen):
     parallel_residual: bool = Field(
         default=False,
         description="attention and MLP both read the layer input: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX)",
+    )
+    shared_norm: bool = Field(
+        default=False,
+        description="with parallel_residual: one norm feeds both branches, x + attn(ln(x)) + mlp(ln(x)) "
+        "(Cohere)",
+    )
+    norm_bias: bool = Field(
+        default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
     )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     family: Family | None = Field(
@@ -258,6 +276,16 @@ class ModelConfig(Frozen):
             object.__setattr__(self, "ffn_size", 4 * h)
         if self.gate_act is not GateActivation.SILU and self.mlp is not MlpType.SWIGLU:
             raise ValueError(f"gate_act: {self.gate_act} gates a swiglu MLP; set mlp = 'swiglu' or drop it")
+        if self.shared_norm and not self.parallel_residual:
+            raise ValueError("shared_norm: one norm for both branches needs parallel_residual; set it true")
+        if not self.norm_bias and self.norm is not NormType.LAYERNORM:
+            raise ValueError(
+                "norm_bias: only a LayerNorm has a bias; set norm = 'layernorm' or drop norm_bias"
+            )
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ValueError("qk_norm_whole: widens qk_norm; set qk_norm true or drop qk_norm_whole")
+        if not self.pre_norms and not self.post_norms:
+            raise ValueError("pre_norms: a layer without pre-norms needs post_norms; set post_norms true")
         if self.sliding_window_pattern is not None and self.sliding_window is None:
             raise ValueError("sliding_window_pattern: needs a sliding_window; set one or drop the pattern")
         if self.full_layers is not None:
@@ -298,7 +326,7 @@ class ModelConfig(Frozen):
 
     @property
     def hf_only(self) -> dict[str, bool]:
-        """Structure only ``--impl hf`` models (transformers' Gemma-2 code), by field."""
+        """Structure only ``--impl hf`` models (transformers' Gemma-2 and OLMo-2 code), by field."""
         return {
             "post_norms": self.post_norms,
             "attn_softcap": self.attn_softcap is not None,
@@ -309,6 +337,10 @@ class ModelConfig(Frozen):
             "gate_act": self.gate_act is GateActivation.CLAMPED,
             "moe.router_bias": self.moe is not None and self.moe.router_bias,
             "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
+            "pre_norms": not self.pre_norms,
+            "qk_norm_whole": self.qk_norm_whole,
+            "shared_norm": self.shared_norm,
+            "norm_bias": not self.norm_bias,
         }
 
     @property

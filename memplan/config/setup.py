@@ -167,7 +167,8 @@ def check_setup(setup: Setup) -> None:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):
         raise ValueError(
-            f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX) is modelled for --impl hf only, "
+            f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX, StableLM, GLM, Cohere, Falcon) "
+            "is modelled for --impl hf only, "
             "not in memplan's reference model; use --impl hf"
         )
     check_hf_only(setup)
@@ -181,6 +182,10 @@ def check_setup(setup: Setup) -> None:
             f"checkpointing: every-{s.checkpoint_every} exceeds the {m.num_layers} layers; "
             f"choose k between 1 and {m.num_layers}"
         )
+
+
+_NO_LORA = (Family.OLMO2, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.GLM, Family.FALCON)
+"""The transformers families whose layers ``strategies.lora`` does not express (fine-tuning refused)."""
 
 
 def check_finetune(setup: Setup) -> None:
@@ -217,6 +222,10 @@ def check_finetune(setup: Setup) -> None:
         "a mixture of experts": m.moe is not None,
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+        # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
+        # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
+        # residual dropouts) are not expressed there nor checked against peft.
+        f"--impl hf for {m.code_family.value}": setup.impl.impl is Impl.HF and m.code_family in _NO_LORA,
     }
     for name, used in unmodelled.items():
         if used:
@@ -228,13 +237,25 @@ def check_finetune(setup: Setup) -> None:
 
 def check_qk_norm(m: ModelConfig) -> None:
     """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
-    Qwen2's never."""
+    Qwen2's never; OLMo-2's over the whole projection widths, with its post-norm-only layout."""
     family = m.code_family
     if family in (Family.QWEN3, Family.QWEN3_MOE) and not m.qk_norm:
         raise ValueError(
             f"qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family {family.value}"
         )
-    if m.qk_norm and family in (Family.LLAMA, Family.MISTRAL, Family.QWEN2):
+    olmo2 = m.qk_norm_whole and m.post_norms and not m.pre_norms
+    if family is Family.OLMO2 and not olmo2:
+        raise ValueError(
+            "post_norms: OLMo-2's code normalises after attention and the MLP only, and q and k over "
+            "their whole width; set post_norms true, pre_norms false, qk_norm and qk_norm_whole true"
+        )
+    if family in (Family.COHERE, Family.STABLELM) and m.qk_norm != m.qk_norm_whole:
+        raise ValueError(
+            f"qk_norm_whole: {family.value}'s q/k norms have [heads, d] weights; "
+            "set qk_norm and qk_norm_whole alike"
+        )
+    no_qk_norm = (Family.LLAMA, Family.MISTRAL, Family.QWEN2, Family.GRANITE, Family.STARCODER2, Family.GLM)
+    if m.qk_norm and family in (*no_qk_norm, Family.FALCON, Family.GPT2, Family.GPT_NEOX, Family.PHI3):
         raise ValueError(
             f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
         )
@@ -257,7 +278,7 @@ def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
 
 
 HF_STRUCTURE = {
-    "post_norms": (Family.GEMMA2, Family.GEMMA3),
+    "post_norms": (Family.GEMMA2, Family.GEMMA3, Family.OLMO2),
     "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
     "final_softcap": (Family.GEMMA2, Family.GEMMA3),
     "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3, Family.GPT_OSS),
@@ -266,6 +287,10 @@ HF_STRUCTURE = {
     "gate_act": (Family.GPT_OSS,),
     "moe.router_bias": (Family.GPT_OSS,),
     "moe.expert_bias": (Family.GPT_OSS,),
+    "pre_norms": (Family.OLMO2,),
+    "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
+    "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
+    "norm_bias": (Family.COHERE,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 
@@ -296,6 +321,40 @@ def check_hf_only(setup: Setup) -> None:
         raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
 
 
+_LN_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.FALCON)
+"""The transformers families whose decoder layers are LayerNorms (the others: RMSNorm)."""
+_GELU_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.FALCON)
+"""The transformers families whose MLP is fc → GELU → fc (the others: gated, SwiGLU's matrices)."""
+_LAYOUT_CODE = {
+    "parallel_residual": (Family.GPT_NEOX, Family.COHERE, Family.STABLELM, Family.FALCON),
+    "rotary_pct": (Family.GPT_NEOX, Family.STABLELM, Family.GLM),
+}
+"""The families whose code has a parallel layer, and a partial rotary (``ModelConfig.rotary_pct`` < 1)."""
+
+
+def check_family_layout(m: ModelConfig) -> None:
+    """The norm, the MLP, a parallel layer and a partial rotary as the family's transformers code has
+    them: a layout its code cannot run is an error, not an estimate of other code."""
+    family = m.code_family
+    norm = NormType.LAYERNORM if family in _LN_CODE else NormType.RMSNORM
+    if m.norm is not norm:
+        raise ValueError(
+            f"norm: transformers' {family.value} code has {norm.value}; set norm = '{norm.value}'"
+        )
+    mlp = MlpType.GELU if family in _GELU_CODE else MlpType.SWIGLU
+    if m.mlp is not mlp and m.moe is None:  # a mixture's experts: blocks.hf.moe.check
+        raise ValueError(
+            f"mlp: transformers' {family.value} code has a {mlp.value} MLP; set mlp = '{mlp.value}'"
+        )
+    used = {"parallel_residual": (m.parallel_residual, "false"), "rotary_pct": (m.rotary_pct < 1, "1")}
+    for name, (on, off) in used.items():
+        if on and family not in _LAYOUT_CODE[name]:
+            names = ", ".join(f.value for f in _LAYOUT_CODE[name])
+            raise ValueError(
+                f"{name}: transformers' {family.value} code has none ({names} do); set {name} {off}"
+            )
+
+
 def check_flash_attn(setup: Setup) -> None:
     """``--flash-attn`` is transformers' flash_attention_2: the hf profile's, a flash kernel, on CUDA."""
     if setup.impl.impl is not Impl.HF:
@@ -323,6 +382,7 @@ def check_impl(setup: Setup) -> None:
         return
     if impl is Impl.HF:
         check_qk_norm(setup.model)
+        check_family_layout(setup.model)
     if impl is Impl.TORCHTITAN:
         for name, used in titan_unmapped(setup.model).items():
             if used:

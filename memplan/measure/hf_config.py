@@ -213,7 +213,109 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
             "decoder_sparse_step": 1,  # every layer an MoE, as memplan's model
             "mlp_only_layers": [],
         }
-    return keys | {"num_local_experts": moe.experts, "router_jitter_noise": 0.0}
+    # MixtralConfig.sliding_window (default None: full causal), honoured by create_sliding_window_causal_mask.
+    return keys | {
+        "num_local_experts": moe.experts,
+        "router_jitter_noise": 0.0,
+        "sliding_window": m.sliding_window,
+    }
+
+
+def starcoder2_keys(setup: Setup) -> dict[str, Any]:
+    """StarCoder2 (``Starcoder2Config``): one ``use_bias`` for every linear, LayerNorm's ``norm_epsilon``,
+    residual and embedding dropout, the sliding window (None: full causal)."""
+    m = setup.model
+    if not m.qkv_bias == m.out_bias == m.mlp_bias:
+        raise ValueError(
+            "qkv_bias: StarCoder2's use_bias sets every linear's bias; "
+            "set qkv_bias, out_bias and mlp_bias alike"
+        )
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.kv_heads,
+        "head_dim": m.dim,
+        "intermediate_size": m.ffn,
+        "max_position_embeddings": m.max_positions,
+        "norm_epsilon": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "residual_dropout": m.resid_dropout,
+        "embedding_dropout": m.embd_dropout,
+        "use_bias": m.qkv_bias,
+        "hidden_act": m.gelu.value,
+        "sliding_window": m.sliding_window,
+    }
+
+
+def cohere_keys(setup: Setup) -> dict[str, Any]:
+    """Cohere (``CohereConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, the q/k norms, and the
+    logit scale (a Python float: any value keeps the same tensors; CohereConfig's default)."""
+    keys = llama_keys(setup)
+    keys["layer_norm_eps"] = keys.pop("rms_norm_eps")
+    return keys | {"use_qk_norm": setup.model.qk_norm}
+
+
+def stablelm_keys(setup: Setup) -> dict[str, Any]:
+    """StableLM (``StableLmConfig``): the Llama keys with LayerNorm's ``layer_norm_eps``, ``use_qkv_bias``,
+    the partial rotary, the parallel layer, ``hidden_dropout`` (after the MLP) and the per-head q/k
+    LayerNorms (``qk_layernorm``)."""
+    m = setup.model
+    if m.out_bias or m.mlp_bias or m.parallel_residual != m.shared_norm:
+        raise ValueError(
+            "out_bias: StableLM's o_proj and MLP have no bias and its parallel layer one norm; set out_bias "
+            "and mlp_bias false, shared_norm = parallel_residual"
+        )
+    keys = llama_keys(setup)
+    keys["layer_norm_eps"] = keys.pop("rms_norm_eps")
+    del keys["attention_bias"]
+    return keys | {
+        "use_qkv_bias": m.qkv_bias,
+        "partial_rotary_factor": m.rotary_pct,
+        "use_parallel_residual": m.parallel_residual,
+        "hidden_dropout": m.resid_dropout,
+        "qk_layernorm": m.qk_norm,
+    }
+
+
+def glm_keys(setup: Setup) -> dict[str, Any]:
+    """GLM-4 (``GlmConfig``): the Llama keys and the partial rotary; o_proj has no bias."""
+    m = setup.model
+    if m.out_bias or m.mlp_bias:
+        raise ValueError("out_bias: GLM's o_proj and MLP have no bias; set out_bias and mlp_bias false")
+    return llama_keys(setup) | {"partial_rotary_factor": m.rotary_pct}
+
+
+def falcon_keys(setup: Setup) -> dict[str, Any]:
+    """Falcon (``FalconConfig``): multi-query for one kv head with one norm (Falcon-7B), else the new
+    decoder architecture with ``num_kv_heads`` and one or two norms (``num_ln_in_parallel_attn``); one
+    ``bias`` for every linear; ``hidden_dropout`` once per layer; rotary, never ALiBi."""
+    m = setup.model
+    if not m.qkv_bias == m.out_bias == m.mlp_bias:
+        raise ValueError(
+            "qkv_bias: Falcon's bias sets every linear's; set qkv_bias, out_bias and mlp_bias alike"
+        )
+    multi_query = m.kv_heads == 1 and m.shared_norm
+    return {
+        "hidden_size": m.hidden_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_kv_heads": m.kv_heads,
+        "multi_query": multi_query,
+        "new_decoder_architecture": not multi_query,
+        "parallel_attn": True,
+        "num_ln_in_parallel_attn": 1 if m.shared_norm else 2,
+        "bias": m.qkv_bias,
+        "ffn_hidden_size": m.ffn,
+        "activation": m.gelu.value,
+        "max_position_embeddings": m.max_positions,
+        "layer_norm_epsilon": m.norm_eps,
+        "rope_theta": m.rope_theta,
+        "attention_dropout": m.attn_dropout,
+        "hidden_dropout": m.resid_dropout,
+        "alibi": False,
+    }
 
 
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
@@ -225,6 +327,11 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT2: gpt2_keys,
     Family.GPT_NEOX: gpt_neox_keys,
     Family.PHI3: phi3_keys,
+    Family.STARCODER2: starcoder2_keys,
+    Family.COHERE: cohere_keys,
+    Family.STABLELM: stablelm_keys,
+    Family.GLM: glm_keys,
+    Family.FALCON: falcon_keys,
     Family.GEMMA2: gemma2_keys,
     Family.GEMMA3: gemma3_keys,
     Family.MIXTRAL: moe_keys,

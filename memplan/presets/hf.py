@@ -10,8 +10,8 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled; Mixtral's ``sliding_window`` is not read
-  (Mistral's, Qwen2's, Qwen3's, Phi-3's and Gemma-2/3's are).
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled. The sliding window is read for Mistral,
+  Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, StarCoder2 and Gemma-2/3.
 - Qwen2/Qwen3 configs whose sliding window covers only the layers from ``max_window_layers`` on
   (``use_sliding_window``) import the first ones as ``full_layers``.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
@@ -24,8 +24,21 @@ Known limitations (none changes the parameter count):
 - GPT-NeoX's partial rotary (``rotary_pct``, or ``rope_parameters.partial_rotary_factor``; transformers'
   default 0.25) and parallel residual (``use_parallel_residual``, default true) are read; they are modelled
   for ``--impl hf`` (the reference model refuses them). Its one ``hidden_dropout`` is also the embedding's.
-- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers
-  between MoE ones) are refused, not modelled.
+- Granite's multipliers (``embedding_multiplier``, ``attention_multiplier``, ``residual_multiplier``,
+  ``logits_scaling``) are read into the notes: scalar multiplies that change no byte and no FLOP.
+- Cohere imports its parallel layer with one bias-free LayerNorm (``parallel_residual``, ``shared_norm``,
+  ``norm_bias`` false; --impl hf only), its optional q/k LayerNorms (``use_qk_norm``) and names
+  ``logit_scale`` in the notes.
+- StableLM imports its partial rotary and optional parallel layer with one LayerNorm (--impl hf only);
+  its ``hidden_dropout`` is after the MLP only; ``qk_layernorm``'s per-head LayerNorms are read.
+- GLM-4 (``glm``) imports its partial rotary (``partial_rotary_factor``, default 0.5); its fused
+  gate_up is counted as separate matrices (same parameter count).
+- Falcon imports multi-query / the new decoder architecture's kv heads and its parallel layer (one norm
+  or ``ln_attn`` / ``ln_mlp``); NB ALiBi and ``parallel_attn`` false are refused.
+- OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
+  ``qk_norm_whole``): modelled for ``--impl hf`` only.
+- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
+  ones) are refused, not modelled.
 - gpt-oss: attention sinks, a biased router, clamped SwiGLU experts with biases, sliding layers
   alternating with full ones (``layer_types``, another pattern refused); NB ``swiglu_limit`` /
   ``swiglu_alpha`` change values only; NB its YaRN ``rope_scaling`` is ignored (no bytes).
@@ -67,6 +80,13 @@ _FAMILY = {
     "gemma2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=8192),
     "gemma3_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-6, max_pos=131072),
     "phi3": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "granite": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=2048),
+    "starcoder2": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=4096),
+    "cohere": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=8192),
+    "stablelm": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096),
+    "glm": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1.5625e-7, max_pos=131072),
+    "falcon": _Family(_LN, _GELU, PositionType.ROPE, tied=True, eps=1e-5, max_pos=2048),
+    "olmo2": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt_neox": _Family(_LN, _GELU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=2048),
     "gpt2": _Family(_LN, _GELU, PositionType.LEARNED, tied=True, eps=1e-5, max_pos=1024),
     "mixtral": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
@@ -146,7 +166,23 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "gpt_oss":  # GptOssConfig.attention_bias defaults to true: q, k, v and o
         attn = _bool(cfg, "attention_bias", True)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
-    if kind in ("llama", "gemma", "qwen3", "qwen3_moe"):  # attention_bias covers q, k, v and o
+    if kind == "starcoder2":  # use_bias on every linear but the lm head
+        every = _bool(cfg, "use_bias", True)
+        return {"qkv_bias": every, "out_bias": every, "mlp_bias": every}
+    if kind == "olmo2":  # Olmo2Attention: attention_bias on q, k, v and o; Olmo2MLP: none
+        attn = _bool(cfg, "attention_bias", False)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind == "falcon":  # FalconConfig.bias on every linear but the lm head
+        every = _bool(cfg, "bias", False)
+        return {"qkv_bias": every, "out_bias": every, "mlp_bias": every}
+    if kind == "glm":  # GlmAttention: attention_bias (default true) on q, k, v; o_proj and the MLP none
+        return {"qkv_bias": _bool(cfg, "attention_bias", True), "out_bias": False, "mlp_bias": False}
+    if kind == "stablelm":  # use_qkv_bias on q, k, v; o_proj and the MLP none
+        return {"qkv_bias": _bool(cfg, "use_qkv_bias", False), "out_bias": False, "mlp_bias": False}
+    if kind == "cohere":  # CohereAttention: attention_bias on q, k, v and o; CohereMLP: none
+        attn = _bool(cfg, "attention_bias", False)
+        return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
+    if kind in ("llama", "gemma", "qwen3", "qwen3_moe", "granite"):  # attention_bias covers q, k, v and o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -157,6 +193,24 @@ def _dropouts(kind: str, cfg: Mapping[str, Any]) -> dict[str, float]:
         hidden = _float(cfg, "hidden_dropout", default=0.0)
         attn = _float(cfg, "attention_dropout", default=0.0)
         return {"attn_dropout": attn, "resid_dropout": hidden, "embd_dropout": hidden}
+    if kind == "falcon":  # dropout_add(mlp_output, residual, hidden_dropout): once per layer
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "hidden_dropout", default=0.0),
+            "embd_dropout": 0.0,
+        }
+    if kind == "stablelm":  # StableLmConfig: hidden_dropout after the MLP only (blocks.hf.llama.stablelm)
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "hidden_dropout", default=0.0),
+            "embd_dropout": 0.0,
+        }
+    if kind == "starcoder2":  # Starcoder2Config: residual_dropout after W_O and c_proj, embedding_dropout
+        return {
+            "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+            "resid_dropout": _float(cfg, "residual_dropout", default=0.0),
+            "embd_dropout": _float(cfg, "embedding_dropout", default=0.0),
+        }
     if kind == "gpt2":
         return {
             "attn_dropout": _float(cfg, "attn_pdrop", default=0.1),
@@ -180,7 +234,7 @@ _GEGLUS = {"gemma": _GEGLU, "gemma2": _GEGLU[1:], "gemma3_text": _GEGLU[1:]}
 
 def _check_activation(kind: str, cfg: Mapping[str, Any]) -> None:
     """A ``hidden_act`` memplan does not model is an error, not silently SiLU or GELU."""
-    key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function"))
+    key, act = _get(cfg, ("hidden_activation", "hidden_act", "activation_function", "activation"))
     if act is None:
         return
     allowed = _GEGLUS.get(kind, _ACTIVATIONS[_FAMILY[kind].mlp])
@@ -238,7 +292,9 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         "vocab_size": _req_int(cfg, "vocab_size"),
         "tied_embeddings": _bool(cfg, "tie_word_embeddings", fam.tied),
         "norm": fam.norm,
-        "norm_eps": _float(cfg, "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", default=fam.eps),
+        "norm_eps": _float(
+            cfg, "rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_epsilon", default=fam.eps
+        ),
         "mlp": fam.mlp,
         "position": fam.position,
         "max_positions": _int(cfg, "max_position_embeddings", "n_positions", default=fam.max_pos),
@@ -251,8 +307,8 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     if fam.position is PositionType.ROPE:
         fields["rope_theta"] = _float(cfg, "rope_theta", "rotary_emb_base", default=10000.0)
     if fam.mlp is MlpType.GELU:
-        _, act = _get(cfg, ("activation_function", "hidden_act"))
-        fields["gelu"] = act or ("gelu_new" if kind == "gpt2" else "gelu")  # the configs' defaults
+        _, act = _get(cfg, ("activation_function", "hidden_act", "activation"))
+        fields["gelu"] = act or _GELU_DEFAULT.get(kind, "gelu")  # the configs' defaults
     if kind == "gpt_neox":
         fields.update(_neox_fields(cfg))
     if kind in MOE_MODEL_TYPES:
@@ -262,6 +318,20 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_qwen2_layer_types(kind, cfg, fields["num_layers"], fields["sliding_window"]))
     if kind in ("qwen3", "qwen3_moe"):
         fields["qk_norm"] = True  # Qwen3Attention's / Qwen3MoeAttention's q_norm / k_norm
+    if kind == "cohere":
+        fields.update(_cohere_fields(cfg))
+    if kind == "stablelm":
+        fields.update(_stablelm_fields(cfg))
+    if kind == "falcon":
+        fields.update(_falcon_fields(cfg))
+    if kind == "glm":  # GlmConfig: partial_rotary_factor 0.5 by default, head_dim 128, 2 kv heads
+        rope = cfg.get("rope_parameters") or {}
+        pct = _float(cfg, "partial_rotary_factor", default=0.5)
+        fields["rotary_pct"] = _float(rope, "partial_rotary_factor", default=pct)
+        fields["head_dim"] = _int(cfg, "head_dim", default=128)
+        fields["num_kv_heads"] = _int(cfg, "num_key_value_heads", default=2)
+    if kind == "olmo2":  # Olmo2DecoderLayer: post norms only; Olmo2Attention: q/k norms over a·d, kv·d
+        fields.update(post_norms=True, pre_norms=False, qk_norm=True, qk_norm_whole=True)
     if kind in _OWN_CODE:
         fields["family"] = kind
     if kind in ("gemma", "gemma2", "gemma3_text"):
@@ -270,10 +340,13 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_gpt_oss_fields(cfg, fields["num_layers"]))
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
-    if kind == "phi3":
-        fields["sliding_window"] = _int(cfg, "sliding_window")  # Phi3Config's default: none
+    if kind in ("phi3", "mixtral", "starcoder2"):
+        fields["sliding_window"] = _int(cfg, "sliding_window")  # the config classes' default: none
     return fields
 
+
+_GELU_DEFAULT = {"gpt2": "gelu_new", "starcoder2": "gelu_pytorch_tanh"}
+"""The config classes' ``hidden_act`` / ``activation_function`` defaults where not "gelu"."""
 
 _OWN_CODE = (
     "mistral",
@@ -286,6 +359,13 @@ _OWN_CODE = (
     "qwen2_moe",
     "qwen3_moe",
     "gpt_oss",
+    "olmo2",
+    "granite",
+    "starcoder2",
+    "cohere",
+    "stablelm",
+    "glm",
+    "falcon",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -435,6 +515,76 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {"ffn_size": _int(cfg, "moe_intermediate_size", default=1408), "moe": moe}
 
 
+def _cohere_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Cohere's parallel layer with one bias-free LayerNorm (``CohereDecoderLayer``) and, with
+    ``use_qk_norm`` (Command R+), q/k LayerNorms with [heads, d] weights."""
+    qk = _bool(cfg, "use_qk_norm", False)
+    return {
+        "parallel_residual": True,
+        "shared_norm": True,
+        "norm_bias": False,
+        "qk_norm": qk,
+        "qk_norm_whole": qk,
+    }
+
+
+def _stablelm_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """StableLM's partial rotary (``partial_rotary_factor``, StableLmConfig's default 0.25, or in
+    ``rope_parameters``) and optional parallel layer with one norm (``use_parallel_residual``, default
+    false) and per-head q/k LayerNorms (``qk_layernorm``, StableLM-2-12B)."""
+    qk = _bool(cfg, "qk_layernorm", False)
+    rope = cfg.get("rope_parameters") or {}
+    pct = _float(cfg, "partial_rotary_factor", default=0.25)
+    parallel = _bool(cfg, "use_parallel_residual", False)
+    return {
+        "rotary_pct": _float(rope, "partial_rotary_factor", default=pct),
+        "parallel_residual": parallel,
+        "shared_norm": parallel,
+        "qk_norm": qk,
+        "qk_norm_whole": qk,
+    }
+
+
+def _falcon_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Falcon's attention layout and parallel layer as ``FalconConfig`` reads them: kv heads 1 with
+    ``multi_query`` (default true) unless ``new_decoder_architecture`` (then ``num_kv_heads``, default the
+    heads); the new architecture's two norms (``num_ln_in_parallel_attn`` default 2) or one; the MLP width
+    ``ffn_hidden_size`` (default 4h) and ``activation``. ALiBi and the sequential layer are refused."""
+    if _bool(cfg, "alibi", False):
+        raise ValueError(
+            "alibi: Falcon's ALiBi position bias is not modelled; use a rotary Falcon (alibi false)"
+        )
+    new = _bool(cfg, "new_decoder_architecture", False)
+    if not new and not _bool(cfg, "parallel_attn", True):
+        raise ValueError(
+            "parallel_attn: Falcon's sequential layer is not modelled; use a config with parallel_attn true"
+        )
+    heads = _req_int(cfg, "num_attention_heads", "n_head")
+    kv = _int(cfg, "num_kv_heads", default=heads) if new or not _bool(cfg, "multi_query", True) else 1
+    norms = _int(cfg, "num_ln_in_parallel_attn", default=2 if new else 1)
+    fields: dict[str, Any] = {"num_kv_heads": kv, "parallel_residual": True, "shared_norm": norms == 1}
+    ffn = _int(cfg, "ffn_hidden_size")
+    if ffn is not None:
+        fields["ffn_size"] = ffn
+    return fields
+
+
+_GRANITE_MULTIPLIERS = {
+    "embedding_multiplier": "embedding ×",
+    "attention_multiplier": "attention scale ",
+    "residual_multiplier": "residual branches ×",
+    "logits_scaling": "logits ÷",
+}
+"""GraniteConfig's multipliers (default 1.0 each), read and named in the notes."""
+
+
+def _granite_note(cfg: Mapping[str, Any]) -> str:
+    """Granite's multipliers as read: Python-float multiplies that keep nothing and count no FLOPs
+    (``blocks.hf.llama.granite``)."""
+    values = [f"{what}{_float(cfg, key, default=1.0):g}" for key, what in _GRANITE_MULTIPLIERS.items()]
+    return f"multipliers ({', '.join(values)}) keep no tensor and add no counted FLOPs"
+
+
 def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = None) -> ModelConfig:
     """Build a ``ModelConfig`` from a parsed Hugging Face ``config.json``.
 
@@ -471,10 +621,23 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("fused qkv and gate_up projections counted as separate (same parameter count)")
     if kind == "gpt_neox":
         notes.append("partial rotary and parallel residual: modelled for --impl hf only")
+    if kind == "granite":
+        notes.append(_granite_note(cfg))
+    if kind == "cohere":
+        scale = _float(cfg, "logit_scale", default=0.0625)
+        notes.append(
+            f"parallel layer with one bias-free LayerNorm: --impl hf only; logits ×{scale:g} keep nothing"
+        )
+    if kind == "falcon":
+        notes.append("fused query_key_value and the parallel layer: --impl hf only (same parameter count)")
+    if kind == "glm":
+        notes.append("partial interleaved rotary and fused gate_up: --impl hf only (same parameter count)")
+    if kind == "stablelm":
+        notes.append("partial rotary (and the parallel layer): --impl hf only")
+    if kind == "olmo2":
+        notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):
         notes.append("rope_scaling ignored")
-    if cfg.get("sliding_window") and kind == "mixtral":
-        notes.append("sliding-window attention not modelled")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]
         shared = f" + {moe['shared_experts']} shared" if moe.get("shared_experts") else ""

@@ -47,6 +47,9 @@ CASES: dict[str, dict[str, Any]] = {
     "window-full": {"sliding_window": 256, "checkpointing": "full"},
     "batch-2-window-full": {"batch": 2, "sliding_window": 128, "checkpointing": "full"},
     "batch-2-eager-reentrant": {"batch": 2, "attention": "eager", "checkpointing": "full", "reentrant": True},
+    # MQA: repeat_kv's expand + reshape is a view; torch.matmul copies it to a heads when b > 1.
+    "mqa-window-sdpa": {"num_kv_heads": 1, "sliding_window": 128},
+    "mqa-batch-2-eager": {"num_kv_heads": 1, "batch": 2, "attention": "eager"},
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import gemma, gpt2, gpt_neox, gpt_oss, llama, moe, phi3
+from memplan.blocks.hf import cohere, falcon, gemma, gpt2, gpt_neox, gpt_oss, llama, moe, olmo2, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -29,6 +29,13 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.GEMMA2: gemma.profile,
     Family.GEMMA3: gemma.profile3,
     Family.PHI3: phi3.profile,
+    Family.OLMO2: olmo2.profile,
+    Family.GRANITE: llama.granite,
+    Family.STARCODER2: llama.starcoder2,
+    Family.COHERE: cohere.profile,
+    Family.STABLELM: llama.stablelm,
+    Family.GLM: llama.glm,
+    Family.FALCON: falcon.profile,
 }
 
 

@@ -13,5 +13,5 @@ from memplan.config import Setup
 
 def profile(setup: Setup) -> Profile:
     """GPT-NeoX: ``eager_attention_forward`` takes ``softmax(attn_weights, dim=-1, dtype=torch.float32)
-    .to(query.dtype)``."""
-    return replace(gpt_common(setup), eager_fp32_softmax=True)
+    .to(query.dtype)``; ``apply_rotary_pos_emb`` cats the rotated and passed dims (``rotary_cat``)."""
+    return replace(gpt_common(setup), eager_fp32_softmax=True, rotary_cat=True)

@@ -1,4 +1,5 @@
-"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3)."""
+"""transformers' ``modeling_llama.py`` and the families written like it (Mistral, Qwen2, Qwen3, Granite,
+StarCoder2, StableLM, GLM)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,40 @@ def windowed(setup: Setup) -> Profile:
     Llama's code with a sliding window (``create_sliding_window_causal_mask``); Qwen3's q_norm/k_norm are
     ``ModelConfig.qk_norm``, the same RMSNorm as the reference's."""
     return replace(profile(setup), window_mask=True)
+
+
+def granite(setup: Setup) -> Profile:
+    """Granite (``modeling_granite.py``): Llama's code and four multipliers, each a multiply by a Python
+    float, which saves nothing (``mul(Tensor, Scalar)``'s backward needs only the scalar) and which
+    FlopCounterMode does not count: ``inputs_embeds * self.embedding_multiplier`` (GraniteModel),
+    ``scaling=config.attention_multiplier`` (the scores' scale in place of d^-½: SDPA's ``scale``, eager's
+    ``* scaling``), ``residual + hidden_states * self.residual_multiplier`` (twice per layer) and
+    ``logits / self.config.logits_scaling`` (a new [b, s, v] the loss's ``.float()`` copies, as Llama's
+    logits). The multipliers change no byte and no FLOP: Llama's profile."""
+    return profile(setup)
+
+
+def starcoder2(setup: Setup) -> Profile:
+    """StarCoder2 (``modeling_starcoder2.py``): Mistral's code (the sliding window's mask) with
+    ``nn.LayerNorm`` and a GELU MLP with biases (``ModelConfig.norm``, ``mlp``, the biases: the blocks'),
+    and dropout on the residual branches and the embedding: ``nn.functional.dropout(attn_output,
+    p=self.residual_dropout)`` after W_O, the same after ``c_proj`` and ``embedding_dropout`` after the
+    embedding (``hidden_dropout``; on CPU ``F.dropout`` keeps its noise, ``cpu_dropout_noise``)."""
+    return replace(windowed(setup), hidden_dropout=True)
+
+
+def stablelm(setup: Setup) -> Profile:
+    """StableLM (``modeling_stablelm.py``): Llama's attention and MLP with ``nn.LayerNorm`` (the model's
+    ``norm``), partial rotary on the first ``rotary_pct`` of each head (``torch.cat((query_rot,
+    query_pass))``, as GPT-NeoX: ``rotary_pct``, ``rotary_cat``), an optional parallel layer with one norm
+    (``use_parallel_residual``: ``parallel_residual`` and ``shared_norm``) and ``nn.Dropout(hidden_dropout)``
+    after the MLP only (``mlp_dropout_only``; on CPU its noise, ``cpu_dropout_noise``)."""
+    return replace(profile(setup), hidden_dropout=True, mlp_dropout_only=True, rotary_cat=True)
+
+
+def glm(setup: Setup) -> Profile:
+    """GLM-4 (``modeling_glm.py``): Llama's code with Phi-3's fused ``gate_up_proj`` (``GlmMLP``:
+    ``up_states.chunk(2, dim=-1)``, ``fused_gate_up``) and partial interleaved rotary:
+    ``apply_rotary_pos_emb`` repeat_interleaves half of each table per call (``rope_tables_per_layer``)
+    and cats the rotated and passed dims (``torch.cat([q_embed, q_pass])``: ``rotary_cat``)."""
+    return replace(profile(setup), fused_gate_up=True, rope_tables_per_layer=True, rotary_cat=True)

@@ -61,9 +61,10 @@ def experts(setup: Setup) -> Profile:
 
 def mixtral(setup: Setup) -> Profile:
     """Mixtral (``MixtralSparseMoeBlock``): ``MixtralTopKRouter`` renormalises in fp32 and returns the
-    weights uncast; no shared experts."""
+    weights uncast; no shared experts. Its attention is Mistral's: ``MixtralModel.forward`` masks with
+    ``create_sliding_window_causal_mask`` when ``config.sliding_window`` is set (``window_mask``)."""
     check(setup, shared=False)
-    return replace(experts(setup), routing_weights_fp32=True)
+    return replace(experts(setup), routing_weights_fp32=True, window_mask=True)
 
 
 def qwen2_moe(setup: Setup) -> Profile:

@@ -1,0 +1,71 @@
+"""``--impl hf`` follows one family's transformers code, so a layout that code cannot run is refused
+(``config.setup.check_family_layout``, ``check_qk_norm``), never estimated as other code: the norm and the
+MLP the family's decoder layer has, a parallel layer, a partial rotary and q/k norms only where its code has
+them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from memplan.api import build_setup
+from memplan.config import FineTune, ImplConfig, ModelConfig
+from memplan.config.finetune import Method
+from memplan.presets import load_model_preset
+from memplan.presets.hf import model_from_hf_config
+
+
+def hf(**fields: Any) -> Any:
+    m = load_model_preset("llama-3-8b").model
+    model = ModelConfig.model_validate({**m.model_dump(), "num_layers": 2, **fields})
+    return build_setup(model, seq=256, impl=ImplConfig(impl="hf"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"family": "granite", "norm": "layernorm"}, "norm: transformers' granite code has rmsnorm"),
+        ({"family": "falcon", "parallel_residual": True}, "norm: transformers' falcon code has layernorm"),
+        ({"family": "glm", "mlp": "gelu"}, "mlp: transformers' glm code has a swiglu MLP"),
+        ({"parallel_residual": True}, "parallel_residual: transformers' llama code has none"),
+        ({"family": "starcoder2", "norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.5}, "rotary_pct: "),
+        ({"family": "granite", "qk_norm": True}, "qk_norm: granite's code has no q_norm/k_norm"),
+        (
+            {"family": "cohere", "norm": "layernorm", "parallel_residual": True, "qk_norm": True},
+            "qk_norm_whole",
+        ),
+    ],
+)
+def test_layout_the_family_code_cannot_run_is_refused(fields: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        hf(**fields)
+
+
+def test_the_families_own_layouts_pass() -> None:
+    hf(family="granite")
+    hf(family="glm", rotary_pct=0.5)
+    hf(family="stablelm", norm="layernorm", rotary_pct=0.25, parallel_residual=True, shared_norm=True)
+
+
+@pytest.mark.parametrize("family", ["olmo2", "starcoder2", "cohere", "stablelm", "glm", "falcon"])
+def test_lora_on_the_families_strategies_lora_does_not_express_is_refused(family: str) -> None:
+    """``strategies.lora`` lists a Llama / GPT layer's saves by position; these layers differ: refused."""
+    from tests.hf.test_cohere import COMMAND_R
+    from tests.hf.test_falcon import FALCON_7B
+    from tests.hf.test_glm import GLM4_9B
+    from tests.hf.test_olmo2 import OLMO2_7B
+    from tests.hf.test_stablelm import STABLELM_2_1_6B
+    from tests.hf.test_starcoder2 import STARCODER2_3B
+
+    configs = {
+        "olmo2": OLMO2_7B,
+        "starcoder2": STARCODER2_3B,
+        "cohere": COMMAND_R,
+        "stablelm": STABLELM_2_1_6B,
+        "glm": GLM4_9B,
+        "falcon": FALCON_7B,
+    }
+    model = model_from_hf_config(configs[family], family)
+    with pytest.raises(ValueError, match=f"finetune: .* --impl hf for {family} is not modelled"):
+        build_setup(model, seq=256, impl=ImplConfig(impl="hf"), finetune=FineTune(method=Method.LORA))
