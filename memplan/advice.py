@@ -35,7 +35,7 @@ from memplan.blocks.profiles import compile_note
 from memplan.config import FINETUNE_OPTIONS, Attention, Checkpointing, MethodChoice, Optimizer
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, gpu_names, load_gpu
-from memplan.search.budget import DEFAULT_RESERVE, reserve_bytes, verdict
+from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
 
 MAX_DP = 1 << 20
 """The largest data-parallel degree searched: ``StrategyConfig.dp``'s own limit."""
@@ -108,7 +108,8 @@ class Advice(BaseModel):
     gpu_given: bool
     memory_bytes: int
     usable_bytes: int
-    """memory_bytes − the reserve (``--reserve``, default 1 GiB)."""
+    """What the allocator may reserve: the driver's memory less the CUDA context and ``--reserve``
+    (``search.budget.allocator_memory``)."""
     peak: int
     phase: str
     fits: bool
@@ -195,7 +196,7 @@ def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
     """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): dp
     doubles from 1 until it fits, then a bisection finds the smallest that fits."""
     world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
-    usable = gpu.memory_bytes - reserve
+    usable = allocator_memory(gpu, reserve)
     last = 0
     for full in [False] if o.checkpointing == "full" else [False, True]:
 
@@ -343,7 +344,7 @@ def notes(b: Built) -> list[str]:
 @functools.cache
 def _presets() -> tuple[GpuPreset, ...]:
     """The shipped GPU presets, smallest memory first (ties: by name)."""
-    return tuple(sorted((load_gpu(n) for n in gpu_names()), key=lambda g: (g.memory_bytes, g.name)))
+    return tuple(sorted((load_gpu(n) for n in gpu_names()), key=lambda g: (g.device_bytes, g.name)))
 
 
 def top_terms(r: Result, n: int = TOP_TERMS) -> dict[str, int]:
@@ -360,7 +361,7 @@ def _judged_against(b: Built) -> tuple[GpuPreset, int, bool]:
     if b.gpu is not None:
         return b.gpu, reserve_bytes(b.options.reserve, b.gpu), True
     peak = b.result.device.peak.bytes
-    holds = [g for g in _presets() if peak <= g.memory_bytes - DEFAULT_RESERVE]
+    holds = [g for g in _presets() if peak <= allocator_memory(g, DEFAULT_RESERVE)]
     return (holds[0] if holds else _presets()[-1]), DEFAULT_RESERVE, False
 
 
@@ -374,7 +375,7 @@ def advise(b: Built) -> Advice:
     if not v.fits:
         counts.append(gpu_count(o, r, gpu, reserve))
         largest = _presets()[-1]
-        if given and largest.memory_bytes > gpu.memory_bytes:
+        if given and largest.device_bytes > gpu.device_bytes:
             preset = gpu_of(o.model_copy(update={"gpu_memory": None}), largest.name)  # its own memory
             counts.append(gpu_count(o, r, preset, DEFAULT_RESERVE))
         found = suggestions(o, r, gpu, reserve, counts[0])

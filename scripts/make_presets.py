@@ -536,6 +536,30 @@ PRESETS: dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]] = {
 }
 
 
+def _dense_families() -> dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]]:
+    """The families modelled in blocks/hf/ for issue #23 (OLMo-2, Granite, StarCoder2, Cohere, StableLM,
+    GLM-4, Falcon): their config.json keys as tests/hf/ copies them from each model's page."""
+    sys.path.insert(0, str(ROOT))
+    from tests.hf.test_cohere import COMMAND_R
+    from tests.hf.test_falcon import FALCON_7B, FALCON_40B
+    from tests.hf.test_glm import GLM4_9B
+    from tests.hf.test_granite import GRANITE_3_8B
+    from tests.hf.test_olmo2 import OLMO2_7B
+    from tests.hf.test_stablelm import STABLELM_2_1_6B
+    from tests.hf.test_starcoder2 import STARCODER2_3B
+
+    return {
+        "olmo-2-7b": (("olmo2-7b",), "allenai/OLMo-2-1124-7B", "7.3B", "", OLMO2_7B),
+        "granite-3.0-8b": (("granite-3-8b",), "ibm-granite/granite-3.0-8b-base", "8.17B", "", GRANITE_3_8B),
+        "starcoder2-3b": ((), "bigcode/starcoder2-3b", "3.03B", "", STARCODER2_3B),
+        "command-r": (("c4ai-command-r",), "CohereForAI/c4ai-command-r-v01", "35B", "", COMMAND_R),
+        "stablelm-2-1.6b": ((), "stabilityai/stablelm-2-1_6b", "1.64B", "", STABLELM_2_1_6B),
+        "glm-4-9b": ((), "THUDM/glm-4-9b-hf", "9.4B", "", GLM4_9B),
+        "falcon-7b": ((), "tiiuae/falcon-7b", "7B", "", FALCON_7B),
+        "falcon-40b": ((), "tiiuae/falcon-40b", "40B", "", FALCON_40B),
+    }
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -604,6 +628,7 @@ def transformers_count(cfg: dict[str, Any]) -> tuple[int, int]:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT))
+    PRESETS.update(_dense_families())
     if "--count" in sys.argv:
         for name, (*_, cfg) in PRESETS.items():
             print(f'"{name}": {transformers_count(dict(cfg))},')

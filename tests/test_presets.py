@@ -79,6 +79,16 @@ GOLDEN = {
     "qwen3-235b-a22b": 235_093_634_560,  # huggingface.co/Qwen/Qwen3-235B-A22B: 235B
     "gpt-oss-20b": 20_914_757_184,  # huggingface.co/openai/gpt-oss-20b: 21B (by hand: tests/hf/test_gpt_oss)
     "gpt-oss-120b": 116_829_156_672,  # huggingface.co/openai/gpt-oss-120b: 117B
+    # transformers' own counts on the published config.json (scripts/make_presets.py --count), each also
+    # derived by hand in its tests/hf/test_<family>.py
+    "olmo-2-7b": 7_298_617_344,  # allenai/OLMo-2-1124-7B: 7.3B
+    "granite-3.0-8b": 8_170_848_256,  # ibm-granite/granite-3.0-8b-base: 8.17B
+    "starcoder2-3b": 3_030_371_328,  # bigcode/starcoder2-3b: 3.03B
+    "command-r": 34_980_831_232,  # CohereForAI/c4ai-command-r-v01: 35B
+    "stablelm-2-1.6b": 1_644_515_328,  # stabilityai/stablelm-2-1_6b: 1.64B
+    "glm-4-9b": 9_399_951_360,  # THUDM/glm-4-9b-hf: 9.4B
+    "falcon-7b": 6_921_720_704,  # tiiuae/falcon-7b: 7B
+    "falcon-40b": 41_303_293_952,  # tiiuae/falcon-40b: 40B
 }
 # Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
 # skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped

@@ -52,8 +52,10 @@ def test_an_invalid_terminal_width_is_unset(columns: str) -> None:
     done = memplan(*ESTIMATE, env={"COLUMNS": columns})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    # Unset and no terminal (stdout is a pipe here): rich's default of 80 columns, the panel filling them.
-    assert lines[0].startswith("╭─ memplan estimate") and max(len(line) for line in lines) == 80
+    # Unset and no terminal (stdout is a pipe here): rich's default of 80 columns, the panels filling them
+    # (the verdict first, then the estimate's).
+    assert lines[0].startswith("╭─ verdict") and max(len(line) for line in lines) == 80
+    assert any(line.startswith("╭─ memplan estimate") for line in lines)
 
 
 def test_stdout_closed_is_an_error_on_stderr() -> None:

@@ -21,13 +21,21 @@ ENV = {"COLUMNS": "100", "NO_COLOR": "1"}
 runner = CliRunner(env=ENV)
 GPUS = Path(__file__).parents[1] / "presets" / "gpus"
 GIB = 2**30
-RESERVE = GIB  # --reserve's default, 1 GiB
+CONTEXT = 723 * 2**20  # the CUDA context outside the allocator (memplan/reserved.py: a published measurement)
 N_70B = 70_553_706_496  # llama-3-70b's parameters (its preset's published count, and `presets show 70b`)
 
 
 def _memory(gpu: str) -> int:
     """A GPU preset's memory_bytes, read from its file (not through memplan)."""
     return int(tomllib.loads((GPUS / f"{gpu}.toml").read_text())["memory_bytes"])
+
+
+def _usable(gpu: str) -> int:
+    """What the allocator may reserve on a preset, from its file: the driver's memory (nvidia-smi's
+    ``device_mib`` where the file states it, else memory_bytes) less the CUDA context; --reserve 0."""
+    data = tomllib.loads((GPUS / f"{gpu}.toml").read_text())
+    device = data["device_mib"] * 2**20 if "device_mib" in data else data["memory_bytes"]
+    return int(device) - CONTEXT
 
 
 @functools.cache
@@ -57,9 +65,8 @@ def test_70b_leads_with_the_verdict_against_the_largest_gpu_preset() -> None:
     # The largest preset by memory, from the files: MI300X's 192 GiB (B200: 180 GiB, H200: 141 GiB).
     largest = max((p.stem for p in GPUS.glob("*.toml")), key=_memory)
     assert largest == "mi300x" and v["gpu"] == "mi300x" and not v["gpu_given"]
-    assert v["usable_bytes"] == _memory("mi300x") - RESERVE == 191 * GIB
-    assert v["peak"] == doc["memory"]["peak"] and not v["fits"]
-    assert v["headroom"] == v["usable_bytes"] - doc["memory"]["peak"]
+    assert v["usable_bytes"] == _usable("mi300x") == 192 * GIB - CONTEXT
+    assert v["peak"] == doc["memory"]["peak"] and not v["fits"] and v["headroom"] < 0
     # The three largest terms of the peak (loss backward: nothing freed yet): optimizer = fp32 master + m + v
     # = 12 B per parameter; activations = every saved tensor; weights = bf16, 2 B per parameter.
     assert v["terms"] == {
@@ -78,29 +85,36 @@ def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
     v = _json("--model", "70b", "--seq", "8192")["verdict"]
     count = v["counts"][0]
     # By hand: ZeRO-3 shards 16 B per parameter (bf16 weights and gradients, 12 B of fp32 master and Adam
-    # states) over dp; at dp 5 that is 70.55e9 × 16 / 5 = 225.8e9 B = 210.3 GiB > 191 GiB usable, so at
-    # least 6 MI300X; 6 leave 191 − 175.2 = 15.8 GiB for the rest, which full checkpointing's saves
-    # (80 layer inputs of 8192 × 8192 × 2 B = 10 GiB) need: its estimate fits.
-    assert 16 * N_70B / 5 > 191 * GIB > 16 * N_70B / 6
-    assert count["devices"] == count["dp"] == 6
-    assert count["args"] == ["--zero", "3", "--dp", "6", "--checkpointing", "full"]
-    six = _json("-m", "70b", "--seq", "8192", "--gpu", "mi300x", *count["args"])
-    assert six["fit"]["fits"] and six["memory"]["peak"] == count["peak"]
+    # states) over dp; at dp 5 that is 70.55e9 × 16 / 5 = 225.8e9 B = 210.3 GiB > 191.3 GiB usable, so at
+    # least 6 MI300X; the estimate's count (with full checkpointing's 80 layer inputs of 8192 × 8192 × 2 B,
+    # the gathered layer and the allocator's segments) must fit, and one fewer must not.
+    assert 16 * N_70B / 5 > _usable("mi300x") > 16 * N_70B / 6
+    dp = count["dp"]
+    assert dp >= 6 and count["devices"] == dp
+    assert count["args"] == ["--zero", "3", "--dp", str(dp), "--checkpointing", "full"]
+    ran = _json("-m", "70b", "--seq", "8192", "--gpu", "mi300x", *count["args"])
+    assert ran["fit"]["fits"] and ran["memory"]["peak"] == count["peak"]
+    fewer = ["--zero", "3", "--dp", str(dp - 1), "--checkpointing", "full"]
+    assert not _json("-m", "70b", "--seq", "8192", "--gpu", "mi300x", *fewer)["fit"]["fits"]
     text = _text("--model", "70b", "--seq", "8192", "--summary")
-    assert "needs 6 × mi300x (--zero 3 --dp 6 --checkpointing full): peak" in text
+    assert f"needs {dp} × mi300x (--zero 3 --dp {dp} --checkpointing full): peak" in text
 
 
 def test_gpu_count_under_gpu_h100_and_the_largest_preset() -> None:
     v = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")["verdict"]
-    assert v["gpu"] == "h100-sxm" and v["gpu_given"] and v["usable_bytes"] == 79 * GIB
+    assert v["gpu"] == "h100-sxm" and v["gpu_given"] and v["usable_bytes"] == _usable("h100-sxm")
+    assert _usable("h100-sxm") == (81_559 - 723) * 2**20  # nvidia-smi's total less the context
     h100, largest = v["counts"]
-    assert largest["gpu"] == "mi300x" and largest["devices"] == 6
-    # By hand, the sharded states alone: 70.55e9 × 16 / 79 GiB = 13.3 → at least 14 H100s; the estimate's
-    # answer (17, with 10 GiB of checkpoints, the gathered layer and the loss) must fit, 16 must not.
-    assert h100["dp"] >= 14 and h100["dp"] == 17
+    mi300x = _json("--model", "70b", "--seq", "8192")["verdict"]["counts"][0]
+    assert largest["gpu"] == "mi300x" and largest["devices"] == mi300x["devices"]
+    # By hand, the sharded states alone: 70.55e9 × 16 / 78.9 GiB = 13.3 → at least 14 H100s; the
+    # estimate's answer (with 10 GiB of checkpoints, the gathered layer and the loss) must fit, one fewer
+    # must not.
+    dp = h100["dp"]
+    assert _usable("h100-sxm") < 16 * N_70B / 13 and dp >= 14
     base = ("-m", "70b", "--seq", "8192", "--gpu", "h100", "--checkpointing", "full", "--zero", "3")
-    assert _json(*base, "--dp", "17")["fit"]["fits"]
-    assert not _json(*base, "--dp", "16")["fit"]["fits"]
+    assert _json(*base, "--dp", str(dp))["fit"]["fits"]
+    assert not _json(*base, "--dp", str(dp - 1))["fit"]["fits"]
 
 
 def test_every_suggestion_is_estimated_lowers_the_peak_and_its_command_says_so() -> None:
@@ -141,9 +155,10 @@ def test_suggestions_leave_out_what_is_already_set() -> None:
 def test_a_step_that_fits_names_the_smallest_preset_and_its_free_memory() -> None:
     doc = _json("--model", "gpt2")
     v = doc["verdict"]
-    smallest = min((p.stem for p in GPUS.glob("*.toml")), key=_memory)
+    smallest = min((p.stem for p in GPUS.glob("*.toml")), key=_usable)
     assert smallest == "rtx-4090" and v["gpu"] == smallest and v["fits"]
-    free = _memory("rtx-4090") - RESERVE - doc["memory"]["peak"]  # 24 GiB − 1 GiB − the peak
+    # 24 GiB less the context less what the allocator reserves at its peak (the replay on an RTX 4090)
+    free = _usable("rtx-4090") - doc["memory"]["reserved_peak"]
     assert v["headroom"] == free and v["counts"] == [] and v["suggestions"] == []
     text = _text("--model", "gpt2", "--summary")
     assert f"fits on one rtx-4090 with {_gib(free)} free" in text
@@ -153,7 +168,7 @@ def test_fits_under_gpu_says_so_without_suggestions() -> None:
     doc = _json("-m", "8b", "--gpu", "h100", "--finetune", "lora")
     v = doc["verdict"]
     assert v["fits"] and v["gpu"] == "h100-sxm" and v["suggestions"] == []
-    assert v["headroom"] == 79 * GIB - doc["memory"]["peak"]
+    assert v["headroom"] == _usable("h100-sxm") - doc["fit"]["reserved_peak"] == doc["fit"]["headroom"]
 
 
 def test_summary_refuses_json() -> None:
@@ -167,9 +182,10 @@ def test_summary_refuses_json() -> None:
 def test_gpu_memory_judges_against_that_memory_with_the_default_gpus_compute() -> None:
     custom = _json("-m", "8b", "--gpu-memory", "48")
     h100 = _json("-m", "8b", "--gpu", "h100-sxm")
-    assert custom["fit"]["memory_bytes"] == 48 * GIB and custom["fit"]["usable_bytes"] == 47 * GIB
-    assert custom["fit"]["gpu"] == "h100-sxm with 48 GiB"
-    assert custom["fit"]["headroom"] == 47 * GIB - custom["memory"]["peak"]
+    fit = custom["fit"]
+    assert fit["memory_bytes"] == fit["device_bytes"] == 48 * GIB  # the user's figure, not nvidia-smi's
+    assert fit["usable_bytes"] == 48 * GIB - CONTEXT and fit["gpu"] == "h100-sxm with 48 GiB"
+    assert fit["headroom"] == 48 * GIB - CONTEXT - fit["reserved_peak"]
     assert custom["time"] == h100["time"]  # memory only: FLOP/s and bandwidths are the H100's
     v = custom["verdict"]
     assert v["gpu"] == "h100-sxm with 48 GiB" and v["gpu_given"] and not v["fits"]
@@ -179,7 +195,7 @@ def test_gpu_memory_judges_against_that_memory_with_the_default_gpus_compute() -
     base = ("-m", "8b", "--gpu-memory", "48", "--zero", "3")
     assert _json(*base, "--dp", "4")["fit"]["fits"] and not _json(*base, "--dp", "3")["fit"]["fits"]
     assert v["counts"][1]["gpu"] == "mi300x"  # the largest preset at its own 192 GiB
-    assert v["counts"][1]["usable_bytes"] == 191 * GIB
+    assert v["counts"][1]["usable_bytes"] == _usable("mi300x")
 
 
 def test_gpu_memory_replaces_the_memory_of_the_gpu_given() -> None:
@@ -200,12 +216,14 @@ def test_gpu_file_is_documented_and_read(tmp_path: Path) -> None:
         (GPUS / "h100-sxm.toml")
         .read_text()
         .replace("memory_bytes = 85899345920", f"memory_bytes = {96 * GIB}")
+        .replace("device_mib = 81559", f"device_mib = {96 * 1024}")  # a 96 GiB part: its driver's total too
     )
     path = tmp_path / "h100-96.toml"
     path.write_text(text)
     doc = _json("-m", "8b", "--gpu", str(path))
     assert doc["fit"]["memory_bytes"] == 96 * GIB
-    assert doc["fit"]["headroom"] == 95 * GIB - doc["memory"]["peak"]
+    assert doc["fit"]["usable_bytes"] == 96 * GIB - CONTEXT
+    assert doc["fit"]["headroom"] == 96 * GIB - CONTEXT - doc["fit"]["reserved_peak"]
     help_text = " ".join(runner.invoke(app, ["estimate", "--help"]).stdout.split())
     assert "NAME|FILE" in help_text and "--gpu-memory" in help_text
 

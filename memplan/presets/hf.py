@@ -37,8 +37,8 @@ Known limitations (none changes the parameter count):
   or ``ln_attn`` / ``ln_mlp``); NB ALiBi and ``parallel_attn`` false are refused.
 - OLMo-2 imports its post-norm-only layout and whole-width q/k norms (``pre_norms`` false,
   ``qk_norm_whole``): modelled for ``--impl hf`` only.
-- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers between MoE
-  ones) are refused, not modelled.
+- NB: Qwen2-MoE / Qwen3-MoE configs with ``decoder_sparse_step`` ≠ 1 or ``mlp_only_layers`` (dense layers
+  between MoE ones) are refused, not modelled.
 - gpt-oss: attention sinks, a biased router, clamped SwiGLU experts with biases, sliding layers
   alternating with full ones (``layer_types``, another pattern refused); NB ``swiglu_limit`` /
   ``swiglu_alpha`` change values only; NB its YaRN ``rope_scaling`` is ignored (no bytes).
