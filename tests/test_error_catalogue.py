@@ -294,9 +294,7 @@ CASES: list[Case] = [
     case("plan-tp-zero-fix", "plan -m 7b --tp 0", "use --tp N"),
     case("plan-dp-zero-fix", "plan -m 7b --dp 0", "use --dp N"),
     case("plan-gpus-zero-fix", "plan -m 7b --gpus 0", "use --gpus N"),
-    case(
-        "fit-nothing-to-search", "fit -m 7b --gpu h100 --gpus 1000 --global-batch 3", "global-batch"
-    ),
+    case("fit-nothing-to-search", "fit -m 7b --gpu h100 --gpus 1000 --global-batch 3", "global-batch"),
     case("plan-reserve-whole-gpu", "plan -m 7b --gpu h100 --reserve 80", "reserve"),
     case("plan-reserve-negative", "plan -m 7b --gpu h100 --reserve -1", "reserve"),
     case("plan-reserve-without-gpu", "plan -m 7b --reserve 2", "reserve"),

@@ -188,7 +188,9 @@ def test_torch_trace_writer_failing_on_a_full_disk_is_an_error(small_disk: Path)
 def test_profile_torch_trace_on_a_full_disk(small_disk: Path) -> None:
     pytest.importorskip("torch")
     trace = small_disk / "trace.json"
+    # fp32: no bf16-speed note on stderr (it depends on this CPU, measured at run time)
     args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "16", "--steps", "1", "--warmup", "0"]
+    args += ["--precision", "fp32"]
     result = runner.invoke(app, [*args, "--torch-trace", str(trace)], env={"COLUMNS": "120"})
     assert result.exit_code == 2, result.output
     one_error_line(result.stderr, "torch-trace:", str(trace))

@@ -185,7 +185,8 @@ def test_fit_lists_only_layouts_estimate_takes() -> None:
     from memplan.engine import estimate
 
     base = build_setup("7b", seq=2048)
-    result = fit(base, load_gpu("h100"), 1 << 28, max_seq=False)
+    narrow = Space(checkpointing=(Checkpointing.NONE,), attention=(Attention.FLASH,), micro_batches=(1,))
+    result = fit(base, load_gpu("h100"), 1 << 28, max_seq=False, space=narrow)
     assert result.fitting
     for c in result.fitting:
         s = c.result.setup
