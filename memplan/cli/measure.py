@@ -166,6 +166,11 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
     result["built_from"] = "config.json" if document is not None else "memplan's model"
+    _print_impl_trace(result, seconds, as_json)
+
+
+def _print_impl_trace(result: dict[str, Any], seconds: float, as_json: bool) -> None:
+    """Print a ``trace --impl`` / ``--compile`` comparison (CPU fake tensors); exit 1 when it differs."""
     result["seconds"] = round(seconds, 3)
     result["ran_on"] = "cpu"
     if as_json:
@@ -196,18 +201,7 @@ def _trace_compiled(setup: Setup, as_json: bool) -> None:
     meas = measure_compiled(setup)
     seconds = time.perf_counter() - start
     result = compiled_comparison_json(est, meas)
-    result["seconds"] = round(seconds, 3)
-    result["ran_on"] = "cpu"
-    if as_json:
-        typer.echo(json.dumps(result, allow_nan=False))
-    else:
-        from rich.console import Console
-
-        from memplan.render.measure import impl_trace_report
-
-        Console().print(impl_trace_report(result, seconds))
-    if not result["diff"]["equal"]:
-        raise typer.Exit(1)
+    _print_impl_trace(result, seconds, as_json)
 
 
 DeviceRunOpt = Annotated[
