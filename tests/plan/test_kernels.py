@@ -65,6 +65,8 @@ def test_a_context_parallel_rank_runs_c_of_c_plus_one_of_its_counted_cells(cp: i
 
 def test_the_constants_are_the_sources_figures() -> None:
     assert (eff.ATTENTION, eff.FA2_HOPPER, eff.FA3_SPEEDUP) == (0.50, 0.35, 1.5)
+    # STREAM triad at 2,493 MB/s of DDR4-1600 × 16 bit's 3,200 MB/s wire rate (TI SPRAD45A Table 3-3)
+    assert round(2493 / 3200, 2) == eff.HOST_MEMORY
 
 
 def test_flashattention_3_off_hopper_is_a_one_line_error() -> None:
