@@ -33,12 +33,10 @@ from pydantic import BaseModel, ConfigDict
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks.profiles import compile_note
 from memplan.config import FINETUNE_OPTIONS, Attention, Checkpointing, MethodChoice, Optimizer
+from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
-
-MAX_DP = 1 << 20
-"""The largest data-parallel degree searched: ``StrategyConfig.dp``'s own limit."""
 
 TOP_TERMS = 3
 

@@ -430,11 +430,9 @@ def _cpu_bf16_note(setup: Setup, flops: int) -> None:
 
     if setup.training.precision.activation_dtype is not DType.BF16:
         return
-    import torch
+    from memplan.measure.profile import bf16_and_fp32_rates
 
-    from memplan.measure.profile import matmul_rate
-
-    note = bf16_note(matmul_rate(torch.bfloat16), matmul_rate(torch.float32), flops)
+    note = bf16_note(*bf16_and_fp32_rates(), flops)
     if note is not None:
         typer.echo(note, err=True)
 

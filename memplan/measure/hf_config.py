@@ -230,17 +230,10 @@ def starcoder2_keys(setup: Setup) -> dict[str, Any]:
             "qkv_bias: StarCoder2's use_bias sets every linear's bias; "
             "set qkv_bias, out_bias and mlp_bias alike"
         )
-    return {
-        "hidden_size": m.hidden_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.kv_heads,
-        "head_dim": m.dim,
-        "intermediate_size": m.ffn,
-        "max_position_embeddings": m.max_positions,
-        "norm_epsilon": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "attention_dropout": m.attn_dropout,
+    keys = llama_keys(setup)  # the shapes, rope and attention dropout are the same keys
+    keys["norm_epsilon"] = keys.pop("rms_norm_eps")
+    del keys["attention_bias"]  # use_bias covers every linear
+    return keys | {
         "residual_dropout": m.resid_dropout,
         "embedding_dropout": m.embd_dropout,
         "use_bias": m.qkv_bias,

@@ -186,6 +186,11 @@ def matmul_rate(dtype: torch.dtype, n: int = 256, seconds: float = 0.05) -> floa
     return 2 * n**3 * runs / elapsed
 
 
+def bf16_and_fp32_rates() -> tuple[float, float]:
+    """``matmul_rate`` in bf16 and in fp32 on this CPU (``profile``'s slow-bf16 note)."""
+    return matmul_rate(torch.bfloat16), matmul_rate(torch.float32)
+
+
 def profile(
     setup: Setup,
     device: str = "cpu",
