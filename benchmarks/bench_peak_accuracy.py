@@ -1,6 +1,6 @@
 """Estimated vs measured peak memory of real CPU training steps, over a strategy grid.
 
-Runs ``memplan.measure.profile`` (every storage alive, exact) beside ``memplan.estimate`` for two small
+Runs ``memplan.measure.runs.profile`` (every storage alive, exact) beside ``memplan.estimate`` for two small
 architectures (Llama-style and GPT-style) × attention × checkpointing × reversible × precision, with a small
 vocabulary (so a layer's backward, the approximated moment, is often the peak) and a large one (so the
 loss backward, an exact moment, is). Prints a markdown table; ``--write`` puts it in docs/peak-accuracy.md.
@@ -27,7 +27,7 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import estimate
-from memplan.measure.profile import profile
+from memplan.measure.runs.profile import profile
 
 LLAMA: dict[str, Any] = {
     "hidden_size": 64,

@@ -1,7 +1,7 @@
 """Measured vs estimated peak memory of real training steps on a GPU (issue: GPU evidence).
 
 The one prepared script to run when a task is lent a GPU machine: it profiles a 1–8B preset at a few
-sequence lengths and strategies with ``memplan.measure.profile`` (the CUDA caching allocator's
+sequence lengths and strategies with ``memplan.measure.runs.profile`` (the CUDA caching allocator's
 ``max_memory_allocated`` over a whole step, optimizer included) beside ``memplan estimate --device cuda``,
 and the allocator's reserved peak (``torch.cuda.memory_stats()["reserved_bytes.all.peak"]``, what the
 profile reports as ``phase_peaks.reserved``) beside the estimate's replay of the step through the caching

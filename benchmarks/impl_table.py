@@ -96,8 +96,8 @@ def run(case: Case, attention: str, checkpointing: str, seq: int = 512) -> dict[
     from memplan.api import build_setup
     from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig
     from memplan.engine import estimate
-    from memplan.measure.compare import estimated_layers
-    from memplan.measure.framework import check_traceable
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.dispatch import check_traceable
 
     m = ModelConfig.model_validate({**model_of(case).model_dump(), "num_layers": 2, **dict(case.fields)})
 

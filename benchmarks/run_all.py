@@ -42,7 +42,7 @@ TRACE_ARGS = ["trace", "--model", "70b", "--seq", "8192", "--json"]
 # Used only where this memplan has no `trace` command: the same measurement, called directly.
 TRACE_FALLBACK = (
     "import json, time; from memplan.config import Setup, TrainingConfig; "
-    "from memplan.presets import load_model_preset; from memplan.measure.run import measure; "
+    "from memplan.presets import load_model_preset; from memplan.measure.runs.run import measure; "
     "from memplan.engine import estimate; "
     "setup = Setup(model=load_model_preset('70b').model, training=TrainingConfig(seq_len=8192), "
     "device='cpu'); "
@@ -144,7 +144,7 @@ def trace_70b() -> dict[str, Any]:
     result: dict[str, Any] = {
         "command": "memplan " + " ".join(TRACE_ARGS)
         if via_cli
-        else "memplan.measure.run.measure(setup, fake=True)",
+        else "memplan.measure.runs.run.measure(setup, fake=True)",
         "exit_code": code,
         "wall_s": wall,
         # ru_maxrss: kilobytes on Linux, bytes on macOS.

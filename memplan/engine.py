@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops
-from memplan.analytic.inventory import Block, Kept, Role, Scope
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
+from memplan.analytic.states import ModelStates
+from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import DType, MoEConfig, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
@@ -71,7 +72,7 @@ from memplan.strategies.pipeline_parallel import (
     stage_params,
 )
 from memplan.strategies.tensor_parallel import check_layout
-from memplan.strategies.zero import ModelStates, model_states
+from memplan.strategies.zero import model_states
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops, flops
-from memplan.analytic.inventory import Dims, Kept
 from memplan.analytic.params import ParamCount, count_params
+from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
 from memplan.strategies import (

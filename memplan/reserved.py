@@ -50,9 +50,9 @@ import itertools
 from dataclasses import dataclass
 
 from memplan.analytic.allocator import Alloc, Event, Free, Replay, replay
-from memplan.analytic.inventory import Scope
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
+from memplan.blocks.inventory import Scope
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.pipeline_parallel import Group

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from tiny_setup import A, H, S, tiny_setup
 
-from memplan.analytic.inventory import Block, Dims, Role
 from memplan.blocks import attention
+from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import Device, DType, Impl, ImplConfig, Precision, Setup
 from memplan.config.impl import Family
 from memplan.config.strategy import Attention

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from tiny_setup import A, B, F, H, L, S, T, tiny_setup
 
-from memplan.analytic.inventory import Dims, Scope
+from memplan.blocks.inventory import Dims, Scope
 from memplan.config import Impl, ImplConfig, MoEConfig, Setup
 from memplan.config.impl import Family
 from memplan.config.strategy import Attention, Checkpointing

@@ -2,7 +2,8 @@
 torch-free, in the mutation selection (docs/mutation.md). tests/measure/test_loss.py measures the same saves
 per tensor and the chunked loss's backward moment (torch).
 
-What each loss keeps (blocks/head.py's docstring; measure/loss.py spells the same code out in torch):
+What each loss keeps (blocks/head.py's docstring; measure/reference/loss.py spells the same code out in
+torch):
 - standard: the lm head's input [b, s, h] (dW = Xᵀ·dY), log_softmax's fp32 output [T, v] (d = p − onehot),
   nll_loss's targets [b, s] int64 and its fp32 total weight (a scalar);
 - chunked:N (torchtune's ``chunked_output`` + ``CEWithChunkedOutputLoss``): ``torch.chunk`` cuts s into
@@ -31,8 +32,8 @@ from typing import Any
 import pytest
 from tiny_setup import B, H, S, T, V, tiny_setup
 
-from memplan.analytic.inventory import Block, Dims, Role
 from memplan.blocks import head
+from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import DType, Impl, ImplConfig, LossKind, Precision, Setup, TrainingConfig
 from memplan.config.impl import Family
 from memplan.config.strategy import Attention

@@ -10,7 +10,7 @@ from memplan.api import build_setup
 from memplan.config import AttentionChoice, Device, Impl, ImplConfig
 from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
+from memplan.measure.compare.tensors import estimated_layers
 
 TITAN = ImplConfig(impl=Impl.TORCHTITAN)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Block, Dims
 from memplan.analytic.params import count_params
+from memplan.blocks.inventory import Block, Dims
 from memplan.config import (
     Attention,
     Checkpointing,

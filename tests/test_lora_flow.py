@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from tiny_setup import A, B, F, H, L, S, T, V, nbytes, tiny_setup
 
-from memplan.analytic.inventory import Dims, Role
+from memplan.blocks.inventory import Dims, Role
 from memplan.config import (
     Attention,
     FineTune,

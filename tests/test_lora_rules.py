@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tiny_setup import tiny_setup
 
-from memplan.analytic.inventory import Block, Dims, Role
+from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig
 from memplan.config.finetune import Target, parse_freeze
 from memplan.engine import estimate

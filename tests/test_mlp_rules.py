@@ -25,8 +25,8 @@ import pytest
 from tiny_setup import A, B, F, H, L, S, T, nbytes, tiny_setup
 
 from memplan.analytic import activations as act
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks import mlp
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.config import (
     DType,
     Impl,

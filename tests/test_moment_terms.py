@@ -78,7 +78,8 @@ def test_final_norm_backward_transient(norm: str, precision: Precision, expected
         (Precision.FP16_MIXED, Optimizer.ADAMW_8BIT, 4 + 12, 4),
         (Precision.FP32, Optimizer.ADAMW_8BIT, 12, 4),
         (Precision.FP32, Optimizer.SGD, 0, 0),
-        # Pure bf16 (no master copy): the gradient stays bf16 (measure/optim.py upcasts only for the mixed
+        # Pure bf16 (no master copy): the gradient stays bf16 (measure/reference/optim.py upcasts only for
+        # the mixed
         # recipes and 8-bit Adam), Adam's denominator and Lion's update are bf16 like their states (2);
         # 8-bit Adam still upcasts it (4) and dequantises in fp32 (12). (bf16 AdamW is also measured:
         # tests/measure/test_peak.py test_one_ranks_step_transient_is_exact[bf16-adamw].)

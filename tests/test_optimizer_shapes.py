@@ -2,7 +2,8 @@
 (analytic/optimizer_step.py), in the fast, torch-free suite the mutation run uses (docs/mutation.md).
 
 tests/measure/test_optimizer_impls.py runs torch.optim on the reference model and transformers (torch); here
-the orders are written out from the module layouts: memplan/measure/model.py ``Reference`` (a module's own
+the orders are written out from the module layouts: memplan/measure/reference/model.py ``Reference`` (a
+module's own
 parameters before its submodules': embed, positions, head, then the layers and the final norm; a layer's
 attn_norm, mlp_norm, q, k, v, o, MLP), transformers' ``LlamaForCausalLM`` and ``GPT2LMHeadModel``.
 """

@@ -173,7 +173,7 @@ def test_plot_that_fits_replaces_the_file(small_disk: Path) -> None:
 def test_torch_trace_writer_failing_on_a_full_disk_is_an_error(small_disk: Path) -> None:
     """Kineto's writer logs its failure and returns; its partial ``.tmp`` must not stay, nor pass."""
     torch = pytest.importorskip("torch")
-    from memplan.measure.profile import export_chrome_trace
+    from memplan.measure.runs.profile import export_chrome_trace
 
     with torch.profiler.profile() as prof:
         for _ in range(300):  # some 600 events: a trace well over the 64 KiB of the disk

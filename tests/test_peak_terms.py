@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Block, Kept, Role, Scope
+from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.config import (
     Checkpointing,
     Device,

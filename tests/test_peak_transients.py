@@ -13,8 +13,8 @@ from typing import Any
 from tiny_setup import A, B, H, S, T, tiny_setup
 
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Dims
 from memplan.analytic.params import count_params
+from memplan.blocks.inventory import Dims
 from memplan.config import Device, Setup
 from memplan.config.strategy import Attention
 

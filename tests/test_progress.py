@@ -77,7 +77,7 @@ def test_profile_nproc_shows_a_spinner_while_its_ranks_run(monkeypatch: pytest.M
     """``profile --nproc``: the ranks report only at the end, so a spinner with the elapsed time runs on
     stderr meanwhile (a terminal, past the delay); the ranks' launch is stood in for by a 0.3 s wait."""
     from memplan.cli import nproc
-    from memplan.measure import distributed
+    from memplan.measure.distributed import nproc as distributed
 
     console, out = terminal()
     monkeypatch.setattr(nproc, "Bar", functools.partial(Bar, delay=0.0, console=console))

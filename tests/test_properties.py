@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memplan.analytic.inventory import Kept, Role, Scope
+from memplan.blocks.inventory import Kept, Role, Scope
 from memplan.config import (
     Attention,
     Checkpointing,

@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console, RenderableType
 
-from memplan.analytic.inventory import Scope
 from memplan.analytic.params import count_params
+from memplan.blocks.inventory import Scope
 from memplan.config import Attention, Checkpointing, Setup, StrategyConfig, TrainingConfig
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names

@@ -1,7 +1,7 @@
 """Per-tensor inventory of what autograd keeps for the backward pass of one micro-batch, composed from the
 blocks' saves (``memplan.blocks``: each block declares what its ops keep).
 
-Each rule mirrors one op of the reference model (memplan/measure/model.py) and what its PyTorch
+Each rule mirrors one op of the reference model (memplan/measure/reference/model.py) and what its PyTorch
 autograd node saves; the measurement side counts those saves byte for byte (storage-deduplicated,
 parameters excluded). Shapes: b micro-batch, s sequence, h hidden, a heads, kv key/value heads, d head
 dim, f ffn width, v vocabulary; A the activation dtype of the precision recipe.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks import dropout_rule
 from memplan.blocks.attention import (
     attention_core_rules,
@@ -41,6 +40,7 @@ from memplan.blocks.attention import (
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules

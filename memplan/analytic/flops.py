@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.analytic.inventory import Dims
 from memplan.blocks import moe
 from memplan.blocks.attention import (
     attention_backward_flops,
@@ -41,6 +40,7 @@ from memplan.blocks.attention import (
     projection_flops,
 )
 from memplan.blocks.head import head_flops
+from memplan.blocks.inventory import Dims
 from memplan.blocks.mlp import mlp_flops
 from memplan.config import Setup
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from itertools import pairwise
 
+from memplan.analytic.states import shard
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
 from memplan.config import (
     Device,
@@ -60,7 +61,6 @@ from memplan.config import (
 )
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import adapted, base_trains, embedding_trains, final_norm_trains, head_trains
-from memplan.strategies.zero import shard
 
 Shape = tuple[int, ...]
 
@@ -97,7 +97,7 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
 
 
 def _mlp_shapes(m: ModelConfig, width: int) -> list[Shape]:
-    """measure/moe.py ``Mlp``: gate (SwiGLU), up [width, h], down [h, width], each with its bias."""
+    """measure/reference/moe.py ``Mlp``: gate (SwiGLU), up [width, h], down [h, width], each with its bias."""
     h, bias = m.hidden_size, m.mlp_bias
     linears = [(width, h)] * (2 if m.mlp is MlpType.SWIGLU else 1) + [(h, width)]
     return [s for rows, cols in linears for s in [(rows, cols), *([(rows,)] if bias else [])]]
@@ -123,7 +123,7 @@ def _norm_shapes(m: ModelConfig) -> list[Shape]:
 
 
 def _layer_shapes(m: ModelConfig) -> list[Shape]:
-    """measure/model.py ``Layer``: attn_norm, mlp_norm, q, k, v, o, then the MLP (dense, or router,
+    """measure/reference/model.py ``Layer``: attn_norm, mlp_norm, q, k, v, o, then the MLP (dense, or router,
     experts, shared experts and their gate)."""
     shapes = [*_norm_shapes(m), *_norm_shapes(m), *_attention_shapes(m)]
     if m.moe is None:
@@ -136,7 +136,8 @@ def _layer_shapes(m: ModelConfig) -> list[Shape]:
 
 
 def _reference_shapes(m: ModelConfig) -> list[Shape]:
-    """measure/model.py ``Reference``: nn.Module yields a module's own parameters before its submodules',
+    """measure/reference/model.py ``Reference``: nn.Module yields a module's own parameters before its
+    submodules',
     so embed [v, h], learned positions [P, h] and an untied head [v, h] come first, then the layers and
     the final norm."""
     h = m.hidden_size
@@ -184,7 +185,8 @@ def parameter_shapes(setup: Setup) -> list[Shape]:
 
 
 def _adapter_shapes(m: ModelConfig, targets: frozenset[Target], rank: int) -> list[Shape]:
-    """One layer's LoRA adapters in module order (q, k, v, o, then the MLP's gate, up, down; measure/lora.py
+    """One layer's LoRA adapters in module order (q, k, v, o, then the MLP's gate, up, down;
+    measure/reference/lora.py
     ``LoraLinear`` and peft's ``lora.Linear`` alike): A [r, in] then B [out, r] for each adapted linear."""
     shapes = linear_shapes(m)
     return [s for t in Target if t in targets for s in ((rank, shapes[t][0]), (shapes[t][1], rank))]

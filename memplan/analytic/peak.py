@@ -52,9 +52,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
+from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
 from memplan.blocks.attention import (
     attention_core_rules,
@@ -63,6 +63,7 @@ from memplan.blocks.attention import (
     projection_rules,
 )
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import checkpoints_alone, profile_of
@@ -74,7 +75,6 @@ from memplan.config import (
     Offload,
     Setup,
 )
-from memplan.strategies.zero import ModelStates
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 """What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit

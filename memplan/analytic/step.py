@@ -6,12 +6,12 @@ and the weights ZeRO-3 (or parameter offload) gathers onto the device at once. S
 from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
+from memplan.analytic.states import shard
 from memplan.config import Offload, Optimizer, PositionType, Precision, Setup, ZeroStage
-from memplan.strategies.zero import shard
 
 
 def optimizer_transient(setup: Setup, largest: int) -> int:
-    """Temporaries of the reference optimizer (measure/optim.py) for the largest tensor it steps
+    """Temporaries of the reference optimizer (measure/reference/optim.py) for the largest tensor it steps
     (``largest_step_tensor``: a whole parameter, or under ZeRO one rank's shard of it).
 
     The gradient is upcast to fp32 (4 bytes/element) by the mixed recipes and by 8-bit Adam unless it is

@@ -16,7 +16,7 @@ head dim, f ffn width, v vocabulary, T = b·s tokens; A the activation dtype of 
 
 from __future__ import annotations
 
-from memplan.analytic.inventory import Block, Role, Rule, save
+from memplan.blocks.inventory import Block, Role, Rule, save
 from memplan.config import DType
 
 

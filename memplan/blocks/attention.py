@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 

@@ -3,8 +3,8 @@ embedding dropout."""
 
 from __future__ import annotations
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import dropout_rule
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.config import DType, ModelConfig, PositionType, Setup
 

@@ -28,8 +28,8 @@ exceed the backward's for small vocabularies.
 
 from __future__ import annotations
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, LossKind, ModelConfig, Setup
 

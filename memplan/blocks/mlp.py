@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import linear_params, mm
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
 

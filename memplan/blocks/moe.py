@@ -7,7 +7,7 @@ Its parameters (router, one expert, shared experts; ``moe_layer_params``) are he
 counts the whole model's, total and active, from them.
 
 Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
-Megatron-Core's sort-based dispatch, as the reference model (memplan/measure/moe.py) runs them, with
+Megatron-Core's sort-based dispatch, as the reference model (memplan/measure/reference/moe.py) runs them, with
 T = b·s tokens and S expert slots (T·k when dropless; E·⌈c·T·k/E⌉ with capacity factor c, the slots of
 token-dropping Megatron/GShard with padding to capacity):
 - router: linear on the MLP input (already kept as ``mlp.input``), softmax in fp32 → saves [T, E] fp32;
@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_inner_rules, mlp_params
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, GateActivation, MlpType, ModelConfig, MoEConfig, Setup

@@ -3,7 +3,7 @@ profile with ``fused_norm`` (Megatron's Apex / TE kernels) either norm as one fu
 
 from __future__ import annotations
 
-from memplan.analytic.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
 from memplan.config import Device, DType, ModelConfig, NormType, Setup
 

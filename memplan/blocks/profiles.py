@@ -47,7 +47,7 @@ def profile_of(setup: Setup) -> Profile:
 
 def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
-    measured (measure/compiled.py): the reference model's dense RMSNorm / SwiGLU blocks with flash
+    measured (measure/runs/compiled.py): the reference model's dense RMSNorm / SwiGLU blocks with flash
     attention and no dropout, on one tensor- and context-parallel rank, full training. Elsewhere the
     estimate keeps the eager code's saves and says so (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel

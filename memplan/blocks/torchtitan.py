@@ -1,7 +1,8 @@
 """torchtitan's Llama 3 (torchtitan 0.3.0, ``torchtitan/models/llama3`` on ``models/common``) as a profile.
 
 Every fact cites the code that causes it and is checked by running that code under fake tensors
-(``memplan.measure.titan``, tests/titan/). What torchtitan keeps as memplan's reference model does (the
+(``memplan.measure.frameworks.titan``, tests/titan/). What torchtitan keeps as memplan's reference model does
+(the
 fused ``wqkv``'s input, SDPA's q, k, v, out and logsumexp, the SwiGLU's four [b, s, ffn] tensors, the fp32
 ``cross_entropy`` of ``components/loss.py``) needs no switch.
 

@@ -34,7 +34,7 @@ from memplan.presets import hf_document
 
 if TYPE_CHECKING:
     from memplan.engine import Result
-    from memplan.measure.tracker import Curve
+    from memplan.measure.instruments.tracker import Curve
 
 # NB: rich, memplan.render and memplan.measure are imported inside the commands: `memplan estimate`
 # imports this module (to register trace and profile) and must not pay for their progress bars and
@@ -114,10 +114,10 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
             return _trace_impl(setup, as_json, str(options["model"]))
         if setup.impl.compile:
             return _trace_compiled(setup, as_json)
-        from memplan.measure.compare import comparison_json
-        from memplan.measure.model import check_runnable
-        from memplan.measure.run import measure, trace_device
-        from memplan.measure.sizes import check_sizes
+        from memplan.measure.compare.tensors import comparison_json
+        from memplan.measure.instruments.sizes import check_sizes
+        from memplan.measure.reference.model import check_runnable
+        from memplan.measure.runs.run import measure, trace_device
 
         device = trace_device(setup.device)
         check_runnable(setup, device)  # before the progress bar starts drawing
@@ -152,9 +152,9 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     in total (within 1 %) and tensor by tensor (paired by dtype and bytes, named by module path and op).
     With ``--impl hf`` and a config.json (a file or a Hub id), transformers builds the model from that
     file, every key of it (``hf_config_of_file``), not from what memplan read of it."""
-    from memplan.measure.framework import check_traceable
-    from memplan.measure.hf import measure_hf
-    from memplan.measure.impl_compare import impl_comparison_json
+    from memplan.measure.compare.impl import impl_comparison_json
+    from memplan.measure.frameworks.dispatch import check_traceable
+    from memplan.measure.frameworks.hf import measure_hf
 
     measure_impl = check_traceable(setup)
     document = hf_document(model) if setup.impl.impl is Impl.HF else None
@@ -186,10 +186,10 @@ def _print_impl_trace(result: dict[str, Any], seconds: float, as_json: bool) -> 
 
 
 def _trace_compiled(setup: Setup, as_json: bool) -> None:
-    """``trace --compile``: each block's saves from torch.compile's partitioner (measure/compiled.py), the
-    model's eager parts as they run; exact per layer, in total and in FLOPs."""
+    """``trace --compile``: each block's saves from torch.compile's partitioner (measure/runs/compiled.py),
+    the model's eager parts as they run; exact per layer, in total and in FLOPs."""
     from memplan.blocks.profiles import compile_note
-    from memplan.measure.compiled import compiled_comparison_json, measure_compiled
+    from memplan.measure.runs.compiled import compiled_comparison_json, measure_compiled
 
     note = compile_note(setup)
     if note is not None:
@@ -247,8 +247,8 @@ def profile(
     with user_errors():
         _torch_or_fail()
         from memplan.cli.nproc import check_single, profile_distributed
-        from memplan.measure import profile as prof_mod
-        from memplan.measure.torchrun import torchrun_world
+        from memplan.measure.distributed.torchrun import torchrun_world
+        from memplan.measure.runs import profile as prof_mod
 
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
@@ -283,8 +283,8 @@ def profile(
             pyplot()  # before any work: without matplotlib, one line and nothing run
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
         setup = setup_of(options_of({**options, "device": kernels}))
-        from memplan.measure.compare import comparison_json
-        from memplan.measure.sizes import check_sizes
+        from memplan.measure.compare.tensors import comparison_json
+        from memplan.measure.instruments.sizes import check_sizes
 
         est = estimate(setup)
         check_sizes(est.tensors)
@@ -353,7 +353,7 @@ def _measured_timeline(
     --plot the two curves are written to the file. None when neither was asked or no curve was recorded."""
     if curve is None or not (timeline or plot):
         return None
-    from memplan.measure.moments import read_points
+    from memplan.measure.instruments.moments import read_points
     from memplan.timeline import timeline as timeline_points
 
     points = timeline_points(est)
@@ -430,7 +430,7 @@ def _cpu_bf16_note(setup: Setup, flops: int) -> None:
 
     if setup.training.precision.activation_dtype is not DType.BF16:
         return
-    from memplan.measure.profile import bf16_and_fp32_rates
+    from memplan.measure.runs.profile import bf16_and_fp32_rates
 
     note = bf16_note(*bf16_and_fp32_rates(), flops)
     if note is not None:

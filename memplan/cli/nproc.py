@@ -1,4 +1,5 @@
-"""``memplan profile --nproc N``: the distributed check (memplan/measure/distributed.py), as the CLI runs it.
+"""``memplan profile --nproc N``: the distributed check (memplan/measure/distributed/nproc.py), as the CLI
+runs it.
 
 torch is imported inside ``profile_distributed`` only. Under ``torchrun`` every process runs the command
 and rank 0 prints the result; otherwise this process spawns the N ranks itself.
@@ -54,7 +55,7 @@ def check_ranks_memory(est: Result, nproc: int, dev: str) -> None:
     """Refuse a launch whose ranks would not fit, before any rank allocates: on CPU the ranks share the
     host, so their peaks add up; on CUDA each rank has its own GPU, checked at the largest rank's peak
     (``profile.available_memory``: free memory of the first GPU, available host memory)."""
-    from memplan.measure import profile as prof_mod
+    from memplan.measure.runs import profile as prof_mod
 
     peaks = rank_peaks(est, nproc)
     available, where = prof_mod.available_memory(dev)
@@ -67,11 +68,11 @@ def check_ranks_memory(est: Result, nproc: int, dev: str) -> None:
 def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, Any]) -> None:
     """Run the layout in ``nproc`` processes and set every rank beside the estimate (exit 1 when a rank
     differs beyond the documented differences). Raises ValueError for what cannot run."""
-    from memplan.measure import distributed as dist_mod
-    from memplan.measure.dist_compare import comparison
-    from memplan.measure.model import check_runnable
-    from memplan.measure.parallelize import check_distributed
-    from memplan.measure.sizes import check_sizes
+    from memplan.measure.compare.ranks import comparison
+    from memplan.measure.distributed import nproc as dist_mod
+    from memplan.measure.distributed.parallelize import check_distributed
+    from memplan.measure.instruments.sizes import check_sizes
+    from memplan.measure.reference.model import check_runnable
 
     kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
     replica = options.get("tp", 1) * options.get("pp", 1)

@@ -18,7 +18,8 @@ class Impl(StrEnum):
     """The training code whose saved tensors the estimate follows (``--impl``)."""
 
     REFERENCE = "reference"
-    """memplan's own reference model (``memplan/measure/model.py``), what ``trace`` and ``profile`` run."""
+    """memplan's own reference model (``memplan/measure/reference/model.py``), what ``trace`` and ``profile``
+    run."""
     HF = "hf"
     """Hugging Face transformers' modeling code of the model's family (``modeling_<model_type>.py``)."""
     TORCHTITAN = "torchtitan"

@@ -105,7 +105,8 @@ class OptimizerImpl(StrEnum):
     (``analytic.optimizer_step``)."""
 
     REFERENCE = "reference"
-    """memplan's reference optimizer (measure/optim.py): one tensor at a time, in-place where it can."""
+    """memplan's reference optimizer (measure/reference/optim.py): one tensor at a time, in-place where it
+    can."""
     FOR_LOOP = "for-loop"
     """torch.optim.AdamW(foreach=False): ``_single_tensor_adam``, one parameter at a time (torch's pick
     on CPU)."""

@@ -17,8 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memplan.analytic.inventory import Scope
 from memplan.analytic.optimizer_step import optimizer_impl
+from memplan.blocks.inventory import Scope
 from memplan.config import (
     LossKind,
     Method,

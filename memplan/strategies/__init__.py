@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from memplan.analytic.inventory import Dims, Kept
+from memplan.blocks.inventory import Dims, Kept
 from memplan.config import Setup
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks import mlp, moe
 from memplan.blocks.attention import attention_core_flops
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
 from memplan.config import Attention, Checkpointing, Setup
 

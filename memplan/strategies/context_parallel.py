@@ -43,7 +43,7 @@ import math
 from typing import NamedTuple
 
 from memplan.analytic.flops import Flops
-from memplan.analytic.inventory import Dims
+from memplan.blocks.inventory import Dims
 from memplan.config import Attention, Checkpointing, CpRotate, DType, Setup
 
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops
-from memplan.analytic.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks import mm
 from memplan.blocks.attention import (
     attention_core_flops,
@@ -39,6 +38,7 @@ from memplan.blocks.attention import (
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_flops, lm_head_rules
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules
 from memplan.config import Attention, DType, MlpType, NormType, Setup

@@ -23,9 +23,10 @@ dtype with a master copy under mixed precision (peft casts them to fp32 in QLoRA
 from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
+from memplan.analytic.states import ModelStates, shard
 from memplan.config import Setup, ZeroStage
 from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, linear_shapes
-from memplan.strategies.zero import ModelStates, model_states, shard
+from memplan.strategies.zero import model_states
 
 FP32_BYTES = 4
 CODE_4BIT = 16 * FP32_BYTES

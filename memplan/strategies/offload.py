@@ -37,8 +37,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.params import ParamCount
+from memplan.analytic.states import ModelStates, shard
 from memplan.config import LossKind, MlpType, ModelConfig, Offload, Setup, ZeroStage
-from memplan.strategies.zero import ModelStates, shard
 
 HOST_GRADIENT_BYTES = 4
 """DeepSpeed's host gradient buffer: the fp32 ``.grad`` of the rank's fp32 partition (module docstring)."""

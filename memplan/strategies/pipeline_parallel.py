@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Block, Kept, Scope
 from memplan.analytic.params import ParamCount
+from memplan.blocks.inventory import Block, Kept, Scope
 from memplan.config import NormType, Parallel
 
 

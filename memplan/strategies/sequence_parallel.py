@@ -31,7 +31,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from memplan.analytic.inventory import Dims, Kept, Role
+from memplan.blocks.inventory import Dims, Kept, Role
 from memplan.config import Setup
 
 

@@ -10,33 +10,8 @@ ceil(Ψ / Nd) elements. Bytes per element come from the precision recipe and opt
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
+from memplan.analytic.states import ModelStates, shard
 from memplan.config import Optimizer, Precision, ZeroStage
-
-
-class ModelStates(BaseModel):
-    """Bytes of model states on one device."""
-
-    model_config = ConfigDict(frozen=True)
-    weights: int
-    gradients: int
-    master_weights: int
-    optimizer_states: int
-
-    @property
-    def optimizer(self) -> int:
-        """What the optimizer owns: master copy + its states (ZeRO's KΨ)."""
-        return self.master_weights + self.optimizer_states
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer
-
-
-def shard(elements: int, dp: int, sharded: bool) -> int:
-    """Elements of one device's shard: ceil(elements / dp) when sharded, all of them otherwise."""
-    return -(-elements // dp) if sharded else elements
 
 
 def model_states(

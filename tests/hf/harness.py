@@ -1,7 +1,7 @@
 """Shared by the tests that run a framework's own models (transformers against ``--impl hf``, torchtitan
 against ``--impl torchtitan``): a setup with a few layers at a family's real widths, measured under fake
 tensors on CPU, compared to the byte per layer, in total and tensor by tensor (an unpaired tensor fails,
-where ``memplan trace --impl`` accepts 1 %: ``memplan.measure.impl_compare.TOLERANCE``); a case whose
+where ``memplan trace --impl`` accepts 1 %: ``memplan.measure.compare.impl.TOLERANCE``); a case whose
 tensors knowingly do not pair is named in ``EXPECTED_DIFFERENCES`` with its reason, its bytes still
 exact. The exact bytes are in the failure message."""
 
@@ -17,11 +17,11 @@ pytest.importorskip("transformers")
 from memplan.api import build_setup
 from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig, Setup
 from memplan.engine import Result, estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.framework import check_traceable
-from memplan.measure.hf import measure_hf
-from memplan.measure.impl_compare import paired_tensors
-from memplan.measure.run import Measured
+from memplan.measure.compare.impl import paired_tensors
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.dispatch import check_traceable
+from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 
 

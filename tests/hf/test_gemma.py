@@ -11,8 +11,8 @@ import pytest
 
 from memplan.config import Attention, Device, ModelConfig, Setup, StrategyConfig, TrainingConfig
 from memplan.engine import estimate
-from memplan.measure.compare import compare
-from memplan.measure.run import measure
+from memplan.measure.compare.tensors import compare
+from memplan.measure.runs.run import measure
 from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import check_hf, hf_setup
 from tests.test_hf_config import GEMMA_2B

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.hf import measure_hf
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets import load_model_preset
 from tests.hf.harness import hf_setup
 

@@ -14,8 +14,8 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.config import ExpertsImpl, Family
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.hf import measure_hf
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import hf_setup
 

@@ -13,8 +13,8 @@ import pytest
 
 from memplan.config import Setup
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.hf import measure_hf
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.hf import measure_hf
 from tests.hf.harness import hf_setup
 
 FAMILIES = ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"]

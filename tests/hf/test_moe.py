@@ -13,9 +13,9 @@ import pytest
 from memplan.config import ExpertsImpl
 from memplan.contract import to_json
 from memplan.engine import Result, estimate
-from memplan.measure.hf import measure_hf
-from memplan.measure.impl_compare import paired_tensors
-from memplan.measure.run import Measured
+from memplan.measure.compare.impl import paired_tensors
+from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from tests.hf.harness import check_hf, hf_setup
 

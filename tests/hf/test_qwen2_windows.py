@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.hf import measure_hf
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import hf_setup
 from tests.test_hf_config import QWEN25_7B

@@ -13,10 +13,10 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.config import ExpertsImpl, Family
 from memplan.engine import Result, estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.hf import measure_hf
-from memplan.measure.impl_compare import paired_tensors
-from memplan.measure.run import Measured
+from memplan.measure.compare.impl import paired_tensors
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import hf_setup

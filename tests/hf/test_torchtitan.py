@@ -10,10 +10,10 @@ pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch
 
 from memplan.config import Impl
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_layers
-from memplan.measure.framework import check_traceable
-from memplan.measure.impl_compare import paired_tensors
-from memplan.measure.titan import measure_titan
+from memplan.measure.compare.impl import paired_tensors
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.frameworks.dispatch import check_traceable
+from memplan.measure.frameworks.titan import measure_titan
 from tests.hf.harness import hf_setup
 
 # Tied embeddings (enable_weight_tying) and a head dim apart from h / a (GQAttention's head_dim).

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 import memplan.presets.hf as importer
 from memplan.cli.app import app
 from memplan.engine import estimate
-from memplan.measure.hf import measure_hf
-from memplan.measure.hf_config import hf_config, hf_config_of_file
+from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file
 from memplan.presets import hf_document, load_model_preset
 from tests.hf.harness import hf_setup
 

@@ -1,6 +1,7 @@
 """Issue #22 item 1, the measured side: a recorded allocation stream fed through the allocator model.
 
-On CPU the tracker (memplan/measure/tracker.py) records every storage's allocation and free in order; on a
+On CPU the tracker (memplan/measure/instruments/tracker.py) records every storage's allocation and free in
+order; on a
 GPU the allocator's own history does (``_record_memory_history``, read by ``cuda_history_events``). The
 replay of the recorded stream asks for exactly the bytes the tracker counted, so its requested peak is the
 tracker's peak; the allocator model then adds what torch's allocator would have reserved.
@@ -11,8 +12,8 @@ from __future__ import annotations
 from memplan.analytic.allocator import Alloc, Free, replay
 from memplan.api import Options, setup_of
 from memplan.config import Device
-from memplan.measure.profile import StepRunner, cpu_tracking
-from memplan.measure.tracker import cuda_history_events
+from memplan.measure.instruments.tracker import cuda_history_events
+from memplan.measure.runs.profile import StepRunner, cpu_tracking
 
 
 def test_cuda_history_becomes_a_stream_of_requests() -> None:

@@ -71,7 +71,7 @@ def test_trace_rich_output_says_equal() -> None:
 
 
 def test_profile_out_of_memory_reports_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
-    import memplan.measure.profile as prof
+    import memplan.measure.runs.profile as prof
 
     def oom(*_: Any, **__: Any) -> None:
         raise MemoryError

@@ -1,6 +1,6 @@
 """``--compile`` (issue #22 item 4): what each block keeps under torch.compile is what AOTAutograd's min-cut
-partitioner returns from the compiled forward (memplan/measure/compiled.py, traced under fake tensors with
-Inductor's decompositions, no kernels compiled); the estimate (``Profile.compiled_block``) equals it per
+partitioner returns from the compiled forward (memplan/measure/runs/compiled.py, traced under fake tensors
+with Inductor's decompositions, no kernels compiled); the estimate (``Profile.compiled_block``) equals it per
 layer, in total and in FLOPs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from memplan.blocks.profiles import compile_modelled, compile_note
 from memplan.cli.app import app
 from memplan.config import Setup
 from memplan.engine import estimate
-from memplan.measure.compiled import compiled_block_records, compiled_comparison_json, measure_compiled
+from memplan.measure.runs.compiled import compiled_block_records, compiled_comparison_json, measure_compiled
 
 
 def two_layers(**opt: Any) -> Setup:
@@ -59,7 +59,7 @@ def test_the_partitioners_choice_by_hand() -> None:
 
 
 def layer_bytes(s: Setup) -> int:
-    from memplan.analytic.inventory import Scope
+    from memplan.blocks.inventory import Scope
 
     return sum(k.bytes for k in estimate(s).tensors if k.scope is Scope.LAYER)
 

@@ -1,8 +1,8 @@
 """Context parallelism measured: one rank of torch's own ring attention against the estimate, per tensor.
 
 The reference model runs one context-parallel rank with torch's ``_templated_ring_attention`` and its
-backward (``memplan.measure.context``): over a fake process group in one process (every tensor and FLOP
-of the rank, the values not a real run's), and over a real gloo group of 2 processes (the same code with
+backward (``memplan.measure.reference.context``): over a fake process group in one process (every tensor and
+FLOP of the rank, the values not a real run's), and over a real gloo group of 2 processes (the same code with
 real collectives), where the ring's output and gradients also equal full causal attention on the whole
 sequence. Expected values come from the measurement (saved-tensor hooks, FlopCounterMode), never from the
 estimate.
@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from memplan.analytic.inventory import Dims
+from memplan.blocks.inventory import Dims
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -37,11 +37,11 @@ from memplan.config import (
     TrainingConfig,
 )
 from memplan.engine import estimate
-from memplan.measure.compare import compare, estimated_by_name
-from memplan.measure.context import head_tail_positions, ring_flash, ring_group
-from memplan.measure.instruments import register_cpu_sdpa_formulas
-from memplan.measure.model import Reference
-from memplan.measure.run import make_batch, measure, run_step
+from memplan.measure.compare.tensors import compare, estimated_by_name
+from memplan.measure.instruments.record import register_cpu_sdpa_formulas
+from memplan.measure.reference.context import head_tail_positions, ring_flash, ring_group
+from memplan.measure.reference.model import Reference
+from memplan.measure.runs.run import make_batch, measure, run_step
 from memplan.presets import load_model_preset
 from memplan.strategies import context_parallel as cpx
 from memplan.strategies.tensor_parallel import tp_model

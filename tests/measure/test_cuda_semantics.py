@@ -20,8 +20,9 @@ from memplan.api import Options, setup_of
 from memplan.cli.app import app
 from memplan.config import Device, Setup
 from memplan.engine import estimate
-from memplan.measure.compare import compare
-from memplan.measure.run import Measured, measure, trace_device
+from memplan.measure.compare.tensors import compare
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.runs.run import measure, trace_device
 
 CASES: dict[str, dict[str, Any]] = {
     "flash": {"model": "tiny", "attention": "flash"},

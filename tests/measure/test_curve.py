@@ -20,9 +20,9 @@ from memplan.cli.app import app
 from memplan.config import Attention, Device, ModelConfig, Setup, StrategyConfig, TrainingConfig
 from memplan.config import parse_checkpointing as ckpt
 from memplan.engine import estimate
-from memplan.measure.moments import read_points
-from memplan.measure.profile import Profile, profile
-from memplan.measure.tracker import cuda_history_curve
+from memplan.measure.instruments.moments import read_points
+from memplan.measure.instruments.tracker import cuda_history_curve
+from memplan.measure.runs.profile import Profile, profile
 from memplan.render.timeline import MEASURED, timeline_chart
 from memplan.timeline import timeline
 

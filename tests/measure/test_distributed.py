@@ -21,10 +21,10 @@ from memplan.api import Options, load_model, setup_of
 from memplan.cli.app import app
 from memplan.config import Device
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_by_name
-from memplan.measure.dist_compare import comparison, sequence_parallel_gathers
-from memplan.measure.dist_instruments import collective_name
-from memplan.measure.distributed import launch
+from memplan.measure.compare.ranks import comparison, sequence_parallel_gathers
+from memplan.measure.compare.tensors import estimated_by_name
+from memplan.measure.distributed.instruments import collective_name
+from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
 from memplan.schema_commands import command_schema
 from memplan.time.comm import communication
@@ -221,7 +221,7 @@ class _Hung:
 
 
 def test_a_hung_launch_ends_with_a_timeout() -> None:
-    from memplan.measure.distributed import _join
+    from memplan.measure.distributed.nproc import _join
 
     with pytest.raises(TimeoutError, match="ran past"):
         _join(_Hung(), timeout_s=0.3)

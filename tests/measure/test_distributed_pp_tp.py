@@ -9,9 +9,9 @@ from __future__ import annotations
 from memplan.api import Options, setup_of
 from memplan.config import Device
 from memplan.engine import at_stage, estimate
-from memplan.measure.compare import estimated_by_name
-from memplan.measure.dist_compare import comparison
-from memplan.measure.distributed import launch
+from memplan.measure.compare.ranks import comparison
+from memplan.measure.compare.tensors import estimated_by_name
+from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
 from memplan.time.comm import communication
 

@@ -28,8 +28,8 @@ from memplan.config import (
     parse_targets,
 )
 from memplan.engine import estimate
-from memplan.measure.compare import compare
-from memplan.measure.run import measure
+from memplan.measure.compare.tensors import compare
+from memplan.measure.runs.run import measure
 
 
 def saved_shapes(fn: Any) -> list[tuple[int, ...]]:
@@ -183,8 +183,8 @@ def test_weights_equal_the_reference_models_storage(method: Method, double_quant
     """The estimate's weights = the reference model's bytes: under QLoRA its 4-bit storage buffers (laid
     out as bitsandbytes' Linear4bit, tests/test_finetune_libraries.py), the other parameters in the compute
     dtype and the adapters; under LoRA the base and the adapters in the weight dtype."""
-    from memplan.measure.lora import FourBitWeight
-    from memplan.measure.model import Reference
+    from memplan.measure.reference.lora import FourBitWeight
+    from memplan.measure.reference.model import Reference
 
     setup = setup_for(method=method, double_quant=double_quant, precision="bf16-mixed", rank=4)
     model = Reference(setup)
@@ -208,9 +208,9 @@ def test_optimizer_step_over_what_trains_equals_measurement(case: dict[str, Any]
     counted)."""
     from memplan.analytic.optimizer_step import step_transient, trainable_shapes
     from memplan.config import OptimizerImpl
-    from memplan.measure.model import Reference
-    from memplan.measure.optim import step_transient as reference_step
-    from memplan.measure.optim_impls import step_transient as torch_step
+    from memplan.measure.reference.model import Reference
+    from memplan.measure.reference.optim import step_transient as reference_step
+    from memplan.measure.runs.optim_impls import step_transient as torch_step
 
     setup = setup_for(**case)
     torch.manual_seed(0)

@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop
 
-from memplan.measure.instruments import (
+from memplan.measure.instruments.record import (
     FlopMeter,
     NameTotal,
     SavedRecord,
@@ -25,7 +25,7 @@ from memplan.measure.instruments import (
     note_kept,
     register_cpu_sdpa_formulas,
 )
-from memplan.measure.tracker import CudaPeak, LiveMemoryTracker, cuda_peak
+from memplan.measure.instruments.tracker import CudaPeak, LiveMemoryTracker, cuda_peak
 
 aten = torch.ops.aten
 B, H, S = 2, 16, 4  # batch, hidden, sequence

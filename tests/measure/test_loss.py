@@ -1,5 +1,5 @@
-"""The loss variants (blocks/head.py, measure/loss.py): estimate = measurement per tensor and per FLOP phase,
-the loss-backward moment against every live storage, and the figures the sources state.
+"""The loss variants (blocks/head.py, measure/reference/loss.py): estimate = measurement per tensor and per
+FLOP phase, the loss-backward moment against every live storage, and the figures the sources state.
 
 - standard: the fp32 log-probs [T, v] — 3.91 GiB at 8,192 tokens of Llama 3's 128,256 vocabulary (issue #11:
   4 bytes × 8192 × 128256 / 2³⁰).
@@ -19,9 +19,9 @@ import pytest
 from memplan.blocks.head import chunk_sizes, liger_chunk_rows
 from memplan.config import Device, LossKind, ModelConfig, Setup, TrainingConfig, parse_loss
 from memplan.engine import estimate
-from memplan.measure.compare import compare
-from memplan.measure.profile import profile
-from memplan.measure.run import measure
+from memplan.measure.compare.tensors import compare
+from memplan.measure.runs.profile import profile
+from memplan.measure.runs.run import measure
 
 VARIANTS = ["standard", "chunked:1", "chunked:4", "chunked:5", "fused"]
 

@@ -24,8 +24,8 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import estimate
-from memplan.measure.compare import compare
-from memplan.measure.run import measure
+from memplan.measure.compare.tensors import compare
+from memplan.measure.runs.run import measure
 
 AXES: dict[str, list[Any]] = {
     "attention": ["eager", "flash"],

@@ -27,10 +27,10 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import Result, estimate
-from memplan.measure.compare import Comparison, compare, comparison_json
-from memplan.measure.model import Layer, Reference
-from memplan.measure.moe import MoEMlp, expert_counts
-from memplan.measure.run import make_batch, measure, run_step
+from memplan.measure.compare.tensors import Comparison, compare, comparison_json
+from memplan.measure.reference.model import Layer, Reference
+from memplan.measure.reference.moe import MoEMlp, expert_counts
+from memplan.measure.runs.run import make_batch, measure, run_step
 from memplan.presets import load_model_preset
 
 from .test_random_shapes import small_setups

@@ -1,4 +1,4 @@
-"""Offload measured on a CPU with two labelled pools (measure/offload.py: host and "device" are the same
+"""Offload measured on a CPU with two labelled pools (measure/runs/offload.py: host and "device" are the same
 RAM there, so each byte is attributed to the pool the real system holds it in).
 
 - ZeRO-Offload: one real step with the fp32 master weights, optimizer states and fp32 gradient buffers in
@@ -14,7 +14,7 @@ import pytest
 
 from memplan.config import Device, LossKind, ModelConfig, Offload, Setup, TrainingConfig
 from memplan.engine import estimate
-from memplan.measure.offload import activation_offload, optimizer_offload
+from memplan.measure.runs.offload import activation_offload, optimizer_offload
 from memplan.strategies.offload import saved_weight_bytes
 
 LLAMA = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 48}

@@ -1,7 +1,7 @@
 """The optimizer step's temporaries by implementation (``--optimizer-impl``) vs the real optimizers' step.
 
 torch.optim.AdamW (for-loop, foreach, fused) and bitsandbytes' AdamW8bit step the reference model's real
-parameters on CPU (memplan/measure/optim_impls.py: the second step, every storage tracked). Expected
+parameters on CPU (memplan/measure/runs/optim_impls.py: the second step, every storage tracked). Expected
 bytes are derived by hand below from the model's shapes and analytic/optimizer_step.py's derivations
 (torch/optim/adam.py), then compared with the estimate and the measurement.
 
@@ -38,9 +38,9 @@ from memplan.config import (
     finetune_from,
 )
 from memplan.engine import estimate
-from memplan.measure.model import Reference
-from memplan.measure.optim_impls import make_optimizer
-from memplan.measure.optim_impls import step_transient as measured_step
+from memplan.measure.reference.model import Reference
+from memplan.measure.runs.optim_impls import make_optimizer
+from memplan.measure.runs.optim_impls import step_transient as measured_step
 
 LLAMA = ModelConfig(
     hidden_size=64,
@@ -162,7 +162,7 @@ def test_impl_must_fit_the_optimizer(impl: OptimizerImpl, message: str) -> None:
 @pytest.mark.parametrize("preset", ["llama-3-8b", "mistral-7b", "gpt2"])
 def test_hf_parameter_order_is_transformers(preset: str) -> None:
     pytest.importorskip("transformers")
-    from memplan.measure.hf import build
+    from memplan.measure.frameworks.hf import build
     from tests.hf.harness import hf_setup
 
     s = hf_setup(preset, layers=1, seq=64)
@@ -173,7 +173,7 @@ def test_hf_parameter_order_is_transformers(preset: str) -> None:
 
 def test_hf_llama_for_loop_step_is_exact() -> None:
     pytest.importorskip("transformers")
-    from memplan.measure.hf import build
+    from memplan.measure.frameworks.hf import build
     from tests.hf.harness import hf_setup
 
     s = hf_setup(LLAMA, layers=2, seq=16)

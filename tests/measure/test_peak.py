@@ -29,9 +29,9 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import estimate
-from memplan.measure.model import Reference
-from memplan.measure.optim import rank_shards, step_transient
-from memplan.measure.profile import profile
+from memplan.measure.reference.model import Reference
+from memplan.measure.reference.optim import rank_shards, step_transient
+from memplan.measure.runs.profile import profile
 
 LLAMA = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}
 GPT = {

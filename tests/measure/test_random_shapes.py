@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memplan.analytic.inventory import Scope
+from memplan.blocks.inventory import Scope
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -30,8 +30,9 @@ from memplan.config import (
     TrainingConfig,
 )
 from memplan.engine import estimate
-from memplan.measure.compare import estimated_by_name, estimated_layers
-from memplan.measure.run import Measured, measure
+from memplan.measure.compare.tensors import estimated_by_name, estimated_layers
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.runs.run import measure
 
 MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_BATCH = 64, 3, 16, 2
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from memplan.measure.distributed import free_port, local_store, spawn_ranks
+from memplan.measure.distributed.nproc import free_port, local_store, spawn_ranks
 from tests.measure import rank_targets
 
 ROOT = Path(__file__).resolve().parents[2]

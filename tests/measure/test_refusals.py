@@ -9,7 +9,7 @@ pytest.importorskip("torch")
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
-from memplan.measure import profile as prof_mod
+from memplan.measure.runs import profile as prof_mod
 
 
 def one_line_error(*args: str) -> str:

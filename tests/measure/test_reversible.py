@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from memplan.config import Attention, Device, ModelConfig, Precision, Setup, StrategyConfig, TrainingConfig
-from memplan.measure.model import Consts, Layer, Reference
-from memplan.measure.run import make_batch
+from memplan.measure.reference.model import Consts, Layer, Reference
+from memplan.measure.runs.run import make_batch
 
 
 def naive_reversible(model: Reference, x: torch.Tensor, c: Consts) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from memplan.analytic.inventory import Dims
+from memplan.blocks.inventory import Dims
 from memplan.config import (
     Attention,
     Checkpointing,

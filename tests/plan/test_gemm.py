@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from memplan.analytic.flops import layer_linear_flops
-from memplan.analytic.inventory import Dims
 from memplan.blocks.head import lm_head_flops
+from memplan.blocks.inventory import Dims
 from memplan.config import LossKind, Parallel, Setup, TrainingConfig
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import efficiency as eff

@@ -12,9 +12,9 @@ from tiny_setup import H as TH
 from tiny_setup import S as TS
 from tiny_setup import tiny_setup
 
-from memplan.analytic.inventory import Block, Dims
 from memplan.api import build_setup
 from memplan.blocks import norm
+from memplan.blocks.inventory import Block, Dims
 from memplan.config import AttentionChoice, Family, Impl, ImplConfig, ModelConfig
 from memplan.engine import estimate
 

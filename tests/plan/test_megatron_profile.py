@@ -21,8 +21,8 @@ from fractions import Fraction
 import pytest
 from typer.testing import CliRunner
 
-from memplan.analytic.inventory import Block
 from memplan.analytic.peak import recompute_working_set
+from memplan.blocks.inventory import Block
 from memplan.cli.app import app
 from memplan.config import (
     Attention,

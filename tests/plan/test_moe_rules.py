@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from memplan.analytic.inventory import Dims, Role
 from memplan.blocks import moe as mx
+from memplan.blocks.inventory import Dims, Role
 from memplan.config import DType, ExpertsImpl, Impl, ImplConfig, ModelConfig, MoEConfig, Setup, TrainingConfig
 from memplan.presets import load_model_preset
 

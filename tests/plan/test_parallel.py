@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from memplan.analytic import activations as act
 from memplan.analytic import flops as fl
 from memplan.analytic import peak as pk
-from memplan.analytic.inventory import Block, Dims, Role
 from memplan.analytic.params import count_params
+from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import (
     Attention,
     Checkpointing,

@@ -2,7 +2,7 @@
 ``Setup → Profile`` registered in ``FAMILIES`` under the ``model_type``s it covers.
 
 Every fact cites the line of ``modeling_<model_type>.py`` that causes it and is checked by running that
-code under fake tensors (``memplan.measure.hf``, tests/hf/).
+code under fake tensors (``memplan.measure.frameworks.hf``, tests/hf/).
 """
 
 from __future__ import annotations

@@ -1,0 +1,220 @@
+"""Pipeline parallelism in ``memplan profile --nproc``: one stage of the reference model per pipeline rank,
+run by ``torch.distributed.pipelining`` (``PipelineStage`` + ``Schedule1F1B``).
+
+Placement as the estimate's (``strategies.pipeline_parallel.stage_layers``, ``--pp-layers`` included): stage
+i holds its layers; stage 0 the embedding (and learned positions), the last stage the final norm and the lm
+head (with tied embeddings its own copy of the word embedding: Megatron's ``word_embeddings_for_head``).
+Every stage makes its RoPE tables and causal mask itself. The last stage's forward ends with the lm head
+and the loss (its labels passed to it alone: inside the forward, where FSDP2 has gathered the head), the
+schedule's ``loss_fn`` passing that loss on. 1F1B over n = grad_accum micro-batches: stage i runs
+min(n, p − i) forwards before its first backward (``Schedule1F1B._step_microbatches``'s warm-up: the
+estimate's in-flight count). Tensor parallelism runs inside each stage; ZeRO-2/3 shards each stage
+(``parallelize.shard_dp``), and torch's stage then syncs gradients after the last micro-batch only.
+
+Measured per rank, beside ``distributed.py``'s model states and peak:
+- ``InFlightRecorder``: the saves autograd holds *at once*. A save is alive from its pack until autograd
+  drops the packed tensor (after that micro-batch's backward): a ``weakref.finalize`` on the packed tensor
+  ends it. The records are the live saves at the maximum of their bytes over the whole schedule.
+- ``CountedStage``: the point-to-point traffic, counted at the stage's own send and receive ops (what
+  ``get_fwd_send_ops`` etc. hand to ``batch_isend_irecv``; ``CommDebugMode`` sees no p2p op): per
+  direction and phase, calls and bytes.
+
+Known limitations (NB): the micro-batches are given to the schedule one by one (``run_step`` calls
+``_step_microbatches``, the private step after ``step()``'s split) so that each has its own storage, as a
+data loader yields them (``step()`` splits one batch tensor into views of one storage, which the recorder
+would count once). torch's stage allocates one receive buffer per micro-batch and direction at its first
+step and keeps each stage output until its backward; Megatron reuses buffers and frees the output's data
+(``deallocate_output_tensor``): both are in the measured peak, not in the estimate (engine.py's NB on
+communication buffers; docs/distributed.md). ``CommDebugMode``'s per-module attribution is off (a forward
+follows a backward). No interleaved schedule (vpp > 1), no sequence parallelism with pp
+(``parallelize.check_pipeline``); the tied embedding's two copies are not all-reduced.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+from memplan.config import Setup
+from memplan.measure.distributed.instruments import Collective, RankRecorder
+from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.reference.model import Reference, torch_dtype
+from memplan.strategies.pipeline_parallel import stage_layers
+
+
+def stage_range(setup: Setup, index: int) -> range:
+    """The layers of pipeline stage ``index`` (the estimate's placement)."""
+    counts = stage_layers(setup.model.num_layers, setup.parallel)
+    start = sum(counts[:index])
+    return range(start, start + counts[index])
+
+
+class StageModule(nn.Module):
+    """Pipeline stage ``index`` of ``num``: the reference model cut to its layers (and embedding, head)."""
+
+    def __init__(self, ref: Reference, index: int, num: int) -> None:
+        super().__init__()
+        self.first, self.last = index == 0, index == num - 1
+        keep = stage_range(ref.setup, index)
+        ref.layers = nn.ModuleList(ref.layers[i] for i in keep)
+        if not self.first:
+            ref.pos = None
+            if not (self.last and ref.head is None):  # tied: the last stage's own copy for the head
+                ref.register_parameter("embed", None)
+        if not self.last:
+            ref.register_module("final_norm", None)
+            ref.head = None
+        self.ref = ref
+
+    def forward(self, x: Tensor, labels: Tensor | None = None) -> Tensor:
+        """Stage 0: ids → hidden states; then the layers; the last stage: the final norm, the lm head and
+        the loss over ``labels`` (inside the stage's forward, where FSDP2 has its parameters gathered)."""
+        ref = self.ref
+        h = ref.embedding(x) if self.first else x
+        h = ref.run_layers(h, ref.consts(h.shape[1], h.device))
+        if not self.last:
+            return h
+        assert labels is not None
+        return ref.loss(ref.final(h), labels)
+
+
+def stage_loss(loss: Tensor, _labels: Tensor) -> Tensor:
+    """The schedule's ``loss_fn``: the last stage's output is its loss already."""
+    return loss
+
+
+class CountedStage(PipelineStage):
+    """``PipelineStage`` counting its point-to-point ops (calls, bytes per direction and phase) and telling
+    ``on_phase`` whether a forward or a backward runs."""
+
+    def __init__(self, *args: Any, on_phase: Callable[[str], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_phase = on_phase
+        self.p2p: dict[tuple[str, str], list[int]] = {}
+
+    def _count(self, kind: str, phase: str, ops: list[dist.P2POp]) -> list[dist.P2POp]:
+        entry = self.p2p.setdefault((kind, phase), [0, 0])
+        for op in ops:
+            entry[0] += 1
+            entry[1] += op.tensor.numel() * op.tensor.element_size()
+        return ops
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._count("send", "forward", super().get_fwd_send_ops(fwd_chunk_id))
+
+    def get_fwd_recv_ops(self, fwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._count("recv", "forward", super().get_fwd_recv_ops(fwd_chunk_id))
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._count("send", "backward", super().get_bwd_send_ops(bwd_chunk_id))
+
+    def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        return self._count("recv", "backward", super().get_bwd_recv_ops(bwd_chunk_id))
+
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+        self.on_phase("forward")
+        return super().forward_one_chunk(*args, **kwargs)
+
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> None:
+        self.on_phase("backward")
+        super().backward_one_chunk(*args, **kwargs)
+
+    def collectives(self) -> list[Collective]:
+        """The counted p2p ops as ``Collective`` rows over the pp dimension (empty kinds left out)."""
+        return [Collective("pp", k, p, n, b) for (k, p), (n, b) in sorted(self.p2p.items()) if n]
+
+    def buffers(self) -> list[Tensor]:
+        """The receive buffers the stage holds (one per micro-batch and direction)."""
+        infos = [*self.args_recv_info.values(), *self.grad_recv_info.values()]
+        return [i.buffer for recv in infos for i in recv if getattr(i, "buffer", None) is not None]
+
+
+def make_stage(
+    module: StageModule, setup: Setup, group: dist.ProcessGroup, device: str, on_phase: Callable[[str], None]
+) -> CountedStage:
+    """The rank's ``PipelineStage`` with static shapes (no metadata inference run: it would run the stage
+    once more, on empty tensors): stage 0 takes [b, s] ids, every stage passes [b, s, h] hidden states."""
+    t, m = setup.training, setup.model
+    hidden = torch.empty(
+        t.micro_batch, t.seq_len, m.hidden_size, dtype=torch_dtype(t.precision), device="meta"
+    )
+    ids = torch.empty(t.micro_batch, t.seq_len, dtype=torch.long, device="meta")
+    inputs = ids if module.first else hidden.requires_grad_()
+    loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)  # the fp32 loss
+    index, num = dist.get_rank(group), dist.get_world_size(group)
+    return CountedStage(
+        module,
+        index,
+        num,
+        torch.device(device),
+        input_args=inputs,
+        output_args=loss if module.last else hidden.detach().requires_grad_(),
+        group=group,
+        on_phase=on_phase,
+    )
+
+
+def make_schedule(stage: CountedStage, setup: Setup) -> Schedule1F1B:
+    """1F1B over the step's grad_accum micro-batches, the loss (mean per micro-batch, gradients divided
+    by n: ``scale_grads``) on the last stage."""
+    return Schedule1F1B(stage, setup.training.grad_accum, loss_fn=stage_loss)
+
+
+def stage_batches(batches: list[tuple[Tensor, Tensor]], module: StageModule) -> list[tuple[Any, Any]]:
+    """(ids, labels) per micro-batch as the stage reads them: ids on the first stage, labels on the last
+    (None elsewhere: what the stage never reads is not held, nor counted in its peak)."""
+    return [(ids if module.first else None, labels if module.last else None) for ids, labels in batches]
+
+
+def run_step(schedule: Schedule1F1B, batches: list[tuple[Any, Any]]) -> None:
+    """One step over ``batches`` (``stage_batches``): ``Schedule1F1B.step`` without its split (module
+    docstring)."""
+    stage = schedule._stage
+    stage.has_backward = schedule._has_backward
+    stage.clear_runtime_states()
+    args = [(ids,) if stage.is_first else () for ids, _ in batches]
+    kwargs = [{"labels": labels} if stage.is_last else {} for _, labels in batches]
+    targets = [labels for _, labels in batches] if stage.is_last else None
+    schedule._step_microbatches(args, kwargs, targets, None, return_outputs=False)
+
+
+class InFlightRecorder(RankRecorder):
+    """``RankRecorder`` whose records are the saves alive at once at their maximum (module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self._packs: dict[int, int] = {}  # storage → packed tensors autograd still holds
+        self.live = 0
+        self.max = 0
+        self._at_max: list[int] = []
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        packed = super()._pack(t)
+        info = self._info(t) if self.recording else None
+        if info is None:
+            return packed
+        key = info.ref.cdata
+        self._packs[key] = self._packs.get(key, 0) + 1
+        if self._packs[key] == 1:
+            self.live += info.nbytes
+            if self.live > self.max:
+                self.max, self._at_max = self.live, list(self._packs)
+        weakref.finalize(packed, self._dropped, key).atexit = False
+        return packed
+
+    def _dropped(self, key: int) -> None:
+        self._packs[key] -= 1
+        if not self._packs[key]:
+            del self._packs[key]
+            self.live -= self._storages[key].nbytes
+
+    @property
+    def records(self) -> list[SavedRecord]:
+        infos = [self._storages[key] for key in self._at_max]
+        return [SavedRecord(i.name or "unlabelled", i.layer, i.shape, i.dtype, i.nbytes) for i in infos]

@@ -1,0 +1,138 @@
+"""Run Hugging Face transformers' own model for a setup (``--impl hf``) and record what it keeps.
+
+``measure_hf(setup)`` builds ``AutoModelForCausalLM.from_config`` for the model's family (its
+``modeling_<model_type>.py``; no weights, no network, no ``trust_remote_code``) under ``FakeTensorMode`` on
+CPU, runs forward with labels (transformers' own loss) and backward, and records every storage autograd
+saves, named by the module that saved it and the op (``self_attn.q_proj · Mm``), per decoder layer; and the
+FLOPs per phase (``FlopMeter``). The attention kernel is ``attn_implementation``: ``eager`` for
+``--attention eager``, ``sdpa`` for flash (on CPU torch's flash kernel, as the reference model);
+``--checkpointing full`` / ``every-K`` is transformers' ``gradient_checkpointing_enable`` (``every_n_layers``
+K, ``use_reentrant`` from ``--reentrant``).
+
+Mixtures of experts run transformers' default ``grouped_mm`` experts, whose buffers are [T·k, ·] whatever
+the routing, so fake tensors run them at any size; on real tensors (``fake=False``) a forward hook on each
+router records the tokens per expert it chose (``Measured.routing``).
+
+The recording loop is ``memplan.measure.frameworks.step.run_step`` (shared with ``--impl torchtitan``).
+
+Known limitations:
+- NB: transformers is an optional extra (``pip install 'memplan[hf]'``); ``require_transformers`` says so.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from functools import partial
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.config import Attention, Checkpointing, ExpertsImpl, Setup
+from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
+from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.runs.run import make_batch
+
+
+def attn_implementation(setup: Setup) -> str:
+    return "eager" if setup.strategy.attention is Attention.EAGER else "sdpa"
+
+
+def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
+    """transformers' causal LM for ``setup`` in the activation dtype, in training mode (call under a fake
+    mode: no memory is allocated); from the user's own config.json ``document`` when given
+    (``hf_config_of_file``), else from memplan's model (``hf_config``)."""
+    transformers = require_transformers()
+    config = hf_config(setup) if document is None else hf_config_of_file(setup, document)
+    dtype = activation_dtype(setup)
+    transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
+    experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attn_implementation(setup), **experts
+        )
+    model.train()
+    return model
+
+
+def layers_of(model: Any) -> list[Any]:
+    """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``)."""
+    base = model.base_model
+    return list(base.layers if hasattr(base, "layers") else base.h)
+
+
+def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | None = None) -> Measured:
+    """One forward (transformers' loss) and backward of the real HF model for ``setup`` on CPU; built from
+    the user's config.json ``document`` when the model came from one."""
+    if fake and setup.model.moe and setup.impl.experts is ExpertsImpl.EAGER:
+        raise ValueError(
+            "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
+            "tensors cannot run; trace --experts grouped_mm, or measure eager on real tensors (tests/hf)"
+        )
+    torch.manual_seed(0)
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+        model = build(setup, document)
+        s = setup.strategy
+        if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model._activation_checkpointing_enable(
+                    {"use_reentrant": setup.impl.reentrant}, every_n_layers=s.segment
+                )
+        ids, labels = make_batch(setup, "cpu")
+        layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+
+        routing: list[list[int]] = []
+
+        def forward() -> torch.Tensor:
+            with nullcontext() if fake else _routing(model, routing):
+                return model(input_ids=ids, labels=labels, use_cache=setup.impl.use_cache).loss
+
+        with _one_sequence_per_row(fake):
+            meas = run_step(model, layers, forward, s.checkpointing is not Checkpointing.NONE)
+        meas.routing = routing
+        return meas
+
+
+@contextmanager
+def _one_sequence_per_row(fake: bool) -> Iterator[None]:
+    """transformers' ``find_packed_sequence_indices`` (masking_utils) as a real run answers for
+    ``make_batch``'s rows (one sequence each, positions 0…s−1: ``None``, no packing mask).
+
+    Under fake tensors it cannot read the positions (``is_tracing`` is true for a FakeTensor) and returns
+    a packed-sequence index, so ``create_causal_mask`` would build an explicit [b, 1, s, s] mask whenever
+    no cache is passed (``use_cache`` off, or gradient checkpointing) where the real run lets SDPA's
+    ``is_causal`` do it."""
+    if not fake:
+        yield
+        return
+    import transformers.masking_utils as masking
+
+    find = masking.find_packed_sequence_indices
+    masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = find
+
+
+@contextmanager
+def _routing(model: Any, out: list[list[int]]) -> Iterator[None]:
+    """Per MoE layer, the tokens per expert its router chose: a forward hook on each ``*TopKRouter``
+    (``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter`` return logits, scores and the [T, k] expert indices)."""
+    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    handles = [r.register_forward_hook(partial(_count, out)) for r in routers]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _count(out: list[list[int]], module: Any, args: Any, result: Any) -> None:
+    indices = result[2]
+    out.append(torch.bincount(indices.reshape(-1), minlength=module.num_experts).tolist())

@@ -1,0 +1,204 @@
+"""Record what a framework's own model keeps (``--impl hf``, ``--impl torchtitan``): one forward with its
+loss and backward under fake tensors, every saved storage named by the module that saved it and the op
+(``self_attn.q_proj · Mm``), per decoder layer, and the FLOPs per phase (``FlopMeter``).
+
+``run_step(model, layers, forward, checkpointed)`` is the one loop both frameworks share: ``layers`` are the
+decoder layers in order, each with the attribute holding its checkpoint function (transformers'
+``_gradient_checkpointing_func``, torch's ``CheckpointWrapper.checkpoint_fn``) when checkpointed; the
+checkpoint's inputs are counted as kept and its re-run's FLOPs as recompute.
+
+Known limitations:
+- NB: ops are named from the autograd graph only without checkpointing (reading a saved tensor of a
+  non-reentrant checkpoint would re-run it); under checkpointing each record names its module only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import replace
+from functools import partial
+from typing import Any
+
+import torch
+
+from memplan.config import Setup
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.instruments.record import (
+    FlopMeter,
+    SavedRecord,
+    SavedTensorRecorder,
+    current_layer,
+    layer_scope,
+    storage_ref,
+)
+
+
+def activation_dtype(setup: Setup) -> torch.dtype:
+    """The torch dtype of the activations (the precision's activation dtype)."""
+    return getattr(torch, _TORCH_DTYPES[setup.training.precision.activation_dtype.value])
+
+
+_TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@contextmanager
+def _scoped(
+    layers: list[tuple[Any, str]], meter: FlopMeter, recorder: PathRecorder, state: dict[str, bool]
+) -> Iterator[None]:
+    """Per decoder layer: its saves attributed to its index; when checkpointed (its checkpoint function in
+    the named attribute), the tensors the checkpoint keeps (arguments, and keyword tensors bound in
+    transformers' partial) counted as kept, and the re-run's FLOPs as recompute."""
+    handles = []
+    for i, (layer, attr) in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(partial(_enter, i)))
+        handles.append(layer.register_forward_hook(_leave))
+        func = getattr(layer, attr, None)
+        if func is not None:
+            setattr(layer, attr, _kept(func, i, meter, recorder, state))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+_TOKENS: list[Any] = []
+
+
+def _enter(i: int, module: Any, args: Any) -> None:
+    _TOKENS.append(layer_scope(i))
+    _TOKENS[-1].__enter__()
+
+
+def _leave(module: Any, args: Any, out: Any) -> None:
+    _TOKENS.pop().__exit__(None, None, None)
+
+
+def _kept(
+    func: Callable[..., Any], i: int, meter: FlopMeter, recorder: SavedTensorRecorder, state: dict[str, bool]
+) -> Callable[..., Any]:
+    def wrapper(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = getattr(fn, "keywords", {}) or {}
+        with layer_scope(i):
+            for t in _tensors([*args, *kwargs.values(), *bound.values()]):
+                recorder.keep(t, "checkpoint.input")
+
+        def rerun(*a: Any, **k: Any) -> Any:
+            with meter.phase("recompute") if state["backward"] else nullcontext():
+                return fn(*a, **k)
+
+        return func(rerun, *args, **kwargs)
+
+    return wrapper
+
+
+def _tensors(values: list[Any]) -> Iterator[torch.Tensor]:
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point | (v.dtype == torch.bool):
+            yield v
+        elif isinstance(v, tuple | list):
+            yield from _tensors(list(v))
+
+
+def hf_path(path: str) -> str:
+    """A transformers module path inside decoder layer i: the part below ``layers.i`` (GPT-2: ``h.i``)."""
+    return path.split(".", 3)[-1] if ".layers." in path or ".h." in path else path
+
+
+class PathRecorder(SavedTensorRecorder):
+    """The saved-tensor recorder, each storage named by the innermost module running when it is first
+    saved, its path shortened by ``short`` (``self_attn.q_proj``: the path below ``layers.i``)."""
+
+    def __init__(self, model: Any, short: Callable[[str], str] = hf_path) -> None:
+        super().__init__(model.parameters())
+        self.stack: list[str] = []
+        self.handles = []
+        for path, module in model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(partial(_push, self.stack, short(path))))
+            self.handles.append(module.register_forward_hook(partial(_pop, self.stack)))
+
+        self.layers: dict[int, set[int | None]] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self.recording:
+            if self.stack:
+                self.label(t, self.stack[-1])
+            self.layers.setdefault(storage_ref(t).cdata, set()).add(current_layer())
+        return super()._pack(t)
+
+    def keep(self, t: torch.Tensor, name: str | None = None) -> None:
+        if self.recording:
+            self.layers.setdefault(storage_ref(t).cdata, set()).add(current_layer())
+        super().keep(t, name)
+
+    def named(self, ops: dict[int, str]) -> list[SavedRecord]:
+        """The records, each named ``module · op``; a storage saved by several layers (the rotary tables
+        made once per forward) belongs to the model, not to the first layer that saved it."""
+        out = []
+        for r, key in zip(self.records, self._saved, strict=True):
+            op = ops.get(key)
+            shared = len(self.layers.get(key, ())) > 1
+            name = r.name if not op else op if r.name == "unlabelled" else f"{r.name} · {op}"
+            out.append(replace(r, name=name, layer=None if shared else r.layer))
+        return out
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _push(stack: list[str], path: str, module: Any, args: Any) -> None:
+    stack.append(path)
+
+
+def _pop(stack: list[str], module: Any, args: Any, out: Any) -> None:
+    stack.pop()  # a forward hook returning a value would replace the module's output
+
+
+def op_names(loss: torch.Tensor) -> dict[int, str]:
+    """The autograd op that saved each storage (``Mm``, ``Softmax``, ``Mul``), walking the graph from the
+    loss: storage key → op names joined by ``+`` when several ops share it."""
+    names: dict[int, str] = {}
+    seen: set[Any] = set()
+    todo = [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        op = node.name().rstrip("0123456789").removesuffix("Backward")
+        for attr in dir(node):
+            if attr.startswith("_saved_"):
+                for t in _tensors([getattr(node, attr)]):
+                    key = storage_ref(t).cdata
+                    if op not in names.get(key, "").split("+"):
+                        names[key] = f"{names[key]}+{op}" if key in names else op
+        todo.extend(fn for fn, _ in node.next_functions)
+    return names
+
+
+def run_step(
+    model: Any,
+    layers: list[tuple[Any, str]],
+    forward: Callable[[], torch.Tensor],
+    checkpointed: bool,
+    short: Callable[[str], str] = hf_path,
+) -> Measured:
+    """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer."""
+    meter = FlopMeter()
+    recorder = PathRecorder(model, short)
+    state = {"backward": False}
+    with ExitStack() as stack:
+        stack.enter_context(_scoped(layers, meter, recorder, state))
+        stack.enter_context(meter)
+        stack.enter_context(recorder)
+        with meter.phase("forward"):
+            loss = forward()
+        ops = {} if checkpointed else op_names(loss)
+        state["backward"] = True
+        with recorder.pause(), meter.phase("backward"):
+            loss.backward()
+    recorder.remove()
+    totals = {k: meter.totals.get(k, 0) for k in ("forward", "backward", "recompute")}
+    return Measured(records=recorder.named(ops), flops=totals, by_op=meter.by_op)

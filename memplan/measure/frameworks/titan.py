@@ -1,0 +1,147 @@
+"""Run torchtitan's own Llama 3 for a setup (``--impl torchtitan``) and record what it keeps.
+
+``measure_titan(setup)`` builds torchtitan's ``Llama3Model`` (torchtitan 0.3.0,
+``torchtitan/models/llama3``) from memplan's ``ModelConfig`` as its flavours do (``llama3/__init__.py``
+``_build_llama3_layers``: fused ``wqkv``, ``ComplexRoPE``, ``nn.RMSNorm``, the SwiGLU ``FeedForward`` with
+memplan's ffn as its final ``hidden_dim``) under ``FakeTensorMode`` on CPU, its parameters in the activation
+dtype (what FSDP2's ``MixedPrecisionPolicy(param_dtype)`` computes in; the complex RoPE cache stays
+complex64, as FSDP casts parameters only), runs forward, torchtitan's loss as its trainer calls it
+(``components/loss.py`` ``CrossEntropyLoss``: the logits upcast to fp32, ``reduction="sum"``, divided by
+the int64 count of valid labels, ``global_valid_tokens``) and backward, and records every
+saved storage per decoder layer (``memplan.measure.frameworks.step.run_step``). ``--checkpointing full`` is
+torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
+non-reentrant, on every block).
+
+Known limitations:
+- NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
+  language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
+  torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
+- NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
+  are refused (``memplan.config.setup.check_impl``).
+- NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import nullcontext
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.config import Checkpointing, Setup
+from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.runs.run import make_batch
+
+INSTALL = "pip install 'memplan[torchtitan]'"
+
+
+def require_torchtitan() -> Any:
+    """torchtitan's modules the measurement builds from, or a one-line ``ValueError`` saying how to install
+    them (its model code imports spmd_types, tyro, torch_checkpointing and triton)."""
+    try:
+        from torchtitan.components import loss
+        from torchtitan.distributed import activation_checkpoint
+        from torchtitan.models import common
+        from torchtitan.models.common import attention, config_utils
+        from torchtitan.models.llama3 import model
+    except ImportError as e:
+        raise ValueError(
+            f"impl: --impl torchtitan runs torchtitan's Llama 3, not importable ({e}); {INSTALL}"
+        ) from None
+    return SimpleNamespace(
+        loss=loss,
+        ac=activation_checkpoint,
+        common=common,
+        attention=attention,
+        utils=config_utils,
+        model=model,
+    )
+
+
+def check_titan(setup: Setup) -> None:
+    """One-line error before building: torchtitan not importable (what torchtitan's Llama 3 cannot be is
+    refused with the setup: ``memplan.config.setup.check_impl``)."""
+    require_torchtitan()
+
+
+def titan_config(setup: Setup) -> Any:
+    """``Llama3Model.Config`` for ``setup.model`` as ``_build_llama3_layers`` builds a flavour: the RoPE
+    cache sized to the training sequence (``Decoder.Config.update_from_config`` sets ``max_seq_len`` to
+    ``training.seq_len``)."""
+    tt, m = require_torchtitan(), setup.model
+    common, utils = tt.common, tt.utils
+    h, v = m.hidden_size, m.vocab_size
+    norm = common.RMSNorm.Config(normalized_shape=h, eps=m.norm_eps)
+    rope = common.ComplexRoPE.Config(dim=m.dim, max_seq_len=setup.training.seq_len, theta=m.rope_theta)
+    layer = tt.model.Llama3TransformerBlock.Config(
+        attention_norm=norm,
+        ffn_norm=norm,
+        attention=utils.make_gqa_config(
+            dim=h,
+            n_heads=m.num_heads,
+            n_kv_heads=m.kv_heads,
+            head_dim=m.dim if m.dim * m.num_heads != h else None,
+            wqkv_param_init={},
+            wo_param_init={},
+            inner_attention=tt.attention.ScaledDotProductAttention.Config(),
+            fuse_qkv=True,
+            rope=rope,
+        ),
+        feed_forward=utils.make_ffn_config(dim=h, hidden_dim=m.ffn, w1_param_init={}, w2w3_param_init={}),
+    )
+    return tt.model.Llama3Model.Config(
+        dim=h,
+        vocab_size=v,
+        enable_weight_tying=m.tied_embeddings,
+        tok_embeddings=common.Embedding.Config(num_embeddings=v, embedding_dim=h),
+        norm=norm,
+        lm_head=common.Linear.Config(in_features=h, out_features=v),
+        layers=[layer] * m.num_layers,
+    )
+
+
+def build(setup: Setup) -> Any:
+    """torchtitan's Llama 3 for ``setup``, its parameters in the activation dtype, in training mode (call
+    under a fake mode), and ``FullAC`` applied under ``--checkpointing full``."""
+    tt = require_torchtitan()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(activation_dtype(setup))  # the cache is computed in fp32 explicitly: complex64
+    try:
+        model = titan_config(setup).build()
+    finally:
+        torch.set_default_dtype(default)
+    if setup.strategy.checkpointing is Checkpointing.FULL:
+        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
+    model.train()
+    return model
+
+
+def titan_path(path: str) -> str:
+    """A module path inside block i: the part below ``layers.i`` (and below ``checkpoint_wrapper``'s
+    ``_checkpoint_wrapped_module``)."""
+    path = path.replace("_checkpoint_wrapped_module.", "").removesuffix("._checkpoint_wrapped_module")
+    return re.sub(r"^layers\.\d+\.", "", path)
+
+
+def measure_titan(setup: Setup, fake: bool = True) -> Measured:
+    """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU."""
+    torch.manual_seed(0)
+    tt = require_torchtitan()
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+        model = build(setup)
+        ids, labels = make_batch(setup, "cpu")
+        layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
+
+        loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
+        # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
+        tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
+
+        def forward() -> torch.Tensor:
+            return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
+
+        checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
+        return run_step(model, layers, forward, checkpointed, titan_path)

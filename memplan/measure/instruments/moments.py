@@ -1,0 +1,78 @@
+"""The measured curve read at the estimate's timeline points (``memplan.timeline``), for ``profile
+--timeline`` and ``--plot``: which stretch of the measured step each estimated point stands for.
+
+The curve (``tracker.Curve``) carries the step's boundaries, noted by ``profile.StepRunner.step``: "start"
+(a micro-batch begins), "forward i" (layer i's forward done), "forward" (the loss is computed), then when an
+output gradient is ready, i.e. that block's backward begins: "backward lm_head" (the logits'), "backward
+final_norm", "backward i" (layer i's; last to first), "backward embedding"; and the ends "backward" and
+"optimizer step". Each estimated point is read from the last micro-batch:
+
+- "forward: start", "forward: n/L layers", "forward: end": the live bytes at that boundary;
+- "loss backward": the highest point from the forward's end to "backward lm_head";
+- "final norm backward": the highest point from "backward final_norm" to the last layer's backward (NB:
+  the lm head's own backward, between the two, is not a moment the estimate models: not read);
+- "layer backward": the highest point over the layers' backward (to "backward embedding");
+- "embedding backward": the highest point from there to the backward's end;
+- "optimizer step": the highest point of the optimizer step.
+
+The point taken is the stretch's highest (its sample index is where the plot puts the estimate). A point
+whose boundaries were not noted reads None: checkpointed segments' forward points, and with reversible
+layers (which note no layer boundary) the forward's layer points and the final norm's backward (its
+stretch is read as part of the layers').
+Pure Python (no torch): the curve is plain lists.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from memplan.measure.instruments.tracker import Curve
+
+Reading = tuple[int, int] | None
+"""(sample index, live bytes) on the measured curve, or None where the curve has no such stretch."""
+
+_LAYERS = re.compile(r"forward: (\d+)/\d+ layers$")
+
+
+def _highest(samples: Sequence[int], start: int | None, end: int | None) -> Reading:
+    if start is None or end is None or end < start:
+        return None
+    i = max(range(start, end + 1), key=samples.__getitem__)
+    return i, samples[i]
+
+
+def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
+    """The measured curve at each of ``labels`` (``memplan.timeline`` point labels), in order."""
+    starts = [at for name, at in curve.notes if name == "start"]
+    notes = [(name, at) for name, at in curve.notes if not starts or at >= starts[-1]]
+    at = dict(notes)
+    layer_bwd = [i for name, i in notes if name.startswith("backward ") and name[9:].isdigit()]
+    fwd, bwd, opt = at.get("forward"), at.get("backward"), at.get("optimizer step")
+    loss_end, head = at.get("backward lm_head", fwd), at.get("backward final_norm", fwd)
+    embedding = at.get("backward embedding", bwd)
+    first_layer = min(layer_bwd, default=embedding)
+    s = curve.samples
+
+    def read(label: str) -> Reading:
+        if label == "forward: start":
+            i = at.get("start")
+        elif label == "forward: end":
+            i = fwd
+        elif m := _LAYERS.match(label):
+            i = at.get(f"forward {int(m.group(1)) - 1}")
+        elif label == "loss backward":
+            return _highest(s, fwd, loss_end)
+        elif label == "final norm backward":  # not apart from the layers' when they note nothing
+            return _highest(s, head, first_layer) if layer_bwd else None
+        elif label == "layer backward":
+            return _highest(s, first_layer if layer_bwd else head, embedding)
+        elif label == "embedding backward":
+            return _highest(s, embedding, bwd)
+        elif label == "optimizer step":
+            return _highest(s, bwd, opt)
+        else:
+            i = None
+        return None if i is None else (i, s[i])
+
+    return [read(label) for label in labels]

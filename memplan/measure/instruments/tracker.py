@@ -1,0 +1,252 @@
+"""Memory over one training step: live-storage bytes on CPU (and fake tensors), the CUDA allocator on a GPU.
+
+- `LiveMemoryTracker`: exact live-storage bytes, window peaks (`mark`) and the curve of live bytes after
+  every op with labelled boundaries (`note`: a layer's forward or backward, the end of a phase).
+- `cuda_peak`: the CUDA caching allocator's own peak over a block, for runs on a GPU.
+- `Curve` + `cuda_history_curve`: the measured curve on a GPU, from the allocator's recorded history
+  (``torch.cuda.memory._record_memory_history``: one event per allocation and free).
+
+Known limitations:
+- NB: `LiveMemoryTracker` sees the storages that op outputs own. Kernel workspaces and temporaries freed
+  inside one op, allocator rounding/caching/fragmentation, and `untyped_storage().resize_()` are not seen.
+- NB: on a GPU a boundary is placed on the allocator's history by its time stamp (``time_us``, the clock
+  of the history's entries); without time stamps the boundaries are not placed (the curve alone is drawn).
+  Not run in CI (no GPU there): `cuda_history_curve` is tested on a synthetic history.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_leaves
+
+from memplan.analytic.allocator import Alloc, Event, Free
+from memplan.measure.instruments.record import _Mode, storage_ref
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """Live bytes over a step: ``samples`` in time order, and labelled boundaries ``notes`` (label, index
+    of the sample taken at that boundary). ``max(samples)`` is the measured peak of the window."""
+
+    samples: list[int] = field(default_factory=list)
+    notes: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def peak(self) -> int:
+        return max(self.samples, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryMark:
+    label: str
+    current: int  # live bytes when the mark was taken
+    peak: int  # highest live bytes since the previous mark (or since tracking began)
+
+
+class LiveMemoryTracker(_Mode):
+    """Exact live bytes of every storage allocated by an op while active, plus those given to `track`.
+
+    Why our own mode rather than torch.distributed._tools.mem_tracker.MemTracker: that private tool needs
+    nn.Module and optimizer hooks for its categories, monkey-patches UntypedStorage.resize_, and rounds
+    sizes the CUDA way; we need only exact storage bytes, on CPU and fake tensors, in ~50 lines.
+
+    A storage is new when an op output's storage is neither tracked nor one of the op's inputs' storages
+    (views and in-place results alias an input). Its end is exact: torch keeps one Python object per
+    storage while the C++ storage lives, so a `weakref.finalize` on it fires when the last reference (a
+    view, autograd's saved variable, ...) dies. Peak = max of live bytes after each op's outputs appear;
+    inputs cannot die during an op, so that is the peak of the live set. Frees keep being counted after
+    exit; allocations only while active.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = 0
+        self.peak = 0
+        self._window_peak = 0
+        self.marks: list[MemoryMark] = []
+        self.curve = Curve()
+        """Live bytes after each op (and at each `track` and `note`): its maximum is `peak`, since live
+        bytes only grow while an op's outputs appear and frees between ops only lower them."""
+        self.events: list[Event] = []
+        """Every storage's allocation and free, in order (``analytic.allocator``'s stream: what the CUDA
+        caching allocator would have been asked for; replay it with ``analytic.allocator.replay``)."""
+        self._ids: dict[int, int] = {}
+
+    def track(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Count pre-existing tensors (parameters, optimizer states) as live from now on."""
+        for t in tensors:
+            self._add(t.untyped_storage())
+        self.curve.samples.append(self.current)
+
+    def note(self, label: str) -> None:
+        """A labelled boundary on the curve (a layer's forward done, a phase's end): the bytes live now."""
+        self.curve.samples.append(self.current)
+        self.curve.notes.append((label, len(self.curve.samples) - 1))
+
+    def mark(self, label: str) -> MemoryMark:
+        """Close a window (e.g. "forward"): its peak, and the bytes live now; the next window starts here.
+        Also a `note` on the curve."""
+        m = MemoryMark(label, self.current, self._window_peak)
+        self.marks.append(m)
+        self._window_peak = self.current
+        self.note(label)
+        return m
+
+    def _add(self, storage: torch.UntypedStorage) -> None:
+        ref = StorageWeakRef(storage)
+        if ref.cdata in self._live:
+            return
+        nbytes = storage.nbytes()
+        self._live[ref.cdata] = (ref, nbytes)
+        self._ids[ref.cdata] = len(self.events)
+        self.events.append(Alloc(len(self.events), nbytes))
+        weakref.finalize(storage, self._free, ref.cdata).atexit = False
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+        self._window_peak = max(self._window_peak, self.current)
+
+    def _free(self, key: int) -> None:
+        _, nbytes = self._live.pop(key)
+        self.current -= nbytes
+        self.events.append(Free(self._ids.pop(key)))
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {storage_ref(t).cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and storage_ref(t).cdata not in inputs:
+                self._add(t.untyped_storage())
+        self.curve.samples.append(self.current)
+        return out
+
+
+class CudaMemoryApi(Protocol):
+    """The slice of `torch.cuda` that `cuda_peak` uses (injectable for tests without a GPU)."""
+
+    def synchronize(self, device: int | None = None) -> None: ...
+    def reset_peak_memory_stats(self, device: int | None = None) -> None: ...
+    def memory_allocated(self, device: int | None = None) -> int: ...
+    def max_memory_allocated(self, device: int | None = None) -> int: ...
+    def memory_stats(self, device: int | None = None) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class CudaPeak:
+    """Allocator figures for one window; filled when the `cuda_peak` block exits."""
+
+    baseline: int = 0  # bytes allocated when the window opened (weights, optimizer states, ...)
+    peak: int = 0  # max_memory_allocated in the window, absolute (includes baseline)
+    reserved_peak: int = 0  # memory_stats()["reserved_bytes.all.peak"]: what nvidia-smi sees, ≥ peak
+    alloc_retries: int = 0  # memory_stats()["num_alloc_retries"]: > 0 means the cache was flushed to fit
+
+    @property
+    def peak_above_baseline(self) -> int:
+        return self.peak - self.baseline
+
+
+@contextmanager
+def cuda_peak(device: int | None = None, api: CudaMemoryApi | None = None) -> Iterator[CudaPeak]:
+    """Measure the CUDA caching allocator's peak over the block (synchronized at both ends)."""
+    cuda = api if api is not None else cast(CudaMemoryApi, torch.cuda)
+    cuda.synchronize(device)
+    cuda.reset_peak_memory_stats(device)  # resets both allocated and reserved peaks
+    result = CudaPeak(baseline=cuda.memory_allocated(device))
+    yield result
+    cuda.synchronize(device)  # kernels still queued may not have allocated yet
+    stats = cuda.memory_stats(device)
+    result.peak = cuda.max_memory_allocated(device)
+    result.reserved_peak = int(stats.get("reserved_bytes.all.peak", 0))
+    result.alloc_retries = int(stats.get("num_alloc_retries", 0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The curve on a GPU: the caching allocator's recorded history
+# ---------------------------------------------------------------------------------------------------------
+class CudaCurveRecorder:
+    """Record the allocator's history over a block (``_record_memory_history``) and the time of each
+    labelled boundary; ``curve()`` then builds the `Curve` (``cuda_history_curve``). Needs a GPU."""
+
+    def __init__(self) -> None:
+        self.baseline = 0
+        self.times: list[tuple[str, int]] = []
+        self.snapshot: Mapping[str, Any] = {}
+
+    @contextmanager
+    def recording(self) -> Iterator[CudaCurveRecorder]:
+        torch.cuda.synchronize()
+        self.baseline = torch.cuda.memory_allocated()
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+        try:
+            yield self
+            torch.cuda.synchronize()
+            self.snapshot = torch.cuda.memory._snapshot()
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+    def note(self, label: str) -> None:
+        torch.cuda.synchronize()  # the kernels before the boundary have allocated by now
+        self.times.append((label, time.time_ns() // 1000))
+
+    def curve(self, device: int = 0) -> Curve:
+        traces = self.snapshot.get("device_traces", [])
+        events = traces[device] if device < len(traces) else []
+        return cuda_history_curve(events, self.baseline, self.times)
+
+
+def cuda_history_events(events: Sequence[Mapping[str, Any]]) -> list[Event]:
+    """The allocator's recorded history (``_record_memory_history``'s device trace) as an allocation stream:
+    each ``alloc`` (size as requested, its ``stream``) and its first ``free_requested`` (or
+    ``free_completed``), keyed by address; segment events are the allocator's own decisions, left out."""
+    ids: dict[int, int] = {}
+    out: list[Event] = []
+    for e in events:
+        action, addr = e.get("action"), int(e.get("addr", 0))
+        if action == "alloc":
+            ids[addr] = len(out)
+            out.append(Alloc(len(out), int(e["size"]), int(e.get("stream", 0))))
+        elif action in ("free_requested", "free_completed") and addr in ids:
+            out.append(Free(ids.pop(addr)))
+    return out
+
+
+def cuda_history_curve(
+    events: Sequence[Mapping[str, Any]], baseline: int, times: Sequence[tuple[str, int]] = ()
+) -> Curve:
+    """Allocated bytes after each allocator event, from ``baseline`` (what was allocated when recording
+    began): an ``alloc`` adds its size, its first ``free_requested`` (or ``free_completed``) removes it,
+    keyed by address; segment events do not change what is allocated. Each boundary ``(label, time_us)``
+    is placed at the last event at or before its time (events carry ``time_us`` in torch ≥ 2.1)."""
+    live: dict[int, int] = {}
+    current, samples, stamps = baseline, [baseline], [0]
+    for e in events:
+        action, addr = e.get("action"), int(e.get("addr", 0))
+        if action == "alloc":
+            live[addr] = int(e["size"])
+            current += live[addr]
+        elif action in ("free_requested", "free_completed") and addr in live:
+            current -= live.pop(addr)
+        else:
+            continue
+        samples.append(current)
+        stamps.append(int(e.get("time_us", 0)))
+    notes: list[tuple[str, int]] = []
+    if any(stamps[1:]):
+        notes = [(label, max(0, bisect.bisect_right(stamps, t) - 1)) for label, t in times]
+    return Curve(samples, notes)
