@@ -50,10 +50,11 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
   bucketed as DDP does); ZeRO 1 reduce-scatters them once and all-gathers the updated weights once (with the
   next forward, Megatron's overlap_param_gather); ZeRO 2 reduce-scatters every micro-batch's gradients
-  (with its backward); ZeRO 3 also all-gathers the weights in every forward and again in every backward
-  (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep group. HSDP
-  (``--hsdp R``): all of this inside groups of R (× cp), then each gradient reduce-scatter's shard
-  all-reduced across the dp/R groups (FSDP2's hybrid sharding).
+  (with its backward, and with a forward the schedule runs before the next backward: FSDP's one buffer in
+  flight, ``Overlap.BACKWARD_THEN_FORWARD``); ZeRO 3 also all-gathers the weights in every forward and
+  again in every backward (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep
+  group. HSDP (``--hsdp R``): all of this inside groups of R (× cp), then each gradient reduce-scatter's
+  shard all-reduced across the dp/R groups (FSDP2's hybrid sharding).
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
@@ -112,6 +113,11 @@ class Overlap(StrEnum):
     """Every micro-batch's forward."""
     BACKWARD = "backward"
     """Every micro-batch's backward."""
+    BACKWARD_THEN_FORWARD = "backward, and a forward after it"
+    """A gradient reduce-scatter issued per layer in every backward (ZeRO 2): FSDP keeps one reduce-scatter
+    buffer in flight, so the compute stream waits for it at the next layer's backward; it hides behind that
+    backward and, where the schedule runs a forward chunk before the next backward (1F1B's steady state;
+    the next micro-batch without a pipeline), behind that forward too (``predict.windows``)."""
     LAST_BACKWARD = "last backward"
     """The last micro-batch's backward (a once-per-step gradient reduction)."""
     FIRST_FORWARD = "first forward"
@@ -451,7 +457,7 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
         ]
     if zero is ZeroStage.GRADIENTS:
         return [
-            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
             row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
         ]
     return [
