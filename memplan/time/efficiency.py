@@ -33,6 +33,12 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   ``memplan calibrate`` does not measure the host. No published offload run was in view when it was
   chosen.
 
+- ``LAUNCH_GAP_S`` 1.1 µs: the GPU's time per kernel of a queue of tiny back-to-back kernels with the
+  host's overhead taken out (pytorch/pytorch issue #161104, 2025: 2,000 eager ``x + y`` on 1,024 elements
+  captured in one CUDA graph run at 0.0011–0.0013 ms each; the lower). Charged once per kernel of eager,
+  unfused element-wise code (``compute.elementwise_kernels``) on top of its bytes; ``memplan calibrate``
+  measures it on the user's device (``launch_us``). No published run was in view when it was chosen.
+
 ``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
 sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs
 (``gemm``: NVIDIA's "Matrix Multiplication Background User's Guide" §3; the tile rule, the best of
@@ -69,6 +75,17 @@ FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
 1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""
+
+
+LAUNCH_GAP_S = 1.1e-6
+"""Seconds per kernel launch of eager element-wise code beyond its bytes (module docstring: a CUDA-graph
+queue of tiny ``x + y`` kernels, pytorch/pytorch #161104)."""
+
+
+def launch_gap(gpu: GpuPreset) -> float:
+    """``LAUNCH_GAP_S``, or the seconds per kernel ``memplan calibrate`` measured on the device."""
+    measured = gpu.calibrated.launch_us if gpu.calibrated else None
+    return measured * 1e-6 if measured is not None else LAUNCH_GAP_S
 
 
 def matmul(gpu: GpuPreset) -> float:

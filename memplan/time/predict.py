@@ -68,6 +68,8 @@ class Prediction(BaseModel):
     """The optimizer step on the GPU, once per step (memory-bound; 0 when offloaded)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights, n · (forward + backward)."""
+    launch_s: float = 0.0
+    """The per-launch gaps of the eager element-wise kernels, n · (forward + backward)."""
     offload_micro_batch_s: float = 0.0
     """Host-link copies of every micro-batch that no compute hides (``offload``), n of them."""
     offload_step_s: float = 0.0
@@ -85,6 +87,7 @@ class Prediction(BaseModel):
             "attention": self.attention_s,
             "element-wise": self.elementwise_s,
             "dequantize": self.dequant_s,
+            "launch gaps": self.launch_s,
         }
         out.update({f"{k} exposed": v for k, v in self.exposed_s.items()})
         out["offload copies"] = self.offload_micro_batch_s + self.offload_step_s
@@ -190,6 +193,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         bubble_s=bubble,
         optimizer_s=optimizer,
         dequant_s=n * (forward.dequant_s + backward.dequant_s),
+        launch_s=n * (forward.launch_s + backward.launch_s),
         offload_micro_batch_s=copies_stage,
         offload_step_s=copies_step,
         host_optimizer_s=host,

@@ -6,7 +6,7 @@ The figures the CLI prints (``memplan estimate --gpu``: step time, tokens/s, MFU
 hardware FLOPs, peak per device, the predicted parts; the communication rows; ``compare``'s step time,
 tokens/s, MFU and FLOPs/step) are the JSON's; each is asserted against a derivation from the config, the
 GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, MEMORY 0.80, NETWORK_INTRA 0.67;
-FlashAttention-2 on Hopper FA2_HOPPER 0.35), never against memplan's own functions.
+FlashAttention-2 on Hopper FA2_HOPPER 0.35; LAUNCH_GAP_S 1.1 µs), never against memplan's own functions.
 """
 
 from __future__ import annotations
@@ -66,8 +66,14 @@ ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / 
 ELEMENTWISE = 2 * T * H * 36 + 2 * 3 * T * H * 2 + T * 6 * 16 // TP * 10 * 2 + 5 * 2 * T * 128 // TP
 assert ELEMENTWISE == 446_464
 EW_FWD_S, EW_BWD_S = 2 * ELEMENTWISE / MEM, 2 * 2 * ELEMENTWISE / MEM
-FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S
-BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S
+# Launch gaps of those eager kernels, 1.1 µs each (time/efficiency.py LAUNCH_GAP_S: a CUDA-graph queue of
+# tiny x + y kernels, pytorch/pytorch #161104): per layer forward two RMSNorms of 8 kernels (x.to(fp32),
+# pow, mean, + eps, rsqrt, x·, .to(bf16), weight·), two residual adds, rotary 5 on q and 5 on k, SwiGLU's
+# silu and product: 30; the backward launches twice the forward's.
+KERNELS = 2 * 8 + 2 + 10 + 2
+GAP_FWD_S, GAP_BWD_S = 2 * KERNELS * 1.1e-6, 2 * 2 * KERNELS * 1.1e-6
+FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S + GAP_FWD_S
+BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S + GAP_BWD_S
 
 # Parameters on one tensor-parallel rank: embedding and head vocabulary-parallel 128·64 each; per layer
 # q, o 64·32, k, v 64·16, gate, up, down 64·64 (half of each), two RMSNorm weights of 64 (whole); the
@@ -128,6 +134,7 @@ def test_time_panel_by_hand() -> None:
     assert p["matmul_wave_efficiency"] == approx(matmul_flops / ((MATMUL_FWD_S + MATMUL_BWD_S) * MM))
     assert p["attention_s"] == approx(ATTN_FWD_S + ATTN_BWD_S)
     assert p["elementwise_s"] == approx(EW_FWD_S + EW_BWD_S)
+    assert p["launch_s"] == approx(GAP_FWD_S + GAP_BWD_S)
     assert p["compute_s"] == approx(COMPUTE_S)
     assert p["exposed_s"] == {"tp": approx(TP_EXPOSED), "dp": DP_EXPOSED}
     assert DP_EXPOSED == 0.0  # the gradients' all-reduce hides behind the last backward
