@@ -249,8 +249,10 @@ def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> t
         forward = gemm.class_efficiency(shapes, gpu.sms, roof)
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
-    flash = peak * attention.flash_fraction(s, gpu) / attention.causal_work(s)
-    return f.attention_forward / flash, f.attention_backward / flash
+    work = attention.causal_work(s)
+    forward = peak * attention.flash_fraction(s, gpu) / work
+    backward = peak * attention.flash_fraction(s, gpu, backward=True) / work
+    return f.attention_forward / forward, f.attention_backward / backward
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:
