@@ -116,7 +116,9 @@ class Calibration(Frozen):
         default=None, gt=0, le=1, description="SDPA forward and backward / the dense peak (the flash kernel)"
     )
     launch_us: float | None = Field(
-        default=None, gt=0, description="seconds per tiny kernel in a queue, µs (recorded; not modelled yet)"
+        default=None,
+        gt=0,
+        description="seconds per tiny kernel in a queue, µs (the launch gap of eager kernels)",
     )
     network_intra: float | None = Field(
         default=None,

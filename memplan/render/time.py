@@ -25,6 +25,7 @@ def _seconds(s: float) -> str:
 _PARTS = {
     "attention": "QKᵀ and P·V, forward and backward",
     "element-wise": "norms, residuals, activations: bytes / HBM",
+    "launch gaps": "per kernel of eager element-wise code (unfused)",
     "dequantize": "QLoRA's 4-bit weights to the compute dtype, per linear, forward and dX: bytes / HBM",
     "offload copies": "host-link (PCIe) copies no compute hides",
     "bubble": "pipeline fill and drain",

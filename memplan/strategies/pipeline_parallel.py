@@ -118,14 +118,20 @@ def representative_stages(counts: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(picked))
 
 
+def warmup_forwards(parallel: Parallel, index: int, micro_batches: int) -> int:
+    """Chunk-forwards rank ``index`` runs before its first backward, at most all m·n of them: p − i − 1
+    under 1F1B, 2(p − i − 1) + (m − 1)·p interleaved (Megatron-LM's ``get_num_warmup_microbatches``,
+    Narayanan et al. 2021 §2.2); the rest run one forward, one backward (the steady state)."""
+    p, m = parallel.pp, parallel.vpp
+    warm = p - index - 1 if m == 1 else 2 * (p - index - 1) + (m - 1) * p
+    return min(warm, m * micro_batches)
+
+
 def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batches: int) -> Stage:
     """Pipeline rank ``index`` of ``parallel.pp`` whose model chunks hold ``chunks_of`` layers (one entry
     without interleaving), under 1F1B (interleaved when vpp > 1)."""
     p, m = parallel.pp, parallel.vpp
-    if m == 1:
-        chunks = min(p - index, micro_batches)
-    else:  # Megatron's interleaved warm-up, 2(p − i − 1) + (m − 1)·p forwards, plus the one in flight
-        chunks = min(2 * (p - index - 1) + (m - 1) * p + 1, m * micro_batches)
+    chunks = min(warmup_forwards(parallel, index, micro_batches) + 1, m * micro_batches)
     # forward j runs chunk (j mod p·m) // p (Megatron's get_model_chunk_id: groups of p micro-batches)
     in_flight = tuple(chunks_of[(j // p) % m] for j in range(chunks))
     return Stage(

@@ -8,10 +8,10 @@
 - a flash kernel (``--attention flash``) at a fraction of the dense peak that depends on the kernel and
   the GPU's architecture (``arch`` in the GPU preset):
 
-  | kernel | Ampere, Ada, CDNA3, unknown | Hopper, Blackwell |
+  | kernel | Ampere, Ada, CDNA3, unknown | Hopper, Blackwell: forward, backward |
   |---|---|---|
-  | FlashAttention-2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35 |
-  | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × 0.35 = 0.525 |
+  | FlashAttention-2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35, ``_BACKWARD`` 0.32 |
+  | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × those: 0.525, 0.48 |
 
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
   it (torch vendors FA2), on every GPU.
@@ -25,7 +25,8 @@
   counted) and each of its c − 1 others a full block of (s/c)²/2 cells, so of the (c + 1)/2 · (s/c)²
   counted cells c/2 · (s/c)² run: c/(c + 1), 1/2 without cp. Eager attention's bmms run every cell.
 
-Known limitations (NB): one fraction for forward and backward (the papers' ranges, their low end); cuDNN's
+Known limitations (NB): one fraction for every sequence length (the Hopper backward's at 8k; FA2 on
+Ampere one fraction for both directions, the paper's low end); cuDNN's
 and the memory-efficient SDPA kernels are not offered (no published figure in view); CDNA3 (MI300X,
 Composable Kernel's flash attention) and Blackwell take the figures above without a measurement of their
 own; a sliding window's further skipped tiles are not modelled (the window's cells are counted as causal).
@@ -47,20 +48,21 @@ def kernel(setup: Setup) -> AttentionKernel:
     return AttentionKernel.FA2 if k is AttentionKernel.AUTO else k
 
 
-def flash_fraction(setup: Setup, gpu: GpuPreset) -> float:
-    """The flash kernel's fraction of the dense peak on ``gpu`` (module docstring's table); a one-line
-    ``ValueError`` for FlashAttention-3 off Hopper."""
+def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
+    """The flash kernel's fraction of the dense peak on ``gpu``, forward or ``backward`` (module
+    docstring's table); a one-line ``ValueError`` for FlashAttention-3 off Hopper."""
     hopper = gpu.arch in HOPPER_ON
     if gpu.calibrated and gpu.calibrated.attention and setup.impl.attention_kernel is AttentionKernel.AUTO:
         return gpu.calibrated.attention  # measured on the device (``memplan calibrate``: SDPA's own pick)
+    fa2 = efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
             raise ValueError(
                 f"attention-kernel: FlashAttention-3 runs on Hopper GPUs only, not {gpu.name} "
                 f"({gpu.arch or 'architecture unknown'}); use --attention-kernel fa2"
             )
-        return efficiency.FA3_SPEEDUP * efficiency.FA2_HOPPER
-    return efficiency.FA2_HOPPER if hopper else efficiency.ATTENTION
+        return efficiency.FA3_SPEEDUP * fa2
+    return fa2 if hopper else efficiency.ATTENTION
 
 
 def causal_work(setup: Setup) -> float:

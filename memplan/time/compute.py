@@ -9,7 +9,8 @@ Three classes, each at its achievable fraction (``efficiency``, or a calibrated 
   batched GEMMs as the linears, a flash kernel at its fraction by kernel and GPU generation
   (``attention``);
 - element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``, eager or fused:
-  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth.
+  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth, plus ``LAUNCH_GAP_S`` per kernel of
+  eager code (``elementwise_kernels``, ``launch_seconds``).
 
 FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
 layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
@@ -71,10 +72,12 @@ class KernelTime:
     """The matrix products' FLOPs (``matmul_s`` at ``MATMUL`` × peak × their wave efficiency)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights (``dequant_bytes``), memory-bound."""
+    launch_s: float = 0.0
+    """The per-launch gaps of the eager element-wise kernels (``launch_seconds``)."""
 
     @property
     def total_s(self) -> float:
-        return self.matmul_s + self.attention_s + self.elementwise_s + self.dequant_s
+        return self.matmul_s + self.attention_s + self.elementwise_s + self.dequant_s + self.launch_s
 
 
 @dataclass(frozen=True)
@@ -154,6 +157,39 @@ def elementwise_bytes(s: Setup) -> int:
     return out
 
 
+def elementwise_kernels(s: Setup) -> int:
+    """Kernels one layer's forward launches for its eager element-wise work on one rank
+    (``elementwise``'s counts): two norms, two residual adds, two residual dropouts (when p > 0), the
+    rotary embedding, the MLP's activation (SwiGLU eager 2, GELU 1), eager attention's softmax and its
+    dropout. 0 under ``--compile`` (Inductor's fused kernels are not charged a gap)."""
+    if elementwise.fused(s):
+        return 0
+    m, p = s.model, profile_of(s)
+    e = s.training.precision.activation_dtype.bytes
+    out = 2 * elementwise.norm_kernels(s, p, e) + 2 + (2 if m.resid_dropout > 0 else 0)
+    if m.position is PositionType.ROPE:
+        out += elementwise.rotary_kernels(s)
+    out += elementwise.swiglu_kernels(s, p) if m.mlp is MlpType.SWIGLU else 1
+    if s.strategy.attention is Attention.EAGER:
+        out += 1 + (1 if m.attn_dropout > 0 else 0)
+    return out
+
+
+def launch_seconds(c: Critical, gpu: GpuPreset) -> tuple[float, float]:
+    """The launch gaps of one micro-batch's eager element-wise kernels, (forward, backward with re-run):
+    ``elementwise_kernels`` × the stage's layers × ``efficiency.launch_gap``; the backward launches twice
+    the forward's kernels (as it moves twice its bytes: each op's gradient reads the incoming gradient and
+    what it saved, often in two kernels), a re-run layer its forward's again (selective recompute: the
+    eager attention core's softmax and dropout)."""
+    s = c.setup
+    per_layer = elementwise_kernels(s)
+    rerun = c.rerun_layers * per_layer
+    if s.strategy.checkpointing is Checkpointing.SELECTIVE:
+        rerun = c.layers * (per_layer - elementwise_kernels(_flash(s)))
+    gap = efficiency.launch_gap(gpu)
+    return c.layers * per_layer * gap, (2 * c.layers * per_layer + rerun) * gap
+
+
 def matmul_seconds(
     f: StageFlops, e: gemm.Efficiencies, mm: float, layer: tuple[gemm.Efficiencies, float] | None = None
 ) -> tuple[float, float]:
@@ -182,8 +218,9 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
     backward_bytes = 2 * layer + rerun + c.layers * cast_b + c.rerun_layers * cast_f
-    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm)
-    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm)
+    gap_f, gap_b = launch_seconds(c, gpu)
+    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
+    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)
     return forward, backward
 
 
@@ -212,8 +249,10 @@ def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> t
         forward = gemm.class_efficiency(shapes, gpu.sms, roof)
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
-    flash = peak * attention.flash_fraction(s, gpu) / attention.causal_work(s)
-    return f.attention_forward / flash, f.attention_backward / flash
+    work = attention.causal_work(s)
+    forward = peak * attention.flash_fraction(s, gpu) / work
+    backward = peak * attention.flash_fraction(s, gpu, backward=True) / work
+    return f.attention_forward / forward, f.attention_backward / backward
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:
@@ -276,7 +315,10 @@ def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
     return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu)
 
 
+def _flash(s: Setup) -> Setup:
+    return s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})
+
+
 def _attention_bytes(s: Setup) -> int:
     """The eager attention core's element-wise bytes (what selective recompute re-runs); 0 for flash."""
-    eager = s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})
-    return elementwise_bytes(s) - elementwise_bytes(eager)
+    return elementwise_bytes(s) - elementwise_bytes(_flash(s))

@@ -23,6 +23,10 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
   issue #119, 2022).
 
+- ``FA2_HOPPER`` 0.35 forward, ``FA2_HOPPER_BACKWARD`` 0.32 backward: FlashAttention-2 on H100
+  (FlashAttention-3, Shah et al. 2024: the abstract's 35 %; the backward figure's 318 of 989 TFLOP/s at
+  8k, head dimension 128); ``FA3_SPEEDUP`` 1.5 over both (the abstract's 1.5–2.0×, the low end).
+
 - ``HOST_LINK`` 0.80: CUDA's ``bandwidthTest`` on an A100-SXM4-40GB (PCIe Gen4 x16, 32 GB/s per direction),
   pinned 32 MB copies: host to device 26.1 GB/s, device to host 25.6 GB/s (a published run log; the
   lower, 25.6/32 = 0.80). Offload's copies (``time.offload``).
@@ -32,6 +36,12 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   embedded SoC's controller, not a dual-socket server's; no server STREAM figure was at hand, and
   ``memplan calibrate`` does not measure the host. No published offload run was in view when it was
   chosen.
+
+- ``LAUNCH_GAP_S`` 1.1 µs: the GPU's time per kernel of a queue of tiny back-to-back kernels with the
+  host's overhead taken out (pytorch/pytorch issue #161104, 2025: 2,000 eager ``x + y`` on 1,024 elements
+  captured in one CUDA graph run at 0.0011–0.0013 ms each; the lower). Charged once per kernel of eager,
+  unfused element-wise code (``compute.elementwise_kernels``) on top of its bytes; ``memplan calibrate``
+  measures it on the user's device (``launch_us``). No published run was in view when it was chosen.
 
 ``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
 sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs
@@ -65,10 +75,27 @@ FA2_HOPPER = 0.35
 """FlashAttention-2 on Hopper (and later) GPUs, both directions: "FlashAttention-2 achieving only 35%
 utilization on the H100 GPU" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, abstract). FA2 is
 written for Ampere's mma instructions; Blackwell is taken as Hopper (no published figure)."""
+FA2_HOPPER_BACKWARD = 0.32
+"""FlashAttention-2's backward on Hopper (and later) GPUs: 318 TFLOP/s of H100 SXM's 989 at sequence
+length 8k, head dimension 128 (Shah et al. 2024, FlashAttention-3, the backward-pass speed figure, H100
+80GB SXM5: FA2 291, 310, 318, 322 TFLOP/s at 2k, 4k, 8k, 16k) — below its forward (``FA2_HOPPER``; the
+same paper's forward figures at 8k: 370 non-causal, 333 causal). The 8k figure: the sequence length of
+the published runs that use it (Llama 3), read before computing them."""
 FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
 1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""
+
+
+LAUNCH_GAP_S = 1.1e-6
+"""Seconds per kernel launch of eager element-wise code beyond its bytes (module docstring: a CUDA-graph
+queue of tiny ``x + y`` kernels, pytorch/pytorch #161104)."""
+
+
+def launch_gap(gpu: GpuPreset) -> float:
+    """``LAUNCH_GAP_S``, or the seconds per kernel ``memplan calibrate`` measured on the device."""
+    measured = gpu.calibrated.launch_us if gpu.calibrated else None
+    return measured * 1e-6 if measured is not None else LAUNCH_GAP_S
 
 
 def matmul(gpu: GpuPreset) -> float:

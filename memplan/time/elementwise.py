@@ -17,10 +17,18 @@ from HBM and writing its output there (e the activation dtype's bytes, per eleme
 - LayerNorm (``aten.native_layer_norm``), GELU (``F.gelu``), residual adds and dropout are one kernel each
   in eager PyTorch already: the same bytes either way.
 
-Known limitations (NB): the per-launch gap between eager kernels is not modelled (no published figure in
-view); transformers' ``gelu_new`` (a Python GELU of five ops) is counted as ``F.gelu``; torch.compile's
-other effects (recompute choices of its min-cut partitioner, which change the saved tensors, and CUDA
-graphs) are not modelled: ``--compile`` changes the element-wise bytes only.
+Kernels (the per-launch gap, ``efficiency.LAUNCH_GAP_S``, is charged per kernel of eager code): eager
+RMSNorm ``x.to(float32)``, ``pow``, ``mean``, ``+ eps``, ``rsqrt``, ``x ·``, ``.to(dtype)``, ``weight ·``: 8
+kernels (6 in fp32: no casts); SwiGLU ``silu`` and ``·``: 2; rotary on q and k, each ``·cos``, the negated
+half, ``cat``, ``·sin`` and the sum: 10; LayerNorm, GELU, a residual add, a dropout, an eager softmax: 1
+each. Fused chains (``--compile``, a fused-kernel profile) are charged no gap.
+
+Known limitations (NB): the fused kernels' and the GEMMs' own launches are not charged (no figure of the
+gap behind a long kernel in view; the host queues them ahead); the host's dispatch (≈ µs per eager op) is
+taken to run ahead of the GPU, as it does when kernels outlast it; transformers' ``gelu_new`` (a Python
+GELU of five ops) is counted as ``F.gelu``; torch.compile's other effects (recompute choices of its
+min-cut partitioner, which change the saved tensors, and CUDA graphs) are not modelled: ``--compile``
+changes the element-wise bytes and launches only.
 """
 
 from __future__ import annotations
@@ -58,3 +66,22 @@ def swiglu_bytes(setup: Setup, p: Profile, e: int) -> int:
 def rotary_bytes(setup: Setup, e: int) -> int:
     """Bytes per element of q or k through the rotary embedding: fused 2e, eager 10e."""
     return 2 * e if fused(setup) else 10 * e
+
+
+def norm_kernels(setup: Setup, p: Profile, e: int) -> int:
+    """Eager kernels of one norm (module docstring): RMSNorm 8 (6 in fp32), LayerNorm 1; fused 0."""
+    if fused(setup) or p.fused_norm:
+        return 0
+    if setup.model.norm is not NormType.RMSNORM:
+        return 1
+    return 6 if e == FP32 else 8
+
+
+def swiglu_kernels(setup: Setup, p: Profile) -> int:
+    """Eager kernels of the SwiGLU product: ``silu`` and the product, 2; fused 0."""
+    return 0 if fused(setup) or p.fused_swiglu else 2
+
+
+def rotary_kernels(setup: Setup) -> int:
+    """Eager kernels of the rotary embedding on q and k: 5 each; fused 0."""
+    return 0 if fused(setup) else 10

@@ -34,9 +34,10 @@ from pydantic import BaseModel, ConfigDict
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.context_parallel import block_shares
+from memplan.strategies.pipeline_parallel import warmup_forwards
 from memplan.time import efficiency, offload
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm import Overlap, Row, communication
+from memplan.time.comm import Critical, Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
 IN_STAGE = frozenset({"tp", "cp", "ep"})
@@ -67,6 +68,8 @@ class Prediction(BaseModel):
     """The optimizer step on the GPU, once per step (memory-bound; 0 when offloaded)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights, n · (forward + backward)."""
+    launch_s: float = 0.0
+    """The per-launch gaps of the eager element-wise kernels, n · (forward + backward)."""
     offload_micro_batch_s: float = 0.0
     """Host-link copies of every micro-batch that no compute hides (``offload``), n of them."""
     offload_step_s: float = 0.0
@@ -84,6 +87,7 @@ class Prediction(BaseModel):
             "attention": self.attention_s,
             "element-wise": self.elementwise_s,
             "dequantize": self.dequant_s,
+            "launch gaps": self.launch_s,
         }
         out.update({f"{k} exposed": v for k, v in self.exposed_s.items()})
         out["offload copies"] = self.offload_micro_batch_s + self.offload_step_s
@@ -99,14 +103,39 @@ class Prediction(BaseModel):
         return out
 
 
+def followed_backwards(c: Critical, n: int) -> int:
+    """Chunk-backwards of the stage after which the schedule runs a forward before the next backward: the
+    steady state's one-forward-one-backward pairs but the last (``pipeline_parallel.warmup_forwards``);
+    without a pipeline every micro-batch's backward but the last (the next micro-batch's forward)."""
+    par = c.setup.parallel
+    return max(0, par.vpp * n - warmup_forwards(par, c.index, n) - 1)
+
+
+def reduce_window(c: Critical, forward: KernelTime, backward: KernelTime, n: int, rows: list[Row]) -> float:
+    """What ``Overlap.BACKWARD_THEN_FORWARD``'s reduce-scatters hide behind: every backward, plus each
+    forward chunk the schedule runs between two backwards (``followed_backwards``) — but FSDP keeps one
+    reduce-scatter buffer in flight and the compute stream waits for it at the next layer's copy-in
+    (torch's ``set_reduce_scatter_max_input_buffers``: "FSDP keeps 1 such buffer in flight by default, so
+    the compute stream must wait on the previous reduce-scatter before the next copy-in"), so a forward
+    hides at most one layer's reduce-scatter: Σ their seconds / (n · the stage's layers)."""
+    total = sum(r.time_s for r in rows if r.overlap is Overlap.BACKWARD_THEN_FORWARD)
+    if not total:
+        return 0.0
+    chunk_forward = forward.total_s / c.setup.parallel.vpp
+    one_layer = total / (n * max(1, c.layers))
+    return n * backward.total_s + followed_backwards(c, n) * min(chunk_forward, one_layer)
+
+
 def windows(forward: KernelTime, backward: KernelTime, n: int, cp: int = 1) -> dict[Overlap, float]:
     """Seconds of the compute each kind of overlap hides behind (the ring's: the attention of its blocks,
-    ``context_parallel.block_shares``)."""
+    ``context_parallel.block_shares``; ``BACKWARD_THEN_FORWARD``'s every backward, ``reduce_window`` adds
+    the forwards between them)."""
     first, blocks = block_shares(cp)
     return {
         Overlap.NONE: 0.0,
         Overlap.FORWARD: n * forward.total_s,
         Overlap.BACKWARD: n * backward.total_s,
+        Overlap.BACKWARD_THEN_FORWARD: n * backward.total_s,
         Overlap.LAST_BACKWARD: backward.total_s,
         Overlap.FIRST_FORWARD: forward.total_s,
         Overlap.RING_FIRST_FORWARD: n * forward.attention_s * first,
@@ -140,6 +169,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     forward, backward = kernel_times(c, gpu, peak)
     n, par = p.micro_batches, p.parallel
     hide = windows(forward, backward, n, par.cp)
+    hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)
     hidden = exposed(rows, hide)
     copies_stage, copies_step = offload.exposed_transfers(offload.transfers(c, p), hide, gpu)
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
@@ -163,6 +193,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         bubble_s=bubble,
         optimizer_s=optimizer,
         dequant_s=n * (forward.dequant_s + backward.dequant_s),
+        launch_s=n * (forward.launch_s + backward.launch_s),
         offload_micro_batch_s=copies_stage,
         offload_step_s=copies_step,
         host_optimizer_s=host,

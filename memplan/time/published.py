@@ -17,7 +17,10 @@ Readings of the papers (stated, not fitted):
   fewer), flash attention, no recompute, FSDP that does not reshard weights after the forward (ZeRO 2:
   gradients and optimizer sharded, weights gathered once per step), the interleaved schedule with one
   layer per model chunk: 8 chunks per rank, the first rank's first chunk the embedding alone and the last
-  rank's last chunk the head alone (``LLAMA_VIRTUAL_STAGES``).
+  rank's last chunk the head alone (``LLAMA_VIRTUAL_STAGES``); gradients reduce-scattered in fp32
+  (``--reduce-dtype fp32``; §3.3.2, "Numerical stability": "we use FP32 gradient accumulation during
+  backward computation over multiple micro-batches and also reduce-scatter gradients in FP32 across data
+  parallel workers in FSDP").
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from memplan.config import (
     Parallel,
     PositionType,
     Precision,
+    ReduceDtype,
     Setup,
     StrategyConfig,
     TrainingConfig,
@@ -102,7 +106,9 @@ def _llama(dp: int, tflops: float, seq: int = 8192, cp: int = 1) -> Run:
         training=TrainingConfig(
             seq_len=seq, precision=Precision.BF16_MIXED, grad_accum=(1 << 24) // seq // dp
         ),
-        strategy=StrategyConfig(attention=Attention.FLASH, zero=ZeroStage.GRADIENTS, dp=dp),
+        strategy=StrategyConfig(
+            attention=Attention.FLASH, zero=ZeroStage.GRADIENTS, dp=dp, reduce_dtype=ReduceDtype.FP32
+        ),
     )
     name = f"Llama 3 405B, {128 * cp * dp:,} GPUs" + (f", CP {cp}, s {seq:,}" if cp > 1 else "")
     parallel = Parallel(tp=8, sp=True, pp=16, vpp=8, pp_layers=LLAMA_VIRTUAL_STAGES, cp=cp)

@@ -27,7 +27,8 @@ from memplan.engine import estimate
 from memplan.presets import GpuPreset, load_gpu, load_model_preset
 from memplan.search.fit import Space, fit
 from memplan.time import efficiency
-from memplan.time.comm import Collective, Overlap, Phase, Row, collective_seconds, communication, link
+from memplan.time.comm import Overlap, Phase, Row, communication
+from memplan.time.fabric import Collective, collective_seconds, link
 from memplan.time.timing import timing
 
 H100 = load_gpu("h100")
@@ -188,7 +189,7 @@ def test_prediction_is_bounded_and_consistent() -> None:
     t = timing(plan(Parallel(tp=2, sp=True, pp=2), dp=2, n=8), H100)
     pr = t.prediction
     assert t.basis == "predicted" and t.step_time_s == pr.step_time_s and t.mfu == pr.mfu
-    assert pr.compute_s == pytest.approx(pr.matmul_s + pr.attention_s + pr.elementwise_s)
+    assert pr.compute_s == pytest.approx(pr.matmul_s + pr.attention_s + pr.elementwise_s + pr.launch_s)
     assert pr.step_time_s == pytest.approx(
         pr.compute_s + sum(pr.exposed_s.values()) + pr.bubble_s + pr.optimizer_s
     )

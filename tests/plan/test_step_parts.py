@@ -203,6 +203,9 @@ def setups(draw: st.DrawFn) -> dict[str, object]:
         return kw
     gpus, tp, pp = draw(st.sampled_from([(1, 1, 1), (8, 1, 1), (8, 2, 1), (8, 2, 2), (16, 1, 4)]))
     zero = draw(st.integers(0, 3))
+    # the interleaved schedule and the gradient reduction's dtype (ZeRO 2's reduce-scatter window)
+    kw["vpp"] = draw(st.sampled_from([1, 2])) if pp > 1 else 1
+    kw["reduce_dtype"] = draw(st.sampled_from([None, "fp32", "bf16"]))
     offloads = ["none", "optimizer", "activations"] + (["optimizer,params"] if zero == 3 else [])
     kw.update(
         checkpointing=draw(st.sampled_from(["none", "full", "selective"])),

@@ -6,7 +6,8 @@ The figures the CLI prints (``memplan estimate --gpu``: step time, tokens/s, MFU
 hardware FLOPs, peak per device, the predicted parts; the communication rows; ``compare``'s step time,
 tokens/s, MFU and FLOPs/step) are the JSON's; each is asserted against a derivation from the config, the
 GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, MEMORY 0.80, NETWORK_INTRA 0.67;
-FlashAttention-2 on Hopper FA2_HOPPER 0.35), never against memplan's own functions.
+FlashAttention-2 on Hopper FA2_HOPPER 0.35, its backward 0.32; LAUNCH_GAP_S 1.1 µs), never against
+memplan's own functions.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
 # the flash core: torch's SDPA runs FlashAttention-2, at 35 % of peak on an H100 (Shah et al. 2024,
 # FlashAttention-3, abstract; time/attention.py)
 MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * PEAK, 0.80 * HBM, 0.67 * NVLINK
+# its backward at 318 of 989 TFLOP/s (the same paper's backward figure, 8k, head dim 128): 0.32
+AT_BWD = 0.32 * PEAK
 
 # tiny: T = 64 tokens; per tensor-parallel rank (t 2): q 4·16/2 = 32 columns, k and v 2·16/2 = 16, MLP 64.
 T, H, TP = 64, 64, 2
@@ -57,7 +60,7 @@ MATMUL_FWD_S = (2 * LAYER_FWD + HEAD_FWD) / MM
 MATMUL_BWD_S = (2 * LAYER_BWD + HEAD_BWD) / MM
 # Attention core on a rank: half the heads; the causal kernel runs half of the counted cells (FlashAttention's
 # benchmark halves causal FLOPs, and AT is TFLOP/s of that count: time/attention.py causal_work).
-ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / AT
+ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / AT_BWD
 # Element-wise bytes of one layer's forward on a rank (compute.py, elementwise.py: memplan's reference
 # model runs eager PyTorch, one kernel per op, e = 2): two RMSNorms, each x.to(fp32) (e + 4), pow (4 + 4),
 # mean (4), x·rsqrt (4 + 4), .to(bf16) (4 + e), weight· (e + e) = 28 + 4e = 36 bytes an element of
@@ -66,8 +69,14 @@ ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / 
 ELEMENTWISE = 2 * T * H * 36 + 2 * 3 * T * H * 2 + T * 6 * 16 // TP * 10 * 2 + 5 * 2 * T * 128 // TP
 assert ELEMENTWISE == 446_464
 EW_FWD_S, EW_BWD_S = 2 * ELEMENTWISE / MEM, 2 * 2 * ELEMENTWISE / MEM
-FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S
-BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S
+# Launch gaps of those eager kernels, 1.1 µs each (time/efficiency.py LAUNCH_GAP_S: a CUDA-graph queue of
+# tiny x + y kernels, pytorch/pytorch #161104): per layer forward two RMSNorms of 8 kernels (x.to(fp32),
+# pow, mean, + eps, rsqrt, x·, .to(bf16), weight·), two residual adds, rotary 5 on q and 5 on k, SwiGLU's
+# silu and product: 30; the backward launches twice the forward's.
+KERNELS = 2 * 8 + 2 + 10 + 2
+GAP_FWD_S, GAP_BWD_S = 2 * KERNELS * 1.1e-6, 2 * 2 * KERNELS * 1.1e-6
+FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S + GAP_FWD_S
+BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S + GAP_BWD_S
 
 # Parameters on one tensor-parallel rank: embedding and head vocabulary-parallel 128·64 each; per layer
 # q, o 64·32, k, v 64·16, gate, up, down 64·64 (half of each), two RMSNorm weights of 64 (whole); the
@@ -128,6 +137,7 @@ def test_time_panel_by_hand() -> None:
     assert p["matmul_wave_efficiency"] == approx(matmul_flops / ((MATMUL_FWD_S + MATMUL_BWD_S) * MM))
     assert p["attention_s"] == approx(ATTN_FWD_S + ATTN_BWD_S)
     assert p["elementwise_s"] == approx(EW_FWD_S + EW_BWD_S)
+    assert p["launch_s"] == approx(GAP_FWD_S + GAP_BWD_S)
     assert p["compute_s"] == approx(COMPUTE_S)
     assert p["exposed_s"] == {"tp": approx(TP_EXPOSED), "dp": DP_EXPOSED}
     assert DP_EXPOSED == 0.0  # the gradients' all-reduce hides behind the last backward
