@@ -395,7 +395,9 @@ def check_impl(setup: Setup) -> None:
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
-        "--cp": par.cp > 1,
+        # torchtitan's context parallel runs torch's ring (measure/frameworks/titan.py,
+        # tests/measure/test_titan_context.py).
+        "--cp": par.cp > 1 and impl is not Impl.TORCHTITAN,
         "--reversible": s.reversible,
         "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
         # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
