@@ -97,9 +97,9 @@ def row(case: Case) -> str:
     verdict = "fits" if v.fits else "does not fit"
     follows = "yes" if case.ran_code else "no"
     return (
-        f"| {case.name} | {case.source} | {case.ran} | `{case.typed}` | {follows} | {gib(v.allocated_peak)} | "
-        f"{gib(v.reserved_peak)} | {gib(v.reserved_peak + v.cuda_context)} | {gib(v.device_bytes)} | "
-        f"{verdict} |"
+        f"| {case.name} | {case.source} | {case.ran} | `{case.typed}` | {follows} | "
+        f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.reserved_peak + v.cuda_context)} | "
+        f"{gib(v.device_bytes)} | {verdict} |"
     )
 
 
