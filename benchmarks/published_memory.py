@@ -71,11 +71,29 @@ CASES = (
     Case(
         "MPT-760M, llm-foundry, FSDP, 8 × A100-80GB",
         "mosaicml/llm-foundry scripts/train/benchmarking/README.md (A100 80GB table: 760m, seq 2048, 8 GPUs, "
-        "micro-batch 24, FULL_SHARD, amp_bf16, no AC); model from scripts/train/yamls/pretrain/mpt-760m.yaml",
+        "micro-batch 24, FULL_SHARD, amp_bf16, no AC); model from scripts/train/yamls/pretrain/"
+        "mpt-760m.yaml; loss from ComposerMPTCausalLM (loss_fn: fused_crossentropy)",
         "micro-batch 24, seq 2048, bf16 FSDP (full shard over 8), no activation checkpointing, "
-        "flash_attn's fused cross-entropy (ComposerMPTCausalLM's default loss_fn)",
+        "flash_attn's fused cross-entropy",
         "-m benchmarks/published/mpt-760m.toml --seq 2048 --batch 24 --zero 3 --gpus 8 --gpu a100-80gb "
-        "--attention flash",
+        "--attention flash --loss xentropy",
+        Options(
+            model=MPT_760M,
+            seq=2048,
+            batch=24,
+            zero=3,
+            gpus=8,
+            gpu="a100-80gb",
+            attention="flash",
+            loss="xentropy",
+        ),
+        True,
+    ),
+    Case(
+        "same, typed with the default loss",
+        "memplan's --loss standard is torch's cross_entropy on fp32 logits, not the kernel that ran",
+        "as above",
+        "… without --loss xentropy",
         Options(model=MPT_760M, seq=2048, batch=24, zero=3, gpus=8, gpu="a100-80gb", attention="flash"),
         False,
     ),
