@@ -110,3 +110,18 @@ def test_cp_is_traceable_for_torchtitan_only() -> None:
     check_traceable(with_cp(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2))
     with pytest.raises(ValueError, match="--cp"):
         with_cp(hf_setup("llama-3-8b", seq=256, impl=Impl.HF), 2)
+
+
+def test_trace_impl_torchtitan_cp_through_the_cli() -> None:
+    """``memplan trace --impl torchtitan --cp 2``: rank 0 of torchtitan's model, equal to the estimate."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    args = ["trace", "--impl", "torchtitan", "-m", "tiny", "--seq", "64", "--cp", "2", "--attention", "flash"]
+    result = CliRunner().invoke(app, [*args, "--device", "cpu", "--json"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    diff = json.loads(result.stdout)["diff"]
+    assert diff["exact"] and diff["total"]["estimated"] == diff["total"]["measured"]
