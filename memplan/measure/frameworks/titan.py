@@ -31,9 +31,9 @@ rank's rows from it by position (``rope._reshape_for_broadcast``: ``torch.gather
 torchtitan wraps the inner SDPA's q, k, v as sequence-sharded DTensors so that torch's CP dispatcher runs
 ``_templated_ring_attention`` inside the SDPA op; its handler covers the CUDA kernels only, so here the
 inner attention calls the same ring functions with the CPU flash kernel (``reference.context.ring_flash``)
-over torch's fake process group: the ring, its merges and what autograd saves for the one op (q, k, v,
-the merged output and lse) are torch's. NB: the CUDA op also saves its RNG state (``philox_seed`` /
-``philox_offset``, 24 B per layer), absent on CPU.
+over torch's fake process group, under the setup's ``--cp-rotate`` (``set_rotate_method``): the ring, its
+merges and what autograd saves for the one op (q, k, v, the merged output and lse) are torch's. NB: the
+CUDA op also saves its RNG state (``philox_seed`` / ``philox_offset``, 24 B per layer), absent on CPU.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from memplan.config import Checkpointing, Setup
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.reference.context import rotate_method
 from memplan.measure.runs.run import make_batch, ring
 
 INSTALL = "pip install 'memplan[torchtitan]'"
@@ -173,6 +174,7 @@ def measure_titan(setup: Setup, fake: bool = True, cp_rank: int = 0) -> Measured
     cp = setup.parallel.cp
     with (
         ring(cp, cp_rank, "cpu") as group,
+        rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
         FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(),
     ):
         model = build(setup)
