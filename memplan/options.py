@@ -199,10 +199,11 @@ class Options(Frozen):
     )
     loss: str = _option(
         "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
-        "chunk), fused (Liger's fused linear cross-entropy: no [T, v] tensor kept)",
+        "chunk), xentropy (flash_attn's fused cross-entropy: the logits kept), fused (Liger's fused "
+        "linear cross-entropy: no [T, v] tensor kept)",
         _STRATEGY,
         default="standard",
-        metavar="standard|chunked:N|fused",
+        metavar="standard|chunked:N|xentropy|fused",
     )
     tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
     sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)

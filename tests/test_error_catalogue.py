@@ -309,6 +309,11 @@ CASES: list[Case] = [
         "fit-lora-rank-huge-fix", "fit -m 7b --gpu h100 --gpus 8 --finetune lora --lora-rank 1e9", "lora-rank"
     ),
     case("plan-loss-chunks-huge-fix", "plan -m 7b --loss chunked:99999999999", "use --loss chunked:N"),
+    case("plan-xentropy-tp", "plan -m 7b --loss xentropy --tp 2 --gpus 2", "--tp 1"),
+    case(
+        "plan-xentropy-offload", "plan -m 7b --loss xentropy --zero 3 --offload optimizer", "--offload none"
+    ),
+    case("plan-loss-unknown", "plan -m 7b --loss softmax", "choose standard, xentropy"),
     case("plan-plot-txt", "plan -m 7b --plot {dir}/step.txt", "--plot step.svg"),
     case("file-bool-for-int", "estimate -m {dir}/bool-int.toml", "hidden_size"),
     case("hf-config-without-model-type", "estimate -m {dir}/hf-no-model-type.json", "model_type: missing"),

@@ -206,7 +206,8 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
 
 def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """torchtitan's per-layer complex rotary cache (``Profile.rope_cache_per_layer``): [s, d/2] complex64,
-    the cache sized to the training sequence (``Decoder.Config.update_from_config``); GLM's interleaved
+    the cache sized to the training sequence (``Decoder.Config.update_from_config``; under context
+    parallelism the whole buffer plus the rank's gathered rows); GLM's interleaved
     tables made per layer (``Profile.rope_tables_per_layer``): [s, rot] cos and sin in A."""
     if setup.model.position is not PositionType.ROPE:
         return []
@@ -219,7 +220,29 @@ def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if not profile_of(setup).rope_cache_per_layer:
         return []
     why = "complex q·cache and k·cache: dq = dout·conj(cache) needs the cache"
-    return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
+    if setup.parallel.cp == 1:
+        return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
+    # Context parallel: the rank's rows gathered from the layer's whole cache by position
+    # (rope._reshape_for_broadcast: torch.gather [b, s/c, 1, d/2], or cache[positions] [s/c, d/2] at b = 1);
+    # the caches themselves are model constants (titan_cp_rules).
+    gathered = "the rank's rows of the cache, gathered by position: " + why.replace("the cache", "them")
+    return [save(B.ATTN, "rope_rows", (dims.b, dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, gathered)]
+
+
+def titan_cp_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """torchtitan under context parallelism (``prepare_context_parallel_input`` shards the inputs, labels
+    and positions, not the RoPE caches): every layer's ComplexRoPE buffer stays whole, [seq, d/2] complex64,
+    alive all step (L of them, one entry); a checkpointed block (non-reentrant ``checkpoint``'s
+    ``save_inputs``) keeps its tensor inputs, the positions [b, s/c] int64 among them (one storage)."""
+    if not (profile_of(setup).rope_cache_per_layer and setup.parallel.cp > 1):
+        return []
+    layers, seq = setup.model.num_layers, setup.training.seq_len
+    why = "each layer's ComplexRoPE buffer [seq, d/2]: context parallelism shards the positions, not it"
+    rules = [save(B.ROPE, "caches", (layers, seq, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
+    if setup.strategy.segment:
+        why = "the rank's positions: every checkpointed block's save_inputs keeps its tensor inputs"
+        rules.append(save(B.ROPE, "positions", (dims.b, dims.s), INT64, R.TOKEN_IDS, why))
+    return rules
 
 
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -330,7 +353,7 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
 
 def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Tensors made once per forward and shared by every layer (one storage each)."""
-    rules: list[Rule] = []
+    rules: list[Rule] = titan_cp_rules(setup, dims)
     prof = profile_of(setup)
     per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
     if setup.model.position is PositionType.ROPE and not per_layer:

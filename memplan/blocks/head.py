@@ -61,6 +61,8 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
         return fused_rules(setup, dims)
     if setup.loss is LossKind.CHUNKED:
         return chunked_rules(setup, dims)
+    if setup.loss is LossKind.XENTROPY:
+        return xentropy_rules(setup, dims)
     b, s, h, v = dims.b, dims.s, dims.h, dims.v
     head = save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY")
     if profile_of(setup).vocab_parallel_loss:
@@ -150,6 +152,22 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return inputs + per_chunk + labels + count_rules(setup)
 
 
+def xentropy_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """flash_attn's fused cross-entropy (``ops/triton/cross_entropy.py``, ``CrossEntropyLoss.forward``:
+    ``ctx.save_for_backward(logits, lse, labels)``) and its module's mean, ``loss.sum() / (target !=
+    ignore_index).sum()``: the division keeps the int64 count."""
+    t, v = dims.tokens, dims.v
+    head = save(B.LM_HEAD, "input", (dims.b, dims.s, dims.h), dims.act, R.LINEAR_INPUT, "dW = Xᵀ·dY")
+    why = "the lm head's output, kept by the kernel: d = softmax(logits) − onehot"
+    return [
+        head,
+        save(B.LOSS, "logits", (t, v), dims.act, R.LOG_PROBS, why),
+        save(B.LOSS, "lse", (t,), FP32, R.LOSS_SCALAR, "the kernel's fp32 logsumexp per token"),
+        labels_rule(setup, dims),
+        save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the mean's divisor"),
+    ]
+
+
 def fused_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Liger's fused linear cross-entropy keeps the two gradients it made in forward."""
     w = setup.training.precision.activation_dtype  # the reference model's weights are in this dtype
@@ -186,7 +204,8 @@ def loop_labels_bytes(setup: Setup, dims: Dims) -> int:
 
 def loss_backward_transient(setup: Setup, dims: Dims) -> int:
     """The loss backward's buffers beside every save: nll_loss's gradient and log_softmax's input gradient,
-    both fp32 [T, v] (standard). The fused loss only scales its kept gradients in place: none.
+    both fp32 [T, v] (standard); flash_attn's kernel writes one gradient of the logits, in their dtype
+    (xentropy). The fused loss only scales its kept gradients in place: none.
 
     Chunked: autograd runs the chunks' backward last chunk first (the latest made), so the moment is the
     last chunk's log_softmax backward, 8·b·c_last·v, all the others' log-probs still alive; by then its
@@ -197,6 +216,8 @@ def loss_backward_transient(setup: Setup, dims: Dims) -> int:
         return 0
     if setup.loss is LossKind.STANDARD:
         return 2 * 4 * dims.tokens * dims.v
+    if setup.loss is LossKind.XENTROPY:  # dlogits = torch.empty_like(logits): one [T, v] in the logits' dtype
+        return dims.act.bytes * dims.tokens * dims.v
     sizes = chunk_sizes(dims.s, setup.loss_chunks)
     first, longest = dims.b * sizes[-1], dims.b * sizes[0]
     freed = 4 + (8 * first if loop_labels_bytes(setup, dims) else 0)

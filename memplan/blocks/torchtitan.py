@@ -6,6 +6,11 @@ Every fact cites the code that causes it and is checked by running that code und
 fused ``wqkv``'s input, SDPA's q, k, v, out and logsumexp, the SwiGLU's four [b, s, ffn] tensors, the fp32
 ``cross_entropy`` of ``components/loss.py``) needs no switch.
 
+Context parallel (``--cp``, torchtitan's ``apply_cp_to_forward`` + ``prepare_context_parallel_input``):
+the inputs, labels and positions are sharded, not the RoPE caches — each layer keeps the rank's gathered
+rows and every layer's whole cache stays a buffer (``blocks.attention.titan_cp_rules``); checked per tensor
+against one rank of torchtitan's model (tests/measure/test_titan_context.py).
+
 Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU). On a GPU torch may run a fused
   ``_fused_rms_norm`` kernel and torchtitan's SDPA prefers cuDNN attention; neither is checked here, so

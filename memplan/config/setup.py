@@ -159,6 +159,11 @@ def check_setup(setup: Setup) -> None:
     segmented = s.checkpointing is not Checkpointing.NONE or s.reversible
     mixed = t.precision.master_bytes > 0
     check_savers(setup.offload, setup.loss, setup.loss_chunks, int(s.zero), segmented, mixed)
+    if setup.loss is LossKind.XENTROPY and (setup.parallel.tp > 1 or setup.impl.impl is not Impl.REFERENCE):
+        raise ValueError(
+            "loss: --loss xentropy is modelled for --impl reference without tensor parallelism; "
+            "use --tp 1 and --impl reference, or --loss standard"
+        )
     if not setup.finetune.trains_everything:
         check_finetune(setup)
     if setup.impl.flash_attn:
@@ -395,7 +400,9 @@ def check_impl(setup: Setup) -> None:
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
-        "--cp": par.cp > 1,
+        # torchtitan's context parallel runs torch's ring (measure/frameworks/titan.py,
+        # tests/measure/test_titan_context.py).
+        "--cp": par.cp > 1 and impl is not Impl.TORCHTITAN,
         "--reversible": s.reversible,
         "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
         # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.

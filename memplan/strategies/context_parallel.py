@@ -6,8 +6,10 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
 
 - The sequence is cut into 2c chunks and rank r holds chunks r and 2c−1−r (``_HeadTailLoadBalancer``:
   the head-tail / round-robin split that balances the causal mask), so every [b, s, …] activation of a
-  layer — norms, projections, q, k, v, the attention output, the MLP, the head and the loss, the RoPE
-  table (torchtitan passes ``freqs_cis`` as a context-parallel buffer) — holds s/c tokens. memplan gets
+  layer — norms, projections, q, k, v, the attention output, the MLP, the head and the loss, the
+  reference model's RoPE tables (made for the rank's positions) — holds s/c tokens. torchtitan 0.3.0
+  shards the positions instead (``prepare_context_parallel_input``): every layer keeps its whole RoPE
+  cache and gathers the rank's rows (``blocks.attention.titan_cp_rules``). memplan gets
   this by speaking in one rank's sizes: ``Dims.of`` gives s = seq_len / c (as ``tp_model`` gives a/t
   heads), so the blocks' inventory, FLOPs and peak are the rank's without another rule.
 - Attention: the ring runs *inside* the dispatch of one SDPA op (the DTensor handler of
@@ -32,8 +34,9 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
 
 Known limitations (NB): the ring's forward and backward transients (the gathered K/V, the fp32 merge and
 gradient buffers) are not in the peak; torch's ring runs only the SDPA flash / efficient / cuDNN kernels,
-so eager attention is refused; torchtitan's Llama repeats K/V to a heads before SDPA (the exchanged bytes
-×a/kv), memplan exchanges the kernel's kv heads as the reference model passes them; FlopCounterMode
+so eager attention is refused; K/V are exchanged with the kernel's kv heads, as the reference model and
+torchtitan 0.3.0 pass them (``GQAttention``: ``enable_gqa``, no repeat; measured in
+tests/measure/test_titan_context.py); FlopCounterMode
 counts the causal step-0 kernel whole (hardware FLOPs), as everywhere in memplan.
 """
 

@@ -5,6 +5,8 @@ FLOP phase, the loss-backward moment against every live storage, and the figures
   4 bytes × 8192 × 128256 / 2³⁰).
 - chunked:N (torchtune ``CEWithChunkedOutputLoss``): autograd keeps every chunk's log-probs, so the kept
   bytes equal standard's; the transient shrinks to a chunk.
+- xentropy (flash_attn's fused cross-entropy kernel): ``ctx.save_for_backward(logits, lse, labels)`` — the
+  logits in their dtype, the fp32 logsumexp [T], the labels; its backward writes one logits-dtype [T, v].
 - fused (Liger): ``ctx.save_for_backward(grad_input, grad_weight)`` — [T, h] and [v, h] kept, no [T, v]; the
   lm head's gradient products (dX = dY·W, dW = dYᵀ·X: 4·T·h·v) run in forward.
 """
@@ -23,7 +25,7 @@ from memplan.measure.compare.tensors import compare
 from memplan.measure.runs.profile import profile
 from memplan.measure.runs.run import measure
 
-VARIANTS = ["standard", "chunked:1", "chunked:4", "chunked:5", "fused"]
+VARIANTS = ["standard", "chunked:1", "chunked:4", "chunked:5", "xentropy", "fused"]
 
 
 def setup_for(loss: str, b: int, precision: str, tied: bool, gpt: bool, s: int = 12, v: int = 96) -> Setup:
@@ -67,7 +69,7 @@ def test_estimate_equals_measurement(loss: str, b: int, precision: str, tied: bo
     assert [(r.name, r.est_bytes) for r in c.flops] == [(r.name, r.meas_bytes) for r in c.flops]
 
 
-@pytest.mark.parametrize("loss", ["chunked:4", "fused"])
+@pytest.mark.parametrize("loss", ["chunked:4", "xentropy", "fused"])
 def test_fake_run_equals_real_run(loss: str) -> None:
     setup = setup_for(loss, 2, "bf16-mixed", False, False)
     real, fake = measure(setup, fake=False), measure(setup, fake=True)
@@ -130,3 +132,31 @@ def test_fused_loss_backward_moments_within_stated_accuracy() -> None:
     backward = max(v for k, v in est.peak.phases.items() if k != "optimizer step")
     error = profile(setup, steps=1).phase_peaks["backward"] / backward - 1
     assert 0 <= error <= 1e-5, error
+
+
+def test_xentropy_keeps_the_logits_in_their_dtype_and_the_fp32_lse() -> None:
+    """flash_attn's kernel: the bf16 logits [T, v] (2 B), the fp32 lse [T], the int64 count (8 B); no
+    log-probs. T = 2 × 64, v = 4096."""
+    setup = setup_for("xentropy", 2, "bf16-mixed", False, False, s=64, v=4096)
+    assert _named(setup, "loss.logits") == 2 * 128 * 4096
+    assert _named(setup, "loss.lse") == 4 * 128
+    assert _named(setup, "loss.count") == 8
+    assert _named(setup, "loss.log_probs") == 0
+
+
+def test_xentropy_loss_backward_moment_is_the_kernels_plus_the_references_chunk() -> None:
+    """The estimate's loss-backward moment is the kernel's (every save + one bf16 dlogits [T, v]). The
+    reference re-implementation works on r = min(T, XENTROPY_ROWS) rows in fp32 (measure/reference/loss.py):
+    at its peak the fp32 copy of the rows and their difference with the lse (2 × 4·r·v) and, for the whole
+    batch, the valid mask (bool, T B) and the clamped labels (int64, 8·T B) — derived from the code, exactly
+    what the tracker measures above the estimate."""
+    from memplan.measure.reference.loss import XENTROPY_ROWS
+
+    setup = setup_for("xentropy", 2, "bf16-mixed", False, False, s=64, v=4096)
+    est = estimate(setup)
+    tokens, v = 128, 4096
+    rows = min(tokens, XENTROPY_ROWS)
+    reference_extra = 2 * 4 * rows * v + tokens * (1 + 8)
+    assert (
+        profile(setup, steps=1).phase_peaks["backward"] - est.peak.phases["loss backward"] == reference_extra
+    )

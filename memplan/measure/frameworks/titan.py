@@ -19,6 +19,21 @@ Known limitations:
 - NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
   are refused (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
+- NB: without ``--cp`` the model runs without ``positions`` (RoPE reads a prefix view of each layer's cache);
+  torchtitan's trainer passes the dataset's positions (``hf_datasets/text_datasets.py``), which makes each
+  layer gather its own [b, s, d/2] table as under ``--cp`` below.
+
+Context parallelism (``--cp c``, ``cp_rank``): one rank of torchtitan's ``apply_cp_to_forward``
+(``distributed/context_parallel/api.py``) in one process. The trainer's ``prepare_context_parallel_input``
+shards the inputs, the labels and the positions along the sequence with ``_HeadTailLoadBalancer`` (chunks r
+and 2c−1−r), not the RoPE caches: every layer keeps its whole [seq, d/2] complex64 buffer and gathers the
+rank's rows from it by position (``rope._reshape_for_broadcast``: ``torch.gather``, or indexing at b = 1).
+torchtitan wraps the inner SDPA's q, k, v as sequence-sharded DTensors so that torch's CP dispatcher runs
+``_templated_ring_attention`` inside the SDPA op; its handler covers the CUDA kernels only, so here the
+inner attention calls the same ring functions with the CPU flash kernel (``reference.context.ring_flash``)
+over torch's fake process group, under the setup's ``--cp-rotate`` (``set_rotate_method``): the ring, its
+merges and what autograd saves for the one op (q, k, v, the merged output and lse) are torch's. NB: the
+CUDA op also saves its RNG state (``philox_seed`` / ``philox_offset``, 24 B per layer), absent on CPU.
 """
 
 from __future__ import annotations
@@ -34,7 +49,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.config import Checkpointing, Setup
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
-from memplan.measure.runs.run import make_batch
+from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.reference.context import rotate_method
+from memplan.measure.runs.run import make_batch, ring
 
 INSTALL = "pip install 'memplan[torchtitan]'"
 
@@ -127,13 +144,50 @@ def titan_path(path: str) -> str:
     return re.sub(r"^layers\.\d+\.", "", path)
 
 
-def measure_titan(setup: Setup, fake: bool = True) -> Measured:
-    """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU."""
+def ring_attention(model: Any, group: Any) -> None:
+    """Each block's inner SDPA replaced by torch's ring (``apply_cp_to_forward``'s effect on one rank):
+    [b, s/c, heads, d] in and out, as ``ScaledDotProductAttention.forward`` transposes around its SDPA."""
+    from memplan.measure.reference.context import ring_flash
+
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        out, _ = ring_flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group)
+        return out.transpose(1, 2)
+
+    for block in model.layers.values():
+        block.attention.inner_attention.forward = forward
+
+
+def rope_buffers(model: Any) -> SavedRecord:
+    """Every block's RoPE cache buffer (module buffers, alive all step) as one model-level record of their
+    storages' bytes: under ``--cp`` autograd keeps the gathered rows, not the buffers, so the run reads
+    them from the model (``rope.caches`` in the estimate)."""
+    caches = [block.attention.rope.cache for block in model.layers.values()]
+    nbytes = sum(c.untyped_storage().nbytes() for c in caches)
+    return SavedRecord("rope · buffers", None, (len(caches), *caches[0].shape), "complex64", nbytes)
+
+
+def measure_titan(setup: Setup, fake: bool = True, cp_rank: int = 0) -> Measured:
+    """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU; with
+    ``--cp`` as rank ``cp_rank`` of the ring (module docstring)."""
     torch.manual_seed(0)
     tt = require_torchtitan()
-    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+    cp = setup.parallel.cp
+    with (
+        ring(cp, cp_rank, "cpu") as group,
+        rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
+        FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(),
+    ):
         model = build(setup)
         ids, labels = make_batch(setup, "cpu")
+        positions = None
+        if group is not None:
+            from memplan.measure.reference.context import head_tail_positions
+
+            mine = head_tail_positions(ids.shape[1], cp, cp_rank)
+            ids, labels = ids[:, mine], labels[:, mine]
+            # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
+            positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
+            ring_attention(model, group)
         layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
 
         loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
@@ -141,7 +195,10 @@ def measure_titan(setup: Setup, fake: bool = True) -> Measured:
         tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
 
         def forward() -> torch.Tensor:
-            return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
+            return loss_fn(model(ids, positions), labels, global_valid_tokens=tokens)[0]
 
         checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
-        return run_step(model, layers, forward, checkpointed, titan_path)
+        measured = run_step(model, layers, forward, checkpointed, titan_path)
+        if group is not None:
+            measured.records.append(rope_buffers(model))
+        return measured

@@ -43,6 +43,20 @@ def head_tail_positions(s: int, cp: int, rank: int, device: torch.device | str =
 
 
 @contextmanager
+def rotate_method(method: str) -> Iterator[None]:
+    """torch's ``set_rotate_method(method)`` (``allgather`` or ``alltoall``: ``--cp-rotate``) for the
+    block, torch's previous option restored afterwards."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+
+    before = cp_attention._cp_options.rotate_method
+    cp_attention.set_rotate_method(method)
+    try:
+        yield
+    finally:
+        cp_attention._cp_options.rotate_method = before
+
+
+@contextmanager
 def ring_group(cp: int, rank: int) -> Iterator[dist.ProcessGroup]:
     """The default process group as rank ``rank`` of ``cp`` (fake backend), torn down afterwards."""
     from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -1,4 +1,4 @@
-"""The reference model's lm head and loss, in the three variants of ``config.LossKind`` (blocks/head.py
+"""The reference model's lm head and loss, in the four variants of ``config.LossKind`` (blocks/head.py
 describes what each keeps), as plain torch code equivalent to the libraries they follow:
 
 - ``standard_loss``: fp32 logits, ``log_softmax`` + ``nll_loss`` (what ``F.cross_entropy`` runs), mean.
@@ -6,6 +6,8 @@ describes what each keeps), as plain torch code equivalent to the libraries they
   head per chunk) and ``CEWithChunkedOutputLoss`` (labels chunked and ``reshape(-1)``'d, each chunk's logits
   ``.float()``'d and ``cross_entropy(reduction="sum")``'d, the sum divided by the count of labels that are
   not ``ignore_index``).
+- ``xentropy_loss``: flash_attn's fused cross-entropy kernel (``FlashCrossEntropy``) over the lm head's
+  logits as they come (16-bit under mixed precision), mean over the labels that are not ``ignore_index``.
 - ``FusedLinearCrossEntropy``: Liger's ``LigerFusedLinearCrossEntropyFunction`` without triton — per chunk
   of rows (Liger's chunk size) the logits, their fp32 softmax gradient (p − onehot)/n, ``grad_input[chunk] =
   dlogits·W`` and ``grad_weight += dlogitsᵀ·X`` (``torch.addmm(..., out=grad_weight)`` as Liger writes it);
@@ -50,6 +52,8 @@ def head_loss(
     if setup.loss is LossKind.CHUNKED:
         return chunked_loss(y, weight, labels, setup.loss_chunks)
     y = label(y, "lm_head.input")
+    if setup.loss is LossKind.XENTROPY:
+        return xentropy_loss(F.linear(y, weight) if head is None else head(y), labels)
     return standard_loss(F.linear(y, weight) if head is None else head(y), labels)
 
 
@@ -90,6 +94,60 @@ def _chunk_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     loss, total_weight = torch.ops.aten.nll_loss_forward(log_probs, target, None, 2, IGNORE)
     label(total_weight, "loss.total_weight")
     return loss
+
+
+XENTROPY_ROWS = 256
+"""Rows per step of the reference's flash_attn cross-entropy (its fp32 working chunk; the kernel works in
+registers, one row per program)."""
+
+
+def xentropy_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """flash_attn's ``CrossEntropyLoss`` (reduction ``mean``): the kernel's per-token losses, summed and
+    divided by the count of labels that are not ``ignore_index`` (an int64 scalar the division keeps)."""
+    v = logits.shape[-1]
+    losses = FlashCrossEntropy.apply(logits.view(-1, v), labels.view(-1))
+    count = label((labels != IGNORE).sum(), "loss.count")
+    return losses.sum() / count
+
+
+class FlashCrossEntropy(torch.autograd.Function):
+    """flash_attn's fused cross-entropy (``flash_attn/ops/triton/cross_entropy.py``, ``CrossEntropyLoss``)
+    in plain torch: forward the fp32 logsumexp and losses of the logits as given (16-bit under mixed
+    precision), ``ctx.save_for_backward(logits, lse, labels)``; backward
+    ``dlogits = torch.empty_like(logits)`` filled with (softmax − onehot)·dloss, ignored rows zero. NB: the
+    kernel computes each row in fp32 registers; this one makes an fp32 copy of ``XENTROPY_ROWS`` rows at a
+    time (a transient, not kept)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, labels: Tensor) -> Tensor:
+        rows = logits.shape[0]
+        lse = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        losses = torch.empty(rows, dtype=torch.float32, device=logits.device)
+        valid = labels != IGNORE
+        safe = labels.clamp_min(0)
+        for start in range(0, rows, XENTROPY_ROWS):
+            part = slice(start, start + XENTROPY_ROWS)
+            chunk = logits[part].float()
+            lse[part] = torch.logsumexp(chunk, dim=-1)
+            picked = chunk.gather(1, safe[part, None]).squeeze(1)
+            losses[part] = (lse[part] - picked) * valid[part]
+        ctx.save_for_backward(
+            label(logits, "loss.logits"), label(lse, "loss.lse"), label(labels, "loss.labels")
+        )
+        return losses
+
+    @staticmethod
+    def backward(ctx: Any, grad_losses: Tensor) -> tuple[Tensor, None]:
+        logits, lse, labels = ctx.saved_tensors
+        dlogits = torch.empty_like(logits)
+        valid = labels != IGNORE
+        safe = labels.clamp_min(0)
+        for start in range(0, logits.shape[0], XENTROPY_ROWS):
+            part = slice(start, start + XENTROPY_ROWS)
+            probs = (logits[part].float() - lse[part, None]).exp_()
+            probs.scatter_add_(1, safe[part, None], -valid[part, None].to(probs.dtype))
+            dlogits[part] = probs.mul_((grad_losses[part] * valid[part])[:, None])
+        return dlogits, None
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):
