@@ -58,4 +58,6 @@ def profile(setup: Setup) -> Profile:
         flash_rng_int64=True,
         checkpoint_reruns_all=True,
         vocab_parallel_loss=True,
+        frees_stage_outputs=True,
+        rope_cached_per_chunk=True,
     )

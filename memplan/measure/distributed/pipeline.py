@@ -43,7 +43,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from memplan.config import Setup
 from memplan.measure.distributed.instruments import Collective, RankRecorder
-from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.instruments.record import _RECORDER, SavedRecord
 from memplan.measure.reference.model import Reference, torch_dtype
 from memplan.strategies.pipeline_parallel import stage_layers
 
@@ -117,9 +117,18 @@ class CountedStage(PipelineStage):
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
         return self._count("recv", "backward", super().get_bwd_recv_ops(bwd_chunk_id))
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         self.on_phase("forward")
-        return super().forward_one_chunk(*args, **kwargs)
+        recorder = _RECORDER.get()
+        if isinstance(recorder, InFlightRecorder) and not recorder.holds_buffers:
+            recorder.holds_buffers = True  # every buffer exists from the step's start (torch allocates them)
+            for name, buf in self.named_buffers():
+                recorder.hold(buf, name)
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if isinstance(recorder, InFlightRecorder) and not self.is_last:
+            for t in self.fwd_cache[fwd_chunk_id][0]:  # kept until backward_one_chunk pops it
+                recorder.hold(t, "pp.output", until_freed=True)
+        return out
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> None:
         self.on_phase("backward")
@@ -131,8 +140,17 @@ class CountedStage(PipelineStage):
 
     def buffers(self) -> list[Tensor]:
         """The receive buffers the stage holds (one per micro-batch and direction)."""
-        infos = [*self.args_recv_info.values(), *self.grad_recv_info.values()]
-        return [i.buffer for recv in infos for i in recv if getattr(i, "buffer", None) is not None]
+        return [t for _, t in self.named_buffers()]
+
+    def named_buffers(self) -> list[tuple[str, Tensor]]:
+        """The receive buffers with the estimate's names: ``pp.recv`` (activations), ``pp.grad_recv``."""
+        kinds = (("pp.recv", self.args_recv_info), ("pp.grad_recv", self.grad_recv_info))
+        out: list[tuple[str, Tensor]] = []
+        for name, infos in kinds:
+            for recv in infos.values():
+                bufs = [getattr(i, "buffer", None) for i in recv]
+                out += [(name, b) for b in bufs if isinstance(b, Tensor)]
+        return out
 
 
 def make_stage(
@@ -189,24 +207,42 @@ class InFlightRecorder(RankRecorder):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self._packs: dict[int, int] = {}  # storage → packed tensors autograd still holds
+        self._packs: dict[int, int] = {}  # storage → packed tensors (and schedule holds) still alive
         self.live = 0
         self.max = 0
-        self._at_max: list[int] = []
+        self._at_max: list[tuple[int, bool]] = []  # storage, and whether only the schedule held it then
+        self._held: dict[int, str] = {}  # storage → the name of what the schedule holds it as
+        self.holds_buffers = False
+
+    def _acquire(self, key: int, nbytes: int) -> None:
+        self._packs[key] = self._packs.get(key, 0) + 1
+        if self._packs[key] == 1:
+            self.live += nbytes
+            if self.live > self.max:
+                at = [(k, k in self._held and self._storages[k].name is None) for k in self._packs]
+                self.max, self._at_max = self.live, at
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         packed = super()._pack(t)
         info = self._info(t) if self.recording else None
         if info is None:
             return packed
-        key = info.ref.cdata
-        self._packs[key] = self._packs.get(key, 0) + 1
-        if self._packs[key] == 1:
-            self.live += info.nbytes
-            if self.live > self.max:
-                self.max, self._at_max = self.live, list(self._packs)
-        weakref.finalize(packed, self._dropped, key).atexit = False
+        self._acquire(info.ref.cdata, info.nbytes)
+        weakref.finalize(packed, self._dropped, info.ref.cdata).atexit = False
         return packed
+
+    def hold(self, t: torch.Tensor, name: str, until_freed: bool = False) -> None:
+        """A storage the pipeline schedule holds beyond autograd's saves, named ``name`` unless a save
+        names it: alive until its storage is freed (``until_freed``: a stage output) or to the end (a
+        receive buffer)."""
+        info = self._info(t) if self.recording else None
+        if info is None:
+            return
+        key = info.ref.cdata
+        self._held.setdefault(key, name)
+        self._acquire(key, info.nbytes)
+        if until_freed:
+            weakref.finalize(t.untyped_storage(), self._dropped, key).atexit = False
 
     def _dropped(self, key: int) -> None:
         self._packs[key] -= 1
@@ -216,5 +252,9 @@ class InFlightRecorder(RankRecorder):
 
     @property
     def records(self) -> list[SavedRecord]:
-        infos = [self._storages[key] for key in self._at_max]
-        return [SavedRecord(i.name or "unlabelled", i.layer, i.shape, i.dtype, i.nbytes) for i in infos]
+        out = []
+        for key, held in self._at_max:  # held: a receive buffer no forward in flight had read yet
+            i = self._storages[key]
+            name = self._held[key] if held else i.name or self._held.get(key, "unlabelled")
+            out.append(SavedRecord(name, None if held else i.layer, i.shape, i.dtype, i.nbytes))
+        return out
