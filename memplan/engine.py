@@ -20,8 +20,10 @@ Only the representative stages are computed (``pipeline_parallel.representative_
 last, and the first stage of each other layer count — a later stage with as many layers holds fewer
 micro-batches in flight and no embedding, so it never exceeds that one.
 
-Known limitations (NB): communication buffers (tp all-reduce / all-gather, pipeline send/recv, ZeRO
-buckets) are not counted; the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
+Known limitations (NB): communication buffers (tp all-reduce / all-gather, ZeRO buckets) are not counted
+(the pipeline's kept outputs and receive buffers are: ``StagePlan.boundary``); the peak's moments are not
+re-derived for a stage's boundary (its holds are counted alive throughout; docs/distributed.md item 6);
+the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
 whole under sequence parallelism.
 """
 

@@ -55,6 +55,13 @@ class Profile:
     (``attention.qkv_view_rules``: which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager
     core's ``repeat_interleave``, transformers' KV cache). For MHA without RoPE this is Korthikanti's
     "Q and K, 4sbh" + "V, 2sbh" in one storage."""
+    te_contiguous_qkv: bool = False
+    """Megatron-core's ``TEDotProductAttention.forward`` (megatron/core/extensions/transformer_engine.py,
+    Transformer Engine the default ``--transformer-impl``) with ``apply_rope_fusion`` (on unless
+    ``--no-rope-fusion``) runs TE in ``bshd`` and first makes ``[x.transpose(0, 1).contiguous() for x in
+    (query, key, value)]`` ("WAR for peak memory usage", Megatron-LM MR 2388): v, a view of W_QKV's output,
+    becomes its own [b, s, kv, d] copy, so the attention keeps no view of that buffer (q and k are RoPE's
+    new tensors already). Read with RoPE and the flash core (``attention.qkv_view_rules``)."""
     frees_stage_outputs: bool = False
     """Megatron-core's pipeline schedules (``deallocate_pipeline_outputs``, on in Megatron-LM's arguments):
     ``deallocate_output_tensor`` sets a sent stage output's ``.data`` to ``torch.empty([])`` (a 0-dim

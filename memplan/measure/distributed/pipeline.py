@@ -22,10 +22,11 @@ Measured per rank, beside ``distributed.py``'s model states and peak:
 Known limitations (NB): the micro-batches are given to the schedule one by one (``run_step`` calls
 ``_step_microbatches``, the private step after ``step()``'s split) so that each has its own storage, as a
 data loader yields them (``step()`` splits one batch tensor into views of one storage, which the recorder
-would count once). torch's stage allocates one receive buffer per micro-batch and direction at its first
-step and keeps each stage output until its backward; Megatron reuses buffers and frees the output's data
-(``deallocate_output_tensor``): both are in the measured peak, not in the estimate (engine.py's NB on
-communication buffers; docs/distributed.md). ``CommDebugMode``'s per-module attribution is off (a forward
+would count once). What the schedule holds beside autograd's saves — each sent stage output until its
+backward (``fwd_cache``; under ``Schedule1F1B`` the warm-up's ``send_work`` one more), one receive buffer
+per micro-batch and direction — is recorded by ``InFlightRecorder.hold`` under the estimate's names
+(``pp.output``, ``pp.recv``, ``pp.grad_recv``: ``pipeline_parallel.boundary_tensors``).
+``CommDebugMode``'s per-module attribution is off (a forward
 follows a backward). No interleaved schedule (vpp > 1), no sequence parallelism with pp
 (``parallelize.check_pipeline``); the tied embedding's two copies are not all-reduced.
 """
