@@ -20,8 +20,10 @@ Only the representative stages are computed (``pipeline_parallel.representative_
 last, and the first stage of each other layer count — a later stage with as many layers holds fewer
 micro-batches in flight and no embedding, so it never exceeds that one.
 
-Known limitations (NB): communication buffers (tp all-reduce / all-gather, pipeline send/recv, ZeRO
-buckets) are not counted; the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
+Known limitations (NB): communication buffers (tp all-reduce / all-gather, ZeRO buckets) are not counted
+(the pipeline's kept outputs and receive buffers are: ``StagePlan.boundary``); the peak's moments are not
+re-derived for a stage's boundary (its holds are counted alive throughout; docs/distributed.md item 6);
+the re-run working set of a reversible layer keeps its two rebuilt [T, h] inputs
 whole under sequence parallelism.
 """
 
@@ -37,9 +39,9 @@ from memplan.analytic.flops import Flops
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
-from memplan.blocks.inventory import Block, Kept, Role, Scope
-from memplan.blocks.profiles import checkpoints_alone
-from memplan.config import DType, MoEConfig, OptimizerImpl, Parallel, Setup
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
+from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.config import DType, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -63,6 +65,7 @@ from memplan.strategies.offload import HostMemory
 from memplan.strategies.pipeline_parallel import (
     Group,
     Stage,
+    boundary_tensors,
     chunk_layers,
     group_counts,
     group_of,
@@ -131,6 +134,9 @@ class StagePlan:
     """The user's setup (ZeRO, dp, micro-batches per step)."""
     host: HostMemory = field(default_factory=HostMemory)
     """What the device's offloaded tensors take in host memory."""
+    boundary: tuple[Kept, ...] = ()
+    """What the pipeline schedule holds at the stage's boundary (``pipeline_parallel.boundary_tensors``),
+    in ``activations``."""
 
     @functools.cached_property
     def peak(self) -> pk.Peak:
@@ -142,7 +148,7 @@ class StagePlan:
             update={"model": chunk, "training": self.setup.training, "strategy": self.setup.strategy}
         )
         head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
-        kept = peak_inputs(pc, st, self.counts)
+        kept = peak_inputs(pc, st, self.counts, act.total_bytes(list(self.boundary)))
         moments = dict(pk.peak(at, self.states, kept, self.params, head_grads).moments)
         if not st.last:  # the final norm and the loss run on the last stage
             del moments["loss backward"]
@@ -174,11 +180,12 @@ def _lump(name: str, nbytes: int, scope: Scope, count: int, block: Block, role: 
     )
 
 
-def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
+def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int = 0) -> list[Kept]:
     """The stage's saves as ``analytic.peak`` reads an inventory: the layer scope of the one model chunk
     whose backward runs (one entry per layer or checkpointed segment), the head's saves (tagged as head
-    blocks), and everything else alive the whole time — the embedding's, the stage's constants and the
-    other chunks in flight — as model-scope lumps. Same totals as the stage's tensors, a few entries."""
+    blocks), and everything else alive the whole time — the embedding's, the stage's constants, the
+    other chunks in flight and the pipeline's ``boundary`` bytes — as model-scope lumps. Same totals as
+    the stage's tensors, a few entries."""
     g, segment = pc.group_bytes, pc.setup.strategy.segment
     layer = g[Group.CHECKPOINT] if segment else g[Group.LAYER]
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
@@ -190,7 +197,7 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int]) -> list[Kept]:
         _lump("layers", layer, Scope.LAYER, one_chunk, Block.CHECKPOINT, Role.RESIDUAL),
         _lump(
             "in_flight",
-            others + g[Group.EMBED] * counts[Group.EMBED],
+            others + g[Group.EMBED] * counts[Group.EMBED] + g[Group.CHUNK] * counts[Group.CHUNK] + boundary,
             Scope.MODEL,
             1,
             Block.EMBED,
@@ -214,14 +221,31 @@ def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
     states = stage_states(pc, params, st, setup, setup.parallel.ep)
     counts = group_counts(st, pc.setup.strategy.segment, checkpoints_alone(pc.setup))
+    boundary = tuple(stage_boundary(pc, st, setup.parallel.pp))
     acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - lora.deficit(pc.layer_bytes)
+    acts += act.total_bytes(list(boundary))
     if not offload.applies(setup):
-        return StagePlan(st, params, states, counts, acts, pc, setup)
+        return StagePlan(st, params, states, counts, acts, pc, setup, boundary=boundary)
     host = offload.host_states(states, params.total, setup)
     if offload.offloads_activations(setup):
         copies = offload.saved_weight_bytes(params, pc.setup.model, setup, st.last)
         host, acts = host.model_copy(update={"activations": acts + copies}), 0
-    return StagePlan(st, params, offload.device_states(states, setup), counts, acts, pc, setup, host)
+    return StagePlan(
+        st, params, offload.device_states(states, setup), counts, acts, pc, setup, host, boundary
+    )
+
+
+def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
+    """The stage's ``pipeline_parallel.boundary_tensors`` on one rank: the [b, s, h] it sends (s/t under
+    sequence parallelism), the profile's schedule (Megatron frees outputs), whether the first layer's norm
+    saves its input storage itself (LayerNorm, fp32 activations, a fused norm: ``segment_rerun_bytes``)."""
+    rank = pc.setup
+    dims = Dims.of(rank)
+    par = rank.parallel
+    s = dims.s // par.tp if par.sp else dims.s
+    prof = profile_of(rank)
+    shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
+    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -298,12 +322,13 @@ class Result:
     def stage_tensors(self, sp: StagePlan) -> list[Kept]:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
+        rope_cached = profile_of(self.pieces.setup).rope_cached_per_chunk
         for k in self.pieces.kept:
-            group = group_of(k, self.pieces.setup.model.norm)
+            group = group_of(k, self.pieces.setup.model.norm, rope_cached)
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if n:
                 out.append(k.model_copy(update={"count": n}))
-        return out
+        return out + list(sp.boundary)
 
     # The most loaded device's memory: what `memplan estimate` reports.
     @functools.cached_property

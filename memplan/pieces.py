@@ -17,6 +17,7 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.moe import mlp_backward_extra
+from memplan.blocks.profiles import profile_of
 from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
 from memplan.strategies import (
     Strategy,
@@ -149,7 +150,7 @@ def pieces(core: Setup) -> Pieces:
         )
     groups = dict.fromkeys(Group, 0)
     for k in kept:
-        groups[group_of(k, rank.model.norm)] += k.bytes
+        groups[group_of(k, rank.model.norm, profile_of(rank).rope_cached_per_chunk)] += k.bytes
     per_layer: tuple[int, ...] = ()
     if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds
         per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else act.layer_kind_bytes(rank)

@@ -165,7 +165,8 @@ def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     (a/g)·d); in Megatron's eager core (``DotProductAttention``) k and v repeated to a heads under GQA
     (``repeat_interleave``); k and v under transformers' KV cache (``Profile.kv_cache``); all three in
     SDPA's math path (q·√scale, kᵀ·√scale, v upcast to fp32 when 16-bit; ``Core.MATH``); and, with b > 1,
-    the views transformers' eager ``torch.matmul`` reshapes to [b·a, s, d] (``Profile.matmul_copies_views``).
+    the views transformers' eager ``torch.matmul`` reshapes to [b·a, s, d] (``Profile.matmul_copies_views``);
+    v under Megatron's TE attention with RoPE fusion (``Profile.te_contiguous_qkv``).
     Megatron's eager core keeps q and k (``baddbmm``) and v (``bmm``); the flash kernel and the selective
     ``CheckpointFunction`` keep q, k and v as they come."""
     b, s, a, kv, d, act = dims.b, dims.s, dims.a, dims.kv, dims.d, dims.act
@@ -179,11 +180,13 @@ def qkv_view_rules(setup: Setup, dims: Dims, eager_core: bool) -> list[Rule]:
     repeated = ((eager_core or masked) and gqa and not mqa_view) or (math and gqa)
     why = "input of the attention core's backward"
     kv_heads = a if repeated or copied else kv
+    # Megatron's TE attention with RoPE fusion copies v out of the buffer (Profile.te_contiguous_qkv).
+    te_copy = prof.te_contiguous_qkv and rope and core_of(setup) is Core.FLASH
     # (name, new tensor?, heads)
     parts = [
         ("q", rope or gqa or math or copied, a),
         ("k", rope or repeated or prof.kv_cache or math or copied, kv_heads),
-        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied, kv_heads),
+        ("v", repeated or prof.kv_cache or (math and act.bytes < 4) or copied or te_copy, kv_heads),
     ]
     dtype = FP32 if math else act
     rules = [save(B.ATTN, n, (b, h, s, d), dtype, R.ATTN_QKV, why) for n, new, h in parts if new]

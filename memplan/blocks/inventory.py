@@ -57,6 +57,8 @@ class Block(StrEnum):
     FINAL_NORM = "final_norm"
     LM_HEAD = "lm_head"
     LOSS = "loss"
+    PIPELINE = "pp"
+    """A pipeline stage's boundary: the output its schedule keeps for the backward, its receive buffers."""
 
     @property
     def in_layer(self) -> bool:
@@ -129,6 +131,10 @@ class Role(StrEnum):
     """Made from a weight or a constant, not from the tokens (Gemma's fp32 1 + w, its √h normaliser)."""
     LORA_RANK = "lora rank"
     """A LoRA adapter's A·x [·, r]: the input of B, dB = (A·x)ᵀ·dY needs it."""
+    STAGE_OUTPUT = "stage output"
+    """What a pipeline stage sent forward, kept by its schedule until that micro-batch's backward."""
+    RECV_BUFFER = "receive buffer"
+    """A pipeline stage's buffer for a received activation or gradient."""
 
 
 class Kept(BaseModel):

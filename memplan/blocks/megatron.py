@@ -31,7 +31,8 @@ Where memplan and the paper legitimately differ (tests/plan/test_megatron_profil
 
 Known limitations (NB, not counted): the data loader's [1, 1, s, s] attention mask, which Megatron's
 ``CheckpointFunction`` keeps under selective recompute when ``create_attention_mask`` is on; TE backends
-that copy q, k, v to bshd (``.contiguous()``) or keep ``cu_seqlens`` int32 [b+1]; the vocabulary-parallel
+that keep ``cu_seqlens`` int32 [b+1] (the copy of q, k, v to bshd that ``TEDotProductAttention`` makes with
+RoPE fusion is counted: ``Profile.te_contiguous_qkv``); the vocabulary-parallel
 embedding's masked ids (tp > 1); ``softmax_in_fp32`` off, ``apply_query_key_layer_scaling`` on,
 ``--cross-entropy-loss-fusion``, ``--no-rope-fusion`` (unfused RoPE keeps cos and sin per call); RoPE's
 table (the reference's cos and sin, 2·s·d each in the activation dtype, where TE's fused RoPE keeps fp32
@@ -58,4 +59,7 @@ def profile(setup: Setup) -> Profile:
         flash_rng_int64=True,
         checkpoint_reruns_all=True,
         vocab_parallel_loss=True,
+        te_contiguous_qkv=True,
+        frees_stage_outputs=True,
+        rope_cached_per_chunk=True,
     )

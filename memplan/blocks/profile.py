@@ -55,6 +55,25 @@ class Profile:
     (``attention.qkv_view_rules``: which of q, k, v are new tensors — RoPE, GQA's reshape copy, the eager
     core's ``repeat_interleave``, transformers' KV cache). For MHA without RoPE this is Korthikanti's
     "Q and K, 4sbh" + "V, 2sbh" in one storage."""
+    te_contiguous_qkv: bool = False
+    """Megatron-core's ``TEDotProductAttention.forward`` (megatron/core/extensions/transformer_engine.py,
+    Transformer Engine the default ``--transformer-impl``) with ``apply_rope_fusion`` (on unless
+    ``--no-rope-fusion``) runs TE in ``bshd`` and first makes ``[x.transpose(0, 1).contiguous() for x in
+    (query, key, value)]`` ("WAR for peak memory usage", Megatron-LM MR 2388): v, a view of W_QKV's output,
+    becomes its own [b, s, kv, d] copy, so the attention keeps no view of that buffer (q and k are RoPE's
+    new tensors already). Read with RoPE and the flash core (``attention.qkv_view_rules``)."""
+    frees_stage_outputs: bool = False
+    """Megatron-core's pipeline schedules (``deallocate_pipeline_outputs``, on in Megatron-LM's arguments):
+    ``deallocate_output_tensor`` sets a sent stage output's ``.data`` to ``torch.empty([])`` (a 0-dim
+    tensor) and its backward runs through ``custom_backward``; received tensors are fresh per
+    micro-batch, the first layer's fused norm keeps that very storage. Off: torch's pipelining
+    (``PipelineStage``: ``fwd_cache`` keeps the whole output until its backward; one receive buffer per
+    micro-batch and direction, kept): ``strategies.pipeline_parallel.boundary_tensors``."""
+    rope_cached_per_chunk: bool = False
+    """Megatron-core's ``RotaryEmbedding.forward`` is ``functools.lru_cache(maxsize=32)``-decorated
+    (megatron/core/models/common/embeddings/rotary_pos_embedding.py): each model chunk's module makes its
+    table once and hands the same storage to every micro-batch's forward — one table per chunk, not one per
+    forward in flight."""
     fused_swiglu: bool = False
     """Megatron-core ``bias_swiglu_impl`` (``SwiGLUFunction``, ``bias_swiglu_fusion`` on by default):
     ``save_for_backward(input)`` keeps W_fc1's fused [·, 2f] output only, not silu(g) nor the chunks."""

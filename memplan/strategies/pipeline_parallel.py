@@ -19,8 +19,8 @@ from enum import Enum
 
 from memplan.analytic import peak as pk
 from memplan.analytic.params import ParamCount
-from memplan.blocks.inventory import Block, Kept, Scope
-from memplan.config import NormType, Parallel
+from memplan.blocks.inventory import Block, Kept, Role, Scope
+from memplan.config import DType, NormType, Parallel
 
 
 class Group(Enum):
@@ -32,9 +32,14 @@ class Group(Enum):
     """Head tensors released before the final norm's backward peaks (the loss's, the lm head's input...)."""
     STAGE = "stage"
     """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
+    CHUNK = "chunk"
+    """Made once per model chunk and cached for the run: Megatron's RoPE table (``rope_cached_per_chunk``)."""
 
 
-def group_of(k: Kept, norm: NormType) -> Group:
+def group_of(k: Kept, norm: NormType, rope_cached: bool = False) -> Group:
+    """``rope_cached``: the profile's ``rope_cached_per_chunk`` (one table per model chunk)."""
+    if rope_cached and k.block is Block.ROPE:
+        return Group.CHUNK
     if k.block is Block.CHECKPOINT:
         return Group.CHECKPOINT
     if k.scope is Scope.LAYER:
@@ -62,6 +67,13 @@ class Stage:
     embed_micro_batches: int
     in_flight: tuple[int, ...] = ()
     """Layers of each of those ``chunks`` chunk-forwards (uneven virtual stages differ)."""
+    chunks_of: tuple[int, ...] = ()
+    """Layers of each of the rank's model chunks, chunk 0 first (virtual stage k·p + index)."""
+    sends: int = 0
+    """Of the chunk-forwards in flight, those whose output goes on to a next stage (not the model's last
+    virtual stage)."""
+    micro_batches: int = 1
+    """Micro-batches of the step (= grad_accum)."""
 
     @property
     def in_flight_layers(self) -> int:
@@ -133,7 +145,9 @@ def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batc
     p, m = parallel.pp, parallel.vpp
     chunks = min(warmup_forwards(parallel, index, micro_batches) + 1, m * micro_batches)
     # forward j runs chunk (j mod p·m) // p (Megatron's get_model_chunk_id: groups of p micro-batches)
-    in_flight = tuple(chunks_of[(j // p) % m] for j in range(chunks))
+    chunk_ids = [(j // p) % m for j in range(chunks)]
+    in_flight = tuple(chunks_of[c] for c in chunk_ids)
+    sends = sum(1 for c in chunk_ids if c * p + index < p * m - 1)
     return Stage(
         index=index,
         first=index == 0,
@@ -143,6 +157,9 @@ def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batc
         chunks=chunks,
         embed_micro_batches=min(p, micro_batches) if index == 0 else 0,
         in_flight=in_flight,
+        chunks_of=chunks_of,
+        sends=sends,
+        micro_batches=micro_batches,
     )
 
 
@@ -157,7 +174,89 @@ def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, in
         Group.HEAD: 1 if st.last else 0,
         Group.HEAD_FREED: 1 if st.last else 0,
         Group.STAGE: sum(1 for n in st.in_flight if n),  # a chunk of only the embedding or head makes none
+        Group.CHUNK: sum(1 for n in st.chunks_of if n),
     }
+
+
+def boundary_tensors(
+    st: Stage, p: int, tokens: tuple[int, int], h: int, act: DType, frees_outputs: bool, shared_input: bool
+) -> list[Kept]:
+    """What the pipeline schedule holds at a stage's boundary at the end of its warm-up, beyond autograd's
+    saves (``tokens``: the [b, s] one rank sends — s/t under sequence parallelism; ``act``: the activation
+    dtype; ``shared_input``: the first layer's norm saves its input storage itself).
+
+    - ``pp.output`` [b, s, h], one per chunk-forward in flight that sends (``Stage.sends``): torch's
+      ``PipelineStage.forward_one_chunk`` keeps ``(output, inputs)`` in ``fwd_cache`` until
+      ``backward_one_chunk`` pops it (``stage_backward`` runs autograd from that output); under
+      ``Schedule1F1B`` one more once the steady state starts (``by_send_work`` below). Megatron
+      (``frees_outputs``) keeps a 0-dim placeholder: ``deallocate_output_tensor`` sets ``out.data =
+      torch.empty([])`` right after the send.
+    - torch's ``PipelineStage`` allocates one receive buffer per micro-batch and direction at its first step
+      (``_prepare_forward_infra`` / ``_setup_backward_recv_info``) and keeps them: n [b, s, h] activation
+      buffers on each chunk that receives (every virtual stage but the first), n gradient buffers on each
+      that sends. A buffer a forward in flight reads is the first layer's norm input when that norm saves
+      its input storage (fp32 activations, LayerNorm): that one is counted there (``pp.recv``'s count less
+      those forwards). Megatron receives into a fresh tensor per micro-batch, which is the first layer's
+      saved norm input, and into a transient gradient: nothing more.
+    """
+    b, s = tokens
+    shape = (b, s, h)
+    out: list[Kept] = []
+
+    def held(name: str, shp: tuple[int, ...], role: Role, count: int, reason: str) -> None:
+        if count:
+            out.append(
+                Kept(
+                    name=name,
+                    block=Block.PIPELINE,
+                    role=role,
+                    shape=shp,
+                    dtype=act,
+                    scope=Scope.MODEL,
+                    count=count,
+                    reason=reason,
+                )
+            )
+
+    if frees_outputs:
+        held(
+            "pp.output",
+            (),
+            Role.STAGE_OUTPUT,
+            st.sends,
+            "Megatron's deallocate_output_tensor: the sent output's .data is torch.empty([]) until backward",
+        )
+        return out
+    m, n = len(st.chunks_of), st.micro_batches
+    # Schedule1F1B's warm-up keeps its Work list ``send_work`` from the send of micro-batch w − 2 to the
+    # step's end (only the warm-up reassigns it; the backend's send work keeps its tensor): once that
+    # micro-batch's backward has run, its output is one more beside the w in flight (w ≥ 2).
+    by_send_work = 1 if m == 1 and st.sends >= 2 else 0
+    held(
+        "pp.output",
+        shape,
+        Role.STAGE_OUTPUT,
+        st.sends + by_send_work,
+        "torch pipelining's fwd_cache: the stage output, for stage_backward, until its backward",
+    )
+    receiving = m - (1 if st.index == 0 else 0)  # virtual stage k·p + i receives unless it is 0
+    reading = sum(1 for j, layers in enumerate(st.in_flight) if layers and ((j // p) % m) * p + st.index > 0)
+    held(
+        "pp.recv",
+        shape,
+        Role.RECV_BUFFER,
+        n * receiving - (reading if shared_input else 0),
+        "torch pipelining's activation receive buffers: one per micro-batch, allocated at the first step",
+    )
+    sending = m - (1 if st.index == p - 1 else 0)  # virtual stage k·p + i sends unless it is the last
+    held(
+        "pp.grad_recv",
+        shape,
+        Role.RECV_BUFFER,
+        n * sending,
+        "torch pipelining's gradient receive buffers: one per micro-batch, allocated at the first step",
+    )
+    return out
 
 
 def stage_params(rank: ParamCount, st: Stage, tied: bool, pp: int) -> ParamCount:

@@ -66,6 +66,9 @@ SPLITS: dict[Role, Rule] = {
     Role.DROPOUT_MASK: _SEQ,
     Role.LORA_RANK: _SEQ,
     Role.RESIDUAL: _SEQ,
+    # A pipeline stage's boundary [b, s, h] (made per stage from the rank's s/t: never split again).
+    Role.STAGE_OUTPUT: _SEQ,
+    Role.RECV_BUFFER: _SEQ,
     # Inside the attention core: a/t heads (and kv/t groups) per rank. attn.v is [b, s, kv·d] on the flash
     # and selective paths (split on its last dimension) and [b, a, s, d] on the eager one (dimension 1).
     Role.ATTN_QKV: _HEADS,

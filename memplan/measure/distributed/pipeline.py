@@ -22,10 +22,11 @@ Measured per rank, beside ``distributed.py``'s model states and peak:
 Known limitations (NB): the micro-batches are given to the schedule one by one (``run_step`` calls
 ``_step_microbatches``, the private step after ``step()``'s split) so that each has its own storage, as a
 data loader yields them (``step()`` splits one batch tensor into views of one storage, which the recorder
-would count once). torch's stage allocates one receive buffer per micro-batch and direction at its first
-step and keeps each stage output until its backward; Megatron reuses buffers and frees the output's data
-(``deallocate_output_tensor``): both are in the measured peak, not in the estimate (engine.py's NB on
-communication buffers; docs/distributed.md). ``CommDebugMode``'s per-module attribution is off (a forward
+would count once). What the schedule holds beside autograd's saves — each sent stage output until its
+backward (``fwd_cache``; under ``Schedule1F1B`` the warm-up's ``send_work`` one more), one receive buffer
+per micro-batch and direction — is recorded by ``InFlightRecorder.hold`` under the estimate's names
+(``pp.output``, ``pp.recv``, ``pp.grad_recv``: ``pipeline_parallel.boundary_tensors``).
+``CommDebugMode``'s per-module attribution is off (a forward
 follows a backward). No interleaved schedule (vpp > 1), no sequence parallelism with pp
 (``parallelize.check_pipeline``); the tied embedding's two copies are not all-reduced.
 """
@@ -43,7 +44,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from memplan.config import Setup
 from memplan.measure.distributed.instruments import Collective, RankRecorder
-from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.instruments.record import _RECORDER, SavedRecord
 from memplan.measure.reference.model import Reference, torch_dtype
 from memplan.strategies.pipeline_parallel import stage_layers
 
@@ -117,9 +118,18 @@ class CountedStage(PipelineStage):
     def get_bwd_recv_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
         return self._count("recv", "backward", super().get_bwd_recv_ops(bwd_chunk_id))
 
-    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
         self.on_phase("forward")
-        return super().forward_one_chunk(*args, **kwargs)
+        recorder = _RECORDER.get()
+        if isinstance(recorder, InFlightRecorder) and not recorder.holds_buffers:
+            recorder.holds_buffers = True  # every buffer exists from the step's start (torch allocates them)
+            for name, buf in self.named_buffers():
+                recorder.hold(buf, name)
+        out = super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+        if isinstance(recorder, InFlightRecorder) and not self.is_last:
+            for t in self.fwd_cache[fwd_chunk_id][0]:  # kept until backward_one_chunk pops it
+                recorder.hold(t, "pp.output", until_freed=True)
+        return out
 
     def backward_one_chunk(self, *args: Any, **kwargs: Any) -> None:
         self.on_phase("backward")
@@ -131,8 +141,17 @@ class CountedStage(PipelineStage):
 
     def buffers(self) -> list[Tensor]:
         """The receive buffers the stage holds (one per micro-batch and direction)."""
-        infos = [*self.args_recv_info.values(), *self.grad_recv_info.values()]
-        return [i.buffer for recv in infos for i in recv if getattr(i, "buffer", None) is not None]
+        return [t for _, t in self.named_buffers()]
+
+    def named_buffers(self) -> list[tuple[str, Tensor]]:
+        """The receive buffers with the estimate's names: ``pp.recv`` (activations), ``pp.grad_recv``."""
+        kinds = (("pp.recv", self.args_recv_info), ("pp.grad_recv", self.grad_recv_info))
+        out: list[tuple[str, Tensor]] = []
+        for name, infos in kinds:
+            for recv in infos.values():
+                bufs = [getattr(i, "buffer", None) for i in recv]
+                out += [(name, b) for b in bufs if isinstance(b, Tensor)]
+        return out
 
 
 def make_stage(
@@ -189,24 +208,42 @@ class InFlightRecorder(RankRecorder):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self._packs: dict[int, int] = {}  # storage → packed tensors autograd still holds
+        self._packs: dict[int, int] = {}  # storage → packed tensors (and schedule holds) still alive
         self.live = 0
         self.max = 0
-        self._at_max: list[int] = []
+        self._at_max: list[tuple[int, bool]] = []  # storage, and whether only the schedule held it then
+        self._held: dict[int, str] = {}  # storage → the name of what the schedule holds it as
+        self.holds_buffers = False
+
+    def _acquire(self, key: int, nbytes: int) -> None:
+        self._packs[key] = self._packs.get(key, 0) + 1
+        if self._packs[key] == 1:
+            self.live += nbytes
+            if self.live > self.max:
+                at = [(k, k in self._held and self._storages[k].name is None) for k in self._packs]
+                self.max, self._at_max = self.live, at
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         packed = super()._pack(t)
         info = self._info(t) if self.recording else None
         if info is None:
             return packed
-        key = info.ref.cdata
-        self._packs[key] = self._packs.get(key, 0) + 1
-        if self._packs[key] == 1:
-            self.live += info.nbytes
-            if self.live > self.max:
-                self.max, self._at_max = self.live, list(self._packs)
-        weakref.finalize(packed, self._dropped, key).atexit = False
+        self._acquire(info.ref.cdata, info.nbytes)
+        weakref.finalize(packed, self._dropped, info.ref.cdata).atexit = False
         return packed
+
+    def hold(self, t: torch.Tensor, name: str, until_freed: bool = False) -> None:
+        """A storage the pipeline schedule holds beyond autograd's saves, named ``name`` unless a save
+        names it: alive until its storage is freed (``until_freed``: a stage output) or to the end (a
+        receive buffer)."""
+        info = self._info(t) if self.recording else None
+        if info is None:
+            return
+        key = info.ref.cdata
+        self._held.setdefault(key, name)
+        self._acquire(key, info.nbytes)
+        if until_freed:
+            weakref.finalize(t.untyped_storage(), self._dropped, key).atexit = False
 
     def _dropped(self, key: int) -> None:
         self._packs[key] -= 1
@@ -216,5 +253,9 @@ class InFlightRecorder(RankRecorder):
 
     @property
     def records(self) -> list[SavedRecord]:
-        infos = [self._storages[key] for key in self._at_max]
-        return [SavedRecord(i.name or "unlabelled", i.layer, i.shape, i.dtype, i.nbytes) for i in infos]
+        out = []
+        for key, held in self._at_max:  # held: a receive buffer no forward in flight had read yet
+            i = self._storages[key]
+            name = self._held[key] if held else i.name or self._held.get(key, "unlabelled")
+            out.append(SavedRecord(name, None if held else i.layer, i.shape, i.dtype, i.nbytes))
+        return out
