@@ -36,7 +36,9 @@ from memplan.config.model import (
     MoEConfig,
     NormType,
     PositionType,
+    RouterScoring,
 )
+from memplan.config.mla import MLAConfig
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import CpRotate, Parallel, Setup
 from memplan.config.strategy import (
@@ -76,6 +78,7 @@ __all__ = [
     "Method",
     "MethodChoice",
     "MlpType",
+    "MLAConfig",
     "MoEConfig",
     "ModelConfig",
     "NormType",
@@ -84,6 +87,7 @@ __all__ = [
     "OptimizerImpl",
     "Parallel",
     "PositionType",
+    "RouterScoring",
     "Precision",
     "Quant",
     "ReduceDtype",
