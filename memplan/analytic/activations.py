@@ -41,8 +41,8 @@ from memplan.blocks.attention import (
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
-from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.mla import mla_projection_rules
+from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of

@@ -71,7 +71,7 @@ def mla_projection_flops(m: ModelConfig, dims: Dims) -> int:
 def mla_projection_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """What the projections, the latents' norms and the q/k assembly keep, and the q, k, v the core reads
     (module docstring)."""
-    c, b, s, a, act = mla_of(setup.model), dims.b, dims.s, dims.a, dims.act
+    c, b, s, act = mla_of(setup.model), dims.b, dims.s, dims.act
     rules = [save(B.ATTN, "input", (b, s, dims.h), act, R.LINEAR_INPUT, "input of q_a_proj and kv_a_proj")]
     if c.q_lora_rank is not None:
         rq = c.q_lora_rank

@@ -28,6 +28,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
+from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
     Gelu,
@@ -38,7 +39,6 @@ from memplan.config.model import (
     PositionType,
     RouterScoring,
 )
-from memplan.config.mla import MLAConfig
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import CpRotate, Parallel, Setup
 from memplan.config.strategy import (
@@ -75,10 +75,10 @@ __all__ = [
     "Impl",
     "ImplConfig",
     "LossKind",
+    "MLAConfig",
     "Method",
     "MethodChoice",
     "MlpType",
-    "MLAConfig",
     "MoEConfig",
     "ModelConfig",
     "NormType",
@@ -87,10 +87,10 @@ __all__ = [
     "OptimizerImpl",
     "Parallel",
     "PositionType",
-    "RouterScoring",
     "Precision",
     "Quant",
     "ReduceDtype",
+    "RouterScoring",
     "Setup",
     "StrategyConfig",
     "Target",

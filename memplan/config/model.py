@@ -149,8 +149,8 @@ class MoEConfig(Frozen):
         if self.groups is not None and self.topk_groups is not None:
             if self.experts % self.groups or self.topk_groups > self.groups:
                 raise ValueError(
-                    f"groups: {self.groups} groups must divide the {self.experts} experts and be ≥ topk_groups "
-                    f"{self.topk_groups}; choose a divisor"
+                    f"groups: {self.groups} groups must divide the {self.experts} experts and be ≥ "
+                    f"topk_groups {self.topk_groups}; choose a divisor"
                 )
             if self.top_k > self.topk_groups * (self.experts // self.groups):
                 raise ValueError(
@@ -380,14 +380,15 @@ class ModelConfig(Frozen):
         if self.mla is not None:
             if self.dim != self.mla.qk_rope_head_dim:
                 raise ValueError(
-                    f"head_dim: MLA rotates qk_rope_head_dim {self.mla.qk_rope_head_dim} dims; set head_dim to it"
+                    f"head_dim: MLA rotates qk_rope_head_dim {self.mla.qk_rope_head_dim} dims; "
+                    "set head_dim to it"
                 )
             if self.kv_heads != self.num_heads:
                 raise ValueError("num_kv_heads: MLA expands its latent to every head; set it to num_heads")
         if self.moe is not None and self.moe.dense_layers >= self.num_layers:
             raise ValueError(
-                f"moe.dense_layers: {self.moe.dense_layers} ≥ num_layers {self.num_layers} leaves no MoE layer; "
-                "drop moe or lower dense_layers"
+                f"moe.dense_layers: {self.moe.dense_layers} ≥ num_layers {self.num_layers} leaves no MoE "
+                "layer; drop moe or lower dense_layers"
             )
 
     # Typed accessors for the derived fields (never None after validation).

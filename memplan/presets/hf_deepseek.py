@@ -121,7 +121,8 @@ def deepseek_notes(cfg: Mapping[str, Any]) -> list[str]:
         notes.append("sigmoid router with group-limited top-k (e_score_correction_bias: a buffer)")
         if mtp:
             notes.append(
-                f"its {mtp} MTP layer(s) (num_nextn_predict_layers) are not in transformers' model: not counted"
+                f"its {mtp} MTP layer(s) (num_nextn_predict_layers) are not in transformers' model: "
+                "not counted"
             )
     notes.append(f"routed_scaling_factor {_float(cfg, 'routed_scaling_factor', default=1.0):g} keeps nothing")
     if cfg.get("rope_scaling"):

@@ -16,7 +16,8 @@ gate and up one buffer):
   no gate; the first ``first_k_dense_replace`` layers a ``DeepseekV3MLP`` of ``intermediate_size``
   (``blocks.moe.dense_layer_setup``).
 
-Checked to the byte per layer and in total, FLOPs equal, under fake tensors on CPU (tests/hf/test_deepseek.py).
+Checked to the byte per layer and in total, FLOPs equal, under fake tensors on CPU
+(tests/hf/test_deepseek.py).
 Known limitations, refused by ``check`` (one line each): NB torch's CUDA SDPA runs MLA in its
 memory-efficient kernel (not modelled: use eager attention, or --device cpu); NB tensor, pipeline,
 context and expert parallelism, selective and every-K checkpointing of the mixed dense / MoE layers are not
