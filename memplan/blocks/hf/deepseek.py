@@ -54,7 +54,7 @@ def check(setup: Setup) -> None:
             )
     if s.checkpointing in (Checkpointing.SELECTIVE, Checkpointing.EVERY_K):
         raise ValueError(
-            f"checkpointing: {s.checkpointing.value} checkpointing of {name}'s layers is not modelled; "
+            f"checkpointing: selective and every-K checkpointing of {name}'s layers are not modelled; "
             "use --checkpointing full or none"
         )
     experts = m.moe
