@@ -77,6 +77,12 @@ class ParamCount(BaseModel):
     def total(self) -> int:
         return self.embedding + self.positions + self.layers + self.final_norm + self.lm_head
 
+    def layers_above(self, i: int, layers: int) -> int:
+        """Parameters of layers i+1 … L−1 of ``layers``: DeepSeek's dense first layers as theirs."""
+        dense = max(0, self.dense_layers - 1 - i)
+        ours = self.layer.total * (layers - 1 - i - dense)
+        return ours + (self.dense_layer.total * dense if self.dense_layer else 0)
+
     @property
     def active(self) -> int:
         """Parameters touched per token: all but the experts a token is not routed to (= total if dense)."""
