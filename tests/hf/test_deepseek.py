@@ -19,6 +19,7 @@ from memplan.analytic.params import count_params
 from memplan.api import build_setup
 from memplan.config import AttentionChoice, Device, Family, Impl, ImplConfig, ModelConfig, Parallel, Setup
 from memplan.engine import Result, estimate
+from memplan.measure.hf import measure_hf
 from memplan.measure.hf_config import keys_of
 from memplan.measure.run import Measured
 from memplan.presets import load_model_preset
@@ -232,3 +233,57 @@ def test_deepseek_keys_read_back(model: dict[str, Any]) -> None:
     keys = keys_of(setup) | {"model_type": setup.model.code_family.value}
     back = model_from_hf_config(keys, setup.model.name)
     assert back == setup.model.model_copy(update={"max_positions": back.max_positions})
+
+
+# A small DeepSeek-V3 config.json with every key the published one has (YaRN rope_scaling, scoring_func,
+# topk_method, num_nextn_predict_layers: keys memplan does not read, kept as the file has them).
+V3_FILE: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 2,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    "q_lora_rank": 24,
+    "kv_lora_rank": 16,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 12,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "vocab_size": 128,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "routed_scaling_factor": 2.5,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "num_nextn_predict_layers": 1,
+}
+
+
+def test_deepseek_v3_from_its_config_file() -> None:
+    """``trace --impl hf`` on a config.json builds transformers' model from the file itself: every key of
+    it reaches transformers, and the run equals the estimate of memplan's import of the same file."""
+    m = model_from_hf_config(V3_FILE, "v3-file")
+    assert m.model_copy(update={"name": V3_SMALL["name"], "max_positions": 4096}) == ModelConfig(
+        **V3_SMALL, num_layers=3
+    )
+    setup = hf_setup(m, layers=3, seq=SEQ)
+    meas = measure_hf(setup, document=V3_FILE)
+    est = estimate(setup)
+    assert meas.activations == est.activations
+    assert meas.flops["forward"] == est.flops.forward
