@@ -102,6 +102,15 @@ def test_deepseek_v3_batch_two_without_cache(attention: str) -> None:
     exact(small(V3_SMALL, attention=attention, batch=2, use_cache=False))
 
 
+def test_deepseek_v3_realised_routing() -> None:
+    """Real tensors, the random router's unbalanced group-limited choice (T·k = 128 slots per MoE layer):
+    the bytes and FLOPs do not depend on it."""
+    setup = small(V3_SMALL)
+    est, meas = check_hf(setup, fake=False)
+    assert len(meas.routing) == 2 and all(sum(c) == SEQ * 2 and max(c) > min(c) for c in meas.routing)
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+
+
 @pytest.mark.parametrize(
     ("moe", "q_lora_rank", "attention", "checkpointing"),
     [

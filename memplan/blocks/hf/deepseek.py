@@ -45,6 +45,10 @@ def check(setup: Setup) -> None:
             f"attention: torch's CUDA SDPA runs {name}'s MLA (v narrower than q, k) in its memory-efficient "
             "kernel, not modelled; use --attention eager (or --device cpu)"
         )
+    if setup.impl.flash_attn:  # flash-attn needs one head width for q, k and v
+        raise ValueError(
+            f"flash_attn: flash_attention_2 with {name}'s MLA is not modelled; drop --flash-attn"
+        )
     unmodelled = {"--tp": p.tp > 1, "--pp": p.pp > 1, "--cp": p.cp > 1, "--ep": p.ep > 1}
     for option, used in unmodelled.items():
         if used:
