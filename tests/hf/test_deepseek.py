@@ -17,8 +17,19 @@ import pytest
 
 from memplan.analytic.params import count_params
 from memplan.api import build_setup
-from memplan.config import AttentionChoice, Device, Family, Impl, ImplConfig, ModelConfig, Parallel, Setup
+from memplan.config import (
+    AttentionChoice,
+    Device,
+    ExpertsImpl,
+    Family,
+    Impl,
+    ImplConfig,
+    ModelConfig,
+    Parallel,
+    Setup,
+)
 from memplan.engine import Result, estimate
+from memplan.measure.compare import estimated_layers
 from memplan.measure.hf import measure_hf
 from memplan.measure.hf_config import keys_of
 from memplan.measure.run import Measured
@@ -102,11 +113,19 @@ def test_deepseek_v3_batch_two_without_cache(attention: str) -> None:
     exact(small(V3_SMALL, attention=attention, batch=2, use_cache=False))
 
 
-def test_deepseek_v3_realised_routing() -> None:
+@pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
+def test_deepseek_v3_realised_routing(experts: str) -> None:
     """Real tensors, the random router's unbalanced group-limited choice (T·k = 128 slots per MoE layer):
-    the bytes and FLOPs do not depend on it."""
+    the bytes and FLOPs do not depend on it; transformers' eager experts loop keeps E pieces whose rows sum
+    to the estimate's [S, ·] tensors (equal per layer and in total; they pair by bytes, not one to one)."""
     setup = small(V3_SMALL)
-    est, meas = check_hf(setup, fake=False)
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+    if experts == "grouped_mm":
+        est, meas = check_hf(setup, fake=False)
+    else:
+        est, meas = estimate(setup), measure_hf(setup, fake=False)
+        assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(3)]
+        assert est.activations == meas.activations
     assert len(meas.routing) == 2 and all(sum(c) == SEQ * 2 and max(c) > min(c) for c in meas.routing)
     assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
 
