@@ -315,3 +315,22 @@ def test_deepseek_v3_from_its_config_file() -> None:
     est = estimate(setup)
     assert meas.activations == est.activations
     assert meas.flops["forward"] == est.flops.forward
+
+
+def test_deepseek_v3_step_time_gemms() -> None:
+    """The step-time model's GEMM shapes of an MoE layer (``time.gemm.layer_gemms``: MLA's five
+    projections, the router, the experts' grouped launch, the shared expert) and of eager attention's core
+    (QKᵀ over d_n + d_r = 24, P·V over d_v = 12) do the FLOPs the estimate counts."""
+    from memplan.analytic.flops import layer_linear_flops
+    from memplan.analytic.inventory import Dims
+    from memplan.blocks.attention import attention_core_flops
+    from memplan.time.gemm import attention_core_gemms, layer_gemms
+
+    setup = small(V3_SMALL, attention="eager")
+    dims = Dims.of(setup)
+    assert sum(g.flops for g in layer_gemms(setup)) == layer_linear_flops(setup, dims)
+    assert (
+        sum(g.flops for g in attention_core_gemms(setup))
+        == attention_core_flops(dims)
+        == 2 * 4 * 64 * 64 * 36
+    )
