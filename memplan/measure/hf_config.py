@@ -340,7 +340,7 @@ def deepseek_keys(setup: Setup) -> dict[str, Any]:
     if m.code_family is Family.DEEPSEEK_V3:
         return keys | {"norm_topk_prob": moe.renormalises}
     method = "group_limited_greedy" if moe.groups else "greedy"
-    return keys | {"topk_method": method, "mlp_bias": m.mlp_bias}
+    return keys | {"topk_method": method}
 
 
 KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {

@@ -10,7 +10,8 @@ Known limitations (none changes the parameter count):
   transformers' ``DeepseekV3ForCausalLM``: neither counted nor estimated (the notes say so);
 - DeepSeek-V2's ``norm_topk_prob`` is read but its transformers code never renormalises: imported false;
 - a V2 ``topk_method`` other than greedy / group_limited_greedy, an ``output_router_logits`` (the
-  auxiliary loss) and kv heads other than the heads are refused.
+  auxiliary loss), V2's ``mlp_bias`` (biases on the dense and shared MLPs, not the experts) and kv heads
+  other than the heads are refused.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ def deepseek_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         "norm_eps": _float(cfg, "rms_norm_eps", default=1e-6),
         "qkv_bias": bias,
         "out_bias": bias,
-        "mlp_bias": False if v3 else _bool(cfg, "mlp_bias", False),
         "max_positions": _int(cfg, "max_position_embeddings", default=4096 if v3 else 2048),
         "rope_theta": float(theta) if isinstance(theta, int | float) else 10000.0,
         "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
@@ -105,6 +105,8 @@ def _refuse(kind: str, cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"hidden_act: {act!r} is not modelled for model_type {kind}; use silu")
     if _bool(cfg, "output_router_logits", False):
         raise ValueError("output_router_logits: the router's auxiliary loss is not modelled; set it false")
+    if _bool(cfg, "mlp_bias", False):  # DeepseekV2MLP's biases, not its experts': not modelled
+        raise ValueError("mlp_bias: biases on the dense and shared MLPs only are not modelled; set it false")
     method = cfg.get("topk_method")
     if kind == "deepseek_v2" and method not in (None, "greedy", "group_limited_greedy"):
         raise ValueError(

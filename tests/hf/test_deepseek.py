@@ -245,12 +245,24 @@ def test_deepseek_refuses_what_is_not_modelled(kw: dict[str, Any], message: str)
         estimate(build_setup("deepseek-v3", seq=4096, impl=hf, attention=eager, **kw))
 
 
-def test_deepseek_import_refuses_an_unknown_router() -> None:
-    cfg = {**PRESETS["deepseek-v2"][4], "topk_method": "noaux_tc"}
-    with pytest.raises(
-        ValueError, match=r"topk_method: 'noaux_tc' is not in transformers' DeepseekV2TopkRouter"
-    ):
-        model_from_hf_config(cfg, "x")
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            {"topk_method": "noaux_tc"},
+            r"topk_method: 'noaux_tc' is not in transformers' DeepseekV2TopkRouter",
+        ),
+        ({"mlp_bias": True}, r"mlp_bias: biases on the dense and shared MLPs only are not modelled"),
+        (
+            {"output_router_logits": True},
+            r"output_router_logits: the router's auxiliary loss is not modelled",
+        ),
+        ({"num_key_value_heads": 16}, r"num_key_value_heads: MLA expands its latent to every head"),
+    ],
+)
+def test_deepseek_import_refuses_what_is_not_modelled(keys: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        model_from_hf_config({**PRESETS["deepseek-v2"][4], **keys}, "x")
 
 
 @pytest.mark.parametrize("model", [V3_SMALL, v2({**V2_MOE, "groups": 4, "topk_groups": 2}), v2(V2_MOE, None)])
