@@ -319,7 +319,10 @@ def deepseek_keys(setup: Setup) -> dict[str, Any]:
     """DeepseekV2Config / DeepseekV3Config: MLA's widths, the routed and shared experts, the dense first
     layers and the router (``presets.hf_deepseek`` reads them back)."""
     m, mla, moe = setup.model, setup.model.mla, setup.model.moe
-    assert mla is not None and moe is not None  # NB: blocks.hf.deepseek.check refuses a model without them
+    if mla is None or moe is None:  # every layer dense: DeepseekV3Config has no such model to build
+        raise ValueError(
+            "moe: DeepSeek's code is a mixture of experts with MLA; add [model.moe] and [model.mla]"
+        )
     keys = llama_keys(setup) | {
         "intermediate_size": moe.dense_ffn or m.ffn,
         "moe_intermediate_size": m.ffn,
