@@ -99,10 +99,13 @@ def exact(setup: Setup) -> tuple[Result, Measured]:
     return est, meas
 
 
+@pytest.mark.parametrize(
+    ("checkpointing", "use_cache"), [("none", True), ("none", False), ("full", True)]
+)  # transformers' checkpointing runs the layers without a cache either way
 @pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-def test_deepseek_v3_exact(attention: str, checkpointing: str) -> None:
-    _, meas = exact(small(V3_SMALL, attention=attention, checkpointing=checkpointing))
+def test_deepseek_v3_exact(attention: str, checkpointing: str, use_cache: bool) -> None:
+    setup = small(V3_SMALL, attention=attention, checkpointing=checkpointing, use_cache=use_cache)
+    _, meas = exact(setup)
     if checkpointing == "none":  # the dense first layer keeps less than the MoE layers
         assert meas.layer_bytes(0) < meas.layer_bytes(1) == meas.layer_bytes(2)
 
