@@ -71,6 +71,8 @@ CASES = (
     Case("Falcon-40B", "falcon-40b", source="tests.hf.test_falcon:FALCON_40B"),
     Case("Mixtral", "mixtral-8x7b"),
     Case("Qwen1.5-MoE", "qwen1.5-moe-a2.7b"),
+    Case("DeepSeek-V2-Lite", "deepseek-v2-lite"),
+    Case("DeepSeek-V3", "deepseek-v3", fields=(("num_layers", 4),)),  # 3 dense layers, then an MoE one
     Case("torchtitan Llama 3", "llama-3-8b", impl="torchtitan", attention=("flash",)),
 )
 CHECKPOINTING = ("none", "full")

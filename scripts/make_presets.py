@@ -91,6 +91,27 @@ _GPT_OSS = {
     "tie_word_embeddings": False,
     "vocab_size": 201088,
 }
+_YARN = {
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "factor": 40,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 4096,
+    "type": "yarn",
+}
+_DEEPSEEK = {
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "kv_lora_rank": 512,
+    "max_position_embeddings": 163840,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000,
+    "tie_word_embeddings": False,
+    "v_head_dim": 128,
+}
 _PHI3 = {"model_type": "phi3", "hidden_act": "silu", "rms_norm_eps": 1e-05, "tie_word_embeddings": False}
 _GEMMA2 = {
     "model_type": "gemma2",
@@ -510,6 +531,92 @@ PRESETS: dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]] = {
         "",
         {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128},
     ),
+    "deepseek-v3": (
+        (),
+        "deepseek-ai/DeepSeek-V3",
+        "671B total, 37B activated (the MTP module's 14B apart)",
+        "",
+        {
+            **_DEEPSEEK,
+            "model_type": "deepseek_v3",
+            "first_k_dense_replace": 3,
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "n_group": 8,
+            "n_routed_experts": 256,
+            "n_shared_experts": 1,
+            "norm_topk_prob": True,
+            "num_attention_heads": 128,
+            "num_experts_per_tok": 8,
+            "num_hidden_layers": 61,
+            "num_key_value_heads": 128,
+            "num_nextn_predict_layers": 1,
+            "q_lora_rank": 1536,
+            "rope_scaling": _YARN,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_group": 4,
+            "topk_method": "noaux_tc",
+            "vocab_size": 129280,
+        },
+    ),
+    "deepseek-v2": (
+        (),
+        "deepseek-ai/DeepSeek-V2",
+        "236B total, 21B activated",
+        "",
+        {
+            **_DEEPSEEK,
+            "model_type": "deepseek_v2",
+            "first_k_dense_replace": 1,
+            "hidden_size": 5120,
+            "intermediate_size": 12288,
+            "moe_intermediate_size": 1536,
+            "n_group": 8,
+            "n_routed_experts": 160,
+            "n_shared_experts": 2,
+            "norm_topk_prob": False,
+            "num_attention_heads": 128,
+            "num_experts_per_tok": 6,
+            "num_hidden_layers": 60,
+            "num_key_value_heads": 128,
+            "q_lora_rank": 1536,
+            "rope_scaling": _YARN,
+            "routed_scaling_factor": 16.0,
+            "topk_group": 3,
+            "topk_method": "group_limited_greedy",
+            "vocab_size": 102400,
+        },
+    ),
+    "deepseek-v2-lite": (
+        (),
+        "deepseek-ai/DeepSeek-V2-Lite",
+        "15.7B total, 2.4B activated",
+        "",
+        {
+            **_DEEPSEEK,
+            "model_type": "deepseek_v2",
+            "first_k_dense_replace": 1,
+            "hidden_size": 2048,
+            "intermediate_size": 10944,
+            "moe_intermediate_size": 1408,
+            "n_group": 1,
+            "n_routed_experts": 64,
+            "n_shared_experts": 2,
+            "norm_topk_prob": False,
+            "num_attention_heads": 16,
+            "num_experts_per_tok": 6,
+            "num_hidden_layers": 27,
+            "num_key_value_heads": 16,
+            "q_lora_rank": None,
+            "rope_scaling": _YARN,
+            "routed_scaling_factor": 1.0,
+            "topk_group": 1,
+            "topk_method": "greedy",
+            "vocab_size": 102400,
+        },
+    ),
     "mixtral-8x22b": (
         (),
         "mistralai/Mixtral-8x22B-v0.1",
@@ -580,7 +687,7 @@ def preset_text(name: str) -> str:
     total, active = transformers_count(cfg)
     if model.moe is None:
         assert active == total
-    fields = model.model_dump(mode="json", exclude_defaults=True, exclude={"name", "moe"})
+    fields = model.model_dump(mode="json", exclude_defaults=True, exclude={"name", "moe", "mla"})
     imported = hf_notes(cfg).replace("imported from a Hugging Face config.json (model_type ", "model_type ")
     imported = imported.replace(")", "", 1)  # "model_type X; …"
     notes = "; ".join(n for n in (note, imported) if n)
@@ -599,6 +706,10 @@ def preset_text(name: str) -> str:
         lines.append(f"published_active_params = {active}")
     lines += ["", "[model]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in fields.items()]
+    if model.mla is not None:
+        lines += ["", "[model.mla]"]
+        mla = model.mla.model_dump(mode="json", exclude_none=True)
+        lines += [f"{k} = {_toml_value(v)}" for k, v in mla.items()]
     if model.moe is not None:
         lines += ["", "[model.moe]"]
         moe = model.moe.model_dump(mode="json", exclude_defaults=True)

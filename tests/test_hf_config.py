@@ -236,7 +236,7 @@ def test_family_layouts() -> None:
     assert qwen.qkv_bias and not qwen.out_bias
 
 
-@pytest.mark.parametrize("kind", ["deepseek_v3", "bert"])
+@pytest.mark.parametrize("kind", ["mamba", "bert"])
 def test_unsupported_model_type_lists_supported(kind: str) -> None:
     with pytest.raises(ValueError, match=f"model_type: '{kind}' is not supported") as info:
         model_from_hf_config({**LLAMA_3_8B, "model_type": kind}, "x")

@@ -79,6 +79,10 @@ GOLDEN = {
     "qwen3-235b-a22b": 235_093_634_560,  # huggingface.co/Qwen/Qwen3-235B-A22B: 235B
     "gpt-oss-20b": 20_914_757_184,  # huggingface.co/openai/gpt-oss-20b: 21B (by hand: tests/hf/test_gpt_oss)
     "gpt-oss-120b": 116_829_156_672,  # huggingface.co/openai/gpt-oss-120b: 117B
+    # DeepSeek: transformers' counts of the published config.json (by hand: tests/hf/test_deepseek.py)
+    "deepseek-v3": 671_026_404_352,  # huggingface.co/deepseek-ai/DeepSeek-V3: 671B (the MTP module apart)
+    "deepseek-v2": 235_741_434_880,  # huggingface.co/deepseek-ai/DeepSeek-V2: 236B
+    "deepseek-v2-lite": 15_706_484_224,  # huggingface.co/deepseek-ai/DeepSeek-V2-Lite: 15.7B
     # transformers' own counts on the published config.json (scripts/make_presets.py --count), each also
     # derived by hand in its tests/hf/test_<family>.py
     "olmo-2-7b": 7_298_617_344,  # allenai/OLMo-2-1124-7B: 7.3B
@@ -103,6 +107,12 @@ ACTIVE = {
     # 3.6B / 5.1B active leave out the 201,088·2880 input embedding, which memplan's active count keeps.
     "gpt-oss-20b": 20_914_757_184 - 24 * 28 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
     "gpt-oss-120b": 116_829_156_672 - 36 * 124 * (2880 * 5760 + 5760 + 2880 * 2880 + 2880),
+    # DeepSeek: the MoE layers (all but first_k_dense_replace) skip E − k experts of 3·h·f each. V3: 58
+    # layers · 248 · 3·7168·2048 (the card's 37B activated); V2: 59 · 154 · 3·5120·1536 (21B); V2-Lite:
+    # 26 · 58 · 3·2048·1408 (the card's 2.4B leaves out the 102,400·2048 input embedding).
+    "deepseek-v3": 671_026_404_352 - 58 * 248 * 3 * 7168 * 2048,
+    "deepseek-v2": 235_741_434_880 - 59 * 154 * 3 * 5120 * 1536,
+    "deepseek-v2-lite": 15_706_484_224 - 26 * 58 * 3 * 2048 * 1408,
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""

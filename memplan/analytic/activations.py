@@ -41,8 +41,9 @@ from memplan.blocks.attention import (
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
+from memplan.blocks.mla import mla_projection_rules
 from memplan.blocks.mlp import mlp_rules
-from memplan.blocks.moe import moe_rules
+from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.config import Setup
@@ -60,13 +61,13 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     p_attn = 0.0 if profile_of(setup).mlp_dropout_only else p
     return [
         *pre_norm_rules(setup, B.ATTN_NORM, dims),
-        *projection_rules(setup, dims),
+        *(mla_projection_rules(setup, dims) if setup.model.mla else projection_rules(setup, dims)),
         *qk_norm_rules(setup, dims),
         *attention_core_rules(setup, dims),
         save(
             B.ATTN,
             "out",
-            (b, s, dims.a * dims.d),
+            (b, s, dims.a * dims.v_dim),
             act,
             R.ATTN_OUT,
             "attention output, input of W_O: dW = Xᵀ·dY",
@@ -118,9 +119,24 @@ def with_moe(saves: list[Kept], setup: Setup) -> list[Kept]:
             out.append(k)
             continue
         if not done:
-            out += kept(moe_rules(setup, moe), Scope.LAYER, k.count)
+            out += moe_entries(setup, k.count)
             done = True
     return out
+
+
+def moe_entries(setup: Setup, count: int) -> list[Kept]:
+    """The MoE MLP's saves for ``count`` layers; with DeepSeek's dense first layers (``moe.dense_layers``)
+    over the whole model (``count`` = L), those k layers keep a dense MLP's inner saves of ``dense_ffn``
+    instead (``blocks.moe.dense_layer_setup``); a single layer's working set (count 1) is an MoE layer's,
+    the larger."""
+    moe = setup.model.moe
+    assert moe is not None  # NB: called for mixtures of experts only
+    dense = dense_layer_setup(setup)
+    if dense is None or count != setup.model.num_layers:
+        return kept(moe_rules(setup, moe), Scope.LAYER, count)
+    inner = [r for r in mlp_rules(dense, Dims.of(dense)) if r.role is R.MLP_INNER]
+    ours = kept(moe_rules(setup, moe), Scope.LAYER, count - moe.dense_layers)
+    return ours + kept(inner, Scope.LAYER, moe.dense_layers)
 
 
 def layer_entries(setup: Setup, dims: Dims) -> list[Kept]:
@@ -145,6 +161,12 @@ def layer_entries(setup: Setup, dims: Dims) -> list[Kept]:
 def layer_kind_bytes(setup: Setup) -> tuple[int, ...]:
     """Each layer's bytes when the layers differ by kind (``attention.full_layer_setup``), in order;
     () when every layer keeps the same."""
+    dense = dense_layer_setup(setup)
+    if dense is not None:  # DeepSeek: the first k layers dense, the others MoE
+        moe_bytes = total_bytes(with_moe(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1), setup))
+        dense_bytes = total_bytes(kept(layer_rules(dense, Dims.of(dense)), Scope.LAYER, 1))
+        n = dense_mlp_layers(setup)
+        return tuple(dense_bytes if i < n else moe_bytes for i in range(setup.model.num_layers))
     full = full_layer_setup(setup)
     if full is None:
         return ()

@@ -41,6 +41,7 @@ from memplan.blocks.attention import (
 )
 from memplan.blocks.head import head_flops
 from memplan.blocks.inventory import Dims
+from memplan.blocks.mla import mla_projection_flops
 from memplan.blocks.mlp import mlp_flops
 from memplan.config import Setup
 
@@ -81,14 +82,25 @@ def layer_linear_flops(setup: Setup, dims: Dims) -> int:
     """Forward FLOPs of one layer's projections and MLP matrices (an MoE's router, experts and shared
     experts)."""
     mlp = moe.mlp_flops(setup, dims) if setup.model.moe else mlp_flops(setup, dims)
-    return projection_flops(dims) + mlp
+    m = setup.model
+    return (mla_projection_flops(m, dims) if m.mla else projection_flops(dims)) + mlp
+
+
+def layers_linear_flops(setup: Setup, dims: Dims) -> int:
+    """``layer_linear_flops`` of every layer: DeepSeek's first ``moe.dense_layers`` run a dense MLP
+    (``blocks.moe.dense_layer_setup``), the others the MoE."""
+    dense = moe.dense_layer_setup(setup)
+    if dense is None:
+        return dims.layers * layer_linear_flops(setup, dims)
+    k = moe.dense_mlp_layers(setup)
+    return (dims.layers - k) * layer_linear_flops(setup, dims) + k * layer_linear_flops(dense, Dims.of(dense))
 
 
 def flops(setup: Setup, recompute: int = 0) -> Flops:
     """FLOPs of one micro-batch; ``recompute``: the forward work the strategies re-run in backward
     (``memplan.strategies``: checkpointing, reversible layers), which the engine adds up."""
     dims = Dims.of(setup)
-    linear = dims.layers * layer_linear_flops(setup, dims)
+    linear = layers_linear_flops(setup, dims)
     attention = dims.layers * attention_core_flops(dims)
     head, head_backward = head_flops(setup, dims)
     backward = 2 * linear + head_backward + dims.layers * attention_backward_flops(setup, dims)

@@ -8,7 +8,9 @@ lm head [h, v] unless tied to the embedding. Norm weights are h (RMSNorm) or 2h 
 A mixture of experts (``model.moe``) replaces each layer's MLP by a router h×E (no bias), E routed experts
 (each an MLP of the model's kind and ``ffn_size``) and the shared experts with their optional gate h→1.
 ``total`` counts every expert; ``active`` the top-k a token is routed to plus everything else (router
-included), which is what 6N counts (Jiang et al. 2024, Mixtral; Qwen1.5-MoE).
+included), which is what 6N counts (Jiang et al. 2024, Mixtral; Qwen1.5-MoE). DeepSeek's first
+``moe.dense_layers`` layers keep a dense MLP of ``dense_ffn`` (``dense_layer``); multi-head latent
+attention's projections are ``blocks.mla.mla_params``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.blocks.attention import attention_params, qk_norm_params
 from memplan.blocks.embedding import embedding_params
 from memplan.blocks.head import lm_head_params
+from memplan.blocks.mla import mla_params
 from memplan.blocks.mlp import mlp_params
 from memplan.blocks.moe import MoELayerParams, moe_layer_params
 from memplan.blocks.norm import norm_params
@@ -60,23 +63,34 @@ class ParamCount(BaseModel):
     final_norm: int
     lm_head: int
     moe: MoELayerParams | None = None
+    dense_layers: int = 0
+    """DeepSeek's first layers with a dense MLP (``MoEConfig.dense_layers``); ``layer`` is the others'."""
+    dense_layer: LayerParams | None = None
+    """One of those dense layers (its MLP ``dense_ffn`` wide)."""
 
     @property
     def layers(self) -> int:
-        return self.layer.total * self.num_layers
+        dense = self.dense_layer.total * self.dense_layers if self.dense_layer else 0
+        return self.layer.total * (self.num_layers - self.dense_layers) + dense
 
     @property
     def total(self) -> int:
         return self.embedding + self.positions + self.layers + self.final_norm + self.lm_head
 
+    def layers_above(self, i: int, layers: int) -> int:
+        """Parameters of layers i+1 … L−1 of ``layers``: DeepSeek's dense first layers as theirs."""
+        dense = max(0, self.dense_layers - 1 - i)
+        ours = self.layer.total * (layers - 1 - i - dense)
+        return ours + (self.dense_layer.total * dense if self.dense_layer else 0)
+
     @property
     def active(self) -> int:
         """Parameters touched per token: all but the experts a token is not routed to (= total if dense)."""
-        return self.total - (self.moe.inactive * self.num_layers if self.moe else 0)
+        return self.total - (self.moe.inactive * (self.num_layers - self.dense_layers) if self.moe else 0)
 
 
 def layer_params(m: ModelConfig) -> LayerParams:
-    q, k, v, o = attention_params(m)
+    q, k, v, o = mla_params(m) if m.mla else attention_params(m)
     return LayerParams(
         attn_norm=norm_params(m) if m.pre_norms else 0,
         q_proj=q,
@@ -93,6 +107,8 @@ def layer_params(m: ModelConfig) -> LayerParams:
 
 def count_params(m: ModelConfig) -> ParamCount:
     embedding, positions = embedding_params(m)
+    dense = m.moe.dense_layers if m.moe else 0
+    dense_model = m.model_copy(update={"moe": None, "ffn_size": m.moe.dense_ffn}) if dense and m.moe else None
     return ParamCount(
         embedding=embedding,
         positions=positions,
@@ -101,4 +117,6 @@ def count_params(m: ModelConfig) -> ParamCount:
         final_norm=norm_params(m),
         lm_head=lm_head_params(m),
         moe=moe_layer_params(m, m.moe) if m.moe else None,
+        dense_layers=dense,
+        dense_layer=layer_params(dense_model) if dense_model else None,
     )

@@ -65,6 +65,7 @@ from memplan.blocks.attention import (
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
+from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import (
@@ -315,8 +316,10 @@ def segment_rerun_bytes(setup: Setup, layers: int) -> int:
 
 def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
     """Layer-scope saves still alive when layer i's backward runs (those of layers 0..i)."""
-    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
     k = setup.strategy.segment
+    if not k and dense_layer_setup(setup) is not None:  # DeepSeek: dense first layers keep less
+        return sum(act.layer_kind_bytes(setup)[: i + 1])
+    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
     if k:  # one kept input per segment of k layers, up to layer i's segment
         return (i // k + 1) * one
     return (i + 1) * one
@@ -370,7 +373,7 @@ def peak(
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * states.gradients // full if full else 0
-            grads = head_grads + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
+            grads = head_grads + params.layers_above(i, dims.layers) * states.gradients // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids

@@ -46,7 +46,11 @@ def core_of(setup: Setup) -> Core:
     """Which kernel runs the core: eager, or SDPA's flash kernel unless torch's dispatcher picks math."""
     if setup.strategy.attention is Attention.EAGER:
         return Core.EAGER
-    math = setup.device is Device.CPU and setup.model.attn_dropout > 0
+    # torch's CPU flash kernel needs one head width for q, k and v (sdp_utils_cpp.cpp
+    # ``check_head_dim_size_cpp``): MLA's d_n + d_r keys with d_v values fall back to math.
+    mla = setup.model.mla
+    widths = mla is not None and mla.qk_head_dim != mla.v_head_dim
+    math = setup.device is Device.CPU and (setup.model.attn_dropout > 0 or widths)
     return Core.MATH if math and profile_of(setup).sdpa_dispatch else Core.FLASH
 
 
@@ -359,7 +363,12 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     rules: list[Rule] = titan_cp_rules(setup, dims)
     prof = profile_of(setup)
     per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
-    if setup.model.position is PositionType.ROPE and not per_layer:
+    if setup.model.position is PositionType.ROPE and prof.rope_complex_table:
+        why = "q·freqs_cis in complex64 (DeepSeek-V2): dq needs the table"
+        rules.append(
+            save(B.ROPE, "freqs_cis", (dims.s, setup.model.rotary_dims // 2), COMPLEX64, R.ROPE_TABLE, why)
+        )
+    elif setup.model.position is PositionType.ROPE and not per_layer:
         rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
         rot = rot // 2 if profile_of(setup).rope_half_table else rot
         table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
@@ -471,8 +480,9 @@ def score_cells(dims: Dims) -> int:
 
 def attention_core_flops(dims: Dims) -> int:
     """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): 2·d FLOPs per score cell each
-    (``score_cells``: causal not halved; ring attention's steps under context parallelism)."""
-    return 2 * 2 * dims.b * dims.a * dims.d * score_cells(dims)
+    (``score_cells``: causal not halved; ring attention's steps under context parallelism); MLA's QKᵀ
+    over d_n + d_r and P·V over d_v (``Dims.qk_dim``, ``Dims.v_dim``)."""
+    return 2 * dims.b * dims.a * (dims.qk_dim + dims.v_dim) * score_cells(dims)
 
 
 def attention_backward_flops(setup: Setup, dims: Dims) -> int:

@@ -176,6 +176,10 @@ class Dims(BaseModel):
     act: DType
     ring: int = 1
     """Context-parallel ranks the attention's keys span (ring attention): s is one rank's s/cp tokens."""
+    dqk: int = 0
+    """Per-head query/key width where it differs from d (MLA: d_n + d_r); 0: d."""
+    dv: int = 0
+    """Per-head value width where it differs from d (MLA's v_head_dim); 0: d."""
 
     @classmethod
     def of(cls, setup: Setup) -> Dims:
@@ -194,11 +198,23 @@ class Dims(BaseModel):
             v=m.vocab_size,
             layers=m.num_layers,
             act=t.precision.activation_dtype,
+            dqk=m.mla.qk_head_dim if m.mla else 0,
+            dv=m.mla.v_head_dim if m.mla else 0,
         )
 
     @property
     def tokens(self) -> int:
         return self.b * self.s
+
+    @property
+    def qk_dim(self) -> int:
+        """Each head's query/key width (MLA's d_n + d_r, else d)."""
+        return self.dqk or self.d
+
+    @property
+    def v_dim(self) -> int:
+        """Each head's value width (MLA's v_head_dim, else d): the attention output is a·v_dim wide."""
+        return self.dv or self.d
 
 
 class Rule(NamedTuple):

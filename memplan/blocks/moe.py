@@ -101,6 +101,23 @@ def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
     )
 
 
+def dense_mlp_layers(setup: Setup) -> int:
+    """DeepSeek's first k layers with a dense MLP (``MoEConfig.dense_layers``: ``first_k_dense_replace``)."""
+    moe = setup.model.moe
+    return moe.dense_layers if moe else 0
+
+
+def dense_layer_setup(setup: Setup) -> Setup | None:
+    """The setup of one of DeepSeek's dense first layers: the model without ``moe``, its MLP
+    ``dense_ffn`` wide (``DeepseekV3DecoderLayer``: ``layer_idx < first_k_dense_replace`` → a
+    ``DeepseekV3MLP`` of ``intermediate_size``); None without dense layers."""
+    moe = setup.model.moe
+    if moe is None or not moe.dense_layers:
+        return None
+    model = setup.model.model_copy(update={"moe": None, "ffn_size": moe.dense_ffn})
+    return setup.model_copy(update={"model": model})
+
+
 # ----------------------------------------------------------------------------------------------------
 # Activations
 # ----------------------------------------------------------------------------------------------------
@@ -140,6 +157,8 @@ def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     gpt-oss's top-k of the logits and softmax over those k (``Profile.router_topk_softmax``)."""
     dims = Dims.of(setup)
     t, k = dims.tokens, moe.top_k
+    if profile_of(setup).deepseek_router:
+        return deepseek_router_rules(setup, moe)
 
     def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
         return save(B.MOE, part, shape, dtype, role, why)
@@ -172,6 +191,46 @@ def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             moe_save(
                 "topk_weights", (t, k), FP32, R.ROUTER, "top-k probabilities, dividend: d(divisor) needs them"
             ),
+        ]
+    return rules
+
+
+def deepseek_router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
+    """DeepSeek-V2's and V3's routers (``Profile.deepseek_router``), op by op: the fp32 copy of the input
+    (16-bit A) for the fp32 linear; the scores (softmax or sigmoid: both keep their output); with groups
+    (``n_group``) V2's ``view(T, G, E/G).max(-1)`` keeps its indices [T, G] and V3's ``topk(2)`` per group
+    its [T, G, 2], ``topk`` over the group scores [T, topk_group], ``masked_fill(~mask)`` the bool [T, E];
+    ``topk`` over the scores [T, k] int64 (V3's ``gather`` the same storage); V3's renormalisation
+    (``norm_topk_prob``) keeps the dividend [T, k] and divisor [T, 1] in fp32."""
+    dims = Dims.of(setup)
+    t, k, e = dims.tokens, moe.top_k, moe.experts
+
+    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, why: str) -> Rule:
+        return save(B.MOE, part, shape, dtype, R.ROUTER, why)
+
+    rules = []
+    if dims.act is not FP32:
+        rules.append(
+            moe_save("router_input", (t, dims.h), FP32, "hidden.type(float32): the fp32 router's input")
+        )
+    score = "sigmoid" if moe.sigmoid else "softmax"
+    rules.append(moe_save("router_scores", (t, e), FP32, f"{score} scores in fp32: its backward needs them"))
+    if moe.groups is not None and moe.topk_groups is not None:
+        if moe.sigmoid:  # group score: sum of each group's top-2 scores
+            rules.append(
+                moe_save("group_top2_indices", (t, moe.groups, 2), INT64, "topk(2) per group: backward")
+            )
+        else:  # group score: each group's max
+            rules.append(moe_save("group_max_indices", (t, moe.groups), INT64, "max.dim per group: backward"))
+        why = "topk over the group scores: its backward scatters at them"
+        rules.append(moe_save("group_indices", (t, moe.topk_groups), INT64, why))
+        why = "masked_fill of the experts outside the chosen groups: its backward zeroes them"
+        rules.append(moe_save("group_mask", (t, e), DType.BOOL, why))
+    rules.append(moe_save("topk_indices", (t, k), INT64, "topk (and V3's gather) backward scatters at them"))
+    if moe.sigmoid and moe.renormalises:  # DeepseekV3TopkRouter: topk_weights /= sum + 1e-20
+        rules += [
+            moe_save("topk_sum", (t, 1), FP32, "sum of the top-k scores, divisor: d(dividend) needs it"),
+            moe_save("topk_weights", (t, k), FP32, "top-k scores, dividend: d(divisor) needs them"),
         ]
     return rules
 

@@ -113,6 +113,16 @@ class Profile:
     rope_half_table: bool = False
     """gpt-oss's rotary embedding (``GptOssRotaryEmbedding``, ``_apply_rotary_emb``) holds cos and sin as
     [s, d/2] (first and second halves rotated by one table), not [s, d]."""
+    deepseek_router: bool = False
+    """DeepSeek's routers (``DeepseekV2TopkRouter`` / ``DeepseekV3TopkRouter``): ``F.linear`` on
+    ``hidden_states.type(float32)`` keeps an fp32 copy of the MLP input [T, h] (16-bit A); softmax (V2) or
+    sigmoid (V3, ``MoEConfig.scoring``) scores [T, E] fp32; group-limited routing (``MoEConfig.groups``)
+    keeps the per-group max (V2) or top-2 (V3) indices, the chosen groups' indices and the bool mask of
+    ``masked_fill``; V2's code never renormalises (``norm_topk_prob`` unread), V3's divides in fp32."""
+    rope_complex_table: bool = False
+    """DeepSeek-V2's rotary embedding (``DeepseekV2RotaryEmbedding``, ``apply_rotary_emb``): one complex64
+    ``freqs_cis`` [s, d/2] per forward; ``view_as_complex(q.float()) * freqs_cis`` keeps it (q needs no
+    saving: the table needs no gradient)."""
     routing_weights_fp32: bool = False
     """Mixtral's router (``MixtralTopKRouter.forward``) returns its fp32 top-k weights uncast:
     ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""

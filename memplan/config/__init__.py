@@ -28,6 +28,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
+from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
     Gelu,
@@ -36,6 +37,7 @@ from memplan.config.model import (
     MoEConfig,
     NormType,
     PositionType,
+    RouterScoring,
 )
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import CpRotate, Parallel, Setup
@@ -73,6 +75,7 @@ __all__ = [
     "Impl",
     "ImplConfig",
     "LossKind",
+    "MLAConfig",
     "Method",
     "MethodChoice",
     "MlpType",
@@ -87,6 +90,7 @@ __all__ = [
     "Precision",
     "Quant",
     "ReduceDtype",
+    "RouterScoring",
     "Setup",
     "StrategyConfig",
     "Target",

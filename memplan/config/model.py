@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.impl import Family
+from memplan.config.mla import MLAConfig
 
 
 class NormType(StrEnum):
@@ -62,6 +63,15 @@ class PositionType(StrEnum):
     """A learned [max_positions, hidden] table added to the token embedding."""
 
 
+class RouterScoring(StrEnum):
+    """How the router turns its logits into scores."""
+
+    SOFTMAX = "softmax"
+    """softmax over the E experts in fp32 (Mixtral, Qwen-MoE, DeepSeek-V2)."""
+    SIGMOID = "sigmoid"
+    """an independent sigmoid per expert, plus a correction bias for the choice only (DeepSeek-V3)."""
+
+
 class MoEConfig(Frozen):
     """Mixture-of-experts fields of a model (``[model.moe]`` in a preset file): every layer's MLP is a
     router (h×E, no bias), E routed experts of the model's ``ffn_size`` and optional shared experts."""
@@ -80,6 +90,34 @@ class MoEConfig(Frozen):
     expert_bias: bool = Field(
         default=False, description="each routed expert's gate/up and down carry biases, 2f + h (gpt-oss)"
     )
+    dense_layers: int = Field(
+        strict=True,
+        default=0,
+        ge=0,
+        description="the first k layers keep a dense MLP of dense_ffn (DeepSeek's first_k_dense_replace)",
+    )
+    dense_ffn: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="MLP width of the dense_layers (DeepSeek's intermediate_size)",
+    )
+    scoring: RouterScoring = Field(
+        default=RouterScoring.SOFTMAX, description="router scores: softmax over E, or sigmoid (DeepSeek-V3)"
+    )
+    groups: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        description="group-limited routing: experts in n groups, top-k chosen within topk_groups of them "
+        "(DeepSeek's n_group); none: plain top-k",
+    )
+    topk_groups: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        description="groups a token's experts come from (DeepSeek's topk_group)",
+    )
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
@@ -93,11 +131,36 @@ class MoEConfig(Frozen):
     def _check(self) -> Self:
         if self.top_k > self.experts:
             raise ValueError(f"top_k: {self.top_k} exceeds the {self.experts} experts; use top_k ≤ experts")
+        self._check_deepseek()
         if (self.shared_ffn is not None or self.shared_gate) and self.shared_experts == 0:
             raise ValueError(
                 "shared_experts: shared_ffn / shared_gate need shared_experts ≥ 1; set it or drop them"
             )
         return self
+
+    def _check_deepseek(self) -> None:
+        """DeepSeek's dense first layers and group-limited routing, as its config classes allow them."""
+        if self.dense_layers and self.dense_ffn is None:
+            raise ValueError("dense_ffn: dense_layers need the dense MLP's width; set dense_ffn")
+        if (self.groups is None) != (self.topk_groups is None):
+            raise ValueError(
+                "groups: group-limited routing needs both groups and topk_groups; set both or neither"
+            )
+        if self.groups is not None and self.topk_groups is not None:
+            if self.experts % self.groups or self.topk_groups > self.groups:
+                raise ValueError(
+                    f"groups: {self.groups} groups must divide the {self.experts} experts and be ≥ "
+                    f"topk_groups {self.topk_groups}; choose a divisor"
+                )
+            if self.top_k > self.topk_groups * (self.experts // self.groups):
+                raise ValueError(
+                    "top_k: more experts than the topk_groups hold; raise topk_groups or lower top_k"
+                )
+
+    @property
+    def sigmoid(self) -> bool:
+        """Sigmoid router scores (DeepSeek-V3's ``scores = router_logits.sigmoid()``)."""
+        return self.scoring is RouterScoring.SIGMOID
 
     @property
     def renormalises(self) -> bool:
@@ -248,6 +311,9 @@ class ModelConfig(Frozen):
         default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
     )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
+    mla: MLAConfig | None = Field(
+        default=None, description="multi-head latent attention (DeepSeek-V2/V3); none: W_Q/W_K/W_V per head"
+    )
     family: Family | None = Field(
         default=None,
         description="Hugging Face model_type whose modeling code --impl hf follows; none: from the "
@@ -298,6 +364,7 @@ class ModelConfig(Frozen):
                     f"full_layers: {self.full_layers} ≥ num_layers {self.num_layers} leaves no layer "
                     "sliding; drop sliding_window instead"
                 )
+        self._check_mla()
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):
@@ -306,6 +373,23 @@ class ModelConfig(Frozen):
                 "which must be even (> 0); choose a fraction giving an even width"
             )
         return self
+
+    def _check_mla(self) -> None:
+        """MLA's rotary width is the model's head_dim (transformers' DeepseekV3Config sets it so); every
+        head has its own key (kv heads = heads); dense first layers leave at least one MoE layer."""
+        if self.mla is not None:
+            if self.dim != self.mla.qk_rope_head_dim:
+                raise ValueError(
+                    f"head_dim: MLA rotates qk_rope_head_dim {self.mla.qk_rope_head_dim} dims; "
+                    "set head_dim to it"
+                )
+            if self.kv_heads != self.num_heads:
+                raise ValueError("num_kv_heads: MLA expands its latent to every head; set it to num_heads")
+        if self.moe is not None and self.moe.dense_layers >= self.num_layers:
+            raise ValueError(
+                f"moe.dense_layers: {self.moe.dense_layers} ≥ num_layers {self.num_layers} leaves no MoE "
+                "layer; drop moe or lower dense_layers"
+            )
 
     # Typed accessors for the derived fields (never None after validation).
     @property
@@ -337,6 +421,10 @@ class ModelConfig(Frozen):
             "gate_act": self.gate_act is GateActivation.CLAMPED,
             "moe.router_bias": self.moe is not None and self.moe.router_bias,
             "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
+            "mla": self.mla is not None,
+            "moe.dense_layers": self.moe is not None and self.moe.dense_layers > 0,
+            "moe.scoring": self.moe is not None and self.moe.sigmoid,
+            "moe.groups": self.moe is not None and self.moe.groups is not None,
             "pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
             "shared_norm": self.shared_norm,

@@ -282,6 +282,7 @@ def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
     }
 
 
+_DEEPSEEK = (Family.DEEPSEEK_V2, Family.DEEPSEEK_V3)
 HF_STRUCTURE = {
     "post_norms": (Family.GEMMA2, Family.GEMMA3, Family.OLMO2),
     "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
@@ -292,6 +293,10 @@ HF_STRUCTURE = {
     "gate_act": (Family.GPT_OSS,),
     "moe.router_bias": (Family.GPT_OSS,),
     "moe.expert_bias": (Family.GPT_OSS,),
+    "mla": _DEEPSEEK,
+    "moe.dense_layers": _DEEPSEEK,
+    "moe.scoring": (Family.DEEPSEEK_V3,),
+    "moe.groups": _DEEPSEEK,
     "pre_norms": (Family.OLMO2,),
     "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),

@@ -94,7 +94,7 @@ _FAMILY = {
     "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gpt_oss": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=131072),
 }
-SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
+SUPPORTED_MODEL_TYPES = tuple(sorted((*_FAMILY, "deepseek_v2", "deepseek_v3")))  # hf_deepseek.MODEL_TYPES
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
 
 
@@ -146,7 +146,7 @@ def model_type_of(cfg: Mapping[str, Any]) -> str:
     supported = ", ".join(SUPPORTED_MODEL_TYPES)
     if kind is None:
         raise ValueError(f"model_type: missing; add one of {supported}")
-    if not isinstance(kind, str) or kind not in _FAMILY:
+    if not isinstance(kind, str) or kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model_type: {kind!r} is not supported; supported: {supported} "
             "(write a preset .toml for other architectures)"
@@ -596,7 +596,12 @@ def model_from_hf_config(cfg: Mapping[str, Any], name: str, where: str | None = 
     cfg = text_config(cfg)
     try:
         kind = model_type_of(cfg)
-        fields = _fields(kind, cfg, name)
+        if kind.startswith("deepseek"):  # MLA, dense first layers: their own module
+            from memplan.presets.hf_deepseek import deepseek_fields
+
+            fields = deepseek_fields(cfg, name)
+        else:
+            fields = _fields(kind, cfg, name)
     except ValueError as exc:
         raise ValueError(f"{where}: {exc}") from None
     try:
@@ -611,6 +616,10 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
     cfg = text_config(cfg)
     kind = model_type_of(cfg)
     notes.insert(0, f"imported from a Hugging Face config.json (model_type {kind})")
+    if kind.startswith("deepseek"):
+        from memplan.presets.hf_deepseek import deepseek_notes
+
+        return "; ".join(notes + deepseek_notes(cfg))
     if kind == "gemma":
         notes.append("GeGLU MLP (swiglu's matrices, tanh-GELU gate) and a √h-scaled embedding")
     if kind in ("gemma2", "gemma3_text"):

@@ -58,7 +58,12 @@ def _params_table(preset: ModelPreset, params: ParamCount) -> Fitted:
         ("  W_O", layer.o_proj),
         ("  MLP norm", layer.mlp_norm),
         ("  MLP", layer.mlp),
-        ("one layer", layer.total),
+        ("one layer" if params.dense_layer is None else "one MoE layer", layer.total),
+        *(
+            [(f"one dense layer (the first {params.dense_layers})", params.dense_layer.total)]
+            if params.dense_layer is not None
+            else []
+        ),
         (f"{params.num_layers} layers", params.layers),
         ("final norm", params.final_norm),
         ("lm head [h, v]" + (" (tied: 0)" if preset.model.tied_embeddings else ""), params.lm_head),

@@ -61,6 +61,12 @@ def recompute(setup: Setup, dims: Dims) -> int:
         last = moe.early_stop_skip if setup.model.moe else mlp.early_stop_skip
         # A norm after the MLP (post_norms) saves after W_down, so the re-run reaches W_down too.
         stops = hidden_dropouts(setup)[0] == 0 and not setup.model.post_norms and not whole
+        dense = moe.dense_layer_setup(setup)
+        if dense is not None:  # DeepSeek: each layer its own checkpoint (blocks.hf.deepseek.check)
+            k = moe.dense_mlp_layers(setup)
+            ours = _each_layer(setup, dims, dims.layers - k, moe.early_stop_skip(setup, dims) if stops else 0)
+            ddims = Dims.of(dense)
+            return ours + _each_layer(dense, ddims, k, mlp.early_stop_skip(dense, ddims) if stops else 0)
         skipped = last(setup, dims) if stops else 0
         rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
         return rerun * layer_fwd - segments(setup) * skipped
@@ -68,3 +74,10 @@ def recompute(setup: Setup, dims: Dims) -> int:
         core = attention_core_flops(dims)
         return dims.layers * (core if setup.strategy.attention is Attention.FLASH or whole else core // 2)
     return 0
+
+
+def _each_layer(setup: Setup, dims: Dims, layers: int, skipped: int) -> int:
+    """The re-run forward of ``layers`` layers of one kind (DeepSeek's MoE layers, or its dense first
+    ones under ``moe.dense_layer_setup``), each checkpointed alone (full checkpointing): projections,
+    core and MLP, less what the early stop skips (``skipped``)."""
+    return layers * (layer_linear_flops(setup, dims) + attention_core_flops(dims) - skipped)

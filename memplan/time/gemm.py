@@ -140,6 +140,8 @@ def attention_gemms(setup: Setup, tokens: int) -> list[Gemm]:
     """W_Q, W_K, W_V (one [h, (a + 2·kv)·d/t] GEMM where the code fuses them) and W_O on one
     tensor-parallel rank: column-parallel ones split their outputs, W_O its inputs."""
     m, t = setup.model, setup.parallel.tp
+    if m.mla is not None:
+        return mla_gemms(setup, tokens)
     p = profile_of(setup)
     q, kv = m.num_heads * m.dim // t, m.kv_heads * m.dim // t
     qkv = (
@@ -152,6 +154,23 @@ def attention_gemms(setup: Setup, tokens: int) -> list[Gemm]:
         ]
     )
     return [*qkv, Gemm(tokens, q, m.hidden_size)]
+
+
+def mla_gemms(setup: Setup, tokens: int) -> list[Gemm]:
+    """Multi-head latent attention's projections (``blocks.mla``; one rank: tensor parallelism of MLA is
+    refused): q_a [h, r_q] and q_b [r_q, a·d_q] (or q_proj [h, a·d_q]), kv_a [h, r_kv + d_r], kv_b
+    [r_kv, a·(d_n + d_v)] and o [a·d_v, h]."""
+    m = setup.model
+    c, h, a = m.mla, m.hidden_size, m.num_heads
+    assert c is not None  # NB: called for MLA models only
+    q_out = a * c.qk_head_dim
+    rq = c.q_lora_rank
+    q = [Gemm(tokens, h, q_out)] if rq is None else [Gemm(tokens, h, rq), Gemm(tokens, rq, q_out)]
+    kv = [
+        Gemm(tokens, h, c.kv_lora_rank + c.qk_rope_head_dim),
+        Gemm(tokens, c.kv_lora_rank, a * (c.qk_nope_head_dim + c.v_head_dim)),
+    ]
+    return [*q, *kv, Gemm(tokens, a * c.v_head_dim, h)]
 
 
 def mlp_gemms(setup: Setup, rows: int, width: int, experts: int = 0) -> list[Gemm]:
@@ -190,7 +209,8 @@ def attention_core_gemms(setup: Setup) -> list[Gemm]:
     m, tr, par = setup.model, setup.training, setup.parallel
     heads = tr.micro_batch * m.num_heads // par.tp
     q = tr.seq_len // par.cp
-    return [Gemm(q, m.dim, tr.seq_len, heads), Gemm(q, tr.seq_len, m.dim, heads)]
+    dq, dv = (m.mla.qk_head_dim, m.mla.v_head_dim) if m.mla else (m.dim, m.dim)  # MLA: d_n + d_r and d_v
+    return [Gemm(q, dq, tr.seq_len, heads), Gemm(q, tr.seq_len, dv, heads)]
 
 
 def layer_gemms(setup: Setup) -> list[Gemm]:

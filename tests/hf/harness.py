@@ -88,7 +88,9 @@ def check_hf(setup: Setup, fake: bool = True) -> tuple[Result, Measured]:
     est = estimate(setup)
     est_layers = estimated_layers(est)
     meas_layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
-    unpaired = [r for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    moe = setup.model.moe
+    kinds = (0, moe.dense_layers) if moe and moe.dense_layers else (0,)  # DeepSeek: a dense and an MoE layer
+    unpaired = [r for i in kinds for r in paired_tensors(est, meas, i) if r["delta_bytes"]]
     report = (
         f"{case_name(setup)}: layers est {est_layers} meas {meas_layers}; total est {est.activations:,} "
         f"meas {meas.activations:,}; unpaired {[r['name'] for r in unpaired]}"

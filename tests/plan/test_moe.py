@@ -95,6 +95,9 @@ def test_mixtral_layer_breakdown() -> None:
 def test_shipped_moe_presets_and_aliases() -> None:
     moe = [n for n in model_names() if load_model_preset(n).model.moe is not None]
     assert moe == [
+        "deepseek-v2",
+        "deepseek-v2-lite",
+        "deepseek-v3",
         "gpt-oss-120b",
         "gpt-oss-20b",
         "mixtral-8x22b",

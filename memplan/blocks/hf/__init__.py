@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import cohere, falcon, gemma, gpt2, gpt_neox, gpt_oss, llama, moe, olmo2, phi3
+from memplan.blocks.hf import (
+    cohere,
+    deepseek,
+    falcon,
+    gemma,
+    gpt2,
+    gpt_neox,
+    gpt_oss,
+    llama,
+    moe,
+    olmo2,
+    phi3,
+)
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -22,6 +34,8 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.QWEN2_MOE: moe.qwen2_moe,
     Family.QWEN3_MOE: moe.qwen3_moe,
     Family.GPT_OSS: gpt_oss.profile,
+    Family.DEEPSEEK_V2: deepseek.profile,
+    Family.DEEPSEEK_V3: deepseek.profile,
     Family.MISTRAL: llama.windowed,
     Family.QWEN2: llama.windowed,
     Family.QWEN3: llama.windowed,

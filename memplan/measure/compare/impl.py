@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.blocks.inventory import Scope
+from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.contract import to_json
 from memplan.engine import Result
 from memplan.measure.compare.tensors import PHASES, estimated_layers, layer_groups, measured_json
@@ -30,7 +30,7 @@ def paired_tensors(est: Result, meas: Measured, layer: int = 0) -> list[dict[str
     estimated = [
         (k.scope is Scope.LAYER, k.dtype.value, k.bytes, k.name)
         for k in est.tensors
-        if k.count and (k.scope is Scope.MODEL or k.bytes)
+        if k.count and (k.scope is Scope.MODEL or k.bytes) and in_layer_kind(est, k, layer)
     ]
     measured = [
         (r.layer is not None, r.dtype, r.bytes, r.name) for r in meas.records if r.layer in (None, layer)
@@ -44,6 +44,19 @@ def paired_tensors(est: Result, meas: Measured, layer: int = 0) -> list[dict[str
         rows.append(_row(name, match[3] if match else "—", nbytes, nbytes if match else 0, in_layer))
     rows += [_row("—", m[3], 0, m[2], m[0]) for m in left]
     return rows
+
+
+def in_layer_kind(est: Result, k: Kept, layer: int) -> bool:
+    """Whether ``k`` is kept by layer ``layer``: with DeepSeek's dense first layers (``moe.dense_layers``)
+    the MoE's saves belong to the later layers, the dense MLP's inner saves to the first ones."""
+    moe = est.setup.model.moe
+    if moe is None or not moe.dense_layers or k.scope is not Scope.LAYER:
+        return True
+    if k.block is Block.MOE:
+        return layer >= moe.dense_layers
+    if k.block is Block.MLP and k.role is Role.MLP_INNER:
+        return layer < moe.dense_layers
+    return True
 
 
 def _row(est_name: str, meas_name: str, est_bytes: int, meas_bytes: int, in_layer: bool) -> dict[str, Any]:

@@ -124,7 +124,9 @@ def _one_sequence_per_row(fake: bool) -> Iterator[None]:
 def _routing(model: Any, out: list[list[int]]) -> Iterator[None]:
     """Per MoE layer, the tokens per expert its router chose: a forward hook on each ``*TopKRouter``
     (``MixtralTopKRouter`` / ``Qwen2MoeTopKRouter`` return logits, scores and the [T, k] expert indices)."""
-    routers = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    routers = [
+        m for m in model.modules() if type(m).__name__.lower().endswith("topkrouter")
+    ]  # Deepseek: Topk
     handles = [r.register_forward_hook(partial(_count, out)) for r in routers]
     try:
         yield

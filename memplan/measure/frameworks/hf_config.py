@@ -314,6 +314,38 @@ def falcon_keys(setup: Setup) -> dict[str, Any]:
 WINDOWED = (Family.MISTRAL, Family.QWEN2, Family.QWEN3)
 """The Llama-style families whose config takes a sliding window (``window_keys``)."""
 
+
+def deepseek_keys(setup: Setup) -> dict[str, Any]:
+    """DeepseekV2Config / DeepseekV3Config: MLA's widths, the routed and shared experts, the dense first
+    layers and the router (``presets.hf_deepseek`` reads them back)."""
+    m, mla, moe = setup.model, setup.model.mla, setup.model.moe
+    if mla is None or moe is None:  # every layer dense: DeepseekV3Config has no such model to build
+        raise ValueError(
+            "moe: DeepSeek's code is a mixture of experts with MLA; add [model.moe] and [model.mla]"
+        )
+    keys = llama_keys(setup) | {
+        "intermediate_size": moe.dense_ffn or m.ffn,
+        "moe_intermediate_size": m.ffn,
+        "q_lora_rank": mla.q_lora_rank,
+        "kv_lora_rank": mla.kv_lora_rank,
+        "qk_nope_head_dim": mla.qk_nope_head_dim,
+        "qk_rope_head_dim": mla.qk_rope_head_dim,
+        "v_head_dim": mla.v_head_dim,
+        "n_routed_experts": moe.experts,
+        "num_experts_per_tok": moe.top_k,
+        "n_shared_experts": moe.shared_experts,
+        "first_k_dense_replace": moe.dense_layers,
+        "n_group": moe.groups,
+        "topk_group": moe.topk_groups,
+        "output_router_logits": False,
+    }
+    keys.pop("head_dim")  # derived from qk_rope_head_dim by the config class
+    if m.code_family is Family.DEEPSEEK_V3:
+        return keys | {"norm_topk_prob": moe.renormalises}
+    method = "group_limited_greedy" if moe.groups else "greedy"
+    return keys | {"topk_method": method}
+
+
 KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     **{f: llama_keys for f in Family},
     **{f: lambda setup: llama_keys(setup) | window_keys(setup) for f in WINDOWED},
@@ -331,4 +363,6 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.QWEN2_MOE: moe_keys,
     Family.QWEN3_MOE: moe_keys,
     Family.GPT_OSS: moe_keys,
+    Family.DEEPSEEK_V2: deepseek_keys,
+    Family.DEEPSEEK_V3: deepseek_keys,
 }
