@@ -60,10 +60,16 @@ class ParamCount(BaseModel):
     final_norm: int
     lm_head: int
     moe: MoELayerParams | None = None
+    dense_layer: LayerParams | None = None
+    """A dense layer between MoE layers (``ModelConfig.moe_every``: Llama 4 Maverick's), else None."""
+    dense_layers: int = 0
+    """How many layers are dense ones (``dense_layer``); the other ``num_layers - dense_layers`` are
+    ``layer``."""
 
     @property
     def layers(self) -> int:
-        return self.layer.total * self.num_layers
+        dense = self.dense_layer.total * self.dense_layers if self.dense_layer else 0
+        return self.layer.total * (self.num_layers - self.dense_layers) + dense
 
     @property
     def total(self) -> int:
@@ -72,7 +78,8 @@ class ParamCount(BaseModel):
     @property
     def active(self) -> int:
         """Parameters touched per token: all but the experts a token is not routed to (= total if dense)."""
-        return self.total - (self.moe.inactive * self.num_layers if self.moe else 0)
+        moe_layers = self.num_layers - self.dense_layers
+        return self.total - (self.moe.inactive * moe_layers if self.moe else 0)
 
 
 def layer_params(m: ModelConfig) -> LayerParams:
@@ -85,15 +92,26 @@ def layer_params(m: ModelConfig) -> LayerParams:
         o_proj=o,
         mlp_norm=norm_params(m) if m.pre_norms and not m.shared_norm else 0,
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
-        qk_norm=qk_norm_params(m),
+        qk_norm=qk_norm_params(m),  # NB: Llama 4's weightless q/k norm (qk_l2_norm) has none
         post_norms=2 * norm_params(m) if m.post_norms else 0,
         sinks=m.num_heads if m.attn_sinks else 0,
     )
 
 
+def dense_layer_model(m: ModelConfig) -> ModelConfig:
+    """A dense layer of a model interleaving dense and MoE layers (``moe_every``): no experts, the MLP
+    ``dense_ffn_size`` wide (Llama 4's ``Llama4TextMLP(config, intermediate_size_mlp)``)."""
+    return m.model_copy(
+        update={"moe": None, "moe_every": None, "ffn_size": m.dense_ffn_size, "dense_ffn_size": None}
+    )
+
+
 def count_params(m: ModelConfig) -> ParamCount:
     embedding, positions = embedding_params(m)
+    dense = sum(not m.is_moe_layer(i) for i in range(m.num_layers)) if m.moe_every else 0
     return ParamCount(
+        dense_layer=layer_params(dense_layer_model(m)) if dense else None,
+        dense_layers=dense,
         embedding=embedding,
         positions=positions,
         layer=layer_params(m),

@@ -51,6 +51,7 @@ class Family(StrEnum):
     QWEN2_MOE = "qwen2_moe"
     QWEN3_MOE = "qwen3_moe"
     GPT_OSS = "gpt_oss"
+    LLAMA4 = "llama4_text"
 
 
 class ExpertsImpl(StrEnum):

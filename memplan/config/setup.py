@@ -291,6 +291,12 @@ HF_STRUCTURE = {
     "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
+    "moe.router_sigmoid": (Family.LLAMA4,),
+    "moe_every": (Family.LLAMA4,),
+    "nope_every": (Family.LLAMA4,),
+    "attn_chunk": (Family.LLAMA4,),
+    "qk_l2_norm": (Family.LLAMA4,),
+    "attn_temperature": (Family.LLAMA4,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 

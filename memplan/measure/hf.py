@@ -59,8 +59,12 @@ def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
 
 
 def layers_of(model: Any) -> list[Any]:
-    """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``)."""
+    """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``). Llama 4's causal LM
+    names ``language_model`` its base-model prefix but holds the text model as ``model``
+    (``Llama4ForCausalLM``), so ``base_model`` is the LM itself there."""
     base = model.base_model
+    if base is model and hasattr(model, "model"):
+        base = model.model
     return list(base.layers if hasattr(base, "layers") else base.h)
 
 
