@@ -33,7 +33,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic.inventory import Dims
-from memplan.blocks import moe
+from memplan.blocks import llama4, moe
 from memplan.blocks.attention import (
     attention_backward_flops,
     attention_core_flops,
@@ -80,15 +80,26 @@ class Flops(BaseModel):
 def layer_linear_flops(setup: Setup, dims: Dims) -> int:
     """Forward FLOPs of one layer's projections and MLP matrices (an MoE's router, experts and shared
     experts)."""
+    if llama4.applies(setup) and llama4.is_uniform(setup.model):
+        return projection_flops(dims) + llama4.layer_linear_flops(setup, dims)
     mlp = moe.mlp_flops(setup, dims) if setup.model.moe else mlp_flops(setup, dims)
     return projection_flops(dims) + mlp
+
+
+def layers_linear_flops(setup: Setup, dims: Dims) -> int:
+    """Forward FLOPs of every layer's projections and MLP: L × one layer's, or each kind's for layers of
+    several (Llama 4's code, ``blocks.hf.llama4.layer_kinds``)."""
+    if not llama4.applies(setup):
+        return dims.layers * layer_linear_flops(setup, dims)
+    kinds = llama4.layer_kinds(setup)
+    return sum(n * (projection_flops(dims) + llama4.layer_linear_flops(k, Dims.of(k))) for k, n in kinds)
 
 
 def flops(setup: Setup, recompute: int = 0) -> Flops:
     """FLOPs of one micro-batch; ``recompute``: the forward work the strategies re-run in backward
     (``memplan.strategies``: checkpointing, reversible layers), which the engine adds up."""
     dims = Dims.of(setup)
-    linear = dims.layers * layer_linear_flops(setup, dims)
+    linear = layers_linear_flops(setup, dims)
     attention = dims.layers * attention_core_flops(dims)
     head, head_backward = head_flops(setup, dims)
     backward = 2 * linear + head_backward + dims.layers * attention_backward_flops(setup, dims)

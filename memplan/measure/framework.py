@@ -116,7 +116,9 @@ def _kept(
 
 def _tensors(values: list[Any]) -> Iterator[torch.Tensor]:
     for v in values:
-        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point | (v.dtype == torch.bool):
+        if isinstance(v, torch.Tensor) and (
+            v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool
+        ):
             yield v
         elif isinstance(v, tuple | list):
             yield from _tensors(list(v))

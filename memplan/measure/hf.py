@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, ExpertsImpl, Setup
+from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.measure.framework import activation_dtype, run_step
 from memplan.measure.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.run import Measured, make_batch
@@ -48,7 +48,9 @@ def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
     config = hf_config(setup) if document is None else hf_config_of_file(setup, document)
     dtype = activation_dtype(setup)
     transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
-    experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
+    # Llama 4's experts are its own bmm over every token: no experts_implementation to choose
+    choose = setup.model.moe and setup.model.code_family is not Family.LLAMA4
+    experts = {"experts_implementation": setup.impl.experts.value} if choose else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(

@@ -7,13 +7,22 @@ transformers' own count of the published configs."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
 
+from memplan.analytic.activations import layer_rules
+from memplan.analytic.inventory import Dims, Scope
 from memplan.analytic.params import count_params
-from memplan.config import Family
+from memplan.blocks.llama4 import kind_of_layers
+from memplan.config import Family, ModelConfig, Setup
+from memplan.engine import estimate
+from memplan.measure.compare import estimated_layers
+from memplan.measure.hf import measure_hf
+from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
+from tests.hf.harness import hf_setup
 
 # huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json, its text_config (the keys memplan
 # reads; attn_temperature_tuning true where the early file wrote 4: transformers 5's config is strict)
@@ -124,3 +133,134 @@ def test_unmodelled_keys_are_refused(key: str, value: Any) -> None:
     """A pattern other than the defaults, or the auxiliary loss: one line naming the key."""
     with pytest.raises(ValueError, match=f"^hf config x: {key}: "):
         model_from_hf_config({**SCOUT, key: value}, "x")
+
+
+# ----------------------------------------------------------------------------------------------------
+# --impl hf against modeling_llama4.py
+# ----------------------------------------------------------------------------------------------------
+SEQ = 64
+SMALL: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "ffn_size": 32,
+    "vocab_size": 128,
+    "moe": {"experts": 4, "top_k": 1, "shared_experts": 1, "router_sigmoid": True, "norm_topk_prob": False},
+    "attn_chunk": 16,  # < SEQ: the RoPE layers' chunked mask reaches SDPA
+}
+MAVERICK_SMALL = {**SMALL, "moe_every": 2, "dense_ffn_size": 48, "qk_l2_norm": False}
+
+
+def small(preset: str, layers: int = 8, **kw: Any) -> Setup:
+    """The preset at small widths, 8 layers: layers 3 and 7 NoPE, every kind of layer twice or more (a
+    constant one layer alone keeps is that layer's in the measurement, not the model's)."""
+    fields = MAVERICK_SMALL if "maverick" in preset else SMALL
+    run = {k: kw.pop(k) for k in ("attention", "checkpointing", "use_cache", "batch", "seq") if k in kw}
+    return hf_setup(
+        load_model_preset(preset).model, layers=layers, seq=run.pop("seq", SEQ), **run, **(fields | kw)
+    )
+
+
+def exact(setup: Setup, fake: bool = True) -> None:
+    """transformers' run equals the estimate: every layer's bytes, the total, the FLOPs per phase, and
+    tensor by tensor (dtype and bytes) in each layer against its kind's saves and at the model's level."""
+    meas, est = measure_hf(setup, fake=fake), estimate(setup)
+    layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
+    assert estimated_layers(est) == layers, (estimated_layers(est), layers)
+    assert est.activations == meas.activations
+    f = est.flops
+    assert (f.forward, f.backward, f.recompute) == tuple(
+        meas.flops[k] for k in ("forward", "backward", "recompute")
+    )
+    for i, kind in enumerate(kind_of_layers(setup)):
+        theirs = Counter((r.dtype, r.bytes) for r in meas.records if r.layer == i)
+        if setup.strategy.segment:  # the layer's input, its checkpoint's only save
+            ours = Counter(
+                [(setup.training.precision.activation_dtype.value, Dims.of(setup).tokens * 64 * 2)]
+            )
+        else:
+            ours = Counter((r.dtype.value, r.bytes) for r in layer_rules(kind, Dims.of(kind)))
+        assert ours == theirs, (i, ours - theirs, theirs - ours)
+    model = Counter((k.dtype.value, k.bytes) for k in est.tensors if k.scope is Scope.MODEL)
+    assert model == Counter((r.dtype, r.bytes) for r in meas.records if r.layer is None)
+
+
+@pytest.mark.parametrize("preset", ["llama-4-scout-17b-16e", "llama-4-maverick-17b-128e"])
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_llama4_exact(preset: str, attention: str, checkpointing: str, use_cache: bool) -> None:
+    exact(small(preset, attention=attention, checkpointing=checkpointing, use_cache=use_cache))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama4_batch_of_two(checkpointing: str) -> None:
+    """b = 2: the chunked mask is [b, 1, s, s] (SDPA's converted one, and the bool one a checkpoint keeps)."""
+    exact(small("llama-4-scout-17b-16e", batch=2, checkpointing=checkpointing))
+
+
+@pytest.mark.parametrize("attention", ["flash", "eager"])
+def test_llama4_chunk_covers_the_sequence(attention: str) -> None:
+    """s < C: every causal cell lies in its chunk; SDPA gets no mask (``is_causal``), k and v unrepeated;
+    s = C still passes it (``_ignore_causal_mask_sdpa`` skips it only while s < C)."""
+    exact(small("llama-4-scout-17b-16e", attention=attention, checkpointing="full", attn_chunk=2 * SEQ))
+    exact(small("llama-4-scout-17b-16e", attention=attention, attn_chunk=2 * SEQ))
+
+
+def test_llama4_chunk_equal_to_the_sequence() -> None:
+    exact(small("llama-4-scout-17b-16e", attn_chunk=SEQ))
+    exact(small("llama-4-scout-17b-16e", checkpointing="full", attn_chunk=SEQ))
+
+
+def test_llama4_real_tensors() -> None:
+    """Real tensors (the random router's choice): the same bytes and FLOPs as under fake tensors, every
+    token running through every expert whatever the router chose."""
+    exact(small("llama-4-maverick-17b-128e", layers=4, attention="eager"), fake=False)
+
+
+def test_llama4_moe_layer_by_hand() -> None:
+    """One Scout-like MoE RoPE layer under SDPA, b 1, s 64 > C 16, h 64, a 4, kv 2, d 16, f 32, E 4, bf16:
+    norms 2·(64·64·4 + 64·4 + 64·64·2) = 49,664; W_Q/K/V input 64·64·2 = 8,192; q/k norm inputs and rstd
+    64·4·16·4 + 64·4·4 + 64·2·16·4 + 64·2·4 = 26,112; SDPA: mask 64·64·2, q, k, v (repeated), out 4·64·16·2
+    each, lse 4·64·4: 8,192 + 4·8,192 + 1,024 = 41,984; MoE: its input 8,192, indices 64·8, sigmoid 64·4·4,
+    scores 256·2, routed_in and the scaled tokens 2·256·64·2, gate_up 256·64·2, act and product 2·256·32·2,
+    the shared expert 4·64·32·2: 8,192 + 512 + 1,024 + 512 + 65,536 + 32,768 + 32,768 + 16,384 = 157,696.
+    Total 49,664 + 8,192 + 26,112 + 41,984 + 157,696 = 283,648. The NoPE layers keep no q/k norm, no mask
+    (8,192), k and v over the 2 kv heads (2·4,096 fewer) and their fp32 temperature [1, 64, 1, 1] (256)."""
+    per_layer = estimated_layers(estimate(small("llama-4-scout-17b-16e")))
+    assert per_layer[0] == 49_664 + 8_192 + 26_112 + 41_984 + 157_696 == 283_648
+    nope = 283_648 - 26_112 - 8_192 - 2 * 4_096 + 256
+    assert [i for i, b in enumerate(per_layer) if b == nope] == [3, 7]
+
+
+def test_llama4_full_size_flops() -> None:
+    """Scout at its real widths, seq 4096, b 1: every token through all 16 experts, so the MoE's forward is
+    2·T·h·E (router) + 2·(E·T)·h·2f + 2·(E·T)·f·h + 3·2·T·h·f (shared), with T 4096, h 5120, f 8192, E 16;
+    the projections 2·T·h·(2·5120 + 2·1024); the attention core 4·a·s²·d; the head 2·T·h·v."""
+    setup = hf_setup("llama-4-scout-17b-16e", layers=48, seq=4096)
+    t, h, f, e = 4096, 5120, 8192, 16
+    moe = 2 * t * h * e + 2 * (e * t) * h * 2 * f + 2 * (e * t) * f * h + 3 * 2 * t * h * f
+    proj = 2 * t * h * (2 * 5120 + 2 * 1024)
+    core = 4 * 40 * 4096 * 4096 * 128
+    assert estimate(setup).flops.forward == 48 * (moe + proj + core) + 2 * t * h * 202048
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"attn_dropout": 0.1}, "^attn_dropout: attention dropout is not modelled for llama4_text"),
+        ({"checkpointing": "every-2"}, "^checkpointing: llama4_text is modelled with"),
+        ({"moe": {**SMALL["moe"], "router_sigmoid": False}}, "^moe: llama4_text's MoE is a sigmoid router"),
+    ],
+)
+def test_llama4_unmodelled_is_refused(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        estimate(small("llama-4-scout-17b-16e", **kw))
+
+
+def test_llama4_needs_impl_hf() -> None:
+    """The reference model has none of Llama 4's structure: one line naming a field and --impl hf."""
+    m: ModelConfig = load_model_preset("llama-4-scout-17b-16e").model
+    with pytest.raises(ValueError, match=r"modelled for transformers' code only; add --impl hf"):
+        estimate(hf_setup(m, layers=4, impl=__import__("memplan.config", fromlist=["Impl"]).Impl.REFERENCE))

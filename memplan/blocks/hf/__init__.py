@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from memplan.blocks.hf import cohere, falcon, gemma, gpt2, gpt_neox, gpt_oss, llama, moe, olmo2, phi3
+from memplan.blocks.hf import cohere, falcon, gemma, gpt2, gpt_neox, gpt_oss, llama, llama4, moe, olmo2, phi3
 from memplan.blocks.profile import Profile
 from memplan.config import Family, Setup
 
@@ -22,6 +22,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.QWEN2_MOE: moe.qwen2_moe,
     Family.QWEN3_MOE: moe.qwen3_moe,
     Family.GPT_OSS: gpt_oss.profile,
+    Family.LLAMA4: llama4.profile,
     Family.MISTRAL: llama.windowed,
     Family.QWEN2: llama.windowed,
     Family.QWEN3: llama.windowed,
