@@ -126,7 +126,10 @@ class MoEConfig(Frozen):
 
     def slots(self, tokens: int) -> int:
         """Expert slots S for T tokens: T·k dropless, or E·⌈(T·k/E)·c⌉ padded to capacity (Megatron-Core
-        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``)."""
+        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``); with
+        ``router_sigmoid`` E·T, every token through every expert (Llama 4's code, ``Llama4TextMoe``)."""
+        if self.router_sigmoid:
+            return tokens * self.experts
         routed = tokens * self.top_k
         if self.capacity_factor is None:
             return routed
