@@ -65,6 +65,16 @@ class ParamCount(BaseModel):
     dense_layers: int = 0
     """How many layers are dense ones (``dense_layer``); the other ``num_layers - dense_layers`` are
     ``layer``."""
+    moe_every: int | None = None
+    """With ``dense_layer``: layer i is an MoE one when (i + 1) % n == 0 (``ModelConfig.moe_every``)."""
+
+    def layers_from(self, first: int) -> int:
+        """Parameters of layers ``first`` … L − 1 (the layers above ``first − 1``)."""
+        n = max(self.num_layers - first, 0)
+        if self.dense_layer is None or self.moe_every is None:
+            return self.layer.total * n
+        moe = sum((i + 1) % self.moe_every == 0 for i in range(first, self.num_layers))
+        return self.layer.total * moe + self.dense_layer.total * (n - moe)
 
     @property
     def layers(self) -> int:
@@ -112,6 +122,7 @@ def count_params(m: ModelConfig) -> ParamCount:
     return ParamCount(
         dense_layer=layer_params(dense_layer_model(m)) if dense else None,
         dense_layers=dense,
+        moe_every=m.moe_every if dense else None,
         embedding=embedding,
         positions=positions,
         layer=layer_params(m),

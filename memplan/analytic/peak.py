@@ -370,7 +370,10 @@ def peak(
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * states.gradients // full if full else 0
-            grads = head_grads + params.layer.total * (dims.layers - 1 - i) * states.gradients // params.total
+            above = params.layer.total * (dims.layers - 1 - i)
+            if params.dense_layer is not None:  # Llama 4 Maverick's dense layers (pp refused: one stage)
+                above = params.layers_from(i + 1)
+            grads = head_grads + above * states.gradients // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids

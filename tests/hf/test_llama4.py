@@ -111,6 +111,8 @@ def test_maverick_import_and_count() -> None:
     assert p.active == p.total - 24 * 127 * _EXPERT == 17_184_691_200
     assert (m.moe_every, m.dense_ffn_size, m.qk_l2_norm) == (2, 16384, False)
     assert [i for i in range(48) if m.is_moe_layer(i)] == list(range(1, 48, 2))
+    # the layers above layer i (the peak's gradients so far): 47 is MoE, 46 dense
+    assert (p.layers_from(47), p.layers_from(46), p.layers_from(0)) == (moe, moe + dense, p.layers)
 
 
 def test_multimodal_config_reads_its_text_config() -> None:
