@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from memplan.analytic.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks import mm
+from memplan.blocks.attention import flash_rules
 from memplan.blocks.mlp import mlp_flops, mlp_inner_rules, mlp_rules
 from memplan.blocks.norm import pre_norm_rules
 from memplan.config import Attention, DType, Family, Impl, ModelConfig, Setup
@@ -148,7 +149,7 @@ def attention_rules(setup: Setup, dims: Dims) -> list[Rule]:
         attn("q", (b, a, s, d), act, R.ATTN_QKV, "flash attention's q"),
         attn("k", (b, heads, s, d), act, R.ATTN_QKV, "flash attention's k"),
         attn("v", (b, heads, s, d), act, R.ATTN_QKV, "flash attention's v"),
-        attn("lse", (b, a, s), FP32, R.ATTN_LSE, "flash attention's row logsumexp"),
+        *flash_rules(setup, dims),  # the logsumexp; on CUDA the kernel's RNG state (24 B)
         attn("out", (b, a, s, d), act, R.ATTN_OUT, "flash output: its backward and W_O's input (a view)"),
     ]
 

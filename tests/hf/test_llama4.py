@@ -261,6 +261,14 @@ def test_llama4_unmodelled_is_refused(kw: dict[str, Any], message: str) -> None:
         estimate(small("llama-4-scout-17b-16e", **kw))
 
 
+def test_llama4_has_no_flash_attention_2() -> None:
+    """``Llama4PreTrainedModel._supports_flash_attn = False``: --flash-attn is refused in one line."""
+    setup = small("llama-4-scout-17b-16e")
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"flash_attn": True})})
+    with pytest.raises(ValueError, match=r"^flash_attn: transformers' Llama 4 has no flash_attention_2 path"):
+        estimate(setup)
+
+
 def test_llama4_needs_impl_hf() -> None:
     """The reference model has none of Llama 4's structure: one line naming a field and --impl hf."""
     m: ModelConfig = load_model_preset("llama-4-scout-17b-16e").model

@@ -31,6 +31,8 @@ def check(setup: Setup) -> None:
             "experts: llama4_text's experts are one bmm over every token, no experts implementation to "
             "choose; drop --experts"
         )
+    if setup.impl.flash_attn:  # Llama4PreTrainedModel._supports_flash_attn = False
+        raise ValueError("flash_attn: transformers' Llama 4 has no flash_attention_2 path; drop --flash-attn")
     if m.attn_dropout > 0:
         raise ValueError("attn_dropout: attention dropout is not modelled for llama4_text; set it to 0")
     if s.checkpointing is Checkpointing.SELECTIVE or s.checkpoint_every > 1:
