@@ -274,3 +274,27 @@ def test_llama4_needs_impl_hf() -> None:
     m: ModelConfig = load_model_preset("llama-4-scout-17b-16e").model
     with pytest.raises(ValueError, match=r"modelled for transformers' code only; add --impl hf"):
         estimate(hf_setup(m, layers=4, impl=__import__("memplan.config", fromlist=["Impl"]).Impl.REFERENCE))
+
+
+def test_llama4_from_the_users_config_json() -> None:
+    """``trace --impl hf -m config.json``: transformers builds the model from every key of the user's own
+    (multimodal) file, memplan reads the same file; a key memplan misread would differ here."""
+    text = {
+        **MAVERICK,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 32,
+        "intermediate_size_mlp": 48,
+        "num_hidden_layers": 8,
+        "moe_layers": [1, 3, 5, 7],
+        "num_local_experts": 4,
+        "vocab_size": 128,
+        "attention_chunk_size": 16,
+    }
+    doc = {"model_type": "llama4", "text_config": {k: v for k, v in text.items() if k != "model_type"}}
+    setup = hf_setup(model_from_hf_config(doc, "maverick-small"), layers=8, seq=SEQ)
+    meas, est = measure_hf(setup, document=doc), estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(8)]
+    assert (est.activations, est.flops.forward) == (meas.activations, meas.flops["forward"])
