@@ -667,6 +667,30 @@ def _dense_families() -> dict[str, tuple[tuple[str, ...], str, str, str, dict[st
     }
 
 
+def _llama4() -> dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]]:
+    """Llama 4's text models (issue #23): their config.json keys as tests/hf/test_llama4.py copies them."""
+    sys.path.insert(0, str(ROOT))
+    from tests.hf.test_llama4 import MAVERICK, SCOUT
+
+    vision = "the text model (the page's count includes the vision tower)"
+    return {
+        "llama-4-scout-17b-16e": (
+            ("llama-4-scout",),
+            "meta-llama/Llama-4-Scout-17B-16E",
+            "109B total, 17B active",
+            vision,
+            SCOUT,
+        ),
+        "llama-4-maverick-17b-128e": (
+            ("llama-4-maverick",),
+            "meta-llama/Llama-4-Maverick-17B-128E",
+            "400B total, 17B active",
+            vision,
+            MAVERICK,
+        ),
+    }
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -740,6 +764,7 @@ def transformers_count(cfg: dict[str, Any]) -> tuple[int, int]:
 def main() -> None:
     sys.path.insert(0, str(ROOT))
     PRESETS.update(_dense_families())
+    PRESETS.update(_llama4())
     if "--count" in sys.argv:
         for name, (*_, cfg) in PRESETS.items():
             print(f'"{name}": {transformers_count(dict(cfg))},')

@@ -146,3 +146,40 @@ def test_peft_lora_keeps_the_adapters_tensors_of_the_estimate() -> None:
     assert len(mids) == sum(k.count for k in est) == 3 * tiny.num_layers
     assert sum(t.numel() * t.element_size() for t in mids.values()) == sum(k.total_bytes for k in est)
     assert math.prod(est[0].shape) == b * s * rank
+
+
+def test_peft_on_transformers_llama_keeps_the_estimate_under_impl_hf() -> None:
+    """``--impl hf`` with LoRA on q and v (fp32, 2 tiny layers): peft's adapters on transformers' own
+    Llama, run on CPU, keep every layer's bytes and the total the estimate gives, and run its FLOPs.
+    NB in bf16 peft's default ``autocast_adapter_dtype`` keeps its adapters in fp32 and casts their input
+    up: not modelled (the estimate counts the adapters in the activation dtype)."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import build, layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+    from tests.hf.harness import hf_setup
+
+    tiny = {
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 16,
+        "ffn_size": 96,
+        "vocab_size": 128,
+    }
+    setup = with_lora(hf_setup("llama-3-8b", layers=2, seq=32, **tiny), 4, "q,v")
+    setup = Setup.model_validate(
+        {**setup.model_dump(), "training": {**setup.training.model_dump(), "precision": "fp32"}}
+    )
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lora = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"])
+        model = peft.get_peft_model(build(setup), lora).base_model.model
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])

@@ -93,6 +93,9 @@ GOLDEN = {
     "glm-4-9b": 9_399_951_360,  # THUDM/glm-4-9b-hf: 9.4B
     "falcon-7b": 6_921_720_704,  # tiiuae/falcon-7b: 7B
     "falcon-40b": 41_303_293_952,  # tiiuae/falcon-40b: 40B
+    # Llama 4's text models (by hand: tests/hf/test_llama4.py); the pages' 109B / 400B add the vision tower
+    "llama-4-scout-17b-16e": 107_769_861_120,  # meta-llama/Llama-4-Scout-17B-16E: 109B
+    "llama-4-maverick-17b-128e": 400_711_848_960,  # meta-llama/Llama-4-Maverick-17B-128E: 400B
 }
 # Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
 # skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped
@@ -113,6 +116,10 @@ ACTIVE = {
     "deepseek-v3": 671_026_404_352 - 58 * 248 * 3 * 7168 * 2048,
     "deepseek-v2": 235_741_434_880 - 59 * 154 * 3 * 5120 * 1536,
     "deepseek-v2-lite": 15_706_484_224 - 26 * 58 * 3 * 2048 * 1408,
+    # Llama 4: top-1 of 16 (Scout, 48 MoE layers) or 128 (Maverick, 24 MoE layers) experts of 3·5120·8192;
+    # the shared expert always runs (the pages' 17B active).
+    "llama-4-scout-17b-16e": 107_769_861_120 - 48 * 15 * 3 * 5120 * 8192,
+    "llama-4-maverick-17b-128e": 400_711_848_960 - 24 * 127 * 3 * 5120 * 8192,
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""

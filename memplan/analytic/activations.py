@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from memplan.blocks import dropout_rule
+from memplan.blocks import dropout_rule, llama4
 from memplan.blocks.attention import (
     attention_core_rules,
     constant_rules,
@@ -55,7 +55,10 @@ B, R = Block, Role
 # A layer and the model, composed from the blocks
 # ----------------------------------------------------------------------------------------------------
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """Everything one transformer layer keeps when it is not checkpointed."""
+    """Everything one transformer layer keeps when it is not checkpointed (Llama 4's code: its largest
+    kind of layer, ``blocks.hf.llama4``)."""
+    if llama4.applies(setup):
+        return llama4_layer_rules(setup, dims)
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
     p, keeps = hidden_dropouts(setup)[0], dropout_keeps(setup, act)
     p_attn = 0.0 if profile_of(setup).mlp_dropout_only else p
@@ -79,6 +82,15 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
         *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
+
+
+def llama4_layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """A uniform kind's rules, or the largest kind's for a model of several."""
+    if llama4.is_uniform(setup.model):
+        return llama4.layer_rules(setup, dims)
+    kinds = [k for k, _ in llama4.layer_kinds(setup)]
+    rules = [llama4.layer_rules(k, Dims.of(k)) for k in kinds]
+    return max(rules, key=lambda rs: sum(r.bytes for r in rs))
 
 
 def head_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -143,6 +155,8 @@ def layer_entries(setup: Setup, dims: Dims) -> list[Kept]:
     """Every layer's saves: one entry per save, ``count`` the layers keeping it. Layers of two kinds
     (``attention.full_layer_setup``: Gemma-2/3's full and sliding layers under SDPA) share the saves both
     make (count L); a save of one kind only counts that kind's layers."""
+    if llama4.applies(setup) and not llama4.is_uniform(setup.model):
+        return kinds_entries(llama4.layer_kinds(setup))
     full = full_layer_setup(setup)
     if full is None:
         return with_moe(kept(layer_rules(setup, dims), Scope.LAYER, dims.layers), setup)
@@ -158,9 +172,28 @@ def layer_entries(setup: Setup, dims: Dims) -> list[Kept]:
     return with_moe(entries, setup)
 
 
+def kinds_entries(kinds: list[tuple[Setup, int]]) -> list[Kept]:
+    """The saves of layers of several kinds (each a setup and its number of layers): one entry per save,
+    ``count`` the layers whose kind keeps it, in the order the kinds first make them."""
+    counts: dict[tuple[object, ...], int] = {}
+    rules: dict[tuple[object, ...], Rule] = {}
+    for kind, n in kinds:
+        for r in layer_rules(kind, Dims.of(kind)):
+            key = r.name, r.shape, r.dtype, r.role
+            rules.setdefault(key, r)
+            counts[key] = counts.get(key, 0) + n
+    return [k for key, r in rules.items() for k in kept([r], Scope.LAYER, counts[key])]
+
+
 def layer_kind_bytes(setup: Setup) -> tuple[int, ...]:
-    """Each layer's bytes when the layers differ by kind (``attention.full_layer_setup``), in order;
-    () when every layer keeps the same."""
+    """Each layer's bytes when the layers differ by kind (``attention.full_layer_setup``, Llama 4's
+    ``blocks.hf.llama4.layer_kinds``), in order; () when every layer keeps the same."""
+    if llama4.applies(setup) and not llama4.is_uniform(setup.model):
+        per_kind = [
+            total_bytes(kept(layer_rules(k, Dims.of(k)), Scope.LAYER, 1))
+            for k in llama4.kind_of_layers(setup)
+        ]
+        return tuple(per_kind)
     dense = dense_layer_setup(setup)
     if dense is not None:  # DeepSeek: the first k layers dense, the others MoE
         moe_bytes = total_bytes(with_moe(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1), setup))
@@ -181,7 +214,8 @@ def inventory(setup: Setup) -> list[Kept]:
     strategies that drop or replace layers' saves (checkpointing, reversible layers, memplan.strategies)
     are applied to it by the engine."""
     dims = Dims.of(setup)
-    model = embedding_rules(setup, dims) + constant_rules(setup, dims)
+    constants = llama4.constant_rules if llama4.applies(setup) else constant_rules
+    model = embedding_rules(setup, dims) + constants(setup, dims)
     layers = layer_entries(setup, dims)
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 

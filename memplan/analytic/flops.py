@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.blocks import moe
+from memplan.blocks import llama4, moe
 from memplan.blocks.attention import (
     attention_backward_flops,
     attention_core_flops,
@@ -81,14 +81,20 @@ class Flops(BaseModel):
 def layer_linear_flops(setup: Setup, dims: Dims) -> int:
     """Forward FLOPs of one layer's projections and MLP matrices (an MoE's router, experts and shared
     experts)."""
+    if llama4.applies(setup) and llama4.is_uniform(setup.model):
+        return projection_flops(dims) + llama4.layer_linear_flops(setup, dims)
     mlp = moe.mlp_flops(setup, dims) if setup.model.moe else mlp_flops(setup, dims)
     m = setup.model
     return (mla_projection_flops(m, dims) if m.mla else projection_flops(dims)) + mlp
 
 
 def layers_linear_flops(setup: Setup, dims: Dims) -> int:
-    """``layer_linear_flops`` of every layer: DeepSeek's first ``moe.dense_layers`` run a dense MLP
-    (``blocks.moe.dense_layer_setup``), the others the MoE."""
+    """Forward FLOPs of every layer's projections and MLP: L × one layer's, or each kind's for layers of
+    several: Llama 4's (``blocks.llama4.layer_kinds``), DeepSeek's first ``moe.dense_layers`` running a
+    dense MLP (``blocks.moe.dense_layer_setup``) and the others the MoE."""
+    if llama4.applies(setup):
+        kinds = llama4.layer_kinds(setup)
+        return sum(n * (projection_flops(dims) + llama4.layer_linear_flops(k, Dims.of(k))) for k, n in kinds)
     dense = moe.dense_layer_setup(setup)
     if dense is None:
         return dims.layers * layer_linear_flops(setup, dims)

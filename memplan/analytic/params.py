@@ -63,10 +63,23 @@ class ParamCount(BaseModel):
     final_norm: int
     lm_head: int
     moe: MoELayerParams | None = None
-    dense_layers: int = 0
-    """DeepSeek's first layers with a dense MLP (``MoEConfig.dense_layers``); ``layer`` is the others'."""
     dense_layer: LayerParams | None = None
-    """One of those dense layers (its MLP ``dense_ffn`` wide)."""
+    """One dense layer of a model mixing dense and MoE layers (``ModelConfig.is_moe_layer``: DeepSeek's
+    first ``moe.dense_layers``, Llama 4 Maverick's layers between MoE ones), else None."""
+    dense_at: tuple[bool, ...] = ()
+    """Per layer, whether it is a dense one (``dense_layer``); () when every layer is ``layer``."""
+
+    @property
+    def dense_layers(self) -> int:
+        """How many layers are dense ones; the other ``num_layers - dense_layers`` are ``layer``."""
+        return sum(self.dense_at)
+
+    def layers_from(self, first: int, end: int | None = None) -> int:
+        """Parameters of layers ``first`` … ``end`` − 1 (default: the last), each of its own kind."""
+        stop = self.num_layers if end is None else end
+        dense = sum(self.dense_at[first:stop])
+        own = self.layer.total * (max(stop - first, 0) - dense)
+        return own + (self.dense_layer.total * dense if self.dense_layer else 0)
 
     @property
     def layers(self) -> int:
@@ -78,10 +91,8 @@ class ParamCount(BaseModel):
         return self.embedding + self.positions + self.layers + self.final_norm + self.lm_head
 
     def layers_above(self, i: int, layers: int) -> int:
-        """Parameters of layers i+1 … L−1 of ``layers``: DeepSeek's dense first layers as theirs."""
-        dense = max(0, self.dense_layers - 1 - i)
-        ours = self.layer.total * (layers - 1 - i - dense)
-        return ours + (self.dense_layer.total * dense if self.dense_layer else 0)
+        """Parameters of layers i+1 … ``layers`` − 1, each of its own kind (dense or MoE)."""
+        return self.layers_from(i + 1, layers)
 
     @property
     def active(self) -> int:
@@ -99,17 +110,31 @@ def layer_params(m: ModelConfig) -> LayerParams:
         o_proj=o,
         mlp_norm=norm_params(m) if m.pre_norms and not m.shared_norm else 0,
         mlp=moe_layer_params(m, m.moe).total if m.moe else mlp_params(m),
-        qk_norm=qk_norm_params(m),
+        qk_norm=qk_norm_params(m),  # NB: Llama 4's weightless q/k norm (qk_l2_norm) has none
         post_norms=2 * norm_params(m) if m.post_norms else 0,
         sinks=m.num_heads if m.attn_sinks else 0,
     )
 
 
+def dense_layer_model(m: ModelConfig) -> ModelConfig:
+    """A dense layer of a model mixing dense and MoE layers: no experts, the MLP ``dense_ffn_size`` wide
+    between MoE layers (``moe_every``: Llama 4's ``Llama4TextMLP(config, intermediate_size_mlp)``), or
+    ``moe.dense_ffn`` wide in DeepSeek's first ``moe.dense_layers``."""
+    if m.moe_every is not None:
+        return m.model_copy(
+            update={"moe": None, "moe_every": None, "ffn_size": m.dense_ffn_size, "dense_ffn_size": None}
+        )
+    assert m.moe is not None and m.moe.dense_ffn is not None
+    return m.model_copy(update={"moe": None, "ffn_size": m.moe.dense_ffn})
+
+
 def count_params(m: ModelConfig) -> ParamCount:
     embedding, positions = embedding_params(m)
-    dense = m.moe.dense_layers if m.moe else 0
-    dense_model = m.model_copy(update={"moe": None, "ffn_size": m.moe.dense_ffn}) if dense and m.moe else None
+    dense_at = tuple(not m.is_moe_layer(i) for i in range(m.num_layers)) if m.moe else ()
+    dense = any(dense_at)
     return ParamCount(
+        dense_layer=layer_params(dense_layer_model(m)) if dense else None,
+        dense_at=dense_at if dense else (),
         embedding=embedding,
         positions=positions,
         layer=layer_params(m),
@@ -117,6 +142,4 @@ def count_params(m: ModelConfig) -> ParamCount:
         final_norm=norm_params(m),
         lm_head=lm_head_params(m),
         moe=moe_layer_params(m, m.moe) if m.moe else None,
-        dense_layers=dense,
-        dense_layer=layer_params(dense_model) if dense_model else None,
     )

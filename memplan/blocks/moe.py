@@ -346,7 +346,10 @@ def combine_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
 def routing(setup: Setup, moe: MoEConfig) -> dict[str, int | str]:
     """The routing assumption of the estimate, for the JSON: the slots S and what they assume."""
     t = Dims.of(setup).tokens
-    if moe.capacity_factor is None:
+    if moe.router_sigmoid:  # Llama 4's Llama4TextMoe: hidden_states.repeat(E, 1) scaled by the scores
+        how = f"every token through all {moe.experts} experts (inputs scaled by the top-{moe.top_k} "
+        how += "sigmoid scores, the others' by 0), S = E·T"
+    elif moe.capacity_factor is None:
         how = f"dropless top-{moe.top_k}: every choice computed, S = T·k; bytes independent of the split"
     else:
         how = (

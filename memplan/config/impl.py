@@ -54,6 +54,7 @@ class Family(StrEnum):
     GPT_OSS = "gpt_oss"
     DEEPSEEK_V2 = "deepseek_v2"
     DEEPSEEK_V3 = "deepseek_v3"
+    LLAMA4 = "llama4_text"
 
 
 class ExpertsImpl(StrEnum):

@@ -118,6 +118,11 @@ class MoEConfig(Frozen):
         ge=1,
         description="groups a token's experts come from (DeepSeek's topk_group)",
     )
+    router_sigmoid: bool = Field(
+        default=False,
+        description="sigmoid of the top-k router logits scales each expert's input, not its output "
+        "(Llama 4's Llama4Router); --impl hf",
+    )
     capacity_factor: float | None = Field(
         default=None, gt=0, description="expert capacity c·T·k/E slots (token dropping); none: dropless"
     )
@@ -184,7 +189,10 @@ class MoEConfig(Frozen):
 
     def slots(self, tokens: int) -> int:
         """Expert slots S for T tokens: T·k dropless, or E·⌈(T·k/E)·c⌉ padded to capacity (Megatron-Core
-        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``)."""
+        ``moe_utils.get_capacity``: ``math.ceil((num_tokens / num_experts) * capacity_factor)``); with
+        ``router_sigmoid`` E·T, every token through every expert (Llama 4's code, ``Llama4TextMoe``)."""
+        if self.router_sigmoid:
+            return tokens * self.experts
         routed = tokens * self.top_k
         if self.capacity_factor is None:
             return routed
@@ -314,6 +322,43 @@ class ModelConfig(Frozen):
     mla: MLAConfig | None = Field(
         default=None, description="multi-head latent attention (DeepSeek-V2/V3); none: W_Q/W_K/W_V per head"
     )
+    moe_every: int | None = Field(
+        strict=True,
+        default=None,
+        ge=2,
+        description="with moe: layer i is an MoE when (i + 1) % n == 0, the others dense MLPs of "
+        "dense_ffn_size (Llama 4's interleave_moe_layer_step); none: every layer an MoE",
+    )
+    dense_ffn_size: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="MLP width of the dense layers between MoE layers (Llama 4's intermediate_size_mlp)",
+    )
+    nope_every: int | None = Field(
+        strict=True,
+        default=None,
+        ge=1,
+        description="layer i has no rotary embedding when (i + 1) % n == 0 (Llama 4's NoPE layers, "
+        "no_rope_layer_interval 4); none: every layer rotates",
+    )
+    attn_chunk: int | None = Field(
+        strict=True,
+        default=None,
+        gt=0,
+        description="chunked local attention on the rotary layers: a token attends within its chunk of "
+        "C positions (Llama 4's attention_chunk_size); none: full causal",
+    )
+    qk_l2_norm: bool = Field(
+        default=False,
+        description="weightless RMSNorm of q and k after RoPE on the rotary layers (Llama 4's use_qk_norm): "
+        "no parameters",
+    )
+    attn_temperature: bool = Field(
+        default=False,
+        description="q scaled by log1p(floor((pos + 1) / floor_scale))·attn_scale + 1 on the NoPE layers "
+        "(Llama 4's attn_temperature_tuning)",
+    )
     family: Family | None = Field(
         default=None,
         description="Hugging Face model_type whose modeling code --impl hf follows; none: from the "
@@ -365,6 +410,16 @@ class ModelConfig(Frozen):
                     "sliding; drop sliding_window instead"
                 )
         self._check_mla()
+        if self.moe_every is not None and self.moe is not None and self.moe.dense_layers:
+            raise ValueError(
+                "moe_every: dense layers between MoE layers and dense first layers (moe.dense_layers) "
+                "together are not modelled; keep one of them"
+            )
+        if (self.moe_every is None) != (self.dense_ffn_size is None) or (self.moe_every and not self.moe):
+            raise ValueError(
+                "moe_every: dense layers between MoE layers need moe, moe_every and dense_ffn_size together; "
+                "set all three or drop moe_every and dense_ffn_size"
+            )
         if self.position is PositionType.ROPE and self.dim % 2:
             raise ValueError(f"head_dim: rotary embeddings need an even head_dim, got {self.dim}")
         if self.position is PositionType.ROPE and (self.rotary_dims % 2 or not self.rotary_dims):
@@ -425,11 +480,31 @@ class ModelConfig(Frozen):
             "moe.dense_layers": self.moe is not None and self.moe.dense_layers > 0,
             "moe.scoring": self.moe is not None and self.moe.sigmoid,
             "moe.groups": self.moe is not None and self.moe.groups is not None,
+            "moe.router_sigmoid": self.moe is not None and self.moe.router_sigmoid,
+            "moe_every": self.moe_every is not None,
+            "nope_every": self.nope_every is not None,
+            "attn_chunk": self.attn_chunk is not None,
+            "qk_l2_norm": self.qk_l2_norm,
+            "attn_temperature": self.attn_temperature,
             "pre_norms": not self.pre_norms,
             "qk_norm_whole": self.qk_norm_whole,
             "shared_norm": self.shared_norm,
             "norm_bias": not self.norm_bias,
         }
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer i is a mixture of experts: not one of DeepSeek's first ``moe.dense_layers``, and
+        with ``moe_every`` (i + 1) % n == 0 (Llama 4's ``moe_layers`` default ``range(n - 1, L, n)``)."""
+        return (
+            self.moe is not None
+            and layer >= self.moe.dense_layers  # DeepSeek's first_k_dense_replace
+            and (self.moe_every is None or (layer + 1) % self.moe_every == 0)
+        )
+
+    def is_nope_layer(self, layer: int) -> bool:
+        """Whether layer i has no rotary embedding (``nope_every``: Llama 4's ``no_rope_layers`` default,
+        ``int((i + 1) % interval != 0)`` the rotary ones)."""
+        return self.nope_every is not None and (layer + 1) % self.nope_every == 0
 
     @property
     def kv_heads(self) -> int:

@@ -189,8 +189,16 @@ def check_setup(setup: Setup) -> None:
         )
 
 
-_NO_LORA = (Family.OLMO2, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.GLM, Family.FALCON)
-"""The transformers families whose layers ``strategies.lora`` does not express (fine-tuning refused)."""
+_NO_LORA = {
+    Family.OLMO2: "post-norm-only layers, whole-width q/k norms: saves strategies.lora does not list",
+    Family.STARCODER2: "residual dropouts, biased GELU MLP: saves strategies.lora does not list",
+    Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
+    Family.STABLELM: "partial rotary's cat, parallel layer: saves strategies.lora does not list",
+    Family.GLM: "peft adapts the fused gate_up_proj as one linear, memplan gate and up as two",
+    Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
+}
+"""The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
+against peft on transformers' own model: trainable counts equal, the saves differ per layer)."""
 
 
 def check_finetune(setup: Setup) -> None:
@@ -230,7 +238,8 @@ def check_finetune(setup: Setup) -> None:
         # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
         # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
         # residual dropouts) are not expressed there nor checked against peft.
-        f"--impl hf for {m.code_family.value}": setup.impl.impl is Impl.HF and m.code_family in _NO_LORA,
+        f"--impl hf for {m.code_family.value} ({_NO_LORA.get(m.code_family)})": setup.impl.impl is Impl.HF
+        and m.code_family in _NO_LORA,
     }
     for name, used in unmodelled.items():
         if used:
@@ -301,6 +310,12 @@ HF_STRUCTURE = {
     "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
+    "moe.router_sigmoid": (Family.LLAMA4,),
+    "moe_every": (Family.LLAMA4,),
+    "nope_every": (Family.LLAMA4,),
+    "attn_chunk": (Family.LLAMA4,),
+    "qk_l2_norm": (Family.LLAMA4,),
+    "attn_temperature": (Family.LLAMA4,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
 

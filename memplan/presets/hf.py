@@ -93,6 +93,7 @@ _FAMILY = {
     "qwen2_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=8192),
     "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gpt_oss": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=131072),
+    "llama4_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted((*_FAMILY, "deepseek_v2", "deepseek_v3")))  # hf_deepseek.MODEL_TYPES
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
@@ -342,6 +343,10 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
     if kind in ("phi3", "mixtral", "starcoder2"):
         fields["sliding_window"] = _int(cfg, "sliding_window")  # the config classes' default: none
+    if kind == "llama4_text":
+        from memplan.presets.hf_llama4 import llama4_fields
+
+        fields.update(llama4_fields(cfg, fields["num_layers"]))
     return fields
 
 
@@ -366,6 +371,7 @@ _OWN_CODE = (
     "stablelm",
     "glm",
     "falcon",
+    "llama4_text",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
@@ -466,8 +472,8 @@ def text_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """A multimodal Gemma-3 config (``model_type`` gemma3) as its text model's (``text_config``, a
     ``gemma3_text``); NB: the vision tower's parameters are not counted."""
     text = cfg.get("text_config")
-    if cfg.get("model_type") == "gemma3" and isinstance(text, Mapping):
-        return {**text, "model_type": "gemma3_text"}
+    if cfg.get("model_type") in ("gemma3", "llama4") and isinstance(text, Mapping):
+        return {**text, "model_type": f"{cfg['model_type']}_text"}
     return cfg
 
 
@@ -643,6 +649,10 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("partial interleaved rotary and fused gate_up: --impl hf only (same parameter count)")
     if kind == "stablelm":
         notes.append("partial rotary (and the parallel layer): --impl hf only")
+    if kind == "llama4_text":
+        from memplan.presets.hf_llama4 import LLAMA4_NOTE
+
+        notes.append(LLAMA4_NOTE)
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
     if cfg.get("rope_scaling"):

@@ -44,6 +44,18 @@ def presets_table(
     return table
 
 
+def _layer_rows(params: ParamCount) -> list[tuple[str, int]]:
+    """One layer's total; with dense layers between MoE ones (Llama 4 Maverick) one of each, and how many."""
+    if params.dense_layer is None:
+        return [("one layer", params.layer.total)]
+    moe = params.num_layers - params.dense_layers
+    return [
+        (f"one MoE layer (× {moe})", params.layer.total),
+        ("  dense MLP", params.dense_layer.mlp),
+        (f"one dense layer (× {params.dense_layers})", params.dense_layer.total),
+    ]
+
+
 def _params_table(preset: ModelPreset, params: ParamCount) -> Fitted:
     layer = params.layer
     cols = (Col("component", "left"), Col("parameters"), Col("", priority=1))
@@ -58,12 +70,7 @@ def _params_table(preset: ModelPreset, params: ParamCount) -> Fitted:
         ("  W_O", layer.o_proj),
         ("  MLP norm", layer.mlp_norm),
         ("  MLP", layer.mlp),
-        ("one layer" if params.dense_layer is None else "one MoE layer", layer.total),
-        *(
-            [(f"one dense layer (the first {params.dense_layers})", params.dense_layer.total)]
-            if params.dense_layer is not None
-            else []
-        ),
+        *_layer_rows(params),
         (f"{params.num_layers} layers", params.layers),
         ("final norm", params.final_norm),
         ("lm head [h, v]" + (" (tied: 0)" if preset.model.tied_embeddings else ""), params.lm_head),

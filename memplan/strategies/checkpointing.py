@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
-from memplan.blocks import mlp, moe
+from memplan.blocks import llama4, mlp, moe
 from memplan.blocks.attention import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
@@ -55,6 +55,9 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
 
 def recompute(setup: Setup, dims: Dims) -> int:
     whole = profile_of(setup).checkpoint_reruns_all  # no early stop: nothing skipped
+    if setup.strategy.segment and llama4.applies(setup) and not llama4.is_uniform(setup.model):
+        # Llama 4's kinds of layer, one checkpoint each (every-K refused): each kind's re-run per layer
+        return sum(n * recompute(k, Dims.of(k)) // dims.layers for k, n in llama4.layer_kinds(setup))
     if setup.strategy.segment:
         layer_fwd = layer_linear_flops(setup, dims) + attention_core_flops(dims)
         # The last save of a segment with residual dropout is its mask, made after everything ran.

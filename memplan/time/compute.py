@@ -148,7 +148,8 @@ def elementwise_bytes(s: Setup) -> int:
         out += 2 * (2 * hidden * e + hidden)
     if m.position is PositionType.ROPE:
         out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * elementwise.rotary_bytes(s, e)
-    width = m.ffn * m.moe.top_k + m.moe.shared_width(m) if m.moe else m.ffn
+    routed = (m.moe.experts if m.moe.router_sigmoid else m.moe.top_k) if m.moe else 1  # MoEConfig.slots
+    width = m.ffn * routed + m.moe.shared_width(m) if m.moe else m.ffn
     per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
     out += per * tokens * width // par.tp
     if s.strategy.attention is Attention.EAGER:

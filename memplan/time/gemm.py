@@ -37,7 +37,9 @@ A mixture of experts' router [h, E] and shared-expert gate [h, 1] are narrow GEM
 truth) charged a whole 128-wide tile, which makes them slow per FLOP; they are few FLOPs. Every
 tensor-parallel rank runs them whole, while ``compute.stage_flops`` cuts every FLOP by tp: their shapes
 here weigh the efficiency, their FLOPs stay the cut ones. Routing is taken as balanced: every expert
-gets S/E slots (under expert parallelism a rank's E/ep experts S·ep/E each, the same FLOPs).
+gets S/E slots (under expert parallelism a rank's E/ep experts S·ep/E each, the same FLOPs); Llama 4's
+code runs every token through every expert (``MoEConfig.slots``: T rows each). NB a model of two layer
+kinds (Llama 4 Maverick's dense layers between MoE ones) weighs its efficiency by the MoE layer's GEMMs.
 """
 
 from __future__ import annotations

@@ -100,6 +100,8 @@ def test_shipped_moe_presets_and_aliases() -> None:
         "deepseek-v3",
         "gpt-oss-120b",
         "gpt-oss-20b",
+        "llama-4-maverick-17b-128e",
+        "llama-4-scout-17b-16e",
         "mixtral-8x22b",
         "mixtral-8x7b",
         "qwen1.5-moe-a2.7b",

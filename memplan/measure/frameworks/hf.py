@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Attention, Checkpointing, ExpertsImpl, Setup
+from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
@@ -49,7 +49,9 @@ def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
     config = hf_config(setup) if document is None else hf_config_of_file(setup, document)
     dtype = activation_dtype(setup)
     transformers.logging.set_verbosity_error()  # e.g. "use_cache=True is incompatible with checkpointing"
-    experts = {"experts_implementation": setup.impl.experts.value} if setup.model.moe else {}
+    # Llama 4's experts are its own bmm over every token: no experts_implementation to choose
+    choose = setup.model.moe and setup.model.code_family is not Family.LLAMA4
+    experts = {"experts_implementation": setup.impl.experts.value} if choose else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_config(
@@ -60,8 +62,12 @@ def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
 
 
 def layers_of(model: Any) -> list[Any]:
-    """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``)."""
+    """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``). Llama 4's causal LM
+    names ``language_model`` its base-model prefix but holds the text model as ``model``
+    (``Llama4ForCausalLM``), so ``base_model`` is the LM itself there."""
     base = model.base_model
+    if base is model and hasattr(model, "model"):
+        base = model.model
     return list(base.layers if hasattr(base, "layers") else base.h)
 
 

@@ -221,6 +221,27 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
     }
 
 
+def llama4_keys(setup: Setup) -> dict[str, Any]:
+    """Llama 4 (``Llama4TextConfig``): the Llama keys, the experts (one shared expert as wide as a routed
+    one), the dense layers between MoE ones, the NoPE layers, the chunk, the q/k norm and the temperature."""
+    m, moe = setup.model, setup.model.moe
+    assert moe is not None  # NB: blocks.hf.llama4.check refuses Llama 4 without [model.moe]
+    rope = [int(not m.is_nope_layer(i)) for i in range(m.num_layers)]
+    kinds = ["chunked_attention" if r and m.attn_chunk else "full_attention" for r in rope]
+    return llama_keys(setup) | {
+        "num_local_experts": moe.experts,
+        "num_experts_per_tok": moe.top_k,
+        "output_router_logits": False,
+        "interleave_moe_layer_step": m.moe_every or 1,
+        "intermediate_size_mlp": m.dense_ffn_size or m.ffn,
+        "no_rope_layers": rope,
+        "attention_chunk_size": m.attn_chunk,
+        "layer_types": kinds,
+        "use_qk_norm": m.qk_l2_norm,
+        "attn_temperature_tuning": m.attn_temperature,
+    }
+
+
 def starcoder2_keys(setup: Setup) -> dict[str, Any]:
     """StarCoder2 (``Starcoder2Config``): one ``use_bias`` for every linear, LayerNorm's ``norm_epsilon``,
     residual and embedding dropout, the sliding window (None: full causal)."""
@@ -365,4 +386,5 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.GPT_OSS: moe_keys,
     Family.DEEPSEEK_V2: deepseek_keys,
     Family.DEEPSEEK_V3: deepseek_keys,
+    Family.LLAMA4: llama4_keys,
 }
