@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.api import build_setup
-from memplan.config import AttentionChoice, Device, Impl, ImplConfig
+from memplan.config import AttentionChoice, Device, Impl, ImplConfig, Parallel
 from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
@@ -39,10 +39,31 @@ def test_titan_keeps_what_its_profile_says(batch: int) -> None:
         ("llama-3-8b", {"dropout": 0.1}, "dropout"),
         ("llama-3-8b", {"attention": AttentionChoice.EAGER}, "attention"),
         ("llama-3-8b", {"checkpointing": "every-2"}, "every-K"),
-        ("llama-3-8b", {"checkpointing": "selective"}, "selective"),
+        ("llama-3-8b", {"checkpointing": "selective"}, "SelectiveAC"),  # on CUDA: SDPA's outputs cached
+        (
+            "llama-3-8b",
+            {"checkpointing": "selective", "device": Device.CPU, "parallel": Parallel(tp=2)},
+            "SelectiveAC",
+        ),
         ("llama-3-8b", {"finetune": FineTune(method=Method.LORA)}, "finetune"),
     ],
 )
 def test_titan_refuses_what_it_does_not_model(model: str, options: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_setup(model, seq=512, impl=TITAN, **options)  # type: ignore[arg-type]
+
+
+def test_titan_selective_ac_keeps_every_other_mm() -> None:
+    """torchtitan's SelectiveAC on CPU: per block the checkpoint's input and the outputs of the 1st, 3rd and
+    5th mm (W_QKV, W1, W2); W_O, W3 and the CPU flash attention re-run (activation_checkpoint.py)."""
+    b, s, h, a, kv, d, f, L = 2, 1024, 4096, 32, 8, 128, 14336, 32
+    setup = build_setup(
+        "llama-3-8b", seq=s, batch=b, device=Device.CPU, impl=TITAN, checkpointing="selective"
+    )
+    t, bf16 = b * s, 2
+    per_layer = bf16 * (b * s * h + t * (a + 2 * kv) * d + t * f + t * h)
+    est = estimate(setup)
+    assert estimated_layers(est) == [per_layer] * L
+    wo_w3 = 2 * t * h * (a * d) + 2 * t * h * f
+    core = 2 * 2 * b * a * d * s * s  # QKᵀ and P·V as FlopCounterMode counts them (causal not halved)
+    assert est.flops.recompute == L * (wo_w3 + core)

@@ -155,6 +155,12 @@ class Profile:
     dtype (the layer input; before the MLP, W_O's output, re-added to it) and the fp32 rstd — the fp32
     upcast and the normalised x are recomputed; SwiGLU keeps gate, up and their product, not silu(g); the
     rest as eager (W_Q/W_K/W_V's input w·n, q and k after RoPE, v, the flash output and lse)."""
+    op_selective_checkpoint: bool = False
+    """``--checkpointing selective`` is torchtitan's ``SelectiveAC`` (distributed/activation_checkpoint.py):
+    each block under ``checkpoint_wrapper`` with a per-op policy (``create_selective_checkpoint_contexts``)
+    that caches the outputs of ``_get_default_save_ops()`` (``aten.mm`` among the partitioner's
+    ``compute_intensive_ops``, CUDA's SDPA ops, the comm ops) except every second mm of the block, and
+    recomputes the rest (``strategies.checkpointing.op_selective_keeps``), not the attention core alone."""
     rope_cache_per_layer: bool = False
     """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
     [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k

@@ -10,8 +10,10 @@ Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU). On a GPU torch may run a fused
   ``_fused_rms_norm`` kernel and torchtitan's SDPA prefers cuDNN attention; neither is checked here, so
   ``--device cuda`` estimates keep the CPU facts (with the CUDA flash RNG state the reference counts).
-- NB: torchtitan's ``SelectiveAC`` (per-op save list) is refused: its list holds CUDA's SDPA ops, not the
-  CPU flash kernel, so a CPU run would not show what a GPU run keeps.
+- NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``) is modelled on
+  CPU at tp 1: its save list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the attention's
+  outputs would be cached too (refused: ``config.setup.check_impl``); under TP the mm outputs are partial
+  sums and SP's reduce-scatter output is cached too (not measured, refused).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from memplan.config import Impl, Setup
 
 def profile(setup: Setup) -> Profile:
     """torchtitan's Llama 3: ``nn.RMSNorm`` (``F.rms_norm``), the complex rotary cache of each layer and
-    ``FullAC``'s re-run without early stop; the summed loss divided by the valid-token count (its labels
-    are not padded: ``cross_entropy_loss`` takes them as they are)."""
+    ``FullAC``'s re-run without early stop; ``SelectiveAC``'s per-op cache; the summed loss divided by the
+    valid-token count (its labels are not
+    padded: ``cross_entropy_loss`` takes them as they are)."""
     return Profile(
         impl=Impl.TORCHTITAN,
         rms_norm_fp32_product=True,
         rope_cache_per_layer=True,
         loss_over_token_count=True,
         checkpoint_reruns_all=True,
+        op_selective_checkpoint=True,
     )

@@ -392,12 +392,19 @@ def check_impl(setup: Setup) -> None:
                 "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
                 "use --attention flash"
             )
+        if s.checkpointing is Checkpointing.SELECTIVE and (setup.device is Device.CUDA or par.tp > 1):
+            raise ValueError(
+                "checkpointing: torchtitan's SelectiveAC is measured on CPU at tp 1 (on CUDA it also caches "
+                "the SDPA op's outputs, under TP the reduce-scatter's); use --device cpu and --tp 1"
+            )
     unmodelled = {
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
         "--cp": par.cp > 1,
         "--reversible": s.reversible,
-        "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
+        # torchtitan's SelectiveAC (per op) is modelled (strategies.checkpointing.titan_sac_keeps).
+        "--checkpointing selective": impl is not Impl.TORCHTITAN
+        and s.checkpointing is Checkpointing.SELECTIVE,
         # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
         "--checkpointing every-K": impl is Impl.TORCHTITAN and s.checkpointing is Checkpointing.EVERY_K,
         # LoRA's saves along the gradient flow (strategies/lora.py) are not checked against torchtitan.

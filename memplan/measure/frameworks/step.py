@@ -184,8 +184,11 @@ def run_step(
     forward: Callable[[], torch.Tensor],
     checkpointed: bool,
     short: Callable[[str], str] = hf_path,
+    after_forward: Callable[[PathRecorder], None] | None = None,
 ) -> Measured:
-    """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer."""
+    """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer;
+    ``after_forward`` counts what the code keeps outside autograd's saved tensors (torchtitan's selective
+    checkpoint cache)."""
     meter = FlopMeter()
     recorder = PathRecorder(model, short)
     state = {"backward": False}
@@ -195,6 +198,8 @@ def run_step(
         stack.enter_context(recorder)
         with meter.phase("forward"):
             loss = forward()
+        if after_forward is not None:
+            after_forward(recorder)
         ops = {} if checkpointed else op_names(loss)
         state["backward"] = True
         with recorder.pause(), meter.phase("backward"):

@@ -10,30 +10,35 @@ complex64, as FSDP casts parameters only), runs forward, torchtitan's loss as it
 the int64 count of valid labels, ``global_valid_tokens``) and backward, and records every
 saved storage per decoder layer (``memplan.measure.frameworks.step.run_step``). ``--checkpointing full`` is
 torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
-non-reentrant, on every block).
+non-reentrant, on every block); ``--checkpointing selective`` is its ``SelectiveAC`` (the per-op policy,
+default config), whose cache of saved op outputs is counted per layer after forward (``keep_sac``).
 
 Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
   language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
-- NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
-  are refused (``memplan.config.setup.check_impl``).
+- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA or under TP
+  (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
 
 from memplan.config import Checkpointing, Setup
-from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
+from memplan.measure.instruments.record import layer_scope
 from memplan.measure.runs.run import make_batch
 
 INSTALL = "pip install 'memplan[torchtitan]'"
@@ -75,11 +80,14 @@ def titan_config(setup: Setup) -> Any:
     tt, m = require_torchtitan(), setup.model
     common, utils = tt.common, tt.utils
     h, v = m.hidden_size, m.vocab_size
-    norm = common.RMSNorm.Config(normalized_shape=h, eps=m.norm_eps)
+
+    def norm() -> Any:  # one config per norm: the sharding plan sets the final norm's apart from the layers'
+        return common.RMSNorm.Config(normalized_shape=h, eps=m.norm_eps)
+
     rope = common.ComplexRoPE.Config(dim=m.dim, max_seq_len=setup.training.seq_len, theta=m.rope_theta)
     layer = tt.model.Llama3TransformerBlock.Config(
-        attention_norm=norm,
-        ffn_norm=norm,
+        attention_norm=norm(),
+        ffn_norm=norm(),
         attention=utils.make_gqa_config(
             dim=h,
             n_heads=m.num_heads,
@@ -98,7 +106,7 @@ def titan_config(setup: Setup) -> Any:
         vocab_size=v,
         enable_weight_tying=m.tied_embeddings,
         tok_embeddings=common.Embedding.Config(num_embeddings=v, embedding_dim=h),
-        norm=norm,
+        norm=norm(),
         lm_head=common.Linear.Config(in_features=h, out_features=v),
         layers=[layer] * m.num_layers,
     )
@@ -114,10 +122,48 @@ def build(setup: Setup) -> Any:
         model = titan_config(setup).build()
     finally:
         torch.set_default_dtype(default)
-    if setup.strategy.checkpointing is Checkpointing.FULL:
+    checkpointing = setup.strategy.checkpointing
+    if checkpointing is Checkpointing.FULL:
         tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
+    elif checkpointing is Checkpointing.SELECTIVE:  # SelectiveAC.Config's defaults, as the trainer's
+        tt.ac.SelectiveAC(tt.ac.SelectiveAC.Config()).apply(model)
     model.train()
     return model
+
+
+def capture_sac(layers: list[Any]) -> dict[int, Any]:
+    """Each ``SelectiveAC`` block's cache: its ``checkpoint_fn``'s ``context_fn`` wrapped so the storage of
+    the caching mode it makes (``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the
+    outputs of the ops the policy saves, held from forward to the block's backward) is kept per layer."""
+    caches: dict[int, Any] = {}
+    for i, layer in enumerate(layers):
+        fn = layer.checkpoint_fn  # partial(torch.utils.checkpoint.checkpoint, context_fn=..., ...)
+        make = fn.keywords["context_fn"]
+
+        def context_fn(make: Any = make, i: int = i) -> Any:
+            modes = make()
+            caches[i] = modes[0].storage  # op key → {call index → outputs or _RECOMPUTE}
+            return modes
+
+        layer.checkpoint_fn = partial(fn.func, *fn.args, **{**fn.keywords, "context_fn": context_fn})
+    return caches
+
+
+def keep_sac(caches: dict[int, Any]) -> Callable[[PathRecorder], None]:
+    """After forward: every tensor a block's SAC cache holds counted as kept by that layer
+    (``sac · <op>``); the ops it recomputes hold nothing until backward."""
+
+    def after_forward(recorder: PathRecorder) -> None:
+        for i, storage in caches.items():
+            with layer_scope(i):
+                for key, calls in storage.items():
+                    for out in calls.values():
+                        for leaf in tree_leaves(out):
+                            t = getattr(leaf, "val", None)  # _VersionWrapper(tensor); _RECOMPUTE has none
+                            if isinstance(t, torch.Tensor):
+                                recorder.keep(t, f"sac · {key}")
+
+    return after_forward
 
 
 def titan_path(path: str) -> str:
@@ -144,4 +190,6 @@ def measure_titan(setup: Setup, fake: bool = True) -> Measured:
             return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
 
         checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
-        return run_step(model, layers, forward, checkpointed, titan_path)
+        selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+        after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
+        return run_step(model, layers, forward, checkpointed, titan_path, after)
