@@ -67,3 +67,23 @@ def test_titan_selective_ac_keeps_every_other_mm() -> None:
     wo_w3 = 2 * t * h * (a * d) + 2 * t * h * f
     core = 2 * 2 * b * a * d * s * s  # QKᵀ and P·V as FlopCounterMode counts them (causal not halved)
     assert est.flops.recompute == L * (wo_w3 + core)
+
+
+def test_titan_tp_sp_keeps_the_gathered_inputs() -> None:
+    """tp 2 with SP against the reference's (Megatron's layout): torchtitan's module-boundary all-gathers
+    keep W_QKV's, W1/W3's and the lm head's input whole, the vocabulary-parallel embedding its mask, and
+    ``_LossParallelCrossEntropy`` no fp32 normaliser (blocks/profile.py)."""
+    b, s, h, d, t = 1, 1024, 4096, 128, 2
+    par = Parallel(tp=t, sp=True)
+    ref = build_setup("llama-3-8b", seq=s, batch=b, device=Device.CPU, parallel=par)
+    titan = build_setup("llama-3-8b", seq=s, batch=b, device=Device.CPU, impl=TITAN, parallel=par)
+    normed = 2 * b * (s // t) * h  # F.rms_norm's fp32 normalised x (4 B, not 2) on the s/t tokens
+    rope = s * (d // 2) * 8  # each layer's complex64 cache, whole
+    gathered = 2 * b * s * h - 2 * b * (s // t) * h  # [T, h] kept instead of Megatron's [T/t, h]
+    per_layer = 2 * normed + rope + 2 * gathered
+    r, tt = estimate(ref), estimate(titan)
+    assert [x - y for x, y in zip(estimated_layers(tt), estimated_layers(r), strict=True)] == [per_layer] * 32
+    cos_sin = 2 * s * d * 2  # the reference's shared bf16 cos and sin tables, absent
+    mask, count, total_weight = b * s * 2, 8, 4  # embedding's bf16 [b, s, 1]; int64 count; fp32 scalar
+    model = normed + gathered - cos_sin + mask + count - total_weight
+    assert tt.activations - r.activations == 32 * per_layer + model

@@ -24,7 +24,9 @@ from memplan.config import Impl, Setup
 
 def profile(setup: Setup) -> Profile:
     """torchtitan's Llama 3: ``nn.RMSNorm`` (``F.rms_norm``), the complex rotary cache of each layer and
-    ``FullAC``'s re-run without early stop; ``SelectiveAC``'s per-op cache; the summed loss divided by the
+    ``FullAC``'s re-run without early stop; ``SelectiveAC``'s per-op cache; under TP/SP
+    the vocabulary-parallel embedding's mask, the loss-parallel function's saves and the gathered inputs
+    of the sequence-parallel plan; the summed loss divided by the
     valid-token count (its labels are not
     padded: ``cross_entropy_loss`` takes them as they are)."""
     return Profile(
@@ -34,4 +36,7 @@ def profile(setup: Setup) -> Profile:
         loss_over_token_count=True,
         checkpoint_reruns_all=True,
         op_selective_checkpoint=True,
+        vocab_parallel_embedding_mask=True,
+        loss_parallel_function=True,
+        sp_module_gather=True,
     )

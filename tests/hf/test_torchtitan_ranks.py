@@ -1,0 +1,54 @@
+"""One rank of torchtitan's own parallelised Llama 3 (``--impl torchtitan`` with --tp/--sp and FSDP2 over dp)
+on torch's fake process group, against the estimate: saved bytes per layer and in total equal to the byte,
+and the rank's parameter bytes (TP shard, FSDP2's dim-0 shard).
+
+The estimate's torchtitan facts under TP/SP (blocks/profile.py): SP gathers the attention's and the FFN's
+input at the module boundary and the final norm's output before the lm head, and W_QKV, W1/W3 and the lm
+head keep the gathered [T, h] (Megatron: [T/t, h]); the vocabulary-parallel embedding keeps its [b, s, 1]
+mask; ``_LossParallelCrossEntropy`` keeps the fp32 log-probs [T, v/t] and the labels, no normaliser.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")
+
+from memplan.config import Impl, Setup, ZeroStage
+from memplan.engine import estimate
+from memplan.measure.compare.tensors import estimated_layers
+from memplan.measure.distributed.titan import measure_titan_rank
+from tests.hf.harness import hf_setup
+
+
+def ranked(setup: Setup, tp: int, sp: bool, dp: int = 1, zero: int = 0) -> Setup:
+    """``setup`` on tp × dp ranks, validated again (the setup's checks run on the new layout)."""
+    data = setup.model_dump()
+    data["parallel"] = {**data["parallel"], "tp": tp, "sp": sp}
+    data["strategy"] = {**data["strategy"], "dp": dp, "zero": ZeroStage(zero)}
+    return Setup.model_validate(data)
+
+
+@pytest.mark.parametrize(("sp", "dp", "zero"), [(False, 1, 0), (True, 1, 0), (True, 2, 3)])
+def test_tp_rank_saves_what_the_estimate_says(sp: bool, dp: int, zero: int) -> None:
+    setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    meas = run.measured
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    # By hand, per layer, tp 2 (a/t = 16 heads, kv/t = 4, f/t = 7168), b = 1, s = 256, h = 4096, bf16:
+    b, s, h, t = 1, 256, 4096, 2
+    norm = 2 * (b * (s // t if sp else s) * h * 4) + b * (s // t if sp else s) * 4  # fp32 x, x·rstd; rstd
+    gathered = b * s * h * 2  # W_QKV's and W1/W3's input, whole with or without SP
+    attn = b * s * 64 * 8 + (16 + 4 + 4 + 16) * b * s * 128 * 2 + 16 * b * s * 4  # rope, q k v out, lse
+    mlp = 4 * b * s * 7168 * 2
+    assert meas.layer_bytes(0) == 2 * norm + 2 * gathered + attn + mlp
+
+
+def test_fsdp2_rank_holds_its_shard() -> None:
+    """tp 2 × dp 2, ZeRO-3 (reshard_after_forward) and ZeRO-2 (not): the rank's parameters are the TP
+    shard split over dp along dim 0 (every dim-0 here divisible by 2: no padding)."""
+    base = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN)
+    whole = measure_titan_rank(ranked(base, 2, True)).param_bytes
+    for zero in (2, 3):
+        assert measure_titan_rank(ranked(base, 2, True, 2, zero)).param_bytes * 2 == whole
