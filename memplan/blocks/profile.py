@@ -176,6 +176,11 @@ class Profile:
     ``Replicate`` before the lm head: W_QKV, W1 and W3 (one storage), and the lm head keep the gathered
     [T, h] (``Role.LINEAR_INPUT`` stays whole), where Megatron keeps the s/t shard and gathers again in
     backward (Korthikanti §4.2.3)."""
+    fsdp2_dim0_shards: bool = False
+    """FSDP2's ``fully_shard`` (torchtitan's ``apply_fsdp_to_decoder``) shards every parameter on its own
+    along dim 0, padded to a multiple of the shard count (``FSDPParam._init_sharded_param``:
+    ``torch.chunk`` then ``padded_sharded_param_size`` = the first chunk's): a rank holds Σ ⌈dim0/Nd⌉·rest
+    elements (``blocks.torchtitan.fsdp2_shard_elements``), not DeepSpeed's ⌈Ψ/Nd⌉ of one flat buffer."""
     rope_cache_per_layer: bool = False
     """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
     [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k

@@ -52,3 +52,28 @@ def test_fsdp2_rank_holds_its_shard() -> None:
     whole = measure_titan_rank(ranked(base, 2, True)).param_bytes
     for zero in (2, 3):
         assert measure_titan_rank(ranked(base, 2, True, 2, zero)).param_bytes * 2 == whole
+
+
+def test_full_scale_rank_of_8192() -> None:
+    """Llama 3 70B's widths (2 of its layers), seq 8192, tp 8 with SP × dp 1,024 under ZeRO-3: rank 0 of
+    8,192 on the fake process group keeps what the estimate says to the byte, and holds FSDP2's padded
+    dim-0 shards (Σ ⌈dim0/1024⌉·rest, not ⌈Ψ/1024⌉)."""
+    setup = ranked(hf_setup("llama-3-70b", seq=8192, impl=Impl.TORCHTITAN), 8, True, 1024, 3)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+    # The TP rank's parameters (h 8192, a/t 8, kv/t 1, d 128, f/t 3584, v/t 16032), each cut along dim 0
+    # into 1,024 chunks, every shard padded to the first chunk's rows:
+    h, dp = 8192, 1024
+    rows = -(-16032 // dp)  # 16 of the vocabulary's 16,032 rows (15.66 → 16)
+    layer = (
+        -(-((8 + 2) * 128) // dp) * h  # wqkv [1280, h]: 2 rows
+        + -(-h // dp) * 1024  # wo [h, 1024]: 8 rows
+        + 2 * -(-3584 // dp) * h  # w1, w3 [3584, h]: 4 rows each
+        + -(-h // dp) * 3584  # w2 [h, 3584]: 8 rows
+        + 2 * -(-h // dp)  # two norms [h]: 8 each
+    )
+    elements = 2 * rows * h + 2 * layer + -(-h // dp)  # embedding, lm head; 2 layers; the final norm
+    assert run.param_bytes == est.device.states.weights == 2 * elements  # bf16
+    flat = -(-(2 * 16032 * h + 2 * (1280 * h + h * 1024 + 3 * 3584 * h + 2 * h) + h) // dp)
+    assert elements - flat == 34_304  # what DeepSpeed's flat ⌈Ψ/Nd⌉ would miss: 7.4 %

@@ -176,3 +176,37 @@ def measure_titan_rank(setup: Setup, rank: int = 0) -> RankRun:
             measured = run_step(model, layers, forward, checkpointed, titan_path, after, RankPathRecorder)
             params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
     return RankRun(measured, params)
+
+
+def needs_ranks(setup: Setup) -> bool:
+    """``trace --impl torchtitan`` over more than one rank (tp or dp > 1): one rank on the fake group."""
+    return setup.parallel.tp > 1 or setup.strategy.dp > 1
+
+
+def rank_comparison_json(est: Any, run: RankRun) -> dict[str, Any]:
+    """``trace --impl torchtitan`` on one rank: the saved tensors as ``impl_comparison_json`` compares them,
+    and the rank's parameter bytes at rest against the estimate's weights (FSDP2's ZeRO-2 holds them
+    sharded at rest, ``blocks.torchtitan``'s NB: compared with the ZeRO-3 shard). NB: FLOPs are shown, not
+    judged: ``FlopCounterMode`` counts a DTensor op at its global shape and the ``local_map`` attention
+    at the rank's, so neither the model's nor the rank's work."""
+    from memplan.measure.compare.impl import impl_comparison_json
+
+    setup = est.setup
+    result = impl_comparison_json(est, run.measured)
+    weights = est.device.states.weights
+    if setup.strategy.zero is ZeroStage.GRADIENTS and setup.strategy.dp > 1:
+        weights = estimate_zero3(setup).device.states.weights
+    equal = weights == run.param_bytes
+    result["diff"]["weights"] = {"estimated": weights, "measured": run.param_bytes, "equal": equal}
+    result["diff"]["equal"] = result["diff"]["equal"] and equal
+    result["diff"]["exact"] = result["diff"]["exact"] and equal
+    result["rank"] = {"rank": 0, "world": world_size(setup), "tp": setup.parallel.tp, "dp": setup.strategy.dp}
+    return result
+
+
+def estimate_zero3(setup: Setup) -> Any:
+    """The estimate of ``setup`` under ZeRO-3 (its weights: FSDP2's shard at rest)."""
+    from memplan.engine import estimate
+
+    strategy = setup.strategy.model_copy(update={"zero": ZeroStage.PARAMETERS})
+    return estimate(setup.model_copy(update={"strategy": strategy}))
