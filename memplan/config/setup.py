@@ -392,6 +392,11 @@ def check_impl(setup: Setup) -> None:
                 "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
                 "use --attention flash"
             )
+        if s.zero is ZeroStage.OPTIMIZER and s.dp > 1:
+            raise ValueError(
+                "zero: torchtitan shards over dp with FSDP2 only (ZeRO-2 reshard_after_forward=False, "
+                "ZeRO-3 True) and has no ZeRO-1; use --zero 0, 2 or 3"
+            )
         if s.checkpointing is Checkpointing.SELECTIVE and (setup.device is Device.CUDA or par.tp > 1):
             raise ValueError(
                 "checkpointing: torchtitan's SelectiveAC is measured on CPU at tp 1 (on CUDA it also caches "

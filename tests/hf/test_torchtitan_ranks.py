@@ -10,6 +10,8 @@ mask; ``_LossParallelCrossEntropy`` keeps the fp32 log-probs [T, v/t] and the la
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("torchtitan.models.llama3")
@@ -77,3 +79,41 @@ def test_full_scale_rank_of_8192() -> None:
     assert run.param_bytes == est.device.states.weights == 2 * elements  # bf16
     flat = -(-(2 * 16032 * h + 2 * (1280 * h + h * 1024 + 3 * 3584 * h + 2 * h) + h) // dp)
     assert elements - flat == 34_304  # what DeepSpeed's flat ⌈Ψ/Nd⌉ would miss: 7.4 %
+
+
+@pytest.mark.parametrize(("sp", "zero"), [(True, 3), (False, 2)])
+def test_real_tensors_save_what_fake_ones_do(sp: bool, zero: int) -> None:
+    """The tiny model on tp 2 × dp 2 with real (uninitialised) tensors over the fake group saves the same
+    storages and holds the same parameters as under fake tensors, and both equal the estimate."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, 2, zero)
+    real, fake = measure_titan_rank(setup, fake=False), measure_titan_rank(setup)
+    assert [(r.shape, r.dtype, r.bytes) for r in real.measured.records] == [
+        (r.shape, r.dtype, r.bytes) for r in fake.measured.records
+    ]
+    assert real.param_bytes == fake.param_bytes
+    est = estimate(setup)
+    assert estimated_layers(est) == [real.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == real.measured.activations
+
+
+def test_zero1_is_refused() -> None:
+    with pytest.raises(ValueError, match="no ZeRO-1"):
+        ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 2, 1)
+
+
+def test_trace_cli_runs_one_rank() -> None:
+    """``memplan trace --impl torchtitan --tp 2 --sp --zero 3 --dp 2``: rank 0 of 4, exact, exit 0; the
+    rich report renders the same result."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--tp", "2", "--sp"]
+    args += ["--zero", "3", "--dp", "2", "--device", "cpu"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["diff"]["exact"] and out["diff"]["weights"]["equal"]
+    assert out["rank"] == {"rank": 0, "world": 4, "tp": 2, "dp": 2}
+    assert runner.invoke(app, args).exit_code == 0

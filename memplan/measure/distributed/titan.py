@@ -27,7 +27,7 @@ Known limitations:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,12 +155,13 @@ class RankPathRecorder(PathRecorder):
         return super()._info(local(t))
 
 
-def measure_titan_rank(setup: Setup, rank: int = 0) -> RankRun:
-    """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3."""
+def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True) -> RankRun:
+    """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3; ``fake=False``
+    materialises real (uninitialised) tensors, for small models: the collectives still move nothing."""
     tt = require_torchtitan()
     with fake_world(rank, world_size(setup)):
         model = build_rank(setup)
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
             ids, labels = make_batch(setup, "cpu")
             layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
