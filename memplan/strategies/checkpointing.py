@@ -12,6 +12,13 @@ whose last saving op is a matmul never re-runs that matmul: a segment ending in 
 skips P·V. The flash kernel saves its outputs, so it always re-runs. A checkpoint without early stop
 re-runs whole regions (``Profile.checkpoint_reruns_all``: Megatron's own checkpoint, torchtitan's
 ``FullAC``; transformers' with ``use_reentrant=True``).
+
+torchtitan's ``SelectiveAC`` (``Profile.op_selective_checkpoint``) is a per-op policy: each block keeps its
+input and the outputs of every other mm (``op_selective_rules``), and re-runs the rest.
+
+Known limitations:
+- NB: under ``SelectiveAC`` the peak's layer-backward moment (``analytic.peak``) is still the attention-core
+  re-run's: the block's re-run saves during its backward are not modelled per op (the saves and FLOPs are).
 """
 
 from __future__ import annotations
