@@ -40,11 +40,6 @@ def test_titan_keeps_what_its_profile_says(batch: int) -> None:
         ("llama-3-8b", {"attention": AttentionChoice.EAGER}, "attention"),
         ("llama-3-8b", {"checkpointing": "every-2"}, "every-K"),
         ("llama-3-8b", {"checkpointing": "selective"}, "SelectiveAC"),  # on CUDA: SDPA's outputs cached
-        (
-            "llama-3-8b",
-            {"checkpointing": "selective", "device": Device.CPU, "parallel": Parallel(tp=2)},
-            "SelectiveAC",
-        ),
         ("llama-3-8b", {"finetune": FineTune(method=Method.LORA)}, "finetune"),
     ],
 )

@@ -160,7 +160,7 @@ class Profile:
     each block under ``checkpoint_wrapper`` with a per-op policy (``create_selective_checkpoint_contexts``)
     that caches the outputs of ``_get_default_save_ops()`` (``aten.mm`` among the partitioner's
     ``compute_intensive_ops``, CUDA's SDPA ops, the comm ops) except every second mm of the block, and
-    recomputes the rest (``strategies.checkpointing.op_selective_keeps``), not the attention core alone."""
+    recomputes the rest (``strategies.checkpointing.op_selective_rules``), not the attention core alone."""
     vocab_parallel_embedding_mask: bool = False
     """torchtitan's ``Embedding.forward`` under TP (models/common/embedding.py): the rank looks up its v/t
     rows and zeroes the other ranks' tokens with ``out * mask.unsqueeze(-1).to(out.dtype)``: the Mul keeps

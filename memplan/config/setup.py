@@ -397,10 +397,10 @@ def check_impl(setup: Setup) -> None:
                 "zero: torchtitan shards over dp with FSDP2 only (ZeRO-2 reshard_after_forward=False, "
                 "ZeRO-3 True) and has no ZeRO-1; use --zero 0, 2 or 3"
             )
-        if s.checkpointing is Checkpointing.SELECTIVE and (setup.device is Device.CUDA or par.tp > 1):
+        if s.checkpointing is Checkpointing.SELECTIVE and setup.device is Device.CUDA:
             raise ValueError(
-                "checkpointing: torchtitan's SelectiveAC is measured on CPU at tp 1 (on CUDA it also caches "
-                "the SDPA op's outputs, under TP the reduce-scatter's); use --device cpu and --tp 1"
+                "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
+                "op's outputs); use --device cpu"
             )
     unmodelled = {
         # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).

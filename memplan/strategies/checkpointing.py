@@ -49,16 +49,43 @@ def op_selective(setup: Setup) -> bool:
     return selective and profile_of(setup).op_selective_checkpoint
 
 
-def op_selective_rules(dims: Dims) -> list[Rule]:
+def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """What one block under torchtitan's ``SelectiveAC`` keeps from forward to its backward (measured:
     measure/frameworks/titan.py ``keep_sac``). ``checkpoint_wrapper`` keeps the block's input; the policy
     (``SelectiveAC._wrap_block``) counts the block's ``aten.mm`` calls — ``nn.Linear`` on a 3-d input is
     ``view → mm → _unsafe_view`` on CPU — and caches the outputs of calls 1, 3, 5 (a call whose count is
     even is ``PREFER_RECOMPUTE``): with the fused ``wqkv`` they are W_QKV's [T, (a + 2·kv)·d], W1's [T, f]
     and W2's [T, h] (``w2(silu(w1(x)) * w3(x))``); W_O and W3 are recomputed. The CPU flash SDPA op
-    (``_scaled_dot_product_flash_attention_for_cpu``) is not in the save list: recomputed."""
+    (``_scaled_dot_product_flash_attention_for_cpu``) is not in the save list: recomputed. Under TP the mm
+    outputs are the rank's (``dims`` of ``tp_model``; W2's a partial sum [T, h]); under SP the
+    reduce-scatters after W_O and W2 (``_c10d_functional.reduce_scatter_tensor``, in the comm save list)
+    are cached too, [b, s/t, h] each (the all-gathers and all-reduces are not: re-issued in the re-run)."""
     t, act = dims.tokens, dims.act
+    par = setup.parallel
+    scattered = (
+        [
+            save(
+                Block.ATTN,
+                "wo_reduce_scatter",
+                (dims.b, dims.s, dims.h),
+                act,
+                Role.RESIDUAL,
+                "SAC cache: reduce_scatter_tensor after W_O (SP)",
+            ),
+            save(
+                Block.MLP,
+                "w2_reduce_scatter",
+                (dims.b, dims.s, dims.h),
+                act,
+                Role.RESIDUAL,
+                "SAC cache: reduce_scatter_tensor after W2 (SP)",
+            ),
+        ]
+        if par.sp and par.tp > 1
+        else []
+    )
     return [
+        *scattered,
         # Tagged as the block's first norm (a layer group), not a segment's input (Block.CHECKPOINT).
         save(
             Block.ATTN_NORM,
@@ -94,7 +121,9 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
         first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
         rest = [k for k in kept if k.scope is not Scope.LAYER]
         dims = Dims.of(setup)
-        return rest[:first] + act.kept(op_selective_rules(dims), Scope.LAYER, dims.layers) + rest[first:]
+        return (
+            rest[:first] + act.kept(op_selective_rules(setup, dims), Scope.LAYER, dims.layers) + rest[first:]
+        )
     if not setup.strategy.segment:
         return kept
     dims = Dims.of(setup)

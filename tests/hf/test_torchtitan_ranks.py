@@ -47,6 +47,21 @@ def test_tp_rank_saves_what_the_estimate_says(sp: bool, dp: int, zero: int) -> N
     assert meas.layer_bytes(0) == 2 * norm + 2 * gathered + attn + mlp
 
 
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_rank_under_selective_ac(sp: bool) -> None:
+    """torchtitan's SelectiveAC on a tp 2 rank: the block input, the rank's cached mm outputs (W2's a
+    partial sum [T, h]) and, under SP, the two reduce-scatter outputs the comm save list caches."""
+    setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing="selective"), 2, sp)
+    est, meas = estimate(setup), measure_titan_rank(setup).measured
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    b, s, h, t = 1, 256, 4096, 2
+    local = b * (s // t if sp else s) * h * 2  # the block's input: the sequence shard under SP
+    mms = b * s * (16 + 2 * 4) * 128 * 2 + b * s * 7168 * 2 + b * s * h * 2  # W_QKV, W1, W2 (partial)
+    scattered = 2 * b * (s // t) * h * 2 if sp else 0  # reduce_scatter_tensor after W_O and W2
+    assert meas.layer_bytes(0) == local + mms + scattered
+
+
 def test_fsdp2_rank_holds_its_shard() -> None:
     """tp 2 × dp 2, ZeRO-3 (reshard_after_forward) and ZeRO-2 (not): the rank's parameters are the TP
     shard split over dp along dim 0 (every dim-0 here divisible by 2: no padding)."""

@@ -17,7 +17,7 @@ Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
   language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
-- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA or under TP
+- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA
   (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 """
