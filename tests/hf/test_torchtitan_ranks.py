@@ -132,3 +132,12 @@ def test_trace_cli_runs_one_rank() -> None:
     assert out["diff"]["exact"] and out["diff"]["weights"]["equal"]
     assert out["rank"] == {"rank": 0, "world": 4, "tp": 2, "dp": 2}
     assert runner.invoke(app, args).exit_code == 0
+
+
+def test_tp_fsdp2_rank_under_full_ac() -> None:
+    """FullAC on a tp 2 + SP × dp 2 ZeRO-3 rank: each block keeps its input, the sequence shard
+    [b, s/t, h] (1 × 128 × 4096 bf16 = 1 MiB), and nothing else; the model level as without checkpointing."""
+    setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing="full"), 2, True, 2, 3)
+    est, meas = estimate(setup), measure_titan_rank(setup).measured
+    assert [meas.layer_bytes(i) for i in range(2)] == estimated_layers(est) == [128 * 4096 * 2] * 2
+    assert est.activations == meas.activations
