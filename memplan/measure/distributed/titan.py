@@ -35,19 +35,12 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Checkpointing, Setup, ZeroStage
+from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
-from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
-from memplan.measure.frameworks.titan import (
-    capture_sac,
-    keep_sac,
-    require_torchtitan,
-    titan_config,
-    titan_path,
-)
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype
+from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config, titan_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
-from memplan.measure.runs.run import make_batch
 
 
 @dataclass(frozen=True)
@@ -106,7 +99,7 @@ def reshard_policy(setup: Setup) -> str:
 def build_rank(setup: Setup) -> Any:
     """The rank's model on the meta device, parallelised as torchtitan's ``parallelize_llama`` does
     (TP, then activation checkpointing, then FSDP2), in training mode."""
-    tt = require_torchtitan()
+    require_torchtitan()
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
@@ -123,10 +116,7 @@ def build_rank(setup: Setup) -> Any:
     dims = parallel_dims(setup)
     if par.tp > 1:
         model.parallelize(dims)
-    if s.checkpointing is Checkpointing.FULL:
-        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
-    elif s.checkpointing is Checkpointing.SELECTIVE:
-        tt.ac.SelectiveAC(tt.ac.SelectiveAC.Config()).apply(model)
+    apply_ac(model, setup)
     if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
         apply_fsdp_to_decoder(
             model,
@@ -158,23 +148,11 @@ class RankPathRecorder(PathRecorder):
 def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True) -> RankRun:
     """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3; ``fake=False``
     materialises real (uninitialised) tensors, for small models: the collectives still move nothing."""
-    tt = require_torchtitan()
     with fake_world(rank, world_size(setup)):
         model = build_rank(setup)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
-            ids, labels = make_batch(setup, "cpu")
-            layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
-            loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
-            tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
-
-            def forward() -> torch.Tensor:
-                return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
-
-            checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
-            selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
-            after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
-            measured = run_step(model, layers, forward, checkpointed, titan_path, after, RankPathRecorder)
+            measured = titan_step(model, setup, RankPathRecorder)
             params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
     return RankRun(measured, params)
 

@@ -114,21 +114,26 @@ def titan_config(setup: Setup) -> Any:
 
 def build(setup: Setup) -> Any:
     """torchtitan's Llama 3 for ``setup``, its parameters in the activation dtype, in training mode (call
-    under a fake mode), and ``FullAC`` applied under ``--checkpointing full``."""
-    tt = require_torchtitan()
+    under a fake mode), and its activation checkpointing (``apply_ac``)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))  # the cache is computed in fp32 explicitly: complex64
     try:
         model = titan_config(setup).build()
     finally:
         torch.set_default_dtype(default)
-    checkpointing = setup.strategy.checkpointing
-    if checkpointing is Checkpointing.FULL:
-        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
-    elif checkpointing is Checkpointing.SELECTIVE:  # SelectiveAC.Config's defaults, as the trainer's
-        tt.ac.SelectiveAC(tt.ac.SelectiveAC.Config()).apply(model)
+    apply_ac(model, setup)
     model.train()
     return model
+
+
+def apply_ac(model: Any, setup: Setup) -> None:
+    """torchtitan's activation checkpointing for ``--checkpointing``: ``FullAC`` or ``SelectiveAC`` (their
+    configs' defaults, as the trainer's) on every block."""
+    tt, checkpointing = require_torchtitan(), setup.strategy.checkpointing
+    if checkpointing is Checkpointing.FULL:
+        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
+    elif checkpointing is Checkpointing.SELECTIVE:
+        tt.ac.SelectiveAC(tt.ac.SelectiveAC.Config()).apply(model)
 
 
 def capture_sac(layers: list[Any]) -> dict[int, Any]:
@@ -176,20 +181,24 @@ def titan_path(path: str) -> str:
 def measure_titan(setup: Setup, fake: bool = True) -> Measured:
     """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU."""
     torch.manual_seed(0)
-    tt = require_torchtitan()
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
-        model = build(setup)
-        ids, labels = make_batch(setup, "cpu")
-        layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
+        return titan_step(build(setup), setup)
 
-        loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
-        # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
-        tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
 
-        def forward() -> torch.Tensor:
-            return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
+def titan_step(model: Any, setup: Setup, recorder_type: type[PathRecorder] = PathRecorder) -> Measured:
+    """One step of a built torchtitan model (call under the fake mode, if any): torchtitan's loss as its
+    trainer calls it, every save recorded per layer, ``SelectiveAC``'s cache counted after forward."""
+    tt = require_torchtitan()
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
+    loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
+    # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
+    tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
 
-        checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
-        selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
-        after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
-        return run_step(model, layers, forward, checkpointed, titan_path, after)
+    def forward() -> torch.Tensor:
+        return loss_fn(model(ids), labels, global_valid_tokens=tokens)[0]
+
+    checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
+    return run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
