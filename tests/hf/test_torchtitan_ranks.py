@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
 import pytest
 
 pytest.importorskip("torchtitan.models.llama3")
@@ -20,6 +21,7 @@ from memplan.config import Impl, Setup, ZeroStage
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.distributed.titan import measure_titan_rank
+from memplan.schema_commands import command_schema
 from tests.hf.harness import hf_setup
 
 
@@ -131,6 +133,7 @@ def test_trace_cli_runs_one_rank() -> None:
     out = json.loads(result.stdout)
     assert out["diff"]["exact"] and out["diff"]["weights"]["equal"]
     assert out["rank"] == {"rank": 0, "world": 4, "tp": 2, "dp": 2}
+    jsonschema.validate(out, command_schema("trace"))
     assert runner.invoke(app, args).exit_code == 0
 
 
