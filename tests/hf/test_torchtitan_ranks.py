@@ -144,3 +144,13 @@ def test_tp_fsdp2_rank_under_full_ac() -> None:
     est, meas = estimate(setup), measure_titan_rank(setup).measured
     assert [meas.layer_bytes(i) for i in range(2)] == estimated_layers(est) == [128 * 4096 * 2] * 2
     assert est.activations == meas.activations
+
+
+def test_hsdp_rank_holds_its_group_shard() -> None:
+    """HSDP (--hsdp 2 of dp 4, tp 2, ZeRO-3): torchtitan's FSDP2 mesh [dp_replicate 2, fsdp 2] shards the
+    parameters over the 2 ranks of the group, so the rank holds half the TP shard, as at dp 2."""
+    base = ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 4, 3)
+    hsdp = base.model_copy(update={"strategy": base.strategy.model_copy(update={"hsdp": 2})})
+    run = measure_titan_rank(Setup.model_validate(hsdp.model_dump()))
+    half = measure_titan_rank(ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 2, 3))
+    assert run.param_bytes == half.param_bytes == estimate(hsdp).device.states.weights

@@ -9,9 +9,9 @@ sharding plan (``models/llama3/sharding.py`` ``set_llama3_sharding_config``: ``c
 embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dims)`` (the
 ``partial_dtensor`` SPMD backend: DTensor on the tensor-parallel axis), its ``FullAC`` / ``SelectiveAC``,
 and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
-``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2). The parameters are then materialised under
-``FakeTensorMode`` (``to_empty``) and one forward, torchtitan's loss and backward run, every saved storage
-recorded per layer by its local shard.
+``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
+``--hsdp``). The parameters are then materialised under ``FakeTensorMode`` (``to_empty``) and one forward,
+torchtitan's loss and backward run, every saved storage recorded per layer by its local shard.
 
 Known limitations:
 - NB: torchtitan 0.3.0's default backend is ``spmd_types`` (local tensors with explicit collectives); the
@@ -69,16 +69,17 @@ def world_size(setup: Setup) -> int:
 
 
 def parallel_dims(setup: Setup) -> Any:
-    """torchtitan's ``ParallelDims``: dp_shard = dp, tp, the ``partial_dtensor`` backend, on a CPU mesh."""
+    """torchtitan's ``ParallelDims``: dp_shard = dp (``--hsdp R``: R shards, dp / R replicas), tp, the
+    ``partial_dtensor`` backend, on a CPU mesh."""
     from torchtitan.distributed import ParallelDims, parallel_dims
     from torchtitan.distributed.utils import set_spmd_backend
 
     set_spmd_backend("partial_dtensor")  # what cross_entropy_loss and the modules read
     parallel_dims.device_type = "cpu"
-    tp, dp = setup.parallel.tp, setup.strategy.dp
+    tp, dp, shard = setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
     dims = ParallelDims(
-        dp_replicate=1,
-        dp_shard=dp,
+        dp_replicate=dp // shard,  # HSDP (--hsdp R): replicas of R-way shards
+        dp_shard=shard,
         cp=1,
         tp=tp,
         pp=1,
@@ -120,7 +121,7 @@ def build_rank(setup: Setup) -> Any:
     if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
         apply_fsdp_to_decoder(
             model,
-            dims.get_mesh(["fsdp"]),
+            dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
             param_dtype=activation_dtype(setup),
             reduce_dtype=torch.float32,
             pp_enabled=False,
