@@ -207,6 +207,9 @@ _DIFF = _obj(
             ),
         },
         "peak_relative_error": {"type": "number", "description": "profile: measured / estimated peak − 1"},
+        "weights": _obj(
+            {"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}}
+        ),  # trace --impl torchtitan over ranks: the rank's parameter bytes at rest
     },
     required=["equal", "tensors", "flops", "layers"],
 )
@@ -217,6 +220,8 @@ _TRACE = _obj(
         "diff": _DIFF,
         "seconds": _SECONDS,
         "ran_on": _NAME,
+        # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
+        "rank": _obj({"rank": _COUNT, "world": _COUNT, "tp": _COUNT, "dp": _COUNT}),
     },
     required=["estimated", "measured", "diff"],
 )

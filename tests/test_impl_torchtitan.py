@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.api import build_setup
-from memplan.config import AttentionChoice, Device, Impl, ImplConfig
+from memplan.config import AttentionChoice, Device, Impl, ImplConfig, Parallel
 from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
@@ -39,10 +39,46 @@ def test_titan_keeps_what_its_profile_says(batch: int) -> None:
         ("llama-3-8b", {"dropout": 0.1}, "dropout"),
         ("llama-3-8b", {"attention": AttentionChoice.EAGER}, "attention"),
         ("llama-3-8b", {"checkpointing": "every-2"}, "every-K"),
-        ("llama-3-8b", {"checkpointing": "selective"}, "selective"),
+        ("llama-3-8b", {"checkpointing": "selective"}, "SelectiveAC"),  # on CUDA: SDPA's outputs cached
         ("llama-3-8b", {"finetune": FineTune(method=Method.LORA)}, "finetune"),
     ],
 )
 def test_titan_refuses_what_it_does_not_model(model: str, options: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         build_setup(model, seq=512, impl=TITAN, **options)  # type: ignore[arg-type]
+
+
+def test_titan_selective_ac_keeps_every_other_mm() -> None:
+    """torchtitan's SelectiveAC on CPU: per block the checkpoint's input and the outputs of the 1st, 3rd and
+    5th mm (W_QKV, W1, W2); W_O, W3 and the CPU flash attention re-run (activation_checkpoint.py)."""
+    b, s, h, a, kv, d, f, L = 2, 1024, 4096, 32, 8, 128, 14336, 32
+    setup = build_setup(
+        "llama-3-8b", seq=s, batch=b, device=Device.CPU, impl=TITAN, checkpointing="selective"
+    )
+    t, bf16 = b * s, 2
+    per_layer = bf16 * (b * s * h + t * (a + 2 * kv) * d + t * f + t * h)
+    est = estimate(setup)
+    assert estimated_layers(est) == [per_layer] * L
+    wo_w3 = 2 * t * h * (a * d) + 2 * t * h * f
+    core = 2 * 2 * b * a * d * s * s  # QKᵀ and P·V as FlopCounterMode counts them (causal not halved)
+    assert est.flops.recompute == L * (wo_w3 + core)
+
+
+def test_titan_tp_sp_keeps_the_gathered_inputs() -> None:
+    """tp 2 with SP against the reference's (Megatron's layout): torchtitan's module-boundary all-gathers
+    keep W_QKV's, W1/W3's and the lm head's input whole, the vocabulary-parallel embedding its mask, and
+    ``_LossParallelCrossEntropy`` no fp32 normaliser (blocks/profile.py)."""
+    b, s, h, d, t = 1, 1024, 4096, 128, 2
+    par = Parallel(tp=t, sp=True)
+    ref = build_setup("llama-3-8b", seq=s, batch=b, device=Device.CPU, parallel=par)
+    titan = build_setup("llama-3-8b", seq=s, batch=b, device=Device.CPU, impl=TITAN, parallel=par)
+    normed = 2 * b * (s // t) * h  # F.rms_norm's fp32 normalised x (4 B, not 2) on the s/t tokens
+    rope = s * (d // 2) * 8  # each layer's complex64 cache, whole
+    gathered = 2 * b * s * h - 2 * b * (s // t) * h  # [T, h] kept instead of Megatron's [T/t, h]
+    per_layer = 2 * normed + rope + 2 * gathered
+    r, tt = estimate(ref), estimate(titan)
+    assert [x - y for x, y in zip(estimated_layers(tt), estimated_layers(r), strict=True)] == [per_layer] * 32
+    cos_sin = 2 * s * d * 2  # the reference's shared bf16 cos and sin tables, absent
+    mask, count, total_weight = b * s * 2, 8, 4  # embedding's bf16 [b, s, 1]; int64 count; fp32 scalar
+    model = normed + gathered - cos_sin + mask + count - total_weight
+    assert tt.activations - r.activations == 32 * per_layer + model

@@ -29,5 +29,8 @@ def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if setup.model.position is PositionType.LEARNED:
         why = "position ids for the position table's scatter-add"
         rules.append(save(B.EMBED, "positions", (s,), INT64, R.TOKEN_IDS, why))
+    if profile_of(setup).vocab_parallel_embedding_mask and setup.parallel.tp > 1:
+        why = "the rank's vocabulary mask, [b, s, 1] in A: d(embedding) = dY·mask"
+        rules.append(save(B.EMBED, "vocab_mask", (b, s, 1), dims.act, R.TOKEN_IDS, why))
     keeps = dropout_keeps(setup, dims.act)
     return rules + dropout_rule(B.EMBED, "dropout_mask", hidden_dropouts(setup)[1], (b, s, h), keeps)

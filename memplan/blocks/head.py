@@ -65,18 +65,22 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
         return xentropy_rules(setup, dims)
     b, s, h, v = dims.b, dims.s, dims.h, dims.v
     head = save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY")
-    if profile_of(setup).vocab_parallel_loss:
+    prof = profile_of(setup)
+    if prof.vocab_parallel_loss:
         return [head, *vocab_parallel_loss_rules(dims)]
+    log_probs = save(
+        B.LOSS,
+        "log_probs",
+        (b * s, v),
+        FP32,
+        R.LOG_PROBS,
+        "log_softmax output of the fp32 logits: d = p − onehot",
+    )
+    if prof.loss_parallel_function and setup.parallel.tp > 1:  # torchtitan's _LossParallelCrossEntropy
+        return [head, log_probs, labels_rule(setup, dims), *count_rules(setup)]
     return [
         head,
-        save(
-            B.LOSS,
-            "log_probs",
-            (b * s, v),
-            FP32,
-            R.LOG_PROBS,
-            "log_softmax output of the fp32 logits: d = p − onehot",
-        ),
+        log_probs,
         *softcap_rules(setup, dims),
         labels_rule(setup, dims),
         save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "nll_loss's normaliser (a fp32 scalar)"),

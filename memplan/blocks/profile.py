@@ -184,6 +184,32 @@ class Profile:
     dtype (the layer input; before the MLP, W_O's output, re-added to it) and the fp32 rstd — the fp32
     upcast and the normalised x are recomputed; SwiGLU keeps gate, up and their product, not silu(g); the
     rest as eager (W_Q/W_K/W_V's input w·n, q and k after RoPE, v, the flash output and lse)."""
+    op_selective_checkpoint: bool = False
+    """``--checkpointing selective`` is torchtitan's ``SelectiveAC`` (distributed/activation_checkpoint.py):
+    each block under ``checkpoint_wrapper`` with a per-op policy (``create_selective_checkpoint_contexts``)
+    that caches the outputs of ``_get_default_save_ops()`` (``aten.mm`` among the partitioner's
+    ``compute_intensive_ops``, CUDA's SDPA ops, the comm ops) except every second mm of the block, and
+    recomputes the rest (``strategies.checkpointing.op_selective_rules``), not the attention core alone."""
+    vocab_parallel_embedding_mask: bool = False
+    """torchtitan's ``Embedding.forward`` under TP (models/common/embedding.py): the rank looks up its v/t
+    rows and zeroes the other ranks' tokens with ``out * mask.unsqueeze(-1).to(out.dtype)``: the Mul keeps
+    the [b, s, 1] mask in the activation dtype (the whole sequence: the embedding's input is replicated)."""
+    loss_parallel_function: bool = False
+    """torchtitan's ``_LossParallelCrossEntropy`` (components/loss.py) under TP:
+    ``ctx.save_for_backward(log_probs, labels_1d)`` keeps the fp32 log-probs [T, v/t] and the int64 labels,
+    and no ``nll_loss`` normaliser (its backward is written out, no autograd ops)."""
+    sp_module_gather: bool = False
+    """torchtitan's sequence-parallel plan (models/common/decoder_sharding.py): the attention's and the
+    FFN's ``ShardingConfig`` redistribute x from the sequence shard to ``Replicate`` at the module
+    boundary (``in_dst_shardings``: one all-gather), and the final norm's ``out_dst_shardings`` is
+    ``Replicate`` before the lm head: W_QKV, W1 and W3 (one storage), and the lm head keep the gathered
+    [T, h] (``Role.LINEAR_INPUT`` stays whole), where Megatron keeps the s/t shard and gathers again in
+    backward (Korthikanti §4.2.3)."""
+    fsdp2_dim0_shards: bool = False
+    """FSDP2's ``fully_shard`` (torchtitan's ``apply_fsdp_to_decoder``) shards every parameter on its own
+    along dim 0, padded to a multiple of the shard count (``FSDPParam._init_sharded_param``:
+    ``torch.chunk`` then ``padded_sharded_param_size`` = the first chunk's): a rank holds Σ ⌈dim0/Nd⌉·rest
+    elements (``blocks.torchtitan.fsdp2_shard_elements``), not DeepSpeed's ⌈Ψ/Nd⌉ of one flat buffer."""
     rope_cache_per_layer: bool = False
     """torchtitan's ``ComplexRoPE`` (models/common/rope.py): every attention builds its own complex64 cache
     [max_seq_len, d/2] (a buffer, ``torch.polar``) and ``apply_rotary_emb`` multiplies the complex q and k

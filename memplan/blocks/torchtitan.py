@@ -15,24 +15,60 @@ Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU). On a GPU torch may run a fused
   ``_fused_rms_norm`` kernel and torchtitan's SDPA prefers cuDNN attention; neither is checked here, so
   ``--device cuda`` estimates keep the CPU facts (with the CUDA flash RNG state the reference counts).
-- NB: torchtitan's ``SelectiveAC`` (per-op save list) is refused: its list holds CUDA's SDPA ops, not the
-  CPU flash kernel, so a CPU run would not show what a GPU run keeps.
+- NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``) is modelled on
+  CPU: its save list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the attention's outputs
+  would be cached too (refused: ``config.setup.check_impl``).
+- NB: FSDP2's model states are counted in the precision recipe's split (16-bit weights, fp32 master);
+  torchtitan keeps fp32 sharded parameters and gradients (``MixedPrecisionPolicy``: bf16 only while
+  gathered), the same bytes per element in all under bf16-mixed AdamW. ``--zero 2``
+  (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from each unit's forward
+  to its backward: counted whole.
 """
 
 from __future__ import annotations
 
+import math
+
 from memplan.blocks.profile import Profile
-from memplan.config import Impl, Setup
+from memplan.config import Impl, ModelConfig, Setup
 
 
 def profile(setup: Setup) -> Profile:
     """torchtitan's Llama 3: ``nn.RMSNorm`` (``F.rms_norm``), the complex rotary cache of each layer and
-    ``FullAC``'s re-run without early stop; the summed loss divided by the valid-token count (its labels
-    are not padded: ``cross_entropy_loss`` takes them as they are)."""
+    ``FullAC``'s re-run without early stop; ``SelectiveAC``'s per-op cache; under TP/SP
+    the vocabulary-parallel embedding's mask, the loss-parallel function's saves and the gathered inputs
+    of the sequence-parallel plan; the summed loss divided by the
+    valid-token count (its labels are not
+    padded: ``cross_entropy_loss`` takes them as they are)."""
     return Profile(
         impl=Impl.TORCHTITAN,
         rms_norm_fp32_product=True,
         rope_cache_per_layer=True,
         loss_over_token_count=True,
         checkpoint_reruns_all=True,
+        op_selective_checkpoint=True,
+        vocab_parallel_embedding_mask=True,
+        loss_parallel_function=True,
+        sp_module_gather=True,
+        fsdp2_dim0_shards=True,
     )
+
+
+def param_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
+    """The parameters of torchtitan's Llama 3 as one tensor-parallel rank holds them (``m`` is the rank's
+    model, ``strategies.tensor_parallel.tp_model``: a/t heads, kv/t groups, f/t, ⌈v/t⌉): the embedding
+    [v, h] (vocabulary ``Shard(0)``); per layer the fused ``wqkv`` [(a + 2·kv)·d, h] (colwise: dim 0),
+    ``wo`` [h, a·d] (rowwise: dim 1), ``w1`` and ``w3`` [f, h], ``w2`` [h, f], two norms [h]; the final norm
+    [h]; the lm head [v, h] unless tied to the embedding."""
+    h, v = m.hidden_size, m.vocab_size
+    layer: list[tuple[int, ...]] = [((m.num_heads + 2 * m.kv_heads) * m.dim, h), (h, m.num_heads * m.dim)]
+    layer += [(m.ffn, h), (m.ffn, h)]
+    layer += [(h, m.ffn), (h,), (h,)]
+    head: list[tuple[int, ...]] = [] if m.tied_embeddings else [(v, h)]
+    return [(v, h), *layer * m.num_layers, (h,), *head]
+
+
+def fsdp2_shard_elements(m: ModelConfig, shards: int) -> int:
+    """Elements one FSDP2 rank holds of the rank's parameters (``Profile.fsdp2_dim0_shards``): each
+    parameter's dim 0 cut into ``shards`` chunks, every shard padded to the first chunk's ⌈dim0/Nd⌉ rows."""
+    return sum(-(-shape[0] // shards) * math.prod(shape[1:]) for shape in param_shapes(m))

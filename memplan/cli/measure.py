@@ -85,6 +85,8 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     "zero",
     "dp",
     "cp",
+    "tp",
+    "sp",
     "device",
     "impl",
     "use_cache",
@@ -101,7 +103,9 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
-    With --cp it runs rank 0 of the ring (torch's own ring attention over a fake process group; --device
+    With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a
+    fake process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank 0 of the ring
+    (torch's own ring attention over a fake process group; --device
     cpu); FLOPs × cp. With --compile each block's saves are what torch.compile's partitioner
     (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
 
@@ -112,6 +116,11 @@ def trace(as_json: JsonOpt = False, **options: Any) -> None:
         _torch_or_fail()
         if setup.impl.impl is not Impl.REFERENCE:
             return _trace_impl(setup, as_json, str(options["model"]))
+        if setup.parallel.tp > 1:
+            raise ValueError(
+                "tp: trace runs the reference model in one process; --tp is traced per rank with --impl "
+                "torchtitan, or run the reference over ranks with profile --nproc"
+            )
         if setup.impl.compile:
             return _trace_compiled(setup, as_json)
         from memplan.measure.compare.tensors import comparison_json
@@ -157,6 +166,11 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     from memplan.measure.frameworks.hf import measure_hf
 
     measure_impl = check_traceable(setup)
+    if setup.impl.impl is Impl.TORCHTITAN:
+        from memplan.measure.distributed.titan import needs_ranks
+
+        if needs_ranks(setup):
+            return _trace_titan_rank(setup, as_json)
     document = hf_document(model) if setup.impl.impl is Impl.HF else None
     est = estimate(setup)
     start = time.perf_counter()
@@ -166,6 +180,22 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
     result["built_from"] = "config.json" if document is not None else "memplan's model"
+    _print_impl_trace(result, seconds, as_json)
+
+
+def _trace_titan_rank(setup: Setup, as_json: bool) -> None:
+    """``trace --impl torchtitan`` with tp or dp > 1: rank 0 of torchtitan's parallelised model on torch's
+    fake process group (measure/distributed/titan.py), its saves and parameter bytes against the estimate."""
+    from memplan.measure.distributed.titan import measure_titan_rank, rank_comparison_json, world_size
+
+    est = estimate(setup)
+    start = time.perf_counter()
+    with Bar("tracing") as bar:
+        bar.advance(0, f"rank 0 of {world_size(setup)}: torchtitan's {setup.model.name} under fake tensors")
+        run = measure_titan_rank(setup)
+    seconds = time.perf_counter() - start
+    result = rank_comparison_json(est, run)
+    result["built_from"] = "memplan's model"
     _print_impl_trace(result, seconds, as_json)
 
 

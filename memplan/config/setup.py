@@ -417,14 +417,27 @@ def check_impl(setup: Setup) -> None:
                 "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
                 "use --attention flash"
             )
+        if s.zero is ZeroStage.OPTIMIZER and s.dp > 1:
+            raise ValueError(
+                "zero: torchtitan shards over dp with FSDP2 only (ZeRO-2 reshard_after_forward=False, "
+                "ZeRO-3 True) and has no ZeRO-1; use --zero 0, 2 or 3"
+            )
+        if s.checkpointing is Checkpointing.SELECTIVE and setup.device is Device.CUDA:
+            raise ValueError(
+                "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
+                "op's outputs); use --device cpu"
+            )
     unmodelled = {
-        "--tp/--sp": par.tp > 1,
+        # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).
+        "--tp/--sp": impl is not Impl.TORCHTITAN and par.tp > 1,
         "--pp": par.pp > 1,
         # torchtitan's context parallel runs torch's ring (measure/frameworks/titan.py,
         # tests/measure/test_titan_context.py).
         "--cp": par.cp > 1 and impl is not Impl.TORCHTITAN,
         "--reversible": s.reversible,
-        "--checkpointing selective": s.checkpointing is Checkpointing.SELECTIVE,
+        # torchtitan's SelectiveAC (per op) is modelled (strategies.checkpointing.titan_sac_keeps).
+        "--checkpointing selective": impl is not Impl.TORCHTITAN
+        and s.checkpointing is Checkpointing.SELECTIVE,
         # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
         "--checkpointing every-K": impl is Impl.TORCHTITAN and s.checkpointing is Checkpointing.EVERY_K,
         # LoRA's saves along the gradient flow (strategies/lora.py) are not checked against torchtitan.

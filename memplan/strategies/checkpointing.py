@@ -12,6 +12,13 @@ whose last saving op is a matmul never re-runs that matmul: a segment ending in 
 skips P·V. The flash kernel saves its outputs, so it always re-runs. A checkpoint without early stop
 re-runs whole regions (``Profile.checkpoint_reruns_all``: Megatron's own checkpoint, torchtitan's
 ``FullAC``; transformers' with ``use_reentrant=True``).
+
+torchtitan's ``SelectiveAC`` (``Profile.op_selective_checkpoint``) is a per-op policy: each block keeps its
+input and the outputs of every other mm (``op_selective_rules``), and re-runs the rest.
+
+Known limitations:
+- NB: under ``SelectiveAC`` the peak's layer-backward moment (``analytic.peak``) is still the attention-core
+  re-run's: the block's re-run saves during its backward are not modelled per op (the saves and FLOPs are).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks import llama4, mlp, moe
 from memplan.blocks.attention import attention_core_flops
-from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope, save
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
 from memplan.config import Attention, Checkpointing, Setup
 
@@ -35,8 +42,88 @@ def segments(setup: Setup) -> int:
     return -(-setup.model.num_layers // k) if k else 0
 
 
+def op_selective(setup: Setup) -> bool:
+    """``--checkpointing selective`` is a per-op policy (torchtitan's ``SelectiveAC``:
+    ``Profile.op_selective_checkpoint``), not Korthikanti's attention-core recompute."""
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    return selective and profile_of(setup).op_selective_checkpoint
+
+
+def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """What one block under torchtitan's ``SelectiveAC`` keeps from forward to its backward (measured:
+    measure/frameworks/titan.py ``keep_sac``). ``checkpoint_wrapper`` keeps the block's input; the policy
+    (``SelectiveAC._wrap_block``) counts the block's ``aten.mm`` calls — ``nn.Linear`` on a 3-d input is
+    ``view → mm → _unsafe_view`` on CPU — and caches the outputs of calls 1, 3, 5 (a call whose count is
+    even is ``PREFER_RECOMPUTE``): with the fused ``wqkv`` they are W_QKV's [T, (a + 2·kv)·d], W1's [T, f]
+    and W2's [T, h] (``w2(silu(w1(x)) * w3(x))``); W_O and W3 are recomputed. The CPU flash SDPA op
+    (``_scaled_dot_product_flash_attention_for_cpu``) is not in the save list: recomputed. Under TP the mm
+    outputs are the rank's (``dims`` of ``tp_model``; W2's a partial sum [T, h]); under SP the
+    reduce-scatters after W_O and W2 (``_c10d_functional.reduce_scatter_tensor``, in the comm save list)
+    are cached too, [b, s/t, h] each (the all-gathers and all-reduces are not: re-issued in the re-run)."""
+    t, act = dims.tokens, dims.act
+    par = setup.parallel
+    scattered = (
+        [
+            save(
+                Block.ATTN,
+                "wo_reduce_scatter",
+                (dims.b, dims.s, dims.h),
+                act,
+                Role.RESIDUAL,
+                "SAC cache: reduce_scatter_tensor after W_O (SP)",
+            ),
+            save(
+                Block.MLP,
+                "w2_reduce_scatter",
+                (dims.b, dims.s, dims.h),
+                act,
+                Role.RESIDUAL,
+                "SAC cache: reduce_scatter_tensor after W2 (SP)",
+            ),
+        ]
+        if par.sp and par.tp > 1
+        else []
+    )
+    return [
+        *scattered,
+        # Tagged as the block's first norm (a layer group), not a segment's input (Block.CHECKPOINT).
+        save(
+            Block.ATTN_NORM,
+            "block_input",
+            (dims.b, dims.s, dims.h),
+            act,
+            Role.RESIDUAL,
+            "checkpoint_wrapper keeps the block's input",
+        ),
+        save(
+            Block.ATTN,
+            "wqkv_out",
+            (t, (dims.a + 2 * dims.kv) * dims.d),
+            act,
+            Role.ATTN_QKV,
+            "SAC cache: 1st mm of the block (W_QKV's output)",
+        ),
+        save(Block.MLP, "w1_out", (t, dims.f), act, Role.MLP_INNER, "SAC cache: 3rd mm (W1's output)"),
+        save(Block.MLP, "w2_out", (t, dims.h), act, Role.MLP_INNER, "SAC cache: 5th mm (W2's output)"),
+    ]
+
+
+def op_selective_recompute(dims: Dims) -> int:
+    """Re-run FLOPs of one block under ``SelectiveAC``: the uncached mms, W_O (2·T·a·d·h) and W3
+    (2·T·h·f), and the CPU flash attention core; the cached mms return their outputs without running."""
+    return 2 * dims.tokens * dims.h * (dims.a * dims.d + dims.f) + attention_core_flops(dims)
+
+
 def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
-    """Segments: the layers' saves give way to one checkpoint input per segment, where they stood."""
+    """Segments: the layers' saves give way to one checkpoint input per segment, where they stood; under a
+    per-op policy, to what the policy caches."""
+    if op_selective(setup):
+        first = next(i for i, k in enumerate(kept) if k.scope is Scope.LAYER)
+        rest = [k for k in kept if k.scope is not Scope.LAYER]
+        dims = Dims.of(setup)
+        return (
+            rest[:first] + act.kept(op_selective_rules(setup, dims), Scope.LAYER, dims.layers) + rest[first:]
+        )
     if not setup.strategy.segment:
         return kept
     dims = Dims.of(setup)
@@ -73,6 +160,8 @@ def recompute(setup: Setup, dims: Dims) -> int:
         skipped = last(setup, dims) if stops else 0
         rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
         return rerun * layer_fwd - segments(setup) * skipped
+    if op_selective(setup):
+        return dims.layers * op_selective_recompute(dims)
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
         return dims.layers * (core if setup.strategy.attention is Attention.FLASH or whole else core // 2)

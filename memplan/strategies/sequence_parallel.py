@@ -32,6 +32,7 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from memplan.blocks.inventory import Dims, Kept, Role
+from memplan.blocks.profiles import profile_of
 from memplan.config import Setup
 
 
@@ -122,8 +123,12 @@ def applies(setup: Setup) -> bool:
 
 
 def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
-    """The inventory of a tensor-parallel rank (``tp_model``) under sequence parallelism."""
-    return sequence_parallel(kept, setup.parallel.tp) if applies(setup) else kept
+    """The inventory of a tensor-parallel rank (``tp_model``) under sequence parallelism; torchtitan's plan
+    gathers the linears' inputs at the module boundary and keeps them whole (``Profile.sp_module_gather``)."""
+    if not applies(setup):
+        return kept
+    whole = (Role.LINEAR_INPUT,) if profile_of(setup).sp_module_gather else ()
+    return sequence_parallel(kept, setup.parallel.tp, whole)
 
 
 def recompute(setup: Setup, dims: Dims) -> int:
@@ -131,13 +136,14 @@ def recompute(setup: Setup, dims: Dims) -> int:
     return 0
 
 
-def sequence_parallel(kept: list[Kept], tp: int) -> list[Kept]:
+def sequence_parallel(kept: list[Kept], tp: int, whole: tuple[Role, ...] = ()) -> list[Kept]:
     """The inventory of a tensor-parallel rank (``tp_model``) with sequence parallelism over ``tp`` ranks:
-    every ``SEQUENCE`` entry keeps s/t of its tokens (``check_parallel`` ensures t divides s)."""
+    every ``SEQUENCE`` entry but the roles in ``whole`` keeps s/t of its tokens (``check_parallel`` ensures
+    t divides s)."""
     out: list[Kept] = []
     for k in kept:
         r = rule(k.role)
-        if r.split is Split.SEQUENCE and tp > 1:
+        if r.split is Split.SEQUENCE and tp > 1 and k.role not in whole:
             shape = list(k.shape)
             shape[r.dim] //= tp
             k = k.model_copy(update={"shape": tuple(shape)})

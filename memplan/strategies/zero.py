@@ -15,12 +15,23 @@ from memplan.config import Optimizer, Precision, ZeroStage
 
 
 def model_states(
-    params: int, precision: Precision, optimizer: Optimizer, zero: ZeroStage, dp: int
+    params: int,
+    precision: Precision,
+    optimizer: Optimizer,
+    zero: ZeroStage,
+    dp: int,
+    per_shard: int | None = None,
 ) -> ModelStates:
-    """Per-device model states for ``params`` parameters (Ψ) replicated over ``dp`` data-parallel ranks."""
+    """Per-device model states for ``params`` parameters (Ψ) replicated over ``dp`` data-parallel ranks;
+    ``per_shard``: the elements of one shard where the sharding is not one flat buffer (FSDP2's per
+    parameter dim-0 shards, ``blocks.torchtitan.fsdp2_shard_elements``)."""
+
+    def n(sharded: bool) -> int:
+        return per_shard if sharded and per_shard is not None and dp > 1 else shard(params, dp, sharded)
+
     return ModelStates(
-        weights=shard(params, dp, zero >= ZeroStage.PARAMETERS) * precision.weight_bytes,
-        gradients=shard(params, dp, zero >= ZeroStage.GRADIENTS) * precision.grad_bytes,
-        master_weights=shard(params, dp, zero >= ZeroStage.OPTIMIZER) * precision.master_bytes,
-        optimizer_states=shard(params, dp, zero >= ZeroStage.OPTIMIZER) * optimizer.state_bytes(precision),
+        weights=n(zero >= ZeroStage.PARAMETERS) * precision.weight_bytes,
+        gradients=n(zero >= ZeroStage.GRADIENTS) * precision.grad_bytes,
+        master_weights=n(zero >= ZeroStage.OPTIMIZER) * precision.master_bytes,
+        optimizer_states=n(zero >= ZeroStage.OPTIMIZER) * optimizer.state_bytes(precision),
     )

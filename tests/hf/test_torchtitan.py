@@ -55,3 +55,18 @@ def test_unmappable_models_are_refused(fields: dict[str, object], match: str) ->
 def test_unmodelled_strategies_are_refused(options: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_traceable(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, **options))
+
+
+@pytest.mark.parametrize("fields", [{}, TIED])
+def test_llama3_selective_ac(fields: dict[str, object]) -> None:
+    """torchtitan's SelectiveAC: the block input and the cached mm outputs (sac · aten.mm) per layer, and
+    the re-run FLOPs (W_O, W3, the attention core), equal to the byte and the FLOP."""
+    setup = hf_setup("llama-3-8b", seq=256, checkpointing="selective", impl=Impl.TORCHTITAN, **fields)
+    est, meas = estimate(setup), measure_titan(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert (est.flops.forward, est.flops.backward, est.flops.recompute) == (
+        meas.flops["forward"],
+        meas.flops["backward"],
+        meas.flops["recompute"],
+    )

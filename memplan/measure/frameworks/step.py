@@ -114,7 +114,7 @@ class PathRecorder(SavedTensorRecorder):
     saved, its path shortened by ``short`` (``self_attn.q_proj``: the path below ``layers.i``)."""
 
     def __init__(self, model: Any, short: Callable[[str], str] = hf_path) -> None:
-        super().__init__(model.parameters())
+        super().__init__(self._parameters(model))
         self.stack: list[str] = []
         self.handles = []
         for path, module in model.named_modules():
@@ -122,6 +122,10 @@ class PathRecorder(SavedTensorRecorder):
             self.handles.append(module.register_forward_hook(partial(_pop, self.stack)))
 
         self.layers: dict[int, set[int | None]] = {}
+
+    def _parameters(self, model: Any) -> Any:
+        """The parameters excluded from the records (a subclass may refresh them as it goes)."""
+        return model.parameters()
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         if self.recording:
@@ -187,10 +191,14 @@ def run_step(
     forward: Callable[[], torch.Tensor],
     checkpointed: bool,
     short: Callable[[str], str] = hf_path,
+    after_forward: Callable[[PathRecorder], None] | None = None,
+    recorder_type: type[PathRecorder] = PathRecorder,
 ) -> Measured:
-    """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer."""
+    """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer;
+    ``after_forward`` counts what the code keeps outside autograd's saved tensors (torchtitan's selective
+    checkpoint cache); ``recorder_type`` a recorder for one rank's DTensors."""
     meter = FlopMeter()
-    recorder = PathRecorder(model, short)
+    recorder = recorder_type(model, short)
     state = {"backward": False}
     with ExitStack() as stack:
         stack.enter_context(_scoped(layers, meter, recorder, state))
@@ -198,6 +206,8 @@ def run_step(
         stack.enter_context(recorder)
         with meter.phase("forward"):
             loss = forward()
+        if after_forward is not None:
+            after_forward(recorder)
         ops = {} if checkpointed else op_names(loss)
         state["backward"] = True
         with recorder.pause(), meter.phase("backward"):

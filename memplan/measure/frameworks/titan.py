@@ -10,14 +10,15 @@ complex64, as FSDP casts parameters only), runs forward, torchtitan's loss as it
 the int64 count of valid labels, ``global_valid_tokens``) and backward, and records every
 saved storage per decoder layer (``memplan.measure.frameworks.step.run_step``). ``--checkpointing full`` is
 torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
-non-reentrant, on every block).
+non-reentrant, on every block); ``--checkpointing selective`` is its ``SelectiveAC`` (the per-op policy,
+default config), whose cache of saved op outputs is counted per layer after forward (``keep_sac``).
 
 Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
   language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
-- NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
-  are refused (``memplan.config.setup.check_impl``).
+- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA
+  (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 - NB: without ``--cp`` the model runs without ``positions`` (RoPE reads a prefix view of each layer's cache);
   torchtitan's trainer passes the dataset's positions (``hf_datasets/text_datasets.py``), which makes each
@@ -39,17 +40,20 @@ CUDA op also saves its RNG state (``philox_seed`` / ``philox_offset``, 24 B per 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from contextlib import nullcontext
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves
 
 from memplan.config import Checkpointing, Setup
-from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
-from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.instruments.record import SavedRecord, layer_scope
 from memplan.measure.reference.context import rotate_method
 from memplan.measure.runs.run import make_batch, ring
 
@@ -92,11 +96,14 @@ def titan_config(setup: Setup) -> Any:
     tt, m = require_torchtitan(), setup.model
     common, utils = tt.common, tt.utils
     h, v = m.hidden_size, m.vocab_size
-    norm = common.RMSNorm.Config(normalized_shape=h, eps=m.norm_eps)
+
+    def norm() -> Any:  # one config per norm: the sharding plan sets the final norm's apart from the layers'
+        return common.RMSNorm.Config(normalized_shape=h, eps=m.norm_eps)
+
     rope = common.ComplexRoPE.Config(dim=m.dim, max_seq_len=setup.training.seq_len, theta=m.rope_theta)
     layer = tt.model.Llama3TransformerBlock.Config(
-        attention_norm=norm,
-        ffn_norm=norm,
+        attention_norm=norm(),
+        ffn_norm=norm(),
         attention=utils.make_gqa_config(
             dim=h,
             n_heads=m.num_heads,
@@ -115,7 +122,7 @@ def titan_config(setup: Setup) -> Any:
         vocab_size=v,
         enable_weight_tying=m.tied_embeddings,
         tok_embeddings=common.Embedding.Config(num_embeddings=v, embedding_dim=h),
-        norm=norm,
+        norm=norm(),
         lm_head=common.Linear.Config(in_features=h, out_features=v),
         layers=[layer] * m.num_layers,
     )
@@ -123,18 +130,61 @@ def titan_config(setup: Setup) -> Any:
 
 def build(setup: Setup) -> Any:
     """torchtitan's Llama 3 for ``setup``, its parameters in the activation dtype, in training mode (call
-    under a fake mode), and ``FullAC`` applied under ``--checkpointing full``."""
-    tt = require_torchtitan()
+    under a fake mode), and its activation checkpointing (``apply_ac``)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))  # the cache is computed in fp32 explicitly: complex64
     try:
         model = titan_config(setup).build()
     finally:
         torch.set_default_dtype(default)
-    if setup.strategy.checkpointing is Checkpointing.FULL:
-        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
+    apply_ac(model, setup)
     model.train()
     return model
+
+
+def apply_ac(model: Any, setup: Setup) -> None:
+    """torchtitan's activation checkpointing for ``--checkpointing``: ``FullAC`` or ``SelectiveAC`` (their
+    configs' defaults, as the trainer's) on every block."""
+    tt, checkpointing = require_torchtitan(), setup.strategy.checkpointing
+    if checkpointing is Checkpointing.FULL:
+        tt.ac.FullAC(tt.ac.FullAC.Config()).apply(model)
+    elif checkpointing is Checkpointing.SELECTIVE:
+        tt.ac.SelectiveAC(tt.ac.SelectiveAC.Config()).apply(model)
+
+
+def capture_sac(layers: list[Any]) -> dict[int, Any]:
+    """Each ``SelectiveAC`` block's cache: its ``checkpoint_fn``'s ``context_fn`` wrapped so the storage of
+    the caching mode it makes (``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the
+    outputs of the ops the policy saves, held from forward to the block's backward) is kept per layer."""
+    caches: dict[int, Any] = {}
+    for i, layer in enumerate(layers):
+        fn = layer.checkpoint_fn  # partial(torch.utils.checkpoint.checkpoint, context_fn=..., ...)
+        make = fn.keywords["context_fn"]
+
+        def context_fn(make: Any = make, i: int = i) -> Any:
+            modes = make()
+            caches[i] = modes[0].storage  # op key → {call index → outputs or _RECOMPUTE}
+            return modes
+
+        layer.checkpoint_fn = partial(fn.func, *fn.args, **{**fn.keywords, "context_fn": context_fn})
+    return caches
+
+
+def keep_sac(caches: dict[int, Any]) -> Callable[[PathRecorder], None]:
+    """After forward: every tensor a block's SAC cache holds counted as kept by that layer
+    (``sac · <op>``); the ops it recomputes hold nothing until backward."""
+
+    def after_forward(recorder: PathRecorder) -> None:
+        for i, storage in caches.items():
+            with layer_scope(i):
+                for key, calls in storage.items():
+                    for out in calls.values():
+                        for leaf in tree_leaves(out):
+                            t = getattr(leaf, "val", None)  # _VersionWrapper(tensor); _RECOMPUTE has none
+                            if isinstance(t, torch.Tensor):
+                                recorder.keep(t, f"sac · {key}")
+
+    return after_forward
 
 
 def titan_path(path: str) -> str:
@@ -170,35 +220,49 @@ def measure_titan(setup: Setup, fake: bool = True, cp_rank: int = 0) -> Measured
     """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU; with
     ``--cp`` as rank ``cp_rank`` of the ring (module docstring)."""
     torch.manual_seed(0)
-    tt = require_torchtitan()
     cp = setup.parallel.cp
     with (
         ring(cp, cp_rank, "cpu") as group,
         rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
         FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(),
     ):
-        model = build(setup)
-        ids, labels = make_batch(setup, "cpu")
-        positions = None
-        if group is not None:
-            from memplan.measure.reference.context import head_tail_positions
+        return titan_step(build(setup), setup, group=group, cp_rank=cp_rank)
 
-            mine = head_tail_positions(ids.shape[1], cp, cp_rank)
-            ids, labels = ids[:, mine], labels[:, mine]
-            # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
-            positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
-            ring_attention(model, group)
-        layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
 
-        loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
-        # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
-        tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
+def titan_step(
+    model: Any,
+    setup: Setup,
+    recorder_type: type[PathRecorder] = PathRecorder,
+    group: Any = None,
+    cp_rank: int = 0,
+) -> Measured:
+    """One step of a built torchtitan model (call under the fake mode, if any): torchtitan's loss as its
+    trainer calls it, every save recorded per layer, ``SelectiveAC``'s cache counted after forward; with a
+    context-parallel ``group``, rank ``cp_rank``'s share of the sequence through torch's ring."""
+    tt = require_torchtitan()
+    ids, labels = make_batch(setup, "cpu")
+    positions = None
+    if group is not None:
+        from memplan.measure.reference.context import head_tail_positions
 
-        def forward() -> torch.Tensor:
-            return loss_fn(model(ids, positions), labels, global_valid_tokens=tokens)[0]
+        cp = setup.parallel.cp
+        mine = head_tail_positions(ids.shape[1], cp, cp_rank)
+        ids, labels = ids[:, mine], labels[:, mine]
+        # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
+        positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
+        ring_attention(model, group)
+    layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
+    loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
+    # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
+    tokens = torch.tensor(0, dtype=torch.int64) + (labels != tt.loss.IGNORE_INDEX).sum()
 
-        checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
-        measured = run_step(model, layers, forward, checkpointed, titan_path)
-        if group is not None:
-            measured.records.append(rope_buffers(model))
-        return measured
+    def forward() -> torch.Tensor:
+        return loss_fn(model(ids, positions), labels, global_valid_tokens=tokens)[0]
+
+    checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
+    measured = run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
+    if group is not None:
+        measured.records.append(rope_buffers(model))
+    return measured

@@ -1,0 +1,192 @@
+"""One rank of torchtitan's Llama 3 parallelised by torchtitan's own plan, in one process
+(``--impl torchtitan --tp T [--sp]`` with a data-parallel degree, at any world size).
+
+``measure_titan_rank(setup, rank)`` joins torch's fake process group (``FakeStore``: collectives return
+tensors of the right shape and move nothing) as ``rank`` of tp · dp ranks, builds torchtitan's
+``Llama3Model`` on the meta device (``memplan.measure.frameworks.titan.titan_config``) with torchtitan's own
+sharding plan (``models/llama3/sharding.py`` ``set_llama3_sharding_config``: ``colwise_config`` on
+``wqkv``, ``w1``, ``w3``; ``rowwise_config`` on ``wo``, ``w2``; SP norms; the vocabulary-parallel
+embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dims)`` (the
+``partial_dtensor`` SPMD backend: DTensor on the tensor-parallel axis), its ``FullAC`` / ``SelectiveAC``,
+and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
+``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
+``--hsdp``). The parameters are then materialised under ``FakeTensorMode`` (``to_empty``) and one forward,
+torchtitan's loss and backward run, every saved storage recorded per layer by its local shard.
+
+Known limitations:
+- NB: torchtitan 0.3.0's default backend is ``spmd_types`` (local tensors with explicit collectives); the
+  ``partial_dtensor`` backend runs here because the default one leaves parameters plain, which FSDP2's
+  ``fully_shard`` rejects on the CPU build (the sharding plan and the module-boundary redistributions are
+  the same declarations, ``protocols/module.py``).
+- NB: ``parallel_dims`` resolves its device to ``cuda``; the mesh is built on ``cpu`` (``device_type``
+  patched for the build), so every kernel is the CPU one (the CPU flash SDPA).
+- NB: only the saved tensors and the rank's parameter bytes are compared: the peak (FSDP2's all-gather
+  buffers, freed with ``untyped_storage().resize_(0)``, no dispatched op) is not tracked here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.config import Setup, ZeroStage
+from memplan.measure.distributed.instruments import local
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype
+from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config, titan_step
+from memplan.measure.instruments.measured import Measured
+from memplan.measure.instruments.record import storage_ref
+
+
+@dataclass(frozen=True)
+class RankRun:
+    """One rank's step: what autograd kept, and the bytes of the parameters the rank holds at rest."""
+
+    measured: Measured
+    param_bytes: int
+    """Local shards of every parameter (FSDP2's padded dim-0 shard, the TP shard), after the step."""
+
+
+@contextmanager
+def fake_world(rank: int, world: int) -> Iterator[None]:
+    """The default process group as ``rank`` of ``world`` on torch's fake backend, torn down after."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def world_size(setup: Setup) -> int:
+    return setup.parallel.tp * setup.strategy.dp
+
+
+def parallel_dims(setup: Setup) -> Any:
+    """torchtitan's ``ParallelDims``: dp_shard = dp (``--hsdp R``: R shards, dp / R replicas), tp, the
+    ``partial_dtensor`` backend, on a CPU mesh."""
+    from torchtitan.distributed import ParallelDims, parallel_dims
+    from torchtitan.distributed.utils import set_spmd_backend
+
+    set_spmd_backend("partial_dtensor")  # what cross_entropy_loss and the modules read
+    parallel_dims.device_type = "cpu"
+    tp, dp, shard = setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
+    dims = ParallelDims(
+        dp_replicate=dp // shard,  # HSDP (--hsdp R): replicas of R-way shards
+        dp_shard=shard,
+        cp=1,
+        tp=tp,
+        pp=1,
+        ep=1,
+        world_size=tp * dp,
+        spmd_backend="partial_dtensor",
+    )
+    dims.build_mesh()
+    return dims
+
+
+def reshard_policy(setup: Setup) -> str:
+    """``reshard_after_forward_policy``: ZeRO-3 reshards after forward ("always"), ZeRO-2 keeps the
+    gathered parameters from forward to backward ("never")."""
+    return "always" if setup.strategy.zero >= ZeroStage.PARAMETERS else "never"
+
+
+def build_rank(setup: Setup) -> Any:
+    """The rank's model on the meta device, parallelised as torchtitan's ``parallelize_llama`` does
+    (TP, then activation checkpointing, then FSDP2), in training mode."""
+    require_torchtitan()
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    par, s = setup.parallel, setup.strategy
+    config = titan_config(setup)
+    set_llama3_sharding_config(config, enable_sp=par.sp)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(activation_dtype(setup))
+    try:
+        with torch.device("meta"):
+            model = config.build()
+    finally:
+        torch.set_default_dtype(default)
+    dims = parallel_dims(setup)
+    if par.tp > 1:
+        model.parallelize(dims)
+    apply_ac(model, setup)
+    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
+        apply_fsdp_to_decoder(
+            model,
+            dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
+            param_dtype=activation_dtype(setup),
+            reduce_dtype=torch.float32,
+            pp_enabled=False,
+            reshard_after_forward_policy=reshard_policy(setup),
+        )
+    model.train()
+    return model
+
+
+class RankPathRecorder(PathRecorder):
+    """``PathRecorder`` counting a DTensor by its local storage, every parameter the model holds when a
+    tensor is saved excluded (FSDP2 swaps the unsharded ones in around a module's forward)."""
+
+    def _parameters(self, model: Any) -> Any:
+        self.model = model
+        return ()
+
+    def _info(self, t: torch.Tensor) -> Any:
+        for p in self.model.parameters():
+            ref = storage_ref(local(p))
+            self._excluded.setdefault(ref.cdata, ref)
+        return super()._info(local(t))
+
+
+def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True) -> RankRun:
+    """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3; ``fake=False``
+    materialises real (uninitialised) tensors, for small models: the collectives still move nothing."""
+    with fake_world(rank, world_size(setup)):
+        model = build_rank(setup)
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+            model.to_empty(device="cpu")
+            measured = titan_step(model, setup, RankPathRecorder)
+            params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
+    return RankRun(measured, params)
+
+
+def needs_ranks(setup: Setup) -> bool:
+    """``trace --impl torchtitan`` over more than one rank (tp or dp > 1): one rank on the fake group."""
+    return setup.parallel.tp > 1 or setup.strategy.dp > 1
+
+
+def rank_comparison_json(est: Any, run: RankRun) -> dict[str, Any]:
+    """``trace --impl torchtitan`` on one rank: the saved tensors as ``impl_comparison_json`` compares them,
+    and the rank's parameter bytes at rest against the estimate's weights (FSDP2's ZeRO-2 holds them
+    sharded at rest, ``blocks.torchtitan``'s NB: compared with the ZeRO-3 shard). NB: FLOPs are shown, not
+    judged: ``FlopCounterMode`` counts a DTensor op at its global shape and the ``local_map`` attention
+    at the rank's, so neither the model's nor the rank's work."""
+    from memplan.measure.compare.impl import impl_comparison_json
+
+    setup = est.setup
+    result = impl_comparison_json(est, run.measured)
+    weights = est.device.states.weights
+    if setup.strategy.zero is ZeroStage.GRADIENTS and setup.strategy.dp > 1:
+        weights = estimate_zero3(setup).device.states.weights
+    equal = weights == run.param_bytes
+    result["diff"]["weights"] = {"estimated": weights, "measured": run.param_bytes, "equal": equal}
+    result["diff"]["equal"] = result["diff"]["equal"] and equal
+    result["diff"]["exact"] = result["diff"]["exact"] and equal
+    result["rank"] = {"rank": 0, "world": world_size(setup), "tp": setup.parallel.tp, "dp": setup.strategy.dp}
+    return result
+
+
+def estimate_zero3(setup: Setup) -> Any:
+    """The estimate of ``setup`` under ZeRO-3 (its weights: FSDP2's shard at rest)."""
+    from memplan.engine import estimate
+
+    strategy = setup.strategy.model_copy(update={"zero": ZeroStage.PARAMETERS})
+    return estimate(setup.model_copy(update={"strategy": strategy}))
