@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.blocks import linear_params, mm
+from memplan.blocks import fp8, linear_params, mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
@@ -112,6 +112,11 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     if hidden_dropouts(setup)[0] > 0:
         mask = t * h * DType.BOOL.bytes  # the bool mask of the dropout after W_down
         dropout = t * h * a_bytes - mask
+    if fp8.enabled(setup):
+        # torchao's casts, dX and dW among their steps (blocks/fp8.py); Float8Linear adds its bias outside
+        # the matmul, so the bias gradient is made first, checkpointed or not.
+        bias_grad = (h if setup.model.mlp_bias else 0) * setup.training.precision.grad_bytes
+        return t * h * a_bytes + dropout + bias_grad + fp8.down_backward(setup, dims)
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
     return t * h * a_bytes + dropout + t * dims.f * a_bytes + grads
