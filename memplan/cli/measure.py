@@ -157,6 +157,11 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     from memplan.measure.frameworks.dispatch import check_traceable
     from memplan.measure.frameworks.hf import measure_hf
 
+    if setup.impl.compile:
+        raise ValueError(
+            f"compile: trace --impl {setup.impl.impl.value} runs the framework's eager code; torch.compile's "
+            "saved set is traced for --impl reference (trace --compile); drop --compile"
+        )
     measure_impl = check_traceable(setup)
     document = hf_document(model) if setup.impl.impl is Impl.HF else None
     est = estimate(setup)

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch_checkpointing, triton
 
-from memplan.config import Impl
+from memplan.api import Options, setup_of
+from memplan.config import Fp8Recipe, Impl
 from memplan.engine import estimate
 from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
@@ -55,3 +56,25 @@ def test_unmappable_models_are_refused(fields: dict[str, object], match: str) ->
 def test_unmodelled_strategies_are_refused(options: dict[str, str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         check_traceable(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, **options))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama3_float8_rowwise_keeps_what_bf16_keeps(checkpointing: str) -> None:
+    """torchtitan's ``Float8LinearConverter`` (rowwise, lm_head filtered as its llama3_405b config) swaps
+    every layer linear for torchao's Float8Linear, which saves the bf16 input and the weight's view: the
+    saves equal the estimate's and bf16's, to the byte, at Llama-3-8B's widths."""
+    pytest.importorskip("torchao.float8")
+    plain = hf_setup("llama-3-8b", seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN)
+    setup = plain.model_copy(update={"impl": plain.impl.model_copy(update={"fp8": Fp8Recipe.ROWWISE})})
+    est, meas = estimate(setup), measure_titan(setup)
+    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
+    assert est.activations == meas.activations == estimate(plain).activations, unpaired
+    # The casts join the peak: above bf16 training's.
+    assert est.peak.phases["layer backward"] > estimate(plain).peak.phases["layer backward"]
+
+
+def test_titan_refuses_tensorwise_float8() -> None:
+    """torchtitan 0.3.0's converter offers recipe_name "rowwise" or "rowwise_with_gw_hp" only."""
+    with pytest.raises(ValueError, match="fp8: torchtitan 0.3.0's Float8LinearConverter"):
+        setup_of(Options(model="llama-3-8b", impl="torchtitan", fp8="tensorwise"))

@@ -18,6 +18,9 @@ Known limitations:
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
 - NB: ``selective`` (``SelectiveAC``'s per-op save list) and ``every-K`` (0.3.0 checkpoints every block)
   are refused (``memplan.config.setup.check_impl``).
+- NB: ``--fp8 rowwise`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``);
+  0.3.0's converter offers rowwise and rowwise_with_gw_hp only, so ``--fp8 tensorwise`` is refused with the
+  setup (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 """
 
@@ -25,13 +28,14 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Checkpointing, Setup
+from memplan.config import Checkpointing, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.runs.run import make_batch
@@ -104,14 +108,36 @@ def titan_config(setup: Setup) -> Any:
     )
 
 
+def float8_config(setup: Setup, config: Any) -> Any:
+    """Under ``--fp8 rowwise``: ``config`` through torchtitan's own ``Float8LinearConverter.convert``
+    (components/quantization/float8.py: every ``Linear.Config`` whose dims are multiples of 16 becomes its
+    ``Float8Linear.Config`` with torchao's recipe), ``filter_fqns=["lm_head"]`` as its ``llama3_405b``
+    config. Its ``__init__`` refuses a machine without SM89 (or asks for ``emulate``, which swaps in another
+    recipe), so the converter's state is set here as that ``__init__`` sets it on an H100."""
+    if setup.impl.fp8 is Fp8Recipe.NONE:
+        return config
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+    from torchtitan.components.quantization.utils import module_filter_fn
+
+    from memplan.measure.reference.fp8 import torchao_config
+
+    state = SimpleNamespace(
+        enabled=True,
+        torchao_config=torchao_config(setup.impl.fp8),
+        filter_fn=partial(module_filter_fn, filter_fqns=["lm_head"]),
+    )
+    return Float8LinearConverter.convert(state, config)
+
+
 def build(setup: Setup) -> Any:
     """torchtitan's Llama 3 for ``setup``, its parameters in the activation dtype, in training mode (call
-    under a fake mode), and ``FullAC`` applied under ``--checkpointing full``."""
+    under a fake mode), its linears torchao's ``Float8Linear`` under ``--fp8`` and ``FullAC`` applied under
+    ``--checkpointing full``."""
     tt = require_torchtitan()
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))  # the cache is computed in fp32 explicitly: complex64
     try:
-        model = titan_config(setup).build()
+        model = float8_config(setup, titan_config(setup)).build()
     finally:
         torch.set_default_dtype(default)
     if setup.strategy.checkpointing is Checkpointing.FULL:
