@@ -97,4 +97,3 @@ def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
 def down_backward(setup: Setup, dims: Dims) -> int:
     """The down projection's backward casts (its input [T, f], its output [T, h])."""
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
-

@@ -76,5 +76,5 @@ def test_llama3_float8_rowwise_keeps_what_bf16_keeps(checkpointing: str) -> None
 
 def test_titan_refuses_tensorwise_float8() -> None:
     """torchtitan 0.3.0's converter offers recipe_name "rowwise" or "rowwise_with_gw_hp" only."""
-    with pytest.raises(ValueError, match="fp8: torchtitan 0.3.0's Float8LinearConverter"):
+    with pytest.raises(ValueError, match=r"fp8: torchtitan 0\.3\.0's Float8LinearConverter"):
         setup_of(Options(model="llama-3-8b", impl="torchtitan", fp8="tensorwise"))
