@@ -32,6 +32,9 @@ Known limitations (NB):
   smaller: measured on SwiGLU layers, tests/measure/test_fp8.py).
 - NB: eager casts. torch.compile fuses each cast into one kernel (no fp32 copies): ``--fp8`` with
   ``--compile`` keeps the eager transients here (an upper bound).
+- NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
+  projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
+  16 (``module_filter_fn``); the estimate takes the down projection as converted.
 - NB: FSDP2's float8 all-gather and tensor-parallel float8 (amax all-reduce) are not modelled; a rank's
   shapes are used as they are.
 """

@@ -12,6 +12,8 @@ again when needed and freed with the op: transients (``memplan.blocks.fp8``).
 Known limitations:
 - NB: runs under fake tensors and on real CPU tensors (torch's CPU ``_scaled_mm``); torchao's CUDA
   extension libraries fail to load on a CPU build (a printed warning, not an error).
+- NB: a mixture of experts is refused (its experts would take torchao's grouped-GEMM float8 path, and
+  the router a Float8Linear of E outputs): not measured.
 - NB: delayed scaling (an amax history per tensor) was removed from torchao (0.18's ``ScalingType`` has
   ``DYNAMIC`` and ``DISABLED`` only): there is no amax history buffer to count.
 """
@@ -56,6 +58,11 @@ def convert_layers(model: nn.Module, setup: Setup) -> None:
     ``--fp8``; nothing otherwise."""
     if setup.impl.fp8 is Fp8Recipe.NONE:
         return
+    if setup.model.moe is not None:
+        raise ValueError(
+            "fp8: the float8 casts are modelled for dense MLPs (torchao's Float8Linear); a mixture of "
+            "experts runs torchao's grouped-GEMM float8 path, not measured here; drop --fp8 or use a dense model"
+        )
     float8 = require_torchao()
     layers = model.get_submodule("layers")
     float8.convert_to_float8_training(layers, config=torchao_config(setup.impl.fp8))
