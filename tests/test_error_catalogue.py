@@ -162,7 +162,7 @@ CASES: list[Case] = [
     case("unknown-checkpointing", "estimate -m 70b --checkpointing sometimes", "checkpointing"),
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
     case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
-    case("trace-titan-compile", "trace -m tiny --seq 32 --impl torchtitan --compile", "compile"),
+    case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
     case("trace-compile-fp8", "trace -m tiny --seq 32 --compile --fp8 rowwise", "compile"),
     case("fp8-nproc", "profile -m tiny --device cpu --seq 32 --nproc 2 --fp8 rowwise", "fp8"),
     case("unknown-optimizer", "estimate -m 70b --optimizer adam", "optimizer"),

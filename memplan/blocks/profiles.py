@@ -42,19 +42,20 @@ def profile_of(setup: Setup) -> Profile:
     if setup.impl.impl is Impl.MEGATRON:
         return megatron.profile(setup)
     if setup.impl.impl is Impl.TORCHTITAN:
-        return torchtitan.profile(setup)
+        return torchtitan.profile(setup, compiled=compile_modelled(setup))
     return COMPILED_REFERENCE if compile_modelled(setup) else REFERENCE
 
 
 def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
-    measured (measure/runs/compiled.py): the reference model's dense RMSNorm / SwiGLU blocks with flash
-    attention and no dropout, on one tensor- and context-parallel rank, full training. Elsewhere the
-    estimate keeps the eager code's saves and says so (``compile_note``)."""
+    measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
+    SwiGLU blocks with flash attention and no dropout, on one tensor- and context-parallel rank, full
+    training, without --fp8. Elsewhere the estimate keeps the eager code's saves and says so
+    (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel
     return (
         setup.impl.compile
-        and setup.impl.impl is Impl.REFERENCE
+        and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
         and m.norm is NormType.RMSNORM
         and m.mlp is MlpType.SWIGLU
         and m.moe is None
@@ -91,7 +92,8 @@ def compile_note(setup: Setup) -> str | None:
             "time the compiled kernels'"
         )
     return (
-        "compile: torch.compile's saved set is modelled for --impl reference dense RMSNorm/SwiGLU blocks "
+        "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense RMSNorm/SwiGLU "
+        "blocks "
         "with flash attention, no dropout or biases, tp 1, cp 1, full training and checkpointing none or "
         "full (measured: memplan trace --compile); here the memory is the eager code's, the step time the "
         "compiled kernels'"

@@ -20,14 +20,18 @@ from memplan.blocks.profile import Profile
 from memplan.config import Impl, Setup
 
 
-def profile(setup: Setup) -> Profile:
+def profile(setup: Setup, compiled: bool = False) -> Profile:
     """torchtitan's Llama 3: ``nn.RMSNorm`` (``F.rms_norm``), the complex rotary cache of each layer and
     ``FullAC``'s re-run without early stop; the summed loss divided by the valid-token count (its labels
-    are not padded: ``cross_entropy_loss`` takes them as they are)."""
+    are not padded: ``cross_entropy_loss`` takes them as they are). ``compiled``: ``apply_compile``'s
+    ``torch.compile`` of each block (``Profile.compiled_block``; measured: its partitioner keeps the
+    reference block's values, W_O's output in place of the residual sum, and the rotary cache's conjugate,
+    the bytes of the eager per-layer cache)."""
     return Profile(
         impl=Impl.TORCHTITAN,
         rms_norm_fp32_product=True,
         rope_cache_per_layer=True,
         loss_over_token_count=True,
         checkpoint_reruns_all=True,
+        compiled_block=compiled,
     )

@@ -78,3 +78,20 @@ def test_titan_refuses_tensorwise_float8() -> None:
     """torchtitan 0.3.0's converter offers recipe_name "rowwise" or "rowwise_with_gw_hp" only."""
     with pytest.raises(ValueError, match=r"fp8: torchtitan 0\.3\.0's Float8LinearConverter"):
         setup_of(Options(model="llama-3-8b", impl="torchtitan", fp8="tensorwise"))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama3_compiled_blocks_keep_what_the_estimate_says(checkpointing: str) -> None:
+    """``apply_compile``: each torchtitan block under AOTAutograd's min-cut partitioner (fake tensors, no
+    kernel compiled) keeps the bytes of the compiled profile (``Profile.compiled_block`` with torchtitan's
+    switches), every layer, the total and the FLOPs exact, at Llama-3-8B's widths."""
+    from memplan.measure.frameworks.titan import measure_titan_compiled
+    from memplan.measure.runs.compiled import compiled_comparison_json
+
+    plain = hf_setup("llama-3-8b", seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN)
+    setup = plain.model_copy(update={"impl": plain.impl.model_copy(update={"compile": True})})
+    est = estimate(setup)
+    out = compiled_comparison_json(est, measure_titan_compiled(setup))
+    assert out["diff"]["exact"], [r for r in out["diff"]["tensors"] if r["delta_bytes"]]
+    if checkpointing == "none":  # the partitioner recomputes the fp32 norm upcasts and silu(g)
+        assert est.activations < estimate(plain).activations

@@ -10,7 +10,9 @@ complex64, as FSDP casts parameters only), runs forward, torchtitan's loss as it
 the int64 count of valid labels, ``global_valid_tokens``) and backward, and records every
 saved storage per decoder layer (``memplan.measure.frameworks.step.run_step``). ``--checkpointing full`` is
 torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
-non-reentrant, on every block).
+non-reentrant, on every block). ``--compile`` is torchtitan's ``apply_compile`` (``torch.compile`` of each
+block): ``measure_titan_compiled`` runs each block through AOTAutograd's min-cut partitioner under fake
+tensors (``memplan.measure.runs.compiled``) and sets its saves in place of the eager block's.
 
 Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import re
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -38,6 +41,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.config import Checkpointing, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
+from memplan.measure.instruments.record import SavedRecord
+from memplan.measure.runs.compiled import partitioned_forward, saved_records
 from memplan.measure.runs.run import make_batch
 
 INSTALL = "pip install 'memplan[torchtitan]'"
@@ -171,3 +176,38 @@ def measure_titan(setup: Setup, fake: bool = True) -> Measured:
 
         checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
         return run_step(model, layers, forward, checkpointed, titan_path)
+
+
+def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
+    """What one torchtitan block keeps under ``torch.compile`` (``apply_compile``: each block compiled
+    alone): AOTAutograd's min-cut partitioner over the block, its parameters and its rotary cache buffer
+    as inputs (``memplan.measure.runs.compiled``)."""
+    m, t = setup.model, setup.training
+    one = setup.model_copy(update={"model": m.model_copy(update={"num_layers": 1})})
+    with torch.device("meta"):
+        block = build(one).layers["0"]
+    meta = dict(block.named_parameters())
+    buffers = dict(block.named_buffers())
+    compiled, graphs = partitioned_forward(
+        lambda inputs, x: torch.func.functional_call(block, inputs, (x, None))
+    )
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = {k: torch.empty(v.shape, dtype=v.dtype, requires_grad=True) for k, v in meta.items()}
+        inputs.update({k: torch.empty(v.shape, dtype=v.dtype) for k, v in buffers.items()})
+        x = torch.empty(t.micro_batch, t.seq_len, m.hidden_size, dtype=activation_dtype(setup))
+        compiled(inputs, x.requires_grad_()).sum().backward()
+    return saved_records(graphs["forward"], len(inputs), 1, layer)
+
+
+def measure_titan_compiled(setup: Setup) -> Measured:
+    """torchtitan's Llama with every block compiled (``--compile``): the eager run's model-level saves and
+    FLOPs (the embedding, final norm, head and loss stay eager; the partitioner runs the same matmuls), and
+    each block's compiled saves; with ``FullAC`` a checkpointed block keeps its input alone."""
+    eager = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
+    base = measure_titan(eager)
+    if setup.strategy.checkpointing is Checkpointing.FULL:
+        return base
+    block = compiled_block_records(setup)
+    layers = [replace(r, layer=i) for i in range(setup.model.num_layers) for r in block]
+    model = [r for r in base.records if r.layer is None]
+    return Measured(records=model + layers, flops=base.flops, by_op=base.by_op)
