@@ -61,7 +61,8 @@ def convert_layers(model: nn.Module, setup: Setup) -> None:
     if setup.model.moe is not None:
         raise ValueError(
             "fp8: the float8 casts are modelled for dense MLPs (torchao's Float8Linear); a mixture of "
-            "experts runs torchao's grouped-GEMM float8 path, not measured here; drop --fp8 or use a dense model"
+            "experts runs torchao's grouped-GEMM float8 path, not measured here; drop --fp8 or use a dense "
+            "model"
         )
     float8 = require_torchao()
     layers = model.get_submodule("layers")
