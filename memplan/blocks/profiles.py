@@ -94,8 +94,8 @@ def compile_note(setup: Setup) -> str | None:
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
         "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
-        "checkpointing none or full (measured: memplan trace --compile); here the memory is the eager code's, the step time the "
-        "compiled kernels'"
+        "checkpointing none or full (measured: memplan trace --compile); here the memory is the eager "
+        "code's, the step time the compiled kernels'"
     )
 
 
