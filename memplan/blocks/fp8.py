@@ -30,8 +30,8 @@ Known limitations (NB):
 - NB: the forward's casts (``forward_transient``) are not a modelled moment (the peak model's forward is
   not); the other linears' backward casts are taken smaller than the down projection's (their live set is
   smaller: measured on SwiGLU layers, tests/measure/test_fp8.py).
-- NB: eager casts. torch.compile fuses each cast into one kernel (no fp32 copies): ``--fp8`` with
-  ``--compile`` keeps the eager transients here (an upper bound).
+- NB: eager casts. Under ``--compile`` the partitioner keeps each linear's float8 weight cast for backward
+  (pytorch/pytorch#141881, measured: ``blocks.profiles.compile_note``): not modelled, a note says so.
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
   projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
   16 (``module_filter_fn``); the estimate takes the down projection as converted.

@@ -84,12 +84,15 @@ def compile_note(setup: Setup) -> str | None:
     if not setup.impl.compile or compile_modelled(setup):
         return None
     if setup.impl.fp8 is not Fp8Recipe.NONE:
-        # Measured (trace --compile --fp8, tiny, tensorwise): the partitioner keeps float8 values of its own
-        # (fp32 scales, clones, _scaled_mm outputs), 5 % above the compiled bf16 block's saves.
+        # Measured (measure/runs/compiled.py on a float8 block, tests/measure/test_fp8.py): the min-cut
+        # partitioner keeps each linear's float8 weight cast for backward (the cast is materialised in
+        # backward, so recomputing it is banned): one byte per layer parameter per layer, as
+        # pytorch/pytorch#141881 reported. Llama-3-8B at 256 tokens: 243,304,480 bytes a layer against
+        # 35,686,400 compiled bf16 and 51,415,040 eager.
         return (
-            "compile: torch.compile with --fp8 keeps what the partitioner chooses through torchao's float8 "
-            "casts (scales, copies), not modelled; here the memory is the eager float8 code's, the step "
-            "time the compiled kernels'"
+            "compile: torch.compile with --fp8 is not modelled: its partitioner keeps every layer's float8 "
+            "weight casts (1 byte a parameter, pytorch/pytorch#141881) and float8 activations; here the "
+            "memory is the eager float8 code's, an underestimate, the step time the compiled kernels'"
         )
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "

@@ -117,3 +117,19 @@ def test_no_amax_history_in_torchao() -> None:
     """Delayed scaling (an amax history buffer per tensor) is gone: only dynamic or disabled scaling."""
     float8 = require_torchao()
     assert {t.name for t in float8.config.ScalingType} == {"DYNAMIC", "DISABLED"}
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE], ids=str)
+def test_compiled_float8_block_keeps_the_float8_weights(recipe: Fp8Recipe) -> None:
+    """Why ``--compile --fp8`` is a note, not an estimate: the min-cut partitioner keeps each linear's float8
+    weight cast for backward (pytorch/pytorch#141881), one byte per parameter of the layer's linears."""
+    from memplan.blocks.profiles import compile_note
+    from memplan.measure.runs.compiled import compiled_block_records
+
+    setup = _setup(recipe, micro_batch=1, seq_len=48)  # T = 48: no activation has a weight's shape
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": True})})
+    assert compile_note(setup) is not None and "141881" in compile_note(setup)  # type: ignore[operator]
+    # h 64, q width 4·16 = 64, kv width 2·16 = 32, f 160: W_Q, W_O 64×64; W_K, W_V 64×32; three 64×160.
+    weights = {(64, 64), (64, 32), (32, 64), (64, 160), (160, 64)}
+    kept = sum(r.bytes for r in compiled_block_records(setup) if r.dtype == "fp8_e4m3" and r.shape in weights)
+    assert kept == 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160  # 1 byte each: 43,008
