@@ -50,7 +50,7 @@ def require_torchao() -> Any:
 
 def torchao_config(recipe: Fp8Recipe) -> Any:
     """``Float8LinearConfig.from_recipe_name`` for ``--fp8``'s recipe."""
-    return require_torchao().Float8LinearConfig.from_recipe_name(recipe.value)
+    return require_torchao().Float8LinearConfig.from_recipe_name(Fp8Recipe(recipe).value)
 
 
 def convert_layers(model: nn.Module, setup: Setup) -> None:
