@@ -22,14 +22,15 @@ What it adds are the casts' temporaries, per linear Y = X·Wᵀ (X [T, in], W [o
   dW (the gradient's bytes); every float8 copy lives until the backward returns.
 
 ``backward_transient`` is the top of that sequence above what is alive before it (dY excluded), exact
-against torch's live storages (tests/measure/test_fp8.py). The peak places it at the down projection's
-backward (``blocks.mlp.down_backward_transient``): the first linear backward of a layer, with the layer's
-saves all alive and the largest input [T, f].
+against torch's live storages (tests/measure/test_fp8.py). The peak places it at the MLP's linears'
+backward: the down projection's (``blocks.mlp.down_backward_transient``: the layer's saves all alive, the
+largest input [T, f]) and, with few tokens where the weight casts dominate, W_up's and W_gate's
+(``blocks.mlp.fp8_first_backward``: W_down's gradient made by then).
 
 Known limitations (NB):
 - NB: the forward's casts (``forward_transient``) are not a modelled moment (the peak model's forward is
-  not); the other linears' backward casts are taken smaller than the down projection's (their live set is
-  smaller: measured on SwiGLU layers, tests/measure/test_fp8.py).
+  not); the attention's linears' backward casts are taken smaller than the MLP's (their weights and inputs
+  are no larger, their live set smaller: measured on SwiGLU and GELU layers, tests/measure/test_fp8.py).
 - NB: eager casts. Under ``--compile`` the partitioner keeps each linear's float8 weight cast for backward
   (pytorch/pytorch#141881, measured: ``blocks.profiles.compile_note``): not modelled, a note says so.
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
