@@ -5,8 +5,9 @@ attention, checkpointing none or full, fp32 / bf16 / bf16-mixed, tensorwise or r
 the reference model with torchao's Float8Linear (``memplan.measure.runs.profile``: every storage alive,
 exact) beside ``memplan.estimate``. Prints one line per setup: the backward's measured top against the
 estimate's largest backward moment, and the whole step's peak. Last run (torch 2.13 CPU, torchao 0.18):
-13 of 14 exact, both; the one miss has f = h (64): W_Q's and W_O's casts, as large as the MLP's and not
-placed by the estimate, top the step by 4,928 B (1.1 %; blocks/fp8.py's NB).
+13 of 14 exact, both; the one miss (h = f = 64, eager grouped-query attention, 16 tokens) is 4,928 B
+(1.1 %) above the estimate, a setup whose bf16 layer moment is already inexact (4,352 B over: eager GQA,
+analytic/peak.py's accuracy note).
 
     python benchmarks/bench_fp8_peak.py [--n 14]
 """

@@ -31,7 +31,8 @@ Known limitations (NB):
 - NB: the forward's casts (``forward_transient``) are not a modelled moment (the peak model's forward is
   not); the attention's linears' backward casts are taken smaller than the MLP's (their weights and inputs
   are no larger when f > h, their live set smaller). benchmarks/bench_fp8_peak.py: 13 of 14 random small
-  setups exact; the miss has f = h, W_O's casts 4,928 B (1.1 %) above the estimate.
+  setups exact; the miss (h = f, eager grouped-query attention, where the bf16 layer moment is already
+  inexact) is 4,928 B (1.1 %) above the estimate.
 - NB: eager casts. Under ``--compile`` the partitioner keeps each linear's float8 weight cast for backward
   (pytorch/pytorch#141881, measured: ``blocks.profiles.compile_note``): not modelled, a note says so.
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
