@@ -173,7 +173,8 @@ class Options(Frozen):
     )
     fp8: Fp8Recipe = _option(
         "torchao float8 training of the layers' linears: none, tensorwise or rowwise scaling (their GEMMs at "
-        "the GPU's FP8 peak plus the casts' traffic); changes the step time only",
+        "the GPU's FP8 peak plus the casts' traffic); the saved activations stay bf16's, the casts' fp32 and "
+        "float8 temporaries join the peak at the down projection's backward (trace --fp8, profile --fp8)",
         _STRATEGY,
         default=Fp8Recipe.NONE,
     )

@@ -161,6 +161,10 @@ CASES: list[Case] = [
     # --- estimate: unknown names ----------------------------------------------------------------------
     case("unknown-checkpointing", "estimate -m 70b --checkpointing sometimes", "checkpointing"),
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
+    case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
+    case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
+    case("trace-compile-fp8", "trace -m tiny --seq 32 --compile --fp8 rowwise", "compile"),
+    case("fp8-nproc", "profile -m tiny --device cpu --seq 32 --nproc 2 --fp8 rowwise", "fp8"),
     case("unknown-optimizer", "estimate -m 70b --optimizer adam", "optimizer"),
     case("unknown-optimizer-impl", "estimate -m 70b --optimizer-impl apex", "optimizer-impl"),
     case("torch-impl-for-sgd", "estimate -m 70b --optimizer sgd --optimizer-impl fused", "optimizer_impl"),

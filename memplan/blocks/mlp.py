@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.blocks import linear_params, mm
+from memplan.blocks import fp8, linear_params, mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
@@ -99,7 +99,31 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
     later = t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
+    if fp8.enabled(setup):
+        return max(later, down_backward_transient(setup, dims), fp8_first_backward(setup, dims))
     return max(later, down_backward_transient(setup, dims))
+
+
+def fp8_first_backward(setup: Setup, dims: Dims) -> int:
+    """``--fp8``: the first matrices' backward casts (``fp8.backward_transient`` of [T, h] → [T, f]), after
+    the product's backward (autograd runs W_up's, created after silu, before silu's and W_gate's). Alive:
+    dY [T, h] and W_down's gradients. SwiGLU at W_up's: d(act), d(up) [T, f]; the down input, act and up
+    saves released (and the residual dropout's mask). At W_gate's: W_up's dX [T, h] and gradients, d(gate)
+    [T, f]; silu's saved gate released too. GELU at W_fc1's: d(fc1) [T, f]; the down input and fc1's output
+    released."""
+    e, g, t, f, h = dims.act.bytes, setup.training.precision.grad_bytes, dims.tokens, dims.f, dims.h
+    bias = setup.model.mlp_bias
+    tf, dy = t * f * e, t * h * e
+    down = (f * h + (h if bias else 0)) * g
+    first_bias = (f if bias else 0) * g  # W_up's (W_gate's) bias gradient, made before its matmul's
+    mask = t * h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
+    cast = fp8.backward_transient(setup, t, h, f)
+    base = dy + down - mask + cast
+    if setup.model.mlp is not MlpType.SWIGLU:
+        return base + tf + first_bias - 2 * tf
+    up = base + 2 * tf + first_bias - 3 * tf
+    gate = base + dy + tf + f * h * g + 2 * first_bias - 4 * tf
+    return max(up, gate)
 
 
 def down_backward_transient(setup: Setup, dims: Dims) -> int:
@@ -112,6 +136,11 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     if hidden_dropouts(setup)[0] > 0:
         mask = t * h * DType.BOOL.bytes  # the bool mask of the dropout after W_down
         dropout = t * h * a_bytes - mask
+    if fp8.enabled(setup):
+        # torchao's casts, dX and dW among their steps (blocks/fp8.py); Float8Linear adds its bias outside
+        # the matmul, so the bias gradient is made first, checkpointed or not.
+        bias_grad = (h if setup.model.mlp_bias else 0) * setup.training.precision.grad_bytes
+        return t * h * a_bytes + dropout + bias_grad + fp8.down_backward(setup, dims)
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
     return t * h * a_bytes + dropout + t * dims.f * a_bytes + grads

@@ -10,6 +10,7 @@ from memplan.config import (
     Checkpointing,
     Device,
     DType,
+    Fp8Recipe,
     GateActivation,
     Impl,
     MlpType,
@@ -41,19 +42,20 @@ def profile_of(setup: Setup) -> Profile:
     if setup.impl.impl is Impl.MEGATRON:
         return megatron.profile(setup)
     if setup.impl.impl is Impl.TORCHTITAN:
-        return torchtitan.profile(setup)
+        return torchtitan.profile(setup, compiled=compile_modelled(setup))
     return COMPILED_REFERENCE if compile_modelled(setup) else REFERENCE
 
 
 def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
-    measured (measure/runs/compiled.py): the reference model's dense RMSNorm / SwiGLU blocks with flash
-    attention and no dropout, on one tensor- and context-parallel rank, full training. Elsewhere the
-    estimate keeps the eager code's saves and says so (``compile_note``)."""
+    measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
+    SwiGLU blocks with flash attention and no dropout, on one tensor- and context-parallel rank, full
+    training, without --fp8. Elsewhere the estimate keeps the eager code's saves and says so
+    (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel
     return (
         setup.impl.compile
-        and setup.impl.impl is Impl.REFERENCE
+        and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
         and m.norm is NormType.RMSNORM
         and m.mlp is MlpType.SWIGLU
         and m.moe is None
@@ -73,6 +75,7 @@ def compile_modelled(setup: Setup) -> bool:
         and s.checkpointing in (Checkpointing.NONE, Checkpointing.FULL)
         and not s.reversible
         and setup.finetune.trains_everything
+        and setup.impl.fp8 is Fp8Recipe.NONE
     )
 
 
@@ -80,11 +83,22 @@ def compile_note(setup: Setup) -> str | None:
     """One line when ``--compile`` is given but its saved set is not modelled for this setup."""
     if not setup.impl.compile or compile_modelled(setup):
         return None
+    if setup.impl.fp8 is not Fp8Recipe.NONE:
+        # Measured (measure/runs/compiled.py on a float8 block, tests/measure/test_fp8.py): the min-cut
+        # partitioner keeps each linear's float8 weight cast for backward (the cast is materialised in
+        # backward, so recomputing it is banned): one byte per layer parameter per layer, as
+        # pytorch/pytorch#141881 reported. Llama-3-8B at 256 tokens: 243,304,480 bytes a layer against
+        # 35,686,400 compiled bf16 and 51,415,040 eager.
+        return (
+            "compile: torch.compile with --fp8 is not modelled: its partitioner keeps every layer's float8 "
+            "weight casts (1 byte a parameter, pytorch/pytorch#141881) and float8 activations; here the "
+            "memory is the eager float8 code's, an underestimate, the step time the compiled kernels'"
+        )
     return (
-        "compile: torch.compile's saved set is modelled for --impl reference dense RMSNorm/SwiGLU blocks "
-        "with flash attention, no dropout or biases, tp 1, cp 1, full training and checkpointing none or "
-        "full (measured: memplan trace --compile); here the memory is the eager code's, the step time the "
-        "compiled kernels'"
+        "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
+        "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
+        "checkpointing none or full (measured: memplan trace --compile); here the memory is the eager "
+        "code's, the step time the compiled kernels'"
     )
 
 

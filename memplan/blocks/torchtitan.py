@@ -33,13 +33,15 @@ from memplan.blocks.profile import Profile
 from memplan.config import Impl, ModelConfig, Setup
 
 
-def profile(setup: Setup) -> Profile:
+def profile(setup: Setup, compiled: bool = False) -> Profile:
     """torchtitan's Llama 3: ``nn.RMSNorm`` (``F.rms_norm``), the complex rotary cache of each layer and
     ``FullAC``'s re-run without early stop; ``SelectiveAC``'s per-op cache; under TP/SP
     the vocabulary-parallel embedding's mask, the loss-parallel function's saves and the gathered inputs
-    of the sequence-parallel plan; the summed loss divided by the
-    valid-token count (its labels are not
-    padded: ``cross_entropy_loss`` takes them as they are)."""
+    of the sequence-parallel plan; the summed loss divided by the valid-token count (its labels are not
+    padded: ``cross_entropy_loss`` takes them as they are). ``compiled``: ``apply_compile``'s
+    ``torch.compile`` of each block (``Profile.compiled_block``; measured: its partitioner keeps the
+    reference block's values, W_O's output in place of the residual sum, and the rotary cache's conjugate,
+    the bytes of the eager per-layer cache)."""
     return Profile(
         impl=Impl.TORCHTITAN,
         rms_norm_fp32_product=True,
@@ -51,6 +53,7 @@ def profile(setup: Setup) -> Profile:
         loss_parallel_function=True,
         sp_module_gather=True,
         fsdp2_dim0_shards=True,
+        compiled_block=compiled,
     )
 
 

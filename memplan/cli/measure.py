@@ -72,6 +72,7 @@ _RUN_OPTIONS = (
     "reversible",
     "dropout",
     "loss",
+    "fp8",
 )
 
 
@@ -165,12 +166,19 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     from memplan.measure.frameworks.dispatch import check_traceable
     from memplan.measure.frameworks.hf import measure_hf
 
+    if setup.impl.compile and setup.impl.impl is not Impl.TORCHTITAN:
+        raise ValueError(
+            f"compile: trace --impl {setup.impl.impl.value} runs the framework's eager code; torch.compile's "
+            "saved set is traced for --impl reference and torchtitan; drop --compile"
+        )
     measure_impl = check_traceable(setup)
     if setup.impl.impl is Impl.TORCHTITAN:
         from memplan.measure.distributed.titan import needs_ranks
 
         if needs_ranks(setup):
             return _trace_titan_rank(setup, as_json)
+    if setup.impl.compile:
+        return _trace_compiled(setup, as_json)
     document = hf_document(model) if setup.impl.impl is Impl.HF else None
     est = estimate(setup)
     start = time.perf_counter()
@@ -219,6 +227,7 @@ def _trace_compiled(setup: Setup, as_json: bool) -> None:
     """``trace --compile``: each block's saves from torch.compile's partitioner (measure/runs/compiled.py),
     the model's eager parts as they run; exact per layer, in total and in FLOPs."""
     from memplan.blocks.profiles import compile_note
+    from memplan.measure.frameworks.titan import measure_titan_compiled
     from memplan.measure.runs.compiled import compiled_comparison_json, measure_compiled
 
     note = compile_note(setup)
@@ -228,7 +237,7 @@ def _trace_compiled(setup: Setup, as_json: bool) -> None:
         raise ValueError("device: trace --compile runs the CPU kernels; use --device cpu")
     est = estimate(setup)
     start = time.perf_counter()
-    meas = measure_compiled(setup)
+    meas = measure_titan_compiled(setup) if setup.impl.impl is Impl.TORCHTITAN else measure_compiled(setup)
     seconds = time.perf_counter() - start
     result = compiled_comparison_json(est, meas)
     _print_impl_trace(result, seconds, as_json)
@@ -293,6 +302,11 @@ def profile(
                     raise ValueError(
                         f"{flag}: recorded by the one-process run only; drop --{flag} or run without --nproc"
                     )
+            if options.get("fp8") not in (None, "none"):
+                raise ValueError(
+                    "fp8: profile --nproc runs bf16 linears (torchao's float8 under DTensor/FSDP2 is not "
+                    "modelled); drop --fp8 or run without --nproc"
+                )
             profile_distributed(nproc, dev, as_json, options)
             return
         check_single(options)

@@ -80,7 +80,8 @@ class AttentionKernel(StrEnum):
 
 
 class Fp8Recipe(StrEnum):
-    """torchao's float8 training of the layers' linears (``--fp8``; step time only)."""
+    """torchao's float8 training of the layers' linears (``--fp8``): the step time (time/fp8.py) and the
+    casts' temporaries in the peak (blocks/fp8.py)."""
 
     NONE = "none"
     TENSORWISE = "tensorwise"
@@ -118,7 +119,8 @@ class ImplConfig(Frozen):
     )
     fp8: Fp8Recipe = Field(
         default=Fp8Recipe.NONE,
-        description="torchao float8 training of the layers' linears (step time only: time/fp8.py)",
+        description="torchao float8 training of the layers' linears (time/fp8.py; the casts' memory: "
+        "blocks/fp8.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune, Target
-from memplan.config.impl import Family, Impl, ImplConfig
+from memplan.config.impl import Family, Fp8Recipe, Impl, ImplConfig
 from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import (
@@ -426,6 +426,13 @@ def check_impl(setup: Setup) -> None:
             raise ValueError(
                 "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
                 "op's outputs); use --device cpu"
+            )
+        if setup.impl.fp8 is Fp8Recipe.TENSORWISE:
+            # torchtitan 0.3.0 components/quantization/float8.py: recipe_name: Literal["rowwise",
+            # "rowwise_with_gw_hp"].
+            raise ValueError(
+                "fp8: torchtitan 0.3.0's Float8LinearConverter offers the rowwise recipes only; use --fp8 "
+                "rowwise (or --impl reference for tensorwise)"
             )
     unmodelled = {
         # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).

@@ -12,8 +12,8 @@ X is [T, in], W [in, out], dY [T, out] per linear (e the activation bytes).
 
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-the float8 all-gather of FSDP and the amax all-reduce are not modelled; the memory estimate does not change
-(torchao saves what it saves in bf16 by default).
+the float8 all-gather of FSDP and the amax all-reduce are not modelled. The memory: blocks/fp8.py (the saved
+activations are bf16's; the casts' temporaries join the peak).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch_checkpointing, triton
 
-from memplan.config import Impl
+from memplan.api import Options, setup_of
+from memplan.config import Fp8Recipe, Impl
 from memplan.engine import estimate
 from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
@@ -70,3 +71,42 @@ def test_llama3_selective_ac(fields: dict[str, object]) -> None:
         meas.flops["backward"],
         meas.flops["recompute"],
     )
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama3_float8_rowwise_keeps_what_bf16_keeps(checkpointing: str) -> None:
+    """torchtitan's ``Float8LinearConverter`` (rowwise, lm_head filtered as its llama3_405b config) swaps
+    every layer linear for torchao's Float8Linear, which saves the bf16 input and the weight's view: the
+    saves equal the estimate's and bf16's, to the byte, at Llama-3-8B's widths."""
+    pytest.importorskip("torchao.float8")
+    plain = hf_setup("llama-3-8b", seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN)
+    setup = plain.model_copy(update={"impl": plain.impl.model_copy(update={"fp8": Fp8Recipe.ROWWISE})})
+    est, meas = estimate(setup), measure_titan(setup)
+    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
+    assert est.activations == meas.activations == estimate(plain).activations, unpaired
+    # The casts join the peak: above bf16 training's.
+    assert est.peak.phases["layer backward"] > estimate(plain).peak.phases["layer backward"]
+
+
+def test_titan_refuses_tensorwise_float8() -> None:
+    """torchtitan 0.3.0's converter offers recipe_name "rowwise" or "rowwise_with_gw_hp" only."""
+    with pytest.raises(ValueError, match=r"fp8: torchtitan 0\.3\.0's Float8LinearConverter"):
+        setup_of(Options(model="llama-3-8b", impl="torchtitan", fp8="tensorwise"))
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_llama3_compiled_blocks_keep_what_the_estimate_says(checkpointing: str) -> None:
+    """``apply_compile``: each torchtitan block under AOTAutograd's min-cut partitioner (fake tensors, no
+    kernel compiled) keeps the bytes of the compiled profile (``Profile.compiled_block`` with torchtitan's
+    switches), every layer, the total and the FLOPs exact, at Llama-3-8B's widths."""
+    from memplan.measure.frameworks.titan import measure_titan_compiled
+    from memplan.measure.runs.compiled import compiled_comparison_json
+
+    plain = hf_setup("llama-3-8b", seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN)
+    setup = plain.model_copy(update={"impl": plain.impl.model_copy(update={"compile": True})})
+    est = estimate(setup)
+    out = compiled_comparison_json(est, measure_titan_compiled(setup))
+    assert out["diff"]["exact"], [r for r in out["diff"]["tensors"] if r["delta_bytes"]]
+    if checkpointing == "none":  # the partitioner recomputes the fp32 norm upcasts and silu(g)
+        assert est.activations < estimate(plain).activations

@@ -12,6 +12,9 @@ saved storage per decoder layer (``memplan.measure.frameworks.step.run_step``). 
 torchtitan's ``FullAC`` (``distributed/activation_checkpoint.py``: torch's ``checkpoint_wrapper``,
 non-reentrant, on every block); ``--checkpointing selective`` is its ``SelectiveAC`` (the per-op policy,
 default config), whose cache of saved op outputs is counted per layer after forward (``keep_sac``).
+``--compile`` is torchtitan's ``apply_compile`` (``torch.compile`` of each block): ``measure_titan_compiled``
+runs each block through AOTAutograd's min-cut partitioner under fake tensors
+(``memplan.measure.runs.compiled``) and sets its saves in place of the eager block's.
 
 Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
@@ -19,6 +22,9 @@ Known limitations:
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
 - NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA
   (``memplan.config.setup.check_impl``).
+- NB: ``--fp8 rowwise`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``);
+  0.3.0's converter offers rowwise and rowwise_with_gw_hp only, so ``--fp8 tensorwise`` is refused with the
+  setup (``memplan.config.setup.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 - NB: without ``--cp`` the model runs without ``positions`` (RoPE reads a prefix view of each layer's cache);
   torchtitan's trainer passes the dataset's positions (``hf_datasets/text_datasets.py``), which makes each
@@ -42,6 +48,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -50,11 +57,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.config import Checkpointing, Setup
+from memplan.config import Checkpointing, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import SavedRecord, layer_scope
 from memplan.measure.reference.context import rotate_method
+from memplan.measure.runs.compiled import partitioned_forward, saved_records
 from memplan.measure.runs.run import make_batch, ring
 
 INSTALL = "pip install 'memplan[torchtitan]'"
@@ -128,13 +136,35 @@ def titan_config(setup: Setup) -> Any:
     )
 
 
+def float8_config(setup: Setup, config: Any) -> Any:
+    """Under ``--fp8 rowwise``: ``config`` through torchtitan's own ``Float8LinearConverter.convert``
+    (components/quantization/float8.py: every ``Linear.Config`` whose dims are multiples of 16 becomes its
+    ``Float8Linear.Config`` with torchao's recipe), ``filter_fqns=["lm_head"]`` as its ``llama3_405b``
+    config. Its ``__init__`` refuses a machine without SM89 (or asks for ``emulate``, which swaps in another
+    recipe), so the converter's state is set here as that ``__init__`` sets it on an H100."""
+    if setup.impl.fp8 is Fp8Recipe.NONE:
+        return config
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+    from torchtitan.components.quantization.utils import module_filter_fn
+
+    from memplan.measure.reference.fp8 import torchao_config
+
+    state = SimpleNamespace(
+        enabled=True,
+        torchao_config=torchao_config(setup.impl.fp8),
+        filter_fn=partial(module_filter_fn, filter_fqns=["lm_head"]),
+    )
+    return Float8LinearConverter.convert(state, config)
+
+
 def build(setup: Setup) -> Any:
     """torchtitan's Llama 3 for ``setup``, its parameters in the activation dtype, in training mode (call
-    under a fake mode), and its activation checkpointing (``apply_ac``)."""
+    under a fake mode), its linears torchao's ``Float8Linear`` under ``--fp8``, and its activation
+    checkpointing (``apply_ac``)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))  # the cache is computed in fp32 explicitly: complex64
     try:
-        model = titan_config(setup).build()
+        model = float8_config(setup, titan_config(setup)).build()
     finally:
         torch.set_default_dtype(default)
     apply_ac(model, setup)
@@ -266,3 +296,38 @@ def titan_step(
     if group is not None:
         measured.records.append(rope_buffers(model))
     return measured
+
+
+def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
+    """What one torchtitan block keeps under ``torch.compile`` (``apply_compile``: each block compiled
+    alone): AOTAutograd's min-cut partitioner over the block, its parameters and its rotary cache buffer
+    as inputs (``memplan.measure.runs.compiled``)."""
+    m, t = setup.model, setup.training
+    one = setup.model_copy(update={"model": m.model_copy(update={"num_layers": 1})})
+    with torch.device("meta"):
+        block = build(one).layers["0"]
+    meta = dict(block.named_parameters())
+    buffers = dict(block.named_buffers())
+    compiled, graphs = partitioned_forward(
+        lambda inputs, x: torch.func.functional_call(block, inputs, (x, None))
+    )
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        inputs = {k: torch.empty(v.shape, dtype=v.dtype, requires_grad=True) for k, v in meta.items()}
+        inputs.update({k: torch.empty(v.shape, dtype=v.dtype) for k, v in buffers.items()})
+        x = torch.empty(t.micro_batch, t.seq_len, m.hidden_size, dtype=activation_dtype(setup))
+        compiled(inputs, x.requires_grad_()).sum().backward()
+    return saved_records(graphs["forward"], len(inputs), 1, layer)
+
+
+def measure_titan_compiled(setup: Setup) -> Measured:
+    """torchtitan's Llama with every block compiled (``--compile``): the eager run's model-level saves and
+    FLOPs (the embedding, final norm, head and loss stay eager; the partitioner runs the same matmuls), and
+    each block's compiled saves; with ``FullAC`` a checkpointed block keeps its input alone."""
+    eager = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
+    base = measure_titan(eager)
+    if setup.strategy.checkpointing is Checkpointing.FULL:
+        return base
+    block = compiled_block_records(setup)
+    layers = [replace(r, layer=i) for i in range(setup.model.num_layers) for r in block]
+    model = [r for r in base.records if r.layer is None]
+    return Measured(records=model + layers, flops=base.flops, by_op=base.by_op)

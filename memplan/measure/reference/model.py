@@ -43,6 +43,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments.record import label, layer_scope, note_kept
+from memplan.measure.reference.fp8 import convert_layers
 from memplan.measure.reference.lora import apply_finetune
 from memplan.measure.reference.loss import head_loss
 from memplan.measure.reference.moe import Mlp, MoEMlp, check_moe, dense_mlp
@@ -210,6 +211,7 @@ class Reference(nn.Module):
         self._recomputing = False
         self.reset_parameters()
         apply_finetune(self)  # LoRA adapters and frozen parameters (memplan/measure/reference/lora.py)
+        convert_layers(self, setup)  # --fp8: torchao's Float8Linear (memplan/measure/reference/fp8.py)
 
     # -- set-up ---------------------------------------------------------------------------------------
     @torch.no_grad()

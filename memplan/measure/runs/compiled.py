@@ -82,9 +82,7 @@ def _op_name(target: object) -> str:
     return text.split(".")[1] if text.startswith("aten.") else getattr(target, "__name__", text)
 
 
-def _saved_records(
-    forward: fx.GraphModule, n_params: int, user_outputs: int, layer: int
-) -> list[SavedRecord]:
+def saved_records(forward: fx.GraphModule, n_params: int, user_outputs: int, layer: int) -> list[SavedRecord]:
     """The storages the forward graph returns for backward beyond its ``user_outputs``; placeholders are the
     parameters (``n_params`` first), then x, then the rotary tables."""
     placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
@@ -109,21 +107,15 @@ def _saved_records(
     return records
 
 
-def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
-    """What block ``layer`` of the reference model keeps under ``torch.compile`` (module docstring)."""
+def partitioned_forward(body: Any) -> tuple[Any, dict[str, fx.GraphModule]]:
+    """``body`` through AOTAutograd with Inductor's decompositions and the min-cut partitioner, its forward
+    and backward graphs recorded (run boxed, no kernel compiled): the compiled callable and the graphs it
+    fills on its first call."""
     from torch._functorch._aot_autograd.utils import make_boxed_func
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    m, t = setup.model, setup.training
-    eager = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
-    with torch.device("meta"):
-        ref = Reference(eager.model_copy(update={"model": m.model_copy(update={"num_layers": 1})}), "meta")
-    block = ref.layers[0]
-    assert isinstance(block, Layer)
-    meta = dict(block.named_parameters())
     graphs: dict[str, fx.GraphModule] = {}
 
     def record(kind: str) -> Any:
@@ -133,10 +125,6 @@ def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
 
         return compiler
 
-    def body(params: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
-        args = (ref.layer_body, block, 0, x, Consts(cos, sin, None))
-        return torch.func.functional_call(block, params, args)
-
     compiled = aot_function(
         body,
         fw_compiler=record("forward"),
@@ -144,13 +132,33 @@ def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
         partition_fn=min_cut_rematerialization_partition,
         decompositions=select_decomp_table(),
     )
+    return compiled, graphs
+
+
+def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
+    """What block ``layer`` of the reference model keeps under ``torch.compile`` (module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    m, t = setup.model, setup.training
+    eager = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
+    with torch.device("meta"):
+        ref = Reference(eager.model_copy(update={"model": m.model_copy(update={"num_layers": 1})}), "meta")
+    block = ref.layers[0]
+    assert isinstance(block, Layer)
+    meta = dict(block.named_parameters())
+
+    def body(params: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        args = (ref.layer_body, block, 0, x, Consts(cos, sin, None))
+        return torch.func.functional_call(block, params, args)
+
+    compiled, graphs = partitioned_forward(body)
     act = next(iter(meta.values())).dtype
     with FakeTensorMode():
         params = {k: torch.empty(v.shape, dtype=v.dtype, requires_grad=True) for k, v in meta.items()}
         x = torch.empty(t.micro_batch, t.seq_len, m.hidden_size, dtype=act, requires_grad=True)
         cos, sin = (torch.empty(t.seq_len, m.dim, dtype=act) for _ in range(2))
         compiled(params, x, cos, sin).sum().backward()
-    return _saved_records(graphs["forward"], len(params), 1, layer)
+    return saved_records(graphs["forward"], len(params), 1, layer)
 
 
 def measure_compiled(setup: Setup) -> Measured:

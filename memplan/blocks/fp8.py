@@ -1,0 +1,105 @@
+"""Float8 training's memory (``--fp8 tensorwise|rowwise``): torchao 0.18's ``Float8Linear``, eager.
+
+What it keeps for backward: what bf16 training keeps. ``matmul_with_hp_or_float8_args.forward``
+(torchao/float8/float8_linear.py) saves the high-precision input and the weight's transposed view
+(``ctx.save_for_backward(input_hp, weight_hp_t)``) and its backward casts them again: no float8 tensor
+outlives the op (``trace --fp8``: the saved tensors equal bf16's, byte for byte). Delayed scaling, whose
+per-tensor amax history was a buffer, is gone from torchao (0.18's ``ScalingType`` is ``DYNAMIC`` or
+``DISABLED``): there is no amax history to count. With FSDP2's ``enable_fsdp_float8_all_gather`` (tensorwise
+only) the all-gathered weight would be float8: not modelled (below).
+
+What it adds are the casts' temporaries, per linear Y = X·Wᵀ (X [T, in], W [out, in], dY [T, out]):
+- one cast of an n-element tensor (``hp_tensor_to_float8_dynamic``): ``tensor_to_amax`` (``abs`` of it,
+  e bytes an element, freed with the reduction), then ``_ToFloat8ConstrFunc.forward``: ``tensor.to(float32)
+  * scale`` (4n, the upcast freed once the product exists), ``to_fp8_saturated``: ``clamp`` (4n more) and
+  ``.to(float8)`` (n) while the scaled and the clamped copies are both alive: 9n bytes at its top, then the
+  float8 copy (n) and its scale stay while the op uses them;
+- scales (fp32): tensorwise one per tensor (4 bytes); rowwise (``AXISWISE``) one per row of the scaled
+  axis: X by token (4T) and Wᵀ by output (4·out) in forward; dY by token (4T) for dX and by output (4·out)
+  for dW, W by input (4·in) for dX, X by input (4·in) for dW;
+- forward, in order: cast X, cast Wᵀ, the GEMM's output Y (e·T·out);
+- backward, in order, dY alive: cast dY (for dX), cast W, dX (e·T·in), cast dY again (for dW), cast X,
+  dW (the gradient's bytes); every float8 copy lives until the backward returns.
+
+``backward_transient`` is the top of that sequence above what is alive before it (dY excluded), exact
+against torch's live storages (tests/measure/test_fp8.py). The peak places it at the MLP's linears'
+backward: the down projection's (``blocks.mlp.down_backward_transient``: the layer's saves all alive, the
+largest input [T, f]) and, with few tokens where the weight casts dominate, W_up's and W_gate's
+(``blocks.mlp.fp8_first_backward``: W_down's gradient made by then).
+
+Known limitations (NB):
+- NB: the forward's casts (``forward_transient``) are not a modelled moment (the peak model's forward is
+  not); the attention's linears' backward casts are taken smaller than the MLP's (their weights and inputs
+  are no larger when f > h, their live set smaller). benchmarks/bench_fp8_peak.py: 13 of 14 random small
+  setups exact; the miss (h = f, eager grouped-query attention, where the bf16 layer moment is already
+  inexact) is 4,928 B (1.1 %) above the estimate.
+- NB: eager casts. Under ``--compile`` the partitioner keeps each linear's float8 weight cast for backward
+  (pytorch/pytorch#141881, measured: ``blocks.profiles.compile_note``): not modelled, a note says so.
+- NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
+  projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
+  16 (``module_filter_fn``); the estimate takes the down projection as converted.
+- NB: FSDP2's float8 all-gather and tensor-parallel float8 (amax all-reduce) are not modelled; a rank's
+  shapes are used as they are.
+"""
+
+from __future__ import annotations
+
+from memplan.blocks.inventory import Dims
+from memplan.config import Fp8Recipe, Setup
+
+SCALE = 4
+"""Bytes of one scale: torchao's ``amax_to_scale`` returns float32."""
+
+
+def enabled(setup: Setup) -> bool:
+    return setup.impl.fp8 is not Fp8Recipe.NONE
+
+
+def cast_top(n: int) -> int:
+    """The top of one cast of n elements (module docstring): the fp32 scaled and clamped copies and the
+    float8 result, alive at once: 4n + 4n + n."""
+    return 9 * n
+
+
+def scales(recipe: Fp8Recipe, rows: int) -> int:
+    """Bytes of a cast's scales: tensorwise one fp32; rowwise one per row of the scaled axis."""
+    return SCALE if recipe is Fp8Recipe.TENSORWISE else SCALE * rows
+
+
+def forward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
+    """A linear's forward above X and W: cast X (scales by token), cast Wᵀ (by output) beside float8 X,
+    then the GEMM's output beside both float8 copies."""
+    r, e = setup.impl.fp8, setup.training.precision.activation_dtype.bytes
+    x, w = tokens * n_in, n_in * n_out
+    sx, sw = scales(r, tokens), scales(r, n_out)
+    return max(
+        cast_top(x) + sx,
+        x + sx + cast_top(w) + sw,
+        x + sx + w + sw + e * tokens * n_out,
+    )
+
+
+def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
+    """A linear's backward above its saves and the incoming dY (module docstring's order): the largest of
+    its six steps' live sets."""
+    r = setup.impl.fp8
+    e, g = setup.training.precision.activation_dtype.bytes, setup.training.precision.grad_bytes
+    x, w, y = tokens * n_in, n_in * n_out, tokens * n_out
+    dy = y + scales(r, tokens)  # float8 dY for dX, by token
+    wt = w + scales(r, n_in)  # float8 W for dX, by input
+    dx = e * x
+    dy2 = y + scales(r, n_out)  # float8 dY for dW, by output
+    xt = x + scales(r, n_in)  # float8 X for dW, by input
+    return max(
+        cast_top(y) + scales(r, tokens),
+        dy + cast_top(w) + scales(r, n_in),
+        dy + wt + dx,
+        dy + wt + dx + cast_top(y) + scales(r, n_out),
+        dy + wt + dx + dy2 + cast_top(x) + scales(r, n_in),
+        dy + wt + dx + dy2 + xt + g * w,
+    )
+
+
+def down_backward(setup: Setup, dims: Dims) -> int:
+    """The down projection's backward casts (its input [T, f], its output [T, h])."""
+    return backward_transient(setup, dims.tokens, dims.f, dims.h)

@@ -1,0 +1,146 @@
+"""``--fp8``: torchao 0.18's Float8Linear, measured against the estimate (blocks/fp8.py).
+
+1. One linear's casts, tracked storage by storage, equal the sequence derived by hand here.
+2. The saved tensors of the whole reference model under fp8 equal the estimate's (bf16's), to the byte.
+3. The step's peak with fp8, measured on real CPU tensors, equals the estimate's layer-backward moment.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memplan.blocks import fp8
+from memplan.config import (
+    Attention,
+    Device,
+    Fp8Recipe,
+    ModelConfig,
+    Setup,
+    StrategyConfig,
+    TrainingConfig,
+)
+from memplan.engine import estimate
+from memplan.measure.compare.tensors import comparison_json
+from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.reference.fp8 import require_torchao, torchao_config
+from memplan.measure.runs.profile import profile
+from memplan.measure.runs.run import measure
+
+T, IN, OUT = 64, 128, 256
+
+
+def _setup(recipe: Fp8Recipe, **training: object) -> Setup:
+    model = ModelConfig(
+        hidden_size=64,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        ffn_size=160,
+        vocab_size=32,
+        max_positions=512,
+    )
+    return Setup(
+        model=model,
+        training=TrainingConfig(**{"micro_batch": 2, "seq_len": 64, **training}),
+        strategy=StrategyConfig(attention=Attention.FLASH),
+        impl={"fp8": recipe},
+        device=Device.CPU,
+    )
+
+
+def _linear_peaks(recipe: Fp8Recipe) -> tuple[int, int]:
+    """One bf16 Float8Linear [T, IN] → [T, OUT]: its forward's and backward's top above what is alive
+    before each (X and W; then also Y and dY)."""
+    float8 = require_torchao()
+    lin = torch.nn.Sequential(torch.nn.Linear(IN, OUT, bias=False, dtype=torch.bfloat16))
+    float8.convert_to_float8_training(lin, config=torchao_config(recipe))
+    x = torch.randn(T, IN, dtype=torch.bfloat16, requires_grad=True)
+    tracker = LiveMemoryTracker()
+    with tracker:
+        tracker.track([x, lin[0].weight])
+        before = tracker.current
+        y = lin(x)
+        forward = tracker.mark("forward").peak - before
+        dy = torch.ones_like(y)
+        alive = tracker.current
+        y.backward(dy)
+        backward = tracker.mark("backward").peak - alive
+    return forward, backward
+
+
+# By hand, bf16 (e = 2), X 64×128 = 8,192 elements, W 128×256 = 32,768, Y 64×256 = 16,384. One cast of n
+# elements tops at 9n (fp32 scaled 4n + fp32 clamped 4n + float8 n).
+# Forward: cast X (9·8,192 + 4 = 73,732), cast W beside float8 X and its scale (8,192 + 4 + 9·32,768 + 4 =
+# 303,112), the GEMM's output beside both float8 copies (8,192 + 32,768 + 8 + 2·16,384 = 73,736): 303,112.
+# Backward: cast dY (9·16,384 + 4 = 147,460), cast W beside float8 dY (16,384 + 4 + 294,912 + 4 = 311,304),
+# dX (16,388 + 32,772 + 2·8,192 = 65,544), dY again (65,544 + 147,460 = 213,004), X (65,544 + 16,388 +
+# 73,732 = 155,664), dW (65,544 + 16,388 + 8,196 + 2·32,768 = 155,664): 311,304.
+# Rowwise: scales per row: forward X by token (4·64 = 256), W by output (4·256 = 1,024): 8,192 + 256 +
+# 294,912 + 1,024 = 304,384; backward dY by token (256), W by input (4·128 = 512): 16,384 + 256 + 294,912 +
+# 512 = 312,064.
+HAND = {Fp8Recipe.TENSORWISE: (303_112, 311_304), Fp8Recipe.ROWWISE: (304_384, 312_064)}
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE], ids=str)
+def test_one_linear_casts_are_the_hand_derived_sequence(recipe: Fp8Recipe) -> None:
+    measured = _linear_peaks(recipe)
+    assert measured == HAND[recipe]
+    setup = _setup(recipe, precision="bf16")
+    assert (fp8.forward_transient(setup, T, IN, OUT), fp8.backward_transient(setup, T, IN, OUT)) == measured
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE], ids=str)
+def test_saved_tensors_under_fp8_equal_the_estimate(recipe: Fp8Recipe) -> None:
+    setup = _setup(recipe)
+    est = estimate(setup)
+    out = comparison_json(est, measure(setup, fake=True))
+    assert out["diff"]["equal"]
+    # torchao saves the bf16 input and the weight's view: the same bytes as bf16 training.
+    bf16 = estimate(_setup(Fp8Recipe.NONE))
+    assert est.activations == bf16.activations == out["measured"]["memory"]["activations"]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "batch", "seq"),
+    [
+        # 128 tokens: the down projection's backward casts its [T, f] input: the peak.
+        (Fp8Recipe.TENSORWISE, 2, 64),
+        (Fp8Recipe.ROWWISE, 2, 64),
+        # 16 tokens: the weight casts dominate; W_gate's backward, W_down's and W_up's gradients made.
+        (Fp8Recipe.TENSORWISE, 1, 16),
+    ],
+    ids=str,
+)
+def test_peak_with_fp8_casts_equals_the_measured_step(recipe: Fp8Recipe, batch: int, seq: int) -> None:
+    setup = _setup(recipe, precision="fp32", micro_batch=batch, seq_len=seq)
+    est = estimate(setup)
+    assert est.peak.phase == "layer backward"
+    measured = profile(setup, steps=1)
+    assert measured.phase_peaks["backward"] == est.peak.phases["layer backward"]
+    assert measured.peak == est.peak.bytes
+    # The casts raise the peak above bf16 training's (the same step without --fp8).
+    plain = _setup(Fp8Recipe.NONE, precision="fp32", micro_batch=batch, seq_len=seq)
+    assert est.peak.bytes > estimate(plain).peak.bytes
+
+
+def test_no_amax_history_in_torchao() -> None:
+    """Delayed scaling (an amax history buffer per tensor) is gone: only dynamic or disabled scaling."""
+    float8 = require_torchao()
+    assert {t.name for t in float8.config.ScalingType} == {"DYNAMIC", "DISABLED"}
+
+
+@pytest.mark.parametrize("recipe", [Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE], ids=str)
+def test_compiled_float8_block_keeps_the_float8_weights(recipe: Fp8Recipe) -> None:
+    """Why ``--compile --fp8`` is a note, not an estimate: the min-cut partitioner keeps each linear's float8
+    weight cast for backward (pytorch/pytorch#141881), one byte per parameter of the layer's linears."""
+    from memplan.blocks.profiles import compile_note
+    from memplan.measure.runs.compiled import compiled_block_records
+
+    setup = _setup(recipe, micro_batch=1, seq_len=48)  # T = 48: no activation has a weight's shape
+    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": True})})
+    assert compile_note(setup) is not None and "141881" in compile_note(setup)  # type: ignore[operator]
+    # h 64, q width 4·16 = 64, kv width 2·16 = 32, f 160: W_Q, W_O 64×64; W_K, W_V 64×32; three 64×160.
+    weights = {(64, 64), (64, 32), (32, 64), (64, 160), (160, 64)}
+    kept = sum(r.bytes for r in compiled_block_records(setup) if r.dtype == "fp8_e4m3" and r.shape in weights)
+    assert kept == 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160  # 1 byte each: 43,008
