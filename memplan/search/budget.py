@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Offload
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
-from memplan.reserved import CUDA_CONTEXT, Reserved, fits_reserved, replay_device
+from memplan.reserved import CUDA_CONTEXT, Reserved, cublas_workspace, fits_reserved, replay_device
 
 DEFAULT_RESERVE_GIB = 0.0
 """Memory kept back per GPU by default, in GiB (2³⁰ bytes), beyond what memplan models (module docstring)."""
@@ -235,7 +235,22 @@ def host_fits(p: Result, gpu: GpuPreset) -> bool:
 
 def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed, then (with ``gpu``)
-    what the allocator reserves (``judged``)."""
+    what the allocator reserves — the same answer as ``judged``, sooner:
+
+    - the requested peak (the estimate's peak plus cuBLAS's workspace: the stream reaches it,
+      ``reserved``'s docstring) above ``memory`` cannot fit: reserved ≥ allocated ≥ requested, at every
+      capacity;
+    - else one replay at the capacity ``memory`` decides: when the unlimited replay's reserved peak is
+      within it, the capped replay never reaches the capacity, so runs the same and refuses nothing; when
+      it is not, ``judged`` asks the capped replay itself. Memoised on the stream (``replay_stream``).
+
+    NB: no upper bound of reserved replaces the replay: best fit with splitting has no useful worst case
+    (Robson 1974: a log factor over the live bytes), and the replays of the fit searches measure the
+    allocator's slack from 0 to 1.5× the requested bytes (benchmarks/bench_fit.py --slack)."""
     if not (all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory):
         return False
-    return gpu is None or judged(p, gpu, memory)[1]
+    if gpu is None:
+        return True
+    if p.device.peak.bytes + cublas_workspace(gpu) > memory:
+        return False
+    return fits_reserved(p, gpu, memory) is not None
