@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay
+from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay, round_size, segment_size
 from memplan.analytic.inventory import Scope
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
@@ -279,9 +279,54 @@ def replay_stream(
     return found
 
 
+_REFUSALS: dict[tuple[StreamInputs, int, int], bool] = {}
+"""``refuses`` by (stream inputs, cuBLAS workspace, capacity); bounded as ``_REPLAYS``."""
+
+
+def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
+    """Whether the replay at ``capacity`` refuses a request (``fits_reserved`` is None), stopping as soon
+    as the rest of the stream cannot: a request that finds no cached block opens one segment of
+    ``segment_size`` of its rounded size and nothing else grows the reserved bytes, so once the reserved
+    bytes plus a new segment for every allocation still to come fit the capacity, no later request can
+    pass it (nor make the allocator release cached segments). Memoised (``_REFUSALS``)."""
+    workspace = cublas_workspace(gpu)
+    inputs = stream_inputs(r)
+    key = (inputs, workspace, capacity)
+    found = _REFUSALS.get(key)
+    if found is None:
+        full = _REPLAYS.get((inputs, workspace, False, capacity))
+        found = full.oom if full is not None else _refuses(codes(inputs, workspace), capacity)
+        if len(_REFUSALS) >= _REPLAYS_MAX:
+            _REFUSALS.clear()
+        _REFUSALS[key] = found
+    return found
+
+
+def _refuses(stream_codes: list[int], capacity: int) -> bool:
+    demand = [0] * (len(stream_codes) + 1)  # demand[i]: a new segment for every allocation from i on
+    for i in range(len(stream_codes) - 1, -1, -1):
+        c = stream_codes[i]
+        demand[i] = demand[i + 1] + (segment_size(round_size(c)) if c >= 0 else 0)
+    allocator = Allocator(capacity=capacity)
+    stats, malloc, free = allocator.stats, allocator.malloc, allocator.free
+    made = 0
+    for i, c in enumerate(stream_codes):
+        if stats.reserved + demand[i] <= capacity:
+            return False
+        if c >= 0:
+            malloc(made, c)
+            made += 1
+            if stats.oom:
+                return True
+        else:
+            free(-c - 1)
+    return stats.oom
+
+
 def clear_replays() -> None:
     """Forget the memoised replays (benchmarks time a cold search; tests compare with fresh replays)."""
     _REPLAYS.clear()
+    _REFUSALS.clear()
     _INPUTS.clear()
 
 

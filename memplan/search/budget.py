@@ -25,7 +25,14 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Offload
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset
-from memplan.reserved import CUDA_CONTEXT, Reserved, cublas_workspace, fits_reserved, replay_device
+from memplan.reserved import (
+    CUDA_CONTEXT,
+    Reserved,
+    cublas_workspace,
+    fits_reserved,
+    refuses,
+    replay_device,
+)
 
 DEFAULT_RESERVE_GIB = 0.0
 """Memory kept back per GPU by default, in GiB (2³⁰ bytes), beyond what memplan models (module docstring)."""
@@ -242,7 +249,8 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
       capacity;
     - else one replay at the capacity ``memory`` decides: when the unlimited replay's reserved peak is
       within it, the capped replay never reaches the capacity, so runs the same and refuses nothing; when
-      it is not, ``judged`` asks the capped replay itself. Memoised on the stream (``replay_stream``).
+      it is not, ``judged`` asks the capped replay itself. It stops once the rest of the stream cannot
+      pass the capacity (``reserved.refuses``); memoised on the stream.
 
     NB: no upper bound of reserved replaces the replay. Any allocator that never moves blocks can be
     driven to about M·log₂(n)/2 bytes for M live bytes in blocks of 1 … n units (Robson, J. ACM 21(3),
@@ -255,4 +263,4 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
         return True
     if p.device.peak.bytes + cublas_workspace(gpu) > memory:
         return False
-    return fits_reserved(p, gpu, memory) is not None
+    return not refuses(p, gpu, memory)
