@@ -32,34 +32,17 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks.profiles import compile_note
-from memplan.config import FINETUNE_OPTIONS, Attention, Checkpointing, MethodChoice, Optimizer
+from memplan.config import Attention, Checkpointing, MethodChoice, Optimizer
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
+from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
 
 TOP_TERMS = 3
 
-FIT_OPTIONS = frozenset(
-    {
-        "seq",
-        "precision",
-        "optimizer",
-        "optimizer_impl",
-        "dropout",
-        "device",
-        "mfu",
-        "gpus_per_node",
-        "intra_node_bw",
-        "inter_node_bw",
-        "reserve",
-        "host_memory",
-        "finetune",
-        *FINETUNE_OPTIONS,
-        "double_quant",
-    }
-)
-"""The ``api.Options`` fields ``memplan fit`` takes as they are (``cli.search`` gives it these)."""
+FIT_OPTIONS = frozenset(FIT_OPTION_NAMES)
+"""The ``api.Options`` fields ``memplan fit`` takes as they are (``options.FIT_OPTIONS``: its CLI's)."""
 _FIT_SEARCHES = frozenset(
     {"gpu", "gpus", "dp", "zero", "checkpointing", "attention", "batch", "grad_accum", "global_batch"}
 )

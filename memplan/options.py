@@ -13,6 +13,7 @@ from pydantic import Field
 from pydantic.config import JsonDict
 
 from memplan.config import (
+    FINETUNE_OPTIONS,
     AttentionChoice,
     AttentionKernel,
     CpRotate,
@@ -38,6 +39,26 @@ DEFAULT_SEQ = TrainingConfig().seq_len
 """``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
 
 LISTS = "(`memplan presets` lists them)"
+
+FIT_OPTIONS = (
+    "seq",
+    "precision",
+    "optimizer",
+    "optimizer_impl",
+    "dropout",
+    "device",
+    "mfu",
+    "gpus_per_node",
+    "intra_node_bw",
+    "inter_node_bw",
+    "reserve",
+    "host_memory",
+    "finetune",
+    *FINETUNE_OPTIONS,
+    "double_quant",
+)
+"""The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
+options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
 
 
 def _option(

@@ -46,17 +46,16 @@ Known limitations:
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
-from memplan.analytic.allocator import Alloc, Event, Free, Replay, replay
+from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay, round_size, segment_size
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.pipeline_parallel import Group
-from memplan.timeline import Point, timeline
+from memplan.timeline import timeline
 
 STEPS = 2
 """Steps replayed: the first fills the cache, the second reuses it (module docstring)."""
@@ -143,80 +142,200 @@ def layer_saves(r: Result) -> list[int]:
     return [k.bytes for k in r.pieces.kept if k.scope is Scope.LAYER and k.count]
 
 
-def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
-    """The most loaded device's allocations and frees over ``steps`` steps (module docstring)."""
+@dataclass(frozen=True)
+class StreamInputs:
+    """All ``stream`` reads of a result: equal inputs give equal streams, so a replay is memoised on them
+    (configurations of a search that differ only where the device's memory does not: the micro-batch
+    count of an unpipelined layout, dp under ZeRO 0, … share one replay)."""
+
+    points: tuple[tuple[int, ...], ...]
+    """Each timeline point's bytes of ``analytic.peak.TERMS``, in order."""
+    per_tensor: tuple[int, ...]
+    """Elements of each tensor the rank steps (``step_tensors``), in parameter order."""
+    states: tuple[int, int, int]
+    """The device's weights, optimizer states and gradients (bytes)."""
+    layer: tuple[int, ...]
+    """One layer's saves (``layer_saves``)."""
+
+
+_INPUTS: dict[int, tuple[Result, StreamInputs]] = {}
+"""``stream_inputs`` of the last results asked (by identity; the result is kept so its id stays its)."""
+
+
+def stream_inputs(r: Result) -> StreamInputs:
+    """What ``stream`` reads of ``r`` (memoised for the last results asked)."""
+    found = _INPUTS.get(id(r))
+    if found is not None and found[0] is r:
+        return found[1]
+    if len(_INPUTS) >= _REPLAYS_MAX:
+        _INPUTS.clear()
+    _INPUTS[id(r)] = (r, inputs := _stream_inputs(r))
+    return inputs
+
+
+def _stream_inputs(r: Result) -> StreamInputs:
     dev = r.device
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = step_tensors(r.pieces.setup.model_copy(update={"strategy": dev.setup.strategy}))
     st = dev.states
-    full = {"weights": st.weights, "optimizer": st.optimizer, "gradients": st.gradients}
-    layer = layer_saves(r)
-    ids = itertools.count()
-    held: dict[str, list[tuple[int, int]]] = {t: [] for t in TERMS}
-    total = dict.fromkeys(TERMS, 0)
-    queues: dict[str, list[int]] = {}
-    events: list[Event] = []
+    return StreamInputs(
+        points=tuple(tuple(p.terms[t] for t in TERMS) for p in points),
+        per_tensor=tuple(per_tensor),
+        states=(st.weights, st.optimizer, st.gradients),
+        layer=tuple(layer_saves(r)),
+    )
 
+
+def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
+    """The most loaded device's allocations and frees over ``steps`` steps (module docstring)."""
+    return events(stream_inputs(r), workspace, steps)
+
+
+def events(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[Event]:
+    """``stream`` from its inputs."""
+    out: list[Event] = []
+    made = 0
+    for c in codes(inputs, workspace, steps):
+        if c >= 0:
+            out.append(Alloc(made, c))
+            made += 1
+        else:
+            out.append(Free(-c - 1))
+    return out
+
+
+def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[int]:
+    """``events`` as integers (``Allocator.replay_codes``: n ≥ 0 allocates n bytes, the allocations
+    numbered in order; −k − 1 frees allocation k): what the replays read, with no event objects."""
+    per_tensor = list(inputs.per_tensor)
+    full = dict(zip(("weights", "optimizer", "gradients"), inputs.states, strict=True))
+    layer = list(inputs.layer)
     one_layer = sum(layer)
+    held: list[list[tuple[int, int]]] = [[] for _ in TERMS]
+    total = [0] * len(TERMS)
+    queues: dict[int, list[int]] = {}
+    out: list[int] = []
+    made = 0
+    activations, transient = TERMS.index("activations"), TERMS.index("transient")
+    names = list(TERMS)
 
-    def pieces(term: str, delta: int) -> list[int]:
-        if term == "activations":
+    def pieces(term: int, delta: int) -> list[int]:
+        if term == activations:
             return layer if one_layer == delta else [delta]
-        if term == "transient":
+        if term == transient:
             return [delta]
         if total[term] == 0:  # the term starts (again): its tensors in the order they are made
-            order = per_tensor[::-1] if term == "gradients" else per_tensor
-            queues[term] = tensor_bytes(full[term], order)
+            order = per_tensor[::-1] if names[term] == "gradients" else per_tensor
+            queues[term] = tensor_bytes(full[names[term]], order)
         return take(queues[term], delta)
 
-    def move_to(p: Point, first: bool) -> None:
-        terms = p.terms
-        for term in TERMS:  # frees first: what shrinks, newest first; every transient
-            stack, now = held[term], total[term]
-            target = 0 if term == "transient" else terms[term]
-            while stack and now > target:
-                i, size = stack.pop()
-                events.append(Free(i))
-                now -= size
-            total[term] = now
-        if first and workspace:
-            events.append(Alloc(next(ids), workspace))
-        for term in TERMS:
-            delta = terms[term] - total[term]
-            if delta <= 0:
-                continue
-            stack = held[term]
-            for size in pieces(term, delta):
-                i = next(ids)
-                events.append(Alloc(i, size))
-                stack.append((i, size))
-            total[term] += delta
-
     for step in range(steps):
-        for k, p in enumerate(points):
-            move_to(p, step == 0 and k == 0)
-    return events
+        for k, point in enumerate(inputs.points):
+            for term, target in enumerate(point):  # frees first: what shrinks, newest first; transients
+                stack, now = held[term], total[term]
+                if term == transient:
+                    target = 0
+                while stack and now > target:
+                    i, size = stack.pop()
+                    out.append(-i - 1)
+                    now -= size
+                total[term] = now
+            if step == 0 and k == 0 and workspace:
+                out.append(workspace)
+                made += 1
+            for term, target in enumerate(point):
+                delta = target - total[term]
+                if delta <= 0:
+                    continue
+                stack = held[term]
+                for size in pieces(term, delta):
+                    out.append(size)
+                    stack.append((made, size))
+                    made += 1
+                total[term] += delta
+    return out
 
 
-_REPLAYS: dict[tuple[int, int, bool], tuple[Result, Reserved]] = {}
-_REPLAYS_MAX = 256
+_REPLAYS: dict[tuple[StreamInputs, int, bool, int | None], Replay] = {}
+"""Replays by (stream inputs, cuBLAS workspace, expandable, capacity): the fit search judges many
+configurations whose device streams are equal, and asks for one result's replay more than once (fits,
+verdict). Bounded: cleared when full."""
+_REPLAYS_MAX = 2048
+
+
+def replay_stream(
+    inputs: StreamInputs, workspace: int, *, expandable: bool = False, capacity: int | None = None
+) -> Replay:
+    """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``)."""
+    key = (inputs, workspace, expandable, capacity)
+    found = _REPLAYS.get(key)
+    if found is None:
+        allocator = Allocator(expandable=expandable, capacity=capacity)
+        found = allocator.replay_codes(codes(inputs, workspace))
+        if len(_REPLAYS) >= _REPLAYS_MAX:
+            _REPLAYS.clear()
+        _REPLAYS[key] = found
+    return found
+
+
+_REFUSALS: dict[tuple[StreamInputs, int, int], bool] = {}
+"""``refuses`` by (stream inputs, cuBLAS workspace, capacity); bounded as ``_REPLAYS``."""
+
+
+def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
+    """Whether the replay at ``capacity`` refuses a request (``fits_reserved`` is None), stopping as soon
+    as the rest of the stream cannot: a request that finds no cached block opens one segment of
+    ``segment_size`` of its rounded size and nothing else grows the reserved bytes, so once the reserved
+    bytes plus a new segment for every allocation still to come fit the capacity, no later request can
+    pass it (nor make the allocator release cached segments). Memoised (``_REFUSALS``)."""
+    workspace = cublas_workspace(gpu)
+    inputs = stream_inputs(r)
+    key = (inputs, workspace, capacity)
+    found = _REFUSALS.get(key)
+    if found is None:
+        full = _REPLAYS.get((inputs, workspace, False, capacity))
+        found = full.oom if full is not None else _refuses(codes(inputs, workspace), capacity)
+        if len(_REFUSALS) >= _REPLAYS_MAX:
+            _REFUSALS.clear()
+        _REFUSALS[key] = found
+    return found
+
+
+def _refuses(stream_codes: list[int], capacity: int) -> bool:
+    demand = [0] * (len(stream_codes) + 1)  # demand[i]: a new segment for every allocation from i on
+    for i in range(len(stream_codes) - 1, -1, -1):
+        c = stream_codes[i]
+        demand[i] = demand[i + 1] + (segment_size(round_size(c)) if c >= 0 else 0)
+    allocator = Allocator(capacity=capacity)
+    stats, malloc, free = allocator.stats, allocator.malloc, allocator.free
+    made = 0
+    for i, c in enumerate(stream_codes):
+        if stats.reserved + demand[i] <= capacity:
+            return False
+        if c >= 0:
+            malloc(made, c)
+            made += 1
+            if stats.oom:
+                return True
+        else:
+            free(-c - 1)
+    return stats.oom
+
+
+def clear_replays() -> None:
+    """Forget the memoised replays (benchmarks time a cold search; tests compare with fresh replays)."""
+    _REPLAYS.clear()
+    _REFUSALS.clear()
+    _INPUTS.clear()
 
 
 def replay_device(r: Result, gpu: GpuPreset | None = None, *, expandable: bool = False) -> Reserved:
     """The estimate's stream replayed through the allocator on ``gpu`` (its cuBLAS workspace, the CUDA
-    context; without a GPU neither). Memoised per result (the fit search asks twice: fits, verdict)."""
+    context; without a GPU neither). Memoised on the stream's inputs (``replay_stream``)."""
     workspace = cublas_workspace(gpu)
-    key = (id(r), workspace, expandable)
-    found = _REPLAYS.get(key)
-    if found is not None and found[0] is r:
-        return found[1]
-    out = replay(stream(r, workspace), expandable=expandable)
-    result = reserved_of(out, workspace, CUDA_CONTEXT if gpu else 0, expandable)
-    if len(_REPLAYS) >= _REPLAYS_MAX:
-        _REPLAYS.clear()
-    _REPLAYS[key] = (r, result)
-    return result
+    out = replay_stream(stream_inputs(r), workspace, expandable=expandable)
+    return reserved_of(out, workspace, CUDA_CONTEXT if gpu else 0, expandable)
 
 
 def reserved_of(out: Replay, workspace: int, context: int, expandable: bool) -> Reserved:
@@ -235,5 +354,5 @@ def fits_reserved(r: Result, gpu: GpuPreset, capacity: int, *, expandable: bool 
     """The replay when the allocator may hold only ``capacity`` bytes (it releases its wholly free cached
     segments before it gives up); None when a request still finds no room."""
     workspace = cublas_workspace(gpu)
-    out = replay(stream(r, workspace), expandable=expandable, capacity=capacity)
+    out = replay_stream(stream_inputs(r), workspace, expandable=expandable, capacity=capacity)
     return None if out.oom else reserved_of(out, workspace, CUDA_CONTEXT, expandable)

@@ -63,7 +63,8 @@ def cli_output(name: str, width: int) -> str:
 @cache
 def fit_result() -> FitResult:
     base = build_setup("70b", seq=4096)
-    # A narrowed space: the layout of fit's tables is what is pinned here, and the full search takes ~50 s.
+    # A narrowed space: the layout of fit's tables is what is pinned here, and the full search still takes
+    # ~9 s of CPU (docs/fit.md).
     space = Space(checkpointing=(Checkpointing.NONE, Checkpointing.FULL), micro_batches=(1, 2), vpp=(1, 2))
     result = fit(base, load_gpu("h100"), 64, space=space)
     return dataclasses.replace(result, seconds=0.5)  # the search's own time varies from run to run

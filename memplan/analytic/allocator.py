@@ -151,6 +151,19 @@ class Allocator:
                 free(e[0])
         return self.stats
 
+    def replay_codes(self, codes: list[int]) -> Replay:
+        """``replay`` of a stream on stream 0 coded as integers (``reserved.codes``: n ≥ 0 allocates n
+        bytes, the allocations numbered 0, 1, … in order; −k − 1 frees allocation k): no event objects."""
+        malloc, free = self.malloc, self.free
+        made = 0
+        for c in codes:
+            if c >= 0:
+                malloc(made, c)
+                made += 1
+            else:
+                free(-c - 1)
+        return self.stats
+
     def malloc(self, id_: int, size: int, stream: int = 0) -> None:
         rounded = -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE or K_MIN_BLOCK_SIZE  # round_size, inline
         small = rounded <= K_SMALL_SIZE  # is_small

@@ -14,7 +14,6 @@ import typer
 
 from memplan.api import Options, build_setup, gpu_of
 from memplan.cli.common import (
-    FINETUNE_FLAGS,
     JsonOpt,
     console,
     handle_user_errors,
@@ -30,6 +29,7 @@ from memplan.config import (
     ZeroStage,
     parse_checkpointing,
 )
+from memplan.options import FIT_OPTIONS
 
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 
@@ -162,22 +162,7 @@ FIT_LISTS = {
 
 
 @handle_user_errors
-@with_options(
-    "model",
-    "seq",
-    "precision",
-    "optimizer",
-    "optimizer_impl",
-    "dropout",
-    "device",
-    "mfu",
-    "gpus_per_node",
-    "intra_node_bw",
-    "inter_node_bw",
-    "reserve",
-    "host_memory",
-    *FINETUNE_FLAGS,
-)
+@with_options("model", *FIT_OPTIONS)
 def fit_command(
     gpu: Annotated[
         str | None,

@@ -1,0 +1,66 @@
+"""The ``memplan estimate`` command that reproduces a row of ``fit``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.config import (
+    FineTune,
+    LossKind,
+    Method,
+    Offload,
+    Optimizer,
+    Precision,
+    loss_label,
+    offload_label,
+)
+from memplan.search.methods import SAVERS
+
+if TYPE_CHECKING:
+    from memplan.search.results import Config, FitResult
+
+
+def estimate_command(c: Config, r: FitResult) -> str:
+    """The ``memplan estimate`` command that gives configuration ``c`` of search ``r`` (the same setup, so the
+    same memory and step time): the base's model and training settings that differ from the options'
+    defaults, the searched family's strategy and layout, the GPU, the GPU count and the global batch."""
+    s = c.result.setup
+    t, st, par = s.training, s.strategy, s.parallel
+    f = c.family
+    args = ["memplan estimate", f"-m {s.model.name}", f"--seq {t.seq_len}"]
+    if t.precision is not Precision.BF16_MIXED:
+        args.append(f"--precision {t.precision.value}")
+    if t.optimizer is not Optimizer.ADAMW:
+        args.append(f"--optimizer {t.optimizer.value}")
+    args += [f"--gpu {r.gpu.name}", f"--gpus {r.gpus}", f"--global-batch {r.global_batch}"]
+    args += [f"--batch {t.micro_batch}", f"--tp {par.tp}"] + (["--sp"] if par.sp else [])
+    args.append(f"--pp {par.pp}")
+    if par.vpp > 1:
+        args.append(f"--vpp {par.vpp}")
+    if par.pp_layers is not None:
+        args.append("--pp-layers " + ",".join(map(str, par.pp_layers)))
+    args += [f"--cp {par.cp}"] if par.cp > 1 else []
+    args += [f"--ep {par.ep}"] if par.ep > 1 else []
+    args.append(f"--zero {int(st.zero)}")
+    args += [f"--hsdp {st.hsdp}"] if st.hsdp else []
+    args += [f"--checkpointing {f.checkpointing.name.lower()}", f"--attention {f.attention.name.lower()}"]
+    saver = SAVERS[f.saver]
+    if saver.offload is not Offload.NONE:
+        args.append(f"--offload {offload_label(saver.offload)}")
+    if saver.loss is not LossKind.STANDARD:
+        args.append(f"--loss {loss_label(saver.loss, 1)}")
+    return " ".join(args + _finetune_args(f.finetune))
+
+
+def _finetune_args(ft: FineTune) -> list[str]:
+    """The fine-tuning options that give ``ft`` (nothing for plain full training)."""
+    out = [] if ft.method is Method.FULL else [f"--finetune {ft.method.name.lower()}"]
+    if ft.method is not Method.FULL:
+        out += [f"--lora-rank {ft.rank}", f"--lora-alpha {ft.alpha:g}", f"--lora-dropout {ft.dropout:g}"]
+        out.append("--lora-targets " + ",".join(t.value for t in ft.targets))
+    if ft.method is Method.QLORA:
+        out.append(f"--quant {ft.quant.value}" + (" --double-quant" if ft.double_quant else ""))
+    parts = ["embeddings"] * ft.freeze_embeddings + ["lm_head"] * ft.freeze_lm_head
+    if ft.freeze_layers is not None:
+        parts.append(f"layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]}")
+    return out + ([f"--freeze {','.join(parts)}"] if parts else [])

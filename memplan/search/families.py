@@ -1,0 +1,195 @@
+"""The configurations of one (layout, checkpointing, attention) at one method and saver level — its ZeRO
+stages × micro-batch sizes — judged for memory, timed and listed or rejected (``fit``'s module docstring).
+
+Work goes cheapest first, and every shortcut gives the answer of the full evaluation:
+
+1. a micro-batch size whose step-time bound (``bound``: FLOPs only, no estimate) is slower than the
+   cut-off (the ``Space.keep`` fastest so far) is pruned;
+2. otherwise its ZeRO stages are estimated and timed (``timing``: no memory work); when every stage is
+   slower than the cut-off none of them can be listed (the full evaluation would list at most one, slower
+   than the cut-off, which leaves the cut-off as it is), so no memory is judged for the listing: pruned;
+3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
+   memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
+   as one row (``fastest_stage``).
+
+A family is rejected when no micro-batch fits it (nor a lower ZeRO stage at the same micro-batch, which
+makes it redundant); its reason is the verdict at the smallest micro-batch where it fails. Micro-batches
+pruned at step 2 are judged for memory only when that decides a family's rejection, in order, until
+every family is known to fit somewhere. ``shortcuts=False`` skips step 2 (the reference the tests and
+benchmarks/bench_fit.py compare with).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
+from memplan.engine import Result, estimate
+from memplan.search.bound import Bound, Cutoff
+from memplan.search.budget import fits, host_fits, verdict
+from memplan.search.methods import SAVERS, valid
+from memplan.search.results import Config, Family, FitResult, Rejected
+from memplan.search.space import Layout, Space
+from memplan.time.timing import Timing, timing
+
+
+def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
+    """``base`` with a family's strategy, layout and micro-batch (valid by construction: not
+    re-validated)."""
+    return base.model_copy(
+        update={
+            "parallel": family.layout.parallel,
+            "training": base.training.model_copy(
+                update={"micro_batch": micro_batch, "grad_accum": micro_batches}
+            ),
+            "strategy": base.strategy.model_copy(
+                update={
+                    "checkpointing": family.checkpointing,
+                    "checkpoint_every": 1,
+                    "attention": family.attention,
+                    "zero": family.zero,
+                    "dp": family.layout.dp,
+                    "hsdp": family.layout.hsdp,
+                    "reversible": False,
+                }
+            ),
+        }
+    )
+
+
+@dataclass
+class _Group:
+    """One micro-batch size's configurations: the families' estimates, in ZeRO-stage order."""
+
+    micro_batch: int
+    estimates: list[Result]
+    first_fit: int | None = None
+    """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
+
+
+def search_families(
+    result: FitResult,
+    base: Setup,
+    layout: Layout,
+    ckpt: Checkpointing,
+    attention: Attention,
+    space: Space,
+    mfu: float | None,
+    ft: FineTune,
+    level: int,
+    bound: Bound | None,
+    cutoff: Cutoff,
+    shortcuts: bool = True,
+) -> None:
+    """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch, at
+    method ``ft`` and saver ``level`` (module docstring); families memplan does not model
+    (``methods.valid``) are skipped."""
+    dp = layout.dp
+    # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
+    # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
+    stages = sorted(space.zero) if dp > 1 else sorted(space.zero)[:1]
+    if layout.hsdp:  # hybrid sharding shards inside its groups: ZeRO 1–3 only
+        stages = [z for z in stages if z is not ZeroStage.NONE]
+    if Offload.PARAMS in SAVERS[level].offload:
+        stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
+    every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
+    families = [f for f in every if valid(family_setup(base, f, 1, 1))]
+    groups: list[_Group] = []
+    for b in space.micro_batches:
+        if result.global_batch % (b * dp):
+            continue
+        n = result.global_batch // (b * dp)
+        if layout.parallel.vpp > 1 and n % layout.parallel.pp:
+            continue  # the interleaved schedule runs micro-batches in groups of pp
+        result.searched += len(families)
+        if bound is not None and bound.seconds(base, ckpt, attention, layout.parallel, n) > cutoff.seconds:
+            result.pruned += len(families)
+            continue
+        group = _Group(b, [estimate(family_setup(base, f, b, n)) for f in families])
+        result.evaluated += len(families)
+        groups.append(group)
+        times = None
+        if shortcuts and cutoff.seconds < math.inf:
+            times = [timing(p, result.gpu, mfu=mfu) for p in group.estimates]
+            if min((t.step_time_s for t in times), default=0.0) > cutoff.seconds:
+                result.pruned += len(families)
+                continue  # none can be listed (module docstring, step 2)
+        _judge(result, families, group, times, mfu, cutoff)
+    _reject(result, families, groups)
+
+
+def _fits(result: FitResult, p: Result) -> bool:
+    ok = fits(p, result.usable, result.gpu) and host_fits(p, result.gpu)
+    result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
+    return ok
+
+
+def _judge(
+    result: FitResult,
+    families: list[Family],
+    group: _Group,
+    times: list[Timing] | None,
+    mfu: float | None,
+    cutoff: Cutoff,
+) -> None:
+    """The lowest stage of ``group`` that fits and the fastest of it and the higher ones, listed."""
+    for i, p in enumerate(group.estimates):
+        if _fits(result, p):
+            group.first_fit = i
+            later = times[i:] if times is not None else None
+            best = fastest_stage(result, families[i:], group.estimates[i:], later, mfu)
+            result.fitting.append(best)
+            cutoff.add(best.timing.step_time_s)
+            return
+    group.first_fit = len(families)
+
+
+def fastest_stage(
+    result: FitResult,
+    families: list[Family],
+    estimates: list[Result],
+    times: list[Timing] | None,
+    mfu: float | None,
+) -> Config:
+    """The fastest of ``families[0]`` (the lowest ZeRO stage that fits) and the higher stages of the same
+    configuration, ties to the lowest stage. A higher stage can be faster: each rank steps the optimizer on
+    its 1/dp of the parameters (``time.compute.optimizer_step_bytes``), while its extra communication
+    (ZeRO-3's parameter all-gathers) may hide behind compute."""
+    gpu, usable = result.gpu, result.usable
+
+    def timed(k: int) -> Timing:
+        return times[k] if times is not None else timing(estimates[k], gpu, mfu=mfu)
+
+    best = Config(families[0], estimates[0], timed(0), gpu, result.reserve)
+    for k in range(1, len(families)):
+        q = estimates[k]
+        if not (fits(q, usable) and host_fits(q, gpu)):
+            continue
+        t = timed(k)
+        # judged on the allocator's reserved peak (a replay) only when it would be listed: faster
+        if t.step_time_s < best.timing.step_time_s and fits(q, usable, gpu):
+            best = Config(families[k], q, t, gpu, result.reserve)
+    return best
+
+
+def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> None:
+    """The families no micro-batch fits, each with the verdict of the smallest micro-batch (where it fails,
+    as at every one); the groups pruned by time are judged, in order, only while that is undecided."""
+    count = len(families)
+    fitted = {i for g in groups if g.first_fit is not None for i in range(g.first_fit, count)}
+    for g in groups:
+        if len(fitted) == count:
+            return
+        if g.first_fit is None:  # only the stages up to the highest one still undecided matter here
+            top = max(i for i in range(count) if i not in fitted)
+            k = next((i for i in range(top + 1) if _fits(result, g.estimates[i])), None)
+            fitted.update(range(k, count) if k is not None else ())
+    if not groups:
+        return
+    # A family not fitted fails at every judged micro-batch: first at the smallest (the first group).
+    g = groups[0]
+    for i, family in enumerate(families):
+        if i not in fitted and family.saver == 0:
+            v = verdict(g.estimates[i], result.gpu, exact=False, reserve=result.reserve)
+            result.rejected.append(Rejected(family, g.micro_batch, v))

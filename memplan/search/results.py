@@ -1,0 +1,204 @@
+"""What ``fit`` answers: the searched families, the configurations that fit (``Config``), the families that
+do not (``Rejected``), each method's best (``Outcome``) and the search as a whole (``FitResult``).
+
+A listed configuration's verdict (``budget.verdict``: the allocator's reserved peak, the headroom) is
+computed when it is read — for the rows shown, the JSON's configurations — not for every configuration
+that fits: the search itself judges fit or not (``budget.fits``), which needs no unlimited replay.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from memplan.config import (
+    FULL_TRAINING,
+    Attention,
+    Checkpointing,
+    FineTune,
+    Setup,
+    ZeroStage,
+    loss_label,
+    offload_label,
+)
+from memplan.contract import to_json as result_json
+from memplan.engine import Result
+from memplan.presets import GpuPreset
+from memplan.search.bound import Cutoff
+from memplan.search.budget import DEFAULT_RESERVE, Verdict, allocator_memory, verdict
+from memplan.search.command import estimate_command
+from memplan.search.methods import SAVERS
+from memplan.search.space import Layout
+from memplan.time.timing import Timing
+
+
+@dataclass(frozen=True)
+class Family:
+    checkpointing: Checkpointing
+    attention: Attention
+    zero: ZeroStage
+    layout: Layout
+    finetune: FineTune = FULL_TRAINING
+    saver: int = 0
+    """The level of memory savers (``methods.SAVERS``: offload, loss)."""
+
+    def settings(self) -> dict[str, Any]:
+        par = self.layout.parallel
+        saver = SAVERS[self.saver]
+        return {
+            "method": self.finetune.method.name.lower(),
+            "offload": offload_label(saver.offload),
+            "loss": loss_label(saver.loss, 1),
+            "checkpointing": self.checkpointing.name.lower(),
+            "attention": self.attention.name.lower(),
+            "zero": int(self.zero),
+            "tp": par.tp,
+            "sp": par.sp,
+            "pp": par.pp,
+            "vpp": par.vpp,
+            "pp_layers": list(par.pp_layers) if par.pp_layers is not None else None,
+            "ep": par.ep,
+            "cp": par.cp,
+            "dp": self.layout.dp,
+            "hsdp": self.layout.hsdp,
+        }
+
+
+@dataclass(frozen=True)
+class Config:
+    """A configuration that fits (on ``gpu`` with ``reserve`` bytes kept back)."""
+
+    family: Family
+    result: Result
+    timing: Timing
+    gpu: GpuPreset
+    reserve: int = DEFAULT_RESERVE
+
+    @functools.cached_property
+    def verdict(self) -> Verdict:
+        """``budget.verdict`` of the configuration (the allocator's replays: computed when first read)."""
+        return verdict(self.result, self.gpu, reserve=self.reserve)
+
+    @property
+    def micro_batch(self) -> int:
+        return self.result.setup.training.micro_batch
+
+    @property
+    def peak(self) -> int:
+        """The most loaded device's peak (``memory.peak``; the verdict's ``peak``)."""
+        return self.result.device.peak.bytes
+
+    def sort_key(self) -> tuple[int, int, float, int, int, int, int]:
+        par = self.family.layout.parallel
+        return (
+            int(self.family.finetune.method),
+            self.family.saver,
+            -self.timing.tokens_per_s,
+            par.model_parallel,
+            int(self.family.zero),
+            -self.micro_batch,
+            self.peak,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = result_json(self.result)
+        out["settings"] = {**self.family.settings(), "micro_batch": self.micro_batch}
+        out["fit"] = self.verdict.to_json()
+        out["time"] = self.timing.to_json()
+        return out
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A family none of whose micro-batch sizes fits, with the verdict of its smallest."""
+
+    family: Family
+    micro_batch: int
+    verdict: Verdict
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.family.settings(), "micro_batch": self.micro_batch, "fit": self.verdict.to_json()}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One method's answer: its fastest configuration at the lowest saver level that fits (None: none)."""
+
+    finetune: FineTune
+    best: Config | None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}
+        if self.best is not None:
+            b = self.best
+            out |= {
+                "settings": {**b.family.settings(), "micro_batch": b.micro_batch},
+                "peak": b.peak,
+                "tokens_per_s": b.timing.tokens_per_s,
+                "trainable": b.result.params_trainable,
+            }
+        return out
+
+
+@dataclass
+class FitResult:
+    setup: Setup
+    gpu: GpuPreset
+    gpus: int
+    global_batch: int
+    reserve: int = DEFAULT_RESERVE
+    """Bytes of each GPU kept back (``budget``): configurations fit in ``usable``."""
+    fitting: list[Config] = field(default_factory=list)
+    """The configurations that fit, fastest first; with pruning (``Space.keep``) those evaluated: every
+    one that can be among the ``keep`` fastest, not every one that fits."""
+    rejected: list[Rejected] = field(default_factory=list)
+    searched: int = 0
+    """Configurations of the space (families × micro-batch sizes that divide the global batch)."""
+    evaluated: int = 0
+    """Configurations estimated (states, activations, FLOPs; the rest: pruned by their bound)."""
+    peaks: int = 0
+    """Configurations whose peak had to be computed (the lower bound did not rule them out)."""
+    pruned: int = 0
+    """Configurations neither listed nor judged for memory because their step time — the bound
+    (``bound``: unevaluated) or, once estimated, the predicted time of every ZeRO stage of the same
+    micro-batch — is slower than the ``keep`` fastest found so far."""
+    seconds: float = 0.0
+    max_seq: int | None = None
+    """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
+    methods: list[Outcome] = field(default_factory=list)
+    """Each method searched, in order: the fastest configuration at the lowest saver level that fits."""
+    cutoffs: dict[tuple[FineTune, int], Cutoff] = field(default_factory=dict, repr=False)
+    """Per method and saver level, the ``Space.keep`` fastest step times so far (``bound``)."""
+
+    @property
+    def usable(self) -> int:
+        """Bytes of each GPU torch's allocator may reserve: the driver's memory less the CUDA context and
+        the reserve (``budget.allocator_memory``)."""
+        return allocator_memory(self.gpu, self.reserve)
+
+    @property
+    def best(self) -> Config | None:
+        return self.fitting[0] if self.fitting else None
+
+    def to_json(self, top: int = 0) -> dict[str, Any]:
+        """The search, its ``top`` configurations (0: all) with their plans' keys, every rejected family."""
+        shown = self.fitting[:top] if top else self.fitting
+        return {
+            "model": self.setup.model.name,
+            "gpu": self.gpu.name,
+            "gpus": self.gpus,
+            "seq_len": self.setup.training.seq_len,
+            "global_batch": self.global_batch,
+            "reserve": self.reserve,
+            "searched": self.searched,
+            "evaluated": self.evaluated,
+            "peaks": self.peaks,
+            "pruned": self.pruned,
+            "seconds": self.seconds,
+            "max_seq": self.max_seq,
+            "fitting": len(self.fitting),
+            "configs": [c.to_json() | {"command": estimate_command(c, self)} for c in shown],
+            "methods": [m.to_json() for m in self.methods],
+            "rejected": [x.to_json() for x in self.rejected],
+        }

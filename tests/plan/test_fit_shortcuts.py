@@ -1,0 +1,177 @@
+"""Issue #21 item 6: ``fit``'s shortcuts give the answers of the full evaluation.
+
+- Memory (``budget.fits``): the requested-peak lower bound and one memoised replay at the capacity
+  against the rule as ``budget`` states it, from fresh replays of the stream: fits ⇔ the stages' lower
+  bounds and the peak are within the memory and either the unlimited replay reserves no more than it or
+  the replay at that capacity refuses nothing. Judged at memories around each configuration's own
+  requested, allocated and reserved peaks — where the shortcuts decide.
+- The verdict's figures from memoised replays equal those of fresh ones.
+- The search: pruning by predicted time before any memory work (``search.families``) lists the same
+  rows, the same best per method and the same rejected families as ``shortcuts=False``.
+- The longest sequence: the largest that fits, found by scanning every sequence.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memplan.analytic.allocator import replay
+from memplan.api import build_setup
+from memplan.config import Checkpointing, Parallel
+from memplan.engine import Result, estimate
+from memplan.presets import GpuPreset, load_gpu
+from memplan.reserved import clear_replays, cublas_workspace, stream
+from memplan.search.budget import fits, verdict
+from memplan.search.fit import Space, fit
+from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
+
+H100 = load_gpu("h100-sxm")
+A100 = load_gpu("a100-40gb")
+
+CASES = [
+    # (model, seq, checkpointing, zero, dp, parallel, micro-batches)
+    ("gpt2", 1024, "none", 0, 1, Parallel(), 1),
+    ("gpt2", 1024, "full", 3, 8, Parallel(), 4),
+    ("qwen3-0.6b", 2048, "selective", 1, 4, Parallel(tp=2, sp=True), 4),
+    ("llama-3.2-1b", 4096, "none", 2, 8, Parallel(pp=2), 8),
+    ("llama-3.2-1b", 2048, "full", 3, 16, Parallel(tp=2, sp=True, pp=2), 4),
+]
+
+
+def _reference(p: Result, memory: int, gpu_workspace: int) -> bool:
+    """``budget``'s rule from fresh replays: the tensors within ``memory``, then the unlimited replay's
+    reserved peak within it or, if not, a replay at that capacity that refuses nothing."""
+    if not (all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory):
+        return False
+    events = stream(p, gpu_workspace)
+    unlimited = replay(events)
+    return unlimited.reserved_peak <= memory or not replay(events, capacity=memory).oom
+
+
+@pytest.mark.parametrize(("name", "seq", "ckpt", "zero", "dp", "par", "n"), CASES)
+def test_fast_memory_judgement_is_the_replays(
+    name: str, seq: int, ckpt: str, zero: int, dp: int, par: Parallel, n: int
+) -> None:
+    setup = build_setup(name, seq=seq, checkpointing=ckpt, zero=zero, dp=dp, parallel=par, grad_accum=n)
+    p = estimate(setup)
+    workspace = cublas_workspace(H100)
+    full = replay(stream(p, workspace))
+    requested, allocated, reserved = full.requested_peak, full.allocated_peak, full.reserved_peak
+    assert requested == p.device.peak.bytes + workspace  # the stream reaches the estimate's peak
+    assert requested <= allocated <= reserved
+    memories = {requested - 1, requested, allocated - 1, allocated, (allocated + reserved) // 2}
+    memories |= {reserved - 2**20, reserved - 1, reserved, reserved + 1, H100.device_bytes}
+    memories |= {requested - (reserved - requested) // 4, allocated + (reserved - allocated) // 4}
+    clear_replays()
+    for memory in sorted(memories):
+        expected = _reference(p, memory, workspace)
+        assert fits(p, memory, H100) is expected, (memory, requested, allocated, reserved)
+        assert fits(p, memory, H100) is expected  # memoised: the same answer again
+    # the figures: a fresh replay's and the memoised ones agree
+    clear_replays()
+    fresh = verdict(p, H100)
+    assert verdict(p, H100) == fresh
+    assert fresh.reserved_peak == reserved and fresh.allocated_peak == allocated
+
+
+def _answer(r: object, top: int) -> str:
+    doc = r.to_json(top=top)  # type: ignore[attr-defined]
+    return json.dumps({k: doc[k] for k in ("configs", "methods", "rejected", "max_seq")}, sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    ("name", "seq", "gpu", "gpus", "batch", "space", "rejects"),
+    [
+        # 1B on 16 H100s: every family fits somewhere; pruning by time before memory prunes most
+        (
+            "llama-3.2-1b",
+            4096,
+            H100,
+            16,
+            64,
+            Space(
+                checkpointing=(Checkpointing.NONE, Checkpointing.FULL),
+                micro_batches=(1, 2),
+                vpp=(1,),
+                cp_max=2,
+                keep=3,
+            ),
+            False,
+        ),
+        # 8B at 8,192 tokens on 8 A100-40GB: ZeRO 0 fits nowhere (rejected beside the rows)
+        (
+            "llama-3-8b",
+            8192,
+            A100,
+            8,
+            None,
+            Space(checkpointing=(Checkpointing.NONE, Checkpointing.FULL), micro_batches=(1, 2), keep=4),
+            True,
+        ),
+    ],
+)
+def test_search_shortcuts_give_the_full_evaluations_answer(
+    name: str, seq: int, gpu: GpuPreset, gpus: int, batch: int | None, space: Space, rejects: bool
+) -> None:
+    base = build_setup(name, seq=seq)
+    fast = fit(base, gpu, gpus, global_batch=batch, space=space)
+    slow = fit(base, gpu, gpus, global_batch=batch, space=space, shortcuts=False)
+    assert fast.pruned > slow.pruned  # the shortcut pruned configurations the full evaluation judged
+    assert bool(slow.rejected) is rejects
+    assert _answer(fast, space.keep) == _answer(slow, space.keep)
+    # what the full evaluation lists beyond the fast search's rows is no faster than its kept rows
+    listed = {(c.family, c.micro_batch) for c in fast.fitting}
+    slowest_kept = slow.fitting[space.keep - 1].timing.step_time_s
+    assert all(
+        c.timing.step_time_s >= slowest_kept for c in slow.fitting if (c.family, c.micro_batch) not in listed
+    )
+
+
+def test_longest_sequence_is_the_largest_that_fits() -> None:
+    """GPT-2 on an H100, in the least memory (to 64 KiB) in which it fits 32 tokens: every sequence
+    1 … 40 judged (``budget.fits``); the largest that fits is ``longest_sequence``'s (capped at 40).
+    Fitting is not monotonic there: the tensors' peak barely moves (the optimizer step's transient is the
+    peak), while the activations' sizes change which cached blocks split (a remainder over 1 MiB) and
+    which new 2 MiB-rounded segments open, so a sequence fits although a shorter one does not — and a
+    binary search over "fits" could stop below the answer."""
+    base = build_setup("gpt2", seq=1024)
+    result = fit(base, H100, 1, global_batch=1, space=Space(checkpointing=(Checkpointing.NONE,)))
+    best = result.best
+    assert best is not None and sequence_step(best.result) == 1
+
+    def at(seq: int) -> Result:
+        s = best.result.setup
+        training = s.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": 1})
+        return estimate(s.model_copy(update={"training": training}))
+
+    p32 = at(32)
+    lo, hi = p32.device.peak.bytes, p32.device.peak.bytes + 2**31  # fits at hi, not at lo
+    while hi - lo > 2**16:
+        lo, hi = (lo, (lo + hi) // 2) if fits(p32, (lo + hi) // 2, H100) else ((lo + hi) // 2, hi)
+    memory = hi
+    seqs = range(1, 41)
+    ok = [fits(at(seq), memory, H100) for seq in seqs]
+    tensors = [tensors_fit(at(seq), memory, H100) for seq in seqs]
+    assert tensors == sorted(tensors, reverse=True)  # the tensors' judgement is monotonic: a prefix
+    assert all(t or not o for t, o in zip(tensors, ok, strict=True))  # and necessary
+    largest = max(seq for seq, o in zip(seqs, ok, strict=True) if o)
+    assert longest_sequence(best, memory, cap=40, gpu=H100) == largest
+    # not monotonic: a sequence that fits above one that does not
+    assert any(ok[j] and not ok[i] for i in range(len(ok)) for j in range(i + 1, len(ok)))
+
+
+def test_longest_sequence_without_a_gpu_is_the_tensors() -> None:
+    base = build_setup("gpt2", seq=1024)
+    best = fit(base, H100, 1, global_batch=1, space=Space(checkpointing=(Checkpointing.NONE,))).best
+    assert best is not None
+    memory = 6 * 2**30
+    got = longest_sequence(best, memory)
+    s = best.result.setup
+
+    def peak(seq: int) -> int:
+        training = s.training.model_copy(update={"seq_len": seq, "micro_batch": 1, "grad_accum": 1})
+        return estimate(s.model_copy(update={"training": training})).device.peak.bytes
+
+    assert got == 1024 if peak(1024) <= memory else (peak(got) <= memory < peak(got + 1))
