@@ -499,6 +499,13 @@ def check_titan_pipeline(setup: Setup) -> None:
         "FSDP2 (--zero 2/3 over dp)": s.dp > 1 and s.zero >= ZeroStage.GRADIENTS,
         "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
     }
+    if setup.model.tied_embeddings:
+        # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
+        # not supported with Pipeline Parallel.")
+        raise ValueError(
+            "pp: torchtitan refuses tied embeddings with pipeline parallelism; set tied_embeddings false "
+            "or drop --pp"
+        )
     for name, used in unmodelled.items():
         if used:
             raise ValueError(

@@ -65,7 +65,7 @@ def test_placement_by_hand() -> None:
     # 16 + 2 = 18 = 4·4 + 2: 5, 5, 4, 4, the first and last one less
     assert titan_stage_layers(16, 4) == (4, 5, 4, 3)
     # the setup takes it as its --pp-layers; one given is kept
-    base = hf_setup("llama-3.2-1b", layers=16, seq=64, impl=Impl.TORCHTITAN)
+    base = hf_setup("llama-3-8b", layers=16, seq=64, impl=Impl.TORCHTITAN)
     assert piped(base, 4, 4).parallel.pp_layers == (4, 5, 4, 3)
     assert piped(base, 4, 4, pp_layers=(4, 4, 4, 4)).parallel.pp_layers == (4, 4, 4, 4)
     with pytest.raises(ValueError, match="leaves a stage without a layer"):
@@ -184,3 +184,9 @@ def test_fsdp_with_pp_is_refused() -> None:
     data["strategy"] = {**data["strategy"], "dp": 2, "zero": 3}
     with pytest.raises(ValueError, match="FSDP2"):
         piped(Setup.model_validate(data), 2, 4)
+
+
+def test_tied_embeddings_with_pp_are_refused() -> None:
+    """torchtitan's ``Decoder.Config.update_from_config`` raises on weight tying with pp > 1."""
+    with pytest.raises(ValueError, match="tied embeddings"):
+        piped(hf_setup("llama-3.2-1b", layers=4, seq=S, impl=Impl.TORCHTITAN), 2, 4)
