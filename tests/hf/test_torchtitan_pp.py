@@ -190,3 +190,15 @@ def test_tied_embeddings_with_pp_are_refused() -> None:
     """torchtitan's ``Decoder.Config.update_from_config`` raises on weight tying with pp > 1."""
     with pytest.raises(ValueError, match="tied embeddings"):
         piped(hf_setup("llama-3.2-1b", layers=4, seq=S, impl=Impl.TORCHTITAN), 2, 4)
+
+
+def test_searched_layouts_place_as_torchtitan() -> None:
+    """``search.space.layouts`` of a torchtitan setup: each 1F1B pipeline carries torchtitan's placement
+    (what the Setup validator fills in; the search's copies are not re-validated): 32 + 2 = 34 layers'
+    worth over 4 stages is 9, 9, 8, 8 less the weights."""
+    from memplan.search.space import Space, layouts
+
+    base = hf_setup("llama-3-8b", layers=32, seq=S, impl=Impl.TORCHTITAN)
+    found = {x.parallel.pp: x.parallel.pp_layers for x in layouts(base, 8, Space(vpp=(1,)))}
+    assert found[4] == (8, 9, 8, 7)
+    assert found[1] is None
