@@ -71,6 +71,7 @@ from memplan.strategies.pipeline_parallel import (
     group_counts,
     group_of,
     representative_stages,
+    rope_buffers,
     stage,
     stage_layers,
     stage_params,
@@ -195,6 +196,11 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
     one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
+    # a layer's saved module buffer (torchtitan's RoPE cache) with the chunk's layers, once per layer; the
+    # other chunks' alive throughout
+    buffers = counts[Group.LAYER_BUFFER]
+    layer += g[Group.LAYER_BUFFER] if buffers else 0
+    others += g[Group.LAYER_BUFFER] * (buffers - one_chunk) if buffers else 0
     if checkpoints_alone(pc.setup):  # NB: the layers not checkpointed, lumped as alive throughout
         others += g[Group.LAYER] * counts[Group.LAYER]
     return [
@@ -249,7 +255,8 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
-    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared)
+    logits = dims.v if prof.stage_outputs_logits else 0
+    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared, logits)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -328,7 +335,7 @@ class Result:
         out = []
         rope_cached = profile_of(self.pieces.setup).rope_cached_per_chunk
         for k in self.pieces.kept:
-            group = group_of(k, self.pieces.setup.model.norm, rope_cached)
+            group = group_of(k, self.pieces.setup.model.norm, rope_cached, rope_buffers(self.pieces.setup))
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if n:
                 out.append(k.model_copy(update={"count": n}))

@@ -30,6 +30,7 @@ from memplan.strategies import (
 from memplan.strategies.pipeline_parallel import (
     Group,
     group_of,
+    rope_buffers,
 )
 from memplan.strategies.tensor_parallel import tp_model
 
@@ -150,7 +151,9 @@ def pieces(core: Setup) -> Pieces:
         )
     groups = dict.fromkeys(Group, 0)
     for k in kept:
-        groups[group_of(k, rank.model.norm, profile_of(rank).rope_cached_per_chunk)] += k.bytes
+        groups[group_of(k, rank.model.norm, profile_of(rank).rope_cached_per_chunk, rope_buffers(rank))] += (
+            k.bytes
+        )
     per_layer: tuple[int, ...] = ()
     if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds
         per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else act.layer_kind_bytes(rank)

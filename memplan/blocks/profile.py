@@ -69,6 +69,11 @@ class Profile:
     micro-batch, the first layer's fused norm keeps that very storage. Off: torch's pipelining
     (``PipelineStage``: ``fwd_cache`` keeps the whole output until its backward; one receive buffer per
     micro-batch and direction, kept): ``strategies.pipeline_parallel.boundary_tensors``."""
+    stage_outputs_logits: bool = False
+    """The last pipeline stage's forward ends with the lm head and the schedule's ``loss_fn`` computes the
+    loss: torchtitan's ``pipeline_llm`` (``_split_module`` keeps ``norm`` and ``lm_head`` on the last stage,
+    ``_build_pipeline_schedule`` passes the trainer's loss as ``loss_fn``), so torch's ``fwd_cache`` holds
+    the [b, s, v] logits until that micro-batch's backward (``boundary_tensors``' ``pp.logits``)."""
     rope_cached_per_chunk: bool = False
     """Megatron-core's ``RotaryEmbedding.forward`` is ``functools.lru_cache(maxsize=32)``-decorated
     (megatron/core/models/common/embeddings/rotary_pos_embedding.py): each model chunk's module makes its

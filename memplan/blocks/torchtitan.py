@@ -54,6 +54,7 @@ def profile(setup: Setup, compiled: bool = False) -> Profile:
         sp_module_gather=True,
         fsdp2_dim0_shards=True,
         compiled_block=compiled,
+        stage_outputs_logits=True,
     )
 
 

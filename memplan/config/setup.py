@@ -127,6 +127,17 @@ class Setup(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        par = self.parallel
+        if self.impl.impl is Impl.TORCHTITAN and par.pp > 1 and par.vpp == 1 and par.pp_layers is None:
+            # torchtitan places the layers itself: the derived default of --pp-layers (as kv heads are)
+            counts = titan_stage_layers(self.model.num_layers, par.pp)
+            if min(counts) < 1:
+                raise ValueError(
+                    f"pp: torchtitan's placement of {self.model.num_layers} layers over {par.pp} stages "
+                    f"({','.join(map(str, counts))}) leaves a stage without a layer; use fewer stages or "
+                    "--pp-layers"
+                )
+            object.__setattr__(self, "parallel", par.model_copy(update={"pp_layers": counts}))
         check_setup(self)
         return self
 
@@ -145,6 +156,21 @@ class Setup(Frozen):
         out["finetune"] = self.finetune.method.name.lower()
         out |= {name: json_value(v) for name, v in self.impl}
         return out
+
+
+def titan_stage_layers(layers: int, pp: int, first_less: int = 1, last_less: int = 1) -> tuple[int, ...]:
+    """Layers on each pipeline stage as torchtitan 0.3.0 places them by default
+    (``distributed/pipeline_parallel.py`` ``_generate_llm_fqn_per_model_part``, with ``ParallelismConfig``'s
+    ``pipeline_parallel_first_stage_less_layers`` = ``last_stage_less_layers`` = 1): the embedding and the
+    head each weigh one layer; the L + 2 "effective layers" are cut into p stages of ⌊(L + 2)/p⌋, the first
+    (L + 2) mod p one more; the first and the last stage hold their share less that weight. Llama 3 405B
+    (126 layers, pp 16): 128/16 = 8 each, so 7, 8 × 14, 7 — memplan's own placement; 16 layers over 4
+    stages: 18 = 4·4 + 2, so 4, 5, 4, 3 (memplan's: 4 each)."""
+    per, extra = divmod(layers + first_less + last_less, pp)
+    counts = [per + (1 if i < extra else 0) for i in range(pp)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return tuple(counts)
 
 
 def check_setup(setup: Setup) -> None:
@@ -427,6 +453,8 @@ def check_impl(setup: Setup) -> None:
                 "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
                 "op's outputs); use --device cpu"
             )
+        if par.pp > 1:
+            check_titan_pipeline(setup)
         if setup.impl.fp8 is Fp8Recipe.TENSORWISE:
             # torchtitan 0.3.0 components/quantization/float8.py: recipe_name: Literal["rowwise",
             # "rowwise_with_gw_hp"].
@@ -437,7 +465,7 @@ def check_impl(setup: Setup) -> None:
     unmodelled = {
         # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).
         "--tp/--sp": impl is not Impl.TORCHTITAN and par.tp > 1,
-        "--pp": par.pp > 1,
+        "--pp": par.pp > 1 and impl is not Impl.TORCHTITAN,
         # torchtitan's context parallel runs torch's ring (measure/frameworks/titan.py,
         # tests/measure/test_titan_context.py).
         "--cp": par.cp > 1 and impl is not Impl.TORCHTITAN,
@@ -457,6 +485,32 @@ def check_impl(setup: Setup) -> None:
             raise ValueError(
                 f"impl: --impl {impl.value} with {name} is not modelled; use --impl reference (memplan's "
                 "reference model) or --impl megatron, or drop that setting"
+            )
+
+
+def check_titan_pipeline(setup: Setup) -> None:
+    """``--impl torchtitan --pp``: its default ``Schedule1F1B`` on pipeline ranks alone (or with plain data
+    parallelism); one-line errors for what is not modelled with it."""
+    par, s = setup.parallel, setup.strategy
+    unmodelled = {
+        "--vpp (torchtitan's interleaved schedules)": par.vpp > 1,
+        "--tp/--sp": par.tp > 1,
+        "--cp": par.cp > 1,
+        "FSDP2 (--zero 2/3 over dp)": s.dp > 1 and s.zero >= ZeroStage.GRADIENTS,
+        "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
+    }
+    if setup.model.tied_embeddings:
+        # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
+        # not supported with Pipeline Parallel.")
+        raise ValueError(
+            "pp: torchtitan refuses tied embeddings with pipeline parallelism; set tied_embeddings false "
+            "or drop --pp"
+        )
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B on pipeline ranks alone "
+                "is); drop that setting or use --impl reference"
             )
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, Impl, Parallel, Setup, ZeroStage
+from memplan.config.setup import titan_stage_layers
 from memplan.config.strategy import MAX_DP
 from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.strategies.tensor_parallel import divisors, tp_widths
@@ -107,6 +108,10 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
         if gpus % (tp * cp):
             continue
         for pp, vpp, virtual in pipelines(m.num_layers, gpus // (tp * cp), space):
+            if pp > 1 and vpp == 1 and setup.impl.impl is Impl.TORCHTITAN:
+                virtual = titan_stage_layers(m.num_layers, pp)  # what the Setup validator fills in
+                if min(virtual) < 1:
+                    continue
             dp = gpus // (tp * cp * pp)
             if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)
                 continue

@@ -8,6 +8,11 @@ flight (Narayanan et al. 2021 §2.2; Korthikanti et al. 2022 §4.2.3): under 1F1
 forwards before its first backward; with the interleaved schedule of m model chunks Megatron's warm-up is
 2(p − i − 1) + (m − 1)·p forwards. Both are capped by the micro-batches of the step (``grad_accum``).
 
+``--impl torchtitan``: torchtitan places the layers itself (``config.setup.titan_stage_layers``, its
+``_generate_llm_fqn_per_model_part``: the embedding and the head weigh one layer each), filled in as the
+setup's ``pp_layers``; its last stage ends with the lm head and holds the logits (``pp.logits``), and a
+layer's saved RoPE cache is its module buffer, once per layer (``Group.LAYER_BUFFER``).
+
 A rank's inventory is grouped (``Group``, by each tensor's block and scope) so that a stage's saves are
 each group's bytes times its instances alive (``group_counts``).
 """
@@ -20,7 +25,8 @@ from enum import Enum
 from memplan.analytic import peak as pk
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Block, Kept, Role, Scope
-from memplan.config import DType, NormType, Parallel
+from memplan.blocks.profiles import profile_of
+from memplan.config import DType, NormType, Parallel, Setup
 
 
 class Group(Enum):
@@ -34,12 +40,19 @@ class Group(Enum):
     """Made once per forward of a stage: RoPE tables, the causal mask, the reversible stack's outputs."""
     CHUNK = "chunk"
     """Made once per model chunk and cached for the run: Megatron's RoPE table (``rope_cached_per_chunk``)."""
+    LAYER_BUFFER = "layer_buffer"
+    """A layer's module buffer autograd saves: one storage per layer of the stage, whatever the forwards in
+    flight (torchtitan's per-layer complex RoPE cache, ``Profile.rope_cache_per_layer``, a view of which
+    every micro-batch's forward saves)."""
 
 
-def group_of(k: Kept, norm: NormType, rope_cached: bool = False) -> Group:
-    """``rope_cached``: the profile's ``rope_cached_per_chunk`` (one table per model chunk)."""
+def group_of(k: Kept, norm: NormType, rope_cached: bool = False, rope_buffers: bool = False) -> Group:
+    """``rope_cached``: the profile's ``rope_cached_per_chunk`` (one table per model chunk);
+    ``rope_buffers``: its ``rope_cache_per_layer`` (a layer's saved cache is its module buffer)."""
     if rope_cached and k.block is Block.ROPE:
         return Group.CHUNK
+    if rope_buffers and k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache":
+        return Group.LAYER_BUFFER
     if k.block is Block.CHECKPOINT:
         return Group.CHECKPOINT
     if k.scope is Scope.LAYER:
@@ -51,6 +64,12 @@ def group_of(k: Kept, norm: NormType, rope_cached: bool = False) -> Group:
     if k.block.in_head:
         return Group.HEAD
     return Group.STAGE
+
+
+def rope_buffers(setup: Setup) -> bool:
+    """A layer's saved RoPE cache is its module buffer (``Group.LAYER_BUFFER``): torchtitan's
+    ``rope_cache_per_layer`` without context parallelism (under cp each forward gathers its own rows)."""
+    return profile_of(setup).rope_cache_per_layer and setup.parallel.cp == 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,11 +194,20 @@ def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, in
         Group.HEAD_FREED: 1 if st.last else 0,
         Group.STAGE: sum(1 for n in st.in_flight if n),  # a chunk of only the embedding or head makes none
         Group.CHUNK: sum(1 for n in st.chunks_of if n),
+        # a checkpointed layer keeps its input only; NB: interleaved, every chunk counted as having run
+        Group.LAYER_BUFFER: 0 if segment else st.layers,
     }
 
 
 def boundary_tensors(
-    st: Stage, p: int, tokens: tuple[int, int], h: int, act: DType, frees_outputs: bool, shared_input: bool
+    st: Stage,
+    p: int,
+    tokens: tuple[int, int],
+    h: int,
+    act: DType,
+    frees_outputs: bool,
+    shared_input: bool,
+    logits: int = 0,
 ) -> list[Kept]:
     """What the pipeline schedule holds at a stage's boundary at the end of its warm-up, beyond autograd's
     saves (``tokens``: the [b, s] one rank sends — s/t under sequence parallelism; ``act``: the activation
@@ -198,6 +226,10 @@ def boundary_tensors(
       its input storage (fp32 activations, LayerNorm): that one is counted there (``pp.recv``'s count less
       those forwards). Megatron receives into a fresh tensor per micro-batch, which is the first layer's
       saved norm input, and into a transient gradient: nothing more.
+    - ``pp.logits`` [b, s, ``logits``] on the model's last stage when its loss runs outside the stage
+      (torchtitan: the stage ends with the lm head, the schedule's ``loss_fn`` computes the loss):
+      ``fwd_cache`` keeps that output too, one per forward in flight there (``logits`` = 0: the stage's own
+      forward ends with the loss, a scalar).
     """
     b, s = tokens
     shape = (b, s, h)
@@ -230,8 +262,11 @@ def boundary_tensors(
     m, n = len(st.chunks_of), st.micro_batches
     # Schedule1F1B's warm-up keeps its Work list ``send_work`` from the send of micro-batch w − 2 to the
     # step's end (only the warm-up reassigns it; the backend's send work keeps its tensor): once that
-    # micro-batch's backward has run, its output is one more beside the w in flight (w ≥ 2).
-    by_send_work = 1 if m == 1 and st.sends >= 2 else 0
+    # micro-batch's backward has run, its output is one more beside the w in flight (w ≥ 2) — from the
+    # forward after that backward on: steady step k runs B(k) then F(w + k), so at k = w − 2 it needs
+    # micro-batch 2w − 2, i.e. n ≥ 2w − 1 (else the step ends with fewer than w in flight then).
+    w = st.sends
+    by_send_work = 1 if m == 1 and w >= 2 and n >= 2 * w - 1 else 0
     held(
         "pp.output",
         shape,
@@ -247,6 +282,14 @@ def boundary_tensors(
         Role.RECV_BUFFER,
         n * receiving - (reading if shared_input else 0),
         "torch pipelining's activation receive buffers: one per micro-batch, allocated at the first step",
+    )
+    last_forwards = st.chunks - st.sends  # chunk-forwards in flight of the model's last virtual stage
+    held(
+        "pp.logits",
+        (b, s, logits),
+        Role.STAGE_OUTPUT,
+        last_forwards if logits and p > 1 else 0,
+        "torch pipelining's fwd_cache: the last stage's logits, the loss_fn's input, until its backward",
     )
     sending = m - (1 if st.index == p - 1 else 0)  # virtual stage k·p + i sends unless it is the last
     held(
