@@ -318,6 +318,9 @@ class ModelConfig(Frozen):
     norm_bias: bool = Field(
         default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
     )
+    head_bias: bool = Field(
+        default=False, description="the lm head has a bias [vocab_size] (PhiMoE's lm_head_bias)"
+    )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     mla: MLAConfig | None = Field(
         default=None, description="multi-head latent attention (DeepSeek-V2/V3); none: W_Q/W_K/W_V per head"
@@ -490,6 +493,7 @@ class ModelConfig(Frozen):
             "qk_norm_whole": self.qk_norm_whole,
             "shared_norm": self.shared_norm,
             "norm_bias": not self.norm_bias,
+            "head_bias": self.head_bias,
         }
 
     def is_moe_layer(self, layer: int) -> bool:

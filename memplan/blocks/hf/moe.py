@@ -75,6 +75,21 @@ def qwen2_moe(setup: Setup) -> Profile:
     return experts(setup)
 
 
+def phimoe(setup: Setup) -> Profile:
+    """PhiMoE (``PhimoeSparseMoeBlock``): ``sparsemixer``'s two sampled experts
+    (``Profile.sparsemixer_router``), their multipliers concatenated in the activation dtype, Mixtral's
+    grouped experts, no shared expert; ``nn.LayerNorm`` with bias for every norm (``ModelConfig.norm``),
+    biases on q, k, v and o (``attention_bias``) and the lm head (``head_bias``); Mistral's sliding-window
+    mask when ``config.sliding_window`` is set (``window_mask``). sparsemixer returns two experts
+    whatever ``num_experts_per_tok``: top_k ≠ 2 is refused."""
+    check(setup, shared=False)
+    moe = setup.model.moe
+    assert moe is not None  # NB: check refuses an MoE family without [model.moe]
+    if moe.top_k != 2:
+        raise ValueError("moe.top_k: PhiMoE's sparsemixer always routes to 2 experts; set top_k = 2")
+    return replace(experts(setup), sparsemixer_router=True, window_mask=True)
+
+
 def qwen3_moe(setup: Setup) -> Profile:
     """Qwen3-MoE (``Qwen3MoeSparseMoeBlock``): Qwen2-MoE's router (``Qwen3MoeTopKRouter``, weights cast to
     the activation dtype) and grouped experts, no shared expert; ``Qwen3MoeAttention``'s q_norm / k_norm

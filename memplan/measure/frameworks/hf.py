@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
-from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.runs.run import make_batch
 
@@ -99,9 +99,16 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
                 return model(input_ids=ids, labels=labels, use_cache=setup.impl.use_cache).loss
 
         with _one_sequence_per_row(fake):
-            meas = run_step(model, layers, forward, s.checkpointing is not Checkpointing.NONE)
+            checkpointed = s.checkpointing is not Checkpointing.NONE
+            meas = run_step(model, layers, forward, checkpointed, after_forward=_forget_freed)
         meas.routing = routing
         return meas
+
+
+def _forget_freed(recorder: PathRecorder) -> None:
+    """Only what the forward's graph still holds is kept: saves on nodes that died with a discarded
+    output are dropped (``SavedTensorRecorder.forget_freed``)."""
+    recorder.forget_freed()
 
 
 @contextmanager
