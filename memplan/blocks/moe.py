@@ -205,10 +205,16 @@ def sparsemixer_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     (``gather``'s, ``PhimoeMultiplier``'s and, of round 1, ``torch.scatter``'s index) and the gathered
     multiplier [T, 1] (``PhimoeMultiplier``'s ``multiplier``). The router's logits are not kept: masked_fill,
     scatter and ``PhimoeMultiplier`` keep only their masks and indices. ``max`` over the softmax (the
-    midpoint mask) keeps its indices on a node that dies with the local ``max_scores``."""
+    midpoint mask) keeps its indices on a node that dies with the local ``max_scores``.
+    With ``input_jitter`` > 0, ``PhimoeSparseMoeBlock.forward`` and then ``PhimoeTopKRouter.forward`` each
+    multiply the MLP input in place by ``torch.empty_like(x).uniform_(1 − ε, 1 + ε)``: ``mul_``'s backward
+    keeps each noise [T, h] (the input needs none: the noise needs no gradient)."""
     dims = Dims.of(setup)
     t, e, a = dims.tokens, moe.experts, dims.act
     rules = []
+    if moe.input_jitter > 0:
+        why = "input jitter noise, multiplied in place into the MLP input: mul_'s backward needs it"
+        rules += [save(B.MOE, f"{who}_jitter", (t, dims.h), a, R.ROUTER, why) for who in ("block", "router")]
     for r in (1, 2):
         rules += [
             save(B.MOE, f"sparsemixer{r}_mask", (t, e), DType.BOOL, R.ROUTER, "masked_fill's mask"),

@@ -90,6 +90,13 @@ class MoEConfig(Frozen):
     expert_bias: bool = Field(
         default=False, description="each routed expert's gate/up and down carry biases, 2f + h (gpt-oss)"
     )
+    input_jitter: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="PhiMoE's input_jitter_noise ε: in training the MLP input is multiplied in place by "
+        "uniform(1 − ε, 1 + ε) noise twice (the block, then the router), each [T, h] noise kept",
+    )
     dense_layers: int = Field(
         strict=True,
         default=0,
@@ -479,6 +486,7 @@ class ModelConfig(Frozen):
             "gate_act": self.gate_act is GateActivation.CLAMPED,
             "moe.router_bias": self.moe is not None and self.moe.router_bias,
             "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
+            "moe.input_jitter": self.moe is not None and self.moe.input_jitter > 0,
             "mla": self.mla is not None,
             "moe.dense_layers": self.moe is not None and self.moe.dense_layers > 0,
             "moe.scoring": self.moe is not None and self.moe.sigmoid,

@@ -311,6 +311,7 @@ HF_STRUCTURE = {
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
     "head_bias": (Family.PHIMOE,),
+    "moe.input_jitter": (Family.PHIMOE,),
     "moe.router_sigmoid": (Family.LLAMA4,),
     "moe_every": (Family.LLAMA4,),
     "nope_every": (Family.LLAMA4,),

@@ -492,7 +492,12 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
                 f"num_experts_per_tok: {top_k}, but PhiMoE's sparsemixer always routes to 2 experts; "
                 "set it to 2"
             )
-        moe = {"experts": _int(cfg, "num_local_experts", default=16), "top_k": 2, "norm_topk_prob": False}
+        moe = {
+            "experts": _int(cfg, "num_local_experts", default=16),
+            "top_k": 2,
+            "norm_topk_prob": False,
+            "input_jitter": _float(cfg, "input_jitter_noise", default=0.0),
+        }
         return {"ffn_size": _int(cfg, "intermediate_size", default=6400), "moe": moe}
     if kind == "mixtral":
         moe = {
@@ -670,7 +675,11 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         notes.append("sparsemixer router (two sampled experts), LayerNorms, lm head bias: --impl hf only")
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
-    if cfg.get("rope_scaling"):
+    rope = cfg.get("rope_scaling") or {}
+    if kind == "phimoe" and "longrope" in (rope.get("rope_type"), rope.get("type")):
+        # PhimoeRotaryEmbedding: cos/sin of the same [s, d] shape, scaled by short/long_mscale, no grad
+        notes.append("longrope rope_scaling: the rotary tables' values only (no bytes, no FLOPs)")
+    elif rope:
         notes.append("rope_scaling ignored")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]

@@ -197,7 +197,7 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
     if m.code_family is Family.PHIMOE:  # PhimoeConfig: sparsemixer's top-2, LayerNorm eps as rms_norm_eps
         return keys | {
             "num_local_experts": moe.experts,
-            "input_jitter_noise": 0.0,
+            "input_jitter_noise": moe.input_jitter,
             "lm_head_bias": m.head_bias,
             "sliding_window": m.sliding_window,
         }
