@@ -325,6 +325,11 @@ class ModelConfig(Frozen):
     norm_bias: bool = Field(
         default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
     )
+    rope_scaling: str | None = Field(
+        default=None,
+        description="the config's rope_scaling type (PhiMoE's longrope): it changes the rotary tables' "
+        "values, not their shapes; named in the estimate's notes",
+    )
     head_bias: bool = Field(
         default=False, description="the lm head has a bias [vocab_size] (PhiMoE's lm_head_bias)"
     )

@@ -10,8 +10,14 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled. The sliding window is read for Mistral,
-  Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, StarCoder2 and Gemma-2/3.
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled (values only); PhiMoE's is read into
+  ``ModelConfig.rope_scaling`` and named in the estimate's notes, the other families' only in the preset's
+  notes. The sliding window is read for Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, PhiMoE,
+  StarCoder2 and Gemma-2/3.
+- PhiMoE: LayerNorms with bias (its ``rms_norm_eps`` their eps), ``attention_bias`` on q/k/v/o,
+  ``lm_head_bias`` (``head_bias``), ``input_jitter_noise`` (``moe.input_jitter``); ``router_jitter_noise``
+  is sparsemixer's threshold, values only; ``num_experts_per_tok`` ≠ 2 is refused (sparsemixer routes to
+  two experts whatever it says).
 - Qwen2/Qwen3 configs whose sliding window covers only the layers from ``max_window_layers`` on
   (``use_sliding_window``) import the first ones as ``full_layers``.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
@@ -344,6 +350,7 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
     if kind == "phimoe":  # PhimoeForCausalLM: nn.Linear(h, v, bias=config.lm_head_bias)
         fields["head_bias"] = _bool(cfg, "lm_head_bias", False)
+        fields["rope_scaling"] = _rope_kind(cfg)
     if kind in ("phi3", "mixtral", "starcoder2", "phimoe"):
         fields["sliding_window"] = _int(cfg, "sliding_window")  # the config classes' default: none
     if kind == "llama4_text":
@@ -381,6 +388,13 @@ _OWN_CODE = (
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
 _WINDOWED = ("mistral", "qwen2", "qwen3", "qwen3_moe")
+
+
+def _rope_kind(cfg: Mapping[str, Any]) -> str | None:
+    """The ``rope_scaling`` (or transformers 5's ``rope_parameters``) type other than "default", or None."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, Mapping) else None
+    return None if kind in (None, "default") else str(kind)
 
 
 def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | None:

@@ -8,6 +8,7 @@ full-size import is checked against the published count (Phi-3.5-MoE: 41.9B tota
 from __future__ import annotations
 
 import gc
+import json
 from typing import Any
 
 import pytest
@@ -199,3 +200,57 @@ def test_sparsemixer_midpoint_indices_are_freed() -> None:
     freed = [shape for shape, ref in saved if ref.expired()]
     assert freed == [(64, 1), (64, 1)]
     assert multiplier.shape == (64, 2)
+
+
+def tiny_file(original: int) -> dict[str, Any]:
+    """A 2-layer PhiMoE config.json at SMALL's widths with a longrope ``rope_scaling`` switching from the
+    short to the long factors past ``original`` positions (one factor per rotated pair: d/2 = 8)."""
+    rope = {
+        "type": "longrope",
+        "original_max_position_embeddings": original,
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+        "short_mscale": 1.0,
+        "long_mscale": 1.2,
+    }
+    widths = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 32}
+    return {
+        **PHI35_MOE,
+        **widths,
+        "vocab_size": 128,
+        "num_local_experts": 8,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 4 * original,
+        "rope_scaling": rope,
+    }
+
+
+@pytest.mark.parametrize("original", [1024, 32])
+def test_phimoe_longrope_keeps_the_same_bytes(original: int) -> None:
+    """transformers built from the file itself, longrope and all, on real tensors (the short factors for
+    s = 64 ≤ 1024, the long ones past 32): the same bytes and FLOPs as the estimate, which names it."""
+    document = tiny_file(original)
+    m = model_from_hf_config(document, "tiny-phimoe")
+    assert m.rope_scaling == "longrope"
+    setup = hf_setup(m, seq=SEQ, layers=2)
+    exact(estimate(setup), measure_hf(setup, fake=False, document=document))
+
+
+def test_phimoe_longrope_refused_under_fake_tensors() -> None:
+    """Under fake tensors ``PhimoeRotaryEmbedding.forward`` cannot compare ``torch.max(position_ids) + 1``
+    with original_max_position_embeddings: a one-line error, not a traceback."""
+    document = tiny_file(1024)
+    setup = hf_setup(model_from_hf_config(document, "tiny-phimoe"), seq=SEQ, layers=2)
+    with pytest.raises(ValueError, match=r"^rope_scaling: longrope reads the positions' values"):
+        measure_hf(setup, document=document)
+
+
+def test_phimoe_estimate_notes_name_longrope() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    out = CliRunner().invoke(app, ["estimate", "-m", "phi-3.5-moe", "--impl", "hf", "--json"])
+    assert out.exit_code == 0, out.output
+    notes = json.loads(out.stdout)["notes"]
+    assert any(n.startswith("rope_scaling longrope: it changes the rotary tables' values") for n in notes)

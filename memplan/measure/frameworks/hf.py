@@ -79,6 +79,12 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
             "tensors cannot run; trace --experts grouped_mm, or measure eager on real tensors (tests/hf)"
         )
+    if fake and document is not None and rope_type(document) == "longrope":
+        raise ValueError(
+            "rope_scaling: longrope reads the positions' values (torch.max(position_ids)), which fake "
+            "tensors cannot trace; trace a copy of config.json without rope_scaling (it changes the rotary "
+            "tables' values only: the same bytes and FLOPs)"
+        )
     torch.manual_seed(0)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
         model = build(setup, document)
@@ -103,6 +109,17 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             meas = run_step(model, layers, forward, checkpointed, after_forward=_forget_freed)
         meas.routing = routing
         return meas
+
+
+def rope_type(document: Mapping[str, Any]) -> str | None:
+    """The rope type of a config.json (``rope_scaling`` or transformers 5's ``rope_parameters``: its
+    ``rope_type``, or the legacy ``type``), None without one."""
+    from memplan.presets.hf import text_config
+
+    doc = text_config(document)
+    rope = doc.get("rope_scaling") or doc.get("rope_parameters") or {}
+    kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, Mapping) else None
+    return str(kind) if kind else None
 
 
 def _forget_freed(recorder: PathRecorder) -> None:
