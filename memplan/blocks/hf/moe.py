@@ -1,5 +1,5 @@
-"""transformers' mixtures of experts: ``modeling_mixtral.py``, ``modeling_qwen2_moe.py`` and
-``modeling_qwen3_moe.py`` (5.x).
+"""transformers' mixtures of experts: ``modeling_mixtral.py``, ``modeling_qwen2_moe.py``,
+``modeling_qwen3_moe.py`` and ``modeling_phimoe.py`` (5.x).
 
 Both run their experts through ``@use_experts_implementation``, whose default ``experts_implementation`` is
 ``grouped_mm`` (``PreTrainedModel.get_correct_experts_implementation``): ``grouped_mm_experts_forward`` in
@@ -16,7 +16,8 @@ whose rows sum to S, the reference model's bytes. Its shapes are data: only real
 The attention, norms and loss are Mistral's and Qwen2's (``llama.profile``). Known limitations: NB the
 router's auxiliary loss (``output_router_logits``) is off, as the configs' default; NB on a GPU without a
 grouped GEMM kernel transformers falls back to a custom op that holds the offsets on its ctx (32 B per
-layer that saved-tensor hooks do not see).
+layer that saved-tensor hooks do not see). NB PhiMoE's sparsemixer samples its experts (Gumbel noise,
+``rand_like``): its eval-mode path (argmax, no ``PhimoeMultiplier``) is not modelled, training only.
 """
 
 from __future__ import annotations
