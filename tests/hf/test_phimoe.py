@@ -254,3 +254,9 @@ def test_phimoe_estimate_notes_name_longrope() -> None:
     assert out.exit_code == 0, out.output
     notes = json.loads(out.stdout)["notes"]
     assert any(n.startswith("rope_scaling longrope: it changes the rotary tables' values") for n in notes)
+
+
+def test_phimoe_real_widths() -> None:
+    """Phi-3.5-MoE's own widths (h 4096, 32/8 heads, 16 experts of 6400), two layers, under fake tensors."""
+    setup = hf_setup("phi-3.5-moe", layers=2, seq=256)
+    exact(estimate(setup), measure_hf(setup))
