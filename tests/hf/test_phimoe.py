@@ -260,3 +260,15 @@ def test_phimoe_real_widths() -> None:
     """Phi-3.5-MoE's own widths (h 4096, 32/8 heads, 16 experts of 6400), two layers, under fake tensors."""
     setup = hf_setup("phi-3.5-moe", layers=2, seq=256)
     exact(estimate(setup), measure_hf(setup))
+
+
+@pytest.mark.parametrize(
+    "kw", [{"checkpointing": "every-2", "layers": 4}, {"checkpointing": "full", "reentrant": True}]
+)
+def test_phimoe_checkpointing_variants(kw: dict[str, Any]) -> None:
+    """transformers' ``every_n_layers`` (every 2nd layer checkpointed alone) and ``use_reentrant=True``
+    (whole layers re-run, the sampler's RNG state restored): every layer's bytes, the total and the
+    FLOPs. Under every-K the estimate's tensor list is an unchecked layer's while layer 0 is checkpointed
+    (its input only), so tensors pair by bytes per layer there, not by name."""
+    setup = small(**kw)
+    exact(estimate(setup), measure_hf(setup), paired=setup.strategy.checkpoint_every == 1)
