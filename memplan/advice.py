@@ -303,6 +303,11 @@ def notes(b: Built) -> list[str]:
             "training beyond them is a choice that needs RoPE scaling (e.g. rope_scaling in the config); "
             "the memory and FLOPs here do not depend on it"
         )
+    if m.rope_scaling is not None:  # read for PhiMoE (presets.hf); its tables keep their shapes
+        out.append(
+            f"rope_scaling {m.rope_scaling}: it changes the rotary tables' values, not their shapes; the "
+            "memory and FLOPs here do not depend on it"
+        )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:
         out.append(compiled)

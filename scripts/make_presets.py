@@ -640,6 +640,36 @@ PRESETS: dict[str, tuple[tuple[str, ...], str, str, str, dict[str, Any]]] = {
             "vocab_size": 32768,
         },
     ),
+    "phi-3.5-moe": (
+        ("phi-3.5-moe-instruct",),
+        "microsoft/Phi-3.5-MoE-instruct",
+        "41.9B, 6.6B active",
+        "",
+        {
+            "model_type": "phimoe",
+            "attention_bias": True,
+            "hidden_act": "silu",
+            "hidden_size": 4096,
+            "input_jitter_noise": 0.01,
+            "intermediate_size": 6400,
+            "lm_head_bias": True,
+            "max_position_embeddings": 131072,
+            "num_attention_heads": 32,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 32,
+            "num_key_value_heads": 8,
+            "num_local_experts": 16,
+            "output_router_logits": False,
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 10000.0,
+            "router_jitter_noise": 0.01,
+            "sliding_window": 131072,
+            "tie_word_embeddings": False,
+            "vocab_size": 32064,
+            # the page's longrope: its short/long factor lists change the tables' values only
+            "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 4096},
+        },
+    ),
 }
 
 

@@ -84,6 +84,7 @@ FILES: dict[str, bytes] = {
         for name, extra in {
             "olmo2": b'"rms_norm_eps": 1e-6',
             "falcon": b'"alibi": true',
+            "phimoe": b'"num_local_experts": 4, "num_experts_per_tok": 3',
         }.items()
     },
 }
@@ -205,6 +206,8 @@ CASES: list[Case] = [
     case("hf-wrong-type", "estimate -m {dir}/hf-wrong-type.json", "intermediate_size"),
     case("hf-olmo2-reference", "estimate -m {dir}/hf-olmo2.json", "post_norms: modelled for transformers'"),
     case("hf-falcon-alibi", "estimate -m {dir}/hf-falcon.json --impl hf", "alibi"),
+    case("hf-phimoe-top3", "estimate -m {dir}/hf-phimoe.json --impl hf", "num_experts_per_tok: 3"),
+    case("phimoe-reference", "estimate -m phi-3.5-moe", "moe.input_jitter: modelled for transformers'"),
     # --- other commands ---------------------------------------------------------------------------------
     case("presets-show-unknown", "presets show nosuch", "model"),
     case("presets-show-directory", "presets show {dir}", "directory"),

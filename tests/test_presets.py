@@ -96,6 +96,7 @@ GOLDEN = {
     # Llama 4's text models (by hand: tests/hf/test_llama4.py); the pages' 109B / 400B add the vision tower
     "llama-4-scout-17b-16e": 107_769_861_120,  # meta-llama/Llama-4-Scout-17B-16E: 109B
     "llama-4-maverick-17b-128e": 400_711_848_960,  # meta-llama/Llama-4-Maverick-17B-128E: 400B
+    "phi-3.5-moe": 41_873_153_344,  # microsoft/Phi-3.5-MoE-instruct: 41.9B (by hand: tests/hf/test_phimoe.py)
 }
 # Active parameters of the mixtures of experts: the total less the (E − k)/E of the routed experts a token
 # skips. Mixtral-8x22B: 56 layers · 6 unused experts · 3 matrices 6144 × 16384 = 101,468,602,368 skipped
@@ -120,6 +121,8 @@ ACTIVE = {
     # the shared expert always runs (the pages' 17B active).
     "llama-4-scout-17b-16e": 107_769_861_120 - 48 * 15 * 3 * 5120 * 8192,
     "llama-4-maverick-17b-128e": 400_711_848_960 - 24 * 127 * 3 * 5120 * 8192,
+    # Phi-3.5-MoE: 32 layers · 14 unused of 16 experts · 3·4096·6400 (the page's 6.6B active)
+    "phi-3.5-moe": 41_873_153_344 - 32 * 14 * 3 * 4096 * 6400,
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""

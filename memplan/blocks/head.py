@@ -38,7 +38,10 @@ B, R = Block, Role
 
 
 def lm_head_params(m: ModelConfig) -> int:
-    return 0 if m.tied_embeddings else m.hidden_size * m.vocab_size
+    """The head's h×v weight (none when tied) and its bias v (``head_bias``: PhiMoE's ``lm_head_bias``,
+    a bias of its own even with tied weights)."""
+    weight = 0 if m.tied_embeddings else m.hidden_size * m.vocab_size
+    return weight + (m.vocab_size if m.head_bias else 0)
 
 
 def chunk_sizes(n: int, chunks: int) -> list[int]:

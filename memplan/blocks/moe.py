@@ -159,6 +159,8 @@ def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     t, k = dims.tokens, moe.top_k
     if profile_of(setup).deepseek_router:
         return deepseek_router_rules(setup, moe)
+    if profile_of(setup).sparsemixer_router:
+        return sparsemixer_rules(setup, moe)
 
     def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
         return save(B.MOE, part, shape, dtype, role, why)
@@ -190,6 +192,55 @@ def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
             ),
             moe_save(
                 "topk_weights", (t, k), FP32, R.ROUTER, "top-k probabilities, dividend: d(divisor) needs them"
+            ),
+        ]
+    return rules
+
+
+def sparsemixer_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
+    """PhiMoE's ``sparsemixer`` in training (``Profile.sparsemixer_router``), per round r = 1, 2 (its top-2
+    is two rounds whatever ``num_experts_per_tok``): the bool mask [T, E] of ``masked_fill`` (computed
+    under ``no_grad``, kept by masked_fill's backward), the softmax output [T, E] in the activation dtype
+    (softmax's backward and ``PhimoeMultiplier``'s ``masked_gates``), the sampled expert [T, 1] int64
+    (``gather``'s, ``PhimoeMultiplier``'s and, of round 1, ``torch.scatter``'s index) and the gathered
+    multiplier [T, 1] (``PhimoeMultiplier``'s ``multiplier``). The router's logits are not kept: masked_fill,
+    scatter and ``PhimoeMultiplier`` keep only their masks and indices. ``max`` over the softmax (the
+    midpoint mask) keeps its indices on a node that dies with the local ``max_scores``.
+    With ``input_jitter`` > 0, ``PhimoeSparseMoeBlock.forward`` and then ``PhimoeTopKRouter.forward`` each
+    multiply the MLP input in place by ``torch.empty_like(x).uniform_(1 − ε, 1 + ε)``: ``mul_``'s backward
+    keeps each noise [T, h] (the input needs none: the noise needs no gradient)."""
+    dims = Dims.of(setup)
+    t, e, a = dims.tokens, moe.experts, dims.act
+    rules = []
+    if moe.input_jitter > 0:
+        why = "input jitter noise, multiplied in place into the MLP input: mul_'s backward needs it"
+        rules += [save(B.MOE, f"{who}_jitter", (t, dims.h), a, R.ROUTER, why) for who in ("block", "router")]
+    for r in (1, 2):
+        rules += [
+            save(B.MOE, f"sparsemixer{r}_mask", (t, e), DType.BOOL, R.ROUTER, "masked_fill's mask"),
+            save(
+                B.MOE,
+                f"sparsemixer{r}_softmax",
+                (t, e),
+                a,
+                R.ROUTER,
+                "softmax of the masked logits: its backward and PhimoeMultiplier's need it",
+            ),
+            save(
+                B.MOE,
+                f"sparsemixer{r}_expert",
+                (t, 1),
+                INT64,
+                R.ROUTER,
+                "the sampled expert: gather's, scatter's and PhimoeMultiplier's index",
+            ),
+            save(
+                B.MOE,
+                f"sparsemixer{r}_multiplier",
+                (t, 1),
+                a,
+                R.ROUTER,
+                "the gathered softmax: PhimoeMultiplier's backward scales by it",
             ),
         ]
     return rules

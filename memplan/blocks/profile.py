@@ -115,6 +115,14 @@ class Profile:
     """gpt-oss's router (``GptOssTopKRouter.forward``): top-k of the biased logits, then a softmax over
     those k in the activation dtype: it keeps the [T, k] softmax output and the top-k indices, no [T, E]
     fp32 probabilities."""
+    sparsemixer_router: bool = False
+    """PhiMoE's router (``sparsemixer`` in ``modeling_phimoe.py``, training mode): two rounds, each
+    ``masked_fill`` of the logits by a no-grad threshold mask (keeps the bool mask [T, E]), a softmax in
+    the activation dtype (keeps its output [T, E]), ``gather`` of the Gumbel-sampled expert (keeps the
+    index [T, 1] int64) and ``PhimoeMultiplier.apply``, whose ``ctx.save_for_backward(multiplier,
+    selected_experts, masked_gates)`` keeps the gathered [T, 1] and the same index and softmax (no new
+    storage); the second round's ``torch.scatter`` of -inf at the first choice keeps that index too. No
+    top-k, no fp32 probabilities: the k = 2 weights are ``torch.concat`` of the two multipliers."""
     rope_half_table: bool = False
     """gpt-oss's rotary embedding (``GptOssRotaryEmbedding``, ``_apply_rotary_emb``) holds cos and sin as
     [s, d/2] (first and second halves rotated by one table), not [s, d]."""

@@ -52,6 +52,7 @@ class Family(StrEnum):
     QWEN2_MOE = "qwen2_moe"
     QWEN3_MOE = "qwen3_moe"
     GPT_OSS = "gpt_oss"
+    PHIMOE = "phimoe"
     DEEPSEEK_V2 = "deepseek_v2"
     DEEPSEEK_V3 = "deepseek_v3"
     LLAMA4 = "llama4_text"

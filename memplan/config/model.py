@@ -90,6 +90,13 @@ class MoEConfig(Frozen):
     expert_bias: bool = Field(
         default=False, description="each routed expert's gate/up and down carry biases, 2f + h (gpt-oss)"
     )
+    input_jitter: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="PhiMoE's input_jitter_noise ε: in training the MLP input is multiplied in place by "
+        "uniform(1 − ε, 1 + ε) noise twice (the block, then the router), each [T, h] noise kept",
+    )
     dense_layers: int = Field(
         strict=True,
         default=0,
@@ -318,6 +325,14 @@ class ModelConfig(Frozen):
     norm_bias: bool = Field(
         default=True, description="a LayerNorm's bias [h]; false: Cohere's bias-free LayerNorm"
     )
+    rope_scaling: str | None = Field(
+        default=None,
+        description="the config's rope_scaling type (PhiMoE's longrope): it changes the rotary tables' "
+        "values, not their shapes; named in the estimate's notes",
+    )
+    head_bias: bool = Field(
+        default=False, description="the lm head has a bias [vocab_size] (PhiMoE's lm_head_bias)"
+    )
     moe: MoEConfig | None = Field(default=None, description="mixture of experts; none: a dense MLP per layer")
     mla: MLAConfig | None = Field(
         default=None, description="multi-head latent attention (DeepSeek-V2/V3); none: W_Q/W_K/W_V per head"
@@ -476,6 +491,7 @@ class ModelConfig(Frozen):
             "gate_act": self.gate_act is GateActivation.CLAMPED,
             "moe.router_bias": self.moe is not None and self.moe.router_bias,
             "moe.expert_bias": self.moe is not None and self.moe.expert_bias,
+            "moe.input_jitter": self.moe is not None and self.moe.input_jitter > 0,
             "mla": self.mla is not None,
             "moe.dense_layers": self.moe is not None and self.moe.dense_layers > 0,
             "moe.scoring": self.moe is not None and self.moe.sigmoid,
@@ -490,6 +506,7 @@ class ModelConfig(Frozen):
             "qk_norm_whole": self.qk_norm_whole,
             "shared_norm": self.shared_norm,
             "norm_bias": not self.norm_bias,
+            "head_bias": self.head_bias,
         }
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -336,6 +336,8 @@ HF_STRUCTURE = {
     "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
     "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
     "norm_bias": (Family.COHERE,),
+    "head_bias": (Family.PHIMOE,),
+    "moe.input_jitter": (Family.PHIMOE,),
     "moe.router_sigmoid": (Family.LLAMA4,),
     "moe_every": (Family.LLAMA4,),
     "nope_every": (Family.LLAMA4,),
@@ -372,7 +374,15 @@ def check_hf_only(setup: Setup) -> None:
         raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
 
 
-_LN_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.COHERE, Family.STABLELM, Family.FALCON)
+_LN_CODE = (
+    Family.GPT2,
+    Family.GPT_NEOX,
+    Family.STARCODER2,
+    Family.COHERE,
+    Family.STABLELM,
+    Family.FALCON,
+    Family.PHIMOE,
+)
 """The transformers families whose decoder layers are LayerNorms (the others: RMSNorm)."""
 _GELU_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.FALCON)
 """The transformers families whose MLP is fc → GELU → fc (the others: gated, SwiGLU's matrices)."""

@@ -10,8 +10,14 @@ A ``hidden_act`` (``activation_function``, ``hidden_activation``) outside what t
 refused (``_check_activation``): a ReLU llama is an error, not silently SiLU.
 
 Known limitations (none changes the parameter count):
-- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled. The sliding window is read for Mistral,
-  Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, StarCoder2 and Gemma-2/3.
+- NB: ``rope_scaling`` (Llama 3.1, YaRN, …) is not modelled (values only); PhiMoE's is read into
+  ``ModelConfig.rope_scaling`` and named in the estimate's notes, the other families' only in the preset's
+  notes. The sliding window is read for Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, PhiMoE,
+  StarCoder2 and Gemma-2/3.
+- PhiMoE: LayerNorms with bias (its ``rms_norm_eps`` their eps), ``attention_bias`` on q/k/v/o,
+  ``lm_head_bias`` (``head_bias``), ``input_jitter_noise`` (``moe.input_jitter``); ``router_jitter_noise``
+  is sparsemixer's threshold, values only; ``num_experts_per_tok`` ≠ 2 is refused (sparsemixer routes to
+  two experts whatever it says).
 - Qwen2/Qwen3 configs whose sliding window covers only the layers from ``max_window_layers`` on
   (``use_sliding_window``) import the first ones as ``full_layers``.
 - Gemma's MLP is GeGLU: swiglu's three h×ffn matrices with ``gate_act`` gelu_tanh; its embedding is scaled
@@ -94,9 +100,10 @@ _FAMILY = {
     "qwen3_moe": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-6, max_pos=32768),
     "gpt_oss": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=131072),
     "llama4_text": _Family(_RMS, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
+    "phimoe": _Family(_LN, _SWIGLU, PositionType.ROPE, tied=False, eps=1e-5, max_pos=4096 * 32),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted((*_FAMILY, "deepseek_v2", "deepseek_v3")))  # hf_deepseek.MODEL_TYPES
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "phimoe")
 
 
 def _get(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str, Any]:
@@ -183,7 +190,7 @@ def _biases(kind: str, cfg: Mapping[str, Any]) -> dict[str, bool]:
     if kind == "cohere":  # CohereAttention: attention_bias on q, k, v and o; CohereMLP: none
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": False}
-    if kind in ("llama", "gemma", "qwen3", "qwen3_moe", "granite"):  # attention_bias covers q, k, v and o
+    if kind in ("llama", "gemma", "qwen3", "qwen3_moe", "granite", "phimoe"):  # attention_bias: q, k, v, o
         attn = _bool(cfg, "attention_bias", False)
         return {"qkv_bias": attn, "out_bias": attn, "mlp_bias": _bool(cfg, "mlp_bias", False)}
     return {"qkv_bias": False, "out_bias": False, "mlp_bias": False}  # mistral, mixtral, phi3
@@ -341,7 +348,10 @@ def _fields(kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
         fields.update(_gpt_oss_fields(cfg, fields["num_layers"]))
     if kind in ("gemma2", "gemma3_text"):
         fields.update(_gemma2_fields(kind, cfg, fields["num_layers"]))
-    if kind in ("phi3", "mixtral", "starcoder2"):
+    if kind == "phimoe":  # PhimoeForCausalLM: nn.Linear(h, v, bias=config.lm_head_bias)
+        fields["head_bias"] = _bool(cfg, "lm_head_bias", False)
+        fields["rope_scaling"] = _rope_kind(cfg)
+    if kind in ("phi3", "mixtral", "starcoder2", "phimoe"):
         fields["sliding_window"] = _int(cfg, "sliding_window")  # the config classes' default: none
     if kind == "llama4_text":
         from memplan.presets.hf_llama4 import llama4_fields
@@ -372,11 +382,19 @@ _OWN_CODE = (
     "glm",
     "falcon",
     "llama4_text",
+    "phimoe",
 )
 """The model_types whose transformers code the layout alone does not name (``ModelConfig.code_family``
 derives llama, gpt2, gpt_neox and mixtral): their ``family`` is set."""
 
 _WINDOWED = ("mistral", "qwen2", "qwen3", "qwen3_moe")
+
+
+def _rope_kind(cfg: Mapping[str, Any]) -> str | None:
+    """The ``rope_scaling`` (or transformers 5's ``rope_parameters``) type other than "default", or None."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, Mapping) else None
+    return None if kind in (None, "default") else str(kind)
 
 
 def _sliding_window(kind: str, cfg: Mapping[str, Any], layers: int) -> int | None:
@@ -481,6 +499,20 @@ def _moe_fields(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``ffn_size`` (one routed expert's width) and ``moe`` of a mixtral / qwen2_moe / qwen3_moe config;
     defaults for absent keys follow transformers' ``MixtralConfig``, ``Qwen2MoeConfig`` and
     ``Qwen3MoeConfig``."""
+    if kind == "phimoe":  # PhimoeConfig's defaults; sparsemixer picks 2 experts and never renormalises
+        top_k = _int(cfg, "num_experts_per_tok", default=2)
+        if top_k != 2:
+            raise ValueError(
+                f"num_experts_per_tok: {top_k}, but PhiMoE's sparsemixer always routes to 2 experts; "
+                "set it to 2"
+            )
+        moe = {
+            "experts": _int(cfg, "num_local_experts", default=16),
+            "top_k": 2,
+            "norm_topk_prob": False,
+            "input_jitter": _float(cfg, "input_jitter_noise", default=0.0),
+        }
+        return {"ffn_size": _int(cfg, "intermediate_size", default=6400), "moe": moe}
     if kind == "mixtral":
         moe = {
             "experts": _int(cfg, "num_local_experts", default=8),
@@ -653,9 +685,15 @@ def hf_notes(cfg: Mapping[str, Any]) -> str:
         from memplan.presets.hf_llama4 import LLAMA4_NOTE
 
         notes.append(LLAMA4_NOTE)
+    if kind == "phimoe":
+        notes.append("sparsemixer router (two sampled experts), LayerNorms, lm head bias: --impl hf only")
     if kind == "olmo2":
         notes.append("post norms only and q/k norms over the whole projections: --impl hf only")
-    if cfg.get("rope_scaling"):
+    rope = cfg.get("rope_scaling") or {}
+    if kind == "phimoe" and "longrope" in (rope.get("rope_type"), rope.get("type")):
+        # PhimoeRotaryEmbedding: cos/sin of the same [s, d] shape, scaled by short/long_mscale, no grad
+        notes.append("longrope rope_scaling: the rotary tables' values only (no bytes, no FLOPs)")
+    elif rope:
         notes.append("rope_scaling ignored")
     if kind in MOE_MODEL_TYPES:
         moe = _moe_fields(kind, cfg)["moe"]

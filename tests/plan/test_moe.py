@@ -104,6 +104,7 @@ def test_shipped_moe_presets_and_aliases() -> None:
         "llama-4-scout-17b-16e",
         "mixtral-8x22b",
         "mixtral-8x7b",
+        "phi-3.5-moe",
         "qwen1.5-moe-a2.7b",
         "qwen3-235b-a22b",
         "qwen3-30b-a3b",

@@ -34,6 +34,7 @@ FAMILIES: dict[Family, Callable[[Setup], Profile]] = {
     Family.MIXTRAL: moe.mixtral,
     Family.QWEN2_MOE: moe.qwen2_moe,
     Family.QWEN3_MOE: moe.qwen3_moe,
+    Family.PHIMOE: moe.phimoe,
     Family.GPT_OSS: gpt_oss.profile,
     Family.DEEPSEEK_V2: deepseek.profile,
     Family.DEEPSEEK_V3: deepseek.profile,

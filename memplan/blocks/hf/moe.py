@@ -1,5 +1,5 @@
-"""transformers' mixtures of experts: ``modeling_mixtral.py``, ``modeling_qwen2_moe.py`` and
-``modeling_qwen3_moe.py`` (5.x).
+"""transformers' mixtures of experts: ``modeling_mixtral.py``, ``modeling_qwen2_moe.py``,
+``modeling_qwen3_moe.py`` and ``modeling_phimoe.py`` (5.x).
 
 Both run their experts through ``@use_experts_implementation``, whose default ``experts_implementation`` is
 ``grouped_mm`` (``PreTrainedModel.get_correct_experts_implementation``): ``grouped_mm_experts_forward`` in
@@ -16,7 +16,8 @@ whose rows sum to S, the reference model's bytes. Its shapes are data: only real
 The attention, norms and loss are Mistral's and Qwen2's (``llama.profile``). Known limitations: NB the
 router's auxiliary loss (``output_router_logits``) is off, as the configs' default; NB on a GPU without a
 grouped GEMM kernel transformers falls back to a custom op that holds the offsets on its ctx (32 B per
-layer that saved-tensor hooks do not see).
+layer that saved-tensor hooks do not see). NB PhiMoE's sparsemixer samples its experts (Gumbel noise,
+``rand_like``): its eval-mode path (argmax, no ``PhimoeMultiplier``) is not modelled, training only.
 """
 
 from __future__ import annotations
@@ -73,6 +74,21 @@ def qwen2_moe(setup: Setup) -> Profile:
     ``sigmoid(shared_expert_gate)``."""
     check(setup, shared=True)
     return experts(setup)
+
+
+def phimoe(setup: Setup) -> Profile:
+    """PhiMoE (``PhimoeSparseMoeBlock``): ``sparsemixer``'s two sampled experts
+    (``Profile.sparsemixer_router``), their multipliers concatenated in the activation dtype, Mixtral's
+    grouped experts, no shared expert; ``nn.LayerNorm`` with bias for every norm (``ModelConfig.norm``),
+    biases on q, k, v and o (``attention_bias``) and the lm head (``head_bias``); Mistral's sliding-window
+    mask when ``config.sliding_window`` is set (``window_mask``). sparsemixer returns two experts
+    whatever ``num_experts_per_tok``: top_k ≠ 2 is refused."""
+    check(setup, shared=False)
+    moe = setup.model.moe
+    assert moe is not None  # NB: check refuses an MoE family without [model.moe]
+    if moe.top_k != 2:
+        raise ValueError("moe.top_k: PhiMoE's sparsemixer always routes to 2 experts; set top_k = 2")
+    return replace(experts(setup), sparsemixer_router=True, window_mask=True)
 
 
 def qwen3_moe(setup: Setup) -> Profile:

@@ -32,7 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
-from memplan.measure.frameworks.step import activation_dtype, run_step
+from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.runs.run import make_batch
 
@@ -79,6 +79,12 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             "experts: transformers' eager experts loop has data-dependent shapes (torch.where) that fake "
             "tensors cannot run; trace --experts grouped_mm, or measure eager on real tensors (tests/hf)"
         )
+    if fake and document is not None and rope_type(document) == "longrope":
+        raise ValueError(
+            "rope_scaling: longrope reads the positions' values (torch.max(position_ids)), which fake "
+            "tensors cannot trace; trace a copy of config.json without rope_scaling (it changes the rotary "
+            "tables' values only: the same bytes and FLOPs)"
+        )
     torch.manual_seed(0)
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
         model = build(setup, document)
@@ -99,9 +105,36 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
                 return model(input_ids=ids, labels=labels, use_cache=setup.impl.use_cache).loss
 
         with _one_sequence_per_row(fake):
-            meas = run_step(model, layers, forward, s.checkpointing is not Checkpointing.NONE)
+            checkpointed = s.checkpointing is not Checkpointing.NONE
+            after = _forget_freed if setup.model.code_family in FORGETS_FREED else None
+            meas = run_step(model, layers, forward, checkpointed, after_forward=after)
         meas.routing = routing
         return meas
+
+
+def rope_type(document: Mapping[str, Any]) -> str | None:
+    """The rope type of a config.json (``rope_scaling`` or transformers 5's ``rope_parameters``: its
+    ``rope_type``, or the legacy ``type``), None without one."""
+    from memplan.presets.hf import text_config
+
+    doc = text_config(document)
+    rope = doc.get("rope_scaling") or doc.get("rope_parameters") or {}
+    kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, Mapping) else None
+    return str(kind) if kind else None
+
+
+FORGETS_FREED = (Family.PHIMOE,)
+"""The families whose measurement drops the saves already freed when the forward ends (``_forget_freed``).
+NB: PhiMoE only for now. DeepSeek's group-limited routers also save on nodes that die before the loss
+(``scores_for_choice``'s group top-k, top-k and masked_fill chain, which ``topk_indices`` leaves
+unreachable), and their estimate counts those saves (``moe.group_*``, tests/hf/test_deepseek.py):
+applying it to every family needs those rules checked and dropped first."""
+
+
+def _forget_freed(recorder: PathRecorder) -> None:
+    """Only what the forward's graph still holds is kept: saves on nodes that died with a discarded
+    output are dropped (``SavedTensorRecorder.forget_freed``)."""
+    recorder.forget_freed()
 
 
 @contextmanager

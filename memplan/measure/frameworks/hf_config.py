@@ -194,6 +194,13 @@ def moe_keys(setup: Setup) -> dict[str, Any]:
             "sliding_window": m.sliding_window,
             "layer_types": kinds if m.sliding_window else ["full_attention"] * m.num_layers,
         }
+    if m.code_family is Family.PHIMOE:  # PhimoeConfig: sparsemixer's top-2, LayerNorm eps as rms_norm_eps
+        return keys | {
+            "num_local_experts": moe.experts,
+            "input_jitter_noise": moe.input_jitter,
+            "lm_head_bias": m.head_bias,
+            "sliding_window": m.sliding_window,
+        }
     if m.code_family is Family.QWEN3_MOE:  # Qwen3MoeConfig: no shared expert; its window on every layer
         return keys | {
             "num_experts": moe.experts,
@@ -384,6 +391,7 @@ KEYS: dict[Family, Callable[[Setup], dict[str, Any]]] = {
     Family.QWEN2_MOE: moe_keys,
     Family.QWEN3_MOE: moe_keys,
     Family.GPT_OSS: moe_keys,
+    Family.PHIMOE: moe_keys,
     Family.DEEPSEEK_V2: deepseek_keys,
     Family.DEEPSEEK_V3: deepseek_keys,
     Family.LLAMA4: llama4_keys,
