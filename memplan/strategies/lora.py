@@ -40,8 +40,9 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
-from memplan.blocks.norm import norm_rules
-from memplan.config import Attention, DType, MlpType, NormType, Setup
+from memplan.blocks.norm import norm_rules, qk_norm_rules
+from memplan.blocks.profiles import dropout_keeps
+from memplan.config import Attention, DType, Impl, MlpType, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import (
     adapted,
@@ -59,6 +60,35 @@ def applies(setup: Setup) -> bool:
     return not setup.finetune.trains_everything
 
 
+def fp32_adapters(setup: Setup) -> bool:
+    """peft's default under ``--impl hf`` with 16-bit activations: ``get_peft_model``'s
+    ``autocast_adapter_dtype=True`` upcasts bf16/fp16 adapter weights to fp32
+    (tuners_utils.py ``cast_adapter_dtype``: ``dtypes_to_convert_to_fp32 = {float16, bfloat16}``), and each
+    adapter's forward casts its input to A's dtype (lora/layer.py ``Linear.forward``:
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; QLoRA's lora/bnb.py ``Linear4bit.forward``
+    alike). memplan's reference model keeps its adapters in the activation dtype (``adapter_note``)."""
+    act = setup.training.precision.activation_dtype
+    return setup.impl.impl is Impl.HF and setup.finetune.lora and act is not DType.FP32
+
+
+def adapter_dtype(setup: Setup) -> DType:
+    """The dtype of the adapters' weights and of what they keep (``fp32_adapters``)."""
+    return DType.FP32 if fp32_adapters(setup) else setup.training.precision.activation_dtype
+
+
+def adapter_note(setup: Setup) -> str | None:
+    """One line when LoRA runs in 16-bit outside ``--impl hf``: memplan's reference model keeps the
+    adapters in the activation dtype, where peft's default keeps them in fp32 (``fp32_adapters``)."""
+    act = setup.training.precision.activation_dtype
+    if not setup.finetune.lora or act is DType.FP32 or setup.impl.impl is Impl.HF:
+        return None
+    return (
+        f"lora: the adapters are counted in {act.value} as memplan's reference model runs them; peft's "
+        "default (autocast_adapter_dtype=True) keeps them in fp32 and casts each adapter's input to fp32, "
+        "which keeps more: --impl hf models peft's default"
+    )
+
+
 # ----------------------------------------------------------------------------------------------------
 # The gradient flow through one layer
 # ----------------------------------------------------------------------------------------------------
@@ -72,6 +102,9 @@ class Flow:
     adapters: frozenset[Target]
     dropout: bool
     """LoRA dropout on the adapters' inputs."""
+    cast: bool
+    """Each adapter casts its input to its own (fp32) dtype first (``fp32_adapters``): A keeps that copy,
+    not the linear's shared input."""
     swiglu: bool
     """SwiGLU MLP (gate, up, down); else GELU (up = fc1, down = fc2)."""
 
@@ -80,8 +113,10 @@ class Flow:
         return g_x or self.trains or t in self.adapters
 
     def keeps_input(self, *targets: Target) -> bool:
-        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout."""
-        return self.trains or (not self.dropout and any(t in self.adapters for t in targets))
+        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout (and
+        without a cast to the adapters' dtype)."""
+        uncast = not self.dropout and not self.cast
+        return self.trains or (uncast and any(t in self.adapters for t in targets))
 
     @property
     def g_y(self) -> bool:
@@ -144,9 +179,10 @@ def flows(setup: Setup) -> tuple[Flow, ...]:
     each layer's output is the next one's input."""
     g = embedding_trains(setup)
     dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
+    cast = fp32_adapters(setup)
     out = []
     for i in range(setup.model.num_layers):
-        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, swiglu)
+        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, cast, swiglu)
         out.append(f)
         g = f.g_out
     return tuple(out)
@@ -169,21 +205,45 @@ def norm_keep(setup: Setup, g_x: bool, weight_trains: bool, n: int) -> list[bool
     return [g_x or weight_trains] * n
 
 
+def qk_norm_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
+    """Qwen3's / Gemma-3's per-head q_norm and k_norm (``blocks.norm.qk_norm_rules``) on q_proj's and
+    k_proj's outputs: x32 and rstd kept when that output needs a gradient (``g_q``, ``g_k``: an adapter on
+    the projection, or its input needs one), Gemma's fp32 1 + w too (d(normed) needs it); the normalised x
+    when the norm's weight trains (the layer's own weights train)."""
+    out = []
+    for prefix, g_x in (("q_norm.", f.g_q), ("k_norm.", f.g_k)):
+        for r in qk_norm_rules(setup, dims):
+            if not r.name.removeprefix(f"{r.block.value}.").startswith(prefix):
+                continue
+            if f.trains if r.role is R.NORM_OUTPUT else g_x:
+                out.append(r)
+    return out
+
+
 def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
-    """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient) and the dropped x, A's
-    input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's rule."""
+    """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient; on CPU under a profile
+    with ``cpu_dropout_noise`` the noise ``input · noise`` keeps, in the adapter's dtype) and the dropped x,
+    A's input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's
+    rule — or, under ``fp32_adapters``, the adapter's own fp32 copy ``x.to(fp32)`` (one per adapter: each
+    casts the shared input again). The rest of peft's forward keeps nothing: ``* scaling`` (a Python float),
+    ``result + …`` and the cast back ``result.to(torch_result_dtype)``."""
     block = B.ATTN if t in ATTN_TARGETS else B.MLP
     fan_in = linear_shapes(setup.model)[t][0]
-    b, s, act, r = dims.b, dims.s, dims.act, setup.finetune.rank
+    b, s, r = dims.b, dims.s, setup.finetune.rank
+    dtype = adapter_dtype(setup)
     out = []
     if setup.finetune.dropout > 0:
         if g_x:
             why = "LoRA dropout mask: dX = dY·mask/(1−p)"
-            out.append(save(block, f"{t}_lora_mask", (b, s, fan_in), DType.BOOL, R.DROPOUT_MASK, why))
+            keeps = dropout_keeps(setup, dtype)
+            out.append(save(block, f"{t}_lora_mask", (b, s, fan_in), keeps, R.DROPOUT_MASK, why))
         why = "dropped input of LoRA's A: dA = dYᵀ·X needs it"
-        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), act, R.LINEAR_INPUT, why))
+        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), dtype, R.LINEAR_INPUT, why))
+    elif fp32_adapters(setup):
+        why = "the adapter's fp32 copy of its input (peft's _cast_input_dtype), A's input: dA = dYᵀ·X"
+        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), dtype, R.LINEAR_INPUT, why))
     why = "LoRA's A·x, input of B: dB = dYᵀ·(A·x)"
-    return [*out, save(block, f"{t}_lora_mid", (b, s, r), act, R.LORA_RANK, why)]
+    return [*out, save(block, f"{t}_lora_mid", (b, s, r), dtype, R.LORA_RANK, why)]
 
 
 def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
@@ -193,6 +253,7 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     out = _pick(norm_rules(setup, B.ATTN_NORM, dims), norm_keep(setup, f.g_in, f.trains, 3))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
     out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *qkv])
+    out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
     # eager: softmax keeps P for dS, P·V keeps (dropped) P for dV; flash: every save when any grad runs.
     eager_keep = [f.g_qk, f.g_qk, f.g_v] if dropout else [f.g_core]
