@@ -193,7 +193,7 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
 ) -> None:
     """``--impl hf`` with LoRA: peft's adapters (its defaults) on transformers' own Llama and Qwen3, run on
     CPU, keep every layer's bytes and the total the estimate gives, and run its FLOPs. In bf16 peft keeps
-    the adapters in fp32 and casts their inputs up (``strategies.lora.fp32_adapters``); Qwen3's q/k norms
+    the adapters in fp32 and casts their inputs up (``config.trainable.fp32_adapters``); Qwen3's q/k norms
     keep x32 and rstd when an adapter sits on q_proj / k_proj; LoRA dropout on CPU keeps its noise
     (``Profile.cpu_dropout_noise``)."""
     from memplan.measure.compare.tensors import estimated_layers

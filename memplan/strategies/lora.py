@@ -49,6 +49,7 @@ from memplan.config.trainable import (
     base_trains,
     embedding_trains,
     final_norm_trains,
+    fp32_adapters,
     head_trains,
 )
 
@@ -58,17 +59,6 @@ ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
 
 def applies(setup: Setup) -> bool:
     return not setup.finetune.trains_everything
-
-
-def fp32_adapters(setup: Setup) -> bool:
-    """peft's default under ``--impl hf`` with 16-bit activations: ``get_peft_model``'s
-    ``autocast_adapter_dtype=True`` upcasts bf16/fp16 adapter weights to fp32
-    (tuners_utils.py ``cast_adapter_dtype``: ``dtypes_to_convert_to_fp32 = {float16, bfloat16}``), and each
-    adapter's forward casts its input to A's dtype (lora/layer.py ``Linear.forward``:
-    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; QLoRA's lora/bnb.py ``Linear4bit.forward``
-    alike). memplan's reference model keeps its adapters in the activation dtype (``adapter_note``)."""
-    act = setup.training.precision.activation_dtype
-    return setup.impl.impl is Impl.HF and setup.finetune.lora and act is not DType.FP32
 
 
 def adapter_dtype(setup: Setup) -> DType:

@@ -18,7 +18,7 @@ activations, states and FLOPs are exact; the optimizer step steps the trainable 
 dequantised weight to every moment but the optimizer step. The LoRA adapters are counted in the weight
 dtype with a master copy under mixed precision, as memplan's reference model runs them; under ``--impl hf``
 with 16-bit activations in fp32 (weights, gradients, optimizer states; no master copy), peft's default
-``autocast_adapter_dtype=True`` (``strategies.lora.fp32_adapters``). The optimizer step's transient
+``autocast_adapter_dtype=True`` (``config.trainable.fp32_adapters``). The optimizer step's transient
 (``analytic.optimizer_step``) still takes the activation dtype's element size for the adapters.
 """
 
@@ -28,7 +28,7 @@ from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
 from memplan.config import Precision, Setup, ZeroStage
 from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, linear_shapes
-from memplan.strategies.lora import fp32_adapters
+from memplan.config.trainable import fp32_adapters
 from memplan.strategies.zero import model_states
 
 FP32_BYTES = 4
@@ -95,7 +95,7 @@ def finetune_states(setup: Setup, params: ParamCount) -> ModelStates:
     weights, gradients, master weights and optimizer states (``strategies.zero.model_states``)."""
     t, s = setup.training, setup.strategy
     trainable = trainable_params(setup, params)
-    # peft's fp32 adapters under --impl hf (strategies.lora.fp32_adapters): fp32 weights, gradients and
+    # peft's fp32 adapters under --impl hf (config.trainable.fp32_adapters): fp32 weights, gradients and
     # optimizer states, no master copy — the fp32 recipe's, whatever the base's precision.
     recipe = Precision.FP32 if fp32_adapters(setup) else t.precision
     states = model_states(trainable, recipe, t.optimizer, s.zero, s.shard_group)
