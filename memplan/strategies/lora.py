@@ -40,7 +40,7 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
-from memplan.blocks.norm import norm_rules, qk_norm_rules
+from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps
 from memplan.config import Attention, DType, Impl, MlpType, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
@@ -187,12 +187,37 @@ def _pick(rules: list[Rule], keep: list[bool]) -> list[Rule]:
     return [r for r, k in zip(rules, keep, strict=True) if k]
 
 
-def norm_keep(setup: Setup, g_x: bool, weight_trains: bool, n: int) -> list[bool]:
-    """RMSNorm's [input, rstd, normed]: pow and x·rstd keep x32 and rstd when x needs a gradient, w·n keeps
-    n when w trains. ``native_layer_norm``'s [input, mean, rstd]: one node, all kept when anything does."""
+def norm_keep(setup: Setup, rules: list[Rule], g_x: bool, weight_trains: bool) -> list[bool]:
+    """Which of one norm's saves are kept. RMSNorm: pow and x·rstd keep x32 and rstd when x needs a
+    gradient, w·n keeps n when w trains; Gemma's (x32·rstd)·(1 + w.float()) keeps the fp32 1 + w when x
+    needs a gradient (d(normed) needs it). ``native_layer_norm``'s [input, mean, rstd]: one node, all kept
+    when anything does."""
     if setup.model.norm is NormType.RMSNORM:
-        return [g_x, g_x, weight_trains]
-    return [g_x or weight_trains] * n
+        return [weight_trains if r.role is R.NORM_OUTPUT else g_x for r in rules]
+    return [g_x or weight_trains] * len(rules)
+
+
+def core_keep(rules: list[Rule], f: Flow, eager: bool) -> list[bool]:
+    """Which of the attention core's saves are kept. Flash (and SDPA's math kernel): every save when any of
+    q, k, v needs a gradient. Eager: softmax keeps P for dS (q or k needs one: ``g_qk``), P·V keeps P
+    for dV (``g_v``) — one tensor kept when either needs it, except where P·V reads a copy: transformers'
+    ``softmax(dtype=float32).to(A)`` (its A copy, ``probs``, beside ``probs_fp32``) or the dropped P
+    (its mask or noise kept for dP); Gemma-2's softcap keeps its tanh for dS."""
+    if not eager:
+        return [f.g_core] * len(rules)
+    parts = {r.name.removeprefix(f"{B.ATTN.value}.") for r in rules}
+    copy = {"probs", "probs_fp32"} <= parts
+    dropped = "probs_dropped" in parts
+    keep = []
+    for r in rules:
+        part = r.name.removeprefix(f"{B.ATTN.value}.")
+        if part == "probs_dropped" or (part == "probs" and copy):
+            keep.append(f.g_v)  # P·V's operand, a copy of the softmax's output
+        elif part in ("probs", "probs_fp32") and not (copy or dropped):
+            keep.append(f.g_core)  # softmax's output is P·V's operand too
+        else:
+            keep.append(f.g_qk)  # softmax's output, the dropout's mask / noise, the softcap's tanh
+    return keep
 
 
 def qk_norm_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
@@ -239,24 +264,29 @@ def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
 def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     """What one layer keeps under its gradient flow ``f`` (the blocks' saves, picked, plus the adapters')."""
     eager = setup.strategy.attention is Attention.EAGER
-    dropout = setup.model.attn_dropout > 0
-    out = _pick(norm_rules(setup, B.ATTN_NORM, dims), norm_keep(setup, f.g_in, f.trains, 3))
+    attn_norm = norm_rules(setup, B.ATTN_NORM, dims)
+    out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
     out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *qkv])
     out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
-    # eager: softmax keeps P for dS, P·V keeps (dropped) P for dV; flash: every save when any grad runs.
-    eager_keep = [f.g_qk, f.g_qk, f.g_v] if dropout else [f.g_core]
-    out += _pick(core, eager_keep if eager else [f.g_core] * len(core))
+    out += _pick(core, core_keep(core, f, eager))
     # The flash kernel keeps its own output, W_O's input (a view of it): kept whenever the core's is.
     if f.keeps_input(T.O) or (not eager and f.g_core):
         why = "attention output, input of W_O: dW = Xᵀ·dY"
         out.append(save(B.ATTN, "out", (dims.b, dims.s, dims.a * dims.d), dims.act, R.ATTN_OUT, why))
+    # Gemma-2/3's post norms (post_attention_layernorm, post_feedforward_layernorm) on W_O's and W_down's
+    # outputs: x32 and rstd when that output needs a gradient.
+    post = post_norm_rules(setup, B.POST_ATTN_NORM, dims)
+    out += _pick(post, norm_keep(setup, post, f.lin(T.O, f.g_core), f.trains))
     if setup.model.resid_dropout > 0 and f.lin(T.O, f.g_core):
         out.append(_resid_mask(B.ATTN, dims))
-    out += _pick(norm_rules(setup, B.MLP_NORM, dims), norm_keep(setup, f.g_mid, f.trains, 3))
+    mlp_norm = norm_rules(setup, B.MLP_NORM, dims)
+    out += _pick(mlp_norm, norm_keep(setup, mlp_norm, f.g_mid, f.trains))
     inner = [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]  # silu keeps g; g·u keeps each
     out += _pick(mlp_rules(setup, dims), [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
+    post = post_norm_rules(setup, B.POST_MLP_NORM, dims)
+    out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:
         out.append(_resid_mask(B.MLP, dims))
     inputs = {
@@ -288,9 +318,13 @@ def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Ru
     before += _pick(consts, [any(f.g_qk for f in fl)] * len(consts))  # q·cos, masked_fill keep theirs
     g_last = fl[-1].g_out if fl else g_embed
     norm_w = final_norm_trains(setup)
-    after = _pick(norm_rules(setup, B.FINAL_NORM, dims), norm_keep(setup, g_last, norm_w, 3))
+    final = norm_rules(setup, B.FINAL_NORM, dims)
+    after = _pick(final, norm_keep(setup, final, g_last, norm_w))
     g_logits = g_last or norm_w or head_trains(setup)
-    after += _pick(lm_head_rules(setup, dims), [head_trains(setup), g_logits, g_logits, g_logits])
+    # The head's input for its dW when it trains; the loss's saves (Gemma-2's logit softcap's tanh too)
+    # when the logits need a gradient.
+    head = lm_head_rules(setup, dims)
+    after += _pick(head, [head_trains(setup) if r.block is B.LM_HEAD else g_logits for r in head])
     return before, after
 
 
