@@ -31,9 +31,11 @@ from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops
 from memplan.blocks import mm
 from memplan.blocks.attention import (
+    Core,
     attention_core_flops,
     attention_core_rules,
     constant_rules,
+    core_of,
     projection_rules,
 )
 from memplan.blocks.embedding import embedding_rules
@@ -42,7 +44,7 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps
-from memplan.config import Attention, DType, Impl, MlpType, NormType, Setup
+from memplan.config import DType, Impl, MlpType, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import (
     adapted,
@@ -263,7 +265,7 @@ def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
 
 def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     """What one layer keeps under its gradient flow ``f`` (the blocks' saves, picked, plus the adapters')."""
-    eager = setup.strategy.attention is Attention.EAGER
+    eager = core_of(setup) is not Core.FLASH  # SDPA's math fallback runs eager's ops (per-operand saves)
     attn_norm = norm_rules(setup, B.ATTN_NORM, dims)
     out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
@@ -423,7 +425,7 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
             forward += a + b
             backward += _linear(a, inputs[t], True) + _linear(b, True, True)
     per_bmm = dims.b * dims.a * mm(dims.s, dims.d, dims.s)
-    if setup.strategy.attention is Attention.FLASH:
+    if core_of(setup) is Core.FLASH:
         core = 5 * per_bmm if f.g_core else 0  # S recomputed, dP, dV, dQ, dK: all when any runs
     else:  # QKᵀ: dQ if q, dK if k needs one; P·V: dP if P (q or k), dV if v
         core = per_bmm * (int(f.g_q) + int(f.g_k) + int(f.g_qk) + int(f.g_v))
@@ -439,7 +441,7 @@ def flops(setup: Setup) -> Flops:
     attention = dims.layers * attention_core_flops(dims)
     head = lm_head_flops(dims)
     g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
-    flash = setup.strategy.attention is Attention.FLASH
+    flash = core_of(setup) is Core.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
     head_backward = _linear(head, g_final, head_trains(setup))
     return Flops(
