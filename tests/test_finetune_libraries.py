@@ -153,11 +153,13 @@ TINY |= {"vocab_size": 128}
 B, S, RANK = 1, 32, 4
 
 
-def hf_lora_setup(preset: str, precision: str, targets: str, dropout: float) -> Setup:
+def hf_lora_setup(
+    preset: str, precision: str, targets: str, dropout: float, attention: str = "flash"
+) -> Setup:
     """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32."""
     from tests.hf.harness import hf_setup
 
-    setup = hf_setup(preset, layers=2, seq=S, **TINY)
+    setup = hf_setup(preset, layers=2, seq=S, attention=attention, **TINY)
     ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
     training = {**setup.training.model_dump(), "precision": precision}
     return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
@@ -178,30 +180,37 @@ def peft_on_transformers(setup: Setup) -> Any:
 
 
 @pytest.mark.parametrize(
-    ("preset", "precision", "targets", "dropout"),
+    ("preset", "precision", "targets", "dropout", "attention"),
     [
-        ("llama-3-8b", "fp32", "q,v", 0.0),
-        ("llama-3-8b", "bf16", "all-linear", 0.0),
-        ("llama-3-8b", "bf16-mixed", "q,v", 0.1),
-        ("qwen3-8b", "fp32", "all-linear", 0.0),
-        ("qwen3-8b", "bf16", "q,v", 0.0),
-        ("qwen3-8b", "fp32", "q,v", 0.1),
+        ("llama-3-8b", "fp32", "q,v", 0.0, "flash"),
+        ("llama-3-8b", "bf16", "all-linear", 0.0, "flash"),
+        ("llama-3-8b", "bf16-mixed", "q,v", 0.1, "flash"),
+        ("llama-3-8b", "bf16", "q,v", 0.0, "eager"),
+        ("qwen3-8b", "fp32", "all-linear", 0.0, "flash"),
+        ("qwen3-8b", "bf16", "q,v", 0.0, "flash"),
+        ("qwen3-8b", "fp32", "q,v", 0.1, "flash"),
+        ("qwen3-8b", "bf16", "all-linear", 0.0, "eager"),
+        ("gemma-2-2b", "bf16", "all-linear", 0.0, "eager"),
+        ("gemma-3-1b", "bf16", "all-linear", 0.0, "flash"),
+        ("granite-3.0-8b", "fp32", "q,v", 0.0, "flash"),
     ],
 )
 def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
-    preset: str, precision: str, targets: str, dropout: float
+    preset: str, precision: str, targets: str, dropout: float, attention: str
 ) -> None:
-    """``--impl hf`` with LoRA: peft's adapters (its defaults) on transformers' own Llama and Qwen3, run on
-    CPU, keep every layer's bytes and the total the estimate gives, and run its FLOPs. In bf16 peft keeps
-    the adapters in fp32 and casts their inputs up (``config.trainable.fp32_adapters``); Qwen3's q/k norms
-    keep x32 and rstd when an adapter sits on q_proj / k_proj; LoRA dropout on CPU keeps its noise
-    (``Profile.cpu_dropout_noise``)."""
+    """``--impl hf`` with LoRA: peft's adapters (its defaults) on transformers' own models, run on CPU,
+    keep every layer's bytes and the total the estimate gives, and run its FLOPs. In bf16 peft keeps the
+    adapters in fp32 and casts their inputs up (``config.trainable.fp32_adapters``); Qwen3's and
+    Gemma-3's q/k norms keep x32 and rstd when an adapter sits on q_proj / k_proj; LoRA dropout on CPU
+    keeps its noise (``Profile.cpu_dropout_noise``); eager attention in bf16 keeps the fp32 softmax
+    output and its bf16 copy apart; Gemma-2/3's post norms and fp32 1 + w, Gemma-2's softcaps; Granite
+    (attention dropout 0.1: SDPA's math fallback on CPU) keeps per operand as eager does."""
     from memplan.measure.compare.tensors import estimated_layers
     from memplan.measure.frameworks.hf import layers_of
     from memplan.measure.frameworks.step import run_step
     from memplan.measure.runs.run import make_batch
 
-    setup = hf_lora_setup(preset, precision, targets, dropout)
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention)
     model = peft_on_transformers(setup)
     ids, labels = make_batch(setup, "cpu")
     layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]

@@ -11,6 +11,10 @@ backward; the first trainable layer's input needs no gradient, so its norm keeps
 
 A LoRA adapter on a linear x → W·x adds B·A·drop(x)·α/r (peft's ``lora.Linear``): A's input (x itself
 without LoRA dropout, else the dropped copy and the dropout's bool mask), and A's output [T, r] for dB.
+Under ``--impl hf`` with 16-bit activations the adapters are peft's default, fp32
+(``config.trainable.fp32_adapters``): each adapter keeps its own fp32 copy of x (or the fp32 dropped x)
+and an fp32 A·x; the frozen linear keeps nothing. Measured against peft on transformers' Llama, Qwen3,
+Gemma-2/3 and Granite (tests/test_finetune_libraries.py): every layer's bytes, the total and the FLOPs.
 
 FLOPs (FlopCounterMode counts matmuls): a frozen linear's backward is dX only (1× its forward), and
 none when its input needs no gradient; an adapter adds 2·T·r·(in + out) forward and dA, dB, d(A·x) plus
@@ -19,8 +23,16 @@ gradients needed; the flash backward runs all five s×s products when any of q, 
 
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
 every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
-parallelism and mixtures of experts (``config.setup.check_finetune``). peft's GPT-2 adapts the fused
-``c_attn`` (one A [r, h], one B [3h, r]); memplan's separate q, k, v adapters have 2·r·h more parameters.
+parallelism and mixtures of experts (``config.setup.check_finetune``), and under ``--impl hf`` the families
+whose layers it does not list (``config.setup._NO_LORA``: fused projections peft adapts as one linear,
+post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]);
+memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory moments: peft's
+``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep nothing, but
+their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls are timed at
+the activation dtype's rate and their optimizer step at the base recipe's bytes (``time.compute``).
+Where layer 0 keeps no rotary product (no q/k gradient there) and a later layer does, a per-layer trace
+attributes the cos/sin tables to that layer; the estimate counts them once at model level (the total is
+the same).
 """
 
 from __future__ import annotations
