@@ -142,6 +142,8 @@ CASES: list[Case] = [
     case("hf-lora-neox-fused-qkv", "estimate -m pythia-160m --finetune lora --impl hf", "finetune"),
     case("hf-lora-phi3-fused", "estimate -m phi-3-mini --finetune lora --impl hf", "finetune"),
     case("hf-freeze-gpt2", "estimate -m gpt2 --freeze embeddings --impl hf", "finetune"),
+    case("trace-hf-qlora", "trace -m tiny --seq 32 --impl hf --finetune qlora", "finetune"),
+    case("trace-hf-freeze", "trace -m tiny --seq 32 --impl hf --freeze embeddings", "finetune"),
     case("zero-negative", "estimate -m 70b --zero -1", "zero"),
     case("zero-not-int", "estimate -m 70b --zero abc", "zero"),
     case("zero-float", "estimate -m 70b --zero 1.5", "zero"),

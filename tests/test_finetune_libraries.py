@@ -154,12 +154,17 @@ B, S, RANK = 1, 32, 4
 
 
 def hf_lora_setup(
-    preset: str, precision: str, targets: str, dropout: float, attention: str = "flash"
+    preset: str,
+    precision: str,
+    targets: str,
+    dropout: float,
+    attention: str = "flash",
+    checkpointing: str = "none",
 ) -> Setup:
     """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32."""
     from tests.hf.harness import hf_setup
 
-    setup = hf_setup(preset, layers=2, seq=S, attention=attention, **TINY)
+    setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **TINY)
     ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
     training = {**setup.training.model_dump(), "precision": precision}
     return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
@@ -278,3 +283,35 @@ def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
     note = adapter_note(ref)
     assert note is not None and note.startswith("lora: the adapters are counted in bf16")
     assert adapter_note(hf) is None and adapter_note(fp32) is None
+
+
+@pytest.mark.parametrize(
+    ("preset", "precision", "targets", "checkpointing"),
+    [
+        ("llama-3-8b", "bf16", "all-linear", "none"),
+        ("qwen3-8b", "bf16-mixed", "q,k,down", "full"),
+        ("llama-3-8b", "fp32", "q,v", "every-2"),
+    ],
+)
+def test_trace_impl_hf_runs_peft_under_fake_tensors(
+    preset: str, precision: str, targets: str, checkpointing: str
+) -> None:
+    """``memplan trace --impl hf --finetune lora`` runs peft's adapters on transformers' model under fake
+    tensors (``measure.frameworks.hf.with_peft``): every layer, the total and the FLOPs the estimate
+    gives — the adapters fp32 in bf16 (peft's default): layer 0's A of q_proj keeps a fp32 [b·s, h].
+    Under transformers' checkpointing the embedding's output requires grad (``enable_input_require_grads``,
+    ``strategies.lora.input_grads_hooked``): layer 0 runs its dX; every-K re-runs the checkpointed layers
+    only."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import measure_hf
+
+    setup = hf_lora_setup(preset, precision, targets, 0.0, checkpointing=checkpointing)
+    meas = measure_hf(setup)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert est.flops.forward == meas.flops["forward"]
+    assert (est.flops.backward, est.flops.recompute) == (meas.flops["backward"], meas.flops["recompute"])
+    if checkpointing == "none":  # by hand: 1·32·64 fp32 elements = 8192 bytes
+        a = [r for r in meas.records if r.layer == 0 and "q_proj.lora_A" in r.name]
+        assert [(r.dtype, r.bytes) for r in a] == [("fp32", B * S * 64 * 4)]

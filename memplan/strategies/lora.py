@@ -55,8 +55,8 @@ from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
-from memplan.blocks.profiles import dropout_keeps
-from memplan.config import DType, Impl, MlpType, NormType, Setup
+from memplan.blocks.profiles import checkpoints_alone, dropout_keeps
+from memplan.config import Checkpointing, DType, Impl, MlpType, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import (
     adapted,
@@ -178,10 +178,21 @@ class Flow:
         return self.g_mid or self.g_down
 
 
+def input_grads_hooked(setup: Setup) -> bool:
+    """transformers' ``gradient_checkpointing_enable`` on a causal LM calls ``enable_input_require_grads()``
+    (modeling_utils.py: ``needs_embedding_grads = self.main_input_name == "input_ids"``, "When using PEFT +
+    gradient checkpointing ... the input has requires_grad=True"): a forward hook makes the embedding's
+    output require grad, so under ``--impl hf`` with checkpointing full or every-K layer 0's input needs a
+    gradient even with a frozen embedding (its linears run dX in backward)."""
+    ckpt = setup.strategy.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K)
+    return setup.impl.impl is Impl.HF and ckpt
+
+
 def flows(setup: Setup) -> tuple[Flow, ...]:
-    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains;
-    each layer's output is the next one's input."""
-    g = embedding_trains(setup)
+    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains
+    (or transformers' checkpointing hooks it: ``input_grads_hooked``); each layer's output is the next
+    one's input."""
+    g = embedding_trains(setup) or input_grads_hooked(setup)
     dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
     cast = fp32_adapters(setup)
     out = []
@@ -379,8 +390,12 @@ def recompute(setup: Setup, dims: Dims) -> int:
     segments = -(-dims.layers // setup.strategy.segment) if setup.strategy.segment else 0
     if not segments:
         return 0
-    forward = sum(layer_flops(setup, dims, f)[0] for f in flows(setup))
-    forward += dims.layers * attention_core_flops(dims)
+    # Every-K checkpointing of single layers (``Profile.checkpoints_alone``: transformers') re-runs only the
+    # checkpointed layers 0, K, 2K, …; segments of K layers re-run every layer.
+    alone, k = checkpoints_alone(setup), setup.strategy.segment
+    rerun = [f for i, f in enumerate(flows(setup)) if not alone or i % k == 0]
+    forward = sum(layer_flops(setup, dims, f)[0] for f in rerun)
+    forward += len(rerun) * attention_core_flops(dims)
     down = T.DOWN in setup.finetune.targets
     skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
     return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
