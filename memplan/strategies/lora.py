@@ -30,9 +30,9 @@ memplan's reference model's separate q, k, v adapters have 2·r·h more paramete
 ``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep nothing, but
 their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls are timed at
 the activation dtype's rate and their optimizer step at the base recipe's bytes (``time.compute``).
-Where layer 0 keeps no rotary product (no q/k gradient there) and a later layer does, a per-layer trace
-attributes the cos/sin tables to that layer; the estimate counts them once at model level (the total is
-the same).
+Where a single layer keeps the rotary products (a 2-layer trace whose layer 0 has no q/k gradient), a
+per-layer trace attributes the cos/sin tables to that layer; the estimate counts them once at model level
+(the total is the same; kept by several layers, the trace counts them at model level too).
 """
 
 from __future__ import annotations
