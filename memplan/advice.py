@@ -38,6 +38,7 @@ from memplan.engine import Result, estimate
 from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
+from memplan.strategies.lora import adapter_note
 
 TOP_TERMS = 3
 
@@ -293,7 +294,7 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
 # ----------------------------------------------------------------------------------------------------
 def notes(b: Built) -> list[str]:
     """One line each: a sequence beyond the model's positions, --compile where its saved set is not modelled,
-    selective checkpointing under flash."""
+    16-bit LoRA adapters outside --impl hf, selective checkpointing under flash."""
     r, o = b.result, b.options
     out: list[str] = []
     m, seq = r.setup.model, r.setup.training.seq_len
@@ -311,6 +312,9 @@ def notes(b: Built) -> list[str]:
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:
         out.append(compiled)
+    adapters = adapter_note(r.setup)  # 16-bit LoRA outside --impl hf: adapters in bf16, not peft's fp32
+    if adapters is not None:
+        out.append(adapters)
     st = r.setup.strategy
     if st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
         none = _result(o.model_copy(update={"checkpointing": "none"}))

@@ -148,34 +148,75 @@ def test_peft_lora_keeps_the_adapters_tensors_of_the_estimate() -> None:
     assert math.prod(est[0].shape) == b * s * rank
 
 
-def test_peft_on_transformers_llama_keeps_the_estimate_under_impl_hf() -> None:
-    """``--impl hf`` with LoRA on q and v (fp32, 2 tiny layers): peft's adapters on transformers' own
-    Llama, run on CPU, keep every layer's bytes and the total the estimate gives, and run its FLOPs.
-    NB in bf16 peft's default ``autocast_adapter_dtype`` keeps its adapters in fp32 and casts their input
-    up: not modelled (the estimate counts the adapters in the activation dtype)."""
-    from memplan.measure.compare.tensors import estimated_layers
-    from memplan.measure.frameworks.hf import build, layers_of
-    from memplan.measure.frameworks.step import run_step
-    from memplan.measure.runs.run import make_batch
+TINY = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "ffn_size": 96}
+TINY |= {"vocab_size": 128}
+B, S, RANK = 1, 32, 4
+
+
+def hf_lora_setup(
+    preset: str,
+    precision: str,
+    targets: str,
+    dropout: float,
+    attention: str = "flash",
+    checkpointing: str = "none",
+) -> Setup:
+    """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32."""
     from tests.hf.harness import hf_setup
 
-    tiny = {
-        "hidden_size": 64,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "ffn_size": 96,
-        "vocab_size": 128,
-    }
-    setup = with_lora(hf_setup("llama-3-8b", layers=2, seq=32, **tiny), 4, "q,v")
-    setup = Setup.model_validate(
-        {**setup.model_dump(), "training": {**setup.training.model_dump(), "precision": "fp32"}}
-    )
+    setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **TINY)
+    ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
+    training = {**setup.training.model_dump(), "precision": precision}
+    return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
+
+
+def peft_on_transformers(setup: Setup) -> Any:
+    """peft's defaults (``get_peft_model``: ``autocast_adapter_dtype=True``) on transformers' own model for
+    ``setup``, built in the activation dtype; the adapted causal LM."""
+    from memplan.measure.frameworks.hf import build
+
+    modules = [HF_TARGETS[t.value] for t in setup.finetune.targets]
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lora = peft.LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"])
-        model = peft.get_peft_model(build(setup), lora).base_model.model
+        ft = setup.finetune
+        lora = peft.LoraConfig(r=ft.rank, lora_alpha=16, target_modules=modules, lora_dropout=ft.dropout)
+        return peft.get_peft_model(build(setup), lora).base_model.model
+
+
+@pytest.mark.parametrize(
+    ("preset", "precision", "targets", "dropout", "attention"),
+    [
+        ("llama-3-8b", "fp32", "q,v", 0.0, "flash"),
+        ("llama-3-8b", "bf16", "all-linear", 0.0, "flash"),
+        ("llama-3-8b", "bf16-mixed", "q,v", 0.1, "flash"),
+        ("llama-3-8b", "bf16", "q,v", 0.0, "eager"),
+        ("qwen3-8b", "fp32", "all-linear", 0.0, "flash"),
+        ("qwen3-8b", "bf16", "q,v", 0.0, "flash"),
+        ("qwen3-8b", "fp32", "q,v", 0.1, "flash"),
+        ("qwen3-8b", "bf16", "all-linear", 0.0, "eager"),
+        ("gemma-2-2b", "bf16", "all-linear", 0.0, "eager"),
+        ("gemma-3-1b", "bf16", "all-linear", 0.0, "flash"),
+        ("granite-3.0-8b", "fp32", "q,v", 0.0, "flash"),
+    ],
+)
+def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
+    preset: str, precision: str, targets: str, dropout: float, attention: str
+) -> None:
+    """``--impl hf`` with LoRA: peft's adapters (its defaults) on transformers' own models, run on CPU,
+    keep every layer's bytes and the total the estimate gives, and run its FLOPs. In bf16 peft keeps the
+    adapters in fp32 and casts their inputs up (``config.trainable.fp32_adapters``); Qwen3's and
+    Gemma-3's q/k norms keep x32 and rstd when an adapter sits on q_proj / k_proj; LoRA dropout on CPU
+    keeps its noise (``Profile.cpu_dropout_noise``); eager attention in bf16 keeps the fp32 softmax
+    output and its bf16 copy apart; Gemma-2/3's post norms and fp32 1 + w, Gemma-2's softcaps; Granite
+    (attention dropout 0.1: SDPA's math fallback on CPU) keeps per operand as eager does."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention)
+    model = peft_on_transformers(setup)
     ids, labels = make_batch(setup, "cpu")
     layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
     meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
@@ -183,3 +224,94 @@ def test_peft_on_transformers_llama_keeps_the_estimate_under_impl_hf() -> None:
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
     assert est.activations == meas.activations
     assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    if precision != "fp32" and dropout == 0:
+        # By hand: each adapter's A keeps its own fp32 copy of its input, [b·s, in] · 4 bytes (q and v
+        # read the hidden state, in = h = 64): 1·32·64·4 = 8192 bytes, and B keeps A's fp32 output
+        # [b·s, r]: 1·32·4·4 = 512 bytes.
+        a_inputs = [r for r in meas.records if r.layer == 0 and "q_proj.lora_A" in r.name]
+        b_inputs = [r for r in meas.records if r.layer == 0 and "q_proj.lora_B" in r.name]
+        assert [(r.dtype, r.bytes) for r in a_inputs] == [("fp32", B * S * 64 * 4)]
+        assert [(r.dtype, r.bytes) for r in b_inputs] == [("fp32", B * S * RANK * 4)]
+
+
+def test_qwen3_lora_keeps_the_q_k_norms_saves() -> None:
+    """LoRA on q and k of Qwen3 in fp32: q_norm and k_norm (RMSNorm over head_dim on q_proj's and k_proj's
+    outputs, frozen weights) keep x32 and rstd. By hand per layer: q [b, s, a, d] = 1·32·4·16·4 = 8192 and
+    its rstd [b, s, a, 1] 1·32·4·4 = 512; k [b, s, kv, d] 1·32·2·16·4 = 4096 and rstd 1·32·2·4 = 256."""
+    setup = hf_lora_setup("qwen3-8b", "fp32", "q,k", 0.0)
+    norms = {k.name: k.total_bytes // k.count for k in estimate(setup).tensors if "_norm." in k.name}
+    assert {k: v for k, v in norms.items() if k.startswith("attn.q_norm") or k.startswith("attn.k_norm")} == {
+        "attn.q_norm.input": 8192,
+        "attn.q_norm.rstd": 512,
+        "attn.k_norm.input": 4096,
+        "attn.k_norm.rstd": 256,
+    }
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_peft_fp32_adapters_states_under_impl_hf(precision: str) -> None:
+    """peft's default keeps bf16 models' adapters in fp32: the weights are the bf16 base plus the fp32
+    adapters, the gradients and AdamW's two states fp32 per adapter parameter, no master copy — counted
+    on the real peft model after one optimizer step."""
+    from memplan.measure.runs.run import make_batch
+
+    setup = hf_lora_setup("llama-3-8b", precision, "q,v", 0.0)
+    model = peft_on_transformers(setup)
+    ids, labels = make_batch(setup, "cpu")
+    model(input_ids=ids, labels=labels).loss.backward()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, foreach=False)
+    opt.step()
+    states = estimate(setup).device.states
+    assert {p.dtype for p in trainable} == {torch.float32}
+    assert states.weights == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert states.gradients == sum(p.grad.numel() * p.grad.element_size() for p in trainable)
+    moments = [opt.state[p][k] for p in trainable for k in ("exp_avg", "exp_avg_sq")]
+    assert states.optimizer_states == sum(t.numel() * t.element_size() for t in moments)
+    assert states.master_weights == 0
+
+
+def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
+    """memplan's reference model runs its adapters in the activation dtype; outside ``--impl hf`` a 16-bit
+    LoRA estimate says so (peft's default is fp32), and says nothing under --impl hf or in fp32."""
+    from memplan.config import Impl
+    from memplan.strategies.lora import adapter_note
+
+    hf = hf_lora_setup("llama-3-8b", "bf16", "q,v", 0.0)
+    ref = Setup.model_validate({**hf.model_dump(), "impl": {**hf.impl.model_dump(), "impl": Impl.REFERENCE}})
+    fp32 = hf_lora_setup("llama-3-8b", "fp32", "q,v", 0.0)
+    note = adapter_note(ref)
+    assert note is not None and note.startswith("lora: the adapters are counted in bf16")
+    assert adapter_note(hf) is None and adapter_note(fp32) is None
+
+
+@pytest.mark.parametrize(
+    ("preset", "precision", "targets", "checkpointing"),
+    [
+        ("llama-3-8b", "bf16", "all-linear", "none"),
+        ("qwen3-8b", "bf16-mixed", "q,k,down", "full"),
+        ("llama-3-8b", "fp32", "q,v", "every-2"),
+    ],
+)
+def test_trace_impl_hf_runs_peft_under_fake_tensors(
+    preset: str, precision: str, targets: str, checkpointing: str
+) -> None:
+    """``memplan trace --impl hf --finetune lora`` runs peft's adapters on transformers' model under fake
+    tensors (``measure.frameworks.hf.with_peft``): every layer, the total and the FLOPs the estimate
+    gives — the adapters fp32 in bf16 (peft's default): layer 0's A of q_proj keeps a fp32 [b·s, h].
+    Under transformers' checkpointing the embedding's output requires grad (``enable_input_require_grads``,
+    ``strategies.lora.input_grads_hooked``): layer 0 runs its dX; every-K re-runs the checkpointed layers
+    only."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import measure_hf
+
+    setup = hf_lora_setup(preset, precision, targets, 0.0, checkpointing=checkpointing)
+    meas = measure_hf(setup)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert est.flops.forward == meas.flops["forward"]
+    assert (est.flops.backward, est.flops.recompute) == (meas.flops["backward"], meas.flops["recompute"])
+    if checkpointing == "none":  # by hand: 1·32·64 fp32 elements = 8192 bytes
+        a = [r for r in meas.records if r.layer == 0 and "q_proj.lora_A" in r.name]
+        assert [(r.dtype, r.bytes) for r in a] == [("fp32", B * S * 64 * 4)]

@@ -222,6 +222,12 @@ _NO_LORA = {
     Family.STABLELM: "partial rotary's cat, parallel layer: saves strategies.lora does not list",
     Family.GLM: "peft adapts the fused gate_up_proj as one linear, memplan gate and up as two",
     Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
+    Family.GPT2: "peft adapts the fused c_attn as one linear, memplan q, k, v as three; Conv1D layers' "
+    "saves strategies.lora does not list",
+    Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
+    "parallel layer's saves strategies.lora does not list",
+    Family.PHI3: "peft adapts the fused qkv_proj and gate_up_proj as one linear each, memplan q, k, v and "
+    "gate, up apart",
 }
 """The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
 against peft on transformers' own model: trainable counts equal, the saves differ per layer)."""

@@ -1,12 +1,15 @@
 """What trains under fine-tuning (``--finetune``, ``--freeze``): one fact each, read by the saves
 (``strategies.lora``), the optimizer step (``analytic.optimizer_step``) and the reference model
-(``measure.lora``). Full training outside ``--freeze`` trains everything; LoRA trains only its adapters.
+(``measure.lora``). Full training outside ``--freeze`` trains everything; LoRA trains only its adapters,
+in fp32 under ``--impl hf`` with 16-bit activations (peft's default, ``fp32_adapters``).
 """
 
 from __future__ import annotations
 
 from memplan.config.finetune import Method, Target
+from memplan.config.impl import Impl
 from memplan.config.setup import Setup
+from memplan.config.training import DType
 
 
 def base_trains(setup: Setup, layer: int) -> bool:
@@ -39,3 +42,16 @@ def head_trains(setup: Setup) -> bool:
 
 def final_norm_trains(setup: Setup) -> bool:
     return setup.finetune.method is Method.FULL
+
+
+def fp32_adapters(setup: Setup) -> bool:
+    """peft's default under ``--impl hf`` with 16-bit activations: ``get_peft_model``'s
+    ``autocast_adapter_dtype=True`` upcasts bf16/fp16 adapter weights to fp32
+    (tuners_utils.py ``cast_adapter_dtype``: ``dtypes_to_convert_to_fp32 = {float16, bfloat16}``), and each
+    adapter's forward casts its input to A's dtype (lora/layer.py ``Linear.forward``:
+    ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``; QLoRA's lora/bnb.py ``Linear4bit.forward``
+    alike). memplan's reference model keeps its adapters in the activation dtype
+    (``strategies.lora.adapter_note``). Read by the saves (``strategies.lora``) and the model states
+    (``strategies.lora_states``)."""
+    act = setup.training.precision.activation_dtype
+    return setup.impl.impl is Impl.HF and setup.finetune.lora and act is not DType.FP32

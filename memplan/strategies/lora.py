@@ -11,6 +11,10 @@ backward; the first trainable layer's input needs no gradient, so its norm keeps
 
 A LoRA adapter on a linear x → W·x adds B·A·drop(x)·α/r (peft's ``lora.Linear``): A's input (x itself
 without LoRA dropout, else the dropped copy and the dropout's bool mask), and A's output [T, r] for dB.
+Under ``--impl hf`` with 16-bit activations the adapters are peft's default, fp32
+(``config.trainable.fp32_adapters``): each adapter keeps its own fp32 copy of x (or the fp32 dropped x)
+and an fp32 A·x; the frozen linear keeps nothing. Measured against peft on transformers' Llama, Qwen3,
+Gemma-2/3 and Granite (tests/test_finetune_libraries.py): every layer's bytes, the total and the FLOPs.
 
 FLOPs (FlopCounterMode counts matmuls): a frozen linear's backward is dX only (1× its forward), and
 none when its input needs no gradient; an adapter adds 2·T·r·(in + out) forward and dA, dB, d(A·x) plus
@@ -19,8 +23,16 @@ gradients needed; the flash backward runs all five s×s products when any of q, 
 
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
 every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
-parallelism and mixtures of experts (``config.setup.check_finetune``). peft's GPT-2 adapts the fused
-``c_attn`` (one A [r, h], one B [3h, r]); memplan's separate q, k, v adapters have 2·r·h more parameters.
+parallelism and mixtures of experts (``config.setup.check_finetune``), and under ``--impl hf`` the families
+whose layers it does not list (``config.setup._NO_LORA``: fused projections peft adapts as one linear,
+post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]);
+memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory moments: peft's
+``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep nothing, but
+their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls are timed at
+the activation dtype's rate and their optimizer step at the base recipe's bytes (``time.compute``).
+Where a single layer keeps the rotary products (a 2-layer trace whose layer 0 has no q/k gradient), a
+per-layer trace attributes the cos/sin tables to that layer; the estimate counts them once at model level
+(the total is the same; kept by several layers, the trace counts them at model level too).
 """
 
 from __future__ import annotations
@@ -31,23 +43,27 @@ from memplan.analytic import activations as act
 from memplan.analytic.flops import Flops
 from memplan.blocks import mm
 from memplan.blocks.attention import (
+    Core,
     attention_core_flops,
     attention_core_rules,
     constant_rules,
+    core_of,
     projection_rules,
 )
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_flops, lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
-from memplan.blocks.norm import norm_rules
-from memplan.config import Attention, DType, MlpType, NormType, Setup
+from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
+from memplan.blocks.profiles import checkpoints_alone, dropout_keeps
+from memplan.config import Checkpointing, DType, Impl, MlpType, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import (
     adapted,
     base_trains,
     embedding_trains,
     final_norm_trains,
+    fp32_adapters,
     head_trains,
 )
 
@@ -57,6 +73,24 @@ ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
 
 def applies(setup: Setup) -> bool:
     return not setup.finetune.trains_everything
+
+
+def adapter_dtype(setup: Setup) -> DType:
+    """The dtype of the adapters' weights and of what they keep (``fp32_adapters``)."""
+    return DType.FP32 if fp32_adapters(setup) else setup.training.precision.activation_dtype
+
+
+def adapter_note(setup: Setup) -> str | None:
+    """One line when LoRA runs in 16-bit outside ``--impl hf``: memplan's reference model keeps the
+    adapters in the activation dtype, where peft's default keeps them in fp32 (``fp32_adapters``)."""
+    act = setup.training.precision.activation_dtype
+    if not setup.finetune.lora or act is DType.FP32 or setup.impl.impl is Impl.HF:
+        return None
+    return (
+        f"lora: the adapters are counted in {act.value} as memplan's reference model runs them; peft's "
+        "default (autocast_adapter_dtype=True) keeps them in fp32 and casts each adapter's input to fp32, "
+        "which keeps more: --impl hf models peft's default"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -72,6 +106,9 @@ class Flow:
     adapters: frozenset[Target]
     dropout: bool
     """LoRA dropout on the adapters' inputs."""
+    cast: bool
+    """Each adapter casts its input to its own (fp32) dtype first (``fp32_adapters``): A keeps that copy,
+    not the linear's shared input."""
     swiglu: bool
     """SwiGLU MLP (gate, up, down); else GELU (up = fc1, down = fc2)."""
 
@@ -80,8 +117,10 @@ class Flow:
         return g_x or self.trains or t in self.adapters
 
     def keeps_input(self, *targets: Target) -> bool:
-        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout."""
-        return self.trains or (not self.dropout and any(t in self.adapters for t in targets))
+        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout (and
+        without a cast to the adapters' dtype)."""
+        uncast = not self.dropout and not self.cast
+        return self.trains or (uncast and any(t in self.adapters for t in targets))
 
     @property
     def g_y(self) -> bool:
@@ -139,14 +178,26 @@ class Flow:
         return self.g_mid or self.g_down
 
 
+def input_grads_hooked(setup: Setup) -> bool:
+    """transformers' ``gradient_checkpointing_enable`` on a causal LM calls ``enable_input_require_grads()``
+    (modeling_utils.py: ``needs_embedding_grads = self.main_input_name == "input_ids"``, "When using PEFT +
+    gradient checkpointing ... the input has requires_grad=True"): a forward hook makes the embedding's
+    output require grad, so under ``--impl hf`` with checkpointing full or every-K layer 0's input needs a
+    gradient even with a frozen embedding (its linears run dX in backward)."""
+    ckpt = setup.strategy.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K)
+    return setup.impl.impl is Impl.HF and ckpt
+
+
 def flows(setup: Setup) -> tuple[Flow, ...]:
-    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains;
-    each layer's output is the next one's input."""
-    g = embedding_trains(setup)
+    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains
+    (or transformers' checkpointing hooks it: ``input_grads_hooked``); each layer's output is the next
+    one's input."""
+    g = embedding_trains(setup) or input_grads_hooked(setup)
     dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
+    cast = fp32_adapters(setup)
     out = []
     for i in range(setup.model.num_layers):
-        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, swiglu)
+        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, cast, swiglu)
         out.append(f)
         g = f.g_out
     return tuple(out)
@@ -161,51 +212,106 @@ def _pick(rules: list[Rule], keep: list[bool]) -> list[Rule]:
     return [r for r, k in zip(rules, keep, strict=True) if k]
 
 
-def norm_keep(setup: Setup, g_x: bool, weight_trains: bool, n: int) -> list[bool]:
-    """RMSNorm's [input, rstd, normed]: pow and x·rstd keep x32 and rstd when x needs a gradient, w·n keeps
-    n when w trains. ``native_layer_norm``'s [input, mean, rstd]: one node, all kept when anything does."""
+def norm_keep(setup: Setup, rules: list[Rule], g_x: bool, weight_trains: bool) -> list[bool]:
+    """Which of one norm's saves are kept. RMSNorm: pow and x·rstd keep x32 and rstd when x needs a
+    gradient, w·n keeps n when w trains; Gemma's (x32·rstd)·(1 + w.float()) keeps the fp32 1 + w when x
+    needs a gradient (d(normed) needs it). ``native_layer_norm``'s [input, mean, rstd]: one node, all kept
+    when anything does."""
     if setup.model.norm is NormType.RMSNORM:
-        return [g_x, g_x, weight_trains]
-    return [g_x or weight_trains] * n
+        return [weight_trains if r.role is R.NORM_OUTPUT else g_x for r in rules]
+    return [g_x or weight_trains] * len(rules)
+
+
+def core_keep(rules: list[Rule], f: Flow, eager: bool) -> list[bool]:
+    """Which of the attention core's saves are kept. Flash (and SDPA's math kernel): every save when any of
+    q, k, v needs a gradient. Eager: softmax keeps P for dS (q or k needs one: ``g_qk``), P·V keeps P
+    for dV (``g_v``) — one tensor kept when either needs it, except where P·V reads a copy: transformers'
+    ``softmax(dtype=float32).to(A)`` (its A copy, ``probs``, beside ``probs_fp32``) or the dropped P
+    (its mask or noise kept for dP); Gemma-2's softcap keeps its tanh for dS."""
+    if not eager:
+        return [f.g_core] * len(rules)
+    parts = {r.name.removeprefix(f"{B.ATTN.value}.") for r in rules}
+    copy = {"probs", "probs_fp32"} <= parts
+    dropped = "probs_dropped" in parts
+    keep = []
+    for r in rules:
+        part = r.name.removeprefix(f"{B.ATTN.value}.")
+        if part == "probs_dropped" or (part == "probs" and copy):
+            keep.append(f.g_v)  # P·V's operand, a copy of the softmax's output
+        elif part in ("probs", "probs_fp32") and not (copy or dropped):
+            keep.append(f.g_core)  # softmax's output is P·V's operand too
+        else:
+            keep.append(f.g_qk)  # softmax's output, the dropout's mask / noise, the softcap's tanh
+    return keep
+
+
+def qk_norm_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
+    """Qwen3's / Gemma-3's per-head q_norm and k_norm (``blocks.norm.qk_norm_rules``) on q_proj's and
+    k_proj's outputs: x32 and rstd kept when that output needs a gradient (``g_q``, ``g_k``: an adapter on
+    the projection, or its input needs one), Gemma's fp32 1 + w too (d(normed) needs it); the normalised x
+    when the norm's weight trains (the layer's own weights train)."""
+    out = []
+    for prefix, g_x in (("q_norm.", f.g_q), ("k_norm.", f.g_k)):
+        for r in qk_norm_rules(setup, dims):
+            if not r.name.removeprefix(f"{r.block.value}.").startswith(prefix):
+                continue
+            if f.trains if r.role is R.NORM_OUTPUT else g_x:
+                out.append(r)
+    return out
 
 
 def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
-    """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient) and the dropped x, A's
-    input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's rule."""
+    """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient; on CPU under a profile
+    with ``cpu_dropout_noise`` the noise ``input · noise`` keeps, in the adapter's dtype) and the dropped x,
+    A's input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's
+    rule — or, under ``fp32_adapters``, the adapter's own fp32 copy ``x.to(fp32)`` (one per adapter: each
+    casts the shared input again). The rest of peft's forward keeps nothing: ``* scaling`` (a Python float),
+    ``result + …`` and the cast back ``result.to(torch_result_dtype)``."""
     block = B.ATTN if t in ATTN_TARGETS else B.MLP
     fan_in = linear_shapes(setup.model)[t][0]
-    b, s, act, r = dims.b, dims.s, dims.act, setup.finetune.rank
+    b, s, r = dims.b, dims.s, setup.finetune.rank
+    dtype = adapter_dtype(setup)
     out = []
     if setup.finetune.dropout > 0:
         if g_x:
             why = "LoRA dropout mask: dX = dY·mask/(1−p)"
-            out.append(save(block, f"{t}_lora_mask", (b, s, fan_in), DType.BOOL, R.DROPOUT_MASK, why))
+            keeps = dropout_keeps(setup, dtype)
+            out.append(save(block, f"{t}_lora_mask", (b, s, fan_in), keeps, R.DROPOUT_MASK, why))
         why = "dropped input of LoRA's A: dA = dYᵀ·X needs it"
-        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), act, R.LINEAR_INPUT, why))
+        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), dtype, R.LINEAR_INPUT, why))
+    elif fp32_adapters(setup):
+        why = "the adapter's fp32 copy of its input (peft's _cast_input_dtype), A's input: dA = dYᵀ·X"
+        out.append(save(block, f"{t}_lora_input", (b, s, fan_in), dtype, R.LINEAR_INPUT, why))
     why = "LoRA's A·x, input of B: dB = dYᵀ·(A·x)"
-    return [*out, save(block, f"{t}_lora_mid", (b, s, r), act, R.LORA_RANK, why)]
+    return [*out, save(block, f"{t}_lora_mid", (b, s, r), dtype, R.LORA_RANK, why)]
 
 
 def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     """What one layer keeps under its gradient flow ``f`` (the blocks' saves, picked, plus the adapters')."""
-    eager = setup.strategy.attention is Attention.EAGER
-    dropout = setup.model.attn_dropout > 0
-    out = _pick(norm_rules(setup, B.ATTN_NORM, dims), norm_keep(setup, f.g_in, f.trains, 3))
+    eager = core_of(setup) is not Core.FLASH  # SDPA's math fallback runs eager's ops (per-operand saves)
+    attn_norm = norm_rules(setup, B.ATTN_NORM, dims)
+    out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
     out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *qkv])
+    out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
-    # eager: softmax keeps P for dS, P·V keeps (dropped) P for dV; flash: every save when any grad runs.
-    eager_keep = [f.g_qk, f.g_qk, f.g_v] if dropout else [f.g_core]
-    out += _pick(core, eager_keep if eager else [f.g_core] * len(core))
+    out += _pick(core, core_keep(core, f, eager))
     # The flash kernel keeps its own output, W_O's input (a view of it): kept whenever the core's is.
     if f.keeps_input(T.O) or (not eager and f.g_core):
         why = "attention output, input of W_O: dW = Xᵀ·dY"
         out.append(save(B.ATTN, "out", (dims.b, dims.s, dims.a * dims.d), dims.act, R.ATTN_OUT, why))
+    # Gemma-2/3's post norms (post_attention_layernorm, post_feedforward_layernorm) on W_O's and W_down's
+    # outputs: x32 and rstd when that output needs a gradient.
+    post = post_norm_rules(setup, B.POST_ATTN_NORM, dims)
+    out += _pick(post, norm_keep(setup, post, f.lin(T.O, f.g_core), f.trains))
     if setup.model.resid_dropout > 0 and f.lin(T.O, f.g_core):
         out.append(_resid_mask(B.ATTN, dims))
-    out += _pick(norm_rules(setup, B.MLP_NORM, dims), norm_keep(setup, f.g_mid, f.trains, 3))
+    mlp_norm = norm_rules(setup, B.MLP_NORM, dims)
+    out += _pick(mlp_norm, norm_keep(setup, mlp_norm, f.g_mid, f.trains))
     inner = [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]  # silu keeps g; g·u keeps each
     out += _pick(mlp_rules(setup, dims), [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
+    post = post_norm_rules(setup, B.POST_MLP_NORM, dims)
+    out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:
         out.append(_resid_mask(B.MLP, dims))
     inputs = {
@@ -237,9 +343,13 @@ def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Ru
     before += _pick(consts, [any(f.g_qk for f in fl)] * len(consts))  # q·cos, masked_fill keep theirs
     g_last = fl[-1].g_out if fl else g_embed
     norm_w = final_norm_trains(setup)
-    after = _pick(norm_rules(setup, B.FINAL_NORM, dims), norm_keep(setup, g_last, norm_w, 3))
+    final = norm_rules(setup, B.FINAL_NORM, dims)
+    after = _pick(final, norm_keep(setup, final, g_last, norm_w))
     g_logits = g_last or norm_w or head_trains(setup)
-    after += _pick(lm_head_rules(setup, dims), [head_trains(setup), g_logits, g_logits, g_logits])
+    # The head's input for its dW when it trains; the loss's saves (Gemma-2's logit softcap's tanh too)
+    # when the logits need a gradient.
+    head = lm_head_rules(setup, dims)
+    after += _pick(head, [head_trains(setup) if r.block is B.LM_HEAD else g_logits for r in head])
     return before, after
 
 
@@ -280,8 +390,12 @@ def recompute(setup: Setup, dims: Dims) -> int:
     segments = -(-dims.layers // setup.strategy.segment) if setup.strategy.segment else 0
     if not segments:
         return 0
-    forward = sum(layer_flops(setup, dims, f)[0] for f in flows(setup))
-    forward += dims.layers * attention_core_flops(dims)
+    # Every-K checkpointing of single layers (``Profile.checkpoints_alone``: transformers') re-runs only the
+    # checkpointed layers 0, K, 2K, …; segments of K layers re-run every layer.
+    alone, k = checkpoints_alone(setup), setup.strategy.segment
+    rerun = [f for i, f in enumerate(flows(setup)) if not alone or i % k == 0]
+    forward = sum(layer_flops(setup, dims, f)[0] for f in rerun)
+    forward += len(rerun) * attention_core_flops(dims)
     down = T.DOWN in setup.finetune.targets
     skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
     return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
@@ -338,7 +452,7 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
             forward += a + b
             backward += _linear(a, inputs[t], True) + _linear(b, True, True)
     per_bmm = dims.b * dims.a * mm(dims.s, dims.d, dims.s)
-    if setup.strategy.attention is Attention.FLASH:
+    if core_of(setup) is Core.FLASH:
         core = 5 * per_bmm if f.g_core else 0  # S recomputed, dP, dV, dQ, dK: all when any runs
     else:  # QKᵀ: dQ if q, dK if k needs one; P·V: dP if P (q or k), dV if v
         core = per_bmm * (int(f.g_q) + int(f.g_k) + int(f.g_qk) + int(f.g_v))
@@ -354,7 +468,7 @@ def flops(setup: Setup) -> Flops:
     attention = dims.layers * attention_core_flops(dims)
     head = lm_head_flops(dims)
     g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
-    flash = setup.strategy.attention is Attention.FLASH
+    flash = core_of(setup) is Core.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
     head_backward = _linear(head, g_final, head_trains(setup))
     return Flops(

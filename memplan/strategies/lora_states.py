@@ -16,16 +16,19 @@ backward buffers (a layer's weight gradients), so under fine-tuning that moment 
 activations, states and FLOPs are exact; the optimizer step steps the trainable tensors only,
 ``analytic.optimizer_step.trainable_shapes``, measured in tests/measure/test_finetune.py); QLoRA adds the
 dequantised weight to every moment but the optimizer step. The LoRA adapters are counted in the weight
-dtype with a master copy under mixed precision (peft casts them to fp32 in QLoRA's recipe, which
-``--precision fp32`` describes).
+dtype with a master copy under mixed precision, as memplan's reference model runs them; under ``--impl hf``
+with 16-bit activations in fp32 (weights, gradients, optimizer states; no master copy), peft's default
+``autocast_adapter_dtype=True`` (``config.trainable.fp32_adapters``). The optimizer step's transient
+(``analytic.optimizer_step``) still takes the activation dtype's element size for the adapters.
 """
 
 from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
-from memplan.config import Setup, ZeroStage
+from memplan.config import Precision, Setup, ZeroStage
 from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, linear_shapes
+from memplan.config.trainable import fp32_adapters
 from memplan.strategies.zero import model_states
 
 FP32_BYTES = 4
@@ -92,7 +95,10 @@ def finetune_states(setup: Setup, params: ParamCount) -> ModelStates:
     weights, gradients, master weights and optimizer states (``strategies.zero.model_states``)."""
     t, s = setup.training, setup.strategy
     trainable = trainable_params(setup, params)
-    states = model_states(trainable, t.precision, t.optimizer, s.zero, s.shard_group)
+    # peft's fp32 adapters under --impl hf (config.trainable.fp32_adapters): fp32 weights, gradients and
+    # optimizer states, no master copy — the fp32 recipe's, whatever the base's precision.
+    recipe = Precision.FP32 if fp32_adapters(setup) else t.precision
+    states = model_states(trainable, recipe, t.optimizer, s.zero, s.shard_group)
     # The base excludes the adapters; under full fine-tuning it includes the trainable weights (in states).
     in_base = 0 if setup.finetune.lora else trainable * t.precision.weight_bytes
     frozen_bytes = base_weight_bytes(setup, params) - in_base

@@ -14,10 +14,11 @@ def check_traceable(setup: Setup) -> Callable[[Setup], Measured]:
     one-line errors (a framework not runnable here, or not installed)."""
     impl = setup.impl.impl
     if impl is Impl.HF:
-        from memplan.measure.frameworks.hf import measure_hf
+        from memplan.measure.frameworks.hf import check_peft, measure_hf
         from memplan.measure.frameworks.hf_config import require_transformers
 
         require_transformers()
+        check_peft(setup)
         return measure_hf
     if impl is Impl.TORCHTITAN:
         from memplan.measure.frameworks.titan import check_titan, measure_titan

@@ -15,8 +15,13 @@ router records the tokens per expert it chose (``Measured.routing``).
 
 The recording loop is ``memplan.measure.frameworks.step.run_step`` (shared with ``--impl torchtitan``).
 
+``--finetune lora`` runs peft's ``get_peft_model`` (its defaults: fp32 adapters under 16-bit weights) on the
+model, adapting the ``q_proj``…``down_proj`` linears ``--lora-targets`` names (``with_peft``).
+
 Known limitations:
 - NB: transformers is an optional extra (``pip install 'memplan[hf]'``); ``require_transformers`` says so.
+- NB: ``--finetune qlora`` (bitsandbytes' 4-bit storage cannot be built under fake tensors) and ``--freeze``
+  are not traced here (``check_peft``): trace them with ``--impl reference``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
+from memplan.config.finetune import Method, Target
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
@@ -61,6 +67,48 @@ def build(setup: Setup, document: Mapping[str, Any] | None = None) -> Any:
     return model
 
 
+PEFT_TARGETS = {
+    Target.Q: "q_proj",
+    Target.K: "k_proj",
+    Target.V: "v_proj",
+    Target.O: "o_proj",
+    Target.GATE: "gate_proj",
+    Target.UP: "up_proj",
+    Target.DOWN: "down_proj",
+}
+"""peft's ``target_modules`` for memplan's targets: transformers' Llama-style module names (the families
+``config.setup.check_finetune`` lets through under ``--impl hf``)."""
+
+
+def check_peft(setup: Setup) -> None:
+    """One-line errors before tracing fine-tuning under ``--impl hf``: LoRA only, through peft."""
+    if setup.finetune.trains_everything:
+        return
+    ft = setup.finetune
+    if ft.method is not Method.LORA or ft.freeze_layers is not None:
+        raise ValueError(
+            "finetune: trace --impl hf runs peft's LoRA on every layer; --finetune qlora and --freeze are "
+            "not traced there: trace them with --impl reference"
+        )
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise ValueError("finetune: trace --impl hf --finetune lora runs peft; pip install peft") from None
+
+
+def with_peft(setup: Setup, model: Any) -> Any:
+    """``model`` with peft's LoRA adapters (``peft.get_peft_model`` with its defaults) on the targets; the
+    adapted transformers model (``base_model.model``), whose decoder layers ``layers_of`` finds."""
+    import peft
+
+    ft = setup.finetune
+    modules = [PEFT_TARGETS[t] for t in Target if t in ft.targets]
+    lora: Any = {"r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "target_modules": modules}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return peft.get_peft_model(model, peft.LoraConfig(**lora)).base_model.model
+
+
 def layers_of(model: Any) -> list[Any]:
     """The decoder layers, in order (``model.layers`` or GPT-2's ``transformer.h``). Llama 4's causal LM
     names ``language_model`` its base-model prefix but holds the text model as ``model``
@@ -86,8 +134,18 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             "tables' values only: the same bytes and FLOPs)"
         )
     torch.manual_seed(0)
+    lora = not setup.finetune.trains_everything
+    if lora and fake:
+        # peft moves each new adapter to its base layer's device and dtype (``.to``), which a fake
+        # parameter refuses (``_apply``'s swap_tensors): adapted on the meta device, then made fake below.
+        with torch.device("meta"):
+            meta = with_peft(setup, build(setup, document))
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
-        model = build(setup, document)
+        if lora and fake:
+            model = meta.to_empty(device="cpu")
+        else:
+            model = build(setup, document)
+            model = with_peft(setup, model) if lora else model
         s = setup.strategy
         if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
             with warnings.catch_warnings():
