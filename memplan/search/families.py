@@ -5,9 +5,12 @@ Work goes cheapest first, and every shortcut gives the answer of the full evalua
 
 1. a micro-batch size whose step-time bound (``bound``: FLOPs only, no estimate) is slower than the
    cut-off (the ``Space.keep`` fastest so far) is pruned;
-2. otherwise its ZeRO stages are estimated and timed (``timing``: no memory work); when every stage is
-   slower than the cut-off none of them can be listed (the full evaluation would list at most one, slower
-   than the cut-off, which leaves the cut-off as it is), so no memory is judged for the listing: pruned;
+2. otherwise, when every ZeRO stage is predicted slower than the cut-off, none of them can be listed (the
+   full evaluation would list at most one, slower than the cut-off, which leaves the cut-off as it is),
+   so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the
+   stages (``bound.stages_bound``: the predicted step without its ZeRO-dependent terms, from the first
+   stage's estimate alone), then the stages timed one by one (``timing``) until one is within the
+   cut-off. Estimates and timings are made when first asked and kept with the micro-batch;
 3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
    memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
    as one row (``fastest_stage``).
