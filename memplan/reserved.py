@@ -46,7 +46,9 @@ Known limitations:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from itertools import accumulate
 
 from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay, round_size, segment_size
 from memplan.analytic.optimizer_step import step_tensors
@@ -303,10 +305,15 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
-    demand = [0] * (len(stream_codes) + 1)  # demand[i]: a new segment for every allocation from i on
-    for i in range(len(stream_codes) - 1, -1, -1):
-        c = stream_codes[i]
-        demand[i] = demand[i + 1] + (segment_size(round_size(c)) if c >= 0 else 0)
+    # a new segment for every allocation: by the distinct sizes (a stream repeats few), and when even
+    # that fits, nothing is replayed (the loop below would stop before its first event)
+    counts = Counter(stream_codes)
+    segment = {c: segment_size(round_size(c)) for c in counts if c >= 0}
+    if sum(size * counts[c] for c, size in segment.items()) <= capacity:
+        return False
+    # demand[i]: a new segment for every allocation from i on (frees add nothing)
+    demand = [*accumulate(segment.get(c, 0) for c in reversed(stream_codes))][::-1]
+    demand.append(0)
     allocator = Allocator(capacity=capacity)
     stats, malloc, free = allocator.stats, allocator.malloc, allocator.free
     made = 0

@@ -18,6 +18,18 @@ test_fit_search.py checks the bound against the prediction over a sample of layo
 ``Cutoff`` keeps the ``keep`` fastest step times found so far (per method and saver level): a
 configuration whose bound exceeds the slowest of them cannot enter the list.
 
+``stages_bound`` is a second, tighter bound, for one configuration and every ZeRO stage of it at once:
+the terms of ``time.predict``'s step that do not depend on the ZeRO stage. Only the data-parallel
+collectives (``comm.dp_rows``) and the optimizer step (``compute.owned_params``) read it; the busiest
+stage, its kernels, the tensor-, context-, pipeline- and expert-parallel collectives and their overlap
+windows do not. With every stage-dependent term (and the offload copies, never negative) left out,
+
+    step ≥ busy + busy·(p − 1)/(m·n) + exposed(pp),   busy = n·(forward + backward) + exposed(tp, cp, ep)
+
+computed with ``predict``'s own operations in its order: IEEE addition and multiplication of
+non-negative numbers are monotonic, so the bound is ≤ the predicted step of every stage bit for bit.
+tests/plan/test_fit_search.py checks it against the prediction of every ZeRO stage over a sample.
+
 NB: the bound holds while no kernel class runs above max(MATMUL, ATTENTION) × the precision's peak
 (``time.compute``); with an assumed ``--mfu`` nothing is pruned.
 """
@@ -28,10 +40,14 @@ import heapq
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, Parallel, Setup
-from memplan.engine import estimate
+from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.time import efficiency
+from memplan.time.calibration import calibrated_topology
+from memplan.time.comm import Row, cp_rows, critical_stage, ep_rows, pp_rows, tp_rows
+from memplan.time.compute import kernel_times
+from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops
 
 
@@ -69,6 +85,26 @@ class Bound:
         rate = peak_flops(self.gpu, base.training.precision) * max(efficiency.MATMUL, efficiency.ATTENTION)
         h = self.sequence_flops(base, ckpt, attention, par.cp)
         return self.global_batch * h / (self.gpus * rate) * (1 + (par.pp - 1) / (par.vpp * n))
+
+
+def stages_bound(p: Result, gpu: GpuPreset) -> float:
+    """A lower bound of ``timing(q, gpu).step_time_s`` for ``p`` and every ``q`` that differs from it
+    only in the ZeRO stage (module docstring): ``predict``'s step without the data-parallel collectives,
+    the optimizer step and the offload copies."""
+    peak = peak_flops(gpu, p.setup.training.precision)
+    c = critical_stage(p)
+    topo = calibrated_topology(gpu)
+    forward, backward = kernel_times(c, gpu, peak)
+    n, par = p.micro_batches, p.parallel
+    rows: list[Row] = [
+        row for dimension in (tp_rows, cp_rows, pp_rows, ep_rows) for row in dimension(c, topo)
+    ]
+    hidden = exposed(rows, windows(forward, backward, n, par.cp))
+    in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
+    compute = n * (forward.total_s + backward.total_s)
+    busy = compute + in_stage
+    bubble = busy * (par.pp - 1) / (par.vpp * n)
+    return busy + bubble + hidden.get("pp", 0.0)
 
 
 @dataclass

@@ -5,9 +5,12 @@ Work goes cheapest first, and every shortcut gives the answer of the full evalua
 
 1. a micro-batch size whose step-time bound (``bound``: FLOPs only, no estimate) is slower than the
    cut-off (the ``Space.keep`` fastest so far) is pruned;
-2. otherwise its ZeRO stages are estimated and timed (``timing``: no memory work); when every stage is
-   slower than the cut-off none of them can be listed (the full evaluation would list at most one, slower
-   than the cut-off, which leaves the cut-off as it is), so no memory is judged for the listing: pruned;
+2. otherwise, when every ZeRO stage is predicted slower than the cut-off, none of them can be listed (the
+   full evaluation would list at most one, slower than the cut-off, which leaves the cut-off as it is),
+   so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the
+   stages (``bound.stages_bound``: the predicted step without its ZeRO-dependent terms, from the first
+   stage's estimate alone), then the stages timed one by one (``timing``) until one is within the
+   cut-off. Estimates and timings are made when first asked and kept with the micro-batch;
 3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
    memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
    as one row (``fastest_stage``).
@@ -22,11 +25,12 @@ benchmarks/bench_fit.py compare with).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
 from memplan.engine import Result, estimate
-from memplan.search.bound import Bound, Cutoff
+from memplan.presets import GpuPreset
+from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
 from memplan.search.methods import SAVERS, valid
 from memplan.search.results import Config, Family, FitResult, Rejected
@@ -60,12 +64,39 @@ def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: i
 
 @dataclass
 class _Group:
-    """One micro-batch size's configurations: the families' estimates, in ZeRO-stage order."""
+    """One micro-batch size's configurations: the families' estimates and step times, in ZeRO-stage order,
+    each made when first asked (a group pruned by ``stages_bound`` needs one estimate, or none more)."""
 
     micro_batch: int
-    estimates: list[Result]
+    micro_batches: int
+    base: Setup
+    families: list[Family]
+    gpu: GpuPreset
+    mfu: float | None
     first_fit: int | None = None
     """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
+    made: dict[int, Result] = field(default_factory=dict)
+    timed: dict[int, Timing] = field(default_factory=dict)
+
+    def estimate(self, i: int) -> Result:
+        if i not in self.made:
+            f = self.families[i]
+            self.made[i] = estimate(family_setup(self.base, f, self.micro_batch, self.micro_batches))
+        return self.made[i]
+
+    def time(self, i: int) -> Timing:
+        if i not in self.timed:
+            self.timed[i] = timing(self.estimate(i), self.gpu, mfu=self.mfu)
+        return self.timed[i]
+
+    def slower_than(self, seconds: float) -> bool:
+        """Every stage predicted slower than ``seconds`` (module docstring, step 2): first their shared
+        bound (``bound.stages_bound``), then stage by stage until one is not."""
+        if not self.families:
+            return False
+        if stages_bound(self.estimate(0), self.gpu) > seconds:
+            return True
+        return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
 
 
 def search_families(
@@ -106,17 +137,14 @@ def search_families(
         if bound is not None and bound.seconds(base, ckpt, attention, layout.parallel, n) > cutoff.seconds:
             result.pruned += len(families)
             continue
-        group = _Group(b, [estimate(family_setup(base, f, b, n)) for f in families])
-        result.evaluated += len(families)
+        group = _Group(b, n, base, families, result.gpu, mfu)
         groups.append(group)
-        times = None
-        if shortcuts and cutoff.seconds < math.inf:
-            times = [timing(p, result.gpu, mfu=mfu) for p in group.estimates]
-            if min((t.step_time_s for t in times), default=0.0) > cutoff.seconds:
-                result.pruned += len(families)
-                continue  # none can be listed (module docstring, step 2)
-        _judge(result, families, group, times, mfu, cutoff)
+        if shortcuts and mfu is None and cutoff.seconds < math.inf and group.slower_than(cutoff.seconds):
+            result.pruned += len(families)
+            continue  # none can be listed (module docstring, step 2)
+        _judge(result, families, group, cutoff)
     _reject(result, families, groups)
+    result.evaluated += sum(len(g.made) for g in groups)
 
 
 def _fits(result: FitResult, p: Result) -> bool:
@@ -125,48 +153,30 @@ def _fits(result: FitResult, p: Result) -> bool:
     return ok
 
 
-def _judge(
-    result: FitResult,
-    families: list[Family],
-    group: _Group,
-    times: list[Timing] | None,
-    mfu: float | None,
-    cutoff: Cutoff,
-) -> None:
+def _judge(result: FitResult, families: list[Family], group: _Group, cutoff: Cutoff) -> None:
     """The lowest stage of ``group`` that fits and the fastest of it and the higher ones, listed."""
-    for i, p in enumerate(group.estimates):
-        if _fits(result, p):
+    for i in range(len(families)):
+        if _fits(result, group.estimate(i)):
             group.first_fit = i
-            later = times[i:] if times is not None else None
-            best = fastest_stage(result, families[i:], group.estimates[i:], later, mfu)
+            best = fastest_stage(result, group, i)
             result.fitting.append(best)
             cutoff.add(best.timing.step_time_s)
             return
     group.first_fit = len(families)
 
 
-def fastest_stage(
-    result: FitResult,
-    families: list[Family],
-    estimates: list[Result],
-    times: list[Timing] | None,
-    mfu: float | None,
-) -> Config:
-    """The fastest of ``families[0]`` (the lowest ZeRO stage that fits) and the higher stages of the same
-    configuration, ties to the lowest stage. A higher stage can be faster: each rank steps the optimizer on
-    its 1/dp of the parameters (``time.compute.optimizer_step_bytes``), while its extra communication
-    (ZeRO-3's parameter all-gathers) may hide behind compute."""
-    gpu, usable = result.gpu, result.usable
-
-    def timed(k: int) -> Timing:
-        return times[k] if times is not None else timing(estimates[k], gpu, mfu=mfu)
-
-    best = Config(families[0], estimates[0], timed(0), gpu, result.reserve)
-    for k in range(1, len(families)):
-        q = estimates[k]
+def fastest_stage(result: FitResult, group: _Group, first: int) -> Config:
+    """The fastest of stage ``first`` of ``group`` (the lowest ZeRO stage that fits) and the higher stages
+    of the same configuration, ties to the lowest stage. A higher stage can be faster: each rank steps the
+    optimizer on its 1/dp of the parameters (``time.compute.optimizer_step_bytes``), while its extra
+    communication (ZeRO-3's parameter all-gathers) may hide behind compute."""
+    gpu, usable, families = result.gpu, result.usable, group.families
+    best = Config(families[first], group.estimate(first), group.time(first), gpu, result.reserve)
+    for k in range(first + 1, len(families)):
+        q = group.estimate(k)
         if not (fits(q, usable) and host_fits(q, gpu)):
             continue
-        t = timed(k)
+        t = group.time(k)
         # judged on the allocator's reserved peak (a replay) only when it would be listed: faster
         if t.step_time_s < best.timing.step_time_s and fits(q, usable, gpu):
             best = Config(families[k], q, t, gpu, result.reserve)
@@ -183,7 +193,7 @@ def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> 
             return
         if g.first_fit is None:  # only the stages up to the highest one still undecided matter here
             top = max(i for i in range(count) if i not in fitted)
-            k = next((i for i in range(top + 1) if _fits(result, g.estimates[i])), None)
+            k = next((i for i in range(top + 1) if _fits(result, g.estimate(i))), None)
             fitted.update(range(k, count) if k is not None else ())
     if not groups:
         return
@@ -191,5 +201,5 @@ def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> 
     g = groups[0]
     for i, family in enumerate(families):
         if i not in fitted and family.saver == 0:
-            v = verdict(g.estimates[i], result.gpu, exact=False, reserve=result.reserve)
+            v = verdict(g.estimate(i), result.gpu, exact=False, reserve=result.reserve)
             result.rejected.append(Rejected(family, g.micro_batch, v))

@@ -19,8 +19,9 @@ micro-batch, then the lower peak.
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
 batch). A micro-batch size whose step-time lower bound (``bound``: its FLOPs at the best kernel fraction
 of peak, stretched by its bubble) is slower than the ``Space.keep`` (``--top``) fastest found so far is
-pruned unevaluated; one whose ZeRO stages are all predicted slower than them is pruned before any memory
-work (``families``: exact, the listed rows are those of the full evaluation); layouts go fastest bound
+pruned unevaluated; one whose ZeRO stages are all predicted slower than them (first by one bound shared by
+the stages, ``bound.stages_bound``) is pruned before any memory work (``families``: exact, the listed rows
+are those of the full evaluation); layouts go fastest bound
 first so the cut-off tightens early. Memory is judged cheapest first (``budget.fits``: the stages' lower
 bounds, the peak, the requested peak, then one replay of the allocator, memoised on the device's
 allocation stream), and a listed row's verdict is computed when it is shown (``results.Config``). A

@@ -156,13 +156,14 @@ class FitResult:
     searched: int = 0
     """Configurations of the space (families × micro-batch sizes that divide the global batch)."""
     evaluated: int = 0
-    """Configurations estimated (states, activations, FLOPs; the rest: pruned by their bound)."""
+    """Configurations estimated (states, activations, FLOPs; the rest: pruned by their bound, or by the
+    bound their ZeRO stages share, ``bound.stages_bound``, which needs one stage's estimate)."""
     peaks: int = 0
     """Configurations whose peak had to be computed (the lower bound did not rule them out)."""
     pruned: int = 0
     """Configurations neither listed nor judged for memory because their step time — the bound
-    (``bound``: unevaluated) or, once estimated, the predicted time of every ZeRO stage of the same
-    micro-batch — is slower than the ``keep`` fastest found so far."""
+    (``bound``: unevaluated), the bound the ZeRO stages of one micro-batch share (``bound.stages_bound``)
+    or the predicted time of every one of them — is slower than the ``keep`` fastest found so far."""
     seconds: float = 0.0
     max_seq: int | None = None
     """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""

@@ -17,7 +17,7 @@ from memplan.api import build_setup
 from memplan.cli.app import app
 from memplan.config import Attention, Checkpointing, Parallel, ZeroStage
 from memplan.presets import load_gpu
-from memplan.search.bound import Bound, Cutoff
+from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.fit import Space, fit
 from memplan.search.space import layouts, pipelines, shard_groups, virtual_layers
 from memplan.time.timing import timing
@@ -99,6 +99,47 @@ def test_bound_is_below_the_prediction(
     predicted = timing(estimate(setup), H100).step_time_s
     bound = Bound(H100, gpus, batch).seconds(base, ckpt, Attention.FLASH, par, n)
     assert 0 < bound <= predicted
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "vpp", "cp", "hsdp", "ckpt"),
+    [
+        (8, 16, 8, 1, 0, Checkpointing.NONE),  # Llama 3's layout: tp and pp exposure, bubble
+        (4, 16, 8, 4, 0, Checkpointing.FULL),  # context parallelism's ring, re-run layers
+        (8, 1, 1, 2, 8, Checkpointing.SELECTIVE),  # HSDP: the dp rows a replica's all-reduce too
+        (8, 1, 1, 1, 0, Checkpointing.NONE),  # no pipeline: no bubble, no pp exposure
+    ],
+)
+def test_stages_bound_is_the_prediction_without_its_zero_dependent_terms(
+    tp: int, pp: int, vpp: int, cp: int, hsdp: int, ckpt: Checkpointing
+) -> None:
+    """``stages_bound`` of one configuration, from its ZeRO-0 (HSDP: ZeRO-1) estimate, against the
+    prediction of every ZeRO stage of it: what each prediction's parts leave once the terms a ZeRO stage
+    changes are taken out (data-parallel exposure, the optimizer steps, the once-per-step copies) — no
+    offload here, so the micro-batches' copies are 0 and nothing else is left out."""
+    from memplan.engine import estimate
+
+    gpus, batch = 16384, 2048
+    dp = gpus // (tp * pp * cp)
+    virtual = virtual_layers(126, pp, vpp) if vpp > 1 else None
+    par = Parallel(tp=tp, sp=tp > 1, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
+    stages = [1, 2, 3] if hsdp else [0, 1, 2, 3]
+
+    def plan(zero: int):  # type: ignore[no-untyped-def]
+        setup = build_setup(
+            "405b", seq=8192, checkpointing=ckpt.name.lower(), zero=zero, dp=dp, parallel=par,
+            grad_accum=batch // dp, hsdp=hsdp,
+        )  # fmt: skip
+        return estimate(setup)
+
+    bound = stages_bound(plan(stages[0]), H100)
+    for zero in stages:
+        pred = timing(plan(zero), H100).prediction
+        assert pred.offload_micro_batch_s == 0
+        assert bound <= pred.step_time_s
+        stage_free = pred.step_time_s - pred.exposed_s.get("dp", 0.0) - pred.optimizer_s
+        stage_free -= pred.host_optimizer_s + pred.offload_step_s
+        assert bound == pytest.approx(stage_free, rel=1e-12)
 
 
 def test_llama3_405b_fit_is_at_least_as_fast_as_the_published_layout() -> None:
