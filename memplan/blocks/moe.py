@@ -249,10 +249,23 @@ def sparsemixer_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
 def deepseek_router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     """DeepSeek-V2's and V3's routers (``Profile.deepseek_router``), op by op: the fp32 copy of the input
     (16-bit A) for the fp32 linear; the scores (softmax or sigmoid: both keep their output); with groups
-    (``n_group``) V2's ``view(T, G, E/G).max(-1)`` keeps its indices [T, G] and V3's ``topk(2)`` per group
-    its [T, G, 2], ``topk`` over the group scores [T, topk_group], ``masked_fill(~mask)`` the bool [T, E];
-    ``topk`` over the scores [T, k] int64 (V3's ``gather`` the same storage); V3's renormalisation
-    (``norm_topk_prob``) keeps the dividend [T, k] and divisor [T, 1] in fp32."""
+    (``n_group``) V2's ``masked_fill(~mask, 0)`` its bool [T, E] mask; ``topk`` over the scores [T, k]
+    int64 (V3's ``gather`` the same storage); V3's renormalisation (``norm_topk_prob``) keeps the dividend
+    [T, k] and divisor [T, 1] in fp32.
+
+    NB: the group choice's other saves are freed before the forward ends (never kept for backward), each
+    by a node whose output is read for its indices or shape only, so the node dies with its saves when
+    the router returns (tests/hf/test_deepseek.py derives the bytes):
+    - V3 (sigmoid): ``view(T, G, E/G).topk(2)``'s [T, G, 2] int64 indices, on the chain ``[0].sum(-1)``
+      → ``group_scores``, which only ``topk(group_scores)[1]`` (indices: no gradient) and ``zeros_like``
+      (its shape) read; ``topk(group_scores)``'s [T, topk_group] int64, its values dropped by ``[1]``;
+      ``masked_fill(~mask, -inf)``'s bool [T, E] mask, its output ``scores_for_choice`` read by
+      ``topk(...)[1]`` only (the weights are ``scores.gather(1, topk_indices)``: that topk's indices
+      live on as gather's, its own node dies);
+    - V2 (``group_limited_greedy``): ``view(T, G, E/G).max(-1)``'s [T, G] int64 indices, its values read
+      by ``topk(group_scores)[1]`` and ``zeros_like`` only; ``topk(group_scores)``'s [T, topk_group]
+      int64, values dropped. Its ``masked_fill(~mask, 0)`` output feeds the kept ``topk`` (the weights
+      are its values): that mask stays."""
     dims = Dims.of(setup)
     t, k, e = dims.tokens, moe.top_k, moe.experts
 
@@ -266,16 +279,8 @@ def deepseek_router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
         )
     score = "sigmoid" if moe.sigmoid else "softmax"
     rules.append(moe_save("router_scores", (t, e), FP32, f"{score} scores in fp32: its backward needs them"))
-    if moe.groups is not None and moe.topk_groups is not None:
-        if moe.sigmoid:  # group score: sum of each group's top-2 scores
-            rules.append(
-                moe_save("group_top2_indices", (t, moe.groups, 2), INT64, "topk(2) per group: backward")
-            )
-        else:  # group score: each group's max
-            rules.append(moe_save("group_max_indices", (t, moe.groups), INT64, "max.dim per group: backward"))
-        why = "topk over the group scores: its backward scatters at them"
-        rules.append(moe_save("group_indices", (t, moe.topk_groups), INT64, why))
-        why = "masked_fill of the experts outside the chosen groups: its backward zeroes them"
+    if moe.groups is not None and not moe.sigmoid:  # V2's group_limited_greedy
+        why = "masked_fill(~mask, 0) of the experts outside the chosen groups, read by the kept topk"
         rules.append(moe_save("group_mask", (t, e), DType.BOOL, why))
     rules.append(moe_save("topk_indices", (t, k), INT64, "topk (and V3's gather) backward scatters at them"))
     if moe.sigmoid and moe.renormalises:  # DeepseekV3TopkRouter: topk_weights /= sum + 1e-20

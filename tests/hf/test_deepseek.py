@@ -9,6 +9,7 @@ parameter count, derived by hand here (DeepSeek-V3: 671B total, 37B activated)."
 
 from __future__ import annotations
 
+import gc
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 
 from memplan.analytic.params import count_params
 from memplan.api import build_setup
+from memplan.blocks.inventory import Role
 from memplan.config import (
     AttentionChoice,
     Device,
@@ -145,6 +147,59 @@ def test_deepseek_v2_exact(
     moe: dict[str, Any], q_lora_rank: int | None, attention: str, checkpointing: str
 ) -> None:
     exact(small(v2(moe, q_lora_rank), attention=attention, checkpointing=checkpointing))
+
+
+@pytest.mark.parametrize(
+    ("model", "freed"),
+    [
+        # V3, T = 64, G = 2, topk_group = 1, E = 8: topk(2) per group [64, 2, 2] int64 2,048 B, topk over
+        # the group scores [64, 1] int64 512 B, masked_fill's bool mask [64, 8] 512 B: 3,072 B
+        (V3_SMALL, [((64, 2, 2), 2048), ((64, 1), 512), ((64, 8), 512)]),
+        # V2 group_limited_greedy, G = 4, topk_group = 2: max per group [64, 4] int64 2,048 B, topk over
+        # the group scores [64, 2] int64 1,024 B: 3,072 B (its masked_fill mask feeds the kept topk)
+        (v2({**V2_MOE, "groups": 4, "topk_groups": 2}), [((64, 4), 2048), ((64, 2), 1024)]),
+    ],
+)
+def test_deepseek_group_routing_saves_are_freed(
+    model: dict[str, Any], freed: list[tuple[tuple[int, ...], int]]
+) -> None:
+    """Why the estimate keeps none of the group choice's saves but V2's mask (``moe.deepseek_router_rules``
+    NB): transformers' router, run alone on T = 64 tokens, saves them on nodes whose outputs are read for
+    their indices or shape only; they are freed when the router returns, 3,072 B per MoE layer here, and
+    the estimate's router keeps exactly the saves still alive."""
+    torch = pytest.importorskip("torch")
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from memplan.measure.frameworks.hf_config import hf_config
+
+    setup = small(model)
+    config = hf_config(setup)
+    v3 = setup.model.code_family is Family.DEEPSEEK_V3
+    if v3:
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter as Router
+    else:
+        from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter as Router
+    torch.manual_seed(0)
+    router = Router(config)
+    torch.nn.init.normal_(router.weight)
+    saved: list[tuple[tuple[int, ...], int, Any]] = []
+
+    def pack(t: Any) -> Any:
+        storage = t.untyped_storage()
+        saved.append((tuple(t.shape), storage.nbytes(), StorageWeakRef(storage)))
+        return t
+
+    hidden = torch.randn(1, SEQ, 64, dtype=torch.bfloat16, requires_grad=True)  # the setup's bf16
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, weights, _ = router(hidden)
+    gc.collect()
+    assert [(shape, n) for shape, n, ref in saved if ref.expired()] == freed
+    assert sum(n for _, n in freed) == 3072
+    weight = StorageWeakRef(router.weight.untyped_storage()).cdata  # F.linear's weight: a parameter
+    alive = {ref.cdata: n for _, n, ref in saved if not ref.expired() and ref.cdata != weight}
+    kept = [t for t in estimate(setup).tensors if t.role is Role.ROUTER]  # one MoE layer's each
+    assert sum(t.bytes for t in kept) == sum(alive.values())  # storage-deduplicated
+    assert weights.shape == (SEQ, 2)
 
 
 def test_deepseek_v3_small_saves_by_hand() -> None:

@@ -89,6 +89,22 @@ def test_a_saved_partial_view_counts_its_whole_storage() -> None:
     assert rec.records == [SavedRecord("unlabelled", None, (2, 6), "fp32", 96)]
 
 
+def test_forget_freed_drops_saves_on_a_discarded_branch() -> None:
+    # max(dim) saves its [4, 1] int64 indices (32 B) on a node only `branch` holds; its values are read for
+    # their shape only (zeros_like), so the node and its indices die when `branch` goes: saved, never kept.
+    # The loss path's sin keeps its fp32 [4, 6] input (96 B) alive.
+    x = torch.randn(4, 6, requires_grad=True)
+    with SavedTensorRecorder() as rec:
+        y = x * 2.0  # saves nothing (a Python scalar)
+        branch = y.max(dim=-1, keepdim=True).values
+        noise = torch.zeros_like(branch)
+        loss = (y.sin() + noise).sum()
+        del branch
+        rec.forget_freed()
+    assert rec.records == [SavedRecord("unlabelled", None, (4, 6), "fp32", 96)]
+    assert loss.requires_grad
+
+
 def test_recorder_excludes_parameter_views() -> None:
     w = torch.randn(3, 5, requires_grad=True)
     x = torch.randn(2, 3)  # needs no grad, so w's gradient needs x: x is saved

@@ -10,7 +10,8 @@ gate and up one buffer):
 - ``DeepseekV2RotaryEmbedding``: a complex64 ``freqs_cis`` table (``Profile.rope_complex_table``);
   V3's cos / sin, cut to their first half under ``rope_interleave``, are views of the [s, d_r] tables;
 - the routers (``Profile.deepseek_router``): an fp32 copy of the input, softmax (V2) or sigmoid with the
-  correction bias for the choice (V3), group-limited routing, the top-k weights returned in fp32
+  correction bias for the choice (V3), group-limited routing (its saves freed within the forward but V2's
+  mask: ``blocks.moe.deepseek_router_rules``), the top-k weights returned in fp32
   (``Profile.routing_weights_fp32``); ``routed_scaling_factor`` is a scalar multiply (no bytes);
 - ``DeepseekV3MoE``: routed experts plus ``shared_experts``, a dense MLP of n_shared·moe_intermediate_size,
   no gate; the first ``first_k_dense_replace`` layers a ``DeepseekV3MLP`` of ``intermediate_size``

@@ -3,11 +3,12 @@
 ``measure_hf(setup)`` builds ``AutoModelForCausalLM.from_config`` for the model's family (its
 ``modeling_<model_type>.py``; no weights, no network, no ``trust_remote_code``) under ``FakeTensorMode`` on
 CPU, runs forward with labels (transformers' own loss) and backward, and records every storage autograd
-saves, named by the module that saved it and the op (``self_attn.q_proj · Mm``), per decoder layer; and the
-FLOPs per phase (``FlopMeter``). The attention kernel is ``attn_implementation``: ``eager`` for
-``--attention eager``, ``sdpa`` for flash (on CPU torch's flash kernel, as the reference model);
-``--checkpointing full`` / ``every-K`` is transformers' ``gradient_checkpointing_enable`` (``every_n_layers``
-K, ``use_reentrant`` from ``--reentrant``).
+saves and still holds when the forward ends (a save on a node that died with a discarded output, freed
+before backward, is dropped: ``_forget_freed``), named by the module that saved it and the op
+(``self_attn.q_proj · Mm``), per decoder layer; and the FLOPs per phase (``FlopMeter``). The attention
+kernel is ``attn_implementation``: ``eager`` for ``--attention eager``, ``sdpa`` for flash (on CPU torch's
+flash kernel, as the reference model); ``--checkpointing full`` / ``every-K`` is transformers'
+``gradient_checkpointing_enable`` (``every_n_layers`` K, ``use_reentrant`` from ``--reentrant``).
 
 Mixtures of experts run transformers' default ``grouped_mm`` experts, whose buffers are [T·k, ·] whatever
 the routing, so fake tensors run them at any size; on real tensors (``fake=False``) a forward hook on each
@@ -164,8 +165,7 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
 
         with _one_sequence_per_row(fake):
             checkpointed = s.checkpointing is not Checkpointing.NONE
-            after = _forget_freed if setup.model.code_family in FORGETS_FREED else None
-            meas = run_step(model, layers, forward, checkpointed, after_forward=after)
+            meas = run_step(model, layers, forward, checkpointed, after_forward=_forget_freed)
         meas.routing = routing
         return meas
 
@@ -181,17 +181,11 @@ def rope_type(document: Mapping[str, Any]) -> str | None:
     return str(kind) if kind else None
 
 
-FORGETS_FREED = (Family.PHIMOE,)
-"""The families whose measurement drops the saves already freed when the forward ends (``_forget_freed``).
-NB: PhiMoE only for now. DeepSeek's group-limited routers also save on nodes that die before the loss
-(``scores_for_choice``'s group top-k, top-k and masked_fill chain, which ``topk_indices`` leaves
-unreachable), and their estimate counts those saves (``moe.group_*``, tests/hf/test_deepseek.py):
-applying it to every family needs those rules checked and dropped first."""
-
-
 def _forget_freed(recorder: PathRecorder) -> None:
-    """Only what the forward's graph still holds is kept: saves on nodes that died with a discarded
-    output are dropped (``SavedTensorRecorder.forget_freed``)."""
+    """Only what the forward's graph still holds is kept, for every family: saves on nodes that died with a
+    discarded output are dropped (``SavedTensorRecorder.forget_freed``). Such saves are made and freed
+    within the forward, never kept for backward: PhiMoE's sparsemixer midpoint indices
+    (tests/hf/test_phimoe.py), DeepSeek's group-limited routing (``blocks.moe.deepseek_router_rules``)."""
     recorder.forget_freed()
 
 

@@ -221,10 +221,11 @@ class SavedTensorRecorder:
         return t.detach()
 
     def forget_freed(self) -> None:
-        """Drop the saved storages already freed (called after the forward): a node whose output the code
-        discards dies with its saves, which were never kept for backward (PhiMoE's sparsemixer: the
-        indices of ``masked_gates.max(dim=-1, keepdim=True)``, saved by ``MaxBackward0`` on a
-        ``max_scores`` that only ``rand_like`` reads)."""
+        """Drop the saved storages already freed (called after the forward, by every measurement: the
+        reference model's and ``--impl hf``'s): a node whose output the code discards dies with its
+        saves, which were never kept for backward (PhiMoE's sparsemixer: the indices of
+        ``masked_gates.max(dim=-1, keepdim=True)``, saved by ``MaxBackward0`` on a ``max_scores`` that only
+        ``rand_like`` reads; DeepSeek's group-limited routers: ``blocks.moe.deepseek_router_rules``)."""
         self._saved = {k: None for k in self._saved if not self._storages[k].ref.expired()}
 
     @property

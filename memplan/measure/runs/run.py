@@ -54,7 +54,9 @@ def run_step(
     ids: torch.Tensor,
     labels: torch.Tensor,
 ) -> Measured:
-    """Forward under the saved-tensor recorder and the FLOP meter, then backward (recorder paused)."""
+    """Forward under the saved-tensor recorder and the FLOP meter, then backward (recorder paused); the saves
+    freed before the forward ends are not kept (``SavedTensorRecorder.forget_freed``), as for
+    ``--impl hf``."""
     meter = FlopMeter()
     recorder = SavedTensorRecorder(model.parameters())
 
@@ -67,6 +69,7 @@ def run_step(
         stack.enter_context(recorder)
         with meter.phase("forward"):
             loss = model(ids, labels)
+        recorder.forget_freed()  # the one rule of every recorder: only the saves alive for backward
         with recorder.pause(), meter.phase("backward"):
             loss.backward()
     model.recompute_phase = nullcontext
