@@ -102,3 +102,23 @@ def check_hf(setup: Setup, fake: bool = True) -> tuple[Result, Measured]:
         report
     )
     return est, meas
+
+
+def exact_moe(est: Result, meas: Measured, paired: bool = True) -> None:
+    """Every layer's bytes, the total and the FLOPs per phase equal; every tensor paired (``paired``: the
+    eager experts loop keeps E pieces per buffer, whose rows sum to the estimate's S = T·k rows, so they
+    pair by bytes per layer, not by name)."""
+    layers = [meas.layer_bytes(i) for i in range(len(estimated_layers(est)))]
+    rows = paired_tensors(est, meas) if paired else []
+    unpaired = [r["name"] for r in rows if r["delta_bytes"]]
+    assert estimated_layers(est) == layers and est.activations == meas.activations and not unpaired, (
+        estimated_layers(est),
+        layers,
+        est.activations,
+        meas.activations,
+        unpaired,
+    )
+    f = est.flops
+    assert (f.forward, f.backward, f.recompute) == tuple(
+        meas.flops[k] for k in ("forward", "backward", "recompute")
+    )

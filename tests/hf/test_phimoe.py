@@ -15,13 +15,11 @@ import pytest
 
 from memplan.analytic.params import count_params
 from memplan.config import ExpertsImpl, Family, NormType
-from memplan.engine import Result, estimate
-from memplan.measure.compare.impl import paired_tensors
-from memplan.measure.compare.tensors import estimated_layers
+from memplan.engine import estimate
 from memplan.measure.frameworks.hf import measure_hf
-from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import hf_notes, model_from_hf_config
+from tests.hf.harness import exact_moe as exact
 from tests.hf.harness import hf_setup
 
 # huggingface.co/microsoft/Phi-3.5-MoE-instruct/blob/main/config.json (the keys memplan reads; the longrope
@@ -109,25 +107,6 @@ def test_phimoe_structure_needs_hf() -> None:
         estimate(small(impl=Impl.REFERENCE))
     with pytest.raises(ValueError, match=r"head_bias: modelled for transformers' code only"):
         estimate(small(impl=Impl.REFERENCE, moe={"experts": 8, "top_k": 2}))
-
-
-def exact(est: Result, meas: Measured, paired: bool = True) -> None:
-    """Every layer's bytes, the total and the FLOPs per phase equal; every tensor paired (``paired``: the
-    eager experts loop keeps E pieces per buffer, so they pair by bytes per layer, not by name)."""
-    layers = [meas.layer_bytes(i) for i in range(len(estimated_layers(est)))]
-    rows = paired_tensors(est, meas) if paired else []
-    unpaired = [r["name"] for r in rows if r["delta_bytes"]]
-    assert estimated_layers(est) == layers and est.activations == meas.activations and not unpaired, (
-        estimated_layers(est),
-        layers,
-        est.activations,
-        meas.activations,
-        unpaired,
-    )
-    f = est.flops
-    assert (f.forward, f.backward, f.recompute) == tuple(
-        meas.flops[k] for k in ("forward", "backward", "recompute")
-    )
 
 
 def small(**kw: Any) -> Any:

@@ -12,13 +12,11 @@ import pytest
 
 from memplan.analytic.params import count_params
 from memplan.config import ExpertsImpl, Family
-from memplan.engine import Result, estimate
-from memplan.measure.compare.impl import paired_tensors
-from memplan.measure.compare.tensors import estimated_layers
+from memplan.engine import estimate
 from memplan.measure.frameworks.hf import measure_hf
-from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
+from tests.hf.harness import exact_moe as exact
 from tests.hf.harness import hf_setup
 
 # huggingface.co/Qwen/Qwen3-30B-A3B/blob/main/config.json (the keys memplan reads)
@@ -86,26 +84,6 @@ def test_qwen3_moe_window_covers_every_layer() -> None:
     (no max_window_layers, unlike Qwen2/Qwen3 dense)."""
     m = model_from_hf_config({**QWEN3_30B_A3B, "use_sliding_window": True, "sliding_window": 4096}, "q")
     assert m.sliding_window == 4096
-
-
-def exact(est: Result, meas: Measured, paired: bool = True) -> None:
-    """Every layer's bytes, the total and the FLOPs per phase equal; every tensor paired (``paired``: the
-    eager experts loop keeps E pieces per buffer, whose rows sum to the estimate's S = T·k rows, so they
-    pair by bytes per layer, not by name)."""
-    layers = [meas.layer_bytes(i) for i in range(len(estimated_layers(est)))]
-    rows = paired_tensors(est, meas) if paired else []
-    unpaired = [r["name"] for r in rows if r["delta_bytes"]]
-    assert estimated_layers(est) == layers and est.activations == meas.activations and not unpaired, (
-        estimated_layers(est),
-        layers,
-        est.activations,
-        meas.activations,
-        unpaired,
-    )
-    f = est.flops
-    assert (f.forward, f.backward, f.recompute) == tuple(
-        meas.flops[k] for k in ("forward", "backward", "recompute")
-    )
 
 
 def small(**kw: Any) -> Any:
