@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks.profiles import compile_note
-from memplan.config import Attention, Checkpointing, MethodChoice, Optimizer
+from memplan.config import Attention, Checkpointing, Impl, MethodChoice, Optimizer, hf_code_only
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
 from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
@@ -308,6 +308,12 @@ def notes(b: Built) -> list[str]:
         out.append(
             f"rope_scaling {m.rope_scaling}: it changes the rotary tables' values, not their shapes; the "
             "memory and FLOPs here do not depend on it"
+        )
+    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.setup.default_impl
+        only = ", ".join(hf_code_only(m))
+        out.append(
+            f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "
+            "only, not in memplan's reference model; give --impl to choose"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:

@@ -36,6 +36,7 @@ from memplan.config import (
     ReduceDtype,
     Setup,
     TrainingConfig,
+    default_impl,
     finetune_from,
     parse_checkpointing,
     parse_loss,
@@ -218,8 +219,9 @@ def _stage_layers(text: str | None) -> tuple[int, ...] | None:
 def setup_of(o: Options) -> Setup:
     """The validated ``Setup`` that ``o`` describes."""
     dp = data_parallel(o)
+    model = _cached_model(o.model).model
     return build_setup(
-        _cached_model(o.model).model,
+        model,
         seq=o.seq,
         batch=o.batch,
         precision=o.precision,
@@ -254,7 +256,7 @@ def setup_of(o: Options) -> Setup:
             o.precision.activation_dtype,
         ),
         impl=ImplConfig(
-            impl=o.impl,
+            impl=o.impl if o.impl is not None else default_impl(model),
             use_cache=o.use_cache,
             reentrant=o.reentrant,
             flash_attn=o.flash_attn,

@@ -155,12 +155,15 @@ class Options(Frozen):
         default=0,
         metavar="0-3",
     )
-    impl: Impl = _option(
+    impl: Impl | None = _option(
         "Whose training code the estimate follows: reference (memplan's own model, what trace/profile "
         "run), hf (Hugging Face transformers' modeling code of the model's family), torchtitan (its "
-        "Llama), megatron (Megatron-core's fused layers, Korthikanti et al. 2022)",
+        "Llama), megatron (Megatron-core's fused layers, Korthikanti et al. 2022) [default: reference; hf "
+        "for models whose structure only transformers' code has here, e.g. deepseek-v3's MLA, gemma-2's "
+        "softcaps, llama-4's chunked attention — a note says so]",
         _STRATEGY,
-        default=Impl.REFERENCE,
+        default=None,
+        show_default=False,
     )
     use_cache: bool = _option(
         "--impl hf: the forward builds a KV cache (transformers' default in training; gradient "

@@ -411,3 +411,28 @@ def test_every_setting_is_one_option_of_estimate_and_one_setup_key() -> None:
     settings = setup_of(Options(model="tiny")).settings()
     assert set(settings) == set(estimate_schema()["properties"]["setup"]["properties"])
     assert estimate_json("-m", "tiny")["setup"].items() >= settings.items()
+
+
+# ----------------------------------------------------------------------------------------------------
+# --impl's default: hf for the models only transformers' code is modelled for
+# ----------------------------------------------------------------------------------------------------
+def test_impl_defaults_to_hf_for_a_model_only_transformers_code_has_and_says_so() -> None:
+    """``-m deepseek-v3`` without --impl estimates transformers' DeepSeek-V3 (MLA has no reference model
+    here) and a note names why; the same numbers as --impl hf. A Llama keeps the reference, with no note;
+    an explicit --impl reference is still refused in one line."""
+    args = ("-m", "deepseek-v3", "--seq", "512", "--attention", "eager", "--device", "cpu")
+    auto, explicit = estimate_json(*args), estimate_json(*args, "--impl", "hf")
+    assert auto["setup"]["impl"] == "hf"
+    assert auto["memory"] == explicit["memory"] and auto["flops"] == explicit["flops"]
+    assert [n for n in auto["notes"] if n.startswith("impl:")] == [
+        "impl: --impl hf chosen for deepseek-v3: its structure (mla, moe.dense_layers, moe.scoring, "
+        "moe.groups) is modelled in transformers' code only, not in memplan's reference model; give --impl "
+        "to choose"
+    ]
+    assert not [n for n in explicit["notes"] if n.startswith("impl:")]
+    llama = estimate_json("-m", "llama-3-8b", "--seq", "512")
+    assert llama["setup"]["impl"] == "reference"
+    assert not [n for n in llama["notes"] if n.startswith("impl:")]
+    refused = invoke("estimate", *args, "--impl", "reference")
+    assert refused.exit_code == 2
+    assert refused.stderr.strip() == "error: mla: modelled for transformers' code only; add --impl hf or drop it"

@@ -40,7 +40,7 @@ from memplan.config.model import (
     RouterScoring,
 )
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
-from memplan.config.setup import CpRotate, Parallel, Setup
+from memplan.config.setup import CpRotate, Parallel, Setup, default_impl, hf_code_only
 from memplan.config.strategy import (
     Attention,
     AttentionChoice,
@@ -55,6 +55,8 @@ from memplan.config.strategy import (
 from memplan.config.training import TORCH_ADAMW, DType, Optimizer, OptimizerImpl, Precision, TrainingConfig
 
 __all__ = [
+    "default_impl",
+    "hf_code_only",
     "FINETUNE_OPTIONS",
     "FULL_TRAINING",
     "TORCH_ADAMW",

@@ -196,7 +196,7 @@ def check_setup(setup: Setup) -> None:
         check_flash_attn(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
-    if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):
+    if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):  # hf_code_only
         raise ValueError(
             f"impl: {m.name}'s partial rotary / parallel residual (GPT-NeoX, StableLM, GLM, Cohere, Falcon) "
             "is modelled for --impl hf only, "
@@ -352,6 +352,24 @@ HF_STRUCTURE = {
     "attn_temperature": (Family.LLAMA4,),
 }
 """The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
+
+
+def hf_code_only(m: ModelConfig) -> list[str]:
+    """The fields of ``m`` whose structure memplan models in transformers' code only (``--impl hf``):
+    ``ModelConfig.hf_only``'s, and partial rotary / parallel residual (``check_setup``)."""
+    names = [name for name, used in m.hf_only.items() if used]
+    return names + [
+        n
+        for n, used in (("rotary_pct", m.rotary_pct < 1), ("parallel_residual", m.parallel_residual))
+        if used
+    ]
+
+
+def default_impl(m: ModelConfig) -> Impl:
+    """``--impl`` when it is not given: memplan's reference model, or transformers' code (``hf``) for a model
+    with structure only that is modelled for (``hf_code_only``: MLA, softcaps, sliding-window patterns,
+    Llama 4's chunked attention, …), which the reference would refuse."""
+    return Impl.HF if hf_code_only(m) else Impl.REFERENCE
 
 
 def check_hf_only(setup: Setup) -> None:
