@@ -435,4 +435,6 @@ def test_impl_defaults_to_hf_for_a_model_only_transformers_code_has_and_says_so(
     assert not [n for n in llama["notes"] if n.startswith("impl:")]
     refused = invoke("estimate", *args, "--impl", "reference")
     assert refused.exit_code == 2
-    assert refused.stderr.strip() == "error: mla: modelled for transformers' code only; add --impl hf or drop it"
+    assert (
+        refused.stderr.strip() == "error: mla: modelled for transformers' code only; add --impl hf or drop it"
+    )

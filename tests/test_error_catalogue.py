@@ -210,10 +210,18 @@ CASES: list[Case] = [
     case("hf-missing-field", "estimate -m {dir}/hf-missing.json", "num_hidden_layers"),
     case("hf-unsupported-type", "estimate -m {dir}/hf-unsupported.json", "model_type"),
     case("hf-wrong-type", "estimate -m {dir}/hf-wrong-type.json", "intermediate_size"),
-    case("hf-olmo2-reference", "estimate -m {dir}/hf-olmo2.json --impl reference", "post_norms: modelled for transformers'"),
+    case(
+        "hf-olmo2-reference",
+        "estimate -m {dir}/hf-olmo2.json --impl reference",
+        "post_norms: modelled for transformers'",
+    ),
     case("hf-falcon-alibi", "estimate -m {dir}/hf-falcon.json --impl hf", "alibi"),
     case("hf-phimoe-top3", "estimate -m {dir}/hf-phimoe.json --impl hf", "num_experts_per_tok: 3"),
-    case("phimoe-reference", "estimate -m phi-3.5-moe --impl reference", "moe.input_jitter: modelled for transformers'"),
+    case(
+        "phimoe-reference",
+        "estimate -m phi-3.5-moe --impl reference",
+        "moe.input_jitter: modelled for transformers'",
+    ),
     # --- other commands ---------------------------------------------------------------------------------
     case("presets-show-unknown", "presets show nosuch", "model"),
     case("presets-show-directory", "presets show {dir}", "directory"),

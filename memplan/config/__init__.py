@@ -55,8 +55,6 @@ from memplan.config.strategy import (
 from memplan.config.training import TORCH_ADAMW, DType, Optimizer, OptimizerImpl, Precision, TrainingConfig
 
 __all__ = [
-    "default_impl",
-    "hf_code_only",
     "FINETUNE_OPTIONS",
     "FULL_TRAINING",
     "TORCH_ADAMW",
@@ -99,7 +97,9 @@ __all__ = [
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
+    "default_impl",
     "finetune_from",
+    "hf_code_only",
     "loss_label",
     "offload_label",
     "parse_checkpointing",
