@@ -21,7 +21,9 @@ Sources (stored copies; commit of the copy read):
   benchmarks/published/mpt-*.toml. Composer's FSDP: FULL_SHARD is ZeRO-3; "MP Mode" DEFAULT reduces
   gradients in fp32 (Composer's ``get_mixed_precision``: DEFAULT = param bf16, reduce fp32, buffers bf16;
   PURE = all bf16); the MPT loss is flash_attn's fused cross-entropy (``loss_fn: fused_crossentropy``,
-  docs/published-memory.md), typed ``--loss xentropy``.
+  docs/published-memory.md), typed ``--loss xentropy``; its attention is flash-attn's Triton kernel
+  (``submit_benchmarks.py``: ``--attn_impl`` default ``triton``), typed ``--attention-kernel fa1`` (before
+  that option existed: the default, FlashAttention-2). The image: torch 2.0.1, CUDA 11.8 (``sweep.sh``).
 - torchtitan 2024 (A100): pytorch/torchtitan docs/performance.md (0413364), Llama 3 and Llama 2 tables,
   FSDP2 over 64 A100-80GB; sequence 8192 (Llama 3) and 4096 (Llama 2) as the doc states; torchtitan's
   ``mixed_precision_reduce`` default ``float32``.
@@ -84,6 +86,7 @@ class Stated:
     reduce_dtype: str = "fp32"
     compile: bool = False
     fp8: str = "none"
+    attention_kernel: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -117,10 +120,12 @@ def _mpt(
     ckpt = "full" if ac else "none"
     typed = (
         f"-m {MODELS}{model}.toml --seq {seq} --batch {mb} --global-batch {mb * ga * gpus} --gpus {gpus} "
-        f"--zero 3 --gpu {gpu} --loss xentropy --reduce-dtype {reduce}"
+        f"--zero 3 --gpu {gpu} --loss xentropy --reduce-dtype {reduce} --attention-kernel fa1"
         + (" --checkpointing full" if ac else "")
     )
-    stated = Stated(model, gpus, gpu, seq, mb, mb * ga * gpus, ckpt, reduce_dtype=reduce)
+    stated = Stated(
+        model, gpus, gpu, seq, mb, mb * ga * gpus, ckpt, reduce_dtype=reduce, attention_kernel="fa1"
+    )
     label = f"MPT-{size.upper()}, s {seq:,}, {gpus} × {gpu}" + (", AC" if ac else "")
     return Run(label, f"{LF}, {table}", stated, published, typed)
 

@@ -71,6 +71,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["compile"],
             s["fp8"],
             s["precision"],
+            s["attention_kernel"],
         )
         want = (
             st.model,
@@ -89,6 +90,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.compile,
             st.fp8,
             "bf16-mixed",
+            st.attention_kernel,
         )
         assert got == want, run.name
 
