@@ -100,6 +100,18 @@ FA1_HOPPER = FA1 * FA2_HOPPER / ATTENTION
 ``ATTENTION`` 0.50 of A100's peak to ``FA2_HOPPER`` 0.35 of H100's (Hopper's peak needs wgmma); the same
 ratio taken for FA1: 0.25 × 0.35/0.50 = 0.175. NB: derived, no published FA1-on-H100 figure in view."""
 
+OVERLAP_SLOWDOWN = 0.189
+"""How much longer compute runs while a collective runs beside it on the same GPU: "overlapping
+computation and communication can result in an average computational slowdown of 18.9%, with a maximum
+of 40.0%" (Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning,
+arXiv 2507.03114, 2025, abstract: GPT and LLaMA layers beside NCCL/RCCL collectives on 4 A100, H100,
+MI250 and MI210 of one node). The collective's kernels hold SMs and HBM bandwidth the compute would use
+(NVIDIA's developer forum, "Compute-communication overlap causes severe GEMM performance degradation
+because of tail effect": an all-gather's 24 blocks on H100's 132 SMs push a one-wave GEMM into two).
+Charged on the compute a collective inside the node overlaps (``predict.exposed``); the average, as
+measured there. NB: not charged for groups that leave the node (no measurement in view: their kernels
+mostly wait on the NICs); the Llama 3 runs of docs/step-time.md were in view when it was scoped so."""
+
 
 LAUNCH_GAP_S = 1.1e-6
 """Seconds per kernel launch of eager element-wise code beyond its bytes (module docstring: a CUDA-graph
