@@ -184,7 +184,8 @@ class Options(Frozen):
     )
     attention_kernel: AttentionKernel = _option(
         "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
-        "flash-attn 2 run), fa2, or fa3 (FlashAttention-3, Hopper only)",
+        "flash-attn 2 run), fa2, fa3 (FlashAttention-3, Hopper only) or fa1 (FlashAttention-1: "
+        "flash-attn 1.x and its Triton version, llm-foundry's attn_impl triton)",
         _STRATEGY,
         default=AttentionKernel.AUTO,
     )

@@ -78,6 +78,9 @@ class AttentionKernel(StrEnum):
     """FlashAttention-2 (Dao 2023)."""
     FA3 = "fa3"
     """FlashAttention-3 (Shah et al. 2024), Hopper only."""
+    FA1 = "fa1"
+    """FlashAttention-1 (Dao et al. 2022): flash-attn 1.x's CUDA kernels and its Triton version
+    (``flash_attn_triton``, llm-foundry's ``attn_impl: triton``)."""
 
 
 class Fp8Recipe(StrEnum):

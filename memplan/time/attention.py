@@ -12,6 +12,7 @@
   |---|---|---|
   | FlashAttention-2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35, ``_BACKWARD`` 0.32 |
   | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × those: 0.525, 0.48 |
+  | FlashAttention-1 (``fa1``: flash-attn 1.x, its Triton version) | ``FA1`` 0.25 | ``FA1_HOPPER`` 0.175 |
 
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
   it (torch vendors FA2), on every GPU.
@@ -62,6 +63,8 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
                 f"({gpu.arch or 'architecture unknown'}); use --attention-kernel fa2"
             )
         return efficiency.FA3_SPEEDUP * fa2
+    if kernel(setup) is AttentionKernel.FA1:
+        return efficiency.FA1_HOPPER if hopper else efficiency.FA1
     return fa2 if hopper else efficiency.ATTENTION
 
 

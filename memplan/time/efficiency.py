@@ -26,6 +26,8 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
 - ``FA2_HOPPER`` 0.35 forward, ``FA2_HOPPER_BACKWARD`` 0.32 backward: FlashAttention-2 on H100
   (FlashAttention-3, Shah et al. 2024: the abstract's 35 %; the backward figure's 318 of 989 TFLOP/s at
   8k, head dimension 128); ``FA3_SPEEDUP`` 1.5 over both (the abstract's 1.5–2.0×, the low end).
+- ``FA1`` 0.25 (``FA1_HOPPER`` 0.175): FlashAttention-1 and flash-attn's Triton version (the FA2 paper's
+  "25-40%" for FA1 on A100, the low end; on Hopper scaled as FA2 falls from A100 to H100).
 
 - ``HOST_LINK`` 0.80: CUDA's ``bandwidthTest`` on an A100-SXM4-40GB (PCIe Gen4 x16, 32 GB/s per direction),
   pinned 32 MB copies: host to device 26.1 GB/s, device to host 25.6 GB/s (a published run log; the
@@ -85,6 +87,30 @@ FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
 1.5 × ``FA2_HOPPER`` = 0.525 of peak (its best case is 740 TFLOP/s, 75 %, forward, long sequences)."""
+FA1 = 0.25
+"""FlashAttention-1 (flash-attn 1.x's CUDA kernels) on A100, both directions: "FlashAttention ... reaching
+only 25-40% of the theoretical maximum FLOPs/s" (Dao 2023, FlashAttention-2, arXiv 2307.08691, abstract);
+the low end, as ``ATTENTION`` takes FlashAttention-2's. Its Triton version (flash-attn's
+``flash_attn_triton.py``, "tested on A100"; llm-foundry's ``attn_impl: triton``) is taken as the same
+kernel: its docstring says "Triton forward + backward is slightly slower than CUDA forward + backward".
+No published run of docs/step-time.md uses it; the held-out MPT runs (llm-foundry, Triton) were in view
+when it was added, and the figure is the paper's, not adjusted."""
+FA1_HOPPER = FA1 * FA2_HOPPER / ATTENTION
+"""FlashAttention-1 on Hopper: an Ampere ``mma.sync`` kernel like FlashAttention-2, which falls from
+``ATTENTION`` 0.50 of A100's peak to ``FA2_HOPPER`` 0.35 of H100's (Hopper's peak needs wgmma); the same
+ratio taken for FA1: 0.25 × 0.35/0.50 = 0.175. NB: derived, no published FA1-on-H100 figure in view."""
+
+OVERLAP_SLOWDOWN = 0.189
+"""How much longer compute runs while a collective runs beside it on the same GPU: "overlapping
+computation and communication can result in an average computational slowdown of 18.9%, with a maximum
+of 40.0%" (Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning,
+arXiv 2507.03114, 2025, abstract: GPT and LLaMA layers beside NCCL/RCCL collectives on 4 A100, H100,
+MI250 and MI210 of one node). The collective's kernels hold SMs and HBM bandwidth the compute would use
+(NVIDIA's developer forum, "Compute-communication overlap causes severe GEMM performance degradation
+because of tail effect": an all-gather's 24 blocks on H100's 132 SMs push a one-wave GEMM into two).
+Charged on the compute a collective inside the node overlaps (``predict.exposed``); the average, as
+measured there. NB: not charged for groups that leave the node (no measurement in view: their kernels
+mostly wait on the NICs); the Llama 3 runs of docs/step-time.md were in view when it was scoped so."""
 
 
 LAUNCH_GAP_S = 1.1e-6

@@ -20,9 +20,13 @@ pipeline sends and data-parallel reductions are added once.
 
 MFU = model FLOPs / (step · devices · peak), as for any other step time (``timing``).
 
+A collective inside a node slows the compute it overlaps: ``efficiency.OVERLAP_SLOWDOWN`` (18.9 %, a
+published measurement) of the seconds they run together, min(Σ its rows' time, that compute), joins its
+dimension's exposed time.
+
 Known limitations (NB): different dimensions' overlapped collectives are assumed to share nothing (they
-run on different links); overlapped communication slows nothing it overlaps (no SM or memory contention);
-the bubble is the balanced pipeline's.
+run on different links); a collective that leaves the node slows nothing it overlaps (no measurement in
+view); the bubble is the balanced pipeline's.
 """
 
 from __future__ import annotations
@@ -146,13 +150,20 @@ def windows(forward: KernelTime, backward: KernelTime, n: int, cp: int = 1) -> d
 
 
 def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
-    """Per dimension: the time of its rows that no compute hides (module docstring)."""
+    """Per dimension: the time of its rows that no compute hides (module docstring), plus the slowdown of
+    the compute that hides the ones inside a node: ``OVERLAP_SLOWDOWN`` × the seconds they overlap,
+    min(Σ their time, that compute)."""
     per: dict[tuple[str, Overlap], float] = defaultdict(float)
+    intra: dict[tuple[str, Overlap], float] = defaultdict(float)
     for r in rows:
         per[(r.dimension, r.overlap)] += r.time_s
+        if r.link.level == "intra-node":
+            intra[(r.dimension, r.overlap)] += r.time_s
     out: dict[str, float] = {r.dimension: 0.0 for r in rows}
     for (dimension, overlap), seconds in per.items():
-        out[dimension] += max(0.0, seconds - hide[overlap])
+        window = hide[overlap]
+        slowed = efficiency.OVERLAP_SLOWDOWN * min(intra[(dimension, overlap)], window)
+        out[dimension] += max(0.0, seconds - window) + slowed
     return out
 
 

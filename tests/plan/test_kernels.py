@@ -41,6 +41,10 @@ def _flash_flops(s: int) -> tuple[int, int]:
         ("h100-sxm", "auto", 989.5e12, 0.35, 0.32),
         ("h100-sxm", "fa2", 989.5e12, 0.35, 0.32),
         ("h100-sxm", "fa3", 989.5e12, 0.35 * 1.5, 0.32 * 1.5),  # FA3: 1.5–2.0× FA2 on H100, the low end
+        # FA1 (flash-attn 1.x and its Triton version) on A100: "25-40%" (the FA2 paper on FA1), the low end
+        ("a100-80gb", "fa1", 312e12, 0.25, 0.25),
+        # FA1 on H100: an Ampere kernel, scaled as FA2 falls from A100 to H100 (0.50 → 0.35): 0.25·0.35/0.5
+        ("h100-sxm", "fa1", 989.5e12, 0.175, 0.175),
     ],
 )
 def test_flash_attention_by_kernel_and_generation(

@@ -102,8 +102,11 @@ TP_BWD_S = 5 * ring("all-reduce", X, 2)  # overlapped with the backward's comput
 # Data parallelism, ZeRO 0: one all-reduce of the rank's bf16 gradients, under the last backward.
 DP_BYTES = 2 * RANK_PARAMS
 DP_S = ring("all-reduce", DP_BYTES, 2)
-TP_EXPOSED = TP_FWD_S + max(0.0, TP_BWD_S - BWD_S)
-DP_EXPOSED = max(0.0, DP_S - BWD_S)
+# A collective inside the node slows the compute it overlaps by 18.9 % of the seconds they run together
+# (arXiv 2507.03114's average): both groups of 2 are on one node.
+SLOW = 0.189
+TP_EXPOSED = TP_FWD_S + max(0.0, TP_BWD_S - BWD_S) + SLOW * min(TP_BWD_S, BWD_S)
+DP_EXPOSED = max(0.0, DP_S - BWD_S) + SLOW * min(DP_S, BWD_S)
 COMPUTE_S = FWD_S + BWD_S
 STEP_S = COMPUTE_S + TP_EXPOSED + DP_EXPOSED + OPTIMIZER_S  # no pipeline: no bubble
 MODEL_FLOPS = 2 * (FORWARD + BACKWARD - KERNEL_RECOMPUTE)  # dp 2 replicas, one micro-batch each
@@ -139,8 +142,9 @@ def test_time_panel_by_hand() -> None:
     assert p["elementwise_s"] == approx(EW_FWD_S + EW_BWD_S)
     assert p["launch_s"] == approx(GAP_FWD_S + GAP_BWD_S)
     assert p["compute_s"] == approx(COMPUTE_S)
-    assert p["exposed_s"] == {"tp": approx(TP_EXPOSED), "dp": DP_EXPOSED}
-    assert DP_EXPOSED == 0.0  # the gradients' all-reduce hides behind the last backward
+    assert p["exposed_s"] == {"tp": approx(TP_EXPOSED), "dp": approx(DP_EXPOSED)}
+    # the gradients' all-reduce hides behind the last backward: only the slowdown of that backward shows
+    assert DP_S < BWD_S and DP_EXPOSED == SLOW * DP_S
     assert p["optimizer_s"] == approx(OPTIMIZER_S)
     assert t["step_time_s"] == p["step_time_s"] == approx(STEP_S)
     assert t["tokens_per_s"] == approx(2 * T / STEP_S)
@@ -207,5 +211,8 @@ def test_compare_time_columns_by_hand() -> None:
     # ring's all-reduce traffic and latency) and the weights all-gathered, both hidden behind compute
     rs = 1 / 2 * DP_BYTES / NET + ALPHA
     assert rs < BWD_S
-    zero1_step = COMPUTE_S + TP_EXPOSED + (RANK_PARAMS // 2) * 28 / MEM
+    # each slows the compute it hides behind (the last backward; the first forward) by 18.9 % of itself
+    ag = rs  # the all-gather of the same bytes: the same ring time as the reduce-scatter
+    assert ag < FWD_S
+    zero1_step = COMPUTE_S + TP_EXPOSED + SLOW * (rs + ag) + (RANK_PARAMS // 2) * 28 / MEM
     assert zero1["step_time"] == pytest.approx(zero1_step, rel=1e-12)
