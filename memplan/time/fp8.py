@@ -1,5 +1,6 @@
 """Float8 training of the layers' linears (``--fp8 tensorwise|rowwise``, torchao's ``Float8Linear`` as
-torchtitan converts them: every linear of the layers, not the lm head).
+torchtitan converts them: every linear of the layers, not the lm head; Megatron's Transformer Engine
+linears under ``--impl megatron``).
 
 torchao quantizes the three products of a linear Y = X·Wᵀ ("Quantized Training", docs.pytorch.org/ao):
 ``Y = to_fp8(X) @ to_fp8(Wᵀ)``, ``dX = to_fp8(dY) @ to_fp8(W)``, ``dW = to_fp8(Xᵀ) @ to_fp8(dY)``: the
@@ -10,9 +11,14 @@ GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL`` × their wave a
 - rowwise: a row's amax and its cast in one pass (reads e, writes 1): e + 1.
 X is [T, in], W [in, out], dY [T, out] per linear (e the activation bytes).
 
+Under ``--impl megatron`` the casts are Transformer Engine's (``te_cast_bytes``): each writes the rowwise
+and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input, the
+weights are cast once a step and X is not cast again in backward.
+
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-the float8 all-gather of FSDP and the amax all-reduce are not modelled. The memory: blocks/fp8.py (the saved
+the float8 all-gather of FSDP and the amax all-reduce are not modelled (nor TE's float8 all-gather of the
+sequence-parallel input: the tp collectives keep 16-bit sizes). The memory: blocks/fp8.py (the saved
 activations are bf16's; the casts' temporaries join the peak).
 """
 
