@@ -52,6 +52,9 @@ Known limitations (NB):
 - NB: the float8 weight transposes are counted (Hopper; on Blackwell TE's non-TN GEMMs use the rowwise
   data for both and no ``_transpose`` is made); the GEMM's cuBLAS workspace and the forward's transients
   (the norm's high-precision output before current scaling's cast) are not counted.
+- NB: Megatron's ``--fp8-param-gather`` (float8 primary weights, ``fp8_model_init``: no 16-bit weight
+  copy, the distributed optimizer gathers float8) and ``--fp8-dot-product-attention`` are not modelled;
+  the sequence-parallel all-gathers keep their 16-bit sizes in the step time (TE gathers the float8 copy).
 - NB: mixtures of experts (TE ``GroupedLinear``), multi-head latent attention and Llama 4's layers under
   ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
 """

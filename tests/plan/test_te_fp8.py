@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from memplan.blocks import fp8, te_fp8
 from memplan.blocks.inventory import Dims
-from memplan.blocks.mlp import down_backward_transient
+from memplan.blocks.mlp import down_backward_transient, mlp_backward_transient
 from memplan.cli.app import app
 from memplan.config import (
     Attention,
@@ -146,6 +146,16 @@ def test_te_down_projection_backward_adds_dy_rowwise_and_columnwise_casts() -> N
     # dY [T, h] bf16, its float8 rowwise + columnwise (2·T·h) and scale_inv, d(down input) [T, f] bf16,
     # W_down's gradient f·h.
     assert down_backward_transient(s, Dims.of(s)) == 2 * T * H + 2 * T * H + 4 + 2 * T * F + F * H * g
+
+
+def test_te_mlp_backward_releases_the_float8_down_input() -> None:
+    s = llama()
+    g = s.training.precision.grad_bytes
+    # at the SwiGLU product's gradient: dY [T, h], three [T, f] bf16 buffers and W_down's gradient, with
+    # the down projection's saved float8 input (T·f bytes and its 4-byte scale_inv) released; larger than
+    # the down projection's own backward (3·T·f > 2·T·h + 8 here)
+    later = 2 * T * H + 3 * 2 * T * F + F * H * g - (T * F + 4)
+    assert mlp_backward_transient(s, Dims.of(s)) == later
 
 
 def test_te_casts_move_by_hand() -> None:
