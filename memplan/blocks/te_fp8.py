@@ -23,11 +23,14 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   column-parallel linear with sequence parallelism under per-tensor float8, which all-gathers the rowwise
   data again in backward and keeps both copies (2 bytes an element of the rank's s/t shard). Each cast
   keeps its ``_scale_inv``, one fp32 ``[1]``. So ``attn.input`` and ``mlp.input`` (``LayerNormLinear``'s
-  ``ln_out``: the norm writes float8 directly, ``with_quantized_norm``) and ``mlp.down_input`` become
-  uint8; the norm's input (``inputmat``) and statistics stay as they are (16-bit input, fp32 rstd);
+  ``ln_out``, cast by the norm's quantizer, ``with_quantized_norm``: for current scaling
+  csrc/extensions/normalization.cpp computes the norm and its amax, then casts, ``FUSED_NORM_AMAX_FP8``)
+  and ``mlp.down_input`` become uint8; the norm's input (``inputmat``) and statistics stay as they are
+  (16-bit input, fp32 rstd);
 - W_O's input: TE's attention core keeps its own 16-bit output for its backward (flash), and W_O keeps a
   float8 cast of it besides (``attn.out_fp8``); with the unfused core (``--attention eager``: Megatron's
-  local ``DotProductAttention``, whose P·V saves P and V, not its output) W_O's float8 copy is the only one;
+  local ``DotProductAttention``, whose P·V saves P and V, not its output) or the core re-run by selective
+  recompute, W_O's float8 copy is the only one (``core_keeps_output``);
 - what stays 16-bit: the attention core's q, k, v (and out, logsumexp), the norms' inputs, the fused
   SwiGLU's (GeLU's) input ``mlp.fc1`` (``SwiGLUFunction.save_for_backward(input)``), the lm head's input;
 - the float8 weights (``module.get_weight_workspace``, transformer_engine/pytorch/module/base.py): each
@@ -62,7 +65,7 @@ Known limitations (NB):
 from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Role, Rule, save
-from memplan.config import Attention, DType, Fp8Recipe, Impl, MlpType, ModelConfig, Setup
+from memplan.config import Attention, Checkpointing, DType, Fp8Recipe, Impl, MlpType, ModelConfig, Setup
 
 B, R = Block, Role
 
@@ -110,12 +113,20 @@ def layer_rules(setup: Setup, rules: list[Rule]) -> list[Rule]:
         elif r.name == "mlp.down_input":
             out += casts(setup, r, "down_input", column_parallel=False)
         elif r.name == "attn.out":
-            flash = setup.strategy.attention is Attention.FLASH
-            out += [r] if flash else []  # the flash core's own 16-bit output stays
-            out += casts(setup, r, "out_fp8" if flash else "out", column_parallel=False)
+            own = core_keeps_output(setup)
+            out += [r] if own else []  # the flash core's own 16-bit output stays
+            out += casts(setup, r, "out_fp8" if own else "out", column_parallel=False)
         else:
             out.append(r)
     return out
+
+
+def core_keeps_output(setup: Setup) -> bool:
+    """TE's flash core saves its 16-bit output for its backward, unless selective recompute re-runs it
+    (Megatron's ``_checkpointed_attention_forward``: ``CheckpointFunction`` keeps the core's inputs only);
+    the eager core's P·V saves P and V, not its output."""
+    flash = setup.strategy.attention is Attention.FLASH
+    return flash and setup.strategy.checkpointing is not Checkpointing.SELECTIVE
 
 
 def linear_elements(m: ModelConfig) -> int:

@@ -28,6 +28,7 @@ from memplan.blocks.mlp import down_backward_transient, mlp_backward_transient
 from memplan.cli.app import app
 from memplan.config import (
     Attention,
+    Checkpointing,
     Fp8Recipe,
     Impl,
     ImplConfig,
@@ -52,11 +53,17 @@ BF16 = ImplConfig(impl=Impl.MEGATRON)
 T, H, A, KV, D, F, L = 4096, 4096, 32, 8, 128, 14336, 32
 
 
-def llama(impl: ImplConfig = TE, seq: int = T, attention: Attention = Attention.FLASH, **kw: object) -> Setup:
+def llama(
+    impl: ImplConfig = TE,
+    seq: int = T,
+    attention: Attention = Attention.FLASH,
+    checkpointing: Checkpointing = Checkpointing.NONE,
+    **kw: object,
+) -> Setup:
     return Setup(
         model=load_model_preset("llama-3-8b").model,
         training=TrainingConfig(seq_len=seq, micro_batch=1, **kw),  # type: ignore[arg-type]
-        strategy=StrategyConfig(attention=attention),
+        strategy=StrategyConfig(attention=attention, checkpointing=checkpointing),
         impl=impl,
     )
 
@@ -136,6 +143,14 @@ def test_korthikanti_gpt_layer_is_sbh_27_plus_5as_over_h_under_te_float8(name: s
 
 def test_eager_attention_keeps_w_o_input_as_float8_only() -> None:
     got = {k.name: k.dtype.value for k in estimate(llama(attention=Attention.EAGER, seq=512)).tensors}
+    assert got["attn.out"] == "uint8" and "attn.out_fp8" not in got
+
+
+def test_selective_recompute_keeps_w_o_input_as_float8_only() -> None:
+    # CheckpointFunction keeps the core's q, k, v; the re-run core's output is W_O's input alone: float8
+    got = {
+        k.name: k.dtype.value for k in estimate(llama(seq=512, checkpointing=Checkpointing.SELECTIVE)).tensors
+    }
     assert got["attn.out"] == "uint8" and "attn.out_fp8" not in got
 
 
