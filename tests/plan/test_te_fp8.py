@@ -111,6 +111,16 @@ def test_the_float8_weight_cache_and_quantizers_join_the_weights() -> None:
     assert grown == L * per_layer
 
 
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_the_weight_cache_is_the_rank_s_layers_and_shards(tp: int, pp: int) -> None:
+    # a tensor-parallel rank casts its 1/t of each linear (a/t heads, kv/t, f/t); a pipeline stage its L/p
+    # layers; the per-module scale_inv and quantizers stay whole
+    elements = (H * (A + 2 * KV) * D + A * D * H + H * 2 * F + F * H) // tp
+    per_layer = 2 * elements + 4 * (4 + 5 * 8)
+    te, bf16 = plan(llama(), Parallel(tp=tp, pp=pp)), plan(llama(BF16), Parallel(tp=tp, pp=pp))
+    assert te.device.states.weights - bf16.device.states.weights == L // pp * per_layer
+
+
 def test_sequence_parallel_keeps_the_rowwise_copy_of_column_parallel_inputs_only() -> None:
     tp = 2
     got = {
