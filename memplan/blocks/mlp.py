@@ -102,9 +102,27 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     if te_fp8.applies(setup):
         released = t * dims.f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes
     later = t * dims.h * a_bytes + f_buffers + down - released
+    if te_fp8.applies(setup):
+        return max(later, down_backward_transient(setup, dims), te_first_backward(setup, dims))
     if fp8.enabled(setup):
         return max(later, down_backward_transient(setup, dims), fp8_first_backward(setup, dims))
     return max(later, down_backward_transient(setup, dims))
+
+
+def te_first_backward(setup: Setup, dims: Dims) -> int:
+    """Transformer Engine's float8 (blocks/te_fp8.py): W_fc1's backward, after the fused activation's. Alive:
+    dY [T, h] and W_down's gradients; d(fc1) [T, w] (w = 2f SwiGLU, f GeLU) with its float8 rowwise and
+    columnwise casts (``grad_output_casts``), the dgrad output [T, h] and W_fc1's gradient [h, w]; released:
+    W_fc2's float8 input (T·f and its scale_inv), the activation's saved input [T, w] and the residual
+    dropout's mask."""
+    e, g, t, f, h = dims.act.bytes, setup.training.precision.grad_bytes, dims.tokens, dims.f, dims.h
+    w = 2 * f if setup.model.mlp is MlpType.SWIGLU else f
+    bias = setup.model.mlp_bias
+    down = (f * h + (h if bias else 0)) * g
+    first = (w * h + (w if bias else 0)) * g
+    mask = t * h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
+    alive = t * h * e + down + t * w * e + te_fp8.grad_output_casts(t, w) + t * h * e + first
+    return alive - (t * f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes) - t * w * e - mask
 
 
 def fp8_first_backward(setup: Setup, dims: Dims) -> int:

@@ -47,7 +47,9 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   module (``meta_bytes``). No amax history: current scaling has none (delayed scaling's
   ``amax_history_len`` rows — Megatron's ``--fp8-amax-history-len``, default 1 — are not modelled);
 - backward: ``grad_output_preprocess`` casts the incoming dY [T, out] to float8 rowwise (dgrad) and
-  columnwise (wgrad): 2 bytes an element beside the 16-bit dY (``grad_output_casts``).
+  columnwise (wgrad): 2 bytes an element beside the 16-bit dY (``grad_output_casts``); the MLP's moments
+  (``blocks.mlp``) place them at W_fc2's backward and at W_fc1's, whose dY is the [T, 2f] d(fc1)
+  (``mlp.te_first_backward``).
 
 Known limitations (NB):
 - NB: derived from TE's and Megatron's source, not measured (TE does not run on CPU): no

@@ -173,14 +173,27 @@ def test_te_down_projection_backward_adds_dy_rowwise_and_columnwise_casts() -> N
     assert down_backward_transient(s, Dims.of(s)) == 2 * T * H + 2 * T * H + 4 + 2 * T * F + F * H * g
 
 
-def test_te_mlp_backward_releases_the_float8_down_input() -> None:
+def test_te_mlp_backward_peaks_at_w_fc1_s_float8_casts() -> None:
     s = llama()
     g = s.training.precision.grad_bytes
     # at the SwiGLU product's gradient: dY [T, h], three [T, f] bf16 buffers and W_down's gradient, with
-    # the down projection's saved float8 input (T·f bytes and its 4-byte scale_inv) released; larger than
-    # the down projection's own backward (3·T·f > 2·T·h + 8 here)
+    # the down projection's saved float8 input (T·f bytes and its 4-byte scale_inv) released
     later = 2 * T * H + 3 * 2 * T * F + F * H * g - (T * F + 4)
-    assert mlp_backward_transient(s, Dims.of(s)) == later
+    # at W_fc1's backward: dY [T, h], W_down's gradient, d(fc1) [T, 2f] bf16 and its float8 rowwise and
+    # columnwise casts (2·T·2f + 4), dgrad [T, h] bf16, W_fc1's gradient [h, 2f]; released: W_fc2's float8
+    # input (T·f + 4) and SwiGLU's saved [T, 2f] bf16 input
+    fc1 = (
+        2 * T * H
+        + F * H * g
+        + 2 * T * 2 * F
+        + (2 * T * 2 * F + 4)
+        + 2 * T * H
+        + 2 * F * H * g
+        - (T * F + 4)
+        - 2 * T * 2 * F
+    )
+    assert fc1 > later
+    assert mlp_backward_transient(s, Dims.of(s)) == fc1
 
 
 def test_te_casts_move_by_hand() -> None:
