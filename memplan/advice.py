@@ -31,6 +31,7 @@ from enum import Enum
 from pydantic import BaseModel, ConfigDict
 
 from memplan.api import Built, Options, gpu_of, setup_of
+from memplan.blocks import te_fp8
 from memplan.blocks.profiles import compile_note
 from memplan.config import Attention, Checkpointing, Impl, MethodChoice, Optimizer, hf_code_only
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
@@ -39,6 +40,7 @@ from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
 from memplan.strategies.lora import adapter_note
+from memplan.strategies.tensor_parallel import tp_model
 
 TOP_TERMS = 3
 
@@ -293,8 +295,9 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
 # Notes: settings that pass but deserve a word
 # ----------------------------------------------------------------------------------------------------
 def notes(b: Built) -> list[str]:
-    """One line each: a sequence beyond the model's positions, --compile where its saved set is not modelled,
-    16-bit LoRA adapters outside --impl hf, selective checkpointing under flash."""
+    """One line each: a sequence beyond the model's positions, Megatron's float8 (Transformer Engine),
+    --compile where its saved set is not modelled, 16-bit LoRA adapters outside --impl hf, selective
+    checkpointing under flash."""
     r, o = b.result, b.options
     out: list[str] = []
     m, seq = r.setup.model, r.setup.training.seq_len
@@ -314,6 +317,14 @@ def notes(b: Built) -> list[str]:
         out.append(
             f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "
             "only, not in memplan's reference model; give --impl to choose"
+        )
+    if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
+        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp))
+        out.append(
+            "fp8: --impl megatron --fp8 tensorwise is Megatron's --fp8-format hybrid --fp8-recipe tensorwise "
+            "(Transformer Engine Float8CurrentScaling): the layers' linears keep float8 casts of their "
+            f"inputs, and TE's cached float8 weights and transposes ({cache:,} bytes a layer) are counted in "
+            "weights; derived from TE's source, not measured"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:

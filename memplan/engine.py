@@ -39,7 +39,7 @@ from memplan.analytic.flops import Flops
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
-from memplan.blocks import torchtitan
+from memplan.blocks import te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import DType, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
@@ -117,6 +117,9 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     if profile_of(setup).fsdp2_dim0_shards and setup.parallel.pp == 1 and not experts:
         per_shard = torchtitan.fsdp2_shard_elements(pc.setup.model, shards)  # FSDP2: per parameter
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
+    if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
+        te = te_fp8.resident_bytes(pc.setup.model) * st.layers
+        dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)
     return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, shards // ep))

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from memplan.blocks import dropout_rule, llama4
+from memplan.blocks import dropout_rule, llama4, te_fp8
 from memplan.blocks.attention import (
     attention_core_rules,
     constant_rules,
@@ -62,7 +62,7 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
     p, keeps = hidden_dropouts(setup)[0], dropout_keeps(setup, act)
     p_attn = 0.0 if profile_of(setup).mlp_dropout_only else p
-    return [
+    rules = [
         *pre_norm_rules(setup, B.ATTN_NORM, dims),
         *(mla_projection_rules(setup, dims) if setup.model.mla else projection_rules(setup, dims)),
         *qk_norm_rules(setup, dims),
@@ -82,6 +82,8 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
         *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
+    # Transformer Engine's float8 linears keep float8 casts of their inputs (blocks/te_fp8.py).
+    return te_fp8.layer_rules(setup, rules) if te_fp8.applies(setup) else rules
 
 
 def llama4_layer_rules(setup: Setup, dims: Dims) -> list[Rule]:

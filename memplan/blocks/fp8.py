@@ -45,14 +45,16 @@ Known limitations (NB):
 from __future__ import annotations
 
 from memplan.blocks.inventory import Dims
-from memplan.config import Fp8Recipe, Setup
+from memplan.config import Fp8Recipe, Impl, Setup
 
 SCALE = 4
 """Bytes of one scale: torchao's ``amax_to_scale`` returns float32."""
 
 
 def enabled(setup: Setup) -> bool:
-    return setup.impl.fp8 is not Fp8Recipe.NONE
+    """torchao's ``Float8Linear`` runs (``--fp8`` outside ``--impl megatron``, whose Transformer Engine
+    linears are blocks/te_fp8.py's)."""
+    return setup.impl.fp8 is not Fp8Recipe.NONE and setup.impl.impl is not Impl.MEGATRON
 
 
 def cast_top(n: int) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.blocks import fp8, linear_params, mm
+from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
@@ -98,10 +98,31 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
-    later = t * dims.h * a_bytes + f_buffers + down - t * dims.f * a_bytes
+    released = t * dims.f * a_bytes  # the down input's save; Transformer Engine's a float8 cast and its scale
+    if te_fp8.applies(setup):
+        released = t * dims.f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes
+    later = t * dims.h * a_bytes + f_buffers + down - released
+    if te_fp8.applies(setup):
+        return max(later, down_backward_transient(setup, dims), te_first_backward(setup, dims))
     if fp8.enabled(setup):
         return max(later, down_backward_transient(setup, dims), fp8_first_backward(setup, dims))
     return max(later, down_backward_transient(setup, dims))
+
+
+def te_first_backward(setup: Setup, dims: Dims) -> int:
+    """Transformer Engine's float8 (blocks/te_fp8.py): W_fc1's backward, after the fused activation's. Alive:
+    dY [T, h] and W_down's gradients; d(fc1) [T, w] (w = 2f SwiGLU, f GeLU) with its float8 rowwise and
+    columnwise casts (``grad_output_casts``), the dgrad output [T, h] and W_fc1's gradient [h, w]; released:
+    W_fc2's float8 input (T·f and its scale_inv), the activation's saved input [T, w] and the residual
+    dropout's mask."""
+    e, g, t, f, h = dims.act.bytes, setup.training.precision.grad_bytes, dims.tokens, dims.f, dims.h
+    w = 2 * f if setup.model.mlp is MlpType.SWIGLU else f
+    bias = setup.model.mlp_bias
+    down = (f * h + (h if bias else 0)) * g
+    first = (w * h + (w if bias else 0)) * g
+    mask = t * h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
+    alive = t * h * e + down + t * w * e + te_fp8.grad_output_casts(t, w) + t * h * e + first
+    return alive - (t * f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes) - t * w * e - mask
 
 
 def fp8_first_backward(setup: Setup, dims: Dims) -> int:
@@ -143,4 +164,6 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
         return t * h * a_bytes + dropout + bias_grad + fp8.down_backward(setup, dims)
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
-    return t * h * a_bytes + dropout + t * dims.f * a_bytes + grads
+    # Transformer Engine's float8: dY's rowwise and columnwise casts beside it (blocks/te_fp8.py)
+    casts = te_fp8.grad_output_casts(t, h) if te_fp8.applies(setup) else 0
+    return t * h * a_bytes + dropout + casts + t * dims.f * a_bytes + grads

@@ -84,8 +84,10 @@ class AttentionKernel(StrEnum):
 
 
 class Fp8Recipe(StrEnum):
-    """torchao's float8 training of the layers' linears (``--fp8``): the step time (time/fp8.py) and the
-    casts' temporaries in the peak (blocks/fp8.py)."""
+    """Float8 training of the layers' linears (``--fp8``): torchao's ``Float8Linear`` (--impl reference,
+    torchtitan: the casts' temporaries in the peak, blocks/fp8.py) or, under --impl megatron, Transformer
+    Engine's ``Float8CurrentScaling`` (tensorwise only: float8 saves and weight caches, blocks/te_fp8.py);
+    the step time: time/fp8.py."""
 
     NONE = "none"
     TENSORWISE = "tensorwise"
@@ -123,8 +125,8 @@ class ImplConfig(Frozen):
     )
     fp8: Fp8Recipe = Field(
         default=Fp8Recipe.NONE,
-        description="torchao float8 training of the layers' linears (time/fp8.py; the casts' memory: "
-        "blocks/fp8.py)",
+        description="float8 training of the layers' linears (time/fp8.py; memory: torchao's casts "
+        "blocks/fp8.py, Megatron's Transformer Engine blocks/te_fp8.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

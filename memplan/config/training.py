@@ -14,6 +14,9 @@ class DType(StrEnum):
     BF16 = "bf16"
     FP16 = "fp16"
     INT8 = "int8"
+    UINT8 = "uint8"
+    """Raw float8 bytes as Transformer Engine stores them (``Float8Tensor._data`` / ``_transpose`` are
+    ``torch.uint8``, transformer_engine/pytorch/tensor/float8_tensor.py)."""
     BOOL = "bool"
     INT32 = "int32"
     INT64 = "int64"
@@ -31,6 +34,7 @@ _DTYPE_BYTES = {
     DType.BF16: 2,
     DType.FP16: 2,
     DType.INT8: 1,
+    DType.UINT8: 1,
     DType.BOOL: 1,
     DType.INT32: 4,
     DType.INT64: 8,

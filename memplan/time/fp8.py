@@ -1,5 +1,6 @@
 """Float8 training of the layers' linears (``--fp8 tensorwise|rowwise``, torchao's ``Float8Linear`` as
-torchtitan converts them: every linear of the layers, not the lm head).
+torchtitan converts them: every linear of the layers, not the lm head; Megatron's Transformer Engine
+linears under ``--impl megatron``).
 
 torchao quantizes the three products of a linear Y = X·Wᵀ ("Quantized Training", docs.pytorch.org/ao):
 ``Y = to_fp8(X) @ to_fp8(Wᵀ)``, ``dX = to_fp8(dY) @ to_fp8(W)``, ``dW = to_fp8(Xᵀ) @ to_fp8(dY)``: the
@@ -10,15 +11,20 @@ GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL`` × their wave a
 - rowwise: a row's amax and its cast in one pass (reads e, writes 1): e + 1.
 X is [T, in], W [in, out], dY [T, out] per linear (e the activation bytes).
 
+Under ``--impl megatron`` the casts are Transformer Engine's (``te_cast_bytes``): each writes the rowwise
+and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input, the
+weights are cast once a step and X is not cast again in backward.
+
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-the float8 all-gather of FSDP and the amax all-reduce are not modelled. The memory: blocks/fp8.py (the saved
+the float8 all-gather of FSDP and the amax all-reduce are not modelled (nor TE's float8 all-gather of the
+sequence-parallel input: the tp collectives keep 16-bit sizes). The memory: blocks/fp8.py (the saved
 activations are bf16's; the casts' temporaries join the peak).
 """
 
 from __future__ import annotations
 
-from memplan.config import Fp8Recipe, Setup
+from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.presets import GpuPreset
 from memplan.time import gemm
 
@@ -43,9 +49,12 @@ def per_element(setup: Setup) -> int:
 
 
 def cast_bytes(setup: Setup) -> tuple[int, int]:
-    """One layer's casts on one rank, (forward: X and Wᵀ; backward: dY twice, W and Xᵀ); 0 without fp8."""
+    """One layer's casts on one rank, (forward: X and Wᵀ; backward: dY twice, W and Xᵀ); 0 without fp8.
+    Under ``--impl megatron``: Transformer Engine's (``te_cast_bytes``)."""
     if not enabled(setup):
         return 0, 0
+    if setup.impl.impl is Impl.MEGATRON:
+        return te_cast_bytes(setup)
     forward = backward = 0
     for g in gemm.layer_gemms(setup):
         x, w, dy = g.count * g.rows * g.inner, g.count * g.inner * g.cols, g.count * g.rows * g.cols
@@ -53,3 +62,32 @@ def cast_bytes(setup: Setup) -> tuple[int, int]:
         backward += 2 * dy + w + x
     per = per_element(setup)
     return forward * per, backward * per
+
+
+def te_cast_bytes(setup: Setup) -> tuple[int, int]:
+    """One layer's Transformer Engine casts on one rank under Float8CurrentScaling (blocks/te_fp8.py), e the
+    activation bytes. Each cast writes the rowwise and the columnwise (transposed) float8 copies at once
+    (``Float8CurrentScalingQuantizer``: ``tex.quantize`` after ``nvte_compute_amax``): 2 bytes written per
+    element; its amax is a pass of its own (e read) except where a kernel before it computes it:
+    - X of W_QKV and W_fc1 (``LayerNormLinear``): TE's norm forward for a current-scaling quantizer is
+      ``FUSED_NORM_AMAX_FP8`` (csrc/extensions/normalization.cpp: "Compute norm and amax in high precision,
+      then quantize to FP8"), so the cast reads the norm's 16-bit output and writes 2: e + 2 per element,
+      on the rank's s/t shard with sequence parallelism (the float8 rowwise copy is what is all-gathered);
+    - X of W_O and W_fc2 (``Linear``): amax, then the cast: 2e + 2;
+    - W: 2e + 2 per element on a step's first micro-batch only (the cached workspace,
+      ``is_first_microbatch``), spread over the step's ``grad_accum`` micro-batches (rounded down);
+    - backward: dY once (``grad_output_preprocess``), 2e + 2 — X and W are not cast again (their
+      columnwise copies are saved).
+    NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
+    attention core run in 16-bit."""
+    e = setup.training.precision.activation_dtype.bytes
+    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.setup.check_fp8)
+    shard = setup.parallel.tp if setup.parallel.sp else 1
+    per_step = setup.training.grad_accum
+    forward = backward = 0
+    for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
+        x, w, dy = g.rows * g.inner, g.inner * g.cols, g.rows * g.cols
+        forward += x // shard * (e + 2) if after_norm else x * (2 * e + 2)
+        forward += w * (2 * e + 2) // per_step
+        backward += dy * (2 * e + 2)
+    return forward, backward

@@ -1,0 +1,163 @@
+"""Float8 training under Megatron-core with Transformer Engine (``--impl megatron --fp8 tensorwise``).
+
+memplan's ``--fp8 tensorwise`` is Megatron-LM's ``--fp8-format hybrid --fp8-recipe tensorwise``:
+megatron/core/fp8_utils.py (``get_fp8_context``) builds ``transformer_engine.common.recipe.
+Float8CurrentScaling(fp8_format=...)`` for ``Fp8Recipe.tensorwise`` (TE ≥ 2.2) — one scale per tensor,
+computed from the tensor being cast, as torchao's tensorwise is. Megatron's other recipes do not map:
+``delayed`` (its default; the same saved tensors, plus an amax history per module), ``mxfp8`` (1×32 blocks,
+E8M0 scales) and ``blockwise`` (1×128 / 128×128 blocks); TE has no rowwise recipe, so ``--impl megatron
+--fp8 rowwise`` is refused (``config.setup.check_fp8``).
+
+Megatron's TE layer spec (``get_gpt_layer_with_transformer_engine_spec``) runs four TE modules a layer:
+``TELayerNormColumnParallelLinear`` (TE ``LayerNormLinear``) for W_QKV and for W_fc1, ``TERowParallelLinear``
+(TE ``Linear``) for W_O and W_fc2; the attention core is ``TEDotProductAttention`` (not float8 unless
+``--fp8-dot-product-attention``), the activation Megatron's ``bias_swiglu_impl`` / ``bias_gelu_impl``, the
+lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What changes against bf16
+(transformer_engine/pytorch/module/layernorm_linear.py and linear.py, ``forward`` of ``_LayerNormLinear``
+/ ``_Linear``; tensor/float8_tensor.py ``Float8CurrentScalingQuantizer``, ``Float8Tensor``):
+
+- a linear's saved input is its float8 cast, 1 byte an element: ``input_quantizer`` makes the rowwise
+  copy (for the forward GEMM) and the columnwise one (the transpose ``_transpose`` [in, T], for the weight
+  gradient); before ``prepare_for_saving`` the rowwise data is dropped (``ln_out.update_usage(
+  rowwise_usage=False)``, ``inputmat.update_usage(rowwise_usage=False, ...)``) — except for a
+  column-parallel linear with sequence parallelism under per-tensor float8, which all-gathers the rowwise
+  data again in backward and keeps both copies (2 bytes an element of the rank's s/t shard). Each cast
+  keeps its ``_scale_inv``, one fp32 ``[1]``. So ``attn.input`` and ``mlp.input`` (``LayerNormLinear``'s
+  ``ln_out``, cast by the norm's quantizer, ``with_quantized_norm``: for current scaling
+  csrc/extensions/normalization.cpp computes the norm and its amax, then casts, ``FUSED_NORM_AMAX_FP8``)
+  and ``mlp.down_input`` become uint8; the norm's input (``inputmat``) and statistics stay as they are
+  (16-bit input, fp32 rstd);
+- W_O's input: TE's attention core keeps its own 16-bit output for its backward (flash), and W_O keeps a
+  float8 cast of it besides (``attn.out_fp8``); with the unfused core (``--attention eager``: Megatron's
+  local ``DotProductAttention``, whose P·V saves P and V, not its output) or the core re-run by selective
+  recompute, W_O's float8 copy is the only one (``core_keeps_output``);
+- what stays 16-bit: the attention core's q, k, v (and out, logsumexp), the norms' inputs, the fused
+  SwiGLU's (GeLU's) input ``mlp.fc1`` (``SwiGLUFunction.save_for_backward(input)``), the lm head's input;
+- the float8 weights (``module.get_weight_workspace``, transformer_engine/pytorch/module/base.py): each
+  linear's weight cast, rowwise ``[out, in]`` and columnwise ``[in, out]`` (the weight is the dgrad GEMM's
+  operand too: ``weight_quantizer.set_usage(rowwise=True, columnwise=is_grad_enabled)``), 1 byte an
+  element each, plus a ``[1]`` fp32 ``_scale_inv``. Megatron's TE wrappers pass ``is_first_microbatch``
+  (``TELinear.forward``: ``None if self.disable_parameter_transpose_cache else self.is_first_microbatch``,
+  off by default), so TE caches them in ``_fp8_workspaces["weight"]`` on the module: recast on a step's
+  first micro-batch, reused by the others, never freed — 2 bytes per layer-linear parameter of the rank,
+  resident like the weights (``workspace_bytes``, in ``memory.weights``);
+- the quantizers' buffers: ``TransformerEngineBaseModule.set_meta_tensor`` makes 3 forward quantizers
+  (input, weight, output) and 2 backward (grad output, grad input) per GEMM; each
+  ``Float8CurrentScalingQuantizer`` holds ``scale`` and ``amax``, one fp32 ``[1]`` each: 5·8 = 40 B a
+  module (``meta_bytes``). No amax history: current scaling has none (delayed scaling's
+  ``amax_history_len`` rows — Megatron's ``--fp8-amax-history-len``, default 1 — are not modelled);
+- backward: ``grad_output_preprocess`` casts the incoming dY [T, out] to float8 rowwise (dgrad) and
+  columnwise (wgrad): 2 bytes an element beside the 16-bit dY (``grad_output_casts``); the MLP's moments
+  (``blocks.mlp``) place them at W_fc2's backward and at W_fc1's, whose dY is the [T, 2f] d(fc1)
+  (``mlp.te_first_backward``).
+
+Known limitations (NB):
+- NB: derived from TE's and Megatron's source, not measured (TE does not run on CPU): no
+  ``trace``/``profile`` of ``--impl megatron --fp8``.
+- NB: the float8 weight transposes are counted (Hopper; on Blackwell TE's non-TN GEMMs use the rowwise
+  data for both and no ``_transpose`` is made); the GEMM's cuBLAS workspace and the forward's transients
+  (the norm's high-precision output before current scaling's cast) are not counted.
+- NB: Megatron's ``--fp8-param-gather`` (float8 primary weights, ``fp8_model_init``: no 16-bit weight
+  copy, the distributed optimizer gathers float8) and ``--fp8-dot-product-attention`` are not modelled;
+  the sequence-parallel all-gathers keep their 16-bit sizes in the step time (TE gathers the float8 copy).
+- NB: mixtures of experts (TE ``GroupedLinear``), multi-head latent attention and Llama 4's layers under
+  ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
+"""
+
+from __future__ import annotations
+
+from memplan.blocks.inventory import Block, Role, Rule, save
+from memplan.config import Attention, Checkpointing, DType, Fp8Recipe, Impl, MlpType, ModelConfig, Setup
+
+B, R = Block, Role
+
+SCALE_INV = DType.FP32
+"""A ``Float8Tensor``'s ``_scale_inv``: ``torch.empty(1, dtype=torch.float32)`` (``make_empty``)."""
+QUANTIZERS = 3 + 2
+"""Per GEMM: input, weight, output forward; grad output, grad input backward (``set_meta_tensor``)."""
+QUANTIZER_BYTES = 2 * 4
+"""``Float8CurrentScalingQuantizer.__init__``: ``scale`` and ``amax``, ``torch.empty(1, float32)`` each."""
+MODULES = 4
+"""TE modules a layer: LayerNormLinear for W_QKV and W_fc1, Linear for W_O and W_fc2."""
+
+
+def applies(setup: Setup) -> bool:
+    """Megatron-core's layers under Transformer Engine's float8 (``--impl megatron --fp8 tensorwise``)."""
+    return setup.impl.impl is Impl.MEGATRON and setup.impl.fp8 is not Fp8Recipe.NONE
+
+
+def float8(rule: Rule, part: str, why: str) -> Rule:
+    """``rule``'s tensor as a float8 (uint8) copy of the same elements, named ``part``."""
+    return save(rule.block, part, rule.shape, DType.UINT8, rule.role, why)
+
+
+def scale_inv(block: Block, part: str) -> Rule:
+    return save(block, f"{part}_scale_inv", (1,), SCALE_INV, R.PARAM_DERIVED, "float8 cast's 1/scale")
+
+
+def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Rule]:
+    """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv; with
+    sequence parallelism a column-parallel linear keeps the rowwise copy too (re-gathered in backward)."""
+    why = "float8 columnwise input (Xᵀ) of the wgrad GEMM: dW = Xᵀ·dY"
+    out = [float8(rule, part, why), scale_inv(rule.block, part)]
+    if column_parallel and setup.parallel.sp:
+        out.insert(1, float8(rule, f"{part}_rowwise", "float8 rowwise input, all-gathered again in backward"))
+    return out
+
+
+def layer_rules(setup: Setup, rules: list[Rule]) -> list[Rule]:
+    """A Megatron layer's saves (``activations.layer_rules``) with TE's float8 linears: the four linears'
+    saved inputs as float8 casts (module docstring), the rest unchanged."""
+    out: list[Rule] = []
+    for r in rules:
+        if r.name in ("attn.input", "mlp.input"):
+            out += casts(setup, r, r.name.split(".")[1], column_parallel=True)
+        elif r.name == "mlp.down_input":
+            out += casts(setup, r, "down_input", column_parallel=False)
+        elif r.name == "attn.out":
+            own = core_keeps_output(setup)
+            out += [r] if own else []  # the flash core's own 16-bit output stays
+            out += casts(setup, r, "out_fp8" if own else "out", column_parallel=False)
+        else:
+            out.append(r)
+    return out
+
+
+def core_keeps_output(setup: Setup) -> bool:
+    """TE's flash core saves its 16-bit output for its backward, unless selective recompute re-runs it
+    (Megatron's ``_checkpointed_attention_forward``: ``CheckpointFunction`` keeps the core's inputs only);
+    the eager core's P·V saves P and V, not its output."""
+    flash = setup.strategy.attention is Attention.FLASH
+    return flash and setup.strategy.checkpointing is not Checkpointing.SELECTIVE
+
+
+def linear_elements(m: ModelConfig) -> int:
+    """Weight elements of one layer's four linears on a tensor-parallel rank (``m`` the rank's model,
+    ``tensor_parallel.tp_model``): W_QKV [h, q + 2kv], W_O [q, h], W_fc1 [h, 2f] (SwiGLU; GeLU [h, f]),
+    W_fc2 [f, h]. Biases are not cast."""
+    h, f = m.hidden_size, m.ffn
+    fc1 = (2 if m.mlp is MlpType.SWIGLU else 1) * h * f
+    return h * (m.q_width + 2 * m.kv_width) + m.q_width * h + fc1 + f * h
+
+
+def workspace_bytes(m: ModelConfig) -> int:
+    """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each) and a
+    ``[1]`` fp32 scale_inv per module."""
+    return 2 * linear_elements(m) + MODULES * SCALE_INV.bytes
+
+
+def meta_bytes() -> int:
+    """One layer's quantizer buffers: 4 modules × 5 quantizers × (scale + amax)."""
+    return MODULES * QUANTIZERS * QUANTIZER_BYTES
+
+
+def resident_bytes(m: ModelConfig) -> int:
+    """What TE holds per layer for the whole run, beside the weights."""
+    return workspace_bytes(m) + meta_bytes()
+
+
+def grad_output_casts(tokens: int, n_out: int) -> int:
+    """A TE linear's backward above the 16-bit dY [T, out] it receives: ``grad_output_preprocess``'s float8
+    rowwise (dgrad) and columnwise (wgrad) casts of dY, 1 byte an element each, and their [1] fp32
+    scale_inv. The dgrad output and the weight gradient are bf16's (``blocks.mlp``)."""
+    return 2 * tokens * n_out + SCALE_INV.bytes
