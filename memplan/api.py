@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memplan.config import (
@@ -58,6 +58,7 @@ from memplan.search.budget import (
 )
 
 if TYPE_CHECKING:
+    from memplan.analytic.nccl import NcclBuffers
     from memplan.time.timing import Timing
 
 
@@ -282,7 +283,9 @@ class Built:
     """Whether the offloaded tensors fit the node's host memory (``--host-memory`` or the GPU preset's)."""
     reserved: Reserved | None = None
     """The step's allocations replayed through torch's caching allocator (``memplan.reserved``): allocated
-    and reserved peaks, with the GPU's cuBLAS workspace and CUDA context when there is one."""
+    and reserved peaks, with the GPU's cuBLAS workspace, CUDA context and NCCL buffers when there is one."""
+    nccl: tuple[NcclBuffers, ...] = ()
+    """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm_memory``)."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -336,7 +339,8 @@ def build(o: Options) -> Built:
         return Built(
             o, result, None, None, None, host, replay_device(result, expandable=o.expandable_segments)
         )
-    from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
+    from memplan.time.comm_memory import nccl_buffers  # only with a GPU (start-up)
+    from memplan.time.timing import check_time_inputs, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
@@ -345,8 +349,9 @@ def build(o: Options) -> Built:
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
     expandable = o.expandable_segments
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
-    reserved = replay_device(result, gpu, expandable=expandable)
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved)
+    nccl = tuple(nccl_buffers(result, gpu))
+    reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -358,6 +363,9 @@ def to_json(b: Built) -> dict[str, Any]:
         out["memory"]["allocated_peak"] = b.reserved.allocated_peak
         out["memory"]["reserved_peak"] = b.reserved.reserved_peak
         out["memory"]["allocator"] = b.reserved.to_json()
+    if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
+        total = sum(n.bytes for n in b.nccl)
+        out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}
     if b.verdict is not None:
         out["memory"]["device_bytes"] = b.verdict.device_bytes
         out["memory"]["device_usable"] = b.verdict.usable_bytes
