@@ -386,8 +386,9 @@ class Options(Frozen):
     )
     reserve: float = _option(
         "GiB of each GPU's memory kept back for what memplan does not model (FSDP2's and DDP's "
-        "communication buffers, NCCL's tree/NVLS buffers): the caching allocator's reserved peak must fit "
-        "the driver's memory less the CUDA context, NCCL's ring and point-to-point buffers (modelled) and this",
+        "communication buffers, NCCL's tree/NVLS buffers): the caching allocator's reserved peak must "
+        "fit the driver's memory less the CUDA context, NCCL's ring and point-to-point buffers (modelled) "
+        "and this",
         _GPU,
         default=DEFAULT_RESERVE_GIB,
         metavar="GiB",
