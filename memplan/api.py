@@ -21,11 +21,13 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.config import (
     FINETUNE_OPTIONS,
     AttentionChoice,
     Device,
     FineTune,
+    Impl,
     ImplConfig,
     ModelConfig,
     Offload,
@@ -286,6 +288,9 @@ class Built:
     and reserved peaks, with the GPU's cuBLAS workspace, CUDA context and NCCL buffers when there is one."""
     nccl: tuple[NcclBuffers, ...] = ()
     """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm_memory``)."""
+    fsdp_all_gather: int | None = 0
+    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): reported, not
+    judged; None where not modelled."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -336,9 +341,8 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(
-            o, result, None, None, None, host, replay_device(result, expandable=o.expandable_segments)
-        )
+        reserved = replay_device(result, expandable=o.expandable_segments)
+        return Built(o, result, None, None, None, host, reserved, (), _fsdp_all_gather(result))
     from memplan.time.comm_memory import nccl_buffers  # only with a GPU (start-up)
     from memplan.time.timing import check_time_inputs, timing
 
@@ -351,7 +355,16 @@ def build(o: Options) -> Built:
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
     reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, _fsdp_all_gather(result))
+
+
+def _fsdp_all_gather(r: Result) -> int | None:
+    """``analytic.fsdp_buffers.all_gather_stream`` of the most loaded device, where FSDP2 runs its gathers
+    (``--impl reference`` and ``torchtitan``; Megatron and transformers' stacks use their own); else 0."""
+    if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
+        return 0
+    st = r.device.stage
+    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -363,6 +376,8 @@ def to_json(b: Built) -> dict[str, Any]:
         out["memory"]["allocated_peak"] = b.reserved.allocated_peak
         out["memory"]["reserved_peak"] = b.reserved.reserved_peak
         out["memory"]["allocator"] = b.reserved.to_json()
+    # FSDP2's all-gather stream: its own pool, reported beside the default stream's replay (not judged)
+    out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
         total = sum(n.bytes for n in b.nccl)
         out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}

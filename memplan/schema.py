@@ -122,6 +122,11 @@ _MEMORY = _obj(
             "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − --reserve "
             "(with --gpu)",
         ),
+        "fsdp_all_gather_stream": _with(
+            {"type": ["integer", "null"], "minimum": 0},
+            "what the caching allocator reserves on FSDP2's all-gather stream (its own pool; reported, not "
+            "judged; 0 without FSDP2's gathers, null where not modelled: tensor parallelism, fine-tuning)",
+        ),
         "nccl": _obj(
             {
                 "total": _with(_BYTES, "NCCL's buffers of the most loaded device, outside the allocator"),

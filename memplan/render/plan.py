@@ -137,6 +137,14 @@ def summary_panel(b: Built) -> Panel:
         lines.append(host)
     if b.reserved is not None:
         lines.append(allocator_text(b.reserved))
+    if b.fsdp_all_gather:  # FSDP2's all-gather stream: its own pool (memplan.analytic.fsdp_buffers)
+        lines.append(
+            Text(
+                f"FSDP2 all-gather stream (its own pool, beside the replay; not judged): reserved "
+                f"{fmt_bytes(b.fsdp_all_gather)}",
+                style="dim",
+            )
+        )
     if b.verdict is not None:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:
