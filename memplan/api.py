@@ -291,6 +291,8 @@ class Built:
     fsdp_all_gather: int | None = 0
     """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): reported, not
     judged; None where not modelled."""
+    ddp_buckets: int = 0
+    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): reported, not judged."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -341,9 +343,12 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
+        from memplan.time.comm_memory import ddp_bucket_bytes
+
         reserved = replay_device(result, expandable=o.expandable_segments)
-        return Built(o, result, None, None, None, host, reserved, (), _fsdp_all_gather(result))
-    from memplan.time.comm_memory import nccl_buffers  # only with a GPU (start-up)
+        fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp)
+    from memplan.time.comm_memory import ddp_bucket_bytes, nccl_buffers  # only with a GPU (start-up)
     from memplan.time.timing import check_time_inputs, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
@@ -355,7 +360,8 @@ def build(o: Options) -> Built:
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
     reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, _fsdp_all_gather(result))
+    fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp)
 
 
 def _fsdp_all_gather(r: Result) -> int | None:
@@ -378,6 +384,7 @@ def to_json(b: Built) -> dict[str, Any]:
         out["memory"]["allocator"] = b.reserved.to_json()
     # FSDP2's all-gather stream: its own pool, reported beside the default stream's replay (not judged)
     out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
+    out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets (not judged)
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
         total = sum(n.bytes for n in b.nccl)
         out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}

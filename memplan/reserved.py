@@ -40,10 +40,11 @@ Known limitations:
 - NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart
   and the estimate reports it (``memory.fsdp_all_gather_stream``), not added to this replay nor judged
   (docs/published-memory.md: with it the Llama-2-13B run that ran would not fit, by 0.6 GiB: the
-  default stream's side of FSDP2 is not modelled exactly either). FSDP2's reduce-scatter buffers and
-  DDP's buckets (``bucket_cap_mb``, 25 MiB each by default, torch.nn.parallel.DistributedDataParallel;
-  with the default ``gradient_as_bucket_view=False`` one more copy of the gradients) are not counted;
-  ``--reserve`` keeps memory back for them. NCCL's own buffers are (``analytic.nccl``), outside the
+  default stream's side of FSDP2 is not modelled exactly either). torch DDP's buckets (``bucket_cap_mb``,
+  25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more copy of the
+  gradients, ``time.comm_memory.ddp_bucket_bytes``) are reported too (``memory.ddp_buckets``), not
+  replayed. FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps memory back for what is
+  not judged. NCCL's own buffers are (``analytic.nccl``), outside the
   allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.

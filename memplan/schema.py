@@ -127,6 +127,11 @@ _MEMORY = _obj(
             "what the caching allocator reserves on FSDP2's all-gather stream (its own pool; reported, not "
             "judged; 0 without FSDP2's gathers, null where not modelled: tensor parallelism, fine-tuning)",
         ),
+        "ddp_buckets": _with(
+            _BYTES,
+            "torch DDP's gradient buckets (ZeRO 0 over dp > 1, --impl hf or torchtitan): a second copy of "
+            "the gradients with gradient_as_bucket_view=False; reported, not judged",
+        ),
         "nccl": _obj(
             {
                 "total": _with(_BYTES, "NCCL's buffers of the most loaded device, outside the allocator"),

@@ -30,6 +30,7 @@ from memplan.contract import to_json as contract_json
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_model_preset, model_names
 from memplan.reserved import replay_device
+from memplan.time.comm_memory import ddp_bucket_bytes
 
 ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
 runner = CliRunner(env=ENV)
@@ -46,6 +47,7 @@ def to_json(r: Result) -> dict[str, Any]:
         reserved_peak=found.reserved_peak,
         allocator=found.to_json(),
         fsdp_all_gather_stream=all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches),
+        ddp_buckets=ddp_bucket_bytes(r),
     )
     return out
 

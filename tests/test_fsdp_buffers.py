@@ -72,3 +72,16 @@ def test_estimate_reports_it_beside_the_replay() -> None:
     assert tp.fsdp_all_gather is None  # tensor parallelism: not modelled
     megatron = build(Options(model="llama-2-13b", zero=3, dp=4, impl="megatron"))
     assert megatron.fsdp_all_gather == 0  # Megatron's distributed optimizer, not FSDP2
+
+
+def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
+    """torch DDP under --impl hf (transformers' Trainer wraps the model in it), ZeRO 0 over dp 4:
+    gradient_as_bucket_view=False keeps one more copy of every gradient, "equal to the total gradients
+    size". Llama-3-8B: 8,030,261,248 parameters (Meta's model card), bf16 gradients 2 B each. The
+    reference model all-reduces in place (0), and ZeRO 1 is not DDP (0)."""
+    hf = build(Options(model="llama-3-8b", impl="hf", dp=4))
+    assert hf.result.params.total == 8_030_261_248
+    assert hf.ddp_buckets == 2 * 8_030_261_248
+    assert build(Options(model="llama-3-8b", dp=4)).ddp_buckets == 0
+    assert build(Options(model="llama-3-8b", impl="hf", dp=4, zero=1)).ddp_buckets == 0
+    assert build(Options(model="llama-3-8b", impl="hf")).ddp_buckets == 0  # one rank: no DDP

@@ -145,6 +145,14 @@ def summary_panel(b: Built) -> Panel:
                 style="dim",
             )
         )
+    if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm_memory)
+        lines.append(
+            Text(
+                f"DDP gradient buckets (gradient_as_bucket_view=False: a second copy of the gradients; not "
+                f"judged): {fmt_bytes(b.ddp_buckets)}",
+                style="dim",
+            )
+        )
     if b.verdict is not None:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:

@@ -24,7 +24,7 @@ on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ri
 from __future__ import annotations
 
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
-from memplan.config import CpRotate, Setup
+from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.time.comm import stride
@@ -83,3 +83,24 @@ def nccl_buffers(r: Result, gpu: GpuPreset) -> list[NcclBuffers]:
 def nccl_bytes(r: Result, gpu: GpuPreset | None) -> int:
     """Bytes of NCCL's buffers on the most loaded device (0 without a GPU)."""
     return 0 if gpu is None else sum(b.bytes for b in nccl_buffers(r, gpu))
+
+
+def ddp_bucket_bytes(r: Result) -> int:
+    """Bytes of torch DDP's gradient buckets on the most loaded device: with ZeRO 0 over dp > 1 under
+    ``--impl hf`` (transformers' Trainer and Accelerate wrap the model in
+    ``torch.nn.parallel.DistributedDataParallel``) and ``--impl torchtitan`` (its DDP path,
+    ``replicate``, the same reducer). The reducer allocates one flat buffer per bucket at construction
+    (``bucket_cap_mb`` 25 MiB, the first ``dist._DEFAULT_FIRST_BUCKET_BYTES`` 1 MiB) and, with the default
+    ``gradient_as_bucket_view=False``, copies each gradient into it: "the saved memory size will be equal
+    to the total gradients size" (the parameter's docstring) — one more copy of the rank's gradients,
+    alive for the whole run. 0 elsewhere: memplan's reference model all-reduces each gradient in place,
+    Megatron's DDP keeps the gradients in its contiguous buffer (``param_and_grad_buffer``: the
+    ``main_grad`` are views of it, no second copy), ZeRO ≥ 1 runs FSDP2 or Megatron's distributed
+    optimizer. NB: reported beside the replay, not added to it: the buckets are default-stream
+    allocations made before the first step (``reserved``'s NB)."""
+    s = r.setup
+    if s.strategy.zero is not ZeroStage.NONE or s.strategy.dp == 1:
+        return 0
+    if s.impl.impl not in (Impl.HF, Impl.TORCHTITAN):
+        return 0
+    return r.device.states.gradients
