@@ -22,6 +22,7 @@ from memplan.api import Options, build
 from memplan.cli.app import app
 from memplan.presets import load_gpu
 from memplan.reserved import CUDA_CONTEXT
+from memplan.search.budget import verdict
 from memplan.time.comm_memory import communicators, nccl_bytes
 
 MIB = 2**20
@@ -74,6 +75,12 @@ def test_the_groups_of_a_3d_layout() -> None:
     peers = 1 if r.device.stage.index in (0, 3) else 2
     assert nccl_bytes(r, load_gpu("h100")) == (16 + 16 + peers * 2) * RING
     assert nccl_bytes(r, None) == 0
+    # the verdict judges that rank; when only a stage's lower bound is needed, that stage's rank
+    assert verdict(r, load_gpu("h100")).nccl == (16 + 16 + peers * 2) * RING
+    tiny = load_gpu("h100").model_copy(update={"device_mib": None, "memory_bytes": 2**30})
+    lower = verdict(r, tiny, exact=False)
+    assert not lower.exact and lower.phase == "lower bound"
+    assert lower.nccl == (16 + 16 + (1 if lower.stage in (0, 3) else 2) * 2) * RING
 
 
 def test_interleaving_gives_the_first_stage_two_peers() -> None:

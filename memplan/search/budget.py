@@ -146,16 +146,21 @@ def verdict(
     lower bounds do not already exceed the usable memory."""
     from memplan.time.comm_memory import nccl_bytes  # with a GPU only (start-up)
 
-    nccl = nccl_bytes(p, gpu)
-    memory = allocator_memory(gpu, reserve, nccl)
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
     capped = False
+    # NCCL's buffers of the judged stage's rank: the bound's when the bound decides (the most loaded device
+    # is then never computed), else the most loaded device's
+    nccl = nccl_bytes(p, gpu, bound.stage.index)
+    memory = allocator_memory(gpu, reserve, nccl)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         fit, headroom = False, memory - peak
     else:
         dev = p.device
+        if dev.stage.index != bound.stage.index:
+            nccl = nccl_bytes(p, gpu, dev.stage.index)
+            memory = allocator_memory(gpu, reserve, nccl)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         unlimited = replay_device(p, gpu, expandable=expandable)
         found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)

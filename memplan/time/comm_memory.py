@@ -74,15 +74,16 @@ def communicators(setup: Setup, stage: int, topo: Topology) -> list[Communicator
     return out
 
 
-def nccl_buffers(r: Result, gpu: GpuPreset) -> list[NcclBuffers]:
-    """NCCL's buffers on the most loaded device of ``r`` (its stage's communicators) on ``gpu``."""
-    comms = communicators(r.setup, r.device.stage.index, gpu.topology)
-    return [buffers(c, gpu.arch) for c in comms]
+def nccl_buffers(r: Result, gpu: GpuPreset, stage: int | None = None) -> list[NcclBuffers]:
+    """NCCL's buffers on a rank of pipeline stage ``stage`` of ``r`` (default: the most loaded device's)
+    on ``gpu``."""
+    index = r.device.stage.index if stage is None else stage
+    return [buffers(c, gpu.arch) for c in communicators(r.setup, index, gpu.topology)]
 
 
-def nccl_bytes(r: Result, gpu: GpuPreset | None) -> int:
-    """Bytes of NCCL's buffers on the most loaded device (0 without a GPU)."""
-    return 0 if gpu is None else sum(b.bytes for b in nccl_buffers(r, gpu))
+def nccl_bytes(r: Result, gpu: GpuPreset | None, stage: int | None = None) -> int:
+    """Bytes of NCCL's buffers on a rank of ``stage`` (``nccl_buffers``; 0 without a GPU)."""
+    return 0 if gpu is None else sum(b.bytes for b in nccl_buffers(r, gpu, stage))
 
 
 def ddp_bucket_bytes(r: Result) -> int:
