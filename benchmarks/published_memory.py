@@ -116,16 +116,16 @@ def row(case: Case) -> str:
     follows = "yes" if case.ran_code else "no"
     return (
         f"| {case.name} | {case.source} | {case.ran} | `{case.typed}` | {follows} | "
-        f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.reserved_peak + v.cuda_context)} | "
-        f"{gib(v.device_bytes)} | {verdict} |"
+        f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.nccl)} | "
+        f"{gib(v.reserved_peak + v.cuda_context + v.nccl)} | {gib(v.device_bytes)} | {verdict} |"
     )
 
 
 def markdown() -> str:
     head = (
         "| run | source | what ran | typed into memplan | follows the code that ran | allocated GiB | "
-        "reserved GiB | + CUDA context GiB | device GiB | memplan says |\n"
-        "|---|---|---|---|---|---:|---:|---:|---:|---|\n"
+        "reserved GiB | NCCL buffers GiB | + CUDA context + NCCL GiB | device GiB | memplan says |\n"
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---|\n"
     )
     return head + "".join(row(c) + "\n" for c in CASES)
 

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.config import (
     FINETUNE_OPTIONS,
     AttentionChoice,
     Device,
     FineTune,
+    Impl,
     ImplConfig,
     ModelConfig,
     Offload,
@@ -59,6 +61,7 @@ from memplan.search.budget import (
 )
 
 if TYPE_CHECKING:
+    from memplan.analytic.nccl import NcclBuffers
     from memplan.time.timing import Timing
 
 
@@ -284,7 +287,14 @@ class Built:
     """Whether the offloaded tensors fit the node's host memory (``--host-memory`` or the GPU preset's)."""
     reserved: Reserved | None = None
     """The step's allocations replayed through torch's caching allocator (``memplan.reserved``): allocated
-    and reserved peaks, with the GPU's cuBLAS workspace and CUDA context when there is one."""
+    and reserved peaks, with the GPU's cuBLAS workspace, CUDA context and NCCL buffers when there is one."""
+    nccl: tuple[NcclBuffers, ...] = ()
+    """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm_memory``)."""
+    fsdp_all_gather: int | None = 0
+    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): reported, not
+    judged; None where not modelled."""
+    ddp_buckets: int = 0
+    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): reported, not judged."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -335,10 +345,13 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        return Built(
-            o, result, None, None, None, host, replay_device(result, expandable=o.expandable_segments)
-        )
-    from memplan.time.timing import check_time_inputs, timing  # only with a GPU (start-up)
+        from memplan.time.comm_memory import ddp_bucket_bytes
+
+        reserved = replay_device(result, expandable=o.expandable_segments)
+        fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp)
+    from memplan.time.comm_memory import ddp_bucket_bytes, nccl_buffers  # only with a GPU (start-up)
+    from memplan.time.timing import check_time_inputs, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
@@ -347,8 +360,19 @@ def build(o: Options) -> Built:
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
     expandable = o.expandable_segments
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
-    reserved = replay_device(result, gpu, expandable=expandable)
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved)
+    nccl = tuple(nccl_buffers(result, gpu))
+    reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
+    fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp)
+
+
+def _fsdp_all_gather(r: Result) -> int | None:
+    """``analytic.fsdp_buffers.all_gather_stream`` of the most loaded device, where FSDP2 runs its gathers
+    (``--impl reference`` and ``torchtitan``; Megatron and transformers' stacks use their own); else 0."""
+    if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
+        return 0
+    st = r.device.stage
+    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -360,6 +384,12 @@ def to_json(b: Built) -> dict[str, Any]:
         out["memory"]["allocated_peak"] = b.reserved.allocated_peak
         out["memory"]["reserved_peak"] = b.reserved.reserved_peak
         out["memory"]["allocator"] = b.reserved.to_json()
+    # FSDP2's all-gather stream: its own pool, reported beside the default stream's replay (not judged)
+    out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
+    out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets (not judged)
+    if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
+        total = sum(n.bytes for n in b.nccl)
+        out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}
     if b.verdict is not None:
         out["memory"]["device_bytes"] = b.verdict.device_bytes
         out["memory"]["device_usable"] = b.verdict.usable_bytes

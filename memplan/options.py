@@ -393,8 +393,10 @@ class Options(Frozen):
         default=False,
     )
     reserve: float = _option(
-        "GiB of each GPU's memory kept back for what memplan does not model (NCCL's and DDP's buffers): "
-        "the caching allocator's reserved peak must fit the driver's memory less the CUDA context and this",
+        "GiB of each GPU's memory kept back for what memplan does not model (FSDP2's and DDP's "
+        "communication buffers, NCCL's tree/NVLS buffers): the caching allocator's reserved peak must "
+        "fit the driver's memory less the CUDA context, NCCL's ring and point-to-point buffers (modelled) "
+        "and this",
         _GPU,
         default=DEFAULT_RESERVE_GIB,
         metavar="GiB",

@@ -24,7 +24,9 @@ transients reused), so the peaks are those ``torch.cuda.memory_stats()`` keeps o
 peak of the replay equals the estimate's peak (plus the workspace) by construction; the allocated peak
 adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
 
-Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context.
+Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
+and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm_memory``; added by the
+callers above this layer, ``Reserved.nccl``).
 
 Known limitations:
 - NB: a moment's transient is one block, though it is often several tensors (the loss backward's two
@@ -35,11 +37,15 @@ Known limitations:
   allocator does, and is not affected the same way.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
-- NB: one stream: FSDP2's all-gather / reduce-scatter streams, DDP's buckets (``bucket_cap_mb``, 25 MiB
-  each by default, torch.nn.parallel.DistributedDataParallel) and NCCL's own buffers (allocated by NCCL
-  outside torch's allocator; ``NCCL_BUFFSIZE``, 4 MiB by default per connection, NCCL user guide,
-  Environment Variables, times channels and peers NCCL picks at run time) are not counted; ``--reserve``
-  keeps memory back for them.
+- NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart
+  and the estimate reports it (``memory.fsdp_all_gather_stream``), not added to this replay nor judged
+  (docs/published-memory.md: with it the Llama-2-13B run that ran would not fit, by 0.6 GiB: the
+  default stream's side of FSDP2 is not modelled exactly either). torch DDP's buckets (``bucket_cap_mb``,
+  25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more copy of the
+  gradients, ``time.comm_memory.ddp_bucket_bytes``) are reported too (``memory.ddp_buckets``), not
+  replayed. FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps memory back for what is
+  not judged. NCCL's own buffers are (``analytic.nccl``), outside the
+  allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.
 """
@@ -99,11 +105,14 @@ class Reserved:
     cuda_context: int
     """Outside the allocator (with a GPU; else 0)."""
     expandable: bool
+    nccl: int = 0
+    """NCCL's buffers, outside the allocator (``analytic.nccl``; set by the callers that know the GPU's
+    topology, ``time.comm_memory.nccl_bytes``; 0 here)."""
 
     @property
     def device_peak(self) -> int:
-        """What the process holds on the device at the peak: reserved + the CUDA context."""
-        return self.reserved_peak + self.cuda_context
+        """What the process holds on the device at the peak: reserved + the CUDA context + NCCL's buffers."""
+        return self.reserved_peak + self.cuda_context + self.nccl
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -113,6 +122,7 @@ class Reserved:
             "segments": self.segments,
             "cublas_workspace": self.cublas_workspace,
             "cuda_context": self.cuda_context,
+            "nccl": self.nccl,
             "device_peak": self.device_peak,
             "expandable_segments": self.expandable,
         }

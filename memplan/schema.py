@@ -111,13 +111,45 @@ _MEMORY = _obj(
                 "segments": _COUNT,
                 "cublas_workspace": _BYTES,
                 "cuda_context": _with(_BYTES, "outside the allocator (with --gpu)"),
-                "device_peak": _with(_BYTES, "reserved peak + CUDA context"),
+                "nccl": _with(_BYTES, "NCCL's buffers, outside the allocator (with --gpu; memory.nccl)"),
+                "device_peak": _with(_BYTES, "reserved peak + CUDA context + NCCL buffers"),
                 "expandable_segments": {"type": "boolean"},
             }
         ),
         "device_bytes": _with(_BYTES, "the GPU's memory as the driver reports it (nvidia-smi), with --gpu"),
         "device_usable": _with(
-            _BYTES, "what the allocator may reserve: device_bytes − CUDA context − --reserve (with --gpu)"
+            _BYTES,
+            "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − --reserve "
+            "(with --gpu)",
+        ),
+        "fsdp_all_gather_stream": _with(
+            {"type": ["integer", "null"], "minimum": 0},
+            "what the caching allocator reserves on FSDP2's all-gather stream (its own pool; reported, not "
+            "judged; 0 without FSDP2's gathers, null where not modelled: tensor parallelism, fine-tuning)",
+        ),
+        "ddp_buckets": _with(
+            _BYTES,
+            "torch DDP's gradient buckets (ZeRO 0 over dp > 1, --impl hf or torchtitan): a second copy of "
+            "the gradients with gradient_as_bucket_view=False; reported, not judged",
+        ),
+        "nccl": _obj(
+            {
+                "total": _with(_BYTES, "NCCL's buffers of the most loaded device, outside the allocator"),
+                "communicators": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "group": {"type": "string"},
+                            "ranks": _COUNT,
+                            "peers": _with(_COUNT, "point-to-point peers (0: collectives, on the ring)"),
+                            "inter_node": {"type": "boolean"},
+                            "channels": _with(_COUNT, "ring channels connected"),
+                            "p2p_channels_per_peer": _COUNT,
+                            "bytes": _BYTES,
+                        }
+                    ),
+                },
+            }
         ),
         "host": _obj(
             {

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.api import build_setup
 from memplan.cli.app import app
 from memplan.config import (
@@ -29,17 +30,24 @@ from memplan.contract import to_json as contract_json
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_model_preset, model_names
 from memplan.reserved import replay_device
+from memplan.time.comm_memory import ddp_bucket_bytes
 
 ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
 runner = CliRunner(env=ENV)
 
 
 def to_json(r: Result) -> dict[str, Any]:
-    """The contract of ``r`` with what ``estimate --json`` adds without a GPU: the allocator's replay."""
+    """The contract of ``r`` with what ``estimate --json`` adds without a GPU: the allocator's replay and
+    FSDP2's all-gather stream (its figures by hand: tests/test_fsdp_buffers.py)."""
     out = contract_json(r)
     found = replay_device(r)
+    st = r.device.stage
     out["memory"].update(
-        allocated_peak=found.allocated_peak, reserved_peak=found.reserved_peak, allocator=found.to_json()
+        allocated_peak=found.allocated_peak,
+        reserved_peak=found.reserved_peak,
+        allocator=found.to_json(),
+        fsdp_all_gather_stream=all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches),
+        ddp_buckets=ddp_bucket_bytes(r),
     )
     return out
 

@@ -71,7 +71,8 @@ def verdict_text(v: Verdict) -> Text:
     CUDA context and ``--reserve``); when the two print the same, the byte difference says which way."""
     memory = (
         f"{v.gpu} ({fmt_bytes(v.usable_bytes)} for the allocator of {fmt_bytes(v.device_bytes)} "
-        f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, --reserve {fmt_bytes(v.reserve)})"
+        f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, NCCL buffers {fmt_bytes(v.nccl)}, "
+        f"--reserve {fmt_bytes(v.reserve)})"
     )
     judged = v.reserved_peak if v.reserved_peak is not None else v.peak
     close = fmt_bytes(judged) == fmt_bytes(v.usable_bytes)
@@ -93,9 +94,15 @@ def verdict_text(v: Verdict) -> Text:
 def allocator_text(r: Reserved) -> Text:
     """The step as torch's caching allocator would report it (``memplan.reserved``)."""
     extra = f" + cuBLAS workspace {fmt_bytes(r.cublas_workspace)}" if r.cublas_workspace else ""
+    outside = ""
+    if r.cuda_context or r.nccl:  # with a GPU: what the driver holds beside the allocator's segments
+        outside = (
+            f"; outside it: CUDA context {fmt_bytes(r.cuda_context)} + NCCL buffers {fmt_bytes(r.nccl)} "
+            f"= device {fmt_bytes(r.device_peak)}"
+        )
     return Text(
         f"allocator (replayed, memory unlimited): allocated peak {fmt_bytes(r.allocated_peak)} · "
-        f"reserved peak {fmt_bytes(r.reserved_peak)} in {fmt_int(r.segments)} segments{extra}"
+        f"reserved peak {fmt_bytes(r.reserved_peak)} in {fmt_int(r.segments)} segments{extra}{outside}"
     )
 
 
@@ -130,6 +137,22 @@ def summary_panel(b: Built) -> Panel:
         lines.append(host)
     if b.reserved is not None:
         lines.append(allocator_text(b.reserved))
+    if b.fsdp_all_gather:  # FSDP2's all-gather stream: its own pool (memplan.analytic.fsdp_buffers)
+        lines.append(
+            Text(
+                f"FSDP2 all-gather stream (its own pool, beside the replay; not judged): reserved "
+                f"{fmt_bytes(b.fsdp_all_gather)}",
+                style="dim",
+            )
+        )
+    if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm_memory)
+        lines.append(
+            Text(
+                f"DDP gradient buckets (gradient_as_bucket_view=False: a second copy of the gradients; not "
+                f"judged): {fmt_bytes(b.ddp_buckets)}",
+                style="dim",
+            )
+        )
     if b.verdict is not None:
         lines.append(verdict_text(b.verdict))
     if b.host is not None:

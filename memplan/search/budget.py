@@ -4,10 +4,12 @@ The plan fits when what torch's caching allocator reserves at the step's peak (`
 the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspace included) fits the
 memory left to it: the memory the driver reports (``GpuPreset.device_bytes``: nvidia-smi's total where the
 preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
-(``reserved.CUDA_CONTEXT``, outside the allocator) and less ``--reserve`` (default 0: what memplan does not
-model, NCCL's buffers and DDP's buckets, ``reserved``'s NB). When the reserved peak of an unlimited
-replay passes it, the replay is run again with that capacity, as the allocator runs: it releases its wholly
-free cached segments before it gives up, and the plan fits if no request is then refused.
+(``reserved.CUDA_CONTEXT``, outside the allocator), less NCCL's buffers of the layout's communicators
+(``time.comm_memory.nccl_bytes``, outside the allocator too) and less ``--reserve`` (default 0: what
+memplan does not model, FSDP2's and DDP's communication buffers, ``reserved``'s NB). When the reserved
+peak of an unlimited replay passes it, the replay is run again with that capacity, as the allocator runs:
+it releases its wholly free cached segments before it gives up, and the plan fits if no request is then
+refused.
 
 The overflowing term: the most loaded device's terms are added in the order they are allocated — weights,
 optimizer states (master copy included), gradients, activations, then the peak's transient on top — and
@@ -45,15 +47,15 @@ def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
     if not (math.isfinite(gib) and 0 <= gib < total):
         raise ValueError(
             f"reserve: must be 0 ≤ GiB < the {gpu.name}'s {total:g} GiB, got {gib}; e.g. --reserve 1 "
-            "(NCCL and DDP buffers memplan does not model), --reserve 0 for none"
+            "(FSDP2's and DDP's communication buffers memplan does not model), --reserve 0 for none"
         )
     return int(gib * 2**30)
 
 
-def allocator_memory(gpu: GpuPreset, reserve: int) -> int:
-    """Bytes torch's caching allocator may reserve on ``gpu``: the driver's memory less the CUDA context
-    and ``reserve`` (never below 0)."""
-    return max(0, gpu.device_bytes - CUDA_CONTEXT - reserve)
+def allocator_memory(gpu: GpuPreset, reserve: int, nccl: int = 0) -> int:
+    """Bytes torch's caching allocator may reserve on ``gpu``: the driver's memory less the CUDA context,
+    NCCL's buffers ``nccl`` and ``reserve`` (never below 0)."""
+    return max(0, gpu.device_bytes - CUDA_CONTEXT - nccl - reserve)
 
 
 class Verdict(BaseModel):
@@ -65,10 +67,12 @@ class Verdict(BaseModel):
     """What the driver reports (nvidia-smi's total; the vendor's capacity when the preset states none)."""
     cuda_context: int
     """Held outside torch's allocator (``reserved.CUDA_CONTEXT``)."""
+    nccl: int = 0
+    """NCCL's buffers, outside torch's allocator (``time.comm_memory.nccl_bytes``)."""
     reserve: int
     """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
-    """device_bytes − cuda_context − reserve: what the allocator may reserve."""
+    """device_bytes − cuda_context − nccl − reserve: what the allocator may reserve."""
     peak: int
     """The peak of the most loaded device's tensors (``memory.peak``); when ``exact`` is false, a lower
     bound of it that already exceeds the memory (the peak itself was not needed to say so)."""
@@ -140,15 +144,23 @@ def verdict(
     """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
     expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
     lower bounds do not already exceed the usable memory."""
-    memory = allocator_memory(gpu, reserve)
+    from memplan.time.comm_memory import nccl_bytes  # with a GPU only (start-up)
+
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
     capped = False
+    # NCCL's buffers of the judged stage's rank: the bound's when the bound decides (the most loaded device
+    # is then never computed), else the most loaded device's
+    nccl = nccl_bytes(p, gpu, bound.stage.index)
+    memory = allocator_memory(gpu, reserve, nccl)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         fit, headroom = False, memory - peak
     else:
         dev = p.device
+        if dev.stage.index != bound.stage.index:
+            nccl = nccl_bytes(p, gpu, dev.stage.index)
+            memory = allocator_memory(gpu, reserve, nccl)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         unlimited = replay_device(p, gpu, expandable=expandable)
         found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
@@ -163,6 +175,7 @@ def verdict(
         memory_bytes=gpu.memory_bytes,
         device_bytes=gpu.device_bytes,
         cuda_context=CUDA_CONTEXT,
+        nccl=nccl,
         reserve=reserve,
         usable_bytes=memory,
         peak=peak,
@@ -242,7 +255,8 @@ def host_fits(p: Result, gpu: GpuPreset) -> bool:
 
 def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed, then (with ``gpu``)
-    what the allocator reserves — the same answer as ``judged``, sooner:
+    what the allocator reserves in ``memory`` less the layout's NCCL buffers — the same answer as
+    ``judged``, sooner:
 
     - the requested peak (the estimate's peak plus cuBLAS's workspace: the stream reaches it,
       ``reserved``'s docstring) above ``memory`` cannot fit: reserved ≥ allocated ≥ requested, at every
@@ -261,6 +275,9 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
         return False
     if gpu is None:
         return True
+    from memplan.time.comm_memory import nccl_bytes  # with a GPU only (start-up)
+
+    memory -= nccl_bytes(p, gpu)  # the layout's NCCL buffers, outside the allocator (``verdict``)
     if p.device.peak.bytes + cublas_workspace(gpu) > memory:
         return False
     return not refuses(p, gpu, memory)

@@ -210,14 +210,23 @@ FIT = ("fit", "-m", "llama-3-8b", "--seq", "8192", "--gpu", "a100-40gb", "--gpus
 def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
     doc = ok_json(*FIT, "--top", "0")
     # the allocator's share of an A100-40GB: nvidia-smi's 40,960 MiB less the CUDA context's 723 MiB
-    # (memplan.reserved.CUDA_CONTEXT) and the default reserve, now 0
+    # (memplan.reserved.CUDA_CONTEXT), the layout's NCCL buffers and the default reserve, now 0
     configs, memory = doc["configs"], (40960 - 723) * 2**20 - doc["reserve"]
     assert doc["reserve"] == 0
     assert len(configs) == doc["fitting"] > 0
     speeds = [c["time"]["tokens_per_s"] for c in configs]
     assert speeds == sorted(speeds, reverse=True)
     for c in configs:
-        assert c["fit"]["reserved_peak"] <= memory and c["fit"]["fits"] and c["fit"]["usable_bytes"] == memory
+        # NCCL on 8 A100s of one node: each ring (tp, cp, and dp × cp, when more than one rank) 24
+        # channels × 12 MiB (a 10 MiB receive and a 2 MiB send connection); pp 2: one peer, 32
+        # point-to-point channels (24 rounded up to a power of two) × 12 MiB
+        st = c["settings"]
+        rings = (st["tp"] > 1) + (st["cp"] > 1) + (st["dp"] * st["cp"] > 1)
+        assert st["pp"] <= 2
+        nccl = (rings * 24 + (st["pp"] == 2) * 32) * 12 * 2**20
+        assert c["fit"]["nccl"] == nccl
+        usable = memory - nccl
+        assert c["fit"]["reserved_peak"] <= usable and c["fit"]["fits"] and c["fit"]["usable_bytes"] == usable
         assert c["memory"]["peak"] <= c["fit"]["allocated_peak"] <= c["fit"]["reserved_peak"]
         assert {"checkpointing", "attention", "zero", "tp", "pp", "dp", "micro_batch"} <= set(c["settings"])
         assert "total" in c["flops"] and c["setup"]["devices"] == 8
@@ -231,7 +240,9 @@ def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
             "allocator",
         )
         # the tensors' peak passes the memory, or (allocator) only the replay's reserved peak does
-        assert (r["fit"]["peak"] > memory) == (r["fit"]["overflow"] != "allocator")
+        usable = memory - r["fit"]["nccl"]
+        assert r["fit"]["usable_bytes"] == usable
+        assert (r["fit"]["peak"] > usable) == (r["fit"]["overflow"] != "allocator")
     assert doc["max_seq"] >= 8192 and doc["searched"] >= doc["evaluated"] >= doc["peaks"]
 
 

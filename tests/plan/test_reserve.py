@@ -14,12 +14,16 @@ from memplan.search.fit import fit
 
 def test_usable_memory_is_the_drivers_less_the_context_and_the_reserve() -> None:
     """Issue #22 item 7: nvidia-smi's 81,559 MiB on an H100 SXM (the preset's cited figure), less the
-    CUDA context's 723 MiB (reserved.CUDA_CONTEXT's measurement) and the default reserve, now 0."""
+    CUDA context's 723 MiB (reserved.CUDA_CONTEXT's measurement), NCCL's buffers and the default reserve,
+    now 0. NCCL: dp 8 on one 8-GPU node is one communicator, its ring on Hopper's 16 channels, each a
+    receive connection (4 KiB header + 512 KiB LL + 4,800 KiB LL128 + 4 MiB Simple → 10 MiB in cuMem's
+    2 MiB granules) and a send connection (a 4 KiB page → 2 MiB): 16 × 12 MiB = 192 MiB."""
     b = build(Options(model="7b", gpu="h100", zero=3, dp=8))
     v = b.verdict
     assert v is not None and DEFAULT_RESERVE == 0 and v.reserve == 0
     assert v.device_bytes == 81559 * 2**20 and v.memory_bytes == 80 * 2**30
-    assert v.usable_bytes == (81559 - 723) * 2**20
+    assert v.nccl == 192 * 2**20
+    assert v.usable_bytes == (81559 - 723 - 192) * 2**20
     # judged on the allocator's reserved peak, which holds at least the tensors' peak
     assert v.reserved_peak is not None and v.allocated_peak is not None
     assert v.reserved_peak >= v.allocated_peak >= v.peak

@@ -1,0 +1,127 @@
+"""FSDP2's all-gather buffers: the segments torch's caching allocator holds on FSDP2's all-gather stream.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
+``foreach_all_gather``) allocates each unit's ``all_gather_output`` — its parameters' padded shards
+(⌈rows/W⌉ · cols each, ``_get_dim0_padded_size``) × the W ranks it shards over, in the parameter dtype —
+under ``device_handle.stream(all_gather_copy_in_stream)``: a stream of its own, whose blocks the caching
+allocator keeps in their own pools (``analytic.allocator``: pools per stream). The unsharded parameters the
+layer computes with are copied out of it on the default stream (``foreach_all_gather_copy_out``); those are
+the estimate's gathered unit (``analytic.step.zero3_gather``), not these.
+
+When each buffer is freed, from _fsdp_param_group.py (torch 2.13), per micro-batch:
+
+- forward (implicit prefetch): unit k's ``pre_forward`` all-gathers it (allocates), then
+  ``wait_for_unshard`` frees the *previous* unit's buffer (``comm_ctx.all_gather_state``), keeping unit
+  k's until the next unit's; the last unit's is kept into the backward and freed at the next forward's
+  first ``wait_for_unshard``;
+- backward: unit j's ``pre_backward`` all-gathers it unless prefetched or still unsharded, frees it after
+  the copy-out (not deferred outside the forward), then prefetches unit j − 1 (``_backward_prefetch``).
+
+Units, as torchtitan wraps a decoder (``apply_fsdp``: the token embedding, each transformer block, and the
+final norm with the output projection, that last group not resharded after forward): ZeRO-3 re-gathers
+every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none.
+
+The stream's segments are never returned while the step runs, and the default stream cannot use them:
+its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
+through its own ``analytic.allocator.Allocator``, two steps as ``reserved.STEPS``).
+
+Known limitations:
+- NB: tensor parallelism (FSDP2 then gathers each rank's DTensor shard) and fine-tuning (LoRA's adapters
+  in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None). memplan's
+  reference model's FSDP2 wrapping (each layer, then the root: embedding, final norm and head together,
+  not resharded after forward) differs from torchtitan's in the first and last unit only.
+- NB: the reduce-scatter side is not counted: ``foreach_reduce`` allocates its input (a copy of the
+  unit's unsharded gradients in the reduce dtype) on the default stream and keeps it until the next
+  unit's reduce (``reduce_scatter_states``), and its output (the sharded gradients) on the reduce-scatter
+  stream, where the estimate's replay puts the gradients on the default stream.
+- NB: under memory pressure the allocator's out-of-memory path releases this stream's wholly free cached
+  segments too (``release_cached_blocks``); the default stream's replay at capacity does not see them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
+from memplan.config import PositionType, Setup, ZeroStage
+
+Shape = tuple[int, ...]
+STEPS = 2
+"""Steps replayed: the second finds the first one's cached segments (``reserved.STEPS``)."""
+
+
+def gathered(shapes: list[Shape], world: int, element: int) -> int:
+    """Bytes of one unit's ``all_gather_output``: each tensor's dim-0 shard padded to ⌈rows/W⌉ rows,
+    times W ranks, in ``element`` bytes."""
+    return element * world * sum(-(-s[0] // world) * math.prod(s[1:]) for s in shapes)
+
+
+def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
+    """Each FSDP2 unit of a rank holding ``layers`` layers (the embedding when ``first``, the final norm and
+    head when ``last``), in forward order: (its all-gather output's bytes, whether the backward gathers
+    it again). Empty without ZeRO-2/3 over more than one rank; None where not modelled (module NB)."""
+    s, m = setup.strategy, setup.model
+    world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
+    if s.zero < ZeroStage.GRADIENTS or world == 1:
+        return []
+    if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
+        return None
+    e, h = setup.training.precision.weight_bytes, m.hidden_size
+    again = s.zero >= ZeroStage.PARAMETERS
+    units: list[tuple[int, bool]] = []
+    if first:
+        embed: list[Shape] = [(m.vocab_size, h)]
+        embed += [(m.max_positions, h)] if m.position is PositionType.LEARNED else []
+        units.append((gathered(embed, world, e), again))
+    units += [(gathered(_layer_shapes(m), world, e), again)] * layers
+    if last:
+        head: list[Shape] = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
+        units.append((gathered(head, world, e), False))
+    return units
+
+
+def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
+    """The all-gather stream's allocations and frees over ``steps`` steps of ``micro_batches`` (coded as
+    ``reserved.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k)."""
+    out: list[int] = []
+    made = 0
+
+    def alloc(size: int) -> int:
+        nonlocal made
+        out.append(size)
+        made += 1
+        return made - 1
+
+    held: int | None = None  # the forward's last buffer (``all_gather_state``)
+    for _ in range(steps * micro_batches):
+        for size, _again in units:  # forward: allocate this unit's, then free the one kept before it
+            i = alloc(size)
+            if held is not None:
+                out.append(-held - 1)
+            held = i
+        pending: int | None = None
+        for j in reversed(range(len(units))):  # backward
+            size, again = units[j]
+            if again and pending is None:
+                pending = alloc(size)  # its own unshard (nothing prefetched it)
+            if pending is not None:
+                out.append(-pending - 1)  # freed after the copy-out
+                pending = None
+            if j > 0 and units[j - 1][1]:
+                pending = alloc(units[j - 1][0])  # _backward_prefetch
+    return out
+
+
+def stream_reserved(units: list[tuple[int, bool]], micro_batches: int = 1) -> Replay:
+    """The all-gather stream's allocator counters (its own pools: a fresh ``Allocator``)."""
+    return Allocator().replay_codes(codes(units, micro_batches))
+
+
+def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_batches: int) -> int | None:
+    """Bytes the caching allocator reserves on FSDP2's all-gather stream for a rank holding ``layers``
+    layers (``gather_units``; 0 without FSDP2's gathers, None where not modelled)."""
+    units = gather_units(setup, layers, first, last)
+    if units is None:
+        return None
+    return stream_reserved(units, micro_batches).reserved_peak if units else 0

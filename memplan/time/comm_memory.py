@@ -1,0 +1,107 @@
+"""The NCCL communicators one rank of a layout belongs to, and their buffers (``analytic.nccl``).
+
+The groups are those ``time.comm`` places, one NCCL communicator per process group (torch's
+``ProcessGroupNCCL`` opens one per group and device; torchtitan's device mesh one per dimension and per
+flattened dimension it communicates over):
+
+- ``tp``: tp ranks, collectives (their ring);
+- ``cp``: cp ranks, torch's ring attention: an all-gather (the ring) with ``--cp-rotate allgather``, a
+  rotation to the next rank with ``alltoall`` (point-to-point: a send to one peer and a receive from
+  another per channel, one peer's worth);
+- ``pp``: point-to-point with the neighbouring stages: one peer for the first and last stage (and when
+  pp = 2), two for the others; the interleaved schedule wraps the last stage's chunks to the first
+  stage's next ones, so every stage has two;
+- ``dp``: ZeRO's / DDP's collectives over dp × cp ranks (torchtitan's ``dp_shard_cp``); with HSDP the
+  shard group (R × cp) and the replicate group (dp/R); routed experts over dp/ep when ep > 1;
+- ``ep``: the all-to-alls of the routed tokens: point-to-point with all ep − 1 peers.
+
+A group's ranks are ``placed`` on the topology as ``time.comm`` places them (inside a node or not).
+
+NB: the world group torch creates first (``init_process_group``) holds no buffers until a collective runs
+on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ring.
+"""
+
+from __future__ import annotations
+
+from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
+from memplan.config import CpRotate, Impl, Setup, ZeroStage
+from memplan.engine import Result
+from memplan.presets import GpuPreset, Topology
+from memplan.time.comm import stride
+from memplan.time.fabric import link, placed
+
+
+def _inter(topo: Topology, group_stride: int, n: int) -> bool:
+    return link(topo, group_stride, n).level == "inter-node"
+
+
+def pipeline_peers(setup: Setup, stage: int) -> int:
+    """Stages the rank at ``stage`` exchanges activations and gradients with (module docstring)."""
+    p = setup.parallel.pp
+    if p == 1:
+        return 0
+    if p == 2:
+        return 1
+    ends = stage in (0, p - 1)
+    return 1 if ends and setup.parallel.vpp == 1 else 2
+
+
+def communicators(setup: Setup, stage: int, topo: Topology) -> list[Communicator]:
+    """The communicators of a rank of pipeline stage ``stage`` with more than one rank (module docstring)."""
+    par, st = setup.parallel, setup.strategy
+    out: list[Communicator] = []
+    if par.tp > 1:
+        out.append(Communicator("tp", par.tp, 0, _inter(topo, 1, par.tp)))
+    if par.cp > 1:
+        rotate = par.cp_rotate is CpRotate.ALLTOALL
+        out.append(Communicator("cp", par.cp, 1 if rotate else 0, _inter(topo, stride(setup, "cp"), par.cp)))
+    if (peers := pipeline_peers(setup, stage)) > 0:
+        out.append(Communicator("pp", par.pp, peers, _inter(topo, stride(setup, "pp"), 2)))
+    at = stride(setup, "dp")
+    shard = st.shard_group * par.cp
+    if shard > 1:
+        inter = placed(topo, ((stride(setup, "cp"), par.cp), (at, st.shard_group))).level == "inter-node"
+        out.append(Communicator("dp" if st.replicas == 1 else "dp (shard)", shard, 0, inter))
+    if st.replicas > 1:
+        out.append(
+            Communicator("dp (replicate)", st.replicas, 0, _inter(topo, at * st.shard_group, st.replicas))
+        )
+    if setup.model.moe is not None and par.ep > 1:
+        if st.dp // par.ep > 1:
+            experts = st.dp // par.ep
+            out.append(Communicator("dp experts", experts, 0, _inter(topo, at * par.ep, experts)))
+        out.append(Communicator("ep", par.ep, par.ep - 1, _inter(topo, at, par.ep)))
+    return out
+
+
+def nccl_buffers(r: Result, gpu: GpuPreset, stage: int | None = None) -> list[NcclBuffers]:
+    """NCCL's buffers on a rank of pipeline stage ``stage`` of ``r`` (default: the most loaded device's)
+    on ``gpu``."""
+    index = r.device.stage.index if stage is None else stage
+    return [buffers(c, gpu.arch) for c in communicators(r.setup, index, gpu.topology)]
+
+
+def nccl_bytes(r: Result, gpu: GpuPreset | None, stage: int | None = None) -> int:
+    """Bytes of NCCL's buffers on a rank of ``stage`` (``nccl_buffers``; 0 without a GPU)."""
+    return 0 if gpu is None else sum(b.bytes for b in nccl_buffers(r, gpu, stage))
+
+
+def ddp_bucket_bytes(r: Result) -> int:
+    """Bytes of torch DDP's gradient buckets on the most loaded device: with ZeRO 0 over dp > 1 under
+    ``--impl hf`` (transformers' Trainer and Accelerate wrap the model in
+    ``torch.nn.parallel.DistributedDataParallel``) and ``--impl torchtitan`` (its DDP path,
+    ``replicate``, the same reducer). The reducer allocates one flat buffer per bucket at construction
+    (``bucket_cap_mb`` 25 MiB, the first ``dist._DEFAULT_FIRST_BUCKET_BYTES`` 1 MiB) and, with the default
+    ``gradient_as_bucket_view=False``, copies each gradient into it: "the saved memory size will be equal
+    to the total gradients size" (the parameter's docstring) — one more copy of the rank's gradients,
+    alive for the whole run. 0 elsewhere: memplan's reference model all-reduces each gradient in place,
+    Megatron's DDP keeps the gradients in its contiguous buffer (``param_and_grad_buffer``: the
+    ``main_grad`` are views of it, no second copy), ZeRO ≥ 1 runs FSDP2 or Megatron's distributed
+    optimizer. NB: reported beside the replay, not added to it: the buckets are default-stream
+    allocations made before the first step (``reserved``'s NB)."""
+    s = r.setup
+    if s.strategy.zero is not ZeroStage.NONE or s.strategy.dp == 1:
+        return 0
+    if s.impl.impl not in (Impl.HF, Impl.TORCHTITAN):
+        return 0
+    return r.device.states.gradients

@@ -1,0 +1,87 @@
+"""Issue #22 item 1: FSDP2's all-gather stream (``memplan.analytic.fsdp_buffers``), its order of
+allocations and frees read from torch's _fsdp_param_group.py and its reserved bytes derived by hand from
+the caching allocator's documented rules (2 MiB rounding of large segments, best fit, splitting)."""
+
+from __future__ import annotations
+
+from memplan.analytic.fsdp_buffers import codes, gather_units, stream_reserved
+from memplan.api import Options, build
+from memplan.config import ZeroStage
+
+MIB = 2**20
+
+
+def test_the_order_of_gathers_and_frees() -> None:
+    """Units E, L, L, H (H not resharded after forward). Forward: each unit's buffer is allocated, then the
+    one kept before it freed (``all_gather_state``); H's stays. Backward, from the last unit: H is still
+    unsharded (nothing gathered); its pre_backward prefetches the unit before; each pre_backward frees its
+    unit's buffer after the copy-out, then prefetches the next."""
+    a, b, c = 100, 200, 300
+    units = [(a, True), (b, True), (b, True), (c, False)]
+    forward = [a, b, -1, b, -2, c, -3]  # allocations numbered 0, 1, …; −k − 1 frees k
+    backward = [b, -5, b, -6, a, -7]  # 4 (unit 2, prefetched by H), 5 (unit 1), 6 (unit 0)
+    assert codes(units, steps=1) == forward + backward
+    # the next step's first gather frees the forward's kept H (allocation 3) after allocating unit 0
+    assert codes(units, steps=2)[13:16] == [a, -4, b]
+
+
+def test_llama2_13b_over_64_ranks_by_hand() -> None:
+    """Llama-2-13B, ZeRO-3 over 64 ranks (docs/published-memory.md's first row). Each all-gather output in
+    bf16, every dim 0 divisible by 64 (no padding):
+      embedding [32000, 5120]                                       = 163,840,000 el → 327,680,000 B
+      layer: 2 norms [5120] + q, k, v, o [5120, 5120]
+             + gate, up [13824, 5120] + down [5120, 13824]          = 317,204,480 el → 634,408,960 B
+      final norm [5120] + head [32000, 5120]                        = 163,845,120 el → 327,690,240 B
+    Segments (> 10 MiB: rounded up to 2 MiB): 314 MiB, 606 MiB, 314 MiB. The forward takes the embedding's
+    314 MiB, layer 0's 606 MiB, layer 1's another 606 MiB (the free 314 MiB is too small), then every
+    later layer the 606 MiB freed before it; the head fits in the embedding's free 314 MiB. The backward
+    and the second step reuse them (best fit, splitting): 314 + 2 × 606 = 1,526 MiB."""
+    r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
+    units = gather_units(r.setup, 40, True, True)
+    assert units is not None and len(units) == 42
+    assert units[0] == (327_680_000, True) and units[1] == (634_408_960, True)
+    assert units[-1] == (327_690_240, False)
+    got = stream_reserved(units)
+    assert got.reserved_peak == (314 + 2 * 606) * MIB == 1_600_126_976
+    # at most two layers' buffers are live at once, the forward's kept one and the next; each handed out
+    # as its whole 606 MiB block (the 1,028,096 B left is under 1 MiB: not split)
+    assert got.requested_peak == 2 * 634_408_960
+    assert 606 * MIB - 634_408_960 == 1_028_096 and got.allocated_peak == 2 * 606 * MIB
+
+
+def test_padding_and_the_stages_that_gather() -> None:
+    """Dim 0 padded to a multiple of the ranks: Llama-2-13B's vocabulary 32,000 over 3 ranks is
+    ⌈32000/3⌉ = 10,667 rows each, 32,001 gathered. ZeRO-2 gathers only in forward; ZeRO-1 not at all."""
+    setup = build(Options(model="llama-2-13b", zero=3, dp=3)).result.setup
+    units = gather_units(setup, 40, True, True)
+    assert units is not None and units[0] == (32_001 * 5120 * 2, True)
+    two = setup.model_copy(
+        update={"strategy": setup.strategy.model_copy(update={"zero": ZeroStage.GRADIENTS})}
+    )
+    assert {again for _, again in gather_units(two, 40, True, True) or []} == {False}
+    one = setup.model_copy(
+        update={"strategy": setup.strategy.model_copy(update={"zero": ZeroStage.OPTIMIZER})}
+    )
+    assert gather_units(one, 40, True, True) == []
+
+
+def test_estimate_reports_it_beside_the_replay() -> None:
+    b = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb"))
+    assert b.fsdp_all_gather == 1_600_126_976
+    tp = build(Options(model="llama-2-13b", zero=3, tp=2, dp=4))
+    assert tp.fsdp_all_gather is None  # tensor parallelism: not modelled
+    megatron = build(Options(model="llama-2-13b", zero=3, dp=4, impl="megatron"))
+    assert megatron.fsdp_all_gather == 0  # Megatron's distributed optimizer, not FSDP2
+
+
+def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
+    """torch DDP under --impl hf (transformers' Trainer wraps the model in it), ZeRO 0 over dp 4:
+    gradient_as_bucket_view=False keeps one more copy of every gradient, "equal to the total gradients
+    size". Llama-3-8B: 8,030,261,248 parameters (Meta's model card), bf16 gradients 2 B each. The
+    reference model all-reduces in place (0), and ZeRO 1 is not DDP (0)."""
+    hf = build(Options(model="llama-3-8b", impl="hf", dp=4))
+    assert hf.result.params.total == 8_030_261_248
+    assert hf.ddp_buckets == 2 * 8_030_261_248
+    assert build(Options(model="llama-3-8b", dp=4)).ddp_buckets == 0
+    assert build(Options(model="llama-3-8b", impl="hf", dp=4, zero=1)).ddp_buckets == 0
+    assert build(Options(model="llama-3-8b", impl="hf")).ddp_buckets == 0  # one rank: no DDP
