@@ -326,7 +326,7 @@ def test_deepseek_import_refuses_what_is_not_modelled(keys: dict[str, Any], mess
 @pytest.mark.parametrize("model", [V3_SMALL, v2({**V2_MOE, "groups": 4, "topk_groups": 2}), v2(V2_MOE, None)])
 def test_deepseek_keys_read_back(model: dict[str, Any]) -> None:
     """The config keys ``--impl hf`` passes transformers (``hf_config.deepseek_keys``) import back to the
-    same model (``presets.hf_deepseek``): what the measurement runs is what the estimate reads."""
+    same model (``presets.hf.deepseek``): what the measurement runs is what the estimate reads."""
     setup = small(model)
     keys = keys_of(setup) | {"model_type": setup.model.code_family.value}
     back = model_from_hf_config(keys, setup.model.name)
