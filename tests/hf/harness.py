@@ -7,7 +7,8 @@ exact. The exact bytes are in the failure message."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +24,9 @@ from memplan.measure.frameworks.dispatch import check_traceable
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
+from memplan.presets.hf import model_from_hf_config
+
+F = TypeVar("F", bound=Callable[..., None])
 
 
 def hf_setup(
@@ -50,6 +54,43 @@ def hf_setup(
         device=Device.CPU,
         impl=ImplConfig(impl=impl, reentrant=reentrant, use_cache=use_cache),
     )
+
+
+TINY: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "ffn_size": 512,
+    "vocab_size": 1000,
+}
+"""The tiny widths an imported family's layer is cut to (``tiny_hf``): what it keeps, at a cost fake tensors
+and transformers' own code run in well under a second."""
+CHECKPOINTING = [("none", False), ("full", False), ("full", True)]
+"""(checkpointing, reentrant): none, transformers' full checkpointing non-reentrant and reentrant."""
+
+
+def tiny_hf(config: Mapping[str, Any], name: str, **fields: Any) -> Setup:
+    """A family's ``config.json`` through the importer, cut to ``TINY`` widths (``fields`` replaced),
+    s = 256."""
+    return hf_setup(model_from_hf_config(config, name), seq=256, **(TINY | fields))
+
+
+def each_case(test: F) -> F:
+    """``test`` parametrized over what every family's exactness runs: attention (flash, eager) ×
+    ``CHECKPOINTING`` × the KV cache (on, off)."""
+    test = pytest.mark.parametrize("use_cache", [True, False])(test)
+    test = pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)(test)
+    return pytest.mark.parametrize("attention", ["flash", "eager"])(test)
+
+
+def check_exact(setup: Setup) -> None:
+    """Per layer, in total and FLOPs per phase: the estimate equals transformers' own run."""
+    est, meas = estimate(setup), measure_hf(setup)
+    layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
+    assert (estimated_layers(est), est.activations) == (layers, meas.activations)
+    flops = (est.flops.forward, est.flops.backward, est.flops.recompute)
+    assert flops == tuple(meas.flops.get(p, 0) for p in ("forward", "backward", "recompute"))
 
 
 _EAGER_EXPERTS = (

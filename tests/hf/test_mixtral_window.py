@@ -12,8 +12,7 @@ import pytest
 
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import check_exact
+from tests.hf.harness import check_exact, hf_setup
 
 # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json (the keys memplan reads)
 MIXTRAL_8X7B: dict[str, Any] = {
