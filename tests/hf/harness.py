@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memplan.api import build_setup
-from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig, Setup
+from memplan.config import AttentionChoice, Device, ExpertsImpl, Impl, ImplConfig, ModelConfig, Setup
 from memplan.engine import Result, estimate
 from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
@@ -66,6 +66,15 @@ TINY: dict[str, Any] = {
 }
 """The tiny widths an imported family's layer is cut to (``tiny_hf``): what it keeps, at a cost fake tensors
 and transformers' own code run in well under a second."""
+MOE_WIDTHS: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "ffn_size": 32,
+    "vocab_size": 128,
+}
+"""The small widths the mixtures of experts run at against transformers (its ``moe`` set by each test)."""
 CHECKPOINTING = [("none", False), ("full", False), ("full", True)]
 """(checkpointing, reentrant): none, transformers' full checkpointing non-reentrant and reentrant."""
 
@@ -82,6 +91,11 @@ def each_case(test: F) -> F:
     test = pytest.mark.parametrize("use_cache", [True, False])(test)
     test = pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)(test)
     return pytest.mark.parametrize("attention", ["flash", "eager"])(test)
+
+
+def with_experts(setup: Setup, experts: str) -> Setup:
+    """``setup`` with transformers' experts implementation ``experts`` (grouped_mm or eager)."""
+    return setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
 
 
 def check_exact(setup: Setup) -> None:
@@ -163,3 +177,13 @@ def exact_moe(est: Result, meas: Measured, paired: bool = True) -> None:
     assert (f.forward, f.backward, f.recompute) == tuple(
         meas.flops[k] for k in ("forward", "backward", "recompute")
     )
+
+
+def exact_realised_routing(setup: Setup, experts: str, routed: int) -> None:
+    """Real tensors, the router's own choice with ``experts``: every layer's tokens per expert sum to
+    ``routed`` (T·k, dropless) and are unbalanced, and the bytes and FLOPs are the estimate's still
+    (``exact_moe``; the eager loop's E pieces pair by bytes per layer, not by name)."""
+    setup = with_experts(setup, experts)
+    meas = measure_hf(setup, fake=False)
+    assert all(sum(c) == routed and max(c) > min(c) for c in meas.routing)
+    exact_moe(estimate(setup), meas, paired=experts == "grouped_mm")

@@ -22,7 +22,6 @@ from memplan.blocks.inventory import Role
 from memplan.config import (
     AttentionChoice,
     Device,
-    ExpertsImpl,
     Family,
     Impl,
     ImplConfig,
@@ -37,7 +36,7 @@ from memplan.measure.frameworks.hf_config import keys_of
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import check_hf, hf_setup
+from tests.hf.harness import check_hf, hf_setup, with_experts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from make_presets import PRESETS
@@ -124,7 +123,7 @@ def test_deepseek_v3_realised_routing(experts: str) -> None:
     the bytes and FLOPs do not depend on it; transformers' eager experts loop keeps E pieces whose rows sum
     to the estimate's [S, ·] tensors (equal per layer and in total; they pair by bytes, not one to one)."""
     setup = small(V3_SMALL)
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+    setup = with_experts(setup, experts)
     if experts == "grouped_mm":
         est, meas = check_hf(setup, fake=False)
     else:
