@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from memplan.config import Gelu, MlpType, NormType, PositionType
-from memplan.presets.hf.keys import Cfg, first, flag, integer, number, required
+from memplan.presets.hf.keys import Cfg, first, flag, integer, nested, number, required
 
 Fields = dict[str, Any]
 """``ModelConfig``'s keyword arguments, as read."""
@@ -177,7 +177,8 @@ class Family:
     def notes(self, kind: str, cfg: Cfg) -> list[str]:
         notes = [self.note if isinstance(self.note, str) else self.note(cfg)] if self.note else []
         rope = cfg.get("rope_scaling") or {}
-        if self.longrope and "longrope" in (rope.get("rope_type"), rope.get("type")):
+        kinds = (nested(cfg, "rope_scaling").get(k) for k in ("rope_type", "type")) if self.longrope else ()
+        if "longrope" in kinds:
             # PhimoeRotaryEmbedding: cos/sin of the same [s, d] shape, scaled by short/long_mscale, no grad
             notes.append("longrope rope_scaling: the rotary tables' values only (no bytes, no FLOPs)")
         elif rope:

@@ -66,6 +66,14 @@ def nullable(cfg: Cfg, key: str, default: float | None) -> float | None:
     return number(cfg, key, default=0.0)
 
 
+def nested(cfg: Cfg, key: str) -> Cfg:
+    """An object-valued key (``rope_parameters``, ``rope_scaling``); absent, null or empty → {}."""
+    value = cfg.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: expected an object, got {value!r}; fix config.json")
+    return value
+
+
 def rope_kind(cfg: Cfg) -> str | None:
     """The ``rope_scaling`` (or transformers 5's ``rope_parameters``) type other than "default", or None."""
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -77,5 +85,5 @@ def partial_rotary(cfg: Cfg, *keys: str, default: float) -> float:
     """The rotated fraction of each head: ``rope_parameters["partial_rotary_factor"]`` (transformers 5)
     over the config's top-level ``keys`` (GPT-NeoX's ``rotary_pct``, ``partial_rotary_factor``) over
     ``default`` (the config class's)."""
-    rope = cfg.get("rope_parameters") or {}
-    return number(rope, "partial_rotary_factor", default=number(cfg, *keys, default=default))
+    default = number(cfg, *keys, default=default)
+    return number(nested(cfg, "rope_parameters"), "partial_rotary_factor", default=default)
