@@ -14,8 +14,8 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 from pathlib import Path
-from typing import Any
 
 from memplan.config import (
     Attention,
@@ -29,28 +29,10 @@ from memplan.config import (
 from memplan.engine import estimate
 from memplan.measure.runs.profile import profile
 
-LLAMA: dict[str, Any] = {
-    "hidden_size": 64,
-    "num_layers": 3,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "ffn_size": 160,
-}
-GPT: dict[str, Any] = {
-    "hidden_size": 64,
-    "num_layers": 3,
-    "num_heads": 4,
-    "ffn_size": 256,
-    "tied_embeddings": True,
-    "norm": "layernorm",
-    "mlp": "gelu",
-    "qkv_bias": True,
-    "out_bias": True,
-    "mlp_bias": True,
-    "position": "learned",
-    "resid_dropout": 0.1,
-    "embd_dropout": 0.1,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # run as a script: benchmarks/
+from layouts import PEAK_GPT, PEAK_LLAMA
+
+LLAMA, GPT = PEAK_LLAMA, PEAK_GPT  # tests/measure/test_peak.py's two models
 DOC = Path(__file__).resolve().parent.parent / "docs" / "peak-accuracy.md"
 
 

@@ -85,6 +85,7 @@ FILES: dict[str, bytes] = {
             "olmo2": b'"rms_norm_eps": 1e-6',
             "falcon": b'"alibi": true',
             "phimoe": b'"num_local_experts": 4, "num_experts_per_tok": 3',
+            "gpt_neox": b'"rope_parameters": [0.25]',  # an object in transformers 5, not a list
         }.items()
     },
 }
@@ -220,6 +221,7 @@ CASES: list[Case] = [
     ),
     case("hf-falcon-alibi", "estimate -m {dir}/hf-falcon.json --impl hf", "alibi"),
     case("hf-phimoe-top3", "estimate -m {dir}/hf-phimoe.json --impl hf", "num_experts_per_tok: 3"),
+    case("hf-rope-list", "estimate -m {dir}/hf-gpt_neox.json", "rope_parameters: expected an object"),
     case(
         "phimoe-reference",
         "estimate -m phi-3.5-moe --impl reference",

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
-from memplan.schema_commands import COMMANDS, command_schema
+from memplan.schema import COMMANDS, command_schema
 
 runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 FEW = settings(

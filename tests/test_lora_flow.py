@@ -1,7 +1,8 @@
-"""LoRA's and frozen training's gradient flow by hand (strategies/lora.py ``flows``, ``layer_rules``,
-``model_rules``, ``layer_bytes``, ``layer_flops``, ``flops``, ``recompute``): whole inventories of small
-setups, derived from which tensors require grad and which op's backward reads each save; torch-free, in the
-mutation selection (docs/mutation.md). tests/measure/test_finetune.py measures the same rules per tensor.
+"""LoRA's and frozen training's gradient flow by hand (strategies/lora_flow.py ``flows``; strategies/lora.py
+``layer_rules``, ``model_rules``, ``layer_bytes``, ``recompute``; strategies/lora_flops.py ``layer_flops``,
+``flops``): whole inventories of small setups, derived from which tensors require grad and which op's
+backward reads each save; torch-free, in the mutation selection (docs/mutation.md).
+tests/measure/test_finetune.py measures the same rules per tensor.
 
 The rule used throughout (autograd saves a tensor only for a gradient it will compute):
 - a linear y = x·Wᵀ keeps x only for dW = dYᵀ·x (W trains); dX = dY·W needs W alone. A frozen base with a
@@ -36,7 +37,7 @@ from memplan.config import (
 )
 from memplan.config.finetune import Target
 from memplan.config.strategy import Checkpointing
-from memplan.strategies import lora
+from memplan.strategies import lora, lora_flops, lora_flow
 
 D, R = H // A, 8  # head dim, LoRA rank
 
@@ -54,7 +55,7 @@ def inv(rules: list[Any]) -> list[Entry]:
 
 def layers(s: Setup) -> list[list[Entry]]:
     dims = Dims.of(s)
-    return [inv(lora.layer_rules(s, dims, f)) for f in lora.flows(s)]
+    return [inv(lora.layer_rules(s, dims, f)) for f in lora_flow.flows(s)]
 
 
 # the saves, named as the blocks name them; shapes [b, s, ·] of the layer's tensors
@@ -116,7 +117,7 @@ def test_adapters_on_q_and_v(method: Method) -> None:
     body = [ATTN_IN, Q, K, V_FLASH, *FLASH_CORE, OUT, *X32_MLP, GATE, ACT, UP, mid("q"), mid("v")]
     assert layers(s) == [body] + [[*X32, *body]] * (L - 1)
     dims = Dims.of(s)
-    before, after = lora.model_rules(s, dims, lora.flows(s))
+    before, after = lora.model_rules(s, dims, lora_flow.flows(s))
     # frozen embedding: no ids; q needs a gradient so rotary's q·cos, q·sin keep the tables; the final
     # norm's x needs a gradient, its weight is frozen; the frozen head keeps no input, the loss its own.
     assert inv(before) == ROPE
@@ -147,7 +148,7 @@ def test_full_training_above_frozen_layers() -> None:
     s = setup(method=Method.FULL, freeze_embeddings=True, freeze_layers=(0, 1))
     body = [ATTN_IN, Q, K, V_FLASH, *FLASH_CORE, OUT, *X32_MLP, N_MLP, MLP_IN, GATE, ACT, UP, DOWN_IN]
     assert layers(s) == [[], [], [N_ATTN, *body], [*X32, N_ATTN, *body]]
-    before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == ROPE
     assert inv(after) == [*FINAL_X, FINAL_N, HEAD_IN, *LOSS]
     assert lora.layer_bytes(s) == [0, 0, nbytes([N_ATTN, *body]), nbytes([*X32, N_ATTN, *body])]
@@ -169,7 +170,7 @@ def test_full_training_of_the_lower_layers_with_a_trained_embedding() -> None:
     frozen = [*norm, Q, K, V_FLASH, *FLASH_CORE, OUT, *mlp_norm, UP]
     got = layers(s)
     assert got == [trained, trained, frozen, frozen]
-    before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == [("embed.ids", (B, S), "int64"), ("embed.positions", (S,), "int64")]
     assert inv(after) == [*fin, HEAD_IN, *LOSS]
 
@@ -187,7 +188,7 @@ def test_eager_with_dropouts_and_adapters_on_k_and_o() -> None:
     first = [ATTN_IN, Q, V_EAGER, PROBS, ATTN_MASK, OUT, RESID[0], *mlp]
     rest = [*X32, ATTN_IN, Q, K, V_EAGER, PROBS, ATTN_MASK, PROBS_DROPPED, OUT, RESID[0], *mlp]
     assert layers(s) == [first] + [rest] * (L - 1)
-    before, _ = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, _ = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == [*ROPE, CAUSAL]
 
 
@@ -201,7 +202,7 @@ def test_eager_adapter_on_gate_only() -> None:
     first = [MLP_IN, GATE, UP, mid("gate")]
     rest = [*X32, Q, K, V_EAGER, PROBS, *X32_MLP, MLP_IN, GATE, ACT, UP, mid("gate")]
     assert layers(s) == [first] + [rest] * (L - 1)
-    before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == [*ROPE, CAUSAL]  # layer 1's q and k need gradients
     assert inv(after) == [*FINAL_X, *LOSS]
 
@@ -212,13 +213,13 @@ def test_nothing_trains_below_the_head() -> None:
     gradient) and the head its input."""
     s = setup(method=Method.FULL, freeze_embeddings=True, freeze_layers=(0, L - 1))
     assert layers(s) == [[]] * L
-    before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == []
     assert inv(after) == [FINAL_N, HEAD_IN, *LOSS]
     assert lora.layer_bytes(s) == [0] * L
     # the final norm's weight trains, so the head's dX runs (1×) beside its dW (1×); the layers run none
     head = 2 * T * H * V
-    assert lora.flops(s).backward == 2 * head
+    assert lora_flops.flops(s).backward == 2 * head
 
 
 def mm(m: int, k: int, n: int) -> int:
@@ -241,9 +242,9 @@ def test_flops_with_adapters_on_q_and_v() -> None:
     back0 = tail + 2 * (mm(T, H, R) + 2 * mm(T, R, H))
     back1 = back0 + 3 * mm(T, H, H) + 2 * mm(T, H, R)
     dims = Dims.of(s)
-    got = [lora.layer_flops(s, dims, f) for f in lora.flows(s)]
+    got = [lora_flops.layer_flops(s, dims, f) for f in lora_flow.flows(s)]
     assert got == [(forward, back0, 5 * PER_BMM)] + [(forward, back1, 5 * PER_BMM)] * (L - 1)
-    fl = lora.flops(s)
+    fl = lora_flops.flops(s)
     attention = L * 2 * PER_BMM  # QKᵀ and P·V
     head = mm(T, H, V)
     assert (fl.forward, fl.layer_linear, fl.layer_attention, fl.lm_head) == (
@@ -262,14 +263,15 @@ def test_eager_attention_backward_runs_the_needed_operand_gradients() -> None:
     An adapter on gate only: layer 0's attention runs no backward; the full-training head: dX and dW."""
     s = setup(Attention.EAGER, method=Method.LORA, targets=(Target.K, Target.O))
     dims = Dims.of(s)
-    assert [lora.layer_flops(s, dims, f)[2] for f in lora.flows(s)] == [2 * PER_BMM] + [4 * PER_BMM] * 3
+    cores = [lora_flops.layer_flops(s, dims, f)[2] for f in lora_flow.flows(s)]
+    assert cores == [2 * PER_BMM] + [4 * PER_BMM] * 3
     g = setup(Attention.EAGER, method=Method.LORA, targets=(Target.GATE,))
-    dims, fl = Dims.of(g), lora.flows(g)
-    assert [lora.layer_flops(g, dims, f)[2] for f in fl] == [0] + [4 * PER_BMM] * 3
+    dims, fl = Dims.of(g), lora_flow.flows(g)
+    assert [lora_flops.layer_flops(g, dims, f)[2] for f in fl] == [0] + [4 * PER_BMM] * 3
     # layer 0's backward: W_gate's A (dA only: x needs no gradient) and B (dB, d(A·x)); W_down's dX (its
     # input silu(g)·u needs one, through g); W_gate's and W_up's own dX are not needed (frozen, input too).
-    assert lora.layer_flops(g, dims, fl[0])[1] == mm(T, H, R) + 2 * mm(T, R, F) + mm(T, F, H)
-    assert lora.flops(g).kernel_recompute == 0  # eager recomputes no kernel
+    assert lora_flops.layer_flops(g, dims, fl[0])[1] == mm(T, H, R) + 2 * mm(T, R, F) + mm(T, F, H)
+    assert lora_flops.flops(g).kernel_recompute == 0  # eager recomputes no kernel
 
 
 @pytest.mark.parametrize(
@@ -291,7 +293,7 @@ def test_segment_checkpointing_reruns_each_layers_forward_less_the_early_stop(
     r = sum(mm(T, LINEARS[t][0], R) + mm(T, R, LINEARS[t][1]) for t in map(str, targets))
     forward = L * (sum(mm(T, i, o) for i, o in LINEARS.values()) + r + 2 * PER_BMM)
     assert lora.recompute(s, Dims.of(s)) == forward - segments * skip
-    assert lora.flops(s).recompute == forward - segments * skip
+    assert lora_flops.flops(s).recompute == forward - segments * skip
     dropout = setup(model={"resid_dropout": 0.1}, method=Method.LORA, targets=targets, strategy=strategy)
     assert lora.recompute(dropout, Dims.of(dropout)) == forward  # the mask is saved last: no early stop
     assert lora.recompute(setup(method=Method.LORA, targets=targets), Dims.of(s)) == 0
@@ -343,10 +345,10 @@ def test_frozen_layers_over_a_trained_embedding_keep_what_dx_needs() -> None:
     s = setup(method=Method.FULL, freeze_layers=(0, L - 1))
     layer = [*X32, Q, K, V_FLASH, *FLASH_CORE, OUT, *X32_MLP, GATE, ACT, UP]
     assert layers(s) == [layer] * L
-    before, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    before, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(before) == [("embed.ids", (B, S), "int64"), *ROPE]
     assert inv(after) == [*FINAL_X, FINAL_N, HEAD_IN, *LOSS]
-    roles = {r.name: r.role for r in lora.layer_rules(s, Dims.of(s), lora.flows(s)[0])}
+    roles = {r.name: r.role for r in lora.layer_rules(s, Dims.of(s), lora_flow.flows(s)[0])}
     assert roles["attn.out"] is Role.ATTN_OUT  # W_O's input, the attention output (flash's own save)
 
 
@@ -357,11 +359,11 @@ def test_only_the_top_layer_adapted() -> None:
     s = setup(method=Method.LORA, targets=(Target.Q, Target.V), freeze_layers=(0, 2))
     body = [ATTN_IN, Q, K, V_FLASH, *FLASH_CORE, OUT, *X32_MLP, GATE, ACT, UP, mid("q"), mid("v")]
     assert layers(s) == [[], [], [], body]
-    _, after = lora.model_rules(s, Dims.of(s), lora.flows(s))
+    _, after = lora.model_rules(s, Dims.of(s), lora_flow.flows(s))
     assert inv(after) == [*FINAL_X, *LOSS]
     dims = Dims.of(s)
-    layer3 = lora.layer_flops(s, dims, lora.flows(s)[3])
-    assert lora.flops(s).backward == layer3[1] + layer3[2] + mm(T, H, V)
+    layer3 = lora_flops.layer_flops(s, dims, lora_flow.flows(s)[3])
+    assert lora_flops.flops(s).backward == layer3[1] + layer3[2] + mm(T, H, V)
 
 
 def test_gelu_flops_with_an_adapter_on_fc1() -> None:
@@ -373,4 +375,4 @@ def test_gelu_flops_with_an_adapter_on_fc1() -> None:
     forward = sum(mm(T, i, o) for i, o in gelu.values()) + mm(T, H, R) + mm(T, R, F)
     back0 = mm(T, H, R) + 2 * mm(T, R, F) + mm(T, F, H)
     dims = Dims.of(s)
-    assert lora.layer_flops(s, dims, lora.flows(s)[0]) == (forward, back0, 0)
+    assert lora_flops.layer_flops(s, dims, lora_flow.flows(s)[0]) == (forward, back0, 0)

@@ -10,7 +10,7 @@ import pytest
 from tiny_setup import tiny_setup
 
 from memplan.blocks.inventory import Block, Dims, Role
-from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig
+from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig, trainable
 from memplan.config.finetune import Target, parse_freeze
 from memplan.engine import estimate
 from memplan.strategies import lora
@@ -49,7 +49,7 @@ def setup(tied: bool = False, **ft: Any) -> Setup:
 )
 def test_what_trains(tied: bool, ft: dict[str, Any], embedding: bool, head: bool, norm: bool) -> None:
     s = setup(tied, **ft)
-    assert (lora.embedding_trains(s), lora.head_trains(s), lora.final_norm_trains(s)) == (
+    assert (trainable.embedding_trains(s), trainable.head_trains(s), trainable.final_norm_trains(s)) == (
         embedding,
         head,
         norm,
@@ -58,10 +58,10 @@ def test_what_trains(tied: bool, ft: dict[str, Any], embedding: bool, head: bool
 
 def test_frozen_layers_train_nothing_and_carry_no_adapter() -> None:
     full = setup(freeze_layers=(1, 2))
-    assert [lora.base_trains(full, i) for i in range(4)] == [True, False, False, True]
+    assert [trainable.base_trains(full, i) for i in range(4)] == [True, False, False, True]
     adapted = setup(method=Method.LORA, targets=(Target.Q, Target.DOWN), freeze_layers=(0, 0))
-    assert [lora.adapted(adapted, i) for i in range(2)] == [frozenset(), {Target.Q, Target.DOWN}]
-    assert lora.adapted(setup(), 0) == frozenset()
+    assert [trainable.adapted(adapted, i) for i in range(2)] == [frozenset(), {Target.Q, Target.DOWN}]
+    assert trainable.adapted(setup(), 0) == frozenset()
 
 
 @pytest.mark.parametrize(

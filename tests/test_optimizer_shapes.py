@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from layouts import GPT_LAYOUT
 
 from memplan.analytic import optimizer_step as ost
 from memplan.config import (
@@ -46,17 +47,8 @@ def setup(impl: Impl = Impl.REFERENCE, strategy: StrategyConfig | None = None, *
     )
 
 
-GPT: dict[str, Any] = {
-    "num_kv_heads": 4,
-    "norm": "layernorm",
-    "mlp": "gelu",
-    "position": "learned",
-    "tied_embeddings": True,
-    "qkv_bias": True,
-    "out_bias": True,
-    "mlp_bias": True,
-}
-"""A GPT-2-style layout: LayerNorm with bias, GELU MLP, learned positions, a tied head, every bias."""
+GPT: dict[str, Any] = {"num_kv_heads": 4, **GPT_LAYOUT}
+"""A GPT-2-style layout (``layouts.GPT_LAYOUT``) with as many kv heads as heads."""
 
 
 def test_reference_llama_order() -> None:

@@ -1,5 +1,5 @@
-"""``memplan schema``: print the JSON Schema of a command's ``--json`` output (memplan/schema.py for
-``estimate``, memplan/schema_commands.py for ``compare``, ``fit``, ``trace`` and ``profile``).
+"""``memplan schema``: print the JSON Schema of a command's ``--json`` output (memplan/schema/:
+estimate.py for ``estimate``, commands.py for ``compare``, ``fit``, ``trace`` and ``profile``).
 
 Pure Python, no torch: it answers as fast as ``--help``.
 """
@@ -40,8 +40,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Print the JSON Schema (draft 2020-12) that a command's `--json` output validates against
         (`memplan estimate --json` by default; --command names another)."""
-        from memplan.schema import contract_keys  # here: not loaded by other commands
-        from memplan.schema_commands import command_schema
+        from memplan.schema import command_schema, contract_keys  # here: not loaded by other commands
 
         document = command_schema(command)
         if keys:

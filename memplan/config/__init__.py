@@ -6,6 +6,7 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 
 - ``Frozen``: the base of every configuration model (also ``api.Options`` and the presets);
 - ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
+- ``moe``: ``MoEConfig`` (routed and shared experts, the router), ``RouterScoring``; ``mla``: ``MLAConfig``;
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
 - ``offload``: ``Offload`` (host offload) and ``LossKind`` (the loss variant);
@@ -34,11 +35,10 @@ from memplan.config.model import (
     Gelu,
     MlpType,
     ModelConfig,
-    MoEConfig,
     NormType,
     PositionType,
-    RouterScoring,
 )
+from memplan.config.moe import MoEConfig, RouterScoring
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
 from memplan.config.setup import CpRotate, Parallel, Setup, default_impl, hf_code_only
 from memplan.config.strategy import (

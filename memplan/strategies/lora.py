@@ -16,10 +16,8 @@ Under ``--impl hf`` with 16-bit activations the adapters are peft's default, fp3
 and an fp32 A·x; the frozen linear keeps nothing. Measured against peft on transformers' Llama, Qwen3,
 Gemma-2/3 and Granite (tests/test_finetune_libraries.py): every layer's bytes, the total and the FLOPs.
 
-FLOPs (FlopCounterMode counts matmuls): a frozen linear's backward is dX only (1× its forward), and
-none when its input needs no gradient; an adapter adds 2·T·r·(in + out) forward and dA, dB, d(A·x) plus
-dX when its input needs a gradient in backward. Eager attention's two bmms compute only the operand
-gradients needed; the flash backward runs all five s×s products when any of q, k, v needs a gradient.
+The gradient flow is ``strategies.lora_flow``; the FLOPs (and segment checkpointing's ``recompute``, this
+strategy's) ``strategies.lora_flops``.
 
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
 every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
@@ -37,35 +35,43 @@ per-layer trace attributes the cos/sin tables to that layer; the estimate counts
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from memplan.analytic import activations as act
-from memplan.analytic.flops import Flops
-from memplan.blocks import mm
 from memplan.blocks.attention import (
     Core,
-    attention_core_flops,
     attention_core_rules,
     constant_rules,
     core_of,
     projection_rules,
 )
 from memplan.blocks.embedding import embedding_rules
-from memplan.blocks.head import lm_head_flops, lm_head_rules
+from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
-from memplan.blocks.profiles import checkpoints_alone, dropout_keeps
-from memplan.config import Checkpointing, DType, Impl, MlpType, NormType, Setup
+from memplan.blocks.profiles import dropout_keeps
+from memplan.config import DType, Impl, NormType, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import (
-    adapted,
-    base_trains,
     embedding_trains,
     final_norm_trains,
     fp32_adapters,
     head_trains,
 )
+from memplan.strategies.lora_flops import base_dx_linears, flops, recompute
+from memplan.strategies.lora_flow import Flow, flows
+
+# The strategy (applies, keeps, recompute), what the engine reads, and base_dx_linears for time.compute.
+__all__ = [
+    "ATTN_TARGETS",
+    "adapter_note",
+    "applies",
+    "base_dx_linears",
+    "deficit",
+    "flops",
+    "keeps",
+    "layer_bytes",
+    "recompute",
+]
 
 B, R, T = Block, Role, Target
 ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
@@ -93,119 +99,6 @@ def adapter_note(setup: Setup) -> str | None:
     )
 
 
-# ----------------------------------------------------------------------------------------------------
-# The gradient flow through one layer
-# ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Flow:
-    """Which tensors of one layer require grad (``g_*``) and which weights train."""
-
-    g_in: bool
-    trains: bool
-    """The layer's own weights train (full fine-tuning of an unfrozen layer)."""
-    adapters: frozenset[Target]
-    dropout: bool
-    """LoRA dropout on the adapters' inputs."""
-    cast: bool
-    """Each adapter casts its input to its own (fp32) dtype first (``fp32_adapters``): A keeps that copy,
-    not the linear's shared input."""
-    swiglu: bool
-    """SwiGLU MLP (gate, up, down); else GELU (up = fc1, down = fc2)."""
-
-    def lin(self, t: Target, g_x: bool) -> bool:
-        """A linear's output requires grad: its input does, its weight trains, or it has an adapter."""
-        return g_x or self.trains or t in self.adapters
-
-    def keeps_input(self, *targets: Target) -> bool:
-        """The linears' shared input is kept: a trainable weight's dW, or an adapter's A without dropout (and
-        without a cast to the adapters' dtype)."""
-        uncast = not self.dropout and not self.cast
-        return self.trains or (uncast and any(t in self.adapters for t in targets))
-
-    @property
-    def g_y(self) -> bool:
-        """The attention norm's output (its weight trains, or its input needs a gradient)."""
-        return self.g_in or self.trains
-
-    @property
-    def g_q(self) -> bool:
-        return self.lin(T.Q, self.g_y)
-
-    @property
-    def g_k(self) -> bool:
-        return self.lin(T.K, self.g_y)
-
-    @property
-    def g_v(self) -> bool:
-        return self.lin(T.V, self.g_y)
-
-    @property
-    def g_qk(self) -> bool:
-        return self.g_q or self.g_k
-
-    @property
-    def g_core(self) -> bool:
-        return self.g_qk or self.g_v
-
-    @property
-    def g_mid(self) -> bool:
-        """The residual stream between attention and MLP."""
-        return self.g_in or self.lin(T.O, self.g_core)
-
-    @property
-    def g_y2(self) -> bool:
-        return self.g_mid or self.trains
-
-    @property
-    def g_gate(self) -> bool:
-        return self.lin(T.GATE, self.g_y2)
-
-    @property
-    def g_up(self) -> bool:
-        return self.lin(T.UP, self.g_y2)
-
-    @property
-    def g_act(self) -> bool:
-        """The MLP's product (or GELU output), the down projection's input."""
-        return (self.g_gate or self.g_up) if self.swiglu else self.g_up
-
-    @property
-    def g_down(self) -> bool:
-        return self.lin(T.DOWN, self.g_act)
-
-    @property
-    def g_out(self) -> bool:
-        return self.g_mid or self.g_down
-
-
-def input_grads_hooked(setup: Setup) -> bool:
-    """transformers' ``gradient_checkpointing_enable`` on a causal LM calls ``enable_input_require_grads()``
-    (modeling_utils.py: ``needs_embedding_grads = self.main_input_name == "input_ids"``, "When using PEFT +
-    gradient checkpointing ... the input has requires_grad=True"): a forward hook makes the embedding's
-    output require grad, so under ``--impl hf`` with checkpointing full or every-K layer 0's input needs a
-    gradient even with a frozen embedding (its linears run dX in backward)."""
-    ckpt = setup.strategy.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K)
-    return setup.impl.impl is Impl.HF and ckpt
-
-
-def flows(setup: Setup) -> tuple[Flow, ...]:
-    """Each layer's gradient flow, first to last: the embedding's output needs a gradient when it trains
-    (or transformers' checkpointing hooks it: ``input_grads_hooked``); each layer's output is the next
-    one's input."""
-    g = embedding_trains(setup) or input_grads_hooked(setup)
-    dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
-    cast = fp32_adapters(setup)
-    out = []
-    for i in range(setup.model.num_layers):
-        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, cast, swiglu)
-        out.append(f)
-        g = f.g_out
-    return tuple(out)
-
-
-# ----------------------------------------------------------------------------------------------------
-# What autograd keeps
-# ----------------------------------------------------------------------------------------------------
 def _pick(rules: list[Rule], keep: list[bool]) -> list[Rule]:
     """The rules kept, by position: ``keep`` follows the order the block function lists its saves in."""
     assert len(rules) == len(keep), (len(rules), len(keep))
@@ -314,18 +207,9 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:
         out.append(_resid_mask(B.MLP, dims))
-    inputs = {
-        T.Q: f.g_y,
-        T.K: f.g_y,
-        T.V: f.g_y,
-        T.O: f.g_core,
-        T.GATE: f.g_y2,
-        T.UP: f.g_y2,
-        T.DOWN: f.g_act,
-    }
     for t in Target:
         if t in f.adapters:
-            out += adapter_rules(setup, dims, t, inputs[t])
+            out += adapter_rules(setup, dims, t, f.g_input(t))
     return out
 
 
@@ -379,106 +263,3 @@ def layer_bytes(setup: Setup) -> list[int]:
 def deficit(per_layer: tuple[int, ...]) -> int:
     """What the layers keep less than the largest one each, together (0 without fine-tuning's bytes)."""
     return max(per_layer) * len(per_layer) - sum(per_layer) if per_layer else 0
-
-
-def recompute(setup: Setup, dims: Dims) -> int:
-    """Segment checkpointing (allowed with LoRA on every layer) re-runs each layer's forward, adapters
-    included; torch's early stop skips what runs after a segment's last save (``checkpointing``'s
-    docstring): B's input is saved before B's matmul [T, r]·[r, h] on an adapted down projection, else the
-    product's operands before the frozen down projection [T, f]·[f, h]; nothing with residual dropout (its
-    mask is saved last)."""
-    segments = -(-dims.layers // setup.strategy.segment) if setup.strategy.segment else 0
-    if not segments:
-        return 0
-    # Every-K checkpointing of single layers (``Profile.checkpoints_alone``: transformers') re-runs only the
-    # checkpointed layers 0, K, 2K, …; segments of K layers re-run every layer.
-    alone, k = checkpoints_alone(setup), setup.strategy.segment
-    rerun = [f for i, f in enumerate(flows(setup)) if not alone or i % k == 0]
-    forward = sum(layer_flops(setup, dims, f)[0] for f in rerun)
-    forward += len(rerun) * attention_core_flops(dims)
-    down = T.DOWN in setup.finetune.targets
-    skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
-    return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
-
-
-# ----------------------------------------------------------------------------------------------------
-# FLOPs
-# ----------------------------------------------------------------------------------------------------
-def _linear(fwd: int, g_x: bool, trains: bool) -> int:
-    """A linear's backward: dX = dY·W when its input needs a gradient, dW = dYᵀ·X when it trains (each as
-    many FLOPs as the forward)."""
-    return fwd * (int(g_x) + int(trains))
-
-
-def input_grads(f: Flow) -> dict[Target, bool]:
-    """The layer's linears under ``f``, in order, each with whether its input needs a gradient (its
-    backward runs dX = dY·W)."""
-    targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
-    inputs = {
-        T.Q: f.g_y,
-        T.K: f.g_y,
-        T.V: f.g_y,
-        T.O: f.g_core,
-        T.GATE: f.g_y2,
-        T.UP: f.g_y2,
-        T.DOWN: f.g_act,
-    }
-    return {t: inputs[t] for t in targets}
-
-
-def base_dx_linears(setup: Setup) -> dict[Target, int]:
-    """Per linear, the layers whose frozen base runs dX in backward (QLoRA dequantises its weight again
-    for it: ``time.compute``)."""
-    out: dict[Target, int] = {}
-    for f in flows(setup):
-        for t, g in input_grads(f).items():
-            out[t] = out.get(t, 0) + int(g)
-    return out
-
-
-def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
-    """One layer's (linear forward, linear backward, attention-core backward) FLOPs under ``f``."""
-    tokens, r = dims.tokens, setup.finetune.rank
-    shapes = linear_shapes(setup.model)
-    inputs = input_grads(f)
-    forward = backward = 0
-    for t in inputs:
-        fan_in, fan_out = shapes[t]
-        base = mm(tokens, fan_in, fan_out)
-        forward += base
-        backward += _linear(base, inputs[t], f.trains)
-        if t in f.adapters:
-            a, b = mm(tokens, fan_in, r), mm(tokens, r, fan_out)
-            forward += a + b
-            backward += _linear(a, inputs[t], True) + _linear(b, True, True)
-    per_bmm = dims.b * dims.a * mm(dims.s, dims.d, dims.s)
-    if core_of(setup) is Core.FLASH:
-        core = 5 * per_bmm if f.g_core else 0  # S recomputed, dP, dV, dQ, dK: all when any runs
-    else:  # QKᵀ: dQ if q, dK if k needs one; P·V: dP if P (q or k), dV if v
-        core = per_bmm * (int(f.g_q) + int(f.g_k) + int(f.g_qk) + int(f.g_v))
-    return forward, backward, core
-
-
-def flops(setup: Setup) -> Flops:
-    """FLOPs of one micro-batch under fine-tuning (``analytic.flops.Flops``, the same phases)."""
-    dims = Dims.of(setup)
-    fl = flows(setup)
-    per = [layer_flops(setup, dims, f) for f in fl]
-    linear = sum(p[0] for p in per)
-    attention = dims.layers * attention_core_flops(dims)
-    head = lm_head_flops(dims)
-    g_final = (fl[-1].g_out if fl else embedding_trains(setup)) or final_norm_trains(setup)
-    flash = core_of(setup) is Core.FLASH
-    kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
-    head_backward = _linear(head, g_final, head_trains(setup))
-    return Flops(
-        forward=linear + attention + head,
-        backward=sum(p[1] + p[2] for p in per) + head_backward,
-        recompute=recompute(setup, dims),
-        kernel_recompute=kernel,
-        layer_linear=linear,
-        layer_attention=attention,
-        lm_head=head,
-        layer_linear_backward=sum(p[1] for p in per),
-        lm_head_backward=head_backward,
-    )

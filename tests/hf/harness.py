@@ -7,7 +7,8 @@ exact. The exact bytes are in the failure message."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import pytest
 
@@ -15,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from memplan.api import build_setup
-from memplan.config import AttentionChoice, Device, Impl, ImplConfig, ModelConfig, Setup
+from memplan.config import AttentionChoice, Device, ExpertsImpl, Impl, ImplConfig, ModelConfig, Setup
 from memplan.engine import Result, estimate
 from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
@@ -23,6 +24,9 @@ from memplan.measure.frameworks.dispatch import check_traceable
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
+from memplan.presets.hf import model_from_hf_config
+
+F = TypeVar("F", bound=Callable[..., None])
 
 
 def hf_setup(
@@ -50,6 +54,57 @@ def hf_setup(
         device=Device.CPU,
         impl=ImplConfig(impl=impl, reentrant=reentrant, use_cache=use_cache),
     )
+
+
+TINY: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "ffn_size": 512,
+    "vocab_size": 1000,
+}
+"""The tiny widths an imported family's layer is cut to (``tiny_hf``): what it keeps, at a cost fake tensors
+and transformers' own code run in well under a second."""
+MOE_WIDTHS: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "ffn_size": 32,
+    "vocab_size": 128,
+}
+"""The small widths the mixtures of experts run at against transformers (its ``moe`` set by each test)."""
+CHECKPOINTING = [("none", False), ("full", False), ("full", True)]
+"""(checkpointing, reentrant): none, transformers' full checkpointing non-reentrant and reentrant."""
+
+
+def tiny_hf(config: Mapping[str, Any], name: str, **fields: Any) -> Setup:
+    """A family's ``config.json`` through the importer, cut to ``TINY`` widths (``fields`` replaced),
+    s = 256."""
+    return hf_setup(model_from_hf_config(config, name), seq=256, **(TINY | fields))
+
+
+def each_case(test: F) -> F:
+    """``test`` parametrized over what every family's exactness runs: attention (flash, eager) ×
+    ``CHECKPOINTING`` × the KV cache (on, off)."""
+    test = pytest.mark.parametrize("use_cache", [True, False])(test)
+    test = pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)(test)
+    return pytest.mark.parametrize("attention", ["flash", "eager"])(test)
+
+
+def with_experts(setup: Setup, experts: str) -> Setup:
+    """``setup`` with transformers' experts implementation ``experts`` (grouped_mm or eager)."""
+    return setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+
+
+def check_exact(setup: Setup) -> None:
+    """Per layer, in total and FLOPs per phase: the estimate equals transformers' own run."""
+    est, meas = estimate(setup), measure_hf(setup)
+    layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
+    assert (estimated_layers(est), est.activations) == (layers, meas.activations)
+    flops = (est.flops.forward, est.flops.backward, est.flops.recompute)
+    assert flops == tuple(meas.flops.get(p, 0) for p in ("forward", "backward", "recompute"))
 
 
 _EAGER_EXPERTS = (
@@ -122,3 +177,13 @@ def exact_moe(est: Result, meas: Measured, paired: bool = True) -> None:
     assert (f.forward, f.backward, f.recompute) == tuple(
         meas.flops[k] for k in ("forward", "backward", "recompute")
     )
+
+
+def exact_realised_routing(setup: Setup, experts: str, routed: int) -> None:
+    """Real tensors, the router's own choice with ``experts``: every layer's tokens per expert sum to
+    ``routed`` (T·k, dropless) and are unbalanced, and the bytes and FLOPs are the estimate's still
+    (``exact_moe``; the eager loop's E pieces pair by bytes per layer, not by name)."""
+    setup = with_experts(setup, experts)
+    meas = measure_hf(setup, fake=False)
+    assert all(sum(c) == routed and max(c) > min(c) for c in meas.routing)
+    exact_moe(estimate(setup), meas, paired=experts == "grouped_mm")

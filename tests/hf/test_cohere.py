@@ -13,8 +13,7 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import hf_notes, model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/CohereForAI/c4ai-command-r-v01/blob/main/config.json (the keys memplan reads; no
 # tie_word_embeddings key: CohereConfig ties)
@@ -36,18 +35,10 @@ COMMAND_R: dict[str, Any] = {
     "use_qk_norm": False,
     "vocab_size": 256000,
 }
-TINY = {
-    "hidden_size": 256,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 64,
-    "ffn_size": 512,
-    "vocab_size": 1000,
-}
 
 
 def cohere(**fields: Any) -> Any:
-    return hf_setup(model_from_hf_config(COMMAND_R, "command-r"), seq=256, **(TINY | fields))
+    return tiny_hf(COMMAND_R, "command-r", **fields)
 
 
 def test_cohere_parameters() -> None:
@@ -58,9 +49,7 @@ def test_cohere_parameters() -> None:
     assert count_params(model_from_hf_config(COMMAND_R, "c")).total == expected == 34_980_831_232
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_cohere(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     check_exact(
         cohere(attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache)

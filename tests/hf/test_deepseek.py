@@ -22,7 +22,6 @@ from memplan.blocks.inventory import Role
 from memplan.config import (
     AttentionChoice,
     Device,
-    ExpertsImpl,
     Family,
     Impl,
     ImplConfig,
@@ -37,7 +36,7 @@ from memplan.measure.frameworks.hf_config import keys_of
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import check_hf, hf_setup
+from tests.hf.harness import check_hf, hf_setup, with_experts
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from make_presets import PRESETS
@@ -124,7 +123,7 @@ def test_deepseek_v3_realised_routing(experts: str) -> None:
     the bytes and FLOPs do not depend on it; transformers' eager experts loop keeps E pieces whose rows sum
     to the estimate's [S, ·] tensors (equal per layer and in total; they pair by bytes, not one to one)."""
     setup = small(V3_SMALL)
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+    setup = with_experts(setup, experts)
     if experts == "grouped_mm":
         est, meas = check_hf(setup, fake=False)
     else:
@@ -326,7 +325,7 @@ def test_deepseek_import_refuses_what_is_not_modelled(keys: dict[str, Any], mess
 @pytest.mark.parametrize("model", [V3_SMALL, v2({**V2_MOE, "groups": 4, "topk_groups": 2}), v2(V2_MOE, None)])
 def test_deepseek_keys_read_back(model: dict[str, Any]) -> None:
     """The config keys ``--impl hf`` passes transformers (``hf_config.deepseek_keys``) import back to the
-    same model (``presets.hf_deepseek``): what the measurement runs is what the estimate reads."""
+    same model (``presets.hf.deepseek``): what the measurement runs is what the estimate reads."""
     setup = small(model)
     keys = keys_of(setup) | {"model_type": setup.model.code_family.value}
     back = model_from_hf_config(keys, setup.model.name)

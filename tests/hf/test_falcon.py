@@ -15,8 +15,7 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/tiiuae/falcon-7b/blob/main/config.json (the keys memplan reads)
 FALCON_7B: dict[str, Any] = {
@@ -54,12 +53,11 @@ FALCON_40B: dict[str, Any] = {
     "vocab_size": 65024,
 }
 CONFIGS = {"falcon-7b": (FALCON_7B, 1), "falcon-40b": (FALCON_40B, 2)}
-TINY = {"hidden_size": 256, "num_heads": 4, "head_dim": 64, "ffn_size": 1024, "vocab_size": 1000}
 
 
 def falcon(name: str, **fields: Any) -> Any:
     cfg, kv = CONFIGS[name]
-    return hf_setup(model_from_hf_config(cfg, name), seq=256, **(TINY | {"num_kv_heads": kv} | fields))
+    return tiny_hf(cfg, name, **({"num_kv_heads": kv, "ffn_size": 1024} | fields))
 
 
 def test_falcon_parameters() -> None:
@@ -76,9 +74,7 @@ def test_falcon_parameters() -> None:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_falcon(name: str, attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     setup = falcon(
         name, attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache

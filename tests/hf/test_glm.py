@@ -9,13 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/THUDM/glm-4-9b-hf/blob/main/config.json (the keys memplan reads)
 GLM4_9B: dict[str, Any] = {
@@ -37,11 +34,10 @@ GLM4_9B: dict[str, Any] = {
     "tie_word_embeddings": False,
     "vocab_size": 151552,
 }
-TINY = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "ffn_size": 512}
 
 
 def glm(**fields: Any) -> Any:
-    return hf_setup(model_from_hf_config(GLM4_9B, "glm-4-9b"), seq=256, **(TINY | fields))
+    return tiny_hf(GLM4_9B, "glm-4-9b", **({"vocab_size": GLM4_9B["vocab_size"]} | fields))
 
 
 def test_glm_parameters() -> None:
@@ -53,9 +49,7 @@ def test_glm_parameters() -> None:
     assert count_params(model_from_hf_config(GLM4_9B, "g")).total == expected == 9_399_951_360
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_glm(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     check_exact(
         glm(attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache)

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from memplan.analytic.params import count_params
-from memplan.config import ExpertsImpl, Family
+from memplan.config import Family
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, with_experts
 
 # huggingface.co/openai/gpt-oss-20b/blob/main/config.json (the keys that size it)
 GPT_OSS_20B: dict[str, Any] = {
@@ -124,7 +124,7 @@ def test_gpt_oss_layer_by_hand() -> None:
 def test_gpt_oss_realised_routing(experts: str) -> None:
     """Real tensors: the random router's unbalanced choice does not change the bytes or the FLOPs."""
     setup = setup_of()
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+    setup = with_experts(setup, experts)
     meas = measure_hf(setup, fake=False)
     est = estimate(setup)
     if experts == "grouped_mm":

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from memplan.analytic.params import count_params
 from memplan.presets.hf import hf_notes, model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/ibm-granite/granite-3.0-8b-base/blob/main/config.json (the keys memplan reads)
 GRANITE_3_8B: dict[str, Any] = {
@@ -39,12 +36,10 @@ GRANITE_3_8B: dict[str, Any] = {
     "tie_word_embeddings": True,
     "vocab_size": 49155,
 }
-TINY = {"hidden_size": 256, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64, "ffn_size": 512}
 
 
 def granite(**fields: Any) -> Any:
-    model = model_from_hf_config(GRANITE_3_8B, "granite-3.0-8b")
-    return hf_setup(model, seq=256, **(TINY | {"vocab_size": 1000} | fields))
+    return tiny_hf(GRANITE_3_8B, "granite-3.0-8b", **fields)
 
 
 def test_granite_parameters() -> None:
@@ -56,9 +51,7 @@ def test_granite_parameters() -> None:
     assert count_params(model_from_hf_config(GRANITE_3_8B, "g")).total == expected == 8_170_848_256
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_granite(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     """With Granite's attention dropout 0.1 (CPU SDPA: the math kernel; eager: dropout noise)."""
     check_exact(

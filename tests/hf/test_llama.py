@@ -11,23 +11,9 @@ from typing import Any
 
 import pytest
 
-from memplan.config import Setup
-from memplan.engine import estimate
-from memplan.measure.compare.tensors import estimated_layers
-from memplan.measure.frameworks.hf import measure_hf
-from tests.hf.harness import hf_setup
+from tests.hf.harness import CHECKPOINTING, check_exact, hf_setup
 
 FAMILIES = ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"]
-CHECKPOINTING = [("none", False), ("full", False), ("full", True)]
-
-
-def check_exact(setup: Setup) -> None:
-    """Per layer, in total and FLOPs per phase: the estimate equals transformers' own run."""
-    est, meas = estimate(setup), measure_hf(setup)
-    layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
-    assert (estimated_layers(est), est.activations) == (layers, meas.activations)
-    flops = (est.flops.forward, est.flops.backward, est.flops.recompute)
-    assert flops == tuple(meas.flops.get(p, 0) for p in ("forward", "backward", "recompute"))
 
 
 @pytest.mark.parametrize("preset", FAMILIES)

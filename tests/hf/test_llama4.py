@@ -22,7 +22,7 @@ from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
+from tests.hf.harness import MOE_WIDTHS, hf_setup
 
 # huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json, its text_config (the keys memplan
 # reads; attn_temperature_tuning true where the early file wrote 4: transformers 5's config is strict)
@@ -142,12 +142,7 @@ def test_unmodelled_keys_are_refused(key: str, value: Any) -> None:
 # ----------------------------------------------------------------------------------------------------
 SEQ = 64
 SMALL: dict[str, Any] = {
-    "hidden_size": 64,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "ffn_size": 32,
-    "vocab_size": 128,
+    **MOE_WIDTHS,
     "moe": {"experts": 4, "top_k": 1, "shared_experts": 1, "router_sigmoid": True, "norm_topk_prob": False},
     "attn_chunk": 16,  # < SEQ: the RoPE layers' chunked mask reaches SDPA
 }

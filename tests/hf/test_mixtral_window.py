@@ -6,34 +6,12 @@ layers, seq 256 > window 128; exact per layer, in total and FLOPs per phase."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import check_exact
-
-# huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json (the keys memplan reads)
-MIXTRAL_8X7B: dict[str, Any] = {
-    "architectures": ["MixtralForCausalLM"],
-    "hidden_act": "silu",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "max_position_embeddings": 32768,
-    "model_type": "mixtral",
-    "num_attention_heads": 32,
-    "num_experts_per_tok": 2,
-    "num_hidden_layers": 32,
-    "num_key_value_heads": 8,
-    "num_local_experts": 8,
-    "rms_norm_eps": 1e-05,
-    "rope_theta": 1000000.0,
-    "sliding_window": None,
-    "tie_word_embeddings": False,
-    "vocab_size": 32000,
-}
+from tests.hf.harness import check_exact, hf_setup
+from tests.plan.test_moe import MIXTRAL_HF as MIXTRAL_8X7B  # its published config.json
 
 
 @pytest.mark.parametrize(

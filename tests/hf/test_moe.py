@@ -17,7 +17,7 @@ from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
-from tests.hf.harness import check_hf, hf_setup
+from tests.hf.harness import MOE_WIDTHS, check_hf, hf_setup, with_experts
 
 PRESETS = ["mixtral-8x7b", "qwen1.5-moe-a2.7b"]
 SEQ = 256
@@ -83,15 +83,7 @@ def tiny(preset: str) -> dict[str, Any]:
     assert moe is not None
     shared = {"shared_ffn": 48} if moe.shared_experts else {}
     shared |= {"experts": min(moe.experts, 16)}
-    return {
-        "hidden_size": 64,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "ffn_size": 32,
-        "vocab_size": 128,
-        "moe": moe.model_dump() | shared,
-    }
+    return {**MOE_WIDTHS, "moe": moe.model_dump() | shared}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -100,7 +92,7 @@ def test_moe_realised_routing(preset: str, experts: str) -> None:
     """Real tensors: whatever the router chose (unbalanced), the bytes and FLOPs are the estimate's, with
     transformers' grouped_mm experts and with its eager loop (per-expert shapes: real tensors only)."""
     setup = hf_setup(preset, seq=TINY_SEQ, **tiny(preset))
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
+    setup = with_experts(setup, experts)
     moe = setup.model.moe
     assert moe is not None
     est, meas = check_hf(setup, fake=False)

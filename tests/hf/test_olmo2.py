@@ -16,8 +16,7 @@ from memplan.api import build_setup
 from memplan.config import ImplConfig
 from memplan.engine import estimate
 from memplan.presets.hf import hf_notes, model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/allenai/OLMo-2-1124-7B/blob/main/config.json (the keys memplan reads)
 OLMO2_7B: dict[str, Any] = {
@@ -38,18 +37,10 @@ OLMO2_7B: dict[str, Any] = {
     "tie_word_embeddings": False,
     "vocab_size": 100352,
 }
-TINY = {
-    "hidden_size": 256,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 64,
-    "ffn_size": 512,
-    "vocab_size": 1000,
-}
 
 
 def olmo2(**fields: Any) -> Any:
-    return hf_setup(model_from_hf_config(OLMO2_7B, "olmo-2-7b"), seq=256, **(TINY | fields))
+    return tiny_hf(OLMO2_7B, "olmo-2-7b", **fields)
 
 
 def test_olmo2_parameters() -> None:
@@ -61,9 +52,7 @@ def test_olmo2_parameters() -> None:
     assert count_params(model_from_hf_config(OLMO2_7B, "olmo-2-7b")).total == expected == 7_298_617_344
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_olmo2(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     check_exact(
         olmo2(attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache)

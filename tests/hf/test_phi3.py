@@ -15,8 +15,7 @@ import pytest
 
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import check_hf, hf_setup
-from tests.hf.test_llama import check_exact
+from tests.hf.harness import check_exact, check_hf, hf_setup
 from tests.test_hf_config import PHI3_MINI
 
 

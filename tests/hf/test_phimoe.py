@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from memplan.analytic.params import count_params
-from memplan.config import ExpertsImpl, Family, NormType
+from memplan.config import Family, NormType
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets import load_model_preset
 from memplan.presets.hf import hf_notes, model_from_hf_config
+from tests.hf.harness import MOE_WIDTHS, exact_realised_routing, hf_setup
 from tests.hf.harness import exact_moe as exact
-from tests.hf.harness import hf_setup
 
 # huggingface.co/microsoft/Phi-3.5-MoE-instruct/blob/main/config.json (the keys memplan reads; the longrope
 # factor lists left out: values only)
@@ -50,12 +50,7 @@ PHI35_MOE: dict[str, Any] = {
 }
 
 SMALL = {
-    "hidden_size": 64,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 16,
-    "ffn_size": 32,
-    "vocab_size": 128,
+    **MOE_WIDTHS,
     "moe": {"experts": 8, "top_k": 2, "input_jitter": 0.01},
 }
 SEQ = 64
@@ -149,11 +144,7 @@ def test_phimoe_sliding_window(attention: str) -> None:
 @pytest.mark.parametrize("experts", ["grouped_mm", "eager"])
 def test_phimoe_realised_routing(experts: str) -> None:
     """Real tensors, the Gumbel sampler's unbalanced choice: the bytes and FLOPs do not depend on it."""
-    setup = small()
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"experts": ExpertsImpl(experts)})})
-    meas = measure_hf(setup, fake=False)
-    assert all(sum(c) == SEQ * 2 and max(c) > min(c) for c in meas.routing)
-    exact(estimate(setup), meas, paired=experts == "grouped_mm")
+    exact_realised_routing(small(), experts, routed=SEQ * 2)
 
 
 def test_sparsemixer_midpoint_indices_are_freed() -> None:

@@ -14,8 +14,7 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/stabilityai/stablelm-2-1_6b/blob/main/config.json (the keys memplan reads)
 STABLELM_2_1_6B: dict[str, Any] = {
@@ -39,19 +38,11 @@ STABLELM_2_1_6B: dict[str, Any] = {
     "use_qkv_bias": True,
     "vocab_size": 100352,
 }
-TINY = {
-    "hidden_size": 256,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 64,
-    "ffn_size": 512,
-    "vocab_size": 1000,
-}
 PARALLEL = {"parallel_residual": True, "shared_norm": True}
 
 
 def stablelm(**fields: Any) -> Any:
-    return hf_setup(model_from_hf_config(STABLELM_2_1_6B, "stablelm-2-1.6b"), seq=256, **(TINY | fields))
+    return tiny_hf(STABLELM_2_1_6B, "stablelm-2-1.6b", **fields)
 
 
 def test_stablelm_parameters() -> None:
@@ -63,9 +54,7 @@ def test_stablelm_parameters() -> None:
     assert count_params(model_from_hf_config(STABLELM_2_1_6B, "s")).total == expected == 1_644_515_328
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_stablelm(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     check_exact(
         stablelm(attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache)

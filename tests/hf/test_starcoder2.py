@@ -15,8 +15,7 @@ from memplan.analytic.params import count_params
 from memplan.config import Gelu, NormType
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
-from tests.hf.harness import hf_setup
-from tests.hf.test_llama import CHECKPOINTING, check_exact
+from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/bigcode/starcoder2-3b/blob/main/config.json (the keys memplan reads)
 STARCODER2_3B: dict[str, Any] = {
@@ -38,19 +37,11 @@ STARCODER2_3B: dict[str, Any] = {
     "use_bias": True,
     "vocab_size": 49152,
 }
-TINY = {
-    "hidden_size": 256,
-    "num_heads": 4,
-    "num_kv_heads": 2,
-    "head_dim": 64,
-    "ffn_size": 1024,
-    "vocab_size": 1000,
-}
 NO_DROPOUT = {"attn_dropout": 0.0, "resid_dropout": 0.0, "embd_dropout": 0.0}
 
 
 def starcoder2(**fields: Any) -> Any:
-    return hf_setup(model_from_hf_config(STARCODER2_3B, "starcoder2-3b"), seq=256, **(TINY | fields))
+    return tiny_hf(STARCODER2_3B, "starcoder2-3b", **({"ffn_size": 1024} | fields))
 
 
 def test_starcoder2_parameters() -> None:
@@ -63,9 +54,7 @@ def test_starcoder2_parameters() -> None:
     assert count_params(model_from_hf_config(STARCODER2_3B, "s")).total == expected == 3_030_371_328
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-@pytest.mark.parametrize("use_cache", [True, False])
+@each_case
 def test_starcoder2(attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     """StarCoder2-3B's dropouts (0.1: CPU SDPA's math kernel, F.dropout's noise) and a window of 128."""
     setup = starcoder2(

@@ -21,7 +21,7 @@ from memplan.config import Impl, Setup, ZeroStage
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.distributed.titan import measure_titan_rank
-from memplan.schema_commands import command_schema
+from memplan.schema import command_schema
 from tests.hf.harness import hf_setup
 
 

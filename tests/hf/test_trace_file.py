@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 import memplan.presets.hf as importer
+import memplan.presets.hf.llama as llama_likes
 from memplan.cli.app import app
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf import measure_hf
@@ -70,7 +71,7 @@ def test_a_misread_key_shows_up_in_the_trace(config_file: Path, monkeypatch: pyt
     a window shorter than the sequence costs under SDPA: the explicit [1, 1, 64, 64] bf16 mask
     (2·64·64 = 8,192 B) and k and v repeated from 2 to 4 heads (2 · 1·2·64·16 · 2 B = 8,192 B more):
     16,384 B per layer, 32,768 B for the 2 layers."""
-    monkeypatch.setattr(importer, "_sliding_window", lambda kind, cfg, layers: None)
+    monkeypatch.setattr(llama_likes, "sliding_window", lambda kind, cfg, layers: None)
     model = load_model_preset(str(config_file)).model
     assert model.sliding_window is None  # the misreading
     setup = hf_setup(model, layers=2, seq=SEQ)

@@ -26,7 +26,7 @@ from memplan.measure.compare.tensors import estimated_by_name
 from memplan.measure.distributed.instruments import collective_name
 from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
-from memplan.schema_commands import command_schema
+from memplan.schema import command_schema
 from memplan.time.comm import communication
 
 SEQ = 32

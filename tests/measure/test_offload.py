@@ -11,6 +11,7 @@ RAM there, so each byte is attributed to the pool the real system holds it in).
 from __future__ import annotations
 
 import pytest
+from layouts import GPT_LAYOUT
 
 from memplan.config import Device, LossKind, ModelConfig, Offload, Setup, TrainingConfig
 from memplan.engine import estimate
@@ -18,18 +19,7 @@ from memplan.measure.runs.offload import activation_offload, optimizer_offload
 from memplan.strategies.offload import saved_weight_bytes
 
 LLAMA = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 48}
-GPT = {
-    **LLAMA,
-    "num_kv_heads": 4,
-    "norm": "layernorm",
-    "mlp": "gelu",
-    "position": "learned",
-    "max_positions": 64,
-    "tied_embeddings": True,
-    "qkv_bias": True,
-    "out_bias": True,
-    "mlp_bias": True,
-}
+GPT = {**LLAMA, "num_kv_heads": 4, **GPT_LAYOUT, "max_positions": 64}
 
 
 def setup_for(arch: dict[str, object], offload: Offload, precision: str, optimizer: str = "adamw") -> Setup:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from layouts import PEAK_GPT, PEAK_LLAMA
 
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
 from memplan.config import (
@@ -33,22 +34,7 @@ from memplan.measure.reference.model import Reference
 from memplan.measure.reference.optim import rank_shards, step_transient
 from memplan.measure.runs.profile import profile
 
-LLAMA = {"hidden_size": 64, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2, "ffn_size": 160}
-GPT = {
-    "hidden_size": 64,
-    "num_layers": 3,
-    "num_heads": 4,
-    "ffn_size": 256,
-    "tied_embeddings": True,
-    "norm": "layernorm",
-    "mlp": "gelu",
-    "qkv_bias": True,
-    "out_bias": True,
-    "mlp_bias": True,
-    "position": "learned",
-    "resid_dropout": 0.1,
-    "embd_dropout": 0.1,
-}
+LLAMA, GPT = PEAK_LLAMA, PEAK_GPT  # the benchmark's two models (benchmarks/bench_peak_accuracy.py)
 
 
 def make(

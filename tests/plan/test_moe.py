@@ -34,8 +34,9 @@ from .layout import plan
 MIXTRAL_TOTAL, MIXTRAL_ACTIVE = 46_702_792_704, 12_879_925_248
 QWEN_TOTAL, QWEN_ACTIVE = 14_315_784_192, 2_689_173_504
 
-MIXTRAL_HF = {  # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json
+MIXTRAL_HF = {  # huggingface.co/mistralai/Mixtral-8x7B-v0.1/blob/main/config.json (also tests/hf's)
     "architectures": ["MixtralForCausalLM"],
+    "hidden_act": "silu",
     "hidden_size": 4096,
     "intermediate_size": 14336,
     "max_position_embeddings": 32768,

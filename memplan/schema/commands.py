@@ -1,7 +1,7 @@
 """The JSON Schemas of every command's ``--json`` output: ``memplan schema --command NAME``.
 
 One schema per command (draft 2020-12), each with the estimate's object under ``$defs.estimate``
-(``memplan.schema``): ``compare --json`` (one estimate per row, ``plan``), ``fit --json`` (one estimate per
+(estimate.py): ``compare --json`` (one estimate per row, ``plan``), ``fit --json`` (one estimate per
 configuration that fits), ``trace --json`` and ``profile --json`` (the estimate beside the measurement, and
 their difference), ``profile --nproc N --json`` (every rank beside the estimate: the second alternative
 of profile's schema). Objects stay open to added keys, as the estimate's do.
@@ -21,28 +21,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from memplan.schema import SCHEMA_DRAFT, estimate_schema
+from memplan.schema.estimate import estimate_schema
+from memplan.schema.parts import COUNT, NAME, POSITIVE, SCHEMA_DRAFT, SECONDS, obj
 
 COMMANDS = ("estimate", "compare", "fit", "trace", "profile")
 """The commands with ``--json`` output, in the order ``memplan schema --command`` lists them."""
 
-_BYTES: dict[str, Any] = {"type": "integer", "minimum": 0}
-_COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
-_POSITIVE: dict[str, Any] = {"type": "integer", "minimum": 1}
-_SECONDS: dict[str, Any] = {"type": "number", "minimum": 0, "description": "seconds"}
+_BYTES = COUNT  # integers ≥ 0, without the estimate's "bytes on one device"
 _RATE: dict[str, Any] = {"type": "number", "minimum": 0}
-_NAME: dict[str, Any] = {"type": "string", "minLength": 1}
 _ESTIMATE_REF: dict[str, Any] = {"$ref": "#/$defs/estimate"}
 _VERDICT_REF: dict[str, Any] = {"$ref": "#/$defs/estimate/properties/fit/oneOf/0"}
-
-
-def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    """An object with these properties, all required unless ``required`` names fewer; more keys allowed."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties) if required is None else required,
-    }
 
 
 def _estimate_def() -> dict[str, Any]:
@@ -68,23 +56,23 @@ def _document(command: str, description: str, body: dict[str, Any]) -> dict[str,
 # ----------------------------------------------------------------------------------------------------
 _COMPARE_VALUES = {
     **{k: _BYTES for k in ("weights", "gradients", "optimizer_memory", "activations", "transient", "peak")},
-    "params": _COUNT,
-    "flops": {**_COUNT, "description": "all FLOPs of one step on every device (total × micro-batches × dp)"},
+    "params": COUNT,
+    "flops": {**COUNT, "description": "all FLOPs of one step on every device (total × micro-batches × dp)"},
     "step_time": {"type": ["number", "null"], "minimum": 0, "description": "seconds (null without --gpu)"},
     "tokens_per_s": {"type": ["number", "null"], "minimum": 0},
     "step_mfu": {"type": ["number", "null"], "minimum": 0},
     "fits": {"type": ["boolean", "null"]},
 }
 
-_COMPARE = _obj(
+_COMPARE = obj(
     {
-        "columns": {"type": "array", "items": _NAME},
+        "columns": {"type": "array", "items": NAME},
         "rows": {
             "type": "array",
-            "items": _obj(
+            "items": obj(
                 {
                     "settings": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "values": _obj(_COMPARE_VALUES),
+                    "values": obj(_COMPARE_VALUES),
                     "plan": _ESTIMATE_REF,
                 }
             ),
@@ -95,66 +83,66 @@ _COMPARE = _obj(
 # ----------------------------------------------------------------------------------------------------
 # fit
 # ----------------------------------------------------------------------------------------------------
-_FAMILY = _obj(
+_FAMILY = obj(
     {
-        "method": _NAME,
-        "offload": _NAME,
-        "loss": _NAME,
-        "checkpointing": _NAME,
-        "attention": _NAME,
+        "method": NAME,
+        "offload": NAME,
+        "loss": NAME,
+        "checkpointing": NAME,
+        "attention": NAME,
         "zero": {"type": "integer", "minimum": 0, "maximum": 3},
-        **{k: _POSITIVE for k in ("tp", "pp", "ep", "cp", "dp", "micro_batch")},
+        **{k: POSITIVE for k in ("tp", "pp", "ep", "cp", "dp", "micro_batch")},
         "sp": {"type": "boolean"},
     }
 )
 
-_FIT = _obj(
+_FIT = obj(
     {
-        "model": _NAME,
-        "gpu": _NAME,
-        "gpus": _POSITIVE,
-        "seq_len": _POSITIVE,
-        "global_batch": _POSITIVE,
+        "model": NAME,
+        "gpu": NAME,
+        "gpus": POSITIVE,
+        "seq_len": POSITIVE,
+        "global_batch": POSITIVE,
         "reserve": _BYTES,
-        "searched": _COUNT,
-        "evaluated": _COUNT,
-        "peaks": _COUNT,
-        "seconds": _SECONDS,
+        "searched": COUNT,
+        "evaluated": COUNT,
+        "peaks": COUNT,
+        "seconds": SECONDS,
         "max_seq": {"type": ["integer", "null"], "minimum": 1},
-        "fitting": _COUNT,
+        "fitting": COUNT,
         "configs": {
             "type": "array",
             "items": {
-                "allOf": [_ESTIMATE_REF, _obj({"settings": _FAMILY}, required=["settings", "fit", "time"])]
+                "allOf": [_ESTIMATE_REF, obj({"settings": _FAMILY}, required=["settings", "fit", "time"])]
             },
         },
         "methods": {
             "type": "array",
-            "items": _obj(
+            "items": obj(
                 {
-                    "method": _NAME,
+                    "method": NAME,
                     "fits": {"type": "boolean"},
                     "settings": _FAMILY,
                     "peak": _BYTES,
                     "tokens_per_s": _RATE,
-                    "trainable": _COUNT,
+                    "trainable": COUNT,
                 },
                 required=["method", "fits"],
             ),
         },
-        "rejected": {"type": "array", "items": {"allOf": [_FAMILY, _obj({"fit": _VERDICT_REF})]}},
+        "rejected": {"type": "array", "items": {"allOf": [_FAMILY, obj({"fit": _VERDICT_REF})]}},
     }
 )
 
 # ----------------------------------------------------------------------------------------------------
 # trace and profile: the estimate beside the measurement
 # ----------------------------------------------------------------------------------------------------
-_MEASURED_TENSOR = _obj(
-    {"name": _NAME, "bytes": _BYTES, "count": _COUNT, "total_bytes": _BYTES},
+_MEASURED_TENSOR = obj(
+    {"name": NAME, "bytes": _BYTES, "count": COUNT, "total_bytes": _BYTES},
 )
-_MEASURED = _obj(
+_MEASURED = obj(
     {
-        "memory": _obj(
+        "memory": obj(
             {
                 "activations": _BYTES,
                 "peak": {**_BYTES, "description": "profile: the measured peak"},
@@ -162,43 +150,41 @@ _MEASURED = _obj(
             },
             required=["activations"],
         ),
-        "activations": _obj(
+        "activations": obj(
             {"total": _BYTES, "per_layer": _BYTES, "tensors": {"type": "array", "items": _MEASURED_TENSOR}}
         ),
-        "flops": _obj(
-            {k: _COUNT for k in ("forward", "backward", "recompute", "total", "model", "hardware")}
-        ),
+        "flops": obj({k: COUNT for k in ("forward", "backward", "recompute", "total", "model", "hardware")}),
     },
     required=["memory", "activations", "flops"],
 )
-_DIFF_TENSOR = _obj(
+_DIFF_TENSOR = obj(
     {
-        "name": _NAME,
-        "estimated_count": _COUNT,
+        "name": NAME,
+        "estimated_count": COUNT,
         "estimated_bytes": _BYTES,
-        "measured_count": _COUNT,
+        "measured_count": COUNT,
         "measured_bytes": _BYTES,
         "delta_bytes": {"type": "integer", "description": "measured − estimated (signed)"},
     }
 )
-_DIFF = _obj(
+_DIFF = obj(
     {
         "equal": {"type": "boolean"},
         "exact": {"type": "boolean", "description": "trace --impl: every layer and the total to the byte"},
         "tolerance": {"type": "number", "minimum": 0},
-        "total": _obj({"estimated": _BYTES, "measured": _BYTES, "ratio": _RATE}),
+        "total": obj({"estimated": _BYTES, "measured": _BYTES, "ratio": _RATE}),
         "tensors": {"type": "array", "items": _DIFF_TENSOR},
         "flops": {
             "type": "array",
-            "items": _obj(
-                {"phase": _NAME, "estimated": _COUNT, "measured": _COUNT, "delta": {"type": "integer"}}
+            "items": obj(
+                {"phase": NAME, "estimated": COUNT, "measured": COUNT, "delta": {"type": "integer"}}
             ),
         },
         "layers": {
             "type": "array",
-            "items": _obj(
+            "items": obj(
                 {
-                    "layers": {"type": "array", "items": _COUNT},
+                    "layers": {"type": "array", "items": COUNT},
                     "estimated": _BYTES,
                     "measured": _BYTES,
                     "ratio": _RATE,
@@ -207,31 +193,31 @@ _DIFF = _obj(
             ),
         },
         "peak_relative_error": {"type": "number", "description": "profile: measured / estimated peak − 1"},
-        "weights": _obj(
+        "weights": obj(
             {"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}}
         ),  # trace --impl torchtitan over ranks: the rank's parameter bytes at rest
     },
     required=["equal", "tensors", "flops", "layers"],
 )
-_TRACE = _obj(
+_TRACE = obj(
     {
         "estimated": _ESTIMATE_REF,
         "measured": _MEASURED,
         "diff": _DIFF,
-        "seconds": _SECONDS,
-        "ran_on": _NAME,
+        "seconds": SECONDS,
+        "ran_on": NAME,
         # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
-        "rank": _obj({"rank": _COUNT, "world": _COUNT, "tp": _COUNT, "dp": _COUNT}),
+        "rank": obj({"rank": COUNT, "world": COUNT, "tp": COUNT, "dp": COUNT}),
     },
     required=["estimated", "measured", "diff"],
 )
 
-_PROFILE_TIME = _obj(
+_PROFILE_TIME = obj(
     {
-        "device": _NAME,
-        "step_seconds": {"type": "array", "items": _SECONDS},
-        "median_step_seconds": _SECONDS,
-        "phase_seconds": {"type": "object", "additionalProperties": _SECONDS},
+        "device": NAME,
+        "step_seconds": {"type": "array", "items": SECONDS},
+        "median_step_seconds": SECONDS,
+        "phase_seconds": {"type": "object", "additionalProperties": SECONDS},
         "achieved_tflops": _RATE,
     }
 )
@@ -240,7 +226,7 @@ _PROFILE_TIMELINE = {
     "items": {
         "allOf": [
             {"$ref": "#/$defs/estimate/properties/timeline/items"},
-            _obj(
+            obj(
                 {
                     "measured": {"type": ["integer", "null"], "minimum": 0},
                     "measured_sample": {"type": ["integer", "null"], "minimum": 0},
@@ -252,32 +238,32 @@ _PROFILE_TIMELINE = {
 _PROFILE_ONE = {
     "allOf": [
         _TRACE,
-        _obj(
+        obj(
             {
                 "time": _PROFILE_TIME,
                 "timeline": _PROFILE_TIMELINE,
-                "measured": _obj({"memory": _obj({"peak": _BYTES})}),
+                "measured": obj({"memory": obj({"peak": _BYTES})}),
             },
             required=["time", "measured"],
         ),
     ]
 }
-_PROFILE_RANKS = _obj(
+_PROFILE_RANKS = obj(
     {
-        "model": _NAME,
-        "nproc": _POSITIVE,
+        "model": NAME,
+        "nproc": POSITIVE,
         "launcher": {"type": "string", "enum": ["spawn", "torchrun"]},
-        "layout": _obj(
-            {**{k: _POSITIVE for k in ("tp", "pp", "dp")}, "sp": {"type": "boolean"}, "zero": _COUNT}
+        "layout": obj(
+            {**{k: POSITIVE for k in ("tp", "pp", "dp")}, "sp": {"type": "boolean"}, "zero": COUNT}
         ),
-        "estimated": _obj(
+        "estimated": obj(
             {"memory": {"type": "object"}, "stages": {"type": "array"}, "tensors": {"type": "object"}}
         ),
         "ranks": {
             "type": "array",
-            "items": _obj(
+            "items": obj(
                 {
-                    "rank": _COUNT,
+                    "rank": COUNT,
                     "coords": {"type": "object"},
                     "measured": {"type": "object"},
                     "diff": {"type": "object"},

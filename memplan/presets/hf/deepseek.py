@@ -19,9 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memplan.presets.hf import _bool, _float, _get, _int, _req_int
-
-MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+from memplan.presets.hf.keys import first, flag, integer, number, required
 
 _DEFAULTS = {
     # DeepseekV2Config / DeepseekV3Config class defaults (configuration_deepseek_v{2,3}.py)
@@ -35,40 +33,40 @@ def deepseek_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
     kind = str(cfg["model_type"])
     v3, d = kind == "deepseek_v3", _DEFAULTS[kind]
     _refuse(kind, cfg)
-    heads = _int(cfg, "num_attention_heads", default=d["heads"])
+    heads = integer(cfg, "num_attention_heads", default=d["heads"])
     assert heads is not None
-    kv = _int(cfg, "num_key_value_heads", default=heads)
+    kv = integer(cfg, "num_key_value_heads", default=heads)
     if kv != heads:
         raise ValueError(f"num_key_value_heads: MLA expands its latent to every head; set it to {heads}")
-    rope = _int(cfg, "qk_rope_head_dim", default=64)
-    bias = _bool(cfg, "attention_bias", False)
-    _, theta = _get(cfg, ("rope_theta",))
+    rope = integer(cfg, "qk_rope_head_dim", default=64)
+    bias = flag(cfg, "attention_bias", False)
+    _, theta = first(cfg, ("rope_theta",))
     params = cfg.get("rope_parameters")
     if theta is None and isinstance(params, Mapping):
         theta = params.get("rope_theta")
     return {
         "name": name,
         "family": kind,
-        "hidden_size": _req_int(cfg, "hidden_size"),
-        "num_layers": _req_int(cfg, "num_hidden_layers"),
+        "hidden_size": required(cfg, "hidden_size"),
+        "num_layers": required(cfg, "num_hidden_layers"),
         "num_heads": heads,
         "num_kv_heads": heads,
         "head_dim": rope,
-        "ffn_size": _int(cfg, "moe_intermediate_size", default=d["moe_ffn"]),
-        "vocab_size": _req_int(cfg, "vocab_size"),
-        "tied_embeddings": _bool(cfg, "tie_word_embeddings", False),
-        "norm_eps": _float(cfg, "rms_norm_eps", default=1e-6),
+        "ffn_size": integer(cfg, "moe_intermediate_size", default=d["moe_ffn"]),
+        "vocab_size": required(cfg, "vocab_size"),
+        "tied_embeddings": flag(cfg, "tie_word_embeddings", False),
+        "norm_eps": number(cfg, "rms_norm_eps", default=1e-6),
         "qkv_bias": bias,
         "out_bias": bias,
-        "max_positions": _int(cfg, "max_position_embeddings", default=4096 if v3 else 2048),
+        "max_positions": integer(cfg, "max_position_embeddings", default=4096 if v3 else 2048),
         "rope_theta": float(theta) if isinstance(theta, int | float) else 10000.0,
-        "attn_dropout": _float(cfg, "attention_dropout", default=0.0),
+        "attn_dropout": number(cfg, "attention_dropout", default=0.0),
         "mla": {
-            "q_lora_rank": _int(cfg, "q_lora_rank", default=None) if "q_lora_rank" in cfg else 1536,
-            "kv_lora_rank": _int(cfg, "kv_lora_rank", default=512),
-            "qk_nope_head_dim": _int(cfg, "qk_nope_head_dim", default=128),
+            "q_lora_rank": integer(cfg, "q_lora_rank", default=None) if "q_lora_rank" in cfg else 1536,
+            "kv_lora_rank": integer(cfg, "kv_lora_rank", default=512),
+            "qk_nope_head_dim": integer(cfg, "qk_nope_head_dim", default=128),
             "qk_rope_head_dim": rope,
-            "v_head_dim": _int(cfg, "v_head_dim", default=128),
+            "v_head_dim": integer(cfg, "v_head_dim", default=128),
         },
         "moe": _moe(kind, cfg),
     }
@@ -77,24 +75,24 @@ def deepseek_fields(cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _moe(kind: str, cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The routed and shared experts, the dense first layers and the router (module docstring)."""
     v3, d = kind == "deepseek_v3", _DEFAULTS[kind]
-    dense = _int(cfg, "first_k_dense_replace", default=d["dense"]) or 0
+    dense = integer(cfg, "first_k_dense_replace", default=d["dense"]) or 0
     moe: dict[str, Any] = {
-        "experts": _int(cfg, "n_routed_experts", default=d["experts"]),
-        "top_k": _int(cfg, "num_experts_per_tok", default=8 if v3 else None),
-        "shared_experts": _int(cfg, "n_shared_experts", default=d["shared"]),
+        "experts": integer(cfg, "n_routed_experts", default=d["experts"]),
+        "top_k": integer(cfg, "num_experts_per_tok", default=8 if v3 else None),
+        "shared_experts": integer(cfg, "n_shared_experts", default=d["shared"]),
         "dense_layers": dense,
         # V2's router never divides by the sum (DeepseekV2TopkRouter.forward); V3's when norm_topk_prob.
-        "norm_topk_prob": _bool(cfg, "norm_topk_prob", True) if v3 else False,
+        "norm_topk_prob": flag(cfg, "norm_topk_prob", True) if v3 else False,
     }
     if moe["top_k"] is None:
         raise ValueError("num_experts_per_tok: missing; add it to config.json (DeepseekV2Config has none)")
     if dense:
-        moe["dense_ffn"] = _int(cfg, "intermediate_size", default=d["ffn"])
+        moe["dense_ffn"] = integer(cfg, "intermediate_size", default=d["ffn"])
     if v3:
-        moe |= {"scoring": "sigmoid", "groups": _int(cfg, "n_group", default=8)}
-        moe["topk_groups"] = _int(cfg, "topk_group", default=4)
+        moe |= {"scoring": "sigmoid", "groups": integer(cfg, "n_group", default=8)}
+        moe["topk_groups"] = integer(cfg, "topk_group", default=4)
     elif cfg.get("topk_method", "greedy") == "group_limited_greedy":
-        moe |= {"groups": _req_int(cfg, "n_group"), "topk_groups": _req_int(cfg, "topk_group")}
+        moe |= {"groups": required(cfg, "n_group"), "topk_groups": required(cfg, "topk_group")}
     return moe
 
 
@@ -103,9 +101,9 @@ def _refuse(kind: str, cfg: Mapping[str, Any]) -> None:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act: {act!r} is not modelled for model_type {kind}; use silu")
-    if _bool(cfg, "output_router_logits", False):
+    if flag(cfg, "output_router_logits", False):
         raise ValueError("output_router_logits: the router's auxiliary loss is not modelled; set it false")
-    if _bool(cfg, "mlp_bias", False):  # DeepseekV2MLP's biases, not its experts': not modelled
+    if flag(cfg, "mlp_bias", False):  # DeepseekV2MLP's biases, not its experts': not modelled
         raise ValueError("mlp_bias: biases on the dense and shared MLPs only are not modelled; set it false")
     method = cfg.get("topk_method")
     if kind == "deepseek_v2" and method not in (None, "greedy", "group_limited_greedy"):
@@ -119,14 +117,28 @@ def deepseek_notes(cfg: Mapping[str, Any]) -> list[str]:
     """The caveats of a DeepSeek import, for ``ModelPreset.notes``."""
     notes = ["multi-head latent attention, fine-grained + shared experts, dense first layers: --impl hf only"]
     if cfg.get("model_type") == "deepseek_v3":
-        mtp = _int(cfg, "num_nextn_predict_layers", default=0)
+        mtp = integer(cfg, "num_nextn_predict_layers", default=0)
         notes.append("sigmoid router with group-limited top-k (e_score_correction_bias: a buffer)")
         if mtp:
             notes.append(
                 f"its {mtp} MTP layer(s) (num_nextn_predict_layers) are not in transformers' model: "
                 "not counted"
             )
-    notes.append(f"routed_scaling_factor {_float(cfg, 'routed_scaling_factor', default=1.0):g} keeps nothing")
+    notes.append(f"routed_scaling_factor {number(cfg, 'routed_scaling_factor', default=1.0):g} keeps nothing")
     if cfg.get("rope_scaling"):
         notes.append("YaRN rope_scaling changes values only")
     return notes
+
+
+class DeepSeek:
+    """DeepSeek's reader: MLA and dense first layers read whole, not through ``Family``'s shared keys."""
+
+    def fields(self, kind: str, cfg: Mapping[str, Any], name: str) -> dict[str, Any]:
+        return deepseek_fields(cfg, name)
+
+    def notes(self, kind: str, cfg: Mapping[str, Any]) -> list[str]:
+        return deepseek_notes(cfg)
+
+
+READERS = {"deepseek_v2": DeepSeek(), "deepseek_v3": DeepSeek()}
+"""DeepSeek-V2's and -V3's readers, by ``model_type``."""

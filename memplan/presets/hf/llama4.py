@@ -25,47 +25,49 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memplan.presets.hf import _bool, _float, _int
+from memplan.config import MlpType, NormType, PositionType
+from memplan.presets.hf.family import Family, Fields
+from memplan.presets.hf.keys import flag, integer, number
 
 
 def llama4_fields(cfg: Mapping[str, Any], layers: int) -> dict[str, Any]:
     """memplan's fields for a ``Llama4TextConfig`` (its defaults for keys the file omits)."""
-    if _bool(cfg, "output_router_logits", False):
+    if flag(cfg, "output_router_logits", False):
         raise ValueError(
             "output_router_logits: the router's auxiliary (load-balancing) loss is not modelled; "
             "set it false in config.json"
         )
-    step = _int(cfg, "interleave_moe_layer_step", default=1) or 1
-    nope = _int(cfg, "no_rope_layer_interval", default=4) or 4
-    chunk = _int(cfg, "attention_chunk_size", default=8192)
+    step = integer(cfg, "interleave_moe_layer_step", default=1) or 1
+    nope = integer(cfg, "no_rope_layer_interval", default=4) or 4
+    chunk = integer(cfg, "attention_chunk_size", default=8192)
     _check_pattern(cfg, "moe_layers", list(range(step - 1, layers, step)))
     rope = [int((i + 1) % nope != 0) for i in range(layers)]
     _check_pattern(cfg, "no_rope_layers", rope)
     kinds = ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
     _check_pattern(cfg, "layer_types", kinds)
-    attn = _bool(cfg, "attention_bias", False)
+    attn = flag(cfg, "attention_bias", False)
     moe = {
-        "experts": _int(cfg, "num_local_experts", default=16),
-        "top_k": _int(cfg, "num_experts_per_tok", default=1),
+        "experts": integer(cfg, "num_local_experts", default=16),
+        "top_k": integer(cfg, "num_experts_per_tok", default=1),
         "shared_experts": 1,  # Llama4TextMoe.shared_expert: one Llama4TextMLP of intermediate_size
         "norm_topk_prob": False,  # sigmoid scores, not renormalised
         "router_sigmoid": True,
     }
     fields: dict[str, Any] = {
-        "ffn_size": _int(cfg, "intermediate_size", default=8192),
+        "ffn_size": integer(cfg, "intermediate_size", default=8192),
         "moe": moe,
         "qkv_bias": attn,
         "out_bias": attn,
         "mlp_bias": False,
-        "rope_theta": _float(cfg, "rope_theta", default=500000.0),
+        "rope_theta": number(cfg, "rope_theta", default=500000.0),
         "nope_every": nope if 0 in rope else None,
         "attn_chunk": chunk if any(k == "chunked_attention" for k in kinds) else None,
-        "qk_l2_norm": _bool(cfg, "use_qk_norm", True),
+        "qk_l2_norm": flag(cfg, "use_qk_norm", True),
         # a bool, as Llama4TextConfig (5.x, strict) types it: the 4 of early published files is refused
-        "attn_temperature": _bool(cfg, "attn_temperature_tuning", True) and 0 in rope,
+        "attn_temperature": flag(cfg, "attn_temperature_tuning", True) and 0 in rope,
     }
     if step > 1:
-        fields.update(moe_every=step, dense_ffn_size=_int(cfg, "intermediate_size_mlp", default=16384))
+        fields.update(moe_every=step, dense_ffn_size=integer(cfg, "intermediate_size_mlp", default=16384))
     return fields
 
 
@@ -81,3 +83,22 @@ LLAMA4_NOTE = (
     "chunked attention and weightless q/k norms: --impl hf only"
 )
 """The import's caveat for the preset's notes."""
+
+
+def _llama4(cfg: Mapping[str, Any], fields: Fields) -> Fields:
+    return llama4_fields(cfg, fields["num_layers"])
+
+
+FAMILIES = {
+    "llama4_text": Family(
+        NormType.RMSNORM,
+        MlpType.SWIGLU,
+        PositionType.ROPE,
+        tied=False,
+        eps=1e-5,
+        max_pos=4096 * 32,
+        extra=_llama4,
+        note=LLAMA4_NOTE,
+    ),
+}
+"""Llama 4's reader (Llama4TextConfig's defaults), by ``model_type``."""

@@ -1,0 +1,165 @@
+"""The estimate's answers about a GPU and the step's course: ``verdict`` (``memplan.advice``), ``fit`` and
+``time`` (with ``--gpu``), ``host_fit`` (host memory under offload) and ``timeline`` (``--timeline``).
+
+Known limitations (NB): the schema checks types, required keys and signs, not the arithmetic between keys
+(``headroom = usable − peak``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memplan.schema.parts import (
+    BYTES,
+    COUNT,
+    FLOPS,
+    FRACTION,
+    NAME,
+    POSITIVE,
+    SECONDS,
+    SIGNED,
+    described,
+    obj,
+)
+
+TERMS = ["weights", "optimizer", "gradients", "activations", "transient"]  # search.budget.terms
+
+_ARGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+VERDICT = obj(
+    {
+        "gpu": described({"type": "string"}, "the GPU judged against: --gpu, else a GPU preset"),
+        "gpu_given": {"type": "boolean"},
+        "memory_bytes": BYTES,
+        "usable_bytes": described(BYTES, "memory_bytes − the reserve (--reserve)"),
+        "peak": BYTES,
+        "phase": {"type": "string"},
+        "fits": {"type": "boolean"},
+        "headroom": {"type": "integer", "description": "usable − peak, bytes (negative: does not fit)"},
+        "devices": POSITIVE,
+        "terms": described(
+            {"type": "object", "additionalProperties": BYTES, "maxProperties": 3},
+            "the three largest terms of the peak moment, bytes",
+        ),
+        "counts": {
+            "type": "array",
+            "items": obj(
+                {
+                    "gpu": {"type": "string"},
+                    "usable_bytes": BYTES,
+                    "devices": {"type": ["integer", "null"], "minimum": 1},
+                    "dp": {"type": ["integer", "null"], "minimum": 1},
+                    "args": _ARGS,
+                    "peak": BYTES,
+                }
+            ),
+        },
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "suggestions": {
+            "type": "array",
+            "items": obj(
+                {
+                    "args": _ARGS,
+                    "command": _ARGS,
+                    "peak": BYTES,
+                    "fits": {"type": "boolean"},
+                    "devices": POSITIVE,
+                    "why": {"type": "string"},
+                }
+            ),
+        },
+    }
+)
+"""``estimate --json``'s ``verdict`` (``memplan.advice.Advice``): the answer the panel leads with."""
+
+
+FIT_VERDICT = obj(
+    {
+        "gpu": NAME,
+        "memory_bytes": described(BYTES, "the GPU's capacity"),
+        "reserve": described(BYTES, "kept back for the CUDA context and the allocator (--reserve)"),
+        "usable_bytes": described(BYTES, "memory_bytes − reserve"),
+        "peak": BYTES,
+        "exact": {"type": "boolean"},
+        "stage": COUNT,
+        "phase": {"type": "string"},
+        "fits": {"type": "boolean"},
+        "headroom": described(SIGNED, "usable − peak (negative when it does not fit)"),
+        "overflow": {"type": ["string", "null"], "enum": [*TERMS, None]},
+    }
+)
+
+HOST_FIT = obj(
+    {
+        "host_memory_bytes": BYTES,
+        "per_device": BYTES,
+        "devices": POSITIVE,
+        "need": BYTES,
+        "fits": {"type": "boolean"},
+        "headroom": SIGNED,
+    }
+)
+
+_COMMUNICATION = obj(
+    {
+        "dimension": NAME,
+        "collective": NAME,
+        "phase": NAME,
+        "bytes": described(BYTES, "bytes one call moves"),
+        "count": described(COUNT, "calls per step"),
+        "group": POSITIVE,
+        "link": NAME,
+        "time_s": described(SECONDS, "count × one call's seconds"),
+        "overlapped": {"type": "boolean"},
+        "overlaps": NAME,
+        "what": {"type": "string"},
+    }
+)
+
+_PREDICTED = obj(
+    {
+        "stage": COUNT,
+        "stage_layers": COUNT,
+        "matmul_s": SECONDS,
+        "matmul_wave_efficiency": FRACTION,
+        "attention_s": SECONDS,
+        "elementwise_s": SECONDS,
+        "compute_s": SECONDS,
+        "exposed_s": {"type": "object", "additionalProperties": SECONDS},
+        "bubble_s": SECONDS,
+        "optimizer_s": SECONDS,
+        "step_time_s": SECONDS,
+        "mfu": FRACTION,
+    }
+)
+
+TIME = obj(
+    {
+        "devices": POSITIVE,
+        "peak_flops_per_device": {"type": "number", "exclusiveMinimum": 0},
+        "global_batch": POSITIVE,
+        "tokens_per_step": POSITIVE,
+        "model_flops_per_step": FLOPS,
+        "hardware_flops_per_step": FLOPS,
+        "recompute_flops_per_step": FLOPS,
+        "bubble": described(FRACTION, "pipeline bubble / busy time, (p − 1)/(v·m)"),
+        "step_time_s": SECONDS,
+        "tokens_per_s": {"type": "number", "minimum": 0},
+        "mfu": FRACTION,
+        "hfu": FRACTION,
+        "assumed_mfu": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "basis": {"type": "string", "enum": ["predicted", "assumed", "measured"]},
+        "training_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "training_days": {"type": ["number", "null"], "minimum": 0},
+        "predicted": _PREDICTED,
+        "communication": {"type": "array", "items": _COMMUNICATION},
+    }
+)
+
+TIMELINE = {
+    "type": "array",
+    "items": obj(
+        {"label": NAME, "bytes": BYTES, **{k: BYTES for k in TERMS}},
+        # profile --timeline adds the measured curve at each point (null where it has no sample)
+        required=["label", "bytes", *TERMS],
+    ),
+}
