@@ -46,11 +46,19 @@ Known limitations:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
 
-from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay, round_size, segment_size
+from memplan.analytic.allocator import (
+    Alloc,
+    Allocator,
+    Event,
+    Free,
+    Replay,
+    replay_plain,
+    round_size,
+    segment_size,
+)
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
@@ -273,8 +281,11 @@ def replay_stream(
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
-        allocator = Allocator(expandable=expandable, capacity=capacity)
-        found = allocator.replay_codes(codes(inputs, workspace))
+        stream_codes = codes(inputs, workspace)
+        if expandable:
+            found = Allocator(expandable=True, capacity=capacity).replay_codes(stream_codes)
+        else:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
+            found = replay_plain(stream_codes, capacity)[0]
         if len(_REPLAYS) >= _REPLAYS_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found
@@ -305,29 +316,14 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
-    # a new segment for every allocation: by the distinct sizes (a stream repeats few), and when even
-    # that fits, nothing is replayed (the loop below would stop before its first event)
-    counts = Counter(stream_codes)
-    segment = {c: segment_size(round_size(c)) for c in counts if c >= 0}
-    if sum(size * counts[c] for c, size in segment.items()) <= capacity:
-        return False
-    # demand[i]: a new segment for every allocation from i on (frees add nothing)
-    demand = [*accumulate(segment.get(c, 0) for c in reversed(stream_codes))][::-1]
+    # demand[i]: a new segment for every allocation from i on (frees add nothing), by the distinct sizes
+    # (a stream repeats few); when even demand[0] fits, nothing is replayed
+    segment = {c: segment_size(round_size(c)) for c in set(stream_codes) if c >= 0}
+    demand = [*accumulate(map(segment.get, reversed(stream_codes), repeat(0)))][::-1]
     demand.append(0)
-    allocator = Allocator(capacity=capacity)
-    stats, malloc, free = allocator.stats, allocator.malloc, allocator.free
-    made = 0
-    for i, c in enumerate(stream_codes):
-        if stats.reserved + demand[i] <= capacity:
-            return False
-        if c >= 0:
-            malloc(made, c)
-            made += 1
-            if stats.oom:
-                return True
-        else:
-            free(-c - 1)
-    return stats.oom
+    if demand[0] <= capacity:
+        return False
+    return replay_plain(stream_codes, capacity, demand)[0].oom
 
 
 def clear_replays() -> None:
