@@ -62,6 +62,7 @@ from memplan.analytic.allocator import (
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
+from memplan.config import Setup, StrategyConfig
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.pipeline_parallel import Group
@@ -187,14 +188,32 @@ def _stream_inputs(r: Result) -> StreamInputs:
     dev = r.device
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     points = timeline(r, forward_points=max(1, dev.counts[group]))
-    per_tensor = step_tensors(r.pieces.setup.model_copy(update={"strategy": dev.setup.strategy}))
+    per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     return StreamInputs(
         points=tuple(tuple(p.terms[t] for t in TERMS) for p in points),
-        per_tensor=tuple(per_tensor),
+        per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),
     )
+
+
+_TENSORS: dict[tuple[object, ...], tuple[int, ...]] = {}
+"""``rank_tensors`` by what ``step_tensors`` reads; bounded as ``_REPLAYS``."""
+
+
+def rank_tensors(setup: Setup, strategy: StrategyConfig) -> tuple[int, ...]:
+    """``step_tensors`` of ``setup`` under ``strategy``, memoised on what it reads: the model, the
+    fine-tuning method, the implementation (the parameters' order) and the sharding (the ZeRO stage and
+    its group) — not the micro-batch or the layout, which a search varies (tests/test_allocator_plain.py
+    checks it against ``step_tensors``)."""
+    key = (setup.model, setup.finetune, setup.impl, strategy.zero, strategy.shard_group)
+    found = _TENSORS.get(key)
+    if found is None:
+        if len(_TENSORS) >= _REPLAYS_MAX:
+            _TENSORS.clear()
+        found = _TENSORS[key] = tuple(step_tensors(setup.model_copy(update={"strategy": strategy})))
+    return found
 
 
 def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
@@ -331,6 +350,7 @@ def clear_replays() -> None:
     _REPLAYS.clear()
     _REFUSALS.clear()
     _INPUTS.clear()
+    _TENSORS.clear()
 
 
 def replay_device(r: Result, gpu: GpuPreset | None = None, *, expandable: bool = False) -> Reserved:

@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memplan.analytic.allocator import Allocator, Replay, replay_plain, round_size, segment_size
+from memplan.analytic.optimizer_step import step_tensors
 from memplan.api import build_setup
 from memplan.config import Parallel
 from memplan.engine import estimate
 from memplan.presets import load_gpu
-from memplan.reserved import _refuses, codes, cublas_workspace, stream_inputs
+from memplan.reserved import _refuses, clear_replays, codes, cublas_workspace, rank_tensors, stream_inputs
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -133,3 +134,19 @@ def test_the_out_of_memory_path_releases_a_free_segment_and_retries() -> None:
     refused = replay_plain([*stream_codes, 5 * MIB], 40 * MIB)[0]
     assert refused.oom and refused.reserved == 30 * MIB
     assert refused == _reference([*stream_codes, 5 * MIB], 40 * MIB)
+
+
+def test_rank_tensors_are_step_tensors_across_what_a_search_varies() -> None:
+    # the memo's key leaves out the micro-batch, the layout and the checkpointing: setups that differ only
+    # there share one entry, and each still equals step_tensors of its own setup
+    clear_replays()
+    for kw in (
+        {"zero": 1, "dp": 8, "grad_accum": 2},
+        {"zero": 1, "dp": 8, "grad_accum": 4, "checkpointing": "full"},
+        {"zero": 1, "dp": 8, "parallel": Parallel(tp=2, sp=True)},
+        {"zero": 3, "dp": 8},
+        {"zero": 0, "dp": 8},
+        {"zero": 2, "dp": 4, "parallel": Parallel(pp=2)},
+    ):
+        setup = build_setup("llama-3.2-1b", seq=1024, **kw)  # type: ignore[arg-type]
+        assert rank_tensors(setup, setup.strategy) == tuple(step_tensors(setup))
