@@ -48,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate, repeat
+from operator import itemgetter
 
 from memplan.analytic.allocator import (
     Alloc,
@@ -184,6 +185,10 @@ def stream_inputs(r: Result) -> StreamInputs:
     return inputs
 
 
+_TERMS_OF = itemgetter(*TERMS)
+"""A point's bytes of each of ``TERMS``, in order (one tuple)."""
+
+
 def _stream_inputs(r: Result) -> StreamInputs:
     dev = r.device
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
@@ -191,7 +196,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     return StreamInputs(
-        points=tuple(tuple(p.terms[t] for t in TERMS) for p in points),
+        points=tuple(map(_TERMS_OF, (p.terms for p in points))),
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),

@@ -75,11 +75,13 @@ def test_the_early_stop_is_the_allocator_on_the_prefix(stream_codes: list[int], 
     demand = _demand(stream_codes)
     got, stopped = replay_plain(stream_codes, capacity, demand)
     assert got == _reference(stream_codes[:stopped], capacity)
-    if stopped < len(stream_codes):  # stopped where a new segment for every later allocation fits
-        assert got.reserved + demand[stopped] <= capacity
     # the verdict ``reserved.refuses`` reads: refused so far ⇔ refused by the whole replay (nothing later is)
     assert got.oom is _reference(stream_codes, capacity).oom
-    assert all(_reference(stream_codes[:i], capacity).reserved + demand[i] > capacity for i in range(stopped))
+    # it stopped at the first event where a new segment for every later allocation fits, or right after
+    # the first refusal
+    prefixes = [_reference(stream_codes[:i], capacity) for i in range(stopped)]
+    assert all(r.reserved + demand[i] > capacity and not r.oom for i, r in enumerate(prefixes))
+    assert got.oom or stopped == len(stream_codes) or got.reserved + demand[stopped] <= capacity
 
 
 def test_demand_by_hand() -> None:

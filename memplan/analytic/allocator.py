@@ -352,8 +352,9 @@ def replay_plain(
     merge across segments, and the model lays segments one after another).
 
     ``demand`` (``reserved.refuses``' early stop, one entry per code and one more): before the event i,
-    when the reserved bytes plus ``demand[i]`` fit ``capacity`` the replay stops there. Returns the
-    counters and the index of the event it stopped before (``len(codes)`` when it ran to the end).
+    when the reserved bytes plus ``demand[i]`` fit ``capacity`` the replay stops there; it stops too
+    right after a request it refuses. Returns the counters and the index of the event it stopped before
+    (``len(codes)`` when it ran to the end).
     tests/test_allocator.py checks it against ``Allocator`` on random and real streams, at capacities."""
     stats = Replay()
     pools: tuple[list[int], list[int]] = ([], [])  # large, small: keys of free blocks
@@ -413,6 +414,17 @@ def replay_plain(
                 if reserved + size > limit:
                     stats.oom = True
                     made += 1
+                    if demand is not None:  # ``refuses`` has its answer
+                        _store(
+                            stats,
+                            allocated,
+                            reserved,
+                            requested,
+                            allocated_peak,
+                            reserved_peak,
+                            requested_peak,
+                        )
+                        return stats, i + 1
                     continue
             addr = top
             top += size
