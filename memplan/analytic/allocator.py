@@ -28,6 +28,10 @@ of the file, ``round_size``, ``get_pool``, ``get_allocation_size``, ``get_free_b
   free block at the segment's mapped end counts, for best fit, as the size it can grow to (taken last),
   and grows by the pages the request lacks.
 
+``Allocator`` replays any stream; ``replay_plain`` the default allocator (no expandable segments, no
+``max_split_size``) on one stream, with the same decisions and counters, without block objects (the fit
+search's replays).
+
 Reserved bytes are the segments' (mapped pages'); allocated bytes the blocks handed out; requested bytes
 the requests as made. Peaks are taken after every event, as ``torch.cuda.memory_stats()`` keeps them
 (``reserved_bytes.all.peak``, ``allocated_bytes.all.peak``, ``requested_bytes.all.peak``).
