@@ -152,3 +152,13 @@ def test_rank_tensors_are_step_tensors_across_what_a_search_varies() -> None:
     ):
         setup = build_setup("llama-3.2-1b", seq=1024, **kw)  # type: ignore[arg-type]
         assert rank_tensors(setup, setup.strategy) == tuple(step_tensors(setup))
+
+
+def test_addresses_beyond_256_tib_keep_best_fit_order() -> None:
+    # an unlimited replay of a huge plan: three 200 TiB segments laid one after another, the third at
+    # 400 TiB, past 2⁴⁸ (256 TiB); the first and the third freed, two 200 TiB requests take the lower
+    # address first (the size tie), then the block at 400 TiB, as Allocator does (an address past the
+    # key's width would read back as a larger size and a wrong address)
+    tib = 1 << 40
+    stream_codes = [200 * tib, 200 * tib, 200 * tib, 4 * MIB, -3, -1, 200 * tib, 200 * tib, -6, -5]
+    assert replay_plain(stream_codes)[0] == _reference(stream_codes, None)

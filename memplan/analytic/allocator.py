@@ -339,9 +339,11 @@ def replay(
     return Allocator(expandable=expandable, max_split_size=max_split_size, capacity=capacity).replay(events)
 
 
-_KEY = 1 << 48
-"""``replay_plain``'s pool keys: size·2⁴⁸ + address, so that one integer orders as (size, address) does
-(the model's addresses stay below 2⁴⁸: segments are laid one after another, 256 TiB in all)."""
+_KEY = 1 << 64
+"""``replay_plain``'s pool keys: size·2⁶⁴ + address, so that one integer orders as (size, address) does
+while the addresses stay below 2⁶⁴ (the model lays segments one after another: the bytes of every
+segment ever made, 16 EiB; 2⁴⁸ = 256 TiB could be passed by an unlimited replay of a huge plan; the wider
+key measured no slower)."""
 
 
 def replay_plain(
@@ -349,7 +351,7 @@ def replay_plain(
 ) -> tuple[Replay, int]:
     """``Allocator(capacity=capacity).replay_codes(codes)`` — the default allocator (no expandable
     segments, no ``max_split_size``) on one stream — with the same decisions and counters, faster: no
-    block objects. Each pool is one sorted list of integer keys size·2⁴⁸ + address (best fit is the
+    block objects. Each pool is one sorted list of integer keys size·2⁶⁴ + address (best fit is the
     first key ≥ the request's, as ``_best_fit`` takes the first (size, address) ≥ (rounded, −1)); a free
     block is found by its start and its end (``try_merge_blocks``' neighbours: the free block that starts
     where it ends, the one that ends where it starts, unless that address starts a segment — blocks never
