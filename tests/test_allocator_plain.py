@@ -52,7 +52,7 @@ def streams(draw: st.DrawFn) -> list[int]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(streams(), st.one_of(st.none(), st.integers(0, 120 * MIB)))
 def test_random_streams_replay_as_the_allocator(stream_codes: list[int], capacity: int | None) -> None:
     got, stopped = replay_plain(stream_codes, capacity)
@@ -69,7 +69,7 @@ def _demand(stream_codes: list[int]) -> list[int]:
     return out
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(streams(), st.integers(0, 200 * MIB))
 def test_the_early_stop_is_the_allocator_on_the_prefix(stream_codes: list[int], capacity: int) -> None:
     demand = _demand(stream_codes)
@@ -90,7 +90,7 @@ def test_demand_by_hand() -> None:
     assert _demand([5 * MIB, 100, -1, 11 * MIB, -2]) == [34 * MIB, 14 * MIB, 12 * MIB, 12 * MIB, 0, 0]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(streams(), st.integers(0, 200 * MIB))
 def test_refuses_is_the_capped_replays_verdict(stream_codes: list[int], capacity: int) -> None:
     assert _refuses(stream_codes, capacity) is _reference(stream_codes, capacity).oom
