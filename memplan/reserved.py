@@ -52,14 +52,24 @@ Known limitations:
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import itemgetter
 
-from memplan.analytic.allocator import Alloc, Allocator, Event, Free, Replay, round_size, segment_size
+from memplan.analytic.allocator import (
+    Alloc,
+    Allocator,
+    Event,
+    Free,
+    Replay,
+    replay_plain,
+    round_size,
+    segment_size,
+)
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
+from memplan.config import Setup, StrategyConfig
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.pipeline_parallel import Group
@@ -185,18 +195,40 @@ def stream_inputs(r: Result) -> StreamInputs:
     return inputs
 
 
+_TERMS_OF = itemgetter(*TERMS)
+"""A point's bytes of each of ``TERMS``, in order (one tuple)."""
+
+
 def _stream_inputs(r: Result) -> StreamInputs:
     dev = r.device
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     points = timeline(r, forward_points=max(1, dev.counts[group]))
-    per_tensor = step_tensors(r.pieces.setup.model_copy(update={"strategy": dev.setup.strategy}))
+    per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     return StreamInputs(
-        points=tuple(tuple(p.terms[t] for t in TERMS) for p in points),
-        per_tensor=tuple(per_tensor),
+        points=tuple(map(_TERMS_OF, (p.terms for p in points))),
+        per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),
     )
+
+
+_TENSORS: dict[tuple[object, ...], tuple[int, ...]] = {}
+"""``rank_tensors`` by what ``step_tensors`` reads; bounded as ``_REPLAYS``."""
+
+
+def rank_tensors(setup: Setup, strategy: StrategyConfig) -> tuple[int, ...]:
+    """``step_tensors`` of ``setup`` under ``strategy``, memoised on what it reads: the model, the
+    fine-tuning method, the implementation (the parameters' order) and the sharding (the ZeRO stage and
+    its group) — not the micro-batch or the layout, which a search varies (tests/test_allocator_plain.py
+    checks it against ``step_tensors``)."""
+    key = (setup.model, setup.finetune, setup.impl, strategy.zero, strategy.shard_group)
+    found = _TENSORS.get(key)
+    if found is None:
+        if len(_TENSORS) >= _REPLAYS_MAX:
+            _TENSORS.clear()
+        found = _TENSORS[key] = tuple(step_tensors(setup.model_copy(update={"strategy": strategy})))
+    return found
 
 
 def stream(r: Result, workspace: int = 0, steps: int = STEPS) -> list[Event]:
@@ -283,8 +315,11 @@ def replay_stream(
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
-        allocator = Allocator(expandable=expandable, capacity=capacity)
-        found = allocator.replay_codes(codes(inputs, workspace))
+        stream_codes = codes(inputs, workspace)
+        if expandable:
+            found = Allocator(expandable=True, capacity=capacity).replay_codes(stream_codes)
+        else:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
+            found = replay_plain(stream_codes, capacity)[0]
         if len(_REPLAYS) >= _REPLAYS_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found
@@ -315,29 +350,14 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
-    # a new segment for every allocation: by the distinct sizes (a stream repeats few), and when even
-    # that fits, nothing is replayed (the loop below would stop before its first event)
-    counts = Counter(stream_codes)
-    segment = {c: segment_size(round_size(c)) for c in counts if c >= 0}
-    if sum(size * counts[c] for c, size in segment.items()) <= capacity:
-        return False
-    # demand[i]: a new segment for every allocation from i on (frees add nothing)
-    demand = [*accumulate(segment.get(c, 0) for c in reversed(stream_codes))][::-1]
+    # demand[i]: a new segment for every allocation from i on (frees add nothing), by the distinct sizes
+    # (a stream repeats few); when even demand[0] fits, nothing is replayed
+    segment = {c: segment_size(round_size(c)) for c in set(stream_codes) if c >= 0}
+    demand = [*accumulate(map(segment.get, reversed(stream_codes), repeat(0)))][::-1]
     demand.append(0)
-    allocator = Allocator(capacity=capacity)
-    stats, malloc, free = allocator.stats, allocator.malloc, allocator.free
-    made = 0
-    for i, c in enumerate(stream_codes):
-        if stats.reserved + demand[i] <= capacity:
-            return False
-        if c >= 0:
-            malloc(made, c)
-            made += 1
-            if stats.oom:
-                return True
-        else:
-            free(-c - 1)
-    return stats.oom
+    if demand[0] <= capacity:
+        return False
+    return replay_plain(stream_codes, capacity, demand)[0].oom
 
 
 def clear_replays() -> None:
@@ -345,6 +365,7 @@ def clear_replays() -> None:
     _REPLAYS.clear()
     _REFUSALS.clear()
     _INPUTS.clear()
+    _TENSORS.clear()
 
 
 def replay_device(r: Result, gpu: GpuPreset | None = None, *, expandable: bool = False) -> Reserved:
