@@ -36,8 +36,10 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   memplan's ``--checkpointing selective`` under the default ``--impl reference`` re-runs the attention core
   (Korthikanti) — the nearest a user can type on CUDA (``--impl torchtitan`` models the per-op policy for
   torchtitan 0.3.0 on CPU only, and refuses tensorwise float8).
-- Grand Teton's H100 is neither preset: its peak is "between SXM and NVL" (the doc's footnote); typed
-  ``--gpu h100-sxm``.
+- Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
+  2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
+  500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
+  preset keeps the SXM5's peak, an upper bound (before the preset: ``--gpu h100-sxm``).
 - llm-foundry's H100 cluster's network is not stated: the preset's (one 400 Gb/s NIC per GPU).
 """
 
@@ -66,7 +68,9 @@ LF = "llm-foundry benchmarking/README.md"
 TT24 = "torchtitan performance.md (0413364)"
 TT25 = "torchtitan performance.md (eaea6f6)"
 SEL = "torchtitan's per-op selective AC typed as memplan's attention-core selective"
-TETON = "Grand Teton H100 (500 W, HBM2e) typed as h100-sxm"
+TETON = (
+    "Grand Teton H100 typed as h100-teton (2.4 TB/s HBM2e; 500 W peak not stated: the SXM5's, an upper bound)"
+)
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,7 @@ def _titan(
 
 def _teton_8b(gpus: int, table: str, tps: tuple[float, float, float]) -> tuple[Run, ...]:
     """Tables 1 and 3: Llama 3.1 8B, FSDP, local batch 2, selective AC; eager, compiled, compiled + float8."""
-    base = Stated("llama-3.1-8b", gpus, "h100-sxm", 8192, 2, 2 * gpus, "selective")
+    base = Stated("llama-3.1-8b", gpus, "h100-teton", 8192, 2, 2 * gpus, "selective")
     kinds = (("FSDP", base), ("+ compile", _with(base, compile=True)))
     kinds += (("+ compile + float8", _with(base, compile=True, fp8="tensorwise")),)
     return tuple(
@@ -217,7 +221,7 @@ def _teton_cp(cp: int, tps: float) -> Run:
     compile, float8."""
     seq = 32768 * cp
     stated = Stated(
-        "llama-3.1-8b", 8, "h100-sxm", seq, 1, 8 // cp, "full", cp=cp, compile=True, fp8="tensorwise"
+        "llama-3.1-8b", 8, "h100-teton", seq, 1, 8 // cp, "full", cp=cp, compile=True, fp8="tensorwise"
     )
     return _titan(f"Llama 3.1 8B, 8 × H100, CP {cp}, s {seq:,}", f"{TT25} T2", stated, tps, TETON)
 
@@ -261,7 +265,9 @@ TITAN_RUNS: tuple[Run, ...] = (
     _titan(
         "Llama 3.1 70B, 256 × H100, TP 8, full AC, compile + float8",
         f"{TT25} T4",
-        Stated("llama-3.1-70b", 256, "h100-sxm", 8192, 16, 512, "full", tp=8, compile=True, fp8="tensorwise"),
+        Stated(
+            "llama-3.1-70b", 256, "h100-teton", 8192, 16, 512, "full", tp=8, compile=True, fp8="tensorwise"
+        ),
         829,
         TETON,
     ),

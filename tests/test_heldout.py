@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.heldout import DOC, END, RUNS, START, Run, markdown, predict
 from memplan.api import load_model
+from memplan.presets import load_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,3 +139,33 @@ def test_torchtitan_runs_have_no_accumulation(predicted: dict[str, dict]) -> Non
         st = run.stated
         assert predicted[run.name]["setup"]["micro_batches"] == 1, run.name
         assert st.micro_batch * st.gpus // (st.tp * st.cp) == st.global_batch, run.name
+
+
+def test_grand_teton_preset_is_what_torchtitan_states() -> None:
+    """presets/gpus/h100-teton.toml against torchtitan docs/performance.md (eaea6f6): "96GB HBM2e with
+    2.4 TB/sec peak memory bandwidth" (96 GB read as 96·2³⁰ bytes, as every preset's vendor GB), 8 H100 per
+    host, "400 Gb/s per GPU" (50 GB/s per direction); the peak is not stated ("between SXM and NVL"): the
+    SXM5's dense BF16 989.5 TFLOP/s (1,979 sparse ÷ 2) is kept as its upper bound."""
+    gpu = load_gpu("grand-teton-h100")
+    assert gpu.name == "h100-teton"
+    assert gpu.memory_bytes == 96 * 2**30
+    assert gpu.hbm_bandwidth_gbps == 2400
+    assert gpu.topology.gpus_per_node == 8 and gpu.topology.inter_node_gbps == 400 / 8
+    assert gpu.peak_tflops.bf16 == 1979 / 2 == load_gpu("h100-sxm").peak_tflops.bf16
+    assert gpu.device_mib is None  # nvidia-smi's total for this part is not published
+
+
+def test_grand_teton_moves_the_memory_bound_seconds_only(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """The same Table 1 run on h100-sxm and h100-teton: the element-wise kernels and the optimizer step are
+    memory-bound, so they take 3,350/2,400 times as long on 2.4 TB/s; the 16,384-token GEMMs are above
+    the ridge (compute-bound) and the flash kernel runs at a fraction of the peak both share: unchanged."""
+    run = next(r for r in RUNS if r.name == "Llama 3.1 8B, 8 × H100, FSDP")
+    assert "--gpu h100-teton" in run.typed
+    sxm = Run(run.name, run.source, run.stated, run.published, run.typed.replace("h100-teton", "h100-sxm"))
+    teton_p = predicted[run.name]["time"]["predicted"]
+    sxm_p = predict(sxm)["time"]["predicted"]
+    ratio = 3350 / 2400
+    assert teton_p["elementwise_s"] == pytest.approx(sxm_p["elementwise_s"] * ratio, rel=1e-12)
+    assert teton_p["optimizer_s"] == pytest.approx(sxm_p["optimizer_s"] * ratio, rel=1e-12)
+    assert teton_p["matmul_s"] == pytest.approx(sxm_p["matmul_s"], rel=1e-12)
+    assert teton_p["attention_s"] == pytest.approx(sxm_p["attention_s"], rel=1e-12)
