@@ -144,16 +144,15 @@ def test_stages_bound_is_the_prediction_without_its_zero_dependent_terms(
 
 def test_llama3_405b_fit_is_at_least_as_fast_as_the_published_layout() -> None:
     """Issue #21: the published layout's prediction (``memplan estimate`` with Llama 3's settings) against
-    the fastest configuration ``fit`` lists for the same model, sequence, GPUs and global batch. The space
-    is narrowed to the published layout's own choices (no recompute, flash attention, micro-batch 1) to
-    keep the test fast; the layouts (tp, pp, vpp, cp, ZeRO, HSDP) are searched in full. NB: by memplan's
-    memory model the published layout does not fit 80 GiB (its second rank holds 141 one-layer chunks of
-    activations), so ``fit`` cannot list it itself."""
+    the fastest configuration ``fit`` lists for the same model, sequence, GPUs and global batch — the
+    issue's own command, the whole space searched (≈ 11 CPU s). NB: by memplan's memory model the published
+    layout does not fit 80 GiB (its second rank holds 141 one-layer chunks of activations), so ``fit``
+    cannot list it itself."""
     common = "-m 405b --seq 8192 --gpus 16384 --gpu h100-sxm --global-batch 2048"
     published = run_json(
         f"estimate {common} --tp 8 --sp --pp 16 --vpp 8 --pp-layers {LLAMA3_LAYOUT} --zero 2 --json"
     )
-    found = run_json(f"fit {common} --checkpointing none --attention flash --micro-batches 1 --top 3 --json")
+    found = run_json(f"fit {common} --json")
     best = found["configs"][0]
     assert best["fit"]["fits"]
     assert best["time"]["step_time_s"] <= published["time"]["step_time_s"]
