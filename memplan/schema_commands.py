@@ -222,6 +222,32 @@ _TRACE = _obj(
         "ran_on": _NAME,
         # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
         "rank": _obj({"rank": _COUNT, "world": _COUNT, "tp": _COUNT, "dp": _COUNT}),
+        # and its peak of forward and backward beside the estimate's moments, without the optimizer's states
+        "peak": _obj(
+            {
+                "estimated": _BYTES,
+                "estimated_phase": _NAME,
+                "moments": {
+                    "type": "array",
+                    "items": _obj(
+                        {
+                            "moment": _NAME,
+                            "estimated": _BYTES,
+                            # null: the measured curve has no such stretch
+                            "measured": {"type": ["integer", "null"], "minimum": 0},
+                            "delta": {"type": ["integer", "null"]},
+                        }
+                    ),
+                },
+                "measured": _BYTES,
+                "measured_phase": _NAME,
+                "measured_op": _NAME,
+                "measured_parts": {"type": "object", "additionalProperties": _BYTES},
+                "measured_transient": {"type": "object", "additionalProperties": _BYTES},
+                "delta": {"type": "integer"},
+                "equal": {"type": "boolean"},
+            }
+        ),
     },
     required=["estimated", "measured", "diff"],
 )

@@ -62,6 +62,7 @@ from memplan.blocks.attention import (
     eager_forward_extra,
     projection_rules,
 )
+from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
@@ -342,7 +343,7 @@ def peak(
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
-    activations += loop_labels_bytes(setup, dims)
+    activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs

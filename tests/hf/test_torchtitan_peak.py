@@ -1,0 +1,97 @@
+"""The peak of one torchtitan rank's forward and backward (``trace --impl torchtitan`` over ranks), measured
+by ``measure.distributed.titan_peak`` under fake tensors on torch's fake process group, against the
+estimate's moments (without the optimizer's states: the run builds none).
+
+On a tensor-parallel rank of the tiny model the peak is the loss backward, inside torchtitan's
+``_LossParallelCrossEntropy.backward`` (components/loss.py) at ``grad_input + torch.exp(log_probs)``:
+three fp32 [T, v/t] and its [T] locals beside every save, and the loop's ids, which the vocabulary-parallel
+embedding does not keep (it keeps a clamped copy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")
+
+from memplan.config import Impl
+from memplan.engine import estimate
+from memplan.measure.distributed.titan import measure_titan_rank
+from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
+from memplan.schema_commands import command_schema
+from tests.hf.harness import hf_setup
+from tests.hf.test_torchtitan_ranks import ranked
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_rank_peak_is_the_loss_parallel_backward(sp: bool) -> None:
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    peak = run.peak
+    moments = estimated_moments(est)
+    assert peak.peak == moments["loss backward"] == max(moments.values())
+    assert peak.phase == "backward" and peak.op == "aten.add"  # grad_input + exp(log_probs)
+    # By hand, tiny on tp 2: h 64, a/t 2 heads, kv/t 1, d 16, f/t 64, v/t 128, b 2, s 32: T = 64 tokens.
+    T, v, h, f, qkv = 64, 128, 64, 64, (2 + 2 * 1) * 16
+    layer = qkv * h + h * 2 * 16 + 3 * f * h + 2 * h  # wqkv, wo [h, a/t·d], w1 w3 w2, two norms
+    weights = 2 * (2 * v * h + 2 * layer + h)  # bf16: embedding, lm head, 2 layers, final norm
+    rope = 2 * 32 * 8 * 8  # each layer's complex64 cache [s, d/2], a buffer its saves view
+    assert peak.parts["states"] == weights + rope
+    assert peak.parts["gradients"] == 0  # none made yet
+    assert peak.parts["saved"] == run.measured.activations - rope  # every save, the caches apart
+    # zeros_like, exp and their sum, fp32 [T, v/t]; safe_labels, local_labels, row_idx (int64),
+    # out_of_range (bool), grad_update and the masked grad_output (fp32): 33 B per token; three fp32
+    # scalars (the seed, the division's output gradient, the loss); the loop's int64 ids [b, s].
+    assert peak.parts["transient"] == 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T
+    assert peak.transient["aten.zeros_like"] == peak.transient["aten.exp"] == 4 * T * v
+
+
+def test_peak_json_and_trace_cli() -> None:
+    """``trace --impl torchtitan --tp 2 --sp``: the ``peak`` object, valid against trace's schema, each
+    moment estimated and measured (the loss backward's reading exact), and the rich report renders."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--tp", "2", "--sp"]
+    result = runner.invoke(app, [*args, "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    jsonschema.validate(out, command_schema("trace"))
+    peak = out["peak"]
+    assert peak["equal"] and peak["delta"] == 0 and peak["estimated_phase"] == "loss backward"
+    loss = next(m for m in peak["moments"] if m["moment"] == "loss backward")
+    assert loss["measured"] == loss["estimated"] == peak["measured"]
+    shown = runner.invoke(app, [*args, "--device", "cpu"])
+    assert shown.exit_code == 0 and "Rank peak of forward and backward" in shown.output
+
+
+def test_fsdp2_resizes_are_followed() -> None:
+    """ZeRO-3 over dp 2 (tp 2, SP): FSDP2 frees each unit's unsharded parameters with ``resize_(0)`` (no
+    dispatched op); the tracker follows it, so after the step the live bytes are the rank's own again:
+    its parameter shards, buffers and sharded gradients (each storage once)."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
+    run = measure_titan_rank(setup)
+    end = run.peak.curve.samples[-1]
+    rope = 2 * 32 * 8 * 8
+    # The gradients at rest: FSDP2's reduce-scattered shards, one per parameter, in the parameters' dtype
+    # (bf16): the same bytes as the parameter shards.
+    assert end == run.param_bytes + rope + run.param_bytes
+    assert run.peak.windows == {}  # the live set per stretch is kept only when asked
+
+
+def test_peak_json_without_a_reading() -> None:
+    """A moment whose stretch the curve lacks reads None (no delta), never NaN: the JSON stays valid."""
+    from memplan.measure.distributed.titan_peak import PeakRun
+    from memplan.measure.instruments.tracker import Curve
+
+    setup = ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True)
+    parts = dict.fromkeys(("states", "gradients", "saved", "transient"), 0)
+    run = PeakRun(10, "backward", "aten.add", parts, curve=Curve([1, 10], []))
+    out = peak_json(estimate(setup), run)
+    assert all(m["measured"] is None and m["delta"] is None for m in out["moments"])
+    json.dumps(out, allow_nan=False)
