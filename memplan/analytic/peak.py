@@ -69,6 +69,7 @@ from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.blocks.torchtitan import fsdp2_shard_elements
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -76,6 +77,7 @@ from memplan.config import (
     NormType,
     Offload,
     Setup,
+    ZeroStage,
 )
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
@@ -331,6 +333,28 @@ def _flash_kept(setup: Setup, dims: Dims) -> int:
     return sum(r.bytes for r in projection_rules(setup, dims)[1:])
 
 
+def zero3_all_resharded(setup: Setup) -> bool:
+    """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
+    (``measure.distributed.titan.reshard_policy``: "always")."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+
+
+def zero2_shards_beside(setup: Setup) -> int:
+    """Bytes of the rank's parameter shards alive beside the unsharded parameters under torchtitan's
+    ZeRO-2 (FSDP2 with ``reshard_after_forward=False``): FSDP2 keeps each ``FSDPParam.sharded_param`` and
+    gathers into new storages (``_fsdp_param.alloc_storage``) that stay from a unit's forward to its
+    backward, so forward and backward hold both (the estimate's weights count the unsharded ones). The
+    shards are the dim-0 shards over dp × cp (``blocks.torchtitan.fsdp2_shard_elements``). Measured on a
+    tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py)."""
+    s = setup.strategy
+    shards = s.shard_group * setup.parallel.cp
+    if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
+        return 0
+    return fsdp2_shard_elements(setup.model, shards) * setup.training.precision.weight_bytes
+
+
 def peak(
     setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int
 ) -> Peak:
@@ -341,14 +365,19 @@ def peak(
     weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
+    gather += zero2_shards_beside(setup)  # torchtitan's ZeRO-2: the shards beside the unsharded weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
+    # torchtitan's ZeRO-3 (``reshard_after_forward_policy="always"``) reshards every unit after its
+    # forward, [norm, lm_head] too (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``): at the
+    # loss's backward no unit is gathered yet (the lm head's is gathered for its own backward).
+    gathered = 0 if zero3_all_resharded(setup) else gather
     loss_bwd = terms(
-        weights + gather, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
+        weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))

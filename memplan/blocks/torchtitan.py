@@ -22,7 +22,8 @@ Known limitations:
   torchtitan keeps fp32 sharded parameters and gradients (``MixedPrecisionPolicy``: bf16 only while
   gathered), the same bytes per element in all under bf16-mixed AdamW. ``--zero 2``
   (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from each unit's forward
-  to its backward: counted whole.
+  to its backward: counted whole, and the peak's forward and backward moments add the shards, alive beside
+  them (``analytic.peak.zero2_shards_beside``).
 """
 
 from __future__ import annotations

@@ -95,3 +95,53 @@ def test_peak_json_without_a_reading() -> None:
     out = peak_json(estimate(setup), run)
     assert all(m["measured"] is None and m["delta"] is None for m in out["moments"])
     json.dumps(out, allow_nan=False)
+
+
+def tiny_tp2_weights() -> int:
+    """tiny's bf16 parameters on a tp 2 rank (h 64, a/t 2 heads, kv/t 1, d 16, f/t 64, v/t 128)."""
+    h, f, v, qkv = 64, 64, 128, (2 + 2 * 1) * 16
+    layer = qkv * h + h * 2 * 16 + 3 * f * h + 2 * h  # wqkv, wo [h, a/t·d], w1 w3 w2, two norms
+    return 2 * (2 * v * h + 2 * layer + h)  # embedding, lm head, 2 layers, final norm
+
+
+def test_zero2_rank_holds_its_shards_beside_the_gathered_weights() -> None:
+    """torchtitan's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) on tp 2 + SP × dp 2: at the loss's
+    backward the rank holds its dim-0 shards (half its TP weights: every dim 0 even) and every unit's
+    unsharded parameters, gathered in forward and kept for backward: the estimate's whole weights plus
+    the shards (``analytic.peak.zero2_shards_beside``), exact."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 2)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    weights, rope = tiny_tp2_weights(), 2 * 32 * 8 * 8
+    assert run.param_bytes * 2 == weights
+    assert run.peak.parts["states"] == weights // 2 + rope
+    assert run.peak.transient["aten.empty"] == weights  # FSDP2's unsharded parameters (all-gather outputs)
+    assert run.peak.peak == estimated_moments(est)["loss backward"] == max(estimated_moments(est).values())
+
+
+def test_zero3_loss_backward_holds_no_gathered_unit() -> None:
+    """torchtitan's ZeRO-3 ("always": [norm, lm_head] resharded after forward too) on tp 2 + SP × dp 2: at
+    the loss's backward no unit is gathered, only the rank's shards; the moment is exact."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert est.peak.moments["loss backward"]["weights"] == run.param_bytes == tiny_tp2_weights() // 2
+    loss = run.peak.moments(["loss backward"])["loss backward"]
+    assert loss == estimated_moments(est)["loss backward"]
+    T, v = 64, 128
+    saves = run.measured.activations
+    assert loss == run.param_bytes + saves + 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # the rope views saved
+
+
+def test_full_scale_loss_backward_of_rank_0_of_16384() -> None:
+    """Llama 3.1 405B's widths (one layer), seq 8192, tp 8 with SP × dp 2,048 under ZeRO-3: rank 0 of
+    16,384 on the fake process group. Its loss backward moment equals the estimate's to the byte: the
+    rank's FSDP2 shards, every save and the loss-parallel backward's 3 fp32 [T, v/t] (T 8192, v/t 16,032)
+    with its locals. NB: the other moments are not exact (titan_peak's module docstring)."""
+    setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True, 2048, 3)
+    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    loss = run.peak.moments(["loss backward"])["loss backward"]
+    assert loss == estimated_moments(est)["loss backward"]
+    T, v = 8192, 16032
+    transient = 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # 1,576,345,612 B: three 501 MiB fp32 [T, v/t]
+    assert loss == run.param_bytes + run.measured.activations + transient
+    _, op, _, by_op = run.peak.windows["forward"]  # from the loss on: its backward's highest point
+    assert op == "aten.add" and by_op["aten.zeros_like"] == by_op["aten.exp"] == 4 * T * v

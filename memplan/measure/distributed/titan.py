@@ -11,7 +11,8 @@ embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dim
 and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
 ``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
 ``--hsdp``). The parameters are then materialised under ``FakeTensorMode`` (``to_empty``) and one forward,
-torchtitan's loss and backward run, every saved storage recorded per layer by its local shard.
+torchtitan's loss and backward run, every saved storage recorded per layer by its local shard, and the
+live storages tracked for the peak (``titan_peak``).
 
 Known limitations:
 - NB: torchtitan 0.3.0's default backend is ``spmd_types`` (local tensors with explicit collectives); the
@@ -20,8 +21,9 @@ Known limitations:
   the same declarations, ``protocols/module.py``).
 - NB: ``parallel_dims`` resolves its device to ``cuda``; the mesh is built on ``cpu`` (``device_type``
   patched for the build), so every kernel is the CPU one (the CPU flash SDPA).
-- NB: only the saved tensors and the rank's parameter bytes are compared: the peak (FSDP2's all-gather
-  buffers, freed with ``untyped_storage().resize_(0)``, no dispatched op) is not tracked here.
+- NB: the peak of forward and backward is measured and set beside the estimate's moments
+  (``titan_peak``: FSDP2's resizes followed), not judged: ``trace`` exits on the saves and parameters,
+  and shows the peak's moments with their differences (``titan_peak``'s NBs say which are not exact).
 """
 
 from __future__ import annotations

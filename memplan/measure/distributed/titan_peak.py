@@ -21,10 +21,30 @@ storages the parameters' ``.grad`` hold at the end of the step) and the rest by 
 The estimate's side: each moment of ``analytic.peak`` less its ``optimizer`` term (the run builds no
 optimizer: its master copy and states are constant through forward and backward).
 
-Known limitations:
+What is exact (tests/hf/test_torchtitan_peak.py): the loss backward moment on every layout traced (tp 2
+with and without SP, ZeRO-2 and ZeRO-3 over dp 2, Llama 3.1 405B's widths on tp 8 with SP × dp 2,048),
+and the whole peak where it is the loss's (the tiny model's tp 2 ranks, with ZeRO-2 too): torchtitan's
+loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the loop's ids beside the
+vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
+unsharded weights under ZeRO-2 and no gathered unit at the loss under ZeRO-3 (``analytic.peak``).
+
+Known limitations (each moment's measured and estimated bytes are in ``trace``'s output, ``peak.moments``):
 - NB: the optimizer step is not run (torchtitan's trainer steps fp32 parameters with
   ``torch.optim.AdamW``; the run holds the parameters in the activation dtype, as the estimate's
   weights term counts them): the estimate's "optimizer step" moment is not compared.
+- NB: the final norm's backward under SP is not modelled: the estimate counts the norm's five fp32 pieces
+  over T tokens, the rank runs the norm on T/t and the stretch tops at the reduce-scatter of the lm
+  head's input gradient (its [T, h] dX, funcol's concatenated copy, the [T/t, h] out): at 405B's widths
+  on tp 8 the estimate is 2.0 GB above the measurement there.
+- NB: the layer backward moment is the reference model's, not torchtitan's, even on one device (the
+  tiny model: 57,352 B below the measurement); under TP without SP DTensor's backward all-gathers a
+  weight gradient ([f, h] and its concatenated copy, 1.7 GB each at 405B's widths on tp 8: +5.1 GB).
+- NB: FSDP2's ZeRO-3 backward holds, beyond the unit it computes with, the next unit's flat all-gather
+  output (prefetched) and the previous unit's fp32 reduce-scatter input (the tiny model on tp 2 × dp 2,
+  layer 1: 37,120 + 33,024 B); the embedding's backward gathers its unit, which the estimate's moment
+  does not count (405B on tp 8 × dp 2,048: +3.0 GB).
+- NB: the embedding backward moment leaves out the per-layer RoPE caches (buffers, alive all step) and
+  the valid-token count.
 - NB: kernel workspaces and temporaries freed inside one op are not seen (``tracker``'s NB); under fake
   tensors the collectives allocate their outputs as their CUDA kernels do (a new tensor per functional
   collective; c10d's in-place ones write into the buffer given).
