@@ -333,6 +333,21 @@ def _flash_kept(setup: Setup, dims: Dims) -> int:
     return sum(r.bytes for r in projection_rules(setup, dims)[1:])
 
 
+def layer_rope_buffer(setup: Setup, dims: Dims) -> int:
+    """One layer's torchtitan RoPE cache (``Profile.rope_cache_per_layer``, without context parallelism):
+    a module buffer, [s, d/2] complex64, alive all step; the layer's save is a view of it, so once its
+    saves are freed the buffer stays (the layers above a layer's backward, the embedding's backward)."""
+    if not profile_of(setup).rope_cache_per_layer or setup.parallel.cp > 1:
+        return 0
+    return dims.s * (dims.d // 2) * 8
+
+
+def loop_count_bytes(setup: Setup) -> int:
+    """The valid-token count the trainer holds, int64 (``Profile.loss_over_token_count``: torchtitan's
+    ``global_valid_tokens``, passed to the loss and kept by the training loop to the step's end)."""
+    return 8 if profile_of(setup).loss_over_token_count else 0
+
+
 def zero3_all_resharded(setup: Setup) -> bool:
     """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
     (``measure.distributed.titan.reshard_policy``: "always")."""
@@ -410,6 +425,7 @@ def peak(
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
         saved -= loop_labels_bytes(setup, dims)
+        saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
@@ -435,7 +451,11 @@ def peak(
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
-    embedding_bwd = terms(weights, optimizer, states.gradients, inputs, embedding + 8)
+    # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
+    # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
+    held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
+    held += loop_count_bytes(setup)
+    embedding_bwd = terms(weights, optimizer, states.gradients, held, embedding + 8)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0

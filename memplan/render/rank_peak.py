@@ -37,8 +37,15 @@ def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
     )
     parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in peak["measured_parts"].items())
     ops = ", ".join(f"{op} {fmt_bytes(v)}" for op, v in list(peak["measured_transient"].items())[:6])
+    judged = (
+        "the peaks are equal"
+        if peak["equal"]
+        else "the peak is shown, not judged: measure/distributed/titan_peak.py's NBs name the moments not "
+        "modelled exactly"
+    )
     return Group(
         t,
         Text(f"measured peak in the {peak['measured_phase']}, at {peak['measured_op']}: {parts}"),
         Text(f"its temporaries by op: {ops or 'none'}"),
+        Text(judged),
     )

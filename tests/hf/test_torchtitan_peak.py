@@ -145,3 +145,19 @@ def test_full_scale_loss_backward_of_rank_0_of_16384() -> None:
     assert loss == run.param_bytes + run.measured.activations + transient
     _, op, _, by_op = run.peak.windows["forward"]  # from the loss on: its backward's highest point
     assert op == "aten.add" and by_op["aten.zeros_like"] == by_op["aten.exp"] == 4 * T * v
+
+
+def test_embedding_backward_holds_the_buffers_and_the_loop_tensors() -> None:
+    """The embedding's backward on a tp 2 + SP rank at Llama 3 8B's widths (2 layers, s 256): every
+    gradient is made and the weights are whole; beside them the loop's ids, labels and valid-token count,
+    the vocabulary-parallel embedding's clamped ids (its save), both layers' RoPE buffers, the incoming
+    gradient times the vocabulary mask and the fp32 loss scalars; exact."""
+    setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, True)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    moment = run.peak.moments(["embedding backward"])["embedding backward"]
+    assert moment == estimated_moments(est)["embedding backward"]
+    T, h = 256, 4096
+    rope = 2 * 256 * 64 * 8  # [s, d/2] complex64 per layer
+    # weights and gradients (bf16, the same bytes), 3 int64 [T] (ids, labels, clamped ids), the int64
+    # count, dY·mask [T, h] bf16, the seed gradient and the loss (fp32 scalars)
+    assert moment == 2 * run.param_bytes + rope + 3 * 8 * T + 8 + 2 * T * h + 2 * 4

@@ -26,7 +26,8 @@ with and without SP, ZeRO-2 and ZeRO-3 over dp 2, Llama 3.1 405B's widths on tp 
 and the whole peak where it is the loss's (the tiny model's tp 2 ranks, with ZeRO-2 too): torchtitan's
 loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the loop's ids beside the
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
-unsharded weights under ZeRO-2 and no gathered unit at the loss under ZeRO-3 (``analytic.peak``).
+unsharded weights under ZeRO-2 and no gathered unit at the loss under ZeRO-3 (``analytic.peak``); the
+embedding backward moment where its own backward tops its stretch.
 
 Known limitations (each moment's measured and estimated bytes are in ``trace``'s output, ``peak.moments``):
 - NB: the optimizer step is not run (torchtitan's trainer steps fp32 parameters with
@@ -43,8 +44,10 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   output (prefetched) and the previous unit's fp32 reduce-scatter input (the tiny model on tp 2 × dp 2,
   layer 1: 37,120 + 33,024 B); the embedding's backward gathers its unit, which the estimate's moment
   does not count (405B on tp 8 × dp 2,048: +3.0 GB).
-- NB: the embedding backward moment leaves out the per-layer RoPE caches (buffers, alive all step) and
-  the valid-token count.
+- NB: the embedding backward moment is exact on one device and on tp 2 + SP at Llama 3 8B's widths
+  (every layer's RoPE buffer, the loop's ids, labels and count, the embedding's clamped ids:
+  ``analytic.peak``); at the tiny model's widths the stretch tops at the SP all-gather of the embedding
+  output's gradient instead ([T, h], its wait and concatenated copies: not modelled).
 - NB: kernel workspaces and temporaries freed inside one op are not seen (``tracker``'s NB); under fake
   tensors the collectives allocate their outputs as their CUDA kernels do (a new tensor per functional
   collective; c10d's in-place ones write into the buffer given).
