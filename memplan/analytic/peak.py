@@ -67,7 +67,7 @@ from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
-from memplan.blocks.norm import norm_backward_transient
+from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.blocks.torchtitan import fsdp2_shard_elements
 from memplan.config import (
@@ -348,6 +348,37 @@ def loop_count_bytes(setup: Setup) -> int:
     return 8 if profile_of(setup).loss_over_token_count else 0
 
 
+def sp_shards(setup: Setup) -> int:
+    """The ranks a sequence-parallel norm splits its tokens over (torchtitan's SP plan runs the norms on
+    the rank's T/t tokens): the final norm's backward transient is one rank's share; 1 without it."""
+    return setup.parallel.tp if titan_sp_head_scatter(setup) else 1
+
+
+def titan_sp_head_scatter(setup: Setup) -> bool:
+    """torchtitan's sequence-parallel plan (``Profile.sp_module_gather``) on more than one rank."""
+    return profile_of(setup).sp_module_gather and setup.parallel.sp and setup.parallel.tp > 1
+
+
+def final_norm_released(setup: Setup, dims: Dims) -> int:
+    """The final norm's saves the moment's estimate releases before its backward peaks
+    (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
+    the sequence-parallel plan (its saves are sequence shards)."""
+    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if setup.model.norm is NormType.RMSNORM else ()
+    rules = norm_rules(setup, Block.FINAL_NORM, dims)
+    return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
+
+
+def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
+    """torchtitan's SP plan gathers the final norm's output for the lm head (``Replicate`` at its input,
+    models/common/decoder_sharding.py), so the head's input gradient goes back through a reduce-scatter
+    before the final norm's backward: the lm head's dX [T, h] in A, funcol's
+    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output and the wait's
+    result ([T/t, h] each): 2·T·h·A + 2·(T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
+    tests/hf/test_torchtitan_peak.py)."""
+    t, a = setup.parallel.tp, dims.act.bytes
+    return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
+
+
 def zero3_all_resharded(setup: Setup) -> bool:
     """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
     (``measure.distributed.titan.reshard_policy``: "always")."""
@@ -396,13 +427,28 @@ def peak(
     )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
+    # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
+    # where the backward's seed gradient, held to the end, is counted too (+ 4).
+    scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
     final_norm_bwd = terms(
         weights + gather,
         optimizer,
         max(grads_before, gradient_bytes_head),
         activations - freed_for_norm,
-        norm_backward_transient(setup, dims) + 4,  # + the fp32 loss scalar
+        norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
+    if titan_sp_head_scatter(setup):
+        # Before the norm's backward: its saves still held, its weight's gradient not made yet.
+        norm_saves = final_norm_released(setup, dims)
+        norm_grad = params.final_norm * setup.training.precision.grad_bytes
+        scatter = terms(
+            weights + gather,
+            optimizer,
+            max(grads_before, gradient_bytes_head - norm_grad),
+            activations - freed_for_norm + norm_saves,
+            head_input_scatter_transient(setup, dims) + scalars,
+        )
+        final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     transient = layer_backward_transient(setup, dims, params)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment

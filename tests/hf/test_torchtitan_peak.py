@@ -161,3 +161,19 @@ def test_embedding_backward_holds_the_buffers_and_the_loop_tensors() -> None:
     # weights and gradients (bf16, the same bytes), 3 int64 [T] (ids, labels, clamped ids), the int64
     # count, dY·mask [T, h] bf16, the seed gradient and the loss (fp32 scalars)
     assert moment == 2 * run.param_bytes + rope + 3 * 8 * T + 8 + 2 * T * h + 2 * 4
+
+
+def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
+    """Under torchtitan's SP plan the lm head's input is the gathered final norm output, so its gradient is
+    reduce-scattered before the norm's backward, which runs on the rank's T/t tokens: at Llama 3.1 405B's
+    widths on tp 8 the stretch tops at that reduce-scatter (the lm head's dX [T, h], funcol's
+    concatenated copy, the [T/t, h] output and the wait's), the norm's saves still held; exact."""
+    setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True)
+    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    moment = run.peak.moments(["final norm backward"])["final norm backward"]
+    assert moment == estimated_moments(est)["final norm backward"]
+    T, h, t = 8192, 16384, 8
+    _, _, _, by_op = run.peak.windows["backward final_norm"]
+    assert by_op["aten.mm"] == by_op["aten.cat"] == 2 * T * h  # bf16 [T, h]
+    assert by_op["_c10d_functional.reduce_scatter_tensor"] == by_op["_c10d_functional.wait_tensor"]
+    assert by_op["_c10d_functional.wait_tensor"] == 2 * T // t * h

@@ -27,16 +27,14 @@ and the whole peak where it is the loss's (the tiny model's tp 2 ranks, with ZeR
 loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the loop's ids beside the
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
 unsharded weights under ZeRO-2 and no gathered unit at the loss under ZeRO-3 (``analytic.peak``); the
-embedding backward moment where its own backward tops its stretch.
+final norm's backward without FSDP (under SP it tops at the reduce-scatter of the lm head's input
+gradient, ``analytic.peak.head_input_scatter_transient``, and the norm runs on T/t tokens); the embedding
+backward moment where its own backward tops its stretch.
 
 Known limitations (each moment's measured and estimated bytes are in ``trace``'s output, ``peak.moments``):
 - NB: the optimizer step is not run (torchtitan's trainer steps fp32 parameters with
   ``torch.optim.AdamW``; the run holds the parameters in the activation dtype, as the estimate's
   weights term counts them): the estimate's "optimizer step" moment is not compared.
-- NB: the final norm's backward under SP is not modelled: the estimate counts the norm's five fp32 pieces
-  over T tokens, the rank runs the norm on T/t and the stretch tops at the reduce-scatter of the lm
-  head's input gradient (its [T, h] dX, funcol's concatenated copy, the [T/t, h] out): at 405B's widths
-  on tp 8 the estimate is 2.0 GB above the measurement there.
 - NB: the layer backward moment is the reference model's, not torchtitan's, even on one device (the
   tiny model: 57,352 B below the measurement); under TP without SP DTensor's backward all-gathers a
   weight gradient ([f, h] and its concatenated copy, 1.7 GB each at 405B's widths on tp 8: +5.1 GB).
