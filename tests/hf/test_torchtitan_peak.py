@@ -177,3 +177,12 @@ def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
     assert by_op["aten.mm"] == by_op["aten.cat"] == 2 * T * h  # bf16 [T, h]
     assert by_op["_c10d_functional.reduce_scatter_tensor"] == by_op["_c10d_functional.wait_tensor"]
     assert by_op["_c10d_functional.wait_tensor"] == 2 * T // t * h
+
+
+@pytest.mark.parametrize(("sp", "dp", "zero"), [(False, 1, 0), (True, 2, 3)])
+def test_real_tensors_peak_where_fake_ones_do(sp: bool, dp: int, zero: int) -> None:
+    """The tiny model's rank with real (uninitialised) tensors over the fake group peaks at the same bytes,
+    holding the same parts, as under fake tensors."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
+    real, fake = measure_titan_rank(setup, fake=False).peak, measure_titan_rank(setup).peak
+    assert (real.peak, real.parts, real.op) == (fake.peak, fake.parts, fake.op)

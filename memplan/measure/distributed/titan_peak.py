@@ -35,9 +35,10 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
 - NB: the optimizer step is not run (torchtitan's trainer steps fp32 parameters with
   ``torch.optim.AdamW``; the run holds the parameters in the activation dtype, as the estimate's
   weights term counts them): the estimate's "optimizer step" moment is not compared.
-- NB: the layer backward moment is the reference model's, not torchtitan's, even on one device (the
-  tiny model: 57,352 B below the measurement); under TP without SP DTensor's backward all-gathers a
-  weight gradient ([f, h] and its concatenated copy, 1.7 GB each at 405B's widths on tp 8: +5.1 GB).
+- NB: the layer backward moment follows the reference model's layer, not torchtitan's, even on one
+  device (measured above the estimate by 57,344 B on the tiny model; below it by 1,966,080 B at Llama 3
+  8B's widths, 2 layers, s 256, and by 990 MB at 405B's on tp 8 + SP). It is the rank's highest
+  estimated moment there, so the estimated peak is off by as much.
 - NB: FSDP2's ZeRO-3 backward holds, beyond the unit it computes with, the next unit's flat all-gather
   output (prefetched) and the previous unit's fp32 reduce-scatter input (the tiny model on tp 2 × dp 2,
   layer 1: 37,120 + 33,024 B); the embedding's backward gathers its unit, which the estimate's moment
@@ -46,6 +47,15 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   (every layer's RoPE buffer, the loop's ids, labels and count, the embedding's clamped ids:
   ``analytic.peak``); at the tiny model's widths the stretch tops at the SP all-gather of the embedding
   output's gradient instead ([T, h], its wait and concatenated copies: not modelled).
+- NB: real (uninitialised) tensors on the fake process group peak at the same bytes with the same parts
+  (tests: tp 2, and tp 2 + SP × dp 2 under ZeRO-3); under SP the stretches of the forward and of the
+  embedding's backward read differently (the fake run's SP all-gather of the embedding output's gradient
+  falls inside the embedding's stretch, the real run's not).
+- NB: under TP without SP, DTensor's sharding propagation picks the weight gradient's strategy by its
+  cost: at Llama 3 8B's widths on tp 2 W_O's gradient is a ``Partial(sum)`` DTensor of the whole
+  [h, a·d] (t× its shard, kept to the step's end); at 405B's widths on tp 8 a [f, h] gradient is
+  all-gathered (1.7 GB, and its concatenated copy). Neither is modelled: the model states' gradients
+  are the shard's.
 - NB: kernel workspaces and temporaries freed inside one op are not seen (``tracker``'s NB); under fake
   tensors the collectives allocate their outputs as their CUDA kernels do (a new tensor per functional
   collective; c10d's in-place ones write into the buffer given).
