@@ -49,6 +49,8 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
@@ -69,7 +71,7 @@ from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.blocks.torchtitan import fsdp2_shard_elements
+from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_shard_elements, unit_shapes
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -387,6 +389,36 @@ def zero3_all_resharded(setup: Setup) -> bool:
     return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
 
 
+def zero3_head_gather(setup: Setup) -> int:
+    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit gathered for its
+    backward (its unsharded parameters) and the top layer's flat all-gather output, prefetched (measured
+    on the tiny model: 16,512 + 37,120 B on tp 2 + SP × dp 2)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, layer, head = unit_shapes(setup.model)
+    unsharded = sum(math.prod(shape) for shape in head)
+    return (unsharded + fsdp2_flat_elements(layer, shards)) * setup.training.precision.weight_bytes
+
+
+def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
+    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_all_resharded``),
+    besides the unit it computes with (``gather``): the next unit's flat all-gather output, prefetched
+    (``FSDPParamGroup`` backward prefetch: the unit below, layer i − 1 or the embedding, in the
+    parameters' dtype, until its copy-out), and the previous unit's reduce-scatter input, fp32 (the
+    ``reduce_dtype``), which ``comm_ctx.reduce_scatter_state`` holds until the next reduce-scatter (the
+    unit above, layer i + 1 or [norm, lm_head]); both flat, each dim 0 padded to the shard count
+    (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
+    37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
+    counted as untied."""
+    if not zero3_all_resharded(setup):
+        return 0
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    embedding, layer, head = unit_shapes(setup.model)
+    below = layer if i > 0 else embedding
+    above = layer if i < layers - 1 else head
+    weight = setup.training.precision.weight_bytes
+    return fsdp2_flat_elements(below, shards) * weight + fsdp2_flat_elements(above, shards) * 4
+
+
 def zero2_shards_beside(setup: Setup) -> int:
     """Bytes of the rank's parameter shards alive beside the unsharded parameters under torchtitan's
     ZeRO-2 (FSDP2 with ``reshard_after_forward=False``): FSDP2 keeps each ``FSDPParam.sharded_param`` and
@@ -430,8 +462,9 @@ def peak(
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
+    head_gather = zero3_head_gather(setup) if zero3_all_resharded(setup) else gather
     final_norm_bwd = terms(
-        weights + gather,
+        weights + head_gather,
         optimizer,
         max(grads_before, gradient_bytes_head),
         activations - freed_for_norm,
@@ -442,7 +475,7 @@ def peak(
         norm_saves = final_norm_released(setup, dims)
         norm_grad = params.final_norm * setup.training.precision.grad_bytes
         scatter = terms(
-            weights + gather,
+            weights + head_gather,
             optimizer,
             max(grads_before, gradient_bytes_head - norm_grad),
             activations - freed_for_norm + norm_saves,
@@ -474,7 +507,8 @@ def peak(
         saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
-        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
+        fsdp2 = zero3_unit_buffers(setup, i, dims.layers)
+        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
     # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a

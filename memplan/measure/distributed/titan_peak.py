@@ -26,7 +26,7 @@ with and without SP, ZeRO-2 and ZeRO-3 over dp 2, Llama 3.1 405B's widths on tp 
 and the whole peak where it is the loss's (the tiny model's tp 2 ranks, with ZeRO-2 too): torchtitan's
 loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the loop's ids beside the
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
-unsharded weights under ZeRO-2 and no gathered unit at the loss under ZeRO-3 (``analytic.peak``); the
+unsharded weights under ZeRO-2, no gathered unit at the loss under ZeRO-3 (``analytic.peak``); the
 final norm's backward without FSDP (under SP it tops at the reduce-scatter of the lm head's input
 gradient, ``analytic.peak.head_input_scatter_transient``, and the norm runs on T/t tokens); the embedding
 backward moment where its own backward tops its stretch.
@@ -39,10 +39,20 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   device (measured above the estimate by 57,344 B on the tiny model; below it by 1,966,080 B at Llama 3
   8B's widths, 2 layers, s 256, and by 990 MB at 405B's on tp 8 + SP). It is the rank's highest
   estimated moment there, so the estimated peak is off by as much.
-- NB: FSDP2's ZeRO-3 backward holds, beyond the unit it computes with, the next unit's flat all-gather
-  output (prefetched) and the previous unit's fp32 reduce-scatter input (the tiny model on tp 2 × dp 2,
-  layer 1: 37,120 + 33,024 B); the embedding's backward gathers its unit, which the estimate's moment
-  does not count (405B on tp 8 × dp 2,048: +3.0 GB).
+- NB: FSDP2's ZeRO-3 backward is modelled for the layers (the next unit's prefetched flat all-gather
+  output and the previous unit's fp32 reduce-scatter input: ``analytic.peak.zero3_unit_buffers``; the
+  layer moment's error under ZeRO-3 equals its error without FSDP on the tiny model at tp 1 and 2, ±SP)
+  and for the final norm's backward with a small head (the [norm, lm_head] unit gathered and the top
+  layer's prefetched output: ``zero3_head_gather``). Not modelled: the head unit's reduce-scatter, which
+  tops the final norm's stretch when the vocabulary is large (its bf16 [v/t, h] gradient, the fp32 flat
+  input and output: +1.3 GB at Llama 3 8B's widths on tp 2 × dp 2), and the embedding unit's gather and
+  reduce-scatter in the embedding's backward (+3.0 GB at 405B's on tp 8 × dp 2,048); at 405B's widths
+  the layer moment's error differs from the one without FSDP by 159 MB (dim-0 padding over 2,048 shards
+  not yet checked there).
+- NB: each boundary is noted by a hook on a view of the block's output, so that the note comes before
+  FSDP2's pre-backward hook on the output gathers the block's unit (the gather falls in the block's
+  stretch); the model returns the lm head's view (FSDP2's warning about it is silenced: nothing writes to
+  it).
 - NB: the embedding backward moment is exact on one device and on tp 2 + SP at Llama 3 8B's widths
   (every layer's RoPE buffer, the loop's ids, labels and count, the embedding's clamped ids:
   ``analytic.peak``); at the tiny model's widths the stretch tops at the SP all-gather of the embedding
@@ -63,6 +73,7 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -287,14 +298,19 @@ def boundaries(model: Any, tracker: PeakTracker) -> Iterator[None]:
         return hook
 
     def watch(module: Any, label: str, forward: str | None = None) -> None:
-        def after(mod: Any, args: Any, out: Any) -> None:
+        def after(mod: Any, args: Any, out: Any) -> Any:
             if forward is not None:
                 tracker.note(forward)
-            if isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(on_grad(label))
+            if not (isinstance(out, torch.Tensor) and out.requires_grad):
+                return None
+            view = out.view_as(out)  # its gradient is ready before any hook on the output runs
+            view.register_hook(on_grad(label))
+            return view
 
         handles.append(module.register_forward_hook(after))
 
+    # Each note fires before FSDP2's pre-backward hook on the same output gathers the block's unit (a hook
+    # on a view of it): the gather belongs to the block's backward, as the estimate's gathered unit does.
     watch(model.tok_embeddings, "backward embedding")
     for i, block in enumerate(model.layers.values()):
         watch(block, f"backward {i}", f"forward {i}")
@@ -302,7 +318,10 @@ def boundaries(model: Any, tracker: PeakTracker) -> Iterator[None]:
     watch(model.lm_head, "backward lm_head")
     tracker.note("start")
     try:
-        yield
+        with warnings.catch_warnings():
+            # FSDP2's root warns that the model returns a view (the lm head's, above): nothing writes to it
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+            yield
     finally:
         for h in handles:
             h.remove()
