@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torchtitan.models.llama3")
 
-from memplan.config import Impl
+from memplan.config import Impl, Setup
 from memplan.engine import estimate
 from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
@@ -186,3 +186,31 @@ def test_real_tensors_peak_where_fake_ones_do(sp: bool, dp: int, zero: int) -> N
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
     real, fake = measure_titan_rank(setup, fake=False).peak, measure_titan_rank(setup).peak
     assert (real.peak, real.parts, real.op) == (fake.peak, fake.parts, fake.op)
+
+
+def test_zero3_layer_and_final_norm_buffers() -> None:
+    """FSDP2 under ZeRO-3 on tp 2 + SP × dp 2: beside layer i's backward, the unit below's prefetched flat
+    all-gather output (bf16) and the unit above's fp32 reduce-scatter input; beside the final norm's,
+    the [norm, lm_head] unit gathered and the top layer's prefetched output. By hand (the tiny model's tp 2
+    rank; every dim 0 even, no padding): a layer unit 18,560 elements, the embedding 8,192, [norm, lm_head]
+    8,256. The layer moment's error is then the one without FSDP (the layer's own backward, not modelled
+    for torchtitan), the final norm's exact."""
+    from memplan.analytic.peak import zero3_head_gather, zero3_unit_buffers
+    from memplan.strategies.tensor_parallel import tp_model
+
+    base = hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN)
+    zero3, plain = ranked(base, 2, True, 2, 3), ranked(base, 2, True)
+    rank = zero3.model_copy(update={"model": tp_model(zero3.model, 2)})  # the rank's model, as the peak's
+    layer, embedding, head = 18560, 8192, 8256
+    assert zero3_unit_buffers(rank, 1, 2) == 2 * layer + 4 * head  # 37,120 + 33,024
+    assert zero3_unit_buffers(rank, 0, 2) == 2 * embedding + 4 * layer  # 16,384 + 74,240
+    assert zero3_head_gather(rank) == 2 * head + 2 * layer
+    names = ["final norm backward", "layer backward"]
+
+    def errors(setup: Setup) -> list[int | None]:
+        measured = measure_titan_rank(setup).peak.moments(names)
+        estimated = estimated_moments(estimate(setup))
+        return [None if measured[n] is None else measured[n] - estimated[n] for n in names]  # type: ignore[operator]
+
+    (norm3, layer3), (norm, layer1) = errors(zero3), errors(plain)
+    assert norm3 == norm == 0 and layer3 == layer1
