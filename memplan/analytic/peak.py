@@ -49,6 +49,8 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
@@ -62,12 +64,14 @@ from memplan.blocks.attention import (
     eager_forward_extra,
     projection_rules,
 )
+from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
-from memplan.blocks.norm import norm_backward_transient
+from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_shard_elements, unit_shapes
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -75,6 +79,7 @@ from memplan.config import (
     NormType,
     Offload,
     Setup,
+    ZeroStage,
 )
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
@@ -330,6 +335,104 @@ def _flash_kept(setup: Setup, dims: Dims) -> int:
     return sum(r.bytes for r in projection_rules(setup, dims)[1:])
 
 
+def layer_rope_buffer(setup: Setup, dims: Dims) -> int:
+    """One layer's torchtitan RoPE cache (``Profile.rope_cache_per_layer``, without context parallelism):
+    a module buffer, [s, d/2] complex64, alive all step; the layer's save is a view of it, so once its
+    saves are freed the buffer stays (the layers above a layer's backward, the embedding's backward)."""
+    if not profile_of(setup).rope_cache_per_layer or setup.parallel.cp > 1:
+        return 0
+    return dims.s * (dims.d // 2) * 8
+
+
+def loop_count_bytes(setup: Setup) -> int:
+    """The valid-token count the trainer holds, int64 (``Profile.loss_over_token_count``: torchtitan's
+    ``global_valid_tokens``, passed to the loss and kept by the training loop to the step's end)."""
+    return 8 if profile_of(setup).loss_over_token_count else 0
+
+
+def sp_shards(setup: Setup) -> int:
+    """The ranks a sequence-parallel norm splits its tokens over (torchtitan's SP plan runs the norms on
+    the rank's T/t tokens): the final norm's backward transient is one rank's share; 1 without it."""
+    return setup.parallel.tp if titan_sp_head_scatter(setup) else 1
+
+
+def titan_sp_head_scatter(setup: Setup) -> bool:
+    """torchtitan's sequence-parallel plan (``Profile.sp_module_gather``) on more than one rank."""
+    return profile_of(setup).sp_module_gather and setup.parallel.sp and setup.parallel.tp > 1
+
+
+def final_norm_released(setup: Setup, dims: Dims) -> int:
+    """The final norm's saves the moment's estimate releases before its backward peaks
+    (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
+    the sequence-parallel plan (its saves are sequence shards)."""
+    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if setup.model.norm is NormType.RMSNORM else ()
+    rules = norm_rules(setup, Block.FINAL_NORM, dims)
+    return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
+
+
+def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
+    """torchtitan's SP plan gathers the final norm's output for the lm head (``Replicate`` at its input,
+    models/common/decoder_sharding.py), so the head's input gradient goes back through a reduce-scatter
+    before the final norm's backward: the lm head's dX [T, h] in A, funcol's
+    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output and the wait's
+    result ([T/t, h] each): 2·T·h·A + 2·(T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
+    tests/hf/test_torchtitan_peak.py)."""
+    t, a = setup.parallel.tp, dims.act.bytes
+    return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
+
+
+def zero3_all_resharded(setup: Setup) -> bool:
+    """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
+    (``measure.distributed.titan.reshard_policy``: "always")."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+
+
+def zero3_head_gather(setup: Setup) -> int:
+    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit gathered for its
+    backward (its unsharded parameters) and the top layer's flat all-gather output, prefetched (measured
+    on the tiny model: 16,512 + 37,120 B on tp 2 + SP × dp 2)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, layer, head = unit_shapes(setup.model)
+    unsharded = sum(math.prod(shape) for shape in head)
+    return (unsharded + fsdp2_flat_elements(layer, shards)) * setup.training.precision.weight_bytes
+
+
+def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
+    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_all_resharded``),
+    besides the unit it computes with (``gather``): the next unit's flat all-gather output, prefetched
+    (``FSDPParamGroup`` backward prefetch: the unit below, layer i − 1 or the embedding, in the
+    parameters' dtype, until its copy-out), and the previous unit's reduce-scatter input, fp32 (the
+    ``reduce_dtype``), which ``comm_ctx.reduce_scatter_state`` holds until the next reduce-scatter (the
+    unit above, layer i + 1 or [norm, lm_head]); both flat, each dim 0 padded to the shard count
+    (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
+    37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
+    counted as untied."""
+    if not zero3_all_resharded(setup):
+        return 0
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    embedding, layer, head = unit_shapes(setup.model)
+    below = layer if i > 0 else embedding
+    above = layer if i < layers - 1 else head
+    weight = setup.training.precision.weight_bytes
+    return fsdp2_flat_elements(below, shards) * weight + fsdp2_flat_elements(above, shards) * 4
+
+
+def zero2_shards_beside(setup: Setup) -> int:
+    """Bytes of the rank's parameter shards alive beside the unsharded parameters under torchtitan's
+    ZeRO-2 (FSDP2 with ``reshard_after_forward=False``): FSDP2 keeps each ``FSDPParam.sharded_param`` and
+    gathers into new storages (``_fsdp_param.alloc_storage``) that stay from a unit's forward to its
+    backward, so forward and backward hold both (the estimate's weights count the unsharded ones). The
+    shards are the dim-0 shards over dp × cp (``blocks.torchtitan.fsdp2_shard_elements``). Measured on a
+    tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py)."""
+    s = setup.strategy
+    shards = s.shard_group * setup.parallel.cp
+    if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
+        return 0
+    return fsdp2_shard_elements(setup.model, shards) * setup.training.precision.weight_bytes
+
+
 def peak(
     setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int
 ) -> Peak:
@@ -340,24 +443,45 @@ def peak(
     weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
+    gather += zero2_shards_beside(setup)  # torchtitan's ZeRO-2: the shards beside the unsharded weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
-    activations += loop_labels_bytes(setup, dims)
+    activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
+    # torchtitan's ZeRO-3 (``reshard_after_forward_policy="always"``) reshards every unit after its
+    # forward, [norm, lm_head] too (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``): at the
+    # loss's backward no unit is gathered yet (the lm head's is gathered for its own backward).
+    gathered = 0 if zero3_all_resharded(setup) else gather
     loss_bwd = terms(
-        weights + gather, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
+        weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
+    # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
+    # where the backward's seed gradient, held to the end, is counted too (+ 4).
+    scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
+    head_gather = zero3_head_gather(setup) if zero3_all_resharded(setup) else gather
     final_norm_bwd = terms(
-        weights + gather,
+        weights + head_gather,
         optimizer,
         max(grads_before, gradient_bytes_head),
         activations - freed_for_norm,
-        norm_backward_transient(setup, dims) + 4,  # + the fp32 loss scalar
+        norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
+    if titan_sp_head_scatter(setup):
+        # Before the norm's backward: its saves still held, its weight's gradient not made yet.
+        norm_saves = final_norm_released(setup, dims)
+        norm_grad = params.final_norm * setup.training.precision.grad_bytes
+        scatter = terms(
+            weights + head_gather,
+            optimizer,
+            max(grads_before, gradient_bytes_head - norm_grad),
+            activations - freed_for_norm + norm_saves,
+            head_input_scatter_transient(setup, dims) + scalars,
+        )
+        final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     transient = layer_backward_transient(setup, dims, params)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment
@@ -380,9 +504,11 @@ def peak(
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
         saved -= loop_labels_bytes(setup, dims)
+        saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
-        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8)
+        fsdp2 = zero3_unit_buffers(setup, i, dims.layers)
+        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
     # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a
@@ -405,7 +531,11 @@ def peak(
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
-    embedding_bwd = terms(weights, optimizer, states.gradients, inputs, embedding + 8)
+    # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
+    # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
+    held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
+    held += loop_count_bytes(setup)
+    embedding_bwd = terms(weights, optimizer, states.gradients, held, embedding + 8)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0

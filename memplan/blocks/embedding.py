@@ -34,3 +34,13 @@ def embedding_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules.append(save(B.EMBED, "vocab_mask", (b, s, 1), dims.act, R.TOKEN_IDS, why))
     keeps = dropout_keeps(setup, dims.act)
     return rules + dropout_rule(B.EMBED, "dropout_mask", hidden_dropouts(setup)[1], (b, s, h), keeps)
+
+
+def loop_ids_bytes(setup: Setup, dims: Dims) -> int:
+    """The training loop's int64 ids [b, s] when the embedding keeps a copy, not them: torchtitan's
+    ``Embedding.forward`` on a tensor-parallel rank (models/common/embedding.py) looks up
+    ``(input - offset).clamp(0, rows - 1)``, a new [b, s] its gather saves (the ``ids`` save), while the
+    loop still holds the ids it passed (``Profile.vocab_parallel_embedding_mask``)."""
+    if profile_of(setup).vocab_parallel_embedding_mask and setup.parallel.tp > 1:
+        return 8 * dims.tokens
+    return 0

@@ -209,6 +209,20 @@ def loop_labels_bytes(setup: Setup, dims: Dims) -> int:
     return 8 * dims.tokens if copies else 0
 
 
+def loss_parallel_backward_transient(dims: Dims) -> int:
+    """torchtitan's ``_LossParallelCrossEntropy.backward`` (components/loss.py) on a tensor-parallel rank,
+    at ``(grad_input + torch.exp(log_probs))``, its highest point ([T, v] is the rank's [T, v/t]):
+    ``grad_input = zeros_like(log_probs)``, ``exp(log_probs)`` and their sum, three fp32 [T, v]
+    (12·T·v), beside its locals over the T tokens: ``safe_labels`` and ``local_labels`` (int64),
+    ``out_of_range`` (bool), ``row_idx = arange(T)`` (int64), ``grad_update`` (fp32, after its fp32
+    ``out_of_range.to`` copy is freed) and the masked ``grad_output`` [T, 1] (fp32): (8 + 8 + 1 + 8 + 4 +
+    4)·T = 33·T; + 8: the division's fp32 output gradient (``loss / global_valid_tokens``' backward) and the
+    summed loss it came from, beside the seed gradient the peak adds (measured on a tp 2 rank:
+    tests/hf/test_torchtitan_peak.py)."""
+    t = dims.tokens
+    return 3 * 4 * t * dims.v + 33 * t + 8
+
+
 def loss_backward_transient(setup: Setup, dims: Dims) -> int:
     """The loss backward's buffers beside every save: nll_loss's gradient and log_softmax's input gradient,
     both fp32 [T, v] (standard); flash_attn's kernel writes one gradient of the logits, in their dtype
@@ -221,6 +235,8 @@ def loss_backward_transient(setup: Setup, dims: Dims) -> int:
     counted as 8·b·c·v less the last chunk's freed log-probs, without that chunk's dX and dW pieces."""
     if setup.loss is LossKind.FUSED:
         return 0
+    if setup.loss is LossKind.STANDARD and profile_of(setup).loss_parallel_function and setup.parallel.tp > 1:
+        return loss_parallel_backward_transient(dims)
     if setup.loss is LossKind.STANDARD:
         return 2 * 4 * dims.tokens * dims.v
     if setup.loss is LossKind.XENTROPY:  # dlogits = torch.empty_like(logits): one [T, v] in the logits' dtype

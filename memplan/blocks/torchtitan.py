@@ -22,7 +22,8 @@ Known limitations:
   torchtitan keeps fp32 sharded parameters and gradients (``MixedPrecisionPolicy``: bf16 only while
   gathered), the same bytes per element in all under bf16-mixed AdamW. ``--zero 2``
   (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from each unit's forward
-  to its backward: counted whole.
+  to its backward: counted whole, and the peak's forward and backward moments add the shards, alive beside
+  them (``analytic.peak.zero2_shards_beside``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import math
 
 from memplan.blocks.profile import Profile
 from memplan.config import Impl, ModelConfig, Setup
+
+Shapes = list[tuple[int, ...]]
 
 
 def profile(setup: Setup, compiled: bool = False) -> Profile:
@@ -64,12 +67,26 @@ def param_shapes(m: ModelConfig) -> list[tuple[int, ...]]:
     [v, h] (vocabulary ``Shard(0)``); per layer the fused ``wqkv`` [(a + 2·kv)·d, h] (colwise: dim 0),
     ``wo`` [h, a·d] (rowwise: dim 1), ``w1`` and ``w3`` [f, h], ``w2`` [h, f], two norms [h]; the final norm
     [h]; the lm head [v, h] unless tied to the embedding."""
+    embedding, layer, head = unit_shapes(m)
+    return [*embedding, *layer * m.num_layers, *head]
+
+
+def unit_shapes(m: ModelConfig) -> tuple[Shapes, Shapes, Shapes]:
+    """The rank's parameters by FSDP2 unit as torchtitan's ``apply_fsdp_to_decoder`` groups them: the
+    embedding, one block, and [norm, lm_head] (the lm head left out when tied: ``param_shapes``)."""
     h, v = m.hidden_size, m.vocab_size
-    layer: list[tuple[int, ...]] = [((m.num_heads + 2 * m.kv_heads) * m.dim, h), (h, m.num_heads * m.dim)]
+    layer: Shapes = [((m.num_heads + 2 * m.kv_heads) * m.dim, h), (h, m.num_heads * m.dim)]
     layer += [(m.ffn, h), (m.ffn, h)]
     layer += [(h, m.ffn), (h,), (h,)]
-    head: list[tuple[int, ...]] = [] if m.tied_embeddings else [(v, h)]
-    return [(v, h), *layer * m.num_layers, (h,), *head]
+    head: Shapes = [(h,)] + ([] if m.tied_embeddings else [(v, h)])
+    return [(v, h)], layer, head
+
+
+def fsdp2_flat_elements(shapes: Shapes, shards: int) -> int:
+    """Elements of one FSDP2 unit's flat all-gather output (or reduce-scatter input): every parameter's
+    dim 0 padded to a multiple of the shard count, ``shards`` · ⌈dim0/Nd⌉ rows (``_fsdp_param``'s padded
+    sharded size × the group's world size)."""
+    return sum(-(-shape[0] // shards) * shards * math.prod(shape[1:]) for shape in shapes)
 
 
 def fsdp2_shard_elements(m: ModelConfig, shards: int) -> int:

@@ -138,10 +138,16 @@ def impl_trace_report(result: dict[str, Any], seconds: float) -> RenderableType:
     total = diff["total"]
     exact = "exactly equal" if diff["exact"] else f"measured/estimated {total['ratio']:.4f}"
     title = "Saved tensors of layer 0 and the model, estimated ↔ measured (module · op)"
+    peak: list[RenderableType] = []
+    if "peak" in result:  # trace --impl torchtitan over ranks
+        from memplan.render.rank_peak import rank_peak_report
+
+        peak.append(rank_peak_report(result["peak"]))
     return Group(
         tensor_table(diff, title, "layer 0 + model"),
         layer_table(diff),
         flop_table(diff),
+        *peak,
         Text(
             f"{impl}: {fmt_bytes(total['measured'])} measured, {fmt_bytes(total['estimated'])} estimated "
             f"({exact}); traced in {seconds:.1f} s on fake tensors (CPU)"

@@ -208,6 +208,32 @@ _TRACE = obj(
         "ran_on": NAME,
         # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
         "rank": obj({"rank": COUNT, "world": COUNT, "tp": COUNT, "dp": COUNT}),
+        # and its peak of forward and backward beside the estimate's moments, without the optimizer's states
+        "peak": obj(
+            {
+                "estimated": BYTES,
+                "estimated_phase": NAME,
+                "moments": {
+                    "type": "array",
+                    "items": obj(
+                        {
+                            "moment": NAME,
+                            "estimated": BYTES,
+                            # null: the measured curve has no such stretch
+                            "measured": {"type": ["integer", "null"], "minimum": 0},
+                            "delta": {"type": ["integer", "null"]},
+                        }
+                    ),
+                },
+                "measured": BYTES,
+                "measured_phase": NAME,
+                "measured_op": NAME,
+                "measured_parts": {"type": "object", "additionalProperties": BYTES},
+                "measured_transient": {"type": "object", "additionalProperties": BYTES},
+                "delta": {"type": "integer"},
+                "equal": {"type": "boolean"},
+            }
+        ),
     },
     required=["estimated", "measured", "diff"],
 )

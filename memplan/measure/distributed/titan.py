@@ -11,7 +11,8 @@ embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dim
 and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
 ``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
 ``--hsdp``). The parameters are then materialised under ``FakeTensorMode`` (``to_empty``) and one forward,
-torchtitan's loss and backward run, every saved storage recorded per layer by its local shard.
+torchtitan's loss and backward run, every saved storage recorded per layer by its local shard, and the
+live storages tracked for the peak (``titan_peak``).
 
 Known limitations:
 - NB: torchtitan 0.3.0's default backend is ``spmd_types`` (local tensors with explicit collectives); the
@@ -20,8 +21,9 @@ Known limitations:
   the same declarations, ``protocols/module.py``).
 - NB: ``parallel_dims`` resolves its device to ``cuda``; the mesh is built on ``cpu`` (``device_type``
   patched for the build), so every kernel is the CPU one (the CPU flash SDPA).
-- NB: only the saved tensors and the rank's parameter bytes are compared: the peak (FSDP2's all-gather
-  buffers, freed with ``untyped_storage().resize_(0)``, no dispatched op) is not tracked here.
+- NB: the peak of forward and backward is measured and set beside the estimate's moments
+  (``titan_peak``: FSDP2's resizes followed), not judged: ``trace`` exits on the saves and parameters,
+  and shows the peak's moments with their differences (``titan_peak``'s NBs say which are not exact).
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
+from memplan.measure.distributed.titan_peak import (
+    PeakRun,
+    PeakTracker,
+    boundaries,
+    fsdp2_resizes,
+    grads_of,
+    peak_json,
+    propagation_unseen,
+)
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype
 from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config, titan_step
 from memplan.measure.instruments.measured import Measured
@@ -45,11 +56,14 @@ from memplan.measure.instruments.record import storage_ref
 
 @dataclass(frozen=True)
 class RankRun:
-    """One rank's step: what autograd kept, and the bytes of the parameters the rank holds at rest."""
+    """One rank's step: what autograd kept, the bytes of the parameters the rank holds at rest, and the
+    peak of its forward and backward."""
 
     measured: Measured
     param_bytes: int
     """Local shards of every parameter (FSDP2's padded dim-0 shard, the TP shard), after the step."""
+    peak: PeakRun
+    """The highest live bytes over forward and backward, and what was alive then (``titan_peak``)."""
 
 
 @contextmanager
@@ -146,16 +160,36 @@ class RankPathRecorder(PathRecorder):
         return super()._info(local(t))
 
 
-def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True) -> RankRun:
+def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True, windows: bool = False) -> RankRun:
     """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3; ``fake=False``
-    materialises real (uninitialised) tensors, for small models: the collectives still move nothing."""
+    materialises real (uninitialised) tensors, for small models: the collectives still move nothing;
+    ``windows`` keeps the live set of the highest point between each two boundaries (``PeakRun.windows``)."""
+    recorders: list[PathRecorder] = []
+
+    class Recorder(RankPathRecorder):
+        def __init__(self, model: Any, short: Any) -> None:
+            super().__init__(model, short)
+            recorders.append(self)
+
+    tracker = PeakTracker()
+    tracker.keep_windows = windows
+
+    def backward_begins(recorder: PathRecorder) -> None:
+        tracker.phase = "backward"
+        tracker.note("forward")
+
     with fake_world(rank, world_size(setup)):
         model = build_rank(setup)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
-            measured = titan_step(model, setup, RankPathRecorder)
+            states = [*model.parameters(), *model.buffers()]
+            with propagation_unseen(tracker), fsdp2_resizes(tracker), tracker, boundaries(model, tracker):
+                tracker.track(states)
+                measured = titan_step(model, setup, Recorder, after_forward=backward_begins)
+                tracker.note("backward")
+            peak = tracker.result(states, recorders[0].saved_keys(), grads_of(model))
             params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
-    return RankRun(measured, params)
+    return RankRun(measured, params, peak)
 
 
 def needs_ranks(setup: Setup) -> bool:
@@ -181,6 +215,7 @@ def rank_comparison_json(est: Any, run: RankRun) -> dict[str, Any]:
     result["diff"]["equal"] = result["diff"]["equal"] and equal
     result["diff"]["exact"] = result["diff"]["exact"] and equal
     result["rank"] = {"rank": 0, "world": world_size(setup), "tp": setup.parallel.tp, "dp": setup.strategy.dp}
+    result["peak"] = peak_json(est, run.peak)
     return result
 
 

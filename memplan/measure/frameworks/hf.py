@@ -4,11 +4,12 @@
 ``modeling_<model_type>.py``; no weights, no network, no ``trust_remote_code``) under ``FakeTensorMode`` on
 CPU, runs forward with labels (transformers' own loss) and backward, and records every storage autograd
 saves and still holds when the forward ends (a save on a node that died with a discarded output, freed
-before backward, is dropped: ``_forget_freed``), named by the module that saved it and the op
-(``self_attn.q_proj · Mm``), per decoder layer; and the FLOPs per phase (``FlopMeter``). The attention
-kernel is ``attn_implementation``: ``eager`` for ``--attention eager``, ``sdpa`` for flash (on CPU torch's
-flash kernel, as the reference model); ``--checkpointing full`` / ``every-K`` is transformers'
-``gradient_checkpointing_enable`` (``every_n_layers`` K, ``use_reentrant`` from ``--reentrant``).
+before backward, is dropped by ``step.run_step``: ``SavedTensorRecorder.forget_freed``), named by the
+module that saved it and the op (``self_attn.q_proj · Mm``), per decoder layer; and the FLOPs per phase
+(``FlopMeter``). The attention kernel is ``attn_implementation``: ``eager`` for ``--attention eager``,
+``sdpa`` for flash (on CPU torch's flash kernel, as the reference model); ``--checkpointing full`` /
+``every-K`` is transformers' ``gradient_checkpointing_enable`` (``every_n_layers`` K, ``use_reentrant``
+from ``--reentrant``).
 
 Mixtures of experts run transformers' default ``grouped_mm`` experts, whose buffers are [T·k, ·] whatever
 the routing, so fake tensors run them at any size; on real tensors (``fake=False``) a forward hook on each
@@ -39,7 +40,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.config.finetune import Method, Target
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
-from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
+from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.runs.run import make_batch
 
@@ -165,7 +166,7 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
 
         with _one_sequence_per_row(fake):
             checkpointed = s.checkpointing is not Checkpointing.NONE
-            meas = run_step(model, layers, forward, checkpointed, after_forward=_forget_freed)
+            meas = run_step(model, layers, forward, checkpointed)
         meas.routing = routing
         return meas
 
@@ -179,14 +180,6 @@ def rope_type(document: Mapping[str, Any]) -> str | None:
     rope = doc.get("rope_scaling") or doc.get("rope_parameters") or {}
     kind = rope.get("rope_type") or rope.get("type") if isinstance(rope, Mapping) else None
     return str(kind) if kind else None
-
-
-def _forget_freed(recorder: PathRecorder) -> None:
-    """Only what the forward's graph still holds is kept, for every family: saves on nodes that died with a
-    discarded output are dropped (``SavedTensorRecorder.forget_freed``). Such saves are made and freed
-    within the forward, never kept for backward: PhiMoE's sparsemixer midpoint indices
-    (tests/hf/test_phimoe.py), DeepSeek's group-limited routing (``blocks.moe.deepseek_router_rules``)."""
-    recorder.forget_freed()
 
 
 @contextmanager

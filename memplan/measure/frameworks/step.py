@@ -196,7 +196,9 @@ def run_step(
 ) -> Measured:
     """One ``forward()`` (returning the loss) and backward of ``model``, its saves recorded per layer;
     ``after_forward`` counts what the code keeps outside autograd's saved tensors (torchtitan's selective
-    checkpoint cache); ``recorder_type`` a recorder for one rank's DTensors."""
+    checkpoint cache); then the saves already freed are dropped (``SavedTensorRecorder.forget_freed``:
+    a node whose output the code discards dies with its saves, never kept for backward), for every
+    framework; ``recorder_type`` a recorder for one rank's DTensors."""
     meter = FlopMeter()
     recorder = recorder_type(model, short)
     state = {"backward": False}
@@ -208,6 +210,7 @@ def run_step(
             loss = forward()
         if after_forward is not None:
             after_forward(recorder)
+        recorder.forget_freed()  # the one rule of every recorder: only the saves alive for backward
         ops = {} if checkpointed else op_names(loss)
         state["backward"] = True
         with recorder.pause(), meter.phase("backward"):

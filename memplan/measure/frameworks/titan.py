@@ -265,10 +265,12 @@ def titan_step(
     recorder_type: type[PathRecorder] = PathRecorder,
     group: Any = None,
     cp_rank: int = 0,
+    after_forward: Callable[[PathRecorder], None] | None = None,
 ) -> Measured:
     """One step of a built torchtitan model (call under the fake mode, if any): torchtitan's loss as its
     trainer calls it, every save recorded per layer, ``SelectiveAC``'s cache counted after forward; with a
-    context-parallel ``group``, rank ``cp_rank``'s share of the sequence through torch's ring."""
+    context-parallel ``group``, rank ``cp_rank``'s share of the sequence through torch's ring;
+    ``after_forward`` sees the recorder once the loss is computed (after the cache is counted)."""
     tt = require_torchtitan()
     ids, labels = make_batch(setup, "cpu")
     positions = None
@@ -291,7 +293,13 @@ def titan_step(
 
     checkpointed = setup.strategy.checkpointing is not Checkpointing.NONE
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
-    after = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
+    cache = keep_sac(capture_sac(list(model.layers.values()))) if selective else None
+
+    def after(recorder: PathRecorder) -> None:
+        for hook in (cache, after_forward):
+            if hook is not None:
+                hook(recorder)
+
     measured = run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
     if group is not None:
         measured.records.append(rope_buffers(model))

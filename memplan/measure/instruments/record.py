@@ -228,6 +228,10 @@ class SavedTensorRecorder:
         ``rand_like`` reads; DeepSeek's group-limited routers: ``blocks.moe.deepseek_router_rules``)."""
         self._saved = {k: None for k in self._saved if not self._storages[k].ref.expired()}
 
+    def saved_keys(self) -> set[int]:
+        """The storage keys (``storage_ref(t).cdata``) of the records."""
+        return set(self._saved)
+
     @property
     def records(self) -> list[SavedRecord]:
         infos = [self._storages[key] for key in self._saved]

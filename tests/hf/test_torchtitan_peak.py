@@ -1,0 +1,216 @@
+"""The peak of one torchtitan rank's forward and backward (``trace --impl torchtitan`` over ranks), measured
+by ``measure.distributed.titan_peak`` under fake tensors on torch's fake process group, against the
+estimate's moments (without the optimizer's states: the run builds none).
+
+On a tensor-parallel rank of the tiny model the peak is the loss backward, inside torchtitan's
+``_LossParallelCrossEntropy.backward`` (components/loss.py) at ``grad_input + torch.exp(log_probs)``:
+three fp32 [T, v/t] and its [T] locals beside every save, and the loop's ids, which the vocabulary-parallel
+embedding does not keep (it keeps a clamped copy).
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")
+
+from memplan.config import Impl, Setup
+from memplan.engine import estimate
+from memplan.measure.distributed.titan import measure_titan_rank
+from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
+from memplan.schema_commands import command_schema
+from tests.hf.harness import hf_setup
+from tests.hf.test_torchtitan_ranks import ranked
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_rank_peak_is_the_loss_parallel_backward(sp: bool) -> None:
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    peak = run.peak
+    moments = estimated_moments(est)
+    assert peak.peak == moments["loss backward"] == max(moments.values())
+    assert peak.phase == "backward" and peak.op == "aten.add"  # grad_input + exp(log_probs)
+    # By hand, tiny on tp 2: h 64, a/t 2 heads, kv/t 1, d 16, f/t 64, v/t 128, b 2, s 32: T = 64 tokens.
+    T, v, h, f, qkv = 64, 128, 64, 64, (2 + 2 * 1) * 16
+    layer = qkv * h + h * 2 * 16 + 3 * f * h + 2 * h  # wqkv, wo [h, a/t·d], w1 w3 w2, two norms
+    weights = 2 * (2 * v * h + 2 * layer + h)  # bf16: embedding, lm head, 2 layers, final norm
+    rope = 2 * 32 * 8 * 8  # each layer's complex64 cache [s, d/2], a buffer its saves view
+    assert peak.parts["states"] == weights + rope
+    assert peak.parts["gradients"] == 0  # none made yet
+    assert peak.parts["saved"] == run.measured.activations - rope  # every save, the caches apart
+    # zeros_like, exp and their sum, fp32 [T, v/t]; safe_labels, local_labels, row_idx (int64),
+    # out_of_range (bool), grad_update and the masked grad_output (fp32): 33 B per token; three fp32
+    # scalars (the seed, the division's output gradient, the loss); the loop's int64 ids [b, s].
+    assert peak.parts["transient"] == 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T
+    assert peak.transient["aten.zeros_like"] == peak.transient["aten.exp"] == 4 * T * v
+
+
+def test_peak_json_and_trace_cli() -> None:
+    """``trace --impl torchtitan --tp 2 --sp``: the ``peak`` object, valid against trace's schema, each
+    moment estimated and measured (the loss backward's reading exact), and the rich report renders."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--tp", "2", "--sp"]
+    result = runner.invoke(app, [*args, "--device", "cpu", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    jsonschema.validate(out, command_schema("trace"))
+    peak = out["peak"]
+    assert peak["equal"] and peak["delta"] == 0 and peak["estimated_phase"] == "loss backward"
+    loss = next(m for m in peak["moments"] if m["moment"] == "loss backward")
+    assert loss["measured"] == loss["estimated"] == peak["measured"]
+    shown = runner.invoke(app, [*args, "--device", "cpu"])
+    assert shown.exit_code == 0 and "Rank peak of forward and backward" in shown.output
+
+
+def test_fsdp2_resizes_are_followed() -> None:
+    """ZeRO-3 over dp 2 (tp 2, SP): FSDP2 frees each unit's unsharded parameters with ``resize_(0)`` (no
+    dispatched op); the tracker follows it, so after the step the live bytes are the rank's own again:
+    its parameter shards, buffers and sharded gradients (each storage once)."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
+    run = measure_titan_rank(setup)
+    end = run.peak.curve.samples[-1]
+    rope = 2 * 32 * 8 * 8
+    # The gradients at rest: FSDP2's reduce-scattered shards, one per parameter, in the parameters' dtype
+    # (bf16): the same bytes as the parameter shards.
+    assert end == run.param_bytes + rope + run.param_bytes
+    assert run.peak.windows == {}  # the live set per stretch is kept only when asked
+
+
+def test_peak_json_without_a_reading() -> None:
+    """A moment whose stretch the curve lacks reads None (no delta), never NaN: the JSON stays valid."""
+    from memplan.measure.distributed.titan_peak import PeakRun
+    from memplan.measure.instruments.tracker import Curve
+
+    setup = ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True)
+    parts = dict.fromkeys(("states", "gradients", "saved", "transient"), 0)
+    run = PeakRun(10, "backward", "aten.add", parts, curve=Curve([1, 10], []))
+    out = peak_json(estimate(setup), run)
+    assert all(m["measured"] is None and m["delta"] is None for m in out["moments"])
+    json.dumps(out, allow_nan=False)
+
+
+def tiny_tp2_weights() -> int:
+    """tiny's bf16 parameters on a tp 2 rank (h 64, a/t 2 heads, kv/t 1, d 16, f/t 64, v/t 128)."""
+    h, f, v, qkv = 64, 64, 128, (2 + 2 * 1) * 16
+    layer = qkv * h + h * 2 * 16 + 3 * f * h + 2 * h  # wqkv, wo [h, a/t·d], w1 w3 w2, two norms
+    return 2 * (2 * v * h + 2 * layer + h)  # embedding, lm head, 2 layers, final norm
+
+
+def test_zero2_rank_holds_its_shards_beside_the_gathered_weights() -> None:
+    """torchtitan's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) on tp 2 + SP × dp 2: at the loss's
+    backward the rank holds its dim-0 shards (half its TP weights: every dim 0 even) and every unit's
+    unsharded parameters, gathered in forward and kept for backward: the estimate's whole weights plus
+    the shards (``analytic.peak.zero2_shards_beside``), exact."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 2)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    weights, rope = tiny_tp2_weights(), 2 * 32 * 8 * 8
+    assert run.param_bytes * 2 == weights
+    assert run.peak.parts["states"] == weights // 2 + rope
+    assert run.peak.transient["aten.empty"] == weights  # FSDP2's unsharded parameters (all-gather outputs)
+    assert run.peak.peak == estimated_moments(est)["loss backward"] == max(estimated_moments(est).values())
+
+
+def test_zero3_loss_backward_holds_no_gathered_unit() -> None:
+    """torchtitan's ZeRO-3 ("always": [norm, lm_head] resharded after forward too) on tp 2 + SP × dp 2: at
+    the loss's backward no unit is gathered, only the rank's shards; the moment is exact."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert est.peak.moments["loss backward"]["weights"] == run.param_bytes == tiny_tp2_weights() // 2
+    loss = run.peak.moments(["loss backward"])["loss backward"]
+    assert loss == estimated_moments(est)["loss backward"]
+    T, v = 64, 128
+    saves = run.measured.activations
+    assert loss == run.param_bytes + saves + 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # the rope views saved
+
+
+def test_full_scale_loss_backward_of_rank_0_of_16384() -> None:
+    """Llama 3.1 405B's widths (one layer), seq 8192, tp 8 with SP × dp 2,048 under ZeRO-3: rank 0 of
+    16,384 on the fake process group. Its loss backward moment equals the estimate's to the byte: the
+    rank's FSDP2 shards, every save and the loss-parallel backward's 3 fp32 [T, v/t] (T 8192, v/t 16,032)
+    with its locals. NB: the other moments are not exact (titan_peak's module docstring)."""
+    setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True, 2048, 3)
+    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    loss = run.peak.moments(["loss backward"])["loss backward"]
+    assert loss == estimated_moments(est)["loss backward"]
+    T, v = 8192, 16032
+    transient = 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # 1,576,345,612 B: three 501 MiB fp32 [T, v/t]
+    assert loss == run.param_bytes + run.measured.activations + transient
+    _, op, _, by_op = run.peak.windows["forward"]  # from the loss on: its backward's highest point
+    assert op == "aten.add" and by_op["aten.zeros_like"] == by_op["aten.exp"] == 4 * T * v
+
+
+def test_embedding_backward_holds_the_buffers_and_the_loop_tensors() -> None:
+    """The embedding's backward on a tp 2 + SP rank at Llama 3 8B's widths (2 layers, s 256): every
+    gradient is made and the weights are whole; beside them the loop's ids, labels and valid-token count,
+    the vocabulary-parallel embedding's clamped ids (its save), both layers' RoPE buffers, the incoming
+    gradient times the vocabulary mask and the fp32 loss scalars; exact."""
+    setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, True)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    moment = run.peak.moments(["embedding backward"])["embedding backward"]
+    assert moment == estimated_moments(est)["embedding backward"]
+    T, h = 256, 4096
+    rope = 2 * 256 * 64 * 8  # [s, d/2] complex64 per layer
+    # weights and gradients (bf16, the same bytes), 3 int64 [T] (ids, labels, clamped ids), the int64
+    # count, dY·mask [T, h] bf16, the seed gradient and the loss (fp32 scalars)
+    assert moment == 2 * run.param_bytes + rope + 3 * 8 * T + 8 + 2 * T * h + 2 * 4
+
+
+def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
+    """Under torchtitan's SP plan the lm head's input is the gathered final norm output, so its gradient is
+    reduce-scattered before the norm's backward, which runs on the rank's T/t tokens: at Llama 3.1 405B's
+    widths on tp 8 the stretch tops at that reduce-scatter (the lm head's dX [T, h], funcol's
+    concatenated copy, the [T/t, h] output and the wait's), the norm's saves still held; exact."""
+    setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True)
+    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    moment = run.peak.moments(["final norm backward"])["final norm backward"]
+    assert moment == estimated_moments(est)["final norm backward"]
+    T, h, t = 8192, 16384, 8
+    _, _, _, by_op = run.peak.windows["backward final_norm"]
+    assert by_op["aten.mm"] == by_op["aten.cat"] == 2 * T * h  # bf16 [T, h]
+    assert by_op["_c10d_functional.reduce_scatter_tensor"] == by_op["_c10d_functional.wait_tensor"]
+    assert by_op["_c10d_functional.wait_tensor"] == 2 * T // t * h
+
+
+@pytest.mark.parametrize(("sp", "dp", "zero"), [(False, 1, 0), (True, 2, 3)])
+def test_real_tensors_peak_where_fake_ones_do(sp: bool, dp: int, zero: int) -> None:
+    """The tiny model's rank with real (uninitialised) tensors over the fake group peaks at the same bytes,
+    holding the same parts, as under fake tensors."""
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
+    real, fake = measure_titan_rank(setup, fake=False).peak, measure_titan_rank(setup).peak
+    assert (real.peak, real.parts, real.op) == (fake.peak, fake.parts, fake.op)
+
+
+def test_zero3_layer_and_final_norm_buffers() -> None:
+    """FSDP2 under ZeRO-3 on tp 2 + SP × dp 2: beside layer i's backward, the unit below's prefetched flat
+    all-gather output (bf16) and the unit above's fp32 reduce-scatter input; beside the final norm's,
+    the [norm, lm_head] unit gathered and the top layer's prefetched output. By hand (the tiny model's tp 2
+    rank; every dim 0 even, no padding): a layer unit 18,560 elements, the embedding 8,192, [norm, lm_head]
+    8,256. The layer moment's error is then the one without FSDP (the layer's own backward, not modelled
+    for torchtitan), the final norm's exact."""
+    from memplan.analytic.peak import zero3_head_gather, zero3_unit_buffers
+    from memplan.strategies.tensor_parallel import tp_model
+
+    base = hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN)
+    zero3, plain = ranked(base, 2, True, 2, 3), ranked(base, 2, True)
+    rank = zero3.model_copy(update={"model": tp_model(zero3.model, 2)})  # the rank's model, as the peak's
+    layer, embedding, head = 18560, 8192, 8256
+    assert zero3_unit_buffers(rank, 1, 2) == 2 * layer + 4 * head  # 37,120 + 33,024
+    assert zero3_unit_buffers(rank, 0, 2) == 2 * embedding + 4 * layer  # 16,384 + 74,240
+    assert zero3_head_gather(rank) == 2 * head + 2 * layer
+    names = ["final norm backward", "layer backward"]
+
+    def errors(setup: Setup) -> list[int | None]:
+        measured = measure_titan_rank(setup).peak.moments(names)
+        estimated = estimated_moments(estimate(setup))
+        return [None if measured[n] is None else measured[n] - estimated[n] for n in names]  # type: ignore[operator]
+
+    (norm3, layer3), (norm, layer1) = errors(zero3), errors(plain)
+    assert norm3 == norm == 0 and layer3 == layer1
