@@ -21,7 +21,7 @@ from memplan.config import Impl, Setup
 from memplan.engine import estimate
 from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
-from memplan.schema_commands import command_schema
+from memplan.schema import command_schema
 from tests.hf.harness import hf_setup
 from tests.hf.test_torchtitan_ranks import ranked
 
