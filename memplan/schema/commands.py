@@ -22,7 +22,7 @@ import copy
 from typing import Any
 
 from memplan.schema.estimate import estimate_schema
-from memplan.schema.parts import COUNT, NAME, POSITIVE, SCHEMA_DRAFT, SECONDS, obj
+from memplan.schema.parts import BYTES, COUNT, NAME, POSITIVE, SCHEMA_DRAFT, SECONDS, obj
 
 COMMANDS = ("estimate", "compare", "fit", "trace", "profile")
 """The commands with ``--json`` output, in the order ``memplan schema --command`` lists them."""
