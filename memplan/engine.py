@@ -42,7 +42,7 @@ from memplan.analytic.states import ModelStates
 from memplan.blocks import torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.config import DType, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
+from memplan.config import DType, Impl, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -60,6 +60,7 @@ from memplan.strategies import (
     context_parallel,
     lora,
     offload,
+    torch_interleaved,
 )
 from memplan.strategies.lora_states import finetune_states, frozen_params, trainable_params, with_dequant
 from memplan.strategies.offload import HostMemory
@@ -370,11 +371,11 @@ def estimate(setup: Setup) -> Result:
     """
     check_layout(setup)
     pc = pieces_by_key(pieces_key(setup), setup)
-    parallel, n = setup.parallel, setup.training.grad_accum
+    parallel = setup.parallel
     counts = stage_layers(setup.model.num_layers, parallel)
     chunks = chunk_layers(setup.model.num_layers, parallel)
     indices = representative_stages(counts)
-    stages = tuple(stage_plan(pc, stage(parallel, i, chunks[i], n), setup) for i in indices)
+    stages = tuple(plan_rank(pc, setup, i, chunks[i]) for i in indices)
     return Result(
         setup=setup,
         pieces=pc,
@@ -388,10 +389,28 @@ def at_stage(result: Result, index: int) -> Result:
     """``result`` reporting pipeline stage ``index`` as its device (computed when it is not one of the
     representative stages): what that stage's ranks hold."""
     setup = result.setup
-    parallel, n = setup.parallel, setup.training.grad_accum
-    chunks = chunk_layers(setup.model.num_layers, parallel)
-    plan = stage_plan(result.pieces, stage(parallel, index, chunks[index], n), setup)
+    chunks = chunk_layers(setup.model.num_layers, setup.parallel)
+    plan = plan_rank(result.pieces, setup, index, chunks[index])
     return dataclasses.replace(result, stages=(plan,))
+
+
+def plan_rank(pc: Pieces, setup: Setup, index: int, chunks_of: tuple[int, ...]) -> StagePlan:
+    """Pipeline rank ``index`` whose chunks hold ``chunks_of`` layers: at the end of its warm-up (1F1B,
+    Megatron's interleaving), or under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan --vpp``) at
+    the moment of its step when its activations and the schedule's holds are largest
+    (``torch_interleaved.moments``; the first such moment on a tie)."""
+    parallel, n = setup.parallel, setup.training.grad_accum
+    if not (setup.impl.impl is Impl.TORCHTITAN and parallel.vpp > 1):
+        return stage_plan(pc, stage(parallel, index, chunks_of, n), setup)
+    segment, alone = pc.setup.strategy.segment, checkpoints_alone(pc.setup)
+
+    def held(st: Stage) -> int:
+        counts = group_counts(st, segment, alone)
+        return sum(pc.group_bytes[g] * c for g, c in counts.items()) + act.total_bytes(
+            stage_boundary(pc, st, parallel.pp)
+        )
+
+    return stage_plan(pc, max(torch_interleaved.moments(parallel, index, chunks_of, n), key=held), setup)
 
 
 def head_gradient_bytes(params: ParamCount, setup: Setup) -> int:

@@ -1,0 +1,204 @@
+"""``--impl torchtitan --pp P --vpp M``: torchtitan's ``Interleaved1F1B`` — its placement over p·M virtual
+stages, torch's ``ScheduleInterleaved1F1B`` order, and one rank's chunks run under that schedule on torch's
+fake process group against the estimate for that rank: saved bytes per layer, the schedule's holds
+(sent outputs and input gradients the runtime keeps to the step's end, logits, receive buffers) and the
+rank's parameters, to the byte (``memplan.measure.distributed.titan_vpp``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")
+
+from memplan.blocks.inventory import Scope
+from memplan.config import Impl, Setup
+from memplan.engine import Result, at_stage, estimate
+from memplan.measure.distributed.titan_pp import StageRun
+from memplan.measure.distributed.titan_vpp import measure_titan_interleaved, virtual_module_names
+from memplan.strategies.torch_interleaved import rank_order
+from tests.hf.harness import hf_setup
+from tests.hf.test_torchtitan_pp import LAYER, PARAMS_LAYER, ROPE, B, H, S, V, X, held, piped
+
+
+def per_layer(e: Result, run: StageRun) -> list[int]:
+    """The estimate's bytes of each of the rank's layers: one instance's saves (the stage's layer-scope
+    tensors less the per-layer RoPE buffers, over the layer-forwards in flight) times its chunk's forwards
+    in flight, plus its RoPE buffer."""
+    st = e.stages[0].stage
+    assert st.chunk_ids is not None
+    buffers = sum(
+        k.bytes * k.count for k in e.tensors if k.scope is Scope.LAYER and k.name == "attn.rope_cache"
+    )
+    instances = sum(k.bytes * k.count for k in e.tensors if k.scope is Scope.LAYER) - buffers
+    assert instances % st.in_flight_layers == 0 and buffers % st.layers == 0
+    one, rope = instances // st.in_flight_layers, buffers // st.layers
+    chunk_of = {}
+    p = e.setup.parallel.pp
+    names = virtual_module_names(e.setup)
+    for k in range(len(st.chunks_of)):
+        for name in names[k * p + st.index]:
+            if name.startswith("layers."):
+                chunk_of[int(name.split(".")[1])] = k
+    return [st.chunk_ids.count(chunk_of[i]) * one + rope for i in run.layers]
+
+
+def estimated_held(e: Result) -> dict[str, tuple[tuple[int, ...], int]]:
+    return {k.name: (k.shape, k.count) for k in e.tensors if k.name.startswith("pp.")}
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "n"),
+    [(2, 2, 4), (4, 2, 8), (4, 3, 4), (4, 2, 3), (4, 2, 6), (4, 2, 10), (3, 4, 9), (2, 8, 16)],
+)
+def test_order_is_torchs(p: int, m: int, n: int) -> None:
+    """``rank_order`` against torch's own ``ScheduleInterleaved1F1B._calculate_single_rank_operations``
+    (its computations in order, the idle slots dropped), every rank."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    rounds = max(1, n // p)
+    fake = SimpleNamespace(
+        n_local_stages=m, pp_group_size=p, _n_microbatches=n, microbatches_per_round=n // rounds
+    )
+    for i in range(p):
+        ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, i)  # type: ignore[arg-type]
+        theirs = [(a.computation_type is _ComputationType.FORWARD, a.stage_index // p) for a in ops if a]
+        assert rank_order(p, m, n, i) == theirs
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp"), [(6, 2, 2), (16, 2, 3), (32, 4, 2), (126, 16, 8), (30, 4, 4)]
+)
+def test_placement_is_torchtitans(layers: int, pp: int, vpp: int) -> None:
+    """The setup's virtual-stage counts and each rank's modules against torchtitan's
+    ``_generate_llm_fqn_per_model_part`` over p·M stages and its "loop" rank mapping."""
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pp_rank_to_stage_indices_mapping,
+    )
+
+    setup = piped(hf_setup("llama-3-8b", layers=layers, seq=S, impl=Impl.TORCHTITAN), pp, 2 * pp, vpp=vpp)
+    theirs = _generate_llm_fqn_per_model_part(pp * vpp, layers, 1, 1)
+    assert virtual_module_names(setup) == theirs
+    for i in range(pp):
+        mine = tuple(k * pp + i for k in range(vpp))
+        assert _get_pp_rank_to_stage_indices_mapping(i, pp, "Interleaved1F1B", pp * vpp) == mine
+
+
+def test_placement_by_hand() -> None:
+    # Llama 3 405B: 126 + 2 = 128 effective layers over 16 · 8 virtual stages, one each: the first holds
+    # the embedding alone, the last the head alone (Dubey et al. 2024 §3.3.2's layout)
+    setup = piped(hf_setup("llama-3-8b", layers=126, seq=S, impl=Impl.TORCHTITAN), 16, 16, vpp=8)
+    assert setup.parallel.pp_layers == (0, *[1] * 126, 0)
+    # 16 + 2 = 18 over 2 · 3 = 6 stages: 3 each, the first and last one less
+    base = hf_setup("llama-3-8b", layers=16, seq=S, impl=Impl.TORCHTITAN)
+    assert piped(base, 2, 4, vpp=3).parallel.pp_layers == (2, 3, 3, 3, 3, 2)
+
+
+B_S_8 = B * S * 8  # one micro-batch's int64 token ids, saved by the embedding
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[Setup, Result]:
+    """6 layers over pp 2 × vpp 2 (torchtitan: 8 = 4·2, less the weights: 1, 2, 2, 1), n = 4."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=2)
+    assert setup.parallel.pp_layers == (1, 2, 2, 1)
+    return setup, estimate(setup)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_rank_saves_what_the_estimate_says(small: tuple[Setup, Result], index: int) -> None:
+    setup, est = small
+    e, run = at_stage(est, index), measure_titan_interleaved(setup, index)
+    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+    assert held(run) == estimated_held(e)
+    assert run.activations == e.activations
+    assert run.param_bytes == e.device.states.weights
+    # By hand. rounds = ⌊4/2⌋ = 2, r = 2 micro-batches per round.
+    one = LAYER - ROPE  # one forward's saves of a layer; its RoPE cache is the module's buffer, once
+    if index == 0:
+        # Chunks: virtual 0 (embedding, layer 0) and 2 (layers 3, 4). Warm-up (2−1)·2 + 2·(2−1) = 4: F0 F0
+        # F1 F1; then F0 B1, F0 B1, F1 B0, F1 B0; the largest moment is after the last forward: micro-batches
+        # 1-3 of chunk 0 and 2-3 of chunk 1 in flight, all 8 outputs sent and held, the 2 gradients chunk 1
+        # sent back; chunk 1 receives 4 activations, both chunks 4 gradients each.
+        assert run.layers == (0, 3, 4)
+        assert [run.layer_bytes(i) for i in run.layers] == [3 * one + ROPE, 2 * one + ROPE, 2 * one + ROPE]
+        assert held(run) == {
+            "pp.output": ((B, S, H), 8),
+            "pp.grad_send": ((B, S, H), 2),
+            "pp.recv": ((B, S, H), 4),
+            "pp.grad_recv": ((B, S, H), 8),
+        }
+        assert run.activations == 7 * one + 3 * ROPE + 3 * B_S_8 + (8 + 2 + 4 + 8) * X
+        assert run.param_bytes == 2 * V * H + 3 * PARAMS_LAYER
+    else:
+        # Chunks: virtual 1 (layers 1, 2) and 3 (layer 5, the head). Warm-up 2: F0 F0; then F1 B1, F1 B1,
+        # F0 B0, F0 B0, F1 B1, F1 B1; B0 B0. Largest: after the last F1 (micro-batches 2, 3 of chunk 0 and 3
+        # of chunk 1 in flight), chunk 0's 4 outputs held, 5 gradients sent back (4 of chunk 1, 1 of chunk 0);
+        # both receive 4 activations, chunk 0 4 gradients; chunk 1's logits in flight.
+        assert run.layers == (1, 2, 5)
+        assert [run.layer_bytes(i) for i in run.layers] == [2 * one + ROPE, 2 * one + ROPE, one + ROPE]
+        assert held(run) == {
+            "pp.output": ((B, S, H), 4),
+            "pp.grad_send": ((B, S, H), 5),
+            "pp.recv": ((B, S, H), 8),
+            "pp.grad_recv": ((B, S, H), 4),
+            "pp.logits": ((B, S, V), 1),
+        }
+        # the head (tests/hf/test_torchtitan_pp.py): final norm, lm head input, fp32 log-probs, labels, the
+        # token count and the loss
+        head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
+        assert run.activations == 5 * one + 3 * ROPE + (4 + 5 + 8 + 4) * X + B * S * V * 2 + head
+        assert run.param_bytes == 3 * PARAMS_LAYER + 2 * H + 2 * V * H
+
+
+def test_real_tensors_save_what_fake_ones_do() -> None:
+    """The tiny model, 2 layers over pp 2 × vpp 2 (0, 1, 1, 0: the embedding and the head alone on a
+    chunk), n = 2, with real (uninitialised) tensors over the fake group."""
+    setup = piped(hf_setup("tiny", layers=2, seq=32, impl=Impl.TORCHTITAN), 2, 2, vpp=2)
+    assert setup.parallel.pp_layers == (0, 1, 1, 0)
+    est = estimate(setup)
+    for index in (0, 1):
+        real = measure_titan_interleaved(setup, index, fake=False)
+        fake = measure_titan_interleaved(setup, index)
+        assert sorted((r.shape, r.dtype, r.bytes) for r in real.records) == sorted(
+            (r.shape, r.dtype, r.bytes) for r in fake.records
+        )
+        assert real.activations == at_stage(est, index).activations
+
+
+def test_full_scale_405b_first_rank() -> None:
+    """Llama 3 405B's widths and 126 layers, seq 8192, pp 16 × vpp 8 (128 virtual stages, one effective
+    layer each) over 16 micro-batches: rank 0 holds virtual stages 0 (the embedding alone), 16, …, 112 —
+    7 layers — and keeps what the estimate says, to the byte."""
+    setup = piped(hf_setup("llama-3.1-405b", layers=126, seq=8192, impl=Impl.TORCHTITAN), 16, 16, vpp=8)
+    e, run = at_stage(estimate(setup), 0), measure_titan_interleaved(setup, 0)
+    assert run.layers == (15, 31, 47, 63, 79, 95, 111)
+    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+    assert held(run) == estimated_held(e)
+    assert run.activations == e.activations
+    assert run.param_bytes == e.device.states.weights
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "n", "message"),
+    [
+        (6, 2, 3, 4, "vpp: no pipeline_parallel_layers_per_stage"),  # ⌈8/k⌉ is 8, 4, 3, 2, 2, 2, 2, 1
+        (16, 4, 2, 9, "grad_accum: torch's Interleaved1F1B"),  # rounds 2 do not divide 9
+    ],
+)
+def test_unreachable_schedules_are_refused(layers: int, pp: int, vpp: int, n: int, message: str) -> None:
+    base = hf_setup("llama-3-8b", layers=layers, seq=S, impl=Impl.TORCHTITAN)
+    with pytest.raises(ValueError, match=message):
+        piped(base, pp, n, vpp=vpp)
+
+
+def test_megatron_interleaving_is_unchanged() -> None:
+    """Megatron's interleaved stage (every impl but torchtitan) keeps its warm-up end, no send holds."""
+    from memplan.config import Parallel
+    from memplan.strategies.pipeline_parallel import stage
+
+    st = stage(Parallel(pp=2, vpp=2), 0, (2, 2), 4)
+    # 2(p − 1) + (m − 1)·p = 4 warm-up forwards, + 1: chunks 0, 0, 1, 1, 0
+    assert st.chunks == 5 and st.sent_outputs is None and st.sent_grads == 0
