@@ -219,8 +219,9 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
         # its values, never as an array (the bug that failed every output given --optimizer-impl).
         values = [json_value(member) for member in members[0]]
         return {"type": ["string", "null"], "enum": [*values, None]}
-    if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers)
-        return {"type": ["array", "null"], "items": _POSITIVE}
+    if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers; with --vpp a
+        # virtual stage of the embedding or head alone holds 0: Parallel.pp_layers)
+        return {"type": ["array", "null"], "items": _COUNT}
     bounds = [getattr(m, "gt", None) for m in field.metadata]
     above = next((b for b in bounds if b is not None), None)
     return {"type": "integer", **({"minimum": above + 1} if above is not None else {})}
@@ -280,7 +281,10 @@ _PARALLEL = _obj(
     {
         **{k: _POSITIVE for k in ("tp", "pp", "vpp", "ep", "cp")},
         "sp": {"type": "boolean"},
-        "pp_layers": {"type": ["array", "null"], "items": _POSITIVE},
+        "pp_layers": {
+            "type": ["array", "null"],
+            "items": _COUNT,
+        },  # 0: a virtual stage of the embedding or head alone
         "label": _NAME,
     },
 )

@@ -169,7 +169,7 @@ _MEASURED = _obj(
             {k: _COUNT for k in ("forward", "backward", "recompute", "total", "model", "hardware")}
         ),
     },
-    required=["memory", "activations", "flops"],
+    required=["memory", "activations"],  # trace --impl torchtitan --pp: no FLOPs per pipeline rank
 )
 _DIFF_TENSOR = _obj(
     {
@@ -222,6 +222,17 @@ _TRACE = _obj(
         "ran_on": _NAME,
         # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
         "rank": _obj({"rank": _COUNT, "world": _COUNT, "tp": _COUNT, "dp": _COUNT}),
+        # trace --impl torchtitan --pp: the pipeline rank traced (its local chunks' virtual stages)
+        "stage": _obj(
+            {
+                "index": _COUNT,
+                "pp": _POSITIVE,
+                "vpp": _POSITIVE,
+                "virtual_stages": {"type": "array", "items": _COUNT},
+                "layers": {"type": "array", "items": _COUNT},
+            }
+        ),
+        "stages": {"type": "array", "items": {"type": "object"}},
     },
     required=["estimated", "measured", "diff"],
 )

@@ -202,3 +202,43 @@ def test_megatron_interleaving_is_unchanged() -> None:
     st = stage(Parallel(pp=2, vpp=2), 0, (2, 2), 4)
     # 2(p − 1) + (m − 1)·p = 4 warm-up forwards, + 1: chunks 0, 0, 1, 1, 0
     assert st.chunks == 5 and st.sent_outputs is None and st.sent_grads == 0
+
+
+def test_trace_cli_runs_each_rank() -> None:
+    """``memplan trace --impl torchtitan --pp 2 [--vpp 2]``: each rank (or ``--stage 1``) exact, exit 0, the
+    JSON valid against trace's schema; the rich report renders; a rank beyond pp is one line, exit 2."""
+    import json
+
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+    from memplan.schema_commands import command_schema
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    base = [
+        "trace",
+        "--model",
+        "tiny",
+        "--seq",
+        "32",
+        "--impl",
+        "torchtitan",
+        "--pp",
+        "2",
+        "--grad-accum",
+        "2",
+    ]
+    out = runner.invoke(app, [*base, "--vpp", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    jsonschema.validate(result, command_schema("trace"))
+    assert [s["stage"]["virtual_stages"] for s in result["stages"]] == [[0, 2], [1, 3]]
+    assert [s["stage"]["layers"] for s in result["stages"]] == [[1], [0]]  # placement 0, 1, 1, 0
+    assert result["diff"]["equal"] and all(s["diff"]["exact"] for s in result["stages"])
+    one = runner.invoke(app, [*base, "--stage", "1", "--json"])  # 1F1B, rank 1 alone
+    assert one.exit_code == 0, one.output
+    assert [s["stage"]["index"] for s in json.loads(one.stdout)["stages"]] == [1]
+    assert runner.invoke(app, [*base, "--vpp", "2"]).exit_code == 0
+    bad = runner.invoke(app, [*base, "--stage", "2"])
+    assert bad.exit_code == 2 and "stage: --stage 2 is not a pipeline rank of --pp 2" in bad.stderr
