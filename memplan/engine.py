@@ -115,8 +115,13 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     shards = context_parallel.state_shards(setup)
     experts = pc.expert_params * st.layers
     per_shard = None
-    if profile_of(setup).fsdp2_dim0_shards and setup.parallel.pp == 1 and not experts:
-        per_shard = torchtitan.fsdp2_shard_elements(pc.setup.model, shards)  # FSDP2: per parameter
+    if profile_of(setup).fsdp2_dim0_shards and not experts:  # FSDP2: per parameter, on each stage
+        m = pc.setup.model
+        if setup.parallel.pp == 1:
+            per_shard = torchtitan.fsdp2_shard_elements(m, shards)
+        else:
+            layers = m.model_copy(update={"num_layers": st.layers})
+            per_shard = torchtitan.fsdp2_shard_elements(layers, shards, (st.first, st.last))
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
     if not experts:
         return bnb_states(dense, setup)

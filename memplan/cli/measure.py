@@ -119,14 +119,14 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
-    With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a
-    fake process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank 0 of the ring
-    (torch's own ring attention over a fake process group; --device
-    cpu); FLOPs × cp. With --pp P (and --vpp M: torchtitan's Interleaved1F1B) it runs pipeline rank I
-    (--stage I, or each in turn) of torchtitan's split model under torch's schedule on a fake process
-    group of P ranks, its saves per layer, the schedule's holds and its parameters against the estimate of
-    that rank. With --compile each block's saves are what torch.compile's partitioner
-    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
+    With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a fake
+    process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank 0 of the ring (torch's own
+    ring attention over a fake process group; --device cpu); FLOPs × cp. With --pp P (and --vpp M:
+    torchtitan's Interleaved1F1B) it runs pipeline rank I (--stage I, or each in turn) of torchtitan's split
+    model under torch's schedule on a fake process group of P·dp ranks (FSDP2 on each stage under --zero 2/3),
+    its saves per layer, the schedule's holds and its parameters against the estimate of that rank. With
+    --compile each block's saves are what torch.compile's partitioner (AOTAutograd's min-cut) returns from the
+    compiled forward, traced without compiling kernels.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """
@@ -231,19 +231,18 @@ def _trace_titan_rank(setup: Setup, as_json: bool) -> None:
 
 def _trace_titan_stages(setup: Setup, as_json: bool, index: int | None) -> None:
     """``trace --impl torchtitan --pp P [--vpp M]``: pipeline rank ``index`` (or each) on torch's fake process
-    group under torchtitan's schedule (``titan_pp``: 1F1B; ``titan_vpp``: Interleaved1F1B), against the
+    group under torchtitan's schedule (``titan_vpp``: 1F1B or Interleaved1F1B; each stage FSDP2-sharded
+    over dp under --zero 2/3, the rank at data-parallel coordinate 0), against the
     estimate of that rank (``compare.stage``). The top-level comparison is the estimate's most loaded rank
     among those traced; ``stages`` lists each."""
     from memplan.measure.compare.stage import stage_comparison_json
-    from memplan.measure.distributed.titan_pp import measure_titan_stage
-    from memplan.measure.distributed.titan_vpp import measure_titan_interleaved
+    from memplan.measure.distributed.titan_vpp import measure_titan_pipeline
 
     p = setup.parallel.pp
     if index is not None and index >= p:
         raise ValueError(f"stage: --stage {index} is not a pipeline rank of --pp {p}; use 0 to {p - 1}")
     if setup.device is not Device.CPU:
         raise ValueError("device: trace --impl torchtitan --pp runs the CPU kernels; use --device cpu")
-    measure = measure_titan_interleaved if setup.parallel.vpp > 1 else measure_titan_stage
     est = estimate(setup)
     ranks = range(p) if index is None else (index,)
     start = time.perf_counter()
@@ -251,7 +250,7 @@ def _trace_titan_stages(setup: Setup, as_json: bool, index: int | None) -> None:
     with Bar("tracing", total=len(ranks), unit="ranks") as bar:
         for i in ranks:
             bar.advance(0, f"pipeline rank {i} of {p}: torchtitan's {setup.model.name} under fake tensors")
-            results.append(stage_comparison_json(est, i, measure(setup, i)))
+            results.append(stage_comparison_json(est, i, measure_titan_pipeline(setup, i)))
             bar.advance(1)
     seconds = time.perf_counter() - start
     most = max(results, key=lambda r: r["estimated"]["memory"]["peak"])

@@ -6,6 +6,7 @@ rank's parameters, to the byte (``memplan.measure.distributed.titan_vpp``)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from memplan.blocks.inventory import Scope
 from memplan.config import Impl, Setup
 from memplan.engine import Result, at_stage, estimate
 from memplan.measure.distributed.titan_pp import StageRun
-from memplan.measure.distributed.titan_vpp import measure_titan_interleaved, virtual_module_names
+from memplan.measure.distributed.titan_vpp import measure_titan_pipeline, virtual_module_names
 from memplan.strategies.torch_interleaved import rank_order
 from tests.hf.harness import hf_setup
 from tests.hf.test_torchtitan_pp import LAYER, PARAMS_LAYER, ROPE, B, H, S, V, X, held, piped
@@ -110,7 +111,7 @@ def small() -> tuple[Setup, Result]:
 @pytest.mark.parametrize("index", [0, 1])
 def test_rank_saves_what_the_estimate_says(small: tuple[Setup, Result], index: int) -> None:
     setup, est = small
-    e, run = at_stage(est, index), measure_titan_interleaved(setup, index)
+    e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
     assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
     assert held(run) == estimated_held(e)
     assert run.activations == e.activations
@@ -160,8 +161,8 @@ def test_real_tensors_save_what_fake_ones_do() -> None:
     assert setup.parallel.pp_layers == (0, 1, 1, 0)
     est = estimate(setup)
     for index in (0, 1):
-        real = measure_titan_interleaved(setup, index, fake=False)
-        fake = measure_titan_interleaved(setup, index)
+        real = measure_titan_pipeline(setup, index, fake=False)
+        fake = measure_titan_pipeline(setup, index)
         assert sorted((r.shape, r.dtype, r.bytes) for r in real.records) == sorted(
             (r.shape, r.dtype, r.bytes) for r in fake.records
         )
@@ -173,7 +174,7 @@ def test_full_scale_405b_first_rank() -> None:
     layer each) over 16 micro-batches: rank 0 holds virtual stages 0 (the embedding alone), 16, …, 112 —
     7 layers — and keeps what the estimate says, to the byte."""
     setup = piped(hf_setup("llama-3.1-405b", layers=126, seq=8192, impl=Impl.TORCHTITAN), 16, 16, vpp=8)
-    e, run = at_stage(estimate(setup), 0), measure_titan_interleaved(setup, 0)
+    e, run = at_stage(estimate(setup), 0), measure_titan_pipeline(setup, 0)
     assert run.layers == (15, 31, 47, 63, 79, 95, 111)
     assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
     assert held(run) == estimated_held(e)
@@ -242,3 +243,49 @@ def test_trace_cli_runs_each_rank() -> None:
     assert runner.invoke(app, [*base, "--vpp", "2"]).exit_code == 0
     bad = runner.invoke(app, [*base, "--stage", "2"])
     assert bad.exit_code == 2 and "stage: --stage 2 is not a pipeline rank of --pp 2" in bad.stderr
+
+
+def sharded(setup: Setup, dp: int, zero: int) -> Setup:
+    """``setup`` with each stage FSDP2-sharded over ``dp`` ranks under ZeRO-``zero``, validated again."""
+    data = setup.model_dump()
+    data["strategy"] = {**data["strategy"], "dp": dp, "zero": zero}
+    return Setup.model_validate(data)
+
+
+@pytest.mark.parametrize(("vpp", "zero"), [(2, 3), (1, 2)])
+def test_fsdp2_stage_shards_what_the_estimate_says(vpp: int, zero: int) -> None:
+    """pp 2 (× vpp 2 under ZeRO-3; 1F1B under ZeRO-2) × dp 2: rank 0 of the p × dp mesh, each model part
+    ``fully_shard``-ed as torchtitan's ``parallelize_fn`` does after the split. The saves are the
+    unsharded run's (FSDP2 swaps parameters, autograd keeps the same activations); the parameters at
+    rest are ZeRO-3's shard (ZeRO-2 too: FSDP2 reshards after backward), each dim 0 halved."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=vpp)
+    plain, fsdp = setup, sharded(setup, 2, zero)
+    est = at_stage(estimate(fsdp), 0)
+    run, alone = measure_titan_pipeline(fsdp, 0), measure_titan_pipeline(plain, 0)
+    assert Counter((r.name, r.layer, r.shape, r.bytes) for r in run.records) == Counter(
+        (r.name, r.layer, r.shape, r.bytes) for r in alone.records
+    )
+    assert run.activations == est.activations == at_stage(estimate(plain), 0).activations
+    # rank 0's layers: vpp 2 — 0, 3, 4 (placement 1, 2, 2, 1); 1F1B — 0, 1, 2 (placement 2, 3, 1 of 6 + 2
+    # over 2 stages: 4, 4 less the weights: 3, 3). Every dim 0 (v = 128256, 6144, 4096, 14336) is even.
+    assert run.layers == ((0, 3, 4) if vpp == 2 else (0, 1, 2))
+    assert run.param_bytes == (2 * V * H + 3 * PARAMS_LAYER) // 2
+    if zero == 3:
+        assert run.param_bytes == est.device.states.weights
+    else:  # the estimate's ZeRO-2 weights are replicated; at rest FSDP2 holds the ZeRO-3 shard
+        assert est.device.states.weights == 2 * run.param_bytes
+
+
+def test_fsdp2_shard_pads_each_parameter() -> None:
+    """The tiny model (h 64, f 128, v 256, 4 + 2·2 heads of 16) on pp 2 (one layer each) over dp 3: each
+    parameter's dim 0 is cut in ⌈d0/3⌉-row shards, padded; the estimate's per-stage FSDP2 shard is what
+    rank 0 of each stage holds."""
+    setup = sharded(piped(hf_setup("tiny", layers=2, seq=32, impl=Impl.TORCHTITAN), 2, 2), 3, 3)
+    est = estimate(setup)
+    # a layer: wqkv [128, 64] → 43 rows, wo [64, 64] → 22, w1 w3 [128, 64] → 43 each, w2 [64, 128] → 22,
+    # two norms [64] → 22 each; the embedding and lm head [256, 64] → 86 rows, the final norm 22
+    layer = 43 * 64 + 22 * 64 + 2 * 43 * 64 + 22 * 128 + 2 * 22
+    by_hand = (86 * 64 + layer, layer + 22 + 86 * 64)
+    for index in (0, 1):
+        held = measure_titan_pipeline(setup, index).param_bytes
+        assert held == at_stage(est, index).device.states.weights == 2 * by_hand[index]  # bf16

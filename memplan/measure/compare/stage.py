@@ -3,7 +3,8 @@
 
 Compared to the byte: each of the rank's layers (the estimate's per-layer saves times its chunk's forwards
 in flight, plus the layer's RoPE buffer), the schedule's holds by name (``pp.output``, ``pp.grad_send``,
-``pp.recv``, ``pp.grad_recv``, ``pp.logits``), the total, and the rank's parameter bytes.
+``pp.recv``, ``pp.grad_recv``, ``pp.logits``), the total, and the rank's parameter bytes (under ZeRO-2
+over dp FSDP2 holds ZeRO-3's shard at rest: ``compare.ranks.fsdp2_zero2_weights``).
 
 NB: FLOPs are not counted per rank (``measured.flops`` is absent, ``diff.flops`` empty).
 """
@@ -13,8 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from memplan.blocks.inventory import Scope
+from memplan.config import ZeroStage
 from memplan.contract import to_json
-from memplan.engine import Result, at_stage
+from memplan.engine import Result, at_stage, estimate
 from memplan.measure.compare.tensors import layer_groups
 from memplan.measure.instruments.record import SavedRecord
 from memplan.strategies.pipeline_parallel import stage_layers
@@ -93,6 +95,10 @@ def stage_comparison_json(est: Result, index: int, run: Any) -> dict[str, Any]:
     meas_layers = [run.layer_bytes(i) for i in layers]
     rows = _rows(e, run.records)
     weights = e.device.states.weights
+    s = est.setup.strategy
+    if s.zero is ZeroStage.GRADIENTS and s.dp > 1:  # FSDP2 holds ZeRO-3's shard at rest (compare.ranks)
+        zero3 = est.setup.model_copy(update={"strategy": s.model_copy(update={"zero": ZeroStage.PARAMETERS})})
+        weights = at_stage(estimate(zero3), index).device.states.weights
     exact = (
         est_layers == meas_layers
         and e.activations == run.activations

@@ -144,11 +144,16 @@ def sends_hold_tensors() -> Iterator[None]:
 
 
 def _stage(
-    chunk: Any, setup: Setup, index: int, num: int | None = None, kind: type[TitanStage] = TitanStage
+    chunk: Any,
+    setup: Setup,
+    index: int,
+    num: int | None = None,
+    kind: type[TitanStage] = TitanStage,
+    group: Any = None,
 ) -> CountedStage:
     """torch's ``PipelineStage`` (``kind``) for the chunk, stage ``index`` of ``num`` (p by default), with
     static shapes: [b, s] ids into the first stage, [b, s, h] hidden states between stages, [b, s, v]
-    logits out of the last (module docstring)."""
+    logits out of the last (module docstring); ``group``: the pipeline ranks' (the world's by default)."""
     t, m = setup.training, setup.model
     b, s, h, v = t.micro_batch, t.seq_len, m.hidden_size, m.vocab_size
     act = activation_dtype(setup)
@@ -163,7 +168,7 @@ def _stage(
         torch.device("cpu"),
         input_args=inputs,
         output_args=out.requires_grad_(),
-        group=dist.group.WORLD,
+        group=dist.group.WORLD if group is None else group,
         on_phase=lambda _phase: None,
     )
 

@@ -1,28 +1,38 @@
 """One pipeline rank of torchtitan's Llama 3 under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan
---pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``), in one process.
+--pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``) or ``Schedule1F1B``
+(M = 1), each stage FSDP2-sharded over dp under --zero 2/3, in one process.
 
-``measure_titan_interleaved(setup, index)`` joins torch's fake process group as pipeline rank ``index`` of
-p, builds torchtitan's ``Llama3Model`` on the meta device once per local chunk and cuts each with
-torchtitan's ``_split_module`` over the module names of its virtual stage: local chunk k is virtual stage
-k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M stages' names as
+``measure_titan_pipeline(setup, index)`` joins torch's fake process group as pipeline rank ``index`` of p
+(with dp > 1: the rank at data-parallel coordinate 0 of torchtitan's ["pp", "dp_replicate", "fsdp", "tp"]
+mesh, ``pipeline_dims``), builds torchtitan's ``Llama3Model`` on the meta device once per local chunk and cuts
+each with torchtitan's ``_split_module`` over the module names of its virtual stage: local chunk k is virtual
+stage k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M stages' names as
 ``_generate_llm_fqn_per_model_part`` gives them (the setup's ``pp_layers``, torchtitan's placement unless
-given). The chunks become ``PipelineStage``s with static shapes (``titan_pp._stage``'s), materialised under
-``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs the step's ``grad_accum`` micro-batches
-(torchtitan's loss as ``loss_fn``, ``scale_grads=False``, ``global_valid_tokens``). Recorded: the saves
-alive at once at their maximum per layer (``pipeline.InFlightRecorder``), the schedule's holds under the
-estimate's names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps
-every send's ``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits,
-every chunk's receive buffers — and the rank's parameter bytes.
+given), each parallelised as ``pipeline_llm``'s ``parallelize_fn`` does a model part: activation
+checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``; ``reshard_after_forward`` "always"
+under ZeRO-3, "never" under ZeRO-2). The chunks become ``PipelineStage``s with static shapes
+(``titan_pp._stage``'s), materialised under ``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs
+the step's ``grad_accum`` micro-batches (torchtitan's loss as ``loss_fn``, ``scale_grads=False``,
+``global_valid_tokens``). Recorded: the saves alive at once at their maximum per layer
+(``pipeline.InFlightRecorder``), the schedule's holds under the estimate's names — sent outputs
+(``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's ``Work`` to the step's
+end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's receive buffers — and
+the rank's parameter bytes.
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
   a send's ``Work`` keeps its tensor as gloo's does (``titan_pp.sends_hold_tensors``).
-- NB: tp, cp and FSDP2 with pp are refused in ``config.setup.check_titan_pipeline``.
+- NB: tp and cp with pp are refused in ``config.setup.check_titan_pipeline``: a tensor-parallel stage
+  passes DTensors, whose static stage metadata (``input_grads`` / ``output_grads`` placements) is not
+  built here.
+- NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
+  reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack, nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,9 +40,10 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import ScheduleInterleaved1F1B
 
-from memplan.config import Setup
+from memplan.config import Setup, ZeroStage
+from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
-from memplan.measure.distributed.titan import fake_world
+from memplan.measure.distributed.titan import fake_world, reshard_policy
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -41,6 +52,7 @@ from memplan.measure.distributed.titan_pp import (
     _stage,
     sends_hold_tensors,
 )
+from memplan.measure.distributed.titan_pp import step as step_single
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config
 from memplan.measure.instruments.record import _RECORDER
@@ -94,41 +106,92 @@ class StaticInterleaved1F1B(ScheduleInterleaved1F1B):
     _warmup_p2p = StaticSchedule1F1B._warmup_p2p
 
 
-def build_chunk(setup: Setup, names: list[str]) -> Any:
-    """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module``."""
-    require_torchtitan()
-    from torchtitan.distributed.pipeline_parallel import _split_module
+def pipeline_dims(setup: Setup) -> Any:
+    """torchtitan's ``ParallelDims`` of a pp × dp × tp job (``titan.parallel_dims`` with the pipeline
+    axis), on a CPU mesh; its mesh is ["pp", "dp_replicate", "fsdp", "tp"], row-major."""
+    from torchtitan.distributed import ParallelDims, parallel_dims
+    from torchtitan.distributed.utils import set_spmd_backend
 
+    set_spmd_backend("partial_dtensor")
+    parallel_dims.device_type = "cpu"
+    p, tp, dp, shard = setup.parallel.pp, setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
+    dims = ParallelDims(
+        dp_replicate=dp // shard,
+        dp_shard=shard,
+        cp=1,
+        tp=tp,
+        pp=p,
+        ep=1,
+        world_size=p * dp * tp,
+        spmd_backend="partial_dtensor",
+    )
+    dims.build_mesh()
+    return dims
+
+
+def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
+    """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module``, then
+    parallelised as ``pipeline_llm`` does each model part (``parallelize_fn`` after the split): TP, the
+    activation checkpointing, FSDP2 over dp with ``pp_enabled`` (``titan.build_rank``'s order)."""
+    require_torchtitan()
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.distributed.pipeline_parallel import _split_module
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    par, s = setup.parallel, setup.strategy
+    config = titan_config(setup)
+    if par.tp > 1:
+        set_llama3_sharding_config(config, enable_sp=par.sp)
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))
     try:
         with torch.device("meta"):
-            model = titan_config(setup).build()
+            model = config.build()
     finally:
         torch.set_default_dtype(default)
-    apply_ac(model, setup)
     chunk = _split_module(model, names)
+    if par.tp > 1:
+        chunk.parallelize(dims)
+    apply_ac(chunk, setup)
+    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
+        apply_fsdp_to_decoder(
+            chunk,
+            dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
+            param_dtype=activation_dtype(setup),
+            reduce_dtype=torch.float32,
+            pp_enabled=True,
+            reshard_after_forward_policy=reshard_policy(setup),
+        )
     chunk.train()
     return chunk
 
 
-def measure_titan_interleaved(setup: Setup, index: int, fake: bool = True) -> StageRun:
-    """One ``ScheduleInterleaved1F1B`` step of pipeline rank ``index`` (module docstring)."""
+def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
+    """One step of pipeline rank ``index`` (module docstring): its M chunks under
+    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
+    rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
     tt = require_torchtitan()
     p, m, n = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum
+    others = setup.strategy.dp * setup.parallel.tp
     names = virtual_module_names(setup)
-    with fake_world(index, p):
-        chunks = [build_chunk(setup, names[k * p + index]) for k in range(m)]
+    with fake_world(index * others, p * others):
+        dims = pipeline_dims(setup) if others > 1 else None
+        group = dims.get_mesh("pp").get_group() if dims is not None else None
+        chunks = [build_chunk(setup, names[k * p + index], dims) for k in range(m)]
+        kind = InterleavedStage if m > 1 else TitanStage
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(), ExitStack() as hooks:
-            stages: list[Any] = []  # InterleavedStage, each
+            stages: list[Any] = []  # ``kind``, each
             for k, chunk in enumerate(chunks):
                 chunk.to_empty(device="cpu")
-                stages.append(_stage(chunk, setup, k * p + index, p * m, InterleavedStage))
+                stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
             for st in stages:
                 st.siblings = stages
             loss = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
-            schedule = StaticInterleaved1F1B(
-                stages, n, loss_fn=lambda out, labels, **kw: loss(out, labels, **kw)[0], scale_grads=False
+            loss_fn = partial(_scalar, loss)
+            schedule: Any = (
+                StaticInterleaved1F1B(stages, n, loss_fn=loss_fn, scale_grads=False)
+                if m > 1
+                else StaticSchedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
             )
             layers = []
             for chunk in chunks:
@@ -140,9 +203,14 @@ def measure_titan_interleaved(setup: Setup, index: int, fake: bool = True) -> St
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
             with recorder, sends_hold_tensors():
-                step(schedule, batches, {"global_valid_tokens": tokens})
-            params = sum(q.untyped_storage().nbytes() for c in chunks for q in c.parameters())
+                (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+            params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
             return StageRun(recorder.records, params, tuple(sorted(layers)))
+
+
+def _scalar(loss: Any, out: Any, labels: Any, **kw: Any) -> Any:
+    """torchtitan's ``_scalar_loss_fn``: the schedule's loss is the loss function's first output."""
+    return loss(out, labels, **kw)[0]
 
 
 def step(
