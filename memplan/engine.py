@@ -262,7 +262,8 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
     logits = dims.v if prof.stage_outputs_logits else 0
-    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared, logits)
+    frees = prof.frees_stage_outputs
+    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -509,13 +509,13 @@ def check_impl(setup: Setup) -> None:
 
 def check_titan_pipeline(setup: Setup) -> None:
     """``--impl torchtitan --pp``: its default ``Schedule1F1B`` (``--vpp``: ``Interleaved1F1B``) on pipeline
-    ranks, each stage FSDP2-sharded over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part,
-    ``pp_enabled``); one-line errors for what is not modelled with it."""
+    ranks, each stage tensor-parallel (``--tp``/``--sp``: torchtitan's plan per model part) and FSDP2-sharded
+    over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``); one-line errors
+    for what is not modelled with it."""
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
     unmodelled = {
-        "--tp/--sp": par.tp > 1,
         "--cp": par.cp > 1,
         "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
     }
@@ -529,8 +529,8 @@ def check_titan_pipeline(setup: Setup) -> None:
     for name, used in unmodelled.items():
         if used:
             raise ValueError(
-                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B, with "
-                "FSDP2 over dp, are); drop that setting or use --impl reference"
+                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
+                "TP/SP and FSDP2 are); drop that setting or use --impl reference"
             )
 
 

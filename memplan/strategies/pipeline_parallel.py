@@ -220,6 +220,7 @@ def boundary_tensors(
     frees_outputs: bool,
     shared_input: bool,
     logits: int = 0,
+    logits_seq: int | None = None,
 ) -> list[Kept]:
     """What the pipeline schedule holds at a stage's boundary at the end of its warm-up, beyond autograd's
     saves (``tokens``: the [b, s] one rank sends — s/t under sequence parallelism; ``act``: the activation
@@ -241,7 +242,8 @@ def boundary_tensors(
     - ``pp.logits`` [b, s, ``logits``] on the model's last stage when its loss runs outside the stage
       (torchtitan: the stage ends with the lm head, the schedule's ``loss_fn`` computes the loss):
       ``fwd_cache`` keeps that output too, one per forward in flight there (``logits`` = 0: the stage's own
-      forward ends with the loss, a scalar).
+      forward ends with the loss, a scalar). ``logits_seq``: its tokens when not ``tokens``' s (under
+      sequence parallelism the vocabulary-parallel lm head's output has the whole sequence).
     """
     b, s = tokens
     shape = (b, s, h)
@@ -307,7 +309,7 @@ def boundary_tensors(
     last_forwards = st.chunks - st.sends  # chunk-forwards in flight of the model's last virtual stage
     held(
         "pp.logits",
-        (b, s, logits),
+        (b, s if logits_seq is None else logits_seq, logits),
         Role.STAGE_OUTPUT,
         last_forwards if logits and p > 1 else 0,
         "torch pipelining's fwd_cache: the last stage's logits, the loss_fn's input, until its backward",

@@ -167,7 +167,6 @@ def test_full_scale_405b_last_stage() -> None:
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        ({"tp": 2}, "--tp/--sp"),
         ({"cp": 2}, "--cp"),
     ],
 )

@@ -28,7 +28,7 @@ def per_layer(e: Result, run: StageRun) -> list[int]:
     tensors less the per-layer RoPE buffers, over the layer-forwards in flight) times its chunk's forwards
     in flight, plus its RoPE buffer."""
     st = e.stages[0].stage
-    assert st.chunk_ids is not None
+    ids = st.chunk_ids if st.chunk_ids is not None else (0,) * st.chunks  # 1F1B: one chunk
     buffers = sum(
         k.bytes * k.count for k in e.tensors if k.scope is Scope.LAYER and k.name == "attn.rope_cache"
     )
@@ -42,7 +42,7 @@ def per_layer(e: Result, run: StageRun) -> list[int]:
         for name in names[k * p + st.index]:
             if name.startswith("layers."):
                 chunk_of[int(name.split(".")[1])] = k
-    return [st.chunk_ids.count(chunk_of[i]) * one + rope for i in run.layers]
+    return [ids.count(chunk_of[i]) * one + rope for i in run.layers]
 
 
 def estimated_held(e: Result) -> dict[str, tuple[tuple[int, ...], int]]:
@@ -289,3 +289,31 @@ def test_fsdp2_shard_pads_each_parameter() -> None:
     for index in (0, 1):
         held = measure_titan_pipeline(setup, index).param_bytes
         assert held == at_stage(est, index).device.states.weights == 2 * by_hand[index]  # bf16
+
+
+@pytest.mark.parametrize(("vpp", "sp", "dp"), [(2, True, 1), (1, False, 1), (2, True, 2)])
+def test_tensor_parallel_stage_keeps_what_the_estimate_says(vpp: int, sp: bool, dp: int) -> None:
+    """pp 2 × tp 2 (± SP, ± vpp 2, ± FSDP2 over dp 2, ZeRO-3): each pipeline rank at tp and dp coordinate
+    0 of the (pp, dp, tp) mesh, torchtitan's TP plan on each model part, DTensors across the stage
+    boundary. Saves per layer, the schedule's holds and parameters equal the estimate of that rank."""
+    base = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=vpp, tp=2, sp=sp)
+    setup = sharded(base, dp, 3) if dp > 1 else base
+    est = estimate(setup)
+    for index in (0, 1):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
+        assert run.param_bytes == e.device.states.weights
+        # By hand: under SP a boundary tensor is the sequence shard [b, s/2, h]; the last stage's logits
+        # the vocabulary shard [b, s, v/2] of the whole sequence
+        shapes = {name: shape for name, (shape, _) in held(run).items()}
+        hidden = (B, S // 2, H) if sp else (B, S, H)
+        assert all(shapes[k] == hidden for k in shapes if k != "pp.logits")
+        if index == 1:
+            assert shapes["pp.logits"] == (B, S, V // 2)
+        if index == 0:
+            # the embedding (vocabulary-parallel) and three layers' projections halved, their two norms
+            # replicated; FSDP2 then halves every dim 0 (all even)
+            tp_bytes = 2 * V * H // 2 + 3 * (PARAMS_LAYER - 2 * 2 * H) // 2 + 3 * 2 * 2 * H
+            assert run.param_bytes == tp_bytes // dp

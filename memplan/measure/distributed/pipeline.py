@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from memplan.config import Setup
-from memplan.measure.distributed.instruments import Collective, RankRecorder
+from memplan.measure.distributed.instruments import Collective, RankRecorder, local
 from memplan.measure.instruments.record import _RECORDER, SavedRecord
 from memplan.measure.reference.model import Reference, torch_dtype
 from memplan.strategies.pipeline_parallel import stage_layers
@@ -243,7 +243,7 @@ class InFlightRecorder(RankRecorder):
         self._held.setdefault(key, name)
         self._acquire(key, info.nbytes)
         if until_freed:
-            weakref.finalize(t.untyped_storage(), self._dropped, key).atexit = False
+            weakref.finalize(local(t).untyped_storage(), self._dropped, key).atexit = False  # a DTensor's
 
     def _dropped(self, key: int) -> None:
         self._packs[key] -= 1

@@ -1,16 +1,17 @@
 """One pipeline rank of torchtitan's Llama 3 under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan
 --pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``) or ``Schedule1F1B``
-(M = 1), each stage FSDP2-sharded over dp under --zero 2/3, in one process.
+(M = 1), each stage tensor-parallel over tp (DTensor, ``--sp`` too) and FSDP2-sharded over dp under
+--zero 2/3, in one process.
 
 ``measure_titan_pipeline(setup, index)`` joins torch's fake process group as pipeline rank ``index`` of p
-(with dp > 1: the rank at data-parallel coordinate 0 of torchtitan's ["pp", "dp_replicate", "fsdp", "tp"]
-mesh, ``pipeline_dims``), builds torchtitan's ``Llama3Model`` on the meta device once per local chunk and cuts
-each with torchtitan's ``_split_module`` over the module names of its virtual stage: local chunk k is virtual
-stage k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M stages' names as
-``_generate_llm_fqn_per_model_part`` gives them (the setup's ``pp_layers``, torchtitan's placement unless
-given), each parallelised as ``pipeline_llm``'s ``parallelize_fn`` does a model part: activation
-checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``; ``reshard_after_forward`` "always"
-under ZeRO-3, "never" under ZeRO-2). The chunks become ``PipelineStage``s with static shapes
+(with dp or tp > 1: the rank at data- and tensor-parallel coordinate 0 of torchtitan's ["pp", "dp_replicate",
+"fsdp", "tp"] mesh, ``pipeline_dims``), builds torchtitan's ``Llama3Model`` on the meta device once per local
+chunk and cuts each with torchtitan's ``_split_module`` over the module names of its virtual stage: local
+chunk k is virtual stage k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M
+stages' names as ``_generate_llm_fqn_per_model_part`` gives them (the setup's ``pp_layers``, torchtitan's
+placement unless given), each parallelised as ``pipeline_llm``'s ``parallelize_fn`` does a model part: TP,
+activation checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``; ``reshard_after_forward``
+"always" under ZeRO-3, "never" under ZeRO-2). The chunks become ``PipelineStage``s with static shapes
 (``titan_pp._stage``'s), materialised under ``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs
 the step's ``grad_accum`` micro-batches (torchtitan's loss as ``loss_fn``, ``scale_grads=False``,
 ``global_valid_tokens``). Recorded: the saves alive at once at their maximum per layer
@@ -22,9 +23,10 @@ the rank's parameter bytes.
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
   a send's ``Work`` keeps its tensor as gloo's does (``titan_pp.sends_hold_tensors``).
-- NB: tp and cp with pp are refused in ``config.setup.check_titan_pipeline``: a tensor-parallel stage
-  passes DTensors, whose static stage metadata (``input_grads`` / ``output_grads`` placements) is not
-  built here.
+- NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
+  passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
+  boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
+- NB: cp with pp is refused in ``config.setup.check_titan_pipeline``.
 - NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
   reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
 """
@@ -39,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import ScheduleInterleaved1F1B
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
@@ -174,6 +177,9 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
     p, m, n = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum
     others = setup.strategy.dp * setup.parallel.tp
     names = virtual_module_names(setup)
+    # DTensor's sharding-propagation caches key a spec by its mesh's layout, not its process groups: one
+    # cached in an earlier fake world would name a group destroyed with it
+    _clear_sharding_prop_cache()
     with fake_world(index * others, p * others):
         dims = pipeline_dims(setup) if others > 1 else None
         group = dims.get_mesh("pp").get_group() if dims is not None else None
@@ -183,7 +189,10 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
             stages: list[Any] = []  # ``kind``, each
             for k, chunk in enumerate(chunks):
                 chunk.to_empty(device="cpu")
-                stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
+                if setup.parallel.tp > 1:
+                    stages.append(dtensor_stage(chunk, setup, k * p + index, p * m, kind, dims))
+                else:
+                    stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
             for st in stages:
                 st.siblings = stages
             loss = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
@@ -206,6 +215,39 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
                 (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
             return StageRun(recorder.records, params, tuple(sorted(layers)))
+
+
+def dtensor_stage(chunk: Any, setup: Setup, index: int, num: int, kind: type[TitanStage], dims: Any) -> Any:
+    """``titan_pp._stage`` for a tensor-parallel chunk: torch's fully static DTensor mode (inputs,
+    outputs and both gradients as DTensors on the tp mesh). Between stages the hidden states are
+    ``Shard(1)`` under sequence parallelism ([b, s/t, h] local), ``Replicate()`` otherwise (what
+    torchtitan's plan hands a stage boundary: the embedding's and each block's output layout); the last
+    stage's logits ``Shard(2)`` (the vocabulary-parallel lm head, [b, s, v/t] local)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    t, m, par = setup.training, setup.model, setup.parallel
+    b, s, h, tp = t.micro_batch, t.seq_len, m.hidden_size, par.tp
+    act, mesh = activation_dtype(setup), dims.get_mesh("tp")
+    place = Shard(1) if par.sp else Replicate()
+
+    def dt(shape: tuple[int, ...], placement: Any, grad: bool = False) -> Any:
+        local = torch.empty(shape, dtype=act, device="meta", requires_grad=grad)
+        return DTensor.from_local(local, mesh, [placement], run_check=False)
+
+    hidden = (b, s // tp, h) if par.sp else (b, s, h)
+    first, last = index == 0, index == num - 1
+    return kind(
+        chunk,
+        index,
+        num,
+        torch.device("cpu"),
+        input_args=torch.empty(b, s, dtype=torch.long, device="meta") if first else dt(hidden, place, True),
+        output_args=dt((b, s, -(-m.vocab_size // tp)), Shard(2), True) if last else dt(hidden, place, True),
+        input_grads=(None,) if first else dt(hidden, place),  # ids have no gradient
+        output_grads=(None,) if last else dt(hidden, place),  # the loss starts the last stage's backward
+        group=dims.get_mesh("pp").get_group(),
+        on_phase=lambda _phase: None,
+    )
 
 
 def _scalar(loss: Any, out: Any, labels: Any, **kw: Any) -> Any:
