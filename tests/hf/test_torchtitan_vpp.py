@@ -317,3 +317,17 @@ def test_tensor_parallel_stage_keeps_what_the_estimate_says(vpp: int, sp: bool, 
             # replicated; FSDP2 then halves every dim 0 (all even)
             tp_bytes = 2 * V * H // 2 + 3 * (PARAMS_LAYER - 2 * 2 * H) // 2 + 3 * 2 * 2 * H
             assert run.param_bytes == tp_bytes // dp
+
+
+def test_searched_interleaved_layouts_place_as_torchtitan() -> None:
+    """``search.space.layouts`` of a torchtitan setup with vpp 2 searched: each interleaved pipeline carries
+    torchtitan's placement over its p·2 virtual stages (32 + 2 = 34 over 8: 5, 5, 4 × 6, less the
+    weights)."""
+    from memplan.search.space import Space, layouts
+
+    base = hf_setup("llama-3-8b", layers=32, seq=S, impl=Impl.TORCHTITAN)
+    found = {
+        (x.parallel.pp, x.parallel.vpp): x.parallel.pp_layers for x in layouts(base, 8, Space(vpp=(1, 2)))
+    }
+    assert found[(4, 2)] == (4, 5, 4, 4, 4, 4, 4, 3)
+    assert found[(4, 1)] == (8, 9, 8, 7)
