@@ -182,6 +182,13 @@ def test_full_scale_405b_first_rank() -> None:
     assert run.param_bytes == e.device.states.weights
 
 
+def test_a_count_per_rank_is_refused_with_vpp() -> None:
+    """With --vpp torchtitan places one count per virtual stage; --pp-layers with one per rank is refused."""
+    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
+    with pytest.raises(ValueError, match="pp_layers: --impl torchtitan --vpp 2 places one count per virtual"):
+        piped(base, 2, 4, vpp=2, pp_layers=(4, 4))
+
+
 @pytest.mark.parametrize(
     ("layers", "pp", "vpp", "n", "message"),
     [
@@ -243,6 +250,8 @@ def test_trace_cli_runs_each_rank() -> None:
     assert runner.invoke(app, [*base, "--vpp", "2"]).exit_code == 0
     bad = runner.invoke(app, [*base, "--stage", "2"])
     assert bad.exit_code == 2 and "stage: --stage 2 is not a pipeline rank of --pp 2" in bad.stderr
+    alone = runner.invoke(app, ["trace", "--model", "tiny", "--seq", "32", "--stage", "0"])
+    assert alone.exit_code == 2 and "stage: --stage picks a pipeline rank" in alone.stderr
 
 
 def sharded(setup: Setup, dp: int, zero: int) -> Setup:
