@@ -42,7 +42,7 @@ from memplan.analytic.states import ModelStates
 from memplan.blocks import torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.config import DType, Impl, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
+from memplan.config import Checkpointing, DType, Impl, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -261,6 +261,11 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
+    # torchtitan's FullAC: each block's checkpoint keeps its input, which on a receiving chunk's first block
+    # is torch's receive buffer itself (PipelineStage passes it to the split model as it is)
+    shared = shared or (
+        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is Checkpointing.FULL
+    )
     logits = dims.v if prof.stage_outputs_logits else 0
     frees = prof.frees_stage_outputs
     return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)

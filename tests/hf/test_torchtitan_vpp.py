@@ -340,3 +340,25 @@ def test_searched_interleaved_layouts_place_as_torchtitan() -> None:
     }
     assert found[(4, 2)] == (4, 5, 4, 4, 4, 4, 4, 3)
     assert found[(4, 1)] == (8, 9, 8, 7)
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_full_ac_keeps_the_receive_buffer_as_a_block_input(vpp: int) -> None:
+    """torchtitan's FullAC: each block keeps its input [b, s, h]; a receiving chunk's first block's input
+    is torch's receive buffer itself, counted once (as the layer's save, pp.recv less those forwards)."""
+    setup = piped(
+        hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN, checkpointing="full"), 2, 4, vpp=vpp
+    )
+    est = estimate(setup)
+    for index in (0, 1):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
+    if vpp == 1:
+        # By hand, stage 1 of 1F1B (layers 3-5 and the head, one forward in flight): each block's input X
+        # — layer 3's is one of the 4 receive buffers, so 3 more are held — the head as in 1F1B's test
+        e, run = at_stage(est, 1), measure_titan_pipeline(setup, 1)
+        head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
+        assert held(run) == {"pp.recv": ((B, S, H), 3), "pp.logits": ((B, S, V), 1)}
+        assert run.activations == 3 * X + 3 * X + B * S * V * 2 + head
