@@ -517,6 +517,8 @@ def check_titan_pipeline(setup: Setup) -> None:
         check_titan_interleaved(setup)
     unmodelled = {
         "--cp": par.cp > 1,
+        # SelectiveAC's per-op cache of outputs is not traced under the pipeline schedules
+        "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
         "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
     }
     if setup.model.tied_embeddings:
