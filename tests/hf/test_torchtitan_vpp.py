@@ -370,3 +370,17 @@ def test_full_ac_keeps_the_receive_buffer_as_a_block_input(vpp: int) -> None:
         head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
         assert held(run) == {"pp.recv": ((B, S, H), 3), "pp.logits": ((B, S, V), 1)}
         assert run.activations == 3 * X + 3 * X + B * S * V * 2 + head
+
+
+@pytest.mark.parametrize("n", [6, 3])
+def test_micro_batches_off_the_pipeline_width(n: int) -> None:
+    """torch's Interleaved1F1B takes n not a multiple of p (one round of n when n < 2p; Megatron's refusal
+    does not apply): pp 4 × vpp 2 over 6 layers (one effective layer per virtual stage), ranks 0 and 3."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 4, n, vpp=2)
+    assert setup.parallel.pp_layers == (0, 1, 1, 1, 1, 1, 1, 0)
+    est = estimate(setup)
+    for index in (0, 3):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
