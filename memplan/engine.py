@@ -42,7 +42,7 @@ from memplan.analytic.states import ModelStates
 from memplan.blocks import te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.config import DType, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
+from memplan.config import Checkpointing, DType, Impl, MoEConfig, NormType, OptimizerImpl, Parallel, Setup
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -60,6 +60,7 @@ from memplan.strategies import (
     context_parallel,
     lora,
     offload,
+    torch_interleaved,
 )
 from memplan.strategies.lora_states import finetune_states, frozen_params, trainable_params, with_dequant
 from memplan.strategies.offload import HostMemory
@@ -114,8 +115,13 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     shards = context_parallel.state_shards(setup)
     experts = pc.expert_params * st.layers
     per_shard = None
-    if profile_of(setup).fsdp2_dim0_shards and setup.parallel.pp == 1 and not experts:
-        per_shard = torchtitan.fsdp2_shard_elements(pc.setup.model, shards)  # FSDP2: per parameter
+    if profile_of(setup).fsdp2_dim0_shards and not experts:  # FSDP2: per parameter, on each stage
+        m = pc.setup.model
+        if setup.parallel.pp == 1:
+            per_shard = torchtitan.fsdp2_shard_elements(m, shards)
+        else:
+            layers = m.model_copy(update={"num_layers": st.layers})
+            per_shard = torchtitan.fsdp2_shard_elements(layers, shards, (st.first, st.last))
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model) * st.layers
@@ -258,8 +264,14 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
+    # torchtitan's FullAC: each block's checkpoint keeps its input, which on a receiving chunk's first block
+    # is torch's receive buffer itself (PipelineStage passes it to the split model as it is)
+    shared = shared or (
+        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is Checkpointing.FULL
+    )
     logits = dims.v if prof.stage_outputs_logits else 0
-    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared, logits)
+    frees = prof.frees_stage_outputs
+    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -373,11 +385,11 @@ def estimate(setup: Setup) -> Result:
     """
     check_layout(setup)
     pc = pieces_by_key(pieces_key(setup), setup)
-    parallel, n = setup.parallel, setup.training.grad_accum
+    parallel = setup.parallel
     counts = stage_layers(setup.model.num_layers, parallel)
     chunks = chunk_layers(setup.model.num_layers, parallel)
     indices = representative_stages(counts)
-    stages = tuple(stage_plan(pc, stage(parallel, i, chunks[i], n), setup) for i in indices)
+    stages = tuple(plan_rank(pc, setup, i, chunks[i]) for i in indices)
     return Result(
         setup=setup,
         pieces=pc,
@@ -391,10 +403,28 @@ def at_stage(result: Result, index: int) -> Result:
     """``result`` reporting pipeline stage ``index`` as its device (computed when it is not one of the
     representative stages): what that stage's ranks hold."""
     setup = result.setup
-    parallel, n = setup.parallel, setup.training.grad_accum
-    chunks = chunk_layers(setup.model.num_layers, parallel)
-    plan = stage_plan(result.pieces, stage(parallel, index, chunks[index], n), setup)
+    chunks = chunk_layers(setup.model.num_layers, setup.parallel)
+    plan = plan_rank(result.pieces, setup, index, chunks[index])
     return dataclasses.replace(result, stages=(plan,))
+
+
+def plan_rank(pc: Pieces, setup: Setup, index: int, chunks_of: tuple[int, ...]) -> StagePlan:
+    """Pipeline rank ``index`` whose chunks hold ``chunks_of`` layers: at the end of its warm-up (1F1B,
+    Megatron's interleaving), or under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan --vpp``) at
+    the moment of its step when its activations and the schedule's holds are largest
+    (``torch_interleaved.moments``; the first such moment on a tie)."""
+    parallel, n = setup.parallel, setup.training.grad_accum
+    if not (setup.impl.impl is Impl.TORCHTITAN and parallel.vpp > 1):
+        return stage_plan(pc, stage(parallel, index, chunks_of, n), setup)
+    segment, alone = pc.setup.strategy.segment, checkpoints_alone(pc.setup)
+
+    def held(st: Stage) -> int:
+        counts = group_counts(st, segment, alone)
+        return sum(pc.group_bytes[g] * c for g, c in counts.items()) + act.total_bytes(
+            stage_boundary(pc, st, parallel.pp)
+        )
+
+    return stage_plan(pc, max(torch_interleaved.moments(parallel, index, chunks_of, n), key=held), setup)
 
 
 def head_gradient_bytes(params: ParamCount, setup: Setup) -> int:

@@ -89,7 +89,14 @@ def fsdp2_flat_elements(shapes: Shapes, shards: int) -> int:
     return sum(-(-shape[0] // shards) * shards * math.prod(shape[1:]) for shape in shapes)
 
 
-def fsdp2_shard_elements(m: ModelConfig, shards: int) -> int:
+def fsdp2_shard_elements(m: ModelConfig, shards: int, stage: tuple[bool, bool] | None = None) -> int:
     """Elements one FSDP2 rank holds of the rank's parameters (``Profile.fsdp2_dim0_shards``): each
-    parameter's dim 0 cut into ``shards`` chunks, every shard padded to the first chunk's ⌈dim0/Nd⌉ rows."""
-    return sum(-(-shape[0] // shards) * math.prod(shape[1:]) for shape in param_shapes(m))
+    parameter's dim 0 cut into ``shards`` chunks, every shard padded to the first chunk's ⌈dim0/Nd⌉ rows.
+    ``stage``: (first, last) of a pipeline rank whose chunks hold ``m.num_layers`` layers — the embedding
+    only on the first, the final norm and lm head only on the last (torchtitan's ``_split_module``)."""
+    shapes = param_shapes(m)
+    if stage is not None:
+        first, last = stage
+        head = 1 if m.tied_embeddings else 2  # the final norm, and the lm head unless tied
+        shapes = shapes[0 if first else 1 : len(shapes) if last else len(shapes) - head]
+    return sum(-(-shape[0] // shards) * math.prod(shape[1:]) for shape in shapes)

@@ -81,6 +81,18 @@ _FINETUNE_OPTIONS = FINETUNE_FLAGS
 linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it does)."""
 
 
+StageOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--stage",
+        min=0,
+        metavar="I",
+        help="trace --impl torchtitan --pp: trace pipeline rank I only [default: every rank]",
+        show_default=False,
+    ),
+]
+
+
 @with_options(
     *_RUN_OPTIONS,
     "zero",
@@ -88,6 +100,9 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     "cp",
     "tp",
     "sp",
+    "pp",
+    "vpp",
+    "pp_layers",
     "device",
     "impl",
     "use_cache",
@@ -97,24 +112,31 @@ linear in the compute dtype: bitsandbytes' MatMul4Bit keeps and computes what it
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )
-def trace(as_json: JsonOpt = False, **options: Any) -> None:
+def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> None:
     """Run the reference model's forward and backward under fake tensors on CPU and compare with the estimate.
 
     Any size runs (no memory is allocated, no GPU is needed): every saved tensor is counted per name and
     per layer, and FLOPs per phase with FlopCounterMode's formulas. Exit code 1 when they differ.
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
-    With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a
-    fake process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank 0 of the ring
-    (torch's own ring attention over a fake process group; --device
-    cpu); FLOPs × cp. With --compile each block's saves are what torch.compile's partitioner
-    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
+    With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a fake
+    process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank 0 of the ring (torch's own
+    ring attention over a fake process group; --device cpu); FLOPs × cp. With --pp P (and --vpp M:
+    torchtitan's Interleaved1F1B) it runs pipeline rank I (--stage I, or each in turn) of torchtitan's split
+    model under torch's schedule on a fake process group of P·dp ranks (FSDP2 on each stage under --zero 2/3),
+    its saves per layer, the schedule's holds and its parameters against the estimate of that rank. With
+    --compile each block's saves are what torch.compile's partitioner (AOTAutograd's min-cut) returns from the
+    compiled forward, traced without compiling kernels.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """
     with user_errors():
         setup = setup_of(options_of(options))
         _torch_or_fail()
+        if stage is not None and not (setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1):
+            raise ValueError("stage: --stage picks a pipeline rank of trace --impl torchtitan --pp; drop it")
+        if setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1:
+            return _trace_titan_stages(setup, as_json, stage)
         if setup.impl.impl is not Impl.REFERENCE:
             return _trace_impl(setup, as_json, str(options["model"]))
         if setup.parallel.tp > 1:
@@ -205,6 +227,48 @@ def _trace_titan_rank(setup: Setup, as_json: bool) -> None:
     result = rank_comparison_json(est, run)
     result["built_from"] = "memplan's model"
     _print_impl_trace(result, seconds, as_json)
+
+
+def _trace_titan_stages(setup: Setup, as_json: bool, index: int | None) -> None:
+    """``trace --impl torchtitan --pp P [--vpp M]``: pipeline rank ``index`` (or each) on torch's fake process
+    group under torchtitan's schedule (``titan_vpp``: 1F1B or Interleaved1F1B; each stage FSDP2-sharded
+    over dp under --zero 2/3, the rank at data-parallel coordinate 0), against the
+    estimate of that rank (``compare.stage``). The top-level comparison is the estimate's most loaded rank
+    among those traced; ``stages`` lists each."""
+    from memplan.measure.compare.stage import stage_comparison_json
+    from memplan.measure.distributed.titan_vpp import measure_titan_pipeline
+
+    p = setup.parallel.pp
+    if index is not None and index >= p:
+        raise ValueError(f"stage: --stage {index} is not a pipeline rank of --pp {p}; use 0 to {p - 1}")
+    if setup.device is not Device.CPU:
+        raise ValueError("device: trace --impl torchtitan --pp runs the CPU kernels; use --device cpu")
+    est = estimate(setup)
+    ranks = range(p) if index is None else (index,)
+    start = time.perf_counter()
+    results = []
+    with Bar("tracing", total=len(ranks), unit="ranks") as bar:
+        for i in ranks:
+            bar.advance(0, f"pipeline rank {i} of {p}: torchtitan's {setup.model.name} under fake tensors")
+            results.append(stage_comparison_json(est, i, measure_titan_pipeline(setup, i)))
+            bar.advance(1)
+    seconds = time.perf_counter() - start
+    most = max(results, key=lambda r: r["estimated"]["memory"]["peak"])
+    result = {**most, "diff": {**most["diff"], "equal": all(r["diff"]["equal"] for r in results)}}
+    result["stages"] = results
+    result["built_from"] = "memplan's model"
+    result["seconds"] = round(seconds, 3)
+    result["ran_on"] = "cpu"
+    if as_json:
+        typer.echo(json.dumps(result, allow_nan=False))
+    else:
+        from rich.console import Console
+
+        from memplan.render.stage_trace import stage_trace_report
+
+        Console().print(stage_trace_report(result, seconds))
+    if not result["diff"]["equal"]:
+        raise typer.Exit(1)
 
 
 def _print_impl_trace(result: dict[str, Any], seconds: float, as_json: bool) -> None:

@@ -128,12 +128,15 @@ class Setup(Frozen):
     @model_validator(mode="after")
     def _check(self) -> Self:
         par = self.parallel
-        if self.impl.impl is Impl.TORCHTITAN and par.pp > 1 and par.vpp == 1 and par.pp_layers is None:
-            # torchtitan places the layers itself: the derived default of --pp-layers (as kv heads are)
-            counts = titan_stage_layers(self.model.num_layers, par.pp)
-            if min(counts) < 1:
+        if self.impl.impl is Impl.TORCHTITAN and par.pp > 1 and par.pp_layers is None:
+            # torchtitan places the layers itself: the derived default of --pp-layers (as kv heads are);
+            # with --vpp M over its p·M virtual stages, in model order
+            virtual = par.pp * par.vpp
+            counts = titan_stage_layers(self.model.num_layers, virtual)
+            ranks = [sum(counts[i :: virtual // par.vpp]) for i in range(par.pp)]
+            if min(counts if par.vpp == 1 else ranks) < 1 or min(counts) < 0:
                 raise ValueError(
-                    f"pp: torchtitan's placement of {self.model.num_layers} layers over {par.pp} stages "
+                    f"pp: torchtitan's placement of {self.model.num_layers} layers over {virtual} stages "
                     f"({','.join(map(str, counts))}) leaves a stage without a layer; use fewer stages or "
                     "--pp-layers"
                 )
@@ -552,14 +555,17 @@ def check_fp8(setup: Setup) -> None:
 
 
 def check_titan_pipeline(setup: Setup) -> None:
-    """``--impl torchtitan --pp``: its default ``Schedule1F1B`` on pipeline ranks alone (or with plain data
-    parallelism); one-line errors for what is not modelled with it."""
-    par, s = setup.parallel, setup.strategy
+    """``--impl torchtitan --pp``: its default ``Schedule1F1B`` (``--vpp``: ``Interleaved1F1B``) on pipeline
+    ranks, each stage tensor-parallel (``--tp``/``--sp``: torchtitan's plan per model part) and FSDP2-sharded
+    over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``); one-line errors
+    for what is not modelled with it."""
+    par = setup.parallel
+    if par.vpp > 1:
+        check_titan_interleaved(setup)
     unmodelled = {
-        "--vpp (torchtitan's interleaved schedules)": par.vpp > 1,
-        "--tp/--sp": par.tp > 1,
         "--cp": par.cp > 1,
-        "FSDP2 (--zero 2/3 over dp)": s.dp > 1 and s.zero >= ZeroStage.GRADIENTS,
+        # SelectiveAC's per-op cache of outputs is not traced under the pipeline schedules
+        "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
         "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
     }
     if setup.model.tied_embeddings:
@@ -572,9 +578,35 @@ def check_titan_pipeline(setup: Setup) -> None:
     for name, used in unmodelled.items():
         if used:
             raise ValueError(
-                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B on pipeline ranks alone "
-                "is); drop that setting or use --impl reference"
+                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
+                "TP/SP and FSDP2 are); drop that setting or use --impl reference"
             )
+
+
+def check_titan_interleaved(setup: Setup) -> None:
+    """``--impl torchtitan --pp P --vpp M``: torch's ``ScheduleInterleaved1F1B`` over the p·M virtual stages
+    torchtitan's ``_get_pipeline_metadata`` makes — 2 per rank by default, otherwise
+    ⌈(L + 2)/pipeline_parallel_layers_per_stage⌉, which must reach p·M — with n micro-batches a multiple of
+    its rounds, max(1, ⌊n/p⌋) (``ScheduleInterleaved1F1B.__init__`` raises otherwise)."""
+    par, n, layers = setup.parallel, setup.training.grad_accum, setup.model.num_layers
+    virtual = par.pp * par.vpp
+    if par.pp_layers is None or len(par.pp_layers) != virtual:
+        raise ValueError(
+            f"pp_layers: --impl torchtitan --vpp {par.vpp} places one count per virtual stage ({virtual}); "
+            "give that many or drop --pp-layers"
+        )
+    reachable = any(-(-(layers + 2) // per) == virtual for per in range(1, layers + 3))
+    if par.vpp != 2 and not reachable:
+        raise ValueError(
+            f"vpp: no pipeline_parallel_layers_per_stage makes torchtitan cut {layers} + 2 layers into "
+            f"{virtual} virtual stages (⌈{layers + 2}/k⌉ never equals it); use --vpp 2 or another --vpp"
+        )
+    rounds = max(1, n // par.pp)
+    if n % rounds:
+        raise ValueError(
+            f"grad_accum: torch's Interleaved1F1B needs the {n} micro-batches to be a multiple of its "
+            f"{rounds} rounds (max(1, ⌊n/pp⌋)); use a multiple of {par.pp} or fewer than {2 * par.pp}"
+        )
 
 
 def json_value(value: Any) -> Any:

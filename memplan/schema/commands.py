@@ -155,7 +155,7 @@ _MEASURED = obj(
         ),
         "flops": obj({k: COUNT for k in ("forward", "backward", "recompute", "total", "model", "hardware")}),
     },
-    required=["memory", "activations", "flops"],
+    required=["memory", "activations"],  # trace --impl torchtitan --pp: no FLOPs per pipeline rank
 )
 _DIFF_TENSOR = obj(
     {
@@ -234,6 +234,17 @@ _TRACE = obj(
                 "equal": {"type": "boolean"},
             }
         ),
+        # trace --impl torchtitan --pp: the pipeline rank traced (its local chunks' virtual stages)
+        "stage": obj(
+            {
+                "index": COUNT,
+                "pp": POSITIVE,
+                "vpp": POSITIVE,
+                "virtual_stages": {"type": "array", "items": COUNT},
+                "layers": {"type": "array", "items": COUNT},
+            }
+        ),
+        "stages": {"type": "array", "items": {"type": "object"}},
     },
     required=["estimated", "measured", "diff"],
 )

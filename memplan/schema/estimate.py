@@ -196,7 +196,10 @@ _PARALLEL = obj(
     {
         **{k: POSITIVE for k in ("tp", "pp", "vpp", "ep", "cp")},
         "sp": {"type": "boolean"},
-        "pp_layers": {"type": ["array", "null"], "items": POSITIVE},
+        "pp_layers": {
+            "type": ["array", "null"],
+            "items": COUNT,
+        },  # 0: a virtual stage of the embedding or head alone
         "label": NAME,
     },
 )

@@ -15,7 +15,7 @@ from pydantic.fields import FieldInfo
 from memplan.config import Device, ImplConfig, Parallel, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.config.finetune import Method
 from memplan.config.setup import json_value
-from memplan.schema.parts import POSITIVE, obj
+from memplan.schema.parts import COUNT, obj
 
 
 def _setting(field: FieldInfo) -> dict[str, Any]:
@@ -32,8 +32,9 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
         # its values, never as an array (the bug that failed every output given --optimizer-impl).
         values = [json_value(member) for member in members[0]]
         return {"type": ["string", "null"], "enum": [*values, None]}
-    if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers)
-        return {"type": ["array", "null"], "items": POSITIVE}
+    if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers; with --vpp a
+        # virtual stage of the embedding or head alone holds 0: Parallel.pp_layers)
+        return {"type": ["array", "null"], "items": COUNT}
     bounds = [getattr(m, "gt", None) for m in field.metadata]
     above = next((b for b in bounds if b is not None), None)
     return {"type": "integer", **({"minimum": above + 1} if above is not None else {})}

@@ -108,9 +108,10 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
         if gpus % (tp * cp):
             continue
         for pp, vpp, virtual in pipelines(m.num_layers, gpus // (tp * cp), space):
-            if pp > 1 and vpp == 1 and setup.impl.impl is Impl.TORCHTITAN:
-                virtual = titan_stage_layers(m.num_layers, pp)  # what the Setup validator fills in
-                if min(virtual) < 1:
+            if pp > 1 and setup.impl.impl is Impl.TORCHTITAN:
+                # what the Setup validator fills in: torchtitan's placement over its pp·vpp stages
+                virtual = titan_stage_layers(m.num_layers, pp * vpp)
+                if min(virtual) < 0 or min(sum(virtual[i::pp]) for i in range(pp)) < 1:
                     continue
             dp = gpus // (tp * cp * pp)
             if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)

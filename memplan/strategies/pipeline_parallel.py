@@ -11,7 +11,9 @@ forwards before its first backward; with the interleaved schedule of m model chu
 ``--impl torchtitan``: torchtitan places the layers itself (``config.setup.titan_stage_layers``, its
 ``_generate_llm_fqn_per_model_part``: the embedding and the head weigh one layer each), filled in as the
 setup's ``pp_layers``; its last stage ends with the lm head and holds the logits (``pp.logits``), and a
-layer's saved RoPE cache is its module buffer, once per layer (``Group.LAYER_BUFFER``).
+layer's saved RoPE cache is its module buffer, once per layer (``Group.LAYER_BUFFER``). With ``--vpp M`` it
+runs torch's ``ScheduleInterleaved1F1B`` over its p·M virtual stages, whose runtime holds every send to the
+step's end: a rank is taken at its largest moment (``torch_interleaved.moments``), not its warm-up's end.
 
 A rank's inventory is grouped (``Group``, by each tensor's block and scope) so that a stage's saves are
 each group's bytes times its instances alive (``group_counts``).
@@ -93,6 +95,15 @@ class Stage:
     virtual stage)."""
     micro_batches: int = 1
     """Micro-batches of the step (= grad_accum)."""
+    chunk_ids: tuple[int, ...] | None = None
+    """The local chunk of each of the ``in_flight`` forwards (None: Megatron's ⌊j/p⌋ mod m)."""
+    sent_outputs: int | None = None
+    """Sent outputs alive (torch's runtime schedules hold every send to the step's end:
+    ``torch_interleaved``); None: those in flight that send, plus 1F1B's ``send_work``."""
+    sent_grads: int = 0
+    """Input gradients sent back and still held (torch's runtime schedules: ``torch_interleaved``)."""
+    head_forwards: int | None = None
+    """Forwards of the model's last virtual stage in flight (its head's saves); None: 1 on the last stage."""
 
     @property
     def in_flight_layers(self) -> int:
@@ -186,12 +197,13 @@ def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, in
     """Instances of each group's tensors alive on the stage at the end of its warm-up (``alone``: the
     checkpointed layers are single layers, the others keep their saves: ``checkpointing.alone``)."""
     checkpoints = sum(-(-n // segment) for n in st.in_flight) if segment else 0
+    head = (1 if st.last else 0) if st.head_forwards is None else st.head_forwards
     return {
         Group.LAYER: st.in_flight_layers - (checkpoints if alone else 0),
         Group.CHECKPOINT: checkpoints,
         Group.EMBED: st.embed_micro_batches,
-        Group.HEAD: 1 if st.last else 0,
-        Group.HEAD_FREED: 1 if st.last else 0,
+        Group.HEAD: head,
+        Group.HEAD_FREED: head,
         Group.STAGE: sum(1 for n in st.in_flight if n),  # a chunk of only the embedding or head makes none
         Group.CHUNK: sum(1 for n in st.chunks_of if n),
         # a checkpointed layer keeps its input only; NB: interleaved, every chunk counted as having run
@@ -208,6 +220,7 @@ def boundary_tensors(
     frees_outputs: bool,
     shared_input: bool,
     logits: int = 0,
+    logits_seq: int | None = None,
 ) -> list[Kept]:
     """What the pipeline schedule holds at a stage's boundary at the end of its warm-up, beyond autograd's
     saves (``tokens``: the [b, s] one rank sends — s/t under sequence parallelism; ``act``: the activation
@@ -229,7 +242,8 @@ def boundary_tensors(
     - ``pp.logits`` [b, s, ``logits``] on the model's last stage when its loss runs outside the stage
       (torchtitan: the stage ends with the lm head, the schedule's ``loss_fn`` computes the loss):
       ``fwd_cache`` keeps that output too, one per forward in flight there (``logits`` = 0: the stage's own
-      forward ends with the loss, a scalar).
+      forward ends with the loss, a scalar). ``logits_seq``: its tokens when not ``tokens``' s (under
+      sequence parallelism the vocabulary-parallel lm head's output has the whole sequence).
     """
     b, s = tokens
     shape = (b, s, h)
@@ -271,11 +285,20 @@ def boundary_tensors(
         "pp.output",
         shape,
         Role.STAGE_OUTPUT,
-        st.sends + by_send_work,
-        "torch pipelining's fwd_cache: the stage output, for stage_backward, until its backward",
+        st.sends + by_send_work if st.sent_outputs is None else st.sent_outputs,
+        "torch pipelining's fwd_cache: the stage output, for stage_backward, until its backward"
+        + ("" if st.sent_outputs is None else "; the runtime's send_ops to the step's end"),
+    )
+    held(
+        "pp.grad_send",
+        shape,
+        Role.STAGE_OUTPUT,
+        st.sent_grads,
+        "torch pipelining's runtime send_ops: each sent input gradient's Work keeps it to the step's end",
     )
     receiving = m - (1 if st.index == 0 else 0)  # virtual stage k·p + i receives unless it is 0
-    reading = sum(1 for j, layers in enumerate(st.in_flight) if layers and ((j // p) % m) * p + st.index > 0)
+    ids = st.chunk_ids if st.chunk_ids is not None else tuple((j // p) % m for j in range(len(st.in_flight)))
+    reading = sum(1 for c, layers in zip(ids, st.in_flight, strict=True) if layers and c * p + st.index > 0)
     held(
         "pp.recv",
         shape,
@@ -286,7 +309,7 @@ def boundary_tensors(
     last_forwards = st.chunks - st.sends  # chunk-forwards in flight of the model's last virtual stage
     held(
         "pp.logits",
-        (b, s, logits),
+        (b, s if logits_seq is None else logits_seq, logits),
         Role.STAGE_OUTPUT,
         last_forwards if logits and p > 1 else 0,
         "torch pipelining's fwd_cache: the last stage's logits, the loss_fn's input, until its backward",

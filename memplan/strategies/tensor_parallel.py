@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from memplan.config import ModelConfig, Parallel, Setup
+from memplan.config import Impl, ModelConfig, Parallel, Setup
 from memplan.strategies.context_parallel import check_context
 
 
@@ -87,7 +87,9 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
                 f"({_choices(divisors(m.num_layers))}) and a --vpp that divides the layers per stage, or "
                 f"list the {parallel.pp * parallel.vpp} virtual stages' layers with --pp-layers"
             )
-    if parallel.vpp > 1 and t.grad_accum % parallel.pp:
+    # torchtitan runs torch's ScheduleInterleaved1F1B, whose rounds take any multiple of max(1, ⌊n/p⌋)
+    # micro-batches (config.setup.check_titan_interleaved)
+    if parallel.vpp > 1 and t.grad_accum % parallel.pp and setup.impl.impl is not Impl.TORCHTITAN:
         raise ValueError(
             f"grad-accum: the interleaved schedule runs micro-batches in groups of --pp {parallel.pp}, "
             f"got {t.grad_accum}; use a multiple of {parallel.pp} micro-batches per step"

@@ -167,8 +167,6 @@ def test_full_scale_405b_last_stage() -> None:
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        ({"vpp": 2}, "--vpp"),
-        ({"tp": 2}, "--tp/--sp"),
         ({"cp": 2}, "--cp"),
     ],
 )
@@ -176,14 +174,6 @@ def test_unmodelled_layouts_are_refused(layout: dict[str, int], message: str) ->
     base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
     with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {message}"):
         piped(base, 2, 4, **layout)
-
-
-def test_fsdp_with_pp_is_refused() -> None:
-    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
-    data = base.model_dump()
-    data["strategy"] = {**data["strategy"], "dp": 2, "zero": 3}
-    with pytest.raises(ValueError, match="FSDP2"):
-        piped(Setup.model_validate(data), 2, 4)
 
 
 def test_tied_embeddings_with_pp_are_refused() -> None:

@@ -43,8 +43,8 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
 from memplan.config import Setup
-from memplan.measure.distributed.instruments import Collective, RankRecorder
-from memplan.measure.instruments.record import _RECORDER, SavedRecord
+from memplan.measure.distributed.instruments import Collective, RankRecorder, local
+from memplan.measure.instruments.record import _RECORDER, SavedRecord, current_layer, storage_ref
 from memplan.measure.reference.model import Reference, torch_dtype
 from memplan.strategies.pipeline_parallel import stage_layers
 
@@ -211,8 +211,10 @@ class InFlightRecorder(RankRecorder):
         self._packs: dict[int, int] = {}  # storage → packed tensors (and schedule holds) still alive
         self.live = 0
         self.max = 0
-        self._at_max: list[tuple[int, bool]] = []  # storage, and whether only the schedule held it then
+        # at the maximum: each storage's entry, whether only the schedule held it then, and its hold's name
+        self._at_max: list[tuple[Any, bool, str | None]] = []
         self._held: dict[int, str] = {}  # storage → the name of what the schedule holds it as
+        self._saves: dict[int, int] = {}  # storage → packed tensors of autograd's saves still alive
         self.holds_buffers = False
 
     def _acquire(self, key: int, nbytes: int) -> None:
@@ -220,17 +222,42 @@ class InFlightRecorder(RankRecorder):
         if self._packs[key] == 1:
             self.live += nbytes
             if self.live > self.max:
-                at = [(k, k in self._held and self._storages[k].name is None) for k in self._packs]
+                at = [(self._storages[k], self._only_held(k), self._held.get(k)) for k in self._packs]
                 self.max, self._at_max = self.live, at
+
+    def _info(self, t: torch.Tensor) -> Any:
+        """``RankRecorder._info``, a freed storage's entry forgotten when its address comes back: under fake
+        tensors a new storage may reuse a freed one's key (a later hold or save would otherwise take the
+        old entry's layer, size and hold name)."""
+        key = storage_ref(local(t)).cdata
+        old = self._storages.get(key)
+        if old is not None and old.ref.expired() and key not in self._packs:
+            del self._storages[key]
+            self._held.pop(key, None)
+            self._saved.pop(key, None)
+        return super()._info(t)
+
+    def _only_held(self, key: int) -> bool:
+        """Held by the schedule and by nothing a save names or packs now (a receive buffer no forward in
+        flight has read, a sent output): reported under the hold's name, at the model level."""
+        return key in self._held and self._storages[key].name is None and not self._saves.get(key)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         packed = super()._pack(t)
         info = self._info(t) if self.recording else None
         if info is None:
             return packed
-        self._acquire(info.ref.cdata, info.nbytes)
-        weakref.finalize(packed, self._dropped, info.ref.cdata).atexit = False
+        key = info.ref.cdata
+        if key in self._held and info.layer is None:  # a receive buffer a layer saves: that layer's input
+            info.layer = current_layer()
+        self._saves[key] = self._saves.get(key, 0) + 1
+        self._acquire(key, info.nbytes)
+        weakref.finalize(packed, self._unpacked, key).atexit = False
         return packed
+
+    def _unpacked(self, key: int) -> None:
+        self._saves[key] -= 1
+        self._dropped(key)
 
     def hold(self, t: torch.Tensor, name: str, until_freed: bool = False) -> None:
         """A storage the pipeline schedule holds beyond autograd's saves, named ``name`` unless a save
@@ -243,7 +270,7 @@ class InFlightRecorder(RankRecorder):
         self._held.setdefault(key, name)
         self._acquire(key, info.nbytes)
         if until_freed:
-            weakref.finalize(t.untyped_storage(), self._dropped, key).atexit = False
+            weakref.finalize(local(t).untyped_storage(), self._dropped, key).atexit = False  # a DTensor's
 
     def _dropped(self, key: int) -> None:
         self._packs[key] -= 1
@@ -254,8 +281,7 @@ class InFlightRecorder(RankRecorder):
     @property
     def records(self) -> list[SavedRecord]:
         out = []
-        for key, held in self._at_max:  # held: a receive buffer no forward in flight had read yet
-            i = self._storages[key]
-            name = self._held[key] if held else i.name or self._held.get(key, "unlabelled")
+        for i, held, hold in self._at_max:  # held: only by the schedule then (``_only_held``)
+            name = hold if held and hold else i.name or "unlabelled"
             out.append(SavedRecord(name, None if held else i.layer, i.shape, i.dtype, i.nbytes))
         return out

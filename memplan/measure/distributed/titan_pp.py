@@ -19,13 +19,13 @@ Known limitations:
   torchtitan's ``PipelineStage`` infers them by running the stage once, which exchanges metadata that
   the fake process group cannot carry. The shapes are the ones that run would find.
 - NB: tp, cp and dp (FSDP2 with ``pp_enabled``) with pp are refused in ``config.setup.check_impl``; the
-  interleaved schedules too (vpp > 1).
+  interleaved schedule (vpp > 1) runs in ``titan_vpp``.
 - NB: only saved tensors and the stage's parameter bytes are compared, not the peak.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -52,7 +52,7 @@ class StageRun:
 
     records: list[SavedRecord]
     param_bytes: int
-    layers: range
+    layers: Sequence[int]
     """The stage's layers, by their index in the whole model."""
 
     def layer_bytes(self, i: int) -> int:
@@ -143,24 +143,32 @@ def sends_hold_tensors() -> Iterator[None]:
         setattr(schedules, "_batch_p2p", batch)  # noqa: B010
 
 
-def _stage(chunk: Any, setup: Setup, index: int) -> CountedStage:
-    """torch's ``PipelineStage`` for the chunk with static shapes: [b, s] ids into the first stage, [b, s, h]
-    hidden states between stages, [b, s, v] logits out of the last (module docstring)."""
+def _stage(
+    chunk: Any,
+    setup: Setup,
+    index: int,
+    num: int | None = None,
+    kind: type[TitanStage] = TitanStage,
+    group: Any = None,
+) -> CountedStage:
+    """torch's ``PipelineStage`` (``kind``) for the chunk, stage ``index`` of ``num`` (p by default), with
+    static shapes: [b, s] ids into the first stage, [b, s, h] hidden states between stages, [b, s, v]
+    logits out of the last (module docstring); ``group``: the pipeline ranks' (the world's by default)."""
     t, m = setup.training, setup.model
     b, s, h, v = t.micro_batch, t.seq_len, m.hidden_size, m.vocab_size
     act = activation_dtype(setup)
     hidden = torch.empty(b, s, h, dtype=act, device="meta")
     inputs = torch.empty(b, s, dtype=torch.long, device="meta") if index == 0 else hidden.requires_grad_()
-    p = setup.parallel.pp
+    p = setup.parallel.pp if num is None else num
     out = torch.empty(b, s, v, dtype=act, device="meta") if index == p - 1 else hidden.detach()
-    return TitanStage(
+    return kind(
         chunk,
         index,
         p,
         torch.device("cpu"),
         input_args=inputs,
         output_args=out.requires_grad_(),
-        group=dist.group.WORLD,
+        group=dist.group.WORLD if group is None else group,
         on_phase=lambda _phase: None,
     )
 

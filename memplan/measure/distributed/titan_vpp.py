@@ -1,0 +1,272 @@
+"""One pipeline rank of torchtitan's Llama 3 under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan
+--pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``) or ``Schedule1F1B``
+(M = 1), each stage tensor-parallel over tp (DTensor, ``--sp`` too) and FSDP2-sharded over dp under
+--zero 2/3, in one process.
+
+``measure_titan_pipeline(setup, index)`` joins torch's fake process group as pipeline rank ``index`` of p
+(with dp or tp > 1: the rank at data- and tensor-parallel coordinate 0 of torchtitan's ["pp", "dp_replicate",
+"fsdp", "tp"] mesh, ``pipeline_dims``), builds torchtitan's ``Llama3Model`` on the meta device once per local
+chunk and cuts each with torchtitan's ``_split_module`` over the module names of its virtual stage: local
+chunk k is virtual stage k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M
+stages' names as ``_generate_llm_fqn_per_model_part`` gives them (the setup's ``pp_layers``, torchtitan's
+placement unless given), each parallelised as ``pipeline_llm``'s ``parallelize_fn`` does a model part: TP,
+activation checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``; ``reshard_after_forward``
+"always" under ZeRO-3, "never" under ZeRO-2). The chunks become ``PipelineStage``s with static shapes
+(``titan_pp._stage``'s), materialised under ``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs
+the step's ``grad_accum`` micro-batches (torchtitan's loss as ``loss_fn``, ``scale_grads=False``,
+``global_valid_tokens``). Recorded: the saves alive at once at their maximum per layer
+(``pipeline.InFlightRecorder``), the schedule's holds under the estimate's names — sent outputs
+(``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's ``Work`` to the step's
+end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's receive buffers — and
+the rank's parameter bytes.
+
+Known limitations:
+- NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
+  a send's ``Work`` keeps its tensor as gloo's does (``titan_pp.sends_hold_tensors``).
+- NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
+  passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
+  boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
+- NB: cp with pp is refused in ``config.setup.check_titan_pipeline``.
+- NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
+  reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, nullcontext
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.pipelining import ScheduleInterleaved1F1B
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+from memplan.config import Setup, ZeroStage
+from memplan.measure.distributed.instruments import local
+from memplan.measure.distributed.pipeline import InFlightRecorder
+from memplan.measure.distributed.titan import fake_world, reshard_policy
+from memplan.measure.distributed.titan_pp import (
+    StageRun,
+    StaticSchedule1F1B,
+    TitanStage,
+    _scoped,
+    _stage,
+    sends_hold_tensors,
+)
+from memplan.measure.distributed.titan_pp import step as step_single
+from memplan.measure.frameworks.step import activation_dtype
+from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config
+from memplan.measure.instruments.record import _RECORDER
+from memplan.measure.runs.run import make_batch
+
+
+def virtual_module_names(setup: Setup) -> list[list[str]]:
+    """Module names of each of the p·M virtual stages, model order (``module_fqns_per_model_part``): the
+    setup's ``pp_layers`` (one count per virtual stage), the embedding on the first, the final norm and
+    lm head on the last."""
+    counts = setup.parallel.pp_layers
+    assert counts is not None and len(counts) == setup.parallel.pp * setup.parallel.vpp
+    names, start = [], 0
+    for v, n in enumerate(counts):
+        part = ["tok_embeddings"] if v == 0 else []
+        part += [f"layers.{j}" for j in range(start, start + n)]
+        names.append(part + (["norm", "lm_head"] if v == len(counts) - 1 else []))
+        start += n
+    return names
+
+
+class InterleavedStage(TitanStage):
+    """``TitanStage`` of a rank with several: at the rank's first forward every local stage's receive
+    buffers are held (torch allocates them all at the step's start), and each input gradient the stage
+    sends is held as ``pp.grad_send`` until its storage is freed (the send's ``Work`` keeps it)."""
+
+    siblings: list[InterleavedStage]
+
+    def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+        recorder = _RECORDER.get()
+        if isinstance(recorder, InFlightRecorder) and not recorder.holds_buffers:
+            recorder.holds_buffers = True
+            for st in self.siblings:
+                for name, buf in st.named_buffers():
+                    recorder.hold(buf, name)
+        return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    def get_bwd_send_ops(self, bwd_chunk_id: int) -> list[dist.P2POp]:
+        ops = super().get_bwd_send_ops(bwd_chunk_id)
+        recorder = _RECORDER.get()
+        if isinstance(recorder, InFlightRecorder):
+            for op in ops:
+                recorder.hold(op.tensor, "pp.grad_send", until_freed=True)
+        return ops
+
+
+class StaticInterleaved1F1B(ScheduleInterleaved1F1B):
+    """``ScheduleInterleaved1F1B`` whose p2p warm-up is the vote's outcome for static shapes
+    (``StaticSchedule1F1B``)."""
+
+    _warmup_p2p = StaticSchedule1F1B._warmup_p2p
+
+
+def pipeline_dims(setup: Setup) -> Any:
+    """torchtitan's ``ParallelDims`` of a pp × dp × tp job (``titan.parallel_dims`` with the pipeline
+    axis), on a CPU mesh; its mesh is ["pp", "dp_replicate", "fsdp", "tp"], row-major."""
+    from torchtitan.distributed import ParallelDims, parallel_dims
+    from torchtitan.distributed.utils import set_spmd_backend
+
+    set_spmd_backend("partial_dtensor")
+    parallel_dims.device_type = "cpu"
+    p, tp, dp, shard = setup.parallel.pp, setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
+    dims = ParallelDims(
+        dp_replicate=dp // shard,
+        dp_shard=shard,
+        cp=1,
+        tp=tp,
+        pp=p,
+        ep=1,
+        world_size=p * dp * tp,
+        spmd_backend="partial_dtensor",
+    )
+    dims.build_mesh()
+    return dims
+
+
+def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
+    """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module``, then
+    parallelised as ``pipeline_llm`` does each model part (``parallelize_fn`` after the split): TP, the
+    activation checkpointing, FSDP2 over dp with ``pp_enabled`` (``titan.build_rank``'s order)."""
+    require_torchtitan()
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+    from torchtitan.distributed.pipeline_parallel import _split_module
+    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+
+    par, s = setup.parallel, setup.strategy
+    config = titan_config(setup)
+    if par.tp > 1:
+        set_llama3_sharding_config(config, enable_sp=par.sp)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(activation_dtype(setup))
+    try:
+        with torch.device("meta"):
+            model = config.build()
+    finally:
+        torch.set_default_dtype(default)
+    chunk = _split_module(model, names)
+    if par.tp > 1:
+        chunk.parallelize(dims)
+    apply_ac(chunk, setup)
+    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
+        apply_fsdp_to_decoder(
+            chunk,
+            dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
+            param_dtype=activation_dtype(setup),
+            reduce_dtype=torch.float32,
+            pp_enabled=True,
+            reshard_after_forward_policy=reshard_policy(setup),
+        )
+    chunk.train()
+    return chunk
+
+
+def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
+    """One step of pipeline rank ``index`` (module docstring): its M chunks under
+    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
+    rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
+    tt = require_torchtitan()
+    p, m, n = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum
+    others = setup.strategy.dp * setup.parallel.tp
+    names = virtual_module_names(setup)
+    # DTensor's sharding-propagation caches key a spec by its mesh's layout, not its process groups: one
+    # cached in an earlier fake world would name a group destroyed with it
+    _clear_sharding_prop_cache()
+    with fake_world(index * others, p * others):
+        dims = pipeline_dims(setup) if others > 1 else None
+        group = dims.get_mesh("pp").get_group() if dims is not None else None
+        chunks = [build_chunk(setup, names[k * p + index], dims) for k in range(m)]
+        kind = InterleavedStage if m > 1 else TitanStage
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(), ExitStack() as hooks:
+            stages: list[Any] = []  # ``kind``, each
+            for k, chunk in enumerate(chunks):
+                chunk.to_empty(device="cpu")
+                if setup.parallel.tp > 1:
+                    stages.append(dtensor_stage(chunk, setup, k * p + index, p * m, kind, dims))
+                else:
+                    stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
+            for st in stages:
+                st.siblings = stages
+            loss = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
+            loss_fn = partial(_scalar, loss)
+            schedule: Any = (
+                StaticInterleaved1F1B(stages, n, loss_fn=loss_fn, scale_grads=False)
+                if m > 1
+                else StaticSchedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
+            )
+            layers = []
+            for chunk in chunks:
+                for key, block in chunk.layers.items():
+                    layers.append(int(key))
+                    hooks.enter_context(_scoped(block, int(key)))
+            batches = [make_batch(setup, "cpu") for _ in range(n)]
+            # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
+            tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
+            recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
+            with recorder, sends_hold_tensors():
+                (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+            params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
+            return StageRun(recorder.records, params, tuple(sorted(layers)))
+
+
+def dtensor_stage(chunk: Any, setup: Setup, index: int, num: int, kind: type[TitanStage], dims: Any) -> Any:
+    """``titan_pp._stage`` for a tensor-parallel chunk: torch's fully static DTensor mode (inputs,
+    outputs and both gradients as DTensors on the tp mesh). Between stages the hidden states are
+    ``Shard(1)`` under sequence parallelism ([b, s/t, h] local), ``Replicate()`` otherwise (what
+    torchtitan's plan hands a stage boundary: the embedding's and each block's output layout); the last
+    stage's logits ``Shard(2)`` (the vocabulary-parallel lm head, [b, s, v/t] local)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    t, m, par = setup.training, setup.model, setup.parallel
+    b, s, h, tp = t.micro_batch, t.seq_len, m.hidden_size, par.tp
+    act, mesh = activation_dtype(setup), dims.get_mesh("tp")
+    place = Shard(1) if par.sp else Replicate()
+
+    def dt(shape: tuple[int, ...], placement: Any, grad: bool = False) -> Any:
+        local = torch.empty(shape, dtype=act, device="meta", requires_grad=grad)
+        return DTensor.from_local(local, mesh, [placement], run_check=False)
+
+    hidden = (b, s // tp, h) if par.sp else (b, s, h)
+    first, last = index == 0, index == num - 1
+    return kind(
+        chunk,
+        index,
+        num,
+        torch.device("cpu"),
+        input_args=torch.empty(b, s, dtype=torch.long, device="meta") if first else dt(hidden, place, True),
+        output_args=dt((b, s, -(-m.vocab_size // tp)), Shard(2), True) if last else dt(hidden, place, True),
+        input_grads=(None,) if first else dt(hidden, place),  # ids have no gradient
+        output_grads=(None,) if last else dt(hidden, place),  # the loss starts the last stage's backward
+        group=dims.get_mesh("pp").get_group(),
+        on_phase=lambda _phase: None,
+    )
+
+
+def _scalar(loss: Any, out: Any, labels: Any, **kw: Any) -> Any:
+    """torchtitan's ``_scalar_loss_fn``: the schedule's loss is the loss function's first output."""
+    return loss(out, labels, **kw)[0]
+
+
+def step(
+    schedule: ScheduleInterleaved1F1B, batches: list[tuple[Any, Any]], loss_kwargs: dict[str, Any]
+) -> None:
+    """``ScheduleInterleaved1F1B.step`` without its split (``titan_pp.step``): ids to the model's first
+    stage, labels to its last."""
+    stages = schedule._stages
+    for st in stages:
+        st.has_backward = schedule._has_backward
+        st.clear_runtime_states()
+    first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
+    args = [(ids,) if first else () for ids, _ in batches]
+    targets = [labels for _, labels in batches] if last else None
+    schedule._step_microbatches(
+        args, [{} for _ in batches], targets, None, return_outputs=False, loss_kwargs=loss_kwargs
+    )

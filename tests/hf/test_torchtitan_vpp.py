@@ -1,0 +1,386 @@
+"""``--impl torchtitan --pp P --vpp M``: torchtitan's ``Interleaved1F1B`` — its placement over p·M virtual
+stages, torch's ``ScheduleInterleaved1F1B`` order, and one rank's chunks run under that schedule on torch's
+fake process group against the estimate for that rank: saved bytes per layer, the schedule's holds
+(sent outputs and input gradients the runtime keeps to the step's end, logits, receive buffers) and the
+rank's parameters, to the byte (``memplan.measure.distributed.titan_vpp``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("torchtitan.models.llama3")
+
+from memplan.blocks.inventory import Scope
+from memplan.config import Impl, Setup
+from memplan.engine import Result, at_stage, estimate
+from memplan.measure.distributed.titan_pp import StageRun
+from memplan.measure.distributed.titan_vpp import measure_titan_pipeline, virtual_module_names
+from memplan.strategies.torch_interleaved import rank_order
+from tests.hf.harness import hf_setup
+from tests.hf.test_torchtitan_pp import LAYER, PARAMS_LAYER, ROPE, B, H, S, V, X, held, piped
+
+
+def per_layer(e: Result, run: StageRun) -> list[int]:
+    """The estimate's bytes of each of the rank's layers: one instance's saves (the stage's layer-scope
+    tensors less the per-layer RoPE buffers, over the layer-forwards in flight) times its chunk's forwards
+    in flight, plus its RoPE buffer."""
+    st = e.stages[0].stage
+    ids = st.chunk_ids if st.chunk_ids is not None else (0,) * st.chunks  # 1F1B: one chunk
+    buffers = sum(
+        k.bytes * k.count for k in e.tensors if k.scope is Scope.LAYER and k.name == "attn.rope_cache"
+    )
+    instances = sum(k.bytes * k.count for k in e.tensors if k.scope is Scope.LAYER) - buffers
+    assert instances % st.in_flight_layers == 0 and buffers % st.layers == 0
+    one, rope = instances // st.in_flight_layers, buffers // st.layers
+    chunk_of = {}
+    p = e.setup.parallel.pp
+    names = virtual_module_names(e.setup)
+    for k in range(len(st.chunks_of)):
+        for name in names[k * p + st.index]:
+            if name.startswith("layers."):
+                chunk_of[int(name.split(".")[1])] = k
+    return [ids.count(chunk_of[i]) * one + rope for i in run.layers]
+
+
+def estimated_held(e: Result) -> dict[str, tuple[tuple[int, ...], int]]:
+    return {k.name: (k.shape, k.count) for k in e.tensors if k.name.startswith("pp.")}
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "n"),
+    [(2, 2, 4), (4, 2, 8), (4, 3, 4), (4, 2, 3), (4, 2, 6), (4, 2, 10), (3, 4, 9), (2, 8, 16)],
+)
+def test_order_is_torchs(p: int, m: int, n: int) -> None:
+    """``rank_order`` against torch's own ``ScheduleInterleaved1F1B._calculate_single_rank_operations``
+    (its computations in order, the idle slots dropped), every rank."""
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    rounds = max(1, n // p)
+    fake = SimpleNamespace(
+        n_local_stages=m, pp_group_size=p, _n_microbatches=n, microbatches_per_round=n // rounds
+    )
+    for i in range(p):
+        ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, i)  # type: ignore[arg-type]
+        theirs = [(a.computation_type is _ComputationType.FORWARD, a.stage_index // p) for a in ops if a]
+        assert rank_order(p, m, n, i) == theirs
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp"), [(6, 2, 2), (16, 2, 3), (32, 4, 2), (126, 16, 8), (30, 4, 4)]
+)
+def test_placement_is_torchtitans(layers: int, pp: int, vpp: int) -> None:
+    """The setup's virtual-stage counts and each rank's modules against torchtitan's
+    ``_generate_llm_fqn_per_model_part`` over p·M stages and its "loop" rank mapping."""
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+        _get_pp_rank_to_stage_indices_mapping,
+    )
+
+    setup = piped(hf_setup("llama-3-8b", layers=layers, seq=S, impl=Impl.TORCHTITAN), pp, 2 * pp, vpp=vpp)
+    theirs = _generate_llm_fqn_per_model_part(pp * vpp, layers, 1, 1)
+    assert virtual_module_names(setup) == theirs
+    for i in range(pp):
+        mine = tuple(k * pp + i for k in range(vpp))
+        assert _get_pp_rank_to_stage_indices_mapping(i, pp, "Interleaved1F1B", pp * vpp) == mine
+
+
+def test_placement_by_hand() -> None:
+    # Llama 3 405B: 126 + 2 = 128 effective layers over 16 · 8 virtual stages, one each: the first holds
+    # the embedding alone, the last the head alone (Dubey et al. 2024 §3.3.2's layout)
+    setup = piped(hf_setup("llama-3-8b", layers=126, seq=S, impl=Impl.TORCHTITAN), 16, 16, vpp=8)
+    assert setup.parallel.pp_layers == (0, *[1] * 126, 0)
+    # 16 + 2 = 18 over 2 · 3 = 6 stages: 3 each, the first and last one less
+    base = hf_setup("llama-3-8b", layers=16, seq=S, impl=Impl.TORCHTITAN)
+    assert piped(base, 2, 4, vpp=3).parallel.pp_layers == (2, 3, 3, 3, 3, 2)
+
+
+B_S_8 = B * S * 8  # one micro-batch's int64 token ids, saved by the embedding
+
+
+@pytest.fixture(scope="module")
+def small() -> tuple[Setup, Result]:
+    """6 layers over pp 2 × vpp 2 (torchtitan: 8 = 4·2, less the weights: 1, 2, 2, 1), n = 4."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=2)
+    assert setup.parallel.pp_layers == (1, 2, 2, 1)
+    return setup, estimate(setup)
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_rank_saves_what_the_estimate_says(small: tuple[Setup, Result], index: int) -> None:
+    setup, est = small
+    e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+    assert held(run) == estimated_held(e)
+    assert run.activations == e.activations
+    assert run.param_bytes == e.device.states.weights
+    # By hand. rounds = ⌊4/2⌋ = 2, r = 2 micro-batches per round.
+    one = LAYER - ROPE  # one forward's saves of a layer; its RoPE cache is the module's buffer, once
+    if index == 0:
+        # Chunks: virtual 0 (embedding, layer 0) and 2 (layers 3, 4). Warm-up (2−1)·2 + 2·(2−1) = 4: F0 F0
+        # F1 F1; then F0 B1, F0 B1, F1 B0, F1 B0; the largest moment is after the last forward: micro-batches
+        # 1-3 of chunk 0 and 2-3 of chunk 1 in flight, all 8 outputs sent and held, the 2 gradients chunk 1
+        # sent back; chunk 1 receives 4 activations, both chunks 4 gradients each.
+        assert run.layers == (0, 3, 4)
+        assert [run.layer_bytes(i) for i in run.layers] == [3 * one + ROPE, 2 * one + ROPE, 2 * one + ROPE]
+        assert held(run) == {
+            "pp.output": ((B, S, H), 8),
+            "pp.grad_send": ((B, S, H), 2),
+            "pp.recv": ((B, S, H), 4),
+            "pp.grad_recv": ((B, S, H), 8),
+        }
+        assert run.activations == 7 * one + 3 * ROPE + 3 * B_S_8 + (8 + 2 + 4 + 8) * X
+        assert run.param_bytes == 2 * V * H + 3 * PARAMS_LAYER
+    else:
+        # Chunks: virtual 1 (layers 1, 2) and 3 (layer 5, the head). Warm-up 2: F0 F0; then F1 B1, F1 B1,
+        # F0 B0, F0 B0, F1 B1, F1 B1; B0 B0. Largest: after the last F1 (micro-batches 2, 3 of chunk 0 and 3
+        # of chunk 1 in flight), chunk 0's 4 outputs held, 5 gradients sent back (4 of chunk 1, 1 of chunk 0);
+        # both receive 4 activations, chunk 0 4 gradients; chunk 1's logits in flight.
+        assert run.layers == (1, 2, 5)
+        assert [run.layer_bytes(i) for i in run.layers] == [2 * one + ROPE, 2 * one + ROPE, one + ROPE]
+        assert held(run) == {
+            "pp.output": ((B, S, H), 4),
+            "pp.grad_send": ((B, S, H), 5),
+            "pp.recv": ((B, S, H), 8),
+            "pp.grad_recv": ((B, S, H), 4),
+            "pp.logits": ((B, S, V), 1),
+        }
+        # the head (tests/hf/test_torchtitan_pp.py): final norm, lm head input, fp32 log-probs, labels, the
+        # token count and the loss
+        head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
+        assert run.activations == 5 * one + 3 * ROPE + (4 + 5 + 8 + 4) * X + B * S * V * 2 + head
+        assert run.param_bytes == 3 * PARAMS_LAYER + 2 * H + 2 * V * H
+
+
+def test_real_tensors_save_what_fake_ones_do() -> None:
+    """The tiny model, 2 layers over pp 2 × vpp 2 (0, 1, 1, 0: the embedding and the head alone on a
+    chunk), n = 2, with real (uninitialised) tensors over the fake group."""
+    setup = piped(hf_setup("tiny", layers=2, seq=32, impl=Impl.TORCHTITAN), 2, 2, vpp=2)
+    assert setup.parallel.pp_layers == (0, 1, 1, 0)
+    est = estimate(setup)
+    for index in (0, 1):
+        real = measure_titan_pipeline(setup, index, fake=False)
+        fake = measure_titan_pipeline(setup, index)
+        assert sorted((r.shape, r.dtype, r.bytes) for r in real.records) == sorted(
+            (r.shape, r.dtype, r.bytes) for r in fake.records
+        )
+        assert real.activations == at_stage(est, index).activations
+
+
+def test_full_scale_405b_first_rank() -> None:
+    """Llama 3 405B's widths and 126 layers, seq 8192, pp 16 × vpp 8 (128 virtual stages, one effective
+    layer each) over 16 micro-batches: rank 0 holds virtual stages 0 (the embedding alone), 16, …, 112 —
+    7 layers — and keeps what the estimate says, to the byte."""
+    setup = piped(hf_setup("llama-3.1-405b", layers=126, seq=8192, impl=Impl.TORCHTITAN), 16, 16, vpp=8)
+    e, run = at_stage(estimate(setup), 0), measure_titan_pipeline(setup, 0)
+    assert run.layers == (15, 31, 47, 63, 79, 95, 111)
+    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+    assert held(run) == estimated_held(e)
+    assert run.activations == e.activations
+    assert run.param_bytes == e.device.states.weights
+
+
+@pytest.mark.parametrize(("layout", "message"), [({"cp": 2}, "--cp"), ({}, "--checkpointing selective")])
+def test_unmodelled_pipelines_are_refused(layout: dict[str, int], message: str) -> None:
+    ck = "selective" if not layout else "none"
+    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN, checkpointing=ck)
+    with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {message} is not modelled yet"):
+        piped(base, 2, 4, **layout)
+
+
+def test_a_count_per_rank_is_refused_with_vpp() -> None:
+    """With --vpp torchtitan places one count per virtual stage; --pp-layers with one per rank is refused."""
+    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
+    with pytest.raises(ValueError, match="pp_layers: --impl torchtitan --vpp 2 places one count per virtual"):
+        piped(base, 2, 4, vpp=2, pp_layers=(4, 4))
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "n", "message"),
+    [
+        (6, 2, 3, 4, "vpp: no pipeline_parallel_layers_per_stage"),  # ⌈8/k⌉ is 8, 4, 3, 2, 2, 2, 2, 1
+        (16, 4, 2, 9, "grad_accum: torch's Interleaved1F1B"),  # rounds 2 do not divide 9
+    ],
+)
+def test_unreachable_schedules_are_refused(layers: int, pp: int, vpp: int, n: int, message: str) -> None:
+    base = hf_setup("llama-3-8b", layers=layers, seq=S, impl=Impl.TORCHTITAN)
+    with pytest.raises(ValueError, match=message):
+        piped(base, pp, n, vpp=vpp)
+
+
+def test_megatron_interleaving_is_unchanged() -> None:
+    """Megatron's interleaved stage (every impl but torchtitan) keeps its warm-up end, no send holds."""
+    from memplan.config import Parallel
+    from memplan.strategies.pipeline_parallel import stage
+
+    st = stage(Parallel(pp=2, vpp=2), 0, (2, 2), 4)
+    # 2(p − 1) + (m − 1)·p = 4 warm-up forwards, + 1: chunks 0, 0, 1, 1, 0
+    assert st.chunks == 5 and st.sent_outputs is None and st.sent_grads == 0
+
+
+def test_trace_cli_runs_each_rank() -> None:
+    """``memplan trace --impl torchtitan --pp 2 [--vpp 2]``: each rank (or ``--stage 1``) exact, exit 0, the
+    JSON valid against trace's schema; the rich report renders; a rank beyond pp is one line, exit 2."""
+    import json
+
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+    from memplan.schema_commands import command_schema
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    base = [
+        "trace",
+        "--model",
+        "tiny",
+        "--seq",
+        "32",
+        "--impl",
+        "torchtitan",
+        "--pp",
+        "2",
+        "--grad-accum",
+        "2",
+    ]
+    out = runner.invoke(app, [*base, "--vpp", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    jsonschema.validate(result, command_schema("trace"))
+    assert [s["stage"]["virtual_stages"] for s in result["stages"]] == [[0, 2], [1, 3]]
+    assert [s["stage"]["layers"] for s in result["stages"]] == [[1], [0]]  # placement 0, 1, 1, 0
+    assert result["diff"]["equal"] and all(s["diff"]["exact"] for s in result["stages"])
+    one = runner.invoke(app, [*base, "--stage", "1", "--json"])  # 1F1B, rank 1 alone
+    assert one.exit_code == 0, one.output
+    assert [s["stage"]["index"] for s in json.loads(one.stdout)["stages"]] == [1]
+    assert runner.invoke(app, [*base, "--vpp", "2"]).exit_code == 0
+    bad = runner.invoke(app, [*base, "--stage", "2"])
+    assert bad.exit_code == 2 and "stage: --stage 2 is not a pipeline rank of --pp 2" in bad.stderr
+    alone = runner.invoke(app, ["trace", "--model", "tiny", "--seq", "32", "--stage", "0"])
+    assert alone.exit_code == 2 and "stage: --stage picks a pipeline rank" in alone.stderr
+
+
+def sharded(setup: Setup, dp: int, zero: int) -> Setup:
+    """``setup`` with each stage FSDP2-sharded over ``dp`` ranks under ZeRO-``zero``, validated again."""
+    data = setup.model_dump()
+    data["strategy"] = {**data["strategy"], "dp": dp, "zero": zero}
+    return Setup.model_validate(data)
+
+
+@pytest.mark.parametrize(("vpp", "zero"), [(2, 3), (1, 2)])
+def test_fsdp2_stage_shards_what_the_estimate_says(vpp: int, zero: int) -> None:
+    """pp 2 (× vpp 2 under ZeRO-3; 1F1B under ZeRO-2) × dp 2: rank 0 of the p × dp mesh, each model part
+    ``fully_shard``-ed as torchtitan's ``parallelize_fn`` does after the split. The saves are the
+    unsharded run's (FSDP2 swaps parameters, autograd keeps the same activations); the parameters at
+    rest are ZeRO-3's shard (ZeRO-2 too: FSDP2 reshards after backward), each dim 0 halved."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=vpp)
+    plain, fsdp = setup, sharded(setup, 2, zero)
+    est = at_stage(estimate(fsdp), 0)
+    run, alone = measure_titan_pipeline(fsdp, 0), measure_titan_pipeline(plain, 0)
+    assert Counter((r.name, r.layer, r.shape, r.bytes) for r in run.records) == Counter(
+        (r.name, r.layer, r.shape, r.bytes) for r in alone.records
+    )
+    assert run.activations == est.activations == at_stage(estimate(plain), 0).activations
+    # rank 0's layers: vpp 2 — 0, 3, 4 (placement 1, 2, 2, 1); 1F1B — 0, 1, 2 (placement 2, 3, 1 of 6 + 2
+    # over 2 stages: 4, 4 less the weights: 3, 3). Every dim 0 (v = 128256, 6144, 4096, 14336) is even.
+    assert run.layers == ((0, 3, 4) if vpp == 2 else (0, 1, 2))
+    assert run.param_bytes == (2 * V * H + 3 * PARAMS_LAYER) // 2
+    if zero == 3:
+        assert run.param_bytes == est.device.states.weights
+    else:  # the estimate's ZeRO-2 weights are replicated; at rest FSDP2 holds the ZeRO-3 shard
+        assert est.device.states.weights == 2 * run.param_bytes
+
+
+def test_fsdp2_shard_pads_each_parameter() -> None:
+    """The tiny model (h 64, f 128, v 256, 4 + 2·2 heads of 16) on pp 2 (one layer each) over dp 3: each
+    parameter's dim 0 is cut in ⌈d0/3⌉-row shards, padded; the estimate's per-stage FSDP2 shard is what
+    rank 0 of each stage holds."""
+    setup = sharded(piped(hf_setup("tiny", layers=2, seq=32, impl=Impl.TORCHTITAN), 2, 2), 3, 3)
+    est = estimate(setup)
+    # a layer: wqkv [128, 64] → 43 rows, wo [64, 64] → 22, w1 w3 [128, 64] → 43 each, w2 [64, 128] → 22,
+    # two norms [64] → 22 each; the embedding and lm head [256, 64] → 86 rows, the final norm 22
+    layer = 43 * 64 + 22 * 64 + 2 * 43 * 64 + 22 * 128 + 2 * 22
+    by_hand = (86 * 64 + layer, layer + 22 + 86 * 64)
+    for index in (0, 1):
+        held = measure_titan_pipeline(setup, index).param_bytes
+        assert held == at_stage(est, index).device.states.weights == 2 * by_hand[index]  # bf16
+
+
+@pytest.mark.parametrize(("vpp", "sp", "dp"), [(2, True, 1), (1, False, 1), (2, True, 2)])
+def test_tensor_parallel_stage_keeps_what_the_estimate_says(vpp: int, sp: bool, dp: int) -> None:
+    """pp 2 × tp 2 (± SP, ± vpp 2, ± FSDP2 over dp 2, ZeRO-3): each pipeline rank at tp and dp coordinate
+    0 of the (pp, dp, tp) mesh, torchtitan's TP plan on each model part, DTensors across the stage
+    boundary. Saves per layer, the schedule's holds and parameters equal the estimate of that rank."""
+    base = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 2, 4, vpp=vpp, tp=2, sp=sp)
+    setup = sharded(base, dp, 3) if dp > 1 else base
+    est = estimate(setup)
+    for index in (0, 1):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
+        assert run.param_bytes == e.device.states.weights
+        # By hand: under SP a boundary tensor is the sequence shard [b, s/2, h]; the last stage's logits
+        # the vocabulary shard [b, s, v/2] of the whole sequence
+        shapes = {name: shape for name, (shape, _) in held(run).items()}
+        hidden = (B, S // 2, H) if sp else (B, S, H)
+        assert all(shapes[k] == hidden for k in shapes if k != "pp.logits")
+        if index == 1:
+            assert shapes["pp.logits"] == (B, S, V // 2)
+        if index == 0:
+            # the embedding (vocabulary-parallel) and three layers' projections halved, their two norms
+            # replicated; FSDP2 then halves every dim 0 (all even)
+            tp_bytes = 2 * V * H // 2 + 3 * (PARAMS_LAYER - 2 * 2 * H) // 2 + 3 * 2 * 2 * H
+            assert run.param_bytes == tp_bytes // dp
+
+
+def test_searched_interleaved_layouts_place_as_torchtitan() -> None:
+    """``search.space.layouts`` of a torchtitan setup with vpp 2 searched: each interleaved pipeline carries
+    torchtitan's placement over its p·2 virtual stages (32 + 2 = 34 over 8: 5, 5, 4 × 6, less the
+    weights)."""
+    from memplan.search.space import Space, layouts
+
+    base = hf_setup("llama-3-8b", layers=32, seq=S, impl=Impl.TORCHTITAN)
+    found = {
+        (x.parallel.pp, x.parallel.vpp): x.parallel.pp_layers for x in layouts(base, 8, Space(vpp=(1, 2)))
+    }
+    assert found[(4, 2)] == (4, 5, 4, 4, 4, 4, 4, 3)
+    assert found[(4, 1)] == (8, 9, 8, 7)
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_full_ac_keeps_the_receive_buffer_as_a_block_input(vpp: int) -> None:
+    """torchtitan's FullAC: each block keeps its input [b, s, h]; a receiving chunk's first block's input
+    is torch's receive buffer itself, counted once (as the layer's save, pp.recv less those forwards)."""
+    setup = piped(
+        hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN, checkpointing="full"), 2, 4, vpp=vpp
+    )
+    est = estimate(setup)
+    for index in (0, 1):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
+    if vpp == 1:
+        # By hand, stage 1 of 1F1B (layers 3-5 and the head, one forward in flight): each block's input X
+        # — layer 3's is one of the 4 receive buffers, so 3 more are held — the head as in 1F1B's test
+        e, run = at_stage(est, 1), measure_titan_pipeline(setup, 1)
+        head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
+        assert held(run) == {"pp.recv": ((B, S, H), 3), "pp.logits": ((B, S, V), 1)}
+        assert run.activations == 3 * X + 3 * X + B * S * V * 2 + head
+
+
+@pytest.mark.parametrize("n", [6, 3])
+def test_micro_batches_off_the_pipeline_width(n: int) -> None:
+    """torch's Interleaved1F1B takes n not a multiple of p (one round of n when n < 2p; Megatron's refusal
+    does not apply): pp 4 × vpp 2 over 6 layers (one effective layer per virtual stage), ranks 0 and 3."""
+    setup = piped(hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN), 4, n, vpp=2)
+    assert setup.parallel.pp_layers == (0, 1, 1, 1, 1, 1, 1, 0)
+    est = estimate(setup)
+    for index in (0, 3):
+        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+        assert held(run) == estimated_held(e)
+        assert run.activations == e.activations
