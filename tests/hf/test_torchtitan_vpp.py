@@ -229,7 +229,7 @@ def test_trace_cli_runs_each_rank() -> None:
     from typer.testing import CliRunner
 
     from memplan.cli.app import app
-    from memplan.schema_commands import command_schema
+    from memplan.schema import command_schema
 
     runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
     base = [
