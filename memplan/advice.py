@@ -312,7 +312,7 @@ def notes(b: Built) -> list[str]:
             f"rope_scaling {m.rope_scaling}: it changes the rotary tables' values, not their shapes; the "
             "memory and FLOPs here do not depend on it"
         )
-    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.setup.default_impl
+    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.impl_rules.default_impl
         only = ", ".join(hf_code_only(m))
         out.append(
             f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "

@@ -6,7 +6,7 @@ Float8CurrentScaling(fp8_format=...)`` for ``Fp8Recipe.tensorwise`` (TE ≥ 2.2)
 computed from the tensor being cast, as torchao's tensorwise is. Megatron's other recipes do not map:
 ``delayed`` (its default; the same saved tensors, plus an amax history per module), ``mxfp8`` (1×32 blocks,
 E8M0 scales) and ``blockwise`` (1×128 / 128×128 blocks); TE has no rowwise recipe, so ``--impl megatron
---fp8 rowwise`` is refused (``config.setup.check_fp8``).
+--fp8 rowwise`` is refused (``config.impl_rules.check_fp8``).
 
 Megatron's TE layer spec (``get_gpt_layer_with_transformer_engine_spec``) runs four TE modules a layer:
 ``TELayerNormColumnParallelLinear`` (TE ``LayerNormLinear``) for W_QKV and for W_fc1, ``TERowParallelLinear``

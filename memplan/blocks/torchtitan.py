@@ -17,7 +17,7 @@ Known limitations:
   ``--device cuda`` estimates keep the CPU facts (with the CUDA flash RNG state the reference counts).
 - NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``) is modelled on
   CPU: its save list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the attention's outputs
-  would be cached too (refused: ``config.setup.check_impl``).
+  would be cached too (refused: ``config.impl_rules.check_impl``).
 - NB: FSDP2's model states are counted in the precision recipe's split (16-bit weights, fp32 master);
   torchtitan keeps fp32 sharded parameters and gradients (``MixedPrecisionPolicy``: bf16 only while
   gathered), the same bytes per element in all under bf16-mixed AdamW. ``--zero 2``

@@ -29,6 +29,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
+from memplan.config.impl_rules import default_impl, hf_code_only
 from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
@@ -40,7 +41,7 @@ from memplan.config.model import (
 )
 from memplan.config.moe import MoEConfig, RouterScoring
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
-from memplan.config.setup import CpRotate, Parallel, Setup, default_impl, hf_code_only
+from memplan.config.setup import CpRotate, Parallel, Setup
 from memplan.config.strategy import (
     Attention,
     AttentionChoice,

@@ -17,7 +17,7 @@ Offload (levels 2–4) is searched only when the node's host memory is known (th
 A family is searched at the lowest level at which its method fits anything: level k + 1 is tried only
 when level k fits nothing. Fine-tuning (LoRA, QLoRA) runs at level 0 on data-parallel layouts only: memplan
 models it without tensor, pipeline or context parallelism, offload or loss variants
-(``config.setup.check_finetune``).
+(``config.finetune_rules.check_finetune``).
 
 NB: the step time does not count offload's PCIe transfers and CPU optimizer step, so configurations are
 ranked by method, then saver level, then predicted throughput: a saver is used only when it is needed.

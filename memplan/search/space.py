@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from memplan.config import Attention, Checkpointing, Impl, Parallel, Setup, ZeroStage
-from memplan.config.setup import titan_stage_layers
+from memplan.config.impl_rules import titan_stage_layers
 from memplan.config.strategy import MAX_DP
 from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.strategies.tensor_parallel import divisors, tp_widths

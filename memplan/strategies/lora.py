@@ -19,15 +19,16 @@ Gemma-2/3 and Granite (tests/test_finetune_libraries.py): every layer's bytes, t
 The gradient flow is ``strategies.lora_flow``; the FLOPs (and segment checkpointing's ``recompute``, this
 strategy's) ``strategies.lora_flops``.
 
-Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts
-every layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
-parallelism and mixtures of experts (``config.setup.check_finetune``), and under ``--impl hf`` the families
-whose layers it does not list (``config.setup._NO_LORA``: fused projections peft adapts as one linear,
-post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]);
-memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory moments: peft's
-``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep nothing, but
-their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls are timed at
-the activation dtype's rate and their optimizer step at the base recipe's bytes (``time.compute``).
+Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts every
+layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
+parallelism and mixtures of experts (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
+families whose layers it does not list (``config.finetune_rules._NO_LORA``: fused projections peft adapts as
+one linear, post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one
+B [3h, r]); memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory
+moments: peft's ``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep
+nothing, but their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls
+are timed at the activation dtype's rate and their optimizer step at the base recipe's bytes
+(``time.compute``).
 Where a single layer keeps the rotary products (a 2-layer trace whose layer 0 has no q/k gradient), a
 per-layer trace attributes the cos/sin tables to that layer; the estimate counts them once at model level
 (the total is the same; kept by several layers, the trace counts them at model level too).

@@ -8,7 +8,7 @@ and run no backward, and the first trainable layer's input needs no gradient.
 
 Known limitations: a layer's flow is one ``Flow`` for a Llama / GPT layer (attention, then MLP); the
 layouts whose flow differs (parallel layers, post-norm-only) are refused with fine-tuning
-(``config.setup._NO_LORA``).
+(``config.finetune_rules._NO_LORA``).
 """
 
 from __future__ import annotations

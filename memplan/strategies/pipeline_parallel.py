@@ -8,7 +8,7 @@ flight (Narayanan et al. 2021 §2.2; Korthikanti et al. 2022 §4.2.3): under 1F1
 forwards before its first backward; with the interleaved schedule of m model chunks Megatron's warm-up is
 2(p − i − 1) + (m − 1)·p forwards. Both are capped by the micro-batches of the step (``grad_accum``).
 
-``--impl torchtitan``: torchtitan places the layers itself (``config.setup.titan_stage_layers``, its
+``--impl torchtitan``: torchtitan places the layers itself (``config.impl_rules.titan_stage_layers``, its
 ``_generate_llm_fqn_per_model_part``: the embedding and the head weigh one layer each), filled in as the
 setup's ``pp_layers``; its last stage ends with the lm head and holds the logits (``pp.logits``), and a
 layer's saved RoPE cache is its module buffer, once per layer (``Group.LAYER_BUFFER``). With ``--vpp M`` it

@@ -88,7 +88,7 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
                 f"list the {parallel.pp * parallel.vpp} virtual stages' layers with --pp-layers"
             )
     # torchtitan runs torch's ScheduleInterleaved1F1B, whose rounds take any multiple of max(1, ⌊n/p⌋)
-    # micro-batches (config.setup.check_titan_interleaved)
+    # micro-batches (config.impl_rules.check_titan_interleaved)
     if parallel.vpp > 1 and t.grad_accum % parallel.pp and setup.impl.impl is not Impl.TORCHTITAN:
         raise ValueError(
             f"grad-accum: the interleaved schedule runs micro-batches in groups of --pp {parallel.pp}, "

@@ -81,7 +81,7 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
     attention core run in 16-bit."""
     e = setup.training.precision.activation_dtype.bytes
-    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.setup.check_fp8)
+    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.impl_rules.check_fp8)
     shard = setup.parallel.tp if setup.parallel.sp else 1
     per_step = setup.training.grad_accum
     forward = backward = 0

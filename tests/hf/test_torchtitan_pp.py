@@ -14,7 +14,7 @@ pytest.importorskip("torchtitan.models.llama3")
 
 from memplan.blocks.inventory import Scope
 from memplan.config import Impl, Setup
-from memplan.config.setup import titan_stage_layers
+from memplan.config.impl_rules import titan_stage_layers
 from memplan.engine import at_stage, estimate
 from memplan.measure.distributed.titan_pp import StageRun, measure_titan_stage
 from tests.hf.harness import hf_setup

@@ -6,7 +6,7 @@ builds torchtitan's ``Llama3Model`` on the meta device (``frameworks.titan.titan
 (``distributed/pipeline_parallel.py`` ``_split_module``: a deep copy with the other layers dropped, the
 embedding on the first stage only, the final norm and lm head on the last) over the module names
 ``_generate_llm_fqn_per_model_part`` gives (``pipeline_llm``'s default placement, the estimate's
-``config.setup.titan_stage_layers``), materialises it under ``FakeTensorMode`` and runs torch's
+``config.impl_rules.titan_stage_layers``), materialises it under ``FakeTensorMode`` and runs torch's
 ``Schedule1F1B`` (torchtitan 0.3.0's default ``pipeline_parallel_schedule``) over the step's
 ``grad_accum`` micro-batches with torchtitan's loss as the schedule's ``loss_fn`` on every rank
 (``scale_grads=False``, ``global_valid_tokens`` in ``loss_kwargs``, as ``Trainer.forward_backward_step``
@@ -18,7 +18,7 @@ Known limitations:
 - NB: the stage is built with static ``input_args`` / ``output_args`` (as ``pipeline.make_stage``):
   torchtitan's ``PipelineStage`` infers them by running the stage once, which exchanges metadata that
   the fake process group cannot carry. The shapes are the ones that run would find.
-- NB: tp, cp and dp (FSDP2 with ``pp_enabled``) with pp are refused in ``config.setup.check_impl``; the
+- NB: tp, cp and dp (FSDP2 with ``pp_enabled``) with pp are refused in ``config.impl_rules.check_impl``; the
   interleaved schedule (vpp > 1) runs in ``titan_vpp``.
 - NB: only saved tensors and the stage's parameter bytes are compared, not the peak.
 """

@@ -26,7 +26,7 @@ Known limitations:
 - NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
-- NB: cp with pp is refused in ``config.setup.check_titan_pipeline``.
+- NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
 - NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
   reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
 """

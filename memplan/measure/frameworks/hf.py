@@ -79,7 +79,7 @@ PEFT_TARGETS = {
     Target.DOWN: "down_proj",
 }
 """peft's ``target_modules`` for memplan's targets: transformers' Llama-style module names (the families
-``config.setup.check_finetune`` lets through under ``--impl hf``)."""
+``config.finetune_rules.check_finetune`` lets through under ``--impl hf``)."""
 
 
 def check_peft(setup: Setup) -> None:

@@ -21,10 +21,10 @@ Known limitations:
   language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
 - NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA
-  (``memplan.config.setup.check_impl``).
+  (``memplan.config.impl_rules.check_impl``).
 - NB: ``--fp8 rowwise`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``);
   0.3.0's converter offers rowwise and rowwise_with_gw_hp only, so ``--fp8 tensorwise`` is refused with the
-  setup (``memplan.config.setup.check_impl``).
+  setup (``memplan.config.impl_rules.check_impl``).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 - NB: without ``--cp`` the model runs without ``positions`` (RoPE reads a prefix view of each layer's cache);
   torchtitan's trainer passes the dataset's positions (``hf_datasets/text_datasets.py``), which makes each
@@ -93,7 +93,7 @@ def require_torchtitan() -> Any:
 
 def check_titan(setup: Setup) -> None:
     """One-line error before building: torchtitan not importable (what torchtitan's Llama 3 cannot be is
-    refused with the setup: ``memplan.config.setup.check_impl``)."""
+    refused with the setup: ``memplan.config.impl_rules.check_impl``)."""
     require_torchtitan()
 
 

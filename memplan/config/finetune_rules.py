@@ -1,0 +1,81 @@
+"""Which fine-tuning setups memplan models (``Setup``'s validator, ``config.setup.check_setup``): LoRA,
+QLoRA and frozen layers by layout, family and implementation, and each family's q/k norms as its code has
+them. One-line ``ValueError``s naming the field and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.config.finetune import Target
+from memplan.config.impl import Family, Impl
+from memplan.config.model import MlpType
+from memplan.config.offload import LossKind, Offload
+from memplan.config.strategy import Checkpointing
+
+if TYPE_CHECKING:
+    from memplan.config.setup import Setup
+
+_NO_LORA = {
+    Family.OLMO2: "post-norm-only layers, whole-width q/k norms: saves strategies.lora does not list",
+    Family.STARCODER2: "residual dropouts, biased GELU MLP: saves strategies.lora does not list",
+    Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
+    Family.STABLELM: "partial rotary's cat, parallel layer: saves strategies.lora does not list",
+    Family.GLM: "peft adapts the fused gate_up_proj as one linear, memplan gate and up as two",
+    Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
+    Family.GPT2: "peft adapts the fused c_attn as one linear, memplan q, k, v as three; Conv1D layers' "
+    "saves strategies.lora does not list",
+    Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
+    "parallel layer's saves strategies.lora does not list",
+    Family.PHI3: "peft adapts the fused qkv_proj and gate_up_proj as one linear each, memplan q, k, v and "
+    "gate, up apart",
+}
+"""The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
+against peft on transformers' own model: trainable counts equal, the saves differ per layer)."""
+
+
+def check_finetune(setup: Setup) -> None:
+    """The fine-tuning settings fit the model and the layouts memplan models them for; one-line errors."""
+    m, ft, s, par = setup.model, setup.finetune, setup.strategy, setup.parallel
+    if ft.freeze_layers is not None and ft.freeze_layers[1] >= m.num_layers:
+        raise ValueError(
+            f"freeze: layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]} beyond {m.name}'s "
+            f"{m.num_layers} layers (0-{m.num_layers - 1}); use layers:A-B with B < {m.num_layers}"
+        )
+    if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets:
+        raise ValueError(
+            f"lora-targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
+            "or all-linear"
+        )
+    if (
+        ft.lora
+        and ft.freeze_layers is not None
+        and ft.freeze_layers[1] - ft.freeze_layers[0] + 1 >= m.num_layers
+    ):
+        raise ValueError("freeze: every layer frozen leaves no LoRA adapter to train; freeze fewer layers")
+    # NB: refused rather than estimated wrongly: the strategies below re-run or split layers whose saves
+    # and FLOPs memplan models for fine-tuning on one unsplit replica only (data parallelism and ZeRO are).
+    # Segment checkpointing re-runs layers whose output needs a gradient: every one under LoRA on all layers.
+    segment_ok = ft.lora and ft.freeze_layers is None and s.checkpointing is not Checkpointing.SELECTIVE
+    unmodelled = {
+        "--checkpointing (but full or every-K with LoRA on every layer)": s.checkpointing
+        is not Checkpointing.NONE
+        and not segment_ok,
+        "--reversible": s.reversible,
+        "--tp/--sp": par.tp > 1,
+        "--pp": par.pp > 1,
+        "--cp": par.cp > 1,
+        "a mixture of experts": m.moe is not None,
+        "--offload": setup.offload is not Offload.NONE,
+        "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+        # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
+        # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
+        # residual dropouts) are not expressed there nor checked against peft.
+        f"--impl hf for {m.code_family.value} ({_NO_LORA.get(m.code_family)})": setup.impl.impl is Impl.HF
+        and m.code_family in _NO_LORA,
+    }
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"finetune: fine-tuning or freezing with {name} is not modelled yet; "
+                "use full training (--finetune full, no --freeze) or drop that setting"
+            )

@@ -1,0 +1,356 @@
+"""Which setups each implementation's code models (``--impl hf|torchtitan|megatron``; ``Setup``'s
+validator, ``config.setup.check_setup``): transformers' structures and families, torchtitan's Llama and its
+parallelisms (its pipeline placement: ``titan_stage_layers``), float8 recipes, and the implementation a
+model defaults to. One-line ``ValueError``s naming the field and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memplan.config.impl import Family, Fp8Recipe, Impl
+from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
+from memplan.config.offload import LossKind, Offload
+from memplan.config.strategy import Attention, Checkpointing, Device, ZeroStage
+
+if TYPE_CHECKING:
+    from memplan.config.setup import Setup
+
+
+def titan_stage_layers(layers: int, pp: int, first_less: int = 1, last_less: int = 1) -> tuple[int, ...]:
+    """Layers on each pipeline stage as torchtitan 0.3.0 places them by default
+    (``distributed/pipeline_parallel.py`` ``_generate_llm_fqn_per_model_part``, with ``ParallelismConfig``'s
+    ``pipeline_parallel_first_stage_less_layers`` = ``last_stage_less_layers`` = 1): the embedding and the
+    head each weigh one layer; the L + 2 "effective layers" are cut into p stages of ⌊(L + 2)/p⌋, the first
+    (L + 2) mod p one more; the first and the last stage hold their share less that weight. Llama 3 405B
+    (126 layers, pp 16): 128/16 = 8 each, so 7, 8 × 14, 7 — memplan's own placement; 16 layers over 4
+    stages: 18 = 4·4 + 2, so 4, 5, 4, 3 (memplan's: 4 each)."""
+    per, extra = divmod(layers + first_less + last_less, pp)
+    counts = [per + (1 if i < extra else 0) for i in range(pp)]
+    counts[0] -= first_less
+    counts[-1] -= last_less
+    return tuple(counts)
+
+
+def titan_unmapped(m: ModelConfig) -> dict[str, bool]:
+    """What torchtitan's Llama 3 (``torchtitan/models/llama3``) cannot be, by the field to change."""
+    return {
+        "mlp (torchtitan's Llama has a SwiGLU FeedForward; use mlp = swiglu)": m.mlp is not MlpType.SWIGLU,
+        "norm (torchtitan's Llama has RMSNorm; use norm = rmsnorm)": m.norm is not NormType.RMSNORM,
+        "position (torchtitan's Llama has RoPE; use position = rope)": m.position is not PositionType.ROPE,
+        "qkv_bias / out_bias / mlp_bias (torchtitan's Llama has no biases; set them false)": m.qkv_bias
+        or m.out_bias
+        or m.mlp_bias,
+        "dropout (torchtitan's Llama has none; set attn/resid/embd_dropout 0)": bool(
+            m.attn_dropout or m.resid_dropout or m.embd_dropout
+        ),
+        "moe (torchtitan's Llama 3 is dense; drop moe)": m.moe is not None,
+    }
+
+
+_DEEPSEEK = (Family.DEEPSEEK_V2, Family.DEEPSEEK_V3)
+HF_STRUCTURE = {
+    "post_norms": (Family.GEMMA2, Family.GEMMA3, Family.OLMO2),
+    "attn_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "final_softcap": (Family.GEMMA2, Family.GEMMA3),
+    "sliding_window_pattern": (Family.GEMMA2, Family.GEMMA3, Family.GPT_OSS),
+    "rope_local_theta": (Family.GEMMA3,),
+    "attn_sinks": (Family.GPT_OSS,),
+    "gate_act": (Family.GPT_OSS,),
+    "moe.router_bias": (Family.GPT_OSS,),
+    "moe.expert_bias": (Family.GPT_OSS,),
+    "mla": _DEEPSEEK,
+    "moe.dense_layers": _DEEPSEEK,
+    "moe.scoring": (Family.DEEPSEEK_V3,),
+    "moe.groups": _DEEPSEEK,
+    "pre_norms": (Family.OLMO2,),
+    "qk_norm_whole": (Family.OLMO2, Family.COHERE, Family.STABLELM),
+    "shared_norm": (Family.COHERE, Family.STABLELM, Family.FALCON),
+    "norm_bias": (Family.COHERE,),
+    "head_bias": (Family.PHIMOE,),
+    "moe.input_jitter": (Family.PHIMOE,),
+    "moe.router_sigmoid": (Family.LLAMA4,),
+    "moe_every": (Family.LLAMA4,),
+    "nope_every": (Family.LLAMA4,),
+    "attn_chunk": (Family.LLAMA4,),
+    "qk_l2_norm": (Family.LLAMA4,),
+    "attn_temperature": (Family.LLAMA4,),
+}
+"""The transformers families whose code has each ``ModelConfig.hf_only`` structure."""
+
+
+def hf_code_only(m: ModelConfig) -> list[str]:
+    """The fields of ``m`` whose structure memplan models in transformers' code only (``--impl hf``):
+    ``ModelConfig.hf_only``'s, and partial rotary / parallel residual (``check_setup``)."""
+    names = [name for name, used in m.hf_only.items() if used]
+    return names + [
+        n
+        for n, used in (("rotary_pct", m.rotary_pct < 1), ("parallel_residual", m.parallel_residual))
+        if used
+    ]
+
+
+def default_impl(m: ModelConfig) -> Impl:
+    """``--impl`` when it is not given: memplan's reference model, or transformers' code (``hf``) for a model
+    with structure only that is modelled for (``hf_code_only``: MLA, softcaps, sliding-window patterns,
+    Llama 4's chunked attention, …), which the reference would refuse."""
+    return Impl.HF if hf_code_only(m) else Impl.REFERENCE
+
+
+def check_hf_only(setup: Setup) -> None:
+    """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
+    whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
+    False``). SDPA with a window ≤ seq on alternating layers: the two layer kinds' saves differ
+    (``blocks.attention.full_layer_setup``)."""
+    m, impl = setup.model, setup.impl.impl
+    for name, used in m.hf_only.items():
+        if used and impl is not Impl.HF:
+            raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
+        families = HF_STRUCTURE.get(name, ())
+        if used and impl is Impl.HF and m.code_family not in families:
+            names = ", ".join(f.value for f in families)
+            raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
+    flash = setup.strategy.attention is not Attention.EAGER
+    if impl is Impl.HF and m.attn_softcap is not None and flash:
+        raise ValueError(
+            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
+        )
+    if impl is Impl.HF and m.attn_sinks and flash:  # GptOssPreTrainedModel._supports_sdpa = False
+        raise ValueError(
+            "attention: transformers has no SDPA path with attention sinks (gpt-oss); use --attention eager"
+        )
+    if m.attn_sinks and m.attn_dropout > 0:
+        raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
+
+
+_LN_CODE = (
+    Family.GPT2,
+    Family.GPT_NEOX,
+    Family.STARCODER2,
+    Family.COHERE,
+    Family.STABLELM,
+    Family.FALCON,
+    Family.PHIMOE,
+)
+"""The transformers families whose decoder layers are LayerNorms (the others: RMSNorm)."""
+_GELU_CODE = (Family.GPT2, Family.GPT_NEOX, Family.STARCODER2, Family.FALCON)
+"""The transformers families whose MLP is fc → GELU → fc (the others: gated, SwiGLU's matrices)."""
+_LAYOUT_CODE = {
+    "parallel_residual": (Family.GPT_NEOX, Family.COHERE, Family.STABLELM, Family.FALCON),
+    "rotary_pct": (Family.GPT_NEOX, Family.STABLELM, Family.GLM),
+}
+"""The families whose code has a parallel layer, and a partial rotary (``ModelConfig.rotary_pct`` < 1)."""
+
+
+def check_qk_norm(m: ModelConfig) -> None:
+    """``qk_norm`` as the family's transformers code has it: Qwen3's always, Llama's, Mistral's and
+    Qwen2's never; OLMo-2's over the whole projection widths, with its post-norm-only layout."""
+    family = m.code_family
+    if family in (Family.QWEN3, Family.QWEN3_MOE) and not m.qk_norm:
+        raise ValueError(
+            f"qk_norm: Qwen3's code always normalises q and k; set qk_norm true for family {family.value}"
+        )
+    olmo2 = m.qk_norm_whole and m.post_norms and not m.pre_norms
+    if family is Family.OLMO2 and not olmo2:
+        raise ValueError(
+            "post_norms: OLMo-2's code normalises after attention and the MLP only, and q and k over "
+            "their whole width; set post_norms true, pre_norms false, qk_norm and qk_norm_whole true"
+        )
+    if family in (Family.COHERE, Family.STABLELM) and m.qk_norm != m.qk_norm_whole:
+        raise ValueError(
+            f"qk_norm_whole: {family.value}'s q/k norms have [heads, d] weights; "
+            "set qk_norm and qk_norm_whole alike"
+        )
+    no_qk_norm = (Family.LLAMA, Family.MISTRAL, Family.QWEN2, Family.GRANITE, Family.STARCODER2, Family.GLM)
+    if m.qk_norm and family in (*no_qk_norm, Family.FALCON, Family.GPT2, Family.GPT_NEOX, Family.PHI3):
+        raise ValueError(
+            f"qk_norm: {family.value}'s code has no q_norm/k_norm; set family qwen3 or qk_norm false"
+        )
+
+
+def check_family_layout(m: ModelConfig) -> None:
+    """The norm, the MLP, a parallel layer and a partial rotary as the family's transformers code has
+    them: a layout its code cannot run is an error, not an estimate of other code."""
+    family = m.code_family
+    norm = NormType.LAYERNORM if family in _LN_CODE else NormType.RMSNORM
+    if m.norm is not norm:
+        raise ValueError(
+            f"norm: transformers' {family.value} code has {norm.value}; set norm = '{norm.value}'"
+        )
+    mlp = MlpType.GELU if family in _GELU_CODE else MlpType.SWIGLU
+    if m.mlp is not mlp and m.moe is None:  # a mixture's experts: blocks.hf.moe.check
+        raise ValueError(
+            f"mlp: transformers' {family.value} code has a {mlp.value} MLP; set mlp = '{mlp.value}'"
+        )
+    used = {"parallel_residual": (m.parallel_residual, "false"), "rotary_pct": (m.rotary_pct < 1, "1")}
+    for name, (on, off) in used.items():
+        if on and family not in _LAYOUT_CODE[name]:
+            names = ", ".join(f.value for f in _LAYOUT_CODE[name])
+            raise ValueError(
+                f"{name}: transformers' {family.value} code has none ({names} do); set {name} {off}"
+            )
+
+
+def check_flash_attn(setup: Setup) -> None:
+    """``--flash-attn`` is transformers' flash_attention_2: the hf profile's, a flash kernel, on CUDA."""
+    if setup.impl.impl is not Impl.HF:
+        raise ValueError("flash_attn: --flash-attn is transformers' flash_attention_2; add --impl hf")
+    if setup.strategy.attention is not Attention.FLASH:
+        raise ValueError("flash_attn: flash_attention_2 is a flash kernel; use --attention flash")
+    if setup.device is not Device.CUDA:
+        raise ValueError("flash_attn: the flash-attn package runs on CUDA only; use --device cuda")
+
+
+def check_impl(setup: Setup) -> None:
+    """A framework profile covers what that framework's own code does on one replica; one-line errors."""
+    impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
+    check_fp8(setup)
+    if impl is Impl.MEGATRON:
+        # Megatron-core runs every layout memplan models, on CUDA only (its fused kernels are CUDA's).
+        if setup.device is not Device.CUDA:
+            raise ValueError(
+                "device: --impl megatron follows Megatron-core's CUDA kernels; use --device cuda"
+            )
+        if not setup.finetune.trains_everything:
+            raise ValueError(
+                "finetune: --impl megatron with LoRA, QLoRA or frozen parts is not modelled; use --impl "
+                "reference or train every weight"
+            )
+        return
+    if impl is Impl.HF:
+        check_qk_norm(setup.model)
+        check_family_layout(setup.model)
+    if impl is Impl.TORCHTITAN:
+        for name, used in titan_unmapped(setup.model).items():
+            if used:
+                raise ValueError(f"model: --impl torchtitan cannot map {name}")
+        if s.attention is Attention.EAGER:
+            raise ValueError(
+                "attention: --impl torchtitan runs SDPA (torchtitan has no eager attention); "
+                "use --attention flash"
+            )
+        if s.zero is ZeroStage.OPTIMIZER and s.dp > 1:
+            raise ValueError(
+                "zero: torchtitan shards over dp with FSDP2 only (ZeRO-2 reshard_after_forward=False, "
+                "ZeRO-3 True) and has no ZeRO-1; use --zero 0, 2 or 3"
+            )
+        if s.checkpointing is Checkpointing.SELECTIVE and setup.device is Device.CUDA:
+            raise ValueError(
+                "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
+                "op's outputs); use --device cpu"
+            )
+        if par.pp > 1:
+            check_titan_pipeline(setup)
+        if setup.impl.fp8 is Fp8Recipe.TENSORWISE:
+            # torchtitan 0.3.0 components/quantization/float8.py: recipe_name: Literal["rowwise",
+            # "rowwise_with_gw_hp"].
+            raise ValueError(
+                "fp8: torchtitan 0.3.0's Float8LinearConverter offers the rowwise recipes only; use --fp8 "
+                "rowwise (or --impl reference for tensorwise)"
+            )
+    unmodelled = {
+        # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).
+        "--tp/--sp": impl is not Impl.TORCHTITAN and par.tp > 1,
+        "--pp": par.pp > 1 and impl is not Impl.TORCHTITAN,
+        # torchtitan's context parallel runs torch's ring (measure/frameworks/titan.py,
+        # tests/measure/test_titan_context.py).
+        "--cp": par.cp > 1 and impl is not Impl.TORCHTITAN,
+        "--reversible": s.reversible,
+        # torchtitan's SelectiveAC (per op) is modelled (strategies.checkpointing.titan_sac_keeps).
+        "--checkpointing selective": impl is not Impl.TORCHTITAN
+        and s.checkpointing is Checkpointing.SELECTIVE,
+        # torchtitan 0.3.0's FullAC checkpoints every block; its SelectiveAC is per op, not every K.
+        "--checkpointing every-K": impl is Impl.TORCHTITAN and s.checkpointing is Checkpointing.EVERY_K,
+        # LoRA's saves along the gradient flow (strategies/lora.py) are not checked against torchtitan.
+        "--finetune or --freeze": impl is Impl.TORCHTITAN and not setup.finetune.trains_everything,
+        "--offload": setup.offload is not Offload.NONE,
+        "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+    }
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"impl: --impl {impl.value} with {name} is not modelled; use --impl reference (memplan's "
+                "reference model) or --impl megatron, or drop that setting"
+            )
+
+
+def check_fp8(setup: Setup) -> None:
+    """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
+    torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
+    Megatron: tensorwise, dense layers (blocks/te_fp8.py)."""
+    fp8, impl, m = setup.impl.fp8, setup.impl.impl, setup.model
+    if fp8 is Fp8Recipe.NONE:
+        return
+    if impl is Impl.HF:
+        raise ValueError(
+            "fp8: --impl hf runs transformers' bf16 linears (no float8 conversion of them is modelled); use "
+            "--impl reference or torchtitan (torchao Float8Linear) or megatron (Transformer Engine)"
+        )
+    if impl is not Impl.MEGATRON:
+        return
+    if fp8 is Fp8Recipe.ROWWISE:
+        # Megatron-LM arguments.py: --fp8-recipe choices delayed, tensorwise, mxfp8, blockwise.
+        raise ValueError(
+            "fp8: Transformer Engine has no rowwise recipe (Megatron's --fp8-recipe: delayed, tensorwise, "
+            "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) with --impl megatron"
+        )
+    for name, used in {"a mixture of experts": m.moe is not None, "MLA": m.mla is not None}.items():
+        if used:
+            raise ValueError(
+                f"fp8: --impl megatron --fp8 with {name} is not modelled (dense Transformer Engine layers "
+                "only); drop --fp8 or use a dense model"
+            )
+
+
+def check_titan_pipeline(setup: Setup) -> None:
+    """``--impl torchtitan --pp``: its default ``Schedule1F1B`` (``--vpp``: ``Interleaved1F1B``) on pipeline
+    ranks, each stage tensor-parallel (``--tp``/``--sp``: torchtitan's plan per model part) and FSDP2-sharded
+    over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``); one-line errors
+    for what is not modelled with it."""
+    par = setup.parallel
+    if par.vpp > 1:
+        check_titan_interleaved(setup)
+    unmodelled = {
+        "--cp": par.cp > 1,
+        # SelectiveAC's per-op cache of outputs is not traced under the pipeline schedules
+        "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
+        "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
+    }
+    if setup.model.tied_embeddings:
+        # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
+        # not supported with Pipeline Parallel.")
+        raise ValueError(
+            "pp: torchtitan refuses tied embeddings with pipeline parallelism; set tied_embeddings false "
+            "or drop --pp"
+        )
+    for name, used in unmodelled.items():
+        if used:
+            raise ValueError(
+                f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
+                "TP/SP and FSDP2 are); drop that setting or use --impl reference"
+            )
+
+
+def check_titan_interleaved(setup: Setup) -> None:
+    """``--impl torchtitan --pp P --vpp M``: torch's ``ScheduleInterleaved1F1B`` over the p·M virtual stages
+    torchtitan's ``_get_pipeline_metadata`` makes — 2 per rank by default, otherwise
+    ⌈(L + 2)/pipeline_parallel_layers_per_stage⌉, which must reach p·M — with n micro-batches a multiple of
+    its rounds, max(1, ⌊n/p⌋) (``ScheduleInterleaved1F1B.__init__`` raises otherwise)."""
+    par, n, layers = setup.parallel, setup.training.grad_accum, setup.model.num_layers
+    virtual = par.pp * par.vpp
+    if par.pp_layers is None or len(par.pp_layers) != virtual:
+        raise ValueError(
+            f"pp_layers: --impl torchtitan --vpp {par.vpp} places one count per virtual stage ({virtual}); "
+            "give that many or drop --pp-layers"
+        )
+    reachable = any(-(-(layers + 2) // per) == virtual for per in range(1, layers + 3))
+    if par.vpp != 2 and not reachable:
+        raise ValueError(
+            f"vpp: no pipeline_parallel_layers_per_stage makes torchtitan cut {layers} + 2 layers into "
+            f"{virtual} virtual stages (⌈{layers + 2}/k⌉ never equals it); use --vpp 2 or another --vpp"
+        )
+    rounds = max(1, n // par.pp)
+    if n % rounds:
+        raise ValueError(
+            f"grad_accum: torch's Interleaved1F1B needs the {n} micro-batches to be a multiple of its "
+            f"{rounds} rounds (max(1, ⌊n/pp⌋)); use a multiple of {par.pp} or fewer than {2 * par.pp}"
+        )
