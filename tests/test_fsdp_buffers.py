@@ -52,23 +52,27 @@ def test_llama2_13b_over_64_ranks_by_hand() -> None:
 
 def test_the_root_unit_of_the_reference_and_of_the_2024_torchtitan_by_hand() -> None:
     """--impl reference (and the 2024 torchtitan that ran: each block, then ``fully_shard(model)``): one root
-    unit of the embedding, the final norm and the head, gathered first and never again (FSDP2 does not
-    reshard the root after forward). Llama-2-13B over 64 ranks, bf16:
+    unit of the embedding, the final norm and the head, gathered first; the reference passes
+    ``reshard_after_forward=True`` to it (torch 2.13 honours it: gathered again, last, in backward), the
+    2024 torchtitan passed none (not resharded). Llama-2-13B over 64 ranks, bf16:
       root: 163,840,000 + 163,845,120 el → 655,370,240 B; its segment rounds up to 2 MiB:
             ⌈655,370,240 / 2,097,152⌉ = 313 → 626 MiB = 656,408,576 B (1,038,336 B left: under 1 MiB, the
             block is handed out whole)
       layer: 634,408,960 B in a 606 MiB segment (1,028,096 B left: whole)
     Forward: the root's 626 MiB, layer 0's 606 MiB beside it (the root's is still kept), then layer 1 in
     the root's freed 626 MiB (split: 21,999,616 B left), layer 2 in layer 0's, and so on; the root's
-    post-forward frees the last. The backward and the second step reuse them: 626 + 606 = 1,232 MiB."""
+    post-forward frees the last. The backward gathers one unit at a time (each freed after its copy-out
+    before the next is prefetched): the root last, in its own free 626 MiB. The second step reuses them:
+    626 + 606 = 1,232 MiB — the same with the root not gathered again (the 2024 run)."""
     r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
     units = gather_units(r.setup, 40, True, True)
     assert units is not None and len(units) == 41
-    assert units[0] == (655_370_240, False) and units[1:] == [(634_408_960, True)] * 40
-    got = stream_reserved(units)
-    assert got.reserved_peak == (626 + 606) * MIB == 1_291_845_632
-    assert got.requested_peak == 655_370_240 + 634_408_960
-    assert got.allocated_peak == (626 + 606) * MIB
+    assert units[0] == (655_370_240, True) and units[1:] == [(634_408_960, True)] * 40
+    for root_again in (True, False):
+        got = stream_reserved([(655_370_240, root_again), *units[1:]])
+        assert got.reserved_peak == (626 + 606) * MIB == 1_291_845_632
+        assert got.requested_peak == 655_370_240 + 634_408_960
+        assert got.allocated_peak == (626 + 606) * MIB
     # a middle pipeline stage holds neither the embedding nor the head: no root unit
     assert gather_units(r.setup, 10, False, False) == [(634_408_960, True)] * 10
 

@@ -14,8 +14,8 @@ When each buffer is freed, from _fsdp_param_group.py (torch 2.13), per micro-bat
   ``wait_for_unshard`` frees the *previous* unit's buffer (``comm_ctx.all_gather_state``), keeping unit
   k's until the next unit's; the last unit's is freed when the root's forward ends (_fsdp_state.py
   ``_post_forward``: ``if self._state_ctx.iter_forward_root is self: … self._comm_ctx.all_gather_state =
-  None  # free the all-gather result``; pytorch/pytorch 005da46, torch/distributed/_composable/fsdp/ —
-  every FSDP2 stack wraps the root, so it applies to all);
+  None  # free the all-gather result``; torch 2.3's torch/distributed/_composable/fsdp/ and torch 2.13's
+  torch/distributed/fsdp/_fully_shard/ alike — every FSDP2 stack wraps the root, so it applies to all);
 - backward: unit j's ``pre_backward`` all-gathers it unless prefetched or still unsharded, frees it after
   the copy-out (not deferred outside the forward), then prefetches unit j − 1 (``_backward_prefetch``).
 
@@ -28,10 +28,15 @@ Units, by implementation:
   layer, then on the root) and the 2024 torchtitan that ran the Llama 2 benchmarks (parallelize_llama.py
   of the time: each block, then ``fully_shard(model)``): the root unit holds the embedding, the final norm
   and the head together and is gathered first, before layer 0 (the root's pre-forward runs before its
-  children's), and never in backward — FSDP2 does not reshard the root after forward (``FSDPState.
+  children's). Whether the backward gathers it again: the 2024 torchtitan passed no
+  ``reshard_after_forward`` to the root, which FSDP2 then does not reshard after forward (``FSDPState.
   _lazy_init``: "For the root, do not reshard after forward since for training, the parameters would be
-  freed and all-gathered immediately", ``post_forward_mesh_info = None``). A pipeline stage's root holds
-  whichever of them the stage has (none: no root unit).
+  freed and all-gathered immediately", ``post_forward_mesh_info = None``; unconditional in torch 2.3,
+  only when the flag is not given, ``_auto_reshard_after_forward``, in torch 2.13); memplan's reference
+  passes the flag (ZeRO-3: True), so torch 2.13 reshards its root and the backward gathers it last. The
+  root is modelled as the reference runs (``again`` as the layers'); for the 2024 run the stream's
+  segments are the same either way (tests/test_fsdp_buffers.py). A pipeline stage's root holds whichever
+  of them the stage has (none: no root unit).
 
 The stream's segments are never returned while the step runs, and the default stream cannot use them:
 its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
@@ -99,8 +104,8 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     if setup.impl.impl is Impl.TORCHTITAN:
         units = [(gathered(embed, world, e), again)] if first else []
         return units + block + ([(gathered(head, world, e), False)] if last else [])
-    root = embed + head  # the root unit: gathered first, not resharded after forward
-    return ([(gathered(root, world, e), False)] if root else []) + block
+    root = embed + head  # the root unit: gathered first; resharded as the layers (the flag is passed)
+    return ([(gathered(root, world, e), again)] if root else []) + block
 
 
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
