@@ -114,18 +114,20 @@ def row(case: Case) -> str:
     assert v is not None and v.allocated_peak is not None and v.reserved_peak is not None
     verdict = "fits" if v.fits else "does not fit"
     follows = "yes" if case.ran_code else "no"
+    comm = v.fsdp_all_gather_stream + v.ddp_buckets
     return (
         f"| {case.name} | {case.source} | {case.ran} | `{case.typed}` | {follows} | "
-        f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.nccl)} | "
-        f"{gib(v.reserved_peak + v.cuda_context + v.nccl)} | {gib(v.device_bytes)} | {verdict} |"
+        f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.nccl)} | {gib(comm)} | "
+        f"{gib(v.reserved_peak + v.cuda_context + v.nccl + comm)} | {gib(v.device_bytes)} | {verdict} |"
     )
 
 
 def markdown() -> str:
     head = (
         "| run | source | what ran | typed into memplan | follows the code that ran | allocated GiB | "
-        "reserved GiB | NCCL buffers GiB | + CUDA context + NCCL GiB | device GiB | memplan says |\n"
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---|\n"
+        "reserved GiB | NCCL buffers GiB | FSDP2 all-gather stream + DDP buckets GiB | "
+        "+ CUDA context + NCCL + stream/buckets GiB | device GiB | memplan says |\n"
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n"
     )
     return head + "".join(row(c) + "\n" for c in CASES)
 

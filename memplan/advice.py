@@ -75,6 +75,8 @@ class GpuCount(BaseModel):
     model_config = ConfigDict(frozen=True)
     gpu: str
     usable_bytes: int
+    """What the allocator may reserve for the configuration shown (at ``dp``; at the last dp tried when none
+    fits): its verdict's, NCCL's buffers, FSDP2's all-gather stream and DDP's buckets left out as there."""
     devices: int | None
     dp: int | None
     args: list[str]
@@ -92,8 +94,8 @@ class Advice(BaseModel):
     gpu_given: bool
     memory_bytes: int
     usable_bytes: int
-    """What the allocator may reserve: the driver's memory less the CUDA context and ``--reserve``
-    (``search.budget.allocator_memory``)."""
+    """What the allocator may reserve: the driver's memory less the CUDA context, NCCL's buffers, FSDP2's
+    all-gather stream, DDP's buckets and ``--reserve`` (the verdict's, ``search.budget``)."""
     peak: int
     phase: str
     fits: bool
@@ -148,13 +150,14 @@ def _result(o: Options) -> Result | None:
         return None
 
 
-def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int] | None:
-    """(peak bytes, fits, devices) of ``o`` on ``gpu``; None when it cannot be planned."""
+def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int, int] | None:
+    """(peak bytes, fits, devices, the verdict's usable bytes) of ``o`` on ``gpu``; None when it cannot be
+    planned."""
     r = _result(o)
     if r is None:
         return None
     v = verdict(r, gpu, reserve=reserve)
-    return v.peak, v.fits, r.devices
+    return v.peak, v.fits, r.devices, v.usable_bytes
 
 
 def _change(o: Options, built: Result, **update: object) -> Options:
@@ -180,22 +183,25 @@ def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
     """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): dp
     doubles from 1 until it fits, then a bisection finds the smallest that fits."""
     world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
+    # the memory shown is the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather
+    # stream and DDP's buckets out, which depend on dp); before any is judged, the device's less the
+    # context and the reserve
     usable = allocator_memory(gpu, reserve)
     last = 0
     for full in [False] if o.checkpointing == "full" else [False, True]:
 
-        def at(dp: int, full: bool = full) -> tuple[int, bool] | None:
+        def at(dp: int, full: bool = full) -> tuple[int, bool, int] | None:
             got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
-            return None if got is None else (got[0], got[1])
+            return None if got is None else (got[0], got[1], got[3])
 
         low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
         got = at(high)
         while (got is None or not got[1]) and high < MAX_DP:
-            last = got[0] if got is not None else last
+            last, usable = (got[0], got[2]) if got is not None else (last, usable)
             low, high = high, min(2 * high, MAX_DP)
             got = at(high)
         if got is None or not got[1]:
-            last = got[0] if got is not None else last
+            last, usable = (got[0], got[2]) if got is not None else (last, usable)
             continue
         best = got
         while high - low > 1:
@@ -207,7 +213,7 @@ def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
                 low = mid
         args = _zero3_args(high, full)
         return GpuCount(
-            gpu=gpu.name, usable_bytes=usable, devices=world * high, dp=high, args=args, peak=best[0]
+            gpu=gpu.name, usable_bytes=best[2], devices=world * high, dp=high, args=args, peak=best[0]
         )
     return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
 

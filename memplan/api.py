@@ -21,13 +21,11 @@ import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.config import (
     FINETUNE_OPTIONS,
     AttentionChoice,
     Device,
     FineTune,
-    Impl,
     ImplConfig,
     ModelConfig,
     Offload,
@@ -291,10 +289,10 @@ class Built:
     nccl: tuple[NcclBuffers, ...] = ()
     """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm_memory``)."""
     fsdp_all_gather: int | None = 0
-    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): reported, not
-    judged; None where not modelled."""
+    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): judged (kept
+    back from the default stream's allocator, ``search.budget``); None where not modelled (not judged)."""
     ddp_buckets: int = 0
-    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): reported, not judged."""
+    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): judged as the stream."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -345,12 +343,16 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        from memplan.time.comm_memory import ddp_bucket_bytes
+        from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_stream_bytes
 
         reserved = replay_device(result, expandable=o.expandable_segments)
-        fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+        fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
         return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp)
-    from memplan.time.comm_memory import ddp_bucket_bytes, nccl_buffers  # only with a GPU (start-up)
+    from memplan.time.comm_memory import (  # only with a GPU (start-up)
+        ddp_bucket_bytes,
+        fsdp_stream_bytes,
+        nccl_buffers,
+    )
     from memplan.time.timing import check_time_inputs, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
@@ -362,17 +364,8 @@ def build(o: Options) -> Built:
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
     reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
-    fsdp, ddp = _fsdp_all_gather(result), ddp_bucket_bytes(result)
+    fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
     return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp)
-
-
-def _fsdp_all_gather(r: Result) -> int | None:
-    """``analytic.fsdp_buffers.all_gather_stream`` of the most loaded device, where FSDP2 runs its gathers
-    (``--impl reference`` and ``torchtitan``; Megatron and transformers' stacks use their own); else 0."""
-    if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
-        return 0
-    st = r.device.stage
-    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -384,9 +377,10 @@ def to_json(b: Built) -> dict[str, Any]:
         out["memory"]["allocated_peak"] = b.reserved.allocated_peak
         out["memory"]["reserved_peak"] = b.reserved.reserved_peak
         out["memory"]["allocator"] = b.reserved.to_json()
-    # FSDP2's all-gather stream: its own pool, reported beside the default stream's replay (not judged)
+    # FSDP2's all-gather stream: its own pool, beside the default stream's replay; judged with DDP's
+    # buckets (``fit.comm_buffers``: kept back from the default stream's allocator)
     out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
-    out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets (not judged)
+    out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
         total = sum(n.bytes for n in b.nccl)
         out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}

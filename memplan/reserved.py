@@ -37,15 +37,15 @@ Known limitations:
   allocator does, and is not affected the same way.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
-- NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart
-  and the estimate reports it (``memory.fsdp_all_gather_stream``), not added to this replay nor judged
-  (docs/published-memory.md: with it the Llama-2-13B run that ran would not fit, by 0.6 GiB: the
-  default stream's side of FSDP2 is not modelled exactly either). torch DDP's buckets (``bucket_cap_mb``,
-  25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more copy of the
-  gradients, ``time.comm_memory.ddp_bucket_bytes``) are reported too (``memory.ddp_buckets``), not
-  replayed. FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps memory back for what is
-  not judged. NCCL's own buffers are (``analytic.nccl``), outside the
-  allocator.
+- NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart,
+  the estimate reports it (``memory.fsdp_all_gather_stream``) and the verdict and ``fit`` keep its
+  reserved bytes back from this replay's memory (``search.budget``). torch DDP's buckets
+  (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
+  copy of the gradients, ``time.comm_memory.ddp_bucket_bytes``) are default-stream allocations made
+  before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
+  as allocations of this stream (their 2 MiB segment rounding is not counted). FSDP2's reduce-scatter
+  buffers are not counted; ``--reserve`` keeps memory back for what is not judged. NCCL's own buffers
+  are (``analytic.nccl``), outside the allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.
 """

@@ -12,21 +12,22 @@ MIB = 2**20
 
 
 def test_the_order_of_gathers_and_frees() -> None:
-    """Units E, L, L, H (H not resharded after forward). Forward: each unit's buffer is allocated, then the
-    one kept before it freed (``all_gather_state``); H's stays. Backward, from the last unit: H is still
-    unsharded (nothing gathered); its pre_backward prefetches the unit before; each pre_backward frees its
-    unit's buffer after the copy-out, then prefetches the next."""
+    """Units E, L, L, H (torchtitan's wrapping; H not resharded after forward). Forward: each unit's buffer
+    is allocated, then the one kept before it freed (``all_gather_state``); the root's post-forward frees
+    H's. Backward, from the last unit: H is still unsharded (nothing gathered); its pre_backward prefetches
+    the unit before; each pre_backward frees its unit's buffer after the copy-out, then prefetches the
+    next."""
     a, b, c = 100, 200, 300
     units = [(a, True), (b, True), (b, True), (c, False)]
-    forward = [a, b, -1, b, -2, c, -3]  # allocations numbered 0, 1, …; −k − 1 frees k
+    forward = [a, b, -1, b, -2, c, -3, -4]  # allocations numbered 0, 1, …; −k − 1 frees k
     backward = [b, -5, b, -6, a, -7]  # 4 (unit 2, prefetched by H), 5 (unit 1), 6 (unit 0)
     assert codes(units, steps=1) == forward + backward
-    # the next step's first gather frees the forward's kept H (allocation 3) after allocating unit 0
-    assert codes(units, steps=2)[13:16] == [a, -4, b]
+    # the next step starts with nothing kept: unit 0's gather (allocation 7), unit 1's, then 7 freed
+    assert codes(units, steps=2)[14:17] == [a, b, -8]
 
 
 def test_llama2_13b_over_64_ranks_by_hand() -> None:
-    """Llama-2-13B, ZeRO-3 over 64 ranks (docs/published-memory.md's first row). Each all-gather output in
+    """Llama-2-13B, ZeRO-3 over 64 ranks, wrapped as torchtitan 0.3.0 wraps it. Each all-gather output in
     bf16, every dim 0 divisible by 64 (no padding):
       embedding [32000, 5120]                                       = 163,840,000 el → 327,680,000 B
       layer: 2 norms [5120] + q, k, v, o [5120, 5120]
@@ -36,7 +37,7 @@ def test_llama2_13b_over_64_ranks_by_hand() -> None:
     314 MiB, layer 0's 606 MiB, layer 1's another 606 MiB (the free 314 MiB is too small), then every
     later layer the 606 MiB freed before it; the head fits in the embedding's free 314 MiB. The backward
     and the second step reuse them (best fit, splitting): 314 + 2 × 606 = 1,526 MiB."""
-    r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
+    r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, impl="torchtitan")).result
     units = gather_units(r.setup, 40, True, True)
     assert units is not None and len(units) == 42
     assert units[0] == (327_680_000, True) and units[1] == (634_408_960, True)
@@ -49,10 +50,37 @@ def test_llama2_13b_over_64_ranks_by_hand() -> None:
     assert 606 * MIB - 634_408_960 == 1_028_096 and got.allocated_peak == 2 * 606 * MIB
 
 
+def test_the_root_unit_of_the_reference_and_of_the_2024_torchtitan_by_hand() -> None:
+    """--impl reference (and the 2024 torchtitan that ran: each block, then ``fully_shard(model)``): one root
+    unit of the embedding, the final norm and the head, gathered first; the reference passes
+    ``reshard_after_forward=True`` to it (torch 2.13 honours it: gathered again, last, in backward), the
+    2024 torchtitan passed none (not resharded). Llama-2-13B over 64 ranks, bf16:
+      root: 163,840,000 + 163,845,120 el → 655,370,240 B; its segment rounds up to 2 MiB:
+            ⌈655,370,240 / 2,097,152⌉ = 313 → 626 MiB = 656,408,576 B (1,038,336 B left: under 1 MiB, the
+            block is handed out whole)
+      layer: 634,408,960 B in a 606 MiB segment (1,028,096 B left: whole)
+    Forward: the root's 626 MiB, layer 0's 606 MiB beside it (the root's is still kept), then layer 1 in
+    the root's freed 626 MiB (split: 21,999,616 B left), layer 2 in layer 0's, and so on; the root's
+    post-forward frees the last. The backward gathers one unit at a time (each freed after its copy-out
+    before the next is prefetched): the root last, in its own free 626 MiB. The second step reuses them:
+    626 + 606 = 1,232 MiB — the same with the root not gathered again (the 2024 run)."""
+    r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
+    units = gather_units(r.setup, 40, True, True)
+    assert units is not None and len(units) == 41
+    assert units[0] == (655_370_240, True) and units[1:] == [(634_408_960, True)] * 40
+    for root_again in (True, False):
+        got = stream_reserved([(655_370_240, root_again), *units[1:]])
+        assert got.reserved_peak == (626 + 606) * MIB == 1_291_845_632
+        assert got.requested_peak == 655_370_240 + 634_408_960
+        assert got.allocated_peak == (626 + 606) * MIB
+    # a middle pipeline stage holds neither the embedding nor the head: no root unit
+    assert gather_units(r.setup, 10, False, False) == [(634_408_960, True)] * 10
+
+
 def test_padding_and_the_stages_that_gather() -> None:
     """Dim 0 padded to a multiple of the ranks: Llama-2-13B's vocabulary 32,000 over 3 ranks is
     ⌈32000/3⌉ = 10,667 rows each, 32,001 gathered. ZeRO-2 gathers only in forward; ZeRO-1 not at all."""
-    setup = build(Options(model="llama-2-13b", zero=3, dp=3)).result.setup
+    setup = build(Options(model="llama-2-13b", zero=3, dp=3, impl="torchtitan")).result.setup
     units = gather_units(setup, 40, True, True)
     assert units is not None and units[0] == (32_001 * 5120 * 2, True)
     two = setup.model_copy(
@@ -67,11 +95,25 @@ def test_padding_and_the_stages_that_gather() -> None:
 
 def test_estimate_reports_it_beside_the_replay() -> None:
     b = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb"))
-    assert b.fsdp_all_gather == 1_600_126_976
+    assert b.fsdp_all_gather == (626 + 606) * MIB  # the reference's root unit (test above)
     tp = build(Options(model="llama-2-13b", zero=3, tp=2, dp=4))
     assert tp.fsdp_all_gather is None  # tensor parallelism: not modelled
     megatron = build(Options(model="llama-2-13b", zero=3, dp=4, impl="megatron"))
     assert megatron.fsdp_all_gather == 0  # Megatron's distributed optimizer, not FSDP2
+
+
+def test_the_verdict_keeps_the_stream_back() -> None:
+    """The verdict judges the default stream's replay in the driver's memory less the CUDA context, NCCL's
+    buffers and the all-gather stream's reserved bytes (its segments, reached at the forward's second
+    unit, are held through the backward's peak). Llama-2-13B on 64 A100-80GB: 81,920 MiB (nvidia-smi's
+    total) − 723 MiB (context) − 288 MiB (one data-parallel ring of 24 channels × 12 MiB,
+    docs/published-memory.md) − 1,232 MiB (above) = 79,677 MiB; the replay reserves 80,010 MiB: 333 MiB
+    over (docs/published-memory.md: the run that ran, not explained yet)."""
+    v = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb")).verdict
+    assert v is not None
+    assert (v.nccl, v.fsdp_all_gather_stream, v.ddp_buckets) == (288 * MIB, 1232 * MIB, 0)
+    assert v.usable_bytes == (81_920 - 723 - 288 - 1232) * MIB
+    assert v.reserved_peak == 80_010 * MIB and not v.fits and v.headroom == -333 * MIB
 
 
 def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
@@ -85,3 +127,13 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
     assert build(Options(model="llama-3-8b", dp=4)).ddp_buckets == 0
     assert build(Options(model="llama-3-8b", impl="hf", dp=4, zero=1)).ddp_buckets == 0
     assert build(Options(model="llama-3-8b", impl="hf")).ddp_buckets == 0  # one rank: no DDP
+
+
+def test_the_verdict_keeps_the_buckets_back() -> None:
+    """The same layout (ZeRO 0 over dp 4, one data-parallel communicator) under --impl hf (DDP) and the
+    reference (in place): the memory left to the allocator differs by the buckets, 2 × 8,030,261,248 B."""
+    hf = build(Options(model="llama-3-8b", impl="hf", dp=4, gpu="h100-sxm")).verdict
+    ref = build(Options(model="llama-3-8b", dp=4, gpu="h100-sxm")).verdict
+    assert hf is not None and ref is not None and hf.nccl == ref.nccl
+    assert hf.ddp_buckets == 2 * 8_030_261_248 and ref.ddp_buckets == 0
+    assert ref.usable_bytes - hf.usable_bytes == 2 * 8_030_261_248

@@ -12,28 +12,52 @@ When each buffer is freed, from _fsdp_param_group.py (torch 2.13), per micro-bat
 
 - forward (implicit prefetch): unit k's ``pre_forward`` all-gathers it (allocates), then
   ``wait_for_unshard`` frees the *previous* unit's buffer (``comm_ctx.all_gather_state``), keeping unit
-  k's until the next unit's; the last unit's is kept into the backward and freed at the next forward's
-  first ``wait_for_unshard``;
+  k's until the next unit's; the last unit's is freed when the root's forward ends (_fsdp_state.py
+  ``_post_forward``: ``if self._state_ctx.iter_forward_root is self: … self._comm_ctx.all_gather_state =
+  None  # free the all-gather result``; torch 2.3's torch/distributed/_composable/fsdp/ and torch 2.13's
+  torch/distributed/fsdp/_fully_shard/ alike — every FSDP2 stack wraps the root, so it applies to all);
 - backward: unit j's ``pre_backward`` all-gathers it unless prefetched or still unsharded, frees it after
   the copy-out (not deferred outside the forward), then prefetches unit j − 1 (``_backward_prefetch``).
 
-Units, as torchtitan wraps a decoder (``apply_fsdp``: the token embedding, each transformer block, and the
-final norm with the output projection, that last group not resharded after forward): ZeRO-3 re-gathers
-every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none.
+Units, by implementation:
+
+- ``--impl torchtitan`` (torchtitan 0.3.0's ``apply_fsdp``): the token embedding, each transformer block,
+  and the final norm with the output projection, that last group not resharded after forward: ZeRO-3
+  re-gathers every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none.
+- ``--impl reference`` (memplan's own model, ``measure.distributed.parallelize``: ``fully_shard`` on each
+  layer, then on the root) and the 2024 torchtitan that ran the Llama 2 benchmarks (parallelize_llama.py
+  of the time: each block, then ``fully_shard(model)``): the root unit holds the embedding, the final norm
+  and the head together and is gathered first, before layer 0 (the root's pre-forward runs before its
+  children's). Whether the backward gathers it again: the 2024 torchtitan passed no
+  ``reshard_after_forward`` to the root, which FSDP2 then does not reshard after forward (``FSDPState.
+  _lazy_init``: "For the root, do not reshard after forward since for training, the parameters would be
+  freed and all-gathered immediately", ``post_forward_mesh_info = None``; unconditional in torch 2.3,
+  only when the flag is not given, ``_auto_reshard_after_forward``, in torch 2.13); memplan's reference
+  passes the flag (ZeRO-3: True), so torch 2.13 reshards its root and the backward gathers it last. The
+  root is modelled as the reference runs (``again`` as the layers'); for the 2024 run the stream's
+  segments are the same either way (tests/test_fsdp_buffers.py). A pipeline stage's root holds whichever
+  of them the stage has (none: no root unit).
 
 The stream's segments are never returned while the step runs, and the default stream cannot use them:
 its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
-through its own ``analytic.allocator.Allocator``, two steps as ``reserved.STEPS``).
+through its own ``analytic.allocator.Allocator``, two steps as ``reserved.STEPS``). Its reserved peak is
+reached at the forward's second unit (the first two buffers are live together) and held from there to
+the end of the run, through the default stream's peak in the backward: the verdict and ``fit`` keep it
+back from the default stream's allocator (``search.budget``, ``time.comm_memory.comm_buffer_bytes``).
 
 Known limitations:
 - NB: tensor parallelism (FSDP2 then gathers each rank's DTensor shard) and fine-tuning (LoRA's adapters
-  in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None). memplan's
-  reference model's FSDP2 wrapping (each layer, then the root: embedding, final norm and head together,
-  not resharded after forward) differs from torchtitan's in the first and last unit only.
+  in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None).
+- NB: the 2024 torchtitan also kept its last block gathered after forward (``reshard_after_forward =
+  int(layer_id) < len(model.layers) - 1``): one gather fewer in backward, which the reference wrapping
+  re-gathers; with at most two buffers live at once either way, the stream's segments are the same.
 - NB: the reduce-scatter side is not counted: ``foreach_reduce`` allocates its input (a copy of the
-  unit's unsharded gradients in the reduce dtype) on the default stream and keeps it until the next
-  unit's reduce (``reduce_scatter_states``), and its output (the sharded gradients) on the reduce-scatter
-  stream, where the estimate's replay puts the gradients on the default stream.
+  unit's unsharded gradients in the reduce dtype: fp32 under torchtitan's ``reduce_dtype``) — on the
+  reduce-scatter stream in torch 2.3's ``foreach_reduce_scatter`` (torch/distributed/_composable/fsdp/
+  _fsdp_collectives.py: ``with torch.cuda.stream(reduce_scatter_stream): reduce_scatter_input =
+  torch.empty(...)``), on the default stream and kept until the next unit's reduce
+  (``reduce_scatter_states``) in later versions — and its output (the sharded gradients) on the
+  reduce-scatter stream, where the estimate's replay puts the gradients on the default stream.
 - NB: under memory pressure the allocator's out-of-memory path releases this stream's wholly free cached
   segments too (``release_cached_blocks``); the default stream's replay at capacity does not see them.
 """
@@ -41,10 +65,11 @@ Known limitations:
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
-from memplan.config import PositionType, Setup, ZeroStage
+from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
 STEPS = 2
@@ -60,7 +85,8 @@ def gathered(shapes: list[Shape], world: int, element: int) -> int:
 def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
     """Each FSDP2 unit of a rank holding ``layers`` layers (the embedding when ``first``, the final norm and
     head when ``last``), in forward order: (its all-gather output's bytes, whether the backward gathers
-    it again). Empty without ZeRO-2/3 over more than one rank; None where not modelled (module NB)."""
+    it again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over
+    more than one rank; None where not modelled (module NB)."""
     s, m = setup.strategy, setup.model
     world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
     if s.zero < ZeroStage.GRADIENTS or world == 1:
@@ -69,16 +95,17 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
         return None
     e, h = setup.training.precision.weight_bytes, m.hidden_size
     again = s.zero >= ZeroStage.PARAMETERS
-    units: list[tuple[int, bool]] = []
-    if first:
-        embed: list[Shape] = [(m.vocab_size, h)]
-        embed += [(m.max_positions, h)] if m.position is PositionType.LEARNED else []
-        units.append((gathered(embed, world, e), again))
-    units += [(gathered(_layer_shapes(m), world, e), again)] * layers
+    embed: list[Shape] = [(m.vocab_size, h)] if first else []
+    embed += [(m.max_positions, h)] if first and m.position is PositionType.LEARNED else []
+    head: list[Shape] = []
     if last:
-        head: list[Shape] = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
-        units.append((gathered(head, world, e), False))
-    return units
+        head = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
+    block = [(gathered(_layer_shapes(m), world, e), again)] * layers
+    if setup.impl.impl is Impl.TORCHTITAN:
+        units = [(gathered(embed, world, e), again)] if first else []
+        return units + block + ([(gathered(head, world, e), False)] if last else [])
+    root = embed + head  # the root unit: gathered first; resharded as the layers (the flag is passed)
+    return ([(gathered(root, world, e), again)] if root else []) + block
 
 
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
@@ -93,13 +120,16 @@ def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = ST
         made += 1
         return made - 1
 
-    held: int | None = None  # the forward's last buffer (``all_gather_state``)
+    held: int | None = None  # the forward's kept buffer (``all_gather_state``)
     for _ in range(steps * micro_batches):
         for size, _again in units:  # forward: allocate this unit's, then free the one kept before it
             i = alloc(size)
             if held is not None:
                 out.append(-held - 1)
             held = i
+        if held is not None:  # the root's post-forward frees the last one
+            out.append(-held - 1)
+            held = None
         pending: int | None = None
         for j in reversed(range(len(units))):  # backward
             size, again = units[j]
@@ -118,10 +148,17 @@ def stream_reserved(units: list[tuple[int, bool]], micro_batches: int = 1) -> Re
     return Allocator().replay_codes(codes(units, micro_batches))
 
 
+@lru_cache(maxsize=1024)
+def _reserved_peak(units: tuple[tuple[int, bool], ...], micro_batches: int) -> int:
+    """``stream_reserved``'s reserved peak, memoised: a fit search judges many configurations whose ranks
+    hold the same units (``reserved``'s replays are memoised the same way)."""
+    return stream_reserved(list(units), micro_batches).reserved_peak
+
+
 def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_batches: int) -> int | None:
     """Bytes the caching allocator reserves on FSDP2's all-gather stream for a rank holding ``layers``
     layers (``gather_units``; 0 without FSDP2's gathers, None where not modelled)."""
     units = gather_units(setup, layers, first, last)
     if units is None:
         return None
-    return stream_reserved(units, micro_batches).reserved_peak if units else 0
+    return _reserved_peak(tuple(units), micro_batches) if units else 0

@@ -68,11 +68,15 @@ def layout_line(p: Result) -> str:
 
 def verdict_text(v: Verdict) -> Text:
     """Fits or not: the allocator's reserved peak against the memory left to it (the driver's, less the
-    CUDA context and ``--reserve``); when the two print the same, the byte difference says which way."""
+    CUDA context, NCCL's buffers, FSDP2's all-gather stream and DDP's buckets where the layout has them,
+    and ``--reserve``); when the two print the same, the byte difference says which way."""
+    stream, ddp = v.fsdp_all_gather_stream, v.ddp_buckets
+    comm = f", FSDP2 all-gather stream {fmt_bytes(stream)}" if stream else ""
+    comm += f", DDP buckets {fmt_bytes(ddp)}" if ddp else ""
     memory = (
         f"{v.gpu} ({fmt_bytes(v.usable_bytes)} for the allocator of {fmt_bytes(v.device_bytes)} "
-        f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, NCCL buffers {fmt_bytes(v.nccl)}, "
-        f"--reserve {fmt_bytes(v.reserve)})"
+        f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, NCCL buffers {fmt_bytes(v.nccl)}"
+        f"{comm}, --reserve {fmt_bytes(v.reserve)})"
     )
     judged = v.reserved_peak if v.reserved_peak is not None else v.peak
     close = fmt_bytes(judged) == fmt_bytes(v.usable_bytes)
@@ -140,7 +144,7 @@ def summary_panel(b: Built) -> Panel:
     if b.fsdp_all_gather:  # FSDP2's all-gather stream: its own pool (memplan.analytic.fsdp_buffers)
         lines.append(
             Text(
-                f"FSDP2 all-gather stream (its own pool, beside the replay; not judged): reserved "
+                f"FSDP2 all-gather stream (its own pool, beside the replay; judged): reserved "
                 f"{fmt_bytes(b.fsdp_all_gather)}",
                 style="dim",
             )
@@ -148,7 +152,7 @@ def summary_panel(b: Built) -> Panel:
     if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm_memory)
         lines.append(
             Text(
-                f"DDP gradient buckets (gradient_as_bucket_view=False: a second copy of the gradients; not "
+                f"DDP gradient buckets (gradient_as_bucket_view=False: a second copy of the gradients; "
                 f"judged): {fmt_bytes(b.ddp_buckets)}",
                 style="dim",
             )

@@ -100,18 +100,19 @@ _MEMORY = obj(
         ),
         "device_usable": described(
             BYTES,
-            "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − --reserve "
-            "(with --gpu)",
+            "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − FSDP2's all-gather "
+            "stream − DDP's buckets − --reserve (with --gpu; the verdict's)",
         ),
         "fsdp_all_gather_stream": described(
             {"type": ["integer", "null"], "minimum": 0},
-            "what the caching allocator reserves on FSDP2's all-gather stream (its own pool; reported, not "
-            "judged; 0 without FSDP2's gathers, null where not modelled: tensor parallelism, fine-tuning)",
+            "what the caching allocator reserves on FSDP2's all-gather stream (its own pool; judged: kept "
+            "back from the default stream's allocator; 0 without FSDP2's gathers, null where not modelled: "
+            "tensor parallelism, fine-tuning — then not judged)",
         ),
         "ddp_buckets": described(
             BYTES,
             "torch DDP's gradient buckets (ZeRO 0 over dp > 1, --impl hf or torchtitan): a second copy of "
-            "the gradients with gradient_as_bucket_view=False; reported, not judged",
+            "the gradients with gradient_as_bucket_view=False; judged: kept back from the allocator",
         ),
         "nccl": obj(
             {

@@ -77,7 +77,15 @@ FIT_VERDICT = obj(
         "gpu": NAME,
         "memory_bytes": described(BYTES, "the GPU's capacity"),
         "reserve": described(BYTES, "kept back for the CUDA context and the allocator (--reserve)"),
-        "usable_bytes": described(BYTES, "memory_bytes − reserve"),
+        "usable_bytes": described(
+            BYTES,
+            "the driver's memory − CUDA context − NCCL buffers − fsdp_all_gather_stream − ddp_buckets "
+            "− reserve",
+        ),
+        "fsdp_all_gather_stream": described(
+            BYTES, "FSDP2's all-gather stream's reserved bytes, its own pool, kept back (0 without it)"
+        ),
+        "ddp_buckets": described(BYTES, "torch DDP's gradient buckets, kept back (0 without DDP)"),
         "peak": BYTES,
         "exact": {"type": "boolean"},
         "stage": COUNT,

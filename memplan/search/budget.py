@@ -5,11 +5,18 @@ the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's wor
 memory left to it: the memory the driver reports (``GpuPreset.device_bytes``: nvidia-smi's total where the
 preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
 (``reserved.CUDA_CONTEXT``, outside the allocator), less NCCL's buffers of the layout's communicators
-(``time.comm_memory.nccl_bytes``, outside the allocator too) and less ``--reserve`` (default 0: what
-memplan does not model, FSDP2's and DDP's communication buffers, ``reserved``'s NB). When the reserved
+(``time.comm_memory.nccl_bytes``, outside the allocator too), less the communication buffers held beside
+the step's replay (``time.comm_memory.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose
+reserved peak is reached in the forward and held through the backward's peak; DDP's gradient buckets,
+held for the whole run) and less ``--reserve`` (default 0: what memplan does not model, e.g. FSDP2's
+reduce-scatter buffers, ``reserved``'s NB). When the reserved
 peak of an unlimited replay passes it, the replay is run again with that capacity, as the allocator runs:
 it releases its wholly free cached segments before it gives up, and the plan fits if no request is then
 refused.
+NB: the all-gather stream's reserved peak is kept back whole: at the default stream's peak one of its
+segments may be wholly free (at the loss backward it holds only the forward's last buffer), and the
+allocator's out-of-memory path would release it (``release_cached_blocks`` frees every stream's); the
+two streams are not replayed together, so the judgement is conservative by at most that segment.
 
 The overflowing term: the most loaded device's terms are added in the order they are allocated — weights,
 optimizer states (master copy included), gradients, activations, then the peak's transient on top — and
@@ -47,15 +54,16 @@ def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
     if not (math.isfinite(gib) and 0 <= gib < total):
         raise ValueError(
             f"reserve: must be 0 ≤ GiB < the {gpu.name}'s {total:g} GiB, got {gib}; e.g. --reserve 1 "
-            "(FSDP2's and DDP's communication buffers memplan does not model), --reserve 0 for none"
+            "(what memplan does not model: FSDP2's reduce-scatter buffers), --reserve 0 for none"
         )
     return int(gib * 2**30)
 
 
-def allocator_memory(gpu: GpuPreset, reserve: int, nccl: int = 0) -> int:
-    """Bytes torch's caching allocator may reserve on ``gpu``: the driver's memory less the CUDA context,
-    NCCL's buffers ``nccl`` and ``reserve`` (never below 0)."""
-    return max(0, gpu.device_bytes - CUDA_CONTEXT - nccl - reserve)
+def allocator_memory(gpu: GpuPreset, reserve: int, held: int = 0) -> int:
+    """Bytes torch's caching allocator may reserve on ``gpu`` for the step's default stream: the driver's
+    memory less the CUDA context, the buffers ``held`` beside it (NCCL's, FSDP2's all-gather stream, DDP's
+    buckets) and ``reserve`` (never below 0)."""
+    return max(0, gpu.device_bytes - CUDA_CONTEXT - held - reserve)
 
 
 class Verdict(BaseModel):
@@ -69,10 +77,15 @@ class Verdict(BaseModel):
     """Held outside torch's allocator (``reserved.CUDA_CONTEXT``)."""
     nccl: int = 0
     """NCCL's buffers, outside torch's allocator (``time.comm_memory.nccl_bytes``)."""
+    fsdp_all_gather_stream: int = 0
+    """FSDP2's all-gather stream's reserved bytes, its own pool (``time.comm_memory.fsdp_stream_bytes``)."""
+    ddp_buckets: int = 0
+    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``)."""
     reserve: int
     """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
-    """device_bytes − cuda_context − nccl − reserve: what the allocator may reserve."""
+    """device_bytes − cuda_context − nccl − fsdp_all_gather_stream − ddp_buckets − reserve: what the
+    allocator may reserve for the step's default stream."""
     peak: int
     """The peak of the most loaded device's tensors (``memory.peak``); when ``exact`` is false, a lower
     bound of it that already exceeds the memory (the peak itself was not needed to say so)."""
@@ -144,23 +157,28 @@ def verdict(
     """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
     expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
     lower bounds do not already exceed the usable memory."""
-    from memplan.time.comm_memory import nccl_bytes  # with a GPU only (start-up)
+    from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_stream_bytes, nccl_bytes  # with a GPU
 
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
     capped = False
-    # NCCL's buffers of the judged stage's rank: the bound's when the bound decides (the most loaded device
-    # is then never computed), else the most loaded device's
-    nccl = nccl_bytes(p, gpu, bound.stage.index)
-    memory = allocator_memory(gpu, reserve, nccl)
+
+    def held(sp: StagePlan) -> tuple[int, int, int]:
+        # outside the allocator (NCCL) and beside the default stream (FSDP2's stream, DDP's buckets) on
+        # a rank of ``sp``: the bound's when the bound decides (the most loaded device is then never
+        # computed), else the most loaded device's
+        return nccl_bytes(p, gpu, sp.stage.index), fsdp_stream_bytes(p, sp) or 0, ddp_bucket_bytes(p, sp)
+
+    nccl, stream, ddp = held(bound)
+    memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         fit, headroom = False, memory - peak
     else:
         dev = p.device
         if dev.stage.index != bound.stage.index:
-            nccl = nccl_bytes(p, gpu, dev.stage.index)
-            memory = allocator_memory(gpu, reserve, nccl)
+            nccl, stream, ddp = held(dev)
+            memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         unlimited = replay_device(p, gpu, expandable=expandable)
         found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
@@ -176,6 +194,8 @@ def verdict(
         device_bytes=gpu.device_bytes,
         cuda_context=CUDA_CONTEXT,
         nccl=nccl,
+        fsdp_all_gather_stream=stream,
+        ddp_buckets=ddp,
         reserve=reserve,
         usable_bytes=memory,
         peak=peak,
@@ -255,8 +275,8 @@ def host_fits(p: Result, gpu: GpuPreset) -> bool:
 
 def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed, then (with ``gpu``)
-    what the allocator reserves in ``memory`` less the layout's NCCL buffers — the same answer as
-    ``judged``, sooner:
+    what the allocator reserves in ``memory`` less the layout's NCCL buffers, FSDP2's all-gather stream and
+    DDP's buckets (``verdict``) — the same answer as ``judged``, sooner:
 
     - the requested peak (the estimate's peak plus cuBLAS's workspace: the stream reaches it,
       ``reserved``'s docstring) above ``memory`` cannot fit: reserved ≥ allocated ≥ requested, at every
@@ -275,9 +295,10 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
         return False
     if gpu is None:
         return True
-    from memplan.time.comm_memory import nccl_bytes  # with a GPU only (start-up)
+    from memplan.time.comm_memory import comm_buffer_bytes, nccl_bytes  # with a GPU only (start-up)
 
-    memory -= nccl_bytes(p, gpu)  # the layout's NCCL buffers, outside the allocator (``verdict``)
+    # the layout's NCCL buffers (outside the allocator) and FSDP2's / DDP's buffers beside the replay
+    memory -= nccl_bytes(p, gpu) + comm_buffer_bytes(p)  # as ``verdict``
     if p.device.peak.bytes + cublas_workspace(gpu) > memory:
         return False
     return not refuses(p, gpu, memory)

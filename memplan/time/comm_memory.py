@@ -23,9 +23,10 @@ on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ri
 
 from __future__ import annotations
 
+from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
-from memplan.engine import Result
+from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset, Topology
 from memplan.time.comm import stride
 from memplan.time.fabric import link, placed
@@ -86,8 +87,9 @@ def nccl_bytes(r: Result, gpu: GpuPreset | None, stage: int | None = None) -> in
     return 0 if gpu is None else sum(b.bytes for b in nccl_buffers(r, gpu, stage))
 
 
-def ddp_bucket_bytes(r: Result) -> int:
-    """Bytes of torch DDP's gradient buckets on the most loaded device: with ZeRO 0 over dp > 1 under
+def ddp_bucket_bytes(r: Result, sp: StagePlan | None = None) -> int:
+    """Bytes of torch DDP's gradient buckets on a device of stage plan ``sp`` (default: the most loaded
+    device): with ZeRO 0 over dp > 1 under
     ``--impl hf`` (transformers' Trainer and Accelerate wrap the model in
     ``torch.nn.parallel.DistributedDataParallel``) and ``--impl torchtitan`` (its DDP path,
     ``replicate``, the same reducer). The reducer allocates one flat buffer per bucket at construction
@@ -97,11 +99,32 @@ def ddp_bucket_bytes(r: Result) -> int:
     alive for the whole run. 0 elsewhere: memplan's reference model all-reduces each gradient in place,
     Megatron's DDP keeps the gradients in its contiguous buffer (``param_and_grad_buffer``: the
     ``main_grad`` are views of it, no second copy), ZeRO ≥ 1 runs FSDP2 or Megatron's distributed
-    optimizer. NB: reported beside the replay, not added to it: the buckets are default-stream
-    allocations made before the first step (``reserved``'s NB)."""
+    optimizer. Judged as held for the whole run (``comm_buffer_bytes``).
+    NB: default-stream allocations made before the first step, kept apart from the step's replay: the
+    segments their 25 MiB buckets round to (2 MiB) are not counted, nor any reuse of their segments."""
     s = r.setup
     if s.strategy.zero is not ZeroStage.NONE or s.strategy.dp == 1:
         return 0
     if s.impl.impl not in (Impl.HF, Impl.TORCHTITAN):
         return 0
-    return r.device.states.gradients
+    return (sp or r.device).states.gradients
+
+
+def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
+    """What the caching allocator reserves on FSDP2's all-gather stream on a device of stage plan ``sp``
+    (default: the most loaded device), where FSDP2 runs its gathers (``--impl reference`` and
+    ``torchtitan``; Megatron and transformers' stacks use their own): ``analytic.fsdp_buffers``, memoised
+    there; 0 elsewhere, None where not modelled."""
+    if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
+        return 0
+    st = (sp or r.device).stage
+    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+
+
+def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
+    """The communication buffers a device of ``sp`` holds beside the step's replay, which the verdict and
+    ``fit`` keep back from the default stream's allocator: FSDP2's all-gather stream (its own pool, held
+    from the forward's second unit to the end of the run: ``analytic.fsdp_buffers``) and DDP's buckets
+    (allocated before the first step, never freed). NB: FSDP2's stream where it is not modelled (tensor
+    parallelism, fine-tuning) counts 0: ``--reserve`` is where memory is kept back for it."""
+    return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp)

@@ -18,6 +18,7 @@ import json
 import pytest
 
 from memplan.analytic.allocator import replay
+from memplan.analytic.fsdp_buffers import gather_units, stream_reserved
 from memplan.api import build_setup
 from memplan.config import Checkpointing, Parallel
 from memplan.engine import Result, estimate
@@ -41,13 +42,24 @@ CASES = [
 ]
 
 
+def _held(p: Result) -> int:
+    """What the most loaded device holds beside the default stream's allocator: the layout's NCCL buffers
+    (outside the allocator) and FSDP2's all-gather stream, its own pool, replayed afresh here (not the
+    memoised figure ``fits`` reads; none with tensor parallelism, where it is not modelled). No case runs
+    DDP (--impl reference all-reduces in place)."""
+    st = p.device.stage
+    units = gather_units(p.setup, st.layers, st.first, st.last)
+    stream = stream_reserved(units, p.micro_batches).reserved_peak if units else 0
+    return nccl_bytes(p, H100) + stream
+
+
 def _reference(p: Result, memory: int, gpu_workspace: int) -> bool:
     """``budget``'s rule from fresh replays: the tensors within ``memory``, then — in what the layout's
-    NCCL buffers leave of it (outside the allocator) — the unlimited replay's reserved peak within it or,
-    if not, a replay at that capacity that refuses nothing."""
+    NCCL buffers and FSDP2's all-gather stream leave of it — the unlimited replay's reserved peak within it
+    or, if not, a replay at that capacity that refuses nothing."""
     if not (all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory):
         return False
-    usable = memory - nccl_bytes(p, H100)
+    usable = memory - _held(p)
     events = stream(p, gpu_workspace)
     unlimited = replay(events)
     return unlimited.reserved_peak <= usable or not replay(events, capacity=usable).oom
@@ -67,8 +79,8 @@ def test_fast_memory_judgement_is_the_replays(
     memories = {requested - 1, requested, allocated - 1, allocated, (allocated + reserved) // 2}
     memories |= {reserved - 2**20, reserved - 1, reserved, reserved + 1, H100.device_bytes}
     memories |= {requested - (reserved - requested) // 4, allocated + (reserved - allocated) // 4}
-    nccl = nccl_bytes(p, H100)  # fits() judges the allocator in memory less these: around each figure too
-    memories |= {m + nccl + d for m in (requested, allocated, reserved) for d in (-1, 0, 1)}
+    held = _held(p)  # fits() judges the allocator in memory less these: around each figure too
+    memories |= {m + held + d for m in (requested, allocated, reserved) for d in (-1, 0, 1)}
     clear_replays()
     for memory in sorted(memories):
         expected = _reference(p, memory, workspace)

@@ -17,13 +17,18 @@ def test_usable_memory_is_the_drivers_less_the_context_and_the_reserve() -> None
     CUDA context's 723 MiB (reserved.CUDA_CONTEXT's measurement), NCCL's buffers and the default reserve,
     now 0. NCCL: dp 8 on one 8-GPU node is one communicator, its ring on Hopper's 16 channels, each a
     receive connection (4 KiB header + 512 KiB LL + 4,800 KiB LL128 + 4 MiB Simple → 10 MiB in cuMem's
-    2 MiB granules) and a send connection (a 4 KiB page → 2 MiB): 16 × 12 MiB = 192 MiB."""
+    2 MiB granules) and a send connection (a 4 KiB page → 2 MiB): 16 × 12 MiB = 192 MiB.
+    FSDP2's all-gather stream (memplan.analytic.fsdp_buffers), its own pool, bf16: the root unit (embedding
+    and head [32000, 4096], final norm [4096]: 262,148,096 el → 524,296,192 B, a ⌈/2 MiB⌉ = 251 × 2 MiB =
+    502 MiB segment) and a layer (4 × 4096² + 3 × 11008 × 4096 + 2 × 4096 = 202,383,360 el → 404,766,720 B,
+    194 × 2 MiB = 388 MiB) live together at the forward's start; every later layer reuses one of the
+    two: 502 + 388 = 890 MiB."""
     b = build(Options(model="7b", gpu="h100", zero=3, dp=8))
     v = b.verdict
     assert v is not None and DEFAULT_RESERVE == 0 and v.reserve == 0
     assert v.device_bytes == 81559 * 2**20 and v.memory_bytes == 80 * 2**30
-    assert v.nccl == 192 * 2**20
-    assert v.usable_bytes == (81559 - 723 - 192) * 2**20
+    assert v.nccl == 192 * 2**20 and v.fsdp_all_gather_stream == 890 * 2**20 and v.ddp_buckets == 0
+    assert v.usable_bytes == (81559 - 723 - 192 - 890) * 2**20
     # judged on the allocator's reserved peak, which holds at least the tensors' peak
     assert v.reserved_peak is not None and v.allocated_peak is not None
     assert v.reserved_peak >= v.allocated_peak >= v.peak
