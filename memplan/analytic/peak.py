@@ -49,8 +49,6 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 
 from __future__ import annotations
 
-import math
-
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
@@ -381,26 +379,45 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
 
 
-def zero3_all_resharded(setup: Setup) -> bool:
-    """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
-    (``measure.distributed.titan.reshard_policy``: "always")."""
+def zero3_resharded(setup: Setup) -> bool:
+    """torchtitan's FSDP2 under ZeRO-3 over more than one rank, as its trainer runs it by default
+    (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
+    embedding and every block resharded after their forward, the [norm, lm_head] unit not
+    (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
+    "always"`` for that unit). NB: with pp, "default" reshards no unit after forward
+    (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``); the pipeline's peak is not this
+    module's (``strategies.pipeline_parallel``)."""
     s = setup.strategy
     sharded = s.shard_group * setup.parallel.cp > 1
     return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
 
 
-def zero3_head_gather(setup: Setup) -> int:
-    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit gathered for its
-    backward (its unsharded parameters) and the top layer's flat all-gather output, prefetched (measured
-    on the tiny model: 16,512 + 37,120 B on tp 2 + SP × dp 2)."""
+def zero3_head_unit(setup: Setup) -> int:
+    """Bytes of the [norm, lm_head] unit's unsharded parameters under torchtitan's ZeRO-3
+    (``zero3_resharded``): gathered for its forward and, not resharded after it, still held from the
+    loss to its own backward (FSDP2's ``reshard_after_backward`` reshards it then). Each is a view of
+    its padded all-gather output (``FSDPParam.init_unsharded_param``: ``as_strided`` over the
+    ``padded_unsharded_size`` buffer), so every dim 0 counts padded to the shard count
+    (``fsdp2_flat_elements``; measured at Llama 3.1 405B's widths on tp 8 × dp 2,048: the lm head's
+    16,032 rows held as 16,384)."""
     shards = setup.strategy.shard_group * setup.parallel.cp
-    _, layer, head = unit_shapes(setup.model)
-    unsharded = sum(math.prod(shape) for shape in head)
-    return (unsharded + fsdp2_flat_elements(layer, shards)) * setup.training.precision.weight_bytes
+    _, _, head = unit_shapes(setup.model)
+    return fsdp2_flat_elements(head, shards) * setup.training.precision.weight_bytes
+
+
+def zero3_head_gather(setup: Setup) -> int:
+    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit's unsharded
+    parameters (kept from its forward: ``zero3_head_unit``) and the top layer's flat all-gather output,
+    prefetched by the head unit's backward (measured on the tiny model: 16,512 + 37,120 B on tp 2 + SP ×
+    dp 2)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, layer, _ = unit_shapes(setup.model)
+    weight = setup.training.precision.weight_bytes
+    return zero3_head_unit(setup) + fsdp2_flat_elements(layer, shards) * weight
 
 
 def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
-    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_all_resharded``),
+    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_resharded``),
     besides the unit it computes with (``gather``): the next unit's flat all-gather output, prefetched
     (``FSDPParamGroup`` backward prefetch: the unit below, layer i − 1 or the embedding, in the
     parameters' dtype, until its copy-out), and the previous unit's reduce-scatter input, fp32 (the
@@ -409,7 +426,7 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
     37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
     counted as untied."""
-    if not zero3_all_resharded(setup):
+    if not zero3_resharded(setup):
         return 0
     shards = setup.strategy.shard_group * setup.parallel.cp
     embedding, layer, head = unit_shapes(setup.model)
@@ -450,10 +467,10 @@ def peak(
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
-    # torchtitan's ZeRO-3 (``reshard_after_forward_policy="always"``) reshards every unit after its
-    # forward, [norm, lm_head] too (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``): at the
-    # loss's backward no unit is gathered yet (the lm head's is gathered for its own backward).
-    gathered = 0 if zero3_all_resharded(setup) else gather
+    # torchtitan's ZeRO-3 (its trainer's ``reshard_after_forward_policy="default"``) reshards the
+    # embedding and every block after its forward but not [norm, lm_head] (torchtitan/distributed/fsdp.py
+    # ``apply_fsdp_to_decoder``): at the loss's backward that unit alone is gathered.
+    gathered = zero3_head_unit(setup) if zero3_resharded(setup) else gather
     loss_bwd = terms(
         weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
@@ -462,7 +479,7 @@ def peak(
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
-    head_gather = zero3_head_gather(setup) if zero3_all_resharded(setup) else gather
+    head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(
         weights + head_gather,
         optimizer,
