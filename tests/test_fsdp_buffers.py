@@ -85,3 +85,21 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
     assert build(Options(model="llama-3-8b", dp=4)).ddp_buckets == 0
     assert build(Options(model="llama-3-8b", impl="hf", dp=4, zero=1)).ddp_buckets == 0
     assert build(Options(model="llama-3-8b", impl="hf")).ddp_buckets == 0  # one rank: no DDP
+
+
+def test_torchtitan_zero3_with_pp_regathers_nothing() -> None:
+    """torchtitan's ZeRO-3 runs its trainer's ``reshard_after_forward_policy="default"``: without pp the
+    embedding and blocks are resharded after forward (gathered again in backward) and [norm, lm_head] not;
+    with pp no unit is (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``:
+    ``not pp_enabled``). Llama-2-13B over dp 2 (no padding: 32,000 and 5,120 even):
+      embedding [32000, 5120] bf16 = 327,680,000 B; a layer 317,204,480 el = 634,408,960 B (as above)."""
+    flat = build(Options(model="llama-2-13b", zero=3, dp=2, impl="torchtitan")).result.setup
+    units = gather_units(flat, 40, True, True)
+    assert units is not None and len(units) == 42
+    assert units[0] == (327_680_000, True) and units[1] == (634_408_960, True)
+    assert units[-1] == (327_690_240, False)
+    piped = build(Options(model="llama-2-13b", zero=3, dp=2, pp=2, impl="torchtitan")).result.setup
+    first = gather_units(piped, 20, True, False)  # the first stage: embedding and 20 layers, no head
+    assert first is not None and len(first) == 21
+    assert first[:2] == [(327_680_000, False), (634_408_960, False)]
+    assert {again for _, again in first} == {False}

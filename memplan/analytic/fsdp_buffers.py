@@ -19,7 +19,10 @@ When each buffer is freed, from _fsdp_param_group.py (torch 2.13), per micro-bat
 
 Units, as torchtitan wraps a decoder (``apply_fsdp``: the token embedding, each transformer block, and the
 final norm with the output projection, that last group not resharded after forward): ZeRO-3 re-gathers
-every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none.
+every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none. torchtitan's ZeRO-3
+runs its trainer's ``reshard_after_forward_policy="default"`` (``measure.distributed.titan.reshard_policy``),
+which with pp reshards no unit after forward (torchtitan/distributed/fsdp.py
+``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): none re-gathered there either.
 
 The stream's segments are never returned while the step runs, and the default stream cannot use them:
 its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
@@ -44,7 +47,7 @@ import math
 
 from memplan.analytic.allocator import Allocator, Replay
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
-from memplan.config import PositionType, Setup, ZeroStage
+from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
 STEPS = 2
@@ -68,7 +71,9 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
         return None
     e, h = setup.training.precision.weight_bytes, m.hidden_size
-    again = s.zero >= ZeroStage.PARAMETERS
+    # torchtitan's "default" policy under pp: no unit resharded after forward (module docstring)
+    titan_pp = setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1
+    again = s.zero >= ZeroStage.PARAMETERS and not titan_pp
     units: list[tuple[int, bool]] = []
     if first:
         embed: list[Shape] = [(m.vocab_size, h)]
