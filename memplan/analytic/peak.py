@@ -30,7 +30,9 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
-ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3.
+ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; torchtitan's ZeRO-3 follows its
+trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
+unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
 
 Accuracy, measured on CPU against every live storage (``memplan profile``; benchmarks/bench_peak_accuracy.py,
 docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
@@ -384,12 +386,27 @@ def zero3_resharded(setup: Setup) -> bool:
     (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
     embedding and every block resharded after their forward, the [norm, lm_head] unit not
     (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
-    "always"`` for that unit). NB: with pp, "default" reshards no unit after forward
-    (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``); the pipeline's peak is not this
-    module's (``strategies.pipeline_parallel``)."""
+    "always"`` for that unit). With pp, "default" reshards no unit after forward
+    (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
     s = setup.strategy
     sharded = s.shard_group * setup.parallel.cp > 1
-    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp == 1
+
+
+def zero3_kept_gathered(setup: Setup) -> bool:
+    """torchtitan's ZeRO-3 on a pipeline stage: its trainer's "default" policy reshards no unit after
+    forward with pp (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``), and torch's
+    stage defers resharding after backward to the last micro-batch (``set_reshard_after_backward(False)``),
+    so the stage's units, once gathered, stay gathered through its forwards and backwards: every moment
+    holds the stage's unsharded weights beside its shards (ZeRO-2's picture, ``zero2_shards_beside``).
+    NB: the dim-0 padding of those unsharded views and the last micro-batch's fp32 reduce-scatter
+    inputs are not counted; the pipeline peak is not measured (titan_vpp compares saves and parameters
+    at rest)."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp > 1
 
 
 def zero3_head_unit(setup: Setup) -> int:
@@ -460,6 +477,8 @@ def peak(
     weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
+    if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units all kept gathered
+        gather = params.total * setup.training.precision.weight_bytes
     gather += zero2_shards_beside(setup)  # torchtitan's ZeRO-2: the shards beside the unsharded weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
