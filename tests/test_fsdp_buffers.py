@@ -137,3 +137,40 @@ def test_the_verdict_keeps_the_buckets_back() -> None:
     assert hf is not None and ref is not None and hf.nccl == ref.nccl
     assert hf.ddp_buckets == 2 * 8_030_261_248 and ref.ddp_buckets == 0
     assert ref.usable_bytes - hf.usable_bytes == 2 * 8_030_261_248
+
+
+def test_torchtitan_zero3_with_pp_regathers_nothing() -> None:
+    """torchtitan's ZeRO-3 runs its trainer's ``reshard_after_forward_policy="default"``: without pp the
+    embedding and blocks are resharded after forward (gathered again in backward) and [norm, lm_head] not;
+    with pp no unit is (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``:
+    ``not pp_enabled``). Llama-2-13B over dp 2 (no padding: 32,000 and 5,120 even):
+      embedding [32000, 5120] bf16 = 327,680,000 B; a layer 317,204,480 el = 634,408,960 B (as above)."""
+    flat = build(Options(model="llama-2-13b", zero=3, dp=2, impl="torchtitan")).result.setup
+    units = gather_units(flat, 40, True, True)
+    assert units is not None and len(units) == 42
+    assert units[0] == (327_680_000, True) and units[1] == (634_408_960, True)
+    assert units[-1] == (327_690_240, False)
+    piped = build(Options(model="llama-2-13b", zero=3, dp=2, pp=2, impl="torchtitan")).result.setup
+    first = gather_units(piped, 20, True, False)  # the first stage: embedding and 20 layers, no head
+    assert first is not None and len(first) == 21
+    assert first[:2] == [(327_680_000, False), (634_408_960, False)]
+    assert {again for _, again in first} == {False}
+
+
+def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
+    """With pp, torchtitan's default policy reshards no unit after forward and torch's stage reshards after
+    backward only at the last micro-batch: each stage's moments hold its unsharded weights beside its shards
+    (``analytic.peak.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
+    2 layers, untied), pp 2 × dp 2, bf16. A layer: wqkv (4 + 2·2)·16 × 64 = 8,192, wo 64 × 64 = 4,096,
+    w1 w3 w2 3 × 128 × 64 = 24,576, two norms 128: 36,992. Stage 0: embedding 256 × 64 + a layer = 53,376
+    elements; stage 1: a layer + final norm 64 + head 256 × 64 = 53,440. Unsharded 2 B each, the shards
+    half of that (every dim 0 even)."""
+    r = build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, pp=2, impl="torchtitan")).result
+    first, last = r.stages
+    unsharded0, unsharded1 = 2 * 53_376, 2 * 53_440
+    for st, unsharded in ((first, unsharded0), (last, unsharded1)):
+        moments = st.peak.moments
+        assert st.states.weights == unsharded // 2
+        assert moments["layer backward"]["weights"] == unsharded // 2 + unsharded
+        assert moments["optimizer step"]["weights"] == unsharded // 2  # resharded after the last backward
+    assert last.peak.moments["loss backward"]["weights"] == unsharded1 // 2 + unsharded1

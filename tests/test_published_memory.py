@@ -57,6 +57,13 @@ def test_llama2_13b_torchtitan_0_3_differs_by_its_norm_and_rope_cache() -> None:
     b, s, h, layers, d = 2, 4096, 5120, 40, 128
     by_hand = (2 * layers + 1) * b * s * h * (4 - 2) + layers * s * (d // 2) * 8 - 2 * s * d * 2 + 8
     assert titan.activations - ran.activations == by_hand
+    # At the loss's backward (both peaks) the reference holds its largest gathered unit, a layer's bf16
+    # weights: 2 norms [5120] + q, k, v, o [5120, 5120] + gate, up [13824, 5120] + down [5120, 13824] =
+    # 317,204,480 el; torchtitan's ZeRO-3 ("default": [norm, lm_head] not resharded after forward) the
+    # head unit: [5120] + [32000, 5120] = 163,845,120 el (over 64 ranks no dim 0 is padded).
+    moment = "loss backward"
+    held = 2 * 163_845_120 - 2 * 317_204_480
+    assert titan.peak.phases[moment] - ran.peak.phases[moment] == by_hand + held
 
 
 def test_mpt_760m_default_loss_differs_by_its_fp32_vocabulary_tensors() -> None:

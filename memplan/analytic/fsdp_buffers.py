@@ -24,6 +24,10 @@ Units, by implementation:
 - ``--impl torchtitan`` (torchtitan 0.3.0's ``apply_fsdp``): the token embedding, each transformer block,
   and the final norm with the output projection, that last group not resharded after forward: ZeRO-3
   re-gathers every unit but the last in backward; ZeRO-2 (``reshard_after_forward=False``) none.
+  torchtitan's ZeRO-3 runs its trainer's ``reshard_after_forward_policy="default"``
+  (``measure.distributed.titan.reshard_policy``), which with pp reshards no unit after forward
+  (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): none
+  re-gathered there either.
 - ``--impl reference`` (memplan's own model, ``measure.distributed.parallelize``: ``fully_shard`` on each
   layer, then on the root) and the 2024 torchtitan that ran the Llama 2 benchmarks (parallelize_llama.py
   of the time: each block, then ``fully_shard(model)``): the root unit holds the embedding, the final norm
@@ -94,7 +98,9 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
         return None
     e, h = setup.training.precision.weight_bytes, m.hidden_size
-    again = s.zero >= ZeroStage.PARAMETERS
+    # torchtitan's "default" policy under pp: no unit resharded after forward (module docstring)
+    titan_pp = setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1
+    again = s.zero >= ZeroStage.PARAMETERS and not titan_pp
     embed: list[Shape] = [(m.vocab_size, h)] if first else []
     embed += [(m.max_positions, h)] if first and m.position is PositionType.LEARNED else []
     head: list[Shape] = []

@@ -30,7 +30,9 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
-ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3.
+ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; torchtitan's ZeRO-3 follows its
+trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
+unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
 
 Accuracy, measured on CPU against every live storage (``memplan profile``; benchmarks/bench_peak_accuracy.py,
 docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
@@ -48,8 +50,6 @@ NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication bucke
 """
 
 from __future__ import annotations
-
-import math
 
 from pydantic import BaseModel, ConfigDict
 
@@ -381,26 +381,60 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
 
 
-def zero3_all_resharded(setup: Setup) -> bool:
-    """torchtitan's FSDP2 under ZeRO-3 over more than one rank: every unit resharded after its forward
-    (``measure.distributed.titan.reshard_policy``: "always")."""
+def zero3_resharded(setup: Setup) -> bool:
+    """torchtitan's FSDP2 under ZeRO-3 over more than one rank, as its trainer runs it by default
+    (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
+    embedding and every block resharded after their forward, the [norm, lm_head] unit not
+    (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
+    "always"`` for that unit). With pp, "default" reshards no unit after forward
+    (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
     s = setup.strategy
     sharded = s.shard_group * setup.parallel.cp > 1
-    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp == 1
+
+
+def zero3_kept_gathered(setup: Setup) -> bool:
+    """torchtitan's ZeRO-3 on a pipeline stage: its trainer's "default" policy reshards no unit after
+    forward with pp (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``), and torch's
+    stage defers resharding after backward to the last micro-batch (``set_reshard_after_backward(False)``),
+    so the stage's units, once gathered, stay gathered through its forwards and backwards: every moment
+    holds the stage's unsharded weights beside its shards (ZeRO-2's picture, ``zero2_shards_beside``).
+    NB: the dim-0 padding of those unsharded views and the last micro-batch's fp32 reduce-scatter
+    inputs are not counted; the pipeline peak is not measured (titan_vpp compares saves and parameters
+    at rest)."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp > 1
+
+
+def zero3_head_unit(setup: Setup) -> int:
+    """Bytes of the [norm, lm_head] unit's unsharded parameters under torchtitan's ZeRO-3
+    (``zero3_resharded``): gathered for its forward and, not resharded after it, still held from the
+    loss to its own backward (FSDP2's ``reshard_after_backward`` reshards it then). Each is a view of
+    its padded all-gather output (``FSDPParam.init_unsharded_param``: ``as_strided`` over the
+    ``padded_unsharded_size`` buffer), so every dim 0 counts padded to the shard count
+    (``fsdp2_flat_elements``; measured at Llama 3.1 405B's widths on tp 8 × dp 2,048: the lm head's
+    16,032 rows held as 16,384)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, _, head = unit_shapes(setup.model)
+    return fsdp2_flat_elements(head, shards) * setup.training.precision.weight_bytes
 
 
 def zero3_head_gather(setup: Setup) -> int:
-    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit gathered for its
-    backward (its unsharded parameters) and the top layer's flat all-gather output, prefetched (measured
-    on the tiny model: 16,512 + 37,120 B on tp 2 + SP × dp 2)."""
+    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit's unsharded
+    parameters (kept from its forward: ``zero3_head_unit``) and the top layer's flat all-gather output,
+    prefetched by the head unit's backward (measured on the tiny model: 16,512 + 37,120 B on tp 2 + SP ×
+    dp 2)."""
     shards = setup.strategy.shard_group * setup.parallel.cp
-    _, layer, head = unit_shapes(setup.model)
-    unsharded = sum(math.prod(shape) for shape in head)
-    return (unsharded + fsdp2_flat_elements(layer, shards)) * setup.training.precision.weight_bytes
+    _, layer, _ = unit_shapes(setup.model)
+    weight = setup.training.precision.weight_bytes
+    return zero3_head_unit(setup) + fsdp2_flat_elements(layer, shards) * weight
 
 
 def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
-    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_all_resharded``),
+    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_resharded``),
     besides the unit it computes with (``gather``): the next unit's flat all-gather output, prefetched
     (``FSDPParamGroup`` backward prefetch: the unit below, layer i − 1 or the embedding, in the
     parameters' dtype, until its copy-out), and the previous unit's reduce-scatter input, fp32 (the
@@ -409,7 +443,7 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
     37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
     counted as untied."""
-    if not zero3_all_resharded(setup):
+    if not zero3_resharded(setup):
         return 0
     shards = setup.strategy.shard_group * setup.parallel.cp
     embedding, layer, head = unit_shapes(setup.model)
@@ -443,6 +477,8 @@ def peak(
     weights, optimizer = states.weights, states.optimizer
     grads_before = states.gradients if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
+    if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units all kept gathered
+        gather = params.total * setup.training.precision.weight_bytes
     gather += zero2_shards_beside(setup)  # torchtitan's ZeRO-2: the shards beside the unsharded weights
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
@@ -450,10 +486,10 @@ def peak(
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
-    # torchtitan's ZeRO-3 (``reshard_after_forward_policy="always"``) reshards every unit after its
-    # forward, [norm, lm_head] too (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``): at the
-    # loss's backward no unit is gathered yet (the lm head's is gathered for its own backward).
-    gathered = 0 if zero3_all_resharded(setup) else gather
+    # torchtitan's ZeRO-3 (its trainer's ``reshard_after_forward_policy="default"``) reshards the
+    # embedding and every block after its forward but not [norm, lm_head] (torchtitan/distributed/fsdp.py
+    # ``apply_fsdp_to_decoder``): at the loss's backward that unit alone is gathered.
+    gathered = zero3_head_unit(setup) if zero3_resharded(setup) else gather
     loss_bwd = terms(
         weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
@@ -462,7 +498,7 @@ def peak(
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
-    head_gather = zero3_head_gather(setup) if zero3_all_resharded(setup) else gather
+    head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(
         weights + head_gather,
         optimizer,

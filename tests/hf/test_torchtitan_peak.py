@@ -118,31 +118,40 @@ def test_zero2_rank_holds_its_shards_beside_the_gathered_weights() -> None:
     assert run.peak.peak == estimated_moments(est)["loss backward"] == max(estimated_moments(est).values())
 
 
-def test_zero3_loss_backward_holds_no_gathered_unit() -> None:
-    """torchtitan's ZeRO-3 ("always": [norm, lm_head] resharded after forward too) on tp 2 + SP × dp 2: at
-    the loss's backward no unit is gathered, only the rank's shards; the moment is exact."""
+def test_zero3_loss_backward_holds_the_head_unit_gathered() -> None:
+    """torchtitan's ZeRO-3 as its trainer runs it ("default": the embedding and blocks resharded after
+    forward, [norm, lm_head] not) on tp 2 + SP × dp 2: at the loss's backward the rank holds its shards and
+    the [norm, lm_head] unit gathered in its forward; the moment is exact."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
     est, run = estimate(setup), measure_titan_rank(setup)
-    assert est.peak.moments["loss backward"]["weights"] == run.param_bytes == tiny_tp2_weights() // 2
+    assert run.param_bytes == tiny_tp2_weights() // 2  # every dim 0 even: half the TP rank's weights
+    # [norm, lm_head] unsharded on the tp 2 rank: final norm [h] + lm head [v/t, h] = 64 + 128·64 =
+    # 8,256 elements, bf16 (both dims 0 even over dp 2: no padding).
+    head = 2 * (64 + 128 * 64)
+    assert est.peak.moments["loss backward"]["weights"] == run.param_bytes + head
     loss = run.peak.moments(["loss backward"])["loss backward"]
     assert loss == estimated_moments(est)["loss backward"]
     T, v = 64, 128
     saves = run.measured.activations
-    assert loss == run.param_bytes + saves + 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # the rope views saved
+    assert loss == run.param_bytes + head + saves + 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # rope views saved
 
 
 def test_full_scale_loss_backward_of_rank_0_of_16384() -> None:
     """Llama 3.1 405B's widths (one layer), seq 8192, tp 8 with SP × dp 2,048 under ZeRO-3: rank 0 of
     16,384 on the fake process group. Its loss backward moment equals the estimate's to the byte: the
-    rank's FSDP2 shards, every save and the loss-parallel backward's 3 fp32 [T, v/t] (T 8192, v/t 16,032)
-    with its locals. NB: the other moments are not exact (titan_peak's module docstring)."""
+    rank's FSDP2 shards, the [norm, lm_head] unit kept gathered from its forward (torchtitan's "default"
+    policy), every save and the loss-parallel backward's 3 fp32 [T, v/t] (T 8192, v/t 16,032) with its
+    locals. NB: the other moments are not exact (titan_peak's module docstring)."""
     setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True, 2048, 3)
     est, run = estimate(setup), measure_titan_rank(setup, windows=True)
     loss = run.peak.moments(["loss backward"])["loss backward"]
     assert loss == estimated_moments(est)["loss backward"]
     T, v = 8192, 16032
     transient = 3 * 4 * T * v + 33 * T + 3 * 4 + 8 * T  # 1,576,345,612 B: three 501 MiB fp32 [T, v/t]
-    assert loss == run.param_bytes + run.measured.activations + transient
+    # The head unit, unsharded as views of its padded all-gather output: the norm [16,384] (8 rows a
+    # shard) and the lm head's 16,032 rows padded to ⌈16,032/2,048⌉ · 2,048 = 16,384, × h 16,384, bf16.
+    head = 2 * (16384 + 16384 * 16384)
+    assert loss == run.param_bytes + head + run.measured.activations + transient
     _, op, _, by_op = run.peak.windows["forward"]  # from the loss on: its backward's highest point
     assert op == "aten.add" and by_op["aten.zeros_like"] == by_op["aten.exp"] == 4 * T * v
 

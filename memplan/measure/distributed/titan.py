@@ -9,7 +9,8 @@ sharding plan (``models/llama3/sharding.py`` ``set_llama3_sharding_config``: ``c
 embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dims)`` (the
 ``partial_dtensor`` SPMD backend: DTensor on the tensor-parallel axis), its ``FullAC`` / ``SelectiveAC``,
 and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
-``"always"`` for ZeRO-3, ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
+``"default"``, torchtitan's trainer default, for ZeRO-3: blocks and embedding resharded after forward,
+[norm, lm_head] not; ``"never"`` for ZeRO-2; HSDP over ``["dp_replicate", "fsdp"]`` with
 ``--hsdp``). The parameters are then materialised under ``FakeTensorMode`` (``to_empty``) and one forward,
 torchtitan's loss and backward run, every saved storage recorded per layer by its local shard, and the
 live storages tracked for the peak (``titan_peak``).
@@ -106,9 +107,14 @@ def parallel_dims(setup: Setup) -> Any:
 
 
 def reshard_policy(setup: Setup) -> str:
-    """``reshard_after_forward_policy``: ZeRO-3 reshards after forward ("always"), ZeRO-2 keeps the
+    """``reshard_after_forward_policy``: ZeRO-3 runs torchtitan's trainer default, "default"
+    (torchtitan 0.3.0 config/configs.py ``Parallelism.fsdp_reshard_after_forward = "default"``), which
+    torchtitan/distributed/fsdp.py resolves as: the embedding and each block resharded after forward
+    unless pp is enabled (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``), the
+    [norm, lm_head] unit never (``reshard_after_forward_policy == "always"``: FSDP would prefetch it
+    again at once), the root ``fully_shard(model)`` holding no parameters of its own. ZeRO-2 keeps the
     gathered parameters from forward to backward ("never")."""
-    return "always" if setup.strategy.zero >= ZeroStage.PARAMETERS else "never"
+    return "default" if setup.strategy.zero >= ZeroStage.PARAMETERS else "never"
 
 
 def build_rank(setup: Setup) -> Any:

@@ -26,7 +26,8 @@ with and without SP, ZeRO-2 and ZeRO-3 over dp 2, Llama 3.1 405B's widths on tp 
 and the whole peak where it is the loss's (the tiny model's tp 2 ranks, with ZeRO-2 too): torchtitan's
 loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the loop's ids beside the
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
-unsharded weights under ZeRO-2, no gathered unit at the loss under ZeRO-3 (``analytic.peak``); the
+unsharded weights under ZeRO-2, under ZeRO-3 (torchtitan's "default" policy) the [norm, lm_head] unit alone
+gathered at the loss, as views of its padded all-gather output (``analytic.peak.zero3_head_unit``); the
 final norm's backward without FSDP (under SP it tops at the reduce-scatter of the lm head's input
 gradient, ``analytic.peak.head_input_scatter_transient``, and the norm runs on T/t tokens); the embedding
 backward moment where its own backward tops its stretch.

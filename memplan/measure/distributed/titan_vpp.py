@@ -1,7 +1,7 @@
 """One pipeline rank of torchtitan's Llama 3 under torch's ``ScheduleInterleaved1F1B`` (``--impl torchtitan
---pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``) or ``Schedule1F1B``
-(M = 1), each stage tensor-parallel over tp (DTensor, ``--sp`` too) and FSDP2-sharded over dp under
---zero 2/3, in one process.
+--pp P --vpp M``: torchtitan's ``pipeline_parallel_schedule = "Interleaved1F1B"``) or ``Schedule1F1B`` (M =
+1), each stage tensor-parallel over tp (DTensor, ``--sp`` too) and FSDP2-sharded over dp under --zero 2/3, in
+one process.
 
 ``measure_titan_pipeline(setup, index)`` joins torch's fake process group as pipeline rank ``index`` of p
 (with dp or tp > 1: the rank at data- and tensor-parallel coordinate 0 of torchtitan's ["pp", "dp_replicate",
@@ -10,15 +10,16 @@ chunk and cuts each with torchtitan's ``_split_module`` over the module names of
 chunk k is virtual stage k·p + index ("loop" style, ``_get_pp_rank_to_stage_indices_mapping``), the p·M
 stages' names as ``_generate_llm_fqn_per_model_part`` gives them (the setup's ``pp_layers``, torchtitan's
 placement unless given), each parallelised as ``pipeline_llm``'s ``parallelize_fn`` does a model part: TP,
-activation checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``; ``reshard_after_forward``
-"always" under ZeRO-3, "never" under ZeRO-2). The chunks become ``PipelineStage``s with static shapes
-(``titan_pp._stage``'s), materialised under ``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs
-the step's ``grad_accum`` micro-batches (torchtitan's loss as ``loss_fn``, ``scale_grads=False``,
-``global_valid_tokens``). Recorded: the saves alive at once at their maximum per layer
-(``pipeline.InFlightRecorder``), the schedule's holds under the estimate's names — sent outputs
-(``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's ``Work`` to the step's
-end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's receive buffers — and
-the rank's parameter bytes.
+activation checkpointing, then FSDP2 (``apply_fsdp_to_decoder`` with ``pp_enabled``;
+``reshard_after_forward_policy`` "default" under ZeRO-3, torchtitan's trainer default, which with pp reshards
+no unit after forward — ``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled`` —, "never" under
+ZeRO-2). The chunks become ``PipelineStage``s with static shapes (``titan_pp._stage``'s), materialised under
+``FakeTensorMode``, and torch's ``ScheduleInterleaved1F1B`` runs the step's ``grad_accum`` micro-batches
+(torchtitan's loss as ``loss_fn``, ``scale_grads=False``, ``global_valid_tokens``). Recorded: the saves alive
+at once at their maximum per layer (``pipeline.InFlightRecorder``), the schedule's holds under the estimate's
+names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's
+``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's
+receive buffers — and the rank's parameter bytes.
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
