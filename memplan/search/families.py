@@ -37,7 +37,6 @@ from memplan.search.methods import SAVERS, valid
 from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
 from memplan.strategies import offload
-from memplan.strategies.tensor_parallel import check_layout
 from memplan.time.timing import Timing, timing
 
 
@@ -75,7 +74,8 @@ def restaged(r: Result, setup: Setup) -> Result:
     tests/plan/test_fit_shortcuts.py checks it equals ``estimate(setup)`` over every family of searches."""
     if offload.applies(setup) or offload.applies(r.setup):
         return estimate(setup)
-    check_layout(setup)
+    # no ``check_layout``: it reads the degrees, the model, the sequence, the attention and dp, never the
+    # ZeRO stage, so ``setup`` passes it as ``r.setup`` did
     ep = setup.parallel.ep
     stages = tuple(
         dataclasses.replace(sp, states=stage_states(sp.pieces, sp.params, sp.stage, setup, ep), setup=setup)
