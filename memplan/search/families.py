@@ -10,7 +10,9 @@ Work goes cheapest first, and every shortcut gives the answer of the full evalua
    so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the
    stages (``bound.stages_bound``: the predicted step without its ZeRO-dependent terms, from the first
    stage's estimate alone), then the stages timed one by one (``timing``) until one is within the
-   cut-off. Estimates and timings are made when first asked and kept with the micro-batch;
+   cut-off. Estimates and timings are made when first asked and kept with the micro-batch; a stage's
+   estimate after the first is that one's with its own model states (``restaged``: nothing else reads
+   the ZeRO stage);
 3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
    memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
    as one row (``fastest_stage``).
