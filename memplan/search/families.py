@@ -10,7 +10,9 @@ Work goes cheapest first, and every shortcut gives the answer of the full evalua
    so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the
    stages (``bound.stages_bound``: the predicted step without its ZeRO-dependent terms, from the first
    stage's estimate alone), then the stages timed one by one (``timing``) until one is within the
-   cut-off. Estimates and timings are made when first asked and kept with the micro-batch;
+   cut-off. Estimates and timings are made when first asked and kept with the micro-batch; a stage's
+   estimate after the first is that one's with its own model states (``restaged``: nothing else reads
+   the ZeRO stage);
 3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
    memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
    as one row (``fastest_stage``).
@@ -24,17 +26,19 @@ benchmarks/bench_fit.py compare with).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate
+from memplan.engine import Result, estimate, stage_states
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
 from memplan.search.methods import SAVERS, valid
 from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
+from memplan.strategies import offload
 from memplan.time.timing import Timing, timing
 
 
@@ -62,6 +66,26 @@ def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: i
     )
 
 
+def restaged(r: Result, setup: Setup) -> Result:
+    """``estimate(setup)`` for a ``setup`` that differs from ``r.setup`` in the ZeRO stage alone, from
+    ``r``'s pieces: ``engine.stage_plan`` reads the ZeRO stage only in the model states
+    (``engine.stage_states``) — the stage, its parameters, group counts, boundary tensors and
+    activations are the same, and so are the pieces (``pieces._PER_STEP``: keyed without it), the FLOPs
+    and the parameter counts — so each stage plan is ``r``'s with the states of ``setup``. Under offload
+    the host's share and the device's activations depend on the states too: estimated afresh there.
+    tests/plan/test_fit_shortcuts.py checks it equals ``estimate(setup)`` over every family of searches."""
+    if offload.applies(setup) or offload.applies(r.setup):
+        return estimate(setup)
+    # no ``check_layout``: it reads the degrees, the model, the sequence, the attention and dp, never the
+    # ZeRO stage, so ``setup`` passes it as ``r.setup`` did
+    ep = setup.parallel.ep
+    stages = tuple(
+        dataclasses.replace(sp, states=stage_states(sp.pieces, sp.params, sp.stage, setup, ep), setup=setup)
+        for sp in r.stages
+    )
+    return dataclasses.replace(r, setup=setup, stages=stages)
+
+
 @dataclass
 class _Group:
     """One micro-batch size's configurations: the families' estimates and step times, in ZeRO-stage order,
@@ -79,9 +103,11 @@ class _Group:
     timed: dict[int, Timing] = field(default_factory=dict)
 
     def estimate(self, i: int) -> Result:
+        """Stage ``i``'s estimate: another stage's with its model states (``restaged``) once one is made."""
         if i not in self.made:
-            f = self.families[i]
-            self.made[i] = estimate(family_setup(self.base, f, self.micro_batch, self.micro_batches))
+            setup = family_setup(self.base, self.families[i], self.micro_batch, self.micro_batches)
+            other = next(iter(self.made.values()), None)
+            self.made[i] = estimate(setup) if other is None else restaged(other, setup)
         return self.made[i]
 
     def time(self, i: int) -> Timing:

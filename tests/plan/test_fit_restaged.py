@@ -1,0 +1,59 @@
+"""``search.families.restaged``: a configuration's estimate at another ZeRO stage, built from an estimate
+of the same configuration (its pieces, stages, parameters and activations, with that stage's model
+states), is ``engine.estimate``'s — field by field, and in what is computed from it (the peak, the most
+loaded device, the lower bounds, the predicted step time). Checked over setups that reach every branch
+of ``engine.stage_states`` (ZeRO over dp × cp, pipeline stages, tensor and sequence parallelism, HSDP,
+experts over ep, FSDP2's per-parameter shards, LoRA/QLoRA's states) and offload (estimated afresh)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.api import build_setup
+from memplan.config import Method, Parallel, Setup, ZeroStage
+from memplan.config.finetune import FineTune
+from memplan.engine import estimate
+from memplan.presets import load_gpu
+from memplan.search.families import restaged
+from memplan.time.timing import timing
+
+H100 = load_gpu("h100-sxm")
+
+SETUPS = [
+    # (model, seq, options of build_setup): dp > 1 so that every ZeRO stage shards something
+    ("gpt2", 1024, {"dp": 8, "grad_accum": 4}),
+    ("llama-3.2-1b", 2048, {"dp": 4, "checkpointing": "full", "parallel": Parallel(tp=2, sp=True, pp=2)}),
+    ("llama-3.2-1b", 4096, {"dp": 8, "grad_accum": 8, "parallel": Parallel(pp=4, vpp=2), "batch": 2}),
+    ("qwen3-0.6b", 8192, {"dp": 4, "checkpointing": "selective", "parallel": Parallel(cp=2)}),
+    ("llama-3.2-1b", 2048, {"dp": 16, "hsdp": 4}),
+    ("mixtral-8x7b", 4096, {"dp": 8, "parallel": Parallel(tp=2, ep=4, pp=4)}),
+    ("llama-3.2-1b", 2048, {"dp": 4, "finetune": FineTune(method=Method.LORA)}),
+    ("llama-3.2-1b", 2048, {"dp": 4, "finetune": FineTune(method=Method.QLORA)}),
+    ("llama-3.2-1b", 2048, {"dp": 4, "offload": "optimizer"}),
+]
+
+
+def _at_zero(setup: Setup, zero: int) -> Setup:
+    return setup.model_copy(update={"strategy": setup.strategy.model_copy(update={"zero": ZeroStage(zero)})})
+
+
+@pytest.mark.parametrize(("name", "seq", "options"), SETUPS)
+def test_restaged_is_the_estimate(name: str, seq: int, options: dict[str, object]) -> None:
+    first = 1 if options.get("hsdp") else 0  # hybrid sharding: ZeRO 1–3 only
+    base = build_setup(name, seq=seq, zero=first, **options)  # type: ignore[arg-type]
+    stages = range(first, 4)
+    fresh = {z: estimate(_at_zero(base, z)) for z in stages}
+    for source in stages:
+        for z in stages:
+            got = restaged(fresh[source], _at_zero(base, z))
+            want = estimate(_at_zero(base, z))
+            assert got == want, (source, z)  # setup, pieces, every stage plan's fields, FLOPs, parameters
+            assert [sp.lower_bound for sp in got.stages] == [sp.lower_bound for sp in want.stages]
+            assert [sp.peak for sp in got.stages] == [sp.peak for sp in want.stages]
+            assert got.device.stage == want.device.stage
+            assert timing(got, H100) == timing(want, H100)
+    if "offload" in options:
+        return  # estimated afresh (the host's share moves with the states)
+    # the stages differ in their states (else the check above would be vacuous): ZeRO shards them
+    states = {z: fresh[z].device.states for z in stages}
+    assert len({(s.optimizer, s.gradients, s.weights) for s in states.values()}) == len(states)
