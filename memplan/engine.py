@@ -123,6 +123,8 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
             layers = m.model_copy(update={"num_layers": st.layers})
             per_shard = torchtitan.fsdp2_shard_elements(layers, shards, (st.first, st.last))
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
+    if per_shard is not None and torchtitan.fsdp2_mixed(setup):  # fp32 shards, no master copy
+        dense = torchtitan.fsdp2_mixed_states(dense, per_shard, s.zero)
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model) * st.layers
         dense = dense.model_copy(update={"weights": dense.weights + te})

@@ -163,14 +163,16 @@ def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
     (``analytic.peak.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
     2 layers, untied), pp 2 × dp 2, bf16. A layer: wqkv (4 + 2·2)·16 × 64 = 8,192, wo 64 × 64 = 4,096,
     w1 w3 w2 3 × 128 × 64 = 24,576, two norms 128: 36,992. Stage 0: embedding 256 × 64 + a layer = 53,376
-    elements; stage 1: a layer + final norm 64 + head 256 × 64 = 53,440. Unsharded 2 B each, the shards
-    half of that (every dim 0 even)."""
+    elements; stage 1: a layer + final norm 64 + head 256 × 64 = 53,440. Unsharded 2 B each (bf16 while
+    gathered), the shards half the elements in fp32 (FSDP2's mixed precision): 4 · n / 2 = 2 · n bytes,
+    as many as the unsharded (every dim 0 even)."""
     r = build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, pp=2, impl="torchtitan")).result
     first, last = r.stages
     unsharded0, unsharded1 = 2 * 53_376, 2 * 53_440
     for st, unsharded in ((first, unsharded0), (last, unsharded1)):
         moments = st.peak.moments
-        assert st.states.weights == unsharded // 2
-        assert moments["layer backward"]["weights"] == unsharded // 2 + unsharded
-        assert moments["optimizer step"]["weights"] == unsharded // 2  # resharded after the last backward
-    assert last.peak.moments["loss backward"]["weights"] == unsharded1 // 2 + unsharded1
+        shards = 4 * (unsharded // 2) // 2
+        assert st.states.weights == shards
+        assert moments["layer backward"]["weights"] == shards + unsharded
+        assert moments["optimizer step"]["weights"] == shards  # resharded after the last backward
+    assert last.peak.moments["loss backward"]["weights"] == 4 * (unsharded1 // 2) // 2 + unsharded1

@@ -71,7 +71,13 @@ from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_shard_elements, unit_shapes
+from memplan.blocks.torchtitan import (
+    FSDP2_MIXED_BYTES,
+    fsdp2_flat_elements,
+    fsdp2_mixed,
+    fsdp2_shard_elements,
+    unit_shapes,
+)
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -464,7 +470,8 @@ def zero2_shards_beside(setup: Setup) -> int:
     shards = s.shard_group * setup.parallel.cp
     if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
         return 0
-    return fsdp2_shard_elements(setup.model, shards) * setup.training.precision.weight_bytes
+    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.weight_bytes
+    return fsdp2_shard_elements(setup.model, shards) * element  # fp32 under FSDP2's mixed precision
 
 
 def peak(

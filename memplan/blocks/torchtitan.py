@@ -18,20 +18,34 @@ Known limitations:
 - NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``) is modelled on
   CPU: its save list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the attention's outputs
   would be cached too (refused: ``config.impl_rules.check_impl``).
-- NB: FSDP2's model states are counted in the precision recipe's split (16-bit weights, fp32 master);
-  torchtitan keeps fp32 sharded parameters and gradients (``MixedPrecisionPolicy``: bf16 only while
-  gathered), the same bytes per element in all under bf16-mixed AdamW. ``--zero 2``
-  (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from each unit's forward
-  to its backward: counted whole, and the peak's forward and backward moments add the shards, alive beside
-  them (``analytic.peak.zero2_shards_beside``).
+FSDP2's mixed precision (``fsdp2_mixed``): torchtitan builds the model in fp32 and shards it with
+``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` (torchtitan 0.3.0's
+``training.mixed_precision_param`` / ``mixed_precision_reduce`` defaults). FSDP2's sharded parameter is the
+fp32 parameter the optimizer steps (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: ``sharded_param``
+keeps ``orig_dtype``; ``param_dtype`` applies to the all-gather inputs and the unsharded parameter only),
+and ``foreach_reduce`` hands the sharded gradient back in the sharded parameter's dtype (fp32). So under
+``--precision bf16-mixed``, ZeRO-2/3 over more than one rank: the weights at rest are the fp32 shards
+(4 B/element), no separate master copy, fp32 sharded gradients (4 B/element), AdamW's fp32 states; the
+gathered unit and the unsharded gradients autograd makes stay bf16 (the activation dtype).
+
+Known limitations:
+- NB: ``--zero 2`` (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from
+  each unit's forward to its backward: counted whole in bf16 (the gathered copy), and the peak's forward
+  and backward moments add the fp32 shards alive beside them (``analytic.peak.zero2_shards_beside``); the
+  optimizer step's moment counts the bf16 copy (freed by then) in place of the fp32 shards (an upper
+  bound for dp >= 2).
+- NB: without FSDP (dp 1, or ``--zero 0``) torchtitan 0.3.0 trains the fp32 model under
+  ``torch.autocast`` (``maybe_enable_amp``); memplan keeps the recipe's split there (bf16 weights and
+  gradients, fp32 master), and the autocast casts' saves are not modelled.
 """
 
 from __future__ import annotations
 
 import math
 
+from memplan.analytic.states import ModelStates
 from memplan.blocks.profile import Profile
-from memplan.config import Impl, ModelConfig, Setup
+from memplan.config import Impl, ModelConfig, Precision, Setup, ZeroStage
 
 Shapes = list[tuple[int, ...]]
 
@@ -100,3 +114,36 @@ def fsdp2_shard_elements(m: ModelConfig, shards: int, stage: tuple[bool, bool] |
         head = 1 if m.tied_embeddings else 2  # the final norm, and the lm head unless tied
         shapes = shapes[0 if first else 1 : len(shapes) if last else len(shapes) - head]
     return sum(-(-shape[0] // shards) * math.prod(shape[1:]) for shape in shapes)
+
+
+FSDP2_MIXED_BYTES = 4
+"""Bytes per element of FSDP2's sharded parameter and sharded gradient under torchtitan's mixed precision:
+the fp32 model's (``MixedPrecisionPolicy.param_dtype`` casts the all-gather only; ``foreach_reduce``
+casts the reduced gradient back to the sharded parameter's ``orig_dtype``)."""
+
+
+def fsdp2_mixed(setup: Setup) -> bool:
+    """torchtitan's FSDP2 mixed precision applies (module docstring): ``--impl torchtitan``, bf16-mixed,
+    ZeRO-2/3 with FSDP2 applied (over dp × cp > 1 ranks: torchtitan's ``dp_shard_cp`` mesh, HSDP's
+    replicas included: their fp32 parameters are FSDP2's too)."""
+    return (
+        setup.impl.impl is Impl.TORCHTITAN
+        and setup.training.precision is Precision.BF16_MIXED
+        and setup.strategy.zero >= ZeroStage.GRADIENTS
+        and setup.strategy.dp * setup.parallel.cp > 1
+    )
+
+
+def fsdp2_mixed_states(states: ModelStates, shard_elements: int, zero: ZeroStage) -> ModelStates:
+    """The recipe's states (bf16 weights and gradients, fp32 master) as FSDP2's mixed precision holds them
+    on a rank of ``shard_elements``: the fp32 shard is the weights (ZeRO-3; ZeRO-2 keeps the bf16 gathered
+    copy counted whole, module NB) and the optimizer's parameter, no master copy, fp32 sharded gradients;
+    the optimizer's states unchanged."""
+    shard_bytes = shard_elements * FSDP2_MIXED_BYTES
+    return states.model_copy(
+        update={
+            "weights": shard_bytes if zero >= ZeroStage.PARAMETERS else states.weights,
+            "gradients": shard_bytes,
+            "master_weights": 0,
+        }
+    )

@@ -66,11 +66,13 @@ def test_tp_rank_under_selective_ac(sp: bool) -> None:
 
 def test_fsdp2_rank_holds_its_shard() -> None:
     """tp 2 × dp 2, ZeRO-3 (reshard_after_forward) and ZeRO-2 (not): the rank's parameters are the TP
-    shard split over dp along dim 0 (every dim-0 here divisible by 2: no padding)."""
+    shard split over dp along dim 0 (every dim-0 here divisible by 2: no padding), in fp32 (FSDP2's
+    mixed precision: the model built in fp32, bf16 only while gathered); the tp-only rank (no FSDP) holds
+    the whole TP shard in bf16. E elements of the TP shard: 4 B · E/2 = 2 B · E."""
     base = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN)
-    whole = measure_titan_rank(ranked(base, 2, True)).param_bytes
+    whole = measure_titan_rank(ranked(base, 2, True)).param_bytes  # 2 B · E
     for zero in (2, 3):
-        assert measure_titan_rank(ranked(base, 2, True, 2, zero)).param_bytes * 2 == whole
+        assert measure_titan_rank(ranked(base, 2, True, 2, zero)).param_bytes == whole  # 4 B · E/2
 
 
 def test_full_scale_rank_of_8192() -> None:
@@ -93,7 +95,9 @@ def test_full_scale_rank_of_8192() -> None:
         + 2 * -(-h // dp)  # two norms [h]: 8 each
     )
     elements = 2 * rows * h + 2 * layer + -(-h // dp)  # embedding, lm head; 2 layers; the final norm
-    assert run.param_bytes == est.device.states.weights == 2 * elements  # bf16
+    # fp32 shards (FSDP2's mixed precision: bf16 only while gathered), no master copy beside them
+    assert run.param_bytes == est.device.states.weights == 4 * elements
+    assert est.device.states.master_weights == 0 and est.device.states.gradients == 4 * elements
     flat = -(-(2 * 16032 * h + 2 * (1280 * h + h * 1024 + 3 * 3584 * h + 2 * h) + h) // dp)
     assert elements - flat == 34_304  # what DeepSpeed's flat ⌈Ψ/Nd⌉ would miss: 7.4 %
 

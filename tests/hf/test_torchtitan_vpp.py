@@ -286,11 +286,12 @@ def test_fsdp2_stage_shards_what_the_estimate_says(vpp: int, zero: int) -> None:
     # rank 0's layers: vpp 2 — 0, 3, 4 (placement 1, 2, 2, 1); 1F1B — 0, 1, 2 (placement 2, 3, 1 of 6 + 2
     # over 2 stages: 4, 4 less the weights: 3, 3). Every dim 0 (v = 128256, 6144, 4096, 14336) is even.
     assert run.layers == ((0, 3, 4) if vpp == 2 else (0, 1, 2))
-    assert run.param_bytes == (2 * V * H + 3 * PARAMS_LAYER) // 2
+    # half the bf16 bytes' elements, held in fp32 (FSDP2's mixed precision): 4 B · E/2 = the bf16 bytes
+    assert run.param_bytes == 2 * V * H + 3 * PARAMS_LAYER
     if zero == 3:
         assert run.param_bytes == est.device.states.weights
-    else:  # the estimate's ZeRO-2 weights are replicated; at rest FSDP2 holds the ZeRO-3 shard
-        assert est.device.states.weights == 2 * run.param_bytes
+    else:  # the estimate's ZeRO-2 weights are the gathered bf16 copy; at rest FSDP2 holds the fp32 shard
+        assert est.device.states.weights == run.param_bytes  # 2 B · E = 4 B · E/2
 
 
 def test_fsdp2_shard_pads_each_parameter() -> None:
@@ -305,7 +306,8 @@ def test_fsdp2_shard_pads_each_parameter() -> None:
     by_hand = (86 * 64 + layer, layer + 22 + 86 * 64)
     for index in (0, 1):
         held = measure_titan_pipeline(setup, index).param_bytes
-        assert held == at_stage(est, index).device.states.weights == 2 * by_hand[index]  # bf16
+        # fp32 shards (FSDP2's mixed precision: bf16 only while gathered)
+        assert held == at_stage(est, index).device.states.weights == 4 * by_hand[index]
 
 
 @pytest.mark.parametrize(("vpp", "sp", "dp"), [(2, True, 1), (1, False, 1), (2, True, 2)])
@@ -333,7 +335,8 @@ def test_tensor_parallel_stage_keeps_what_the_estimate_says(vpp: int, sp: bool, 
             # the embedding (vocabulary-parallel) and three layers' projections halved, their two norms
             # replicated; FSDP2 then halves every dim 0 (all even)
             tp_bytes = 2 * V * H // 2 + 3 * (PARAMS_LAYER - 2 * 2 * H) // 2 + 3 * 2 * 2 * H
-            assert run.param_bytes == tp_bytes // dp
+            # without FSDP the bf16 build; FSDP2's shards are fp32 (twice the bytes per element)
+            assert run.param_bytes == (tp_bytes if dp == 1 else 2 * tp_bytes // dp)
 
 
 def test_searched_interleaved_layouts_place_as_torchtitan() -> None:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.titan_peak import (
@@ -117,9 +118,19 @@ def reshard_policy(setup: Setup) -> str:
     return "default" if setup.strategy.zero >= ZeroStage.PARAMETERS else "never"
 
 
+def build_dtype(setup: Setup) -> torch.dtype:
+    """The dtype the rank's model is built in: fp32 where FSDP2's mixed precision applies, as torchtitan
+    0.3.0's trainer builds it (train.py: the model is built on meta in fp32 and FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` casts the gathered parameters
+    only: ``blocks.torchtitan.fsdp2_mixed``); else the activation dtype (NB: without FSDP torchtitan
+    trains the fp32 model under ``torch.autocast``, not modelled)."""
+    return torch.float32 if fsdp2_mixed(setup) else activation_dtype(setup)
+
+
 def build_rank(setup: Setup) -> Any:
-    """The rank's model on the meta device, parallelised as torchtitan's ``parallelize_llama`` does
-    (TP, then activation checkpointing, then FSDP2), in training mode."""
+    """The rank's model on the meta device in ``build_dtype``, parallelised as torchtitan's
+    ``parallelize_llama`` does (TP, then activation checkpointing, then FSDP2 with bf16 gathered
+    parameters and fp32 reduction), in training mode."""
     require_torchtitan()
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
@@ -128,7 +139,7 @@ def build_rank(setup: Setup) -> Any:
     config = titan_config(setup)
     set_llama3_sharding_config(config, enable_sp=par.sp)
     default = torch.get_default_dtype()
-    torch.set_default_dtype(activation_dtype(setup))
+    torch.set_default_dtype(build_dtype(setup))
     try:
         with torch.device("meta"):
             model = config.build()

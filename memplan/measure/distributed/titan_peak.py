@@ -19,7 +19,8 @@ storages the parameters' ``.grad`` hold at the end of the step) and the rest by 
 (``transient``): what the estimate's moment must place as its temporaries.
 
 The estimate's side: each moment of ``analytic.peak`` less its ``optimizer`` term (the run builds no
-optimizer: its master copy and states are constant through forward and backward).
+optimizer: its states, and the master copy where the recipe keeps one, are constant through forward and
+backward; under FSDP2's mixed precision the fp32 shards it steps are the run's parameters).
 
 What is exact (tests/hf/test_torchtitan_peak.py): the loss backward moment on every layout traced (tp 2
 with and without SP, ZeRO-2 and ZeRO-3 over dp 2, Llama 3.1 405B's widths on tp 8 with SP × dp 2,048),
@@ -33,9 +34,10 @@ gradient, ``analytic.peak.head_input_scatter_transient``, and the norm runs on T
 backward moment where its own backward tops its stretch.
 
 Known limitations (each moment's measured and estimated bytes are in ``trace``'s output, ``peak.moments``):
-- NB: the optimizer step is not run (torchtitan's trainer steps fp32 parameters with
-  ``torch.optim.AdamW``; the run holds the parameters in the activation dtype, as the estimate's
-  weights term counts them): the estimate's "optimizer step" moment is not compared.
+- NB: the optimizer step is not run (torchtitan's trainer steps the fp32 parameters with
+  ``torch.optim.AdamW``; under FSDP2 the run holds them as torchtitan does, fp32 shards gathered to bf16,
+  ``titan.build_dtype``; without FSDP in the activation dtype, as the estimate's weights term counts
+  them): the estimate's "optimizer step" moment is not compared.
 - NB: the layer backward moment follows the reference model's layer, not torchtitan's, even on one
   device (measured above the estimate by 57,344 B on the tiny model; below it by 1,966,080 B at Llama 3
   8B's widths, 2 layers, s 256, and by 990 MB at 405B's on tp 8 + SP). It is the rank's highest

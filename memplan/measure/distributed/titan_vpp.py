@@ -47,7 +47,7 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
-from memplan.measure.distributed.titan import fake_world, reshard_policy
+from memplan.measure.distributed.titan import build_dtype, fake_world, reshard_policy
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -147,7 +147,7 @@ def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
     if par.tp > 1:
         set_llama3_sharding_config(config, enable_sp=par.sp)
     default = torch.get_default_dtype()
-    torch.set_default_dtype(activation_dtype(setup))
+    torch.set_default_dtype(build_dtype(setup))  # fp32 under FSDP2's mixed precision
     try:
         with torch.device("meta"):
             model = config.build()
