@@ -127,39 +127,51 @@ def build_dtype(setup: Setup) -> torch.dtype:
     return torch.float32 if fsdp2_mixed(setup) else activation_dtype(setup)
 
 
-def build_rank(setup: Setup) -> Any:
-    """The rank's model on the meta device in ``build_dtype``, parallelised as torchtitan's
-    ``parallelize_llama`` does (TP, then activation checkpointing, then FSDP2 with bf16 gathered
-    parameters and fp32 reduction), in training mode."""
+def meta_model(setup: Setup) -> Any:
+    """torchtitan's Llama 3 for ``setup`` on the meta device in ``build_dtype`` (fp32 under FSDP2's mixed
+    precision), its TP plan configured (``set_llama3_sharding_config``: SP or not)."""
     require_torchtitan()
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
-    par, s = setup.parallel, setup.strategy
     config = titan_config(setup)
-    set_llama3_sharding_config(config, enable_sp=par.sp)
+    set_llama3_sharding_config(config, enable_sp=setup.parallel.sp)
     default = torch.get_default_dtype()
     torch.set_default_dtype(build_dtype(setup))
     try:
         with torch.device("meta"):
-            model = config.build()
+            return config.build()
     finally:
         torch.set_default_dtype(default)
-    dims = parallel_dims(setup)
-    if par.tp > 1:
-        model.parallelize(dims)
-    apply_ac(model, setup)
+
+
+def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> Any:
+    """``part`` (the model, or one pipeline stage's module) parallelised as torchtitan's
+    ``parallelize_llama`` does it (``pipeline_llm``'s ``parallelize_fn`` after the split): TP, then the
+    activation checkpointing, then FSDP2 over dp with bf16 gathered parameters and fp32 reduction
+    (``pp_enabled``: torchtitan's reshard policy with pipelining); in training mode."""
+    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
+
+    s = setup.strategy
+    if setup.parallel.tp > 1:
+        part.parallelize(dims)
+    apply_ac(part, setup)
     if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
         apply_fsdp_to_decoder(
-            model,
+            part,
             dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
             param_dtype=activation_dtype(setup),
             reduce_dtype=torch.float32,
-            pp_enabled=False,
+            pp_enabled=pp_enabled,
             reshard_after_forward_policy=reshard_policy(setup),
         )
-    model.train()
-    return model
+    part.train()
+    return part
+
+
+def build_rank(setup: Setup) -> Any:
+    """The rank's model on the meta device (``meta_model``), parallelised as torchtitan's
+    ``parallelize_llama`` does (``parallelize_part``)."""
+    return parallelize_part(meta_model(setup), setup, parallel_dims(setup), pp_enabled=False)
 
 
 class RankPathRecorder(PathRecorder):

@@ -44,10 +44,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import ScheduleInterleaved1F1B
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-from memplan.config import Setup, ZeroStage
+from memplan.config import Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
-from memplan.measure.distributed.titan import build_dtype, fake_world, reshard_policy
+from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -58,7 +58,7 @@ from memplan.measure.distributed.titan_pp import (
 )
 from memplan.measure.distributed.titan_pp import step as step_single
 from memplan.measure.frameworks.step import activation_dtype
-from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config
+from memplan.measure.frameworks.titan import require_torchtitan
 from memplan.measure.instruments.record import _RECORDER
 from memplan.measure.runs.run import make_batch
 
@@ -134,40 +134,13 @@ def pipeline_dims(setup: Setup) -> Any:
 
 
 def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
-    """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module``, then
-    parallelised as ``pipeline_llm`` does each model part (``parallelize_fn`` after the split): TP, the
-    activation checkpointing, FSDP2 over dp with ``pp_enabled`` (``titan.build_rank``'s order)."""
+    """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module`` from
+    ``titan.meta_model``, then parallelised as ``pipeline_llm`` does each model part
+    (``titan.parallelize_part`` with ``pp_enabled``)."""
     require_torchtitan()
-    from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
     from torchtitan.distributed.pipeline_parallel import _split_module
-    from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
-    par, s = setup.parallel, setup.strategy
-    config = titan_config(setup)
-    if par.tp > 1:
-        set_llama3_sharding_config(config, enable_sp=par.sp)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(build_dtype(setup))  # fp32 under FSDP2's mixed precision
-    try:
-        with torch.device("meta"):
-            model = config.build()
-    finally:
-        torch.set_default_dtype(default)
-    chunk = _split_module(model, names)
-    if par.tp > 1:
-        chunk.parallelize(dims)
-    apply_ac(chunk, setup)
-    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
-        apply_fsdp_to_decoder(
-            chunk,
-            dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
-            param_dtype=activation_dtype(setup),
-            reduce_dtype=torch.float32,
-            pp_enabled=True,
-            reshard_after_forward_policy=reshard_policy(setup),
-        )
-    chunk.train()
-    return chunk
+    return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
 
 
 def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
