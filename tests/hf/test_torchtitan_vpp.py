@@ -49,6 +49,18 @@ def estimated_held(e: Result) -> dict[str, tuple[tuple[int, ...], int]]:
     return {k.name: (k.shape, k.count) for k in e.tensors if k.name.startswith("pp.")}
 
 
+def traced_exact(est: Result, setup: Setup, index: int, params: bool = True) -> StageRun:
+    """Pipeline rank ``index`` traced against its estimate: saves per layer, the schedule's holds, the total
+    and (``params``) the parameters at rest; the run, for the by-hand checks that follow."""
+    e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
+    assert held(run) == estimated_held(e)
+    assert run.activations == e.activations
+    if params:
+        assert run.param_bytes == e.device.states.weights
+    return run
+
+
 @pytest.mark.parametrize(
     ("p", "m", "n"),
     [(2, 2, 4), (4, 2, 8), (4, 3, 4), (4, 2, 3), (4, 2, 6), (4, 2, 10), (3, 4, 9), (2, 8, 16)],
@@ -111,11 +123,7 @@ def small() -> tuple[Setup, Result]:
 @pytest.mark.parametrize("index", [0, 1])
 def test_rank_saves_what_the_estimate_says(small: tuple[Setup, Result], index: int) -> None:
     setup, est = small
-    e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
-    assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
-    assert held(run) == estimated_held(e)
-    assert run.activations == e.activations
-    assert run.param_bytes == e.device.states.weights
+    run = traced_exact(est, setup, index)
     # By hand. rounds = ⌊4/2⌋ = 2, r = 2 micro-batches per round.
     one = LAYER - ROPE  # one forward's saves of a layer; its RoPE cache is the module's buffer, once
     if index == 0:
@@ -319,11 +327,7 @@ def test_tensor_parallel_stage_keeps_what_the_estimate_says(vpp: int, sp: bool, 
     setup = sharded(base, dp, 3) if dp > 1 else base
     est = estimate(setup)
     for index in (0, 1):
-        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
-        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
-        assert held(run) == estimated_held(e)
-        assert run.activations == e.activations
-        assert run.param_bytes == e.device.states.weights
+        run = traced_exact(est, setup, index)
         # By hand: under SP a boundary tensor is the sequence shard [b, s/2, h]; the last stage's logits
         # the vocabulary shard [b, s, v/2] of the whole sequence
         shapes = {name: shape for name, (shape, _) in held(run).items()}
@@ -361,15 +365,11 @@ def test_full_ac_keeps_the_receive_buffer_as_a_block_input(vpp: int) -> None:
         hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN, checkpointing="full"), 2, 4, vpp=vpp
     )
     est = estimate(setup)
-    for index in (0, 1):
-        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
-        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
-        assert held(run) == estimated_held(e)
-        assert run.activations == e.activations
+    runs = [traced_exact(est, setup, index, params=False) for index in (0, 1)]
     if vpp == 1:
         # By hand, stage 1 of 1F1B (layers 3-5 and the head, one forward in flight): each block's input X
         # — layer 3's is one of the 4 receive buffers, so 3 more are held — the head as in 1F1B's test
-        e, run = at_stage(est, 1), measure_titan_pipeline(setup, 1)
+        run = runs[1]
         head = 2 * B * S * H * 4 + B * S * 4 + X + B * S * V * 4 + B * S * 8 + 8 + 4
         assert held(run) == {"pp.recv": ((B, S, H), 3), "pp.logits": ((B, S, V), 1)}
         assert run.activations == 3 * X + 3 * X + B * S * V * 2 + head
@@ -383,7 +383,4 @@ def test_micro_batches_off_the_pipeline_width(n: int) -> None:
     assert setup.parallel.pp_layers == (0, 1, 1, 1, 1, 1, 1, 0)
     est = estimate(setup)
     for index in (0, 3):
-        e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
-        assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
-        assert held(run) == estimated_held(e)
-        assert run.activations == e.activations
+        traced_exact(est, setup, index, params=False)
