@@ -160,7 +160,7 @@ class StagePlan:
         no loss moment off the last stage; plus what the pieces correct for MoE and sequence parallelism."""
         pc, st = self.pieces, self.stage
         chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
-        # pp carried for torchtitan's FSDP2 policy under pp (``analytic.peak.zero3_kept_gathered``)
+        # pp carried for torchtitan's FSDP2 policy under pp (``analytic.fsdp2_moments.zero3_kept_gathered``)
         titan = self.setup.impl.impl is Impl.TORCHTITAN
         layout = pc.setup.parallel.model_copy(update={"pp": self.setup.parallel.pp if titan else 1})
         at = pc.setup.model_copy(

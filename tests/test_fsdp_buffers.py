@@ -160,7 +160,7 @@ def test_torchtitan_zero3_with_pp_regathers_nothing() -> None:
 def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
     """With pp, torchtitan's default policy reshards no unit after forward and torch's stage reshards after
     backward only at the last micro-batch: each stage's moments hold its unsharded weights beside its shards
-    (``analytic.peak.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
+    (``analytic.fsdp2_moments.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
     2 layers, untied), pp 2 × dp 2, bf16. A layer: wqkv (4 + 2·2)·16 × 64 = 8,192, wo 64 × 64 = 4,096,
     w1 w3 w2 3 × 128 × 64 = 24,576, two norms 128: 36,992. Stage 0: embedding 256 × 64 + a layer = 53,376
     elements; stage 1: a layer + final norm 64 + head 256 × 64 = 53,440. Unsharded 2 B each (bf16 while

@@ -1,0 +1,105 @@
+"""What torchtitan's FSDP2 holds beside a rank's tensors at the peak model's moments (``analytic.peak``):
+ZeRO-3's gathered units under its reshard policy (``measure.distributed.titan.reshard_policy``: the
+trainer's "default"), the [norm, lm_head] unit kept gathered, the prefetched all-gather output and the
+previous unit's reduce-scatter input beside each layer's backward, a pipeline stage's weights kept gathered,
+and ZeRO-2's shards beside the unsharded weights. Each measured on torchtitan's parallelised rank on the
+fake process group (tests/hf/test_torchtitan_peak.py, tests/test_fsdp_buffers.py)."""
+
+from __future__ import annotations
+
+from memplan.blocks.profiles import profile_of
+from memplan.blocks.torchtitan import (
+    FSDP2_MIXED_BYTES,
+    fsdp2_flat_elements,
+    fsdp2_mixed,
+    fsdp2_shard_elements,
+    unit_shapes,
+)
+from memplan.config import Setup, ZeroStage
+
+
+def zero3_resharded(setup: Setup) -> bool:
+    """torchtitan's FSDP2 under ZeRO-3 over more than one rank, as its trainer runs it by default
+    (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
+    embedding and every block resharded after their forward, the [norm, lm_head] unit not
+    (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
+    "always"`` for that unit). With pp, "default" reshards no unit after forward
+    (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp == 1
+
+
+def zero3_kept_gathered(setup: Setup) -> bool:
+    """torchtitan's ZeRO-3 on a pipeline stage: its trainer's "default" policy reshards no unit after
+    forward with pp (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``), and torch's
+    stage defers resharding after backward to the last micro-batch (``set_reshard_after_backward(False)``),
+    so the stage's units, once gathered, stay gathered through its forwards and backwards: every moment
+    holds the stage's unsharded weights beside its shards (ZeRO-2's picture, ``zero2_shards_beside``).
+    NB: the dim-0 padding of those unsharded views and the last micro-batch's fp32 reduce-scatter
+    inputs are not counted; the pipeline peak is not measured (titan_vpp compares saves and parameters
+    at rest)."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
+    return fsdp2 and setup.parallel.pp > 1
+
+
+def zero3_head_unit(setup: Setup) -> int:
+    """Bytes of the [norm, lm_head] unit's unsharded parameters under torchtitan's ZeRO-3
+    (``zero3_resharded``): gathered for its forward and, not resharded after it, still held from the
+    loss to its own backward (FSDP2's ``reshard_after_backward`` reshards it then). Each is a view of
+    its padded all-gather output (``FSDPParam.init_unsharded_param``: ``as_strided`` over the
+    ``padded_unsharded_size`` buffer), so every dim 0 counts padded to the shard count
+    (``fsdp2_flat_elements``; measured at Llama 3.1 405B's widths on tp 8 × dp 2,048: the lm head's
+    16,032 rows held as 16,384)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, _, head = unit_shapes(setup.model)
+    return fsdp2_flat_elements(head, shards) * setup.training.precision.weight_bytes
+
+
+def zero3_head_gather(setup: Setup) -> int:
+    """Under torchtitan's ZeRO-3 at the final norm's backward: the [norm, lm_head] unit's unsharded
+    parameters (kept from its forward: ``zero3_head_unit``) and the top layer's flat all-gather output,
+    prefetched by the head unit's backward (measured on the tiny model: 16,512 + 37,120 B on tp 2 + SP ×
+    dp 2)."""
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    _, layer, _ = unit_shapes(setup.model)
+    weight = setup.training.precision.weight_bytes
+    return zero3_head_unit(setup) + fsdp2_flat_elements(layer, shards) * weight
+
+
+def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
+    """FSDP2's buffers beside layer i's backward under torchtitan's ZeRO-3 (``zero3_resharded``),
+    besides the unit it computes with (``gather``): the next unit's flat all-gather output, prefetched
+    (``FSDPParamGroup`` backward prefetch: the unit below, layer i − 1 or the embedding, in the
+    parameters' dtype, until its copy-out), and the previous unit's reduce-scatter input, fp32 (the
+    ``reduce_dtype``), which ``comm_ctx.reduce_scatter_state`` holds until the next reduce-scatter (the
+    unit above, layer i + 1 or [norm, lm_head]); both flat, each dim 0 padded to the shard count
+    (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
+    37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
+    counted as untied."""
+    if not zero3_resharded(setup):
+        return 0
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    embedding, layer, head = unit_shapes(setup.model)
+    below = layer if i > 0 else embedding
+    above = layer if i < layers - 1 else head
+    weight = setup.training.precision.weight_bytes
+    return fsdp2_flat_elements(below, shards) * weight + fsdp2_flat_elements(above, shards) * 4
+
+
+def zero2_shards_beside(setup: Setup) -> int:
+    """Bytes of the rank's parameter shards alive beside the unsharded parameters under torchtitan's
+    ZeRO-2 (FSDP2 with ``reshard_after_forward=False``): FSDP2 keeps each ``FSDPParam.sharded_param`` and
+    gathers into new storages (``_fsdp_param.alloc_storage``) that stay from a unit's forward to its
+    backward, so forward and backward hold both (the estimate's weights count the unsharded ones). The
+    shards are the dim-0 shards over dp × cp (``blocks.torchtitan.fsdp2_shard_elements``). Measured on a
+    tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py)."""
+    s = setup.strategy
+    shards = s.shard_group * setup.parallel.cp
+    if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
+        return 0
+    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.weight_bytes
+    return fsdp2_shard_elements(setup.model, shards) * element  # fp32 under FSDP2's mixed precision
