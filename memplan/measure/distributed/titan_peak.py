@@ -29,9 +29,9 @@ loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the l
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
 unsharded weights under ZeRO-2, under ZeRO-3 (torchtitan's "default" policy) the [norm, lm_head] unit alone
 gathered at the loss, as views of its padded all-gather output
-(``analytic.fsdp2_moments.zero3_head_unit``); the final norm's backward without FSDP (under SP it tops at the reduce-scatter of the lm head's input
-gradient, ``analytic.peak.head_input_scatter_transient``, and the norm runs on T/t tokens); the embedding
-backward moment where its own backward tops its stretch.
+(``analytic.fsdp2_moments.zero3_head_unit``); the final norm's backward without FSDP (under SP it tops
+at the reduce-scatter of the lm head's input gradient, ``analytic.peak.head_input_scatter_transient``, and
+the norm runs on T/t tokens); the embedding backward moment where its own backward tops its stretch.
 
 Known limitations (each moment's measured and estimated bytes are in ``trace``'s output, ``peak.moments``):
 - NB: the optimizer step is not run (torchtitan's trainer steps the fp32 parameters with
