@@ -210,8 +210,9 @@ def main() -> None:
 
 
 # Sub-command modules add their commands last (they import cli.common, never this module's app).
-from memplan.cli import calibrate, measure, schema, search  # noqa: E402
+from memplan.cli import calibrate, measure, schema, search, trace  # noqa: E402
 
+trace.register(app)
 measure.register(app)
 calibrate.register(app)
 search.register(app)
