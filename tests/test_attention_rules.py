@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from tiny_setup import A, H, S, tiny_setup
 
-from memplan.blocks import attention
+from memplan.blocks import attention, attention_locals
 from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import Device, DType, Impl, ImplConfig, Precision, Setup
 from memplan.config.impl import Family
@@ -134,12 +134,12 @@ def test_megatron_eager_forward_holds_the_unsaved_buffer_the_scores_and_the_cont
     scores, ctx = 2 * A * S * S * 2, 64 * A * D * 2
     # GQA: no view saved, so W_QKV's output [T, (a + 2·kv)·d] = 64·8·16·2 = 16,384 B is a local too.
     gqa = build({"num_kv_heads": 2, "position": "learned"}, EAGER, MEGATRON)
-    assert attention.eager_forward_extra(gqa, Dims.of(gqa)) == 64 * (A + 2 * 2) * D * 2 + scores + ctx
+    assert attention_locals.eager_forward_extra(gqa, Dims.of(gqa)) == 64 * (A + 2 * 2) * D * 2 + scores + ctx
     # MHA with RoPE: v is a saved view, the buffer is among the saves already.
     mha = build({}, EAGER, MEGATRON)
-    assert attention.eager_forward_extra(mha, Dims.of(mha)) == scores + ctx
-    assert attention.megatron_forward_extra(mha, Dims.of(mha), 3, 5) == 8
-    assert attention.megatron_forward_extra(gqa, Dims.of(gqa), 3, 5) == 16_384 + 8
+    assert attention_locals.eager_forward_extra(mha, Dims.of(mha)) == scores + ctx
+    assert attention_locals.megatron_forward_extra(mha, Dims.of(mha), 3, 5) == 8
+    assert attention_locals.megatron_forward_extra(gqa, Dims.of(gqa), 3, 5) == 16_384 + 8
 
 
 def test_the_reference_eager_forward_locals() -> None:
@@ -148,11 +148,11 @@ def test_the_reference_eager_forward_locals() -> None:
     # dropout both, the masked scores gone before the dropout's outputs exist.
     locals_, scores, ctx = 64 * 3 * A * D * 2, 2 * A * S * S * 2, 64 * A * D * 2
     plain = build({}, EAGER, ImplConfig())
-    assert attention.eager_forward_extra(plain, Dims.of(plain)) == locals_ + scores + max(scores, ctx)
+    assert attention_locals.eager_forward_extra(plain, Dims.of(plain)) == locals_ + scores + max(scores, ctx)
     dropout = build({"attn_dropout": 0.1}, EAGER, ImplConfig())
-    assert attention.eager_forward_extra(dropout, Dims.of(dropout)) == locals_ + scores + ctx
+    assert attention_locals.eager_forward_extra(dropout, Dims.of(dropout)) == locals_ + scores + ctx
     flash = build({}, FLASH, ImplConfig())
-    assert attention.eager_forward_extra(flash, Dims.of(flash)) == 0
+    assert attention_locals.eager_forward_extra(flash, Dims.of(flash)) == 0
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -30,14 +30,7 @@ import functools
 from collections.abc import Iterable
 
 from memplan.blocks import dropout_rule, llama4, te_fp8
-from memplan.blocks.attention import (
-    attention_core_rules,
-    constant_rules,
-    full_layer_setup,
-    is_sliding,
-    projection_rules,
-    sliding_layers,
-)
+from memplan.blocks.attention import attention_core_rules, constant_rules, full_layer_setup, projection_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
@@ -46,6 +39,7 @@ from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
+from memplan.blocks.windows import is_sliding, sliding_layers
 from memplan.config import Setup
 
 B, R = Block, Role

@@ -33,7 +33,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.blocks import llama4, moe
-from memplan.blocks.attention import (
+from memplan.blocks.attention_flops import (
     attention_backward_flops,
     attention_core_flops,
     kernel_recompute_flops,

@@ -66,12 +66,8 @@ from memplan.analytic.optimizer_step import step_transient as optimizer_step_tra
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
-from memplan.blocks.attention import (
-    attention_core_rules,
-    eager_core_copies,
-    eager_forward_extra,
-    projection_rules,
-)
+from memplan.blocks.attention import attention_core_rules, projection_rules
+from memplan.blocks.attention_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope

@@ -1,9 +1,8 @@
 """Attention: W_Q/W_K/W_V [h, a·d | kv·d], W_O [a·d, h] (+ biases), rotary embeddings, and the core — eager
 (explicit QKᵀ, causal ``masked_fill``, softmax, dropout, ·V) or flash (the SDPA flash kernel).
 
-FLOPs (FlopCounterMode): the projections 2·T·h·(a·d) + 2·2·T·h·(kv·d) + 2·T·(a·d)·h forward; the core's
-QKᵀ and P·V 2·b·a·s²·d each (causal not halved); backward 2× for the projections and eager's bmms, and for
-flash five s×s products (S recomputed, dP, dV, dQ, dK), one of them the kernel's own re-computation.
+FLOPs: ``blocks.attention_flops``; the eager core's forward locals beyond its saves:
+``blocks.attention_locals``; which layers slide: ``blocks.windows``.
 
 Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
 the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
@@ -11,19 +10,16 @@ the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-a
 Implementation profiles (``blocks.profile``) change the core's saves: transformers' fp32 eager softmax,
 additive mask, CPU dropout noise, SDPA's math kernel on CPU with dropout (``Core.MATH``), a sliding
 window's mask with k and v repeated.
-
-Known limitations: NB: ``eager_forward_extra`` (the forward's peak locals) follows the reference model's
-eager core under every profile; transformers' (a [b, 1, s, s] additive mask alive through the forward,
-the fp32 softmax) is not measured by ``measure_hf`` (it counts saves, not the peak) and not modelled.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from memplan.blocks import linear_params, mm
+from memplan.blocks import linear_params
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, profile_of
+from memplan.blocks.windows import full_and_sliding
 from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
 
 FP32, BOOL, INT64, UINT64, COMPLEX64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64, DType.COMPLEX64
@@ -417,31 +413,6 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
     return rules
 
 
-def full_and_sliding(m: ModelConfig) -> bool:
-    """Whether both layer types exist (``sliding_window_pattern``: every n-th layer full; ``full_layers``:
-    the first N full): transformers then makes a causal and a sliding-window mask
-    (``Gemma2Model.forward``'s / ``Qwen2Model.forward``'s ``causal_mask_mapping``)."""
-    every = m.sliding_window_pattern
-    return (every is not None and m.num_layers >= every) or m.full_layers is not None
-
-
-def is_sliding(m: ModelConfig, layer: int) -> bool:
-    """Whether layer i attends through the sliding window: with ``sliding_window_pattern`` n unless
-    (i + 1) % n == 0 (``Gemma2Config`` / ``Gemma3TextConfig``'s ``layer_types``), with ``full_layers`` N
-    when i ≥ N (``Qwen2Config``'s: ``i >= max_window_layers``), else every layer when a window is set."""
-    if m.sliding_window is None:
-        return False
-    every = m.sliding_window_pattern
-    if every:
-        return (layer + 1) % every != 0
-    return layer >= (m.full_layers or 0)
-
-
-def sliding_layers(m: ModelConfig) -> int:
-    """How many layers slide (``is_sliding``)."""
-    return sum(is_sliding(m, i) for i in range(m.num_layers))
-
-
 def full_layer_setup(setup: Setup) -> Setup | None:
     """The setup of a full-attention layer when its saves differ from a sliding layer's, else None: under
     SDPA with both layer types and a window shorter than the sequence, the sliding layers pass SDPA an
@@ -454,77 +425,3 @@ def full_layer_setup(setup: Setup) -> Setup | None:
         return None
     full = m.model_copy(update={"sliding_window": None, "sliding_window_pattern": None, "full_layers": None})
     return setup.model_copy(update={"model": full})
-
-
-def projection_flops(dims: Dims) -> int:
-    """Forward FLOPs of W_Q, W_K, W_V and W_O."""
-    t, h = dims.tokens, dims.h
-    qd, kvd = dims.a * dims.d, dims.kv * dims.d
-    return mm(t, h, qd) + 2 * mm(t, h, kvd) + mm(t, qd, h)
-
-
-def score_cells(dims: Dims) -> int:
-    """(query, key) cells of S = QKᵀ the kernels compute per (batch, head), as FlopCounterMode counts them
-    (causal not halved): s² on one device.
-
-    Ring attention over c = ``dims.ring`` ranks, s = one rank's s/c tokens (torch's
-    ``_templated_ring_attention`` with its default load balancing: the sequence cut into 2c chunks, rank r
-    holding chunks r and 2c−1−r): step 0 runs the causal kernel on the rank's own q, k, v (s² cells);
-    each of the c−1 later steps runs a non-causal kernel on half of them — all of q against the first half
-    of the received K/V when the source rank is lower, else the second half of q against all of it
-    (s·s/2 cells): s² + (c−1)·s²/2 = s²·(c+1)/2 in all (s even: c divides s/2).
-    """
-    s, c = dims.s, dims.ring
-    return s * s + (c - 1) * (s * (s // 2))
-
-
-def attention_core_flops(dims: Dims) -> int:
-    """Forward QKᵀ [s, d]·[d, s] and P·V [s, s]·[s, d] per (batch, head): 2·d FLOPs per score cell each
-    (``score_cells``: causal not halved; ring attention's steps under context parallelism); MLA's QKᵀ
-    over d_n + d_r and P·V over d_v (``Dims.qk_dim``, ``Dims.v_dim``)."""
-    return 2 * dims.b * dims.a * (dims.qk_dim + dims.v_dim) * score_cells(dims)
-
-
-def attention_backward_flops(setup: Setup, dims: Dims) -> int:
-    per_bmm = attention_core_flops(dims) // 2
-    # eager and math: two bmms, each 2× in backward; flash: five s×s products (S recomputed, dP, dV, dQ,
-    # dK).
-    return (5 if core_of(setup) is Core.FLASH else 4) * per_bmm
-
-
-def kernel_recompute_flops(setup: Setup, dims: Dims) -> int:
-    """One layer's flash backward re-computing S = QKᵀ [s, d]·[d, s] per (batch, head): one of its five
-    s×s products (``attention_backward_flops``); eager attention's backward re-computes nothing."""
-    if core_of(setup) is not Core.FLASH:
-        return 0
-    return attention_core_flops(dims) // 2
-
-
-def eager_core_copies(setup: Setup) -> bool:
-    return setup.strategy.attention is Attention.EAGER
-
-
-def eager_forward_extra(setup: Setup, dims: Dims) -> int:
-    """Eager attention's forward beyond its saves: q and k (after RoPE) and v before their contiguous
-    copies, the scaled scores (a local until the core returns), and either the masked scores at the
-    softmax or P·V's output before its [b, s, a·d] copy; with attention dropout the masked scores are
-    gone before the dropout's mask and output (among the saves) exist."""
-    if setup.strategy.attention is not Attention.EAGER:
-        return 0
-    a_bytes, t = dims.act.bytes, dims.tokens
-    locals_ = t * (dims.a + 2 * dims.kv) * dims.d * a_bytes
-    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
-    ctx = t * dims.a * dims.d * a_bytes
-    if profile_of(setup).qkv_views:
-        return megatron_forward_extra(setup, dims, scores, ctx)
-    return locals_ + scores + (ctx if setup.model.attn_dropout > 0 else max(scores, ctx))
-
-
-def megatron_forward_extra(setup: Setup, dims: Dims, scores: int, ctx: int) -> int:
-    """Megatron-core's eager core (``DotProductAttention.forward``) beyond its saves: W_QKV's output where
-    no saved view holds it (GQA: q is a copy, k and v repeated, the split views are locals); ``baddbmm``'s
-    scores (``matmul_result``, a local until the core returns); P·V's output while its [s, b, a·d] copy is
-    made. NB: the torch softmax fallback's fp32 copies (s > 4096) are not counted."""
-    saved = any(r.name == "attn.qkv" for r in qkv_view_rules(setup, dims, eager_core=True))
-    buffer = 0 if saved else dims.tokens * (dims.a + 2 * dims.kv) * dims.d * dims.act.bytes
-    return buffer + scores + ctx

@@ -26,7 +26,7 @@ from __future__ import annotations
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks import llama4, mlp, moe
-from memplan.blocks.attention import attention_core_flops
+from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
 from memplan.config import Attention, Checkpointing, Setup

@@ -19,7 +19,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   out/lse and not the received K/V chunks, which are transients of the forward. The backward re-gathers
   K/V and runs the kernel's backward per step again.
 - FLOPs: step 0 runs the causal kernel on the local q, k, v; each of the c−1 later steps a non-causal
-  kernel on half of q or half of the received K/V (``blocks.attention.score_cells``). Linear layers run
+  kernel on half of q or half of the received K/V (``blocks.attention_flops.score_cells``). Linear layers run
   on s/c tokens. The whole model's FLOPs are c × one rank's (``whole_model``).
 - Communication, per layer and micro-batch (``kv_exchanges``; ``_RotateMethod.ALL_GATHER`` is torch's
   and torchtitan's default): forward, one all-gather of the rank's K/V (``torch.cat([k.flatten(),
