@@ -171,6 +171,8 @@ CASES: list[Case] = [
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
     case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
     case("megatron-fp8-rowwise", "estimate -m 8b --impl megatron --fp8 rowwise", "fp8"),
+    case("titan-fp8-delayed", "estimate -m tiny --impl torchtitan --fp8 delayed", "fp8"),
+    case("reference-fp8-delayed", "estimate -m tiny --fp8 delayed", "fp8"),
     case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 tensorwise", "fp8"),
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),

@@ -85,15 +85,20 @@ class AttentionKernel(StrEnum):
 
 class Fp8Recipe(StrEnum):
     """Float8 training of the layers' linears (``--fp8``): torchao's ``Float8Linear`` (--impl reference,
-    torchtitan: the casts' temporaries in the peak, blocks/fp8.py) or, under --impl megatron, Transformer
-    Engine's ``Float8CurrentScaling`` (tensorwise only: float8 saves and weight caches, blocks/te_fp8.py);
-    the step time: time/fp8.py."""
+    torchtitan: tensorwise, rowwise; the casts' temporaries in the peak, blocks/fp8.py) or, under --impl
+    megatron, Transformer Engine's recipes as Megatron's ``--fp8-recipe`` names them (tensorwise:
+    ``Float8CurrentScaling``, delayed: ``DelayedScaling``; float8 saves, weight caches and the quantizers'
+    state, blocks/te_fp8.py); the step time: time/fp8.py."""
 
     NONE = "none"
     TENSORWISE = "tensorwise"
     """One dynamic scale per tensor (cuBLAS's tensorwise kernel): an amax pass, then the cast."""
     ROWWISE = "rowwise"
     """One dynamic scale per row (CUTLASS's rowwise kernel): the row's amax and cast in one pass."""
+    DELAYED = "delayed"
+    """Transformer Engine's ``DelayedScaling`` (Megatron's default ``--fp8-recipe``, --impl megatron only):
+    one scale per tensor taken from an amax history, the cast records the tensor's amax in the same pass;
+    the histories are all-reduced and rolled once per forward and once per backward."""
 
 
 class ImplConfig(Frozen):

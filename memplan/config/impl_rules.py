@@ -203,7 +203,6 @@ def check_flash_attn(setup: Setup) -> None:
 def check_impl(setup: Setup) -> None:
     """A framework profile covers what that framework's own code does on one replica; one-line errors."""
     impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
-    check_fp8(setup)
     if impl is Impl.MEGATRON:
         # Megatron-core runs every layout memplan models, on CUDA only (its fused kernels are CUDA's).
         if setup.device is not Device.CUDA:
@@ -276,7 +275,7 @@ def check_impl(setup: Setup) -> None:
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
-    Megatron: tensorwise, dense layers (blocks/te_fp8.py)."""
+    Megatron: tensorwise and delayed, dense layers (blocks/te_fp8.py)."""
     fp8, impl, m = setup.impl.fp8, setup.impl.impl, setup.model
     if fp8 is Fp8Recipe.NONE:
         return
@@ -285,13 +284,21 @@ def check_fp8(setup: Setup) -> None:
             "fp8: --impl hf runs transformers' bf16 linears (no float8 conversion of them is modelled); use "
             "--impl reference or torchtitan (torchao Float8Linear) or megatron (Transformer Engine)"
         )
+    if impl is not Impl.MEGATRON and fp8 is Fp8Recipe.DELAYED:
+        # pytorch/ao#1753 deleted delayed scaling from torchao.float8 after v0.9.0 (deprecated in #1680):
+        # Float8LinearConfig scales dynamically only.
+        raise ValueError(
+            f"fp8: --impl {impl.value} runs torchao's Float8Linear, which has no delayed scaling since "
+            "torchao 0.10; use --fp8 tensorwise or rowwise, or --impl megatron (Transformer Engine)"
+        )
     if impl is not Impl.MEGATRON:
         return
     if fp8 is Fp8Recipe.ROWWISE:
         # Megatron-LM arguments.py: --fp8-recipe choices delayed, tensorwise, mxfp8, blockwise.
         raise ValueError(
             "fp8: Transformer Engine has no rowwise recipe (Megatron's --fp8-recipe: delayed, tensorwise, "
-            "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) with --impl megatron"
+            "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) or delayed (DelayedScaling) "
+            "with --impl megatron"
         )
     for name, used in {"a mixture of experts": m.moe is not None, "MLA": m.mla is not None}.items():
         if used:
