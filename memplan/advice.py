@@ -326,11 +326,12 @@ def notes(b: Built) -> list[str]:
         )
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
         recipe = r.setup.impl.fp8
-        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), recipe)
+        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl)
         te = "DelayedScaling" if recipe is Fp8Recipe.DELAYED else "Float8CurrentScaling"
+        rows = r.setup.impl.fp8_amax_history_len
         history = (
-            f", amax histories of {te_fp8.AMAX_HISTORY_LEN} row (Megatron's --fp8-amax-history-len default) "
-            "included, reduced over tp × dp × cp every forward and backward"
+            f", amax histories of {rows} row{'s' if rows > 1 else ''} (--fp8-amax-history-len) included, "
+            "reduced over tp × dp × cp every forward and backward"
             if recipe is Fp8Recipe.DELAYED
             else ""
         )

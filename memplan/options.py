@@ -209,6 +209,16 @@ class Options(Frozen):
         _STRATEGY,
         default=Fp8Recipe.NONE,
     )
+    fp8_amax_history_len: int = _option(
+        "--fp8 delayed (--impl megatron): rows of each quantizer's amax history, Megatron's "
+        "--fp8-amax-history-len (its default 1; TE's DelayedScaling default is 1024): 4 bytes a row per "
+        "quantizer, 5 quantizers per linear (blocks/te_fp8.py)",
+        _STRATEGY,
+        default=1,
+        metavar="ROWS",
+        ge=1,
+        le=1 << 20,
+    )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "

@@ -89,14 +89,25 @@ Known limitations (NB):
 - NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
   its forward ``amax_history`` and ``scale`` per checkpointed forward
   (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 48 B a layer at len 1) and
-  keeps ``updated_amax_history_fwd`` / ``updated_scale_fwd`` clones after the re-run: not counted. The
-  amax history length and algorithm are Megatron's defaults (1, most_recent), not options.
+  keeps ``updated_amax_history_fwd`` / ``updated_scale_fwd`` clones after the re-run: not counted.
+  ``--fp8-amax-compute-algo`` (max or most_recent) moves the same bytes (the kernel rolls the whole
+  history either way) and is not an option.
 """
 
 from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Role, Rule, save
-from memplan.config import Attention, Checkpointing, DType, Fp8Recipe, Impl, MlpType, ModelConfig, Setup
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    DType,
+    Fp8Recipe,
+    Impl,
+    ImplConfig,
+    MlpType,
+    ModelConfig,
+    Setup,
+)
 
 B, R = Block, Role
 
@@ -112,7 +123,8 @@ AMAX = DType.FP32
 """``DelayedScalingRecipeState``: ``scale`` and ``amax_history`` are ``torch.float32``."""
 AMAX_HISTORY_LEN = 1
 """Megatron-LM's ``--fp8-amax-history-len`` default (arguments.py; ``TransformerConfig.fp8_amax_history_len:
-int = 1``), passed to ``DelayedScaling(amax_history_len=...)``."""
+int = 1``), passed to ``DelayedScaling(amax_history_len=...)``; memplan's ``--fp8-amax-history-len``
+(``ImplConfig.fp8_amax_history_len``) defaults to it."""
 MODULES = 4
 """TE modules a layer: LayerNormLinear for W_QKV and W_fc1, Linear for W_O and W_fc2."""
 
@@ -196,9 +208,9 @@ def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
     return MODULES * QUANTIZERS * QUANTIZER_BYTES
 
 
-def resident_bytes(m: ModelConfig, recipe: Fp8Recipe) -> int:
+def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
     """What TE holds per layer for the whole run, beside the weights."""
-    return workspace_bytes(m) + meta_bytes(recipe)
+    return workspace_bytes(m) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:

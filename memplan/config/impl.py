@@ -133,6 +133,14 @@ class ImplConfig(Frozen):
         description="float8 training of the layers' linears (time/fp8.py; memory: torchao's casts "
         "blocks/fp8.py, Megatron's Transformer Engine blocks/te_fp8.py)",
     )
+    fp8_amax_history_len: int = Field(
+        default=1,
+        ge=1,
+        le=1 << 20,
+        description="--fp8 delayed: rows of each amax history (Megatron's --fp8-amax-history-len, default 1; "
+        "TE's own DelayedScaling default 1024): fp32 state per quantizer and the scale update's traffic "
+        "(blocks/te_fp8.py)",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

@@ -277,6 +277,11 @@ def check_fp8(setup: Setup) -> None:
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
     Megatron: tensorwise and delayed, dense layers (blocks/te_fp8.py)."""
     fp8, impl, m = setup.impl.fp8, setup.impl.impl, setup.model
+    if setup.impl.fp8_amax_history_len != 1 and not (impl is Impl.MEGATRON and fp8 is Fp8Recipe.DELAYED):
+        raise ValueError(
+            "fp8_amax_history_len: the amax history is Transformer Engine's delayed scaling; add --impl "
+            "megatron --fp8 delayed or drop --fp8-amax-history-len"
+        )
     if fp8 is Fp8Recipe.NONE:
         return
     if impl is Impl.HF:

@@ -117,4 +117,5 @@ def te_amax_bytes(setup: Setup) -> tuple[int, int]:
     the history roll and scale update (``te_fp8.amax_update_bytes``); 0 under current scaling."""
     if setup.impl.fp8 is not Fp8Recipe.DELAYED:
         return 0, 0
-    return te_fp8.amax_update_bytes(forward=True), te_fp8.amax_update_bytes(forward=False)
+    rows = setup.impl.fp8_amax_history_len
+    return te_fp8.amax_update_bytes(True, rows), te_fp8.amax_update_bytes(False, rows)

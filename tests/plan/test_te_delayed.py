@@ -174,8 +174,38 @@ def test_the_note_names_delayed_scaling_and_its_history() -> None:
     notes = [n for n in json.loads(r.output)["notes"] if n.startswith("fp8:")]
     assert len(notes) == 1
     assert "--fp8-recipe delayed" in notes[0] and "DelayedScaling" in notes[0]
-    assert "436,207,792 bytes a layer" in notes[0] and "amax histories of 1 row" in notes[0]
+    assert "436,207,792 bytes a layer" in notes[0] and "amax histories of 1 row (" in notes[0]
 
 
 def test_delayed_applies_to_megatron_only() -> None:
     assert te_fp8.delayed(llama()) and not te_fp8.delayed(llama(CURRENT)) and not te_fp8.delayed(llama(BF16))
+
+
+def test_a_1024_row_history_adds_its_rows_to_the_weights() -> None:
+    # TE's own default history: 1023 rows more than Megatron's 1, per module × (3 + 2) quantizers × 4 B
+    rows = 1024
+    longer = llama(DELAYED.model_copy(update={"fp8_amax_history_len": rows}))
+    grown = estimate(longer).device.states.weights - estimate(llama()).device.states.weights
+    assert grown == L * 4 * (3 + 2) * (rows - 1) * 4 == 2_618_880
+
+
+def test_a_1024_row_history_moves_its_rows_twice_in_each_update() -> None:
+    rows, n = 1024, 4
+    longer = llama(DELAYED.model_copy(update={"fp8_amax_history_len": rows}), grad_accum=n)
+    # per quantizer 4·(2 + 2·rows + 2) B: the cat, the reduced amax read, the history read and written, the
+    # scale written; 4 modules × 3 forward, × 2 backward
+    f, b = time_fp8.te_cast_bytes(longer)
+    f1, b1 = time_fp8.te_cast_bytes(llama(grad_accum=n))
+    assert (f - f1, b - b1) == (4 * 3 * 4 * 2 * (rows - 1), 4 * 2 * 4 * 2 * (rows - 1))
+
+
+@pytest.mark.parametrize(
+    "args", ["--fp8-amax-history-len 16", "--impl megatron --fp8 tensorwise --fp8-amax-history-len 16"]
+)
+def test_a_history_without_delayed_scaling_is_a_one_line_error(args: str) -> None:
+    r = runner.invoke(app, ["estimate", "-m", "llama-3-8b", *args.split()])
+    assert r.exit_code == 2
+    assert r.output.strip() == (
+        "error: fp8_amax_history_len: the amax history is Transformer Engine's delayed scaling; add --impl "
+        "megatron --fp8 delayed or drop --fp8-amax-history-len"
+    )
