@@ -88,7 +88,7 @@ Known limitations (NB):
   ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
 - NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
   its forward ``amax_history`` and ``scale`` per checkpointed forward
-  (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 48 B a layer at len 1) and
+  (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 96 B a layer at len 1) and
   keeps ``updated_amax_history_fwd`` / ``updated_scale_fwd`` clones after the re-run: not counted.
   ``--fp8-amax-compute-algo`` (max or most_recent) moves the same bytes (the kernel rolls the whole
   history either way) and is not an option.

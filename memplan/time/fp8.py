@@ -94,7 +94,8 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     "Compute FP8 transpose if required"): 1 + 2 − e per element. Plus the amax reduction's kernels
     (``te_amax_bytes``).
     NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
-    attention core run in 16-bit."""
+    attention core run in 16-bit; under sequence parallelism the columnwise copy of the norms' output is
+    charged on the rank's shard in the forward (TE makes it from the rowwise copy re-gathered in backward)."""
     e = setup.training.precision.activation_dtype.bytes
     qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.impl_rules.check_fp8)
     shard = setup.parallel.tp if setup.parallel.sp else 1
