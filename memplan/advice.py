@@ -327,7 +327,9 @@ def notes(b: Built) -> list[str]:
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
         recipe = r.setup.impl.fp8
         cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl)
-        te = "DelayedScaling" if recipe is Fp8Recipe.DELAYED else "Float8CurrentScaling"
+        te = {Fp8Recipe.DELAYED: "DelayedScaling", Fp8Recipe.MXFP8: "MXFP8BlockScaling"}.get(
+            recipe, "Float8CurrentScaling"
+        )
         rows = r.setup.impl.fp8_amax_history_len
         history = (
             f", amax histories of {rows} row{'s' if rows > 1 else ''} (--fp8-amax-history-len) included, "

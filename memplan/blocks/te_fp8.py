@@ -7,15 +7,20 @@ computed from the tensor being cast, as torchao's tensorwise is. ``--fp8 delayed
 delayed``, Megatron's default (megatron/training/arguments.py ``_add_transformer_engine_args``:
 ``--fp8-recipe`` default 'delayed'), TE's ``DelayedScaling(margin, fp8_format, amax_compute_algo,
 amax_history_len, ...)`` (``TEDelayedScaling``): one scale per tensor too, taken from an amax history
-(below). Megatron's other recipes do not map: ``mxfp8`` (1×32 blocks, E8M0 scales) and ``blockwise``
-(1×128 / 128×128 blocks); TE has no rowwise recipe, so ``--impl megatron --fp8 rowwise`` is refused
-(``config.impl_rules.check_fp8``).
+(below). ``--fp8 mxfp8`` is ``--fp8-recipe mxfp8``, TE's ``MXFP8BlockScaling(fp8_format=...)``: one E8M0
+scale per 32 elements (blocks/mxfp8.py), Blackwell only (TE's ``check_mxfp8_support``: compute capability
+10.x; ``time.fp8.peak`` refuses other GPUs). ``blockwise`` (1×128 / 128×128 blocks) is refused; TE has no
+rowwise recipe, so ``--impl megatron --fp8 rowwise`` is refused too (``config.impl_rules.check_fp8``).
 
 Both per-tensor recipes quantize into the same ``Float8Tensor`` (``Float8CurrentScalingQuantizer`` /
 ``Float8Quantizer``, tensor/float8_tensor.py), and ``_LayerNormLinear`` / ``_Linear`` treat them alike
 ("vanilla FP8": only ``MXFP8TensorStorage`` / ``Float8BlockwiseQTensorStorage`` change what is kept), so
 the saved activations and the weight cache below are the same under either; they differ in the
-quantizers' state and the per-step amax reduction.
+quantizers' state and the per-step amax reduction. MXFP8 differs in what a float8 copy carries and in one
+rule: each ``MXFP8Tensor`` has a [M/32, K] grid of 1-byte scales per usage instead of one fp32 scale
+(``mxfp8.scale_shape``), its columnwise data can be all-gathered, so a column-parallel linear under
+sequence parallelism keeps the columnwise copy only (``isinstance(ln_out, (MXFP8TensorStorage, ...)) or
+not ctx.ln_out_needs_gather`` → ``update_usage(rowwise_usage=False)``), and it has no quantizer state.
 
 Megatron's TE layer spec (``get_gpt_layer_with_transformer_engine_spec``) runs four TE modules a layer:
 ``TELayerNormColumnParallelLinear`` (TE ``LayerNormLinear``) for W_QKV and for W_fc1, ``TERowParallelLinear``
@@ -96,6 +101,7 @@ Known limitations (NB):
 
 from __future__ import annotations
 
+from memplan.blocks import mxfp8
 from memplan.blocks.inventory import Block, Role, Rule, save
 from memplan.config import (
     Attention,
@@ -140,6 +146,11 @@ def delayed(setup: Setup) -> bool:
     return applies(setup) and setup.impl.fp8 is Fp8Recipe.DELAYED
 
 
+def mx(setup: Setup) -> bool:
+    """TE's ``MXFP8BlockScaling`` (``--impl megatron --fp8 mxfp8``)."""
+    return applies(setup) and setup.impl.fp8 is Fp8Recipe.MXFP8
+
+
 def float8(rule: Rule, part: str, why: str) -> Rule:
     """``rule``'s tensor as a float8 (uint8) copy of the same elements, named ``part``."""
     return save(rule.block, part, rule.shape, DType.UINT8, rule.role, why)
@@ -149,12 +160,28 @@ def scale_inv(block: Block, part: str) -> Rule:
     return save(block, f"{part}_scale_inv", (1,), SCALE_INV, R.PARAM_DERIVED, "float8 cast's 1/scale")
 
 
+def mx_scale_inv(rule: Rule, part: str, shards: int) -> Rule:
+    """The columnwise E8M0 scales of ``rule``'s [M, K] MXFP8 copy (``mxfp8.scale_shape``), M the rank's
+    tokens: ``shards`` = t for a sequence-parallel shard (the copy's own role is split afterwards,
+    ``strategies.sequence_parallel``; the grid's padded shape is made here, whole)."""
+    rows = 1
+    for d in rule.shape[:-1]:
+        rows *= d
+    shape = mxfp8.scale_shape(rows // shards, rule.shape[-1], columnwise=True)
+    why = "MXFP8 columnwise scales: one E8M0 per 32 elements of a column, padded to [4, 128]"
+    return save(rule.block, f"{part}_scale_inv", shape, DType.UINT8, R.PARAM_DERIVED, why)
+
+
 def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Rule]:
-    """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv; with
-    sequence parallelism a column-parallel linear keeps the rowwise copy too (re-gathered in backward)."""
+    """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv (MXFP8:
+    its grid of E8M0 scales); with sequence parallelism a per-tensor column-parallel linear keeps the
+    rowwise copy too (re-gathered in backward; MXFP8 gathers the columnwise copy)."""
     why = "float8 columnwise input (Xᵀ) of the wgrad GEMM: dW = Xᵀ·dY"
+    sequence_shard = column_parallel and setup.parallel.sp
+    if mx(setup):
+        return [float8(rule, part, why), mx_scale_inv(rule, part, setup.parallel.tp if sequence_shard else 1)]
     out = [float8(rule, part, why), scale_inv(rule.block, part)]
-    if column_parallel and setup.parallel.sp:
+    if sequence_shard:
         out.insert(1, float8(rule, f"{part}_rowwise", "float8 rowwise input, all-gathered again in backward"))
     return out
 
@@ -194,23 +221,35 @@ def linear_elements(m: ModelConfig) -> int:
     return h * (m.q_width + 2 * m.kv_width) + m.q_width * h + fc1 + f * h
 
 
-def workspace_bytes(m: ModelConfig) -> int:
+def linear_shapes(m: ModelConfig) -> list[tuple[int, int]]:
+    """TE's weights [out, in] of one layer's four linears on a tensor-parallel rank (``linear_elements``)."""
+    h, f = m.hidden_size, m.ffn
+    fc1 = (2 if m.mlp is MlpType.SWIGLU else 1) * f
+    return [(m.q_width + 2 * m.kv_width, h), (h, m.q_width), (fc1, h), (h, f)]
+
+
+def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE) -> int:
     """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each) and a
-    ``[1]`` fp32 scale_inv per module."""
+    ``[1]`` fp32 scale_inv per module; MXFP8: each copy with its grid of E8M0 scales
+    (``mxfp8.both_bytes``)."""
+    if recipe is Fp8Recipe.MXFP8:
+        return sum(mxfp8.both_bytes(out, inp) for out, inp in linear_shapes(m))
     return 2 * linear_elements(m) + MODULES * SCALE_INV.bytes
 
 
 def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
     """One layer's quantizer state (module docstring). Current scaling: 4 modules × 5 quantizers × (scale +
-    amax); delayed: 4 modules × (3 + 2) quantizers × (scale + ``history`` amax rows), fp32."""
+    amax); delayed: 4 modules × (3 + 2) quantizers × (scale + ``history`` amax rows), fp32; MXFP8: none."""
     if recipe is Fp8Recipe.DELAYED:
         return MODULES * QUANTIZERS * (1 + history) * AMAX.bytes
+    if recipe is Fp8Recipe.MXFP8:
+        return 0
     return MODULES * QUANTIZERS * QUANTIZER_BYTES
 
 
 def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
     """What TE holds per layer for the whole run, beside the weights."""
-    return workspace_bytes(m) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
+    return workspace_bytes(m, impl.fp8) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:
@@ -230,8 +269,19 @@ def amax_update_bytes(forward: bool, history: int = AMAX_HISTORY_LEN) -> int:
     return MODULES * per_module * AMAX.bytes * (2 + 2 * history + 2)
 
 
-def grad_output_casts(tokens: int, n_out: int) -> int:
+def grad_output_casts(setup: Setup, tokens: int, n_out: int) -> int:
     """A TE linear's backward above the 16-bit dY [T, out] it receives: ``grad_output_preprocess``'s float8
     rowwise (dgrad) and columnwise (wgrad) casts of dY, 1 byte an element each, and their [1] fp32
-    scale_inv. The dgrad output and the weight gradient are bf16's (``blocks.mlp``)."""
+    scale_inv (MXFP8: both grids of E8M0 scales). The dgrad output and the weight gradient are bf16's
+    (``blocks.mlp``)."""
+    if mx(setup):
+        return mxfp8.both_bytes(tokens, n_out)
     return 2 * tokens * n_out + SCALE_INV.bytes
+
+
+def saved_cast_bytes(setup: Setup, rows: int, cols: int) -> int:
+    """A saved float8 columnwise input [rows, cols] with its scale_inv (``casts``), as the backward
+    releases it."""
+    if mx(setup):
+        return rows * cols + mxfp8.scale_bytes(rows, cols, columnwise=True)
+    return rows * cols + SCALE_INV.bytes

@@ -99,6 +99,12 @@ class Fp8Recipe(StrEnum):
     """Transformer Engine's ``DelayedScaling`` (Megatron's default ``--fp8-recipe``, --impl megatron only):
     one scale per tensor taken from an amax history, the cast records the tensor's amax in the same pass;
     the histories are all-reduced and rolled once per forward and once per backward."""
+    MXFP8 = "mxfp8"
+    """Transformer Engine's ``MXFP8BlockScaling`` (--impl megatron only; Blackwell: compute capability
+    10.x): one E8M0 scale per 32 consecutive elements, computed in the cast; no state."""
+    BLOCKWISE = "blockwise"
+    """Transformer Engine's ``Float8BlockScaling`` (1×128 and 128×128 blocks, fp32 scales): refused, not
+    modelled."""
 
 
 class ImplConfig(Frozen):

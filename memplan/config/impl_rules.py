@@ -296,8 +296,20 @@ def check_fp8(setup: Setup) -> None:
             f"fp8: --impl {impl.value} runs torchao's Float8Linear, which has no delayed scaling since "
             "torchao 0.10; use --fp8 tensorwise or rowwise, or --impl megatron (Transformer Engine)"
         )
+    if impl is not Impl.MEGATRON and fp8 in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+        # torchao's Float8LinearConfig recipes: tensorwise, rowwise, rowwise_with_gw_hp; MX formats are
+        # torchao.prototype.mx_formats, not Float8Linear.
+        raise ValueError(
+            f"fp8: --fp8 {fp8.value} is a Transformer Engine recipe (torchao's Float8Linear has tensorwise "
+            "and rowwise only); use --impl megatron, or --fp8 tensorwise or rowwise"
+        )
     if impl is not Impl.MEGATRON:
         return
+    if fp8 is Fp8Recipe.BLOCKWISE:
+        raise ValueError(
+            "fp8: --impl megatron --fp8 blockwise (Transformer Engine Float8BlockScaling: 1×128 and 128×128 "
+            "blocks, fp32 scales) is not modelled; use --fp8 tensorwise, delayed or mxfp8"
+        )
     if fp8 is Fp8Recipe.ROWWISE:
         # Megatron-LM arguments.py: --fp8-recipe choices delayed, tensorwise, mxfp8, blockwise.
         raise ValueError(

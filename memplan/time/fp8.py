@@ -29,7 +29,7 @@ bf16's; the casts' temporaries join the peak), blocks/te_fp8.py.
 
 from __future__ import annotations
 
-from memplan.blocks import te_fp8
+from memplan.blocks import mxfp8, te_fp8
 from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.presets import GpuPreset
 from memplan.time import gemm
@@ -40,12 +40,25 @@ def enabled(setup: Setup) -> bool:
 
 
 def peak(setup: Setup, gpu: GpuPreset) -> float:
-    """FP8 dense peak FLOP/s; a one-line ``ValueError`` where the GPU has none."""
+    """FP8 dense peak FLOP/s (MXFP8's GEMMs too: the B200 datasheet gives one FP8 figure); a one-line
+    ``ValueError`` where the GPU has none, or for ``--fp8 mxfp8`` on a GPU before Blackwell (TE's
+    ``_compute_mxfp8_support``: compute capability 10.x; 12.0+ "not supported ... yet")."""
     if gpu.peak_tflops.fp8 is None:
         raise ValueError(
             f"fp8: {gpu.name} has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
         )
+    if setup.impl.fp8 is Fp8Recipe.MXFP8 and not blackwell(gpu):
+        cc = gpu.compute_capability or "unknown"
+        raise ValueError(
+            f"fp8: --fp8 mxfp8 needs a Blackwell GPU (Transformer Engine: compute capability 10.x); "
+            f"{gpu.name} has {cc}; use --fp8 tensorwise or delayed, or --gpu b200"
+        )
     return gpu.peak_tflops.fp8 * 1e12
+
+
+def blackwell(gpu: GpuPreset) -> bool:
+    """Compute capability 10.x: TE's MXFP8 support (``_compute_mxfp8_support``)."""
+    return gpu.compute_capability is not None and gpu.compute_capability.split(".")[0] == "10"
 
 
 def per_element(setup: Setup) -> int:
@@ -92,10 +105,15 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     ``Impl::FULLY_FUSED``; its 1 byte an element replaces the e-byte output ``time.compute`` charges the
     norm), then ``nvte_transpose`` reads it and writes the columnwise copy (rmsnorm_api.cpp / ln_api.cpp,
     "Compute FP8 transpose if required"): 1 + 2 − e per element. Plus the amax reduction's kernels
-    (``te_amax_bytes``).
+    (``te_amax_bytes``). MXFP8BlockScaling (``mx_cast_bytes``): every cast reads e and writes both copies
+    and both scale grids in one kernel (the block amaxes are its own); the norm runs unfused
+    (normalization.cpp: ``IsMXFP8Quantizers`` → ``FULLY_FUSED`` only with ``NVTE_NORM_FWD_USE_CUDNN``), so
+    its inputs cost the same.
     NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
     attention core run in 16-bit; under sequence parallelism the columnwise copy of the norms' output is
     charged on the rank's shard in the forward (TE makes it from the rowwise copy re-gathered in backward)."""
+    if setup.impl.fp8 is Fp8Recipe.MXFP8:
+        return mx_cast_bytes(setup)
     e = setup.training.precision.activation_dtype.bytes
     qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.impl_rules.check_fp8)
     shard = setup.parallel.tp if setup.parallel.sp else 1
@@ -111,6 +129,26 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
         backward += dy * cast
     amax_f, amax_b = te_amax_bytes(setup)
     return forward + amax_f, backward + amax_b
+
+
+def mx_cast_bytes(setup: Setup) -> tuple[int, int]:
+    """One layer's MXFP8 casts on one rank (``te_cast_bytes``): per tensor [r, c], e·r·c read and
+    ``mxfp8.both_bytes(r, c)`` written — X [T, in] (the norms' outputs on the rank's s/t shard under
+    sequence parallelism), W [out, in] once a step (÷ grad_accum, rounded down), dY [T, out]."""
+    e = setup.training.precision.activation_dtype.bytes
+    shard = setup.parallel.tp if setup.parallel.sp else 1
+    per_step = setup.training.grad_accum
+
+    def cast(rows: int, cols: int) -> int:
+        return e * rows * cols + mxfp8.both_bytes(rows, cols)
+
+    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)
+    forward = backward = 0
+    for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
+        forward += cast(g.rows // shard if after_norm else g.rows, g.inner)
+        forward += cast(g.cols, g.inner) // per_step
+        backward += cast(g.rows, g.cols)
+    return forward, backward
 
 
 def te_amax_bytes(setup: Setup) -> tuple[int, int]:
