@@ -199,9 +199,9 @@ class Options(Frozen):
     fp8: Fp8Recipe = _option(
         "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "
         "scaling (their GEMMs at the GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, "
-        "torchtitan: tensorwise, rowwise): the saved activations stay bf16's, the casts' fp32 and float8 temporaries join the peak "
-        "at the down projection's backward "
-        "(trace --fp8, profile --fp8). --impl megatron: tensorwise and delayed are Megatron's --fp8-recipe "
+        "torchtitan: tensorwise, rowwise): the saved activations stay bf16's, the casts' fp32 and float8 "
+        "temporaries join the peak at the down projection's backward (trace --fp8, profile --fp8). "
+        "--impl megatron: tensorwise and delayed are Megatron's --fp8-recipe "
         "(Transformer Engine Float8CurrentScaling, DelayedScaling): float8 saved linear inputs, cached "
         "float8 weights and transposes and the quantizers' state (delayed: amax histories, all-reduced over "
         "tp × dp × cp each forward and backward) in weights (blocks/te_fp8.py); mxfp8 is MXFP8BlockScaling "
