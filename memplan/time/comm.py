@@ -417,7 +417,8 @@ def fp8_rows(c: Critical, topo: Topology) -> list[Row]:
     12 B a layer forward, 8 B backward), over Megatron's amax reduction group — tp × dp × cp
     (``get_amax_reduction_group(with_context_parallel=True)``: ``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``)
     — synchronous (``async_op=False``): exposed. A chunk without layers registers no amax and reduces
-    nothing."""
+    nothing. NB: a re-run forward under full recompute is taken to add no reduction (TE's checkpoint
+    re-enters ``fp8_autocast`` in backward; not verified)."""
     s = c.setup
     if not te_fp8.delayed(s):
         return []

@@ -38,6 +38,7 @@ from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import fp8 as time_fp8
 from memplan.time.comm import Overlap, Phase, communication
+from memplan.time.comm_memory import communicators
 from memplan.time.fabric import Collective
 
 from .layout import plan
@@ -209,3 +210,12 @@ def test_a_history_without_delayed_scaling_is_a_one_line_error(args: str) -> Non
         "error: fp8_amax_history_len: the amax history is Transformer Engine's delayed scaling; add --impl "
         "megatron --fp8 delayed or drop --fp8-amax-history-len"
     )
+
+
+def test_the_amax_group_is_a_communicator_of_its_own() -> None:
+    # tp 2 × dp 8: Megatron's _TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP, 16 ranks over two 8-GPU nodes, a ring
+    delayed = plan(llama(dp=8), Parallel(tp=2)).setup
+    current = plan(llama(CURRENT, dp=8), Parallel(tp=2)).setup
+    got = [(c.name, c.ranks, c.peers, c.inter_node) for c in communicators(delayed, 0, H100.topology)]
+    assert got == [("tp", 2, 0, False), ("dp", 8, 0, True), ("fp8 amax", 16, 0, True)]
+    assert [c.name for c in communicators(current, 0, H100.topology)] == ["tp", "dp"]
