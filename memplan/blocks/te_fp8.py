@@ -67,14 +67,16 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
 - delayed scaling's amax reduction (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``): every
   module registers its ``amax_history[0]`` rows in a global buffer (``add_fp8_tensors_to_global_buffer``);
   at the exit of the outermost ``fp8_autocast`` (``autocast_exit``: once per forward of a model chunk —
-  Megatron enters one autocast around a TransformerBlock under delayed scaling) and at the end of the
+  Megatron enters one autocast around a TransformerBlock under delayed scaling: transformer_block.py,
+  ``use_outer_fp8_context = ... fp8_recipe == Fp8Recipe.delayed``) and at the end of the
   backward of the autocast's first module (``reduce_and_update_bwd_fp8_tensors``), ``torch.cat`` copies
   them into one fp32 buffer (``amax_buffer_bytes``: 3·4 B per module forward, 2·4 B backward), all-reduces
   it (MAX) over the amax reduction group — Megatron's ``get_amax_reduction_group(with_context_parallel=
   True)``, tensor × data × context parallel unless ``--tp-only-amax-red`` — and
   ``tex.fused_amax_and_scale_update_after_reduction`` rolls each history and writes each scale. The buffer
-  is freed at once, before the lm head runs (the head is outside the autocast) and after the last layer's
-  backward: it is live at neither of the step's peaks and is not added to them;
+  is freed at once: the forward's before the lm head runs (the head is outside the autocast), the
+  backward's once the chunk's first module — the last backward of the chunk — is done: it is live at
+  neither of the step's peaks and is not added to them;
 - backward: ``grad_output_preprocess`` casts the incoming dY [T, out] to float8 rowwise (dgrad) and
   columnwise (wgrad): 2 bytes an element beside the 16-bit dY (``grad_output_casts``); the MLP's moments
   (``blocks.mlp``) place them at W_fc2's backward and at W_fc1's, whose dY is the [T, 2f] d(fc1)
