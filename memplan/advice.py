@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks import te_fp8
 from memplan.blocks.profiles import compile_note
-from memplan.config import Attention, Checkpointing, Impl, MethodChoice, Optimizer, hf_code_only
+from memplan.config import Attention, Checkpointing, Fp8Recipe, Impl, MethodChoice, Optimizer, hf_code_only
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
 from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
@@ -325,12 +325,23 @@ def notes(b: Built) -> list[str]:
             "only, not in memplan's reference model; give --impl to choose"
         )
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
-        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp))
+        recipe = r.setup.impl.fp8
+        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl)
+        te = {Fp8Recipe.DELAYED: "DelayedScaling", Fp8Recipe.MXFP8: "MXFP8BlockScaling"}.get(
+            recipe, "Float8CurrentScaling"
+        )
+        rows = r.setup.impl.fp8_amax_history_len
+        history = (
+            f", amax histories of {rows} row{'s' if rows > 1 else ''} (--fp8-amax-history-len) included, "
+            "reduced over tp × dp × cp every forward and backward"
+            if recipe is Fp8Recipe.DELAYED
+            else ""
+        )
         out.append(
-            "fp8: --impl megatron --fp8 tensorwise is Megatron's --fp8-format hybrid --fp8-recipe tensorwise "
-            "(Transformer Engine Float8CurrentScaling): the layers' linears keep float8 casts of their "
-            f"inputs, and TE's cached float8 weights and transposes ({cache:,} bytes a layer) are counted in "
-            "weights; derived from TE's source, not measured"
+            f"fp8: --impl megatron --fp8 {recipe.value} is Megatron's --fp8-format hybrid --fp8-recipe "
+            f"{recipe.value} (Transformer Engine {te}): the layers' linears keep float8 casts of their "
+            f"inputs, and TE's cached float8 weights and transposes and quantizer state ({cache:,} bytes a "
+            f"layer{history}) are counted in weights; derived from TE's source, not measured"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:

@@ -264,6 +264,7 @@ def setup_of(o: Options) -> Setup:
             attention_kernel=o.attention_kernel,
             compile=o.compile,
             fp8=o.fp8,
+            fp8_amax_history_len=o.fp8_amax_history_len,
             experts=o.experts,
         ),
     )

@@ -126,7 +126,7 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
     if per_shard is not None and torchtitan.fsdp2_mixed(setup):  # fp32 shards, no master copy
         dense = torchtitan.fsdp2_mixed_states(dense, per_shard, s.zero)
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
-        te = te_fp8.resident_bytes(pc.setup.model) * st.layers
+        te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)

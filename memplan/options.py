@@ -197,15 +197,28 @@ class Options(Frozen):
         default=False,
     )
     fp8: Fp8Recipe = _option(
-        "float8 training of the layers' linears: none, tensorwise or rowwise scaling (their GEMMs at the "
-        "GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, torchtitan): the saved "
-        "activations stay bf16's, the casts' fp32 and float8 temporaries join the peak at the down "
-        "projection's backward "
-        "(trace --fp8, profile --fp8). --impl megatron: tensorwise is Megatron's --fp8-recipe tensorwise "
-        "(Transformer Engine Float8CurrentScaling): float8 saved linear inputs, cached float8 weights and "
-        "transposes in weights (blocks/te_fp8.py); TE has no rowwise recipe. --impl hf: refused",
+        "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "
+        "scaling (their GEMMs at the GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, "
+        "torchtitan: tensorwise, rowwise): the saved activations stay bf16's, the casts' fp32 and float8 "
+        "temporaries join the peak at the down projection's backward (trace --fp8, profile --fp8). "
+        "--impl megatron: tensorwise and delayed are Megatron's --fp8-recipe "
+        "(Transformer Engine Float8CurrentScaling, DelayedScaling): float8 saved linear inputs, cached "
+        "float8 weights and transposes and the quantizers' state (delayed: amax histories, all-reduced over "
+        "tp × dp × cp each forward and backward) in weights (blocks/te_fp8.py); mxfp8 is MXFP8BlockScaling "
+        "(E8M0 scales per 32 elements; Blackwell GPUs only); blockwise and TE's rowwise are refused. "
+        "--impl hf: refused",
         _STRATEGY,
         default=Fp8Recipe.NONE,
+    )
+    fp8_amax_history_len: int = _option(
+        "--fp8 delayed (--impl megatron): rows of each quantizer's amax history, Megatron's "
+        "--fp8-amax-history-len (its default 1; TE's DelayedScaling default is 1024): 4 bytes a row per "
+        "quantizer, 5 quantizers per linear (blocks/te_fp8.py)",
+        _STRATEGY,
+        default=1,
+        metavar="ROWS",
+        ge=1,
+        le=1 << 20,
     )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "

@@ -171,6 +171,15 @@ CASES: list[Case] = [
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
     case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
     case("megatron-fp8-rowwise", "estimate -m 8b --impl megatron --fp8 rowwise", "fp8"),
+    case("titan-fp8-delayed", "estimate -m tiny --impl torchtitan --fp8 delayed", "fp8"),
+    case("reference-fp8-delayed", "estimate -m tiny --fp8 delayed", "fp8"),
+    case("megatron-fp8-blockwise", "estimate -m 8b --impl megatron --fp8 blockwise", "fp8"),
+    case("mxfp8-hopper", "estimate -m 8b --impl megatron --fp8 mxfp8 --gpu h100", "mxfp8"),
+    case("titan-mxfp8", "estimate -m tiny --impl torchtitan --fp8 mxfp8", "fp8"),
+    case("amax-history-not-delayed", "estimate -m tiny --fp8-amax-history-len 4", "fp8_amax_history_len"),
+    case(
+        "amax-history-zero", "estimate -m 8b --impl megatron --fp8 delayed --fp8-amax-history-len 0", "amax"
+    ),
     case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 tensorwise", "fp8"),
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),

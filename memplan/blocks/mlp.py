@@ -100,7 +100,7 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
     released = t * dims.f * a_bytes  # the down input's save; Transformer Engine's a float8 cast and its scale
     if te_fp8.applies(setup):
-        released = t * dims.f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes
+        released = te_fp8.saved_cast_bytes(setup, t, dims.f)
     later = t * dims.h * a_bytes + f_buffers + down - released
     if te_fp8.applies(setup):
         return max(later, down_backward_transient(setup, dims), te_first_backward(setup, dims))
@@ -121,8 +121,8 @@ def te_first_backward(setup: Setup, dims: Dims) -> int:
     down = (f * h + (h if bias else 0)) * g
     first = (w * h + (w if bias else 0)) * g
     mask = t * h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
-    alive = t * h * e + down + t * w * e + te_fp8.grad_output_casts(t, w) + t * h * e + first
-    return alive - (t * f * DType.UINT8.bytes + te_fp8.SCALE_INV.bytes) - t * w * e - mask
+    alive = t * h * e + down + t * w * e + te_fp8.grad_output_casts(setup, t, w) + t * h * e + first
+    return alive - te_fp8.saved_cast_bytes(setup, t, f) - t * w * e - mask
 
 
 def fp8_first_backward(setup: Setup, dims: Dims) -> int:
@@ -165,5 +165,5 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
     # Transformer Engine's float8: dY's rowwise and columnwise casts beside it (blocks/te_fp8.py)
-    casts = te_fp8.grad_output_casts(t, h) if te_fp8.applies(setup) else 0
+    casts = te_fp8.grad_output_casts(setup, t, h) if te_fp8.applies(setup) else 0
     return t * h * a_bytes + dropout + casts + t * dims.f * a_bytes + grads

@@ -1,12 +1,26 @@
-"""Float8 training under Megatron-core with Transformer Engine (``--impl megatron --fp8 tensorwise``).
+"""Float8 training under Megatron-core with Transformer Engine (``--impl megatron --fp8 tensorwise|delayed``).
 
 memplan's ``--fp8 tensorwise`` is Megatron-LM's ``--fp8-format hybrid --fp8-recipe tensorwise``:
 megatron/core/fp8_utils.py (``get_fp8_context``) builds ``transformer_engine.common.recipe.
 Float8CurrentScaling(fp8_format=...)`` for ``Fp8Recipe.tensorwise`` (TE ≥ 2.2) — one scale per tensor,
-computed from the tensor being cast, as torchao's tensorwise is. Megatron's other recipes do not map:
-``delayed`` (its default; the same saved tensors, plus an amax history per module), ``mxfp8`` (1×32 blocks,
-E8M0 scales) and ``blockwise`` (1×128 / 128×128 blocks); TE has no rowwise recipe, so ``--impl megatron
---fp8 rowwise`` is refused (``config.impl_rules.check_fp8``).
+computed from the tensor being cast, as torchao's tensorwise is. ``--fp8 delayed`` is ``--fp8-recipe
+delayed``, Megatron's default (megatron/training/arguments.py ``_add_transformer_engine_args``:
+``--fp8-recipe`` default 'delayed'), TE's ``DelayedScaling(margin, fp8_format, amax_compute_algo,
+amax_history_len, ...)`` (``TEDelayedScaling``): one scale per tensor too, taken from an amax history
+(below). ``--fp8 mxfp8`` is ``--fp8-recipe mxfp8``, TE's ``MXFP8BlockScaling(fp8_format=...)``: one E8M0
+scale per 32 elements (blocks/mxfp8.py), Blackwell only (TE's ``check_mxfp8_support``: compute capability
+10.x; ``time.fp8.peak`` refuses other GPUs). ``blockwise`` (1×128 / 128×128 blocks) is refused; TE has no
+rowwise recipe, so ``--impl megatron --fp8 rowwise`` is refused too (``config.impl_rules.check_fp8``).
+
+Both per-tensor recipes quantize into the same ``Float8Tensor`` (``Float8CurrentScalingQuantizer`` /
+``Float8Quantizer``, tensor/float8_tensor.py), and ``_LayerNormLinear`` / ``_Linear`` treat them alike
+("vanilla FP8": only ``MXFP8TensorStorage`` / ``Float8BlockwiseQTensorStorage`` change what is kept), so
+the saved activations and the weight cache below are the same under either; they differ in the
+quantizers' state and the per-step amax reduction. MXFP8 differs in what a float8 copy carries and in one
+rule: each ``MXFP8Tensor`` has a [M/32, K] grid of 1-byte scales per usage instead of one fp32 scale
+(``mxfp8.scale_shape``), its columnwise data can be all-gathered, so a column-parallel linear under
+sequence parallelism keeps the columnwise copy only (``isinstance(ln_out, (MXFP8TensorStorage, ...)) or
+not ctx.ln_out_needs_gather`` → ``update_usage(rowwise_usage=False)``), and it has no quantizer state.
 
 Megatron's TE layer spec (``get_gpt_layer_with_transformer_engine_spec``) runs four TE modules a layer:
 ``TELayerNormColumnParallelLinear`` (TE ``LayerNormLinear``) for W_QKV and for W_fc1, ``TERowParallelLinear``
@@ -42,10 +56,27 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   first micro-batch, reused by the others, never freed — 2 bytes per layer-linear parameter of the rank,
   resident like the weights (``workspace_bytes``, in ``memory.weights``);
 - the quantizers' buffers: ``TransformerEngineBaseModule.set_meta_tensor`` makes 3 forward quantizers
-  (input, weight, output) and 2 backward (grad output, grad input) per GEMM; each
+  (input, weight, output) and 2 backward (grad output, grad input) per GEMM (``RecipeState.create(recipe,
+  mode, num_quantizers)``, pytorch/quantization.py). Current scaling: each
   ``Float8CurrentScalingQuantizer`` holds ``scale`` and ``amax``, one fp32 ``[1]`` each: 5·8 = 40 B a
-  module (``meta_bytes``). No amax history: current scaling has none (delayed scaling's
-  ``amax_history_len`` rows — Megatron's ``--fp8-amax-history-len``, default 1 — are not modelled);
+  module, no history. Delayed scaling (``DelayedScalingRecipeState.__init__``): per direction one
+  ``scale = torch.ones(n, float32)`` and one ``amax_history = torch.zeros(amax_history_len, n, float32)``,
+  n = 3 forward, 2 backward; its ``Float8Quantizer``s are views (``scale[i]``, ``amax_history[0][i]``):
+  4·(3 + 2)·(1 + len) B a module (``meta_bytes``), len Megatron's ``--fp8-amax-history-len`` (default 1,
+  ``AMAX_HISTORY_LEN``; TE's own ``DelayedScaling`` default is 1024) — 40 B a module at Megatron's default;
+- delayed scaling's amax reduction (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``): every
+  module registers its ``amax_history[0]`` rows in a global buffer (``add_fp8_tensors_to_global_buffer``);
+  at the exit of the outermost ``fp8_autocast`` (``autocast_exit``: once per forward of a model chunk —
+  Megatron enters one autocast around a TransformerBlock under delayed scaling: transformer_block.py,
+  ``use_outer_fp8_context = ... fp8_recipe == Fp8Recipe.delayed``) and at the end of the
+  backward of the autocast's first module (``reduce_and_update_bwd_fp8_tensors``), ``torch.cat`` copies
+  them into one fp32 buffer (``amax_buffer_bytes``: 3·4 B per module forward, 2·4 B backward), all-reduces
+  it (MAX) over the amax reduction group — Megatron's ``get_amax_reduction_group(with_context_parallel=
+  True)``, tensor × data × context parallel unless ``--tp-only-amax-red`` — and
+  ``tex.fused_amax_and_scale_update_after_reduction`` rolls each history and writes each scale. The buffer
+  is freed at once: the forward's before the lm head runs (the head is outside the autocast), the
+  backward's once the chunk's first module — the last backward of the chunk — is done: it is live at
+  neither of the step's peaks and is not added to them;
 - backward: ``grad_output_preprocess`` casts the incoming dY [T, out] to float8 rowwise (dgrad) and
   columnwise (wgrad): 2 bytes an element beside the 16-bit dY (``grad_output_casts``); the MLP's moments
   (``blocks.mlp``) place them at W_fc2's backward and at W_fc1's, whose dY is the [T, 2f] d(fc1)
@@ -62,12 +93,29 @@ Known limitations (NB):
   the sequence-parallel all-gathers keep their 16-bit sizes in the step time (TE gathers the float8 copy).
 - NB: mixtures of experts (TE ``GroupedLinear``), multi-head latent attention and Llama 4's layers under
   ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
+- NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
+  its forward ``amax_history`` and ``scale`` per checkpointed forward
+  (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 96 B a layer at len 1) and
+  keeps ``updated_amax_history_fwd`` / ``updated_scale_fwd`` clones after the re-run: not counted.
+  ``--fp8-amax-compute-algo`` (max or most_recent) moves the same bytes (the kernel rolls the whole
+  history either way) and is not an option.
 """
 
 from __future__ import annotations
 
+from memplan.blocks import mxfp8
 from memplan.blocks.inventory import Block, Role, Rule, save
-from memplan.config import Attention, Checkpointing, DType, Fp8Recipe, Impl, MlpType, ModelConfig, Setup
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    DType,
+    Fp8Recipe,
+    Impl,
+    ImplConfig,
+    MlpType,
+    ModelConfig,
+    Setup,
+)
 
 B, R = Block, Role
 
@@ -77,13 +125,32 @@ QUANTIZERS = 3 + 2
 """Per GEMM: input, weight, output forward; grad output, grad input backward (``set_meta_tensor``)."""
 QUANTIZER_BYTES = 2 * 4
 """``Float8CurrentScalingQuantizer.__init__``: ``scale`` and ``amax``, ``torch.empty(1, float32)`` each."""
+FORWARD_QUANTIZERS, BACKWARD_QUANTIZERS = 3, 2
+"""``set_meta_tensor``: ``num_gemms * 3`` forward (input, weight, output), ``num_gemms * 2`` backward."""
+AMAX = DType.FP32
+"""``DelayedScalingRecipeState``: ``scale`` and ``amax_history`` are ``torch.float32``."""
+AMAX_HISTORY_LEN = 1
+"""Megatron-LM's ``--fp8-amax-history-len`` default (arguments.py; ``TransformerConfig.fp8_amax_history_len:
+int = 1``), passed to ``DelayedScaling(amax_history_len=...)``; memplan's ``--fp8-amax-history-len``
+(``ImplConfig.fp8_amax_history_len``) defaults to it."""
 MODULES = 4
 """TE modules a layer: LayerNormLinear for W_QKV and W_fc1, Linear for W_O and W_fc2."""
 
 
 def applies(setup: Setup) -> bool:
-    """Megatron-core's layers under Transformer Engine's float8 (``--impl megatron --fp8 tensorwise``)."""
+    """Megatron-core's layers under Transformer Engine's float8 (``--impl megatron --fp8 tensorwise``,
+    ``delayed``)."""
     return setup.impl.impl is Impl.MEGATRON and setup.impl.fp8 is not Fp8Recipe.NONE
+
+
+def delayed(setup: Setup) -> bool:
+    """TE's ``DelayedScaling`` (``--impl megatron --fp8 delayed``)."""
+    return applies(setup) and setup.impl.fp8 is Fp8Recipe.DELAYED
+
+
+def mx(setup: Setup) -> bool:
+    """TE's ``MXFP8BlockScaling`` (``--impl megatron --fp8 mxfp8``)."""
+    return applies(setup) and setup.impl.fp8 is Fp8Recipe.MXFP8
 
 
 def float8(rule: Rule, part: str, why: str) -> Rule:
@@ -95,12 +162,28 @@ def scale_inv(block: Block, part: str) -> Rule:
     return save(block, f"{part}_scale_inv", (1,), SCALE_INV, R.PARAM_DERIVED, "float8 cast's 1/scale")
 
 
+def mx_scale_inv(rule: Rule, part: str, shards: int) -> Rule:
+    """The columnwise E8M0 scales of ``rule``'s [M, K] MXFP8 copy (``mxfp8.scale_shape``), M the rank's
+    tokens: ``shards`` = t for a sequence-parallel shard (the copy's own role is split afterwards,
+    ``strategies.sequence_parallel``; the grid's padded shape is made here, whole)."""
+    rows = 1
+    for d in rule.shape[:-1]:
+        rows *= d
+    shape = mxfp8.scale_shape(rows // shards, rule.shape[-1], columnwise=True)
+    why = "MXFP8 columnwise scales: one E8M0 per 32 elements of a column, padded to [4, 128]"
+    return save(rule.block, f"{part}_scale_inv", shape, DType.UINT8, R.PARAM_DERIVED, why)
+
+
 def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Rule]:
-    """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv; with
-    sequence parallelism a column-parallel linear keeps the rowwise copy too (re-gathered in backward)."""
+    """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv (MXFP8:
+    its grid of E8M0 scales); with sequence parallelism a per-tensor column-parallel linear keeps the
+    rowwise copy too (re-gathered in backward; MXFP8 gathers the columnwise copy)."""
     why = "float8 columnwise input (Xᵀ) of the wgrad GEMM: dW = Xᵀ·dY"
+    sequence_shard = column_parallel and setup.parallel.sp
+    if mx(setup):
+        return [float8(rule, part, why), mx_scale_inv(rule, part, setup.parallel.tp if sequence_shard else 1)]
     out = [float8(rule, part, why), scale_inv(rule.block, part)]
-    if column_parallel and setup.parallel.sp:
+    if sequence_shard:
         out.insert(1, float8(rule, f"{part}_rowwise", "float8 rowwise input, all-gathered again in backward"))
     return out
 
@@ -140,24 +223,67 @@ def linear_elements(m: ModelConfig) -> int:
     return h * (m.q_width + 2 * m.kv_width) + m.q_width * h + fc1 + f * h
 
 
-def workspace_bytes(m: ModelConfig) -> int:
+def linear_shapes(m: ModelConfig) -> list[tuple[int, int]]:
+    """TE's weights [out, in] of one layer's four linears on a tensor-parallel rank (``linear_elements``)."""
+    h, f = m.hidden_size, m.ffn
+    fc1 = (2 if m.mlp is MlpType.SWIGLU else 1) * f
+    return [(m.q_width + 2 * m.kv_width, h), (h, m.q_width), (fc1, h), (h, f)]
+
+
+def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE) -> int:
     """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each) and a
-    ``[1]`` fp32 scale_inv per module."""
+    ``[1]`` fp32 scale_inv per module; MXFP8: each copy with its grid of E8M0 scales
+    (``mxfp8.both_bytes``)."""
+    if recipe is Fp8Recipe.MXFP8:
+        return sum(mxfp8.both_bytes(out, inp) for out, inp in linear_shapes(m))
     return 2 * linear_elements(m) + MODULES * SCALE_INV.bytes
 
 
-def meta_bytes() -> int:
-    """One layer's quantizer buffers: 4 modules × 5 quantizers × (scale + amax)."""
+def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
+    """One layer's quantizer state (module docstring). Current scaling: 4 modules × 5 quantizers × (scale +
+    amax); delayed: 4 modules × (3 + 2) quantizers × (scale + ``history`` amax rows), fp32; MXFP8: none."""
+    if recipe is Fp8Recipe.DELAYED:
+        return MODULES * QUANTIZERS * (1 + history) * AMAX.bytes
+    if recipe is Fp8Recipe.MXFP8:
+        return 0
     return MODULES * QUANTIZERS * QUANTIZER_BYTES
 
 
-def resident_bytes(m: ModelConfig) -> int:
+def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
     """What TE holds per layer for the whole run, beside the weights."""
-    return workspace_bytes(m) + meta_bytes()
+    return workspace_bytes(m, impl.fp8) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
-def grad_output_casts(tokens: int, n_out: int) -> int:
+def amax_buffer_bytes(layers: int, forward: bool) -> int:
+    """Delayed scaling: the ``torch.cat`` of the amax rows of a model chunk's ``layers`` that one reduction
+    all-reduces (``reduce_and_update_fp8_tensors``): 3 fp32 a module forward, 2 backward; 0 for an empty
+    chunk (``if len(amax_buffer) == 0: continue``)."""
+    per_module = FORWARD_QUANTIZERS if forward else BACKWARD_QUANTIZERS
+    return layers * MODULES * per_module * AMAX.bytes
+
+
+def amax_update_bytes(forward: bool, history: int = AMAX_HISTORY_LEN) -> int:
+    """Delayed scaling: bytes one layer's quantizers move in a reduction, per direction: the ``torch.cat``
+    (reads and writes the amax, 2·4 B) and ``fused_amax_and_scale_update_after_reduction`` (reads the
+    reduced amax, reads and writes the rolled ``history`` rows, writes the scale: 4·(2·history + 2) B —
+    common/recipe/delayed_scaling.cu's kernel: one block per scale, ``updated_amax_history[i*stride]``)."""
+    per_module = FORWARD_QUANTIZERS if forward else BACKWARD_QUANTIZERS
+    return MODULES * per_module * AMAX.bytes * (2 + 2 * history + 2)
+
+
+def grad_output_casts(setup: Setup, tokens: int, n_out: int) -> int:
     """A TE linear's backward above the 16-bit dY [T, out] it receives: ``grad_output_preprocess``'s float8
     rowwise (dgrad) and columnwise (wgrad) casts of dY, 1 byte an element each, and their [1] fp32
-    scale_inv. The dgrad output and the weight gradient are bf16's (``blocks.mlp``)."""
+    scale_inv (MXFP8: both grids of E8M0 scales). The dgrad output and the weight gradient are bf16's
+    (``blocks.mlp``)."""
+    if mx(setup):
+        return mxfp8.both_bytes(tokens, n_out)
     return 2 * tokens * n_out + SCALE_INV.bytes
+
+
+def saved_cast_bytes(setup: Setup, rows: int, cols: int) -> int:
+    """A saved float8 columnwise input [rows, cols] with its scale_inv (``casts``), as the backward
+    releases it."""
+    if mx(setup):
+        return rows * cols + mxfp8.scale_bytes(rows, cols, columnwise=True)
+    return rows * cols + SCALE_INV.bytes

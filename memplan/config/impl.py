@@ -85,15 +85,26 @@ class AttentionKernel(StrEnum):
 
 class Fp8Recipe(StrEnum):
     """Float8 training of the layers' linears (``--fp8``): torchao's ``Float8Linear`` (--impl reference,
-    torchtitan: the casts' temporaries in the peak, blocks/fp8.py) or, under --impl megatron, Transformer
-    Engine's ``Float8CurrentScaling`` (tensorwise only: float8 saves and weight caches, blocks/te_fp8.py);
-    the step time: time/fp8.py."""
+    torchtitan: tensorwise, rowwise; the casts' temporaries in the peak, blocks/fp8.py) or, under --impl
+    megatron, Transformer Engine's recipes as Megatron's ``--fp8-recipe`` names them (tensorwise:
+    ``Float8CurrentScaling``, delayed: ``DelayedScaling``; float8 saves, weight caches and the quantizers'
+    state, blocks/te_fp8.py); the step time: time/fp8.py."""
 
     NONE = "none"
     TENSORWISE = "tensorwise"
     """One dynamic scale per tensor (cuBLAS's tensorwise kernel): an amax pass, then the cast."""
     ROWWISE = "rowwise"
     """One dynamic scale per row (CUTLASS's rowwise kernel): the row's amax and cast in one pass."""
+    DELAYED = "delayed"
+    """Transformer Engine's ``DelayedScaling`` (Megatron's default ``--fp8-recipe``, --impl megatron only):
+    one scale per tensor taken from an amax history, the cast records the tensor's amax in the same pass;
+    the histories are all-reduced and rolled once per forward and once per backward."""
+    MXFP8 = "mxfp8"
+    """Transformer Engine's ``MXFP8BlockScaling`` (--impl megatron only; Blackwell: compute capability
+    10.x): one E8M0 scale per 32 consecutive elements, computed in the cast; no state."""
+    BLOCKWISE = "blockwise"
+    """Transformer Engine's ``Float8BlockScaling`` (1×128 and 128×128 blocks, fp32 scales): refused, not
+    modelled."""
 
 
 class ImplConfig(Frozen):
@@ -127,6 +138,14 @@ class ImplConfig(Frozen):
         default=Fp8Recipe.NONE,
         description="float8 training of the layers' linears (time/fp8.py; memory: torchao's casts "
         "blocks/fp8.py, Megatron's Transformer Engine blocks/te_fp8.py)",
+    )
+    fp8_amax_history_len: int = Field(
+        default=1,
+        ge=1,
+        le=1 << 20,
+        description="--fp8 delayed: rows of each amax history (Megatron's --fp8-amax-history-len, default 1; "
+        "TE's own DelayedScaling default 1024): fp32 state per quantizer and the scale update's traffic "
+        "(blocks/te_fp8.py)",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

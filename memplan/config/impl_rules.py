@@ -203,7 +203,6 @@ def check_flash_attn(setup: Setup) -> None:
 def check_impl(setup: Setup) -> None:
     """A framework profile covers what that framework's own code does on one replica; one-line errors."""
     impl, s, par = setup.impl.impl, setup.strategy, setup.parallel
-    check_fp8(setup)
     if impl is Impl.MEGATRON:
         # Megatron-core runs every layout memplan models, on CUDA only (its fused kernels are CUDA's).
         if setup.device is not Device.CUDA:
@@ -276,8 +275,13 @@ def check_impl(setup: Setup) -> None:
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
-    Megatron: tensorwise, dense layers (blocks/te_fp8.py)."""
+    Megatron: tensorwise and delayed, dense layers (blocks/te_fp8.py)."""
     fp8, impl, m = setup.impl.fp8, setup.impl.impl, setup.model
+    if setup.impl.fp8_amax_history_len != 1 and not (impl is Impl.MEGATRON and fp8 is Fp8Recipe.DELAYED):
+        raise ValueError(
+            "fp8_amax_history_len: the amax history is Transformer Engine's delayed scaling; add --impl "
+            "megatron --fp8 delayed or drop --fp8-amax-history-len"
+        )
     if fp8 is Fp8Recipe.NONE:
         return
     if impl is Impl.HF:
@@ -285,13 +289,33 @@ def check_fp8(setup: Setup) -> None:
             "fp8: --impl hf runs transformers' bf16 linears (no float8 conversion of them is modelled); use "
             "--impl reference or torchtitan (torchao Float8Linear) or megatron (Transformer Engine)"
         )
+    if impl is not Impl.MEGATRON and fp8 is Fp8Recipe.DELAYED:
+        # pytorch/ao#1753 deleted delayed scaling from torchao.float8 after v0.9.0 (deprecated in #1680):
+        # Float8LinearConfig scales dynamically only.
+        raise ValueError(
+            f"fp8: --impl {impl.value} runs torchao's Float8Linear, which has no delayed scaling since "
+            "torchao 0.10; use --fp8 tensorwise or rowwise, or --impl megatron (Transformer Engine)"
+        )
+    if impl is not Impl.MEGATRON and fp8 in (Fp8Recipe.MXFP8, Fp8Recipe.BLOCKWISE):
+        # torchao's Float8LinearConfig recipes: tensorwise, rowwise, rowwise_with_gw_hp; MX formats are
+        # torchao.prototype.mx_formats, not Float8Linear.
+        raise ValueError(
+            f"fp8: --fp8 {fp8.value} is a Transformer Engine recipe (torchao's Float8Linear has tensorwise "
+            "and rowwise only); use --impl megatron, or --fp8 tensorwise or rowwise"
+        )
     if impl is not Impl.MEGATRON:
         return
+    if fp8 is Fp8Recipe.BLOCKWISE:
+        raise ValueError(
+            "fp8: --impl megatron --fp8 blockwise (Transformer Engine Float8BlockScaling: 1×128 and 128×128 "
+            "blocks, fp32 scales) is not modelled; use --fp8 tensorwise, delayed or mxfp8"
+        )
     if fp8 is Fp8Recipe.ROWWISE:
         # Megatron-LM arguments.py: --fp8-recipe choices delayed, tensorwise, mxfp8, blockwise.
         raise ValueError(
             "fp8: Transformer Engine has no rowwise recipe (Megatron's --fp8-recipe: delayed, tensorwise, "
-            "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) with --impl megatron"
+            "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) or delayed (DelayedScaling) "
+            "with --impl megatron"
         )
     for name, used in {"a mixture of experts": m.moe is not None, "MLA": m.mla is not None}.items():
         if used:

@@ -19,7 +19,13 @@ from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune
 from memplan.config.finetune_rules import check_finetune
 from memplan.config.impl import Impl, ImplConfig
-from memplan.config.impl_rules import check_flash_attn, check_hf_only, check_impl, titan_stage_layers
+from memplan.config.impl_rules import (
+    check_flash_attn,
+    check_fp8,
+    check_hf_only,
+    check_impl,
+    titan_stage_layers,
+)
 from memplan.config.model import ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import (
@@ -183,6 +189,7 @@ def check_setup(setup: Setup) -> None:
         check_finetune(setup)
     if setup.impl.flash_attn:
         check_flash_attn(setup)
+    check_fp8(setup)  # every --impl: torchao's recipes or Transformer Engine's
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):  # hf_code_only

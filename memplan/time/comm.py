@@ -42,6 +42,8 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
+- fp8 (Transformer Engine's delayed scaling): per micro-batch and model chunk an all-reduce of the amax
+  buffer after the forward and after the backward, over tp × dp × cp; exposed (``fp8_rows``).
 - cp: per attention layer torch's ring all-gathers K/V in forward (again in backward and in a re-run) and
   rotates the fp32 dK/dV cp times in backward; not overlapped. Every [b, s, h] collective of the other
   dimensions carries s/cp tokens; dp's gradients and ZeRO shards run over dp × cp.
@@ -62,6 +64,7 @@ from enum import StrEnum
 from typing import Any
 
 from memplan.analytic.params import ParamCount
+from memplan.blocks import te_fp8
 from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
@@ -407,7 +410,45 @@ def ep_rows(c: Critical, topo: Topology) -> list[Row]:
     return [r for r in rows if r.count]
 
 
-ROWS: tuple[Callable[[Critical, Topology], list[Row]], ...] = (tp_rows, cp_rows, pp_rows, dp_rows, ep_rows)
+def fp8_rows(c: Critical, topo: Topology) -> list[Row]:
+    """Transformer Engine's delayed scaling (``--impl megatron --fp8 delayed``, blocks/te_fp8.py): per
+    micro-batch and model chunk one all-reduce (MAX) of the chunk's amax buffer at the forward's end and one
+    at the backward's (``FP8GlobalStateManager.reduce_and_update_fp8_tensors``; ``te_fp8.amax_buffer_bytes``:
+    12 B a layer forward, 8 B backward), over Megatron's amax reduction group — tp × dp × cp
+    (``get_amax_reduction_group(with_context_parallel=True)``: ``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``)
+    — synchronous (``async_op=False``): exposed. A chunk without layers registers no amax and reduces
+    nothing. NB: a re-run forward under full recompute is taken to add no reduction (TE's checkpoint
+    re-enters ``fp8_autocast`` in backward; not verified)."""
+    s = c.setup
+    if not te_fp8.delayed(s):
+        return []
+    par, n = s.parallel, c.result.micro_batches
+    group = par.tp * par.cp * s.strategy.dp
+    if group == 1:  # ``torch.distributed.get_world_size(group=group) > 1``
+        return []
+    on = placed(
+        topo, ((stride(s, "tp"), par.tp), (stride(s, "cp"), par.cp), (stride(s, "dp"), s.strategy.dp))
+    )
+    chunks = chunk_layers(s.model.num_layers, par)[c.index]
+    rows = []
+    for layers in sorted(set(chunks) - {0}):
+        count = n * chunks.count(layers)
+        for phase, forward in ((Phase.FORWARD, True), (Phase.BACKWARD, False)):
+            nbytes = te_fp8.amax_buffer_bytes(layers, forward)
+            rows.append(
+                Row("fp8", Collective.ALL_REDUCE, phase, nbytes, count, group, on, Overlap.NONE, "amaxes")
+            )
+    return rows
+
+
+ROWS: tuple[Callable[[Critical, Topology], list[Row]], ...] = (
+    tp_rows,
+    cp_rows,
+    pp_rows,
+    dp_rows,
+    ep_rows,
+    fp8_rows,
+)
 """One function per dimension, in the table's order."""
 
 

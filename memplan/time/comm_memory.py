@@ -13,7 +13,10 @@ flattened dimension it communicates over):
   stage's next ones, so every stage has two;
 - ``dp``: ZeRO's / DDP's collectives over dp × cp ranks (torchtitan's ``dp_shard_cp``); with HSDP the
   shard group (R × cp) and the replicate group (dp/R); routed experts over dp/ep when ep > 1;
-- ``ep``: the all-to-alls of the routed tokens: point-to-point with all ep − 1 peers.
+- ``ep``: the all-to-alls of the routed tokens: point-to-point with all ep − 1 peers;
+- ``fp8 amax``: Transformer Engine's delayed scaling (``--impl megatron --fp8 delayed``) all-reduces its
+  amax buffers over Megatron's amax reduction group, tp × dp × cp (``time.comm.fp8_rows``), a process
+  group of its own (``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``) whatever other group has its ranks.
 
 A group's ranks are ``placed`` on the topology as ``time.comm`` places them (inside a node or not).
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 from memplan.analytic.fsdp_buffers import all_gather_stream
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
+from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset, Topology
@@ -72,6 +76,10 @@ def communicators(setup: Setup, stage: int, topo: Topology) -> list[Communicator
             experts = st.dp // par.ep
             out.append(Communicator("dp experts", experts, 0, _inter(topo, at * par.ep, experts)))
         out.append(Communicator("ep", par.ep, par.ep - 1, _inter(topo, at, par.ep)))
+    amax = par.tp * par.cp * st.dp
+    if te_fp8.delayed(setup) and amax > 1:
+        dims = ((1, par.tp), (stride(setup, "cp"), par.cp), (at, st.dp))
+        out.append(Communicator("fp8 amax", amax, 0, placed(topo, dims).level == "inter-node"))
     return out
 
 

@@ -12,18 +12,24 @@ GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL`` × their wave a
 X is [T, in], W [in, out], dY [T, out] per linear (e the activation bytes).
 
 Under ``--impl megatron`` the casts are Transformer Engine's (``te_cast_bytes``): each writes the rowwise
-and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input, the
-weights are cast once a step and X is not cast again in backward.
+and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input (current
+scaling) or writes the float8 copy itself (delayed scaling), the weights are cast once a step and X is not
+cast again in backward. Delayed scaling adds, per forward and per backward of a model chunk, the amax
+buffer's copy and the history update (``te_amax_bytes``) and the buffer's all-reduce (``time.comm``'s
+``fp8_rows``).
 
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-the float8 all-gather of FSDP and the amax all-reduce are not modelled (nor TE's float8 all-gather of the
-sequence-parallel input: the tp collectives keep 16-bit sizes). The memory: blocks/fp8.py (the saved
-activations are bf16's; the casts' temporaries join the peak).
+the float8 all-gather of FSDP and current scaling's per-tensor amax all-reduces (TE's
+``with_amax_reduction`` under sequence parallelism) are not modelled (nor TE's float8 all-gather of the
+sequence-parallel input: the tp collectives keep 16-bit sizes); the launch gaps of delayed scaling's two
+kernels a reduction (µs each) are not charged. The memory: blocks/fp8.py (the saved activations are
+bf16's; the casts' temporaries join the peak), blocks/te_fp8.py.
 """
 
 from __future__ import annotations
 
+from memplan.blocks import mxfp8, te_fp8
 from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.presets import GpuPreset
 from memplan.time import gemm
@@ -34,12 +40,25 @@ def enabled(setup: Setup) -> bool:
 
 
 def peak(setup: Setup, gpu: GpuPreset) -> float:
-    """FP8 dense peak FLOP/s; a one-line ``ValueError`` where the GPU has none."""
+    """FP8 dense peak FLOP/s (MXFP8's GEMMs too: the B200 datasheet gives one FP8 figure); a one-line
+    ``ValueError`` where the GPU has none, or for ``--fp8 mxfp8`` on a GPU before Blackwell (TE's
+    ``_compute_mxfp8_support``: compute capability 10.x; 12.0+ "not supported ... yet")."""
     if gpu.peak_tflops.fp8 is None:
         raise ValueError(
             f"fp8: {gpu.name} has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
         )
+    if setup.impl.fp8 is Fp8Recipe.MXFP8 and not blackwell(gpu):
+        cc = gpu.compute_capability or "unknown"
+        raise ValueError(
+            f"fp8: --fp8 mxfp8 needs a Blackwell GPU (Transformer Engine: compute capability 10.x); "
+            f"{gpu.name} has {cc}; use --fp8 tensorwise or delayed, or --gpu b200"
+        )
     return gpu.peak_tflops.fp8 * 1e12
+
+
+def blackwell(gpu: GpuPreset) -> bool:
+    """Compute capability 10.x: TE's MXFP8 support (``_compute_mxfp8_support``)."""
+    return gpu.compute_capability is not None and gpu.compute_capability.split(".")[0] == "10"
 
 
 def per_element(setup: Setup) -> int:
@@ -65,10 +84,11 @@ def cast_bytes(setup: Setup) -> tuple[int, int]:
 
 
 def te_cast_bytes(setup: Setup) -> tuple[int, int]:
-    """One layer's Transformer Engine casts on one rank under Float8CurrentScaling (blocks/te_fp8.py), e the
-    activation bytes. Each cast writes the rowwise and the columnwise (transposed) float8 copies at once
-    (``Float8CurrentScalingQuantizer``: ``tex.quantize`` after ``nvte_compute_amax``): 2 bytes written per
-    element; its amax is a pass of its own (e read) except where a kernel before it computes it:
+    """One layer's Transformer Engine casts on one rank (blocks/te_fp8.py), e the activation bytes. Each
+    cast writes the rowwise and the columnwise (transposed) float8 copies at once: 2 bytes written per
+    element. Float8CurrentScaling (``Float8CurrentScalingQuantizer``: ``tex.quantize`` after
+    ``nvte_compute_amax``): its amax is a pass of its own (e read) except where a kernel before it computes
+    it:
     - X of W_QKV and W_fc1 (``LayerNormLinear``): TE's norm forward for a current-scaling quantizer is
       ``FUSED_NORM_AMAX_FP8`` (csrc/extensions/normalization.cpp: "Compute norm and amax in high precision,
       then quantize to FP8"), so the cast reads the norm's 16-bit output and writes 2: e + 2 per element,
@@ -78,16 +98,63 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
       ``is_first_microbatch``), spread over the step's ``grad_accum`` micro-batches (rounded down);
     - backward: dY once (``grad_output_preprocess``), 2e + 2 — X and W are not cast again (their
       columnwise copies are saved).
+    DelayedScaling (``Float8Quantizer``): the scale is known before the cast, which records the amax in
+    the same pass — "reduces tensor reads per quantization from two to one" (TE's docs,
+    fp8_delayed_scaling.rst) — so X of W_O and W_fc2, W and dY cost e + 2; X of W_QKV and W_fc1: the norm
+    kernel writes the float8 rowwise copy itself (normalization.cpp: ``IsFloat8Quantizers`` →
+    ``Impl::FULLY_FUSED``; its 1 byte an element replaces the e-byte output ``time.compute`` charges the
+    norm), then ``nvte_transpose`` reads it and writes the columnwise copy (rmsnorm_api.cpp / ln_api.cpp,
+    "Compute FP8 transpose if required"): 1 + 2 − e per element. Plus the amax reduction's kernels
+    (``te_amax_bytes``). MXFP8BlockScaling (``mx_cast_bytes``): every cast reads e and writes both copies
+    and both scale grids in one kernel (the block amaxes are its own); the norm runs unfused
+    (normalization.cpp: ``IsMXFP8Quantizers`` → ``FULLY_FUSED`` only with ``NVTE_NORM_FWD_USE_CUDNN``), so
+    its inputs cost the same.
     NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
-    attention core run in 16-bit."""
+    attention core run in 16-bit; under sequence parallelism the columnwise copy of the norms' output is
+    charged on the rank's shard in the forward (TE makes it from the rowwise copy re-gathered in backward)."""
+    if setup.impl.fp8 is Fp8Recipe.MXFP8:
+        return mx_cast_bytes(setup)
     e = setup.training.precision.activation_dtype.bytes
     qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.impl_rules.check_fp8)
     shard = setup.parallel.tp if setup.parallel.sp else 1
     per_step = setup.training.grad_accum
+    delayed = setup.impl.fp8 is Fp8Recipe.DELAYED
+    cast = e + 2 if delayed else 2 * e + 2  # an unfused cast: (amax pass e) + read e + write 2
+    norm_cast = 1 + 2 - e if delayed else e + 2  # after the norm (docstring)
     forward = backward = 0
     for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
         x, w, dy = g.rows * g.inner, g.inner * g.cols, g.rows * g.cols
-        forward += x // shard * (e + 2) if after_norm else x * (2 * e + 2)
-        forward += w * (2 * e + 2) // per_step
-        backward += dy * (2 * e + 2)
+        forward += x // shard * norm_cast if after_norm else x * cast
+        forward += w * cast // per_step
+        backward += dy * cast
+    amax_f, amax_b = te_amax_bytes(setup)
+    return forward + amax_f, backward + amax_b
+
+
+def mx_cast_bytes(setup: Setup) -> tuple[int, int]:
+    """One layer's MXFP8 casts on one rank (``te_cast_bytes``): per tensor [r, c], e·r·c read and
+    ``mxfp8.both_bytes(r, c)`` written — X [T, in] (the norms' outputs on the rank's s/t shard under
+    sequence parallelism), W [out, in] once a step (÷ grad_accum, rounded down), dY [T, out]."""
+    e = setup.training.precision.activation_dtype.bytes
+    shard = setup.parallel.tp if setup.parallel.sp else 1
+    per_step = setup.training.grad_accum
+
+    def cast(rows: int, cols: int) -> int:
+        return e * rows * cols + mxfp8.both_bytes(rows, cols)
+
+    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)
+    forward = backward = 0
+    for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
+        forward += cast(g.rows // shard if after_norm else g.rows, g.inner)
+        forward += cast(g.cols, g.inner) // per_step
+        backward += cast(g.rows, g.cols)
     return forward, backward
+
+
+def te_amax_bytes(setup: Setup) -> tuple[int, int]:
+    """One layer's share of delayed scaling's amax reduction, (forward, backward): the buffer's copy and
+    the history roll and scale update (``te_fp8.amax_update_bytes``); 0 under current scaling."""
+    if setup.impl.fp8 is not Fp8Recipe.DELAYED:
+        return 0, 0
+    rows = setup.impl.fp8_amax_history_len
+    return te_fp8.amax_update_bytes(True, rows), te_fp8.amax_update_bytes(False, rows)

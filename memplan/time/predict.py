@@ -44,9 +44,9 @@ from memplan.time.calibration import calibrated_topology
 from memplan.time.comm import Critical, Overlap, Row, communication
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
 
-IN_STAGE = frozenset({"tp", "cp", "ep"})
+IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
-ring exchange joins them)."""
+ring exchange joins them; so does delayed scaling's amax all-reduce after each forward and backward)."""
 
 
 class Prediction(BaseModel):

@@ -212,7 +212,8 @@ def test_te_casts_move_by_hand() -> None:
         (
             "--impl megatron --fp8 rowwise",
             "error: fp8: Transformer Engine has no rowwise recipe (Megatron's --fp8-recipe: delayed, "
-            "tensorwise, mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) with --impl megatron",
+            "tensorwise, mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) or delayed "
+            "(DelayedScaling) with --impl megatron",
         ),
         (
             "--impl hf --fp8 tensorwise",
