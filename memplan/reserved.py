@@ -66,6 +66,7 @@ from memplan.analytic.allocator import (
     round_size,
     segment_size,
 )
+from memplan.analytic.fsdp_buffers import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
@@ -205,8 +206,11 @@ def _stream_inputs(r: Result) -> StreamInputs:
     points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
+    terms = [p.terms for p in points]
+    if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
+        terms = [{**t, "gradients": 0} for t in terms]
     return StreamInputs(
-        points=tuple(map(_TERMS_OF, (p.terms for p in points))),
+        points=tuple(map(_TERMS_OF, terms)),
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),

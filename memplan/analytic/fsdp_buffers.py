@@ -73,6 +73,7 @@ from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
+from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES, fsdp2_mixed
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
@@ -86,18 +87,18 @@ def gathered(shapes: list[Shape], world: int, element: int) -> int:
     return element * world * sum(-(-s[0] // world) * math.prod(s[1:]) for s in shapes)
 
 
-def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
+def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[list[Shape], bool]] | None:
     """Each FSDP2 unit of a rank holding ``layers`` layers (the embedding when ``first``, the final norm and
-    head when ``last``), in forward order: (its all-gather output's bytes, whether the backward gathers
-    it again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over
-    more than one rank; None where not modelled (module NB)."""
+    head when ``last``), in forward order: (its parameters' shapes, whether the backward gathers it
+    again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over more
+    than one rank; None where not modelled (module NB)."""
     s, m = setup.strategy, setup.model
     world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
     if s.zero < ZeroStage.GRADIENTS or world == 1:
         return []
     if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
         return None
-    e, h = setup.training.precision.weight_bytes, m.hidden_size
+    h = m.hidden_size
     # torchtitan's "default" policy under pp: no unit resharded after forward (module docstring)
     titan_pp = setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1
     again = s.zero >= ZeroStage.PARAMETERS and not titan_pp
@@ -106,12 +107,21 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     head: list[Shape] = []
     if last:
         head = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
-    block = [(gathered(_layer_shapes(m), world, e), again)] * layers
+    block = [(_layer_shapes(m), again)] * layers
     if setup.impl.impl is Impl.TORCHTITAN:
-        units = [(gathered(embed, world, e), again)] if first else []
-        return units + block + ([(gathered(head, world, e), False)] if last else [])
+        units = [(embed, again)] if first else []
+        return units + block + ([(head, False)] if last else [])
     root = embed + head  # the root unit: gathered first; resharded as the layers (the flag is passed)
-    return ([(gathered(root, world, e), again)] if root else []) + block
+    return ([(root, again)] if root else []) + block
+
+
+def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
+    """``unit_shapes`` as (each unit's all-gather output's bytes, whether the backward gathers it again)."""
+    units = unit_shapes(setup, layers, first, last)
+    if units is None:
+        return None
+    world, e = setup.strategy.shard_group * setup.parallel.cp, setup.training.precision.weight_bytes
+    return [(gathered(shapes, world, e), again) for shapes, again in units]
 
 
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
@@ -168,3 +178,96 @@ def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_
     if units is None:
         return None
     return _reserved_peak(tuple(units), micro_batches) if units else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reduce-scatter side (FSDP2's mixed precision: ``blocks.torchtitan.fsdp2_mixed``)
+# ----------------------------------------------------------------------------------------------------
+def reduce_bytes(setup: Setup) -> int:
+    """Bytes of one element FSDP2 reduce-scatters in under its mixed precision: ``--reduce-dtype``, else
+    the policy's ``reduce_dtype=float32`` (torchtitan's ``mixed_precision_reduce`` default)."""
+    chosen = setup.strategy.reduce_dtype
+    return chosen.bytes if chosen is not None else 4
+
+
+def reduce_scatter_modelled(setup: Setup) -> bool:
+    """FSDP2's reduce-scatter buffers are modelled: its mixed precision (``--precision fsdp2-mixed``, or
+    ``--impl torchtitan``'s bf16-mixed under FSDP2: ``blocks.torchtitan.fsdp2_mixed``) on units memplan
+    models (``unit_shapes``: not under tensor parallelism). There the sharded gradients are the
+    reduce-scatter stream's blocks, not the default stream's (module docstring)."""
+    if not fsdp2_mixed(setup):
+        return False
+    return setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN) and bool(unit_shapes(setup, 1, True, True))
+
+
+def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
+    """Bytes of the default stream's reduce-scatter input held beside layer i's backward (i = −1: the
+    embedding's backward) on memplan's reference model under FSDP2's mixed precision: the unit reduced
+    before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit above
+    is the root, reduced last (it holds the embedding). Flat, each dim 0 padded, in the reduce dtype
+    (module docstring). torchtitan's moments count theirs (``analytic.fsdp2_moments.zero3_unit_buffers``)."""
+    if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
+        return 0
+    world = setup.strategy.shard_group * setup.parallel.cp
+    return gathered(_layer_shapes(setup.model), world, reduce_bytes(setup))
+
+
+def reduce_scatter_outputs(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, int]]:
+    """Each unit's reduce-scatter output on the reduce-scatter stream, in the order the backward reduces
+    them (the reverse of the forward's: the reference's root, which holds the embedding, last): (its
+    bytes in the reduce dtype, the bytes of its cast to the fp32 sharded parameters' dtype, 0 when the
+    reduce dtype is fp32). Empty where not modelled (``reduce_scatter_modelled``)."""
+    units = unit_shapes(setup, layers, first, last) if reduce_scatter_modelled(setup) else None
+    world, reduce = setup.strategy.shard_group * setup.parallel.cp, reduce_bytes(setup)
+    cast = FSDP2_MIXED_BYTES if reduce != FSDP2_MIXED_BYTES else 0
+    out = []
+    for shapes, _ in reversed(units or []):
+        elements = gathered(shapes, world, 1) // world  # the padded shard: ⌈rows/W⌉ rows of each
+        out.append((elements * reduce, elements * cast))
+    return out
+
+
+def reduce_scatter_codes(
+    outputs: list[tuple[int, int]], micro_batches: int = 1, steps: int = STEPS
+) -> list[int]:
+    """The reduce-scatter stream's allocations and frees (coded as ``codes``) over ``steps`` steps of
+    ``micro_batches``: each unit's output; with a cast, the cast's block, then the output freed; the first
+    micro-batch's results are the sharded gradients, kept to the step's end (``zero_grad(set_to_none=
+    True)`` after the optimizer step); a later micro-batch's is added into them and freed."""
+    out: list[int] = []
+    made = 0
+
+    def alloc(size: int) -> int:
+        nonlocal made
+        out.append(size)
+        made += 1
+        return made - 1
+
+    for _ in range(steps):
+        grads: list[int] = []
+        for micro_batch in range(micro_batches):
+            for size, cast in outputs:
+                got = alloc(size)
+                if cast:
+                    kept = alloc(cast)
+                    out.append(-got - 1)
+                    got = kept
+                if micro_batch == 0:
+                    grads.append(got)
+                else:
+                    out.append(-got - 1)
+        out += [-g - 1 for g in grads]
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _reduce_scatter_peak(outputs: tuple[tuple[int, int], ...], micro_batches: int) -> int:
+    """The reduce-scatter stream's reserved peak (its own pool: a fresh ``Allocator``), memoised."""
+    return Allocator().replay_codes(reduce_scatter_codes(list(outputs), micro_batches)).reserved_peak
+
+
+def reduce_scatter_stream(setup: Setup, layers: int, first: bool, last: bool, micro_batches: int) -> int:
+    """Bytes the caching allocator reserves on FSDP2's reduce-scatter stream for a rank holding ``layers``
+    layers (0 where not modelled: ``reduce_scatter_modelled``)."""
+    outputs = reduce_scatter_outputs(setup, layers, first, last)
+    return _reduce_scatter_peak(tuple(outputs), micro_batches) if outputs else 0
