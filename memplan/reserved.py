@@ -43,9 +43,14 @@ Known limitations:
   (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
   copy of the gradients, ``time.comm_memory.ddp_bucket_bytes``) are default-stream allocations made
   before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
-  as allocations of this stream (their 2 MiB segment rounding is not counted). FSDP2's reduce-scatter
-  buffers are not counted; ``--reserve`` keeps memory back for what is not judged. NCCL's own buffers
-  are (``analytic.nccl``), outside the allocator.
+  as allocations of this stream (their 2 MiB segment rounding is not counted). Under FSDP2's mixed
+  precision (``analytic.fsdp_buffers.reduce_scatter_modelled``) the reduce-scatter's input is a
+  default-stream allocation of the backward's moments (in their transients), while its outputs, the
+  sharded gradients, are the reduce-scatter stream's blocks (torch 2.13 ``foreach_reduce``): this replay
+  then holds no gradients (its requested peak is the estimate's less the gradients of the peak's moment),
+  and ``analytic.fsdp_buffers.reduce_scatter_stream`` replays that pool apart (reported, not kept back:
+  ``search.budget``). Elsewhere FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps
+  memory back for what is not judged. NCCL's own buffers are (``analytic.nccl``), outside the allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.
 """

@@ -14,7 +14,7 @@ from memplan.analytic.fsdp_buffers import (
 )
 from memplan.analytic.peak import TERMS
 from memplan.api import Options, build
-from memplan.config import ZeroStage
+from memplan.config import ReduceDtype, ZeroStage
 from memplan.reserved import stream_inputs
 
 MIB = 2**20
@@ -238,7 +238,7 @@ def test_a_bf16_reduce_casts_on_the_reduce_scatter_stream_by_hand() -> None:
     on the same stream, then freed. The outputs are under 10 MiB: the first opens a 20 MiB segment and
     every later output reuses it (freed, it merges back whole); each cast (over 10 MiB) finds no free
     block that large and opens its own 20 MiB segment, held as the gradient: (1 + 41) × 20 MiB."""
-    options = LLAMA_FSDP2.model_copy(update={"reduce_dtype": "bf16"})
+    options = LLAMA_FSDP2.model_copy(update={"reduce_dtype": ReduceDtype.BF16})
     b = build(options)
     outputs = reduce_scatter_outputs(b.result.setup, 40, True, True)
     assert outputs == [(9_912_640, 19_825_280)] * 40 + [(10_240_160, 20_480_320)]

@@ -1,4 +1,5 @@
-"""FSDP2's all-gather buffers: the segments torch's caching allocator holds on FSDP2's all-gather stream.
+"""FSDP2's communication buffers: the segments torch's caching allocator holds on FSDP2's all-gather
+stream, and (under its mixed precision) its reduce-scatter buffers on the default and reduce-scatter streams.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
 ``foreach_all_gather``) allocates each unit's ``all_gather_output`` — its parameters' padded shards
@@ -49,19 +50,43 @@ reached at the forward's second unit (the first two buffers are live together) a
 the end of the run, through the default stream's peak in the backward: the verdict and ``fit`` keep it
 back from the default stream's allocator (``search.budget``, ``time.comm_memory.comm_buffer_bytes``).
 
+The reduce-scatter side, as torch 2.13 runs it (torch/distributed/fsdp/_fully_shard/), per unit in the
+backward's order (the reverse of the forward's: the reference's root, which holds the embedding, last):
+
+- its input, a flat copy of the unit's unsharded gradients (each dim 0 padded to W rows) in the reduce
+  dtype (fp32: ``MixedPrecisionPolicy(reduce_dtype=float32)``), is allocated on the *default* stream
+  (_fsdp_collectives.py ``foreach_reduce``, l. 597–601: ``reduce_scatter_comm.allocate(...)`` outside any
+  stream context, ``DefaultAllocMixin``: ``torch.empty``), the unsharded gradients freed once it is copied
+  in (l. 603–606). ``FSDPParamGroup.post_backward`` keeps it in ``comm_ctx.reduce_scatter_states``
+  (_fsdp_param_group.py l. 717–718) until the next unit's ``post_backward`` pops it, before that unit's
+  own is allocated (l. 647–658; ``reduce_scatter_max_input_buffers`` 1 by default, l. 112); the last one
+  is freed by the root's final callback at the backward's end (_fsdp_state.py l. 420–431). So beside each
+  unit's backward the previous unit's input is alive: ``reduce_scatter_input`` for the reference's layer
+  and embedding moments (torchtitan's in ``analytic.fsdp2_moments.zero3_unit_buffers``). torch 2.3's
+  ``foreach_reduce_scatter`` allocated it on the reduce-scatter stream instead (docs/published-memory.md).
+- its output, the unit's shard of the reduced gradients (padded elements / W, reduce dtype), is allocated
+  on the *reduce-scatter* stream (l. 611–616: ``with device_handle.stream(reduce_scatter_stream):
+  reduce_output = ...allocate(...)``): its own pool. With the fp32 model's parameters (orig dtype fp32) and
+  an fp32 reduce, ``_to_dtype_if_needed`` is no cast (l. 696) and the output *is* the sharded gradient
+  (``torch.as_strided`` views of it, l. 704–709; "the sharded parameters hold refs through the end of
+  backward", l. 762–765), freed by the optimizer loop's ``zero_grad(set_to_none=True)``; with a bf16
+  reduce (``--reduce-dtype bf16``) the cast's fp32 block is made on the same stream (l. 685–696) and the
+  output freed. ``reduce_scatter_stream`` replays that pool (two steps); the default stream's replay then
+  holds no sharded gradients (``reserved``). Its segments hold only the sharded gradients: wholly free at
+  every moment without them (after ``zero_grad``, before the next backward's first reduce), when the
+  allocator's out-of-memory path releases them for the default stream (``release_cached_blocks``), so the
+  verdict does not keep them back (``search.budget``).
+
 Known limitations:
 - NB: tensor parallelism (FSDP2 then gathers each rank's DTensor shard) and fine-tuning (LoRA's adapters
   in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None).
 - NB: the 2024 torchtitan also kept its last block gathered after forward (``reshard_after_forward =
   int(layer_id) < len(model.layers) - 1``): one gather fewer in backward, which the reference wrapping
   re-gathers; with at most two buffers live at once either way, the stream's segments are the same.
-- NB: the reduce-scatter side is not counted: ``foreach_reduce`` allocates its input (a copy of the
-  unit's unsharded gradients in the reduce dtype: fp32 under torchtitan's ``reduce_dtype``) — on the
-  reduce-scatter stream in torch 2.3's ``foreach_reduce_scatter`` (torch/distributed/_composable/fsdp/
-  _fsdp_collectives.py: ``with torch.cuda.stream(reduce_scatter_stream): reduce_scatter_input =
-  torch.empty(...)``), on the default stream and kept until the next unit's reduce
-  (``reduce_scatter_states``) in later versions — and its output (the sharded gradients) on the
-  reduce-scatter stream, where the estimate's replay puts the gradients on the default stream.
+- NB: the reduce-scatter side is modelled under FSDP2's mixed precision only (``--precision fsdp2-mixed``,
+  ``--impl torchtitan``'s bf16-mixed: ``reduce_scatter_modelled``, below); the reference's bf16-mixed
+  (DeepSpeed's split, no ``MixedPrecisionPolicy``) keeps its gradients on the default stream and its bf16
+  reduce-scatter input is not counted.
 - NB: under memory pressure the allocator's out-of-memory path releases this stream's wholly free cached
   segments too (``release_cached_blocks``); the default stream's replay at capacity does not see them.
 """
