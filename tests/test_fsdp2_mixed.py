@@ -95,3 +95,17 @@ def test_the_fsdp2_mixed_recipe_needs_fsdp2() -> None:
     for kw in ({"zero": 3}, {"zero": 1, "dp": 2}, {"zero": 3, "dp": 2, "impl": "megatron"}):
         with pytest.raises(ValueError, match="precision: fsdp2-mixed"):
             build(Options(model="tiny", seq=32, batch=2, precision="fsdp2-mixed", **kw))
+
+
+def test_the_optimizer_step_makes_no_fp32_gradient_copy() -> None:
+    """memplan's reference optimizer upcasts a 16-bit gradient (``grad.float()``) but not an fp32 one: under
+    FSDP2's mixed precision the step's transient is Adam's fp32 denominator alone. The largest shard it
+    steps: the embedding [256, 64] over dp 2, 128 × 64 = 8,192 elements (the MLP's [128, 64] gives 4,096):
+    4 B each, where bf16-mixed adds the 4 B fp32 gradient copy."""
+
+    def transient(precision: str) -> int:
+        r = build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, precision=precision)).result
+        return r.device.peak.moments["optimizer step"]["transient"]
+
+    assert transient("fsdp2-mixed") == 4 * 8_192
+    assert transient("bf16-mixed") == (4 + 4) * 8_192
