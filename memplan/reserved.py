@@ -71,7 +71,7 @@ from memplan.analytic.allocator import (
     round_size,
     segment_size,
 )
-from memplan.analytic.fsdp_buffers import reduce_scatter_modelled
+from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope

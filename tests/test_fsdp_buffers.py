@@ -4,11 +4,11 @@ the caching allocator's documented rules (2 MiB rounding of large segments, best
 
 from __future__ import annotations
 
+from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.fsdp_buffers import (
     codes,
     gather_units,
     reduce_scatter_codes,
-    reduce_scatter_input,
     reduce_scatter_outputs,
     stream_reserved,
 )

@@ -97,8 +97,9 @@ import math
 from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.fsdp2_reduce import reduce_bytes, reduce_scatter_modelled
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
-from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES, fsdp2_mixed
+from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
@@ -208,35 +209,6 @@ def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_
 # ----------------------------------------------------------------------------------------------------
 # The reduce-scatter side (FSDP2's mixed precision: ``blocks.torchtitan.fsdp2_mixed``)
 # ----------------------------------------------------------------------------------------------------
-def reduce_bytes(setup: Setup) -> int:
-    """Bytes of one element FSDP2 reduce-scatters in under its mixed precision: ``--reduce-dtype``, else
-    the policy's ``reduce_dtype=float32`` (torchtitan's ``mixed_precision_reduce`` default)."""
-    chosen = setup.strategy.reduce_dtype
-    return chosen.bytes if chosen is not None else 4
-
-
-def reduce_scatter_modelled(setup: Setup) -> bool:
-    """FSDP2's reduce-scatter buffers are modelled: its mixed precision (``--precision fsdp2-mixed``, or
-    ``--impl torchtitan``'s bf16-mixed under FSDP2: ``blocks.torchtitan.fsdp2_mixed``) on units memplan
-    models (``unit_shapes``: not under tensor parallelism). There the sharded gradients are the
-    reduce-scatter stream's blocks, not the default stream's (module docstring)."""
-    if not fsdp2_mixed(setup):
-        return False
-    return setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN) and bool(unit_shapes(setup, 1, True, True))
-
-
-def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
-    """Bytes of the default stream's reduce-scatter input held beside layer i's backward (i = −1: the
-    embedding's backward) on memplan's reference model under FSDP2's mixed precision: the unit reduced
-    before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit above
-    is the root, reduced last (it holds the embedding). Flat, each dim 0 padded, in the reduce dtype
-    (module docstring). torchtitan's moments count theirs (``analytic.fsdp2_moments.zero3_unit_buffers``)."""
-    if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
-        return 0
-    world = setup.strategy.shard_group * setup.parallel.cp
-    return gathered(_layer_shapes(setup.model), world, reduce_bytes(setup))
-
-
 def reduce_scatter_outputs(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, int]]:
     """Each unit's reduce-scatter output on the reduce-scatter stream, in the order the backward reduces
     them (the reverse of the forward's: the reference's root, which holds the embedding, last): (its

@@ -62,7 +62,7 @@ from memplan.analytic.fsdp2_moments import (
     zero3_resharded,
     zero3_unit_buffers,
 )
-from memplan.analytic.fsdp_buffers import reduce_scatter_input
+from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
