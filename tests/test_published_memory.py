@@ -104,3 +104,17 @@ def test_mpt_760m_default_loss_differs_by_its_fp32_vocabulary_tensors() -> None:
 def test_the_doc_holds_this_table() -> None:
     text = Path(DOC).read_text(encoding="utf-8")
     assert text.split(START + "\n", 1)[1].split(END, 1)[0] == markdown()
+
+
+def test_llama2_13b_the_2024_wrapping_would_hold_the_root_and_the_last_block() -> None:
+    """What memplan cannot type (docs/published-memory.md): the 2024 torchtitan kept the root unit (the
+    embedding [32000, 5120], the final norm [5120], the head [32000, 5120]) and its last block gathered
+    after forward, where memplan's reference counts one gathered layer at the loss backward. By hand: the
+    fp32 shards 4 B × 203,372,880 + a layer's bf16 2 B × 317,204,480; the 2024 run held the root's
+    2 × 327,685,120 = 655,370,240 B on top (625 MiB), more than the 303 MiB headroom: 322 MiB over."""
+    b = built(LLAMA)
+    assert b.result.peak.moments["loss backward"]["weights"] == 4 * SHARD + 2 * 317_204_480
+    root = 2 * (32_000 * 5_120 + 5_120 + 32_000 * 5_120)
+    assert root == 655_370_240 and root // MIB == 625
+    v = b.verdict
+    assert v is not None and round((v.headroom - root) / MIB) == 303 - 625 == -322
