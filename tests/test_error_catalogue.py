@@ -170,6 +170,7 @@ CASES: list[Case] = [
     case("unknown-checkpointing", "estimate -m 70b --checkpointing sometimes", "checkpointing"),
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
     case("fsdp2-mixed-one-rank", "estimate -m 70b --precision fsdp2-mixed --zero 3", "precision"),
+    case("fsdp2-mixed-fit", "fit -m 8b --precision fsdp2-mixed --gpu h100-sxm --gpus 8", "precision"),
     case("fsdp2-mixed-zero1", "estimate -m 70b --precision fsdp2-mixed --zero 1 --dp 8", "precision"),
     case(
         "fsdp2-mixed-megatron",
