@@ -21,7 +21,8 @@ backward frees the last layer's saves first), then the terms that grow are alloc
 The step is replayed ``STEPS`` times: the second step finds the first one's cached segments, as every
 step after the first does (its gradients freed by ``zero_grad(set_to_none=True)`` and its
 transients reused), so the peaks are those ``torch.cuda.memory_stats()`` keeps over a run. The requested
-peak of the replay equals the estimate's peak (plus the workspace) by construction; the allocated peak
+peak of the replay equals the estimate's peak (plus the workspace) by construction (less the sharded
+gradients where they are the reduce-scatter stream's, NB below); the allocated peak
 adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
