@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memplan.api import Built, Options, build
+from memplan.config import Precision
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "published-memory.md"
@@ -41,15 +42,31 @@ class Case:
     """Whether these options follow the code that ran (False: the nearest memplan can express)."""
 
 
+LLAMA_13B = Options(
+    model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb", attention="flash"
+)
+
 CASES = (
     Case(
         "Llama-2-13B, torchtitan (2024), FSDP, 64 × A100-80GB",
         "pytorch/torchtitan docs/performance.md (Llama 2 table: 13B, batch 2, no AC, 2162 WPS, 61.1 % MFU); "
-        "seq 4096 from train_configs/llama_13b.toml; RMSNorm from torchtitan/models/norms.py",
-        "micro-batch 2, seq 4096, bf16 FSDP (full shard over 64), no activation checkpointing, SDPA flash",
-        "-m llama-2-13b --seq 4096 --batch 2 --zero 3 --gpus 64 --gpu a100-80gb --attention flash",
-        Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb", attention="flash"),
+        "seq 4096 from train_configs/llama_13b.toml; RMSNorm from torchtitan/models/norms.py; FSDP2's "
+        "MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on the fp32 model from "
+        "parallelize_llama.py",
+        "micro-batch 2, seq 4096, FSDP2 (full shard over 64) with bf16 compute and fp32 shards and reduce, "
+        "no activation checkpointing, SDPA flash",
+        "-m llama-2-13b --seq 4096 --batch 2 --zero 3 --gpus 64 --gpu a100-80gb --attention flash "
+        "--precision fsdp2-mixed",
+        LLAMA_13B.model_copy(update={"precision": Precision.FSDP2_MIXED}),
         True,
+    ),
+    Case(
+        "same, typed with the default --precision bf16-mixed",
+        "memplan's bf16-mixed is DeepSpeed's split (a bf16 shard beside the fp32 master), not FSDP2's policy",
+        "as above",
+        "… without --precision fsdp2-mixed",
+        LLAMA_13B,
+        False,
     ),
     Case(
         "same, typed --impl torchtitan",
@@ -118,6 +135,7 @@ def row(case: Case) -> str:
     return (
         f"| {case.name} | {case.source} | {case.ran} | `{case.typed}` | {follows} | "
         f"{gib(v.allocated_peak)} | {gib(v.reserved_peak)} | {gib(v.nccl)} | {gib(comm)} | "
+        f"{gib(b.fsdp_reduce_scatter)} | "
         f"{gib(v.reserved_peak + v.cuda_context + v.nccl + comm)} | {gib(v.device_bytes)} | {verdict} |"
     )
 
@@ -126,8 +144,9 @@ def markdown() -> str:
     head = (
         "| run | source | what ran | typed into memplan | follows the code that ran | allocated GiB | "
         "reserved GiB | NCCL buffers GiB | FSDP2 all-gather stream + DDP buckets GiB | "
+        "FSDP2 reduce-scatter stream GiB (not judged) | "
         "+ CUDA context + NCCL + stream/buckets GiB | device GiB | memplan says |\n"
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n"
+        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n"
     )
     return head + "".join(row(c) + "\n" for c in CASES)
 

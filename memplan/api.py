@@ -294,6 +294,9 @@ class Built:
     back from the default stream's allocator, ``search.budget``); None where not modelled (not judged)."""
     ddp_buckets: int = 0
     """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): judged as the stream."""
+    fsdp_reduce_scatter: int = 0
+    """What the allocator reserves on FSDP2's reduce-scatter stream (the sharded gradients under FSDP2's
+    mixed precision, ``time.comm_memory.fsdp_reduce_scatter_bytes``): reported, not kept back."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -344,13 +347,15 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_stream_bytes
+        from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_reduce_scatter_bytes, fsdp_stream_bytes
 
         reserved = replay_device(result, expandable=o.expandable_segments)
         fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
-        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp)
+        scatter = fsdp_reduce_scatter_bytes(result)
+        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter)
     from memplan.time.comm_memory import (  # only with a GPU (start-up)
         ddp_bucket_bytes,
+        fsdp_reduce_scatter_bytes,
         fsdp_stream_bytes,
         nccl_buffers,
     )
@@ -366,7 +371,8 @@ def build(o: Options) -> Built:
     nccl = tuple(nccl_buffers(result, gpu))
     reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
     fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp)
+    scatter = fsdp_reduce_scatter_bytes(result)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -382,6 +388,8 @@ def to_json(b: Built) -> dict[str, Any]:
     # buckets (``fit.comm_buffers``: kept back from the default stream's allocator)
     out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
     out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets
+    # FSDP2's reduce-scatter stream: its own pool (the sharded gradients), reported, not kept back
+    out["memory"]["fsdp_reduce_scatter_stream"] = b.fsdp_reduce_scatter
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)
         total = sum(n.bytes for n in b.nccl)
         out["memory"]["nccl"] = {"total": total, "communicators": [n.to_json() for n in b.nccl]}

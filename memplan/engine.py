@@ -38,7 +38,7 @@ from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
-from memplan.analytic.states import ModelStates
+from memplan.analytic.states import ModelStates, shard
 from memplan.blocks import te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
@@ -123,8 +123,10 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
             layers = m.model_copy(update={"num_layers": st.layers})
             per_shard = torchtitan.fsdp2_shard_elements(layers, shards, (st.first, st.last))
     dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
-    if per_shard is not None and torchtitan.fsdp2_mixed(setup):  # fp32 shards, no master copy
-        dense = torchtitan.fsdp2_mixed_states(dense, per_shard, s.zero)
+    if torchtitan.fsdp2_mixed(setup) and not experts:  # fp32 shards, no master copy
+        # the reference's shards: one flat ⌈Ψ/N⌉ (``strategies.zero``), as its other states
+        elements = per_shard if per_shard is not None else shard(params.total, shards, True)
+        dense = torchtitan.fsdp2_mixed_states(dense, elements, s.zero)
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
         dense = dense.model_copy(update={"weights": dense.weights + te})

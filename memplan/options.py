@@ -118,7 +118,9 @@ class Options(Frozen):
         "Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",), gt=0
     )
     precision: Precision = _option(
-        "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations",
+        "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations; "
+        "bf16-mixed is DeepSpeed's (bf16 shards + an fp32 master), fsdp2-mixed FSDP2's MixedPrecisionPolicy "
+        "(fp32 shards the optimizer steps, bf16 gathered copies, fp32 reduce-scatter; ZeRO-2/3 only)",
         _TRAINING,
         default=Precision.BF16_MIXED,
     )

@@ -21,7 +21,8 @@ backward frees the last layer's saves first), then the terms that grow are alloc
 The step is replayed ``STEPS`` times: the second step finds the first one's cached segments, as every
 step after the first does (its gradients freed by ``zero_grad(set_to_none=True)`` and its
 transients reused), so the peaks are those ``torch.cuda.memory_stats()`` keeps over a run. The requested
-peak of the replay equals the estimate's peak (plus the workspace) by construction; the allocated peak
+peak of the replay equals the estimate's peak (plus the workspace) by construction (less the sharded
+gradients where they are the reduce-scatter stream's, NB below); the allocated peak
 adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
@@ -43,9 +44,14 @@ Known limitations:
   (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
   copy of the gradients, ``time.comm_memory.ddp_bucket_bytes``) are default-stream allocations made
   before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
-  as allocations of this stream (their 2 MiB segment rounding is not counted). FSDP2's reduce-scatter
-  buffers are not counted; ``--reserve`` keeps memory back for what is not judged. NCCL's own buffers
-  are (``analytic.nccl``), outside the allocator.
+  as allocations of this stream (their 2 MiB segment rounding is not counted). Under FSDP2's mixed
+  precision (``analytic.fsdp_buffers.reduce_scatter_modelled``) the reduce-scatter's input is a
+  default-stream allocation of the backward's moments (in their transients), while its outputs, the
+  sharded gradients, are the reduce-scatter stream's blocks (torch 2.13 ``foreach_reduce``): this replay
+  then holds no gradients (its requested peak is the estimate's less the gradients of the peak's moment),
+  and ``analytic.fsdp_buffers.reduce_scatter_stream`` replays that pool apart (reported, not kept back:
+  ``search.budget``). Elsewhere FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps
+  memory back for what is not judged. NCCL's own buffers are (``analytic.nccl``), outside the allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
   one published measurement, not a bound.
 """
@@ -66,6 +72,7 @@ from memplan.analytic.allocator import (
     round_size,
     segment_size,
 )
+from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
@@ -205,8 +212,11 @@ def _stream_inputs(r: Result) -> StreamInputs:
     points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
+    terms = [p.terms for p in points]
+    if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
+        terms = [{**t, "gradients": 0} for t in terms]
     return StreamInputs(
-        points=tuple(map(_TERMS_OF, (p.terms for p in points))),
+        points=tuple(map(_TERMS_OF, terms)),
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),

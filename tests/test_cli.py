@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from memplan.analytic.fsdp_buffers import all_gather_stream
+from memplan.analytic.fsdp_buffers import all_gather_stream, reduce_scatter_stream
 from memplan.api import build_setup
 from memplan.cli.app import app
 from memplan.config import (
@@ -38,7 +38,7 @@ runner = CliRunner(env=ENV)
 
 def to_json(r: Result) -> dict[str, Any]:
     """The contract of ``r`` with what ``estimate --json`` adds without a GPU: the allocator's replay and
-    FSDP2's all-gather stream (its figures by hand: tests/test_fsdp_buffers.py)."""
+    FSDP2's all-gather and reduce-scatter streams (their figures by hand: tests/test_fsdp_buffers.py)."""
     out = contract_json(r)
     found = replay_device(r)
     st = r.device.stage
@@ -48,6 +48,9 @@ def to_json(r: Result) -> dict[str, Any]:
         allocator=found.to_json(),
         fsdp_all_gather_stream=all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches),
         ddp_buckets=ddp_bucket_bytes(r),
+        fsdp_reduce_scatter_stream=reduce_scatter_stream(
+            r.setup, st.layers, st.first, st.last, r.micro_batches
+        ),
     )
     return out
 

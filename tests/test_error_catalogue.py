@@ -169,6 +169,24 @@ CASES: list[Case] = [
     # --- estimate: unknown names ----------------------------------------------------------------------
     case("unknown-checkpointing", "estimate -m 70b --checkpointing sometimes", "checkpointing"),
     case("unknown-precision", "estimate -m 70b --precision fp8", "precision"),
+    case("fsdp2-mixed-one-rank", "estimate -m 70b --precision fsdp2-mixed --zero 3", "precision"),
+    case("fsdp2-mixed-fit", "fit -m 8b --precision fsdp2-mixed --gpu h100-sxm --gpus 8", "precision"),
+    case("fsdp2-mixed-zero1", "estimate -m 70b --precision fsdp2-mixed --zero 1 --dp 8", "precision"),
+    case(
+        "fsdp2-mixed-megatron",
+        "estimate -m 8b --impl megatron --precision fsdp2-mixed --zero 3 --dp 8",
+        "precision",
+    ),
+    case(
+        "fsdp2-mixed-lora",
+        "estimate -m 8b --finetune lora --precision fsdp2-mixed --zero 3 --dp 8",
+        "precision",
+    ),
+    case(
+        "fsdp2-mixed-profile",
+        "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3 --nproc 2",
+        "precision",
+    ),
     case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
     case("megatron-fp8-rowwise", "estimate -m 8b --impl megatron --fp8 rowwise", "fp8"),
     case("titan-fp8-delayed", "estimate -m tiny --impl torchtitan --fp8 delayed", "fp8"),

@@ -60,3 +60,52 @@ def test_without_fsdp_or_a_mixed_recipe_the_recipe_stays() -> None:
     assert states(zero=3, dp=2, precision="bf16") == ModelStates(
         weights=2 * HALF, gradients=2 * HALF, master_weights=0, optimizer_states=4 * HALF
     )
+
+
+def test_the_fsdp2_mixed_recipe_types_it_under_the_reference() -> None:
+    # --precision fsdp2-mixed: the same split on memplan's reference model, whose shards are one flat
+    # ⌈Ψ/2⌉ = 53,408 elements (Ψ even): fp32 shard 4 B, fp32 sharded gradient 4 B, AdamW 8 B, no master
+    assert states("reference", zero=3, dp=2, precision="fsdp2-mixed") == ModelStates(
+        weights=4 * HALF, gradients=4 * HALF, master_weights=0, optimizer_states=8 * HALF
+    )
+    # ZeRO-2 (reshard_after_forward=False): the bf16 gathered copy whole, 2 B × Ψ
+    assert states("reference", zero=2, dp=2, precision="fsdp2-mixed") == ModelStates(
+        weights=2 * PSI, gradients=4 * HALF, master_weights=0, optimizer_states=8 * HALF
+    )
+    # under --impl torchtitan it is what its bf16-mixed already is (the trainer's policy)
+    assert states(zero=3, dp=2, precision="fsdp2-mixed") == states(zero=3, dp=2)
+
+
+def test_the_fsdp2_mixed_recipe_reduces_in_fp32() -> None:
+    """FSDP2's ``reduce_dtype=float32``: the reduce-scatter moves 4 B per gradient element (2 under
+    bf16-mixed), unless --reduce-dtype says otherwise."""
+    from memplan.time.comm import gradient_bytes
+
+    def setup(**kw: Any) -> Any:
+        return build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, **kw)).result.setup
+
+    assert gradient_bytes(setup(precision="fsdp2-mixed")) == 4
+    assert gradient_bytes(setup()) == 2
+    assert gradient_bytes(setup(precision="fsdp2-mixed", reduce_dtype="bf16")) == 2
+
+
+def test_the_fsdp2_mixed_recipe_needs_fsdp2() -> None:
+    import pytest
+
+    for kw in ({"zero": 3}, {"zero": 1, "dp": 2}, {"zero": 3, "dp": 2, "impl": "megatron"}):
+        with pytest.raises(ValueError, match="precision: fsdp2-mixed"):
+            build(Options(model="tiny", seq=32, batch=2, precision="fsdp2-mixed", **kw))
+
+
+def test_the_optimizer_step_makes_no_fp32_gradient_copy() -> None:
+    """memplan's reference optimizer upcasts a 16-bit gradient (``grad.float()``) but not an fp32 one: under
+    FSDP2's mixed precision the step's transient is Adam's fp32 denominator alone. The largest shard it
+    steps: the embedding [256, 64] over dp 2, 128 × 64 = 8,192 elements (the MLP's [128, 64] gives 4,096):
+    4 B each, where bf16-mixed adds the 4 B fp32 gradient copy."""
+
+    def transient(precision: str) -> int:
+        r = build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, precision=precision)).result
+        return r.device.peak.moments["optimizer step"]["transient"]
+
+    assert transient("fsdp2-mixed") == 4 * 8_192
+    assert transient("bf16-mixed") == (4 + 4) * 8_192

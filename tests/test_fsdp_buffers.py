@@ -4,9 +4,18 @@ the caching allocator's documented rules (2 MiB rounding of large segments, best
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp_buffers import codes, gather_units, stream_reserved
+from memplan.analytic.fsdp2_reduce import reduce_scatter_input
+from memplan.analytic.fsdp_buffers import (
+    codes,
+    gather_units,
+    reduce_scatter_codes,
+    reduce_scatter_outputs,
+    stream_reserved,
+)
+from memplan.analytic.peak import TERMS
 from memplan.api import Options, build
-from memplan.config import ZeroStage
+from memplan.config import ReduceDtype, ZeroStage
+from memplan.reserved import stream_inputs
 
 MIB = 2**20
 
@@ -176,3 +185,74 @@ def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
         assert moments["layer backward"]["weights"] == shards + unsharded
         assert moments["optimizer step"]["weights"] == shards  # resharded after the last backward
     assert last.peak.moments["loss backward"]["weights"] == 4 * (unsharded1 // 2) // 2 + unsharded1
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reduce-scatter side under FSDP2's mixed precision (torch 2.13's ``foreach_reduce``)
+# ----------------------------------------------------------------------------------------------------
+LLAMA_FSDP2 = Options(
+    model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb", precision="fsdp2-mixed"
+)
+
+
+def test_the_reduce_scatter_streams_order() -> None:
+    """Each unit's output allocated on the reduce-scatter stream, in backward order; with a cast (reduce
+    dtype ≠ the fp32 parameters') the cast's block, then the output freed; the first micro-batch's results
+    kept as the sharded gradients to the step's end, a later micro-batch's added into them and freed."""
+    a, b, c = 100, 200, 50
+    assert reduce_scatter_codes([(a, 0), (b, 0)], steps=1) == [a, b, -1, -2]
+    assert reduce_scatter_codes([(a, c)], steps=1) == [a, c, -1, -2]
+    assert reduce_scatter_codes([(a, 0)], micro_batches=2, steps=1) == [a, a, -2, -1]
+
+
+def test_llama2_13b_reduce_scatter_by_hand() -> None:
+    """Llama-2-13B under --precision fsdp2-mixed over 64 ranks (torch 2.13, _fsdp_collectives.py
+    ``foreach_reduce``). The reduce-scatter output (fp32, reduce_dtype) on the reduce-scatter stream is the
+    sharded gradient itself (orig dtype fp32: no cast): a layer's 317,204,480 / 64 = 4,956,320 el × 4 B =
+    19,825,280 B; the root's (163,840,000 + 163,845,120) / 64 = 5,120,080 el × 4 B = 20,480,320 B; the
+    reference's root reduces last. Each over 10 MiB: its segment rounds up to 2 MiB, 20 MiB each (a
+    layer's leaves 1,146,240 B, split off but too small for the next), held to the step's end: 41 × 20 MiB
+    = 820 MiB. The input (fp32 copy of a layer's unsharded gradients, 317,204,480 × 4 B) is the default
+    stream's, held beside the next unit's backward: beside layer 38's and (layer 0's) the embedding's,
+    none beside the top layer's (the root reduces last)."""
+    b = build(LLAMA_FSDP2)
+    setup = b.result.setup
+    outputs = reduce_scatter_outputs(setup, 40, True, True)
+    assert outputs == [(19_825_280, 0)] * 40 + [(20_480_320, 0)]
+    assert b.fsdp_reduce_scatter == 41 * 20 * MIB == 41 * 20_971_520
+    assert reduce_scatter_input(setup, 38, 40) == reduce_scatter_input(setup, -1, 40) == 1_268_817_920
+    assert reduce_scatter_input(setup, 39, 40) == 0
+    # the embedding's backward moment holds layer 0's input beside what bf16-mixed's holds there
+    mixed = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
+    moment = "embedding backward"
+    got = b.result.peak.moments[moment]["transient"] - mixed.peak.moments[moment]["transient"]
+    assert got == 1_268_817_920
+    # the sharded gradients are not the default stream's: its replay holds none
+    assert {dict(zip(TERMS, p, strict=True))["gradients"] for p in stream_inputs(b.result).points} == {0}
+    assert max(dict(zip(TERMS, p, strict=True))["gradients"] for p in stream_inputs(mixed).points) > 0
+
+
+def test_a_bf16_reduce_casts_on_the_reduce_scatter_stream_by_hand() -> None:
+    """--reduce-dtype bf16 under fsdp2-mixed: each output bf16 (a layer's 4,956,320 × 2 = 9,912,640 B, the
+    root's 5,120,080 × 2 = 10,240,160 B), cast to the fp32 sharded gradient (19,825,280 B; 20,480,320 B)
+    on the same stream, then freed. The outputs are under 10 MiB: the first opens a 20 MiB segment and
+    every later output reuses it (freed, it merges back whole); each cast (over 10 MiB) finds no free
+    block that large and opens its own 20 MiB segment, held as the gradient: (1 + 41) × 20 MiB."""
+    options = LLAMA_FSDP2.model_copy(update={"reduce_dtype": ReduceDtype.BF16})
+    b = build(options)
+    outputs = reduce_scatter_outputs(b.result.setup, 40, True, True)
+    assert outputs == [(9_912_640, 19_825_280)] * 40 + [(10_240_160, 20_480_320)]
+    assert b.fsdp_reduce_scatter == 42 * 20 * MIB
+
+
+def test_only_fsdp2_mixed_precision_models_the_reduce_scatter() -> None:
+    # the reference's bf16-mixed (DeepSpeed's split, bf16 gradients) and tensor parallelism: not modelled
+    assert build(Options(model="llama-2-13b", zero=3, dp=8)).fsdp_reduce_scatter == 0
+    tp = build(Options(model="llama-2-13b", zero=3, dp=4, tp=2, impl="torchtitan"))
+    assert tp.fsdp_reduce_scatter == 0
+    # torchtitan's bf16-mixed is FSDP2's, its units its own: a layer 317,204,480 / 8 × 4 B = 158,602,240 B
+    # (⌈158,602,240 / 2,097,152⌉ = 76 → 152 MiB), the embedding 163,840,000 / 8 × 4 = 81,920,000 B and
+    # the [norm, lm head] unit 163,845,120 / 8 × 4 = 81,925,120 B (⌈39.06⌉ = 40 → 80 MiB each), every
+    # one held as a gradient to the step's end: 40 × 152 + 2 × 80 = 6,240 MiB
+    titan = build(Options(model="llama-2-13b", zero=3, dp=8, impl="torchtitan"))
+    assert titan.fsdp_reduce_scatter == (40 * 152 + 2 * 80) * MIB

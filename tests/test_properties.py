@@ -36,6 +36,9 @@ from memplan.engine import Result, estimate
 from memplan.presets import load_model_preset
 from memplan.schema import contract_keys, estimate_schema
 
+# FSDP2's recipe needs ZeRO-2/3 over dp > 1 (``config.setup.check_fsdp2_mixed``): tests/test_fsdp2_mixed.py
+RECIPES = [p for p in Precision if p is not Precision.FSDP2_MIXED]
+
 PROPS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX_POSITIONS = 4096
 MAX_SEQ = 1024  # < MAX_POSITIONS, so seq + 1 is valid with learned positions too
@@ -83,7 +86,7 @@ def trainings() -> st.SearchStrategy[TrainingConfig]:
         TrainingConfig,
         micro_batch=st.integers(1, 8),
         seq_len=st.integers(1, MAX_SEQ),
-        precision=st.sampled_from(Precision),
+        precision=st.sampled_from(RECIPES),
         optimizer=st.sampled_from(Optimizer),
         grad_accum=st.integers(1, 4),
     )
@@ -501,7 +504,7 @@ def test_peak_covers_what_is_alive_when_the_forward_ends(setup: Setup) -> None:
 @given(setups())
 def test_activation_bytes_follow_the_activation_dtype(setup: Setup) -> None:
     """Recipes with the same activation dtype keep the same inventory; fp32 keeps at least as much."""
-    by = {p: estimate(changed(setup, training={"precision": p})) for p in Precision}
+    by = {p: estimate(changed(setup, training={"precision": p})) for p in RECIPES}
     assert by[Precision.BF16_MIXED].tensors == by[Precision.BF16].tensors
     assert by[Precision.BF16_MIXED].activations == by[Precision.FP16_MIXED].activations
     assert by[Precision.FP32].activations >= by[Precision.BF16_MIXED].activations

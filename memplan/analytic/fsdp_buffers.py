@@ -1,4 +1,5 @@
-"""FSDP2's all-gather buffers: the segments torch's caching allocator holds on FSDP2's all-gather stream.
+"""FSDP2's communication buffers: the segments torch's caching allocator holds on FSDP2's all-gather
+stream, and (under its mixed precision) its reduce-scatter buffers on the default and reduce-scatter streams.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py
 ``foreach_all_gather``) allocates each unit's ``all_gather_output`` — its parameters' padded shards
@@ -49,19 +50,43 @@ reached at the forward's second unit (the first two buffers are live together) a
 the end of the run, through the default stream's peak in the backward: the verdict and ``fit`` keep it
 back from the default stream's allocator (``search.budget``, ``time.comm_memory.comm_buffer_bytes``).
 
+The reduce-scatter side, as torch 2.13 runs it (torch/distributed/fsdp/_fully_shard/), per unit in the
+backward's order (the reverse of the forward's: the reference's root, which holds the embedding, last):
+
+- its input, a flat copy of the unit's unsharded gradients (each dim 0 padded to W rows) in the reduce
+  dtype (fp32: ``MixedPrecisionPolicy(reduce_dtype=float32)``), is allocated on the *default* stream
+  (_fsdp_collectives.py ``foreach_reduce``, l. 597–601: ``reduce_scatter_comm.allocate(...)`` outside any
+  stream context, ``DefaultAllocMixin``: ``torch.empty``), the unsharded gradients freed once it is copied
+  in (l. 603–606). ``FSDPParamGroup.post_backward`` keeps it in ``comm_ctx.reduce_scatter_states``
+  (_fsdp_param_group.py l. 717–718) until the next unit's ``post_backward`` pops it, before that unit's
+  own is allocated (l. 647–658; ``reduce_scatter_max_input_buffers`` 1 by default, l. 112); the last one
+  is freed by the root's final callback at the backward's end (_fsdp_state.py l. 420–431). So beside each
+  unit's backward the previous unit's input is alive: ``reduce_scatter_input`` for the reference's layer
+  and embedding moments (torchtitan's in ``analytic.fsdp2_moments.zero3_unit_buffers``). torch 2.3's
+  ``foreach_reduce_scatter`` allocated it on the reduce-scatter stream instead (docs/published-memory.md).
+- its output, the unit's shard of the reduced gradients (padded elements / W, reduce dtype), is allocated
+  on the *reduce-scatter* stream (l. 611–616: ``with device_handle.stream(reduce_scatter_stream):
+  reduce_output = ...allocate(...)``): its own pool. With the fp32 model's parameters (orig dtype fp32) and
+  an fp32 reduce, ``_to_dtype_if_needed`` is no cast (l. 696) and the output *is* the sharded gradient
+  (``torch.as_strided`` views of it, l. 704–709; "the sharded parameters hold refs through the end of
+  backward", l. 762–765), freed by the optimizer loop's ``zero_grad(set_to_none=True)``; with a bf16
+  reduce (``--reduce-dtype bf16``) the cast's fp32 block is made on the same stream (l. 685–696) and the
+  output freed. ``reduce_scatter_stream`` replays that pool (two steps); the default stream's replay then
+  holds no sharded gradients (``reserved``). Its segments hold only the sharded gradients: wholly free at
+  every moment without them (after ``zero_grad``, before the next backward's first reduce), when the
+  allocator's out-of-memory path releases them for the default stream (``release_cached_blocks``), so the
+  verdict does not keep them back (``search.budget``).
+
 Known limitations:
 - NB: tensor parallelism (FSDP2 then gathers each rank's DTensor shard) and fine-tuning (LoRA's adapters
   in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None).
 - NB: the 2024 torchtitan also kept its last block gathered after forward (``reshard_after_forward =
   int(layer_id) < len(model.layers) - 1``): one gather fewer in backward, which the reference wrapping
   re-gathers; with at most two buffers live at once either way, the stream's segments are the same.
-- NB: the reduce-scatter side is not counted: ``foreach_reduce`` allocates its input (a copy of the
-  unit's unsharded gradients in the reduce dtype: fp32 under torchtitan's ``reduce_dtype``) — on the
-  reduce-scatter stream in torch 2.3's ``foreach_reduce_scatter`` (torch/distributed/_composable/fsdp/
-  _fsdp_collectives.py: ``with torch.cuda.stream(reduce_scatter_stream): reduce_scatter_input =
-  torch.empty(...)``), on the default stream and kept until the next unit's reduce
-  (``reduce_scatter_states``) in later versions — and its output (the sharded gradients) on the
-  reduce-scatter stream, where the estimate's replay puts the gradients on the default stream.
+- NB: the reduce-scatter side is modelled under FSDP2's mixed precision only (``--precision fsdp2-mixed``,
+  ``--impl torchtitan``'s bf16-mixed: ``reduce_scatter_modelled``, below); the reference's bf16-mixed
+  (DeepSpeed's split, no ``MixedPrecisionPolicy``) keeps its gradients on the default stream and its bf16
+  reduce-scatter input is not counted.
 - NB: under memory pressure the allocator's out-of-memory path releases this stream's wholly free cached
   segments too (``release_cached_blocks``); the default stream's replay at capacity does not see them.
 """
@@ -72,7 +97,9 @@ import math
 from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.fsdp2_reduce import reduce_bytes, reduce_scatter_modelled
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
+from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
@@ -86,18 +113,18 @@ def gathered(shapes: list[Shape], world: int, element: int) -> int:
     return element * world * sum(-(-s[0] // world) * math.prod(s[1:]) for s in shapes)
 
 
-def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
+def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[list[Shape], bool]] | None:
     """Each FSDP2 unit of a rank holding ``layers`` layers (the embedding when ``first``, the final norm and
-    head when ``last``), in forward order: (its all-gather output's bytes, whether the backward gathers
-    it again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over
-    more than one rank; None where not modelled (module NB)."""
+    head when ``last``), in forward order: (its parameters' shapes, whether the backward gathers it
+    again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over more
+    than one rank; None where not modelled (module NB)."""
     s, m = setup.strategy, setup.model
     world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
     if s.zero < ZeroStage.GRADIENTS or world == 1:
         return []
     if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
         return None
-    e, h = setup.training.precision.weight_bytes, m.hidden_size
+    h = m.hidden_size
     # torchtitan's "default" policy under pp: no unit resharded after forward (module docstring)
     titan_pp = setup.impl.impl is Impl.TORCHTITAN and setup.parallel.pp > 1
     again = s.zero >= ZeroStage.PARAMETERS and not titan_pp
@@ -106,12 +133,21 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     head: list[Shape] = []
     if last:
         head = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
-    block = [(gathered(_layer_shapes(m), world, e), again)] * layers
+    block = [(_layer_shapes(m), again)] * layers
     if setup.impl.impl is Impl.TORCHTITAN:
-        units = [(gathered(embed, world, e), again)] if first else []
-        return units + block + ([(gathered(head, world, e), False)] if last else [])
+        units = [(embed, again)] if first else []
+        return units + block + ([(head, False)] if last else [])
     root = embed + head  # the root unit: gathered first; resharded as the layers (the flag is passed)
-    return ([(gathered(root, world, e), again)] if root else []) + block
+    return ([(root, again)] if root else []) + block
+
+
+def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
+    """``unit_shapes`` as (each unit's all-gather output's bytes, whether the backward gathers it again)."""
+    units = unit_shapes(setup, layers, first, last)
+    if units is None:
+        return None
+    world, e = setup.strategy.shard_group * setup.parallel.cp, setup.training.precision.weight_bytes
+    return [(gathered(shapes, world, e), again) for shapes, again in units]
 
 
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
@@ -168,3 +204,67 @@ def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_
     if units is None:
         return None
     return _reserved_peak(tuple(units), micro_batches) if units else 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reduce-scatter side (FSDP2's mixed precision: ``blocks.torchtitan.fsdp2_mixed``)
+# ----------------------------------------------------------------------------------------------------
+def reduce_scatter_outputs(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, int]]:
+    """Each unit's reduce-scatter output on the reduce-scatter stream, in the order the backward reduces
+    them (the reverse of the forward's: the reference's root, which holds the embedding, last): (its
+    bytes in the reduce dtype, the bytes of its cast to the fp32 sharded parameters' dtype, 0 when the
+    reduce dtype is fp32). Empty where not modelled (``reduce_scatter_modelled``)."""
+    units = unit_shapes(setup, layers, first, last) if reduce_scatter_modelled(setup) else None
+    world, reduce = setup.strategy.shard_group * setup.parallel.cp, reduce_bytes(setup)
+    cast = FSDP2_MIXED_BYTES if reduce != FSDP2_MIXED_BYTES else 0
+    out = []
+    for shapes, _ in reversed(units or []):
+        elements = gathered(shapes, world, 1) // world  # the padded shard: ⌈rows/W⌉ rows of each
+        out.append((elements * reduce, elements * cast))
+    return out
+
+
+def reduce_scatter_codes(
+    outputs: list[tuple[int, int]], micro_batches: int = 1, steps: int = STEPS
+) -> list[int]:
+    """The reduce-scatter stream's allocations and frees (coded as ``codes``) over ``steps`` steps of
+    ``micro_batches``: each unit's output; with a cast, the cast's block, then the output freed; the first
+    micro-batch's results are the sharded gradients, kept to the step's end (``zero_grad(set_to_none=
+    True)`` after the optimizer step); a later micro-batch's is added into them and freed."""
+    out: list[int] = []
+    made = 0
+
+    def alloc(size: int) -> int:
+        nonlocal made
+        out.append(size)
+        made += 1
+        return made - 1
+
+    for _ in range(steps):
+        grads: list[int] = []
+        for micro_batch in range(micro_batches):
+            for size, cast in outputs:
+                got = alloc(size)
+                if cast:
+                    kept = alloc(cast)
+                    out.append(-got - 1)
+                    got = kept
+                if micro_batch == 0:
+                    grads.append(got)
+                else:
+                    out.append(-got - 1)
+        out += [-g - 1 for g in grads]
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _reduce_scatter_peak(outputs: tuple[tuple[int, int], ...], micro_batches: int) -> int:
+    """The reduce-scatter stream's reserved peak (its own pool: a fresh ``Allocator``), memoised."""
+    return Allocator().replay_codes(reduce_scatter_codes(list(outputs), micro_batches)).reserved_peak
+
+
+def reduce_scatter_stream(setup: Setup, layers: int, first: bool, last: bool, micro_batches: int) -> int:
+    """Bytes the caching allocator reserves on FSDP2's reduce-scatter stream for a rank holding ``layers``
+    layers (0 where not modelled: ``reduce_scatter_modelled``)."""
+    outputs = reduce_scatter_outputs(setup, layers, first, last)
+    return _reduce_scatter_peak(tuple(outputs), micro_batches) if outputs else 0

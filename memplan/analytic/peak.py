@@ -62,6 +62,7 @@ from memplan.analytic.fsdp2_moments import (
     zero3_resharded,
     zero3_unit_buffers,
 )
+from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
@@ -459,7 +460,8 @@ def peak(
         saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
-        fsdp2 = zero3_unit_buffers(setup, i, dims.layers)
+        # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
+        fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -487,6 +489,7 @@ def peak(
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
     held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
     held += loop_count_bytes(setup)
+    embedding += reduce_scatter_input(setup, -1, dims.layers)  # layer 0's, under the reference's root
     embedding_bwd = terms(weights, optimizer, states.gradients, held, embedding + 8)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import shard
+from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import Offload, Optimizer, PositionType, Precision, Setup, ZeroStage
 
 
@@ -21,7 +22,10 @@ def optimizer_transient(setup: Setup, largest: int) -> int:
     """
     precision, opt = setup.training.precision, setup.training.optimizer
     upcast = opt is Optimizer.ADAMW_8BIT or precision.master_bytes > 0
-    per_element = 4 if upcast and precision is not Precision.FP32 else 0
+    # FSDP2's mixed precision hands the optimizer fp32 sharded gradients: no copy (``grad.float()`` is not
+    # called on an fp32 gradient, measure/reference/optim.py)
+    fp32_grads = precision is Precision.FP32 or fsdp2_mixed(setup)
+    per_element = 4 if upcast and not fp32_grads else 0
     per_element += {
         Optimizer.ADAMW: precision.state_bytes,
         Optimizer.ADAMW_8BIT: 12,

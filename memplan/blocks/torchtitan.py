@@ -123,12 +123,14 @@ casts the reduced gradient back to the sharded parameter's ``orig_dtype``)."""
 
 
 def fsdp2_mixed(setup: Setup) -> bool:
-    """torchtitan's FSDP2 mixed precision applies (module docstring): ``--impl torchtitan``, bf16-mixed,
-    ZeRO-2/3 with FSDP2 applied (over dp × cp > 1 ranks: torchtitan's ``dp_shard_cp`` mesh, HSDP's
-    replicas included: their fp32 parameters are FSDP2's too)."""
+    """FSDP2's mixed precision applies (module docstring): ``--precision fsdp2-mixed`` (any model that
+    runs FSDP2: ``config.setup.check_fsdp2_mixed``), or ``--impl torchtitan`` under bf16-mixed (its
+    trainer's policy); with ZeRO-2/3 and FSDP2 applied (over dp × cp > 1 ranks: torchtitan's
+    ``dp_shard_cp`` mesh, HSDP's replicas included: their fp32 parameters are FSDP2's too)."""
+    precision = setup.training.precision
+    titan = setup.impl.impl is Impl.TORCHTITAN and precision is Precision.BF16_MIXED
     return (
-        setup.impl.impl is Impl.TORCHTITAN
-        and setup.training.precision is Precision.BF16_MIXED
+        (titan or precision is Precision.FSDP2_MIXED)
         and setup.strategy.zero >= ZeroStage.GRADIENTS
         and setup.strategy.dp * setup.parallel.cp > 1
     )

@@ -120,6 +120,11 @@ def profile(
         from memplan.measure.distributed.torchrun import torchrun_world
         from memplan.measure.runs import profile as prof_mod
 
+        if options.get("precision") == "fsdp2-mixed":  # the reference's runs build the bf16 recipe's split
+            raise ValueError(
+                "precision: profile runs the reference's bf16-mixed (a bf16 model and an fp32 master copy), "
+                "not FSDP2's fsdp2-mixed; use --precision bf16-mixed (trace measures fsdp2-mixed's saves)"
+            )
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
         if nproc is not None:

@@ -259,6 +259,11 @@ def fit_command(
     if top < 0:
         raise ValueError(f"top: must be 0 (every configuration) or more, got {top}; e.g. --top 10")
     o = options_of(options)
+    if o.precision == "fsdp2-mixed":  # the base is one device; the search's layouts without FSDP2 too
+        raise ValueError(
+            "precision: fsdp2-mixed needs FSDP2 (ZeRO-2/3 over more ranks than one) and fit searches layouts "
+            "without it too; fit with bf16-mixed, then estimate a ZeRO-2/3 layout with fsdp2-mixed"
+        )
     base = build_setup(
         o.model,
         seq=o.seq,

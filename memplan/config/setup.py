@@ -35,7 +35,7 @@ from memplan.config.strategy import (
     ZeroStage,
     checkpointing_label,
 )
-from memplan.config.training import TrainingConfig
+from memplan.config.training import Precision, TrainingConfig
 
 
 class CpRotate(StrEnum):
@@ -199,6 +199,8 @@ def check_setup(setup: Setup) -> None:
             "not in memplan's reference model; use --impl hf"
         )
     check_hf_only(setup)
+    if t.precision is Precision.FSDP2_MIXED:
+        check_fsdp2_mixed(setup)
     if m.position is PositionType.LEARNED and t.seq_len > m.max_positions:
         raise ValueError(
             f"seq_len: {t.seq_len} exceeds the {m.max_positions} learned positions of {m.name}; "
@@ -219,3 +221,25 @@ def json_value(value: Any) -> Any:
     if isinstance(value, IntEnum):
         return value.name.lower()
     return value.value if isinstance(value, Enum) else value
+
+
+def check_fsdp2_mixed(setup: Setup) -> None:
+    """``--precision fsdp2-mixed`` is FSDP2's ``MixedPrecisionPolicy``: it needs FSDP2 (ZeRO-2/3 over more
+    than one rank) on a stack that runs it (memplan's reference model, torchtitan), training every
+    parameter, dense, without offload (FSDP2's ``CPUOffloadPolicy`` is not modelled)."""
+    s, par = setup.strategy, setup.parallel
+    if s.zero < ZeroStage.GRADIENTS or s.dp * par.cp == 1:
+        raise ValueError(
+            "precision: fsdp2-mixed is FSDP2's mixed precision and needs FSDP2 (ZeRO-2/3 over more than one "
+            "rank); add --zero 3 with --dp N or --gpus N, or use --precision bf16-mixed"
+        )
+    if setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
+        raise ValueError(
+            f"precision: fsdp2-mixed is FSDP2's mixed precision; --impl {setup.impl.impl.value} does not run "
+            "FSDP2: use --impl reference or torchtitan, or --precision bf16-mixed"
+        )
+    if setup.model.moe is not None or not setup.finetune.trains_everything or setup.offload:
+        raise ValueError(
+            "precision: fsdp2-mixed is modelled for dense models trained in full without offload; "
+            "use --precision bf16-mixed"
+        )

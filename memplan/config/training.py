@@ -55,6 +55,13 @@ class Precision(StrEnum):
     """As bf16-mixed with fp16 (plus a loss scale, which costs no per-parameter memory)."""
     BF16 = "bf16"
     """Pure bf16: weights, gradients, optimizer states and activations in bf16, no master copy."""
+    FSDP2_MIXED = "fsdp2-mixed"
+    """FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` on an fp32 model (what
+    torchtitan's trainer runs): the fp32 dim-0 shards are the parameters the optimizer steps (no master
+    copy), bf16 only in the gathered copies the layers compute with and the unsharded gradients autograd
+    makes, gradients reduce-scattered in fp32 into fp32 sharded gradients: 4 + 4 + 8 bytes per shard
+    element with AdamW (``blocks.torchtitan.fsdp2_mixed_states``). Needs ZeRO-2/3 (FSDP2) over more than
+    one rank. Its per-element bytes below are bf16-mixed's, corrected by FSDP2's split in the engine."""
 
     @property
     def activation_dtype(self) -> DType:
@@ -63,6 +70,7 @@ class Precision(StrEnum):
             Precision.BF16_MIXED: DType.BF16,
             Precision.FP16_MIXED: DType.FP16,
             Precision.BF16: DType.BF16,
+            Precision.FSDP2_MIXED: DType.BF16,
         }[self]
 
     @property
@@ -76,7 +84,7 @@ class Precision(StrEnum):
     @property
     def master_bytes(self) -> int:
         """fp32 master copy kept by the mixed recipes only."""
-        return 4 if self in (Precision.BF16_MIXED, Precision.FP16_MIXED) else 0
+        return 4 if self in (Precision.BF16_MIXED, Precision.FP16_MIXED, Precision.FSDP2_MIXED) else 0
 
     @property
     def state_bytes(self) -> int:

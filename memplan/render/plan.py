@@ -149,6 +149,14 @@ def summary_panel(b: Built) -> Panel:
                 style="dim",
             )
         )
+    if b.fsdp_reduce_scatter:  # FSDP2's reduce-scatter stream: the sharded gradients' pool
+        lines.append(
+            Text(
+                f"FSDP2 reduce-scatter stream (its own pool: the sharded gradients, in the peak; wholly "
+                f"free without them, so not kept back): reserved {fmt_bytes(b.fsdp_reduce_scatter)}",
+                style="dim",
+            )
+        )
     if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm_memory)
         lines.append(
             Text(

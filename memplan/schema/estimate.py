@@ -114,6 +114,12 @@ _MEMORY = obj(
             "torch DDP's gradient buckets (ZeRO 0 over dp > 1, --impl hf or torchtitan): a second copy of "
             "the gradients with gradient_as_bucket_view=False; judged: kept back from the allocator",
         ),
+        "fsdp_reduce_scatter_stream": described(
+            BYTES,
+            "what the caching allocator reserves on FSDP2's reduce-scatter stream (its own pool: the sharded "
+            "gradients, one block per unit, under FSDP2's mixed precision; reported, not kept back: its "
+            "segments are wholly free at every moment without gradients; 0 where not modelled)",
+        ),
         "nccl": obj(
             {
                 "total": described(BYTES, "NCCL's buffers of the most loaded device, outside the allocator"),

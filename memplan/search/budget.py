@@ -9,7 +9,7 @@ preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less
 the step's replay (``time.comm_memory.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose
 reserved peak is reached in the forward and held through the backward's peak; DDP's gradient buckets,
 held for the whole run) and less ``--reserve`` (default 0: what memplan does not model, e.g. FSDP2's
-reduce-scatter buffers, ``reserved``'s NB). When the reserved
+reduce-scatter buffers outside its mixed precision, ``reserved``'s NB). When the reserved
 peak of an unlimited replay passes it, the replay is run again with that capacity, as the allocator runs:
 it releases its wholly free cached segments before it gives up, and the plan fits if no request is then
 refused.
@@ -17,6 +17,17 @@ NB: the all-gather stream's reserved peak is kept back whole: at the default str
 segments may be wholly free (at the loss backward it holds only the forward's last buffer), and the
 allocator's out-of-memory path would release it (``release_cached_blocks`` frees every stream's); the
 two streams are not replayed together, so the judgement is conservative by at most that segment.
+NB: FSDP2's reduce-scatter stream (under its mixed precision: ``analytic.fsdp_buffers``) is not kept
+back. Its blocks are the sharded gradients, one per unit, each in its own segments (every output over
+1 MiB is a large-pool request and the pool holds nothing else): at a moment without gradients (the
+forward and the loss backward of every step after the first, after ``zero_grad(set_to_none=True)``; the
+first step's, before any reduce) its segments are wholly free (a freed block merges with its free
+split-off rest), and "if the cudaMalloc fails, the allocator will free all cached blocks that are not
+split and retry the allocation" (c10/cuda/CUDACachingAllocator.cpp, its header; ``release_cached_blocks``,
+every stream's). At a moment with
+gradients their bytes are in the estimate's moments, judged by ``peak ≤ usable`` (not by the replay at
+capacity, which holds no gradients): their segments' rounding (under 2 MiB a unit) and the two pools'
+segments together at such a moment are not judged.
 
 The overflowing term: the most loaded device's terms are added in the order they are allocated — weights,
 optimizer states (master copy included), gradients, activations, then the peak's transient on top — and
@@ -54,7 +65,8 @@ def reserve_bytes(gib: float, gpu: GpuPreset) -> int:
     if not (math.isfinite(gib) and 0 <= gib < total):
         raise ValueError(
             f"reserve: must be 0 ≤ GiB < the {gpu.name}'s {total:g} GiB, got {gib}; e.g. --reserve 1 "
-            "(what memplan does not model: FSDP2's reduce-scatter buffers), --reserve 0 for none"
+            "(what memplan does not model: e.g. FSDP2's reduce-scatter buffers without --precision "
+            "fsdp2-mixed), --reserve 0 for none"
         )
     return int(gib * 2**30)
 

@@ -65,7 +65,7 @@ from typing import Any
 
 from memplan.analytic.params import ParamCount
 from memplan.blocks import te_fp8
-from memplan.config import Checkpointing, Setup, ZeroStage
+from memplan.config import Checkpointing, Precision, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
@@ -286,8 +286,11 @@ def pp_rows(c: Critical, topo: Topology) -> list[Row]:
 
 def gradient_bytes(setup: Setup) -> int:
     """Bytes of one gradient element as data parallelism reduces it: ``--reduce-dtype`` (FSDP2's
-    ``MixedPrecisionPolicy.reduce_dtype``), else the gradients' own dtype."""
+    ``MixedPrecisionPolicy.reduce_dtype``; fp32 under ``--precision fsdp2-mixed``), else the gradients' own
+    dtype."""
     chosen = setup.strategy.reduce_dtype
+    if chosen is None and setup.training.precision is Precision.FSDP2_MIXED:
+        return 4  # the recipe's reduce_dtype=float32 (``config.training.Precision.FSDP2_MIXED``)
     return chosen.bytes if chosen is not None else setup.training.precision.grad_bytes
 
 

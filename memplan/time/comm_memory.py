@@ -26,7 +26,7 @@ on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ri
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp_buffers import all_gather_stream
+from memplan.analytic.fsdp_buffers import all_gather_stream, reduce_scatter_stream
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
 from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
@@ -127,6 +127,16 @@ def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
         return 0
     st = (sp or r.device).stage
     return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+
+
+def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
+    """What the caching allocator reserves on FSDP2's reduce-scatter stream on a device of stage plan
+    ``sp`` (default: the most loaded device): the sharded gradients' blocks under FSDP2's mixed precision
+    (``analytic.fsdp_buffers.reduce_scatter_stream``; 0 where not modelled). Reported, not kept back: its
+    segments hold only the sharded gradients, which the moments count, and are wholly free — released by
+    the allocator's out-of-memory path — at every moment without them (``search.budget``'s NB)."""
+    st = (sp or r.device).stage
+    return reduce_scatter_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:

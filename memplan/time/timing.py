@@ -82,7 +82,12 @@ class Timing(BaseModel):
 def peak_flops(gpu: GpuPreset, precision: Precision) -> float:
     """Dense peak FLOP/s of one device for the recipe's matmul dtype."""
     tf = gpu.peak_tflops
-    per_dtype = {Precision.BF16_MIXED: tf.bf16, Precision.BF16: tf.bf16, Precision.FP16_MIXED: tf.fp16}
+    per_dtype = {
+        Precision.BF16_MIXED: tf.bf16,
+        Precision.BF16: tf.bf16,
+        Precision.FSDP2_MIXED: tf.bf16,
+        Precision.FP16_MIXED: tf.fp16,
+    }
     return per_dtype.get(precision, tf.fp32) * 1e12
 
 

@@ -34,6 +34,9 @@ from memplan.measure.compare.tensors import estimated_by_name, estimated_layers
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.runs.run import measure
 
+# FSDP2's recipe needs ZeRO-2/3 over dp > 1 (``config.setup.check_fsdp2_mixed``): tests/test_fsdp2_mixed.py
+RECIPES = [p for p in Precision if p is not Precision.FSDP2_MIXED]
+
 MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_BATCH = 64, 3, 16, 2
 
 
@@ -82,7 +85,7 @@ def small_setups(draw: st.DrawFn) -> Setup:
     training = TrainingConfig(
         micro_batch=draw(st.integers(1, MAX_BATCH)),
         seq_len=seq,
-        precision=draw(st.sampled_from(Precision)),
+        precision=draw(st.sampled_from(RECIPES)),
     )
     return Setup(model=model, training=training, strategy=strategy, device=Device.CPU)
 

@@ -1,0 +1,46 @@
+"""FSDP2's reduce-scatter under its mixed precision: where it is modelled, its dtype, and the input the
+default stream holds beside a unit's backward (torch 2.13's ``foreach_reduce``; the streams, the lines
+and the replay of the reduce-scatter stream's pool: ``analytic.fsdp_buffers``). Apart from that module so
+the peak's moments (``analytic.peak``) read it without importing the stream replays."""
+
+from __future__ import annotations
+
+from memplan.analytic.optimizer_step import _layer_shapes
+from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
+from memplan.config import Impl, Setup
+
+
+def reduce_bytes(setup: Setup) -> int:
+    """Bytes of one element FSDP2 reduce-scatters in under its mixed precision: ``--reduce-dtype``, else
+    the policy's ``reduce_dtype=float32`` (torchtitan's ``mixed_precision_reduce`` default)."""
+    chosen = setup.strategy.reduce_dtype
+    return chosen.bytes if chosen is not None else 4
+
+
+def reduce_scatter_modelled(setup: Setup) -> bool:
+    """FSDP2's reduce-scatter buffers are modelled: its mixed precision (``--precision fsdp2-mixed``, or
+    ``--impl torchtitan``'s bf16-mixed under FSDP2: ``blocks.torchtitan.fsdp2_mixed``) on units memplan
+    models (``analytic.fsdp_buffers.unit_shapes``: sharded over more than one rank, every parameter
+    trained, no tensor parallelism). There the sharded gradients are the reduce-scatter stream's blocks,
+    not the default stream's (``analytic.fsdp_buffers``)."""
+    s, par = setup.strategy, setup.parallel
+    return (
+        fsdp2_mixed(setup)
+        and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
+        and s.shard_group * par.cp > 1
+        and par.tp == 1
+        and setup.finetune.trains_everything
+    )
+
+
+def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
+    """Bytes of the default stream's reduce-scatter input held beside layer i's backward (i = −1: the
+    embedding's backward) on memplan's reference model under FSDP2's mixed precision: the unit reduced
+    before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit above
+    is the root, reduced last (it holds the embedding). Flat, each dim 0 padded to the shard count
+    (``blocks.torchtitan.fsdp2_flat_elements``), in the reduce dtype. torchtitan's moments count theirs
+    (``analytic.fsdp2_moments.zero3_unit_buffers``)."""
+    if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
+        return 0
+    shards = setup.strategy.shard_group * setup.parallel.cp
+    return fsdp2_flat_elements(_layer_shapes(setup.model), shards) * reduce_bytes(setup)
