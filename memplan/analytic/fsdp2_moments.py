@@ -18,6 +18,14 @@ from memplan.blocks.torchtitan import (
 from memplan.config import Setup, ZeroStage
 
 
+def titan_fsdp2(setup: Setup) -> bool:
+    """torchtitan's FSDP2 is applied: ``Profile.fsdp2_dim0_shards``, ZeRO-2 or 3 (``--zero 2`` is its
+    ``reshard_after_forward=False``), over more than one rank of dp × cp (``dp_shard_cp``)."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.GRADIENTS and sharded
+
+
 def zero3_resharded(setup: Setup) -> bool:
     """torchtitan's FSDP2 under ZeRO-3 over more than one rank, as its trainer runs it by default
     (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
@@ -25,10 +33,7 @@ def zero3_resharded(setup: Setup) -> bool:
     (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
     "always"`` for that unit). With pp, "default" reshards no unit after forward
     (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
-    s = setup.strategy
-    sharded = s.shard_group * setup.parallel.cp > 1
-    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
-    return fsdp2 and setup.parallel.pp == 1
+    return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp == 1
 
 
 def zero3_kept_gathered(setup: Setup) -> bool:
@@ -40,10 +45,7 @@ def zero3_kept_gathered(setup: Setup) -> bool:
     NB: the dim-0 padding of those unsharded views and the last micro-batch's fp32 reduce-scatter
     inputs are not counted; the pipeline peak is not measured (titan_vpp compares saves and parameters
     at rest)."""
-    s = setup.strategy
-    sharded = s.shard_group * setup.parallel.cp > 1
-    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
-    return fsdp2 and setup.parallel.pp > 1
+    return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp > 1
 
 
 def zero3_head_unit(setup: Setup) -> int:
