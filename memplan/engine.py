@@ -173,7 +173,12 @@ class StagePlan:
         )
         head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
         kept = peak_inputs(pc, st, self.counts, act.total_bytes(list(self.boundary)))
-        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads).moments)
+        unsharded = None  # torchtitan's FSDP2 on a pipeline rank: the most chunks torch keeps gathered
+        if titan and self.setup.parallel.pp > 1:
+            sizes = torch_interleaved.chunk_params(self.params, st)
+            par = self.setup.parallel
+            unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
+        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads, unsharded).moments)
         if not st.last:  # the final norm and the loss run on the last stage
             del moments["loss backward"]
             del moments["final norm backward"]

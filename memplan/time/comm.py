@@ -41,8 +41,8 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   gathered again in backward, and ZeRO-2 gathers in every forward (each unit resharded after backward);
   on a pipeline stage the weights are gathered once per step and the gradients, accumulated unsharded,
   reduce-scattered once after the last backward, exposed (torch's ``PipelineStage``). Routed experts are
-  reduced over their own dp/ep group. HSDP (``--hsdp R``): all of this inside groups of R (× cp), then each gradient reduce-scatter's
-  shard all-reduced across the dp/R groups (FSDP2's hybrid sharding).
+  reduced over their own dp/ep group. HSDP (``--hsdp R``): all of this inside groups of R (× cp), then
+  each gradient reduce-scatter's shard all-reduced across the dp/R groups (FSDP2's hybrid sharding).
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
@@ -70,7 +70,7 @@ from memplan.analytic.params import ParamCount
 from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
-from memplan.strategies import context_parallel
+from memplan.strategies import context_parallel, torch_interleaved
 from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time.fabric import Collective, Link, collective_seconds, link, placed
 
@@ -362,6 +362,7 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
     if s.parallel.pp > 1:
         return [
             row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "weights, kept gathered through the step"),
+            *_regathers(c, row),
             row(RS, Phase.STEP, grads, 1, Overlap.NONE, "gradients, accumulated unsharded"),
         ]
     if s.strategy.zero is ZeroStage.GRADIENTS:
@@ -374,6 +375,31 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
         row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
         row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not [norm, lm_head]"),
         row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+    ]
+
+
+def _regathers(c: Critical, row: Callable[..., Row]) -> list[Row]:
+    """The interleaved schedule's chunks gathered again (torch's runtime keeps at most
+    ``torch_interleaved.MAX_ACTIVE_STAGES`` of a rank's chunks unsharded and reshards the others between
+    computations: ``fsdp_unshards``), one row per chunk size: each all-gather of a chunk after its first,
+    prefetched up to three computations ahead (``UNSHARD`` with ``async_op=True``) and counted as hidden
+    behind the backwards. None with three chunks or fewer."""
+    par = c.setup.parallel
+    if par.vpp <= torch_interleaved.MAX_ACTIVE_STAGES:
+        return []
+    chunks_of = chunk_layers(c.setup.model.num_layers, par)[c.index]
+    st = stage(par, c.index, chunks_of, c.result.micro_batches)
+    sizes = torch_interleaved.chunk_params(c.params, st)
+    gathers, _ = torch_interleaved.fsdp_unshards(par.pp, par.vpp, c.result.micro_batches, c.index)
+    again: dict[int, int] = {}
+    for size, k in zip(sizes, gathers, strict=True):
+        again[size] = again.get(size, 0) + k - 1
+    weight = c.setup.training.precision.weight_bytes
+    AG = Collective.ALL_GATHER
+    return [
+        row(AG, Phase.STEP, size * weight, k, Overlap.BACKWARD, "a chunk's weights, gathered again")
+        for size, k in again.items()
+        if k
     ]
 
 

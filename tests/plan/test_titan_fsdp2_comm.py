@@ -24,8 +24,10 @@ Weights all-gathered in bf16 (2 B), gradients reduce-scattered in fp32 (``--redu
 
 from __future__ import annotations
 
-from memplan.api import Options, build
-from memplan.presets import load_gpu
+from memplan.api import Options, build, build_setup
+from memplan.config import Impl, ImplConfig, ModelConfig, Setup
+from memplan.engine import Result, estimate
+from memplan.presets import load_gpu, load_model_preset
 from memplan.time.comm import Overlap, Phase, Row, communication
 from memplan.time.fabric import Collective
 from memplan.time.predict import predict
@@ -115,3 +117,37 @@ def test_llama3_8b_zero3_step_time_shows_the_policy() -> None:
     (rs,) = [r for r in p.communication if r.collective is RS]
     # exposed: the reduce-scatter's whole time (no compute hides it), the all-gather's beyond one forward
     assert p.exposed_s["dp"] >= rs.time_s > 0
+
+
+def tiny_pipeline(layers: int, **parallel: object) -> Result:
+    """The tiny model cut to ``layers`` layers under torchtitan, ZeRO-3 over dp 2, 4 micro-batches, fp32
+    gradient reduction, on ``parallel``'s pipeline."""
+    m = ModelConfig.model_validate({**load_model_preset("tiny").model.model_dump(), "num_layers": layers})
+    data = build_setup(m, seq=32, batch=2, impl=ImplConfig(impl=Impl.TORCHTITAN)).model_dump()
+    data["parallel"] = {**data["parallel"], **parallel}
+    data["training"] = {**data["training"], "grad_accum": 4}
+    data["strategy"] = {**data["strategy"], "dp": 2, "zero": 3, "reduce_dtype": "fp32"}
+    return estimate(Setup.model_validate(data))
+
+
+def test_interleaved_chunks_beyond_three_are_gathered_again() -> None:
+    """pp 2 × vpp 4 (torchtitan's cut of 14 layers + the embedding and head into 8 virtual stages: 1, 2 × 6,
+    1), 4 micro-batches. torch's runtime lowers rank 0's order with ``_add_unshard_reshard``
+    (max_active_stages 3): its chunks are all-gathered 4, 3, 3, 1 times (``fsdp_unshards``, checked against
+    torch's own lowering in tests/hf/test_torchtitan_vpp.py). Rank 0's chunks: the embedding + 1 layer
+    (16,384 + 36,992 = 53,376 el), then three of 2 layers (73,984 el); rank 1's: three of 2 layers, then a
+    layer + [norm, lm_head] (36,992 + 16,448 = 53,440 el), gathered 3, 3, 1, 2 times. The busiest stage is
+    rank 1 (the head's FLOPs): once each (first forward), then again 2 + 2 + 0 times a 2-layer chunk and 1
+    time the head's chunk:
+      4 · 73,984 · 2 B = 591,872 B, 1 · 53,440 · 2 B = 106,880 B"""
+    r = tiny_pipeline(14, pp=2, vpp=4, pp_layers=(1, 2, 2, 2, 2, 2, 2, 1))
+    rows = [x for x in communication(r, H100.topology)[1] if x.dimension == "dp"]
+    stage = 3 * 73_984 + 53_440
+    got = {(x.collective, x.bytes, x.count, x.overlap) for x in rows}
+    assert got == {
+        (AG, stage * 2, 1, Overlap.FIRST_FORWARD),
+        (AG, 73_984 * 2, 4, Overlap.BACKWARD),
+        (AG, 53_440 * 2, 1, Overlap.BACKWARD),
+        (RS, stage * 4, 1, Overlap.NONE),
+    }
+    assert per_step(rows, AG) == (stage + 4 * 73_984 + 53_440) * 2

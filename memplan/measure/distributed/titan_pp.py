@@ -54,6 +54,13 @@ class StageRun:
     param_bytes: int
     layers: Sequence[int]
     """The stage's layers, by their index in the whole model."""
+    unsharded_weights: int = 0
+    """FSDP2: the most bytes of the rank's unsharded parameters alive at once during the step (sampled at
+    each chunk's forward, backward and gradient reduction: ``titan_vpp.Fsdp2Held``)."""
+    unsharded_grads: int = 0
+    """FSDP2: the unsharded gradients each chunk holds when its reduction starts, summed over the chunks."""
+    grad_bytes: int = 0
+    """The rank's parameters' gradients after the step (FSDP2: the reduce-scattered shards)."""
 
     def layer_bytes(self, i: int) -> int:
         return sum(r.bytes for r in self.records if r.layer == i)

@@ -28,8 +28,11 @@ Known limitations:
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
 - NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
-- NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
-  reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
+- NB: the peak is not measured. FSDP2's state is (``Fsdp2Held``): the most unsharded parameter bytes
+  alive at once (sampled as each chunk's forward, backward and gradient reduction begins: torch's
+  runtime unshards and reshards whole chunks between computations, ``strategies.torch_interleaved.
+  fsdp_unshards``), the unsharded gradients each chunk has accumulated when its ``perform_reduce_grad``
+  begins, and the sharded gradients after the step.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from memplan.measure.distributed.titan_pp import (
 from memplan.measure.distributed.titan_pp import step as step_single
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import require_torchtitan
-from memplan.measure.instruments.record import _RECORDER
+from memplan.measure.instruments.record import _RECORDER, storage_ref
 from memplan.measure.runs.run import make_batch
 
 
@@ -185,10 +188,84 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
+            fsdp2 = Fsdp2Held(stages)
             with recorder, sends_hold_tensors():
                 (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
-            return StageRun(recorder.records, params, tuple(sorted(layers)))
+            grads = [q.grad for c in chunks for q in c.parameters() if q.grad is not None]
+            return StageRun(
+                recorder.records,
+                params,
+                tuple(sorted(layers)),
+                unsharded_weights=fsdp2.most_weights,
+                unsharded_grads=fsdp2.grads_at_reduce,
+                grad_bytes=_bytes(grads),  # views of each unit's reduce-scatter output
+            )
+
+
+class Fsdp2Held:
+    """What FSDP2 holds on the rank beside its shards, sampled on its stages (``stages``): as each
+    chunk's forward, backward and gradient reduction begins, the bytes of every chunk's unsharded
+    parameters (``FSDPParam.all_gather_outputs``: storages resized to 0 when resharded, the parameters
+    views of them); as a chunk's ``perform_reduce_grad`` begins, its unsharded gradients
+    (``unsharded_accumulated_grad`` in the reduce dtype, else the unsharded parameter's ``.grad``)."""
+
+    def __init__(self, stages: list[Any]) -> None:
+        self.chunks = [st.submod for st in stages]
+        self.most_weights = self.grads_at_reduce = 0
+        for st in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk"):
+                setattr(st, name, self._sampled(getattr(st, name)))
+            st.perform_reduce_grad = self._reduced(st.perform_reduce_grad, st.submod)
+
+    def _sampled(self, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._sample()
+            return fn(*args, **kwargs)
+
+        return run
+
+    def _reduced(self, fn: Any, chunk: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._sample()
+            self.grads_at_reduce += _bytes(_params_of(chunk, grads=True))
+            return fn(*args, **kwargs)
+
+        return run
+
+    def _sample(self) -> None:
+        held = _bytes([t for c in self.chunks for t in _params_of(c, grads=False)])
+        self.most_weights = max(self.most_weights, held)
+
+
+def _params_of(chunk: Any, grads: bool) -> list[torch.Tensor]:
+    """The chunk's FSDP2 parameters' all-gather outputs, or (``grads``) their unsharded gradients."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out: list[torch.Tensor] = []
+    groups = {id(g): g for m in chunk.modules() if isinstance(m, FSDPModule) for g in _group(m)}
+    for group in groups.values():  # one group for [norm, lm_head], two FSDPModules
+        for fp in group.fsdp_params:
+            if not grads:
+                out += list(fp.all_gather_outputs)
+                continue
+            unsharded = getattr(fp, "_unsharded_param", None)
+            grad = fp.unsharded_accumulated_grad
+            grad = grad if grad is not None else (unsharded.grad if unsharded is not None else None)
+            out += [] if grad is None else [local(grad)]
+    return out
+
+
+def _group(module: Any) -> list[Any]:
+    """The FSDP2 module's parameter group (none for a root without parameters of its own)."""
+    group = module._get_fsdp_state()._fsdp_param_group
+    return [] if group is None else [group]
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of ``tensors`` (DTensors by their local one)."""
+    storages = {storage_ref(local(t)).cdata: local(t).untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 def dtensor_stage(chunk: Any, setup: Setup, index: int, num: int, kind: type[TitanStage], dims: Any) -> Any:
