@@ -28,11 +28,15 @@ Known limitations:
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
 - NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
-- NB: the peak is not measured. FSDP2's state is (``Fsdp2Held``): the most unsharded parameter bytes
-  alive at once (sampled as each chunk's forward, backward and gradient reduction begins: torch's
-  runtime unshards and reshards whole chunks between computations, ``strategies.torch_interleaved.
-  fsdp_unshards``), the unsharded gradients each chunk has accumulated when its ``perform_reduce_grad``
-  begins, and the sharded gradients after the step.
+- FSDP2's state is measured (``Fsdp2Held``): the most unsharded parameter bytes alive at once (sampled
+  as each chunk's forward, backward and gradient reduction begins: torch's runtime unshards and reshards
+  whole chunks between computations, ``strategies.torch_interleaved.fsdp_unshards``), the unsharded
+  gradients each chunk has accumulated when its ``perform_reduce_grad`` begins, and the sharded gradients
+  after the step. With ``peak`` the rank's live storages are tracked over the step (``titan_peak.
+  PeakTracker``, FSDP2's resizes seen) and its highest point split into the parameters and buffers,
+  FSDP2's unsharded parameters and gradients, and the rest (``pipeline_peak_parts``).
+- NB: that rest (saves, the schedule's holds, transients) is the pipeline estimate's, not exact per rank;
+  no optimizer runs (its states are not in the measured peak).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from memplan.config import Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
+from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -146,7 +151,7 @@ def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
     return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
 
 
-def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
+def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bool = False) -> StageRun:
     """One step of pipeline rank ``index`` (module docstring): its M chunks under
     ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
     rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
@@ -189,8 +194,15 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
             fsdp2 = Fsdp2Held(stages)
-            with recorder, sends_hold_tensors():
+            tracker = PeakTracker()
+            states = [t for c in chunks for t in (*c.parameters(), *c.buffers())]
+            tracking = (propagation_unseen(tracker), fsdp2_resizes(tracker), tracker) if peak else ()
+            with recorder, sends_hold_tensors(), ExitStack() as measuring:
+                for ctx in tracking:
+                    measuring.enter_context(ctx)
+                tracker.track(states)
                 (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+            peak_parts = pipeline_peak_parts(tracker, states, fsdp2) if peak else {}
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
             grads = [q.grad for c in chunks for q in c.parameters() if q.grad is not None]
             return StageRun(
@@ -200,7 +212,24 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
                 unsharded_weights=fsdp2.most_weights,
                 unsharded_grads=fsdp2.grads_at_reduce,
                 grad_bytes=_bytes(grads),  # views of each unit's reduce-scatter output
+                peak=tracker.peak if peak else 0,
+                peak_parts=peak_parts,
             )
+
+
+def pipeline_peak_parts(tracker: PeakTracker, states: list[torch.Tensor], held: Fsdp2Held) -> dict[str, int]:
+    """The live storages at the rank's highest point by what they are: the parameters (FSDP2's shards)
+    and buffers, FSDP2's unsharded parameters and accumulated unsharded gradients, the rest."""
+    kinds = {
+        "states": {storage_ref(local(t)).cdata for t in states},
+        "unsharded weights": held.weight_keys,
+        "unsharded gradients": held.grad_keys,
+    }
+    parts = dict.fromkeys([*kinds, "other"], 0)
+    for key, (_, _, nbytes) in tracker.peak_live.items():
+        kind = next((k for k, keys in kinds.items() if key in keys), "other")
+        parts[kind] += nbytes
+    return parts
 
 
 class Fsdp2Held:
@@ -213,6 +242,8 @@ class Fsdp2Held:
     def __init__(self, stages: list[Any]) -> None:
         self.chunks = [st.submod for st in stages]
         self.most_weights = self.grads_at_reduce = 0
+        self.weight_keys: set[int] = set()
+        self.grad_keys: set[int] = set()
         for st in stages:
             for name in ("forward_one_chunk", "backward_one_chunk"):
                 setattr(st, name, self._sampled(getattr(st, name)))
@@ -228,14 +259,17 @@ class Fsdp2Held:
     def _reduced(self, fn: Any, chunk: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> Any:
             self._sample()
-            self.grads_at_reduce += _bytes(_params_of(chunk, grads=True))
+            grads = _params_of(chunk, grads=True)
+            self.grads_at_reduce += _bytes(grads)
+            self.grad_keys |= {storage_ref(local(g)).cdata for g in grads}
             return fn(*args, **kwargs)
 
         return run
 
     def _sample(self) -> None:
-        held = _bytes([t for c in self.chunks for t in _params_of(c, grads=False)])
-        self.most_weights = max(self.most_weights, held)
+        unsharded = [t for c in self.chunks for t in _params_of(c, grads=False)]
+        self.weight_keys |= {storage_ref(local(t)).cdata for t in unsharded}
+        self.most_weights = max(self.most_weights, _bytes(unsharded))
 
 
 def _params_of(chunk: Any, grads: bool) -> list[torch.Tensor]:
