@@ -6,6 +6,7 @@ rank's parameters, to the byte (``memplan.measure.distributed.titan_vpp``)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from types import SimpleNamespace
 
@@ -476,3 +477,33 @@ def test_fsdp2_pipeline_peak_holds_what_the_estimate_says(vpp: int, zero: int, l
         assert run.peak_parts["unsharded weights"] == 2 * elements == moment["weights"] - run.param_bytes
         assert run.peak_parts["unsharded gradients"] == 4 * elements == moment["gradients"]
         assert run.peak == sum(run.peak_parts.values())
+
+
+def test_trace_cli_shows_fsdp2_held_state() -> None:
+    """``trace --impl torchtitan --pp 2 --dp 2 --zero 3 --grad-accum 4`` on the tiny model: each rank's
+    FSDP2 state through the schedule beside the estimate's, in JSON (schema-valid) and text. Rank 0 holds
+    16,384 + 36,992 = 53,376 el: gathered 2 B each, unsharded gradients 4 B each, fp32 shards 4 B · E/2."""
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+    from memplan.schema import command_schema
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--pp", "2", "--dp", "2"]
+    args += ["--zero", "3", "--grad-accum", "4", "--stage", "0"]
+    out = runner.invoke(app, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    jsonschema.validate(result, command_schema("trace"))
+    (rank,) = result["stages"]
+    elements = TINY_EMBED + TINY_LAYER
+    measured = {k: v["measured"] for k, v in rank["diff"]["fsdp2"].items()}
+    assert measured == {
+        "unsharded_weights": 2 * elements,
+        "unsharded_gradients": 4 * elements,
+        "gradients": 2 * elements,
+    }
+    assert all(v["equal"] for v in rank["diff"]["fsdp2"].values()) and rank["diff"]["exact"]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0 and "rank 0, FSDP2: units gathered at once" in text.stdout
