@@ -49,8 +49,8 @@ def zero3_kept_gathered(setup: Setup) -> bool:
     ``Fsdp2Held``, tests/hf/test_torchtitan_vpp.py): the most unsharded bytes at once, the gradients each
     chunk holds at its reduction, the shards after it.
     NB: the dim-0 padding of those unsharded views and the reduction's own fp32 buffers after the last
-    backward (``perform_reduce_grad``: each unit's reduce-scatter input and output) are not counted; the
-    peak of a pipeline rank is not measured."""
+    backward (``perform_reduce_grad``: each unit's reduce-scatter input and output) are not counted; at a
+    pipeline rank's measured peak these FSDP2 terms are exact, the rest of it is not (titan_vpp's NB)."""
     return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp > 1
 
 
@@ -129,7 +129,9 @@ def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
     shards are the dim-0 shards over dp × cp (``blocks.torchtitan.fsdp2_shard_elements``). Measured on a
     tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py). ``params``: a pipeline stage's parameters
     (``strategies.pipeline_parallel.stage_params``), whose shards alone the stage holds — its layers (of
-    every chunk), the embedding on the first stage, the final norm and lm head on the last."""
+    every chunk), the embedding on the first stage, the final norm and lm head on the last.
+    NB: under ``--vpp`` > 3 torch's runtime keeps at most three chunks gathered (``zero3_kept_gathered``);
+    ZeRO-2's weights still count every chunk's bf16 copy (an upper bound)."""
     s = setup.strategy
     shards = s.shard_group * setup.parallel.cp
     if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:

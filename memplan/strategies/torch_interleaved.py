@@ -24,6 +24,8 @@ grow, within a backward they only shrink before its gradient is sent.
 
 from __future__ import annotations
 
+import functools
+
 from memplan.analytic.params import ParamCount
 from memplan.config import Parallel
 from memplan.strategies.pipeline_parallel import Stage
@@ -98,6 +100,7 @@ MAX_ACTIVE_STAGES = 3
 ``_PipelineScheduleRuntime._prepare_schedule_with_comms``, which ``ScheduleInterleaved1F1B`` runs)."""
 
 
+@functools.cache
 def fsdp_unshards(p: int, m: int, n: int, index: int) -> tuple[tuple[int, ...], tuple[frozenset[int], ...]]:
     """torch's FSDP lowering of rank ``index``'s interleaved order (``_add_unshard_reshard``): before each
     computation the next ``MAX_ACTIVE_STAGES`` distinct chunks of the rest of the order are to be
