@@ -30,7 +30,8 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   input for its weight gradient (overlapped with the input-gradient GEMM).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
-- dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype. ZeRO 0
+- dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype (fp32 under
+  ``--impl torchtitan``'s FSDP2: its ``mixed_precision_reduce`` default). ZeRO 0
   all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
   bucketed as DDP does); ZeRO 1 reduce-scatters them once and all-gathers the updated weights once (with the
   next forward, Megatron's overlap_param_gather); ZeRO 2 reduce-scatters every micro-batch's gradients
@@ -65,7 +66,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from memplan.analytic.fsdp2_moments import titan_fsdp2
+from memplan.analytic.fsdp2_moments import fsdp2_reduce_bytes, titan_fsdp2
 from memplan.analytic.params import ParamCount
 from memplan.config import Checkpointing, Setup, ZeroStage
 from memplan.engine import Result
@@ -357,7 +358,8 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
       its last backward, where nothing hides them."""
     s = c.setup
     n, prec = c.result.micro_batches, s.training.precision
-    grads, weights = params * gradient_bytes(s), params * prec.weight_bytes
+    # torchtitan's reduce dtype: ``--reduce-dtype``, else its ``mixed_precision_reduce`` default, fp32
+    grads, weights = params * fsdp2_reduce_bytes(s), params * prec.weight_bytes
     AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     if s.parallel.pp > 1:
         return [
