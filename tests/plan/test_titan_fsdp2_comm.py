@@ -151,3 +151,14 @@ def test_interleaved_chunks_beyond_three_are_gathered_again() -> None:
         (RS, stage * 4, 1, Overlap.NONE),
     }
     assert per_step(rows, AG) == (stage + 4 * 73_984 + 53_440) * 2
+
+
+def test_torchtitan_reduces_in_fp32_by_default() -> None:
+    """Without ``--reduce-dtype`` torchtitan's FSDP2 reduces in fp32 (torchtitan 0.3.0
+    ``training.mixed_precision_reduce = "float32"``), not in the bf16 gradients' dtype: ZeRO-3 over dp 2,
+    2 micro-batches, each reduce-scatter 106,816 · 4 B; with ``--reduce-dtype bf16`` 106,816 · 2 B."""
+    o = {"model": "tiny", "seq": 32, "batch": 2, "impl": "torchtitan", "zero": 3, "dp": 2, "gpus": 2}
+    default = communication(build(Options(**o, grad_accum=2)).result, H100.topology)[1]  # type: ignore[arg-type]
+    bf16 = communication(build(Options(**o, grad_accum=2, reduce_dtype="bf16")).result, H100.topology)[1]  # type: ignore[arg-type]
+    assert [(r.bytes, r.count) for r in default if r.collective is RS] == [(ALL * 4, 2)]
+    assert [(r.bytes, r.count) for r in bf16 if r.collective is RS] == [(ALL * 2, 2)]
