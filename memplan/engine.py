@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops
+from memplan.analytic.fsdp2_moments import zero3_kept_gathered
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
@@ -175,7 +176,12 @@ class StagePlan:
         )
         head_grads = head_gradient_bytes(self.params, pc.setup) if st.last else 0
         kept = peak_inputs(pc, st, self.counts, act.total_bytes(list(self.boundary)))
-        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads).moments)
+        unsharded = None  # torchtitan's FSDP2 on a pipeline rank: the most chunks torch keeps gathered
+        if zero3_kept_gathered(self.setup):
+            sizes = torch_interleaved.chunk_params(self.params, st)
+            par = self.setup.parallel
+            unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
+        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads, unsharded).moments)
         if not st.last:  # the final norm and the loss run on the last stage
             del moments["loss backward"]
             del moments["final norm backward"]

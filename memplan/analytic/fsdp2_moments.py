@@ -7,6 +7,8 @@ fake process group (tests/hf/test_torchtitan_peak.py, tests/test_fsdp_buffers.py
 
 from __future__ import annotations
 
+from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.analytic.params import ParamCount
 from memplan.blocks.profiles import profile_of
 from memplan.blocks.torchtitan import (
     FSDP2_MIXED_BYTES,
@@ -18,6 +20,14 @@ from memplan.blocks.torchtitan import (
 from memplan.config import Setup, ZeroStage
 
 
+def titan_fsdp2(setup: Setup) -> bool:
+    """torchtitan's FSDP2 is applied: ``Profile.fsdp2_dim0_shards``, ZeRO-2 or 3 (``--zero 2`` is its
+    ``reshard_after_forward=False``), over more than one rank of dp × cp (``dp_shard_cp``)."""
+    s = setup.strategy
+    sharded = s.shard_group * setup.parallel.cp > 1
+    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.GRADIENTS and sharded
+
+
 def zero3_resharded(setup: Setup) -> bool:
     """torchtitan's FSDP2 under ZeRO-3 over more than one rank, as its trainer runs it by default
     (``measure.distributed.titan.reshard_policy``: ``fsdp_reshard_after_forward = "default"``): the
@@ -25,10 +35,7 @@ def zero3_resharded(setup: Setup) -> bool:
     (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
     "always"`` for that unit). With pp, "default" reshards no unit after forward
     (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
-    s = setup.strategy
-    sharded = s.shard_group * setup.parallel.cp > 1
-    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
-    return fsdp2 and setup.parallel.pp == 1
+    return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp == 1
 
 
 def zero3_kept_gathered(setup: Setup) -> bool:
@@ -36,14 +43,16 @@ def zero3_kept_gathered(setup: Setup) -> bool:
     forward with pp (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``), and torch's
     stage defers resharding after backward to the last micro-batch (``set_reshard_after_backward(False)``),
     so the stage's units, once gathered, stay gathered through its forwards and backwards: every moment
-    holds the stage's unsharded weights beside its shards (ZeRO-2's picture, ``zero2_shards_beside``).
-    NB: the dim-0 padding of those unsharded views and the last micro-batch's fp32 reduce-scatter
-    inputs are not counted; the pipeline peak is not measured (titan_vpp compares saves and parameters
-    at rest)."""
-    s = setup.strategy
-    sharded = s.shard_group * setup.parallel.cp > 1
-    fsdp2 = profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.PARAMETERS and sharded
-    return fsdp2 and setup.parallel.pp > 1
+    holds the stage's unsharded weights beside its shards (ZeRO-2's picture, ``zero2_shards_beside``) —
+    under the interleaved schedule at most three of the rank's chunks at once (torch's runtime reshards
+    the others, ``strategies.torch_interleaved.most_unsharded``) — and its unsharded gradients
+    (``pipeline_unsharded_gradients``). Measured per rank on the fake process group (titan_vpp's
+    ``Fsdp2Held``, tests/hf/test_torchtitan_vpp.py): the most unsharded bytes at once, the gradients each
+    chunk holds at its reduction, the shards after it.
+    NB: the dim-0 padding of those unsharded views and the reduction's own fp32 buffers after the last
+    backward (``perform_reduce_grad``: each unit's reduce-scatter input and output) are not counted; at a
+    pipeline rank's measured peak these FSDP2 terms are exact, the rest of it is not (titan_vpp's NB)."""
+    return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp > 1
 
 
 def zero3_head_unit(setup: Setup) -> int:
@@ -90,16 +99,40 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     return fsdp2_flat_elements(below, shards) * weight + fsdp2_flat_elements(above, shards) * 4
 
 
-def zero2_shards_beside(setup: Setup) -> int:
+def pipeline_unsharded_gradients(setup: Setup, params: ParamCount) -> int:
+    """Bytes of a torchtitan pipeline stage's unsharded gradients, accumulated across its micro-batches
+    under FSDP2 (ZeRO-2/3 over dp × cp > 1, pp > 1): torch's ``PipelineStage.backward_maybe_with_nosync``
+    runs every micro-batch's backward with ``set_requires_gradient_sync(False)``, so each unit's
+    ``post_backward`` does not reduce-scatter; it casts the unsharded gradient to the ``reduce_dtype``
+    (``FSDPParam.to_accumulated_grad_if_needed``: ``unsharded_accumulated_grad``, fp32 under torchtitan's
+    policy, the bf16 gradient freed) and adds each later micro-batch's into it
+    (``accumulate_unsharded_grad_if_needed``), until ``perform_reduce_grad`` reduce-scatters them after the
+    stage's last backward (torch 2.13 pipelining/stage.py, fsdp/_fully_shard/_fsdp_param_group.py). Each
+    is the parameter's unpadded shape: the stage's parameters (``params``) × the reduce dtype's bytes.
+    0 off a torchtitan FSDP2 pipeline stage."""
+    if not (titan_fsdp2(setup) and setup.parallel.pp > 1):
+        return 0
+    return params.total * reduce_bytes(setup)
+
+
+def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
     """Bytes of the rank's parameter shards alive beside the unsharded parameters under torchtitan's
     ZeRO-2 (FSDP2 with ``reshard_after_forward=False``): FSDP2 keeps each ``FSDPParam.sharded_param`` and
     gathers into new storages (``_fsdp_param.alloc_storage``) that stay from a unit's forward to its
     backward, so forward and backward hold both (the estimate's weights count the unsharded ones). The
     shards are the dim-0 shards over dp × cp (``blocks.torchtitan.fsdp2_shard_elements``). Measured on a
-    tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py)."""
+    tp 2 × dp 2 rank (tests/hf/test_torchtitan_peak.py). ``params``: a pipeline stage's parameters
+    (``strategies.pipeline_parallel.stage_params``), whose shards alone the stage holds — its layers (of
+    every chunk), the embedding on the first stage, the final norm and lm head on the last.
+    NB: under ``--vpp`` > 3 torch's runtime keeps at most three chunks gathered (``zero3_kept_gathered``);
+    ZeRO-2's weights still count every chunk's bf16 copy (an upper bound)."""
     s = setup.strategy
     shards = s.shard_group * setup.parallel.cp
     if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
         return 0
     element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.weight_bytes
-    return fsdp2_shard_elements(setup.model, shards) * element  # fp32 under FSDP2's mixed precision
+    model, stage = setup.model, None
+    if params is not None and setup.parallel.pp > 1:
+        model = model.model_copy(update={"num_layers": params.num_layers})
+        stage = (params.embedding > 0, params.final_norm + params.lm_head > 0)
+    return fsdp2_shard_elements(model, shards, stage) * element  # fp32 under FSDP2's mixed precision

@@ -29,7 +29,9 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    device when the step runs on the host (``--offload optimizer``).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
-first, so moments 1 to 3 include them; otherwise they are made during the backward.
+first, so moments 1 to 3 include them; otherwise they are made during the backward. On a torchtitan
+pipeline stage under FSDP2 they are the stage's unsharded gradients in the reduce dtype, reduce-scattered
+only after its last backward (``pipeline_unsharded_gradients``), the embedding's backward included.
 ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
 unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
@@ -55,6 +57,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
 from memplan.analytic.fsdp2_moments import (
+    pipeline_unsharded_gradients,
     zero2_shards_beside,
     zero3_head_gather,
     zero3_head_unit,
@@ -385,18 +388,31 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
 
 
 def peak(
-    setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int
+    setup: Setup,
+    states: ModelStates,
+    kept: list[Kept],
+    params: ParamCount,
+    gradient_bytes_head: int,
+    unsharded: int | None = None,
 ) -> Peak:
+    """The moments (module docstring). ``unsharded``: on a torchtitan pipeline rank, the most of its
+    parameters torch keeps unsharded at once (``strategies.torch_interleaved.most_unsharded``; all of
+    them by default)."""
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
     head = sum(k.total_bytes for k in kept if k.block.in_head)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     weights, optimizer = states.weights, states.optimizer
-    grads_before = states.gradients if setup.training.grad_accum > 1 else 0
+    # torchtitan's FSDP2 on a pipeline stage: the unsharded gradients accumulated in the reduce dtype
+    # until the stage's last backward, in place of the shards (``pipeline_unsharded_gradients``)
+    unsharded_grads = pipeline_unsharded_gradients(setup, params)
+    step_grads = unsharded_grads or states.gradients  # all of them made, before the optimizer step
+    grads_before = step_grads if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
-    if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units all kept gathered
-        gather = params.total * setup.training.precision.weight_bytes
-    gather += zero2_shards_beside(setup)  # torchtitan's ZeRO-2: the shards beside the unsharded weights
+    if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units kept gathered
+        gather = (params.total if unsharded is None else unsharded) * setup.training.precision.weight_bytes
+    # torchtitan's ZeRO-2: the shards beside the unsharded weights (a pipeline stage's own)
+    gather += zero2_shards_beside(setup, params)
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
@@ -449,8 +465,8 @@ def peak(
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
-            head_grads = gradient_bytes_head * states.gradients // full if full else 0
-            grads = head_grads + params.layers_above(i, dims.layers) * states.gradients // params.total
+            head_grads = gradient_bytes_head * step_grads // full if full else 0
+            grads = head_grads + params.layers_above(i, dims.layers) * step_grads // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
@@ -490,7 +506,9 @@ def peak(
     held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
     held += loop_count_bytes(setup)
     embedding += reduce_scatter_input(setup, -1, dims.layers)  # layer 0's, under the reference's root
-    embedding_bwd = terms(weights, optimizer, states.gradients, held, embedding + 8)
+    # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward
+    gathered_to_the_end = gather if unsharded_grads else 0
+    embedding_bwd = terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0

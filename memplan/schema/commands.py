@@ -196,6 +196,13 @@ _DIFF = obj(
         "weights": obj(
             {"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}}
         ),  # trace --impl torchtitan over ranks: the rank's parameter bytes at rest
+        # trace --impl torchtitan --pp with FSDP2: what it holds through the schedule (compare.stage)
+        "fsdp2": obj(
+            {
+                k: obj({"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}})
+                for k in ("unsharded_weights", "unsharded_gradients", "gradients")
+            }
+        ),
     },
     required=["equal", "tensors", "flops", "layers"],
 )

@@ -24,6 +24,9 @@ grow, within a backward they only shrink before its gradient is sent.
 
 from __future__ import annotations
 
+import functools
+
+from memplan.analytic.params import ParamCount
 from memplan.config import Parallel
 from memplan.strategies.pipeline_parallel import Stage
 
@@ -89,3 +92,59 @@ def moments(parallel: Parallel, index: int, chunks_of: tuple[int, ...], n: int) 
             )
         )
     return out
+
+
+MAX_ACTIVE_STAGES = 3
+"""Local chunks torch's runtime schedules keep unsharded at once under FSDP (torch 2.13 schedules.py
+``_add_unshard_reshard(compute_actions, max_active_stages=3)``, applied by
+``_PipelineScheduleRuntime._prepare_schedule_with_comms``, which ``ScheduleInterleaved1F1B`` runs)."""
+
+
+@functools.cache
+def fsdp_unshards(p: int, m: int, n: int, index: int) -> tuple[tuple[int, ...], tuple[frozenset[int], ...]]:
+    """torch's FSDP lowering of rank ``index``'s interleaved order (``_add_unshard_reshard``): before each
+    computation the next ``MAX_ACTIVE_STAGES`` distinct chunks of the rest of the order are to be
+    unsharded; an unsharded chunk not among them is resharded (``RESHARD``: ``FSDPModule.reshard()``), a
+    missing one unsharded (``UNSHARD``: an all-gather of its units). Returns how many times each local
+    chunk is all-gathered in the step, and the chunks unsharded during each computation. With m ≤ 3 every
+    chunk is gathered once and stays so to its last backward; ``Schedule1F1B`` (m = 1) has no lowering,
+    its one chunk is gathered once at its first forward (no unit resharded after forward under pp)."""
+    order = [k for _, k in rank_order(p, m, n, index)]
+    gathers = [0] * m
+    active: list[int] = []
+    during: list[frozenset[int]] = []
+    for i in range(len(order)):
+        upcoming: list[int] = []
+        for k in order[i:]:
+            if k not in upcoming:
+                upcoming.append(k)
+                if len(upcoming) == MAX_ACTIVE_STAGES:
+                    break
+        active = [k for k in active if k in upcoming]
+        for k in upcoming:
+            if k not in active:
+                active.append(k)
+                gathers[k] += 1
+        during.append(frozenset(active))
+    return tuple(gathers), tuple(during)
+
+
+def most_unsharded(p: int, m: int, n: int, index: int, chunk_sizes: tuple[int, ...]) -> int:
+    """The most of ``chunk_sizes`` (one per local chunk) unsharded at once on rank ``index`` during its
+    step under torch's FSDP lowering (``fsdp_unshards``): all of them with m ≤ 3."""
+    if m == 1:
+        return chunk_sizes[0]
+    _, during = fsdp_unshards(p, m, n, index)
+    return max(sum(chunk_sizes[k] for k in ks) for ks in during)
+
+
+def chunk_params(stage_params: ParamCount, st: Stage) -> tuple[int, ...]:
+    """Parameters of each of the rank's local chunks (``st.chunks_of`` layers each), from the stage's
+    (``pipeline_parallel.stage_params``): the embedding with the model's first virtual stage (chunk 0 of
+    the first rank), the final norm and lm head with its last (the last chunk of the last rank)."""
+    m = len(st.chunks_of) or 1
+    layer = stage_params.layer.total
+    out = [n * layer for n in (st.chunks_of or (st.layers,))]
+    out[0] += stage_params.embedding + stage_params.positions
+    out[m - 1] += stage_params.final_norm + stage_params.lm_head
+    return tuple(out)

@@ -30,15 +30,20 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   input for its weight gradient (overlapped with the input-gradient GEMM).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
-- dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype. ZeRO 0
+- dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype (fp32 under
+  ``--impl torchtitan``'s FSDP2: its ``mixed_precision_reduce`` default). ZeRO 0
   all-reduces the gradients once per step (overlapped with the last micro-batch's backward,
   bucketed as DDP does); ZeRO 1 reduce-scatters them once and all-gathers the updated weights once (with the
   next forward, Megatron's overlap_param_gather); ZeRO 2 reduce-scatters every micro-batch's gradients
   (with its backward, and with a forward the schedule runs before the next backward: FSDP's one buffer in
   flight, ``Overlap.BACKWARD_THEN_FORWARD``); ZeRO 3 also all-gathers the weights in every forward and
-  again in every backward (FSDP's prefetch, overlapped). Routed experts are reduced over their own dp/ep
-  group. HSDP (``--hsdp R``): all of this inside groups of R (× cp), then each gradient reduce-scatter's
-  shard all-reduced across the dp/R groups (FSDP2's hybrid sharding).
+  again in every backward (FSDP's prefetch, overlapped). torchtitan's FSDP2 follows its reshard policy
+  (``_titan_fsdp2_rows``): without pp the [norm, lm_head] unit, kept gathered after forward, is not
+  gathered again in backward, and ZeRO-2 gathers in every forward (each unit resharded after backward);
+  on a pipeline stage the weights are gathered once per step and the gradients, accumulated unsharded,
+  reduce-scattered once after the last backward, exposed (torch's ``PipelineStage``). Routed experts are
+  reduced over their own dp/ep group. HSDP (``--hsdp R``): all of this inside groups of R (× cp), then
+  each gradient reduce-scatter's shard all-reduced across the dp/R groups (FSDP2's hybrid sharding).
 - ep: per MoE layer an all-to-all dispatch and combine of the routed tokens (slots × h × e) in forward,
   two in backward, two more in a re-run; not overlapped.
 
@@ -63,12 +68,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from memplan.analytic.fsdp2_moments import titan_fsdp2
+from memplan.analytic.fsdp2_reduce import reduce_bytes
 from memplan.analytic.params import ParamCount
 from memplan.blocks import te_fp8
 from memplan.config import Checkpointing, Precision, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
-from memplan.strategies import context_parallel
+from memplan.strategies import context_parallel, torch_interleaved
 from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time.fabric import Collective, Link, collective_seconds, link, placed
 
@@ -313,6 +320,8 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
             row(RS, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients"),
             row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
         ]
+    if titan_fsdp2(s) and dimension == "dp":
+        return _titan_fsdp2_rows(c, row, params)
     if zero is ZeroStage.GRADIENTS:
         return [
             row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
@@ -322,6 +331,84 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
         row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
         row(AG, Phase.BACKWARD, weights, n, Overlap.BACKWARD, "weights again"),
         row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+    ]
+
+
+def titan_kept_params(c: Critical) -> int:
+    """Parameters of the stage's units torchtitan's ZeRO-3 keeps gathered from their forward to their
+    backward without a pipeline: the [norm, lm_head] unit on the last stage, one unit with the embedding
+    when tied (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward=
+    reshard_after_forward_policy == "always"`` for it, False under the trainer's "default")."""
+    if not c.last:
+        return 0
+    p = c.params
+    return p.final_norm + p.lm_head + (p.embedding if c.setup.model.tied_embeddings else 0)
+
+
+def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list[Row]:
+    """torchtitan's FSDP2 over the dense parameters (``analytic.fsdp2_moments.titan_fsdp2``), by its
+    reshard policy (FSDP2: a unit resharded after forward is all-gathered again in backward, one kept
+    gathered is not; every unit reshards after backward, ``reshard_after_backward`` True):
+
+    - no pipeline, ZeRO-3 (the trainer's "default" policy): every micro-batch all-gathers every unit in
+      forward and all but [norm, lm_head] again in backward (``titan_kept_params``), and reduce-scatters
+      every unit's gradients in backward (the trainer syncs every micro-batch: it never calls
+      ``set_requires_gradient_sync(False)``);
+    - no pipeline, ZeRO-2 (``reshard_after_forward=False``): one all-gather per micro-batch (forward; the
+      unit is resharded after each backward), the reduce-scatter as ZeRO-3's;
+    - a pipeline stage: torch's ``PipelineStage.backward_maybe_with_nosync`` sets
+      ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` for every micro-batch
+      and ``perform_reduce_grad`` runs each unit's ``post_backward`` with both True once, after the
+      schedule's last backward (torch/distributed/pipelining/stage.py, torch 2.13); no unit is resharded
+      after forward ("default" with pp, or ZeRO-2's "never"). So the stage's weights are all-gathered
+      once per step, at their first forward, and its accumulated gradients reduce-scattered once, after
+      its last backward, where nothing hides them."""
+    s = c.setup
+    n, prec = c.result.micro_batches, s.training.precision
+    # torchtitan's reduce dtype: ``--reduce-dtype``, else its ``mixed_precision_reduce`` default, fp32
+    grads, weights = params * reduce_bytes(s), params * prec.weight_bytes
+    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    if s.parallel.pp > 1:
+        return [
+            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "weights, kept gathered through the step"),
+            *_regathers(c, row),
+            row(RS, Phase.STEP, grads, 1, Overlap.NONE, "gradients, accumulated unsharded"),
+        ]
+    if s.strategy.zero is ZeroStage.GRADIENTS:
+        return [
+            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
+            row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights, resharded after backward"),
+        ]
+    again = (params - titan_kept_params(c)) * prec.weight_bytes
+    return [
+        row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
+        row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not [norm, lm_head]"),
+        row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+    ]
+
+
+def _regathers(c: Critical, row: Callable[..., Row]) -> list[Row]:
+    """The interleaved schedule's chunks gathered again (torch's runtime keeps at most
+    ``torch_interleaved.MAX_ACTIVE_STAGES`` of a rank's chunks unsharded and reshards the others between
+    computations: ``fsdp_unshards``), one row per chunk size: each all-gather of a chunk after its first,
+    prefetched up to three computations ahead (``UNSHARD`` with ``async_op=True``) and counted as hidden
+    behind the backwards. None with three chunks or fewer."""
+    par = c.setup.parallel
+    if par.vpp <= torch_interleaved.MAX_ACTIVE_STAGES:
+        return []
+    chunks_of = chunk_layers(c.setup.model.num_layers, par)[c.index]
+    st = stage(par, c.index, chunks_of, c.result.micro_batches)
+    sizes = torch_interleaved.chunk_params(c.params, st)
+    gathers, _ = torch_interleaved.fsdp_unshards(par.pp, par.vpp, c.result.micro_batches, c.index)
+    again: dict[int, int] = {}
+    for size, k in zip(sizes, gathers, strict=True):
+        again[size] = again.get(size, 0) + k - 1
+    weight = c.setup.training.precision.weight_bytes
+    AG = Collective.ALL_GATHER
+    return [
+        row(AG, Phase.STEP, size * weight, k, Overlap.BACKWARD, "a chunk's weights, gathered again")
+        for size, k in again.items()
+        if k
     ]
 
 

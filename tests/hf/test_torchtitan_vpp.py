@@ -6,6 +6,7 @@ rank's parameters, to the byte (``memplan.measure.distributed.titan_vpp``)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from types import SimpleNamespace
 
@@ -18,9 +19,14 @@ from memplan.config import Impl, Setup
 from memplan.engine import Result, at_stage, estimate
 from memplan.measure.distributed.titan_pp import StageRun
 from memplan.measure.distributed.titan_vpp import measure_titan_pipeline, virtual_module_names
-from memplan.strategies.torch_interleaved import rank_order
+from memplan.strategies.torch_interleaved import fsdp_unshards, rank_order
 from tests.hf.harness import hf_setup
 from tests.hf.test_torchtitan_pp import LAYER, PARAMS_LAYER, ROPE, B, H, S, V, X, held, piped
+
+TINY_LAYER, TINY_EMBED, TINY_HEAD = 36_992, 16_384, 16_448
+"""The tiny model's FSDP2 units (h 64, 4 heads, 2 kv, d 16, f 128, v 256), elements: a layer wqkv
+(4 + 2·2)·16 × 64, wo 64 × 64, w1 w3 w2 3 × 128 × 64, two norms 64; the embedding 256 × 64; the final
+norm and lm head 64 + 256 × 64."""
 
 
 def per_layer(e: Result, run: StageRun) -> list[int]:
@@ -300,6 +306,65 @@ def test_fsdp2_stage_shards_what_the_estimate_says(vpp: int, zero: int) -> None:
         assert run.param_bytes == est.device.states.weights
     else:  # the estimate's ZeRO-2 weights are the gathered bf16 copy; at rest FSDP2 holds the fp32 shard
         assert est.device.states.weights == run.param_bytes  # 2 B · E = 4 B · E/2
+    # Across the micro-batches (torch's stage: no reshard after backward, no gradient sync until
+    # ``perform_reduce_grad``): every unit gathered in bf16 (2 B · E, the same bytes as the fp32 half),
+    # the unsharded gradients accumulated in fp32 (4 B · E), the fp32 shards reduced after the step
+    elements = (2 * V * H + 3 * PARAMS_LAYER) // 2
+    moment = est.device.peak.moments["layer backward"]
+    assert run.unsharded_weights == 2 * elements
+    assert run.unsharded_grads == 4 * elements == moment["gradients"]
+    assert run.grad_bytes == 2 * elements == est.device.states.gradients
+    # the fp32 shards and the bf16 units (ZeRO-2: the estimate's weights are the bf16 copy, the shards
+    # beside it, ``zero2_shards_beside``)
+    assert moment["weights"] == run.param_bytes + run.unsharded_weights
+    embedding = est.device.peak.moments["embedding backward"]  # rank 0's last backward: all still held
+    assert (embedding["weights"], embedding["gradients"]) == (moment["weights"], moment["gradients"])
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "n"), [(2, 4, 4), (4, 4, 8), (4, 8, 8), (16, 8, 16), (2, 3, 4), (3, 5, 6)]
+)
+def test_fsdp_lowering_is_torchs(p: int, m: int, n: int) -> None:
+    """``fsdp_unshards`` against torch's own ``_add_unshard_reshard`` over torch's order of every rank:
+    how many times each local chunk is all-gathered (``UNSHARD``), and at most three unsharded at once."""
+    from torch.distributed.pipelining.schedules import (
+        ScheduleInterleaved1F1B,
+        _add_unshard_reshard,
+        _ComputationType,
+    )
+
+    rounds = max(1, n // p)
+    fake = SimpleNamespace(
+        n_local_stages=m, pp_group_size=p, _n_microbatches=n, microbatches_per_round=n // rounds
+    )
+    for i in range(p):
+        ops = ScheduleInterleaved1F1B._calculate_single_rank_operations(fake, i)  # type: ignore[arg-type]
+        lowered = [a for a in _add_unshard_reshard(ops) if a is not None]
+        unsharded = Counter(
+            a.stage_index // p for a in lowered if a.computation_type is _ComputationType.UNSHARD
+        )
+        gathers, during = fsdp_unshards(p, m, n, i)
+        assert gathers == tuple(unsharded[k] for k in range(m))
+        assert max(len(ks) for ks in during) == min(m, 3)
+
+
+def test_interleaved_fsdp2_rank_gathers_three_chunks_at_most() -> None:
+    """The tiny model cut to 14 layers on pp 2 × vpp 4 (torchtitan's cut: 1, 2 × 6, 1 layers; the
+    embedding and the head in the first and last virtual stages) × dp 2, ZeRO-3, 4 micro-batches. Rank 0's
+    chunks: the embedding + a layer (256·64 + 36,992 = 53,376 el) and three of 2 layers (73,984 el each; a
+    layer: wqkv (4 + 2·2)·16 × 64, wo 64 × 64, w1 w3 w2 3 × 128 × 64, two norms 64 = 36,992). torch's
+    runtime keeps at most three chunks unsharded (``_add_unshard_reshard``): at most the three 2-layer
+    chunks, 3 · 73,984 · 2 B = 443,904 B of bf16 gathered (not all four, 550,656 B); the unsharded fp32
+    gradients of all four, 4 · 275,328 = 1,101,312 B, each held until its chunk's reduction."""
+    base = hf_setup("tiny", layers=14, seq=32, impl=Impl.TORCHTITAN)
+    setup = sharded(piped(base, 2, 4, vpp=4, pp_layers=(1, 2, 2, 2, 2, 2, 2, 1)), 2, 3)
+    est = estimate(setup)
+    run = traced_exact(est, setup, 0)
+    device = at_stage(est, 0).device
+    moment = device.peak.moments["layer backward"]
+    assert run.unsharded_weights == 3 * 73_984 * 2 == moment["weights"] - device.states.weights
+    assert run.unsharded_grads == 4 * (53_376 + 3 * 73_984) == moment["gradients"]
+    assert run.grad_bytes == device.states.gradients == 2 * (53_376 + 3 * 73_984)
 
 
 def test_fsdp2_shard_pads_each_parameter() -> None:
@@ -384,3 +449,61 @@ def test_micro_batches_off_the_pipeline_width(n: int) -> None:
     est = estimate(setup)
     for index in (0, 3):
         traced_exact(est, setup, index, params=False)
+
+
+@pytest.mark.parametrize(("vpp", "zero", "layers"), [(1, 3, 2), (2, 3, 6), (1, 2, 2)])
+def test_fsdp2_pipeline_peak_holds_what_the_estimate_says(vpp: int, zero: int, layers: int) -> None:
+    """Each rank of pp 2 (× vpp 2: torchtitan's cut of 6 layers, 1, 2, 2, 1) × dp 2, 4 micro-batches,
+    the tiny model, with its live storages tracked over the whole step (``PeakTracker``, FSDP2's resizes
+    seen). At the rank's highest point FSDP2 holds what the estimate's highest moment says: the fp32
+    shards (the parameters at rest; besides them only the RoPE buffers, s·d/2 complex64 = 32·8·8 = 2,048 B
+    per layer), every unit gathered in bf16 and the unsharded fp32 gradients of the earlier micro-batches.
+    Rank 0 of pp 2: 16,384 + 36,992 = 53,376 el (2 B · E gathered, 4 B · E of gradients); rank 1: 36,992 +
+    16,448 = 53,440; under vpp 2 rank 0 holds 16,384 + 3 · 36,992 = 127,360 el.
+    NB: the rest of the peak (saves, the schedule's holds, transients) is the pipeline estimate's, not
+    exact per rank (docs/distributed.md: at pp 2 × dp 2 under ZeRO-3, rank 0 measures 676,352 B against
+    the estimate's 685,328 B without its optimizer states, rank 1 672,148 B against 668,304 B)."""
+    base = hf_setup("tiny", layers=layers, seq=32, impl=Impl.TORCHTITAN)
+    setup = sharded(piped(base, 2, 4, vpp=vpp), 2, zero)
+    est = estimate(setup)
+    ranks = (TINY_EMBED + TINY_LAYER, TINY_LAYER + TINY_HEAD) if vpp == 1 else (TINY_EMBED + 3 * TINY_LAYER,)
+    for index, elements in enumerate(ranks):
+        run = measure_titan_pipeline(setup, index, peak=True)
+        device = at_stage(est, index).device
+        moment = device.peak.moments[device.peak.phase]
+        rope = 2_048 * len(run.layers)
+        assert run.param_bytes == 2 * elements  # 4 B · E/2: the fp32 shards
+        assert run.peak_parts["states"] == run.param_bytes + rope
+        assert run.peak_parts["unsharded weights"] == 2 * elements == moment["weights"] - run.param_bytes
+        assert run.peak_parts["unsharded gradients"] == 4 * elements == moment["gradients"]
+        assert run.peak == sum(run.peak_parts.values())
+
+
+def test_trace_cli_shows_fsdp2_held_state() -> None:
+    """``trace --impl torchtitan --pp 2 --dp 2 --zero 3 --grad-accum 4`` on the tiny model: each rank's
+    FSDP2 state through the schedule beside the estimate's, in JSON (schema-valid) and text. Rank 0 holds
+    16,384 + 36,992 = 53,376 el: gathered 2 B each, unsharded gradients 4 B each, fp32 shards 4 B · E/2."""
+    import jsonschema
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+    from memplan.schema import command_schema
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--pp", "2", "--dp", "2"]
+    args += ["--zero", "3", "--grad-accum", "4", "--stage", "0"]
+    out = runner.invoke(app, [*args, "--json"])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    jsonschema.validate(result, command_schema("trace"))
+    (rank,) = result["stages"]
+    elements = TINY_EMBED + TINY_LAYER
+    measured = {k: v["measured"] for k, v in rank["diff"]["fsdp2"].items()}
+    assert measured == {
+        "unsharded_weights": 2 * elements,
+        "unsharded_gradients": 4 * elements,
+        "gradients": 2 * elements,
+    }
+    assert all(v["equal"] for v in rank["diff"]["fsdp2"].values()) and rank["diff"]["exact"]
+    text = runner.invoke(app, args)
+    assert text.exit_code == 0 and "rank 0, FSDP2: units gathered at once" in text.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from memplan.analytic.fsdp2_moments import pipeline_unsharded_gradients, titan_fsdp2
 from memplan.blocks.inventory import Scope
 from memplan.config import ZeroStage
 from memplan.contract import to_json
@@ -85,6 +86,26 @@ def _rows(e: Result, records: list[SavedRecord]) -> list[dict[str, Any]]:
     return rows
 
 
+def fsdp2_held_json(e: Result, shards: int, run: Any) -> dict[str, dict[str, Any]]:
+    """torchtitan's FSDP2 on the pipeline rank (``analytic.fsdp2_moments``), estimated beside measured
+    (``titan_vpp.Fsdp2Held``): the most unsharded parameter bytes at once (the layer backward moment's
+    weights less the ``shards`` at rest), the unsharded gradients held to the reduction, the sharded
+    gradients after it; {} off such a rank."""
+    setup = e.setup
+    if not (titan_fsdp2(setup) and setup.parallel.pp > 1):
+        return {}
+    device = e.device
+    pairs = {
+        "unsharded_weights": (
+            device.peak.moments["layer backward"]["weights"] - shards,
+            run.unsharded_weights,
+        ),
+        "unsharded_gradients": (pipeline_unsharded_gradients(setup, device.params), run.unsharded_grads),
+        "gradients": (device.states.gradients, run.grad_bytes),
+    }
+    return {k: {"estimated": a, "measured": b, "equal": a == b} for k, (a, b) in pairs.items()}
+
+
 def stage_comparison_json(est: Result, index: int, run: Any) -> dict[str, Any]:
     """One rank (``titan_pp.StageRun``) beside ``at_stage(est, index)``, in ``trace --json``'s shape plus
     ``stage``: exact per layer, per hold, in total and in the rank's parameter bytes."""
@@ -99,11 +120,13 @@ def stage_comparison_json(est: Result, index: int, run: Any) -> dict[str, Any]:
     if s.zero is ZeroStage.GRADIENTS and s.dp > 1:  # FSDP2 holds ZeRO-3's shard at rest (compare.ranks)
         zero3 = est.setup.model_copy(update={"strategy": s.model_copy(update={"zero": ZeroStage.PARAMETERS})})
         weights = at_stage(estimate(zero3), index).device.states.weights
+    fsdp2 = fsdp2_held_json(e, weights, run)
     exact = (
         est_layers == meas_layers
         and e.activations == run.activations
         and all(r["delta_bytes"] == 0 and r["estimated_count"] == r["measured_count"] for r in rows[2:])
         and weights == run.param_bytes
+        and all(v["equal"] for v in fsdp2.values())
     )
     per_layer = sum(meas_layers) // max(len(layers), 1)
     par = est.setup.parallel
@@ -142,7 +165,8 @@ def stage_comparison_json(est: Result, index: int, run: Any) -> dict[str, Any]:
                 "measured": run.param_bytes,
                 "equal": weights == run.param_bytes,
             },
-        },
+        }
+        | ({"fsdp2": fsdp2} if fsdp2 else {}),
         "stage": {
             "index": index,
             "pp": par.pp,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -54,6 +54,17 @@ class StageRun:
     param_bytes: int
     layers: Sequence[int]
     """The stage's layers, by their index in the whole model."""
+    unsharded_weights: int = 0
+    """FSDP2: the most bytes of the rank's unsharded parameters alive at once during the step (sampled at
+    each chunk's forward, backward and gradient reduction: ``titan_vpp.Fsdp2Held``)."""
+    unsharded_grads: int = 0
+    """FSDP2: the unsharded gradients each chunk holds when its reduction starts, summed over the chunks."""
+    grad_bytes: int = 0
+    """The rank's parameters' gradients after the step (FSDP2: the reduce-scattered shards)."""
+    peak: int = 0
+    """With ``peak``: the rank's highest live bytes over the step (``titan_peak.PeakTracker``)."""
+    peak_parts: dict[str, int] = field(default_factory=dict)
+    """What was alive then (``titan_vpp.pipeline_peak_parts``)."""
 
     def layer_bytes(self, i: int) -> int:
         return sum(r.bytes for r in self.records if r.layer == i)

@@ -28,8 +28,15 @@ Known limitations:
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
 - NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
-- NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
-  reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
+- FSDP2's state is measured (``Fsdp2Held``): the most unsharded parameter bytes alive at once (sampled
+  as each chunk's forward, backward and gradient reduction begins: torch's runtime unshards and reshards
+  whole chunks between computations, ``strategies.torch_interleaved.fsdp_unshards``), the unsharded
+  gradients each chunk has accumulated when its ``perform_reduce_grad`` begins, and the sharded gradients
+  after the step. With ``peak`` the rank's live storages are tracked over the step (``titan_peak.
+  PeakTracker``, FSDP2's resizes seen) and its highest point split into the parameters and buffers,
+  FSDP2's unsharded parameters and gradients, and the rest (``pipeline_peak_parts``).
+- NB: that rest (saves, the schedule's holds, transients) is the pipeline estimate's, not exact per rank;
+  no optimizer runs (its states are not in the measured peak).
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from memplan.config import Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
+from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -59,7 +67,7 @@ from memplan.measure.distributed.titan_pp import (
 from memplan.measure.distributed.titan_pp import step as step_single
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import require_torchtitan
-from memplan.measure.instruments.record import _RECORDER
+from memplan.measure.instruments.record import _RECORDER, storage_ref
 from memplan.measure.runs.run import make_batch
 
 
@@ -143,7 +151,7 @@ def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
     return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
 
 
-def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
+def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bool = False) -> StageRun:
     """One step of pipeline rank ``index`` (module docstring): its M chunks under
     ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
     rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
@@ -185,10 +193,113 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
-            with recorder, sends_hold_tensors():
+            fsdp2 = Fsdp2Held(stages)
+            tracker = PeakTracker()
+            states = [t for c in chunks for t in (*c.parameters(), *c.buffers())]
+            tracking = (propagation_unseen(tracker), fsdp2_resizes(tracker), tracker) if peak else ()
+            with recorder, sends_hold_tensors(), ExitStack() as measuring:
+                for ctx in tracking:
+                    measuring.enter_context(ctx)
+                tracker.track(states)
                 (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+            peak_parts = pipeline_peak_parts(tracker, states, fsdp2) if peak else {}
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
-            return StageRun(recorder.records, params, tuple(sorted(layers)))
+            grads = [q.grad for c in chunks for q in c.parameters() if q.grad is not None]
+            return StageRun(
+                recorder.records,
+                params,
+                tuple(sorted(layers)),
+                unsharded_weights=fsdp2.most_weights,
+                unsharded_grads=fsdp2.grads_at_reduce,
+                grad_bytes=_bytes(grads),  # views of each unit's reduce-scatter output
+                peak=tracker.peak if peak else 0,
+                peak_parts=peak_parts,
+            )
+
+
+def pipeline_peak_parts(tracker: PeakTracker, states: list[torch.Tensor], held: Fsdp2Held) -> dict[str, int]:
+    """The live storages at the rank's highest point by what they are: the parameters (FSDP2's shards)
+    and buffers, FSDP2's unsharded parameters and accumulated unsharded gradients, the rest."""
+    kinds = {
+        "states": {storage_ref(local(t)).cdata for t in states},
+        "unsharded weights": held.weight_keys,
+        "unsharded gradients": held.grad_keys,
+    }
+    parts = dict.fromkeys([*kinds, "other"], 0)
+    for key, (_, _, nbytes) in tracker.peak_live.items():
+        kind = next((k for k, keys in kinds.items() if key in keys), "other")
+        parts[kind] += nbytes
+    return parts
+
+
+class Fsdp2Held:
+    """What FSDP2 holds on the rank beside its shards, sampled on its stages (``stages``): as each
+    chunk's forward, backward and gradient reduction begins, the bytes of every chunk's unsharded
+    parameters (``FSDPParam.all_gather_outputs``: storages resized to 0 when resharded, the parameters
+    views of them); as a chunk's ``perform_reduce_grad`` begins, its unsharded gradients
+    (``unsharded_accumulated_grad`` in the reduce dtype, else the unsharded parameter's ``.grad``)."""
+
+    def __init__(self, stages: list[Any]) -> None:
+        self.chunks = [st.submod for st in stages]
+        self.most_weights = self.grads_at_reduce = 0
+        self.weight_keys: set[int] = set()
+        self.grad_keys: set[int] = set()
+        for st in stages:
+            for name in ("forward_one_chunk", "backward_one_chunk"):
+                setattr(st, name, self._sampled(getattr(st, name)))
+            st.perform_reduce_grad = self._reduced(st.perform_reduce_grad, st.submod)
+
+    def _sampled(self, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._sample()
+            return fn(*args, **kwargs)
+
+        return run
+
+    def _reduced(self, fn: Any, chunk: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self._sample()
+            grads = _params_of(chunk, grads=True)
+            self.grads_at_reduce += _bytes(grads)
+            self.grad_keys |= {storage_ref(local(g)).cdata for g in grads}
+            return fn(*args, **kwargs)
+
+        return run
+
+    def _sample(self) -> None:
+        unsharded = [t for c in self.chunks for t in _params_of(c, grads=False)]
+        self.weight_keys |= {storage_ref(local(t)).cdata for t in unsharded}
+        self.most_weights = max(self.most_weights, _bytes(unsharded))
+
+
+def _params_of(chunk: Any, grads: bool) -> list[torch.Tensor]:
+    """The chunk's FSDP2 parameters' all-gather outputs, or (``grads``) their unsharded gradients."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out: list[torch.Tensor] = []
+    groups = {id(g): g for m in chunk.modules() if isinstance(m, FSDPModule) for g in _group(m)}
+    for group in groups.values():  # one group for [norm, lm_head], two FSDPModules
+        for fp in group.fsdp_params:
+            if not grads:
+                out += list(fp.all_gather_outputs)
+                continue
+            unsharded = getattr(fp, "_unsharded_param", None)
+            grad = fp.unsharded_accumulated_grad
+            grad = grad if grad is not None else (unsharded.grad if unsharded is not None else None)
+            out += [] if grad is None else [local(grad)]
+    return out
+
+
+def _group(module: Any) -> list[Any]:
+    """The FSDP2 module's parameter group (none for a root without parameters of its own)."""
+    group = module._get_fsdp_state()._fsdp_param_group
+    return [] if group is None else [group]
+
+
+def _bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages of ``tensors`` (DTensors by their local one)."""
+    storages = {storage_ref(local(t)).cdata: local(t).untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 def dtensor_stage(chunk: Any, setup: Setup, index: int, num: int, kind: type[TitanStage], dims: Any) -> Any:
