@@ -22,7 +22,10 @@ Known limitations:
   re-run's: the block's re-run saves during its backward are not modelled per op (the saves and FLOPs are).
 - NB: on CUDA the cached SDPA op is cuDNN's (torchtitan's ``sdpa_kernel`` priority; head dims above 128 are
   refused, ``config.impl_rules``); checked under fake tensors with the CUDA op's meta kernel
-  (tests/hf/test_torchtitan_cuda.py), not on a GPU. ROCm (MI300X) runs no cuDNN: not modelled apart.
+  (tests/hf/test_torchtitan_cuda.py), not on a GPU. ROCm (MI300X) runs no cuDNN: not modelled apart. Its
+  time is FlashAttention-2's (``time.attention`` has no cuDNN figure).
+- NB: SP's all-gathers re-issued in the block's re-run are not added to the communication time
+  (``time.comm``'s re-run rows count segment checkpointing's).
 """
 
 from __future__ import annotations
