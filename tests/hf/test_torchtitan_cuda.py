@@ -56,3 +56,25 @@ def test_selective_ac_caches_the_cudnn_outputs_by_hand() -> None:
     assert meas.flops["recompute"] == layers * (2 * t * h * a * d + 2 * t * h * f)
     kept = {r.name for r in meas.records if r.layer == 0}
     assert "sac · aten._scaled_dot_product_cudnn_attention.default" in kept
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_tp_rank_caches_its_heads_cudnn_outputs(sp: bool) -> None:
+    """A tp 2 rank of torchtitan's parallelised model (DTensor, torch's fake process group) under SelectiveAC
+    on CUDA: the rank's a/t = 16 heads' cuDNN output and logsumexp join the CPU set (block input, W_QKV,
+    W1, W2's partial sum; under SP the two reduce-scatter outputs); equal to the estimate, and by hand."""
+    from memplan.measure.distributed.titan import measure_titan_rank
+    from tests.hf.test_torchtitan_ranks import ranked
+
+    cpu = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing="selective"), 2, sp)
+    setup = cpu.model_copy(update={"device": Device.CUDA})
+    est, meas = estimate(setup), measure_titan_rank(setup).measured
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert est.flops.recompute == meas.flops["recompute"]
+    b, s, h, t, d = 1, 256, 4096, 2, 128
+    local = b * (s // t if sp else s) * h * 2  # the block's input: the sequence shard under SP
+    mms = b * s * (16 + 2 * 4) * d * 2 + b * s * 7168 * 2 + b * s * h * 2  # W_QKV, W1, W2 (partial)
+    scattered = 2 * b * (s // t) * h * 2 if sp else 0  # reduce_scatter_tensor after W_O and W2
+    sdpa = b * 16 * s * d * 2 + b * 16 * s * 4 + 16  # the rank's heads: output, fp32 lse, two int64
+    assert meas.layer_bytes(0) == local + mms + scattered + sdpa
