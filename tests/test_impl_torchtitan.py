@@ -11,6 +11,9 @@ from memplan.config import AttentionChoice, Device, Impl, ImplConfig, Parallel
 from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
+from memplan.presets import load_gpu
+from memplan.time.comm import critical_stage
+from memplan.time.compute import kernel_times, stage_flops
 
 TITAN = ImplConfig(impl=Impl.TORCHTITAN)
 
@@ -77,6 +80,25 @@ def test_titan_selective_ac_on_cuda_caches_cudnn_sdpa() -> None:
     est = estimate(setup)
     assert estimated_layers(est) == [cpu + sdpa] * L
     assert est.flops.recompute == L * (2 * t * h * (a * d) + 2 * t * h * f)
+
+
+def test_titan_selective_ac_on_cuda_times_its_rerun_as_linears() -> None:
+    """The step time's split of SelectiveAC's re-run on CUDA: W_O and W3 are GEMMs of the forward's shapes
+    (the linear class), no attention core re-runs, and the block's element-wise work runs once more (every
+    element-wise op re-runs; none is in the save list): the backward's element-wise bytes are 3 forwards'
+    against 2 without checkpointing."""
+    setup = build_setup("llama-3-8b", seq=1024, batch=2, impl=TITAN, checkpointing="selective")
+    c = critical_stage(estimate(setup))
+    f = stage_flops(c)
+    t, h, a, d, f_w, L = 2 * 1024, 4096, 32, 128, 14336, 32
+    assert f.rerun_linear == L * (2 * t * h * a * d + 2 * t * h * f_w)
+    gpu = load_gpu("h100-sxm")
+    peak = gpu.peak_tflops.bf16 * 1e12
+    _, backward = kernel_times(c, gpu, peak)
+    plain = critical_stage(estimate(build_setup("llama-3-8b", seq=1024, batch=2, impl=TITAN)))
+    assert stage_flops(plain).attention_backward == f.attention_backward  # no core re-run
+    _, plain_backward = kernel_times(plain, gpu, peak)
+    assert backward.elementwise_s / plain_backward.elementwise_s == pytest.approx(3 / 2, rel=1e-12)
 
 
 def test_titan_selective_ac_on_cuda_refuses_wide_heads() -> None:
