@@ -32,10 +32,11 @@ Sources (stored copies; commit of the copy read):
   ``seq_len``, unless the table states it). Float8 of that date: torchao's tensorwise dynamic scaling.
 
 Readings that memplan cannot state exactly (the ``note`` of each run):
-- torchtitan's "selective" AC is its per-op policy (every other matmul's output saved, the rest re-run);
-  memplan's ``--checkpointing selective`` under the default ``--impl reference`` re-runs the attention core
-  (Korthikanti) — the nearest a user can type on CUDA (``--impl torchtitan`` models the per-op policy for
-  torchtitan 0.3.0 on CPU only, and refuses tensorwise float8).
+- torchtitan's "selective" AC is its per-op policy (every other matmul's output saved, and on CUDA the SDPA
+  op's, the rest re-run; the 64-A100 preset train_configs/llama3_8b.toml: ``selective_ac_option = 'op'``):
+  typed ``--impl torchtitan --checkpointing selective`` (torchtitan 0.3.0's code: fused ``wqkv``, where the
+  runs' Dec-2024 code had separate wq, wk, wv and also re-ran W_K). The float8 rows keep memplan's
+  attention-core selective (``--impl reference``): ``--impl torchtitan`` refuses tensorwise float8.
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -67,7 +68,14 @@ MODELS = "benchmarks/published/"
 LF = "llm-foundry benchmarking/README.md"
 TT24 = "torchtitan performance.md (0413364)"
 TT25 = "torchtitan performance.md (eaea6f6)"
-SEL = "torchtitan's per-op selective AC typed as memplan's attention-core selective"
+SEL = (
+    "torchtitan's per-op selective AC typed as memplan's attention-core selective (--impl torchtitan refuses "
+    "tensorwise float8)"
+)
+OP_SAC = (
+    "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
+    "wq, wk, wv also re-ran W_K)"
+)
 TETON = (
     "Grand Teton H100 typed as h100-teton (2.4 TB/s HBM2e; 500 W peak not stated: the SXM5's, an upper bound)"
 )
@@ -91,6 +99,7 @@ class Stated:
     compile: bool = False
     fp8: str = "none"
     attention_kernel: str = "auto"
+    impl: str = "reference"
 
 
 @dataclass(frozen=True)
@@ -197,18 +206,20 @@ def _titan(
         parts.append("--compile")
     if s.fp8 != "none":
         parts.append(f"--fp8 {s.fp8}")
+    if s.impl != "reference":
+        parts.append(f"--impl {s.impl}")
     assert s.micro_batch * dp == s.global_batch, name
     return Run(name, source, stated, published, " ".join(parts), note)
 
 
 def _teton_8b(gpus: int, table: str, tps: tuple[float, float, float]) -> tuple[Run, ...]:
     """Tables 1 and 3: Llama 3.1 8B, FSDP, local batch 2, selective AC; eager, compiled, compiled + float8."""
-    base = Stated("llama-3.1-8b", gpus, "h100-teton", 8192, 2, 2 * gpus, "selective")
-    kinds = (("FSDP", base), ("+ compile", _with(base, compile=True)))
-    kinds += (("+ compile + float8", _with(base, compile=True, fp8="tensorwise")),)
+    base = Stated("llama-3.1-8b", gpus, "h100-teton", 8192, 2, 2 * gpus, "selective", impl="torchtitan")
+    kinds = (("FSDP", base, OP_SAC), ("+ compile", _with(base, compile=True), OP_SAC))
+    kinds += (("+ compile + float8", _with(base, compile=True, fp8="tensorwise", impl="reference"), SEL),)
     return tuple(
-        _titan(f"Llama 3.1 8B, {gpus} × H100, {k}", f"{TT25} {table}", st, p, f"{SEL}; {TETON}")
-        for (k, st), p in zip(kinds, tps, strict=True)
+        _titan(f"Llama 3.1 8B, {gpus} × H100, {k}", f"{TT25} {table}", st, p, f"{note}; {TETON}")
+        for (k, st, note), p in zip(kinds, tps, strict=True)
     )
 
 
@@ -236,16 +247,16 @@ TITAN_RUNS: tuple[Run, ...] = (
     _titan(
         "Llama 2 13B, 64 × A100, selective op",
         f"{TT24} Llama 2",
-        Stated("llama-2-13b", 64, "a100-80gb", 4096, 2, 128, "selective"),
+        Stated("llama-2-13b", 64, "a100-80gb", 4096, 2, 128, "selective", impl="torchtitan"),
         1904,
-        SEL,
+        OP_SAC,
     ),
     _titan(
         "Llama 3 8B, 64 × A100, selective op",
         f"{TT24} Llama 3",
-        Stated("llama-3-8b", 64, "a100-80gb", 8192, 1, 64, "selective"),
+        Stated("llama-3-8b", 64, "a100-80gb", 8192, 1, 64, "selective", impl="torchtitan"),
         2973,
-        SEL,
+        OP_SAC,
     ),
     _titan(
         "Llama 3 70B, 64 × A100, full AC",

@@ -33,12 +33,22 @@ from pydantic import BaseModel, ConfigDict
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks import te_fp8
 from memplan.blocks.profiles import compile_note
-from memplan.config import Attention, Checkpointing, Fp8Recipe, Impl, MethodChoice, Optimizer, hf_code_only
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    Fp8Recipe,
+    Impl,
+    MethodChoice,
+    Optimizer,
+    hf_code_only,
+)
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
 from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
+from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.lora import adapter_note
 from memplan.strategies.tensor_parallel import tp_model
 
@@ -350,7 +360,14 @@ def notes(b: Built) -> list[str]:
     if adapters is not None:
         out.append(adapters)
     st = r.setup.strategy
-    if st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
+    if op_selective(r.setup):
+        cached = " and cuDNN SDPA's outputs" if r.setup.device is Device.CUDA else ""
+        out.append(
+            "checkpointing selective is torchtitan's SelectiveAC: each block keeps its input, the outputs "
+            f"of every other matmul{cached}, and re-runs the rest ({r.flops.recompute:,} FLOPs); derived "
+            "from torchtitan's policy, checked under fake tensors (on CUDA with the cuDNN op's meta kernel)"
+        )
+    elif st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
         none = _result(o.model_copy(update={"checkpointing": "none"}))
         if none is not None:
             saved = none.device.peak.bytes - r.device.peak.bytes

@@ -73,6 +73,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["fp8"],
             s["precision"],
             s["attention_kernel"],
+            s["impl"],
         )
         want = (
             st.model,
@@ -92,6 +93,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.fp8,
             "bf16-mixed",
             st.attention_kernel,
+            st.impl,
         )
         assert got == want, run.name
 
@@ -128,6 +130,21 @@ def test_llm_foundry_rows_as_printed() -> None:
         assert mb * ga * st.gpus == gb
         assert int(tps / st.gpus) == per_gpu
         assert (st.micro_batch, st.global_batch, run.published) == (mb, gb, per_gpu)
+
+
+def test_torchtitan_selective_rows_are_its_per_op_policy() -> None:
+    """torchtitan's "selective" AC in these runs is its per-op policy (train_configs/llama3_8b.toml of the
+    64-A100 preset: ``mode = 'selective'``, ``selective_ac_option = 'op'``; the 2025 tables: "Selective
+    activation checkpointing" at the trainer's default): typed ``--impl torchtitan --checkpointing
+    selective``, except where --impl torchtitan cannot type the rest of the run (tensorwise float8: torchtitan
+    0.3.0's converter is rowwise only), which keep memplan's attention-core selective and say so."""
+    selective = [r for r in RUNS if r.stated.checkpointing == "selective"]
+    assert len(selective) == 8
+    for run in selective:
+        titan = run.stated.fp8 != "tensorwise"
+        assert ("--impl torchtitan" in run.typed) is titan, run.name
+        assert run.note.startswith("torchtitan's per-op selective AC typed as"), run.name
+        assert ("--impl torchtitan's" in run.note) is titan, run.name
 
 
 def test_torchtitan_runs_have_no_accumulation(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]

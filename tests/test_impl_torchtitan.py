@@ -11,6 +11,9 @@ from memplan.config import AttentionChoice, Device, Impl, ImplConfig, Parallel
 from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
+from memplan.presets import load_gpu
+from memplan.time.comm import critical_stage
+from memplan.time.compute import kernel_times, stage_flops
 
 TITAN = ImplConfig(impl=Impl.TORCHTITAN)
 
@@ -39,7 +42,6 @@ def test_titan_keeps_what_its_profile_says(batch: int) -> None:
         ("llama-3-8b", {"dropout": 0.1}, "dropout"),
         ("llama-3-8b", {"attention": AttentionChoice.EAGER}, "attention"),
         ("llama-3-8b", {"checkpointing": "every-2"}, "every-K"),
-        ("llama-3-8b", {"checkpointing": "selective"}, "SelectiveAC"),  # on CUDA: SDPA's outputs cached
         ("llama-3-8b", {"finetune": FineTune(method=Method.LORA)}, "finetune"),
     ],
 )
@@ -62,6 +64,51 @@ def test_titan_selective_ac_keeps_every_other_mm() -> None:
     wo_w3 = 2 * t * h * (a * d) + 2 * t * h * f
     core = 2 * 2 * b * a * d * s * s  # QKᵀ and P·V as FlopCounterMode counts them (causal not halved)
     assert est.flops.recompute == L * (wo_w3 + core)
+
+
+def test_titan_selective_ac_on_cuda_caches_cudnn_sdpa() -> None:
+    """torchtitan's SelectiveAC on CUDA: its save list holds ``_scaled_dot_product_cudnn_attention`` (the
+    op SDPA runs under torchtitan's cuDNN-first priority at head dim 128), so per block the cache adds that
+    op's outputs to the CPU set — the output [b, a, s, d] bf16, the fp32 logsumexp [b, a, s, 1] and two
+    int64 philox scalars (its meta kernel) — and the attention core is not re-run: W_O and W3 only."""
+    b, s, h, a, kv, d, f, L = 2, 1024, 4096, 32, 8, 128, 14336, 32
+    setup = build_setup("llama-3-8b", seq=s, batch=b, impl=TITAN, checkpointing="selective")
+    assert setup.device is Device.CUDA
+    t, bf16 = b * s, 2
+    cpu = bf16 * (b * s * h + t * (a + 2 * kv) * d + t * f + t * h)  # input, W_QKV, W1, W2 outputs
+    sdpa = bf16 * b * a * s * d + 4 * b * a * s + 2 * 8
+    est = estimate(setup)
+    assert estimated_layers(est) == [cpu + sdpa] * L
+    assert est.flops.recompute == L * (2 * t * h * (a * d) + 2 * t * h * f)
+
+
+def test_titan_selective_ac_on_cuda_times_its_rerun_as_linears() -> None:
+    """The step time's split of SelectiveAC's re-run on CUDA: W_O and W3 are GEMMs of the forward's shapes
+    (the linear class), no attention core re-runs, and the block's element-wise work runs once more (every
+    element-wise op re-runs; none is in the save list): the backward's element-wise bytes are 3 forwards'
+    against 2 without checkpointing."""
+    setup = build_setup("llama-3-8b", seq=1024, batch=2, impl=TITAN, checkpointing="selective")
+    c = critical_stage(estimate(setup))
+    f = stage_flops(c)
+    t, h, a, d, f_w, L = 2 * 1024, 4096, 32, 128, 14336, 32
+    assert f.rerun_linear == L * (2 * t * h * a * d + 2 * t * h * f_w)
+    gpu = load_gpu("h100-sxm")
+    peak = gpu.peak_tflops.bf16 * 1e12
+    _, backward = kernel_times(c, gpu, peak)
+    plain = critical_stage(estimate(build_setup("llama-3-8b", seq=1024, batch=2, impl=TITAN)))
+    assert stage_flops(plain).attention_backward == f.attention_backward  # no core re-run
+    _, plain_backward = kernel_times(plain, gpu, peak)
+    assert backward.elementwise_s / plain_backward.elementwise_s == pytest.approx(3 / 2, rel=1e-12)
+
+
+def test_titan_selective_ac_on_cuda_refuses_wide_heads() -> None:
+    """Above head dim 128 torch's SDPA pick depends on the GPU and cuDNN's version (sdp_utils.cpp
+    check_cudnn_tensor_shapes): not modelled, one line."""
+    wide = build_setup("llama-3-8b", seq=512, impl=TITAN, device=Device.CPU).model.model_copy(
+        update={"head_dim": 256, "num_heads": 16}
+    )
+    with pytest.raises(ValueError, match="head dim 256"):
+        build_setup(wide, seq=512, impl=TITAN, checkpointing="selective")
 
 
 def test_titan_tp_sp_keeps_the_gathered_inputs() -> None:

@@ -71,10 +71,13 @@ def test_llama2_13b_torchtitan_0_3_differs_by_its_norm_and_rope_cache() -> None:
     complex64 RoPE cache per layer) against the 2024 torchtitan that ran (norms.py's RMSNorm:
     ``self._norm(x.float()).type_as(x) * weight`` keeps the normalised x in bf16 — memplan's reference).
     By hand: 2L + 1 = 81 norms × b·s·h × (4 − 2) B, plus L = 40 caches [s, d/2] complex64 (8 B), less the
-    reference's shared cos and sin [s, d] bf16, plus torchtitan's int64 token count (8 B)."""
+    reference's shared cos and sin [s, d] bf16, plus torchtitan's int64 token count (8 B); and per layer 8 B
+    less RNG state: 0.3.0's SDPA runs cuDNN's op on CUDA (two int64 philox scalars, 16 B) where the
+    reference's flash op keeps a [2] and a [] uint64 (24 B)."""
     ran, titan = built(LLAMA).result, built(LLAMA_TITAN).result
     b, s, h, layers, d = 2, 4096, 5120, 40, 128
     by_hand = (2 * layers + 1) * b * s * h * (4 - 2) + layers * s * (d // 2) * 8 - 2 * s * d * 2 + 8
+    by_hand -= layers * (24 - 16)
     assert titan.activations - ran.activations == by_hand
     # At the loss's backward (both peaks) the reference holds its largest gathered unit, a layer's bf16
     # weights: 2 norms [5120] + q, k, v, o [5120, 5120] + gate, up [13824, 5120] + down [5120, 13824] =

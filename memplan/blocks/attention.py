@@ -20,7 +20,7 @@ from memplan.blocks import linear_params
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.blocks.windows import full_and_sliding
-from memplan.config import Attention, Checkpointing, Device, DType, ModelConfig, PositionType, Setup
+from memplan.config import Attention, Checkpointing, Device, DType, Impl, ModelConfig, PositionType, Setup
 
 FP32, BOOL, INT64, UINT64, COMPLEX64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64, DType.COMPLEX64
 B, R = Block, Role
@@ -316,7 +316,8 @@ def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Ru
 def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """The flash kernel's own saves: the logsumexp, a window's mask, ring and CUDA extras."""
     b, s, a, act = dims.b, dims.s, dims.a, dims.act
-    rules = [save(B.ATTN, "lse", (b, a, s), FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")]
+    lse = (b, a, s, 1) if titan_cudnn(setup) else (b, a, s)  # cuDNN's meta kernel: [B, H, S_Q, 1]
+    rules = [save(B.ATTN, "lse", lse, FP32, R.ATTN_LSE, "row logsumexp: backward rebuilds P from S")]
     if window_masked(setup, dims):
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
@@ -338,7 +339,15 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
         # the output the ring backward reads is kept apart.
         why = "merged ring-attention output: the flash backward of every ring step reads it"
         rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
-    if setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
+    if titan_cudnn(setup):
+        # cuDNN's philox seed and offset: int64, 8 B each (meta__scaled_dot_product_cudnn_attention: [];
+        # the CUDA kernel: zeros({1}, kLong)), saved by its autograd node with or without dropout
+        why = "cuDNN SDPA's philox"
+        rules += [
+            save(B.ATTN, "philox_seed", (), INT64, R.RNG_STATE, f"{why} seed: the backward's dropout RNG"),
+            save(B.ATTN, "philox_offset", (), INT64, R.RNG_STATE, f"{why} offset"),
+        ]
+    elif setup.device is Device.CUDA and profile_of(setup).flash_rng_int64:
         why = "flash-attn's rng_state (seed, offset): the backward regenerates dropout from it"
         rules.append(save(B.ATTN, "rng_state", (2,), INT64, R.RNG_STATE, why))
     elif setup.device is Device.CUDA:
@@ -352,6 +361,18 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
             save(B.ATTN, "philox_offset", (), UINT64, R.RNG_STATE, "unused offset slot, saved all the same"),
         ]
     return rules
+
+
+def titan_cudnn(setup: Setup) -> bool:
+    """torchtitan's SDPA on CUDA runs cuDNN's kernel: its ``ScaledDotProductAttention`` puts
+    ``CUDNN_ATTENTION`` first (``sdpa_kernel(..., set_priority=True)``, models/common/attention.py) and
+    torch's ``can_use_cudnn_attention`` holds for a causal, unmasked 16-bit call with a head dim <= 128 and a
+    multiple of 8, GQA included (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, sm80-sm121;
+    measure.frameworks.titan ``cudnn_attention``). Above 128 the pick depends on the GPU and cuDNN's
+    version: the flash rules stay."""
+    d = setup.model.dim
+    cuda = setup.device is Device.CUDA and setup.impl.impl is Impl.TORCHTITAN
+    return cuda and d <= 128 and d % 8 == 0
 
 
 def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:

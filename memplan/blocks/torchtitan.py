@@ -12,12 +12,15 @@ rows and every layer's whole cache stays a buffer (``blocks.attention.titan_cp_r
 against one rank of torchtitan's model (tests/measure/test_titan_context.py).
 
 Known limitations:
-- NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU). On a GPU torch may run a fused
-  ``_fused_rms_norm`` kernel and torchtitan's SDPA prefers cuDNN attention; neither is checked here, so
-  ``--device cuda`` estimates keep the CPU facts (with the CUDA flash RNG state the reference counts).
-- NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``) is modelled on
-  CPU: its save list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the attention's outputs
-  would be cached too (refused: ``config.impl_rules.check_impl``).
+- NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU), but for the attention: under
+  ``--device cuda`` torchtitan's SDPA runs cuDNN's op (its cuDNN-first priority; head dim <= 128:
+  ``blocks.attention.titan_cudnn``), measured through that op's meta kernel (``measure.frameworks.titan
+  .cudnn_attention``). On a GPU torch may also run a fused ``_fused_rms_norm`` kernel: not checked, so
+  ``--device cuda`` estimates keep the CPU norm facts.
+- NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``): its save
+  list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the cuDNN op's outputs are cached too
+  and the core is not re-run (``strategies.checkpointing.sdpa_cache_rules``); head dims above 128 are
+  refused on CUDA (``config.impl_rules.check_impl``).
 FSDP2's mixed precision (``fsdp2_mixed``): torchtitan builds the model in fp32 and shards it with
 ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` (torchtitan 0.3.0's
 ``training.mixed_precision_param`` / ``mixed_precision_reduce`` defaults). FSDP2's sharded parameter is the

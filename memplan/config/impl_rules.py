@@ -232,10 +232,14 @@ def check_impl(setup: Setup) -> None:
                 "zero: torchtitan shards over dp with FSDP2 only (ZeRO-2 reshard_after_forward=False, "
                 "ZeRO-3 True) and has no ZeRO-1; use --zero 0, 2 or 3"
             )
-        if s.checkpointing is Checkpointing.SELECTIVE and setup.device is Device.CUDA:
+        d = setup.model.dim
+        if s.checkpointing is Checkpointing.SELECTIVE and setup.device is Device.CUDA and (d > 128 or d % 8):
+            # On CUDA SelectiveAC caches the SDPA op's outputs: cuDNN's where can_use_cudnn_attention holds
+            # (strategies.checkpointing.sdpa_cache_rules); above head dim 128 torch's pick depends on the
+            # GPU and the cuDNN version (sdp_utils.cpp check_cudnn_tensor_shapes).
             raise ValueError(
-                "checkpointing: torchtitan's SelectiveAC is measured on CPU (on CUDA it also caches the SDPA "
-                "op's outputs); use --device cpu"
+                f"checkpointing: torchtitan's SelectiveAC on CUDA is modelled with cuDNN attention (head dim "
+                f"<= 128, a multiple of 8), not head dim {d}; use --device cpu or --checkpointing full"
             )
         if par.pp > 1:
             check_titan_pipeline(setup)

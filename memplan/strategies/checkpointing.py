@@ -14,11 +14,18 @@ re-runs whole regions (``Profile.checkpoint_reruns_all``: Megatron's own checkpo
 ``FullAC``; transformers' with ``use_reentrant=True``).
 
 torchtitan's ``SelectiveAC`` (``Profile.op_selective_checkpoint``) is a per-op policy: each block keeps its
-input and the outputs of every other mm (``op_selective_rules``), and re-runs the rest.
+input and the outputs of every other mm (``op_selective_rules``), and re-runs the rest. On CUDA the SDPA op
+is in its save list too: its outputs are cached and the attention core is not re-run (``sdpa_cache_rules``).
 
 Known limitations:
 - NB: under ``SelectiveAC`` the peak's layer-backward moment (``analytic.peak``) is still the attention-core
   re-run's: the block's re-run saves during its backward are not modelled per op (the saves and FLOPs are).
+- NB: on CUDA the cached SDPA op is cuDNN's (torchtitan's ``sdpa_kernel`` priority; head dims above 128 are
+  refused, ``config.impl_rules``); checked under fake tensors with the CUDA op's meta kernel
+  (tests/hf/test_torchtitan_cuda.py), not on a GPU. ROCm (MI300X) runs no cuDNN: not modelled apart. Its
+  time is FlashAttention-2's (``time.attention`` has no cuDNN figure).
+- NB: SP's all-gathers re-issued in the block's re-run are not added to the communication time
+  (``time.comm``'s re-run rows count segment checkpointing's).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from memplan.blocks import llama4, mlp, moe
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
-from memplan.config import Attention, Checkpointing, Setup
+from memplan.config import Attention, Checkpointing, Device, DType, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -59,7 +66,8 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     (``_scaled_dot_product_flash_attention_for_cpu``) is not in the save list: recomputed. Under TP the mm
     outputs are the rank's (``dims`` of ``tp_model``; W2's a partial sum [T, h]); under SP the
     reduce-scatters after W_O and W2 (``_c10d_functional.reduce_scatter_tensor``, in the comm save list)
-    are cached too, [b, s/t, h] each (the all-gathers and all-reduces are not: re-issued in the re-run)."""
+    are cached too, [b, s/t, h] each (the all-gathers and all-reduces are not: re-issued in the re-run).
+    On CUDA the SDPA op's outputs are cached as well (``sdpa_cache_rules``)."""
     t, act = dims.tokens, dims.act
     par = setup.parallel
     scattered = (
@@ -86,6 +94,7 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     )
     return [
         *scattered,
+        *(sdpa_cache_rules(dims) if setup.device is Device.CUDA else []),
         # Tagged as the block's first norm (a layer group), not a segment's input (Block.CHECKPOINT).
         save(
             Block.ATTN_NORM,
@@ -108,10 +117,34 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     ]
 
 
-def op_selective_recompute(dims: Dims) -> int:
+def sdpa_cache_rules(dims: Dims) -> list[Rule]:
+    """On CUDA, what ``SelectiveAC`` caches of the attention: torchtitan's ``ScaledDotProductAttention`` runs
+    SDPA under ``sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)``
+    (models/common/attention.py), and torch's ``select_sdp_backend`` takes cuDNN first where
+    ``can_use_cudnn_attention`` holds (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: sm80-sm121,
+    fp16/bf16, no mask, head dim <= 128 and a multiple of 8, GQA supported). SDPA's composite then calls
+    ``aten._scaled_dot_product_cudnn_attention(q, k, v, None, compute_log_sumexp=True, ...)``
+    (attention.cpp), an op ``_get_default_save_ops`` lists (MUST_SAVE). The cache holds its outputs, as
+    its meta kernel shapes them (torch/_meta_registrations.py ``meta__scaled_dot_product_cudnn_attention``):
+    the output [b, a, s, d] in q's layout (one storage, W_O's input after the transpose), the fp32
+    logsumexp [b, a, s, 1], and the philox seed and offset, int64 (8 B each; the CUDA kernel makes them
+    ``zeros({1}, kLong)`` on the GPU). cum_seq_q/k and the debug mask are None."""
+    b, a, s, d = dims.b, dims.a, dims.s, dims.d
+    why = "SAC cache: cuDNN SDPA's"
+    return [
+        save(Block.ATTN, "sdpa_out", (b, a, s, d), dims.act, Role.ATTN_OUT, f"{why} output"),
+        save(Block.ATTN, "sdpa_lse", (b, a, s, 1), DType.FP32, Role.ATTN_LSE, f"{why} fp32 logsumexp"),
+        save(Block.ATTN, "sdpa_philox_seed", (), DType.INT64, Role.RNG_STATE, f"{why} philox seed"),
+        save(Block.ATTN, "sdpa_philox_offset", (), DType.INT64, Role.RNG_STATE, f"{why} philox offset"),
+    ]
+
+
+def op_selective_recompute(dims: Dims, cuda: bool = False) -> int:
     """Re-run FLOPs of one block under ``SelectiveAC``: the uncached mms, W_O (2·T·a·d·h) and W3
-    (2·T·h·f), and the CPU flash attention core; the cached mms return their outputs without running."""
-    return 2 * dims.tokens * dims.h * (dims.a * dims.d + dims.f) + attention_core_flops(dims)
+    (2·T·h·f), and on CPU the flash attention core (the CPU op is not in the save list; on CUDA the cached
+    cuDNN op returns its outputs without running); the cached mms return their outputs without running."""
+    linears = 2 * dims.tokens * dims.h * (dims.a * dims.d + dims.f)
+    return linears if cuda else linears + attention_core_flops(dims)
 
 
 def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
@@ -161,7 +194,7 @@ def recompute(setup: Setup, dims: Dims) -> int:
         rerun = segments(setup) if checkpoints_alone(setup) else dims.layers  # layers re-run
         return rerun * layer_fwd - segments(setup) * skipped
     if op_selective(setup):
-        return dims.layers * op_selective_recompute(dims)
+        return dims.layers * op_selective_recompute(dims, cuda=setup.device is Device.CUDA)
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         core = attention_core_flops(dims)
         return dims.layers * (core if setup.strategy.attention is Attention.FLASH or whole else core // 2)

@@ -16,7 +16,8 @@ FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage:
 layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
 context-parallel rank runs 1/cp of the tokens — the whole-model FLOPs are cp × one rank's).
 Checkpoint recompute re-runs the attention core (selective: attention class) or whole layers (its FLOPs
-split as the layer forward's, linear : attention).
+split as the layer forward's, linear : attention); torchtitan's per-op SelectiveAC re-runs W_O and W3
+(linear class; on CPU the attention core too) and every element-wise op of the block.
 
 Element-wise bytes of one layer's forward on one rank (each op reads its inputs and writes its output;
 T = b·s/cp tokens, Tr = T/t with sequence parallelism else T — norms, residual adds and dropouts run
@@ -51,10 +52,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.blocks.attention_flops import attention_core_flops
+from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
-from memplan.config import Attention, Checkpointing, MlpType, Offload, PositionType, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, Device, MlpType, Offload, PositionType, Setup, ZeroStage
 from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
+from memplan.strategies.checkpointing import op_selective, op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
 from memplan.time import attention, efficiency, elementwise, fp8, gemm
@@ -119,7 +123,13 @@ def stage_flops(c: Critical) -> StageFlops:
     linear, attention = f.layer_linear * cut, f.layer_attention * cut
     attention_back = (f.backward - f.layer_linear_backward - f.lm_head_backward) * cut
     recompute = f.recompute * cut
-    if s.strategy.checkpointing is Checkpointing.SELECTIVE:
+    if op_selective(s):
+        # torchtitan's SelectiveAC re-runs W_O and W3 (linears), and the attention core only on CPU, where
+        # the flash op is not in its save list (strategies.checkpointing.op_selective_recompute)
+        d = Dims.of(s)
+        core = 0 if s.device is Device.CUDA else attention_core_flops(d)
+        rerun_attention = recompute * core / op_selective_recompute(d, cuda=s.device is Device.CUDA)
+    elif s.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun_attention = recompute
     else:
         rerun_attention = recompute * attention / (linear + attention) if linear + attention else 0.0
@@ -185,7 +195,9 @@ def launch_seconds(c: Critical, gpu: GpuPreset) -> tuple[float, float]:
     s = c.setup
     per_layer = elementwise_kernels(s)
     rerun = c.rerun_layers * per_layer
-    if s.strategy.checkpointing is Checkpointing.SELECTIVE:
+    if op_selective(s):  # SelectiveAC caches matmul and SDPA outputs only: every element-wise op re-runs
+        rerun = c.layers * per_layer
+    elif s.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = c.layers * (per_layer - elementwise_kernels(_flash(s)))
     gap = efficiency.launch_gap(gpu)
     return c.layers * per_layer * gap, (2 * c.layers * per_layer + rerun) * gap
@@ -208,7 +220,9 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     f = stage_flops(c)
     layer = elementwise_bytes(c.setup) * c.layers
     rerun = c.rerun_layers * elementwise_bytes(c.setup)
-    if c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+    if op_selective(c.setup):  # every element-wise op of the block re-runs (launch_seconds)
+        rerun = c.layers * elementwise_bytes(c.setup)
+    elif c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup) * c.layers
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)

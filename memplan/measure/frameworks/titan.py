@@ -20,8 +20,10 @@ Known limitations:
 - NB: the attention is torchtitan's ``ScaledDotProductAttention`` (causal SDPA, no document mask): 0.3.0's
   language-model configs pick flex or varlen attention (``get_attention_config``), which need a GPU or
   torch.compile; SDPA is what memplan's ``flash`` attention is (on CPU torch's flash kernel).
-- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA
+- NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA above head dim 128
   (``memplan.config.impl_rules.check_impl``).
+- NB: ``--device cuda``: the inner SDPA is the cuDNN op torch dispatches on a GPU (``cudnn_attention``), run
+  by its meta kernel; every other op keeps its CPU kernel (the fused CUDA RMSNorm is not run).
 - NB: ``--fp8 rowwise`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``);
   0.3.0's converter offers rowwise and rowwise_with_gw_hp only, so ``--fp8 tensorwise`` is refused with the
   setup (``memplan.config.impl_rules.check_impl``).
@@ -57,7 +59,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.config import Checkpointing, Fp8Recipe, Setup
+from memplan.config import Checkpointing, Device, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import SavedRecord, layer_scope
@@ -237,6 +239,39 @@ def ring_attention(model: Any, group: Any) -> None:
         block.attention.inner_attention.forward = forward
 
 
+def cudnn_attention(model: Any) -> None:
+    """``--device cuda``: each block's inner SDPA runs the op torch dispatches on a GPU, which a CPU build
+    cannot choose itself (its ``_fused_sdp_choice`` has no CUDA stub; fake CUDA tensors abort in autograd's
+    device guard). torchtitan's ``ScaledDotProductAttention.forward`` runs SDPA under ``sdpa_kernel([
+    CUDNN_ATTENTION, FLASH_ATTENTION, MATH], set_priority=True)``; torch's ``select_sdp_backend`` takes cuDNN
+    where ``can_use_cudnn_attention`` holds (sdp_utils.cpp; ``config.impl_rules`` refuses the rest), and
+    SDPA's composite (attention.cpp, ``case SDPBackend::cudnn_attention``) then calls
+    ``aten._scaled_dot_product_cudnn_attention(q, k, v, None, compute_logsumexp, dropout_p, is_causal,
+    False, scale)`` with the kv heads unrepeated: the same op, arguments and autograd node as here, where
+    the fake mode runs its meta kernel (the CUDA kernel's output shapes and dtypes). What a GPU dispatches
+    beside it, ``_fused_sdp_choice``, returns an int (nothing a policy caches or autograd saves)."""
+
+    def forward(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        is_causal: bool = True,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, N, L, H), as torchtitan's
+        needs_lse = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))  # should_compute_…
+        out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, needs_lse, 0.0, is_causal, False, scale=scale
+        )[0]
+        return out.transpose(1, 2)
+
+    for block in model.layers.values():
+        block.attention.inner_attention.forward = forward
+
+
 def rope_buffers(model: Any) -> SavedRecord:
     """Every block's RoPE cache buffer (module buffers, alive all step) as one model-level record of their
     storages' bytes: under ``--cp`` autograd keeps the gathered rows, not the buffers, so the run reads
@@ -283,6 +318,8 @@ def titan_step(
         # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
         positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
         ring_attention(model, group)
+    elif setup.device is Device.CUDA:
+        cudnn_attention(model)
     layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
     loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
     # trainer.py: local_valid_tokens = tensor(0, int64) + (labels != IGNORE_INDEX).sum()
