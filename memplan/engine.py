@@ -274,10 +274,11 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
-    # torchtitan's FullAC: each block's checkpoint keeps its input, which on a receiving chunk's first block
-    # is torch's receive buffer itself (PipelineStage passes it to the split model as it is)
+    # torchtitan's FullAC and SelectiveAC: each block's checkpoint keeps its input, which on a receiving
+    # chunk's first block is torch's receive buffer itself (PipelineStage passes it to the split model as it
+    # is)
     shared = shared or (
-        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is Checkpointing.FULL
+        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is not Checkpointing.NONE
     )
     logits = dims.v if prof.stage_outputs_logits else 0
     frees = prof.frees_stage_outputs

@@ -19,7 +19,8 @@ ZeRO-2). The chunks become ``PipelineStage``s with static shapes (``titan_pp._st
 at once at their maximum per layer (``pipeline.InFlightRecorder``), the schedule's holds under the estimate's
 names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's
 ``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's
-receive buffers — and the rank's parameter bytes.
+receive buffers — and the rank's parameter bytes. Under ``SelectiveAC`` each block call's cache of saved
+op outputs is held from its forward until freed (``titan_sac``).
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
@@ -44,7 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import ScheduleInterleaved1F1B
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-from memplan.config import Setup
+from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
@@ -57,6 +58,7 @@ from memplan.measure.distributed.titan_pp import (
     sends_hold_tensors,
 )
 from memplan.measure.distributed.titan_pp import step as step_single
+from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import require_torchtitan
 from memplan.measure.instruments.record import _RECORDER
@@ -176,11 +178,14 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
                 if m > 1
                 else StaticSchedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
             )
-            layers = []
+            layers, blocks = [], {}
             for chunk in chunks:
                 for key, block in chunk.layers.items():
                     layers.append(int(key))
+                    blocks[int(key)] = block
                     hooks.enter_context(_scoped(block, int(key)))
+            if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+                hooks.enter_context(hold_sac(blocks))
             batches = [make_batch(setup, "cpu") for _ in range(n)]
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
