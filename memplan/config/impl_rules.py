@@ -305,14 +305,15 @@ def check_titan_pipeline(setup: Setup) -> None:
     """``--impl torchtitan --pp``: its default ``Schedule1F1B`` (``--vpp``: ``Interleaved1F1B``) on pipeline
     ranks, each stage tensor-parallel (``--tp``/``--sp``: torchtitan's plan per model part) and FSDP2-sharded
     over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``), its ``FullAC`` or
-    ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``);
-    one-line errors for what is not modelled with it."""
+    ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``),
+    ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves); one-line
+    errors for what is not modelled with it."""
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
     unmodelled = {
         "--cp": par.cp > 1,
-        "--compile or --fp8": setup.impl.compile or setup.impl.fp8 is not Fp8Recipe.NONE,
+        "--compile": setup.impl.compile,
     }
     if setup.model.tied_embeddings:
         # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
@@ -325,7 +326,8 @@ def check_titan_pipeline(setup: Setup) -> None:
         if used:
             raise ValueError(
                 f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
-                "TP/SP, FSDP2 and full or selective AC are); drop that setting or use --impl reference"
+                "TP/SP, FSDP2, full or selective AC and --fp8 rowwise are); drop that setting or use --impl "
+                "reference"
             )
 
 

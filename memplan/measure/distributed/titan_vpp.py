@@ -20,7 +20,8 @@ at once at their maximum per layer (``pipeline.InFlightRecorder``), the schedule
 names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's
 ``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's
 receive buffers — and the rank's parameter bytes. Under ``SelectiveAC`` each block call's cache of saved
-op outputs is held from its forward until freed (``titan_sac``).
+op outputs is held from its forward until freed (``titan_sac``); under ``--fp8 rowwise`` each part's
+linears are torchao's ``Float8Linear`` (``titan.meta_model``: torchtitan's converter, the lm head bf16).
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
