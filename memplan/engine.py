@@ -274,12 +274,15 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
+    # torchtitan's compiled block: its RMSNorm keeps x itself (blocks.norm.compiled_rms_rules), on a receiving
+    # stage's first block the receive buffer (measured: tests/hf/test_torchtitan_pp_compile.py; NB: the
+    # reference model's compiled pipeline stages are not traced, left as they were)
+    titan = rank.impl.impl is Impl.TORCHTITAN
+    shared = shared or (titan and prof.compiled_block)
     # torchtitan's FullAC and SelectiveAC: each block's checkpoint keeps its input, which on a receiving
     # chunk's first block is torch's receive buffer itself (PipelineStage passes it to the split model as it
     # is)
-    shared = shared or (
-        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is not Checkpointing.NONE
-    )
+    shared = shared or (titan and rank.strategy.checkpointing is not Checkpointing.NONE)
     logits = dims.v if prof.stage_outputs_logits else 0
     frees = prof.frees_stage_outputs
     return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)

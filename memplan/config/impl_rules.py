@@ -306,15 +306,26 @@ def check_titan_pipeline(setup: Setup) -> None:
     ranks, each stage tensor-parallel (``--tp``/``--sp``: torchtitan's plan per model part) and FSDP2-sharded
     over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``), its ``FullAC`` or
     ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``),
-    ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves); one-line
+    ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves),
+    ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``); one-line
     errors for what is not modelled with it."""
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
-    unmodelled = {
-        "--cp": par.cp > 1,
-        "--compile": setup.impl.compile,
+    unmodelled = {"--cp": par.cp > 1}
+    # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
+    # no float8); elsewhere the estimate keeps the eager saves, which the stages would not run
+    with_compile = {
+        "--tp": par.tp > 1,
+        "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
+        "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE,
     }
+    for name, used in with_compile.items():
+        if setup.impl.compile and used:
+            raise ValueError(
+                f"compile: --impl torchtitan --pp --compile with {name} is not modelled (torch.compile's "
+                f"saved set is measured on tp 1 without SelectiveAC or float8); drop --compile or {name}"
+            )
     if setup.model.tied_embeddings:
         # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
         # not supported with Pipeline Parallel.")
@@ -326,8 +337,8 @@ def check_titan_pipeline(setup: Setup) -> None:
         if used:
             raise ValueError(
                 f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
-                "TP/SP, FSDP2, full or selective AC and --fp8 rowwise are); drop that setting or use --impl "
-                "reference"
+                "TP/SP, FSDP2, full or selective AC, --fp8 rowwise and --compile are); drop that setting or "
+                "use --impl reference"
             )
 
 

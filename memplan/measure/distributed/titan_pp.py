@@ -21,7 +21,8 @@ Known limitations:
 - NB: this builder runs one untensor-parallel, unsharded stage; tp, dp (FSDP2 with ``pp_enabled``) and the
   interleaved schedule (vpp > 1) run in ``titan_vpp``, cp with pp is refused
   (``config.impl_rules.check_titan_pipeline``). Under ``SelectiveAC`` each block call's cache is held
-  (``titan_sac``).
+  (``titan_sac``); ``--compile`` runs in ``titan_vpp`` only (``titan_compiled``), this builder's blocks
+  are eager.
 - NB: only saved tensors and the stage's parameter bytes are compared, not the peak.
 """
 

@@ -21,7 +21,8 @@ names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; 
 ``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's
 receive buffers — and the rank's parameter bytes. Under ``SelectiveAC`` each block call's cache of saved
 op outputs is held from its forward until freed (``titan_sac``); under ``--fp8 rowwise`` each part's
-linears are torchao's ``Float8Linear`` (``titan.meta_model``: torchtitan's converter, the lm head bf16).
+linears are torchao's ``Float8Linear`` (``titan.meta_model``: torchtitan's converter, the lm head bf16);
+under ``--compile`` each block runs through AOTAutograd's partitioner (``titan_compiled``).
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
@@ -50,6 +51,7 @@ from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
+from memplan.measure.distributed.titan_compiled import compiled_blocks
 from memplan.measure.distributed.titan_pp import (
     StageRun,
     StaticSchedule1F1B,
@@ -187,6 +189,10 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
                     hooks.enter_context(_scoped(block, int(key)))
             if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
                 hooks.enter_context(hold_sac(blocks))
+            if setup.impl.compile and setup.strategy.checkpointing is Checkpointing.NONE:
+                t, h = setup.training, setup.model.hidden_size
+                x = torch.empty(t.micro_batch, t.seq_len, h, dtype=activation_dtype(setup))
+                hooks.enter_context(compiled_blocks(blocks, x))
             batches = [make_batch(setup, "cpu") for _ in range(n)]
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
