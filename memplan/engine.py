@@ -73,6 +73,7 @@ from memplan.strategies.pipeline_parallel import (
     group_of,
     representative_stages,
     rope_buffers,
+    rope_caches,
     stage,
     stage_layers,
     stage_params,
@@ -215,6 +216,7 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
     one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
+    others += g[Group.LAYER_CONSTANTS] * counts[Group.LAYER_CONSTANTS]  # alive throughout
     # a layer's saved module buffer (torchtitan's RoPE cache) with the chunk's layers, once per layer; the
     # other chunks' alive throughout
     buffers = counts[Group.LAYER_BUFFER]
@@ -362,11 +364,14 @@ class Result:
     def stage_tensors(self, sp: StagePlan) -> list[Kept]:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
-        rope_cached = profile_of(self.pieces.setup).rope_cached_per_chunk
+        rank = self.pieces.setup
+        flags = (profile_of(rank).rope_cached_per_chunk, rope_buffers(rank), rope_caches(rank))
         for k in self.pieces.kept:
-            group = group_of(k, self.pieces.setup.model.norm, rope_cached, rope_buffers(self.pieces.setup))
+            group = group_of(k, rank.model.norm, *flags)
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
-            if n:
+            if group is Group.LAYER_CONSTANTS and n:  # the stage's layers' share of the [L, …] constant
+                out.append(k.model_copy(update={"shape": (n, *k.shape[1:])}))
+            elif n:
                 out.append(k.model_copy(update={"count": n}))
         return out + list(sp.boundary)
 

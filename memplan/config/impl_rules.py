@@ -307,16 +307,22 @@ def check_titan_pipeline(setup: Setup) -> None:
     over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``), its ``FullAC`` or
     ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``),
     ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves),
-    ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``); one-line
+    ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``), ``--cp``
+    (torch's ring over the mesh's cp group, the positions to every stage: ``titan_pp_cp``); one-line
     errors for what is not modelled with it."""
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
-    unmodelled = {"--cp": par.cp > 1}
+    unmodelled = {
+        # the ring's all_gather_into_tensor on DTensor inputs has no sharding strategy (torch 2.13, CPU)
+        "--cp and --tp": par.cp > 1 and par.tp > 1,
+        "--cp and --fp8": par.cp > 1 and setup.impl.fp8 is not Fp8Recipe.NONE,  # not traced together
+    }
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
     # no float8); elsewhere the estimate keeps the eager saves, which the stages would not run
     with_compile = {
         "--tp": par.tp > 1,
+        "--cp": par.cp > 1,
         "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
         "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE,
     }
@@ -337,8 +343,8 @@ def check_titan_pipeline(setup: Setup) -> None:
         if used:
             raise ValueError(
                 f"pp: --impl torchtitan --pp with {name} is not modelled yet (1F1B and Interleaved1F1B with "
-                "TP/SP, FSDP2, full or selective AC, --fp8 rowwise and --compile are); drop that setting or "
-                "use --impl reference"
+                "TP/SP, FSDP2, full or selective AC, --fp8 rowwise, --compile and --cp apart are); drop one "
+                "or use --impl reference"
             )
 
 

@@ -139,8 +139,6 @@ def test_full_scale_405b_first_rank() -> None:
     assert run.activations == 7 * 16 * one + 32 * s * h * 2 + 16 * s * 8
 
 
-def test_selective_is_lifted_but_cp_is_refused() -> None:
+def test_selective_is_lifted() -> None:
     base = selective(layers=8)
     assert piped(base, 2, 4, vpp=2).strategy.checkpointing is Checkpointing.SELECTIVE
-    with pytest.raises(ValueError, match="pp: --impl torchtitan --pp with --cp is not modelled yet"):
-        piped(base, 2, 4, cp=2)

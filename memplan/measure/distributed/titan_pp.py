@@ -18,11 +18,9 @@ Known limitations:
 - NB: the stage is built with static ``input_args`` / ``output_args`` (as ``pipeline.make_stage``):
   torchtitan's ``PipelineStage`` infers them by running the stage once, which exchanges metadata that
   the fake process group cannot carry. The shapes are the ones that run would find.
-- NB: this builder runs one untensor-parallel, unsharded stage; tp, dp (FSDP2 with ``pp_enabled``) and the
-  interleaved schedule (vpp > 1) run in ``titan_vpp``, cp with pp is refused
-  (``config.impl_rules.check_titan_pipeline``). Under ``SelectiveAC`` each block call's cache is held
-  (``titan_sac``); ``--compile`` runs in ``titan_vpp`` only (``titan_compiled``), this builder's blocks
-  are eager.
+- NB: this builder runs one untensor-parallel, unsharded stage; tp, dp (FSDP2 with ``pp_enabled``), cp,
+  ``--compile`` (``titan_compiled``) and the interleaved schedule (vpp > 1) run in ``titan_vpp``, this
+  builder's blocks are eager. Under ``SelectiveAC`` each block call's cache is held (``titan_sac``).
 - NB: only saved tensors and the stage's parameter bytes are compared, not the peak.
 """
 
@@ -217,17 +215,22 @@ class StaticSchedule1F1B(Schedule1F1B):
             st._inference_mode = InferenceMode.STATIC
 
 
-def step(schedule: Schedule1F1B, batches: list[tuple[Any, Any]], loss_kwargs: dict[str, Any]) -> None:
+def step(
+    schedule: Schedule1F1B,
+    batches: list[tuple[Any, Any]],
+    loss_kwargs: dict[str, Any],
+    kwargs: list[dict[str, Any]] | None = None,
+) -> None:
     """``Schedule1F1B.step`` without its split (``pipeline.run_step``: each micro-batch its own storage),
-    as ``Trainer.forward_backward_step`` calls it: ids to the first stage, labels to the last."""
+    as ``Trainer.forward_backward_step`` calls it: ids to the first stage, labels to the last, ``kwargs``
+    (each micro-batch's, e.g. the positions under cp) to every stage."""
     stage = schedule._stage
     stage.has_backward = schedule._has_backward
     stage.clear_runtime_states()
     args = [(ids,) if stage.is_first else () for ids, _ in batches]
     targets = [labels for _, labels in batches] if stage.is_last else None
-    schedule._step_microbatches(
-        args, [{} for _ in batches], targets, None, return_outputs=False, loss_kwargs=loss_kwargs
-    )
+    kw = kwargs if kwargs is not None else [{} for _ in batches]
+    schedule._step_microbatches(args, kw, targets, None, return_outputs=False, loss_kwargs=loss_kwargs)
 
 
 class _scoped:

@@ -30,7 +30,9 @@ Known limitations:
 - NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
-- NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
+- NB: with ``--cp`` the rank is context-parallel rank ``cp_rank`` (0: the estimate's) of torch's ring over
+  the mesh's cp group (``titan_pp_cp``); cp with tp or fp8 is refused in
+  ``config.impl_rules.check_titan_pipeline``.
 - NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
   reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
 """
@@ -61,11 +63,12 @@ from memplan.measure.distributed.titan_pp import (
     sends_hold_tensors,
 )
 from memplan.measure.distributed.titan_pp import step as step_single
+from memplan.measure.distributed.titan_pp_cp import cp_batches, local_setup
 from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
-from memplan.measure.frameworks.titan import require_torchtitan
+from memplan.measure.frameworks.titan import require_torchtitan, ring_attention, rope_buffers
 from memplan.measure.instruments.record import _RECORDER
-from memplan.measure.runs.run import make_batch
+from memplan.measure.reference.context import rotate_method
 
 
 def virtual_module_names(setup: Setup) -> list[list[str]]:
@@ -116,22 +119,24 @@ class StaticInterleaved1F1B(ScheduleInterleaved1F1B):
 
 
 def pipeline_dims(setup: Setup) -> Any:
-    """torchtitan's ``ParallelDims`` of a pp × dp × tp job (``titan.parallel_dims`` with the pipeline
-    axis), on a CPU mesh; its mesh is ["pp", "dp_replicate", "fsdp", "tp"], row-major."""
+    """torchtitan's ``ParallelDims`` of a pp × dp × cp × tp job (``titan.parallel_dims`` with the pipeline
+    and context axes), on a CPU mesh; its world is ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+    row-major (FSDP2 over "fsdp": dp_shard × cp)."""
     from torchtitan.distributed import ParallelDims, parallel_dims
     from torchtitan.distributed.utils import set_spmd_backend
 
     set_spmd_backend("partial_dtensor")
     parallel_dims.device_type = "cpu"
     p, tp, dp, shard = setup.parallel.pp, setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
+    cp = setup.parallel.cp
     dims = ParallelDims(
         dp_replicate=dp // shard,
         dp_shard=shard,
-        cp=1,
+        cp=cp,
         tp=tp,
         pp=p,
         ep=1,
-        world_size=p * dp * tp,
+        world_size=p * dp * cp * tp,
         spmd_backend="partial_dtensor",
     )
     dims.build_mesh()
@@ -148,18 +153,21 @@ def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
     return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
 
 
-def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> StageRun:
+def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, cp_rank: int = 0) -> StageRun:
     """One step of pipeline rank ``index`` (module docstring): its M chunks under
-    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
-    rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
+    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp, cp or tp > 1
+    the rank at data-parallel and tensor-parallel coordinate 0 and context-parallel coordinate ``cp_rank``
+    of the p × dp × cp × tp mesh (``titan_pp_cp``)."""
     tt = require_torchtitan()
-    p, m, n = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum
-    others = setup.strategy.dp * setup.parallel.tp
+    p, m, n, cp = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum, setup.parallel.cp
+    tp = setup.parallel.tp
+    others = setup.strategy.dp * cp * tp
+    shapes = local_setup(setup)  # the stages' static shapes: s/c tokens under cp
     names = virtual_module_names(setup)
     # DTensor's sharding-propagation caches key a spec by its mesh's layout, not its process groups: one
     # cached in an earlier fake world would name a group destroyed with it
     _clear_sharding_prop_cache()
-    with fake_world(index * others, p * others):
+    with fake_world(index * others + cp_rank * tp, p * others):
         dims = pipeline_dims(setup) if others > 1 else None
         group = dims.get_mesh("pp").get_group() if dims is not None else None
         chunks = [build_chunk(setup, names[k * p + index], dims) for k in range(m)]
@@ -168,10 +176,12 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
             stages: list[Any] = []  # ``kind``, each
             for k, chunk in enumerate(chunks):
                 chunk.to_empty(device="cpu")
-                if setup.parallel.tp > 1:
-                    stages.append(dtensor_stage(chunk, setup, k * p + index, p * m, kind, dims))
+                if cp > 1:  # others > 1: the mesh is built
+                    ring_attention(chunk, dims.get_mesh("cp").get_group())  # type: ignore[union-attr]
+                if tp > 1:
+                    stages.append(dtensor_stage(chunk, shapes, k * p + index, p * m, kind, dims))
                 else:
-                    stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
+                    stages.append(_stage(chunk, shapes, k * p + index, p * m, kind, group))
             for st in stages:
                 st.siblings = stages
             loss = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
@@ -193,14 +203,23 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True) -> Stage
                 t, h = setup.training, setup.model.hidden_size
                 x = torch.empty(t.micro_batch, t.seq_len, h, dtype=activation_dtype(setup))
                 hooks.enter_context(compiled_blocks(blocks, x))
-            batches = [make_batch(setup, "cpu") for _ in range(n)]
+            if cp > 1:
+                hooks.enter_context(rotate_method(setup.parallel.cp_rotate.value))
+            batches, kwargs = cp_batches(setup, n, cp_rank)
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
             with recorder, sends_hold_tensors():
-                (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+                for kw in kwargs:  # the positions: a model input, whichever block keeps them first
+                    if kw:
+                        recorder.label(kw["positions"], "rope.positions")
+                run = step if m > 1 else step_single
+                run(schedule, batches, {"global_valid_tokens": tokens}, kwargs)
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
-            return StageRun(recorder.records, params, tuple(sorted(layers)))
+            # under cp the layers' RoPE caches are module buffers autograd never saves (each forward gathers
+            # its rows): the chunks' read from the modules, as the non-pipeline run does
+            records = recorder.records + [rope_buffers(c) for c in chunks if cp > 1 and len(c.layers)]
+            return StageRun(records, params, tuple(sorted(layers)))
 
 
 def dtensor_stage(chunk: Any, setup: Setup, index: int, num: int, kind: type[TitanStage], dims: Any) -> Any:
@@ -242,7 +261,10 @@ def _scalar(loss: Any, out: Any, labels: Any, **kw: Any) -> Any:
 
 
 def step(
-    schedule: ScheduleInterleaved1F1B, batches: list[tuple[Any, Any]], loss_kwargs: dict[str, Any]
+    schedule: ScheduleInterleaved1F1B,
+    batches: list[tuple[Any, Any]],
+    loss_kwargs: dict[str, Any],
+    kwargs: list[dict[str, Any]] | None = None,
 ) -> None:
     """``ScheduleInterleaved1F1B.step`` without its split (``titan_pp.step``): ids to the model's first
     stage, labels to its last."""
@@ -253,6 +275,5 @@ def step(
     first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
     args = [(ids,) if first else () for ids, _ in batches]
     targets = [labels for _, labels in batches] if last else None
-    schedule._step_microbatches(
-        args, [{} for _ in batches], targets, None, return_outputs=False, loss_kwargs=loss_kwargs
-    )
+    kw = kwargs if kwargs is not None else [{} for _ in batches]
+    schedule._step_microbatches(args, kw, targets, None, return_outputs=False, loss_kwargs=loss_kwargs)
