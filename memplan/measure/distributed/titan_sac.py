@@ -30,22 +30,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
-import torch
-from torch.utils._pytree import tree_leaves
-
 from memplan.measure.distributed.pipeline import InFlightRecorder
+from memplan.measure.frameworks.titan import cached_tensors
 from memplan.measure.instruments.record import _RECORDER, layer_scope
-
-
-def cached_tensors(storage: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """The tensors one SAC cache holds, with their op key: each saved op's outputs (``_VersionWrapper``'s
-    ``val``); ``_RECOMPUTE`` entries hold nothing."""
-    for key, calls in storage.items():
-        for out in calls.values():
-            for leaf in tree_leaves(out):
-                t = getattr(leaf, "val", None)
-                if isinstance(t, torch.Tensor):
-                    yield f"sac · {key}", t
 
 
 @contextmanager
