@@ -316,7 +316,6 @@ def check_titan_pipeline(setup: Setup) -> None:
     unmodelled = {
         # the ring's all_gather_into_tensor on DTensor inputs has no sharding strategy (torch 2.13, CPU)
         "--cp and --tp": par.cp > 1 and par.tp > 1,
-        "--cp and --fp8": par.cp > 1 and setup.impl.fp8 is not Fp8Recipe.NONE,  # not traced together
     }
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
     # no float8); elsewhere the estimate keeps the eager saves, which the stages would not run

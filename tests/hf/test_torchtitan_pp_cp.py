@@ -65,6 +65,15 @@ def test_selective_ac_keeps_the_positions() -> None:
     assert sum(r.bytes for r in run.records if r.name == "rope.positions") == 2 * T * 8
 
 
+def test_float8_interleaved_fsdp2_selective_rank() -> None:
+    """--fp8 rowwise with all of it: pp 2 × vpp 2, cp 2, FSDP2 over dp 2 × cp, SelectiveAC, rank 0 exact
+    (torchao's Float8Linear keeps bf16's saves; SelectiveAC's mm counter sees the CPU's aten.mm)."""
+    from tests.hf.test_torchtitan_pp_fp8 import float8
+
+    setup = float8(sharded(piped(context("selective"), 2, 4, vpp=2, cp=C), 2, 3))
+    traced_exact(estimate(setup), setup, 0)
+
+
 @pytest.mark.parametrize(("extra", "name"), [({"tp": 2}, "--cp and --tp")])
 def test_unmodelled_rings_are_refused(extra: dict[str, int], name: str) -> None:
     with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {name} is not modelled yet"):

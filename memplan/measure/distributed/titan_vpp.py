@@ -31,7 +31,7 @@ Known limitations:
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
 - NB: with ``--cp`` the rank is context-parallel rank ``cp_rank`` (0: the estimate's) of torch's ring over
-  the mesh's cp group (``titan_pp_cp``); cp with tp or fp8 is refused in
+  the mesh's cp group (``titan_pp_cp``); cp with tp is refused in
   ``config.impl_rules.check_titan_pipeline``.
 - NB: FSDP2's unsharded parameters and gradients between micro-batches (torch's stage defers the
   reduce-scatter to the last backward) are not saved tensors: only saves and parameters at rest compared.
