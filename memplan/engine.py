@@ -74,6 +74,7 @@ from memplan.strategies.pipeline_parallel import (
     group_of,
     representative_stages,
     rope_buffers,
+    rope_caches,
     stage,
     stage_layers,
     stage_params,
@@ -223,6 +224,7 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
     one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
+    others += g[Group.LAYER_CONSTANTS] * counts[Group.LAYER_CONSTANTS]  # alive throughout
     # a layer's saved module buffer (torchtitan's RoPE cache) with the chunk's layers, once per layer; the
     # other chunks' alive throughout
     buffers = counts[Group.LAYER_BUFFER]
@@ -282,11 +284,15 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
-    # torchtitan's FullAC: each block's checkpoint keeps its input, which on a receiving chunk's first block
-    # is torch's receive buffer itself (PipelineStage passes it to the split model as it is)
-    shared = shared or (
-        rank.impl.impl is Impl.TORCHTITAN and rank.strategy.checkpointing is Checkpointing.FULL
-    )
+    # torchtitan's compiled block: its RMSNorm keeps x itself (blocks.norm.compiled_rms_rules), on a receiving
+    # stage's first block the receive buffer (measured: tests/hf/test_torchtitan_pp_compile.py; NB: the
+    # reference model's compiled pipeline stages are not traced, left as they were)
+    titan = rank.impl.impl is Impl.TORCHTITAN
+    shared = shared or (titan and prof.compiled_block)
+    # torchtitan's FullAC and SelectiveAC: each block's checkpoint keeps its input, which on a receiving
+    # chunk's first block is torch's receive buffer itself (PipelineStage passes it to the split model as it
+    # is)
+    shared = shared or (titan and rank.strategy.checkpointing is not Checkpointing.NONE)
     logits = dims.v if prof.stage_outputs_logits else 0
     frees = prof.frees_stage_outputs
     return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)
@@ -366,11 +372,14 @@ class Result:
     def stage_tensors(self, sp: StagePlan) -> list[Kept]:
         """The stage's inventory on one device, each entry's count = instances alive at its warm-up's end."""
         out = []
-        rope_cached = profile_of(self.pieces.setup).rope_cached_per_chunk
+        rank = self.pieces.setup
+        flags = (profile_of(rank).rope_cached_per_chunk, rope_buffers(rank), rope_caches(rank))
         for k in self.pieces.kept:
-            group = group_of(k, self.pieces.setup.model.norm, rope_cached, rope_buffers(self.pieces.setup))
+            group = group_of(k, rank.model.norm, *flags)
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
-            if n:
+            if group is Group.LAYER_CONSTANTS and n:  # the stage's layers' share of the [L, …] constant
+                out.append(k.model_copy(update={"shape": (n, *k.shape[1:])}))
+            elif n:
                 out.append(k.model_copy(update={"count": n}))
         return out + list(sp.boundary)
 

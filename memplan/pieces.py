@@ -31,6 +31,7 @@ from memplan.strategies.pipeline_parallel import (
     Group,
     group_of,
     rope_buffers,
+    rope_caches,
 )
 from memplan.strategies.tensor_parallel import tp_model
 
@@ -150,10 +151,10 @@ def pieces(core: Setup) -> Pieces:
             update={"layer": params.layer.model_copy(update={"mlp": params.moe.dense() + experts})}
         )
     groups = dict.fromkeys(Group, 0)
+    flags = (profile_of(rank).rope_cached_per_chunk, rope_buffers(rank), rope_caches(rank))
     for k in kept:
-        groups[group_of(k, rank.model.norm, profile_of(rank).rope_cached_per_chunk, rope_buffers(rank))] += (
-            k.bytes
-        )
+        groups[group_of(k, rank.model.norm, *flags)] += k.bytes
+    groups[Group.LAYER_CONSTANTS] //= rank.model.num_layers  # one layer's (the entry spans every layer)
     per_layer: tuple[int, ...] = ()
     if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds
         per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else act.layer_kind_bytes(rank)

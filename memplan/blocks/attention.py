@@ -242,7 +242,8 @@ def titan_cp_rules(setup: Setup, dims: Dims) -> list[Rule]:
     layers, seq = setup.model.num_layers, setup.training.seq_len
     why = "each layer's ComplexRoPE buffer [seq, d/2]: context parallelism shards the positions, not it"
     rules = [save(B.ROPE, "caches", (layers, seq, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
-    if setup.strategy.segment:
+    # torchtitan's FullAC or SelectiveAC (its every-K is refused): a checkpoint_wrapper's save_inputs
+    if setup.strategy.checkpointing is not Checkpointing.NONE:
         why = "the rank's positions: every checkpointed block's save_inputs keeps its tensor inputs"
         rules.append(save(B.ROPE, "positions", (dims.b, dims.s), INT64, R.TOKEN_IDS, why))
     return rules

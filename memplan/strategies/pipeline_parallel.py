@@ -46,13 +46,29 @@ class Group(Enum):
     """A layer's module buffer autograd saves: one storage per layer of the stage, whatever the forwards in
     flight (torchtitan's per-layer complex RoPE cache, ``Profile.rope_cache_per_layer``, a view of which
     every micro-batch's forward saves)."""
+    LAYER_CONSTANTS = "layer_constants"
+    """A model constant made of one buffer per layer, alive all step: a stage holds its own layers' once
+    (torchtitan's RoPE caches under context parallelism, ``blocks.attention.titan_cp_rules``: [L, seq, d/2]
+    in the inventory; its group bytes are one layer's)."""
+    MICRO_BATCH_INPUTS = "micro_batch_inputs"
+    """A model input of one micro-batch that every checkpointed block keeps (torchtitan's positions under
+    context parallelism, ``titan_cp_rules``): one per micro-batch in flight on the rank — under torch's
+    interleaving a micro-batch in flight in a later chunk is in flight in the earlier ones too (forwards
+    run chunk 0 first, backwards last), so the most forwards in flight of one chunk holding layers."""
 
 
-def group_of(k: Kept, norm: NormType, rope_cached: bool = False, rope_buffers: bool = False) -> Group:
+def group_of(
+    k: Kept, norm: NormType, rope_cached: bool = False, rope_buffers: bool = False, rope_caches: bool = False
+) -> Group:
     """``rope_cached``: the profile's ``rope_cached_per_chunk`` (one table per model chunk);
-    ``rope_buffers``: its ``rope_cache_per_layer`` (a layer's saved cache is its module buffer)."""
+    ``rope_buffers``: its ``rope_cache_per_layer`` (a layer's saved cache is its module buffer);
+    ``rope_caches``: that under cp (``rope_caches``: the layers' caches a model constant)."""
     if rope_cached and k.block is Block.ROPE:
         return Group.CHUNK
+    if rope_caches and k.block is Block.ROPE and k.role is Role.ROPE_TABLE:
+        return Group.LAYER_CONSTANTS
+    if rope_caches and k.block is Block.ROPE and k.role is Role.TOKEN_IDS:
+        return Group.MICRO_BATCH_INPUTS
     if rope_buffers and k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache":
         return Group.LAYER_BUFFER
     if k.block is Block.CHECKPOINT:
@@ -72,6 +88,13 @@ def rope_buffers(setup: Setup) -> bool:
     """A layer's saved RoPE cache is its module buffer (``Group.LAYER_BUFFER``): torchtitan's
     ``rope_cache_per_layer`` without context parallelism (under cp each forward gathers its own rows)."""
     return profile_of(setup).rope_cache_per_layer and setup.parallel.cp == 1
+
+
+def rope_caches(setup: Setup) -> bool:
+    """torchtitan's per-layer RoPE caches under context parallelism: one model constant
+    (``Group.LAYER_CONSTANTS``), each stage holding its layers' (measured:
+    tests/hf/test_torchtitan_pp_cp.py)."""
+    return profile_of(setup).rope_cache_per_layer and setup.parallel.cp > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +231,16 @@ def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, in
         Group.CHUNK: sum(1 for n in st.chunks_of if n),
         # a checkpointed layer keeps its input only; NB: interleaved, every chunk counted as having run
         Group.LAYER_BUFFER: 0 if segment else st.layers,
+        Group.LAYER_CONSTANTS: st.layers,
+        Group.MICRO_BATCH_INPUTS: micro_batches_in_flight(st),
     }
+
+
+def micro_batches_in_flight(st: Stage) -> int:
+    """Micro-batches in flight on the rank (``Group.MICRO_BATCH_INPUTS``): the most forwards in flight of
+    one chunk that holds layers (1F1B: its one chunk's; ``chunk_ids`` otherwise, torch's interleaving)."""
+    ids = st.chunk_ids if st.chunk_ids is not None else (0,) * len(st.in_flight)
+    return max((ids.count(c) for c, n in enumerate(st.chunks_of) if n), default=0)
 
 
 def boundary_tensors(

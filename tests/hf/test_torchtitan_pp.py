@@ -167,7 +167,7 @@ def test_full_scale_405b_last_stage() -> None:
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        ({"cp": 2}, "--cp"),
+        ({"cp": 2, "tp": 2}, "--cp and --tp"),
     ],
 )
 def test_unmodelled_layouts_are_refused(layout: dict[str, int], message: str) -> None:

@@ -196,10 +196,9 @@ def test_full_scale_405b_first_rank() -> None:
     assert run.param_bytes == e.device.states.weights
 
 
-@pytest.mark.parametrize(("layout", "message"), [({"cp": 2}, "--cp"), ({}, "--checkpointing selective")])
+@pytest.mark.parametrize(("layout", "message"), [({"cp": 2, "tp": 2}, "--cp and --tp")])
 def test_unmodelled_pipelines_are_refused(layout: dict[str, int], message: str) -> None:
-    ck = "selective" if not layout else "none"
-    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN, checkpointing=ck)
+    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
     with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {message} is not modelled yet"):
         piped(base, 2, 4, **layout)
 

@@ -51,7 +51,13 @@ from memplan.measure.distributed.titan_peak import (
     propagation_unseen,
 )
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype
-from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config, titan_step
+from memplan.measure.frameworks.titan import (
+    apply_ac,
+    float8_config,
+    require_torchtitan,
+    titan_config,
+    titan_step,
+)
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
 
@@ -129,11 +135,13 @@ def build_dtype(setup: Setup) -> torch.dtype:
 
 def meta_model(setup: Setup) -> Any:
     """torchtitan's Llama 3 for ``setup`` on the meta device in ``build_dtype`` (fp32 under FSDP2's mixed
-    precision), its TP plan configured (``set_llama3_sharding_config``: SP or not)."""
+    precision), its linears torchao's ``Float8Linear`` under ``--fp8`` (``float8_config``: torchtitan's
+    converters rewrite the config at ``model_registry``, before ``update_from_config`` sets the sharding),
+    its TP plan configured (``set_llama3_sharding_config``: SP or not)."""
     require_torchtitan()
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
-    config = titan_config(setup)
+    config = float8_config(setup, titan_config(setup))
     set_llama3_sharding_config(config, enable_sp=setup.parallel.sp)
     default = torch.get_default_dtype()
     torch.set_default_dtype(build_dtype(setup))

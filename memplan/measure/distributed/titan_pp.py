@@ -18,8 +18,9 @@ Known limitations:
 - NB: the stage is built with static ``input_args`` / ``output_args`` (as ``pipeline.make_stage``):
   torchtitan's ``PipelineStage`` infers them by running the stage once, which exchanges metadata that
   the fake process group cannot carry. The shapes are the ones that run would find.
-- NB: tp, cp and dp (FSDP2 with ``pp_enabled``) with pp are refused in ``config.impl_rules.check_impl``; the
-  interleaved schedule (vpp > 1) runs in ``titan_vpp``.
+- NB: this builder runs one untensor-parallel, unsharded stage; tp, dp (FSDP2 with ``pp_enabled``), cp,
+  ``--compile`` (``titan_compiled``) and the interleaved schedule (vpp > 1) run in ``titan_vpp``, this
+  builder's blocks are eager. Under ``SelectiveAC`` each block call's cache is held (``titan_sac``).
 - NB: only saved tensors and the stage's parameter bytes are compared, not the peak.
 """
 
@@ -36,9 +37,10 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import Schedule1F1B
 
-from memplan.config import Setup
+from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.pipeline import CountedStage, InFlightRecorder
 from memplan.measure.distributed.titan import fake_world
+from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config
 from memplan.measure.instruments.record import _RECORDER, SavedRecord, layer_scope
@@ -199,6 +201,8 @@ def measure_titan_stage(setup: Setup, index: int, fake: bool = True) -> StageRun
             )
             for i, block in zip(layers, chunk.layers.values(), strict=True):
                 hooks.enter_context(_scoped(block, i))
+            if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+                hooks.enter_context(hold_sac(dict(zip(layers, chunk.layers.values(), strict=True))))
             batches = [make_batch(setup, "cpu") for _ in range(n)]
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
@@ -222,17 +226,22 @@ class StaticSchedule1F1B(Schedule1F1B):
             st._inference_mode = InferenceMode.STATIC
 
 
-def step(schedule: Schedule1F1B, batches: list[tuple[Any, Any]], loss_kwargs: dict[str, Any]) -> None:
+def step(
+    schedule: Schedule1F1B,
+    batches: list[tuple[Any, Any]],
+    loss_kwargs: dict[str, Any],
+    kwargs: list[dict[str, Any]] | None = None,
+) -> None:
     """``Schedule1F1B.step`` without its split (``pipeline.run_step``: each micro-batch its own storage),
-    as ``Trainer.forward_backward_step`` calls it: ids to the first stage, labels to the last."""
+    as ``Trainer.forward_backward_step`` calls it: ids to the first stage, labels to the last, ``kwargs``
+    (each micro-batch's, e.g. the positions under cp) to every stage."""
     stage = schedule._stage
     stage.has_backward = schedule._has_backward
     stage.clear_runtime_states()
     args = [(ids,) if stage.is_first else () for ids, _ in batches]
     targets = [labels for _, labels in batches] if stage.is_last else None
-    schedule._step_microbatches(
-        args, [{} for _ in batches], targets, None, return_outputs=False, loss_kwargs=loss_kwargs
-    )
+    kw = kwargs if kwargs is not None else [{} for _ in batches]
+    schedule._step_microbatches(args, kw, targets, None, return_outputs=False, loss_kwargs=loss_kwargs)
 
 
 class _scoped:

@@ -19,7 +19,10 @@ ZeRO-2). The chunks become ``PipelineStage``s with static shapes (``titan_pp._st
 at once at their maximum per layer (``pipeline.InFlightRecorder``), the schedule's holds under the estimate's
 names — sent outputs (``pp.output``), sent input gradients (``pp.grad_send``; the runtime keeps every send's
 ``Work`` to the step's end, ``strategies.torch_interleaved``), the last virtual stage's logits, every chunk's
-receive buffers — and the rank's parameter bytes.
+receive buffers — and the rank's parameter bytes. Under ``SelectiveAC`` each block call's cache of saved
+op outputs is held from its forward until freed (``titan_sac``); under ``--fp8 rowwise`` each part's
+linears are torchao's ``Float8Linear`` (``titan.meta_model``: torchtitan's converter, the lm head bf16);
+under ``--compile`` each block runs through AOTAutograd's partitioner (``titan_compiled``).
 
 Known limitations:
 - NB: as ``titan_pp``: static ``input_args`` / ``output_args``, the warm-up's vote decided ``STATIC``;
@@ -27,7 +30,9 @@ Known limitations:
 - NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
-- NB: cp with pp is refused in ``config.impl_rules.check_titan_pipeline``.
+- NB: with ``--cp`` the rank is context-parallel rank ``cp_rank`` (0: the estimate's) of torch's ring over
+  the mesh's cp group (``titan_pp_cp``); cp with tp is refused in
+  ``config.impl_rules.check_titan_pipeline``.
 - FSDP2's state is measured (``Fsdp2Held``): the most unsharded parameter bytes alive at once (sampled
   as each chunk's forward, backward and gradient reduction begins: torch's runtime unshards and reshards
   whole chunks between computations, ``strategies.torch_interleaved.fsdp_unshards``), the unsharded
@@ -51,10 +56,11 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.pipelining import ScheduleInterleaved1F1B
 from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
-from memplan.config import Setup
+from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
+from memplan.measure.distributed.titan_compiled import compiled_blocks
 from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
     StageRun,
@@ -65,10 +71,12 @@ from memplan.measure.distributed.titan_pp import (
     sends_hold_tensors,
 )
 from memplan.measure.distributed.titan_pp import step as step_single
+from memplan.measure.distributed.titan_pp_cp import cp_batches, local_setup
+from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
-from memplan.measure.frameworks.titan import require_torchtitan
+from memplan.measure.frameworks.titan import require_torchtitan, ring_attention, rope_buffers
 from memplan.measure.instruments.record import _RECORDER, storage_ref
-from memplan.measure.runs.run import make_batch
+from memplan.measure.reference.context import rotate_method
 
 
 def virtual_module_names(setup: Setup) -> list[list[str]]:
@@ -119,22 +127,24 @@ class StaticInterleaved1F1B(ScheduleInterleaved1F1B):
 
 
 def pipeline_dims(setup: Setup) -> Any:
-    """torchtitan's ``ParallelDims`` of a pp × dp × tp job (``titan.parallel_dims`` with the pipeline
-    axis), on a CPU mesh; its mesh is ["pp", "dp_replicate", "fsdp", "tp"], row-major."""
+    """torchtitan's ``ParallelDims`` of a pp × dp × cp × tp job (``titan.parallel_dims`` with the pipeline
+    and context axes), on a CPU mesh; its world is ["pp", "dp_replicate", "dp_shard", "cp", "tp"],
+    row-major (FSDP2 over "fsdp": dp_shard × cp)."""
     from torchtitan.distributed import ParallelDims, parallel_dims
     from torchtitan.distributed.utils import set_spmd_backend
 
     set_spmd_backend("partial_dtensor")
     parallel_dims.device_type = "cpu"
     p, tp, dp, shard = setup.parallel.pp, setup.parallel.tp, setup.strategy.dp, setup.strategy.shard_group
+    cp = setup.parallel.cp
     dims = ParallelDims(
         dp_replicate=dp // shard,
         dp_shard=shard,
-        cp=1,
+        cp=cp,
         tp=tp,
         pp=p,
         ep=1,
-        world_size=p * dp * tp,
+        world_size=p * dp * cp * tp,
         spmd_backend="partial_dtensor",
     )
     dims.build_mesh()
@@ -151,18 +161,23 @@ def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
     return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
 
 
-def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bool = False) -> StageRun:
+def measure_titan_pipeline(
+    setup: Setup, index: int, fake: bool = True, cp_rank: int = 0, peak: bool = False
+) -> StageRun:
     """One step of pipeline rank ``index`` (module docstring): its M chunks under
-    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp or tp > 1 the
-    rank at data-parallel and tensor-parallel coordinate 0 of the p × dp × tp mesh."""
+    ``ScheduleInterleaved1F1B``, or its one stage under ``Schedule1F1B`` when M = 1; with dp, cp or tp > 1
+    the rank at data-parallel and tensor-parallel coordinate 0 and context-parallel coordinate ``cp_rank``
+    of the p × dp × cp × tp mesh (``titan_pp_cp``)."""
     tt = require_torchtitan()
-    p, m, n = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum
-    others = setup.strategy.dp * setup.parallel.tp
+    p, m, n, cp = setup.parallel.pp, setup.parallel.vpp, setup.training.grad_accum, setup.parallel.cp
+    tp = setup.parallel.tp
+    others = setup.strategy.dp * cp * tp
+    shapes = local_setup(setup)  # the stages' static shapes: s/c tokens under cp
     names = virtual_module_names(setup)
     # DTensor's sharding-propagation caches key a spec by its mesh's layout, not its process groups: one
     # cached in an earlier fake world would name a group destroyed with it
     _clear_sharding_prop_cache()
-    with fake_world(index * others, p * others):
+    with fake_world(index * others + cp_rank * tp, p * others):
         dims = pipeline_dims(setup) if others > 1 else None
         group = dims.get_mesh("pp").get_group() if dims is not None else None
         chunks = [build_chunk(setup, names[k * p + index], dims) for k in range(m)]
@@ -171,10 +186,12 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bo
             stages: list[Any] = []  # ``kind``, each
             for k, chunk in enumerate(chunks):
                 chunk.to_empty(device="cpu")
-                if setup.parallel.tp > 1:
-                    stages.append(dtensor_stage(chunk, setup, k * p + index, p * m, kind, dims))
+                if cp > 1:  # others > 1: the mesh is built
+                    ring_attention(chunk, dims.get_mesh("cp").get_group())  # type: ignore[union-attr]
+                if tp > 1:
+                    stages.append(dtensor_stage(chunk, shapes, k * p + index, p * m, kind, dims))
                 else:
-                    stages.append(_stage(chunk, setup, k * p + index, p * m, kind, group))
+                    stages.append(_stage(chunk, shapes, k * p + index, p * m, kind, group))
             for st in stages:
                 st.siblings = stages
             loss = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
@@ -184,12 +201,21 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bo
                 if m > 1
                 else StaticSchedule1F1B(stages[0], n, loss_fn=loss_fn, scale_grads=False)
             )
-            layers = []
+            layers, blocks = [], {}
             for chunk in chunks:
                 for key, block in chunk.layers.items():
                     layers.append(int(key))
+                    blocks[int(key)] = block
                     hooks.enter_context(_scoped(block, int(key)))
-            batches = [make_batch(setup, "cpu") for _ in range(n)]
+            if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
+                hooks.enter_context(hold_sac(blocks))
+            if setup.impl.compile and setup.strategy.checkpointing is Checkpointing.NONE:
+                t, h = setup.training, setup.model.hidden_size
+                x = torch.empty(t.micro_batch, t.seq_len, h, dtype=activation_dtype(setup))
+                hooks.enter_context(compiled_blocks(blocks, x))
+            if cp > 1:
+                hooks.enter_context(rotate_method(setup.parallel.cp_rotate.value))
+            batches, kwargs = cp_batches(setup, n, cp_rank)
             # trainer.py: global_valid_tokens, the valid labels of the whole step (here: every token)
             tokens = torch.tensor(n * setup.training.micro_batch * setup.training.seq_len)
             recorder = InFlightRecorder(torch.nn.ModuleList(chunks))
@@ -201,12 +227,19 @@ def measure_titan_pipeline(setup: Setup, index: int, fake: bool = True, peak: bo
                 for ctx in tracking:
                     measuring.enter_context(ctx)
                 tracker.track(states)
-                (step if m > 1 else step_single)(schedule, batches, {"global_valid_tokens": tokens})
+                for kw in kwargs:  # the positions: a model input, whichever block keeps them first
+                    if kw:
+                        recorder.label(kw["positions"], "rope.positions")
+                run = step if m > 1 else step_single
+                run(schedule, batches, {"global_valid_tokens": tokens}, kwargs)
             peak_parts = pipeline_peak_parts(tracker, states, fsdp2) if peak else {}
             params = sum(local(q).untyped_storage().nbytes() for c in chunks for q in c.parameters())
             grads = [q.grad for c in chunks for q in c.parameters() if q.grad is not None]
+            # under cp the layers' RoPE caches are module buffers autograd never saves (each forward gathers
+            # its rows): the chunks' read from the modules, as the non-pipeline run does
+            records = recorder.records + [rope_buffers(c) for c in chunks if cp > 1 and len(c.layers)]
             return StageRun(
-                recorder.records,
+                records,
                 params,
                 tuple(sorted(layers)),
                 unsharded_weights=fsdp2.most_weights,
@@ -341,7 +374,10 @@ def _scalar(loss: Any, out: Any, labels: Any, **kw: Any) -> Any:
 
 
 def step(
-    schedule: ScheduleInterleaved1F1B, batches: list[tuple[Any, Any]], loss_kwargs: dict[str, Any]
+    schedule: ScheduleInterleaved1F1B,
+    batches: list[tuple[Any, Any]],
+    loss_kwargs: dict[str, Any],
+    kwargs: list[dict[str, Any]] | None = None,
 ) -> None:
     """``ScheduleInterleaved1F1B.step`` without its split (``titan_pp.step``): ids to the model's first
     stage, labels to its last."""
@@ -352,6 +388,5 @@ def step(
     first, last = any(st.is_first for st in stages), any(st.is_last for st in stages)
     args = [(ids,) if first else () for ids, _ in batches]
     targets = [labels for _, labels in batches] if last else None
-    schedule._step_microbatches(
-        args, [{} for _ in batches], targets, None, return_outputs=False, loss_kwargs=loss_kwargs
-    )
+    kw = kwargs if kwargs is not None else [{} for _ in batches]
+    schedule._step_microbatches(args, kw, targets, None, return_outputs=False, loss_kwargs=loss_kwargs)

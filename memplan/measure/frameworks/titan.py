@@ -48,7 +48,7 @@ CUDA op also saves its RNG state (``philox_seed`` / ``philox_offset``, 24 B per 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
@@ -202,6 +202,17 @@ def capture_sac(layers: list[Any]) -> dict[int, Any]:
     return caches
 
 
+def cached_tensors(storage: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors one SAC cache holds, named ``sac · <op>``: each saved op's outputs (``_VersionWrapper``'s
+    ``val``); ``_RECOMPUTE`` entries hold nothing."""
+    for key, calls in storage.items():
+        for out in calls.values():
+            for leaf in tree_leaves(out):
+                t = getattr(leaf, "val", None)
+                if isinstance(t, torch.Tensor):
+                    yield f"sac · {key}", t
+
+
 def keep_sac(caches: dict[int, Any]) -> Callable[[PathRecorder], None]:
     """After forward: every tensor a block's SAC cache holds counted as kept by that layer
     (``sac · <op>``); the ops it recomputes hold nothing until backward."""
@@ -209,12 +220,8 @@ def keep_sac(caches: dict[int, Any]) -> Callable[[PathRecorder], None]:
     def after_forward(recorder: PathRecorder) -> None:
         for i, storage in caches.items():
             with layer_scope(i):
-                for key, calls in storage.items():
-                    for out in calls.values():
-                        for leaf in tree_leaves(out):
-                            t = getattr(leaf, "val", None)  # _VersionWrapper(tensor); _RECOMPUTE has none
-                            if isinstance(t, torch.Tensor):
-                                recorder.keep(t, f"sac · {key}")
+                for name, t in cached_tensors(storage):
+                    recorder.keep(t, name)
 
     return after_forward
 

@@ -1,0 +1,70 @@
+"""torchtitan's ``apply_compile`` inside pipeline stages (``--impl torchtitan --pp P [--vpp M] --compile``):
+each block of each model part run through AOTAutograd's min-cut partitioner, under the schedule.
+
+torchtitan compiles every block of every model part alone (``distributed/compile.py`` ``apply_compile``:
+``transformer_block.compile(backend=..., fullgraph=True)``, called by ``parallelize_llama`` on each part
+``pipeline_llm`` hands it). ``compiled_blocks(blocks)`` swaps each block's ``forward`` for the block's
+functional call through ``runs.compiled.partitioned_forward`` (Inductor's decompositions, the min-cut
+partition, no kernel compiled), so the pipeline schedule runs the partitioned forward and backward graphs:
+AOTAutograd's ``CompiledFunction`` keeps what the partitioner chose with ``ctx.save_for_backward``, which
+``pipeline.InFlightRecorder``'s hooks see per forward in flight, as they see an eager block's saves. Every
+block of a model is the same graph: one trace serves them all (each call passes its block's own parameters
+and buffers).
+
+Known limitations:
+- NB: without activation checkpointing only; with ``FullAC`` a compiled block keeps its input alone,
+  compiled or not (``runs.compiled``'s NB): the stages run the eager ``FullAC`` blocks.
+- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1, SelectiveAC, --fp8) is refused with pp
+  (``config.impl_rules.check_titan_pipeline``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from memplan.measure.runs.compiled import partitioned_forward
+
+
+@contextmanager
+def compiled_blocks(blocks: dict[int, Any], x: torch.Tensor) -> Iterator[None]:
+    """Each block (layer index → ``Llama3TransformerBlock``) called through one partitioned forward of
+    their common graph (module docstring), traced once before the step on ``x`` (a [b, s, h] input like
+    the stage's) and plain parameters as the block computes with them — unsharded, in ``x``'s dtype (FSDP2's
+    ``param_dtype`` or the bf16 build) — so that no recorder sees the tracing; the blocks' own ``forward``
+    restored after. The traced body is the block class's ``forward`` (not ``__call__``: FSDP2's hooks on
+    the block gather and reshard outside the compiled region, as around torchtitan's compiled block)."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    template = next(iter(blocks.values()))
+
+    def body(inputs: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
+        with _reparametrize_module(template, inputs):
+            return type(template).forward(template, x, None)
+
+    compiled, _graphs = partitioned_forward(body)
+    for block in blocks.values():
+        block.forward = _forward(block, compiled)
+    plain = {
+        n: torch.empty(p.shape, dtype=x.dtype, requires_grad=True) for n, p in template.named_parameters()
+    }
+    plain.update({n: torch.empty(b.shape, dtype=b.dtype) for n, b in template.named_buffers()})
+    try:
+        compiled(plain, x.requires_grad_())  # AOTAutograd traces and partitions here; the output dropped
+        yield
+    finally:
+        for block in blocks.values():
+            del block.forward  # the class's forward again
+
+
+def _forward(block: Any, compiled: Any) -> Any:
+    def forward(x: torch.Tensor, attention_masks: Any = None, positions: Any = None) -> Any:
+        # torchtitan's Decoder calls layer(h, attention_masks, positions): both None in these runs (SDPA's
+        # causal mask, no positions)
+        assert attention_masks is None and positions is None
+        return compiled({**dict(block.named_parameters()), **dict(block.named_buffers())}, x)
+
+    return forward
