@@ -20,7 +20,7 @@ configuration whose bound exceeds the slowest of them cannot enter the list.
 
 ``stages_bound`` is a second, tighter bound, for one configuration and every ZeRO stage of it at once:
 the terms of ``time.predict``'s step that do not depend on the ZeRO stage. Only the data-parallel
-collectives (``comm.dp_rows``) and the optimizer step (``compute.owned_params``) read it; the busiest
+collectives (``comm_dp.dp_rows``) and the optimizer step (``compute.owned_params``) read it; the busiest
 stage, its kernels, the tensor-, context-, pipeline- and expert-parallel collectives and their overlap
 windows do not. With every stage-dependent term (and the offload copies, never negative) left out,
 
@@ -45,7 +45,8 @@ from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.time import efficiency
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm import Row, cp_rows, critical_stage, ep_rows, pp_rows, tp_rows
+from memplan.time.comm import cp_rows, ep_rows, pp_rows, tp_rows
+from memplan.time.comm_rows import Row, critical_stage
 from memplan.time.compute import kernel_times
 from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops

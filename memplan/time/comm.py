@@ -54,7 +54,8 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   dimensions carries s/cp tokens; dp's gradients and ZeRO shards run over dp × cp.
 
 Adding a dimension: write one row function ``(Critical, Topology) → list[Row]`` below and append it to
-``ROWS``; give its degree a place in ``ORDER`` so the groups outside it get their stride.
+``ROWS``; give its degree a place in ``comm_rows.ORDER`` so the groups outside it get their stride. The
+vocabulary (``Row``, ``Critical``, ``Overlap``, placement) is ``time.comm_rows``; dp's rows ``time.comm_dp``.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
 each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's;
@@ -64,172 +65,26 @@ concurrent groups of different dimensions are taken not to share NICs (``fabric`
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
 
-from memplan.analytic.fsdp2_moments import titan_fsdp2
-from memplan.analytic.fsdp2_reduce import reduce_bytes
-from memplan.analytic.params import ParamCount
 from memplan.blocks import te_fp8
-from memplan.config import Checkpointing, Precision, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import Topology
-from memplan.strategies import context_parallel, torch_interleaved
-from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
-from memplan.time.fabric import Collective, Link, collective_seconds, link, placed
-
-
-class Phase(StrEnum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    RECOMPUTE = "recompute"
-    STEP = "step"
-    """Once per optimizer step."""
-
-
-class Overlap(StrEnum):
-    """The compute a collective runs under (``none``: it waits, exposed)."""
-
-    NONE = "none"
-    FORWARD = "forward"
-    """Every micro-batch's forward."""
-    BACKWARD = "backward"
-    """Every micro-batch's backward."""
-    BACKWARD_THEN_FORWARD = "backward, and a forward after it"
-    """A gradient reduce-scatter issued per layer in every backward (ZeRO 2): FSDP keeps one reduce-scatter
-    buffer in flight, so the compute stream waits for it at the next layer's backward; it hides behind that
-    backward and, where the schedule runs a forward chunk before the next backward (1F1B's steady state;
-    the next micro-batch without a pipeline), behind that forward too (``predict.windows``)."""
-    LAST_BACKWARD = "last backward"
-    """The last micro-batch's backward (a once-per-step gradient reduction)."""
-    FIRST_FORWARD = "first forward"
-    """The next step's first forward (a once-per-step weight all-gather)."""
-    RING_FIRST_FORWARD = "ring's first block, forward"
-    """Context parallelism: every micro-batch's forward attention in each rank's first (local) block."""
-    RING_FIRST_BACKWARD = "ring's first block, backward"
-    RING_FORWARD = "ring's blocks, forward"
-    """Context parallelism: every micro-batch's forward attention in all blocks but the last."""
-    RING_BACKWARD = "ring's blocks, backward"
-
-
-@dataclass(frozen=True)
-class Row:
-    """One kind of collective: ``count`` calls per step of ``bytes`` each over ``group`` ranks."""
-
-    dimension: str
-    collective: Collective
-    phase: Phase
-    bytes: int
-    count: int
-    group: int
-    link: Link
-    overlap: Overlap
-    what: str
-
-    @property
-    def call_s(self) -> float:
-        """Seconds of one call (module docstring)."""
-        return collective_seconds(self.collective, self.bytes, self.group, self.link)
-
-    @property
-    def time_s(self) -> float:
-        return self.count * self.call_s
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dimension": self.dimension,
-            "collective": self.collective.value,
-            "phase": self.phase.value,
-            "bytes": self.bytes,
-            "count": self.count,
-            "group": self.group,
-            "link": self.link.level,
-            "time_s": self.time_s,
-            "overlapped": self.overlap is not Overlap.NONE,
-            "overlaps": self.overlap.value,
-            "what": self.what,
-        }
-
-
-# ----------------------------------------------------------------------------------------------------
-# The device the rows are for, and where its groups sit
-# ----------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Critical:
-    """The busiest pipeline stage (most layer FLOPs, the head's counted on the last): what one of its
-    devices runs per micro-batch bounds the pipeline's pace."""
-
-    result: Result
-    index: int
-    layers: int
-    params: ParamCount
-    """The stage's parameters on one tensor-parallel rank."""
-
-    @property
-    def setup(self) -> Setup:
-        return self.result.setup
-
-    @property
-    def first(self) -> bool:
-        return self.index == 0
-
-    @property
-    def last(self) -> bool:
-        return self.index == self.setup.parallel.pp - 1
-
-    @property
-    def rerun_layers(self) -> int:
-        """Layers whose forward (and its collectives) re-runs in backward: full / every-k checkpointing
-        and reversible layers re-run whole layers; selective only the attention core (no collective)."""
-        s = self.setup.strategy
-        whole = s.checkpointing >= Checkpointing.EVERY_K or s.reversible
-        return self.layers if whole else 0
-
-
-def critical_stage(r: Result) -> Critical:
-    """The stage with the most forward FLOPs: its layers' share, plus the head on the last stage."""
-    par, f = r.setup.parallel, r.flops
-    counts = stage_layers(r.setup.model.num_layers, par)
-    per_layer = (f.layer_linear + f.layer_attention) / r.setup.model.num_layers
-    work = [n * per_layer + (f.lm_head if i == par.pp - 1 else 0) for i, n in enumerate(counts)]
-    i = max(range(par.pp), key=lambda k: (work[k], k))
-    st = stage(par, i, chunk_layers(r.setup.model.num_layers, par)[i], r.micro_batches)
-    return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
-
-
-ORDER: tuple[tuple[str, Callable[[Setup], int]], ...] = (
-    ("tp", lambda s: s.parallel.tp),
-    ("cp", lambda s: s.parallel.cp),  # Llama 3's order: tp, cp, pp, dp
-    ("pp", lambda s: s.parallel.pp),
-    ("dp", lambda s: s.strategy.dp),
+from memplan.strategies import context_parallel
+from memplan.strategies.pipeline_parallel import chunk_layers
+from memplan.time.comm_dp import dp_rows
+from memplan.time.comm_rows import (
+    Critical,
+    Overlap,
+    Phase,
+    Row,
+    critical_stage,
+    hidden_bytes,
+    rank_tokens,
+    stride,
 )
-"""The parallel dimensions, innermost first: a group's stride is the product of the degrees before it."""
+from memplan.time.fabric import Collective, link, placed
 
 
-def stride(setup: Setup, dimension: str) -> int:
-    out = 1
-    for name, degree in ORDER:
-        if name == dimension:
-            return out
-        out *= degree(setup)
-    raise ValueError(f"dimension: {dimension!r} is not one of {[n for n, _ in ORDER]}")
-
-
-def rank_tokens(setup: Setup) -> int:
-    """Tokens of one micro-batch on one context-parallel rank: b·s/cp."""
-    return setup.training.micro_batch * setup.training.seq_len // setup.parallel.cp
-
-
-def hidden_bytes(setup: Setup) -> int:
-    """X = b·(s/cp)·h·e: one micro-batch's hidden states, the rank's whole sequence (s/cp with context
-    parallelism)."""
-    return rank_tokens(setup) * setup.model.hidden_size * setup.training.precision.activation_dtype.bytes
-
-
-# ----------------------------------------------------------------------------------------------------
-# One function per dimension: the rows of its collectives
-# ----------------------------------------------------------------------------------------------------
 def tp_rows(c: Critical, topo: Topology) -> list[Row]:
     """Tensor (and sequence) parallelism, per micro-batch × micro-batches (module docstring)."""
     s, t = c.setup, c.setup.parallel.tp
@@ -289,159 +144,6 @@ def pp_rows(c: Critical, topo: Topology) -> list[Row]:
             for phase in (Phase.FORWARD, Phase.BACKWARD)
         ]
     return rows
-
-
-def gradient_bytes(setup: Setup) -> int:
-    """Bytes of one gradient element as data parallelism reduces it: ``--reduce-dtype`` (FSDP2's
-    ``MixedPrecisionPolicy.reduce_dtype``; fp32 under ``--precision fsdp2-mixed``), else the gradients' own
-    dtype."""
-    chosen = setup.strategy.reduce_dtype
-    if chosen is None and setup.training.precision is Precision.FSDP2_MIXED:
-        return 4  # the recipe's reduce_dtype=float32 (``config.training.Precision.FSDP2_MIXED``)
-    return chosen.bytes if chosen is not None else setup.training.precision.grad_bytes
-
-
-def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) -> list[Row]:
-    """ZeRO's collectives over ``ranks`` data-parallel ranks for ``params`` parameters (module docstring)."""
-    s = c.setup
-    if ranks == 1 or params == 0:
-        return []
-    zero, n, prec = s.strategy.zero, c.result.micro_batches, s.training.precision
-    grads, weights = params * gradient_bytes(s), params * prec.weight_bytes
-
-    def row(kind: Collective, phase: Phase, nbytes: int, count: int, overlap: Overlap, what: str) -> Row:
-        return Row(dimension, kind, phase, nbytes, count, ranks, on, overlap, what)
-
-    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
-    if zero is ZeroStage.NONE:
-        return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients")]
-    if zero is ZeroStage.OPTIMIZER:
-        return [
-            row(RS, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients"),
-            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
-        ]
-    if titan_fsdp2(s) and dimension == "dp":
-        return _titan_fsdp2_rows(c, row, params)
-    if zero is ZeroStage.GRADIENTS:
-        return [
-            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
-            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
-        ]
-    return [
-        row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
-        row(AG, Phase.BACKWARD, weights, n, Overlap.BACKWARD, "weights again"),
-        row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
-    ]
-
-
-def titan_kept_params(c: Critical) -> int:
-    """Parameters of the stage's units torchtitan's ZeRO-3 keeps gathered from their forward to their
-    backward without a pipeline: the [norm, lm_head] unit on the last stage, one unit with the embedding
-    when tied (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward=
-    reshard_after_forward_policy == "always"`` for it, False under the trainer's "default")."""
-    if not c.last:
-        return 0
-    p = c.params
-    return p.final_norm + p.lm_head + (p.embedding if c.setup.model.tied_embeddings else 0)
-
-
-def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list[Row]:
-    """torchtitan's FSDP2 over the dense parameters (``analytic.fsdp2_moments.titan_fsdp2``), by its
-    reshard policy (FSDP2: a unit resharded after forward is all-gathered again in backward, one kept
-    gathered is not; every unit reshards after backward, ``reshard_after_backward`` True):
-
-    - no pipeline, ZeRO-3 (the trainer's "default" policy): every micro-batch all-gathers every unit in
-      forward and all but [norm, lm_head] again in backward (``titan_kept_params``), and reduce-scatters
-      every unit's gradients in backward (the trainer syncs every micro-batch: it never calls
-      ``set_requires_gradient_sync(False)``);
-    - no pipeline, ZeRO-2 (``reshard_after_forward=False``): one all-gather per micro-batch (forward; the
-      unit is resharded after each backward), the reduce-scatter as ZeRO-3's;
-    - a pipeline stage: torch's ``PipelineStage.backward_maybe_with_nosync`` sets
-      ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)`` for every micro-batch
-      and ``perform_reduce_grad`` runs each unit's ``post_backward`` with both True once, after the
-      schedule's last backward (torch/distributed/pipelining/stage.py, torch 2.13); no unit is resharded
-      after forward ("default" with pp, or ZeRO-2's "never"). So the stage's weights are all-gathered
-      once per step, at their first forward, and its accumulated gradients reduce-scattered once, after
-      its last backward, where nothing hides them."""
-    s = c.setup
-    n, prec = c.result.micro_batches, s.training.precision
-    # torchtitan's reduce dtype: ``--reduce-dtype``, else its ``mixed_precision_reduce`` default, fp32
-    grads, weights = params * reduce_bytes(s), params * prec.weight_bytes
-    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
-    if s.parallel.pp > 1:
-        return [
-            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "weights, kept gathered through the step"),
-            *_regathers(c, row),
-            row(RS, Phase.STEP, grads, 1, Overlap.NONE, "gradients, accumulated unsharded"),
-        ]
-    if s.strategy.zero is ZeroStage.GRADIENTS:
-        return [
-            row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
-            row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights, resharded after backward"),
-        ]
-    again = (params - titan_kept_params(c)) * prec.weight_bytes
-    return [
-        row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
-        row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not [norm, lm_head]"),
-        row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
-    ]
-
-
-def _regathers(c: Critical, row: Callable[..., Row]) -> list[Row]:
-    """The interleaved schedule's chunks gathered again (torch's runtime keeps at most
-    ``torch_interleaved.MAX_ACTIVE_STAGES`` of a rank's chunks unsharded and reshards the others between
-    computations: ``fsdp_unshards``), one row per chunk size: each all-gather of a chunk after its first,
-    prefetched up to three computations ahead (``UNSHARD`` with ``async_op=True``) and counted as hidden
-    behind the backwards. None with three chunks or fewer."""
-    par = c.setup.parallel
-    if par.vpp <= torch_interleaved.MAX_ACTIVE_STAGES:
-        return []
-    chunks_of = chunk_layers(c.setup.model.num_layers, par)[c.index]
-    st = stage(par, c.index, chunks_of, c.result.micro_batches)
-    sizes = torch_interleaved.chunk_params(c.params, st)
-    gathers, _ = torch_interleaved.fsdp_unshards(par.pp, par.vpp, c.result.micro_batches, c.index)
-    again: dict[int, int] = {}
-    for size, k in zip(sizes, gathers, strict=True):
-        again[size] = again.get(size, 0) + k - 1
-    weight = c.setup.training.precision.weight_bytes
-    AG = Collective.ALL_GATHER
-    return [
-        row(AG, Phase.STEP, size * weight, k, Overlap.BACKWARD, "a chunk's weights, gathered again")
-        for size, k in again.items()
-        if k
-    ]
-
-
-def _replicas(rows: list[Row], replicas: int, on: Link) -> list[Row]:
-    """HSDP across ``replicas`` shard groups: after each gradient reduce-scatter inside a group, an
-    all-reduce of the rank's gradient shard (1/group of it) with its peers in the other groups, as often
-    and under the same compute (FSDP2's HSDP: reduce-scatter over the shard mesh dimension, then
-    all-reduce over the replicate one)."""
-    if replicas == 1:
-        return []
-    what = "gradient shards across replicas"
-    return [
-        Row("dp", Collective.ALL_REDUCE, r.phase, r.bytes // r.group, r.count, replicas, on, r.overlap, what)
-        for r in rows
-        if r.collective is Collective.REDUCE_SCATTER
-    ]
-
-
-def dp_rows(c: Critical, topo: Topology) -> list[Row]:
-    """Data parallelism and ZeRO: the dense parameters over dp (× cp: the context-parallel ranks hold
-    replicas too, their gradients reduced and their states sharded with dp's, as torchtitan's
-    ``dp_shard_cp`` mesh does), routed experts over dp/ep. With HSDP (``--hsdp R``) ZeRO's collectives run
-    inside the shard group of R data-parallel ranks (× cp), the innermost of dp, and the gradient shards
-    are all-reduced across the dp/R groups (``_replicas``). Each group's link: ``placed`` on its ranks."""
-    s = c.setup
-    dp, ep, cp = s.strategy.dp, s.parallel.ep, s.parallel.cp
-    shard, replicas = s.strategy.shard_group, s.strategy.replicas
-    experts = c.result.pieces.expert_params * c.layers
-    at = stride(s, "dp")
-    dense_on = placed(topo, ((stride(s, "cp"), cp), (at, shard)))
-    dense = _dp_group("dp", c.params.total - experts, shard * cp, dense_on, c)
-    dense += _replicas(dense, replicas, link(topo, at * shard, replicas))
-    return dense + _dp_group("dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c)
 
 
 RING = {

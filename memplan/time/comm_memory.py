@@ -32,7 +32,7 @@ from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result, StagePlan
 from memplan.presets import GpuPreset, Topology
-from memplan.time.comm import stride
+from memplan.time.comm_rows import stride
 from memplan.time.fabric import link, placed
 
 

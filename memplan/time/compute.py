@@ -62,7 +62,7 @@ from memplan.strategies.checkpointing import op_selective, op_selective_recomput
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
 from memplan.time import attention, efficiency, elementwise, fp8, gemm
-from memplan.time.comm import Critical
+from memplan.time.comm_rows import Critical
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from memplan.engine import estimate
 from memplan.presets import GpuPreset, load_gpu, load_model_preset
 from memplan.search.fit import Space, fit
 from memplan.time import efficiency
-from memplan.time.comm import Overlap, Phase, Row, communication
+from memplan.time.comm import communication
+from memplan.time.comm_rows import Overlap, Phase, Row
 from memplan.time.fabric import Collective, collective_seconds, link
 from memplan.time.timing import timing
 

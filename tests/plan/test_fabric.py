@@ -18,7 +18,8 @@ import pytest
 from memplan.config import CpRotate, Parallel, ReduceDtype, Setup, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.comm import Overlap, Row, communication
+from memplan.time.comm import communication
+from memplan.time.comm_rows import Overlap, Row
 from memplan.time.fabric import Collective, collective_seconds, link, placed
 
 H100 = load_gpu("h100")

@@ -15,7 +15,7 @@ import pytest
 from memplan.config import Optimizer, Precision, Setup, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.comm import critical_stage
+from memplan.time.comm_rows import critical_stage
 from memplan.time.compute import optimizer_seconds, optimizer_step_bytes
 from memplan.time.predict import predict
 from memplan.time.timing import peak_flops

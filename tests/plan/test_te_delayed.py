@@ -37,8 +37,9 @@ from memplan.config import (
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import fp8 as time_fp8
-from memplan.time.comm import Overlap, Phase, communication
+from memplan.time.comm import communication
 from memplan.time.comm_memory import communicators
+from memplan.time.comm_rows import Overlap, Phase
 from memplan.time.fabric import Collective
 
 from .layout import plan

@@ -1,0 +1,168 @@
+"""The vocabulary of ``time.comm``'s table: a collective's phase and what it overlaps (``Phase``,
+``Overlap``), one row (``Row``), the busiest pipeline stage whose device the rows describe (``Critical``),
+and the ranks' placement ([TP, CP, PP, DP], tp innermost: ``ORDER``, ``stride``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from memplan.analytic.params import ParamCount
+from memplan.config import Checkpointing, Setup
+from memplan.engine import Result
+from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
+from memplan.time.fabric import Collective, Link, collective_seconds
+
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    RECOMPUTE = "recompute"
+    STEP = "step"
+    """Once per optimizer step."""
+
+
+class Overlap(StrEnum):
+    """The compute a collective runs under (``none``: it waits, exposed)."""
+
+    NONE = "none"
+    FORWARD = "forward"
+    """Every micro-batch's forward."""
+    BACKWARD = "backward"
+    """Every micro-batch's backward."""
+    BACKWARD_THEN_FORWARD = "backward, and a forward after it"
+    """A gradient reduce-scatter issued per layer in every backward (ZeRO 2): FSDP keeps one reduce-scatter
+    buffer in flight, so the compute stream waits for it at the next layer's backward; it hides behind that
+    backward and, where the schedule runs a forward chunk before the next backward (1F1B's steady state;
+    the next micro-batch without a pipeline), behind that forward too (``predict.windows``)."""
+    LAST_BACKWARD = "last backward"
+    """The last micro-batch's backward (a once-per-step gradient reduction)."""
+    FIRST_FORWARD = "first forward"
+    """The next step's first forward (a once-per-step weight all-gather)."""
+    RING_FIRST_FORWARD = "ring's first block, forward"
+    """Context parallelism: every micro-batch's forward attention in each rank's first (local) block."""
+    RING_FIRST_BACKWARD = "ring's first block, backward"
+    RING_FORWARD = "ring's blocks, forward"
+    """Context parallelism: every micro-batch's forward attention in all blocks but the last."""
+    RING_BACKWARD = "ring's blocks, backward"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kind of collective: ``count`` calls per step of ``bytes`` each over ``group`` ranks."""
+
+    dimension: str
+    collective: Collective
+    phase: Phase
+    bytes: int
+    count: int
+    group: int
+    link: Link
+    overlap: Overlap
+    what: str
+
+    @property
+    def call_s(self) -> float:
+        """Seconds of one call (module docstring)."""
+        return collective_seconds(self.collective, self.bytes, self.group, self.link)
+
+    @property
+    def time_s(self) -> float:
+        return self.count * self.call_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dimension": self.dimension,
+            "collective": self.collective.value,
+            "phase": self.phase.value,
+            "bytes": self.bytes,
+            "count": self.count,
+            "group": self.group,
+            "link": self.link.level,
+            "time_s": self.time_s,
+            "overlapped": self.overlap is not Overlap.NONE,
+            "overlaps": self.overlap.value,
+            "what": self.what,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------
+# The device the rows are for, and where its groups sit
+# ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Critical:
+    """The busiest pipeline stage (most layer FLOPs, the head's counted on the last): what one of its
+    devices runs per micro-batch bounds the pipeline's pace."""
+
+    result: Result
+    index: int
+    layers: int
+    params: ParamCount
+    """The stage's parameters on one tensor-parallel rank."""
+
+    @property
+    def setup(self) -> Setup:
+        return self.result.setup
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.setup.parallel.pp - 1
+
+    @property
+    def rerun_layers(self) -> int:
+        """Layers whose forward (and its collectives) re-runs in backward: full / every-k checkpointing
+        and reversible layers re-run whole layers; selective only the attention core (no collective)."""
+        s = self.setup.strategy
+        whole = s.checkpointing >= Checkpointing.EVERY_K or s.reversible
+        return self.layers if whole else 0
+
+
+def critical_stage(r: Result) -> Critical:
+    """The stage with the most forward FLOPs: its layers' share, plus the head on the last stage."""
+    par, f = r.setup.parallel, r.flops
+    counts = stage_layers(r.setup.model.num_layers, par)
+    per_layer = (f.layer_linear + f.layer_attention) / r.setup.model.num_layers
+    work = [n * per_layer + (f.lm_head if i == par.pp - 1 else 0) for i, n in enumerate(counts)]
+    i = max(range(par.pp), key=lambda k: (work[k], k))
+    st = stage(par, i, chunk_layers(r.setup.model.num_layers, par)[i], r.micro_batches)
+    return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
+
+
+ORDER: tuple[tuple[str, Callable[[Setup], int]], ...] = (
+    ("tp", lambda s: s.parallel.tp),
+    ("cp", lambda s: s.parallel.cp),  # Llama 3's order: tp, cp, pp, dp
+    ("pp", lambda s: s.parallel.pp),
+    ("dp", lambda s: s.strategy.dp),
+)
+"""The parallel dimensions, innermost first: a group's stride is the product of the degrees before it."""
+
+
+def stride(setup: Setup, dimension: str) -> int:
+    out = 1
+    for name, degree in ORDER:
+        if name == dimension:
+            return out
+        out *= degree(setup)
+    raise ValueError(f"dimension: {dimension!r} is not one of {[n for n, _ in ORDER]}")
+
+
+def rank_tokens(setup: Setup) -> int:
+    """Tokens of one micro-batch on one context-parallel rank: b·s/cp."""
+    return setup.training.micro_batch * setup.training.seq_len // setup.parallel.cp
+
+
+def hidden_bytes(setup: Setup) -> int:
+    """X = b·(s/cp)·h·e: one micro-batch's hidden states, the rank's whole sequence (s/cp with context
+    parallelism)."""
+    return rank_tokens(setup) * setup.model.hidden_size * setup.training.precision.activation_dtype.bytes
+
+
+# ----------------------------------------------------------------------------------------------------
+# One function per dimension: the rows of its collectives
+# ----------------------------------------------------------------------------------------------------
