@@ -14,7 +14,9 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   size is a whole number of bytes per element over them (else as one block per rise: pipeline stages,
   LoRA's trainable subset, offloaded parts): weights and states in parameter order, gradients in reverse
   (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
-- a moment's transient as one block, freed at the next point;
+- a moment's transient as one block, freed at the next point — or as the tensors it is, where the timeline
+  knows them (``timeline.Point.pieces``: torchtitan's eager standard loss, its forward's logits, their fp32
+  copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``);
 - cuBLAS's workspace (with a GPU) once, before the first layer, and never freed (torch keeps one per
   handle and stream, ``getNewWorkspace`` takes it from the caching allocator).
 
@@ -185,6 +187,8 @@ class StreamInputs:
     """The device's weights, optimizer states and gradients (bytes)."""
     layer: tuple[int, ...]
     """One layer's saves (``layer_saves``)."""
+    pieces: tuple[tuple[int, ...], ...] = ()
+    """Each point's transient as its tensors (``timeline.Point.pieces``; empty: one block)."""
 
 
 _INPUTS: dict[int, tuple[Result, StreamInputs]] = {}
@@ -220,6 +224,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),
+        pieces=tuple(p.pieces for p in points) if any(p.pieces for p in points) else (),
     )
 
 
@@ -274,11 +279,11 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
     activations, transient = TERMS.index("activations"), TERMS.index("transient")
     names = list(TERMS)
 
-    def pieces(term: int, delta: int) -> list[int]:
+    def pieces(term: int, delta: int, k: int) -> list[int]:
         if term == activations:
             return layer if one_layer == delta else [delta]
-        if term == transient:
-            return [delta]
+        if term == transient:  # one block, or the tensors the timeline knows it as
+            return list(inputs.pieces[k]) if inputs.pieces and inputs.pieces[k] else [delta]
         if total[term] == 0:  # the term starts (again): its tensors in the order they are made
             order = per_tensor[::-1] if names[term] == "gradients" else per_tensor
             queues[term] = tensor_bytes(full[names[term]], order)
@@ -303,7 +308,7 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
                 if delta <= 0:
                     continue
                 stack = held[term]
-                for size in pieces(term, delta):
+                for size in pieces(term, delta, k):
                     out.append(size)
                     stack.append((made, size))
                     made += 1

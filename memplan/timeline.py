@@ -11,7 +11,10 @@ Points, in step order:
   backward, optimizer step.
 
 Exact at each point (the same figures the estimate reports); NB: between points nothing is drawn, and
-the forward's own temporaries (a layer's forward locals, the fp32 logits) are not points of it.
+the forward's own temporaries (a layer's forward locals, the fp32 logits) are not points of it — except
+torchtitan's eager standard loss (``blocks.head.forward_loss_blocks``): its forward's loss moment (the
+logits, their fp32 copy and the log-probs, alive together) is a point, and its transients at that point
+and at the loss backward are the tensors they are (``Point.pieces``), for the allocator's replay.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.analytic.peak import TERMS, terms
+from memplan.blocks.head import forward_loss_blocks, loss_backward_blocks
+from memplan.blocks.inventory import Block, Dims
 from memplan.engine import Result
 from memplan.strategies.offload import offloads_activations
 from memplan.strategies.pipeline_parallel import Group
@@ -32,10 +37,23 @@ class Point:
     label: str
     terms: dict[str, int]
     """Bytes of each of ``analytic.peak.TERMS`` alive then."""
+    pieces: tuple[int, ...] = ()
+    """The transient's tensors (their sum is ``terms["transient"]``) when it is known as several; empty: one
+    block."""
 
     @property
     def bytes(self) -> int:
         return sum(self.terms.values())
+
+
+def _moment(name: str, parts: dict[str, int], loss_bwd: tuple[int, ...]) -> Point:
+    """A modelled moment; the loss backward's transient as its tensors when they are known (the rest of it,
+    the loss scalar, one more block)."""
+    if name != "loss backward" or not loss_bwd:
+        return Point(name, parts)
+    rest = parts["transient"] - sum(loss_bwd)
+    assert rest >= 0, (name, parts, loss_bwd)
+    return Point(name, parts, (*loss_bwd, rest) if rest else loss_bwd)
 
 
 def saved_after(r: Result, layer_sets: int) -> list[int]:
@@ -72,7 +90,17 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
     points += [forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]) for n in steps]
+    dims = Dims.of(r.setup)
+    loss_fwd = forward_loss_blocks(r.setup, dims)
+    if loss_fwd:  # the loss's saves are made at that moment: before it, every save but theirs
+        loss_saves = sum(k.total_bytes for k in r.pieces.kept if k.block is Block.LOSS)
+        pre = forward("forward: loss", dev.activations - loss_saves)
+        pieces = (*loss_fwd, 4)
+        points.append(Point(pre.label, {**pre.terms, "transient": sum(pieces)}, pieces))
     points.append(forward("forward: end", dev.activations))
-    points += [Point(name, dict(parts)) for name, parts in dev.peak.moments.items()]
+    points += [
+        _moment(name, dict(parts), loss_backward_blocks(r.setup, dims))
+        for name, parts in dev.peak.moments.items()
+    ]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout
     return points

@@ -20,7 +20,14 @@
 
 The final norm before the head is a ``norm`` block.
 
-Known limitations (NB): under the fused loss the final norm's backward moment is measured 4 bytes above the
+For the allocator's replay (``reserved``), torchtitan's eager standard loss (one vocabulary shard, one
+stage) is also known tensor by tensor: its forward's logits, their fp32 copy and the log-probs
+(``forward_loss_blocks``), and its backward's two fp32 gradients (``loss_backward_blocks``).
+
+Known limitations (NB): elsewhere the forward's loss moment is not a point of the replay and the loss
+backward's transient is one block (as the estimate's peak counts them); under ``--compile`` torchtitan
+compiles the loss too (``compile.components`` defaults to model and loss) and inductor's buffers are not
+modelled. Under the fused loss the final norm's backward moment is measured 4 bytes above the
 estimate (one fp32 scalar alive that is not identified; tests/measure/test_loss.py); the forward's own
 transient (one chunk's logits, and the reference's fp32 copy of them) is not a modelled moment and can
 exceed the backward's for small vocabularies.
@@ -31,7 +38,7 @@ from __future__ import annotations
 from memplan.blocks import mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
-from memplan.config import DType, LossKind, ModelConfig, Setup
+from memplan.config import DType, Impl, LossKind, ModelConfig, Setup
 
 FP32, INT64, BOOL = DType.FP32, DType.INT64, DType.BOOL
 B, R = Block, Role
@@ -221,6 +228,43 @@ def loss_parallel_backward_transient(dims: Dims) -> int:
     tests/hf/test_torchtitan_peak.py)."""
     t = dims.tokens
     return 3 * 4 * t * dims.v + 33 * t + 8
+
+
+def torchtitan_loss_tensors(setup: Setup) -> bool:
+    """Whether the loss's tensors are counted one by one (``forward_loss_blocks``,
+    ``loss_backward_blocks``): torchtitan's eager standard loss on one vocabulary shard and one stage."""
+    return (
+        setup.impl.impl is Impl.TORCHTITAN
+        and setup.loss is LossKind.STANDARD
+        and setup.parallel.tp == 1
+        and setup.parallel.pp == 1
+        and not setup.impl.compile
+        and not setup.offload
+    )
+
+
+def forward_loss_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
+    """The forward's loss moment, tensor by tensor (the allocator's blocks; empty where not modelled): the
+    lm head's output P [T, v] in the activations' dtype, its fp32 copy X and the fp32 log-probs L that
+    ``log_softmax`` makes from X, alive together. torchtitan's trainer holds ``pred`` (P) through
+    ``loss = self.loss_fn(pred, labels)`` and ``del pred`` only after it ("need to free to before bwd to
+    avoid peaking memory"); its ``cross_entropy_loss`` is ``F.cross_entropy(pred.flatten(0, 1).float(),
+    …)``: X = P.float() (torchtitan/components/loss.py; the December-2024 code of the 2025 tables upcast
+    in the model, ``self.output(h).float()``, and freed P earlier: the same three blocks are made). X is
+    freed when the loss returns (log_softmax keeps its output only), then P. 4 bytes more: the loss."""
+    if not torchtitan_loss_tensors(setup):
+        return ()
+    t, v = dims.tokens, dims.v
+    return (dims.act.bytes * t * v, 4 * t * v, 4 * t * v)
+
+
+def loss_backward_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
+    """``loss_backward_transient``'s two fp32 [T, v] buffers as the tensors they are (empty where they are
+    counted as one block): nll_loss's gradient (``zeros_like`` of the log-probs) and log_softmax's input
+    gradient, two allocations."""
+    if not torchtitan_loss_tensors(setup):
+        return ()
+    return (4 * dims.tokens * dims.v, 4 * dims.tokens * dims.v)
 
 
 def loss_backward_transient(setup: Setup, dims: Dims) -> int:

@@ -1,0 +1,60 @@
+"""torchtitan's eager standard loss, tensor by tensor, in the allocator's replay (blocks/head.py
+``forward_loss_blocks``, ``loss_backward_blocks``; timeline's "forward: loss" point; reserved's pieces):
+Table 1's FSDP run of torchtitan's performance.md, by hand."""
+
+from __future__ import annotations
+
+from memplan import reserved
+from memplan.api import Options, build
+from memplan.timeline import timeline
+
+T, V = 2 * 8192, 128_256  # tokens of the micro-batch (b 2, s 8192) and Llama 3.1's vocabulary
+P = 2 * T * V  # the lm head's bf16 output [T, v]: 4,202,692,608 B
+X = 4 * T * V  # its fp32 copy, and the fp32 log-probs log_softmax makes of it: 8,405,385,216 B each
+T1 = Options(
+    model="llama-3.1-8b",
+    seq=8192,
+    batch=2,
+    gpus=8,
+    zero=3,
+    gpu="h100-teton",
+    checkpointing="selective",
+    impl="torchtitan",
+)
+
+
+def test_the_forwards_loss_is_a_point_with_its_three_tensors() -> None:
+    points = timeline(build(T1).result, forward_points=32)
+    labels = [p.label for p in points]
+    at = labels.index("forward: loss")
+    loss, end = points[at], points[at + 1]
+    assert end.label == "forward: end"
+    assert (P, X) == (4_202_692_608, 8_405_385_216)
+    assert loss.pieces == (P, X, X, 4)  # P, P.float(), log_softmax's output, the loss scalar
+    assert loss.terms["transient"] == P + 2 * X + 4
+    # before the loss: every save but the loss's — its log-probs (X), int64 labels [2, 8192], fp32
+    # total weight, int64 count
+    assert end.terms["activations"] - loss.terms["activations"] == X + 8 * T + 4 + 8
+    back = points[labels.index("loss backward")]
+    # nll_loss's gradient and log_softmax's input gradient, then the + 4 (the loss scalar)
+    assert back.pieces == (X, X, 4) and back.terms["transient"] == 2 * X + 4
+
+
+def test_the_replay_allocates_them_one_by_one() -> None:
+    r = build(T1).result
+    codes = reserved.codes(reserved.stream_inputs(r))
+    i = codes.index(P)
+    assert codes[i : i + 4] == [P, X, X, 4]
+    # two steps, each: the forward's X and log-probs, the backward's two gradients; the saves the loss
+    # keeps (log-probs, labels, total weight, count) are one block of the activations at the forward's end
+    assert codes.count(X) == 2 * (2 + 2)
+    assert codes.count(X + 8 * T + 4 + 8) == 2
+
+
+def test_elsewhere_the_transients_stay_one_block() -> None:
+    for changes in ({"impl": "reference"}, {"compile": True}):
+        r = build(T1.model_copy(update=changes)).result
+        points = timeline(r, forward_points=32)
+        assert "forward: loss" not in [p.label for p in points]
+        assert all(not p.pieces for p in points)
+        assert reserved.stream_inputs(r).pieces == ()
