@@ -44,7 +44,11 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.heldout
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.heldout import ROOT, RUNS, TT25, Run, predict
 
