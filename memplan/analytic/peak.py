@@ -54,6 +54,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
+from memplan.analytic import fsdp2_root
 from memplan.analytic.fsdp2_moments import (
     zero2_shards_beside,
     zero3_head_gather,
@@ -384,6 +385,31 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
 
 
+def root_embedding_moment(
+    setup: Setup, weights: int, optimizer: int, states: ModelStates, held: int, embedding: int
+) -> dict[str, int]:
+    """The embedding's backward under the reference's FSDP2 root (``analytic.fsdp2_root``): the root unit
+    still unsharded, its unsharded gradients (the head's, the final norm's, the embedding's new [v, h],
+    untied: its sharded ones not made yet) and layer 0's reduce-scatter input beside the embedding's
+    backward; or, at the backward's end, the root's reduce-scatter (resharded, layer 0's input released):
+    its unsharded gradients copied into its flat input."""
+    unsharded_grads = fsdp2_root.root_grads(setup, embedding=True)
+    layers_grads = states.gradients - fsdp2_root.root_sharded_grads(setup)
+    backward = terms(
+        weights + fsdp2_root.root_unit(setup),
+        optimizer,
+        layers_grads + unsharded_grads,
+        held,
+        embedding + fsdp2_root.layer_reduce_input(setup) + 8,
+    )
+    # ``foreach_reduce`` copies the unsharded gradients into the flat input, clears them, then makes the
+    # output: the copy-in is the top (its sharded gradients not made yet).
+    reduce = terms(
+        weights, optimizer, layers_grads + unsharded_grads, held, fsdp2_root.root_reduce_input(setup) + 8
+    )
+    return max(backward, reduce, key=lambda t: sum(t.values()))
+
+
 def peak(
     setup: Setup, states: ModelStates, kept: list[Kept], params: ParamCount, gradient_bytes_head: int
 ) -> Peak:
@@ -407,6 +433,9 @@ def peak(
     # embedding and every block after its forward but not [norm, lm_head] (torchtitan/distributed/fsdp.py
     # ``apply_fsdp_to_decoder``): at the loss's backward that unit alone is gathered.
     gathered = zero3_head_unit(setup) if zero3_resharded(setup) else gather
+    root = fsdp2_root.root_gathered(setup)  # the reference's FSDP2 root (``analytic.fsdp2_root``)
+    if root:  # the root gathered again at the loss, the top layer's all-gather prefetched
+        gathered = head_gather = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
     loss_bwd = terms(
         weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
@@ -415,7 +444,8 @@ def peak(
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
-    head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
+    if not root:
+        head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(
         weights + head_gather,
         optimizer,
@@ -450,6 +480,8 @@ def peak(
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * states.gradients // full if full else 0
+            if root:  # the root's unsharded head gradients, held until its reduce-scatter at the end
+                head_grads = gradient_bytes_head
             grads = head_grads + params.layers_above(i, dims.layers) * states.gradients // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
@@ -462,6 +494,11 @@ def peak(
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
+        if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
+            incoming = dims.tokens * dims.h * dims.act.bytes
+            compute = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
+            unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
+            return terms(weights + unsharded, optimizer, grads, saved, compute + 8)
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -475,6 +512,9 @@ def peak(
     ends = {0, dims.layers - 1}
     if segment:
         ends |= {min(segment, dims.layers) - 1, dims.layers // segment * segment - 1}
+    if root:  # FSDP2's buffers differ at the ends (no prefetch below layer 0, no reduce-scatter input
+        # above the top layer): the middle layers are linear in i between layers 1 and L − 2
+        ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}
     layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
@@ -489,8 +529,11 @@ def peak(
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
     held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
     held += loop_count_bytes(setup)
-    embedding += reduce_scatter_input(setup, -1, dims.layers)  # layer 0's, under the reference's root
+    if not root:  # layer 0's, under the reference's root (``root_embedding_moment`` counts its own)
+        embedding += reduce_scatter_input(setup, -1, dims.layers)
     embedding_bwd = terms(weights, optimizer, states.gradients, held, embedding + 8)
+    if root:
+        embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0
