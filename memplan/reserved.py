@@ -213,6 +213,12 @@ def _stream_inputs(r: Result) -> StreamInputs:
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     terms = [p.terms for p in points]
+    # FSDP2's flat all-gather outputs in the moments: the all-gather stream's pool, replayed apart
+    off = dev.peak.all_gather_stream
+    terms = [
+        {k: v - off.get(p.label, {}).get(k, 0) for k, v in t.items()}
+        for p, t in zip(points, terms, strict=True)
+    ]
     if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
         terms = [{**t, "gradients": 0} for t in terms]
     return StreamInputs(

@@ -138,13 +138,16 @@ def root_reduce_input(setup: Setup) -> int:
     return fsdp2_flat_elements(root_shapes(setup), _shards(setup)) * _reduce_bytes(setup)
 
 
-def layer_buffers(setup: Setup, i: int, layers: int, compute: int, incoming: int) -> int:
+def layer_buffers(setup: Setup, i: int, layers: int, compute: int, incoming: int) -> tuple[int, int]:
     """FSDP2's buffers beside layer i's backward and the largest of its two peaks: the reduce-scatter
     input of layer i + 1 (none above the top layer: the root reduces last) held throughout, and either
     the copy-out at its pre-backward (the prefetched flat all-gather output beside the new unsharded
     parameters, with the ``incoming`` output gradient) or its ``compute`` transient with layer i − 1's
-    flat all-gather output prefetched beside it. Returns the transient to count (buffers included)."""
+    flat all-gather output prefetched beside it. Returns the transient to count (buffers included) and,
+    of it, the flat all-gather output (the all-gather stream's block: ``analytic.peak.Peak``)."""
     held = layer_reduce_input(setup) if i + 1 < layers else 0
     prefetched = layer_flat(setup) if i > 0 else 0
     copy_out = incoming + layer_flat(setup)
-    return held + max(compute + prefetched, copy_out)
+    if compute + prefetched >= copy_out:
+        return held + compute + prefetched, prefetched
+    return held + copy_out, layer_flat(setup)

@@ -100,6 +100,10 @@ class Peak(BaseModel):
     model_config = ConfigDict(frozen=True)
     moments: dict[str, dict[str, int]]
     """Each modelled moment, in step order, as the bytes of each of ``TERMS`` alive then."""
+    all_gather_stream: dict[str, dict[str, int]] = {}
+    """Of each moment's terms, the bytes that are FSDP2's flat all-gather outputs, blocks of the
+    all-gather stream's own pool (``analytic.fsdp2_root``), which the default stream's replay leaves out
+    (``reserved``); empty where not modelled."""
 
     @property
     def phases(self) -> dict[str, int]:
@@ -113,6 +117,13 @@ class Peak(BaseModel):
     @property
     def phase(self) -> str:
         return max(self.phases, key=lambda k: self.phases[k])
+
+    @property
+    def default_stream_bytes(self) -> int:
+        """The highest moment less its ``all_gather_stream`` bytes: what the default stream's allocator
+        is asked for (``reserved``; the verdict keeps the all-gather stream's pool back apart)."""
+        off = self.all_gather_stream
+        return max(sum(p.values()) - sum(off.get(n, {}).values()) for n, p in self.moments.items())
 
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
@@ -470,6 +481,8 @@ def peak(
     segment = setup.strategy.segment
     working = 0 if segment else recompute_working_set(setup)
 
+    gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
+
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
         if grads_before:
@@ -496,9 +509,10 @@ def peak(
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
             incoming = dims.tokens * dims.h * dims.act.bytes
-            compute = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
+            buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
+            gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
-            return terms(weights + unsharded, optimizer, grads, saved, compute + 8)
+            return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -515,7 +529,9 @@ def peak(
     if root:  # FSDP2's buffers differ at the ends (no prefetch below layer 0, no reduce-scatter input
         # above the top layer): the middle layers are linear in i between layers 1 and L − 2
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}
-    layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
+    by_layer = {i: layer_moment(i) for i in sorted(ends, reverse=True)}
+    top = max(by_layer, key=lambda i: sum(by_layer[i].values()))
+    layer_bwd = by_layer[top]
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
     # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
@@ -538,6 +554,11 @@ def peak(
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0
     step = terms(weights, optimizer, states.gradients, inputs, step_transient)
+    stream: dict[str, dict[str, int]] = {}
+    if root:  # the top layer's prefetched output at the head's moments; the layer's own or the one below
+        prefetched = {"weights": fsdp2_root.layer_flat(setup)}
+        stream = {"loss backward": prefetched, "final norm backward": prefetched}
+        stream["layer backward"] = {"transient": gather_outputs[top]}
     return Peak(
         moments={
             "loss backward": loss_bwd,
@@ -545,5 +566,6 @@ def peak(
             "layer backward": layer_bwd,
             "embedding backward": embedding_bwd,
             "optimizer step": step,
-        }
+        },
+        all_gather_stream=stream,
     )
