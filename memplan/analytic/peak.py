@@ -30,7 +30,11 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
 first, so moments 1 to 3 include them; otherwise they are made during the backward.
-ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; torchtitan's ZeRO-3 follows its
+ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; the reference's FSDP2 wrapping
+(a unit per layer and the root) follows torch 2.13 instead (``analytic.fsdp2_root``: the root gathered
+again at the loss and held, with its unsharded gradients, to the backward's end; each layer's copy-out,
+prefetch and held reduce-scatter input; the flat all-gather outputs named in ``Peak.all_gather_stream``,
+exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
 unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
 

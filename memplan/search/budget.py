@@ -185,22 +185,28 @@ def verdict(
     memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
+        stream_peak = peak
         fit, headroom = False, memory - peak
     else:
         dev = p.device
         if dev.stage.index != bound.stage.index:
             nccl, stream, ddp = held(dev)
             memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
-        # the default stream's peak: FSDP2's all-gather outputs are kept back with their stream (``stream``)
-        peak, exact, phase = dev.peak.default_stream_bytes, True, dev.peak.phase
+        peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
+        # judged on the default stream's peak: FSDP2's all-gather outputs are kept back with their stream
+        stream_peak = dev.peak.default_stream_bytes
         unlimited = replay_device(p, gpu, expandable=expandable)
-        found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
+        found, fit = judged(p, gpu, memory, expandable) if stream_peak <= memory else (unlimited, False)
         allocated, reserved = found.allocated_peak, found.reserved_peak
         capped = fit and reserved < unlimited.reserved_peak
         headroom = memory - reserved
     why = None
     if not fit:
-        why = overflow(peak_terms(dev) if exact else terms(dev), memory) if peak > memory else "allocator"
+        why = (
+            overflow(peak_terms(dev) if exact else terms(dev), memory)
+            if stream_peak > memory
+            else "allocator"
+        )
     return Verdict(
         gpu=gpu.name,
         memory_bytes=gpu.memory_bytes,
