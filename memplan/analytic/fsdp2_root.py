@@ -29,15 +29,22 @@ shard count (``blocks.torchtitan.fsdp2_flat_elements``); the unsharded gradients
 shapes, unpadded. Measured on the fake process group at each moment (tests/measure/test_reference_fsdp2.py,
 measure/distributed/reference_peak.py).
 
-Known limitations (NB): modelled for dense and MoE layers on one pipeline stage without tensor or context
-parallelism, every parameter trained, an untied head, no parameter offload (``root_gathered``); elsewhere
-the peak keeps ZeRO-3's one gathered unit (``analytic.step.zero3_gather``). Measured without activation
-checkpointing (the distributed run refuses it). The layer moments are the layer model's
+Known limitations (NB): measured with dense layers (an MoE layer's unit is sized the same way,
+``analytic.optimizer_step._layer_shapes``, not measured: the distributed run refuses MoE); modelled on one
+pipeline stage without tensor or context parallelism, every parameter trained, an
+untied head, no parameter offload (``root_gathered``); elsewhere the peak keeps ZeRO-3's one gathered unit
+(``analytic.step.zero3_gather``). Measured without activation checkpointing (the distributed run refuses
+it) and with one micro-batch (with accumulation the root's gradients accumulate unsharded: not checked).
+Measured with the moments' dims divisible by dp: where they are not, the model states' flat shard
+(``analytic.states.shard``) differs from FSDP2's per-parameter padded one (+1 row of a [250, 64] bf16
+embedding on 4 ranks: +128 B), which this module does not correct. The layer moments are the layer model's
 (``analytic.peak``) with these buffers added; the layer below's prefetched output is counted beside the
 whole layer's backward (it is issued at the layer's pre-backward, before any of its compute).
 """
 
 from __future__ import annotations
+
+import math
 
 from memplan.analytic.fsdp2_reduce import reduce_bytes
 from memplan.analytic.optimizer_step import Shape, _layer_shapes, _norm_shapes
@@ -73,13 +80,7 @@ def root_shapes(setup: Setup, embedding: bool = True) -> list[Shape]:
 
 
 def _elements(shapes: list[Shape]) -> int:
-    total = 0
-    for shape in shapes:
-        n = 1
-        for d in shape:
-            n *= d
-        total += n
-    return total
+    return sum(math.prod(shape) for shape in shapes)
 
 
 def _shards(setup: Setup) -> int:
@@ -125,7 +126,7 @@ def root_sharded_grads(setup: Setup) -> int:
     not exist before its reduce-scatter at the backward's end."""
     n = _shards(setup)
     element = 4 if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
-    return sum(-(-s[0] // n) * _elements([s[1:]]) for s in root_shapes(setup)) * element
+    return sum(-(-s[0] // n) * math.prod(s[1:]) for s in root_shapes(setup)) * element
 
 
 def layer_reduce_input(setup: Setup) -> int:

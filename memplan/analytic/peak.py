@@ -409,7 +409,9 @@ def root_embedding_moment(
     backward; or, at the backward's end, the root's reduce-scatter (resharded, layer 0's input released):
     its unsharded gradients copied into its flat input."""
     unsharded_grads = fsdp2_root.root_grads(setup, embedding=True)
-    layers_grads = states.gradients - fsdp2_root.root_sharded_grads(setup)
+    # the root's sharded gradients exist already when an earlier micro-batch reduced them
+    accumulated = setup.training.grad_accum > 1
+    layers_grads = states.gradients - (0 if accumulated else fsdp2_root.root_sharded_grads(setup))
     backward = terms(
         weights + fsdp2_root.root_unit(setup),
         optimizer,
@@ -464,7 +466,8 @@ def peak(
     final_norm_bwd = terms(
         weights + head_gather,
         optimizer,
-        max(grads_before, gradient_bytes_head),
+        # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
+        grads_before + gradient_bytes_head if root else max(grads_before, gradient_bytes_head),
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
@@ -490,7 +493,7 @@ def peak(
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
         if grads_before:
-            grads = grads_before
+            grads = grads_before + (gradient_bytes_head if root else 0)  # the root's, unsharded (above)
         else:
             # Gradients of the head and of the layers above, as many bytes per parameter as the device
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
