@@ -81,6 +81,7 @@ def to_json(r: Result) -> dict[str, Any]:
             "activations": r.activations,
             "peak": r.peak.bytes,
             "peak_phase": r.peak.phase,
+            "peak_default_stream": r.peak.default_stream_bytes,
             "phases": dict(r.peak.phases),
             "optimizer_impl": optimizer_impl(r.setup).value,
             "optimizer_step_transient": r.peak.moments["optimizer step"]["transient"],

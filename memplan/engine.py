@@ -165,8 +165,9 @@ class StagePlan:
         pc, st = self.pieces, self.stage
         chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
         # pp carried for torchtitan's FSDP2 policy under pp (``analytic.fsdp2_moments.zero3_kept_gathered``)
-        titan = self.setup.impl.impl is Impl.TORCHTITAN
-        layout = pc.setup.parallel.model_copy(update={"pp": self.setup.parallel.pp if titan else 1})
+        # and for the reference's FSDP2 root, which a pipeline stage does not have (``analytic.fsdp2_root``)
+        fsdp2 = self.setup.impl.impl in (Impl.TORCHTITAN, Impl.REFERENCE)
+        layout = pc.setup.parallel.model_copy(update={"pp": self.setup.parallel.pp if fsdp2 else 1})
         at = pc.setup.model_copy(
             update={
                 "model": chunk,
@@ -182,14 +183,15 @@ class StagePlan:
             sizes = torch_interleaved.chunk_params(self.params, st)
             par = self.setup.parallel
             unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
-        moments = dict(pk.peak(at, self.states, kept, self.params, head_grads, unsharded).moments)
+        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded)
+        moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage
             del moments["loss backward"]
             del moments["final norm backward"]
         layer = moments["layer backward"]
         moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
         moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul
-        return pk.Peak(moments=moments)
+        return pk.Peak(moments=moments, all_gather_stream=base.all_gather_stream)
 
     @property
     def lower_bound(self) -> int:

@@ -42,7 +42,10 @@ Known limitations:
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
 - NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart,
   the estimate reports it (``memory.fsdp_all_gather_stream``) and the verdict and ``fit`` keep its
-  reserved bytes back from this replay's memory (``search.budget``). torch DDP's buckets
+  reserved bytes back from this replay's memory (``search.budget``); the flat all-gather outputs the
+  peak's moments count (``Peak.all_gather_stream``: the reference's FSDP2, ``analytic.fsdp2_root``) are
+  left out of this stream's terms (torchtitan's, ``analytic.fsdp2_moments.zero3_unit_buffers``, are not
+  yet). torch DDP's buckets
   (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
   copy of the gradients, ``time.comm_memory.ddp_bucket_bytes``) are default-stream allocations made
   before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
@@ -217,6 +220,12 @@ def _stream_inputs(r: Result) -> StreamInputs:
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     terms = [p.terms for p in points]
+    # FSDP2's flat all-gather outputs in the moments: the all-gather stream's pool, replayed apart
+    off = dev.peak.all_gather_stream
+    terms = [
+        {k: v - off.get(p.label, {}).get(k, 0) for k, v in t.items()}
+        for p, t in zip(points, terms, strict=True)
+    ]
     if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
         terms = [{**t, "gradients": 0} for t in terms]
     return StreamInputs(

@@ -295,12 +295,14 @@ def test_zero3_optimizer_step_steps_one_shard() -> None:
     assert 1000 < z0.peak.phases["optimizer step"] / z3.peak.phases["optimizer step"] <= 1024
 
 
-def test_zero3_loss_backward_holds_the_largest_gathered_unit() -> None:
-    # ZeRO-3 gathers one unit's 16-bit weights at a time; for Llama-3-70B the largest unit is the embedding
-    # (or the untied head), v·h = 128,256 × 8,192 = 1,050,673,152 parameters, larger than one layer
-    # (855,654,400). At the loss backward ZeRO-2 and ZeRO-3 (dp 8) differ only by the sharded weights and
-    # that gathered unit (no gradients exist yet at grad-accum 1).
-    psi, unit, dp = 70_553_706_496, 128_256 * 8_192, 8
+def test_zero3_loss_backward_holds_the_root_and_the_prefetched_top_layer() -> None:
+    # The reference's FSDP2 wrapping (a unit per layer and the root: embedding, final norm, untied head)
+    # under torch 2.13 (analytic.fsdp2_root): at the loss backward the root is gathered again, v·h + h +
+    # v·h = 2 × 128,256 × 8,192 + 8,192 = 2,101,354,496 parameters for Llama-3-70B, and the top layer's
+    # all-gather prefetched (855,654,400), bf16; every dim 0 divisible by dp 8 (no padding). At the loss
+    # backward ZeRO-2 and ZeRO-3 (dp 8) differ only by the sharded weights and those (no gradients exist
+    # yet at grad-accum 1).
+    psi, root, layer, dp = 70_553_706_496, 2 * 128_256 * 8_192 + 8_192, 855_654_400, 8
     model = load_model_preset("70b").model
 
     def loss_backward(stage: ZeroStage) -> int:
@@ -308,7 +310,7 @@ def test_zero3_loss_backward_holds_the_largest_gathered_unit() -> None:
         return estimate(setup).peak.phases["loss backward"]
 
     weights_z2, weights_z3 = 2 * psi, 2 * -(-psi // dp)
-    expected = weights_z3 - weights_z2 + 2 * unit
+    expected = weights_z3 - weights_z2 + 2 * root + 2 * layer
     assert loss_backward(ZeroStage.PARAMETERS) - loss_backward(ZeroStage.GRADIENTS) == expected
 
 

@@ -163,17 +163,20 @@ def test_selective_flash_re_runs_only_the_kernels_logsumexp() -> None:
     assert plain["activations"] - selective["activations"] == 4 * (4 * B * 4 * S)  # 4 layers' lse
 
 
-def test_zero3_gathers_the_largest_unit_for_each_backward_moment() -> None:
-    """ZeRO-3 over 2 ranks: Ψ = 2·1000·64 (embedding, untied head) + 4 · (2·64 + 4·64² + 3·64·160) + 64 =
-    316,992 parameters, a rank holds ⌈Ψ/2⌉ bf16; the backward's moments add the largest gathered unit, the
-    [1000, 64] embedding (a layer is 47,232), bf16; the embedding's backward and the step hold none."""
+def test_zero3_holds_fsdp2s_root_and_a_layer_at_each_backward_moment() -> None:
+    """ZeRO-3 over 2 ranks, the reference's FSDP2 wrapping (a unit per layer and the root: embedding, final
+    norm, untied head; ``analytic.fsdp2_root``): Ψ = 2·1000·64 + 4 · (2·64 + 4·64² + 3·64·160) + 64 =
+    316,992 parameters, a rank holds ⌈Ψ/2⌉ bf16. torch 2.13 gathers the root again at the loss and keeps it
+    unsharded to the backward's end (2·1000·64 + 64 = 128,064 elements, bf16; every dim 0 even: no
+    padding); beside it a layer (47,232 elements, bf16): the top one prefetched at the loss and the final
+    norm, each layer's own at its backward; at the embedding's backward the root alone; the step none."""
     moments = estimate(setup(strategy=StrategyConfig(zero=3, dp=2))).peak.moments
-    shard, unit = 316_992 // 2 * 2, 1000 * 64 * 2
+    shard, root, layer = 316_992 // 2 * 2, 128_064 * 2, 47_232 * 2
     assert {name: m["weights"] for name, m in moments.items()} == {
-        "loss backward": shard + unit,
-        "final norm backward": shard + unit,
-        "layer backward": shard + unit,
-        "embedding backward": shard,
+        "loss backward": shard + root + layer,
+        "final norm backward": shard + root + layer,
+        "layer backward": shard + root + layer,
+        "embedding backward": shard + root,
         "optimizer step": shard,
     }
 

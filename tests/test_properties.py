@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memplan.analytic import fsdp2_root
 from memplan.blocks.inventory import Kept, Role, Scope
 from memplan.config import (
     Attention,
@@ -260,9 +261,16 @@ def test_flash_exceeds_eager_when_tiny(device: Device) -> None:
 # ZeRO
 # ----------------------------------------------------------------------------------------------------
 def gathered_unit_bytes(e: Result) -> int:
-    """Weights of the largest unit ZeRO-3 gathers whole: a layer, the embedding or the lm head."""
-    p = e.params
-    return max(p.layer.total, p.embedding, p.lm_head) * e.setup.training.precision.weight_bytes
+    """Weights of the largest unit ZeRO-3 gathers whole: a layer, the embedding or the lm head. Under the
+    reference's FSDP2 wrapping (``analytic.fsdp2_root``) what ZeRO-3 holds beyond its shards at most: the
+    root unit and its unsharded gradients, a layer unsharded, the next one's all-gather output, the
+    previous one's reduce-scatter input."""
+    p, s = e.params, e.setup
+    if fsdp2_root.root_gathered(s):
+        layer = fsdp2_root.layer_flat(s)
+        held = fsdp2_root.root_unit(s) + fsdp2_root.root_grads(s, embedding=True)
+        return held + 2 * layer + fsdp2_root.layer_reduce_input(s)
+    return max(p.layer.total, p.embedding, p.lm_head) * s.training.precision.weight_bytes
 
 
 @PROPS
@@ -270,7 +278,8 @@ def gathered_unit_bytes(e: Result) -> int:
 def test_higher_zero_stage_never_needs_more(setup: Setup) -> None:
     """Model states never grow with the stage; the peak neither, with one exception from 2 to 3.
 
-    NB: ZeRO-3 holds its weight shard *and* the unit it has gathered (the unsharded layer or head). When
+    NB: ZeRO-3 holds its weight shard *and* the unit it has gathered (the unsharded layer or head; under
+    the reference's FSDP2 wrapping the root, a layer and FSDP2's buffers: ``gathered_unit_bytes``). When
     that unit alone is more than the weights sharding saves (Ψ − ⌈Ψ/dp⌉ elements), e.g. a one-layer model
     at dp 2, stage 3 truly peaks higher than stage 2. What holds then: the excess is exactly that
     difference. Real models (many layers, each a small share of Ψ) are in the first case.

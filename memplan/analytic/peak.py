@@ -32,7 +32,11 @@ Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in eve
 first, so moments 1 to 3 include them; otherwise they are made during the backward. On a torchtitan
 pipeline stage under FSDP2 they are the stage's unsharded gradients in the reduce dtype, reduce-scattered
 only after its last backward (``pipeline_unsharded_gradients``), the embedding's backward included.
-ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; torchtitan's ZeRO-3 follows its
+ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; the reference's FSDP2 wrapping
+(a unit per layer and the root) follows torch 2.13 instead (``analytic.fsdp2_root``: the root gathered
+again at the loss and held, with its unsharded gradients, to the backward's end; each layer's copy-out,
+prefetch and held reduce-scatter input; the flat all-gather outputs named in ``Peak.all_gather_stream``,
+exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
 unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
 
@@ -56,6 +60,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
+from memplan.analytic import fsdp2_root
 from memplan.analytic.fsdp2_moments import (
     pipeline_unsharded_gradients,
     zero2_shards_beside,
@@ -102,6 +107,10 @@ class Peak(BaseModel):
     model_config = ConfigDict(frozen=True)
     moments: dict[str, dict[str, int]]
     """Each modelled moment, in step order, as the bytes of each of ``TERMS`` alive then."""
+    all_gather_stream: dict[str, dict[str, int]] = {}
+    """Of each moment's terms, the bytes that are FSDP2's flat all-gather outputs, blocks of the
+    all-gather stream's own pool (``analytic.fsdp2_root``), which the default stream's replay leaves out
+    (``reserved``); empty where not modelled."""
 
     @property
     def phases(self) -> dict[str, int]:
@@ -115,6 +124,13 @@ class Peak(BaseModel):
     @property
     def phase(self) -> str:
         return max(self.phases, key=lambda k: self.phases[k])
+
+    @property
+    def default_stream_bytes(self) -> int:
+        """The highest moment less its ``all_gather_stream`` bytes: what the default stream's allocator
+        is asked for (``reserved``; the verdict keeps the all-gather stream's pool back apart)."""
+        off = self.all_gather_stream
+        return max(sum(p.values()) - sum(off.get(n, {}).values()) for n, p in self.moments.items())
 
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
@@ -387,6 +403,33 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
 
 
+def root_embedding_moment(
+    setup: Setup, weights: int, optimizer: int, states: ModelStates, held: int, embedding: int
+) -> dict[str, int]:
+    """The embedding's backward under the reference's FSDP2 root (``analytic.fsdp2_root``): the root unit
+    still unsharded, its unsharded gradients (the head's, the final norm's, the embedding's new [v, h],
+    untied: its sharded ones not made yet) and layer 0's reduce-scatter input beside the embedding's
+    backward; or, at the backward's end, the root's reduce-scatter (resharded, layer 0's input released):
+    its unsharded gradients copied into its flat input."""
+    unsharded_grads = fsdp2_root.root_grads(setup, embedding=True)
+    # the root's sharded gradients exist already when an earlier micro-batch reduced them
+    accumulated = setup.training.grad_accum > 1
+    layers_grads = states.gradients - (0 if accumulated else fsdp2_root.root_sharded_grads(setup))
+    backward = terms(
+        weights + fsdp2_root.root_unit(setup),
+        optimizer,
+        layers_grads + unsharded_grads,
+        held,
+        embedding + fsdp2_root.layer_reduce_input(setup) + 8,
+    )
+    # ``foreach_reduce`` copies the unsharded gradients into the flat input, clears them, then makes the
+    # output: the copy-in is the top (its sharded gradients not made yet).
+    reduce = terms(
+        weights, optimizer, layers_grads + unsharded_grads, held, fsdp2_root.root_reduce_input(setup) + 8
+    )
+    return max(backward, reduce, key=lambda t: sum(t.values()))
+
+
 def peak(
     setup: Setup,
     states: ModelStates,
@@ -423,6 +466,9 @@ def peak(
     # embedding and every block after its forward but not [norm, lm_head] (torchtitan/distributed/fsdp.py
     # ``apply_fsdp_to_decoder``): at the loss's backward that unit alone is gathered.
     gathered = zero3_head_unit(setup) if zero3_resharded(setup) else gather
+    root = fsdp2_root.root_gathered(setup)  # the reference's FSDP2 root (``analytic.fsdp2_root``)
+    if root:  # the root gathered again at the loss, the top layer's all-gather prefetched
+        gathered = head_gather = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
     loss_bwd = terms(
         weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
@@ -431,11 +477,13 @@ def peak(
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
-    head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
+    if not root:
+        head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(
         weights + head_gather,
         optimizer,
-        max(grads_before, gradient_bytes_head),
+        # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
+        grads_before + gradient_bytes_head if root else max(grads_before, gradient_bytes_head),
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
@@ -456,16 +504,20 @@ def peak(
     segment = setup.strategy.segment
     working = 0 if segment else recompute_working_set(setup)
 
+    gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
+
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
         if grads_before:
-            grads = grads_before
+            grads = grads_before + (gradient_bytes_head if root else 0)  # the root's, unsharded (above)
         else:
             # Gradients of the head and of the layers above, as many bytes per parameter as the device
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * step_grads // full if full else 0
+            if root:  # the root's unsharded head gradients, held until its reduce-scatter at the end
+                head_grads = gradient_bytes_head
             grads = head_grads + params.layers_above(i, dims.layers) * step_grads // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
@@ -478,6 +530,12 @@ def peak(
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
+        if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
+            incoming = dims.tokens * dims.h * dims.act.bytes
+            buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
+            gather_outputs[i] = buffers[1]
+            unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
+            return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
         return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -491,7 +549,12 @@ def peak(
     ends = {0, dims.layers - 1}
     if segment:
         ends |= {min(segment, dims.layers) - 1, dims.layers // segment * segment - 1}
-    layer_bwd = max((layer_moment(i) for i in sorted(ends, reverse=True)), key=lambda t: sum(t.values()))
+    if root:  # FSDP2's buffers differ at the ends (no prefetch below layer 0, no reduce-scatter input
+        # above the top layer): the middle layers are linear in i between layers 1 and L − 2
+        ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}
+    by_layer = {i: layer_moment(i) for i in sorted(ends, reverse=True)}
+    top = max(by_layer, key=lambda i: sum(by_layer[i].values()))
+    layer_bwd = by_layer[top]
     # The embedding's gradient [v, h] arrives last; tied to the lm head (or accumulating over
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
     # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
@@ -505,14 +568,22 @@ def peak(
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
     held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
     held += loop_count_bytes(setup)
-    embedding += reduce_scatter_input(setup, -1, dims.layers)  # layer 0's, under the reference's root
+    if not root:  # layer 0's, under the reference's root (``root_embedding_moment`` counts its own)
+        embedding += reduce_scatter_input(setup, -1, dims.layers)
     # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward
     gathered_to_the_end = gather if unsharded_grads else 0
     embedding_bwd = terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)
+    if root:
+        embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0
     step = terms(weights, optimizer, states.gradients, inputs, step_transient)
+    stream: dict[str, dict[str, int]] = {}
+    if root:  # the top layer's prefetched output at the head's moments; the layer's own or the one below
+        prefetched = {"weights": fsdp2_root.layer_flat(setup)}
+        stream = {"loss backward": prefetched, "final norm backward": prefetched}
+        stream["layer backward"] = {"transient": gather_outputs[top]}
     return Peak(
         moments={
             "loss backward": loss_bwd,
@@ -520,5 +591,6 @@ def peak(
             "layer backward": layer_bwd,
             "embedding backward": embedding_bwd,
             "optimizer step": step,
-        }
+        },
+        all_gather_stream=stream,
     )

@@ -71,6 +71,11 @@ _MEMORY = obj(
         "activations": described(BYTES, "everything autograd keeps for backward, one micro-batch"),
         "peak": described(BYTES, "the largest modelled moment of the step"),
         "peak_phase": {"type": "string"},
+        "peak_default_stream": described(
+            BYTES,
+            "the peak less FSDP2's flat all-gather outputs in it (the all-gather stream's pool, replayed "
+            "and kept back apart): what the default stream's allocator is asked for",
+        ),
         "phases": {"type": "object", "additionalProperties": BYTES},
         "optimizer_impl": described({"type": "string"}, "whose code steps the optimizer (--optimizer-impl)"),
         "optimizer_step_transient": described(BYTES, "what the optimizer step allocates above the states"),

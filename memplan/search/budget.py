@@ -185,6 +185,7 @@ def verdict(
     memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
+        stream_peak = peak
         fit, headroom = False, memory - peak
     else:
         dev = p.device
@@ -192,14 +193,20 @@ def verdict(
             nccl, stream, ddp = held(dev)
             memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
+        # judged on the default stream's peak: FSDP2's all-gather outputs are kept back with their stream
+        stream_peak = dev.peak.default_stream_bytes
         unlimited = replay_device(p, gpu, expandable=expandable)
-        found, fit = judged(p, gpu, memory, expandable) if peak <= memory else (unlimited, False)
+        found, fit = judged(p, gpu, memory, expandable) if stream_peak <= memory else (unlimited, False)
         allocated, reserved = found.allocated_peak, found.reserved_peak
         capped = fit and reserved < unlimited.reserved_peak
         headroom = memory - reserved
     why = None
     if not fit:
-        why = overflow(peak_terms(dev) if exact else terms(dev), memory) if peak > memory else "allocator"
+        why = (
+            overflow(peak_terms(dev) if exact else terms(dev), memory)
+            if stream_peak > memory
+            else "allocator"
+        )
     return Verdict(
         gpu=gpu.name,
         memory_bytes=gpu.memory_bytes,
@@ -303,7 +310,9 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     1974), so the documented rules give no useful bound; and measured, the 3,256 replays of the Llama 3
     405B search on 16,384 H100s reserved 1.00× to 1.51× the requested peak (median 1.02×; 4 MiB to 6.5
     GiB more): a bound sound for all of them would leave most of that range to the replay anyway."""
-    if not (all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.bytes <= memory):
+    if not (
+        all(sp.lower_bound <= memory for sp in p.stages) and p.device.peak.default_stream_bytes <= memory
+    ):
         return False
     if gpu is None:
         return True
@@ -311,6 +320,6 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
 
     # the layout's NCCL buffers (outside the allocator) and FSDP2's / DDP's buffers beside the replay
     memory -= nccl_bytes(p, gpu) + comm_buffer_bytes(p)  # as ``verdict``
-    if p.device.peak.bytes + cublas_workspace(gpu) > memory:
+    if p.device.peak.default_stream_bytes + cublas_workspace(gpu) > memory:
         return False
     return not refuses(p, gpu, memory)

@@ -42,7 +42,7 @@ def sequence_step(p: Result) -> int:
 def tensors_fit(p: Result, memory: int, gpu: GpuPreset | None) -> bool:
     """The stages' lower bounds and the requested peak (the peak plus cuBLAS's workspace on ``gpu``) fit
     ``memory``: necessary for ``budget.fits``, and monotonic in the sequence."""
-    requested = p.device.peak.bytes + cublas_workspace(gpu)
+    requested = p.device.peak.default_stream_bytes + cublas_workspace(gpu)  # as ``budget.fits``
     return all(sp.lower_bound <= memory for sp in p.stages) and requested <= memory
 
 
