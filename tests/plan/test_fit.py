@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -19,6 +20,7 @@ from .layout import plan
 SMALL = Space(micro_batches=(1, 2, 4))
 
 
+@functools.cache  # four tests search Llama-3-8B on 8 A100-40GBs alike (≈ 1.4 CPU s each); they only read it
 def _search(name: str, seq: int, gpu: str, gpus: int, space: Space = SMALL):  # type: ignore[no-untyped-def]
     pm = load_model_preset(name)
     return fit(build_setup(pm.model, seq=seq), load_gpu(gpu), gpus, space=space)
