@@ -40,6 +40,11 @@ LF_ROWS = {
 }
 
 
+# One xdist worker runs this file (pyproject.toml's --dist loadgroup): the module fixture below predicts
+# every held-out run once in the suite rather than once per worker.
+pytestmark = pytest.mark.xdist_group("heldout")
+
+
 @pytest.fixture(scope="module")
 def predicted() -> dict[str, dict]:  # type: ignore[type-arg]
     return {run.name: predict(run) for run in RUNS}

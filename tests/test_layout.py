@@ -30,6 +30,9 @@ from memplan.render.fit import fit_report
 from memplan.search.fit import FitResult, Space, fit
 
 WIDTHS = (80, 120, 200)
+# One xdist worker runs this file (pyproject.toml's --dist loadgroup): the cached fit search below, which
+# nine tests read, then runs once in the suite rather than once per worker.
+pytestmark = pytest.mark.xdist_group("layout")
 
 COMMANDS = {
     "estimate-70b": ("estimate", "-m", "70b", "--seq", "8192"),

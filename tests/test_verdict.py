@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
+import pytest
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
@@ -36,6 +37,13 @@ def _usable(gpu: str) -> int:
     data = tomllib.loads((GPUS / f"{gpu}.toml").read_text())
     device = data["device_mib"] * 2**20 if "device_mib" in data else data["memory_bytes"]
     return int(device) - CONTEXT
+
+
+# One xdist group (pyproject.toml's --dist loadgroup): xdist sends the groups out first, so this file's fit
+# search (test_the_fit_suggestion_holds_a_layout_that_fits, 27.5 s in the last loaded whole-suite run) starts
+# early instead of near the end of collection order, where the other worker would wait for it; its tests
+# also share the cached estimates below.
+pytestmark = pytest.mark.xdist_group("verdict")
 
 
 @functools.cache

@@ -66,6 +66,11 @@ CASES = {
 }
 
 
+# One xdist worker runs this file (pyproject.toml's --dist loadgroup), so that the chart test reads the
+# profile its case's curve test measured (below).
+pytestmark = pytest.mark.xdist_group("curve")
+
+
 @functools.cache
 def profiled(case: str) -> Profile:
     """One measured step of ``CASES[case]`` (shared by the tests: a real CPU step takes seconds)."""

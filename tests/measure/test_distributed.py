@@ -1,6 +1,7 @@
 """``memplan profile --nproc``: the tiny model run by 2–4 real processes (gloo on CPU) against the estimate.
 
-Each layout is launched once (module-scoped fixtures: process start with torch's import is seconds each).
+Each world size is spawned once for all its layouts (tests/measure/spawned.py: process start with torch's
+import is seconds each); the CLI's tests get their ranks' reports from that spawn.
 Per rank the saved tensors and model states must equal ``engine.estimate`` of the same layout; the
 independent checks come from the papers: the model states of ZeRO-3 are Ψ/N_d of the preset's published
 parameter count (Rajbhandari et al. 2019 §5), ZeRO-3 moves every parameter once in each all-gather and the
@@ -17,40 +18,36 @@ import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
 import pytest
 from typer.testing import CliRunner
 
-from memplan.api import Options, load_model, setup_of
+from memplan.api import load_model
 from memplan.cli.app import app
-from memplan.config import Device
 from memplan.engine import estimate
 from memplan.measure.compare.ranks import comparison, sequence_parallel_gathers
 from memplan.measure.compare.tensors import estimated_by_name
 from memplan.measure.distributed.instruments import collective_name
-from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
 from memplan.schema import command_schema
 from memplan.time.comm import communication
+from tests.measure.spawned import SEQ, Runs
+from tests.measure.spawned import tiny as _setup
 
-SEQ = 32
-TIMEOUT_S = 300  # a loaded 2-core machine starts 4 torch processes slowly; a hang still ends
-
-
-def _setup(**layout: Any) -> Any:
-    return setup_of(Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, **layout))
+NPROC2 = pytest.mark.xdist_group("nproc2")  # one worker spawns the 2-rank layouts once (spawned.py)
+NPROC4 = pytest.mark.xdist_group("nproc4")
 
 
-def _run(nproc: int, **layout: Any) -> tuple[Any, dict[str, Any]]:
+def _run(runs: Runs, nproc: int, **layout: Any) -> tuple[Any, dict[str, Any]]:
     setup = _setup(gpus=nproc, **layout)
     est = estimate(setup)
-    return est, comparison(launch(setup, nproc, timeout_s=TIMEOUT_S), est, "spawn")
+    return est, comparison(runs.reports(setup, nproc), est, "spawn")
 
 
 @pytest.fixture(scope="module")
-def zero3() -> tuple[Any, dict[str, Any]]:
-    return _run(2, zero=3)
+def zero3(nproc_runs: Runs) -> tuple[Any, dict[str, Any]]:
+    return _run(nproc_runs, 2, zero=3)
 
 
 @pytest.fixture(scope="module")
-def tp_dp() -> tuple[Any, dict[str, Any]]:
-    return _run(4, tp=2, zero=3)
+def tp_dp(nproc_runs: Runs) -> tuple[Any, dict[str, Any]]:
+    return _run(nproc_runs, 4, tp=2, zero=3)
 
 
 def _collectives(rank: dict[str, Any]) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -76,6 +73,7 @@ def _exact(est: Any, result: dict[str, Any]) -> None:
         assert rank["diff"]["activations_equal"] is True
 
 
+@NPROC2
 def test_zero3_over_two_ranks_equals_the_estimate(zero3: tuple[Any, dict[str, Any]]) -> None:
     est, result = zero3
     _exact(est, result)
@@ -101,6 +99,7 @@ def test_zero3_over_two_ranks_equals_the_estimate(zero3: tuple[Any, dict[str, An
         assert comm[("dp", "reduce_scatter", "backward")][1] == row.bytes * row.count
 
 
+@NPROC4
 def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, Any]]) -> None:
     est, result = tp_dp
     _exact(est, result)
@@ -125,11 +124,12 @@ def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, 
         assert comm[("tp", "all_reduce", "backward")] == (5 * m.num_layers + 1, (5 * m.num_layers + 1) * bsh)
 
 
-def test_zero1_over_two_ranks_shards_only_the_optimizer() -> None:
+@NPROC2
+def test_zero1_over_two_ranks_shards_only_the_optimizer(nproc_runs: Runs) -> None:
     """ZeRO-1 (Rajbhandari et al. 2019 §5.1, P_os): weights and gradients whole (4Ψ B each in fp32), Adam's
     m and v sharded (8Ψ/N_d B); the step reduce-scatters every gradient and all-gathers every parameter
     once (ZeRO §7: 2Ψ moved, as data parallelism), the communication table's two dp rows."""
-    est, result = _run(2, zero=1)
+    est, result = _run(nproc_runs, 2, zero=1)
     _exact(est, result)
     psi = load_model("tiny").published_params
     table = _table(est, "dp")
@@ -148,7 +148,8 @@ def test_zero1_over_two_ranks_shards_only_the_optimizer() -> None:
 
 def test_tp_with_sequence_parallelism_differs_only_by_the_gathered_inputs() -> None:
     """Through the CLI: states equal, and the saves equal the estimate but for DTensor's gathered inputs:
-    attn.input, mlp.input and lm_head.input absent, L·5 + 1 unnamed [b, s, h] tensors instead."""
+    attn.input, mlp.input and lm_head.input absent, L·5 + 1 unnamed [b, s, h] tensors instead. The one
+    test that runs the whole way, CLI to ``launch`` to its own spawn (the others share spawned.py's)."""
     result = CliRunner().invoke(
         app,
         [
@@ -227,11 +228,16 @@ def test_a_hung_launch_ends_with_a_timeout() -> None:
         _join(_Hung(), timeout_s=0.3)
 
 
-def test_zero1_over_tensor_parallel_ranks_shards_each_local_tensor() -> None:
+@NPROC4
+def test_zero1_over_tensor_parallel_ranks_shards_each_local_tensor(
+    nproc_runs: Runs, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue #22: ``--nproc 4 --tp 2 --zero 1`` ran into DTensor's missing sharding strategy for
     ``c10d._reduce_scatter_base_``; ZeRO-1 now shards each rank's local tp tensor over dp (zero1.local).
     Independent check (ZeRO §5.1, P_os): in fp32 Adam keeps two fp32 states per element, sharded over
-    dp = 2: 2 · 4 · N/2 bytes = 4 · N, the bytes of the rank's own fp32 weights (4 · N)."""
+    dp = 2: 2 · 4 · N/2 bytes = 4 · N, the bytes of the rank's own fp32 weights (4 · N). (The CLI's launch
+    is answered by the 4-rank spawn: spawned.py.)"""
+    nproc_runs.serve(monkeypatch)
     result = CliRunner().invoke(
         app,
         [

@@ -16,40 +16,36 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from memplan.api import Options, setup_of
 from memplan.cli.app import app
-from memplan.config import Device
 from memplan.engine import at_stage, estimate
 from memplan.measure.compare.ranks import comparison
 from memplan.measure.compare.tensors import estimated_by_name
-from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
 from memplan.time.comm import communication
+from tests.measure.spawned import SEQ, N, Runs, tiny
 
-SEQ = 32
-N = 4  # micro-batches per step (grad_accum)
-TIMEOUT_S = 300  # a loaded 2-core machine starts torch processes slowly; a hang still ends
 FLAGS = ("profile", "-m", "tiny", "--device", "cpu", "--seq", str(SEQ), "--precision", "fp32")
 
 
 def _setup(**layout: Any) -> Any:
-    return setup_of(
-        Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, grad_accum=N, **layout)
-    )
+    return tiny(grad_accum=N, **layout)
 
 
 @pytest.fixture(scope="module")
-def pp2() -> tuple[Any, dict[str, Any]]:
+def pp2(nproc_runs: Runs) -> tuple[Any, dict[str, Any]]:
     setup = _setup(gpus=2, pp=2)
     est = estimate(setup)
-    return est, comparison(launch(setup, 2, timeout_s=TIMEOUT_S), est, "spawn")
+    return est, comparison(nproc_runs.reports(setup, 2), est, "spawn")
 
 
 @pytest.fixture(scope="module")
-def pp2_dp2() -> tuple[Any, dict[str, Any]]:
-    """Through the CLI: 4 processes, (dp, pp) = (2, 2), ZeRO-3 (FSDP2 on each stage's layers and root)."""
-    args = [*FLAGS, "--nproc", "4", "--pp", "2", "--zero", "3", "--grad-accum", str(N), "--json"]
-    result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
+def pp2_dp2(nproc_runs: Runs) -> tuple[Any, dict[str, Any]]:
+    """Through the CLI: 4 processes, (dp, pp) = (2, 2), ZeRO-3 (FSDP2 on each stage's layers and root); the
+    CLI's launch answered by the 4-rank spawn (tests/measure/spawned.py)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        nproc_runs.serve(monkeypatch)
+        args = [*FLAGS, "--nproc", "4", "--pp", "2", "--zero", "3", "--grad-accum", str(N), "--json"]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     return estimate(_setup(gpus=4, pp=2, zero=3)), json.loads(result.stdout)
 
@@ -160,6 +156,7 @@ def _check_peak(est: Any, rank: dict[str, Any]) -> None:
     assert 0 <= measured - estimated - buffers <= 0.01 * estimated
 
 
+@pytest.mark.xdist_group("nproc2")  # one worker spawns the 2-rank layouts once (spawned.py)
 def test_pp2_each_stage_equals_its_estimate(pp2: tuple[Any, dict[str, Any]]) -> None:
     est, result = pp2
     assert result["equal"] is True
@@ -171,6 +168,7 @@ def test_pp2_each_stage_equals_its_estimate(pp2: tuple[Any, dict[str, Any]]) -> 
         assert [c for c in rank["collectives"] if c["dimension"] != "pp"] == []  # no dp, no tp
 
 
+@pytest.mark.xdist_group("nproc4")
 def test_pp2_by_dp2_zero3_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> None:
     """FSDP2 inside torch's pipelining: states, saves and p2p as the stage's estimate. The dp collectives
     follow ``PipelineStage.backward_maybe_with_nosync``: every backward but the step's last runs with

@@ -1,35 +1,31 @@
 """``memplan profile --nproc 4 --tp 2 --pp 2``: tensor parallelism inside each pipeline stage (the tiny
 model, 1F1B over 4 micro-batches), every rank against its stage's estimate.
 
-Its own file: one 4-process launch (≈ 25 s on two busy cores) beside test_distributed_pp.py's two.
+Its ranks run in the 4-rank spawn of tests/measure/spawned.py, beside test_distributed*.py's 4-rank layouts.
 """
 
 from __future__ import annotations
 
-from memplan.api import Options, setup_of
-from memplan.config import Device
+import pytest
+
 from memplan.engine import at_stage, estimate
 from memplan.measure.compare.ranks import comparison
 from memplan.measure.compare.tensors import estimated_by_name
-from memplan.measure.distributed.nproc import launch
 from memplan.presets import load_gpu
 from memplan.time.comm import communication
-
-SEQ, N = 32, 4
-TIMEOUT_S = 300
+from tests.measure.spawned import N, Runs, tiny
 
 
-def test_tp2_by_pp2_each_rank_equals_its_stage() -> None:
+@pytest.mark.xdist_group("nproc4")  # one worker spawns the 4-rank layouts once (spawned.py)
+def test_tp2_by_pp2_each_rank_equals_its_stage(nproc_runs: Runs) -> None:
     """Saves and states equal the stage's tp-rank estimate; the tp all-reduces are Megatron's forward ones
     (2 per layer + the embedding's + the vocabulary-parallel loss's 3) and DTensor's backward ones (one per
     column-parallel linear + the lm head's: docs/distributed.md) per micro-batch. Each tp rank sends the
     whole replicated [b, s, h] to the next stage: t times the table's pp row, which models Megatron's
     scatter/gather (send 1/t, all-gather after the receive; Narayanan et al. 2021 §4.1), not done here."""
-    setup = setup_of(
-        Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, gpus=4, tp=2, pp=2, grad_accum=N)
-    )
+    setup = tiny(gpus=4, tp=2, pp=2, grad_accum=N)
     est = estimate(setup)
-    result = comparison(launch(setup, 4, timeout_s=TIMEOUT_S), est, "spawn")
+    result = comparison(nproc_runs.reports(setup, 4), est, "spawn")
     assert result["equal"] is True
     coords = [(r["coords"]["pp"], r["coords"]["tp"]) for r in result["ranks"]]
     assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # tp inside pp

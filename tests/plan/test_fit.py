@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -17,8 +18,12 @@ from memplan.time.timing import timing
 from .layout import plan
 
 SMALL = Space(micro_batches=(1, 2, 4))
+# One xdist worker runs this file (pyproject.toml's --dist loadgroup), so that the four tests of the cached
+# Llama-3-8B search below share one search.
+pytestmark = pytest.mark.xdist_group("fit")
 
 
+@functools.cache  # four tests search Llama-3-8B on 8 A100-40GBs alike (≈ 1.4 CPU s each); they only read it
 def _search(name: str, seq: int, gpu: str, gpus: int, space: Space = SMALL):  # type: ignore[no-untyped-def]
     pm = load_model_preset(name)
     return fit(build_setup(pm.model, seq=seq), load_gpu(gpu), gpus, space=space)

@@ -1,0 +1,19 @@
+"""Settings of the whole suite.
+
+One OpenMP thread per torch process in a pytest-xdist worker: ``-n auto`` (pyproject.toml) starts one
+worker per core already, and torch's default of one intra-op thread per core then runs two OpenMP teams
+on each core, whose threads spin while they wait for each other (tests/measure/test_moe.py: milliseconds
+per tiny matmul that way on a loaded 2-core machine). ``OMP_NUM_THREADS`` is read when torch loads its
+OpenMP runtime, so it is set here, before any test module imports torch; the processes a test starts (the
+ranks of ``profile --nproc``, the CLI in a subprocess) inherit it. ``-n 0`` keeps torch's default.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if "torch" in sys.modules:  # imported before this file (a plugin): too late for the variable
+        sys.modules["torch"].set_num_threads(1)
