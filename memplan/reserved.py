@@ -52,9 +52,11 @@ Known limitations:
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass
-from itertools import accumulate, repeat
 from operator import itemgetter
+from types import ModuleType
 
 from memplan.analytic.allocator import (
     Alloc,
@@ -62,9 +64,8 @@ from memplan.analytic.allocator import (
     Event,
     Free,
     Replay,
+    demand,
     replay_plain,
-    round_size,
-    segment_size,
 )
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
@@ -350,14 +351,32 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
-    # demand[i]: a new segment for every allocation from i on (frees add nothing), by the distinct sizes
-    # (a stream repeats few); when even demand[0] fits, nothing is replayed
-    segment = {c: segment_size(round_size(c)) for c in set(stream_codes) if c >= 0}
-    demand = [*accumulate(map(segment.get, reversed(stream_codes), repeat(0)))][::-1]
-    demand.append(0)
-    if demand[0] <= capacity:
+    # when even the first event's demand fits, nothing is replayed
+    jit = _compiled()
+    if jit is not None:  # the same replay, compiled (``analytic.allocator_jit``)
+        return bool(jit.replay_jit(stream_codes, capacity, early=True)[0].oom)
+    need = demand(stream_codes)
+    if need[0] <= capacity:
         return False
-    return replay_plain(stream_codes, capacity, demand)[0].oom
+    return replay_plain(stream_codes, capacity, need)[0].oom
+
+
+_JIT: list[ModuleType | None] = []
+"""``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled replay, imported on the first early-stopped replay (numba's import and its cached
+    machine code cost ≈ 0.3 s: a search's worth, not one estimate's)."""
+    if not _JIT:
+        module: ModuleType | None = None
+        if os.environ.get("MEMPLAN_JIT", "1") != "0":
+            try:
+                module = importlib.import_module("memplan.analytic.allocator_jit")
+            except ImportError:  # numba is an optional extra (memplan[jit])
+                module = None
+        _JIT.append(module)
+    return _JIT[0]
 
 
 def clear_replays() -> None:

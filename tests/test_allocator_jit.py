@@ -1,0 +1,115 @@
+"""Issue #21 item 6: ``analytic.allocator_jit.replay_jit`` (the fit search's early-stopped replay compiled by
+numba, an optional extra) is ``replay_plain`` — and so ``Allocator``: the same counters, peaks, segments,
+released bytes, refusals and stopping event on random streams, real ones and at capacities where cached
+segments are released; ``reserved._refuses`` gives the same verdict on either path. Skipped without
+numba."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memplan import reserved
+from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
+from memplan.api import build_setup
+from memplan.config import Parallel
+from memplan.engine import estimate
+from memplan.presets import load_gpu
+from tests.test_allocator_plain import MIB, streams
+
+pytest.importorskip("numba")
+
+from memplan.analytic.allocator_jit import replay_jit
+
+
+def _reference(stream_codes: list[int], capacity: int | None) -> Replay:
+    return Allocator(capacity=capacity).replay_codes(stream_codes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.one_of(st.none(), st.integers(0, 120 * MIB)))
+def test_random_streams_replay_as_the_allocator(stream_codes: list[int], capacity: int | None) -> None:
+    got, stopped = replay_jit(stream_codes, capacity)
+    assert stopped == len(stream_codes)
+    assert got == _reference(stream_codes, capacity)
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.integers(0, 200 * MIB))
+def test_the_early_stop_stops_where_replay_plain_does(stream_codes: list[int], capacity: int) -> None:
+    # the same event and the same counters there as the pure-Python replay with the same demand, whose
+    # prefix is Allocator's (tests/test_allocator_plain.py); and the same verdict as the whole replay
+    expected = replay_plain(stream_codes, capacity, demand(stream_codes))
+    assert replay_jit(stream_codes, capacity, early=True) == expected
+    assert expected[0] == _reference(stream_codes[: expected[1]], capacity)
+    assert expected[0].oom is _reference(stream_codes, capacity).oom
+
+
+@pytest.fixture
+def python_path() -> Iterator[None]:
+    """``reserved._refuses`` without the compiled replay, then as it was."""
+    saved = list(reserved._JIT)
+    reserved._JIT[:] = [None]
+    yield
+    reserved._JIT[:] = saved
+
+
+@settings(max_examples=100, deadline=None)
+@given(streams(), st.integers(0, 200 * MIB))
+def test_refuses_is_the_same_on_either_path(stream_codes: list[int], capacity: int) -> None:
+    expected = _reference(stream_codes, capacity).oom
+    saved = list(reserved._JIT)
+    try:
+        reserved._JIT[:] = []
+        assert reserved._compiled() is not None  # numba imports here
+        assert reserved._refuses(stream_codes, capacity) is expected
+        reserved._JIT[:] = [None]
+        assert reserved._refuses(stream_codes, capacity) is expected
+    finally:
+        reserved._JIT[:] = saved
+
+
+def test_memplan_jit_0_keeps_the_python_path(monkeypatch: pytest.MonkeyPatch, python_path: None) -> None:
+    monkeypatch.setenv("MEMPLAN_JIT", "0")
+    reserved._JIT[:] = []
+    assert reserved._compiled() is None
+
+
+H100 = load_gpu("h100-sxm")
+
+
+@pytest.mark.parametrize(
+    ("name", "seq", "ckpt", "zero", "dp", "par", "n"),
+    [
+        ("gpt2", 1024, "none", 0, 1, Parallel(), 1),
+        ("qwen3-0.6b", 2048, "selective", 1, 4, Parallel(tp=2, sp=True), 4),
+        ("llama-3.2-1b", 2048, "full", 3, 16, Parallel(tp=2, sp=True, pp=2), 4),
+    ],
+)
+def test_real_streams_replay_as_the_allocator(
+    name: str, seq: int, ckpt: str, zero: int, dp: int, par: Parallel, n: int
+) -> None:
+    setup = build_setup(name, seq=seq, checkpointing=ckpt, zero=zero, dp=dp, parallel=par, grad_accum=n)
+    stream_codes = reserved.codes(reserved.stream_inputs(estimate(setup)), reserved.cublas_workspace(H100))
+    full = _reference(stream_codes, None)
+    assert replay_jit(stream_codes) == (full, len(stream_codes))
+    # capacities where the capped replay refuses, releases cached segments, or runs as the unlimited one;
+    # early-stopped where replay_plain stops
+    requested, peak = full.requested_peak, full.reserved_peak
+    for capacity in (requested - 1, requested, (requested + peak) // 2, peak - 1, peak):
+        assert replay_jit(stream_codes, capacity)[0] == _reference(stream_codes, capacity)
+        early = replay_plain(stream_codes, capacity, demand(stream_codes))
+        assert replay_jit(stream_codes, capacity, early=True) == early
+    assert _reference(stream_codes, requested - 1).oom  # the path that refuses is exercised
+
+
+def test_keys_wider_than_63_bits_fall_back_to_replay_plain() -> None:
+    # five 200 TiB requests and one of 4 MiB: a new segment for every allocation is 1,000 TiB + 20 MiB,
+    # 2⁴¹ units of 512 bytes (41 bits for an address), and a 200 TiB size needs 39 bits: 80 > 62, so the
+    # stream is replayed by replay_plain (the same answer as Allocator, whose addresses pass 2⁴⁸)
+    tib = 1 << 40
+    stream_codes = [200 * tib, 200 * tib, 200 * tib, 4 * MIB, -3, -1, 200 * tib, 200 * tib, -6, -5]
+    assert replay_jit(stream_codes) == (_reference(stream_codes, None), len(stream_codes))
