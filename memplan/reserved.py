@@ -312,13 +312,17 @@ _REPLAYS_MAX = 2048
 def replay_stream(
     inputs: StreamInputs, workspace: int, *, expandable: bool = False, capacity: int | None = None
 ) -> Replay:
-    """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``)."""
+    """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``); by the compiled
+    replay (``analytic.allocator_jit``) when the fit search's replays have loaded it, never loading it
+    for one estimate's replay."""
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
         stream_codes = codes(inputs, workspace)
         if expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(stream_codes)
+        elif _JIT and _JIT[0] is not None:  # compiled, once a search has loaded it (``_compiled``)
+            found = _JIT[0].replay_jit(stream_codes, capacity)[0]
         else:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
             found = replay_plain(stream_codes, capacity)[0]
         if len(_REPLAYS) >= _REPLAYS_MAX:

@@ -6,6 +6,7 @@ numba."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 
 import pytest
@@ -22,6 +23,9 @@ from tests.test_allocator_plain import MIB, streams
 
 pytest.importorskip("numba")
 
+import numpy as np
+
+from memplan.analytic import allocator_jit
 from memplan.analytic.allocator_jit import replay_jit
 
 
@@ -113,3 +117,48 @@ def test_keys_wider_than_63_bits_fall_back_to_replay_plain() -> None:
     tib = 1 << 40
     stream_codes = [200 * tib, 200 * tib, 200 * tib, 4 * MIB, -3, -1, 200 * tib, 200 * tib, -6, -5]
     assert replay_jit(stream_codes) == (_reference(stream_codes, None), len(stream_codes))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4000)), max_size=700))
+def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
+    # the chunked pool (inserts, deletes, best fit's ceiling) against a sorted list, on sequences long
+    # enough to split chunks of 64, empty them and reuse their ids; pool 1 is used, pool 0 stays empty
+    room = len(ops) + 2
+    data = np.empty((2, room, allocator_jit.CHUNK), dtype=np.int64)
+    lens, order, maxes = (np.zeros((2, room), dtype=np.int64) for _ in range(3))
+    meta = np.zeros((2, 3), dtype=np.int64)
+    pool = (data, lens, order, maxes, meta, 1)
+    expected: list[int] = []
+    for op, key in ops:
+        if op == 0 and key not in expected:
+            bisect.insort(expected, key)
+            allocator_jit._pool_insert(*pool, key)
+        elif op == 1 and expected:
+            gone = expected.pop(key % len(expected))
+            allocator_jit._pool_delete(*pool, gone)
+        else:
+            k = bisect.bisect_left(expected, key)
+            assert allocator_jit._pool_ceiling(*pool, key) == (expected[k] if k < len(expected) else -1)
+        got = [int(data[1, order[1, p], j]) for p in range(meta[1, 0]) for j in range(lens[1, order[1, p]])]
+        assert got == expected
+        assert [int(maxes[1, p]) for p in range(meta[1, 0])] == [
+            int(data[1, order[1, p], lens[1, order[1, p]] - 1]) for p in range(meta[1, 0])
+        ]
+    assert meta[0, 0] == 0
+
+
+def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
+    # the verdict's unlimited and capped replays (``reserved.replay_stream``) take the compiled replay once
+    # a search has loaded it: the same Replay as the Python path
+    setup = build_setup("llama-3.2-1b", seq=2048, checkpointing="full", zero=3, dp=16, grad_accum=4)
+    inputs = reserved.stream_inputs(estimate(setup))
+    workspace = reserved.cublas_workspace(H100)
+    full = reserved.replay_stream(inputs, workspace)
+    capped = reserved.replay_stream(inputs, workspace, capacity=full.requested_peak)
+    reserved.clear_replays()
+    reserved._JIT[:] = []
+    assert reserved._compiled() is not None
+    assert reserved.replay_stream(inputs, workspace) == full
+    assert reserved.replay_stream(inputs, workspace, capacity=full.requested_peak) == capped
+    reserved.clear_replays()

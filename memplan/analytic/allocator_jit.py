@@ -1,29 +1,34 @@
 """``allocator.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same rules,
-decisions, counters and early stop, on integer arrays, ≈ 30× faster than the pure-Python loop.
+decisions, counters and early stop, on integer arrays.
 
 The fit search judges most configurations by one capped replay with the early stop (``reserved.refuses``);
-those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module when numba
-imports and falls back to ``replay_plain`` when it does not; tests/test_allocator_jit.py checks both give
-the same counters, peaks, segments, released bytes, refusals and stopping event on random streams and on
-real ones, at capacities where cached segments are released.
+those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module once numba
+imports (``MEMPLAN_JIT=0``: never) and ``replay_plain`` otherwise; tests/test_allocator_jit.py checks that
+both give the same counters, peaks, segments, released bytes, refusals and stopping event on random
+streams and on real ones, at capacities where cached segments are released.
 
-The state is that of ``replay_plain`` (the model of ``c10/cuda/CUDACachingAllocator.cpp`` described in
-``allocator``'s docstring) without Python objects:
+The state is ``Allocator``'s (the model of ``c10/cuda/CUDACachingAllocator.cpp`` in ``allocator``'s
+docstring) without Python objects:
 
-- each pool (large, small) is two parallel arrays, sizes and addresses of its free blocks, kept sorted
-  by (size, address), so that best fit is the first entry ≥ (rounded, 0) (``_best_fit``'s
-  (size, address) order, lower address on a tie);
-- the free blocks by their start and by their end (for merging: ``try_merge_blocks``' neighbours) in two
-  dicts shared by both pools (segments are disjoint, so addresses are unique across pools), the live
-  segments by their start;
-- the live allocations in arrays indexed by the allocation's number (the codes number them 0, 1, …).
+- blocks in arrays (address, size, free, the previous and next block of their segment: ``_Block``'s
+  links, so a freed block merges with its free neighbours as ``try_merge_blocks`` does); a free block is
+  found by its address in one dict (addresses are unique: segments are laid one after another);
+- each pool (large, small) one sorted set of integer keys (size, address) — size·2^shift + address, in
+  units of 512 bytes (every size and address is a multiple of 512) — so that best fit is the first key ≥
+  the request's (``_best_fit``'s (size, address) order, the lower address on a tie), kept as a sorted
+  list of chunks of at most ``CHUNK`` keys (a pool holds hundreds of free blocks in a large plan's
+  stream: one sorted array would move them all on every insertion);
+- the live allocations in arrays indexed by their number (the codes number them 0, 1, …).
 
-All values are int64: byte counts and addresses (the model lays every segment it ever makes one after
-another) stay far below 2⁶³ for any stream a step makes.
+The keys must fit 63 bits: every address is below the bytes of a new segment for every allocation
+(``allocator.demand``'s first entry) and every size at most the largest segment; a stream where they
+would not (segments of 2⁶² bytes in all) is replayed by ``replay_plain`` instead. Every other value is an
+int64 byte count, far below 2⁶³ for any stream a step makes.
 
-NB: the first call compiles the functions (≈ seconds; numba caches the machine code in ``__pycache__``,
-``cache=True``, so later processes load it); a process that replays once gains nothing, so ``reserved``
-uses this module only for the fit search's early-stopped replays (``reserved.refuses``).
+NB: the first call in a fresh installation compiles the functions (≈ 5 s); numba caches the machine code
+in ``__pycache__`` (``cache=True``) and later processes load it, with numba's import (≈ 0.3 s together),
+so ``reserved`` loads this module only for the fit search's early-stopped replays (``reserved.refuses``),
+never for one estimate's replay.
 """
 
 from __future__ import annotations
@@ -51,30 +56,114 @@ from memplan.analytic.allocator import (
 Codes = npt.NDArray[np.int64]
 
 
-def _find(keys: Codes, n: int, key: int) -> int:
-    """The first of the ``n`` sorted keys ≥ ``key`` (``bisect_left``)."""
-    lo, hi = 0, n
+CHUNK = 64
+"""Keys per chunk of a pool (``_pool_insert``): a chunk full splits in two halves."""
+
+# A pool q (0 large, 1 small) is a sorted list of chunks: chunk c holds lens[q, c] sorted keys in
+# data[q, c, :]; order[q, :meta[q, 0]] lists the chunks in key order and maxes[q, :] their largest keys;
+# meta[q, 1] chunk ids made, meta[q, 2] spare ids (kept at the end of order[q]). Each function takes the
+# whole arrays and q (numba's array views count references: one per call would cost more than the work).
+
+
+def _chunk_at(maxes: Codes, q: int, chunks: int, key: int) -> int:
+    """The first chunk (in key order) whose largest key is ≥ ``key`` (``chunks``: none): bisect_left."""
+    lo, hi = 0, chunks
     while lo < hi:
         mid = (lo + hi) >> 1
-        if keys[mid] < key:
+        if maxes[q, mid] < key:
             lo = mid + 1
         else:
             hi = mid
     return lo
 
 
-def _insert(keys: Codes, n: int, key: int) -> None:
-    """Insert ``key`` into the ``n`` sorted keys (``insort``)."""
-    k = _find(keys, n, key)
+def _in_chunk(data: Codes, q: int, c: int, n: int, key: int) -> int:
+    """The first of chunk ``c``'s ``n`` keys ≥ ``key``: bisect_left."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if data[q, c, mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _pool_ceiling(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> int:
+    """The smallest key of pool ``q`` ≥ ``key``; −1 when there is none."""
+    p = _chunk_at(maxes, q, meta[q, 0], key)
+    if p == meta[q, 0]:
+        return -1
+    c = order[q, p]
+    return int(data[q, c, _in_chunk(data, q, c, lens[q, c], key)])
+
+
+def _pool_insert(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
+    """Insert ``key`` into pool ``q``: into the chunk where it sorts (the last one when it is the
+    largest), split when full; the chunks' order and largest keys kept."""
+    chunks = meta[q, 0]
+    if chunks == 0:
+        c = _new_chunk(meta, order, q)
+        data[q, c, 0] = key
+        lens[q, c] = 1
+        order[q, 0] = c
+        maxes[q, 0] = key
+        meta[q, 0] = 1
+        return
+    p = min(_chunk_at(maxes, q, chunks, key), chunks - 1)
+    c = order[q, p]
+    n = lens[q, c]
+    k = _in_chunk(data, q, c, n, key)
     for j in range(n, k, -1):
-        keys[j] = keys[j - 1]
-    keys[k] = key
+        data[q, c, j] = data[q, c, j - 1]
+    data[q, c, k] = key
+    n += 1
+    lens[q, c] = n
+    maxes[q, p] = data[q, c, n - 1]
+    if n == CHUNK:  # split: the upper half to a new chunk right after it
+        d = _new_chunk(meta, order, q)
+        half = CHUNK // 2
+        for j in range(half, CHUNK):
+            data[q, d, j - half] = data[q, c, j]
+        lens[q, c] = half
+        lens[q, d] = CHUNK - half
+        for j in range(chunks, p + 1, -1):
+            order[q, j] = order[q, j - 1]
+            maxes[q, j] = maxes[q, j - 1]
+        order[q, p + 1] = d
+        maxes[q, p + 1] = data[q, d, CHUNK - half - 1]
+        maxes[q, p] = data[q, c, half - 1]
+        meta[q, 0] = chunks + 1
 
 
-def _delete(keys: Codes, n: int, key: int) -> None:
-    """Remove ``key`` from the ``n`` sorted keys."""
-    for j in range(_find(keys, n, key), n - 1):
-        keys[j] = keys[j + 1]
+def _pool_delete(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
+    """Remove ``key`` (in pool ``q``); a chunk left empty leaves the order."""
+    chunks = meta[q, 0]
+    p = _chunk_at(maxes, q, chunks, key)
+    c = order[q, p]
+    n = lens[q, c]
+    for j in range(_in_chunk(data, q, c, n, key), n - 1):
+        data[q, c, j] = data[q, c, j + 1]
+    n -= 1
+    lens[q, c] = n
+    if n:
+        maxes[q, p] = data[q, c, n - 1]
+        return
+    for j in range(p, chunks - 1):
+        order[q, j] = order[q, j + 1]
+        maxes[q, j] = maxes[q, j + 1]
+    meta[q, 0] = chunks - 1
+    order[q, order.shape[1] - 1 - meta[q, 2]] = c  # a spare id now
+    meta[q, 2] += 1
+
+
+def _new_chunk(meta: Codes, order: Codes, q: int) -> int:
+    """A chunk id of pool ``q``: a spare one, else the next unused."""
+    if meta[q, 2]:
+        meta[q, 2] -= 1
+        return int(order[q, order.shape[1] - 1 - meta[q, 2]])
+    meta[q, 1] += 1
+    return int(meta[q, 1] - 1)
 
 
 def _key(size: int, addr: int, shift: int) -> int:
@@ -122,11 +211,17 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
     if shift + _bits(largest >> 9) > 62:
         out[9] = -1  # keys would not fit 63 bits: not replayed here
         return out
-    # pools: row 0 large, row 1 small, each sorted; at most one free block per event
-    keys = np.zeros((2, n + 1), dtype=np.int64)
-    count = np.zeros(2, dtype=np.int64)
+    # pools: 0 large, 1 small, each a sorted list of chunks (``_pool_insert``); a pool holds at most one
+    # free block per event, and each of its chunks at least one
+    room = n + 2
+    data = np.empty((2, room, CHUNK), dtype=np.int64)
+    lens = np.zeros((2, room), dtype=np.int64)
+    order = np.zeros((2, room), dtype=np.int64)
+    maxes = np.zeros((2, room), dtype=np.int64)
+    meta = np.zeros((2, 3), dtype=np.int64)  # chunks in order, ids made, spare ids
+    kept = np.zeros(n + 1, dtype=np.int64)
     # blocks (each event makes at most two: a segment and a split's rest), linked within their segment
-    # (-1: none), as ``Allocator``'s ``_Block``; the pools' entries name them by address
+    # (-1: none), as ``Allocator``'s ``_Block``; the pools' keys name them by address (``by_addr``)
     cap = 2 * n + 2
     b_addr = np.zeros(cap, dtype=np.int64)
     b_size = np.zeros(cap, dtype=np.int64)
@@ -159,8 +254,15 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
             requested -= live_asked[k]
             p = b_prev[x]
             if p >= 0 and b_free[p]:  # the free block before it in its segment joins it
-                _delete(keys[small], count[small], _key(b_size[p], b_addr[p], shift))
-                count[small] -= 1
+                _pool_delete(
+                    data,
+                    lens,
+                    order,
+                    maxes,
+                    meta,
+                    small,
+                    _key(b_size[p], b_addr[p], shift),
+                )
                 del by_addr[b_addr[p]]
                 b_size[p] += b_size[x]
                 b_next[p] = b_next[x]
@@ -169,8 +271,15 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
                 x = p
             q = b_next[x]
             if q >= 0 and b_free[q]:  # …and the free block after it
-                _delete(keys[small], count[small], _key(b_size[q], b_addr[q], shift))
-                count[small] -= 1
+                _pool_delete(
+                    data,
+                    lens,
+                    order,
+                    maxes,
+                    meta,
+                    small,
+                    _key(b_size[q], b_addr[q], shift),
+                )
                 del by_addr[b_addr[q]]
                 b_size[x] += b_size[q]
                 b_next[x] = b_next[q]
@@ -178,34 +287,44 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
                     b_prev[b_next[q]] = x
             b_free[x] = True
             by_addr[b_addr[x]] = x
-            _insert(keys[small], count[small], _key(b_size[x], b_addr[x], shift))
-            count[small] += 1
+            _pool_insert(
+                data,
+                lens,
+                order,
+                maxes,
+                meta,
+                small,
+                _key(b_size[x], b_addr[x], shift),
+            )
             continue
         rounded = max(K_MIN_BLOCK_SIZE, -(-c // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
         small = 1 if rounded <= K_SMALL_SIZE else 0
-        k = _find(keys[small], count[small], _key(rounded, 0, shift))
-        if k < count[small]:  # the smallest free block large enough, the lowest address on a tie
-            addr = (keys[small, k] & ((1 << shift) - 1)) << 9
+        key = _pool_ceiling(data, lens, order, maxes, meta, small, _key(rounded, 0, shift))
+        if key >= 0:  # the smallest free block large enough, the lowest address on a tie
+            addr = (key & ((1 << shift) - 1)) << 9
             x = by_addr[addr]
             del by_addr[addr]
-            _delete(keys[small], count[small], keys[small, k])
-            count[small] -= 1
+            _pool_delete(data, lens, order, maxes, meta, small, key)
         else:  # a new segment (releasing the wholly free ones when over the capacity)
             size = _segment_size(rounded)
             if limited and reserved + size > capacity:
-                for p in range(2):
-                    kept = 0
-                    for j in range(count[p]):
-                        y = by_addr[(keys[p, j] & ((1 << shift) - 1)) << 9]
-                        if b_prev[y] < 0 and b_next[y] < 0:  # a whole segment, free
-                            del by_addr[b_addr[y]]
-                            b_free[y] = False
-                            reserved -= b_size[y]
-                            released += b_size[y]
-                        else:
-                            keys[p, kept] = keys[p, j]
-                            kept += 1
-                    count[p] = kept
+                for p in range(2):  # the pool's keys in order, the released ones left out, rebuilt
+                    m = 0
+                    for h in range(meta[p, 0]):
+                        chunk = order[p, h]
+                        for j in range(lens[p, chunk]):
+                            y = by_addr[(data[p, chunk, j] & ((1 << shift) - 1)) << 9]
+                            if b_prev[y] < 0 and b_next[y] < 0:  # a whole segment, free
+                                del by_addr[b_addr[y]]
+                                b_free[y] = False
+                                reserved -= b_size[y]
+                                released += b_size[y]
+                            else:
+                                kept[m] = data[p, chunk, j]
+                                m += 1
+                    meta[p, 0] = meta[p, 1] = meta[p, 2] = 0
+                    for j in range(m):
+                        _pool_insert(data, lens, order, maxes, meta, p, kept[j])
                 if reserved + size > capacity:
                     oom = 1
                     made += 1
@@ -236,8 +355,15 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
             b_size[x] = rounded
             b_free[y] = True
             by_addr[b_addr[y]] = y
-            _insert(keys[small], count[small], _key(remaining, b_addr[y], shift))
-            count[small] += 1
+            _pool_insert(
+                data,
+                lens,
+                order,
+                maxes,
+                meta,
+                small,
+                _key(remaining, b_addr[y], shift),
+            )
         live_block[made] = x
         live_asked[made] = c
         live_small[made] = small
@@ -260,9 +386,12 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
 
 
 _jit = numba.njit(cache=True)
-_find = _jit(_find)
-_insert = _jit(_insert)
-_delete = _jit(_delete)
+_in_chunk = _jit(_in_chunk)
+_chunk_at = _jit(_chunk_at)
+_pool_ceiling = _jit(_pool_ceiling)
+_pool_insert = _jit(_pool_insert)
+_pool_delete = _jit(_pool_delete)
+_new_chunk = _jit(_new_chunk)
 _segment_size = _jit(_segment_size)
 _key = _jit(_key)
 _bits = _jit(_bits)
