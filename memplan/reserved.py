@@ -347,11 +347,24 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
     found = _REFUSALS.get(key)
     if found is None:
         full = _REPLAYS.get((inputs, workspace, False, capacity))
-        found = full.oom if full is not None else _refuses(codes(inputs, workspace), capacity)
+        found = full.oom if full is not None else _refused(inputs, workspace, capacity)
         if len(_REFUSALS) >= _REPLAYS_MAX:
             _REFUSALS.clear()
         _REFUSALS[key] = found
     return found
+
+
+def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
+    """``_refuses`` of the stream of ``inputs``: coded and replayed compiled when numba is there
+    (``analytic.allocator_jit.refuses_jit``), else in Python."""
+    jit = _compiled()
+    if jit is not None:
+        found = jit.refuses_jit(
+            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
+        )
+        if found is not None:
+            return bool(found)
+    return _refuses(codes(inputs, workspace), capacity)
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from memplan import reserved
 from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
 from memplan.api import build_setup
-from memplan.config import Parallel
+from memplan.config import FineTune, Parallel
+from memplan.config.finetune import Method
 from memplan.engine import estimate
 from memplan.presets import load_gpu
 from tests.test_allocator_plain import MIB, streams
@@ -26,7 +27,7 @@ pytest.importorskip("numba")
 import numpy as np
 
 from memplan.analytic import allocator_jit
-from memplan.analytic.allocator_jit import replay_jit
+from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_jit
 
 
 def _reference(stream_codes: list[int], capacity: int | None) -> Replay:
@@ -162,3 +163,76 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
     assert reserved.replay_stream(inputs, workspace) == full
     assert reserved.replay_stream(inputs, workspace, capacity=full.requested_peak) == capped
     reserved.clear_replays()
+
+
+@st.composite
+def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
+    """Random ``reserved.StreamInputs``: timeline points whose terms rise and fall, tensors whose states
+    are (or are not) a whole number of bytes per element over them, one layer's saves (some of them 0)."""
+    per_tensor = tuple(draw(st.lists(st.integers(0, 6), max_size=6)))
+    count = sum(per_tensor)
+    state = st.one_of(st.integers(0, 40), st.integers(0, 4).map(lambda k: k * count))
+    layer = tuple(draw(st.lists(st.integers(0, 3 * MIB), max_size=4)))
+    term = st.one_of(st.integers(0, 8), st.sampled_from([sum(layer), 2 * sum(layer), 3 * MIB]))
+    points = draw(st.lists(st.tuples(term, term, term, term, term), max_size=10))
+    return reserved.StreamInputs(
+        points=tuple(points),
+        per_tensor=per_tensor,
+        states=(draw(state), draw(state), draw(state)),
+        layer=layer,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(stream_inputs(), st.sampled_from([0, 512, 32 * MIB]), st.integers(1, 3))
+def test_codes_jit_is_reserved_codes(inputs: reserved.StreamInputs, workspace: int, steps: int) -> None:
+    got = codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, steps)
+    assert got == reserved.codes(inputs, workspace, steps)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.integers(0, 80 * MIB))
+def test_refuses_jit_is_the_python_verdict(
+    inputs: reserved.StreamInputs, workspace: int, capacity: int
+) -> None:
+    stream_codes = reserved.codes(inputs, workspace)
+    expected = _reference(stream_codes, capacity).oom
+    got = refuses_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity)
+    assert got is expected
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"model": "gpt2", "seq": 1024},
+        {
+            "model": "llama-3.2-1b",
+            "seq": 2048,
+            "zero": 3,
+            "dp": 8,
+            "parallel": Parallel(pp=2),
+            "grad_accum": 4,
+        },
+        {"model": "llama-3.2-1b", "seq": 1024, "checkpointing": "full", "zero": 1, "dp": 4},
+        {"model": "llama-3.2-1b", "seq": 1024, "finetune": FineTune(method=Method.LORA)},
+        {"model": "qwen3-0.6b", "seq": 2048, "parallel": Parallel(tp=2, sp=True), "zero": 2, "dp": 2},
+    ],
+)
+def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
+    # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included
+    setup = build_setup(**kw)  # type: ignore[arg-type]
+    inputs = reserved.stream_inputs(estimate(setup))
+    workspace = reserved.cublas_workspace(H100)
+    expected = reserved.codes(inputs, workspace)
+    assert codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2) == expected
+    full = _reference(expected, None)
+    for capacity in (
+        full.requested_peak - 1,
+        full.requested_peak,
+        full.reserved_peak - 1,
+        full.reserved_peak,
+    ):
+        got = refuses_jit(
+            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
+        )
+        assert got is _reference(expected, capacity).oom

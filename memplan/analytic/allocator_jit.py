@@ -385,6 +385,102 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
     return out
 
 
+WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
+"""The columns of ``_code``'s points: ``analytic.peak.TERMS``' order (``reserved`` passes them so)."""
+
+
+def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspace: int, steps: int) -> Codes:
+    """``reserved.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
+    per term) over ``steps`` steps, its allocations and frees coded as integers (n ≥ 0 allocates n bytes,
+    the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
+    elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
+    ``layer``: one layer's saves. Line by line ``reserved.codes`` (its docstring and ``reserved``'s say
+    why): at each point the terms that shrink free their newest allocations first (the transient all of
+    them), then the terms that grow allocate — the activations one layer's saves when the rise is one
+    layer's, else one block; the transient one block; the model states their next whole tensors
+    (``reserved.take``) from the term's queue, refilled (``reserved.tensor_bytes``) each time the term
+    starts from 0, gradients in reverse order."""
+    out = [0]
+    out.pop()
+    # each term's held allocations, a stack kept as a linked list over all allocations
+    held_id = [0]
+    held_size = [0]
+    held_below = [0]
+    held_id.pop()
+    held_size.pop()
+    held_below.pop()
+    top = np.full(5, -1, dtype=np.int64)
+    total = np.zeros(5, dtype=np.int64)
+    tensors = len(per_tensor)
+    queue = np.zeros((3, tensors), dtype=np.int64)
+    queued = np.zeros(3, dtype=np.int64)
+    taken = np.zeros(3, dtype=np.int64)
+    count = 0
+    for e in per_tensor:
+        count += e
+    one_layer = 0
+    for e in layer:
+        one_layer += e
+    made = 0
+    rise = [0]
+    for step in range(steps):
+        for k in range(points.shape[0]):
+            for term in range(5):  # frees first: what shrinks, newest first; every transient
+                target = 0 if term == TRANSIENT else points[k, term]
+                now = total[term]
+                while top[term] >= 0 and now > target:
+                    j = top[term]
+                    out.append(-held_id[j] - 1)
+                    now -= held_size[j]
+                    top[term] = held_below[j]
+                total[term] = now
+            if step == 0 and k == 0 and workspace:
+                out.append(workspace)
+                made += 1
+            for term in range(5):
+                delta = points[k, term] - total[term]
+                if delta <= 0:
+                    continue
+                rise.clear()
+                if term == ACTIVATIONS:
+                    if one_layer == delta:
+                        for e in layer:
+                            rise.append(e)
+                    else:
+                        rise.append(delta)
+                elif term == TRANSIENT:
+                    rise.append(delta)
+                else:
+                    if total[term] == 0:  # the term starts (again): its tensors in the order they are made
+                        queued[term] = taken[term] = 0
+                        if count and states[term] % count == 0:
+                            per = states[term] // count
+                            for h in range(tensors):
+                                e = per_tensor[tensors - 1 - h] if term == GRADIENTS else per_tensor[h]
+                                if e:
+                                    queue[term, queued[term]] = e * per
+                                    queued[term] += 1
+                    rest = delta
+                    while taken[term] < queued[term] and queue[term, taken[term]] <= rest:
+                        rest -= queue[term, taken[term]]
+                        rise.append(queue[term, taken[term]])
+                        taken[term] += 1
+                    if rest > 0:
+                        rise.append(rest)
+                for size in rise:
+                    out.append(size)
+                    held_id.append(made)
+                    held_size.append(size)
+                    held_below.append(top[term])
+                    top[term] = len(held_id) - 1
+                    made += 1
+                total[term] += delta
+    array = np.empty(len(out), dtype=np.int64)
+    for i in range(len(out)):
+        array[i] = out[i]
+    return array
+
+
 _jit = numba.njit(cache=True)
 _in_chunk = _jit(_in_chunk)
 _chunk_at = _jit(_chunk_at)
@@ -396,6 +492,7 @@ _segment_size = _jit(_segment_size)
 _key = _jit(_key)
 _bits = _jit(_bits)
 _compiled: Any = _jit(_replay)
+_coded: Any = _jit(_code)
 
 
 def replay_jit(codes: list[int], capacity: int | None = None, early: bool = False) -> tuple[Replay, int]:
@@ -419,3 +516,49 @@ def replay_jit(codes: list[int], capacity: int | None = None, early: bool = Fals
         oom=bool(values[8]),
     )
     return stats, values[9]
+
+
+def _arrays(
+    points: tuple[tuple[int, ...], ...],
+    per_tensor: tuple[int, ...],
+    states: tuple[int, int, int],
+    layer: tuple[int, ...],
+) -> tuple[Codes, Codes, Codes, Codes]:
+    rows = np.array(points, dtype=np.int64) if points else np.zeros((0, 5), dtype=np.int64)
+    return (
+        rows,
+        np.array(per_tensor, dtype=np.int64),
+        np.array(states, dtype=np.int64),
+        np.array(layer, dtype=np.int64),
+    )
+
+
+def codes_jit(
+    points: tuple[tuple[int, ...], ...],
+    per_tensor: tuple[int, ...],
+    states: tuple[int, int, int],
+    layer: tuple[int, ...],
+    workspace: int,
+    steps: int,
+) -> list[int]:
+    """``reserved.codes`` of these inputs (``reserved.StreamInputs``' fields), compiled (``_code``)."""
+    return [
+        int(c) for c in cast(Codes, _coded(*_arrays(points, per_tensor, states, layer), workspace, steps))
+    ]
+
+
+def refuses_jit(
+    points: tuple[tuple[int, ...], ...],
+    per_tensor: tuple[int, ...],
+    states: tuple[int, int, int],
+    layer: tuple[int, ...],
+    workspace: int,
+    steps: int,
+    capacity: int,
+) -> bool | None:
+    """``reserved._refuses(reserved.codes(...), capacity)`` compiled: the stream coded and replayed with
+    the early stop in one call; None when its pool keys would not fit 63 bits (``_replay``: the caller
+    replays it in Python)."""
+    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
+    out = cast(Codes, _compiled(_coded(rows, tensors, held, saves, workspace, steps), capacity, True))
+    return None if out[9] < 0 else bool(out[8])
