@@ -382,6 +382,11 @@ _JIT: list[ModuleType | None] = []
 """``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
 
 
+def compiled_replay() -> bool:
+    """Whether the fit search's replays run compiled (numba installed and ``MEMPLAN_JIT`` not 0)."""
+    return _compiled() is not None
+
+
 def _compiled() -> ModuleType | None:
     """The compiled replay, imported on the first early-stopped replay (numba's import and its cached
     machine code cost ≈ 0.3 s: a search's worth, not one estimate's)."""
