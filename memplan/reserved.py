@@ -318,13 +318,14 @@ def replay_stream(
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
-        stream_codes = codes(inputs, workspace)
-        if expandable:
-            found = Allocator(expandable=True, capacity=capacity).replay_codes(stream_codes)
-        elif _JIT and _JIT[0] is not None:  # compiled, once a search has loaded it (``_compiled``)
-            found = _JIT[0].replay_jit(stream_codes, capacity)[0]
-        else:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
-            found = replay_plain(stream_codes, capacity)[0]
+        if not expandable and _JIT and _JIT[0] is not None:  # compiled, once a search has loaded it
+            found = _JIT[0].replay_inputs_jit(
+                inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
+            )
+        if found is None and expandable:
+            found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
+        elif found is None:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
+            found = replay_plain(codes(inputs, workspace), capacity)[0]
         if len(_REPLAYS) >= _REPLAYS_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found

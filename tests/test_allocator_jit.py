@@ -27,7 +27,7 @@ pytest.importorskip("numba")
 import numpy as np
 
 from memplan.analytic import allocator_jit
-from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_jit
+from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_inputs_jit, replay_jit
 
 
 def _reference(stream_codes: list[int], capacity: int | None) -> Replay:
@@ -236,3 +236,16 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
             inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
         )
         assert got is _reference(expected, capacity).oom
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.one_of(st.none(), st.integers(0, 80 * MIB)))
+def test_replay_inputs_jit_is_the_allocator(
+    inputs: reserved.StreamInputs, workspace: int, capacity: int | None
+) -> None:
+    # the verdict's whole replay (``reserved.replay_stream``), coded and replayed compiled
+    expected = _reference(reserved.codes(inputs, workspace), capacity)
+    got = replay_inputs_jit(
+        inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
+    )
+    assert got == expected

@@ -504,7 +504,12 @@ def replay_jit(codes: list[int], capacity: int | None = None, early: bool = Fals
     values = [int(v) for v in cast(Codes, _compiled(array, -1 if capacity is None else capacity, early))]
     if values[9] < 0:
         return replay_plain(codes, capacity, demand(codes) if early else None)
-    stats = Replay(
+    return _stats(values), values[9]
+
+
+def _stats(values: list[int]) -> Replay:
+    """``_replay``'s counters as a ``Replay``."""
+    return Replay(
         allocated=values[0],
         reserved=values[1],
         requested=values[2],
@@ -515,7 +520,6 @@ def replay_jit(codes: list[int], capacity: int | None = None, early: bool = Fals
         released=values[7],
         oom=bool(values[8]),
     )
-    return stats, values[9]
 
 
 def _arrays(
@@ -545,6 +549,24 @@ def codes_jit(
     return [
         int(c) for c in cast(Codes, _coded(*_arrays(points, per_tensor, states, layer), workspace, steps))
     ]
+
+
+def replay_inputs_jit(
+    points: tuple[tuple[int, ...], ...],
+    per_tensor: tuple[int, ...],
+    states: tuple[int, int, int],
+    layer: tuple[int, ...],
+    workspace: int,
+    steps: int,
+    capacity: int | None,
+) -> Replay | None:
+    """``replay_plain(reserved.codes(...), capacity)[0]`` compiled: the stream coded and replayed whole in
+    one call; None when its pool keys would not fit 63 bits (``_replay``: the caller replays it in
+    Python)."""
+    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
+    coded = _coded(rows, tensors, held, saves, workspace, steps)
+    out = cast(Codes, _compiled(coded, -1 if capacity is None else capacity, False))
+    return None if out[9] < 0 else _stats([int(v) for v in out])
 
 
 def refuses_jit(
