@@ -55,7 +55,6 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from operator import itemgetter
 from types import ModuleType
 
 from memplan.analytic.allocator import (
@@ -74,7 +73,7 @@ from memplan.config import Setup, StrategyConfig
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.pipeline_parallel import Group
-from memplan.timeline import timeline
+from memplan.timeline import timeline_terms
 
 STEPS = 2
 """Steps replayed: the first fills the cache, the second reuses it (module docstring)."""
@@ -196,18 +195,13 @@ def stream_inputs(r: Result) -> StreamInputs:
     return inputs
 
 
-_TERMS_OF = itemgetter(*TERMS)
-"""A point's bytes of each of ``TERMS``, in order (one tuple)."""
-
-
 def _stream_inputs(r: Result) -> StreamInputs:
     dev = r.device
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
-    points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
     return StreamInputs(
-        points=tuple(map(_TERMS_OF, (p.terms for p in points))),
+        points=timeline_terms(r, forward_points=max(1, dev.counts[group])),
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),

@@ -49,8 +49,10 @@ def saved_after(r: Result, layer_sets: int) -> list[int]:
     return [r.pieces.group_bytes[group] * n for n in range(layer_sets + 1)]
 
 
-def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
-    """The most loaded device's memory at the forward's layer boundaries and at the modelled moments."""
+def _forward(r: Result, forward_points: int) -> tuple[tuple[int, int, int], list[int], list[int], int, str]:
+    """What ``timeline``'s forward points hold: the resident states (weights, optimizer, gradients), the
+    activations at each forward point (start, the drawn layer boundaries, end), those boundaries' layer
+    counts, the layer sets and their unit."""
     dev = r.device
     st, g = dev.states, r.pieces.group_bytes
     accumulating = r.setup.training.grad_accum > 1
@@ -64,15 +66,27 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     before = dev.activations - head - saved[-1]
     if offloads_activations(r.setup):  # every save goes to the host as it is made: none stays on the GPU
         before, saved = 0, [0] * (layer_sets + 1)
-
-    def forward(label: str, activations: int) -> Point:
-        return Point(label, terms(st.weights, st.optimizer, grads, activations, 0))
-
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
-    points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
-    points += [forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]) for n in steps]
-    points.append(forward("forward: end", dev.activations))
-    points += [Point(name, dict(parts)) for name, parts in dev.peak.moments.items()]
+    activations = [before, *(before + saved[n] for n in steps), dev.activations]
+    return (st.weights, st.optimizer, grads), activations, steps, layer_sets, unit
+
+
+def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
+    """The most loaded device's memory at the forward's layer boundaries and at the modelled moments."""
+    (weights, optimizer, grads), activations, steps, layer_sets, unit = _forward(r, forward_points)
+    labels = ["forward: start", *(f"forward: {n}/{layer_sets} {unit}" for n in steps), "forward: end"]
+    forward = zip(labels, activations, strict=True)
+    points = [Point(label, terms(weights, optimizer, grads, a, 0)) for label, a in forward]
+    points += [Point(name, dict(parts)) for name, parts in r.device.peak.moments.items()]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout
     return points
+
+
+def timeline_terms(r: Result, forward_points: int = FORWARD_POINTS) -> tuple[tuple[int, ...], ...]:
+    """``timeline``'s points as the bytes of each of ``TERMS``, in order, without labels (the allocator
+    stream's inputs: ``reserved.stream_inputs``; tests/test_timeline.py checks it equals ``timeline``)."""
+    states, activations, *_ = _forward(r, forward_points)
+    rows = [(*states, a, 0) for a in activations]
+    rows += [tuple(parts[t] for t in TERMS) for parts in r.device.peak.moments.values()]
+    return tuple(rows)

@@ -13,9 +13,11 @@ from typer.testing import CliRunner
 from memplan.analytic.peak import TERMS
 from memplan.api import build_setup
 from memplan.cli.app import app
+from memplan.config import FineTune, Parallel
+from memplan.config.finetune import Method
 from memplan.engine import estimate
 from memplan.render.timeline import timeline_chart
-from memplan.timeline import timeline
+from memplan.timeline import timeline, timeline_terms
 
 runner = CliRunner(env={"COLUMNS": "100"})
 
@@ -112,3 +114,23 @@ def test_forward_points_never_negative_under_lora_and_activation_offload() -> No
     assert [p.terms["activations"] for p in timeline(offloaded) if p.label.startswith("forward")] == [
         0
     ] * len(forward)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"checkpointing": "full"},
+        {"checkpointing": "every-4", "grad_accum": 4},
+        {"zero": 3, "dp": 8, "parallel": Parallel(pp=2), "grad_accum": 8},
+        {"finetune": FineTune(method=Method.LORA)},
+        {"offload": "activations"},
+    ],
+)
+@pytest.mark.parametrize("forward_points", [1, 3, 16])
+def test_timeline_terms_are_the_points_terms(kw: dict[str, object], forward_points: int) -> None:
+    # the allocator stream's inputs (reserved.stream_inputs) read the points as tuples in TERMS order:
+    # the same numbers as the labelled points, point for point (accumulated gradients, checkpointed
+    # segments, pipeline stages, LoRA's unequal layers, offloaded activations)
+    r = estimate(build_setup("llama-3.2-1b", seq=1024, **kw))  # type: ignore[arg-type]
+    expected = tuple(tuple(p.terms[t] for t in TERMS) for p in timeline(r, forward_points))
+    assert timeline_terms(r, forward_points) == expected
