@@ -87,6 +87,6 @@ def timeline_terms(r: Result, forward_points: int = FORWARD_POINTS) -> tuple[tup
     """``timeline``'s points as the bytes of each of ``TERMS``, in order, without labels (the allocator
     stream's inputs: ``reserved.stream_inputs``; tests/test_timeline.py checks it equals ``timeline``)."""
     states, activations, *_ = _forward(r, forward_points)
-    rows = [(*states, a, 0) for a in activations]
+    rows: list[tuple[int, ...]] = [(*states, a, 0) for a in activations]
     rows += [tuple(parts[t] for t in TERMS) for parts in r.device.peak.moments.values()]
     return tuple(rows)
