@@ -24,6 +24,10 @@ transients reused), so the peaks are those ``torch.cuda.memory_stats()`` keeps o
 peak of the replay equals the estimate's peak (plus the workspace) by construction; the allocated peak
 adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
 
+The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run compiled
+when numba is installed (``analytic.allocator_jit``: the same coding and decisions, tested equal), in
+Python otherwise (``analytic.allocator.replay_plain``).
+
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
 and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm_memory``; added by the
 callers above this layer, ``Reserved.nccl``).
