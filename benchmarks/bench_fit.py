@@ -9,17 +9,22 @@ replays forgotten first: what one ``memplan fit`` command costs, less the import
 process's CPU time are both kept: on a shared machine the CPU time is the figure that does not depend on
 the other processes' load.
 
+The allocator replays run compiled when numba is installed (``pip install '.[jit]'``:
+``analytic.allocator_jit``; ``--no-jit`` or ``MEMPLAN_JIT=0``: in Python, the same answers); the report says
+which.
+
 The fast/slow ratio: the same search with ``shortcuts=False`` (``search.families``: every estimated
 configuration judged for memory before it is timed) against the default, CPU time, median of
 ``--slow-runs``; the two give the same rows (tests/plan/test_fit_shortcuts.py).
 
-    python benchmarks/bench_fit.py [--runs 5] [--slow-runs 1] [--json] [--quick]
+    python benchmarks/bench_fit.py [--runs 5] [--slow-runs 1] [--json] [--quick] [--no-jit]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -28,7 +33,7 @@ from memplan.api import build_setup
 from memplan.config import Parallel
 from memplan.engine import clear_caches, estimate
 from memplan.presets import load_gpu
-from memplan.reserved import clear_replays
+from memplan.reserved import clear_replays, compiled_replay
 from memplan.search.fit import FitResult, fit
 from memplan.search.space import virtual_layers
 from memplan.time.timing import timing
@@ -87,6 +92,7 @@ def bench(case: tuple[str, int, str, int, int | None], runs: int, slow_runs: int
         "configs_per_wall_s": result.searched / wall,
         "configs_per_cpu_s": result.searched / cpu,
         "meets_target": result.searched / cpu >= TARGET,
+        "compiled_replay": compiled_replay(),
         "best_step_time_s": result.best.timing.step_time_s if result.best else None,
     }
     if name == "llama-3.1-405b" and gpus == 16384:
@@ -109,14 +115,18 @@ def main() -> None:
     parser.add_argument("--slow-runs", type=int, default=1, help="runs without the shortcuts (0: none)")
     parser.add_argument("--quick", action="store_true", help="one run each (checks the script)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-jit", action="store_true", help="replay in Python even with numba installed")
     args = parser.parse_args()
+    if args.no_jit:
+        os.environ["MEMPLAN_JIT"] = "0"  # read on the first replay (memplan.reserved)
     runs, slow_runs = (1, 0) if args.quick else (args.runs, args.slow_runs)
     rows = [bench(case, runs, slow_runs) for case in CASES]
     if args.json:
         print(json.dumps({"runs": runs, "slow_runs": slow_runs, "cases": rows}))
         return
+    replays = "compiled (numba)" if rows[0]["compiled_replay"] else "in Python"
     print(
-        f"memplan fit, cold, median of {runs} runs "
+        f"memplan fit, cold, median of {runs} runs, allocator replays {replays} "
         f"(configurations of the space per CPU second; target {TARGET:,}/s)"
     )
     for r in rows:

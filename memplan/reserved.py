@@ -27,6 +27,10 @@ peak of the replay equals the estimate's peak (plus the workspace) by constructi
 gradients where they are the reduce-scatter stream's, NB below); the allocated peak
 adds the 512-byte rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack.
 
+The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run compiled
+when numba is installed (``analytic.allocator_jit``: the same coding and decisions, tested equal), in
+Python otherwise (``analytic.allocator.replay_plain``).
+
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
 and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm_memory``; added by the
 callers above this layer, ``Reserved.nccl``).
@@ -63,9 +67,11 @@ Known limitations:
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass
-from itertools import accumulate, repeat
 from operator import itemgetter
+from types import ModuleType
 
 from memplan.analytic.allocator import (
     Alloc,
@@ -73,9 +79,8 @@ from memplan.analytic.allocator import (
     Event,
     Free,
     Replay,
+    demand,
     replay_plain,
-    round_size,
-    segment_size,
 )
 from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
@@ -335,15 +340,21 @@ _REPLAYS_MAX = 2048
 def replay_stream(
     inputs: StreamInputs, workspace: int, *, expandable: bool = False, capacity: int | None = None
 ) -> Replay:
-    """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``)."""
+    """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``); by the compiled
+    replay (``analytic.allocator_jit``) when the fit search's replays have loaded it, never loading it
+    for one estimate's replay."""
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
-        stream_codes = codes(inputs, workspace)
-        if expandable:
-            found = Allocator(expandable=True, capacity=capacity).replay_codes(stream_codes)
-        else:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
-            found = replay_plain(stream_codes, capacity)[0]
+        # compiled, once a search has loaded it; a transient known as its tensors is coded in Python
+        if not expandable and not inputs.pieces and _JIT and _JIT[0] is not None:
+            found = _JIT[0].replay_inputs_jit(
+                inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
+            )
+        if found is None and expandable:
+            found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
+        elif found is None:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
+            found = replay_plain(codes(inputs, workspace), capacity)[0]
         if len(_REPLAYS) >= _REPLAYS_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found
@@ -366,22 +377,58 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
     found = _REFUSALS.get(key)
     if found is None:
         full = _REPLAYS.get((inputs, workspace, False, capacity))
-        found = full.oom if full is not None else _refuses(codes(inputs, workspace), capacity)
+        found = full.oom if full is not None else _refused(inputs, workspace, capacity)
         if len(_REFUSALS) >= _REPLAYS_MAX:
             _REFUSALS.clear()
         _REFUSALS[key] = found
     return found
 
 
+def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
+    """``_refuses`` of the stream of ``inputs``: coded and replayed compiled when numba is there
+    (``analytic.allocator_jit.refuses_jit``), else in Python."""
+    jit = _compiled()
+    if jit is not None and not inputs.pieces:  # the compiled coding knows each transient as one block
+        found = jit.refuses_jit(
+            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
+        )
+        if found is not None:
+            return bool(found)
+    return _refuses(codes(inputs, workspace), capacity)
+
+
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
-    # demand[i]: a new segment for every allocation from i on (frees add nothing), by the distinct sizes
-    # (a stream repeats few); when even demand[0] fits, nothing is replayed
-    segment = {c: segment_size(round_size(c)) for c in set(stream_codes) if c >= 0}
-    demand = [*accumulate(map(segment.get, reversed(stream_codes), repeat(0)))][::-1]
-    demand.append(0)
-    if demand[0] <= capacity:
+    # when even the first event's demand fits, nothing is replayed
+    jit = _compiled()
+    if jit is not None:  # the same replay, compiled (``analytic.allocator_jit``)
+        return bool(jit.replay_jit(stream_codes, capacity, early=True)[0].oom)
+    need = demand(stream_codes)
+    if need[0] <= capacity:
         return False
-    return replay_plain(stream_codes, capacity, demand)[0].oom
+    return replay_plain(stream_codes, capacity, need)[0].oom
+
+
+_JIT: list[ModuleType | None] = []
+"""``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
+
+
+def compiled_replay() -> bool:
+    """Whether the fit search's replays run compiled (numba installed and ``MEMPLAN_JIT`` not 0)."""
+    return _compiled() is not None
+
+
+def _compiled() -> ModuleType | None:
+    """The compiled replay, imported on the first early-stopped replay (numba's import and its cached
+    machine code cost ≈ 0.3 s: a search's worth, not one estimate's)."""
+    if not _JIT:
+        module: ModuleType | None = None
+        if os.environ.get("MEMPLAN_JIT", "1") != "0":
+            try:
+                module = importlib.import_module("memplan.analytic.allocator_jit")
+            except ImportError:  # numba is an optional extra (memplan[jit])
+                module = None
+        _JIT.append(module)
+    return _JIT[0]
 
 
 def clear_replays() -> None:

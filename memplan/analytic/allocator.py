@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 K_MIN_BLOCK_SIZE = 512
@@ -456,6 +457,18 @@ def replay_plain(
             requested_peak = requested
     _store(stats, allocated, reserved, requested, allocated_peak, reserved_peak, requested_peak)
     return stats, len(codes)
+
+
+def demand(codes: list[int]) -> list[int]:
+    """``replay_plain``'s ``demand`` for ``reserved.refuses``' early stop: for each event (and one past
+    the last), the bytes of a new segment for every allocation from it on (frees add nothing) — the most
+    the rest of the stream can add to the reserved bytes (a request that finds no cached block opens one
+    segment of ``segment_size`` of its rounded size, and nothing else grows them). By the distinct sizes
+    (a stream repeats few)."""
+    segment = {c: segment_size(round_size(c)) for c in set(codes) if c >= 0}
+    out = [*accumulate(map(segment.get, reversed(codes), repeat(0)))][::-1]
+    out.append(0)
+    return out
 
 
 def _store(s: Replay, *counters: int) -> None:
