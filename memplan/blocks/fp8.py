@@ -40,11 +40,13 @@ Known limitations (NB):
   16 (``module_filter_fn``); the estimate takes the down projection as converted.
 - NB: FSDP2's float8 all-gather and tensor-parallel float8 (amax all-reduce) are not modelled; a rank's
   shapes are used as they are.
+- NB: under torchtitan's ``SelectiveAC`` tensorwise's amaxes are cached (``sac_amax_rules``); the SAC
+  re-run's casts are not a modelled moment.
 """
 
 from __future__ import annotations
 
-from memplan.blocks.inventory import Dims
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.config import Fp8Recipe, Impl, Setup
 
 SCALE = 4
@@ -105,3 +107,33 @@ def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
 def down_backward(setup: Setup, dims: Dims) -> int:
     """The down projection's backward casts (its input [T, f], its output [T, h])."""
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
+
+
+TITAN_LINEARS = (
+    (Block.ATTN, "wqkv"),
+    (Block.ATTN, "wo"),
+    (Block.MLP, "w1"),
+    (Block.MLP, "w2"),
+    (Block.MLP, "w3"),
+)
+"""A torchtitan Llama 3 block's Float8Linears in forward order (fused ``wqkv``, ``wo``; ``w2(silu(w1(x)) *
+w3(x))`` runs w1, w3, then w2: the amaxes' order does not change their bytes)."""
+
+
+def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """What torchtitan's ``SelectiveAC`` caches of tensorwise float8: its save list holds ``aten.max.default``
+    ("for low precision training, always save the absolute maximum used to compute the scaling factor",
+    torchtitan 0.3.0 distributed/activation_checkpoint.py ``_get_default_save_ops``), and torchao's
+    tensorwise amax is ``torch.max(torch.abs(x))`` (float8_utils.py ``tensor_to_amax``; rowwise's is
+    ``torch.amax``, not in the list). Each forward cast of a block caches a 0-d amax in the cast tensor's
+    dtype (the activation dtype: X, and W gathered in bf16 or built in it): X and W of each of the block's
+    five linears, 10 a block (measured: ``trace --impl torchtitan --checkpointing selective --fp8
+    tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
+    if setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
+        return []
+    why = "SAC cache: aten.max (tensorwise amax) of the float8 cast of"
+    return [
+        save(block, f"{name}_{part}_amax", (), dims.act, Role.PARAM_DERIVED, f"{why} {name}'s {part}")
+        for block, name in TITAN_LINEARS
+        for part in ("input", "weight")
+    ]
