@@ -98,3 +98,14 @@ def test_linears_are_tensorwise_float8() -> None:
     cfg = f8.config
     casts = (cfg.cast_config_input, cfg.cast_config_weight, cfg.cast_config_grad_output)
     assert all(c.scaling_granularity is ScalingGranularity.TENSORWISE for c in casts)
+
+
+def test_context_parallel_rank_saves_what_the_estimate_says() -> None:
+    """cp 2 (torch's ring, all-gather rotation), batch 2, SelectiveAC: rank 0 of torchtitan's
+    ``apply_cp_to_forward`` keeps what the estimate says, the amaxes included, to the byte
+    (tests/measure/test_titan_context's comparison: tensors, layers, total, FLOPs)."""
+    from tests.measure.test_titan_context import unequal, with_cp
+
+    base = hf_setup("llama-3-8b", seq=256, batch=2, checkpointing="selective", impl=Impl.TORCHTITAN)
+    setup = with_cp(tensorwise(base), 2)
+    assert not unequal(setup, measure_titan(setup, cp_rank=0))
