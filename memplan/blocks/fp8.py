@@ -109,15 +109,21 @@ def down_backward(setup: Setup, dims: Dims) -> int:
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
 
 
-TITAN_LINEARS = (
-    (Block.ATTN, "wqkv"),
-    (Block.ATTN, "wo"),
-    (Block.MLP, "w1"),
-    (Block.MLP, "w2"),
-    (Block.MLP, "w3"),
-)
-"""A torchtitan Llama 3 block's Float8Linears in forward order (fused ``wqkv``, ``wo``; ``w2(silu(w1(x)) *
-w3(x))`` runs w1, w3, then w2: the amaxes' order does not change their bytes)."""
+def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+    """A torchtitan Llama 3 block's linears that its converter makes Float8Linear, in forward order (fused
+    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``): 0.3.0's ``module_filter_fn`` skips a linear with
+    ``in_features`` or ``out_features`` not a multiple of 16 (torchtitan components/quantization/utils.py),
+    judged on the model's whole widths (the converter rewrites the config before the TP plan shards it)."""
+    m = setup.model
+    h, qkv, heads, f = m.hidden_size, (m.num_heads + 2 * m.kv_heads) * m.dim, m.num_heads * m.dim, m.ffn
+    shapes = (
+        (Block.ATTN, "wqkv", h, qkv),
+        (Block.ATTN, "wo", heads, h),
+        (Block.MLP, "w1", h, f),
+        (Block.MLP, "w2", f, h),
+        (Block.MLP, "w3", h, f),
+    )
+    return [(block, name) for block, name, n_in, n_out in shapes if n_in % 16 == 0 and n_out % 16 == 0]
 
 
 def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -127,13 +133,13 @@ def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
     tensorwise amax is ``torch.max(torch.abs(x))`` (float8_utils.py ``tensor_to_amax``; rowwise's is
     ``torch.amax``, not in the list). Each forward cast of a block caches a 0-d amax in the cast tensor's
     dtype (the activation dtype: X, and W gathered in bf16 or built in it): X and W of each of the block's
-    five linears, 10 a block (measured: ``trace --impl torchtitan --checkpointing selective --fp8
-    tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
+    converted linears (``titan_linears``), 10 a block at Llama's widths (measured: ``trace --impl
+    torchtitan --checkpointing selective --fp8 tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
     if setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
         return []
     why = "SAC cache: aten.max (tensorwise amax) of the float8 cast of"
     return [
         save(block, f"{name}_{part}_amax", (), dims.act, Role.PARAM_DERIVED, f"{why} {name}'s {part}")
-        for block, name in TITAN_LINEARS
+        for block, name in titan_linears(setup)
         for part in ("input", "weight")
     ]

@@ -109,3 +109,16 @@ def test_context_parallel_rank_saves_what_the_estimate_says() -> None:
     base = hf_setup("llama-3-8b", seq=256, batch=2, checkpointing="selective", impl=Impl.TORCHTITAN)
     setup = with_cp(tensorwise(base), 2)
     assert not unequal(setup, measure_titan(setup, cp_rank=0))
+
+
+def test_linears_the_converter_skips_cache_no_amax() -> None:
+    """ffn 14,344 (not a multiple of 16): 0.3.0's ``module_filter_fn`` leaves W1, W2, W3 in bf16, so the
+    SelectiveAC block caches the amaxes of W_QKV and W_O only: 4 × 2 B (``blocks.fp8.titan_linears``).
+    By hand (b 1, s 256, h 4096, (a + 2·kv)·d = 6,144, bf16): block input, W_QKV's, W1's and W2's outputs."""
+    base = hf_setup("llama-3-8b", seq=256, checkpointing="selective", impl=Impl.TORCHTITAN, ffn_size=14344)
+    setup = tensorwise(base)
+    est, meas = estimate(setup), measure_titan(setup)
+    t, h = 256, 4096
+    block = t * h * 2 + t * 6144 * 2 + t * 14344 * 2 + t * h * 2
+    assert [meas.layer_bytes(i) for i in range(2)] == estimated_layers(est) == [block + 4 * 2] * 2
+    assert est.activations == meas.activations
