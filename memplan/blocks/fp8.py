@@ -43,8 +43,11 @@ Known limitations (NB):
   ``__init__``, which never wraps the weight for the float8 all-gather (``WeightWithDynamicFloat8CastTensor``
   is ``from_float``'s, under ``enable_fsdp_float8_all_gather``). Wrapped by hand as ``from_float`` does, on
   one rank of Llama-3-8B's widths (2 layers, seq 256, FSDP2 over dp 2, ZeRO-3), the fake trace kept the same
-  saves and its forward-and-backward peak rose from 9,099,890,704 to 10,844,721,208 B (the transient
-  bytes): not yet explained, so no ``--fp8-all-gather`` is offered.
+  saves and its forward-and-backward peak rose from 9,099,890,704 to 10,844,721,208 B, at the embedding's
+  backward; among the transients there, two tensors of 872,415,232 B (``aten.view``, ``aten.detach``) =
+  4 B × one layer's 218,103,808 linear-weight elements: fp32 whole-layer tensors, where bf16 would be
+  expected under FSDP2's ``param_dtype`` (the wrapper keeps the fp32 shard's dtype: a candidate, not
+  checked). Not yet modelled, so no ``--fp8-all-gather`` is offered.
 - NB: under torchtitan's ``SelectiveAC`` tensorwise's amaxes are cached (``sac_amax_rules``); the SAC
   re-run's casts are not a modelled moment.
 """
