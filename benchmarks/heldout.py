@@ -35,8 +35,13 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
 - torchtitan's "selective" AC is its per-op policy (every other matmul's output saved, and on CUDA the SDPA
   op's, the rest re-run; the 64-A100 preset train_configs/llama3_8b.toml: ``selective_ac_option = 'op'``):
   typed ``--impl torchtitan --checkpointing selective`` (torchtitan 0.3.0's code: fused ``wqkv``, where the
-  runs' Dec-2024 code had separate wq, wk, wv and also re-ran W_K). The float8 rows keep memplan's
-  attention-core selective (``--impl reference``): ``--impl torchtitan`` refuses tensorwise float8.
+  runs' Dec-2024 code had separate wq, wk, wv and also re-ran W_K), the float8 rows too.
+- Float8 (T1-T4): the runs' torchtitan 9dec370 converter (torchtitan/float8.py of Dec 2024) made torchao's
+  ``Float8LinearConfig`` — tensorwise dynamic scaling, its only recipe then — for every linear but the
+  output head: typed ``--impl torchtitan --fp8 tensorwise`` (torchtitan's FSDP2 mixed precision, its
+  trainer's, is what ``--impl torchtitan`` runs under the default bf16-mixed). The doc does not say whether
+  the runs set ``float8.enable_fsdp_float8_all_gather`` (docs/float8.md's suggested launch line did):
+  typed without it (weights all-gathered in bf16).
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -68,10 +73,7 @@ MODELS = "benchmarks/published/"
 LF = "llm-foundry benchmarking/README.md"
 TT24 = "torchtitan performance.md (0413364)"
 TT25 = "torchtitan performance.md (eaea6f6)"
-SEL = (
-    "torchtitan's per-op selective AC typed as memplan's attention-core selective (--impl torchtitan refuses "
-    "tensorwise float8)"
-)
+FP8 = "float8: torchao tensorwise, FSDP2 all-gather in bf16 (the doc does not state float8 all-gather)"
 OP_SAC = (
     "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
     "wq, wk, wv also re-ran W_K)"
@@ -216,7 +218,7 @@ def _teton_8b(gpus: int, table: str, tps: tuple[float, float, float]) -> tuple[R
     """Tables 1 and 3: Llama 3.1 8B, FSDP, local batch 2, selective AC; eager, compiled, compiled + float8."""
     base = Stated("llama-3.1-8b", gpus, "h100-teton", 8192, 2, 2 * gpus, "selective", impl="torchtitan")
     kinds = (("FSDP", base, OP_SAC), ("+ compile", _with(base, compile=True), OP_SAC))
-    kinds += (("+ compile + float8", _with(base, compile=True, fp8="tensorwise", impl="reference"), SEL),)
+    kinds += (("+ compile + float8", _with(base, compile=True, fp8="tensorwise"), f"{OP_SAC}; {FP8}"),)
     return tuple(
         _titan(f"Llama 3.1 8B, {gpus} × H100, {k}", f"{TT25} {table}", st, p, f"{note}; {TETON}")
         for (k, st, note), p in zip(kinds, tps, strict=True)
@@ -232,9 +234,20 @@ def _teton_cp(cp: int, tps: float) -> Run:
     compile, float8."""
     seq = 32768 * cp
     stated = Stated(
-        "llama-3.1-8b", 8, "h100-teton", seq, 1, 8 // cp, "full", cp=cp, compile=True, fp8="tensorwise"
+        "llama-3.1-8b",
+        8,
+        "h100-teton",
+        seq,
+        1,
+        8 // cp,
+        "full",
+        cp=cp,
+        compile=True,
+        fp8="tensorwise",
+        impl="torchtitan",
     )
-    return _titan(f"Llama 3.1 8B, 8 × H100, CP {cp}, s {seq:,}", f"{TT25} T2", stated, tps, TETON)
+    name = f"Llama 3.1 8B, 8 × H100, CP {cp}, s {seq:,}"
+    return _titan(name, f"{TT25} T2", stated, tps, f"{FP8}; {TETON}")
 
 
 TITAN_RUNS: tuple[Run, ...] = (
@@ -277,10 +290,20 @@ TITAN_RUNS: tuple[Run, ...] = (
         "Llama 3.1 70B, 256 × H100, TP 8, full AC, compile + float8",
         f"{TT25} T4",
         Stated(
-            "llama-3.1-70b", 256, "h100-teton", 8192, 16, 512, "full", tp=8, compile=True, fp8="tensorwise"
+            "llama-3.1-70b",
+            256,
+            "h100-teton",
+            8192,
+            16,
+            512,
+            "full",
+            tp=8,
+            compile=True,
+            fp8="tensorwise",
+            impl="torchtitan",
         ),
         829,
-        TETON,
+        f"{FP8}; {TETON}",
     ),
 )
 

@@ -33,9 +33,10 @@ the step time and the memory. The rows the held-out set does not type are listed
 tests/test_published_reserved.py checks that each typed setup is what its table states and that the doc
 holds this output. No error bound is asserted (fitting by test).
 
-NB: torchtitan's float8 rows (tensorwise) are typed by the held-out set with memplan's attention-core
-selective checkpointing and ``--impl reference`` (DeepSpeed's bf16/fp32 split): ``--impl torchtitan``
-refuses tensorwise float8 (heldout.py's notes).
+NB: torchtitan's float8 rows (tensorwise) are typed by the held-out set as what ran: ``--impl torchtitan
+--fp8 tensorwise`` (FSDP2's mixed precision, the run's AC mode), the weights all-gathered in bf16 (the doc
+does not state float8 all-gather: heldout.py's notes). ``--compile`` with ``--fp8`` keeps the eager float8
+code's saves (``blocks.profiles.compile_note``: the partitioner's float8 weight casts are not modelled).
 """
 
 from __future__ import annotations

@@ -187,7 +187,6 @@ CASES: list[Case] = [
         "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3 --nproc 2",
         "precision",
     ),
-    case("titan-fp8-tensorwise", "estimate -m tiny --impl torchtitan --fp8 tensorwise", "fp8"),
     case("megatron-fp8-rowwise", "estimate -m 8b --impl megatron --fp8 rowwise", "fp8"),
     case("titan-fp8-delayed", "estimate -m tiny --impl torchtitan --fp8 delayed", "fp8"),
     case("reference-fp8-delayed", "estimate -m tiny --fp8 delayed", "fp8"),

@@ -141,15 +141,28 @@ def test_torchtitan_selective_rows_are_its_per_op_policy() -> None:
     """torchtitan's "selective" AC in these runs is its per-op policy (train_configs/llama3_8b.toml of the
     64-A100 preset: ``mode = 'selective'``, ``selective_ac_option = 'op'``; the 2025 tables: "Selective
     activation checkpointing" at the trainer's default): typed ``--impl torchtitan --checkpointing
-    selective``, except where --impl torchtitan cannot type the rest of the run (tensorwise float8: torchtitan
-    0.3.0's converter is rowwise only), which keep memplan's attention-core selective and say so."""
+    selective``, the float8 rows too (``--impl torchtitan --fp8 tensorwise``)."""
     selective = [r for r in RUNS if r.stated.checkpointing == "selective"]
     assert len(selective) == 8
     for run in selective:
-        titan = run.stated.fp8 != "tensorwise"
-        assert ("--impl torchtitan" in run.typed) is titan, run.name
-        assert run.note.startswith("torchtitan's per-op selective AC typed as"), run.name
-        assert ("--impl torchtitan's" in run.note) is titan, run.name
+        assert "--impl torchtitan" in run.typed and "--checkpointing selective" in run.typed, run.name
+        assert run.note.startswith("torchtitan's per-op selective AC typed as --impl torchtitan's"), run.name
+
+
+def test_torchtitan_float8_rows_are_what_ran(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """Every float8 run of the 2025 tables (T1, T3 "+ torch.compile + Float8", T2's CP rows, T4's 2D) ran
+    torchtitan 9dec370's converter: torchao's ``Float8LinearConfig()``, tensorwise dynamic scaling (its only
+    recipe then), on FSDP2 with torchtitan's mixed precision (fp32 shards, bf16 gathered: no master copy
+    beside the shards) and the run's own AC mode: typed ``--impl torchtitan --fp8 tensorwise``, the note
+    saying the all-gather is typed in bf16 (the doc does not state float8 all-gather)."""
+    float8 = [r for r in RUNS if r.stated.fp8 != "none"]
+    assert len(float8) == 2 + 4 + 1
+    for run in float8:
+        s = predicted[run.name]["setup"]
+        assert (s["impl"], s["fp8"], s["compile"]) == ("torchtitan", "tensorwise", True), run.name
+        assert s["precision"] == "bf16-mixed" and s["zero"] == 3, run.name
+        assert predicted[run.name]["memory"]["master_weights"] == 0, run.name  # FSDP2's fp32 shards
+        assert "float8: torchao tensorwise, FSDP2 all-gather in bf16" in run.note, run.name
 
 
 def test_torchtitan_runs_have_no_accumulation(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]

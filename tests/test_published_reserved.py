@@ -66,6 +66,8 @@ def test_each_typed_row_is_what_its_table_states(reading: Reading) -> None:
     assert predict(held_out(reading))["model"] == MODELS[reading.table]
     assert (s["devices"], s["micro_batch"], s["checkpointing"], s["tp"]) == (gpus, local, ckpt, tp)
     assert s["zero"] == 3 and s["micro_batches"] == 1  # FSDP, no accumulation (local batch = micro-batch)
+    # torchtitan's own code, float8 rows included (torchao tensorwise: heldout.py's notes)
+    assert s["impl"] == "torchtitan"
     # the row's label names compile and float8; Tables 2 and 4 caption "torch.compile + Float8" for all
     label = reading.row
     compiled = "compile" in label or reading.table in ("T2", "T4")

@@ -39,12 +39,22 @@ Known limitations (NB):
   projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
   16 (``module_filter_fn``); the estimate takes the down projection as converted.
 - NB: FSDP2's float8 all-gather and tensor-parallel float8 (amax all-reduce) are not modelled; a rank's
-  shapes are used as they are.
+  shapes are used as they are. torchtitan 0.3.0's config-level converter builds ``Float8Linear`` by its
+  ``__init__``, which never wraps the weight for the float8 all-gather (``WeightWithDynamicFloat8CastTensor``
+  is ``from_float``'s, under ``enable_fsdp_float8_all_gather``). Wrapped by hand as ``from_float`` does, on
+  one rank of Llama-3-8B's widths (2 layers, seq 256, FSDP2 over dp 2, ZeRO-3), the fake trace kept the same
+  saves and its forward-and-backward peak rose from 9,099,890,704 to 10,844,721,208 B, at the embedding's
+  backward; among the transients there, two tensors of 872,415,232 B (``aten.view``, ``aten.detach``) =
+  4 B × one layer's 218,103,808 linear-weight elements: fp32 whole-layer tensors, where bf16 would be
+  expected under FSDP2's ``param_dtype`` (the wrapper keeps the fp32 shard's dtype: a candidate, not
+  checked). Not yet modelled, so no ``--fp8-all-gather`` is offered.
+- NB: under torchtitan's ``SelectiveAC`` tensorwise's amaxes are cached (``sac_amax_rules``); the SAC
+  re-run's casts are not a modelled moment.
 """
 
 from __future__ import annotations
 
-from memplan.blocks.inventory import Dims
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.config import Fp8Recipe, Impl, Setup
 
 SCALE = 4
@@ -105,3 +115,39 @@ def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
 def down_backward(setup: Setup, dims: Dims) -> int:
     """The down projection's backward casts (its input [T, f], its output [T, h])."""
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
+
+
+def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+    """A torchtitan Llama 3 block's linears that its converter makes Float8Linear, in forward order (fused
+    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``): 0.3.0's ``module_filter_fn`` skips a linear with
+    ``in_features`` or ``out_features`` not a multiple of 16 (torchtitan components/quantization/utils.py),
+    judged on the model's whole widths (the converter rewrites the config before the TP plan shards it)."""
+    m = setup.model
+    h, qkv, heads, f = m.hidden_size, (m.num_heads + 2 * m.kv_heads) * m.dim, m.num_heads * m.dim, m.ffn
+    shapes = (
+        (Block.ATTN, "wqkv", h, qkv),
+        (Block.ATTN, "wo", heads, h),
+        (Block.MLP, "w1", h, f),
+        (Block.MLP, "w2", f, h),
+        (Block.MLP, "w3", h, f),
+    )
+    return [(block, name) for block, name, n_in, n_out in shapes if n_in % 16 == 0 and n_out % 16 == 0]
+
+
+def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """What torchtitan's ``SelectiveAC`` caches of tensorwise float8: its save list holds ``aten.max.default``
+    ("for low precision training, always save the absolute maximum used to compute the scaling factor",
+    torchtitan 0.3.0 distributed/activation_checkpoint.py ``_get_default_save_ops``), and torchao's
+    tensorwise amax is ``torch.max(torch.abs(x))`` (float8_utils.py ``tensor_to_amax``; rowwise's is
+    ``torch.amax``, not in the list). Each forward cast of a block caches a 0-d amax in the cast tensor's
+    dtype (the activation dtype: X, and W gathered in bf16 or built in it): X and W of each of the block's
+    converted linears (``titan_linears``), 10 a block at Llama's widths (measured: ``trace --impl
+    torchtitan --checkpointing selective --fp8 tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
+    if setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
+        return []
+    why = "SAC cache: aten.max (tensorwise amax) of the float8 cast of"
+    return [
+        save(block, f"{name}_{part}_amax", (), dims.act, Role.PARAM_DERIVED, f"{why} {name}'s {part}")
+        for block, name in titan_linears(setup)
+        for part in ("input", "weight")
+    ]

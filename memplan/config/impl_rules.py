@@ -243,13 +243,6 @@ def check_impl(setup: Setup) -> None:
             )
         if par.pp > 1:
             check_titan_pipeline(setup)
-        if setup.impl.fp8 is Fp8Recipe.TENSORWISE:
-            # torchtitan 0.3.0 components/quantization/float8.py: recipe_name: Literal["rowwise",
-            # "rowwise_with_gw_hp"].
-            raise ValueError(
-                "fp8: torchtitan 0.3.0's Float8LinearConverter offers the rowwise recipes only; use --fp8 "
-                "rowwise (or --impl reference for tensorwise)"
-            )
     unmodelled = {
         # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).
         "--tp/--sp": impl is not Impl.TORCHTITAN and par.tp > 1,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
-from memplan.blocks import llama4, mlp, moe
+from memplan.blocks import fp8, llama4, mlp, moe
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
@@ -95,6 +95,7 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [
         *scattered,
         *(sdpa_cache_rules(dims) if setup.device is Device.CUDA else []),
+        *fp8.sac_amax_rules(setup, dims),
         # Tagged as the block's first norm (a layer group), not a segment's input (Block.CHECKPOINT).
         save(
             Block.ATTN_NORM,

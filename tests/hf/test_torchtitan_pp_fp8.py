@@ -22,7 +22,8 @@ from tests.hf.test_torchtitan_vpp import sharded, traced_exact
 
 
 def float8(setup: Setup) -> Setup:
-    """``setup`` under ``--fp8 rowwise`` (torchtitan 0.3.0's converter offers the rowwise recipes only)."""
+    """``setup`` under ``--fp8 rowwise`` (torchtitan 0.3.0's converter's default recipe; tensorwise:
+    tests/hf/test_torchtitan_tensorwise.py)."""
     data = setup.model_dump()
     data["impl"] = {**data["impl"], "fp8": Fp8Recipe.ROWWISE}
     return Setup.model_validate(data)

@@ -24,9 +24,13 @@ Known limitations:
   (``memplan.config.impl_rules.check_impl``).
 - NB: ``--device cuda``: the inner SDPA is the cuDNN op torch dispatches on a GPU (``cudnn_attention``), run
   by its meta kernel; every other op keeps its CPU kernel (the fused CUDA RMSNorm is not run).
-- NB: ``--fp8 rowwise`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``);
-  0.3.0's converter offers rowwise and rowwise_with_gw_hp only, so ``--fp8 tensorwise`` is refused with the
-  setup (``memplan.config.impl_rules.check_impl``).
+- NB: ``--fp8`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``). 0.3.0's
+  converter names the rowwise recipes only; ``--fp8 tensorwise`` hands it torchao's tensorwise
+  ``Float8LinearConfig``, the recipe of torchtitan's Dec-2024 converter (torchtitan/float8.py:
+  ``Float8LinearConfig()``, torchao's default tensorwise dynamic scaling, every linear but ``output``), which
+  the published Grand Teton runs trained with: the same torchao ``Float8Linear`` modules its
+  ``convert_to_float8_training`` made. 0.3.0's filter also skips dims not a multiple of 16 (Llama's all
+  are).
 - NB: torchtitan is an optional extra (``pip install 'memplan[torchtitan]'``); ``require_torchtitan`` says so.
 - NB: without ``--cp`` the model runs without ``positions`` (RoPE reads a prefix view of each layer's cache);
   torchtitan's trainer passes the dataset's positions (``hf_datasets/text_datasets.py``), which makes each
@@ -139,11 +143,12 @@ def titan_config(setup: Setup) -> Any:
 
 
 def float8_config(setup: Setup, config: Any) -> Any:
-    """Under ``--fp8 rowwise``: ``config`` through torchtitan's own ``Float8LinearConverter.convert``
-    (components/quantization/float8.py: every ``Linear.Config`` whose dims are multiples of 16 becomes its
-    ``Float8Linear.Config`` with torchao's recipe), ``filter_fqns=["lm_head"]`` as its ``llama3_405b``
-    config. Its ``__init__`` refuses a machine without SM89 (or asks for ``emulate``, which swaps in another
-    recipe), so the converter's state is set here as that ``__init__`` sets it on an H100."""
+    """Under ``--fp8 rowwise|tensorwise``: ``config`` through torchtitan's own
+    ``Float8LinearConverter.convert`` (components/quantization/float8.py: every ``Linear.Config`` whose
+    dims are multiples of 16 becomes its ``Float8Linear.Config`` with torchao's recipe),
+    ``filter_fqns=["lm_head"]`` as its ``llama3_405b`` config. Its ``__init__`` refuses a machine without
+    SM89 (or asks for ``emulate``, which swaps in another recipe), so the converter's state is set here as
+    that ``__init__`` sets it on an H100."""
     if setup.impl.fp8 is Fp8Recipe.NONE:
         return config
     from torchtitan.components.quantization.float8 import Float8LinearConverter
