@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass
 
 from memplan.analytic import activations as act
-from memplan.analytic import peak as pk
+from memplan.analytic import layer_backward as lb
 from memplan.analytic.flops import Flops, flops
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.inventory import Dims, Kept
@@ -159,8 +159,8 @@ def pieces(core: Setup) -> Pieces:
     if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds
         per_layer = tuple(lora.layer_bytes(rank)) if lora.applies(rank) else act.layer_kind_bytes(rank)
     groups[Group.LAYER] = max(per_layer, default=groups[Group.LAYER])
-    # peak.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct by what
-    # MoE and sequence parallelism change in each re-run layer's saves.
+    # layer_backward.recompute_working_set re-runs whole layers of the dense, unsequence-split rank: correct
+    # by what MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
     plain, moe = _without_recompute(rank), act.with_moe(list(working), rank)  # fine-tuning: largest layer
@@ -168,8 +168,8 @@ def pieces(core: Setup) -> Pieces:
     changed = act.total_bytes(working) - max(redone)
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
-    transient = pk.layer_backward_transient(rank, dims, params)
-    mlp = pk.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
+    transient = lb.layer_backward_transient(rank, dims, params)
+    mlp = lb.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
     return Pieces(
         core=core,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from memplan.analytic import layer_backward as lb
 from memplan.analytic import peak as pk
 from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Block, Dims
@@ -155,7 +156,7 @@ def test_an_inventory_without_layer_saves_brings_nothing_back() -> None:
 )
 def test_a_norms_own_saves_alive_at_its_backwards_peak(norm: str, alive: int) -> None:
     s = setup(norm=norm)
-    assert pk.norm_saves_at_peak(s, Block.MLP_NORM) == pk.norm_saves_at_peak(s, Block.ATTN_NORM) == alive
+    assert lb.norm_saves_at_peak(s, Block.MLP_NORM) == lb.norm_saves_at_peak(s, Block.ATTN_NORM) == alive
 
 
 def test_eager_attentions_backward_holds_two_score_gradients_where_flash_holds_four_t_by_h() -> None:
@@ -166,7 +167,7 @@ def test_eager_attentions_backward_holds_two_score_gradients_where_flash_holds_f
     eager = setup(strategy=StrategyConfig(attention=Attention.EAGER))
     flash = setup()
     params = count_params(flash.model)
-    rise = [pk.attention_backward_transient(x, Dims.of(x), params) for x in (eager, flash)]
+    rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (eager, flash)]
     assert rise[0] - rise[1] == 2 * 2 * 2 * 4 * 64 * 64 - 4 * 2 * 128 * H - 2 * 128 * H == 49_152
 
 
@@ -189,14 +190,14 @@ def test_a_checkpointed_re_run_rebuilds_its_layers_saves(
     """A checkpoint's re-run rebuilds every save of the layers it re-runs at once. (The estimate reads this
     for un-segmented setups only, where it is 0; the segment's re-run is counted layer by layer.)"""
     s = setup(strategy=strategy, **({"impl": impl} if impl else {}))
-    assert pk.recompute_working_set(s) == layers * one_layers_saves(impl=impl)
+    assert lb.recompute_working_set(s) == layers * one_layers_saves(impl=impl)
 
 
 def test_a_reversible_layer_rebuilds_its_saves_and_its_two_inputs() -> None:
     """RevNet: the layer's backward re-runs F and G (one layer's saves) and rebuilds its inputs x1 and x2
     from the outputs, two bf16 [T, h] beside them."""
     s = setup(strategy=StrategyConfig(reversible=True))
-    assert pk.recompute_working_set(s) == one_layers_saves() + 2 * 2 * 128 * H
+    assert lb.recompute_working_set(s) == one_layers_saves() + 2 * 2 * 128 * H
 
 
 def test_a_selective_eager_core_rebuilds_its_copies_and_the_probabilities() -> None:
@@ -204,7 +205,7 @@ def test_a_selective_eager_core_rebuilds_its_copies_and_the_probabilities() -> N
     softmax's probabilities [b, a, s, s] (bf16): all new storages, none of them the q, k, v the
     checkpoint keeps (flash re-runs on those, tests/test_peak_terms.py). 3 · 2·T·h + 2·b·a·s²."""
     s = setup(strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE, attention=Attention.EAGER))
-    assert pk.recompute_working_set(s) == 3 * 2 * 128 * H + 2 * 2 * 4 * 64 * 64
+    assert lb.recompute_working_set(s) == 3 * 2 * 128 * H + 2 * 2 * 4 * 64 * 64
 
 
 # --- which layer's backward is the moment ---------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic import peak as pk
+from memplan.analytic import layer_backward as lb
 from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.config import (
     Checkpointing,
@@ -65,8 +65,8 @@ def test_a_rerun_segment_counts_the_kept_input_once(norm: str, precision: Precis
     """n re-run layers are n working sets less the first norm's input when that is the kept checkpoint:
     rerun(2) − 2·rerun(1) = shared; nothing re-runs for no layer."""
     s = setup(norm, precision)
-    assert pk.segment_rerun_bytes(s, 0) == 0
-    assert pk.segment_rerun_bytes(s, 2) - 2 * pk.segment_rerun_bytes(s, 1) == shared
+    assert lb.segment_rerun_bytes(s, 0) == 0
+    assert lb.segment_rerun_bytes(s, 2) - 2 * lb.segment_rerun_bytes(s, 1) == shared
 
 
 def kept(scope: Scope, elements: int) -> Kept:
@@ -95,7 +95,7 @@ def kept(scope: Scope, elements: int) -> Kept:
 def test_saves_alive_at_a_layers_backward(strategy: StrategyConfig, i: int, alive: int) -> None:
     """One layer's layer-scope saves are 10 bf16 elements (20 bytes); model-scope saves never count."""
     inventory = [kept(Scope.LAYER, 10), kept(Scope.MODEL, 1000)]
-    assert pk.saved_layers_up_to(setup(strategy=strategy), inventory, i) == alive * 20
+    assert lb.saved_layers_up_to(setup(strategy=strategy), inventory, i) == alive * 20
 
 
 def test_the_loop_labels_join_the_fused_losss_loss_backward() -> None:
@@ -121,8 +121,8 @@ def test_offloaded_activations_bring_back_the_heads_saves_for_the_loss_backward(
 
 def test_the_final_norms_backward_has_freed_the_loss_the_lm_head_and_the_norms_n_and_rstd() -> None:
     """By the final RMSNorm's backward peak the loss's log-probs [T, v] fp32, the lm head's input [T, h] and
-    the norm's own n [T, h] (bf16) and rstd [T, 1] (fp32) are released (peak.norm_saves_at_peak: its fp32
-    input remains)."""
+    the norm's own n [T, h] (bf16) and rstd [T, 1] (fp32) are released (layer_backward.norm_saves_at_peak:
+    its fp32 input remains)."""
     moments = estimate(setup()).peak.moments
     freed = 4 * T * 1000 + 2 * T * H + 2 * T * H + 4 * T
     assert moments["loss backward"]["activations"] - moments["final norm backward"]["activations"] == freed
@@ -155,7 +155,7 @@ def test_selective_flash_re_runs_only_the_kernels_logsumexp() -> None:
     """Selective checkpointing re-runs the flash core on the q, k, v the checkpoint keeps: only its fp32
     logsumexp [b, a, s] is new."""
     s = setup(strategy=StrategyConfig(checkpointing=Checkpointing.SELECTIVE))
-    assert pk.recompute_working_set(s) == 4 * B * 4 * S
+    assert lb.recompute_working_set(s) == 4 * B * 4 * S
     # The layer's backward peaks in its MLP (flash: no [s, s] scores), which runs before the core is
     # re-run: the same rise above the live set as without checkpointing (the live set lacks every lse).
     selective, plain = (estimate(x).peak.moments["layer backward"] for x in (s, setup()))

@@ -12,7 +12,7 @@ from typing import Any
 
 from tiny_setup import A, B, H, S, T, tiny_setup
 
-from memplan.analytic import peak as pk
+from memplan.analytic import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Dims
 from memplan.config import Device, Setup
@@ -34,25 +34,25 @@ ATTN_NORM = T * H * 4 + T * 4 + TH  # 24,832 B
 
 
 def test_the_attention_saves_and_the_residual_masks_with_them() -> None:
-    assert pk.attn_saved_bytes(cpu()) == ATTN
-    assert pk.attn_norm_saved(cpu()) == ATTN_NORM
+    assert lb.attn_saved_bytes(cpu()) == ATTN
+    assert lb.attn_norm_saved(cpu()) == ATTN_NORM
     # Residual dropout's bool masks [b, s, h]: the attention branch's (in the attention block) and the MLP
     # branch's, counted with the attention's (freed when W_O's backward has run).
-    assert pk.attn_saved_bytes(cpu({"resid_dropout": 0.1})) == ATTN + 2 * (T * H)
+    assert lb.attn_saved_bytes(cpu({"resid_dropout": 0.1})) == ATTN + 2 * (T * H)
 
 
 def test_a_reversible_layer_holds_six_t_by_h_more_in_fs_backward() -> None:
     # dy1 and dy2 held by the caller, the new dy1, G's input gradient, x2 = y2 − g and F's output.
-    assert pk.reversible_f_extra(cpu(reversible=True), Dims.of(cpu())) == 6 * TH
-    assert pk.reversible_f_extra(cpu(), Dims.of(cpu())) == 0
+    assert lb.reversible_f_extra(cpu(reversible=True), Dims.of(cpu())) == 6 * TH
+    assert lb.reversible_f_extra(cpu(), Dims.of(cpu())) == 0
 
 
 def test_a_reversible_layer_has_not_yet_rebuilt_its_attention_while_g_runs_backward() -> None:
     # The working set counts the attention's and its norm's saves, which F's re-run rebuilds only after
     # G's backward; meanwhile g and dy1 are alive beside dy2: two [T, h] the working set lacks.
     s = cpu(reversible=True)
-    assert pk.not_yet_rerun(s, Dims.of(s)) == ATTN + ATTN_NORM - 2 * TH
-    assert pk.not_yet_rerun(cpu(), Dims.of(cpu())) == 0
+    assert lb.not_yet_rerun(s, Dims.of(s)) == ATTN + ATTN_NORM - 2 * TH
+    assert lb.not_yet_rerun(cpu(), Dims.of(cpu())) == 0
 
 
 def test_the_eager_attention_backward_holds_two_softmax_gradients_less_one_with_dropout() -> None:
@@ -62,7 +62,7 @@ def test_the_eager_attention_backward_holds_two_softmax_gradients_less_one_with_
 
     def transient(**model: Any) -> int:
         s = cpu(model, attention=Attention.EAGER)
-        return pk.attention_backward_transient(s, Dims.of(s), count_params(s.model))
+        return lb.attention_backward_transient(s, Dims.of(s), count_params(s.model))
 
     assert transient(attn_dropout=0.1) - transient() == -scores
 
@@ -70,6 +70,6 @@ def test_the_eager_attention_backward_holds_two_softmax_gradients_less_one_with_
 def test_the_reversible_extra_joins_the_attention_backward() -> None:
     def transient(**strategy: Any) -> int:
         s = cpu(**strategy)
-        return pk.attention_backward_transient(s, Dims.of(s), count_params(s.model))
+        return lb.attention_backward_transient(s, Dims.of(s), count_params(s.model))
 
     assert transient(reversible=True) - transient() == 6 * TH

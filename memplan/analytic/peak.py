@@ -71,23 +71,22 @@ from memplan.analytic.fsdp2_moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
+from memplan.analytic.layer_backward import (
+    layer_backward_transient,
+    recompute_working_set,
+    saved_layers_up_to,
+    segment_rerun_bytes,
+)
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
-from memplan.blocks.attention import attention_core_rules, projection_rules
-from memplan.blocks.attention_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
-from memplan.blocks.mlp import mlp_backward_transient
-from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient, norm_rules
-from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.blocks.profiles import profile_of
 from memplan.config import (
-    Attention,
-    Checkpointing,
-    DType,
     NormType,
     Offload,
     Setup,
@@ -157,204 +156,6 @@ _HEAD_FREED_BEFORE_NORM = {
 def freed_before_final_norm(k: Kept, norm: NormType) -> bool:
     """Whether a head tensor's storage is released before the final norm's backward peaks."""
     return (k.block, k.role) in _HEAD_FREED_BEFORE_NORM[norm]
-
-
-def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
-    """Bytes one un-checkpointed layer keeps in ``blocks`` (only of ``roles`` when given)."""
-    return sum(
-        k.bytes
-        for k in act.layer_working_set(setup)
-        if k.block in blocks and (roles is None or k.role in roles)
-    )
-
-
-def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
-    """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
-    (its fp32 input remains); LayerNorm holds input, mean and rstd until its one backward op ends."""
-    keep = {Role.NORM_INPUT} if setup.model.norm is NormType.RMSNORM else {Role.NORM_INPUT, Role.NORM_STATS}
-    return layer_saves(setup, {norm}, keep)
-
-
-def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
-    two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
-    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h].
-    W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
-    a_bytes = dims.act.bytes
-    t = dims.tokens
-    if setup.strategy.attention is Attention.EAGER:
-        scores = dims.b * dims.a * dims.s * dims.s * a_bytes
-        buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
-    else:
-        buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-    done = _mlp_done(setup, params) - w_o_done(setup)
-    return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
-
-
-def w_o_done(setup: Setup) -> int:
-    """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
-    mask after W_O, and (eager) W_O's input, the [b, s, a·d] copy of P·V's output that nothing else holds.
-    NB: the flash kernel's output is that input too (a view), and its own backward still needs it."""
-    freed = {Role.DROPOUT_MASK} | ({Role.ATTN_OUT} if eager_core_copies(setup) else set())
-    return layer_saves(setup, {Block.ATTN}, freed)
-
-
-def reversible_f_extra(setup: Setup, dims: Dims) -> int:
-    """While a reversible layer runs F's (the attention's) backward: six [T, h] more than a plain layer
-    holds — dy1 and dy2 held by the caller, the new dy1, G's input gradient, x2 = y2 − g and F's output
-    (see ``attention_rerun_transient``)."""
-    return 6 * dims.tokens * dims.h * dims.act.bytes if setup.strategy.reversible else 0
-
-
-def _mlp_done(setup: Setup, params: ParamCount) -> int:
-    """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
-    change of the live set, plus the gradients)."""
-    layer = params.layer
-    grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * setup.training.precision.grad_bytes
-    return grads - layer_saves(setup, {Block.MLP, Block.MLP_NORM})
-
-
-def attn_saved_bytes(setup: Setup) -> int:
-    """One layer's attention saves (its norm's apart), the residual dropout masks with them."""
-    return layer_saves(setup, {Block.ATTN}) + layer_saves(setup, {Block.MLP}, {Role.DROPOUT_MASK})
-
-
-def not_yet_rerun(setup: Setup, dims: Dims) -> int:
-    """Saves counted in the layer's working set that are not there yet while its MLP's backward runs.
-
-    A reversible layer re-runs G (the MLP) and runs its backward before it re-runs F (the attention), and
-    meanwhile G's output g and the second output gradient dy1 are alive beside dy2 ([T, h] each); a
-    selectively checkpointed attention core is re-run only when its own backward comes.
-    """
-    if setup.strategy.reversible:
-        return attn_saved_bytes(setup) + attn_norm_saved(setup) - 2 * dims.tokens * dims.h * dims.act.bytes
-    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        return recompute_working_set(setup)
-    return 0
-
-
-def mlp_moment(setup: Setup, dims: Dims) -> int:
-    """The MLP backward's rise above the layer's live set (working set included)."""
-    return mlp_backward_transient(setup, dims) - not_yet_rerun(setup, dims)
-
-
-def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
-    norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
-    attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
-    mlp_done = _mlp_done(setup, params)
-    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
-    layer = params.layer
-    rest_grads = (
-        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
-    ) * setup.training.precision.grad_bytes
-    attn_norm = (
-        mlp_norm
-        + rest_grads  # the MLP's, its norm's and W_O's are in mlp_done already
-        - attn_saved_bytes(setup)
-        - attn_norm_saved(setup)
-        + norm_saves_at_peak(setup, Block.ATTN_NORM)
-        + reversible_f_extra(setup, dims)
-    )
-    return max(
-        mlp_moment(setup, dims),
-        mlp_norm - not_yet_rerun(setup, dims),
-        attention_backward_transient(setup, dims, params),
-        attention_rerun_transient(setup, dims, params),
-        selective_rerun_transient(setup, dims, params),
-        attn_norm,
-    )
-
-
-def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """A selectively checkpointed eager core re-run at its backward, at its softmax: W_O's backward is
-    done (``_mlp_done``, ``w_o_done``), dY [T, h] and the core's output gradient [T, a·d] are alive, the
-    core's saves are back (the working set) and the scaled and the masked scores [b, a, s, s] are alive
-    beside the probabilities.
-    NB: with attention dropout the re-run and P·V's backward are not modelled apart (measured up to
-    +0.7 % above the estimate)."""
-    eager = setup.strategy.attention is Attention.EAGER
-    if setup.strategy.checkpointing is not Checkpointing.SELECTIVE or not eager or setup.model.attn_dropout:
-        return 0
-    a_bytes, t = dims.act.bytes, dims.tokens
-    scores = dims.b * dims.a * dims.s * dims.s * a_bytes
-    grads_in = t * dims.h * a_bytes + t * dims.a * dims.d * a_bytes
-    return grads_in + 2 * scores + _mlp_done(setup, params) - w_o_done(setup)
-
-
-def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
-    """A layer's attention forward re-run in backward, above the layer's live set (its MLP not re-run).
-
-    Reversible: the MLP's backward is done (``_mlp_done``) and six [T, h] are alive beside the rebuilt
-    inputs (``reversible_f_extra``). A checkpointed segment's layer: its MLP's saves and its attention's
-    residual dropout mask do not exist yet.
-    Both add eager attention's forward locals (``eager_forward_extra``).
-    """
-    if setup.strategy.reversible:
-        rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, params)
-    elif setup.strategy.segment:
-        # Not made yet at the core's softmax: the MLP's saves and the residual dropout mask after W_O.
-        later = layer_saves(setup, {Block.MLP, Block.MLP_NORM})
-        rerun = -later - layer_saves(setup, {Block.ATTN}, {Role.DROPOUT_MASK})
-    else:
-        return 0
-    return rerun + eager_forward_extra(setup, dims)
-
-
-def attn_norm_saved(setup: Setup) -> int:
-    return layer_saves(setup, {Block.ATTN_NORM})
-
-
-def recompute_working_set(setup: Setup) -> int:
-    """Activations a re-run segment (k layers), a reversible layer or a selective attention core rebuilds
-    in backward, alive while that layer's backward runs."""
-    dims = Dims.of(setup)
-    if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        plain = setup.model_copy(
-            update={"strategy": setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE})}
-        )
-        # The core's own saves (eager: contiguous q, k, v copies and the probabilities; flash: lse) come
-        # back beside the q, k, v the checkpoint keeps (only the projections' shared input is not new).
-        core = projection_rules(plain, dims)[1:] + attention_core_rules(plain, dims)
-        if profile_of(setup).qkv_views:
-            # Megatron: the re-run's q, k, v are the checkpoint's own (views): only GQA's repeats are new.
-            kept = {(r.name, r.shape) for r in projection_rules(setup, dims)}
-            return sum(r.bytes for r in core if (r.name, r.shape) not in kept)
-        new = sum(r.bytes for r in core)
-        return new - (0 if eager_core_copies(setup) else _flash_kept(setup, dims))
-    if setup.strategy.reversible:
-        # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
-        return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
-    # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``).
-    return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
-
-
-def segment_rerun_bytes(setup: Setup, layers: int) -> int:
-    """The saves of ``layers`` re-run layers of a checkpointed segment. Its first norm saves the kept
-    input itself when it needs no upcast (LayerNorm, or fp32 activations): that storage is the
-    checkpoint's, not a new one."""
-    if not layers:
-        return 0
-    dims = Dims.of(setup)
-    shared = setup.model.norm is NormType.LAYERNORM or dims.act is DType.FP32
-    one = act.total_bytes(act.layer_working_set(setup))
-    return layers * one - (dims.tokens * dims.h * dims.act.bytes if shared else 0)
-
-
-def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
-    """Layer-scope saves still alive when layer i's backward runs (those of layers 0..i)."""
-    k = setup.strategy.segment
-    if not k and dense_layer_setup(setup) is not None:  # DeepSeek: dense first layers keep less
-        return sum(act.layer_kind_bytes(setup)[: i + 1])
-    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
-    if k:  # one kept input per segment of k layers, up to layer i's segment
-        return (i // k + 1) * one
-    return (i + 1) * one
-
-
-def _flash_kept(setup: Setup, dims: Dims) -> int:
-    """Flash re-runs on the kept q, k, v themselves: they are not new."""
-    return sum(r.bytes for r in projection_rules(setup, dims)[1:])
 
 
 def layer_rope_buffer(setup: Setup, dims: Dims) -> int:
