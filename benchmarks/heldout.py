@@ -63,6 +63,10 @@ from typing import Any
 
 from typer.testing import CliRunner
 
+if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.sections import replace_section
 from memplan.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -385,10 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown()
     print(table, end="")
     if args.write:
-        text = DOC.read_text(encoding="utf-8")
-        head, rest = text.split(START + "\n", 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(head + START + "\n" + table + END + tail, encoding="utf-8")
+        replace_section(DOC, START, END, table)
     return 0
 
 

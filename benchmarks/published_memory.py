@@ -17,6 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.sections import replace_section
 from memplan.api import Built, Options, build
 from memplan.config import Precision
 
@@ -158,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown()
     sys.stdout.write(table)
     if args.write:
-        text = DOC.read_text(encoding="utf-8")
-        before, rest = text.split(START + "\n", 1)
-        after = rest.split(END, 1)[1]
-        DOC.write_text(before + START + "\n" + table + END + after, encoding="utf-8")
+        replace_section(DOC, START, END, table)
     return 0
 
 

@@ -52,6 +52,7 @@ if __name__ == "__main__":  # run as a script: the repository root on the path, 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.heldout import ROOT, RUNS, TT25, Run, predict
+from benchmarks.sections import replace_section
 
 DOC = ROOT / "docs" / "published-memory.md"
 START, END = "<!-- published-reserved:start -->", "<!-- published-reserved:end -->"
@@ -207,10 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     table = markdown()
     print(table, end="")
     if args.write:
-        text = DOC.read_text(encoding="utf-8")
-        head, rest = text.split(START + "\n", 1)
-        _, tail = rest.split(END, 1)
-        DOC.write_text(head + START + "\n" + table + END + tail, encoding="utf-8")
+        replace_section(DOC, START, END, table)
     return 0
 
 
