@@ -22,6 +22,7 @@ from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.dispatch import check_traceable
 from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.frameworks.titan import measure_titan
 from memplan.measure.instruments.measured import Measured
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
@@ -105,6 +106,19 @@ def check_exact(setup: Setup) -> None:
     assert (estimated_layers(est), est.activations) == (layers, meas.activations)
     flops = (est.flops.forward, est.flops.backward, est.flops.recompute)
     assert flops == tuple(meas.flops.get(p, 0) for p in ("forward", "backward", "recompute"))
+
+
+def check_titan(setup: Setup) -> tuple[Result, Measured]:
+    """torchtitan's own run (``measure_titan``) equals the estimate per layer, in total and FLOPs per phase
+    (the tensors that do not pair named on failure); both returned for further checks."""
+    est, meas = estimate(setup), measure_titan(setup)
+    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
+    layers = [meas.layer_bytes(i) for i in range(setup.model.num_layers)]
+    assert estimated_layers(est) == layers, unpaired
+    assert est.activations == meas.activations, unpaired
+    flops = (est.flops.forward, est.flops.backward, est.flops.recompute)
+    assert flops == (meas.flops["forward"], meas.flops["backward"], meas.flops["recompute"])
+    return est, meas
 
 
 _EAGER_EXPERTS = (

@@ -14,7 +14,7 @@ from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.dispatch import check_traceable
 from memplan.measure.frameworks.titan import measure_titan
-from tests.hf.harness import hf_setup
+from tests.hf.harness import check_titan, hf_setup
 
 # Tied embeddings (enable_weight_tying) and a head dim apart from h / a (GQAttention's head_dim).
 TIED = {"tied_embeddings": True, "head_dim": 64, "num_heads": 16, "num_kv_heads": 4}
@@ -24,15 +24,7 @@ TIED = {"tied_embeddings": True, "head_dim": 64, "num_heads": 16, "num_kv_heads"
 @pytest.mark.parametrize("checkpointing", ["none", "full"])
 def test_llama3_sdpa(preset: str, fields: dict[str, object], checkpointing: str) -> None:
     setup = hf_setup(preset, seq=256, checkpointing=checkpointing, impl=Impl.TORCHTITAN, **fields)
-    est, meas = estimate(setup), measure_titan(setup)
-    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
-    assert est.activations == meas.activations, unpaired
-    assert (est.flops.forward, est.flops.backward, est.flops.recompute) == (
-        meas.flops["forward"],
-        meas.flops["backward"],
-        meas.flops["recompute"],
-    )
+    check_titan(setup)
 
 
 @pytest.mark.parametrize(
@@ -62,14 +54,7 @@ def test_llama3_selective_ac(fields: dict[str, object]) -> None:
     """torchtitan's SelectiveAC: the block input and the cached mm outputs (sac · aten.mm) per layer, and
     the re-run FLOPs (W_O, W3, the attention core), equal to the byte and the FLOP."""
     setup = hf_setup("llama-3-8b", seq=256, checkpointing="selective", impl=Impl.TORCHTITAN, **fields)
-    est, meas = estimate(setup), measure_titan(setup)
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
-    assert est.activations == meas.activations
-    assert (est.flops.forward, est.flops.backward, est.flops.recompute) == (
-        meas.flops["forward"],
-        meas.flops["backward"],
-        meas.flops["recompute"],
-    )
+    check_titan(setup)
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full"])

@@ -13,10 +13,9 @@ pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch
 
 from memplan.config import Device, Impl, Setup
 from memplan.engine import estimate
-from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.titan import measure_titan
-from tests.hf.harness import hf_setup
+from tests.hf.harness import check_titan, hf_setup
 
 GQA_64 = {"head_dim": 64, "num_heads": 16, "num_kv_heads": 4}  # a head dim apart from h / a
 
@@ -30,15 +29,7 @@ def cuda_setup(checkpointing: str, **fields: object) -> Setup:
 @pytest.mark.parametrize("checkpointing", ["selective", "none"])
 def test_cuda_attention_saves_what_the_estimate_says(checkpointing: str, fields: dict[str, object]) -> None:
     setup = cuda_setup(checkpointing, **fields)
-    est, meas = estimate(setup), measure_titan(setup)
-    unpaired = [r["name"] for r in paired_tensors(est, meas) if r["delta_bytes"]]
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)], unpaired
-    assert est.activations == meas.activations, unpaired
-    assert (est.flops.forward, est.flops.backward, est.flops.recompute) == (
-        meas.flops["forward"],
-        meas.flops["backward"],
-        meas.flops["recompute"],
-    )
+    check_titan(setup)
 
 
 def test_selective_ac_caches_the_cudnn_outputs_by_hand() -> None:

@@ -15,11 +15,10 @@ import pytest
 pytest.importorskip("torchtitan.models.llama3")
 
 from memplan.config import Checkpointing, Impl, Setup
-from memplan.engine import Result, at_stage, estimate
-from memplan.measure.distributed.titan_vpp import measure_titan_pipeline
+from memplan.engine import Result, estimate
 from tests.hf.harness import hf_setup
 from tests.hf.test_torchtitan_pp import B, H, S, V, X, held, piped
-from tests.hf.test_torchtitan_vpp import sharded, traced_exact
+from tests.hf.test_torchtitan_vpp import real_saves_what_fake_ones_do, sharded, traced_exact
 
 T = B * S
 # One block call under SelectiveAC (torchtitan's default config), llama-3-8b's widths (32 heads, 8 KV heads
@@ -117,14 +116,7 @@ def test_real_tensors_save_what_fake_ones_do() -> None:
     """The tiny model on pp 2 (1 layer each), n = 3, real (uninitialised) tensors over the fake group: the
     re-run under each call's own cache matches its forward (a mismatch raises in torch's SAC)."""
     setup = piped(selective(layers=2, seq=32, model="tiny"), 2, 3)
-    est = estimate(setup)
-    for index in (0, 1):
-        real = measure_titan_pipeline(setup, index, fake=False)
-        fake = measure_titan_pipeline(setup, index)
-        assert sorted((r.shape, r.dtype, r.bytes) for r in real.records) == sorted(
-            (r.shape, r.dtype, r.bytes) for r in fake.records
-        )
-        assert real.activations == at_stage(est, index).activations
+    real_saves_what_fake_ones_do(setup)
 
 
 def test_full_scale_405b_first_rank() -> None:

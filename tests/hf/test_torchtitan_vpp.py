@@ -173,6 +173,12 @@ def test_real_tensors_save_what_fake_ones_do() -> None:
     chunk), n = 2, with real (uninitialised) tensors over the fake group."""
     setup = piped(hf_setup("tiny", layers=2, seq=32, impl=Impl.TORCHTITAN), 2, 2, vpp=2)
     assert setup.parallel.pp_layers == (0, 1, 1, 0)
+    real_saves_what_fake_ones_do(setup)
+
+
+def real_saves_what_fake_ones_do(setup: Setup) -> None:
+    """On pipeline ranks 0 and 1, real (uninitialised) tensors over the fake group save the shapes, dtypes
+    and bytes fake tensors do, and the estimate's activations."""
     est = estimate(setup)
     for index in (0, 1):
         real = measure_titan_pipeline(setup, index, fake=False)
