@@ -150,18 +150,25 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     return [(gathered(shapes, world, e), again) for shapes, again in units]
 
 
+class _Coder:
+    """A stream's events coded as ``reserved.codes`` does (n ≥ 0 allocates n bytes, the allocations
+    numbered in order; −k − 1 frees k): ``alloc`` appends an allocation and returns its number."""
+
+    def __init__(self) -> None:
+        self.out: list[int] = []
+        self.made = 0
+
+    def alloc(self, size: int) -> int:
+        self.out.append(size)
+        self.made += 1
+        return self.made - 1
+
+
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
     """The all-gather stream's allocations and frees over ``steps`` steps of ``micro_batches`` (coded as
     ``reserved.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k)."""
-    out: list[int] = []
-    made = 0
-
-    def alloc(size: int) -> int:
-        nonlocal made
-        out.append(size)
-        made += 1
-        return made - 1
-
+    coder = _Coder()
+    out, alloc = coder.out, coder.alloc
     held: int | None = None  # the forward's kept buffer (``all_gather_state``)
     for _ in range(steps * micro_batches):
         for size, _again in units:  # forward: allocate this unit's, then free the one kept before it
@@ -231,15 +238,8 @@ def reduce_scatter_codes(
     ``micro_batches``: each unit's output; with a cast, the cast's block, then the output freed; the first
     micro-batch's results are the sharded gradients, kept to the step's end (``zero_grad(set_to_none=
     True)`` after the optimizer step); a later micro-batch's is added into them and freed."""
-    out: list[int] = []
-    made = 0
-
-    def alloc(size: int) -> int:
-        nonlocal made
-        out.append(size)
-        made += 1
-        return made - 1
-
+    coder = _Coder()
+    out, alloc = coder.out, coder.alloc
     for _ in range(steps):
         grads: list[int] = []
         for micro_batch in range(micro_batches):
