@@ -51,7 +51,6 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import shlex
@@ -66,7 +65,7 @@ from typer.testing import CliRunner
 if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.sections import replace_section
+from benchmarks.sections import section_main
 from memplan.cli.app import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -383,14 +382,7 @@ def markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help="replace docs/step-time.md's held-out table")
-    args = ap.parse_args(argv)
-    table = markdown()
-    print(table, end="")
-    if args.write:
-        replace_section(DOC, START, END, table)
-    return 0
+    return section_main(argv, (__doc__ or "").splitlines()[0], DOC, START, END, markdown)
 
 
 if __name__ == "__main__":

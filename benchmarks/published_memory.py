@@ -12,7 +12,6 @@ verdicts, the by-hand derivations of the differences and that the doc holds this
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.sections import replace_section
+from benchmarks.sections import section_main
 from memplan.api import Built, Options, build
 from memplan.config import Precision
 
@@ -156,14 +155,7 @@ def markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help=f"replace the table in {DOC.name}")
-    args = parser.parse_args(argv)
-    table = markdown()
-    sys.stdout.write(table)
-    if args.write:
-        replace_section(DOC, START, END, table)
-    return 0
+    return section_main(argv, (__doc__ or "").splitlines()[0], DOC, START, END, markdown)
 
 
 if __name__ == "__main__":

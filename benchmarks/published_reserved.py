@@ -41,7 +41,6 @@ code's saves (``blocks.profiles.compile_note``: the partitioner's float8 weight 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ if __name__ == "__main__":  # run as a script: the repository root on the path, 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.heldout import ROOT, RUNS, TT25, Run, predict
-from benchmarks.sections import replace_section
+from benchmarks.sections import section_main
 
 DOC = ROOT / "docs" / "published-memory.md"
 START, END = "<!-- published-reserved:start -->", "<!-- published-reserved:end -->"
@@ -202,14 +201,7 @@ def markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--write", action="store_true", help=f"replace the section's table in {DOC.name}")
-    args = ap.parse_args(argv)
-    table = markdown()
-    print(table, end="")
-    if args.write:
-        replace_section(DOC, START, END, table)
-    return 0
+    return section_main(argv, (__doc__ or "").splitlines()[0], DOC, START, END, markdown)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -12,3 +15,17 @@ def replace_section(doc: Path, start: str, end: str, table: str) -> None:
     before, rest = text.split(start + "\n", 1)
     after = rest.split(end, 1)[1]
     doc.write_text(before + start + "\n" + table + end + after, encoding="utf-8")
+
+
+def section_main(
+    argv: list[str] | None, doc_line: str, doc: Path, start: str, end: str, table: Callable[[], str]
+) -> int:
+    """A table script's command line: print ``table()``; with ``--write`` also put it in ``doc``'s section."""
+    ap = argparse.ArgumentParser(description=doc_line)
+    ap.add_argument("--write", action="store_true", help=f"replace the generated table in {doc.name}")
+    args = ap.parse_args(argv)
+    text = table()
+    sys.stdout.write(text)
+    if args.write:
+        replace_section(doc, start, end, text)
+    return 0
