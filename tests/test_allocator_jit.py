@@ -26,7 +26,7 @@ pytest.importorskip("numba")
 
 import numpy as np
 
-from memplan.analytic import allocator_jit
+from memplan.analytic import allocator_jit_replay
 from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_inputs_jit, replay_jit
 
 
@@ -126,7 +126,7 @@ def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
     # the chunked pool (inserts, deletes, best fit's ceiling) against a sorted list, on sequences long
     # enough to split chunks of 64, empty them and reuse their ids; pool 1 is used, pool 0 stays empty
     room = len(ops) + 2
-    data = np.empty((2, room, allocator_jit.CHUNK), dtype=np.int64)
+    data = np.empty((2, room, allocator_jit_replay.CHUNK), dtype=np.int64)
     lens, order, maxes = (np.zeros((2, room), dtype=np.int64) for _ in range(3))
     meta = np.zeros((2, 3), dtype=np.int64)
     pool = (data, lens, order, maxes, meta, 1)
@@ -134,13 +134,15 @@ def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
     for op, key in ops:
         if op == 0 and key not in expected:
             bisect.insort(expected, key)
-            allocator_jit._pool_insert(*pool, key)
+            allocator_jit_replay._pool_insert(*pool, key)
         elif op == 1 and expected:
             gone = expected.pop(key % len(expected))
-            allocator_jit._pool_delete(*pool, gone)
+            allocator_jit_replay._pool_delete(*pool, gone)
         else:
             k = bisect.bisect_left(expected, key)
-            assert allocator_jit._pool_ceiling(*pool, key) == (expected[k] if k < len(expected) else -1)
+            assert allocator_jit_replay._pool_ceiling(*pool, key) == (
+                expected[k] if k < len(expected) else -1
+            )
         got = [int(data[1, order[1, p], j]) for p in range(meta[1, 0]) for j in range(lens[1, order[1, p]])]
         assert got == expected
         assert [int(maxes[1, p]) for p in range(meta[1, 0])] == [
