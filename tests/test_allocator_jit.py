@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memplan import reserved
+from memplan import alloc_stream, reserved
 from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
 from memplan.api import build_setup
 from memplan.config import FineTune, Parallel
@@ -98,7 +98,9 @@ def test_real_streams_replay_as_the_allocator(
     name: str, seq: int, ckpt: str, zero: int, dp: int, par: Parallel, n: int
 ) -> None:
     setup = build_setup(name, seq=seq, checkpointing=ckpt, zero=zero, dp=dp, parallel=par, grad_accum=n)
-    stream_codes = reserved.codes(reserved.stream_inputs(estimate(setup)), reserved.cublas_workspace(H100))
+    stream_codes = alloc_stream.codes(
+        alloc_stream.stream_inputs(estimate(setup)), reserved.cublas_workspace(H100)
+    )
     full = _reference(stream_codes, None)
     assert replay_jit(stream_codes) == (full, len(stream_codes))
     # capacities where the capped replay refuses, releases cached segments, or runs as the unlimited one;
@@ -155,7 +157,7 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
     # the verdict's unlimited and capped replays (``reserved.replay_stream``) take the compiled replay once
     # a search has loaded it: the same Replay as the Python path
     setup = build_setup("llama-3.2-1b", seq=2048, checkpointing="full", zero=3, dp=16, grad_accum=4)
-    inputs = reserved.stream_inputs(estimate(setup))
+    inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
     full = reserved.replay_stream(inputs, workspace)
     capped = reserved.replay_stream(inputs, workspace, capacity=full.requested_peak)
@@ -168,8 +170,8 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
 
 
 @st.composite
-def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
-    """Random ``reserved.StreamInputs``: timeline points whose terms rise and fall, tensors whose states
+def stream_inputs(draw: st.DrawFn) -> alloc_stream.StreamInputs:
+    """Random ``alloc_stream.StreamInputs``: timeline points whose terms rise and fall, tensors whose states
     are (or are not) a whole number of bytes per element over them, one layer's saves (some of them 0)."""
     per_tensor = tuple(draw(st.lists(st.integers(0, 6), max_size=6)))
     count = sum(per_tensor)
@@ -177,7 +179,7 @@ def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
     layer = tuple(draw(st.lists(st.integers(0, 3 * MIB), max_size=4)))
     term = st.one_of(st.integers(0, 8), st.sampled_from([sum(layer), 2 * sum(layer), 3 * MIB]))
     points = draw(st.lists(st.tuples(term, term, term, term, term), max_size=10))
-    return reserved.StreamInputs(
+    return alloc_stream.StreamInputs(
         points=tuple(points),
         per_tensor=per_tensor,
         states=(draw(state), draw(state), draw(state)),
@@ -187,17 +189,17 @@ def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
 
 @settings(max_examples=300, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 512, 32 * MIB]), st.integers(1, 3))
-def test_codes_jit_is_reserved_codes(inputs: reserved.StreamInputs, workspace: int, steps: int) -> None:
+def test_codes_jit_is_reserved_codes(inputs: alloc_stream.StreamInputs, workspace: int, steps: int) -> None:
     got = codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, steps)
-    assert got == reserved.codes(inputs, workspace, steps)
+    assert got == alloc_stream.codes(inputs, workspace, steps)
 
 
 @settings(max_examples=200, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.integers(0, 80 * MIB))
 def test_refuses_jit_is_the_python_verdict(
-    inputs: reserved.StreamInputs, workspace: int, capacity: int
+    inputs: alloc_stream.StreamInputs, workspace: int, capacity: int
 ) -> None:
-    stream_codes = reserved.codes(inputs, workspace)
+    stream_codes = alloc_stream.codes(inputs, workspace)
     expected = _reference(stream_codes, capacity).oom
     got = refuses_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity)
     assert got is expected
@@ -223,9 +225,9 @@ def test_refuses_jit_is_the_python_verdict(
 def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
     # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included
     setup = build_setup(**kw)  # type: ignore[arg-type]
-    inputs = reserved.stream_inputs(estimate(setup))
+    inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
-    expected = reserved.codes(inputs, workspace)
+    expected = alloc_stream.codes(inputs, workspace)
     assert codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2) == expected
     full = _reference(expected, None)
     for capacity in (
@@ -243,10 +245,10 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
 @settings(max_examples=200, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.one_of(st.none(), st.integers(0, 80 * MIB)))
 def test_replay_inputs_jit_is_the_allocator(
-    inputs: reserved.StreamInputs, workspace: int, capacity: int | None
+    inputs: alloc_stream.StreamInputs, workspace: int, capacity: int | None
 ) -> None:
     # the verdict's whole replay (``reserved.replay_stream``), coded and replayed compiled
-    expected = _reference(reserved.codes(inputs, workspace), capacity)
+    expected = _reference(alloc_stream.codes(inputs, workspace), capacity)
     got = replay_inputs_jit(
         inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
     )

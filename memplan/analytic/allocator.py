@@ -157,7 +157,7 @@ class Allocator:
         return self.stats
 
     def replay_codes(self, codes: list[int]) -> Replay:
-        """``replay`` of a stream on stream 0 coded as integers (``reserved.codes``: n ≥ 0 allocates n
+        """``replay`` of a stream on stream 0 coded as integers (``alloc_stream.codes``: n ≥ 0 allocates n
         bytes, the allocations numbered 0, 1, … in order; −k − 1 frees allocation k): no event objects."""
         malloc, free = self.malloc, self.free
         made = 0

@@ -1,5 +1,5 @@
 """``allocator.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same rules,
-decisions, counters and early stop, on integer arrays; and ``reserved.codes`` compiled, so that a stream
+decisions, counters and early stop, on integer arrays; and ``alloc_stream.codes`` compiled, so that a stream
 is coded and replayed in one call. The entry points ``reserved`` calls: ``replay_jit``, ``codes_jit``,
 ``replay_inputs_jit``, ``refuses_jit``.
 
@@ -33,15 +33,15 @@ WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
 
 
 def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspace: int, steps: int) -> Codes:
-    """``reserved.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
+    """``alloc_stream.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
     per term) over ``steps`` steps, its allocations and frees coded as integers (n ≥ 0 allocates n bytes,
     the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
     elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
-    ``layer``: one layer's saves. Line by line ``reserved.codes`` (its docstring and ``reserved``'s say
-    why): at each point the terms that shrink free their newest allocations first (the transient all of
+    ``layer``: one layer's saves. Line by line ``alloc_stream.codes`` (its docstring and the module's
+    say why): at each point the terms that shrink free their newest allocations first (the transient all of
     them), then the terms that grow allocate — the activations one layer's saves when the rise is one
     layer's, else one block; the transient one block; the model states their next whole tensors
-    (``reserved.take``) from the term's queue, refilled (``reserved.tensor_bytes``) each time the term
+    (``alloc_stream.take``) from the term's queue, refilled (``alloc_stream.tensor_bytes``) each time the term
     starts from 0, gradients in reverse order."""
     out = [0]
     out.pop()
@@ -162,7 +162,8 @@ def codes_jit(
     workspace: int,
     steps: int,
 ) -> list[int]:
-    """``reserved.codes`` of these inputs (``reserved.StreamInputs``' fields), compiled (``_code``)."""
+    """``alloc_stream.codes`` of these inputs (``alloc_stream.StreamInputs``' fields), compiled
+    (``_code``)."""
     return [
         int(c) for c in cast(Codes, _coded(*_arrays(points, per_tensor, states, layer), workspace, steps))
     ]
@@ -177,7 +178,7 @@ def replay_inputs_jit(
     steps: int,
     capacity: int | None,
 ) -> Replay | None:
-    """``replay_plain(reserved.codes(...), capacity)[0]`` compiled: the stream coded and replayed whole in
+    """``replay_plain(alloc_stream.codes(...), capacity)[0]`` compiled: the stream coded and replayed whole in
     one call; None when its pool keys would not fit 63 bits (``allocator_jit_replay._replay``: the caller
     replays it in Python)."""
     rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
@@ -195,7 +196,7 @@ def refuses_jit(
     steps: int,
     capacity: int,
 ) -> bool | None:
-    """``reserved._refuses(reserved.codes(...), capacity)`` compiled: the stream coded and replayed with
+    """``reserved._refuses(alloc_stream.codes(...), capacity)`` compiled: the stream coded and replayed with
     the early stop in one call; None when its pool keys would not fit 63 bits
     (``allocator_jit_replay._replay``: the caller replays it in Python)."""
     rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
