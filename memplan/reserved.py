@@ -11,7 +11,7 @@ memoised on the stream's inputs (``alloc_stream.StreamInputs``).
 
 The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run compiled
 when numba is installed (``analytic.allocator_jit``: the same coding and decisions, tested equal), in
-Python otherwise (``analytic.allocator.replay_plain``).
+Python otherwise (``analytic.allocator_plain.replay_plain``).
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
 and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm_memory``; added by the
@@ -54,7 +54,8 @@ from memplan.alloc_stream import (
     codes,
     stream_inputs,
 )
-from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
+from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.allocator_plain import demand, replay_plain
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 
@@ -140,7 +141,7 @@ def replay_stream(
             )
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
-        elif found is None:  # the same allocator, without block objects (``analytic.allocator.replay_plain``)
+        elif found is None:  # the same allocator, without block objects (``allocator_plain.replay_plain``)
             found = replay_plain(codes(inputs, workspace), capacity)[0]
         if len(_REPLAYS) >= MEMO_MAX:
             _REPLAYS.clear()

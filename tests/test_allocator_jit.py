@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memplan import alloc_stream, reserved
-from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
+from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.allocator_plain import demand, replay_plain
 from memplan.api import build_setup
 from memplan.config import FineTune, Parallel
 from memplan.config.finetune import Method

@@ -1,7 +1,7 @@
-"""``allocator.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same rules,
-decisions, counters and early stop, on integer arrays; and ``alloc_stream.codes`` compiled, so that a stream
-is coded and replayed in one call. The entry points ``reserved`` calls: ``replay_jit``, ``codes_jit``,
-``replay_inputs_jit``, ``refuses_jit``.
+"""``allocator_plain.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same
+rules, decisions, counters and early stop, on integer arrays; and ``alloc_stream.codes`` compiled, so
+that a stream is coded and replayed in one call. The entry points ``reserved`` calls: ``replay_jit``,
+``codes_jit``, ``replay_inputs_jit``, ``refuses_jit``.
 
 The fit search judges most configurations by one capped replay with the early stop (``reserved.refuses``);
 those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module once numba
@@ -25,8 +25,9 @@ from typing import Any, cast
 import numba
 import numpy as np
 
-from memplan.analytic.allocator import Replay, demand, replay_plain
+from memplan.analytic.allocator import Replay
 from memplan.analytic.allocator_jit_replay import Codes, replay_array, replay_stats
+from memplan.analytic.allocator_plain import demand, replay_plain
 
 WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
 """The columns of ``_code``'s points: ``analytic.peak.TERMS``' order (``reserved`` passes them so)."""
@@ -128,7 +129,7 @@ _coded: Any = numba.njit(cache=True)(_code)
 
 
 def replay_jit(codes: list[int], capacity: int | None = None, early: bool = False) -> tuple[Replay, int]:
-    """``allocator.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
+    """``allocator_plain.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
     every allocation from each event on (``reserved._refuses``) — when ``early``: the counters and the
     index of the event it stopped before. A stream whose pool keys would not fit 63 bits (segments
     beyond 2⁶² bytes in all, in a replay no step makes) is replayed by ``replay_plain`` itself."""

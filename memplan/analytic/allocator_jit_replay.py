@@ -1,6 +1,6 @@
-"""The compiled replay behind ``analytic.allocator_jit``: ``allocator.replay_plain``'s rules, decisions,
-counters and early stop, on integer arrays, compiled by numba (``replay_array``), with the sorted pools it
-keeps free blocks in.
+"""The compiled replay behind ``analytic.allocator_jit``: ``allocator_plain.replay_plain``'s rules,
+decisions, counters and early stop, on integer arrays, compiled by numba (``replay_array``), with the
+sorted pools it keeps free blocks in.
 
 The state is ``Allocator``'s (the model of ``c10/cuda/CUDACachingAllocator.cpp`` in ``allocator``'s
 docstring) without Python objects:
@@ -16,7 +16,7 @@ docstring) without Python objects:
 - the live allocations in arrays indexed by their number (the codes number them 0, 1, …).
 
 The keys must fit 63 bits: every address is below the bytes of a new segment for every allocation
-(``allocator.demand``'s first entry) and every size at most the largest segment; a stream where they
+(``allocator_plain.demand``'s first entry) and every size at most the largest segment; a stream where they
 would not (segments of 2⁶² bytes in all) is not replayed here (``replay_array`` says so; the entry points
 in ``allocator_jit`` replay it by ``replay_plain``). Every other value is an int64 byte count, far below
 2⁶³ for any stream a step makes.
