@@ -136,9 +136,7 @@ def replay_stream(
     if found is None:
         # compiled, once a search has loaded it; a transient known as its tensors is coded in Python
         if not expandable and not inputs.pieces and _JIT and _JIT[0] is not None:
-            found = _JIT[0].replay_inputs_jit(
-                inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
-            )
+            found = _JIT[0].replay_inputs_jit(inputs, workspace, STEPS, capacity)
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
         elif found is None:  # the same allocator, without block objects (``allocator_plain.replay_plain``)
@@ -177,9 +175,7 @@ def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
     (``analytic.allocator_jit.refuses_jit``), else in Python."""
     jit = _compiled()
     if jit is not None and not inputs.pieces:  # the compiled coding knows each transient as one block
-        found = jit.refuses_jit(
-            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, STEPS, capacity
-        )
+        found = jit.refuses_jit(inputs, workspace, STEPS, capacity)
         if found is not None:
             return bool(found)
     return _refuses(codes(inputs, workspace), capacity)

@@ -191,7 +191,7 @@ def stream_inputs(draw: st.DrawFn) -> alloc_stream.StreamInputs:
 @settings(max_examples=300, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 512, 32 * MIB]), st.integers(1, 3))
 def test_codes_jit_is_reserved_codes(inputs: alloc_stream.StreamInputs, workspace: int, steps: int) -> None:
-    got = codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, steps)
+    got = codes_jit(inputs, workspace, steps)
     assert got == alloc_stream.codes(inputs, workspace, steps)
 
 
@@ -202,7 +202,7 @@ def test_refuses_jit_is_the_python_verdict(
 ) -> None:
     stream_codes = alloc_stream.codes(inputs, workspace)
     expected = _reference(stream_codes, capacity).oom
-    got = refuses_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity)
+    got = refuses_jit(inputs, workspace, 2, capacity)
     assert got is expected
 
 
@@ -229,7 +229,7 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
     inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
     expected = alloc_stream.codes(inputs, workspace)
-    assert codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2) == expected
+    assert codes_jit(inputs, workspace, 2) == expected
     full = _reference(expected, None)
     for capacity in (
         full.requested_peak - 1,
@@ -237,9 +237,7 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
         full.reserved_peak - 1,
         full.reserved_peak,
     ):
-        got = refuses_jit(
-            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
-        )
+        got = refuses_jit(inputs, workspace, 2, capacity)
         assert got is _reference(expected, capacity).oom
 
 
@@ -250,7 +248,5 @@ def test_replay_inputs_jit_is_the_allocator(
 ) -> None:
     # the verdict's whole replay (``reserved.replay_stream``), coded and replayed compiled
     expected = _reference(alloc_stream.codes(inputs, workspace), capacity)
-    got = replay_inputs_jit(
-        inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
-    )
+    got = replay_inputs_jit(inputs, workspace, 2, capacity)
     assert got == expected

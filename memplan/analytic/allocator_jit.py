@@ -20,7 +20,7 @@ never for one estimate's replay.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numba
 import numpy as np
@@ -140,66 +140,55 @@ def replay_jit(codes: list[int], capacity: int | None = None, early: bool = Fals
     return replay_stats(values), values[9]
 
 
-def _arrays(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-) -> tuple[Codes, Codes, Codes, Codes]:
-    rows = np.array(points, dtype=np.int64) if points else np.zeros((0, 5), dtype=np.int64)
-    return (
-        rows,
-        np.array(per_tensor, dtype=np.int64),
-        np.array(states, dtype=np.int64),
-        np.array(layer, dtype=np.int64),
-    )
+class StreamFields(Protocol):
+    """What the compiled coding reads of a stream's inputs (``alloc_stream.StreamInputs``' fields)."""
+
+    @property
+    def points(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def per_tensor(self) -> tuple[int, ...]: ...
+    @property
+    def states(self) -> tuple[int, int, int]: ...
+    @property
+    def layer(self) -> tuple[int, ...]: ...
 
 
-def codes_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-) -> list[int]:
-    """``alloc_stream.codes`` of these inputs (``alloc_stream.StreamInputs``' fields), compiled
-    (``_code``)."""
-    return [
-        int(c) for c in cast(Codes, _coded(*_arrays(points, per_tensor, states, layer), workspace, steps))
-    ]
+def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
+    """``_code`` of ``inputs``, their fields as int64 arrays."""
+    rows = np.array(inputs.points, dtype=np.int64) if inputs.points else np.zeros((0, 5), dtype=np.int64)
+    tensors = np.array(inputs.per_tensor, dtype=np.int64)
+    held = np.array(inputs.states, dtype=np.int64)
+    saves = np.array(inputs.layer, dtype=np.int64)
+    return cast(Codes, _coded(rows, tensors, held, saves, workspace, steps))
+
+
+def codes_jit(inputs: StreamFields, workspace: int, steps: int) -> list[int]:
+    """``alloc_stream.codes(inputs, workspace, steps)`` compiled (``_code``)."""
+    return [int(c) for c in _coded_stream(inputs, workspace, steps)]
+
+
+def _code_and_replay(
+    inputs: StreamFields, workspace: int, steps: int, capacity: int | None, early: bool
+) -> list[int] | None:
+    """The stream of ``inputs`` coded and replayed in one compiled call: ``_replay``'s values; None when
+    its pool keys would not fit 63 bits (``allocator_jit_replay._replay``: the caller replays it in
+    Python)."""
+    coded = _coded_stream(inputs, workspace, steps)
+    out = cast(Codes, replay_array(coded, -1 if capacity is None else capacity, early))
+    return None if out[9] < 0 else [int(v) for v in out]
 
 
 def replay_inputs_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-    capacity: int | None,
+    inputs: StreamFields, workspace: int, steps: int, capacity: int | None
 ) -> Replay | None:
-    """``replay_plain(alloc_stream.codes(...), capacity)[0]`` compiled: the stream coded and replayed whole in
-    one call; None when its pool keys would not fit 63 bits (``allocator_jit_replay._replay``: the caller
-    replays it in Python)."""
-    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
-    coded = _coded(rows, tensors, held, saves, workspace, steps)
-    out = cast(Codes, replay_array(coded, -1 if capacity is None else capacity, False))
-    return None if out[9] < 0 else replay_stats([int(v) for v in out])
+    """``replay_plain(alloc_stream.codes(inputs, workspace, steps), capacity)[0]`` compiled: the stream
+    coded and replayed whole (None: replay it in Python, ``_code_and_replay``)."""
+    values = _code_and_replay(inputs, workspace, steps, capacity, False)
+    return None if values is None else replay_stats(values)
 
 
-def refuses_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-    capacity: int,
-) -> bool | None:
-    """``reserved._refuses(alloc_stream.codes(...), capacity)`` compiled: the stream coded and replayed with
-    the early stop in one call; None when its pool keys would not fit 63 bits
-    (``allocator_jit_replay._replay``: the caller replays it in Python)."""
-    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
-    out = cast(Codes, replay_array(_coded(rows, tensors, held, saves, workspace, steps), capacity, True))
-    return None if out[9] < 0 else bool(out[8])
+def refuses_jit(inputs: StreamFields, workspace: int, steps: int, capacity: int) -> bool | None:
+    """``reserved._refuses(alloc_stream.codes(inputs, workspace, steps), capacity)`` compiled: the stream
+    coded and replayed with the early stop (None: replay it in Python, ``_code_and_replay``)."""
+    values = _code_and_replay(inputs, workspace, steps, capacity, True)
+    return None if values is None else bool(values[8])
