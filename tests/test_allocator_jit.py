@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memplan import reserved
-from memplan.analytic.allocator import Allocator, Replay, demand, replay_plain
+from memplan import alloc_stream, reserved
+from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.allocator_plain import demand, replay_plain
 from memplan.api import build_setup
 from memplan.config import FineTune, Parallel
 from memplan.config.finetune import Method
@@ -26,7 +27,7 @@ pytest.importorskip("numba")
 
 import numpy as np
 
-from memplan.analytic import allocator_jit
+from memplan.analytic import allocator_jit_replay
 from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_inputs_jit, replay_jit
 
 
@@ -98,7 +99,9 @@ def test_real_streams_replay_as_the_allocator(
     name: str, seq: int, ckpt: str, zero: int, dp: int, par: Parallel, n: int
 ) -> None:
     setup = build_setup(name, seq=seq, checkpointing=ckpt, zero=zero, dp=dp, parallel=par, grad_accum=n)
-    stream_codes = reserved.codes(reserved.stream_inputs(estimate(setup)), reserved.cublas_workspace(H100))
+    stream_codes = alloc_stream.codes(
+        alloc_stream.stream_inputs(estimate(setup)), reserved.cublas_workspace(H100)
+    )
     full = _reference(stream_codes, None)
     assert replay_jit(stream_codes) == (full, len(stream_codes))
     # capacities where the capped replay refuses, releases cached segments, or runs as the unlimited one;
@@ -126,7 +129,7 @@ def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
     # the chunked pool (inserts, deletes, best fit's ceiling) against a sorted list, on sequences long
     # enough to split chunks of 64, empty them and reuse their ids; pool 1 is used, pool 0 stays empty
     room = len(ops) + 2
-    data = np.empty((2, room, allocator_jit.CHUNK), dtype=np.int64)
+    data = np.empty((2, room, allocator_jit_replay.CHUNK), dtype=np.int64)
     lens, order, maxes = (np.zeros((2, room), dtype=np.int64) for _ in range(3))
     meta = np.zeros((2, 3), dtype=np.int64)
     pool = (data, lens, order, maxes, meta, 1)
@@ -134,13 +137,15 @@ def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
     for op, key in ops:
         if op == 0 and key not in expected:
             bisect.insort(expected, key)
-            allocator_jit._pool_insert(*pool, key)
+            allocator_jit_replay._pool_insert(*pool, key)
         elif op == 1 and expected:
             gone = expected.pop(key % len(expected))
-            allocator_jit._pool_delete(*pool, gone)
+            allocator_jit_replay._pool_delete(*pool, gone)
         else:
             k = bisect.bisect_left(expected, key)
-            assert allocator_jit._pool_ceiling(*pool, key) == (expected[k] if k < len(expected) else -1)
+            assert allocator_jit_replay._pool_ceiling(*pool, key) == (
+                expected[k] if k < len(expected) else -1
+            )
         got = [int(data[1, order[1, p], j]) for p in range(meta[1, 0]) for j in range(lens[1, order[1, p]])]
         assert got == expected
         assert [int(maxes[1, p]) for p in range(meta[1, 0])] == [
@@ -153,7 +158,7 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
     # the verdict's unlimited and capped replays (``reserved.replay_stream``) take the compiled replay once
     # a search has loaded it: the same Replay as the Python path
     setup = build_setup("llama-3.2-1b", seq=2048, checkpointing="full", zero=3, dp=16, grad_accum=4)
-    inputs = reserved.stream_inputs(estimate(setup))
+    inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
     full = reserved.replay_stream(inputs, workspace)
     capped = reserved.replay_stream(inputs, workspace, capacity=full.requested_peak)
@@ -166,8 +171,8 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
 
 
 @st.composite
-def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
-    """Random ``reserved.StreamInputs``: timeline points whose terms rise and fall, tensors whose states
+def stream_inputs(draw: st.DrawFn) -> alloc_stream.StreamInputs:
+    """Random ``alloc_stream.StreamInputs``: timeline points whose terms rise and fall, tensors whose states
     are (or are not) a whole number of bytes per element over them, one layer's saves (some of them 0)."""
     per_tensor = tuple(draw(st.lists(st.integers(0, 6), max_size=6)))
     count = sum(per_tensor)
@@ -175,7 +180,7 @@ def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
     layer = tuple(draw(st.lists(st.integers(0, 3 * MIB), max_size=4)))
     term = st.one_of(st.integers(0, 8), st.sampled_from([sum(layer), 2 * sum(layer), 3 * MIB]))
     points = draw(st.lists(st.tuples(term, term, term, term, term), max_size=10))
-    return reserved.StreamInputs(
+    return alloc_stream.StreamInputs(
         points=tuple(points),
         per_tensor=per_tensor,
         states=(draw(state), draw(state), draw(state)),
@@ -185,19 +190,19 @@ def stream_inputs(draw: st.DrawFn) -> reserved.StreamInputs:
 
 @settings(max_examples=300, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 512, 32 * MIB]), st.integers(1, 3))
-def test_codes_jit_is_reserved_codes(inputs: reserved.StreamInputs, workspace: int, steps: int) -> None:
-    got = codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, steps)
-    assert got == reserved.codes(inputs, workspace, steps)
+def test_codes_jit_is_reserved_codes(inputs: alloc_stream.StreamInputs, workspace: int, steps: int) -> None:
+    got = codes_jit(inputs, workspace, steps)
+    assert got == alloc_stream.codes(inputs, workspace, steps)
 
 
 @settings(max_examples=200, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.integers(0, 80 * MIB))
 def test_refuses_jit_is_the_python_verdict(
-    inputs: reserved.StreamInputs, workspace: int, capacity: int
+    inputs: alloc_stream.StreamInputs, workspace: int, capacity: int
 ) -> None:
-    stream_codes = reserved.codes(inputs, workspace)
+    stream_codes = alloc_stream.codes(inputs, workspace)
     expected = _reference(stream_codes, capacity).oom
-    got = refuses_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity)
+    got = refuses_jit(inputs, workspace, 2, capacity)
     assert got is expected
 
 
@@ -221,10 +226,10 @@ def test_refuses_jit_is_the_python_verdict(
 def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
     # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included
     setup = build_setup(**kw)  # type: ignore[arg-type]
-    inputs = reserved.stream_inputs(estimate(setup))
+    inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
-    expected = reserved.codes(inputs, workspace)
-    assert codes_jit(inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2) == expected
+    expected = alloc_stream.codes(inputs, workspace)
+    assert codes_jit(inputs, workspace, 2) == expected
     full = _reference(expected, None)
     for capacity in (
         full.requested_peak - 1,
@@ -232,20 +237,16 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
         full.reserved_peak - 1,
         full.reserved_peak,
     ):
-        got = refuses_jit(
-            inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
-        )
+        got = refuses_jit(inputs, workspace, 2, capacity)
         assert got is _reference(expected, capacity).oom
 
 
 @settings(max_examples=200, deadline=None)
 @given(stream_inputs(), st.sampled_from([0, 32 * MIB]), st.one_of(st.none(), st.integers(0, 80 * MIB)))
 def test_replay_inputs_jit_is_the_allocator(
-    inputs: reserved.StreamInputs, workspace: int, capacity: int | None
+    inputs: alloc_stream.StreamInputs, workspace: int, capacity: int | None
 ) -> None:
     # the verdict's whole replay (``reserved.replay_stream``), coded and replayed compiled
-    expected = _reference(reserved.codes(inputs, workspace), capacity)
-    got = replay_inputs_jit(
-        inputs.points, inputs.per_tensor, inputs.states, inputs.layer, workspace, 2, capacity
-    )
+    expected = _reference(alloc_stream.codes(inputs, workspace), capacity)
+    got = replay_inputs_jit(inputs, workspace, 2, capacity)
     assert got == expected

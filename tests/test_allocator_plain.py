@@ -1,6 +1,6 @@
-"""Issue #21 item 6: ``analytic.allocator.replay_plain`` (the fit search's replay, without block objects)
-is the same allocator as ``Allocator``: the same counters and peaks, segment count, released bytes and
-out-of-memory flag on random streams and on the streams of real configurations, unlimited and at
+"""Issue #21 item 6: ``analytic.allocator_plain.replay_plain`` (the fit search's replay, without block
+objects) is the same allocator as ``Allocator``: the same counters and peaks, segment count, released
+bytes and out-of-memory flag on random streams and on the streams of real configurations, unlimited and at
 capacities where the out-of-memory path releases cached segments; and its early stop (``demand``) stops
 at an event where the replay so far is ``Allocator``'s on that prefix."""
 
@@ -10,13 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memplan.analytic.allocator import Allocator, Replay, replay_plain, round_size, segment_size
+from memplan.alloc_stream import codes, rank_tensors, stream_inputs
+from memplan.analytic.allocator import Allocator, Replay, round_size, segment_size
+from memplan.analytic.allocator_plain import replay_plain
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.api import build_setup
 from memplan.config import Parallel
 from memplan.engine import estimate
 from memplan.presets import load_gpu
-from memplan.reserved import _refuses, clear_replays, codes, cublas_workspace, rank_tensors, stream_inputs
+from memplan.reserved import _refuses, clear_replays, cublas_workspace
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -38,7 +40,7 @@ SIZES = st.one_of(
 
 @st.composite
 def streams(draw: st.DrawFn) -> list[int]:
-    """A stream coded as ``reserved.codes`` codes it: n ≥ 0 allocates n bytes (numbered in order),
+    """A stream coded as ``alloc_stream.codes`` codes it: n ≥ 0 allocates n bytes (numbered in order),
     −k − 1 frees allocation k (each at most once)."""
     out: list[int] = []
     live: list[int] = []

@@ -4,6 +4,7 @@ the caching allocator's documented rules (2 MiB rounding of large segments, best
 
 from __future__ import annotations
 
+from memplan.alloc_stream import stream_inputs
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.fsdp_buffers import (
     codes,
@@ -15,7 +16,6 @@ from memplan.analytic.fsdp_buffers import (
 from memplan.analytic.peak import TERMS
 from memplan.api import Options, build
 from memplan.config import ReduceDtype, ZeroStage
-from memplan.reserved import stream_inputs
 
 MIB = 2**20
 

@@ -4,7 +4,7 @@ Table 1's FSDP run of torchtitan's performance.md, by hand."""
 
 from __future__ import annotations
 
-from memplan import reserved
+from memplan import alloc_stream
 from memplan.api import Options, build
 from memplan.timeline import timeline
 
@@ -42,7 +42,7 @@ def test_the_forwards_loss_is_a_point_with_its_three_tensors() -> None:
 
 def test_the_replay_allocates_them_one_by_one() -> None:
     r = build(T1).result
-    codes = reserved.codes(reserved.stream_inputs(r))
+    codes = alloc_stream.codes(alloc_stream.stream_inputs(r))
     i = codes.index(P)
     assert codes[i : i + 4] == [P, X, X, 4]
     # two steps, each: the forward's X and log-probs, the backward's two gradients; the saves the loss
@@ -57,4 +57,4 @@ def test_elsewhere_the_transients_stay_one_block() -> None:
         points = timeline(r, forward_points=32)
         assert "forward: loss" not in [p.label for p in points]
         assert all(not p.pieces for p in points)
-        assert reserved.stream_inputs(r).pieces == ()
+        assert alloc_stream.stream_inputs(r).pieces == ()

@@ -1,5 +1,7 @@
-"""``allocator.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same rules,
-decisions, counters and early stop, on integer arrays.
+"""``allocator_plain.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same
+rules, decisions, counters and early stop, on integer arrays; and ``alloc_stream.codes`` compiled, so
+that a stream is coded and replayed in one call. The entry points ``reserved`` calls: ``replay_jit``,
+``codes_jit``, ``replay_inputs_jit``, ``refuses_jit``.
 
 The fit search judges most configurations by one capped replay with the early stop (``reserved.refuses``);
 those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module once numba
@@ -7,23 +9,8 @@ imports (``MEMPLAN_JIT=0``: never) and ``replay_plain`` otherwise; tests/test_al
 both give the same counters, peaks, segments, released bytes, refusals and stopping event on random
 streams and on real ones, at capacities where cached segments are released.
 
-The state is ``Allocator``'s (the model of ``c10/cuda/CUDACachingAllocator.cpp`` in ``allocator``'s
-docstring) without Python objects:
-
-- blocks in arrays (address, size, free, the previous and next block of their segment: ``_Block``'s
-  links, so a freed block merges with its free neighbours as ``try_merge_blocks`` does); a free block is
-  found by its address in one dict (addresses are unique: segments are laid one after another);
-- each pool (large, small) one sorted set of integer keys (size, address) — size·2^shift + address, in
-  units of 512 bytes (every size and address is a multiple of 512) — so that best fit is the first key ≥
-  the request's (``_best_fit``'s (size, address) order, the lower address on a tie), kept as a sorted
-  list of chunks of at most ``CHUNK`` keys (a pool holds hundreds of free blocks in a large plan's
-  stream: one sorted array would move them all on every insertion);
-- the live allocations in arrays indexed by their number (the codes number them 0, 1, …).
-
-The keys must fit 63 bits: every address is below the bytes of a new segment for every allocation
-(``allocator.demand``'s first entry) and every size at most the largest segment; a stream where they
-would not (segments of 2⁶² bytes in all) is replayed by ``replay_plain`` instead. Every other value is an
-int64 byte count, far below 2⁶³ for any stream a step makes.
+The replay itself, its pools and its state are ``analytic.allocator_jit_replay``'s; a stream whose pool
+keys would not fit 63 bits (segments of 2⁶² bytes in all) is replayed by ``replay_plain`` instead.
 
 NB: the first call in a fresh installation compiles the functions (≈ 5 s); numba caches the machine code
 in ``__pycache__`` (``cache=True``) and later processes load it, with numba's import (≈ 0.3 s together),
@@ -33,372 +20,29 @@ never for one estimate's replay.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numba
 import numpy as np
-import numpy.typing as npt
-from numba.core.types import int64
-from numba.typed import Dict
 
-from memplan.analytic.allocator import (
-    K_LARGE_BUFFER,
-    K_MIN_BLOCK_SIZE,
-    K_MIN_LARGE_ALLOC,
-    K_ROUND_LARGE,
-    K_SMALL_BUFFER,
-    K_SMALL_SIZE,
-    Replay,
-    demand,
-    replay_plain,
-)
-
-Codes = npt.NDArray[np.int64]
-
-
-CHUNK = 64
-"""Keys per chunk of a pool (``_pool_insert``): a chunk full splits in two halves."""
-
-# A pool q (0 large, 1 small) is a sorted list of chunks: chunk c holds lens[q, c] sorted keys in
-# data[q, c, :]; order[q, :meta[q, 0]] lists the chunks in key order and maxes[q, :] their largest keys;
-# meta[q, 1] chunk ids made, meta[q, 2] spare ids (kept at the end of order[q]). Each function takes the
-# whole arrays and q (numba's array views count references: one per call would cost more than the work).
-
-
-def _chunk_at(maxes: Codes, q: int, chunks: int, key: int) -> int:
-    """The first chunk (in key order) whose largest key is ≥ ``key`` (``chunks``: none): bisect_left."""
-    lo, hi = 0, chunks
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if maxes[q, mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def _in_chunk(data: Codes, q: int, c: int, n: int, key: int) -> int:
-    """The first of chunk ``c``'s ``n`` keys ≥ ``key``: bisect_left."""
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if data[q, c, mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-def _pool_ceiling(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> int:
-    """The smallest key of pool ``q`` ≥ ``key``; −1 when there is none."""
-    p = _chunk_at(maxes, q, meta[q, 0], key)
-    if p == meta[q, 0]:
-        return -1
-    c = order[q, p]
-    return int(data[q, c, _in_chunk(data, q, c, lens[q, c], key)])
-
-
-def _pool_insert(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
-    """Insert ``key`` into pool ``q``: into the chunk where it sorts (the last one when it is the
-    largest), split when full; the chunks' order and largest keys kept."""
-    chunks = meta[q, 0]
-    if chunks == 0:
-        c = _new_chunk(meta, order, q)
-        data[q, c, 0] = key
-        lens[q, c] = 1
-        order[q, 0] = c
-        maxes[q, 0] = key
-        meta[q, 0] = 1
-        return
-    p = min(_chunk_at(maxes, q, chunks, key), chunks - 1)
-    c = order[q, p]
-    n = lens[q, c]
-    k = _in_chunk(data, q, c, n, key)
-    for j in range(n, k, -1):
-        data[q, c, j] = data[q, c, j - 1]
-    data[q, c, k] = key
-    n += 1
-    lens[q, c] = n
-    maxes[q, p] = data[q, c, n - 1]
-    if n == CHUNK:  # split: the upper half to a new chunk right after it
-        d = _new_chunk(meta, order, q)
-        half = CHUNK // 2
-        for j in range(half, CHUNK):
-            data[q, d, j - half] = data[q, c, j]
-        lens[q, c] = half
-        lens[q, d] = CHUNK - half
-        for j in range(chunks, p + 1, -1):
-            order[q, j] = order[q, j - 1]
-            maxes[q, j] = maxes[q, j - 1]
-        order[q, p + 1] = d
-        maxes[q, p + 1] = data[q, d, CHUNK - half - 1]
-        maxes[q, p] = data[q, c, half - 1]
-        meta[q, 0] = chunks + 1
-
-
-def _pool_delete(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
-    """Remove ``key`` (in pool ``q``); a chunk left empty leaves the order."""
-    chunks = meta[q, 0]
-    p = _chunk_at(maxes, q, chunks, key)
-    c = order[q, p]
-    n = lens[q, c]
-    for j in range(_in_chunk(data, q, c, n, key), n - 1):
-        data[q, c, j] = data[q, c, j + 1]
-    n -= 1
-    lens[q, c] = n
-    if n:
-        maxes[q, p] = data[q, c, n - 1]
-        return
-    for j in range(p, chunks - 1):
-        order[q, j] = order[q, j + 1]
-        maxes[q, j] = maxes[q, j + 1]
-    meta[q, 0] = chunks - 1
-    order[q, order.shape[1] - 1 - meta[q, 2]] = c  # a spare id now
-    meta[q, 2] += 1
-
-
-def _new_chunk(meta: Codes, order: Codes, q: int) -> int:
-    """A chunk id of pool ``q``: a spare one, else the next unused."""
-    if meta[q, 2]:
-        meta[q, 2] -= 1
-        return int(order[q, order.shape[1] - 1 - meta[q, 2]])
-    meta[q, 1] += 1
-    return int(meta[q, 1] - 1)
-
-
-def _key(size: int, addr: int, shift: int) -> int:
-    """A free block's pool key: (size, address) as one integer (``_replay``)."""
-    return ((size >> 9) << shift) | (addr >> 9)
-
-
-def _bits(value: int) -> int:
-    """``int.bit_length``."""
-    n = 0
-    while value:
-        value >>= 1
-        n += 1
-    return n
-
-
-def _segment_size(rounded: int) -> int:
-    """``allocator.segment_size``."""
-    if rounded <= K_SMALL_SIZE:
-        return K_SMALL_BUFFER
-    if rounded < K_MIN_LARGE_ALLOC:
-        return K_LARGE_BUFFER
-    return -(-rounded // K_ROUND_LARGE) * K_ROUND_LARGE
-
-
-def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
-    """``replay_plain(codes, capacity or None, demand if early)``: its counters (allocated, reserved,
-    requested, their three peaks, segments, released, oom) and the event it stopped before, as 10 int64.
-    ``capacity`` < 0: unlimited. ``early``: ``reserved._refuses``' demand (a new segment for every
-    allocation still to come) computed here, and the early stop on it."""
-    n = len(codes)
-    out = np.zeros(10, dtype=np.int64)
-    demand = np.zeros(n + 1, dtype=np.int64)
-    largest = 0
-    for i in range(n - 1, -1, -1):
-        c = codes[i]
-        d = 0
-        if c >= 0:
-            d = _segment_size(max(K_MIN_BLOCK_SIZE, -(-c // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE))
-            largest = max(largest, d)
-        demand[i] = demand[i + 1] + d
-    # A pool's key: size·2^shift + address, in units of 512 bytes (every size and address is a multiple):
-    # a new segment for every allocation bounds every address and the largest segment every size
-    shift = _bits(demand[0] >> 9)
-    if shift + _bits(largest >> 9) > 62:
-        out[9] = -1  # keys would not fit 63 bits: not replayed here
-        return out
-    # pools: 0 large, 1 small, each a sorted list of chunks (``_pool_insert``); a pool holds at most one
-    # free block per event, and each of its chunks at least one
-    room = n + 2
-    data = np.empty((2, room, CHUNK), dtype=np.int64)
-    lens = np.zeros((2, room), dtype=np.int64)
-    order = np.zeros((2, room), dtype=np.int64)
-    maxes = np.zeros((2, room), dtype=np.int64)
-    meta = np.zeros((2, 3), dtype=np.int64)  # chunks in order, ids made, spare ids
-    kept = np.zeros(n + 1, dtype=np.int64)
-    # blocks (each event makes at most two: a segment and a split's rest), linked within their segment
-    # (-1: none), as ``Allocator``'s ``_Block``; the pools' keys name them by address (``by_addr``)
-    cap = 2 * n + 2
-    b_addr = np.zeros(cap, dtype=np.int64)
-    b_size = np.zeros(cap, dtype=np.int64)
-    b_prev = np.full(cap, -1, dtype=np.int64)
-    b_next = np.full(cap, -1, dtype=np.int64)
-    b_free = np.zeros(cap, dtype=np.bool_)
-    blocks = 0
-    by_addr = Dict.empty(key_type=int64, value_type=int64)  # a free block's address -> its block
-    live_block = np.full(n + 1, -1, dtype=np.int64)  # allocation -> its block (-1: refused)
-    live_asked = np.zeros(n + 1, dtype=np.int64)
-    live_small = np.zeros(n + 1, dtype=np.int64)
-    top = made = 0
-    allocated = reserved = requested = allocated_peak = reserved_peak = requested_peak = 0
-    segments = released = oom = 0
-    stop = n
-    limited = capacity >= 0
-    for i in range(n):
-        if early and limited and reserved + demand[i] <= capacity:
-            stop = i
-            break
-        c = codes[i]
-        if c < 0:
-            k = -c - 1
-            x = live_block[k]
-            if x < 0:  # an allocation refused (out of memory)
-                continue
-            live_block[k] = -1
-            small = live_small[k]
-            allocated -= b_size[x]
-            requested -= live_asked[k]
-            p = b_prev[x]
-            if p >= 0 and b_free[p]:  # the free block before it in its segment joins it
-                _pool_delete(
-                    data,
-                    lens,
-                    order,
-                    maxes,
-                    meta,
-                    small,
-                    _key(b_size[p], b_addr[p], shift),
-                )
-                del by_addr[b_addr[p]]
-                b_size[p] += b_size[x]
-                b_next[p] = b_next[x]
-                if b_next[x] >= 0:
-                    b_prev[b_next[x]] = p
-                x = p
-            q = b_next[x]
-            if q >= 0 and b_free[q]:  # …and the free block after it
-                _pool_delete(
-                    data,
-                    lens,
-                    order,
-                    maxes,
-                    meta,
-                    small,
-                    _key(b_size[q], b_addr[q], shift),
-                )
-                del by_addr[b_addr[q]]
-                b_size[x] += b_size[q]
-                b_next[x] = b_next[q]
-                if b_next[q] >= 0:
-                    b_prev[b_next[q]] = x
-            b_free[x] = True
-            by_addr[b_addr[x]] = x
-            _pool_insert(
-                data,
-                lens,
-                order,
-                maxes,
-                meta,
-                small,
-                _key(b_size[x], b_addr[x], shift),
-            )
-            continue
-        rounded = max(K_MIN_BLOCK_SIZE, -(-c // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
-        small = 1 if rounded <= K_SMALL_SIZE else 0
-        key = _pool_ceiling(data, lens, order, maxes, meta, small, _key(rounded, 0, shift))
-        if key >= 0:  # the smallest free block large enough, the lowest address on a tie
-            addr = (key & ((1 << shift) - 1)) << 9
-            x = by_addr[addr]
-            del by_addr[addr]
-            _pool_delete(data, lens, order, maxes, meta, small, key)
-        else:  # a new segment (releasing the wholly free ones when over the capacity)
-            size = _segment_size(rounded)
-            if limited and reserved + size > capacity:
-                for p in range(2):  # the pool's keys in order, the released ones left out, rebuilt
-                    m = 0
-                    for h in range(meta[p, 0]):
-                        chunk = order[p, h]
-                        for j in range(lens[p, chunk]):
-                            y = by_addr[(data[p, chunk, j] & ((1 << shift) - 1)) << 9]
-                            if b_prev[y] < 0 and b_next[y] < 0:  # a whole segment, free
-                                del by_addr[b_addr[y]]
-                                b_free[y] = False
-                                reserved -= b_size[y]
-                                released += b_size[y]
-                            else:
-                                kept[m] = data[p, chunk, j]
-                                m += 1
-                    meta[p, 0] = meta[p, 1] = meta[p, 2] = 0
-                    for j in range(m):
-                        _pool_insert(data, lens, order, maxes, meta, p, kept[j])
-                if reserved + size > capacity:
-                    oom = 1
-                    made += 1
-                    if early:
-                        stop = i + 1
-                        break
-                    continue
-            x = blocks
-            blocks += 1
-            b_addr[x] = top
-            b_size[x] = size
-            top += size
-            reserved += size
-            segments += 1
-            reserved_peak = max(reserved_peak, reserved)
-        b_free[x] = False
-        remaining = b_size[x] - rounded
-        if remaining >= K_MIN_BLOCK_SIZE if small else remaining > K_SMALL_SIZE:  # should_split
-            y = blocks
-            blocks += 1
-            b_addr[y] = b_addr[x] + rounded
-            b_size[y] = remaining
-            b_prev[y] = x
-            b_next[y] = b_next[x]
-            if b_next[x] >= 0:
-                b_prev[b_next[x]] = y
-            b_next[x] = y
-            b_size[x] = rounded
-            b_free[y] = True
-            by_addr[b_addr[y]] = y
-            _pool_insert(
-                data,
-                lens,
-                order,
-                maxes,
-                meta,
-                small,
-                _key(remaining, b_addr[y], shift),
-            )
-        live_block[made] = x
-        live_asked[made] = c
-        live_small[made] = small
-        made += 1
-        allocated += b_size[x]
-        requested += c
-        allocated_peak = max(allocated_peak, allocated)
-        requested_peak = max(requested_peak, requested)
-    out[0] = allocated
-    out[1] = reserved
-    out[2] = requested
-    out[3] = allocated_peak
-    out[4] = reserved_peak
-    out[5] = requested_peak
-    out[6] = segments
-    out[7] = released
-    out[8] = oom
-    out[9] = stop
-    return out
-
+from memplan.analytic.allocator import Replay
+from memplan.analytic.allocator_jit_replay import Codes, replay_array, replay_stats
+from memplan.analytic.allocator_plain import demand, replay_plain
 
 WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
 """The columns of ``_code``'s points: ``analytic.peak.TERMS``' order (``reserved`` passes them so)."""
 
 
 def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspace: int, steps: int) -> Codes:
-    """``reserved.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
+    """``alloc_stream.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
     per term) over ``steps`` steps, its allocations and frees coded as integers (n ≥ 0 allocates n bytes,
     the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
     elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
-    ``layer``: one layer's saves. Line by line ``reserved.codes`` (its docstring and ``reserved``'s say
-    why): at each point the terms that shrink free their newest allocations first (the transient all of
+    ``layer``: one layer's saves. Line by line ``alloc_stream.codes`` (its docstring and the module's
+    say why): at each point the terms that shrink free their newest allocations first (the transient all of
     them), then the terms that grow allocate — the activations one layer's saves when the rise is one
     layer's, else one block; the transient one block; the model states their next whole tensors
-    (``reserved.take``) from the term's queue, refilled (``reserved.tensor_bytes``) each time the term
+    (``alloc_stream.take``) from the term's queue, refilled (``alloc_stream.tensor_bytes``) each time the term
     starts from 0, gradients in reverse order."""
     out = [0]
     out.pop()
@@ -481,106 +125,70 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
     return array
 
 
-_jit = numba.njit(cache=True)
-_in_chunk = _jit(_in_chunk)
-_chunk_at = _jit(_chunk_at)
-_pool_ceiling = _jit(_pool_ceiling)
-_pool_insert = _jit(_pool_insert)
-_pool_delete = _jit(_pool_delete)
-_new_chunk = _jit(_new_chunk)
-_segment_size = _jit(_segment_size)
-_key = _jit(_key)
-_bits = _jit(_bits)
-_compiled: Any = _jit(_replay)
-_coded: Any = _jit(_code)
+_coded: Any = numba.njit(cache=True)(_code)
 
 
 def replay_jit(codes: list[int], capacity: int | None = None, early: bool = False) -> tuple[Replay, int]:
-    """``allocator.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
+    """``allocator_plain.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
     every allocation from each event on (``reserved._refuses``) — when ``early``: the counters and the
     index of the event it stopped before. A stream whose pool keys would not fit 63 bits (segments
     beyond 2⁶² bytes in all, in a replay no step makes) is replayed by ``replay_plain`` itself."""
     array = np.array(codes, dtype=np.int64) if codes else np.zeros(0, dtype=np.int64)
-    values = [int(v) for v in cast(Codes, _compiled(array, -1 if capacity is None else capacity, early))]
+    values = [int(v) for v in cast(Codes, replay_array(array, -1 if capacity is None else capacity, early))]
     if values[9] < 0:
         return replay_plain(codes, capacity, demand(codes) if early else None)
-    return _stats(values), values[9]
+    return replay_stats(values), values[9]
 
 
-def _stats(values: list[int]) -> Replay:
-    """``_replay``'s counters as a ``Replay``."""
-    return Replay(
-        allocated=values[0],
-        reserved=values[1],
-        requested=values[2],
-        allocated_peak=values[3],
-        reserved_peak=values[4],
-        requested_peak=values[5],
-        segments=values[6],
-        released=values[7],
-        oom=bool(values[8]),
-    )
+class StreamFields(Protocol):
+    """What the compiled coding reads of a stream's inputs (``alloc_stream.StreamInputs``' fields)."""
+
+    @property
+    def points(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def per_tensor(self) -> tuple[int, ...]: ...
+    @property
+    def states(self) -> tuple[int, int, int]: ...
+    @property
+    def layer(self) -> tuple[int, ...]: ...
 
 
-def _arrays(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-) -> tuple[Codes, Codes, Codes, Codes]:
-    rows = np.array(points, dtype=np.int64) if points else np.zeros((0, 5), dtype=np.int64)
-    return (
-        rows,
-        np.array(per_tensor, dtype=np.int64),
-        np.array(states, dtype=np.int64),
-        np.array(layer, dtype=np.int64),
-    )
+def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
+    """``_code`` of ``inputs``, their fields as int64 arrays."""
+    rows = np.array(inputs.points, dtype=np.int64) if inputs.points else np.zeros((0, 5), dtype=np.int64)
+    tensors = np.array(inputs.per_tensor, dtype=np.int64)
+    held = np.array(inputs.states, dtype=np.int64)
+    saves = np.array(inputs.layer, dtype=np.int64)
+    return cast(Codes, _coded(rows, tensors, held, saves, workspace, steps))
 
 
-def codes_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-) -> list[int]:
-    """``reserved.codes`` of these inputs (``reserved.StreamInputs``' fields), compiled (``_code``)."""
-    return [
-        int(c) for c in cast(Codes, _coded(*_arrays(points, per_tensor, states, layer), workspace, steps))
-    ]
+def codes_jit(inputs: StreamFields, workspace: int, steps: int) -> list[int]:
+    """``alloc_stream.codes(inputs, workspace, steps)`` compiled (``_code``)."""
+    return [int(c) for c in _coded_stream(inputs, workspace, steps)]
+
+
+def _code_and_replay(
+    inputs: StreamFields, workspace: int, steps: int, capacity: int | None, early: bool
+) -> list[int] | None:
+    """The stream of ``inputs`` coded and replayed in one compiled call: ``_replay``'s values; None when
+    its pool keys would not fit 63 bits (``allocator_jit_replay._replay``: the caller replays it in
+    Python)."""
+    coded = _coded_stream(inputs, workspace, steps)
+    out = cast(Codes, replay_array(coded, -1 if capacity is None else capacity, early))
+    return None if out[9] < 0 else [int(v) for v in out]
 
 
 def replay_inputs_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-    capacity: int | None,
+    inputs: StreamFields, workspace: int, steps: int, capacity: int | None
 ) -> Replay | None:
-    """``replay_plain(reserved.codes(...), capacity)[0]`` compiled: the stream coded and replayed whole in
-    one call; None when its pool keys would not fit 63 bits (``_replay``: the caller replays it in
-    Python)."""
-    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
-    coded = _coded(rows, tensors, held, saves, workspace, steps)
-    out = cast(Codes, _compiled(coded, -1 if capacity is None else capacity, False))
-    return None if out[9] < 0 else _stats([int(v) for v in out])
+    """``replay_plain(alloc_stream.codes(inputs, workspace, steps), capacity)[0]`` compiled: the stream
+    coded and replayed whole (None: replay it in Python, ``_code_and_replay``)."""
+    values = _code_and_replay(inputs, workspace, steps, capacity, False)
+    return None if values is None else replay_stats(values)
 
 
-def refuses_jit(
-    points: tuple[tuple[int, ...], ...],
-    per_tensor: tuple[int, ...],
-    states: tuple[int, int, int],
-    layer: tuple[int, ...],
-    workspace: int,
-    steps: int,
-    capacity: int,
-) -> bool | None:
-    """``reserved._refuses(reserved.codes(...), capacity)`` compiled: the stream coded and replayed with
-    the early stop in one call; None when its pool keys would not fit 63 bits (``_replay``: the caller
-    replays it in Python)."""
-    rows, tensors, held, saves = _arrays(points, per_tensor, states, layer)
-    out = cast(Codes, _compiled(_coded(rows, tensors, held, saves, workspace, steps), capacity, True))
-    return None if out[9] < 0 else bool(out[8])
+def refuses_jit(inputs: StreamFields, workspace: int, steps: int, capacity: int) -> bool | None:
+    """``reserved._refuses(alloc_stream.codes(inputs, workspace, steps), capacity)`` compiled: the stream
+    coded and replayed with the early stop (None: replay it in Python, ``_code_and_replay``)."""
+    values = _code_and_replay(inputs, workspace, steps, capacity, True)
+    return None if values is None else bool(values[8])

@@ -45,7 +45,7 @@ Units, by implementation:
 
 The stream's segments are never returned while the step runs, and the default stream cannot use them:
 its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
-through its own ``analytic.allocator.Allocator``, two steps as ``reserved.STEPS``). Its reserved peak is
+through its own ``analytic.allocator.Allocator``, two steps as ``alloc_stream.STEPS``). Its reserved peak is
 reached at the forward's second unit (the first two buffers are live together) and held from there to
 the end of the run, through the default stream's peak in the backward: the verdict and ``fit`` keep it
 back from the default stream's allocator (``search.budget``, ``time.comm_memory.comm_buffer_bytes``).
@@ -104,7 +104,7 @@ from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
 STEPS = 2
-"""Steps replayed: the second finds the first one's cached segments (``reserved.STEPS``)."""
+"""Steps replayed: the second finds the first one's cached segments (``alloc_stream.STEPS``)."""
 
 
 def gathered(shapes: list[Shape], world: int, element: int) -> int:
@@ -151,7 +151,7 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
 
 
 class _Coder:
-    """A stream's events coded as ``reserved.codes`` does (n ≥ 0 allocates n bytes, the allocations
+    """A stream's events coded as ``alloc_stream.codes`` does (n ≥ 0 allocates n bytes, the allocations
     numbered in order; −k − 1 frees k): ``alloc`` appends an allocation and returns its number."""
 
     def __init__(self) -> None:
@@ -166,7 +166,7 @@ class _Coder:
 
 def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
     """The all-gather stream's allocations and frees over ``steps`` steps of ``micro_batches`` (coded as
-    ``reserved.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k)."""
+    ``alloc_stream.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k)."""
     coder = _Coder()
     out, alloc = coder.out, coder.alloc
     held: int | None = None  # the forward's kept buffer (``all_gather_state``)

@@ -17,13 +17,14 @@ import json
 
 import pytest
 
+from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
 from memplan.analytic.fsdp_buffers import gather_units, stream_reserved
 from memplan.api import build_setup
 from memplan.config import Checkpointing, Parallel
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, load_gpu
-from memplan.reserved import clear_replays, cublas_workspace, stream
+from memplan.reserved import clear_replays, cublas_workspace
 from memplan.search.budget import fits, verdict
 from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
