@@ -280,7 +280,16 @@ def events(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list
 
 def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[int]:
     """``events`` as integers (``Allocator.replay_codes``: n ≥ 0 allocates n bytes, the allocations
-    numbered in order; −k − 1 frees allocation k): what the replays read, with no event objects."""
+    numbered in order; −k − 1 frees allocation k): what the replays read, with no event objects.
+
+    A term that shrinks by less than its newest allocation frees that allocation whole and makes the
+    rest again (its tensors are not known apart): the rest is allocated before any other term grows, so
+    that it takes back the block it was freed from (best fit: no other free block smaller than that one
+    fits it, or it takes that smaller one), as the tensors that stay alive keep their blocks. Allocated
+    after another term's rise (the order of ``TERMS``), the rest found its block split by that rise and
+    opened a segment of its own: at torchtitan's loss backward under context parallelism (the head's
+    saves, 16.9 GiB, shrinking by 256 KiB while FSDP2's [norm, output] unit is gathered, 0.98 GiB) a
+    second 16.9 GiB segment, 15.9 GiB of it free, that no run holds (docs/published-memory.md)."""
     per_tensor = list(inputs.per_tensor)
     full = dict(zip(("weights", "optimizer", "gradients"), inputs.states, strict=True))
     layer = list(inputs.layer)
@@ -305,19 +314,24 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
 
     for step in range(steps):
         for k, point in enumerate(inputs.points):
+            cut = [False] * len(TERMS)
             for term, target in enumerate(point):  # frees first: what shrinks, newest first; transients
                 stack, now = held[term], total[term]
                 if term == transient:
                     target = 0
+                was = now
                 while stack and now > target:
                     i, size = stack.pop()
                     out.append(-i - 1)
                     now -= size
+                cut[term] = now < target < was  # freed past its target: the rest is made again, first
                 total[term] = now
             if step == 0 and k == 0 and workspace:
                 out.append(workspace)
                 made += 1
-            for term, target in enumerate(point):
+            # a term freed past its target grows back before the others (``codes``' docstring)
+            for term in sorted(range(len(TERMS)), key=lambda t: not cut[t]):
+                target = point[term]
                 delta = target - total[term]
                 if delta <= 0:
                     continue
