@@ -16,7 +16,9 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
 - a moment's transient as one block, freed at the next point — or as the tensors it is, where the timeline
   knows them (``timeline.Point.pieces``: torchtitan's eager standard loss, its forward's logits, their fp32
-  copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``);
+  copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``;
+  a fully checkpointed layer's backward, the tensors its re-run forward makes again, then the rest one
+  block: ``timeline.rerun_tensors``);
 - cuBLAS's workspace (with a GPU) once, before the first layer, and never freed (torch keeps one per
   handle and stream, ``getNewWorkspace`` takes it from the caching allocator).
 
@@ -37,10 +39,11 @@ callers above this layer, ``Reserved.nccl``).
 
 Known limitations:
 - NB: a moment's transient is one block, though it is often several tensors (the loss backward's two
-  fp32 [T, v] buffers, the optimizer step's per-parameter temporaries): one large block cannot reuse the
-  smaller blocks the freed activations left, so the unlimited replay can overstate the segments (QLoRA on
-  Llama-3-8B: reserved 27.8 GiB for 20.0 GiB allocated, its 7.8 GiB optimizer-step transient a new
-  segment); the verdict's replay at the device's capacity releases the free cached segments first, as the
+  fp32 [T, v] buffers, the optimizer step's per-parameter temporaries, a layer backward's own buffers):
+  one large block cannot reuse the smaller blocks the freed activations left, so the unlimited replay can
+  overstate the segments (QLoRA on Llama-3-8B: reserved 27.8 GiB for 20.0 GiB allocated, its 7.8 GiB
+  optimizer-step transient a new segment; torchtitan's Llama 3.1 70B at TP 8 + SP, full AC: 24.8 GiB
+  above the allocated peak while its 24.1 GiB layer backward, re-run included, was one block); the verdict's replay at the device's capacity releases the free cached segments first, as the
   allocator does, and is not affected the same way.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
