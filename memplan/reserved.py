@@ -43,8 +43,9 @@ Known limitations:
   one large block cannot reuse the smaller blocks the freed activations left, so the unlimited replay can
   overstate the segments (QLoRA on Llama-3-8B: reserved 27.8 GiB for 20.0 GiB allocated, its 7.8 GiB
   optimizer-step transient a new segment; torchtitan's Llama 3.1 70B at TP 8 + SP, full AC: 24.8 GiB
-  above the allocated peak while its 24.1 GiB layer backward, re-run included, was one block); the verdict's replay at the device's capacity releases the free cached segments first, as the
-  allocator does, and is not affected the same way.
+  above the allocated peak while its 24.1 GiB layer backward, re-run included, was one block). The
+  verdict's replay at the device's capacity releases the free cached segments first, as the allocator
+  does, but only where the unlimited replay passes that capacity: below it the two are the same replay.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
   the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
 - NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart,
