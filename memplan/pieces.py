@@ -137,6 +137,13 @@ def clear_caches() -> None:
     param_counts.cache_clear()
 
 
+def rerun_kept(rank: Setup) -> list[Kept]:
+    """What a re-run layer of the rank (``Pieces.setup``) saves again in its backward, as the rank holds
+    it: the dense, unsequence-split working set (``act.layer_working_set``) with MoE's and sequence
+    parallelism's changes (``pieces``' ``layer_correction``). Not fine-tuning's (``lora.layer_bytes``)."""
+    return _device_kept(act.with_moe(list(act.layer_working_set(rank)), rank), _without_recompute(rank))
+
+
 def pieces(core: Setup) -> Pieces:
     """The pieces of ``core`` (a ``core_of`` setup) on one rank."""
     parallel = core.parallel
@@ -163,8 +170,8 @@ def pieces(core: Setup) -> Pieces:
     # by what MoE and sequence parallelism change in each re-run layer's saves.
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
-    plain, moe = _without_recompute(rank), act.with_moe(list(working), rank)  # fine-tuning: largest layer
-    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(_device_kept(moe, plain))]
+    plain = _without_recompute(rank)  # fine-tuning: the largest layer
+    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(rerun_kept(rank))]
     changed = act.total_bytes(working) - max(redone)
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)

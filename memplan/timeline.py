@@ -14,17 +14,23 @@ Exact at each point (the same figures the estimate reports); NB: between points 
 the forward's own temporaries (a layer's forward locals, the fp32 logits) are not points of it — except
 torchtitan's eager standard loss (``blocks.head.forward_loss_blocks``): its forward's loss moment (the
 logits, their fp32 copy and the log-probs, alive together) is a point, and its transients at that point
-and at the loss backward are the tensors they are (``Point.pieces``), for the allocator's replay.
+and at the loss backward are the tensors they are (``Point.pieces``), for the allocator's replay; so is a
+fully checkpointed layer's backward (``rerun_tensors``: its re-run forward's tensors, then the rest of
+its transient one block).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.analytic import activations as act
+from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
 from memplan.blocks.head import forward_loss_blocks, loss_backward_blocks
 from memplan.blocks.inventory import Block, Dims
 from memplan.engine import Result
+from memplan.pieces import rerun_kept
+from memplan.strategies import lora
 from memplan.strategies.offload import offloads_activations
 from memplan.strategies.pipeline_parallel import Group
 
@@ -46,14 +52,37 @@ class Point:
         return sum(self.terms.values())
 
 
-def _moment(name: str, parts: dict[str, int], loss_bwd: tuple[int, ...]) -> Point:
+def _moment(
+    name: str, parts: dict[str, int], loss_bwd: tuple[int, ...], rerun: tuple[int, ...] = ()
+) -> Point:
     """A modelled moment; the loss backward's transient as its tensors when they are known (the rest of it,
-    the loss scalar, one more block)."""
-    if name != "loss backward" or not loss_bwd:
+    the loss scalar, one more block); a fully checkpointed layer's backward as the tensors its re-run
+    forward makes again (``rerun_tensors``), then the rest of it (the backward's own buffers) one block."""
+    known = loss_bwd if name == "loss backward" else rerun if name == "layer backward" else ()
+    if not known:
         return Point(name, parts)
-    rest = parts["transient"] - sum(loss_bwd)
-    assert rest >= 0, (name, parts, loss_bwd)
-    return Point(name, parts, (*loss_bwd, rest) if rest else loss_bwd)
+    rest = parts["transient"] - sum(known)
+    if name == "layer backward" and rest < 0:  # not the re-run's moment (offload, …): one block
+        return Point(name, parts)
+    assert rest >= 0, (name, parts, known)
+    return Point(name, parts, (*known, rest) if rest else known)
+
+
+def rerun_tensors(r: Result) -> tuple[int, ...]:
+    """A layer's saves as its full checkpoint's re-run makes them again in its backward, one tensor each
+    (``pieces.rerun_kept``: the rank's, sequence parallelism's sharding and MoE included — the re-run term
+    of the layer backward's transient, ``analytic.peak`` with ``Pieces.layer_correction``):
+    torch.utils.checkpoint re-runs the layer's forward, each op's output its own allocation. Only for one
+    layer per checkpoint (full AC), no fine-tuning, no offload, and when the re-run term is that working
+    set whole (``segment_rerun_bytes`` shares no storage with the checkpoint: RMSNorm on bf16
+    activations); else empty (one block).
+    NB: the re-run's tensors are made before the backward's own buffers, so the pieces come first."""
+    setup, rank = r.setup, r.pieces.setup
+    if setup.strategy.segment != 1 or offloads_activations(setup) or lora.applies(rank):
+        return ()
+    if segment_rerun_bytes(rank, 1) != act.total_bytes(act.layer_working_set(rank)):
+        return ()
+    return tuple(k.bytes for k in rerun_kept(rank) for _ in range(k.count))
 
 
 def saved_after(r: Result, layer_sets: int) -> list[int]:
@@ -99,7 +128,7 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
         points.append(Point(pre.label, {**pre.terms, "transient": sum(pieces)}, pieces))
     points.append(forward("forward: end", dev.activations))
     points += [
-        _moment(name, dict(parts), loss_backward_blocks(r.setup, dims))
+        _moment(name, dict(parts), loss_backward_blocks(r.setup, dims), rerun_tensors(r))
         for name, parts in dev.peak.moments.items()
     ]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout

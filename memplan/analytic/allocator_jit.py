@@ -39,11 +39,11 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
     the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
     elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
     ``layer``: one layer's saves. Line by line ``alloc_stream.codes`` (its docstring and the module's
-    say why): at each point the terms that shrink free their newest allocations first (the transient all of
-    them), then the terms that grow allocate — the activations one layer's saves when the rise is one
-    layer's, else one block; the transient one block; the model states their next whole tensors
-    (``alloc_stream.take``) from the term's queue, refilled (``alloc_stream.tensor_bytes``) each time the term
-    starts from 0, gradients in reverse order."""
+    say why): at each point the terms that shrink free their newest allocations first (the transient all
+    of them), then the terms that grow allocate, a term freed past its target first — the activations one
+    layer's saves when the rise is one layer's, else one block; the transient one block; the model states
+    their next whole tensors (``alloc_stream.take``) from the term's queue, refilled
+    (``alloc_stream.tensor_bytes``) each time the term starts from 0, gradients in reverse order."""
     out = [0]
     out.pop()
     # each term's held allocations, a stack kept as a linked list over all allocations
@@ -55,6 +55,7 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
     held_below.pop()
     top = np.full(5, -1, dtype=np.int64)
     total = np.zeros(5, dtype=np.int64)
+    cut = np.zeros(5, dtype=np.bool_)
     tensors = len(per_tensor)
     queue = np.zeros((3, tensors), dtype=np.int64)
     queued = np.zeros(3, dtype=np.int64)
@@ -72,16 +73,21 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
             for term in range(5):  # frees first: what shrinks, newest first; every transient
                 target = 0 if term == TRANSIENT else points[k, term]
                 now = total[term]
+                was = now
                 while top[term] >= 0 and now > target:
                     j = top[term]
                     out.append(-held_id[j] - 1)
                     now -= held_size[j]
                     top[term] = held_below[j]
+                cut[term] = now < target < was  # freed past its target: the rest is made again, first
                 total[term] = now
             if step == 0 and k == 0 and workspace:
                 out.append(workspace)
                 made += 1
-            for term in range(5):
+            for turn in range(10):  # the terms freed past their target first, then the others
+                term = turn % 5
+                if cut[term] != (turn < 5):
+                    continue
                 delta = points[k, term] - total[term]
                 if delta <= 0:
                     continue
