@@ -215,7 +215,38 @@ def matmul_seconds(
     return forward, backward + f.head_backward / e.head_backward / mm
 
 
+_KERNELS: dict[tuple[object, ...], tuple[KernelTime, KernelTime]] = {}
+_KERNELS_MAX = 8192
+
+
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
+    """Forward and backward (recompute included) of one micro-batch on one device of the stage
+    (``stage_kernel_times``), memoised on every field of the setup but the ZeRO stage and dp, which no
+    kernel reads (only ``owned_params``, the optimizer step's, does), and on the stage: the ZeRO stages of
+    one configuration (``search.bound.stages_bound`` and each stage's ``timing``) share them.
+    tests/plan/test_fit_memos.py checks the memo against ``stage_kernel_times``."""
+    key = (
+        *(v for name, v in c.setup if name != "strategy"),
+        *(v for name, v in c.setup.strategy if name not in ("zero", "dp")),
+        c.index,
+        c.layers,
+        gpu,
+        peak,
+    )
+    found = _KERNELS.get(key)
+    if found is None:
+        if len(_KERNELS) >= _KERNELS_MAX:
+            _KERNELS.clear()
+        found = _KERNELS[key] = stage_kernel_times(c, gpu, peak)
+    return found
+
+
+def clear_kernel_times() -> None:
+    """Forget ``kernel_times``' memo (cold-start benchmarks)."""
+    _KERNELS.clear()
+
+
+def stage_kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
     layer = elementwise_bytes(c.setup) * c.layers
