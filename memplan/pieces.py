@@ -134,6 +134,7 @@ def clear_caches() -> None:
     """Forget the cached pieces, layer terms, FLOPs and parameter counts (for cold-start benchmarks)."""
     _PIECES.clear()
     lb.clear_terms()
+    act.clear_working_sets()
     whole_flops.cache_clear()
     param_counts.cache_clear()
 

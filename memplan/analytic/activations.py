@@ -26,7 +26,6 @@ activations: see ``peak.py``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable
 
 from memplan.blocks import dropout_rule, llama4, te_fp8
@@ -216,14 +215,43 @@ def inventory(setup: Setup) -> list[Kept]:
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 
-@functools.lru_cache(maxsize=1024)
+PER_STEP = frozenset({"grad_accum", "zero", "dp"})
+"""The setup fields no block's rule reads, nor the strategies the rules go through (the engine caches the
+pieces without them: ``pieces._PER_STEP``), nor ``Dims.of``."""
+
+
+def rank_key(setup: Setup) -> tuple[object, ...]:
+    """Every field of ``setup`` but ``PER_STEP``, flat (no copies): the key of what one layer's rules give,
+    shared by the ZeRO stages, dp degrees and micro-batch counts of one configuration."""
+    return (
+        *(v for name, v in setup if name not in ("training", "strategy")),
+        *(v for name, v in setup.training if name not in PER_STEP),
+        *(v for name, v in setup.strategy if name not in PER_STEP),
+    )
+
+
+_WORKING: dict[tuple[object, ...], tuple[Kept, ...]] = {}
+_WORKING_MAX = 8192
+
+
 def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
     """What one un-checkpointed layer keeps: the working set of a recomputed layer in backward.
 
-    Memoised (the peak model asks for it several times per estimate; ``memplan fit`` per configuration).
+    Memoised on ``rank_key`` (the peak model asks for it several times per estimate; ``memplan fit`` per
+    configuration, each ZeRO stage of it). tests/plan/test_fit_memos.py checks it against the rules.
     """
-    dims = Dims.of(setup)
-    return tuple(kept(layer_rules(setup, dims), Scope.LAYER, 1))
+    key = rank_key(setup)
+    found = _WORKING.get(key)
+    if found is None:
+        if len(_WORKING) >= _WORKING_MAX:
+            _WORKING.clear()
+        found = _WORKING[key] = tuple(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1))
+    return found
+
+
+def clear_working_sets() -> None:
+    """Forget ``layer_working_set``'s memo (cold-start benchmarks)."""
+    _WORKING.clear()
 
 
 def total_bytes(kept: Iterable[Kept]) -> int:

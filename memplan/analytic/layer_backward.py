@@ -216,27 +216,17 @@ def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
     return (i + 1) * one
 
 
-_PER_STEP = frozenset({"grad_accum", "zero", "dp"})
-"""The setup fields no term here reads (as ``pieces._PER_STEP``: the blocks' rules and the strategies they
-go through read none of them; nor does this module). The memo's key leaves them out, so the ZeRO stages
-and micro-batch counts of one configuration share their layer terms."""
-
 _TERMS: dict[tuple[object, ...], tuple[int, int]] = {}
 _TERMS_MAX = 8192
 
 
 def layer_terms(setup: Setup, params: ParamCount) -> tuple[int, int]:
     """(``layer_backward_transient``, ``recompute_working_set``) of ``setup`` — what ``analytic.peak``'s
-    layer moments add — memoised on every field of ``setup`` but ``_PER_STEP`` and on one layer's
-    parameters (the only part of ``params`` they read): ``Dims.of(setup)`` reads none of ``_PER_STEP``
-    either. tests/plan/test_fit_memos.py checks the memo against the two functions over a search's peaks
-    and across ZeRO stages and micro-batch counts."""
-    key = (
-        *(v for name, v in setup if name not in ("training", "strategy")),
-        *(v for name, v in setup.training if name not in _PER_STEP),
-        *(v for name, v in setup.strategy if name not in _PER_STEP),
-        params.layer,
-    )
+    layer moments add — memoised on ``activations.rank_key`` (every field but the ZeRO stage, dp and the
+    micro-batch count: the blocks' rules and this module read none of them) and on one layer's parameters
+    (the only part of ``params`` they read). tests/plan/test_fit_memos.py checks the memo against the two
+    functions across ZeRO stages, dp degrees and micro-batch counts."""
+    key = (*act.rank_key(setup), params.layer)
     found = _TERMS.get(key)
     if found is None:
         if len(_TERMS) >= _TERMS_MAX:

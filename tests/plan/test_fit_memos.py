@@ -4,6 +4,7 @@
   memoised without ZeRO, dp and the micro-batch count) against the two functions it memoises, evaluated
   afresh on each setup — with the memo filled first by another ZeRO stage / micro-batch count of the same
   configuration, so that the value read back is one computed for a different setup.
+- ``activations.layer_working_set`` (memoised on ``rank_key``) against one layer's rules.
 - ``time.compute.kernel_times`` (memoised without ZeRO and dp) against ``stage_kernel_times``, the same way.
 - ``engine.unplanned`` (an estimate without its stage plans) gives ``search.bound.stages_bound`` the
   same bound, bit for bit, as the full estimate, and the same pieces, FLOPs and parameters.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from memplan.analytic.activations import clear_working_sets, kept, layer_rules, layer_working_set
 from memplan.analytic.layer_backward import (
     clear_terms,
     layer_backward_transient,
@@ -20,7 +22,7 @@ from memplan.analytic.layer_backward import (
     recompute_working_set,
 )
 from memplan.api import build_setup
-from memplan.blocks.inventory import Dims
+from memplan.blocks.inventory import Dims, Scope
 from memplan.config import Parallel, Setup
 from memplan.config.strategy import AttentionChoice
 from memplan.engine import estimate, unplanned
@@ -139,3 +141,18 @@ def test_kernel_times_memo_is_the_function(
         for variant in VARIANTS:
             c = critical_stage(estimate(_setup(name, seq, ckpt, attention, par, *variant)))
             assert kernel_times(c, H100, peak) == stage_kernel_times(c, H100, peak)
+
+
+@pytest.mark.parametrize(("name", "seq", "ckpt", "attention", "par"), CASES)
+def test_layer_working_set_memo_is_the_rules(
+    name: str, seq: int, ckpt: str, attention: str, par: Parallel
+) -> None:
+    """One layer's saves read back for every ZeRO stage, dp and micro-batch count — the memo filled by
+    another of them — are its rules' on that setup."""
+    for first in VARIANTS:
+        clear_working_sets()
+        layer_working_set(_setup(name, seq, ckpt, attention, par, *first))
+        for variant in VARIANTS:
+            setup = _setup(name, seq, ckpt, attention, par, *variant)
+            fresh = tuple(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1))
+            assert layer_working_set(setup) == fresh
