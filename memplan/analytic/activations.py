@@ -26,6 +26,7 @@ activations: see ``peak.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from memplan.blocks import dropout_rule, llama4, te_fp8
@@ -39,7 +40,7 @@ from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.blocks.windows import is_sliding, sliding_layers
-from memplan.config import Setup
+from memplan.config import Setup, StrategyConfig, TrainingConfig
 
 B, R = Block, Role
 
@@ -221,13 +222,27 @@ pieces without them: ``pieces._PER_STEP``), nor ``Dims.of``."""
 
 
 def rank_key(setup: Setup) -> tuple[object, ...]:
-    """Every field of ``setup`` but ``PER_STEP``, flat (no copies): the key of what one layer's rules give,
-    shared by the ZeRO stages, dp degrees and micro-batch counts of one configuration."""
-    return (
-        *(v for name, v in setup if name not in ("training", "strategy")),
-        *(v for name, v in setup.training if name not in PER_STEP),
-        *(v for name, v in setup.strategy if name not in PER_STEP),
-    )
+    """Every field of ``setup`` but ``PER_STEP``: the key of what one layer's rules give, shared by the
+    ZeRO stages, dp degrees and micro-batch counts of one configuration."""
+    return setup_key(setup, PER_STEP)
+
+
+def setup_key(setup: Setup, without: frozenset[str]) -> tuple[object, ...]:
+    """Every field of ``setup`` — its training's and strategy's one by one — but those named ``without``,
+    flat, read from the models' ``__dict__`` (no copies; pydantic's own iteration costs several times
+    more, and the search builds such keys for every configuration)."""
+    top, training, strategy = _field_names(without)
+    d, t, s = setup.__dict__, setup.training.__dict__, setup.strategy.__dict__
+    return (*[d[n] for n in top], *[t[n] for n in training], *[s[n] for n in strategy])
+
+
+@functools.cache
+def _field_names(without: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The names ``setup_key`` reads: the setup's fields but training and strategy, then theirs."""
+    top = tuple(n for n in Setup.model_fields if n not in ("training", "strategy"))
+    training = tuple(n for n in TrainingConfig.model_fields if n not in without)
+    strategy = tuple(n for n in StrategyConfig.model_fields if n not in without)
+    return top, training, strategy
 
 
 _WORKING: dict[tuple[object, ...], tuple[Kept, ...]] = {}

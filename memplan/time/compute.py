@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memplan.analytic.activations import setup_key
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
@@ -215,6 +216,8 @@ def matmul_seconds(
     return forward, backward + f.head_backward / e.head_backward / mm
 
 
+_NOT_READ = frozenset({"zero", "dp"})
+"""The setup fields no kernel time reads."""
 _KERNELS: dict[tuple[object, ...], tuple[KernelTime, KernelTime]] = {}
 _KERNELS_MAX = 8192
 
@@ -225,14 +228,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     kernel reads (only ``owned_params``, the optimizer step's, does), and on the stage: the ZeRO stages of
     one configuration (``search.bound.stages_bound`` and each stage's ``timing``) share them.
     tests/plan/test_fit_memos.py checks the memo against ``stage_kernel_times``."""
-    key = (
-        *(v for name, v in c.setup if name != "strategy"),
-        *(v for name, v in c.setup.strategy if name not in ("zero", "dp")),
-        c.index,
-        c.layers,
-        gpu,
-        peak,
-    )
+    key = (*setup_key(c.setup, _NOT_READ), c.index, c.layers, gpu, peak)
     found = _KERNELS.get(key)
     if found is None:
         if len(_KERNELS) >= _KERNELS_MAX:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic.activations import clear_working_sets, kept, layer_rules, layer_working_set
+from memplan.analytic.activations import clear_working_sets, kept, layer_rules, layer_working_set, setup_key
 from memplan.analytic.layer_backward import (
     clear_terms,
     layer_backward_transient,
@@ -156,3 +156,17 @@ def test_layer_working_set_memo_is_the_rules(
             setup = _setup(name, seq, ckpt, attention, par, *variant)
             fresh = tuple(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1))
             assert layer_working_set(setup) == fresh
+
+
+def test_setup_key_is_every_field_but_those_left_out() -> None:
+    """``setup_key`` reads the fields pydantic iterates, in its order, less the ones named (a field added
+    to ``Setup``, ``TrainingConfig`` or ``StrategyConfig`` joins the keys)."""
+    setup = _setup(*CASES[3], 2, 8, 4)
+    without = frozenset({"grad_accum", "zero", "dp"})
+    expected = (
+        *(v for n, v in setup if n not in ("training", "strategy")),
+        *(v for n, v in setup.training if n not in without),
+        *(v for n, v in setup.strategy if n not in without),
+    )
+    assert setup_key(setup, without) == expected
+    assert len(setup_key(setup, frozenset())) == len(expected) + 3
