@@ -4,10 +4,10 @@ For the searches of issue #21 — Llama 3 8B at 8,192 tokens on 64 H100s (the de
 Llama 3.1 405B at 8,192 tokens on 16,384 H100s with Llama 3's global batch of 2,048 — it times
 ``memplan.search.fit.fit`` (the whole search, ranking included, without the longest-sequence probe) and
 reports the configurations of the space per second (families × micro-batch sizes that divide the global
-batch: ``searched``), median of ``--runs`` runs, each "cold" (the per-rank pieces, the allocator
-replays and the kernel times forgotten first: what one ``memplan fit`` command costs, less the imports).
-Wall time and the process's CPU time are both kept: on a shared machine the CPU time is the figure that
-does not depend on the other processes' load.
+batch: ``searched``), median of ``--runs`` runs, each "cold" (the per-rank pieces and the allocator
+replays forgotten first: what one ``memplan fit`` command costs, less the imports). Wall time and the
+process's CPU time are both kept: on a shared machine the CPU time is the figure that does not depend on
+the other processes' load.
 
 The allocator replays run compiled when numba is installed (``pip install '.[jit]'``:
 ``analytic.allocator_jit``; ``--no-jit`` or ``MEMPLAN_JIT=0``: in Python, the same answers); the report says
@@ -36,7 +36,6 @@ from memplan.presets import load_gpu
 from memplan.reserved import clear_replays, compiled_replay
 from memplan.search.fit import FitResult, fit
 from memplan.search.space import virtual_layers
-from memplan.time.compute import clear_kernel_times
 from memplan.time.timing import timing
 
 CASES = (
@@ -68,7 +67,6 @@ def timed(case: tuple[str, int, str, int, int | None], shortcuts: bool) -> tuple
     """One cold search: its result, wall seconds and CPU seconds."""
     clear_caches()
     clear_replays()
-    clear_kernel_times()
     wall, cpu = time.perf_counter(), time.process_time()
     result = search(*case, shortcuts=shortcuts)
     return result, time.perf_counter() - wall, time.process_time() - cpu

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.analytic.activations import setup_key
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
@@ -216,33 +215,7 @@ def matmul_seconds(
     return forward, backward + f.head_backward / e.head_backward / mm
 
 
-_NOT_READ = frozenset({"zero", "dp"})
-"""The setup fields no kernel time reads."""
-_KERNELS: dict[tuple[object, ...], tuple[KernelTime, KernelTime]] = {}
-_KERNELS_MAX = 8192
-
-
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
-    """Forward and backward (recompute included) of one micro-batch on one device of the stage
-    (``stage_kernel_times``), memoised on every field of the setup but the ZeRO stage and dp, which no
-    kernel reads (only ``owned_params``, the optimizer step's, does), and on the stage: the ZeRO stages of
-    one configuration (``search.bound.stages_bound`` and each stage's ``timing``) share them.
-    tests/plan/test_fit_memos.py checks the memo against ``stage_kernel_times``."""
-    key = (*setup_key(c.setup, _NOT_READ), c.index, c.layers, gpu, peak)
-    found = _KERNELS.get(key)
-    if found is None:
-        if len(_KERNELS) >= _KERNELS_MAX:
-            _KERNELS.clear()
-        found = _KERNELS[key] = stage_kernel_times(c, gpu, peak)
-    return found
-
-
-def clear_kernel_times() -> None:
-    """Forget ``kernel_times``' memo (cold-start benchmarks)."""
-    _KERNELS.clear()
-
-
-def stage_kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
     layer = elementwise_bytes(c.setup) * c.layers

@@ -5,7 +5,6 @@
   afresh on each setup — with the memo filled first by another ZeRO stage / micro-batch count of the same
   configuration, so that the value read back is one computed for a different setup.
 - ``activations.layer_working_set`` (memoised on ``rank_key``) against one layer's rules.
-- ``time.compute.kernel_times`` (memoised without ZeRO and dp) against ``stage_kernel_times``, the same way.
 - ``engine.unplanned`` (an estimate without its stage plans) gives ``search.bound.stages_bound`` the
   same bound, bit for bit, as the full estimate, and the same pieces, FLOPs and parameters.
 """
@@ -29,9 +28,6 @@ from memplan.engine import estimate, unplanned
 from memplan.presets import load_gpu
 from memplan.search.bound import stages_bound
 from memplan.search.space import virtual_layers
-from memplan.time.comm_rows import critical_stage
-from memplan.time.compute import clear_kernel_times, kernel_times, stage_kernel_times
-from memplan.time.timing import peak_flops
 
 H100 = load_gpu("h100-sxm")
 
@@ -126,21 +122,6 @@ def test_unplanned_gives_the_same_stages_bound(
     assert bare.stages == ()
     assert (bare.pieces, bare.flops, bare.params) == (full.pieces, full.flops, full.params)
     assert stages_bound(bare, H100) == stages_bound(full, H100)
-
-
-@pytest.mark.parametrize(("name", "seq", "ckpt", "attention", "par"), CASES)
-def test_kernel_times_memo_is_the_function(
-    name: str, seq: int, ckpt: str, attention: str, par: Parallel
-) -> None:
-    """``compute.kernel_times`` read back for every ZeRO stage, dp and micro-batch count — the memo filled
-    by another of them — equals ``stage_kernel_times`` on that configuration's own critical stage."""
-    peak = peak_flops(H100, _setup(name, seq, ckpt, attention, par, *VARIANTS[0]).training.precision)
-    for first in VARIANTS:
-        clear_kernel_times()
-        kernel_times(critical_stage(estimate(_setup(name, seq, ckpt, attention, par, *first))), H100, peak)
-        for variant in VARIANTS:
-            c = critical_stage(estimate(_setup(name, seq, ckpt, attention, par, *variant)))
-            assert kernel_times(c, H100, peak) == stage_kernel_times(c, H100, peak)
 
 
 @pytest.mark.parametrize(("name", "seq", "ckpt", "attention", "par"), CASES)
