@@ -428,6 +428,18 @@ def estimate(setup: Setup) -> Result:
     )
 
 
+def unplanned(setup: Setup) -> Result:
+    """``estimate(setup)`` without its stage plans (``stages`` empty: no device, states, tensors or peak):
+    the setup, the pieces, the FLOPs and the parameter counts, for what reads only those
+    (``search.bound.stages_bound``, which the search asks of thousands of configurations it then prunes).
+    Raises as ``estimate`` does."""
+    check_layout(setup)
+    pc = pieces_by_key(pieces_key(setup), setup)
+    return Result(
+        setup=setup, pieces=pc, stages=(), flops=whole_flops(pc.core), params=param_counts(setup.model)
+    )
+
+
 def at_stage(result: Result, index: int) -> Result:
     """``result`` reporting pipeline stage ``index`` as its device (computed when it is not one of the
     representative stages): what that stage's ranks hold."""

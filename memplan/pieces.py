@@ -131,8 +131,10 @@ def pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
 
 
 def clear_caches() -> None:
-    """Forget the cached pieces, FLOPs and parameter counts (for cold-start benchmarks)."""
+    """Forget the cached pieces, layer terms, FLOPs and parameter counts (for cold-start benchmarks)."""
     _PIECES.clear()
+    lb.clear_terms()
+    act.clear_working_sets()
     whole_flops.cache_clear()
     param_counts.cache_clear()
 

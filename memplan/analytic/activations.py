@@ -40,7 +40,7 @@ from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.blocks.windows import is_sliding, sliding_layers
-from memplan.config import Setup
+from memplan.config import Setup, StrategyConfig, TrainingConfig
 
 B, R = Block, Role
 
@@ -216,14 +216,57 @@ def inventory(setup: Setup) -> list[Kept]:
     return kept(model, Scope.MODEL, 1) + layers + kept(head_rules(setup, dims), Scope.MODEL, 1)
 
 
-@functools.lru_cache(maxsize=1024)
+PER_STEP = frozenset({"grad_accum", "zero", "dp"})
+"""The setup fields no block's rule reads, nor the strategies the rules go through (the engine caches the
+pieces without them: ``pieces._PER_STEP``), nor ``Dims.of``."""
+
+
+def rank_key(setup: Setup) -> tuple[object, ...]:
+    """Every field of ``setup`` but ``PER_STEP``: the key of what one layer's rules give, shared by the
+    ZeRO stages, dp degrees and micro-batch counts of one configuration."""
+    return setup_key(setup, PER_STEP)
+
+
+def setup_key(setup: Setup, without: frozenset[str]) -> tuple[object, ...]:
+    """Every field of ``setup`` — its training's and strategy's one by one — but those named ``without``,
+    flat, read from the models' ``__dict__`` (no copies; pydantic's own iteration costs several times
+    more, and the search builds such keys for every configuration)."""
+    top, training, strategy = _field_names(without)
+    d, t, s = setup.__dict__, setup.training.__dict__, setup.strategy.__dict__
+    return (*[d[n] for n in top], *[t[n] for n in training], *[s[n] for n in strategy])
+
+
+@functools.cache
+def _field_names(without: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The names ``setup_key`` reads: the setup's fields but training and strategy, then theirs."""
+    top = tuple(n for n in Setup.model_fields if n not in ("training", "strategy"))
+    training = tuple(n for n in TrainingConfig.model_fields if n not in without)
+    strategy = tuple(n for n in StrategyConfig.model_fields if n not in without)
+    return top, training, strategy
+
+
+_WORKING: dict[tuple[object, ...], tuple[Kept, ...]] = {}
+_WORKING_MAX = 8192
+
+
 def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
     """What one un-checkpointed layer keeps: the working set of a recomputed layer in backward.
 
-    Memoised (the peak model asks for it several times per estimate; ``memplan fit`` per configuration).
+    Memoised on ``rank_key`` (the peak model asks for it several times per estimate; ``memplan fit`` per
+    configuration, each ZeRO stage of it). tests/plan/test_fit_memos.py checks it against the rules.
     """
-    dims = Dims.of(setup)
-    return tuple(kept(layer_rules(setup, dims), Scope.LAYER, 1))
+    key = rank_key(setup)
+    found = _WORKING.get(key)
+    if found is None:
+        if len(_WORKING) >= _WORKING_MAX:
+            _WORKING.clear()
+        found = _WORKING[key] = tuple(kept(layer_rules(setup, Dims.of(setup)), Scope.LAYER, 1))
+    return found
+
+
+def clear_working_sets() -> None:
+    """Forget ``layer_working_set``'s memo (cold-start benchmarks)."""
+    _WORKING.clear()
 
 
 def total_bytes(kept: Iterable[Kept]) -> int:

@@ -216,6 +216,32 @@ def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
     return (i + 1) * one
 
 
+_TERMS: dict[tuple[object, ...], tuple[int, int]] = {}
+_TERMS_MAX = 8192
+
+
+def layer_terms(setup: Setup, params: ParamCount) -> tuple[int, int]:
+    """(``layer_backward_transient``, ``recompute_working_set``) of ``setup`` — what ``analytic.peak``'s
+    layer moments add — memoised on ``activations.rank_key`` (every field but the ZeRO stage, dp and the
+    micro-batch count: the blocks' rules and this module read none of them) and on one layer's parameters
+    (the only part of ``params`` they read). tests/plan/test_fit_memos.py checks the memo against the two
+    functions across ZeRO stages, dp degrees and micro-batch counts."""
+    key = (*act.rank_key(setup), params.layer)
+    found = _TERMS.get(key)
+    if found is None:
+        if len(_TERMS) >= _TERMS_MAX:
+            _TERMS.clear()
+        dims = Dims.of(setup)
+        working = 0 if setup.strategy.segment else recompute_working_set(setup)
+        found = _TERMS[key] = (layer_backward_transient(setup, dims, params), working)
+    return found
+
+
+def clear_terms() -> None:
+    """Forget ``layer_terms``' memo (cold-start benchmarks)."""
+    _TERMS.clear()
+
+
 def _flash_kept(setup: Setup, dims: Dims) -> int:
     """Flash re-runs on the kept q, k, v themselves: they are not new."""
     return sum(r.bytes for r in projection_rules(setup, dims)[1:])

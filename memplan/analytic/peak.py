@@ -72,8 +72,7 @@ from memplan.analytic.fsdp2_moments import (
 )
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.layer_backward import (
-    layer_backward_transient,
-    recompute_working_set,
+    layer_terms,
     saved_layers_up_to,
     segment_rerun_bytes,
 )
@@ -300,10 +299,10 @@ def peak(
             head_input_scatter_transient(setup, dims) + scalars,
         )
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
-    transient = layer_backward_transient(setup, dims, params)
+    # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
+    transient, working = layer_terms(setup, params)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
     segment = setup.strategy.segment
-    working = 0 if segment else recompute_working_set(setup)
 
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
 

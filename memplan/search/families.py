@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate, stage_states
+from memplan.engine import Result, estimate, stage_states, unplanned
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
@@ -101,6 +101,8 @@ class _Group:
     """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
+    bounded: bool = False
+    """Stage 0 bounded (``slower_than``) from ``engine.unplanned``: counted as estimated, as it was."""
 
     def estimate(self, i: int) -> Result:
         """Stage ``i``'s estimate: another stage's with its model states (``restaged``) once one is made."""
@@ -120,7 +122,13 @@ class _Group:
         bound (``bound.stages_bound``), then stage by stage until one is not."""
         if not self.families:
             return False
-        if stages_bound(self.estimate(0), self.gpu) > seconds:
+        # the bound reads no stage plan (the critical stage, its kernels and the tp/cp/pp/ep rows come from
+        # the setup, the pieces, the FLOPs and the parameters): an estimate without them when none is made
+        first = self.made.get(0)
+        if first is None:
+            setup = family_setup(self.base, self.families[0], self.micro_batch, self.micro_batches)
+            first, self.bounded = unplanned(setup), True
+        if stages_bound(first, self.gpu) > seconds:
             return True
         return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
 
@@ -170,7 +178,7 @@ def search_families(
             continue  # none can be listed (module docstring, step 2)
         _judge(result, families, group, cutoff)
     _reject(result, families, groups)
-    result.evaluated += sum(len(g.made) for g in groups)
+    result.evaluated += sum(len(g.made) + (g.bounded and 0 not in g.made) for g in groups)
 
 
 def _fits(result: FitResult, p: Result) -> bool:
