@@ -16,7 +16,8 @@ from typing import Any
 from memplan.analytic.optimizer_step import optimizer_impl
 from memplan.blocks.moe import routing
 from memplan.config import Method
-from memplan.engine import Result, StagePlan
+from memplan.engine import Result
+from memplan.stage_plan import StagePlan
 
 
 def finetune_json(r: Result) -> dict[str, Any]:

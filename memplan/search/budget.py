@@ -43,7 +43,7 @@ import math
 from pydantic import BaseModel, ConfigDict
 
 from memplan.config import Offload
-from memplan.engine import Result, StagePlan
+from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.reserved import (
     CUDA_CONTEXT,
@@ -53,6 +53,7 @@ from memplan.reserved import (
     refuses,
     replay_device,
 )
+from memplan.stage_plan import StagePlan
 
 DEFAULT_RESERVE_GIB = 0.0
 """Memory kept back per GPU by default, in GiB (2³⁰ bytes), beyond what memplan models (module docstring)."""

@@ -31,13 +31,14 @@ import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate, stage_states, unplanned
+from memplan.engine import Result, estimate, unplanned
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
 from memplan.search.methods import SAVERS, valid
 from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
+from memplan.stage_plan import stage_states
 from memplan.strategies import offload
 from memplan.time.timing import Timing, timing
 
@@ -68,8 +69,8 @@ def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: i
 
 def restaged(r: Result, setup: Setup) -> Result:
     """``estimate(setup)`` for a ``setup`` that differs from ``r.setup`` in the ZeRO stage alone, from
-    ``r``'s pieces: ``engine.stage_plan`` reads the ZeRO stage only in the model states
-    (``engine.stage_states``) — the stage, its parameters, group counts, boundary tensors and
+    ``r``'s pieces: ``stage_plan.stage_plan`` reads the ZeRO stage only in the model states
+    (``stage_plan.stage_states``) — the stage, its parameters, group counts, boundary tensors and
     activations are the same, and so are the pieces (``pieces._PER_STEP``: keyed without it), the FLOPs
     and the parameter counts — so each stage plan is ``r``'s with the states of ``setup``. Under offload
     the host's share and the device's activations depend on the states too: estimated afresh there.

@@ -30,8 +30,9 @@ from memplan.analytic.fsdp_buffers import all_gather_stream, reduce_scatter_stre
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
 from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
-from memplan.engine import Result, StagePlan
+from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
+from memplan.stage_plan import StagePlan
 from memplan.time.comm_rows import stride
 from memplan.time.fabric import link, placed
 

@@ -2,7 +2,7 @@
 of the same configuration (its pieces, stages, parameters and activations, with that stage's model
 states), is ``engine.estimate``'s — field by field, and in what is computed from it (the peak, the most
 loaded device, the lower bounds, the predicted step time). Checked over setups that reach every branch
-of ``engine.stage_states`` (ZeRO over dp × cp, pipeline stages, tensor and sequence parallelism, HSDP,
+of ``stage_plan.stage_states`` (ZeRO over dp × cp, pipeline stages, tensor and sequence parallelism, HSDP,
 experts over ep, FSDP2's per-parameter shards, LoRA/QLoRA's states) and offload (estimated afresh)."""
 
 from __future__ import annotations

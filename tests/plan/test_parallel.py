@@ -40,8 +40,9 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.contract import to_json
-from memplan.engine import estimate, head_gradient_bytes
+from memplan.engine import estimate
 from memplan.presets import load_model_preset
+from memplan.stage_plan import head_gradient_bytes
 from memplan.strategies import checkpointing, reversible
 from memplan.strategies.pipeline_parallel import Group, stage_layers
 from memplan.strategies.sequence_parallel import SPLITS, Split, rule, tensor_dim
