@@ -84,6 +84,8 @@ def forward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
     r, e = setup.impl.fp8, setup.training.precision.activation_dtype.bytes
     x, w = tokens * n_in, n_in * n_out
     sx, sw = scales(r, tokens), scales(r, n_out)
+    if all_gather(setup):  # Wᵀ is the gathered float8 weight (column-major: no copy for the GEMM)
+        return max(cast_top(x) + sx, x + sx + e * tokens * n_out)
     return max(
         cast_top(x) + sx,
         x + sx + cast_top(w) + sw,
@@ -99,12 +101,18 @@ def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
     x, w, y = tokens * n_in, n_in * n_out, tokens * n_out
     dy = y + scales(r, tokens)  # float8 dY for dX, by token
     wt = w + scales(r, n_in)  # float8 W for dX, by input
+    if all_gather(setup):
+        # W is already float8 (the gathered weight): no cast; the GEMM's operand is W's column-major copy
+        # (torchao float8_ops ``preprocess_addmm``: ``b.t().contiguous().t()`` of the row-major W), its
+        # scale shared
+        wt = w
+    weight_cast = 0 if all_gather(setup) else dy + cast_top(w) + scales(r, n_in)
     dx = e * x
     dy2 = y + scales(r, n_out)  # float8 dY for dW, by output
     xt = x + scales(r, n_in)  # float8 X for dW, by input
     return max(
         cast_top(y) + scales(r, tokens),
-        dy + cast_top(w) + scales(r, n_in),
+        weight_cast,
         dy + wt + dx,
         dy + wt + dx + cast_top(y) + scales(r, n_out),
         dy + wt + dx + dy2 + cast_top(x) + scales(r, n_in),
@@ -117,11 +125,12 @@ def down_backward(setup: Setup, dims: Dims) -> int:
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
 
 
-def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+def titan_linear_shapes(setup: Setup) -> list[tuple[Block, str, int, int]]:
     """A torchtitan Llama 3 block's linears that its converter makes Float8Linear, in forward order (fused
-    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``): 0.3.0's ``module_filter_fn`` skips a linear with
-    ``in_features`` or ``out_features`` not a multiple of 16 (torchtitan components/quantization/utils.py),
-    judged on the model's whole widths (the converter rewrites the config before the TP plan shards it)."""
+    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``), with (in_features, out_features): 0.3.0's
+    ``module_filter_fn`` skips a linear with ``in_features`` or ``out_features`` not a multiple of 16
+    (torchtitan components/quantization/utils.py), judged on the model's whole widths (the converter
+    rewrites the config before the TP plan shards it)."""
     m = setup.model
     h, qkv, heads, f = m.hidden_size, (m.num_heads + 2 * m.kv_heads) * m.dim, m.num_heads * m.dim, m.ffn
     shapes = (
@@ -131,7 +140,44 @@ def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
         (Block.MLP, "w2", f, h),
         (Block.MLP, "w3", h, f),
     )
-    return [(block, name) for block, name, n_in, n_out in shapes if n_in % 16 == 0 and n_out % 16 == 0]
+    return [s for s in shapes if s[2] % 16 == 0 and s[3] % 16 == 0]
+
+
+def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+    """``titan_linear_shapes``' (block, name)."""
+    return [(block, name) for block, name, _, _ in titan_linear_shapes(setup)]
+
+
+def all_gather(setup: Setup) -> bool:
+    """``--fp8-all-gather``: torchao's ``enable_fsdp_float8_all_gather`` under torchtitan's FSDP2 ZeRO-3
+    (the setup's rules refuse it elsewhere)."""
+    return setup.impl.fp8_all_gather
+
+
+def gathered_linear_elements(setup: Setup, shards: int = 1) -> int:
+    """Elements of one block's converted weights as FSDP2 gathers them: each [out, in] weight's dim 0
+    padded to a multiple of ``shards`` (``blocks.torchtitan.fsdp2_flat_elements``)."""
+    return sum(-(-n_out // shards) * shards * n_in for _, _, n_in, n_out in titan_linear_shapes(setup))
+
+
+def gathered_saving(setup: Setup, shards: int = 1) -> int:
+    """Bytes one gathered block holds less under ``--fp8-all-gather``: its converted weights all-gathered
+    in float8 (``fsdp_pre_all_gather`` returns ``float8_training_tensor._data``, 1 byte an element) where
+    FSDP2's ``param_dtype`` copy would be ``weight_bytes``; FSDP2 all-gathers the mixed dtypes as bytes
+    (the unit's norms stay bf16). 0 without it."""
+    if not all_gather(setup):
+        return 0
+    return gathered_linear_elements(setup, shards) * (setup.training.precision.weight_bytes - 1)
+
+
+def gathered_scales(setup: Setup) -> int:
+    """Bytes of the converted weights' fp32 scales alive from their first all-gather on: each unsharded
+    weight is a ``Float8TrainingTensor`` whose ``_scale`` (``fsdp_pre_all_gather``'s metadata, set again by
+    ``fsdp_post_all_gather(out=...)``) FSDP2's reshard does not free (``free_unsharded_param`` frees the
+    all-gather outputs only): one ``SCALE`` per converted weight of every block. 0 without it."""
+    if not all_gather(setup):
+        return 0
+    return SCALE * len(titan_linear_shapes(setup)) * setup.model.num_layers
 
 
 def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
