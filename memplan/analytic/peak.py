@@ -81,8 +81,8 @@ from memplan.analytic.optimizer_step import step_transient as optimizer_step_tra
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
-from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.embedding import loop_ids_bytes
+from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules

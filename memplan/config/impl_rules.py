@@ -279,7 +279,8 @@ def check_fp8_all_gather(setup: Setup) -> None:
     if setup.impl.impl is not Impl.TORCHTITAN or setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
         raise ValueError(
             "fp8_all_gather: FSDP2's float8 all-gather is modelled for torchtitan's tensorwise float8 only "
-            "(torchao allows no other recipe); add --impl torchtitan --fp8 tensorwise or drop --fp8-all-gather"
+            "(torchao allows no other recipe); add --impl torchtitan --fp8 tensorwise or drop "
+            "--fp8-all-gather"
         )
     if s.zero < ZeroStage.PARAMETERS or s.dp < 2 or s.shard_group != s.dp:
         raise ValueError(

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memplan.analytic.fsdp2_moments import titan_fsdp2
-from memplan.blocks import fp8
 from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.blocks import fp8
 from memplan.config import Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved

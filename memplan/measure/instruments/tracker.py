@@ -147,8 +147,8 @@ class LiveMemoryTracker(_Mode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        leaves = [d for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) for d in data_tensors(t)]
-        inputs = {storage_ref(t).cdata for t in leaves}
+        given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = {storage_ref(d).cdata for t in given for d in data_tensors(t)}
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
