@@ -191,9 +191,12 @@ def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
     torchtitan --checkpointing selective --fp8 tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
     if setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
         return []
+    # --fp8-all-gather: the weight arrives float8 (cast in FSDP2's pre-all-gather hook, outside the
+    # checkpointed block): no weight amax inside it
+    parts = ("input",) if all_gather(setup) else ("input", "weight")
     why = "SAC cache: aten.max (tensorwise amax) of the float8 cast of"
     return [
         save(block, f"{name}_{part}_amax", (), dims.act, Role.PARAM_DERIVED, f"{why} {name}'s {part}")
         for block, name in titan_linears(setup)
-        for part in ("input", "weight")
+        for part in parts
     ]

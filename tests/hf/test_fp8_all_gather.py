@@ -60,6 +60,23 @@ def test_saves_and_weights_are_unchanged() -> None:
     assert est.device.states.weights == run.param_bytes == plain.param_bytes
 
 
+@pytest.mark.parametrize("checkpointing", ["full", "selective"])
+def test_checkpointed_saves(checkpointing: str) -> None:
+    """Under FullAC the saves are the block inputs; under SelectiveAC the block's SAC saves plus the cached
+    amaxes of the five linears' inputs only, 5 × 2 B (0-d bf16): the weights arrive float8, cast in
+    FSDP2's pre-all-gather hook outside the checkpointed block (tensorwise without the float8 all-gather
+    caches ten, tests/hf/test_torchtitan_tensorwise.py)."""
+    plain = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing=checkpointing)
+    setup = all_gathered(ranked(tensorwise(plain), 1, False, 2, 3))
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+    if checkpointing == "selective":
+        t, h = 256, 4096  # the block input, W_QKV's, W1's and W2's outputs (test_torchtitan_tensorwise)
+        block = t * h * 2 + t * (32 + 2 * 8) * 128 * 2 + t * 14336 * 2 + t * h * 2
+        assert run.measured.layer_bytes(0) == block + 5 * 2
+
+
 def test_the_gathered_block_is_float8() -> None:
     """The unsharded block alive at the top of layer 1's backward (FSDP2's all-gather resize: layer 0's,
     prefetched, layer 1's own freed by then) is F + norms bytes, against bf16's 2·F + norms."""
