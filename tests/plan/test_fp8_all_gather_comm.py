@@ -54,3 +54,20 @@ def test_without_it_the_weights_are_gathered_in_bf16() -> None:
     rows = dp_rows(zero=3, dp=2, gpus=2, grad_accum=4)
     got = {(r.collective, r.phase): r.bytes for r in rows}
     assert got == {(AG, Phase.FORWARD): 213_632, (AG, Phase.BACKWARD): 180_736, (RS, Phase.BACKWARD): 427_264}
+
+
+def test_all_gather_stream_units_by_hand() -> None:
+    """FSDP2's all-gather stream (``analytic.fsdp_buffers.gather_units``), the tiny model on dp 2: each
+    block's output 36,864 float8 elements + 128 bf16 = 37,120 B (the resize measured on the rank,
+    tests/hf/test_fp8_all_gather.py's figures at the tiny widths), against 36,992 · 2 = 73,984 B in bf16;
+    the embedding 16,384 · 2 and [norm, lm_head] 16,448 · 2 unchanged."""
+    from memplan.analytic.fsdp_buffers import gather_units
+
+    def units(flag: bool) -> list[tuple[int, bool]] | None:
+        o = Options(
+            model="tiny", seq=32, impl="torchtitan", fp8="tensorwise", zero=3, dp=2, fp8_all_gather=flag
+        )  # type: ignore[arg-type]
+        return gather_units(build(o).result.setup, 2, True, True)
+
+    assert units(True) == [(32_768, True), (37_120, True), (37_120, True), (32_896, False)]
+    assert units(False) == [(32_768, True), (73_984, True), (73_984, True), (32_896, False)]
