@@ -71,3 +71,21 @@ def test_all_gather_stream_units_by_hand() -> None:
 
     assert units(True) == [(32_768, True), (37_120, True), (37_120, True), (32_896, False)]
     assert units(False) == [(32_768, True), (73_984, True), (73_984, True), (32_896, False)]
+
+
+def test_weight_casts_move_to_the_shard() -> None:
+    """``time.fp8.cast_bytes``: the tiny block's weights are 8,192 (wqkv) + 4,096 (wo) + 3 · 8,192 (w1, w3,
+    w2) = 36,864 elements, each cast in the linear at 2·2 + 1 = 5 B (tensorwise, bf16: amax read, scaled
+    read, float8 write) in forward and again in backward. Under the float8 all-gather the linear casts no
+    weight; FSDP2's pre-all-gather casts the rank's fp32 shard, 36,864 / 2 elements at 4 + 1 B, before each
+    gather (forward, backward). Each phase: − 36,864 · 5 + 18,432 · 5 = − 92,160 B."""
+    from memplan.time.fp8 import cast_bytes
+
+    def casts(flag: bool) -> tuple[int, int]:
+        o = Options(
+            model="tiny", seq=32, impl="torchtitan", fp8="tensorwise", zero=3, dp=2, fp8_all_gather=flag
+        )  # type: ignore[arg-type]
+        return cast_bytes(build(o).result.setup)
+
+    (f1, b1), (f0, b0) = casts(True), casts(False)
+    assert (f1 - f0, b1 - b0) == (-92_160, -92_160)
