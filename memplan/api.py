@@ -265,6 +265,7 @@ def setup_of(o: Options) -> Setup:
             compile=o.compile,
             fp8=o.fp8,
             fp8_amax_history_len=o.fp8_amax_history_len,
+            fp8_all_gather=o.fp8_all_gather,
             experts=o.experts,
         ),
     )

@@ -222,6 +222,14 @@ class Options(Frozen):
         ge=1,
         le=1 << 20,
     )
+    fp8_all_gather: bool = _option(
+        "--impl torchtitan --fp8 tensorwise under FSDP2 (--zero 3, dp > 1): torchtitan's "
+        "float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp: each converted "
+        "linear's weight all-gathered in float8 (1 byte an element, an fp32 scale kept per weight), one "
+        "all-reduce of the weights' amaxes a step (blocks/fp8.py)",
+        _STRATEGY,
+        default=False,
+    )
     experts: ExpertsImpl = _option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "

@@ -194,6 +194,22 @@ CASES: list[Case] = [
     case("mxfp8-hopper", "estimate -m 8b --impl megatron --fp8 mxfp8 --gpu h100", "mxfp8"),
     case("titan-mxfp8", "estimate -m tiny --impl torchtitan --fp8 mxfp8", "fp8"),
     case("amax-history-not-delayed", "estimate -m tiny --fp8-amax-history-len 4", "fp8_amax_history_len"),
+    case("fp8-all-gather-reference", "estimate -m tiny --fp8 tensorwise --fp8-all-gather", "fp8_all_gather"),
+    case(
+        "fp8-all-gather-rowwise",
+        "estimate -m tiny --impl torchtitan --fp8 rowwise --zero 3 --dp 2 --gpus 2 --fp8-all-gather",
+        "fp8_all_gather",
+    ),
+    case(
+        "fp8-all-gather-no-fsdp",
+        "estimate -m tiny --impl torchtitan --fp8 tensorwise --fp8-all-gather",
+        "fp8_all_gather",
+    ),
+    case(
+        "fp8-all-gather-tp",
+        "estimate -m tiny --impl torchtitan --fp8 tensorwise --zero 3 --dp 2 --tp 2 --fp8-all-gather",
+        "fp8_all_gather",
+    ),
     case(
         "amax-history-zero", "estimate -m 8b --impl megatron --fp8 delayed --fp8-amax-history-len 0", "amax"
     ),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from memplan.analytic.fsdp2_reduce import reduce_bytes
 from memplan.analytic.params import ParamCount
+from memplan.blocks import fp8
 from memplan.blocks.profiles import profile_of
 from memplan.blocks.torchtitan import (
     FSDP2_MIXED_BYTES,
@@ -74,9 +75,19 @@ def zero3_head_gather(setup: Setup) -> int:
     prefetched by the head unit's backward (measured on the tiny model: 16,512 + 37,120 B on tp 2 + SP ×
     dp 2)."""
     shards = setup.strategy.shard_group * setup.parallel.cp
+    return zero3_head_unit(setup) + layer_gather(setup, shards)
+
+
+def layer_gather(setup: Setup, shards: int) -> int:
+    """Bytes of one block's flat all-gather output (``fsdp2_flat_elements``) in the parameters' dtype, its
+    converted linears' weights in float8 under ``--fp8-all-gather`` (``blocks.fp8.gathered_saving``), with
+    the new fp32 scales its ``fsdp_pre_all_gather`` made, beside the ones the unsharded weights hold until
+    the copy-out (measured: 20 B more at the final norm's backward, tests/hf/test_fp8_all_gather.py)."""
     _, layer, _ = unit_shapes(setup.model)
     weight = setup.training.precision.weight_bytes
-    return zero3_head_unit(setup) + fsdp2_flat_elements(layer, shards) * weight
+    saving = fp8.gathered_saving(setup, shards)
+    scales = fp8.SCALE * len(fp8.titan_linear_shapes(setup)) if saving else 0
+    return fsdp2_flat_elements(layer, shards) * weight - saving + scales
 
 
 def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
@@ -93,10 +104,10 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
         return 0
     shards = setup.strategy.shard_group * setup.parallel.cp
     embedding, layer, head = unit_shapes(setup.model)
-    below = layer if i > 0 else embedding
     above = layer if i < layers - 1 else head
     weight = setup.training.precision.weight_bytes
-    return fsdp2_flat_elements(below, shards) * weight + fsdp2_flat_elements(above, shards) * 4
+    below = layer_gather(setup, shards) if i > 0 else fsdp2_flat_elements(embedding, shards) * weight
+    return below + fsdp2_flat_elements(above, shards) * 4
 
 
 def pipeline_unsharded_gradients(setup: Setup, params: ParamCount) -> int:

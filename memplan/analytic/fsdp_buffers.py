@@ -99,6 +99,7 @@ from functools import lru_cache
 from memplan.analytic.allocator import Allocator, Replay
 from memplan.analytic.fsdp2_reduce import reduce_bytes, reduce_scatter_modelled
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
+from memplan.blocks import fp8
 from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
@@ -147,7 +148,11 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     if units is None:
         return None
     world, e = setup.strategy.shard_group * setup.parallel.cp, setup.training.precision.weight_bytes
-    return [(gathered(shapes, world, e), again) for shapes, again in units]
+    # --fp8-all-gather: a block's converted weights gathered in float8 (blocks.fp8.gathered_saving)
+    block, saving = _layer_shapes(setup.model), fp8.gathered_saving(setup, world)
+    return [
+        (gathered(shapes, world, e) - (saving if shapes == block else 0), again) for shapes, again in units
+    ]
 
 
 class _Coder:

@@ -81,6 +81,7 @@ from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
 from memplan.blocks.embedding import loop_ids_bytes
+from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
@@ -246,6 +247,8 @@ def peak(
     head = sum(k.total_bytes for k in kept if k.block.in_head)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     weights, optimizer = states.weights, states.optimizer
+    # --fp8-all-gather: the unsharded float8 weights' fp32 scales, held from their first all-gather
+    weights += fp8_scales_held(setup)
     # torchtitan's FSDP2 on a pipeline stage: the unsharded gradients accumulated in the reduce dtype
     # until the stage's last backward, in place of the shards (``pipeline_unsharded_gradients``)
     unsharded_grads = pipeline_unsharded_gradients(setup, params)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import shard
+from memplan.blocks import fp8
 from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import Offload, Optimizer, PositionType, Precision, Setup, ZeroStage
 
@@ -74,4 +75,6 @@ def zero3_gather(p: ParamCount, setup: Setup) -> int:
     offloaded = Offload.PARAMS in setup.offload  # gathered from the host even at dp 1
     if not offloaded and (s.zero < ZeroStage.PARAMETERS or s.shard_group == 1):
         return 0
-    return max(p.layer.total, p.embedding, p.lm_head) * setup.training.precision.weight_bytes
+    weight = setup.training.precision.weight_bytes
+    # a block's converted weights gathered in float8 under --fp8-all-gather (blocks.fp8.gathered_saving)
+    return max(p.layer.total * weight - fp8.gathered_saving(setup), max(p.embedding, p.lm_head) * weight)

@@ -6,7 +6,7 @@ What it keeps for backward: what bf16 training keeps. ``matmul_with_hp_or_float8
 outlives the op (``trace --fp8``: the saved tensors equal bf16's, byte for byte). Delayed scaling, whose
 per-tensor amax history was a buffer, is gone from torchao (0.18's ``ScalingType`` is ``DYNAMIC`` or
 ``DISABLED``): there is no amax history to count. With FSDP2's ``enable_fsdp_float8_all_gather`` (tensorwise
-only) the all-gathered weight would be float8: not modelled (below).
+only, ``--fp8-all-gather``) the all-gathered weight is float8 (below).
 
 What it adds are the casts' temporaries, per linear Y = X·Wᵀ (X [T, in], W [out, in], dY [T, out]):
 - one cast of an n-element tensor (``hp_tensor_to_float8_dynamic``): ``tensor_to_amax`` (``abs`` of it,
@@ -38,16 +38,36 @@ Known limitations (NB):
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
   projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
   16 (``module_filter_fn``); the estimate takes the down projection as converted.
-- NB: FSDP2's float8 all-gather and tensor-parallel float8 (amax all-reduce) are not modelled; a rank's
-  shapes are used as they are. torchtitan 0.3.0's config-level converter builds ``Float8Linear`` by its
-  ``__init__``, which never wraps the weight for the float8 all-gather (``WeightWithDynamicFloat8CastTensor``
-  is ``from_float``'s, under ``enable_fsdp_float8_all_gather``). Wrapped by hand as ``from_float`` does, on
-  one rank of Llama-3-8B's widths (2 layers, seq 256, FSDP2 over dp 2, ZeRO-3), the fake trace kept the same
-  saves and its forward-and-backward peak rose from 9,099,890,704 to 10,844,721,208 B, at the embedding's
-  backward; among the transients there, two tensors of 872,415,232 B (``aten.view``, ``aten.detach``) =
-  4 B × one layer's 218,103,808 linear-weight elements: fp32 whole-layer tensors, where bf16 would be
-  expected under FSDP2's ``param_dtype`` (the wrapper keeps the fp32 shard's dtype: a candidate, not
-  checked). Not yet modelled, so no ``--fp8-all-gather`` is offered.
+- NB: tensor-parallel float8 (amax all-reduce) is not modelled; a rank's shapes are used as they are.
+
+FSDP2's float8 all-gather (``--fp8-all-gather``: torchao's ``enable_fsdp_float8_all_gather``, torchtitan's
+``float8.enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``; tensorwise only,
+torchtitan under ZeRO-3 over dp > 1): ``Float8Linear.from_float`` wraps each weight in
+``WeightWithDynamicFloat8CastTensor`` (torchao float8/fsdp_utils.py), whose ``fsdp_pre_all_gather`` casts
+the rank's fp32 shard to float8 and returns its data (1 B an element) with the scale as metadata, and whose
+``fsdp_post_all_gather`` makes the unsharded weight a ``Float8TrainingTensor`` (``param_dtype`` its nominal
+dtype). So: a gathered block holds its converted weights in float8 (``gathered_saving``: (weight bytes − 1)
+an element less; FSDP2 gathers the unit's mixed dtypes as bytes, the norms bf16); the linear's forward and
+backward find the weight already float8 (no weight cast: ``forward_transient``, ``backward_transient``);
+each unsharded weight keeps its fp32 scale across reshards (``gathered_scales``) and a prefetched block's
+pre-all-gather makes five more beside them until its copy-out (``analytic.fsdp2_moments.layer_gather``);
+the all-gathers move float8 and one all-reduce of the amaxes runs after the step (``time.comm_dp``).
+Traced on one rank of Llama-3-8B's widths (2 layers, seq 256, dp 2, ZeRO-3; tests/hf/test_fp8_all_gather.py):
+saves and shards unchanged, the gathered block 218,120,192 B (bf16's 436,224,000), the loss backward's
+moment exact, the final norm's and the embedding's moved as the estimate says (− F + 60 B, + 40 B). The
+probe of d7a4862 saw two "fp32 whole-layer" tensors (872,415,232 B) at its peak: the wrapper subclass's own
+dataless storages (``_make_wrapper_subclass``) counted by the live-memory tracker beside the inner fp32
+shards; the tracker now counts a wrapper by its inner tensors (``instruments.tracker.data_tensors``), and the
+peak is bf16-gathered's + 40 B (the held scales).
+- NB: the weights are wrapped as ``from_float`` does (``measure.distributed.titan.wrap_float8_weights``):
+  torchtitan 0.3.0's config-level converter builds ``Float8Linear`` by ``__init__`` and never wraps them.
+- NB: the pre-all-gather cast of the fp32 shard (its ``cast_top``, before each block's all-gather, in the
+  forward and in the backward's prefetch) is not a modelled moment; with the weight casts gone the tiny
+  rank's layer-backward top moves to SiLU's backward, between W_up's and W_gate's (W_up's dX [T, h] and a
+  scale alive), 4,100 B (0.6 %) above the estimate, which models the casts' moments only. On the Llama-3-8B
+  rank the layer-backward moment is inexact with or without the float8 all-gather (titan_peak's NBs).
+- NB: refused with --tp, --pp, --cp and HSDP (not traced); under ``--compile`` the note of the eager
+  casts applies.
 - NB: under torchtitan's ``SelectiveAC`` tensorwise's amaxes are cached (``sac_amax_rules``); the SAC
   re-run's casts are not a modelled moment.
 """
@@ -84,6 +104,8 @@ def forward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
     r, e = setup.impl.fp8, setup.training.precision.activation_dtype.bytes
     x, w = tokens * n_in, n_in * n_out
     sx, sw = scales(r, tokens), scales(r, n_out)
+    if all_gather(setup):  # Wᵀ is the gathered float8 weight (column-major: no copy for the GEMM)
+        return max(cast_top(x) + sx, x + sx + e * tokens * n_out)
     return max(
         cast_top(x) + sx,
         x + sx + cast_top(w) + sw,
@@ -99,12 +121,18 @@ def backward_transient(setup: Setup, tokens: int, n_in: int, n_out: int) -> int:
     x, w, y = tokens * n_in, n_in * n_out, tokens * n_out
     dy = y + scales(r, tokens)  # float8 dY for dX, by token
     wt = w + scales(r, n_in)  # float8 W for dX, by input
+    if all_gather(setup):
+        # W is already float8 (the gathered weight): no cast; the GEMM's operand is W's column-major copy
+        # (torchao float8_ops ``preprocess_addmm``: ``b.t().contiguous().t()`` of the row-major W), its
+        # scale shared
+        wt = w
+    weight_cast = 0 if all_gather(setup) else dy + cast_top(w) + scales(r, n_in)
     dx = e * x
     dy2 = y + scales(r, n_out)  # float8 dY for dW, by output
     xt = x + scales(r, n_in)  # float8 X for dW, by input
     return max(
         cast_top(y) + scales(r, tokens),
-        dy + cast_top(w) + scales(r, n_in),
+        weight_cast,
         dy + wt + dx,
         dy + wt + dx + cast_top(y) + scales(r, n_out),
         dy + wt + dx + dy2 + cast_top(x) + scales(r, n_in),
@@ -117,11 +145,12 @@ def down_backward(setup: Setup, dims: Dims) -> int:
     return backward_transient(setup, dims.tokens, dims.f, dims.h)
 
 
-def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+def titan_linear_shapes(setup: Setup) -> list[tuple[Block, str, int, int]]:
     """A torchtitan Llama 3 block's linears that its converter makes Float8Linear, in forward order (fused
-    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``): 0.3.0's ``module_filter_fn`` skips a linear with
-    ``in_features`` or ``out_features`` not a multiple of 16 (torchtitan components/quantization/utils.py),
-    judged on the model's whole widths (the converter rewrites the config before the TP plan shards it)."""
+    ``wqkv``, ``wo``; ``w2(silu(w1(x)) * w3(x))``), with (in_features, out_features): 0.3.0's
+    ``module_filter_fn`` skips a linear with ``in_features`` or ``out_features`` not a multiple of 16
+    (torchtitan components/quantization/utils.py), judged on the model's whole widths (the converter
+    rewrites the config before the TP plan shards it)."""
     m = setup.model
     h, qkv, heads, f = m.hidden_size, (m.num_heads + 2 * m.kv_heads) * m.dim, m.num_heads * m.dim, m.ffn
     shapes = (
@@ -131,7 +160,44 @@ def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
         (Block.MLP, "w2", f, h),
         (Block.MLP, "w3", h, f),
     )
-    return [(block, name) for block, name, n_in, n_out in shapes if n_in % 16 == 0 and n_out % 16 == 0]
+    return [s for s in shapes if s[2] % 16 == 0 and s[3] % 16 == 0]
+
+
+def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
+    """``titan_linear_shapes``' (block, name)."""
+    return [(block, name) for block, name, _, _ in titan_linear_shapes(setup)]
+
+
+def all_gather(setup: Setup) -> bool:
+    """``--fp8-all-gather``: torchao's ``enable_fsdp_float8_all_gather`` under torchtitan's FSDP2 ZeRO-3
+    (the setup's rules refuse it elsewhere)."""
+    return setup.impl.fp8_all_gather
+
+
+def gathered_linear_elements(setup: Setup, shards: int = 1) -> int:
+    """Elements of one block's converted weights as FSDP2 gathers them: each [out, in] weight's dim 0
+    padded to a multiple of ``shards`` (``blocks.torchtitan.fsdp2_flat_elements``)."""
+    return sum(-(-n_out // shards) * shards * n_in for _, _, n_in, n_out in titan_linear_shapes(setup))
+
+
+def gathered_saving(setup: Setup, shards: int = 1) -> int:
+    """Bytes one gathered block holds less under ``--fp8-all-gather``: its converted weights all-gathered
+    in float8 (``fsdp_pre_all_gather`` returns ``float8_training_tensor._data``, 1 byte an element) where
+    FSDP2's ``param_dtype`` copy would be ``weight_bytes``; FSDP2 all-gathers the mixed dtypes as bytes
+    (the unit's norms stay bf16). 0 without it."""
+    if not all_gather(setup):
+        return 0
+    return gathered_linear_elements(setup, shards) * (setup.training.precision.weight_bytes - 1)
+
+
+def gathered_scales(setup: Setup) -> int:
+    """Bytes of the converted weights' fp32 scales alive from their first all-gather on: each unsharded
+    weight is a ``Float8TrainingTensor`` whose ``_scale`` (``fsdp_pre_all_gather``'s metadata, set again by
+    ``fsdp_post_all_gather(out=...)``) FSDP2's reshard does not free (``free_unsharded_param`` frees the
+    all-gather outputs only): one ``SCALE`` per converted weight of every block. 0 without it."""
+    if not all_gather(setup):
+        return 0
+    return SCALE * len(titan_linear_shapes(setup)) * setup.model.num_layers
 
 
 def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
@@ -145,9 +211,12 @@ def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
     torchtitan --checkpointing selective --fp8 tensorwise``, tests/hf/test_torchtitan_tensorwise.py)."""
     if setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
         return []
+    # --fp8-all-gather: the weight arrives float8 (cast in FSDP2's pre-all-gather hook, outside the
+    # checkpointed block): no weight amax inside it
+    parts = ("input",) if all_gather(setup) else ("input", "weight")
     why = "SAC cache: aten.max (tensorwise amax) of the float8 cast of"
     return [
         save(block, f"{name}_{part}_amax", (), dims.act, Role.PARAM_DERIVED, f"{why} {name}'s {part}")
         for block, name in titan_linears(setup)
-        for part in ("input", "weight")
+        for part in parts
     ]

@@ -54,6 +54,7 @@ StageOpt = Annotated[
     "reentrant",
     "experts",
     "compile",
+    "fp8_all_gather",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )

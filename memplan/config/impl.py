@@ -147,6 +147,13 @@ class ImplConfig(Frozen):
         "TE's own DelayedScaling default 1024): fp32 state per quantizer and the scale update's traffic "
         "(blocks/te_fp8.py)",
     )
+    fp8_all_gather: bool = Field(
+        default=False,
+        description="--impl torchtitan --fp8 tensorwise under FSDP2 (ZeRO-3): torchao's "
+        "enable_fsdp_float8_all_gather, each converted linear's weight all-gathered in float8 (1 byte an "
+        "element and an fp32 scale) with precompute_float8_dynamic_scale_for_fsdp's amax all-reduce a step "
+        "(blocks/fp8.py)",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

@@ -269,6 +269,31 @@ def check_impl(setup: Setup) -> None:
             )
 
 
+def check_fp8_all_gather(setup: Setup) -> None:
+    """``--fp8-all-gather`` where it is modelled and traced: torchtitan's tensorwise ``Float8Linear`` under
+    its FSDP2 ZeRO-3 over dp > 1 ranks, without tp, pp, cp (torchao's ``enable_fsdp_float8_all_gather``
+    is tensorwise only: ``Float8LinearConfig.__post_init__``)."""
+    if not setup.impl.fp8_all_gather:
+        return
+    s, par = setup.strategy, setup.parallel
+    if setup.impl.impl is not Impl.TORCHTITAN or setup.impl.fp8 is not Fp8Recipe.TENSORWISE:
+        raise ValueError(
+            "fp8_all_gather: FSDP2's float8 all-gather is modelled for torchtitan's tensorwise float8 only "
+            "(torchao allows no other recipe); add --impl torchtitan --fp8 tensorwise or drop "
+            "--fp8-all-gather"
+        )
+    if s.zero < ZeroStage.PARAMETERS or s.dp < 2 or s.shard_group != s.dp:
+        raise ValueError(
+            "fp8_all_gather: the float8 all-gather is FSDP2's (weights gathered per unit); use --zero 3 with "
+            "--dp 2 or more (no --hsdp), or drop --fp8-all-gather"
+        )
+    if par.tp > 1 or par.pp > 1 or par.cp > 1:
+        raise ValueError(
+            "fp8_all_gather: the float8 all-gather with --tp, --pp or --cp is not modelled; drop them or "
+            "--fp8-all-gather"
+        )
+
+
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
@@ -279,6 +304,7 @@ def check_fp8(setup: Setup) -> None:
             "fp8_amax_history_len: the amax history is Transformer Engine's delayed scaling; add --impl "
             "megatron --fp8 delayed or drop --fp8-amax-history-len"
         )
+    check_fp8_all_gather(setup)
     if fp8 is Fp8Recipe.NONE:
         return
     if impl is Impl.HF:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from memplan.analytic.fsdp2_moments import titan_fsdp2
 from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.blocks import fp8
 from memplan.config import Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
@@ -98,6 +99,8 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
     n, prec = c.result.micro_batches, s.training.precision
     # torchtitan's reduce dtype: ``--reduce-dtype``, else its ``mixed_precision_reduce`` default, fp32
     grads, weights = params * reduce_bytes(s), params * prec.weight_bytes
+    # --fp8-all-gather: each block's converted weights all-gathered in float8, 1 B an element
+    weights -= c.layers * fp8.gathered_saving(s)
     AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     if s.parallel.pp > 1:
         return [
@@ -110,12 +113,25 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
             row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
             row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights, resharded after backward"),
         ]
-    again = (params - titan_kept_params(c)) * prec.weight_bytes
+    again = (params - titan_kept_params(c)) * prec.weight_bytes - c.layers * fp8.gathered_saving(s)
     return [
         row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
         row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not [norm, lm_head]"),
         row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+        *_fp8_amax_rows(c, row),
     ]
+
+
+def _fp8_amax_rows(c: Critical, row: Callable[..., Row]) -> list[Row]:
+    """``--fp8-all-gather``: torchtitan's ``precompute_float8_dynamic_scale_for_fsdp`` after the optimizer
+    step (torchao float8/fsdp_utils.py): ``torch._foreach_norm(weights, ord=inf)`` of the rank's sharded
+    float8 weights, stacked and clamped as a DTensor — "it will issue a single all-reduce" (its comment) of
+    one fp32 amax per converted weight of the stage; none without it."""
+    if not fp8.all_gather(c.setup):
+        return []
+    amaxes = fp8.SCALE * len(fp8.titan_linear_shapes(c.setup)) * c.layers
+    what = "float8 weights' amaxes (precompute_float8_dynamic_scale_for_fsdp)"
+    return [row(Collective.ALL_REDUCE, Phase.STEP, amaxes, 1, Overlap.NONE, what)]
 
 
 def _regathers(c: Critical, row: Callable[..., Row]) -> list[Row]:

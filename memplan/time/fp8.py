@@ -20,7 +20,8 @@ buffer's copy and the history update (``te_amax_bytes``) and the buffer's all-re
 
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-the float8 all-gather of FSDP and current scaling's per-tensor amax all-reduces (TE's
+under ``--fp8-all-gather`` the once-a-step amax pass over the fp32 shards
+(``precompute_float8_dynamic_scale_for_fsdp``), and current scaling's per-tensor amax all-reduces (TE's
 ``with_amax_reduction`` under sequence parallelism) are not modelled (nor TE's float8 all-gather of the
 sequence-parallel input: the tp collectives keep 16-bit sizes); the launch gaps of delayed scaling's two
 kernels a reduction (µs each) are not charged. The memory: blocks/fp8.py (the saved activations are
@@ -29,6 +30,7 @@ bf16's; the casts' temporaries join the peak), blocks/te_fp8.py.
 
 from __future__ import annotations
 
+from memplan.blocks import fp8 as blocks_fp8
 from memplan.blocks import mxfp8, te_fp8
 from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.presets import GpuPreset
@@ -74,12 +76,19 @@ def cast_bytes(setup: Setup) -> tuple[int, int]:
         return 0, 0
     if setup.impl.impl is Impl.MEGATRON:
         return te_cast_bytes(setup)
-    forward = backward = 0
+    forward = backward = weights = 0
     for g in gemm.layer_gemms(setup):
         x, w, dy = g.count * g.rows * g.inner, g.count * g.inner * g.cols, g.count * g.rows * g.cols
         forward += x + w
         backward += 2 * dy + w + x
+        weights += w
     per = per_element(setup)
+    if blocks_fp8.all_gather(setup):
+        # --fp8-all-gather: no weight cast in the linear; FSDP2's pre-all-gather casts the rank's fp32 shard
+        # with the precomputed scale (``hp_tensor_and_scale_to_float8``: reads 4 B, writes 1 B an element),
+        # before the forward's gather and the backward's (ZeRO-3 reshards the block after forward)
+        shard = -(-weights // setup.strategy.shard_group)
+        return (forward - weights) * per + 5 * shard, (backward - weights) * per + 5 * shard
     return forward * per, backward * per
 
 

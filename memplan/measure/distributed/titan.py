@@ -147,9 +147,29 @@ def meta_model(setup: Setup) -> Any:
     torch.set_default_dtype(build_dtype(setup))
     try:
         with torch.device("meta"):
-            return config.build()
+            model = config.build()
     finally:
         torch.set_default_dtype(default)
+    if setup.impl.fp8_all_gather:
+        wrap_float8_weights(model)
+    return model
+
+
+def wrap_float8_weights(model: Any) -> None:
+    """``--fp8-all-gather``: every ``Float8Linear``'s weight wrapped as torchao's ``Float8Linear.from_float``
+    does under ``enable_fsdp_float8_all_gather`` (``WeightWithDynamicFloat8CastTensor``, whose
+    ``fsdp_pre_all_gather`` casts the fp32 shard to float8 and ``fsdp_post_all_gather`` makes the unsharded
+    ``Float8TrainingTensor``): torchtitan 0.3.0's converter builds ``Float8Linear`` by its ``__init__``,
+    which never wraps it (blocks/fp8.py NB), where the Dec-2024 torchtitan went through
+    ``convert_to_float8_training`` → ``from_float``."""
+    from torchao.float8.float8_linear import Float8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            target = module.config.cast_config_weight.target_dtype
+            wrapped = WeightWithDynamicFloat8CastTensor(module.weight, module.linear_mm_config, target)
+            module.weight = torch.nn.Parameter(wrapped, requires_grad=module.weight.requires_grad)
 
 
 def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> Any:

@@ -91,7 +91,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from memplan.measure.distributed.instruments import RankMemoryTracker, local
 from memplan.measure.instruments.moments import read_points
 from memplan.measure.instruments.record import storage_ref
-from memplan.measure.instruments.tracker import Curve
+from memplan.measure.instruments.tracker import Curve, data_tensors
 
 KINDS = ("states", "gradients", "saved", "transient")
 """What is alive at the measured peak, in the order the comparison shows it."""
@@ -209,8 +209,8 @@ class PeakTracker(RankMemoryTracker):
     ) -> PeakRun:
         """The peak's live set split into ``KINDS``: ``states`` (parameters, buffers), the recorder's
         ``saved`` storage keys, the ``grads`` alive at the end; the rest by op."""
-        state_keys = {storage_ref(local(t)).cdata for t in states}
-        grad_keys = {storage_ref(local(g)).cdata for g in grads}
+        state_keys = {storage_ref(d).cdata for t in states for d in data_tensors(local(t))}
+        grad_keys = {storage_ref(d).cdata for g in grads for d in data_tensors(local(g))}
         keys = (state_keys, saved, grad_keys)
         parts, transient = split(self.peak_live, *keys)
         windows = {label: (n, op, *split(live, *keys)) for label, (n, op, live) in self.windows.items()}

@@ -26,10 +26,27 @@ from typing import Any, Protocol, cast
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 from memplan.analytic.allocator import Alloc, Event, Free
 from memplan.measure.instruments.record import _Mode, storage_ref
+
+
+def data_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
+    """The tensors that hold ``t``'s bytes: ``t`` itself, or for a wrapper subclass (torchao's
+    ``WeightWithDynamicFloat8CastTensor`` and ``Float8TrainingTensor``, a DTensor) its inner tensors
+    (``__tensor_flatten__``), recursively. A wrapper's own storage holds no data (``_make_wrapper_subclass``:
+    a storage of the outer dtype's nbytes with no allocation), so counting it would count the weight again
+    in the wrapper's dtype (fp32 for torchao's weight wrapper, whose inner tensor is FSDP2's fp32 shard)."""
+    if not is_traceable_wrapper_subclass(t):
+        yield t
+        return
+    names, _ = t.__tensor_flatten__()
+    for name in names:
+        inner = getattr(t, name)
+        if isinstance(inner, torch.Tensor):
+            yield from data_tensors(inner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +102,8 @@ class LiveMemoryTracker(_Mode):
     def track(self, tensors: Iterable[torch.Tensor]) -> None:
         """Count pre-existing tensors (parameters, optimizer states) as live from now on."""
         for t in tensors:
-            self._add(t.untyped_storage())
+            for d in data_tensors(t):
+                self._add(d.untyped_storage())
         self.curve.samples.append(self.current)
 
     def note(self, label: str) -> None:
@@ -129,10 +147,14 @@ class LiveMemoryTracker(_Mode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        inputs = {storage_ref(t).cdata for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = {storage_ref(d).cdata for t in given for d in data_tensors(t)}
         for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and storage_ref(t).cdata not in inputs:
-                self._add(t.untyped_storage())
+            if not isinstance(t, torch.Tensor):
+                continue
+            for d in data_tensors(t):
+                if storage_ref(d).cdata not in inputs:
+                    self._add(d.untyped_storage())
         self.curve.samples.append(self.current)
         return out
 
