@@ -19,8 +19,18 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``;
   a fully checkpointed layer's backward, the tensors its re-run forward makes again, then the rest one
   block: ``timeline.rerun_tensors``);
-- cuBLAS's workspace (with a GPU) once, before the first layer, and never freed (torch keeps one per
-  handle and stream, ``getNewWorkspace`` takes it from the caching allocator).
+- cuBLAS's workspaces (with a GPU), never freed: torch keeps one per cuBLAS handle and stream
+  (aten/src/ATen/cuda/CublasHandlePool.cpp: ``cublas_handle_stream_to_workspace`` keyed by (handle,
+  stream), ``getNewWorkspace`` takes it from the caching allocator) and one handle per thread (its
+  ``thread_local`` ``PoolWindow``). A training step runs GEMMs on two threads: the forward's (Python's)
+  and the autograd engine's device thread, which runs the backward (``CUBLAS_THREADS``). Measured on an
+  H200 (docs/gpu-profile.md): two 32 MiB blocks in the allocator's snapshot, from ``THPVariable_linear``
+  and ``MmBackward0``; the measured allocated peaks exceed the saves-and-states peak by exactly 64 MiB.
+  Both are made before the first layer, each in a segment of its own (a request over 10 MiB).
+  NB: the backward thread's is made at the first backward GEMM, where the allocator gives it a cached
+  free block if one fits; the replay does not place it there, since its moments' transients are blocks
+  that such a split would fragment where the real tensors would not (T4's layer backward, one 24 GiB
+  block: a 32 MiB split of its cached block cost a second 23 GiB segment).
 
 The stream holds ``STEPS`` steps: the second finds the first one's cached segments, as every step after
 the first does (its gradients freed by ``zero_grad(set_to_none=True)`` and its transients reused). The
@@ -49,18 +59,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import itemgetter
 
-from memplan.analytic.allocator import Alloc, Event, Free
+from memplan.analytic.allocator import CUBLAS_THREADS, Alloc, Event, Free
 from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Scope
-from memplan.config import Setup, StrategyConfig
+from memplan.config import Optimizer, Setup, StrategyConfig
 from memplan.engine import Result
 from memplan.strategies.pipeline_parallel import Group
 from memplan.timeline import timeline
 
 STEPS = 2
 """Steps in the stream: the first fills the cache, the second reuses it (module docstring)."""
+
 
 MEMO_MAX = 2048
 """The most results (and rank tensor lists) memoised before the memos are cleared (``reserved``'s
@@ -88,6 +99,34 @@ def take(queue: list[int], delta: int) -> list[int]:
     return out + ([rest] if rest > 0 else [])
 
 
+def optimizer_parts(setup: Setup) -> tuple[int, ...]:
+    """Bytes per element of the optimizer's tensors of one parameter, as its code makes them: the fp32
+    master copy (0 without one), then each state (AdamW's m and v; one momentum for SGD with momentum
+    and Lion). The reference optimizer (``measure/reference/optim.py``) makes every master first, then
+    each parameter's states; torch's AdamW makes each parameter's ``exp_avg`` and ``exp_avg_sq`` in turn
+    (``_init_group``). Empty where the states are not whole tensors of one element size each (8-bit
+    AdamW's codes and scales): then one allocation per parameter holds them all."""
+    t = setup.training
+    p, opt = t.precision, t.optimizer
+    if opt is Optimizer.ADAMW_8BIT:
+        return ()
+    n = opt.state_bytes(p) // p.state_bytes
+    return (p.master_bytes, *([p.state_bytes] * n))
+
+
+def optimizer_tensors(total: int, elements: list[int], parts: tuple[int, ...]) -> list[int]:
+    """The optimizer term's allocations (``tensor_bytes`` when ``parts`` do not lay it whole): every
+    parameter's master copy in order, then each parameter's states."""
+    count = sum(elements)
+    if parts and count and count * sum(parts[1:]) == total:  # no master copy on this rank (FSDP2's fp32
+        parts = (0, *parts[1:])  # shards are the weights the optimizer steps: ``--impl torchtitan``)
+    if not parts or not count or count * sum(parts) != total:
+        return tensor_bytes(total, elements)
+    master, states = parts[0], parts[1:]
+    out = [e * master for e in elements if e and master]
+    return out + [e * b for e in elements if e for b in states]
+
+
 def layer_saves(r: Result) -> list[int]:
     """Bytes of each tensor one layer saves, in inventory order (one instance each)."""
     return [k.bytes for k in r.pieces.kept if k.scope is Scope.LAYER and k.count]
@@ -109,6 +148,9 @@ class StreamInputs:
     """One layer's saves (``layer_saves``)."""
     pieces: tuple[tuple[int, ...], ...] = ()
     """Each point's transient as its tensors (``timeline.Point.pieces``; empty: one block)."""
+    state_parts: tuple[int, ...] = ()
+    """The optimizer's tensors per parameter, bytes per element: the master copy first (0: none), then
+    each state (``optimizer_parts``); empty: one allocation per parameter of all its states."""
 
 
 _INPUTS: dict[int, tuple[Result, StreamInputs]] = {}
@@ -151,6 +193,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),
         pieces=tuple(p.pieces for p in points) if any(p.pieces for p in points) else (),
+        state_parts=optimizer_parts(r.setup),
     )
 
 
@@ -220,8 +263,13 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
         if term == transient:  # one block, or the tensors the timeline knows it as
             return list(inputs.pieces[k]) if inputs.pieces and inputs.pieces[k] else [delta]
         if total[term] == 0:  # the term starts (again): its tensors in the order they are made
-            order = per_tensor[::-1] if names[term] == "gradients" else per_tensor
-            queues[term] = tensor_bytes(full[names[term]], order)
+            name = names[term]
+            order = per_tensor[::-1] if name == "gradients" else per_tensor
+            queues[term] = (
+                optimizer_tensors(full[name], order, inputs.state_parts)
+                if name == "optimizer"
+                else tensor_bytes(full[name], order)
+            )
         return take(queues[term], delta)
 
     for step in range(steps):
@@ -238,9 +286,9 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
                     now -= size
                 cut[term] = now < target < was  # freed past its target: the rest is made again, first
                 total[term] = now
-            if step == 0 and k == 0 and workspace:
-                out.append(workspace)
-                made += 1
+            if step == 0 and k == 0 and workspace:  # one per thread: ``CUBLAS_THREADS``
+                out.extend([workspace] * CUBLAS_THREADS)
+                made += CUBLAS_THREADS
             # a term freed past its target grows back before the others (``codes``' docstring)
             for term in sorted(range(len(TERMS)), key=lambda t: not cut[t]):
                 target = point[term]

@@ -2,9 +2,9 @@
 (``analytic.allocator``), and what the device holds outside it.
 
 The stream of the most loaded device (``alloc_stream``: the timeline at every layer, term by term, the
-saves and states as their tensors, cuBLAS's workspace) is replayed ``STEPS`` times: the second step finds
+saves and states as their tensors, cuBLAS's two workspaces) is replayed ``STEPS`` times: the second step finds
 the first one's cached segments, so the peaks are those ``torch.cuda.memory_stats()`` keeps over a run.
-The requested peak equals the estimate's peak (plus the workspace) by construction (less the sharded
+The requested peak equals the estimate's peak (plus the workspaces) by construction (less the sharded
 gradients where they are the reduce-scatter stream's, NB below); the allocated peak adds the 512-byte
 rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack. Replays are
 memoised on the stream's inputs (``alloc_stream.StreamInputs``).
@@ -54,7 +54,7 @@ from memplan.alloc_stream import (
     codes,
     stream_inputs,
 )
-from memplan.analytic.allocator import Allocator, Replay
+from memplan.analytic.allocator import CUBLAS_THREADS, Allocator, Replay
 from memplan.analytic.allocator_plain import demand, replay_plain
 from memplan.engine import Result
 from memplan.presets import GpuPreset
@@ -66,19 +66,30 @@ CublasHandlePool.cpp, ``parseChosenWorkspaceSize``: ``sm90 ? 4096 * 8 * 1024 : .
 CUBLAS_WORKSPACE_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
 """…on every other GPU: ``:4096:2:16:8``, 2 × 4096 KiB + 8 × 16 KiB = 8 MiB + 128 KiB (the same function)."""
 
-CUDA_CONTEXT = 723 * 2**20
-"""The CUDA context torch's first CUDA call creates, outside the caching allocator: 723 MiB in
-nvidia-smi for ``th.randn(1).cuda()`` (discuss.pytorch.org/t/what-is-the-reason-for-pytorchs-gpu-memory-
-floor/73021; ptrblck there and in /t/high-gpu-memory-overhead/81330: "~700+MB" depending on the CUDA
-version and the device). NB: CUDA ≥ 12.2 loads kernels lazily on Linux (CUDA_MODULE_LOADING=LAZY by
-default), which makes it smaller: an upper figure for recent stacks."""
+CUDA_CONTEXT = 767 * 2**20
+"""What a training process holds on the GPU outside the caching allocator once a step has run: the CUDA
+context, the kernel modules the step loaded into it and the libraries' handles (cuBLAS, cuDNN).
+Measured on an H200 (driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130; benchmarks/cuda_context.py,
+docs/gpu-profile.md): the device's used memory less ``memory_reserved()`` is 619 MiB after the first
+tensor, 685 after the first bf16 GEMM, 701 after FlashAttention's forward and backward, and 767 MiB
+after a training step of the reference model (Llama 3.2 1B), under torch's default lazy kernel loading
+(``CUDA_MODULE_LOADING=LAZY`` since torch 1.13, pytorch/pytorch#86509); 1,837 MiB with ``EAGER``.
+NB: it differs with the driver, the CUDA version and the GPU (a forum measurement of an older stack
+without lazy loading: 723 MiB for ``th.randn(1).cuda()``, discuss.pytorch.org/t/73021); one measured
+stack stands for all."""
 
 
 def cublas_workspace(gpu: GpuPreset | None) -> int:
-    """Bytes of the one cuBLAS workspace a training step's GEMMs take (0 without a GPU)."""
+    """Bytes of one cuBLAS workspace (one per thread that runs GEMMs; 0 without a GPU)."""
     if gpu is None:
         return 0
     return CUBLAS_WORKSPACE_SM90 if gpu.compute_capability == "9.0" else CUBLAS_WORKSPACE_DEFAULT
+
+
+def cublas_workspaces(gpu: GpuPreset | None) -> int:
+    """Bytes of the cuBLAS workspaces a training step holds from its first backward on: the forward
+    thread's and the autograd engine's (``analytic.allocator.CUBLAS_THREADS``)."""
+    return CUBLAS_THREADS * cublas_workspace(gpu)
 
 
 @dataclass(frozen=True)
@@ -86,13 +97,14 @@ class Reserved:
     """The most loaded device's memory as torch's allocator and the driver report it (bytes)."""
 
     requested_peak: int
-    """The estimate's peak plus the cuBLAS workspace: what the tensors ask for."""
+    """The estimate's peak plus the cuBLAS workspaces: what the tensors ask for."""
     allocated_peak: int
     """``allocated_bytes.all.peak``: the blocks handed out (512-byte rounding, unsplit blocks)."""
     reserved_peak: int
     """``reserved_bytes.all.peak``: the segments the allocator holds."""
     segments: int
     cublas_workspace: int
+    """The cuBLAS workspaces, all threads' (``cublas_workspaces``)."""
     cuda_context: int
     """Outside the allocator (with a GPU; else 0)."""
     expandable: bool
@@ -236,7 +248,7 @@ def reserved_of(out: Replay, workspace: int, context: int, expandable: bool) -> 
         allocated_peak=out.allocated_peak,
         reserved_peak=out.reserved_peak,
         segments=out.segments,
-        cublas_workspace=workspace,
+        cublas_workspace=CUBLAS_THREADS * workspace,
         cuda_context=context,
         expandable=expandable,
     )

@@ -138,4 +138,4 @@ def test_estimate_shows_and_judges_with_them() -> None:
     assert alloc["nccl"] == 384 * MIB and alloc["cuda_context"] == CUDA_CONTEXT
     assert alloc["device_peak"] == alloc["reserved_peak"] + CUDA_CONTEXT + 384 * MIB
     assert doc["fit"]["nccl"] == 384 * MIB
-    assert mem["device_usable"] == doc["fit"]["usable_bytes"] == (81559 - 723 - 384) * MIB
+    assert mem["device_usable"] == doc["fit"]["usable_bytes"] == (81559 - 767 - 384) * MIB

@@ -109,6 +109,5 @@ def test_forward_points_never_negative_under_lora_and_activation_offload() -> No
     assert acts[-1] == lora.device.activations
     offloaded = build(Options(model="gpt2", seq=16, offload="activations")).result
     # every save is copied to the host as it is made: the GPU holds none at any forward point
-    assert [p.terms["activations"] for p in timeline(offloaded) if p.label.startswith("forward")] == [
-        0
-    ] * len(forward)
+    offloaded_forward = [p for p in timeline(offloaded) if p.label.startswith("forward")]
+    assert offloaded_forward and all(p.terms["activations"] == 0 for p in offloaded_forward)

@@ -64,6 +64,14 @@ K_ROUND_LARGE = 2 << 20
 """``kRoundLarge``: larger allocations are rounded up to 2 MiB."""
 
 
+CUBLAS_THREADS = 2
+"""Threads of a training step whose GEMMs each take a cuBLAS workspace from this allocator: the
+forward's and the autograd engine's device thread, which runs the backward. torch keeps one workspace
+per cuBLAS handle and stream (aten/src/ATen/cuda/CublasHandlePool.cpp: ``cublas_handle_stream_to_
+workspace``, keyed by (handle, stream)) and one handle per thread (its ``thread_local`` ``PoolWindow``);
+measured on an H200 (docs/gpu-profile.md, ``alloc_stream``'s docstring)."""
+
+
 class Alloc(NamedTuple):
     """One allocation of ``size`` bytes on ``stream``, named ``id`` for its free."""
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 import numba
 import numpy as np
 
-from memplan.analytic.allocator import Replay
+from memplan.analytic.allocator import CUBLAS_THREADS, Replay
 from memplan.analytic.allocator_jit_replay import Codes, replay_array, replay_stats
 from memplan.analytic.allocator_plain import demand, replay_plain
 
@@ -33,17 +33,29 @@ WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
 """The columns of ``_code``'s points: ``analytic.peak.TERMS``' order (``reserved`` passes them so)."""
 
 
-def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspace: int, steps: int) -> Codes:
+def _code(
+    points: Codes,
+    per_tensor: Codes,
+    states: Codes,
+    layer: Codes,
+    parts: Codes,
+    threads: int,
+    workspace: int,
+    steps: int,
+) -> Codes:
     """``alloc_stream.codes`` compiled: the stream of the timeline ``points`` (one row per point, one column
     per term) over ``steps`` steps, its allocations and frees coded as integers (n ≥ 0 allocates n bytes,
     the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
     elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
-    ``layer``: one layer's saves. Line by line ``alloc_stream.codes`` (its docstring and the module's
+    ``layer``: one layer's saves; ``parts``: the optimizer's tensors per parameter, bytes per element
+    (``alloc_stream.optimizer_parts``); ``threads``: the cuBLAS workspaces made at the first point
+    (``CUBLAS_THREADS``). Line by line ``alloc_stream.codes`` (its docstring and the module's
     say why): at each point the terms that shrink free their newest allocations first (the transient all
     of them), then the terms that grow allocate, a term freed past its target first — the activations one
     layer's saves when the rise is one layer's, else one block; the transient one block; the model states
     their next whole tensors (``alloc_stream.take``) from the term's queue, refilled
-    (``alloc_stream.tensor_bytes``) each time the term starts from 0, gradients in reverse order."""
+    (``alloc_stream.tensor_bytes``, the optimizer's ``alloc_stream.optimizer_tensors``) each time the term
+    starts from 0, gradients in reverse order."""
     out = [0]
     out.pop()
     # each term's held allocations, a stack kept as a linked list over all allocations
@@ -57,7 +69,10 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
     total = np.zeros(5, dtype=np.int64)
     cut = np.zeros(5, dtype=np.bool_)
     tensors = len(per_tensor)
-    queue = np.zeros((3, tensors), dtype=np.int64)
+    queue = np.zeros((3, tensors * max(1, len(parts))), dtype=np.int64)
+    part_sum = 0
+    for b in parts:
+        part_sum += b
     queued = np.zeros(3, dtype=np.int64)
     taken = np.zeros(3, dtype=np.int64)
     count = 0
@@ -81,9 +96,10 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
                     top[term] = held_below[j]
                 cut[term] = now < target < was  # freed past its target: the rest is made again, first
                 total[term] = now
-            if step == 0 and k == 0 and workspace:
-                out.append(workspace)
-                made += 1
+            if step == 0 and k == 0 and workspace:  # one per thread: analytic.allocator.CUBLAS_THREADS
+                for _ in range(threads):
+                    out.append(workspace)
+                made += threads
             for turn in range(10):  # the terms freed past their target first, then the others
                 term = turn % 5
                 if cut[term] != (turn < 5):
@@ -103,7 +119,25 @@ def _code(points: Codes, per_tensor: Codes, states: Codes, layer: Codes, workspa
                 else:
                     if total[term] == 0:  # the term starts (again): its tensors in the order they are made
                         queued[term] = taken[term] = 0
-                        if count and states[term] % count == 0:
+                        master = parts[0] if len(parts) else 0
+                        if len(parts) and count * (part_sum - master) == states[term]:
+                            master = 0  # no master copy on this rank (alloc_stream.optimizer_tensors)
+                        if (
+                            term == OPTIMIZER
+                            and len(parts)
+                            and count
+                            and count * (part_sum - parts[0] + master) == states[term]
+                        ):
+                            for h in range(tensors):  # every master copy, then each parameter's states
+                                if per_tensor[h] and master:
+                                    queue[term, queued[term]] = per_tensor[h] * master
+                                    queued[term] += 1
+                            for h in range(tensors):
+                                if per_tensor[h]:
+                                    for j in range(1, len(parts)):
+                                        queue[term, queued[term]] = per_tensor[h] * parts[j]
+                                        queued[term] += 1
+                        elif count and states[term] % count == 0:
                             per = states[term] // count
                             for h in range(tensors):
                                 e = per_tensor[tensors - 1 - h] if term == GRADIENTS else per_tensor[h]
@@ -157,6 +191,8 @@ class StreamFields(Protocol):
     def states(self) -> tuple[int, int, int]: ...
     @property
     def layer(self) -> tuple[int, ...]: ...
+    @property
+    def state_parts(self) -> tuple[int, ...]: ...
 
 
 def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
@@ -165,7 +201,8 @@ def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
     tensors = np.array(inputs.per_tensor, dtype=np.int64)
     held = np.array(inputs.states, dtype=np.int64)
     saves = np.array(inputs.layer, dtype=np.int64)
-    return cast(Codes, _coded(rows, tensors, held, saves, workspace, steps))
+    parts = np.array(inputs.state_parts, dtype=np.int64)
+    return cast(Codes, _coded(rows, tensors, held, saves, parts, CUBLAS_THREADS, workspace, steps))
 
 
 def codes_jit(inputs: StreamFields, workspace: int, steps: int) -> list[int]:

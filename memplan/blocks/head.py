@@ -232,9 +232,12 @@ def loss_parallel_backward_transient(dims: Dims) -> int:
 
 def torchtitan_loss_tensors(setup: Setup) -> bool:
     """Whether the loss's tensors are counted one by one (``forward_loss_blocks``,
-    ``loss_backward_blocks``): torchtitan's eager standard loss on one vocabulary shard and one stage."""
+    ``loss_backward_blocks``): torchtitan's eager standard loss on one vocabulary shard and one stage, and
+    the reference's (``measure/reference/loss.py``' ``standard_loss``: the same P, X = P.float() and
+    log-probs, X freed as ``log_softmax`` returns, then P; measured in the CUDA allocator's snapshot of
+    GPT-2 on an H200, docs/gpu-profile.md)."""
     return (
-        setup.impl.impl is Impl.TORCHTITAN
+        setup.impl.impl in (Impl.TORCHTITAN, Impl.REFERENCE)
         and setup.loss is LossKind.STANDARD
         and setup.parallel.tp == 1
         and setup.parallel.pp == 1

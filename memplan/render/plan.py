@@ -97,7 +97,7 @@ def verdict_text(v: Verdict) -> Text:
 
 def allocator_text(r: Reserved) -> Text:
     """The step as torch's caching allocator would report it (``memplan.reserved``)."""
-    extra = f" + cuBLAS workspace {fmt_bytes(r.cublas_workspace)}" if r.cublas_workspace else ""
+    extra = f" + cuBLAS workspaces {fmt_bytes(r.cublas_workspace)}" if r.cublas_workspace else ""
     outside = ""
     if r.cuda_context or r.nccl:  # with a GPU: what the driver holds beside the allocator's segments
         outside = (

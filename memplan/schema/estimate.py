@@ -89,11 +89,13 @@ _MEMORY = obj(
         ),
         "allocator": obj(
             {
-                "requested_peak": described(BYTES, "the peak plus the cuBLAS workspace"),
+                "requested_peak": described(BYTES, "the peak plus the cuBLAS workspaces"),
                 "allocated_peak": BYTES,
                 "reserved_peak": BYTES,
                 "segments": COUNT,
-                "cublas_workspace": BYTES,
+                "cublas_workspace": described(
+                    BYTES, "cuBLAS's workspaces: the forward thread's and autograd's backward thread's"
+                ),
                 "cuda_context": described(BYTES, "outside the allocator (with --gpu)"),
                 "nccl": described(BYTES, "NCCL's buffers, outside the allocator (with --gpu; memory.nccl)"),
                 "device_peak": described(BYTES, "reserved peak + CUDA context + NCCL buffers"),

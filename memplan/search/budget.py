@@ -1,7 +1,7 @@
 """Does a plan fit a GPU, and if not, which memory term overflows.
 
 The plan fits when what torch's caching allocator reserves at the step's peak (``reserved.replay_device``:
-the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspace included) fits the
+the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspaces included) fits the
 memory left to it: the memory the driver reports (``GpuPreset.device_bytes``: nvidia-smi's total where the
 preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
 (``reserved.CUDA_CONTEXT``, outside the allocator), less NCCL's buffers of the layout's communicators
@@ -48,7 +48,7 @@ from memplan.presets import GpuPreset
 from memplan.reserved import (
     CUDA_CONTEXT,
     Reserved,
-    cublas_workspace,
+    cublas_workspaces,
     fits_reserved,
     refuses,
     replay_device,
@@ -298,7 +298,7 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     what the allocator reserves in ``memory`` less the layout's NCCL buffers, FSDP2's all-gather stream and
     DDP's buckets (``verdict``) — the same answer as ``judged``, sooner:
 
-    - the requested peak (the estimate's peak plus cuBLAS's workspace: the stream reaches it,
+    - the requested peak (the estimate's peak plus cuBLAS's workspaces: the stream reaches it,
       ``reserved``'s docstring) above ``memory`` cannot fit: reserved ≥ allocated ≥ requested, at every
       capacity;
     - else one replay at the capacity ``memory`` decides: when the unlimited replay's reserved peak is
@@ -321,6 +321,6 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
 
     # the layout's NCCL buffers (outside the allocator) and FSDP2's / DDP's buffers beside the replay
     memory -= nccl_bytes(p, gpu) + comm_buffer_bytes(p)  # as ``verdict``
-    if p.device.peak.default_stream_bytes + cublas_workspace(gpu) > memory:
+    if p.device.peak.default_stream_bytes + cublas_workspaces(gpu) > memory:
         return False
     return not refuses(p, gpu, memory)

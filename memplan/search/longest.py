@@ -9,7 +9,7 @@ opens a segment rounded to 2 MiB, a smaller one a 20 MiB segment) and its splits
 split only when more than 1 MiB remains; else the whole block is handed out): a longer sequence can
 round or split into less reserved memory than a shorter one (tests/plan/test_longest.py shows such a
 pair). What is monotonic is the tensors' own judgement — the stages' lower bounds and the requested peak
-(the estimate's peak plus cuBLAS's workspace; each term grows with the sequence) within the memory — and
+(the estimate's peak plus cuBLAS's workspaces; each term grows with the sequence) within the memory — and
 the allocator only adds to it (reserved ≥ allocated ≥ requested). So the search is in two parts: a
 binary search for the longest sequence whose tensors fit (no replay: every longer one fails), then, from
 there down, step by step, the first sequence the allocator fits: the longest that fits.
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from memplan.config import PositionType
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
-from memplan.reserved import cublas_workspace
+from memplan.reserved import cublas_workspaces
 from memplan.search.budget import fits
 
 if TYPE_CHECKING:
@@ -40,9 +40,9 @@ def sequence_step(p: Result) -> int:
 
 
 def tensors_fit(p: Result, memory: int, gpu: GpuPreset | None) -> bool:
-    """The stages' lower bounds and the requested peak (the peak plus cuBLAS's workspace on ``gpu``) fit
+    """The stages' lower bounds and the requested peak (the peak plus cuBLAS's workspaces on ``gpu``) fit
     ``memory``: necessary for ``budget.fits``, and monotonic in the sequence."""
-    requested = p.device.peak.default_stream_bytes + cublas_workspace(gpu)  # as ``budget.fits``
+    requested = p.device.peak.default_stream_bytes + cublas_workspaces(gpu)  # as ``budget.fits``
     return all(sp.lower_bound <= memory for sp in p.stages) and requested <= memory
 
 

@@ -42,6 +42,10 @@ def _highest(samples: Sequence[int], start: int | None, end: int | None) -> Read
     return i, samples[i]
 
 
+_FORWARD_NOTE = re.compile(r"forward \d+$")
+"""A layer's forward note (``StepRunner.step``: "forward i" after layer i)."""
+
+
 def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
     """The measured curve at each of ``labels`` (``memplan.timeline`` point labels), in order."""
     starts = [at for name, at in curve.notes if name == "start"]
@@ -52,6 +56,7 @@ def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
     loss_end, head = at.get("backward lm_head", fwd), at.get("backward final_norm", fwd)
     embedding = at.get("backward embedding", bwd)
     first_layer = min(layer_bwd, default=embedding)
+    last_forward = max((i for name, i in notes if _FORWARD_NOTE.match(name)), default=at.get("start"))
     s = curve.samples
 
     def read(label: str) -> Reading:
@@ -61,6 +66,8 @@ def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
             i = fwd
         elif m := _LAYERS.match(label):
             i = at.get(f"forward {int(m.group(1)) - 1}")
+        elif label == "forward: loss":  # the head and the loss, after the last layer's forward
+            return _highest(s, last_forward, fwd)
         elif label == "loss backward":
             return _highest(s, fwd, loss_end)
         elif label == "final norm backward":  # not apart from the layers' when they note nothing

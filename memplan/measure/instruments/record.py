@@ -384,5 +384,34 @@ class FlopMeter(_Mode):
         out = func(*args, **kwargs)
         formula = flop_registry.get(packet)
         if formula is not None:
-            self._add(str(packet), int(formula(*args, **kwargs, out_val=out)))
+            self._add(str(packet), formula_flops(formula, str(packet), args, kwargs, out))
         return out
+
+
+def formula_flops(
+    formula: Callable[..., Any], name: str, args: tuple[Any, ...], kwargs: Any, out: Any
+) -> int:
+    """``formula``'s FLOPs of one call. torch before 2.13 asserts that an SDPA kernel's key and value have
+    the query's heads ("sdpa_flop_count: query/key/value shapes are incompatible", seen with torch
+    2.11 on CUDA: the flash kernel takes grouped-query K/V as they are); a grouped-query call is then
+    counted as torch 2.13 counts it, with K and V as if broadcast to the query's heads (``kv_as_query``)."""
+    try:
+        return int(formula(*args, **kwargs, out_val=out))
+    except AssertionError:
+        if "scaled_dot_product" not in name:
+            raise
+        return int(formula(*kv_as_query(args), **kwargs, out_val=out))
+
+
+def kv_as_query(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` with each [b, h, s, d] tensor of fewer heads than the most (grouped-query K and V and
+    their gradients) replaced by a meta tensor of that many heads: the shapes a FLOP formula reads."""
+    heads = max((a.shape[1] for a in args if isinstance(a, torch.Tensor) and a.dim() == 4), default=0)
+
+    def widened(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.dim() == 4 and a.shape[1] < heads and heads % a.shape[1] == 0:
+            b, _, n, d = a.shape
+            return torch.empty(b, heads, n, d, dtype=a.dtype, device="meta")
+        return a
+
+    return tuple(widened(a) for a in args)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The one prepared command for a lent GPU machine (the device tool's `run`, one H200, ≈ 3 minutes).
+# It runs the project from its working tree, without installing it, under the machine's own python3 and
+# torch; pydantic and typer travel as wheels in .whl/ (the device tool's README: `pip download` them for
+# Python 3.12 manylinux into .whl/, which .git/info/exclude ignores, and name .whl in `carry`).
+# Everything lands in $OUT (8 files, the device tool's most): the machine, the CUDA context (cuda_context.py),
+# calibrate's microbenchmarks, gpu_profile.py's rows and table, and a Chrome trace of one Llama-2-7B step.
+# Each part has its own time limit, so that one slow part does not take the rest with it.
+set -u
+export PYTHONUNBUFFERED=1 MEMPLAN_JIT=0
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+fi
+# memplan._presets is the top-level presets/ folder (pyproject's package mapping); without an install, a link.
+[ -e memplan/_presets ] || ln -s ../presets memplan/_presets
+{
+    date -u
+    nvidia-smi
+    python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+} > "$OUT/env.txt" 2>&1
+# PARTS chooses what runs (all by default): context calibrate optimizer profile trace
+PARTS=${PARTS:-context calibrate optimizer profile trace}
+on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
+if on context; then
+    echo "== context"; timeout 100 python3 benchmarks/cuda_context.py --out "$OUT/context.json" | tail -40
+fi
+if on calibrate; then
+    echo "== calibrate"
+    timeout 70 python3 -m memplan calibrate --gpu h200 --out "$OUT/h200-calibrated.toml" --json > "$OUT/calibrate.json" 2>&1
+    tail -3 "$OUT/calibrate.json"
+fi
+if on optimizer; then
+    echo "== optimizer"; timeout 90 python3 benchmarks/optimizer_step.py --model llama-2-7b --layers 16 --out "$OUT/optimizer_steps.json"
+fi
+if on profile; then
+    echo "== gpu_profile"; timeout 300 python3 benchmarks/gpu_profile.py --gpu h200 --rows "$OUT/rows.jsonl"
+    cp docs/gpu-profile.md "$OUT/gpu-profile.md"
+fi
+if on trace; then
+    echo "== trace"
+    timeout 80 python3 -m memplan profile --model llama-2-7b --seq 2048 --checkpointing none --attention flash \
+        --steps 1 --warmup 1 --torch-trace /tmp/trace.json --json > /tmp/traced.json 2> /tmp/traced.err
+    tail -5 /tmp/traced.err; python3 -c "import json; print(json.load(open('/tmp/traced.json'))['time'])"
+    [ -f /tmp/trace.json ] && gzip -c /tmp/trace.json > "$OUT/trace.json.gz"
+fi
+ls -la "$OUT"
