@@ -42,12 +42,13 @@ so ``reserved`` memoises its replays on them; ``codes`` codes the stream as inte
 read, in Python or compiled: ``analytic.allocator_jit.codes_jit`` codes it line by line the same way).
 
 Known limitations:
-- NB: a moment's transient is one block, though it is often several tensors (the loss backward's two
-  fp32 [T, v] buffers, the optimizer step's per-parameter temporaries, a layer backward's own buffers):
-  one large block cannot reuse the smaller blocks the freed activations left, so the unlimited replay can
-  overstate the segments (QLoRA on Llama-3-8B: reserved 27.8 GiB for 20.0 GiB allocated, its 7.8 GiB
-  optimizer-step transient a new segment; torchtitan's Llama 3.1 70B at TP 8 + SP, full AC: 24.8 GiB
-  above the allocated peak while its 24.1 GiB layer backward, re-run included, was one block). The
+- NB: a moment's transient is one block where its tensors are not known (the optimizer step's
+  per-parameter temporaries, a layer backward's own buffers beyond the re-run's tensors, the loss
+  backward of the losses other than the standard one of the reference and torchtitan): one large block
+  cannot reuse the smaller blocks the freed activations left, so the unlimited replay can overstate the
+  segments (before the loss's and the re-run's tensors were known: QLoRA on Llama-3-8B reserved 27.8 GiB
+  for 20.0 GiB allocated, now 20.4; torchtitan's Llama 3.1 70B at TP 8 + SP, full AC, 24.8 GiB above its
+  allocated peak, now 0.5). The
   verdict's replay at the device's capacity releases the free cached segments first, as the allocator
   does, but only where the unlimited replay passes that capacity: below it the two are the same replay.
 - NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
