@@ -326,7 +326,9 @@ def gpu_of(o: Options, name: str) -> GpuPreset:
         memory = gpu_memory_bytes(o.gpu_memory)
         # The user's figure is the device's memory: it replaces the preset's driver figure too (device_mib).
         named = f"{gpu.name} with {o.gpu_memory:g} GiB"
-        gpu = gpu.model_copy(update={"memory_bytes": memory, "device_mib": None, "name": named})
+        gpu = gpu.model_copy(
+            update={"memory_bytes": memory, "device_mib": None, "cuda_bytes": None, "name": named}
+        )
     topology = gpu.topology.with_overrides(o.gpus_per_node, o.intra_node_bw, o.inter_node_bw)
     return gpu if topology == gpu.topology else gpu.model_copy(update={"topology": topology})
 

@@ -433,3 +433,15 @@ def test_one_line_validation_error() -> None:
         "at: w: extra inputs are not permitted; remove it or fix its spelling"
     )
     assert field_path(()) == "(top)"
+
+
+def test_h200_holds_what_cuda_measured_not_nvidia_smis_total() -> None:
+    """On an H200 (docs/gpu-profile.md) cudaMemGetInfo's total was 150,109,880,320 B (143,155.94 MiB), 615 MiB
+    below nvidia-smi's 143,771: a process can allocate at most CUDA's total."""
+    from memplan.presets import load_gpu
+
+    h200 = load_gpu("h200")
+    assert (h200.device_mib, h200.cuda_bytes) == (143_771, 150_109_880_320)
+    assert (
+        h200.device_bytes == 150_109_880_320 and 143_771 * 2**20 - h200.device_bytes == 615 * 2**20 + 65_536
+    )

@@ -176,6 +176,12 @@ class GpuPreset(_Preset):
         description="memory the driver reports (nvidia-smi's total, MiB = 2²⁰ bytes), with its source in "
         "the file: what a process can have; absent: the vendor's figure (memory_bytes)",
     )
+    cuda_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="the total cudaMemGetInfo reports (bytes), measured on the GPU, with its source in the "
+        "file: what a process can allocate at most, where it is below nvidia-smi's total (device_mib)",
+    )
     compute_capability: str | None = Field(
         default=None,
         pattern=r"^\d+\.\d+$",
@@ -185,7 +191,10 @@ class GpuPreset(_Preset):
 
     @property
     def device_bytes(self) -> int:
-        """What the driver hands out: nvidia-smi's total when the preset states it, else the vendor's."""
+        """What the driver hands out: CUDA's measured total (cudaMemGetInfo) when the preset states it, else
+        nvidia-smi's total, else the vendor's figure."""
+        if self.cuda_bytes is not None:
+            return self.cuda_bytes
         return self.device_mib * 2**20 if self.device_mib is not None else self.memory_bytes
 
 

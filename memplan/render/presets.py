@@ -121,8 +121,8 @@ GPU_COLUMNS = (
 def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
     table = Fitted(
         GPU_COLUMNS,
-        title="GPU presets (dense peak throughput, no sparsity; driver: the memory nvidia-smi reports, where "
-        "cited; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
+        title="GPU presets (dense peak throughput, no sparsity; driver: the memory a process can have, "
+        "CUDA's measured total or nvidia-smi's, where cited; GiB = 2³⁰ bytes, GB/s = 10⁹ bytes/s)",
     )
     for g in gpus:
         fp8 = g.peak_tflops.fp8
@@ -130,7 +130,8 @@ def gpus_table(gpus: Sequence[GpuPreset]) -> Fitted:
             g.name,
             ", ".join(g.aliases),
             fmt_in(g.memory_bytes, 1 << 30),
-            "-" if g.device_mib is None else fmt_in(g.device_bytes, 1 << 30),  # nvidia-smi's total, cited
+            # CUDA's measured total or nvidia-smi's, cited in the file
+            "-" if g.device_mib is None and g.cuda_bytes is None else fmt_in(g.device_bytes, 1 << 30),
             f"{g.peak_tflops.bf16:,g}",
             "-" if fp8 is None else f"{fp8:,g}",
             f"{g.hbm_bandwidth_gbps:,g}",
