@@ -127,7 +127,16 @@ def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
     if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
         return 0
     st = (sp or r.device).stage
-    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+    return all_gather_stream(rank_setup(r), st.layers, st.first, st.last, r.micro_batches)
+
+
+def rank_setup(r: Result) -> Setup:
+    """``r``'s setup with the model one tensor-parallel rank holds (``Pieces.setup.model``:
+    ``strategies.tensor_parallel.tp_model``), what ``analytic.fsdp_buffers`` shards: FSDP2 shards each
+    DTensor parameter's TP-local tensor over dp. ``r.setup`` itself without tensor parallelism."""
+    if r.setup.parallel.tp == 1:
+        return r.setup
+    return r.setup.model_copy(update={"model": r.pieces.setup.model})
 
 
 def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
@@ -137,7 +146,7 @@ def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
     segments hold only the sharded gradients, which the moments count, and are wholly free — released by
     the allocator's out-of-memory path — at every moment without them (``search.budget``'s NB)."""
     st = (sp or r.device).stage
-    return reduce_scatter_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+    return reduce_scatter_stream(rank_setup(r), st.layers, st.first, st.last, r.micro_batches)
 
 
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
