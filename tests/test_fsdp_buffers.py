@@ -283,10 +283,16 @@ def test_a_bf16_reduce_casts_on_the_reduce_scatter_stream_by_hand() -> None:
 
 
 def test_only_fsdp2_mixed_precision_models_the_reduce_scatter() -> None:
-    # the reference's bf16-mixed (DeepSpeed's split, bf16 gradients) and tensor parallelism: not modelled
+    # the reference's bf16-mixed (DeepSpeed's split, bf16 gradients): not modelled
     assert build(Options(model="llama-2-13b", zero=3, dp=8)).fsdp_reduce_scatter == 0
+    # torchtitan on tp 2 × dp 4: each rank's TP-local units (tests/measure/test_fsdp_streams.py), a block
+    # 158,607,360 / 4 el and the embedding 81,920,000 / 4, [norm, head] 81,925,120 / 4, fp32: the same
+    # elements per rank as dp 8 without tp, the same segments (below)
     tp = build(Options(model="llama-2-13b", zero=3, dp=4, tp=2, impl="torchtitan"))
-    assert tp.fsdp_reduce_scatter == 0
+    assert tp.fsdp_reduce_scatter == (40 * 152 + 2 * 80) * MIB
+    # the reference's moments under tp are not measured with FSDP2's mixed precision: not modelled
+    ref = build(Options(model="llama-2-13b", zero=3, dp=4, tp=2, precision="fsdp2-mixed"))
+    assert ref.fsdp_reduce_scatter == 0
     # torchtitan's bf16-mixed is FSDP2's, its units its own: a layer 317,204,480 / 8 × 4 B = 158,602,240 B
     # (⌈158,602,240 / 2,097,152⌉ = 76 → 152 MiB), the embedding 163,840,000 / 8 × 4 = 81,920,000 B and
     # the [norm, lm head] unit 163,845,120 / 8 × 4 = 81,925,120 B (⌈39.06⌉ = 40 → 80 MiB each), every

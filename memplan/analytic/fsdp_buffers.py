@@ -31,7 +31,10 @@ Tensor parallelism: FSDP2 shards a DTensor parameter's TP-local tensor (torch 2.
 ``_init_sharding_spec_tp`` returns ``param._local_tensor``; ``_init_sharded_param`` chunks it on dim 0
 over the dp shard group, every chunk padded to the first one's rows), so a unit's all-gather output is
 its TP-local parameters, each dim 0 padded to the dp shard count, in the parameter dtype; the order of
-gathers and frees is the same (``unit_shapes`` reads the tensor-parallel rank's model).
+gathers and frees is the same (``unit_shapes`` reads the tensor-parallel rank's model). So is the
+reduce-scatter side under torchtitan: each unit's output is its TP-local shard over dp (``foreach_reduce``
+reduces the DTensor gradients' local tensors; measured on the fake process group, tests/measure/
+test_fsdp_streams.py).
 
 Units, by implementation:
 

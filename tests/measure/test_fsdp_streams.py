@@ -88,3 +88,27 @@ def test_the_reference_roots_backward_comes_first(dp: int) -> None:
     assert got == [r, b, -1, b, -2, -3, r, -4, b, -5, b, -6]
     assert root_wraps(setup, True, True)
     assert got == codes(gather_units(setup, 2, True, True) or [], steps=1, root=True)
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(1, 2), (2, 2), (2, 3)])
+def test_torchtitan_reduce_scatter_outputs(tp: int, dp: int) -> None:
+    """The reduce-scatter stream's blocks (``analytic.fsdp_buffers.reduce_scatter_outputs``): each unit's
+    output, fp32 (torchtitan's ``reduce_dtype``), 1/dp of its padded flat elements, in the backward's order
+    ([norm, lm_head], the blocks top down, the embedding), as torch 2.13's ``foreach_reduce`` allocates
+    them (``measure.distributed.fsdp_streams.reduce_scatter_outputs``). By hand, each unit's padded
+    elements (the all-gather outputs above) / dp × 4 B: [norm, lm_head], a block, the embedding — dp 2:
+    16,448, 36,992, 16,384; tp 2 × dp 2: 8,256, 18,560, 8,192; tp 2 × dp 3: 8,322, 19,140, 8,256."""
+    pytest.importorskip("torchtitan.models.llama3")
+    from memplan.analytic.fsdp_buffers import reduce_scatter_outputs as modelled
+    from memplan.measure.distributed.fsdp_streams import reduce_scatter_outputs
+    from memplan.measure.distributed.titan import measure_titan_rank
+    from tests.hf.harness import hf_setup
+    from tests.hf.test_torchtitan_ranks import ranked
+
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), tp, tp > 1, dp, 3)
+    with reduce_scatter_outputs() as got:
+        measure_titan_rank(setup)
+    units = {(1, 2): (16_448, 36_992, 16_384), (2, 2): (8_256, 18_560, 8_192), (2, 3): (8_322, 19_140, 8_256)}
+    h, b, e = (4 * n // dp for n in units[(tp, dp)])
+    assert got == [h, b, b, e]
+    assert [(size, 0) for size in got] == modelled(estimate(setup).rank_setup, 2, True, True)

@@ -28,7 +28,7 @@ from memplan.reserved import clear_replays, cublas_workspace
 from memplan.search.budget import fits, verdict
 from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
-from memplan.time.comm_memory import nccl_bytes, rank_setup
+from memplan.time.comm_memory import nccl_bytes
 
 H100 = load_gpu("h100-sxm")
 A100 = load_gpu("a100-40gb")
@@ -48,7 +48,7 @@ def _held(p: Result) -> int:
     (outside the allocator) and FSDP2's all-gather stream, its own pool, replayed afresh here (not the
     memoised figure ``fits`` reads; under tensor parallelism of the TP rank's local shards). No case runs
     DDP (--impl reference all-reduces in place)."""
-    st, rank = p.device.stage, rank_setup(p)
+    st, rank = p.device.stage, p.rank_setup
     units = gather_units(rank, st.layers, st.first, st.last)
     root = root_wraps(rank, st.first, st.last)
     stream = stream_reserved(units, p.micro_batches, root).reserved_peak if units else 0

@@ -46,3 +46,32 @@ def all_gather_outputs() -> Iterator[list[int]]:
         yield out
     finally:
         group.foreach_all_gather = original
+
+
+@contextmanager
+def reduce_scatter_outputs() -> Iterator[list[int]]:
+    """While open, the bytes of every FSDP2 reduce-scatter output, in the order they are allocated.
+
+    torch 2.13's ``foreach_reduce`` (_fsdp_collectives.py) allocates two buffers per unit through
+    ``reduce_scatter_comm.allocate``: first the flat reduce-scatter input (on the default stream), then,
+    under ``device_handle.stream(reduce_scatter_stream)``, the output of 1/W of its elements — the unit's
+    sharded gradient in the reduce dtype. ``DefaultReduceScatter.allocate`` is wrapped and every second
+    call's tensor kept as the output (``analytic.fsdp_buffers.reduce_scatter_outputs`` models them)."""
+    collectives: Any = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")
+    cls = collectives.DefaultReduceScatter
+    original = cls.allocate
+    out: list[int] = []
+    calls = [0]
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        buffer = original(self, *args, **kwargs)
+        if calls[0] % 2 == 1:  # the output, after its input
+            out.append(buffer.numel() * buffer.element_size())
+        calls[0] += 1
+        return buffer
+
+    cls.allocate = recorded
+    try:
+        yield out
+    finally:
+        cls.allocate = original
