@@ -26,7 +26,7 @@ all-gather stream's pool (``memory.fsdp_all_gather_stream``) + its reduce-scatte
 (``memory.fsdp_reduce_scatter_stream``) + DDP's buckets (``memory.ddp_buckets``, none here). Each pool's
 reserved bytes only grow over a run (segments are not released without an OOM retry), so the run's peak of
 their sum is the sum of their peaks. Where memplan does not model a pool (``null`` in the JSON: the
-all-gather stream under tensor parallelism) the cell says so and the total leaves it out.
+all-gather stream under fine-tuning) the cell says so and the total leaves it out.
 
 Each row's typing is the held-out set's (benchmarks/heldout.py ``RUNS``, by name): one source for both
 the step time and the memory. The rows the held-out set does not type are listed with the reason.
@@ -37,6 +37,8 @@ NB: torchtitan's float8 rows (tensorwise) are typed by the held-out set as what 
 --fp8 tensorwise`` (FSDP2's mixed precision, the run's AC mode), the weights all-gathered in bf16 (the doc
 does not state float8 all-gather: heldout.py's notes). ``--compile`` with ``--fp8`` keeps the eager float8
 code's saves (``blocks.profiles.compile_note``: the partitioner's float8 weight casts are not modelled).
+The compile rows are typed ``--compile --no-compile-loss``: the December-2024 train.py compiled the blocks
+only (the loss eager: ``blocks.head.torchtitan_loss_tensors``).
 """
 
 from __future__ import annotations

@@ -152,6 +152,9 @@ class StreamInputs:
     state_parts: tuple[int, ...] = ()
     """The optimizer's tensors per parameter, bytes per element: the master copy first (0: none), then
     each state (``optimizer_parts``); empty: one allocation per parameter of all its states."""
+    saves: tuple[tuple[int, ...], ...] = ()
+    """Each point's rise of the activations as its tensors (``timeline.Point.saves``; empty: as ``codes``
+    makes a rise)."""
 
 
 _INPUTS: dict[int, tuple[Result, StreamInputs]] = {}
@@ -195,6 +198,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
         layer=tuple(layer_saves(r)),
         pieces=tuple(p.pieces for p in points) if any(p.pieces for p in points) else (),
         state_parts=optimizer_parts(r.setup),
+        saves=tuple(p.saves for p in points) if any(p.saves for p in points) else (),
     )
 
 
@@ -207,7 +211,7 @@ def rank_tensors(setup: Setup, strategy: StrategyConfig) -> tuple[int, ...]:
     fine-tuning method, the implementation (the parameters' order) and the sharding (the ZeRO stage and
     its group) — not the micro-batch or the layout, which a search varies (tests/test_allocator_plain.py
     checks it against ``step_tensors``)."""
-    key = (setup.model, setup.finetune, setup.impl, strategy.zero, strategy.shard_group)
+    key = (setup.model, setup.finetune, setup.impl, strategy.zero, strategy.shard_group, setup.parallel.cp)
     found = _TENSORS.get(key)
     if found is None:
         if len(_TENSORS) >= MEMO_MAX:
@@ -260,6 +264,9 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
 
     def pieces(term: int, delta: int, k: int) -> list[int]:
         if term == activations:
+            known = inputs.saves[k] if inputs.saves else ()
+            if known and sum(known) == delta:  # the tensors the timeline knows this rise as
+                return list(known)
             return layer if one_layer == delta else [delta]
         if term == transient:  # one block, or the tensors the timeline knows it as
             return list(inputs.pieces[k]) if inputs.pieces and inputs.pieces[k] else [delta]

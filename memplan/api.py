@@ -263,6 +263,7 @@ def setup_of(o: Options) -> Setup:
             flash_attn=o.flash_attn,
             attention_kernel=o.attention_kernel,
             compile=o.compile,
+            compile_loss=o.compile_loss,
             fp8=o.fp8,
             fp8_amax_history_len=o.fp8_amax_history_len,
             fp8_all_gather=o.fp8_all_gather,

@@ -119,6 +119,14 @@ class Result:
         return max(self.stages, key=lambda sp: sp.peak.bytes)
 
     @property
+    def rank_setup(self) -> Setup:
+        """``setup`` with the model one tensor-parallel rank holds (``pieces.setup.model``:
+        ``strategies.tensor_parallel.tp_model``); ``setup`` itself without tensor parallelism."""
+        if self.setup.parallel.tp == 1:
+            return self.setup
+        return self.setup.model_copy(update={"model": self.pieces.setup.model})
+
+    @property
     def devices(self) -> int:
         return self.parallel.model_parallel * self.setup.strategy.dp
 

@@ -198,6 +198,15 @@ class Options(Frozen):
         _STRATEGY,
         default=False,
     )
+    compile_loss: bool = _option(
+        "--impl torchtitan --compile: compile the loss too, as torchtitan 0.3.0's compile.components "
+        "default ['model', 'loss'] does (its Inductor buffers are not modelled: the eager loss's bytes, "
+        "one block); --no-compile-loss: the blocks only and the loss eager, as torchtitan's train.py of "
+        "late 2024 ran (its fp32 logits, log-probs and gradients each a tensor of their own, "
+        "blocks/head.py)",
+        _STRATEGY,
+        default=True,
+    )
     fp8: Fp8Recipe = _option(
         "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "
         "scaling (their GEMMs at the GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, "

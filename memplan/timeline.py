@@ -46,6 +46,10 @@ class Point:
     pieces: tuple[int, ...] = ()
     """The transient's tensors (their sum is ``terms["transient"]``) when it is known as several; empty: one
     block."""
+    saves: tuple[int, ...] = ()
+    """The activations this point adds to the point before, as the tensors they are, when known (the
+    loss's saves at the forward's end, beside ``forward_loss_blocks``); empty: as the allocator's replay
+    codes a rise (a layer's saves, or one block)."""
 
     @property
     def bytes(self) -> int:
@@ -119,14 +123,19 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
     points += [forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]) for n in steps]
-    dims = Dims.of(r.setup)
+    dims = Dims.of(r.rank_setup)  # the loss's [T, v] is the tensor-parallel rank's [T, v/t]
     loss_fwd = forward_loss_blocks(r.setup, dims)
     if loss_fwd:  # the loss's saves are made at that moment: before it, every save but theirs
         loss_saves = sum(k.total_bytes for k in r.pieces.kept if k.block is Block.LOSS)
         pre = forward("forward: loss", dev.activations - loss_saves)
         pieces = (*loss_fwd, 4)
         points.append(Point(pre.label, {**pre.terms, "transient": sum(pieces)}, pieces))
-    points.append(forward("forward: end", dev.activations))
+        # the loss's saves as the tensors they are: the log-probs take a block the transients left
+        saves = tuple(k.bytes for k in r.pieces.kept if k.block is Block.LOSS for _ in range(k.count))
+        end = forward("forward: end", dev.activations)
+        points.append(Point(end.label, end.terms, saves=saves if sum(saves) == loss_saves else ()))
+    else:
+        points.append(forward("forward: end", dev.activations))
     points += [
         _moment(name, dict(parts), loss_backward_blocks(r.setup, dims), rerun_tensors(r))
         for name, parts in dev.peak.moments.items()

@@ -227,9 +227,10 @@ def test_refuses_jit_is_the_python_verdict(
 def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
     # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included
     setup = build_setup(**kw)  # type: ignore[arg-type]
-    # the compiled coding knows each transient as one block (``reserved`` codes a stream whose
-    # transients are known as tensors, ``StreamInputs.pieces``, in Python): the same stream without them
-    inputs = replace(alloc_stream.stream_inputs(estimate(setup)), pieces=())
+    # the compiled coding knows each transient and each rise of the activations as one block (``reserved``
+    # codes a stream whose transients or saves are known as tensors, ``StreamInputs.pieces`` and
+    # ``saves``, in Python): the same stream without them
+    inputs = replace(alloc_stream.stream_inputs(estimate(setup)), pieces=(), saves=())
     workspace = reserved.cublas_workspace(H100)
     expected = alloc_stream.codes(inputs, workspace)
     assert codes_jit(inputs, workspace, 2) == expected

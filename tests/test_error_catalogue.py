@@ -210,6 +210,8 @@ CASES: list[Case] = [
         "estimate -m tiny --impl torchtitan --fp8 tensorwise --zero 3 --dp 2 --tp 2 --fp8-all-gather",
         "fp8_all_gather",
     ),
+    case("compile-loss-eager", "estimate -m tiny --impl torchtitan --no-compile-loss", "compile_loss"),
+    case("compile-loss-reference", "estimate -m tiny --compile --no-compile-loss", "compile_loss"),
     case(
         "amax-history-zero", "estimate -m 8b --impl megatron --fp8 delayed --fp8-amax-history-len 0", "amax"
     ),

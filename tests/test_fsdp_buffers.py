@@ -7,6 +7,7 @@ from __future__ import annotations
 from memplan.alloc_stream import stream_inputs
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.fsdp_buffers import (
+    backward_order,
     codes,
     gather_units,
     reduce_scatter_codes,
@@ -33,6 +34,20 @@ def test_the_order_of_gathers_and_frees() -> None:
     assert codes(units, steps=1) == forward + backward
     # the next step starts with nothing kept: unit 0's gather (allocation 7), unit 1's, then 7 freed
     assert codes(units, steps=2)[14:17] == [a, b, -8]
+
+
+def test_a_root_that_wraps_the_others_runs_its_backward_first() -> None:
+    """The reference's root R (embedding, final norm, head) wrapping layers L0, L1: the forward gathers R
+    first, but R's forward ends last (FSDP2's ``post_forward_order``: L0, L1, R), so the backward, which
+    walks that order back, runs R's pre-backward first (at the loss: gathered again, freed after the
+    copy-out, then L1 prefetched), then L1's (prefetching L0), then L0's. Measured on the fake process
+    group: tests/measure/test_fsdp_streams.py."""
+    r, b = 100, 200
+    units = [(r, True), (b, True), (b, True)]
+    assert backward_order(3, root=True) == [0, 2, 1] and backward_order(3) == [2, 1, 0]
+    forward = [r, b, -1, b, -2, -3]
+    assert codes(units, steps=1, root=True) == [*forward, r, -4, b, -5, b, -6]
+    assert codes(units, steps=1) == [*forward, b, -4, b, -5, r, -6]
 
 
 def test_llama2_13b_over_64_ranks_by_hand() -> None:
@@ -71,14 +86,15 @@ def test_the_root_unit_of_the_reference_and_of_the_2024_torchtitan_by_hand() -> 
     Forward: the root's 626 MiB, layer 0's 606 MiB beside it (the root's is still kept), then layer 1 in
     the root's freed 626 MiB (split: 21,999,616 B left), layer 2 in layer 0's, and so on; the root's
     post-forward frees the last. The backward gathers one unit at a time (each freed after its copy-out
-    before the next is prefetched): the root last, in its own free 626 MiB. The second step reuses them:
+    before the next is prefetched): the root first (its forward ended last: ``backward_order``), in its
+    own free 626 MiB, then each layer in the 606 MiB (best fit). The second step reuses them:
     626 + 606 = 1,232 MiB — the same with the root not gathered again (the 2024 run)."""
     r = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
     units = gather_units(r.setup, 40, True, True)
     assert units is not None and len(units) == 41
     assert units[0] == (655_370_240, True) and units[1:] == [(634_408_960, True)] * 40
     for root_again in (True, False):
-        got = stream_reserved([(655_370_240, root_again), *units[1:]])
+        got = stream_reserved([(655_370_240, root_again), *units[1:]], root=True)
         assert got.reserved_peak == (626 + 606) * MIB == 1_291_845_632
         assert got.requested_peak == 655_370_240 + 634_408_960
         assert got.allocated_peak == (626 + 606) * MIB
@@ -105,10 +121,30 @@ def test_padding_and_the_stages_that_gather() -> None:
 def test_estimate_reports_it_beside_the_replay() -> None:
     b = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb"))
     assert b.fsdp_all_gather == (626 + 606) * MIB  # the reference's root unit (test above)
-    tp = build(Options(model="llama-2-13b", zero=3, tp=2, dp=4))
-    assert tp.fsdp_all_gather is None  # tensor parallelism: not modelled
     megatron = build(Options(model="llama-2-13b", zero=3, dp=4, impl="megatron"))
     assert megatron.fsdp_all_gather == 0  # Megatron's distributed optimizer, not FSDP2
+
+
+def test_tensor_parallel_ranks_gather_their_local_shards_by_hand() -> None:
+    """Under tp FSDP2 shards each DTensor parameter's TP-local tensor over dp (torch 2.13
+    ``_init_sharding_spec_tp``: ``param._local_tensor``); measured on the fake process group at the tiny
+    widths (tests/measure/test_fsdp_streams.py). Llama-2-13B on tp 2 × dp 4, the reference, bf16:
+      root: embedding and head [16000, 5120] (vocabulary-parallel) + final norm [5120]
+            = 163,845,120 el → 327,690,240 B: ⌈156.25⌉ = 157 × 2 MiB = 314 MiB (1,562,624 B left: split)
+      layer: 2 norms 10,240 + q, k, v 3 × [2560, 5120] + o [5120, 2560] + gate, up 2 × [6912, 5120]
+             + down [5120, 6912] = 158,607,360 el → 317,214,720 B: ⌈151.26⌉ = 152 × 2 MiB = 304 MiB
+    (every dim 0 divisible by 4). Forward: R in 314 MiB, L0 in a new 304 MiB, then each layer in the
+    free segment of the two that fits best (L1 in R's 314 MiB, L2 in L0's 304 MiB, …); backward: R
+    (327,690,240 B > 304 MiB) in its 314 MiB, every layer in the 304 MiB: 314 + 304 = 618 MiB.
+    torchtitan's units: the embedding [16000, 5120] 163,840,000 B (⌈78.13⌉ = 79 × 2 MiB = 158 MiB); a
+    block, ``wqkv`` fused [7680, 5120], the same 158,607,360 el (304 MiB); [norm, head] 5,120 +
+    81,920,000 el = 163,850,240 B (158 MiB). Forward: E in 158 MiB, L0 in 304 MiB, L1 in a second
+    304 MiB (E's 158 MiB is too small), then the two 304 MiB in turn; H in E's; the backward reuses
+    them: 158 + 2 × 304 = 766 MiB."""
+    tp = build(Options(model="llama-2-13b", zero=3, tp=2, dp=4))
+    assert tp.fsdp_all_gather == (314 + 304) * MIB
+    titan = build(Options(model="llama-2-13b", zero=3, tp=2, dp=4, impl="torchtitan"))
+    assert titan.fsdp_all_gather == (158 + 2 * 304) * MIB
 
 
 def test_the_verdict_keeps_the_stream_back() -> None:
@@ -116,13 +152,13 @@ def test_the_verdict_keeps_the_stream_back() -> None:
     buffers and the all-gather stream's reserved bytes (its segments, reached at the forward's second
     unit, are held through the backward's peak). Llama-2-13B on 64 A100-80GB: 81,920 MiB (nvidia-smi's
     total) − 767 MiB (context) − 288 MiB (one data-parallel ring of 24 channels × 12 MiB,
-    docs/published-memory.md) − 1,232 MiB (above) = 79,633 MiB; the replay reserves 80,926 MiB: 1,293 MiB
+    docs/published-memory.md) − 1,232 MiB (above) = 79,633 MiB; the replay reserves 80,924 MiB: 1,291 MiB
     over (tests/test_published_memory.py: DeepSpeed's split, not the run that ran)."""
     v = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64, gpu="a100-80gb")).verdict
     assert v is not None
     assert (v.nccl, v.fsdp_all_gather_stream, v.ddp_buckets) == (288 * MIB, 1232 * MIB, 0)
     assert v.usable_bytes == (81_920 - 767 - 288 - 1232) * MIB
-    assert v.reserved_peak == 80_926 * MIB and not v.fits and v.headroom == -1_293 * MIB
+    assert v.reserved_peak == 80_924 * MIB and not v.fits and v.headroom == -1_291 * MIB
 
 
 def test_ddp_buckets_are_a_second_copy_of_the_gradients() -> None:
@@ -247,10 +283,16 @@ def test_a_bf16_reduce_casts_on_the_reduce_scatter_stream_by_hand() -> None:
 
 
 def test_only_fsdp2_mixed_precision_models_the_reduce_scatter() -> None:
-    # the reference's bf16-mixed (DeepSpeed's split, bf16 gradients) and tensor parallelism: not modelled
+    # the reference's bf16-mixed (DeepSpeed's split, bf16 gradients): not modelled
     assert build(Options(model="llama-2-13b", zero=3, dp=8)).fsdp_reduce_scatter == 0
+    # torchtitan on tp 2 × dp 4: each rank's TP-local units (tests/measure/test_fsdp_streams.py), a block
+    # 158,607,360 / 4 el and the embedding 81,920,000 / 4, [norm, head] 81,925,120 / 4, fp32: the same
+    # elements per rank as dp 8 without tp, the same segments (below)
     tp = build(Options(model="llama-2-13b", zero=3, dp=4, tp=2, impl="torchtitan"))
-    assert tp.fsdp_reduce_scatter == 0
+    assert tp.fsdp_reduce_scatter == (40 * 152 + 2 * 80) * MIB
+    # the reference's moments under tp are not measured with FSDP2's mixed precision: not modelled
+    ref = build(Options(model="llama-2-13b", zero=3, dp=4, tp=2, precision="fsdp2-mixed"))
+    assert ref.fsdp_reduce_scatter == 0
     # torchtitan's bf16-mixed is FSDP2's, its units its own: a layer 317,204,480 / 8 × 4 B = 158,602,240 B
     # (⌈158,602,240 / 2,097,152⌉ = 76 → 152 MiB), the embedding 163,840,000 / 8 × 4 = 81,920,000 B and
     # the [norm, lm head] unit 163,845,120 / 8 × 4 = 81,925,120 B (⌈39.06⌉ = 40 → 80 MiB each), every

@@ -297,3 +297,22 @@ def test_qlora_70b_steps_no_frozen_embedding() -> None:
     s = setup_of(Options(model="70b", finetune="qlora", checkpointing="full"))
     assert max(ost.step_tensors(s)) == 8 * 8192
     assert ost.step_transient(s) == 8 * 8192 * 8
+
+
+def test_context_parallel_ranks_step_their_dp_x_cp_shards() -> None:
+    """Under context parallelism FSDP2 shards over dp × cp (torchtitan's ``dp_shard_cp`` mesh;
+    ``strategies.context_parallel.state_shards``), so each rank steps its dp × cp shard of every tensor.
+    Llama 3.1 8B on cp 8 × dp 1, ZeRO-3, torchtitan (FSDP2's fp32 shards, foreach AdamW): the step's
+    ``_foreach_sqrt`` list is one fp32 copy of the rank's shards — the weights at rest, 4 B each — not of
+    the whole model (every dim 0 of Llama 3.1 8B divides by 8: no padding)."""
+    from memplan.analytic.step import largest_step_tensor
+    from memplan.api import Options, build
+
+    o = Options(model="llama-3.1-8b", seq=262144, gpus=8, cp=8, zero=3, impl="torchtitan", device="cuda")
+    r = build(o).result
+    assert r.setup.strategy.dp == 1 and r.setup.parallel.cp == 8
+    assert ost.optimizer_impl(r.setup) is OptimizerImpl.FOREACH
+    assert sum(ost.step_tensors(r.setup)) * 8 == r.params.total == 8_030_261_248
+    step = r.device.peak.moments["optimizer step"]["transient"]
+    assert step == r.device.states.weights == 4 * 8_030_261_248 // 8
+    assert largest_step_tensor(r.setup) == 128_256 * 4096 // 8  # the embedding's (and lm head's) shard

@@ -21,14 +21,16 @@ def reduce_scatter_modelled(setup: Setup) -> bool:
     """FSDP2's reduce-scatter buffers are modelled: its mixed precision (``--precision fsdp2-mixed``, or
     ``--impl torchtitan``'s bf16-mixed under FSDP2: ``blocks.torchtitan.fsdp2_mixed``) on units memplan
     models (``analytic.fsdp_buffers.unit_shapes``: sharded over more than one rank, every parameter
-    trained, no tensor parallelism). There the sharded gradients are the reduce-scatter stream's blocks,
-    not the default stream's (``analytic.fsdp_buffers``)."""
+    trained; under tensor parallelism torchtitan's, whose units are each rank's TP-local parameters, as
+    ``foreach_reduce`` reduces their DTensor gradients' local tensors — not the reference's, whose moments
+    under tp are not measured with FSDP2's mixed precision). There the sharded gradients are the
+    reduce-scatter stream's blocks, not the default stream's (``analytic.fsdp_buffers``)."""
     s, par = setup.strategy, setup.parallel
     return (
         fsdp2_mixed(setup)
         and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
         and s.shard_group * par.cp > 1
-        and par.tp == 1
+        and (par.tp == 1 or setup.impl.impl is Impl.TORCHTITAN)
         and setup.finetune.trains_everything
     )
 

@@ -18,7 +18,23 @@ When each buffer is freed, from _fsdp_param_group.py (torch 2.13), per micro-bat
   None  # free the all-gather result``; torch 2.3's torch/distributed/_composable/fsdp/ and torch 2.13's
   torch/distributed/fsdp/_fully_shard/ alike — every FSDP2 stack wraps the root, so it applies to all);
 - backward: unit j's ``pre_backward`` all-gathers it unless prefetched or still unsharded, frees it after
-  the copy-out (not deferred outside the forward), then prefetches unit j − 1 (``_backward_prefetch``).
+  the copy-out (not deferred outside the forward), then prefetches the unit whose forward ended before
+  its own (``_backward_prefetch`` walks ``post_forward_order`` back): unit j − 1, but for the reference's
+  root, which wraps the layers — its forward ends last, so its backward comes first, at the loss, and
+  prefetches the top layer (``backward_order``).
+
+Checked event for event against torch 2.13 on the fake process group (``measure.distributed.
+fsdp_streams``, tests/measure/test_fsdp_streams.py): torchtitan's units with and without tensor
+parallelism (dp 2, tp 2 × dp 2, tp 2 × dp 3: the padding of the TP-local shards) and the reference's root.
+
+Tensor parallelism: FSDP2 shards a DTensor parameter's TP-local tensor (torch 2.13 _fsdp_param.py
+``_init_sharding_spec_tp`` returns ``param._local_tensor``; ``_init_sharded_param`` chunks it on dim 0
+over the dp shard group, every chunk padded to the first one's rows), so a unit's all-gather output is
+its TP-local parameters, each dim 0 padded to the dp shard count, in the parameter dtype; the order of
+gathers and frees is the same (``unit_shapes`` reads the tensor-parallel rank's model). So is the
+reduce-scatter side under torchtitan: each unit's output is its TP-local shard over dp (``foreach_reduce``
+reduces the DTensor gradients' local tensors; measured on the fake process group, tests/measure/
+test_fsdp_streams.py).
 
 Units, by implementation:
 
@@ -78,8 +94,11 @@ backward's order (the reverse of the forward's: the reference's root, which hold
   verdict does not keep them back (``search.budget``).
 
 Known limitations:
-- NB: tensor parallelism (FSDP2 then gathers each rank's DTensor shard) and fine-tuning (LoRA's adapters
-  in the units, QLoRA's 4-bit storage) are not modelled (``gather_units`` returns None).
+- NB: fine-tuning (LoRA's adapters in the units, QLoRA's 4-bit storage) and a mixture of experts under
+  tensor parallelism are not modelled (``gather_units`` returns None).
+- NB: the per-parameter all-gather inputs ``foreach_all_gather`` makes on the same stream before the
+  copy-in (``_get_param_all_gather_inputs``: the shards cast to the parameter dtype, 1/W of the output)
+  are not counted.
 - NB: the 2024 torchtitan also kept its last block gathered after forward (``reshard_after_forward =
   int(layer_id) < len(model.layers) - 1``): one gather fewer in backward, which the reference wrapping
   re-gathers; with at most two buffers live at once either way, the stream's segments are the same.
@@ -101,6 +120,7 @@ from memplan.analytic.fsdp2_reduce import reduce_bytes, reduce_scatter_modelled
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
 from memplan.blocks import fp8
 from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES
+from memplan.blocks.torchtitan import unit_shapes as titan_unit_shapes
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
@@ -114,16 +134,32 @@ def gathered(shapes: list[Shape], world: int, element: int) -> int:
     return element * world * sum(-(-s[0] // world) * math.prod(s[1:]) for s in shapes)
 
 
+def _block_shapes(setup: Setup) -> list[Shape]:
+    """One block's parameters as the rank holds them (``unit_shapes``' ``setup``): torchtitan's fused
+    ``wqkv`` (``blocks.torchtitan.unit_shapes``) or the reference layer's."""
+    if setup.impl.impl is Impl.TORCHTITAN:
+        return titan_unit_shapes(setup.model)[1]
+    return _layer_shapes(setup.model)
+
+
 def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[list[Shape], bool]] | None:
     """Each FSDP2 unit of a rank holding ``layers`` layers (the embedding when ``first``, the final norm and
     head when ``last``), in forward order: (its parameters' shapes, whether the backward gathers it
     again); units as the implementation wraps them (module docstring). Empty without ZeRO-2/3 over more
-    than one rank; None where not modelled (module NB)."""
+    than one rank; None where not modelled (module NB).
+
+    ``setup`` is one rank's: under tensor parallelism its model is the tensor-parallel rank's
+    (``strategies.tensor_parallel.tp_model``, the engine's ``Pieces.setup.model``), whose shapes are each
+    DTensor parameter's TP-local tensor — the tensor FSDP2 shards over dp (torch 2.13 _fsdp_param.py
+    ``_init_sharding_spec_tp`` returns ``param._local_tensor``; ``_init_sharded_param`` chunks it on dim
+    0 over the dp shard group and pads every chunk to the first one's rows). Column-parallel weights
+    (and their biases) hold dim 0 / t rows, row-parallel ones dim 1 / t columns, the vocabulary-parallel
+    embedding and head ⌈v/t⌉ rows; norms (and row-parallel biases) are replicated, whole."""
     s, m = setup.strategy, setup.model
     world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
     if s.zero < ZeroStage.GRADIENTS or world == 1:
         return []
-    if setup.parallel.tp > 1 or not setup.finetune.trains_everything:
+    if not setup.finetune.trains_everything or (setup.parallel.tp > 1 and m.moe is not None):
         return None
     h = m.hidden_size
     # torchtitan's "default" policy under pp: no unit resharded after forward (module docstring)
@@ -134,7 +170,7 @@ def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tupl
     head: list[Shape] = []
     if last:
         head = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
-    block = [(_layer_shapes(m), again)] * layers
+    block = [(_block_shapes(setup), again)] * layers
     if setup.impl.impl is Impl.TORCHTITAN:
         units = [(embed, again)] if first else []
         return units + block + ([(head, False)] if last else [])
@@ -149,7 +185,7 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
         return None
     world, e = setup.strategy.shard_group * setup.parallel.cp, setup.training.precision.weight_bytes
     # --fp8-all-gather: a block's converted weights gathered in float8 (blocks.fp8.gathered_saving)
-    block, saving = _layer_shapes(setup.model), fp8.gathered_saving(setup, world)
+    block, saving = _block_shapes(setup), fp8.gathered_saving(setup, world)
     return [
         (gathered(shapes, world, e) - (saving if shapes == block else 0), again) for shapes, again in units
     ]
@@ -169,12 +205,32 @@ class _Coder:
         return self.made - 1
 
 
-def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS) -> list[int]:
+def root_wraps(setup: Setup, first: bool, last: bool) -> bool:
+    """The first of ``unit_shapes``' units is a root that wraps the others (``--impl reference``'s root,
+    on a rank holding the embedding or the head): its forward ends after theirs, so its backward comes
+    first (``codes``' ``root``). torchtitan's root holds no parameters of its own (no unit)."""
+    return setup.impl.impl is Impl.REFERENCE and (first or last)
+
+
+def backward_order(count: int, root: bool = False) -> list[int]:
+    """The units' indices in the order their backward runs: the reverse of the order their forwards end
+    (FSDP2's ``post_forward_order``, which ``_backward_prefetch`` walks back), the root's, when the first
+    unit wraps the others (``root``), last — its backward first, before the top layer's."""
+    ended = [*range(1, count), 0] if root and count else list(range(count))
+    return ended[::-1]
+
+
+def codes(
+    units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = STEPS, root: bool = False
+) -> list[int]:
     """The all-gather stream's allocations and frees over ``steps`` steps of ``micro_batches`` (coded as
-    ``alloc_stream.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k)."""
+    ``alloc_stream.codes``: n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k).
+    ``root``: the first unit wraps the others (``root_wraps``), its backward first (``backward_order``).
+    Measured on the fake process group: ``measure.distributed.fsdp_streams``."""
     coder = _Coder()
     out, alloc = coder.out, coder.alloc
     held: int | None = None  # the forward's kept buffer (``all_gather_state``)
+    order = backward_order(len(units), root)
     for _ in range(steps * micro_batches):
         for size, _again in units:  # forward: allocate this unit's, then free the one kept before it
             i = alloc(size)
@@ -185,28 +241,28 @@ def codes(units: list[tuple[int, bool]], micro_batches: int = 1, steps: int = ST
             out.append(-held - 1)
             held = None
         pending: int | None = None
-        for j in reversed(range(len(units))):  # backward
+        for n, j in enumerate(order):  # backward
             size, again = units[j]
             if again and pending is None:
                 pending = alloc(size)  # its own unshard (nothing prefetched it)
             if pending is not None:
                 out.append(-pending - 1)  # freed after the copy-out
                 pending = None
-            if j > 0 and units[j - 1][1]:
-                pending = alloc(units[j - 1][0])  # _backward_prefetch
+            if n + 1 < len(order) and units[order[n + 1]][1]:
+                pending = alloc(units[order[n + 1]][0])  # _backward_prefetch
     return out
 
 
-def stream_reserved(units: list[tuple[int, bool]], micro_batches: int = 1) -> Replay:
+def stream_reserved(units: list[tuple[int, bool]], micro_batches: int = 1, root: bool = False) -> Replay:
     """The all-gather stream's allocator counters (its own pools: a fresh ``Allocator``)."""
-    return Allocator().replay_codes(codes(units, micro_batches))
+    return Allocator().replay_codes(codes(units, micro_batches, root=root))
 
 
 @lru_cache(maxsize=1024)
-def _reserved_peak(units: tuple[tuple[int, bool], ...], micro_batches: int) -> int:
+def _reserved_peak(units: tuple[tuple[int, bool], ...], micro_batches: int, root: bool) -> int:
     """``stream_reserved``'s reserved peak, memoised: a fit search judges many configurations whose ranks
     hold the same units (``reserved``'s replays are memoised the same way)."""
-    return stream_reserved(list(units), micro_batches).reserved_peak
+    return stream_reserved(list(units), micro_batches, root).reserved_peak
 
 
 def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_batches: int) -> int | None:
@@ -215,7 +271,8 @@ def all_gather_stream(setup: Setup, layers: int, first: bool, last: bool, micro_
     units = gather_units(setup, layers, first, last)
     if units is None:
         return None
-    return _reserved_peak(tuple(units), micro_batches) if units else 0
+    root = root_wraps(setup, first, last)
+    return _reserved_peak(tuple(units), micro_batches, root) if units else 0
 
 
 # ----------------------------------------------------------------------------------------------------

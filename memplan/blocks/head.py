@@ -232,16 +232,19 @@ def loss_parallel_backward_transient(dims: Dims) -> int:
 
 def torchtitan_loss_tensors(setup: Setup) -> bool:
     """Whether the loss's tensors are counted one by one (``forward_loss_blocks``,
-    ``loss_backward_blocks``): torchtitan's eager standard loss on one vocabulary shard and one stage, and
+    ``loss_backward_blocks``): torchtitan's eager standard loss on one stage — its ``cross_entropy``, or
+    on a tensor-parallel rank its loss-parallel function (``loss_parallel_function``) — eager without
+    ``--compile`` or, under it, with the loss left eager (``--no-compile-loss``: ``ImplConfig.
+    compile_loss``; torchtitan 0.3.0 compiles it by default, whose Inductor buffers are not modelled); and
     the reference's (``measure/reference/loss.py``' ``standard_loss``: the same P, X = P.float() and
     log-probs, X freed as ``log_softmax`` returns, then P; measured in the CUDA allocator's snapshot of
     GPT-2 on an H200, docs/gpu-profile.md)."""
     return (
         setup.impl.impl in (Impl.TORCHTITAN, Impl.REFERENCE)
         and setup.loss is LossKind.STANDARD
-        and setup.parallel.tp == 1
+        and (setup.parallel.tp == 1 or profile_of(setup).loss_parallel_function)
         and setup.parallel.pp == 1
-        and not setup.impl.compile
+        and not (setup.impl.compile and setup.impl.compile_loss)
         and not setup.offload
     )
 
@@ -254,20 +257,34 @@ def forward_loss_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
     avoid peaking memory"); its ``cross_entropy_loss`` is ``F.cross_entropy(pred.flatten(0, 1).float(),
     …)``: X = P.float() (torchtitan/components/loss.py; the December-2024 code of the 2025 tables upcast
     in the model, ``self.output(h).float()``, and freed P earlier: the same three blocks are made). X is
-    freed when the loss returns (log_softmax keeps its output only), then P. 4 bytes more: the loss."""
+    freed when the loss returns (log_softmax keeps its output only), then P. 4 bytes more: the loss.
+
+    On a tensor-parallel rank ([T, v] the rank's [T, v/t]) torchtitan 0.3.0's
+    ``_LossParallelCrossEntropy.forward`` (components/loss.py) holds, beside P, ``logits_2d =
+    logits.flatten(0, -2).float()`` (X), ``shifted = logits_2d - local_max`` and ``torch.exp(shifted)``
+    at its ``torch.sum``: four blocks, X, ``shifted`` and the exponent fp32; the exponent freed,
+    ``log_probs = shifted - torch.log(…)`` takes its block (saved), X and ``shifted`` are freed when it
+    returns. The December-2024 code's ``loss_parallel()`` (torch/distributed/tensor/parallel/loss.py
+    ``_log_softmax``: ``shifted = x - x_max``, ``torch.exp(shifted)``, ``result = shifted - …``) makes the
+    same blocks on the model's fp32 output (P freed before them: one segment more, not one byte more at
+    the peak)."""
     if not torchtitan_loss_tensors(setup):
         return ()
     t, v = dims.tokens, dims.v
+    if setup.parallel.tp > 1:
+        return (dims.act.bytes * t * v, 4 * t * v, 4 * t * v, 4 * t * v)
     return (dims.act.bytes * t * v, 4 * t * v, 4 * t * v)
 
 
 def loss_backward_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
-    """``loss_backward_transient``'s two fp32 [T, v] buffers as the tensors they are (empty where they are
+    """``loss_backward_transient``'s fp32 [T, v] buffers as the tensors they are (empty where they are
     counted as one block): nll_loss's gradient (``zeros_like`` of the log-probs) and log_softmax's input
-    gradient, two allocations."""
+    gradient, two allocations; on a tensor-parallel rank the loss-parallel backward's three
+    (``loss_parallel_backward_transient``: ``zeros_like``, ``exp`` and their sum)."""
     if not torchtitan_loss_tensors(setup):
         return ()
-    return (4 * dims.tokens * dims.v, 4 * dims.tokens * dims.v)
+    count = 3 if setup.parallel.tp > 1 else 2
+    return (4 * dims.tokens * dims.v,) * count
 
 
 def loss_backward_transient(setup: Setup, dims: Dims) -> int:

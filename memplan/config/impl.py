@@ -134,6 +134,14 @@ class ImplConfig(Frozen):
         description="torch.compile of each block: Inductor fuses element-wise chains (time/elementwise.py); "
         "the partitioner's saved set (blocks.profiles.compile_modelled)",
     )
+    compile_loss: bool = Field(
+        default=True,
+        description="--impl torchtitan --compile: the loss compiled too (torchtitan 0.3.0's "
+        "compile.components default ['model', 'loss']); False: the blocks only, the loss eager (torchtitan's "
+        "train.py of late "
+        "2024: 'TODO: compiling loss function causes CUDA errors, turning off for now'), its tensors "
+        "counted one by one (blocks.head.torchtitan_loss_tensors)",
+    )
     fp8: Fp8Recipe = Field(
         default=Fp8Recipe.NONE,
         description="float8 training of the layers' linears (time/fp8.py; memory: torchao's casts "

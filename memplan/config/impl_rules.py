@@ -294,6 +294,15 @@ def check_fp8_all_gather(setup: Setup) -> None:
         )
 
 
+def check_compile_loss(setup: Setup) -> None:
+    """``--no-compile-loss`` only where the loss would be compiled: torchtitan under ``--compile``."""
+    if not setup.impl.compile_loss and not (setup.impl.impl is Impl.TORCHTITAN and setup.impl.compile):
+        raise ValueError(
+            "compile_loss: --no-compile-loss says torchtitan's --compile leaves the loss eager; it needs "
+            "--impl torchtitan --compile (drop --no-compile-loss)"
+        )
+
+
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under

@@ -20,6 +20,7 @@ from memplan.config.finetune import FULL_TRAINING, FineTune
 from memplan.config.finetune_rules import check_finetune
 from memplan.config.impl import Impl, ImplConfig
 from memplan.config.impl_rules import (
+    check_compile_loss,
     check_flash_attn,
     check_fp8,
     check_hf_only,
@@ -190,6 +191,7 @@ def check_setup(setup: Setup) -> None:
     if setup.impl.flash_attn:
         check_flash_attn(setup)
     check_fp8(setup)  # every --impl: torchao's recipes or Transformer Engine's
+    check_compile_loss(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):  # hf_code_only

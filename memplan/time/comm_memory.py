@@ -127,7 +127,7 @@ def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
     if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
         return 0
     st = (sp or r.device).stage
-    return all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+    return all_gather_stream(r.rank_setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
@@ -137,13 +137,14 @@ def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
     segments hold only the sharded gradients, which the moments count, and are wholly free — released by
     the allocator's out-of-memory path — at every moment without them (``search.budget``'s NB)."""
     st = (sp or r.device).stage
-    return reduce_scatter_stream(r.setup, st.layers, st.first, st.last, r.micro_batches)
+    return reduce_scatter_stream(r.rank_setup, st.layers, st.first, st.last, r.micro_batches)
 
 
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
     """The communication buffers a device of ``sp`` holds beside the step's replay, which the verdict and
     ``fit`` keep back from the default stream's allocator: FSDP2's all-gather stream (its own pool, held
     from the forward's second unit to the end of the run: ``analytic.fsdp_buffers``) and DDP's buckets
-    (allocated before the first step, never freed). NB: FSDP2's stream where it is not modelled (tensor
-    parallelism, fine-tuning) counts 0: ``--reserve`` is where memory is kept back for it."""
+    (allocated before the first step, never freed). NB: FSDP2's stream where it is not modelled
+    (fine-tuning, a mixture of experts under tensor parallelism) counts 0: ``--reserve`` is where memory is
+    kept back for it."""
     return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp)

@@ -225,3 +225,23 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
 
     (norm3, layer3), (norm, layer1) = errors(zero3), errors(plain)
     assert norm3 == norm == 0 and layer3 == layer1
+
+
+def test_the_loss_parallel_forward_holds_four_vocabulary_blocks() -> None:
+    """The forward's highest point on a tp 2 + SP rank of the tiny model is the end of
+    ``_LossParallelCrossEntropy.forward`` (components/loss.py), T = 64 tokens, v/t = 128: the lm head's bf16
+    output P (``aten.mm``, 2·T·v/t), ``logits_2d = logits.float()`` X (``aten._to_copy``, 4·T·v/t),
+    ``shifted`` (``aten.sub``, 4·T·v/t, beside the int64 ``local_labels`` [T] the same op made) and the
+    saved log-probs in the exponent's freed place: the estimate's forward loss blocks (blocks/head.py
+    ``forward_loss_blocks``: P, X, ``shifted``, the exponent, then the loss's 4 B)."""
+    from memplan.timeline import timeline
+
+    setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True)
+    run = measure_titan_rank(setup, windows=True)
+    t, v = 64, 128
+    high, _op, _parts, made = run.peak.windows["forward 1"]
+    assert high == max(run.peak.curve.samples[: dict(run.peak.curve.notes)["forward"] + 1])
+    assert made["aten.mm"] == 2 * t * v and made["aten._to_copy"] == 4 * t * v
+    assert made["aten.sub"] == 4 * t * v + 8 * t
+    loss = next(p for p in timeline(estimate(setup)) if p.label == "forward: loss")
+    assert loss.pieces == (2 * t * v, 4 * t * v, 4 * t * v, 4 * t * v, 4)

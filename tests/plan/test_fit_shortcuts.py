@@ -19,7 +19,7 @@ import pytest
 
 from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
-from memplan.analytic.fsdp_buffers import gather_units, stream_reserved
+from memplan.analytic.fsdp_buffers import gather_units, root_wraps, stream_reserved
 from memplan.api import build_setup
 from memplan.config import Checkpointing, Parallel
 from memplan.engine import Result, estimate
@@ -46,11 +46,12 @@ CASES = [
 def _held(p: Result) -> int:
     """What the most loaded device holds beside the default stream's allocator: the layout's NCCL buffers
     (outside the allocator) and FSDP2's all-gather stream, its own pool, replayed afresh here (not the
-    memoised figure ``fits`` reads; none with tensor parallelism, where it is not modelled). No case runs
+    memoised figure ``fits`` reads; under tensor parallelism of the TP rank's local shards). No case runs
     DDP (--impl reference all-reduces in place)."""
-    st = p.device.stage
-    units = gather_units(p.setup, st.layers, st.first, st.last)
-    stream = stream_reserved(units, p.micro_batches).reserved_peak if units else 0
+    st, rank = p.device.stage, p.rank_setup
+    units = gather_units(rank, st.layers, st.first, st.last)
+    root = root_wraps(rank, st.first, st.last)
+    stream = stream_reserved(units, p.micro_batches, root).reserved_peak if units else 0
     return nccl_bytes(p, H100) + stream
 
 
