@@ -36,8 +36,8 @@ dtype for its forward matmul and again for dX in backward, a memory-bound kernel
 storage and writes the weight.
 
 The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the trainable
-parameters the device owns (LoRA's adapters only); under optimizer offload the CPU runs it
-(``time.offload``).
+parameters the device owns (LoRA's adapters only), its bytes and launches by implementation
+(``time.optimizer``); under optimizer offload the CPU runs it (``time.offload``).
 
 The backward's linears are ``Flops.layer_linear_backward`` (a frozen linear runs dX alone), the rest of
 the backward the attention core's — never a difference of assumed ratios (LoRA's frozen linears made
@@ -61,7 +61,7 @@ from memplan.presets import GpuPreset
 from memplan.strategies.checkpointing import op_selective, op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, elementwise, fp8, gemm
+from memplan.time import attention, efficiency, elementwise, fp8, gemm, optimizer
 from memplan.time.comm_rows import Critical
 
 
@@ -309,25 +309,22 @@ def owned_params(c: Critical) -> int:
 
 
 def optimizer_step_bytes(c: Critical) -> int:
-    """Bytes the optimizer step moves on one device of the stage, once per step: it reads and writes the
-    master weights and optimizer states of the parameters it owns (``owned_params``), reads their
-    gradients and writes their working copy — an element-wise, memory-bound kernel (Megatron-LM's
-    README: its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
-    loading, optimization, and even logging").
-    NB: gradient clipping's norm and fp16's inf check (one more read of the gradients each) are not
-    counted."""
-    t = c.setup.training
-    p = t.precision
-    owned = owned_params(c)
-    return owned * (2 * (p.master_bytes + t.optimizer.state_bytes(p)) + p.grad_bytes + p.weight_bytes)
+    """Bytes the optimizer step moves on one device of the stage, once per step: ``time.optimizer``'s
+    bytes per parameter of the implementation that steps (each of its kernels reads and writes whole
+    tensors), on the parameters the device owns (``owned_params``) — memory-bound (Megatron-LM's README:
+    its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
+    loading, optimization, and even logging")."""
+    return owned_params(c) * optimizer.bytes_per_param(c.setup)
 
 
 def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
-    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth; 0 when the optimizer is offloaded (the
-    CPU runs it: ``time.offload``)."""
+    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth, plus ``efficiency.launch_gap`` per kernel
+    an implementation launches tensor by tensor (``optimizer.launch_kernels``); 0 when the optimizer is
+    offloaded (the CPU runs it: ``time.offload``)."""
     if Offload.OPTIMIZER in c.setup.offload:
         return 0.0
-    return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu)
+    gaps = optimizer.launch_kernels(c.setup, c.layers) * efficiency.launch_gap(gpu)
+    return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu) + gaps
 
 
 def _flash(s: Setup) -> Setup:
