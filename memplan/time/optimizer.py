@@ -45,8 +45,12 @@ stage's launches are the model's share by layers (the embedding's and head's ten
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from memplan.analytic.optimizer_step import optimizer_impl, trainable_shapes
-from memplan.config import Optimizer, OptimizerImpl, Setup
+from memplan.config import ModelConfig, Optimizer, OptimizerImpl, Setup
+from memplan.config.finetune import FineTune
+from memplan.config.impl import ImplConfig
 
 FP32 = 4
 PER_TENSOR = frozenset({OptimizerImpl.REFERENCE, OptimizerImpl.FOR_LOOP})
@@ -117,5 +121,12 @@ def launch_kernels(s: Setup, layers: int) -> int:
     foreach, fused and bitsandbytes (module docstring)."""
     if optimizer_impl(s) not in PER_TENSOR or s.training.optimizer is Optimizer.ADAMW_8BIT:
         return 0
-    tensors = -(-len(trainable_shapes(s)) * layers // s.model.num_layers)
+    tensors = -(-tensor_count(s.model, s.impl, s.finetune) * layers // s.model.num_layers)
     return len(step_ops(s)) * tensors
+
+
+@lru_cache(maxsize=64)
+def tensor_count(model: ModelConfig, impl: ImplConfig, finetune: FineTune) -> int:
+    """The tensors the optimizer steps (``trainable_shapes``, which reads only these three), counted once
+    per model: ``fit`` evaluates thousands of layouts of one model."""
+    return len(trainable_shapes(Setup.model_construct(model=model, impl=impl, finetune=finetune)))
