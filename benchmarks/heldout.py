@@ -24,6 +24,14 @@ Sources (stored copies; commit of the copy read):
   docs/published-memory.md), typed ``--loss xentropy``; its attention is flash-attn's Triton kernel
   (``submit_benchmarks.py``: ``--attn_impl`` default ``triton``), typed ``--attention-kernel fa1`` (before
   that option existed: the default, FlashAttention-2). The image: torch 2.0.1, CUDA 11.8 (``sweep.sh``).
+  The optimizer: the yamls' ``decoupled_adamw``, Composer's ``DecoupledAdamW``, whose ``step`` runs its
+  ``adamw`` one parameter at a time (``mul_``, ``mul_``/``add_``, ``mul_``/``addcmul_``, ``sqrt``/``div``/
+  ``add_``, ``addcdiv_``) on FSDP's fp32 flat parameters with fp32 gradients: typed ``--optimizer-impl
+  for-loop`` (torch's ``_single_tensor_adam``, the same passes but one ``lerp_`` for Composer's ``mul_`` and
+  ``add_``: 80 against 88 bytes a parameter; before issue #21's optimizer model it was typed as memplan's
+  reference optimizer). torchtitan's rows keep ``--impl torchtitan``'s default, foreach: its 2024 config
+  (``config_manager.py``'s ``--optimizer.fused``, a store-true flag, in the stored copies) builds foreach
+  unless fused is set, and the performance docs do not say the runs set it.
 - torchtitan 2024 (A100): pytorch/torchtitan docs/performance.md (0413364), Llama 3 and Llama 2 tables,
   FSDP2 over 64 A100-80GB; sequence 8192 (Llama 3) and 4096 (Llama 2) as the doc states; torchtitan's
   ``mixed_precision_reduce`` default ``float32``.
@@ -109,6 +117,8 @@ class Stated:
     fp8: str = "none"
     attention_kernel: str = "auto"
     impl: str = "reference"
+    optimizer_impl: str = ""
+    """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""
 
 
 @dataclass(frozen=True)
@@ -142,11 +152,20 @@ def _mpt(
     ckpt = "full" if ac else "none"
     typed = (
         f"-m {MODELS}{model}.toml --seq {seq} --batch {mb} --global-batch {mb * ga * gpus} --gpus {gpus} "
-        f"--zero 3 --gpu {gpu} --loss xentropy --reduce-dtype {reduce} --attention-kernel fa1"
-        + (" --checkpointing full" if ac else "")
+        f"--zero 3 --gpu {gpu} --loss xentropy --reduce-dtype {reduce} --attention-kernel fa1 "
+        "--optimizer-impl for-loop" + (" --checkpointing full" if ac else "")
     )
     stated = Stated(
-        model, gpus, gpu, seq, mb, mb * ga * gpus, ckpt, reduce_dtype=reduce, attention_kernel="fa1"
+        model,
+        gpus,
+        gpu,
+        seq,
+        mb,
+        mb * ga * gpus,
+        ckpt,
+        reduce_dtype=reduce,
+        attention_kernel="fa1",
+        optimizer_impl="for-loop",
     )
     label = f"MPT-{size.upper()}, s {seq:,}, {gpus} × {gpu}" + (", AC" if ac else "")
     return Run(label, f"{LF}, {table}", stated, published, typed)

@@ -80,6 +80,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["precision"],
             s["attention_kernel"],
             s["impl"],
+            s["optimizer_impl"] or "",
         )
         want = (
             st.model,
@@ -101,6 +102,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             "bf16-mixed",
             st.attention_kernel,
             st.impl,
+            st.optimizer_impl,
         )
         assert got == want, run.name
 

@@ -28,16 +28,18 @@ on the rank's tokens —, e the activation bytes):
     MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e and its dropout
     2·b·(a/t)·s²·e + b·(a/t)·s² (the flash kernel does these inside, no traffic).
 — the fused kernels' bytes; eager PyTorch's RMSNorm, SwiGLU and rotary move more (``elementwise``).
-The backward moves twice the forward's bytes (each op reads the incoming gradient and what it saved, and
-writes a gradient); a re-run forward moves its bytes again.
+The backward of eager code moves its autograd op lists' bytes (``elementwise_backward_bytes``: RMSNorm's,
+SwiGLU's and rotary's nodes, the sums of the gradients of tensors used twice); fused code, LayerNorm,
+GELU, dropouts and eager attention's softmax twice their forward's (each op reads the incoming gradient
+and what it saved, and writes a gradient); a re-run forward moves its bytes again.
 
 QLoRA (``dequant_bytes``): bitsandbytes dequantises each frozen 4-bit linear's weight to the compute
 dtype for its forward matmul and again for dX in backward, a memory-bound kernel that reads the 4-bit
 storage and writes the weight.
 
 The optimizer step (``optimizer_step_bytes``) is memory-bound too: once per step, on the trainable
-parameters the device owns (LoRA's adapters only); under optimizer offload the CPU runs it
-(``time.offload``).
+parameters the device owns (LoRA's adapters only), its bytes and launches by implementation
+(``time.optimizer``); under optimizer offload the CPU runs it (``time.offload``).
 
 The backward's linears are ``Flops.layer_linear_backward`` (a frozen linear runs dX alone), the rest of
 the backward the attention core's — never a difference of assumed ratios (LoRA's frozen linears made
@@ -61,7 +63,7 @@ from memplan.presets import GpuPreset
 from memplan.strategies.checkpointing import op_selective, op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, elementwise, fp8, gemm
+from memplan.time import attention, efficiency, elementwise, fp8, gemm, optimizer
 from memplan.time.comm_rows import Critical
 
 
@@ -150,22 +152,69 @@ def elementwise_bytes(s: Setup) -> int:
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
     p = profile_of(s)
-    tokens = t.micro_batch * t.seq_len // par.cp  # a context-parallel rank's share of the sequence
-    rank_tokens = tokens // par.tp if par.sp else tokens
-    hidden = rank_tokens * m.hidden_size
-    out = 2 * hidden * elementwise.norm_bytes(s, p, e) + 2 * 3 * hidden * e
-    if m.resid_dropout > 0:
-        out += 2 * (2 * hidden * e + hidden)
+    tokens, hidden = _tokens(s)
+    out = 2 * hidden * elementwise.norm_bytes(s, p, e) + 2 * 3 * hidden * e + _dropout_softmax_bytes(s)
     if m.position is PositionType.ROPE:
         out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * elementwise.rotary_bytes(s, e)
     routed = (m.moe.experts if m.moe.router_sigmoid else m.moe.top_k) if m.moe else 1  # MoEConfig.slots
     width = m.ffn * routed + m.moe.shared_width(m) if m.moe else m.ffn
     per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
-    out += per * tokens * width // par.tp
+    return out + per * tokens * width // par.tp
+
+
+def elementwise_backward_bytes(s: Setup) -> int:
+    """Bytes one layer's backward moves through element-wise kernels on one rank: eager code's autograd
+    op lists (``elementwise``: RMSNorm's nodes, SwiGLU's, rotary's, the sums of the gradients of tensors
+    used twice — the residual stream before each norm on the rank's tokens, the shared input of separate
+    W_Q/W_K/W_V and gate/up on all of them); twice the forward's otherwise (``elementwise.eager_backward``)
+    and for LayerNorm, GELU, dropouts and eager attention's softmax."""
+    if not elementwise.eager_backward(s):
+        return 2 * elementwise_bytes(s)
+    m, par = s.model, s.parallel
+    e = s.training.precision.activation_dtype.bytes
+    p = profile_of(s)
+    tokens, hidden = _tokens(s)
+    norm, _ = elementwise.norm_backward(s, p, e)
+    out = 2 * hidden * norm + 2 * _dropout_softmax_bytes(s)
+    out += 3 * e * (2 * hidden + shared_inputs(s) * tokens * m.hidden_size)
+    if m.position is PositionType.ROPE:
+        rotary, _ = elementwise.rotary_backward(s, p, e)
+        out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * rotary
+    per = elementwise.swiglu_backward(s, p, e)[0] if m.mlp is MlpType.SWIGLU else 2 * 2 * e
+    return out + per * tokens * m.ffn // par.tp
+
+
+def shared_inputs(s: Setup) -> int:
+    """Gradient sums of the normed inputs that feed several linears (``gemm``'s lists): separate W_Q,
+    W_K, W_V 2, separate gate and up 1; fused ones none."""
+    tokens, _ = _tokens(s)
+    return len(gemm.attention_gemms(s, tokens)) - 2 + len(gemm.mlp_gemms(s, tokens, s.model.ffn)) - 2
+
+
+def _tokens(s: Setup) -> tuple[int, int]:
+    """(T, the rank's hidden elements): T = b·s/cp tokens, the rank's Tr·h (Tr = T/t under sp)."""
+    par = s.parallel
+    tokens = s.training.micro_batch * s.training.seq_len // par.cp  # a context-parallel rank's share
+    rank_tokens = tokens // par.tp if par.sp else tokens
+    return tokens, rank_tokens * s.model.hidden_size
+
+
+def _dropout_softmax_bytes(s: Setup) -> int:
+    """The residual dropouts' (when p > 0) and eager attention's softmax and dropout forward bytes."""
+    m, t, par = s.model, s.training, s.parallel
+    e = t.precision.activation_dtype.bytes
+    _, hidden = _tokens(s)
+    out = 2 * (2 * hidden * e + hidden) if m.resid_dropout > 0 else 0
     if s.strategy.attention is Attention.EAGER:
         probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
         out += 2 * probs * e + (2 * probs * e + probs if m.attn_dropout > 0 else 0)
     return out
+
+
+def _dropout_softmax_kernels(s: Setup) -> int:
+    m = s.model
+    eager = 1 + (1 if m.attn_dropout > 0 else 0) if s.strategy.attention is Attention.EAGER else 0
+    return (2 if m.resid_dropout > 0 else 0) + eager
 
 
 def elementwise_kernels(s: Setup) -> int:
@@ -177,21 +226,33 @@ def elementwise_kernels(s: Setup) -> int:
         return 0
     m, p = s.model, profile_of(s)
     e = s.training.precision.activation_dtype.bytes
-    out = 2 * elementwise.norm_kernels(s, p, e) + 2 + (2 if m.resid_dropout > 0 else 0)
+    out = 2 * elementwise.norm_kernels(s, p, e) + 2 + _dropout_softmax_kernels(s)
     if m.position is PositionType.ROPE:
         out += elementwise.rotary_kernels(s)
-    out += elementwise.swiglu_kernels(s, p) if m.mlp is MlpType.SWIGLU else 1
-    if s.strategy.attention is Attention.EAGER:
-        out += 1 + (1 if m.attn_dropout > 0 else 0)
-    return out
+    return out + (elementwise.swiglu_kernels(s, p) if m.mlp is MlpType.SWIGLU else 1)
+
+
+def elementwise_backward_kernels(s: Setup) -> int:
+    """Kernels one layer's backward launches for its eager element-wise work: the op lists of
+    ``elementwise_backward_bytes`` (eager RMSNorm 17, fp32 15; a gradient sum 1 each; rotary 20; SwiGLU 3);
+    twice the forward's otherwise; 0 under ``--compile``."""
+    if elementwise.fused(s):
+        return 0
+    if not elementwise.eager_backward(s):
+        return 2 * elementwise_kernels(s)
+    m, p = s.model, profile_of(s)
+    e = s.training.precision.activation_dtype.bytes
+    out = 2 * elementwise.norm_backward(s, p, e)[1] + 2 + shared_inputs(s) + 2 * _dropout_softmax_kernels(s)
+    if m.position is PositionType.ROPE:
+        out += elementwise.rotary_backward(s, p, e)[1]
+    return out + (elementwise.swiglu_backward(s, p, e)[1] if m.mlp is MlpType.SWIGLU else 2)
 
 
 def launch_seconds(c: Critical, gpu: GpuPreset) -> tuple[float, float]:
     """The launch gaps of one micro-batch's eager element-wise kernels, (forward, backward with re-run):
-    ``elementwise_kernels`` × the stage's layers × ``efficiency.launch_gap``; the backward launches twice
-    the forward's kernels (as it moves twice its bytes: each op's gradient reads the incoming gradient and
-    what it saved, often in two kernels), a re-run layer its forward's again (selective recompute: the
-    eager attention core's softmax and dropout)."""
+    ``elementwise_kernels`` × the stage's layers × ``efficiency.launch_gap``; the backward launches its
+    op lists' kernels (``elementwise_backward_kernels``), a re-run layer its forward's again (selective
+    recompute: the eager attention core's softmax and dropout)."""
     s = c.setup
     per_layer = elementwise_kernels(s)
     rerun = c.rerun_layers * per_layer
@@ -200,7 +261,7 @@ def launch_seconds(c: Critical, gpu: GpuPreset) -> tuple[float, float]:
     elif s.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = c.layers * (per_layer - elementwise_kernels(_flash(s)))
     gap = efficiency.launch_gap(gpu)
-    return c.layers * per_layer * gap, (2 * c.layers * per_layer + rerun) * gap
+    return c.layers * per_layer * gap, (c.layers * elementwise_backward_kernels(s) + rerun) * gap
 
 
 def matmul_seconds(
@@ -232,7 +293,8 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
-    backward_bytes = 2 * layer + rerun + c.layers * cast_b + c.rerun_layers * cast_f
+    layer_back = elementwise_backward_bytes(c.setup) * c.layers
+    backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
     gap_f, gap_b = launch_seconds(c, gpu)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
     backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)
@@ -309,25 +371,22 @@ def owned_params(c: Critical) -> int:
 
 
 def optimizer_step_bytes(c: Critical) -> int:
-    """Bytes the optimizer step moves on one device of the stage, once per step: it reads and writes the
-    master weights and optimizer states of the parameters it owns (``owned_params``), reads their
-    gradients and writes their working copy — an element-wise, memory-bound kernel (Megatron-LM's
-    README: its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
-    loading, optimization, and even logging").
-    NB: gradient clipping's norm and fp16's inf check (one more read of the gradients each) are not
-    counted."""
-    t = c.setup.training
-    p = t.precision
-    owned = owned_params(c)
-    return owned * (2 * (p.master_bytes + t.optimizer.state_bytes(p)) + p.grad_bytes + p.weight_bytes)
+    """Bytes the optimizer step moves on one device of the stage, once per step: ``time.optimizer``'s
+    bytes per parameter of the implementation that steps (each of its kernels reads and writes whole
+    tensors), on the parameters the device owns (``owned_params``) — memory-bound (Megatron-LM's README:
+    its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
+    loading, optimization, and even logging")."""
+    return owned_params(c) * optimizer.bytes_per_param(c.setup)
 
 
 def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
-    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth; 0 when the optimizer is offloaded (the
-    CPU runs it: ``time.offload``)."""
+    """``optimizer_step_bytes`` at ``MEMORY`` × the HBM bandwidth, plus ``efficiency.launch_gap`` per kernel
+    an implementation launches tensor by tensor (``optimizer.launch_kernels``); 0 when the optimizer is
+    offloaded (the CPU runs it: ``time.offload``)."""
     if Offload.OPTIMIZER in c.setup.offload:
         return 0.0
-    return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu)
+    gaps = optimizer.launch_kernels(c.setup, c.layers) * efficiency.launch_gap(gpu)
+    return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu) + gaps
 
 
 def _flash(s: Setup) -> Setup:

@@ -23,6 +23,35 @@ kernels (6 in fp32: no casts); SwiGLU ``silu`` and ``·``: 2; rotary on q and k,
 half, ``cat``, ``·sin`` and the sum: 10; LayerNorm, GELU, a residual add, a dropout, an eager softmax: 1
 each. Fused chains (``--compile``, a fused-kernel profile) are charged no gap.
 
+The backward of eager code, by the autograd nodes of each op (PyTorch's derivatives.yaml; listed kernel
+by kernel from a traced H200 step of memplan's reference model, docs/step-time.md "Eager PyTorch on a
+measured H200"), bytes per element:
+
+- RMSNorm: ``weight ·``'s node: dY·w (2e), dY·n for dw (3e) and its sum over tokens (e); ``.to(dtype)``'s
+  cast back to fp32 (e + 4); ``x · r``: dY·r (4 + 4), dY·x (4 + 4 + 4) and its sum over h (4); rsqrt's
+  and ``+ eps``'s nodes on [T, 1] (nothing per element); ``mean``'s: dY/h written (4: its input is an
+  expanded [T, 1]); ``pow(2)``'s: ``x.pow(1)`` (4 + 4), ·2 (4 + 4), ·dY (4 + 4 + 4); the two fp32
+  gradients of x summed (4 + 4 + 4); ``x.to(float32)``'s cast back (4 + e): 6e + (e + 4) + 24 + 4 + 28 +
+  12 + (4 + e) = 8e + 76, 92 in bf16 (fp32: no casts, 92 too) — against the forward's 28 + 4e; 17 kernels
+  (the weight's sum in two passes, rsqrt's node three on [T, 1]; fp32 15).
+- SwiGLU: ``·``'s node dY·up and dY·silu(gate) (3e each), ``silu_backward`` (3e): 9e, 3 kernels.
+- rotary (``rotate_half``'s form), per element of q or k: ``·cos`` and ``·sin``'s nodes (2e each), the
+  negation's (e: half the elements, read and written), ``cat``'s two slices (views), each slice's
+  ``slice_backward`` (zeros of the whole, e, and a copy of the half, e), the three gradients of q summed
+  (two adds, 3e each), and the copy of the [b, a, s, d] gradient back to the projection's [b, s, a, d]
+  layout (2e): 17e, 10 kernels (torchtitan's and DeepSeek-V2's complex-multiply form: twice the forward).
+- gradients of a tensor used twice are summed by autograd (3e an element, one kernel each): the
+  residual stream before each of the two norms (2, on the rank's tokens), the normed input of W_Q, W_K,
+  W_V when they are separate linears (2), of gate and up when separate (1).
+- LayerNorm (``native_layer_norm_backward``), torch's ``F.rms_norm``, GELU, dropouts, eager attention's
+  softmax, MoE and MLA layers and fused kernels (``--compile``, fused profiles): twice their forward's
+  bytes and kernels, as before (not traced).
+
+The bytes are right and the time still short on a GPU: broadcasting and strided kernels (RMSNorm's
+``x · r`` and ``weight ·``, rotary's products on the transposed q and k, ``cat``) run TensorIterator's
+non-vectorized path at 0.2–0.5 of HBM on an H200 where contiguous ones reach 0.8–0.9 (the trace above);
+NB not modelled, no published figure in view.
+
 Known limitations (NB): the fused kernels' and the GEMMs' own launches are not charged (no figure of the
 gap behind a long kernel in view; the host queues them ahead); the host's dispatch (≈ µs per eager op) is
 taken to run ahead of the GPU, as it does when kernels outlast it; transformers' ``gelu_new`` (a Python
@@ -80,6 +109,43 @@ def norm_kernels(setup: Setup, p: Profile, e: int) -> int:
 def swiglu_kernels(setup: Setup, p: Profile) -> int:
     """Eager kernels of the SwiGLU product: ``silu`` and the product, 2; fused 0."""
     return 0 if fused(setup) or p.fused_swiglu else 2
+
+
+def eager_backward(setup: Setup) -> bool:
+    """The backward is charged its eager op lists (module docstring): unfused code of a dense layer
+    without MLA; otherwise twice the forward's bytes and kernels."""
+    m = setup.model
+    return not fused(setup) and m.moe is None and m.mla is None
+
+
+def rmsnorm_backward(e: int) -> int:
+    """Eager RMSNorm's backward bytes per element (module docstring): 8e + 76 with the casts, 92 in fp32."""
+    casts = 0 if e == FP32 else (e + FP32) + (FP32 + e)
+    return 6 * e + casts + 24 + 4 + 28 + 12
+
+
+def norm_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
+    """One norm's backward, (bytes per element, kernels): eager RMSNorm's op list (17 kernels, fp32 15);
+    else twice the forward's."""
+    if fused(setup) or p.fused_norm or p.rms_norm_fp32_product or setup.model.norm is not NormType.RMSNORM:
+        return 2 * norm_bytes(setup, p, e), 2 * norm_kernels(setup, p, e)
+    return rmsnorm_backward(e), 15 if e == FP32 else 17
+
+
+def swiglu_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
+    """SwiGLU's backward per [T, f] element, (bytes, kernels): eager 9e in 3; fused twice the forward's."""
+    if fused(setup) or p.fused_swiglu:
+        return 2 * swiglu_bytes(setup, p, e), 0
+    return 9 * e, 3
+
+
+def rotary_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
+    """Rotary's backward per element of q or k, (bytes, kernels of q and k): ``rotate_half``'s eager op
+    list 17e in 10 each; fused code and the complex-multiply forms (torchtitan's per-layer ``freqs_cis``,
+    DeepSeek-V2's; not traced) twice the forward's."""
+    if fused(setup) or p.rope_complex_table or p.rope_cache_per_layer:
+        return 2 * rotary_bytes(setup, e), 2 * rotary_kernels(setup)
+    return 17 * e, 20
 
 
 def rotary_kernels(setup: Setup) -> int:

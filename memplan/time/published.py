@@ -11,7 +11,10 @@ Readings of the papers (stated, not fitted):
 - Korthikanti Table 5 and Narayanan: GPT layout (LayerNorm, GELU MLP 4h, biases, learned positions,
   dropout 0.1), v 51200, s 2048, fp16 mixed precision, Megatron's fused softmax (eager attention: no flash
   kernel in 2021–22), micro-batch 1, plain 1F1B; Korthikanti with sequence parallelism and selective
-  recompute, Narayanan with full recompute and no sequence parallelism.
+  recompute, Narayanan with full recompute and no sequence parallelism. Megatron's optimizer is Apex's
+  ``FusedAdam`` (``megatron/optimizer/__init__.py``: ``from apex.optimizers import FusedAdam as Adam``):
+  typed ``optimizer_impl=fused``, one kernel over the fp32 master (``time.optimizer``; NB: its fp16 →
+  fp32 gradient copy and fp32 → fp16 weight copy, 12 bytes a parameter, not counted).
 - Llama 3 405B (§3.3.2, Table 4): the llama-3.1-405b preset, bf16, s 8192, 16M tokens per step (2,048
   sequences), micro-batch 1, TP 8 with sequence parallelism, PP 16 (126 layers, first and last stage one
   fewer), flash attention, no recompute, FSDP that does not reshard weights after the forward (ZeRO 2:
@@ -33,6 +36,7 @@ from memplan.config import (
     MlpType,
     ModelConfig,
     NormType,
+    OptimizerImpl,
     Parallel,
     PositionType,
     Precision,
@@ -89,7 +93,12 @@ def gpt(h: int, heads: int, layers: int, vocab: int = GPT_VOCAB) -> ModelConfig:
 def _megatron(model: ModelConfig, checkpointing: Checkpointing, dp: int, micro_batches: int) -> Setup:
     return Setup(
         model=model,
-        training=TrainingConfig(seq_len=GPT_SEQ, precision=Precision.FP16_MIXED, grad_accum=micro_batches),
+        training=TrainingConfig(
+            seq_len=GPT_SEQ,
+            precision=Precision.FP16_MIXED,
+            grad_accum=micro_batches,
+            optimizer_impl=OptimizerImpl.FUSED,
+        ),
         strategy=StrategyConfig(checkpointing=checkpointing, attention=Attention.EAGER, dp=dp),
     )
 

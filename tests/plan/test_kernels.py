@@ -132,17 +132,21 @@ def _elementwise_s(**kw: object) -> float:
 
 def test_eager_and_compiled_element_wise_bytes_by_hand() -> None:
     # One layer's forward on one H100, T = 4096 tokens, h 4096, f 14336, 32 q + 8 kv heads of 128, bf16
-    # (e = 2); the backward moves twice the forward's bytes: 3 × per step, 32 layers, at MEMORY × 3,350 GB/s.
+    # (e = 2); 32 layers, at MEMORY × 3,350 GB/s.
     T, h, f, e = 4096, 4096, 14336, 2
     residual = 2 * 3 * T * h * e  # two adds: read two, write one
     rope_elements = T * (32 + 8) * 128
     # eager: RMSNorm 28 + 4e per element (fp32 upcast, pow, mean, rsqrt product, cast back, weight);
     # rotary 10e (q·cos, rotate_half's neg and cat, ·sin, the sum); SwiGLU 5e (silu, then the product)
     eager = 2 * T * h * (28 + 4 * e) + residual + rope_elements * 10 * e + T * f * 5 * e
-    # --compile: each chain one kernel, its input read and its output written once
+    # its backward by the eager autograd op lists (time/elementwise.py): RMSNorm 8e + 76; five gradient
+    # sums of 3e (the residual stream before each norm, the input of the separate W_Q, W_K, W_V twice, of
+    # gate and up once); rotary 17e; SwiGLU 9e
+    eager_back = 2 * T * h * (8 * e + 76) + 5 * 3 * T * h * e + rope_elements * 17 * e + T * f * 9 * e
+    # --compile: each chain one kernel, its input read and its output written once; its backward twice that
     compiled = 2 * T * h * 2 * e + residual + rope_elements * 2 * e + T * f * 3 * e
     rate = eff.MEMORY * 3350e9
-    assert _elementwise_s() == pytest.approx(3 * 32 * eager / rate, rel=1e-12)
+    assert _elementwise_s() == pytest.approx(32 * (eager + eager_back) / rate, rel=1e-12)
     assert _elementwise_s(compile=True) == pytest.approx(3 * 32 * compiled / rate, rel=1e-12)
 
 

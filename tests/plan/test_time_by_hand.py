@@ -68,13 +68,23 @@ ATTN_FWD_S, ATTN_BWD_S = 2 * CORE / TP / 2 / AT, 2 * (5 * CORE // 2) / TP / 2 / 
 # rotate_half's negation and cat, ·sin, the sum); SwiGLU silu(gate)·up 5e per [T, f/t] element.
 ELEMENTWISE = 2 * T * H * 36 + 2 * 3 * T * H * 2 + T * 6 * 16 // TP * 10 * 2 + 5 * 2 * T * 128 // TP
 assert ELEMENTWISE == 446_464
-EW_FWD_S, EW_BWD_S = 2 * ELEMENTWISE / MEM, 2 * 2 * ELEMENTWISE / MEM
+# Its backward, by the eager autograd nodes (time/elementwise.py): each RMSNorm 92 bytes an element of
+# [T, h] (weight·'s node dY·w 2e, dY·n 3e and its sum e; the cast back e + 4; x·r's dY·r 8, dY·x 12 and its
+# sum 4; mean's 4; pow's x.pow(1) 8, ·2 8, ·dY 12; the two fp32 gradients summed 12; the input cast 4 + e);
+# gradient sums of tensors used twice, 3e an element of [T, h]: the residual stream before each norm (2),
+# the shared input of the separate W_Q, W_K, W_V (2) and of gate and up (1); rotary 17e an element of q
+# and k (·cos, ·sin 2e each, the negation e, two slice_backward 2e each, two sums 3e each, the layout
+# copy 2e); SwiGLU 9e an element of [T, f/t] (two products and silu_backward, 3e each).
+EW_BACKWARD = 2 * T * H * 92 + 5 * 3 * 2 * T * H + T * 6 * 16 // TP * 17 * 2 + 9 * 2 * T * 128 // TP
+assert EW_BACKWARD == 1_054_720
+EW_FWD_S, EW_BWD_S = 2 * ELEMENTWISE / MEM, 2 * EW_BACKWARD / MEM
 # Launch gaps of those eager kernels, 1.1 µs each (time/efficiency.py LAUNCH_GAP_S: a CUDA-graph queue of
 # tiny x + y kernels, pytorch/pytorch #161104): per layer forward two RMSNorms of 8 kernels (x.to(fp32),
 # pow, mean, + eps, rsqrt, x·, .to(bf16), weight·), two residual adds, rotary 5 on q and 5 on k, SwiGLU's
-# silu and product: 30; the backward launches twice the forward's.
-KERNELS = 2 * 8 + 2 + 10 + 2
-GAP_FWD_S, GAP_BWD_S = 2 * KERNELS * 1.1e-6, 2 * 2 * KERNELS * 1.1e-6
+# silu and product: 30; the backward's op lists: two RMSNorms of 17 (the weight's sum in two passes,
+# rsqrt's node three on [T, 1]), 5 gradient sums, rotary 10 on q and 10 on k, SwiGLU 3: 62.
+KERNELS, BACKWARD_KERNELS = 2 * 8 + 2 + 10 + 2, 2 * 17 + 5 + 20 + 3
+GAP_FWD_S, GAP_BWD_S = 2 * KERNELS * 1.1e-6, 2 * BACKWARD_KERNELS * 1.1e-6
 FWD_S = MATMUL_FWD_S + ATTN_FWD_S + EW_FWD_S + GAP_FWD_S
 BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S + GAP_BWD_S
 
@@ -82,9 +92,12 @@ BWD_S = MATMUL_BWD_S + ATTN_BWD_S + EW_BWD_S + GAP_BWD_S
 # q, o 64·32, k, v 64·16, gate, up, down 64·64 (half of each), two RMSNorm weights of 64 (whole); the
 # final norm 64.
 RANK_PARAMS = 2 * 128 * 64 + 2 * (2 * 64 * 32 + 2 * 64 * 16 + 3 * 64 * 64 + 2 * 64) + 64
-# The optimizer step reads and writes fp32 master, m and v (2·12 bytes), reads the bf16 gradient and
-# writes the bf16 weight: 28 bytes a parameter, memory-bound.
-OPTIMIZER_S = RANK_PARAMS * 28 / MEM
+# The optimizer step: memplan's reference optimizer (measure/reference/optim.py, the default under --impl
+# reference), one tensor at a time, each kernel reading and writing whole tensors: grad.float() 2 + 4,
+# w.mul_ 4 + 4, m.lerp_(g) 4 + 4 + 4, v.mul_ 4 + 4, v.addcmul_(g, g) 4 + 4 + 4, v.sqrt() 4 + 4, .div_ 4 + 4,
+# .add_(eps) 4 + 4, w.addcdiv_(m, denom) 4 · 4, p.copy_(w) 4 + 2: 92 bytes a parameter, memory-bound; its
+# 10 kernels for each of the 21 tensors (embedding, head, 9 per layer, the final norm) 1.1 µs apart.
+OPTIMIZER_S = RANK_PARAMS * 92 / MEM + 10 * (2 + 9 * 2 + 1) * 1.1e-6
 
 
 def ring(kind: str, nbytes: int, n: int) -> float:
@@ -214,5 +227,5 @@ def test_compare_time_columns_by_hand() -> None:
     # each slows the compute it hides behind (the last backward; the first forward) by 18.9 % of itself
     ag = rs  # the all-gather of the same bytes: the same ring time as the reduce-scatter
     assert ag < FWD_S
-    zero1_step = COMPUTE_S + TP_EXPOSED + SLOW * (rs + ag) + (RANK_PARAMS // 2) * 28 / MEM
+    zero1_step = COMPUTE_S + TP_EXPOSED + SLOW * (rs + ag) + (RANK_PARAMS // 2) * 92 / MEM + 210 * 1.1e-6
     assert zero1["step_time"] == pytest.approx(zero1_step, rel=1e-12)
