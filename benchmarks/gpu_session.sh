@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (all by default): context calibrate optimizer profile trace
+# PARTS chooses what runs (by default all but snapshot): context calibrate optimizer profile trace snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -41,9 +41,15 @@ if on profile; then
 fi
 if on trace; then
     echo "== trace"
-    timeout 80 python3 -m memplan profile --model llama-2-7b --seq 2048 --checkpointing none --attention flash \
+    timeout 80 python3 -m memplan profile --model llama-2-7b --seq "${TRACE_SEQ:-2048}" --checkpointing none --attention flash \
         --steps 1 --warmup 1 --torch-trace /tmp/trace.json --json > /tmp/traced.json 2> /tmp/traced.err
     tail -5 /tmp/traced.err; python3 -c "import json; print(json.load(open('/tmp/traced.json'))['time'])"
     [ -f /tmp/trace.json ] && gzip -c /tmp/trace.json > "$OUT/trace.json.gz"
+fi
+if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
+    echo "== snapshot"
+    timeout 90 python3 -m memplan profile ${SNAPSHOT_ARGS:---model llama-3.2-1b --seq 2048 --checkpointing full} \
+        --steps 1 --warmup 1 --memory-snapshot /tmp/snapshot.pickle --json > /dev/null 2> /tmp/snapshot.err
+    tail -3 /tmp/snapshot.err; [ -f /tmp/snapshot.pickle ] && gzip -c /tmp/snapshot.pickle > "$OUT/snapshot.pickle.gz"
 fi
 ls -la "$OUT"
