@@ -8,7 +8,9 @@ backward frees the last layer's saves first), then the terms that grow are alloc
 
 - a layer's activations as that layer's saved tensors, one allocation each, in inventory order (one
   block of the difference when the layer's saves do not add up to it: fine-tuning's unequal layers,
-  checkpointed segments, the embedding's and the head's saves);
+  checkpointed segments, the embedding's and the head's saves); where the timeline has a point at each
+  layer's forward peak (``timeline.layer_peak``), the saves made before it there and the rest at the
+  layer's boundary (``StreamInputs.split``);
 - weights, optimizer states and gradients as one allocation per parameter tensor of the rank
   (``analytic.optimizer_step.step_tensors``: whole tensors or ZeRO's dim-0 shards) when the term's full
   size is a whole number of bytes per element over them (else as one block per rise: pipeline stages,
@@ -18,7 +20,9 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   knows them (``timeline.Point.pieces``: torchtitan's eager standard loss, its forward's logits, their fp32
   copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``;
   a fully checkpointed layer's backward, the tensors its re-run forward makes again, then the rest one
-  block: ``timeline.rerun_tensors``);
+  block: ``timeline.rerun_tensors``; the reference's eager layer at its forward peak, the core's copies,
+  scores, masked scores and probabilities: ``blocks.forward_locals``, freed at the layer's boundary, so
+  that the next layer's saves are carved out of their blocks as the real allocator does);
 - cuBLAS's workspaces (with a GPU), never freed: torch keeps one per cuBLAS handle and stream
   (aten/src/ATen/cuda/CublasHandlePool.cpp: ``cublas_handle_stream_to_workspace`` keyed by (handle,
   stream), ``getNewWorkspace`` takes it from the caching allocator) and one handle per thread (its
@@ -51,8 +55,14 @@ Known limitations:
   allocated peak, now 0.5). The
   verdict's replay at the device's capacity releases the free cached segments first, as the allocator
   does, but only where the unlimited replay passes that capacity: below it the two are the same replay.
-- NB: the forward's own temporaries (a layer's forward locals, the fp32 logits) are not allocations of
-  the stream (``timeline``'s NB), nor are the backward's between its modelled moments.
+- NB: the forward's own temporaries are allocations of the stream only at the modelled moments (the
+  loss's, where known; the reference's eager layers' at their forward peaks, ``blocks.forward_locals``):
+  those freed before a layer's peak (RoPE's products, the norm's fp32 square, q·kᵀ before its scaling),
+  the flash layers' and the other implementations' are not (``timeline``'s NB), nor are the backward's
+  between its modelled moments. Measured on an H200 (docs/gpu-profile.md): Llama-2-7B, s 2048,
+  selective checkpointing with eager attention reserved 104.97 GiB; the replay 109.60 GiB without the
+  layers' forward temporaries (each save its own segment, which the backward's gradients could not
+  reuse), 102.98 GiB with them.
 """
 
 from __future__ import annotations
@@ -64,11 +74,11 @@ from memplan.analytic.allocator import CUBLAS_THREADS, Alloc, Event, Free
 from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
-from memplan.blocks.inventory import Scope
+from memplan.blocks.inventory import Dims, Scope
 from memplan.config import Optimizer, Setup, StrategyConfig
 from memplan.engine import Result
 from memplan.strategies.pipeline_parallel import Group
-from memplan.timeline import timeline
+from memplan.timeline import layer_peak, timeline
 
 STEPS = 2
 """Steps in the stream: the first fills the cache, the second reuses it (module docstring)."""
@@ -155,6 +165,9 @@ class StreamInputs:
     saves: tuple[tuple[int, ...], ...] = ()
     """Each point's rise of the activations as its tensors (``timeline.Point.saves``; empty: as ``codes``
     makes a rise)."""
+    split: int = 0
+    """How many of one layer's saves its forward makes before its peak (``timeline.layer_peak``; 0: no
+    such point): a rise of the first ``split`` of ``layer``, or of the rest, is those tensors."""
 
 
 _INPUTS: dict[int, tuple[Result, StreamInputs]] = {}
@@ -199,6 +212,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
         pieces=tuple(p.pieces for p in points) if any(p.pieces for p in points) else (),
         state_parts=optimizer_parts(r.setup),
         saves=tuple(p.saves for p in points) if any(p.saves for p in points) else (),
+        split=core[0] if (core := layer_peak(r, Dims.of(r.rank_setup))) else 0,
     )
 
 
@@ -254,6 +268,7 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
     full = dict(zip(("weights", "optimizer", "gradients"), inputs.states, strict=True))
     layer = list(inputs.layer)
     one_layer = sum(layer)
+    first, rest = layer[: inputs.split], layer[inputs.split :]
     held: list[list[tuple[int, int]]] = [[] for _ in TERMS]
     total = [0] * len(TERMS)
     queues: dict[int, list[int]] = {}
@@ -263,11 +278,15 @@ def codes(inputs: StreamInputs, workspace: int = 0, steps: int = STEPS) -> list[
     names = list(TERMS)
 
     def pieces(term: int, delta: int, k: int) -> list[int]:
-        if term == activations:
-            known = inputs.saves[k] if inputs.saves else ()
-            if known and sum(known) == delta:  # the tensors the timeline knows this rise as
+        if term == activations:  # the tensors the timeline knows this rise as; one layer's saves, the
+            known = inputs.saves[k] if inputs.saves else ()  # first of them or the rest; else one block
+            if known and sum(known) == delta:
                 return list(known)
-            return layer if one_layer == delta else [delta]
+            if one_layer == delta:
+                return layer
+            if inputs.split and sum(first) == delta:
+                return first
+            return rest if inputs.split and sum(rest) == delta else [delta]
         if term == transient:  # one block, or the tensors the timeline knows it as
             return list(inputs.pieces[k]) if inputs.pieces and inputs.pieces[k] else [delta]
         if total[term] == 0:  # the term starts (again): its tensors in the order they are made

@@ -5,13 +5,17 @@ Points, in step order:
 - the forward pass, layer by layer: the resident states (weights, optimizer; gradients too when micro-batches
   accumulate) and the saved activations growing by one layer's saves per layer the device holds (its
   micro-batches in flight included), from the embedding's and the per-forward constants' saves to every
-  save at the forward's end (the head's added last);
+  save at the forward's end (the head's added last); where a layer's forward temporaries are known
+  (``layer_peak``: the reference's eager layer), before each boundary the layer's forward peak: the saves
+  it has made by then and its temporaries alive then, as their tensors;
 - then each moment of the backward and the optimizer step that ``analytic.peak`` models, with the terms it
   holds (``Peak.moments``): loss backward, final norm backward, the largest layer backward, embedding
   backward, optimizer step.
 
-Exact at each point (the same figures the estimate reports); NB: between points nothing is drawn, and
-the forward's own temporaries (a layer's forward locals, the fp32 logits) are not points of it — except
+Exact at each point (the same figures the estimate reports; a layer's forward peak is
+``blocks.forward_locals``' program, read on the CPU tracker's curve by tests/measure/test_forward_locals.py);
+NB: between points nothing is drawn, and the forward's own temporaries (a layer's forward locals, the
+fp32 logits) are not points of it — except the reference's eager layers' peaks (above) and
 torchtitan's eager standard loss (``blocks.head.forward_loss_blocks``): its forward's loss moment (the
 logits, their fp32 copy and the log-probs, alive together) is a point, and its transients at that point
 and at the loss backward are the tensors they are (``Point.pieces``), for the allocator's replay; so is a
@@ -26,8 +30,9 @@ from dataclasses import dataclass
 from memplan.analytic import activations as act
 from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
+from memplan.blocks.forward_locals import layer_forward_peak
 from memplan.blocks.head import forward_loss_blocks, loss_backward_blocks
-from memplan.blocks.inventory import Block, Dims
+from memplan.blocks.inventory import Block, Dims, Scope
 from memplan.engine import Result
 from memplan.pieces import rerun_kept
 from memplan.strategies import lora
@@ -89,6 +94,20 @@ def rerun_tensors(r: Result) -> tuple[int, ...]:
     return tuple(k.bytes for k in rerun_kept(rank) for _ in range(k.count))
 
 
+def layer_peak(r: Result, dims: Dims) -> tuple[int, int, tuple[int, ...]] | None:
+    """A layer's forward peak where its temporaries are known as tensors (``blocks.forward_locals``): how
+    many of its saves are made by then and their bytes (the first of its inventory's, which follows the
+    layer's data flow), and its temporaries alive then, in the order they were made; None where they are
+    not known, or where the device's layers do not each save one layer's inventory."""
+    peak = layer_forward_peak(r.setup, dims)
+    if not peak.temporaries:
+        return None
+    saves = [k.bytes for k in r.pieces.kept if k.scope is Scope.LAYER and k.count]
+    if sum(saves) != r.pieces.group_bytes[Group.LAYER] or peak.saves_before > len(saves):
+        return None
+    return peak.saves_before, sum(saves[: peak.saves_before]), peak.temporaries
+
+
 def saved_after(r: Result, layer_sets: int) -> list[int]:
     """Bytes the layers (or checkpointed segments) have saved after the first n of them, n = 0 … all.
     Fine-tuning's layers keep different bytes along the gradient flow (``Pieces.layer_bytes``, first layer
@@ -122,8 +141,14 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
     points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
-    points += [forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]) for n in steps]
     dims = Dims.of(r.rank_setup)  # the loss's [T, v] is the tensor-parallel rank's [T, v/t]
+    core = layer_peak(r, dims)
+    for n in steps:
+        if core is not None:  # layer n's forward peak: its first saves and its temporaries (``layer_peak``)
+            _, made, temps = core
+            at = forward(f"forward: layer {n}/{layer_sets} peak", before + saved[n - 1] + made)
+            points.append(Point(at.label, {**at.terms, "transient": sum(temps)}, temps))
+        points.append(forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]))
     loss_fwd = forward_loss_blocks(r.setup, dims)
     if loss_fwd:  # the loss's saves are made at that moment: before it, every save but theirs
         loss_saves = sum(k.total_bytes for k in r.pieces.kept if k.block is Block.LOSS)

@@ -21,6 +21,7 @@ from memplan.api import build_setup
 from memplan.config import FineTune, Parallel
 from memplan.config.finetune import Method
 from memplan.engine import estimate
+from memplan.options import AttentionChoice
 from memplan.presets import load_gpu
 from tests.test_allocator_plain import MIB, streams
 
@@ -180,12 +181,20 @@ def stream_inputs(draw: st.DrawFn) -> alloc_stream.StreamInputs:
     state = st.one_of(st.integers(0, 40), st.integers(0, 4).map(lambda k: k * count))
     layer = tuple(draw(st.lists(st.integers(0, 3 * MIB), max_size=4)))
     term = st.one_of(st.integers(0, 8), st.sampled_from([sum(layer), 2 * sum(layer), 3 * MIB]))
+    split = draw(st.integers(0, len(layer) + 1))
+    first = sum(layer[:split])
+    term = st.one_of(term, st.sampled_from([first, 2 * first, sum(layer) - first]))
     points = draw(st.lists(st.tuples(term, term, term, term, term), max_size=10))
+    # some points' transients known as tensors (``timeline.Point.pieces``: not always their sum)
+    piece = st.lists(st.integers(1, 3 * MIB), max_size=3).map(tuple)
+    pieces = tuple(draw(piece) for _ in points) if points and draw(st.booleans()) else ()
     return alloc_stream.StreamInputs(
         points=tuple(points),
         per_tensor=per_tensor,
         states=(draw(state), draw(state), draw(state)),
         layer=layer,
+        pieces=pieces,
+        split=split,
     )
 
 
@@ -222,15 +231,23 @@ def test_refuses_jit_is_the_python_verdict(
         {"model": "llama-3.2-1b", "seq": 1024, "checkpointing": "full", "zero": 1, "dp": 4},
         {"model": "llama-3.2-1b", "seq": 1024, "finetune": FineTune(method=Method.LORA)},
         {"model": "qwen3-0.6b", "seq": 2048, "parallel": Parallel(tp=2, sp=True), "zero": 2, "dp": 2},
+        # each layer's forward peak a point, its temporaries known as tensors (``timeline.layer_peak``)
+        {
+            "model": "llama-3.2-1b",
+            "seq": 2048,
+            "checkpointing": "selective",
+            "attention": AttentionChoice.EAGER,
+        },
+        {"model": "llama-3.2-1b", "seq": 1024, "attention": AttentionChoice.EAGER, "zero": 1, "dp": 4},
     ],
 )
 def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
-    # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included
+    # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included,
+    # and transients known as tensors (the reference's loss, its layers' forward peaks)
     setup = build_setup(**kw)  # type: ignore[arg-type]
-    # the compiled coding knows each transient and each rise of the activations as one block (``reserved``
-    # codes a stream whose transients or saves are known as tensors, ``StreamInputs.pieces`` and
-    # ``saves``, in Python): the same stream without them
-    inputs = replace(alloc_stream.stream_inputs(estimate(setup)), pieces=(), saves=())
+    # the compiled coding does not know a rise of the activations as the tensors the timeline lists
+    # (``StreamInputs.saves``, the loss's saves; ``reserved`` codes such a stream in Python): without them
+    inputs = replace(alloc_stream.stream_inputs(estimate(setup)), saves=())
     workspace = reserved.cublas_workspace(H100)
     expected = alloc_stream.codes(inputs, workspace)
     assert codes_jit(inputs, workspace, 2) == expected

@@ -39,6 +39,9 @@ def _code(
     states: Codes,
     layer: Codes,
     parts: Codes,
+    split: int,
+    piece_data: Codes,
+    piece_start: Codes,
     threads: int,
     workspace: int,
     steps: int,
@@ -47,15 +50,18 @@ def _code(
     per term) over ``steps`` steps, its allocations and frees coded as integers (n ≥ 0 allocates n bytes,
     the allocations numbered in order; −k − 1 frees allocation k). ``per_tensor``: the rank's tensors'
     elements in parameter order; ``states``: the weights', optimizer states' and gradients' bytes;
-    ``layer``: one layer's saves; ``parts``: the optimizer's tensors per parameter, bytes per element
-    (``alloc_stream.optimizer_parts``); ``threads``: the cuBLAS workspaces made at the first point
-    (``CUBLAS_THREADS``). Line by line ``alloc_stream.codes`` (its docstring and the module's
-    say why): at each point the terms that shrink free their newest allocations first (the transient all
-    of them), then the terms that grow allocate, a term freed past its target first — the activations one
-    layer's saves when the rise is one layer's, else one block; the transient one block; the model states
-    their next whole tensors (``alloc_stream.take``) from the term's queue, refilled
-    (``alloc_stream.tensor_bytes``, the optimizer's ``alloc_stream.optimizer_tensors``) each time the term
-    starts from 0, gradients in reverse order."""
+    ``layer``: one layer's saves, the first ``split`` of them made before the layer's forward peak
+    (``alloc_stream.StreamInputs.split``); ``parts``: the optimizer's tensors per parameter, bytes per
+    element (``alloc_stream.optimizer_parts``); ``piece_data[piece_start[k]:piece_start[k + 1]]``: point
+    k's transient as its tensors (``StreamInputs.pieces``; ``piece_start`` empty: none); ``threads``:
+    the cuBLAS workspaces made at the first point (``CUBLAS_THREADS``). Line by line
+    ``alloc_stream.codes`` (its docstring and the module's say why): at each point the terms that shrink
+    free their newest allocations first (the transient all of them), then the terms that grow allocate, a
+    term freed past its target first — the activations one layer's saves when the rise is one layer's (or
+    the first ``split`` of them, or the rest), else one block; the transient its tensors where known, else
+    one block; the model states their next whole tensors (``alloc_stream.take``) from the term's queue,
+    refilled (``alloc_stream.tensor_bytes``, the optimizer's ``alloc_stream.optimizer_tensors``) each time
+    the term starts from 0, gradients in reverse order."""
     out = [0]
     out.pop()
     # each term's held allocations, a stack kept as a linked list over all allocations
@@ -81,6 +87,9 @@ def _code(
     one_layer = 0
     for e in layer:
         one_layer += e
+    first = 0
+    for j in range(min(split, len(layer))):
+        first += layer[j]
     made = 0
     rise = [0]
     for step in range(steps):
@@ -112,10 +121,20 @@ def _code(
                     if one_layer == delta:
                         for e in layer:
                             rise.append(e)
+                    elif split and first == delta:
+                        for j in range(min(split, len(layer))):
+                            rise.append(layer[j])
+                    elif split and one_layer - first == delta:
+                        for j in range(min(split, len(layer)), len(layer)):
+                            rise.append(layer[j])
                     else:
                         rise.append(delta)
                 elif term == TRANSIENT:
-                    rise.append(delta)
+                    if len(piece_start) and piece_start[k + 1] > piece_start[k]:
+                        for j in range(piece_start[k], piece_start[k + 1]):
+                            rise.append(piece_data[j])
+                    else:
+                        rise.append(delta)
                 else:
                     if total[term] == 0:  # the term starts (again): its tensors in the order they are made
                         queued[term] = taken[term] = 0
@@ -193,6 +212,10 @@ class StreamFields(Protocol):
     def layer(self) -> tuple[int, ...]: ...
     @property
     def state_parts(self) -> tuple[int, ...]: ...
+    @property
+    def pieces(self) -> tuple[tuple[int, ...], ...]: ...
+    @property
+    def split(self) -> int: ...
 
 
 def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
@@ -202,7 +225,24 @@ def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
     held = np.array(inputs.states, dtype=np.int64)
     saves = np.array(inputs.layer, dtype=np.int64)
     parts = np.array(inputs.state_parts, dtype=np.int64)
-    return cast(Codes, _coded(rows, tensors, held, saves, parts, CUBLAS_THREADS, workspace, steps))
+    data, start = _pieces(inputs.pieces)
+    return cast(
+        Codes,
+        _coded(
+            rows, tensors, held, saves, parts, inputs.split, data, start, CUBLAS_THREADS, workspace, steps
+        ),
+    )
+
+
+def _pieces(pieces: tuple[tuple[int, ...], ...]) -> tuple[Codes, Codes]:
+    """Each point's transient tensors laid end to end, and where each point's begin (one more: the end);
+    both empty without any."""
+    if not pieces:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    start = np.zeros(len(pieces) + 1, dtype=np.int64)
+    for k, known in enumerate(pieces):
+        start[k + 1] = start[k] + len(known)
+    return np.array([b for known in pieces for b in known], dtype=np.int64), start
 
 
 def codes_jit(inputs: StreamFields, workspace: int, steps: int) -> list[int]:

@@ -8,6 +8,7 @@ final_norm", "backward i" (layer i's; last to first), "backward embedding"; and 
 "optimizer step". Each estimated point is read from the last micro-batch:
 
 - "forward: start", "forward: n/L layers", "forward: end": the live bytes at that boundary;
+- "forward: layer n/L peak": the highest point of layer n's forward (from layer n − 1's boundary);
 - "loss backward": the highest point from the forward's end to "backward lm_head";
 - "final norm backward": the highest point from "backward final_norm" to the last layer's backward (NB:
   the lm head's own backward, between the two, is not a moment the estimate models: not read);
@@ -33,6 +34,7 @@ Reading = tuple[int, int] | None
 """(sample index, live bytes) on the measured curve, or None where the curve has no such stretch."""
 
 _LAYERS = re.compile(r"forward: (\d+)/\d+ layers$")
+_LAYER_PEAK = re.compile(r"forward: layer (\d+)/\d+ peak$")
 
 
 def _highest(samples: Sequence[int], start: int | None, end: int | None) -> Reading:
@@ -66,6 +68,11 @@ def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
             i = fwd
         elif m := _LAYERS.match(label):
             i = at.get(f"forward {int(m.group(1)) - 1}")
+        elif m := _LAYER_PEAK.match(label):  # layer n's forward: from the boundary before it to its own
+            n = int(m.group(1))
+            return _highest(
+                s, at.get("start") if n == 1 else at.get(f"forward {n - 2}"), at.get(f"forward {n - 1}")
+            )
         elif label == "forward: loss":  # the head and the loss, after the last layer's forward
             return _highest(s, last_forward, fwd)
         elif label == "loss backward":
