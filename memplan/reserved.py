@@ -146,9 +146,8 @@ def replay_stream(
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
     if found is None:
-        # compiled, once a search has loaded it; a rise of the activations known as its tensors (the
-        # loss's saves, ``StreamInputs.saves``) is coded in Python
-        if not expandable and not inputs.saves and _JIT and _JIT[0] is not None:
+        # compiled, once a search has loaded it
+        if not expandable and _JIT and _JIT[0] is not None:
             found = _JIT[0].replay_inputs_jit(inputs, workspace, STEPS, capacity)
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
@@ -187,7 +186,7 @@ def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
     """``_refuses`` of the stream of ``inputs``: coded and replayed compiled when numba is there
     (``analytic.allocator_jit.refuses_jit``), else in Python."""
     jit = _compiled()
-    if jit is not None and not inputs.saves:  # compiled; the loss's saves as tensors in Python
+    if jit is not None:
         found = jit.refuses_jit(inputs, workspace, STEPS, capacity)
         if found is not None:
             return bool(found)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -188,13 +187,28 @@ def stream_inputs(draw: st.DrawFn) -> alloc_stream.StreamInputs:
     # some points' transients known as tensors (``timeline.Point.pieces``: not always their sum)
     piece = st.lists(st.integers(1, 3 * MIB), max_size=3).map(tuple)
     pieces = tuple(draw(piece) for _ in points) if points and draw(st.booleans()) else ()
+    # some points' rises of the activations known as tensors (``timeline.Point.saves``: used where they
+    # add up to the rise, so some are drawn from the points' own rises)
+    saves: tuple[tuple[int, ...], ...] = ()
+    if points and draw(st.booleans()):
+        rises = [max(0, b[3] - a[3]) for a, b in zip([(0,) * 5, *points], points, strict=False)]
+        split_rise = st.sampled_from(
+            [(r,) if r else () for r in rises] + [(r // 2, r - r // 2) for r in rises]
+        )
+        saves = tuple(draw(st.one_of(piece, split_rise)) for _ in points)
+    # the optimizer's tensors per parameter (``optimizer_parts``): a master copy or none, some states
+    parts = draw(
+        st.one_of(st.just(()), st.tuples(st.sampled_from([0, 4]), st.integers(1, 4), st.integers(1, 4)))
+    )
     return alloc_stream.StreamInputs(
         points=tuple(points),
         per_tensor=per_tensor,
-        states=(draw(state), draw(state), draw(state)),
+        states=(draw(state), draw(st.one_of(state, st.just(count * sum(parts)))), draw(state)),
         layer=layer,
         pieces=pieces,
         split=split,
+        saves=saves,
+        state_parts=parts,
     )
 
 
@@ -245,9 +259,7 @@ def test_real_streams_code_as_reserved_codes(kw: dict[str, object]) -> None:
     # pipeline stages, checkpointed segments and LoRA's trainable subset (states laid as blocks) included,
     # and transients known as tensors (the reference's loss, its layers' forward peaks)
     setup = build_setup(**kw)  # type: ignore[arg-type]
-    # the compiled coding does not know a rise of the activations as the tensors the timeline lists
-    # (``StreamInputs.saves``, the loss's saves; ``reserved`` codes such a stream in Python): without them
-    inputs = replace(alloc_stream.stream_inputs(estimate(setup)), saves=())
+    inputs = alloc_stream.stream_inputs(estimate(setup))
     workspace = reserved.cublas_workspace(H100)
     expected = alloc_stream.codes(inputs, workspace)
     assert codes_jit(inputs, workspace, 2) == expected

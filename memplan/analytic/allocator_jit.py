@@ -42,6 +42,8 @@ def _code(
     split: int,
     piece_data: Codes,
     piece_start: Codes,
+    save_data: Codes,
+    save_start: Codes,
     threads: int,
     workspace: int,
     steps: int,
@@ -53,7 +55,9 @@ def _code(
     ``layer``: one layer's saves, the first ``split`` of them made before the layer's forward peak
     (``alloc_stream.StreamInputs.split``); ``parts``: the optimizer's tensors per parameter, bytes per
     element (``alloc_stream.optimizer_parts``); ``piece_data[piece_start[k]:piece_start[k + 1]]``: point
-    k's transient as its tensors (``StreamInputs.pieces``; ``piece_start`` empty: none); ``threads``:
+    k's transient as its tensors (``StreamInputs.pieces``; ``piece_start`` empty: none), and
+    ``save_data[save_start[k]:save_start[k + 1]]`` its rise of the activations (``StreamInputs.saves``,
+    taken where they add up to the rise); ``threads``:
     the cuBLAS workspaces made at the first point (``CUBLAS_THREADS``). Line by line
     ``alloc_stream.codes`` (its docstring and the module's say why): at each point the terms that shrink
     free their newest allocations first (the transient all of them), then the terms that grow allocate, a
@@ -118,7 +122,14 @@ def _code(
                     continue
                 rise.clear()
                 if term == ACTIVATIONS:
-                    if one_layer == delta:
+                    known = 0
+                    if len(save_start) and save_start[k + 1] > save_start[k]:
+                        for j in range(save_start[k], save_start[k + 1]):
+                            known += save_data[j]
+                    if known and known == delta:  # the tensors the timeline knows this rise as
+                        for j in range(save_start[k], save_start[k + 1]):
+                            rise.append(save_data[j])
+                    elif one_layer == delta:
                         for e in layer:
                             rise.append(e)
                     elif split and first == delta:
@@ -216,6 +227,8 @@ class StreamFields(Protocol):
     def pieces(self) -> tuple[tuple[int, ...], ...]: ...
     @property
     def split(self) -> int: ...
+    @property
+    def saves(self) -> tuple[tuple[int, ...], ...]: ...
 
 
 def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
@@ -226,17 +239,30 @@ def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
     saves = np.array(inputs.layer, dtype=np.int64)
     parts = np.array(inputs.state_parts, dtype=np.int64)
     data, start = _pieces(inputs.pieces)
+    rise_data, rise_start = _pieces(inputs.saves)
     return cast(
         Codes,
         _coded(
-            rows, tensors, held, saves, parts, inputs.split, data, start, CUBLAS_THREADS, workspace, steps
+            rows,
+            tensors,
+            held,
+            saves,
+            parts,
+            inputs.split,
+            data,
+            start,
+            rise_data,
+            rise_start,
+            CUBLAS_THREADS,
+            workspace,
+            steps,
         ),
     )
 
 
 def _pieces(pieces: tuple[tuple[int, ...], ...]) -> tuple[Codes, Codes]:
-    """Each point's transient tensors laid end to end, and where each point's begin (one more: the end);
-    both empty without any."""
+    """Each point's tensors (its transient's, or its rise of the activations) laid end to end, and where
+    each point's begin (one more: the end); both empty without any."""
     if not pieces:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     start = np.zeros(len(pieces) + 1, dtype=np.int64)

@@ -247,8 +247,9 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     dims = Dims.of(setup)
     fl = flows(setup)
     counts: dict[str, tuple[Rule, int]] = {}
+    rules = _rules_by_flow(setup, dims, fl)
     for f in fl:
-        for r in layer_rules(setup, dims, f):
+        for r in rules[f]:
             counts[r.name] = (r, counts.get(r.name, (r, 0))[1] + 1)
     layers = [k for r, n in counts.values() for k in act.kept([r], Scope.LAYER, n)]
     before, after = model_rules(setup, dims, fl)
@@ -257,8 +258,17 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
 
 def layer_bytes(setup: Setup) -> list[int]:
     """Bytes each layer keeps, first to last."""
-    dims = Dims.of(setup)
-    return [sum(r.bytes for r in layer_rules(setup, dims, f)) for f in flows(setup)]
+    fl = flows(setup)
+    per_flow = {
+        f: sum(r.bytes for r in rules) for f, rules in _rules_by_flow(setup, Dims.of(setup), fl).items()
+    }
+    return [per_flow[f] for f in fl]
+
+
+def _rules_by_flow(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> dict[Flow, list[Rule]]:
+    """``layer_rules`` of each distinct flow of ``fl`` (the layers between the first and the last
+    trainable one share one: the rules are built once each)."""
+    return {f: layer_rules(setup, dims, f) for f in dict.fromkeys(fl)}
 
 
 def deficit(per_layer: tuple[int, ...]) -> int:
