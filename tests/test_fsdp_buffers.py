@@ -4,7 +4,11 @@ the caching allocator's documented rules (2 MiB rounding of large segments, best
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from memplan.alloc_stream import stream_inputs
+from memplan.analytic.allocator import Allocator
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
 from memplan.analytic.fsdp_buffers import (
     backward_order,
@@ -12,6 +16,7 @@ from memplan.analytic.fsdp_buffers import (
     gather_units,
     reduce_scatter_codes,
     reduce_scatter_outputs,
+    reduce_scatter_reserved,
     stream_reserved,
 )
 from memplan.analytic.peak import TERMS
@@ -214,10 +219,10 @@ def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
     r = build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, pp=2, impl="torchtitan")).result
     first, last = r.stages
     unsharded0, unsharded1 = 2 * 53_376, 2 * 53_440
-    for st, unsharded in ((first, unsharded0), (last, unsharded1)):
-        moments = st.peak.moments
+    for stage, unsharded in ((first, unsharded0), (last, unsharded1)):
+        moments = stage.peak.moments
         shards = 4 * (unsharded // 2) // 2
-        assert st.states.weights == shards
+        assert stage.states.weights == shards
         assert moments["layer backward"]["weights"] == shards + unsharded
         assert moments["optimizer step"]["weights"] == shards  # resharded after the last backward
     assert last.peak.moments["loss backward"]["weights"] == 4 * (unsharded1 // 2) // 2 + unsharded1
@@ -299,3 +304,42 @@ def test_only_fsdp2_mixed_precision_models_the_reduce_scatter() -> None:
     # one held as a gradient to the step's end: 40 × 152 + 2 × 80 = 6,240 MiB
     titan = build(Options(model="llama-2-13b", zero=3, dp=8, impl="torchtitan"))
     assert titan.fsdp_reduce_scatter == (40 * 152 + 2 * 80) * MIB
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    units=st.lists(
+        st.tuples(st.one_of(st.integers(1, 3 << 20), st.integers(1, 50 << 20)), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+    micro_batches=st.integers(1, 5),
+    root=st.booleans(),
+)
+def test_the_stream_stops_replaying_once_a_micro_batch_opens_no_segment(
+    units: list[tuple[int, bool]], micro_batches: int, root: bool
+) -> None:
+    """``stream_reserved`` stops at the first micro-batch that opens no segment: the same counters as the
+    whole stream replayed (every micro-batch frees what it made, so the next one finds the same state)."""
+    whole = Allocator().replay_codes(codes(units, micro_batches, root=root))
+    assert stream_reserved(units, micro_batches, root) == whole
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    outputs=st.lists(
+        st.tuples(
+            st.one_of(st.integers(1, 3 << 20), st.integers(1, 50 << 20)), st.sampled_from([0, 1 << 20])
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    micro_batches=st.integers(1, 7),
+)
+def test_the_reduce_scatter_stream_stops_once_a_micro_batch_opens_no_segment(
+    outputs: list[tuple[int, int]], micro_batches: int
+) -> None:
+    """``reduce_scatter_reserved`` stops replaying longer streams once one more micro-batch opens no
+    segment: the reserved peak of the whole stream."""
+    whole = Allocator().replay_codes(reduce_scatter_codes(outputs, micro_batches)).reserved_peak
+    assert reduce_scatter_reserved(outputs, micro_batches) == whole
