@@ -83,7 +83,6 @@ from memplan.timeline import layer_peak, timeline
 STEPS = 2
 """Steps in the stream: the first fills the cache, the second reuses it (module docstring)."""
 
-
 MEMO_MAX = 2048
 """The most results (and rank tensor lists) memoised before the memos are cleared (``reserved``'s
 replays are bounded the same)."""

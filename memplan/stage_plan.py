@@ -28,7 +28,6 @@ from memplan.pieces import (
     clear_caches as clear_caches,
 )
 from memplan.strategies import (
-    context_parallel,
     lora,
     offload,
     torch_interleaved,
@@ -69,12 +68,12 @@ def bnb_states(states: ModelStates, setup: Setup) -> ModelStates:
 
 
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
-    """Model states of the stage: ZeRO over dp × cp (``context_parallel.state_shards``), the routed experts
+    """Model states of the stage: ZeRO over dp × cp (``Setup.state_shards``), the routed experts
     over dp × cp / ep."""
     t, s = setup.training, setup.strategy
     if lora.applies(setup):  # one stage, dense: check_finetune
         return bnb_states(finetune_states(setup, params), setup)  # 8-bit states of the trainable tensors
-    shards = context_parallel.state_shards(setup)
+    shards = setup.state_shards
     experts = pc.expert_params * st.layers
     per_shard = None
     if profile_of(setup).fsdp2_dim0_shards and not experts:  # FSDP2: per parameter, on each stage

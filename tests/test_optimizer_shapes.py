@@ -301,7 +301,7 @@ def test_qlora_70b_steps_no_frozen_embedding() -> None:
 
 def test_context_parallel_ranks_step_their_dp_x_cp_shards() -> None:
     """Under context parallelism FSDP2 shards over dp × cp (torchtitan's ``dp_shard_cp`` mesh;
-    ``strategies.context_parallel.state_shards``), so each rank steps its dp × cp shard of every tensor.
+    ``Setup.state_shards``), so each rank steps its dp × cp shard of every tensor.
     Llama 3.1 8B on cp 8 × dp 1, ZeRO-3, torchtitan (FSDP2's fp32 shards, foreach AdamW): the step's
     ``_foreach_sqrt`` list is one fp32 copy of the rank's shards — the weights at rest, 4 B each — not of
     the whole model (every dim 0 of Llama 3.1 8B divides by 8: no padding)."""

@@ -80,9 +80,6 @@ def _code(
     cut = np.zeros(5, dtype=np.bool_)
     tensors = len(per_tensor)
     queue = np.zeros((3, tensors * max(1, len(parts))), dtype=np.int64)
-    part_sum = 0
-    for b in parts:
-        part_sum += b
     queued = np.zeros(3, dtype=np.int64)
     taken = np.zeros(3, dtype=np.int64)
     count = 0
@@ -91,6 +88,15 @@ def _code(
     one_layer = 0
     for e in layer:
         one_layer += e
+    # the optimizer's tensors (``alloc_stream.optimizer_tensors``): a master copy each unless the states
+    # alone make the term (FSDP2's fp32 shards), then each parameter's states; else whole tensors
+    part_sum = 0
+    for b in parts:
+        part_sum += b
+    master = parts[0] if len(parts) else 0
+    if len(parts) and count * (part_sum - master) == states[OPTIMIZER]:
+        master = 0
+    by_parts = len(parts) > 0 and count > 0 and count * (part_sum - parts[0] + master) == states[OPTIMIZER]
     first = 0
     for j in range(min(split, len(layer))):
         first += layer[j]
@@ -149,15 +155,7 @@ def _code(
                 else:
                     if total[term] == 0:  # the term starts (again): its tensors in the order they are made
                         queued[term] = taken[term] = 0
-                        master = parts[0] if len(parts) else 0
-                        if len(parts) and count * (part_sum - master) == states[term]:
-                            master = 0  # no master copy on this rank (alloc_stream.optimizer_tensors)
-                        if (
-                            term == OPTIMIZER
-                            and len(parts)
-                            and count
-                            and count * (part_sum - parts[0] + master) == states[term]
-                        ):
+                        if term == OPTIMIZER and by_parts:
                             for h in range(tensors):  # every master copy, then each parameter's states
                                 if per_tensor[h] and master:
                                     queue[term, queued[term]] = per_tensor[h] * master

@@ -25,7 +25,7 @@ def titan_fsdp2(setup: Setup) -> bool:
     """torchtitan's FSDP2 is applied: ``Profile.fsdp2_dim0_shards``, ZeRO-2 or 3 (``--zero 2`` is its
     ``reshard_after_forward=False``), over more than one rank of dp × cp (``dp_shard_cp``)."""
     s = setup.strategy
-    sharded = s.shard_group * setup.parallel.cp > 1
+    sharded = setup.state_shards > 1
     return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.GRADIENTS and sharded
 
 
@@ -64,7 +64,7 @@ def zero3_head_unit(setup: Setup) -> int:
     ``padded_unsharded_size`` buffer), so every dim 0 counts padded to the shard count
     (``fsdp2_flat_elements``; measured at Llama 3.1 405B's widths on tp 8 × dp 2,048: the lm head's
     16,032 rows held as 16,384)."""
-    shards = setup.strategy.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     _, _, head = unit_shapes(setup.model)
     return fsdp2_flat_elements(head, shards) * setup.training.precision.weight_bytes
 
@@ -74,7 +74,7 @@ def zero3_head_gather(setup: Setup) -> int:
     parameters (kept from its forward: ``zero3_head_unit``) and the top layer's flat all-gather output,
     prefetched by the head unit's backward (measured on the tiny model: 16,512 + 37,120 B on tp 2 + SP ×
     dp 2)."""
-    shards = setup.strategy.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     return zero3_head_unit(setup) + layer_gather(setup, shards)
 
 
@@ -102,7 +102,7 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     counted as untied."""
     if not zero3_resharded(setup):
         return 0
-    shards = setup.strategy.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     embedding, layer, head = unit_shapes(setup.model)
     above = layer if i < layers - 1 else head
     weight = setup.training.precision.weight_bytes
@@ -138,7 +138,7 @@ def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
     NB: under ``--vpp`` > 3 torch's runtime keeps at most three chunks gathered (``zero3_kept_gathered``);
     ZeRO-2's weights still count every chunk's bf16 copy (an upper bound)."""
     s = setup.strategy
-    shards = s.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     if not profile_of(setup).fsdp2_dim0_shards or s.zero is not ZeroStage.GRADIENTS or shards == 1:
         return 0
     element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.weight_bytes

@@ -25,12 +25,11 @@ def reduce_scatter_modelled(setup: Setup) -> bool:
     ``foreach_reduce`` reduces their DTensor gradients' local tensors — not the reference's, whose moments
     under tp are not measured with FSDP2's mixed precision). There the sharded gradients are the
     reduce-scatter stream's blocks, not the default stream's (``analytic.fsdp_buffers``)."""
-    s, par = setup.strategy, setup.parallel
     return (
         fsdp2_mixed(setup)
         and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
-        and s.shard_group * par.cp > 1
-        and (par.tp == 1 or setup.impl.impl is Impl.TORCHTITAN)
+        and setup.state_shards > 1
+        and (setup.parallel.tp == 1 or setup.impl.impl is Impl.TORCHTITAN)
         and setup.finetune.trains_everything
     )
 
@@ -44,5 +43,5 @@ def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
     (``analytic.fsdp2_moments.zero3_unit_buffers``)."""
     if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
         return 0
-    shards = setup.strategy.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     return fsdp2_flat_elements(_layer_shapes(setup.model), shards) * reduce_bytes(setup)

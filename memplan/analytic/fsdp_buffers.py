@@ -156,7 +156,7 @@ def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tupl
     (and their biases) hold dim 0 / t rows, row-parallel ones dim 1 / t columns, the vocabulary-parallel
     embedding and head ⌈v/t⌉ rows; norms (and row-parallel biases) are replicated, whole."""
     s, m = setup.strategy, setup.model
-    world = s.shard_group * setup.parallel.cp  # torchtitan's dp_shard_cp mesh
+    world = setup.state_shards  # torchtitan's dp_shard_cp mesh
     if s.zero < ZeroStage.GRADIENTS or world == 1:
         return []
     if not setup.finetune.trains_everything or (setup.parallel.tp > 1 and m.moe is not None):
@@ -183,7 +183,7 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     units = unit_shapes(setup, layers, first, last)
     if units is None:
         return None
-    world, e = setup.strategy.shard_group * setup.parallel.cp, setup.training.precision.weight_bytes
+    world, e = setup.state_shards, setup.training.precision.weight_bytes
     # --fp8-all-gather: a block's converted weights gathered in float8 (blocks.fp8.gathered_saving)
     block, saving = _block_shapes(setup), fp8.gathered_saving(setup, world)
     return [
@@ -304,7 +304,7 @@ def reduce_scatter_outputs(setup: Setup, layers: int, first: bool, last: bool) -
     bytes in the reduce dtype, the bytes of its cast to the fp32 sharded parameters' dtype, 0 when the
     reduce dtype is fp32). Empty where not modelled (``reduce_scatter_modelled``)."""
     units = unit_shapes(setup, layers, first, last) if reduce_scatter_modelled(setup) else None
-    world, reduce = setup.strategy.shard_group * setup.parallel.cp, reduce_bytes(setup)
+    world, reduce = setup.state_shards, reduce_bytes(setup)
     cast = FSDP2_MIXED_BYTES if reduce != FSDP2_MIXED_BYTES else 0
     out = []
     for shapes, _ in reversed(units or []):

@@ -220,10 +220,10 @@ def trainable_shapes(setup: Setup) -> list[Shape]:
 def step_tensors(setup: Setup) -> list[int]:
     """Elements of each tensor one rank steps, in order: whole trainable parameters, or under ZeRO ≥ 1 over
     dp > 1 the rank's ``torch.chunk`` of each along dim 0 (⌈rows/dp⌉ rows; FSDP2's ``Shard(0)``) — over
-    dp × cp under context parallelism, as the states (``strategies.context_parallel.state_shards``:
-    torchtitan's ``dp_shard_cp`` mesh)."""
+    dp × cp under context parallelism, as the states (``Setup.state_shards``: torchtitan's
+    ``dp_shard_cp`` mesh)."""
     s = setup.strategy
-    shards = s.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     sharded = s.zero >= ZeroStage.OPTIMIZER and shards > 1
     return [shard(shape[0], shards, sharded) * math.prod(shape[1:]) for shape in trainable_shapes(setup)]
 

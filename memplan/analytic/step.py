@@ -62,11 +62,11 @@ def largest_step_tensor(setup: Setup) -> int:
     follows it); with its fused Adam the temporaries are per partition, not per tensor, which this does
     not model (memplan's reference optimizer steps one tensor at a time, as FSDP2 with a per-tensor
     optimizer does).
-    Under context parallelism the shards are over dp × cp, as the states' (``strategies.context_parallel
-    .state_shards``; torchtitan's ``dp_shard_cp`` mesh).
+    Under context parallelism the shards are over dp × cp, as the states' (``Setup.state_shards``;
+    torchtitan's ``dp_shard_cp`` mesh).
     """
     s = setup.strategy
-    shards = s.shard_group * setup.parallel.cp
+    shards = setup.state_shards
     sharded = s.zero >= ZeroStage.OPTIMIZER and shards > 1
     return max(shard(rows, shards, sharded) * cols for rows, cols in weight_shapes(setup))
 

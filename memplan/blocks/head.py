@@ -230,7 +230,7 @@ def loss_parallel_backward_transient(dims: Dims) -> int:
     return 3 * 4 * t * dims.v + 33 * t + 8
 
 
-def torchtitan_loss_tensors(setup: Setup) -> bool:
+def loss_tensors_known(setup: Setup) -> bool:
     """Whether the loss's tensors are counted one by one (``forward_loss_blocks``,
     ``loss_backward_blocks``): torchtitan's eager standard loss on one stage — its ``cross_entropy``, or
     on a tensor-parallel rank its loss-parallel function (``loss_parallel_function``) — eager without
@@ -268,7 +268,7 @@ def forward_loss_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
     ``_log_softmax``: ``shifted = x - x_max``, ``torch.exp(shifted)``, ``result = shifted - …``) makes the
     same blocks on the model's fp32 output (P freed before them: one segment more, not one byte more at
     the peak)."""
-    if not torchtitan_loss_tensors(setup):
+    if not loss_tensors_known(setup):
         return ()
     t, v = dims.tokens, dims.v
     if setup.parallel.tp > 1:
@@ -281,7 +281,7 @@ def loss_backward_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
     counted as one block): nll_loss's gradient (``zeros_like`` of the log-probs) and log_softmax's input
     gradient, two allocations; on a tensor-parallel rank the loss-parallel backward's three
     (``loss_parallel_backward_transient``: ``zeros_like``, ``exp`` and their sum)."""
-    if not torchtitan_loss_tensors(setup):
+    if not loss_tensors_known(setup):
         return ()
     count = 3 if setup.parallel.tp > 1 else 2
     return (4 * dims.tokens * dims.v,) * count

@@ -138,9 +138,9 @@ class ImplConfig(Frozen):
         default=True,
         description="--impl torchtitan --compile: the loss compiled too (torchtitan 0.3.0's "
         "compile.components default ['model', 'loss']); False: the blocks only, the loss eager (torchtitan's "
-        "train.py of late "
-        "2024: 'TODO: compiling loss function causes CUDA errors, turning off for now'), its tensors "
-        "counted one by one (blocks.head.torchtitan_loss_tensors)",
+        "train.py of late 2024: 'TODO: compiling loss function causes CUDA errors, turning off for now'), "
+        "its tensors "
+        "counted one by one (blocks.head.loss_tensors_known)",
     )
     fp8: Fp8Recipe = Field(
         default=Fp8Recipe.NONE,

@@ -152,6 +152,12 @@ class Setup(Frozen):
         check_setup(self)
         return self
 
+    @property
+    def state_shards(self) -> int:
+        """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp, or with
+        HSDP the shard group × cp (``StrategyConfig.shard_group``; torchtitan's ``dp_shard_cp`` mesh)."""
+        return self.strategy.shard_group * self.parallel.cp
+
     def settings(self) -> dict[str, Any]:
         """Every setting but the model's, flat and JSON-ready, under its field's name: the ``setup`` object
         of ``--json`` and its schema (``schema.py``) come from here. Checkpointing is one value

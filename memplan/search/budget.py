@@ -1,15 +1,15 @@
 """Does a plan fit a GPU, and if not, which memory term overflows.
 
-The plan fits when what torch's caching allocator reserves at the step's peak (``reserved.replay_device``:
-the estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspaces included) fits the
-memory left to it: the memory the driver reports (``GpuPreset.device_bytes``: nvidia-smi's total where the
-preset states it, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
+The plan fits when what torch's caching allocator reserves at the step's peak (``reserved.replay_device``: the
+estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspaces included) fits the memory
+left to it: the memory the driver reports (``GpuPreset.device_bytes``: CUDA's measured total or nvidia-smi's
+where the preset states them, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
 (``reserved.CUDA_CONTEXT``, outside the allocator), less NCCL's buffers of the layout's communicators
-(``time.comm_memory.nccl_bytes``, outside the allocator too), less the communication buffers held beside
-the step's replay (``time.comm_memory.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose
-reserved peak is reached in the forward and held through the backward's peak; DDP's gradient buckets,
-held for the whole run) and less ``--reserve`` (default 0: what memplan does not model, e.g. FSDP2's
-reduce-scatter buffers outside its mixed precision, ``reserved``'s NB). When the reserved
+(``time.comm_memory.nccl_bytes``, outside the allocator too), less the communication buffers held beside the
+step's replay (``time.comm_memory.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose reserved
+peak is reached in the forward and held through the backward's peak; DDP's gradient buckets, held for the
+whole run) and less ``--reserve`` (default 0: what memplan does not model, e.g. FSDP2's reduce-scatter buffers
+outside its mixed precision, ``reserved``'s NB). When the reserved
 peak of an unlimited replay passes it, the replay is run again with that capacity, as the allocator runs:
 it releases its wholly free cached segments before it gives up, and the plan fits if no request is then
 refused.

@@ -30,7 +30,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   the next rank instead of the all-gather. Which block each exchange runs under: ``kv_exchanges``.
 - Model states: weights are replicated over the cp ranks; gradients are reduced and ZeRO/FSDP shards
   over dp × cp (torchtitan's ``dp_shard_cp`` mesh: FSDP shards over data and context parallel ranks
-  together), ``state_shards``.
+  together), ``Setup.state_shards``.
 
 Known limitations (NB): the ring's forward and backward transients (the gathered K/V, the fp32 merge and
 gradient buffers) are not in the peak; torch's ring runs only the SDPA flash / efficient / cuDNN kernels,
@@ -76,12 +76,6 @@ def check_context(setup: Setup) -> None:
             f"seq: the {s // cp} tokens of each context-parallel rank do not split over --tp {tp} for "
             f"sequence parallelism; use --seq {lower or step} (a multiple of {step})"
         )
-
-
-def state_shards(setup: Setup) -> int:
-    """Ranks that share one copy of the model states (ZeRO / FSDP shard over them): dp × cp, or with HSDP
-    the shard group × cp (``StrategyConfig.shard_group``)."""
-    return setup.strategy.shard_group * setup.parallel.cp
 
 
 def whole_model(rank: Flops, cp: int) -> Flops:

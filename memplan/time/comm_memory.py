@@ -64,7 +64,7 @@ def communicators(setup: Setup, stage: int, topo: Topology) -> list[Communicator
     if (peers := pipeline_peers(setup, stage)) > 0:
         out.append(Communicator("pp", par.pp, peers, _inter(topo, stride(setup, "pp"), 2)))
     at = stride(setup, "dp")
-    shard = st.shard_group * par.cp
+    shard = setup.state_shards
     if shard > 1:
         inter = placed(topo, ((stride(setup, "cp"), par.cp), (at, st.shard_group))).level == "inter-node"
         out.append(Communicator("dp" if st.replicas == 1 else "dp (shard)", shard, 0, inter))

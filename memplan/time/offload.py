@@ -40,7 +40,7 @@ from memplan.config import Offload
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.offload import HOST_GRADIENT_BYTES
-from memplan.time import efficiency
+from memplan.time import efficiency, optimizer
 from memplan.time.comm_rows import Critical, Overlap
 from memplan.time.compute import owned_params
 
@@ -92,10 +92,7 @@ def host_step_bytes(c: Critical) -> int:
     """Bytes the CPU optimizer step moves for one device's partition: the master weights and optimizer
     states read and written, the fp32 host gradients (``HOST_GRADIENT_BYTES``) read, the 16-bit weights
     written."""
-    t = c.setup.training
-    p = t.precision
-    per = 2 * (p.master_bytes + t.optimizer.state_bytes(p)) + HOST_GRADIENT_BYTES + p.weight_bytes
-    return owned_params(c) * per
+    return owned_params(c) * optimizer.one_pass_bytes(c.setup, HOST_GRADIENT_BYTES)
 
 
 def host_optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:

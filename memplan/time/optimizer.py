@@ -72,12 +72,13 @@ def _update_ops(kind: Optimizer, x: int, q: int, g: int) -> list[int]:
     raise ValueError(f"optimizer: no per-op model of {kind}")  # adamw-8bit: one pass (``one_pass_bytes``)
 
 
-def one_pass_bytes(s: Setup) -> int:
-    """A fused kernel's bytes per parameter: the master and states read and written, the gradient read,
-    the working weight written."""
+def one_pass_bytes(s: Setup, grad_bytes: int | None = None) -> int:
+    """A fused kernel's bytes per parameter: the master and states read and written, the gradient read
+    (``grad_bytes`` of it: the recipe's unless given), the working weight written."""
     t = s.training
     p = t.precision
-    return 2 * (p.master_bytes + t.optimizer.state_bytes(p)) + p.grad_bytes + p.weight_bytes
+    g = p.grad_bytes if grad_bytes is None else grad_bytes
+    return 2 * (p.master_bytes + t.optimizer.state_bytes(p)) + g + p.weight_bytes
 
 
 def reference_ops(s: Setup) -> list[int]:
