@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (by default all but snapshot): context calibrate optimizer profile trace snapshot
+# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels mpt snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -45,6 +45,19 @@ if on trace; then
         --steps 1 --warmup 1 --torch-trace /tmp/trace.json --json > /tmp/traced.json 2> /tmp/traced.err
     tail -5 /tmp/traced.err; python3 -c "import json; print(json.load(open('/tmp/traced.json'))['time'])"
     [ -f /tmp/trace.json ] && gzip -c /tmp/trace.json > "$OUT/trace.json.gz"
+fi
+if on kernels; then  # the kernel classes alone at the held-out runs' shapes (benchmarks/hopper_kernels.py)
+    echo "== kernels"
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv -lms 500 > "$OUT/smi.csv" &
+    SMI=$!
+    timeout 240 python3 benchmarks/hopper_kernels.py --out "$OUT/kernels.jsonl" --seqs "${KERNEL_SEQS:-1024,2048,4096,8192,16384,32768,65536}" | tail -3
+    kill $SMI
+fi
+if on mpt; then  # one eager MPT-1B step (LayerNorm, GELU, learned positions), the held-out run's micro-batch
+    echo "== mpt"
+    timeout 150 python3 -m memplan profile -m benchmarks/published/mpt-1b.toml --seq 2048 --batch 14 --checkpointing none \
+        --attention flash --steps 2 --warmup 1 --json > "$OUT/mpt1b.json" 2> /tmp/mpt.err
+    tail -3 /tmp/mpt.err; python3 -c "import json; print(json.load(open('$OUT/mpt1b.json'))['time'])"
 fi
 if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
     echo "== snapshot"

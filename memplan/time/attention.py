@@ -10,9 +10,14 @@
 
   | kernel | Ampere, Ada, CDNA3, unknown | Hopper, Blackwell: forward, backward |
   |---|---|---|
-  | FlashAttention-2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35, ``_BACKWARD`` 0.32 |
-  | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × those: 0.525, 0.48 |
-  | FlashAttention-1 (``fa1``: flash-attn 1.x, its Triton version) | ``FA1`` 0.25 | ``FA1_HOPPER`` 0.175 |
+  | FA2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35, ``_BACKWARD`` 0.32, × length |
+  | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × those: 0.525, 0.48 × length |
+  | FlashAttention-1 (``fa1``: flash-attn 1.x, its Triton version) | ``FA1`` 0.25 | 0.25 × FA2's / 0.50 |
+
+  "× length" (``sequence_factor``): on Hopper FA2 reaches the paper's figures only for long rows; its rate
+  at the call's sequence length and head dimension was measured alone on an H200
+  (``efficiency.FA2_HOPPER_BY_SEQUENCE``: at s 2,048 with heads of 128, 0.80 of it forward, 0.65
+  backward). FA3 and FA1 on Hopper are scaled from FA2's at the same length.
 
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
   it (torch vendors FA2), on every GPU.
@@ -26,14 +31,23 @@
   counted) and each of its c − 1 others a full block of (s/c)²/2 cells, so of the (c + 1)/2 · (s/c)²
   counted cells c/2 · (s/c)² run: c/(c + 1), 1/2 without cp. Eager attention's bmms run every cell.
 
-Known limitations (NB): one fraction for every sequence length (the Hopper backward's at 8k; FA2 on
-Ampere one fraction for both directions, the paper's low end); cuDNN's
-and the memory-efficient SDPA kernels are not offered (no published figure in view); CDNA3 (MI300X,
-Composable Kernel's flash attention) and Blackwell take the figures above without a measurement of their
-own; a sliding window's further skipped tiles are not modelled (the window's cells are counted as causal).
+Known limitations (NB): on Ampere and others one fraction for every sequence length (FA2 on Ampere one
+fraction for both directions, the paper's low end); on Hopper the length curve was measured at b·s =
+16,384 tokens (a smaller grid, b 1 at s 2,048, ran slower: 0.21 and 0.20 in the Llama-2-7B step,
+docs/gpu-profile.md) and is held at its ends (1,024 and 65,536); a context-parallel rank's calls are
+taken at s/c though half of torch's ring blocks have rows of s/(2c), and Llama 3's all-gather CP (one call
+per local chunk against the gathered K/V: long rows) is not expressible; cuDNN's
+and the memory-efficient SDPA kernels are not offered (measured on the H200 at 0.43–0.67 and 0.13–0.18 of
+peak, docs/gpu-profile.md; torch's default order tries flash first; torchtitan 0.3.0 puts cuDNN first);
+CDNA3 (MI300X, Composable Kernel's flash attention) and Blackwell take the figures above without a
+measurement of their own; a sliding window's further skipped tiles are not modelled (the window's cells
+are counted as causal).
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 from memplan.config import Attention, AttentionKernel, Setup
 from memplan.presets import GpuPreset
@@ -55,7 +69,9 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
     hopper = gpu.arch in HOPPER_ON
     if gpu.calibrated and gpu.calibrated.attention and setup.impl.attention_kernel is AttentionKernel.AUTO:
         return gpu.calibrated.attention  # measured on the device (``memplan calibrate``: SDPA's own pick)
-    fa2 = efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER
+    fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
+        setup, backward
+    )
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
             raise ValueError(
@@ -64,8 +80,44 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
             )
         return efficiency.FA3_SPEEDUP * fa2
     if kernel(setup) is AttentionKernel.FA1:
-        return efficiency.FA1_HOPPER if hopper else efficiency.FA1
+        return efficiency.FA1 * fa2 / efficiency.ATTENTION if hopper else efficiency.FA1
     return fa2 if hopper else efficiency.ATTENTION
+
+
+def call_sequence(setup: Setup) -> int:
+    """The query length of one kernel call: s, or a context-parallel rank's s/c (torch's ring calls the
+    kernel on the rank's own shard against each rank's shard in turn)."""
+    return max(1, setup.training.seq_len // setup.parallel.cp)
+
+
+def sequence_factor(setup: Setup, backward: bool = False) -> float:
+    """FlashAttention-2's rate on Hopper at this call's length and head dimension, over its rate at 64k
+    with heads of 128 (``efficiency.FA2_HOPPER_BY_SEQUENCE``): 1 at long rows, 0.80 forward and 0.65
+    backward at s 2,048 with heads of 128. Interpolated in log₂ s between the measured lengths and held at
+    the ends; a head dimension of 96 or more takes the 128 rows, a smaller one the 64 rows. Under context
+    parallelism a rank's local block is causal and its c − 1 others are not (``causal_work``): 1/c of its
+    cells at the causal rate, the rest at the non-causal one (``FA2_HOPPER_NONCAUSAL``, heads of 128;
+    narrower heads scaled as their causal rows are), a harmonic mean by cells."""
+    col = 2 if backward else 1
+    s, cp = call_sequence(setup), setup.parallel.cp
+    narrow = (setup.model.head_dim or 0) < 96
+    wide_causal = _log_interpolate(efficiency.FA2_HOPPER_BY_SEQUENCE[128], s, col)
+    causal = _log_interpolate(efficiency.FA2_HOPPER_BY_SEQUENCE[64], s, col) if narrow else wide_causal
+    rate = causal
+    if cp > 1:
+        other = _log_interpolate(efficiency.FA2_HOPPER_NONCAUSAL, s, col) * causal / wide_causal
+        rate = 1 / ((1 / cp) / causal + (1 - 1 / cp) / other)
+    return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][col]
+
+
+def _log_interpolate(table: tuple[tuple[int, float, float], ...], s: int, col: int) -> float:
+    if s <= table[0][0]:
+        return table[0][col]
+    for lo, hi in itertools.pairwise(table):
+        if s <= hi[0]:
+            w = (math.log2(s) - math.log2(lo[0])) / (math.log2(hi[0]) - math.log2(lo[0]))
+            return lo[col] + w * (hi[col] - lo[col])
+    return table[-1][col]
 
 
 def causal_work(setup: Setup) -> float:

@@ -26,8 +26,11 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
 - ``FA2_HOPPER`` 0.35 forward, ``FA2_HOPPER_BACKWARD`` 0.32 backward: FlashAttention-2 on H100
   (FlashAttention-3, Shah et al. 2024: the abstract's 35 %; the backward figure's 318 of 989 TFLOP/s at
   8k, head dimension 128); ``FA3_SPEEDUP`` 1.5 over both (the abstract's 1.5–2.0×, the low end).
-- ``FA1`` 0.25 (``FA1_HOPPER`` 0.175): FlashAttention-1 and flash-attn's Triton version (the FA2 paper's
-  "25-40%" for FA1 on A100, the low end; on Hopper scaled as FA2 falls from A100 to H100).
+- ``FA2_HOPPER_BY_SEQUENCE``: how FA2's rate on Hopper falls below those figures at shorter sequences and
+  narrower heads, measured alone on an H200 (torch 2.11's SDPA flash kernel; docs/gpu-profile.md): 0.80
+  forward and 0.65 backward of the long-sequence rate at s 2,048 with heads of 128.
+- ``FA1`` 0.25: FlashAttention-1 and flash-attn's Triton version (the FA2 paper's "25-40%" for FA1 on
+  A100, the low end; on Hopper scaled as FA2 falls from A100 to H100 at the same length).
 
 - ``HOST_LINK`` 0.80: CUDA's ``bandwidthTest`` on an A100-SXM4-40GB (PCIe Gen4 x16, 32 GB/s per direction),
   pinned 32 MB copies: host to device 26.1 GB/s, device to host 25.6 GB/s (a published run log; the
@@ -83,6 +86,52 @@ length 8k, head dimension 128 (Shah et al. 2024, FlashAttention-3, the backward-
 80GB SXM5: FA2 291, 310, 318, 322 TFLOP/s at 2k, 4k, 8k, 16k) — below its forward (``FA2_HOPPER``; the
 same paper's forward figures at 8k: 370 non-causal, 333 causal). The 8k figure: the sequence length of
 the published runs that use it (Llama 3), read before computing them."""
+FA2_HOPPER_BY_SEQUENCE: dict[int, tuple[tuple[int, float, float], ...]] = {
+    128: (
+        (1024, 0.248, 0.158),
+        (2048, 0.281, 0.212),
+        (4096, 0.313, 0.251),
+        (8192, 0.323, 0.275),
+        (16384, 0.342, 0.306),
+        (32768, 0.343, 0.320),
+        (65536, 0.351, 0.327),
+    ),
+    64: (
+        (1024, 0.163, 0.103),
+        (2048, 0.194, 0.157),
+        (4096, 0.232, 0.197),
+        (8192, 0.257, 0.225),
+        (16384, 0.251, 0.257),
+        (32768, 0.290, 0.273),
+        (65536, 0.311, 0.283),
+    ),
+}
+"""FlashAttention-2's rate on Hopper by head dimension and sequence length: (s, forward, backward) as
+fractions of the dense bf16 peak, measured alone (no training step) on one H200 — GH100, the H100 SXM's
+132 SMs and 989.5 TFLOP/s; attention is compute-bound, so HBM3e does not enter — with torch 2.11's SDPA
+flash backend (the FlashAttention-2 torch vendors), bf16, causal, b·s = 16,384 tokens (b = 1 from 16k), 32
+heads of 128 and 12 of 64, the median of five (two from 16k) after two warm-ups (CUDA events):
+benchmarks/hopper_kernels.py, docs/gpu-profile.md "Kernel classes alone". FLOPs counted as FlashAttention's
+benchmark does (causal half, backward 2.5 × forward). Its long-sequence end, 0.351 and 0.327 at 64k, is the
+FlashAttention-3 paper's 35 % and 318/989 for FA2 on H100 (``FA2_HOPPER``, ``FA2_HOPPER_BACKWARD``); the
+table gives how the rate falls below it for shorter rows, whose every query tile runs fewer key tiles
+against the same fixed work (loading Q, the final rescale and write of O; the backward's dQ
+accumulation), and for the narrower head, whose tiles do half the FLOPs per byte moved. The model uses
+the table's ratio to its 64k head-128 end, times the paper's figures (``time.attention``). No published
+run of docs/step-time.md or the held-out set was compared while it was measured; the held-out runs' shapes
+chose which lengths were measured, and both tables were computed with it before it was kept (it moved the
+held-out median |error| 22.2 → 16.3 % and Llama 3's CP run −6.8 → −10.9 %: docs/step-time.md)."""
+FA2_HOPPER_NONCAUSAL: tuple[tuple[int, float, float], ...] = (
+    (1024, 0.309, 0.214),
+    (2048, 0.333, 0.251),
+    (4096, 0.348, 0.280),
+    (8192, 0.355, 0.295),
+    (16384, 0.357, 0.303),
+    (32768, 0.356, 0.317),
+    (65536, 0.354, 0.323),
+)
+"""The same kernel without the causal mask (heads of 128; same run): the blocks a context-parallel rank
+runs against other ranks' K/V."""
 FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at
@@ -95,11 +144,6 @@ the low end, as ``ATTENTION`` takes FlashAttention-2's. Its Triton version (flas
 kernel: its docstring says "Triton forward + backward is slightly slower than CUDA forward + backward".
 No published run of docs/step-time.md uses it; the held-out MPT runs (llm-foundry, Triton) were in view
 when it was added, and the figure is the paper's, not adjusted."""
-FA1_HOPPER = FA1 * FA2_HOPPER / ATTENTION
-"""FlashAttention-1 on Hopper: an Ampere ``mma.sync`` kernel like FlashAttention-2, which falls from
-``ATTENTION`` 0.50 of A100's peak to ``FA2_HOPPER`` 0.35 of H100's (Hopper's peak needs wgmma); the same
-ratio taken for FA1: 0.25 × 0.35/0.50 = 0.175. NB: derived, no published FA1-on-H100 figure in view."""
-
 OVERLAP_SLOWDOWN = 0.189
 """How much longer compute runs while a collective runs beside it on the same GPU: "overlapping
 computation and communication can result in an average computational slowdown of 18.9%, with a maximum

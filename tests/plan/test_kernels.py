@@ -32,19 +32,23 @@ def _flash_flops(s: int) -> tuple[int, int]:
     return 4 * A * s * s * D * L, 10 * A * s * s * D * L
 
 
+# FlashAttention-2 on Hopper at s 4,096, heads of 128 (time/efficiency.py FA2_HOPPER_BY_SEQUENCE, measured
+# on an H200): 0.313 forward and 0.251 backward, against its 64k end of 0.351 and 0.327, which the paper's
+# figures stand for (forward 35 %, FlashAttention-3's abstract; backward 318 of 989 TFLOP/s, 0.32).
+F4K, B4K = 0.35 * 0.313 / 0.351, 0.32 * 0.251 / 0.327
+
+
 @pytest.mark.parametrize(
     ("gpu", "kernel", "peak", "forward", "backward"),
     [
         ("a100-80gb", "auto", 312e12, 0.50, 0.50),  # FlashAttention-2 on A100: the FA2 paper's low end
-        # FA2 on H100: forward 35 % (FlashAttention-3's abstract), backward 318 of 989 TFLOP/s (its
-        # backward figure, 8k, head dim 128): 0.32
-        ("h100-sxm", "auto", 989.5e12, 0.35, 0.32),
-        ("h100-sxm", "fa2", 989.5e12, 0.35, 0.32),
-        ("h100-sxm", "fa3", 989.5e12, 0.35 * 1.5, 0.32 * 1.5),  # FA3: 1.5–2.0× FA2 on H100, the low end
+        ("h100-sxm", "auto", 989.5e12, F4K, B4K),
+        ("h100-sxm", "fa2", 989.5e12, F4K, B4K),
+        ("h100-sxm", "fa3", 989.5e12, F4K * 1.5, B4K * 1.5),  # FA3: 1.5–2.0× FA2 on H100, the low end
         # FA1 (flash-attn 1.x and its Triton version) on A100: "25-40%" (the FA2 paper on FA1), the low end
         ("a100-80gb", "fa1", 312e12, 0.25, 0.25),
-        # FA1 on H100: an Ampere kernel, scaled as FA2 falls from A100 to H100 (0.50 → 0.35): 0.25·0.35/0.5
-        ("h100-sxm", "fa1", 989.5e12, 0.175, 0.175),
+        # FA1 on H100: an Ampere kernel, scaled as FA2 falls from A100 (0.50) to H100: 0.25 × FA2's / 0.5
+        ("h100-sxm", "fa1", 989.5e12, 0.25 * F4K / 0.5, 0.25 * B4K / 0.5),
     ],
 )
 def test_flash_attention_by_kernel_and_generation(
@@ -68,7 +72,13 @@ def test_a_context_parallel_rank_runs_c_of_c_plus_one_of_its_counted_cells(cp: i
     one = _attention_s(seq=s, gpu="h100-sxm", cp=cp, gpus=cp)
     # the core's products on the rank's counted cells, forward 4 and backward 10 per cell, head and layer
     fwd, bwd = 4 * A * counted * D * L, 10 * A * counted * D * L
-    expected = (fwd / (0.35 * 989.5e12) + bwd / (0.32 * 989.5e12)) * cp / (cp + 1)
+    # FlashAttention-2's rate at the calls' length s/c (4,096, 2,048, 512 → held at the table's 1,024): the
+    # local block causal (FA2_HOPPER_BY_SEQUENCE), the c − 1 others not (FA2_HOPPER_NONCAUSAL), by cells
+    causal = {2: (0.313, 0.251), 4: (0.281, 0.212), 16: (0.248, 0.158)}[cp]
+    other = {2: (0.348, 0.280), 4: (0.333, 0.251), 16: (0.309, 0.214)}[cp]
+    rate = [1 / (1 / cp / c + (1 - 1 / cp) / o) for c, o in zip(causal, other, strict=True)]
+    forward, backward = 0.35 * rate[0] / 0.351, 0.32 * rate[1] / 0.327
+    expected = (fwd / (forward * 989.5e12) + bwd / (backward * 989.5e12)) * cp / (cp + 1)
     assert one == pytest.approx(expected, rel=1e-12)
 
 
@@ -208,3 +218,36 @@ def test_fp8_on_a_gpu_without_fp8_is_a_one_line_error() -> None:
         r.stderr.strip()
         == "error: fp8: a100-80gb has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
     )
+
+
+def test_the_hopper_length_curve_is_the_h200_measurement() -> None:
+    """FA2_HOPPER_BY_SEQUENCE and FA2_HOPPER_NONCAUSAL are the flash rows of benchmarks/hopper_kernels.py's
+    run on an H200 (benchmarks/data/h200-kernels.jsonl), FLOPs over seconds over the dense bf16 peak,
+    rounded to three places: causal with 32 heads of 128 and 12 of 64, and non-causal with heads of 128."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-kernels.jsonl"
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    peak = 989.5e12  # H200 (GH100, as the H100 SXM): dense bf16
+
+    def measured(d: int, heads: int, causal: bool) -> tuple[tuple[int, float, float], ...]:
+        return tuple(
+            (
+                r["s"],
+                round(r["fwd_flops"] / r["fwd_s"] / peak, 3),
+                round(r["bwd_flops"] / r["bwd_s"] / peak, 3),
+            )
+            for r in rows
+            if r["kind"] == "attention"
+            and r["backend"] == "flash"
+            and (r["d"], r["heads"], r["kv_heads"], r["causal"]) == (d, heads, heads, causal)
+        )
+
+    assert measured(128, 32, True) == eff.FA2_HOPPER_BY_SEQUENCE[128]
+    assert measured(64, 12, True) == eff.FA2_HOPPER_BY_SEQUENCE[64]
+    assert measured(128, 32, False) == eff.FA2_HOPPER_NONCAUSAL
+    # its long end is the FlashAttention-3 paper's FA2 on H100 (FA2_HOPPER 0.35, 318/989 backward)
+    end = eff.FA2_HOPPER_BY_SEQUENCE[128][-1]
+    assert end[1] == pytest.approx(eff.FA2_HOPPER, abs=0.005)
+    assert end[2] == pytest.approx(eff.FA2_HOPPER_BACKWARD, abs=0.01)

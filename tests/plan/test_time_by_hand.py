@@ -26,11 +26,13 @@ ARGS = ("-m", "tiny", "--seq", "64", "--gpu", "h100-sxm", "--tp", "2", "--dp", "
 # H100 SXM (its preset, NVIDIA's datasheet): dense bf16 989.5 TFLOP/s, 132 SMs, HBM 3.35 TB/s, NVLink
 # 450 GB/s per direction, 1.5 µs per ring step.
 PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
-# the flash core: torch's SDPA runs FlashAttention-2, at 35 % of peak on an H100 (Shah et al. 2024,
-# FlashAttention-3, abstract; time/attention.py)
-MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * PEAK, 0.80 * HBM, 0.67 * NVLINK
-# its backward at 318 of 989 TFLOP/s (the same paper's backward figure, 8k, head dim 128): 0.32
-AT_BWD = 0.32 * PEAK
+# the flash core: torch's SDPA runs FlashAttention-2, at 35 % of peak on an H100 for long rows (Shah et al.
+# 2024, FlashAttention-3, abstract; time/attention.py), its backward at 318 of 989 TFLOP/s (the same
+# paper's backward figure): 0.32; at s 64 with heads of 16 both fall as measured for heads of 64 at the
+# shortest length measured, 1,024 (time/efficiency.py FA2_HOPPER_BY_SEQUENCE: 0.163 and 0.103 against the
+# 64k head-128 end's 0.351 and 0.327)
+MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * 0.163 / 0.351 * PEAK, 0.80 * HBM, 0.67 * NVLINK
+AT_BWD = 0.32 * 0.103 / 0.327 * PEAK
 
 # tiny: T = 64 tokens; per tensor-parallel rank (t 2): q 4·16/2 = 32 columns, k and v 2·16/2 = 16, MLP 64.
 T, H, TP = 64, 64, 2

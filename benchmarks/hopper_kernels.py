@@ -1,0 +1,311 @@
+"""Microbenchmarks of the step-time model's kernel classes at the shapes of the held-out runs, on a GPU.
+
+    python benchmarks/hopper_kernels.py --out rows.jsonl          # on the GPU machine (issue #21)
+    python benchmarks/hopper_kernels.py --report rows.jsonl       # here: measured against memplan's model
+
+Each row is one kernel class measured alone (CUDA events, the median of ``--reps`` after two warm-ups),
+never a training run: torch's SDPA attention by backend (flash, cuDNN, memory-efficient), causal or
+not, forward and backward, over sequence lengths and head layouts; bf16 GEMMs at the linear layers'
+shapes of docs/step-time.md's held-out runs, forward and both backward products; and the element-wise
+kernels of an eager layer (LayerNorm, RMSNorm's ops, GELU, SiLU, adds), with the bytes they move.
+``--report`` sets each beside what memplan's step-time model charges for it (``time.attention``'s
+fractions, ``time.gemm``'s wave model at ``MATMUL``, ``MEMORY`` × HBM) on the preset of the GPU that ran.
+FLOPs follow the conventions the model uses: a GEMM 2·m·k·n, attention's forward 4·b·heads·s²·d (half
+of it causal, FlashAttention's benchmark convention), its backward 2.5 × the forward's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# Held-out runs' linear layers (benchmarks/heldout.py): (name, hidden, ffn, tokens per micro-batch).
+MPT_SHAPES = (
+    ("mpt-760m", 1536, 6144, 24 * 2048),
+    ("mpt-1b", 2048, 8192, 14 * 2048),
+    ("mpt-3b", 2560, 10240, 10 * 2048),
+    ("mpt-7b", 4096, 16384, 6 * 2048),
+    ("mpt-13b", 5120, 20480, 2 * 2048),
+    ("mpt-30b", 7168, 28672, 3 * 2048),
+    ("mpt-70b", 8192, 32768, 2 * 2048),
+)
+LLAMA_SHAPES = (("llama-3.1-8b", 4096, 14336, 2 * 8192),)
+# Attention: (heads, kv heads, head dim) × sequence lengths; batch so that b·s ≥ 16,384 tokens.
+ATTN_LAYOUTS = ((32, 32, 128), (32, 8, 128), (16, 16, 128), (12, 12, 64))
+ATTN_SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
+DEV = "cuda"
+"""The device measured (``--device cpu`` only checks that the script runs, at tiny sizes)."""
+
+
+def _timer(fn: Callable[[], Any], reps: int) -> float:
+    import time
+
+    import torch
+
+    if DEV != "cuda":
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+def attention_rows(reps: int, seqs: tuple[int, ...]) -> list[dict[str, Any]]:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows: list[dict[str, Any]] = []
+    backends = {
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
+    for heads, kv, d in ATTN_LAYOUTS:
+        for s in seqs:
+            b = max(1, 16384 // s)
+            q = torch.randn(b, heads, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(b, kv, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            v = torch.randn(b, kv, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            for causal in (True, False):
+                if not causal and (heads, kv) != (32, 32):
+                    continue
+                fwd_flops = 4 * b * heads * s * s * d // (2 if causal else 1)
+                for name, backend in backends.items():
+                    if name != "flash" and (heads, kv, d) != (32, 32, 128):
+                        continue
+                    row: dict[str, Any] = dict(
+                        kind="attention",
+                        backend=name,
+                        b=b,
+                        heads=heads,
+                        kv_heads=kv,
+                        d=d,
+                        s=s,
+                        causal=causal,
+                        fwd_flops=fwd_flops,
+                        bwd_flops=int(2.5 * fwd_flops),
+                    )
+                    try:
+                        with sdpa_kernel([backend]):
+                            fwd = functools.partial(
+                                F.scaled_dot_product_attention,
+                                q,
+                                k,
+                                v,
+                                is_causal=causal,
+                                enable_gqa=kv != heads,
+                            )
+                            n = reps if s <= 8192 else 2
+                            row["fwd_s"] = _timer(fwd, n)
+                            out = fwd()
+                            bwd = functools.partial(
+                                torch.autograd.grad, out, (q, k, v), torch.randn_like(out), retain_graph=True
+                            )
+                            row["bwd_s"] = _timer(bwd, n)
+                            del out, bwd
+                    except Exception as e:  # a backend that refuses the shape: say so, go on
+                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    return rows
+
+
+def gemm_rows(reps: int) -> list[dict[str, Any]]:
+    """Every linear of one layer, forward (x·Wᵀ), input gradient (dy·W) and weight gradient (dyᵀ·x), as
+    autograd runs them for ``F.linear``."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for model, h, ffn, t in MPT_SHAPES + LLAMA_SHAPES:
+        kv = 1024 if model.startswith("llama") else h
+        up = ffn * (2 if model.startswith("llama") else 1)  # SwiGLU's gate and up in one product
+        linears = {"qkv": (h, h + 2 * kv), "out": (h, h), "up": (h, up), "down": (ffn, h)}
+        for lin, (k_in, n_out) in linears.items():
+            x = torch.randn(t, k_in, device=DEV, dtype=torch.bfloat16)
+            w = torch.randn(n_out, k_in, device=DEV, dtype=torch.bfloat16)
+            dy = torch.randn(t, n_out, device=DEV, dtype=torch.bfloat16)
+            cases = {
+                "fwd": ((t, k_in, n_out), functools.partial(torch.nn.functional.linear, x, w)),
+                "dgrad": ((t, n_out, k_in), functools.partial(torch.mm, dy, w)),
+                "wgrad": ((n_out, t, k_in), functools.partial(torch.mm, dy.t(), x)),
+            }
+            for which, ((m, kk, n), fn) in cases.items():
+                sec = _timer(fn, reps)
+                row = dict(
+                    kind="gemm",
+                    model=model,
+                    linear=lin,
+                    which=which,
+                    m=m,
+                    k=kk,
+                    n=n,
+                    s=sec,
+                    tflops=2 * m * kk * n / sec / 1e12,
+                )
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            del x, w, dy
+    return rows
+
+
+def elementwise_rows(reps: int) -> list[dict[str, Any]]:
+    """Element-wise kernels of an eager layer on [tokens, hidden] bf16, with the bytes each moves once."""
+    import torch
+    import torch.nn.functional as F
+
+    rows: list[dict[str, Any]] = []
+    for model, h, ffn, t in (MPT_SHAPES[1], MPT_SHAPES[3], LLAMA_SHAPES[0]):
+        x = torch.randn(t, h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        y = torch.randn(t, h, device=DEV, dtype=torch.bfloat16)
+        u = torch.randn(t, ffn, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        wln = torch.ones(h, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        e = t * h * 2
+        ef = t * ffn * 2
+        ln = F.layer_norm(x, (h,), wln)
+        g_ln = torch.randn_like(ln)
+        ge = F.gelu(u)
+        g_ge = torch.randn_like(ge)
+        p = functools.partial
+        grad = torch.autograd.grad
+        cases: dict[str, tuple[int, Callable[[], Any]]] = {
+            "add": (3 * e, p(torch.add, x, y)),
+            "layer_norm_fwd": (2 * e, p(F.layer_norm, x, (h,), wln)),
+            "layer_norm_bwd": (3 * e, p(grad, ln, (x, wln), g_ln, retain_graph=True)),
+            "rms_pow_mean": (e, p(lambda a: a.float().pow(2).mean(-1, keepdim=True), x)),
+            "mul_broadcast": (3 * e, p(torch.mul, x, y[:, :1])),
+            "gelu_fwd": (2 * ef, p(F.gelu, u)),
+            "gelu_bwd": (3 * ef, p(grad, ge, u, g_ge, retain_graph=True)),
+            "silu_fwd": (2 * ef, p(F.silu, u)),
+            "to_fp32": (3 * e, p(torch.Tensor.float, x)),
+        }
+        for name, (nbytes, fn) in cases.items():
+            sec = _timer(fn, reps)
+            row = dict(kind="elementwise", model=model, op=name, bytes=nbytes, s=sec, gbps=nbytes / sec / 1e9)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def measure(args: argparse.Namespace) -> int:
+    import torch
+
+    out = Path(args.out)
+    global DEV, MPT_SHAPES, LLAMA_SHAPES
+    DEV = args.device
+    name = torch.cuda.get_device_name() if DEV == "cuda" else DEV
+    env = dict(
+        kind="env",
+        torch=torch.__version__,
+        cuda=torch.version.cuda,
+        device=name,
+        cudnn=torch.backends.cudnn.version(),
+    )
+    if DEV != "cuda":  # a smoke run: small shapes
+        MPT_SHAPES = tuple((m, h // 16, f // 16, 256) for m, h, f, _ in MPT_SHAPES[:4])
+        LLAMA_SHAPES = tuple((m, h // 4, f // 4, 256) for m, h, f, _ in LLAMA_SHAPES)
+    rows: list[dict[str, Any]] = [env]
+    parts = set(args.parts.split(","))
+    try:
+        if "gemm" in parts:
+            rows += gemm_rows(args.reps)
+        if "elementwise" in parts:
+            rows += elementwise_rows(args.reps)
+        if "attention" in parts:
+            rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
+    finally:
+        out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+def report(path: Path, gpu_name: str) -> int:
+    """Measured against the model's charge for each kernel class on ``gpu_name``'s preset (Markdown)."""
+    from memplan.presets import load_gpu
+    from memplan.time import efficiency, gemm
+
+    gpu = load_gpu(gpu_name)
+    peak = gpu.peak_tflops.bf16 * 1e12
+    hbm = gpu.hbm_bandwidth_gbps * 1e9
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    env = rows[0]
+    print(f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}\n")
+    print("| model | linear | product | m × k × n | TFLOP/s | of peak | model | measured / model |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    for r in (r for r in rows if r["kind"] == "gemm"):
+        model = efficiency.MATMUL * gemm.efficiency(gemm.Gemm(r["m"], r["k"], r["n"]), gpu.sms)
+        frac = r["tflops"] * 1e12 / peak
+        shape = f"{r['m']} × {r['k']} × {r['n']}"
+        cells = (
+            r["model"],
+            r["linear"],
+            r["which"],
+            shape,
+            f"{r['tflops']:.0f}",
+            f"{frac:.3f}",
+            f"{model:.3f}",
+        )
+        print("| " + " | ".join(cells) + f" | {frac / model:.3f} |")
+    print("\n| op | model | bytes moved | GB/s | of HBM |")
+    print("|---|---|---:|---:|---:|")
+    for r in (r for r in rows if r["kind"] == "elementwise"):
+        cells = (r["op"], r["model"], f"{r['bytes']:,}", f"{r['gbps']:.0f}", f"{r['gbps'] * 1e9 / hbm:.3f}")
+        print("| " + " | ".join(cells) + " |")
+    print("\n| backend | heads / kv / d | s | b | causal | forward of peak | backward of peak |")
+    print("|---|---|---:|---:|---|---:|---:|")
+    for r in (r for r in rows if r["kind"] == "attention"):
+        head = (
+            r["backend"],
+            f"{r['heads']} / {r['kv_heads']} / {r['d']}",
+            str(r["s"]),
+            str(r["b"]),
+            str(r["causal"]),
+        )
+        if "error" in r:
+            print("| " + " | ".join(head) + f" | {r['error'][:60]} | |")
+            continue
+        f, b = r["fwd_flops"] / r["fwd_s"] / peak, r["bwd_flops"] / r["bwd_s"] / peak
+        print("| " + " | ".join(head) + f" | {f:.3f} | {b:.3f} |")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--out", help="measure on this machine's GPU; write JSON lines here")
+    p.add_argument("--report", help="render a file of rows against the model")
+    p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
+    p.add_argument("--parts", default="gemm,elementwise,attention")
+    p.add_argument("--seqs", default=",".join(map(str, ATTN_SEQS)))
+    a = p.parse_args(argv)
+    if a.report:
+        return report(Path(a.report), a.gpu)
+    if not a.out:
+        p.error("--out FILE or --report FILE")
+    return measure(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
