@@ -50,7 +50,7 @@ if on kernels; then  # the kernel classes alone at the held-out runs' shapes (be
     echo "== kernels"
     nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,power.limit,temperature.gpu --format=csv -lms 500 > "$OUT/smi.csv" &
     SMI=$!
-    timeout 240 python3 benchmarks/hopper_kernels.py --out "$OUT/kernels.jsonl" --seqs "${KERNEL_SEQS:-1024,2048,4096,8192,16384,32768,65536}" | tail -3
+    timeout 240 python3 benchmarks/hopper_kernels.py --out "$OUT/kernels.jsonl" --parts "${KERNEL_PARTS:-gemm,elementwise,chains,attention}" --seqs "${KERNEL_SEQS:-1024,2048,4096,8192,16384,32768,65536}" | tail -3
     kill $SMI
 fi
 if on mpt; then  # one eager MPT-1B step (LayerNorm, GELU, learned positions), the held-out run's micro-batch
@@ -58,6 +58,12 @@ if on mpt; then  # one eager MPT-1B step (LayerNorm, GELU, learned positions), t
     timeout 150 python3 -m memplan profile -m benchmarks/published/mpt-1b.toml --seq 2048 --batch 14 --checkpointing none \
         --attention flash --steps 2 --warmup 1 --json > "$OUT/mpt1b.json" 2> /tmp/mpt.err
     tail -3 /tmp/mpt.err; python3 -c "import json; print(json.load(open('$OUT/mpt1b.json'))['time'])"
+fi
+if on llama; then  # one eager Llama 3.2 1B step at s 8,192 (RMSNorm, rotary, SwiGLU, GQA as the reference writes them)
+    echo "== llama"
+    timeout 150 python3 -m memplan profile -m llama-3.2-1b --seq 8192 --batch 2 --checkpointing none \
+        --attention flash --steps 2 --warmup 1 --json > "$OUT/llama1b.json" 2> /tmp/llama.err
+    tail -3 /tmp/llama.err; python3 -c "import json; print(json.load(open('$OUT/llama1b.json'))['time'])"
 fi
 if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
     echo "== snapshot"

@@ -209,6 +209,73 @@ def elementwise_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def chain_rows(reps: int) -> list[dict[str, Any]]:
+    """The eager element-wise chains of memplan's reference layer (memplan/measure/reference/model.py: the
+    same ops in the same order), forward and backward (``autograd.grad`` of the chain's output, the weight
+    included), alone: RMSNorm as Llama writes it, torch's ``F.rms_norm``, LayerNorm, rotary on a strided
+    [b, a, s, d] view with [s, d] tables, SwiGLU's ``silu(gate)·up``, the tanh GELU, a residual add."""
+    import torch
+    import torch.nn.functional as F
+
+    rows: list[dict[str, Any]] = []
+    bf = torch.bfloat16
+    for model, h, ffn, t_, heads, kv in (
+        ("llama-3.1-8b", 4096, 14336, 16384, 32, 8),
+        ("mpt-7b", 4096, 16384, 12288, 32, 32),
+    ):
+        b, d = 2, h // heads
+        s = t_ // b
+
+        def rand(*shape: int, grad: bool = True) -> Any:
+            return torch.randn(*shape, device=DEV, dtype=bf, requires_grad=grad)
+
+        x, w, bias = rand(t_, h), rand(h), rand(h)
+        g, u = rand(t_, ffn), rand(t_, ffn)
+        q_lin, k_lin = rand(b, s, heads * d), rand(b, s, kv * d)
+        cos, sin = rand(s, d, grad=False), rand(s, d, grad=False)
+
+        def rms(x: Any, w: Any) -> Any:
+            x32 = x.float()
+            rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)
+            return w * (x32 * rstd).to(x.dtype)
+
+        def rope(
+            q_lin: Any, k_lin: Any, cos: Any = cos, sin: Any = sin, b: int = b, s: int = s, d: int = d
+        ) -> Any:
+            def one(z: Any) -> Any:
+                z = z.view(b, s, -1, d).transpose(1, 2)
+                half = z.shape[-1] // 2
+                return z * cos + torch.cat((-z[..., half:], z[..., :half]), dim=-1) * sin
+
+            return one(q_lin), one(k_lin)
+
+        p = functools.partial
+        chains: dict[str, tuple[Callable[..., Any], tuple[Any, ...], int]] = {
+            "rmsnorm_eager": (rms, (x, w), t_ * h),
+            "rms_norm_torch": (lambda x, w, h=h: F.rms_norm(x, (h,), w), (x, w), t_ * h),
+            "layer_norm": (lambda x, w, bias, h=h: F.layer_norm(x, (h,), w, bias), (x, w, bias), t_ * h),
+            "rotary": (rope, (q_lin, k_lin), t_ * (heads + kv) * d),
+            "swiglu": (lambda g, u: F.silu(g) * u, (g, u), t_ * ffn),
+            "gelu_tanh": (p(F.gelu, approximate="tanh"), (u,), t_ * ffn),
+            "residual_add": (torch.add, (x, x.detach()), t_ * h),
+            "copy": (torch.clone, (x,), t_ * h),
+        }
+        for name, (fn, args, elements) in chains.items():
+            row: dict[str, Any] = dict(kind="chain", model=model, chain=name, elements=elements)
+            row["fwd_s"] = _timer(functools.partial(fn, *args), reps)
+            out = fn(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            inputs = tuple(a for a in args if a.requires_grad)
+            grads = tuple(torch.randn_like(o) for o in outs)
+            row["bwd_s"] = _timer(
+                functools.partial(torch.autograd.grad, outs, inputs, grads, retain_graph=True), reps
+            )
+            del out, outs, grads
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -233,6 +300,8 @@ def measure(args: argparse.Namespace) -> int:
             rows += gemm_rows(args.reps)
         if "elementwise" in parts:
             rows += elementwise_rows(args.reps)
+        if "chains" in parts:
+            rows += chain_rows(args.reps)
         if "attention" in parts:
             rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
     finally:
@@ -272,6 +341,19 @@ def report(path: Path, gpu_name: str) -> int:
     for r in (r for r in rows if r["kind"] == "elementwise"):
         cells = (r["op"], r["model"], f"{r['bytes']:,}", f"{r['gbps']:.0f}", f"{r['gbps'] * 1e9 / hbm:.3f}")
         print("| " + " | ".join(cells) + " |")
+    counted = {  # time/elementwise.py's bytes per element (bf16), forward and backward
+        "rmsnorm_eager": (36, 92),
+        "layer_norm": (4, 8),
+        "rotary": (20, 34),
+        "swiglu": (10, 18),
+        "gelu_tanh": (4, 8),
+    }
+    print("\n| chain | shape of | forward ms | of HBM | backward ms | of HBM |")
+    print("|---|---|---:|---:|---:|---:|")
+    for r in (r for r in rows if r["kind"] == "chain" and r["chain"] in counted):
+        fwd, bwd = (n * r["elements"] for n in counted[r["chain"]])
+        cells = (r["chain"], r["model"], f"{r['fwd_s'] * 1e3:.3f}", f"{fwd / r['fwd_s'] / hbm:.3f}")
+        print("| " + " | ".join(cells) + f" | {r['bwd_s'] * 1e3:.3f} | {bwd / r['bwd_s'] / hbm:.3f} |")
     print("\n| backend | heads / kv / d | s | b | causal | forward of peak | backward of peak |")
     print("|---|---|---:|---:|---|---:|---:|")
     for r in (r for r in rows if r["kind"] == "attention"):
@@ -297,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
-    p.add_argument("--parts", default="gemm,elementwise,attention")
+    p.add_argument("--parts", default="gemm,elementwise,chains,attention")
     p.add_argument("--seqs", default=",".join(map(str, ATTN_SEQS)))
     a = p.parse_args(argv)
     if a.report:

@@ -146,42 +146,73 @@ def stage_flops(c: Critical) -> StageFlops:
     )
 
 
-def elementwise_bytes(s: Setup) -> int:
-    """Bytes one layer's forward moves through element-wise kernels on one rank (module docstring; each
-    op's bytes per element, fused or eager, from ``time.elementwise``)."""
+Chain = tuple[int, str | None]
+"""Bytes of one kind of element-wise work and the measured chain it streams as (``time.elementwise``'s
+``norm_chain``, ``rotary_chain``, ``mlp_chain``; None: at ``MEMORY``)."""
+
+
+def elementwise_parts(s: Setup) -> list[Chain]:
+    """One layer's forward element-wise work on one rank by chain (module docstring; each op's bytes per
+    element, fused or eager, from ``time.elementwise``): two norms, two residual adds, dropouts and eager
+    attention's softmax, the rotary embedding of q and k, the MLP's activation."""
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
     p = profile_of(s)
     tokens, hidden = _tokens(s)
-    out = 2 * hidden * elementwise.norm_bytes(s, p, e) + 2 * 3 * hidden * e + _dropout_softmax_bytes(s)
+    out: list[Chain] = [
+        (2 * hidden * elementwise.norm_bytes(s, p, e), elementwise.norm_chain(s, p)),
+        (2 * 3 * hidden * e + _dropout_softmax_bytes(s), None),
+    ]
     if m.position is PositionType.ROPE:
-        out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * elementwise.rotary_bytes(s, e)
+        qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
+        out.append((qk * elementwise.rotary_bytes(s, e), elementwise.rotary_chain(s, p)))
     routed = (m.moe.experts if m.moe.router_sigmoid else m.moe.top_k) if m.moe else 1  # MoEConfig.slots
     width = m.ffn * routed + m.moe.shared_width(m) if m.moe else m.ffn
     per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
-    return out + per * tokens * width // par.tp
+    out.append((per * tokens * width // par.tp, elementwise.mlp_chain(s, p)))
+    return out
 
 
-def elementwise_backward_bytes(s: Setup) -> int:
-    """Bytes one layer's backward moves through element-wise kernels on one rank: eager code's autograd
-    op lists (``elementwise``: RMSNorm's nodes, SwiGLU's, rotary's, the sums of the gradients of tensors
-    used twice — the residual stream before each norm on the rank's tokens, the shared input of separate
-    W_Q/W_K/W_V and gate/up on all of them); twice the forward's otherwise (``elementwise.eager_backward``)
-    and for LayerNorm, GELU, dropouts and eager attention's softmax."""
+def elementwise_backward_parts(s: Setup) -> list[Chain]:
+    """One layer's backward element-wise work by chain: eager code's autograd op lists (``elementwise``:
+    RMSNorm's nodes, SwiGLU's, rotary's, the sums of the gradients of tensors used twice — the residual
+    stream before each norm on the rank's tokens, the shared input of separate W_Q/W_K/W_V and gate/up on
+    all of them); twice the forward's otherwise (``elementwise.eager_backward``) and for LayerNorm, GELU,
+    dropouts and eager attention's softmax."""
     if not elementwise.eager_backward(s):
-        return 2 * elementwise_bytes(s)
+        return [(2 * b, chain) for b, chain in elementwise_parts(s)]
     m, par = s.model, s.parallel
     e = s.training.precision.activation_dtype.bytes
     p = profile_of(s)
     tokens, hidden = _tokens(s)
-    norm, _ = elementwise.norm_backward(s, p, e)
-    out = 2 * hidden * norm + 2 * _dropout_softmax_bytes(s)
-    out += 3 * e * (2 * hidden + shared_inputs(s) * tokens * m.hidden_size)
+    sums = 3 * e * (2 * hidden + shared_inputs(s) * tokens * m.hidden_size)
+    out: list[Chain] = [
+        (2 * hidden * elementwise.norm_backward(s, p, e)[0], elementwise.norm_chain(s, p)),
+        (2 * _dropout_softmax_bytes(s) + sums, None),
+    ]
     if m.position is PositionType.ROPE:
-        rotary, _ = elementwise.rotary_backward(s, p, e)
-        out += tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp * rotary
+        qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
+        out.append((qk * elementwise.rotary_backward(s, p, e)[0], elementwise.rotary_chain(s, p)))
     per = elementwise.swiglu_backward(s, p, e)[0] if m.mlp is MlpType.SWIGLU else 2 * 2 * e
-    return out + per * tokens * m.ffn // par.tp
+    out.append((per * tokens * m.ffn // par.tp, elementwise.mlp_chain(s, p)))
+    return out
+
+
+def elementwise_bytes(s: Setup) -> int:
+    """Bytes one layer's forward moves through element-wise kernels on one rank (``elementwise_parts``)."""
+    return sum(b for b, _ in elementwise_parts(s))
+
+
+def elementwise_backward_bytes(s: Setup) -> int:
+    """Bytes one layer's backward moves through element-wise kernels (``elementwise_backward_parts``)."""
+    return sum(b for b, _ in elementwise_backward_parts(s))
+
+
+def streamed_bytes(s: Setup, backward: bool = False) -> float:
+    """One layer's element-wise bytes as ``MEMORY`` streams them: each chain's bytes times its weight
+    (``elementwise.weight``: ``MEMORY`` over the fraction of HBM it was measured to reach)."""
+    parts = elementwise_backward_parts(s) if backward else elementwise_parts(s)
+    return sum(b * elementwise.weight(chain, backward) for b, chain in parts)
 
 
 def shared_inputs(s: Setup) -> int:
@@ -279,10 +310,10 @@ def matmul_seconds(
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
-    layer = elementwise_bytes(c.setup) * c.layers
-    rerun = c.rerun_layers * elementwise_bytes(c.setup)
+    layer = streamed_bytes(c.setup) * c.layers
+    rerun = c.rerun_layers * streamed_bytes(c.setup)
     if op_selective(c.setup):  # every element-wise op of the block re-runs (launch_seconds)
-        rerun = c.layers * elementwise_bytes(c.setup)
+        rerun = c.layers * streamed_bytes(c.setup)
     elif c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup) * c.layers
     hbm = hbm_bytes_per_s(gpu)
@@ -293,7 +324,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
-    layer_back = elementwise_backward_bytes(c.setup) * c.layers
+    layer_back = streamed_bytes(c.setup, backward=True) * c.layers
     backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
     gap_f, gap_b = launch_seconds(c, gpu)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
@@ -393,6 +424,6 @@ def _flash(s: Setup) -> Setup:
     return s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})
 
 
-def _attention_bytes(s: Setup) -> int:
+def _attention_bytes(s: Setup) -> float:
     """The eager attention core's element-wise bytes (what selective recompute re-runs); 0 for flash."""
-    return elementwise_bytes(s) - elementwise_bytes(_flash(s))
+    return streamed_bytes(s) - streamed_bytes(_flash(s))

@@ -144,6 +144,30 @@ the low end, as ``ATTENTION`` takes FlashAttention-2's. Its Triton version (flas
 kernel: its docstring says "Triton forward + backward is slightly slower than CUDA forward + backward".
 No published run of docs/step-time.md uses it; the held-out MPT runs (llm-foundry, Triton) were in view
 when it was added, and the figure is the paper's, not adjusted."""
+ELEMENTWISE_STREAM: dict[str, tuple[float, float]] = {
+    "rmsnorm": (0.571, 0.650),
+    "layernorm": (0.422, 0.348),
+    "rotary": (0.289, 0.343),
+    "swiglu": (0.843, 0.826),
+    "gelu": (0.715, 0.929),
+}
+"""The eager element-wise chains of a layer, (forward, backward): the fraction of the HBM bandwidth at which
+each moves the bytes ``time.elementwise`` counts for it, measured alone on one H200 (torch 2.11, bf16, the
+median of Llama 3.1 8B's and MPT-7B's shapes, 16,384 and 12,288 tokens of 4,096; benchmarks/hopper_kernels.py
+``chain_rows``, benchmarks/data/h200-chains.jsonl; docs/gpu-profile.md "Kernel classes alone"): Llama's
+RMSNorm as its code writes it (eight kernels, the broadcast ``x · rsqrt`` and weight products among them),
+``native_layer_norm`` (a row reduction; its backward also reduces the weight's and bias's gradients over
+the tokens), the ``rotate_half`` rotary embedding on the transposed q and k (broadcast [s, d] tables, a
+``cat``, strided reads), ``silu(gate)·up``, and the tanh GELU. Each is charged its bytes at ``MEMORY`` ×
+(fraction / ``MEMORY``) of the device's bandwidth (``memory(gpu)`` scales them when calibrated): the
+norms and rotary stream at a half to a third of a plain add's rate (an add ran at 0.75–0.80 of HBM in
+the same session: ``MEMORY``). No published figure of PyTorch's eager kernels' bandwidth was found; the
+held-out runs' shapes chose which shapes were measured, and no training run was compared while measuring.
+NB: the rotary backward measured lacks the copy of the gradient back to the projection's layout (2e of its
+17e); the GELU's backward is counted at twice its forward's bytes (4e, where it reads two tensors and
+writes one), so its fraction is of that count; one GPU's figures for every GPU."""
+
+
 OVERLAP_SLOWDOWN = 0.189
 """How much longer compute runs while a collective runs beside it on the same GPU: "overlapping
 computation and communication can result in an average computational slowdown of 18.9%, with a maximum

@@ -47,10 +47,13 @@ measured H200"), bytes per element:
   softmax, MoE and MLA layers and fused kernels (``--compile``, fused profiles): twice their forward's
   bytes and kernels, as before (not traced).
 
-The bytes are right and the time still short on a GPU: broadcasting and strided kernels (RMSNorm's
-``x · r`` and ``weight ·``, rotary's products on the transposed q and k, ``cat``) run TensorIterator's
-non-vectorized path at 0.2–0.5 of HBM on an H200 where contiguous ones reach 0.8–0.9 (the trace above);
-NB not modelled, no published figure in view.
+The bytes are right, and they do not all stream at ``MEMORY``: broadcasting and strided kernels
+(RMSNorm's ``x · r`` and ``weight ·``, rotary's products on the transposed q and k, ``cat``) run
+TensorIterator's non-vectorized path, and LayerNorm reduces rows. Each chain's rate was measured alone on an
+H200 (``efficiency.ELEMENTWISE_STREAM``: eager RMSNorm 0.57 forward and 0.65 backward of HBM, LayerNorm 0.42
+and 0.35, rotary 0.29 and 0.34, SwiGLU 0.84 and 0.83, GELU 0.72 and 0.93 of its counted bytes) and its
+bytes are weighed by ``MEMORY`` over that rate (``weight``; ``compute.streamed_bytes``); the residual adds,
+gradient sums, dropouts, softmax and fused chains stream at ``MEMORY``.
 
 Known limitations (NB): the fused kernels' and the GEMMs' own launches are not charged (no figure of the
 gap behind a long kernel in view; the host queues them ahead); the host's dispatch (≈ µs per eager op) is
@@ -63,7 +66,8 @@ changes the element-wise bytes and launches only.
 from __future__ import annotations
 
 from memplan.blocks.profile import Profile
-from memplan.config import NormType, Setup
+from memplan.config import MlpType, NormType, Setup
+from memplan.time import efficiency
 
 FP32 = 4
 
@@ -151,3 +155,33 @@ def rotary_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
 def rotary_kernels(setup: Setup) -> int:
     """Eager kernels of the rotary embedding on q and k: 5 each; fused 0."""
     return 0 if fused(setup) else 10
+
+
+def norm_chain(setup: Setup, p: Profile) -> str | None:
+    """Which measured chain a norm is (``efficiency.ELEMENTWISE_STREAM``): eager Llama RMSNorm, LayerNorm;
+    None for fused norms and torch's ``F.rms_norm`` (not measured: charged at ``MEMORY``)."""
+    if fused(setup) or p.fused_norm:
+        return None
+    if setup.model.norm is not NormType.RMSNORM:
+        return "layernorm"
+    return None if p.rms_norm_fp32_product else "rmsnorm"
+
+
+def rotary_chain(setup: Setup, p: Profile) -> str | None:
+    """``rotate_half``'s eager rotary; fused code and the complex-multiply forms are not measured."""
+    return None if fused(setup) or p.rope_complex_table or p.rope_cache_per_layer else "rotary"
+
+
+def mlp_chain(setup: Setup, p: Profile) -> str | None:
+    """The MLP's activation: eager SwiGLU's ``silu(gate)·up``, or GELU; fused ones not measured."""
+    if setup.model.mlp is MlpType.SWIGLU:
+        return None if fused(setup) or p.fused_swiglu else "swiglu"
+    return None if fused(setup) else "gelu"
+
+
+def weight(chain: str | None, backward: bool = False) -> float:
+    """How many bytes at ``MEMORY``'s rate one byte of ``chain`` costs: ``MEMORY`` over its measured
+    fraction of HBM (``efficiency.ELEMENTWISE_STREAM``); 1 for an unmeasured or fused chain."""
+    if chain is None:
+        return 1.0
+    return efficiency.MEMORY / efficiency.ELEMENTWISE_STREAM[chain][1 if backward else 0]

@@ -156,8 +156,18 @@ def test_eager_and_compiled_element_wise_bytes_by_hand() -> None:
     # --compile: each chain one kernel, its input read and its output written once; its backward twice that
     compiled = 2 * T * h * 2 * e + residual + rope_elements * 2 * e + T * f * 3 * e
     rate = eff.MEMORY * 3350e9
-    assert _elementwise_s() == pytest.approx(32 * (eager + eager_back) / rate, rel=1e-12)
     assert _elementwise_s(compile=True) == pytest.approx(3 * 32 * compiled / rate, rel=1e-12)
+    # eager chains stream at the fractions of HBM measured alone on an H200 (time/efficiency.py
+    # ELEMENTWISE_STREAM, forward/backward): RMSNorm 0.571/0.650, rotary 0.289/0.343, SwiGLU 0.843/0.826;
+    # the residual adds and gradient sums at MEMORY
+    hbm = 3350e9
+    norm, rope, mlp = 2 * T * h * (28 + 4 * e), rope_elements * 10 * e, T * f * 5 * e
+    norm_b, rope_b, mlp_b = 2 * T * h * (8 * e + 76), rope_elements * 17 * e, T * f * 9 * e
+    sums = 5 * 3 * T * h * e
+    assert eager == norm + residual + rope + mlp and eager_back == norm_b + sums + rope_b + mlp_b
+    forward = norm / 0.571 + residual / 0.80 + rope / 0.289 + mlp / 0.843
+    backward = norm_b / 0.650 + sums / 0.80 + rope_b / 0.343 + mlp_b / 0.826
+    assert _elementwise_s() == pytest.approx(32 * (forward + backward) / hbm, rel=1e-12)
 
 
 def test_megatrons_fused_kernels_need_no_compile() -> None:
@@ -251,3 +261,32 @@ def test_the_hopper_length_curve_is_the_h200_measurement() -> None:
     end = eff.FA2_HOPPER_BY_SEQUENCE[128][-1]
     assert end[1] == pytest.approx(eff.FA2_HOPPER, abs=0.005)
     assert end[2] == pytest.approx(eff.FA2_HOPPER_BACKWARD, abs=0.01)
+
+
+def test_the_eager_chains_rates_are_the_h200_measurement() -> None:
+    """ELEMENTWISE_STREAM is benchmarks/hopper_kernels.py's chain run on an H200
+    (benchmarks/data/h200-chains.jsonl): the bytes time/elementwise.py counts for each chain (bf16) over
+    the measured seconds, as a fraction of the H200's 4.8 TB/s, the median of its two shapes (Llama 3.1 8B's
+    and MPT-7B's), rounded to three places."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    from memplan.time import elementwise as ew
+
+    data = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-chains.jsonl"
+    rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
+    e, hbm = 2, 4.8e12
+    counted = {  # bytes per element, forward and backward (time/elementwise.py)
+        "rmsnorm": ("rmsnorm_eager", ew.rmsnorm(e, False), ew.rmsnorm_backward(e)),
+        "layernorm": ("layer_norm", 2 * e, 4 * e),
+        "rotary": ("rotary", 10 * e, 17 * e),
+        "swiglu": ("swiglu", 5 * e, 9 * e),
+        "gelu": ("gelu_tanh", 2 * e, 4 * e),
+    }
+    for chain, (name, fwd, bwd) in counted.items():
+        runs = [r for r in rows if r.get("chain") == name]
+        assert len(runs) == 2
+        f = statistics.median(fwd * r["elements"] / r["fwd_s"] / hbm for r in runs)
+        b = statistics.median(bwd * r["elements"] / r["bwd_s"] / hbm for r in runs)
+        assert (round(f, 3), round(b, 3)) == eff.ELEMENTWISE_STREAM[chain], chain
