@@ -81,6 +81,9 @@ class AttentionKernel(StrEnum):
     FA1 = "fa1"
     """FlashAttention-1 (Dao et al. 2022): flash-attn 1.x's CUDA kernels and its Triton version
     (``flash_attn_triton``, llm-foundry's ``attn_impl: triton``)."""
+    CUDNN = "cudnn"
+    """cuDNN's fused attention (torch's SDPA ``CUDNN_ATTENTION`` backend, which torchtitan 0.3.0 puts
+    first), Hopper only (its rate measured on an H200)."""
 
 
 class Fp8Recipe(StrEnum):

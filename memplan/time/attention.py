@@ -13,6 +13,7 @@
   | FA2 (``auto``, ``fa2``) | ``ATTENTION`` 0.50 | ``FA2_HOPPER`` 0.35, ``_BACKWARD`` 0.32, × length |
   | FlashAttention-3 (``fa3``) | refused | ``FA3_SPEEDUP`` × those: 0.525, 0.48 × length |
   | FlashAttention-1 (``fa1``: flash-attn 1.x, its Triton version) | ``FA1`` 0.25 | 0.25 × FA2's / 0.50 |
+  | cuDNN (``cudnn``: SDPA's ``CUDNN_ATTENTION``) | refused | ``CUDNN_HOPPER``, by length |
 
   "× length" (``sequence_factor``): on Hopper FA2 reaches the paper's figures only for long rows; its rate
   at the call's sequence length and head dimension was measured alone on an H200
@@ -36,9 +37,10 @@ fraction for both directions, the paper's low end); on Hopper the length curve w
 16,384 tokens (a smaller grid, b 1 at s 2,048, ran slower: 0.21 and 0.20 in the Llama-2-7B step,
 docs/gpu-profile.md) and is held at its ends (1,024 and 65,536); a context-parallel rank's calls are
 taken at s/c though half of torch's ring blocks have rows of s/(2c), and Llama 3's all-gather CP (one call
-per local chunk against the gathered K/V: long rows) is not expressible; cuDNN's
-and the memory-efficient SDPA kernels are not offered (measured on the H200 at 0.43–0.67 and 0.13–0.18 of
-peak, docs/gpu-profile.md; torch's default order tries flash first; torchtitan 0.3.0 puts cuDNN first);
+per local chunk against the gathered K/V: long rows) is not expressible; cuDNN is measured on Hopper
+only (heads of 128; narrower ones scaled as FA2's) and the memory-efficient SDPA kernel is not offered
+(measured on the H200 at 0.13–0.18 of peak, docs/gpu-profile.md); ``auto`` stays FlashAttention-2 (torch's
+default order tries flash first) also under ``--impl torchtitan``, whose 0.3.0 puts cuDNN first;
 CDNA3 (MI300X, Composable Kernel's flash attention) and Blackwell take the figures above without a
 measurement of their own; a sliding window's further skipped tiles are not modelled (the window's cells
 are counted as causal).
@@ -52,6 +54,9 @@ import math
 from memplan.config import Attention, AttentionKernel, Setup
 from memplan.presets import GpuPreset
 from memplan.time import efficiency
+
+Curve = tuple[tuple[int, float, float], ...]
+"""Measured (s, forward, backward) fractions of the dense peak (``efficiency``'s tables)."""
 
 HOPPER_ON = frozenset({"hopper", "blackwell"})
 """Architectures with Hopper's asynchronous tensor cores (wgmma/TMA), where FA2 runs at ``FA2_HOPPER``."""
@@ -81,6 +86,13 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
         return efficiency.FA3_SPEEDUP * fa2
     if kernel(setup) is AttentionKernel.FA1:
         return efficiency.FA1 * fa2 / efficiency.ATTENTION if hopper else efficiency.FA1
+    if kernel(setup) is AttentionKernel.CUDNN:
+        if not hopper:
+            raise ValueError(
+                f"attention-kernel: cuDNN attention's rate is measured on Hopper only, not {gpu.name} "
+                f"({gpu.arch or 'architecture unknown'}); use --attention-kernel fa2 or memplan calibrate"
+            )
+        return curve_rate(setup, efficiency.CUDNN_HOPPER, efficiency.CUDNN_HOPPER_NONCAUSAL, backward)
     return fa2 if hopper else efficiency.ATTENTION
 
 
@@ -91,26 +103,36 @@ def call_sequence(setup: Setup) -> int:
 
 
 def sequence_factor(setup: Setup, backward: bool = False) -> float:
-    """FlashAttention-2's rate on Hopper at this call's length and head dimension, over its rate at 64k
-    with heads of 128 (``efficiency.FA2_HOPPER_BY_SEQUENCE``): 1 at long rows, 0.80 forward and 0.65
-    backward at s 2,048 with heads of 128. Interpolated in log₂ s between the measured lengths and held at
-    the ends; a head dimension of 96 or more takes the 128 rows, a smaller one the 64 rows. Under context
-    parallelism a rank's local block is causal and its c − 1 others are not (``causal_work``): 1/c of its
-    cells at the causal rate, the rest at the non-causal one (``FA2_HOPPER_NONCAUSAL``, heads of 128;
-    narrower heads scaled as their causal rows are), a harmonic mean by cells."""
+    """FlashAttention-2's rate on Hopper at this call's length and head dimension (``curve_rate`` of
+    ``efficiency.FA2_HOPPER_BY_SEQUENCE``), over its rate at 64k with heads of 128: 1 at long rows, 0.80
+    forward and 0.65 backward at s 2,048 with heads of 128."""
+    rate = curve_rate(
+        setup, efficiency.FA2_HOPPER_BY_SEQUENCE[128], efficiency.FA2_HOPPER_NONCAUSAL, backward
+    )
+    return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][2 if backward else 1]
+
+
+def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False) -> float:
+    """A kernel's fraction of the dense peak at this call's length, from its measured rows (heads of 128):
+    interpolated in log₂ s between the measured lengths and held at the ends. A head dimension under 96
+    is scaled as FlashAttention-2's causal rows fall from heads of 128 to 64 (``FA2_HOPPER_BY_SEQUENCE``;
+    the only narrow head measured). Under context parallelism a rank's local block is causal and its c − 1
+    others are not (``causal_work``): 1/c of its cells at the causal rate, the rest at the non-causal one,
+    a harmonic mean by cells."""
     col = 2 if backward else 1
     s, cp = call_sequence(setup), setup.parallel.cp
-    narrow = (setup.model.head_dim or 0) < 96
-    wide_causal = _log_interpolate(efficiency.FA2_HOPPER_BY_SEQUENCE[128], s, col)
-    causal = _log_interpolate(efficiency.FA2_HOPPER_BY_SEQUENCE[64], s, col) if narrow else wide_causal
-    rate = causal
-    if cp > 1:
-        other = _log_interpolate(efficiency.FA2_HOPPER_NONCAUSAL, s, col) * causal / wide_causal
-        rate = 1 / ((1 / cp) / causal + (1 - 1 / cp) / other)
-    return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][col]
+    narrow = 1.0
+    if (setup.model.head_dim or 0) < 96:
+        fa2 = efficiency.FA2_HOPPER_BY_SEQUENCE
+        narrow = _log_interpolate(fa2[64], s, col) / _log_interpolate(fa2[128], s, col)
+    causal = _log_interpolate(causal_rows, s, col) * narrow
+    if cp == 1:
+        return causal
+    other = _log_interpolate(noncausal_rows, s, col) * narrow
+    return 1 / ((1 / cp) / causal + (1 - 1 / cp) / other)
 
 
-def _log_interpolate(table: tuple[tuple[int, float, float], ...], s: int, col: int) -> float:
+def _log_interpolate(table: Curve, s: int, col: int) -> float:
     if s <= table[0][0]:
         return table[0][col]
     for lo, hi in itertools.pairwise(table):

@@ -132,6 +132,30 @@ FA2_HOPPER_NONCAUSAL: tuple[tuple[int, float, float], ...] = (
 )
 """The same kernel without the causal mask (heads of 128; same run): the blocks a context-parallel rank
 runs against other ranks' K/V."""
+CUDNN_HOPPER: tuple[tuple[int, float, float], ...] = (
+    (1024, 0.432, 0.244),
+    (2048, 0.482, 0.368),
+    (4096, 0.527, 0.458),
+    (8192, 0.611, 0.516),
+    (16384, 0.656, 0.569),
+    (32768, 0.671, 0.545),
+    (65536, 0.615, 0.521),
+)
+"""cuDNN's fused attention (torch's SDPA ``CUDNN_ATTENTION`` backend, cuDNN 9.19) on Hopper: (s, forward,
+backward) fractions of the dense bf16 peak, causal, heads of 128, measured in the same H200 run and the
+same way as ``FA2_HOPPER_BY_SEQUENCE`` (benchmarks/data/h200-kernels.jsonl): 1.7–1.9× FlashAttention-2.
+torch's default order tries flash first; torchtitan 0.3.0 runs SDPA with cuDNN first
+(``--attention-kernel cudnn``). No published figure in view; narrower heads are scaled as FA2's are."""
+CUDNN_HOPPER_NONCAUSAL: tuple[tuple[int, float, float], ...] = (
+    (1024, 0.494, 0.368),
+    (2048, 0.581, 0.480),
+    (4096, 0.650, 0.533),
+    (8192, 0.656, 0.556),
+    (16384, 0.669, 0.571),
+    (32768, 0.622, 0.554),
+    (65536, 0.628, 0.556),
+)
+"""The same kernel without the causal mask (a context-parallel rank's blocks against others' K/V)."""
 FA3_SPEEDUP = 1.5
 """FlashAttention-3 over FlashAttention-2 on H100: "speedup on H100 GPUs by 1.5-2.0×" (the same
 abstract); the low end, as ``ATTENTION`` takes FlashAttention-2's low end on A100. FA3 at

@@ -49,6 +49,8 @@ F4K, B4K = 0.35 * 0.313 / 0.351, 0.32 * 0.251 / 0.327
         ("a100-80gb", "fa1", 312e12, 0.25, 0.25),
         # FA1 on H100: an Ampere kernel, scaled as FA2 falls from A100 (0.50) to H100: 0.25 × FA2's / 0.5
         ("h100-sxm", "fa1", 989.5e12, 0.25 * F4K / 0.5, 0.25 * B4K / 0.5),
+        # cuDNN on Hopper: its own measured rows (time/efficiency.py CUDNN_HOPPER), at s 4,096
+        ("h100-sxm", "cudnn", 989.5e12, 0.527, 0.458),
     ],
 )
 def test_flash_attention_by_kernel_and_generation(
@@ -241,7 +243,9 @@ def test_the_hopper_length_curve_is_the_h200_measurement() -> None:
     rows = [json.loads(line) for line in data.read_text(encoding="utf-8").splitlines()]
     peak = 989.5e12  # H200 (GH100, as the H100 SXM): dense bf16
 
-    def measured(d: int, heads: int, causal: bool) -> tuple[tuple[int, float, float], ...]:
+    def measured(
+        d: int, heads: int, causal: bool, backend: str = "flash"
+    ) -> tuple[tuple[int, float, float], ...]:
         return tuple(
             (
                 r["s"],
@@ -250,13 +254,15 @@ def test_the_hopper_length_curve_is_the_h200_measurement() -> None:
             )
             for r in rows
             if r["kind"] == "attention"
-            and r["backend"] == "flash"
+            and r["backend"] == backend
             and (r["d"], r["heads"], r["kv_heads"], r["causal"]) == (d, heads, heads, causal)
         )
 
     assert measured(128, 32, True) == eff.FA2_HOPPER_BY_SEQUENCE[128]
     assert measured(64, 12, True) == eff.FA2_HOPPER_BY_SEQUENCE[64]
     assert measured(128, 32, False) == eff.FA2_HOPPER_NONCAUSAL
+    assert measured(128, 32, True, "cudnn") == eff.CUDNN_HOPPER
+    assert measured(128, 32, False, "cudnn") == eff.CUDNN_HOPPER_NONCAUSAL
     # its long end is the FlashAttention-3 paper's FA2 on H100 (FA2_HOPPER 0.35, 318/989 backward)
     end = eff.FA2_HOPPER_BY_SEQUENCE[128][-1]
     assert end[1] == pytest.approx(eff.FA2_HOPPER, abs=0.005)
@@ -290,3 +296,12 @@ def test_the_eager_chains_rates_are_the_h200_measurement() -> None:
         f = statistics.median(fwd * r["elements"] / r["fwd_s"] / hbm for r in runs)
         b = statistics.median(bwd * r["elements"] / r["bwd_s"] / hbm for r in runs)
         assert (round(f, 3), round(b, 3)) == eff.ELEMENTWISE_STREAM[chain], chain
+
+
+def test_cudnn_attention_off_hopper_is_a_one_line_error() -> None:
+    r = runner.invoke(
+        app, ["estimate", "-m", "llama-3-8b", "--gpu", "a100-80gb", "--attention-kernel", "cudnn"]
+    )
+    assert r.exit_code == 2
+    assert "cuDNN attention's rate is measured on Hopper only" in r.output
+    assert "Traceback" not in r.output
