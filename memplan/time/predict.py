@@ -20,12 +20,16 @@ pipeline sends and data-parallel reductions are added once.
 
 MFU = model FLOPs / (step · devices · peak), as for any other step time (``timing``).
 
-A collective inside a node slows the compute it overlaps: ``efficiency.OVERLAP_SLOWDOWN`` (18.9 %, a
-published measurement) of the seconds they run together, min(Σ its rows' time, that compute), joins its
-dimension's exposed time.
+A collective whose ring runs over NVLink slows the compute it overlaps: ``efficiency.OVERLAP_SLOWDOWN``
+(18.9 %, a published measurement) of the seconds they run together, min(Σ its rows' time, that compute),
+joins its dimension's exposed time. That is a group inside a node, and a group that leaves the node with
+several of its ranks on each (``Link.per_node`` > 1: FSDP over 8-GPU nodes): its ring crosses each node
+over NVLink at NVLink's rate (``fabric.ring_bandwidth``: 301.5 GB/s for 128 H100s, bound by those hops),
+the same kernels moving the same bytes through SMs and HBM as the measured single-node case.
 
 Known limitations (NB): different dimensions' overlapped collectives are assumed to share nothing (they
-run on different links); a collective that leaves the node slows nothing it overlaps (no measurement in
+run on different links); a group with one rank per node (a dp group beside tp 8) slows nothing it
+overlaps (its kernels feed one NIC at ≈ 42 GB/s, a seventh of the NVLink ring's traffic; no measurement in
 view); the bubble is the balanced pipeline's.
 """
 
@@ -44,6 +48,7 @@ from memplan.time.calibration import calibrated_topology
 from memplan.time.comm import communication
 from memplan.time.comm_rows import Critical, Overlap, Row
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
+from memplan.time.fabric import Link
 
 IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
@@ -150,15 +155,21 @@ def windows(forward: KernelTime, backward: KernelTime, n: int, cp: int = 1) -> d
     }
 
 
+def slows_compute(link: Link) -> bool:
+    """Whether a collective on ``link`` slows the compute it overlaps (module docstring): its ring runs over
+    NVLink — inside a node, or across nodes with more than one of its ranks on each."""
+    return link.level == "intra-node" or link.per_node > 1
+
+
 def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
     """Per dimension: the time of its rows that no compute hides (module docstring), plus the slowdown of
-    the compute that hides the ones inside a node: ``OVERLAP_SLOWDOWN`` × the seconds they overlap,
-    min(Σ their time, that compute)."""
+    the compute that hides the ones whose ring runs over NVLink (``slows_compute``): ``OVERLAP_SLOWDOWN`` ×
+    the seconds they overlap, min(Σ their time, that compute)."""
     per: dict[tuple[str, Overlap], float] = defaultdict(float)
     intra: dict[tuple[str, Overlap], float] = defaultdict(float)
     for r in rows:
         per[(r.dimension, r.overlap)] += r.time_s
-        if r.link.level == "intra-node":
+        if slows_compute(r.link):
             intra[(r.dimension, r.overlap)] += r.time_s
     out: dict[str, float] = {r.dimension: 0.0 for r in rows}
     for (dimension, overlap), seconds in per.items():

@@ -246,3 +246,36 @@ def test_ring_overlap_per_block(rotate: CpRotate, nvlink: float) -> None:
     assert got >= last  # the last dK/dV rotation is never hidden
     if nvlink == 2.0:
         assert got > last  # at 2 GB/s the transfers outlast the blocks
+
+
+def test_collectives_over_nvlink_slow_the_compute_they_overlap() -> None:
+    """OVERLAP_SLOWDOWN (18.9 %) of min(the rows' time, the compute hiding them) joins the exposed time for
+    a ring that runs over NVLink: inside a node (stride 1, 8 ranks), or across nodes with several of its
+    ranks on each (FSDP over 128: 8 per node, its ring bound by the NVLink hops); not for one rank per node
+    (stride 8 beside tp 8: one NIC)."""
+    from memplan.time.comm_rows import Phase
+    from memplan.time.predict import exposed, slows_compute
+
+    links = {
+        "inside": link(TOPO, 1, 8),
+        "eight per node": link(TOPO, 1, 128),
+        "one per node": link(TOPO, 8, 16),
+    }
+    assert [slows_compute(x) for x in links.values()] == [True, True, False]
+    b = 2 * 10**9
+    for name, on in links.items():
+        row = Row(
+            "dp",
+            Collective.ALL_GATHER,
+            Phase.FORWARD,
+            b,
+            1,
+            8 if name == "inside" else 128,
+            on,
+            Overlap.FORWARD,
+            "w",
+        )
+        for window in (row.time_s / 2, 10 * row.time_s):  # compute shorter, then longer, than the rows
+            slowed = 0.189 * min(row.time_s, window) if name != "one per node" else 0.0
+            want = max(0.0, row.time_s - window) + slowed
+            assert exposed([row], {Overlap.FORWARD: window})["dp"] == pytest.approx(want, rel=1e-12), name
