@@ -188,7 +188,7 @@ def elementwise_backward_parts(s: Setup) -> list[Chain]:
     sums = 3 * e * (2 * hidden + shared_inputs(s) * tokens * m.hidden_size)
     out: list[Chain] = [
         (2 * hidden * elementwise.norm_backward(s, p, e)[0], elementwise.norm_chain(s, p)),
-        (2 * _dropout_softmax_bytes(s) + sums, None),
+        (_dropout_softmax_bytes(s, backward=True) + sums, None),
     ]
     if m.position is PositionType.ROPE:
         qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
@@ -230,22 +230,27 @@ def _tokens(s: Setup) -> tuple[int, int]:
     return tokens, rank_tokens * s.model.hidden_size
 
 
-def _dropout_softmax_bytes(s: Setup) -> int:
-    """The residual dropouts' (when p > 0) and eager attention's softmax and dropout forward bytes."""
+def _dropout_softmax_bytes(s: Setup, backward: bool = False) -> int:
+    """The residual dropouts' (when p > 0) and eager attention's core forward (or ``backward``) bytes:
+    the scale, mask and softmax (``elementwise.eager_core``) and the attention dropout on the rank's
+    [b, a/t, s, s] scores; a dropout's backward twice its forward's."""
     m, t, par = s.model, s.training, s.parallel
     e = t.precision.activation_dtype.bytes
     _, hidden = _tokens(s)
-    out = 2 * (2 * hidden * e + hidden) if m.resid_dropout > 0 else 0
+    twice = 2 if backward else 1
+    out = twice * 2 * (2 * hidden * e + hidden) if m.resid_dropout > 0 else 0
     if s.strategy.attention is Attention.EAGER:
         probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
-        out += 2 * probs * e + (2 * probs * e + probs if m.attn_dropout > 0 else 0)
+        out += probs * elementwise.eager_core(s, e, backward)[0]
+        out += twice * (2 * probs * e + probs) if m.attn_dropout > 0 else 0
     return out
 
 
-def _dropout_softmax_kernels(s: Setup) -> int:
-    m = s.model
-    eager = 1 + (1 if m.attn_dropout > 0 else 0) if s.strategy.attention is Attention.EAGER else 0
-    return (2 if m.resid_dropout > 0 else 0) + eager
+def _dropout_softmax_kernels(s: Setup, backward: bool = False) -> int:
+    m, twice = s.model, 2 if backward else 1
+    core = elementwise.eager_core(s, 0, backward)[1] if s.strategy.attention is Attention.EAGER else 0
+    eager = core + (twice if m.attn_dropout > 0 else 0) if s.strategy.attention is Attention.EAGER else 0
+    return (twice * 2 if m.resid_dropout > 0 else 0) + eager
 
 
 def elementwise_kernels(s: Setup) -> int:
@@ -273,7 +278,7 @@ def elementwise_backward_kernels(s: Setup) -> int:
         return 2 * elementwise_kernels(s)
     m, p = s.model, profile_of(s)
     e = s.training.precision.activation_dtype.bytes
-    out = 2 * elementwise.norm_backward(s, p, e)[1] + 2 + shared_inputs(s) + 2 * _dropout_softmax_kernels(s)
+    out = 2 * elementwise.norm_backward(s, p, e)[1] + 2 + shared_inputs(s) + _dropout_softmax_kernels(s, True)
     if m.position is PositionType.ROPE:
         out += elementwise.rotary_backward(s, p, e)[1]
     return out + (elementwise.swiglu_backward(s, p, e)[1] if m.mlp is MlpType.SWIGLU else 2)

@@ -66,7 +66,7 @@ changes the element-wise bytes and launches only.
 from __future__ import annotations
 
 from memplan.blocks.profile import Profile
-from memplan.config import MlpType, NormType, Setup
+from memplan.config import Impl, MlpType, NormType, Setup
 from memplan.time import efficiency
 
 FP32 = 4
@@ -185,3 +185,15 @@ def weight(chain: str | None, backward: bool = False) -> float:
     if chain is None:
         return 1.0
     return efficiency.MEMORY / efficiency.ELEMENTWISE_STREAM[chain][1 if backward else 0]
+
+
+def eager_core(setup: Setup, e: int, backward: bool = False) -> tuple[int, int]:
+    """Eager attention's element-wise work per element of the [b, a, s, s] scores, (bytes, kernels):
+    memplan's reference (``scores · d^-½``, ``masked_fill`` of the causal mask, ``softmax``) 2e each, 6e
+    in 3 kernels; its backward ``_softmax_backward_data`` (3e: the gradient and the probabilities read, one
+    written), the masked fill's (2e) and the scale's (2e), 7e in 3. Other code (Megatron's fused
+    scale-mask-softmax, one kernel; transformers' eager path, not traced op by op) one kernel of 2e, its
+    backward twice that."""
+    if setup.impl.impl is Impl.REFERENCE and not fused(setup):
+        return (7 * e, 3) if backward else (6 * e, 3)
+    return (4 * e, 2) if backward else (2 * e, 1)

@@ -9,10 +9,12 @@ counted with their formula F = 96·B·s·l·h²·(1 + s/(6h) + V/(16lh)) (full r
 
 Readings of the papers (stated, not fitted):
 - Korthikanti Table 5 and Narayanan: GPT layout (LayerNorm, GELU MLP 4h, biases, learned positions,
-  dropout 0.1), v 51200, s 2048, fp16 mixed precision, Megatron's fused softmax (eager attention: no flash
-  kernel in 2021–22), micro-batch 1, plain 1F1B; Korthikanti with sequence parallelism and selective
-  recompute, Narayanan with full recompute and no sequence parallelism. Megatron's optimizer is Apex's
-  ``FusedAdam`` (``megatron/optimizer/__init__.py``: ``from apex.optimizers import FusedAdam as Adam``):
+  dropout 0.1), v 51200, s 2048, fp16 mixed precision, Megatron-LM's code (``impl=megatron``: its fused
+  scale-mask-softmax, eager attention — no flash kernel in 2021–22 —, its fused QKV and kernels; typed
+  as memplan's reference code before its eager core was counted op by op), micro-batch 1, plain 1F1B;
+  Korthikanti with sequence parallelism and selective recompute, Narayanan with full recompute and no
+  sequence parallelism. Megatron's optimizer is Apex's ``FusedAdam`` (``megatron/optimizer/__init__.py``:
+  ``from apex.optimizers import FusedAdam as Adam``):
   typed ``optimizer_impl=fused``, one kernel over the fp32 master (``time.optimizer``; NB: its fp16 →
   fp32 gradient copy and fp32 → fp16 weight copy, 12 bytes a parameter, not counted).
 - Llama 3 405B (§3.3.2, Table 4): the llama-3.1-405b preset, bf16, s 8192, 16M tokens per step (2,048
@@ -33,6 +35,8 @@ from dataclasses import dataclass
 from memplan.config import (
     Attention,
     Checkpointing,
+    Impl,
+    ImplConfig,
     MlpType,
     ModelConfig,
     NormType,
@@ -100,6 +104,7 @@ def _megatron(model: ModelConfig, checkpointing: Checkpointing, dp: int, micro_b
             optimizer_impl=OptimizerImpl.FUSED,
         ),
         strategy=StrategyConfig(checkpointing=checkpointing, attention=Attention.EAGER, dp=dp),
+        impl=ImplConfig(impl=Impl.MEGATRON),
     )
 
 

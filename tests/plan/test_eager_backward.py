@@ -48,12 +48,15 @@ def test_fused_code_moves_twice_its_forward() -> None:
 
 def test_gpt_layernorm_and_gelu_as_before() -> None:
     """GPT (LayerNorm, GELU, dropout 0.1, separate W_Q/W_K/W_V in the reference code), eager attention: its
-    norms, GELU, dropouts and softmax twice their forward; two residual sums and two of the QKV input — the
-    four adds' worth the old rule charged (2 × the forward's two residual adds)."""
+    norms, GELU and dropouts twice their forward; two residual sums and two of the QKV input — the four
+    adds' worth the old rule charged (2 × the forward's two residual adds); the reference's eager core op
+    by op (time/elementwise.py eager_core): forward the scale, masked_fill and softmax, 2e each of the
+    [b, a, s, s] scores, backward the softmax's 3e, the fill's 2e and the scale's 2e."""
     g = Setup(
         model=gpt(1024, 16, 4),
         training=TrainingConfig(seq_len=1024),
         strategy=StrategyConfig(attention=Attention.EAGER),
     )
     assert shared_inputs(g) == 2
-    assert elementwise_backward_bytes(g) == 2 * elementwise_bytes(g)
+    scores, e = 16 * 1024 * 1024, 2
+    assert elementwise_backward_bytes(g) == 2 * elementwise_bytes(g) - 2 * 6 * e * scores + 7 * e * scores
