@@ -276,6 +276,35 @@ def chain_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def core_rows(reps: int) -> list[dict[str, Any]]:
+    """memplan's reference eager attention core between its two products (reference/model.py): the scores
+    scaled by d^-½, the causal mask filled with -inf, the softmax; forward and ``autograd.grad`` of the
+    probabilities, on Llama-2-7B's [1, 32, s, s] scores."""
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    for s in (1024, 2048, 3072):
+        scores = torch.randn(1, 32, s, s, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        mask = torch.ones(s, s, device=DEV, dtype=torch.bool).triu(1)
+
+        def core(x: Any, mask: Any = mask) -> Any:
+            return torch.softmax((x * (1.0 / 128**0.5)).masked_fill(mask, float("-inf")), dim=-1)
+
+        row: dict[str, Any] = dict(
+            kind="chain", model=f"llama-2-7b s {s}", chain="eager_core", elements=32 * s * s
+        )
+        row["fwd_s"] = _timer(functools.partial(core, scores), reps)
+        out = core(scores)
+        row["bwd_s"] = _timer(
+            functools.partial(torch.autograd.grad, out, scores, torch.randn_like(out), retain_graph=True),
+            reps,
+        )
+        del out, scores
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -302,6 +331,8 @@ def measure(args: argparse.Namespace) -> int:
             rows += elementwise_rows(args.reps)
         if "chains" in parts:
             rows += chain_rows(args.reps)
+        if "core" in parts:
+            rows += core_rows(args.reps)
         if "attention" in parts:
             rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
     finally:
@@ -379,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
-    p.add_argument("--parts", default="gemm,elementwise,chains,attention")
+    p.add_argument("--parts", default="gemm,elementwise,chains,core,attention")
     p.add_argument("--seqs", default=",".join(map(str, ATTN_SEQS)))
     a = p.parse_args(argv)
     if a.report:

@@ -162,6 +162,7 @@ def elementwise_parts(s: Setup) -> list[Chain]:
     out: list[Chain] = [
         (2 * hidden * elementwise.norm_bytes(s, p, e), elementwise.norm_chain(s, p)),
         (2 * 3 * hidden * e + _dropout_softmax_bytes(s), None),
+        _core(s),
     ]
     if m.position is PositionType.ROPE:
         qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
@@ -189,6 +190,7 @@ def elementwise_backward_parts(s: Setup) -> list[Chain]:
     out: list[Chain] = [
         (2 * hidden * elementwise.norm_backward(s, p, e)[0], elementwise.norm_chain(s, p)),
         (_dropout_softmax_bytes(s, backward=True) + sums, None),
+        _core(s, backward=True),
     ]
     if m.position is PositionType.ROPE:
         qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
@@ -231,19 +233,31 @@ def _tokens(s: Setup) -> tuple[int, int]:
 
 
 def _dropout_softmax_bytes(s: Setup, backward: bool = False) -> int:
-    """The residual dropouts' (when p > 0) and eager attention's core forward (or ``backward``) bytes:
-    the scale, mask and softmax (``elementwise.eager_core``) and the attention dropout on the rank's
-    [b, a/t, s, s] scores; a dropout's backward twice its forward's."""
-    m, t, par = s.model, s.training, s.parallel
+    """The residual dropouts' (when p > 0) and eager attention's dropout on the rank's [b, a/t, s, s]
+    scores, forward (or ``backward``: twice the forward's); the core itself is ``_core``."""
+    m, t = s.model, s.training
     e = t.precision.activation_dtype.bytes
     _, hidden = _tokens(s)
     twice = 2 if backward else 1
     out = twice * 2 * (2 * hidden * e + hidden) if m.resid_dropout > 0 else 0
-    if s.strategy.attention is Attention.EAGER:
-        probs = t.micro_batch * (m.num_heads // par.tp) * t.seq_len * t.seq_len
-        out += probs * elementwise.eager_core(s, e, backward)[0]
-        out += twice * (2 * probs * e + probs) if m.attn_dropout > 0 else 0
+    if s.strategy.attention is Attention.EAGER and m.attn_dropout > 0:
+        out += twice * (2 * _scores(s) * e + _scores(s))
     return out
+
+
+def _scores(s: Setup) -> int:
+    """Elements of the rank's [b, a/t, s, s] attention scores."""
+    t = s.training
+    return t.micro_batch * (s.model.num_heads // s.parallel.tp) * t.seq_len * t.seq_len
+
+
+def _core(s: Setup, backward: bool = False) -> Chain:
+    """Eager attention's core between its two products, forward or ``backward`` (``elementwise.eager_core``),
+    and its measured chain; nothing for a flash kernel."""
+    if s.strategy.attention is not Attention.EAGER:
+        return (0, None)
+    e = s.training.precision.activation_dtype.bytes
+    return (_scores(s) * elementwise.eager_core(s, e, backward)[0], elementwise.core_chain(s))
 
 
 def _dropout_softmax_kernels(s: Setup, backward: bool = False) -> int:

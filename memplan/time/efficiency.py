@@ -174,6 +174,7 @@ ELEMENTWISE_STREAM: dict[str, tuple[float, float]] = {
     "rotary": (0.289, 0.343),
     "swiglu": (0.843, 0.826),
     "gelu": (0.715, 0.929),
+    "eager_core": (0.325, 0.345),
 }
 """The eager element-wise chains of a layer, (forward, backward): the fraction of the HBM bandwidth at which
 each moves the bytes ``time.elementwise`` counts for it, measured alone on one H200 (torch 2.11, bf16, the
@@ -182,7 +183,10 @@ median of Llama 3.1 8B's and MPT-7B's shapes, 16,384 and 12,288 tokens of 4,096;
 RMSNorm as its code writes it (eight kernels, the broadcast ``x · rsqrt`` and weight products among them),
 ``native_layer_norm`` (a row reduction; its backward also reduces the weight's and bias's gradients over
 the tokens), the ``rotate_half`` rotary embedding on the transposed q and k (broadcast [s, d] tables, a
-``cat``, strided reads), ``silu(gate)·up``, and the tanh GELU. Each is charged its bytes at ``MEMORY`` ×
+``cat``, strided reads), ``silu(gate)·up``, the tanh GELU, and the reference's eager attention core
+between its two products (the scale, the causal ``masked_fill``, the softmax, on Llama-2-7B's
+[1, 32, s, s] scores at s 1,024, 2,048 and 3,072: a third of HBM's rate, the softmax's row reductions and
+the broadcast [s, s] mask). Each is charged its bytes at ``MEMORY`` ×
 (fraction / ``MEMORY``) of the device's bandwidth (``memory(gpu)`` scales them when calibrated): the
 norms and rotary stream at a half to a third of a plain add's rate (an add ran at 0.75–0.80 of HBM in
 the same session: ``MEMORY``). No published figure of PyTorch's eager kernels' bandwidth was found; the

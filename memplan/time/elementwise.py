@@ -179,6 +179,12 @@ def mlp_chain(setup: Setup, p: Profile) -> str | None:
     return None if fused(setup) else "gelu"
 
 
+def core_chain(setup: Setup) -> str | None:
+    """The reference's eager attention core (``eager_core``'s op list) is a measured chain; fused cores
+    (Megatron's kernel, ``--compile``) and other code are not."""
+    return "eager_core" if setup.impl.impl is Impl.REFERENCE and not fused(setup) else None
+
+
 def weight(chain: str | None, backward: bool = False) -> float:
     """How many bytes at ``MEMORY``'s rate one byte of ``chain`` costs: ``MEMORY`` over its measured
     fraction of HBM (``efficiency.ELEMENTWISE_STREAM``); 1 for an unmeasured or fused chain."""
