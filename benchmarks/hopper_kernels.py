@@ -209,11 +209,13 @@ def elementwise_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def chain_rows(reps: int) -> list[dict[str, Any]]:
+def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
     """The eager element-wise chains of memplan's reference layer (memplan/measure/reference/model.py: the
     same ops in the same order), forward and backward (``autograd.grad`` of the chain's output, the weight
     included), alone: RMSNorm as Llama writes it, torch's ``F.rms_norm``, LayerNorm, rotary on a strided
-    [b, a, s, d] view with [s, d] tables, SwiGLU's ``silu(gate)·up``, the tanh GELU, a residual add."""
+    [b, a, s, d] view with [s, d] tables, SwiGLU's ``silu(gate)·up``, the tanh GELU, a residual add.
+    ``compiled``: the same chains through ``torch.compile`` (Inductor's fused kernels, ``--compile``), named
+    ``<chain>_compiled``."""
     import torch
     import torch.nn.functional as F
 
@@ -261,16 +263,23 @@ def chain_rows(reps: int) -> list[dict[str, Any]]:
             "copy": (torch.clone, (x,), t_ * h),
         }
         for name, (fn, args, elements) in chains.items():
+            if compiled:
+                if name in ("rms_norm_torch", "residual_add", "copy"):
+                    continue
+                fn, name = torch.compile(fn), f"{name}_compiled"
             row: dict[str, Any] = dict(kind="chain", model=model, chain=name, elements=elements)
-            row["fwd_s"] = _timer(functools.partial(fn, *args), reps)
-            out = fn(*args)
-            outs = out if isinstance(out, tuple) else (out,)
-            inputs = tuple(a for a in args if a.requires_grad)
-            grads = tuple(torch.randn_like(o) for o in outs)
-            row["bwd_s"] = _timer(
-                functools.partial(torch.autograd.grad, outs, inputs, grads, retain_graph=True), reps
-            )
-            del out, outs, grads
+            try:
+                row["fwd_s"] = _timer(functools.partial(fn, *args), reps)
+                out = fn(*args)
+                outs = out if isinstance(out, tuple) else (out,)
+                inputs = tuple(a for a in args if a.requires_grad)
+                grads = tuple(torch.randn_like(o) for o in outs)
+                row["bwd_s"] = _timer(
+                    functools.partial(torch.autograd.grad, outs, inputs, grads, retain_graph=True), reps
+                )
+                del out, outs, grads
+            except Exception as e:  # Inductor without a compiler: say so, go on
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -333,6 +342,8 @@ def measure(args: argparse.Namespace) -> int:
             rows += chain_rows(args.reps)
         if "core" in parts:
             rows += core_rows(args.reps)
+        if "compiled" in parts:
+            rows += chain_rows(args.reps, compiled=True)
         if "attention" in parts:
             rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
     finally:
