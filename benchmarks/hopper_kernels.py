@@ -47,6 +47,9 @@ DEV = "cuda"
 
 
 def _timer(fn: Callable[[], Any], reps: int) -> float:
+    """Seconds of one call: the median of ``reps`` timings after two warm-ups, each timing ``inner`` calls
+    back to back between two CUDA events (``inner`` from the second warm-up: enough calls to span 5 ms),
+    so the host's gap before the first kernel — and a compiled function's guards — do not count."""
     import time
 
     import torch
@@ -56,17 +59,21 @@ def _timer(fn: Callable[[], Any], reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
-    for _ in range(2):
-        fn()
+    fn()
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    inner = max(1, min(100, round(5e-3 / max(time.perf_counter() - t0, 1e-6))))
     times = []
     for _ in range(reps):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(inner):
+            fn()
         b.record()
         torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
+        times.append(a.elapsed_time(b) / 1e3 / inner)
     return statistics.median(times)
 
 
@@ -266,7 +273,10 @@ def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
             if compiled:
                 if name in ("rms_norm_torch", "residual_add", "copy"):
                     continue
-                fn, name = torch.compile(fn), f"{name}_compiled"
+                # static shapes (a second shape would otherwise recompile with dynamic ones); the backward is
+                # run repeatedly on one graph, so no buffer may be donated
+                torch._functorch.config.donated_buffer = False
+                fn, name = torch.compile(fn, dynamic=False), f"{name}_compiled"
             row: dict[str, Any] = dict(kind="chain", model=model, chain=name, elements=elements)
             try:
                 row["fwd_s"] = _timer(functools.partial(fn, *args), reps)
