@@ -275,7 +275,9 @@ def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
                     continue
                 # static shapes (a second shape would otherwise recompile with dynamic ones); the backward is
                 # run repeatedly on one graph, so no buffer may be donated
-                torch._functorch.config.donated_buffer = False
+                import torch._functorch.config as functorch_config
+
+                functorch_config.donated_buffer = False
                 fn, name = torch.compile(fn, dynamic=False), f"{name}_compiled"
             row: dict[str, Any] = dict(kind="chain", model=model, chain=name, elements=elements)
             try:

@@ -169,31 +169,38 @@ kernel: its docstring says "Triton forward + backward is slightly slower than CU
 No published run of docs/step-time.md uses it; the held-out MPT runs (llm-foundry, Triton) were in view
 when it was added, and the figure is the paper's, not adjusted."""
 ELEMENTWISE_STREAM: dict[str, tuple[float, float]] = {
-    "rmsnorm": (0.571, 0.650),
-    "layernorm": (0.422, 0.348),
-    "rotary": (0.289, 0.343),
-    "swiglu": (0.843, 0.826),
-    "gelu": (0.715, 0.929),
-    "eager_core": (0.325, 0.345),
+    "rmsnorm": (0.584, 0.664),
+    "layernorm": (0.526, 0.463),
+    "rotary": (0.295, 0.348),
+    "swiglu": (0.872, 0.877),
+    "gelu": (0.759, 1.112),
+    "eager_core": (0.34, 0.388),
+    "rmsnorm_compiled": (0.705, 0.703),
+    "layernorm_compiled": (0.516, 0.459),
+    "rotary_compiled": (0.755, 0.402),
+    "swiglu_compiled": (0.851, 0.988),
+    "gelu_compiled": (0.702, 0.955),
 }
-"""The eager element-wise chains of a layer, (forward, backward): the fraction of the HBM bandwidth at which
-each moves the bytes ``time.elementwise`` counts for it, measured alone on one H200 (torch 2.11, bf16, the
-median of Llama 3.1 8B's and MPT-7B's shapes, 16,384 and 12,288 tokens of 4,096; benchmarks/hopper_kernels.py
-``chain_rows``, benchmarks/data/h200-chains.jsonl; docs/gpu-profile.md "Kernel classes alone"): Llama's
-RMSNorm as its code writes it (eight kernels, the broadcast ``x · rsqrt`` and weight products among them),
-``native_layer_norm`` (a row reduction; its backward also reduces the weight's and bias's gradients over
-the tokens), the ``rotate_half`` rotary embedding on the transposed q and k (broadcast [s, d] tables, a
-``cat``, strided reads), ``silu(gate)·up``, the tanh GELU, and the reference's eager attention core
-between its two products (the scale, the causal ``masked_fill``, the softmax, on Llama-2-7B's
-[1, 32, s, s] scores at s 1,024, 2,048 and 3,072: a third of HBM's rate, the softmax's row reductions and
-the broadcast [s, s] mask). Each is charged its bytes at ``MEMORY`` ×
-(fraction / ``MEMORY``) of the device's bandwidth (``memory(gpu)`` scales them when calibrated): the
-norms and rotary stream at a half to a third of a plain add's rate (an add ran at 0.75–0.80 of HBM in
-the same session: ``MEMORY``). No published figure of PyTorch's eager kernels' bandwidth was found; the
-held-out runs' shapes chose which shapes were measured, and no training run was compared while measuring.
-NB: the rotary backward measured lacks the copy of the gradient back to the projection's layout (2e of its
-17e); the GELU's backward is counted at twice its forward's bytes (4e, where it reads two tensors and
-writes one), so its fraction is of that count; one GPU's figures for every GPU."""
+"""The element-wise chains of a layer, (forward, backward): the fraction of the HBM bandwidth at which each
+moves the bytes ``time.elementwise`` counts for it, measured alone on one H200 (torch 2.11, bf16;
+benchmarks/hopper_kernels.py ``chain_rows`` and ``core_rows``, benchmarks/data/h200-chains.jsonl;
+docs/gpu-profile.md "Kernel classes alone"; each timing calls the chain back to back for ≥ 5 ms between
+two CUDA events). Eager, the median of Llama 3.1 8B's and MPT-7B's shapes (16,384 and 12,288 tokens of
+4,096): Llama's RMSNorm as its code writes it (eight kernels, the broadcast ``x · rsqrt`` and weight
+products among them), ``native_layer_norm`` (a row reduction; its backward also reduces the weight's and
+bias's gradients over the tokens), the ``rotate_half`` rotary embedding on the transposed q and k
+(broadcast [s, d] tables, a ``cat``, strided reads), ``silu(gate)·up``, the tanh GELU, and the reference's
+eager attention core between its two products (the scale, the causal ``masked_fill``, the softmax, on
+Llama-2-7B's [1, 32, s, s] scores at s 1,024, 2,048 and 3,072). ``*_compiled``: the same chains through
+``torch.compile`` (Inductor's fused kernels, ``--compile``), at Llama 3.1 8B's shape, the process's first
+compile (the second shape's recompile ran up to 2× slower and is not used). Each is charged its bytes at
+``MEMORY`` × (fraction / ``MEMORY``) of the device's bandwidth (``memory(gpu)`` scales them when
+calibrated); a plain add ran at 0.87–0.89 of HBM and a copy at 0.83–0.85 in the same session (``MEMORY``
+0.80). No published figure of PyTorch's kernels' bandwidth was found; the held-out runs' shapes chose which
+shapes were measured, and no training run was compared while measuring. NB: the rotary backward measured
+lacks the copy of the gradient back to the projection's layout (2e of its 17e); the GELU's backward is
+counted at twice its forward's bytes (4e, where it reads two tensors and writes one), so its fraction of
+that count exceeds 1; one GPU's figures for every GPU."""
 
 
 OVERLAP_SLOWDOWN = 0.189

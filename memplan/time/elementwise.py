@@ -50,10 +50,11 @@ measured H200"), bytes per element:
 The bytes are right, and they do not all stream at ``MEMORY``: broadcasting and strided kernels
 (RMSNorm's ``x · r`` and ``weight ·``, rotary's products on the transposed q and k, ``cat``) run
 TensorIterator's non-vectorized path, and LayerNorm reduces rows. Each chain's rate was measured alone on an
-H200 (``efficiency.ELEMENTWISE_STREAM``: eager RMSNorm 0.57 forward and 0.65 backward of HBM, LayerNorm 0.42
-and 0.35, rotary 0.29 and 0.34, SwiGLU 0.84 and 0.83, GELU 0.72 and 0.93 of its counted bytes) and its
-bytes are weighed by ``MEMORY`` over that rate (``weight``; ``compute.streamed_bytes``); the residual adds,
-gradient sums, dropouts, softmax and fused chains stream at ``MEMORY``.
+H200 (``efficiency.ELEMENTWISE_STREAM``: eager RMSNorm 0.58 forward and 0.66 backward of HBM, LayerNorm 0.53
+and 0.46, rotary 0.30 and 0.35, SwiGLU 0.87 and 0.88, GELU 0.76 and 1.11 of its counted bytes; the eager
+attention core 0.34 and 0.39; and each compiled) and its bytes are weighed by ``MEMORY`` over that rate
+(``weight``; ``compute.streamed_bytes``); the residual adds, gradient sums, dropouts, Megatron's fused
+softmax and other fused kernels stream at ``MEMORY``.
 
 Known limitations (NB): the fused kernels' and the GEMMs' own launches are not charged (no figure of the
 gap behind a long kernel in view; the host queues them ahead); the host's dispatch (≈ µs per eager op) is
@@ -158,25 +159,34 @@ def rotary_kernels(setup: Setup) -> int:
 
 
 def norm_chain(setup: Setup, p: Profile) -> str | None:
-    """Which measured chain a norm is (``efficiency.ELEMENTWISE_STREAM``): eager Llama RMSNorm, LayerNorm;
-    None for fused norms and torch's ``F.rms_norm`` (not measured: charged at ``MEMORY``)."""
-    if fused(setup) or p.fused_norm:
+    """Which measured chain a norm is (``efficiency.ELEMENTWISE_STREAM``): eager Llama RMSNorm, LayerNorm,
+    or either compiled (``--compile``: Inductor's fused kernel); None for other fused norms and torch's
+    eager ``F.rms_norm`` (not measured: charged at ``MEMORY``)."""
+    layer = setup.model.norm is not NormType.RMSNORM
+    if fused(setup):
+        return "layernorm_compiled" if layer else "rmsnorm_compiled"
+    if p.fused_norm:
         return None
-    if setup.model.norm is not NormType.RMSNORM:
+    if layer:
         return "layernorm"
     return None if p.rms_norm_fp32_product else "rmsnorm"
 
 
 def rotary_chain(setup: Setup, p: Profile) -> str | None:
-    """``rotate_half``'s eager rotary; fused code and the complex-multiply forms are not measured."""
-    return None if fused(setup) or p.rope_complex_table or p.rope_cache_per_layer else "rotary"
+    """``rotate_half``'s rotary, eager or compiled; the complex-multiply forms are not measured."""
+    if p.rope_complex_table or p.rope_cache_per_layer:
+        return None
+    return "rotary_compiled" if fused(setup) else "rotary"
 
 
 def mlp_chain(setup: Setup, p: Profile) -> str | None:
-    """The MLP's activation: eager SwiGLU's ``silu(gate)·up``, or GELU; fused ones not measured."""
+    """The MLP's activation: SwiGLU's ``silu(gate)·up`` or GELU, eager or compiled; other fused ones (a
+    fused-SwiGLU profile) not measured."""
     if setup.model.mlp is MlpType.SWIGLU:
-        return None if fused(setup) or p.fused_swiglu else "swiglu"
-    return None if fused(setup) else "gelu"
+        if fused(setup):
+            return "swiglu_compiled"
+        return None if p.fused_swiglu else "swiglu"
+    return "gelu_compiled" if fused(setup) else "gelu"
 
 
 def core_chain(setup: Setup) -> str | None:

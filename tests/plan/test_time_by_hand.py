@@ -80,15 +80,15 @@ assert ELEMENTWISE == 446_464
 EW_BACKWARD = 2 * T * H * 92 + 5 * 3 * 2 * T * H + T * 6 * 16 // TP * 17 * 2 + 9 * 2 * T * 128 // TP
 assert EW_BACKWARD == 1_054_720
 # Each eager chain streams at the fraction of HBM measured alone on an H200 (time/efficiency.py
-# ELEMENTWISE_STREAM, forward/backward): RMSNorm 0.571/0.650, rotary 0.289/0.343, SwiGLU 0.843/0.826; the
+# ELEMENTWISE_STREAM, forward/backward): RMSNorm 0.584/0.664, rotary 0.295/0.348, SwiGLU 0.872/0.877; the
 # residual adds and gradient sums at MEMORY 0.80.
 NORM_F, ADDS_F = 2 * T * H * 36, 2 * 3 * T * H * 2
 ROPE_F, MLP_F = T * 6 * 16 // TP * 10 * 2, 5 * 2 * T * 128 // TP
 NORM_B, SUMS_B = 2 * T * H * 92, 5 * 3 * 2 * T * H
 ROPE_B, MLP_B = T * 6 * 16 // TP * 17 * 2, 9 * 2 * T * 128 // TP
 assert NORM_F + ADDS_F + ROPE_F + MLP_F == ELEMENTWISE and NORM_B + SUMS_B + ROPE_B + MLP_B == EW_BACKWARD
-EW_FWD_S = 2 * (NORM_F / 0.571 + ADDS_F / 0.80 + ROPE_F / 0.289 + MLP_F / 0.843) / HBM
-EW_BWD_S = 2 * (NORM_B / 0.650 + SUMS_B / 0.80 + ROPE_B / 0.343 + MLP_B / 0.826) / HBM
+EW_FWD_S = 2 * (NORM_F / 0.584 + ADDS_F / 0.80 + ROPE_F / 0.295 + MLP_F / 0.872) / HBM
+EW_BWD_S = 2 * (NORM_B / 0.664 + SUMS_B / 0.80 + ROPE_B / 0.348 + MLP_B / 0.877) / HBM
 # Launch gaps of those eager kernels, 1.1 µs each (time/efficiency.py LAUNCH_GAP_S: a CUDA-graph queue of
 # tiny x + y kernels, pytorch/pytorch #161104): per layer forward two RMSNorms of 8 kernels (x.to(fp32),
 # pow, mean, + eps, rsqrt, x·, .to(bf16), weight·), two residual adds, rotary 5 on q and 5 on k, SwiGLU's
