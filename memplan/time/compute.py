@@ -9,8 +9,10 @@ Three classes, each at its achievable fraction (``efficiency``, or a calibrated 
   batched GEMMs as the linears, a flash kernel at its fraction by kernel and GPU generation
   (``attention``);
 - element-wise, memory-bound kernels, by bytes moved (``elementwise_bytes``, eager or fused:
-  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth, plus ``LAUNCH_GAP_S`` per kernel of
-  eager code (``elementwise_kernels``, ``launch_seconds``).
+  ``elementwise``; ``--fp8``'s casts) at ``MEMORY`` × HBM bandwidth, each chain's bytes weighed by the
+  rate it was measured to stream at (``streamed_bytes``, ``efficiency.ELEMENTWISE_STREAM``: eager norms,
+  rotary and the eager attention core well below ``MEMORY``), plus ``LAUNCH_GAP_S`` per kernel of eager
+  code (``elementwise_kernels``, ``launch_seconds``).
 
 FLOPs are ``analytic.flops``'s (whole model, one micro-batch), cut to the stage: a layer's FLOPs × its
 layers, the head's on the last stage, ÷ tp · cp (every matmul is split over the tensor-parallel ranks; a
@@ -25,13 +27,15 @@ on the rank's tokens —, e the activation bytes):
     two norms 2·(2·Tr·h·e); two residual adds 2·(3·Tr·h·e); two residual dropouts (when p > 0)
     2·(2·Tr·h·e + Tr·h) (a 1-byte mask); rotary on q and k 2·T·(a + kv)·d/t·e; the MLP's activation
     (SwiGLU reads gate and up, writes one: 3·T·F/t·e; GELU 2·T·F/t·e; F the routed and shared width an
-    MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e and its dropout
-    2·b·(a/t)·s²·e + b·(a/t)·s² (the flash kernel does these inside, no traffic).
+    MoE token passes through); eager attention's fused scale-mask-softmax 2·b·(a/t)·s²·e (the reference's
+    three unfused kernels 6·b·(a/t)·s²·e, ``elementwise.eager_core``) and its dropout 2·b·(a/t)·s²·e +
+    b·(a/t)·s² (the flash kernel does these inside, no traffic).
 — the fused kernels' bytes; eager PyTorch's RMSNorm, SwiGLU and rotary move more (``elementwise``).
 The backward of eager code moves its autograd op lists' bytes (``elementwise_backward_bytes``: RMSNorm's,
 SwiGLU's and rotary's nodes, the sums of the gradients of tensors used twice); fused code, LayerNorm,
-GELU, dropouts and eager attention's softmax twice their forward's (each op reads the incoming gradient
-and what it saved, and writes a gradient); a re-run forward moves its bytes again.
+GELU, dropouts and a fused softmax twice their forward's (each op reads the incoming gradient and what
+it saved, and writes a gradient; the reference's eager core 7e a score); a re-run forward moves its bytes
+again.
 
 QLoRA (``dequant_bytes``): bitsandbytes dequantises each frozen 4-bit linear's weight to the compute
 dtype for its forward matmul and again for dX in backward, a memory-bound kernel that reads the 4-bit
