@@ -34,8 +34,9 @@ def calibrate(
         bool, typer.Option("--json", help="Print the measured fractions as one JSON object")
     ] = False,
 ) -> None:
-    """Measure GEMMs, element-wise bandwidth, attention and the launch gap on this device and write a GPU
-    file with them (a [calibrated] table) that the step time uses: `memplan estimate --gpu FILE`.
+    """Measure GEMMs, element-wise bandwidth, the eager element-wise chains, attention and the launch gap on
+    this device and write a GPU file with them (a [calibrated] table) that the step time uses:
+    `memplan estimate --gpu FILE`.
 
     Example: memplan calibrate --gpu h100-sxm --out my-h100.toml
     """
@@ -55,7 +56,9 @@ def calibrate(
 
         m = measure(small)
         busbw = all_reduce_busbw(nproc, small) if nproc else None
-        c = calibration(base, m.matmul_flops, m.copy_bytes, m.attention_flops, m.launch_s, m.device, busbw)
+        c = calibration(
+            base, m.matmul_flops, m.copy_bytes, m.attention_flops, m.launch_s, m.device, busbw, m.chains
+        )
         written = preset_text(text, name or f"{base.name}-calibrated", c)
         load_gpu_text_check(written, out)
     if as_json:

@@ -5,7 +5,10 @@ Each is timed after two warm-up calls, between device synchronisations, best of 
 - element-wise bandwidth: ``y.copy_(x)`` of a large tensor: 2·n·e bytes (read and written) per call;
 - attention: ``F.scaled_dot_product_attention`` forward and backward (whichever kernel SDPA picks on the
   device), counted as memplan counts the flash kernel: 4·b·a·s²·d forward + 10·b·a·s²·d backward;
-- launch gap: a queue of in-place adds on a one-element tensor, seconds per kernel.
+- launch gap: a queue of in-place adds on a one-element tensor, seconds per kernel;
+- the eager element-wise chains of memplan's reference layer (``chain_rates``: its RMSNorm, LayerNorm,
+  rotary, SwiGLU, GELU and eager attention core, forward and backward), as bytes/s of the bytes
+  ``time.elementwise`` counts for each: the step time's ``ELEMENTWISE_STREAM`` on this device.
 
 On a CUDA device in bf16 at training sizes; on CPU in fp32 at small sizes (a few seconds, what the test
 runs): a CPU's figures against a GPU preset's peak are not a GPU's, only the code path.
@@ -22,10 +25,13 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from memplan.time import elementwise as ew
 
 GEMMS_FULL = ((8192, 8192, 8192), (4096, 4096, 4096), (8192, 4096, 14336), (8192, 14336, 4096))
 GEMMS_SMALL = ((256, 256, 256), (512, 512, 512))
@@ -44,6 +50,8 @@ class Measured:
     launch_s: float
     """Seconds per tiny kernel in a queue."""
     device: str
+    chains: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per eager chain, bytes/s forward and backward (``chain_rates``)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -98,6 +106,68 @@ def launch_seconds(device: torch.device, kernels: int) -> float:
     return seconds(lambda: [x.add_(1) for _ in range(kernels)], device, 1) / kernels
 
 
+def chain_rates(
+    device: torch.device, dtype: torch.dtype, small: bool, repeat: int
+) -> dict[str, tuple[float, float]]:
+    """Bytes/s of each eager element-wise chain, forward and backward (``autograd.grad`` of its output,
+    the weights included), the ops in memplan's reference layer's order (measure/reference/model.py) on
+    Llama 3 8B's shapes (16,384 tokens of 4,096, SwiGLU 14,336, 32 heads over 8 of 128; the eager core on
+    [1, 32, 2,048, 2,048] scores), or small ones: ``time.elementwise``'s bytes for each over its seconds."""
+    tokens, h, ffn, heads, kv, s = (256, 64, 256, 4, 2, 128) if small else (16384, 4096, 14336, 32, 8, 2048)
+    d, b = h // heads, 2
+    e = torch.tensor([], dtype=dtype).element_size()
+
+    def rand(*shape: int, grad: bool = True) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, requires_grad=grad)
+
+    x, w, bias = rand(tokens, h), rand(h), rand(h)
+    gate, up = rand(tokens, ffn), rand(tokens, ffn)
+    q, k = rand(b, tokens // b, heads * d), rand(b, tokens // b, kv * d)
+    cos, sin = rand(tokens // b, d, grad=False), rand(tokens // b, d, grad=False)
+    scores = rand(1, heads, s, s)
+    mask = torch.ones(s, s, device=device, dtype=torch.bool).triu(1)
+
+    def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+
+    def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def one(z: torch.Tensor) -> torch.Tensor:
+            z = z.view(b, tokens // b, -1, d).transpose(1, 2)
+            return z * cos + torch.cat((-z[..., d // 2 :], z[..., : d // 2]), dim=-1) * sin
+
+        return one(q), one(k)
+
+    def core(scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax((scores * d**-0.5).masked_fill(mask, float("-inf")), dim=-1)
+
+    Chain = tuple[Callable[..., Any], tuple[torch.Tensor, ...], int, tuple[int, int]]
+    chains: dict[str, Chain] = {  # name: (fn, inputs, elements, (forward, backward) bytes an element)
+        "rmsnorm": (rms, (x, w), tokens * h, (ew.rmsnorm(e, False), ew.rmsnorm_backward(e))),
+        "layernorm": (
+            lambda x, w, bias: F.layer_norm(x, (h,), w, bias),
+            (x, w, bias),
+            tokens * h,
+            (2 * e, 4 * e),
+        ),
+        "rotary": (rope, (q, k), tokens * (heads + kv) * d, (10 * e, 17 * e)),
+        "swiglu": (lambda g, u: F.silu(g) * u, (gate, up), tokens * ffn, (5 * e, 9 * e)),
+        "gelu": (functools.partial(F.gelu, approximate="tanh"), (up,), tokens * ffn, (2 * e, 4 * e)),
+        "eager_core": (core, (scores,), heads * s * s, (6 * e, 7 * e)),
+    }
+    rates: dict[str, tuple[float, float]] = {}
+    for name, (fn, inputs, elements, (fwd, bwd)) in chains.items():
+        forward = seconds(functools.partial(fn, *inputs), device, repeat)
+        out = fn(*inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        grads = tuple(torch.randn_like(o) for o in outs)
+        backward = seconds(
+            functools.partial(torch.autograd.grad, outs, inputs, grads, retain_graph=True), device, repeat
+        )
+        rates[name] = (fwd * elements / forward, bwd * elements / backward)
+    return rates
+
+
 def measure(small: bool | None = None) -> Measured:
     """Every microbenchmark on the default device (CUDA when present); ``small``: CPU-sized (default on
     CPU)."""
@@ -114,6 +184,7 @@ def measure(small: bool | None = None) -> Measured:
         ),
         launch_s=launch_seconds(device, 100 if small else 2000),
         device=name,
+        chains=chain_rates(device, dtype, small, repeat),
     )
 
 

@@ -127,6 +127,11 @@ class Calibration(Frozen):
         description="an all-reduce's bus bandwidth over the node's ranks / intra_node_gbps (NETWORK_INTRA)",
     )
     device: str = Field(default="", description="the device it ran on")
+    elementwise: dict[str, tuple[float, float]] | None = Field(
+        default=None,
+        description="per eager element-wise chain, forward and backward: its counted bytes' rate / the HBM "
+        "bandwidth (ELEMENTWISE_STREAM; the GELU backward's count exceeds what it moves, so may pass 1)",
+    )
 
 
 class GpuPreset(_Preset):

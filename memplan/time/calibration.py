@@ -39,9 +39,12 @@ def calibration(
     launch_s: float,
     device: str,
     busbw: float | None = None,
+    chains: dict[str, tuple[float, float]] | None = None,
 ) -> Calibration:
     """The fractions of ``gpu``'s figures the rates reach; ``busbw``: an all-reduce's bus bandwidth over
-    the node's ranks (``--nproc``), against ``intra_node_gbps``."""
+    the node's ranks (``--nproc``), against ``intra_node_gbps``; ``chains``: the eager element-wise chains'
+    bytes/s forward and backward, against the HBM bandwidth (not capped at 1: a count may exceed what a
+    chain moves)."""
     peak = gpu.peak_tflops.bf16 * 1e12
     hbm = gpu.hbm_bandwidth_gbps * 1e9
     link = gpu.topology.intra_node_gbps * 1e9
@@ -52,6 +55,7 @@ def calibration(
         launch_us=launch_s * 1e6 if launch_s > 0 else None,
         network_intra=fraction("all-reduce bus bandwidth", busbw, link, gpu, "B/s") if busbw else None,
         device=device,
+        elementwise={k: (f / hbm, b / hbm) for k, (f, b) in chains.items()} if chains else None,
     )
 
 
@@ -82,4 +86,7 @@ def preset_text(base: str, name: str, c: Calibration) -> str:
     if c.network_intra is not None:
         lines.append(f"network_intra = {c.network_intra!r}")
     lines.append(f"device = {json.dumps(c.device)}")  # a JSON string is a TOML basic string
+    if c.elementwise:
+        lines += ["", "[calibrated.elementwise]  # forward, backward: each chain's counted bytes / HBM"]
+        lines += [f"{k} = [{f!r}, {b!r}]" for k, (f, b) in c.elementwise.items()]
     return text.rstrip("\n") + "\n" + "\n".join(lines) + "\n"

@@ -214,11 +214,12 @@ def elementwise_backward_bytes(s: Setup) -> int:
     return sum(b for b, _ in elementwise_backward_parts(s))
 
 
-def streamed_bytes(s: Setup, backward: bool = False) -> float:
+def streamed_bytes(s: Setup, backward: bool = False, gpu: GpuPreset | None = None) -> float:
     """One layer's element-wise bytes as ``MEMORY`` streams them: each chain's bytes times its weight
-    (``elementwise.weight``: ``MEMORY`` over the fraction of HBM it was measured to reach)."""
+    (``elementwise.weight``: ``MEMORY`` over the fraction of HBM it was measured to reach, or ``gpu``'s
+    calibrated one)."""
     parts = elementwise_backward_parts(s) if backward else elementwise_parts(s)
-    return sum(b * elementwise.weight(chain, backward) for b, chain in parts)
+    return sum(b * elementwise.weight(chain, backward, gpu) for b, chain in parts)
 
 
 def shared_inputs(s: Setup) -> int:
@@ -333,12 +334,12 @@ def matmul_seconds(
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
-    layer = streamed_bytes(c.setup) * c.layers
-    rerun = c.rerun_layers * streamed_bytes(c.setup)
+    layer = streamed_bytes(c.setup, gpu=gpu) * c.layers
+    rerun = c.rerun_layers * streamed_bytes(c.setup, gpu=gpu)
     if op_selective(c.setup):  # every element-wise op of the block re-runs (launch_seconds)
-        rerun = c.layers * streamed_bytes(c.setup)
+        rerun = c.layers * streamed_bytes(c.setup, gpu=gpu)
     elif c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        rerun = _attention_bytes(c.setup) * c.layers
+        rerun = _attention_bytes(c.setup, gpu) * c.layers
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)
     mm = peak * efficiency.matmul(gpu)
@@ -347,7 +348,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
-    layer_back = streamed_bytes(c.setup, backward=True) * c.layers
+    layer_back = streamed_bytes(c.setup, backward=True, gpu=gpu) * c.layers
     backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
     gap_f, gap_b = launch_seconds(c, gpu)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
@@ -447,6 +448,6 @@ def _flash(s: Setup) -> Setup:
     return s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})
 
 
-def _attention_bytes(s: Setup) -> float:
+def _attention_bytes(s: Setup, gpu: GpuPreset | None = None) -> float:
     """The eager attention core's element-wise bytes (what selective recompute re-runs); 0 for flash."""
-    return streamed_bytes(s) - streamed_bytes(_flash(s))
+    return streamed_bytes(s, gpu=gpu) - streamed_bytes(_flash(s), gpu=gpu)

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from memplan.blocks.profile import Profile
 from memplan.config import Impl, MlpType, NormType, Setup
+from memplan.presets import GpuPreset
 from memplan.time import efficiency
 
 FP32 = 4
@@ -195,12 +196,17 @@ def core_chain(setup: Setup) -> str | None:
     return "eager_core" if setup.impl.impl is Impl.REFERENCE and not fused(setup) else None
 
 
-def weight(chain: str | None, backward: bool = False) -> float:
-    """How many bytes at ``MEMORY``'s rate one byte of ``chain`` costs: ``MEMORY`` over its measured
-    fraction of HBM (``efficiency.ELEMENTWISE_STREAM``); 1 for an unmeasured or fused chain."""
+def weight(chain: str | None, backward: bool = False, gpu: GpuPreset | None = None) -> float:
+    """How many bytes at the device's memory rate one byte of ``chain`` costs: ``MEMORY`` over its measured
+    fraction of HBM (``efficiency.ELEMENTWISE_STREAM``), or with a calibrated GPU file that measured the
+    chain (``memplan calibrate``) the calibrated copy rate over the chain's; 1 for an unmeasured chain."""
     if chain is None:
         return 1.0
-    return efficiency.MEMORY / efficiency.ELEMENTWISE_STREAM[chain][1 if backward else 0]
+    i = 1 if backward else 0
+    calibrated = gpu.calibrated.elementwise if gpu and gpu.calibrated and gpu.calibrated.elementwise else {}
+    if chain in calibrated:
+        return efficiency.memory(gpu) / calibrated[chain][i] if gpu else 1.0
+    return efficiency.MEMORY / efficiency.ELEMENTWISE_STREAM[chain][i]
 
 
 def eager_core(setup: Setup, e: int, backward: bool = False) -> tuple[int, int]:

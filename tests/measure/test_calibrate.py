@@ -24,8 +24,12 @@ def test_calibrate_on_cpu_writes_a_gpu_file_the_estimate_takes(tmp_path: Path) -
     gpu = load_gpu(str(out))
     assert gpu.name == "h100-sxm-calibrated"
     assert gpu.calibrated is not None
-    assert gpu.calibrated.model_dump() == report["calibrated"]
+    assert gpu.calibrated.model_dump(mode="json") == report["calibrated"]
     assert gpu.calibrated.device == "cpu"
+    # the eager element-wise chains, forward and backward, each a positive fraction of the HBM bandwidth
+    chains = gpu.calibrated.elementwise or {}
+    assert set(chains) == {"rmsnorm", "layernorm", "rotary", "swiglu", "gelu", "eager_core"}
+    assert all(f > 0 and b > 0 for f, b in chains.values())
     assert gpu.calibrated.network_intra is not None
     e = runner.invoke(app, ["estimate", "-m", "tiny", "--gpu", str(out), "--json"])
     assert e.exit_code == 0, e.output

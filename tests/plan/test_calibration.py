@@ -69,3 +69,25 @@ def test_a_measured_all_reduce_sets_the_links_bandwidth(tmp_path: Path) -> None:
     rows = b.timing.prediction.communication
     assert rows
     assert [r.link.gbps for r in rows] == pytest.approx([225.0] * len(rows), rel=1e-12)
+
+
+def test_calibrated_chains_replace_the_h200s(tmp_path: Path) -> None:
+    """A GPU file whose eager RMSNorm streams at 0.4 of HBM both ways (``[calibrated.elementwise]``, what
+    ``memplan calibrate`` measures): Llama-3-8B at s 4,096 (T = 4,096, h 4,096, 32 layers) on an H100 moves
+    its two norms' bytes (36 an element forward, 92 backward, time/elementwise.py) at 0.4 × 3,350 GB/s in
+    place of the table's 0.584 and 0.664 (time/efficiency.py ELEMENTWISE_STREAM); memory at MEMORY, so
+    nothing else changes."""
+    base = _prediction(_write(tmp_path, Calibration(matmul=0.8, memory=0.8)))
+    cal = _prediction(
+        _write(tmp_path, Calibration(matmul=0.8, memory=0.8, elementwise={"rmsnorm": (0.4, 0.4)}))
+    )
+    norm_f, norm_b = 2 * 4096 * 4096 * 36, 2 * 4096 * 4096 * 92
+    hbm = 3350e9
+    more = 32 * (norm_f * (1 / 0.4 - 1 / 0.584) + norm_b * (1 / 0.4 - 1 / 0.664)) / hbm
+    assert cal["elementwise"] - base["elementwise"] == pytest.approx(more, rel=1e-9)
+    assert cal["matmul"] == base["matmul"] and cal["attention"] == base["attention"]
+
+
+def test_the_chains_round_trip(tmp_path: Path) -> None:
+    c = Calibration(matmul=0.7, memory=0.85, elementwise={"rmsnorm": (0.5, 0.6), "gelu": (0.7, 1.1)})
+    assert load_gpu(_write(tmp_path, c)).calibrated == c
