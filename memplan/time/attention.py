@@ -90,7 +90,8 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
         if not hopper:
             raise ValueError(
                 f"attention-kernel: cuDNN attention's rate is measured on Hopper only, not {gpu.name} "
-                f"({gpu.arch or 'architecture unknown'}); use --attention-kernel fa2 or memplan calibrate"
+                f"({gpu.arch or 'architecture unknown'}); use --attention-kernel fa2, or auto with a memplan "
+                "calibrate file (SDPA's own pick measured on the device)"
             )
         return curve_rate(setup, efficiency.CUDNN_HOPPER, efficiency.CUDNN_HOPPER_NONCAUSAL, backward)
     return fa2 if hopper else efficiency.ATTENTION
