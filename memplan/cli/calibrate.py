@@ -57,7 +57,15 @@ def calibrate(
         m = measure(small)
         busbw = all_reduce_busbw(nproc, small) if nproc else None
         c = calibration(
-            base, m.matmul_flops, m.copy_bytes, m.attention_flops, m.launch_s, m.device, busbw, m.chains
+            base,
+            m.matmul_flops,
+            m.copy_bytes,
+            m.attention_flops,
+            m.launch_s,
+            m.device,
+            busbw,
+            m.chains,
+            m.attention_curve,
         )
         written = preset_text(text, name or f"{base.name}-calibrated", c)
         load_gpu_text_check(written, out)

@@ -4,7 +4,8 @@ Each is timed after two warm-up calls, between device synchronisations, best of 
 - GEMMs: ``a @ b`` for a sweep of shapes [m, k]·[k, n] in the compute dtype: 2·m·k·n FLOPs per call;
 - element-wise bandwidth: ``y.copy_(x)`` of a large tensor: 2·n·e bytes (read and written) per call;
 - attention: ``F.scaled_dot_product_attention`` forward and backward (whichever kernel SDPA picks on the
-  device), counted as memplan counts the flash kernel: 4·b·a·s²·d forward + 10·b·a·s²·d backward;
+  device), counted as memplan counts the flash kernel: 4·b·a·s²·d forward + 10·b·a·s²·d backward; and
+  causal, forward and backward apart, by sequence length (``attention_by_length``);
 - launch gap: a queue of in-place adds on a one-element tensor, seconds per kernel;
 - the eager element-wise chains of memplan's reference layer (``chain_rates``: its RMSNorm, LayerNorm,
   rotary, SwiGLU, GELU and eager attention core, forward and backward), as bytes/s of the bytes
@@ -52,6 +53,8 @@ class Measured:
     device: str
     chains: dict[str, tuple[float, float]] = field(default_factory=dict)
     """Per eager chain, bytes/s forward and backward (``chain_rates``)."""
+    attention_curve: tuple[tuple[int, float, float], ...] = ()
+    """(s, forward FLOP/s, backward FLOP/s) of SDPA's causal pick by length (``attention_by_length``)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -99,6 +102,33 @@ def attention_flops(
         F.scaled_dot_product_attention(q, k, v).backward(grad)
 
     return 14 * b * a * s * s * d / seconds(step, device, repeat)
+
+
+def attention_by_length(
+    device: torch.device, dtype: torch.dtype, small: bool, repeat: int
+) -> tuple[tuple[int, float, float], ...]:
+    """SDPA's causal pick on the device, forward and backward apart, at several lengths with b·s tokens
+    fixed (16,384; small: 512), 32 heads of 128 (small: 4 of 32), FLOPs counted as the step time counts a
+    causal flash kernel (``time.attention``: 4·b·a·s²·d forward, half of it run, backward 2.5×): the
+    length curve ``time.attention`` uses in place of ``efficiency.FA2_HOPPER_BY_SEQUENCE``."""
+    tokens, heads, d = (512, 4, 32) if small else (16384, 32, 128)
+    lengths = (128, 256, 512) if small else (1024, 2048, 4096, 8192, 16384)
+    rows = []
+    for s in lengths:
+        b = max(1, tokens // s)
+        q, k, v = (
+            torch.randn(b, heads, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3)
+        )
+        fwd = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+        forward = seconds(fwd, device, repeat)
+        out = fwd()
+        grad = torch.randn_like(out)
+        backward = seconds(
+            functools.partial(torch.autograd.grad, out, (q, k, v), grad, retain_graph=True), device, repeat
+        )
+        flops = 4 * b * heads * s * s * d // 2
+        rows.append((s, flops / forward, 2.5 * flops / backward))
+    return tuple(rows)
 
 
 def launch_seconds(device: torch.device, kernels: int) -> float:
@@ -185,6 +215,7 @@ def measure(small: bool | None = None) -> Measured:
         launch_s=launch_seconds(device, 100 if small else 2000),
         device=name,
         chains=chain_rates(device, dtype, small, repeat),
+        attention_curve=attention_by_length(device, dtype, small, repeat),
     )
 
 

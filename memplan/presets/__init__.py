@@ -127,6 +127,11 @@ class Calibration(Frozen):
         description="an all-reduce's bus bandwidth over the node's ranks / intra_node_gbps (NETWORK_INTRA)",
     )
     device: str = Field(default="", description="the device it ran on")
+    attention_curve: tuple[tuple[int, float, float], ...] | None = Field(
+        default=None,
+        description="SDPA's causal pick by length: (s, forward, backward) / the dense peak, the causal "
+        "half of the cells counted (the flash kernel's length factor)",
+    )
     elementwise: dict[str, tuple[float, float]] | None = Field(
         default=None,
         description="per eager element-wise chain, forward and backward: its counted bytes' rate / the HBM "

@@ -21,7 +21,9 @@
   backward). FA3 and FA1 on Hopper are scaled from FA2's at the same length.
 
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
-  it (torch vendors FA2), on every GPU.
+  it (torch vendors FA2), on every GPU. A ``memplan calibrate`` file replaces ``auto``'s figures with what
+  the device measured: SDPA's causal pick by length (``attention_curve``, through ``curve_rate``; its
+  causal rows stand for the non-causal ones too), or, in older files, one shape's ``attention``.
 
 - the causal mask: a flash kernel skips the tiles above the diagonal, so it runs about half of the s × s
   cells that FlopCounterMode (and memplan's FLOPs) count. FlashAttention's own benchmark counts a causal
@@ -72,8 +74,11 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
     """The flash kernel's fraction of the dense peak on ``gpu``, forward or ``backward`` (module
     docstring's table); a one-line ``ValueError`` for FlashAttention-3 off Hopper."""
     hopper = gpu.arch in HOPPER_ON
-    if gpu.calibrated and gpu.calibrated.attention and setup.impl.attention_kernel is AttentionKernel.AUTO:
-        return gpu.calibrated.attention  # measured on the device (``memplan calibrate``: SDPA's own pick)
+    calibrated = gpu.calibrated if setup.impl.attention_kernel is AttentionKernel.AUTO else None
+    if calibrated and calibrated.attention_curve:  # SDPA's own pick by length, measured on the device
+        return curve_rate(setup, calibrated.attention_curve, calibrated.attention_curve, backward)
+    if calibrated and calibrated.attention:
+        return calibrated.attention  # one shape's forward and backward (``memplan calibrate``, older files)
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
         setup, backward
     )

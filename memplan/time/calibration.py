@@ -40,11 +40,12 @@ def calibration(
     device: str,
     busbw: float | None = None,
     chains: dict[str, tuple[float, float]] | None = None,
+    attention_curve: tuple[tuple[int, float, float], ...] = (),
 ) -> Calibration:
     """The fractions of ``gpu``'s figures the rates reach; ``busbw``: an all-reduce's bus bandwidth over
     the node's ranks (``--nproc``), against ``intra_node_gbps``; ``chains``: the eager element-wise chains'
     bytes/s forward and backward, against the HBM bandwidth (not capped at 1: a count may exceed what a
-    chain moves)."""
+    chain moves); ``attention_curve``: SDPA's causal (s, forward, backward) FLOP/s, against the peak."""
     peak = gpu.peak_tflops.bf16 * 1e12
     hbm = gpu.hbm_bandwidth_gbps * 1e9
     link = gpu.topology.intra_node_gbps * 1e9
@@ -56,6 +57,11 @@ def calibration(
         network_intra=fraction("all-reduce bus bandwidth", busbw, link, gpu, "B/s") if busbw else None,
         device=device,
         elementwise={k: (f / hbm, b / hbm) for k, (f, b) in chains.items()} if chains else None,
+        attention_curve=tuple(
+            (s, fraction("attention", f, peak, gpu, "FLOP/s"), fraction("attention", b, peak, gpu, "FLOP/s"))
+            for s, f, b in attention_curve
+        )
+        or None,
     )
 
 
@@ -86,6 +92,9 @@ def preset_text(base: str, name: str, c: Calibration) -> str:
     if c.network_intra is not None:
         lines.append(f"network_intra = {c.network_intra!r}")
     lines.append(f"device = {json.dumps(c.device)}")  # a JSON string is a TOML basic string
+    if c.attention_curve:
+        rows = ", ".join(f"[{s}, {f!r}, {b!r}]" for s, f, b in c.attention_curve)
+        lines.append(f"attention_curve = [{rows}]  # s, forward, backward")
     if c.elementwise:
         lines += ["", "[calibrated.elementwise]  # forward, backward: each chain's counted bytes / HBM"]
         lines += [f"{k} = [{f!r}, {b!r}]" for k, (f, b) in c.elementwise.items()]

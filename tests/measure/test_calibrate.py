@@ -30,6 +30,9 @@ def test_calibrate_on_cpu_writes_a_gpu_file_the_estimate_takes(tmp_path: Path) -
     chains = gpu.calibrated.elementwise or {}
     assert set(chains) == {"rmsnorm", "layernorm", "rotary", "swiglu", "gelu", "eager_core"}
     assert all(f > 0 and b > 0 for f, b in chains.values())
+    # SDPA's causal pick by length (small: s 128, 256, 512), forward and backward fractions of the peak
+    curve = gpu.calibrated.attention_curve or ()
+    assert [s for s, _, _ in curve] == [128, 256, 512] and all(f > 0 and b > 0 for _, f, b in curve)
     assert gpu.calibrated.network_intra is not None
     e = runner.invoke(app, ["estimate", "-m", "tiny", "--gpu", str(out), "--json"])
     assert e.exit_code == 0, e.output

@@ -91,3 +91,16 @@ def test_calibrated_chains_replace_the_h200s(tmp_path: Path) -> None:
 def test_the_chains_round_trip(tmp_path: Path) -> None:
     c = Calibration(matmul=0.7, memory=0.85, elementwise={"rmsnorm": (0.5, 0.6), "gelu": (0.7, 1.1)})
     assert load_gpu(_write(tmp_path, c)).calibrated == c
+
+
+def test_a_calibrated_length_curve_sets_the_flash_kernel(tmp_path: Path) -> None:
+    """``attention_curve`` (SDPA's causal pick by length, ``memplan calibrate``): Llama-3-8B at s 4,096 takes
+    the curve's 4,096 row, 0.30 forward and 0.20 backward of the dense peak, in place of FlashAttention-2's
+    length-factored figures; forward 4 and backward 10 products per counted cell, the causal kernel running
+    half of them (as with the published figures)."""
+    curve = ((2048, 0.25, 0.15), (4096, 0.30, 0.20), (8192, 0.40, 0.30))
+    base = _prediction("h100-sxm")
+    cal = _prediction(_write(tmp_path, Calibration(matmul=0.8, memory=0.8, attention_curve=curve)))
+    ratio = (4 / 0.30 + 10 / 0.20) / (4 / (0.35 * 0.313 / 0.351) + 10 / (0.32 * 0.251 / 0.327))
+    assert cal["attention"] == pytest.approx(base["attention"] * ratio, rel=1e-12)
+    assert load_gpu(_write(tmp_path, Calibration(matmul=0.8, memory=0.8, attention_curve=curve))).calibrated
