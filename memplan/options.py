@@ -188,7 +188,7 @@ class Options(Frozen):
         "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
         "flash-attn 2 run), fa2, fa3 (FlashAttention-3, Hopper only), fa1 (FlashAttention-1: "
         "flash-attn 1.x and its Triton version, llm-foundry's attn_impl triton) or cudnn (SDPA's cuDNN "
-        "backend, torchtitan 0.3.0's first pick; Hopper only)",
+        "backend: newer torch's own pick on Hopper, torchtitan 0.3.0's first; Hopper only)",
         _STRATEGY,
         default=AttentionKernel.AUTO,
     )

@@ -41,8 +41,13 @@ docs/gpu-profile.md) and is held at its ends (1,024 and 65,536); a context-paral
 taken at s/c though half of torch's ring blocks have rows of s/(2c), and Llama 3's all-gather CP (one call
 per local chunk against the gathered K/V: long rows) is not expressible; cuDNN is measured on Hopper
 only (heads of 128; narrower ones scaled as FA2's) and the memory-efficient SDPA kernel is not offered
-(measured on the H200 at 0.13–0.18 of peak, docs/gpu-profile.md); ``auto`` stays FlashAttention-2 (torch's
-default order tries flash first) also under ``--impl torchtitan``, whose 0.3.0 puts cuDNN first;
+(measured on the H200 at 0.13–0.18 of peak, docs/gpu-profile.md); ``auto`` stays FlashAttention-2, what
+SDPA picked on H100 up to the end of 2024 (pytorch/pytorch issue #142132, a 2.6 nightly: "SDPA is not
+automatically choosing CUDNN impl" on H100, 329 against cuDNN's 631 TFLOP/s) and what the held-out runs
+of that time ran, though newer torch picks cuDNN on Hopper (torchtitan pull request #1209, May 2025: the
+plan "to make this the default priority list for H100 and B200"; torch 2.11 on the H200 ran SDPA's own
+causal pick at cuDNN's rates, ``memplan calibrate``'s ``attention_curve``) and torchtitan 0.3.0 puts cuDNN
+first: on those give ``--attention-kernel cudnn``;
 CDNA3 (MI300X, Composable Kernel's flash attention) and Blackwell take the figures above without a
 measurement of their own; a sliding window's further skipped tiles are not modelled (the window's cells
 are counted as causal).
