@@ -297,6 +297,42 @@ def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+def grid_rows(reps: int) -> list[dict[str, Any]]:
+    """The flash kernel (causal, heads of 128) on grids smaller than ``attention_rows``' 16,384 tokens: b
+    from 1 at each length, and 8 heads (a tensor-parallel rank's share) — the query tiles per SM."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows: list[dict[str, Any]] = []
+    for heads in (32, 8):
+        for s in (1024, 2048, 4096, 8192):
+            for b in (1, 2, 4, 8, 16):
+                if b * s > 16384:
+                    continue
+                q, k, v = (
+                    torch.randn(b, heads, s, 128, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+                    for _ in range(3)
+                )
+                fwd_flops = 4 * b * heads * s * s * 128 // 2
+                row: dict[str, Any] = dict(
+                    kind="attention", backend="flash", b=b, heads=heads, kv_heads=heads, d=128, s=s,
+                    causal=True, fwd_flops=fwd_flops, bwd_flops=int(2.5 * fwd_flops), grid=True,
+                )  # fmt: skip
+                with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                    fwd = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+                    row["fwd_s"] = _timer(fwd, reps)
+                    out = fwd()
+                    bwd = functools.partial(
+                        torch.autograd.grad, out, (q, k, v), torch.randn_like(out), retain_graph=True
+                    )
+                    row["bwd_s"] = _timer(bwd, reps)
+                del q, k, v, out
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
 def core_rows(reps: int) -> list[dict[str, Any]]:
     """memplan's reference eager attention core between its two products (reference/model.py): the scores
     scaled by d^-½, the causal mask filled with -inf, the softmax; forward and ``autograd.grad`` of the
@@ -356,6 +392,8 @@ def measure(args: argparse.Namespace) -> int:
             rows += core_rows(args.reps)
         if "compiled" in parts:
             rows += chain_rows(args.reps, compiled=True)
+        if "grid" in parts:
+            rows += grid_rows(args.reps)
         if "attention" in parts:
             rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
     finally:
