@@ -18,7 +18,8 @@
   "× length" (``sequence_factor``): on Hopper FA2 reaches the paper's figures only for long rows; its rate
   at the call's sequence length and head dimension was measured alone on an H200
   (``efficiency.FA2_HOPPER_BY_SEQUENCE``: at s 2,048 with heads of 128, 0.80 of it forward, 0.65
-  backward). FA3 and FA1 on Hopper are scaled from FA2's at the same length.
+  backward), and on the call's grid (``grid_factor``, ``efficiency.FA2_HOPPER_GRID``: fewer than 4,096
+  query tiles run slower). FA3 and FA1 on Hopper are scaled from FA2's at the same length and grid.
 
   ``auto`` is FlashAttention-2: torch's SDPA flash backend and transformers' ``flash_attention_2`` both run
   it (torch vendors FA2), on every GPU. A ``memplan calibrate`` file replaces ``auto``'s figures with what
@@ -87,6 +88,7 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
         setup, backward
     )
+    fa2 *= grid_factor(setup, gpu, backward)
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
             raise ValueError(
@@ -123,6 +125,35 @@ def sequence_factor(setup: Setup, backward: bool = False) -> float:
     return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][2 if backward else 1]
 
 
+H200_SMS = 132
+"""The SMs ``efficiency.FA2_HOPPER_GRID``'s tiles ran on."""
+
+
+def query_tiles(setup: Setup, gpu: GpuPreset) -> float | None:
+    """One kernel call's grid as the H200 would hold it: b · (the rank's heads) · ⌈s/128⌉ query tiles,
+    × 132 / the GPU's SMs (None without an SM count)."""
+    if not gpu.sms:
+        return None
+    heads = setup.model.num_heads // setup.parallel.tp
+    return setup.training.micro_batch * heads * -(-call_sequence(setup) // 128) * H200_SMS / gpu.sms
+
+
+def grid_factor(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
+    """FlashAttention-2's rate on this call's grid over its full-grid rate at the same length
+    (``efficiency.FA2_HOPPER_GRID``): interpolated in log₂ of the tiles within each measured length and in
+    log₂ s between them; held at the ends (1 from 4,096 tiles, 31 a SM; lengths outside 1k–8k take the
+    nearest length's ratios)."""
+    tiles = query_tiles(setup, gpu)
+    if tiles is None:
+        return 1.0
+    col = 2 if backward else 1
+    ratios = tuple(
+        (float(s), _log_interpolate(rows, tiles, col) / rows[-1][col], 0.0)
+        for s, rows in efficiency.FA2_HOPPER_GRID.items()
+    )
+    return _log_interpolate(ratios, call_sequence(setup), 1)
+
+
 def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False) -> float:
     """A kernel's fraction of the dense peak at this call's length, from its measured rows (heads of 128):
     interpolated in log₂ s between the measured lengths and held at the ends. A head dimension under 96
@@ -143,7 +174,7 @@ def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward
     return 1 / ((1 / cp) / causal + (1 - 1 / cp) / other)
 
 
-def _log_interpolate(table: Curve, s: int, col: int) -> float:
+def _log_interpolate(table: tuple[tuple[float, float, float], ...], s: float, col: int) -> float:
     if s <= table[0][0]:
         return table[0][col]
     for lo, hi in itertools.pairwise(table):

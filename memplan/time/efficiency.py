@@ -88,10 +88,10 @@ same paper's forward figures at 8k: 370 non-causal, 333 causal). The 8k figure: 
 the published runs that use it (Llama 3), read before computing them."""
 FA2_HOPPER_BY_SEQUENCE: dict[int, tuple[tuple[int, float, float], ...]] = {
     128: (
-        (1024, 0.248, 0.158),
-        (2048, 0.281, 0.212),
-        (4096, 0.313, 0.251),
-        (8192, 0.323, 0.275),
+        (1024, 0.268, 0.168),
+        (2048, 0.306, 0.212),
+        (4096, 0.328, 0.251),
+        (8192, 0.339, 0.277),
         (16384, 0.342, 0.306),
         (32768, 0.343, 0.320),
         (65536, 0.351, 0.327),
@@ -111,7 +111,10 @@ fractions of the dense bf16 peak, measured alone (no training step) on one H200 
 132 SMs and 989.5 TFLOP/s; attention is compute-bound, so HBM3e does not enter — with torch 2.11's SDPA
 flash backend (the FlashAttention-2 torch vendors), bf16, causal, b·s = 16,384 tokens (b = 1 from 16k), 32
 heads of 128 and 12 of 64, the median of five (two from 16k) after two warm-ups (CUDA events):
-benchmarks/hopper_kernels.py, docs/gpu-profile.md "Kernel classes alone". FLOPs counted as FlashAttention's
+benchmarks/hopper_kernels.py, docs/gpu-profile.md "Kernel classes alone". Heads of 128 up to 8k: the later
+back-to-back timing (``FA2_HOPPER_GRID``'s full-grid rows, 31 query tiles per SM); from 16k and heads of 64
+one call a timing (the host's gap before the first kernel: ≤ 1 % of a 16k kernel, up to ≈ 6 % at 1k).
+FLOPs counted as FlashAttention's
 benchmark does (causal half, backward 2.5 × forward). Its long-sequence end, 0.351 and 0.327 at 64k, is the
 FlashAttention-3 paper's 35 % and 318/989 for FA2 on H100 (``FA2_HOPPER``, ``FA2_HOPPER_BACKWARD``); the
 table gives how the rate falls below it for shorter rows, whose every query tile runs fewer key tiles
@@ -121,6 +124,46 @@ the table's ratio to its 64k head-128 end, times the paper's figures (``time.att
 run of docs/step-time.md or the held-out set was compared while it was measured; the held-out runs' shapes
 chose which lengths were measured, and both tables were computed with it before it was kept (it moved the
 held-out median |error| 22.2 → 16.3 % and Llama 3's CP run −6.8 → −10.9 %: docs/step-time.md)."""
+FA2_HOPPER_GRID: dict[int, tuple[tuple[int, float, float], ...]] = {
+    1024: (
+        (64, 0.074, 0.034),
+        (128, 0.124, 0.072),
+        (256, 0.162, 0.112),
+        (512, 0.184, 0.136),
+        (1024, 0.222, 0.153),
+        (2048, 0.251, 0.164),
+        (4096, 0.268, 0.168),
+    ),
+    2048: (
+        (128, 0.138, 0.116),
+        (256, 0.168, 0.141),
+        (512, 0.208, 0.176),
+        (1024, 0.254, 0.197),
+        (2048, 0.286, 0.211),
+        (4096, 0.306, 0.212),
+    ),
+    4096: (
+        (256, 0.175, 0.165),
+        (512, 0.217, 0.206),
+        (1024, 0.274, 0.231),
+        (2048, 0.307, 0.249),
+        (4096, 0.328, 0.251),
+    ),
+    8192: (
+        (512, 0.232, 0.232),
+        (1024, 0.285, 0.256),
+        (2048, 0.319, 0.268),
+        (4096, 0.339, 0.277),
+    ),
+}
+"""FlashAttention-2's causal rate on Hopper (heads of 128) by sequence length and grid: (tiles, forward,
+backward), tiles = b · heads · s/128 query tiles on the H200's 132 SMs, measured (back-to-back timing) at
+b from 1 to 16,384/s with 32 heads and, for the smallest grids, 8 (a tensor-parallel rank's share; at
+equal tiles the two agree within 0.01): benchmarks/hopper_kernels.py ``grid_rows``,
+benchmarks/data/h200-kernels.jsonl (``"grid": true``). A grid of a few tiles per SM leaves SMs idle at the
+causal tail (a query tile's work grows with its row); the 4,096-tile rows (31 a SM) are
+``FA2_HOPPER_BY_SEQUENCE``'s. The model takes each length's ratio to its full-grid rate
+(``attention.grid_factor``)."""
 FA2_HOPPER_NONCAUSAL: tuple[tuple[int, float, float], ...] = (
     (1024, 0.309, 0.214),
     (2048, 0.333, 0.251),

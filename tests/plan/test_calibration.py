@@ -45,9 +45,9 @@ def test_the_step_uses_the_measured_fractions(tmp_path: Path) -> None:
     assert cal["matmul"] == pytest.approx(2 * base["matmul"], rel=1e-12)
     assert cal["elementwise"] == pytest.approx(2 * base["elementwise"], rel=1e-12)
     # forward 4 and backward 10 products per counted cell: base FlashAttention-2 on Hopper at s 4,096
-    # (0.35 × 0.313/0.351 forward, 0.32 × 0.251/0.327 backward: time/efficiency.py FA2_HOPPER_BY_SEQUENCE),
-    # calibrated 14/0.25
-    ratio = (14 / 0.25) / (4 / (0.35 * 0.313 / 0.351) + 10 / (0.32 * 0.251 / 0.327))
+    # on its grid of 7.76 query tiles per SM (0.35 × 0.274/0.351 forward, 0.32 × 0.231/0.327 backward:
+    # time/efficiency.py FA2_HOPPER_BY_SEQUENCE and FA2_HOPPER_GRID), calibrated 14/0.25
+    ratio = (14 / 0.25) / (4 / (0.35 * 0.274 / 0.351) + 10 / (0.32 * 0.231 / 0.327))
     assert cal["attention"] == pytest.approx(base["attention"] * ratio, rel=1e-12)
 
 
@@ -101,6 +101,6 @@ def test_a_calibrated_length_curve_sets_the_flash_kernel(tmp_path: Path) -> None
     curve = ((2048, 0.25, 0.15), (4096, 0.30, 0.20), (8192, 0.40, 0.30))
     base = _prediction("h100-sxm")
     cal = _prediction(_write(tmp_path, Calibration(matmul=0.8, memory=0.8, attention_curve=curve)))
-    ratio = (4 / 0.30 + 10 / 0.20) / (4 / (0.35 * 0.313 / 0.351) + 10 / (0.32 * 0.251 / 0.327))
+    ratio = (4 / 0.30 + 10 / 0.20) / (4 / (0.35 * 0.274 / 0.351) + 10 / (0.32 * 0.231 / 0.327))
     assert cal["attention"] == pytest.approx(base["attention"] * ratio, rel=1e-12)
     assert load_gpu(_write(tmp_path, Calibration(matmul=0.8, memory=0.8, attention_curve=curve))).calibrated

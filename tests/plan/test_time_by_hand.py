@@ -30,9 +30,11 @@ PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
 # 2024, FlashAttention-3, abstract; time/attention.py), its backward at 318 of 989 TFLOP/s (the same
 # paper's backward figure): 0.32; at s 64 with heads of 16 both fall as measured for heads of 64 at the
 # shortest length measured, 1,024 (time/efficiency.py FA2_HOPPER_BY_SEQUENCE: 0.163 and 0.103 against the
-# 64k head-128 end's 0.351 and 0.327)
-MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * 0.163 / 0.351 * PEAK, 0.80 * HBM, 0.67 * NVLINK
-AT_BWD = 0.32 * 0.103 / 0.327 * PEAK
+# 64k head-128 end's 0.351 and 0.327), and its grid, b 1 × 2 heads (a rank's) × 1 query tile over 132 SMs,
+# is below the smallest measured (0.485 tiles per SM at 1,024: 0.074 and 0.034 of the full grid's 0.268
+# and 0.168, FA2_HOPPER_GRID)
+MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * 0.163 / 0.351 * (0.074 / 0.268) * PEAK, 0.80 * HBM, 0.67 * NVLINK
+AT_BWD = 0.32 * 0.103 / 0.327 * (0.034 / 0.168) * PEAK
 
 # tiny: T = 64 tokens; per tensor-parallel rank (t 2): q 4·16/2 = 32 columns, k and v 2·16/2 = 16, MLP 64.
 T, H, TP = 64, 64, 2
