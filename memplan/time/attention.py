@@ -56,6 +56,7 @@ are counted as causal).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -146,12 +147,16 @@ def grid_factor(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
     tiles = query_tiles(setup, gpu)
     if tiles is None:
         return 1.0
-    col = 2 if backward else 1
+    return _grid_ratio(call_sequence(setup), tiles, 2 if backward else 1)
+
+
+@functools.cache
+def _grid_ratio(s: int, tiles: float, col: int) -> float:
     ratios = tuple(
-        (float(s), _log_interpolate(rows, tiles, col) / rows[-1][col], 0.0)
-        for s, rows in efficiency.FA2_HOPPER_GRID.items()
+        (float(length), _log_interpolate(rows, tiles, col) / rows[-1][col], 0.0)
+        for length, rows in efficiency.FA2_HOPPER_GRID.items()
     )
-    return _log_interpolate(ratios, call_sequence(setup), 1)
+    return _log_interpolate(ratios, s, 1)
 
 
 def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False) -> float:
@@ -161,10 +166,16 @@ def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward
     the only narrow head measured). Under context parallelism a rank's local block is causal and its c − 1
     others are not (``causal_work``): 1/c of its cells at the causal rate, the rest at the non-causal one,
     a harmonic mean by cells."""
-    col = 2 if backward else 1
-    s, cp = call_sequence(setup), setup.parallel.cp
+    narrow = (setup.model.head_dim or 0) < 96
+    return _curve(
+        causal_rows, noncausal_rows, call_sequence(setup), setup.parallel.cp, narrow, 2 if backward else 1
+    )
+
+
+@functools.cache
+def _curve(causal_rows: Curve, noncausal_rows: Curve, s: int, cp: int, narrow_head: bool, col: int) -> float:
     narrow = 1.0
-    if (setup.model.head_dim or 0) < 96:
+    if narrow_head:
         fa2 = efficiency.FA2_HOPPER_BY_SEQUENCE
         narrow = _log_interpolate(fa2[64], s, col) / _log_interpolate(fa2[128], s, col)
     causal = _log_interpolate(causal_rows, s, col) * narrow
