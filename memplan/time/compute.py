@@ -334,10 +334,11 @@ def matmul_seconds(
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
-    layer = streamed_bytes(c.setup, gpu=gpu) * c.layers
-    rerun = c.rerun_layers * streamed_bytes(c.setup, gpu=gpu)
+    one = streamed_bytes(c.setup, gpu=gpu)  # a layer's forward, as MEMORY streams it
+    layer = one * c.layers
+    rerun = c.rerun_layers * one
     if op_selective(c.setup):  # every element-wise op of the block re-runs (launch_seconds)
-        rerun = c.layers * streamed_bytes(c.setup, gpu=gpu)
+        rerun = c.layers * one
     elif c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
         rerun = _attention_bytes(c.setup, gpu) * c.layers
     hbm = hbm_bytes_per_s(gpu)
