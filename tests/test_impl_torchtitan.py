@@ -13,7 +13,8 @@ from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.presets import load_gpu
 from memplan.time.comm_rows import critical_stage
-from memplan.time.compute import kernel_times, stage_flops, streamed_bytes
+from memplan.time.compute import kernel_times, stage_flops
+from memplan.time.layer_elementwise import streamed_bytes
 
 TITAN = ImplConfig(impl=Impl.TORCHTITAN)
 
@@ -98,7 +99,7 @@ def test_titan_selective_ac_on_cuda_times_its_rerun_as_linears() -> None:
     plain = critical_stage(estimate(build_setup("llama-3-8b", seq=1024, batch=2, impl=TITAN)))
     assert stage_flops(plain).attention_backward == f.attention_backward  # no core re-run
     _, plain_backward = kernel_times(plain, gpu, peak)
-    # the chains' bytes as MEMORY streams them (compute.streamed_bytes: each weighed by its measured rate)
+    # the chains' bytes as MEMORY streams them (layer_elementwise.streamed_bytes: each at its measured rate)
     ratio = (streamed_bytes(setup, backward=True) + streamed_bytes(setup)) / streamed_bytes(
         setup, backward=True
     )

@@ -4,7 +4,7 @@
   runs QKᵀ and P·V as batched cuBLAS GEMMs: ``MATMUL`` × their wave efficiency, and no faster than their
   bytes at ``MEMORY`` × HBM (``gemm.Roofline``: with a head dimension d ≈ 128 their intensity is ≈ d
   FLOPs per byte, memory-bound on an H100). Its softmax, mask and dropout are element-wise traffic
-  (``compute.elementwise_bytes``).
+  (``layer_elementwise.elementwise_bytes``).
 - a flash kernel (``--attention flash``) at a fraction of the dense peak that depends on the kernel and
   the GPU's architecture (``arch`` in the GPU preset):
 

@@ -45,8 +45,9 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
 - ``LAUNCH_GAP_S`` 1.1 µs: the GPU's time per kernel of a queue of tiny back-to-back kernels with the
   host's overhead taken out (pytorch/pytorch issue #161104, 2025: 2,000 eager ``x + y`` on 1,024 elements
   captured in one CUDA graph run at 0.0011–0.0013 ms each; the lower). Charged once per kernel of eager,
-  unfused element-wise code (``compute.elementwise_kernels``) on top of its bytes; ``memplan calibrate``
-  measures it on the user's device (``launch_us``). No published run was in view when it was chosen.
+  unfused element-wise code (``layer_elementwise.elementwise_kernels``) on top of its bytes; ``memplan
+  calibrate`` measures it on the user's device (``launch_us``). No published run was in view when it was
+  chosen.
 
 ``MATMUL`` is the best shape's: a GEMM of another shape (a narrow tensor-parallel shard, a short
 sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantization on the GPU's SMs

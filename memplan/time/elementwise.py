@@ -53,8 +53,8 @@ TensorIterator's non-vectorized path, and LayerNorm reduces rows. Each chain's r
 H200 (``efficiency.ELEMENTWISE_STREAM``: eager RMSNorm 0.58 forward and 0.66 backward of HBM, LayerNorm 0.53
 and 0.46, rotary 0.30 and 0.35, SwiGLU 0.87 and 0.88, GELU 0.76 and 1.11 of its counted bytes; the eager
 attention core 0.34 and 0.39; and each compiled) and its bytes are weighed by ``MEMORY`` over that rate
-(``weight``; ``compute.streamed_bytes``); the residual adds, gradient sums, dropouts, Megatron's fused
-softmax and other fused kernels stream at ``MEMORY``.
+(``weight``; ``layer_elementwise.streamed_bytes``); the residual adds, gradient sums, dropouts, Megatron's
+fused softmax and other fused kernels stream at ``MEMORY``.
 
 Known limitations (NB): the fused kernels' and the GEMMs' own launches are not charged (no figure of the
 gap behind a long kernel in view; the host queues them ahead); the host's dispatch (≈ µs per eager op) is
@@ -204,8 +204,8 @@ def weight(chain: str | None, backward: bool = False, gpu: GpuPreset | None = No
         return 1.0
     i = 1 if backward else 0
     calibrated = gpu.calibrated.elementwise if gpu and gpu.calibrated and gpu.calibrated.elementwise else {}
-    if chain in calibrated:
-        return efficiency.memory(gpu) / calibrated[chain][i] if gpu else 1.0
+    if gpu and chain in calibrated:
+        return efficiency.memory(gpu) / calibrated[chain][i]
     return efficiency.MEMORY / efficiency.ELEMENTWISE_STREAM[chain][i]
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from memplan.config import Attention, Setup, StrategyConfig, TrainingConfig
 from memplan.config.impl import ImplConfig
 from memplan.presets import load_model_preset
-from memplan.time.compute import elementwise_backward_bytes, elementwise_bytes, shared_inputs
+from memplan.time.layer_elementwise import elementwise_backward_bytes, elementwise_bytes, shared_inputs
 from memplan.time.published import gpt
 
 T, H, F = 2048, 4096, 11008

@@ -23,7 +23,7 @@ from memplan.engine import estimate
 from memplan.presets import Calibration, gpu_text, load_gpu, load_model_preset
 from memplan.time import efficiency as eff
 from memplan.time.calibration import preset_text
-from memplan.time.compute import elementwise_backward_kernels, elementwise_kernels
+from memplan.time.layer_elementwise import elementwise_backward_kernels, elementwise_kernels
 from memplan.time.published import gpt
 from memplan.time.timing import timing
 
