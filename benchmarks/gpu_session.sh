@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels mpt snapshot
+# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -52,6 +52,10 @@ if on kernels; then  # the kernel classes alone at the held-out runs' shapes (be
     SMI=$!
     timeout 240 python3 benchmarks/hopper_kernels.py --out "$OUT/kernels.jsonl" --parts "${KERNEL_PARTS:-gemm,elementwise,chains,attention}" --seqs "${KERNEL_SEQS:-1024,2048,4096,8192,16384,32768,65536}" | tail -3
     kill $SMI
+fi
+if on ring; then  # torch's ring attention, one context-parallel rank on the fake process group (benchmarks/ring_kernels.py)
+    echo "== ring"
+    timeout 240 python3 benchmarks/ring_kernels.py --out "$OUT/ring.jsonl" --parts "${RING_PARTS:-block,ring,longkv}" 2>&1 | grep -v "^\[rank\|^[12]\. \|^before the output" | tail -30
 fi
 if on mpt; then  # one eager MPT-1B step (LayerNorm, GELU, learned positions), the held-out run's micro-batch
     echo "== mpt"

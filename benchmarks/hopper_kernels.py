@@ -362,6 +362,71 @@ def core_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+def power_rows(reps: int) -> list[dict[str, Any]]:
+    """One large bf16 GEMM (70B's MLP shape, 16,384 × 8,192 × 28,672) back to back for ≈ 4 s with random
+    inputs and with zeros, nvidia-smi's SM clock and board power sampled meanwhile (every ≈ 0.2 s): whether
+    a sustained GEMM runs at the board's power limit and at what clock (the data-dependent power of
+    Horace He's "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable' Data",
+    2024: zeros switch fewer transistors, so the same GEMM holds a higher clock under the same limit)."""
+    import subprocess
+    import threading
+    import time
+
+    import torch
+
+    cuda = DEV == "cuda"
+    m, k, n = (16384, 8192, 28672) if cuda else (256, 128, 512)
+    rows: list[dict[str, Any]] = []
+    for fill in ("randn", "zeros"):
+        make = torch.randn if fill == "randn" else torch.zeros
+        a = make(m, k, device=DEV, dtype=torch.bfloat16)
+        b = make(k, n, device=DEV, dtype=torch.bfloat16)
+        samples: list[tuple[float, ...]] = []
+        stop = threading.Event()
+
+        def poll(samples: list[tuple[float, ...]] = samples, stop: threading.Event = stop) -> None:
+            query = [
+                "nvidia-smi",
+                "--query-gpu=clocks.sm,power.draw,power.limit",
+                "--format=csv,noheader,nounits",
+            ]
+            while not stop.is_set():
+                try:
+                    line = subprocess.run(
+                        query, capture_output=True, text=True, timeout=5
+                    ).stdout.splitlines()[0]
+                    samples.append(tuple(float(x) for x in line.split(",")))
+                except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                    return
+                time.sleep(0.2)
+
+        for _ in range(3):  # warm: the clock settles under the limit
+            torch.mm(a, b)
+        sec = _timer(functools.partial(torch.mm, a, b), 1)
+        calls = max(1, round((4.0 if cuda else 0.05) / max(sec, 1e-6)))
+        thread = threading.Thread(target=poll, daemon=True)
+        thread.start()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            torch.mm(a, b)
+        if cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        stop.set()
+        thread.join()
+        row: dict[str, Any] = dict(kind="power", fill=fill, m=m, k=k, n=n, calls=calls, s=wall / calls)
+        row["tflops"] = 2 * m * k * n / row["s"] / 1e12
+        if samples:
+            row["sm_mhz"] = statistics.median(x[0] for x in samples)
+            row["watts"] = statistics.median(x[1] for x in samples)
+            row["limit_w"] = samples[0][2]
+            row["samples"] = len(samples)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del a, b
+    return rows
+
+
 def measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -394,6 +459,8 @@ def measure(args: argparse.Namespace) -> int:
             rows += chain_rows(args.reps, compiled=True)
         if "grid" in parts:
             rows += grid_rows(args.reps)
+        if "power" in parts:
+            rows += power_rows(args.reps)
         if "attention" in parts:
             rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
     finally:

@@ -163,3 +163,43 @@ def kv_exchanges(setup: Setup, rotate: CpRotate | None = None) -> list[Exchange]
             else Exchange("recompute", "all-gather", kv, 1)
         )
     return out
+
+
+def ring_bytes(setup: Setup) -> tuple[int, int]:
+    """HBM bytes of the ring's own element-wise work in one attention layer, one micro-batch, on the
+    rank that moves the most (the last: its later blocks use half of the received K/V), (forward,
+    backward); (0, 0) at cp 1. ``setup``: the rank's (``tp_model``: a/t and kv/t heads). torch 2.13 ``_templated_ring_attention`` and its backward, default
+    options (``convert_to_f32``), every op reading and writing its tensors once (Q = the rank's query
+    elements b·a·(s/c)·d, K = its key elements b·kv·(s/c)·d, e the activation dtype's bytes):
+
+    - forward: each block's output cast to fp32 (e + 4 a Q element); each later block merged into the
+      running output (``_SDPAMerger``: ``out - sigmoid(Δlse) * (out - block_out)``, three fp32 kernels of
+      12, 8 and 12 bytes an element); before every block but the last, ``torch.cat`` of k and v (2e a K
+      element, twice); the merged output cast back (4 + e).
+    - backward: fp32 zeros for dQ, dK, dV (4 an element); before every block but the last the same K/V
+      ``cat``; each block's bf16 gradients added into the fp32 accumulators (4 + e + 4), on this rank's
+      later blocks into half of dK and dV by ``_partial_update`` (the half's add, then ``torch.cat`` of the
+      whole, 8); after every block the fp32 dK/dV ``cat`` sent on (8 a K element, twice); at the end dQ
+      and the received dK/dV cast to e (4 + e).
+
+    The logsumexp's updates ([b, a, s/c] fp32: 1/d of the output's) are not counted, nor k and v's
+    ``contiguous()`` copies (none for contiguous inputs). Measured with the kernels' own time taken out
+    (benchmarks/ring_kernels.py, an H200, Llama 3.1 8B's shapes at cp 8, K/V repeated to its 32 query heads):
+    14.0 ms forward and 18.2 ms
+    backward on this rank against these bytes' 11.7 and 17.4 ms at ``MEMORY`` × 4.8 TB/s."""
+    c = setup.parallel.cp
+    if c == 1:
+        return 0, 0
+    dims = Dims.of(setup)
+    q = dims.b * dims.a * dims.s * dims.d
+    k = dims.b * dims.kv * dims.s * dims.d
+    e = dims.act.bytes
+    merge = 12 + 8 + 12
+    kv_cat = 2 * (2 * e) * k
+    forward = 2 * (e + 4) * q + (c - 1) * ((e + 4 + merge) * q + kv_cat)
+    accumulate = 4 + e + 4
+    dkv_cat = 2 * 8 * k
+    first = 2 * accumulate * k + accumulate * q + dkv_cat
+    later = 2 * (accumulate * k // 2 + 8 * k) + dkv_cat + accumulate * q
+    backward = 4 * (q + 2 * k) + (c - 1) * kv_cat + first + (c - 1) * later + (4 + e) * (q + 2 * k)
+    return forward, backward

@@ -87,9 +87,8 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
     if calibrated and calibrated.attention:
         return calibrated.attention  # one shape's forward and backward (``memplan calibrate``, older files)
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
-        setup, backward
+        setup, backward, grid_factor(setup, gpu, backward)
     )
-    fa2 *= grid_factor(setup, gpu, backward)
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
             raise ValueError(
@@ -116,12 +115,13 @@ def call_sequence(setup: Setup) -> int:
     return max(1, setup.training.seq_len // setup.parallel.cp)
 
 
-def sequence_factor(setup: Setup, backward: bool = False) -> float:
+def sequence_factor(setup: Setup, backward: bool = False, causal_grid: float = 1.0) -> float:
     """FlashAttention-2's rate on Hopper at this call's length and head dimension (``curve_rate`` of
     ``efficiency.FA2_HOPPER_BY_SEQUENCE``), over its rate at 64k with heads of 128: 1 at long rows, 0.80
-    forward and 0.65 backward at s 2,048 with heads of 128."""
+    forward and 0.65 backward at s 2,048 with heads of 128. ``causal_grid`` (``grid_factor``) scales the
+    causal kernel's rate only."""
     rate = curve_rate(
-        setup, efficiency.FA2_HOPPER_BY_SEQUENCE[128], efficiency.FA2_HOPPER_NONCAUSAL, backward
+        setup, efficiency.FA2_HOPPER_BY_SEQUENCE[128], efficiency.FA2_HOPPER_NONCAUSAL, backward, causal_grid
     )
     return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][2 if backward else 1]
 
@@ -159,26 +159,40 @@ def _grid_ratio(s: int, tiles: float, col: int) -> float:
     return _log_interpolate(ratios, s, 1)
 
 
-def curve_rate(setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False) -> float:
+def curve_rate(
+    setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False, causal_grid: float = 1.0
+) -> float:
     """A kernel's fraction of the dense peak at this call's length, from its measured rows (heads of 128):
     interpolated in log₂ s between the measured lengths and held at the ends. A head dimension under 96
     is scaled as FlashAttention-2's causal rows fall from heads of 128 to 64 (``FA2_HOPPER_BY_SEQUENCE``;
     the only narrow head measured). Under context parallelism a rank's local block is causal and its c − 1
     others are not (``causal_work``): 1/c of its cells at the causal rate, the rest at the non-causal one,
-    a harmonic mean by cells."""
+    a harmonic mean by cells. ``causal_grid`` (``grid_factor``) scales the causal rate alone: a small grid
+    slows the causal kernel (its tail of long query rows leaves SMs idle), while the non-causal blocks
+    ran at their full-grid rate on 512 query tiles (0.350 / 0.272 against 0.348 / 0.280 at 4,096 tokens,
+    benchmarks/data/h200-ring.jsonl's ``longkv`` rows)."""
     narrow = (setup.model.head_dim or 0) < 96
+    col = 2 if backward else 1
     return _curve(
-        causal_rows, noncausal_rows, call_sequence(setup), setup.parallel.cp, narrow, 2 if backward else 1
+        causal_rows, noncausal_rows, call_sequence(setup), setup.parallel.cp, narrow, col, causal_grid
     )
 
 
 @functools.cache
-def _curve(causal_rows: Curve, noncausal_rows: Curve, s: int, cp: int, narrow_head: bool, col: int) -> float:
+def _curve(
+    causal_rows: Curve,
+    noncausal_rows: Curve,
+    s: int,
+    cp: int,
+    narrow_head: bool,
+    col: int,
+    causal_grid: float,
+) -> float:
     narrow = 1.0
     if narrow_head:
         fa2 = efficiency.FA2_HOPPER_BY_SEQUENCE
         narrow = _log_interpolate(fa2[64], s, col) / _log_interpolate(fa2[128], s, col)
-    causal = _log_interpolate(causal_rows, s, col) * narrow
+    causal = _log_interpolate(causal_rows, s, col) * narrow * causal_grid
     if cp == 1:
         return causal
     other = _log_interpolate(noncausal_rows, s, col) * narrow

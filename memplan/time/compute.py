@@ -63,6 +63,7 @@ from memplan.blocks.inventory import Dims
 from memplan.config import Attention, Checkpointing, Device, Offload, Setup, ZeroStage
 from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
+from memplan.strategies import context_parallel
 from memplan.strategies.checkpointing import op_selective, op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
@@ -109,6 +110,8 @@ class StageFlops:
     """The linears' share of the checkpoint recompute (forward shapes)."""
     head_backward: float
     attention_backward: float
+    rerun_attention: float = 0.0
+    """The attention core's share of the checkpoint recompute (in ``attention_backward``)."""
 
     @property
     def matmul_forward(self) -> float:
@@ -152,6 +155,7 @@ def stage_flops(c: Critical) -> StageFlops:
         rerun_linear=recompute - rerun_attention,
         head_backward=f.lm_head_backward / ranks if c.last else 0.0,
         attention_backward=attention_back + rerun_attention,
+        rerun_attention=rerun_attention,
     )
 
 
@@ -203,6 +207,11 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     forward_bytes = layer + c.layers * cast_f
     layer_back = streamed_bytes(c.setup, backward=True, gpu=gpu) * c.layers
     backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
+    # torch's ring's merges and accumulators; its forward again in every layer whose attention re-runs
+    ring_f, ring_b = context_parallel.ring_bytes(c.result.pieces.setup)  # the rank's heads (a/t, kv/t)
+    ring_reruns = c.rerun_layers or (c.layers if f.rerun_attention else 0)
+    forward_bytes += c.layers * ring_f
+    backward_bytes += c.layers * ring_b + ring_reruns * ring_f
     gap_f, gap_b = launch_seconds(c, gpu)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
     backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)

@@ -131,3 +131,57 @@ def test_fit_searches_cp_when_the_sequence_needs_it() -> None:
         assert c.result.setup.strategy.attention is Attention.FLASH
         assert fits(estimate(c.result.setup), found.usable)
     assert found.max_seq is not None and found.max_seq % (2 * found.fitting[0].result.parallel.cp) == 0
+
+
+def test_the_rings_own_bytes_by_hand() -> None:
+    """``context_parallel.ring_bytes`` on the last rank of 8 (Llama 3.1 8B, s 262,144, b 1, bf16): Q =
+    32,768 tokens × 32 heads × 128 = 134,217,728 query elements, K = a quarter (8 kv heads).
+    Forward: two casts of the output (step 0's to fp32, the merged back: 6 a Q element), then per later
+    block its cast (6) and merge (12 + 8 + 12) and a K/V cat (4 a K element, k and v): 12Q + 7·(38Q + 8K).
+    Backward: zeros (4Q + 8K), 7 K/V cats (8K each), block 0's adds into the fp32 accumulators (10 an
+    element: 10Q + 20K) and the dK/dV cat (16K), each later block's half-dK/dV update (2·(5K + 8K)), cat
+    (16K) and dQ add (10Q), the final casts (6Q + 12K)."""
+    from memplan.api import build_setup
+    from memplan.strategies.context_parallel import ring_bytes
+
+    q, k = 32768 * 32 * 128, 32768 * 8 * 128
+    forward = 12 * q + 7 * (38 * q + 8 * k)
+    backward = (
+        4 * q
+        + 8 * k
+        + 7 * 8 * k
+        + (10 * q + 20 * k + 16 * k)
+        + 7 * (26 * k + 16 * k + 10 * q)
+        + 6 * q
+        + 12 * k
+    )
+    setup = build_setup("llama-3.1-8b", seq=262144, parallel=Parallel(cp=8))
+    assert ring_bytes(setup) == (forward, backward) == (278 * q + 56 * k, 90 * q + 406 * k)
+    assert ring_bytes(build_setup("llama-3.1-8b", seq=262144)) == (0, 0)
+
+
+@pytest.mark.parametrize("checkpointing, reruns", [("none", 0), ("full", 1), ("selective", 1)])
+def test_the_rings_bytes_are_charged_as_element_wise_work(
+    monkeypatch: pytest.MonkeyPatch, checkpointing: str, reruns: int
+) -> None:
+    """Every layer's ring bytes at MEMORY × HBM: forward, backward, and the forward again where the
+    attention re-runs (full checkpointing, and selective's re-run attention core: once per layer)."""
+    from memplan.api import Options, build
+    from memplan.strategies import context_parallel
+    from memplan.strategies.context_parallel import ring_bytes
+
+    options = Options(
+        model="llama-3.1-8b", seq=262144, cp=8, gpus=8, gpu="h100-sxm", checkpointing=checkpointing
+    )
+
+    def elementwise_s() -> float:
+        timing = build(options).timing
+        assert timing is not None
+        return timing.prediction.elementwise_s
+
+    with_ring = elementwise_s()
+    monkeypatch.setattr(context_parallel, "ring_bytes", lambda setup: (0, 0))
+    forward, backward = ring_bytes(build(options).result.pieces.setup)
+    assert with_ring - elementwise_s() == pytest.approx(
+        32 * (forward + backward + reruns * forward) / (0.80 * 3350e9)
+    )

@@ -1,0 +1,303 @@
+"""torch's ring attention as one context-parallel rank runs it, timed alone on a GPU (issue #21 item 3).
+
+    python benchmarks/ring_kernels.py --out rows.jsonl         # on the GPU machine
+    python benchmarks/ring_kernels.py --report rows.jsonl      # here: measured against memplan's model
+
+``ring`` rows: torch's own ``_scaled_dot_product_ring_flash_attention`` and its backward (the functions
+``context_parallel`` dispatches SDPA to; ``_templated_ring_attention``: the load-balanced causal split, one
+flash call per ring step, the fp32 merge of each step's output and logsumexp, the backward's fp32 dQ/dK/dV
+accumulators) for one rank of cp, in a process whose default group is torch's fake process group: its
+collectives return at once, so the rank's compute is timed without its communication (the K/V a step
+receives are the fake all-gather's unwritten buffer: the kernels' work does not depend on the values).
+The shapes are torchtitan's Table 2 (docs/step-time.md's held-out CP rows): Llama 3.1 8B, 32 heads of 128,
+32,768 tokens on every rank (s = 32,768 · cp), b 1; K/V with 32 heads (the runs' December-2024 model
+repeated K/V to the query heads before SDPA, ``repeat_kv``) and with 8 (torchtitan 0.3.0's grouped
+call). ``block`` rows time the flash kernel alone on each step's shape (the causal local block; half the
+queries against all keys; all queries against half the keys), so ring − Σ blocks is the ring's own work.
+
+``longkv`` rows: the flash kernel, not causal, with a short query block against long keys (Llama 3's
+all-gather context parallelism: a rank's query chunk against the gathered K/V in one call), 16 heads of
+128 (a tensor-parallel rank of 405B), b 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import hopper_kernels  # noqa: E402  (the timer, the device)
+
+RING_CPS = (1, 2, 4, 8)
+RING_LOCAL = 32768
+"""Tokens on each rank in torchtitan's Table 2 (s = 32,768 · cp)."""
+LONGKV = ((4096, (4096, 16384, 65536, 131072)), (8192, (8192, 32768, 131072)))
+"""(query tokens, key lengths) of the ``longkv`` rows."""
+
+
+class _World:
+    """What the ring functions read of a DeviceMesh: ``get_group()``, here the default (fake) group."""
+
+    def get_group(self) -> Any:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+
+def _ring_module() -> Any:
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention
+    except ImportError:  # torch before the package split
+        from torch.distributed.tensor.experimental import _attention  # type: ignore[no-redef]
+    return _attention
+
+
+def _ring_calls(ring: Any, q: Any, k: Any, v: Any, cuda: bool) -> tuple[Any, Any]:
+    """(forward, backward) callables of one rank's ring attention on q, k, v (causal)."""
+    import torch
+
+    aten = torch.ops.aten
+    if cuda:
+        fwd = functools.partial(
+            ring._scaled_dot_product_ring_flash_attention, _World(), q, k, v, is_causal=True
+        )
+        out, lse, cq, ck, mq, mk, seed, offset, _ = fwd()
+        dout = torch.randn_like(out)
+        bwd = functools.partial(
+            ring._scaled_dot_product_ring_flash_attention_backward,
+            _World(), dout, q, k, v, out, lse, cq, ck, mq, mk, 0.0, True, seed, offset,
+        )  # fmt: skip
+        return fwd, bwd
+    # CPU (a smoke run): the same templated ring with the CPU flash kernel and its backward
+    group = _World().get_group()
+    fwd = functools.partial(
+        ring._templated_ring_attention, group, 2, aten._scaled_dot_product_flash_attention_for_cpu, q, k, v,
+        is_causal=True,
+    )  # fmt: skip
+    out, lse = fwd()[:2]
+    bwd = functools.partial(
+        ring._templated_ring_attention_backward, group, 2,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward,
+        grad_out=torch.randn_like(out), grad_out_name="grad_out", query=q, key=k, value=v, out=out,
+        logsumexp=lse, is_causal=True, dropout_p=0.0,
+    )  # fmt: skip
+    return fwd, bwd
+
+
+def ring_rows(reps: int) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    cuda = hopper_kernels.DEV == "cuda"
+    local, heads, d = (RING_LOCAL, 32, 128) if cuda else (256, 4, 16)
+    ring = _ring_module()
+    rows: list[dict[str, Any]] = []
+    for kv in (heads, heads // 4):
+        for cp in RING_CPS:
+            for rank in sorted({0, cp - 1}):
+                row: dict[str, Any] = dict(
+                    kind="ring", cp=cp, rank=rank, s_local=local, heads=heads, kv_heads=kv, d=d
+                )
+                dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=cp)
+                try:
+                    q = torch.randn(1, heads, local, d, device=hopper_kernels.DEV, dtype=torch.bfloat16)
+                    k, v = (
+                        torch.randn(1, kv, local, d, device=hopper_kernels.DEV, dtype=torch.bfloat16)
+                        for _ in "kv"
+                    )
+                    fwd, bwd = _ring_calls(ring, q, k, v, cuda)
+                    n = reps if cp <= 2 else 3
+                    row["fwd_s"] = hopper_kernels._timer(fwd, n)
+                    row["bwd_s"] = hopper_kernels._timer(bwd, n)
+                except Exception as e:  # a kernel that refuses the shape (GQA): say so, go on
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                finally:
+                    dist.destroy_process_group()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if cuda:
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def _flash_rows(shapes: list[tuple[str, int, int, int, bool]], reps: int) -> list[dict[str, Any]]:
+    """The SDPA flash kernel alone: (kind, heads, q tokens, k tokens, causal), b 1, heads of 128."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    cuda = hopper_kernels.DEV == "cuda"
+    rows: list[dict[str, Any]] = []
+    for kind, heads, sq, sk, causal in shapes:
+        d = 128 if cuda else 16
+        q = torch.randn(1, heads, sq, d, device=hopper_kernels.DEV, dtype=torch.bfloat16, requires_grad=True)
+        k, v = (
+            torch.randn(1, heads, sk, d, device=hopper_kernels.DEV, dtype=torch.bfloat16, requires_grad=True)
+            for _ in "kv"
+        )
+        cells = sq * sk // (2 if causal else 1)
+        row: dict[str, Any] = dict(
+            kind=kind, heads=heads, sq=sq, sk=sk, d=d, causal=causal, fwd_flops=4 * heads * d * cells
+        )
+        row["bwd_flops"] = int(2.5 * row["fwd_flops"])
+        backends = [SDPBackend.FLASH_ATTENTION] if cuda else [SDPBackend.MATH]
+        with sdpa_kernel(backends):
+            fwd = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=causal)
+            row["fwd_s"] = hopper_kernels._timer(fwd, reps)
+            out = fwd()
+            bwd = functools.partial(
+                torch.autograd.grad, out, (q, k, v), torch.randn_like(out), retain_graph=True
+            )
+            row["bwd_s"] = hopper_kernels._timer(bwd, reps)
+        del q, k, v, out
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def block_rows(reps: int) -> list[dict[str, Any]]:
+    """The ring's step shapes alone: the causal local block, half the queries against all keys, all the
+    queries against half the keys (32 heads)."""
+    s = RING_LOCAL if hopper_kernels.DEV == "cuda" else 256
+    return _flash_rows(
+        [("block", 32, s, s, True), ("block", 32, s // 2, s, False), ("block", 32, s, s // 2, False)], reps
+    )
+
+
+def longkv_rows(reps: int) -> list[dict[str, Any]]:
+    cuda = hopper_kernels.DEV == "cuda"
+    shapes = [("longkv", 16, sq, sq, True) for sq, _ in LONGKV]
+    shapes += [("longkv", 16, sq, sk, False) for sq, keys in LONGKV for sk in keys]
+    if not cuda:
+        shapes = [(k, 2, sq // 64, sk // 64, c) for k, _, sq, sk, c in shapes[:3]]
+    return _flash_rows(shapes, reps)
+
+
+def measure(args: argparse.Namespace) -> int:
+    import torch
+
+    hopper_kernels.DEV = args.device
+    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
+    rows: list[dict[str, Any]] = [
+        dict(kind="env", torch=torch.__version__, cuda=torch.version.cuda, device=name)
+    ]
+    parts = set(args.parts.split(","))
+    try:
+        if "block" in parts:
+            rows += block_rows(args.reps)
+        if "ring" in parts:
+            rows += ring_rows(args.reps)
+        if "longkv" in parts:
+            rows += longkv_rows(args.reps)
+    finally:
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--out", help="measure on this machine's GPU; write JSON lines here")
+    p.add_argument("--report", help="render a file of rows against the model")
+    p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
+    p.add_argument("--parts", default="block,ring,longkv")
+    a = p.parse_args(argv)
+    if a.report:
+        return report(Path(a.report), a.gpu)
+    if not a.out:
+        p.error("--out FILE or --report FILE")
+    return measure(a)
+
+
+def model_layer_seconds(cp: int, kv_heads: int, gpu_name: str) -> float:
+    """memplan's seconds for one layer's ring attention, forward and backward, on a rank of the ``ring``
+    rows' setup: ``memplan estimate``'s ``attention_s`` over the layers (without checkpointing) plus the
+    ring's own element-wise bytes (``context_parallel.ring_bytes``, K/V with ``kv_heads``) at ``MEMORY`` ×
+    the preset's HBM."""
+    from typer.testing import CliRunner
+
+    from memplan.api import build_setup
+    from memplan.cli.app import app
+    from memplan.config import Parallel
+    from memplan.presets import load_gpu
+    from memplan.strategies.context_parallel import ring_bytes
+    from memplan.time.compute import hbm_bytes_per_s
+
+    argv = f"estimate -m llama-3.1-8b --seq {RING_LOCAL * cp} --batch 1 --gpus {cp} --impl torchtitan"
+    argv += f" --gpu {gpu_name} --checkpointing none --json" + (f" --cp {cp}" if cp > 1 else "")
+    result = CliRunner().invoke(app, argv.split())
+    predicted = json.loads(result.stdout)["time"]["predicted"]
+    setup = build_setup("llama-3.1-8b", seq=RING_LOCAL * cp, parallel=Parallel(cp=cp))
+    setup = setup.model_copy(update={"model": setup.model.model_copy(update={"num_kv_heads": kv_heads})})
+    ring = sum(ring_bytes(setup)) / hbm_bytes_per_s(load_gpu(gpu_name))
+    return float(predicted["attention_s"]) / int(predicted["stage_layers"]) + ring
+
+
+def ring_table(rows: list[dict[str, Any]], gpu_name: str) -> list[str]:
+    """Per cp and K/V heads: the ring (both ranks' mean) against Σ of its steps' kernels alone and against
+    memplan's model (``model_layer_seconds``: forward + backward of one layer, ms)."""
+    blocks = [r for r in rows if r["kind"] == "block"]
+    causal = next(r for r in blocks if r["causal"])
+    halves = [r for r in blocks if not r["causal"]]
+    half = {w: sum(r[w] for r in halves) / len(halves) for w in ("fwd_s", "bwd_s")}
+    out = [
+        "| cp | K/V heads | ring forward ms | ring backward ms | Σ kernels alone ms | ring / Σ | memplan ms "
+        "| measured / memplan |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cps = sorted({r["cp"] for r in rows if r["kind"] == "ring"})
+    for kv in sorted({r["kv_heads"] for r in rows if r["kind"] == "ring"}, reverse=True):
+        for cp in cps:
+            m = model_layer_seconds(cp, kv, gpu_name)
+            rs = [
+                r
+                for r in rows
+                if r["kind"] == "ring" and r["cp"] == cp and r["kv_heads"] == kv and "fwd_s" in r
+            ]
+            if not rs:
+                continue
+            fwd, bwd = (sum(r[w] for r in rs) / len(rs) for w in ("fwd_s", "bwd_s"))
+            alone = sum(causal[w] + (cp - 1) * half[w] for w in ("fwd_s", "bwd_s"))
+            cells = (
+                cp,
+                kv,
+                f"{fwd * 1e3:.1f}",
+                f"{bwd * 1e3:.1f}",
+                f"{alone * 1e3:.1f}",
+                f"{(fwd + bwd) / alone:.3f}",
+            )
+            out.append("| " + " | ".join(map(str, cells)) + f" | {m * 1e3:.1f} | {(fwd + bwd) / m:.3f} |")
+    return out
+
+
+def report(path: Path, gpu_name: str) -> int:
+    """The ``ring`` rows against their kernels alone and memplan's model; every flash row's fraction of
+    the preset's bf16 peak (Markdown)."""
+    from memplan.presets import load_gpu
+
+    peak = load_gpu(gpu_name).peak_tflops.bf16 * 1e12
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    env = rows[0]
+    print(f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}\n")
+    if any(r["kind"] == "ring" for r in rows):
+        print("\n".join(ring_table(rows, gpu_name)) + "\n")
+    print("| kind | heads | q × k tokens | causal | forward of peak | backward of peak |")
+    print("|---|---:|---|---|---:|---:|")
+    for r in (r for r in rows if r["kind"] in ("block", "longkv")):
+        f, b = r["fwd_flops"] / r["fwd_s"] / peak, r["bwd_flops"] / r["bwd_s"] / peak
+        print(
+            f"| {r['kind']} | {r['heads']} | {r['sq']:,} × {r['sk']:,} | {r['causal']} | {f:.3f} | {b:.3f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
