@@ -17,7 +17,7 @@ queries against all keys; all queries against half the keys), so ring − Σ blo
 
 ``longkv`` rows: the flash kernel, not causal, with a short query block against long keys (Llama 3's
 all-gather context parallelism: a rank's query chunk against the gathered K/V in one call), 16 heads of
-128 (a tensor-parallel rank of 405B), b 1.
+128 (a tensor-parallel rank of 405B), b 1; ``smallgrid`` rows: the same on grids below 512 query tiles.
 """
 
 from __future__ import annotations
@@ -180,6 +180,76 @@ def longkv_rows(reps: int) -> list[dict[str, Any]]:
     return _flash_rows(shapes, reps)
 
 
+SMALL_GRID = ((8, 16, 32, 64), (256, 512, 1024, 2048), (8192, 65536))
+"""(heads, query tokens, key tokens) of the ``smallgrid`` rows: non-causal calls on 16 to 1,024 query
+tiles (a ``kv-gather`` chunk of a few hundred tokens on a tensor-parallel rank's heads)."""
+
+
+def smallgrid_rows(reps: int) -> list[dict[str, Any]]:
+    """The flash kernel, not causal, b 1, heads of 128, on grids of heads · sq/128 query tiles below the
+    ``longkv`` rows' 512."""
+    heads, queries, keys = SMALL_GRID
+    shapes = [
+        ("smallgrid", a, sq, sk, False) for a in heads for sq in queries for sk in keys if a * sq // 128 < 512
+    ]
+    if hopper_kernels.DEV != "cuda":
+        shapes = [(k, 2, sq // 64, sk // 256, c) for k, _, sq, sk, c in shapes[:2]]
+    return _flash_rows(shapes, reps)
+
+
+def gather_rows(reps: int) -> list[dict[str, Any]]:
+    """``--cp-rotate kv-gather``'s attention kernels on one rank (as Transformer Engine's
+    ``AttnFuncWithCPAndKVAllGather`` calls them, with torch's flash kernel): its two local chunks of s/2c
+    queries (chunks r and 2c − 1 − r), each against its gathered key prefix with the causal mask aligned
+    to the bottom right (SDPA's ``causal_lower_right``), forward and backward of both, the kernels alone;
+    torchtitan Table 2's shapes (32 heads of 128, 32,768 tokens a rank)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    cuda = hopper_kernels.DEV == "cuda"
+    local, heads, d = (RING_LOCAL, 32, 128) if cuda else (256, 2, 16)
+    backends = [SDPBackend.FLASH_ATTENTION] if cuda else [SDPBackend.MATH]
+    rows: list[dict[str, Any]] = []
+    for cp in RING_CPS[1:]:
+        half = local // 2
+        for rank in sorted({0, cp - 1}):
+            row: dict[str, Any] = dict(kind="gather", cp=cp, rank=rank, s_local=local, heads=heads, d=d)
+            calls = []
+            for chunk in (rank, 2 * cp - 1 - rank):
+                keys = (chunk + 1) * half
+                q, k, v = (
+                    torch.randn(
+                        1, heads, n, d, device=hopper_kernels.DEV, dtype=torch.bfloat16, requires_grad=True
+                    )
+                    for n in (half, keys, keys)
+                )
+                calls.append((q, k, v, causal_lower_right(half, keys)))
+            with sdpa_kernel(backends):
+
+                def forward(calls: list[Any] = calls) -> list[Any]:
+                    return [F.scaled_dot_product_attention(q, k, v, attn_mask=m) for q, k, v, m in calls]
+
+                row["fwd_s"] = hopper_kernels._timer(forward, reps)
+                outs = forward()
+                grads = [torch.randn_like(o) for o in outs]
+                inputs = [t for q, k, v, _ in calls for t in (q, k, v)]
+
+                def backward(
+                    outs: list[Any] = outs, grads: list[Any] = grads, inputs: list[Any] = inputs
+                ) -> Any:
+                    return torch.autograd.grad(outs, inputs, grads, retain_graph=True)
+
+                row["bwd_s"] = hopper_kernels._timer(backward, reps)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            del calls, outs, grads, inputs
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
 def measure(args: argparse.Namespace) -> int:
     import torch
 
@@ -196,6 +266,10 @@ def measure(args: argparse.Namespace) -> int:
             rows += ring_rows(args.reps)
         if "longkv" in parts:
             rows += longkv_rows(args.reps)
+        if "smallgrid" in parts:
+            rows += smallgrid_rows(args.reps)
+        if "gather" in parts:
+            rows += gather_rows(args.reps)
     finally:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
@@ -239,6 +313,35 @@ def model_layer_seconds(cp: int, kv_heads: int, gpu_name: str) -> float:
     setup = setup.model_copy(update={"model": setup.model.model_copy(update={"num_kv_heads": kv_heads})})
     ring = sum(ring_bytes(setup)) / hbm_bytes_per_s(load_gpu(gpu_name))
     return float(predicted["attention_s"]) / int(predicted["stage_layers"]) + ring
+
+
+def gather_table(rows: list[dict[str, Any]], gpu_name: str) -> list[str]:
+    """Per cp: ``kv-gather``'s two chunk calls on a rank (both ranks' mean) against memplan's attention for
+    ``--cp-rotate kv-gather`` (``estimate``'s ``attention_s`` over the layers, forward + backward, ms)."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    out = [
+        "| cp | forward ms | backward ms | memplan ms | measured / memplan |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for cp in sorted({r["cp"] for r in rows if r["kind"] == "gather"}):
+        rs = [r for r in rows if r["kind"] == "gather" and r["cp"] == cp]
+        fwd, bwd = (sum(r[w] for r in rs) / len(rs) for w in ("fwd_s", "bwd_s"))
+        argv = f"estimate -m llama-3.1-8b --seq {RING_LOCAL * cp} --batch 1 --gpus {cp} --cp {cp}"
+        argv += f" --cp-rotate kv-gather --impl torchtitan --gpu {gpu_name} --checkpointing none --json"
+        predicted = json.loads(CliRunner().invoke(app, argv.split()).stdout)["time"]["predicted"]
+        model = float(predicted["attention_s"]) / int(predicted["stage_layers"])
+        cells = (
+            cp,
+            f"{fwd * 1e3:.1f}",
+            f"{bwd * 1e3:.1f}",
+            f"{model * 1e3:.1f}",
+            f"{(fwd + bwd) / model:.3f}",
+        )
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    return out
 
 
 def ring_table(rows: list[dict[str, Any]], gpu_name: str) -> list[str]:
@@ -289,9 +392,11 @@ def report(path: Path, gpu_name: str) -> int:
     print(f"{env['device']}, torch {env['torch']}, CUDA {env['cuda']}\n")
     if any(r["kind"] == "ring" for r in rows):
         print("\n".join(ring_table(rows, gpu_name)) + "\n")
+    if any(r["kind"] == "gather" for r in rows):
+        print("\n".join(gather_table(rows, gpu_name)) + "\n")
     print("| kind | heads | q × k tokens | causal | forward of peak | backward of peak |")
     print("|---|---:|---|---|---:|---:|")
-    for r in (r for r in rows if r["kind"] in ("block", "longkv")):
+    for r in (r for r in rows if r["kind"] in ("block", "longkv", "smallgrid")):
         f, b = r["fwd_flops"] / r["fwd_s"] / peak, r["bwd_flops"] / r["bwd_s"] / peak
         print(
             f"| {r['kind']} | {r['heads']} | {r['sq']:,} × {r['sk']:,} | {r['causal']} | {f:.3f} | {b:.3f} |"

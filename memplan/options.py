@@ -56,6 +56,8 @@ FIT_OPTIONS = (
     "finetune",
     *FINETUNE_OPTIONS,
     "double_quant",
+    "impl",
+    "cp_rotate",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
@@ -293,9 +295,12 @@ class Options(Frozen):
         gt=0,
     )
     cp_rotate: CpRotate = _option(
-        "--cp: how torch's ring attention passes K/V (set_rotate_method): allgather (one all-gather, waited "
-        "for after the first block; torch's default) or alltoall (a rotation to the next rank per block, "
-        "each under the block before)",
+        "--cp: how K/V reach each rank. torch's ring attention (set_rotate_method): allgather (one all-"
+        "gather, waited for after the first block; torch's default) or alltoall (a rotation to the next "
+        "rank per block, each under the block before); or kv-gather: no ring, K/V all-gathered then one "
+        "attention call per local chunk, dK/dV reduce-scattered, both exposed (Llama 3's context "
+        "parallelism; Transformer Engine's cp_comm_type all_gather, Megatron-LM's --cp-comm-type "
+        "all_gather). Example: --cp 16 --cp-rotate kv-gather",
         _PARALLEL,
         default=CpRotate.ALLGATHER,
     )

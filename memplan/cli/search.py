@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.api import Options, build_setup, gpu_of
+from memplan.api import Options, build_setup, gpu_of, load_model
 from memplan.cli.common import (
     JsonOpt,
     console,
@@ -26,7 +26,10 @@ from memplan.config import (
     Attention,
     AttentionChoice,
     Checkpointing,
+    ImplConfig,
+    Parallel,
     ZeroStage,
+    default_impl,
     parse_checkpointing,
 )
 from memplan.options import FIT_OPTIONS
@@ -264,14 +267,17 @@ def fit_command(
             "precision: fsdp2-mixed needs FSDP2 (ZeRO-2/3 over more ranks than one) and fit searches layouts "
             "without it too; fit with bf16-mixed, then estimate a ZeRO-2/3 layout with fsdp2-mixed"
         )
+    model = load_model(o.model).model
     base = build_setup(
-        o.model,
+        model,
         seq=o.seq,
         precision=o.precision,
         optimizer=o.optimizer,
         optimizer_impl=o.optimizer_impl,
         dropout=o.dropout,
         device=o.device,
+        parallel=Parallel(cp_rotate=o.cp_rotate),  # how every searched cp > 1 moves K/V
+        impl=ImplConfig(impl=o.impl if o.impl is not None else default_impl(model)),
     )
     defaults = Space()
     space = Space(

@@ -40,12 +40,19 @@ from memplan.config.training import Precision, TrainingConfig
 
 
 class CpRotate(StrEnum):
-    """How torch's ring attention passes K/V between the context-parallel ranks (``set_rotate_method``)."""
+    """How K/V reach a context-parallel rank's queries: torch's ring attention (``set_rotate_method``),
+    or no ring at all (``KV_GATHER``)."""
 
     ALLGATHER = "allgather"
-    """One all-gather of every rank's K/V, waited for after the first block (torch's default)."""
+    """torch's ring: one all-gather of every rank's K/V, waited for after the first block (torch's
+    default)."""
     ALLTOALL = "alltoall"
-    """A point-to-point rotation of K/V to the next rank per block (``_AllToAllRotater``)."""
+    """torch's ring: a point-to-point rotation of K/V to the next rank per block (``_AllToAllRotater``)."""
+    KV_GATHER = "kv-gather"
+    """No ring: K/V all-gathered (exposed), then one attention call per local chunk against the gathered
+    prefix, dK/dV reduce-scattered — Llama 3's context parallelism (Dubey et al. 2024 §3.3.2), Transformer
+    Engine's ``cp_comm_type="all_gather"`` (``AttnFuncWithCPAndKVAllGather``, Megatron-LM's
+    ``--cp-comm-type all_gather``)."""
 
 
 class Parallel(Frozen):
@@ -71,7 +78,8 @@ class Parallel(Frozen):
     )
     cp_rotate: CpRotate = Field(
         default=CpRotate.ALLGATHER,
-        description="how the ring passes K/V: allgather (torch's default) or alltoall",
+        description="how K/V reach each rank: torch's ring with allgather (its default) or alltoall, or "
+        "kv-gather (Llama 3's, Transformer Engine's all_gather: no ring)",
     )
 
     @model_validator(mode="after")

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.config import (
+    CpRotate,
     FineTune,
     LossKind,
     Method,
     Offload,
     Optimizer,
     Precision,
+    default_impl,
     loss_label,
     offload_label,
 )
@@ -28,6 +30,8 @@ def estimate_command(c: Config, r: FitResult) -> str:
     t, st, par = s.training, s.strategy, s.parallel
     f = c.family
     args = ["memplan estimate", f"-m {s.model.name}", f"--seq {t.seq_len}"]
+    if s.impl.impl is not default_impl(s.model):
+        args.append(f"--impl {s.impl.impl.value}")
     if t.precision is not Precision.BF16_MIXED:
         args.append(f"--precision {t.precision.value}")
     if t.optimizer is not Optimizer.ADAMW:
@@ -40,6 +44,11 @@ def estimate_command(c: Config, r: FitResult) -> str:
     if par.pp_layers is not None:
         args.append("--pp-layers " + ",".join(map(str, par.pp_layers)))
     args += [f"--cp {par.cp}"] if par.cp > 1 else []
+    args += (
+        [f"--cp-rotate {par.cp_rotate.value}"]
+        if par.cp > 1 and par.cp_rotate is not CpRotate.ALLGATHER
+        else []
+    )
     args += [f"--ep {par.ep}"] if par.ep > 1 else []
     args.append(f"--zero {int(st.zero)}")
     args += [f"--hsdp {st.hsdp}"] if st.hsdp else []

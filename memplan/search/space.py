@@ -119,7 +119,16 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
             eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
             for ep in eps:
                 sp = tp > 1 and (seq // cp) % tp == 0
-                par = Parallel(tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, cp=cp)
+                par = Parallel(
+                    tp=tp,
+                    sp=sp,
+                    pp=pp,
+                    vpp=vpp,
+                    pp_layers=virtual,
+                    ep=ep,
+                    cp=cp,
+                    cp_rotate=setup.parallel.cp_rotate,
+                )
                 groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if ep == 1 else [0]
                 for hsdp in groups:
                     out.append(Layout(par, dp, hsdp))

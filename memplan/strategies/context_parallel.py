@@ -142,6 +142,8 @@ def kv_exchanges(setup: Setup, rotate: CpRotate | None = None) -> list[Exchange]
         return []
     dims = Dims.of(setup)
     kv, grads = kv_bytes(dims, dims.act), kv_bytes(dims, DType.FP32)
+    if rotate is CpRotate.KV_GATHER:
+        return gather_exchanges(setup, kv)
     if rotate is CpRotate.ALLTOALL:
         out = [
             Exchange("forward", "send-recv", kv, cp - 1, "blocks"),
@@ -165,12 +167,69 @@ def kv_exchanges(setup: Setup, rotate: CpRotate | None = None) -> list[Exchange]
     return out
 
 
+def gather_exchanges(setup: Setup, kv: int) -> list[Exchange]:
+    """``--cp-rotate kv-gather`` (Transformer Engine's ``AttnFuncWithCPAndKVAllGather``, "KV all-gather
+    between CP ranks is exposed"): forward, one all-gather of the rank's K/V (``gather_along_first_dim`` of
+    k and of v: two calls of half the bytes, counted as one of ``kv``); backward, the same all-gather and
+    one reduce-scatter of the gathered dK/dV in the activation dtype (``reduce_scatter_along_first_dim``);
+    a re-run forward gathers again. None runs under a block: each is waited for before the kernels that
+    need it (the backward's reduce-scatter after them)."""
+    out = [
+        Exchange("forward", "all-gather", kv, 1),
+        Exchange("backward", "all-gather", kv, 1),
+        Exchange("backward", "reduce-scatter", kv, 1),
+    ]
+    if attention_reruns(setup):
+        out.append(Exchange("recompute", "all-gather", kv, 1))
+    return out
+
+
+def elementwise_bytes(setup: Setup, rotate: CpRotate | None = None) -> tuple[int, int]:
+    """HBM bytes of the context-parallel attention's own element-wise work in one layer, one micro-batch,
+    on one rank, (forward, backward): torch's ring (``ring_bytes``) or ``kv-gather`` (``gather_bytes``);
+    (0, 0) at cp 1. ``setup``: the rank's (``tp_model``); ``rotate``: the user's ``--cp-rotate`` (the
+    rank's setup may be a cached one's, ``pieces_key``), else the setup's."""
+    if setup.parallel.cp == 1:
+        return 0, 0
+    if (rotate or setup.parallel.cp_rotate) is CpRotate.KV_GATHER:
+        return gather_bytes(setup)
+    return ring_bytes(setup)
+
+
+def gather_bytes(setup: Setup) -> tuple[int, int]:
+    """``kv-gather``'s own element-wise bytes (Transformer Engine's ``AttnFuncWithCPAndKVAllGather`` in
+    Megatron's ``sbhd`` layout, where its ``select``/``movedim`` + ``contiguous`` calls are no-ops), every op
+    reading and writing its tensors once; G = c·K gathered elements of k (and of v), Q the rank's query
+    elements, e the activation dtype's bytes:
+
+    - forward: ``index_select`` of the gathered k and v into sequence order (2e a G element, twice); each
+      chunk's output copied into the returned one (``out[i].copy_``: 2e a Q element).
+    - backward: zeroed gathered dK and dV (e a G element, twice); the same two ``index_select`` calls; dQ's
+      two halves copied (2e a Q element); each chunk's dK and dV added into the gathered ones over its key
+      prefix (``add_``: 3e an element; the two prefixes hold (2c + 1)/2c of G); dK and dV put back in rank
+      order (``index_select``, 2e a G element, twice).
+
+    NB: Llama 3's own code is not public; in the ``bshd`` layout Transformer Engine also copies q's halves,
+    the prefixes and dO (not counted)."""
+    c = setup.parallel.cp
+    dims = Dims.of(setup)
+    q = dims.b * dims.a * dims.s * dims.d
+    g = c * dims.b * dims.kv * dims.s * dims.d
+    e = dims.act.bytes
+    reorder = 2 * 2 * e * g
+    forward = reorder + 2 * e * q
+    prefixes = 2 * 3 * e * (2 * c + 1) * g // (2 * c)
+    backward = 2 * e * g + reorder + 2 * e * q + prefixes + reorder
+    return forward, backward
+
+
 def ring_bytes(setup: Setup) -> tuple[int, int]:
     """HBM bytes of the ring's own element-wise work in one attention layer, one micro-batch, on the
     rank that moves the most (the last: its later blocks use half of the received K/V), (forward,
-    backward); (0, 0) at cp 1. ``setup``: the rank's (``tp_model``: a/t and kv/t heads). torch 2.13 ``_templated_ring_attention`` and its backward, default
-    options (``convert_to_f32``), every op reading and writing its tensors once (Q = the rank's query
-    elements b·a·(s/c)·d, K = its key elements b·kv·(s/c)·d, e the activation dtype's bytes):
+    backward); (0, 0) at cp 1. ``setup``: the rank's (``tp_model``: a/t and kv/t heads). torch 2.13
+    ``_templated_ring_attention`` and its backward, default options (``convert_to_f32``), every op reading
+    and writing its tensors once (Q = the rank's query elements b·a·(s/c)·d, K = its key elements
+    b·kv·(s/c)·d, e the activation dtype's bytes):
 
     - forward: each block's output cast to fp32 (e + 4 a Q element); each later block merged into the
       running output (``_SDPAMerger``: ``out - sigmoid(Δlse) * (out - block_out)``, three fp32 kernels of
@@ -203,3 +262,16 @@ def ring_bytes(setup: Setup) -> tuple[int, int]:
     later = 2 * (accumulate * k // 2 + 8 * k) + dkv_cat + accumulate * q
     backward = 4 * (q + 2 * k) + (c - 1) * kv_cat + first + (c - 1) * later + (4 + e) * (q + 2 * k)
     return forward, backward
+
+
+KV_GATHER_NOT_RUN = (
+    "cp-rotate: kv-gather (Llama 3's, Transformer Engine's all_gather context parallelism) is estimated, "
+    "not run: trace and profile run torch's ring; use --cp-rotate allgather or alltoall"
+)
+
+
+def check_torch_ring(setup: Setup) -> None:
+    """One-line ``ValueError`` where a run would need context parallelism other than torch's ring (what
+    ``trace`` and ``profile`` run)."""
+    if setup.parallel.cp > 1 and setup.parallel.cp_rotate is CpRotate.KV_GATHER:
+        raise ValueError(KV_GATHER_NOT_RUN)

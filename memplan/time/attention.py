@@ -60,7 +60,7 @@ import functools
 import itertools
 import math
 
-from memplan.config import Attention, AttentionKernel, Setup
+from memplan.config import Attention, AttentionKernel, CpRotate, Setup
 from memplan.presets import GpuPreset
 from memplan.time import efficiency
 
@@ -86,8 +86,9 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
         return curve_rate(setup, calibrated.attention_curve, calibrated.attention_curve, backward)
     if calibrated and calibrated.attention:
         return calibrated.attention  # one shape's forward and backward (``memplan calibrate``, older files)
+    grids = grid_factor(setup, gpu, backward), noncausal_grid_factor(setup, gpu, backward)
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
-        setup, backward, grid_factor(setup, gpu, backward)
+        setup, backward, *grids
     )
     if kernel(setup) is AttentionKernel.FA3:
         if not hopper:
@@ -111,17 +112,35 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
 
 def call_sequence(setup: Setup) -> int:
     """The query length of one kernel call: s, or a context-parallel rank's s/c (torch's ring calls the
-    kernel on the rank's own shard against each rank's shard in turn)."""
-    return max(1, setup.training.seq_len // setup.parallel.cp)
+    kernel on the rank's own shard against each rank's shard in turn), s/2c under ``kv-gather`` (one call
+    per local chunk)."""
+    return max(1, setup.training.seq_len // (setup.parallel.cp * (2 if _gathered(setup) else 1)))
 
 
-def sequence_factor(setup: Setup, backward: bool = False, causal_grid: float = 1.0) -> float:
+def key_sequence(setup: Setup) -> int:
+    """The key length of a context-parallel rank's non-causal cells: the ring's blocks are s/c long,
+    ``kv-gather``'s chunks read the gathered prefix, up to s (rated at s: long rows)."""
+    return setup.training.seq_len if _gathered(setup) else call_sequence(setup)
+
+
+def _gathered(setup: Setup) -> bool:
+    return setup.parallel.cp > 1 and setup.parallel.cp_rotate is CpRotate.KV_GATHER
+
+
+def sequence_factor(
+    setup: Setup, backward: bool = False, causal_grid: float = 1.0, other_grid: float = 1.0
+) -> float:
     """FlashAttention-2's rate on Hopper at this call's length and head dimension (``curve_rate`` of
     ``efficiency.FA2_HOPPER_BY_SEQUENCE``), over its rate at 64k with heads of 128: 1 at long rows, 0.80
     forward and 0.65 backward at s 2,048 with heads of 128. ``causal_grid`` (``grid_factor``) scales the
     causal kernel's rate only."""
     rate = curve_rate(
-        setup, efficiency.FA2_HOPPER_BY_SEQUENCE[128], efficiency.FA2_HOPPER_NONCAUSAL, backward, causal_grid
+        setup,
+        efficiency.FA2_HOPPER_BY_SEQUENCE[128],
+        efficiency.FA2_HOPPER_NONCAUSAL,
+        backward,
+        causal_grid,
+        other_grid,
     )
     return rate / efficiency.FA2_HOPPER_BY_SEQUENCE[128][-1][2 if backward else 1]
 
@@ -150,6 +169,17 @@ def grid_factor(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
     return _grid_ratio(call_sequence(setup), tiles, 2 if backward else 1)
 
 
+def noncausal_grid_factor(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
+    """The non-causal kernel's rate on this call's grid over its full-grid rate
+    (``efficiency.FA2_HOPPER_NONCAUSAL_GRID``, interpolated in log₂ of the tiles; 1 from 512 tiles, the
+    smallest row's below 16); 1 without context parallelism (no non-causal call)."""
+    tiles = query_tiles(setup, gpu)
+    if tiles is None or setup.parallel.cp == 1 or tiles >= 512:
+        return 1.0
+    rows = (*efficiency.FA2_HOPPER_NONCAUSAL_GRID, (512, 1.0, 1.0))
+    return _log_interpolate(rows, tiles, 2 if backward else 1)
+
+
 @functools.cache
 def _grid_ratio(s: int, tiles: float, col: int) -> float:
     ratios = tuple(
@@ -160,43 +190,55 @@ def _grid_ratio(s: int, tiles: float, col: int) -> float:
 
 
 def curve_rate(
-    setup: Setup, causal_rows: Curve, noncausal_rows: Curve, backward: bool = False, causal_grid: float = 1.0
+    setup: Setup,
+    causal_rows: Curve,
+    noncausal_rows: Curve,
+    backward: bool = False,
+    causal_grid: float = 1.0,
+    other_grid: float = 1.0,
 ) -> float:
     """A kernel's fraction of the dense peak at this call's length, from its measured rows (heads of 128):
     interpolated in log₂ s between the measured lengths and held at the ends. A head dimension under 96
     is scaled as FlashAttention-2's causal rows fall from heads of 128 to 64 (``FA2_HOPPER_BY_SEQUENCE``;
     the only narrow head measured). Under context parallelism a rank's local block is causal and its c − 1
     others are not (``causal_work``): 1/c of its cells at the causal rate, the rest at the non-causal one,
-    a harmonic mean by cells. ``causal_grid`` (``grid_factor``) scales the causal rate alone: a small grid
-    slows the causal kernel (its tail of long query rows leaves SMs idle), while the non-causal blocks
-    ran at their full-grid rate on 512 query tiles (0.350 / 0.272 against 0.348 / 0.280 at 4,096 tokens,
-    benchmarks/data/h200-ring.jsonl's ``longkv`` rows)."""
+    a harmonic mean by cells; under ``kv-gather`` each of the rank's two chunks (s/2c queries) runs its
+    diagonal causally, 1/2c of its cells, and the rest against the gathered prefix at the non-causal rate
+    of long rows (``key_sequence``: s). ``causal_grid`` (``grid_factor``) scales the causal rate alone: a
+    small grid slows the causal kernel (its tail of long query rows leaves SMs idle), while the non-causal
+    blocks ran at their full-grid rate on 512 query tiles (0.350 / 0.272 against 0.348 / 0.280 at 4,096
+    tokens, benchmarks/data/h200-ring.jsonl's ``longkv`` rows)."""
     narrow = (setup.model.head_dim or 0) < 96
     col = 2 if backward else 1
-    return _curve(
-        causal_rows, noncausal_rows, call_sequence(setup), setup.parallel.cp, narrow, col, causal_grid
-    )
+    cp = setup.parallel.cp
+    share = 1 / (2 * cp if _gathered(setup) else cp)  # the causal cells' share of those a rank runs
+    lengths = (call_sequence(setup), key_sequence(setup))
+    return _curve(causal_rows, noncausal_rows, lengths, share, narrow, col, causal_grid, other_grid)
 
 
 @functools.cache
 def _curve(
     causal_rows: Curve,
     noncausal_rows: Curve,
-    s: int,
-    cp: int,
+    lengths: tuple[int, int],
+    share: float,
     narrow_head: bool,
     col: int,
     causal_grid: float,
+    other_grid: float,
 ) -> float:
-    narrow = 1.0
-    if narrow_head:
-        fa2 = efficiency.FA2_HOPPER_BY_SEQUENCE
-        narrow = _log_interpolate(fa2[64], s, col) / _log_interpolate(fa2[128], s, col)
-    causal = _log_interpolate(causal_rows, s, col) * narrow * causal_grid
-    if cp == 1:
+    def rate(rows: Curve, s: int) -> float:
+        narrow = 1.0
+        if narrow_head:
+            fa2 = efficiency.FA2_HOPPER_BY_SEQUENCE
+            narrow = _log_interpolate(fa2[64], s, col) / _log_interpolate(fa2[128], s, col)
+        return _log_interpolate(rows, s, col) * narrow
+
+    causal = rate(causal_rows, lengths[0]) * causal_grid
+    if share == 1:
         return causal
-    other = _log_interpolate(noncausal_rows, s, col) * narrow
-    return 1 / ((1 / cp) / causal + (1 - 1 / cp) / other)
+    other = rate(noncausal_rows, lengths[1]) * other_grid
+    return 1 / (share / causal + (1 - share) / other)
 
 
 def _log_interpolate(table: tuple[tuple[float, float, float], ...], s: float, col: int) -> float:

@@ -162,7 +162,9 @@ def cp_rows(c: Critical, topo: Topology) -> list[Row]:
     all-gather in forward, another in backward (and in a re-run), with ``alltoall`` c − 1 rotations each —
     and the c fp32 dK/dV rotations of the backward. Ring overlap per block: each exchange hides behind the
     attention of the block(s) it runs under (``RING``); a block costs max(its compute, the transfer of
-    the next). An all-gather's row carries its output (cp × the rank's shard), as the other dimensions' do."""
+    the next). ``kv-gather``: an all-gather in forward, backward and a re-run and a reduce-scatter of dK/dV,
+    all exposed. An all-gather's row carries its output (cp × the rank's shard) and a reduce-scatter's its
+    input, as the other dimensions' do."""
     s = c.setup
     cp = s.parallel.cp
     if cp == 1:
@@ -170,13 +172,19 @@ def cp_rows(c: Critical, topo: Topology) -> list[Row]:
     on, n = link(topo, stride(s, "cp"), cp), c.result.micro_batches
     phases = {"forward": Phase.FORWARD, "backward": Phase.BACKWARD, "recompute": Phase.RECOMPUTE}
     rows = []
+    kinds = {
+        "all-gather": Collective.ALL_GATHER,
+        "reduce-scatter": Collective.REDUCE_SCATTER,
+        "send-recv": Collective.SEND_RECV,
+    }
     for e in context_parallel.kv_exchanges(c.result.pieces.setup, s.parallel.cp_rotate):
-        gather = e.collective == "all-gather"
-        kind = Collective.ALL_GATHER if gather else Collective.SEND_RECV
+        collective = e.collective == "all-gather" or e.collective == "reduce-scatter"
+        kind = kinds[e.collective]
         layers = c.rerun_layers if e.phase == "recompute" else c.layers
-        nbytes = e.bytes * cp if gather else e.bytes
-        group = cp if gather else 2
-        what = "K/V shards" if e.bytes == context_parallel.kv_bytes_of(c.result.pieces.setup) else "dK/dV"
+        nbytes = e.bytes * cp if collective else e.bytes
+        group = cp if collective else 2
+        shards = e.bytes == context_parallel.kv_bytes_of(c.result.pieces.setup)
+        what = "K/V shards" if shards and e.collective != "reduce-scatter" else "dK/dV"
         overlap = RING.get((e.phase, e.under), Overlap.NONE)
         rows.append(Row("cp", kind, phases[e.phase], nbytes, e.calls * layers * n, group, on, overlap, what))
     return [r for r in rows if r.count]

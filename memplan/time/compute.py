@@ -207,8 +207,9 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     forward_bytes = layer + c.layers * cast_f
     layer_back = streamed_bytes(c.setup, backward=True, gpu=gpu) * c.layers
     backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
-    # torch's ring's merges and accumulators; its forward again in every layer whose attention re-runs
-    ring_f, ring_b = context_parallel.ring_bytes(c.result.pieces.setup)  # the rank's heads (a/t, kv/t)
+    # context parallelism's own copies (torch's ring: its merges and accumulators; kv-gather: its
+    # reorders), of the rank's heads (a/t, kv/t); the forward's again in every layer whose attention re-runs
+    ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, c.setup.parallel.cp_rotate)
     ring_reruns = c.rerun_layers or (c.layers if f.rerun_attention else 0)
     forward_bytes += c.layers * ring_f
     backward_bytes += c.layers * ring_b + ring_reruns * ring_f

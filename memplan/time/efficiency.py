@@ -176,6 +176,22 @@ FA2_HOPPER_NONCAUSAL: tuple[tuple[int, float, float], ...] = (
 )
 """The same kernel without the causal mask (heads of 128; same run): the blocks a context-parallel rank
 runs against other ranks' K/V."""
+FA2_HOPPER_NONCAUSAL_GRID: tuple[tuple[int, float, float], ...] = (
+    (16, 0.631, 0.511),
+    (32, 0.812, 0.758),
+    (64, 0.846, 0.829),
+    (128, 0.801, 0.868),
+    (256, 0.987, 0.899),
+)
+"""The non-causal kernel on small grids: (query tiles, forward, backward), its rate over
+``FA2_HOPPER_NONCAUSAL``'s full-grid rate at the same key length, the median over the measured shapes with
+that many tiles (heads 8–64 of 128, 256–2,048 queries, 8,192 and 65,536 keys; b 1), measured alone on the
+H200 (benchmarks/ring_kernels.py ``smallgrid``, benchmarks/data/h200-ring.jsonl). From 512 tiles it is
+the full grid's (measured 1.004 / 0.979 at 512, 1.005 / 0.985 at 1,024: ``longkv``). Unlike the causal
+kernel's (``FA2_HOPPER_GRID``) the forward holds 0.8 of its rate down to 32 tiles — fewer tiles than SMs:
+the kernel splits the keys (FlashAttention-2's split-KV heuristic) — and the backward, parallel over key
+blocks, 0.76–0.90. No published run was in view; it rates ``kv-gather``'s chunks and the ring's
+non-causal blocks on a small grid."""
 CUDNN_HOPPER: tuple[tuple[int, float, float], ...] = (
     (1024, 0.432, 0.244),
     (2048, 0.482, 0.368),

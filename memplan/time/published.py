@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from memplan.config import (
     Attention,
     Checkpointing,
+    CpRotate,
     Impl,
     ImplConfig,
     MlpType,
@@ -125,7 +126,10 @@ def _llama(dp: int, tflops: float, seq: int = 8192, cp: int = 1) -> Run:
         ),
     )
     name = f"Llama 3 405B, {128 * cp * dp:,} GPUs" + (f", CP {cp}, s {seq:,}" if cp > 1 else "")
-    parallel = Parallel(tp=8, sp=True, pp=16, vpp=8, pp_layers=LLAMA_VIRTUAL_STAGES, cp=cp)
+    # Llama 3's context parallelism all-gathers K/V and computes each local Q chunk against them (Dubey et
+    # al. 2024 §3.3.2): --cp-rotate kv-gather, not torch's ring
+    rotate = CpRotate.KV_GATHER if cp > 1 else CpRotate.ALLGATHER
+    parallel = Parallel(tp=8, sp=True, pp=16, vpp=8, pp_layers=LLAMA_VIRTUAL_STAGES, cp=cp, cp_rotate=rotate)
     return Run(name, "Dubey 2024 T4", setup, parallel, "h100-sxm", tflops, "TFLOP/s")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -142,24 +143,43 @@ def test_stages_bound_is_the_prediction_without_its_zero_dependent_terms(
         assert bound == pytest.approx(stage_free, rel=1e-12)
 
 
-def test_llama3_405b_fit_is_at_least_as_fast_as_the_published_layout() -> None:
-    """Issue #21: the published layout's prediction (``memplan estimate`` with Llama 3's settings) against
-    the fastest configuration ``fit`` lists for the same model, sequence, GPUs and global batch — the
-    issue's own command, the whole space searched (≈ 11 CPU s). NB: by memplan's memory model the published
-    layout does not fit 80 GiB (its second rank holds 141 one-layer chunks of activations), so ``fit``
-    cannot list it itself."""
-    common = "-m 405b --seq 8192 --gpus 16384 --gpu h100-sxm --global-batch 2048"
+def _fastest_against_published(stack: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fit's fastest row, the published layout's estimate), both with the options ``stack``."""
+    common = f"-m 405b --seq 8192 --gpus 16384 --gpu h100-sxm --global-batch 2048 {stack}".strip()
     published = run_json(
         f"estimate {common} --tp 8 --sp --pp 16 --vpp 8 --pp-layers {LLAMA3_LAYOUT} --zero 2 --json"
     )
-    found = run_json(f"fit {common} --json")
-    best = found["configs"][0]
+    return run_json(f"fit {common} --json")["configs"][0], published
+
+
+@pytest.mark.parametrize("stack", ["--impl megatron", "--cp-rotate kv-gather"])
+def test_llama3_405b_fit_is_at_least_as_fast_as_the_published_layout(stack: str) -> None:
+    """Issue #21: the published layout's prediction (``memplan estimate`` with Llama 3's settings) against
+    the fastest configuration ``fit`` lists for the same model, sequence, GPUs and global batch — the
+    issue's own command, the whole space searched (≈ 9 CPU s each), with what Llama 3 ran in place of
+    memplan's reference code: Megatron's stack (fused kernels, pipeline stage outputs freed early: the
+    published layout fits 80 GiB there, so ``fit`` can list it) or Llama 3's all-gather context
+    parallelism (Dubey et al. 2024 §3.3.2, ``--cp-rotate kv-gather``). The row's command gives the same
+    prediction."""
+    best, published = _fastest_against_published(stack)
     assert best["fit"]["fits"]
     assert best["time"]["step_time_s"] <= published["time"]["step_time_s"]
-    # the row's command gives the same prediction
+    assert stack in best["command"] or " --cp " not in best["command"]
     again = run_json(best["command"].removeprefix("memplan ") + " --json")
     assert again["time"]["step_time_s"] == best["time"]["step_time_s"]
     assert again["memory"]["peak"] == best["memory"]["peak"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="under memplan's reference code the published layout does not fit 80 GiB (its second rank holds "
+    "141 one-layer chunks of activations) and the fastest layout that does, the same with torch's ring over "
+    "cp 2, is 0.1 % slower (5.885 against 5.879 s) once the ring's own merges and accumulators are charged "
+    "(context_parallel.ring_bytes, measured on an H200: docs/gpu-profile.md)",
+)
+def test_llama3_405b_fit_with_the_reference_code_and_torchs_ring() -> None:
+    best, published = _fastest_against_published("")
+    assert best["time"]["step_time_s"] <= published["time"]["step_time_s"]
 
 
 def test_every_row_comes_with_its_command() -> None:

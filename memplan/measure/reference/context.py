@@ -28,6 +28,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor.experimental._context_parallel import _attention as ring
 
+from memplan.config import CpRotate
+from memplan.strategies.context_parallel import KV_GATHER_NOT_RUN
+
 aten = torch.ops.aten
 SEQ_DIM = 2
 """[b, heads, s, d]: the dimension torch's ring splits and merges along."""
@@ -48,6 +51,8 @@ def rotate_method(method: str) -> Iterator[None]:
     block, torch's previous option restored afterwards."""
     from torch.distributed.tensor.experimental import _attention as cp_attention
 
+    if method == CpRotate.KV_GATHER:
+        raise ValueError(KV_GATHER_NOT_RUN)
     before = cp_attention._cp_options.rotate_method
     cp_attention.set_rotate_method(method)
     try:

@@ -29,6 +29,7 @@ from memplan.measure.instruments.record import (
 )
 from memplan.measure.reference.model import Reference
 from memplan.measure.reference.moe import check_moe
+from memplan.strategies.context_parallel import check_torch_ring
 
 
 def make_batch(setup: Setup, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,6 +97,7 @@ def measure(
     one-line ``ValueError`` for an MoE it cannot run (``measure.moe.check_moe``).
     """
     check_moe(setup.model.moe)
+    check_torch_ring(setup)
     torch.manual_seed(seed)
     cp = setup.parallel.cp
     with ring(cp, cp_rank, device) as group, fake_mode(fake, device):
