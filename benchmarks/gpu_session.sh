@@ -55,7 +55,7 @@ if on kernels; then  # the kernel classes alone at the held-out runs' shapes (be
 fi
 if on ring; then  # torch's ring attention, one context-parallel rank on the fake process group (benchmarks/ring_kernels.py)
     echo "== ring"
-    timeout 240 python3 benchmarks/ring_kernels.py --out "$OUT/ring.jsonl" --parts "${RING_PARTS:-block,ring,longkv}" 2>&1 | grep -v "^\[rank\|^[12]\. \|^before the output" | tail -30
+    timeout 240 python3 benchmarks/ring_kernels.py --out "$OUT/ring.jsonl" --parts "${RING_PARTS:-block,ring,longkv,smallgrid,gather}" 2>&1 | grep -v "^\[rank\|^[12]\. \|^before the output" | tail -30
 fi
 if on mpt; then  # one eager MPT-1B step (LayerNorm, GELU, learned positions), the held-out run's micro-batch
     echo "== mpt"

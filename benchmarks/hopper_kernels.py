@@ -427,45 +427,47 @@ def power_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def measure(args: argparse.Namespace) -> int:
+def env_row() -> dict[str, Any]:
+    """The machine a run measured on (a file's first row)."""
     import torch
 
-    out = Path(args.out)
-    global DEV, MPT_SHAPES, LLAMA_SHAPES
-    DEV = args.device
     name = torch.cuda.get_device_name() if DEV == "cuda" else DEV
-    env = dict(
-        kind="env",
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-        device=name,
-        cudnn=torch.backends.cudnn.version(),
-    )
-    if DEV != "cuda":  # a smoke run: small shapes
-        MPT_SHAPES = tuple((m, h // 16, f // 16, 256) for m, h, f, _ in MPT_SHAPES[:4])
-        LLAMA_SHAPES = tuple((m, h // 4, f // 4, 256) for m, h, f, _ in LLAMA_SHAPES)
-    rows: list[dict[str, Any]] = [env]
-    parts = set(args.parts.split(","))
+    cudnn = torch.backends.cudnn.version()
+    return dict(kind="env", torch=torch.__version__, cuda=torch.version.cuda, device=name, cudnn=cudnn)
+
+
+def write_parts(out: Path, parts: str, makers: dict[str, Callable[[], list[dict[str, Any]]]]) -> int:
+    """``env_row`` and the rows of each of ``makers`` named in ``parts`` (comma-separated), in the makers'
+    order, written to ``out`` as JSON lines — also what was measured before a part failed."""
+    chosen = set(parts.split(","))
+    rows = [env_row()]
     try:
-        if "gemm" in parts:
-            rows += gemm_rows(args.reps)
-        if "elementwise" in parts:
-            rows += elementwise_rows(args.reps)
-        if "chains" in parts:
-            rows += chain_rows(args.reps)
-        if "core" in parts:
-            rows += core_rows(args.reps)
-        if "compiled" in parts:
-            rows += chain_rows(args.reps, compiled=True)
-        if "grid" in parts:
-            rows += grid_rows(args.reps)
-        if "power" in parts:
-            rows += power_rows(args.reps)
-        if "attention" in parts:
-            rows += attention_rows(args.reps, tuple(int(s) for s in args.seqs.split(",")))
+        for name, make in makers.items():
+            if name in chosen:
+                rows += make()
     finally:
         out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return 0
+
+
+def measure(args: argparse.Namespace) -> int:
+    global DEV, MPT_SHAPES, LLAMA_SHAPES
+    DEV = args.device
+    if DEV != "cuda":  # a smoke run: small shapes
+        MPT_SHAPES = tuple((m, h // 16, f // 16, 256) for m, h, f, _ in MPT_SHAPES[:4])
+        LLAMA_SHAPES = tuple((m, h // 4, f // 4, 256) for m, h, f, _ in LLAMA_SHAPES)
+    reps = args.reps
+    makers: dict[str, Callable[[], list[dict[str, Any]]]] = {
+        "gemm": lambda: gemm_rows(reps),
+        "elementwise": lambda: elementwise_rows(reps),
+        "chains": lambda: chain_rows(reps),
+        "core": lambda: core_rows(reps),
+        "compiled": lambda: chain_rows(reps, compiled=True),
+        "grid": lambda: grid_rows(reps),
+        "power": lambda: power_rows(reps),
+        "attention": lambda: attention_rows(reps, tuple(int(s) for s in args.seqs.split(","))),
+    }
+    return write_parts(Path(args.out), args.parts, makers)
 
 
 def report(path: Path, gpu_name: str) -> int:
@@ -531,21 +533,35 @@ def report(path: Path, gpu_name: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def command_line(
+    argv: list[str] | None,
+    doc: str | None,
+    parts: str,
+    measure: Callable[[argparse.Namespace], int],
+    report: Callable[[Path, str], int],
+    seqs: bool = False,
+) -> int:
+    """A benchmark's command line: ``--out FILE`` measures ``--parts`` on this machine's GPU, ``--report
+    FILE`` renders a file of rows against the model."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     p.add_argument("--out", help="measure on this machine's GPU; write JSON lines here")
     p.add_argument("--report", help="render a file of rows against the model")
     p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
-    p.add_argument("--parts", default="gemm,elementwise,chains,core,attention")
-    p.add_argument("--seqs", default=",".join(map(str, ATTN_SEQS)))
+    p.add_argument("--parts", default=parts)
+    if seqs:
+        p.add_argument("--seqs", default=",".join(map(str, ATTN_SEQS)))
     a = p.parse_args(argv)
     if a.report:
         return report(Path(a.report), a.gpu)
     if not a.out:
         p.error("--out FILE or --report FILE")
     return measure(a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return command_line(argv, __doc__, "gemm,elementwise,chains,core,attention", measure, report, seqs=True)
 
 
 if __name__ == "__main__":

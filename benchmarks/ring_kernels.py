@@ -251,44 +251,20 @@ def gather_rows(reps: int) -> list[dict[str, Any]]:
 
 
 def measure(args: argparse.Namespace) -> int:
-    import torch
-
     hopper_kernels.DEV = args.device
-    name = torch.cuda.get_device_name() if args.device == "cuda" else args.device
-    rows: list[dict[str, Any]] = [
-        dict(kind="env", torch=torch.__version__, cuda=torch.version.cuda, device=name)
-    ]
-    parts = set(args.parts.split(","))
-    try:
-        if "block" in parts:
-            rows += block_rows(args.reps)
-        if "ring" in parts:
-            rows += ring_rows(args.reps)
-        if "longkv" in parts:
-            rows += longkv_rows(args.reps)
-        if "smallgrid" in parts:
-            rows += smallgrid_rows(args.reps)
-        if "gather" in parts:
-            rows += gather_rows(args.reps)
-    finally:
-        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return 0
+    reps = args.reps
+    makers = {
+        "block": lambda: block_rows(reps),
+        "ring": lambda: ring_rows(reps),
+        "longkv": lambda: longkv_rows(reps),
+        "smallgrid": lambda: smallgrid_rows(reps),
+        "gather": lambda: gather_rows(reps),
+    }
+    return hopper_kernels.write_parts(Path(args.out), args.parts, makers)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--out", help="measure on this machine's GPU; write JSON lines here")
-    p.add_argument("--report", help="render a file of rows against the model")
-    p.add_argument("--gpu", default="h200", help="the preset of the GPU that measured (--report)")
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--device", default="cuda", help="cpu: a smoke run at tiny sizes")
-    p.add_argument("--parts", default="block,ring,longkv")
-    a = p.parse_args(argv)
-    if a.report:
-        return report(Path(a.report), a.gpu)
-    if not a.out:
-        p.error("--out FILE or --report FILE")
-    return measure(a)
+    return hopper_kernels.command_line(argv, __doc__, "block,ring,longkv,smallgrid,gather", measure, report)
 
 
 def model_layer_seconds(cp: int, kv_heads: int, gpu_name: str) -> float:
