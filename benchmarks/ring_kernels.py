@@ -209,7 +209,7 @@ def gather_rows(reps: int) -> list[dict[str, Any]]:
     from torch.nn.attention.bias import causal_lower_right
 
     cuda = hopper_kernels.DEV == "cuda"
-    local, heads, d = (RING_LOCAL, 32, 128) if cuda else (256, 2, 16)
+    local, heads, d = (RING_LOCAL, 32, 128) if cuda else (64, 2, 16)
     backends = [SDPBackend.FLASH_ATTENTION] if cuda else [SDPBackend.MATH]
     rows: list[dict[str, Any]] = []
     for cp in RING_CPS[1:]:
