@@ -55,6 +55,11 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
   preset keeps the SXM5's peak, an upper bound (before the preset: ``--gpu h100-sxm``).
 - llm-foundry's H100 cluster's network is not stated: the preset's (one 400 Gb/s NIC per GPU).
+- Table 2's context parallelism is torch's ring (torchtitan's ``context_parallel`` with its default
+  ``allgather`` rotation: ``--cp-rotate allgather``, the default). The runs' December-2024 model repeated K/V
+  to the 32 query heads before SDPA (``repeat_kv``), so its ring moved and merged 4× the K/V that
+  ``--impl torchtitan`` (0.3.0's grouped call) passes: not typed (+1.9, +2.2, +2.4 % of the cp 2, 4, 8
+  steps in the model; docs/step-time.md).
 """
 
 from __future__ import annotations

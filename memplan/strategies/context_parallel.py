@@ -21,6 +21,11 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
 - FLOPs: step 0 runs the causal kernel on the local q, k, v; each of the c−1 later steps a non-causal
   kernel on half of q or half of the received K/V (``blocks.attention_flops.score_cells``). Linear layers run
   on s/c tokens. The whole model's FLOPs are c × one rank's (``whole_model``).
+- ``--cp-rotate kv-gather`` is not torch's ring but Llama 3's context parallelism (Transformer Engine's
+  ``AttnFuncWithCPAndKVAllGather``): the same split, cells, FLOPs and saved tensors; its communication
+  (``gather_exchanges``) and its own copies (``gather_bytes``) differ. The ring's own element-wise work
+  (merges, fp32 accumulators, the K/V ``cat`` calls) is ``ring_bytes``; the time model charges either
+  (``elementwise_bytes``).
 - Communication, per layer and micro-batch (``kv_exchanges``; ``_RotateMethod.ALL_GATHER`` is torch's
   and torchtitan's default): forward, one all-gather of the rank's K/V (``torch.cat([k.flatten(),
   v.flatten()])``, activation dtype); backward, the same all-gather again plus c point-to-point rotations

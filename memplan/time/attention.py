@@ -39,8 +39,10 @@ Known limitations (NB): on Ampere and others one fraction for every sequence len
 fraction for both directions, the paper's low end); on Hopper the length curve was measured at b·s =
 16,384 tokens (a smaller grid, b 1 at s 2,048, ran slower: 0.21 and 0.20 in the Llama-2-7B step,
 docs/gpu-profile.md) and is held at its ends (1,024 and 65,536); a context-parallel rank's calls are
-taken at s/c though half of torch's ring blocks have rows of s/(2c), and Llama 3's all-gather CP (one call
-per local chunk against the gathered K/V: long rows) is not expressible; cuDNN is measured on Hopper
+taken at s/c though half of torch's ring blocks have rows of s/(2c) (measured: they run at the square
+non-causal rate at s/c within 3 %, benchmarks/data/h200-ring.jsonl), and ``kv-gather``'s chunk calls
+(s/2c queries against up to s keys, causal at the bottom right) as their diagonal at the causal rate and
+the rest at the non-causal rate of s-long rows (measured: the model 2–3 % slower); cuDNN is measured on Hopper
 only (heads of 128; narrower ones scaled as FA2's) and the memory-efficient SDPA kernel is not offered
 (measured on the H200 at 0.13–0.18 of peak, docs/gpu-profile.md); ``auto`` stays FlashAttention-2, what
 SDPA picked on H100 up to the end of 2024 (pytorch/pytorch issue #142132, a 2.6 nightly: "SDPA is not
@@ -173,8 +175,10 @@ def noncausal_grid_factor(setup: Setup, gpu: GpuPreset, backward: bool = False) 
     """The non-causal kernel's rate on this call's grid over its full-grid rate
     (``efficiency.FA2_HOPPER_NONCAUSAL_GRID``, interpolated in log₂ of the tiles; 1 from 512 tiles, the
     smallest row's below 16); 1 without context parallelism (no non-causal call)."""
+    if setup.parallel.cp == 1:
+        return 1.0
     tiles = query_tiles(setup, gpu)
-    if tiles is None or setup.parallel.cp == 1 or tiles >= 512:
+    if tiles is None or tiles >= 512:
         return 1.0
     rows = (*efficiency.FA2_HOPPER_NONCAUSAL_GRID, (512, 1.0, 1.0))
     return _log_interpolate(rows, tiles, 2 if backward else 1)
