@@ -135,7 +135,7 @@ def sequence_factor(
     """FlashAttention-2's rate on Hopper at this call's length and head dimension (``curve_rate`` of
     ``efficiency.FA2_HOPPER_BY_SEQUENCE``), over its rate at 64k with heads of 128: 1 at long rows, 0.80
     forward and 0.65 backward at s 2,048 with heads of 128. ``causal_grid`` (``grid_factor``) scales the
-    causal kernel's rate only."""
+    causal cells' rate, ``other_grid`` (``noncausal_grid_factor``) a context-parallel rank's others'."""
     rate = curve_rate(
         setup,
         efficiency.FA2_HOPPER_BY_SEQUENCE[128],
@@ -211,7 +211,8 @@ def curve_rate(
     of long rows (``key_sequence``: s). ``causal_grid`` (``grid_factor``) scales the causal rate alone: a
     small grid slows the causal kernel (its tail of long query rows leaves SMs idle), while the non-causal
     blocks ran at their full-grid rate on 512 query tiles (0.350 / 0.272 against 0.348 / 0.280 at 4,096
-    tokens, benchmarks/data/h200-ring.jsonl's ``longkv`` rows)."""
+    tokens, benchmarks/data/h200-ring.jsonl's ``longkv`` rows) and below it lose less (``other_grid``:
+    ``noncausal_grid_factor``)."""
     narrow = (setup.model.head_dim or 0) < 96
     col = 2 if backward else 1
     cp = setup.parallel.cp

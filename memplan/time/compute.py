@@ -35,7 +35,9 @@ The backward of eager code moves its autograd op lists' bytes (``elementwise_bac
 SwiGLU's and rotary's nodes, the sums of the gradients of tensors used twice); fused code, LayerNorm,
 GELU, dropouts and a fused softmax twice their forward's (each op reads the incoming gradient and what
 it saved, and writes a gradient; the reference's eager core 7e a score); a re-run forward moves its bytes
-again.
+again. Context parallelism adds its own copies per layer (``context_parallel.elementwise_bytes``: torch's
+ring's fp32 merges and accumulators, or ``kv-gather``'s reorders), its forward's again where the attention
+re-runs.
 
 QLoRA (``dequant_bytes``): bitsandbytes dequantises each frozen 4-bit linear's weight to the compute
 dtype for its forward matmul and again for dX in backward, a memory-bound kernel that reads the 4-bit
