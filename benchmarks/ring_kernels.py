@@ -99,8 +99,9 @@ def ring_rows(reps: int) -> list[dict[str, Any]]:
     local, heads, d = (RING_LOCAL, 32, 128) if cuda else (256, 4, 16)
     ring = _ring_module()
     rows: list[dict[str, Any]] = []
-    for kv in (heads, heads // 4):
-        for cp in RING_CPS:
+    layouts = (heads, heads // 4) if cuda else (heads // 4,)  # a CPU smoke run: the grouped K/V only
+    for kv in layouts:
+        for cp in RING_CPS if cuda else (2, 8):
             for rank in sorted({0, cp - 1}):
                 row: dict[str, Any] = dict(
                     kind="ring", cp=cp, rank=rank, s_local=local, heads=heads, kv_heads=kv, d=d
