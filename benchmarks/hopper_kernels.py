@@ -217,14 +217,16 @@ def elementwise_rows(reps: int) -> list[dict[str, Any]]:
 
 
 def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
-    """The eager element-wise chains of memplan's reference layer (memplan/measure/reference/model.py: the
-    same ops in the same order), forward and backward (``autograd.grad`` of the chain's output, the weight
-    included), alone: RMSNorm as Llama writes it, torch's ``F.rms_norm``, LayerNorm, rotary on a strided
-    [b, a, s, d] view with [s, d] tables, SwiGLU's ``silu(gate)·up``, the tanh GELU, a residual add.
-    ``compiled``: the same chains through ``torch.compile`` (Inductor's fused kernels, ``--compile``), named
-    ``<chain>_compiled``."""
+    """The eager element-wise chains of memplan's reference layer (memplan/measure/reference/model.py's own
+    ``rms_norm`` and ``apply_rope``; the rest the same ops in the same order), forward and backward
+    (``autograd.grad`` of the chain's output, the weight included), alone: RMSNorm as Llama writes it,
+    torch's ``F.rms_norm``, LayerNorm, rotary on a strided [b, a, s, d] view with [s, d] tables, SwiGLU's
+    ``silu(gate)·up``, the tanh GELU, a residual add. ``compiled``: the same chains through
+    ``torch.compile`` (Inductor's fused kernels, ``--compile``), named ``<chain>_compiled``."""
     import torch
     import torch.nn.functional as F
+
+    from memplan.measure.reference.model import apply_rope, rms_norm
 
     rows: list[dict[str, Any]] = []
     bf = torch.bfloat16
@@ -244,17 +246,13 @@ def chain_rows(reps: int, compiled: bool = False) -> list[dict[str, Any]]:
         cos, sin = rand(s, d, grad=False), rand(s, d, grad=False)
 
         def rms(x: Any, w: Any) -> Any:
-            x32 = x.float()
-            rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)
-            return w * (x32 * rstd).to(x.dtype)
+            return rms_norm(x, w, 1e-5, "rmsnorm")
 
         def rope(
             q_lin: Any, k_lin: Any, cos: Any = cos, sin: Any = sin, b: int = b, s: int = s, d: int = d
         ) -> Any:
             def one(z: Any) -> Any:
-                z = z.view(b, s, -1, d).transpose(1, 2)
-                half = z.shape[-1] // 2
-                return z * cos + torch.cat((-z[..., half:], z[..., :half]), dim=-1) * sin
+                return apply_rope(z.view(b, s, -1, d).transpose(1, 2), cos, sin)
 
             return one(q_lin), one(k_lin)
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from memplan.measure.reference.model import apply_rope, layer_norm, rms_norm
 from memplan.time import elementwise as ew
 
 GEMMS_FULL = ((8192, 8192, 8192), (4096, 4096, 4096), (8192, 4096, 14336), (8192, 14336, 4096))
@@ -140,7 +141,7 @@ def chain_rates(
     device: torch.device, dtype: torch.dtype, small: bool, repeat: int
 ) -> dict[str, tuple[float, float]]:
     """Bytes/s of each eager element-wise chain, forward and backward (``autograd.grad`` of its output,
-    the weights included), the ops in memplan's reference layer's order (measure/reference/model.py) on
+    the weights included), memplan's reference layer's own functions (measure/reference/model.py) on
     Llama 3 8B's shapes (16,384 tokens of 4,096, SwiGLU 14,336, 32 heads over 8 of 128; the eager core on
     [1, 32, 2,048, 2,048] scores), or small ones: ``time.elementwise``'s bytes for each over its seconds."""
     tokens, h, ffn, heads, kv, s = (256, 64, 256, 4, 2, 128) if small else (16384, 4096, 14336, 32, 8, 2048)
@@ -158,13 +159,11 @@ def chain_rates(
     mask = torch.ones(s, s, device=device, dtype=torch.bool).triu(1)
 
     def rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+        return rms_norm(x, w, 1e-5, "rmsnorm")
 
     def rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         def one(z: torch.Tensor) -> torch.Tensor:
-            z = z.view(b, tokens // b, -1, d).transpose(1, 2)
-            return z * cos + torch.cat((-z[..., d // 2 :], z[..., : d // 2]), dim=-1) * sin
+            return apply_rope(z.view(b, tokens // b, -1, d).transpose(1, 2), cos, sin)
 
         return one(q), one(k)
 
@@ -175,7 +174,7 @@ def chain_rates(
     chains: dict[str, Chain] = {  # name: (fn, inputs, elements, (forward, backward) bytes an element)
         "rmsnorm": (rms, (x, w), tokens * h, (ew.rmsnorm(e, False), ew.rmsnorm_backward(e))),
         "layernorm": (
-            lambda x, w, bias: F.layer_norm(x, (h,), w, bias),
+            lambda x, w, bias: layer_norm(x, w, bias, 1e-5, "layernorm"),
             (x, w, bias),
             tokens * h,
             (2 * e, 4 * e),
