@@ -59,9 +59,10 @@ NB: one fraction per class for every GPU: FP8 and newer attention kernels (Flash
 ``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's. ``MATMUL`` is a
 sweep's best, not a sustained rate: one large bf16 GEMM back to back for 4 s on the lent H200 held
 673 TFLOP/s (0.68) at the 700 W limit (1,440 MHz; 817 TFLOP/s at 1,740 MHz with zeros, docs/gpu-profile.md).
-Not adopted: Llama 3's published H100 runs reach more than that allows, the H200's HBM3e takes more of
-the same 700 W, and which of a step's GEMMs reach the limit depends on its mix; ``memplan calibrate``
-measures the user's own.
+Not adopted: at 0.68 the Llama 3 H100 runs (docs/step-time.md) would move −4.8 → −6.4, −11.1 → −13.6
+and −13.7 → −17.7 %, further below their published figures; the H200's HBM3e takes more of the same
+700 W than an H100's HBM3; and which of a step's GEMMs reach the limit depends on its mix. ``memplan
+calibrate`` measures the user's own.
 """
 
 from memplan.presets import GpuPreset
