@@ -20,6 +20,7 @@ from rich.text import Text
 from memplan.analytic.optimizer_step import optimizer_impl
 from memplan.blocks.inventory import Scope
 from memplan.config import (
+    CpRotate,
     LossKind,
     Method,
     Offload,
@@ -123,7 +124,9 @@ def setup_line(e: Result) -> str:
     s = e.setup
     t, st = s.training, s.strategy
     rev = " · reversible" if st.reversible else ""
-    cp = f" × cp {s.parallel.cp}" if s.parallel.cp > 1 else ""
+    par = s.parallel
+    cp = f" × cp {par.cp}" if par.cp > 1 else ""
+    cp += f" ({par.cp_rotate.value})" if par.cp > 1 and par.cp_rotate is not CpRotate.ALLGATHER else ""
     tokens = fmt_int(t.micro_batch * t.seq_len)
     return (
         f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"

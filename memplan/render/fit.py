@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from memplan.config import Method
+from memplan.config import CpRotate, Method, default_impl
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
 from memplan.search.fit import Family, FitResult, estimate_command
@@ -45,6 +45,10 @@ def fit_report(r: FitResult, top: int) -> Group:
         f"seq {fmt_int(s.training.seq_len)}, global batch {fmt_int(r.global_batch)} sequences, "
         f"{s.training.precision.value}, {s.training.optimizer.value}"
     )
+    if s.impl.impl is not default_impl(s.model):
+        head.append(f", --impl {s.impl.impl.value}")
+    if s.parallel.cp_rotate is not CpRotate.ALLGATHER:
+        head.append(f", every cp > 1 with --cp-rotate {s.parallel.cp_rotate.value}")
     speed = r.searched / r.seconds if r.seconds else 0.0
     lines: list[RenderableType] = [
         head,

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from memplan.api import Built
 from memplan.compare import NUMBERS, Row
+from memplan.config import CpRotate
 from memplan.engine import Result
 from memplan.render import estimate as report
 from memplan.render.estimate import (
@@ -51,9 +52,8 @@ def layout_line(p: Result) -> str:
     schedule = f"interleaved ×{par.vpp}" if par.vpp > 1 else "1F1B"
     parts = [f"tp {par.tp}" + (" + sequence parallel" if par.sp else "")]
     if par.cp > 1:
-        parts.append(
-            f"cp {par.cp} (ring attention, {fmt_int(p.setup.training.seq_len // par.cp)} tokens each)"
-        )
+        kind = "K/V all-gathered, no ring" if par.cp_rotate is CpRotate.KV_GATHER else "ring attention"
+        parts.append(f"cp {par.cp} ({kind}, {fmt_int(p.setup.training.seq_len // par.cp)} tokens each)")
     parts.append(f"pp {par.pp} ({schedule})" if par.pp > 1 else "pp 1")
     if par.ep > 1:
         parts.append(f"ep {par.ep}")
