@@ -57,7 +57,6 @@ FIT_OPTIONS = (
     *FINETUNE_OPTIONS,
     "double_quant",
     "impl",
-    "cp_rotate",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""

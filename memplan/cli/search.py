@@ -26,8 +26,8 @@ from memplan.config import (
     Attention,
     AttentionChoice,
     Checkpointing,
+    CpRotate,
     ImplConfig,
-    Parallel,
     ZeroStage,
     default_impl,
     parse_checkpointing,
@@ -161,6 +161,7 @@ FIT_LISTS = {
     "attention": "eager,flash",
     "zero": "0,1,2,3",
     "micro-batches": "1,2,4,8",
+    "cp-rotate": "allgather,kv-gather",
 }
 
 
@@ -229,10 +230,22 @@ def fit_command(
         typer.Option(
             "--cp-max",
             metavar="N",
-            help="Largest context-parallel degree to search (powers of two, flash attention), only when "
-            "nothing fits without it; 1: never",
+            help="Largest context-parallel degree to search (powers of two, flash attention) beside every "
+            "layout; 1: never",
         ),
     ] = 16,
+    cp_rotate: Annotated[
+        str | None,
+        typer.Option(
+            "--cp-rotate",
+            metavar="LIST",
+            help=plain(
+                "Kinds of context parallelism to search for every cp > 1: allgather, alltoall (torch's "
+                "ring), kv-gather (Llama 3's, Transformer Engine's all_gather: no ring) [default: allgather]"
+            ),
+            show_default=False,
+        ),
+    ] = None,
     method: Annotated[
         str | None,
         typer.Option(
@@ -276,7 +289,6 @@ def fit_command(
         optimizer_impl=o.optimizer_impl,
         dropout=o.dropout,
         device=o.device,
-        parallel=Parallel(cp_rotate=o.cp_rotate),  # how every searched cp > 1 moves K/V
         impl=ImplConfig(impl=o.impl if o.impl is not None else default_impl(model)),
     )
     defaults = Space()
@@ -288,6 +300,7 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
         cp_max=cp_max,
+        cp_rotate=_list(cp_rotate, "cp-rotate", CpRotate) or defaults.cp_rotate,
         keep=top,  # the rows shown are found exactly; slower configurations may be pruned
     )
     given = {name: getattr(o, name) for name in FINETUNE_OPTIONS}

@@ -9,7 +9,7 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from memplan.config import CpRotate, Method, default_impl
+from memplan.config import CpRotate, Method, Parallel, default_impl
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
 from memplan.search.fit import Family, FitResult, estimate_command
@@ -29,11 +29,18 @@ def _family_cells(f: Family, plain: bool) -> list[str]:
         f.checkpointing.name.lower(),
         f.attention.name.lower(),
         str(int(f.zero)),
-        f"{par.tp}" + ("+sp" if par.sp else "") + (f"·cp{par.cp}" if par.cp > 1 else ""),
+        f"{par.tp}" + ("+sp" if par.sp else "") + _cp_cell(par),
         f"{par.pp}" + (f"×{par.vpp}" if par.vpp > 1 else ""),
         str(par.ep),
         f"{f.layout.dp}" + (f"/{f.layout.hsdp}" if f.layout.hsdp else ""),
     ]
+
+
+def _cp_cell(par: Parallel) -> str:
+    """``·cpN``, with the kind of context parallelism where it is not torch's default ring."""
+    if par.cp == 1:
+        return ""
+    return f"·cp{par.cp}" + ("" if par.cp_rotate is CpRotate.ALLGATHER else f" {par.cp_rotate.value}")
 
 
 def fit_report(r: FitResult, top: int) -> Group:
@@ -47,8 +54,8 @@ def fit_report(r: FitResult, top: int) -> Group:
     )
     if s.impl.impl is not default_impl(s.model):
         head.append(f", --impl {s.impl.impl.value}")
-    if s.parallel.cp_rotate is not CpRotate.ALLGATHER:
-        head.append(f", every cp > 1 with --cp-rotate {s.parallel.cp_rotate.value}")
+    if r.cp_rotate != (CpRotate.ALLGATHER,):
+        head.append(", cp > 1 as " + ", ".join(k.value for k in r.cp_rotate))
     speed = r.searched / r.seconds if r.seconds else 0.0
     lines: list[RenderableType] = [
         head,

@@ -110,7 +110,9 @@ def fit(
     check_time_inputs(mfu, None, None)
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
-    result = FitResult(setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve)
+    result = FitResult(
+        setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve, cp_rotate=space.cp_rotate
+    )
     memory = result.usable
     crowded = too_many(base, gpus, space)
     if crowded:

@@ -16,6 +16,7 @@ from memplan.config import (
     FULL_TRAINING,
     Attention,
     Checkpointing,
+    CpRotate,
     FineTune,
     Setup,
     ZeroStage,
@@ -60,6 +61,7 @@ class Family:
             "pp_layers": list(par.pp_layers) if par.pp_layers is not None else None,
             "ep": par.ep,
             "cp": par.cp,
+            "cp_rotate": par.cp_rotate.value,
             "dp": self.layout.dp,
             "hsdp": self.layout.hsdp,
         }
@@ -171,6 +173,8 @@ class FitResult:
     """Each method searched, in order: the fastest configuration at the lowest saver level that fits."""
     cutoffs: dict[tuple[FineTune, int], Cutoff] = field(default_factory=dict, repr=False)
     """Per method and saver level, the ``Space.keep`` fastest step times so far (``bound``)."""
+    cp_rotate: tuple[CpRotate, ...] = (CpRotate.ALLGATHER,)
+    """The kinds of context parallelism searched (``Space.cp_rotate``)."""
 
     @property
     def usable(self) -> int:

@@ -13,10 +13,11 @@ interleaved schedule also needs the micro-batches per step to be a multiple of p
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
-from memplan.config import Attention, Checkpointing, Impl, Parallel, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, CpRotate, Impl, Parallel, Setup, ZeroStage
 from memplan.config.impl_rules import titan_stage_layers
 from memplan.config.strategy import MAX_DP
 from memplan.strategies.pipeline_parallel import stage_layers
@@ -42,6 +43,8 @@ class Space:
     """Tensor parallelism stays inside one 8-GPU NVLink domain by default."""
     cp_max: int = 16
     """Context parallelism: powers of two up to this, flash attention only, searched with every layout."""
+    cp_rotate: tuple[CpRotate, ...] = (CpRotate.ALLGATHER,)
+    """The kinds of context parallelism searched for every cp > 1 (``--cp-rotate``)."""
     vpp: tuple[int, ...] = (1, 2, 4, 8)
     """Virtual stages per pipeline rank (the interleaved schedule) searched with pp > 1."""
     hsdp: bool = True
@@ -117,17 +120,11 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
             if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)
                 continue
             eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
-            for ep in eps:
+            rotates = space.cp_rotate if cp > 1 else (CpRotate.ALLGATHER,)
+            for ep, rotate in itertools.product(eps, rotates):
                 sp = tp > 1 and (seq // cp) % tp == 0
                 par = Parallel(
-                    tp=tp,
-                    sp=sp,
-                    pp=pp,
-                    vpp=vpp,
-                    pp_layers=virtual,
-                    ep=ep,
-                    cp=cp,
-                    cp_rotate=setup.parallel.cp_rotate,
+                    tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, cp=cp, cp_rotate=rotate
                 )
                 groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if ep == 1 else [0]
                 for hsdp in groups:

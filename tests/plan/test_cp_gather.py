@@ -122,20 +122,35 @@ def test_trace_and_profile_run_torchs_ring_only() -> None:
     cpx.check_torch_ring(gathered(cp=1))
 
 
-def test_fit_searches_with_the_given_cp_rotate_and_impl_and_its_rows_reproduce() -> None:
+def test_fit_searches_each_given_kind_of_cp_under_the_given_impl_and_its_rows_reproduce() -> None:
+    """``fit --cp-rotate allgather,kv-gather``: every cp > 1 layout in both kinds (the kv-gather one the
+    faster at this cp 2: its rows' commands say which), every row's command with ``--impl megatron``."""
     argv = (
-        "fit -m 8b --seq 65536 --gpus 16 --gpu h100-sxm --global-batch 16 --top 3 --checkpointing full "
-        "--attention flash --micro-batches 1 --cp-rotate kv-gather --impl megatron --json"
+        "fit -m 8b --seq 65536 --gpus 16 --gpu h100-sxm --global-batch 16 --top 0 --checkpointing full "
+        "--attention flash --micro-batches 1 --zero 3 --cp-rotate allgather,kv-gather --impl megatron --json"
     )
     r = runner.invoke(app, argv.split())
     assert r.exit_code == 0, r.stderr
     configs = json.loads(r.stdout)["configs"]
-    assert configs
-    for c in configs:
+    kinds = {c["settings"]["cp_rotate"] for c in configs if c["settings"]["cp"] > 1}
+    assert kinds == {"allgather", "kv-gather"}
+    by = {(c["settings"]["cp"], c["settings"]["tp"], c["settings"]["cp_rotate"]): c for c in configs}
+    ring, gather = by[(2, 1, "allgather")], by[(2, 1, "kv-gather")]
+    assert gather["time"]["step_time_s"] < ring["time"]["step_time_s"]
+    for c in (ring, gather, configs[0]):
         assert "--impl megatron" in c["command"]
-        assert ("--cp-rotate kv-gather" in c["command"]) == (" --cp " in c["command"])
+        assert ("--cp-rotate kv-gather" in c["command"]) == (c["settings"]["cp_rotate"] == "kv-gather")
         again = runner.invoke(app, [*c["command"].removeprefix("memplan ").split(), "--json"])
         assert json.loads(again.stdout)["time"]["step_time_s"] == c["time"]["step_time_s"]
+
+
+def test_fit_refuses_an_unknown_kind_in_one_line() -> None:
+    r = runner.invoke(app, ["fit", "-m", "8b", "--gpus", "8", "--gpu", "h100-sxm", "--cp-rotate", "ring"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (
+        "error: cp-rotate: cannot read 'ring'; give a comma-separated list, e.g. "
+        "--cp-rotate allgather,kv-gather"
+    )
 
 
 def test_the_kind_of_cp_is_not_taken_from_cached_pieces() -> None:
