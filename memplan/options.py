@@ -57,6 +57,11 @@ FIT_OPTIONS = (
     *FINETUNE_OPTIONS,
     "double_quant",
     "impl",
+    "attention_kernel",
+    "compile",
+    "compile_loss",
+    "fp8",
+    "fp8_all_gather",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""

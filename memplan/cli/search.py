@@ -289,7 +289,14 @@ def fit_command(
         optimizer_impl=o.optimizer_impl,
         dropout=o.dropout,
         device=o.device,
-        impl=ImplConfig(impl=o.impl if o.impl is not None else default_impl(model)),
+        impl=ImplConfig(  # whose code, and the kernels asked for: held for every layout searched
+            impl=o.impl if o.impl is not None else default_impl(model),
+            attention_kernel=o.attention_kernel,
+            compile=o.compile,
+            compile_loss=o.compile_loss,
+            fp8=o.fp8,
+            fp8_all_gather=o.fp8_all_gather,
+        ),
     )
     defaults = Space()
     space = Space(

@@ -9,9 +9,10 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
-from memplan.config import CpRotate, Method, Parallel, default_impl
+from memplan.config import CpRotate, Method, Parallel
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
+from memplan.search.command import impl_args
 from memplan.search.fit import Family, FitResult, estimate_command
 from memplan.search.methods import SAVERS
 
@@ -52,8 +53,8 @@ def fit_report(r: FitResult, top: int) -> Group:
         f"seq {fmt_int(s.training.seq_len)}, global batch {fmt_int(r.global_batch)} sequences, "
         f"{s.training.precision.value}, {s.training.optimizer.value}"
     )
-    if s.impl.impl is not default_impl(s.model):
-        head.append(f", --impl {s.impl.impl.value}")
+    if given := impl_args(s):  # whose code and the kernels asked for, held for every layout
+        head.append(", " + " ".join(given))
     if r.cp_rotate != (CpRotate.ALLGATHER,):
         head.append(", cp > 1 as " + ", ".join(k.value for k in r.cp_rotate))
     speed = r.searched / r.seconds if r.seconds else 0.0

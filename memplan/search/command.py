@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 from memplan.config import (
     CpRotate,
     FineTune,
+    ImplConfig,
     LossKind,
     Method,
     Offload,
     Optimizer,
     Precision,
+    Setup,
     default_impl,
     loss_label,
     offload_label,
@@ -30,8 +32,7 @@ def estimate_command(c: Config, r: FitResult) -> str:
     t, st, par = s.training, s.strategy, s.parallel
     f = c.family
     args = ["memplan estimate", f"-m {s.model.name}", f"--seq {t.seq_len}"]
-    if s.impl.impl is not default_impl(s.model):
-        args.append(f"--impl {s.impl.impl.value}")
+    args += impl_args(s)
     if t.precision is not Precision.BF16_MIXED:
         args.append(f"--precision {t.precision.value}")
     if t.optimizer is not Optimizer.ADAMW:
@@ -59,6 +60,20 @@ def estimate_command(c: Config, r: FitResult) -> str:
     if saver.loss is not LossKind.STANDARD:
         args.append(f"--loss {loss_label(saver.loss, 1)}")
     return " ".join(args + _finetune_args(f.finetune))
+
+
+def impl_args(s: Setup) -> list[str]:
+    """The ``--impl`` and kernel options of ``s`` that differ from their defaults (``fit`` holds them for
+    every layout)."""
+    impl, default = s.impl, ImplConfig()
+    out = [f"--impl {impl.impl.value}"] if impl.impl is not default_impl(s.model) else []
+    if impl.attention_kernel is not default.attention_kernel:
+        out.append(f"--attention-kernel {impl.attention_kernel.value}")
+    out += ["--compile"] if impl.compile else []
+    out += ["--no-compile-loss"] if impl.compile and not impl.compile_loss else []
+    out += [f"--fp8 {impl.fp8.value}"] if impl.fp8 is not default.fp8 else []
+    out += ["--fp8-all-gather"] if impl.fp8_all_gather else []
+    return out
 
 
 def _finetune_args(ft: FineTune) -> list[str]:

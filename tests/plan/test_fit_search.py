@@ -213,3 +213,35 @@ def test_context_parallelism_is_searched_when_everything_fits_without_it() -> No
     assert 1 in cps and max(cps) > 1
     assert result.pruned == 0  # keep 0: nothing pruned
     assert any(c.family.layout.hsdp == 8 for c in result.fitting)  # HSDP: one node's 8 ranks
+
+
+def test_fit_holds_the_asked_kernels_for_every_layout_and_its_rows_reproduce() -> None:
+    """Issue #21 item 6, ``--fp8``/``--compile`` when asked: ``--impl torchtitan --compile --no-compile-loss
+    --fp8 tensorwise`` hold for every layout searched; each row's command repeats them and gives the same
+    step time and peak."""
+    found = run_json(
+        "fit -m 8b --seq 8192 --gpus 16 --gpu h100-sxm --global-batch 32 --top 3 --checkpointing selective "
+        "--attention flash --micro-batches 1,2 --impl torchtitan --compile --no-compile-loss "
+        "--fp8 tensorwise --json"
+    )
+    assert found["configs"]
+    for c in found["configs"]:
+        assert "--impl torchtitan --compile --no-compile-loss --fp8 tensorwise" in c["command"]
+        again = run_json(c["command"].removeprefix("memplan ") + " --json")
+        assert again["time"]["step_time_s"] == c["time"]["step_time_s"]
+        assert again["memory"]["peak"] == c["memory"]["peak"]
+
+
+def test_fit_with_fp8_on_a_gpu_without_it_is_a_one_line_error() -> None:
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    r = CliRunner().invoke(
+        app, ["fit", "-m", "8b", "--gpus", "8", "--gpu", "a100-80gb", "--fp8", "tensorwise"]
+    )
+    assert r.exit_code == 2
+    assert (
+        r.stderr.strip()
+        == "error: fp8: a100-80gb has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
+    )
