@@ -248,9 +248,9 @@ def ring_bytes(setup: Setup) -> tuple[int, int]:
 
     The logsumexp's updates ([b, a, s/c] fp32: 1/d of the output's) are not counted, nor k and v's
     ``contiguous()`` copies (none for contiguous inputs). Measured with the kernels' own time taken out
-    (benchmarks/ring_kernels.py, an H200, Llama 3.1 8B's shapes at cp 8, K/V repeated to its 32 query heads):
-    14.0 ms forward and 18.2 ms
-    backward on this rank against these bytes' 11.7 and 17.4 ms at ``MEMORY`` × 4.8 TB/s."""
+    (benchmarks/ring_kernels.py, an H200, Llama 3.1 8B's shapes at cp 8, K/V repeated to its 32 query
+    heads): 14.0 ms forward and 18.2 ms backward on this rank against these bytes' 11.7 and 17.4 ms at
+    ``MEMORY`` × 4.8 TB/s."""
     c = setup.parallel.cp
     if c == 1:
         return 0, 0
