@@ -65,13 +65,7 @@ class Precision(StrEnum):
 
     @property
     def activation_dtype(self) -> DType:
-        return {
-            Precision.FP32: DType.FP32,
-            Precision.BF16_MIXED: DType.BF16,
-            Precision.FP16_MIXED: DType.FP16,
-            Precision.BF16: DType.BF16,
-            Precision.FSDP2_MIXED: DType.BF16,
-        }[self]
+        return _ACTIVATION_DTYPE[self]
 
     @property
     def weight_bytes(self) -> int:
@@ -90,6 +84,16 @@ class Precision(StrEnum):
     def state_bytes(self) -> int:
         """Bytes of one full-precision optimizer state element (fp32, or bf16 for pure bf16)."""
         return 2 if self is Precision.BF16 else 4
+
+
+_ACTIVATION_DTYPE = {
+    Precision.FP32: DType.FP32,
+    Precision.BF16_MIXED: DType.BF16,
+    Precision.FP16_MIXED: DType.FP16,
+    Precision.BF16: DType.BF16,
+    Precision.FSDP2_MIXED: DType.BF16,
+}
+"""Each recipe's activation (and weight, gradient) dtype: a mapping built once (fit reads it ~10⁵ times)."""
 
 
 class Optimizer(StrEnum):
