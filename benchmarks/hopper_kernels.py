@@ -360,68 +360,101 @@ def core_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
-def power_rows(reps: int) -> list[dict[str, Any]]:
-    """One large bf16 GEMM (70B's MLP shape, 16,384 × 8,192 × 28,672) back to back for ≈ 4 s with random
-    inputs and with zeros, nvidia-smi's SM clock and board power sampled meanwhile (every ≈ 0.2 s): whether
-    a sustained GEMM runs at the board's power limit and at what clock (the data-dependent power of
-    Horace He's "Strangely, Matrix Multiplications on GPUs Run Faster When Given 'Predictable' Data",
-    2024: zeros switch fewer transistors, so the same GEMM holds a higher clock under the same limit)."""
+def sustained(fn: Callable[[], Any], seconds: float) -> dict[str, Any]:
+    """``fn`` back to back for ≈ ``seconds`` with nvidia-smi's SM clock and board power sampled meanwhile
+    (every ≈ 0.2 s): seconds a call, and the samples' medians (``sm_mhz``, ``watts``) and the limit."""
     import subprocess
     import threading
     import time
 
     import torch
 
+    samples: list[tuple[float, ...]] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        query = [
+            "nvidia-smi",
+            "--query-gpu=clocks.sm,power.draw,power.limit",
+            "--format=csv,noheader,nounits",
+        ]
+        while not stop.is_set():
+            try:
+                line = subprocess.run(query, capture_output=True, text=True, timeout=5).stdout.splitlines()[0]
+                samples.append(tuple(float(x) for x in line.split(",")))
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                return
+            time.sleep(0.2)
+
+    for _ in range(3):  # warm: the clock settles under the limit
+        fn()
+    calls = max(1, round(seconds / max(_timer(fn, 1), 1e-6)))
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    stop.set()
+    thread.join()
+    row: dict[str, Any] = dict(calls=calls, s=wall / calls)
+    if samples:
+        row["sm_mhz"] = statistics.median(x[0] for x in samples)
+        row["watts"] = statistics.median(x[1] for x in samples)
+        row["limit_w"] = samples[0][2]
+        row["samples"] = len(samples)
+    return row
+
+
+def power_rows(reps: int) -> list[dict[str, Any]]:
+    """Kernels held at full load for ≈ 4 s each (``sustained``): one large bf16 GEMM (70B's MLP shape,
+    16,384 × 8,192 × 28,672) with random inputs and with zeros — whether it runs at the board's power limit
+    and at what clock (the data-dependent power of Horace He's "Strangely, Matrix Multiplications on GPUs
+    Run Faster When Given 'Predictable' Data", 2024: zeros switch fewer transistors, so the same GEMM
+    holds a higher clock under the same limit) — and the flash attention kernel, forward and backward
+    (causal, 32 heads of 128, b 2 × 8,192; and b 1 × 32,768, a context-parallel rank's local block): what
+    it draws at its own rate."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     cuda = DEV == "cuda"
+    seconds = 4.0 if cuda else 0.05
     m, k, n = (16384, 8192, 28672) if cuda else (256, 128, 512)
     rows: list[dict[str, Any]] = []
     for fill in ("randn", "zeros"):
         make = torch.randn if fill == "randn" else torch.zeros
         a = make(m, k, device=DEV, dtype=torch.bfloat16)
         b = make(k, n, device=DEV, dtype=torch.bfloat16)
-        samples: list[tuple[float, ...]] = []
-        stop = threading.Event()
-
-        def poll(samples: list[tuple[float, ...]] = samples, stop: threading.Event = stop) -> None:
-            query = [
-                "nvidia-smi",
-                "--query-gpu=clocks.sm,power.draw,power.limit",
-                "--format=csv,noheader,nounits",
-            ]
-            while not stop.is_set():
-                try:
-                    line = subprocess.run(
-                        query, capture_output=True, text=True, timeout=5
-                    ).stdout.splitlines()[0]
-                    samples.append(tuple(float(x) for x in line.split(",")))
-                except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-                    return
-                time.sleep(0.2)
-
-        for _ in range(3):  # warm: the clock settles under the limit
-            torch.mm(a, b)
-        sec = _timer(functools.partial(torch.mm, a, b), 1)
-        calls = max(1, round((4.0 if cuda else 0.05) / max(sec, 1e-6)))
-        thread = threading.Thread(target=poll, daemon=True)
-        thread.start()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            torch.mm(a, b)
-        if cuda:
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        stop.set()
-        thread.join()
-        row: dict[str, Any] = dict(kind="power", fill=fill, m=m, k=k, n=n, calls=calls, s=wall / calls)
+        row: dict[str, Any] = dict(kind="power", fill=fill, m=m, k=k, n=n)
+        row.update(sustained(functools.partial(torch.mm, a, b), seconds))
         row["tflops"] = 2 * m * k * n / row["s"] / 1e12
-        if samples:
-            row["sm_mhz"] = statistics.median(x[0] for x in samples)
-            row["watts"] = statistics.median(x[1] for x in samples)
-            row["limit_w"] = samples[0][2]
-            row["samples"] = len(samples)
         rows.append(row)
         print(json.dumps(row), flush=True)
         del a, b
+    for batch, s in ((2, 8192), (1, 32768)) if cuda else ((1, 64),):
+        heads, d = (32, 128) if cuda else (2, 16)
+        q, kk, v = (
+            torch.randn(batch, heads, s, d, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+            for _ in "qkv"
+        )
+        dout = torch.randn(batch, heads, s, d, device=DEV, dtype=torch.bfloat16)
+        backends = [SDPBackend.FLASH_ATTENTION] if cuda else [SDPBackend.MATH]
+
+        def step(q: Any = q, kk: Any = kk, v: Any = v, dout: Any = dout, backends: Any = backends) -> Any:
+            with sdpa_kernel(backends):
+                out = F.scaled_dot_product_attention(q, kk, v, is_causal=True)
+            return torch.autograd.grad(out, (q, kk, v), dout)
+
+        flops = 3.5 * 4 * batch * heads * s * s * d / 2  # forward + backward (2.5×), causal half
+        row = dict(kind="power", fill="flash", b=batch, heads=heads, seq=s, d=d)
+        row.update(sustained(step, seconds))
+        row["tflops"] = flops / row["s"] / 1e12
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del q, kk, v, dout
     return rows
 
 
