@@ -268,37 +268,40 @@ def main(argv: list[str] | None = None) -> int:
     return hopper_kernels.command_line(argv, __doc__, "block,ring,longkv,smallgrid,gather", measure, report)
 
 
+def attention_per_layer(cp: int, gpu_name: str, rotate: str = "allgather") -> float:
+    """``memplan estimate``'s attention seconds over the layers (forward and backward, no checkpointing)
+    for a rank of the rows' setup: Llama 3.1 8B, --impl torchtitan, RING_LOCAL tokens a rank, b 1."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    argv = f"estimate -m llama-3.1-8b --seq {RING_LOCAL * cp} --batch 1 --gpus {cp} --impl torchtitan"
+    argv += f" --gpu {gpu_name} --checkpointing none --json"
+    argv += f" --cp {cp} --cp-rotate {rotate}" if cp > 1 else ""
+    predicted = json.loads(CliRunner().invoke(app, argv.split()).stdout)["time"]["predicted"]
+    return float(predicted["attention_s"]) / int(predicted["stage_layers"])
+
+
 def model_layer_seconds(cp: int, kv_heads: int, gpu_name: str) -> float:
     """memplan's seconds for one layer's ring attention, forward and backward, on a rank of the ``ring``
     rows' setup: ``memplan estimate``'s ``attention_s`` over the layers (without checkpointing) plus the
     ring's own element-wise bytes (``context_parallel.ring_bytes``, K/V with ``kv_heads``) at ``MEMORY`` ×
     the preset's HBM."""
-    from typer.testing import CliRunner
-
     from memplan.api import build_setup
-    from memplan.cli.app import app
     from memplan.config import Parallel
     from memplan.presets import load_gpu
     from memplan.strategies.context_parallel import ring_bytes
     from memplan.time.compute import hbm_bytes_per_s
 
-    argv = f"estimate -m llama-3.1-8b --seq {RING_LOCAL * cp} --batch 1 --gpus {cp} --impl torchtitan"
-    argv += f" --gpu {gpu_name} --checkpointing none --json" + (f" --cp {cp}" if cp > 1 else "")
-    result = CliRunner().invoke(app, argv.split())
-    predicted = json.loads(result.stdout)["time"]["predicted"]
     setup = build_setup("llama-3.1-8b", seq=RING_LOCAL * cp, parallel=Parallel(cp=cp))
     setup = setup.model_copy(update={"model": setup.model.model_copy(update={"num_kv_heads": kv_heads})})
     ring = sum(ring_bytes(setup)) / hbm_bytes_per_s(load_gpu(gpu_name))
-    return float(predicted["attention_s"]) / int(predicted["stage_layers"]) + ring
+    return attention_per_layer(cp, gpu_name) + ring
 
 
 def gather_table(rows: list[dict[str, Any]], gpu_name: str) -> list[str]:
     """Per cp: ``kv-gather``'s two chunk calls on a rank (both ranks' mean) against memplan's attention for
     ``--cp-rotate kv-gather`` (``estimate``'s ``attention_s`` over the layers, forward + backward, ms)."""
-    from typer.testing import CliRunner
-
-    from memplan.cli.app import app
-
     out = [
         "| cp | forward ms | backward ms | memplan ms | measured / memplan |",
         "|---:|---:|---:|---:|---:|",
@@ -306,10 +309,7 @@ def gather_table(rows: list[dict[str, Any]], gpu_name: str) -> list[str]:
     for cp in sorted({r["cp"] for r in rows if r["kind"] == "gather"}):
         rs = [r for r in rows if r["kind"] == "gather" and r["cp"] == cp]
         fwd, bwd = (sum(r[w] for r in rs) / len(rs) for w in ("fwd_s", "bwd_s"))
-        argv = f"estimate -m llama-3.1-8b --seq {RING_LOCAL * cp} --batch 1 --gpus {cp} --cp {cp}"
-        argv += f" --cp-rotate kv-gather --impl torchtitan --gpu {gpu_name} --checkpointing none --json"
-        predicted = json.loads(CliRunner().invoke(app, argv.split()).stdout)["time"]["predicted"]
-        model = float(predicted["attention_s"]) / int(predicted["stage_layers"])
+        model = attention_per_layer(cp, gpu_name, "kv-gather")
         cells = (
             cp,
             f"{fwd * 1e3:.1f}",

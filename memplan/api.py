@@ -256,19 +256,24 @@ def setup_of(o: Options) -> Setup:
             o.double_quant,
             o.precision.activation_dtype,
         ),
-        impl=ImplConfig(
-            impl=o.impl if o.impl is not None else default_impl(model),
-            use_cache=o.use_cache,
-            reentrant=o.reentrant,
-            flash_attn=o.flash_attn,
-            attention_kernel=o.attention_kernel,
-            compile=o.compile,
-            compile_loss=o.compile_loss,
-            fp8=o.fp8,
-            fp8_amax_history_len=o.fp8_amax_history_len,
-            fp8_all_gather=o.fp8_all_gather,
-            experts=o.experts,
-        ),
+        impl=impl_of(o, model),
+    )
+
+
+def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
+    """Whose code and which kernels ``o`` asks for (``--impl``: the model's default when not given)."""
+    return ImplConfig(
+        impl=o.impl if o.impl is not None else default_impl(model),
+        use_cache=o.use_cache,
+        reentrant=o.reentrant,
+        flash_attn=o.flash_attn,
+        attention_kernel=o.attention_kernel,
+        compile=o.compile,
+        compile_loss=o.compile_loss,
+        fp8=o.fp8,
+        fp8_amax_history_len=o.fp8_amax_history_len,
+        fp8_all_gather=o.fp8_all_gather,
+        experts=o.experts,
     )
 
 

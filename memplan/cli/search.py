@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from memplan.api import Options, build_setup, gpu_of, load_model
+from memplan.api import Options, build_setup, gpu_of, impl_of, load_model
 from memplan.cli.common import (
     JsonOpt,
     console,
@@ -27,9 +27,7 @@ from memplan.config import (
     AttentionChoice,
     Checkpointing,
     CpRotate,
-    ImplConfig,
     ZeroStage,
-    default_impl,
     parse_checkpointing,
 )
 from memplan.options import FIT_OPTIONS
@@ -289,14 +287,7 @@ def fit_command(
         optimizer_impl=o.optimizer_impl,
         dropout=o.dropout,
         device=o.device,
-        impl=ImplConfig(  # whose code, and the kernels asked for: held for every layout searched
-            impl=o.impl if o.impl is not None else default_impl(model),
-            attention_kernel=o.attention_kernel,
-            compile=o.compile,
-            compile_loss=o.compile_loss,
-            fp8=o.fp8,
-            fp8_all_gather=o.fp8_all_gather,
-        ),
+        impl=impl_of(o, model),  # whose code, and the kernels asked for: held for every layout searched
     )
     defaults = Space()
     space = Space(
