@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama snapshot
+# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama core snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -68,6 +68,11 @@ if on llama; then  # one eager Llama 3.2 1B step at s 8,192 (RMSNorm, rotary, Sw
     timeout 150 python3 -m memplan profile -m llama-3.2-1b --seq 8192 --batch 2 --checkpointing none \
         --attention flash --steps 2 --warmup 1 --json > "$OUT/llama1b.json" 2> /tmp/llama.err
     tail -3 /tmp/llama.err; python3 -c "import json; print(json.load(open('$OUT/llama1b.json'))['time'])"
+fi
+if on core; then  # the eager attention core under selective checkpointing, op by op, on CUDA (benchmarks/eager_core_order.py)
+    echo "== core"
+    timeout 120 python3 benchmarks/eager_core_order.py --device cuda --seq "${CORE_SEQ:-3072}" --json "$OUT/core.json" > "$OUT/core.txt" 2>&1
+    grep "^==" "$OUT/core.txt"
 fi
 if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
     echo "== snapshot"

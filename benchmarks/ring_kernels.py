@@ -251,6 +251,129 @@ def gather_rows(reps: int) -> list[dict[str, Any]]:
     return rows
 
 
+MEMORY_CPS = (1, 2, 4, 8)
+"""The ``memory`` rows' cp (1: the flash op alone, no ring)."""
+
+
+def _op_memory(device: str) -> Any:
+    """A dispatch mode that keeps, after every op, its name and the bytes live on ``device``: on CUDA the
+    caching allocator's ``memory_allocated`` (its ``max_memory_allocated`` also sees a kernel's workspace
+    freed inside the op), on CPU memplan's live-storage tracker (op outputs only)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from memplan.measure.instruments.tracker import LiveMemoryTracker
+
+    if device == "cuda":
+
+        class CudaOps(TorchDispatchMode):
+            def __init__(self) -> None:
+                super().__init__()
+                self.rows: list[tuple[str, int]] = []
+
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                self.rows.append((str(func), torch.cuda.memory_allocated()))
+                return out
+
+        return CudaOps()
+
+    class CpuOps(LiveMemoryTracker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[tuple[str, int]] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            self.rows.append((str(func), self.current))
+            return out
+
+    return CpuOps()
+
+
+def _phase_memory(fn: Any, cuda: bool) -> tuple[Any, dict[str, Any]]:
+    """Run ``fn`` under ``_op_memory``: its result and, relative to the bytes live before it, the highest
+    bytes after any op, the allocator's own peak (CUDA), the bytes left after it, and every op's row."""
+    import torch
+
+    base = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    mode = _op_memory("cuda" if cuda else "cpu")
+    with mode:
+        out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    rows = [(name, live - base) for name, live in mode.rows]
+    stats = {
+        "peak_ops": max((r[1] for r in rows), default=0),
+        "peak_allocator": torch.cuda.max_memory_allocated() - base if cuda else None,
+        "left": (torch.cuda.memory_allocated() - base) if cuda else mode.current,
+        "ops": rows,
+    }
+    return out, stats
+
+
+def _flash_op_memory(q: Any, k: Any, v: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``_phase_memory`` of the CUDA flash op and of its backward on q, k, v (causal, no dropout)."""
+    import torch
+
+    aten = torch.ops.aten
+    res, forward = _phase_memory(lambda: aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True), True)
+    out, lse, cq, ck, mq, mk, seed, offset = res[:8]
+    dout = torch.randn_like(out)
+    args = (dout, q, k, v, out, lse, cq, ck, mq, mk, 0.0, True, seed, offset)
+    _, backward = _phase_memory(lambda: aten._scaled_dot_product_flash_attention_backward(*args), True)
+    return forward, backward
+
+
+def memory_rows(reps: int) -> list[dict[str, Any]]:
+    """The bytes one rank's ring attention makes beyond its inputs, forward and backward, op by op (the
+    transients ``analytic.peak`` must place: the gathered K/V, the fp32 merge, the backward's fp32
+    accumulators and rotations), rank 0 and rank cp − 1, torchtitan Table 2's shapes with 8 K/V heads;
+    cp 1 is the flash op and its backward alone (the kernel's own workspace)."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    cuda = hopper_kernels.DEV == "cuda"
+    local, heads, kv, d = (RING_LOCAL, 32, 8, 128) if cuda else (256, 4, 2, 16)
+    ring = _ring_module()
+    rows: list[dict[str, Any]] = []
+    for cp in MEMORY_CPS:
+        for rank in sorted({0, cp - 1}):
+            row: dict[str, Any] = dict(
+                kind="memory", cp=cp, rank=rank, s_local=local, heads=heads, kv_heads=kv, d=d
+            )
+            dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=max(cp, 2))
+            try:
+                q = torch.randn(1, heads, local, d, device=hopper_kernels.DEV, dtype=torch.bfloat16)
+                k, v = (
+                    torch.randn(1, kv, local, d, device=hopper_kernels.DEV, dtype=torch.bfloat16)
+                    for _ in "kv"
+                )
+                if cp == 1 and cuda:
+                    row["forward"], row["backward"] = _flash_op_memory(q, k, v)
+                elif cp > 1:
+                    fwd, bwd = _ring_calls(ring, q, k, v, cuda)  # one warm-up call of the forward inside
+                    res, row["forward"] = _phase_memory(fwd, cuda)
+                    del res
+                    _, row["backward"] = _phase_memory(bwd, cuda)
+                else:
+                    continue
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            finally:
+                dist.destroy_process_group()
+            rows.append(row)
+            brief = {key: val for key, val in row.items() if key not in ("forward", "backward")}
+            print(json.dumps(brief), flush=True)
+            if cuda:
+                torch.cuda.empty_cache()
+    return rows
+
+
 def measure(args: argparse.Namespace) -> int:
     hopper_kernels.DEV = args.device
     reps = args.reps
@@ -260,6 +383,7 @@ def measure(args: argparse.Namespace) -> int:
         "longkv": lambda: longkv_rows(reps),
         "smallgrid": lambda: smallgrid_rows(reps),
         "gather": lambda: gather_rows(reps),
+        "memory": lambda: memory_rows(reps),
     }
     return hopper_kernels.write_parts(Path(args.out), args.parts, makers)
 

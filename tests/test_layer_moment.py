@@ -17,6 +17,7 @@ import pytest
 from memplan.analytic import layer_backward as lb
 from memplan.analytic import peak as pk
 from memplan.analytic.params import count_params
+from memplan.blocks import attention as att
 from memplan.blocks.inventory import Block, Dims
 from memplan.config import (
     Attention,
@@ -169,6 +170,53 @@ def test_eager_attentions_backward_holds_two_score_gradients_where_flash_holds_f
     params = count_params(flash.model)
     rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (eager, flash)]
     assert rise[0] - rise[1] == 2 * 2 * 2 * 4 * 64 * 64 - 4 * 2 * 128 * H - 2 * 128 * H == 49_152
+
+
+def test_on_cuda_the_eager_softmax_backward_holds_its_own_product_of_grad_and_output() -> None:
+    """torch's CUDA softmax backward makes tmp = grad · output, one [b, a, s, s] in the gradient's dtype,
+    beside dP and dS (SoftMax.cu ``softmax_backward_cuda_out``); the CPU kernel does not. bf16: 2·b·a·s²."""
+    eager = StrategyConfig(attention=Attention.EAGER)
+    cpu, cuda = setup(strategy=eager), setup(strategy=eager).model_copy(update={"device": Device.CUDA})
+    params = count_params(cpu.model)
+    rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (cpu, cuda)]
+    assert rise[1] - rise[0] == 2 * 2 * 4 * 64 * 64 == 65_536
+    flash = setup().model_copy(update={"device": Device.CUDA})
+    assert att.softmax_backward_scratch(flash, Dims.of(flash)) == 0  # the flash kernel has no softmax op
+
+
+@pytest.mark.parametrize(("kv", "s", "expanded"), [(4, 64, 0), (2, 64, 2 * 2 * 64 * 4 * 16 * 2), (4, 100, 0)])
+def test_on_cuda_flash_attentions_backward_holds_fa2s_fp32_accumulator_and_row_sums(
+    kv: int, s: int, expanded: int
+) -> None:
+    """FlashAttention-2's ``mha_bwd`` on CUDA: softmax_d [b, a, s_r] and dq_accum [b, s_r, a, d_r] fp32,
+    s_r = s rounded up to 128, d_r = 16 rounded up to 32; with 2 K/V heads for 4 query heads (GQA) also
+    dk and dv expanded to the query heads, [b, s, a, d] bf16 each. b 2, 4 heads of 16."""
+    base = setup(s=s)
+    model = base.model.model_copy(update={"num_kv_heads": kv})
+    cuda = base.model_copy(update={"device": Device.CUDA, "model": model})
+    rows = 128
+    work = att.flash_backward_workspace(cuda, Dims.of(cuda))
+    assert work == 2 * 4 * rows * 4 + 2 * rows * 4 * 32 * 4 + expanded
+    cpu = cuda.model_copy(update={"device": Device.CPU})
+    assert att.flash_backward_workspace(cpu, Dims.of(cpu)) == 0
+    params = count_params(model)
+    rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (cpu, cuda)]
+    assert rise[1] - rise[0] == att.flash_backward_workspace(cuda, Dims.of(cuda))
+
+
+def test_a_selective_eager_cores_softmax_backward_trades_the_output_gradient_for_cudas_product() -> None:
+    """At the re-run core's softmax backward P·V's backward has made dP and dV and freed the core's output
+    gradient [T, a·d] and the V copy (dV's size): against the re-run's softmax (scaled and masked scores
+    alive), dP and dS replace them, so the moment is T·a·d·2 lower on CPU (tests/measure/test_peak.py
+    measures both), and 2·b·a·s² − T·a·d·2 higher on CUDA."""
+    selective = StrategyConfig(checkpointing=Checkpointing.SELECTIVE, attention=Attention.EAGER)
+    cpu = setup(strategy=selective)
+    cuda = cpu.model_copy(update={"device": Device.CUDA})
+    params = count_params(cpu.model)
+    for x, extra in ((cpu, 0), (cuda, 2 * 2 * 4 * 64 * 64)):
+        rerun = lb.selective_rerun_transient(x, Dims.of(x), params)
+        assert lb.selective_softmax_backward(x, Dims.of(x), params) == rerun - 2 * 128 * H + extra
+    assert lb.selective_softmax_backward(setup(), Dims.of(setup()), params) == 0  # no selective core
 
 
 # --- what a re-run rebuilds (``recompute_working_set``) ----------------------------------------------------

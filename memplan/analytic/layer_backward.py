@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.params import ParamCount
-from memplan.blocks.attention import attention_core_rules, projection_rules
+from memplan.blocks.attention import (
+    attention_core_rules,
+    flash_backward_workspace,
+    projection_rules,
+    softmax_backward_scratch,
+)
 from memplan.blocks.attention_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
@@ -42,15 +47,19 @@ def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
-    backward, whose dV is still alive) or dq, dk, dv and dO (flash), plus the incoming dY [T, h].
+    backward, whose dV is still alive; on CUDA the softmax backward's own product,
+    ``softmax_backward_scratch``) or dq, dk, dv and dO (flash; on CUDA with the kernel's own workspace,
+    ``flash_backward_workspace``), plus the incoming dY [T, h].
     W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
         scores = dims.b * dims.a * dims.s * dims.s * a_bytes
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
+        buffers += softmax_backward_scratch(setup, dims)
     else:
         buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
+        buffers += flash_backward_workspace(setup, dims)
     done = _mlp_done(setup, params) - w_o_done(setup)
     return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
 
@@ -126,6 +135,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         attention_backward_transient(setup, dims, params),
         attention_rerun_transient(setup, dims, params),
         selective_rerun_transient(setup, dims, params),
+        selective_softmax_backward(setup, dims, params),
         attn_norm,
     )
 
@@ -144,6 +154,19 @@ def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
     grads_in = t * dims.h * a_bytes + t * dims.a * dims.d * a_bytes
     return grads_in + 2 * scores + _mlp_done(setup, params) - w_o_done(setup)
+
+
+def selective_softmax_backward(setup: Setup, dims: Dims, params: ParamCount) -> int:
+    """The same re-run core at its softmax's backward: P·V's backward has made dP [b, a, s, s] and dV, and
+    freed the core's output gradient [T, a·d] and (its last use) the V copy that dV equals in size; the
+    softmax backward makes dS. Against the re-run's softmax (``selective_rerun_transient``): dP and dS for
+    the scaled and masked scores, less the output gradient — below it by T·a·d elements on CPU (measured by
+    tests/test_layer_moment.py), above it on CUDA by the op's own product (``softmax_backward_scratch``)."""
+    rerun = selective_rerun_transient(setup, dims, params)
+    if not rerun:
+        return 0
+    out_grad = dims.tokens * dims.a * dims.d * dims.act.bytes
+    return rerun - out_grad + softmax_backward_scratch(setup, dims)
 
 
 def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:

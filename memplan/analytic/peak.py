@@ -15,7 +15,8 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    gradients of the head and the layers above exist, the layer's working set is alive (re-run for
    checkpointed or reversible layers) and the largest of its parts adds its temporaries: the down
    projection's backward or the MLP's [T, f] gradients, its norm's fp32 gradient pieces, the attention's
-   [b, a, s, s] softmax gradients (eager; W_O's input freed by then) or dq/dk/dv (flash), a re-run
+   [b, a, s, s] softmax gradients (eager; W_O's input freed by then; on CUDA the softmax backward's own
+   grad · output) or dq/dk/dv (flash; on CUDA FlashAttention-2's dq accumulator), a re-run
    attention forward's locals (checkpointed segment, reversible layer, selective eager core), the
    attention norm's.
 4. ``embedding backward`` — the last gradient: every gradient exists, and the embedding's [v, h] gradient

@@ -18,7 +18,10 @@ import pytest
 import torch
 from layouts import PEAK_GPT, PEAK_LLAMA
 
+from memplan.analytic import layer_backward as lb
+from memplan.analytic.params import count_params
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
+from memplan.blocks.inventory import Dims
 from memplan.config import (
     Attention,
     Device,
@@ -30,9 +33,10 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import estimate
+from memplan.measure.instruments.tracker import LiveMemoryTracker
 from memplan.measure.reference.model import Reference
 from memplan.measure.reference.optim import rank_shards, step_transient
-from memplan.measure.runs.profile import profile
+from memplan.measure.runs.profile import StepRunner, profile
 
 LLAMA, GPT = PEAK_LLAMA, PEAK_GPT  # the benchmark's two models (benchmarks/bench_peak_accuracy.py)
 
@@ -125,6 +129,42 @@ def test_layer_backward_moment_is_exact(setup: Setup) -> None:
     p = profile(setup, steps=1)
     assert p.phase_peaks["backward"] == est.peak.phases["layer backward"]
     assert p.peak == est.peak.bytes
+
+
+class _OpLive(LiveMemoryTracker):
+    """The tracker, with the live bytes after every op by the op's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.rows.append((str(func), self.current))
+        return out
+
+
+@pytest.mark.parametrize("arch", [LLAMA, GPT], ids=["llama", "gpt"])
+def test_a_selective_cores_softmax_backward_sits_an_output_gradient_below_its_re_run(
+    arch: dict[str, Any],
+) -> None:
+    """Live bytes after the re-run softmax and after its backward (the two moments of a selectively
+    checkpointed eager core, ``layer_backward.selective_rerun_transient`` and ``selective_softmax_backward``):
+    on CPU the second is the first less the core's output gradient, as the estimate's two terms differ."""
+    setup = make(arch, 32, attention="eager", ckpt="selective", b=4, s=128)
+    runner = StepRunner(setup, "cpu")
+    mode = _OpLive()
+    with mode:
+        mode.track([*runner.model.parameters(), *runner.batch])
+        loss = runner.model(*runner.batch)
+        forward = len(mode.rows)
+        loss.backward()
+    rows = mode.rows
+    rerun = next(live for name, live in rows[forward:] if name == "aten._softmax.default")
+    backward = next(live for name, live in rows[forward:] if name == "aten._softmax_backward_data.default")
+    dims, params = Dims.of(setup), count_params(setup.model)
+    moments = [f(setup, dims, params) for f in (lb.selective_rerun_transient, lb.selective_softmax_backward)]
+    assert rerun - backward == moments[0] - moments[1] == dims.tokens * dims.a * dims.d * dims.act.bytes
 
 
 # Where the layer-backward moment is not exact (analytic/peak.py: reversible layers; an eager core with
