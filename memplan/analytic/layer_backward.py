@@ -19,6 +19,7 @@ from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.blocks.ring_memory import ring_backward_transient
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -49,7 +50,8 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
     backward, whose dV is still alive; on CUDA the softmax backward's own product,
     ``softmax_backward_scratch``) or dq, dk, dv and dO (flash; on CUDA with the kernel's own workspace,
-    ``flash_backward_workspace``), plus the incoming dY [T, h].
+    ``flash_backward_workspace``; under context parallelism what torch's ring holds instead,
+    ``ring_memory.ring_backward_transient``), plus the incoming dY [T, h].
     W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
@@ -58,18 +60,34 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
         buffers += softmax_backward_scratch(setup, dims)
     else:
-        buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
-        buffers += flash_backward_workspace(setup, dims)
+        ring = ring_backward_transient(setup, dims)
+        if ring:  # dO, and what torch's ring holds (its accumulators, the K/V in flight, dq, dk, dv)
+            buffers = t * dims.a * dims.d * a_bytes + ring
+        else:
+            buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
+            buffers += flash_backward_workspace(setup, dims)
     done = _mlp_done(setup, params) - w_o_done(setup)
     return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
 
 
+OUTPUT_KEPT_APART = ("attn.merged_out", "attn.kernel_out")
+"""Flash outputs kept apart from W_O's input (``blocks.attention.flash_rules``): torch's ring merge made
+head-major, or a kernel output in q's head-major layout; W_O's input ``attn.out`` is then a copy."""
+
+
 def w_o_done(setup: Setup) -> int:
     """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
-    mask after W_O, and (eager) W_O's input, the [b, s, a·d] copy of P·V's output that nothing else holds.
-    NB: the flash kernel's output is that input too (a view), and its own backward still needs it."""
+    mask after W_O, and W_O's input where it is a [b, s, a·d] copy nothing else holds — eager P·V's
+    output, or a flash output kept apart (``OUTPUT_KEPT_APART``: torch's ring on every rank but the last,
+    measured by tests/measure/test_ring_memory.py).
+    NB: otherwise the flash kernel's output is that input (a view), and its own backward still needs it."""
     freed = {Role.DROPOUT_MASK} | ({Role.ATTN_OUT} if eager_core_copies(setup) else set())
-    return layer_saves(setup, {Block.ATTN}, freed)
+    done = layer_saves(setup, {Block.ATTN}, freed)
+    if not eager_core_copies(setup):
+        kept = [k for k in act.layer_working_set(setup) if k.block is Block.ATTN]
+        if any(k.name in OUTPUT_KEPT_APART for k in kept):
+            done += sum(k.bytes for k in kept if k.name == "attn.out")
+    return done
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:

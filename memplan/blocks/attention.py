@@ -321,14 +321,20 @@ def flash_backward_workspace(setup: Setup, dims: Dims) -> int:
     modelled: FlashAttention-2's is counted for every flash kernel."""
     if setup.device is not Device.CUDA or core_of(setup) is not Core.FLASH:
         return 0
-    b, a, s = dims.b, dims.a, dims.s
-    rows = -(-s // FLASH_QUERY_BLOCK) * FLASH_QUERY_BLOCK
-    dqk = dims.qk_dim
+    return fa2_backward_workspace(
+        dims.b, dims.a, dims.kv, dims.s, dims.s, dims.qk_dim, dims.v_dim, dims.act.bytes
+    )
+
+
+def fa2_backward_workspace(b: int, a: int, kv: int, sq: int, sk: int, dqk: int, dv: int, e: int) -> int:
+    """``flash_backward_workspace`` of one call: sq queries of a heads against sk keys of kv heads, query/key
+    width dqk, value width dv, e bytes an activation."""
+    rows = -(-sq // FLASH_QUERY_BLOCK) * FLASH_QUERY_BLOCK
     d_rounded = -(-dqk // 32) * 32 if dqk <= 192 else 256
     fp32 = DType.FP32.bytes
     work = b * a * rows * fp32 + b * rows * a * d_rounded * fp32
-    if dims.kv != a:
-        work += b * s * a * (dqk + dims.v_dim) * dims.act.bytes
+    if kv != a:
+        work += b * sk * a * (dqk + dv) * e
     return work
 
 

@@ -37,11 +37,15 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   over dp × cp (torchtitan's ``dp_shard_cp`` mesh: FSDP shards over data and context parallel ranks
   together), ``Setup.state_shards``.
 
-Known limitations (NB): the ring's forward and backward transients (the gathered K/V, the fp32 merge and
-gradient buffers) are not in the peak; torch's ring runs only the SDPA flash / efficient / cuDNN kernels,
-so eager attention is refused; K/V are exchanged with the kernel's kv heads, as the reference model and
-torchtitan 0.3.0 pass them (``GQAttention``: ``enable_gqa``, no repeat; measured in
-tests/measure/test_titan_context.py); FlopCounterMode
+Memory beyond the saves: the ring's backward (its fp32 accumulators, the K/V and dK/dV in flight, each
+block's gradients and, on CUDA, its kernel's workspace) is a part of the layer-backward moment on the most
+loaded rank, replayed from torch's code (``blocks.ring_memory``, exact on CPU and on an H200).
+
+Known limitations (NB): the ring's forward transients (the gathered K/V, the fp32 merge) are not in the
+peak (the forward is not a moment of ``analytic.peak``); torch's ring runs only the SDPA flash /
+efficient / cuDNN kernels, so eager attention is refused; K/V are exchanged with the kernel's kv heads,
+as the reference model and torchtitan 0.3.0 pass them (``GQAttention``: ``enable_gqa``, no repeat;
+measured in tests/measure/test_titan_context.py); FlopCounterMode
 counts the causal step-0 kernel whole (hardware FLOPs), as everywhere in memplan.
 """
 

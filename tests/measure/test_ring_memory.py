@@ -1,0 +1,125 @@
+"""torch's ring attention backward, measured on CPU against ``blocks.ring_memory`` (memplan's tracker: every
+storage the reference's ``RingFlash`` backward makes, torch's own ring functions with the CPU flash kernel,
+one rank of a fake process group), and the whole step's peak of a context-parallel rank against the
+estimate's where a layer's backward is the highest moment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from memplan.api import build_setup
+from memplan.blocks.ring_memory import RingSizes, backward_peak
+from memplan.config import AttentionChoice, CpRotate, Device, ModelConfig, Parallel, Setup
+from memplan.engine import estimate
+from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.reference.context import rotate_method
+from memplan.measure.reference.model import Reference
+from memplan.measure.runs.run import make_batch, ring
+
+
+class _OpLive(LiveMemoryTracker):
+    """The tracker, with the live bytes after every op by the op's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.rows.append((str(func), self.current))
+        return out
+
+
+def cp_setup(cp: int, seq: int, b: int = 1, kv: int = 2, layers: int = 1) -> Setup:
+    """h 64, 4 heads of 16 over ``kv`` K/V heads, a vocabulary of 32, pure bf16 SGD (no optimizer state)."""
+    model = ModelConfig(
+        hidden_size=64, num_layers=layers, num_heads=4, num_kv_heads=kv, ffn_size=160, vocab_size=32,
+        max_positions=8192,
+    )  # fmt: skip
+    return build_setup(
+        model, seq=seq, batch=b, attention=AttentionChoice.FLASH, device=Device.CPU, parallel=Parallel(cp=cp),
+        precision="bf16", optimizer="sgd",
+    )  # fmt: skip
+
+
+def run_rank(setup: Setup, rank: int, rotate: str = "allgather") -> tuple[_OpLive, int]:
+    """One forward and backward of rank ``rank``'s sequence chunks under the tracker: (tracker, the index of
+    the first backward op)."""
+    torch.manual_seed(0)
+    cp = setup.parallel.cp
+    with ring(cp, rank, "cpu") as group, rotate_method(rotate):
+        model = Reference(setup, device="cpu")
+        model.ring = group
+        ids, labels = make_batch(setup, "cpu")
+        mine = model.positions(ids.shape[1] // cp, ids.device)
+        ids, labels = ids[:, mine], labels[:, mine]
+        tracker = _OpLive()
+        with tracker:
+            tracker.track([*model.parameters(), ids, labels])
+            loss = model(ids, labels)
+            forward = len(tracker.rows)
+            loss.backward()
+    return tracker, forward
+
+
+def ring_backward_measured(setup: Setup, rank: int, rotate: str) -> int:
+    """The highest live bytes of the (one) layer's ring backward above those before it: from its first fp32
+    accumulator (three ``zeros_like`` in a row) to the cast of the received dK/dV (its second ``_to_copy``
+    after the last block's kernel)."""
+    tracker, forward = run_rank(setup, rank, rotate)
+    rows = tracker.rows
+    kernels = [i for i, (n, _) in enumerate(rows) if i > forward and "flash_attention_for_cpu_backward" in n]
+    zeros = "aten.zeros_like.default"
+    first = min(i for i in range(forward, kernels[0]) if all(rows[j][0] == zeros for j in range(i, i + 3)))
+    end = [i for i in range(kernels[-1], len(rows)) if rows[i][0] == "aten._to_copy.default"][1]
+    return max(live for _, live in rows[first : end + 1]) - rows[first - 1][1]
+
+
+CASES = [
+    # (cp, rank, b, kv heads): ranks at both ends and inside, MHA, GQA and MQA, b 1 to 3
+    (2, 0, 1, 2),
+    (2, 1, 3, 4),
+    (3, 1, 1, 2),
+    (4, 0, 2, 4),
+    (4, 3, 1, 2),
+    (5, 2, 2, 1),
+    (8, 7, 1, 1),
+]
+
+
+@pytest.mark.parametrize("rotate", [CpRotate.ALLGATHER, CpRotate.ALLTOALL], ids=str)
+@pytest.mark.parametrize(("cp", "rank", "b", "kv"), CASES)
+def test_the_ring_backward_ledger_is_every_storage_torch_makes(
+    cp: int, rank: int, b: int, kv: int, rotate: CpRotate
+) -> None:
+    """The ledger (``backward_peak``, views: the model's k and v are [b, kv, s, d] views of its projections)
+    against every storage the CPU run makes, byte for byte."""
+    setup = cp_setup(cp, seq=2 * cp * 64, b=b, kv=kv)
+    s = setup.training.seq_len // cp
+    size = RingSizes(q=b * 4 * s * 16, k=b * kv * s * 16, lse=b * 4 * s, e=2)
+    assert ring_backward_measured(setup, rank, rotate.value) == backward_peak(cp, rank, size, rotate)
+
+
+@pytest.mark.parametrize(("cp", "kv"), [(3, 4), (4, 4), (8, 4), (16, 2)])
+def test_a_context_parallel_ranks_peak_is_the_estimates_at_its_layer_backward(cp: int, kv: int) -> None:
+    """Three layers, s/c = 256 tokens: the top layer's attention backward — the ring's accumulators, the
+    K/V in flight, dq, dk, dv beside every layer's saves — is the step's peak, on rank 0 (one of the most
+    loaded: every rank but the last merges a head-major output, whose W_O copy the backward frees)."""
+    setup = cp_setup(cp, seq=cp * 256, kv=kv, layers=3)
+    est = estimate(setup)
+    assert est.peak.phase == "layer backward"
+    tracker, _ = run_rank(setup, 0)
+    assert tracker.peak == est.peak.bytes
+
+
+def test_at_cp_2_the_last_ranks_larger_ring_is_an_upper_bound() -> None:
+    """At cp 2 the last rank's ring holds more than rank 0's (its blocks keep whole queries) while it saves
+    one head-major output less per layer: the estimate takes the larger ring with the larger saves, above
+    both ranks' measured peaks (here by 57,344 B of 11.2 MB)."""
+    setup = cp_setup(2, seq=2048, kv=4, layers=3)
+    est = estimate(setup).peak.bytes
+    peaks = [run_rank(setup, r)[0].peak for r in range(2)]
+    assert max(peaks) <= est <= max(peaks) + 2 * 1024 * 64  # within one rank's [T, a·d] output
