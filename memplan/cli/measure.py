@@ -82,9 +82,18 @@ DeviceRunOpt = Annotated[
 ]
 
 
-@with_options(*RUN_OPTIONS, *LAYOUT_OPTIONS)
+@with_options(*RUN_OPTIONS, *LAYOUT_OPTIONS, "cp", "cp_rotate")
 def profile(
     device: DeviceRunOpt = None,
+    cp_rank: Annotated[
+        int,
+        typer.Option(
+            "--cp-rank",
+            min=0,
+            help="With --cp C: the context-parallel rank run (0 to C−1; one process, torch's ring attention "
+            "over a fake process group, --device cpu). Rank 0 holds the most; C−1 saves one output less",
+        ),
+    ] = 0,
     nproc: Annotated[
         int | None,
         typer.Option(
@@ -111,8 +120,11 @@ def profile(
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
     With --nproc N: N ranks of a tensor/sequence/pipeline-parallel and ZeRO layout (docs/distributed.md).
 
+    With --cp C: one context-parallel rank (--cp-rank) in this process, on CPU.
+
     Example: memplan profile --model tiny --device cpu --seq 256 --timeline
     Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
+    Example: memplan profile --model tiny --device cpu --seq 512 --cp 4 --cp-rank 3
     """
     with user_errors():
         torch_or_fail()
@@ -127,6 +139,16 @@ def profile(
             )
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
+        cp = options.get("cp", 1)
+        if cp > 1 and nproc is not None:
+            raise ValueError("cp: profile --cp runs one context-parallel rank in this process; drop --nproc")
+        if cp > 1 and not dev.startswith("cpu"):
+            raise ValueError(
+                "cp: one context-parallel rank is simulated with torch's ring attention on the CPU flash "
+                "kernel (a fake process group); use --device cpu"
+            )
+        if not cp_rank < cp:
+            raise ValueError(f"cp-rank: --cp-rank {cp_rank} is not a rank of --cp {cp}; use 0 to {cp - 1}")
         if nproc is not None:
             for flag, value in (
                 ("torch-trace", torch_trace),
@@ -184,6 +206,7 @@ def profile(
                     torch_trace,
                     curve=bool(timeline or plot),
                     on_step=lambda what: bar.advance(description=what),
+                    cp_rank=cp_rank,
                 )
         except prof_mod.OUT_OF_MEMORY:
             from memplan.render.estimate import fmt_bytes

@@ -5,13 +5,16 @@ estimate's where a layer's backward is the highest moment."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from memplan.api import build_setup
 from memplan.blocks.ring_memory import RingSizes, backward_peak
+from memplan.cli.app import app
 from memplan.config import AttentionChoice, CpRotate, Device, ModelConfig, Parallel, Setup
 from memplan.engine import estimate
 from memplan.measure.instruments.tracker import LiveMemoryTracker
@@ -123,3 +126,33 @@ def test_at_cp_2_the_last_ranks_larger_ring_is_an_upper_bound() -> None:
     est = estimate(setup).peak.bytes
     peaks = [run_rank(setup, r)[0].peak for r in range(2)]
     assert max(peaks) <= est <= max(peaks) + 2 * 1024 * 64  # within one rank's [T, a·d] output
+
+
+runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+
+
+def test_profile_runs_one_context_parallel_rank_and_matches_its_estimate() -> None:
+    """``memplan profile --cp 4``: rank 0 of the ring in this process (CPU, a fake process group), its
+    saves, FLOPs (× cp) and peak equal to the estimate's."""
+    args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "512", "--cp", "4", "--steps", "1"]
+    r = runner.invoke(app, [*args, "--warmup", "0", "--json"])
+    assert r.exit_code == 0, r.output
+    result = json.loads(r.stdout)
+    assert result["diff"]["equal"]
+    assert result["measured"]["memory"]["peak"] == result["estimated"]["memory"]["peak"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--cp-rank", "4"], "cp-rank: --cp-rank 4 is not a rank of --cp 4"),
+        (["--nproc", "2"], "cp: profile --cp runs one context-parallel rank in this process"),
+        (["--device", "cuda"], "use --device cpu"),  # without CUDA: "device: CUDA is not available here"
+        (["--cp-rotate", "kv-gather"], "cp-rotate: kv-gather"),
+    ],
+)
+def test_profile_cp_refuses_what_it_cannot_run_in_one_line(extra: list[str], message: str) -> None:
+    r = runner.invoke(app, ["profile", "-m", "tiny", "--seq", "512", "--cp", "4", "--device", "cpu", *extra])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert "Traceback" not in r.output

@@ -31,9 +31,10 @@ from memplan.measure.instruments.tracker import (
     LiveMemoryTracker,
     cuda_peak,
 )
+from memplan.measure.reference.context import rotate_method
 from memplan.measure.reference.model import Reference
 from memplan.measure.reference.optim import ReferenceOptimizer
-from memplan.measure.runs.run import make_batch, run_step
+from memplan.measure.runs.run import make_batch, ring, run_step
 
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 """What a run that does not fit raises: the CUDA allocator's error, or the host's."""
@@ -122,7 +123,9 @@ class Profile:
 class StepRunner:
     """Owns the model, optimizer and batch of one profiling session."""
 
-    def __init__(self, setup: Setup, device: str) -> None:
+    def __init__(self, setup: Setup, device: str, ring: Any = None) -> None:
+        """``ring``: with context parallelism, the process group of the rank simulated (``run.ring``):
+        the model's attention runs torch's ring over it and the batch is the rank's head-tail chunks."""
         torch.manual_seed(0)
         self.setup = setup
         self.device = device
@@ -131,7 +134,12 @@ class StepRunner:
             p for p in self.model.parameters() if p.requires_grad
         ]  # frozen: no state
         self.opt = ReferenceOptimizer(trainable, setup.training.precision, setup.training.optimizer)
-        self.batch = make_batch(setup, device)
+        ids, labels = make_batch(setup, device)
+        if ring is not None:
+            self.model.ring = ring
+            mine = self.model.positions(ids.shape[1] // setup.parallel.cp, ids.device)
+            ids, labels = ids[:, mine], labels[:, mine]
+        self.batch = ids, labels
 
     def sync(self) -> None:
         if self.device.startswith("cuda"):
@@ -206,14 +214,34 @@ def profile(
     torch_trace: str | None = None,
     curve: bool = False,
     on_step: Callable[[str], None] | None = None,
+    cp_rank: int = 0,
 ) -> Profile:
     """Real training steps of the reference model: saves, FLOPs, peak and times, and on CPU the curve of
     live bytes (on CUDA too with ``curve``: the allocator's recorded history, which slows the step). NB:
     for a mixture of experts only saves and FLOPs are checked against the estimate, not the peak.
     ``on_step(what)`` is called after each pass (the saves' run, each warm-up and measured step): a
-    progress bar."""
+    progress bar. With context parallelism the run is rank ``cp_rank`` of the ring on the CPU (torch's
+    ring attention over a fake process group, ``run.ring``; its rotate method ``--cp-rotate``'s)."""
+    cp = setup.parallel.cp
+    with (
+        ring(cp, cp_rank, device) as group,
+        rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else (nullcontext()),
+    ):
+        return _profile(setup, device, warmup, steps, torch_trace, curve, on_step, group)
+
+
+def _profile(
+    setup: Setup,
+    device: str,
+    warmup: int,
+    steps: int,
+    torch_trace: str | None,
+    curve: bool,
+    on_step: Callable[[str], None] | None,
+    group: Any,
+) -> Profile:
     done = on_step or (lambda _: None)
-    runner = StepRunner(setup, device)
+    runner = StepRunner(setup, device, group)
     measured = run_step(runner.model, *runner.batch)
     done("saved tensors counted")
     runner.opt.zero_grad()
