@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama core snapshot
+# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama core validate snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -73,6 +73,18 @@ if on core; then  # the eager attention core under selective checkpointing, op b
     echo "== core"
     timeout 120 python3 benchmarks/eager_core_order.py --device cuda --seq "${CORE_SEQ:-3072}" --json "$OUT/core.json" > "$OUT/core.txt" 2>&1
     grep "^==" "$OUT/core.txt"
+fi
+if on validate; then  # whole steps whose peaks the CUDA-only attention transients decide (softmax backward's product, FA2's workspace)
+    echo "== validate"
+    timeout 500 python3 -c "
+import json, sys
+sys.path.insert(0, '.')
+from benchmarks.gpu_profile import run_case
+for case in [('llama-2-7b', 3072, 'selective', 'eager'), ('llama-2-7b', 8192, 'full', 'flash'), ('llama-2-7b', 4096, 'selective', 'eager')]:
+    r = run_case(*case, 'cuda', 'h200')
+    print(json.dumps({k: r.get(k) for k in ('seq', 'checkpointing', 'measured_peak', 'estimated_allocated', 'allocated_error', 'reserved_error', 'estimated_phase')}), flush=True)
+    open('$OUT/validate.jsonl', 'a').write(json.dumps(r) + '\n')
+"
 fi
 if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
     echo "== snapshot"
