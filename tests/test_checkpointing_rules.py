@@ -191,3 +191,18 @@ def test_re_run_flops_are_whole_numbers() -> None:
         every(3),
     ):
         assert type(rerun(tiny_setup(strategy=strategy))) is int
+
+
+@pytest.mark.parametrize(("device", "rng"), [("cuda", 0), ("cpu", checkpointing.CPU_GENERATOR_STATE)])
+def test_compiled_selective_ac_keeps_no_w2_output(device: str, rng: int) -> None:
+    """torchtitan's SelectiveAC under ``--compile``: the partitioner keeps what the backward reads; W2's
+    output (cached by the eager policy, every other mm) is read by none: T·h bf16 less a layer. On CPU
+    the flash op is re-run, its generator state kept (5,056 B); on CUDA the cached SDPA op is not."""
+    from memplan.config import Device
+
+    sac = {"checkpointing": Checkpointing.SELECTIVE, "attention": Attention.FLASH}
+    eager = tiny_setup(strategy=sac, impl=ImplConfig(impl=Impl.TORCHTITAN))
+    eager = eager.model_copy(update={"device": Device(device)})
+    compiled = eager.model_copy(update={"impl": eager.impl.model_copy(update={"compile": True})})
+    saved = [estimate(x).activations for x in (eager, compiled)]
+    assert saved[0] - saved[1] == L * (2 * T * H - rng)

@@ -46,6 +46,25 @@ def profile_of(setup: Setup) -> Profile:
     return COMPILED_REFERENCE if compile_modelled(setup) else REFERENCE
 
 
+def compiled_sac(setup: Setup) -> bool:
+    """``--compile`` with torchtitan's per-op ``SelectiveAC`` (``strategies.checkpointing.op_selective``),
+    where its partitioner was measured (measure/frameworks/titan.py ``compiled_sac_block_records``: dynamo
+    and AOTAutograd's min-cut partitioner over the checkpointed block, which honours the policy's tags):
+    the same dense blocks as ``compile_modelled``, one tensor- and context-parallel rank, no float8."""
+    m, p = setup.model, setup.parallel
+    return (
+        setup.impl.compile
+        and setup.impl.impl is Impl.TORCHTITAN
+        and setup.strategy.checkpointing is Checkpointing.SELECTIVE
+        and m.moe is None
+        and setup.strategy.attention is Attention.FLASH
+        and p.tp == 1
+        and p.cp == 1
+        and setup.finetune.trains_everything
+        and setup.impl.fp8 is Fp8Recipe.NONE
+    )
+
+
 def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
     measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
@@ -81,7 +100,7 @@ def compile_modelled(setup: Setup) -> bool:
 
 def compile_note(setup: Setup) -> str | None:
     """One line when ``--compile`` is given but its saved set is not modelled for this setup."""
-    if not setup.impl.compile or compile_modelled(setup):
+    if not setup.impl.compile or compile_modelled(setup) or compiled_sac(setup):
         return None
     if setup.impl.fp8 is not Fp8Recipe.NONE:
         # Measured (measure/runs/compiled.py on a float8 block, tests/measure/test_fp8.py): the min-cut
@@ -97,8 +116,8 @@ def compile_note(setup: Setup) -> str | None:
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
         "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
-        "checkpointing none or full (measured: memplan trace --compile); here the memory is the eager "
-        "code's, the step time the compiled kernels'"
+        "checkpointing none or full, or torchtitan's selective (measured: memplan trace --compile); here "
+        "the memory is the eager code's, the step time the compiled kernels'"
     )
 
 

@@ -16,6 +16,10 @@ re-runs whole regions (``Profile.checkpoint_reruns_all``: Megatron's own checkpo
 torchtitan's ``SelectiveAC`` (``Profile.op_selective_checkpoint``) is a per-op policy: each block keeps its
 input and the outputs of every other mm (``op_selective_rules``), and re-runs the rest. On CUDA the SDPA op
 is in its save list too: its outputs are cached and the attention core is not re-run (``sdpa_cache_rules``).
+Eager, the cache holds the block's last mm (W2) although nothing re-reads it (the re-run stops before it);
+under ``--compile`` (``blocks.profiles.compiled_sac``) the partitioner keeps only what the backward reads,
+so W2's output is not kept (measured; the same re-run matmuls: W_O's output is read again to rebuild the
+MLP norm's input).
 
 Known limitations:
 - NB: under ``SelectiveAC`` the peak's layer-backward moment (``analytic.peak``) is still the attention-core
@@ -35,7 +39,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks import fp8, llama4, mlp, moe
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
-from memplan.blocks.profiles import checkpoints_alone, hidden_dropouts, profile_of
+from memplan.blocks.profiles import checkpoints_alone, compiled_sac, hidden_dropouts, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, Setup
 
 
@@ -92,6 +96,7 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
         if par.sp and par.tp > 1
         else []
     )
+    w2_out = save(Block.MLP, "w2_out", (t, dims.h), act, Role.MLP_INNER, "SAC cache: 5th mm (W2's output)")
     return [
         *scattered,
         *(sdpa_cache_rules(dims) if setup.device is Device.CUDA else []),
@@ -114,8 +119,25 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
             "SAC cache: 1st mm of the block (W_QKV's output)",
         ),
         save(Block.MLP, "w1_out", (t, dims.f), act, Role.MLP_INNER, "SAC cache: 3rd mm (W1's output)"),
-        save(Block.MLP, "w2_out", (t, dims.h), act, Role.MLP_INNER, "SAC cache: 5th mm (W2's output)"),
+        # Compiled (compiled_sac), the partitioner keeps a MUST_SAVE output only where the backward reads
+        # it: nothing reads W2's (the block's residual add passes its gradient through), so it is not kept.
+        *(compiled_sac_cpu_rules(setup) if compiled_sac(setup) else [w2_out]),
     ]
+
+
+CPU_GENERATOR_STATE = 5056
+"""Bytes of the CPU generator's state (``torch.get_rng_state()``: a uint8 tensor of 5,056, mt19937's 624
+words and its offsets)."""
+
+
+def compiled_sac_cpu_rules(setup: Setup) -> list[Rule]:
+    """Compiled ``SelectiveAC`` on CPU: the CPU flash op is not in the save list, so the partitioner re-runs
+    it in backward, and the functionalised RNG of a random op keeps the generator's state for that re-run
+    (``run_and_save_rng_state``). On CUDA the cached SDPA op is not re-run: nothing."""
+    if setup.device is not Device.CPU:
+        return []
+    why = "compiled SelectiveAC: the CPU generator's state for the flash op's re-run (run_and_save_rng_state)"
+    return [save(Block.ATTN, "rng_state", (CPU_GENERATOR_STATE,), DType.UINT8, Role.RNG_STATE, why)]
 
 
 def sdpa_cache_rules(dims: Dims) -> list[Rule]:

@@ -376,6 +376,53 @@ def compiled_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
     return saved_records(graphs["forward"], len(inputs), 1, layer)
 
 
+def compiled_sac_block_records(setup: Setup, layer: int = 0) -> list[SavedRecord]:
+    """What one torchtitan block under ``SelectiveAC`` keeps under ``torch.compile``: the checkpoint-wrapped
+    block compiled by dynamo (which turns the selective checkpoint into its higher-order op, the policy's
+    tags on its nodes) with AOTAutograd's backend — Inductor's decompositions, the min-cut partitioner,
+    graphs recorded and run boxed, no kernel compiled — under fake tensors. The saves are the forward
+    graph's outputs beyond the block's output (``runs.compiled.saved_records``: parameters and buffers
+    are no new memory; the block input is; a symbolic size — the CPU generator state kept for the CPU
+    flash op's re-run — is not counted)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.utils import make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    m, t = setup.model, setup.training
+    one = setup.model_copy(update={"model": m.model_copy(update={"num_layers": 1})})
+    graphs: dict[str, Any] = {}
+
+    def record(kind: str) -> Any:
+        def compiler(gm: Any, _inputs: Any) -> Any:
+            graphs[kind] = gm
+            return make_boxed_func(gm.forward)
+
+        return compiler
+
+    backend = aot_autograd(
+        fw_compiler=record("forward"),
+        bw_compiler=record("backward"),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        block = build(one).layers["0"]
+        x = torch.empty(t.micro_batch, t.seq_len, m.hidden_size, dtype=activation_dtype(setup))
+        out = torch.compile(block, backend=backend, dynamic=False)(x.requires_grad_(), None, None)
+        out.sum().backward()
+    torch._dynamo.reset()
+    forward = graphs["forward"]
+    shape = tuple(x.shape)
+    placeholders = [n for n in forward.graph.nodes if n.op == "placeholder"]
+    x_at = next(i for i, n in enumerate(placeholders) if tuple(n.meta["val"].shape) == shape)
+    records = saved_records(forward, x_at, 1, layer)
+    return [r for r in records if not r.name.endswith("(input)")] + [
+        r for r in records if r.name.endswith("(input)")
+    ]
+
+
 def measure_titan_compiled(setup: Setup) -> Measured:
     """torchtitan's Llama with every block compiled (``--compile``): the eager run's model-level saves and
     FLOPs (the embedding, final norm, head and loss stay eager; the partitioner runs the same matmuls), and
@@ -384,7 +431,8 @@ def measure_titan_compiled(setup: Setup) -> Measured:
     base = measure_titan(eager)
     if setup.strategy.checkpointing is Checkpointing.FULL:
         return base
-    block = compiled_block_records(setup)
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    block = compiled_sac_block_records(setup) if selective else compiled_block_records(setup)
     layers = [replace(r, layer=i) for i in range(setup.model.num_layers) for r in block]
     model = [r for r in base.records if r.layer is None]
     return Measured(records=model + layers, flops=base.flops, by_op=base.by_op)
