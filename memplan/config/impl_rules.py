@@ -370,7 +370,8 @@ def check_titan_pipeline(setup: Setup) -> None:
     if par.vpp > 1:
         check_titan_interleaved(setup)
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
-    # no float8); elsewhere the estimate keeps the eager saves, which the stages would not run
+    # no float8) and, without pp, for SelectiveAC (compiled_sac: dynamo's selective-checkpoint op, which the
+    # stages' partitioned blocks do not run); elsewhere the estimate keeps the eager saves
     with_compile = {
         "--tp": par.tp > 1,
         "--cp": par.cp > 1,
@@ -381,8 +382,8 @@ def check_titan_pipeline(setup: Setup) -> None:
         if setup.impl.compile and used:
             raise ValueError(
                 f"compile: --impl torchtitan --pp --compile with {name} is not modelled (torch.compile's "
-                f"saved set is measured at tp 1, cp 1, without SelectiveAC or float8); drop --compile or "
-                f"{name}"
+                f"saved set is measured in pipeline stages at tp 1, cp 1, without SelectiveAC or float8); "
+                f"drop --compile or {name}"
             )
     if setup.model.tied_embeddings:
         # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is
