@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.instruments.tracker import CudaOpAllocated, OpLiveTracker
 
 
 def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -42,39 +42,15 @@ def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) 
     return ctx.transpose(1, 2).contiguous().view(b, s, a * d)
 
 
-class CudaOps(TorchDispatchMode):
-    """After every op: its name and ``torch.cuda.memory_allocated()``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.rows.append((str(func), torch.cuda.memory_allocated()))
-        return out
-
-
-class CpuOps(LiveMemoryTracker):
-    """memplan's live-storage tracker, with every op's name beside its live bytes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.rows.append((str(func), self.current))
-        return out
-
-
 def run(device: str, seq: int, heads: int, dim: int, wrap: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     shape = (1, heads, seq, dim)
     q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     mask = torch.ones(seq, seq, device=device, dtype=torch.bool).triu(1)
     grad = torch.randn(1, seq, heads * dim, device=device, dtype=torch.bfloat16)
-    mode: CudaOps | CpuOps = CudaOps() if device.startswith("cuda") else CpuOps()
+    mode: CudaOpAllocated | OpLiveTracker = (
+        CudaOpAllocated() if device.startswith("cuda") else OpLiveTracker()
+    )
     base = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
     with mode:
         out = checkpoint(core, q, k, v, mask, use_reentrant=False) if wrap else core(q, k, v, mask)

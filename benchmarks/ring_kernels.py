@@ -259,36 +259,9 @@ def _op_memory(device: str) -> Any:
     """A dispatch mode that keeps, after every op, its name and the bytes live on ``device``: on CUDA the
     caching allocator's ``memory_allocated`` (its ``max_memory_allocated`` also sees a kernel's workspace
     freed inside the op), on CPU memplan's live-storage tracker (op outputs only)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from memplan.measure.instruments.tracker import CudaOpAllocated, OpLiveTracker
 
-    from memplan.measure.instruments.tracker import LiveMemoryTracker
-
-    if device == "cuda":
-
-        class CudaOps(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.rows: list[tuple[str, int]] = []
-
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                self.rows.append((str(func), torch.cuda.memory_allocated()))
-                return out
-
-        return CudaOps()
-
-    class CpuOps(LiveMemoryTracker):
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows: list[tuple[str, int]] = []
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-            self.rows.append((str(func), self.current))
-            return out
-
-    return CpuOps()
+    return CudaOpAllocated() if device == "cuda" else OpLiveTracker()
 
 
 def _phase_memory(fn: Any, cuda: bool) -> tuple[Any, dict[str, Any]]:

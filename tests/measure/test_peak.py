@@ -33,7 +33,7 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.engine import estimate
-from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.instruments.tracker import OpLiveTracker
 from memplan.measure.reference.model import Reference
 from memplan.measure.reference.optim import rank_shards, step_transient
 from memplan.measure.runs.profile import StepRunner, profile
@@ -131,19 +131,6 @@ def test_layer_backward_moment_is_exact(setup: Setup) -> None:
     assert p.peak == est.peak.bytes
 
 
-class _OpLive(LiveMemoryTracker):
-    """The tracker, with the live bytes after every op by the op's name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.rows.append((str(func), self.current))
-        return out
-
-
 @pytest.mark.parametrize("arch", [LLAMA, GPT], ids=["llama", "gpt"])
 def test_a_selective_cores_softmax_backward_sits_an_output_gradient_below_its_re_run(
     arch: dict[str, Any],
@@ -153,7 +140,7 @@ def test_a_selective_cores_softmax_backward_sits_an_output_gradient_below_its_re
     on CPU the second is the first less the core's output gradient, as the estimate's two terms differ."""
     setup = make(arch, 32, attention="eager", ckpt="selective", b=4, s=128)
     runner = StepRunner(setup, "cpu")
-    mode = _OpLive()
+    mode = OpLiveTracker()
     with mode:
         mode.track([*runner.model.parameters(), *runner.batch])
         loss = runner.model(*runner.batch)

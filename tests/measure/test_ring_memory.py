@@ -6,7 +6,6 @@ estimate's where a layer's backward is the highest moment."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 import torch
@@ -17,23 +16,10 @@ from memplan.blocks.ring_memory import RingSizes, backward_peak
 from memplan.cli.app import app
 from memplan.config import AttentionChoice, CpRotate, Device, ModelConfig, Parallel, Setup
 from memplan.engine import estimate
-from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.instruments.tracker import OpLiveTracker
 from memplan.measure.reference.context import rotate_method
 from memplan.measure.reference.model import Reference
 from memplan.measure.runs.run import make_batch, ring
-
-
-class _OpLive(LiveMemoryTracker):
-    """The tracker, with the live bytes after every op by the op's name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.rows.append((str(func), self.current))
-        return out
 
 
 def cp_setup(cp: int, seq: int, b: int = 1, kv: int = 2, layers: int = 1) -> Setup:
@@ -48,7 +34,7 @@ def cp_setup(cp: int, seq: int, b: int = 1, kv: int = 2, layers: int = 1) -> Set
     )  # fmt: skip
 
 
-def run_rank(setup: Setup, rank: int, rotate: str = "allgather") -> tuple[_OpLive, int]:
+def run_rank(setup: Setup, rank: int, rotate: str = "allgather") -> tuple[OpLiveTracker, int]:
     """One forward and backward of rank ``rank``'s sequence chunks under the tracker: (tracker, the index of
     the first backward op)."""
     torch.manual_seed(0)
@@ -59,7 +45,7 @@ def run_rank(setup: Setup, rank: int, rotate: str = "allgather") -> tuple[_OpLiv
         ids, labels = make_batch(setup, "cpu")
         mine = model.positions(ids.shape[1] // cp, ids.device)
         ids, labels = ids[:, mine], labels[:, mine]
-        tracker = _OpLive()
+        tracker = OpLiveTracker()
         with tracker:
             tracker.track([*model.parameters(), ids, labels])
             loss = model(ids, labels)

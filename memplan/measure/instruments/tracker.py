@@ -159,6 +159,47 @@ class LiveMemoryTracker(_Mode):
         return out
 
 
+class OpLiveTracker(LiveMemoryTracker):
+    """``LiveMemoryTracker`` that also keeps, after every op, the op's name and the live bytes then
+    (``rows``): where in a step two runs part (benchmarks/eager_core_order.py, the ring's ledger tests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.rows.append((str(func), self.current))
+        return out
+
+
+class CudaOpAllocated(_Mode):
+    """After every op on a GPU: the op's name and the caching allocator's ``memory_allocated()``
+    (``rows``), the CUDA counterpart of ``OpLiveTracker`` (a kernel's workspace freed inside the op shows
+    in ``max_memory_allocated`` only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[tuple[str, int]] = []
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self.rows.append((str(func), torch.cuda.memory_allocated()))
+        return out
+
+
 class CudaMemoryApi(Protocol):
     """The slice of `torch.cuda` that `cuda_peak` uses (injectable for tests without a GPU)."""
 
