@@ -338,3 +338,16 @@ def test_the_embeddings_backward_transient(tied: bool, accum: int, transient: in
     """+ 8: the fp32 loss scalar and the backward's seed gradient."""
     s = setup(tied=tied, accum=accum)
     assert estimate(s).peak.moments["embedding backward"]["transient"] == transient + 8
+
+
+def test_a_head_major_flash_output_is_copied_again_for_the_cuda_backward() -> None:
+    """Phi-3's fused QKV makes q, and so the kernel's output, head-major: torch's
+    ``_flash_attention_backward`` hands the kernel ``out.contiguous()`` of its [b, s, a, d] view, one
+    [b, a, s, d] copy beside FlashAttention-2's workspace (a model with q in [b, s, a, d] copies nothing)."""
+    from memplan.api import build_setup
+
+    phi = build_setup("phi-3-mini", seq=512, impl=ImplConfig(impl=Impl.HF))
+    d = Dims.of(phi)
+    assert att.head_major_output(phi) and not att.head_major_output(setup())
+    work = att.fa2_backward_workspace(d.b, d.a, d.kv, d.s, d.s, d.qk_dim, d.v_dim, d.act.bytes)
+    assert att.flash_backward_workspace(phi, d) == work + d.b * d.a * d.s * d.v_dim * 2

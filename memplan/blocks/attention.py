@@ -317,13 +317,26 @@ def flash_backward_workspace(setup: Setup, dims: Dims) -> int:
     summed over each group into dk and dv before the op returns. Measured on an H200 (one rank's ring
     memory, benchmarks/ring_kernels.py ``memory``: b 1, 32 heads of 128, 8 K/V heads, s 32,768 — 4 + 512 +
     2 · 256 MiB). 0 on CPU (its kernel: outputs only, tests/measure/test_peak.py) and for the eager core.
+    Where the output is head-major (``head_major_output``) torch's wrapper also copies it for the kernel.
     NB: FlashAttention-3, cuDNN's and FlashAttention-1's backward workspaces (``--attention-kernel``) are not
     modelled: FlashAttention-2's is counted for every flash kernel."""
     if setup.device is not Device.CUDA or core_of(setup) is not Core.FLASH:
         return 0
-    return fa2_backward_workspace(
-        dims.b, dims.a, dims.kv, dims.s, dims.s, dims.qk_dim, dims.v_dim, dims.act.bytes
-    )
+    d = dims
+    work = fa2_backward_workspace(d.b, d.a, d.kv, d.s, d.s, d.qk_dim, d.v_dim, d.act.bytes)
+    copy = d.b * d.a * d.s * d.v_dim * d.act.bytes if head_major_output(setup) else 0
+    return work + copy
+
+
+def head_major_output(setup: Setup) -> bool:
+    """Whether the flash kernel's output comes out head-major ([b, a, s, d]-contiguous): q is head-major —
+    GPT-NeoX's, StableLM's, GLM's ``torch.cat`` rotary (``Profile.rotary_cat``), Phi-3's fused QKV — and
+    the kernel's output takes q's layout; W_O then reads a contiguous copy (``flash_rules``' ``kernel_out``)
+    and, on CUDA, ``_flash_attention_backward`` copies it again (``out.contiguous()`` of its [b, s, a, d]
+    view)."""
+    prof = profile_of(setup)
+    rope = setup.model.position is PositionType.ROPE
+    return prof.fused_qkv or (prof.sdpa_dispatch and prof.rotary_cat and rope)
 
 
 def fa2_backward_workspace(b: int, a: int, kv: int, sq: int, sk: int, dqk: int, dv: int, e: int) -> int:
@@ -374,10 +387,7 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if window_masked(setup, dims):
         why = "the window's bool mask converted to the query's dtype (CPU flash kernel), per layer"
         rules.append(save(B.ATTN, "window_mask", (b, 1, s, s), act, R.CAUSAL_MASK, why))
-    prof = profile_of(setup)
-    if prof.fused_qkv or (
-        prof.sdpa_dispatch and prof.rotary_cat and setup.model.position is PositionType.ROPE
-    ):
+    if head_major_output(setup):
         # The kernel's output takes q's layout (the CPU kernel and its meta twin alike); GPT-NeoX's q
         # (and StableLM's, GLM's: Profile.rotary_cat) is torch.cat's contiguous [b, a, s, d], so
         # transpose(1, 2).contiguous() copies the output (W_O's input, ``attn.out``) and the kernel keeps
