@@ -206,3 +206,16 @@ def test_compiled_selective_ac_keeps_no_w2_output(device: str, rng: int) -> None
     compiled = eager.model_copy(update={"impl": eager.impl.model_copy(update={"compile": True})})
     saved = [estimate(x).activations for x in (eager, compiled)]
     assert saved[0] - saved[1] == L * (2 * T * H - rng)
+
+
+def test_compiled_selective_ac_with_tensorwise_float8_keeps_fewer_amaxes_and_four_inverse_scales() -> None:
+    """The same under ``--fp8 tensorwise`` on CUDA: W2's output goes, and the eager cache's 10 amaxes
+    (2 B each) give way to 7 amaxes and 4 fp32 inverse scales (``fp8.compiled_sac_scale_rules``)."""
+    from memplan.config import Device, Fp8Recipe
+
+    sac = {"checkpointing": Checkpointing.SELECTIVE, "attention": Attention.FLASH}
+    impl = ImplConfig(impl=Impl.TORCHTITAN, fp8=Fp8Recipe.TENSORWISE)
+    eager = tiny_setup(strategy=sac, impl=impl).model_copy(update={"device": Device.CUDA})
+    compiled = eager.model_copy(update={"impl": eager.impl.model_copy(update={"compile": True})})
+    saved = [estimate(x).activations for x in (eager, compiled)]
+    assert saved[0] - saved[1] == L * (2 * T * H + 10 * 2 - (7 * 2 + 4 * 4))

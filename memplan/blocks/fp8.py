@@ -75,7 +75,7 @@ peak is bf16-gathered's + 40 B (the held scales).
 from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.config import Fp8Recipe, Impl, Setup
+from memplan.config import DType, Fp8Recipe, Impl, Setup
 
 SCALE = 4
 """Bytes of one scale: torchao's ``amax_to_scale`` returns float32."""
@@ -198,6 +198,35 @@ def gathered_scales(setup: Setup) -> int:
     if not all_gather(setup):
         return 0
     return SCALE * len(titan_linear_shapes(setup)) * setup.model.num_layers
+
+
+def compiled_sac_scale_rules(dims: Dims) -> list[Rule]:
+    """What torchtitan's ``SelectiveAC`` keeps of tensorwise float8 under ``--compile``
+    (``blocks.profiles.compiled_sac``): the partitioner keeps a MUST_SAVE node only where the backward reads
+    it (traced: ``trace --impl torchtitan --checkpointing selective --compile --fp8 tensorwise``). torchao's
+    backward casts the saved bf16 activations and the output gradient again with fresh amaxes, and casts
+    each weight with its forward scale; the re-run linears (W_O and W3: the policy's every other
+    ``_scaled_mm``) cast their inputs as in forward. So the block keeps each of its five weights' amax, the
+    amax of W_O's input and of the input W1 and W3 share (0-d, the activation dtype), and the fp32 inverse
+    scales the policy tags MUST_SAVE beside a cached ``_scaled_mm`` that the backward reads: of W_QKV's,
+    W1's and W2's weights and of W1's (and W3's) input."""
+    act = dims.act
+    why = "compiled SelectiveAC: float8 tensorwise"
+    amaxes = [
+        *(save(b, f"{n}_weight_amax", (), act, Role.PARAM_DERIVED, f"{why} weight amax") for b, n in WEIGHTS),
+        save(Block.ATTN, "wo_input_amax", (), act, Role.PARAM_DERIVED, f"{why} amax of W_O's re-run input"),
+        save(Block.MLP, "w1_input_amax", (), act, Role.PARAM_DERIVED, f"{why} amax of W1's and W3's input"),
+    ]
+    inverse = [
+        save(b, f"{n}_inverse_scale", (), DType.FP32, Role.PARAM_DERIVED, f"{why} inverse scale of {n}")
+        for b, n in ((Block.ATTN, "wqkv"), (Block.MLP, "w1"), (Block.MLP, "w2"), (Block.MLP, "w1_input"))
+    ]
+    return amaxes + inverse
+
+
+WEIGHTS = ((Block.ATTN, "wqkv"), (Block.ATTN, "wo"), (Block.MLP, "w1"), (Block.MLP, "w3"), (Block.MLP, "w2"))
+"""A torchtitan Llama 3 block's five converted linears (``titan_linear_shapes`` when every width is a
+multiple of 16)."""
 
 
 def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memplan.blocks import megatron, torchtitan
+from memplan.blocks import fp8, megatron, torchtitan
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import COMPILED_REFERENCE, REFERENCE, Profile
 from memplan.config import (
@@ -61,8 +61,15 @@ def compiled_sac(setup: Setup) -> bool:
         and p.tp == 1
         and p.cp == 1
         and setup.finetune.trains_everything
-        and setup.impl.fp8 is Fp8Recipe.NONE
+        and (setup.impl.fp8 is Fp8Recipe.NONE or _compiled_tensorwise(setup))
     )
+
+
+def _compiled_tensorwise(setup: Setup) -> bool:
+    """Tensorwise float8 under compiled ``SelectiveAC`` where it was traced
+    (``fp8.compiled_sac_scale_rules``): all five linears converted, the weights all-gathered in bf16."""
+    every = len(fp8.titan_linears(setup)) == len(fp8.WEIGHTS)
+    return setup.impl.fp8 is Fp8Recipe.TENSORWISE and every and not setup.impl.fp8_all_gather
 
 
 def compile_modelled(setup: Setup) -> bool:

@@ -40,7 +40,7 @@ from memplan.blocks import fp8, llama4, mlp, moe
 from memplan.blocks.attention_flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, compiled_sac, hidden_dropouts, profile_of
-from memplan.config import Attention, Checkpointing, Device, DType, Setup
+from memplan.config import Attention, Checkpointing, Device, DType, Fp8Recipe, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -100,7 +100,11 @@ def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [
         *scattered,
         *(sdpa_cache_rules(dims) if setup.device is Device.CUDA else []),
-        *fp8.sac_amax_rules(setup, dims),
+        *(
+            fp8.compiled_sac_scale_rules(dims)
+            if compiled_sac(setup) and setup.impl.fp8 is Fp8Recipe.TENSORWISE
+            else fp8.sac_amax_rules(setup, dims)
+        ),
         # Tagged as the block's first norm (a layer group), not a segment's input (Block.CHECKPOINT).
         save(
             Block.ATTN_NORM,

@@ -122,3 +122,21 @@ def test_linears_the_converter_skips_cache_no_amax() -> None:
     block = t * h * 2 + t * 6144 * 2 + t * 14344 * 2 + t * h * 2
     assert [meas.layer_bytes(i) for i in range(2)] == estimated_layers(est) == [block + 4 * 2] * 2
     assert est.activations == meas.activations
+
+
+def test_compiled_selective_keeps_the_scales_its_backward_reads() -> None:
+    """``--compile`` (dynamo's selective-checkpoint op through AOTAutograd's min-cut partitioner, fake
+    tensors): the block by hand (b 1, s 256, Llama-3-8B's widths, bf16) — its input, W_QKV's and W1's
+    outputs (W2's, which no backward reads, not kept), the CPU generator's state for the flash op's re-run,
+    5 weight amaxes and the amaxes of W_O's and of W1/W3's input (bf16 0-d), 4 fp32 inverse scales."""
+    from memplan.measure.frameworks.titan import measure_titan_compiled
+    from memplan.measure.runs.compiled import compiled_comparison_json
+
+    plain = hf_setup("llama-3-8b", seq=256, checkpointing="selective", impl=Impl.TORCHTITAN)
+    setup = tensorwise(plain.model_copy(update={"impl": plain.impl.model_copy(update={"compile": True})}))
+    est, meas = estimate(setup), measure_titan_compiled(setup)
+    out = compiled_comparison_json(est, meas)
+    assert out["diff"]["exact"], [r for r in out["diff"]["tensors"] if r["delta_bytes"]]
+    t, h = 256, 4096
+    block = t * h * 2 + t * (32 + 2 * 8) * 128 * 2 + t * 14336 * 2 + 5056
+    assert meas.layer_bytes(0) == block + 7 * 2 + 4 * 4
