@@ -119,3 +119,15 @@ def test_every_kept_tensors_name_role_and_reason(name: str, snapshot: SnapshotAs
     tensors = estimate(SETUPS[name]).tensors
     assert all(k.reason for k in tensors)  # every kept tensor says why (DESIGN.md)
     assert [f"{k.block.value}/{k.name} ({k.role.value}): {k.reason}" for k in tensors] == snapshot
+
+
+@pytest.mark.parametrize("name", list(SETUPS))
+def test_every_kept_entry_is_what_validation_would_build(name: str) -> None:
+    """``activations.kept`` builds the entries without pydantic's validation (``model_construct``, for
+    ``fit``'s speed): each passes validation unchanged, field for field, type for type."""
+    from memplan.blocks.inventory import Kept
+
+    for k in estimate(SETUPS[name]).tensors:
+        checked = Kept.model_validate(k.model_dump())
+        assert checked == k and hash(checked) == hash(k)
+        assert all(type(getattr(checked, f)) is type(getattr(k, f)) for f in Kept.model_fields)
