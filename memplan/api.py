@@ -247,6 +247,7 @@ def setup_of(o: Options) -> Setup:
             pp_layers=_stage_layers(o.pp_layers),
             cp=o.cp,
             cp_rotate=o.cp_rotate,
+            cp_rank=o.cp_rank,
         ),
         offload=o.offload,
         loss=o.loss,

@@ -308,6 +308,16 @@ class Options(Frozen):
         _PARALLEL,
         default=CpRotate.ALLGATHER,
     )
+    cp_rank: int | None = _option(
+        "--cp: the context-parallel rank estimated, 0 … c−1 (its ring blocks differ; the last rank keeps "
+        "its merged output in the kernel's layout, one [b, s/c, a·d] less a layer) [default: the most "
+        "loaded]. Example: --cp 4 --cp-rank 3",
+        _PARALLEL,
+        default=None,
+        metavar="R",
+        ge=0,
+        show_default=False,
+    )
     dp: int | None = _option(
         "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",
         _PARALLEL,

@@ -87,3 +87,24 @@ def test_the_attention_backward_holds_the_ring_under_context_parallelism_but_not
         2 * qa + t * 64 * 2
     )
     assert ring_backward_transient(cp_setup(1), Dims.of(cp_setup(1))) == 0
+
+
+def test_the_memo_keeps_ranks_and_rotate_methods_apart() -> None:
+    """The rank and the rotate method change the ring's ledger: estimates of the same layout one after the
+    other (memoised pieces, ``pieces.pieces_key``) equal each made cold."""
+    from memplan.engine import clear_caches, estimate
+
+    variants = [
+        cp_setup(2, rotate, Device.CUDA).model_copy(
+            update={"parallel": Parallel(cp=2, cp_rotate=rotate, cp_rank=rank)}
+        )
+        for rotate in (CpRotate.ALLGATHER, CpRotate.ALLTOALL)
+        for rank in (None, 0, 1)
+    ]
+    warm = [estimate(v).peak.phases["layer backward"] for v in variants]
+    cold = []
+    for v in variants:
+        clear_caches()
+        cold.append(estimate(v).peak.phases["layer backward"])
+    assert warm == cold
+    assert len(set(cold)) > 1

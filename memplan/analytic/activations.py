@@ -30,7 +30,13 @@ import functools
 from collections.abc import Iterable
 
 from memplan.blocks import dropout_rule, llama4, te_fp8
-from memplan.blocks.attention import attention_core_rules, constant_rules, full_layer_setup, projection_rules
+from memplan.blocks.attention import (
+    attention_core_rules,
+    constant_rules,
+    full_layer_setup,
+    last_ring_rank,
+    projection_rules,
+)
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
@@ -61,13 +67,19 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
         *(mla_projection_rules(setup, dims) if setup.model.mla else projection_rules(setup, dims)),
         *qk_norm_rules(setup, dims),
         *attention_core_rules(setup, dims),
-        save(
-            B.ATTN,
-            "out",
-            (b, s, dims.a * dims.v_dim),
-            act,
-            R.ATTN_OUT,
-            "attention output, input of W_O: dW = Xᵀ·dY",
+        *(
+            []
+            if last_ring_rank(setup, dims)  # W_O reads the merged ring output itself (attention.flash_rules)
+            else [
+                save(
+                    B.ATTN,
+                    "out",
+                    (b, s, dims.a * dims.v_dim),
+                    act,
+                    R.ATTN_OUT,
+                    "attention output, input of W_O: dW = Xᵀ·dY",
+                )
+            ]
         ),
         *post_norm_rules(setup, B.POST_ATTN_NORM, dims),
         *dropout_rule(B.ATTN, "resid_dropout_mask", p_attn, (b, s, h), keeps),

@@ -328,6 +328,12 @@ def flash_backward_workspace(setup: Setup, dims: Dims) -> int:
     return work + copy
 
 
+def last_ring_rank(setup: Setup, dims: Dims) -> bool:
+    """Whether the estimate is of the last context-parallel rank (``--cp-rank c−1``), whose merged output
+    stays in the kernel's layout and is W_O's input itself."""
+    return dims.ring > 1 and setup.parallel.cp_rank == dims.ring - 1
+
+
 def head_major_output(setup: Setup) -> bool:
     """Whether the flash kernel's output comes out head-major ([b, a, s, d]-contiguous): q is head-major —
     GPT-NeoX's, StableLM's, GLM's ``torch.cat`` rotary (``Profile.rotary_cat``), Phi-3's fused QKV — and
@@ -399,8 +405,12 @@ def flash_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if dims.ring > 1:
         # torch's ring merge (_SDPAMerger) re-concatenates a partially updated output head-major on
         # every rank but the last (the most loaded ones): W_O's input [b, s, a·d] is then a copy and
-        # the output the ring backward reads is kept apart.
+        # the output the ring backward reads is kept apart. The last rank (--cp-rank c−1) merges whole
+        # blocks in the kernel's layout: the merged output is W_O's input too, a view
+        # (``activations.layer_rules`` keeps no copy for it).
         why = "merged ring-attention output: the flash backward of every ring step reads it"
+        if last_ring_rank(setup, dims):
+            why += "; on the last rank also W_O's input (a view)"
         rules.append(save(B.ATTN, "merged_out", (b, a, s, dims.d), act, R.ATTN_OUT, why))
     if titan_cudnn(setup):
         # cuDNN's philox seed and offset: int64, 8 B each (meta__scaled_dot_product_cudnn_attention: [];

@@ -170,21 +170,20 @@ def _block_extra(dims: Dims, head_major_out: bool) -> Callable[[str], int]:
 
 
 @lru_cache(maxsize=4096)
-def _worst_rank(c: int, size: RingSizes, rotate: CpRotate, dims: Dims | None) -> int:
-    """The highest ``backward_peak`` over the c ranks (on CUDA, ``dims`` given: with each block's kernel
-    workspace; every rank but the last merges into a head-major output)."""
-    return max(
-        backward_peak(c, r, size, rotate, True, None if dims is None else _block_extra(dims, r < c - 1))
-        for r in range(c)
-    )
+def _rank_peak(c: int, r: int, size: RingSizes, rotate: CpRotate, dims: Dims | None) -> int:
+    """``backward_peak`` of rank r (on CUDA, ``dims`` given: with each block's kernel workspace; every rank
+    but the last merges into a head-major output)."""
+    return backward_peak(c, r, size, rotate, True, None if dims is None else _block_extra(dims, r < c - 1))
 
 
 def ring_backward_transient(setup: Setup, dims: Dims) -> int:
-    """The ring's backward on the rank that holds the most, above what it held before it (the module
-    docstring); 0 without context parallelism and for ``--cp-rotate kv-gather`` (Transformer Engine's,
-    not run: the plain kernel's buffers stand for it). The reference's ``RingFlash`` (an
-    ``autograd.Function`` with the logsumexp as a second output) also gets its zero-filled gradient,
-    [b, a, s] fp32, from the autograd engine (``materialize_grads``)."""
+    """The ring's backward on the rank ``--cp-rank`` names or else the one that holds the most, above what it
+    held before it (the module docstring); 0 without context parallelism and for ``--cp-rotate kv-gather``
+    (Transformer Engine's, not run: the plain kernel's buffers stand for it). Without ``--cp-rank`` the
+    estimate's saves are those of ranks 0 … c − 2 (``attention.flash_rules``' merged output) and the ring
+    the largest of all c: an upper bound where the last rank's ring is the largest (cp 2). The
+    reference's ``RingFlash`` (an ``autograd.Function`` with the logsumexp as a second output) also gets
+    its zero-filled gradient, [b, a, s] fp32, from the autograd engine (``materialize_grads``)."""
     c = setup.parallel.cp
     if c == 1 or setup.parallel.cp_rotate is CpRotate.KV_GATHER:
         return 0
@@ -196,4 +195,6 @@ def ring_backward_transient(setup: Setup, dims: Dims) -> int:
     )
     cuda = dims if setup.device is Device.CUDA else None
     lse_grad = dims.b * dims.a * dims.s * DType.FP32.bytes if setup.impl.impl is Impl.REFERENCE else 0
-    return _worst_rank(c, size, setup.parallel.cp_rotate, cuda) + lse_grad
+    rotate, rank = setup.parallel.cp_rotate, setup.parallel.cp_rank
+    ranks = range(c) if rank is None else (rank,)
+    return max(_rank_peak(c, r, size, rotate, cuda) for r in ranks) + lse_grad

@@ -82,18 +82,9 @@ DeviceRunOpt = Annotated[
 ]
 
 
-@with_options(*RUN_OPTIONS, *LAYOUT_OPTIONS, "cp", "cp_rotate")
+@with_options(*RUN_OPTIONS, *LAYOUT_OPTIONS, "cp", "cp_rotate", "cp_rank")
 def profile(
     device: DeviceRunOpt = None,
-    cp_rank: Annotated[
-        int,
-        typer.Option(
-            "--cp-rank",
-            min=0,
-            help="With --cp C: the context-parallel rank run (0 to C−1; one process, torch's ring attention "
-            "over a fake process group, --device cpu). Rank 0 holds the most; C−1 saves one output less",
-        ),
-    ] = 0,
     nproc: Annotated[
         int | None,
         typer.Option(
@@ -120,7 +111,8 @@ def profile(
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
     With --nproc N: N ranks of a tensor/sequence/pipeline-parallel and ZeRO layout (docs/distributed.md).
 
-    With --cp C: one context-parallel rank (--cp-rank) in this process, on CPU.
+    With --cp C: one context-parallel rank (--cp-rank, default 0) in this process, on CPU, against the
+    estimate of that rank.
 
     Example: memplan profile --model tiny --device cpu --seq 256 --timeline
     Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
@@ -147,8 +139,6 @@ def profile(
                 "cp: one context-parallel rank is simulated with torch's ring attention on the CPU flash "
                 "kernel (a fake process group); use --device cpu"
             )
-        if not cp_rank < cp:
-            raise ValueError(f"cp-rank: --cp-rank {cp_rank} is not a rank of --cp {cp}; use 0 to {cp - 1}")
         if nproc is not None:
             for flag, value in (
                 ("torch-trace", torch_trace),
@@ -184,6 +174,8 @@ def profile(
 
             pyplot()  # before any work: without matplotlib, one line and nothing run
         kernels = Device.CUDA if dev.startswith("cuda") else Device.CPU
+        if cp > 1 and options.get("cp_rank") is None:  # the rank run is 0: the estimate is that rank's
+            options = {**options, "cp_rank": 0}
         setup = setup_of(options_of({**options, "device": kernels}))
         from memplan.measure.compare.tensors import comparison_json
         from memplan.measure.instruments.sizes import check_sizes
@@ -206,7 +198,7 @@ def profile(
                     torch_trace,
                     curve=bool(timeline or plot),
                     on_step=lambda what: bar.advance(description=what),
-                    cp_rank=cp_rank,
+                    cp_rank=setup.parallel.cp_rank or 0,
                 )
         except prof_mod.OUT_OF_MEMORY:
             from memplan.render.estimate import fmt_bytes

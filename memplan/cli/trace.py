@@ -43,6 +43,7 @@ StageOpt = Annotated[
     "zero",
     "dp",
     "cp",
+    "cp_rank",
     "tp",
     "sp",
     "pp",
@@ -105,6 +106,7 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
         with Bar("tracing", total=2 * setup.model.num_layers, unit="layer passes") as bar:
             meas = measure(
                 setup,
+                cp_rank=setup.parallel.cp_rank or 0,
                 fake=True,
                 device=device,
                 on_layer=lambda phase, layer: bar.advance(description=f"{phase} layer {layer}"),

@@ -81,6 +81,12 @@ class Parallel(Frozen):
         description="how K/V reach each rank: torch's ring with allgather (its default) or alltoall, or "
         "kv-gather (Llama 3's, Transformer Engine's all_gather: no ring)",
     )
+    cp_rank: int | None = Field(
+        default=None,
+        ge=0,
+        description="the context-parallel rank estimated, 0 … c−1 (the ranks differ in their ring's blocks "
+        "and the last keeps its merged output in the kernel's layout); none: the most loaded",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -88,6 +94,11 @@ class Parallel(Frozen):
             raise ValueError(
                 "sp: sequence parallelism splits over the tensor-parallel ranks; "
                 "add --tp 2 or more, or drop --sp"
+            )
+        if self.cp_rank is not None and self.cp_rank >= self.cp:
+            raise ValueError(
+                f"cp_rank: rank {self.cp_rank} is not a context-parallel rank of --cp {self.cp}; "
+                f"use 0 to {self.cp - 1}"
             )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")

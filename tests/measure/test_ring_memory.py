@@ -106,22 +106,28 @@ def test_a_context_parallel_ranks_peak_is_the_estimates_at_its_layer_backward(cp
 
 def test_at_cp_2_the_last_ranks_larger_ring_is_an_upper_bound() -> None:
     """At cp 2 the last rank's ring holds more than rank 0's (its blocks keep whole queries) while it saves
-    one head-major output less per layer: the estimate takes the larger ring with the larger saves, above
-    both ranks' measured peaks (here by 57,344 B of 11.2 MB)."""
+    one head-major output less per layer: without ``--cp-rank`` the estimate takes the larger ring with the
+    larger saves, above both ranks' measured peaks (here by 57,344 B of 11.2 MB); with it, each rank's
+    estimate is that rank's peak."""
     setup = cp_setup(2, seq=2048, kv=4, layers=3)
     est = estimate(setup).peak.bytes
     peaks = [run_rank(setup, r)[0].peak for r in range(2)]
     assert max(peaks) <= est <= max(peaks) + 2 * 1024 * 64  # within one rank's [T, a·d] output
+    for r, peak in enumerate(peaks):
+        ranked = setup.model_copy(update={"parallel": setup.parallel.model_copy(update={"cp_rank": r})})
+        assert estimate(ranked).peak.bytes == peak
 
 
 runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 
 
-def test_profile_runs_one_context_parallel_rank_and_matches_its_estimate() -> None:
-    """``memplan profile --cp 4``: rank 0 of the ring in this process (CPU, a fake process group), its
-    saves, FLOPs (× cp) and peak equal to the estimate's."""
+@pytest.mark.parametrize("rank", [0, 3])
+def test_profile_runs_one_context_parallel_rank_and_matches_its_estimate(rank: int) -> None:
+    """``memplan profile --cp 4 --cp-rank R``: that rank of the ring in this process (CPU, a fake process
+    group), its saves, FLOPs (× cp) and peak equal to the estimate of that rank (the last keeps its
+    merged output as W_O's input, no copy)."""
     args = ["profile", "-m", "tiny", "--device", "cpu", "--seq", "512", "--cp", "4", "--steps", "1"]
-    r = runner.invoke(app, [*args, "--warmup", "0", "--json"])
+    r = runner.invoke(app, [*args, "--cp-rank", str(rank), "--warmup", "0", "--json"])
     assert r.exit_code == 0, r.output
     result = json.loads(r.stdout)
     assert result["diff"]["equal"]
@@ -131,7 +137,7 @@ def test_profile_runs_one_context_parallel_rank_and_matches_its_estimate() -> No
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--cp-rank", "4"], "cp-rank: --cp-rank 4 is not a rank of --cp 4"),
+        (["--cp-rank", "4"], "cp_rank: rank 4 is not a context-parallel rank of --cp 4"),
         (["--nproc", "2"], "cp: profile --cp runs one context-parallel rank in this process"),
         (["--device", "cuda"], "use --device cpu"),  # without CUDA: "device: CUDA is not available here"
         (["--cp-rotate", "kv-gather"], "cp-rotate: kv-gather"),
