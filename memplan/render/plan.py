@@ -118,13 +118,15 @@ def summary_panel(b: Built) -> Panel:
     head.append(f", {fmt_count(p.params_active)} active" + (f": {p.moe.label()}" if p.moe else ""))
     dev = p.device
     where = f" (pipeline stage {dev.stage.index} of {p.parallel.pp})" if p.parallel.pp > 1 else ""
+    rank = p.setup.parallel.cp_rank
+    device = "the most loaded device" if rank is None else f"context-parallel rank {rank} of {p.parallel.cp}"
     lines: list[RenderableType] = [
         head,
         Text(report.setup_line(p), style="dim"),
         Text(layout_line(p), style="dim"),
         *([Text(report.finetune_line(p), style="dim")] if not p.setup.finetune.trains_everything else []),
         Text(""),
-        Text(f"Memory on the most loaded device{where}; {BYTE_UNITS}", style="bold"),
+        Text(f"Memory on {device}{where}; {BYTE_UNITS}", style="bold"),
         report.memory_bar(p),
         Text("moments: " + " · ".join(f"{k} {fmt_bytes(v)}" for k, v in dev.peak.phases.items())),
     ]
