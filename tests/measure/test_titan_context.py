@@ -104,6 +104,9 @@ def test_last_rank_keeps_no_copy_of_the_output() -> None:
     per_layer = 2 * (64 // 2) * 64 * 2
     assert [last.layer_bytes(i) for i in range(2)] == [b - per_layer for b in estimated_layers(est)]
     assert last.activations == est.activations - 2 * per_layer
+    # --cp-rank 1: the estimate of that rank is its run, tensor for tensor
+    ranked = setup.model_copy(update={"parallel": setup.parallel.model_copy(update={"cp_rank": 1})})
+    assert unequal(ranked, measure_titan(ranked)) == []
 
 
 def test_cp_is_traceable_for_torchtitan_only() -> None:

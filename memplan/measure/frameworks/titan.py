@@ -293,11 +293,13 @@ def rope_buffers(model: Any) -> SavedRecord:
     return SavedRecord("rope · buffers", None, (len(caches), *caches[0].shape), "complex64", nbytes)
 
 
-def measure_titan(setup: Setup, fake: bool = True, cp_rank: int = 0) -> Measured:
+def measure_titan(setup: Setup, fake: bool = True, cp_rank: int | None = None) -> Measured:
     """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 for ``setup`` on CPU; with
-    ``--cp`` as rank ``cp_rank`` of the ring (module docstring)."""
+    ``--cp`` as rank ``cp_rank`` of the ring (module docstring; by default ``--cp-rank``'s, else 0)."""
     torch.manual_seed(0)
     cp = setup.parallel.cp
+    if cp_rank is None:
+        cp_rank = setup.parallel.cp_rank or 0
     with (
         ring(cp, cp_rank, "cpu") as group,
         rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
