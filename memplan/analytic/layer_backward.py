@@ -179,7 +179,7 @@ def selective_softmax_backward(setup: Setup, dims: Dims, params: ParamCount) -> 
     freed the core's output gradient [T, a·d] and (its last use) the V copy that dV equals in size; the
     softmax backward makes dS. Against the re-run's softmax (``selective_rerun_transient``): dP and dS for
     the scaled and masked scores, less the output gradient — below it by T·a·d elements on CPU (measured by
-    tests/test_layer_moment.py), above it on CUDA by the op's own product (``softmax_backward_scratch``)."""
+    tests/measure/test_peak.py), above it on CUDA by the op's own product (``softmax_backward_scratch``)."""
     rerun = selective_rerun_transient(setup, dims, params)
     if not rerun:
         return 0

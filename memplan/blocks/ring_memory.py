@@ -26,7 +26,7 @@ In order (``backward_peak``):
 - at the end dQ cast to e, the received dK/dV cast to e (2·K·e), the fp32 ones freed.
 
 Exact against memplan's tracker on CPU (every allocation of the reference's ``RingFlash`` backward, torch's
-own ring functions with the CPU flash kernel: tests/measure/test_ring_memory.py, 30 ranks and layouts)
+own ring functions with the CPU flash kernel: tests/measure/test_ring_memory.py, 14 ranks and layouts)
 and against the H200's allocator (benchmarks/data/h200-ring-memory.jsonl: cp 2, 4, 8, ranks 0 and c − 1,
 32 heads of 128, 8 K/V heads, 32,768 tokens a rank; with that run's q, k, v laid out [b, a, s, d], whose
 ``out`` and ``grad_out`` ``_flash_attention_backward`` copies).
