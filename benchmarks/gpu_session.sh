@@ -21,7 +21,7 @@ fi
     nvidia-smi
     python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 } > "$OUT/env.txt" 2>&1
-# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama core validate snapshot
+# PARTS chooses what runs (by default the first five): context calibrate optimizer profile trace kernels ring mpt llama core validate cpprofile snapshot
 PARTS=${PARTS:-context calibrate optimizer profile trace}
 on() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 if on context; then
@@ -85,6 +85,19 @@ for case in [('llama-2-7b', 3072, 'selective', 'eager'), ('llama-2-7b', 8192, 'f
     print(json.dumps({k: r.get(k) for k in ('seq', 'checkpointing', 'measured_peak', 'estimated_allocated', 'allocated_error', 'reserved_error', 'estimated_phase')}), flush=True)
     open('$OUT/validate.jsonl', 'a').write(json.dumps(r) + '\n')
 "
+fi
+if on cpprofile; then  # one context-parallel rank's whole CUDA step (torch's ring over the fake process group) against its estimate
+    echo "== cpprofile"
+    for args in "--cp 4 --cp-rank 0" "--cp 4 --cp-rank 3" "--cp 2 --cp-rank 1 --cp-rotate alltoall"; do
+        timeout 150 python3 -m memplan profile -m llama-3.2-1b --seq 65536 --checkpointing full --attention flash $args \
+            --steps 1 --warmup 1 --json > /tmp/cp.json 2> /tmp/cp.err
+        tail -2 /tmp/cp.err
+        python3 -c "
+import json; d = json.load(open('/tmp/cp.json')); m, e = d['measured']['memory'], d['estimated']['memory']
+row = dict(args='$args', equal=d['diff']['equal'], measured_peak=m['peak'], estimated_peak=e['peak'],
+           phase=e['peak_phase'], reserved=m.get('phase_peaks', {}).get('reserved'))
+print(json.dumps(row)); open('$OUT/cpprofile.jsonl', 'a').write(json.dumps(row) + '\n')"
+    done
 fi
 if on snapshot; then  # the allocator's history of one case (SNAPSHOT_ARGS: profile's options)
     echo "== snapshot"

@@ -111,8 +111,8 @@ def profile(
     beside the estimate. Peak on CUDA from the caching allocator, on CPU from a live-storage tracker.
     With --nproc N: N ranks of a tensor/sequence/pipeline-parallel and ZeRO layout (docs/distributed.md).
 
-    With --cp C: one context-parallel rank (--cp-rank, default 0) in this process, on CPU, against the
-    estimate of that rank.
+    With --cp C: one context-parallel rank (--cp-rank, default 0) in this process (torch's ring over a fake
+    process group, on CPU or a GPU), against the estimate of that rank.
 
     Example: memplan profile --model tiny --device cpu --seq 256 --timeline
     Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
@@ -134,11 +134,6 @@ def profile(
         cp = options.get("cp", 1)
         if cp > 1 and nproc is not None:
             raise ValueError("cp: profile --cp runs one context-parallel rank in this process; drop --nproc")
-        if cp > 1 and not dev.startswith("cpu"):
-            raise ValueError(
-                "cp: one context-parallel rank is simulated with torch's ring attention on the CPU flash "
-                "kernel (a fake process group); use --device cpu"
-            )
         if nproc is not None:
             for flag, value in (
                 ("torch-trace", torch_trace),

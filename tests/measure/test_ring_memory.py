@@ -139,7 +139,6 @@ def test_profile_runs_one_context_parallel_rank_and_matches_its_estimate(rank: i
     [
         (["--cp-rank", "4"], "cp_rank: rank 4 is not a context-parallel rank of --cp 4"),
         (["--nproc", "2"], "cp: profile --cp runs one context-parallel rank in this process"),
-        (["--device", "cuda"], "use --device cpu"),  # without CUDA: "device: CUDA is not available here"
         (["--cp-rotate", "kv-gather"], "cp-rotate: kv-gather"),
     ],
 )
@@ -148,3 +147,14 @@ def test_profile_cp_refuses_what_it_cannot_run_in_one_line(extra: list[str], mes
     assert r.exit_code == 2, r.output
     assert message in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("rank", [0, 3])
+def test_trace_cp_on_cuda_runs_torchs_cuda_ring_entry_points_on_the_meta_device(rank: int) -> None:
+    """``trace --cp --device cuda``: torch's ``_scaled_dot_product_ring_flash_attention`` and its backward
+    (``reference.context.RingFlashCuda``) with the CUDA flash kernel's meta outputs, over the fake process
+    group: the saves (the philox seed and offset among them) and FLOPs equal the CUDA estimate's."""
+    args = ["trace", "-m", "tiny", "--seq", "512", "--cp", "4", "--cp-rank", str(rank), "--device", "cuda"]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["diff"]["equal"]

@@ -1,20 +1,21 @@
 """One context-parallel rank in one process: torch's own ring attention, over a fake process group.
 
-torch's ``context_parallel`` (``torch.distributed.tensor.experimental``, what torchtitan uses) runs the
-ring *inside* the dispatch of one SDPA op: ``_templated_ring_attention`` and
-``_templated_ring_attention_backward`` (``_context_parallel/_attention.py``, torch 2.13). Its DTensor
-handler covers the CUDA flash / efficient / cuDNN kernels only, so it cannot run on a CPU. This module
-calls those two functions themselves, with the CPU flash kernel as the per-step op and torch's fake
-process group (``torch.testing._internal.distributed.fake_pg``: ``dist.get_rank`` and the world size are
-the simulated rank's, the collectives move nothing): one rank runs exactly torch's op sequence — its two
-head-tail chunks, the causal step 0, the c−1 half steps against K/V chunks in ring order, the
-``_SDPAMerger`` merge of out/lse — and ``RingFlash`` saves for backward what autograd saves for the one
-SDPA op torch dispatches (derivatives.yaml, ``_scaled_dot_product_flash_attention``: query, key, value,
-output, logsumexp).
+torch's ``context_parallel`` (``torch.distributed.tensor.experimental``, what torchtitan uses) runs the ring
+*inside* the dispatch of one SDPA op: ``_templated_ring_attention`` and ``_templated_ring_attention_backward``
+(``_context_parallel/_attention.py``, torch 2.13). Its DTensor handler covers the CUDA flash / efficient /
+cuDNN kernels only, so it cannot run on a CPU. This module calls those two functions themselves, with the CPU
+flash kernel as the per-step op (on a GPU, and on the meta device that stands for one in ``trace --device
+cuda``, torch's CUDA entry points themselves, ``RingFlashCuda``) and torch's fake process group
+(``torch.testing._internal.distributed.fake_pg``: ``dist.get_rank`` and the world size are the simulated
+rank's, the collectives move nothing): one rank runs exactly torch's op sequence — its two head-tail chunks,
+the causal step 0, the c−1 half steps against K/V chunks in ring order, the ``_SDPAMerger`` merge of out/lse —
+and ``RingFlash`` saves for backward what autograd saves for the one SDPA op torch dispatches
+(derivatives.yaml, ``_scaled_dot_product_flash_attention``: query, key, value, output, logsumexp).
 
 Known limitations (NB): the received K/V and dK/dV are whatever the fake collectives return (the bytes
 and FLOPs are exact, the values are not a real run's); ``head_tail_positions`` is torch's default
-``_HeadTailLoadBalancer`` order; CPU only (the CUDA kernels' ring needs a real NCCL group).
+``_HeadTailLoadBalancer`` order; the CUDA path runs in CI on the meta device (``trace --cp --device cuda``:
+its saves and FLOPs) and on a lent GPU with memory (benchmarks/gpu_session.sh ``cpprofile``, not yet run).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch import Tensor
 from torch.distributed.tensor.experimental._context_parallel import _attention as ring
 
 from memplan.config import CpRotate
+from memplan.measure.instruments.record import label
 from memplan.strategies.context_parallel import KV_GATHER_NOT_RUN
 
 aten = torch.ops.aten
@@ -99,7 +101,52 @@ class RingFlash(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+class _Mesh:
+    """What torch's ring entry points read of a DeviceMesh: ``get_group()``, the rank's group."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def get_group(self) -> dist.ProcessGroup:
+        return self.group
+
+
+class RingFlashCuda(torch.autograd.Function):
+    """The same on a GPU: torch's own CUDA entry points, ``_scaled_dot_product_ring_flash_attention`` and its
+    backward (what ``context_parallel``'s SDPA handler dispatches to), the CUDA flash kernel per ring step
+    over the fake process group (its collectives return unwritten buffers of the right sizes: the bytes are
+    a real rank's). Saves what autograd saves for the SDPA flash op (derivatives.yaml: q, k, v, the output,
+    the logsumexp and the kernel's philox seed and offset)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+        mesh = _Mesh(group)
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_flash_attention(
+            mesh, q, k, v, dropout_p=0.0, is_causal=True
+        )
+        label(seed, "attn.philox_seed")
+        label(offset, "attn.philox_offset")
+        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
+        ctx.extra = (mesh, cum_q, cum_k, max_q, max_k)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse, seed, offset = ctx.saved_tensors
+        mesh, cum_q, cum_k, max_q, max_k = ctx.extra
+        dq, dk, dv, *_ = ring._scaled_dot_product_ring_flash_attention_backward(
+            mesh, dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset
+        )
+        return dq, dk, dv, None
+
+
 def ring_flash(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
-    """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank."""
-    out, lse = RingFlash.apply(q, k, v, group)
+    """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank (on a GPU, and on the meta
+    device that stands for one, through torch's CUDA entry points, ``RingFlashCuda``)."""
+    cuda = q.device.type in (
+        "cuda",
+        "meta",
+    )  # model.CUDA_KERNELS: the meta device runs CUDA's kernels' shapes
+    out, lse = (RingFlashCuda if cuda else RingFlash).apply(q, k, v, group)
     return out, lse

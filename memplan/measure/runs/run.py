@@ -118,10 +118,10 @@ def ring(cp: int, rank: int, device: str) -> Iterator[Any]:
     if cp == 1:
         yield None
         return
-    if torch.device(device).type != "cpu" or not 0 <= rank < cp:
+    if torch.device(device).type not in ("cpu", "cuda", "meta") or not 0 <= rank < cp:
         raise ValueError(
             f"cp: one context-parallel rank (0 ≤ rank < {cp}) is simulated with torch's ring attention on "
-            "the CPU flash kernel; use --device cpu"
+            "the CPU or CUDA flash kernel; use --device cpu or cuda"
         )
     from memplan.measure.reference.context import ring_group
 
