@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torchtitan.models.llama3")  # needs spmd_types, tyro, torch_checkpointing, triton
 
-from memplan.config import Impl, ModelConfig, Setup
+from memplan.config import Device, Impl, ModelConfig, Setup
 from memplan.engine import estimate
 from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
@@ -107,6 +107,17 @@ def test_last_rank_keeps_no_copy_of_the_output() -> None:
     # --cp-rank 1: the estimate of that rank is its run, tensor for tensor
     ranked = setup.model_copy(update={"parallel": setup.parallel.model_copy(update={"cp_rank": 1})})
     assert unequal(ranked, measure_titan(ranked)) == []
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_cuda_rank_runs_torchs_cudnn_ring_and_equals_the_estimate(rank: int) -> None:
+    """``--device cuda``: the inner attention is torch's ``_scaled_dot_product_ring_cudnn_attention`` (cuDNN's
+    kernel, as torchtitan's SDPA picks it on CUDA) under the fake mode, saving its [b, a, s, 1] logsumexp
+    and philox seed and offset; with ``--cp-rank`` each rank equals its estimate."""
+    plain = with_cp(hf_setup(tiny(), seq=64, batch=2, impl=Impl.TORCHTITAN), 2)
+    parallel = plain.parallel.model_copy(update={"cp_rank": rank})
+    setup = plain.model_copy(update={"device": Device.CUDA, "parallel": parallel})
+    assert unequal(setup, measure_titan(setup)) == []
 
 
 def test_cp_is_traceable_for_torchtitan_only() -> None:

@@ -45,8 +45,10 @@ torchtitan wraps the inner SDPA's q, k, v as sequence-sharded DTensors so that t
 ``_templated_ring_attention`` inside the SDPA op; its handler covers the CUDA kernels only, so here the
 inner attention calls the same ring functions with the CPU flash kernel (``reference.context.ring_flash``)
 over torch's fake process group, under the setup's ``--cp-rotate`` (``set_rotate_method``): the ring, its
-merges and what autograd saves for the one op (q, k, v, the merged output and lse) are torch's. NB: the
-CUDA op also saves its RNG state (``philox_seed`` / ``philox_offset``, 24 B per layer), absent on CPU.
+merges and what autograd saves for the one op (q, k, v, the merged output and lse) are torch's. With
+``--device cuda`` the inner attention is torch's own CUDA ring entry point instead, with cuDNN's kernel as
+torchtitan's SDPA picks it (``_scaled_dot_product_ring_cudnn_attention``, its meta kernel under the fake
+mode: ``reference.context.RingCudnn``), which also saves the op's philox seed and offset.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
+from memplan.blocks.attention import titan_cudnn
 from memplan.config import Checkpointing, Device, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
@@ -238,13 +241,13 @@ def titan_path(path: str) -> str:
     return re.sub(r"^layers\.\d+\.", "", path)
 
 
-def ring_attention(model: Any, group: Any) -> None:
+def ring_attention(model: Any, group: Any, kernel: str = "cpu") -> None:
     """Each block's inner SDPA replaced by torch's ring (``apply_cp_to_forward``'s effect on one rank):
     [b, s/c, heads, d] in and out, as ``ScaledDotProductAttention.forward`` transposes around its SDPA."""
     from memplan.measure.reference.context import ring_flash
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        out, _ = ring_flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group)
+        out, _ = ring_flash(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), group, kernel)
         return out.transpose(1, 2)
 
     for block in model.layers.values():
@@ -331,7 +334,9 @@ def titan_step(
         ids, labels = ids[:, mine], labels[:, mine]
         # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
         positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
-        ring_attention(model, group)
+        # on CUDA torchtitan's SDPA is cuDNN's (blocks.attention.titan_cudnn), and so is each ring step
+        kernel = "cpu" if setup.device is not Device.CUDA else ("cudnn" if titan_cudnn(setup) else "flash")
+        ring_attention(model, group, kernel)
     elif setup.device is Device.CUDA:
         cudnn_attention(model)
     layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]

@@ -141,12 +141,44 @@ class RingFlashCuda(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def ring_flash(q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
-    """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank (on a GPU, and on the meta
-    device that stands for one, through torch's CUDA entry points, ``RingFlashCuda``)."""
-    cuda = q.device.type in (
-        "cuda",
-        "meta",
-    )  # model.CUDA_KERNELS: the meta device runs CUDA's kernels' shapes
-    out, lse = (RingFlashCuda if cuda else RingFlash).apply(q, k, v, group)
+class RingCudnn(torch.autograd.Function):
+    """``RingFlashCuda`` with cuDNN's kernel per ring step (``_scaled_dot_product_ring_cudnn_attention``
+    and its backward): what torchtitan's SDPA runs on CUDA (``blocks.attention.titan_cudnn``). Saves what
+    autograd saves for the cuDNN op: q, k, v, the output, its [b, a, s, 1] logsumexp, the philox seed and
+    offset."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+        mesh = _Mesh(group)
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_cudnn_attention(
+            mesh, q, k, v, None, True, 0.0, True
+        )
+        label(seed, "attn.philox_seed")
+        label(offset, "attn.philox_offset")
+        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
+        ctx.extra = (mesh, cum_q, cum_k, max_q, max_k)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
+        q, k, v, out, lse, seed, offset = ctx.saved_tensors
+        mesh, cum_q, cum_k, max_q, max_k = ctx.extra
+        dq, dk, dv, *_ = ring._scaled_dot_product_ring_cudnn_attention_backward(
+            mesh, dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True
+        )
+        return dq, dk, dv, None
+
+
+def ring_flash(
+    q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup, kernel: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank: ``kernel`` ``cpu``
+    (``RingFlash``), ``flash`` (torch's CUDA entry points, ``RingFlashCuda``) or ``cudnn`` (``RingCudnn``);
+    by default ``flash`` on a GPU and on the meta device that stands for one, else ``cpu`` (fake CPU tensors
+    standing for CUDA ones name the CUDA kernel: its meta kernel runs)."""
+    if kernel is None:  # model.CUDA_KERNELS: the meta device runs the CUDA kernels' shapes
+        kernel = "flash" if q.device.type in ("cuda", "meta") else "cpu"
+    function = {"cpu": RingFlash, "flash": RingFlashCuda, "cudnn": RingCudnn}[kernel]
+    out, lse = function.apply(q, k, v, group)
     return out, lse
