@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -120,7 +120,7 @@ class RingFlashCuda(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
-        mesh = _Mesh(group)
+        mesh: Any = _Mesh(group)  # what the entry points read of a DeviceMesh
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_flash_attention(
             mesh, q, k, v, dropout_p=0.0, is_causal=True
         )
@@ -149,7 +149,7 @@ class RingCudnn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
-        mesh = _Mesh(group)
+        mesh: Any = _Mesh(group)  # what the entry points read of a DeviceMesh
         out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_cudnn_attention(
             mesh, q, k, v, None, True, 0.0, True
         )
@@ -165,7 +165,22 @@ class RingCudnn(torch.autograd.Function):
         q, k, v, out, lse, seed, offset = ctx.saved_tensors
         mesh, cum_q, cum_k, max_q, max_k = ctx.extra
         dq, dk, dv, *_ = ring._scaled_dot_product_ring_cudnn_attention_backward(
-            mesh, dout, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True
+            mesh,
+            dout,
+            q,
+            k,
+            v,
+            out,
+            lse,
+            seed,
+            offset,
+            cast(Tensor, None),
+            cum_q,
+            cum_k,
+            max_q,
+            max_k,
+            0.0,
+            True,
         )
         return dq, dk, dv, None
 
