@@ -152,7 +152,7 @@ def test_profile_cp_refuses_what_it_cannot_run_in_one_line(extra: list[str], mes
 @pytest.mark.parametrize("rank", [0, 3])
 def test_trace_cp_on_cuda_runs_torchs_cuda_ring_entry_points_on_the_meta_device(rank: int) -> None:
     """``trace --cp --device cuda``: torch's ``_scaled_dot_product_ring_flash_attention`` and its backward
-    (``reference.context.RingFlashCuda``) with the CUDA flash kernel's meta outputs, over the fake process
+    (``reference.context.RingCuda``) with the CUDA flash kernel's meta outputs, over the fake process
     group: the saves (the philox seed and offset among them) and FLOPs equal the CUDA estimate's."""
     args = ["trace", "-m", "tiny", "--seq", "512", "--cp", "4", "--cp-rank", str(rank), "--device", "cuda"]
     r = runner.invoke(app, [*args, "--json"])

@@ -48,7 +48,7 @@ over torch's fake process group, under the setup's ``--cp-rotate`` (``set_rotate
 merges and what autograd saves for the one op (q, k, v, the merged output and lse) are torch's. With
 ``--device cuda`` the inner attention is torch's own CUDA ring entry point instead, with cuDNN's kernel as
 torchtitan's SDPA picks it (``_scaled_dot_product_ring_cudnn_attention``, its meta kernel under the fake
-mode: ``reference.context.RingCudnn``), which also saves the op's philox seed and offset.
+mode: ``reference.context.RingCuda``), which also saves the op's philox seed and offset.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ torch's ``context_parallel`` (``torch.distributed.tensor.experimental``, what to
 (``_context_parallel/_attention.py``, torch 2.13). Its DTensor handler covers the CUDA flash / efficient /
 cuDNN kernels only, so it cannot run on a CPU. This module calls those two functions themselves, with the CPU
 flash kernel as the per-step op (on a GPU, and on the meta device that stands for one in ``trace --device
-cuda``, torch's CUDA entry points themselves, ``RingFlashCuda``) and torch's fake process group
+cuda``, torch's CUDA entry points themselves, ``RingCuda``) and torch's fake process group
 (``torch.testing._internal.distributed.fake_pg``: ``dist.get_rank`` and the world size are the simulated
 rank's, the collectives move nothing): one rank runs exactly torch's op sequence — its two head-tail chunks,
 the causal step 0, the c−1 half steps against K/V chunks in ring order, the ``_SDPAMerger`` merge of out/lse —
@@ -111,89 +111,64 @@ class _Mesh:
         return self.group
 
 
-class RingFlashCuda(torch.autograd.Function):
-    """The same on a GPU: torch's own CUDA entry points, ``_scaled_dot_product_ring_flash_attention`` and its
-    backward (what ``context_parallel``'s SDPA handler dispatches to), the CUDA flash kernel per ring step
-    over the fake process group (its collectives return unwritten buffers of the right sizes: the bytes are
-    a real rank's). Saves what autograd saves for the SDPA flash op (derivatives.yaml: q, k, v, the output,
-    the logsumexp and the kernel's philox seed and offset)."""
+def _cuda_ring_forward(kernel: str, mesh: Any, q: Tensor, k: Tensor, v: Tensor) -> tuple[Any, ...]:
+    """torch's CUDA ring entry point of ``kernel``: out, lse, cum_q, cum_k, max_q, max_k, seed, offset, …"""
+    if kernel == "cudnn":
+        return ring._scaled_dot_product_ring_cudnn_attention(mesh, q, k, v, None, True, 0.0, True)
+    return ring._scaled_dot_product_ring_flash_attention(mesh, q, k, v, dropout_p=0.0, is_causal=True)
+
+
+def _cuda_ring_backward(kernel: str, mesh: Any, dout: Tensor, saved: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Its backward entry point, from the forward's saves (q, k, v, out, lse, seed, offset, cum_q, cum_k,
+    max_q, max_k): dq, dk, dv first."""
+    q, k, v, out, lse, seed, offset, cum_q, cum_k, max_q, max_k = saved
+    if kernel == "cudnn":
+        no_bias = cast(Tensor, None)
+        return ring._scaled_dot_product_ring_cudnn_attention_backward(
+            mesh, dout, q, k, v, out, lse, seed, offset, no_bias, cum_q, cum_k, max_q, max_k, 0.0, True
+        )
+    return ring._scaled_dot_product_ring_flash_attention_backward(
+        mesh, dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset
+    )
+
+
+class RingCuda(torch.autograd.Function):
+    """The same on a GPU: torch's own CUDA entry points (what ``context_parallel``'s SDPA handler dispatches
+    to), ``_scaled_dot_product_ring_flash_attention`` or, as torchtitan's SDPA picks cuDNN on CUDA
+    (``blocks.attention.titan_cudnn``), ``_scaled_dot_product_ring_cudnn_attention``, and their backward,
+    the kernel per ring step over the fake process group (its collectives return unwritten buffers of the
+    right sizes: the bytes are a real rank's). Saves what autograd saves for the SDPA op (derivatives.yaml:
+    q, k, v, the output, the logsumexp — [b, a, s, 1] for cuDNN's — and the kernel's philox seed and
+    offset)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup, kernel: str
+    ) -> tuple[Tensor, Tensor]:
         mesh: Any = _Mesh(group)  # what the entry points read of a DeviceMesh
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_flash_attention(
-            mesh, q, k, v, dropout_p=0.0, is_causal=True
-        )
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = _cuda_ring_forward(kernel, mesh, q, k, v)
         label(seed, "attn.philox_seed")
         label(offset, "attn.philox_offset")
         ctx.save_for_backward(q, k, v, out, lse, seed, offset)
-        ctx.extra = (mesh, cum_q, cum_k, max_q, max_k)
+        ctx.extra = (kernel, mesh, cum_q, cum_k, max_q, max_k)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, seed, offset = ctx.saved_tensors
-        mesh, cum_q, cum_k, max_q, max_k = ctx.extra
-        dq, dk, dv, *_ = ring._scaled_dot_product_ring_flash_attention_backward(
-            mesh, dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, True, seed, offset
-        )
-        return dq, dk, dv, None
-
-
-class RingCudnn(torch.autograd.Function):
-    """``RingFlashCuda`` with cuDNN's kernel per ring step (``_scaled_dot_product_ring_cudnn_attention``
-    and its backward): what torchtitan's SDPA runs on CUDA (``blocks.attention.titan_cudnn``). Saves what
-    autograd saves for the cuDNN op: q, k, v, the output, its [b, a, s, 1] logsumexp, the philox seed and
-    offset."""
-
-    @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup) -> tuple[Tensor, Tensor]:
-        mesh: Any = _Mesh(group)  # what the entry points read of a DeviceMesh
-        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = ring._scaled_dot_product_ring_cudnn_attention(
-            mesh, q, k, v, None, True, 0.0, True
-        )
-        label(seed, "attn.philox_seed")
-        label(offset, "attn.philox_offset")
-        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
-        ctx.extra = (mesh, cum_q, cum_k, max_q, max_k)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx: Any, dout: Tensor, _dlse: Tensor | None) -> tuple[Tensor | None, ...]:
-        q, k, v, out, lse, seed, offset = ctx.saved_tensors
-        mesh, cum_q, cum_k, max_q, max_k = ctx.extra
-        dq, dk, dv, *_ = ring._scaled_dot_product_ring_cudnn_attention_backward(
-            mesh,
-            dout,
-            q,
-            k,
-            v,
-            out,
-            lse,
-            seed,
-            offset,
-            cast(Tensor, None),
-            cum_q,
-            cum_k,
-            max_q,
-            max_k,
-            0.0,
-            True,
-        )
-        return dq, dk, dv, None
+        kernel, mesh, *shapes = ctx.extra
+        dq, dk, dv, *_ = _cuda_ring_backward(kernel, mesh, dout, (*ctx.saved_tensors, *shapes))
+        return dq, dk, dv, None, None
 
 
 def ring_flash(
     q: Tensor, k: Tensor, v: Tensor, group: dist.ProcessGroup, kernel: str | None = None
 ) -> tuple[Tensor, Tensor]:
     """The merged output [b, a, s/c, d] and fp32 logsumexp [b, a, s/c] of one rank: ``kernel`` ``cpu``
-    (``RingFlash``), ``flash`` (torch's CUDA entry points, ``RingFlashCuda``) or ``cudnn`` (``RingCudnn``);
-    by default ``flash`` on a GPU and on the meta device that stands for one, else ``cpu`` (fake CPU tensors
-    standing for CUDA ones name the CUDA kernel: its meta kernel runs)."""
+    (``RingFlash``), ``flash`` or ``cudnn`` (torch's CUDA entry points, ``RingCuda``); by default ``flash``
+    on a GPU and on the meta device that stands for one, else ``cpu`` (fake CPU tensors standing for CUDA
+    ones name the CUDA kernel: its meta kernel runs)."""
     if kernel is None:  # model.CUDA_KERNELS: the meta device runs the CUDA kernels' shapes
         kernel = "flash" if q.device.type in ("cuda", "meta") else "cpu"
-    function = {"cpu": RingFlash, "flash": RingFlashCuda, "cudnn": RingCudnn}[kernel]
-    out, lse = function.apply(q, k, v, group)
+    out, lse = RingFlash.apply(q, k, v, group) if kernel == "cpu" else RingCuda.apply(q, k, v, group, kernel)
     return out, lse
