@@ -29,7 +29,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from memplan.measure.instruments.tracker import CudaOpAllocated, OpLiveTracker
+from memplan.measure.instruments.tracker import OpLiveTracker
 
 
 def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -48,9 +48,7 @@ def run(device: str, seq: int, heads: int, dim: int, wrap: bool) -> dict[str, An
     q, k, v = (torch.randn(shape, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     mask = torch.ones(seq, seq, device=device, dtype=torch.bool).triu(1)
     grad = torch.randn(1, seq, heads * dim, device=device, dtype=torch.bfloat16)
-    mode: CudaOpAllocated | OpLiveTracker = (
-        CudaOpAllocated() if device.startswith("cuda") else OpLiveTracker()
-    )
+    mode = OpLiveTracker(torch.cuda.memory_allocated if device.startswith("cuda") else None)
     base = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
     with mode:
         out = checkpoint(core, q, k, v, mask, use_reentrant=False) if wrap else core(q, k, v, mask)

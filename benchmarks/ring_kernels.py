@@ -259,9 +259,11 @@ def _op_memory(device: str) -> Any:
     """A dispatch mode that keeps, after every op, its name and the bytes live on ``device``: on CUDA the
     caching allocator's ``memory_allocated`` (its ``max_memory_allocated`` also sees a kernel's workspace
     freed inside the op), on CPU memplan's live-storage tracker (op outputs only)."""
-    from memplan.measure.instruments.tracker import CudaOpAllocated, OpLiveTracker
+    import torch
 
-    return CudaOpAllocated() if device == "cuda" else OpLiveTracker()
+    from memplan.measure.instruments.tracker import OpLiveTracker
+
+    return OpLiveTracker(torch.cuda.memory_allocated if device == "cuda" else None)
 
 
 def _phase_memory(fn: Any, cuda: bool) -> tuple[Any, dict[str, Any]]:

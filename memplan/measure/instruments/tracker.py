@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
@@ -161,11 +161,15 @@ class LiveMemoryTracker(_Mode):
 
 class OpLiveTracker(LiveMemoryTracker):
     """``LiveMemoryTracker`` that also keeps, after every op, the op's name and the live bytes then
-    (``rows``): where in a step two runs part (benchmarks/eager_core_order.py, the ring's ledger tests)."""
+    (``rows``): where in a step two runs part (benchmarks/eager_core_order.py, the ring's ledger tests).
+    ``read``: what "live" means instead of the tracked storages' bytes — on a GPU
+    ``torch.cuda.memory_allocated`` (a kernel's workspace freed inside the op shows in the allocator's
+    ``max_memory_allocated`` only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[], int] | None = None) -> None:
         super().__init__()
         self.rows: list[tuple[str, int]] = []
+        self._read = read
 
     def __torch_dispatch__(
         self,
@@ -175,28 +179,7 @@ class OpLiveTracker(LiveMemoryTracker):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.rows.append((str(func), self.current))
-        return out
-
-
-class CudaOpAllocated(_Mode):
-    """After every op on a GPU: the op's name and the caching allocator's ``memory_allocated()``
-    (``rows``), the CUDA counterpart of ``OpLiveTracker`` (a kernel's workspace freed inside the op shows
-    in ``max_memory_allocated`` only)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[tuple[str, int]] = []
-
-    def __torch_dispatch__(
-        self,
-        func: torch._ops.OpOverload,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        out = func(*args, **(kwargs or {}))
-        self.rows.append((str(func), torch.cuda.memory_allocated()))
+        self.rows.append((str(func), self.current if self._read is None else self._read()))
         return out
 
 
