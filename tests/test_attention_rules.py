@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from tiny_setup import A, H, S, tiny_setup
 
-from memplan.blocks import attention, attention_locals
+from memplan.blocks import attention, attention_locals, constants, rope
 from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import Device, DType, Impl, ImplConfig, Precision, Setup
 from memplan.config.impl import Family
@@ -226,12 +226,12 @@ def test_torchtitan_keeps_a_complex_rotary_cache_per_layer() -> None:
     # torchtitan's precompute_freqs_cis: [s, d/2] complex64 (one complex number per pair of dims), sized to
     # the training sequence, saved by each layer's apply_rotary_emb (view_as_complex · freqs_cis).
     s = build({}, FLASH, ImplConfig(impl=Impl.TORCHTITAN), device=Device.CPU)
-    rules = attention.rope_cache_rules(s, Dims.of(s))
+    rules = rope.rope_cache_rules(s, Dims.of(s))
     assert [(r.name, r.shape, r.dtype.name) for r in rules] == [("attn.rope_cache", (S, D // 2), "COMPLEX64")]
     assert all(type(x) is int for x in rules[0].shape)  # a shape prints as whole numbers
     # The reference model (one table for the model, rope.cos / rope.sin) keeps none per layer.
     reference = build({}, FLASH, ImplConfig(), device=Device.CPU)
-    assert attention.rope_cache_rules(reference, Dims.of(reference)) == []
+    assert rope.rope_cache_rules(reference, Dims.of(reference)) == []
 
 
 @pytest.mark.parametrize(("pattern", "tables"), [(2, 2), (5, 1)])
@@ -242,7 +242,7 @@ def test_gemma3_keeps_a_second_rotary_table_for_its_full_attention_layers(patter
     # pattern longer than the model every layer slides, one table.
     model = {"family": Family.GEMMA3, "sliding_window": 64, "sliding_window_pattern": pattern}
     s = build({**model, "rope_local_theta": 10000.0}, FLASH, HF_CACHE)
-    rules = [(r.name, r.shape, r.dtype.name, r.role) for r in attention.constant_rules(s, Dims.of(s))]
+    rules = [(r.name, r.shape, r.dtype.name, r.role) for r in constants.constant_rules(s, Dims.of(s))]
     table = [("rope.cos", (S, D), "BF16", Role.ROPE_TABLE), ("rope.sin", (S, D), "BF16", Role.ROPE_TABLE)]
     full = [
         ("rope.full_cos", (S, D), "BF16", Role.ROPE_TABLE),

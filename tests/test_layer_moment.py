@@ -18,6 +18,7 @@ from memplan.analytic import layer_backward as lb
 from memplan.analytic import peak as pk
 from memplan.analytic.params import count_params
 from memplan.blocks import attention as att
+from memplan.blocks import attention_workspace as aw
 from memplan.blocks.inventory import Block, Dims
 from memplan.config import (
     Attention,
@@ -181,7 +182,7 @@ def test_on_cuda_the_eager_softmax_backward_holds_its_own_product_of_grad_and_ou
     rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (cpu, cuda)]
     assert rise[1] - rise[0] == 2 * 2 * 4 * 64 * 64 == 65_536
     flash = setup().model_copy(update={"device": Device.CUDA})
-    assert att.softmax_backward_scratch(flash, Dims.of(flash)) == 0  # the flash kernel has no softmax op
+    assert aw.softmax_backward_scratch(flash, Dims.of(flash)) == 0  # the flash kernel has no softmax op
 
 
 @pytest.mark.parametrize(("kv", "s", "expanded"), [(4, 64, 0), (2, 64, 2 * 2 * 64 * 4 * 16 * 2), (4, 100, 0)])
@@ -195,13 +196,13 @@ def test_on_cuda_flash_attentions_backward_holds_fa2s_fp32_accumulator_and_row_s
     model = base.model.model_copy(update={"num_kv_heads": kv})
     cuda = base.model_copy(update={"device": Device.CUDA, "model": model})
     rows = 128
-    work = att.flash_backward_workspace(cuda, Dims.of(cuda))
+    work = aw.flash_backward_workspace(cuda, Dims.of(cuda))
     assert work == 2 * 4 * rows * 4 + 2 * rows * 4 * 32 * 4 + expanded
     cpu = cuda.model_copy(update={"device": Device.CPU})
-    assert att.flash_backward_workspace(cpu, Dims.of(cpu)) == 0
+    assert aw.flash_backward_workspace(cpu, Dims.of(cpu)) == 0
     params = count_params(model)
     rise = [lb.attention_backward_transient(x, Dims.of(x), params) for x in (cpu, cuda)]
-    assert rise[1] - rise[0] == att.flash_backward_workspace(cuda, Dims.of(cuda))
+    assert rise[1] - rise[0] == aw.flash_backward_workspace(cuda, Dims.of(cuda))
 
 
 def test_a_selective_eager_cores_softmax_backward_trades_the_output_gradient_for_cudas_product() -> None:
@@ -349,5 +350,5 @@ def test_a_head_major_flash_output_is_copied_again_for_the_cuda_backward() -> No
     phi = build_setup("phi-3-mini", seq=512, impl=ImplConfig(impl=Impl.HF))
     d = Dims.of(phi)
     assert att.head_major_output(phi) and not att.head_major_output(setup())
-    work = att.fa2_backward_workspace(d.b, d.a, d.kv, d.s, d.s, d.qk_dim, d.v_dim, d.act.bytes)
-    assert att.flash_backward_workspace(phi, d) == work + d.b * d.a * d.s * d.v_dim * 2
+    work = aw.fa2_backward_workspace(d.b, d.a, d.kv, d.s, d.s, d.qk_dim, d.v_dim, d.act.bytes)
+    assert aw.flash_backward_workspace(phi, d) == work + d.b * d.a * d.s * d.v_dim * 2

@@ -10,7 +10,7 @@ import pytest
 
 from memplan.analytic import layer_backward as lb
 from memplan.analytic.params import count_params
-from memplan.blocks.attention import fa2_backward_workspace
+from memplan.blocks.attention_workspace import fa2_backward_workspace
 from memplan.blocks.inventory import Dims
 from memplan.blocks.ring_memory import KEY_HALF, QUERY_HALF, RingSizes, backward_peak, ring_backward_transient
 from memplan.config import CpRotate, Device, ModelConfig, Parallel, Setup, TrainingConfig

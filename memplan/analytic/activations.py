@@ -32,11 +32,11 @@ from collections.abc import Iterable
 from memplan.blocks import dropout_rule, llama4, te_fp8
 from memplan.blocks.attention import (
     attention_core_rules,
-    constant_rules,
     full_layer_setup,
     last_ring_rank,
     projection_rules,
 )
+from memplan.blocks.constants import constant_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save

@@ -2,7 +2,9 @@
 (explicit QKᵀ, causal ``masked_fill``, softmax, dropout, ·V) or flash (the SDPA flash kernel).
 
 FLOPs: ``blocks.attention_flops``; the eager core's forward locals beyond its saves:
-``blocks.attention_locals``; which layers slide: ``blocks.windows``.
+``blocks.attention_locals``; which layers slide: ``blocks.windows``; the rotary tables: ``blocks.rope``;
+what a forward makes once for every layer (tables, masks): ``blocks.constants``; what its backward kernels
+hold on CUDA: ``blocks.attention_workspace``.
 
 Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
 the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
@@ -19,6 +21,7 @@ from enum import StrEnum
 from memplan.blocks import linear_params
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, profile_of
+from memplan.blocks.rope import rope_cache_rules
 from memplan.blocks.windows import full_and_sliding
 from memplan.config import Attention, Checkpointing, Device, DType, Impl, ModelConfig, PositionType, Setup
 
@@ -207,48 +210,6 @@ def fused_softmax_runs(setup: Setup, dims: Dims) -> bool:
     return 16 < dims.s <= 4096 and dims.s % 4 == 0 and (dims.b * dims.a) % per_block == 0
 
 
-def rope_cache_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """torchtitan's per-layer complex rotary cache (``Profile.rope_cache_per_layer``): [s, d/2] complex64,
-    the cache sized to the training sequence (``Decoder.Config.update_from_config``; under context
-    parallelism the whole buffer plus the rank's gathered rows); GLM's interleaved
-    tables made per layer (``Profile.rope_tables_per_layer``): [s, rot] cos and sin in A."""
-    if setup.model.position is not PositionType.ROPE:
-        return []
-    if profile_of(setup).rope_tables_per_layer:
-        rot, why = setup.model.rotary_dims, "this layer's repeat_interleaved table: dq_rot needs it"
-        return [
-            save(B.ATTN, "rope_cos", (dims.s, rot), dims.act, R.ROPE_TABLE, f"q_rot·cos: {why}"),
-            save(B.ATTN, "rope_sin", (dims.s, rot), dims.act, R.ROPE_TABLE, f"rotate_half(q_rot)·sin: {why}"),
-        ]
-    if not profile_of(setup).rope_cache_per_layer:
-        return []
-    why = "complex q·cache and k·cache: dq = dout·conj(cache) needs the cache"
-    if setup.parallel.cp == 1:
-        return [save(B.ATTN, "rope_cache", (dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
-    # Context parallel: the rank's rows gathered from the layer's whole cache by position
-    # (rope._reshape_for_broadcast: torch.gather [b, s/c, 1, d/2], or cache[positions] [s/c, d/2] at b = 1);
-    # the caches themselves are model constants (titan_cp_rules).
-    gathered = "the rank's rows of the cache, gathered by position: " + why.replace("the cache", "them")
-    return [save(B.ATTN, "rope_rows", (dims.b, dims.s, dims.d // 2), COMPLEX64, R.ROPE_TABLE, gathered)]
-
-
-def titan_cp_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """torchtitan under context parallelism (``prepare_context_parallel_input`` shards the inputs, labels
-    and positions, not the RoPE caches): every layer's ComplexRoPE buffer stays whole, [seq, d/2] complex64,
-    alive all step (L of them, one entry); a checkpointed block (non-reentrant ``checkpoint``'s
-    ``save_inputs``) keeps its tensor inputs, the positions [b, s/c] int64 among them (one storage)."""
-    if not (profile_of(setup).rope_cache_per_layer and setup.parallel.cp > 1):
-        return []
-    layers, seq = setup.model.num_layers, setup.training.seq_len
-    why = "each layer's ComplexRoPE buffer [seq, d/2]: context parallelism shards the positions, not it"
-    rules = [save(B.ROPE, "caches", (layers, seq, dims.d // 2), COMPLEX64, R.ROPE_TABLE, why)]
-    # torchtitan's FullAC or SelectiveAC (its every-K is refused): a checkpoint_wrapper's save_inputs
-    if setup.strategy.checkpointing is not Checkpointing.NONE:
-        why = "the rank's positions: every checkpointed block's save_inputs keeps its tensor inputs"
-        rules.append(save(B.ROPE, "positions", (dims.b, dims.s), INT64, R.TOKEN_IDS, why))
-    return rules
-
-
 def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Saves inside the attention core (absent under selective recompute)."""
     if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
@@ -286,48 +247,6 @@ def attention_core_rules(setup: Setup, dims: Dims) -> list[Rule]:
     return [*softcap, kept, *dropout_rules(setup, probs, act)]
 
 
-def softmax_backward_scratch(setup: Setup, dims: Dims) -> int:
-    """The eager core's softmax backward on CUDA makes one more [b, a, s, s] tensor than on CPU, inside the
-    op: torch's ``softmax_backward_cuda_out`` (aten/src/ATen/native/cuda/SoftMax.cu) runs ``Tensor tmp =
-    grad * output;`` before ``host_softmax_backward(tmp, output, …)``, in the gradient's dtype — the softmax
-    output's (fp32 under transformers' ``softmax(dtype=float32)`` and Megatron's unfused
-    ``softmax_in_fp32``); with gpt-oss's sink column, [b, a, s, s+1]. Alive beside dP and dS until the op
-    returns (the H200's allocator history: ``benchmarks/eager_core_order.py --model``, docs/gpu-profile.md).
-    0 on CPU (its kernel reads grad and output directly), for the flash core, and where Megatron's fused
-    causal softmax runs (its own backward kernel)."""
-    if setup.device is not Device.CUDA or core_of(setup) is not Core.EAGER or fused_softmax_runs(setup, dims):
-        return 0
-    prof = profile_of(setup)
-    fp32 = prof.eager_fp32_softmax or prof.fused_causal_softmax
-    cols = dims.s + 1 if setup.model.attn_sinks else dims.s
-    return dims.b * dims.a * dims.s * cols * (FP32.bytes if fp32 else dims.act.bytes)
-
-
-FLASH_QUERY_BLOCK = 128
-"""FlashAttention-2's backward rounds the query length up to its largest query block, 128 rows
-(``mha_bwd``: ``seqlen_q_rounded = round_multiple(seqlen_q, 128)``)."""
-
-
-def flash_backward_workspace(setup: Setup, dims: Dims) -> int:
-    """What FlashAttention-2's backward allocates inside the op on CUDA beyond dq, dk, dv (``mha_bwd`` in
-    torch's aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp, the same in the flash-attn
-    package): ``softmax_d`` [b, a, s_r] fp32 and, non-deterministic, ``dq_accum`` [b, s_r, a, d_r] fp32
-    (s_r = s rounded up to 128 rows, d_r = d rounded up to 32 up to 192, else 256); with fewer K/V heads
-    than query heads (GQA, MQA) ``dk_expanded`` and ``dv_expanded`` [b, s, a, d] in the activation dtype,
-    summed over each group into dk and dv before the op returns. Measured on an H200 (one rank's ring
-    memory, benchmarks/ring_kernels.py ``memory``: b 1, 32 heads of 128, 8 K/V heads, s 32,768 — 4 + 512 +
-    2 · 256 MiB). 0 on CPU (its kernel: outputs only, tests/measure/test_peak.py) and for the eager core.
-    Where the output is head-major (``head_major_output``) torch's wrapper also copies it for the kernel.
-    NB: FlashAttention-3, cuDNN's and FlashAttention-1's backward workspaces (``--attention-kernel``) are not
-    modelled: FlashAttention-2's is counted for every flash kernel."""
-    if setup.device is not Device.CUDA or core_of(setup) is not Core.FLASH:
-        return 0
-    d = dims
-    work = fa2_backward_workspace(d.b, d.a, d.kv, d.s, d.s, d.qk_dim, d.v_dim, d.act.bytes)
-    copy = d.b * d.a * d.s * d.v_dim * d.act.bytes if head_major_output(setup) else 0
-    return work + copy
-
-
 def last_ring_rank(setup: Setup, dims: Dims) -> bool:
     """Whether the estimate is of the last context-parallel rank (``--cp-rank c−1``), whose merged output
     stays in the kernel's layout and is W_O's input itself."""
@@ -343,18 +262,6 @@ def head_major_output(setup: Setup) -> bool:
     prof = profile_of(setup)
     rope = setup.model.position is PositionType.ROPE
     return prof.fused_qkv or (prof.sdpa_dispatch and prof.rotary_cat and rope)
-
-
-def fa2_backward_workspace(b: int, a: int, kv: int, sq: int, sk: int, dqk: int, dv: int, e: int) -> int:
-    """``flash_backward_workspace`` of one call: sq queries of a heads against sk keys of kv heads, query/key
-    width dqk, value width dv, e bytes an activation."""
-    rows = -(-sq // FLASH_QUERY_BLOCK) * FLASH_QUERY_BLOCK
-    d_rounded = -(-dqk // 32) * 32 if dqk <= 192 else 256
-    fp32 = DType.FP32.bytes
-    work = b * a * rows * fp32 + b * rows * a * d_rounded * fp32
-    if kv != a:
-        work += b * sk * a * (dqk + dv) * e
-    return work
 
 
 def sink_rules(dims: Dims) -> list[Rule]:
@@ -446,65 +353,6 @@ def titan_cudnn(setup: Setup) -> bool:
     d = setup.model.dim
     cuda = setup.device is Device.CUDA and setup.impl.impl is Impl.TORCHTITAN
     return cuda and d <= 128 and d % 8 == 0
-
-
-def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """Tensors made once per forward and shared by every layer (one storage each)."""
-    rules: list[Rule] = titan_cp_rules(setup, dims)
-    prof = profile_of(setup)
-    per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
-    if setup.model.position is PositionType.ROPE and prof.rope_complex_table:
-        why = "q·freqs_cis in complex64 (DeepSeek-V2): dq needs the table"
-        rules.append(
-            save(B.ROPE, "freqs_cis", (dims.s, setup.model.rotary_dims // 2), COMPLEX64, R.ROPE_TABLE, why)
-        )
-    elif setup.model.position is PositionType.ROPE and not per_layer:
-        rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
-        rot = rot // 2 if profile_of(setup).rope_half_table else rot
-        table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
-        rules += [
-            save(B.ROPE, "cos", (dims.s, rot), table, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
-            save(B.ROPE, "sin", (dims.s, rot), table, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
-        ]
-        if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
-            why = "the full-attention layers' table (the sliding layers' base differs)"
-            rules += [
-                save(B.ROPE, "full_cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
-                save(B.ROPE, "full_sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
-            ]
-    eager = setup.strategy.attention is Attention.EAGER
-    prof = profile_of(setup)
-    if eager and not prof.additive_mask and not fused_softmax_runs(setup, dims):
-        # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
-        why = "masked_fill's backward zeroes masked cells"
-        rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
-    rules += checkpointed_mask_rule(setup, dims)
-    return rules
-
-
-def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
-    """transformers' mask is an argument of every decoder layer (``GradientCheckpointingLayer``
-    checkpoints ``partial(forward, self, **kwargs)``): a gradient checkpoint keeps it until backward
-    (``Profile.checkpoint_keeps_mask``, ``--checkpointing full`` / ``every-k``), one storage for every
-    layer. Eager: ``masking_utils.eager_mask``, ``torch.where`` of the bool mask expanded to [b, 1, s, s]
-    (0 or the dtype's min), in A; SDPA: the bool window mask (an expand of one [s, s] storage), only when
-    a sliding window needs it (``window_masked``). Without a checkpoint the add keeps nothing."""
-    prof, eager = profile_of(setup), setup.strategy.attention is Attention.EAGER
-    if not (prof.checkpoint_keeps_mask and setup.strategy.segment):
-        return []
-    b, s = dims.b, dims.s
-    if eager and prof.additive_mask:
-        shape, dtype = (b, 1, s, s), dims.act
-    elif not eager and window_masked(setup, dims):
-        shape, dtype = (1, 1, s, s), BOOL
-    else:
-        return []
-    why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
-    rules = [Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK)]
-    if eager and full_and_sliding(setup.model):
-        why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
-        rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
-    return rules
 
 
 def full_layer_setup(setup: Setup) -> Setup | None:

@@ -8,7 +8,7 @@ Shapes: a heads, r_q = ``q_lora_rank``, r_kv = ``kv_lora_rank``, d_n, d_r, d_v t
 - ``q_a_layernorm`` and ``kv_a_layernorm``: an RMSNorm each (``norm.rms_rules``: fp32 x, rstd, normalised
   x), and ``q_b_proj`` / ``kv_b_proj`` their outputs [b, s, r]; with fp32 activations ``kv_nope.to(fp32)``
   is the split view itself, so the norm keeps the whole ``kv_a_proj_with_mqa`` output [b, s, r_kv + d_r];
-- RoPE on q_rot and k_rot multiplies by the per-forward tables (kept once, ``attention.constant_rules``):
+- RoPE on q_rot and k_rot multiplies by the per-forward tables (kept once, ``constants.constant_rules``):
   ``q_rot * cos`` keeps cos, not q_rot (cos needs no gradient);
 - ``torch.cat((q_pass, q_rot))`` and ``key_states[..., :d_n].copy_(k_nope)`` (``expand_kv``) make new
   [b, a, s, d_q] q and k; v is a strided view of ``kv_b_proj``'s output [b, s, a·(d_n + d_v)];

@@ -8,7 +8,7 @@ fused ``wqkv``'s input, SDPA's q, k, v, out and logsumexp, the SwiGLU's four [b,
 
 Context parallel (``--cp``, torchtitan's ``apply_cp_to_forward`` + ``prepare_context_parallel_input``):
 the inputs, labels and positions are sharded, not the RoPE caches — each layer keeps the rank's gathered
-rows and every layer's whole cache stays a buffer (``blocks.attention.titan_cp_rules``); checked per tensor
+rows and every layer's whole cache stays a buffer (``blocks.rope.titan_cp_rules``); checked per tensor
 against one rank of torchtitan's model (tests/measure/test_titan_context.py).
 
 Known limitations:

@@ -9,7 +9,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   layer — norms, projections, q, k, v, the attention output, the MLP, the head and the loss, the
   reference model's RoPE tables (made for the rank's positions) — holds s/c tokens. torchtitan 0.3.0
   shards the positions instead (``prepare_context_parallel_input``): every layer keeps its whole RoPE
-  cache and gathers the rank's rows (``blocks.attention.titan_cp_rules``). memplan gets
+  cache and gathers the rank's rows (``blocks.rope.titan_cp_rules``). memplan gets
   this by speaking in one rank's sizes: ``Dims.of`` gives s = seq_len / c (as ``tp_model`` gives a/t
   heads), so the blocks' inventory, FLOPs and peak are the rank's without another rule.
 - Attention: the ring runs *inside* the dispatch of one SDPA op (the DTensor handler of

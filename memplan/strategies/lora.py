@@ -40,10 +40,10 @@ from memplan.analytic import activations as act
 from memplan.blocks.attention import (
     Core,
     attention_core_rules,
-    constant_rules,
     core_of,
     projection_rules,
 )
+from memplan.blocks.constants import constant_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save

@@ -1,4 +1,4 @@
-"""transformers' attention masks that a gradient checkpoint keeps (``attention.checkpointed_mask_rule``),
+"""transformers' attention masks that a gradient checkpoint keeps (``constants.checkpointed_mask_rule``),
 derived by hand, no torch: every checkpointed decoder layer is called with its mask kind's [b, 1, s, s]
 additive mask in the activation dtype (``masking_utils.eager_mask``), one storage per kind; Gemma-2's
 alternating layers (every ``sliding_window_pattern``-th full) have a sliding and a full kind once the

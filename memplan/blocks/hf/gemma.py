@@ -7,7 +7,7 @@ per-head ``qk_norm`` and a second rotary base.
 Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test_gemma*.py), except:
 - NB: under fake tensors transformers cannot skip SDPA's causal mask, and a checkpoint keeps a bool
   [b, 1, s, s] per mask kind that the real run (``is_causal``) has not: not counted (1.0002–1.0005× in
-  total at the tests' sizes; ``attention.checkpointed_mask_rule``).
+  total at the tests' sizes; ``constants.checkpointed_mask_rule``).
 - NB: the peak's backward transients (``analytic.peak``) follow Llama's RMSNorm: Gemma's fp32 (1 + w)
   product, the post norms, the q/k norms and the softcaps' tanh backward are not in them.
 - SDPA with a window ≤ seq on alternating layers: only the sliding layers keep SDPA's mask and k, v

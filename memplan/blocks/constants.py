@@ -1,0 +1,74 @@
+"""What a forward makes once and every layer reads (one storage each): the rotary tables, the eager core's
+causal mask, transformers' checkpointed attention masks, and torchtitan's whole RoPE caches under context
+parallelism (``blocks.rope.titan_cp_rules``)."""
+
+from __future__ import annotations
+
+from memplan.blocks.attention import fused_softmax_runs, window_masked
+from memplan.blocks.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks.profiles import profile_of
+from memplan.blocks.rope import titan_cp_rules
+from memplan.blocks.windows import full_and_sliding
+from memplan.config import Attention, DType, PositionType, Setup
+
+FP32, BOOL, COMPLEX64 = DType.FP32, DType.BOOL, DType.COMPLEX64
+B, R = Block, Role
+
+
+def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Tensors made once per forward and shared by every layer (one storage each)."""
+    rules: list[Rule] = titan_cp_rules(setup, dims)
+    prof = profile_of(setup)
+    per_layer = prof.rope_cache_per_layer or (prof.rope_tables_per_layer and not setup.strategy.segment)
+    if setup.model.position is PositionType.ROPE and prof.rope_complex_table:
+        why = "q·freqs_cis in complex64 (DeepSeek-V2): dq needs the table"
+        rules.append(
+            save(B.ROPE, "freqs_cis", (dims.s, setup.model.rotary_dims // 2), COMPLEX64, R.ROPE_TABLE, why)
+        )
+    elif setup.model.position is PositionType.ROPE and not per_layer:
+        rot = setup.model.rotary_dims  # d, or the rotated part of each head (partial rotary)
+        rot = rot // 2 if profile_of(setup).rope_half_table else rot
+        table = FP32 if profile_of(setup).rope_fp32_tables else dims.act
+        rules += [
+            save(B.ROPE, "cos", (dims.s, rot), table, R.ROPE_TABLE, "q·cos and k·cos: dq needs cos"),
+            save(B.ROPE, "sin", (dims.s, rot), table, R.ROPE_TABLE, "rotate_half(q)·sin: dq needs sin"),
+        ]
+        if profile_of(setup).rope_per_layer_type and full_and_sliding(setup.model):
+            why = "the full-attention layers' table (the sliding layers' base differs)"
+            rules += [
+                save(B.ROPE, "full_cos", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+                save(B.ROPE, "full_sin", (dims.s, dims.d), dims.act, R.ROPE_TABLE, why),
+            ]
+    eager = setup.strategy.attention is Attention.EAGER
+    prof = profile_of(setup)
+    if eager and not prof.additive_mask and not fused_softmax_runs(setup, dims):
+        # Named attn.causal_mask (it belongs to the attention) but made once per forward, not per layer.
+        why = "masked_fill's backward zeroes masked cells"
+        rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
+    rules += checkpointed_mask_rule(setup, dims)
+    return rules
+
+
+def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
+    """transformers' mask is an argument of every decoder layer (``GradientCheckpointingLayer``
+    checkpoints ``partial(forward, self, **kwargs)``): a gradient checkpoint keeps it until backward
+    (``Profile.checkpoint_keeps_mask``, ``--checkpointing full`` / ``every-k``), one storage for every
+    layer. Eager: ``masking_utils.eager_mask``, ``torch.where`` of the bool mask expanded to [b, 1, s, s]
+    (0 or the dtype's min), in A; SDPA: the bool window mask (an expand of one [s, s] storage), only when
+    a sliding window needs it (``window_masked``). Without a checkpoint the add keeps nothing."""
+    prof, eager = profile_of(setup), setup.strategy.attention is Attention.EAGER
+    if not (prof.checkpoint_keeps_mask and setup.strategy.segment):
+        return []
+    b, s = dims.b, dims.s
+    if eager and prof.additive_mask:
+        shape, dtype = (b, 1, s, s), dims.act
+    elif not eager and window_masked(setup, dims):
+        shape, dtype = (1, 1, s, s), BOOL
+    else:
+        return []
+    why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
+    rules = [Rule("attn.mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK)]
+    if eager and full_and_sliding(setup.model):
+        why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
+        rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
+    return rules
