@@ -7,11 +7,6 @@ name and re-validates, and ``api.setup_of`` turns them into a ``Setup``.
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field
-from pydantic.config import JsonDict
-
 from memplan.config import (
     FINETUNE_OPTIONS,
     AttentionChoice,
@@ -30,6 +25,7 @@ from memplan.config import (
     ReduceDtype,
     TrainingConfig,
 )
+from memplan.option_fields import FINETUNE, GPU, MODEL, PARALLEL, STRATEGY, TRAINING, option, tune
 from memplan.search.budget import DEFAULT_RESERVE_GIB
 
 DEFAULT_GPU = "h100-sxm"
@@ -67,154 +63,127 @@ FIT_OPTIONS = (
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
 
 
-def _option(
-    description: str,
-    panel: str,
-    *,
-    default: Any = None,
-    metavar: str | None = None,
-    flags: tuple[str, ...] = (),
-    show_default: bool = True,
-    **constraints: Any,
-) -> Any:
-    """An ``Options`` field and how the command line spells it: help text, metavar, extra flags (``-s``),
-    help panel; ``cli.common`` derives every command's typer options from these."""
-    extra: JsonDict = {"panel": panel, "metavar": metavar, "flags": list(flags), "show_default": show_default}
-    return Field(default=default, description=description, json_schema_extra=extra, **constraints)
-
-
-_MODEL, _TRAINING, _STRATEGY, _PARALLEL, _GPU = "Model", "Training", "Strategy", "Parallelism", "GPU and time"
-_FINETUNE = "Fine-tuning"
-
-
-def _tune(description: str, metavar: str | None = None) -> Any:
-    """A fine-tuning option without a shown default (None: the setting's default, or not given)."""
-    return _option(description, _FINETUNE, metavar=metavar, show_default=False)
-
-
 class Options(Frozen):
     """Every setting of one estimate, declared once: field names are the option names (``_`` for ``-``),
     each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
 
-    model: str = _option(
+    model: str = option(
         "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml, a Hugging "
         "Face config.json or a Hub id (org/name: its config.json only, through the Hub cache; "
         "HF_HUB_OFFLINE, HF_TOKEN). Required. `memplan presets` lists them.",
-        _MODEL,
+        MODEL,
         default=...,
         flags=("-m",),
         show_default=False,
         min_length=1,
     )
-    dropout: float | None = _option(
+    dropout: float | None = option(
         "Dropout probability 0 ≤ P < 1 for attention, residual and embedding dropout [default: the "
         "preset's own]",
-        _MODEL,
+        MODEL,
         metavar="P",
         show_default=False,
     )
-    seq: int | None = _option(
+    seq: int | None = option(
         f"Tokens per sequence s [default: {DEFAULT_SEQ}, or the model's context length if shorter]",
-        _TRAINING,
+        TRAINING,
         metavar="TOKENS",
         flags=("-s",),
         show_default=False,
     )
-    batch: int = _option(
-        "Sequences per micro-batch b", _TRAINING, default=1, metavar="N", flags=("-b",), gt=0
-    )
-    precision: Precision = _option(
+    batch: int = option("Sequences per micro-batch b", TRAINING, default=1, metavar="N", flags=("-b",), gt=0)
+    precision: Precision = option(
         "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations; "
         "bf16-mixed is DeepSpeed's (bf16 shards + an fp32 master), fsdp2-mixed FSDP2's MixedPrecisionPolicy "
         "(fp32 shards the optimizer steps, bf16 gathered copies, fp32 reduce-scatter; ZeRO-2/3 only)",
-        _TRAINING,
+        TRAINING,
         default=Precision.BF16_MIXED,
     )
-    optimizer: Optimizer = _option("Optimizer", _TRAINING, default=Optimizer.ADAMW)
-    optimizer_impl: OptimizerImpl | None = _option(
+    optimizer: Optimizer = option("Optimizer", TRAINING, default=Optimizer.ADAMW)
+    optimizer_impl: OptimizerImpl | None = option(
         "Whose code steps the optimizer (its step's temporaries differ): reference (memplan's own), "
         "for-loop / foreach / fused (torch.optim.AdamW), bitsandbytes (AdamW8bit, with --optimizer "
         "adamw-8bit) [default: reference under --impl reference; otherwise as torch picks on --device: "
         "foreach on cuda, for-loop on cpu (torch.optim.optimizer._default_to_fused_or_foreach); "
         "bitsandbytes for adamw-8bit]",
-        _TRAINING,
+        TRAINING,
         show_default=False,
     )
-    checkpointing: str = _option(
+    checkpointing: str = option(
         "Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
         "attention core), every-K (keep one input per K layers)",
-        _STRATEGY,
+        STRATEGY,
         default="none",
         metavar="none|full|selective|every-K",
     )
-    attention: AttentionChoice = _option(
+    attention: AttentionChoice = option(
         "Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse)",
-        _STRATEGY,
+        STRATEGY,
         default=AttentionChoice.FLASH,
     )
-    reversible: bool = _option(
+    reversible: bool = option(
         "Reversible (RevNet) layers: backward rebuilds each layer's input from its output",
-        _STRATEGY,
+        STRATEGY,
         default=False,
     )
-    zero: int = _option(
+    zero: int = option(
         "ZeRO stage: 0 none, 1 optimizer states, 2 + gradients, 3 + weights (sharded over --dp)",
-        _STRATEGY,
+        STRATEGY,
         default=0,
         metavar="0-3",
     )
-    impl: Impl | None = _option(
+    impl: Impl | None = option(
         "Whose training code the estimate follows: reference (memplan's own model, what trace/profile "
         "run), hf (Hugging Face transformers' modeling code of the model's family), torchtitan (its "
         "Llama), megatron (Megatron-core's fused layers, Korthikanti et al. 2022) [default: reference; hf "
         "for models whose structure only transformers' code has here, e.g. deepseek-v3's MLA, gemma-2's "
         "softcaps, llama-4's chunked attention — a note says so]",
-        _STRATEGY,
+        STRATEGY,
         default=None,
         show_default=False,
     )
-    use_cache: bool = _option(
+    use_cache: bool = option(
         "--impl hf: the forward builds a KV cache (transformers' default in training; gradient "
         "checkpointing turns it off)",
-        _STRATEGY,
+        STRATEGY,
         default=True,
     )
-    reentrant: bool = _option(
+    reentrant: bool = option(
         "--impl hf: gradient checkpointing with use_reentrant=True (transformers' default: False)",
-        _STRATEGY,
+        STRATEGY,
         default=False,
     )
-    flash_attn: bool = _option(
+    flash_attn: bool = option(
         "--impl hf --attention flash: transformers' flash_attention_2 (the flash-attn package, CUDA "
         "only: its kernel's [2] int64 RNG state, sliding windows without a mask) instead of its sdpa",
-        _STRATEGY,
+        STRATEGY,
         default=False,
     )
-    attention_kernel: AttentionKernel = _option(
+    attention_kernel: AttentionKernel = option(
         "The flash kernel, for the step time: auto (FlashAttention-2, what torch's SDPA flash backend and "
         "flash-attn 2 run), fa2, fa3 (FlashAttention-3, Hopper only), fa1 (FlashAttention-1: "
         "flash-attn 1.x and its Triton version, llm-foundry's attn_impl triton) or cudnn (SDPA's cuDNN "
         "backend: newer torch's own pick on Hopper, torchtitan 0.3.0's first; Hopper only)",
-        _STRATEGY,
+        STRATEGY,
         default=AttentionKernel.AUTO,
     )
-    compile: bool = _option(
+    compile: bool = option(
         "torch.compile of each block: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) "
         "into one kernel (step time), and AOTAutograd's partitioner recomputes the fp32 norm upcasts and "
         "silu(g) (memory; --impl reference dense RMSNorm/SwiGLU blocks, else a note; trace --compile)",
-        _STRATEGY,
+        STRATEGY,
         default=False,
     )
-    compile_loss: bool = _option(
+    compile_loss: bool = option(
         "--impl torchtitan --compile: compile the loss too, as torchtitan 0.3.0's compile.components "
         "default ['model', 'loss'] does (its Inductor buffers are not modelled: the eager loss's bytes, "
         "one block); --no-compile-loss: the blocks only and the loss eager, as torchtitan's train.py of "
         "late 2024 ran (its fp32 logits, log-probs and gradients each a tensor of their own, "
         "blocks/head.py)",
-        _STRATEGY,
+        STRATEGY,
         default=True,
     )
-    fp8: Fp8Recipe = _option(
+    fp8: Fp8Recipe = option(
         "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "
         "scaling (their GEMMs at the GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, "
         "torchtitan: tensorwise, rowwise): the saved activations stay bf16's, the casts' fp32 and float8 "
@@ -225,237 +194,237 @@ class Options(Frozen):
         "tp × dp × cp each forward and backward) in weights (blocks/te_fp8.py); mxfp8 is MXFP8BlockScaling "
         "(E8M0 scales per 32 elements; Blackwell GPUs only); blockwise and TE's rowwise are refused. "
         "--impl hf: refused",
-        _STRATEGY,
+        STRATEGY,
         default=Fp8Recipe.NONE,
     )
-    fp8_amax_history_len: int = _option(
+    fp8_amax_history_len: int = option(
         "--fp8 delayed (--impl megatron): rows of each quantizer's amax history, Megatron's "
         "--fp8-amax-history-len (its default 1; TE's DelayedScaling default is 1024): 4 bytes a row per "
         "quantizer, 5 quantizers per linear (blocks/te_fp8.py)",
-        _STRATEGY,
+        STRATEGY,
         default=1,
         metavar="ROWS",
         ge=1,
         le=1 << 20,
     )
-    fp8_all_gather: bool = _option(
+    fp8_all_gather: bool = option(
         "--impl torchtitan --fp8 tensorwise under FSDP2 (--zero 3, dp > 1): torchtitan's "
         "float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp: each converted "
         "linear's weight all-gathered in float8 (1 byte an element, an fp32 scale kept per weight), one "
         "all-reduce of the weights' amaxes a step (blocks/fp8.py)",
-        _STRATEGY,
+        STRATEGY,
         default=False,
     )
-    experts: ExpertsImpl = _option(
+    experts: ExpertsImpl = option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "
         "weighted [T·k, h] product); both keep bytes independent of the routing",
-        _STRATEGY,
+        STRATEGY,
         default=ExpertsImpl.GROUPED_MM,
     )
-    device: Device = _option(
+    device: Device = option(
         "Kernels the step runs on (a few saved tensors differ between cuda and cpu)",
-        _STRATEGY,
+        STRATEGY,
         default=Device.CUDA,
     )
-    offload: str = _option(
+    offload: str = option(
         "Host offload: none, or any of optimizer (ZeRO-Offload: master weights, optimizer states and "
         "gradients on the host, the step on the CPU), params (16-bit weights on the host, needs --zero 3), "
         "activations (torch's save_on_cpu), comma-separated",
-        _STRATEGY,
+        STRATEGY,
         default="none",
         metavar="none|optimizer,params,activations",
     )
-    loss: str = _option(
+    loss: str = option(
         "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
         "chunk), xentropy (flash_attn's fused cross-entropy: the logits kept), fused (Liger's fused "
         "linear cross-entropy: no [T, v] tensor kept)",
-        _STRATEGY,
+        STRATEGY,
         default="standard",
         metavar="standard|chunked:N|xentropy|fused",
     )
-    tp: int = _option("Tensor-parallel degree t", _PARALLEL, default=1, metavar="N", gt=0)
-    sp: bool = _option("Sequence parallelism over the tensor-parallel ranks", _PARALLEL, default=False)
-    pp: int = _option("Pipeline stages p (1F1B)", _PARALLEL, default=1, metavar="N", gt=0)
-    pp_layers: str | None = _option(
+    tp: int = option("Tensor-parallel degree t", PARALLEL, default=1, metavar="N", gt=0)
+    sp: bool = option("Sequence parallelism over the tensor-parallel ranks", PARALLEL, default=False)
+    pp: int = option("Pipeline stages p (1F1B)", PARALLEL, default=1, metavar="N", gt=0)
+    pp_layers: str | None = option(
         "Layers of each pipeline stage, first to last, e.g. 7,8,8,…,8,7; with --vpp M one per virtual stage "
         "(pp·M, model order; 0 for a chunk of the embedding or head alone) [default: ⌈L/pp⌉ each, the first "
         "and last stages one fewer in turn when pp does not divide the layers]",
-        _PARALLEL,
+        PARALLEL,
         metavar="N,N,…",
         show_default=False,
     )
-    vpp: int = _option(
-        "Virtual stages per pipeline rank (interleaved 1F1B)", _PARALLEL, default=1, metavar="M", gt=0
+    vpp: int = option(
+        "Virtual stages per pipeline rank (interleaved 1F1B)", PARALLEL, default=1, metavar="M", gt=0
     )
-    ep: int = _option("Expert-parallel degree (MoE; ranks from dp)", _PARALLEL, default=1, metavar="N", gt=0)
-    cp: int = _option(
+    ep: int = option("Expert-parallel degree (MoE; ranks from dp)", PARALLEL, default=1, metavar="N", gt=0)
+    cp: int = option(
         "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan), each rank holds "
         "s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash attention and s a multiple "
         "of 2·c",
-        _PARALLEL,
+        PARALLEL,
         default=1,
         metavar="N",
         gt=0,
     )
-    cp_rotate: CpRotate = _option(
+    cp_rotate: CpRotate = option(
         "--cp: how K/V reach each rank. torch's ring attention (set_rotate_method): allgather (one all-"
         "gather, waited for after the first block; torch's default) or alltoall (a rotation to the next "
         "rank per block, each under the block before); or kv-gather: no ring, K/V all-gathered then one "
         "attention call per local chunk, dK/dV reduce-scattered, both exposed (Llama 3's context "
         "parallelism; Transformer Engine's cp_comm_type all_gather, Megatron-LM's --cp-comm-type "
         "all_gather). Example: --cp 16 --cp-rotate kv-gather",
-        _PARALLEL,
+        PARALLEL,
         default=CpRotate.ALLGATHER,
     )
-    cp_rank: int | None = _option(
+    cp_rank: int | None = option(
         "--cp: the context-parallel rank estimated, 0 … c−1 (its ring blocks differ; the last rank keeps "
         "its merged output in the kernel's layout, one [b, s/c, a·d] less a layer) [default: the most "
         "loaded]. Example: --cp 4 --cp-rank 3",
-        _PARALLEL,
+        PARALLEL,
         default=None,
         metavar="R",
         ge=0,
         show_default=False,
     )
-    dp: int | None = _option(
+    dp: int | None = option(
         "Data-parallel degree [default: --gpus / (tp·cp·pp), else 1]",
-        _PARALLEL,
+        PARALLEL,
         metavar="N",
         show_default=False,
         gt=0,
     )
-    hsdp: int | None = _option(
+    hsdp: int | None = option(
         "Hybrid sharding (HSDP): shard the model states (--zero 1-3) inside groups of R data-parallel ranks, "
         "the innermost of dp, and all-reduce the gradient shards across the dp/R groups, e.g. --hsdp 8 "
         "[default: shard over all of dp]",
-        _PARALLEL,
+        PARALLEL,
         metavar="R",
         show_default=False,
         gt=0,
     )
-    reduce_dtype: ReduceDtype | None = _option(
+    reduce_dtype: ReduceDtype | None = option(
         "dtype of the data-parallel gradient reduction (FSDP2's MixedPrecisionPolicy.reduce_dtype; "
         "torchtitan's default fp32) [default: the gradients' dtype]",
-        _STRATEGY,
+        STRATEGY,
         show_default=False,
     )
-    gpus: int | None = _option(
-        "Devices in all: tp · cp · pp · dp", _PARALLEL, metavar="N", show_default=False, gt=0
+    gpus: int | None = option(
+        "Devices in all: tp · cp · pp · dp", PARALLEL, metavar="N", show_default=False, gt=0
     )
-    global_batch: int | None = _option(
+    global_batch: int | None = option(
         "Sequences per optimizer step; micro-batches per step = B / (batch · dp)",
-        _PARALLEL,
+        PARALLEL,
         metavar="B",
         show_default=False,
         gt=0,
     )
-    grad_accum: int | None = _option(
+    grad_accum: int | None = option(
         "Micro-batches per step (the pipeline's, or gradient accumulation) [default: 1]",
-        _PARALLEL,
+        PARALLEL,
         metavar="N",
         show_default=False,
     )
-    gpu: str | None = _option(
+    gpu: str | None = option(
         "GPU preset name (`memplan gpus` lists them) or a GPU preset .toml file with the fields of "
         "presets/gpus/*.toml (memory_bytes, peak_tflops, bandwidths, [topology]): marks fit / not fit, "
         "gives the time",
-        _GPU,
+        GPU,
         metavar="NAME|FILE",
         show_default=False,
     )
-    gpu_memory: float | None = _option(
+    gpu_memory: float | None = option(
         "A custom GPU's memory in GiB (2³⁰ bytes), e.g. 48: judged against this much memory, with the "
         f"rest (FLOP/s, bandwidths, topology) from --gpu, else {DEFAULT_GPU}",
-        _GPU,
+        GPU,
         metavar="GiB",
         show_default=False,
     )
-    mfu: float | None = _option(
+    mfu: float | None = option(
         "Assumed model FLOPs utilisation for the step time [default: predicted from the kernels, the "
         "communication on the topology and the bubble]",
-        _GPU,
+        GPU,
         metavar="F",
         show_default=False,
     )
-    step_time: float | None = _option(
+    step_time: float | None = option(
         "Measured seconds per step: gives the achieved MFU and HFU instead",
-        _GPU,
+        GPU,
         metavar="S",
         show_default=False,
     )
-    tokens: float | None = _option(
-        "Training tokens (e.g. 300e9): gives the training days", _GPU, metavar="T", show_default=False
+    tokens: float | None = option(
+        "Training tokens (e.g. 300e9): gives the training days", GPU, metavar="T", show_default=False
     )
-    gpus_per_node: int | None = _option(
+    gpus_per_node: int | None = option(
         "GPUs per node: tensor-parallel and other groups inside it use the intra-node link [default: the "
         "GPU preset's topology]",
-        _GPU,
+        GPU,
         metavar="N",
         show_default=False,
     )
-    intra_node_bw: float | None = _option(
+    intra_node_bw: float | None = option(
         "Bandwidth per GPU and direction inside a node, GB/s (NVLink, Infinity Fabric, PCIe) [default: "
         "the GPU preset's]",
-        _GPU,
+        GPU,
         metavar="GB/s",
         show_default=False,
     )
-    inter_node_bw: float | None = _option(
+    inter_node_bw: float | None = option(
         "Bandwidth per GPU and direction between nodes, GB/s (InfiniBand/RoCE NICs) [default: the GPU "
         "preset's]",
-        _GPU,
+        GPU,
         metavar="GB/s",
         show_default=False,
     )
-    host_memory: float | None = _option(
+    host_memory: float | None = option(
         "GiB of host memory per node: do the offloaded tensors fit [default: the GPU preset's node's]",
-        _GPU,
+        GPU,
         metavar="GiB",
         show_default=False,
     )
-    finetune: MethodChoice = _option(
+    finetune: MethodChoice = option(
         "What trains: full (every parameter), lora (low-rank adapters on a frozen base, peft's LoRA) or "
         "qlora (LoRA on a 4-bit bitsandbytes base), e.g. --finetune lora --lora-rank 16",
-        _FINETUNE,
+        FINETUNE,
         default=MethodChoice.FULL,
     )
-    lora_rank: int | None = _tune("LoRA rank r (A is r × in, B out × r) [default: 8]", "R")
-    lora_alpha: float | None = _tune("LoRA α: B·A is scaled by α/r (no memory effect) [default: 16]", "ALPHA")
-    lora_dropout: float | None = _tune(
+    lora_rank: int | None = tune("LoRA rank r (A is r × in, B out × r) [default: 8]", "R")
+    lora_alpha: float | None = tune("LoRA α: B·A is scaled by α/r (no memory effect) [default: 16]", "ALPHA")
+    lora_dropout: float | None = tune(
         "Dropout 0 ≤ P < 1 on each adapter's input (keeps its bool mask and the dropped input) [default: 0]",
         "P",
     )
-    lora_targets: str | None = _tune(
+    lora_targets: str | None = tune(
         "Linears with adapters: some of q,k,v,o,gate,up,down (GELU: up = fc1, down = fc2) or all-linear, "
         "e.g. q,v (q+v in compare --vary) [default: q,v, as peft for Llama]",
         "q,k,v,o,gate,up,down|all-linear",
     )
-    freeze: str | None = _tune(
+    freeze: str | None = tune(
         "Parts that do not train: embeddings, lm_head, layers:A-B (from 0), e.g. embeddings,layers:0-15; "
         "with lora|qlora only layers:A-B (no adapters there)",
         "PARTS",
     )
-    quant: Quant | None = _tune(
+    quant: Quant | None = tune(
         "QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, an absmax per 64 [default: nf4]"
     )
-    double_quant: bool = _option(
+    double_quant: bool = option(
         "QLoRA double quantisation: absmax in uint8 + fp32 per 256 (0.5 → 0.127 bits/weight)",
-        _FINETUNE,
+        FINETUNE,
         default=False,
     )
-    reserve: float = _option(
+    reserve: float = option(
         "GiB of each GPU's memory kept back for what memplan does not model (FSDP2's and DDP's "
         "communication buffers, NCCL's tree/NVLS buffers): the caching allocator's reserved peak must "
         "fit the driver's memory less the CUDA context, NCCL's ring and point-to-point buffers (modelled) "
         "and this",
-        _GPU,
+        GPU,
         default=DEFAULT_RESERVE_GIB,
         metavar="GiB",
     )
-    expandable_segments: bool = _option(
+    expandable_segments: bool = option(
         "replay the step through the caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
         "(one growing segment per pool; torchtitan's launch script sets it)",
-        _GPU,
+        GPU,
         default=False,
     )
