@@ -31,6 +31,7 @@ _PARTS = {
     "bubble": "pipeline fill and drain",
     "optimizer": "the optimizer step on the GPU: bytes / HBM",
     "host optimizer": "the CPU optimizer step (offload): bytes / host memory",
+    "fsdp copies": "FSDP2's all-gather copy-outs and reduce-scatter copy-ins: bytes / HBM",
 }
 
 

@@ -1,0 +1,86 @@
+"""FSDP2's own copy kernels on the compute stream: each all-gather's copy-out and each reduce-scatter's
+copy-in, memory-bound work the step runs beside its layers (issue #21: "every kernel of the step").
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``; torch 2.13 torch/distributed/fsdp/_fully_shard/
+_fsdp_collectives.py) moves every gathered parameter and every reduced gradient through HBM twice more than
+the collective itself does:
+
+- **all-gather copy-out** (``foreach_all_gather_copy_out``, called by ``FSDPParamGroup.wait_for_unshard`` on
+  the current stream after it waits for the all-gather's event): ``torch.ops.fsdp.split_with_sizes_copy(
+  all_gather_output, all_gather_input_split_sizes, dim=1, out=out)`` reads the flat all-gather output —
+  W shards of each parameter, in the gathered dtype — and writes each unsharded parameter: 2 × the
+  output's bytes per gather, one kernel per unit;
+- **reduce-scatter copy-in** (``foreach_reduce``): ``foreach_reduce_scatter_copy_in`` →
+  ``torch.ops.fsdp.chunk_cat(unsharded_grads, dim=0, num_chunks=world_size, out=reduce_scatter_input)``
+  reads the unit's unsharded gradients (the gathered parameters' dtype) and writes the flat input in the
+  reduce dtype. It runs *before* ``reduce_scatter_stream.wait_stream(current_stream)`` and outside the
+  ``with device_handle.stream(reduce_scatter_stream)`` block, i.e. on the compute stream ("Only after the
+  copy-in finishes can we free the gradients"): (e_gathered + e_reduce) bytes an element per
+  reduce-scatter, one kernel per unit. No division pass: for fp32 and bf16 ``_get_gradient_divide_factors``
+  returns no pre- or post-divide factor and reduces with ``ReduceOp.AVG`` ("use NCCL's built-in division to
+  avoid separate div kernels").
+
+Both run on the stream the layers compute on, so the step waits for them: they are charged whole, at
+``MEMORY`` × the HBM bandwidth (``compute.hbm_bytes_per_s``, as every memory-bound kernel), their counts and
+sizes read off data parallelism's rows (``time.comm_dp``: each all-gather row's bytes are the gathered
+output, each reduce-scatter row's the reduce input, already counted per the reshard policy, the pipeline's
+once-per-step gathers and the interleaved schedule's re-gathers). Not charged: the all-gather copy-in on
+its own stream (the rank's 1/W shards cast to the parameter dtype and copied into the input: 1/W of the
+output), the post-reduce accumulation on the reduce-scatter stream (1/W), the kernels' launches (one per
+unit, large).
+
+Where FSDP2 runs (``fsdp2``): ``--impl torchtitan``'s FSDP2 (``analytic.fsdp2_moments.titan_fsdp2``: ZeRO-2
+or 3 over more than one rank) and the reference's ZeRO-3 (``measure.distributed.parallelize``:
+``fully_shard`` per layer and on the root), whose rows are FSDP2's (gathers in every forward and backward,
+a reduce-scatter every micro-batch). NB: the reference's ZeRO-1/2 rows are DeepSpeed's (one gradient
+reduce-scatter, one gather of the updated weights into the flat buffer, no copy-out), Megatron's
+distributed optimizer gathers into and reduces from its contiguous buffers, and transformers' stacks
+run DDP or DeepSpeed: none charged. NB: Composer's FSDP1 (the llm-foundry runs) gathers into the flat
+parameter the layers view (no copy-out) but builds the flat gradient by autograd's ``cat`` and casts and
+pre-divides it on its post-backward stream; typed as ZeRO-3, those runs are charged FSDP2's kernels.
+"""
+
+from __future__ import annotations
+
+from memplan.analytic.fsdp2_moments import titan_fsdp2
+from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.config import Impl, Setup, ZeroStage
+from memplan.presets import GpuPreset
+from memplan.time.comm_dp import gradient_bytes
+from memplan.time.comm_rows import Row
+from memplan.time.compute import hbm_bytes_per_s
+from memplan.time.fabric import Collective
+
+
+def fsdp2(setup: Setup) -> bool:
+    """Whether data parallelism's rows are FSDP2's collectives, whose copies this module charges (module
+    docstring): torchtitan's FSDP2, or the reference's ZeRO-3 over more than one rank."""
+    if setup.impl.impl is Impl.TORCHTITAN:
+        return titan_fsdp2(setup)
+    sharded = setup.state_shards > 1
+    return setup.impl.impl is Impl.REFERENCE and setup.strategy.zero is ZeroStage.PARAMETERS and sharded
+
+
+def copy_bytes(setup: Setup, rows: list[Row]) -> int:
+    """Bytes FSDP2's copy-outs and copy-ins move in one step on the device ``rows`` are for (module
+    docstring): 2 × each all-gather's output; each reduce-scatter's input elements × (the unsharded
+    gradients' bytes + the reduce dtype's). 0 where FSDP2 does not run."""
+    if not fsdp2(setup):
+        return 0
+    gathered, titan = setup.training.precision.weight_bytes, titan_fsdp2(setup)
+    total = 0
+    for r in rows:
+        if not r.dimension.startswith("dp"):
+            continue
+        # the reduce dtype as ``comm_dp`` counts the row: torchtitan's FSDP2 policy on the dense "dp" rows
+        reduced = reduce_bytes(setup) if titan and r.dimension == "dp" else gradient_bytes(setup)
+        if r.collective is Collective.ALL_GATHER:
+            total += 2 * r.bytes * r.count
+        elif r.collective is Collective.REDUCE_SCATTER:
+            total += r.bytes // reduced * (gathered + reduced) * r.count
+    return total
+
+
+def copy_seconds(setup: Setup, rows: list[Row], gpu: GpuPreset) -> float:
+    """``copy_bytes`` at ``MEMORY`` × the HBM bandwidth: seconds per step on the compute stream."""
+    return copy_bytes(setup, rows) / hbm_bytes_per_s(gpu)
