@@ -116,7 +116,7 @@ def pieces_key(setup: Setup) -> tuple[object, ...]:
         par.sp,
         par.ep,
         par.cp,
-        par.cp_rotate,  # the ring's backward ledger (blocks.ring_memory) reads both
+        par.cp_rotate,  # the ring's backward ledger (blocks.attention.ring_memory) reads both
         par.cp_rank,
         *savers,
     )

@@ -1,4 +1,4 @@
-"""The attention block's rules by hand (blocks/attention.py) where the fast suite did not reach them:
+"""The attention block's rules by hand (blocks/attention/core.py) where the fast suite did not reach them:
 which of q, k, v a core keeps as views of one projection output and which as new tensors, and the eager
 core's forward locals; torch-free, in the mutation selection (docs/mutation.md). tests/hf/ and
 tests/measure/ measure the same saves per tensor with torch.
@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from tiny_setup import A, H, S, tiny_setup
 
-from memplan.blocks import attention, attention_locals, constants, rope
+from memplan.blocks.attention import constants, rope
+from memplan.blocks.attention import core as attention
+from memplan.blocks.attention import eager_locals as attention_locals
 from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import Device, DType, Impl, ImplConfig, Precision, Setup
 from memplan.config.impl import Family

@@ -17,8 +17,8 @@ import pytest
 from memplan.analytic import layer_backward as lb
 from memplan.analytic import peak as pk
 from memplan.analytic.params import count_params
-from memplan.blocks import attention as att
-from memplan.blocks import attention_workspace as aw
+from memplan.blocks.attention import core as att
+from memplan.blocks.attention import workspace as aw
 from memplan.blocks.inventory import Block, Dims
 from memplan.config import (
     Attention,

@@ -1,5 +1,5 @@
-"""``blocks.ring_memory``: torch's ring backward on one rank, by hand and against the H200's allocator
-(tests/measure/test_ring_memory.py measures it on CPU)."""
+"""``blocks.attention.ring_memory``: torch's ring backward on one rank, by hand and against the H200's
+allocator (tests/measure/test_ring_memory.py measures it on CPU)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import pytest
 
 from memplan.analytic import layer_backward as lb
 from memplan.analytic.params import count_params
-from memplan.blocks.attention_workspace import fa2_backward_workspace
+from memplan.blocks.attention.ring_memory import (
+    KEY_HALF,
+    QUERY_HALF,
+    RingSizes,
+    backward_peak,
+    ring_backward_transient,
+)
+from memplan.blocks.attention.workspace import fa2_backward_workspace
 from memplan.blocks.inventory import Dims
-from memplan.blocks.ring_memory import KEY_HALF, QUERY_HALF, RingSizes, backward_peak, ring_backward_transient
 from memplan.config import CpRotate, Device, ModelConfig, Parallel, Setup, TrainingConfig
 
 H200_ROWS = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "h200-ring-memory.jsonl"

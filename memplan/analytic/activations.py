@@ -30,22 +30,22 @@ import functools
 from collections.abc import Iterable
 
 from memplan.blocks import dropout_rule, llama4, te_fp8
-from memplan.blocks.attention import (
+from memplan.blocks.attention.constants import constant_rules
+from memplan.blocks.attention.core import (
     attention_core_rules,
     full_layer_setup,
     last_ring_rank,
     projection_rules,
 )
-from memplan.blocks.constants import constant_rules
+from memplan.blocks.attention.mla import mla_projection_rules
+from memplan.blocks.attention.windows import is_sliding, sliding_layers
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
-from memplan.blocks.mla import mla_projection_rules
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
-from memplan.blocks.windows import is_sliding, sliding_layers
 from memplan.config import Setup, StrategyConfig, TrainingConfig
 
 B, R = Block, Role

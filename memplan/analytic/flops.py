@@ -33,15 +33,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.blocks import llama4, moe
-from memplan.blocks.attention_flops import (
+from memplan.blocks.attention.flops import (
     attention_backward_flops,
     attention_core_flops,
     kernel_recompute_flops,
     projection_flops,
 )
+from memplan.blocks.attention.mla import mla_projection_flops
 from memplan.blocks.head import head_flops
 from memplan.blocks.inventory import Dims
-from memplan.blocks.mla import mla_projection_flops
 from memplan.blocks.mlp import mlp_flops
 from memplan.config import Setup
 

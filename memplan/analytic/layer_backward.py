@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.params import ParamCount
-from memplan.blocks.attention import attention_core_rules, projection_rules
-from memplan.blocks.attention_locals import eager_core_copies, eager_forward_extra
-from memplan.blocks.attention_workspace import flash_backward_workspace, softmax_backward_scratch
+from memplan.blocks.attention.core import attention_core_rules, projection_rules
+from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
+from memplan.blocks.attention.ring_memory import ring_backward_transient
+from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.blocks.ring_memory import ring_backward_transient
 from memplan.config import (
     Attention,
     Checkpointing,

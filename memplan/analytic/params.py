@@ -10,17 +10,17 @@ A mixture of experts (``model.moe``) replaces each layer's MLP by a router h×E 
 ``total`` counts every expert; ``active`` the top-k a token is routed to plus everything else (router
 included), which is what 6N counts (Jiang et al. 2024, Mixtral; Qwen1.5-MoE). DeepSeek's first
 ``moe.dense_layers`` layers keep a dense MLP of ``dense_ffn`` (``dense_layer``); multi-head latent
-attention's projections are ``blocks.mla.mla_params``.
+attention's projections are ``blocks.attention.mla.mla_params``.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.blocks.attention import attention_params, qk_norm_params
+from memplan.blocks.attention.core import attention_params, qk_norm_params
+from memplan.blocks.attention.mla import mla_params
 from memplan.blocks.embedding import embedding_params
 from memplan.blocks.head import lm_head_params
-from memplan.blocks.mla import mla_params
 from memplan.blocks.mlp import mlp_params
 from memplan.blocks.moe import MoELayerParams, moe_layer_params
 from memplan.blocks.norm import norm_params

@@ -36,7 +36,7 @@ tp / sp / pp / cp / ep (the kinds are modelled on one unsplit replica), the refe
 from __future__ import annotations
 
 from memplan.blocks import mm
-from memplan.blocks.attention import flash_rules
+from memplan.blocks.attention.core import flash_rules
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_flops, mlp_inner_rules, mlp_rules
 from memplan.blocks.norm import pre_norm_rules

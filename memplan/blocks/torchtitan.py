@@ -8,8 +8,8 @@ fused ``wqkv``'s input, SDPA's q, k, v, out and logsumexp, the SwiGLU's four [b,
 
 Context parallel (``--cp``, torchtitan's ``apply_cp_to_forward`` + ``prepare_context_parallel_input``):
 the inputs, labels and positions are sharded, not the RoPE caches — each layer keeps the rank's gathered
-rows and every layer's whole cache stays a buffer (``blocks.rope.titan_cp_rules``); checked per tensor
-against one rank of torchtitan's model (tests/measure/test_titan_context.py).
+rows and every layer's whole cache stays a buffer (``blocks.attention.rope.titan_cp_rules``); checked per
+tensor against one rank of torchtitan's model (tests/measure/test_titan_context.py).
 
 Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU), but for the attention: under

@@ -37,7 +37,7 @@ from __future__ import annotations
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks import fp8, llama4, mlp, moe
-from memplan.blocks.attention_flops import attention_core_flops
+from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.profiles import checkpoints_alone, compiled_sac, hidden_dropouts, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, Fp8Recipe, Setup

@@ -9,7 +9,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   layer — norms, projections, q, k, v, the attention output, the MLP, the head and the loss, the
   reference model's RoPE tables (made for the rank's positions) — holds s/c tokens. torchtitan 0.3.0
   shards the positions instead (``prepare_context_parallel_input``): every layer keeps its whole RoPE
-  cache and gathers the rank's rows (``blocks.rope.titan_cp_rules``). memplan gets
+  cache and gathers the rank's rows (``blocks.attention.rope.titan_cp_rules``). memplan gets
   this by speaking in one rank's sizes: ``Dims.of`` gives s = seq_len / c (as ``tp_model`` gives a/t
   heads), so the blocks' inventory, FLOPs and peak are the rank's without another rule.
 - Attention: the ring runs *inside* the dispatch of one SDPA op (the DTensor handler of
@@ -19,7 +19,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
   out/lse and not the received K/V chunks, which are transients of the forward. The backward re-gathers
   K/V and runs the kernel's backward per step again.
 - FLOPs: step 0 runs the causal kernel on the local q, k, v; each of the c−1 later steps a non-causal
-  kernel on half of q or half of the received K/V (``blocks.attention_flops.score_cells``). Linear layers run
+  kernel on half of q or half of the received K/V (``blocks.attention.flops.score_cells``). Linear layers run
   on s/c tokens. The whole model's FLOPs are c × one rank's (``whole_model``).
 - ``--cp-rotate kv-gather`` is not torch's ring but Llama 3's context parallelism (Transformer Engine's
   ``AttnFuncWithCPAndKVAllGather``): the same split, cells, FLOPs and saved tensors; its communication
@@ -39,7 +39,7 @@ What one rank does (``_templated_ring_attention`` and its backward, default opti
 
 Memory beyond the saves: the ring's backward (its fp32 accumulators, the K/V and dK/dV in flight, each
 block's gradients and, on CUDA, its kernel's workspace) is a part of the layer-backward moment on the most
-loaded rank, replayed from torch's code (``blocks.ring_memory``, exact on CPU and on an H200).
+loaded rank, replayed from torch's code (``blocks.attention.ring_memory``, exact on CPU and on an H200).
 
 Known limitations (NB): the ring's forward transients (the gathered K/V, the fp32 merge) are not in the
 peak (the forward is not a moment of ``analytic.peak``); torch's ring runs only the SDPA flash /

@@ -37,13 +37,13 @@ per-layer trace attributes the cos/sin tables to that layer; the estimate counts
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.blocks.attention import (
+from memplan.blocks.attention.constants import constant_rules
+from memplan.blocks.attention.core import (
     Core,
     attention_core_rules,
     core_of,
     projection_rules,
 )
-from memplan.blocks.constants import constant_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save

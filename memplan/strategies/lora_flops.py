@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from memplan.analytic.flops import Flops
 from memplan.blocks import mm
-from memplan.blocks.attention import Core, core_of
-from memplan.blocks.attention_flops import attention_core_flops
+from memplan.blocks.attention.core import Core, core_of
+from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import checkpoints_alone

@@ -48,8 +48,8 @@ class Group(Enum):
     every micro-batch's forward saves)."""
     LAYER_CONSTANTS = "layer_constants"
     """A model constant made of one buffer per layer, alive all step: a stage holds its own layers' once
-    (torchtitan's RoPE caches under context parallelism, ``blocks.rope.titan_cp_rules``: [L, seq, d/2]
-    in the inventory; its group bytes are one layer's)."""
+    (torchtitan's RoPE caches under context parallelism, ``blocks.attention.rope.titan_cp_rules``:
+    [L, seq, d/2] in the inventory; its group bytes are one layer's)."""
     MICRO_BATCH_INPUTS = "micro_batch_inputs"
     """A model input of one micro-batch that every checkpointed block keeps (torchtitan's positions under
     context parallelism, ``titan_cp_rules``): one per micro-batch in flight on the rank — under torch's

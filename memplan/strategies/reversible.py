@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.flops import layer_linear_flops
-from memplan.blocks.attention_flops import attention_core_flops
+from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope, save
 from memplan.config import Setup
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.blocks.attention_flops import attention_core_flops
+from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Dims
 from memplan.config import Attention, Checkpointing, Device, Offload, Setup, ZeroStage
 from memplan.config.finetune import Method, linear_shapes

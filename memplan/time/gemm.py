@@ -159,8 +159,8 @@ def attention_gemms(setup: Setup, tokens: int) -> list[Gemm]:
 
 
 def mla_gemms(setup: Setup, tokens: int) -> list[Gemm]:
-    """Multi-head latent attention's projections (``blocks.mla``; one rank: tensor parallelism of MLA is
-    refused): q_a [h, r_q] and q_b [r_q, a·d_q] (or q_proj [h, a·d_q]), kv_a [h, r_kv + d_r], kv_b
+    """Multi-head latent attention's projections (``blocks.attention.mla``; one rank: tensor parallelism of
+    MLA is refused): q_a [h, r_q] and q_b [r_q, a·d_q] (or q_proj [h, a·d_q]), kv_a [h, r_kv + d_r], kv_b
     [r_kv, a·(d_n + d_v)] and o [a·d_v, h]."""
     m = setup.model
     c, h, a = m.mla, m.hidden_size, m.num_heads

@@ -391,7 +391,7 @@ def test_deepseek_v3_step_time_gemms() -> None:
     projections, the router, the experts' grouped launch, the shared expert) and of eager attention's core
     (QKᵀ over d_n + d_r = 24, P·V over d_v = 12) do the FLOPs the estimate counts."""
     from memplan.analytic.flops import layer_linear_flops
-    from memplan.blocks.attention_flops import attention_core_flops
+    from memplan.blocks.attention.flops import attention_core_flops
     from memplan.blocks.inventory import Dims
     from memplan.time.gemm import attention_core_gemms, layer_gemms
 

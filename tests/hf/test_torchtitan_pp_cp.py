@@ -82,7 +82,7 @@ def test_unmodelled_rings_are_refused(extra: dict[str, int], name: str) -> None:
 
 def test_one_rank_under_selective_ac_keeps_the_positions() -> None:
     """Without pp too: SelectiveAC's checkpoint keeps each block's positions argument (one storage), as
-    FullAC's does (``blocks.rope.titan_cp_rules``); cp rank 0 of 2, 2 layers."""
+    FullAC's does (``blocks.attention.rope.titan_cp_rules``); cp rank 0 of 2, 2 layers."""
     from memplan.measure.frameworks.titan import measure_titan
 
     base = hf_setup("llama-3-8b", layers=2, seq=S, impl=Impl.TORCHTITAN, checkpointing="selective")

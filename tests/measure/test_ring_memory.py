@@ -1,7 +1,7 @@
-"""torch's ring attention backward, measured on CPU against ``blocks.ring_memory`` (memplan's tracker: every
-storage the reference's ``RingFlash`` backward makes, torch's own ring functions with the CPU flash kernel,
-one rank of a fake process group), and the whole step's peak of a context-parallel rank against the
-estimate's where a layer's backward is the highest moment."""
+"""torch's ring attention backward, measured on CPU against ``blocks.attention.ring_memory`` (memplan's
+tracker: every storage the reference's ``RingFlash`` backward makes, torch's own ring functions with the CPU
+flash kernel, one rank of a fake process group), and the whole step's peak of a context-parallel rank
+against the estimate's where a layer's backward is the highest moment."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from memplan.api import build_setup
-from memplan.blocks.ring_memory import RingSizes, backward_peak
+from memplan.blocks.attention.ring_memory import RingSizes, backward_peak
 from memplan.cli.app import app
 from memplan.config import AttentionChoice, CpRotate, Device, ModelConfig, Parallel, Setup
 from memplan.engine import estimate

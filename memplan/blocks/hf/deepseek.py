@@ -1,12 +1,12 @@
 """transformers' ``modeling_deepseek_v2.py`` and ``modeling_deepseek_v3.py`` (5.x): multi-head latent
-attention (``blocks.mla``), DeepSeek's fine-grained and shared experts behind its own router, and the first
-``first_k_dense_replace`` layers dense.
+attention (``blocks.attention.mla``), DeepSeek's fine-grained and shared experts behind its own router,
+and the first ``first_k_dense_replace`` layers dense.
 
 Facts beyond Llama's code (``llama.profile``) and the MoE families' experts (``moe.experts``: grouped_mm,
 gate and up one buffer):
 - ``DeepseekV3Attention`` / ``DeepseekV2Attention``: the latents and their norms, q and k assembled by
-  ``cat`` / ``expand_kv``, v a view of ``kv_b_proj``'s output (``blocks.mla``); SDPA on CPU falls back to
-  the math kernel (q/k and v widths differ: ``attention.core_of``);
+  ``cat`` / ``expand_kv``, v a view of ``kv_b_proj``'s output (``blocks.attention.mla``); SDPA on CPU falls
+  back to the math kernel (q/k and v widths differ: ``attention.core_of``);
 - ``DeepseekV2RotaryEmbedding``: a complex64 ``freqs_cis`` table (``Profile.rope_complex_table``);
   V3's cos / sin, cut to their first half under ``rope_interleave``, are views of the [s, d_r] tables;
 - the routers (``Profile.deepseek_router``): an fp32 copy of the input, softmax (V2) or sigmoid with the

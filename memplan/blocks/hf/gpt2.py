@@ -5,7 +5,7 @@ exact. Known limitations:
 - NB: CUDA semantics (``native_dropout``'s bool masks, SDPA's flash kernel with dropout instead of the
   math path) follow torch's dispatch rules but are not measured: ``measure.hf`` runs on CPU only.
 - NB: the peak's transients (eager forward locals, backward buffers) use the reference's and Megatron's
-  formulas (``attention_locals.eager_forward_extra``, ``mlp.mlp_backward_transient``): gelu_new's extra
+  formulas (``attention.eager_locals.eager_forward_extra``, ``mlp.mlp_backward_transient``): gelu_new's extra
   backward buffers and the math path's fp32 locals are not counted there; ``trace --impl hf`` checks saves
   only.
 """

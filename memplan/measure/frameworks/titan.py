@@ -65,7 +65,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.blocks.attention import titan_cudnn
+from memplan.blocks.attention.core import titan_cudnn
 from memplan.config import Checkpointing, Device, Fp8Recipe, Setup
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured

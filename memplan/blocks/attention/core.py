@@ -1,10 +1,10 @@
 """Attention: W_Q/W_K/W_V [h, a·d | kv·d], W_O [a·d, h] (+ biases), rotary embeddings, and the core — eager
 (explicit QKᵀ, causal ``masked_fill``, softmax, dropout, ·V) or flash (the SDPA flash kernel).
 
-FLOPs: ``blocks.attention_flops``; the eager core's forward locals beyond its saves:
-``blocks.attention_locals``; which layers slide: ``blocks.windows``; the rotary tables: ``blocks.rope``;
-what a forward makes once for every layer (tables, masks): ``blocks.constants``; what its backward kernels
-hold on CUDA: ``blocks.attention_workspace``.
+FLOPs: ``blocks.attention.flops``; the eager core's forward locals beyond its saves:
+``blocks.attention.eager_locals``; which layers slide: ``blocks.attention.windows``; the rotary tables:
+``blocks.attention.rope``; what a forward makes once for every layer (tables, masks):
+``blocks.attention.constants``; what its backward kernels hold on CUDA: ``blocks.attention.workspace``.
 
 Megatron-core's profile (``blocks.megatron``): q, k, v as views of W_QKV's one output (``qkv_view_rules``),
 the fused causal softmax where its kernel runs (``fused_softmax_runs``), flash-attn's RNG state.
@@ -19,10 +19,10 @@ from __future__ import annotations
 from enum import StrEnum
 
 from memplan.blocks import linear_params
+from memplan.blocks.attention.rope import rope_cache_rules
+from memplan.blocks.attention.windows import full_and_sliding
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, profile_of
-from memplan.blocks.rope import rope_cache_rules
-from memplan.blocks.windows import full_and_sliding
 from memplan.config import Attention, Checkpointing, Device, DType, Impl, ModelConfig, PositionType, Setup
 
 FP32, BOOL, INT64, UINT64, COMPLEX64 = DType.FP32, DType.BOOL, DType.INT64, DType.UINT64, DType.COMPLEX64

@@ -7,7 +7,7 @@ not measured by ``measure_hf`` (it counts saves, not the peak) and these follow 
 
 from __future__ import annotations
 
-from memplan.blocks.attention import qkv_view_rules
+from memplan.blocks.attention.core import qkv_view_rules
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Setup

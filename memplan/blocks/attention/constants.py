@@ -1,14 +1,14 @@
 """What a forward makes once and every layer reads (one storage each): the rotary tables, the eager core's
 causal mask, transformers' checkpointed attention masks, and torchtitan's whole RoPE caches under context
-parallelism (``blocks.rope.titan_cp_rules``)."""
+parallelism (``blocks.attention.rope.titan_cp_rules``)."""
 
 from __future__ import annotations
 
-from memplan.blocks.attention import fused_softmax_runs, window_masked
+from memplan.blocks.attention.core import fused_softmax_runs, window_masked
+from memplan.blocks.attention.rope import titan_cp_rules
+from memplan.blocks.attention.windows import full_and_sliding
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
-from memplan.blocks.rope import titan_cp_rules
-from memplan.blocks.windows import full_and_sliding
 from memplan.config import Attention, DType, PositionType, Setup
 
 FP32, BOOL, COMPLEX64 = DType.FP32, DType.BOOL, DType.COMPLEX64

@@ -1,11 +1,12 @@
 """What the attention's backward holds inside its kernels on CUDA, beyond the tensors it makes: the eager
 softmax backward's own product and FlashAttention-2's workspace (``analytic.layer_backward``'s attention
-moments and ``blocks.ring_memory``'s ring blocks add them). Found on an H200 (docs/gpu-profile.md) and
-derived from torch's kernels; 0 on CPU, whose kernels keep none (tests/measure/test_peak.py)."""
+moments and ``blocks.attention.ring_memory``'s ring blocks add them). Found on an H200
+(docs/gpu-profile.md) and derived from torch's kernels; 0 on CPU, whose kernels keep none
+(tests/measure/test_peak.py)."""
 
 from __future__ import annotations
 
-from memplan.blocks.attention import Core, core_of, fused_softmax_runs, head_major_output
+from memplan.blocks.attention.core import Core, core_of, fused_softmax_runs, head_major_output
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
 from memplan.config import Device, DType, Setup

@@ -1,6 +1,6 @@
 """Rotary tables kept per layer: torchtitan's complex cache (and its rows under context parallelism), GLM's
 tables made per layer; the caches torchtitan keeps whole under context parallelism, model constants
-(``titan_cp_rules``). The tables made once per forward are ``blocks.constants``'."""
+(``titan_cp_rules``). The tables made once per forward are ``blocks.attention.constants``'."""
 
 from __future__ import annotations
 

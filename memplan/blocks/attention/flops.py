@@ -6,7 +6,7 @@ products, one the kernel's own re-computation of S)."""
 from __future__ import annotations
 
 from memplan.blocks import mm
-from memplan.blocks.attention import Core, core_of
+from memplan.blocks.attention.core import Core, core_of
 from memplan.blocks.inventory import Dims
 from memplan.config import Setup
 

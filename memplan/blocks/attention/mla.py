@@ -25,7 +25,7 @@ replicated, the heads split) is not modelled (refused there too).
 from __future__ import annotations
 
 from memplan.blocks import linear_params, mm
-from memplan.blocks.attention import Core, core_of
+from memplan.blocks.attention.core import Core, core_of
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.norm import rms_rules
 from memplan.config import DType, MLAConfig, ModelConfig, Setup

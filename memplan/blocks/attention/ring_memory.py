@@ -33,7 +33,7 @@ and against the H200's allocator (benchmarks/data/h200-ring-memory.jsonl: cp 2, 
 
 Known limitations (NB): the forward's merge temporaries are not a moment of the peak (``analytic.peak``'s
 NB: the forward is not modelled); ``--cp-rotate kv-gather`` (Transformer Engine's, not run) keeps the
-plain flash backward's buffers; the per-block kernel is FlashAttention-2's (``attention_workspace.
+plain flash backward's buffers; the per-block kernel is FlashAttention-2's (``workspace.
 flash_backward_workspace``: cuDNN's and FlashAttention-3's workspaces are not modelled).
 """
 
@@ -43,7 +43,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 
-from memplan.blocks.attention_workspace import fa2_backward_workspace
+from memplan.blocks.attention.workspace import fa2_backward_workspace
 from memplan.blocks.inventory import Dims
 from memplan.config import CpRotate, Device, DType, Impl, Setup
 
