@@ -296,15 +296,15 @@ class Built:
     """The step's allocations replayed through torch's caching allocator (``memplan.reserved``): allocated
     and reserved peaks, with the GPU's cuBLAS workspace, CUDA context and NCCL buffers when there is one."""
     nccl: tuple[NcclBuffers, ...] = ()
-    """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm_memory``)."""
+    """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm.buffers``)."""
     fsdp_all_gather: int | None = 0
     """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): judged (kept
     back from the default stream's allocator, ``search.budget``); None where not modelled (not judged)."""
     ddp_buckets: int = 0
-    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``): judged as the stream."""
+    """torch DDP's gradient buckets (``time.comm.buffers.ddp_bucket_bytes``): judged as the stream."""
     fsdp_reduce_scatter: int = 0
     """What the allocator reserves on FSDP2's reduce-scatter stream (the sharded gradients under FSDP2's
-    mixed precision, ``time.comm_memory.fsdp_reduce_scatter_bytes``): reported, not kept back."""
+    mixed precision, ``time.comm.buffers.fsdp_reduce_scatter_bytes``): reported, not kept back."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -357,13 +357,13 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_reduce_scatter_bytes, fsdp_stream_bytes
+        from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_reduce_scatter_bytes, fsdp_stream_bytes
 
         reserved = replay_device(result, expandable=o.expandable_segments)
         fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
         scatter = fsdp_reduce_scatter_bytes(result)
         return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter)
-    from memplan.time.comm_memory import (  # only with a GPU (start-up)
+    from memplan.time.comm.buffers import (  # only with a GPU (start-up)
         ddp_bucket_bytes,
         fsdp_reduce_scatter_bytes,
         fsdp_stream_bytes,

@@ -14,7 +14,7 @@ when numba is installed (``analytic.allocator_jit``: the same coding and decisio
 Python otherwise (``analytic.allocator_plain.replay_plain``).
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
-and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm_memory``; added by the
+and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm.buffers``; added by the
 callers above this layer, ``Reserved.nccl``).
 
 Known limitations:
@@ -25,7 +25,7 @@ Known limitations:
   left out of this stream's terms (torchtitan's, ``analytic.fsdp2_moments.zero3_unit_buffers``, are not
   yet). torch DDP's buckets
   (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
-  copy of the gradients, ``time.comm_memory.ddp_bucket_bytes``) are default-stream allocations made
+  copy of the gradients, ``time.comm.buffers.ddp_bucket_bytes``) are default-stream allocations made
   before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
   as allocations of this stream (their 2 MiB segment rounding is not counted). Under FSDP2's mixed
   precision (``analytic.fsdp_buffers.reduce_scatter_modelled``) the reduce-scatter's input is a
@@ -110,7 +110,7 @@ class Reserved:
     expandable: bool
     nccl: int = 0
     """NCCL's buffers, outside the allocator (``analytic.nccl``; set by the callers that know the GPU's
-    topology, ``time.comm_memory.nccl_bytes``; 0 here)."""
+    topology, ``time.comm.buffers.nccl_bytes``; 0 here)."""
 
     @property
     def device_peak(self) -> int:

@@ -30,7 +30,7 @@ from memplan.contract import to_json as contract_json
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_model_preset, model_names
 from memplan.reserved import replay_device
-from memplan.time.comm_memory import ddp_bucket_bytes
+from memplan.time.comm.buffers import ddp_bucket_bytes
 
 ENV = {"COLUMNS": "120", "NO_COLOR": "1"}
 runner = CliRunner(env=ENV)

@@ -79,7 +79,7 @@ def test_the_fsdp2_mixed_recipe_types_it_under_the_reference() -> None:
 def test_the_fsdp2_mixed_recipe_reduces_in_fp32() -> None:
     """FSDP2's ``reduce_dtype=float32``: the reduce-scatter moves 4 B per gradient element (2 under
     bf16-mixed), unless --reduce-dtype says otherwise."""
-    from memplan.time.comm_dp import gradient_bytes
+    from memplan.time.comm.dp import gradient_bytes
 
     def setup(**kw: Any) -> Any:
         return build(Options(model="tiny", seq=32, batch=2, zero=3, dp=2, **kw)).result.setup

@@ -12,7 +12,7 @@ from memplan.config.finetune import FineTune, Method
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.presets import load_gpu
-from memplan.time.comm_rows import critical_stage
+from memplan.time.comm.rows import critical_stage
 from memplan.time.compute import kernel_times, stage_flops
 from memplan.time.layer_elementwise import streamed_bytes
 

@@ -1,5 +1,5 @@
 """Issue #22 item 1: NCCL's buffers per communicator (``memplan.analytic.nccl``, ``memplan.time.
-comm_memory``), every figure derived here by hand from NCCL's defaults.
+comm.buffers``), every figure derived here by hand from NCCL's defaults.
 
 Per connection, NCCL's three protocols (src/init.cc, src/include/device.h):
   LL    = 8 lines/thread × 512 threads × 8 steps × 16 B           =   524,288
@@ -23,7 +23,7 @@ from memplan.cli.app import app
 from memplan.presets import load_gpu
 from memplan.reserved import CUDA_CONTEXT
 from memplan.search.budget import verdict
-from memplan.time.comm_memory import communicators, nccl_bytes
+from memplan.time.comm.buffers import communicators, nccl_bytes
 
 MIB = 2**20
 RING = 12 * MIB  # 10 MiB receive + 2 MiB send (module docstring)

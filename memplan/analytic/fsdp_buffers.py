@@ -64,7 +64,7 @@ its reserved bytes add to the default stream's (``stream_reserved``: this stream
 through its own ``analytic.allocator.Allocator``, two steps as ``alloc_stream.STEPS``). Its reserved peak is
 reached at the forward's second unit (the first two buffers are live together) and held from there to
 the end of the run, through the default stream's peak in the backward: the verdict and ``fit`` keep it
-back from the default stream's allocator (``search.budget``, ``time.comm_memory.comm_buffer_bytes``).
+back from the default stream's allocator (``search.budget``, ``time.comm.buffers.comm_buffer_bytes``).
 
 The reduce-scatter side, as torch 2.13 runs it (torch/distributed/fsdp/_fully_shard/), per unit in the
 backward's order (the reverse of the forward's: the reference's root, which holds the embedding, last):

@@ -2,7 +2,7 @@
 
 NCCL allocates these itself (``ncclCudaCalloc``, with cuMem since 2.19), outside torch's caching
 allocator: ``nvidia-smi`` counts them, ``torch.cuda.memory_reserved()`` does not. Pure arithmetic on the
-communicators a rank belongs to (``time.comm_memory`` lists them from the layout); no torch.
+communicators a rank belongs to (``time.comm.buffers`` lists them from the layout); no torch.
 
 One connection (one channel to one peer, one direction) holds a buffer per protocol (src/init.cc,
 ``computeBuffSizes``; ``NCCL_BUFFSIZE``, ``NCCL_LL_BUFFSIZE``, ``NCCL_LL128_BUFFSIZE`` override them):

@@ -4,7 +4,7 @@ Bandwidths are per GPU and per direction, in GB/s (10⁹ bytes/s): what one GPU 
 as much, the figure NCCL's bus bandwidth (``busbw`` in nccl-tests) is compared with. A datasheet's
 "900 GB/s NVLink" counts both directions: 450 per direction. Inter-node bandwidth is the GPU's share of
 the node's network cards (DGX H100: eight 400 Gb/s ConnectX-7, one per GPU: 50 GB/s each); a group with
-k ranks on a node gets k shares (``time.fabric.placed``: NCCL spreads its channels over the NICs).
+k ranks on a node gets k shares (``time.comm.fabric.placed``: NCCL spreads its channels over the NICs).
 
 Latencies are per ring step (one send to the neighbour), in µs: what a ring collective pays
 ``steps × latency`` of, on top of its bytes.

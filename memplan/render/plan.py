@@ -159,7 +159,7 @@ def summary_panel(b: Built) -> Panel:
                 style="dim",
             )
         )
-    if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm_memory)
+    if b.ddp_buckets:  # torch DDP's gradient buckets (memplan.time.comm.buffers)
         lines.append(
             Text(
                 f"DDP gradient buckets (gradient_as_bucket_view=False: a second copy of the gradients; "

@@ -20,7 +20,7 @@ configuration whose bound exceeds the slowest of them cannot enter the list.
 
 ``stages_bound`` is a second, tighter bound, for one configuration and every ZeRO stage of it at once:
 the terms of ``time.predict``'s step that do not depend on the ZeRO stage. Only the data-parallel
-collectives (``comm_dp.dp_rows``), FSDP2's copy kernels of their gathers and reductions
+collectives (``comm.dp.dp_rows``), FSDP2's copy kernels of their gathers and reductions
 (``time.fsdp_copies``: ZeRO-3) and the optimizer step (``compute.owned_params``) read it; the busiest
 stage, its kernels, the tensor-, context-, pipeline- and expert-parallel collectives and their overlap
 windows do not. With every stage-dependent term (and the offload copies, never negative) left out,
@@ -46,8 +46,8 @@ from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.time import efficiency
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm import cp_rows, ep_rows, pp_rows, tp_rows
-from memplan.time.comm_rows import Row, critical_stage
+from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
+from memplan.time.comm.rows import Row, critical_stage
 from memplan.time.compute import kernel_times
 from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops

@@ -5,8 +5,8 @@ estimate's allocations replayed through ``analytic.allocator``, cuBLAS's workspa
 left to it: the memory the driver reports (``GpuPreset.device_bytes``: CUDA's measured total or nvidia-smi's
 where the preset states them, e.g. 81,559 MiB on an H100 SXM, else the vendor's figure) less the CUDA context
 (``reserved.CUDA_CONTEXT``, outside the allocator), less NCCL's buffers of the layout's communicators
-(``time.comm_memory.nccl_bytes``, outside the allocator too), less the communication buffers held beside the
-step's replay (``time.comm_memory.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose reserved
+(``time.comm.buffers.nccl_bytes``, outside the allocator too), less the communication buffers held beside the
+step's replay (``time.comm.buffers.comm_buffer_bytes``: FSDP2's all-gather stream, its own pool whose reserved
 peak is reached in the forward and held through the backward's peak; DDP's gradient buckets, held for the
 whole run) and less ``--reserve`` (default 0: what memplan does not model, e.g. FSDP2's reduce-scatter buffers
 outside its mixed precision, ``reserved``'s NB). When the reserved
@@ -89,11 +89,11 @@ class Verdict(BaseModel):
     cuda_context: int
     """Held outside torch's allocator (``reserved.CUDA_CONTEXT``)."""
     nccl: int = 0
-    """NCCL's buffers, outside torch's allocator (``time.comm_memory.nccl_bytes``)."""
+    """NCCL's buffers, outside torch's allocator (``time.comm.buffers.nccl_bytes``)."""
     fsdp_all_gather_stream: int = 0
-    """FSDP2's all-gather stream's reserved bytes, its own pool (``time.comm_memory.fsdp_stream_bytes``)."""
+    """FSDP2's all-gather stream's reserved bytes, its own pool (``time.comm.buffers.fsdp_stream_bytes``)."""
     ddp_buckets: int = 0
-    """torch DDP's gradient buckets (``time.comm_memory.ddp_bucket_bytes``)."""
+    """torch DDP's gradient buckets (``time.comm.buffers.ddp_bucket_bytes``)."""
     reserve: int
     """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
@@ -170,7 +170,7 @@ def verdict(
     """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
     expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
     lower bounds do not already exceed the usable memory."""
-    from memplan.time.comm_memory import ddp_bucket_bytes, fsdp_stream_bytes, nccl_bytes  # with a GPU
+    from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_stream_bytes, nccl_bytes  # with a GPU
 
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
@@ -317,7 +317,7 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
         return False
     if gpu is None:
         return True
-    from memplan.time.comm_memory import comm_buffer_bytes, nccl_bytes  # with a GPU only (start-up)
+    from memplan.time.comm.buffers import comm_buffer_bytes, nccl_bytes  # with a GPU only (start-up)
 
     # the layout's NCCL buffers (outside the allocator) and FSDP2's / DDP's buffers beside the replay
     memory -= nccl_bytes(p, gpu) + comm_buffer_bytes(p)  # as ``verdict``

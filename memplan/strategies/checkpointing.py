@@ -29,7 +29,7 @@ Known limitations:
   (tests/hf/test_torchtitan_cuda.py), not on a GPU. ROCm (MI300X) runs no cuDNN: not modelled apart. Its
   time is FlashAttention-2's (``time.attention`` has no cuDNN figure).
 - NB: SP's all-gathers re-issued in the block's re-run are not added to the communication time
-  (``time.comm``'s re-run rows count segment checkpointing's).
+  (``time.comm.collectives``'s re-run rows count segment checkpointing's).
 """
 
 from __future__ import annotations

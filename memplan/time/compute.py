@@ -70,7 +70,7 @@ from memplan.strategies.checkpointing import op_selective, op_selective_recomput
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
 from memplan.time import attention, efficiency, fp8, gemm, optimizer
-from memplan.time.comm_rows import Critical
+from memplan.time.comm.rows import Critical
 from memplan.time.layer_elementwise import (
     attention_bytes,
     elementwise_backward_kernels,

@@ -15,8 +15,8 @@ Under ``--impl megatron`` the casts are Transformer Engine's (``te_cast_bytes``)
 and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input (current
 scaling) or writes the float8 copy itself (delayed scaling), the weights are cast once a step and X is not
 cast again in backward. Delayed scaling adds, per forward and per backward of a model chunk, the amax
-buffer's copy and the history update (``te_amax_bytes``) and the buffer's all-reduce (``time.comm``'s
-``fp8_rows``).
+buffer's copy and the history update (``te_amax_bytes``) and the buffer's all-reduce
+(``time.comm.collectives``'s ``fp8_rows``).
 
 Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
 tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,

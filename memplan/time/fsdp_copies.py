@@ -22,7 +22,7 @@ the collective itself does:
 
 Both run on the stream the layers compute on, so the step waits for them: they are charged whole, at
 ``MEMORY`` × the HBM bandwidth (``compute.hbm_bytes_per_s``, as every memory-bound kernel), their counts and
-sizes read off data parallelism's rows (``time.comm_dp``: each all-gather row's bytes are the gathered
+sizes read off data parallelism's rows (``time.comm.dp``: each all-gather row's bytes are the gathered
 output, each reduce-scatter row's the reduce input, already counted per the reshard policy, the pipeline's
 once-per-step gathers and the interleaved schedule's re-gathers). Not charged: the all-gather copy-in on
 its own stream (the rank's 1/W shards cast to the parameter dtype and copied into the input: 1/W of the
@@ -46,10 +46,10 @@ from memplan.analytic.fsdp2_moments import titan_fsdp2
 from memplan.analytic.fsdp2_reduce import reduce_bytes
 from memplan.config import Impl, Setup, ZeroStage
 from memplan.presets import GpuPreset
-from memplan.time.comm_dp import gradient_bytes
-from memplan.time.comm_rows import Row
+from memplan.time.comm.dp import gradient_bytes
+from memplan.time.comm.fabric import Collective
+from memplan.time.comm.rows import Row
 from memplan.time.compute import hbm_bytes_per_s
-from memplan.time.fabric import Collective
 
 
 def fsdp2(setup: Setup) -> bool:
@@ -72,7 +72,7 @@ def copy_bytes(setup: Setup, rows: list[Row]) -> int:
     for r in rows:
         if not r.dimension.startswith("dp"):
             continue
-        # the reduce dtype as ``comm_dp`` counts the row: torchtitan's FSDP2 policy on the dense "dp" rows
+        # the reduce dtype as ``comm.dp`` counts the row: torchtitan's FSDP2 policy on the dense "dp" rows
         reduced = reduce_bytes(setup) if titan and r.dimension == "dp" else gradient_bytes(setup)
         if r.collective is Collective.ALL_GATHER:
             total += 2 * r.bytes * r.count

@@ -41,7 +41,7 @@ from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.offload import HOST_GRADIENT_BYTES
 from memplan.time import efficiency, optimizer
-from memplan.time.comm_rows import Critical, Overlap
+from memplan.time.comm.rows import Critical, Overlap
 from memplan.time.compute import owned_params
 
 

@@ -1,6 +1,6 @@
 """The predicted step time: compute per kernel class, plus the communication not hidden, plus the bubble.
 
-On one device of the busiest pipeline stage (``comm_rows.critical_stage``), n micro-batches per step, p stages
+On one device of the busiest pipeline stage (``comm.rows.critical_stage``), n micro-batches per step, p stages
 and m virtual stages per rank:
 
     busy   = n · (forward + backward) + exposed(tp, cp, ep) + exposed host copies of every micro-batch
@@ -47,10 +47,10 @@ from memplan.strategies.context_parallel import block_shares
 from memplan.strategies.pipeline_parallel import warmup_forwards
 from memplan.time import efficiency, fsdp_copies, offload
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Critical, Overlap, Row
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Link
+from memplan.time.comm.rows import Critical, Overlap, Row
 from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
-from memplan.time.fabric import Link
 
 IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's

@@ -26,7 +26,7 @@ from memplan.measure.compare.tensors import estimated_by_name
 from memplan.measure.distributed.instruments import collective_name
 from memplan.presets import load_gpu
 from memplan.schema import command_schema
-from memplan.time.comm import communication
+from memplan.time.comm.collectives import communication
 from tests.measure.spawned import SEQ, Runs
 from tests.measure.spawned import tiny as _setup
 
@@ -88,9 +88,9 @@ def test_zero3_over_two_ranks_equals_the_estimate(zero3: tuple[Any, dict[str, An
         assert comm[("dp", "all_gather", "forward")] == (units, psi // 2 * 4)
         assert comm[("dp", "all_gather", "backward")] == (units, psi // 2 * 4)
         assert comm[("dp", "reduce_scatter", "backward")] == (units, psi * 4)
-        # The communication table (time/comm.py) moves the same bytes: one row per kind and micro-batch
-        # (its buckets are one call), an all-gather's row carrying the gathered output (each rank sends
-        # 1/dp of it), a reduce-scatter's the full gradient buffer each rank sends.
+        # The communication table (time/comm/collectives.py) moves the same bytes: one row per kind and
+        # micro-batch (its buckets are one call), an all-gather's row carrying the gathered output (each
+        # rank sends 1/dp of it), a reduce-scatter's the full gradient buffer each rank sends.
         table = _table(est, "dp")
         for phase in ("forward", "backward"):
             row = table[("all-gather", phase)]

@@ -12,7 +12,7 @@ from memplan.engine import at_stage, estimate
 from memplan.measure.compare.ranks import comparison
 from memplan.measure.compare.tensors import estimated_by_name
 from memplan.presets import load_gpu
-from memplan.time.comm import communication
+from memplan.time.comm.collectives import communication
 from tests.measure.spawned import N, Runs, tiny
 
 

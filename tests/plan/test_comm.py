@@ -1,5 +1,5 @@
-"""Communication per step (memplan/time/comm.py) against the formulas it cites, and the invariants of the
-predicted step time (memplan/time/predict.py).
+"""Communication per step (memplan/time/comm/collectives.py) against the formulas it cites, and the
+invariants of the predicted step time (memplan/time/predict.py).
 
 Independent sources: Megatron-LM's collectives per layer (Shoeybi et al. 2019 §3: two all-reduces of the
 b·s·h hidden states in forward and two in backward; Korthikanti et al. 2022 §4.2.2: with sequence
@@ -27,9 +27,9 @@ from memplan.engine import estimate
 from memplan.presets import GpuPreset, load_gpu, load_model_preset
 from memplan.search.fit import Space, fit
 from memplan.time import efficiency
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Overlap, Phase, Row
-from memplan.time.fabric import Collective, collective_seconds, link
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Collective, collective_seconds, link
+from memplan.time.comm.rows import Overlap, Phase, Row
 from memplan.time.timing import timing
 
 H100 = load_gpu("h100")

@@ -1,7 +1,7 @@
-"""Collectives on real fabrics (memplan/time/comm.py): a group's NICs, NCCL's ring and tree latency, HSDP
-and the gradient reduction's dtype — every figure derived by hand below from the H100 preset's topology
-(8 GPUs per node on NVLink 4 at 450 GB/s per direction, 1.5 µs per step; one 400 Gb/s NIC per GPU,
-50 GB/s, 5 µs per step) and the achieved fractions NETWORK_INTRA 0.67 and NETWORK_INTER 0.85.
+"""Collectives on real fabrics (memplan/time/comm/collectives.py, fabric.py): a group's NICs, NCCL's ring and
+tree latency, HSDP and the gradient reduction's dtype — every figure derived by hand below from the H100
+preset's topology (8 GPUs per node on NVLink 4 at 450 GB/s per direction, 1.5 µs per step; one 400 Gb/s NIC
+per GPU, 50 GB/s, 5 µs per step) and the achieved fractions NETWORK_INTRA 0.67 and NETWORK_INTER 0.85.
 
 Sources of the rules (cited in comm.py): NCCL ``src/graph/tuning.cc`` ``ncclTopoTuneModel`` (ring latency
 (nsteps − nInterSteps)·intraLat + nInterSteps·interLat, nInterSteps 2(N−1) for an all-reduce and N−1 for
@@ -18,9 +18,9 @@ import pytest
 from memplan.config import CpRotate, Parallel, ReduceDtype, Setup, StrategyConfig, TrainingConfig, ZeroStage
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Overlap, Row
-from memplan.time.fabric import Collective, collective_seconds, link, placed
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Collective, collective_seconds, link, placed
+from memplan.time.comm.rows import Overlap, Row
 
 H100 = load_gpu("h100")
 TOPO = H100.topology
@@ -253,7 +253,7 @@ def test_collectives_over_nvlink_slow_the_compute_they_overlap() -> None:
     a ring that runs over NVLink: inside a node (stride 1, 8 ranks), or across nodes with several of its
     ranks on each (FSDP over 128: 8 per node, its ring bound by the NVLink hops); not for one rank per node
     (stride 8 beside tp 8: one NIC)."""
-    from memplan.time.comm_rows import Phase
+    from memplan.time.comm.rows import Phase
     from memplan.time.predict import exposed, slows_compute
 
     links = {

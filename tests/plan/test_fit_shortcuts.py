@@ -28,7 +28,7 @@ from memplan.reserved import clear_replays, cublas_workspace, cublas_workspaces
 from memplan.search.budget import fits, verdict
 from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
-from memplan.time.comm_memory import nccl_bytes
+from memplan.time.comm.buffers import nccl_bytes
 
 H100 = load_gpu("h100-sxm")
 A100 = load_gpu("a100-40gb")

@@ -1,4 +1,4 @@
-"""``--fp8-all-gather``'s collectives (``memplan.time.comm_dp._titan_fsdp2_rows``), by hand on the tiny model
+"""``--fp8-all-gather``'s collectives (``memplan.time.comm.dp._titan_fsdp2_rows``), by hand on the tiny model
 (presets/models/tiny.toml: h 64, 4 heads, 2 kv heads, d 16, f 128, v 256, 2 layers, untied), ZeRO-3 over
 dp 2, 4 micro-batches, ``--reduce-dtype fp32``.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from memplan.api import Options, build
 from memplan.presets import load_gpu
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Overlap, Phase, Row
-from memplan.time.fabric import Collective
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Collective
+from memplan.time.comm.rows import Overlap, Phase, Row
 
 H100 = load_gpu("h100")
 AG, RS, AR = Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE

@@ -21,7 +21,7 @@ from memplan.api import Options, build
 from memplan.engine import Result
 from memplan.presets import load_gpu
 from memplan.time import fsdp_copies
-from memplan.time.comm import communication
+from memplan.time.comm.collectives import communication
 from memplan.time.predict import predict
 from memplan.time.timing import peak_flops
 
@@ -58,7 +58,7 @@ def test_torchtitan_zero2_and_bf16_reduce() -> None:
 
 def test_torchtitan_under_pp_once_a_step() -> None:
     """pp 2 × dp 2: torch's pipeline stage gathers each unit once a step and reduce-scatters once
-    (``comm_dp._titan_fsdp2_rows``). The busiest stage holds one layer and the embedding or the head; its
+    (``comm.dp._titan_fsdp2_rows``). The busiest stage holds one layer and the embedding or the head; its
     rows' bytes give 2 · AG + RS · (2 + 4)/4, whatever the stage."""
     r = result(impl="torchtitan", reduce_dtype="fp32", zero=3, dp=2, pp=2, gpus=4, grad_accum=4)
     c, rows = communication(r, H100.topology)

@@ -31,7 +31,7 @@ from memplan.config import (
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import optimizer
-from memplan.time.comm_rows import critical_stage
+from memplan.time.comm.rows import critical_stage
 from memplan.time.compute import optimizer_seconds, optimizer_step_bytes
 from memplan.time.predict import predict
 from memplan.time.timing import peak_flops

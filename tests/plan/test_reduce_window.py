@@ -23,8 +23,8 @@ from memplan.config import Parallel, ReduceDtype, Setup, StrategyConfig, Trainin
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.strategies.pipeline_parallel import warmup_forwards
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Overlap
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.rows import Overlap
 from memplan.time.compute import kernel_times
 from memplan.time.timing import peak_flops, timing
 

@@ -1,6 +1,6 @@
 """``--impl megatron --fp8 delayed``: Megatron-core's layers under Transformer Engine's DelayedScaling
-(blocks/te_fp8.py, time/fp8.py, time/comm.py ``fp8_rows``), every expected figure derived here by hand
-from TE's and Megatron's code:
+(blocks/te_fp8.py, time/fp8.py, time/comm/collectives.py ``fp8_rows``), every expected figure derived here by
+hand from TE's and Megatron's code:
 
 - the saved activations and the float8 weight cache are current scaling's: both recipes make the same
   ``Float8Tensor`` and ``_LayerNormLinear`` / ``_Linear`` keep the same copies of it (only MXFP8 and
@@ -37,10 +37,10 @@ from memplan.config import (
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import fp8 as time_fp8
-from memplan.time.comm import communication
-from memplan.time.comm_memory import communicators
-from memplan.time.comm_rows import Overlap, Phase
-from memplan.time.fabric import Collective
+from memplan.time.comm.buffers import communicators
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Collective
+from memplan.time.comm.rows import Overlap, Phase
 
 from .layout import plan
 

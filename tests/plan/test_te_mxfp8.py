@@ -24,7 +24,7 @@ from memplan.config import Fp8Recipe, Impl, ImplConfig, Parallel, Setup, Strateg
 from memplan.engine import estimate
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import fp8 as time_fp8
-from memplan.time.comm import communication
+from memplan.time.comm.collectives import communication
 
 from .layout import plan
 

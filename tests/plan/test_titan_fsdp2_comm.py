@@ -1,5 +1,5 @@
 """torchtitan's FSDP2 collectives per step follow its reshard policy and torch's pipeline stage
-(``memplan.time.comm_dp._titan_fsdp2_rows``), derived by hand on the tiny model.
+(``memplan.time.comm.dp._titan_fsdp2_rows``), derived by hand on the tiny model.
 
 Sources read (torch 2.13, torchtitan 0.3.0):
 - torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: the embedding and every block with
@@ -28,9 +28,9 @@ from memplan.api import Options, build, build_setup
 from memplan.config import Impl, ImplConfig, ModelConfig, Setup
 from memplan.engine import Result, estimate
 from memplan.presets import load_gpu, load_model_preset
-from memplan.time.comm import communication
-from memplan.time.comm_rows import Overlap, Phase, Row
-from memplan.time.fabric import Collective
+from memplan.time.comm.collectives import communication
+from memplan.time.comm.fabric import Collective
+from memplan.time.comm.rows import Overlap, Phase, Row
 from memplan.time.predict import predict
 from memplan.time.timing import peak_flops
 

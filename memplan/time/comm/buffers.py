@@ -1,6 +1,6 @@
 """The NCCL communicators one rank of a layout belongs to, and their buffers (``analytic.nccl``).
 
-The groups are those ``time.comm`` places, one NCCL communicator per process group (torch's
+The groups are those ``time.comm.collectives`` places, one NCCL communicator per process group (torch's
 ``ProcessGroupNCCL`` opens one per group and device; torchtitan's device mesh one per dimension and per
 flattened dimension it communicates over):
 
@@ -18,7 +18,8 @@ flattened dimension it communicates over):
   amax buffers over Megatron's amax reduction group, tp × dp × cp (``time.comm.fp8_rows``), a process
   group of its own (``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``) whatever other group has its ranks.
 
-A group's ranks are ``placed`` on the topology as ``time.comm`` places them (inside a node or not).
+A group's ranks are ``placed`` on the topology as ``time.comm.collectives`` places them (inside a node or
+not).
 
 NB: the world group torch creates first (``init_process_group``) holds no buffers until a collective runs
 on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ring.
@@ -33,8 +34,8 @@ from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.stage_plan import StagePlan
-from memplan.time.comm_rows import stride
-from memplan.time.fabric import link, placed
+from memplan.time.comm.fabric import link, placed
+from memplan.time.comm.rows import stride
 
 
 def _inter(topo: Topology, group_stride: int, n: int) -> bool:

@@ -54,8 +54,8 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   dimensions carries s/cp tokens; dp's gradients and ZeRO shards run over dp × cp.
 
 Adding a dimension: write one row function ``(Critical, Topology) → list[Row]`` below and append it to
-``ROWS``; give its degree a place in ``comm_rows.ORDER`` so the groups outside it get their stride. The
-vocabulary (``Row``, ``Critical``, ``Overlap``, placement) is ``time.comm_rows``; dp's rows ``time.comm_dp``.
+``ROWS``; give its degree a place in ``comm.rows.ORDER`` so the groups outside it get their stride. The
+vocabulary (``Row``, ``Critical``, ``Overlap``, placement) is ``time.comm.rows``; dp's rows ``time.comm.dp``.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
 each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's;
@@ -71,8 +71,9 @@ from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import chunk_layers
-from memplan.time.comm_dp import dp_rows
-from memplan.time.comm_rows import (
+from memplan.time.comm.dp import dp_rows
+from memplan.time.comm.fabric import Collective, link, placed
+from memplan.time.comm.rows import (
     Critical,
     Overlap,
     Phase,
@@ -82,7 +83,6 @@ from memplan.time.comm_rows import (
     rank_tokens,
     stride,
 )
-from memplan.time.fabric import Collective, link, placed
 
 
 def tp_rows(c: Critical, topo: Topology) -> list[Row]:

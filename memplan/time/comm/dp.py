@@ -1,6 +1,6 @@
-"""Data parallelism's rows of ``time.comm``'s table: the gradients' reduction and ZeRO's gathers per stage
-(module docstring of ``time.comm``, "dp"), torchtitan's FSDP2 by its reshard policy and under pp
-(``_titan_fsdp2_rows``), HSDP's replicas."""
+"""Data parallelism's rows of ``time.comm.collectives``'s table: the gradients' reduction and ZeRO's gathers
+per stage (module docstring of ``time.comm.collectives``, "dp"), torchtitan's FSDP2 by its reshard policy and
+under pp (``_titan_fsdp2_rows``), HSDP's replicas."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from memplan.config import Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
 from memplan.strategies.pipeline_parallel import chunk_layers, stage
-from memplan.time.comm_rows import (
+from memplan.time.comm.fabric import Collective, Link, link, placed
+from memplan.time.comm.rows import (
     Critical,
     Overlap,
     Phase,
     Row,
     stride,
 )
-from memplan.time.fabric import Collective, Link, link, placed
 
 
 def gradient_bytes(setup: Setup) -> int:

@@ -1,4 +1,4 @@
-"""The vocabulary of ``time.comm``'s table: a collective's phase and what it overlaps (``Phase``,
+"""The vocabulary of ``time.comm.collectives``'s table: a collective's phase and what it overlaps (``Phase``,
 ``Overlap``), one row (``Row``), the busiest pipeline stage whose device the rows describe (``Critical``),
 and the ranks' placement ([TP, CP, PP, DP], tp innermost: ``ORDER``, ``stride``)."""
 
@@ -13,7 +13,7 @@ from memplan.analytic.params import ParamCount
 from memplan.config import Checkpointing, Setup
 from memplan.engine import Result
 from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
-from memplan.time.fabric import Collective, Link, collective_seconds
+from memplan.time.comm.fabric import Collective, Link, collective_seconds
 
 
 class Phase(StrEnum):
