@@ -124,6 +124,10 @@ class Stated:
     impl: str = "reference"
     optimizer_impl: str = ""
     """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""
+    clip_grad: bool = True
+    """Gradient-norm clipping at 1.0 (``--clip-grad``): llm-foundry's yamls (``algorithms:
+    gradient_clipping: clipping_type: norm, clipping_threshold: 1.0``, mpt-7b.yaml and its siblings),
+    torchtitan's ``training.max_norm`` default 1.0 (the 2024 and 2025 trainers alike)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ def _mpt(
     typed = (
         f"-m {MODELS}{model}.toml --seq {seq} --batch {mb} --global-batch {mb * ga * gpus} --gpus {gpus} "
         f"--zero 3 --gpu {gpu} --loss xentropy --reduce-dtype {reduce} --attention-kernel fa1 "
-        "--optimizer-impl for-loop" + (" --checkpointing full" if ac else "")
+        "--optimizer-impl for-loop --clip-grad" + (" --checkpointing full" if ac else "")
     )
     stated = Stated(
         model,
@@ -229,6 +233,8 @@ def _titan(
         f"-m {s.model} --seq {s.seq} --batch {s.micro_batch} --global-batch {s.global_batch} --gpus {s.gpus}",
         f"--zero {s.zero} --gpu {s.gpu} --reduce-dtype {s.reduce_dtype}",
     ]
+    if s.clip_grad:
+        parts.append("--clip-grad")
     if s.tp > 1:
         parts.append(f"--tp {s.tp} --sp")
     if s.cp > 1:

@@ -87,6 +87,7 @@ def build_setup(
     precision: Precision = Precision.BF16_MIXED,
     optimizer: Optimizer = Optimizer.ADAMW,
     optimizer_impl: OptimizerImpl | None = None,
+    clip_grad: bool | None = None,
     grad_accum: int = 1,
     checkpointing: str = "none",
     attention: AttentionChoice = AttentionChoice.FLASH,
@@ -129,6 +130,7 @@ def build_setup(
                 "precision": precision,
                 "optimizer": optimizer,
                 "optimizer_impl": optimizer_impl,
+                "clip_grad": clip_grad,
                 "grad_accum": grad_accum,
             },
             "strategy": {
@@ -228,6 +230,7 @@ def setup_of(o: Options) -> Setup:
         precision=o.precision,
         optimizer=o.optimizer,
         optimizer_impl=o.optimizer_impl,
+        clip_grad=o.clip_grad,
         grad_accum=micro_batches(o, dp),
         checkpointing=o.checkpointing,
         attention=o.attention,

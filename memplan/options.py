@@ -41,6 +41,7 @@ FIT_OPTIONS = (
     "precision",
     "optimizer",
     "optimizer_impl",
+    "clip_grad",
     "dropout",
     "device",
     "mfu",
@@ -106,6 +107,13 @@ class Options(Frozen):
         "adamw-8bit) [default: reference under --impl reference; otherwise as torch picks on --device: "
         "foreach on cuda, for-loop on cpu (torch.optim.optimizer._default_to_fused_or_foreach); "
         "bitsandbytes for adamw-8bit]",
+        TRAINING,
+        show_default=False,
+    )
+    clip_grad: bool | None = option(
+        "Gradient-norm clipping before each optimizer step (its norm and rescale passes over the owned "
+        "gradients, step time only) [default: on under --impl megatron, torchtitan and hf, as their "
+        "training loops clip at 1.0; off under --impl reference, whose step does not clip]",
         TRAINING,
         show_default=False,
     )

@@ -81,6 +81,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["attention_kernel"],
             s["impl"],
             s["optimizer_impl"] or "",
+            s["clip_grad"],
         )
         want = (
             st.model,
@@ -103,6 +104,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.attention_kernel,
             st.impl,
             st.optimizer_impl,
+            st.clip_grad,
         )
         assert got == want, run.name
 

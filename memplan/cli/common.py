@@ -77,7 +77,8 @@ def _typer_option(name: str, field: FieldInfo) -> Any:
     flag = "--" + name.replace("_", "-")
     annotation: Any = field.annotation
     switch = f"{flag}/--no-{flag.removeprefix('--')}"
-    flags = [switch] if annotation is bool else [flag, *extra["flags"]]
+    # a switch, or a tri-state one (None when neither is given: the setting's own default)
+    flags = [switch] if annotation in (bool, bool | None) else [flag, *extra["flags"]]
     if field.is_required():  # --model: None when absent, then a one-line "required" error
         annotation = annotation | None
     option = typer.Option(

@@ -285,6 +285,7 @@ def fit_command(
         precision=o.precision,
         optimizer=o.optimizer,
         optimizer_impl=o.optimizer_impl,
+        clip_grad=o.clip_grad,
         dropout=o.dropout,
         device=o.device,
         impl=impl_of(o, model),  # whose code, and the kernels asked for: held for every layout searched

@@ -149,6 +149,11 @@ class TrainingConfig(Frozen):
         description="whose code steps the optimizer; None: the reference optimizer under --impl reference, "
         "else as torch picks on the device (analytic.optimizer_step.optimizer_impl)",
     )
+    clip_grad: bool | None = Field(
+        default=None,
+        description="gradient-norm clipping before each optimizer step; None: the implementation's default "
+        "(time.optimizer.clips: on under megatron, torchtitan and hf, off under the reference)",
+    )
 
     @model_validator(mode="after")
     def _impl_fits_optimizer(self) -> TrainingConfig:

@@ -29,6 +29,7 @@ _PARTS = {
     "dequantize": "QLoRA's 4-bit weights to the compute dtype, per linear, forward and dX: bytes / HBM",
     "offload copies": "host-link (PCIe) copies no compute hides",
     "bubble": "pipeline fill and drain",
+    "gradient clipping": "the gradients' norm and rescale before the step: bytes / HBM",
     "optimizer": "the optimizer step on the GPU: bytes / HBM",
     "host optimizer": "the CPU optimizer step (offload): bytes / host memory",
     "fsdp copies": "FSDP2's all-gather copy-outs and reduce-scatter copy-ins: bytes / HBM",

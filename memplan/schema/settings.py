@@ -23,6 +23,8 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
     kind = field.annotation
     if kind is bool:
         return {"type": "boolean"}
+    if kind == bool | None:  # a tri-state switch (``--clip-grad``): null when neither flag is given
+        return {"type": ["boolean", "null"]}
     if isinstance(kind, type) and issubclass(kind, Enum):
         values = [json_value(member) for member in kind]
         return {"type": "integer" if kind is ZeroStage else "string", "enum": values}

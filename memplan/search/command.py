@@ -37,6 +37,10 @@ def estimate_command(c: Config, r: FitResult) -> str:
         args.append(f"--precision {t.precision.value}")
     if t.optimizer is not Optimizer.ADAMW:
         args.append(f"--optimizer {t.optimizer.value}")
+    if t.optimizer_impl is not None:  # its step's time and temporaries
+        args.append(f"--optimizer-impl {t.optimizer_impl.value}")
+    if t.clip_grad is not None:
+        args.append("--clip-grad" if t.clip_grad else "--no-clip-grad")
     args += [f"--gpu {r.gpu.name}", f"--gpus {r.gpus}", f"--global-batch {r.global_batch}"]
     args += [f"--batch {t.micro_batch}", f"--tp {par.tp}"] + (["--sp"] if par.sp else [])
     args.append(f"--pp {par.pp}")

@@ -309,5 +309,14 @@ def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:
     return optimizer_step_bytes(c) / hbm_bytes_per_s(gpu) + gaps
 
 
+def clip_seconds(c: Critical, gpu: GpuPreset) -> float:
+    """Gradient clipping before the step (``optimizer.clip_ops``) on the gradients of the parameters the
+    device owns (``owned_params``), at ``MEMORY`` × the HBM bandwidth; 0 without clipping or when the
+    optimizer is offloaded (module NB of ``time.optimizer``)."""
+    if Offload.OPTIMIZER in c.setup.offload:
+        return 0.0
+    return owned_params(c) * sum(optimizer.clip_ops(c.setup)) / hbm_bytes_per_s(gpu)
+
+
 def _flash(s: Setup) -> Setup:
     return s.model_copy(update={"strategy": s.strategy.model_copy(update={"attention": Attention.FLASH})})

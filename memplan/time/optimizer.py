@@ -34,6 +34,19 @@ Llama-2-7B, the reference optimizer under bf16-mixed: 2,910 kernels (10 for each
 shapes' bytes 646.9 GB counting ``addcmul_``'s g twice (96 bytes a parameter; its kernel's 5.6 TB/s,
 above the H200's 4.8 TB/s, shows the second read hits the cache: 92 bytes) in 157.7 ms of kernels.
 
+Gradient clipping (``--clip-grad``; ``clips``: each implementation's default unless given — Megatron-LM's
+``--clip-grad`` 1.0, torchtitan's ``training.max_norm`` 1.0, transformers' ``TrainingArguments.max_grad_norm``
+1.0; memplan's reference step does not clip) runs on the gradients the optimizer reads, before the step
+(``clip_ops``, bytes per owned element): torch's ``clip_grad_norm_`` (torch/nn/utils/clip_grad.py, torch 2.13;
+torchtitan's ``dist_utils.clip_grad_norm_``, transformers' Trainer through Accelerate, Composer's FSDP
+``clip_grad_norm_``) reads every gradient for ``torch._foreach_norm`` (g) and multiplies every one by the
+clamped coefficient, always — ``torch._foreach_mul_(grads, clip_coef_clamped)``, no host sync to skip it —
+(2g): 3g; Megatron's ``clip_grad_norm_fp32`` (megatron/core/optimizer/clip_grads.py) reads the fp32 main
+gradients for ``multi_tensor_l2norm`` (4) and runs ``multi_tensor_scale`` only ``if clip_coeff < 1.0``: 4
+(NB: a step whose norm exceeds the threshold moves 8 more, not counted). Both launch a few multi-tensor
+kernels (not charged). NB: the all-reduce of the norm (one scalar over the data- and model-parallel groups:
+latency only) and, under optimizer offload, the host's clipping pass are not counted.
+
 Known limitations (NB): a torch.optim step under a mixed recipe reads the master's gradient in fp32 and
 the framework writes the working copy: those casts (FSDP's in its all-gather and reduce-scatter, a DDP
 loop's two more passes, Megatron's ``_copy_model_grads_to_main_grads`` / ``_copy_main_params_to_model_
@@ -48,7 +61,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memplan.analytic.optimizer_step import optimizer_impl, trainable_shapes
-from memplan.config import ModelConfig, Optimizer, OptimizerImpl, Setup
+from memplan.config import Impl, ModelConfig, Optimizer, OptimizerImpl, Setup
 from memplan.config.finetune import FineTune
 from memplan.config.impl import ImplConfig
 
@@ -114,6 +127,32 @@ def step_ops(s: Setup) -> list[int]:
 def bytes_per_param(s: Setup) -> int:
     """HBM bytes the step moves per parameter it owns: the sum of ``step_ops``."""
     return sum(step_ops(s))
+
+
+CLIPS_BY_DEFAULT = frozenset({Impl.MEGATRON, Impl.TORCHTITAN, Impl.HF})
+"""Implementations whose training loop clips the gradient norm unless told not to (module docstring)."""
+
+
+def clips(s: Setup) -> bool:
+    """Whether the step clips the gradient norm: ``--clip-grad`` / ``--no-clip-grad``, else the
+    implementation's default (``CLIPS_BY_DEFAULT``)."""
+    chosen = s.training.clip_grad
+    return chosen if chosen is not None else s.impl.impl in CLIPS_BY_DEFAULT
+
+
+def clip_ops(s: Setup) -> list[int]:
+    """Gradient clipping's kernels, bytes per owned gradient element each (module docstring): none without
+    clipping; Megatron's norm of its fp32 main gradients; else torch's norm and multiply of the gradients
+    the optimizer reads (its own g: the recipe's gradient for the reference and bitsandbytes, the fp32
+    master's — or the weight's — for torch.optim)."""
+    if not clips(s):
+        return []
+    if s.impl.impl is Impl.MEGATRON:
+        return [FP32]
+    p = s.training.precision
+    impl = optimizer_impl(s)
+    g = p.grad_bytes if impl in (OptimizerImpl.REFERENCE, OptimizerImpl.BITSANDBYTES) else p.state_bytes
+    return [g, 2 * g]
 
 
 def launch_kernels(s: Setup, layers: int) -> int:

@@ -5,12 +5,13 @@ and m virtual stages per rank:
 
     busy   = n · (forward + backward) + exposed(tp, cp, ep) + exposed host copies of every micro-batch
     bubble = busy · (p − 1)/(m·n)                              1F1B (Narayanan et al. 2021 §2.2)
-    step   = busy + bubble + exposed(pp) + exposed(dp) + optimizer + host step + exposed once-per-step copies
-             + FSDP2's copy kernels
+    step   = busy + bubble + exposed(pp) + exposed(dp) + gradient clipping + optimizer + host step
+             + exposed once-per-step copies + FSDP2's copy kernels
 
 forward, backward: ``compute.kernel_times`` (QLoRA's dequantisation included); optimizer:
 ``compute.optimizer_seconds`` on the GPU, or under optimizer offload the CPU's step and the host link's
-copies (``offload``); FSDP2's copy-outs and copy-ins on the compute stream: ``fsdp_copies``.
+copies (``offload``); gradient clipping: ``compute.clip_seconds``; FSDP2's copy-outs and copy-ins on the
+compute stream: ``fsdp_copies``.
 ``Prediction.parts`` lists every term; they add up to the step.
 
 A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
@@ -50,7 +51,7 @@ from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import communication
 from memplan.time.comm.fabric import Link
 from memplan.time.comm.rows import Critical, Overlap, Row
-from memplan.time.compute import KernelTime, kernel_times, optimizer_seconds
+from memplan.time.compute import KernelTime, clip_seconds, kernel_times, optimizer_seconds
 
 IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
@@ -78,6 +79,8 @@ class Prediction(BaseModel):
     bubble_s: float
     optimizer_s: float
     """The optimizer step on the GPU, once per step (memory-bound; 0 when offloaded)."""
+    clip_s: float = 0.0
+    """Gradient-norm clipping before the step (``compute.clip_seconds``; 0 without it)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights, n · (forward + backward)."""
     launch_s: float = 0.0
@@ -106,6 +109,7 @@ class Prediction(BaseModel):
         out.update({f"{k} exposed": v for k, v in self.exposed_s.items()})
         out["offload copies"] = self.offload_micro_batch_s + self.offload_step_s
         out["bubble"] = self.bubble_s
+        out["gradient clipping"] = self.clip_s
         out["optimizer"] = self.optimizer_s
         out["host optimizer"] = self.host_optimizer_s
         out["fsdp copies"] = self.fsdp_copies_s
@@ -205,10 +209,11 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     busy = compute + in_stage + copies_stage
     bubble = busy * (par.pp - 1) / (par.vpp * n)
     optimizer = optimizer_seconds(c, gpu)
+    clip = clip_seconds(c, gpu)
     host = offload.host_optimizer_seconds(c, gpu)
     outside = sum(v for k, v in hidden.items() if k not in IN_STAGE)
     fsdp = fsdp_copies.copy_seconds(c.setup, rows, gpu)
-    step = busy + bubble + outside + optimizer + host + copies_step + fsdp
+    step = busy + bubble + outside + clip + optimizer + host + copies_step + fsdp
     model = p.flops.model * n * p.setup.strategy.dp
     return Prediction(
         stage=c.index,
@@ -220,6 +225,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         compute_s=compute,
         exposed_s=hidden,
         bubble_s=bubble,
+        clip_s=clip,
         optimizer_s=optimizer,
         dequant_s=n * (forward.dequant_s + backward.dequant_s),
         launch_s=n * (forward.launch_s + backward.launch_s),
