@@ -7,11 +7,13 @@ layouts that fit a GPU count. Options come from ``memplan.cli.common``, computin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any
 
 import typer
 
+from memplan.advice import flags
 from memplan.api import Options, build_setup, gpu_of, impl_of, load_model
 from memplan.cli.common import (
     JsonOpt,
@@ -31,6 +33,19 @@ from memplan.config import (
     parse_checkpointing,
 )
 from memplan.options import FIT_OPTIONS
+
+PASSTHROUGH = (
+    "dropout",
+    "device",
+    "mfu",
+    "gpus_per_node",
+    "intra_node_bw",
+    "inter_node_bw",
+    "reserve",
+    "host_memory",
+)
+"""``FIT_OPTIONS`` no setup holds (the model's dropout is rebuilt from the preset; the rest shape the GPU,
+its budget or the time basis): each row's ``memplan estimate`` command repeats them as given."""
 
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 
@@ -323,6 +338,10 @@ def fit_command(
             finetunes=tunes,
             escalate=escalate,
         )
+    # what the rows' commands must repeat that no setup holds: the GPU as typed, and these options as given
+    held = {name: getattr(o, name) for name in PASSTHROUGH}
+    passthrough = tuple(flags(Options.model_validate({"model": o.model, **held}))[2:])
+    result = dataclasses.replace(result, model_typed=o.model, gpu_typed=gpu, passthrough=passthrough)
     if as_json:
         typer.echo(json.dumps(result.to_json(top), allow_nan=False))
         return

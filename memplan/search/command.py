@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from memplan.config import (
@@ -26,12 +27,13 @@ if TYPE_CHECKING:
 
 def estimate_command(c: Config, r: FitResult) -> str:
     """The ``memplan estimate`` command that gives configuration ``c`` of search ``r`` (the same setup, so the
-    same memory and step time): the base's model and training settings that differ from the options'
-    defaults, the searched family's strategy and layout, the GPU, the GPU count and the global batch."""
+    same memory and step time): the model as typed, the base's training settings that differ from the
+    options' defaults, the searched family's strategy and layout, the GPU as typed, the GPU count and the
+    global batch, and the options no setup holds (``FitResult.passthrough``)."""
     s = c.result.setup
     t, st, par = s.training, s.strategy, s.parallel
     f = c.family
-    args = ["memplan estimate", f"-m {s.model.name}", f"--seq {t.seq_len}"]
+    args = ["memplan estimate", f"-m {shlex.quote(r.model_typed or s.model.name)}", f"--seq {t.seq_len}"]
     args += impl_args(s)
     if t.precision is not Precision.BF16_MIXED:
         args.append(f"--precision {t.precision.value}")
@@ -41,7 +43,8 @@ def estimate_command(c: Config, r: FitResult) -> str:
         args.append(f"--optimizer-impl {t.optimizer_impl.value}")
     if t.clip_grad is not None:
         args.append("--clip-grad" if t.clip_grad else "--no-clip-grad")
-    args += [f"--gpu {r.gpu.name}", f"--gpus {r.gpus}", f"--global-batch {r.global_batch}"]
+    args += [f"--gpu {shlex.quote(r.gpu_typed or r.gpu.name)}", f"--gpus {r.gpus}"]
+    args.append(f"--global-batch {r.global_batch}")
     args += [f"--batch {t.micro_batch}", f"--tp {par.tp}"] + (["--sp"] if par.sp else [])
     args.append(f"--pp {par.pp}")
     if par.vpp > 1:
@@ -63,7 +66,7 @@ def estimate_command(c: Config, r: FitResult) -> str:
         args.append(f"--offload {offload_label(saver.offload)}")
     if saver.loss is not LossKind.STANDARD:
         args.append(f"--loss {loss_label(saver.loss, 1)}")
-    return " ".join(args + _finetune_args(f.finetune))
+    return " ".join(args + _finetune_args(f.finetune) + [shlex.quote(a) for a in r.passthrough])
 
 
 def impl_args(s: Setup) -> list[str]:

@@ -175,6 +175,15 @@ class FitResult:
     """Per method and saver level, the ``Space.keep`` fastest step times so far (``bound``)."""
     cp_rotate: tuple[CpRotate, ...] = (CpRotate.ALLGATHER,)
     """The kinds of context parallelism searched (``Space.cp_rotate``)."""
+    model_typed: str | None = None
+    """``--model`` as the user typed it (a preset file, a config.json or a Hub id stays one in the rows'
+    commands); None: the model's name."""
+    gpu_typed: str | None = None
+    """``--gpu`` as the user typed it (a preset file's path stays a path in the rows' commands); None: the
+    preset's name."""
+    passthrough: tuple[str, ...] = ()
+    """Options given to ``fit`` that no setup holds, repeated by every row's command as typed (``cli.search``:
+    the dropout, device, topology and memory overrides, ``--mfu``)."""
 
     @property
     def usable(self) -> int:

@@ -200,6 +200,35 @@ def test_every_row_comes_with_its_command() -> None:
         assert again["setup"]["zero"] == c["settings"]["zero"]
 
 
+def test_rows_repeat_what_no_setup_holds() -> None:
+    """The model and GPU as typed (files stay files), and the options that shape the model's dropout, the
+    GPU's topology, its budget or the time basis: each row's command repeats them and reproduces the row
+    (before, ``--dropout``, ``--gpus-per-node``, ``--inter-node-bw``, ``--reserve`` and ``--mfu`` were
+    dropped and a preset file became its name)."""
+    found = run_json(
+        "fit -m benchmarks/published/mpt-1b.toml --seq 2048 --gpus 16 --gpu presets/gpus/a100-80gb.toml "
+        "--global-batch 64 --top 2 --checkpointing full --attention flash --micro-batches 1 --dropout 0.1 "
+        "--gpus-per-node 4 --inter-node-bw 25 --reserve 2 --json"
+    )
+    assert found["configs"]
+    for c in found["configs"]:
+        assert c["command"].startswith("memplan estimate -m benchmarks/published/mpt-1b.toml ")
+        assert "--gpu presets/gpus/a100-80gb.toml" in c["command"]
+        assert "--dropout 0.1 --gpus-per-node 4 --inter-node-bw 25 --reserve 2" in c["command"]
+        again = run_json(c["command"].removeprefix("memplan ") + " --json")
+        assert again["time"]["step_time_s"] == c["time"]["step_time_s"]
+        assert again["memory"]["peak"] == c["memory"]["peak"]
+    assumed = run_json(
+        "fit -m 8b --seq 4096 --gpus 8 --gpu h100-sxm --top 1 --micro-batches 1 --mfu 0.4 --json"
+    )
+    command = assumed["configs"][0]["command"]
+    assert command.endswith("--mfu 0.4")
+    assert (
+        run_json(command.removeprefix("memplan ") + " --json")["time"]["step_time_s"]
+        == (assumed["configs"][0]["time"]["step_time_s"])
+    )
+
+
 def test_context_parallelism_is_searched_when_everything_fits_without_it() -> None:
     """8B at 4,096 tokens on 16 H100s fits without cp; cp layouts are evaluated all the same."""
     space = Space(
