@@ -14,7 +14,7 @@ from memplan.analytic.fsdp2_moments import zero3_kept_gathered
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
-from memplan.blocks import te_fp8, torchtitan
+from memplan.blocks import megatron, te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import Checkpointing, DType, Impl, NormType, OptimizerImpl, Setup
@@ -83,7 +83,8 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         else:
             layers = m.model_copy(update={"num_layers": st.layers})
             per_shard = torchtitan.fsdp2_shard_elements(layers, shards, (st.first, st.last))
-    dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard)
+    grads = megatron.main_grad_bytes(setup)  # Megatron's main_grad buffer (fp32 under bf16)
+    dense = model_states(params.total - experts, t.precision, t.optimizer, s.zero, shards, per_shard, grads)
     if torchtitan.fsdp2_mixed(setup) and not experts:  # fp32 shards, no master copy
         # the reference's shards: one flat ⌈Ψ/N⌉ (``strategies.zero``), as its other states
         elements = per_shard if per_shard is not None else shard(params.total, shards, True)
@@ -93,7 +94,8 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)
-    return _add(dense, model_states(experts, t.precision, t.optimizer, s.zero, shards // ep))
+    routed = model_states(experts, t.precision, t.optimizer, s.zero, shards // ep, grad_bytes=grads)
+    return _add(dense, routed)
 
 
 @dataclass(frozen=True)

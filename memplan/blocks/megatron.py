@@ -44,7 +44,7 @@ reference model's).
 from __future__ import annotations
 
 from memplan.blocks.profile import Profile
-from memplan.config import Impl, Setup
+from memplan.config import Impl, Precision, Setup
 
 
 def profile(setup: Setup) -> Profile:
@@ -63,3 +63,21 @@ def profile(setup: Setup) -> Profile:
         frees_stage_outputs=True,
         rope_cached_per_chunk=True,
     )
+
+
+def main_grad_bytes(setup: Setup) -> int | None:
+    """Bytes of one element of Megatron's gradient buffer (``main_grad``), which autograd's weight gradients
+    accumulate into and data parallelism reduces; None under other implementations.
+
+    megatron/core/distributed/param_and_grad_buffer.py: ``grad_dtype = torch.float if
+    accumulate_allreduce_grads_in_fp32 else param.dtype``; megatron/training/arguments.py, for ``--bf16``:
+    "bfloat16 requires gradient accumulation and all-reduce to be done in fp32" — it sets
+    ``accumulate_allreduce_grads_in_fp32 = True`` unless ``--grad-reduce-in-bf16``; for ``--fp16`` it stays
+    off (fp16 gradients). ``--reduce-dtype`` chooses it (fp32: ``--accumulate-allreduce-grads-in-fp32``, bf16:
+    ``--grad-reduce-in-bf16``); by default 4 bytes under the bf16 and fp32 recipes, 2 under fp16-mixed."""
+    if setup.impl.impl is not Impl.MEGATRON:
+        return None
+    chosen = setup.strategy.reduce_dtype
+    if chosen is not None:
+        return chosen.bytes
+    return 2 if setup.training.precision is Precision.FP16_MIXED else 4

@@ -50,7 +50,8 @@ class Precision(StrEnum):
     """Everything fp32: weights 4, gradients 4, optimizer states fp32, activations fp32."""
     BF16_MIXED = "bf16-mixed"
     """bf16 weights, gradients and activations; fp32 master weights and optimizer states
-    (DeepSpeed / ZeRO mixed precision, Megatron without the fp32 grad buffer): 16 bytes/param with AdamW."""
+    (DeepSpeed / ZeRO mixed precision): 16 bytes/param with AdamW. Under ``--impl megatron`` the gradients
+    are its fp32 ``main_grad`` buffer (``blocks.megatron.main_grad_bytes``): 18."""
     FP16_MIXED = "fp16-mixed"
     """As bf16-mixed with fp16 (plus a loss scale, which costs no per-parameter memory)."""
     BF16 = "bf16"

@@ -21,7 +21,7 @@ configuration whose bound exceeds the slowest of them cannot enter the list.
 ``stages_bound`` is a second, tighter bound, for one configuration and every ZeRO stage of it at once:
 the terms of ``time.predict``'s step that do not depend on the ZeRO stage. Only the data-parallel
 collectives (``comm.dp.dp_rows``), FSDP2's copy kernels of their gathers and reductions
-(``time.fsdp_copies``: ZeRO-3), gradient clipping and the optimizer step (``compute.owned_params``) read
+(``time.dp_copies``: ZeRO-3), gradient clipping and the optimizer step (``compute.owned_params``) read
 it; the busiest
 stage, its kernels, the tensor-, context-, pipeline- and expert-parallel collectives and their overlap
 windows do not. With every stage-dependent term (and the offload copies, never negative) left out,

@@ -21,17 +21,21 @@ def model_states(
     zero: ZeroStage,
     dp: int,
     per_shard: int | None = None,
+    grad_bytes: int | None = None,
 ) -> ModelStates:
     """Per-device model states for ``params`` parameters (Ψ) replicated over ``dp`` data-parallel ranks;
     ``per_shard``: the elements of one shard where the sharding is not one flat buffer (FSDP2's per
-    parameter dim-0 shards, ``blocks.torchtitan.fsdp2_shard_elements``)."""
+    parameter dim-0 shards, ``blocks.torchtitan.fsdp2_shard_elements``); ``grad_bytes``: a gradient
+    element's bytes where the framework keeps its own buffer (Megatron's fp32 ``main_grad``:
+    ``blocks.megatron.main_grad_bytes``), else the recipe's."""
 
     def n(sharded: bool) -> int:
         return per_shard if sharded and per_shard is not None and dp > 1 else shard(params, dp, sharded)
 
+    grad = precision.grad_bytes if grad_bytes is None else grad_bytes
     return ModelStates(
         weights=n(zero >= ZeroStage.PARAMETERS) * precision.weight_bytes,
-        gradients=n(zero >= ZeroStage.GRADIENTS) * precision.grad_bytes,
+        gradients=n(zero >= ZeroStage.GRADIENTS) * grad,
         master_weights=n(zero >= ZeroStage.OPTIMIZER) * precision.master_bytes,
         optimizer_states=n(zero >= ZeroStage.OPTIMIZER) * optimizer.state_bytes(precision),
     )

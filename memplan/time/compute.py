@@ -293,10 +293,12 @@ def owned_params(c: Critical) -> int:
 def optimizer_step_bytes(c: Critical) -> int:
     """Bytes the optimizer step moves on one device of the stage, once per step: ``time.optimizer``'s
     bytes per parameter of the implementation that steps (each of its kernels reads and writes whole
-    tensors), on the parameters the device owns (``owned_params``) — memory-bound (Megatron-LM's README:
-    its FLOP/s are "measured for end-to-end training, i.e., includes all operations including data
-    loading, optimization, and even logging")."""
-    return owned_params(c) * optimizer.bytes_per_param(c.setup)
+    tensors) and Megatron's passes around it (``framework_ops``), on the parameters the device owns
+    (``owned_params``), and Megatron's gradient-buffer zeroing (``megatron_zero_bytes``) — memory-bound
+    (Megatron-LM's README: its FLOP/s are "measured for end-to-end training, i.e., includes all operations
+    including data loading, optimization, and even logging")."""
+    per_owned = optimizer.bytes_per_param(c.setup) + sum(optimizer.framework_ops(c.setup))
+    return owned_params(c) * per_owned + optimizer.megatron_zero_bytes(c.setup, c.params.total)
 
 
 def optimizer_seconds(c: Critical, gpu: GpuPreset) -> float:

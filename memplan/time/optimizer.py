@@ -47,13 +47,24 @@ gradients for ``multi_tensor_l2norm`` (4) and runs ``multi_tensor_scale`` only `
 kernels (not charged). NB: the all-reduce of the norm (one scalar over the data- and model-parallel groups:
 latency only) and, under optimizer offload, the host's clipping pass are not counted.
 
-Known limitations (NB): a torch.optim step under a mixed recipe reads the master's gradient in fp32 and
-the framework writes the working copy: those casts (FSDP's in its all-gather and reduce-scatter, a DDP
-loop's two more passes, Megatron's ``_copy_model_grads_to_main_grads`` / ``_copy_main_params_to_model_
-params``: 12 bytes under bf16-mixed) are not counted here; gradient clipping's norm and fp16's inf check
-are not counted; the reference adamw-8bit's quantise/dequantise passes are taken as one pass; the
-for-loop's launches count the model's tensors, under FSDP1 the flat parameters are fewer; a pipeline
-stage's launches are the model's share by layers (the embedding's and head's tensors spread over them).
+Megatron's own passes around the step (``framework_ops``, per owned element; ``--impl megatron``, its
+``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer``, megatron/core/optimizer/optimizer.py):
+``_copy_model_grads_to_main_grads`` sets ``main_param.grad = model_param.main_grad.float()`` — no copy when
+the ``main_grad`` buffer is fp32 (bf16's default, ``blocks.megatron.main_grad_bytes``), a cast (2 + 4)
+otherwise; under fp16 the loss scaler's ``_unscale_main_grads_and_check_for_nan``
+(``torch._amp_foreach_non_finite_check_and_unscale_``: the fp32 gradients read and written, 8); after the
+update ``_copy_main_params_to_model_params`` (``_multi_tensor_copy_this_to_that``: the fp32 master read,
+the 16-bit weight written, 4 + 2). Once a step ``train_step`` zeroes each chunk's gradient buffer
+(``model_chunk.zero_grad_buffer()`` → ``grad_data.zero_()``): the device's gradient bytes written
+(``megatron_zero_bytes``). None of these are torch.optim's (its ``zero_grad(set_to_none=True)`` writes
+nothing).
+
+Known limitations (NB): the framework's own passes over the gradients and weights are counted where modelled —
+Megatron's here (``framework_ops``), FSDP2's and DDP's copies in ``time.dp_copies`` — and not for DeepSpeed's
+flat partitions (``--impl reference`` ZeRO-1/2); the reference adamw-8bit's quantise/dequantise passes are
+taken as one pass; the for-loop's launches count the model's tensors, under FSDP1 the flat parameters are
+fewer; a pipeline stage's launches are the model's share by layers (the embedding's and head's tensors spread
+over them).
 """
 
 from __future__ import annotations
@@ -61,7 +72,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memplan.analytic.optimizer_step import optimizer_impl, trainable_shapes
-from memplan.config import Impl, ModelConfig, Optimizer, OptimizerImpl, Setup
+from memplan.analytic.states import shard
+from memplan.blocks import megatron
+from memplan.config import Impl, ModelConfig, Optimizer, OptimizerImpl, Precision, Setup, ZeroStage
 from memplan.config.finetune import FineTune
 from memplan.config.impl import ImplConfig
 
@@ -127,6 +140,27 @@ def step_ops(s: Setup) -> list[int]:
 def bytes_per_param(s: Setup) -> int:
     """HBM bytes the step moves per parameter it owns: the sum of ``step_ops``."""
     return sum(step_ops(s))
+
+
+def framework_ops(s: Setup) -> list[int]:
+    """Megatron's passes around the optimizer step, bytes per owned element each (module docstring); none
+    under other implementations or without a master copy."""
+    main_grad = megatron.main_grad_bytes(s)
+    p = s.training.precision
+    if main_grad is None or not p.master_bytes:
+        return []
+    cast = [main_grad + FP32] if main_grad != FP32 else []
+    unscale = [2 * FP32] if p is Precision.FP16_MIXED else []
+    return [*cast, *unscale, p.master_bytes + p.weight_bytes]
+
+
+def megatron_zero_bytes(s: Setup, params: int) -> int:
+    """Bytes Megatron's ``zero_grad_buffer`` writes once a step on a device holding ``params`` parameters:
+    its gradient buffer, sharded as the model states are (``strategies.zero``); 0 elsewhere."""
+    main_grad = megatron.main_grad_bytes(s)
+    if main_grad is None:
+        return 0
+    return shard(params, s.state_shards, s.strategy.zero >= ZeroStage.GRADIENTS) * main_grad
 
 
 CLIPS_BY_DEFAULT = frozenset({Impl.MEGATRON, Impl.TORCHTITAN, Impl.HF})

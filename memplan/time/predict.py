@@ -11,7 +11,7 @@ and m virtual stages per rank:
 forward, backward: ``compute.kernel_times`` (QLoRA's dequantisation included); optimizer:
 ``compute.optimizer_seconds`` on the GPU, or under optimizer offload the CPU's step and the host link's
 copies (``offload``); gradient clipping: ``compute.clip_seconds``; FSDP2's copy-outs and copy-ins on the
-compute stream: ``fsdp_copies``.
+compute stream: ``dp_copies``.
 ``Prediction.parts`` lists every term; they add up to the step.
 
 A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
@@ -46,7 +46,7 @@ from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.strategies.context_parallel import block_shares
 from memplan.strategies.pipeline_parallel import warmup_forwards
-from memplan.time import efficiency, fsdp_copies, offload
+from memplan.time import dp_copies, efficiency, offload
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import communication
 from memplan.time.comm.fabric import Link
@@ -91,8 +91,8 @@ class Prediction(BaseModel):
     """Host-link copies once per step that no compute hides (the updated weights)."""
     host_optimizer_s: float = 0.0
     """The CPU optimizer step under optimizer offload."""
-    fsdp_copies_s: float = 0.0
-    """FSDP2's all-gather copy-outs and reduce-scatter copy-ins on the compute stream (``fsdp_copies``)."""
+    dp_copies_s: float = 0.0
+    """FSDP2's all-gather copy-outs and reduce-scatter copy-ins on the compute stream (``dp_copies``)."""
     step_time_s: float
     mfu: float
     communication: tuple[Row, ...]
@@ -112,7 +112,7 @@ class Prediction(BaseModel):
         out["gradient clipping"] = self.clip_s
         out["optimizer"] = self.optimizer_s
         out["host optimizer"] = self.host_optimizer_s
-        out["fsdp copies"] = self.fsdp_copies_s
+        out["dp copies"] = self.dp_copies_s
         return out
 
     def to_json(self) -> dict[str, object]:
@@ -212,7 +212,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
     clip = clip_seconds(c, gpu)
     host = offload.host_optimizer_seconds(c, gpu)
     outside = sum(v for k, v in hidden.items() if k not in IN_STAGE)
-    fsdp = fsdp_copies.copy_seconds(c.setup, rows, gpu)
+    fsdp = dp_copies.copy_seconds(c.setup, rows, gpu)
     step = busy + bubble + outside + clip + optimizer + host + copies_step + fsdp
     model = p.flops.model * n * p.setup.strategy.dp
     return Prediction(
@@ -232,7 +232,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
         offload_micro_batch_s=copies_stage,
         offload_step_s=copies_step,
         host_optimizer_s=host,
-        fsdp_copies_s=fsdp,
+        dp_copies_s=fsdp,
         step_time_s=step,
         mfu=model / (step * p.devices * peak),
         communication=tuple(rows),

@@ -15,8 +15,9 @@ Readings of the papers (stated, not fitted):
   Korthikanti with sequence parallelism and selective recompute, Narayanan with full recompute and no
   sequence parallelism. Megatron's optimizer is Apex's ``FusedAdam`` (``megatron/optimizer/__init__.py``:
   ``from apex.optimizers import FusedAdam as Adam``):
-  typed ``optimizer_impl=fused``, one kernel over the fp32 master (``time.optimizer``; NB: its fp16 →
-  fp32 gradient copy and fp32 → fp16 weight copy, 12 bytes a parameter, not counted).
+  typed ``optimizer_impl=fused``, one kernel over the fp32 master (``time.optimizer``), with Megatron's
+  passes around it under fp16 (``time.optimizer.framework_ops``: the fp16 → fp32 gradient copy, the loss
+  scaler's unscale, the fp32 → fp16 weight copy, 20 bytes a parameter, and the gradient buffer zeroed).
 - Llama 3 405B (§3.3.2, Table 4): the llama-3.1-405b preset, bf16, s 8192, 16M tokens per step (2,048
   sequences), micro-batch 1, TP 8 with sequence parallelism, PP 16 (126 layers, first and last stage one
   fewer), flash attention, no recompute, FSDP that does not reshard weights after the forward (ZeRO 2:

@@ -140,7 +140,7 @@ def test_stages_bound_is_the_prediction_without_its_zero_dependent_terms(
         assert pred.offload_micro_batch_s == 0
         assert bound <= pred.step_time_s
         stage_free = pred.step_time_s - pred.exposed_s.get("dp", 0.0) - pred.optimizer_s
-        stage_free -= pred.host_optimizer_s + pred.offload_step_s + pred.fsdp_copies_s + pred.clip_s
+        stage_free -= pred.host_optimizer_s + pred.offload_step_s + pred.dp_copies_s + pred.clip_s
         assert bound == pytest.approx(stage_free, rel=1e-12)
 
 

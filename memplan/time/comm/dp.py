@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from memplan.analytic.fsdp2_moments import titan_fsdp2
 from memplan.analytic.fsdp2_reduce import reduce_bytes
-from memplan.blocks import fp8
+from memplan.blocks import fp8, megatron
 from memplan.config import Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
@@ -24,9 +24,13 @@ from memplan.time.comm.rows import (
 
 
 def gradient_bytes(setup: Setup) -> int:
-    """Bytes of one gradient element as data parallelism reduces it: ``--reduce-dtype`` (FSDP2's
-    ``MixedPrecisionPolicy.reduce_dtype``; fp32 under ``--precision fsdp2-mixed``), else the gradients' own
-    dtype."""
+    """Bytes of one gradient element as data parallelism reduces it: Megatron's ``main_grad`` buffer
+    (``blocks.megatron.main_grad_bytes``: fp32 under bf16 unless ``--reduce-dtype bf16``); ``--reduce-dtype``
+    (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``; fp32 under ``--precision fsdp2-mixed``), else the
+    gradients' own dtype."""
+    main_grad = megatron.main_grad_bytes(setup)
+    if main_grad is not None:
+        return main_grad
     chosen = setup.strategy.reduce_dtype
     if chosen is None and setup.training.precision is Precision.FSDP2_MIXED:
         return 4  # the recipe's reduce_dtype=float32 (``config.training.Precision.FSDP2_MIXED``)

@@ -1,4 +1,4 @@
-"""FSDP2's copy kernels on the compute stream (``memplan.time.fsdp_copies``), derived by hand on the tiny
+"""FSDP2's copy kernels on the compute stream (``memplan.time.dp_copies``), derived by hand on the tiny
 model.
 
 Source read (torch 2.13, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py):
@@ -20,7 +20,7 @@ import pytest
 from memplan.api import Options, build
 from memplan.engine import Result
 from memplan.presets import load_gpu
-from memplan.time import fsdp_copies
+from memplan.time import dp_copies
 from memplan.time.comm.collectives import communication
 from memplan.time.predict import predict
 from memplan.time.timing import peak_flops
@@ -37,7 +37,7 @@ def result(**options: object) -> Result:
 
 def copies(r: Result) -> int:
     c, rows = communication(r, H100.topology)
-    return fsdp_copies.copy_bytes(c.setup, rows)
+    return dp_copies.copy_bytes(c.setup, rows)
 
 
 def test_torchtitan_zero3() -> None:
@@ -65,7 +65,7 @@ def test_torchtitan_under_pp_once_a_step() -> None:
     dp = [row for row in rows if row.dimension == "dp"]
     assert [row.count for row in dp] == [1, 1]
     ag, rs = (row.bytes for row in dp)
-    assert fsdp_copies.copy_bytes(c.setup, rows) == 2 * ag + rs // 4 * 6
+    assert dp_copies.copy_bytes(c.setup, rows) == 2 * ag + rs // 4 * 6
 
 
 def test_reference_zero3_bf16_gradients() -> None:
@@ -82,10 +82,12 @@ def test_reference_zero3_bf16_gradients() -> None:
         {"zero": 2, "dp": 2, "gpus": 2},  # the reference's ZeRO-2 rows are DeepSpeed's
         {"zero": 3, "dp": 1, "gpus": 1},  # nothing sharded
         {"zero": 3, "dp": 2, "gpus": 2, "impl": "megatron"},  # Megatron's own buffers
-        {"zero": 0, "dp": 2, "gpus": 2, "impl": "torchtitan"},  # DDP
+        {"zero": 0, "dp": 2, "gpus": 2, "impl": "megatron"},  # its DDP reduces main_grad in place
+        {"zero": 0, "dp": 2, "gpus": 2},  # the reference all-reduces each gradient in place
+        {"zero": 0, "dp": 1, "gpus": 1, "impl": "torchtitan"},  # no DDP on one rank
     ],
 )
-def test_not_charged_without_fsdp2(options: dict[str, object]) -> None:
+def test_not_charged_without_fsdp2_or_ddp(options: dict[str, object]) -> None:
     assert copies(result(**options)) == 0
 
 
@@ -94,6 +96,16 @@ def test_charged_whole_at_hbm_rate_in_the_step() -> None:
     other parts add up to."""
     r = result(impl="torchtitan", reduce_dtype="fp32", zero=3, dp=2, gpus=2, grad_accum=4)
     pr = predict(r, H100, peak_flops(H100, r.setup.training.precision))
-    assert pr.fsdp_copies_s == pytest.approx(5_718_528 / HBM, rel=1e-12)
-    assert pr.parts()["fsdp copies"] == pr.fsdp_copies_s
+    assert pr.dp_copies_s == pytest.approx(5_718_528 / HBM, rel=1e-12)
+    assert pr.parts()["dp copies"] == pr.dp_copies_s
     assert sum(pr.parts().values()) == pytest.approx(pr.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("impl", ["torchtitan", "hf"])
+def test_ddp_copies_each_gradient_into_its_bucket_and_back(impl: str) -> None:
+    """torch DDP (ZeRO 0, gradient_as_bucket_view=False): ``mul_out`` into the bucket (read, write) and
+    ``copy_bucket_to_grad`` back (read, write) on every gradient it all-reduces, once a step (its
+    accumulation micro-batches under ``no_sync``): 4 × the all-reduce's bytes. The tiny model's bf16
+    gradients (``--reduce-dtype`` not given: their own dtype): 4 · 106,816 · 2 = 854,528 B."""
+    r = result(impl=impl, zero=0, dp=2, gpus=2, grad_accum=4)
+    assert copies(r) == 4 * ALL * 2 == 854_528

@@ -1,5 +1,6 @@
-"""FSDP2's own copy kernels on the compute stream: each all-gather's copy-out and each reduce-scatter's
-copy-in, memory-bound work the step runs beside its layers (issue #21: "every kernel of the step").
+"""Data parallelism's own copy kernels on the compute stream — FSDP2's all-gather copy-outs and
+reduce-scatter copy-ins, DDP's bucket copies — memory-bound work the step runs beside its layers (issue #21:
+"every kernel of the step"). The part ``dp copies`` of the predicted step.
 
 FSDP2 (``torch.distributed.fsdp.fully_shard``; torch 2.13 torch/distributed/fsdp/_fully_shard/
 _fsdp_collectives.py) moves every gathered parameter and every reduced gradient through HBM twice more than
@@ -28,6 +29,17 @@ once-per-step gathers and the interleaved schedule's re-gathers). Not charged: t
 its own stream (the rank's 1/W shards cast to the parameter dtype and copied into the input: 1/W of the
 output), the post-reduce accumulation on the reduce-scatter stream (1/W), the kernels' launches (one per
 unit, large).
+
+DDP (``ddp``: ZeRO 0 over dp > 1 under ``--impl hf`` — transformers' Trainer and Accelerate wrap the model in
+``torch.nn.parallel.DistributedDataParallel`` — and ``--impl torchtitan``, whose DDP path ``replicate`` runs
+the same reducer; ``time.comm.buffers.ddp_bucket_bytes`` holds their buckets in memory): with the default
+``gradient_as_bucket_view=False`` the reducer copies each gradient into its bucket as autograd makes it,
+dividing by the world size on the way (torch/csrc/distributed/c10d/reducer.cpp ``mark_variable_ready_dense``:
+``at::mul_out(bucket_view, grad, wrapped)`` "Divides while copying into the bucket view to save one scan
+over all the input parameters"), and after the bucket's all-reduce copies it back (``finalize_bucket_dense``
+→ ``copy_bucket_to_grad``: ``grad.copy_(bucket_view)``): 4 × the reduced gradients' bytes per all-reduce,
+both on the compute stream (the autograd hook, the final callback). NB: newer reducers may defer the
+copy-in to one ``_foreach_copy_`` and a flat ``div_`` per bucket (2 more bytes an element), not counted.
 
 Where FSDP2 runs (``fsdp2``): ``--impl torchtitan``'s FSDP2 (``analytic.fsdp2_moments.titan_fsdp2``: ZeRO-2
 or 3 over more than one rank) and the reference's ZeRO-3 (``measure.distributed.parallelize``:
@@ -61,10 +73,28 @@ def fsdp2(setup: Setup) -> bool:
     return setup.impl.impl is Impl.REFERENCE and setup.strategy.zero is ZeroStage.PARAMETERS and sharded
 
 
+def ddp(setup: Setup) -> bool:
+    """Whether the gradients' all-reduce is torch DDP's reducer, whose bucket copies this module charges
+    (module docstring): ZeRO 0 over dp > 1 under ``--impl hf`` or ``torchtitan``."""
+    impl = setup.impl.impl
+    return (
+        impl in (Impl.HF, Impl.TORCHTITAN) and setup.strategy.zero is ZeroStage.NONE and setup.strategy.dp > 1
+    )
+
+
 def copy_bytes(setup: Setup, rows: list[Row]) -> int:
-    """Bytes FSDP2's copy-outs and copy-ins move in one step on the device ``rows`` are for (module
-    docstring): 2 × each all-gather's output; each reduce-scatter's input elements × (the unsharded
-    gradients' bytes + the reduce dtype's). 0 where FSDP2 does not run."""
+    """Bytes data parallelism's own copies move in one step on the device ``rows`` are for (module
+    docstring): FSDP2's (``fsdp2_bytes``) or DDP's (4 × each gradient all-reduce's bytes)."""
+    if ddp(setup):
+        reduced = [r for r in rows if r.dimension.startswith("dp") and r.collective is Collective.ALL_REDUCE]
+        return sum(4 * r.bytes * r.count for r in reduced)
+    return fsdp2_bytes(setup, rows)
+
+
+def fsdp2_bytes(setup: Setup, rows: list[Row]) -> int:
+    """Bytes FSDP2's copy-outs and copy-ins move in one step (module docstring): 2 × each all-gather's
+    output; each reduce-scatter's input elements × (the unsharded gradients' bytes + the reduce dtype's).
+    0 where FSDP2 does not run."""
     if not fsdp2(setup):
         return 0
     gathered, titan = setup.training.precision.weight_bytes, titan_fsdp2(setup)

@@ -1,0 +1,84 @@
+"""Megatron's gradient buffer and its passes around the optimizer step (``blocks.megatron.main_grad_bytes``,
+``time.optimizer.framework_ops`` / ``megatron_zero_bytes``), derived by hand on the tiny model.
+
+Sources read (Megatron-LM):
+- megatron/training/arguments.py, under ``--bf16``: "bfloat16 requires gradient accumulation and all-reduce
+  to be done in fp32" — ``accumulate_allreduce_grads_in_fp32 = True`` unless ``--grad-reduce-in-bf16``;
+  not under ``--fp16``;
+- megatron/core/distributed/param_and_grad_buffer.py: ``grad_dtype = torch.float if
+  accumulate_allreduce_grads_in_fp32 else param.dtype`` — the ``main_grad`` buffer the weight gradients
+  accumulate into and data parallelism reduces;
+- megatron/core/optimizer/optimizer.py ``Float16OptimizerWithFloat16Params``:
+  ``_copy_model_grads_to_main_grads`` (``main_grad.float()``: a cast unless already fp32), the fp16 loss
+  scaler's unscale and inf check, ``_copy_main_params_to_model_params`` (fp32 master → 16-bit weight);
+  megatron/training/training.py ``train_step``: ``zero_grad_buffer()`` on every chunk.
+
+The tiny model: 106,816 parameters (tests/plan/test_titan_fsdp2_comm.py's table).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.api import Options, build
+from memplan.engine import Result
+from memplan.presets import load_gpu
+from memplan.time import optimizer
+from memplan.time.comm.collectives import communication
+from memplan.time.compute import optimizer_step_bytes, owned_params
+
+ALL = 106_816
+H100 = load_gpu("h100")
+
+
+def result(**options: object) -> Result:
+    return build(Options(model="tiny", seq=32, batch=2, impl="megatron", **options)).result  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "per_param"),
+    [
+        ({}, 4),  # bf16: fp32 main_grad
+        ({"reduce_dtype": "bf16"}, 2),  # --grad-reduce-in-bf16
+        ({"precision": "fp16-mixed"}, 2),  # fp16: the parameters' dtype
+        ({"precision": "fp16-mixed", "reduce_dtype": "fp32"}, 4),  # --accumulate-allreduce-grads-in-fp32
+    ],
+)
+def test_the_gradient_buffer_is_megatrons(options: dict[str, object], per_param: int) -> None:
+    r = result(**options)
+    assert r.states.gradients == ALL * per_param
+    reference = build(Options(model="tiny", seq=32, batch=2, **options)).result  # type: ignore[arg-type]
+    assert reference.states.gradients == ALL * 2  # the recipe's 16-bit gradients
+
+
+def test_data_parallelism_reduces_the_fp32_buffer() -> None:
+    """ZeRO 0 over dp 2: one all-reduce of the fp32 main_grad buffer, 106,816 × 4 B."""
+    _, rows = communication(result(zero=0, dp=2, gpus=2), H100.topology)
+    (row,) = [r for r in rows if r.dimension == "dp"]
+    assert row.bytes == ALL * 4
+
+
+@pytest.mark.parametrize(
+    ("options", "per_owned", "zeroed"),
+    [
+        # bf16: no cast (main_grad is fp32), the copy back 4 + 2; the fp32 buffer zeroed, 4 B each
+        ({}, [6], 4),
+        # fp16: the cast 2 + 4, the unscale 8, the copy back 4 + 2; the fp16 buffer, 2 B each
+        ({"precision": "fp16-mixed"}, [6, 8, 6], 2),
+    ],
+)
+def test_passes_around_the_step(options: dict[str, object], per_owned: list[int], zeroed: int) -> None:
+    r = result(**options)
+    c, _ = communication(r, H100.topology)
+    assert optimizer.framework_ops(c.setup) == per_owned
+    owned = owned_params(c)
+    assert owned == ALL
+    assert (
+        optimizer_step_bytes(c)
+        == owned * (optimizer.bytes_per_param(c.setup) + sum(per_owned)) + ALL * zeroed
+    )
+
+
+def test_none_elsewhere() -> None:
+    c, _ = communication(build(Options(model="tiny", seq=32, batch=2)).result, H100.topology)
+    assert optimizer.framework_ops(c.setup) == [] and optimizer.megatron_zero_bytes(c.setup, ALL) == 0
