@@ -36,12 +36,7 @@ DEFAULT_SEQ = TrainingConfig().seq_len
 
 LISTS = "(`memplan presets` lists them)"
 
-FIT_OPTIONS = (
-    "seq",
-    "precision",
-    "optimizer",
-    "optimizer_impl",
-    "clip_grad",
+FIT_PASSTHROUGH = (
     "dropout",
     "device",
     "mfu",
@@ -50,6 +45,17 @@ FIT_OPTIONS = (
     "inter_node_bw",
     "reserve",
     "host_memory",
+)
+"""``FIT_OPTIONS`` no setup holds (the model's dropout is rebuilt from the preset; the rest shape the GPU,
+its budget or the time basis): each ``fit`` row's ``memplan estimate`` command repeats them as given."""
+
+FIT_OPTIONS = (
+    "seq",
+    "precision",
+    "optimizer",
+    "optimizer_impl",
+    "clip_grad",
+    *FIT_PASSTHROUGH,
     "finetune",
     *FINETUNE_OPTIONS,
     "double_quant",

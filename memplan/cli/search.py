@@ -32,20 +32,7 @@ from memplan.config import (
     ZeroStage,
     parse_checkpointing,
 )
-from memplan.options import FIT_OPTIONS
-
-PASSTHROUGH = (
-    "dropout",
-    "device",
-    "mfu",
-    "gpus_per_node",
-    "intra_node_bw",
-    "inter_node_bw",
-    "reserve",
-    "host_memory",
-)
-"""``FIT_OPTIONS`` no setup holds (the model's dropout is rebuilt from the preset; the rest shape the GPU,
-its budget or the time basis): each row's ``memplan estimate`` command repeats them as given."""
+from memplan.options import FIT_OPTIONS, FIT_PASSTHROUGH
 
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 
@@ -339,7 +326,7 @@ def fit_command(
             escalate=escalate,
         )
     # what the rows' commands must repeat that no setup holds: the GPU as typed, and these options as given
-    held = {name: getattr(o, name) for name in PASSTHROUGH}
+    held = {name: getattr(o, name) for name in FIT_PASSTHROUGH}
     passthrough = tuple(flags(Options.model_validate({"model": o.model, **held}))[2:])
     result = dataclasses.replace(result, model_typed=o.model, gpu_typed=gpu, passthrough=passthrough)
     if as_json:
