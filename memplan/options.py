@@ -319,7 +319,9 @@ class Options(Frozen):
     )
     reduce_dtype: ReduceDtype | None = option(
         "dtype of the data-parallel gradient reduction (FSDP2's MixedPrecisionPolicy.reduce_dtype; "
-        "torchtitan's default fp32) [default: the gradients' dtype]",
+        "torchtitan's default fp32; under --impl megatron its main_grad buffer's, where gradients "
+        "accumulate: fp32 is --accumulate-allreduce-grads-in-fp32, bf16 --grad-reduce-in-bf16) [default: "
+        "the gradients' dtype; fp32 under torchtitan's FSDP2 and under megatron with bf16]",
         STRATEGY,
         show_default=False,
     )
