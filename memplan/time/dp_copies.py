@@ -38,8 +38,9 @@ dividing by the world size on the way (torch/csrc/distributed/c10d/reducer.cpp `
 ``at::mul_out(bucket_view, grad, wrapped)`` "Divides while copying into the bucket view to save one scan
 over all the input parameters"), and after the bucket's all-reduce copies it back (``finalize_bucket_dense``
 → ``copy_bucket_to_grad``: ``grad.copy_(bucket_view)``): 4 × the reduced gradients' bytes per all-reduce,
-both on the compute stream (the autograd hook, the final callback). NB: newer reducers may defer the
-copy-in to one ``_foreach_copy_`` and a flat ``div_`` per bucket (2 more bytes an element), not counted.
+both on the compute stream (the autograd hook, the final callback). NB: DDP's opt-in
+``batched_grad_copy=True`` (torch 2.13, default False) defers the copy-in to one ``_foreach_copy_`` and a flat
+``div_`` per bucket (2 more bytes an element): not modelled.
 
 Where FSDP2 runs (``fsdp2``): ``--impl torchtitan``'s FSDP2 (``analytic.fsdp2_moments.titan_fsdp2``: ZeRO-2
 or 3 over more than one rank) and the reference's ZeRO-3 (``measure.distributed.parallelize``:
