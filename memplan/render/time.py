@@ -32,7 +32,7 @@ _PARTS = {
     "gradient clipping": "the gradients' norm and rescale before the step: bytes / HBM",
     "optimizer": "the optimizer step on the GPU: bytes / HBM",
     "host optimizer": "the CPU optimizer step (offload): bytes / host memory",
-    "dp copies": "FSDP2's all-gather copy-outs and reduce-scatter copy-ins: bytes / HBM",
+    "dp copies": "FSDP2's gather copy-outs and reduce-scatter copy-ins, DDP's bucket copies: bytes / HBM",
 }
 
 
