@@ -75,7 +75,8 @@ by every parameter of the optimizer."""
 
 
 def optimizer_impl(setup: Setup) -> OptimizerImpl:
-    """The implementation that steps: the user's, else the reference optimizer under ``--impl reference``
+    """The implementation that steps: the user's, else Megatron's fused Adam under ``--impl megatron`` (AdamW,
+    full training), the reference optimizer under ``--impl reference``
     (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
     torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
     every parameter is on a foreach device — cuda, not cpu; never fused by default). Fine-tuning (LoRA,
@@ -85,6 +86,15 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
     t = setup.training
     if t.optimizer_impl is not None:
         return t.optimizer_impl
+    if (
+        setup.impl.impl is Impl.MEGATRON
+        and t.optimizer is Optimizer.ADAMW
+        and setup.finetune.trains_everything
+    ):
+        # megatron/core/optimizer/__init__.py: ``from transformer_engine.pytorch.optimizers import FusedAdam
+        # as Adam``, else ``from apex.optimizers import FusedAdam as Adam`` (torch's AdamW only when neither
+        # is installed): one multi-tensor kernel over master, gradient and states, no temporaries
+        return OptimizerImpl.FUSED
     if (
         setup.impl.impl is Impl.REFERENCE
         or t.optimizer not in (Optimizer.ADAMW, Optimizer.ADAMW_8BIT)
