@@ -82,3 +82,16 @@ def test_passes_around_the_step(options: dict[str, object], per_owned: list[int]
 def test_none_elsewhere() -> None:
     c, _ = communication(build(Options(model="tiny", seq=32, batch=2)).result, H100.topology)
     assert optimizer.framework_ops(c.setup) == [] and optimizer.megatron_zero_bytes(c.setup, ALL) == 0
+
+
+def test_megatron_steps_adamw_with_its_fused_adam() -> None:
+    """megatron/core/optimizer/__init__.py imports Transformer Engine's (else Apex's) ``FusedAdam as Adam``:
+    one kernel, no temporaries — not torch's foreach, whose ``_foreach_sqrt`` list is a whole fp32 copy."""
+    from memplan.analytic.optimizer_step import optimizer_impl
+    from memplan.config import OptimizerImpl
+
+    r = result()
+    assert optimizer_impl(r.setup) is OptimizerImpl.FUSED
+    assert r.peak.moments["optimizer step"]["transient"] == 0
+    foreach = result(optimizer_impl="foreach")
+    assert foreach.peak.moments["optimizer step"]["transient"] > 0
