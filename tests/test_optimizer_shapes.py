@@ -202,8 +202,11 @@ def chosen(impl: Impl, optimizer: str = "adamw", device: str = "cuda", **setup: 
     ("impl", "optimizer", "device", "expected"),
     [
         (Impl.REFERENCE, "adamw", "cuda", OptimizerImpl.REFERENCE),
-        (Impl.HF, "adamw", "cuda", OptimizerImpl.FOREACH),
-        (Impl.HF, "adamw", "cpu", OptimizerImpl.FOR_LOOP),
+        # transformers' TrainingArguments: default_optim "adamw_torch_fused" with torch >= 2.8, any device
+        (Impl.HF, "adamw", "cuda", OptimizerImpl.FUSED),
+        (Impl.HF, "adamw", "cpu", OptimizerImpl.FUSED),
+        (Impl.TORCHTITAN, "adamw", "cuda", OptimizerImpl.FOREACH),
+        (Impl.MEGATRON, "adamw", "cuda", OptimizerImpl.FUSED),  # its FusedAdam (TE's or Apex's)
         (Impl.TORCHTITAN, "adamw", "cpu", OptimizerImpl.FOR_LOOP),
         (Impl.HF, "adamw-8bit", "cuda", OptimizerImpl.BITSANDBYTES),
         (Impl.HF, "adamw-8bit", "cpu", OptimizerImpl.BITSANDBYTES),

@@ -75,8 +75,9 @@ by every parameter of the optimizer."""
 
 
 def optimizer_impl(setup: Setup) -> OptimizerImpl:
-    """The implementation that steps: the user's, else Megatron's fused Adam under ``--impl megatron`` (AdamW,
-    full training), the reference optimizer under ``--impl reference``
+    """The implementation that steps: the user's, else Megatron's fused Adam under ``--impl megatron`` and
+    torch's fused AdamW under ``--impl hf`` (transformers' default ``adamw_torch_fused``; AdamW, full
+    training), the reference optimizer under ``--impl reference``
     (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
     torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
     every parameter is on a foreach device — cuda, not cpu; never fused by default). Fine-tuning (LoRA,
@@ -94,6 +95,10 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
         # megatron/core/optimizer/__init__.py: ``from transformer_engine.pytorch.optimizers import FusedAdam
         # as Adam``, else ``from apex.optimizers import FusedAdam as Adam`` (torch's AdamW only when neither
         # is installed): one multi-tensor kernel over master, gradient and states, no temporaries
+        return OptimizerImpl.FUSED
+    if setup.impl.impl is Impl.HF and t.optimizer is Optimizer.ADAMW and setup.finetune.trains_everything:
+        # transformers' TrainingArguments: ``default_optim = "adamw_torch_fused"`` with torch ≥ 2.8
+        # (training_args.py, 5.x; "adamw_torch" before): torch.optim.AdamW(fused=True)
         return OptimizerImpl.FUSED
     if (
         setup.impl.impl is Impl.REFERENCE
