@@ -29,9 +29,10 @@ Sources (stored copies; commit of the copy read):
   ``add_``, ``addcdiv_``) on FSDP's fp32 flat parameters with fp32 gradients: typed ``--optimizer-impl
   for-loop`` (torch's ``_single_tensor_adam``, the same passes but one ``lerp_`` for Composer's ``mul_`` and
   ``add_``: 80 against 88 bytes a parameter; before issue #21's optimizer model it was typed as memplan's
-  reference optimizer). torchtitan's rows keep ``--impl torchtitan``'s default, foreach: its 2024 config
-  (``config_manager.py``'s ``--optimizer.fused``, a store-true flag, in the stored copies) builds foreach
-  unless fused is set, and the performance docs do not say the runs set it.
+  reference optimizer). torchtitan's rows are typed ``--optimizer-impl foreach`` (all of them, the ones
+  typed with the reference model too): its 2024 config (``config_manager.py``'s ``--optimizer.fused``, a
+  store-true flag, in the stored copies) builds foreach unless fused is set, and the performance docs do
+  not say the runs set it (``--impl torchtitan``'s own default is 0.3.0's ``implementation = "fused"``).
 - torchtitan 2024 (A100): pytorch/torchtitan docs/performance.md (0413364), Llama 3 and Llama 2 tables,
   FSDP2 over 64 A100-80GB; sequence 8192 (Llama 3) and 4096 (Llama 2) as the doc states; torchtitan's
   ``mixed_precision_reduce`` default ``float32``.
@@ -226,7 +227,10 @@ def _titan(
     note: str = "",
 ) -> Run:
     """A torchtitan run: FSDP2 (ZeRO-3) over the data-parallel ranks, local batch = micro-batch (no
-    accumulation without pipelining), tp with sequence parallelism, gradients reduced in fp32."""
+    accumulation without pipelining), tp with sequence parallelism, gradients reduced in fp32, AdamW by
+    torch's foreach (the 2024 trainers' ``--optimizer.fused`` is a store-true flag: foreach unless set; the
+    docs do not say it was; 0.3.0's own default, ``implementation = "fused"``, came later)."""
+    stated = Stated(**{**stated.__dict__, "optimizer_impl": stated.optimizer_impl or "foreach"})
     s = stated
     dp = s.gpus // (s.tp * s.cp)
     parts = [
@@ -247,6 +251,7 @@ def _titan(
         parts.append(f"--fp8 {s.fp8}")
     if s.impl != "reference":
         parts.append(f"--impl {s.impl}")
+    parts.append(f"--optimizer-impl {s.optimizer_impl}")
     assert s.micro_batch * dp == s.global_batch, name
     return Run(name, source, stated, published, " ".join(parts), note)
 

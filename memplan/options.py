@@ -111,7 +111,8 @@ class Options(Frozen):
         "Whose code steps the optimizer (its step's temporaries differ): reference (memplan's own), "
         "for-loop / foreach / fused (torch.optim.AdamW), bitsandbytes (AdamW8bit, with --optimizer "
         "adamw-8bit) [default: reference under --impl reference; fused under --impl megatron (its "
-        "FusedAdam, Transformer Engine's or Apex's) and hf (transformers' adamw_torch_fused); otherwise "
+        "FusedAdam, Transformer Engine's or Apex's), hf (transformers' adamw_torch_fused) and torchtitan "
+        "(0.3.0's implementation = fused); otherwise "
         "as torch picks on --device: "
         "foreach on cuda, for-loop on cpu (torch.optim.optimizer._default_to_fused_or_foreach); "
         "bitsandbytes for adamw-8bit]",

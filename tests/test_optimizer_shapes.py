@@ -205,9 +205,11 @@ def chosen(impl: Impl, optimizer: str = "adamw", device: str = "cuda", **setup: 
         # transformers' TrainingArguments: default_optim "adamw_torch_fused" with torch >= 2.8, any device
         (Impl.HF, "adamw", "cuda", OptimizerImpl.FUSED),
         (Impl.HF, "adamw", "cpu", OptimizerImpl.FUSED),
-        (Impl.TORCHTITAN, "adamw", "cuda", OptimizerImpl.FOREACH),
+        (Impl.TORCHTITAN, "adamw", "cuda", OptimizerImpl.FUSED),
+        (Impl.REFERENCE, "adamw", "cpu", OptimizerImpl.REFERENCE),
         (Impl.MEGATRON, "adamw", "cuda", OptimizerImpl.FUSED),  # its FusedAdam (TE's or Apex's)
-        (Impl.TORCHTITAN, "adamw", "cpu", OptimizerImpl.FOR_LOOP),
+        # torchtitan 0.3.0's optimizer config: implementation = "fused" (components/optimizer/optimizer.py)
+        (Impl.TORCHTITAN, "adamw", "cpu", OptimizerImpl.FUSED),
         (Impl.HF, "adamw-8bit", "cuda", OptimizerImpl.BITSANDBYTES),
         (Impl.HF, "adamw-8bit", "cpu", OptimizerImpl.BITSANDBYTES),
         (Impl.HF, "sgd", "cuda", OptimizerImpl.REFERENCE),
@@ -311,7 +313,10 @@ def test_context_parallel_ranks_step_their_dp_x_cp_shards() -> None:
     from memplan.analytic.step import largest_step_tensor
     from memplan.api import Options, build
 
-    o = Options(model="llama-3.1-8b", seq=262144, gpus=8, cp=8, zero=3, impl="torchtitan", device="cuda")
+    o = Options(
+        model="llama-3.1-8b", seq=262144, gpus=8, cp=8, zero=3, impl="torchtitan", device="cuda",
+        optimizer_impl="foreach",  # 0.3.0's default is fused (no temporaries): the 2024 trainer's foreach
+    )  # fmt: skip
     r = build(o).result
     assert r.setup.strategy.dp == 1 and r.setup.parallel.cp == 8
     assert ost.optimizer_impl(r.setup) is OptimizerImpl.FOREACH

@@ -76,8 +76,9 @@ by every parameter of the optimizer."""
 
 def optimizer_impl(setup: Setup) -> OptimizerImpl:
     """The implementation that steps: the user's, else Megatron's fused Adam under ``--impl megatron`` and
-    torch's fused AdamW under ``--impl hf`` (transformers' default ``adamw_torch_fused``; AdamW, full
-    training), the reference optimizer under ``--impl reference``
+    torch's fused AdamW under ``--impl hf`` and ``torchtitan`` (transformers' default
+    ``adamw_torch_fused``, torchtitan's ``implementation = "fused"``; AdamW, full training), the reference
+    optimizer under ``--impl reference``
     (and for optimizers torch.optim does not model here), bitsandbytes for adamw-8bit, and for AdamW as
     torch picks (optim/optimizer.py ``_default_to_fused_or_foreach(..., use_fused=False)``: foreach when
     every parameter is on a foreach device — cuda, not cpu; never fused by default). Fine-tuning (LoRA,
@@ -87,18 +88,17 @@ def optimizer_impl(setup: Setup) -> OptimizerImpl:
     t = setup.training
     if t.optimizer_impl is not None:
         return t.optimizer_impl
-    if (
-        setup.impl.impl is Impl.MEGATRON
-        and t.optimizer is Optimizer.ADAMW
-        and setup.finetune.trains_everything
-    ):
+    full_adamw = t.optimizer is Optimizer.ADAMW and setup.finetune.trains_everything
+    if setup.impl.impl is Impl.MEGATRON and full_adamw:
         # megatron/core/optimizer/__init__.py: ``from transformer_engine.pytorch.optimizers import FusedAdam
         # as Adam``, else ``from apex.optimizers import FusedAdam as Adam`` (torch's AdamW only when neither
         # is installed): one multi-tensor kernel over master, gradient and states, no temporaries
         return OptimizerImpl.FUSED
-    if setup.impl.impl is Impl.HF and t.optimizer is Optimizer.ADAMW and setup.finetune.trains_everything:
+    if setup.impl.impl in (Impl.HF, Impl.TORCHTITAN) and full_adamw:
         # transformers' TrainingArguments: ``default_optim = "adamw_torch_fused"`` with torch ≥ 2.8
-        # (training_args.py, 5.x; "adamw_torch" before): torch.optim.AdamW(fused=True)
+        # (training_args.py, 5.x; "adamw_torch" before); torchtitan 0.3.0's optimizer config:
+        # ``implementation ... = "fused"`` (components/optimizer/optimizer.py; its 2024 trainer built foreach
+        # unless ``--optimizer.fused``): torch.optim.AdamW(fused=True)
         return OptimizerImpl.FUSED
     if (
         setup.impl.impl is Impl.REFERENCE
