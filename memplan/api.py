@@ -277,6 +277,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         fp8=o.fp8,
         fp8_amax_history_len=o.fp8_amax_history_len,
         fp8_all_gather=o.fp8_all_gather,
+        overlap_grad_reduce=o.overlap_grad_reduce,
         experts=o.experts,
     )
 

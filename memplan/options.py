@@ -65,6 +65,7 @@ FIT_OPTIONS = (
     "compile_loss",
     "fp8",
     "fp8_all_gather",
+    "overlap_grad_reduce",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
@@ -229,6 +230,13 @@ class Options(Frozen):
         "float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp: each converted "
         "linear's weight all-gathered in float8 (1 byte an element, an fp32 scale kept per weight), one "
         "all-reduce of the weights' amaxes a step (blocks/fp8.py)",
+        STRATEGY,
+        default=False,
+    )
+    overlap_grad_reduce: bool = option(
+        "--impl megatron: Megatron-LM's --overlap-grad-reduce, its data-parallel gradient reduction "
+        "overlapped with the backward bucket by bucket (Megatron-LM's default is off: the reduction runs "
+        "after the backward, exposed; its parameter all-gather, --overlap-param-gather, is taken as off)",
         STRATEGY,
         default=False,
     )

@@ -165,6 +165,11 @@ class ImplConfig(Frozen):
         "element and an fp32 scale) with precompute_float8_dynamic_scale_for_fsdp's amax all-reduce a step "
         "(blocks/fp8.py)",
     )
+    overlap_grad_reduce: bool = Field(
+        default=False,
+        description="megatron: --overlap-grad-reduce (Megatron-LM's default off: its data-parallel gradient "
+        "reduction runs after the backward, exposed); torch DDP and FSDP overlap theirs by design",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

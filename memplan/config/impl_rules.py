@@ -294,6 +294,16 @@ def check_fp8_all_gather(setup: Setup) -> None:
         )
 
 
+def check_overlap_grad_reduce(setup: Setup) -> None:
+    """``--overlap-grad-reduce`` is Megatron's switch; torch's DDP and FSDP (the other implementations)
+    overlap their reductions with the backward by design."""
+    if setup.impl.overlap_grad_reduce and setup.impl.impl is not Impl.MEGATRON:
+        raise ValueError(
+            "overlap_grad_reduce: --overlap-grad-reduce is Megatron-LM's switch (torch's DDP and FSDP "
+            "overlap their reductions already); add --impl megatron or drop it"
+        )
+
+
 def check_compile_loss(setup: Setup) -> None:
     """``--no-compile-loss`` only where the loss would be compiled: torchtitan under ``--compile``."""
     if not setup.impl.compile_loss and not (setup.impl.impl is Impl.TORCHTITAN and setup.impl.compile):
@@ -314,6 +324,7 @@ def check_fp8(setup: Setup) -> None:
             "megatron --fp8 delayed or drop --fp8-amax-history-len"
         )
     check_fp8_all_gather(setup)
+    check_overlap_grad_reduce(setup)
     if fp8 is Fp8Recipe.NONE:
         return
     if impl is Impl.HF:

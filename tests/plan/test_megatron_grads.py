@@ -95,3 +95,30 @@ def test_megatron_steps_adamw_with_its_fused_adam() -> None:
     assert r.peak.moments["optimizer step"]["transient"] == 0
     foreach = result(optimizer_impl="foreach")
     assert foreach.peak.moments["optimizer step"]["transient"] > 0
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_megatron_reduces_after_the_backward_unless_told(zero: int) -> None:
+    """Megatron-LM's ``--overlap-grad-reduce`` and ``--overlap-param-gather`` default to off
+    (megatron/training/arguments.py: ``action='store_true', default=False``): the gradient reduction runs
+    after the backward and the updated parameters are gathered after the step — exposed; with
+    ``--overlap-grad-reduce`` the reduction hides behind the last backward as torch's DDP does."""
+    from memplan.time.comm.fabric import Collective
+    from memplan.time.comm.rows import Overlap
+
+    def overlaps(**extra: object) -> dict[Collective, Overlap]:
+        _, rows = communication(result(zero=zero, dp=2, gpus=2, **extra), H100.topology)
+        return {r.collective: r.overlap for r in rows if r.dimension == "dp"}
+
+    reduced = Collective.ALL_REDUCE if zero == 0 else Collective.REDUCE_SCATTER
+    assert overlaps()[reduced] is Overlap.NONE
+    assert overlaps(overlap_grad_reduce=True)[reduced] is Overlap.LAST_BACKWARD
+    if zero == 1:
+        assert overlaps(overlap_grad_reduce=True)[Collective.ALL_GATHER] is Overlap.NONE
+
+
+def test_overlap_grad_reduce_is_megatrons_switch() -> None:
+    with pytest.raises(
+        ValueError, match="overlap_grad_reduce: --overlap-grad-reduce is Megatron-LM's switch"
+    ):
+        build(Options(model="tiny", seq=32, overlap_grad_reduce=True))

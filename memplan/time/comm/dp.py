@@ -9,7 +9,7 @@ from collections.abc import Callable
 from memplan.analytic.fsdp2_moments import titan_fsdp2
 from memplan.analytic.fsdp2_reduce import reduce_bytes
 from memplan.blocks import fp8, megatron
-from memplan.config import Precision, Setup, ZeroStage
+from memplan.config import Impl, Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
 from memplan.strategies.pipeline_parallel import chunk_layers, stage
@@ -49,12 +49,18 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
         return Row(dimension, kind, phase, nbytes, count, ranks, on, overlap, what)
 
     AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    # Megatron-LM: --overlap-grad-reduce and --overlap-param-gather are off by default (arguments.py), so its
+    # DDP reduces the gradient buffer after the backward (finish_grad_sync) and the distributed optimizer
+    # gathers the updated parameters after the step: neither hides behind compute
+    megatron = s.impl.impl is Impl.MEGATRON
+    reduce = Overlap.NONE if megatron and not s.impl.overlap_grad_reduce else Overlap.LAST_BACKWARD
+    gather = Overlap.NONE if megatron else Overlap.FIRST_FORWARD
     if zero is ZeroStage.NONE:
-        return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients")]
+        return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     if zero is ZeroStage.OPTIMIZER:
         return [
-            row(RS, Phase.STEP, grads, 1, Overlap.LAST_BACKWARD, "gradients"),
-            row(AG, Phase.STEP, weights, 1, Overlap.FIRST_FORWARD, "updated weights"),
+            row(RS, Phase.STEP, grads, 1, reduce, "gradients"),
+            row(AG, Phase.STEP, weights, 1, gather, "updated weights"),
         ]
     if titan_fsdp2(s) and dimension == "dp":
         return _titan_fsdp2_rows(c, row, params)
