@@ -278,6 +278,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         fp8_amax_history_len=o.fp8_amax_history_len,
         fp8_all_gather=o.fp8_all_gather,
         overlap_grad_reduce=o.overlap_grad_reduce,
+        overlap_param_gather=o.overlap_param_gather,
         experts=o.experts,
     )
 

@@ -66,6 +66,7 @@ FIT_OPTIONS = (
     "fp8",
     "fp8_all_gather",
     "overlap_grad_reduce",
+    "overlap_param_gather",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
@@ -236,7 +237,14 @@ class Options(Frozen):
     overlap_grad_reduce: bool = option(
         "--impl megatron: Megatron-LM's --overlap-grad-reduce, its data-parallel gradient reduction "
         "overlapped with the backward bucket by bucket (Megatron-LM's default is off: the reduction runs "
-        "after the backward, exposed; its parameter all-gather, --overlap-param-gather, is taken as off)",
+        "after the backward, exposed)",
+        STRATEGY,
+        default=False,
+    )
+    overlap_param_gather: bool = option(
+        "--impl megatron --overlap-grad-reduce: Megatron-LM's --overlap-param-gather, the distributed "
+        "optimizer's (--zero 1) parameter all-gather overlapped with the next forward (default off: "
+        "gathered after the step, exposed)",
         STRATEGY,
         default=False,
     )

@@ -170,6 +170,11 @@ class ImplConfig(Frozen):
         description="megatron: --overlap-grad-reduce (Megatron-LM's default off: its data-parallel gradient "
         "reduction runs after the backward, exposed); torch DDP and FSDP overlap theirs by design",
     )
+    overlap_param_gather: bool = Field(
+        default=False,
+        description="megatron: --overlap-param-gather (default off): the distributed optimizer's parameter "
+        "all-gather (ZeRO-1) overlapped with the next forward; needs --overlap-grad-reduce",
+    )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,
         description="hf, mixtures of experts: transformers' experts_implementation (default grouped_mm)",

@@ -295,12 +295,20 @@ def check_fp8_all_gather(setup: Setup) -> None:
 
 
 def check_overlap_grad_reduce(setup: Setup) -> None:
-    """``--overlap-grad-reduce`` is Megatron's switch; torch's DDP and FSDP (the other implementations)
-    overlap their reductions with the backward by design."""
+    """``--overlap-grad-reduce`` and ``--overlap-param-gather`` are Megatron's switches; torch's DDP and
+    FSDP (the other implementations) overlap their reductions with the backward by design."""
     if setup.impl.overlap_grad_reduce and setup.impl.impl is not Impl.MEGATRON:
         raise ValueError(
             "overlap_grad_reduce: --overlap-grad-reduce is Megatron-LM's switch (torch's DDP and FSDP "
             "overlap their reductions already); add --impl megatron or drop it"
+        )
+    # megatron/training/arguments.py: "Must use --overlap-param-gather with --overlap-grad-reduce" (and the
+    # distributed optimizer, whose gather it overlaps: without ZeRO-1 there is none, and the flag changes
+    # nothing — so that fit can hold it over every stage it searches)
+    if setup.impl.overlap_param_gather and not setup.impl.overlap_grad_reduce:
+        raise ValueError(
+            "overlap_param_gather: Megatron's --overlap-param-gather needs --overlap-grad-reduce (and its "
+            "distributed optimizer, --zero 1); add --impl megatron --overlap-grad-reduce or drop it"
         )
 
 

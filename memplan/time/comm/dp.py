@@ -54,7 +54,7 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
     # gathers the updated parameters after the step: neither hides behind compute
     megatron = s.impl.impl is Impl.MEGATRON
     reduce = Overlap.NONE if megatron and not s.impl.overlap_grad_reduce else Overlap.LAST_BACKWARD
-    gather = Overlap.NONE if megatron else Overlap.FIRST_FORWARD
+    gather = Overlap.NONE if megatron and not s.impl.overlap_param_gather else Overlap.FIRST_FORWARD
     if zero is ZeroStage.NONE:
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     if zero is ZeroStage.OPTIMIZER:
