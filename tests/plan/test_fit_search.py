@@ -229,6 +229,32 @@ def test_rows_repeat_what_no_setup_holds() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("extra", "repeated"),
+    [
+        # the optimizer implementation and gradient clipping change its time (tests/plan/test_grad_clip.py)
+        ("--clip-grad --optimizer-impl fused", ("--optimizer-impl fused", "--clip-grad")),
+        # Megatron's overlap switches (tests/plan/test_megatron_grads.py)
+        (
+            "--impl megatron --overlap-grad-reduce --overlap-param-gather",
+            ("--overlap-grad-reduce --overlap-param-gather",),
+        ),
+    ],
+)
+def test_rows_repeat_the_switches_held_for_the_search(extra: str, repeated: tuple[str, ...]) -> None:
+    """Settings fit holds for every layout and that change a row's step time: each row's command repeats
+    them and reproduces it."""
+    found = run_json(
+        "fit -m 8b --seq 4096 --gpus 16 --gpu h100-sxm --global-batch 64 --top 2 --checkpointing full "
+        f"--attention flash --micro-batches 1 {extra} --json"
+    )
+    assert found["configs"]
+    for c in found["configs"]:
+        assert all(r in c["command"] for r in repeated), c["command"]
+        again = run_json(c["command"].removeprefix("memplan ") + " --json")
+        assert again["time"]["step_time_s"] == c["time"]["step_time_s"]
+
+
 def test_context_parallelism_is_searched_when_everything_fits_without_it() -> None:
     """8B at 4,096 tokens on 16 H100s fits without cp; cp layouts are evaluated all the same."""
     space = Space(

@@ -71,22 +71,3 @@ def test_parts_add_up_with_clipping() -> None:
     p = predicted("--impl torchtitan")
     assert sum(p["parts"].values()) == pytest.approx(p["step_time_s"], rel=1e-12)
     assert p["parts"]["gradient clipping"] == p["clip_s"] > 0
-
-
-def test_fit_rows_repeat_the_clipping_and_the_optimizer_implementation() -> None:
-    """``fit --clip-grad --optimizer-impl fused``: each row's command repeats both (they change its step
-    time) and reproduces its step time."""
-    out = runner.invoke(
-        app,
-        shlex.split(
-            "fit -m 8b --seq 4096 --gpus 8 --gpu h100-sxm --global-batch 16 --top 2 --checkpointing full "
-            "--attention flash --micro-batches 1 --clip-grad --optimizer-impl fused --json"
-        ),
-    )
-    assert out.exit_code == 0, out.output
-    found = json.loads(out.stdout)
-    assert found["configs"]
-    for c in found["configs"]:
-        assert "--optimizer-impl fused" in c["command"] and "--clip-grad" in c["command"]
-        again = runner.invoke(app, shlex.split(c["command"].removeprefix("memplan ") + " --json"))
-        assert json.loads(again.stdout)["time"]["step_time_s"] == c["time"]["step_time_s"]

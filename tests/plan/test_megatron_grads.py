@@ -138,26 +138,3 @@ def test_overlap_param_gather_hides_the_distributed_optimizers_gather() -> None:
     assert gather == [Overlap.FIRST_FORWARD]
     with pytest.raises(ValueError, match="overlap_param_gather: Megatron's --overlap-param-gather needs"):
         result(zero=1, dp=2, gpus=2, overlap_param_gather=True)
-
-
-def test_fit_rows_repeat_megatrons_overlap_switches() -> None:
-    import json
-    import shlex
-
-    from typer.testing import CliRunner
-
-    from memplan.cli.app import app
-
-    runner = CliRunner()
-    out = runner.invoke(
-        app,
-        shlex.split(
-            "fit -m 8b --seq 4096 --gpus 16 --gpu h100-sxm --global-batch 64 --top 2 --impl megatron "
-            "--overlap-grad-reduce --overlap-param-gather --micro-batches 1 --json"
-        ),
-    )
-    assert out.exit_code == 0, out.output
-    for c in json.loads(out.stdout)["configs"]:
-        assert "--impl megatron --overlap-grad-reduce --overlap-param-gather" in c["command"]
-        again = runner.invoke(app, shlex.split(c["command"].removeprefix("memplan ") + " --json"))
-        assert json.loads(again.stdout)["time"]["step_time_s"] == c["time"]["step_time_s"]
