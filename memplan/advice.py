@@ -45,7 +45,7 @@ from memplan.config import (
 )
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
-from memplan.options import FIT_OPTIONS as FIT_OPTION_NAMES
+from memplan.fit_options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
 from memplan.strategies.checkpointing import op_selective
@@ -55,7 +55,7 @@ from memplan.strategies.tensor_parallel import tp_model
 TOP_TERMS = 3
 
 FIT_OPTIONS = frozenset(FIT_OPTION_NAMES)
-"""The ``api.Options`` fields ``memplan fit`` takes as they are (``options.FIT_OPTIONS``: its CLI's)."""
+"""The ``api.Options`` fields ``memplan fit`` takes as they are (``fit_options.FIT_OPTIONS``: its CLI's)."""
 _FIT_SEARCHES = frozenset(
     {"gpu", "gpus", "dp", "zero", "checkpointing", "attention", "batch", "grad_accum", "global_batch"}
 )

@@ -8,7 +8,6 @@ name and re-validates, and ``api.setup_of`` turns them into a ``Setup``.
 from __future__ import annotations
 
 from memplan.config import (
-    FINETUNE_OPTIONS,
     AttentionChoice,
     AttentionKernel,
     CpRotate,
@@ -35,41 +34,6 @@ DEFAULT_SEQ = TrainingConfig().seq_len
 """``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
 
 LISTS = "(`memplan presets` lists them)"
-
-FIT_PASSTHROUGH = (
-    "dropout",
-    "device",
-    "mfu",
-    "gpus_per_node",
-    "intra_node_bw",
-    "inter_node_bw",
-    "reserve",
-    "host_memory",
-)
-"""``FIT_OPTIONS`` no setup holds (the model's dropout is rebuilt from the preset; the rest shape the GPU,
-its budget or the time basis): each ``fit`` row's ``memplan estimate`` command repeats them as given."""
-
-FIT_OPTIONS = (
-    "seq",
-    "precision",
-    "optimizer",
-    "optimizer_impl",
-    "clip_grad",
-    *FIT_PASSTHROUGH,
-    "finetune",
-    *FINETUNE_OPTIONS,
-    "double_quant",
-    "impl",
-    "attention_kernel",
-    "compile",
-    "compile_loss",
-    "fp8",
-    "fp8_all_gather",
-    "overlap_grad_reduce",
-    "overlap_param_gather",
-)
-"""The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
-options from them and ``advice`` suggests a ``fit`` command only for settings among them."""
 
 
 class Options(Frozen):

@@ -32,7 +32,7 @@ from memplan.config import (
     ZeroStage,
     parse_checkpointing,
 )
-from memplan.options import FIT_OPTIONS, FIT_PASSTHROUGH
+from memplan.fit_options import FIT_OPTIONS, FIT_PASSTHROUGH
 
 # NB: memplan.search and memplan.render.plan are imported inside the commands.
 

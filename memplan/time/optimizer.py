@@ -72,11 +72,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from memplan.analytic.optimizer_step import optimizer_impl, trainable_shapes
-from memplan.analytic.states import shard
 from memplan.blocks import megatron
-from memplan.config import Impl, ModelConfig, Optimizer, OptimizerImpl, Precision, Setup, ZeroStage
+from memplan.config import Impl, ModelConfig, Optimizer, OptimizerImpl, Precision, Setup
 from memplan.config.finetune import FineTune
 from memplan.config.impl import ImplConfig
+from memplan.strategies.zero import model_states
 
 FP32 = 4
 PER_TENSOR = frozenset({OptimizerImpl.REFERENCE, OptimizerImpl.FOR_LOOP})
@@ -156,11 +156,13 @@ def framework_ops(s: Setup) -> list[int]:
 
 def megatron_zero_bytes(s: Setup, params: int) -> int:
     """Bytes Megatron's ``zero_grad_buffer`` writes once a step on a device holding ``params`` parameters:
-    its gradient buffer, sharded as the model states are (``strategies.zero``); 0 elsewhere."""
+    its gradient buffer, the model states' gradients (``strategies.zero.model_states``); 0 elsewhere."""
     main_grad = megatron.main_grad_bytes(s)
     if main_grad is None:
         return 0
-    return shard(params, s.state_shards, s.strategy.zero >= ZeroStage.GRADIENTS) * main_grad
+    t, zero = s.training, s.strategy.zero
+    states = model_states(params, t.precision, t.optimizer, zero, s.state_shards, grad_bytes=main_grad)
+    return states.gradients
 
 
 CLIPS_BY_DEFAULT = frozenset({Impl.MEGATRON, Impl.TORCHTITAN, Impl.HF})

@@ -6,12 +6,12 @@ and m virtual stages per rank:
     busy   = n · (forward + backward) + exposed(tp, cp, ep) + exposed host copies of every micro-batch
     bubble = busy · (p − 1)/(m·n)                              1F1B (Narayanan et al. 2021 §2.2)
     step   = busy + bubble + exposed(pp) + exposed(dp) + gradient clipping + optimizer + host step
-             + exposed once-per-step copies + FSDP2's copy kernels
+             + exposed once-per-step copies + data parallelism's copy kernels
 
 forward, backward: ``compute.kernel_times`` (QLoRA's dequantisation included); optimizer:
 ``compute.optimizer_seconds`` on the GPU, or under optimizer offload the CPU's step and the host link's
-copies (``offload``); gradient clipping: ``compute.clip_seconds``; FSDP2's copy-outs and copy-ins on the
-compute stream: ``dp_copies``.
+copies (``offload``); gradient clipping: ``compute.clip_seconds``; FSDP2's copy-outs and copy-ins and DDP's
+bucket copies on the compute stream: ``dp_copies``.
 ``Prediction.parts`` lists every term; they add up to the step.
 
 A collective's exposure (``comm.Overlap``): a row that overlaps nothing costs its whole time; the rows of
@@ -92,7 +92,8 @@ class Prediction(BaseModel):
     host_optimizer_s: float = 0.0
     """The CPU optimizer step under optimizer offload."""
     dp_copies_s: float = 0.0
-    """FSDP2's all-gather copy-outs and reduce-scatter copy-ins on the compute stream (``dp_copies``)."""
+    """FSDP2's all-gather copy-outs and reduce-scatter copy-ins, DDP's bucket copies, on the compute stream
+    (``dp_copies``)."""
     step_time_s: float
     mfu: float
     communication: tuple[Row, ...]
