@@ -16,9 +16,18 @@ from typer.testing import CliRunner
 
 from memplan.api import build_setup
 from memplan.cli.app import app
-from memplan.config import Attention, Checkpointing, Parallel, ZeroStage
+from memplan.config import (
+    Attention,
+    AttentionChoice,
+    Checkpointing,
+    Fp8Recipe,
+    Impl,
+    ImplConfig,
+    Parallel,
+    ZeroStage,
+)
 from memplan.presets import load_gpu
-from memplan.search.bound import Bound, Cutoff, stages_bound
+from memplan.search.bound import Bound, Cutoff, fastest_rate, layer_stream_seconds, stages_bound
 from memplan.search.fit import Space, fit
 from memplan.search.space import layouts, pipelines, shard_groups, virtual_layers
 from memplan.time.timing import timing
@@ -73,33 +82,109 @@ def test_cutoff_keeps_the_fastest() -> None:
     assert Cutoff(0).seconds == float("inf")
 
 
+TITAN_FP8 = ImplConfig(impl=Impl.TORCHTITAN, compile=True, fp8=Fp8Recipe.TENSORWISE)
+
+
 @pytest.mark.parametrize(
-    ("tp", "pp", "vpp", "cp", "ckpt", "n"),
+    ("model", "impl", "tp", "sp", "pp", "vpp", "cp", "ckpt", "attention", "n"),
     [
-        (8, 16, 8, 1, Checkpointing.NONE, 16),
-        (4, 16, 8, 4, Checkpointing.NONE, 32),
-        (8, 2, 1, 1, Checkpointing.FULL, 2),
-        (8, 16, 1, 2, Checkpointing.SELECTIVE, 32),
+        ("405b", None, 8, True, 16, 8, 1, Checkpointing.NONE, Attention.FLASH, 16),
+        ("405b", None, 4, True, 16, 8, 4, Checkpointing.NONE, Attention.FLASH, 32),
+        ("405b", None, 8, True, 2, 1, 1, Checkpointing.FULL, Attention.FLASH, 2),
+        ("405b", None, 8, True, 16, 1, 2, Checkpointing.SELECTIVE, Attention.FLASH, 32),
+        # eager attention's softmax bytes, tp without sp (its norms repeated on every rank), uneven stages
+        ("llama-3-8b", None, 4, False, 3, 1, 1, Checkpointing.SELECTIVE, Attention.EAGER, 8),
+        ("llama-3-8b", None, 1, False, 1, 1, 1, Checkpointing.NONE, Attention.EAGER, 4),
+        # torchtitan's per-op selective re-run, compiled blocks, float8 GEMMs at the FP8 peak
+        ("llama-3-8b", TITAN_FP8, 2, True, 1, 1, 1, Checkpointing.SELECTIVE, Attention.FLASH, 4),
+        ("llama-3-8b", TITAN_FP8, 1, False, 1, 1, 2, Checkpointing.FULL, Attention.FLASH, 4),
+        # a mixture of experts (Mixtral: 8 experts, top 2)
+        ("mixtral-8x7b", None, 2, True, 4, 1, 1, Checkpointing.FULL, Attention.FLASH, 8),
     ],
 )
 def test_bound_is_below_the_prediction(
-    tp: int, pp: int, vpp: int, cp: int, ckpt: Checkpointing, n: int
+    model: str,
+    impl: ImplConfig | None,
+    tp: int,
+    sp: bool,
+    pp: int,
+    vpp: int,
+    cp: int,
+    ckpt: Checkpointing,
+    attention: Attention,
+    n: int,
 ) -> None:
-    """The pruning is safe only while the bound never exceeds memplan's own prediction."""
-    gpus, batch = 16384, 2048
-    dp = gpus // (tp * pp * cp)
-    virtual = virtual_layers(126, pp, vpp) if vpp > 1 else None
-    par = Parallel(tp=tp, sp=True, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
-    base = build_setup("405b", seq=8192)
-    setup = build_setup(
-        "405b", seq=8192, checkpointing=ckpt.name.lower(), zero=1, dp=dp, parallel=par, grad_accum=batch // dp
-    )
-    assert batch // dp == n
+    """The pruning is safe only while the bound never exceeds memplan's own prediction, for every ZeRO
+    stage of the configuration."""
     from memplan.engine import estimate
 
-    predicted = timing(estimate(setup), H100).step_time_s
-    bound = Bound(H100, gpus, batch).seconds(base, ckpt, Attention.FLASH, par, n)
-    assert 0 < bound <= predicted
+    layers = build_setup(model).model.num_layers
+    gpus = 16384 if model == "405b" else 64
+    dp = gpus // (tp * pp * cp)
+    batch = n * dp
+    virtual = virtual_layers(layers, pp, vpp) if vpp > 1 else None
+    par = Parallel(tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
+    kind = AttentionChoice.EAGER if attention is Attention.EAGER else AttentionChoice.FLASH
+    base = build_setup(model, seq=8192, attention=kind, impl=impl)
+    bound = Bound(H100, gpus, batch).seconds(base, ckpt, attention, par, n)
+    stages = [0, 2, 3] if impl is not None else [0, 1, 2, 3]
+    for zero in stages:
+        setup = build_setup(
+            model, seq=8192, attention=kind, impl=impl, checkpointing=ckpt.name.lower(), zero=zero, dp=dp,
+            parallel=par, grad_accum=n,
+        )  # fmt: skip
+        assert 0 < bound <= timing(estimate(setup), H100).step_time_s
+
+
+HF = ImplConfig(impl=Impl.HF)
+
+
+@pytest.mark.parametrize(
+    ("model", "impl", "attention"),
+    [
+        ("llama-3-8b", None, AttentionChoice.FLASH),
+        ("llama-3-8b", None, AttentionChoice.EAGER),  # the softmax's and its dropout's bytes
+        ("gpt2-xl", None, AttentionChoice.EAGER),  # LayerNorm, GELU, learned positions
+        ("mixtral-8x7b", None, AttentionChoice.FLASH),
+        ("deepseek-v2-lite", HF, AttentionChoice.EAGER),  # latent attention, shared experts
+        ("gemma-2-9b", HF, AttentionChoice.EAGER),  # post-norms, windows, soft-capping
+        ("llama-3-8b", TITAN_FP8, AttentionChoice.FLASH),
+        ("llama-3.1-70b", TITAN_FP8, AttentionChoice.FLASH),
+    ],
+)
+@pytest.mark.parametrize("ckpt", ["none", "selective", "full"])
+def test_the_bounds_elementwise_claims(
+    model: str, impl: ImplConfig | None, attention: AttentionChoice, ckpt: str
+) -> None:
+    """``bound``'s two claims on a layer's element-wise seconds (module docstring), over presets of every
+    shape: linear in the micro-batch's sequences, and a tensor-parallel rank (sp or not) moves at least
+    1/t of one rank's."""
+    if impl is HF and ckpt == "selective":
+        pytest.skip("--impl hf has no selective checkpointing")
+
+    def seconds(b: int, tp: int, sp: bool) -> float:
+        par = Parallel(tp=tp, sp=sp)
+        setup = build_setup(
+            model, seq=1024, batch=b, checkpointing=ckpt, parallel=par, impl=impl, attention=attention
+        )
+        return layer_stream_seconds(setup, H100)
+
+    one = seconds(1, 1, False)
+    assert one > 0
+    assert seconds(3, 1, False) == pytest.approx(3 * one, rel=1e-12)
+    heads = build_setup(model, seq=1024, impl=impl, attention=attention).model.num_heads
+    degrees = [] if impl is HF else [t for t in (2, 4, 5, 8) if heads % t == 0]  # hf: no tp
+    for tp in degrees:
+        for sp in (False, True):
+            assert tp * seconds(1, tp, sp) >= one * (1 - 1e-12)
+
+
+def test_fastest_rate_is_above_every_kernel_class() -> None:
+    """The FP8 peak under ``--fp8`` (its GEMMs' rate), the dense bf16 one's matmul fraction otherwise."""
+    bf16 = build_setup("llama-3-8b")
+    fp8 = build_setup("llama-3-8b", impl=TITAN_FP8)
+    assert fastest_rate(bf16, H100) == pytest.approx(0.80 * 989.5e12)
+    assert fastest_rate(fp8, H100) == pytest.approx(0.80 * H100.peak_tflops.fp8 * 1e12)  # type: ignore[operator]
 
 
 @pytest.mark.parametrize(
