@@ -186,6 +186,13 @@ def stream_inputs(r: Result) -> StreamInputs:
 
 _TERMS_OF = itemgetter(*TERMS)
 """A point's bytes of each of ``TERMS``, in order (one tuple)."""
+_GRADIENTS = TERMS.index("gradients")
+
+
+def _point_terms(terms: dict[str, int], off: dict[str, int] | None) -> tuple[int, ...]:
+    """A point's bytes of each of ``TERMS``, less ``off`` (the all-gather stream's share at it)."""
+    row: tuple[int, ...] = _TERMS_OF(terms)
+    return tuple(v - off.get(k, 0) for k, v in zip(TERMS, row, strict=True)) if off else row
 
 
 def _stream_inputs(r: Result) -> StreamInputs:
@@ -194,17 +201,13 @@ def _stream_inputs(r: Result) -> StreamInputs:
     points = timeline(r, forward_points=max(1, dev.counts[group]))
     per_tensor = rank_tensors(r.pieces.setup, dev.setup.strategy)
     st = dev.states
-    terms = [p.terms for p in points]
     # FSDP2's flat all-gather outputs in the moments: the all-gather stream's pool, replayed apart
     off = dev.peak.all_gather_stream
-    terms = [
-        {k: v - off.get(p.label, {}).get(k, 0) for k, v in t.items()}
-        for p, t in zip(points, terms, strict=True)
-    ]
+    rows = [_point_terms(p.terms, off.get(p.label)) for p in points]
     if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
-        terms = [{**t, "gradients": 0} for t in terms]
+        rows = [(*t[:_GRADIENTS], 0, *t[_GRADIENTS + 1 :]) for t in rows]
     return StreamInputs(
-        points=tuple(map(_TERMS_OF, terms)),
+        points=tuple(rows),
         per_tensor=per_tensor,
         states=(st.weights, st.optimizer, st.gradients),
         layer=tuple(layer_saves(r)),
