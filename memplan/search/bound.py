@@ -1,34 +1,39 @@
-"""A lower bound of a configuration's predicted step time from its FLOPs and element-wise bytes alone, and
-the cut-off it is compared with: what lets ``fit`` skip configurations that cannot be among the fastest it
+"""A lower bound of a configuration's predicted step time from one reference sequence's kernels, and the
+cut-off it is compared with: what lets ``fit`` skip configurations that cannot be among the fastest it
 lists.
 
 The predicted step (``time.predict``) is at least its busy time stretched by the bubble,
 busy · (1 + (p − 1)/(m·n)), and busy is at least the busiest stage's kernels, n·(forward + backward)
-(``time.compute.kernel_times``: matrix products, attention, element-wise work, launch gaps and QLoRA's
-dequantisation, added; communication only adds). Two of its terms are bounded from one reference
-sequence (b = 1, no tensor or pipeline parallelism, the layout's cp):
+(``time.compute.kernel_times`` of ``comm.rows.critical_stage``: matrix products, attention, element-wise
+work, launch gaps and QLoRA's dequantisation, added; communication only adds). The busiest stage's
+kernels are bounded from one reference sequence (b = 1, no tensor or pipeline parallelism, the layout's
+cp and its rotation), each class at the fastest rate any micro-batch size or tensor-parallel degree gives
+it at that length:
 
-- FLOPs: every FLOP the engine counts (``flops.total``: matrix products, attention, recompute) runs no
-  faster than ``fastest_rate`` (the best of the matmul fraction × the linears' peak — the FP8 peak under
-  ``--fp8`` — and every attention kernel's fraction × the dense peak; wave quantization only slows a GEMM),
-  and the busiest device runs at least the average device's share of the step's FLOPs (it is the stage
-  with the most forward FLOPs, ``comm.rows.critical_stage``);
-- element-wise bytes (``time.layer_elementwise.streamed_bytes``, forward, backward and the checkpoint's
-  re-run, as ``kernel_times`` charges them at ``MEMORY`` × HBM): a layer's are linear in the micro-batch's
+- the linears (forward, backward, re-run) at the matmul fraction × the linears' peak (the FP8 peak under
+  ``--fp8``; ``linear_rate``): wave and tile quantization and the roofline only slow a GEMM, and a
+  tensor-parallel rank runs 1/t of them (only the head's vocabulary is padded);
+- the attention core at its kernel's fraction on a full grid (``time.attention.flash_fraction``: its
+  grid factors, the only terms that read b or tp, are at most 1), eager attention's GEMMs at the matmul
+  fraction;
+- the element-wise bytes (``time.layer_elementwise.streamed_bytes``, forward, backward and the
+  checkpoint's re-run, at ``MEMORY`` × HBM as ``kernel_times`` charges them): linear in the micro-batch's
   sequences, and a tensor-parallel rank moves at least 1/t of one rank's (sequence parallelism splits the
-  norms and residual adds, tensor parallelism the rest; without sp they repeat); the busiest stage holds
-  at least the fewest layers of any stage. With e seconds for one sequence through one layer on one rank
-  of tp 1 (its cp ranks' together) and n·b = B/dp sequences per data-parallel rank, a device moves at least
-  (B/dp)·L·e/(t·cp) = B·p·L·e/N. Context parallelism's ring copies, the fp8 casts (per weight, not per
-  token), launch gaps and dequantisation are left out (never negative).
+  norms and residual adds, tensor parallelism the rest; without sp they repeat).
 
-So, for B sequences of h FLOPs and e element-wise seconds a layer each on N devices, L the fewest layers of
-a stage:
+Left out (never negative): context parallelism's ring copies, the fp8 casts (per weight, not per token),
+launch gaps, dequantisation, communication. Each class is linear in the sequences, so with e seconds of a
+layer and x of the head for one sequence (its cp ranks together, tp 1) and n·b = B/dp sequences per
+data-parallel rank, a device of a stage with L layers runs at least (B/dp)·L·e/(t·cp) = B·p·L·e/N seconds
+(plus B·p·x/N on the last stage). The stage ``critical_stage`` picks has the most forward FLOPs, ties to
+the later one: either it is the last stage, or it holds more than the last's layers plus the head's
+forward FLOPs in layers (``Sequence.busiest``); and it holds at least the fewest layers. So
 
-    step ≥ (B·h / (N · fastest_rate) + B·p·L·e / N) · (1 + (p − 1)/(m·n))
+    step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n))
 
-tests/plan/test_fit_search.py checks the bound against the prediction over a sample of layouts, and the
-two claims on the element-wise bytes (linear in b, ≥ 1/t under tp) over the presets.
+tests/plan/test_fit_search.py checks the bound against every ZeRO stage's prediction over a sample of
+layouts, and the claims on the element-wise bytes (linear in b, ≥ 1/t under tp) and the attention
+fraction (the full grid's is the largest) over presets.
 
 ``Cutoff`` keeps the ``keep`` fastest step times found so far (per method and saver level): a
 configuration whose bound exceeds the slowest of them cannot enter the list.
@@ -47,8 +52,9 @@ computed with ``predict``'s own operations in its order: IEEE addition and multi
 non-negative numbers are monotonic, so the bound is ≤ the predicted step of every stage bit for bit.
 tests/plan/test_fit_search.py checks it against the prediction of every ZeRO stage over a sample.
 
-NB: the bound holds while no kernel class runs above ``fastest_rate`` (``time.compute``: a new kernel class
-with a rate of its own enters there); with an assumed ``--mfu`` nothing is pruned.
+NB: the bound holds while ``reference_sequence`` charges each class no more than ``time.compute`` does (a
+new kernel class, or a new dependence of a rate on b or tp, enters there); with an assumed ``--mfu``
+nothing is pruned.
 """
 
 from __future__ import annotations
@@ -62,48 +68,37 @@ from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.pipeline_parallel import stage_layers
+from memplan.time import attention as attention_time
 from memplan.time import efficiency, fp8
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
 from memplan.time.comm.rows import Row, critical_stage
-from memplan.time.compute import hbm_bytes_per_s, kernel_times
+from memplan.time.compute import StageFlops, hbm_bytes_per_s, kernel_times, stage_flops
 from memplan.time.layer_elementwise import attention_bytes, streamed_bytes
 from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops
 
 
-def fastest_rate(setup: Setup, gpu: GpuPreset) -> float:
-    """FLOP/s no kernel of ``setup`` on ``gpu`` exceeds (module docstring): the matmul fraction (``MATMUL``
-    or the calibrated one) × the linears' peak (the FP8 peak under ``--fp8``), or the fastest attention
-    fraction memplan knows × the dense peak (``ATTENTION``, FlashAttention-3's, cuDNN's curve, a calibrated
-    rate or curve)."""
+def linear_rate(setup: Setup, gpu: GpuPreset) -> float:
+    """FLOP/s no matrix product of ``setup`` on ``gpu`` exceeds (module docstring): the matmul fraction
+    (``MATMUL`` or the calibrated one) × the FP8 peak under ``--fp8`` (its layers' GEMMs), else × the
+    precision's dense peak; wave and tile quantization and the roofline only slow a GEMM."""
     peak = peak_flops(gpu, setup.training.precision)
-    linears = fp8.peak(setup, gpu) if fp8.enabled(setup) else peak
-    cal = gpu.calibrated
-    curves = [efficiency.CUDNN_HOPPER, efficiency.CUDNN_HOPPER_NONCAUSAL]
-    curves += [cal.attention_curve] if cal is not None and cal.attention_curve else []
-    fractions = [
-        efficiency.ATTENTION,
-        efficiency.FA3_SPEEDUP * max(efficiency.FA2_HOPPER, efficiency.FA2_HOPPER_BACKWARD),
-        *(max(f, b) for curve in curves for _, f, b in curve),
-        *([cal.attention] if cal is not None and cal.attention else []),
-    ]
-    return max(efficiency.matmul(gpu) * linears, max(fractions) * peak)
+    return efficiency.matmul(gpu) * (max(peak, fp8.peak(setup, gpu)) if fp8.enabled(setup) else peak)
 
 
-@dataclass(frozen=True)
-class Sequence:
-    """One reference sequence's work (module docstring): h FLOPs through the whole model, at most ``rate``
-    FLOP/s (``fastest_rate``), and e element-wise seconds through one layer (forward, backward, the
-    checkpoint's re-run) on one rank of tp 1."""
-
-    flops: float
-    rate: float
-    layer_seconds: float
-
-
-NOTHING = Sequence(0.0, 1.0, 0.0)
-"""Where the reference cannot be built: nothing is pruned."""
+def attention_seconds(setup: Setup, f: StageFlops, gpu: GpuPreset) -> float:
+    """The attention core's seconds of ``f`` (forward, backward with its re-run) no micro-batch size or
+    tensor-parallel degree undercuts at ``setup``'s length and cp: a flash kernel at its fraction on a full
+    grid (``time.attention.flash_fraction``: the grid factors are at most 1, and nothing else it reads
+    depends on b or tp), eager attention's batched GEMMs at the matmul fraction × the dense peak."""
+    peak = peak_flops(gpu, setup.training.precision)
+    if attention_time.is_eager(setup):
+        return (f.attention_forward + f.attention_backward) / (efficiency.matmul(gpu) * peak)
+    work = attention_time.causal_work(setup)
+    forward = peak * attention_time.flash_fraction(setup, gpu, full_grid=True) / work
+    backward = peak * attention_time.flash_fraction(setup, gpu, backward=True, full_grid=True) / work
+    return f.attention_forward / forward + f.attention_backward / backward
 
 
 def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
@@ -120,6 +115,45 @@ def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
     return (one + streamed_bytes(setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
 
 
+@dataclass(frozen=True)
+class Sequence:
+    """One reference sequence's seconds (module docstring), its cp ranks' together on tp 1: through one
+    layer (its linears, its attention core, its element-wise bytes; forward, backward and the checkpoint's
+    re-run) and through the lm head; and ``head_layers``, the head's forward FLOPs in layers' (what
+    ``time.comm.rows.critical_stage`` weighs the last stage's head by)."""
+
+    layer_seconds: float
+    head_seconds: float
+    head_layers: float
+
+    def busiest(self, counts: tuple[int, ...]) -> float:
+        """A lower bound of the seconds of the stage ``critical_stage`` picks, over stages of ``counts``
+        layers (the last one with the head): it has the most forward FLOPs, ties to the later stage. Either
+        it is the last, or a stage with more than ``head_layers`` layers beyond the last's (its forward
+        FLOPs above the last's; the head's padded vocabulary under tp only raises that); and it holds at
+        least the fewest layers."""
+        layer, last = self.layer_seconds, counts[-1]
+        if len(counts) == 1:
+            return last * layer + self.head_seconds
+        either = min(last * layer + self.head_seconds, (last + self.head_layers) * layer)
+        return max(min(counts) * layer, either)
+
+
+NOTHING = Sequence(0.0, 0.0, 0.0)
+"""Where the reference cannot be built: nothing is pruned."""
+
+
+def reference_sequence(setup: Setup, gpu: GpuPreset) -> Sequence:
+    """``Sequence`` of ``setup`` (b = 1, no tensor or pipeline parallelism: one stage holds every layer)."""
+    c = critical_stage(estimate(setup))
+    f, layers, cp = stage_flops(c), c.layers, setup.parallel.cp
+    linears = (f.linear_forward + f.linear_backward + f.rerun_linear) / linear_rate(setup, gpu)
+    per_layer = (linears + attention_seconds(setup, f, gpu)) / layers + layer_stream_seconds(setup, gpu)
+    head = (f.head_forward + f.head_backward) / linear_rate(setup, gpu)
+    layer_forward = (f.linear_forward + f.attention_forward) / layers
+    return Sequence(cp * per_layer, cp * head, f.head_forward / layer_forward if layer_forward else 0.0)
+
+
 @dataclass
 class Bound:
     """Lower bounds of step times for the search of ``global_batch`` sequences on ``gpus`` × ``gpu``."""
@@ -129,14 +163,14 @@ class Bound:
     global_batch: int
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
 
-    def sequence(self, base: Setup, ckpt: Checkpointing, attention: Attention, cp: int) -> Sequence:
-        """The reference sequence for this checkpointing, attention and cp (``NOTHING`` when it cannot be
-        built)."""
-        key = (base.finetune, base.offload, base.loss, ckpt, attention, cp)
+    def sequence(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel) -> Sequence:
+        """The reference sequence for this checkpointing, attention and ``par``'s context parallelism (its
+        degree and rotation: the attention kernels' lengths) (``NOTHING`` when it cannot be built)."""
+        key = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp, par.cp_rotate)
         if key not in self._sequences:
             setup = base.model_copy(
                 update={
-                    "parallel": Parallel(cp=cp),
+                    "parallel": Parallel(cp=par.cp, cp_rotate=par.cp_rotate),
                     "training": base.training.model_copy(update={"micro_batch": 1, "grad_accum": 1}),
                     "strategy": base.strategy.model_copy(
                         update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
@@ -144,23 +178,18 @@ class Bound:
                 }
             )
             try:
-                if valid(setup):
-                    flops = float(estimate(setup).flops.total)
-                    layer = cp * layer_stream_seconds(setup, self.gpu)
-                    self._sequences[key] = Sequence(flops, fastest_rate(setup, self.gpu), layer)
-                else:
-                    self._sequences[key] = NOTHING
+                one = reference_sequence(setup, self.gpu) if valid(setup) else NOTHING
             except ValueError:
-                self._sequences[key] = NOTHING
+                one = NOTHING
+            self._sequences[key] = one
         return self._sequences[key]
 
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
-        one = self.sequence(base, ckpt, attention, par.cp)
-        fewest = min(stage_layers(base.model.num_layers, par))
-        flops = self.global_batch * one.flops / (self.gpus * one.rate)
-        elementwise = self.global_batch * par.pp * fewest * one.layer_seconds / self.gpus
-        return (flops + elementwise) * (1 + (par.pp - 1) / (par.vpp * n))
+        one = self.sequence(base, ckpt, attention, par)
+        busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
+        # less a billionth: the prediction adds the same terms in another order (rounding)
+        return busy * (1 + (par.pp - 1) / (par.vpp * n)) * (1 - 1e-9)
 
 
 def stages_bound(p: Result, gpu: GpuPreset) -> float:

@@ -3,8 +3,8 @@ stages × micro-batch sizes — judged for memory, timed and listed or rejected 
 
 Work goes cheapest first, and every shortcut gives the answer of the full evaluation:
 
-1. a micro-batch size whose step-time bound (``bound``: FLOPs only, no estimate) is slower than the
-   cut-off (the ``Space.keep`` fastest so far) is pruned;
+1. a micro-batch size whose step-time bound (``bound``: one reference sequence's kernels, no estimate) is
+   slower than the cut-off (the ``Space.keep`` fastest so far) is pruned;
 2. otherwise, when every ZeRO stage is predicted slower than the cut-off, none of them can be listed (the
    full evaluation would list at most one, slower than the cut-off, which leaves the cut-off as it is),
    so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the

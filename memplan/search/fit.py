@@ -17,21 +17,19 @@ assumed ``--mfu``, ties broken by fewer model-parallel devices, the lower ZeRO s
 micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
-batch). A micro-batch size whose step-time lower bound (``bound``: its FLOPs at the best kernel fraction
-of peak, stretched by its bubble) is slower than the ``Space.keep`` (``--top``) fastest found so far is
-pruned unevaluated; one whose ZeRO stages are all predicted slower than them (first by one bound shared by
-the stages, ``bound.stages_bound``) is pruned before any memory work (``families``: exact, the listed rows
-are those of the full evaluation); layouts go fastest bound
-first so the cut-off tightens early. Memory is judged cheapest first (``budget.fits``: the stages' lower
-bounds, the peak, the requested peak, then one replay of the allocator, memoised on the device's
-allocation stream), and a listed row's verdict is computed when it is shown (``results.Config``). A
-ZeRO stage that fits makes the higher stages of the same configuration redundant (they never need more
-memory and never move fewer bytes): they are not listed apart. Figures: docs/fit.md, benchmarks/bench_fit.py.
-NB: ZeRO 1 moves ZeRO 0's all-reduce as a
-reduce-scatter and an all-gather, and the all-gather may hide behind the next forward: a small gain this
-search does not look for. Over one data-parallel rank (dp 1) the ZeRO stages shard nothing, so only stage
-0 is searched there.
-"""
+batch). A micro-batch size whose step-time lower bound (``bound``: one reference sequence's kernels, each
+class at its fastest rate, on the busiest stage, stretched by its bubble) is slower than the
+``Space.keep`` (``--top``) fastest found so far is pruned unevaluated; one whose ZeRO stages are all predicted
+slower than them (first by one bound shared by the stages, ``bound.stages_bound``) is pruned before any memory
+work (``families``: exact, the listed rows are those of the full evaluation); layouts go fastest bound first
+so the cut-off tightens early. Memory is judged cheapest first (``budget.fits``: the stages' lower bounds, the
+peak, the requested peak, then one replay of the allocator, memoised on the device's allocation stream), and a
+listed row's verdict is computed when it is shown (``results.Config``). A ZeRO stage that fits makes the
+higher stages of the same configuration redundant (they never need more memory and never move fewer bytes):
+they are not listed apart. Figures: docs/fit.md, benchmarks/bench_fit.py. NB: ZeRO 1 moves ZeRO 0's all-reduce
+as a reduce-scatter and an all-gather, and the all-gather may hide behind the next forward: a small gain this
+search does not look for. Over one data-parallel rank (dp 1) the ZeRO stages shard nothing, so only stage 0 is
+searched there."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ interleaved, ZeRO-2; Dubey et al. 2024 §3.3.2).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from typing import Any
@@ -27,8 +28,15 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.presets import load_gpu
-from memplan.search.bound import Bound, Cutoff, fastest_rate, layer_stream_seconds, stages_bound
-from memplan.search.fit import Space, fit
+from memplan.search.bound import (
+    Bound,
+    Cutoff,
+    Sequence,
+    layer_stream_seconds,
+    linear_rate,
+    stages_bound,
+)
+from memplan.search.fit import Space, estimate_command, fit
 from memplan.search.space import layouts, pipelines, shard_groups, virtual_layers
 from memplan.time.timing import timing
 
@@ -98,6 +106,8 @@ TITAN_FP8 = ImplConfig(impl=Impl.TORCHTITAN, compile=True, fp8=Fp8Recipe.TENSORW
         # torchtitan's per-op selective re-run, compiled blocks, float8 GEMMs at the FP8 peak
         ("llama-3-8b", TITAN_FP8, 2, True, 1, 1, 1, Checkpointing.SELECTIVE, Attention.FLASH, 4),
         ("llama-3-8b", TITAN_FP8, 1, False, 1, 1, 2, Checkpointing.FULL, Attention.FLASH, 4),
+        # torch's ring (its default rotation)
+        ("llama-3-8b", None, 1, False, 1, 1, 8, Checkpointing.FULL, Attention.FLASH, 8),
         # a mixture of experts (Mixtral: 8 experts, top 2)
         ("mixtral-8x7b", None, 2, True, 4, 1, 1, Checkpointing.FULL, Attention.FLASH, 8),
     ],
@@ -116,14 +126,30 @@ def test_bound_is_below_the_prediction(
 ) -> None:
     """The pruning is safe only while the bound never exceeds memplan's own prediction, for every ZeRO
     stage of the configuration."""
-    from memplan.engine import estimate
-
     layers = build_setup(model).model.num_layers
-    gpus = 16384 if model == "405b" else 64
-    dp = gpus // (tp * pp * cp)
-    batch = n * dp
     virtual = virtual_layers(layers, pp, vpp) if vpp > 1 else None
     par = Parallel(tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
+    _check_bound(model, impl, par, ckpt, attention, n)
+
+
+@pytest.mark.parametrize(("tp", "pp", "cp"), [(1, 1, 8), (2, 2, 4), (8, 1, 2)])
+def test_bound_is_below_the_prediction_with_the_kv_gather(tp: int, pp: int, cp: int) -> None:
+    """Llama 3's K/V all-gather: its chunks' attention calls have other lengths than the ring's (the
+    reference sequence carries the layout's rotation)."""
+    from memplan.config import CpRotate
+
+    par = Parallel(tp=tp, sp=tp > 1, pp=pp, cp=cp, cp_rotate=CpRotate.KV_GATHER)
+    _check_bound("llama-3-8b", None, par, Checkpointing.NONE, Attention.FLASH, 8)
+
+
+def _check_bound(
+    model: str, impl: ImplConfig | None, par: Parallel, ckpt: Checkpointing, attention: Attention, n: int
+) -> None:
+    from memplan.engine import estimate
+
+    gpus = 16384 if model == "405b" else 64
+    dp = gpus // (par.tp * par.pp * par.cp)
+    batch = n * dp
     kind = AttentionChoice.EAGER if attention is Attention.EAGER else AttentionChoice.FLASH
     base = build_setup(model, seq=8192, attention=kind, impl=impl)
     bound = Bound(H100, gpus, batch).seconds(base, ckpt, attention, par, n)
@@ -179,12 +205,49 @@ def test_the_bounds_elementwise_claims(
             assert tp * seconds(1, tp, sp) >= one * (1 - 1e-12)
 
 
-def test_fastest_rate_is_above_every_kernel_class() -> None:
+def test_linear_rate_is_the_fp8_peak_under_fp8() -> None:
     """The FP8 peak under ``--fp8`` (its GEMMs' rate), the dense bf16 one's matmul fraction otherwise."""
     bf16 = build_setup("llama-3-8b")
     fp8 = build_setup("llama-3-8b", impl=TITAN_FP8)
-    assert fastest_rate(bf16, H100) == pytest.approx(0.80 * 989.5e12)
-    assert fastest_rate(fp8, H100) == pytest.approx(0.80 * H100.peak_tflops.fp8 * 1e12)  # type: ignore[operator]
+    assert linear_rate(bf16, H100) == pytest.approx(0.80 * 989.5e12)
+    assert linear_rate(fp8, H100) == pytest.approx(0.80 * H100.peak_tflops.fp8 * 1e12)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("kernel", "cp", "rotate"),
+    [("auto", 1, "allgather"), ("fa3", 1, "allgather"), ("cudnn", 1, "allgather"), ("auto", 4, "allgather"),
+     ("auto", 4, "kv-gather"), ("fa1", 2, "allgather")],
+)  # fmt: skip
+def test_the_full_grids_attention_fraction_is_the_largest(kernel: str, cp: int, rotate: str) -> None:
+    """``bound``'s claim on the attention core: no micro-batch size or tensor-parallel degree runs a flash
+    kernel above its fraction on a full grid at the same length (the grid factors are at most 1)."""
+    from memplan.config import AttentionKernel, CpRotate
+    from memplan.time.attention import flash_fraction
+
+    impl = ImplConfig(attention_kernel=AttentionKernel(kernel))
+    rot = CpRotate(rotate)
+
+    def setup(b: int, tp: int):  # type: ignore[no-untyped-def]
+        par = Parallel(tp=tp, sp=tp > 1, cp=cp, cp_rotate=rot)
+        return build_setup("llama-3-8b", seq=8192, batch=b, parallel=par, impl=impl)
+
+    for backward in (False, True):
+        full = flash_fraction(setup(1, 1), H100, backward, full_grid=True)
+        for b in (1, 2, 8):
+            for tp in (1, 2, 8):
+                assert flash_fraction(setup(b, tp), H100, backward) <= full
+
+
+def test_the_busiest_stage_by_hand() -> None:
+    """One layer 1 s, the head 0.5 s and 0.4 layers' forward FLOPs. Stages of 4, 4, 3 layers: forward work
+    4, 4, 3.4, so ``critical_stage`` picks the second (4 s); the bound, not knowing which, takes the least
+    of the last's 3.5 s and 3 + 0.4 layers', 3.4 s. Stages of 4, 4: the last by the tie (4.5 s), bound
+    min(4.5, 4.4) = 4.4; of 5, 4: the first (5 s), bound 4.4 again; one stage: every layer and the head."""
+    one = Sequence(layer_seconds=1.0, head_seconds=0.5, head_layers=0.4)
+    assert one.busiest((4, 4, 3)) == pytest.approx(3.4)
+    assert one.busiest((4, 4)) == pytest.approx(4.4)
+    assert one.busiest((5, 4)) == pytest.approx(4.4)
+    assert one.busiest((6,)) == pytest.approx(6.5)
 
 
 @pytest.mark.parametrize(
@@ -386,3 +449,25 @@ def test_fit_with_fp8_on_a_gpu_without_it_is_a_one_line_error() -> None:
         r.stderr.strip()
         == "error: fp8: a100-80gb has no FP8 tensor cores; drop --fp8 or choose an FP8 GPU (H100, ...)"
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "impl"),
+    [("llama-3.2-1b", 16, None), ("llama-3.2-1b", 16, TITAN_FP8), ("mixtral-8x7b", 64, None)],
+)
+def test_the_bounds_prune_no_row_of_the_full_evaluation(
+    model: str, gpus: int, impl: ImplConfig | None
+) -> None:
+    """End to end: the ``keep`` fastest rows with every pruning on are the ``keep`` fastest of the search
+    that prunes nothing (``keep`` 0: every configuration judged and listed) — uneven and interleaved
+    pipelines, cp (flash) beside eager attention, three checkpointing modes."""
+    base = build_setup(model, seq=4096, impl=impl)
+    space = Space(micro_batches=(1, 2, 4), tp_max=4, cp_max=4, vpp=(1, 2), hsdp=False, keep=6)
+    pruned = fit(base, H100, gpus, global_batch=64, space=space, max_seq=False)
+    full = fit(base, H100, gpus, global_batch=64, space=dataclasses.replace(space, keep=0), max_seq=False)
+    assert pruned.pruned > 0 and full.pruned == 0
+
+    def rows(r) -> list[tuple[str, float]]:  # type: ignore[no-untyped-def]
+        return [(estimate_command(c, r), c.timing.step_time_s) for c in r.fitting[: space.keep]]
+
+    assert rows(pruned) == rows(full)
