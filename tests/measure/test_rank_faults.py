@@ -256,3 +256,19 @@ def test_the_one_process_records_are_refused_with_nproc(tmp_path: Path, flag: st
         f"error: {name}: recorded by the one-process run only; drop --{name} or run without --nproc\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_signal_is_held_while_the_ranks_start() -> None:
+    """SIGTERM during ``start_processes`` waits until every rank has its arguments (a rank whose pipe the
+    parent stopped writing printed an EOFError traceback), then raises ``Interrupted``; the handler
+    before is back."""
+    from memplan.measure.distributed.nproc import Interrupted, _stops_deferred
+
+    before = signal.getsignal(signal.SIGTERM)
+    reached = False
+    with pytest.raises(Interrupted) as stopped, _stops_deferred():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # Python runs the handler between bytecodes: it only records
+        reached = True
+    assert reached and stopped.value.signum == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -375,6 +375,25 @@ def _sigint_ignored() -> Iterator[None]:
         signal.signal(signal.SIGINT, prior)
 
 
+@contextmanager
+def _stops_deferred() -> Iterator[None]:
+    """SIGTERM and SIGHUP held while the ranks are started, then raised (``Interrupted``) once every rank
+    has what it was started with. Raised inside ``start_processes``, the exception cut the parent's write
+    of a rank's pickled arguments to its pipe, and the rank, already running, printed an ``EOFError``
+    traceback (multiprocessing's ``spawn_main``) before the clean-up killed it (seen under load in
+    tests/measure/test_rank_faults.py). The recording handler is Python's: a rank's ``exec`` resets it to
+    the default."""
+    caught: list[int] = []
+    prior = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in prior.items():
+            signal.signal(s, h)
+    if caught:
+        raise Interrupted(caught[0])
+
+
 def spawn_ranks(
     fn: Callable[..., None], args: tuple[Any, ...], nproc: int, timeout_s: float, tmp: str | None = None
 ) -> None:
@@ -382,18 +401,18 @@ def spawn_ranks(
 
     Every way out stops every rank: a rank that raised or died (RuntimeError with its last error line), a
     run past ``timeout_s`` (TimeoutError: a hung collective, a rank stopped by SIGSTOP), SIGINT in the
-    parent (KeyboardInterrupt), SIGTERM or SIGHUP (``Interrupted``). The ranks still alive are then killed
-    with SIGKILL, which also ends a stopped process (SIGTERM would wait until it is continued), and
-    reaped, so that nothing is left running and the parent's exit does not wait on them. torch's
-    per-rank error files go to ``tmp`` (removed by the caller) rather than ``$TMPDIR``. Main thread only
-    (signal handlers)."""
+    parent (KeyboardInterrupt), SIGTERM or SIGHUP (``Interrupted``; held while the ranks start,
+    ``_stops_deferred``). The ranks still alive are then killed with SIGKILL, which also ends a stopped
+    process (SIGTERM would wait until it is continued), and reaped, so that nothing is left running and
+    the parent's exit does not wait on them. torch's per-rank error files go to ``tmp`` (removed by the
+    caller) rather than ``$TMPDIR``. Main thread only (signal handlers)."""
     main = threading.current_thread() is threading.main_thread()
     handlers = {s: signal.signal(s, _interrupted) for s in _STOP_SIGNALS} if main else {}
     before = set(mp.active_children())
     ctx: Any = None
     saved_tmp = tempfile.tempdir
     try:
-        with _sigint_ignored() if main else nullcontext():
+        with _sigint_ignored() if main else nullcontext(), _stops_deferred() if main else nullcontext():
             tempfile.tempdir = tmp or saved_tmp
             try:
                 ctx = mp.start_processes(  # type: ignore[attr-defined]
