@@ -8,32 +8,35 @@ busy · (1 + (p − 1)/(m·n)), and busy is at least the busiest stage's kernels
 work, launch gaps and QLoRA's dequantisation, added; communication only adds). The busiest stage's
 kernels are bounded from one reference sequence (b = 1, no tensor or pipeline parallelism, the layout's
 cp and its rotation), each class at the fastest rate any micro-batch size or tensor-parallel degree gives
-it at that length:
+it at that length, and the layout's own tensor-parallel collectives:
 
 - the linears (forward, backward, re-run) at the matmul fraction × the linears' peak (the FP8 peak under
   ``--fp8``; ``linear_rate``): wave and tile quantization and the roofline only slow a GEMM, and a
   tensor-parallel rank runs 1/t of them (only the head's vocabulary is padded);
 - the attention core at its kernel's fraction on a full grid (``time.attention.flash_fraction``: its
   grid factors, the only terms that read b or tp, are at most 1), eager attention's GEMMs at the matmul
-  fraction;
+  fraction × their roofline (a batched GEMM's intensity reads its shape, not its count b·a/t);
 - the element-wise bytes (``time.layer_elementwise.streamed_bytes``, forward, backward and the
   checkpoint's re-run, at ``MEMORY`` × HBM as ``kernel_times`` charges them): linear in the micro-batch's
   sequences, and a tensor-parallel rank moves at least 1/t of one rank's (sequence parallelism splits the
-  norms and residual adds, tensor parallelism the rest; without sp they repeat).
+  norms and residual adds, tensor parallelism the rest; without sp they repeat);
+- under sequence parallelism, the six tensor-parallel collectives of a layer that no compute hides
+  (``tp_layer_seconds``: their bandwidth terms, linear in b; latency left out).
 
 Left out (never negative): context parallelism's ring copies, the fp8 casts (per weight, not per token),
-launch gaps, dequantisation, communication. Each class is linear in the sequences, so with e seconds of a
-layer and x of the head for one sequence (its cp ranks together, tp 1) and n·b = B/dp sequences per
-data-parallel rank, a device of a stage with L layers runs at least (B/dp)·L·e/(t·cp) = B·p·L·e/N seconds
-(plus B·p·x/N on the last stage). The stage ``critical_stage`` picks has the most forward FLOPs, ties to
-the later one: either it is the last stage, or it holds more than the last's layers plus the head's
-forward FLOPs in layers (``Sequence.busiest``); and it holds at least the fewest layers. So
+launch gaps, dequantisation, every other collective. Each term is linear in the sequences, so with e
+seconds of a layer and x of the head for one sequence (its t·cp ranks together) and n·b = B/dp sequences
+per data-parallel rank, a device of a stage with L layers runs at least (B/dp)·L·e/(t·cp) = B·p·L·e/N
+seconds (plus B·p·x/N on the last stage). The stage ``critical_stage`` picks has the most forward FLOPs,
+ties to the later one: either it is the last stage, or it holds more than the last's layers plus the
+head's forward FLOPs in layers (``Sequence.busiest``); and it holds at least the fewest layers. So
 
     step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n))
 
 tests/plan/test_fit_search.py checks the bound against every ZeRO stage's prediction over a sample of
-layouts, and the claims on the element-wise bytes (linear in b, ≥ 1/t under tp) and the attention
-fraction (the full grid's is the largest) over presets.
+layouts, the claims on the element-wise bytes (linear in b, ≥ 1/t under tp) and the attention fraction
+(the full grid's is the largest) over presets, the collectives against ``tp_rows`` by hand, and end to
+end the rows against a search that prunes nothing.
 
 ``Cutoff`` keeps the ``keep`` fastest step times found so far (per method and saver level): a
 configuration whose bound exceeds the slowest of them cannot enter the list.
@@ -59,6 +62,7 @@ nothing is pruned.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass, field
 
@@ -69,11 +73,12 @@ from memplan.search.methods import valid
 from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.time import attention as attention_time
-from memplan.time import efficiency, fp8
+from memplan.time import efficiency, fp8, gemm
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
+from memplan.time.comm.fabric import link, ring_bandwidth
 from memplan.time.comm.rows import Row, critical_stage
-from memplan.time.compute import StageFlops, hbm_bytes_per_s, kernel_times, stage_flops
+from memplan.time.compute import StageFlops, hbm_bytes_per_s, kernel_times, roofline, stage_flops
 from memplan.time.layer_elementwise import attention_bytes, streamed_bytes
 from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops
@@ -91,10 +96,16 @@ def attention_seconds(setup: Setup, f: StageFlops, gpu: GpuPreset) -> float:
     """The attention core's seconds of ``f`` (forward, backward with its re-run) no micro-batch size or
     tensor-parallel degree undercuts at ``setup``'s length and cp: a flash kernel at its fraction on a full
     grid (``time.attention.flash_fraction``: the grid factors are at most 1, and nothing else it reads
-    depends on b or tp), eager attention's batched GEMMs at the matmul fraction × the dense peak."""
+    depends on b or tp), eager attention's batched GEMMs at the matmul fraction × the dense peak × their
+    roofline (memory-bound at a head dimension under the ridge), without the waves."""
     peak = peak_flops(gpu, setup.training.precision)
-    if attention_time.is_eager(setup):
-        return (f.attention_forward + f.attention_backward) / (efficiency.matmul(gpu) * peak)
+    if attention_time.is_eager(setup):  # ``compute.attention_seconds`` without the waves (at most 1): each
+        # batched GEMM's roofline reads its shape, never its count (b·a/t)
+        roof, shapes = roofline(setup, gpu, peak), gemm.attention_core_gemms(setup)
+        mm = efficiency.matmul(gpu) * peak
+        forward = gemm.class_efficiency(shapes, None, roof)
+        backward = gemm.class_efficiency(gemm.backward_all(shapes), None, roof)
+        return f.attention_forward / (mm * forward) + f.attention_backward / (mm * backward)
     work = attention_time.causal_work(setup)
     forward = peak * attention_time.flash_fraction(setup, gpu, full_grid=True) / work
     backward = peak * attention_time.flash_fraction(setup, gpu, backward=True, full_grid=True) / work
@@ -113,6 +124,22 @@ def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
     else:
         rerun = 0.0
     return (one + streamed_bytes(setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
+
+
+def tp_layer_seconds(base: Setup, par: Parallel, gpu: GpuPreset) -> float:
+    """The sequence-parallel collectives of one layer that no compute hides, in ``Sequence``'s units (one
+    sequence, its t · cp ranks together): ``comm.collectives.tp_rows``' two all-gathers of the linears'
+    inputs and two reduce-scatters of their outputs in forward and two all-gathers of the output gradients
+    in backward, six calls of X = b·(s/cp)·h·e bytes a micro-batch (``Overlap.NONE``), each at least its
+    ring's (t − 1)/t · X / bandwidth (``comm.fabric.collective_seconds`` less its latency); the re-run's
+    and the head's calls left out. 0 without sequence parallelism (``fit`` searches tp > 1 with sp only)."""
+    t = par.tp
+    if t == 1 or not par.sp:
+        return 0.0
+    e = base.training.precision.activation_dtype.bytes
+    x = base.training.seq_len // par.cp * base.model.hidden_size * e
+    on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
+    return t * par.cp * 6 * (t - 1) / t * x / ring_bandwidth(on)
 
 
 @dataclass(frozen=True)
@@ -187,6 +214,9 @@ class Bound:
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
         one = self.sequence(base, ckpt, attention, par)
+        comm = tp_layer_seconds(base, par, self.gpu)
+        if comm:
+            one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
         busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
         # less a billionth: the prediction adds the same terms in another order (rounding)
         return busy * (1 + (par.pp - 1) / (par.vpp * n)) * (1 - 1e-9)

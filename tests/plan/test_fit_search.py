@@ -471,3 +471,33 @@ def test_the_bounds_prune_no_row_of_the_full_evaluation(
         return [(estimate_command(c, r), c.timing.step_time_s) for c in r.fitting[: space.keep]]
 
     assert rows(pruned) == rows(full)
+
+
+@pytest.mark.parametrize(("tp", "cp", "b"), [(2, 1, 1), (8, 2, 2), (4, 4, 1)])
+def test_the_bounds_tp_collectives_are_the_rows_no_compute_hides_less_latency(
+    tp: int, cp: int, b: int
+) -> None:
+    """``tp_layer_seconds`` against ``tp_rows`` of the stage: the rows that hide behind nothing
+    (``Overlap.NONE``: forward all-gathers and reduce-scatters, backward all-gathers of the output
+    gradients; none re-run here) are 6 calls a layer and micro-batch of X = b·(s/cp)·h·2 bytes, each
+    (t − 1)/t · X / bandwidth + the ring's latency, and 3 more a micro-batch for the head's input and the
+    embedding's output: the bound is the layers' bandwidth terms exactly."""
+    from memplan.engine import estimate
+    from memplan.search.bound import tp_layer_seconds
+    from memplan.time.calibration import calibrated_topology
+    from memplan.time.comm.collectives import tp_rows
+    from memplan.time.comm.fabric import link, ring_bandwidth, ring_latency
+    from memplan.time.comm.rows import Collective, Overlap, critical_stage
+
+    par = Parallel(tp=tp, sp=True, cp=cp)
+    setup = build_setup("llama-3-8b", seq=8192, batch=b, parallel=par, grad_accum=3)
+    c = critical_stage(estimate(setup))
+    topo = calibrated_topology(H100)
+    rows = [r for r in tp_rows(c, topo) if r.overlap is Overlap.NONE and r.what != "cross entropy"]
+    on = link(topo, 1, tp)
+    call = (tp - 1) / tp * (b * 8192 // cp * 4096 * 2) / ring_bandwidth(on)
+    latency = ring_latency(Collective.ALL_GATHER, tp, on)
+    calls = 3 * 32 * 6  # micro-batches × layers × calls
+    per_device = 3 * b * 32 * tp_layer_seconds(setup, par, H100) / (tp * cp)
+    assert per_device == pytest.approx(calls * call, rel=1e-12)
+    assert sum(r.time_s for r in rows) == pytest.approx((calls + 3 * 3) * (call + latency), rel=1e-12)
