@@ -20,10 +20,12 @@ it at that length, and the layout's own tensor-parallel collectives:
   checkpoint's re-run, at ``MEMORY`` × HBM as ``kernel_times`` charges them): linear in the micro-batch's
   sequences, and a tensor-parallel rank moves at least 1/t of one rank's (sequence parallelism splits the
   norms and residual adds, tensor parallelism the rest; without sp they repeat);
-- under sequence parallelism, the six tensor-parallel collectives of a layer that no compute hides
-  (``tp_layer_seconds``: their bandwidth terms, linear in b; latency left out).
+- context parallelism's own copies (``strategies.context_parallel.elementwise_bytes``: the ring's merges
+  and accumulators or the K/V all-gather's reorders, of the rank's 1/t of the heads; linear in b);
+- under sequence parallelism, the tensor-parallel collectives of a layer that no compute hides
+  (``tp_layer_seconds``: six, ten with full checkpointing's re-run; their bandwidth terms, linear in b).
 
-Left out (never negative): context parallelism's ring copies, the fp8 casts (per weight, not per token),
+Left out (never negative): the fp8 casts (per weight, not per token),
 launch gaps, dequantisation, every other collective. Each term is linear in the sequences, so with e
 seconds of a layer and x of the head for one sequence (its t·cp ranks together) and n·b = B/dp sequences
 per data-parallel rank, a device of a stage with L layers runs at least (B/dp)·L·e/(t·cp) = B·p·L·e/N
@@ -70,6 +72,7 @@ from memplan.config import Attention, Checkpointing, Parallel, Setup
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
 from memplan.search.methods import valid
+from memplan.strategies import context_parallel
 from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.time import attention as attention_time
@@ -126,20 +129,24 @@ def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
     return (one + streamed_bytes(setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
 
 
-def tp_layer_seconds(base: Setup, par: Parallel, gpu: GpuPreset) -> float:
+def tp_layer_seconds(
+    base: Setup, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE
+) -> float:
     """The sequence-parallel collectives of one layer that no compute hides, in ``Sequence``'s units (one
     sequence, its t · cp ranks together): ``comm.collectives.tp_rows``' two all-gathers of the linears'
     inputs and two reduce-scatters of their outputs in forward and two all-gathers of the output gradients
-    in backward, six calls of X = b·(s/cp)·h·e bytes a micro-batch (``Overlap.NONE``), each at least its
-    ring's (t − 1)/t · X / bandwidth (``comm.fabric.collective_seconds`` less its latency); the re-run's
-    and the head's calls left out. 0 without sequence parallelism (``fit`` searches tp > 1 with sp only)."""
+    in backward, six calls of X = b·(s/cp)·h·e bytes a micro-batch (``Overlap.NONE``), and a re-run
+    layer's (full checkpointing) all-gathers and reduce-scatters, four more; each at least its ring's
+    (t − 1)/t · X / bandwidth (``comm.fabric.collective_seconds`` less its latency); the head's calls left
+    out. 0 without sequence parallelism (``fit`` searches tp > 1 with sp only)."""
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
     e = base.training.precision.activation_dtype.bytes
     x = base.training.seq_len // par.cp * base.model.hidden_size * e
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
-    return t * par.cp * 6 * (t - 1) / t * x / ring_bandwidth(on)
+    calls = 6 + (4 if ckpt >= Checkpointing.EVERY_K else 0)  # a re-run layer's all-gathers, reduce-scatters
+    return t * par.cp * calls * (t - 1) / t * x / ring_bandwidth(on)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,11 @@ def reference_sequence(setup: Setup, gpu: GpuPreset) -> Sequence:
     f, layers, cp = stage_flops(c), c.layers, setup.parallel.cp
     linears = (f.linear_forward + f.linear_backward + f.rerun_linear) / linear_rate(setup, gpu)
     per_layer = (linears + attention_seconds(setup, f, gpu)) / layers + layer_stream_seconds(setup, gpu)
+    # context parallelism's own copies, as ``kernel_times`` adds them: a layer's forward and backward, the
+    # forward's again where the layer or its attention re-runs (the rank's heads: 1/t of them under tp)
+    ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, setup.parallel.cp_rotate)
+    again = ring_f if c.rerun_layers or f.rerun_attention else 0
+    per_layer += (ring_f + ring_b + again) / hbm_bytes_per_s(gpu)
     head = (f.head_forward + f.head_backward) / linear_rate(setup, gpu)
     layer_forward = (f.linear_forward + f.attention_forward) / layers
     return Sequence(cp * per_layer, cp * head, f.head_forward / layer_forward if layer_forward else 0.0)
@@ -214,7 +226,7 @@ class Bound:
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
         one = self.sequence(base, ckpt, attention, par)
-        comm = tp_layer_seconds(base, par, self.gpu)
+        comm = tp_layer_seconds(base, par, self.gpu, ckpt)
         if comm:
             one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
         busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus

@@ -473,15 +473,18 @@ def test_the_bounds_prune_no_row_of_the_full_evaluation(
     assert rows(pruned) == rows(full)
 
 
-@pytest.mark.parametrize(("tp", "cp", "b"), [(2, 1, 1), (8, 2, 2), (4, 4, 1)])
+@pytest.mark.parametrize(
+    ("tp", "cp", "b", "ckpt"), [(2, 1, 1, "none"), (8, 2, 2, "selective"), (4, 4, 1, "full")]
+)
 def test_the_bounds_tp_collectives_are_the_rows_no_compute_hides_less_latency(
-    tp: int, cp: int, b: int
+    tp: int, cp: int, b: int, ckpt: str
 ) -> None:
     """``tp_layer_seconds`` against ``tp_rows`` of the stage: the rows that hide behind nothing
     (``Overlap.NONE``: forward all-gathers and reduce-scatters, backward all-gathers of the output
-    gradients; none re-run here) are 6 calls a layer and micro-batch of X = b·(s/cp)·h·2 bytes, each
-    (t − 1)/t · X / bandwidth + the ring's latency, and 3 more a micro-batch for the head's input and the
-    embedding's output: the bound is the layers' bandwidth terms exactly."""
+    gradients; under full checkpointing a re-run layer's all-gathers and reduce-scatters, 4 more) are 6
+    (10) calls a layer and micro-batch of X = b·(s/cp)·h·2 bytes, each (t − 1)/t · X / bandwidth + the
+    ring's latency, and 3 more a micro-batch for the head's input and the embedding's output: the bound is
+    the layers' bandwidth terms exactly."""
     from memplan.engine import estimate
     from memplan.search.bound import tp_layer_seconds
     from memplan.time.calibration import calibrated_topology
@@ -490,14 +493,37 @@ def test_the_bounds_tp_collectives_are_the_rows_no_compute_hides_less_latency(
     from memplan.time.comm.rows import Collective, Overlap, critical_stage
 
     par = Parallel(tp=tp, sp=True, cp=cp)
-    setup = build_setup("llama-3-8b", seq=8192, batch=b, parallel=par, grad_accum=3)
+    setup = build_setup("llama-3-8b", seq=8192, batch=b, parallel=par, grad_accum=3, checkpointing=ckpt)
     c = critical_stage(estimate(setup))
     topo = calibrated_topology(H100)
     rows = [r for r in tp_rows(c, topo) if r.overlap is Overlap.NONE and r.what != "cross entropy"]
     on = link(topo, 1, tp)
     call = (tp - 1) / tp * (b * 8192 // cp * 4096 * 2) / ring_bandwidth(on)
     latency = ring_latency(Collective.ALL_GATHER, tp, on)
-    calls = 3 * 32 * 6  # micro-batches × layers × calls
-    per_device = 3 * b * 32 * tp_layer_seconds(setup, par, H100) / (tp * cp)
+    calls = 3 * 32 * (10 if ckpt == "full" else 6)  # micro-batches × layers × calls
+    mode = setup.strategy.checkpointing
+    per_device = 3 * b * 32 * tp_layer_seconds(setup, par, H100, mode) / (tp * cp)
     assert per_device == pytest.approx(calls * call, rel=1e-12)
     assert sum(r.time_s for r in rows) == pytest.approx((calls + 3 * 3) * (call + latency), rel=1e-12)
+
+
+@pytest.mark.parametrize("rotate", ["allgather", "kv-gather"])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_the_bounds_ring_copies_claim(rotate: str, cp: int) -> None:
+    """``bound``'s claim on context parallelism's own copies: linear in the micro-batch's sequences, and a
+    tensor-parallel rank (its 1/t of the heads) moves at least 1/t of one rank's."""
+    from memplan.config import CpRotate
+    from memplan.engine import estimate
+    from memplan.strategies import context_parallel
+
+    rot = CpRotate(rotate)
+
+    def copies(b: int, tp: int) -> int:
+        par = Parallel(tp=tp, sp=tp > 1, cp=cp, cp_rotate=rot)
+        setup = build_setup("llama-3-8b", seq=8192, batch=b, parallel=par)
+        return sum(context_parallel.elementwise_bytes(estimate(setup).pieces.setup, rot))
+
+    one = copies(1, 1)
+    assert one > 0 and copies(3, 1) >= 3 * one
+    for tp in (2, 4, 8):
+        assert tp * copies(1, tp) >= one
