@@ -23,7 +23,8 @@ it at that length, and the layout's own tensor-parallel collectives:
 - context parallelism's own copies (``strategies.context_parallel.elementwise_bytes``: the ring's merges
   and accumulators or the K/V all-gather's reorders, of the rank's 1/t of the heads; linear in b);
 - under sequence parallelism, the tensor-parallel collectives of a layer that no compute hides
-  (``tp_layer_seconds``: six, ten with full checkpointing's re-run; their bandwidth terms, linear in b).
+  (``tp_layer_seconds``: six, ten with full checkpointing's re-run; their bandwidth terms, linear in b);
+  and, after the bubble as ``predict`` adds them, the pipeline's sends (``pp_step_seconds``).
 
 Left out (never negative): the fp8 casts (per weight, not per token),
 launch gaps, dequantisation, every other collective. Each term is linear in the sequences, so with e
@@ -33,7 +34,7 @@ seconds (plus B·p·x/N on the last stage). The stage ``critical_stage`` picks h
 ties to the later one: either it is the last stage, or it holds more than the last's layers plus the
 head's forward FLOPs in layers (``Sequence.busiest``); and it holds at least the fewest layers. So
 
-    step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n))
+    step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n)) + sends
 
 tests/plan/test_fit_search.py checks the bound against every ZeRO stage's prediction over a sample of
 layouts, the claims on the element-wise bytes (linear in b, ≥ 1/t under tp) and the attention fraction
@@ -79,7 +80,7 @@ from memplan.time import attention as attention_time
 from memplan.time import efficiency, fp8, gemm
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
-from memplan.time.comm.fabric import link, ring_bandwidth
+from memplan.time.comm.fabric import link, network_fraction, ring_bandwidth
 from memplan.time.comm.rows import Row, critical_stage
 from memplan.time.compute import StageFlops, hbm_bytes_per_s, kernel_times, roofline, stage_flops
 from memplan.time.layer_elementwise import attention_bytes, streamed_bytes
@@ -129,6 +130,13 @@ def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
     return (one + streamed_bytes(setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
 
 
+def hidden_bytes(base: Setup, par: Parallel) -> int:
+    """X₁ = (s/cp)·h·e: one sequence's hidden states on a context-parallel rank (``comm.rows.hidden_bytes``
+    at b = 1), what a tensor- or pipeline-parallel collective moves per sequence."""
+    e = base.training.precision.activation_dtype.bytes
+    return base.training.seq_len // par.cp * base.model.hidden_size * e
+
+
 def tp_layer_seconds(
     base: Setup, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE
 ) -> float:
@@ -142,11 +150,30 @@ def tp_layer_seconds(
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
-    e = base.training.precision.activation_dtype.bytes
-    x = base.training.seq_len // par.cp * base.model.hidden_size * e
+    x = hidden_bytes(base, par)
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
     calls = 6 + (4 if ckpt >= Checkpointing.EVERY_K else 0)  # a re-run layer's all-gathers, reduce-scatters
     return t * par.cp * calls * (t - 1) / t * x / ring_bandwidth(on)
+
+
+def pp_step_seconds(base: Setup, par: Parallel, gpu: GpuPreset, gpus: int, global_batch: int) -> float:
+    """The pipeline's sends that no compute hides, per device and step: ``comm.collectives.pp_rows``' one
+    send of X/t each way for every micro-batch and chunk (``Overlap.NONE``; ``predict`` adds them after the
+    bubble), X = b·(s/cp)·h·e, each at least its bytes over the sender's own rate (``comm.fabric.
+    collective_seconds`` less its latency): 2·m·(B/dp)·⌊X₁/t⌋ / rate with X₁ one sequence's. 0 without a
+    pipeline."""
+    if par.pp == 1:
+        return 0.0
+    on = link(calibrated_topology(gpu), par.tp * par.cp, 2)  # two neighbouring stages, tp·cp apart
+    rate = on.gbps / max(1, on.per_node) * 1e9 * network_fraction(on)
+    x = (
+        base.training.seq_len
+        // par.cp
+        * base.model.hidden_size
+        * base.training.precision.activation_dtype.bytes
+    )
+    sequences = global_batch / (gpus // (par.tp * par.cp * par.pp))  # n·b a data-parallel rank
+    return 2 * par.vpp * sequences * (x // par.tp) / rate
 
 
 @dataclass(frozen=True)
@@ -230,8 +257,9 @@ class Bound:
         if comm:
             one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
         busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
+        sends = pp_step_seconds(base, par, self.gpu, self.gpus, self.global_batch)
         # less a billionth: the prediction adds the same terms in another order (rounding)
-        return busy * (1 + (par.pp - 1) / (par.vpp * n)) * (1 - 1e-9)
+        return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)
 
 
 def stages_bound(p: Result, gpu: GpuPreset) -> float:

@@ -527,3 +527,29 @@ def test_the_bounds_ring_copies_claim(rotate: str, cp: int) -> None:
     assert one > 0 and copies(3, 1) >= 3 * one
     for tp in (2, 4, 8):
         assert tp * copies(1, tp) >= one
+
+
+@pytest.mark.parametrize(("tp", "pp", "vpp", "cp", "b"), [(8, 16, 8, 1, 1), (4, 8, 1, 2, 2), (1, 4, 2, 8, 1)])
+def test_the_bounds_pipeline_sends_are_pp_rows_less_latency(
+    tp: int, pp: int, vpp: int, cp: int, b: int
+) -> None:
+    """``pp_step_seconds`` against ``pp_rows`` of the stage: one send of X/t each way for every micro-batch
+    and chunk, each its bytes over the sender's rate + latency; the bound is their bytes' terms exactly."""
+    from memplan.engine import estimate
+    from memplan.search.bound import pp_step_seconds
+    from memplan.time.calibration import calibrated_topology
+    from memplan.time.comm.collectives import pp_rows
+    from memplan.time.comm.rows import critical_stage
+
+    gpus, batch = 16384, 2048
+    dp = gpus // (tp * pp * cp)
+    virtual = virtual_layers(126, pp, vpp) if vpp > 1 else None
+    par = Parallel(tp=tp, sp=tp > 1, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
+    setup = build_setup("405b", seq=8192, batch=b, parallel=par, dp=dp, zero=1, grad_accum=batch // (b * dp))
+    rows = pp_rows(critical_stage(estimate(setup)), calibrated_topology(H100))
+    bound = pp_step_seconds(setup, par, H100, gpus, batch)
+    latency = rows[0].link.latency_us * 1e-6
+    assert bound > 0
+    assert sum(r.time_s for r in rows) == pytest.approx(
+        bound + sum(r.count for r in rows) * latency, rel=1e-12
+    )
