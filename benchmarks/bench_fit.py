@@ -109,6 +109,11 @@ def bench(case: tuple[str, int, str, int, int | None], runs: int, slow_runs: int
     return out
 
 
+def verdict(per_s: float) -> str:
+    """Against ``TARGET``: met, or how many times short."""
+    return "meets the target" if per_s >= TARGET else f"{TARGET / per_s:.1f}× short of the target"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="timed runs per case (the median is kept)")
@@ -140,7 +145,7 @@ def main() -> None:
             f"  {r['case']:<42} {r['configs']:>6,} configs ({r['evaluated']:,} evaluated, "
             f"{r['peaks']:,} peaks, "
             f"{r['pruned']:,} pruned): {r['cpu_seconds']:.2f} s CPU = {r['configs_per_cpu_s']:,.0f}/s "
-            f"(wall {r['wall_seconds']:.2f} s){slow}"
+            f"(wall {r['wall_seconds']:.2f} s; {verdict(r['configs_per_cpu_s'])}){slow}"
         )
         if "published_step_time_s" in r:
             print(
