@@ -13,6 +13,8 @@ import shlex
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from memplan.api import build_setup
@@ -489,8 +491,8 @@ def test_the_bounds_tp_collectives_are_the_rows_no_compute_hides_less_latency(
     from memplan.search.bound import tp_layer_seconds
     from memplan.time.calibration import calibrated_topology
     from memplan.time.comm.collectives import tp_rows
-    from memplan.time.comm.fabric import link, ring_bandwidth, ring_latency
-    from memplan.time.comm.rows import Collective, Overlap, critical_stage
+    from memplan.time.comm.fabric import Collective, link, ring_bandwidth, ring_latency
+    from memplan.time.comm.rows import Overlap, critical_stage
 
     par = Parallel(tp=tp, sp=True, cp=cp)
     setup = build_setup("llama-3-8b", seq=8192, batch=b, parallel=par, grad_accum=3, checkpointing=ckpt)
@@ -553,3 +555,77 @@ def test_the_bounds_pipeline_sends_are_pp_rows_less_latency(
     assert sum(r.time_s for r in rows) == pytest.approx(
         bound + sum(r.count for r in rows) * latency, rel=1e-12
     )
+
+
+_MODELS = ("llama-3.2-1b", "llama-3-8b", "mixtral-8x7b", "qwen2.5-7b", "gpt2-xl")
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(
+    model=st.sampled_from(_MODELS),
+    impl=st.sampled_from([None, TITAN_FP8, ImplConfig(impl=Impl.MEGATRON)]),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2, 3, 4]),
+    vpp=st.sampled_from([1, 2]),
+    cp=st.sampled_from([1, 2, 4]),
+    ckpt=st.sampled_from(list(Checkpointing)[:3]),
+    eager=st.booleans(),
+    b=st.sampled_from([1, 2, 4]),
+    n=st.sampled_from([2, 4, 8]),
+    seq=st.sampled_from([1024, 4096]),
+)
+def test_bound_is_below_the_prediction_over_random_layouts(
+    model: str,
+    impl: ImplConfig | None,
+    tp: int,
+    pp: int,
+    vpp: int,
+    cp: int,
+    ckpt: Checkpointing,
+    eager: bool,
+    b: int,
+    n: int,
+    seq: int,
+) -> None:
+    """The bound (``Bound.seconds``) never above the prediction of any ZeRO stage, over random presets,
+    implementations, layouts (sp with every tp, uneven and interleaved stages, cp), checkpointing, eager or
+    flash attention, micro-batch sizes and counts: whatever memplan accepts."""
+    from memplan.engine import estimate
+
+    attention = Attention.EAGER if eager else Attention.FLASH
+    if (eager and cp > 1) or (vpp > 1 and (pp == 1 or n % pp)):
+        assume(False)
+    layers = build_setup(model).model.num_layers
+    virtual = virtual_layers(layers, pp, vpp) if vpp > 1 else None
+    if vpp > 1 and virtual is None:
+        assume(False)
+    par = Parallel(tp=tp, sp=tp > 1, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
+    gpus = 512
+    dp = gpus // (tp * pp * cp)
+    kind = AttentionChoice.EAGER if eager else AttentionChoice.FLASH
+    options: dict[str, Any] = dict(
+        seq=seq, batch=b, attention=kind, impl=impl, dp=dp, parallel=par, grad_accum=n
+    )
+    setups = []
+    for zero in (0, 2, 3):
+        try:
+            setups.append(build_setup(model, checkpointing=ckpt.name.lower(), zero=zero, **options))
+        except ValueError:
+            continue
+    assume(setups)
+    base = build_setup(model, seq=seq, attention=kind, impl=impl)
+    bound = Bound(H100, gpus, b * n * dp).seconds(base, ckpt, attention, par, n)
+    predicted = []
+    for setup in setups:
+        try:
+            predicted.append((timing(estimate(setup), H100).step_time_s, setup.strategy.zero))
+        except ValueError:  # a layout the model refuses (heads tp does not divide, …)
+            continue
+    assume(predicted)
+    assert bound > 0  # the reference was built: a bound that prunes
+    for seconds, zero in predicted:
+        assert bound <= seconds, (par, zero)
