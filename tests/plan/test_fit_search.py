@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -629,3 +630,35 @@ def test_bound_is_below_the_prediction_over_random_layouts(
     assert bound > 0  # the reference was built: a bound that prunes
     for seconds, zero in predicted:
         assert bound <= seconds, (par, zero)
+
+
+def test_the_bounds_prune_no_row_with_a_calibrated_gpu(tmp_path: Path) -> None:
+    """A ``memplan calibrate`` file whose fractions run above the published ones (matmul 0.95, memory 0.95,
+    an attention curve at 0.9 of the peak, a slower NVLink): the bound reads the file's rates (a
+    calibrated GEMM faster than ``MATMUL`` would make a published-rate bound too high), and the rows with
+    every pruning on are those of the search that prunes nothing."""
+    from memplan.presets import Calibration, gpu_text
+    from memplan.time.calibration import preset_text
+
+    curve = ((1024, 0.9, 0.9), (65536, 0.9, 0.9))
+    cal = Calibration(matmul=0.95, memory=0.95, attention_curve=curve, network_intra=0.4, device="test")
+    path = tmp_path / "cal.toml"
+    path.write_text(preset_text(gpu_text("h100-sxm"), "fast-h100", cal), encoding="utf-8")
+    gpu = load_gpu(str(path))
+    base = build_setup("llama-3.2-1b", seq=4096)
+    space = Space(micro_batches=(1, 2, 4), tp_max=4, cp_max=4, vpp=(1, 2), hsdp=False, keep=6)
+    pruned = fit(base, gpu, 16, global_batch=64, space=space, max_seq=False)
+    full = fit(base, gpu, 16, global_batch=64, space=dataclasses.replace(space, keep=0), max_seq=False)
+    assert pruned.pruned > 0
+
+    def rows(r) -> list[tuple[str, float]]:  # type: ignore[no-untyped-def]
+        return [(estimate_command(c, r), c.timing.step_time_s) for c in r.fitting[: space.keep]]
+
+    assert rows(pruned) == rows(full)
+    # and one tight configuration (tp 1, pp 1: within 7 % of its prediction), where a bound at the published
+    # MATMUL would exceed the prediction (by 2.8 %)
+    from memplan.engine import estimate
+
+    setup = build_setup("llama-3.2-1b", seq=4096, batch=4, grad_accum=4, dp=16)
+    bound = Bound(gpu, 16, 256).seconds(base, Checkpointing.NONE, Attention.FLASH, Parallel(), 4)
+    assert bound <= timing(estimate(setup), gpu).step_time_s < 1.1 * bound
