@@ -161,9 +161,7 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
         points.append(Point(end.label, end.terms, saves=saves if sum(saves) == loss_saves else ()))
     else:
         points.append(forward("forward: end", dev.activations))
-    points += [
-        _moment(name, dict(parts), loss_backward_blocks(r.setup, dims), rerun_tensors(r))
-        for name, parts in dev.peak.moments.items()
-    ]
+    loss_bwd, rerun = loss_backward_blocks(r.setup, dims), rerun_tensors(r)  # once, not per moment
+    points += [_moment(name, dict(parts), loss_bwd, rerun) for name, parts in dev.peak.moments.items()]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout
     return points
