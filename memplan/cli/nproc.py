@@ -70,6 +70,7 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     differs beyond the documented differences). Raises ValueError for what cannot run."""
     from memplan.measure.compare.ranks import comparison
     from memplan.measure.distributed import nproc as dist_mod
+    from memplan.measure.distributed import spawn
     from memplan.measure.distributed.parallelize import check_distributed
     from memplan.measure.instruments.sizes import check_sizes
     from memplan.measure.reference.model import check_runnable
@@ -100,10 +101,10 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         typer.echo(f"error: nproc: the distributed run failed: {last}; every rank was stopped", err=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped (measure.distributed.spawn_ranks)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped (measure.distributed.spawn.spawn_ranks)
         typer.echo("error: nproc: interrupted (SIGINT); every rank was stopped", err=True)
         raise typer.Exit(128 + signal.SIGINT) from None
-    except dist_mod.Interrupted as e:
+    except spawn.Interrupted as e:
         typer.echo(f"error: nproc: interrupted ({e}); every rank was stopped", err=True)
         raise typer.Exit(128 + e.signum) from None
     if not reports:  # a torchrun rank other than 0: rank 0 prints

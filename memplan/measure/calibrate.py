@@ -266,7 +266,7 @@ def all_reduce_busbw(nproc: int, small: bool | None = None) -> float:
 
     import torch.multiprocessing as mp
 
-    from memplan.measure.distributed.nproc import _join, free_port
+    from memplan.measure.distributed.spawn import _join, free_port
 
     small = not torch.cuda.is_available() if small is None else small
     elements = 1 << (18 if small else 26)  # fp32: 1 MiB on CPU, 256 MiB on a GPU

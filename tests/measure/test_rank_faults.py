@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-from memplan.measure.distributed import nproc
-from memplan.measure.distributed.nproc import free_port, local_store, spawn_ranks
+from memplan.measure.distributed import spawn
+from memplan.measure.distributed.spawn import free_port, local_store, spawn_ranks
 from tests.measure import rank_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_a_stopped_rank_is_killed_after_the_timeout(tmp_path: Path, monkeypatch:
     15 s timeout from the start had to outlast two spawned interpreters importing torch (a few seconds idle,
     over 12 s at a load of 9 on 2 cores, measured) and the test then idled for the rest of it. The timeout,
     the TimeoutError, the SIGKILL of a stopped rank and the reaping are ``spawn_ranks``'s own, unchanged."""
-    join = nproc._join
+    join = spawn._join
     entered: list[float] = []
 
     def join_once_stopped(ctx: Any, timeout_s: float) -> None:
@@ -74,7 +74,7 @@ def test_a_stopped_rank_is_killed_after_the_timeout(tmp_path: Path, monkeypatch:
         entered.append(time.monotonic())
         join(ctx, timeout_s)
 
-    monkeypatch.setattr(nproc, "_join", join_once_stopped)
+    monkeypatch.setattr(spawn, "_join", join_once_stopped)
     with pytest.raises(TimeoutError, match="ran past 2 s"):
         spawn_ranks(rank_targets.stop_rank_1, (str(tmp_path),), 2, timeout_s=2)
     # the kill and the reap do not wait on the stopped rank (SIGTERM waited for a SIGCONT that never came)
@@ -262,7 +262,7 @@ def test_a_stop_signal_is_held_while_the_ranks_start() -> None:
     """SIGTERM during ``start_processes`` waits until every rank has its arguments (a rank whose pipe the
     parent stopped writing printed an EOFError traceback), then raises ``Interrupted``; the handler
     before is back."""
-    from memplan.measure.distributed.nproc import Interrupted, _stops_deferred
+    from memplan.measure.distributed.spawn import Interrupted, _stops_deferred
 
     before = signal.getsignal(signal.SIGTERM)
     reached = False

@@ -17,44 +17,32 @@ its saves those alive at once at their maximum and its sends and receives counte
 3. a second step under ``RankMemoryTracker``: the peak of every storage alive (module docstring of
    dist_instruments.py says where it over-counts).
 
-Under faults (``spawn_ranks``): a failed, hung or stopped rank, and SIGINT / SIGTERM / SIGHUP to the
-parent, end with every rank killed with SIGKILL and reaped, and the run's temporary folder removed; the
-ranks ignore SIGINT (a terminal's Ctrl-C stops them through the parent) and die with the parent. A
-spawned run's rendezvous listens on 127.0.0.1 only (``local_store``).
+Spawned ranks run under ``spawn.spawn_ranks``, which stops every one of them on any fault (a failed, hung
+or stopped rank, SIGINT / SIGTERM / SIGHUP to the parent) and keeps the rendezvous on 127.0.0.1.
 
 Known limitations (NB): dense models, no checkpointing, pipeline parallelism with 1F1B only and without
 sequence parallelism (``parallelize.check_distributed``); on CUDA the peak is the caching allocator's. A
 rank's own child processes are not tracked (the ranks start none: gloo and NCCL use threads); SIGKILL of
-the parent leaves its temporary folder (the ranks die with it, on Linux); a SIGINT in the moment the
-ranks are being started is ignored (SIGINT is ignored then, so that they inherit it).
+the parent leaves its temporary folder (the ranks die with it, on Linux).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
-import socket
-import sys
 import tempfile
-import threading
-import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch._C._distributed_c10d import Store, TCPStore
+from torch._C._distributed_c10d import Store
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.pipelining import Schedule1F1B
 from torch.distributed.tensor.parallel import loss_parallel
-from torch.multiprocessing.spawn import ProcessException
 
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
@@ -67,22 +55,20 @@ from memplan.measure.distributed.pipeline import (
     run_step,
     stage_batches,
 )
+from memplan.measure.distributed.spawn import (
+    LOOPBACK,
+    TIMEOUT_S,
+    free_port,
+    local_interfaces,
+    local_store,
+    spawn_ranks,
+)
 from memplan.measure.distributed.torchrun import torchrun_world
 from memplan.measure.distributed.zero1 import Zero1Optimizer
 from memplan.measure.instruments.record import storage_ref, totals_by_name
 from memplan.measure.instruments.tracker import cuda_peak
 from memplan.measure.reference.optim import ReferenceOptimizer
 from memplan.measure.runs.run import make_batch
-
-TIMEOUT_S = 120
-"""Seconds a collective (and the whole launch, per process) may wait before the run is abandoned."""
-
-
-def free_port() -> int:
-    """A localhost TCP port nobody listens on now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def under_torchrun() -> bool:
@@ -295,165 +281,3 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="memplan-nproc-") as out:
         spawn_ranks(_spawned, (nproc, free_port(), setup, cuda, out), nproc, timeout_s, out)
         return [json.loads(Path(out, f"rank{r}.json").read_text(encoding="utf-8")) for r in range(nproc)]
-
-
-# ----------------------------------------------------------------------------------------------------
-# Spawned ranks under faults: a hung or stopped rank, SIGINT / SIGTERM / SIGHUP to the parent
-# ----------------------------------------------------------------------------------------------------
-LOOPBACK = "127.0.0.1"
-"""Where a spawned run's rendezvous listens: every rank is on this host, nothing else need reach it."""
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGHUP reached the parent while its ranks ran (raised in the main thread, like
-    KeyboardInterrupt for SIGINT); ``signum`` gives the conventional exit code, 128 + signum."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _interrupted(signum: int, _frame: object) -> None:
-    raise Interrupted(signum)
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-def local_store(port: int, rank: int, world: int) -> TCPStore:
-    """The rendezvous store of a spawned run, listening on the loopback interface only.
-
-    ``init_process_group``'s own store (``env://``) binds its server to every interface (``::`` /
-    ``0.0.0.0``), whatever ``MASTER_ADDR`` says: anyone who can reach the host could join or feed the
-    rendezvous. Rank 0 binds the listening socket itself to 127.0.0.1 and hands it to ``TCPStore``
-    (``master_listen_fd``: "the underlying TCPServer will listen on this file descriptor, which must be a
-    socket already bound to port", torch/csrc/distributed/c10d/init.cpp)."""
-    timeout = timedelta(seconds=TIMEOUT_S)
-    if rank != 0:
-        return TCPStore(LOOPBACK, port, world, False, timeout=timeout)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK, port))
-    sock.listen(world)
-    # detach: the descriptor is the store's from now on (the socket object, collected, would close it)
-    return TCPStore(LOOPBACK, port, world, True, timeout=timeout, master_listen_fd=sock.detach())
-
-
-def local_interfaces() -> None:
-    """Gloo's and NCCL's own connections between the ranks on the loopback interface too (unless the user
-    chose one): ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` (Linux's ``lo``, when there is one)."""
-    names = {name for _, name in socket.if_nameindex()} if hasattr(socket, "if_nameindex") else set()
-    if "lo" in names:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-
-
-def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this rank when the parent dies, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``;
-    torch's own spawn wrapper asks for SIGINT, which the ranks ignore: see ``spawn_ranks``)."""
-    if sys.platform.startswith("linux"):
-        with suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() != parent:  # the parent died before the prctl
-        os._exit(1)
-
-
-def _rank_main(rank: int, fn: Callable[..., None], parent: int, *args: Any) -> None:
-    _die_with_parent(parent)
-    fn(rank, *args)
-
-
-@contextmanager
-def _sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while the ranks are started: a child inherits an ignored signal across ``exec``, and
-    Python leaves it ignored, so the terminal's Ctrl-C (sent to the whole foreground process group)
-    reaches the parent only, which stops the ranks; no rank prints its own KeyboardInterrupt."""
-    prior = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, prior)
-
-
-@contextmanager
-def _stops_deferred() -> Iterator[None]:
-    """SIGTERM and SIGHUP held while the ranks are started, then raised (``Interrupted``) once every rank
-    has what it was started with. Raised inside ``start_processes``, the exception cut the parent's write
-    of a rank's pickled arguments to its pipe, and the rank, already running, printed an ``EOFError``
-    traceback (multiprocessing's ``spawn_main``) before the clean-up killed it (seen under load in
-    tests/measure/test_rank_faults.py). The recording handler is Python's: a rank's ``exec`` resets it to
-    the default."""
-    caught: list[int] = []
-    prior = {s: signal.signal(s, lambda signum, _frame: caught.append(signum)) for s in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, h in prior.items():
-            signal.signal(s, h)
-    if caught:
-        raise Interrupted(caught[0])
-
-
-def spawn_ranks(
-    fn: Callable[..., None], args: tuple[Any, ...], nproc: int, timeout_s: float, tmp: str | None = None
-) -> None:
-    """Run ``fn(rank, *args)`` in ``nproc`` spawned processes and wait for all of them.
-
-    Every way out stops every rank: a rank that raised or died (RuntimeError with its last error line), a
-    run past ``timeout_s`` (TimeoutError: a hung collective, a rank stopped by SIGSTOP), SIGINT in the
-    parent (KeyboardInterrupt), SIGTERM or SIGHUP (``Interrupted``; held while the ranks start,
-    ``_stops_deferred``). The ranks still alive are then killed with SIGKILL, which also ends a stopped
-    process (SIGTERM would wait until it is continued), and reaped, so that nothing is left running and
-    the parent's exit does not wait on them. torch's per-rank error files go to ``tmp`` (removed by the
-    caller) rather than ``$TMPDIR``. Main thread only (signal handlers)."""
-    main = threading.current_thread() is threading.main_thread()
-    handlers = {s: signal.signal(s, _interrupted) for s in _STOP_SIGNALS} if main else {}
-    before = set(mp.active_children())
-    ctx: Any = None
-    saved_tmp = tempfile.tempdir
-    try:
-        with _sigint_ignored() if main else nullcontext(), _stops_deferred() if main else nullcontext():
-            tempfile.tempdir = tmp or saved_tmp
-            try:
-                ctx = mp.start_processes(  # type: ignore[attr-defined]
-                    _rank_main,
-                    args=(fn, os.getpid(), *args),
-                    nprocs=nproc,
-                    join=False,
-                    start_method="spawn",
-                )
-            finally:
-                tempfile.tempdir = saved_tmp
-        _join(ctx, timeout_s)
-    finally:
-        # A second signal must not cut the clean-up short: ignored until every rank is reaped.
-        during = (
-            {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, *_STOP_SIGNALS)} if main else {}
-        )
-        ranks = [*ctx.processes] if ctx is not None else []
-        _kill([*ranks, *(p for p in set(mp.active_children()) - before if p not in ranks)])
-        for s, h in {**during, **handlers}.items():
-            signal.signal(s, h)
-
-
-def _kill(processes: list[Any]) -> None:
-    """SIGKILL every process still alive, then reap them all."""
-    for p in processes:
-        if p.is_alive() and p.pid is not None:
-            with suppress(ProcessLookupError):
-                os.kill(p.pid, signal.SIGKILL)
-    for p in processes:
-        p.join(10)
-
-
-def _join(ctx: Any, timeout_s: float) -> None:
-    """Wait for every process. A rank that raised or died, or a run past ``timeout_s`` (a hung collective),
-    raises RuntimeError or TimeoutError with the rank's last error line."""
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {len(ctx.processes)} processes ran past {timeout_s:.0f} s")
-    except ProcessException as e:
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        raise RuntimeError(f"rank {e.error_index}: {lines[-1] if lines else 'exited'}") from None
