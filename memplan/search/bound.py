@@ -74,16 +74,20 @@ from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.strategies import context_parallel
-from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.pipeline_parallel import stage_layers
-from memplan.time import attention as attention_time
-from memplan.time import efficiency, fp8, gemm
+from memplan.time import efficiency, fp8
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
-from memplan.time.comm.fabric import link, network_fraction, ring_bandwidth
-from memplan.time.comm.rows import Row, critical_stage
-from memplan.time.compute import StageFlops, hbm_bytes_per_s, kernel_times, roofline, stage_flops
-from memplan.time.layer_elementwise import attention_bytes, streamed_bytes
+from memplan.time.comm.fabric import link, ring_bandwidth, send_rate
+from memplan.time.comm.rows import Critical, Row, critical_stage, hidden_bytes
+from memplan.time.compute import (
+    attention_seconds,
+    hbm_bytes_per_s,
+    kernel_times,
+    rerun_bytes,
+    stage_flops,
+)
+from memplan.time.layer_elementwise import streamed_bytes
 from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops
 
@@ -96,84 +100,45 @@ def linear_rate(setup: Setup, gpu: GpuPreset) -> float:
     return efficiency.matmul(gpu) * (max(peak, fp8.peak(setup, gpu)) if fp8.enabled(setup) else peak)
 
 
-def attention_seconds(setup: Setup, f: StageFlops, gpu: GpuPreset) -> float:
-    """The attention core's seconds of ``f`` (forward, backward with its re-run) no micro-batch size or
-    tensor-parallel degree undercuts at ``setup``'s length and cp: a flash kernel at its fraction on a full
-    grid (``time.attention.flash_fraction``: the grid factors are at most 1, and nothing else it reads
-    depends on b or tp), eager attention's batched GEMMs at the matmul fraction × the dense peak × their
-    roofline (memory-bound at a head dimension under the ridge), without the waves."""
-    peak = peak_flops(gpu, setup.training.precision)
-    if attention_time.is_eager(setup):  # ``compute.attention_seconds`` without the waves (at most 1): each
-        # batched GEMM's roofline reads its shape, never its count (b·a/t)
-        roof, shapes = roofline(setup, gpu, peak), gemm.attention_core_gemms(setup)
-        mm = efficiency.matmul(gpu) * peak
-        forward = gemm.class_efficiency(shapes, None, roof)
-        backward = gemm.class_efficiency(gemm.backward_all(shapes), None, roof)
-        return f.attention_forward / (mm * forward) + f.attention_backward / (mm * backward)
-    work = attention_time.causal_work(setup)
-    forward = peak * attention_time.flash_fraction(setup, gpu, full_grid=True) / work
-    backward = peak * attention_time.flash_fraction(setup, gpu, backward=True, full_grid=True) / work
-    return f.attention_forward / forward + f.attention_backward / backward
-
-
-def layer_stream_seconds(setup: Setup, gpu: GpuPreset) -> float:
-    """One layer's element-wise seconds of ``setup``'s micro-batch on one of its ranks, forward, backward and
-    the checkpoint's re-run as ``time.compute.kernel_times`` charges them (no ring copies, no fp8 casts)."""
-    one = streamed_bytes(setup, gpu=gpu)
-    ckpt = setup.strategy.checkpointing
-    if op_selective(setup) or ckpt >= Checkpointing.EVERY_K or setup.strategy.reversible:
-        rerun = one  # the whole layer's forward again
-    elif ckpt is Checkpointing.SELECTIVE:
-        rerun = attention_bytes(setup, gpu)
-    else:
-        rerun = 0.0
-    return (one + streamed_bytes(setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
-
-
-def hidden_bytes(base: Setup, par: Parallel) -> int:
-    """X₁ = (s/cp)·h·e: one sequence's hidden states on a context-parallel rank (``comm.rows.hidden_bytes``
-    at b = 1), what a tensor- or pipeline-parallel collective moves per sequence."""
-    e = base.training.precision.activation_dtype.bytes
-    return base.training.seq_len // par.cp * base.model.hidden_size * e
+def layer_stream_seconds(c: Critical, gpu: GpuPreset) -> float:
+    """One layer's element-wise seconds of stage ``c``'s micro-batch on one of its ranks, forward, backward
+    and the checkpoint's re-run as ``time.compute.kernel_times`` charges them (no ring copies, no fp8
+    casts)."""
+    one = streamed_bytes(c.setup, gpu=gpu)
+    rerun = rerun_bytes(c.setup, gpu, one, whole=c.rerun_layers > 0)
+    return (one + streamed_bytes(c.setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
 
 
 def tp_layer_seconds(
-    base: Setup, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE
+    x: int, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE
 ) -> float:
     """The sequence-parallel collectives of one layer that no compute hides, in ``Sequence``'s units (one
     sequence, its t · cp ranks together): ``comm.collectives.tp_rows``' two all-gathers of the linears'
     inputs and two reduce-scatters of their outputs in forward and two all-gathers of the output gradients
-    in backward, six calls of X = b·(s/cp)·h·e bytes a micro-batch (``Overlap.NONE``), and a re-run
+    in backward, six calls of X = b·x bytes a micro-batch (``Overlap.NONE``; x = (s/cp)·h·e, one
+    sequence's, ``Sequence.hidden_bytes``), and a re-run
     layer's (full checkpointing) all-gathers and reduce-scatters, four more; each at least its ring's
     (t − 1)/t · X / bandwidth (``comm.fabric.collective_seconds`` less its latency); the head's calls left
     out. 0 without sequence parallelism (``fit`` searches tp > 1 with sp only)."""
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
-    x = hidden_bytes(base, par)
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
     calls = 6 + (4 if ckpt >= Checkpointing.EVERY_K else 0)  # a re-run layer's all-gathers, reduce-scatters
     return t * par.cp * calls * (t - 1) / t * x / ring_bandwidth(on)
 
 
-def pp_step_seconds(base: Setup, par: Parallel, gpu: GpuPreset, gpus: int, global_batch: int) -> float:
+def pp_step_seconds(x: int, par: Parallel, gpu: GpuPreset, gpus: int, global_batch: int) -> float:
     """The pipeline's sends that no compute hides, per device and step: ``comm.collectives.pp_rows``' one
     send of X/t each way for every micro-batch and chunk (``Overlap.NONE``; ``predict`` adds them after the
-    bubble), X = b·(s/cp)·h·e, each at least its bytes over the sender's own rate (``comm.fabric.
-    collective_seconds`` less its latency): 2·m·(B/dp)·⌊X₁/t⌋ / rate with X₁ one sequence's. 0 without a
-    pipeline."""
+    bubble), X = b·x bytes (x one sequence's, ``Sequence.hidden_bytes``), each at least its bytes over the
+    sender's rate (``comm.fabric.send_rate``; ``collective_seconds`` less its latency): 2·m·(B/dp)·⌊x/t⌋ /
+    rate. 0 without a pipeline."""
     if par.pp == 1:
         return 0.0
     on = link(calibrated_topology(gpu), par.tp * par.cp, 2)  # two neighbouring stages, tp·cp apart
-    rate = on.gbps / max(1, on.per_node) * 1e9 * network_fraction(on)
-    x = (
-        base.training.seq_len
-        // par.cp
-        * base.model.hidden_size
-        * base.training.precision.activation_dtype.bytes
-    )
     sequences = global_batch / (gpus // (par.tp * par.cp * par.pp))  # n·b a data-parallel rank
-    return 2 * par.vpp * sequences * (x // par.tp) / rate
+    return 2 * par.vpp * sequences * (x // par.tp) / send_rate(on)
 
 
 @dataclass(frozen=True)
@@ -186,6 +151,9 @@ class Sequence:
     layer_seconds: float
     head_seconds: float
     head_layers: float
+    hidden_bytes: int
+    """x = (s/cp)·h·e: one sequence's hidden states on a context-parallel rank (``comm.rows.hidden_bytes``
+    at b = 1), what a tensor- or pipeline-parallel collective moves per sequence."""
 
     def busiest(self, counts: tuple[int, ...]) -> float:
         """A lower bound of the seconds of the stage ``critical_stage`` picks, over stages of ``counts``
@@ -200,7 +168,7 @@ class Sequence:
         return max(min(counts) * layer, either)
 
 
-NOTHING = Sequence(0.0, 0.0, 0.0)
+NOTHING = Sequence(0.0, 0.0, 0.0, 0)
 """Where the reference cannot be built: nothing is pruned."""
 
 
@@ -209,7 +177,8 @@ def reference_sequence(setup: Setup, gpu: GpuPreset) -> Sequence:
     c = critical_stage(estimate(setup))
     f, layers, cp = stage_flops(c), c.layers, setup.parallel.cp
     linears = (f.linear_forward + f.linear_backward + f.rerun_linear) / linear_rate(setup, gpu)
-    per_layer = (linears + attention_seconds(setup, f, gpu)) / layers + layer_stream_seconds(setup, gpu)
+    core = sum(attention_seconds(setup, f, gpu, peak_flops(gpu, setup.training.precision), full_grid=True))
+    per_layer = (linears + core) / layers + layer_stream_seconds(c, gpu)
     # context parallelism's own copies, as ``kernel_times`` adds them: a layer's forward and backward, the
     # forward's again where the layer or its attention re-runs (the rank's heads: 1/t of them under tp)
     ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, setup.parallel.cp_rotate)
@@ -217,7 +186,8 @@ def reference_sequence(setup: Setup, gpu: GpuPreset) -> Sequence:
     per_layer += (ring_f + ring_b + again) / hbm_bytes_per_s(gpu)
     head = (f.head_forward + f.head_backward) / linear_rate(setup, gpu)
     layer_forward = (f.linear_forward + f.attention_forward) / layers
-    return Sequence(cp * per_layer, cp * head, f.head_forward / layer_forward if layer_forward else 0.0)
+    head_layers = f.head_forward / layer_forward if layer_forward else 0.0
+    return Sequence(cp * per_layer, cp * head, head_layers, hidden_bytes(setup))
 
 
 @dataclass
@@ -253,11 +223,11 @@ class Bound:
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
         one = self.sequence(base, ckpt, attention, par)
-        comm = tp_layer_seconds(base, par, self.gpu, ckpt)
+        comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt)
         if comm:
             one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
         busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
-        sends = pp_step_seconds(base, par, self.gpu, self.gpus, self.global_batch)
+        sends = pp_step_seconds(one.hidden_bytes, par, self.gpu, self.gpus, self.global_batch)
         # less a billionth: the prediction adds the same terms in another order (rounding)
         return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)
 

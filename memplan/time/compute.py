@@ -194,11 +194,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     f = stage_flops(c)
     one = streamed_bytes(c.setup, gpu=gpu)  # a layer's forward, as MEMORY streams it
     layer = one * c.layers
-    rerun = c.rerun_layers * one
-    if op_selective(c.setup):  # every element-wise op of the block re-runs (launch_seconds)
-        rerun = c.layers * one
-    elif c.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        rerun = attention_bytes(c.setup, gpu) * c.layers
+    rerun = c.layers * rerun_bytes(c.setup, gpu, one, whole=c.rerun_layers > 0)
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)
     mm = peak * efficiency.matmul(gpu)
@@ -221,6 +217,18 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     return forward, backward
 
 
+def rerun_bytes(s: Setup, gpu: GpuPreset, one: float, whole: bool) -> float:
+    """One layer's element-wise bytes its checkpoint re-runs in backward, as ``MEMORY`` streams them, of a
+    layer whose forward streams ``one``: torchtitan's per-op SelectiveAC every element-wise op of the
+    block (``launch_seconds``), selective checkpointing the eager attention core's (``attention_bytes``),
+    a whole re-run layer (``whole``: full / every-k, reversible) its forward's; else none."""
+    if op_selective(s):
+        return one
+    if s.strategy.checkpointing is Checkpointing.SELECTIVE:
+        return attention_bytes(s, gpu)
+    return one if whole else 0.0
+
+
 def fp8_layers(s: Setup, gpu: GpuPreset) -> tuple[gemm.Efficiencies, float] | None:
     """Under ``--fp8``: the layers' GEMMs' efficiencies with 1-byte operands against the FP8 ridge, and
     their rate ``MATMUL`` × the FP8 peak (``time.fp8``); None otherwise."""
@@ -237,18 +245,23 @@ def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
     return gemm.Roofline(ridge, s.training.precision.activation_dtype.bytes)
 
 
-def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> tuple[float, float]:
+def attention_seconds(
+    s: Setup, f: StageFlops, gpu: GpuPreset, peak: float, full_grid: bool = False
+) -> tuple[float, float]:
     """Forward and backward (with re-run) seconds of the attention core (``time.attention``): eager's
-    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction."""
+    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction.
+    ``full_grid``: the least any micro-batch size or tensor-parallel degree gives at this length
+    (``search.bound``): no waves (at most 1; a batched GEMM's roofline reads its shape, never its count
+    b·a/t), the flash kernel on a full grid (``attention.flash_fraction``)."""
     if attention.is_eager(s):
         roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
-        mm = peak * efficiency.matmul(gpu)
-        forward = gemm.class_efficiency(shapes, gpu.sms, roof)
-        backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
+        mm, sms = peak * efficiency.matmul(gpu), None if full_grid else gpu.sms
+        forward = gemm.class_efficiency(shapes, sms, roof)
+        backward = gemm.class_efficiency(gemm.backward_all(shapes), sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
     work = attention.causal_work(s)
-    forward = peak * attention.flash_fraction(s, gpu) / work
-    backward = peak * attention.flash_fraction(s, gpu, backward=True) / work
+    forward = peak * attention.flash_fraction(s, gpu, full_grid=full_grid) / work
+    backward = peak * attention.flash_fraction(s, gpu, backward=True, full_grid=full_grid) / work
     return f.attention_forward / forward, f.attention_backward / backward
 
 

@@ -69,6 +69,12 @@ def network_fraction(link: Link) -> float:
     return efficiency.NETWORK_INTRA if link.level == "intra-node" else efficiency.NETWORK_INTER
 
 
+def send_rate(link: Link) -> float:
+    """Achieved bytes/s of one rank's send to one rank over ``link``: its own NIC (the node's NICs shared by
+    its ranks on the group) or NVLink, at ``network_fraction``."""
+    return link.gbps / max(1, link.per_node) * 1e9 * network_fraction(link)
+
+
 def ring_bandwidth(link: Link) -> float:
     """Achieved bytes/s per rank and direction of a ring (or tree) over ``link``: inside a node the GPU's
     NVLink; between nodes the group's NICs on one node together (NCCL runs one channel per NIC, every
@@ -108,9 +114,8 @@ def collective_seconds(kind: Collective, nbytes: int, n: int, link: Link) -> flo
     """Time of one call of ``nbytes`` over ``n`` ranks on ``link`` (module docstring): a ring, or for an
     all-reduce the faster of ring and tree (NCCL picks per size from the same models, #457)."""
     alpha = link.latency_us * 1e-6
-    if kind is Collective.SEND_RECV:  # one rank to one rank: its own NIC (or NVLink)
-        own = link.gbps / max(1, link.per_node)
-        return nbytes / (own * 1e9 * network_fraction(link)) + alpha
+    if kind is Collective.SEND_RECV:
+        return nbytes / send_rate(link) + alpha
     if kind is Collective.ALL_TO_ALL and link.level == "inter-node":
         # each rank's (n − k)/n of the buffer leaves the node through its own NIC (NCCL's PXN gathers a
         # rail's traffic over NVLink first), its (k − 1)/n stays on NVLink, both at once
