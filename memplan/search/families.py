@@ -18,10 +18,15 @@ Work goes cheapest first, and every shortcut gives the answer of the full evalua
    as one row (``fastest_stage``).
 
 A family is rejected when no micro-batch fits it (nor a lower ZeRO stage at the same micro-batch, which
-makes it redundant); its reason is the verdict at the smallest micro-batch where it fails. Micro-batches
-pruned at step 2 are judged for memory only when that decides a family's rejection, in order, until
-every family is known to fit somewhere. ``shortcuts=False`` skips step 2 (the reference the tests and
-benchmarks/bench_fit.py compare with).
+makes it redundant); its reason is the verdict at the smallest micro-batch where it fails. Rejection is
+judged only for the (layout, checkpointing, attention) one of whose micro-batch sizes could be listed —
+some ZeRO stage predicted within the cut-off when it was reached (``_Group.listable``); one slower than
+the cut-off at every micro-batch size, by either step, is neither listed nor judged: the rejected
+families are the ones that would have been among the fastest rows had they fitted (when nothing fits the
+cut-off stays open and every family is judged). Micro-batches pruned at step 2 are judged for memory only
+when that decides a family's rejection, in order, until every family is known to fit somewhere.
+``shortcuts=False`` skips step 2 (the reference the tests and benchmarks/bench_fit.py compare with: it
+judges the same families for rejection, asking ``listable`` when a family fits nowhere).
 """
 
 from __future__ import annotations
@@ -98,8 +103,12 @@ class _Group:
     families: list[Family]
     gpu: GpuPreset
     mfu: float | None
+    cutoff: float = math.inf
+    """The cut-off when the search reached this micro-batch size (``listable`` reads it)."""
     first_fit: int | None = None
     """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
+    within: bool | None = None
+    """``listable``'s answer, once asked."""
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
     bounded: bool = False
@@ -132,6 +141,15 @@ class _Group:
         if stages_bound(first, self.gpu) > seconds:
             return True
         return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
+
+    def listable(self) -> bool:
+        """Could one of its stages be listed: at an assumed MFU or an open cut-off (nothing pruned by time
+        then), or some stage predicted within the cut-off it was reached at (step 2). The same answer
+        with and without step 2's shortcut: the cut-off evolves alike (a configuration step 2 prunes is
+        slower than it, so listing it would not move it), and ``slower_than`` reads no memory."""
+        if self.within is None:
+            self.within = self.mfu is not None or self.cutoff == math.inf or not self.slower_than(self.cutoff)
+        return self.within
 
 
 def search_families(
@@ -172,9 +190,9 @@ def search_families(
         if bound is not None and bound.seconds(base, ckpt, attention, layout.parallel, n) > cutoff.seconds:
             result.pruned += len(families)
             continue
-        group = _Group(b, n, base, families, result.gpu, mfu)
+        group = _Group(b, n, base, families, result.gpu, mfu, cutoff.seconds)
         groups.append(group)
-        if shortcuts and mfu is None and cutoff.seconds < math.inf and group.slower_than(cutoff.seconds):
+        if shortcuts and not group.listable():
             result.pruned += len(families)
             continue  # none can be listed (module docstring, step 2)
         _judge(result, families, group, cutoff)
@@ -220,7 +238,10 @@ def fastest_stage(result: FitResult, group: _Group, first: int) -> Config:
 
 def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> None:
     """The families no micro-batch fits, each with the verdict of the smallest micro-batch (where it fails,
-    as at every one); the groups pruned by time are judged, in order, only while that is undecided."""
+    as at every one); the groups pruned by time are judged, in order, only while that is undecided. None
+    unless some micro-batch could be listed (``_Group.listable``; module docstring)."""
+    if not any(g.listable() for g in groups):
+        return
     count = len(families)
     fitted = {i for g in groups if g.first_fit is not None for i in range(g.first_fit, count)}
     for g in groups:

@@ -7,12 +7,14 @@
   requested, allocated and reserved peaks — where the shortcuts decide.
 - The verdict's figures from memoised replays equal those of fresh ones.
 - The search: pruning by predicted time before any memory work (``search.families``) lists the same
-  rows, the same best per method and the same rejected families as ``shortcuts=False``.
+  rows, the same best per method and the same rejected families as ``shortcuts=False``; the rejected
+  families are those of the search that prunes nothing which could have been listed.
 - The longest sequence: the largest that fits, found by scanning every sequence.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -26,8 +28,10 @@ from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, load_gpu
 from memplan.reserved import clear_replays, cublas_workspace, cublas_workspaces
 from memplan.search.budget import fits, verdict
+from memplan.search.families import family_setup
 from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
+from memplan.time.timing import timing
 from memplan.time.comm.buffers import nccl_bytes
 
 H100 = load_gpu("h100-sxm")
@@ -195,3 +199,32 @@ def test_longest_sequence_without_a_gpu_is_the_tensors() -> None:
         return estimate(s.model_copy(update={"training": training})).device.peak.bytes
 
     assert got == 1024 if peak(1024) <= memory else (peak(got) <= memory < peak(got + 1))
+
+
+def test_rejected_families_are_those_that_could_have_been_listed() -> None:
+    """A family is judged for rejection only when one of its micro-batch sizes could be listed
+    (``families._Group.listable``): against the search that prunes nothing (``keep`` 0, every family
+    judged), the pruned search rejects a subset, with the same verdicts, and each family it leaves out is
+    predicted slower than its ``keep``-th row at every micro-batch size: it could not have been listed had
+    it fitted (and one predicted no slower at some size is rejected: the cut-off when that size was
+    reached was no faster than that row). 8B at 8,192 tokens on 8 A100-40GB, where ZeRO 0 fits
+    nowhere."""
+    base = build_setup("llama-3-8b", seq=8192)
+    space = Space(checkpointing=(Checkpointing.NONE, Checkpointing.FULL), micro_batches=(1, 2), keep=4)
+    pruned = fit(base, A100, 8, space=space, max_seq=False)
+    full = fit(base, A100, 8, space=dataclasses.replace(space, keep=0), max_seq=False)
+    kept = {r.family: r for r in pruned.rejected}
+    assert kept and all(r == kept.get(r.family, r) for r in full.rejected)
+    assert set(kept) <= {r.family for r in full.rejected}
+    slowest_kept = pruned.fitting[space.keep - 1].timing.step_time_s
+    left = 0
+    for family in {r.family for r in full.rejected}:
+        times = [
+            timing(estimate(family_setup(base, family, b, pruned.global_batch // (b * family.layout.dp))), A100)
+            for b in space.micro_batches
+            if pruned.global_batch % (b * family.layout.dp) == 0
+        ]
+        if family not in kept:
+            left += 1
+            assert all(t.step_time_s > slowest_kept for t in times), family
+    assert left  # the rule is exercised
