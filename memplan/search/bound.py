@@ -6,40 +6,38 @@ The predicted step (``time.predict``) is at least its busy time stretched by the
 busy · (1 + (p − 1)/(m·n)), and busy is at least the busiest stage's kernels, n·(forward + backward)
 (``time.compute.kernel_times`` of ``comm.rows.critical_stage``: matrix products, attention, element-wise
 work, launch gaps and QLoRA's dequantisation, added; communication only adds). The busiest stage's
-kernels are bounded from one reference sequence (b = 1, no tensor or pipeline parallelism, the layout's
-cp and its rotation), each class at the fastest rate any micro-batch size or tensor-parallel degree gives
-it at that length, and the layout's own tensor-parallel collectives:
+kernels come from one reference sequence (``Reference``: b = 1, no tensor or pipeline parallelism, the
+layout's cp and its rotation: one estimate per checkpointing, attention and cp), charged at the layout's
+tp (sp) and micro-batch size b as ``kernel_times`` charges them there (``Reference.at``):
 
-- the linears (forward, backward, re-run) at the matmul fraction × the linears' peak (the FP8 peak under
-  ``--fp8``; ``linear_rate``): wave and tile quantization and the roofline only slow a GEMM, and a
-  tensor-parallel rank runs 1/t of them (only the head's vocabulary is padded);
-- the attention core at its kernel's fraction on a full grid (``time.attention.flash_fraction``: its
-  grid factors, the only terms that read b or tp, are at most 1), eager attention's GEMMs at the matmul
-  fraction × their roofline (a batched GEMM's intensity reads its shape, not its count b·a/t);
-- the element-wise bytes (``time.layer_elementwise.streamed_bytes``, forward, backward and the
-  checkpoint's re-run, at ``MEMORY`` × HBM as ``kernel_times`` charges them): linear in the micro-batch's
-  sequences, and a tensor-parallel rank moves at least 1/t of one rank's (sequence parallelism splits the
-  norms and residual adds, tensor parallelism the rest; without sp they repeat);
+- a rank's FLOPs are the model's over its t·cp ranks (``compute.stage_flops``), so at b sequences b/t of
+  the reference rank's: the linears (forward, backward, re-run; ``compute.matmul_seconds``: the GEMMs'
+  wave, tile and roofline efficiencies of the layout's shapes, the FP8 rate under ``--fp8``) and the
+  attention core (``compute.attention_seconds``: the flash kernel's fraction on the layout's grid, eager
+  attention's batched GEMMs), both linear in the FLOPs, at the layout's own rates;
+- the element-wise bytes of the layout's rank (``time.layer_elementwise.streamed_bytes``, forward,
+  backward and the checkpoint's re-run, ``compute.rerun_bytes``), at ``MEMORY`` × HBM;
 - context parallelism's own copies (``strategies.context_parallel.elementwise_bytes``: the ring's merges
-  and accumulators or the K/V all-gather's reorders, of the rank's 1/t of the heads; linear in b);
+  and accumulators or the K/V all-gather's reorders) of the reference rank: a tensor-parallel rank's are
+  of its 1/t of the heads, at least 1/t of them, and linear in b;
 - under sequence parallelism, the tensor-parallel collectives of a layer that no compute hides
-  (``tp_layer_seconds``: six, ten with full checkpointing's re-run; their bandwidth terms, linear in b);
+  (``tp_layer_seconds``: six, ten with full checkpointing's re-run, as ``collective_seconds`` times them);
   and, after the bubble as ``predict`` adds them, the pipeline's sends (``pp_step_seconds``).
 
-Left out (never negative): the fp8 casts (per weight, not per token),
-launch gaps, dequantisation, every other collective. Each term is linear in the sequences, so with e
-seconds of a layer and x of the head for one sequence (its t·cp ranks together) and n·b = B/dp sequences
-per data-parallel rank, a device of a stage with L layers runs at least (B/dp)·L·e/(t·cp) = B·p·L·e/N
-seconds (plus B·p·x/N on the last stage). The stage ``critical_stage`` picks has the most forward FLOPs,
-ties to the later one: either it is the last stage, or it holds more than the last's layers plus the
-head's forward FLOPs in layers (``Sequence.busiest``); and it holds at least the fewest layers. So
+Left out (never negative): the fp8 casts, launch gaps, dequantisation, every other collective and the
+head's tp calls. With e seconds of a layer and x of the head for one sequence (its t·cp ranks together)
+and n·b = B/dp sequences per data-parallel rank, a device of a stage with L layers runs at least
+(B/dp)·L·e/(t·cp) = B·p·L·e/N seconds (plus B·p·x/N on the last stage). The stage ``critical_stage``
+picks has the most forward FLOPs, ties to the later one: either it is the last stage, or it holds more
+than the last's layers plus the head's forward FLOPs in layers (``Sequence.busiest``); and it holds at
+least the fewest layers. So
 
     step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n)) + sends
 
 tests/plan/test_fit_search.py checks the bound against every ZeRO stage's prediction over a sample of
-layouts, the claims on the element-wise bytes (linear in b, ≥ 1/t under tp) and the attention fraction
-(the full grid's is the largest) over presets, the collectives against ``tp_rows`` by hand, and end to
-end the rows against a search that prunes nothing.
+layouts and random ones, ``Reference.at`` against ``kernel_times`` (equal, less the terms left out) over
+presets of every shape, the copies' claim (≥ 1/t, linear in b), the collectives against ``tp_rows`` and the
+sends against ``pp_rows`` (equal), and end to end the rows against a search that prunes nothing.
 
 ``Cutoff`` keeps the ``keep`` fastest step times found so far (per method and saver level): a
 configuration whose bound exceeds the slowest of them cannot enter the list.
@@ -58,9 +56,9 @@ computed with ``predict``'s own operations in its order: IEEE addition and multi
 non-negative numbers are monotonic, so the bound is ≤ the predicted step of every stage bit for bit.
 tests/plan/test_fit_search.py checks it against the prediction of every ZeRO stage over a sample.
 
-NB: the bound holds while ``reference_sequence`` charges each class no more than ``time.compute`` does (a
-new kernel class, or a new dependence of a rate on b or tp, enters there); with an assumed ``--mfu``
-nothing is pruned.
+NB: the bound holds while ``Reference.at`` charges each class no more than ``time.compute`` does (a new
+kernel class, or a rate that reads a field of the setup ``at`` does not set — it sets tp, sp, cp, its
+rotation, ep and b — enters there); with an assumed ``--mfu`` nothing is pruned.
 """
 
 from __future__ import annotations
@@ -75,16 +73,20 @@ from memplan.presets import GpuPreset
 from memplan.search.methods import valid
 from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import stage_layers
-from memplan.time import efficiency, fp8
+from memplan.time import efficiency, gemm
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
-from memplan.time.comm.fabric import link, ring_bandwidth, send_rate
-from memplan.time.comm.rows import Critical, Row, critical_stage, hidden_bytes
+from memplan.time.comm.fabric import Collective, collective_seconds, link
+from memplan.time.comm.rows import Row, critical_stage, hidden_bytes
 from memplan.time.compute import (
+    StageFlops,
     attention_seconds,
+    fp8_layers,
     hbm_bytes_per_s,
     kernel_times,
+    matmul_seconds,
     rerun_bytes,
+    roofline,
     stage_flops,
 )
 from memplan.time.layer_elementwise import streamed_bytes
@@ -92,60 +94,45 @@ from memplan.time.predict import IN_STAGE, exposed, windows
 from memplan.time.timing import peak_flops
 
 
-def linear_rate(setup: Setup, gpu: GpuPreset) -> float:
-    """FLOP/s no matrix product of ``setup`` on ``gpu`` exceeds (module docstring): the matmul fraction
-    (``MATMUL`` or the calibrated one) × the FP8 peak under ``--fp8`` (its layers' GEMMs), else × the
-    precision's dense peak; wave and tile quantization and the roofline only slow a GEMM."""
-    peak = peak_flops(gpu, setup.training.precision)
-    return efficiency.matmul(gpu) * (max(peak, fp8.peak(setup, gpu)) if fp8.enabled(setup) else peak)
-
-
-def layer_stream_seconds(c: Critical, gpu: GpuPreset) -> float:
-    """One layer's element-wise seconds of stage ``c``'s micro-batch on one of its ranks, forward, backward
-    and the checkpoint's re-run as ``time.compute.kernel_times`` charges them (no ring copies, no fp8
-    casts)."""
-    one = streamed_bytes(c.setup, gpu=gpu)
-    rerun = rerun_bytes(c.setup, gpu, one, whole=c.rerun_layers > 0)
-    return (one + streamed_bytes(c.setup, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
-
-
 def tp_layer_seconds(
-    x: int, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE
+    x: int, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE, b: int = 1
 ) -> float:
     """The sequence-parallel collectives of one layer that no compute hides, in ``Sequence``'s units (one
-    sequence, its t · cp ranks together): ``comm.collectives.tp_rows``' two all-gathers of the linears'
-    inputs and two reduce-scatters of their outputs in forward and two all-gathers of the output gradients
-    in backward, six calls of X = b·x bytes a micro-batch (``Overlap.NONE``; x = (s/cp)·h·e, one
-    sequence's, ``Sequence.hidden_bytes``), and a re-run
-    layer's (full checkpointing) all-gathers and reduce-scatters, four more; each at least its ring's
-    (t − 1)/t · X / bandwidth (``comm.fabric.collective_seconds`` less its latency); the head's calls left
-    out. 0 without sequence parallelism (``fit`` searches tp > 1 with sp only)."""
+    sequence, its t · cp ranks together) at micro-batch ``b``: ``comm.collectives.tp_rows``' two
+    all-gathers of the linears' inputs and two reduce-scatters of their outputs in forward and two
+    all-gathers of the output gradients in backward, six calls of X = b·x bytes a micro-batch
+    (``Overlap.NONE``; x = (s/cp)·h·e, one sequence's, ``Sequence.hidden_bytes``), and a re-run layer's
+    (full checkpointing) all-gathers and reduce-scatters, four more; each as ``comm.fabric.
+    collective_seconds`` times it; the head's calls left out. 0 without sequence parallelism (``fit``
+    searches tp > 1 with sp only)."""
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
-    calls = 6 + (4 if ckpt >= Checkpointing.EVERY_K else 0)  # a re-run layer's all-gathers, reduce-scatters
-    return t * par.cp * calls * (t - 1) / t * x / ring_bandwidth(on)
+    rerun = 2 if ckpt >= Checkpointing.EVERY_K else 0  # a re-run layer's all-gathers, reduce-scatters
+    gathers = (4 + rerun) * collective_seconds(Collective.ALL_GATHER, b * x, t, on)
+    scatters = (2 + rerun) * collective_seconds(Collective.REDUCE_SCATTER, b * x, t, on)
+    return t * par.cp * (gathers + scatters) / b
 
 
-def pp_step_seconds(x: int, par: Parallel, gpu: GpuPreset, gpus: int, global_batch: int) -> float:
-    """The pipeline's sends that no compute hides, per device and step: ``comm.collectives.pp_rows``' one
-    send of X/t each way for every micro-batch and chunk (``Overlap.NONE``; ``predict`` adds them after the
-    bubble), X = b·x bytes (x one sequence's, ``Sequence.hidden_bytes``), each at least its bytes over the
-    sender's rate (``comm.fabric.send_rate``; ``collective_seconds`` less its latency): 2·m·(B/dp)·⌊x/t⌋ /
-    rate. 0 without a pipeline."""
+def pp_step_seconds(x: int, par: Parallel, gpu: GpuPreset, n: int, b: int = 1) -> float:
+    """The pipeline's sends that no compute hides, per device and step of ``n`` micro-batches of ``b``:
+    ``comm.collectives.pp_rows``' one send of ⌊X/t⌋ each way for every micro-batch and chunk
+    (``Overlap.NONE``; ``predict`` adds them after the bubble), X = b·x bytes (x one sequence's,
+    ``Sequence.hidden_bytes``), each as ``comm.fabric.collective_seconds`` times it; without sp the
+    receivers' all-gathers left out (``fit`` searches tp > 1 with sp only). 0 without a pipeline."""
     if par.pp == 1:
         return 0.0
     on = link(calibrated_topology(gpu), par.tp * par.cp, 2)  # two neighbouring stages, tp·cp apart
-    sequences = global_batch / (gpus // (par.tp * par.cp * par.pp))  # n·b a data-parallel rank
-    return 2 * par.vpp * sequences * (x // par.tp) / send_rate(on)
+    return 2 * par.vpp * n * collective_seconds(Collective.SEND_RECV, b * x // par.tp, 2, on)
 
 
 @dataclass(frozen=True)
 class Sequence:
-    """One reference sequence's seconds (module docstring), its cp ranks' together on tp 1: through one
-    layer (its linears, its attention core, its element-wise bytes; forward, backward and the checkpoint's
-    re-run) and through the lm head; and ``head_layers``, the head's forward FLOPs in layers' (what
+    """One sequence's seconds on a layout at a micro-batch size (module docstring; ``Reference.at``), its
+    t·cp ranks' together: through one layer (its linears, its attention core, its element-wise bytes and
+    cp's copies; forward, backward and the checkpoint's re-run; ``Bound.seconds`` adds the layer's tp
+    collectives) and through the lm head; and ``head_layers``, the head's forward FLOPs in layers' (what
     ``time.comm.rows.critical_stage`` weighs the last stage's head by)."""
 
     layer_seconds: float
@@ -172,22 +159,68 @@ NOTHING = Sequence(0.0, 0.0, 0.0, 0)
 """Where the reference cannot be built: nothing is pruned."""
 
 
-def reference_sequence(setup: Setup, gpu: GpuPreset) -> Sequence:
-    """``Sequence`` of ``setup`` (b = 1, no tensor or pipeline parallelism: one stage holds every layer)."""
+@dataclass(frozen=True)
+class Reference:
+    """One reference sequence (b = 1, tp 1, pp 1: one stage of every layer; the layout's cp and rotation)
+    of a checkpointing and attention, from which ``Sequence`` is charged at a layout's tp and micro-batch
+    size (``at``): its context-parallel rank's FLOPs (``compute.stage_flops``), the ring's copies of one
+    layer there, the head's forward FLOPs in layers' and x = (s/cp)·h·e."""
+
+    setup: Setup
+    flops: StageFlops
+    layers: int
+    rerun: bool
+    """Whole layers re-run in backward (``Critical.rerun_layers``): full checkpointing."""
+    ring_seconds: float
+    head_layers: float
+    hidden_bytes: int
+
+    def at(self, par: Parallel, b: int, gpu: GpuPreset) -> Sequence:
+        """The sequence's seconds on layout ``par``'s tp (sp), cp and ep at micro-batch ``b``, each class as
+        ``compute.kernel_times`` charges it there (module docstring). A rank's FLOPs are the model's over
+        its t·cp ranks (``stage_flops``): at b sequences, b/t of this reference rank's, so one sequence's
+        over its t·cp ranks together is cp × the reference rank's at the layout's rates; its element-wise
+        bytes are the layout's own rank's, × t·cp / b."""
+        s = self.setup.model_copy(
+            update={
+                "parallel": par.model_copy(update={"pp": 1, "vpp": 1, "pp_layers": None}),
+                "training": self.setup.training.model_copy(update={"micro_batch": b}),
+            }
+        )
+        peak = peak_flops(gpu, s.training.precision)
+        e, mm, fp8_rate = (
+            gemm.efficiencies(s, gpu.sms, roofline(s, gpu, peak)),
+            peak * efficiency.matmul(gpu),
+            fp8_layers(s, gpu),
+        )
+        f = self.flops
+        layers = dataclasses.replace(f, head_forward=0.0, head_backward=0.0)
+        head = dataclasses.replace(f, linear_forward=0.0, linear_backward=0.0, rerun_linear=0.0)
+        linears = sum(matmul_seconds(layers, e, mm, fp8_rate))
+        core = sum(attention_seconds(s, f, gpu, peak))
+        one = streamed_bytes(s, gpu=gpu)
+        rerun = rerun_bytes(s, gpu, one, whole=self.rerun)
+        stream = (one + streamed_bytes(s, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
+        cp = par.cp
+        per_layer = cp * ((linears + core) / self.layers + self.ring_seconds) + par.tp * cp * stream / b
+        return Sequence(
+            per_layer, cp * sum(matmul_seconds(head, e, mm, fp8_rate)), self.head_layers, self.hidden_bytes
+        )
+
+
+def reference(setup: Setup, gpu: GpuPreset) -> Reference:
+    """``Reference`` of ``setup`` (b = 1, no tensor or pipeline parallelism: one stage holds every layer)."""
     c = critical_stage(estimate(setup))
-    f, layers, cp = stage_flops(c), c.layers, setup.parallel.cp
-    linears = (f.linear_forward + f.linear_backward + f.rerun_linear) / linear_rate(setup, gpu)
-    core = sum(attention_seconds(setup, f, gpu, peak_flops(gpu, setup.training.precision), full_grid=True))
-    per_layer = (linears + core) / layers + layer_stream_seconds(c, gpu)
+    f, layers = stage_flops(c), c.layers
     # context parallelism's own copies, as ``kernel_times`` adds them: a layer's forward and backward, the
-    # forward's again where the layer or its attention re-runs (the rank's heads: 1/t of them under tp)
+    # forward's again where the layer or its attention re-runs; a tensor-parallel rank's are of its a/t
+    # heads (1/t of these: the same over its t ranks), linear in b
     ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, setup.parallel.cp_rotate)
     again = ring_f if c.rerun_layers or f.rerun_attention else 0
-    per_layer += (ring_f + ring_b + again) / hbm_bytes_per_s(gpu)
-    head = (f.head_forward + f.head_backward) / linear_rate(setup, gpu)
+    ring = (ring_f + ring_b + again) / hbm_bytes_per_s(gpu)
     layer_forward = (f.linear_forward + f.attention_forward) / layers
     head_layers = f.head_forward / layer_forward if layer_forward else 0.0
-    return Sequence(cp * per_layer, cp * head, head_layers, hidden_bytes(setup))
+    return Reference(setup, f, layers, c.rerun_layers > 0, ring, head_layers, hidden_bytes(setup))
 
 
 @dataclass
@@ -197,13 +230,16 @@ class Bound:
     gpu: GpuPreset
     gpus: int
     global_batch: int
+    _references: dict[tuple[object, ...], Reference | None] = field(default_factory=dict)
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
 
-    def sequence(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel) -> Sequence:
+    def reference(
+        self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel
+    ) -> Reference | None:
         """The reference sequence for this checkpointing, attention and ``par``'s context parallelism (its
-        degree and rotation: the attention kernels' lengths) (``NOTHING`` when it cannot be built)."""
+        degree and rotation: the attention kernels' lengths); None when it cannot be built."""
         key = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp, par.cp_rotate)
-        if key not in self._sequences:
+        if key not in self._references:
             setup = base.model_copy(
                 update={
                     "parallel": Parallel(cp=par.cp, cp_rotate=par.cp_rotate),
@@ -214,20 +250,32 @@ class Bound:
                 }
             )
             try:
-                one = reference_sequence(setup, self.gpu) if valid(setup) else NOTHING
+                self._references[key] = reference(setup, self.gpu) if valid(setup) else None
             except ValueError:
-                one = NOTHING
-            self._sequences[key] = one
+                self._references[key] = None
+        return self._references[key]
+
+    def sequence(
+        self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int = 1
+    ) -> Sequence:
+        """``Reference.at`` layout ``par`` and micro-batch ``b`` (``NOTHING`` without a reference)."""
+        key: tuple[object, ...] = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp)
+        key += (par.cp_rotate, par.tp, par.sp, par.ep, b)
+        if key not in self._sequences:
+            ref = self.reference(base, ckpt, attention, par)
+            self._sequences[key] = NOTHING if ref is None else ref.at(par, b, self.gpu)
         return self._sequences[key]
 
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
-        one = self.sequence(base, ckpt, attention, par)
-        comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt)
+        dp = self.gpus // (par.tp * par.pp * par.cp)
+        b = max(1, self.global_batch // (n * dp))  # n·b·dp sequences (the sort key's n: at least 1)
+        one = self.sequence(base, ckpt, attention, par, b)
+        comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b)
         if comm:
             one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
         busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
-        sends = pp_step_seconds(one.hidden_bytes, par, self.gpu, self.gpus, self.global_batch)
+        sends = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b)
         # less a billionth: the prediction adds the same terms in another order (rounding)
         return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)
 

@@ -17,8 +17,8 @@ assumed ``--mfu``, ties broken by fewer model-parallel devices, the lower ZeRO s
 micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
-batch). A micro-batch size whose step-time lower bound (``bound``: one reference sequence's kernels, each
-class at its fastest rate, on the busiest stage, stretched by its bubble) is slower than the
+batch). A micro-batch size whose step-time lower bound (``bound``: one reference sequence's kernels at the
+layout's rates, on the busiest stage, stretched by its bubble) is slower than the
 ``Space.keep`` (``--top``) fastest found so far is pruned unevaluated; one whose ZeRO stages are all predicted
 slower than them (first by one bound shared by the stages, ``bound.stages_bound``) is pruned before any memory
 work (``families``: exact, the listed rows are those of the full evaluation); layouts go fastest bound first

@@ -79,22 +79,16 @@ def kernel(setup: Setup) -> AttentionKernel:
     return AttentionKernel.FA2 if k is AttentionKernel.AUTO else k
 
 
-def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False, full_grid: bool = False) -> float:
+def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> float:
     """The flash kernel's fraction of the dense peak on ``gpu``, forward or ``backward`` (module
-    docstring's table); a one-line ``ValueError`` for FlashAttention-3 off Hopper. ``full_grid``: as if the
-    call's grid were full (``grid_factor`` and ``noncausal_grid_factor`` 1, their largest value): the
-    fraction no micro-batch size or tensor-parallel degree exceeds at this length (``search.bound``)."""
+    docstring's table); a one-line ``ValueError`` for FlashAttention-3 off Hopper."""
     hopper = gpu.arch in HOPPER_ON
     calibrated = gpu.calibrated if setup.impl.attention_kernel is AttentionKernel.AUTO else None
     if calibrated and calibrated.attention_curve:  # SDPA's own pick by length, measured on the device
         return curve_rate(setup, calibrated.attention_curve, calibrated.attention_curve, backward)
     if calibrated and calibrated.attention:
         return calibrated.attention  # one shape's forward and backward (``memplan calibrate``, older files)
-    grids = (
-        (1.0, 1.0)
-        if full_grid
-        else (grid_factor(setup, gpu, backward), noncausal_grid_factor(setup, gpu, backward))
-    )
+    grids = (grid_factor(setup, gpu, backward), noncausal_grid_factor(setup, gpu, backward))
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
         setup, backward, *grids
     )

@@ -245,23 +245,19 @@ def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
     return gemm.Roofline(ridge, s.training.precision.activation_dtype.bytes)
 
 
-def attention_seconds(
-    s: Setup, f: StageFlops, gpu: GpuPreset, peak: float, full_grid: bool = False
-) -> tuple[float, float]:
+def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> tuple[float, float]:
     """Forward and backward (with re-run) seconds of the attention core (``time.attention``): eager's
-    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction.
-    ``full_grid``: the least any micro-batch size or tensor-parallel degree gives at this length
-    (``search.bound``): no waves (at most 1; a batched GEMM's roofline reads its shape, never its count
-    b·a/t), the flash kernel on a full grid (``attention.flash_fraction``)."""
+    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction
+    (linear in ``f``'s attention FLOPs: ``search.bound`` charges a reference rank's at a layout's rates)."""
     if attention.is_eager(s):
         roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
-        mm, sms = peak * efficiency.matmul(gpu), None if full_grid else gpu.sms
-        forward = gemm.class_efficiency(shapes, sms, roof)
-        backward = gemm.class_efficiency(gemm.backward_all(shapes), sms, roof)
+        mm = peak * efficiency.matmul(gpu)
+        forward = gemm.class_efficiency(shapes, gpu.sms, roof)
+        backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
     work = attention.causal_work(s)
-    forward = peak * attention.flash_fraction(s, gpu, full_grid=full_grid) / work
-    backward = peak * attention.flash_fraction(s, gpu, backward=True, full_grid=full_grid) / work
+    forward = peak * attention.flash_fraction(s, gpu) / work
+    backward = peak * attention.flash_fraction(s, gpu, backward=True) / work
     return f.attention_forward / forward, f.attention_backward / backward
 
 

@@ -31,8 +31,8 @@ from memplan.search.budget import fits, verdict
 from memplan.search.families import family_setup
 from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
-from memplan.time.timing import timing
 from memplan.time.comm.buffers import nccl_bytes
+from memplan.time.timing import timing
 
 H100 = load_gpu("h100-sxm")
 A100 = load_gpu("a100-40gb")
@@ -108,7 +108,7 @@ def _answer(r: object, top: int) -> str:
 @pytest.mark.parametrize(
     ("name", "seq", "gpu", "gpus", "batch", "space", "rejects"),
     [
-        # 1B on 16 H100s: every family fits somewhere; pruning by time before memory prunes most
+        # 1B on 16 H100s: every family fits somewhere (the first bound prunes nearly all that step 2 would)
         (
             "llama-3.2-1b",
             4096,
@@ -120,9 +120,21 @@ def _answer(r: object, top: int) -> str:
                 micro_batches=(1, 2),
                 vpp=(1,),
                 cp_max=2,
-                keep=3,
+                keep=1,
             ),
             False,
+        ),
+        # Mixtral 8x7B on 32 H100s, full checkpointing: step 2 prunes a few hundred configurations the
+        # first bound leaves (it leaves out every collective but the tp and pp ones); some families fit
+        # nowhere
+        (
+            "mixtral-8x7b",
+            4096,
+            H100,
+            32,
+            64,
+            Space(checkpointing=(Checkpointing.FULL,), micro_batches=(1, 2), cp_max=2, keep=3),
+            True,
         ),
         # 8B at 8,192 tokens on 8 A100-40GB: ZeRO 0 fits nowhere (rejected beside the rows)
         (
@@ -220,7 +232,9 @@ def test_rejected_families_are_those_that_could_have_been_listed() -> None:
     left = 0
     for family in {r.family for r in full.rejected}:
         times = [
-            timing(estimate(family_setup(base, family, b, pruned.global_batch // (b * family.layout.dp))), A100)
+            timing(
+                estimate(family_setup(base, family, b, pruned.global_batch // (b * family.layout.dp))), A100
+            )
             for b in space.micro_batches
             if pruned.global_batch % (b * family.layout.dp) == 0
         ]
