@@ -75,22 +75,20 @@ from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.time import efficiency, gemm
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm.collectives import cp_rows, ep_rows, pp_rows, tp_rows
 from memplan.time.comm.fabric import Collective, collective_seconds, link
-from memplan.time.comm.rows import Row, critical_stage, hidden_bytes
+from memplan.time.comm.rows import critical_stage, hidden_bytes
 from memplan.time.compute import (
     StageFlops,
     attention_seconds,
     fp8_layers,
     hbm_bytes_per_s,
-    kernel_times,
     matmul_seconds,
     rerun_bytes,
     roofline,
     stage_flops,
 )
 from memplan.time.layer_elementwise import streamed_bytes
-from memplan.time.predict import IN_STAGE, exposed, windows
+from memplan.time.predict import IN_STAGE, Unstaged, exposed, unstaged, windows
 from memplan.time.timing import peak_flops
 
 
@@ -280,19 +278,15 @@ class Bound:
         return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)
 
 
-def stages_bound(p: Result, gpu: GpuPreset) -> float:
+def stages_bound(p: Result, gpu: GpuPreset, shared: Unstaged | None = None) -> float:
     """A lower bound of ``timing(q, gpu).step_time_s`` for ``p`` and every ``q`` that differs from it
     only in the ZeRO stage (module docstring): ``predict``'s step without the data-parallel collectives,
-    the optimizer step and the offload copies."""
+    the optimizer step and the offload copies. ``shared``: ``predict.unstaged(p, ...)``, when made."""
     peak = peak_flops(gpu, p.setup.training.precision)
-    c = critical_stage(p)
-    topo = calibrated_topology(gpu)
-    forward, backward = kernel_times(c, gpu, peak)
+    common = shared or unstaged(p, gpu, peak)
+    forward, backward = common.forward, common.backward
     n, par = p.micro_batches, p.parallel
-    rows: list[Row] = [
-        row for dimension in (tp_rows, cp_rows, pp_rows, ep_rows) for row in dimension(c, topo)
-    ]
-    hidden = exposed(rows, windows(forward, backward, n, par.cp))
+    hidden = exposed([*common.before_dp, *common.after_dp], windows(forward, backward, n, par.cp))
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
     compute = n * (forward.total_s + backward.total_s)
     busy = compute + in_stage

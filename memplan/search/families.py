@@ -45,7 +45,8 @@ from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
 from memplan.stage_plan import stage_states
 from memplan.strategies import offload
-from memplan.time.timing import Timing, timing
+from memplan.time.predict import Unstaged, unstaged
+from memplan.time.timing import Timing, peak_flops, timing
 
 
 def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
@@ -109,6 +110,8 @@ class _Group:
     """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
     within: bool | None = None
     """``listable``'s answer, once asked."""
+    shared: Unstaged | None = None
+    """``unstaged``, once made."""
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
     bounded: bool = False
@@ -122,9 +125,20 @@ class _Group:
             self.made[i] = estimate(setup) if other is None else restaged(other, setup)
         return self.made[i]
 
+    def unstaged(self) -> Unstaged:
+        """What the stages' predictions share (``predict.unstaged``), from the first estimate made (or an
+        estimate without stage plans: ``slower_than``'s bound reads none)."""
+        if self.shared is None:
+            first = self.made.get(0) or next(iter(self.made.values()), None)
+            if first is None:
+                setup = family_setup(self.base, self.families[0], self.micro_batch, self.micro_batches)
+                first, self.bounded = unplanned(setup), True
+            self.shared = unstaged(first, self.gpu, peak_flops(self.gpu, first.setup.training.precision))
+        return self.shared
+
     def time(self, i: int) -> Timing:
         if i not in self.timed:
-            self.timed[i] = timing(self.estimate(i), self.gpu, mfu=self.mfu)
+            self.timed[i] = timing(self.estimate(i), self.gpu, mfu=self.mfu, shared=self.unstaged())
         return self.timed[i]
 
     def slower_than(self, seconds: float) -> bool:
@@ -134,11 +148,8 @@ class _Group:
             return False
         # the bound reads no stage plan (the critical stage, its kernels and the tp/cp/pp/ep rows come from
         # the setup, the pieces, the FLOPs and the parameters): an estimate without them when none is made
-        first = self.made.get(0)
-        if first is None:
-            setup = family_setup(self.base, self.families[0], self.micro_batch, self.micro_batches)
-            first, self.bounded = unplanned(setup), True
-        if stages_bound(first, self.gpu) > seconds:
+        shared = self.unstaged()
+        if stages_bound(shared.critical.result, self.gpu, shared) > seconds:
             return True
         return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
 

@@ -38,19 +38,22 @@ view); the bubble is the balanced pipeline's.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
 from memplan.engine import Result
-from memplan.presets import GpuPreset
+from memplan.presets import GpuPreset, Topology
 from memplan.strategies.context_parallel import block_shares
 from memplan.strategies.pipeline_parallel import warmup_forwards
 from memplan.time import dp_copies, efficiency, offload
 from memplan.time.calibration import calibrated_topology
-from memplan.time.comm.collectives import communication
+from memplan.time.comm.collectives import ROWS, communication
+from memplan.time.comm.dp import dp_rows
 from memplan.time.comm.fabric import Link
-from memplan.time.comm.rows import Critical, Overlap, Row
+from memplan.time.comm.rows import Critical, Overlap, Row, critical_stage
 from memplan.time.compute import KernelTime, clip_seconds, kernel_times, optimizer_seconds
 
 IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
@@ -196,10 +199,46 @@ def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float, matm
     return flops / (seconds * matmul * peak) if seconds else 1.0
 
 
-def predict(p: Result, gpu: GpuPreset, peak: float) -> Prediction:
-    """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring)."""
-    c, rows = communication(p, calibrated_topology(gpu))
+_DP = ROWS.index(dp_rows)
+
+
+@dataclass(frozen=True)
+class Unstaged:
+    """What the prediction of a plan shares with every plan that differs from it in the ZeRO stage alone
+    (``search.bound.stages_bound``'s premise, checked there): the busiest stage, its kernels and the rows
+    of every dimension but data parallelism's, in ``ROWS``' order around dp's."""
+
+    critical: Critical
+    forward: KernelTime
+    backward: KernelTime
+    before_dp: tuple[Row, ...]
+    after_dp: tuple[Row, ...]
+
+    def rows(self, c: Critical, topo: Topology) -> list[Row]:
+        """Every row of ``c`` (a plan of the same family at any ZeRO stage): these and its dp rows."""
+        return [*self.before_dp, *dp_rows(c, topo), *self.after_dp]
+
+
+def unstaged(p: Result, gpu: GpuPreset, peak: float) -> Unstaged:
+    """``Unstaged`` of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device."""
+    c, topo = critical_stage(p), calibrated_topology(gpu)
     forward, backward = kernel_times(c, gpu, peak)
+    before = tuple(r for rows in ROWS[:_DP] for r in rows(c, topo))
+    after = tuple(r for rows in ROWS[_DP + 1 :] for r in rows(c, topo))
+    return Unstaged(c, forward, backward, before, after)
+
+
+def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = None) -> Prediction:
+    """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring).
+    ``shared``: ``unstaged`` of a plan that differs from ``p`` in the ZeRO stage alone (``fit``'s stages of
+    one configuration); the same prediction, without recomputing what no stage changes."""
+    if shared is None:
+        c, rows = communication(p, calibrated_topology(gpu))
+        forward, backward = kernel_times(c, gpu, peak)
+    else:
+        c = dataclasses.replace(shared.critical, result=p)
+        rows = shared.rows(c, calibrated_topology(gpu))
+        forward, backward = shared.forward, shared.backward
     n, par = p.micro_batches, p.parallel
     hide = windows(forward, backward, n, par.cp)
     hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)

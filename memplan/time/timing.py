@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Precision
 from memplan.engine import Result
 from memplan.presets import GpuPreset
-from memplan.time.predict import Prediction, predict
+from memplan.time.predict import Prediction, Unstaged, predict
 
 SECONDS_PER_DAY = 86_400
 MIN_MFU = 1e-6
@@ -121,11 +121,14 @@ def timing(
     mfu: float | None = None,
     step_time: float | None = None,
     tokens: int | None = None,
+    shared: Unstaged | None = None,
 ) -> Timing:
     """Time of one step of plan ``p`` on ``gpu``: predicted, or from an assumed ``mfu`` or a measured
     ``step_time`` (s); ``gpu.topology`` places the communication.
 
-    ``tokens``: a training budget to turn into days. Raises ``ValueError`` for a non-positive input.
+    ``tokens``: a training budget to turn into days; ``shared``: ``predict.unstaged`` of a plan that differs
+    from ``p`` in the ZeRO stage alone (the same answer, sooner). Raises ``ValueError`` for a non-positive
+    input.
     """
     assumed = check_time_inputs(mfu, step_time, tokens)
     per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
@@ -135,7 +138,7 @@ def timing(
     peak = peak_flops(gpu, p.setup.training.precision)
     capacity = p.devices * peak
     b = bubble(p)
-    predicted = predict(p, gpu, peak)
+    predicted = predict(p, gpu, peak, shared)
     if assumed is not None:
         seconds, basis = (model + recompute) / (capacity * assumed) * (1 + b), "assumed"
     elif step_time is not None:

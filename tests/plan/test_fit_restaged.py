@@ -12,10 +12,11 @@ import pytest
 from memplan.api import build_setup
 from memplan.config import Method, Parallel, Setup, ZeroStage
 from memplan.config.finetune import FineTune
-from memplan.engine import estimate
+from memplan.engine import estimate, unplanned
 from memplan.presets import load_gpu
 from memplan.search.families import restaged
-from memplan.time.timing import timing
+from memplan.time.predict import unstaged
+from memplan.time.timing import peak_flops, timing
 
 H100 = load_gpu("h100-sxm")
 
@@ -57,3 +58,19 @@ def test_restaged_is_the_estimate(name: str, seq: int, options: dict[str, object
     # the stages differ in their states (else the check above would be vacuous): ZeRO shards them
     states = {z: fresh[z].device.states for z in stages}
     assert len({(s.optimizer, s.gradients, s.weights) for s in states.values()}) == len(states)
+
+
+@pytest.mark.parametrize(("name", "seq", "options"), SETUPS)
+def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dict[str, object]) -> None:
+    """``predict.unstaged`` of one ZeRO stage's estimate — with its stage plans or without them
+    (``engine.unplanned``, what ``fit``'s bound has) — given to ``timing`` for another stage: the same
+    ``Timing`` as timing that stage's estimate alone (the kernels and every row but dp's read no stage)."""
+    first = 1 if options.get("hsdp") else 0
+    base = build_setup(name, seq=seq, zero=first, **options)  # type: ignore[arg-type]
+    stages = range(first, 4)
+    plans = {z: estimate(_at_zero(base, z)) for z in stages}
+    peak = peak_flops(H100, base.training.precision)
+    for source in (*(plans[z] for z in stages), unplanned(base)):
+        shared = unstaged(source, H100, peak)
+        for z in stages:
+            assert timing(plans[z], H100, shared=shared) == timing(plans[z], H100), z
