@@ -120,11 +120,19 @@ def compile_note(setup: Setup) -> str | None:
             "weight casts (1 byte a parameter, pytorch/pytorch#141881) and float8 activations; here the "
             "memory is the eager float8 code's, an underestimate, the step time the compiled kernels'"
         )
+    full = setup.strategy.checkpointing is Checkpointing.FULL
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
         "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
         "checkpointing none or full, or torchtitan's selective (measured: memplan trace --compile); here "
-        "the memory is the eager code's, the step time the compiled kernels'"
+        "the memory is the eager code's"
+        + (
+            " (under --checkpointing full a block keeps its input alone, compiled or not: only its re-run's "
+            "transients may differ)"
+            if full
+            else ""
+        )
+        + ", the step time the compiled kernels'"
     )
 
 

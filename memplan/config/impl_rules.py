@@ -382,7 +382,8 @@ def check_titan_pipeline(setup: Setup) -> None:
     over dp under --zero 2/3 (``apply_fsdp_to_decoder`` per model part, ``pp_enabled``), its ``FullAC`` or
     ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``),
     ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves),
-    ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``), ``--cp``
+    ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``; under
+    ``FullAC`` at any tp and cp, the block's input alone), ``--cp``
     (torch's ring over the mesh's cp group, the positions to every stage: ``titan_pp_cp``); one-line
     errors for what is not modelled with it."""
     par = setup.parallel
@@ -390,19 +391,22 @@ def check_titan_pipeline(setup: Setup) -> None:
         check_titan_interleaved(setup)
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
     # no float8) and, without pp, for SelectiveAC (compiled_sac: dynamo's selective-checkpoint op, which the
-    # stages' partitioned blocks do not run); elsewhere the estimate keeps the eager saves
+    # stages' partitioned blocks do not run); under FullAC a block keeps its input alone, compiled or not
+    # (measure.runs.compiled's NB; the stages run the eager FullAC blocks, titan_vpp), at any tp and cp
+    full = setup.strategy.checkpointing is Checkpointing.FULL
     with_compile = {
-        "--tp": par.tp > 1,
-        "--cp": par.cp > 1,
+        "--tp": par.tp > 1 and not full,
+        "--cp": par.cp > 1 and not full,
         "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
         "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE,
     }
     for name, used in with_compile.items():
         if setup.impl.compile and used:
+            but = " (with --checkpointing full it is)" if name in ("--tp", "--cp") else ""
             raise ValueError(
                 f"compile: --impl torchtitan --pp --compile with {name} is not modelled (torch.compile's "
-                f"saved set is measured in pipeline stages at tp 1, cp 1, without SelectiveAC or float8); "
-                f"drop --compile or {name}"
+                f"saved set is measured in pipeline stages at tp 1, cp 1, without SelectiveAC or "
+                f"float8{but}); drop --compile or {name}"
             )
     if setup.model.tied_embeddings:
         # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is

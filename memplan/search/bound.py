@@ -48,7 +48,8 @@ collectives (``comm.dp.dp_rows``), FSDP2's copy kernels of their gathers and red
 (``time.dp_copies``: ZeRO-3), gradient clipping and the optimizer step (``compute.owned_params``) read
 it; the busiest
 stage, its kernels, the tensor-, context-, pipeline- and expert-parallel collectives (and Megatron's fp8
-amax all-reduces) and their overlap windows do not (``time.predict.unstaged``: what the stages share). With every stage-dependent term (and the offload copies, never negative) left out,
+amax all-reduces) and their overlap windows do not (``time.predict.unstaged``: what the stages share).
+With every stage-dependent term (and the offload copies, never negative) left out,
 
     step ≥ busy + busy·(p − 1)/(m·n) + exposed(pp),   busy = n·(forward + backward) + exposed(tp, cp, ep)
 

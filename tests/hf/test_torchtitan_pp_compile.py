@@ -78,6 +78,19 @@ def test_full_ac_keeps_the_block_input_alone() -> None:
     assert [run.layer_bytes(i) for i in run.layers] == [2 * X, 2 * X, X]
 
 
+@pytest.mark.parametrize("parallel", [{"tp": 2, "sp": True}, {"cp": 2}], ids=["tp2+sp", "cp2"])
+def test_full_ac_keeps_the_block_input_alone_at_any_tp_and_cp(parallel: dict[str, object]) -> None:
+    """Under FullAC a compiled block keeps its input alone at tp > 1 (a sequence shard under sp) and under
+    torch's ring too, so pp takes --compile there: pp 2 × vpp 2, rank 1, traced against its estimate, each
+    layer the uncompiled FullAC stage's."""
+    setup = piped(compiled(checkpointing="full"), 2, 4, vpp=2, **parallel)
+    run = traced_exact(estimate(setup), setup, 1)
+    plain = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
+    eager = traced_exact(estimate(plain), plain, 1)
+    assert [run.layer_bytes(i) for i in run.layers] == [eager.layer_bytes(i) for i in eager.layers]
+    assert run.activations == eager.activations
+
+
 def test_real_tensors_save_what_fake_ones_do() -> None:
     """The tiny model on pp 2 (1 layer each), n = 3, with real (uninitialised) tensors over the fake group."""
     setup = piped(compiled(layers=2, seq=32, model="tiny"), 2, 3)
@@ -102,13 +115,13 @@ def test_full_scale_405b_last_rank() -> None:
     assert held(run) == {"pp.recv": ((1, s, h), 15), "pp.logits": ((1, s, v), 1)}
 
 
-@pytest.mark.parametrize("name", ["--tp", "--checkpointing selective", "--fp8"])
+@pytest.mark.parametrize("name", ["--tp", "--cp", "--checkpointing selective", "--fp8"])
 def test_unmeasured_compiles_are_refused(name: str) -> None:
-    """Where the estimate keeps eager saves under --compile (``blocks.profiles.compile_modelled``), pp
-    refuses it in one line."""
+    """Where the estimate keeps eager saves under --compile (``blocks.profiles.compile_modelled``) and no
+    FullAC makes them the compiled block's, pp refuses it in one line."""
     data = compiled(layers=8, checkpointing="selective" if "selective" in name else "none").model_dump()
     if name == "--fp8":
         data["impl"] = {**data["impl"], "fp8": "rowwise"}
-    tp = {"tp": 2} if name == "--tp" else {}
+    tp = {"tp": 2} if name == "--tp" else {"cp": 2} if name == "--cp" else {}
     with pytest.raises(ValueError, match=f"compile: --impl torchtitan --pp --compile with {name} is not"):
         piped(Setup.model_validate(data), 2, 4, **tp)

@@ -13,9 +13,9 @@ and buffers).
 
 Known limitations:
 - NB: without activation checkpointing only; with ``FullAC`` a compiled block keeps its input alone,
-  compiled or not (``runs.compiled``'s NB): the stages run the eager ``FullAC`` blocks.
-- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1, SelectiveAC, --fp8) is refused with pp
-  (``config.impl_rules.check_titan_pipeline``).
+  compiled or not (``runs.compiled``'s NB): the stages run the eager ``FullAC`` blocks, at any tp and cp.
+- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1 and cp > 1 without FullAC, SelectiveAC,
+  --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``).
 """
 
 from __future__ import annotations
