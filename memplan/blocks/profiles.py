@@ -109,6 +109,16 @@ def compile_note(setup: Setup) -> str | None:
     """One line when ``--compile`` is given but its saved set is not modelled for this setup."""
     if not setup.impl.compile or compile_modelled(setup) or compiled_sac(setup):
         return None
+    if setup.strategy.checkpointing is Checkpointing.FULL:
+        # Measured (measure/frameworks/titan.py ``compiled_sac_block_records`` on torchtitan's FullAC block:
+        # dynamo turns the checkpoint into its higher-order op and the min-cut partitioner recomputes what
+        # it tags): the block's input alone, bf16 and float8 (tensorwise, rowwise: the casts are made again
+        # in backward) alike, tests/measure/test_fp8.py; the eager FullAC block keeps the same
+        return (
+            "compile: under --checkpointing full a compiled block keeps its input alone, as the eager one "
+            "(float8 too: measured through dynamo and AOTAutograd's partitioner); its re-run's transients "
+            "are taken as the eager code's, the step time the compiled kernels'"
+        )
     if setup.impl.fp8 is not Fp8Recipe.NONE:
         # Measured (measure/runs/compiled.py on a float8 block, tests/measure/test_fp8.py): the min-cut
         # partitioner keeps each linear's float8 weight cast for backward (the cast is materialised in
@@ -120,19 +130,11 @@ def compile_note(setup: Setup) -> str | None:
             "weight casts (1 byte a parameter, pytorch/pytorch#141881) and float8 activations; here the "
             "memory is the eager float8 code's, an underestimate, the step time the compiled kernels'"
         )
-    full = setup.strategy.checkpointing is Checkpointing.FULL
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
         "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
         "checkpointing none or full, or torchtitan's selective (measured: memplan trace --compile); here "
-        "the memory is the eager code's"
-        + (
-            " (under --checkpointing full a block keeps its input alone, compiled or not: only its re-run's "
-            "transients may differ)"
-            if full
-            else ""
-        )
-        + ", the step time the compiled kernels'"
+        "the memory is the eager code's, the step time the compiled kernels'"
     )
 
 

@@ -17,7 +17,7 @@ from memplan.api import setup_of
 from memplan.cli.common import FINETUNE_FLAGS, options_of, user_errors, with_options
 from memplan.cli.measure import RUN_OPTIONS, JsonOpt, torch_or_fail
 from memplan.cli.progress import Bar
-from memplan.config import Device, Impl, Setup
+from memplan.config import Checkpointing, Device, Impl, Setup
 from memplan.engine import estimate
 from memplan.presets import hf_document
 
@@ -244,7 +244,7 @@ def _trace_compiled(setup: Setup, as_json: bool) -> None:
     from memplan.measure.runs.compiled import compiled_comparison_json, measure_compiled
 
     note = compile_note(setup)
-    if note is not None:
+    if note is not None and setup.strategy.checkpointing is not Checkpointing.FULL:  # FullAC: the input alone
         raise ValueError(note.replace("compile:", "compile: trace --compile needs a modelled setup;", 1))
     if setup.device is not Device.CPU:
         raise ValueError("device: trace --compile runs the CPU kernels; use --device cpu")

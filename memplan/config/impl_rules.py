@@ -383,7 +383,7 @@ def check_titan_pipeline(setup: Setup) -> None:
     ``SelectiveAC`` per block (a fresh policy and cache per block call: ``measure.distributed.titan_sac``),
     ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves),
     ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``; under
-    ``FullAC`` at any tp and cp, the block's input alone), ``--cp``
+    ``FullAC`` at any tp and cp and with float8, the block's input alone), ``--cp``
     (torch's ring over the mesh's cp group, the positions to every stage: ``titan_pp_cp``); one-line
     errors for what is not modelled with it."""
     par = setup.parallel
@@ -392,17 +392,18 @@ def check_titan_pipeline(setup: Setup) -> None:
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
     # no float8) and, without pp, for SelectiveAC (compiled_sac: dynamo's selective-checkpoint op, which the
     # stages' partitioned blocks do not run); under FullAC a block keeps its input alone, compiled or not
-    # (measure.runs.compiled's NB; the stages run the eager FullAC blocks, titan_vpp), at any tp and cp
+    # (measure.runs.compiled's NB; float8 too, blocks.profiles.compile_note; the stages run the eager FullAC
+    # blocks, titan_vpp), at any tp and cp
     full = setup.strategy.checkpointing is Checkpointing.FULL
     with_compile = {
         "--tp": par.tp > 1 and not full,
         "--cp": par.cp > 1 and not full,
         "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
-        "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE,
+        "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE and not full,
     }
     for name, used in with_compile.items():
         if setup.impl.compile and used:
-            but = " (with --checkpointing full it is)" if name in ("--tp", "--cp") else ""
+            but = " (with --checkpointing full it is)" if name in ("--tp", "--cp", "--fp8") else ""
             raise ValueError(
                 f"compile: --impl torchtitan --pp --compile with {name} is not modelled (torch.compile's "
                 f"saved set is measured in pipeline stages at tp 1, cp 1, without SelectiveAC or "

@@ -78,12 +78,18 @@ def test_full_ac_keeps_the_block_input_alone() -> None:
     assert [run.layer_bytes(i) for i in run.layers] == [2 * X, 2 * X, X]
 
 
-@pytest.mark.parametrize("parallel", [{"tp": 2, "sp": True}, {"cp": 2}], ids=["tp2+sp", "cp2"])
-def test_full_ac_keeps_the_block_input_alone_at_any_tp_and_cp(parallel: dict[str, object]) -> None:
-    """Under FullAC a compiled block keeps its input alone at tp > 1 (a sequence shard under sp) and under
-    torch's ring too, so pp takes --compile there: pp 2 × vpp 2, rank 1, traced against its estimate, each
-    layer the uncompiled FullAC stage's."""
-    setup = piped(compiled(checkpointing="full"), 2, 4, vpp=2, **parallel)
+@pytest.mark.parametrize(
+    ("parallel", "fp8"),
+    [({"tp": 2, "sp": True}, "none"), ({"cp": 2}, "none"), ({}, "tensorwise")],
+    ids=["tp2+sp", "cp2", "float8"],
+)
+def test_full_ac_keeps_the_block_input_alone_at_any_tp_and_cp(parallel: dict[str, object], fp8: str) -> None:
+    """Under FullAC a compiled block keeps its input alone at tp > 1 (a sequence shard under sp), under
+    torch's ring and with float8 (measured through dynamo: tests/measure/test_fp8.py), so pp takes --compile
+    there: pp 2 × vpp 2, rank 1, traced against its estimate, each layer the uncompiled FullAC stage's."""
+    data = compiled(checkpointing="full").model_dump()
+    data["impl"] = {**data["impl"], "fp8": fp8}
+    setup = piped(Setup.model_validate(data), 2, 4, vpp=2, **parallel)
     run = traced_exact(estimate(setup), setup, 1)
     plain = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
     eager = traced_exact(estimate(plain), plain, 1)

@@ -15,6 +15,7 @@ from memplan.config import (
     Attention,
     Device,
     Fp8Recipe,
+    Impl,
     ModelConfig,
     Setup,
     StrategyConfig,
@@ -144,3 +145,27 @@ def test_compiled_float8_block_keeps_the_float8_weights(recipe: Fp8Recipe) -> No
     weights = {(64, 64), (64, 32), (32, 64), (64, 160), (160, 64)}
     kept = sum(r.bytes for r in compiled_block_records(setup) if r.dtype == "fp8_e4m3" and r.shape in weights)
     assert kept == 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160  # 1 byte each: 43,008
+
+
+def test_compiled_float8_block_under_full_ac_keeps_its_input_alone() -> None:
+    """Why ``--compile --fp8 --checkpointing full`` is exact (``blocks.profiles.compile_note``): torchtitan's
+    FullAC block compiled as torchtitan compiles it — dynamo turns the checkpoint into its higher-order op,
+    AOTAutograd's min-cut partitioner recomputes what it tags — keeps its input alone, float8 casts made
+    again in backward (tensorwise, the recipe of the 2025 tables; rowwise the same by hand), beside the CPU
+    generator's state (a host tensor the checkpoint keeps for the CPU flash op's re-run)."""
+    from memplan.blocks.profiles import compile_note
+    from memplan.measure.frameworks.titan import compiled_sac_block_records
+    from tests.hf.harness import hf_setup
+
+    base = hf_setup("tiny", layers=2, seq=64, impl=Impl.TORCHTITAN, checkpointing="full")
+    setup = base.model_copy(
+        update={"impl": base.impl.model_copy(update={"compile": True, "fp8": Fp8Recipe.TENSORWISE})}
+    )
+    note = compile_note(setup)
+    assert note is not None and "keeps its input alone" in note and "underestimate" not in note
+    records = compiled_sac_block_records(setup)
+    state = [r for r in records if r.dtype == "uint8"]  # torch.get_rng_state(): one 1-D byte tensor
+    assert len(state) == 1 and len(state[0].shape) == 1
+    assert [(r.shape, r.dtype) for r in records if r not in state] == [
+        ((1, 64, setup.model.hidden_size), "bf16")
+    ]
