@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from memplan.analytic.allocator import CUBLAS_THREADS, Alloc, Event, Free
+from memplan.analytic.fsdp2_moments import accumulates_unsharded
 from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
@@ -204,7 +205,10 @@ def _stream_inputs(r: Result) -> StreamInputs:
     # FSDP2's flat all-gather outputs in the moments: the all-gather stream's pool, replayed apart
     off = dev.peak.all_gather_stream
     rows = [_point_terms(p.terms, off.get(p.label)) for p in points]
-    if reduce_scatter_modelled(r.setup):  # the sharded gradients: the reduce-scatter stream's blocks
+    if reduce_scatter_modelled(r.setup) and not accumulates_unsharded(r.setup):
+        # the sharded gradients: the reduce-scatter stream's blocks. Not on a torchtitan pipeline stage,
+        # whose moments' gradients are the unsharded ones it accumulates in the reduce dtype on the
+        # default stream until its last backward (``analytic.fsdp2_moments.pipeline_unsharded_gradients``)
         rows = [(*t[:_GRADIENTS], 0, *t[_GRADIENTS + 1 :]) for t in rows]
     return StreamInputs(
         points=tuple(rows),

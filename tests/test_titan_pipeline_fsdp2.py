@@ -93,3 +93,39 @@ def test_without_a_pipeline_the_gradients_stay_sharded() -> None:
     moments hold the fp32 shards of the earlier ones (4 B · 106,816/2 = 213,632 B)."""
     r = tiny(2, zero=3, pp=1)
     assert r.stages[0].peak.moments["layer backward"]["gradients"] == 4 * (EMBED + 2 * LAYER + HEAD) // 2
+
+
+def test_the_allocation_stream_holds_the_unsharded_gradients() -> None:
+    """The replayed stream (``alloc_stream``) reaches the estimate's default-stream peak (plus cuBLAS's
+    workspaces) on a pipeline rank too: its moments' gradients are the unsharded ones FSDP2 accumulates
+    on the default stream until the stage's last backward, not the reduce-scatter stream's shards (which
+    the stream leaves to that stream's pool off a pipeline). Llama 3 8B at 2,048 tokens, pp 2 × dp 4,
+    ZeRO-2/3, with and without FullAC, 1F1B and interleaved, tp 2 + SP: before, the replay's allocated peak
+    was 22.75 GiB for a 37.64 GiB peak (the 14.96 GiB of unsharded fp32 gradients missing)."""
+    from memplan.alloc_stream import stream
+    from memplan.analytic.allocator import replay
+    from memplan.config import Parallel
+    from memplan.presets import load_gpu
+    from memplan.reserved import cublas_workspace, cublas_workspaces
+
+    gpu = load_gpu("h100-sxm")
+    titan = ImplConfig(impl=Impl.TORCHTITAN)
+    for zero, par, ckpt in [
+        (3, Parallel(pp=2), "full"),
+        (3, Parallel(pp=2), "none"),
+        (3, Parallel(pp=2, vpp=2), "full"),
+        (2, Parallel(pp=2, tp=2, sp=True), "full"),
+    ]:
+        setup = build_setup(
+            "llama-3-8b",
+            seq=2048,
+            dp=4,
+            zero=zero,
+            parallel=par,
+            grad_accum=4,
+            impl=titan,
+            checkpointing=ckpt,
+        )
+        p = estimate(setup)
+        requested = replay(stream(p, cublas_workspace(gpu))).requested_peak
+        assert requested == p.device.peak.default_stream_bytes + cublas_workspaces(gpu), (zero, par, ckpt)

@@ -121,9 +121,13 @@ def pipeline_unsharded_gradients(setup: Setup, params: ParamCount) -> int:
     stage's last backward (torch 2.13 pipelining/stage.py, fsdp/_fully_shard/_fsdp_param_group.py). Each
     is the parameter's unpadded shape: the stage's parameters (``params``) × the reduce dtype's bytes.
     0 off a torchtitan FSDP2 pipeline stage."""
-    if not (titan_fsdp2(setup) and setup.parallel.pp > 1):
-        return 0
-    return params.total * reduce_bytes(setup)
+    return params.total * reduce_bytes(setup) if accumulates_unsharded(setup) else 0
+
+
+def accumulates_unsharded(setup: Setup) -> bool:
+    """A torchtitan FSDP2 pipeline stage: its gradients accumulate unsharded on the default stream until
+    its last backward (``pipeline_unsharded_gradients``)."""
+    return titan_fsdp2(setup) and setup.parallel.pp > 1
 
 
 def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
