@@ -16,6 +16,10 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   size is a whole number of bytes per element over them (else as one block per rise: pipeline stages,
   LoRA's trainable subset, offloaded parts): weights and states in parameter order, gradients in reverse
   (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
+  under FSDP2's modelled reduce-scatter the sharded gradients are that stream's pool, not this stream's
+  (``analytic.fsdp_buffers``) — but on a torchtitan pipeline stage the moments' gradients are the
+  unsharded ones FSDP2 accumulates on this stream until the stage's last backward
+  (``analytic.fsdp2_moments.accumulates_unsharded``), and stay;
 - a moment's transient as one block, freed at the next point — or as the tensors it is, where the timeline
   knows them (``timeline.Point.pieces``: torchtitan's eager standard loss, its forward's logits, their fp32
   copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``;
