@@ -90,11 +90,11 @@ def test_full_ac_keeps_the_block_input_alone_at_any_tp_and_cp(parallel: dict[str
     data = compiled(checkpointing="full").model_dump()
     data["impl"] = {**data["impl"], "fp8": fp8}
     setup = piped(Setup.model_validate(data), 2, 4, vpp=2, **parallel)
-    run = traced_exact(estimate(setup), setup, 1)
+    est = estimate(setup)
+    traced_exact(est, setup, 1)
+    # the uncompiled stage's estimate (its FullAC stages traced exact in test_torchtitan_vpp.py): the same
     plain = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
-    eager = traced_exact(estimate(plain), plain, 1)
-    assert [run.layer_bytes(i) for i in run.layers] == [eager.layer_bytes(i) for i in eager.layers]
-    assert run.activations == eager.activations
+    assert estimate(plain).tensors == est.tensors and estimate(plain).activations == est.activations
 
 
 def test_real_tensors_save_what_fake_ones_do() -> None:
