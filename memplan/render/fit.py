@@ -193,6 +193,7 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
     table.caption = (
         "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
         "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory; "
-        "allocator: the peak fits, the caching allocator's reserved segments do not"
+        "allocator: the peak fits, the caching allocator's reserved segments do not; families slower than "
+        "the rows shown at every micro-batch size are not judged"
     )
     return table
