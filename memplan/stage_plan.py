@@ -241,6 +241,12 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     """The stage's ``pipeline_parallel.boundary_tensors`` on one rank: the [b, s, h] it sends (s/t under
     sequence parallelism), the profile's schedule (Megatron frees outputs), whether the first layer's norm
     saves its input storage itself (LayerNorm, fp32 activations, a fused norm: ``segment_rerun_bytes``)."""
+    return boundary_tensors(st, pp, *boundary_args(pc))
+
+
+def boundary_args(pc: Pieces) -> tuple[tuple[int, int], int, DType, bool, bool, int, int]:
+    """What ``stage_boundary`` hands ``boundary_tensors`` beside the stage and the pipeline degree: the same
+    for every stage of the rank (``plan_rank`` weighs many moments of one rank)."""
     rank = pc.setup
     dims = Dims.of(rank)
     par = rank.parallel
@@ -257,8 +263,7 @@ def stage_boundary(pc: Pieces, st: Stage, pp: int) -> list[Kept]:
     # is)
     shared = shared or (titan and rank.strategy.checkpointing is not Checkpointing.NONE)
     logits = dims.v if prof.stage_outputs_logits else 0
-    frees = prof.frees_stage_outputs
-    return boundary_tensors(st, pp, (dims.b, s), dims.h, dims.act, frees, shared, logits, dims.s)
+    return (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared, logits, dims.s
 
 
 def plan_rank(pc: Pieces, setup: Setup, index: int, chunks_of: tuple[int, ...]) -> StagePlan:
@@ -271,10 +276,12 @@ def plan_rank(pc: Pieces, setup: Setup, index: int, chunks_of: tuple[int, ...]) 
         return stage_plan(pc, stage(parallel, index, chunks_of, n), setup)
     segment, alone = pc.setup.strategy.segment, checkpoints_alone(pc.setup)
 
+    boundary = boundary_args(pc)  # the same for every moment of the rank
+
     def held(st: Stage) -> int:
         counts = group_counts(st, segment, alone)
         return sum(pc.group_bytes[g] * c for g, c in counts.items()) + act.total_bytes(
-            stage_boundary(pc, st, parallel.pp)
+            boundary_tensors(st, parallel.pp, *boundary)
         )
 
     return stage_plan(pc, max(torch_interleaved.moments(parallel, index, chunks_of, n), key=held), setup)
