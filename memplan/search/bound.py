@@ -16,7 +16,7 @@ tp (sp) and micro-batch size b as ``kernel_times`` charges them there (``Referen
   attention core (``compute.attention_seconds``: the flash kernel's fraction on the layout's grid, eager
   attention's batched GEMMs), both linear in the FLOPs, at the layout's own rates;
 - the element-wise bytes of the layout's rank (``time.layer_elementwise.streamed_bytes``, forward,
-  backward and the checkpoint's re-run, ``compute.rerun_bytes``), at ``MEMORY`` × HBM;
+  backward and the checkpoint's re-run, ``compute.layer_stream_bytes``), at ``MEMORY`` × HBM;
 - context parallelism's own copies (``strategies.context_parallel.elementwise_bytes``: the ring's merges
   and accumulators or the K/V all-gather's reorders) of the reference rank: a tensor-parallel rank's are
   of its 1/t of the heads, at least 1/t of them, and linear in b;
@@ -83,12 +83,12 @@ from memplan.time.compute import (
     attention_seconds,
     fp8_layers,
     hbm_bytes_per_s,
+    layer_stream_bytes,
     matmul_seconds,
-    rerun_bytes,
+    ring_rerun,
     roofline,
     stage_flops,
 )
-from memplan.time.layer_elementwise import streamed_bytes
 from memplan.time.predict import IN_STAGE, Unstaged, exposed, unstaged, windows
 from memplan.time.timing import peak_flops
 
@@ -187,19 +187,14 @@ class Reference:
             }
         )
         peak = peak_flops(gpu, s.training.precision)
-        e, mm, fp8_rate = (
-            gemm.efficiencies(s, gpu.sms, roofline(s, gpu, peak)),
-            peak * efficiency.matmul(gpu),
-            fp8_layers(s, gpu),
-        )
+        e = gemm.efficiencies(s, gpu.sms, roofline(s, gpu, peak))
+        mm, fp8_rate = peak * efficiency.matmul(gpu), fp8_layers(s, gpu)
         f = self.flops
         layers = dataclasses.replace(f, head_forward=0.0, head_backward=0.0)
         head = dataclasses.replace(f, linear_forward=0.0, linear_backward=0.0, rerun_linear=0.0)
         linears = sum(matmul_seconds(layers, e, mm, fp8_rate))
         core = sum(attention_seconds(s, f, gpu, peak))
-        one = streamed_bytes(s, gpu=gpu)
-        rerun = rerun_bytes(s, gpu, one, whole=self.rerun)
-        stream = (one + streamed_bytes(s, backward=True, gpu=gpu) + rerun) / hbm_bytes_per_s(gpu)
+        stream = sum(layer_stream_bytes(s, gpu, whole=self.rerun)) / hbm_bytes_per_s(gpu)
         cp = par.cp
         per_layer = cp * ((linears + core) / self.layers + self.ring_seconds) + par.tp * cp * stream / b
         return Sequence(
@@ -215,7 +210,7 @@ def reference(setup: Setup, gpu: GpuPreset) -> Reference:
     # forward's again where the layer or its attention re-runs; a tensor-parallel rank's are of its a/t
     # heads (1/t of these: the same over its t ranks), linear in b
     ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, setup.parallel.cp_rotate)
-    again = ring_f if c.rerun_layers or f.rerun_attention else 0
+    again = ring_f if ring_rerun(c, f) else 0
     ring = (ring_f + ring_b + again) / hbm_bytes_per_s(gpu)
     layer_forward = (f.linear_forward + f.attention_forward) / layers
     head_layers = f.head_forward / layer_forward if layer_forward else 0.0

@@ -88,7 +88,7 @@ def flash_fraction(setup: Setup, gpu: GpuPreset, backward: bool = False) -> floa
         return curve_rate(setup, calibrated.attention_curve, calibrated.attention_curve, backward)
     if calibrated and calibrated.attention:
         return calibrated.attention  # one shape's forward and backward (``memplan calibrate``, older files)
-    grids = (grid_factor(setup, gpu, backward), noncausal_grid_factor(setup, gpu, backward))
+    grids = grid_factor(setup, gpu, backward), noncausal_grid_factor(setup, gpu, backward)
     fa2 = (efficiency.FA2_HOPPER_BACKWARD if backward else efficiency.FA2_HOPPER) * sequence_factor(
         setup, backward, *grids
     )

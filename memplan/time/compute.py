@@ -192,9 +192,9 @@ def matmul_seconds(
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
-    one = streamed_bytes(c.setup, gpu=gpu)  # a layer's forward, as MEMORY streams it
+    one, back, again = layer_stream_bytes(c.setup, gpu, whole=c.rerun_layers > 0)
     layer = one * c.layers
-    rerun = c.layers * rerun_bytes(c.setup, gpu, one, whole=c.rerun_layers > 0)
+    rerun = c.layers * again
     hbm = hbm_bytes_per_s(gpu)
     roof = roofline(c.setup, gpu, peak)
     mm = peak * efficiency.matmul(gpu)
@@ -203,18 +203,31 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
-    layer_back = streamed_bytes(c.setup, backward=True, gpu=gpu) * c.layers
+    layer_back = back * c.layers
     backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
     # context parallelism's own copies (torch's ring: its merges and accumulators; kv-gather: its
     # reorders), of the rank's heads (a/t, kv/t); the forward's again in every layer whose attention re-runs
     ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, c.setup.parallel.cp_rotate)
-    ring_reruns = c.rerun_layers or (c.layers if f.rerun_attention else 0)
+    ring_reruns = c.layers if ring_rerun(c, f) else 0
     forward_bytes += c.layers * ring_f
     backward_bytes += c.layers * ring_b + ring_reruns * ring_f
     gap_f, gap_b = launch_seconds(c, gpu)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
     backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)
     return forward, backward
+
+
+def layer_stream_bytes(s: Setup, gpu: GpuPreset, whole: bool) -> tuple[float, float, float]:
+    """One layer's element-wise bytes as ``MEMORY`` streams them: its forward, its backward and its
+    checkpoint's re-run (``rerun_bytes``; ``whole``: the whole layer re-runs)."""
+    one = streamed_bytes(s, gpu=gpu)
+    return one, streamed_bytes(s, backward=True, gpu=gpu), rerun_bytes(s, gpu, one, whole)
+
+
+def ring_rerun(c: Critical, f: StageFlops) -> bool:
+    """Context parallelism's forward copies run again in backward: the layer (full checkpointing,
+    reversible) or its attention core (selective) re-runs."""
+    return bool(c.rerun_layers or f.rerun_attention)
 
 
 def rerun_bytes(s: Setup, gpu: GpuPreset, one: float, whole: bool) -> float:
