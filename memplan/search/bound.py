@@ -28,9 +28,10 @@ Left out (never negative): the fp8 casts, launch gaps, dequantisation, every oth
 head's tp calls. With e seconds of a layer and x of the head for one sequence (its t·cp ranks together)
 and n·b = B/dp sequences per data-parallel rank, a device of a stage with L layers runs at least
 (B/dp)·L·e/(t·cp) = B·p·L·e/N seconds (plus B·p·x/N on the last stage). The stage ``critical_stage``
-picks has the most forward FLOPs, ties to the later one: either it is the last stage, or it holds more
-than the last's layers plus the head's forward FLOPs in layers (``Sequence.busiest``); and it holds at
-least the fewest layers. So
+picks has the most forward FLOPs, ties to the later one: the last stage when its layers plus the head's
+forward FLOPs in layers are at least any other stage's layers, else a stage of the most layers
+(``Sequence.busiest``: the head's FLOPs in layers are the whole model's ratio, which neither tp nor the
+micro-batch size changes, so the pick is known but within rounding of a tie). So
 
     step ≥ B·p/N · busiest · (1 + (p − 1)/(m·n)) + sends
 
@@ -89,7 +90,7 @@ from memplan.time.compute import (
     roofline,
     stage_flops,
 )
-from memplan.time.predict import IN_STAGE, Unstaged, exposed, unstaged, windows
+from memplan.time.predict import IN_STAGE, Unstaged, unstaged
 from memplan.time.timing import peak_flops
 
 
@@ -143,15 +144,22 @@ class Sequence:
 
     def busiest(self, counts: tuple[int, ...]) -> float:
         """A lower bound of the seconds of the stage ``critical_stage`` picks, over stages of ``counts``
-        layers (the last one with the head): it has the most forward FLOPs, ties to the later stage. Either
-        it is the last, or a stage with more than ``head_layers`` layers beyond the last's (its forward
-        FLOPs above the last's; the head's padded vocabulary under tp only raises that); and it holds at
-        least the fewest layers."""
+        layers (the last one with the head): it has the most forward FLOPs, ties to the later stage. A
+        stage's forward FLOPs are its layers' plus, on the last, the head's, ``head_layers`` layers' worth
+        (the ratio ``critical_stage`` weighs by: the whole model's FLOPs, which neither tp nor b changes),
+        so the pick is known: the last when it holds at least the most layers of another stage less
+        ``head_layers``, else a stage of those most layers. Where the two are within rounding of a tie
+        (a billionth), the lesser of their seconds."""
         layer, last = self.layer_seconds, counts[-1]
         if len(counts) == 1:
             return last * layer + self.head_seconds
-        either = min(last * layer + self.head_seconds, (last + self.head_layers) * layer)
-        return max(min(counts) * layer, either)
+        top, weight = max(counts[:-1]), last + self.head_layers
+        at_last, at_top = last * layer + self.head_seconds, top * layer
+        if top > weight * (1 + 1e-9):
+            return at_top
+        if top < weight * (1 - 1e-9):
+            return at_last
+        return min(at_last, at_top)
 
 
 NOTHING = Sequence(0.0, 0.0, 0.0, 0)
@@ -226,6 +234,9 @@ class Bound:
     global_batch: int
     _references: dict[tuple[object, ...], Reference | None] = field(default_factory=dict)
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
+    _with_tp: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
+    _counts: dict[tuple[object, ...], tuple[int, ...]] = field(default_factory=dict)
+    _sends: dict[tuple[object, ...], float] = field(default_factory=dict)
 
     def reference(
         self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel
@@ -260,16 +271,34 @@ class Bound:
             self._sequences[key] = NOTHING if ref is None else ref.at(par, b, self.gpu)
         return self._sequences[key]
 
+    def with_tp(
+        self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int
+    ) -> Sequence:
+        """``sequence`` with each layer's tensor-parallel collectives added (``tp_layer_seconds``): what
+        ``seconds`` charges a layer, kept per sequence."""
+        key: tuple[object, ...] = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp)
+        key += (par.cp_rotate, par.tp, par.sp, par.ep, b)
+        if key not in self._with_tp:
+            one = self.sequence(base, ckpt, attention, par, b)
+            comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b)
+            if comm:
+                one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
+            self._with_tp[key] = one
+        return self._with_tp[key]
+
     def seconds(self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, n: int) -> float:
         """The bound for layout ``par`` with ``n`` micro-batches per step (module docstring)."""
         dp = self.gpus // (par.tp * par.pp * par.cp)
         b = max(1, self.global_batch // (n * dp))  # n·b·dp sequences (the sort key's n: at least 1)
-        one = self.sequence(base, ckpt, attention, par, b)
-        comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b)
-        if comm:
-            one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
-        busy = self.global_batch * par.pp * one.busiest(stage_layers(base.model.num_layers, par)) / self.gpus
-        sends = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b)
+        one = self.with_tp(base, ckpt, attention, par, b)
+        counts_key = (base.model.num_layers, par.pp, par.vpp, par.pp_layers)
+        if counts_key not in self._counts:
+            self._counts[counts_key] = stage_layers(base.model.num_layers, par)
+        busy = self.global_batch * par.pp * one.busiest(self._counts[counts_key]) / self.gpus
+        sends_key = (one.hidden_bytes, par.tp, par.cp, par.pp, par.vpp, n, b)
+        if sends_key not in self._sends:
+            self._sends[sends_key] = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b)
+        sends = self._sends[sends_key]
         # less a billionth: the prediction adds the same terms in another order (rounding)
         return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)
 
@@ -282,7 +311,7 @@ def stages_bound(p: Result, gpu: GpuPreset, shared: Unstaged | None = None) -> f
     common = shared or unstaged(p, gpu, peak)
     forward, backward = common.forward, common.backward
     n, par = p.micro_batches, p.parallel
-    hidden = exposed([*common.before_dp, *common.after_dp], windows(forward, backward, n, par.cp))
+    hidden = common.others_exposed
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
     compute = n * (forward.total_s + backward.total_s)
     busy = compute + in_stage

@@ -1,37 +1,41 @@
-"""The configurations of one (layout, checkpointing, attention) at one method and saver level — its ZeRO
-stages × micro-batch sizes — judged for memory, timed and listed or rejected (``fit``'s module docstring).
+"""The configurations of a method and saver level — (layout, checkpointing, attention) × ZeRO stage ×
+micro-batch size — judged for memory, timed, and listed or rejected (``fit``'s module docstring).
 
-Work goes cheapest first, and every shortcut gives the answer of the full evaluation:
+The search is best-first. A micro-batch size of one (layout, checkpointing, attention) is a group: its
+ZeRO stages' configurations. Every group enters a queue at its step-time lower bound and the queue is
+worked lowest key first; a group is refined each time it comes out, cheapest first, and goes back at its
+tighter key until it is listed:
 
-1. a micro-batch size whose step-time bound (``bound``: one reference sequence's kernels, no estimate) is
-   slower than the cut-off (the ``Space.keep`` fastest so far) is pruned;
-2. otherwise, when every ZeRO stage is predicted slower than the cut-off, none of them can be listed (the
-   full evaluation would list at most one, slower than the cut-off, which leaves the cut-off as it is),
-   so no memory is judged for the listing: pruned. Decided cheapest first: one bound shared by the
-   stages (``bound.stages_bound``: the predicted step without its ZeRO-dependent terms, from the first
-   stage's estimate alone), then the stages timed one by one (``timing``) until one is within the
-   cut-off. Estimates and timings are made when first asked and kept with the micro-batch; a stage's
-   estimate after the first is that one's with its own model states (``restaged``: nothing else reads
-   the ZeRO stage);
-3. otherwise memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one
-   memoised replay at the usable memory), the lowest stage that fits and the faster higher stages listed
-   as one row (``fastest_stage``).
+1. its first bound (``bound``: one reference sequence's kernels at the layout's rates, no estimate);
+2. the bound its ZeRO stages share (``bound.stages_bound``: the predicted step without its ZeRO-dependent
+   terms, from one estimate without stage plans, ``engine.unplanned``);
+3. the least of its stages' predicted step times (``timing``; a stage's estimate after the first is that
+   one's with its own model states, ``restaged``: nothing else reads the ZeRO stage);
+4. memory, stage by stage (``budget.fits``: the lower bounds, the requested peak, then one memoised
+   replay at the usable memory), the lowest stage that fits and the faster higher stages listed as one
+   row (``fastest_stage``); its time enters the cut-off (``bound.Cutoff``: the ``Space.keep`` fastest).
 
-A family is rejected when no micro-batch fits it (nor a lower ZeRO stage at the same micro-batch, which
-makes it redundant); its reason is the verdict at the smallest micro-batch where it fails. Rejection is
-judged only for the (layout, checkpointing, attention) one of whose micro-batch sizes could be listed —
-some ZeRO stage predicted within the cut-off when it was reached (``_Group.listable``); one slower than
-the cut-off at every micro-batch size, by either step, is neither listed nor judged: the rejected
-families are the ones that would have been among the fastest rows had they fitted (when nothing fits the
-cut-off stays open and every family is judged). Micro-batches pruned at step 2 are judged for memory only
-when that decides a family's rejection, in order, until every family is known to fit somewhere.
-``shortcuts=False`` skips step 2 (the reference the tests and benchmarks/bench_fit.py compare with: it
-judges the same families for rejection, asking ``listable`` when a family fits nowhere).
+The search stops when the lowest key is slower than the cut-off: every key is a lower bound of its group's
+step times, so nothing left can be listed. It lists the same rows as evaluating everything, and it judges
+memory only for groups with a stage predicted no slower than the final cut-off C* or than the cut-off when
+it came out (a group whose key ≤ C* comes out before the search stops, since the kept rows' own keys are ≤
+C*; work grows with how late the kept rows are found, and the first bound orders the queue).
+``shortcuts=False`` skips steps 2 and 3 (every group that comes out is judged for memory: the reference the
+tests and benchmarks/bench_fit.py compare with).
+
+A family is rejected when no micro-batch size fits it (nor a lower ZeRO stage at the same size, which makes
+it redundant); its reason is the verdict at the smallest micro-batch size. Rejection is judged for the
+(layout, checkpointing, attention) one of whose groups has a stage predicted within C* — the families that
+would have been among the listed rows had they fitted (when nothing fits, C* is open and every family is
+judged) — over all its micro-batch sizes, in order, until every family is known to fit somewhere. Both
+modes decide it from C* and the groups' predictions alone, so they reject the same families.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -47,6 +51,20 @@ from memplan.stage_plan import stage_states
 from memplan.strategies import offload
 from memplan.time.predict import Unstaged, unstaged
 from memplan.time.timing import Timing, peak_flops, timing
+
+
+def micro_batches(global_batch: int, layout: Layout, space: Space) -> dict[int, int]:
+    """The micro-batch sizes b ``space`` searches on ``layout``, each with its n micro-batches per step:
+    those whose b·dp divides the global batch and, under the interleaved schedule, whose n is a multiple
+    of pp (it runs micro-batches in groups of pp)."""
+    out = {}
+    for b in space.micro_batches:
+        if global_batch % (b * layout.dp):
+            continue
+        n = global_batch // (b * layout.dp)
+        if layout.parallel.vpp == 1 or n % layout.parallel.pp == 0:
+            out[b] = n
+    return out
 
 
 def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
@@ -93,6 +111,13 @@ def restaged(r: Result, setup: Setup) -> Result:
     return dataclasses.replace(r, setup=setup, stages=stages)
 
 
+def unplanned_at(r: Result, setup: Setup) -> Result:
+    """``engine.unplanned(setup)`` for a ``setup`` that differs from ``r.setup`` in the ZeRO stage alone:
+    ``r``'s pieces, FLOPs and parameter counts (none reads the ZeRO stage: ``restaged``), no stage plans.
+    tests/plan/test_fit_restaged.py checks it equals ``unplanned(setup)``."""
+    return dataclasses.replace(r, setup=setup, stages=())
+
+
 @dataclass
 class _Group:
     """One micro-batch size's configurations: the families' estimates and step times, in ZeRO-stage order,
@@ -104,14 +129,17 @@ class _Group:
     families: list[Family]
     gpu: GpuPreset
     mfu: float | None
-    cutoff: float = math.inf
-    """The cut-off when the search reached this micro-batch size (``listable`` reads it)."""
+    key: float = 0.0
+    """Its first bound (``bound.Bound.seconds``; 0 without one): the key it enters the queue at."""
+    step: int = 1
+    """The refinement it is at (module docstring): 1 its first bound, 2 its stages' shared bound, 3 its
+    stages' least step time, 4 judged for memory."""
     first_fit: int | None = None
     """The index of the lowest stage that fits (the stage count: none); None: not judged for the listing."""
-    within: bool | None = None
-    """``listable``'s answer, once asked."""
     shared: Unstaged | None = None
     """``unstaged``, once made."""
+    stages_bound: float | None = None
+    """``shared_bound``, once made."""
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
     bounded: bool = False
@@ -137,33 +165,71 @@ class _Group:
         return self.shared
 
     def time(self, i: int) -> Timing:
+        """Stage ``i``'s predicted step: from its estimate once made, else from one without stage plans
+        (``unplanned``: nothing the prediction reads but offload's copies reads them; under offload the
+        estimate)."""
         if i not in self.timed:
-            self.timed[i] = timing(self.estimate(i), self.gpu, mfu=self.mfu, shared=self.unstaged())
+            shared = self.unstaged()
+            p = self.made.get(i)
+            if p is None:
+                setup = family_setup(self.base, self.families[i], self.micro_batch, self.micro_batches)
+                bare = not offload.applies(setup)
+                p = unplanned_at(shared.critical.result, setup) if bare else self.estimate(i)
+            self.timed[i] = timing(p, self.gpu, mfu=self.mfu, shared=shared)
         return self.timed[i]
 
+    def evaluated(self) -> int:
+        """Its configurations estimated, with stage plans or without (``engine.unplanned``)."""
+        return len(self.made.keys() | self.timed.keys() | ({0} if self.bounded else set()))
+
     def slower_than(self, seconds: float) -> bool:
-        """Every stage predicted slower than ``seconds`` (module docstring, step 2): first their shared
-        bound (``bound.stages_bound``), then stage by stage until one is not."""
+        """Every stage predicted slower than ``seconds``: first their shared bound (``bound.stages_bound``),
+        then stage by stage until one is not."""
         if not self.families:
             return False
-        # the bound reads no stage plan (the critical stage, its kernels and the tp/cp/pp/ep rows come from
-        # the setup, the pieces, the FLOPs and the parameters): an estimate without them when none is made
-        shared = self.unstaged()
-        if stages_bound(shared.critical.result, self.gpu, shared) > seconds:
+        if self.key > seconds:
+            return True
+        if self.shared_bound() > seconds:
             return True
         return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
 
-    def listable(self) -> bool:
-        """Could one of its stages be listed: at an assumed MFU or an open cut-off (nothing pruned by time
-        then), or some stage predicted within the cut-off it was reached at (step 2). The same answer
-        with and without step 2's shortcut: the cut-off evolves alike (a configuration step 2 prunes is
-        slower than it, so listing it would not move it), and ``slower_than`` reads no memory."""
-        if self.within is None:
-            self.within = self.mfu is not None or self.cutoff == math.inf or not self.slower_than(self.cutoff)
-        return self.within
+    def shared_bound(self) -> float:
+        """``bound.stages_bound`` of its stages (it reads no stage plan: the critical stage, its kernels
+        and the tp/cp/pp/ep rows come from the setup, the pieces, the FLOPs and the parameters)."""
+        if self.stages_bound is None:
+            shared = self.unstaged()
+            self.stages_bound = stages_bound(shared.critical.result, self.gpu, shared)
+        return self.stages_bound
+
+    def refine(self, key: float) -> float | None:
+        """Its next, tighter key (module docstring, steps 2 and 3; never below ``key``), or None when what
+        is left is to judge its memory (step 4)."""
+        self.step += 1
+        if self.step == 2:
+            return max(key, self.shared_bound())
+        if self.step == 3:
+            return max(key, min(self.time(i).step_time_s for i in range(len(self.families))))
+        return None
+
+    def listable(self, cutoff: float) -> bool:
+        """Could one of its stages be listed beside rows as fast as ``cutoff`` (the final cut-off): at an
+        assumed MFU or an open cut-off (nothing pruned by time then), or some stage predicted within it."""
+        return self.mfu is not None or cutoff == math.inf or not self.slower_than(cutoff)
 
 
-def search_families(
+@dataclass
+class Triple:
+    """One (layout, checkpointing, attention) at a method and saver level: its ZeRO-stage families (those
+    memplan models, ``methods.valid``) and one group per micro-batch size, smallest first."""
+
+    layout: Layout
+    checkpointing: Checkpointing
+    attention: Attention
+    families: list[Family]
+    groups: list[_Group]
+
+
+def triple(
     result: FitResult,
     base: Setup,
     layout: Layout,
@@ -173,13 +239,8 @@ def search_families(
     mfu: float | None,
     ft: FineTune,
     level: int,
-    bound: Bound | None,
-    cutoff: Cutoff,
-    shortcuts: bool = True,
-) -> None:
-    """The ZeRO-stage families of one (layout, checkpointing, attention), micro-batch by micro-batch, at
-    method ``ft`` and saver ``level`` (module docstring); families memplan does not model
-    (``methods.valid``) are skipped."""
+) -> Triple:
+    """The families and groups of one (layout, checkpointing, attention), counted as searched."""
     dp = layout.dp
     # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
     # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
@@ -190,25 +251,49 @@ def search_families(
         stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
     families = [f for f in every if valid(family_setup(base, f, 1, 1))]
-    groups: list[_Group] = []
-    for b in space.micro_batches:
-        if result.global_batch % (b * dp):
+    groups = [
+        _Group(b, n, base, families, result.gpu, mfu)
+        for b, n in micro_batches(result.global_batch, layout, space).items()
+    ]
+    result.searched += len(families) * len(groups)
+    return Triple(layout, ckpt, attention, families, groups)
+
+
+def search(
+    result: FitResult,
+    triples: list[Triple],
+    bound: Bound | None,
+    cutoff: Cutoff,
+    shortcuts: bool = True,
+) -> None:
+    """Best-first over the groups of ``triples`` (module docstring): list what fits among the fastest,
+    then reject, in ``triples``' order, the families of those that could have been listed."""
+    order = itertools.count()
+    queue: list[tuple[float, int, _Group]] = []
+    for t in triples:
+        if not t.families:
             continue
-        n = result.global_batch // (b * dp)
-        if layout.parallel.vpp > 1 and n % layout.parallel.pp:
-            continue  # the interleaved schedule runs micro-batches in groups of pp
-        result.searched += len(families)
-        if bound is not None and bound.seconds(base, ckpt, attention, layout.parallel, n) > cutoff.seconds:
-            result.pruned += len(families)
-            continue
-        group = _Group(b, n, base, families, result.gpu, mfu, cutoff.seconds)
-        groups.append(group)
-        if shortcuts and not group.listable():
-            result.pruned += len(families)
-            continue  # none can be listed (module docstring, step 2)
-        _judge(result, families, group, cutoff)
-    _reject(result, families, groups)
-    result.evaluated += sum(len(g.made) + (g.bounded and 0 not in g.made) for g in groups)
+        for g in t.groups:
+            if bound is not None:
+                par = t.layout.parallel
+                g.key = bound.seconds(g.base, t.checkpointing, t.attention, par, g.micro_batches)
+            queue.append((g.key, next(order), g))
+    heapq.heapify(queue)
+    while queue and queue[0][0] <= cutoff.seconds:
+        key, _, g = heapq.heappop(queue)
+        better = g.refine(key) if shortcuts else None
+        if better is None:
+            _judge(result, g, cutoff)
+        else:
+            heapq.heappush(queue, (better, next(order), g))
+    final = cutoff.seconds
+    for t in triples:
+        if any(g.listable(final) for g in t.groups):
+            _reject(result, t)
+    for t in triples:
+        for g in t.groups:
+            result.pruned += len(t.families) if g.first_fit is None else 0
+            result.evaluated += g.evaluated()
 
 
 def _fits(result: FitResult, p: Result) -> bool:
@@ -217,16 +302,17 @@ def _fits(result: FitResult, p: Result) -> bool:
     return ok
 
 
-def _judge(result: FitResult, families: list[Family], group: _Group, cutoff: Cutoff) -> None:
+def _judge(result: FitResult, group: _Group, cutoff: Cutoff) -> None:
     """The lowest stage of ``group`` that fits and the fastest of it and the higher ones, listed."""
-    for i in range(len(families)):
+    group.step = 4
+    for i in range(len(group.families)):
         if _fits(result, group.estimate(i)):
             group.first_fit = i
             best = fastest_stage(result, group, i)
             result.fitting.append(best)
             cutoff.add(best.timing.step_time_s)
             return
-    group.first_fit = len(families)
+    group.first_fit = len(group.families)
 
 
 def fastest_stage(result: FitResult, group: _Group, first: int) -> Config:
@@ -247,12 +333,11 @@ def fastest_stage(result: FitResult, group: _Group, first: int) -> Config:
     return best
 
 
-def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> None:
-    """The families no micro-batch fits, each with the verdict of the smallest micro-batch (where it fails,
-    as at every one); the groups pruned by time are judged, in order, only while that is undecided. None
-    unless some micro-batch could be listed (``_Group.listable``; module docstring)."""
-    if not any(g.listable() for g in groups):
-        return
+def _reject(result: FitResult, t: Triple) -> None:
+    """The families of ``t`` no micro-batch size fits, each with the verdict of the smallest (where it
+    fails, as at every one); the groups not judged for the listing are judged, in order, only while that
+    is undecided."""
+    families, groups = t.families, t.groups
     count = len(families)
     fitted = {i for g in groups if g.first_fit is not None for i in range(g.first_fit, count)}
     for g in groups:
@@ -264,7 +349,7 @@ def _reject(result: FitResult, families: list[Family], groups: list[_Group]) -> 
             fitted.update(range(k, count) if k is not None else ())
     if not groups:
         return
-    # A family not fitted fails at every judged micro-batch: first at the smallest (the first group).
+    # A family not fitted fails at every micro-batch size: first at the smallest (the first group).
     g = groups[0]
     for i, family in enumerate(families):
         if i not in fitted and family.saver == 0:

@@ -17,16 +17,17 @@ assumed ``--mfu``, ties broken by fewer model-parallel devices, the lower ZeRO s
 micro-batch, then the lower peak.
 
 Speed: the per-rank pieces (inventory, transients) are cached per (checkpointing, attention, tp, micro-
-batch). A micro-batch size whose step-time lower bound (``bound``: one reference sequence's kernels at the
-layout's rates, on the busiest stage, stretched by its bubble) is slower than the
-``Space.keep`` (``--top``) fastest found so far is pruned unevaluated; one whose ZeRO stages are all predicted
-slower than them (first by one bound shared by the stages, ``bound.stages_bound``) is pruned before any memory
-work (``families``: exact, the listed rows are those of the full evaluation); layouts go fastest bound first
-so the cut-off tightens early. Memory is judged cheapest first (``budget.fits``: the stages' lower bounds, the
-peak, the requested peak, then one replay of the allocator, memoised on the device's allocation stream), and a
-listed row's verdict is computed when it is shown (``results.Config``). A ZeRO stage that fits makes the
-higher stages of the same configuration redundant (they never need more memory and never move fewer bytes):
-they are not listed apart. Figures: docs/fit.md, benchmarks/bench_fit.py. NB: ZeRO 1 moves ZeRO 0's all-reduce
+batch). The search is best-first (``families``): every micro-batch size of every layout is queued at its
+step-time lower bound (``bound``: one reference sequence's kernels at the layout's rates, on the busiest
+stage, stretched by its bubble), refined when it comes out — the bound its ZeRO stages share
+(``bound.stages_bound``), then their predicted step times — and judged for memory only when none of those
+is slower than the ``Space.keep`` (``--top``) fastest found so far; the search stops when the lowest key
+left is slower than them (exact: the listed rows are those of the full evaluation). Memory is judged
+cheapest first (``budget.fits``: the stages' lower bounds, the peak, the requested peak, then one replay of
+the allocator, memoised on the device's allocation stream), and a listed row's verdict is computed when it
+is shown (``results.Config``). A ZeRO stage that fits makes the higher stages of the same configuration
+redundant (they never need more memory and never move fewer bytes): they are not listed apart. Figures:
+docs/fit.md, benchmarks/bench_fit.py. NB: ZeRO 1 moves ZeRO 0's all-reduce
 as a reduce-scatter and an all-gather, and the all-gather may hide behind the next forward: a small gain this
 search does not look for. Over one data-parallel rank (dp 1) the ZeRO stages shard nothing, so only stage 0 is
 searched there."""
@@ -40,7 +41,7 @@ from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff
 from memplan.search.budget import DEFAULT_RESERVE, fits
 from memplan.search.command import estimate_command
-from memplan.search.families import search_families
+from memplan.search.families import search, triple
 from memplan.search.longest import longest_sequence
 from memplan.search.methods import SAVERS, searches_checkpointing, searches_layout, with_method
 from memplan.search.results import Config, Family, FitResult, Outcome, Rejected
@@ -159,28 +160,19 @@ def _search_level(
 ) -> None:
     """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
     both); context parallelism (flash attention only) with every layout, not only when nothing fits
-    without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble). Layouts
-    go fastest bound first (``bound``), so that the cut-off tightens early."""
+    without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble). Searched
+    best-first (``families.search``)."""
     node = result.gpu.topology.gpus_per_node
     flash = Attention.FLASH in space.attention and ft.trains_everything
     degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
     candidates = [x for cp in degrees for x in layouts(base, gpus, space, cp, gpus_per_node=node)]
     candidates = [x for x in candidates if searches_layout(ft, x.parallel.tp, x.parallel.pp, x.parallel.cp)]
-    if bound is not None:
-        first = space.checkpointing[0]
-
-        def key(x: Layout) -> float:
-            n = max(1, result.global_batch // (min(space.micro_batches) * x.dp))
-            return bound.seconds(base, first, Attention.FLASH, x.parallel, n)
-
-        candidates.sort(key=key)
+    triples = [
+        triple(result, base, x, ckpt, attention, space, mfu, ft, level)
+        for x in candidates
+        for ckpt in space.checkpointing
+        if searches_checkpointing(ft, ckpt)
+        for attention in (space.attention if x.parallel.cp == 1 else (Attention.FLASH,))
+    ]
     cutoff = result.cutoffs.setdefault((ft, level), Cutoff(space.keep if bound is not None else 0))
-    for layout in candidates:
-        attentions = space.attention if layout.parallel.cp == 1 else (Attention.FLASH,)
-        for ckpt in space.checkpointing:
-            if not searches_checkpointing(ft, ckpt):
-                continue
-            for attention in attentions:
-                search_families(
-                    result, base, layout, ckpt, attention, space, mfu, ft, level, bound, cutoff, shortcuts
-                )
+    search(result, triples, bound, cutoff, shortcuts)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict
 
@@ -218,6 +219,34 @@ class Unstaged:
         """Every row of ``c`` (a plan of the same family at any ZeRO stage): these and its dp rows."""
         return [*self.before_dp, *dp_rows(c, topo), *self.after_dp]
 
+    @cached_property
+    def windows(self) -> dict[Overlap, float]:
+        """``windows`` of its kernels over its plan's n micro-batches (every stage's: the same n)."""
+        c = self.critical
+        return windows(self.forward, self.backward, c.result.micro_batches, c.setup.parallel.cp)
+
+    @cached_property
+    def others_exposed(self) -> dict[str, float]:
+        """``exposed`` of every row but dp's in ``windows``: the same at every ZeRO stage (only dp's
+        reduce-scatters hide behind ``Overlap.BACKWARD_THEN_FORWARD``, the one window a stage's rows
+        change, ``reduce_window``)."""
+        return exposed([*self.before_dp, *self.after_dp], self.windows)
+
+    def exposed(self, dp: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
+        """``exposed([*before_dp, *dp, *after_dp], hide)`` for ``hide`` that differs from ``windows`` in
+        ``Overlap.BACKWARD_THEN_FORWARD`` alone: ``others_exposed`` with dp's rows' own, the same numbers in
+        the same order (each dimension's sum is made in one part; where dp's rows share a dimension with
+        the others, computed whole)."""
+        others, own = self.others_exposed, exposed(dp, hide)
+        if others.keys() & own.keys():
+            return exposed([*self.before_dp, *dp, *self.after_dp], hide)
+        order = [*self.before_dp, *dp, *self.after_dp]
+        out: dict[str, float] = {}
+        for r in order:
+            if r.dimension not in out:
+                out[r.dimension] = own[r.dimension] if r.dimension in own else others[r.dimension]
+        return out
+
 
 def unstaged(p: Result, gpu: GpuPreset, peak: float) -> Unstaged:
     """``Unstaged`` of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device."""
@@ -232,17 +261,21 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
     """The predicted step of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (module docstring).
     ``shared``: ``unstaged`` of a plan that differs from ``p`` in the ZeRO stage alone (``fit``'s stages of
     one configuration); the same prediction, without recomputing what no stage changes."""
+    n, par = p.micro_batches, p.parallel
     if shared is None:
         c, rows = communication(p, calibrated_topology(gpu))
         forward, backward = kernel_times(c, gpu, peak)
+        hide = windows(forward, backward, n, par.cp)
+        hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)
+        hidden = exposed(rows, hide)
     else:
         c = dataclasses.replace(shared.critical, result=p)
-        rows = shared.rows(c, calibrated_topology(gpu))
+        dp = dp_rows(c, calibrated_topology(gpu))
+        rows = [*shared.before_dp, *dp, *shared.after_dp]
         forward, backward = shared.forward, shared.backward
-    n, par = p.micro_batches, p.parallel
-    hide = windows(forward, backward, n, par.cp)
-    hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)
-    hidden = exposed(rows, hide)
+        hide = dict(shared.windows)
+        hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)
+        hidden = shared.exposed(dp, hide)
     copies_stage, copies_step = offload.exposed_transfers(offload.transfers(c, p), hide, gpu)
     in_stage = sum(v for k, v in hidden.items() if k in IN_STAGE)
     compute = n * (forward.total_s + backward.total_s)

@@ -14,7 +14,7 @@ from memplan.config import Method, Parallel, Setup, ZeroStage
 from memplan.config.finetune import FineTune
 from memplan.engine import estimate, unplanned
 from memplan.presets import load_gpu
-from memplan.search.families import restaged
+from memplan.search.families import restaged, unplanned_at
 from memplan.time.predict import unstaged
 from memplan.time.timing import peak_flops, timing
 
@@ -64,7 +64,8 @@ def test_restaged_is_the_estimate(name: str, seq: int, options: dict[str, object
 def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dict[str, object]) -> None:
     """``predict.unstaged`` of one ZeRO stage's estimate — with its stage plans or without them
     (``engine.unplanned``, what ``fit``'s bound has) — given to ``timing`` for another stage: the same
-    ``Timing`` as timing that stage's estimate alone (the kernels and every row but dp's read no stage)."""
+    ``Timing`` as timing that stage's estimate alone (the kernels and every row but dp's read no stage);
+    and that stage timed without its stage plans (``families.unplanned_at``), but under offload."""
     first = 1 if options.get("hsdp") else 0
     base = build_setup(name, seq=seq, zero=first, **options)  # type: ignore[arg-type]
     stages = range(first, 4)
@@ -74,3 +75,8 @@ def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dic
         shared = unstaged(source, H100, peak)
         for z in stages:
             assert timing(plans[z], H100, shared=shared) == timing(plans[z], H100), z
+            # what ``fit`` times a stage from before (or without) its stage plans
+            bare = unplanned_at(source, _at_zero(base, z))
+            assert bare == unplanned(_at_zero(base, z)), z
+            if "offload" not in options:  # offload's copies read the device: timed from the estimate
+                assert timing(bare, H100, shared=shared) == timing(plans[z], H100), z

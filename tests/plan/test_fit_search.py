@@ -28,8 +28,10 @@ from memplan.config import (
     Impl,
     ImplConfig,
     Parallel,
+    Setup,
     ZeroStage,
 )
+from memplan.engine import unplanned
 from memplan.presets import load_gpu
 from memplan.search.bound import (
     Bound,
@@ -39,6 +41,8 @@ from memplan.search.bound import (
 )
 from memplan.search.fit import Space, estimate_command, fit
 from memplan.search.space import layouts, pipelines, shard_groups, virtual_layers
+from memplan.strategies.pipeline_parallel import stage_layers
+from memplan.time.comm.rows import critical_stage
 from memplan.time.timing import timing
 
 runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
@@ -222,14 +226,42 @@ def test_the_bounds_sequence_is_kernel_times(
 
 def test_the_busiest_stage_by_hand() -> None:
     """One layer 1 s, the head 0.5 s and 0.4 layers' forward FLOPs. Stages of 4, 4, 3 layers: forward work
-    4, 4, 3.4, so ``critical_stage`` picks the second (4 s); the bound, not knowing which, takes the least
-    of the last's 3.5 s and 3 + 0.4 layers', 3.4 s. Stages of 4, 4: the last by the tie (4.5 s), bound
-    min(4.5, 4.4) = 4.4; of 5, 4: the first (5 s), bound 4.4 again; one stage: every layer and the head."""
+    4, 4, 3.4, so ``critical_stage`` picks the second (4 s). Stages of 4, 4: the last (4.4 > 4: 4.5 s); of
+    5, 4: the first (5 > 4.4: 5 s); of 2, 2, 1 with a head of 1 layer: a tie, which ``critical_stage``
+    gives the last (1 + 0.5 = 1.5 s) but rounding could give the middle stage (2 s): the lesser; one stage:
+    every layer and the head."""
     one = Sequence(layer_seconds=1.0, head_seconds=0.5, head_layers=0.4, hidden_bytes=0)
-    assert one.busiest((4, 4, 3)) == pytest.approx(3.4)
-    assert one.busiest((4, 4)) == pytest.approx(4.4)
-    assert one.busiest((5, 4)) == pytest.approx(4.4)
+    assert one.busiest((4, 4, 3)) == pytest.approx(4.0)
+    assert one.busiest((4, 4)) == pytest.approx(4.5)
+    assert one.busiest((5, 4)) == pytest.approx(5.0)
     assert one.busiest((6,)) == pytest.approx(6.5)
+    tie = Sequence(layer_seconds=1.0, head_seconds=0.5, head_layers=1.0, hidden_bytes=0)
+    assert tie.busiest((2, 2, 1)) == pytest.approx(1.5)
+
+
+def test_the_busiest_stage_is_critical_stages_pick() -> None:
+    """``Sequence.busiest`` charges the stage ``critical_stage`` picks: over uneven and interleaved
+    placements of Llama 3 405B (the head ≈ 0.6 layers' forward FLOPs) and a small GPT-2 (the head > 1
+    layer's), the bound's stage seconds equal the picked stage's layers × the layer's seconds (+ the
+    head's on the last) — never the fewest layers' seconds where a fuller middle stage is picked."""
+    cases = [
+        ("llama-3.1-405b", Parallel(tp=8, sp=True, pp=64, vpp=2, pp_layers=virtual_layers(126, 64, 2))),
+        ("llama-3.1-405b", Parallel(tp=8, sp=True, pp=16, vpp=8, pp_layers=virtual_layers(126, 16, 8))),
+        ("llama-3.1-405b", Parallel(tp=8, sp=True, pp=4)),
+        ("gpt2", Parallel(pp=5)),
+        ("gpt2", Parallel(pp=2)),
+    ]
+    for model, par in cases:
+        setup = build_setup(model, seq=1024, parallel=par, grad_accum=64)
+        c = critical_stage(unplanned(setup))
+        one = Sequence(layer_seconds=1.0, head_seconds=0.5, head_layers=_head_layers(setup), hidden_bytes=0)
+        want = c.layers + (0.5 if c.last else 0.0)
+        assert one.busiest(stage_layers(setup.model.num_layers, par)) == pytest.approx(want), (model, par)
+
+
+def _head_layers(setup: Setup) -> float:
+    f = unplanned(setup).flops
+    return f.lm_head / ((f.layer_linear + f.layer_attention) / setup.model.num_layers)
 
 
 @pytest.mark.parametrize(
