@@ -29,6 +29,8 @@ from memplan.config import (
     AttentionChoice,
     Checkpointing,
     CpRotate,
+    ModelConfig,
+    Setup,
     ZeroStage,
     parse_checkpointing,
 )
@@ -281,17 +283,6 @@ def fit_command(
             "without it too; fit with bf16-mixed, then estimate a ZeRO-2/3 layout with fsdp2-mixed"
         )
     model = load_model(o.model).model
-    base = build_setup(
-        model,
-        seq=o.seq,
-        precision=o.precision,
-        optimizer=o.optimizer,
-        optimizer_impl=o.optimizer_impl,
-        clip_grad=o.clip_grad,
-        dropout=o.dropout,
-        device=o.device,
-        impl=impl_of(o, model),  # whose code, and the kernels asked for: held for every layout searched
-    )
     defaults = Space()
     space = Space(
         checkpointing=_list(checkpointing, "checkpointing", _whole_layer_mode) or defaults.checkpointing,
@@ -304,6 +295,7 @@ def fit_command(
         cp_rotate=_list(cp_rotate, "cp-rotate", CpRotate) or defaults.cp_rotate,
         keep=top,  # the rows shown are found exactly; slower configurations may be pruned
     )
+    base = _fit_base(o, model, space.attention)
     given = {name: getattr(o, name) for name in FINETUNE_OPTIONS}
     tunes, escalate = finetunes(o.finetune.method, parse_methods(method), given, o.double_quant, base)
     device = gpu_of(o, gpu)
@@ -335,6 +327,32 @@ def fit_command(
     from memplan.render.fit import fit_report
 
     console().print(fit_report(result, top))
+
+
+def _fit_base(o: Options, model: ModelConfig, kinds: tuple[Attention, ...]) -> Setup:
+    """The search's base (one device; each family sets its own layout, checkpointing and attention), at the
+    first attention kernel searched that the model's code runs — transformers' Gemma-2 (softcaps) and
+    gpt-oss (sinks) run eager only; the flash families are then not modelled and not searched
+    (``search.methods.valid``). When none runs, the last one's one-line error."""
+    error: ValueError | None = None
+    for kind in kinds:
+        try:
+            return build_setup(
+                model,
+                seq=o.seq,
+                precision=o.precision,
+                optimizer=o.optimizer,
+                optimizer_impl=o.optimizer_impl,
+                clip_grad=o.clip_grad,
+                dropout=o.dropout,
+                device=o.device,
+                attention=AttentionChoice[kind.name],
+                impl=impl_of(o, model),  # whose code, and the kernels asked for: held for every layout
+            )
+        except ValueError as e:
+            error = e
+    assert error is not None  # the space searches at least one attention kernel
+    raise error
 
 
 def _whole_layer_mode(text: str) -> Checkpointing:

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memplan.blocks.profiles import profile_of
 from memplan.config import (
     FINETUNE_OPTIONS,
     Checkpointing,
@@ -124,9 +125,12 @@ def with_method(setup: Setup, ft: FineTune, saver: Saver) -> Setup:
 
 
 def valid(setup: Setup) -> bool:
-    """Whether memplan models this combination (the ``Setup`` validator's rules, without a copy)."""
+    """Whether memplan models this combination: the ``Setup`` validator's rules (without a copy) and the
+    implementation's own refusals, which its code's profile raises (``blocks.profiles.profile_of``: e.g.
+    transformers' DeepSeek code without tp, pp, cp or ep, whose estimate would raise them)."""
     try:
         check_setup(setup)
+        profile_of(setup)
     except ValueError:
         return False
     return True
