@@ -42,6 +42,7 @@ from memplan.config import (
     MethodChoice,
     Optimizer,
     hf_code_only,
+    no_flash,
 )
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
@@ -334,6 +335,9 @@ def notes(b: Built) -> list[str]:
             f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "
             "only, not in memplan's reference model; give --impl to choose"
         )
+    why = no_flash(m, r.setup.impl.impl, r.setup.device)
+    if o.attention is None and why is not None:  # config.impl_rules.default_attention
+        out.append(f"attention: eager chosen for {m.name}: {why}; give --attention to choose")
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
         recipe = r.setup.impl.fp8
         cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl)

@@ -26,6 +26,7 @@ from memplan.config import (
     AttentionChoice,
     Device,
     FineTune,
+    Impl,
     ImplConfig,
     ModelConfig,
     Offload,
@@ -36,6 +37,7 @@ from memplan.config import (
     ReduceDtype,
     Setup,
     TrainingConfig,
+    default_attention,
     default_impl,
     finetune_from,
     parse_checkpointing,
@@ -223,6 +225,7 @@ def setup_of(o: Options) -> Setup:
     """The validated ``Setup`` that ``o`` describes."""
     dp = data_parallel(o)
     model = _cached_model(o.model).model
+    impl = impl_of(o, model)
     return build_setup(
         model,
         seq=o.seq,
@@ -233,7 +236,7 @@ def setup_of(o: Options) -> Setup:
         clip_grad=o.clip_grad,
         grad_accum=micro_batches(o, dp),
         checkpointing=o.checkpointing,
-        attention=o.attention,
+        attention=attention_of(o, model, impl.impl),
         reversible=o.reversible,
         zero=o.zero,
         dp=dp,
@@ -260,8 +263,16 @@ def setup_of(o: Options) -> Setup:
             o.double_quant,
             o.precision.activation_dtype,
         ),
-        impl=impl_of(o, model),
+        impl=impl,
     )
+
+
+def attention_of(o: Options, model: ModelConfig, impl: Impl) -> AttentionChoice:
+    """The attention kernel ``o`` asks for (``--attention``: flash, or eager where the model's code runs
+    no flash path memplan models, ``config.default_attention``, when not given)."""
+    if o.attention is not None:
+        return o.attention
+    return AttentionChoice[default_attention(model, impl, o.device).name]
 
 
 def impl_of(o: Options, model: ModelConfig) -> ImplConfig:

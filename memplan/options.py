@@ -99,10 +99,12 @@ class Options(Frozen):
         default="none",
         metavar="none|full|selective|every-K",
     )
-    attention: AttentionChoice = option(
-        "Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse)",
+    attention: AttentionChoice | None = option(
+        "Attention kernel: eager (keeps s×s probabilities) or flash (SDPA flash: q, k, v, out, lse) "
+        "[default: flash; eager where the model's code has no flash path memplan models — gemma-2's "
+        "softcaps, gpt-oss's sinks, deepseek's MLA on CUDA — a note says so]",
         STRATEGY,
-        default=AttentionChoice.FLASH,
+        default=None,
     )
     reversible: bool = option(
         "Reversible (RevNet) layers: backward rebuilds each layer's input from its output",

@@ -29,7 +29,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
-from memplan.config.impl_rules import default_impl, hf_code_only
+from memplan.config.impl_rules import default_attention, default_impl, hf_code_only, no_flash
 from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
@@ -98,10 +98,12 @@ __all__ = [
     "TrainingConfig",
     "ZeroStage",
     "checkpointing_label",
+    "default_attention",
     "default_impl",
     "finetune_from",
     "hf_code_only",
     "loss_label",
+    "no_flash",
     "offload_label",
     "parse_checkpointing",
     "parse_freeze",

@@ -96,6 +96,31 @@ def default_impl(m: ModelConfig) -> Impl:
     return Impl.HF if hf_code_only(m) else Impl.REFERENCE
 
 
+def no_flash(m: ModelConfig, impl: Impl, device: Device) -> str | None:
+    """Why the model's code runs no flash attention that memplan models, or None: transformers has no
+    SDPA path with Gemma-2's softcaps or gpt-oss's sinks (``Gemma2PreTrainedModel._supports_sdpa =
+    False``, ``GptOssPreTrainedModel._supports_sdpa = False``: eager only), and torch's CUDA SDPA runs
+    DeepSeek's MLA (v narrower than q, k) in its memory-efficient kernel, not modelled. What refuses
+    ``--attention flash`` there (``check_hf_only``, ``blocks.hf.deepseek``) and what ``--attention``
+    defaults to eager for (``default_attention``)."""
+    if impl is Impl.HF and m.attn_softcap is not None:
+        return "transformers has no SDPA path with attn_softcap (Gemma-2)"
+    if impl is Impl.HF and m.attn_sinks:
+        return "transformers has no SDPA path with attention sinks (gpt-oss)"
+    if m.mla is not None and device is Device.CUDA:
+        return (
+            f"torch's CUDA SDPA runs {m.code_family.value}'s MLA (v narrower than q, k) in its "
+            "memory-efficient kernel, not modelled"
+        )
+    return None
+
+
+def default_attention(m: ModelConfig, impl: Impl, device: Device) -> Attention:
+    """``--attention`` when it is not given: flash, or eager where the model's code runs no flash path
+    memplan models (``no_flash``)."""
+    return Attention.EAGER if no_flash(m, impl, device) else Attention.FLASH
+
+
 def check_hf_only(setup: Setup) -> None:
     """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
     whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
@@ -109,15 +134,9 @@ def check_hf_only(setup: Setup) -> None:
         if used and impl is Impl.HF and m.code_family not in families:
             names = ", ".join(f.value for f in families)
             raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
-    flash = setup.strategy.attention is not Attention.EAGER
-    if impl is Impl.HF and m.attn_softcap is not None and flash:
-        raise ValueError(
-            "attention: transformers has no SDPA path with attn_softcap (Gemma-2); use --attention eager"
-        )
-    if impl is Impl.HF and m.attn_sinks and flash:  # GptOssPreTrainedModel._supports_sdpa = False
-        raise ValueError(
-            "attention: transformers has no SDPA path with attention sinks (gpt-oss); use --attention eager"
-        )
+    why = no_flash(m, impl, setup.device)
+    if why is not None and m.mla is None and setup.strategy.attention is not Attention.EAGER:
+        raise ValueError(f"attention: {why}; use --attention eager")  # MLA: its profile's error
     if m.attn_sinks and m.attn_dropout > 0:
         raise ValueError("attn_dropout: dropout with attention sinks is not modelled; set it to 0")
 

@@ -34,16 +34,17 @@ searched there."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
-from memplan.config import Attention, FineTune, Setup
+from memplan.config import Attention, FineTune, Setup, no_flash
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff
 from memplan.search.budget import DEFAULT_RESERVE, fits
 from memplan.search.command import estimate_command
 from memplan.search.families import search, triple
 from memplan.search.longest import longest_sequence
-from memplan.search.methods import SAVERS, searches_checkpointing, searches_layout, with_method
+from memplan.search.methods import SAVERS, searches_checkpointing, searches_layout, valid, with_method
 from memplan.search.results import Config, Family, FitResult, Outcome, Rejected
 from memplan.search.space import (
     Layout,
@@ -107,6 +108,7 @@ def fit(
             f"global-batch: must be at least one sequence, got {global_batch}; e.g. --global-batch 512"
         )
     check_time_inputs(mfu, None, None)
+    space = runnable_attention(base, space)
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
     result = FitResult(
@@ -145,6 +147,22 @@ def fit(
     if max_seq and result.best is not None:
         result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
     return result
+
+
+def runnable_attention(base: Setup, space: Space) -> Space:
+    """``space`` with the attention kernels the model's code runs (``methods.valid``: transformers' Gemma-2
+    and gpt-oss, and DeepSeek's MLA on CUDA, run eager only, ``config.no_flash``); a one-line
+    ``ValueError`` when none of them does."""
+    runs = tuple(
+        k
+        for k in space.attention
+        if valid(base.model_copy(update={"strategy": base.strategy.model_copy(update={"attention": k})}))
+    )
+    if not runs:
+        names = ",".join(k.name.lower() for k in space.attention)
+        why = no_flash(base.model, base.impl.impl, base.device) or "not modelled"
+        raise ValueError(f"attention: {base.model.name} runs none of {names} ({why}); use --attention eager")
+    return dataclasses.replace(space, attention=runs)
 
 
 def _search_level(

@@ -149,8 +149,9 @@ def context_degrees(base: Setup, gpus: int, space: Space) -> list[int]:
 
 
 def every_layout(base: Setup, gpus: int, space: Space) -> list[Layout]:
-    """``layouts`` without and (under flash attention) with each searched context-parallel degree."""
-    flash = base.strategy.attention is Attention.FLASH
+    """``layouts`` without and (when the space searches flash attention) with each searched context-parallel
+    degree."""
+    flash = Attention.FLASH in space.attention
     degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
     return [x for cp in degrees for x in layouts(base, gpus, space, cp)]
 
@@ -169,7 +170,7 @@ def too_many(base: Setup, gpus: int, space: Space) -> str | None:
     dp > ``MAX_DP`` (what `estimate` refuses), else None. The most devices a layout takes is
     tp · pp · cp · ``MAX_DP`` with the widest tp, the deepest pp (one layer a stage) and the largest cp that
     ``layouts`` and ``context_degrees`` search (cp under flash attention only, as ``fit`` searches it)."""
-    flash = base.strategy.attention is Attention.FLASH
+    flash = Attention.FLASH in space.attention
     if every_layout(base, gpus, space):
         return None
     m, seq = base.model, base.training.seq_len

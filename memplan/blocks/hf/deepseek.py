@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from memplan.blocks.hf import moe
 from memplan.blocks.profile import Profile
-from memplan.config import Attention, Checkpointing, Device, Family, Setup
+from memplan.config import Attention, Checkpointing, Family, Setup, no_flash
 
 
 def check(setup: Setup) -> None:
@@ -41,11 +41,9 @@ def check(setup: Setup) -> None:
     name = m.code_family.value
     if m.mla is None:
         raise ValueError(f"mla: {name}'s attention is multi-head latent attention; add a [model.mla] table")
-    if setup.device is Device.CUDA and s.attention is not Attention.EAGER:
-        raise ValueError(
-            f"attention: torch's CUDA SDPA runs {name}'s MLA (v narrower than q, k) in its memory-efficient "
-            "kernel, not modelled; use --attention eager (or --device cpu)"
-        )
+    why = no_flash(m, setup.impl.impl, setup.device)
+    if why is not None and s.attention is not Attention.EAGER:
+        raise ValueError(f"attention: {why}; use --attention eager (or --device cpu)")
     if setup.impl.flash_attn:  # flash-attn needs one head width for q, k and v
         raise ValueError(
             f"flash_attn: flash_attention_2 with {name}'s MLA is not modelled; drop --flash-attn"
