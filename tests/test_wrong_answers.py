@@ -69,3 +69,20 @@ def test_fit_with_more_devices_than_any_layout_takes() -> None:
         "error: gpus: 1,099,511,627,776 devices need a data-parallel degree above 1,048,576 in every layout "
         "fit searches (tp ≤ 8, pp up to the 32 layers, cp ≤ 16); use at most --gpus 4,294,967,296"
     ]
+
+
+@pytest.mark.parametrize(
+    ("model", "setting"),
+    [("gemma-2-2b", ["--checkpointing", "selective"]), ("deepseek-v2-lite", ["--tp", "2", "--gpus", "2"])],
+)
+def test_a_refusal_offers_no_impl_that_cannot_run_the_model(model: str, setting: list[str]) -> None:
+    """transformers' code refuses the setting; for a model whose structure only that code has, the other
+    implementations refuse the model itself, so the fix is to drop the setting (before: "use --impl
+    reference … or --impl megatron", which then failed too)."""
+    r = runner.invoke(app, ["estimate", "-m", model, *setting])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0].startswith("error: impl: --impl hf with") and lines[0].endswith("drop that setting")
+    assert "--impl reference" not in lines[0]
+    other = runner.invoke(app, ["estimate", "-m", model, "--impl", "reference"])
+    assert other.exit_code == 2 and "transformers' code only" in other.output

@@ -280,7 +280,13 @@ def check_impl(setup: Setup) -> None:
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
     }
+    only = hf_code_only(setup.model)  # then no other --impl runs the model: only dropping the setting helps
     for name, used in unmodelled.items():
+        if used and only:
+            raise ValueError(
+                f"impl: --impl {impl.value} with {name} is not modelled (and {setup.model.name}'s "
+                f"{', '.join(only)} only in transformers' code); drop that setting"
+            )
         if used:
             raise ValueError(
                 f"impl: --impl {impl.value} with {name} is not modelled; use --impl reference (memplan's "
