@@ -73,7 +73,12 @@ def test_fit_with_more_devices_than_any_layout_takes() -> None:
 
 @pytest.mark.parametrize(
     ("model", "setting"),
-    [("gemma-2-2b", ["--checkpointing", "selective"]), ("deepseek-v2-lite", ["--tp", "2", "--gpus", "2"])],
+    [
+        ("gemma-2-2b", ["--checkpointing", "selective"]),
+        ("deepseek-v2-lite", ["--tp", "2", "--gpus", "2"]),
+        ("gemma-2-2b", ["--fp8", "tensorwise"]),
+        ("gemma-2-2b", ["--precision", "fsdp2-mixed", "--zero", "3", "--gpus", "2"]),
+    ],
 )
 def test_a_refusal_offers_no_impl_that_cannot_run_the_model(model: str, setting: list[str]) -> None:
     """transformers' code refuses the setting; for a model whose structure only that code has, the other
@@ -82,7 +87,7 @@ def test_a_refusal_offers_no_impl_that_cannot_run_the_model(model: str, setting:
     r = runner.invoke(app, ["estimate", "-m", model, *setting])
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1, r.output
-    assert lines[0].startswith("error: impl: --impl hf with") and lines[0].endswith("drop that setting")
-    assert "--impl reference" not in lines[0]
+    assert "transformers' code" in lines[0] or "does not run FSDP2: use --precision bf16-mixed" in lines[0]
+    assert "use --impl" not in lines[0] and "or torchtitan" not in lines[0]
     other = runner.invoke(app, ["estimate", "-m", model, "--impl", "reference"])
     assert other.exit_code == 2 and "transformers' code only" in other.output

@@ -89,6 +89,13 @@ def hf_code_only(m: ModelConfig) -> list[str]:
     ]
 
 
+def hf_only_code(m: ModelConfig) -> str:
+    """ "``m``'s … only in transformers' code" when ``hf_code_only`` names fields (then no --impl but hf
+    runs it, and a refusal of hf's can only be mended by dropping the setting), else ""."""
+    only = hf_code_only(m)
+    return f"{m.name}'s {', '.join(only)} only in transformers' code" if only else ""
+
+
 def default_impl(m: ModelConfig) -> Impl:
     """``--impl`` when it is not given: memplan's reference model, or transformers' code (``hf``) for a model
     with structure only that is modelled for (``hf_code_only``: MLA, softcaps, sliding-window patterns,
@@ -280,12 +287,11 @@ def check_impl(setup: Setup) -> None:
         "--offload": setup.offload is not Offload.NONE,
         "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
     }
-    only = hf_code_only(setup.model)  # then no other --impl runs the model: only dropping the setting helps
+    only = hf_only_code(setup.model)  # then no other --impl runs the model: only dropping the setting helps
     for name, used in unmodelled.items():
         if used and only:
             raise ValueError(
-                f"impl: --impl {impl.value} with {name} is not modelled (and {setup.model.name}'s "
-                f"{', '.join(only)} only in transformers' code); drop that setting"
+                f"impl: --impl {impl.value} with {name} is not modelled (and {only}); drop that setting"
             )
         if used:
             raise ValueError(
@@ -360,6 +366,11 @@ def check_fp8(setup: Setup) -> None:
     check_overlap_grad_reduce(setup)
     if fp8 is Fp8Recipe.NONE:
         return
+    if impl is Impl.HF and hf_only_code(setup.model):
+        raise ValueError(
+            "fp8: --impl hf runs transformers' bf16 linears (no float8 conversion of them is modelled), and "
+            f"{hf_only_code(setup.model)}; drop --fp8"
+        )
     if impl is Impl.HF:
         raise ValueError(
             "fp8: --impl hf runs transformers' bf16 linears (no float8 conversion of them is modelled); use "

@@ -25,6 +25,7 @@ from memplan.config.impl_rules import (
     check_fp8,
     check_hf_only,
     check_impl,
+    hf_only_code,
     titan_stage_layers,
 )
 from memplan.config.model import ModelConfig, PositionType
@@ -261,9 +262,10 @@ def check_fsdp2_mixed(setup: Setup) -> None:
             "rank); add --zero 3 with --dp N or --gpus N, or use --precision bf16-mixed"
         )
     if setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
+        other = "" if hf_only_code(setup.model) else "use --impl reference or torchtitan, or "
         raise ValueError(
             f"precision: fsdp2-mixed is FSDP2's mixed precision; --impl {setup.impl.impl.value} does not run "
-            "FSDP2: use --impl reference or torchtitan, or --precision bf16-mixed"
+            f"FSDP2: {other}use --precision bf16-mixed"
         )
     if setup.model.moe is not None or not setup.finetune.trains_everything or setup.offload:
         raise ValueError(
