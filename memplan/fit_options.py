@@ -24,6 +24,7 @@ FIT_OPTIONS = (
     "optimizer",
     "optimizer_impl",
     "clip_grad",
+    "reduce_dtype",
     *FIT_PASSTHROUGH,
     "finetune",
     *FINETUNE_OPTIONS,

@@ -344,6 +344,7 @@ def _fit_base(o: Options, model: ModelConfig, kinds: tuple[Attention, ...]) -> S
                 optimizer=o.optimizer,
                 optimizer_impl=o.optimizer_impl,
                 clip_grad=o.clip_grad,
+                reduce_dtype=o.reduce_dtype,
                 dropout=o.dropout,
                 device=o.device,
                 attention=AttentionChoice[kind.name],

@@ -60,6 +60,7 @@ def estimate_command(c: Config, r: FitResult) -> str:
     args += [f"--ep {par.ep}"] if par.ep > 1 else []
     args.append(f"--zero {int(st.zero)}")
     args += [f"--hsdp {st.hsdp}"] if st.hsdp else []
+    args += [f"--reduce-dtype {st.reduce_dtype.value}"] if st.reduce_dtype is not None else []
     args += [f"--checkpointing {f.checkpointing.name.lower()}", f"--attention {f.attention.name.lower()}"]
     saver = SAVERS[f.saver]
     if saver.offload is not Offload.NONE:

@@ -396,6 +396,8 @@ def test_rows_repeat_what_no_setup_holds() -> None:
     [
         # the optimizer implementation and gradient clipping change its time (tests/plan/test_grad_clip.py)
         ("--clip-grad --optimizer-impl fused", ("--optimizer-impl fused", "--clip-grad")),
+        # data parallelism's reduce dtype (Llama 3's fp32 reduce-scatter) changes its bytes and time
+        ("--reduce-dtype fp32", ("--reduce-dtype fp32",)),
         # Megatron's overlap switches (tests/plan/test_megatron_grads.py)
         (
             "--impl megatron --overlap-grad-reduce --overlap-param-gather",
