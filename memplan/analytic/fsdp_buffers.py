@@ -186,9 +186,15 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
     world, e = setup.state_shards, setup.training.precision.weight_bytes
     # --fp8-all-gather: a block's converted weights gathered in float8 (blocks.fp8.gathered_saving)
     block, saving = _block_shapes(setup), fp8.gathered_saving(setup, world)
-    return [
-        (gathered(shapes, world, e) - (saving if shapes == block else 0), again) for shapes, again in units
-    ]
+    # the blocks are one list of shapes repeated (``unit_shapes``): each distinct list summed once (an
+    # MoE block lists every expert's tensors: thousands of shapes per unit, a unit per layer)
+    made: dict[int, int] = {}
+    out = []
+    for shapes, again in units:
+        if id(shapes) not in made:
+            made[id(shapes)] = gathered(shapes, world, e) - (saving if shapes == block else 0)
+        out.append((made[id(shapes)], again))
+    return out
 
 
 class _Coder:
