@@ -49,6 +49,7 @@ from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
 from memplan.stage_plan import stage_states
 from memplan.strategies import offload
+from memplan.time.offload import reads_device
 from memplan.time.predict import Unstaged, unstaged
 from memplan.time.timing import Timing, peak_flops, timing
 
@@ -166,14 +167,14 @@ class _Group:
 
     def time(self, i: int) -> Timing:
         """Stage ``i``'s predicted step: from its estimate once made, else from one without stage plans
-        (``unplanned``: nothing the prediction reads but offload's copies reads them; under offload the
-        estimate)."""
+        (``unplanned``: nothing the prediction reads but the parameter and activation offloads' copies
+        reads them, ``time.offload.reads_device``; under those the estimate)."""
         if i not in self.timed:
             shared = self.unstaged()
             p = self.made.get(i)
             if p is None:
                 setup = family_setup(self.base, self.families[i], self.micro_batch, self.micro_batches)
-                bare = not offload.applies(setup)
+                bare = not reads_device(setup.offload)
                 p = unplanned_at(shared.critical.result, setup) if bare else self.estimate(i)
             self.timed[i] = timing(p, self.gpu, mfu=self.mfu, shared=shared)
         return self.timed[i]

@@ -110,6 +110,13 @@ def activation_bytes(p: Result) -> int:
     return sp.host.activations * max(sp.stage.layers, 1) // flight
 
 
+def reads_device(o: Offload) -> bool:
+    """Whether ``transfers`` reads the plan's most loaded device (its host weights and activations: the
+    parameter and activation offloads), so that a step is timed from an estimate with stage plans; the
+    rest of the prediction reads the setup, the pieces, the FLOPs and the parameters only."""
+    return Offload.PARAMS in o or Offload.ACTIVATIONS in o
+
+
 def transfers(c: Critical, p: Result) -> list[Transfer]:
     """Every host-link copy of one step on one device of the busiest stage (module docstring)."""
     o, n = c.setup.offload, p.micro_batches

@@ -15,6 +15,7 @@ from memplan.config.finetune import FineTune
 from memplan.engine import estimate, unplanned
 from memplan.presets import load_gpu
 from memplan.search.families import restaged, unplanned_at
+from memplan.time.offload import reads_device
 from memplan.time.predict import unstaged
 from memplan.time.timing import peak_flops, timing
 
@@ -31,6 +32,7 @@ SETUPS = [
     ("llama-3.2-1b", 2048, {"dp": 4, "finetune": FineTune(method=Method.LORA)}),
     ("llama-3.2-1b", 2048, {"dp": 4, "finetune": FineTune(method=Method.QLORA)}),
     ("llama-3.2-1b", 2048, {"dp": 4, "offload": "optimizer"}),
+    ("llama-3.2-1b", 2048, {"dp": 4, "offload": "optimizer,activations"}),
 ]
 
 
@@ -65,7 +67,8 @@ def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dic
     """``predict.unstaged`` of one ZeRO stage's estimate — with its stage plans or without them
     (``engine.unplanned``, what ``fit``'s bound has) — given to ``timing`` for another stage: the same
     ``Timing`` as timing that stage's estimate alone (the kernels and every row but dp's read no stage);
-    and that stage timed without its stage plans (``families.unplanned_at``), but under offload."""
+    and that stage timed without its stage plans (``families.unplanned_at``), but where the offload's
+    copies read the device (``time.offload.reads_device``: parameters, activations)."""
     first = 1 if options.get("hsdp") else 0
     base = build_setup(name, seq=seq, zero=first, **options)  # type: ignore[arg-type]
     stages = range(first, 4)
@@ -78,5 +81,5 @@ def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dic
             # what ``fit`` times a stage from before (or without) its stage plans
             bare = unplanned_at(source, _at_zero(base, z))
             assert bare == unplanned(_at_zero(base, z)), z
-            if "offload" not in options:  # offload's copies read the device: timed from the estimate
+            if not reads_device(plans[z].setup.offload):  # else timed from the estimate (its copies)
                 assert timing(bare, H100, shared=shared) == timing(plans[z], H100), z
