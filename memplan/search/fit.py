@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, FineTune, Setup, no_flash
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff
@@ -159,6 +160,7 @@ def runnable_attention(base: Setup, space: Space) -> Space:
         if valid(base.model_copy(update={"strategy": base.strategy.model_copy(update={"attention": k})}))
     )
     if not runs:
+        profile_of(base)  # the implementation's own refusal of the base, when it is not the attention's
         names = ",".join(k.name.lower() for k in space.attention)
         why = no_flash(base.model, base.impl.impl, base.device) or "not modelled"
         raise ValueError(f"attention: {base.model.name} runs none of {names} ({why}); use --attention eager")

@@ -66,3 +66,16 @@ def test_fit_of_an_eager_only_model(model: str) -> None:
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: attention:"), r.output
     assert Attention.EAGER < Attention.FLASH  # the base tries the space's kernels in its order
+
+
+def test_fit_of_no_attention_kernel_the_model_runs_is_one_line() -> None:
+    """The API's ``fit`` with a space of flash alone for Gemma-2: one line naming why
+    (``fit.runnable_attention``)."""
+    from memplan.presets import load_gpu
+    from memplan.search.fit import Space, fit
+
+    base = build_setup("gemma-2-2b", seq=1024, attention=AttentionChoice.EAGER, impl=ImplConfig(impl=Impl.HF))
+    with pytest.raises(
+        ValueError, match=r"^attention: gemma-2-2b runs none of flash \(transformers has no SDPA"
+    ):
+        fit(base, load_gpu("h100-sxm"), 8, space=Space(attention=(Attention.FLASH,)))
