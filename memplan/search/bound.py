@@ -225,6 +225,26 @@ def reference(setup: Setup, gpu: GpuPreset) -> Reference:
     return Reference(setup, f, layers, c.rerun_layers > 0, ring, head_layers, hidden_bytes(setup))
 
 
+def _sequence_key(
+    base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int
+) -> tuple[object, ...]:
+    """What a sequence depends on (``Reference.at`` sets tp, sp, cp, its rotation, ep and b; the reference
+    its method, savers, checkpointing and attention)."""
+    return (
+        base.finetune,
+        base.offload,
+        base.loss,
+        ckpt,
+        attention,
+        par.cp,
+        par.cp_rotate,
+        par.tp,
+        par.sp,
+        par.ep,
+        b,
+    )
+
+
 @dataclass
 class Bound:
     """Lower bounds of step times for the search of ``global_batch`` sequences on ``gpus`` × ``gpu``."""
@@ -264,8 +284,7 @@ class Bound:
         self, base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int = 1
     ) -> Sequence:
         """``Reference.at`` layout ``par`` and micro-batch ``b`` (``NOTHING`` without a reference)."""
-        key: tuple[object, ...] = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp)
-        key += (par.cp_rotate, par.tp, par.sp, par.ep, b)
+        key = _sequence_key(base, ckpt, attention, par, b)
         if key not in self._sequences:
             ref = self.reference(base, ckpt, attention, par)
             self._sequences[key] = NOTHING if ref is None else ref.at(par, b, self.gpu)
@@ -276,8 +295,7 @@ class Bound:
     ) -> Sequence:
         """``sequence`` with each layer's tensor-parallel collectives added (``tp_layer_seconds``): what
         ``seconds`` charges a layer, kept per sequence."""
-        key: tuple[object, ...] = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp)
-        key += (par.cp_rotate, par.tp, par.sp, par.ep, b)
+        key = _sequence_key(base, ckpt, attention, par, b)
         if key not in self._with_tp:
             one = self.sequence(base, ckpt, attention, par, b)
             comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b)
