@@ -54,7 +54,7 @@ from memplan.pieces import (
 from memplan.pieces import (
     clear_caches as clear_caches,
 )
-from memplan.stage_plan import StagePlan, plan_rank
+from memplan.stage_plan import StagePlan, device_states, plan_rank
 from memplan.strategies.lora_states import frozen_params, trainable_params
 from memplan.strategies.pipeline_parallel import (
     Group,
@@ -63,6 +63,7 @@ from memplan.strategies.pipeline_parallel import (
     representative_stages,
     rope_buffers,
     rope_caches,
+    stage,
     stage_layers,
 )
 from memplan.strategies.tensor_parallel import check_layout
@@ -217,6 +218,24 @@ def unplanned(setup: Setup) -> Result:
     pc = pieces_by_key(pieces_key(setup), setup)
     return Result(
         setup=setup, pieces=pc, stages=(), flops=whole_flops(pc.core), params=param_counts(setup.model)
+    )
+
+
+def states_floor(setup: Setup) -> int:
+    """The largest model states (weights, gradients, optimizer: ``ModelStates.total``) on a device of
+    ``estimate(setup)``'s stages, without the stage plans: a floor of each plan's
+    ``StagePlan.lower_bound`` (weights + optimizer + max(gradients before the step + activations,
+    gradients)), hence of its peak. It reads the stages' layers and parameters, the ZeRO stage and shards,
+    the precision and the offload — not the micro-batch (``search.families``: one per configuration at
+    every micro-batch size; tests/plan/test_fit_shortcuts.py). Raises as ``estimate`` does."""
+    check_layout(setup)
+    pc = pieces_by_key(pieces_key(setup), setup)
+    parallel, n = setup.parallel, setup.training.grad_accum
+    counts = stage_layers(setup.model.num_layers, parallel)
+    chunks = chunk_layers(setup.model.num_layers, parallel)
+    return max(
+        device_states(pc, stage(parallel, i, chunks[i], n), setup).total
+        for i in representative_stages(counts)
     )
 
 

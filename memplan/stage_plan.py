@@ -218,10 +218,22 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     ]
 
 
+def _params_states(pc: Pieces, st: Stage, setup: Setup) -> tuple[ParamCount, ModelStates]:
+    """Stage ``st``'s parameters and model states (before offload)."""
+    params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
+    return params, stage_states(pc, params, st, setup, setup.parallel.ep)
+
+
+def device_states(pc: Pieces, st: Stage, setup: Setup) -> ModelStates:
+    """The model states on one device of stage ``st``: ``StagePlan.states`` without the rest of the plan
+    (``engine.states_floor``)."""
+    states = _params_states(pc, st, setup)[1]
+    return offload.device_states(states, setup) if offload.applies(setup) else states
+
+
 def stage_plan(pc: Pieces, st: Stage, setup: Setup) -> StagePlan:
     """``setup``: the user's (ZeRO, dp, micro-batches per step, layout); ``pc``: its pieces."""
-    params = stage_params(pc.params, st, setup.model.tied_embeddings, setup.parallel.pp)
-    states = stage_states(pc, params, st, setup, setup.parallel.ep)
+    params, states = _params_states(pc, st, setup)
     counts = group_counts(st, pc.setup.strategy.segment, checkpoints_alone(pc.setup))
     boundary = tuple(stage_boundary(pc, st, setup.parallel.pp))
     acts = sum(pc.group_bytes[g] * n for g, n in counts.items()) - lora.deficit(pc.layer_bytes)

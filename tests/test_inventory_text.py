@@ -123,7 +123,7 @@ def test_every_kept_tensors_name_role_and_reason(name: str, snapshot: SnapshotAs
 
 @pytest.mark.parametrize("name", list(SETUPS))
 def test_every_kept_entry_is_what_validation_would_build(name: str) -> None:
-    """``activations.kept`` builds the entries without pydantic's validation (``model_construct``, for
+    """``activations.kept`` builds the entries without pydantic's validation (``config.unvalidated``, for
     ``fit``'s speed): each passes validation unchanged, field for field, type for type."""
     from memplan.blocks.inventory import Kept
 
@@ -131,3 +131,6 @@ def test_every_kept_entry_is_what_validation_would_build(name: str) -> None:
         checked = Kept.model_validate(k.model_dump())
         assert checked == k and hash(checked) == hash(k)
         assert all(type(getattr(checked, f)) is type(getattr(k, f)) for f in Kept.model_fields)
+        assert list(k.__dict__) == list(Kept.model_fields) and k.__pydantic_fields_set__ == set(
+            Kept.model_fields
+        )

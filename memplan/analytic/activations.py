@@ -46,7 +46,7 @@ from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import dense_layer_setup, dense_mlp_layers, moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
-from memplan.config import Setup, StrategyConfig, TrainingConfig
+from memplan.config import Setup, StrategyConfig, TrainingConfig, unvalidated
 
 B, R = Block, Role
 
@@ -111,18 +111,20 @@ def head_rules(setup: Setup, dims: Dims) -> list[Rule]:
 # ----------------------------------------------------------------------------------------------------
 def kept(rules: list[Rule], scope: Scope, count: int) -> list[Kept]:
     """The inventory entries of ``rules``, ``count`` of each. Built without pydantic's validation
-    (``model_construct``): every field comes typed from a ``Rule`` (``memplan fit`` builds ≈ 10⁵ of them;
-    validation was ≈ 8 % of its time). tests/test_inventory_text.py compares them with validated ones."""
+    (``config.unvalidated``): every field comes typed from a ``Rule`` (``memplan fit`` builds ≈ 10⁵ of
+    them; validation was ≈ 8 % of its time). tests/test_inventory_text.py compares them with validated
+    ones."""
     return [
-        Kept.model_construct(
+        unvalidated(
+            Kept,
             name=r.name,
+            block=r.block,
+            role=r.role,
             shape=r.shape,
             dtype=r.dtype,
             scope=scope,
             count=count,
             reason=r.reason,
-            block=r.block,
-            role=r.role,
         )
         for r in rules
     ]

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.config import DType, Setup
+from memplan.config import DType, Setup, unvalidated
 
 
 class Scope(StrEnum):
@@ -186,10 +186,11 @@ class Dims(BaseModel):
         """The sizes one device speaks in: with context parallelism its s/cp tokens (the check of the
         layout ensures cp divides s), the keys of all cp ranks in the ring."""
         m, t, cp = setup.model, setup.training, setup.parallel.cp
-        return cls(
+        # unvalidated (``fit`` makes ≈ 10⁴): every field from a validated Setup, in declaration order
+        return unvalidated(
+            cls,
             b=t.micro_batch,
             s=t.seq_len // cp,
-            ring=cp,
             h=m.hidden_size,
             a=m.num_heads,
             kv=m.kv_heads,
@@ -198,6 +199,7 @@ class Dims(BaseModel):
             v=m.vocab_size,
             layers=m.num_layers,
             act=t.precision.activation_dtype,
+            ring=cp,
             dqk=m.mla.qk_head_dim if m.mla else 0,
             dv=m.mla.v_head_dim if m.mla else 0,
         )

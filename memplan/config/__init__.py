@@ -5,6 +5,7 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 (pydantic turns it into a ``ValidationError``; the CLI prints one line of it and exits 2).
 
 - ``Frozen``: the base of every configuration model (also ``api.Options`` and the presets);
+  ``unvalidated``: a model built without validation, for hot paths;
 - ``model``: ``ModelConfig`` (dense, or a mixture of experts through ``MoEConfig``) and its enums;
 - ``moe``: ``MoEConfig`` (routed and shared experts, the router), ``RouterScoring``; ``mla``: ``MLAConfig``;
 - ``training``: ``TrainingConfig``, ``Precision``, ``Optimizer``, ``DType``;
@@ -15,7 +16,7 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
-from memplan.config._base import Frozen
+from memplan.config._base import Frozen, unvalidated
 from memplan.config.finetune import (
     FINETUNE_OPTIONS,
     FULL_TRAINING,
@@ -110,4 +111,5 @@ __all__ = [
     "parse_loss",
     "parse_offload",
     "parse_targets",
+    "unvalidated",
 ]

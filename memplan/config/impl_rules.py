@@ -135,10 +135,12 @@ def check_hf_only(setup: Setup) -> None:
     (``blocks.attention.full_layer_setup``)."""
     m, impl = setup.model, setup.impl.impl
     for name, used in m.hf_only.items():
-        if used and impl is not Impl.HF:
+        if not used:
+            continue
+        if impl is not Impl.HF:
             raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
         families = HF_STRUCTURE.get(name, ())
-        if used and impl is Impl.HF and m.code_family not in families:
+        if m.code_family not in families:
             names = ", ".join(f.value for f in families)
             raise ValueError(f"{name}: transformers' {m.code_family.value} code has none; set family {names}")
     why = no_flash(m, impl, setup.device)

@@ -63,7 +63,8 @@ def fit_report(r: FitResult, top: int) -> Group:
         Text(
             f"searched {fmt_int(r.searched)} configurations in {r.seconds * 1000:,.0f} ms ({speed:,.0f}/s): "
             f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak, {fmt_int(r.pruned)} "
-            "pruned (step time slower than the rows shown, by its bound or predicted); "
+            "pruned (step time slower than the rows shown, by its bound or predicted), "
+            f"{fmt_int(r.states_only)} too big by their model states alone; "
             f"{len(r.fitting)} judged to fit, {len(r.rejected)} families rejected",
             style="dim",
         ),

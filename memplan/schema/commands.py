@@ -107,6 +107,8 @@ _FIT = obj(
         "searched": COUNT,
         "evaluated": COUNT,
         "peaks": COUNT,
+        "pruned": COUNT,
+        "states_only": COUNT,
         "seconds": SECONDS,
         "max_seq": {"type": ["integer", "null"], "minimum": 1},
         "fitting": COUNT,

@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate, unplanned
+from memplan.engine import Result, estimate, states_floor, unplanned
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
@@ -71,24 +71,18 @@ def micro_batches(global_batch: int, layout: Layout, space: Space) -> dict[int, 
 def family_setup(base: Setup, family: Family, micro_batch: int, micro_batches: int) -> Setup:
     """``base`` with a family's strategy, layout and micro-batch (valid by construction: not
     re-validated)."""
-    return base.model_copy(
-        update={
-            "parallel": family.layout.parallel,
-            "training": base.training.model_copy(
-                update={"micro_batch": micro_batch, "grad_accum": micro_batches}
-            ),
-            "strategy": base.strategy.model_copy(
-                update={
-                    "checkpointing": family.checkpointing,
-                    "checkpoint_every": 1,
-                    "attention": family.attention,
-                    "zero": family.zero,
-                    "dp": family.layout.dp,
-                    "hsdp": family.layout.hsdp,
-                    "reversible": False,
-                }
-            ),
-        }
+    return base.replaced(
+        parallel=family.layout.parallel,
+        training=base.training.replaced(micro_batch=micro_batch, grad_accum=micro_batches),
+        strategy=base.strategy.replaced(
+            checkpointing=family.checkpointing,
+            checkpoint_every=1,
+            attention=family.attention,
+            zero=family.zero,
+            dp=family.layout.dp,
+            hsdp=family.layout.hsdp,
+            reversible=False,
+        ),
     )
 
 
@@ -141,18 +135,41 @@ class _Group:
     """``unstaged``, once made."""
     stages_bound: float | None = None
     """``shared_bound``, once made."""
+    states: dict[int, int] = field(default_factory=dict)
+    """Each stage's largest model states on a device (``engine.states_floor``: the same at every micro-batch
+    size), once learnt: one dict shared by the triple's groups."""
+    setups: dict[int, Setup] = field(default_factory=dict)
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
     bounded: bool = False
     """Stage 0 bounded (``slower_than``) from ``engine.unplanned``: counted as estimated, as it was."""
 
+    def setup(self, i: int) -> Setup:
+        """Stage ``i``'s setup (``family_setup``), made once."""
+        if i not in self.setups:
+            family = self.families[i]
+            self.setups[i] = family_setup(self.base, family, self.micro_batch, self.micro_batches)
+        return self.setups[i]
+
     def estimate(self, i: int) -> Result:
         """Stage ``i``'s estimate: another stage's with its model states (``restaged``) once one is made."""
         if i not in self.made:
-            setup = family_setup(self.base, self.families[i], self.micro_batch, self.micro_batches)
+            setup = self.setup(i)
             other = next(iter(self.made.values()), None)
             self.made[i] = estimate(setup) if other is None else restaged(other, setup)
         return self.made[i]
+
+    def learn_states(self) -> None:
+        """Each stage's model states (``states``: ``engine.states_floor``) where no other micro-batch size
+        has told them."""
+        for i in range(len(self.families)):
+            if i not in self.states:
+                self.states[i] = states_floor(self.setup(i))
+
+    def too_big(self, i: int, memory: int) -> bool:
+        """Stage ``i``'s model states, once learnt, pass ``memory``: it fits at no micro-batch size
+        (``engine.states_floor``), judged without an estimate."""
+        return self.states.get(i, 0) > memory
 
     def unstaged(self) -> Unstaged:
         """What the stages' predictions share (``predict.unstaged``), from the first estimate made (or an
@@ -160,8 +177,7 @@ class _Group:
         if self.shared is None:
             first = self.made.get(0) or next(iter(self.made.values()), None)
             if first is None:
-                setup = family_setup(self.base, self.families[0], self.micro_batch, self.micro_batches)
-                first, self.bounded = unplanned(setup), True
+                first, self.bounded = unplanned(self.setup(0)), True
             self.shared = unstaged(first, self.gpu, peak_flops(self.gpu, first.setup.training.precision))
         return self.shared
 
@@ -173,7 +189,7 @@ class _Group:
             shared = self.unstaged()
             p = self.made.get(i)
             if p is None:
-                setup = family_setup(self.base, self.families[i], self.micro_batch, self.micro_batches)
+                setup = self.setup(i)
                 bare = not reads_device(setup.offload)
                 p = unplanned_at(shared.critical.result, setup) if bare else self.estimate(i)
             self.timed[i] = timing(p, self.gpu, mfu=self.mfu, shared=shared)
@@ -251,13 +267,23 @@ def triple(
     if Offload.PARAMS in SAVERS[level].offload:
         stages = [ZeroStage.PARAMETERS] if ZeroStage.PARAMETERS in space.zero else []
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
-    families = [f for f in every if valid(family_setup(base, f, 1, 1))]
+    families = [f for f, setup in zip(every, _stage_setups(base, every), strict=True) if valid(setup)]
+    states: dict[int, int] = {}  # shared: a stage's model states do not depend on the micro-batch
     groups = [
-        _Group(b, n, base, families, result.gpu, mfu)
+        _Group(b, n, base, families, result.gpu, mfu, states=states)
         for b, n in micro_batches(result.global_batch, layout, space).items()
     ]
     result.searched += len(families) * len(groups)
     return Triple(layout, ckpt, attention, families, groups)
+
+
+def _stage_setups(base: Setup, families: list[Family]) -> list[Setup]:
+    """``family_setup(base, f, 1, 1)`` of each of ``families`` — one (layout, checkpointing, attention) at
+    several ZeRO stages — made once and copied with each stage."""
+    if not families:
+        return []
+    first = family_setup(base, families[0], 1, 1)
+    return [first] + [first.replaced(strategy=first.strategy.replaced(zero=f.zero)) for f in families[1:]]
 
 
 def search(
@@ -282,6 +308,11 @@ def search(
     heapq.heapify(queue)
     while queue and queue[0][0] <= cutoff.seconds:
         key, _, g = heapq.heappop(queue)
+        if shortcuts and g.step == 1 and cutoff.seconds == math.inf:
+            g.learn_states()  # nothing listed yet: a group none of whose stages' states fit needs no refining
+        if all(g.too_big(i, result.usable) for i in range(len(g.families))):
+            g.step, g.first_fit = 4, len(g.families)  # no stage fits (``states_floor``): nothing to refine
+            continue
         better = g.refine(key) if shortcuts else None
         if better is None:
             _judge(result, g, cutoff)
@@ -291,10 +322,15 @@ def search(
     for t in triples:
         if any(g.listable(final) for g in t.groups):
             _reject(result, t)
+    usable = result.usable
     for t in triples:
         for g in t.groups:
             result.pruned += len(t.families) if g.first_fit is None else 0
             result.evaluated += g.evaluated()
+            if g.first_fit is not None:  # judged: the stages ruled out by their states without an estimate
+                result.states_only += sum(
+                    1 for i in range(g.first_fit) if i not in g.made and g.too_big(i, usable)
+                )
 
 
 def _fits(result: FitResult, p: Result) -> bool:
@@ -307,7 +343,7 @@ def _judge(result: FitResult, group: _Group, cutoff: Cutoff) -> None:
     """The lowest stage of ``group`` that fits and the fastest of it and the higher ones, listed."""
     group.step = 4
     for i in range(len(group.families)):
-        if _fits(result, group.estimate(i)):
+        if not group.too_big(i, result.usable) and _fits(result, group.estimate(i)):
             group.first_fit = i
             best = fastest_stage(result, group, i)
             result.fitting.append(best)
@@ -346,7 +382,14 @@ def _reject(result: FitResult, t: Triple) -> None:
             return
         if g.first_fit is None:  # only the stages up to the highest one still undecided matter here
             top = max(i for i in range(count) if i not in fitted)
-            k = next((i for i in range(top + 1) if _fits(result, g.estimate(i))), None)
+            k = next(
+                (
+                    i
+                    for i in range(top + 1)
+                    if not g.too_big(i, result.usable) and _fits(result, g.estimate(i))
+                ),
+                None,
+            )
             fitted.update(range(k, count) if k is not None else ())
     if not groups:
         return

@@ -166,6 +166,9 @@ class FitResult:
     """Configurations neither listed nor judged for memory because their step time — the bound
     (``bound``: unevaluated), the bound the ZeRO stages of one micro-batch share (``bound.stages_bound``)
     or the predicted time of every one of them — is slower than the ``keep`` fastest found so far."""
+    states_only: int = 0
+    """Configurations judged not to fit by their model states alone (``engine.states_floor``, learnt while
+    nothing was listed: the same at every micro-batch size), without a stage plan's estimate or peak."""
     seconds: float = 0.0
     max_seq: int | None = None
     """The longest sequence the best configuration fits (micro-batch 1); None when nothing fits."""
@@ -209,6 +212,7 @@ class FitResult:
             "evaluated": self.evaluated,
             "peaks": self.peaks,
             "pruned": self.pruned,
+            "states_only": self.states_only,
             "seconds": self.seconds,
             "max_seq": self.max_seq,
             "fitting": len(self.fitting),

@@ -21,6 +21,7 @@ each group's bytes times its instances alive (``group_counts``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from enum import Enum
 
@@ -140,11 +141,17 @@ def stage_layers(layers: int, parallel: Parallel) -> tuple[int, ...]:
     second-to-last, … — the stages that also hold the embedding and the head (Llama 3 405B, Dubey et al.
     2024 §3.3.2: 126 layers over 16 stages, the first and last one layer fewer; Megatron's
     ``--decoder-first/last-pipeline-num-layers``)."""
-    p, m = parallel.pp, parallel.vpp
-    if parallel.pp_layers is not None and len(parallel.pp_layers) == p * m > p:
-        return tuple(sum(parallel.pp_layers[k * p + i] for k in range(m)) for i in range(p))
-    if parallel.pp_layers is not None:
-        return parallel.pp_layers
+    return _stage_layers(layers, parallel.pp, parallel.vpp, parallel.pp_layers)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_layers(layers: int, p: int, m: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """``stage_layers`` of p stages of m chunks, ``given`` the ``pp_layers`` (kept: ``fit`` asks again
+    for every estimate and timing of a layout)."""
+    if given is not None and len(given) == p * m > p:
+        return tuple(sum(given[k * p + i] for k in range(m)) for i in range(p))
+    if given is not None:
+        return given
     full = -(-layers // p)
     counts = [full] * p
     for i in range(p * full - layers):
@@ -159,10 +166,15 @@ def chunk_layers(layers: int, parallel: Parallel) -> tuple[tuple[int, ...], ...]
     (``--pipeline-model-parallel-layout``, Megatron-LM MR 2795), e.g. Llama 3 405B's 0, 1 × 126, 0: the
     first chunk holds the embedding alone and the last the head alone (Dubey et al. 2024 §3.3.2);
     otherwise L/(p·m) each (``check_layout`` refuses an uneven split without a list)."""
-    p, m = parallel.pp, parallel.vpp
+    return _chunk_layers(layers, parallel.pp, parallel.vpp, parallel.pp_layers)
+
+
+@functools.lru_cache(maxsize=4096)
+def _chunk_layers(layers: int, p: int, m: int, given: tuple[int, ...] | None) -> tuple[tuple[int, ...], ...]:
+    """``chunk_layers`` of p stages of m chunks, ``given`` the ``pp_layers`` (kept, as ``_stage_layers``)."""
     if m == 1:
-        return tuple((n,) for n in stage_layers(layers, parallel))
-    virtual = parallel.pp_layers
+        return tuple((n,) for n in _stage_layers(layers, p, m, given))
+    virtual = given
     if virtual is None or len(virtual) != p * m:
         virtual = (layers // (p * m),) * (p * m)
     return tuple(tuple(virtual[k * p + i] for k in range(m)) for i in range(p))
@@ -187,7 +199,11 @@ def warmup_forwards(parallel: Parallel, index: int, micro_batches: int) -> int:
     """Chunk-forwards rank ``index`` runs before its first backward, at most all m·n of them: p − i − 1
     under 1F1B, 2(p − i − 1) + (m − 1)·p interleaved (Megatron-LM's ``get_num_warmup_microbatches``,
     Narayanan et al. 2021 §2.2); the rest run one forward, one backward (the steady state)."""
-    p, m = parallel.pp, parallel.vpp
+    return _warmup(parallel.pp, parallel.vpp, index, micro_batches)
+
+
+def _warmup(p: int, m: int, index: int, micro_batches: int) -> int:
+    """``warmup_forwards`` of rank ``index`` of p ranks of m chunks."""
     warm = p - index - 1 if m == 1 else 2 * (p - index - 1) + (m - 1) * p
     return min(warm, m * micro_batches)
 
@@ -195,8 +211,14 @@ def warmup_forwards(parallel: Parallel, index: int, micro_batches: int) -> int:
 def stage(parallel: Parallel, index: int, chunks_of: tuple[int, ...], micro_batches: int) -> Stage:
     """Pipeline rank ``index`` of ``parallel.pp`` whose model chunks hold ``chunks_of`` layers (one entry
     without interleaving), under 1F1B (interleaved when vpp > 1)."""
-    p, m = parallel.pp, parallel.vpp
-    chunks = min(warmup_forwards(parallel, index, micro_batches) + 1, m * micro_batches)
+    return _stage(parallel.pp, parallel.vpp, index, chunks_of, micro_batches)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage(p: int, m: int, index: int, chunks_of: tuple[int, ...], micro_batches: int) -> Stage:
+    """``stage`` of a pipeline of p ranks of m chunks (kept: a ``Stage`` is frozen, and ``fit`` asks for the
+    same one for every estimate and timing of a layout)."""
+    chunks = min(_warmup(p, m, index, micro_batches) + 1, m * micro_batches)
     # forward j runs chunk (j mod p·m) // p (Megatron's get_model_chunk_id: groups of p micro-batches)
     chunk_ids = [(j // p) % m for j in range(chunks)]
     in_flight = tuple(chunks_of[c] for c in chunk_ids)

@@ -251,3 +251,89 @@ def test_rejected_families_are_those_that_could_have_been_listed() -> None:
         assert (family in kept) is listable, family
         left += not listable
     assert left  # the rule is exercised
+
+
+STATES_CASES = [
+    # (model, seq, overrides of build_setup): ZeRO stages, pipelines (uneven, interleaved, torchtitan's),
+    # offload, LoRA, experts over ep, FSDP2's mixed precision, HSDP
+    ("llama-3.2-1b", 2048, {"zero": 0, "dp": 1}),
+    ("llama-3.2-1b", 2048, {"zero": 3, "dp": 8, "checkpointing": "full"}),
+    ("llama-3.2-1b", 2048, {"zero": 1, "dp": 4, "tp": 2, "sp": True, "pp": 3}),
+    ("llama-3.2-1b", 2048, {"zero": 2, "dp": 2, "pp": 2, "vpp": 2}),
+    ("llama-3.2-1b", 2048, {"zero": 3, "dp": 8, "offload": "optimizer"}),
+    ("llama-3.2-1b", 2048, {"zero": 3, "dp": 8, "offload": "params"}),
+    ("llama-3.2-1b", 2048, {"finetune": "lora"}),
+    ("qwen3-30b-a3b", 1024, {"zero": 3, "dp": 8, "ep": 4}),
+    ("llama-3.2-1b", 2048, {"zero": 3, "dp": 8, "precision": "fsdp2-mixed", "impl": "torchtitan"}),
+    ("llama-3.2-1b", 2048, {"zero": 3, "dp": 16, "hsdp": 8}),
+    ("llama-3-8b", 1024, {"zero": 2, "dp": 2, "impl": "torchtitan", "pp": 2, "vpp": 2}),
+]
+
+
+def _states_setup(name: str, seq: int, over: dict[str, object], micro_batch: int) -> object:
+    from memplan.api import Options, setup_of
+
+    return setup_of(Options(model=name, seq=seq, batch=micro_batch, grad_accum=4, **over))
+
+
+@pytest.mark.parametrize(("name", "seq", "over"), STATES_CASES)
+def test_states_floor_is_the_plans_states_at_every_micro_batch(name: str, seq: int, over: dict) -> None:
+    """``engine.states_floor``, without stage plans, is the largest ``ModelStates.total`` of the
+    estimate's devices, the same at every micro-batch size (what lets ``fit`` judge a configuration by
+    another micro-batch size's states), and no more than any plan's ``lower_bound`` (so a configuration it
+    rules out fails ``budget.fits``' first test)."""
+    from memplan.engine import states_floor
+
+    floors = set()
+    for b in (1, 2, 4):
+        setup = _states_setup(name, seq, over, b)
+        r = estimate(setup)  # type: ignore[arg-type]
+        floor = states_floor(setup)  # type: ignore[arg-type]
+        assert floor == max(sp.states.total for sp in r.stages)
+        assert all(sp.states.total <= sp.lower_bound for sp in r.stages)
+        floors.add(floor)
+    assert len(floors) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "seq", "gpus", "batch", "space", "reserve_gib", "saver"),
+    [
+        # nothing fits without a saver: Qwen3 0.6B's states at every ZeRO stage over 4 GPUs pass the 1.9
+        # GiB a 77 GiB reserve leaves an H100
+        (
+            "qwen3-0.6b",
+            2048,
+            4,
+            None,
+            Space(checkpointing=(Checkpointing.NONE, Checkpointing.FULL), micro_batches=(1, 2, 4), keep=3),
+            77.0,
+            True,
+        ),
+        # states close to the memory: Llama 3 8B at 512 tokens, full checkpointing, in 29.5 GiB — ZeRO 1's
+        # states pass it on one pipeline stage, ZeRO 2's fit within 3 % of its reserved peak (a floor 20 %
+        # too high drops the fastest rows)
+        (
+            "llama-3-8b",
+            512,
+            8,
+            64,
+            Space(checkpointing=(Checkpointing.FULL,), micro_batches=(1, 2), keep=3, tp_max=2),
+            49.4,
+            False,
+        ),
+    ],
+)
+def test_configurations_judged_by_their_states_give_the_full_evaluations_answer(
+    name: str, seq: int, gpus: int, batch: int | None, space: Space, reserve_gib: float, saver: bool
+) -> None:
+    """While nothing is listed the search judges the configurations whose model states pass the memory by
+    those states (``engine.states_floor``, ``FitResult.states_only``) instead of refining and estimating
+    every micro-batch size, and lists what the full evaluation lists, rejecting the same families."""
+    base, reserve = build_setup(name, seq=seq), int(reserve_gib * 2**30)
+    fast = fit(base, H100, gpus, space=space, global_batch=batch, reserve=reserve, max_seq=False)
+    slow = fit(
+        base, H100, gpus, space=space, global_batch=batch, reserve=reserve, max_seq=False, shortcuts=False
+    )
+    assert fast.states_only > 0 and slow.states_only == 0
+    assert fast.best is not None and (fast.best.family.saver > 0) is saver
+    assert _answer(fast, space.keep) == _answer(slow, space.keep)

@@ -1,0 +1,90 @@
+"""``Frozen.replaced`` and ``unvalidated``: the fast copies and constructions ``fit``'s hot paths use make
+the same objects pydantic's ``model_copy`` and validated construction make."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from memplan.api import AttentionChoice, build_setup
+from memplan.blocks.inventory import Dims, Kept
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Frozen,
+    Impl,
+    ImplConfig,
+    Parallel,
+    ZeroStage,
+    unvalidated,
+)
+
+
+def _same(a: pydantic.BaseModel, b: pydantic.BaseModel) -> None:
+    assert a == b
+    assert type(a) is type(b)
+    assert list(a.__dict__) == list(b.__dict__)  # field order: repr, dumps
+    assert a.__pydantic_fields_set__ == b.__pydantic_fields_set__
+    assert a.__pydantic_extra__ == b.__pydantic_extra__ and a.__pydantic_private__ == b.__pydantic_private__
+    assert repr(a) == repr(b) and a.model_dump() == b.model_dump()
+    assert hash(a) == hash(b)
+
+
+@pytest.mark.parametrize(
+    "update",
+    [
+        {"micro_batch": 3, "grad_accum": 5},
+        {},
+    ],
+)
+def test_replaced_is_model_copy(update: dict[str, int]) -> None:
+    t = build_setup("llama-3-8b", seq=2048).training
+    _same(t.replaced(**update), t.model_copy(update=update))
+
+
+def test_replaced_nested_setup_is_model_copy() -> None:
+    setup = build_setup("llama-3-8b", seq=2048, zero=1, dp=8)
+    strategy = {
+        "zero": ZeroStage.PARAMETERS,
+        "attention": Attention.EAGER,
+        "checkpointing": Checkpointing.FULL,
+    }
+    parallel = Parallel(tp=2, sp=True)
+    fast = setup.replaced(parallel=parallel, strategy=setup.strategy.replaced(**strategy))
+    slow = setup.model_copy(
+        update={"parallel": parallel, "strategy": setup.strategy.model_copy(update=strategy)}
+    )
+    _same(fast, slow)
+    assert fast.strategy.zero is ZeroStage.PARAMETERS and setup.strategy.zero is ZeroStage.OPTIMIZER
+    _same(fast.strategy, slow.strategy)
+
+
+def test_every_config_model_has_no_private_attributes() -> None:
+    """``replaced`` and ``unvalidated`` set ``__pydantic_private__`` to None: no model may declare any."""
+    seen: set[type] = set()
+    todo: list[type] = [Frozen, Kept, Dims]
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        assert not cls.__private_attributes__, cls
+        todo.extend(cls.__subclasses__())
+    assert len(seen) > 10
+
+
+def test_dims_of_is_validated_dims() -> None:
+    for setup in (
+        build_setup("llama-3-8b", seq=4096, parallel=Parallel(cp=2)),
+        build_setup(
+            "deepseek-v2-lite", seq=4096, impl=ImplConfig(impl=Impl.HF), attention=AttentionChoice.EAGER
+        ),
+    ):
+        fast = Dims.of(setup)
+        assert set(fast.__dict__) == set(Dims.model_fields)
+        _same(fast, Dims(**fast.__dict__))
+
+
+def test_unvalidated_needs_every_field_in_order() -> None:
+    fields = {name: None for name in Kept.model_fields}
+    assert list(unvalidated(Kept, **fields).__dict__) == list(Kept.model_fields)
