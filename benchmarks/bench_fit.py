@@ -85,6 +85,7 @@ def bench(case: tuple[str, int, str, int, int | None], runs: int, slow_runs: int
         "evaluated": result.evaluated,
         "peaks": result.peaks,
         "pruned": result.pruned,
+        "states_only": result.states_only,
         "fitting": len(result.fitting),
         "rejected_families": len(result.rejected),
         "wall_seconds": wall,

@@ -15,6 +15,11 @@ tighter key until it is listed:
    replay at the usable memory), the lowest stage that fits and the faster higher stages listed as one
    row (``fastest_stage``); its time enters the cut-off (``bound.Cutoff``: the ``Space.keep`` fastest).
 
+While nothing is listed (the cut-off open), a group's stages' model states come first
+(``engine.states_floor``: a floor of ``budget.fits``' first test, the same at every micro-batch size, so
+learnt once per triple): a stage whose states pass the usable memory is judged not to fit without an
+estimate, at every size, and a group none of whose stages fit is not refined (``FitResult.states_only``).
+
 The search stops when the lowest key is slower than the cut-off: every key is a lower bound of its group's
 step times, so nothing left can be listed. It lists the same rows as evaluating everything, and it judges
 memory only for groups with a stage predicted no slower than the final cut-off C* or than the cut-off when

@@ -152,7 +152,8 @@ def fit(
     ]
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
-        result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
+        with no_cycle_collection():
+            result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
     return result
 
 
