@@ -164,12 +164,15 @@ class _Group:
             self.made[i] = estimate(setup) if other is None else restaged(other, setup)
         return self.made[i]
 
-    def learn_states(self) -> None:
-        """Each stage's model states (``states``: ``engine.states_floor``) where no other micro-batch size
-        has told them."""
+    def learn_states(self, memory: int) -> None:
+        """The stages' model states (``states``: ``engine.states_floor``) where no other micro-batch size
+        has told them, lowest ZeRO stage first, up to the first within ``memory`` (the higher stages shard
+        more; an unlearnt stage is simply not ruled out)."""
         for i in range(len(self.families)):
             if i not in self.states:
                 self.states[i] = states_floor(self.setup(i))
+            if self.states[i] <= memory:
+                return
 
     def too_big(self, i: int, memory: int) -> bool:
         """Stage ``i``'s model states, once learnt, pass ``memory``: it fits at no micro-batch size
@@ -314,7 +317,9 @@ def search(
     while queue and queue[0][0] <= cutoff.seconds:
         key, _, g = heapq.heappop(queue)
         if shortcuts and g.step == 1 and cutoff.seconds == math.inf:
-            g.learn_states()  # nothing listed yet: a group none of whose stages' states fit needs no refining
+            g.learn_states(
+                result.usable
+            )  # nothing listed yet: a group none of whose stages' states fit needs no refining
         if all(g.too_big(i, result.usable) for i in range(len(g.families))):
             g.step, g.first_fit = 4, len(g.families)  # no stage fits (``states_floor``): nothing to refine
             continue
