@@ -29,6 +29,7 @@ from memplan.strategies import (
 )
 from memplan.strategies.pipeline_parallel import (
     Group,
+    clear_placements,
     group_of,
     rope_buffers,
     rope_caches,
@@ -133,8 +134,10 @@ def pieces_by_key(key: tuple[object, ...], setup: Setup) -> Pieces:
 
 
 def clear_caches() -> None:
-    """Forget the cached pieces, layer terms, FLOPs and parameter counts (for cold-start benchmarks)."""
+    """Forget the cached pieces, layer terms, FLOPs, parameter counts and pipeline placements (for
+    cold-start benchmarks)."""
     _PIECES.clear()
+    clear_placements()
     lb.clear_terms()
     act.clear_working_sets()
     whole_flops.cache_clear()

@@ -180,6 +180,14 @@ def _chunk_layers(layers: int, p: int, m: int, given: tuple[int, ...] | None) ->
     return tuple(tuple(virtual[k * p + i] for k in range(m)) for i in range(p))
 
 
+def clear_placements() -> None:
+    """Forget the memoised placements (``stage_layers``, ``chunk_layers``, ``stage``): for cold-start
+    benchmarks (``pieces.clear_caches``)."""
+    _stage_layers.cache_clear()
+    _chunk_layers.cache_clear()
+    _stage.cache_clear()
+
+
 def representative_stages(counts: tuple[int, ...]) -> tuple[int, ...]:
     """The stages whose memory can be the largest: the first (the embedding, the most micro-batches in
     flight), the last (the head) and each middle stage with more layers than every stage before it — a
