@@ -329,14 +329,14 @@ def notes(b: Built) -> list[str]:
             f"rope_scaling {m.rope_scaling}: it changes the rotary tables' values, not their shapes; the "
             "memory and FLOPs here do not depend on it"
         )
-    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.impl_rules.default_impl
+    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.hf_rules.default_impl
         only = ", ".join(hf_code_only(m))
         out.append(
             f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "
             "only, not in memplan's reference model; give --impl to choose"
         )
     why = no_flash(m, r.setup.impl.impl, r.setup.device)
-    if o.attention is None and why is not None:  # config.impl_rules.default_attention
+    if o.attention is None and why is not None:  # config.hf_rules.default_attention
         out.append(f"attention: eager chosen for {m.name}: {why}; give --attention to choose")
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
         recipe = r.setup.impl.fp8

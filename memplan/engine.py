@@ -195,11 +195,7 @@ def estimate(setup: Setup) -> Result:
     """
     check_layout(setup)
     pc = pieces_by_key(pieces_key(setup), setup)
-    parallel = setup.parallel
-    counts = stage_layers(setup.model.num_layers, parallel)
-    chunks = chunk_layers(setup.model.num_layers, parallel)
-    indices = representative_stages(counts)
-    stages = tuple(plan_rank(pc, setup, i, chunks[i]) for i in indices)
+    stages = tuple(plan_rank(pc, setup, i, chunks) for i, chunks in _representative(setup))
     return Result(
         setup=setup,
         pieces=pc,
@@ -231,12 +227,16 @@ def states_floor(setup: Setup) -> int:
     check_layout(setup)
     pc = pieces_by_key(pieces_key(setup), setup)
     parallel, n = setup.parallel, setup.training.grad_accum
-    counts = stage_layers(setup.model.num_layers, parallel)
-    chunks = chunk_layers(setup.model.num_layers, parallel)
     return max(
-        device_states(pc, stage(parallel, i, chunks[i], n), setup).total
-        for i in representative_stages(counts)
+        device_states(pc, stage(parallel, i, chunks, n), setup).total for i, chunks in _representative(setup)
     )
+
+
+def _representative(setup: Setup) -> list[tuple[int, tuple[int, ...]]]:
+    """The stages ``estimate`` plans (``representative_stages``), each with its chunks' layers."""
+    layers, parallel = setup.model.num_layers, setup.parallel
+    chunks = chunk_layers(layers, parallel)
+    return [(i, chunks[i]) for i in representative_stages(stage_layers(layers, parallel))]
 
 
 def at_stage(result: Result, index: int) -> Result:

@@ -16,7 +16,6 @@ from memplan.config import (
     ImplConfig,
     Parallel,
     ZeroStage,
-    unvalidated,
 )
 
 
@@ -83,8 +82,3 @@ def test_dims_of_is_validated_dims() -> None:
         fast = Dims.of(setup)
         assert set(fast.__dict__) == set(Dims.model_fields)
         _same(fast, Dims(**fast.__dict__))
-
-
-def test_unvalidated_needs_every_field_in_order() -> None:
-    fields = {name: None for name in Kept.model_fields}
-    assert list(unvalidated(Kept, **fields).__dict__) == list(Kept.model_fields)

@@ -1,5 +1,5 @@
 """``--impl hf`` follows one family's transformers code, so a layout that code cannot run is refused
-(``config.impl_rules.check_family_layout``, ``check_qk_norm``), never estimated as other code: the norm and
+(``config.hf_rules.check_family_layout``, ``check_qk_norm``), never estimated as other code: the norm and
 the MLP the family's decoder layer has, a parallel layer, a partial rotary and q/k norms only where its code
 has them."""
 

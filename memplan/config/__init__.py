@@ -12,7 +12,9 @@ dim, ffn size) are filled in validators; a user mistake raises ``ValueError`` na
 - ``strategy``: ``StrategyConfig``, ``Checkpointing``, ``Attention``, ``ZeroStage``, ``Device``;
 - ``offload``: ``Offload`` (host offload) and ``LossKind`` (the loss variant);
 - ``finetune``: ``FineTune`` (full, LoRA, QLoRA; freezing), ``Method``, ``Target``, ``Quant``;
-- ``impl``: ``Impl`` (whose code runs the step), ``ImplConfig`` (its switches), ``Family``;
+- ``impl``: ``Impl`` (whose code runs the step), ``ImplConfig`` (its switches), ``Family``; what each
+  implementation's code models: ``impl_rules`` (the frameworks' profiles, torchtitan, float8) and
+  ``hf_rules`` (transformers' structures and families, the default implementation and attention);
 - ``setup``: ``Parallel`` and ``Setup``, everything one estimate depends on.
 """
 
@@ -29,8 +31,8 @@ from memplan.config.finetune import (
     parse_freeze,
     parse_targets,
 )
+from memplan.config.hf_rules import default_attention, default_impl, hf_code_only, no_flash
 from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
-from memplan.config.impl_rules import default_attention, default_impl, hf_code_only, no_flash
 from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,

@@ -18,16 +18,9 @@ from pydantic import Field, model_validator
 from memplan.config._base import Frozen
 from memplan.config.finetune import FULL_TRAINING, FineTune
 from memplan.config.finetune_rules import check_finetune
+from memplan.config.hf_rules import check_flash_attn, check_hf_only, hf_only_code
 from memplan.config.impl import Impl, ImplConfig
-from memplan.config.impl_rules import (
-    check_compile_loss,
-    check_flash_attn,
-    check_fp8,
-    check_hf_only,
-    check_impl,
-    hf_only_code,
-    titan_stage_layers,
-)
+from memplan.config.impl_rules import check_compile_loss, check_fp8, check_impl, titan_stage_layers
 from memplan.config.model import ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import (

@@ -126,9 +126,7 @@ def fit(
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
     bound = Bound(gpu, gpus, batch) if mfu is None and space.keep else None
     with no_cycle_collection():
-        tried: list[FineTune] = []
         for ft in finetunes or (base.finetune,):
-            tried.append(ft)
             for level, saver in enumerate(SAVERS):
                 if saver.offload and gpu.host_memory_gib is None:
                     break  # offload needs the node's host memory (the preset's or --host-memory) to judge

@@ -1,5 +1,5 @@
 """transformers' ``modeling_gpt_oss.py`` (5.x): a mixture of experts with attention sinks, eager only
-(``GptOssPreTrainedModel._supports_sdpa = False``; ``config.impl_rules.check_hf_only`` refuses SDPA).
+(``GptOssPreTrainedModel._supports_sdpa = False``; ``config.hf_rules.check_hf_only`` refuses SDPA).
 
 Its facts beyond Mixtral's code (``moe.experts``: grouped_mm experts, gate and up one buffer):
 - ``GptOssRMSNorm``: ``(self.weight * hidden_states).to(input_dtype)`` multiplies in fp32, so the
