@@ -9,15 +9,23 @@ replays forgotten first: what one ``memplan fit`` command costs, less the import
 process's CPU time are both kept: on a shared machine the CPU time is the figure that does not depend on
 the other processes' load.
 
-The allocator replays run compiled when numba is installed (``pip install '.[jit]'``:
-``analytic.allocator_jit``; ``--no-jit`` or ``MEMPLAN_JIT=0``: in Python, the same answers); the report says
-which.
+The in-process searches run the allocator replays compiled when numba is installed (``pip install
+'.[jit]'``: ``analytic.allocator_jit``, loaded before the first timed run: ``MEMPLAN_JIT=1``); ``--no-jit``:
+in Python, the same answers; the report says which.
+
+``--commands N``: what a user's ``memplan fit`` costs instead — each case's command in a fresh process
+(imports, the longest-sequence probe, numba's load where it happens), CPU seconds (user + sys) of the
+child, median of N, under each ``MEMPLAN_JIT`` policy: ``auto`` (the default: Python replays until they
+have spent ``reserved.JIT_LOAD_SECONDS``, then compiled), ``1`` (compiled from the first replay) and ``0``
+(Python). ``--load``: that load alone, in a fresh process (numba's import and the first call of each
+compiled function), median of 5: what ``JIT_LOAD_SECONDS`` is.
 
 The fast/slow ratio: the same search with ``shortcuts=False`` (``search.families``: every estimated
 configuration judged for memory before it is timed) against the default, CPU time, median of
 ``--slow-runs``; the two give the same rows (tests/plan/test_fit_shortcuts.py).
 
     python benchmarks/bench_fit.py [--runs 5] [--slow-runs 1] [--json] [--quick] [--no-jit]
+                                   [--commands 3] [--load]
 """
 
 from __future__ import annotations
@@ -25,7 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -56,6 +67,63 @@ def published_405b_step() -> float:
     dp = 16384 // (8 * 16)
     setup = build_setup("llama-3.1-405b", seq=8192, zero=2, dp=dp, parallel=par, grad_accum=2048 // dp)
     return timing(estimate(setup), load_gpu("h100-sxm")).step_time_s
+
+
+def command(case: tuple[str, int, str, int, int | None]) -> list[str]:
+    """The ``memplan fit`` command of a case."""
+    name, seq, gpu, gpus, batch = case
+    out = ["memplan", "fit", "-m", name, "--seq", str(seq), "--gpu", gpu, "--gpus", str(gpus)]
+    return out + (["--global-batch", str(batch)] if batch else [])
+
+
+def child_cpu(argv: list[str], env: dict[str, str]) -> float:
+    """CPU seconds (user + sys) of one child process running ``argv``."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+POLICIES = ("auto", "1", "0")
+"""``MEMPLAN_JIT``'s policies, as ``--commands`` runs them (alternately)."""
+
+
+def commands(runs: int) -> list[dict[str, Any]]:
+    """Each case's command under each policy, alternately, ``runs`` times: median child CPU seconds."""
+    out = []
+    for case in CASES:
+        argv = command(case)
+        seconds: dict[str, list[float]] = {p: [] for p in POLICIES}
+        for _ in range(runs):
+            for policy in POLICIES:
+                seconds[policy].append(child_cpu(argv, {**os.environ, "MEMPLAN_JIT": policy}))
+        out.append({"command": " ".join(argv), **{p: statistics.median(v) for p, v in seconds.items()}})
+    return out
+
+
+LOAD = """
+import time
+start = time.process_time()
+import numpy as np
+from memplan.analytic import allocator_jit
+allocator_jit.replay_jit([], None, False)
+allocator_jit._coded_stream(type("I", (), dict(points=((0, 0, 0, 0, 0),), per_tensor=(0,), states=(0, 0, 0),
+    layer=(), state_parts=(), pieces=(), split=0, saves=()))(), 0, 1)
+print(time.process_time() - start)
+"""
+"""The compiled replay's load in a fresh process: numba's import, the first call of the replay and of the
+coding (each loads its cached machine code)."""
+
+
+def jit_load(runs: int = 5) -> float:
+    """Median CPU seconds of ``LOAD`` in a fresh process that has imported what ``memplan fit`` imports
+    before its first replay (numpy not among them: only numba imports it)."""
+    pre = "import memplan.search.fit, memplan.cli.app\n"
+    times = []
+    for _ in range(runs):
+        done = subprocess.run([sys.executable, "-c", pre + LOAD], check=True, capture_output=True, text=True)
+        times.append(float(done.stdout.split()[-1]))
+    return statistics.median(times)
 
 
 def search(name: str, seq: int, gpu: str, gpus: int, batch: int | None, shortcuts: bool = True) -> FitResult:
@@ -122,13 +190,22 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one run each (checks the script)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-jit", action="store_true", help="replay in Python even with numba installed")
+    parser.add_argument(
+        "--commands", type=int, default=0, help="also run each case's command N times per MEMPLAN_JIT policy"
+    )
+    parser.add_argument("--load", action="store_true", help="also time the compiled replay's load alone")
     args = parser.parse_args()
-    if args.no_jit:
-        os.environ["MEMPLAN_JIT"] = "0"  # read on the first replay (memplan.reserved)
+    # read on the first replay (memplan.reserved): compiled from the first one, or never
+    os.environ["MEMPLAN_JIT"] = "0" if args.no_jit else "1"
     runs, slow_runs = (1, 0) if args.quick else (args.runs, args.slow_runs)
     rows = [bench(case, runs, slow_runs) for case in CASES]
+    doc: dict[str, Any] = {"runs": runs, "slow_runs": slow_runs, "cases": rows}
+    if args.commands:
+        doc["commands"] = commands(args.commands)
+    if args.load:
+        doc["jit_load_cpu_s"] = jit_load()
     if args.json:
-        print(json.dumps({"runs": runs, "slow_runs": slow_runs, "cases": rows}))
+        print(json.dumps(doc))
         return
     replays = "compiled (numba)" if rows[0]["compiled_replay"] else "in Python"
     print(
@@ -153,6 +230,14 @@ def main() -> None:
                 f"    best listed {r['best_step_time_s']:.2f} s/step; the published layout by memplan's own "
                 f"model {r['published_step_time_s']:.2f} s/step"
             )
+    for c in doc.get("commands", []):
+        print(
+            f"  `{c['command']}`, one process, CPU s (median of {args.commands}): MEMPLAN_JIT=auto "
+            f"{c['auto']:.2f}, =1 {c['1']:.2f}, =0 {c['0']:.2f}"
+        )
+    if "jit_load_cpu_s" in doc:
+        load = doc["jit_load_cpu_s"]
+        print(f"  the compiled replay's load in a fresh process: {load:.2f} CPU s (median of 5)")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,21 @@ gradients where they are the reduce-scatter stream's, NB below); the allocated p
 rounding and the blocks handed out unsplit; the reserved peak adds the segments' slack. Replays are
 memoised on the stream's inputs (``alloc_stream.StreamInputs``).
 
-The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run compiled
-when numba is installed (``analytic.allocator_jit``: the same coding and decisions, tested equal), in
-Python otherwise (``analytic.allocator_plain.replay_plain``).
+The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run in Python
+(``analytic.allocator_plain.replay_plain``) unless ``MEMPLAN_JIT`` asks for them compiled by numba
+(``analytic.allocator_jit``: the same coding and decisions, tested equal; the optional extra jit). Loading
+the compiled replay costs a process ``JIT_LOAD_SECONDS``, about what one command's replays take in
+Python (0.5–1.2 s for the searches of docs/fit.md, "Rent, then buy"), so one ``memplan fit`` gains
+nothing from it; a process that runs many searches does. ``MEMPLAN_JIT``: ``0`` (the default) never
+loads it; ``1`` at the first replay (benchmarks/bench_fit.py's in-process searches, the test suite);
+``auto`` rents before it buys — the replays run in Python until they have spent ``JIT_LOAD_SECONDS``
+(L) in this process, then compiled (``_compiled``). Whatever the searches, ``auto``'s replays and load take
+at most twice what the better of "never load" (P, its replays in Python) and "load at once" (L + J, J
+compiled) would have: P ≤ L costs P; otherwise L in Python (to within one replay), L to load and the
+rest compiled, J' ≤ J and J' ≤ P − L (compiled is faster), 2L + J' ≤ min(2(L + J), L + P) ≤
+2·min(P, L + J) — the deterministic rent-or-buy bound (Karlin, Manasse, Rudolph and Sleator 1988,
+"Competitive snoopy caching", Algorithmica 3). A single command whose replays take about L is its worst
+case: it pays both.
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
 and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm.buffers``; added by the
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import time
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -152,7 +165,9 @@ def replay_stream(
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
         elif found is None:  # the same allocator, without block objects (``allocator_plain.replay_plain``)
+            start = time.perf_counter()
             found = replay_plain(codes(inputs, workspace), capacity)[0]
+            _RENT[0] += time.perf_counter() - start
         if len(_REPLAYS) >= MEMO_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found
@@ -190,7 +205,10 @@ def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
         found = jit.refuses_jit(inputs, workspace, STEPS, capacity)
         if found is not None:
             return bool(found)
-    return _refuses(codes(inputs, workspace), capacity)
+    start = time.perf_counter()
+    refused = _refuses(codes(inputs, workspace), capacity)
+    _RENT[0] += time.perf_counter() - start
+    return refused
 
 
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
@@ -204,21 +222,50 @@ def _refuses(stream_codes: list[int], capacity: int) -> bool:
     return replay_plain(stream_codes, capacity, need)[0].oom
 
 
+JIT_LOAD_SECONDS = 0.7
+"""CPU seconds a process pays to load the compiled replay: numba's import (with numpy's, 0.21–0.32 s)
+and, at the first calls, numba's registries and the cached machine code (0.30–0.53 s, a third of it
+numba importing scipy to look for a BLAS). Measured on the 2-core development machine, numba 0.68, in
+fresh processes that had imported what ``memplan fit`` imports: 0.66–0.71 s, medians of 5
+(``python benchmarks/bench_fit.py --load``; docs/fit.md, "Rent, then buy"). Another machine's differs:
+the bound of the module docstring holds for the true L, within the ratio of the two."""
+
+JIT_MODES = ("0", "1", "auto")
+"""``MEMPLAN_JIT``'s values (module docstring); unset is ``0``."""
+
 _JIT: list[ModuleType | None] = []
 """``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
 
+_RENT: list[float] = [0.0]
+"""Seconds this process's replays have spent in Python (``_compiled``'s rent)."""
+
 
 def compiled_replay() -> bool:
-    """Whether the fit search's replays run compiled (numba installed and ``MEMPLAN_JIT`` not 0)."""
+    """Whether the fit search's replays run compiled now (numba installed and ``MEMPLAN_JIT`` 1, or
+    ``auto`` once the Python replays have spent ``JIT_LOAD_SECONDS``)."""
     return _compiled() is not None
 
 
+def jit_mode() -> str:
+    """``MEMPLAN_JIT`` (``0`` when unset or empty); a one-line ``ValueError`` for another value."""
+    mode = os.environ.get("MEMPLAN_JIT", "0").strip().lower() or "0"
+    if mode not in JIT_MODES:
+        raise ValueError(
+            f"MEMPLAN_JIT: must be 0, 1 or auto, got {mode!r}; e.g. MEMPLAN_JIT=1 to replay compiled (numba)"
+        )
+    return mode
+
+
 def _compiled() -> ModuleType | None:
-    """The compiled replay, imported on the first early-stopped replay (numba's import and its cached
-    machine code cost ≈ 0.3 s: a search's worth, not one estimate's)."""
+    """The compiled replay when it is to run now (module docstring): ``MEMPLAN_JIT=1`` imports it on the
+    first replay, ``auto`` once the Python replays have spent ``JIT_LOAD_SECONDS`` (rent, then buy),
+    ``0`` (the default) never; None before that, and without numba."""
     if not _JIT:
+        mode = jit_mode()
+        if mode == "auto" and _RENT[0] < JIT_LOAD_SECONDS:
+            return None
         module: ModuleType | None = None
-        if os.environ.get("MEMPLAN_JIT", "1") != "0":
+        if mode != "0":
             try:
                 module = importlib.import_module("memplan.analytic.allocator_jit")
             except ImportError:  # numba is an optional extra (memplan[jit])

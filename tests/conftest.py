@@ -6,6 +6,12 @@ on each core, whose threads spin while they wait for each other (tests/measure/t
 per tiny matmul that way on a loaded 2-core machine). ``OMP_NUM_THREADS`` is read when torch loads its
 OpenMP runtime, so it is set here, before any test module imports torch; the processes a test starts (the
 ranks of ``profile --nproc``, the CLI in a subprocess) inherit it. ``-n 0`` keeps torch's default.
+
+``MEMPLAN_JIT=auto`` (unless set): a worker runs hundreds of fit searches, the long-lived process that
+``memplan.reserved``'s rent-or-buy policy is for (its replays in Python until they have spent the compiled
+replay's load, then compiled; tests/plan/, test_verdict.py and test_layout.py serially took 72.4 s with
+the replays in Python, 67.4 s compiled from the first). Both paths give the same answers
+(tests/test_allocator_jit.py); tests that need one set it.
 """
 
 from __future__ import annotations
@@ -17,3 +23,5 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if "torch" in sys.modules:  # imported before this file (a plugin): too late for the variable
         sys.modules["torch"].set_num_threads(1)
+
+os.environ.setdefault("MEMPLAN_JIT", "auto")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from hypothesis import given, settings
@@ -64,25 +65,94 @@ def python_path() -> Iterator[None]:
     reserved._JIT[:] = saved
 
 
+@contextmanager
+def policy(rent: float) -> Iterator[None]:
+    """The compiled replay not loaded and the Python replays' rent at ``rent`` seconds, then as they were."""
+    saved, paid = list(reserved._JIT), reserved._RENT[0]
+    reserved._JIT[:] = []
+    reserved._RENT[0] = rent
+    try:
+        yield
+    finally:
+        reserved._JIT[:] = saved
+        reserved._RENT[0] = paid
+
+
+def _load() -> None:
+    """Load the compiled replay as ``MEMPLAN_JIT=auto`` does once the rent is paid (inside ``policy``)."""
+    reserved._JIT[:] = []
+    reserved._RENT[0] = max(reserved._RENT[0], reserved.JIT_LOAD_SECONDS)
+    assert reserved._compiled() is not None  # numba imports here
+
+
 @settings(max_examples=100, deadline=None)
 @given(streams(), st.integers(0, 200 * MIB))
 def test_refuses_is_the_same_on_either_path(stream_codes: list[int], capacity: int) -> None:
     expected = _reference(stream_codes, capacity).oom
-    saved = list(reserved._JIT)
-    try:
-        reserved._JIT[:] = []
-        assert reserved._compiled() is not None  # numba imports here
+    with policy(0.0):
+        _load()
         assert reserved._refuses(stream_codes, capacity) is expected
         reserved._JIT[:] = [None]
         assert reserved._refuses(stream_codes, capacity) is expected
-    finally:
-        reserved._JIT[:] = saved
 
 
-def test_memplan_jit_0_keeps_the_python_path(monkeypatch: pytest.MonkeyPatch, python_path: None) -> None:
+def test_memplan_jit_0_keeps_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMPLAN_JIT", "0")
-    reserved._JIT[:] = []
-    assert reserved._compiled() is None
+    with policy(10 * reserved.JIT_LOAD_SECONDS):  # whatever the rent
+        assert reserved._compiled() is None
+        assert reserved._JIT == [None]
+
+
+def test_memplan_jit_1_loads_at_the_first_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMPLAN_JIT", "1")
+    with policy(0.0):
+        assert reserved._compiled() is not None
+
+
+def test_python_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # unset (or empty): one command's replays take about the compiled replay's load, so none is loaded
+    for unset in (True, False):
+        if unset:
+            monkeypatch.delenv("MEMPLAN_JIT", raising=False)
+        else:
+            monkeypatch.setenv("MEMPLAN_JIT", " ")
+        with policy(10 * reserved.JIT_LOAD_SECONDS):
+            assert reserved._compiled() is None and reserved._JIT == [None]
+
+
+def test_auto_rents_before_it_buys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python replays until they have spent JIT_LOAD_SECONDS in the process, then compiled
+    monkeypatch.setenv("MEMPLAN_JIT", "auto")
+    below = reserved.JIT_LOAD_SECONDS * (1 - 1e-9)
+    with policy(below):
+        assert reserved._compiled() is None and reserved._JIT == []  # nothing decided: asked again later
+        reserved._RENT[0] = reserved.JIT_LOAD_SECONDS
+        assert reserved._compiled() is not None
+
+
+def test_python_replays_pay_the_rent(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a refusal replayed in Python adds its seconds to the rent and loads nothing; the same question
+    # asked compiled afterwards gives the same answer
+    monkeypatch.setenv("MEMPLAN_JIT", "auto")
+    setup = build_setup("llama-3.2-1b", seq=2048, checkpointing="full", zero=3, dp=16, grad_accum=4)
+    r = estimate(setup)
+    workspace = reserved.cublas_workspace(H100)
+    full = reserved.replay_stream(alloc_stream.stream_inputs(r), workspace)
+    capacity = full.requested_peak - 1  # one byte short of what the tensors ask: refused, by a replay
+    with policy(0.0):
+        reserved.clear_replays()
+        assert reserved.refuses(r, H100, capacity)
+        assert reserved._RENT[0] > 0 and reserved._JIT == []
+        reserved.clear_replays()
+        _load()
+        assert reserved.refuses(r, H100, capacity)
+    reserved.clear_replays()
+
+
+def test_an_unknown_policy_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMPLAN_JIT", "yes")
+    with policy(0.0), pytest.raises(ValueError, match=r"^MEMPLAN_JIT: must be 0, 1 or auto, got 'yes'"):
+        reserved._compiled()
 
 
 H100 = load_gpu("h100-sxm")
@@ -164,10 +234,10 @@ def test_replay_stream_is_the_same_compiled(python_path: None) -> None:
     full = reserved.replay_stream(inputs, workspace)
     capped = reserved.replay_stream(inputs, workspace, capacity=full.requested_peak)
     reserved.clear_replays()
-    reserved._JIT[:] = []
-    assert reserved._compiled() is not None
-    assert reserved.replay_stream(inputs, workspace) == full
-    assert reserved.replay_stream(inputs, workspace, capacity=full.requested_peak) == capped
+    with policy(0.0):
+        _load()
+        assert reserved.replay_stream(inputs, workspace) == full
+        assert reserved.replay_stream(inputs, workspace, capacity=full.requested_peak) == capped
     reserved.clear_replays()
 
 

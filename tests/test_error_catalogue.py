@@ -466,3 +466,14 @@ def test_the_big_file_is_not_read_into_memory(files: Path) -> None:
     code, _out, err, _exc = run(["estimate", "-m", str(files / BIG_FILE)])
     assert code == 2
     assert str(BIG_SIZE) in err
+
+
+def test_an_unknown_replay_policy_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``MEMPLAN_JIT`` (memplan.reserved: 0, 1 or auto) is read before the search: one line, exit 2."""
+    monkeypatch.setenv("MEMPLAN_JIT", "fast")
+    code, stdout, stderr, exc = run(["fit", "-m", "gpt2", "--seq", "1024", "--gpu", "h100", "--gpus", "8"])
+    assert exc is None or isinstance(exc, SystemExit)
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [
+        "error: MEMPLAN_JIT: must be 0, 1 or auto, got 'fast'; e.g. MEMPLAN_JIT=1 to replay compiled (numba)"
+    ]

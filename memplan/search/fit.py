@@ -43,6 +43,7 @@ from contextlib import contextmanager
 from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, FineTune, Setup, no_flash
 from memplan.presets import GpuPreset
+from memplan.reserved import jit_mode
 from memplan.search.bound import Bound, Cutoff
 from memplan.search.budget import DEFAULT_RESERVE, fits
 from memplan.search.command import estimate_command
@@ -112,6 +113,7 @@ def fit(
             f"global-batch: must be at least one sequence, got {global_batch}; e.g. --global-batch 512"
         )
     check_time_inputs(mfu, None, None)
+    jit_mode()  # MEMPLAN_JIT read before the search, not at its first replay
     space = runnable_attention(base, space)
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
