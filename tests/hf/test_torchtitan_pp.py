@@ -192,3 +192,43 @@ def test_searched_layouts_place_as_torchtitan() -> None:
     found = {x.parallel.pp: x.parallel.pp_layers for x in layouts(base, 8, Space(vpp=(1,)))}
     assert found[4] == (8, 9, 8, 7)
     assert found[1] is None
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["tok_embeddings", "layers.0", "layers.1"],
+        ["layers.3", "layers.5"],
+        ["layers.7", "norm", "output"],
+        ["tok_embeddings"],  # a virtual stage of the embedding alone: no layer kept
+    ],
+)
+def test_split_part_is_torchtitans_split_module(names: list[str]) -> None:
+    """``titan.split_part`` (a copy of only the kept layers, then ``_split_module``) makes the module
+    torchtitan's ``_split_module`` of the whole model makes — the same modules, names, classes, parameters
+    and buffers (shape, dtype, device), training flags and tied tensors — and leaves the model whole."""
+    import torch
+    from torchtitan.distributed.pipeline_parallel import _split_module
+
+    from memplan.measure.distributed.titan import meta_model, split_part
+
+    setup = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
+    model = meta_model(setup)
+    before = [n for n, _ in model.named_modules()]
+
+    def described(m: torch.nn.Module) -> list[object]:
+        mods = [(n, type(x).__name__, x.training) for n, x in m.named_modules(remove_duplicate=False)]
+        tensors = [
+            (n, tuple(t.shape), t.dtype, t.device.type, t.requires_grad)
+            for n, t in [
+                *m.named_parameters(remove_duplicate=False),
+                *m.named_buffers(remove_duplicate=False),
+            ]
+        ]
+        distinct = len({id(t) for t in [*m.parameters(), *m.buffers()]})
+        return [mods, tensors, distinct, sorted(k for k in vars(m) if not k.startswith("_"))]
+
+    ours, theirs = split_part(model, names), _split_module(model, names)
+    assert described(ours) == described(theirs)
+    assert [n for n, _ in model.named_modules()] == before  # the whole model unchanged
+    assert all(p is not q for p in ours.parameters() for q in model.parameters())  # a copy

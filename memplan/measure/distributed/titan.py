@@ -29,6 +29,7 @@ Known limitations:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -153,6 +154,27 @@ def meta_model(setup: Setup) -> Any:
     if setup.impl.fp8_all_gather:
         wrap_float8_weights(model)
     return model
+
+
+def split_part(model: Any, names: list[str]) -> Any:
+    """torchtitan's ``_split_module(model, names)`` (distributed/pipeline_parallel.py), given a copy of
+    ``model`` that holds only the layers it keeps. ``_split_module`` deep-copies the whole model and then
+    drops the other layers (and sets the other top-level modules to None); here it deep-copies a shallow
+    copy whose ``layers`` ModuleDict holds only the kept entries — the same keys, modules and order, so the
+    same module comes out, without copying the layers it drops (125 of 126 per virtual stage of the 405B
+    pipelines). ``model`` is not changed: the shallow copy has its own ``_modules``."""
+    from torch import nn
+    from torchtitan.distributed.pipeline_parallel import _split_module
+
+    layers = model._modules.get("layers")
+    if not isinstance(layers, nn.ModuleDict):  # only the ModuleDict case is shortened
+        return _split_module(model, names)
+    kept = {n.split(".", 1)[1] for n in names if n.startswith("layers.")}
+    fewer = copy.copy(layers)  # the ModuleDict's own attributes (training, hooks) as they are
+    fewer._modules = {k: v for k, v in layers._modules.items() if k in kept}
+    shallow = copy.copy(model)
+    shallow._modules = {**model._modules, "layers": fewer}
+    return _split_module(shallow, names)
 
 
 def wrap_float8_weights(model: Any) -> None:

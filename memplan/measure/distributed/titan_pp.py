@@ -39,7 +39,7 @@ from torch.distributed.pipelining import Schedule1F1B
 
 from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.pipeline import CountedStage, InFlightRecorder
-from memplan.measure.distributed.titan import fake_world
+from memplan.measure.distributed.titan import fake_world, split_part
 from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.frameworks.titan import apply_ac, require_torchtitan, titan_config
@@ -93,8 +93,6 @@ def stage_module_names(setup: Setup) -> list[list[str]]:
 def build_stage(setup: Setup, index: int) -> tuple[Any, range]:
     """Stage ``index``'s module on the meta device, cut by torchtitan's ``_split_module``, and its layers."""
     require_torchtitan()
-    from torchtitan.distributed.pipeline_parallel import _split_module
-
     default = torch.get_default_dtype()
     torch.set_default_dtype(activation_dtype(setup))
     try:
@@ -104,7 +102,7 @@ def build_stage(setup: Setup, index: int) -> tuple[Any, range]:
         torch.set_default_dtype(default)
     apply_ac(model, setup)
     names = stage_module_names(setup)[index]
-    chunk = _split_module(model, names)
+    chunk = split_part(model, names)  # torchtitan's ``_split_module``, copying only what it keeps
     chunk.train()
     ids = [int(n.split(".")[1]) for n in names if n.startswith("layers.")]
     return chunk, range(ids[0], ids[-1] + 1)

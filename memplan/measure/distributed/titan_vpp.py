@@ -59,7 +59,7 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
-from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part
+from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part, split_part
 from memplan.measure.distributed.titan_compiled import compiled_blocks
 from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
@@ -151,14 +151,13 @@ def pipeline_dims(setup: Setup) -> Any:
     return dims
 
 
-def build_chunk(setup: Setup, names: list[str], dims: Any = None) -> Any:
+def build_chunk(setup: Setup, names: list[str], dims: Any = None, whole: Any = None) -> Any:
     """One virtual stage's module on the meta device, cut by torchtitan's ``_split_module`` from
-    ``titan.meta_model``, then parallelised as ``pipeline_llm`` does each model part
-    (``titan.parallelize_part`` with ``pp_enabled``)."""
+    ``whole`` (``titan.meta_model``, built here when not given; ``titan.split_part``: not changed), then
+    parallelised as ``pipeline_llm`` does each model part (``titan.parallelize_part`` with ``pp_enabled``)."""
     require_torchtitan()
-    from torchtitan.distributed.pipeline_parallel import _split_module
-
-    return parallelize_part(_split_module(meta_model(setup), names), setup, dims, pp_enabled=True)
+    model = meta_model(setup) if whole is None else whole
+    return parallelize_part(split_part(model, names), setup, dims, pp_enabled=True)
 
 
 def measure_titan_pipeline(
@@ -180,7 +179,8 @@ def measure_titan_pipeline(
     with fake_world(index * others + cp_rank * tp, p * others):
         dims = pipeline_dims(setup) if others > 1 else None
         group = dims.get_mesh("pp").get_group() if dims is not None else None
-        chunks = [build_chunk(setup, names[k * p + index], dims) for k in range(m)]
+        whole = meta_model(setup)  # each chunk cut from it (``pipeline_llm`` cuts every part from one model)
+        chunks = [build_chunk(setup, names[k * p + index], dims, whole) for k in range(m)]
         kind = InterleavedStage if m > 1 else TitanStage
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(), ExitStack() as hooks:
             stages: list[Any] = []  # ``kind``, each
