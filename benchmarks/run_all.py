@@ -193,16 +193,28 @@ def _cell(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
 
 
+def _rows(rows: Any) -> bool:
+    """Whether ``rows`` is a non-empty list of dicts: a table."""
+    return isinstance(rows, list) and bool(rows) and all(isinstance(c, dict) for c in rows)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    return lines + ["| " + " | ".join(_cell(c.get(k)) for k in keys) + " |" for c in rows]
+
+
 def _extra_markdown(name: str, doc: Any) -> list[str]:
+    """A ``--json`` document as Markdown: its ``cases`` as a table, every other list of dicts as a table
+    under its key, the scalars on one line."""
     lines = [f"## `benchmarks/{name}`", ""]
     cases = doc.get("cases") if isinstance(doc, dict) else None
-    if isinstance(cases, list) and cases and all(isinstance(c, dict) for c in cases):
-        keys = list(cases[0])
-        lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for c in cases:
-            cells = [_cell(c.get(k)) for k in keys]
-            lines.append("| " + " | ".join(cells) + " |")
-        rest = {k: v for k, v in doc.items() if k != "cases"}
+    if _rows(cases):
+        lines += _table(cases)
+        tables = {k: v for k, v in doc.items() if k != "cases" and _rows(v)}
+        for key, rows in tables.items():
+            lines += ["", f"{key}:", "", *_table(rows)]
+        rest = {k: v for k, v in doc.items() if k != "cases" and k not in tables}
         if rest:
             lines += ["", ", ".join(f"{k}: {v}" for k, v in rest.items())]
     else:

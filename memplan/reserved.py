@@ -226,7 +226,7 @@ JIT_LOAD_SECONDS = 0.7
 """CPU seconds a process pays to load the compiled replay: numba's import (with numpy's, 0.21–0.32 s)
 and, at the first calls, numba's registries and the cached machine code (0.30–0.53 s, a third of it
 numba importing scipy to look for a BLAS). Measured on the 2-core development machine, numba 0.68, in
-fresh processes that had imported what ``memplan fit`` imports: 0.66–0.71 s, medians of 5
+fresh processes that had imported what ``memplan fit`` imports: 0.66–0.78 s, medians of 5 in four runs
 (``python benchmarks/bench_fit.py --load``; docs/fit.md, "Rent, then buy"). Another machine's differs:
 the bound of the module docstring holds for the true L, within the ratio of the two."""
 
