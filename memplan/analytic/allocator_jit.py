@@ -4,8 +4,9 @@ that a stream is coded and replayed in one call. The entry points ``reserved`` c
 ``codes_jit``, ``replay_inputs_jit``, ``refuses_jit``.
 
 The fit search judges most configurations by one capped replay with the early stop (``reserved.refuses``);
-those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module once numba
-imports (``MEMPLAN_JIT=0``: never) and ``replay_plain`` otherwise; tests/test_allocator_jit.py checks that
+those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved`` uses this module as
+``MEMPLAN_JIT`` says (``1``: from the first replay; ``auto``: once the Python replays have spent its load;
+``0``, the default: never) and ``replay_plain`` otherwise; tests/test_allocator_jit.py checks that
 both give the same counters, peaks, segments, released bytes, refusals and stopping event on random
 streams and on real ones, at capacities where cached segments are released.
 
@@ -13,9 +14,9 @@ The replay itself, its pools and its state are ``analytic.allocator_jit_replay``
 keys would not fit 63 bits (segments of 2⁶² bytes in all) is replayed by ``replay_plain`` instead.
 
 NB: the first call in a fresh installation compiles the functions (≈ 5 s); numba caches the machine code
-in ``__pycache__`` (``cache=True``) and later processes load it, with numba's import (≈ 0.3 s together),
-so ``reserved`` loads this module only for the fit search's early-stopped replays (``reserved.refuses``),
-never for one estimate's replay.
+in ``__pycache__`` (``cache=True``) and later processes load it, with numba's import (0.66–0.78 CPU s
+together: ``reserved.JIT_LOAD_SECONDS``), so ``reserved`` loads this module only for the fit search's
+early-stopped replays (``reserved.refuses``), never for one estimate's replay.
 """
 
 from __future__ import annotations
