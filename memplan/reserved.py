@@ -199,7 +199,8 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
     """``_refuses`` of the stream of ``inputs``: coded and replayed compiled when ``_compiled`` gives the
-    compiled replay (``analytic.allocator_jit.refuses_jit``), else in Python (its seconds added to the rent)."""
+    compiled replay (``analytic.allocator_jit.refuses_jit``), else in Python (its seconds added to the
+    rent)."""
     jit = _compiled()
     if jit is not None:
         found = jit.refuses_jit(inputs, workspace, STEPS, capacity)
