@@ -11,19 +11,18 @@ memoised on the stream's inputs (``alloc_stream.StreamInputs``).
 
 The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run in Python
 (``analytic.allocator_plain.replay_plain``) unless ``MEMPLAN_JIT`` asks for them compiled by numba
-(``analytic.allocator_jit``: the same coding and decisions, tested equal; the optional extra jit). Loading
-the compiled replay costs a process ``JIT_LOAD_SECONDS``, about what one command's replays take in
-Python (0.5–1.2 s for the searches of docs/fit.md, "Rent, then buy"), so one ``memplan fit`` gains
-nothing from it; a process that runs many searches does. ``MEMPLAN_JIT``: ``0`` (the default) never
-loads it; ``1`` at the first replay (benchmarks/bench_fit.py's in-process searches, the test suite);
-``auto`` rents before it buys — the replays run in Python until they have spent ``JIT_LOAD_SECONDS``
-(L) in this process, then compiled (``_compiled``). Whatever the searches, ``auto``'s replays and load take
-at most twice what the better of "never load" (P, its replays in Python) and "load at once" (L + J, J
-compiled) would have: P ≤ L costs P; otherwise L in Python (to within one replay), L to load and the
-rest compiled, J' ≤ J and J' ≤ P − L (compiled is faster), 2L + J' ≤ min(2(L + J), L + P) ≤
-2·min(P, L + J) — the deterministic rent-or-buy bound (Karlin, Manasse, Rudolph and Sleator 1988,
-"Competitive snoopy caching", Algorithmica 3). A single command whose replays take about L is its worst
-case: it pays both.
+(``analytic.allocator_jit``: the same coding and decisions, tested equal; the optional extra jit). Loading the
+compiled replay costs a process ``JIT_LOAD_SECONDS``, about what one command's replays take in Python (0.5–1.2
+s for the searches of docs/fit.md, "Rent, then buy"), so one ``memplan fit`` gains nothing from it; a process
+that runs many searches does. ``MEMPLAN_JIT``: ``0`` (the default) never loads it; ``1`` at the first replay
+(benchmarks/bench_fit.py's in-process searches); ``auto`` (the test suite's workers, tests/conftest.py) rents
+before it buys — the replays run in Python until they have spent ``JIT_LOAD_SECONDS`` (L) in this process,
+then compiled (``_compiled``). Whatever the searches, ``auto``'s replays and load take at most twice what the
+better of "never load" (P, its replays in Python) and "load at once" (L + J, J compiled) would have: P ≤ L
+costs P; otherwise L in Python (to within one replay), L to load and the rest compiled, J' ≤ J and J' ≤ P − L
+(compiled is faster), 2L + J' ≤ min(2(L + J), L + P) ≤ 2·min(P, L + J) — the deterministic rent-or-buy bound
+(Karlin, Manasse, Rudolph and Sleator 1988, "Competitive snoopy caching", Algorithmica 3). A single command
+whose replays take about L is its worst case: it pays both.
 
 Outside the allocator (in ``nvidia-smi``'s used memory, not in ``memory_reserved()``): the CUDA context,
 and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.comm.buffers``; added by the
@@ -229,7 +228,8 @@ and, at the first calls, numba's registries and the cached machine code (0.30–
 numba importing scipy to look for a BLAS). Measured on the 2-core development machine, numba 0.68, in
 fresh processes that had imported what ``memplan fit`` imports: 0.66–0.78 s, medians of 5 in four runs
 (``python benchmarks/bench_fit.py --load``; docs/fit.md, "Rent, then buy"). Another machine's differs:
-the bound of the module docstring holds for the true L, within the ratio of the two."""
+with this threshold T against a true load L the module docstring's factor 2 becomes 1 + max(T/L, L/T)
+(the same argument: P ≤ T costs P; else T + L + J' ≤ min(T + L + J, L + P))."""
 
 JIT_MODES = ("0", "1", "auto")
 """``MEMPLAN_JIT``'s values (module docstring); unset is ``0``."""
