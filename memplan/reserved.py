@@ -53,6 +53,7 @@ Known limitations:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import time
 from dataclasses import dataclass
@@ -248,13 +249,24 @@ def compiled_replay() -> bool:
 
 
 def jit_mode() -> str:
-    """``MEMPLAN_JIT`` (``0`` when unset or empty); a one-line ``ValueError`` for another value."""
+    """``MEMPLAN_JIT`` (``0`` when unset or empty); a one-line ``ValueError`` for another value, and for
+    ``1`` without numba (asked for and not there: ``auto`` stays in Python without it)."""
     mode = os.environ.get("MEMPLAN_JIT", "0").strip().lower() or "0"
     if mode not in JIT_MODES:
         raise ValueError(
             f"MEMPLAN_JIT: must be 0, 1 or auto, got {mode!r}; e.g. MEMPLAN_JIT=1 to replay compiled (numba)"
         )
+    if mode == "1" and not numba_installed():
+        raise ValueError(
+            "MEMPLAN_JIT: 1 asks for the compiled replay, but numba is not installed; "
+            "pip install 'memplan[jit]', or unset MEMPLAN_JIT to replay in Python"
+        )
     return mode
+
+
+def numba_installed() -> bool:
+    """Whether numba can be imported (found, not imported: its import is most of the load)."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def _compiled() -> ModuleType | None:

@@ -149,6 +149,20 @@ def test_python_replays_pay_the_rent(monkeypatch: pytest.MonkeyPatch) -> None:
     reserved.clear_replays()
 
 
+def test_asking_for_the_compiled_replay_without_numba_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``1`` is a request: without numba it is refused, where ``auto`` stays in Python
+    monkeypatch.setattr(reserved, "numba_installed", lambda: False)
+    monkeypatch.setenv("MEMPLAN_JIT", "1")
+    with (
+        policy(0.0),
+        pytest.raises(ValueError, match=r"^MEMPLAN_JIT: 1 asks for the compiled replay, but numba"),
+    ):
+        reserved._compiled()
+    monkeypatch.setenv("MEMPLAN_JIT", "auto")
+    with policy(reserved.JIT_LOAD_SECONDS):
+        assert reserved.jit_mode() == "auto"
+
+
 def test_an_unknown_policy_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMPLAN_JIT", "yes")
     with policy(0.0), pytest.raises(ValueError, match=r"^MEMPLAN_JIT: must be 0, 1 or auto, got 'yes'"):
