@@ -27,6 +27,7 @@ from memplan.cli.common import (
     new_app,
     only_invoked,
     options_of,
+    unwrap_helps,
     with_options,
 )
 from memplan.presets import gpu_names, load_gpu, load_model_preset, model_names
@@ -217,6 +218,7 @@ measure.register(app)
 calibrate.register(app)
 search.register(app)
 schema.register(app)
+unwrap_helps(app)  # every command's help as one line a paragraph (cli.common.help_text)
 
 if __name__ == "__main__":
     main()

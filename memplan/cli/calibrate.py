@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from memplan.cli.common import console, fail, user_errors
+from memplan.cli.common import console, fail, plain, user_errors
 from memplan.cli.measure import INSTALL, torch_available
 from memplan.presets import gpu_text, load_gpu
 from memplan.time.calibration import calibration, preset_text
@@ -20,7 +20,7 @@ def calibrate(
     gpu: Annotated[str, typer.Option("--gpu", help="The GPU preset of this machine's device (name or file)")],
     out: Annotated[Path, typer.Option("--out", help="The GPU file to write, e.g. my-h100.toml")],
     name: Annotated[
-        str | None, typer.Option("--name", help="Its name [default: the preset's + -calibrated]")
+        str | None, typer.Option("--name", help=plain("Its name [default: the preset's + -calibrated]"))
     ] = None,
     nproc: Annotated[
         int | None,
@@ -28,7 +28,9 @@ def calibrate(
     ] = None,
     small: Annotated[
         bool | None,
-        typer.Option("--small/--full", help="CPU-sized benchmarks (a few seconds) [default: --small on CPU]"),
+        typer.Option(
+            "--small/--full", help=plain("CPU-sized benchmarks (a few seconds) [default: --small on CPU]")
+        ),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the measured fractions as one JSON object")

@@ -70,6 +70,36 @@ def plain(text: str) -> str:
     return _MARKUP_TAG.sub(lambda m: f"{m.group(1)}{m.group(1)}\\{m.group(2)}", text)
 
 
+def help_text(text: str) -> str:
+    """A command's help as typer's rich mode should get it. typer (0.29) joins the lines of the first
+    paragraph only and keeps every later line break (``rich_utils._fix_linebreaks``), so a paragraph wrapped
+    at the source's width came out wrapped again at the terminal's, each source line a ragged line of its
+    own. Here each paragraph's lines are joined, an indented line (an example) kept on its own, and the
+    text is ``plain`` (its brackets shown, not read as rich markup)."""
+    paragraphs: list[str] = []
+    for para in inspect.cleandoc(text).split("\n\n"):
+        lines: list[str] = []
+        for line in para.split("\n"):
+            if lines and line and not line[0].isspace() and not lines[-1][:1].isspace():
+                lines[-1] = f"{lines[-1].rstrip()} {line.strip()}"
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return plain("\n\n".join(paragraphs))
+
+
+def unwrap_helps(app: typer.Typer) -> None:
+    """``help_text`` for every command of ``app`` and of its sub-apps, from its ``help=`` or its
+    docstring (what typer would show), once every command is registered."""
+    for info in app.registered_commands:
+        source = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if source:
+            info.help = help_text(source)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_helps(group.typer_instance)
+
+
 def _typer_option(name: str, field: FieldInfo) -> Any:
     """``Annotated[type, typer.Option(...)]`` for an ``api.Options`` field: ``--name`` (``_`` → ``-``) and
     its extra flags, a ``--x/--no-x`` pair for a switch, choices case-insensitive, its help and panel."""

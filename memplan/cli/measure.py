@@ -114,9 +114,13 @@ def profile(
     With --cp C: one context-parallel rank (--cp-rank, default 0) in this process (torch's ring over a fake
     process group, on CPU or a GPU), against the estimate of that rank.
 
-    Example: memplan profile --model tiny --device cpu --seq 256 --timeline
-    Example: memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
-    Example: memplan profile --model tiny --device cpu --seq 512 --cp 4 --cp-rank 3
+    Examples:
+
+      memplan profile --model tiny --device cpu --seq 256 --timeline
+
+      memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
+
+      memplan profile --model tiny --device cpu --seq 512 --cp 4 --cp-rank 3
     """
     with user_errors():
         torch_or_fail()

@@ -144,6 +144,10 @@ Examples:
   memplan fit -m 70b --seq 4096 --gpu h100 --gpus 64
 
   memplan fit -m mixtral --seq 8192 --gpu h100 --gpus 32 --global-batch 512 --json | jq '.configs[0].settings'
+
+Environment: MEMPLAN_JIT=1 replays the caching allocator compiled by numba (pip install 'memplan[jit]'; its
+load, ≈ 0.7 CPU s, pays off in a process that runs many searches, not in one command), auto does once the
+replays in Python have spent that load, 0 (the default) never does.
 """
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from memplan.api import setup_of
-from memplan.cli.common import FINETUNE_FLAGS, options_of, user_errors, with_options
+from memplan.cli.common import FINETUNE_FLAGS, options_of, plain, user_errors, with_options
 from memplan.cli.measure import RUN_OPTIONS, JsonOpt, torch_or_fail
 from memplan.cli.progress import Bar
 from memplan.config import Checkpointing, Device, Impl, Setup
@@ -32,7 +32,7 @@ StageOpt = Annotated[
         "--stage",
         min=0,
         metavar="I",
-        help="trace --impl torchtitan --pp: trace pipeline rank I only [default: every rank]",
+        help=plain("trace --impl torchtitan --pp: trace pipeline rank I only [default: every rank]"),
         show_default=False,
     ),
 ]
