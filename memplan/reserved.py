@@ -165,9 +165,9 @@ def replay_stream(
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
         elif found is None:  # the same allocator, without block objects (``allocator_plain.replay_plain``)
-            start = time.perf_counter()
+            start = time.process_time()
             found = replay_plain(codes(inputs, workspace), capacity)[0]
-            _RENT[0] += time.perf_counter() - start
+            _RENT[0] += time.process_time() - start
         if len(_REPLAYS) >= MEMO_MAX:
             _REPLAYS.clear()
         _REPLAYS[key] = found
@@ -206,9 +206,9 @@ def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
         found = jit.refuses_jit(inputs, workspace, STEPS, capacity)
         if found is not None:
             return bool(found)
-    start = time.perf_counter()
+    start = time.process_time()
     refused = _refuses(codes(inputs, workspace), capacity)
-    _RENT[0] += time.perf_counter() - start
+    _RENT[0] += time.process_time() - start
     return refused
 
 
@@ -239,7 +239,8 @@ _JIT: list[ModuleType | None] = []
 """``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
 
 _RENT: list[float] = [0.0]
-"""Seconds this process's replays have spent in Python (``_compiled``'s rent)."""
+"""CPU seconds this process's replays have spent in Python (``_compiled``'s rent; CPU time, as
+``JIT_LOAD_SECONDS`` is, so another process's load on the machine does not fill it)."""
 
 
 def compiled_replay() -> bool:
