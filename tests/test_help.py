@@ -15,7 +15,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
-from memplan.cli.common import help_text
+from memplan.cli.common import help_text, unwrap_helps
 
 WIDE = {"COLUMNS": "4000", "NO_COLOR": "1"}  # no paragraph wraps
 BRACKETS = re.compile(r"\[[^\[\]]*\]")
@@ -74,3 +74,10 @@ def test_help_text_joins_paragraphs_and_keeps_examples() -> None:
         "Examples:\n\n"
         "  memplan fit -m 70b\n  memplan fit -m 8b"
     )
+
+
+def test_unwrapping_twice_changes_nothing() -> None:
+    before = {path: cmd.help for path, cmd in COMMANDS.items()}
+    unwrap_helps(app)
+    again = dict(_commands(typer.main.get_command(app)))
+    assert {path: cmd.help for path, cmd in again.items()} == before

@@ -90,9 +90,13 @@ def help_text(text: str) -> str:
 
 def unwrap_helps(app: typer.Typer) -> None:
     """``help_text`` for every command of ``app`` and of its sub-apps, from its ``help=`` or its
-    docstring (what typer would show), once every command is registered."""
+    docstring (what typer would show), once every command is registered. Idempotent: the source is kept
+    beside the help (``plain`` escapes again what it escaped before)."""
     for info in app.registered_commands:
-        source = info.help if info.help is not None else inspect.getdoc(info.callback)
+        source = getattr(info, "help_source", None)
+        if source is None:
+            source = info.help if info.help is not None else inspect.getdoc(info.callback)
+            info.help_source = source  # type: ignore[attr-defined]
         if source:
             info.help = help_text(source)
     for group in app.registered_groups:
