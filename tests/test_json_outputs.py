@@ -116,6 +116,8 @@ def estimate_args(draw: st.DrawFn) -> list[str]:
     args += ["--attention", attention]
     if not moe and not tuned and attention == "flash" and draw(st.booleans()):
         args += ["--cp", "2"]  # context parallelism: the sequence split over 2 ranks (16, 64, 256 are even)
+        if draw(st.booleans()):
+            args += ["--cp-rank", str(draw(st.integers(0, 1)))]  # one ring rank, not the most loaded
     if tp > 1 and draw(st.booleans()):
         args.append("--sp")
     if pp > 1 and MODELS[model] % 4 == 0 and draw(st.booleans()):
@@ -241,6 +243,15 @@ def test_every_optimizer_impl_validates(impl: str) -> None:
     doc = check_output("estimate", ["-m", "tiny", "--optimizer-impl", impl])
     assert doc is not None
     assert doc["setup"]["optimizer_impl"] == impl
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_cp_rank_validates(rank: int) -> None:
+    """The same bug for ``cp_rank`` (an optional number): typed as an array, every output given --cp-rank
+    failed memplan's own schema."""
+    doc = check_output("estimate", ["-m", "tiny", "--seq", "64", "--cp", "2", "--cp-rank", str(rank)])
+    assert doc is not None
+    assert doc["setup"]["cp_rank"] == rank
 
 
 def test_schema_rejects_a_negative_time_and_a_float_size() -> None:

@@ -34,12 +34,22 @@ def _setting(field: FieldInfo) -> dict[str, Any]:
         # its values, never as an array (the bug that failed every output given --optimizer-impl).
         values = [json_value(member) for member in members[0]]
         return {"type": ["string", "null"], "enum": [*values, None]}
+    if kind == int | None:  # an optional number (``--cp-rank``): null when not given
+        return {"type": ["integer", "null"], **_minimum(field)}
     if kind is not int:  # a list of whole numbers or nothing (pipeline stages' layers; with --vpp a
         # virtual stage of the embedding or head alone holds 0: Parallel.pp_layers)
         return {"type": ["array", "null"], "items": COUNT}
-    bounds = [getattr(m, "gt", None) for m in field.metadata]
-    above = next((b for b in bounds if b is not None), None)
-    return {"type": "integer", **({"minimum": above + 1} if above is not None else {})}
+    return {"type": "integer", **_minimum(field)}
+
+
+def _minimum(field: FieldInfo) -> dict[str, int]:
+    """The field's lower bound (``gt`` or ``ge``) as the schema's ``minimum``; none without one."""
+    for m in field.metadata:
+        if getattr(m, "gt", None) is not None:
+            return {"minimum": m.gt + 1}
+        if getattr(m, "ge", None) is not None:
+            return {"minimum": m.ge}
+    return {}
 
 
 def setup_schema() -> dict[str, Any]:
