@@ -77,7 +77,8 @@ class Reading:
 
 _T1, _T3 = "Llama 3.1 8B, 8 × H100, ", "Llama 3.1 8B, 128 × H100, "
 _PP = (
-    "the 405B pipeline layout (torchtitan's generated split points, AsyncTP) is not typed by the held-out set"
+    "ran AsyncTP (symmetric-memory fused TP collectives), not expressible; its 405B TP × PP (× CP) × FSDP "
+    "layout without it is, traced per rank (docs/distributed.md, cp with tp)"
 )
 
 READINGS: tuple[Reading, ...] = (

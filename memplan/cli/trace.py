@@ -199,7 +199,8 @@ def _trace_titan_stages(setup: Setup, as_json: bool, index: int | None) -> None:
     with Bar("tracing", total=len(ranks), unit="ranks") as bar:
         for i in ranks:
             bar.advance(0, f"pipeline rank {i} of {p}: torchtitan's {setup.model.name} under fake tensors")
-            results.append(stage_comparison_json(est, i, measure_titan_pipeline(setup, i)))
+            run = measure_titan_pipeline(setup, i, cp_rank=setup.parallel.cp_rank or 0)
+            results.append(stage_comparison_json(est, i, run))
             bar.advance(1)
     seconds = time.perf_counter() - start
     most = max(results, key=lambda r: r["estimated"]["memory"]["peak"])

@@ -244,8 +244,8 @@ def check_titan_pipeline(setup: Setup) -> None:
     ``--fp8 rowwise`` (torchao's ``Float8Linear`` per model part: the stage keeps bf16's saves),
     ``--compile`` (each block through the partitioner: ``measure.distributed.titan_compiled``; under
     ``FullAC`` at any tp and cp and with float8, the block's input alone), ``--cp``
-    (torch's ring over the mesh's cp group, the positions to every stage: ``titan_pp_cp``); one-line
-    errors for what is not modelled with it."""
+    (torch's ring over the mesh's cp group, the positions to every stage, with or without tp:
+    ``titan_pp_cp``); one-line errors for what is not modelled with it."""
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
@@ -275,12 +275,6 @@ def check_titan_pipeline(setup: Setup) -> None:
         raise ValueError(
             "pp: torchtitan refuses tied embeddings with pipeline parallelism; set tied_embeddings false "
             "or drop --pp"
-        )
-    if par.cp > 1 and par.tp > 1:
-        # torch 2.13 on CPU: the ring's all_gather_into_tensor on the DTensor q, k, v has no sharding strategy
-        raise ValueError(
-            "pp: --impl torchtitan --pp with --cp and --tp is not modelled yet (torch's ring over "
-            "tensor-parallel DTensors does not run on the CPU trace); drop --cp or --tp"
         )
 
 

@@ -215,8 +215,9 @@ _TRACE = obj(
         "diff": _DIFF,
         "seconds": SECONDS,
         "ran_on": NAME,
-        # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group
-        "rank": obj({"rank": COUNT, "world": COUNT, "tp": COUNT, "dp": COUNT}),
+        # trace --impl torchtitan with tp or dp > 1: the rank traced on the fake process group (its cp rank
+        # is --cp-rank's)
+        "rank": obj({"rank": COUNT, "world": COUNT, "tp": COUNT, "cp": COUNT, "dp": COUNT}),
         # and its peak of forward and backward beside the estimate's moments, without the optimizer's states
         "peak": obj(
             {

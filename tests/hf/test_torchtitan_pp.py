@@ -164,18 +164,6 @@ def test_full_scale_405b_last_stage() -> None:
     assert held(run) == {"pp.recv": ((1, s, h), 16), "pp.logits": ((1, s, v), 1)}
 
 
-@pytest.mark.parametrize(
-    ("layout", "message"),
-    [
-        ({"cp": 2, "tp": 2}, "--cp and --tp"),
-    ],
-)
-def test_unmodelled_layouts_are_refused(layout: dict[str, int], message: str) -> None:
-    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
-    with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {message}"):
-        piped(base, 2, 4, **layout)
-
-
 def test_tied_embeddings_with_pp_are_refused() -> None:
     """torchtitan's ``Decoder.Config.update_from_config`` raises on weight tying with pp > 1."""
     with pytest.raises(ValueError, match="tied embeddings"):

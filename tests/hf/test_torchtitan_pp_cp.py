@@ -74,10 +74,27 @@ def test_float8_interleaved_fsdp2_selective_rank() -> None:
     traced_exact(estimate(setup), setup, 0)
 
 
-@pytest.mark.parametrize(("extra", "name"), [({"tp": 2}, "--cp and --tp")])
-def test_unmodelled_rings_are_refused(extra: dict[str, int], name: str) -> None:
-    with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {name} is not modelled yet"):
-        piped(context(), 2, 4, cp=C, **extra)
+@pytest.mark.parametrize(("vpp", "checkpointing", "cp_rank", "index"), [(1, "none", 0, 0), (2, "full", 1, 1)])
+def test_ring_of_tensor_parallel_stages(vpp: int, checkpointing: str, cp_rank: int, index: int) -> None:
+    """cp 2 with tp 2 + SP inside the stages (refused before: installed after torchtitan's
+    ``Module.parallelize``, the ring met the stage's DTensor q, k, v — ``all_gather_into_tensor`` has no
+    sharding strategy — and now runs inside its ``local_map`` region on the local heads), FSDP2 over
+    dp 2 × cp: pipeline rank ``index`` at cp coordinate ``cp_rank`` keeps what the estimate says, to the byte.
+    By hand, a layer without checkpointing on the 1F1B rank 0 (2 micro-batches in flight), each micro-batch
+    as one cp rank's (``LAYER``) with the heads,
+    kv heads and f split over tp, the norms on the SP shard [T/t, h], and W_QKV's and W1/W3's input the
+    whole [T, h] gathered over tp; W_O's input [T, h/t]."""
+    data = sharded(piped(context(checkpointing), 2, 4, vpp=vpp, cp=C, tp=2, sp=True), 2, 3).model_dump()
+    data["parallel"] = {**data["parallel"], "cp_rank": cp_rank}
+    setup = Setup.model_validate(data)
+    est = estimate(setup)
+    run = traced_exact(est, setup, index, cp_rank=cp_rank)
+    if vpp == 1:
+        t = 2
+        norms = 2 * (2 * (T // t) * H * 4 + (T // t) * 4)
+        ring = (16 + 16 + 4 + 4) * T * 128 * 2 + 16 * T * 4  # q, the merged output, k, v; the fp32 lse
+        layer = norms + 2 * T * H * 2 + T * (H // t) * 2 + ring + T * 64 * 8 + 4 * T * (14336 // t) * 2
+        assert {run.layer_bytes(i) for i in run.layers} == {2 * layer}  # 2 micro-batches in flight
 
 
 def test_one_rank_under_selective_ac_keeps_the_positions() -> None:
@@ -92,3 +109,25 @@ def test_one_rank_under_selective_ac_keeps_the_positions() -> None:
     est = estimate(setup)
     assert measure_titan(setup).activations == est.activations
     assert [k.shape for k in est.tensors if k.name == "rope.positions"] == [(B, T)]
+
+
+def test_full_scale_4d_rank_of_512() -> None:
+    """torchtitan's 4D layout at Llama 3.1 405B's widths (16 of its layers: 2 a stage over pp 8), seq 65,536:
+    TP 8 + SP, PP 8 (1F1B, 8 micro-batches), CP 2, FSDP2 over dp 4 × cp under FullAC — pipeline rank 0 of
+    the 512-rank fake mesh (its performance.md Table 6 layout, FSDP 4 × CP 2) keeps what the estimate says,
+    to the byte: each checkpointed block its input, the SP shard [1, 65,536/2/8, 16,384] bf16 (64 MiB)."""
+    setup = sharded(
+        piped(
+            hf_setup("llama-3.1-405b", layers=16, seq=65536, impl=Impl.TORCHTITAN, checkpointing="full"),
+            8,
+            8,
+            cp=C,
+            tp=8,
+            sp=True,
+        ),
+        4,
+        3,
+    )
+    run = traced_exact(estimate(setup), setup, 0)
+    inputs = [r.bytes for r in run.records if r.layer in run.layers and r.name != "rope.positions"]
+    assert set(inputs) == {65536 // C // 8 * 16384 * 2}

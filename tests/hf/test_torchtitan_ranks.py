@@ -136,7 +136,7 @@ def test_trace_cli_runs_one_rank() -> None:
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["diff"]["exact"] and out["diff"]["weights"]["equal"]
-    assert out["rank"] == {"rank": 0, "world": 4, "tp": 2, "dp": 2}
+    assert out["rank"] == {"rank": 0, "world": 4, "tp": 2, "cp": 1, "dp": 2}
     jsonschema.validate(out, command_schema("trace"))
     assert runner.invoke(app, args).exit_code == 0
 
@@ -158,3 +158,48 @@ def test_hsdp_rank_holds_its_group_shard() -> None:
     run = measure_titan_rank(Setup.model_validate(hsdp.model_dump()))
     half = measure_titan_rank(ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 2, 3))
     assert run.param_bytes == half.param_bytes == estimate(hsdp).device.states.weights
+
+
+@pytest.mark.parametrize(("tp", "dp", "cp_rank"), [(2, 1, 0), (2, 2, 1), (1, 2, 1)])
+def test_context_parallel_rank_of_a_tp_or_fsdp2_mesh(tp: int, dp: int, cp_rank: int) -> None:
+    """cp 2 with tp 2 + SP and/or FSDP2 over dp 2 × cp (torchtitan's "fsdp" mesh): the rank at cp coordinate
+    ``cp_rank`` of torchtitan's [dp, cp, tp] world runs its head-tail share of the sequence through torch's
+    ring, which a tensor-parallel rank's attention hands its local heads (the ring installed before
+    torchtitan's ``Module.parallelize``; installed after it, the ring met DTensors and the trace failed).
+    Its saves equal the estimate's, and by hand on the tp 2 rank 0: T = b·s/c = 128 tokens, 16 of the 32
+    heads, 4 of the 8 kv heads, f/t = 7168."""
+    data = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN).model_dump()
+    data["parallel"] = {**data["parallel"], "tp": tp, "sp": tp > 1, "cp": 2, "cp_rank": cp_rank}
+    data["strategy"] = {**data["strategy"], "dp": dp, "zero": ZeroStage(3 if dp > 1 else 0)}
+    setup = Setup.model_validate(data)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+    assert run.param_bytes == est.device.states.weights
+    if (tp, dp, cp_rank) == (2, 1, 0):
+        T, t, h, d = 128, 2, 4096, 128
+        norms = 2 * (2 * (T // t) * h * 4 + (T // t) * 4)  # fp32 x and x·rstd, rstd: the SP shard [T/t, h]
+        gathered = 2 * T * h * 2  # W_QKV's and W1/W3's input, gathered over tp
+        ring = (16 + 16 + 4 + 4) * T * d * 2 + 16 * T * 4  # q, the merged output, k, v; the fp32 lse
+        w_o = T * (h // t) * 2  # W_O's input [T, 16 · 128], apart from the merged output
+        rope = T * 64 * 8  # the rows of the RoPE cache gathered by position, complex64
+        mlp = 4 * T * 7168 * 2
+        assert run.measured.layer_bytes(0) == norms + gathered + ring + w_o + rope + mlp
+
+
+def test_trace_cli_runs_a_context_parallel_rank() -> None:
+    """``memplan trace --impl torchtitan --tp 2 --sp --cp 2 --cp-rank 1 --zero 3 --dp 2``: rank 2 of 8 (cp
+    coordinate 1, tp 0), exact, exit 0."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "--model", "tiny", "--seq", "32", "--impl", "torchtitan", "--tp", "2", "--sp"]
+    args += ["--cp", "2", "--cp-rank", "1", "--zero", "3", "--dp", "2", "--device", "cpu", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["diff"]["exact"] and out["diff"]["weights"]["equal"]
+    assert out["rank"] == {"rank": 2, "world": 8, "tp": 2, "cp": 2, "dp": 2}
+    jsonschema.validate(out, command_schema("trace"))

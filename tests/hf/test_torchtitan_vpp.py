@@ -55,10 +55,11 @@ def estimated_held(e: Result) -> dict[str, tuple[tuple[int, ...], int]]:
     return {k.name: (k.shape, k.count) for k in e.tensors if k.name.startswith("pp.")}
 
 
-def traced_exact(est: Result, setup: Setup, index: int, params: bool = True) -> StageRun:
-    """Pipeline rank ``index`` traced against its estimate: saves per layer, the schedule's holds, the total
-    and (``params``) the parameters at rest; the run, for the by-hand checks that follow."""
-    e, run = at_stage(est, index), measure_titan_pipeline(setup, index)
+def traced_exact(est: Result, setup: Setup, index: int, params: bool = True, cp_rank: int = 0) -> StageRun:
+    """Pipeline rank ``index`` (context-parallel coordinate ``cp_rank``) traced against its estimate: saves
+    per layer, the schedule's holds, the total and (``params``) the parameters at rest; the run, for the
+    by-hand checks that follow."""
+    e, run = at_stage(est, index), measure_titan_pipeline(setup, index, cp_rank=cp_rank)
     assert [run.layer_bytes(i) for i in run.layers] == per_layer(e, run)
     assert held(run) == estimated_held(e)
     assert run.activations == e.activations
@@ -200,13 +201,6 @@ def test_full_scale_405b_first_rank() -> None:
     assert held(run) == estimated_held(e)
     assert run.activations == e.activations
     assert run.param_bytes == e.device.states.weights
-
-
-@pytest.mark.parametrize(("layout", "message"), [({"cp": 2, "tp": 2}, "--cp and --tp")])
-def test_unmodelled_pipelines_are_refused(layout: dict[str, int], message: str) -> None:
-    base = hf_setup("llama-3-8b", layers=8, seq=S, impl=Impl.TORCHTITAN)
-    with pytest.raises(ValueError, match=f"pp: --impl torchtitan --pp with {message} is not modelled yet"):
-        piped(base, 2, 4, **layout)
 
 
 def test_a_count_per_rank_is_refused_with_vpp() -> None:

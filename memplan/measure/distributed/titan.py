@@ -1,12 +1,12 @@
 """One rank of torchtitan's Llama 3 parallelised by torchtitan's own plan, in one process
-(``--impl torchtitan --tp T [--sp]`` with a data-parallel degree, at any world size).
+(``--impl torchtitan --tp T [--sp]`` with a data-parallel degree and ``--cp``, at any world size).
 
-``measure_titan_rank(setup, rank)`` joins torch's fake process group (``FakeStore``: collectives return
-tensors of the right shape and move nothing) as ``rank`` of tp · dp ranks, builds torchtitan's
-``Llama3Model`` on the meta device (``memplan.measure.frameworks.titan.titan_config``) with torchtitan's own
-sharding plan (``models/llama3/sharding.py`` ``set_llama3_sharding_config``: ``colwise_config`` on
-``wqkv``, ``w1``, ``w3``; ``rowwise_config`` on ``wo``, ``w2``; SP norms; the vocabulary-parallel
-embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dims)`` (the
+``measure_titan_rank(setup)`` joins torch's fake process group (``FakeStore``: collectives return
+tensors of the right shape and move nothing) as one rank of dp · cp · tp ranks (``rank_of``), builds
+torchtitan's ``Llama3Model`` on the meta device (``memplan.measure.frameworks.titan.titan_config``) with
+torchtitan's own sharding plan (``models/llama3/sharding.py`` ``set_llama3_sharding_config``:
+``colwise_config`` on ``wqkv``, ``w1``, ``w3``; ``rowwise_config`` on ``wo``, ``w2``; SP norms; the
+vocabulary-parallel embedding and lm head) applied by torchtitan's ``Module.parallelize(parallel_dims)`` (the
 ``partial_dtensor`` SPMD backend: DTensor on the tensor-parallel axis), its ``FullAC`` / ``SelectiveAC``,
 and FSDP2 over dp with torchtitan's ``apply_fsdp_to_decoder`` (``reshard_after_forward_policy``
 ``"default"``, torchtitan's trainer default, for ZeRO-3: blocks and embedding resharded after forward,
@@ -25,6 +25,9 @@ Known limitations:
 - NB: the peak of forward and backward is measured and set beside the estimate's moments
   (``titan_peak``: FSDP2's resizes followed), not judged: ``trace`` exits on the saves and parameters,
   and shows the peak's moments with their differences (``titan_peak``'s NBs say which are not exact).
+- NB: under ``--cp`` each block's attention is torch's ring over the mesh's cp group with the CPU flash
+  kernel (``frameworks.titan.ring_attention``), the rank's ids and positions sharded head-tail as
+  torchtitan's trainer shards them, and FSDP2 shards over dp × cp (torchtitan's "fsdp" axis).
 """
 
 from __future__ import annotations
@@ -56,11 +59,14 @@ from memplan.measure.frameworks.titan import (
     apply_ac,
     float8_config,
     require_torchtitan,
+    ring_attention,
+    ring_kernel,
     titan_config,
     titan_step,
 )
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
+from memplan.measure.reference.context import rotate_method
 
 
 @dataclass(frozen=True)
@@ -88,12 +94,18 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
 
 
 def world_size(setup: Setup) -> int:
-    return setup.parallel.tp * setup.strategy.dp
+    return setup.parallel.tp * setup.parallel.cp * setup.strategy.dp
+
+
+def rank_of(setup: Setup) -> int:
+    """The traced rank: data-parallel and tensor-parallel coordinate 0, context-parallel coordinate
+    ``--cp-rank`` (0 by default) of torchtitan's row-major ["dp_replicate", "dp_shard", "cp", "tp"] world."""
+    return (setup.parallel.cp_rank or 0) * setup.parallel.tp
 
 
 def parallel_dims(setup: Setup) -> Any:
-    """torchtitan's ``ParallelDims``: dp_shard = dp (``--hsdp R``: R shards, dp / R replicas), tp, the
-    ``partial_dtensor`` backend, on a CPU mesh."""
+    """torchtitan's ``ParallelDims``: dp_shard = dp (``--hsdp R``: R shards, dp / R replicas), cp, tp, the
+    ``partial_dtensor`` backend, on a CPU mesh (FSDP2 over its "fsdp" axis: dp_shard × cp)."""
     from torchtitan.distributed import ParallelDims, parallel_dims
     from torchtitan.distributed.utils import set_spmd_backend
 
@@ -103,11 +115,11 @@ def parallel_dims(setup: Setup) -> Any:
     dims = ParallelDims(
         dp_replicate=dp // shard,  # HSDP (--hsdp R): replicas of R-way shards
         dp_shard=shard,
-        cp=1,
+        cp=setup.parallel.cp,
         tp=tp,
         pp=1,
         ep=1,
-        world_size=tp * dp,
+        world_size=world_size(setup),
         spmd_backend="partial_dtensor",
     )
     dims.build_mesh()
@@ -198,10 +210,14 @@ def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> An
     """``part`` (the model, or one pipeline stage's module) parallelised as torchtitan's
     ``parallelize_llama`` does it (``pipeline_llm``'s ``parallelize_fn`` after the split): TP, then the
     activation checkpointing, then FSDP2 over dp with bf16 gathered parameters and fp32 reduction
-    (``pp_enabled``: torchtitan's reshard policy with pipelining); in training mode."""
+    (``pp_enabled``: torchtitan's reshard policy with pipelining); in training mode. Under ``--cp`` each
+    block's attention is torch's ring over the mesh's cp group (``frameworks.titan.ring_attention``),
+    installed first, as torchtitan applies CP before the wrappers that follow."""
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     s = setup.strategy
+    if setup.parallel.cp > 1:
+        ring_attention(part, dims.get_mesh("cp").get_group(), ring_kernel(setup))
     if setup.parallel.tp > 1:
         part.parallelize(dims)
     apply_ac(part, setup)
@@ -239,10 +255,11 @@ class RankPathRecorder(PathRecorder):
         return super()._info(local(t))
 
 
-def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True, windows: bool = False) -> RankRun:
-    """One forward (torchtitan's loss) and backward of rank ``rank``'s torchtitan Llama 3; ``fake=False``
-    materialises real (uninitialised) tensors, for small models: the collectives still move nothing;
-    ``windows`` keeps the live set of the highest point between each two boundaries (``PeakRun.windows``)."""
+def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -> RankRun:
+    """One forward (torchtitan's loss) and backward of torchtitan's Llama 3 on rank ``rank_of(setup)``
+    (under ``--cp`` its share of the sequence through torch's ring); ``fake=False`` materialises real
+    (uninitialised) tensors, for small models: the collectives still move nothing; ``windows`` keeps the
+    live set of the highest point between each two boundaries (``PeakRun.windows``)."""
     recorders: list[PathRecorder] = []
 
     class Recorder(RankPathRecorder):
@@ -257,14 +274,20 @@ def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True, windows: 
         tracker.phase = "backward"
         tracker.note("forward")
 
-    with fake_world(rank, world_size(setup)):
+    cp = setup.parallel.cp
+    with (
+        fake_world(rank_of(setup), world_size(setup)),
+        rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
+    ):
         model = build_rank(setup)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
             states = [*model.parameters(), *model.buffers()]
             with propagation_unseen(tracker), fsdp2_resizes(tracker), tracker, boundaries(model, tracker):
                 tracker.track(states)
-                measured = titan_step(model, setup, Recorder, after_forward=backward_begins)
+                measured = titan_step(
+                    model, setup, Recorder, cp_rank=setup.parallel.cp_rank or 0, after_forward=backward_begins
+                )
                 tracker.note("backward")
             peak = tracker.result(states, recorders[0].saved_keys(), grads_of(model))
             params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
@@ -272,7 +295,8 @@ def measure_titan_rank(setup: Setup, rank: int = 0, fake: bool = True, windows: 
 
 
 def needs_ranks(setup: Setup) -> bool:
-    """``trace --impl torchtitan`` over more than one rank (tp or dp > 1): one rank on the fake group."""
+    """``trace --impl torchtitan`` over more than one rank (tp or dp > 1, with or without cp): one rank on the
+    fake group; cp alone runs the ring's rank in ``frameworks.titan.measure_titan``."""
     return setup.parallel.tp > 1 or setup.strategy.dp > 1
 
 
@@ -293,7 +317,13 @@ def rank_comparison_json(est: Any, run: RankRun) -> dict[str, Any]:
     result["diff"]["weights"] = {"estimated": weights, "measured": run.param_bytes, "equal": equal}
     result["diff"]["equal"] = result["diff"]["equal"] and equal
     result["diff"]["exact"] = result["diff"]["exact"] and equal
-    result["rank"] = {"rank": 0, "world": world_size(setup), "tp": setup.parallel.tp, "dp": setup.strategy.dp}
+    result["rank"] = {
+        "rank": rank_of(setup),
+        "world": world_size(setup),
+        "tp": setup.parallel.tp,
+        "cp": setup.parallel.cp,
+        "dp": setup.strategy.dp,
+    }
     result["peak"] = peak_json(est, run.peak)
     return result
 

@@ -30,9 +30,10 @@ Known limitations:
 - NB: a tensor-parallel stage (torchtitan's plan applied to each model part, ``Module.parallelize``)
   passes DTensors: torch's fully static DTensor mode with the placements torchtitan's plan gives a stage
   boundary (``dtensor_stage``); the gradients' placements are taken as the activations'.
-- NB: with ``--cp`` the rank is context-parallel rank ``cp_rank`` (0: the estimate's) of torch's ring over
-  the mesh's cp group (``titan_pp_cp``); cp with tp is refused in
-  ``config.impl_rules.check_titan_pipeline``.
+- NB: with ``--cp`` the rank is context-parallel rank ``cp_rank`` (``--cp-rank``, 0 by default: the
+  estimate's) of torch's ring over the mesh's cp group (``titan_pp_cp``), with or without tp: the ring is
+  installed before torchtitan's ``Module.parallelize``, so a tensor-parallel stage's attention hands it the
+  local heads (``titan.parallelize_part``).
 - FSDP2's state is measured (``Fsdp2Held``): the most unsharded parameter bytes alive at once (sampled
   as each chunk's forward, backward and gradient reduction begins: torch's runtime unshards and reshards
   whole chunks between computations, ``strategies.torch_interleaved.fsdp_unshards``), the unsharded
@@ -74,7 +75,7 @@ from memplan.measure.distributed.titan_pp import step as step_single
 from memplan.measure.distributed.titan_pp_cp import cp_batches, local_setup
 from memplan.measure.distributed.titan_sac import hold_sac
 from memplan.measure.frameworks.step import activation_dtype
-from memplan.measure.frameworks.titan import require_torchtitan, ring_attention, rope_buffers
+from memplan.measure.frameworks.titan import require_torchtitan, rope_buffers
 from memplan.measure.instruments.record import _RECORDER, storage_ref
 from memplan.measure.reference.context import rotate_method
 
@@ -185,9 +186,7 @@ def measure_titan_pipeline(
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext(), ExitStack() as hooks:
             stages: list[Any] = []  # ``kind``, each
             for k, chunk in enumerate(chunks):
-                chunk.to_empty(device="cpu")
-                if cp > 1:  # others > 1: the mesh is built
-                    ring_attention(chunk, dims.get_mesh("cp").get_group())  # type: ignore[union-attr]
+                chunk.to_empty(device="cpu")  # under cp its blocks run the ring (``parallelize_part``)
                 if tp > 1:
                     stages.append(dtensor_stage(chunk, shapes, k * p + index, p * m, kind, dims))
                 else:

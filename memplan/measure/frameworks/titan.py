@@ -241,9 +241,20 @@ def titan_path(path: str) -> str:
     return re.sub(r"^layers\.\d+\.", "", path)
 
 
+def ring_kernel(setup: Setup) -> str:
+    """The attention kernel each ring step runs: the CPU flash op on CPU; on CUDA torchtitan's SDPA, cuDNN's
+    where torch picks it (``blocks.attention.titan_cudnn``), else flash."""
+    if setup.device is not Device.CUDA:
+        return "cpu"
+    return "cudnn" if titan_cudnn(setup) else "flash"
+
+
 def ring_attention(model: Any, group: Any, kernel: str = "cpu") -> None:
     """Each block's inner SDPA replaced by torch's ring (``apply_cp_to_forward``'s effect on one rank):
-    [b, s/c, heads, d] in and out, as ``ScaledDotProductAttention.forward`` transposes around its SDPA."""
+    [b, s/c, heads, d] in and out, as ``ScaledDotProductAttention.forward`` transposes around its SDPA.
+    Installed before torchtitan's ``Module.parallelize`` (``distributed.titan.parallelize_part``), the ring
+    is the function its tensor-parallel wrapper calls: torchtitan's ``local_map`` region hands it the
+    rank's local heads and turns its output back into a DTensor, as it does for its own SDPA."""
     from memplan.measure.reference.context import ring_flash
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -326,18 +337,17 @@ def titan_step(
     tt = require_torchtitan()
     ids, labels = make_batch(setup, "cpu")
     positions = None
-    if group is not None:
+    cp = setup.parallel.cp
+    if cp > 1:
         from memplan.measure.reference.context import head_tail_positions
 
-        cp = setup.parallel.cp
         mine = head_tail_positions(ids.shape[1], cp, cp_rank)
         ids, labels = ids[:, mine], labels[:, mine]
         # the dataset's positions [b, s] (one document: 0…s−1), sharded as the inputs: a new [b, s/c]
         positions = torch.arange(setup.training.seq_len).expand(ids.shape[0], -1)[:, mine]
-        # on CUDA torchtitan's SDPA is cuDNN's (blocks.attention.titan_cudnn), and so is each ring step
-        kernel = "cpu" if setup.device is not Device.CUDA else ("cudnn" if titan_cudnn(setup) else "flash")
-        ring_attention(model, group, kernel)
-    elif setup.device is Device.CUDA:
+    if group is not None:
+        ring_attention(model, group, ring_kernel(setup))
+    elif cp == 1 and setup.device is Device.CUDA:
         cudnn_attention(model)
     layers = [(layer, "checkpoint_fn") for layer in model.layers.values()]
     loss_fn = tt.loss.CrossEntropyLoss(tt.loss.CrossEntropyLoss.Config())
@@ -357,7 +367,7 @@ def titan_step(
                 hook(recorder)
 
     measured = run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
-    if group is not None:
+    if cp > 1:
         measured.records.append(rope_buffers(model))
     return measured
 
