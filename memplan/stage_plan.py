@@ -17,7 +17,7 @@ from memplan.analytic.states import ModelStates, shard
 from memplan.blocks import megatron, te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.config import Checkpointing, DType, Impl, NormType, OptimizerImpl, Setup
+from memplan.config import Checkpointing, DType, Impl, NormType, OptimizerImpl, Setup, ZeroStage
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -39,6 +39,7 @@ from memplan.strategies.pipeline_parallel import (
     Stage,
     boundary_tensors,
     group_counts,
+    replicated_ends,
     stage,
     stage_params,
 )
@@ -67,6 +68,13 @@ def bnb_states(states: ModelStates, setup: Setup) -> ModelStates:
     return states.model_copy(update={"optimizer_states": bnb_state_bytes(step_tensors(setup))})
 
 
+def partial_grads(setup: Setup, st: Stage) -> int:
+    """Elements by which the gradients of stage ``st``'s rank exceed its parameters under the user's
+    ``setup`` (``blocks.torchtitan.partial_grad_elements``: torchtitan's TP without SP), its chunks that send
+    on counted (``pipeline_parallel.replicated_ends``)."""
+    return torchtitan.partial_grad_elements(setup, st.layers, replicated_ends(st, setup.parallel.pp))
+
+
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
     """Model states of the stage: ZeRO over dp × cp (``Setup.state_shards``), the routed experts
     over dp × cp / ep."""
@@ -89,6 +97,9 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         # the reference's shards: one flat ⌈Ψ/N⌉ (``strategies.zero``), as its other states
         elements = per_shard if per_shard is not None else shard(params.total, shards, True)
         dense = torchtitan.fsdp2_mixed_states(dense, elements, s.zero)
+    if s.zero < ZeroStage.GRADIENTS:  # torchtitan's TP without SP: W_O's and W2's gradients left Partial
+        extra = partial_grads(setup, st) * t.precision.grad_bytes
+        dense = dense.model_copy(update={"gradients": dense.gradients + extra})
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
         dense = dense.model_copy(update={"weights": dense.weights + te})
@@ -144,7 +155,8 @@ class StagePlan:
             sizes = torch_interleaved.chunk_params(self.params, st)
             par = self.setup.parallel
             unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
-        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded)
+        partial = partial_grads(self.setup, st)  # the user's setup: ``at``'s model is the rank's shard
+        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded, partial)
         moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage
             del moments["loss backward"]

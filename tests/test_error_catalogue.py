@@ -219,8 +219,12 @@ CASES: list[Case] = [
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
     case("trace-compile-fp8", "trace -m tiny --seq 32 --compile --fp8 rowwise", "compile"),
+    case(
+        "trace-titan-rank-compile",
+        "trace -m tiny --seq 32 --impl torchtitan --dp 2 --zero 2 --checkpointing selective --compile",
+        "compile",
+    ),
     case("titan-pp-compile-tp", "estimate -m 8b --impl torchtitan --pp 2 --tp 2 --compile", "compile"),
-    case("titan-pp-cp-tp", "estimate -m 8b --impl torchtitan --pp 2 --cp 2 --tp 2", "pp"),
     case("fp8-nproc", "profile -m tiny --device cpu --seq 32 --nproc 2 --fp8 rowwise", "fp8"),
     case("unknown-optimizer", "estimate -m 70b --optimizer adam", "optimizer"),
     case("unknown-optimizer-impl", "estimate -m 70b --optimizer-impl apex", "optimizer-impl"),

@@ -110,7 +110,7 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     return below + fsdp2_flat_elements(above, shards) * 4
 
 
-def pipeline_unsharded_gradients(setup: Setup, params: ParamCount) -> int:
+def pipeline_unsharded_gradients(setup: Setup, params: ParamCount, partial: int = 0) -> int:
     """Bytes of a torchtitan pipeline stage's unsharded gradients, accumulated across its micro-batches
     under FSDP2 (ZeRO-2/3 over dp × cp > 1, pp > 1): torch's ``PipelineStage.backward_maybe_with_nosync``
     runs every micro-batch's backward with ``set_requires_gradient_sync(False)``, so each unit's
@@ -119,9 +119,11 @@ def pipeline_unsharded_gradients(setup: Setup, params: ParamCount) -> int:
     policy, the bf16 gradient freed) and adds each later micro-batch's into it
     (``accumulate_unsharded_grad_if_needed``), until ``perform_reduce_grad`` reduce-scatters them after the
     stage's last backward (torch 2.13 pipelining/stage.py, fsdp/_fully_shard/_fsdp_param_group.py). Each
-    is the parameter's unpadded shape: the stage's parameters (``params``) × the reduce dtype's bytes.
-    0 off a torchtitan FSDP2 pipeline stage."""
-    return params.total * reduce_bytes(setup) if accumulates_unsharded(setup) else 0
+    is the parameter's unpadded shape: the stage's parameters (``params``) × the reduce dtype's bytes,
+    plus the ``partial`` elements by which TP without SP leaves W_O's and W2's gradients whole
+    (``blocks.torchtitan.partial_grad_elements`` of the user's setup and the rank's stage:
+    ``stage_plan.partial_grads``). 0 off a torchtitan FSDP2 pipeline stage."""
+    return (params.total + partial) * reduce_bytes(setup) if accumulates_unsharded(setup) else 0
 
 
 def accumulates_unsharded(setup: Setup) -> bool:

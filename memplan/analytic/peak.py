@@ -239,10 +239,12 @@ def peak(
     params: ParamCount,
     gradient_bytes_head: int,
     unsharded: int | None = None,
+    partial_grads: int = 0,
 ) -> Peak:
     """The moments (module docstring). ``unsharded``: on a torchtitan pipeline rank, the most of its
     parameters torch keeps unsharded at once (``strategies.torch_interleaved.most_unsharded``; all of
-    them by default)."""
+    them by default); ``partial_grads``: the elements by which its gradients exceed its parameters
+    (``stage_plan.partial_grads``)."""
     dims = Dims.of(setup)
     activations = act.total_bytes(kept)
     head = sum(k.total_bytes for k in kept if k.block.in_head)
@@ -252,7 +254,7 @@ def peak(
     weights += fp8_scales_held(setup)
     # torchtitan's FSDP2 on a pipeline stage: the unsharded gradients accumulated in the reduce dtype
     # until the stage's last backward, in place of the shards (``pipeline_unsharded_gradients``)
-    unsharded_grads = pipeline_unsharded_gradients(setup, params)
+    unsharded_grads = pipeline_unsharded_gradients(setup, params, partial_grads)
     step_grads = unsharded_grads or states.gradients  # all of them made, before the optimizer step
     grads_before = step_grads if setup.training.grad_accum > 1 else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights

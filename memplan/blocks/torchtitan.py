@@ -47,8 +47,9 @@ from __future__ import annotations
 import math
 
 from memplan.analytic.states import ModelStates
+from memplan.blocks.dtensor_cost import rowwise_weight_grad_whole
 from memplan.blocks.profile import Profile
-from memplan.config import Impl, ModelConfig, Precision, Setup, ZeroStage
+from memplan.config import Fp8Recipe, Impl, ModelConfig, Precision, Setup, ZeroStage
 
 Shapes = list[tuple[int, ...]]
 
@@ -137,6 +138,40 @@ def fsdp2_mixed(setup: Setup) -> bool:
         and setup.strategy.zero >= ZeroStage.GRADIENTS
         and setup.strategy.dp * setup.parallel.cp > 1
     )
+
+
+def partial_grad_elements(setup: Setup, layers: int, replicated_ends: int = 0) -> int:
+    """Elements by which a torchtitan tensor-parallel rank's unreduced gradients exceed its parameter shards
+    under TP without sequence parallelism (``--tp`` > 1, no ``--sp``), for ``layers`` layers of which
+    ``replicated_ends`` end a model chunk whose output gradient comes in as a stage boundary's
+    ``Replicate()`` (``strategies.pipeline_parallel.replicated_ends``); 0 elsewhere.
+
+    Without SP the residual stream is ``Replicate()`` and a column-parallel linear's input gradient is left
+    ``Partial(sum)`` by DTensor (each rank's sum over its own output columns, not yet all-reduced: the
+    module boundary declares the forward's placement only), so the gradient reaching a row-parallel
+    linear's output is ``Partial``: W_O's always, W2's where the layer's output gradient comes from the next
+    layer's norm or the final norm. DTensor then picks the weight gradient's strategy by its own cost
+    (``blocks.dtensor_cost.rowwise_weight_grad_whole``): all-gathering the input leaves the gradient
+    ``Partial``, the whole [h, a·d] (W_O) or [h, f] (W2) on each rank where the parameter is the
+    ``Shard(1)`` [h, a·d/t] or [h, f/t] — (t − 1)/t of it more, until something redistributes it (FSDP2's
+    ``_get_grad_inner_tensor`` to the TP placement before its reduce-scatter; the optimizer otherwise) —
+    where all-reducing the output gradient would cost more: W_O (a·d = h) at any shape in view, W2 only
+    where f is under about 2h. Under SP the norms and the residual stream are ``Shard(1)`` on the sequence
+    and the gradients arrive reduce-scattered: shards. Under ``--fp8`` torchao's ``Float8Linear`` (W_O and
+    W2: every preset's widths are multiples of 16, the converter's rule) makes the weight gradient in its
+    own matmul: the shard, measured. Measured on the fake process group (torch 2.13,
+    tests/hf/test_torchtitan_ranks.py, tests/hf/test_torchtitan_vpp.py)."""
+    par, t = setup.parallel, setup.parallel.tp
+    float8 = setup.impl.fp8 is not Fp8Recipe.NONE
+    if setup.impl.impl is not Impl.TORCHTITAN or t == 1 or par.sp or float8 or layers == 0:
+        return 0
+    m, tr = setup.model, setup.training
+    tokens = tr.micro_batch * tr.seq_len // par.cp
+    nbytes = tr.precision.activation_dtype.bytes
+    h, attn = m.hidden_size, m.num_heads * m.dim
+    w_o = h * attn if rowwise_weight_grad_whole(tokens, h, attn, t, nbytes) else 0
+    w_2 = h * m.ffn if rowwise_weight_grad_whole(tokens, h, m.ffn, t, nbytes) else 0
+    return (layers * w_o + (layers - replicated_ends) * w_2) * (t - 1) // t
 
 
 def fsdp2_mixed_states(states: ModelStates, shard_elements: int, zero: ZeroStage) -> ModelStates:

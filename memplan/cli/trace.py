@@ -147,6 +147,13 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
         from memplan.measure.distributed.titan import needs_ranks
 
         if needs_ranks(setup):
+            if setup.impl.compile and setup.strategy.checkpointing is not Checkpointing.FULL:
+                # the rank runs torchtitan's eager blocks; a FullAC block keeps its input alone either way
+                raise ValueError(
+                    "compile: trace --impl torchtitan --compile traces the partitioner's saves in one "
+                    "process (tp 1, dp 1) and in pipeline stages; a rank over --tp or --dp runs the eager "
+                    "blocks: drop --tp/--dp to trace the compiled blocks, or --compile to trace the rank"
+                )
             return _trace_titan_rank(setup, as_json)
     if setup.impl.compile:
         return _trace_compiled(setup, as_json)

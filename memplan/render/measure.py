@@ -143,6 +143,15 @@ def impl_trace_report(result: dict[str, Any], seconds: float) -> RenderableType:
         from memplan.render.rank_peak import rank_peak_report
 
         peak.append(rank_peak_report(result["peak"]))
+    if "weights" in diff and "rank" in result:  # the rank's states after the step, judged with the saves
+        rank, w, g = result["rank"], diff["weights"], diff["gradients"]
+        peak.append(
+            Text(
+                f"rank {rank['rank']} of {rank['world']}: parameters {fmt_bytes(w['measured'])} measured, "
+                f"{fmt_bytes(w['estimated'])} estimated; gradients {fmt_bytes(g['measured'])} measured, "
+                f"{fmt_bytes(g['estimated'])} estimated"
+            )
+        )
     return Group(
         tensor_table(diff, title, "layer 0 + model"),
         layer_table(diff),

@@ -198,6 +198,9 @@ _DIFF = obj(
         "weights": obj(
             {"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}}
         ),  # trace --impl torchtitan over ranks: the rank's parameter bytes at rest
+        "gradients": obj(
+            {"estimated": _BYTES, "measured": _BYTES, "equal": {"type": "boolean"}}
+        ),  # and its gradients after the step
         # trace --impl torchtitan --pp with FSDP2: what it holds through the schedule (compare.stage)
         "fsdp2": obj(
             {

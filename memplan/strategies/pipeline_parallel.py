@@ -246,6 +246,14 @@ def _stage(p: int, m: int, index: int, chunks_of: tuple[int, ...], micro_batches
     )
 
 
+def replicated_ends(st: Stage, pp: int) -> int:
+    """The rank's model chunks that hold layers and send their output on to a next virtual stage (all but
+    the model's last, virtual stage p·m − 1): the output gradient of each one's last layer comes back
+    through the stage boundary (``blocks.torchtitan.partial_grad_elements``). 0 without pp."""
+    m = len(st.chunks_of)
+    return sum(1 for k, c in enumerate(st.chunks_of) if c > 0 and k * pp + st.index < pp * m - 1)
+
+
 def group_counts(st: Stage, segment: int, alone: bool = False) -> dict[Group, int]:
     """Instances of each group's tensors alive on the stage at the end of its warm-up (``alone``: the
     checkpointed layers are single layers, the others keep their saves: ``checkpointing.alone``)."""

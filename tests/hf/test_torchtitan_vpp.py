@@ -506,3 +506,27 @@ def test_trace_cli_shows_fsdp2_held_state() -> None:
     assert all(v["equal"] for v in rank["diff"]["fsdp2"].values()) and rank["diff"]["exact"]
     text = runner.invoke(app, args)
     assert text.exit_code == 0 and "rank 0, FSDP2: units gathered at once" in text.stdout
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_tp_without_sp_accumulates_whole_partial_gradients(vpp: int) -> None:
+    """tp 2 without SP × dp 2 ZeRO-3 (torchtitan's FSDP2 over a TP mesh): DTensor leaves W_O's and W2's
+    weight gradients ``Partial``, the whole [64, 64] and [64, 128] on each rank where their parameters are
+    the [64, 32] and [64, 64] halves (``blocks.torchtitan.partial_grad_elements``), and FSDP2 accumulates
+    them so across the micro-batches in fp32 — but for W2 of a chunk's last layer when the chunk sends its
+    output on: its output gradient comes back as the stage boundary's ``Replicate()``. Rank 0, by hand,
+    beside the same layout under SP (shards): 1F1B over the 2 layers (one on rank 0), that layer's W_O
+    alone more; pp 2 × vpp 2 over 6 layers (1, 2, 2, 1: rank 0 holds virtual stages 0 and 2, 3 layers,
+    both chunks sending on), 3 W_O and 1 W2 more."""
+    layers, ends, extra = 1, 1, {}
+    base = hf_setup("tiny", layers=2 if vpp == 1 else 6, seq=32, impl=Impl.TORCHTITAN)
+    if vpp == 2:
+        layers, ends, extra = 3, 2, {"pp_layers": (1, 2, 2, 1)}
+    setup = sharded(piped(base, 2, 4, vpp=vpp, tp=2, **extra), 2, 3)
+    plain = sharded(piped(base, 2, 4, vpp=vpp, tp=2, sp=True, **extra), 2, 3)
+    est = estimate(setup)
+    run = traced_exact(est, setup, 0)
+    moment = at_stage(est, 0).device.peak.moments["layer backward"]
+    shards = at_stage(estimate(plain), 0).device.peak.moments["layer backward"]
+    more = (layers * 64 * 64 + (layers - ends) * 64 * 128) // 2 * 4  # fp32, the reduce dtype
+    assert run.unsharded_grads == moment["gradients"] == shards["gradients"] + more

@@ -20,6 +20,7 @@ from memplan.contract import to_json
 from memplan.engine import Result, at_stage, estimate
 from memplan.measure.compare.tensors import layer_groups
 from memplan.measure.instruments.record import SavedRecord
+from memplan.stage_plan import partial_grads
 from memplan.strategies.pipeline_parallel import stage_layers
 
 ROPE_BUFFER = "attn.rope_cache"
@@ -100,7 +101,10 @@ def fsdp2_held_json(e: Result, shards: int, run: Any) -> dict[str, dict[str, Any
             device.peak.moments["layer backward"]["weights"] - shards,
             run.unsharded_weights,
         ),
-        "unsharded_gradients": (pipeline_unsharded_gradients(setup, device.params), run.unsharded_grads),
+        "unsharded_gradients": (
+            pipeline_unsharded_gradients(setup, device.params, partial_grads(setup, device.stage)),
+            run.unsharded_grads,
+        ),
         "gradients": (device.states.gradients, run.grad_bytes),
     }
     return {k: {"estimated": a, "measured": b, "equal": a == b} for k, (a, b) in pairs.items()}

@@ -77,18 +77,29 @@ class RankRun:
     measured: Measured
     param_bytes: int
     """Local shards of every parameter (FSDP2's padded dim-0 shard, the TP shard), after the step."""
+    grad_bytes: int
+    """Distinct local storages of every parameter's gradient after the step (FSDP2's reduce-scattered
+    shards; without FSDP the gradients autograd left, ``Partial`` ones whole)."""
     peak: PeakRun
     """The highest live bytes over forward and backward, and what was alive then (``titan_peak``)."""
 
 
 @contextmanager
 def fake_world(rank: int, world: int) -> Iterator[None]:
-    """The default process group as ``rank`` of ``world`` on torch's fake backend, torn down after."""
+    """The default process group as ``rank`` of ``world`` on torch's fake backend, torn down after; the CPU
+    "host" counted as a GPU node of ``blocks.dtensor_cost.HOST_DEVICES`` devices where DTensor prices its
+    redistributions (``MeshTopoInfo.build_from_mesh`` asks ``device_count()``: 1 on CPU, which would put
+    every tensor-parallel group between hosts and could change the strategies it picks)."""
+    from unittest import mock
+
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from memplan.blocks.dtensor_cost import HOST_DEVICES
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        yield
+        with mock.patch.object(torch.cpu, "device_count", lambda: HOST_DEVICES):
+            yield
     finally:
         dist.destroy_process_group()
 
@@ -274,6 +285,11 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
         tracker.phase = "backward"
         tracker.note("forward")
 
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    # DTensor's sharding-propagation caches key a spec by its mesh's layout, not its process groups: one
+    # cached in an earlier fake world would name a group destroyed with it (as ``titan_vpp`` does)
+    _clear_sharding_prop_cache()
     cp = setup.parallel.cp
     with (
         fake_world(rank_of(setup), world_size(setup)),
@@ -291,7 +307,11 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
                 tracker.note("backward")
             peak = tracker.result(states, recorders[0].saved_keys(), grads_of(model))
             params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
-    return RankRun(measured, params, peak)
+            grads = grads_of(model)
+            grad_bytes = sum(
+                {storage_ref(local(g)).cdata: local(g).untyped_storage().nbytes() for g in grads}.values()
+            )
+    return RankRun(measured, params, grad_bytes, peak)
 
 
 def needs_ranks(setup: Setup) -> bool:
@@ -313,10 +333,13 @@ def rank_comparison_json(est: Any, run: RankRun) -> dict[str, Any]:
     weights = est.device.states.weights
     if setup.strategy.zero is ZeroStage.GRADIENTS and setup.strategy.dp > 1:
         weights = estimate_zero3(setup).device.states.weights
+    grads = est.device.states.gradients
     equal = weights == run.param_bytes
+    grads_equal = grads == run.grad_bytes
     result["diff"]["weights"] = {"estimated": weights, "measured": run.param_bytes, "equal": equal}
-    result["diff"]["equal"] = result["diff"]["equal"] and equal
-    result["diff"]["exact"] = result["diff"]["exact"] and equal
+    result["diff"]["gradients"] = {"estimated": grads, "measured": run.grad_bytes, "equal": grads_equal}
+    result["diff"]["equal"] = result["diff"]["equal"] and equal and grads_equal
+    result["diff"]["exact"] = result["diff"]["exact"] and equal and grads_equal
     result["rank"] = {
         "rank": rank_of(setup),
         "world": world_size(setup),
