@@ -33,7 +33,7 @@ from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
-from memplan.stage_plan import StagePlan
+from memplan.stage_plan import StagePlan, partial_grads
 from memplan.time.comm.fabric import link, placed
 from memplan.time.comm.rows import stride
 
@@ -117,7 +117,10 @@ def ddp_bucket_bytes(r: Result, sp: StagePlan | None = None) -> int:
         return 0
     if s.impl.impl not in (Impl.HF, Impl.TORCHTITAN):
         return 0
-    return (sp or r.device).states.gradients
+    plan = sp or r.device
+    # the buckets are the parameters' (local shards); not the whole Partial gradients DTensor leaves
+    # under torchtitan's TP without SP (``stage_plan.partial_grads``)
+    return plan.states.gradients - partial_grads(s, plan.stage) * s.training.precision.grad_bytes
 
 
 def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
