@@ -67,7 +67,9 @@ def moments(parallel: Parallel, index: int, chunks_of: tuple[int, ...], n: int) 
         virtual = k * p + index
         if forward:
             in_flight.append(k)
-            sent_out += virtual < last_virtual
+            # a chunk of no layers between the embedding's and the head's returns the tensor it received:
+            # the output it sends is the receive buffer (``pp.recv``), no new storage
+            sent_out += virtual < last_virtual and (chunks_of[k] > 0 or virtual == 0)
         else:
             in_flight.remove(k)  # each chunk's backwards run in its forwards' order
             sent_grad += virtual > 0

@@ -530,3 +530,14 @@ def test_tp_without_sp_accumulates_whole_partial_gradients(vpp: int) -> None:
     shards = at_stage(estimate(plain), 0).device.peak.moments["layer backward"]
     more = (layers * 64 * 64 + (layers - ends) * 64 * 128) // 2 * 4  # fp32, the reduce dtype
     assert run.unsharded_grads == moment["gradients"] == shards["gradients"] + more
+
+
+def test_an_empty_middle_chunk_sends_what_it_received() -> None:
+    """--pp-layers 1,1,0,0 over pp 2 × vpp 2 (the tiny model's 2 layers): rank 0's second chunk (virtual
+    stage 2) holds no layer, neither the embedding nor the head, and returns the tensor it received, so
+    what it sends is its receive buffer: the rank holds 4 sent outputs (chunk 0's, one per micro-batch),
+    not 7 (the estimate had counted the pass-throughs' sends as new storages)."""
+    base = hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN)
+    setup = piped(base, 2, 4, vpp=2, pp_layers=(1, 1, 0, 0))
+    run = traced_exact(estimate(setup), setup, 0)
+    assert held(run)["pp.output"] == ((1, 32, 64), 4)
