@@ -31,6 +31,8 @@ Llama 3 8B's W_O come out ``Partial`` whole. Known limitations: the harness runs
 
 from __future__ import annotations
 
+from memplan.presets.topology import HGX_NODE_GPUS
+
 GIB = 2**30
 BASE_LATENCY_US = 6.6
 """Every collective's base latency, µs (``allgather_cost``, ``allreduce_cost``, ``reduce_scatter_cost``)."""
@@ -44,8 +46,8 @@ BETWEEN_HOSTS_LATENCY_US = 2.7
 """Its latency per hop between hosts, µs."""
 SHARD_TO_SHARD_PENALTY_US = 1.0
 """``_compute_placement_transition_cost``'s penalty on a shard-to-shard move (no all-to-all cost yet)."""
-HOST_DEVICES = 8
-"""GPUs a host holds (an 8-GPU node) where DTensor asks ``device_count()``."""
+HOST_DEVICES = HGX_NODE_GPUS
+"""GPUs a host holds where DTensor asks ``device_count()`` (``MeshTopoInfo``): an HGX / DGX node's."""
 
 
 def _link(devices: int) -> tuple[float, float]:

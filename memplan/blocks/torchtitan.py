@@ -14,9 +14,9 @@ tensor against one rank of torchtitan's model (tests/measure/test_titan_context.
 Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU), but for the attention: under
   ``--device cuda`` torchtitan's SDPA runs cuDNN's op (its cuDNN-first priority; head dim <= 128:
-  ``blocks.attention.titan_cudnn``), measured through that op's meta kernel (``measure.frameworks.titan
-  .cudnn_attention``). On a GPU torch may also run a fused ``_fused_rms_norm`` kernel: not checked, so
-  ``--device cuda`` estimates keep the CPU norm facts.
+  ``blocks.attention.titan_cudnn``), measured through that op's meta kernel
+  (``measure.frameworks.titan_attention.cudnn_attention``). On a GPU torch may also run a fused
+  ``_fused_rms_norm`` kernel: not checked, so ``--device cuda`` estimates keep the CPU norm facts.
 - NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``): its save
   list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the cuDNN op's outputs are cached too
   and the core is not re-run (``strategies.checkpointing.sdpa_cache_rules``); head dims above 128 are

@@ -18,6 +18,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+HGX_NODE_GPUS = 8
+"""GPUs in one node where no GPU preset says: the 8 of an HGX / DGX board (DGX A100, H100, H200, B200).
+Host memory shared by a node's devices (``search.budget``) and the device count DTensor prices a
+tensor-parallel group by (``blocks.dtensor_cost``)."""
+
 
 class Topology(BaseModel):
     """GPUs per node, and the bandwidth and latency inside a node and between nodes, per GPU."""

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Offload
 from memplan.engine import Result
 from memplan.presets import GpuPreset
+from memplan.presets.topology import HGX_NODE_GPUS
 from memplan.reserved import (
     CUDA_CONTEXT,
     Reserved,
@@ -234,9 +235,9 @@ def verdict(
 # ----------------------------------------------------------------------------------------------------
 # Host memory (offload)
 # ----------------------------------------------------------------------------------------------------
-NODE_GPUS = 8
-"""GPUs sharing one node's host memory: the 8 of an HGX / DGX board (DGX A100, H100, H200, B200). NB: the
-GPU presets do not state it yet; a smaller job shares it among its own devices only."""
+NODE_GPUS = HGX_NODE_GPUS
+"""GPUs sharing one node's host memory where no GPU is given (``presets.topology.HGX_NODE_GPUS``); a
+smaller job shares it among its own devices only."""
 
 
 class HostVerdict(BaseModel):

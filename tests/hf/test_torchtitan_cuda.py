@@ -1,9 +1,9 @@
 """torchtitan's Llama 3 on CUDA's attention op, without a GPU: ``measure_titan`` under ``--device cuda`` runs
 each block's SDPA as the op a GPU dispatches under torchtitan's cuDNN-first priority
 (``aten._scaled_dot_product_cudnn_attention``, its meta kernel under fake tensors on CPU;
-``measure.frameworks.titan.cudnn_attention`` says why that is the GPU's op sequence), with torchtitan's own
-``SelectiveAC`` policy over its own block. Saved bytes per layer and in total, and FLOPs per phase, equal
-the estimate's to the byte and the FLOP; the per-layer bytes are also derived by hand."""
+``measure.frameworks.titan_attention.cudnn_attention`` says why that is the GPU's op sequence), with
+torchtitan's own ``SelectiveAC`` policy over its own block. Saved bytes per layer and in total, and FLOPs
+per phase, equal the estimate's to the byte and the FLOP; the per-layer bytes are also derived by hand."""
 
 from __future__ import annotations
 

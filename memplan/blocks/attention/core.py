@@ -348,7 +348,7 @@ def titan_cudnn(setup: Setup) -> bool:
     ``CUDNN_ATTENTION`` first (``sdpa_kernel(..., set_priority=True)``, models/common/attention.py) and
     torch's ``can_use_cudnn_attention`` holds for a causal, unmasked 16-bit call with a head dim <= 128 and a
     multiple of 8, GQA included (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, sm80-sm121;
-    measure.frameworks.titan ``cudnn_attention``). Above 128 the pick depends on the GPU and cuDNN's
+    measure.frameworks.titan_attention ``cudnn_attention``). Above 128 the pick depends on the GPU and cuDNN's
     version: the flash rules stay."""
     d = setup.model.dim
     cuda = setup.device is Device.CUDA and setup.impl.impl is Impl.TORCHTITAN

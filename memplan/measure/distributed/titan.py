@@ -26,7 +26,7 @@ Known limitations:
   (``titan_peak``: FSDP2's resizes followed), not judged: ``trace`` exits on the saves and parameters,
   and shows the peak's moments with their differences (``titan_peak``'s NBs say which are not exact).
 - NB: under ``--cp`` each block's attention is torch's ring over the mesh's cp group with the CPU flash
-  kernel (``frameworks.titan.ring_attention``), the rank's ids and positions sharded head-tail as
+  kernel (``frameworks.titan_attention.ring_attention``), the rank's ids and positions sharded head-tail as
   torchtitan's trainer shards them, and FSDP2 shards over dp × cp (torchtitan's "fsdp" axis).
 """
 
@@ -59,11 +59,10 @@ from memplan.measure.frameworks.titan import (
     apply_ac,
     float8_config,
     require_torchtitan,
-    ring_attention,
-    ring_kernel,
     titan_config,
     titan_step,
 )
+from memplan.measure.frameworks.titan_attention import ring_attention, ring_kernel
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
 from memplan.measure.reference.context import rotate_method
@@ -222,8 +221,9 @@ def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> An
     ``parallelize_llama`` does it (``pipeline_llm``'s ``parallelize_fn`` after the split): TP, then the
     activation checkpointing, then FSDP2 over dp with bf16 gathered parameters and fp32 reduction
     (``pp_enabled``: torchtitan's reshard policy with pipelining); in training mode. Under ``--cp`` each
-    block's attention is torch's ring over the mesh's cp group (``frameworks.titan.ring_attention``),
-    installed first, as torchtitan applies CP before the wrappers that follow."""
+    block's attention is torch's ring over the mesh's cp group
+    (``frameworks.titan_attention.ring_attention``), installed first, as torchtitan applies CP before the
+    wrappers that follow."""
     from torchtitan.distributed.fsdp import apply_fsdp_to_decoder
 
     s = setup.strategy
@@ -305,9 +305,9 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
                     model, setup, Recorder, cp_rank=setup.parallel.cp_rank or 0, after_forward=backward_begins
                 )
                 tracker.note("backward")
-            peak = tracker.result(states, recorders[0].saved_keys(), grads_of(model))
-            params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
             grads = grads_of(model)
+            peak = tracker.result(states, recorders[0].saved_keys(), grads)
+            params = sum(local(p).untyped_storage().nbytes() for p in model.parameters())
             grad_bytes = sum(
                 {storage_ref(local(g)).cdata: local(g).untyped_storage().nbytes() for g in grads}.values()
             )

@@ -10,8 +10,8 @@ the rank's rows of its own cache, as without pp (``frameworks.titan``'s module d
 [b, s/c, h] hidden states; the last stage's logits are [b, s/c, v].
 
 Known limitations:
-- NB: the ring attention is ``frameworks.titan.ring_attention`` (torch's ring functions with the CPU flash
-  kernel over the mesh's cp group), as in the non-pipeline run.
+- NB: the ring attention is ``frameworks.titan_attention.ring_attention`` (torch's ring functions with
+  the CPU flash kernel over the mesh's cp group), as in the non-pipeline run.
 """
 
 from __future__ import annotations
