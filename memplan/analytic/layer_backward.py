@@ -15,7 +15,12 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
-from memplan.blocks.profiles import checkpoints_alone, profile_of
+from memplan.blocks.profiles import (
+    accumulates_in_place,
+    checkpoints_alone,
+    made_grad_bytes,
+    profile_of,
+)
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -97,7 +102,7 @@ def _mlp_done(setup: Setup, params: ParamCount) -> int:
     """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
     change of the live set, plus the gradients)."""
     layer = params.layer
-    grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * setup.training.precision.grad_bytes
+    grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * made_grad_bytes(setup)
     return grads - layer_saves(setup, {Block.MLP, Block.MLP_NORM})
 
 
@@ -134,7 +139,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     layer = params.layer
     rest_grads = (
         layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
-    ) * setup.training.precision.grad_bytes
+    ) * made_grad_bytes(setup)
     attn_norm = (
         mlp_norm
         + rest_grads  # the MLP's, its norm's and W_O's are in mlp_done already
@@ -260,10 +265,11 @@ _TERMS_MAX = 8192
 def layer_terms(setup: Setup, params: ParamCount) -> tuple[int, int]:
     """(``layer_backward_transient``, ``recompute_working_set``) of ``setup`` — what ``analytic.peak``'s
     layer moments add — memoised on ``activations.rank_key`` (every field but the ZeRO stage, dp and the
-    micro-batch count: the blocks' rules and this module read none of them) and on one layer's parameters
-    (the only part of ``params`` they read). tests/plan/test_fit_memos.py checks the memo against the two
+    micro-batch count: the blocks' rules and this module read none of them but through
+    ``accumulates_in_place``, which the key carries) and on one layer's parameters (the only part of
+    ``params`` they read). tests/plan/test_fit_memos.py checks the memo against the two
     functions across ZeRO stages, dp degrees and micro-batch counts."""
-    key = (*act.rank_key(setup), params.layer)
+    key = (*act.rank_key(setup), params.layer, accumulates_in_place(setup))
     found = _TERMS.get(key)
     if found is None:
         if len(_TERMS) >= _TERMS_MAX:

@@ -30,7 +30,12 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    device when the step runs on the host (``--offload optimizer``).
 
 Gradients: with gradient accumulation (``grad_accum > 1``) they are alive in every micro-batch after the
-first, so moments 1 to 3 include them; otherwise they are made during the backward. On a torchtitan
+first, so moments 1 to 3 include them; otherwise they are made during the backward. Where a later
+micro-batch's are summed into them in place (``blocks.profiles.accumulates_in_place``: ZeRO 0–1, eager
+autograd), a layer's own new gradients are freed as their node ends (the layer's transients count none
+but the one being made), the lm head's new [v, h] comes beside the sums at its own backward (folded into
+moment 2: ``lm_head_backward_transient``), and a tied one waits in autograd's input buffer for the
+embedding's (one more [v, h] in moments 2–4). On a torchtitan
 pipeline stage under FSDP2 they are the stage's unsharded gradients in the reduce dtype, reduce-scattered
 only after its last backward (``pipeline_unsharded_gradients``), the embedding's backward included.
 ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; the reference's FSDP2 wrapping
@@ -50,7 +55,10 @@ in 28 of the 37 grid setups where it is the peak; the rest (reversible layers; a
 attention dropout re-run by selective checkpointing) are within −1.9 % … +1.8 %. Over 160 random small
 shapes and strategies (seed 2026) the whole peak is exact in 122 and within −2.8 % … +2.9 %; of the 38
 not exact, 20 have reversible layers, 7 attention dropout, 8 grouped-query attention (73 more are
-exact), 3 are checkpointed eager layers with f ≤ h.
+exact), 3 are checkpointed eager layers with f ≤ h. The same 60 first of them with two micro-batches: 43
+exact (12 before the accumulation rules above), the 11 reversible within −0.9 … +1.4 %, attention dropout
++0.1 … +2.5 %, the eager forward's softmax +1.2 %; and 16-bit (not mixed) checkpointed layers +0.6 … +1.0 %,
+the attention's weight gradients (+82,176 B in one) still alive at its norm's backward, not modelled.
 NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
 every backward moment (+0.6 % in one of the random setups).
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
@@ -83,10 +91,15 @@ from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
 from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
-from memplan.blocks.head import loop_labels_bytes, loss_backward_transient
+from memplan.blocks.head import (
+    head_backward_modelled,
+    lm_head_backward_transient,
+    loop_labels_bytes,
+    loss_backward_transient,
+)
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import accumulates_in_place, profile_of
 from memplan.config import (
     NormType,
     Offload,
@@ -257,6 +270,11 @@ def peak(
     unsharded_grads = pipeline_unsharded_gradients(setup, params, partial_grads)
     step_grads = unsharded_grads or states.gradients  # all of them made, before the optimizer step
     grads_before = step_grads if setup.training.grad_accum > 1 else 0
+    # Tied, the lm head's gradient waits in autograd's input buffer for the embedding's (one leaf, one
+    # ``AccumulateGrad`` run once both uses are back): beside the summed ones in a later micro-batch.
+    tied = setup.model.tied_embeddings
+    pending = params.embedding * setup.training.precision.grad_bytes if tied else 0
+    pending = pending if accumulates_in_place(setup) else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units kept gathered
         gather = (params.total if unsharded is None else unsharded) * setup.training.precision.weight_bytes
@@ -289,10 +307,20 @@ def peak(
         weights + head_gather,
         optimizer,
         # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
-        grads_before + gradient_bytes_head if root else max(grads_before, gradient_bytes_head),
+        grads_before + gradient_bytes_head if root else max(grads_before + pending, gradient_bytes_head),
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
+    if accumulates_in_place(setup) and head_backward_modelled(setup):
+        log_probs = 4 * dims.tokens * dims.v  # the fp32 log_softmax output (``blocks.head.lm_head_rules``)
+        head_bwd = terms(
+            weights + head_gather,
+            optimizer,
+            grads_before,
+            activations - log_probs,
+            lm_head_backward_transient(setup, dims) + 4,
+        )
+        final_norm_bwd = max(final_norm_bwd, head_bwd, key=lambda t: sum(t.values()))
     if titan_sp_head_scatter(setup):
         # Before the norm's backward: its saves still held, its weight's gradient not made yet.
         norm_saves = final_norm_released(setup, dims)
@@ -315,7 +343,10 @@ def peak(
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
         if grads_before:
-            grads = grads_before + (gradient_bytes_head if root else 0)  # the root's, unsharded (above)
+            grads = grads_before + (gradient_bytes_head if root else pending)  # the root's, unsharded
+            if setup.strategy.reversible:  # the stack's Function returns every layer's gradients at its
+                # end (measure/reference/reversible.py): those of the layers above are new beside the sums
+                grads += params.layers_above(i, dims.layers) * step_grads // params.total
         else:
             # Gradients of the head and of the layers above, as many bytes per parameter as the device
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
@@ -365,8 +396,9 @@ def peak(
     # micro-batches) it is summed into the gradient already there: the new [v, h] and (tied) the sum.
     # Untied, the peak is the embedding's own backward: the incoming [T, h] gradient is alive beside the
     # new [v, h] (tied, it is freed before the sum).
-    tied = setup.model.tied_embeddings
-    copies = 2 if tied else (1 if setup.training.grad_accum > 1 else 0)
+    # Summed into an earlier micro-batch's in place (``accumulates_in_place``), tied: the lm head's pending
+    # one too, beside the accumulated gradient.
+    copies = (3 if pending else 2) if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).

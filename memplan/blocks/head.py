@@ -309,3 +309,23 @@ def loss_backward_transient(setup: Setup, dims: Dims) -> int:
     first, longest = dims.b * sizes[-1], dims.b * sizes[0]
     freed = 4 + (8 * first if loop_labels_bytes(setup, dims) else 0)
     return max(8 * first * dims.v, 8 * longest * dims.v - 4 * first * dims.v) - freed
+
+
+def head_backward_modelled(setup: Setup) -> bool:
+    """Where the lm head's own backward is a moment of ``analytic.peak`` (``lm_head_backward_transient``):
+    the standard loss on one tensor-parallel rank, every parameter trained."""
+    standard = setup.loss is LossKind.STANDARD and not profile_of(setup).vocab_parallel_loss
+    plain = standard and setup.model.final_softcap is None  # Gemma 2's tanh: another [T, v] chain
+    return plain and setup.parallel.tp == 1 and setup.finetune.trains_everything
+
+
+def lm_head_backward_transient(setup: Setup, dims: Dims) -> int:
+    """The lm head's backward at its dX in a later micro-batch whose gradients are summed into the earlier
+    ones' (``profiles.accumulates_in_place``): the log-probs and nll_loss's gradient are freed,
+    log_softmax's input gradient [T, v] is alive in the logits' dtype A (mixed recipes cast it back), and
+    the head's new weight gradient [v, h] (not yet summed: one node makes it and dX) beside its new dX
+    [T, h]. With one micro-batch that gradient is the one the later moments count among the gradients;
+    here it is new beside the sums, and the moment exceeds the loss's when v·h·g + T·h·A > T·v·(12 − A):
+    few tokens on a wide model (measured on CPU: tests/measure/test_peak.py ``ACCUMULATED``)."""
+    a, t = dims.act.bytes, dims.tokens
+    return t * dims.v * a + dims.v * dims.h * setup.training.precision.grad_bytes + t * dims.h * a

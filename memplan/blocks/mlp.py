@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.profiles import hidden_dropouts, profile_of
+from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
 
 B, R = Block, Role
@@ -97,7 +97,8 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     a_bytes = dims.act.bytes
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
-    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * setup.training.precision.grad_bytes
+    # the down projection's gradients, unless summed into an earlier micro-batch's and freed
+    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
     released = t * dims.f * a_bytes  # the down input's save; Transformer Engine's a float8 cast and its scale
     if te_fp8.applies(setup):
         released = te_fp8.saved_cast_bytes(setup, t, dims.f)
@@ -132,7 +133,8 @@ def fp8_first_backward(setup: Setup, dims: Dims) -> int:
     saves released (and the residual dropout's mask). At W_gate's: W_up's dX [T, h] and gradients, d(gate)
     [T, f]; silu's saved gate released too. GELU at W_fc1's: d(fc1) [T, f]; the down input and fc1's output
     released."""
-    e, g, t, f, h = dims.act.bytes, setup.training.precision.grad_bytes, dims.tokens, dims.f, dims.h
+    # the gradients made by then, unless summed into an earlier micro-batch's and freed
+    e, g, t, f, h = dims.act.bytes, made_grad_bytes(setup), dims.tokens, dims.f, dims.h
     bias = setup.model.mlp_bias
     tf, dy = t * f * e, t * h * e
     down = (f * h + (h if bias else 0)) * g
@@ -160,7 +162,7 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
     if fp8.enabled(setup):
         # torchao's casts, dX and dW among their steps (blocks/fp8.py); Float8Linear adds its bias outside
         # the matmul, so the bias gradient is made first, checkpointed or not.
-        bias_grad = (h if setup.model.mlp_bias else 0) * setup.training.precision.grad_bytes
+        bias_grad = (h if setup.model.mlp_bias else 0) * made_grad_bytes(setup)
         return t * h * a_bytes + dropout + bias_grad + fp8.down_backward(setup, dims)
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
     grads = (dims.f * h + bias) * setup.training.precision.grad_bytes

@@ -17,6 +17,7 @@ from memplan.config import (
     NormType,
     PositionType,
     Setup,
+    ZeroStage,
 )
 
 
@@ -33,6 +34,36 @@ def hidden_dropouts(setup: Setup) -> tuple[float, float]:
     if prof.mlp_dropout_only:
         return m.resid_dropout, 0.0
     return (m.resid_dropout, m.embd_dropout) if prof.hidden_dropout else (0.0, 0.0)
+
+
+def accumulates_in_place(setup: Setup) -> bool:
+    """A later micro-batch's weight gradients are summed into the ``.grad`` an earlier one left and freed
+    at once: torch's ``AccumulateGrad`` adds a new gradient into a defined one outside grad mode
+    (``variable_grad += new_grad``, torch/csrc/autograd/functions/accumulate_grad.h) and drops it, so with
+    ``grad_accum > 1`` a layer's backward keeps none of its own gradients as new storage past the node
+    that made them (with one micro-batch the new one is stolen as the ``.grad``: it stays). Where the
+    gradients stay whole on the rank (ZeRO 0–1, or one shard; under ZeRO 2–3 FSDP reduce-scatters each
+    unit's whole new gradients at its end), in eager autograd (a compiled block's backward returns its
+    gradients together) and not Megatron's (weight gradients go to its ``main_grad`` buffer); not under
+    reversible layers, whose stack returns every layer's gradients together at its backward's end.
+    Measured on CPU by tests/measure/test_peak.py (``ACCUMULATED``).
+    NB: not on a pipeline stage, whose moments are not re-derived for its schedule (the warm-up's
+    micro-batches in flight beside the first backward, which makes its gradients; the held outputs):
+    there the one-micro-batch accounting stays, within tests/measure/test_distributed_pp.py's bound."""
+    return (
+        setup.training.grad_accum > 1
+        and setup.parallel.pp == 1
+        and not setup.strategy.reversible
+        and (setup.strategy.zero <= ZeroStage.OPTIMIZER or setup.state_shards == 1)
+        and setup.impl.impl is not Impl.MEGATRON
+        and not profile_of(setup).compiled_block
+    )
+
+
+def made_grad_bytes(setup: Setup) -> int:
+    """Bytes per element of the gradients a layer's backward leaves alive once their node has run: the
+    recipe's, or none when they are summed into earlier micro-batches' (``accumulates_in_place``)."""
+    return 0 if accumulates_in_place(setup) else setup.training.precision.grad_bytes
 
 
 def profile_of(setup: Setup) -> Profile:

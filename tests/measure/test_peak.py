@@ -154,6 +154,25 @@ def test_a_selective_cores_softmax_backward_sits_an_output_gradient_below_its_re
     assert rerun - backward == moments[0] - moments[1] == dims.tokens * dims.a * dims.d * dims.act.bytes
 
 
+# A later micro-batch sums its gradients into the earlier ones' (``blocks.profiles.accumulates_in_place``):
+# a layer's own gradients are freed as their node ends, the lm head's new [v, h] comes beside the sums (a
+# moment of its own with few tokens on a wide model), and a tied one waits for the embedding's.
+ACCUMULATED = [
+    make(LLAMA, 32, ckpt="full", b=4, s=128, accum=2),  # layer: W_down's gradient freed before SwiGLU's
+    make(GPT, 32, b=4, s=128, accum=2),  # layer, tied: the lm head's gradient waits for the embedding's
+    make(LLAMA, 32, precision="fp32", b=4, s=128, accum=3),  # the final norm's
+    make(LLAMA, 4096, b=2, s=8, precision="fp32", optimizer="sgd", accum=2),  # the lm head's backward
+    make(GPT, 4096, b=1, s=4, precision="fp32", optimizer="lion", accum=2),  # tied: three [v, h] at once
+]
+
+
+@pytest.mark.parametrize("setup", ACCUMULATED, ids=lambda s: f"{s.model.norm.value}-{s.training.grad_accum}")
+def test_accumulated_micro_batches_peak_is_exact(setup: Setup) -> None:
+    est = estimate(setup)
+    assert est.peak.phase in ("layer backward", "final norm backward", "embedding backward")
+    assert profile(setup, steps=1).peak == est.peak.bytes
+
+
 # Where the layer-backward moment is not exact (analytic/peak.py: reversible layers; an eager core with
 # attention dropout re-run by selective checkpointing): measured / estimated − 1, each within its
 # measured error rounded outward to 0.1 %.
@@ -164,6 +183,8 @@ LAYER = [
         (-0.019, 0.0),
     ),  # −1.90 %
     (make(LLAMA, 32, reversible=True, b=4, s=128), (0.0, 0.018)),  # +1.73 %
+    # accumulated: the stack's Function returns every layer's gradients at its end, beside the sums
+    (make(LLAMA, 32, reversible=True, b=4, s=128, accum=2), (0.0, 0.017)),  # +1.62 %
     (
         make(
             dict(GPT, attn_dropout=0.1), 32, attention="eager", ckpt="selective", precision="fp32", b=4, s=128
