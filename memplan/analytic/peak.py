@@ -57,8 +57,8 @@ shapes and strategies (seed 2026) the whole peak is exact in 122 and within −2
 not exact, 20 have reversible layers, 7 attention dropout, 8 grouped-query attention (73 more are
 exact), 3 are checkpointed eager layers with f ≤ h. The same 60 first of them with two micro-batches: 43
 exact (12 before the accumulation rules above), the 11 reversible within −0.9 … +1.4 %, attention dropout
-+0.1 … +2.5 %, the eager forward's softmax +1.2 %; and 16-bit (not mixed) checkpointed layers +0.6 … +1.0 %,
-the attention's weight gradients (+82,176 B in one) still alive at its norm's backward, not modelled.
++0.1 … +2.5 %, the eager forward's softmax +1.2 %; and 16-bit (not mixed) checkpointed layers +0.6 … +1.0 %
+(+15,872 and +51,200 B at the attention norm's backward; what holds them is not found).
 NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
 every backward moment (+0.6 % in one of the random setups).
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
