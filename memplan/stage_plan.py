@@ -159,8 +159,8 @@ class StagePlan:
         base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded, partial)
         moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage
-            del moments["loss backward"]
-            del moments["final norm backward"]
+            for name in ("loss forward", "loss backward", "lm head backward", "final norm backward"):
+                moments.pop(name, None)
         layer = moments["layer backward"]
         moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
         moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul

@@ -7,6 +7,11 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    beside the saved fp32 log-probs. (The forward's own loss transient, the fp32 logits, 4·T·v, is smaller.)
    The chunked loss makes them for its largest chunk only; the fused one none (it scales the gradients it
    kept in place), and the labels the training loop holds are counted when the loss keeps no view of them.
+   ``loss forward`` (chunked loss only): its forward's logits of every chunk beside the saves, above
+   its backward (``blocks.head.chunked_loss_forward_transient``).
+1b. ``lm head backward`` (where modelled): the head's weight gradient made beside the accumulated ones
+   (``lm_head_backward_transient``), or the chunked loss's pieces of it summed, three [v, h] at once
+   (``chunked_head_backward_transient``).
 2. ``final norm backward`` — the head's loss and lm-head saves are freed, its gradients made, and the
    final norm's backward peaks (RMSNorm: five fp32 [T, h] gradient pieces at once).
 3. ``layer backward`` — a layer's backward, at the top layer (most activations alive), the bottom one
@@ -34,8 +39,8 @@ first, so moments 1 to 3 include them; otherwise they are made during the backwa
 micro-batch's are summed into them in place (``blocks.profiles.accumulates_in_place``: ZeRO 0–1, eager
 autograd), a layer's own new gradients are freed as their node ends (the layer's transients count none
 but the one being made), the lm head's new [v, h] comes beside the sums at its own backward (folded into
-moment 2: ``lm_head_backward_transient``), and a tied one waits in autograd's input buffer for the
-embedding's (one more [v, h] in moments 2–4). On a torchtitan
+moment 1b), and a tied one waits in autograd's input buffer for the embedding's (one more [v, h] in
+moments 2–4). On a torchtitan
 pipeline stage under FSDP2 they are the stage's unsharded gradients in the reduce dtype, reduce-scattered
 only after its last backward (``pipeline_unsharded_gradients``), the embedding's backward included.
 ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; the reference's FSDP2 wrapping
@@ -80,6 +85,15 @@ from memplan.analytic.fsdp2_moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp2_reduce import reduce_scatter_input
+from memplan.analytic.head_moments import (
+    final_norm_released,
+    freed_before_final_norm,
+    head_input_scatter_transient,
+    layer_rope_buffer,
+    loop_count_bytes,
+    sp_shards,
+    titan_sp_head_scatter,
+)
 from memplan.analytic.layer_backward import (
     layer_terms,
     saved_layers_up_to,
@@ -92,6 +106,8 @@ from memplan.analytic.step import zero3_gather
 from memplan.blocks.embedding import loop_ids_bytes
 from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import (
+    chunked_head_backward_transient,
+    chunked_loss_forward_transient,
     head_backward_modelled,
     lm_head_backward_transient,
     loop_labels_bytes,
@@ -101,7 +117,6 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import accumulates_in_place, profile_of
 from memplan.config import (
-    NormType,
     Offload,
     Setup,
 )
@@ -144,78 +159,6 @@ class Peak(BaseModel):
         is asked for (``reserved``; the verdict keeps the all-gather stream's pool back apart)."""
         off = self.all_gather_stream
         return max(sum(p.values()) - sum(off.get(n, {}).values()) for n, p in self.moments.items())
-
-
-# (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
-# lm head's input (their backward has run), and an RMSNorm's normalised output and rstd (its backward's
-# first ops consumed them); LayerNorm's one backward op holds its statistics to the end.
-_HEAD_FREED_BEFORE_NORM = {
-    NormType.RMSNORM: {
-        (Block.LOSS, Role.LOG_PROBS),
-        (Block.LOSS, Role.HEAD_INPUT_GRAD),
-        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
-        (Block.LM_HEAD, Role.LINEAR_INPUT),
-        (Block.FINAL_NORM, Role.NORM_OUTPUT),
-        (Block.FINAL_NORM, Role.NORM_STATS),
-    },
-    NormType.LAYERNORM: {
-        (Block.LOSS, Role.LOG_PROBS),
-        (Block.LOSS, Role.HEAD_INPUT_GRAD),
-        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
-        (Block.LM_HEAD, Role.LINEAR_INPUT),
-    },
-}
-
-
-def freed_before_final_norm(k: Kept, norm: NormType) -> bool:
-    """Whether a head tensor's storage is released before the final norm's backward peaks."""
-    return (k.block, k.role) in _HEAD_FREED_BEFORE_NORM[norm]
-
-
-def layer_rope_buffer(setup: Setup, dims: Dims) -> int:
-    """One layer's torchtitan RoPE cache (``Profile.rope_cache_per_layer``, without context parallelism):
-    a module buffer, [s, d/2] complex64, alive all step; the layer's save is a view of it, so once its
-    saves are freed the buffer stays (the layers above a layer's backward, the embedding's backward)."""
-    if not profile_of(setup).rope_cache_per_layer or setup.parallel.cp > 1:
-        return 0
-    return dims.s * (dims.d // 2) * 8
-
-
-def loop_count_bytes(setup: Setup) -> int:
-    """The valid-token count the trainer holds, int64 (``Profile.loss_over_token_count``: torchtitan's
-    ``global_valid_tokens``, passed to the loss and kept by the training loop to the step's end)."""
-    return 8 if profile_of(setup).loss_over_token_count else 0
-
-
-def sp_shards(setup: Setup) -> int:
-    """The ranks a sequence-parallel norm splits its tokens over (torchtitan's SP plan runs the norms on
-    the rank's T/t tokens): the final norm's backward transient is one rank's share; 1 without it."""
-    return setup.parallel.tp if titan_sp_head_scatter(setup) else 1
-
-
-def titan_sp_head_scatter(setup: Setup) -> bool:
-    """torchtitan's sequence-parallel plan (``Profile.sp_module_gather``) on more than one rank."""
-    return profile_of(setup).sp_module_gather and setup.parallel.sp and setup.parallel.tp > 1
-
-
-def final_norm_released(setup: Setup, dims: Dims) -> int:
-    """The final norm's saves the moment's estimate releases before its backward peaks
-    (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
-    the sequence-parallel plan (its saves are sequence shards)."""
-    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if setup.model.norm is NormType.RMSNORM else ()
-    rules = norm_rules(setup, Block.FINAL_NORM, dims)
-    return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
-
-
-def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
-    """torchtitan's SP plan gathers the final norm's output for the lm head (``Replicate`` at its input,
-    models/common/decoder_sharding.py), so the head's input gradient goes back through a reduce-scatter
-    before the final norm's backward: the lm head's dX [T, h] in A, funcol's
-    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output and the wait's
-    result ([T/t, h] each): 2·T·h·A + 2·(T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
-    tests/hf/test_torchtitan_peak.py)."""
-    t, a = setup.parallel.tp, dims.act.bytes
-    return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
 
 
 def root_embedding_moment(
@@ -296,6 +239,18 @@ def peak(
     loss_bwd = terms(
         weights + gathered, optimizer, grads_before, activations, loss_backward_transient(setup, dims) + 4
     )
+    # The chunked loss's forward (``chunked_loss_forward_transient``): a moment of its own, before the rest.
+    upcasts = any(
+        r.role is Role.NORM_INPUT and r.dtype is not dims.act
+        for r in norm_rules(setup, Block.FINAL_NORM, dims)
+    )
+    chunked_forward = chunked_loss_forward_transient(setup, dims, upcasts)
+    head_moments: dict[str, dict[str, int]] = {}
+    if chunked_forward:
+        head_moments["loss forward"] = terms(
+            weights + gathered, optimizer, grads_before, activations, chunked_forward
+        )
+    head_moments["loss backward"] = loss_bwd
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
@@ -311,16 +266,18 @@ def peak(
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
+    # The lm head's own backward where modelled: its new weight gradient beside the summed ones
+    # (``lm_head_backward_transient``), or the chunks' pieces summed (``chunked_head_backward_transient``).
     if accumulates_in_place(setup) and head_backward_modelled(setup):
         log_probs = 4 * dims.tokens * dims.v  # the fp32 log_softmax output (``blocks.head.lm_head_rules``)
-        head_bwd = terms(
-            weights + head_gather,
-            optimizer,
-            grads_before,
-            activations - log_probs,
-            lm_head_backward_transient(setup, dims) + 4,
+        head_transient = lm_head_backward_transient(setup, dims) + 4
+        at_head = terms(
+            weights + head_gather, optimizer, grads_before, activations - log_probs, head_transient
         )
-        final_norm_bwd = max(final_norm_bwd, head_bwd, key=lambda t: sum(t.values()))
+        head_moments["lm head backward"] = at_head
+    elif chunked := chunked_head_backward_transient(setup, dims):
+        at_head = terms(weights + head_gather, optimizer, grads_before, activations, chunked)
+        head_moments["lm head backward"] = at_head
     if titan_sp_head_scatter(setup):
         # Before the norm's backward: its saves still held, its weight's gradient not made yet.
         norm_saves = final_norm_released(setup, dims)
@@ -424,7 +381,7 @@ def peak(
         stream["layer backward"] = {"transient": gather_outputs[top]}
     return Peak(
         moments={
-            "loss backward": loss_bwd,
+            **head_moments,
             "final norm backward": final_norm_bwd,
             "layer backward": layer_bwd,
             "embedding backward": embedding_bwd,

@@ -8,10 +8,13 @@
   (``torch.chunk``: ⌈s/N⌉ positions each, fewer chunks when that leaves none), each goes through the lm
   head, is upcast to fp32 and ``cross_entropy``'d with reduction "sum"; the sum is divided by the number of
   labels (an int64 scalar, kept by the division). Autograd keeps every chunk's log-probs: the same 4·T·v
-  bytes as standard. What shrinks is the transient: the forward's logits and the backward's two fp32
-  buffers are one chunk's. With b > 1 a chunk along the sequence is not contiguous, so the lm head's
-  ``matmul`` and the labels' ``reshape(-1)`` copy it: each chunk keeps its own [b·c, h] input and [b·c]
-  labels (the same bytes in N storages).
+  bytes as standard. What shrinks is the backward's transient: its two fp32 buffers are one chunk's. The
+  forward's does not: the model makes every chunk's logits before the loss takes any (T·v in the
+  activations' dtype, alive until the loss returns), so the loss's forward is its peak
+  (``chunked_loss_forward_transient``); and the lm head's backward sums its weight gradient's pieces,
+  three [v, h] at once (``chunked_head_backward_transient``). With b > 1 a chunk along the sequence is
+  not contiguous, so the lm head's ``matmul`` and the labels' ``reshape(-1)`` copy it: each chunk keeps
+  its own [b·c, h] input and [b·c] labels (the same bytes in N storages).
 - fused — Liger's ``LigerFusedLinearCrossEntropyFunction``: in forward, per chunk of rows the logits,
   their softmax gradient (written over them), grad_input[chunk] = dlogits·W and grad_weight += dlogitsᵀ·X;
   autograd keeps grad_input [T, h] (the hidden states' dtype) and grad_weight [v, h] (the weight's) and no
@@ -329,3 +332,52 @@ def lm_head_backward_transient(setup: Setup, dims: Dims) -> int:
     few tokens on a wide model (measured on CPU: tests/measure/test_peak.py ``ACCUMULATED``)."""
     a, t = dims.act.bytes, dims.tokens
     return t * dims.v * a + dims.v * dims.h * setup.training.precision.grad_bytes + t * dims.h * a
+
+
+def chunked_head_backward_transient(setup: Setup, dims: Dims) -> int:
+    """torchtune's chunked loss at its lm head's backward, beyond every save. The model makes every chunk's
+    logits before the loss takes any, so autograd runs every chunk's loss backward first (each chunk's
+    log-probs, nll_loss's normaliser and, b > 1, its labels copy freed; its gradient of the logits [b·c, v]
+    left in the logits' dtype A), then the head's matmuls, last chunk first. The weight is used by each
+    chunk's matmul: autograd sums the pieces of its gradient in the input buffer of the node that consumes
+    them before passing the sum on, out of place (each piece is the transpose view the matmul's backward
+    returns). At the second chunk's sum three [v, h] in A are alive: the two pieces and their sum; the two
+    chunks' logits gradients and (b > 1) input copies are freed, their input gradients [b·c, h] alive
+    until every chunk is back. Later sums hold three [v, h] too, with fewer logits gradients left. 0 with
+    one chunk. Measured on CPU: tests/measure/test_loss.py.
+    NB: with b = 1 and two chunks the measured moment holds neither chunk's input gradient (the estimate
+    is above it by their [T, h]; not found why)."""
+    sizes = chunk_sizes(dims.s, setup.loss_chunks)
+    if setup.loss is not LossKind.CHUNKED or len(sizes) < 2:
+        return 0
+    a, b, h, v = dims.act.bytes, dims.b, dims.h, dims.v
+    copies = b > 1
+    freed = sum(4 * b * c * v + 4 + (8 * b * c if copies else 0) for c in sizes)  # every loss backward
+    pending = sum(b * c * v * a for c in sizes[:-2])  # the logits gradients not yet through the head
+    done = sum(b * c * h * a - (b * c * h * a if copies else 0) for c in sizes[-2:])
+    return 3 * v * h * a + pending + done - freed
+
+
+def chunked_loss_forward_transient(setup: Setup, dims: Dims, norm_upcasts: bool) -> int:
+    """torchtune's chunked loss in forward, at the last chunk's log_softmax, beyond every save: the model
+    makes every chunk's logits [b·c, v] (A) before the loss takes any — T·v in all, alive until the loss
+    returns — and the loss upcasts one chunk at a time (its fp32 copy [b·c, v], freed by nll_loss; none
+    when A is fp32) and adds each chunk's loss into a running fp32 sum: at the last chunk's log_softmax its
+    fp32 copy is the moment (its nll_loss normaliser not made yet), or, with no copy, the last addition
+    (the chunk's loss, the sum before and the sum after, 12 bytes). The forward that made the chunks
+    still holds what it cut them from: the final norm's output [b, s, h] (a save itself when b = 1, the
+    chunks its views; b > 1 copies each) and, where the final norm saved an upcast copy of its input
+    (``norm_upcasts``), the last layer's output [b, s, h] — memplan's reference model, whose forward runs
+    the loss; torchtune's decoder returns the logits first and frees them ([T, h] less; not modelled
+    apart). Above the loss backward's two fp32 chunk
+    gradients whenever there are two chunks or more: the chunked loss's peak is its forward's. 0 for the
+    other losses (their forward's transient is below their backward's). Measured on CPU:
+    tests/measure/test_loss.py (torchtune's ``chunked_output`` and ``CEWithChunkedOutputLoss`` do the
+    same: the list of logits, each chunk's ``.float()`` inside the loss, ``del logits`` after it)."""
+    sizes = chunk_sizes(dims.s, setup.loss_chunks)
+    if setup.loss is not LossKind.CHUNKED or len(sizes) < 2:
+        return 0
+    a, b, th = dims.act.bytes, dims.b, dims.tokens * dims.h
+    copy = 4 * b * sizes[-1] * dims.v if a < 4 else 0
+    held = (th * a if b > 1 else 0) + (th * a if norm_upcasts else 0)
+    return dims.tokens * dims.v * a + held + max(copy, 12)

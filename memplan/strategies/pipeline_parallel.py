@@ -25,7 +25,7 @@ import functools
 from dataclasses import dataclass
 from enum import Enum
 
-from memplan.analytic import peak as pk
+from memplan.analytic.head_moments import freed_before_final_norm
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.blocks.profiles import profile_of
@@ -78,7 +78,7 @@ def group_of(
         return Group.LAYER
     if k.block is Block.EMBED:
         return Group.EMBED
-    if pk.freed_before_final_norm(k, norm):
+    if freed_before_final_norm(k, norm):
         return Group.HEAD_FREED
     if k.block.in_head:
         return Group.HEAD

@@ -113,13 +113,42 @@ LOSS_PEAK = [("chunked:4", 2, 64), ("chunked:3", 2, 64), ("chunked:3", 1, 128), 
 
 
 @pytest.mark.parametrize(("loss", "b", "s"), LOSS_PEAK)
-def test_chunked_loss_backward_moment_is_exact(loss: str, b: int, s: int) -> None:
+def test_chunked_loss_moments_are_exact(loss: str, b: int, s: int) -> None:
+    """The backward's highest moment is the loss's; the forward's (every chunk's logits made before the
+    loss takes any, ``chunked_loss_forward_transient``) is above it, and the step's peak."""
     setup = setup_for(loss, b, "bf16-mixed", False, False, s=s, v=4096)
     est = estimate(setup)
-    assert est.peak.phases["loss backward"] == max(
-        v for k, v in est.peak.phases.items() if k not in ("optimizer step",)
-    )
-    assert profile(setup, steps=1).phase_peaks["backward"] == est.peak.phases["loss backward"]
+    phases = est.peak.phases
+    assert phases["loss backward"] == max(v for k, v in phases.items() if k not in FORWARD_AND_STEP)
+    assert est.peak.phase == "loss forward"
+    measured = profile(setup, steps=1).phase_peaks
+    assert measured["backward"] == phases["loss backward"]
+    assert measured["forward"] == phases["loss forward"] == est.peak.bytes
+
+
+FORWARD_AND_STEP = ("loss forward", "optimizer step")
+
+# Few tokens on a wide model (v 4096, h 32; fp32 and bf16-mixed, untied and tied, with and without copies,
+# one and two micro-batches): the chunks' lm-head weight gradient pieces summed three [v, h] at once, the
+# backward's highest moment (``chunked_head_backward_transient``).
+HEAD_SUM = [
+    ("chunked:4", 2, 8, "fp32", False, 1),
+    ("chunked:4", 1, 16, "bf16-mixed", True, 2),
+    ("chunked:2", 2, 8, "bf16-mixed", False, 2),
+    ("chunked:3", 2, 12, "fp32", True, 1),
+]
+
+
+@pytest.mark.parametrize(("loss", "b", "s", "precision", "tied", "accum"), HEAD_SUM)
+def test_chunked_lm_head_backward_sums_three_weight_gradients(
+    loss: str, b: int, s: int, precision: str, tied: bool, accum: int
+) -> None:
+    base = setup_for(loss, b, precision, tied, tied, s=s, v=4096)
+    setup = base.model_copy(update={"training": base.training.model_copy(update={"grad_accum": accum})})
+    est = estimate(setup)
+    phases = est.peak.phases
+    assert phases["lm head backward"] == max(v for k, v in phases.items() if k not in FORWARD_AND_STEP)
+    assert profile(setup, steps=1).phase_peaks["backward"] == phases["lm head backward"]
 
 
 def test_fused_loss_backward_moments_within_stated_accuracy() -> None:

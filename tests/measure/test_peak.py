@@ -169,7 +169,12 @@ ACCUMULATED = [
 @pytest.mark.parametrize("setup", ACCUMULATED, ids=lambda s: f"{s.model.norm.value}-{s.training.grad_accum}")
 def test_accumulated_micro_batches_peak_is_exact(setup: Setup) -> None:
     est = estimate(setup)
-    assert est.peak.phase in ("layer backward", "final norm backward", "embedding backward")
+    assert est.peak.phase in (
+        "layer backward",
+        "lm head backward",
+        "final norm backward",
+        "embedding backward",
+    )
     assert profile(setup, steps=1).peak == est.peak.bytes
 
 

@@ -9,9 +9,11 @@ final_norm", "backward i" (layer i's; last to first), "backward embedding"; and 
 
 - "forward: start", "forward: n/L layers", "forward: end": the live bytes at that boundary;
 - "forward: layer n/L peak": the highest point of layer n's forward (from layer n − 1's boundary);
+- "loss forward" (the chunked loss's forward, where modelled): as "forward: loss", the highest point from
+  the last layer's forward to the forward's end;
 - "loss backward": the highest point from the forward's end to "backward lm_head";
-- "final norm backward": the highest point from "backward final_norm" to the last layer's backward (NB:
-  the lm head's own backward, between the two, is not a moment the estimate models: not read);
+- "lm head backward" (where modelled): from "backward lm_head" to "backward final_norm";
+- "final norm backward": the highest point from "backward final_norm" to the last layer's backward;
 - "layer backward": the highest point over the layers' backward (to "backward embedding");
 - "embedding backward": the highest point from there to the backward's end;
 - "optimizer step": the highest point of the optimizer step.
@@ -73,10 +75,12 @@ def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
             return _highest(
                 s, at.get("start") if n == 1 else at.get(f"forward {n - 2}"), at.get(f"forward {n - 1}")
             )
-        elif label == "forward: loss":  # the head and the loss, after the last layer's forward
+        elif label in ("forward: loss", "loss forward"):  # the head and the loss, after the last layer
             return _highest(s, last_forward, fwd)
         elif label == "loss backward":
             return _highest(s, fwd, loss_end)
+        elif label == "lm head backward":
+            return _highest(s, loss_end, head)
         elif label == "final norm backward":  # not apart from the layers' when they note nothing
             return _highest(s, head, first_layer) if layer_bwd else None
         elif label == "layer backward":

@@ -1,0 +1,82 @@
+"""What the head and the training loop hold at ``analytic.peak``'s moments: the head's saves freed before
+the final norm's backward, torchtitan's per-layer RoPE caches and token count, and its sequence-parallel
+plan's head (the final norm's saves on the rank's T/t tokens, the lm head's input gradient
+reduce-scattered)."""
+
+from __future__ import annotations
+
+from memplan.blocks.inventory import Block, Dims, Kept, Role
+from memplan.blocks.norm import norm_rules
+from memplan.blocks.profiles import profile_of
+from memplan.config import NormType, Setup
+
+# (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
+# lm head's input (their backward has run), and an RMSNorm's normalised output and rstd (its backward's
+# first ops consumed them); LayerNorm's one backward op holds its statistics to the end.
+_HEAD_FREED_BEFORE_NORM = {
+    NormType.RMSNORM: {
+        (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LM_HEAD, Role.LINEAR_INPUT),
+        (Block.FINAL_NORM, Role.NORM_OUTPUT),
+        (Block.FINAL_NORM, Role.NORM_STATS),
+    },
+    NormType.LAYERNORM: {
+        (Block.LOSS, Role.LOG_PROBS),
+        (Block.LOSS, Role.HEAD_INPUT_GRAD),
+        (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LM_HEAD, Role.LINEAR_INPUT),
+    },
+}
+
+
+def freed_before_final_norm(k: Kept, norm: NormType) -> bool:
+    """Whether a head tensor's storage is released before the final norm's backward peaks."""
+    return (k.block, k.role) in _HEAD_FREED_BEFORE_NORM[norm]
+
+
+def layer_rope_buffer(setup: Setup, dims: Dims) -> int:
+    """One layer's torchtitan RoPE cache (``Profile.rope_cache_per_layer``, without context parallelism):
+    a module buffer, [s, d/2] complex64, alive all step; the layer's save is a view of it, so once its
+    saves are freed the buffer stays (the layers above a layer's backward, the embedding's backward)."""
+    if not profile_of(setup).rope_cache_per_layer or setup.parallel.cp > 1:
+        return 0
+    return dims.s * (dims.d // 2) * 8
+
+
+def loop_count_bytes(setup: Setup) -> int:
+    """The valid-token count the trainer holds, int64 (``Profile.loss_over_token_count``: torchtitan's
+    ``global_valid_tokens``, passed to the loss and kept by the training loop to the step's end)."""
+    return 8 if profile_of(setup).loss_over_token_count else 0
+
+
+def sp_shards(setup: Setup) -> int:
+    """The ranks a sequence-parallel norm splits its tokens over (torchtitan's SP plan runs the norms on
+    the rank's T/t tokens): the final norm's backward transient is one rank's share; 1 without it."""
+    return setup.parallel.tp if titan_sp_head_scatter(setup) else 1
+
+
+def titan_sp_head_scatter(setup: Setup) -> bool:
+    """torchtitan's sequence-parallel plan (``Profile.sp_module_gather``) on more than one rank."""
+    return profile_of(setup).sp_module_gather and setup.parallel.sp and setup.parallel.tp > 1
+
+
+def final_norm_released(setup: Setup, dims: Dims) -> int:
+    """The final norm's saves the moment's estimate releases before its backward peaks
+    (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
+    the sequence-parallel plan (its saves are sequence shards)."""
+    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if setup.model.norm is NormType.RMSNORM else ()
+    rules = norm_rules(setup, Block.FINAL_NORM, dims)
+    return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
+
+
+def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
+    """torchtitan's SP plan gathers the final norm's output for the lm head (``Replicate`` at its input,
+    models/common/decoder_sharding.py), so the head's input gradient goes back through a reduce-scatter
+    before the final norm's backward: the lm head's dX [T, h] in A, funcol's
+    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output and the wait's
+    result ([T/t, h] each): 2·T·h·A + 2·(T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
+    tests/hf/test_torchtitan_peak.py)."""
+    t, a = setup.parallel.tp, dims.act.bytes
+    return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
