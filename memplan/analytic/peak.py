@@ -116,10 +116,7 @@ from memplan.blocks.head import (
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import accumulates_in_place, profile_of
-from memplan.config import (
-    Offload,
-    Setup,
-)
+from memplan.config import LossKind, Offload, Setup
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 """What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit
@@ -269,7 +266,11 @@ def peak(
     # The lm head's own backward where modelled: its new weight gradient beside the summed ones
     # (``lm_head_backward_transient``), or the chunks' pieces summed (``chunked_head_backward_transient``).
     if accumulates_in_place(setup) and head_backward_modelled(setup):
-        log_probs = 4 * dims.tokens * dims.v  # the fp32 log_softmax output (``blocks.head.lm_head_rules``)
+        # the loss's saves freed by then: the fp32 log-probs [T, v], or flash_attn's logits (A) and its fp32
+        # lse [T] (``blocks.head.xentropy_rules``; the reference's re-implementation measured 4 B below)
+        log_probs = 4 * dims.tokens * dims.v
+        if setup.loss is LossKind.XENTROPY:
+            log_probs = dims.act.bytes * dims.tokens * dims.v + 4 * dims.tokens
         head_transient = lm_head_backward_transient(setup, dims) + 4
         at_head = terms(
             weights + head_gather, optimizer, grads_before, activations - log_probs, head_transient

@@ -316,8 +316,10 @@ def loss_backward_transient(setup: Setup, dims: Dims) -> int:
 
 def head_backward_modelled(setup: Setup) -> bool:
     """Where the lm head's own backward is a moment of ``analytic.peak`` (``lm_head_backward_transient``):
-    the standard loss on one tensor-parallel rank, every parameter trained."""
-    standard = setup.loss is LossKind.STANDARD and not profile_of(setup).vocab_parallel_loss
+    the standard loss or flash_attn's cross-entropy (its gradient of the logits one [T, v] in A as well)
+    on one tensor-parallel rank, every parameter trained."""
+    one_pass = setup.loss in (LossKind.STANDARD, LossKind.XENTROPY)
+    standard = one_pass and not profile_of(setup).vocab_parallel_loss
     plain = standard and setup.model.final_softcap is None  # Gemma 2's tanh: another [T, v] chain
     return plain and setup.parallel.tp == 1 and setup.finetune.trains_everything
 
