@@ -64,6 +64,9 @@ exact), 3 are checkpointed eager layers with f ≤ h. The same 60 first of them 
 exact (12 before the accumulation rules above), the 11 reversible within −0.9 … +1.4 %, attention dropout
 +0.1 … +2.5 %, the eager forward's softmax +1.2 %; and 16-bit (not mixed) checkpointed layers +0.6 … +1.0 %
 (+15,872 and +51,200 B at the attention norm's backward; what holds them is not found).
+NB: under LoRA the layer moments keep full training's transients (a frozen projection's weight gradient
+counted as made, a frozen down projection's input counted as saved and released): measured on CPU over 8
+tiny setups (q/v adapters; none and full AC; 1 and 2 micro-batches) at −3.1 … +9.3 %, mostly below.
 NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
 every backward moment (+0.6 % in one of the random setups).
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
