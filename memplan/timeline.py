@@ -10,7 +10,9 @@ Points, in step order:
   it has made by then and its temporaries alive then, as their tensors;
 - then each moment of the backward and the optimizer step that ``analytic.peak`` models, with the terms it
   holds (``Peak.moments``): loss backward, final norm backward, the largest layer backward, embedding
-  backward, optimizer step.
+  backward, optimizer step; where modelled, the chunked loss's forward ("loss forward", drawn after the
+  forward's end though it comes just before it: its transient, the chunks' logits, is freed by then) and
+  the lm head's own backward ("lm head backward").
 
 Exact at each point (the same figures the estimate reports; a layer's forward peak is
 ``blocks.forward_locals``' program, read on the CPU tracker's curve by tests/measure/test_forward_locals.py);
