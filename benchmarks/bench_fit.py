@@ -10,7 +10,7 @@ process's CPU time are both kept: on a shared machine the CPU time is the figure
 the other processes' load.
 
 The in-process searches run the allocator replays compiled when numba is installed (``pip install
-'.[jit]'``: ``analytic.allocator_jit``, loaded before the first timed run: ``MEMPLAN_JIT=1``); ``--no-jit``:
+'.[jit]'``: ``analytic.allocator.jit``, loaded before the first timed run: ``MEMPLAN_JIT=1``); ``--no-jit``:
 in Python, the same answers; the report says which.
 
 ``--commands N``: what a user's ``memplan fit`` costs instead — each case's command in a fresh process
@@ -105,7 +105,7 @@ LOAD = """
 import time
 start = time.process_time()
 import numpy as np
-from memplan.analytic import allocator_jit
+from memplan.analytic.allocator import jit as allocator_jit
 allocator_jit.replay_jit([], None, False)
 allocator_jit._coded_stream(type("I", (), dict(points=((0, 0, 0, 0, 0),), per_tensor=(0,), states=(0, 0, 0),
     layer=(), state_parts=(), pieces=(), split=0, saves=()))(), 0, 1)

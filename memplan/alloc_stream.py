@@ -17,9 +17,9 @@ backward frees the last layer's saves first), then the terms that grow are alloc
   LoRA's trainable subset, offloaded parts): weights and states in parameter order, gradients in reverse
   (the backward makes the last layer's first), as many whole tensors as a rise holds, the rest one block;
   under FSDP2's modelled reduce-scatter the sharded gradients are that stream's pool, not this stream's
-  (``analytic.fsdp_buffers``) — but on a torchtitan pipeline stage the moments' gradients are the
+  (``analytic.fsdp.buffers``) — but on a torchtitan pipeline stage the moments' gradients are the
   unsharded ones FSDP2 accumulates on this stream until the stage's last backward
-  (``analytic.fsdp2_moments.accumulates_unsharded``), and stay;
+  (``analytic.fsdp.moments.accumulates_unsharded``), and stay;
 - a moment's transient as one block, freed at the next point — or as the tensors it is, where the timeline
   knows them (``timeline.Point.pieces``: torchtitan's eager standard loss, its forward's logits, their fp32
   copy and the log-probs, and the loss backward's two fp32 gradients; ``blocks.head.forward_loss_blocks``;
@@ -47,7 +47,7 @@ docstring says what the replay adds).
 
 The stream is read from a few inputs of the result (``StreamInputs``): equal inputs give equal streams,
 so ``reserved`` memoises its replays on them; ``codes`` codes the stream as integers (what the replays
-read, in Python or compiled: ``analytic.allocator_jit.codes_jit`` codes it line by line the same way).
+read, in Python or compiled: ``analytic.allocator.jit.codes_jit`` codes it line by line the same way).
 
 Known limitations:
 - NB: a moment's transient is one block where its tensors are not known (the optimizer step's
@@ -75,8 +75,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 
 from memplan.analytic.allocator import CUBLAS_THREADS, Alloc, Event, Free
-from memplan.analytic.fsdp2_moments import accumulates_unsharded
-from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
+from memplan.analytic.fsdp.moments import accumulates_unsharded
+from memplan.analytic.fsdp.reduce import reduce_scatter_modelled
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.analytic.peak import TERMS
 from memplan.blocks.inventory import Dims, Scope
@@ -212,7 +212,7 @@ def _stream_inputs(r: Result) -> StreamInputs:
     if reduce_scatter_modelled(r.setup) and not accumulates_unsharded(r.setup):
         # the sharded gradients: the reduce-scatter stream's blocks. Not on a torchtitan pipeline stage,
         # whose moments' gradients are the unsharded ones it accumulates in the reduce dtype on the
-        # default stream until its last backward (``analytic.fsdp2_moments.pipeline_unsharded_gradients``)
+        # default stream until its last backward (``analytic.fsdp.moments.pipeline_unsharded_gradients``)
         rows = [(*t[:_GRADIENTS], 0, *t[_GRADIENTS + 1 :]) for t in rows]
     return StreamInputs(
         points=tuple(rows),

@@ -314,7 +314,7 @@ class Built:
     nccl: tuple[NcclBuffers, ...] = ()
     """NCCL's buffers per communicator of the most loaded device (with a GPU; ``time.comm.buffers``)."""
     fsdp_all_gather: int | None = 0
-    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp_buffers``): judged (kept
+    """What the allocator reserves on FSDP2's all-gather stream (``analytic.fsdp.buffers``): judged (kept
     back from the default stream's allocator, ``search.budget``); None where not modelled (not judged)."""
     ddp_buckets: int = 0
     """torch DDP's gradient buckets (``time.comm.buffers.ddp_bucket_bytes``): judged as the stream."""

@@ -10,8 +10,8 @@ rounding and the blocks handed out unsplit; the reserved peak adds the segments'
 memoised on the stream's inputs (``alloc_stream.StreamInputs``).
 
 The fit search's replays (``refuses``, and ``replay_stream`` once those have loaded it) run in Python
-(``analytic.allocator_plain.replay_plain``) unless ``MEMPLAN_JIT`` asks for them compiled by numba
-(``analytic.allocator_jit``: the same coding and decisions, tested equal; the optional extra jit). Loading the
+(``analytic.allocator.plain.replay_plain``) unless ``MEMPLAN_JIT`` asks for them compiled by numba
+(``analytic.allocator.jit``: the same coding and decisions, tested equal; the optional extra jit). Loading the
 compiled replay costs a process ``JIT_LOAD_SECONDS``, about what one command's replays take in Python (0.5–1.2
 s for the searches of docs/fit.md, "Rent, then buy"), so one ``memplan fit`` gains nothing from it; a process
 that runs many searches does. ``MEMPLAN_JIT``: ``0`` (the default) never loads it; ``1`` at the first replay
@@ -29,21 +29,21 @@ and NCCL's buffers (``analytic.nccl``, per communicator of the layout: ``time.co
 callers above this layer, ``Reserved.nccl``).
 
 Known limitations:
-- NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp_buffers`` replays it apart,
+- NB: one stream. FSDP2's all-gather stream has its own pool: ``analytic.fsdp.buffers`` replays it apart,
   the estimate reports it (``memory.fsdp_all_gather_stream``) and the verdict and ``fit`` keep its
   reserved bytes back from this replay's memory (``search.budget``); the flat all-gather outputs the
-  peak's moments count (``Peak.all_gather_stream``: the reference's FSDP2, ``analytic.fsdp2_root``) are
-  left out of this stream's terms (torchtitan's, ``analytic.fsdp2_moments.zero3_unit_buffers``, are not
+  peak's moments count (``Peak.all_gather_stream``: the reference's FSDP2, ``analytic.fsdp.root``) are
+  left out of this stream's terms (torchtitan's, ``analytic.fsdp.moments.zero3_unit_buffers``, are not
   yet). torch DDP's buckets
   (``bucket_cap_mb``, 25 MiB each by default; with the default ``gradient_as_bucket_view=False`` one more
   copy of the gradients, ``time.comm.buffers.ddp_bucket_bytes``) are default-stream allocations made
   before the first step and never freed: kept back the same way (``memory.ddp_buckets``), not replayed
   as allocations of this stream (their 2 MiB segment rounding is not counted). Under FSDP2's mixed
-  precision (``analytic.fsdp_buffers.reduce_scatter_modelled``) the reduce-scatter's input is a
+  precision (``analytic.fsdp.buffers.reduce_scatter_modelled``) the reduce-scatter's input is a
   default-stream allocation of the backward's moments (in their transients), while its outputs, the
   sharded gradients, are the reduce-scatter stream's blocks (torch 2.13 ``foreach_reduce``): this replay
   then holds no gradients (its requested peak is the estimate's less the gradients of the peak's moment),
-  and ``analytic.fsdp_buffers.reduce_scatter_stream`` replays that pool apart (reported, not kept back:
+  and ``analytic.fsdp.buffers.reduce_scatter_stream`` replays that pool apart (reported, not kept back:
   ``search.budget``). Elsewhere FSDP2's reduce-scatter buffers are not counted; ``--reserve`` keeps
   memory back for what is not judged. NCCL's own buffers are (``analytic.nccl``), outside the allocator.
 - NB: the CUDA context's size depends on the driver, the CUDA version and lazy loading; the constant is
@@ -68,7 +68,7 @@ from memplan.alloc_stream import (
     stream_inputs,
 )
 from memplan.analytic.allocator import CUBLAS_THREADS, Allocator, Replay
-from memplan.analytic.allocator_plain import demand, replay_plain
+from memplan.analytic.allocator.plain import demand, replay_plain
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 
@@ -154,7 +154,7 @@ def replay_stream(
     inputs: StreamInputs, workspace: int, *, expandable: bool = False, capacity: int | None = None
 ) -> Replay:
     """``analytic.allocator.replay`` of the stream of ``inputs``, memoised (``_REPLAYS``); by the compiled
-    replay (``analytic.allocator_jit``) when the fit search's replays have loaded it, never loading it
+    replay (``analytic.allocator.jit``) when the fit search's replays have loaded it, never loading it
     for one estimate's replay."""
     key = (inputs, workspace, expandable, capacity)
     found = _REPLAYS.get(key)
@@ -164,7 +164,7 @@ def replay_stream(
             found = _JIT[0].replay_inputs_jit(inputs, workspace, STEPS, capacity)
         if found is None and expandable:
             found = Allocator(expandable=True, capacity=capacity).replay_codes(codes(inputs, workspace))
-        elif found is None:  # the same allocator, without block objects (``allocator_plain.replay_plain``)
+        elif found is None:  # the same allocator, without block objects (``allocator.plain.replay_plain``)
             start = time.process_time()
             found = replay_plain(codes(inputs, workspace), capacity)[0]
             _RENT[0] += time.process_time() - start
@@ -199,7 +199,7 @@ def refuses(r: Result, gpu: GpuPreset, capacity: int) -> bool:
 
 def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
     """``_refuses`` of the stream of ``inputs``: coded and replayed compiled when ``_compiled`` gives the
-    compiled replay (``analytic.allocator_jit.refuses_jit``), else in Python (its seconds added to the
+    compiled replay (``analytic.allocator.jit.refuses_jit``), else in Python (its seconds added to the
     rent)."""
     jit = _compiled()
     if jit is not None:
@@ -215,7 +215,7 @@ def _refused(inputs: StreamInputs, workspace: int, capacity: int) -> bool:
 def _refuses(stream_codes: list[int], capacity: int) -> bool:
     # when even the first event's demand fits, nothing is replayed
     jit = _compiled()
-    if jit is not None:  # the same replay, compiled (``analytic.allocator_jit``)
+    if jit is not None:  # the same replay, compiled (``analytic.allocator.jit``)
         return bool(jit.replay_jit(stream_codes, capacity, early=True)[0].oom)
     need = demand(stream_codes)
     if need[0] <= capacity:
@@ -236,7 +236,7 @@ JIT_MODES = ("0", "1", "auto")
 """``MEMPLAN_JIT``'s values (module docstring); unset is ``0``."""
 
 _JIT: list[ModuleType | None] = []
-"""``analytic.allocator_jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
+"""``analytic.allocator.jit`` once imported, or None without numba (or with ``MEMPLAN_JIT=0``)."""
 
 _RENT: list[float] = [0.0]
 """CPU seconds this process's replays have spent in Python (``_compiled``'s rent; CPU time, as
@@ -281,7 +281,7 @@ def _compiled() -> ModuleType | None:
         module: ModuleType | None = None
         if mode != "0":
             try:
-                module = importlib.import_module("memplan.analytic.allocator_jit")
+                module = importlib.import_module("memplan.analytic.allocator.jit")
             except ImportError:  # numba is an optional extra (memplan[jit])
                 module = None
         _JIT.append(module)

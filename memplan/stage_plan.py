@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from memplan.analytic import activations as act
 from memplan.analytic import peak as pk
-from memplan.analytic.fsdp2_moments import zero3_kept_gathered
+from memplan.analytic.fsdp.moments import zero3_kept_gathered
 from memplan.analytic.optimizer_step import bnb_state_bytes, optimizer_impl, step_tensors
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
@@ -136,8 +136,8 @@ class StagePlan:
         no loss moment off the last stage; plus what the pieces correct for MoE and sequence parallelism."""
         pc, st = self.pieces, self.stage
         chunk = pc.setup.model.model_copy(update={"num_layers": st.chunk_layers})
-        # pp carried for torchtitan's FSDP2 policy under pp (``analytic.fsdp2_moments.zero3_kept_gathered``)
-        # and for the reference's FSDP2 root, which a pipeline stage does not have (``analytic.fsdp2_root``)
+        # pp carried for torchtitan's FSDP2 policy under pp (``analytic.fsdp.moments.zero3_kept_gathered``)
+        # and for the reference's FSDP2 root, which a pipeline stage does not have (``analytic.fsdp.root``)
         fsdp2 = self.setup.impl.impl in (Impl.TORCHTITAN, Impl.REFERENCE)
         layout = pc.setup.parallel.model_copy(update={"pp": self.setup.parallel.pp if fsdp2 else 1})
         at = pc.setup.model_copy(

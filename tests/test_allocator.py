@@ -1,5 +1,5 @@
 """Issue #22 item 1: the caching allocator's decisions, each derived by hand from the rules of
-c10/cuda/CUDACachingAllocator.cpp (the constants and functions memplan/analytic/allocator.py names)."""
+c10/cuda/CUDACachingAllocator.cpp (the constants and functions of memplan/analytic/allocator/)."""
 
 from __future__ import annotations
 

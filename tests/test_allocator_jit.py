@@ -1,4 +1,4 @@
-"""Issue #21 item 6: ``analytic.allocator_jit.replay_jit`` (the fit search's early-stopped replay compiled by
+"""Issue #21 item 6: ``analytic.allocator.jit.replay_jit`` (the fit search's early-stopped replay compiled by
 numba, an optional extra) is ``replay_plain`` — and so ``Allocator``: the same counters, peaks, segments,
 released bytes, refusals and stopping event on random streams, real ones and at capacities where cached
 segments are released; ``reserved._refuses`` gives the same verdict on either path. Skipped without
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from memplan import alloc_stream, reserved
 from memplan.analytic.allocator import Allocator, Replay
-from memplan.analytic.allocator_plain import demand, replay_plain
+from memplan.analytic.allocator.plain import demand, replay_plain
 from memplan.api import build_setup
 from memplan.config import FineTune, Parallel
 from memplan.config.finetune import Method
@@ -29,8 +29,8 @@ pytest.importorskip("numba")
 
 import numpy as np
 
-from memplan.analytic import allocator_jit_replay
-from memplan.analytic.allocator_jit import codes_jit, refuses_jit, replay_inputs_jit, replay_jit
+from memplan.analytic.allocator import jit_replay as allocator_jit_replay
+from memplan.analytic.allocator.jit import codes_jit, refuses_jit, replay_inputs_jit, replay_jit
 
 
 def _reference(stream_codes: list[int], capacity: int | None) -> Replay:

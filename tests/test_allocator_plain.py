@@ -1,4 +1,4 @@
-"""Issue #21 item 6: ``analytic.allocator_plain.replay_plain`` (the fit search's replay, without block
+"""Issue #21 item 6: ``analytic.allocator.plain.replay_plain`` (the fit search's replay, without block
 objects) is the same allocator as ``Allocator``: the same counters and peaks, segment count, released
 bytes and out-of-memory flag on random streams and on the streams of real configurations, unlimited and at
 capacities where the out-of-memory path releases cached segments; and its early stop (``demand``) stops
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from memplan.alloc_stream import codes, rank_tensors, stream_inputs
 from memplan.analytic.allocator import Allocator, Replay, round_size, segment_size
-from memplan.analytic.allocator_plain import replay_plain
+from memplan.analytic.allocator.plain import replay_plain
 from memplan.analytic.optimizer_step import step_tensors
 from memplan.api import build_setup
 from memplan.config import Parallel

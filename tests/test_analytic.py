@@ -297,7 +297,7 @@ def test_zero3_optimizer_step_steps_one_shard() -> None:
 
 def test_zero3_loss_backward_holds_the_root_and_the_prefetched_top_layer() -> None:
     # The reference's FSDP2 wrapping (a unit per layer and the root: embedding, final norm, untied head)
-    # under torch 2.13 (analytic.fsdp2_root): at the loss backward the root is gathered again, v·h + h +
+    # under torch 2.13 (analytic.fsdp.root): at the loss backward the root is gathered again, v·h + h +
     # v·h = 2 × 128,256 × 8,192 + 8,192 = 2,101,354,496 parameters for Llama-3-70B, and the top layer's
     # all-gather prefetched (855,654,400), bf16; every dim 0 divisible by dp 8 (no padding). At the loss
     # backward ZeRO-2 and ZeRO-3 (dp 8) differ only by the sharded weights and those (no gradients exist

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from memplan.analytic.fsdp_buffers import all_gather_stream, reduce_scatter_stream
+from memplan.analytic.fsdp.buffers import all_gather_stream, reduce_scatter_stream
 from memplan.api import build_setup
 from memplan.cli.app import app
 from memplan.config import (

@@ -1,4 +1,4 @@
-"""Issue #22 item 1: FSDP2's all-gather stream (``memplan.analytic.fsdp_buffers``), its order of
+"""Issue #22 item 1: FSDP2's all-gather stream (``memplan.analytic.fsdp.buffers``), its order of
 allocations and frees read from torch's _fsdp_param_group.py and its reserved bytes derived by hand from
 the caching allocator's documented rules (2 MiB rounding of large segments, best fit, splitting)."""
 
@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from memplan.alloc_stream import stream_inputs
 from memplan.analytic.allocator import Allocator
-from memplan.analytic.fsdp2_reduce import reduce_scatter_input
-from memplan.analytic.fsdp_buffers import (
+from memplan.analytic.fsdp.buffers import (
     backward_order,
     codes,
     gather_units,
@@ -19,6 +18,7 @@ from memplan.analytic.fsdp_buffers import (
     reduce_scatter_reserved,
     stream_reserved,
 )
+from memplan.analytic.fsdp.reduce import reduce_scatter_input
 from memplan.analytic.peak import TERMS
 from memplan.api import Options, build
 from memplan.config import ReduceDtype, ZeroStage
@@ -210,7 +210,7 @@ def test_torchtitan_zero3_with_pp_regathers_nothing() -> None:
 def test_torchtitan_zero3_pipeline_stage_keeps_its_units_gathered() -> None:
     """With pp, torchtitan's default policy reshards no unit after forward and torch's stage reshards after
     backward only at the last micro-batch: each stage's moments hold its unsharded weights beside its shards
-    (``analytic.fsdp2_moments.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
+    (``analytic.fsdp.moments.zero3_kept_gathered``). The tiny model (h 64, 4 heads, 2 kv, d 16, f 128, v 256,
     2 layers, untied), pp 2 × dp 2, bf16. A layer: wqkv (4 + 2·2)·16 × 64 = 8,192, wo 64 × 64 = 4,096,
     w1 w3 w2 3 × 128 × 64 = 24,576, two norms 128: 36,992. Stage 0: embedding 256 × 64 + a layer = 53,376
     elements; stage 1: a layer + final norm 64 + head 256 × 64 = 53,440. Unsharded 2 B each (bf16 while
@@ -264,7 +264,7 @@ def test_llama2_13b_reduce_scatter_by_hand() -> None:
     assert reduce_scatter_input(setup, 38, 40) == reduce_scatter_input(setup, -1, 40) == 1_268_817_920
     assert reduce_scatter_input(setup, 39, 40) == 0
     # the embedding's backward moment holds layer 0's input, fp32, where bf16-mixed's (no policy: no
-    # cast) holds it in bf16, 317,204,480 × 2 B (analytic.fsdp2_root, measured on the fake process group)
+    # cast) holds it in bf16, 317,204,480 × 2 B (analytic.fsdp.root, measured on the fake process group)
     mixed = build(Options(model="llama-2-13b", seq=4096, batch=2, zero=3, gpus=64)).result
     moment = "embedding backward"
     got = b.result.peak.moments[moment]["transient"] - mixed.peak.moments[moment]["transient"]

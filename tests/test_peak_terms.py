@@ -165,7 +165,7 @@ def test_selective_flash_re_runs_only_the_kernels_logsumexp() -> None:
 
 def test_zero3_holds_fsdp2s_root_and_a_layer_at_each_backward_moment() -> None:
     """ZeRO-3 over 2 ranks, the reference's FSDP2 wrapping (a unit per layer and the root: embedding, final
-    norm, untied head; ``analytic.fsdp2_root``): Ψ = 2·1000·64 + 4 · (2·64 + 4·64² + 3·64·160) + 64 =
+    norm, untied head; ``analytic.fsdp.root``): Ψ = 2·1000·64 + 4 · (2·64 + 4·64² + 3·64·160) + 64 =
     316,992 parameters, a rank holds ⌈Ψ/2⌉ bf16. torch 2.13 gathers the root again at the loss and keeps it
     unsharded to the backward's end (2·1000·64 + 64 = 128,064 elements, bf16; every dim 0 even: no
     padding); beside it a layer (47,232 elements, bf16): the top one prefetched at the loss and the final

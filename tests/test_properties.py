@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memplan.analytic import fsdp2_root
+from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.blocks.inventory import Kept, Role, Scope
 from memplan.blocks.profiles import accumulates_in_place
 from memplan.config import (
@@ -263,7 +263,7 @@ def test_flash_exceeds_eager_when_tiny(device: Device) -> None:
 # ----------------------------------------------------------------------------------------------------
 def gathered_unit_bytes(e: Result) -> int:
     """Weights of the largest unit ZeRO-3 gathers whole: a layer, the embedding or the lm head. Under the
-    reference's FSDP2 wrapping (``analytic.fsdp2_root``) what ZeRO-3 holds beyond its shards at most: the
+    reference's FSDP2 wrapping (``analytic.fsdp.root``) what ZeRO-3 holds beyond its shards at most: the
     root unit and its unsharded gradients, a layer unsharded, the next one's all-gather output, the
     previous one's reduce-scatter input."""
     p, s = e.params, e.setup

@@ -52,7 +52,7 @@ def test_llama2_13b_headroom_by_hand() -> None:
     driver's) − 767 (CUDA context) − 288 (NCCL: one ring of 24 channels × 12 MiB) − 1,232 (FSDP2's
     all-gather stream, tests/test_fsdp_buffers.py) = 79,633 for the default stream's allocator. At the loss
     backward torch 2.13 holds the reference's root unit unsharded, gathered again by its pre-backward hook
-    (``analytic.fsdp2_root``): 2 B × 327,685,120 = 655,370,240 B. The replay reserves 81,618: the
+    (``analytic.fsdp.root``): 2 B × 327,685,120 = 655,370,240 B. The replay reserves 81,618: the
     reference's loss is its tensors (measured on an H200, docs/gpu-profile.md) — the forward's logits P
     (2 B × 8,192 × 32,000 = 500 MiB), X = P.float() and the log-probs (1,000 MiB each), then at the loss
     backward the root's 626 MiB gather takes X's freed segment, so its two fp32 gradients open two more
@@ -133,7 +133,7 @@ def test_llama2_13b_the_2024_wrapping_would_hold_the_last_block_on_the_default_s
     """What memplan cannot type (docs/published-memory.md): the 2024 torchtitan kept the root unit (the
     embedding [32000, 5120], the final norm [5120], the head [32000, 5120]) and its last block gathered
     after forward. torch 2.13 under memplan's reference wrapping holds the same bytes at the loss backward
-    (``analytic.fsdp2_root``: the root gathered again, the last block's all-gather prefetched), by hand:
+    (``analytic.fsdp.root``: the root gathered again, the last block's all-gather prefetched), by hand:
     the fp32 shards 4 B × 203,372,880 + the root's 2 × 327,685,120 + a layer's 2 × 317,204,480. But the
     prefetched block is the all-gather stream's flat output (kept back in the verdict), where the 2024
     run's last block stayed unsharded on the default stream: 634,408,960 B (605 MiB) more there, beyond

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memplan.alloc_stream import StreamInputs, codes, stream_inputs
 from memplan.analytic.allocator import Alloc, Allocator, Free, replay, segment_size
-from memplan.analytic.allocator_plain import replay_plain
+from memplan.analytic.allocator.plain import replay_plain
 from memplan.api import Options, build
 from memplan.reserved import cublas_workspace, replay_stream
 from memplan.timeline import timeline

@@ -1,7 +1,7 @@
 """The replayed allocation stream (``alloc_stream``) against the estimate it is built from, over random
 setups: its requested peak is the most loaded device's default-stream peak plus cuBLAS's workspaces, by
 construction — less only what the stream hands to another pool, FSDP2's reduce-scatter stream's sharded
-gradients under its modelled mixed precision (``analytic.fsdp2_reduce.reduce_scatter_modelled``), whose
+gradients under its modelled mixed precision (``analytic.fsdp.reduce.reduce_scatter_modelled``), whose
 bytes the verdict judges through the peak. A torchtitan pipeline stage's gradients are the unsharded ones
 FSDP2 accumulates on the default stream: equal there (the replay missed them once, 15 GiB on a Llama 3 8B
 stage; tests/test_titan_pipeline_fsdp2.py has that case by hand)."""
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
-from memplan.analytic.fsdp2_moments import accumulates_unsharded
-from memplan.analytic.fsdp2_reduce import reduce_scatter_modelled
+from memplan.analytic.fsdp.moments import accumulates_unsharded
+from memplan.analytic.fsdp.reduce import reduce_scatter_modelled
 from memplan.api import build_setup
 from memplan.config import Impl, ImplConfig, Parallel
 from memplan.engine import estimate

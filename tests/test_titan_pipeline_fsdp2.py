@@ -1,4 +1,4 @@
-"""torchtitan's FSDP2 on a pipeline rank in the estimate's moments (``analytic.fsdp2_moments``,
+"""torchtitan's FSDP2 on a pipeline rank in the estimate's moments (``analytic.fsdp.moments``,
 ``analytic.peak``), by hand on the tiny model; the same figures are measured per rank on torch's fake
 process group in tests/hf/test_torchtitan_vpp.py.
 

@@ -44,7 +44,7 @@ moments 2–4). On a torchtitan
 pipeline stage under FSDP2 they are the stage's unsharded gradients in the reduce dtype, reduce-scattered
 only after its last backward (``pipeline_unsharded_gradients``), the embedding's backward included.
 ZeRO-3 adds the largest gathered (unsharded) weight unit to moments 1 to 3; the reference's FSDP2 wrapping
-(a unit per layer and the root) follows torch 2.13 instead (``analytic.fsdp2_root``: the root gathered
+(a unit per layer and the root) follows torch 2.13 instead (``analytic.fsdp.root``: the root gathered
 again at the loss and held, with its unsharded gradients, to the backward's end; each layer's copy-out,
 prefetch and held reduce-scatter input; the flat all-gather outputs named in ``Peak.all_gather_stream``,
 exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
@@ -77,8 +77,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
-from memplan.analytic import fsdp2_root
-from memplan.analytic.fsdp2_moments import (
+from memplan.analytic.fsdp import root as fsdp2_root
+from memplan.analytic.fsdp.moments import (
     pipeline_unsharded_gradients,
     zero2_shards_beside,
     zero3_head_gather,
@@ -87,7 +87,7 @@ from memplan.analytic.fsdp2_moments import (
     zero3_resharded,
     zero3_unit_buffers,
 )
-from memplan.analytic.fsdp2_reduce import reduce_scatter_input
+from memplan.analytic.fsdp.reduce import reduce_scatter_input
 from memplan.analytic.head_moments import (
     final_norm_released,
     freed_before_final_norm,
@@ -119,7 +119,7 @@ from memplan.blocks.head import (
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import accumulates_in_place, profile_of
-from memplan.config import LossKind, Offload, Setup
+from memplan.config import Offload, Setup
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 """What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit
@@ -137,7 +137,7 @@ class Peak(BaseModel):
     """Each modelled moment, in step order, as the bytes of each of ``TERMS`` alive then."""
     all_gather_stream: dict[str, dict[str, int]] = {}
     """Of each moment's terms, the bytes that are FSDP2's flat all-gather outputs, blocks of the
-    all-gather stream's own pool (``analytic.fsdp2_root``), which the default stream's replay leaves out
+    all-gather stream's own pool (``analytic.fsdp.root``), which the default stream's replay leaves out
     (``reserved``); empty where not modelled."""
 
     @property
@@ -164,7 +164,7 @@ class Peak(BaseModel):
 def root_embedding_moment(
     setup: Setup, weights: int, optimizer: int, states: ModelStates, held: int, embedding: int
 ) -> dict[str, int]:
-    """The embedding's backward under the reference's FSDP2 root (``analytic.fsdp2_root``): the root unit
+    """The embedding's backward under the reference's FSDP2 root (``analytic.fsdp.root``): the root unit
     still unsharded, its unsharded gradients (the head's, the final norm's, the embedding's new [v, h],
     untied: its sharded ones not made yet) and layer 0's reduce-scatter input beside the embedding's
     backward; or, at the backward's end, the root's reduce-scatter (resharded, layer 0's input released):
@@ -233,7 +233,7 @@ def peak(
     # embedding and every block after its forward but not [norm, lm_head] (torchtitan/distributed/fsdp.py
     # ``apply_fsdp_to_decoder``): at the loss's backward that unit alone is gathered.
     gathered = zero3_head_unit(setup) if zero3_resharded(setup) else gather
-    root = fsdp2_root.root_gathered(setup)  # the reference's FSDP2 root (``analytic.fsdp2_root``)
+    root = fsdp2_root.root_gathered(setup)  # the reference's FSDP2 root (``analytic.fsdp.root``)
     if root:  # the root gathered again at the loss, the top layer's all-gather prefetched
         gathered = head_gather = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
     loss_bwd = terms(
@@ -268,20 +268,15 @@ def peak(
     )
     # The lm head's own backward where modelled: its new weight gradient beside the summed ones
     # (``lm_head_backward_transient``), or the chunks' pieces summed (``chunked_head_backward_transient``).
+    # the lm head's own backward where modelled: (saves freed, bytes made)
     if accumulates_in_place(setup) and head_backward_modelled(setup):
-        # the loss's saves freed by then: the fp32 log-probs [T, v], or flash_attn's logits (A) and its fp32
-        # lse [T] (``blocks.head.xentropy_rules``; the reference's re-implementation measured 4 B below)
-        log_probs = 4 * dims.tokens * dims.v
-        if setup.loss is LossKind.XENTROPY:
-            log_probs = dims.act.bytes * dims.tokens * dims.v + 4 * dims.tokens
-        head_transient = lm_head_backward_transient(setup, dims) + 4
-        at_head = terms(
-            weights + head_gather, optimizer, grads_before, activations - log_probs, head_transient
-        )
-        head_moments["lm head backward"] = at_head
-    elif chunked := chunked_head_backward_transient(setup, dims):
-        at_head = terms(weights + head_gather, optimizer, grads_before, activations, chunked)
-        head_moments["lm head backward"] = at_head
+        at_head = lm_head_backward_transient(setup, dims)
+    else:  # (0, 0) but for the chunked loss
+        at_head = chunked_head_backward_transient(setup, dims)
+    if at_head[1]:
+        freed, made = at_head
+        head_at = terms(weights + head_gather, optimizer, grads_before, activations - freed, made)
+        head_moments["lm head backward"] = head_at
     if titan_sp_head_scatter(setup):
         # Before the norm's backward: its saves still held, its weight's gradient not made yet.
         norm_saves = final_norm_released(setup, dims)

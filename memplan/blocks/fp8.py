@@ -50,7 +50,7 @@ dtype). So: a gathered block holds its converted weights in float8 (``gathered_s
 an element less; FSDP2 gathers the unit's mixed dtypes as bytes, the norms bf16); the linear's forward and
 backward find the weight already float8 (no weight cast: ``forward_transient``, ``backward_transient``);
 each unsharded weight keeps its fp32 scale across reshards (``gathered_scales``) and a prefetched block's
-pre-all-gather makes five more beside them until its copy-out (``analytic.fsdp2_moments.layer_gather``);
+pre-all-gather makes five more beside them until its copy-out (``analytic.fsdp.moments.layer_gather``);
 the all-gathers move float8 and one all-reduce of the amaxes runs after the step (``time.comm.dp``).
 Traced on one rank of Llama-3-8B's widths (2 layers, seq 256, dp 2, ZeRO-3; tests/hf/test_fp8_all_gather.py):
 saves and shards unchanged, the gathered block 218,120,192 B (bf16's 436,224,000), the loss backward's

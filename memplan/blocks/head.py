@@ -324,20 +324,31 @@ def head_backward_modelled(setup: Setup) -> bool:
     return plain and setup.parallel.tp == 1 and setup.finetune.trains_everything
 
 
-def lm_head_backward_transient(setup: Setup, dims: Dims) -> int:
-    """The lm head's backward at its dX in a later micro-batch whose gradients are summed into the earlier
-    ones' (``profiles.accumulates_in_place``): the log-probs and nll_loss's gradient are freed,
-    log_softmax's input gradient [T, v] is alive in the logits' dtype A (mixed recipes cast it back), and
-    the head's new weight gradient [v, h] (not yet summed: one node makes it and dX) beside its new dX
-    [T, h]. With one micro-batch that gradient is the one the later moments count among the gradients;
-    here it is new beside the sums, and the moment exceeds the loss's when v·h·g + T·h·A > T·v·(12 − A):
-    few tokens on a wide model (measured on CPU: tests/measure/test_peak.py ``ACCUMULATED``)."""
-    a, t = dims.act.bytes, dims.tokens
-    return t * dims.v * a + dims.v * dims.h * setup.training.precision.grad_bytes + t * dims.h * a
+def lm_head_backward_transient(setup: Setup, dims: Dims) -> tuple[int, int]:
+    """(saves freed, bytes made) at the lm head's backward at its dX in a later micro-batch whose
+    gradients are summed into the earlier ones' (``profiles.accumulates_in_place``): the loss's [T, v]
+    save is freed (the fp32 log-probs; flash_attn's logits in A and its fp32 lse [T]), log_softmax's input
+    gradient [T, v] is alive in the logits' dtype A (mixed recipes cast it back), and the head's new weight
+    gradient [v, h] (not yet summed: one node makes it and dX) beside its new dX [T, h], with the fp32
+    loss scalar (+ 4, as at the loss's moment). With one micro-batch that gradient is the one the later
+    moments count among the gradients; here it is new beside the sums, and the moment exceeds the loss's
+    when v·h·g + T·h·A > T·v·(12 − A): few tokens on a wide model (measured on CPU: tests/measure/test_peak.py
+    ``ACCUMULATED``; flash_attn's, tests/measure/test_loss.py: the reference's re-implementation 4 B
+    below)."""
+    a, t, v = dims.act.bytes, dims.tokens, dims.v
+    freed = a * t * v + 4 * t if setup.loss is LossKind.XENTROPY else 4 * t * v
+    made = t * v * a + v * dims.h * setup.training.precision.grad_bytes + t * dims.h * a
+    return freed, made + 4
 
 
-def chunked_head_backward_transient(setup: Setup, dims: Dims) -> int:
-    """torchtune's chunked loss at its lm head's backward, beyond every save. The model makes every chunk's
+def _loss_chunks(setup: Setup, dims: Dims) -> list[int]:
+    """The chunked loss's chunk lengths where there are two or more (``chunk_sizes``), else none."""
+    sizes = chunk_sizes(dims.s, setup.loss_chunks) if setup.loss is LossKind.CHUNKED else []
+    return sizes if len(sizes) > 1 else []
+
+
+def chunked_head_backward_transient(setup: Setup, dims: Dims) -> tuple[int, int]:
+    """(saves freed, bytes made) at torchtune's chunked loss's lm-head backward. The model makes every chunk's
     logits before the loss takes any, so autograd runs every chunk's loss backward first (each chunk's
     log-probs, nll_loss's normaliser and, b > 1, its labels copy freed; its gradient of the logits [b·c, v]
     left in the logits' dtype A), then the head's matmuls, last chunk first. The weight is used by each
@@ -349,15 +360,16 @@ def chunked_head_backward_transient(setup: Setup, dims: Dims) -> int:
     one chunk. Measured on CPU: tests/measure/test_loss.py.
     NB: with b = 1 and two chunks the measured moment holds neither chunk's input gradient (the estimate
     is above it by their [T, h]; not found why)."""
-    sizes = chunk_sizes(dims.s, setup.loss_chunks)
-    if setup.loss is not LossKind.CHUNKED or len(sizes) < 2:
-        return 0
+    sizes = _loss_chunks(setup, dims)
+    if not sizes:
+        return 0, 0
     a, b, h, v = dims.act.bytes, dims.b, dims.h, dims.v
     copies = b > 1
     freed = sum(4 * b * c * v + 4 + (8 * b * c if copies else 0) for c in sizes)  # every loss backward
+    freed += sum(b * c * h * a for c in sizes[-2:]) if copies else 0  # the two chunks' input copies
     pending = sum(b * c * v * a for c in sizes[:-2])  # the logits gradients not yet through the head
-    done = sum(b * c * h * a - (b * c * h * a if copies else 0) for c in sizes[-2:])
-    return 3 * v * h * a + pending + done - freed
+    input_grads = sum(b * c * h * a for c in sizes[-2:])
+    return freed, 3 * v * h * a + pending + input_grads
 
 
 def chunked_loss_forward_transient(setup: Setup, dims: Dims, norm_upcasts: bool) -> int:
@@ -376,8 +388,8 @@ def chunked_loss_forward_transient(setup: Setup, dims: Dims, norm_upcasts: bool)
     other losses (their forward's transient is below their backward's). Measured on CPU:
     tests/measure/test_loss.py (torchtune's ``chunked_output`` and ``CEWithChunkedOutputLoss`` do the
     same: the list of logits, each chunk's ``.float()`` inside the loss, ``del logits`` after it)."""
-    sizes = chunk_sizes(dims.s, setup.loss_chunks)
-    if setup.loss is not LossKind.CHUNKED or len(sizes) < 2:
+    sizes = _loss_chunks(setup, dims)
+    if not sizes:
         return 0
     a, b, th = dims.act.bytes, dims.b, dims.tokens * dims.h
     copy = 4 * b * sizes[-1] * dims.v if a < 4 else 0

@@ -35,7 +35,7 @@ Known limitations:
 - NB: ``--zero 2`` (``reshard_after_forward=False``) holds the weights sharded at rest but gathered from
   each unit's forward to its backward: counted whole in bf16 (the gathered copy), and the peak's forward
   and backward moments add the fp32 shards alive beside them
-  (``analytic.fsdp2_moments.zero2_shards_beside``); the optimizer step's moment counts the bf16 copy
+  (``analytic.fsdp.moments.zero2_shards_beside``); the optimizer step's moment counts the bf16 copy
   (freed by then) in place of the fp32 shards (an upper bound for dp >= 2).
 - NB: without FSDP (dp 1, or ``--zero 0``) torchtitan 0.3.0 trains the fp32 model under
   ``torch.autocast`` (``maybe_enable_amp``); memplan keeps the recipe's split there (bf16 weights and

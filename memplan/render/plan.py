@@ -143,7 +143,7 @@ def summary_panel(b: Built) -> Panel:
         lines.append(host)
     if b.reserved is not None:
         lines.append(allocator_text(b.reserved))
-    if b.fsdp_all_gather:  # FSDP2's all-gather stream: its own pool (memplan.analytic.fsdp_buffers)
+    if b.fsdp_all_gather:  # FSDP2's all-gather stream: its own pool (memplan.analytic.fsdp.buffers)
         lines.append(
             Text(
                 f"FSDP2 all-gather stream (its own pool, beside the replay; judged): reserved "

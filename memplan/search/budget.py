@@ -17,7 +17,7 @@ NB: the all-gather stream's reserved peak is kept back whole: at the default str
 segments may be wholly free (at the loss backward it holds only the forward's last buffer), and the
 allocator's out-of-memory path would release it (``release_cached_blocks`` frees every stream's); the
 two streams are not replayed together, so the judgement is conservative by at most that segment.
-NB: FSDP2's reduce-scatter stream (under its mixed precision: ``analytic.fsdp_buffers``) is not kept
+NB: FSDP2's reduce-scatter stream (under its mixed precision: ``analytic.fsdp.buffers``) is not kept
 back. Its blocks are the sharded gradients, one per unit, each in its own segments (every output over
 1 MiB is a large-pool request and the pool holds nothing else): at a moment without gradients (the
 forward and the loss backward of every step after the first, after ``zero_grad(set_to_none=True)``; the

@@ -42,7 +42,7 @@ both on the compute stream (the autograd hook, the final callback). NB: DDP's op
 ``batched_grad_copy=True`` (torch 2.13, default False) defers the copy-in to one ``_foreach_copy_`` and a flat
 ``div_`` per bucket (2 more bytes an element): not modelled.
 
-Where FSDP2 runs (``fsdp2``): ``--impl torchtitan``'s FSDP2 (``analytic.fsdp2_moments.titan_fsdp2``: ZeRO-2
+Where FSDP2 runs (``fsdp2``): ``--impl torchtitan``'s FSDP2 (``analytic.fsdp.moments.titan_fsdp2``: ZeRO-2
 or 3 over more than one rank) and the reference's ZeRO-3 (``measure.distributed.parallelize``:
 ``fully_shard`` per layer and on the root), whose rows are FSDP2's (gathers in every forward and backward,
 a reduce-scatter every micro-batch). NB: the reference's ZeRO-1/2 rows are DeepSpeed's (one gradient
@@ -55,8 +55,8 @@ pre-divides it on its post-backward stream; typed as ZeRO-3, those runs are char
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp2_moments import titan_fsdp2
-from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.analytic.fsdp.moments import titan_fsdp2
+from memplan.analytic.fsdp.reduce import reduce_bytes
 from memplan.config import Impl, Setup, ZeroStage
 from memplan.presets import GpuPreset
 from memplan.time.comm.dp import gradient_bytes

@@ -108,7 +108,7 @@ def test_zero2_rank_holds_its_shards_beside_the_gathered_weights() -> None:
     """torchtitan's ZeRO-2 (FSDP2, ``reshard_after_forward=False``) on tp 2 + SP × dp 2: at the loss's
     backward the rank holds its dim-0 shards (half its TP weights: every dim 0 even) and every unit's
     unsharded parameters, gathered in forward and kept for backward: the estimate's whole weights plus
-    the shards (``analytic.fsdp2_moments.zero2_shards_beside``), exact."""
+    the shards (``analytic.fsdp.moments.zero2_shards_beside``), exact."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 2)
     est, run = estimate(setup), measure_titan_rank(setup)
     weights, rope = tiny_tp2_weights(), 2 * 32 * 8 * 8

@@ -1,4 +1,4 @@
-"""Issue #22: FSDP2's all-gather stream (``analytic.fsdp_buffers.codes``) against torch 2.13 run per rank on
+"""Issue #22: FSDP2's all-gather stream (``analytic.fsdp.buffers.codes``) against torch 2.13 run per rank on
 the fake process group: every ``all_gather_output`` FSDP2 allocates and drops, in order, with its size
 (``measure.distributed.fsdp_streams``), for one forward and backward — equal to the model's stream, event
 for event, with tensor parallelism (DTensor parameters on a 2-D mesh: FSDP2 shards each TP-local tensor
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic.fsdp_buffers import codes, gather_units, root_wraps
+from memplan.analytic.fsdp.buffers import codes, gather_units, root_wraps
 from memplan.api import Options, build
 from memplan.config import Impl, Setup
 from memplan.engine import estimate
@@ -22,7 +22,7 @@ from memplan.measure.distributed.fsdp_streams import all_gather_outputs
 
 def titan_rank(tp: int, dp: int) -> tuple[Setup, list[int]]:
     """One torchtitan rank of tp × dp (SP with tp), ZeRO-3: its rank setup (the TP rank's model, what
-    ``analytic.fsdp_buffers`` shards) and the recorded all-gather stream."""
+    ``analytic.fsdp.buffers`` shards) and the recorded all-gather stream."""
     pytest.importorskip("torchtitan.models.llama3")
     from memplan.measure.distributed.titan import measure_titan_rank
     from tests.hf.harness import hf_setup
@@ -92,14 +92,14 @@ def test_the_reference_roots_backward_comes_first(dp: int) -> None:
 
 @pytest.mark.parametrize(("tp", "dp"), [(1, 2), (2, 2), (2, 3)])
 def test_torchtitan_reduce_scatter_outputs(tp: int, dp: int) -> None:
-    """The reduce-scatter stream's blocks (``analytic.fsdp_buffers.reduce_scatter_outputs``): each unit's
+    """The reduce-scatter stream's blocks (``analytic.fsdp.buffers.reduce_scatter_outputs``): each unit's
     output, fp32 (torchtitan's ``reduce_dtype``), 1/dp of its padded flat elements, in the backward's order
     ([norm, lm_head], the blocks top down, the embedding), as torch 2.13's ``foreach_reduce`` allocates
     them (``measure.distributed.fsdp_streams.reduce_scatter_outputs``). By hand, each unit's padded
     elements (the all-gather outputs above) / dp × 4 B: [norm, lm_head], a block, the embedding — dp 2:
     16,448, 36,992, 16,384; tp 2 × dp 2: 8,256, 18,560, 8,192; tp 2 × dp 3: 8,322, 19,140, 8,256."""
     pytest.importorskip("torchtitan.models.llama3")
-    from memplan.analytic.fsdp_buffers import reduce_scatter_outputs as modelled
+    from memplan.analytic.fsdp.buffers import reduce_scatter_outputs as modelled
     from memplan.measure.distributed.fsdp_streams import reduce_scatter_outputs
     from memplan.measure.distributed.titan import measure_titan_rank
     from tests.hf.harness import hf_setup

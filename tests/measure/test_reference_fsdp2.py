@@ -2,7 +2,7 @@
 measure/distributed/parallelize.py ``shard_dp`` wraps it) per rank, at every moment of the estimate, against
 torch 2.13 run on the fake process group with every storage tracked (measure/distributed/reference_peak.py).
 
-What torch 2.13 does there, read from torch/distributed/fsdp/_fully_shard/ (``analytic.fsdp2_root``'s
+What torch 2.13 does there, read from torch/distributed/fsdp/_fully_shard/ (``analytic.fsdp.root``'s
 docstring has the lines): the root is resharded after its forward (``shard_dp`` passes
 ``reshard_after_forward=True``, so ``FSDPState._lazy_init`` leaves the root's ``post_forward_mesh_info``),
 gathered again by its pre-backward hook on the loss, which prefetches the top layer; it stays unsharded,
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from memplan.analytic.fsdp2_root import root_gathered
+from memplan.analytic.fsdp.root import root_gathered
 from memplan.config import (
     Attention,
     Device,

@@ -239,7 +239,7 @@ def test_fit_json_ranks_fitting_configs_and_explains_rejections() -> None:
         usable = memory - nccl - stream
         assert c["fit"]["reserved_peak"] <= usable and c["fit"]["fits"] and c["fit"]["usable_bytes"] == usable
         # the replay is the default stream's: the peak less FSDP2's flat all-gather outputs in it
-        # (the reference's top layer prefetched at the loss: analytic.fsdp2_root), kept back above
+        # (the reference's top layer prefetched at the loss: analytic.fsdp.root), kept back above
         default = c["memory"]["peak_default_stream"]
         assert default <= c["memory"]["peak"]
         assert default <= c["fit"]["allocated_peak"] <= c["fit"]["reserved_peak"]

@@ -21,7 +21,7 @@ import pytest
 
 from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
-from memplan.analytic.fsdp_buffers import gather_units, root_wraps, stream_reserved
+from memplan.analytic.fsdp.buffers import gather_units, root_wraps, stream_reserved
 from memplan.api import build_setup
 from memplan.config import Checkpointing, Parallel, ZeroStage
 from memplan.engine import Result, estimate

@@ -57,11 +57,11 @@ def test_without_it_the_weights_are_gathered_in_bf16() -> None:
 
 
 def test_all_gather_stream_units_by_hand() -> None:
-    """FSDP2's all-gather stream (``analytic.fsdp_buffers.gather_units``), the tiny model on dp 2: each
+    """FSDP2's all-gather stream (``analytic.fsdp.buffers.gather_units``), the tiny model on dp 2: each
     block's output 36,864 float8 elements + 128 bf16 = 37,120 B (the resize measured on the rank,
     tests/hf/test_fp8_all_gather.py's figures at the tiny widths), against 36,992 · 2 = 73,984 B in bf16;
     the embedding 16,384 · 2 and [norm, lm_head] 16,448 · 2 unchanged."""
-    from memplan.analytic.fsdp_buffers import gather_units
+    from memplan.analytic.fsdp.buffers import gather_units
 
     def units(flag: bool) -> list[tuple[int, bool]] | None:
         o = Options(

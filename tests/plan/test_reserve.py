@@ -18,7 +18,7 @@ def test_usable_memory_is_the_drivers_less_the_context_and_the_reserve() -> None
     now 0. NCCL: dp 8 on one 8-GPU node is one communicator, its ring on Hopper's 16 channels, each a
     receive connection (4 KiB header + 512 KiB LL + 4,800 KiB LL128 + 4 MiB Simple → 10 MiB in cuMem's
     2 MiB granules) and a send connection (a 4 KiB page → 2 MiB): 16 × 12 MiB = 192 MiB.
-    FSDP2's all-gather stream (memplan.analytic.fsdp_buffers), its own pool, bf16: the root unit (embedding
+    FSDP2's all-gather stream (memplan.analytic.fsdp.buffers), its own pool, bf16: the root unit (embedding
     and head [32000, 4096], final norm [4096]: 262,148,096 el → 524,296,192 B, a ⌈/2 MiB⌉ = 251 × 2 MiB =
     502 MiB segment) and a layer (4 × 4096² + 3 × 11008 × 4096 + 2 × 4096 = 202,383,360 el → 404,766,720 B,
     194 × 2 MiB = 388 MiB) live together at the forward's start; every later layer reuses one of the

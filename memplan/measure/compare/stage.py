@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memplan.analytic.fsdp2_moments import pipeline_unsharded_gradients, titan_fsdp2
+from memplan.analytic.fsdp.moments import pipeline_unsharded_gradients, titan_fsdp2
 from memplan.blocks.inventory import Scope
 from memplan.config import ZeroStage
 from memplan.contract import to_json
@@ -88,7 +88,7 @@ def _rows(e: Result, records: list[SavedRecord]) -> list[dict[str, Any]]:
 
 
 def fsdp2_held_json(e: Result, shards: int, run: Any) -> dict[str, dict[str, Any]]:
-    """torchtitan's FSDP2 on the pipeline rank (``analytic.fsdp2_moments``), estimated beside measured
+    """torchtitan's FSDP2 on the pipeline rank (``analytic.fsdp.moments``), estimated beside measured
     (``titan_vpp.Fsdp2Held``): the most unsharded parameter bytes at once (the layer backward moment's
     weights less the ``shards`` at rest), the unsharded gradients held to the reduction, the sharded
     gradients after it; {} off such a rank."""

@@ -1,5 +1,5 @@
 """FSDP2's all-gather stream as a rank runs it: every ``all_gather_output`` FSDP2 allocates and the moment it
-is dropped, recorded on torch's fake process group and coded as ``analytic.fsdp_buffers.codes`` codes the
+is dropped, recorded on torch's fake process group and coded as ``analytic.fsdp.buffers.codes`` codes the
 stream it models (n ≥ 0 allocates n bytes, the allocations numbered in order; −k − 1 frees k).
 
 torch 2.13's ``FSDPParamGroup.unshard`` (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py) calls
@@ -7,7 +7,7 @@ torch 2.13's ``FSDPParamGroup.unshard`` (torch/distributed/fsdp/_fully_shard/_fs
 (``all_gather_comm.allocate``: ``torch.empty``) under ``all_gather_copy_in_stream`` and returns it in an
 ``AllGatherResult``; the group keeps that result in ``_all_gather_result``, then in
 ``comm_ctx.all_gather_state`` (the forward's kept buffer), and drops it where the model says
-(``analytic.fsdp_buffers``' docstring). ``all_gather_outputs`` wraps the name the group module calls and
+(``analytic.fsdp.buffers``' docstring). ``all_gather_outputs`` wraps the name the group module calls and
 hangs a ``weakref.finalize`` on each output tensor: its callback runs when the last reference goes, the
 moment the caching allocator would get the block back. On CPU there are no streams: what is recorded is
 the order of the outputs' allocations and frees and their sizes, which is what the model replays.
@@ -56,7 +56,7 @@ def reduce_scatter_outputs() -> Iterator[list[int]]:
     ``reduce_scatter_comm.allocate``: first the flat reduce-scatter input (on the default stream), then,
     under ``device_handle.stream(reduce_scatter_stream)``, the output of 1/W of its elements — the unit's
     sharded gradient in the reduce dtype. ``DefaultReduceScatter.allocate`` is wrapped and every second
-    call's tensor kept as the output (``analytic.fsdp_buffers.reduce_scatter_outputs`` models them)."""
+    call's tensor kept as the output (``analytic.fsdp.buffers.reduce_scatter_outputs`` models them)."""
     collectives: Any = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_collectives")
     cls = collectives.DefaultReduceScatter
     original = cls.allocate

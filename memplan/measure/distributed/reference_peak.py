@@ -7,10 +7,10 @@ rank holds, the unsharded parameters included. The step's boundaries are noted a
 ``instruments.moments`` reads them; a layer's "backward i" is noted by a hook registered before FSDP2's
 pre-backward hook on the same output (a forward hook with ``prepend=True`` runs before FSDP2's
 ``_post_forward``, which registers it), so the layer's copy-out and the prefetch it issues fall in its own
-stretch, as the estimate's layer moment counts them (``analytic.fsdp2_root``).
+stretch, as the estimate's layer moment counts them (``analytic.fsdp.root``).
 
 Known limitations (NB): no optimizer is built or stepped (``titan_peak.estimated_moments`` leaves the
-optimizer's states and moment out); one micro-batch; the layouts ``analytic.fsdp2_root.root_gathered``
+optimizer's states and moment out); one micro-batch; the layouts ``analytic.fsdp.root.root_gathered``
 models (dp only).
 """
 

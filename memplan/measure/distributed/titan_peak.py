@@ -29,7 +29,7 @@ loss-parallel backward (``blocks.head.loss_parallel_backward_transient``), the l
 vocabulary-parallel embedding's copy (``blocks.embedding.loop_ids_bytes``), FSDP2's shards beside the
 unsharded weights under ZeRO-2, under ZeRO-3 (torchtitan's "default" policy) the [norm, lm_head] unit alone
 gathered at the loss, as views of its padded all-gather output
-(``analytic.fsdp2_moments.zero3_head_unit``); the final norm's backward without FSDP (under SP it tops
+(``analytic.fsdp.moments.zero3_head_unit``); the final norm's backward without FSDP (under SP it tops
 at the reduce-scatter of the lm head's input gradient, ``analytic.peak.head_input_scatter_transient``, and
 the norm runs on T/t tokens); the embedding backward moment where its own backward tops its stretch.
 
@@ -43,7 +43,7 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   8B's widths, 2 layers, s 256, and by 990 MB at 405B's on tp 8 + SP). It is the rank's highest
   estimated moment there, so the estimated peak is off by as much.
 - NB: FSDP2's ZeRO-3 backward is modelled for the layers (the next unit's prefetched flat all-gather
-  output and the previous unit's fp32 reduce-scatter input: ``analytic.fsdp2_moments.zero3_unit_buffers``; the
+  output and the previous unit's fp32 reduce-scatter input: ``analytic.fsdp.moments.zero3_unit_buffers``; the
   layer moment's error under ZeRO-3 equals its error without FSDP on the tiny model at tp 1 and 2, ±SP)
   and for the final norm's backward with a small head (the [norm, lm_head] unit gathered and the top
   layer's prefetched output: ``zero3_head_gather``). Not modelled: the head unit's reduce-scatter, which

@@ -27,7 +27,7 @@ on it (lazy connection, ``analytic.nccl``); a barrier on it would connect its ri
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp_buffers import all_gather_stream, reduce_scatter_stream
+from memplan.analytic.fsdp.buffers import all_gather_stream, reduce_scatter_stream
 from memplan.analytic.nccl import Communicator, NcclBuffers, buffers
 from memplan.blocks import te_fp8
 from memplan.config import CpRotate, Impl, Setup, ZeroStage
@@ -126,7 +126,7 @@ def ddp_bucket_bytes(r: Result, sp: StagePlan | None = None) -> int:
 def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
     """What the caching allocator reserves on FSDP2's all-gather stream on a device of stage plan ``sp``
     (default: the most loaded device), where FSDP2 runs its gathers (``--impl reference`` and
-    ``torchtitan``; Megatron and transformers' stacks use their own): ``analytic.fsdp_buffers``, memoised
+    ``torchtitan``; Megatron and transformers' stacks use their own): ``analytic.fsdp.buffers``, memoised
     there; 0 elsewhere, None where not modelled."""
     if r.setup.impl.impl not in (Impl.REFERENCE, Impl.TORCHTITAN):
         return 0
@@ -137,7 +137,7 @@ def fsdp_stream_bytes(r: Result, sp: StagePlan | None = None) -> int | None:
 def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
     """What the caching allocator reserves on FSDP2's reduce-scatter stream on a device of stage plan
     ``sp`` (default: the most loaded device): the sharded gradients' blocks under FSDP2's mixed precision
-    (``analytic.fsdp_buffers.reduce_scatter_stream``; 0 where not modelled). Reported, not kept back: its
+    (``analytic.fsdp.buffers.reduce_scatter_stream``; 0 where not modelled). Reported, not kept back: its
     segments hold only the sharded gradients, which the moments count, and are wholly free — released by
     the allocator's out-of-memory path — at every moment without them (``search.budget``'s NB)."""
     st = (sp or r.device).stage
@@ -147,7 +147,7 @@ def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
     """The communication buffers a device of ``sp`` holds beside the step's replay, which the verdict and
     ``fit`` keep back from the default stream's allocator: FSDP2's all-gather stream (its own pool, held
-    from the forward's second unit to the end of the run: ``analytic.fsdp_buffers``) and DDP's buckets
+    from the forward's second unit to the end of the run: ``analytic.fsdp.buffers``) and DDP's buckets
     (allocated before the first step, never freed). NB: FSDP2's stream where it is not modelled
     (fine-tuning, a mixture of experts under tensor parallelism) counts 0: ``--reserve`` is where memory is
     kept back for it."""

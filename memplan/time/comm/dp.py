@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from memplan.analytic.fsdp2_moments import titan_fsdp2
-from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.analytic.fsdp.moments import titan_fsdp2
+from memplan.analytic.fsdp.reduce import reduce_bytes
 from memplan.blocks import fp8, megatron
 from memplan.config import Impl, Precision, Setup, ZeroStage
 from memplan.presets import Topology
@@ -88,7 +88,7 @@ def titan_kept_params(c: Critical) -> int:
 
 
 def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list[Row]:
-    """torchtitan's FSDP2 over the dense parameters (``analytic.fsdp2_moments.titan_fsdp2``), by its
+    """torchtitan's FSDP2 over the dense parameters (``analytic.fsdp.moments.titan_fsdp2``), by its
     reshard policy (FSDP2: a unit resharded after forward is all-gathered again in backward, one kept
     gathered is not; every unit reshards after backward, ``reshard_after_backward`` True):
 

@@ -1,4 +1,4 @@
-"""``allocator_plain.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same
+"""``allocator.plain.replay_plain`` compiled by numba (optional: ``pip install memplan[jit]``): the same
 rules, decisions, counters and early stop, on integer arrays; and ``alloc_stream.codes`` compiled, so
 that a stream is coded and replayed in one call. The entry points ``reserved`` calls: ``replay_jit``,
 ``codes_jit``, ``replay_inputs_jit``, ``refuses_jit``.
@@ -10,7 +10,7 @@ those replays were ≈ 40 % of a large search's time (docs/fit.md). ``reserved``
 both give the same counters, peaks, segments, released bytes, refusals and stopping event on random
 streams and on real ones, at capacities where cached segments are released.
 
-The replay itself, its pools and its state are ``analytic.allocator_jit_replay``'s; a stream whose pool
+The replay itself, its pools and its state are ``analytic.allocator.jit_replay``'s; a stream whose pool
 keys would not fit 63 bits (segments of 2⁶² bytes in all) is replayed by ``replay_plain`` instead.
 
 NB: the first call in a fresh installation compiles the functions (≈ 5 s); numba caches the machine code
@@ -27,8 +27,8 @@ import numba
 import numpy as np
 
 from memplan.analytic.allocator import CUBLAS_THREADS, Replay
-from memplan.analytic.allocator_jit_replay import Codes, replay_array, replay_stats
-from memplan.analytic.allocator_plain import demand, replay_plain
+from memplan.analytic.allocator.jit_replay import Codes, replay_array, replay_stats
+from memplan.analytic.allocator.plain import demand, replay_plain
 
 WEIGHTS, OPTIMIZER, GRADIENTS, ACTIVATIONS, TRANSIENT = range(5)
 """The columns of ``_code``'s points: ``analytic.peak.TERMS``' order (``reserved`` passes them so)."""
@@ -198,7 +198,7 @@ _coded: Any = numba.njit(cache=True)(_code)
 
 
 def replay_jit(codes: list[int], capacity: int | None = None, early: bool = False) -> tuple[Replay, int]:
-    """``allocator_plain.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
+    """``allocator.plain.replay_plain(codes, capacity, demand)`` compiled, with ``demand`` — a new segment for
     every allocation from each event on (``reserved._refuses``) — when ``early``: the counters and the
     index of the event it stopped before. A stream whose pool keys would not fit 63 bits (segments
     beyond 2⁶² bytes in all, in a replay no step makes) is replayed by ``replay_plain`` itself."""
@@ -279,7 +279,7 @@ def _code_and_replay(
     inputs: StreamFields, workspace: int, steps: int, capacity: int | None, early: bool
 ) -> list[int] | None:
     """The stream of ``inputs`` coded and replayed in one compiled call: ``_replay``'s values; None when
-    its pool keys would not fit 63 bits (``allocator_jit_replay._replay``: the caller replays it in
+    its pool keys would not fit 63 bits (``allocator.jit_replay._replay``: the caller replays it in
     Python)."""
     coded = _coded_stream(inputs, workspace, steps)
     out = cast(Codes, replay_array(coded, -1 if capacity is None else capacity, early))

@@ -1,4 +1,4 @@
-"""The compiled replay behind ``analytic.allocator_jit``: ``allocator_plain.replay_plain``'s rules,
+"""The compiled replay behind ``analytic.allocator.jit``: ``allocator.plain.replay_plain``'s rules,
 decisions, counters and early stop, on integer arrays, compiled by numba (``replay_array``), with the
 sorted pools it keeps free blocks in.
 
@@ -16,9 +16,9 @@ docstring) without Python objects:
 - the live allocations in arrays indexed by their number (the codes number them 0, 1, …).
 
 The keys must fit 63 bits: every address is below the bytes of a new segment for every allocation
-(``allocator_plain.demand``'s first entry) and every size at most the largest segment; a stream where they
+(``allocator.plain.demand``'s first entry) and every size at most the largest segment; a stream where they
 would not (segments of 2⁶² bytes in all) is not replayed here (``replay_array`` says so; the entry points
-in ``allocator_jit`` replay it by ``replay_plain``). Every other value is an int64 byte count, far below
+in ``allocator.jit`` replay it by ``replay_plain``). Every other value is an int64 byte count, far below
 2⁶³ for any stream a step makes.
 
 NB: the pools and the replay stay in this one module: numba's cache (``cache=True``) is invalidated when

@@ -1,6 +1,6 @@
 """FSDP2's reduce-scatter under its mixed precision: where it is modelled, its dtype, and the input the
 default stream holds beside a unit's backward (torch 2.13's ``foreach_reduce``; the streams, the lines
-and the replay of the reduce-scatter stream's pool: ``analytic.fsdp_buffers``). Apart from that module so
+and the replay of the reduce-scatter stream's pool: ``analytic.fsdp.buffers``). Apart from that module so
 the peak's moments (``analytic.peak``) read it without importing the stream replays."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ def reduce_bytes(setup: Setup) -> int:
 def reduce_scatter_modelled(setup: Setup) -> bool:
     """FSDP2's reduce-scatter buffers are modelled: its mixed precision (``--precision fsdp2-mixed``, or
     ``--impl torchtitan``'s bf16-mixed under FSDP2: ``blocks.torchtitan.fsdp2_mixed``) on units memplan
-    models (``analytic.fsdp_buffers.unit_shapes``: sharded over more than one rank, every parameter
+    models (``analytic.fsdp.buffers.unit_shapes``: sharded over more than one rank, every parameter
     trained; under tensor parallelism torchtitan's, whose units are each rank's TP-local parameters, as
     ``foreach_reduce`` reduces their DTensor gradients' local tensors — not the reference's, whose moments
     under tp are not measured with FSDP2's mixed precision). There the sharded gradients are the
-    reduce-scatter stream's blocks, not the default stream's (``analytic.fsdp_buffers``)."""
+    reduce-scatter stream's blocks, not the default stream's (``analytic.fsdp.buffers``)."""
     return (
         fsdp2_mixed(setup)
         and setup.impl.impl in (Impl.REFERENCE, Impl.TORCHTITAN)
@@ -40,7 +40,7 @@ def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
     before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit above
     is the root, reduced last (it holds the embedding). Flat, each dim 0 padded to the shard count
     (``blocks.torchtitan.fsdp2_flat_elements``), in the reduce dtype. torchtitan's moments count theirs
-    (``analytic.fsdp2_moments.zero3_unit_buffers``)."""
+    (``analytic.fsdp.moments.zero3_unit_buffers``)."""
     if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
         return 0
     shards = setup.state_shards

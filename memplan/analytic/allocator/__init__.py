@@ -28,7 +28,7 @@ of the file, ``round_size``, ``get_pool``, ``get_allocation_size``, ``get_free_b
   free block at the segment's mapped end counts, for best fit, as the size it can grow to (taken last),
   and grows by the pages the request lacks.
 
-``Allocator`` replays any stream; ``analytic.allocator_plain.replay_plain`` the default allocator (no
+``Allocator`` replays any stream; ``analytic.allocator.plain.replay_plain`` the default allocator (no
 expandable segments, no ``max_split_size``) on one stream, with the same decisions and counters, without
 block objects (the fit search's replays).
 

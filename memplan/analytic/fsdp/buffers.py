@@ -78,7 +78,7 @@ backward's order (the reverse of the forward's: the reference's root, which hold
   own is allocated (l. 647–658; ``reduce_scatter_max_input_buffers`` 1 by default, l. 112); the last one
   is freed by the root's final callback at the backward's end (_fsdp_state.py l. 420–431). So beside each
   unit's backward the previous unit's input is alive: ``reduce_scatter_input`` for the reference's layer
-  and embedding moments (torchtitan's in ``analytic.fsdp2_moments.zero3_unit_buffers``). torch 2.3's
+  and embedding moments (torchtitan's in ``analytic.fsdp.moments.zero3_unit_buffers``). torch 2.3's
   ``foreach_reduce_scatter`` allocated it on the reduce-scatter stream instead (docs/published-memory.md).
 - its output, the unit's shard of the reduced gradients (padded elements / W, reduce dtype), is allocated
   on the *reduce-scatter* stream (l. 611–616: ``with device_handle.stream(reduce_scatter_stream):
@@ -116,7 +116,7 @@ import math
 from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
-from memplan.analytic.fsdp2_reduce import reduce_bytes, reduce_scatter_modelled
+from memplan.analytic.fsdp.reduce import reduce_bytes, reduce_scatter_modelled
 from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
 from memplan.blocks import fp8
 from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES

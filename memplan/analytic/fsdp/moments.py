@@ -7,7 +7,7 @@ fake process group (tests/hf/test_torchtitan_peak.py, tests/test_fsdp_buffers.py
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.analytic.fsdp.reduce import reduce_bytes
 from memplan.analytic.params import ParamCount
 from memplan.blocks import fp8
 from memplan.blocks.profiles import profile_of

@@ -4,7 +4,7 @@ stream, without block objects: ``replay_plain`` (the fit search's replays, in Py
 
 The rules, decisions and counters are ``analytic.allocator``'s (its docstring: torch's
 ``c10/cuda/CUDACachingAllocator.cpp``); tests/test_allocator_plain.py checks ``replay_plain`` against
-``Allocator`` on random and real streams, at capacities. ``analytic.allocator_jit`` compiles the same
+``Allocator`` on random and real streams, at capacities. ``analytic.allocator.jit`` compiles the same
 replay (numba; ``reserved``'s ``MEMPLAN_JIT`` policy says when it runs).
 
 NB: as ``Allocator``'s default path: no expandable segments, no ``max_split_size``, one stream.

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 
-from memplan.analytic.fsdp2_reduce import reduce_bytes
+from memplan.analytic.fsdp.reduce import reduce_bytes
 from memplan.analytic.optimizer_step import Shape, _layer_shapes, _norm_shapes
 from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
 from memplan.config import Impl, Offload, PositionType, Setup, ZeroStage
@@ -111,7 +111,7 @@ def _grad_bytes(setup: Setup) -> int:
 
 def _reduce_bytes(setup: Setup) -> int:
     """A reduce-scatter input's element: ``reduce_dtype`` under FSDP2's mixed precision
-    (``fsdp2_reduce.reduce_bytes``), else the gradients' own dtype (no policy: no cast)."""
+    (``fsdp.reduce.reduce_bytes``), else the gradients' own dtype (no policy: no cast)."""
     return reduce_bytes(setup) if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
 
 
