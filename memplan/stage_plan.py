@@ -18,6 +18,7 @@ from memplan.blocks import megatron, te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import Checkpointing, DType, Impl, NormType, OptimizerImpl, Setup, ZeroStage
+from memplan.config.trainable import final_norm_trains, head_trains
 from memplan.pieces import (
     STRATEGIES as STRATEGIES,
 )
@@ -29,6 +30,7 @@ from memplan.pieces import (
 )
 from memplan.strategies import (
     lora,
+    lora_moments,
     offload,
     torch_interleaved,
 )
@@ -156,13 +158,18 @@ class StagePlan:
             par = self.setup.parallel
             unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
         partial = partial_grads(self.setup, st)  # the user's setup: ``at``'s model is the rank's shard
-        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded, partial)
+        # what each layer keeps, where they differ, when this chunk is the whole model
+        layers = pc.layer_bytes if len(pc.layer_bytes) == st.chunk_layers else ()
+        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded, partial, layers)
         moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage
             for name in ("loss forward", "loss backward", "lm head backward", "final norm backward"):
                 moments.pop(name, None)
         layer = moments["layer backward"]
-        moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
+        # fine-tuning with a frozen MLP (its moment at the user's micro-batch count: ``at``)
+        frozen_mlp = lora_moments.layer_correction(at, Dims.of(at), self.params)
+        correction = pc.layer_correction + frozen_mlp
+        moments["layer backward"] = {**layer, "transient": layer["transient"] + correction}
         moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul
         return pk.Peak(moments=moments, all_gather_stream=base.all_gather_stream)
 
@@ -312,6 +319,8 @@ def plan_rank(pc: Pieces, setup: Setup, index: int, chunks_of: tuple[int, ...]) 
 
 
 def head_gradient_bytes(params: ParamCount, setup: Setup) -> int:
-    """Gradients made before the top layer's backward: lm head (or tied embedding) and final norm."""
-    head = params.lm_head or params.embedding
-    return (head + params.final_norm) * setup.training.precision.grad_bytes
+    """Gradients made before the top layer's backward: lm head (or tied embedding) and final norm, those
+    that train (``config.trainable``: fine-tuning freezes them)."""
+    head = (params.lm_head or params.embedding) if head_trains(setup) else 0
+    norm = params.final_norm if final_norm_trains(setup) else 0
+    return (head + norm) * setup.training.precision.grad_bytes

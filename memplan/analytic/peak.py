@@ -64,9 +64,10 @@ exact), 3 are checkpointed eager layers with f ≤ h. The same 60 first of them 
 exact (12 before the accumulation rules above), the 11 reversible within −0.9 … +1.4 %, attention dropout
 +0.1 … +2.5 %, the eager forward's softmax +1.2 %; and 16-bit (not mixed) checkpointed layers +0.6 … +1.0 %
 (+15,872 and +51,200 B at the attention norm's backward; what holds them is not found).
-NB: under LoRA the layer moments keep full training's transients (a frozen projection's weight gradient
-counted as made, a frozen down projection's input counted as saved and released): measured on CPU over 8
-tiny setups (q/v adapters; none and full AC; 1 and 2 micro-batches) at −3.1 … +9.3 %, mostly below.
+Fine-tuning: the layers' own saves (layer 0 keeps less: ``layer_bytes``), the loop's ids beside a
+frozen embedding (``unsaved_ids_bytes``), no gradient of a frozen head, final norm or tied embedding; the
+frozen MLP's moment is ``strategies.lora_moments``' correction (exact on the LoRA setups of
+tests/measure/test_peak.py; before, −3.1 … +9.3 %, mostly below).
 NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
 every backward moment (+0.6 % in one of the random setups).
 NB: allocator fragmentation, CUDA context (~0.3–1 GiB) and communication buckets are not counted.
@@ -106,7 +107,7 @@ from memplan.analytic.optimizer_step import step_transient as optimizer_step_tra
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
-from memplan.blocks.embedding import loop_ids_bytes
+from memplan.blocks.embedding import loop_ids_bytes, unsaved_ids_bytes
 from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import (
     chunked_head_backward_transient,
@@ -120,6 +121,7 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules
 from memplan.blocks.profiles import accumulates_in_place, profile_of
 from memplan.config import Offload, Setup
+from memplan.config.trainable import embedding_trains, head_trains
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
 """What is alive at a moment, in the order it is allocated: the 16-bit weights (a ZeRO-3 gathered unit
@@ -196,13 +198,18 @@ def peak(
     gradient_bytes_head: int,
     unsharded: int | None = None,
     partial_grads: int = 0,
+    layer_bytes: tuple[int, ...] = (),
 ) -> Peak:
     """The moments (module docstring). ``unsharded``: on a torchtitan pipeline rank, the most of its
     parameters torch keeps unsharded at once (``strategies.torch_interleaved.most_unsharded``; all of
     them by default); ``partial_grads``: the elements by which its gradients exceed its parameters
-    (``stage_plan.partial_grads``)."""
+    (``stage_plan.partial_grads``); ``layer_bytes``: what each layer keeps, bottom to top, where layers
+    differ (fine-tuning's gradient flow, two layer kinds: ``Pieces.layer_bytes``) and ``kept`` counts
+    each as the largest."""
     dims = Dims.of(setup)
-    activations = act.total_bytes(kept)
+    # ``kept``'s layer scope counts every layer as the largest; the layers below keep less
+    deficit = max(layer_bytes) * len(layer_bytes) - sum(layer_bytes) if layer_bytes else 0
+    activations = act.total_bytes(kept) - deficit
     head = sum(k.total_bytes for k in kept if k.block.in_head)
     inputs = 2 * 8 * dims.tokens  # the int64 ids and labels the training loop still holds
     weights, optimizer = states.weights, states.optimizer
@@ -216,7 +223,7 @@ def peak(
     # Tied, the lm head's gradient waits in autograd's input buffer for the embedding's (one leaf, one
     # ``AccumulateGrad`` run once both uses are back): beside the summed ones in a later micro-batch.
     tied = setup.model.tied_embeddings
-    pending = params.embedding * setup.training.precision.grad_bytes if tied else 0
+    pending = params.embedding * setup.training.precision.grad_bytes if tied and head_trains(setup) else 0
     pending = pending if accumulates_in_place(setup) else 0
     gather = zero3_gather(params, setup)  # ZeRO-3's gathered unit: weights
     if zero3_kept_gathered(setup):  # torchtitan's ZeRO-3 under pp: the stage's units kept gathered
@@ -226,6 +233,7 @@ def peak(
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
+    activations += unsaved_ids_bytes(setup, dims)  # a frozen embedding's: the loop's, no save
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
@@ -291,7 +299,7 @@ def peak(
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
     transient, working = layer_terms(setup, params)
-    layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER)
+    layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     segment = setup.strategy.segment
 
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
@@ -316,7 +324,8 @@ def peak(
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
-        saved = activations - head - layer_saved + saved_layers_up_to(setup, kept, i) + inputs // 2
+        below = sum(layer_bytes[: i + 1]) if layer_bytes else saved_layers_up_to(setup, kept, i)
+        saved = activations - head - layer_saved + below + inputs // 2
         saved -= loop_labels_bytes(setup, dims)
         saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
@@ -357,6 +366,8 @@ def peak(
     copies = (3 if pending else 2) if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
+    if not embedding_trains(setup):  # frozen (fine-tuning): no backward of its own
+        embedding = 0
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.

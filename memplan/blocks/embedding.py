@@ -7,6 +7,7 @@ from memplan.blocks import dropout_rule
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import dropout_keeps, hidden_dropouts, profile_of
 from memplan.config import DType, ModelConfig, PositionType, Setup
+from memplan.config.trainable import embedding_trains
 
 INT64 = DType.INT64
 B, R = Block, Role
@@ -44,3 +45,10 @@ def loop_ids_bytes(setup: Setup, dims: Dims) -> int:
     if profile_of(setup).vocab_parallel_embedding_mask and setup.parallel.tp > 1:
         return 8 * dims.tokens
     return 0
+
+
+def unsaved_ids_bytes(setup: Setup, dims: Dims) -> int:
+    """The training loop's int64 ids [b, s] where no save holds them: a frozen embedding (fine-tuning,
+    ``--freeze embeddings``) has no backward, so its lookup keeps nothing, while the loop still holds the
+    ids it passed (measured: tests/measure/test_peak.py's LoRA peaks)."""
+    return 0 if embedding_trains(setup) else 8 * dims.tokens

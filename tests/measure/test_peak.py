@@ -25,12 +25,14 @@ from memplan.blocks.inventory import Dims
 from memplan.config import (
     Attention,
     Device,
+    Method,
     ModelConfig,
     Setup,
     StrategyConfig,
     TrainingConfig,
     ZeroStage,
     parse_checkpointing,
+    parse_targets,
 )
 from memplan.engine import estimate
 from memplan.measure.instruments.tracker import OpLiveTracker
@@ -175,6 +177,36 @@ def test_accumulated_micro_batches_peak_is_exact(setup: Setup) -> None:
         "final norm backward",
         "embedding backward",
     )
+    assert profile(setup, steps=1).peak == est.peak.bytes
+
+
+def _lora(setup: Setup, targets: str = "q,v", dropout: float = 0.0) -> Setup:
+    ft = setup.finetune.model_copy(
+        update={"method": Method.LORA, "targets": parse_targets(targets), "dropout": dropout}
+    )
+    return setup.model_copy(update={"finetune": ft})
+
+
+# LoRA's peak (strategies/lora_moments.py): the frozen MLP's moment (no weight gradient made, no down input
+# released), the layers' own saves (layer 0 keeps less: ``peak``'s ``layer_bytes``), the loop's ids beside
+# a frozen embedding, no frozen head's or tied embedding's gradient.
+LORA_PEAKS = [
+    _lora(make(LLAMA, 32, b=4, s=128)),  # the final norm's
+    _lora(make(LLAMA, 32, ckpt="full", b=4, s=128)),  # the layer's: the re-run beside the MLP's buffers
+    _lora(make(LLAMA, 32, ckpt="full", b=4, s=128, accum=2)),
+    _lora(make(GPT, 32, b=4, s=128)),  # the layer's, after the residual dropout's mask is consumed
+    _lora(make(GPT, 32, ckpt="full", b=4, s=128, accum=2), "q,k,v,o"),  # tied: no pending head gradient
+    _lora(make(GPT, 32, attention="eager", b=2, s=64), dropout=0.1),
+]
+
+
+@pytest.mark.parametrize(
+    "setup",
+    LORA_PEAKS,
+    ids=lambda s: f"{s.model.norm.value}-{s.strategy.checkpointing.value}-{s.training.grad_accum}",
+)
+def test_lora_peak_is_exact(setup: Setup) -> None:
+    est = estimate(setup)
     assert profile(setup, steps=1).peak == est.peak.bytes
 
 
