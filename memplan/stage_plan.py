@@ -30,7 +30,6 @@ from memplan.pieces import (
 )
 from memplan.strategies import (
     lora,
-    lora_moments,
     offload,
     torch_interleaved,
 )
@@ -166,10 +165,7 @@ class StagePlan:
             for name in ("loss forward", "loss backward", "lm head backward", "final norm backward"):
                 moments.pop(name, None)
         layer = moments["layer backward"]
-        # fine-tuning with a frozen MLP (its moment at the user's micro-batch count: ``at``)
-        frozen_mlp = lora_moments.layer_correction(at, Dims.of(at), self.params)
-        correction = pc.layer_correction + frozen_mlp
-        moments["layer backward"] = {**layer, "transient": layer["transient"] + correction}
+        moments["layer backward"] = {**layer, "transient": layer["transient"] + pc.layer_correction}
         moments = with_dequant(moments, self.setup)  # QLoRA: a 4-bit weight dequantised for its matmul
         return pk.Peak(moments=moments, all_gather_stream=base.all_gather_stream)
 

@@ -66,7 +66,7 @@ exact (12 before the accumulation rules above), the 11 reversible within −0.9 
 (+15,872 and +51,200 B at the attention norm's backward; what holds them is not found).
 Fine-tuning: the layers' own saves (layer 0 keeps less: ``layer_bytes``), the loop's ids beside a
 frozen embedding (``unsaved_ids_bytes``), no gradient of a frozen head, final norm or tied embedding; the
-frozen MLP's moment is ``strategies.lora_moments``' correction (exact on the LoRA setups of
+frozen MLP's moment is ``blocks.mlp.mlp_backward_transient``'s (exact on the LoRA setups of
 tests/measure/test_peak.py; before, −3.1 … +9.3 %, mostly below).
 NB: the forward is not a modelled moment; at an eager attention's softmax in the top layer it can exceed
 every backward moment (+0.6 % in one of the random setups).

@@ -6,6 +6,8 @@ from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
+from memplan.config.finetune import Target
+from memplan.config.trainable import adapted, base_trains
 
 B, R = Block, Role
 
@@ -89,14 +91,42 @@ def early_stop_skip(setup: Setup, dims: Dims) -> int:
     return mm(dims.tokens, dims.f, dims.h)
 
 
+MLP_TARGETS = frozenset({Target.GATE, Target.UP, Target.DOWN})
+
+
+def frozen_mlp(setup: Setup) -> bool:
+    """Fine-tuning where the top layer's MLP (the layer whose backward is the moment: it keeps the most)
+    neither trains nor carries an adapter — LoRA on attention targets, peft's default q, v; QLoRA alike."""
+    top = setup.model.num_layers - 1
+    if setup.finetune.trains_everything or base_trains(setup, top):
+        return False
+    return not adapted(setup, top) & MLP_TARGETS
+
+
 def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     """MLP backward at the product's gradient: dY [T, h] coming in, d(down input) and the two operand
     gradients [T, f] (SwiGLU; GELU: one fewer), and the down projection's weight gradient, already made;
     the down projection's saved input is released once its backward has run (a [T, f] fewer).
-    Or earlier, whichever is larger: ``down_backward_transient``."""
+    Or earlier, whichever is larger: ``down_backward_transient``.
+
+    A frozen MLP (``frozen_mlp``) makes no weight gradient and keeps no down input (dX = dY·W needs the
+    weight only: ``strategies.lora``), so nothing is released: dY and the [T, f] buffers less the residual
+    dropout's mask, the largest of its backward. Measured op by op on CPU against every live storage
+    (tests/measure/test_peak.py ``test_lora_peak_is_exact``: Llama- and GPT-shaped layers, q, v and q, k,
+    v, o adapters, flash and eager attention, LoRA dropout, none and full checkpointing, one and two
+    micro-batches), exact.
+    NB: an adapted MLP (gate, up or down targets) keeps full training's terms; its adapters' backward adds
+    [T, in] input-gradient pieces not modelled (all-linear LoRA on the Llama-shaped layer under full
+    checkpointing: −1.7 … +0.3 %). The layer's other moments keep full training's terms under fine-tuning
+    (frozen weights' gradients counted as made), below this one in every measured setup."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
+    if frozen_mlp(setup) and not (te_fp8.applies(setup) or fp8.enabled(setup)):
+        # no weight gradient made, no down input saved or released; the residual dropout's backward has
+        # consumed its bool mask first
+        mask = t * dims.h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
+        return t * dims.h * a_bytes + f_buffers - mask
     # the down projection's gradients, unless summed into an earlier micro-batch's and freed
     down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
     released = t * dims.f * a_bytes  # the down input's save; Transformer Engine's a float8 cast and its scale

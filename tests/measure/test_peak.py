@@ -187,7 +187,7 @@ def _lora(setup: Setup, targets: str = "q,v", dropout: float = 0.0) -> Setup:
     return setup.model_copy(update={"finetune": ft})
 
 
-# LoRA's peak (strategies/lora_moments.py): the frozen MLP's moment (no weight gradient made, no down input
+# LoRA's peak (blocks/mlp.py ``frozen_mlp``): the frozen MLP's moment (no weight gradient made, no down input
 # released), the layers' own saves (layer 0 keeps less: ``peak``'s ``layer_bytes``), the loop's ids beside
 # a frozen embedding, no frozen head's or tied embedding's gradient.
 LORA_PEAKS = [
