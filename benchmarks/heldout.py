@@ -45,6 +45,12 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   op's, the rest re-run; the 64-A100 preset train_configs/llama3_8b.toml: ``selective_ac_option = 'op'``):
   typed ``--impl torchtitan --checkpointing selective`` (torchtitan 0.3.0's code: fused ``wqkv``, where the
   runs' Dec-2024 code had separate wq, wk, wv and also re-ran W_K), the float8 rows too.
+- FSDP2's units: the runs' 2024 torchtitan (0413364's and 9dec370's parallelize_llama.py) wrapped each block,
+  the last not resharded after forward, then ``fully_shard(model)`` — a root unit of the embedding, the
+  final norm and the output, which the torch of the time never resharded after forward — where 0.3.0 wraps
+  the embedding and [norm, output] apart: the ``--impl torchtitan`` rows are typed ``--fsdp-wrap root``
+  where it is modelled (ZeRO-3 without tp or cp); Table 2's CP rows and Table 4's TP row keep 0.3.0's
+  units (``--fsdp-wrap root`` refuses cp and tp: not measured there).
 - Float8 (T1-T4): the runs' torchtitan 9dec370 converter (torchtitan/float8.py of Dec 2024) made torchao's
   ``Float8LinearConfig`` — tensorwise dynamic scaling, its only recipe then — for every linear but the
   output head: typed ``--impl torchtitan --fp8 tensorwise`` (torchtitan's FSDP2 mixed precision, its
@@ -121,6 +127,10 @@ class Stated:
     runs: their train.py compiled the blocks only ("TODO: compiling loss function causes CUDA errors,
     turning off for now", the ``torch.compile(loss_fn)`` commented out)."""
     fp8: str = "none"
+    fsdp_wrap: str = "units"
+    """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
+    is modelled (ZeRO-3 without tp or cp): its parallelize_llama wrapped each block and then the model,
+    the root unit holding the embedding, final norm and output (``analytic.fsdp.root``)."""
     attention_kernel: str = "auto"
     impl: str = "reference"
     optimizer_impl: str = ""
@@ -249,6 +259,8 @@ def _titan(
         parts.append("--compile" if s.compile_loss else "--compile --no-compile-loss")
     if s.fp8 != "none":
         parts.append(f"--fp8 {s.fp8}")
+    if s.fsdp_wrap != "units":
+        parts.append(f"--fsdp-wrap {s.fsdp_wrap}")
     if s.impl != "reference":
         parts.append(f"--impl {s.impl}")
     parts.append(f"--optimizer-impl {s.optimizer_impl}")
@@ -258,7 +270,17 @@ def _titan(
 
 def _teton_8b(gpus: int, table: str, tps: tuple[float, float, float]) -> tuple[Run, ...]:
     """Tables 1 and 3: Llama 3.1 8B, FSDP, local batch 2, selective AC; eager, compiled, compiled + float8."""
-    base = Stated("llama-3.1-8b", gpus, "h100-teton", 8192, 2, 2 * gpus, "selective", impl="torchtitan")
+    base = Stated(
+        "llama-3.1-8b",
+        gpus,
+        "h100-teton",
+        8192,
+        2,
+        2 * gpus,
+        "selective",
+        impl="torchtitan",
+        fsdp_wrap="root",
+    )
     compiled = _with(base, compile=True, compile_loss=False)  # the December-2024 code: the blocks only
     kinds = (("FSDP", base, OP_SAC), ("+ compile", compiled, OP_SAC))
     kinds += (("+ compile + float8", _with(compiled, fp8="tensorwise"), f"{OP_SAC}; {FP8}"),)
@@ -304,14 +326,16 @@ TITAN_RUNS: tuple[Run, ...] = (
     _titan(
         "Llama 2 13B, 64 × A100, selective op",
         f"{TT24} Llama 2",
-        Stated("llama-2-13b", 64, "a100-80gb", 4096, 2, 128, "selective", impl="torchtitan"),
+        Stated(
+            "llama-2-13b", 64, "a100-80gb", 4096, 2, 128, "selective", impl="torchtitan", fsdp_wrap="root"
+        ),
         1904,
         OP_SAC,
     ),
     _titan(
         "Llama 3 8B, 64 × A100, selective op",
         f"{TT24} Llama 3",
-        Stated("llama-3-8b", 64, "a100-80gb", 8192, 1, 64, "selective", impl="torchtitan"),
+        Stated("llama-3-8b", 64, "a100-80gb", 8192, 1, 64, "selective", impl="torchtitan", fsdp_wrap="root"),
         2973,
         OP_SAC,
     ),

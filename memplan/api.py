@@ -285,6 +285,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         attention_kernel=o.attention_kernel,
         compile=o.compile,
         compile_loss=o.compile_loss,
+        fsdp_wrap=o.fsdp_wrap,
         fp8=o.fp8,
         fp8_amax_history_len=o.fp8_amax_history_len,
         fp8_all_gather=o.fp8_all_gather,

@@ -33,6 +33,7 @@ FIT_OPTIONS = (
     "attention_kernel",
     "compile",
     "compile_loss",
+    "fsdp_wrap",
     "fp8",
     "fp8_all_gather",
     "overlap_grad_reduce",

@@ -15,6 +15,7 @@ from memplan.config import (
     ExpertsImpl,
     Fp8Recipe,
     Frozen,
+    FsdpWrap,
     Impl,
     MethodChoice,
     Optimizer,
@@ -167,6 +168,16 @@ class Options(Frozen):
         "blocks/head.py)",
         STRATEGY,
         default=True,
+    )
+    fsdp_wrap: FsdpWrap = option(
+        "--impl torchtitan under --zero 3: FSDP2's units. units: torchtitan 0.3.0's (the embedding, each "
+        "block, [norm, output] kept gathered from its forward to its backward); root: torchtitan's "
+        "parallelize_llama of 2024, the code of its 2024 benchmark tables (each block, the last kept "
+        "gathered after forward, then the root unit of the embedding, final norm and output, never "
+        "resharded after forward by the torch of the time: held gathered, with its unsharded gradients, "
+        "to the backward's end). e.g. --impl torchtitan --zero 3 --fsdp-wrap root",
+        STRATEGY,
+        default=FsdpWrap.UNITS,
     )
     fp8: Fp8Recipe = option(
         "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "

@@ -30,11 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memplan.analytic import activations as act
+from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
 from memplan.blocks.forward_locals import layer_forward_peak
 from memplan.blocks.head import forward_loss_blocks, loss_backward_blocks
 from memplan.blocks.inventory import Block, Dims, Scope
+from memplan.config import Setup
 from memplan.engine import Result
 from memplan.pieces import rerun_kept
 from memplan.strategies import lora
@@ -121,6 +123,18 @@ def saved_after(r: Result, layer_sets: int) -> list[int]:
     return [r.pieces.group_bytes[group] * n for n in range(layer_sets + 1)]
 
 
+def forward_gathered(setup: Setup, n: int, layer_sets: int) -> int:
+    """Bytes of FSDP2 units the forward holds gathered at layer n's boundary (or forward peak) beyond the
+    shards, where they stay gathered into the backward: torchtitan's 2024 wrapping
+    (``analytic.fsdp.root.kept_after_forward``) gathers the root unit first and never reshards it, nor
+    the top block after its forward; so the allocator meets them there, before the loss's tensors, as
+    the backward's moments count them. Elsewhere 0 (a unit resharded after its forward comes and goes
+    between the points)."""
+    if not (fsdp2_root.root_gathered(setup) and fsdp2_root.kept_after_forward(setup)):
+        return 0
+    return fsdp2_root.root_unit(setup) + (fsdp2_root.layer_flat(setup) if n >= layer_sets else 0)
+
+
 def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     """The most loaded device's memory at the forward's layer boundaries and at the modelled moments."""
     dev = r.device
@@ -137,8 +151,10 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     if offloads_activations(r.setup):  # every save goes to the host as it is made: none stays on the GPU
         before, saved = 0, [0] * (layer_sets + 1)
 
-    def forward(label: str, activations: int) -> Point:
-        return Point(label, terms(st.weights, st.optimizer, grads, activations, 0))
+    def forward(label: str, activations: int, n: int = 0) -> Point:
+        """A point after (or inside) the forward of n layers (sets)."""
+        weights = st.weights + forward_gathered(r.setup, n, layer_sets)
+        return Point(label, terms(weights, st.optimizer, grads, activations, 0))
 
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
     points = [forward("forward: start", before)]
@@ -148,21 +164,21 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     for n in steps:
         if core is not None:  # layer n's forward peak: its first saves and its temporaries (``layer_peak``)
             _, made, temps = core
-            at = forward(f"forward: layer {n}/{layer_sets} peak", before + saved[n - 1] + made)
+            at = forward(f"forward: layer {n}/{layer_sets} peak", before + saved[n - 1] + made, n)
             points.append(Point(at.label, {**at.terms, "transient": sum(temps)}, temps))
-        points.append(forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n]))
+        points.append(forward(f"forward: {n}/{layer_sets} {unit}", before + saved[n], n))
     loss_fwd = forward_loss_blocks(r.setup, dims)
     if loss_fwd:  # the loss's saves are made at that moment: before it, every save but theirs
         loss_saves = sum(k.total_bytes for k in r.pieces.kept if k.block is Block.LOSS)
-        pre = forward("forward: loss", dev.activations - loss_saves)
+        pre = forward("forward: loss", dev.activations - loss_saves, layer_sets)
         pieces = (*loss_fwd, 4)
         points.append(Point(pre.label, {**pre.terms, "transient": sum(pieces)}, pieces))
         # the loss's saves as the tensors they are: the log-probs take a block the transients left
         saves = tuple(k.bytes for k in r.pieces.kept if k.block is Block.LOSS for _ in range(k.count))
-        end = forward("forward: end", dev.activations)
+        end = forward("forward: end", dev.activations, layer_sets)
         points.append(Point(end.label, end.terms, saves=saves if sum(saves) == loss_saves else ()))
     else:
-        points.append(forward("forward: end", dev.activations))
+        points.append(forward("forward: end", dev.activations, layer_sets))
     loss_bwd, rerun = loss_backward_blocks(r.setup, dims), rerun_tensors(r)  # once, not per moment
     points += [_moment(name, dict(parts), loss_bwd, rerun) for name, parts in dev.peak.moments.items()]
     assert all(set(p.terms) == set(TERMS) for p in points)  # NB: one vocabulary of terms throughout

@@ -210,6 +210,22 @@ CASES: list[Case] = [
         "estimate -m tiny --impl torchtitan --fp8 tensorwise --zero 3 --dp 2 --tp 2 --fp8-all-gather",
         "fp8_all_gather",
     ),
+    case("fsdp-wrap-reference", "estimate -m tiny --zero 3 --dp 2 --gpus 2 --fsdp-wrap root", "fsdp_wrap"),
+    case(
+        "fsdp-wrap-zero2", "estimate -m tiny --impl torchtitan --zero 2 --dp 2 --fsdp-wrap root", "fsdp_wrap"
+    ),
+    case("fsdp-wrap-one-rank", "estimate -m tiny --impl torchtitan --zero 3 --fsdp-wrap root", "fsdp_wrap"),
+    case(
+        "fsdp-wrap-tp",
+        "estimate -m tiny --impl torchtitan --zero 3 --dp 2 --tp 2 --fsdp-wrap root",
+        "fsdp_wrap",
+    ),
+    case(
+        "fsdp-wrap-hsdp",
+        "estimate -m tiny --impl torchtitan --zero 3 --dp 4 --hsdp 2 --fsdp-wrap root",
+        "fsdp_wrap",
+    ),
+    case("fsdp-wrap-typo", "estimate -m tiny --impl torchtitan --fsdp-wrap roots", "fsdp-wrap"),
     case("compile-loss-eager", "estimate -m tiny --impl torchtitan --no-compile-loss", "compile_loss"),
     case("compile-loss-reference", "estimate -m tiny --compile --no-compile-loss", "compile_loss"),
     case(

@@ -96,10 +96,11 @@ def test_t1_reduce_scatter_pool_is_one_segment_per_unit_of_fp32_shards() -> None
     # + two norms (2·h), h 4096, ffn 14,336
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
     assert layer == 218_112_000
-    embedding = 128_256 * 4096  # torchtitan's units: tok_embeddings; 32 layers; [norm, output]
-    head = 128_256 * 4096 + 4096
-    assert segment(layer) == 106 * MIB and segment(embedding) == segment(head) == 252 * MIB
-    assert p.reduce_scatter == 32 * segment(layer) + segment(embedding) + segment(head)
+    # the run's 2024 wrapping (typed --fsdp-wrap root): 32 blocks and the root, tok_embeddings, norm and
+    # output in one unit (0.3.0 would have two: tok_embeddings, 252 MiB, and [norm, output], 252 MiB)
+    root = 128_256 * 4096 + 4096 + 128_256 * 4096
+    assert segment(layer) == 106 * MIB and segment(root) == 502 * MIB
+    assert p.reduce_scatter == 32 * segment(layer) + segment(root)
 
 
 def test_the_total_is_every_pool_the_allocator_reserves() -> None:

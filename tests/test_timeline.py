@@ -47,6 +47,24 @@ def test_gradient_accumulation_keeps_the_gradients_through_the_forward() -> None
     assert all(p.terms["gradients"] == r.states.gradients for p in timeline(r)[:3])
 
 
+def test_the_2024_root_wrapping_holds_its_units_from_the_forward() -> None:
+    """torchtitan's 2024 FSDP2 wrapping (``--fsdp-wrap root``) gathers the root unit first and never
+    reshards it, nor the top block after its forward: the forward's points hold them beside the shards
+    (the allocator meets them before the loss's tensors), as the backward's moments do. By hand, tiny on
+    dp 2: the root (embedding, final norm, lm head) 32,832 el and a block 36,992 el, bf16."""
+    from memplan.api import Options, build
+
+    r = build(
+        Options(model="tiny", seq=32, batch=2, impl="torchtitan", zero=3, dp=2, gpus=2, fsdp_wrap="root")
+    ).result  # type: ignore[arg-type]
+    points = {p.label: p for p in timeline(r)}
+    root, block, shards = 2 * 32_832, 2 * 36_992, r.states.weights
+    assert points["forward: start"].terms["weights"] == shards + root
+    assert points["forward: 1/2 layers"].terms["weights"] == shards + root
+    assert points["forward: end"].terms["weights"] == shards + root + block
+    assert points["loss backward"].terms["weights"] == shards + root + block
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_chart_fits_its_width(width: int) -> None:
     r = estimate(build_setup("70b", seq=8192))

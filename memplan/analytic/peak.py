@@ -80,6 +80,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.analytic import activations as act
 from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import (
+    layer_gather,
     pipeline_unsharded_gradients,
     zero2_shards_beside,
     zero3_head_gather,
@@ -338,7 +339,9 @@ def peak(
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
             return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
-        return terms(weights + gather, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
+        # torchtitan's ZeRO-3: the layer's own unit gathered (the largest unit, the embedding, is not then)
+        own = layer_gather(setup, setup.state_shards) if zero3_resharded(setup) else gather
+        return terms(weights + own, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
     # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a
@@ -386,7 +389,8 @@ def peak(
     step = terms(weights, optimizer, states.gradients, inputs, step_transient)
     stream: dict[str, dict[str, int]] = {}
     if root:  # the top layer's prefetched output at the head's moments; the layer's own or the one below
-        prefetched = {"weights": fsdp2_root.layer_flat(setup)}
+        # (torchtitan's 2024 wrapping kept the top block gathered from its forward: the default stream's)
+        prefetched = {} if fsdp2_root.kept_after_forward(setup) else {"weights": fsdp2_root.layer_flat(setup)}
         stream = {"loss backward": prefetched, "final norm backward": prefetched}
         stream["layer backward"] = {"transient": gather_outputs[top]}
     return Peak(

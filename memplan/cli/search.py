@@ -339,6 +339,10 @@ def _fit_base(o: Options, model: ModelConfig, kinds: tuple[Attention, ...]) -> S
     gpt-oss (sinks) run eager only; the flash families are then not modelled and not searched
     (``search.methods.valid``). When none runs, the last one's one-line error."""
     error: ValueError | None = None
+    from memplan.search.methods import layout_free_impl
+
+    impl = impl_of(o, model)  # whose code, and the kernels asked for: held for every layout
+    free = layout_free_impl(impl)  # the base (one device) without FSDP2's switches: each family has them
     for kind in kinds:
         try:
             return build_setup(
@@ -352,8 +356,8 @@ def _fit_base(o: Options, model: ModelConfig, kinds: tuple[Attention, ...]) -> S
                 dropout=o.dropout,
                 device=o.device,
                 attention=AttentionChoice[kind.name],
-                impl=impl_of(o, model),  # whose code, and the kernels asked for: held for every layout
-            )
+                impl=free,
+            ).replaced(impl=impl)
         except ValueError as e:
             error = e
     assert error is not None  # the space searches at least one attention kernel

@@ -56,6 +56,7 @@ StageOpt = Annotated[
     "experts",
     "compile",
     "fp8_all_gather",
+    "fsdp_wrap",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,
 )
@@ -67,14 +68,14 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
     --device cuda runs the CUDA code path on the meta device, whose kernels return what CUDA's return
     (the flash kernel's RNG state, fp32 LayerNorm statistics), and compares with the cuda estimate.
     With --impl torchtitan and --tp/--sp or --dp it runs rank 0 of torchtitan's parallelised model on a fake
-    process group of tp·dp ranks (FSDP2 under --zero 2/3). With --cp it runs rank --cp-rank (default 0)
-    of the ring (torch's own ring attention over a fake process group; --device cuda: its CUDA entry
-    points on the meta device); FLOPs × cp. With --pp P (and --vpp M: torchtitan's Interleaved1F1B) it
-    runs pipeline rank I (--stage I, or each in turn) of torchtitan's split
-    model under torch's schedule on a fake process group of P·dp ranks (FSDP2 on each stage under --zero 2/3),
-    its saves per layer, the schedule's holds and its parameters against the estimate of that rank. With
-    --compile each block's saves are what torch.compile's partitioner (AOTAutograd's min-cut) returns from the
-    compiled forward, traced without compiling kernels.
+    process group of tp·dp ranks (FSDP2 under --zero 2/3; --fsdp-wrap root: torchtitan's 2024 wrapping).
+    With --cp it runs rank --cp-rank (default 0) of the ring (torch's own ring attention over a fake
+    process group; --device cuda: its CUDA entry points on the meta device); FLOPs × cp. With --pp P (and
+    --vpp M: torchtitan's Interleaved1F1B) it runs pipeline rank I (--stage I, or each in turn) of
+    torchtitan's split model under torch's schedule on a fake process group of P·dp ranks (FSDP2 on each
+    stage under --zero 2/3), its saves per layer, the schedule's holds and its parameters against the
+    estimate of that rank. With --compile each block's saves are what torch.compile's partitioner
+    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     """

@@ -32,7 +32,7 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.hf_rules import default_attention, default_impl, hf_code_only, no_flash
-from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, Impl, ImplConfig
+from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, FsdpWrap, Impl, ImplConfig
 from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
@@ -74,6 +74,7 @@ __all__ = [
     "FineTune",
     "Fp8Recipe",
     "Frozen",
+    "FsdpWrap",
     "GateActivation",
     "Gelu",
     "Impl",

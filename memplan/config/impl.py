@@ -110,6 +110,21 @@ class Fp8Recipe(StrEnum):
     modelled."""
 
 
+class FsdpWrap(StrEnum):
+    """How ``--impl torchtitan`` wraps the model in FSDP2 units under ZeRO-3 (``--fsdp-wrap``)."""
+
+    UNITS = "units"
+    """torchtitan 0.3.0's ``apply_fsdp_to_decoder``: the token embedding, each block and [norm, output] a
+    unit each (the last not resharded after forward), the root ``fully_shard(model)`` holding nothing."""
+    ROOT = "root"
+    """torchtitan's ``parallelize_llama`` of 2024 (the code of its 2024 benchmark tables): each block a
+    unit, the last not resharded after forward (``reshard_after_forward = int(layer_id) <
+    len(model.layers) - 1``), then ``fully_shard(model)``: the root unit holds the embedding, the final
+    norm and the output, and the torch of the time never resharded the root after forward
+    (``FSDPState._lazy_init``: "For the root, do not reshard after forward", unconditional before torch's
+    ``_auto_reshard_after_forward``). ``analytic.fsdp.root``."""
+
+
 class ImplConfig(Frozen):
     """The implementation and the switches of its code that change what it keeps."""
 
@@ -174,6 +189,12 @@ class ImplConfig(Frozen):
         default=False,
         description="megatron: --overlap-param-gather (default off): the distributed optimizer's parameter "
         "all-gather (ZeRO-1) overlapped with the next forward; needs --overlap-grad-reduce",
+    )
+    fsdp_wrap: FsdpWrap = Field(
+        default=FsdpWrap.UNITS,
+        description="torchtitan under ZeRO-3: FSDP2's units as torchtitan 0.3.0 wraps them (units) or as its "
+        "2024 parallelize_llama did (root: the embedding, final norm and output one root unit, never "
+        "resharded after forward; the last block kept gathered), analytic.fsdp.root",
     )
     experts: ExpertsImpl = Field(
         default=ExpertsImpl.GROUPED_MM,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.config.hf_rules import check_family_layout, check_qk_norm, hf_only_code
-from memplan.config.impl import Fp8Recipe, Impl
+from memplan.config.impl import Fp8Recipe, FsdpWrap, Impl
 from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Attention, Checkpointing, Device, ZeroStage
@@ -172,6 +172,30 @@ def check_compile_loss(setup: Setup) -> None:
         raise ValueError(
             "compile_loss: --no-compile-loss says torchtitan's --compile leaves the loss eager; it needs "
             "--impl torchtitan --compile (drop --no-compile-loss)"
+        )
+
+
+def check_fsdp_wrap(setup: Setup) -> None:
+    """``--fsdp-wrap root`` (torchtitan's 2024 wrapping, ``analytic.fsdp.root``) where it is modelled: one
+    line naming what is not."""
+    if setup.impl.fsdp_wrap is FsdpWrap.UNITS:
+        return
+    s, par, m = setup.strategy, setup.parallel, setup.model
+    why = (
+        "it needs --impl torchtitan" if setup.impl.impl is not Impl.TORCHTITAN
+        else "it needs --zero 3 over more than one data-parallel rank" if s.zero < ZeroStage.PARAMETERS
+        or s.shard_group == 1
+        else "it is modelled without --tp, --cp, --pp and --hsdp" if par.tp > 1 or par.cp > 1 or par.pp > 1
+        or s.hsdp
+        else "it is modelled without parameter offload" if Offload.PARAMS in setup.offload
+        else "it is modelled for full training" if not setup.finetune.trains_everything
+        else f"it is modelled with an untied output ({m.name} ties it to the embedding)"
+        if m.tied_embeddings
+        else ""
+    )  # fmt: skip
+    if why:
+        raise ValueError(
+            f"fsdp_wrap: --fsdp-wrap root (torchtitan's 2024 FSDP2 wrapping): {why}; drop --fsdp-wrap root"
         )
 
 

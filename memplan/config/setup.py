@@ -20,7 +20,13 @@ from memplan.config.finetune import FULL_TRAINING, FineTune
 from memplan.config.finetune_rules import check_finetune
 from memplan.config.hf_rules import check_flash_attn, check_hf_only, hf_only_code
 from memplan.config.impl import Impl, ImplConfig
-from memplan.config.impl_rules import check_compile_loss, check_fp8, check_impl, titan_stage_layers
+from memplan.config.impl_rules import (
+    check_compile_loss,
+    check_fp8,
+    check_fsdp_wrap,
+    check_impl,
+    titan_stage_layers,
+)
 from memplan.config.model import ModelConfig, PositionType
 from memplan.config.offload import LossKind, Offload, check_savers, loss_label, offload_label
 from memplan.config.strategy import (
@@ -211,6 +217,7 @@ def check_setup(setup: Setup) -> None:
         check_flash_attn(setup)
     check_fp8(setup)  # every --impl: torchao's recipes or Transformer Engine's
     check_compile_loss(setup)
+    check_fsdp_wrap(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)
     if setup.impl.impl is not Impl.HF and (m.rotary_pct < 1 or m.parallel_residual):  # hf_code_only

@@ -79,6 +79,7 @@ def impl_args(s: Setup) -> list[str]:
         out.append(f"--attention-kernel {impl.attention_kernel.value}")
     out += ["--compile"] if impl.compile else []
     out += ["--no-compile-loss"] if impl.compile and not impl.compile_loss else []
+    out += [f"--fsdp-wrap {impl.fsdp_wrap.value}"] if impl.fsdp_wrap is not default.fsdp_wrap else []
     out += [f"--fp8 {impl.fp8.value}"] if impl.fp8 is not default.fp8 else []
     out += ["--fp8-all-gather"] if impl.fp8_all_gather else []
     out += ["--overlap-grad-reduce"] if impl.overlap_grad_reduce else []

@@ -49,7 +49,14 @@ from memplan.search.budget import DEFAULT_RESERVE, fits
 from memplan.search.command import estimate_command
 from memplan.search.families import search, triple
 from memplan.search.longest import longest_sequence
-from memplan.search.methods import SAVERS, searches_checkpointing, searches_layout, valid, with_method
+from memplan.search.methods import (
+    SAVERS,
+    layout_free,
+    searches_checkpointing,
+    searches_layout,
+    valid,
+    with_method,
+)
 from memplan.search.results import Config, Family, FitResult, Outcome, Rejected
 from memplan.search.space import (
     Layout,
@@ -182,7 +189,7 @@ def runnable_attention(base: Setup, space: Space) -> Space:
     runs = tuple(
         k
         for k in space.attention
-        if valid(base.model_copy(update={"strategy": base.strategy.model_copy(update={"attention": k})}))
+        if valid(layout_free(base).replaced(strategy=base.strategy.replaced(attention=k)))
     )
     if not runs:
         profile_of(base)  # the implementation's own refusal of the base, when it is not the attention's

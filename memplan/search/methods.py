@@ -33,6 +33,8 @@ from memplan.config import (
     FINETUNE_OPTIONS,
     Checkpointing,
     FineTune,
+    FsdpWrap,
+    ImplConfig,
     LossKind,
     Method,
     MethodChoice,
@@ -122,6 +124,18 @@ def _understands(method: Method, option: str) -> bool:
 def with_method(setup: Setup, ft: FineTune, saver: Saver) -> Setup:
     """``setup`` training with ``ft`` and ``saver`` (not validated: ``valid`` says whether it may run)."""
     return setup.model_copy(update={"finetune": ft, "offload": saver.offload, "loss": saver.loss})
+
+
+def layout_free_impl(impl: ImplConfig) -> ImplConfig:
+    """``impl`` without FSDP2's switches that need ZeRO-3 over data-parallel ranks (``--fp8-all-gather``,
+    ``--fsdp-wrap root``: ``config.impl_rules``): what a search's base (one device) is built and judged
+    with; each family is judged with them (``valid``), so the search keeps the layouts that run them."""
+    return impl.replaced(fp8_all_gather=False, fsdp_wrap=FsdpWrap.UNITS)
+
+
+def layout_free(setup: Setup) -> Setup:
+    """``setup`` with ``layout_free_impl``."""
+    return setup.replaced(impl=layout_free_impl(setup.impl))
 
 
 def valid(setup: Setup) -> bool:

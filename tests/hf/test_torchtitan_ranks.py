@@ -25,11 +25,13 @@ from memplan.schema import command_schema
 from tests.hf.harness import hf_setup
 
 
-def ranked(setup: Setup, tp: int, sp: bool, dp: int = 1, zero: int = 0) -> Setup:
-    """``setup`` on tp × dp ranks, validated again (the setup's checks run on the new layout)."""
+def ranked(setup: Setup, tp: int, sp: bool, dp: int = 1, zero: int = 0, **impl: object) -> Setup:
+    """``setup`` on tp × dp ranks (``impl``: its ``ImplConfig`` fields replaced), validated again (the
+    setup's checks run on the new layout)."""
     data = setup.model_dump()
     data["parallel"] = {**data["parallel"], "tp": tp, "sp": sp}
     data["strategy"] = {**data["strategy"], "dp": dp, "zero": ZeroStage(zero)}
+    data["impl"] = {**data["impl"], **impl}
     return Setup.model_validate(data)
 
 

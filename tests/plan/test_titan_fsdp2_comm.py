@@ -163,3 +163,25 @@ def test_torchtitan_reduces_in_fp32_by_default() -> None:
     bf16 = communication(build(Options(**o, grad_accum=2, reduce_dtype="bf16")).result, H100.topology)[1]  # type: ignore[arg-type]
     assert [(r.bytes, r.count) for r in default if r.collective is RS] == [(ALL * 4, 2)]
     assert [(r.bytes, r.count) for r in bf16 if r.collective is RS] == [(ALL * 2, 2)]
+
+
+def test_the_2024_root_wrapping_gathers_neither_the_root_nor_the_top_block_again() -> None:
+    """``--fsdp-wrap root`` (torchtitan's parallelize_llama of 2024), ZeRO-3 over dp 2, 4 micro-batches:
+    the units are the root (embedding, final norm, lm head: 16,384 + 16,448 = 32,832 el) and each block.
+    Per micro-batch every unit gathered in forward (106,816 el); in backward every block but the top one
+    (not resharded after forward), the root neither: 106,816 − 32,832 − 36,992 = 36,992 el, one block;
+    the blocks' gradients reduce-scattered behind the backward (73,984 el) and the root's at the backward's
+    end, in FSDP2's final callback, which the step waits for (32,832 el, exposed).
+      all-gather     4 · (106,816 + 36,992) · 2 B = 1,150,464 B
+      reduce-scatter 4 · (73,984 + 32,832) · 4 B  = 1,709,056 B (as 0.3.0's wrapping: each gradient once)"""
+    rows = dp_rows(zero=3, dp=2, gpus=2, grad_accum=4, fsdp_wrap="root")
+    got = {(r.collective, r.phase, r.overlap): (r.bytes, r.count) for r in rows}
+    root, block = 16_384 + HEAD_UNIT, 36_992
+    assert got == {
+        (AG, Phase.FORWARD, Overlap.FORWARD): (ALL * 2, 4),
+        (AG, Phase.BACKWARD, Overlap.BACKWARD): ((ALL - root - block) * 2, 4),
+        (RS, Phase.BACKWARD, Overlap.BACKWARD): ((ALL - root) * 4, 4),
+        (RS, Phase.BACKWARD, Overlap.NONE): (root * 4, 4),
+    }
+    assert per_step(rows, AG) == 1_150_464
+    assert per_step(rows, RS) == 1_709_056

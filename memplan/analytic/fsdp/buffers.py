@@ -46,18 +46,17 @@ Units, by implementation:
   (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): none
   re-gathered there either.
 - ``--impl reference`` (memplan's own model, ``measure.distributed.parallelize``: ``fully_shard`` on each
-  layer, then on the root) and the 2024 torchtitan that ran the Llama 2 benchmarks (parallelize_llama.py
-  of the time: each block, then ``fully_shard(model)``): the root unit holds the embedding, the final norm
-  and the head together and is gathered first, before layer 0 (the root's pre-forward runs before its
-  children's). Whether the backward gathers it again: the 2024 torchtitan passed no
-  ``reshard_after_forward`` to the root, which FSDP2 then does not reshard after forward (``FSDPState.
-  _lazy_init``: "For the root, do not reshard after forward since for training, the parameters would be
-  freed and all-gathered immediately", ``post_forward_mesh_info = None``; unconditional in torch 2.3,
-  only when the flag is not given, ``_auto_reshard_after_forward``, in torch 2.13); memplan's reference
-  passes the flag (ZeRO-3: True), so torch 2.13 reshards its root and the backward gathers it last. The
-  root is modelled as the reference runs (``again`` as the layers'); for the 2024 run the stream's
-  segments are the same either way (tests/test_fsdp_buffers.py). A pipeline stage's root holds whichever
-  of them the stage has (none: no root unit).
+  layer, then on the root) and the 2024 torchtitan (``--impl torchtitan --fsdp-wrap root``;
+  parallelize_llama.py of the time: each block, then ``fully_shard(model)``): the root unit holds the
+  embedding, the final norm and the head together and is gathered first, before layer 0 (the root's
+  pre-forward runs before its children's). Whether the backward gathers it again: the torch of 2024
+  never resharded a root after forward (``FSDPState._lazy_init``: "For the root, do not reshard after
+  forward since for training, the parameters would be freed and all-gathered immediately",
+  ``post_forward_mesh_info = None``, unconditional then; torch 2.13 does it only when the flag is not
+  given, ``_auto_reshard_after_forward``), so the 2024 torchtitan's root is not gathered again, nor its
+  last block (not resharded after forward); memplan's reference passes the flag (ZeRO-3: True), so torch
+  2.13 reshards its root and the backward gathers it again, first. A pipeline stage's root holds
+  whichever of them the stage has (none: no root unit).
 
 The stream's segments are never returned while the step runs, and the default stream cannot use them:
 its reserved bytes add to the default stream's (``stream_reserved``: this stream's events replayed
@@ -99,9 +98,11 @@ Known limitations:
 - NB: the per-parameter all-gather inputs ``foreach_all_gather`` makes on the same stream before the
   copy-in (``_get_param_all_gather_inputs``: the shards cast to the parameter dtype, 1/W of the output)
   are not counted.
-- NB: the 2024 torchtitan also kept its last block gathered after forward (``reshard_after_forward =
-  int(layer_id) < len(model.layers) - 1``): one gather fewer in backward, which the reference wrapping
-  re-gathers; with at most two buffers live at once either way, the stream's segments are the same.
+- The 2024 torchtitan (``--fsdp-wrap root``) also kept its last block gathered after forward
+  (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``) and its root too (the torch of the
+  time cleared the root's ``post_forward_mesh_info`` unconditionally): neither is gathered again in
+  backward (``unit_shapes``), and the root's pre-backward prefetch of the top block is a no-op. Checked
+  event for event on dp 2 and 3 (tests/measure/test_fsdp_streams.py).
 - NB: the reduce-scatter side is modelled under FSDP2's mixed precision only (``--precision fsdp2-mixed``,
   ``--impl torchtitan``'s bf16-mixed: ``reduce_scatter_modelled``, below); the reference's bf16-mixed
   (DeepSpeed's split, no ``MixedPrecisionPolicy``) keeps its gradients on the default stream and its bf16
@@ -116,11 +117,10 @@ import math
 from functools import lru_cache
 
 from memplan.analytic.allocator import Allocator, Replay
-from memplan.analytic.fsdp.reduce import reduce_bytes, reduce_scatter_modelled
-from memplan.analytic.optimizer_step import _layer_shapes, _norm_shapes
+from memplan.analytic.fsdp.reduce import block_shapes, reduce_bytes, reduce_scatter_modelled, root_wrapped
+from memplan.analytic.optimizer_step import _norm_shapes
 from memplan.blocks import fp8
 from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES
-from memplan.blocks.torchtitan import unit_shapes as titan_unit_shapes
 from memplan.config import Impl, PositionType, Setup, ZeroStage
 
 Shape = tuple[int, ...]
@@ -132,14 +132,6 @@ def gathered(shapes: list[Shape], world: int, element: int) -> int:
     """Bytes of one unit's ``all_gather_output``: each tensor's dim-0 shard padded to ⌈rows/W⌉ rows,
     times W ranks, in ``element`` bytes."""
     return element * world * sum(-(-s[0] // world) * math.prod(s[1:]) for s in shapes)
-
-
-def _block_shapes(setup: Setup) -> list[Shape]:
-    """One block's parameters as the rank holds them (``unit_shapes``' ``setup``): torchtitan's fused
-    ``wqkv`` (``blocks.torchtitan.unit_shapes``) or the reference layer's."""
-    if setup.impl.impl is Impl.TORCHTITAN:
-        return titan_unit_shapes(setup.model)[1]
-    return _layer_shapes(setup.model)
 
 
 def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[list[Shape], bool]] | None:
@@ -170,12 +162,15 @@ def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tupl
     head: list[Shape] = []
     if last:
         head = [*_norm_shapes(m), *([] if m.tied_embeddings else [(m.vocab_size, h)])]
-    block = [(_block_shapes(setup), again)] * layers
-    if setup.impl.impl is Impl.TORCHTITAN:
+    block = [(block_shapes(setup), again)] * layers
+    titan = setup.impl.impl is Impl.TORCHTITAN
+    if titan and not root_wrapped(setup):  # torchtitan 0.3.0: the embedding, each block, [norm, output]
         units = [(embed, again)] if first else []
         return units + block + ([(head, False)] if last else [])
-    root = embed + head  # the root unit: gathered first; resharded as the layers (the flag is passed)
-    return ([(root, again)] if root else []) + block
+    root = embed + head  # the root unit: gathered first
+    if titan:  # 2024: the root and the last block not resharded after forward
+        return ([(root, False)] if root else []) + block[:-1] + ([(block[-1][0], False)] if layers else [])
+    return ([(root, again)] if root else []) + block  # the reference: resharded as the layers (flag passed)
 
 
 def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tuple[int, bool]] | None:
@@ -185,7 +180,7 @@ def gather_units(setup: Setup, layers: int, first: bool, last: bool) -> list[tup
         return None
     world, e = setup.state_shards, setup.training.precision.weight_bytes
     # --fp8-all-gather: a block's converted weights gathered in float8 (blocks.fp8.gathered_saving)
-    block, saving = _block_shapes(setup), fp8.gathered_saving(setup, world)
+    block, saving = block_shapes(setup), fp8.gathered_saving(setup, world)
     # the blocks are one list of shapes repeated (``unit_shapes``): each distinct list summed once (an
     # MoE block lists every expert's tensors: thousands of shapes per unit, a unit per layer)
     made: dict[int, int] = {}
@@ -212,10 +207,11 @@ class _Coder:
 
 
 def root_wraps(setup: Setup, first: bool, last: bool) -> bool:
-    """The first of ``unit_shapes``' units is a root that wraps the others (``--impl reference``'s root,
-    on a rank holding the embedding or the head): its forward ends after theirs, so its backward comes
-    first (``codes``' ``root``). torchtitan's root holds no parameters of its own (no unit)."""
-    return setup.impl.impl is Impl.REFERENCE and (first or last)
+    """The first of ``unit_shapes``' units is a root that wraps the others (``--impl reference``'s root and
+    torchtitan's of 2024, ``reduce.root_wrapped``, on a rank holding the embedding or the head): its
+    forward ends after theirs, so its backward comes first (``codes``' ``root``). torchtitan 0.3.0's root
+    holds no parameters of its own (no unit)."""
+    return root_wrapped(setup) and (first or last)
 
 
 def backward_order(count: int, root: bool = False) -> list[int]:

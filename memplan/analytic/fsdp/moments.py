@@ -18,7 +18,7 @@ from memplan.blocks.torchtitan import (
     fsdp2_shard_elements,
     unit_shapes,
 )
-from memplan.config import Setup, ZeroStage
+from memplan.config import FsdpWrap, Setup, ZeroStage
 
 
 def titan_fsdp2(setup: Setup) -> bool:
@@ -36,7 +36,9 @@ def zero3_resharded(setup: Setup) -> bool:
     (torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: ``reshard_after_forward_policy ==
     "always"`` for that unit). With pp, "default" reshards no unit after forward
     (``get_fsdp_reshard_after_forward_policy``: ``not pp_enabled``): ``zero3_kept_gathered``."""
-    return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp == 1
+    s = setup.strategy
+    units = setup.impl.fsdp_wrap is FsdpWrap.UNITS  # the 2024 wrapping: ``analytic.fsdp.root``
+    return titan_fsdp2(setup) and s.zero >= ZeroStage.PARAMETERS and setup.parallel.pp == 1 and units
 
 
 def zero3_kept_gathered(setup: Setup) -> bool:

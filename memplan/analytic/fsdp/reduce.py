@@ -5,9 +5,27 @@ the peak's moments (``analytic.peak``) read it without importing the stream repl
 
 from __future__ import annotations
 
-from memplan.analytic.optimizer_step import _layer_shapes
+from memplan.analytic.optimizer_step import Shape, _layer_shapes
 from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
-from memplan.config import Impl, Setup
+from memplan.blocks.torchtitan import unit_shapes as titan_unit_shapes
+from memplan.config import FsdpWrap, Impl, Setup
+
+
+def block_shapes(setup: Setup) -> list[Shape]:
+    """One block's parameters as FSDP2 holds them in its unit (``setup``'s model: the rank's):
+    torchtitan's, with its fused ``wqkv`` (``blocks.torchtitan.unit_shapes``), or the reference layer's."""
+    if setup.impl.impl is Impl.TORCHTITAN:
+        return titan_unit_shapes(setup.model)[1]
+    return _layer_shapes(setup.model)
+
+
+def root_wrapped(setup: Setup) -> bool:
+    """The units hang under a root unit that holds the embedding, the final norm and the head, which the
+    backward reduces last: memplan's reference wrapping, and torchtitan's of 2024 (``--fsdp-wrap root``);
+    not torchtitan 0.3.0's, whose root holds nothing (``analytic.fsdp.buffers``)."""
+    return setup.impl.impl is Impl.REFERENCE or (
+        setup.impl.impl is Impl.TORCHTITAN and setup.impl.fsdp_wrap is FsdpWrap.ROOT
+    )
 
 
 def reduce_bytes(setup: Setup) -> int:
@@ -36,12 +54,12 @@ def reduce_scatter_modelled(setup: Setup) -> bool:
 
 def reduce_scatter_input(setup: Setup, i: int, layers: int) -> int:
     """Bytes of the default stream's reduce-scatter input held beside layer i's backward (i = −1: the
-    embedding's backward) on memplan's reference model under FSDP2's mixed precision: the unit reduced
-    before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit above
-    is the root, reduced last (it holds the embedding). Flat, each dim 0 padded to the shard count
+    embedding's backward) under a root wrapping (``root_wrapped``) and FSDP2's mixed precision: the unit
+    reduced before it — layer i + 1 (layer 0 beside the embedding); none beside the top layer, whose unit
+    above is the root, reduced last (it holds the embedding). Flat, each dim 0 padded to the shard count
     (``blocks.torchtitan.fsdp2_flat_elements``), in the reduce dtype. torchtitan's moments count theirs
     (``analytic.fsdp.moments.zero3_unit_buffers``)."""
-    if setup.impl.impl is not Impl.REFERENCE or not reduce_scatter_modelled(setup) or i + 1 >= layers:
+    if not root_wrapped(setup) or not reduce_scatter_modelled(setup) or i + 1 >= layers:
         return 0
     shards = setup.state_shards
-    return fsdp2_flat_elements(_layer_shapes(setup.model), shards) * reduce_bytes(setup)
+    return fsdp2_flat_elements(block_shapes(setup), shards) * reduce_bytes(setup)

@@ -1,7 +1,15 @@
 """What FSDP2 (torch 2.13's ``fully_shard``) holds at the peak model's moments on memplan's reference model
 under ZeRO-3, as measure/distributed/parallelize.py ``shard_dp`` wraps it: one unit per layer and the root
 unit (the embedding, learned positions, the final norm and the lm head), every unit given
-``reshard_after_forward=True`` explicitly.
+``reshard_after_forward=True`` explicitly — and on torchtitan's model as its 2024 ``parallelize_llama``
+wrapped it (``--fsdp-wrap root``, ``measure.distributed.titan.wrap_2024``): the same units (a block with
+its fused ``wqkv``, ``reduce.block_shapes``), but neither the root nor the top block resharded after
+forward (``kept_after_forward``): the root is gathered from the forward's start, the top block from its
+forward, and the backward gathers neither again — the same bytes at the loss as the reference's
+re-gathered root and prefetched top layer, but the top block's on the default stream (its copy-out's),
+and no copy-out at the top block's backward. Measured per rank on the fake process group
+(tests/hf/test_torchtitan_peak.py: the loss-, final-norm- and embedding-backward moments exact; the layer
+backward as torchtitan's own layer model).
 
 What torch 2.13 does with that wrapping (torch/distributed/fsdp/_fully_shard/):
 - The root is resharded after its forward: ``FSDPState._lazy_init`` clears the root's
@@ -46,18 +54,18 @@ from __future__ import annotations
 
 import math
 
-from memplan.analytic.fsdp.reduce import reduce_bytes
-from memplan.analytic.optimizer_step import Shape, _layer_shapes, _norm_shapes
+from memplan.analytic.fsdp.reduce import block_shapes, reduce_bytes, root_wrapped
+from memplan.analytic.optimizer_step import Shape, _norm_shapes
 from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
 from memplan.config import Impl, Offload, PositionType, Setup, ZeroStage
 
 
 def root_gathered(setup: Setup) -> bool:
-    """The reference model under FSDP2's ZeRO-3 as ``shard_dp`` wraps it, where this module models it
-    (module NB)."""
+    """The reference model under FSDP2's ZeRO-3 as ``shard_dp`` wraps it, or torchtitan's model as its
+    2024 code wrapped it (``--fsdp-wrap root``), where this module models it (module NB)."""
     s, par, m = setup.strategy, setup.parallel, setup.model
     return (
-        setup.impl.impl is Impl.REFERENCE
+        root_wrapped(setup)
         and s.zero >= ZeroStage.PARAMETERS
         and s.shard_group > 1
         and par.tp == 1
@@ -96,10 +104,15 @@ def root_unit(setup: Setup) -> int:
 
 def layer_flat(setup: Setup) -> int:
     """Bytes of one layer's flat all-gather output, or of its unsharded parameters (views of it)."""
-    return (
-        fsdp2_flat_elements(_layer_shapes(setup.model), _shards(setup))
-        * setup.training.precision.weight_bytes
-    )
+    return fsdp2_flat_elements(block_shapes(setup), _shards(setup)) * setup.training.precision.weight_bytes
+
+
+def kept_after_forward(setup: Setup) -> bool:
+    """torchtitan's 2024 wrapping: the root and the top block are not resharded after their forward, so
+    the backward gathers neither again — the top block's unsharded parameters are the default stream's
+    from its forward's copy-out on (no all-gather output of it in flight at the loss, no copy-out at its
+    own backward); the reference's root and layers are resharded and gathered again."""
+    return setup.impl.impl is Impl.TORCHTITAN
 
 
 def _grad_bytes(setup: Setup) -> int:
@@ -131,7 +144,7 @@ def root_sharded_grads(setup: Setup) -> int:
 
 def layer_reduce_input(setup: Setup) -> int:
     """Bytes of one layer's flat reduce-scatter input, held until the next unit's reduce-scatter."""
-    return fsdp2_flat_elements(_layer_shapes(setup.model), _shards(setup)) * _reduce_bytes(setup)
+    return fsdp2_flat_elements(block_shapes(setup), _shards(setup)) * _reduce_bytes(setup)
 
 
 def root_reduce_input(setup: Setup) -> int:
@@ -149,6 +162,8 @@ def layer_buffers(setup: Setup, i: int, layers: int, compute: int, incoming: int
     held = layer_reduce_input(setup) if i + 1 < layers else 0
     prefetched = layer_flat(setup) if i > 0 else 0
     copy_out = incoming + layer_flat(setup)
+    if i == layers - 1 and kept_after_forward(setup):  # still unsharded from its forward: no copy-out
+        copy_out = 0
     if compute + prefetched >= copy_out:
         return held + compute + prefetched, prefetched
     return held + copy_out, layer_flat(setup)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.blocks.torchtitan import fsdp2_mixed
-from memplan.config import Setup, ZeroStage
+from memplan.config import FsdpWrap, Setup, ZeroStage
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.titan_peak import (
     PeakRun,
@@ -232,7 +232,9 @@ def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> An
     if setup.parallel.tp > 1:
         part.parallelize(dims)
     apply_ac(part, setup)
-    if s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
+    if s.dp > 1 and setup.impl.fsdp_wrap is FsdpWrap.ROOT:
+        wrap_2024(part, dims.get_mesh("fsdp"), activation_dtype(setup))
+    elif s.dp > 1 and s.zero >= ZeroStage.GRADIENTS:
         apply_fsdp_to_decoder(
             part,
             dims.get_mesh(["dp_replicate", "fsdp"] if dims.dp_replicate_enabled else ["fsdp"]),
@@ -243,6 +245,25 @@ def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> An
         )
     part.train()
     return part
+
+
+def wrap_2024(model: Any, mesh: Any, param_dtype: torch.dtype) -> None:
+    """FSDP2 as torchtitan's ``parallelize_llama`` of 2024 applied it (``--fsdp-wrap root``; the code of
+    its 2024 benchmark tables, ``apply_fsdp`` without pp): each block, resharded after forward but the
+    last (``reshard_after_forward = int(layer_id) < len(model.layers) - 1``: "FSDP would prefetch it
+    immediately"), then ``fully_shard(model)``, the root unit of the embedding, the final norm and the
+    output, bf16 gathers and fp32 reduction. That code passed the root ``reshard_after_forward=True``,
+    which the torch of the time overrode: its ``FSDPState._lazy_init`` cleared the root's
+    ``post_forward_mesh_info`` unconditionally ("For the root, do not reshard after forward"); torch 2.13
+    does so only when the flag is left unset (``_auto_reshard_after_forward``), so it is left unset here:
+    the root is not resharded after forward, as then."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    last = len(model.layers) - 1
+    for layer_id, block in model.layers.items():
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=int(layer_id) < last)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
 def build_rank(setup: Setup) -> Any:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from memplan.analytic.fsdp.moments import titan_fsdp2
 from memplan.analytic.fsdp.reduce import reduce_bytes
 from memplan.blocks import fp8, megatron
-from memplan.config import Impl, Precision, Setup, ZeroStage
+from memplan.config import FsdpWrap, Impl, Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
 from memplan.strategies.pipeline_parallel import chunk_layers, stage
@@ -123,11 +123,36 @@ def _titan_fsdp2_rows(c: Critical, row: Callable[..., Row], params: int) -> list
             row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD_THEN_FORWARD, "gradients"),
             row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights, resharded after backward"),
         ]
+    if s.impl.fsdp_wrap is FsdpWrap.ROOT:
+        return _titan_root_rows(c, row, params)
     again = (params - titan_kept_params(c)) * prec.weight_bytes - c.layers * fp8.gathered_saving(s)
     return [
         row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
         row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not [norm, lm_head]"),
         row(RS, Phase.BACKWARD, grads, n, Overlap.BACKWARD, "gradients"),
+        *_fp8_amax_rows(c, row),
+    ]
+
+
+def _titan_root_rows(c: Critical, row: Callable[..., Row], params: int) -> list[Row]:
+    """torchtitan's 2024 wrapping under ZeRO-3 (``--fsdp-wrap root``, no pipeline: ``analytic.fsdp.root``):
+    every micro-batch all-gathers every unit in forward (the root first) and, in backward, every block
+    but the top one (neither the root nor the top block is resharded after forward); it reduce-scatters
+    each block's gradients as its backward ends, hidden behind the backward, and the root's — the
+    embedding's, the final norm's and the output's — at the backward's end, in FSDP2's final callback
+    (``_root_post_backward_final_callback``), which the step waits for: nothing hides it."""
+    s, p = c.setup, c.params
+    n, prec = c.result.micro_batches, s.training.precision
+    root = p.embedding + p.final_norm + p.lm_head
+    saving = fp8.gathered_saving(s)  # --fp8-all-gather: a block's converted weights in float8
+    weights = params * prec.weight_bytes - c.layers * saving
+    again = (params - root - p.layer.total) * prec.weight_bytes - (c.layers - 1) * saving
+    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    return [
+        row(AG, Phase.FORWARD, weights, n, Overlap.FORWARD, "weights"),
+        row(AG, Phase.BACKWARD, again, n, Overlap.BACKWARD, "weights again, not the root nor the top block"),
+        row(RS, Phase.BACKWARD, (params - root) * reduce_bytes(s), n, Overlap.BACKWARD, "gradients"),
+        row(RS, Phase.BACKWARD, root * reduce_bytes(s), n, Overlap.NONE, "the root's gradients, at the end"),
         *_fp8_amax_rows(c, row),
     ]
 
