@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from memplan.analytic import activations as act
 from memplan.analytic.fsdp import root as fsdp2_root
+from memplan.analytic.head_moments import module_rope_buffers
 from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
 from memplan.blocks.forward_locals import layer_forward_peak
@@ -151,10 +152,16 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     if offloads_activations(r.setup):  # every save goes to the host as it is made: none stays on the GPU
         before, saved = 0, [0] * (layer_sets + 1)
 
+    # torchtitan's RoPE caches where no layer saves them: module state, there from the start (one chunk's
+    # layers, as the peak's moments count them: ``stage_plan.StagePlan.peak``)
+    chunk = r.rank_setup.model.model_copy(update={"num_layers": dev.stage.chunk_layers})
+    chunked = r.rank_setup.model_copy(update={"model": chunk})
+    ropes = module_rope_buffers(chunked, Dims.of(chunked))
+
     def forward(label: str, activations: int, n: int = 0) -> Point:
         """A point after (or inside) the forward of n layers (sets)."""
         weights = st.weights + forward_gathered(r.setup, n, layer_sets)
-        return Point(label, terms(weights, st.optimizer, grads, activations, 0))
+        return Point(label, terms(weights, st.optimizer, grads, activations + ropes, 0))
 
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
     points = [forward("forward: start", before)]

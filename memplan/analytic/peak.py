@@ -49,7 +49,11 @@ again at the loss and held, with its unsharded gradients, to the backward's end;
 prefetch and held reduce-scatter input; the flat all-gather outputs named in ``Peak.all_gather_stream``,
 exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
-unit held from its forward to its backward; ``zero3_kept_gathered``: under pp every unit of the stage).
+unit held from its forward to its backward, reduced after the final norm's backward; the embedding's
+unit gathered again and reduced at its own: ``fsdp.moments.zero3_head_reduce``, ``zero3_embedding_parts``;
+``zero3_kept_gathered``: under pp every unit of the stage), its 2024 wrapping (``--fsdp-wrap root``) the
+reference's root. torchtitan's per-layer RoPE caches that no checkpointed layer saves are module state at
+every moment (``head_moments.module_rope_buffers``).
 
 Accuracy, measured on CPU against every live storage (``memplan profile``; benchmarks/bench_peak_accuracy.py,
 docs/peak-accuracy.md; tests/measure/test_peak.py): the loss-backward, final-norm-backward, embedding-
@@ -83,7 +87,9 @@ from memplan.analytic.fsdp.moments import (
     layer_gather,
     pipeline_unsharded_gradients,
     zero2_shards_beside,
+    zero3_embedding_parts,
     zero3_head_gather,
+    zero3_head_reduce,
     zero3_head_unit,
     zero3_kept_gathered,
     zero3_resharded,
@@ -96,6 +102,8 @@ from memplan.analytic.head_moments import (
     head_input_scatter_transient,
     layer_rope_buffer,
     loop_count_bytes,
+    module_rope_buffers,
+    rope_saved,
     sp_shards,
     titan_sp_head_scatter,
 )
@@ -188,7 +196,11 @@ def root_embedding_moment(
     reduce = terms(
         weights, optimizer, layers_grads + unsharded_grads, held, fsdp2_root.root_reduce_input(setup) + 8
     )
-    return max(backward, reduce, key=lambda t: sum(t.values()))
+    # then its output (the sharded gradients) beside the input and the last parameter's unsharded
+    # gradient, the lm head's, held by ``foreach_reduce``'s loop variable (``root.last_grad``)
+    last = fsdp2_root.last_grad(setup)
+    output = terms(weights, optimizer, states.gradients, held, fsdp2_root.root_reduce_input(setup) + last + 8)
+    return max(backward, reduce, output, key=lambda t: sum(t.values()))
 
 
 def peak(
@@ -235,6 +247,7 @@ def peak(
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     activations += unsaved_ids_bytes(setup, dims)  # a frozen embedding's: the loop's, no save
+    activations += module_rope_buffers(setup, dims)  # torchtitan's RoPE caches no checkpointed layer saves
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
@@ -275,6 +288,15 @@ def peak(
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
+    head_reduce = zero3_head_reduce(setup, params, dims.tokens * dims.h * dims.act.bytes)
+    if head_reduce is not None:  # torchtitan's ZeRO-3: [norm, lm_head] reduced after the norm's backward
+        top_gather, made, transient_at = head_reduce
+        # the final norm's saves its own backward releases (those not released before it)
+        norm_saves = sum(r.bytes for r in norm_rules(setup, Block.FINAL_NORM, dims)) // sp_shards(setup)
+        after_norm = activations - freed_for_norm - (norm_saves - final_norm_released(setup, dims))
+        made += grads_before
+        reduce = terms(weights + top_gather, optimizer, made, after_norm, transient_at + scalars)
+        final_norm_bwd = max(final_norm_bwd, reduce, key=lambda t: sum(t.values()))
     # The lm head's own backward where modelled: its new weight gradient beside the summed ones
     # (``lm_head_backward_transient``), or the chunks' pieces summed (``chunked_head_backward_transient``).
     # the lm head's own backward where modelled: (saves freed, bytes made)
@@ -328,7 +350,10 @@ def peak(
         below = sum(layer_bytes[: i + 1]) if layer_bytes else saved_layers_up_to(setup, kept, i)
         saved = activations - head - layer_saved + below + inputs // 2
         saved -= loop_labels_bytes(setup, dims)
-        saved += (dims.layers - 1 - i) * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
+        # the layers above have freed their saves, views of their RoPE caches: the buffers stay (under
+        # checkpointing every layer's is module state, in ``activations`` already)
+        above = dims.layers - 1 - i if rope_saved(setup) else 0
+        saved += above * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
@@ -381,12 +406,23 @@ def peak(
     # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward
     gathered_to_the_end = gather if unsharded_grads else 0
     embedding_bwd = terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)
+    incoming = dims.tokens * dims.h * dims.act.bytes
+    titan_parts = zero3_embedding_parts(setup, params, incoming)  # torchtitan's ZeRO-3: its unit again
+    if titan_parts:
+        moments = (terms(weights, optimizer, step_grads - unmade, held, t + 8) for unmade, t in titan_parts)
+        embedding_bwd = max(moments, key=lambda t: sum(t.values()))
     if root:
         embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)
     # ZeRO-Offload steps on the host: nothing on the device.
     on_device = Offload.OPTIMIZER not in setup.offload
     step_transient = optimizer_step_transient(setup) if on_device else 0
-    step = terms(weights, optimizer, states.gradients, inputs, step_transient)
+    step = terms(
+        weights,
+        optimizer,
+        states.gradients,
+        inputs + dims.layers * layer_rope_buffer(setup, dims),
+        step_transient,
+    )
     stream: dict[str, dict[str, int]] = {}
     if root:  # the top layer's prefetched output at the head's moments; the layer's own or the one below
         # (torchtitan's 2024 wrapping kept the top block gathered from its forward: the default stream's)

@@ -227,6 +227,56 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     assert norm3 == norm == 0 and layer3 == layer1
 
 
+@pytest.mark.parametrize("dp", [4, 8])
+def test_zero3_reductions_of_the_head_and_embedding_units(dp: int) -> None:
+    """torchtitan's ZeRO-3 at Llama 3.1 8B's widths (2 layers, s 1,024, micro-batch 2, no AC) over dp 4
+    and 8: the final norm's stretch tops at the [norm, lm_head] unit's post-backward and the embedding's
+    at its own (``analytic.fsdp.moments.zero3_head_reduce``, ``zero3_embedding_parts``), each exact. By
+    hand: the unit's flat fp32 reduce-scatter input (norm 4,096 + lm head 525,336,576 el: 2,101,362,688 B;
+    the embedding's 2,101,346,304 B) beside its last parameter's unsharded bf16 gradient, which torch
+    2.13's ``foreach_reduce`` keeps in its loop variable (the lm head's, the embedding's: 1,050,673,152 B)
+    — the norm's is freed after the copy-in — and, at the head, the top block's prefetched all-gather
+    output (218,112,000 el bf16) and the [T, h] bf16 gradient flowing on (2,048 × 4,096 × 2 B)."""
+    setup = ranked(hf_setup("llama-3.1-8b", seq=1024, batch=2, impl=Impl.TORCHTITAN), 1, False, dp, 3)
+    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    names = ["final norm backward", "embedding backward"]
+    measured, estimated = run.peak.moments(names), estimated_moments(est)
+    assert all(measured[n] == estimated[n] for n in names), (measured, estimated)
+    _, op, _, by_op = run.peak.windows["backward final_norm"]
+    assert op == "aten.empty"
+    assert by_op["aten.empty"] == 2_101_362_688 + 2 * 218_112_000
+    assert by_op["aten.mm"] == 1_050_673_152 and by_op["aten._to_copy"] == 2048 * 4096 * 2
+    _, op, _, by_op = run.peak.windows["backward embedding"]
+    assert (op, by_op["aten.empty"], by_op["aten.embedding_dense_backward"]) == (
+        "aten.empty",
+        2_101_346_304,
+        1_050_673_152,
+    )
+
+
+@pytest.mark.parametrize(
+    ("preset", "seq", "ckpt"),
+    [("tiny", 32, "selective"), ("tiny", 32, "full"), ("llama-3.1-8b", 8192, "selective")],
+)
+def test_checkpointed_layers_leave_their_rope_caches_module_state(preset: str, seq: int, ckpt: str) -> None:
+    """Under torchtitan's SelectiveAC and FullAC no layer saves a view of its RoPE cache (the rotary ops
+    re-run), so the caches are module buffers beside the saves at every moment
+    (``analytic.head_moments.module_rope_buffers``): ZeRO-3 over dp 2, two layers, the loss, final norm
+    and embedding moments exact. By hand at Llama 3.1 8B's widths: 2 × 8,192 × 64 × 8 B = 8 MiB, which
+    the head's moments missed before."""
+    setup = ranked(
+        hf_setup(preset, seq=seq, batch=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 2, 3
+    )
+    names = ["loss backward", "final norm backward", "embedding backward"]
+    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
+    assert {n: measured[n] for n in names} == {n: estimated[n] for n in names}
+    if preset != "tiny":
+        from memplan.analytic.head_moments import module_rope_buffers
+        from memplan.blocks.inventory import Dims
+
+        assert module_rope_buffers(setup, Dims.of(setup)) == 2 * 8192 * 64 * 8
+
+
 def test_the_loss_parallel_forward_holds_four_vocabulary_blocks() -> None:
     """The forward's highest point on a tp 2 + SP rank of the tiny model is the end of
     ``_LossParallelCrossEntropy.forward`` (components/loss.py), T = 64 tokens, v/t = 128: the lm head's bf16
@@ -261,9 +311,9 @@ def test_the_2024_root_wrapping_holds_what_the_estimate_says(
     """``--fsdp-wrap root`` (torchtitan's parallelize_llama of 2024, ``analytic.fsdp.root``) under ZeRO-3,
     measured on the fake process group beside torchtitan 0.3.0's wrapping: at every moment the root
     wrapping's estimate is off by what the 0.3.0 wrapping's is (the layer's own backward, not modelled
-    for torchtitan; at Llama 3.1 8B's widths 8 MiB more at the head's moments, on the tiny model
-    nothing), and its embedding backward is exact. By hand, at the loss backward it holds, beyond
-    0.3.0's [norm, lm_head], the embedding (gathered at the forward's start, never resharded) and the
+    for torchtitan: nothing else), and its embedding backward is exact. By hand, at the loss backward it
+    holds, beyond 0.3.0's [norm, lm_head], the embedding (gathered at the forward's start, never
+    resharded) and the
     top block (kept after its forward), bf16: the tiny model's 16,384 + 36,992 el = 106,752 B; Llama
     3.1 8B's 525,336,576 + 218,112,000 el = 1,486,897,152 B, the 1.38 GiB docs/published-memory.md sized
     by hand."""

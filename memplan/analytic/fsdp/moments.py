@@ -155,3 +155,54 @@ def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
         model = model.model_copy(update={"num_layers": params.num_layers})
         stage = (params.embedding > 0, params.final_norm + params.lm_head > 0)
     return fsdp2_shard_elements(model, shards, stage) * element  # fp32 under FSDP2's mixed precision
+
+
+def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tuple[tuple[int, int], ...]:
+    """torchtitan's ZeRO-3 (``zero3_resharded``) at the embedding's backward, as two candidate moments,
+    each (sharded gradient bytes not made yet, transient bytes): FSDP2 gathers the embedding's unit again
+    in backward (prefetched by layer 0's), so
+
+    - at its pre-backward's copy-out the flat all-gather output and the new unsharded parameter are alive
+      at once, beside layer 0's fp32 reduce-scatter input (held until the next unit's reduce) and the
+      ``incoming`` [T, h] gradient; the embedding's sharded gradient is not made yet;
+    - at its post-backward (the root's final callback: its input, the ids, needs no gradient) its
+      unsharded bf16 gradient is still alive beside the flat fp32 reduce-scatter input made for it and
+      its sharded gradient, the reduce-scatter's output; layer 0's input was popped before.
+
+    Measured on the fake process group (tests/hf/test_torchtitan_peak.py): the tiny model on dp 2 and 4
+    peaks at the first (16,384 + 16,384 B of the embedding, 147,968 B of layer 0's input, 8,192 B
+    incoming), Llama 3.1 8B's widths on dp 4 and 8 at the second (1,050,673,152 B bf16 + 2,101,346,304 B
+    fp32)."""
+    if not zero3_resharded(setup):
+        return ()
+    shards = setup.state_shards
+    embedding, layer, _ = unit_shapes(setup.model)
+    weight = setup.training.precision.weight_bytes
+    flat = fsdp2_flat_elements(embedding, shards)
+    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
+    shard = fsdp2_flat_elements(embedding, shards) // shards * element
+    copy_out = incoming + 2 * flat * weight + fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
+    reduce = params.embedding * weight + flat * reduce_bytes(setup)
+    return (shard, copy_out), (0, reduce)
+
+
+def zero3_head_reduce(setup: Setup, params: ParamCount, incoming: int) -> tuple[int, int, int] | None:
+    """torchtitan's ZeRO-3 (``zero3_resharded``) at the [norm, lm_head] unit's post-backward, after the
+    final norm's backward: (the top layer's flat all-gather output, prefetched by the unit's pre-backward,
+    beside the shards; the unit's sharded gradient, the reduce-scatter's output; the transient). FSDP2
+    reshards the unit, copies its unsharded gradients into one flat fp32 reduce-scatter input and
+    allocates the output; torch 2.13's ``foreach_reduce`` (fsdp/_fully_shard/_fsdp_collectives.py) binds
+    each gradient in turn to the loop variable of its dim-0 check (``for i, (fsdp_param, unsharded_grad)
+    in enumerate(...)``), which outlives the loop, so the unit's last parameter's unsharded gradient —
+    the lm head's [v, h] — is alive to the function's end while the others are freed after the copy-in:
+    transient = that gradient + the flat input + the ``incoming`` [T, h] gradient flowing to the top
+    layer. None elsewhere. Measured at Llama 3.1 8B's widths on dp 4 and 8 (s 1,024, where this moment
+    tops the final norm's stretch; tests/hf/test_torchtitan_peak.py)."""
+    if not zero3_resharded(setup) or setup.model.tied_embeddings:
+        return None
+    shards = setup.state_shards
+    _, _, head = unit_shapes(setup.model)
+    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
+    flat = fsdp2_flat_elements(head, shards)
+    last = params.lm_head * setup.training.precision.weight_bytes
+    return layer_gather(setup, shards), flat // shards * element, last + flat * reduce_bytes(setup) + incoming

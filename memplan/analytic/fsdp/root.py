@@ -134,6 +134,14 @@ def root_grads(setup: Setup, embedding: bool) -> int:
     return _elements(root_shapes(setup, embedding)) * _grad_bytes(setup)
 
 
+def last_grad(setup: Setup) -> int:
+    """Bytes of the root's last parameter's unsharded gradient, the lm head's [v, h] (``root_shapes``'
+    order), which torch 2.13's ``foreach_reduce`` keeps bound to its loop variable (``for i,
+    (fsdp_param, unsharded_grad) in enumerate(...)``) until it returns: alive beside the reduce-scatter's
+    output where the unit's other gradients were freed after the copy-in."""
+    return _elements(root_shapes(setup)[-1:]) * _grad_bytes(setup)
+
+
 def root_sharded_grads(setup: Setup) -> int:
     """Bytes of the root's sharded gradients (its dim-0 shards), which the model states count and which do
     not exist before its reduce-scatter at the backward's end."""
