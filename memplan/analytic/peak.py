@@ -288,7 +288,8 @@ def peak(
         activations - freed_for_norm,
         norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
     )
-    head_reduce = zero3_head_reduce(setup, params, dims.tokens * dims.h * dims.act.bytes)
+    # the [T, h] gradient flowing on to the top layer: the rank's sequence shard under sp
+    head_reduce = zero3_head_reduce(setup, params, dims.tokens * dims.h * dims.act.bytes // sp_shards(setup))
     if head_reduce is not None:  # torchtitan's ZeRO-3: [norm, lm_head] reduced after the norm's backward
         top_gather, made, transient_at = head_reduce
         # the final norm's saves its own backward releases (those not released before it)
@@ -406,10 +407,15 @@ def peak(
     # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward
     gathered_to_the_end = gather if unsharded_grads else 0
     embedding_bwd = terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)
-    incoming = dims.tokens * dims.h * dims.act.bytes
+    incoming = dims.tokens * dims.h * dims.act.bytes  # the embedding's output gradient (gathered under sp)
     titan_parts = zero3_embedding_parts(setup, params, incoming)  # torchtitan's ZeRO-3: its unit again
     if titan_parts:
-        moments = (terms(weights, optimizer, step_grads - unmade, held, t + 8) for unmade, t in titan_parts)
+        (unmade, copy_out), (_, reduce_at) = titan_parts
+        # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
+        moments = (
+            terms(weights, optimizer, step_grads - unmade, held, copy_out + 8),
+            terms(weights, optimizer, step_grads, held - loop_ids_bytes(setup, dims), reduce_at + 8),
+        )
         embedding_bwd = max(moments, key=lambda t: sum(t.values()))
     if root:
         embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)

@@ -338,9 +338,9 @@ def _fit_base(o: Options, model: ModelConfig, kinds: tuple[Attention, ...]) -> S
     first attention kernel searched that the model's code runs — transformers' Gemma-2 (softcaps) and
     gpt-oss (sinks) run eager only; the flash families are then not modelled and not searched
     (``search.methods.valid``). When none runs, the last one's one-line error."""
-    error: ValueError | None = None
     from memplan.search.methods import layout_free_impl
 
+    error: ValueError | None = None
     impl = impl_of(o, model)  # whose code, and the kernels asked for: held for every layout
     free = layout_free_impl(impl)  # the base (one device) without FSDP2's switches: each family has them
     for kind in kinds:

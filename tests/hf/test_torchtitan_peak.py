@@ -227,8 +227,8 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     assert norm3 == norm == 0 and layer3 == layer1
 
 
-@pytest.mark.parametrize("dp", [4, 8])
-def test_zero3_reductions_of_the_head_and_embedding_units(dp: int) -> None:
+@pytest.mark.parametrize(("tp", "dp"), [(1, 4), (1, 8), (2, 2)])
+def test_zero3_reductions_of_the_head_and_embedding_units(tp: int, dp: int) -> None:
     """torchtitan's ZeRO-3 at Llama 3.1 8B's widths (2 layers, s 1,024, micro-batch 2, no AC) over dp 4
     and 8: the final norm's stretch tops at the [norm, lm_head] unit's post-backward and the embedding's
     at its own (``analytic.fsdp.moments.zero3_head_reduce``, ``zero3_embedding_parts``), each exact. By
@@ -236,12 +236,16 @@ def test_zero3_reductions_of_the_head_and_embedding_units(dp: int) -> None:
     the embedding's 2,101,346,304 B) beside its last parameter's unsharded bf16 gradient, which torch
     2.13's ``foreach_reduce`` keeps in its loop variable (the lm head's, the embedding's: 1,050,673,152 B)
     — the norm's is freed after the copy-in — and, at the head, the top block's prefetched all-gather
-    output (218,112,000 el bf16) and the [T, h] bf16 gradient flowing on (2,048 × 4,096 × 2 B)."""
-    setup = ranked(hf_setup("llama-3.1-8b", seq=1024, batch=2, impl=Impl.TORCHTITAN), 1, False, dp, 3)
+    output (218,112,000 el bf16) and the [T, h] bf16 gradient flowing on (2,048 × 4,096 × 2 B). On a
+    tp 2 + SP rank the same moments on its TP-local units, the gradient flowing on its [T/t, h] sequence
+    shard, and the vocabulary-parallel embedding's clamped ids (its save) freed before its reduce."""
+    setup = ranked(hf_setup("llama-3.1-8b", seq=1024, batch=2, impl=Impl.TORCHTITAN), tp, tp > 1, dp, 3)
     est, run = estimate(setup), measure_titan_rank(setup, windows=True)
     names = ["final norm backward", "embedding backward"]
     measured, estimated = run.peak.moments(names), estimated_moments(est)
     assert all(measured[n] == estimated[n] for n in names), (measured, estimated)
+    if tp > 1:
+        return
     _, op, _, by_op = run.peak.windows["backward final_norm"]
     assert op == "aten.empty"
     assert by_op["aten.empty"] == 2_101_362_688 + 2 * 218_112_000

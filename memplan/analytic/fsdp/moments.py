@@ -170,9 +170,11 @@ def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tu
       its sharded gradient, the reduce-scatter's output; layer 0's input was popped before.
 
     Measured on the fake process group (tests/hf/test_torchtitan_peak.py): the tiny model on dp 2 and 4
-    peaks at the first (16,384 + 16,384 B of the embedding, 147,968 B of layer 0's input, 8,192 B
+    peaks at the first (32,768 + 32,768 B of the embedding, 147,968 B of layer 0's input, 8,192 B
     incoming), Llama 3.1 8B's widths on dp 4 and 8 at the second (1,050,673,152 B bf16 + 2,101,346,304 B
-    fp32)."""
+    fp32), and on tp 2 + SP × dp 2 (the vocabulary-parallel embedding's clamped ids, its save, freed by
+    then: ``analytic.peak``). NB: on the tiny model's tp 2 + SP rank the copy-out moment measures 4,224 B
+    more (a [T/t, h] bf16 gradient shard beside the gathered [T, h], and 128 B): not modelled."""
     if not zero3_resharded(setup):
         return ()
     shards = setup.state_shards
@@ -180,7 +182,7 @@ def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tu
     weight = setup.training.precision.weight_bytes
     flat = fsdp2_flat_elements(embedding, shards)
     element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
-    shard = fsdp2_flat_elements(embedding, shards) // shards * element
+    shard = flat // shards * element
     copy_out = incoming + 2 * flat * weight + fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
     reduce = params.embedding * weight + flat * reduce_bytes(setup)
     return (shard, copy_out), (0, reduce)
