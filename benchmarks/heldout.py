@@ -49,8 +49,8 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   the last not resharded after forward, then ``fully_shard(model)`` — a root unit of the embedding, the
   final norm and the output, which the torch of the time never resharded after forward — where 0.3.0 wraps
   the embedding and [norm, output] apart: the ``--impl torchtitan`` rows are typed ``--fsdp-wrap root``
-  where it is modelled (ZeRO-3 without tp or cp); Table 2's CP rows and Table 4's TP row keep 0.3.0's
-  units (``--fsdp-wrap root`` refuses cp and tp: not measured there).
+  where it is modelled (ZeRO-3 without cp or pp; Table 4's TP row too); Table 2's CP rows keep 0.3.0's
+  units (``--fsdp-wrap root`` refuses cp: not measured there).
 - Float8 (T1-T4): the runs' torchtitan 9dec370 converter (torchtitan/float8.py of Dec 2024) made torchao's
   ``Float8LinearConfig`` — tensorwise dynamic scaling, its only recipe then — for every linear but the
   output head: typed ``--impl torchtitan --fp8 tensorwise`` (torchtitan's FSDP2 mixed precision, its
@@ -129,7 +129,7 @@ class Stated:
     fp8: str = "none"
     fsdp_wrap: str = "units"
     """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
-    is modelled (ZeRO-3 without tp or cp): its parallelize_llama wrapped each block and then the model,
+    is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,
     the root unit holding the embedding, final norm and output (``analytic.fsdp.root``)."""
     attention_kernel: str = "auto"
     impl: str = "reference"
@@ -370,6 +370,7 @@ TITAN_RUNS: tuple[Run, ...] = (
             compile_loss=False,
             fp8="tensorwise",
             impl="torchtitan",
+            fsdp_wrap="root",
         ),
         829,
         f"{FP8}; {TETON}",

@@ -216,8 +216,8 @@ CASES: list[Case] = [
     ),
     case("fsdp-wrap-one-rank", "estimate -m tiny --impl torchtitan --zero 3 --fsdp-wrap root", "fsdp_wrap"),
     case(
-        "fsdp-wrap-tp",
-        "estimate -m tiny --impl torchtitan --zero 3 --dp 2 --tp 2 --fsdp-wrap root",
+        "fsdp-wrap-cp",
+        "estimate -m tiny --impl torchtitan --zero 3 --dp 2 --cp 2 --fsdp-wrap root",
         "fsdp_wrap",
     ),
     case(

@@ -193,6 +193,8 @@ def root_embedding_moment(
     )
     # ``foreach_reduce`` copies the unsharded gradients into the flat input, clears them, then makes the
     # output: the copy-in is the top (its sharded gradients not made yet).
+    # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
+    held -= loop_ids_bytes(setup, Dims.of(setup))
     reduce = terms(
         weights, optimizer, layers_grads + unsharded_grads, held, fsdp2_root.root_reduce_input(setup) + 8
     )
@@ -360,7 +362,9 @@ def peak(
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
-            incoming = dims.tokens * dims.h * dims.act.bytes
+            incoming = (
+                dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)
+            )  # the layer's output gradient
             buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)

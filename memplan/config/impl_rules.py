@@ -185,8 +185,7 @@ def check_fsdp_wrap(setup: Setup) -> None:
         "it needs --impl torchtitan" if setup.impl.impl is not Impl.TORCHTITAN
         else "it needs --zero 3 over more than one data-parallel rank" if s.zero < ZeroStage.PARAMETERS
         or s.shard_group == 1
-        else "it is modelled without --tp, --cp, --pp and --hsdp" if par.tp > 1 or par.cp > 1 or par.pp > 1
-        or s.hsdp
+        else "it is modelled without --cp, --pp and --hsdp" if par.cp > 1 or par.pp > 1 or s.hsdp
         else "it is modelled without parameter offload" if Offload.PARAMS in setup.offload
         else "it is modelled for full training" if not setup.finetune.trains_everything
         else f"it is modelled with an untied output ({m.name} ties it to the embedding)"

@@ -114,8 +114,8 @@ def test_torchtitan_reduce_scatter_outputs(tp: int, dp: int) -> None:
     assert [(size, 0) for size in got] == modelled(estimate(setup).rank_setup, 2, True, True)
 
 
-@pytest.mark.parametrize("dp", [2, 3])
-def test_torchtitan_2024_root_wrapping(dp: int) -> None:
+@pytest.mark.parametrize(("tp", "dp"), [(1, 2), (1, 3), (2, 2)])
+def test_torchtitan_2024_root_wrapping(tp: int, dp: int) -> None:
     """``--fsdp-wrap root`` (torchtitan's parallelize_llama of 2024: each block, the last not resharded
     after forward, then ``fully_shard(model)``, the root not resharded after forward as the torch of the
     time did): forward R, L0, R freed, L1, L0 freed, L1 freed by the root's post-forward; backward: the
@@ -124,7 +124,8 @@ def test_torchtitan_2024_root_wrapping(dp: int) -> None:
     By hand (tiny, see the reference's test above for the padding): dp 2 the root 32,832 el, a block
     (torchtitan's fused wqkv) 36,992 el; dp 3 the root 33,090 el, a block wqkv 129 + wo 66 + w1, w3 129
     + w2 66 rows and two norms of 66 = 8,256 + 4,224 + 16,512 + 8,448 + 132 = 37,572 el; × 2 B gathered,
-    / dp × 4 B reduced."""
+    / dp × 4 B reduced. tp 2 + SP × dp 2: the TP-local units (``test_torchtitan_tp2_dp2``): the root
+    8,192 + 64 + 8,192 = 16,448 el, a block 18,560 el."""
     pytest.importorskip("torchtitan.models.llama3")
     from memplan.analytic.fsdp.buffers import reduce_scatter_outputs as modelled
     from memplan.measure.distributed.fsdp_streams import reduce_scatter_outputs
@@ -133,13 +134,14 @@ def test_torchtitan_2024_root_wrapping(dp: int) -> None:
     from tests.hf.test_torchtitan_ranks import ranked
 
     base = hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN)
-    setup = ranked(base, 1, False, dp, 3, fsdp_wrap="root")
+    setup = ranked(base, tp, tp > 1, dp, 3, fsdp_wrap="root")
     with all_gather_outputs() as got, reduce_scatter_outputs() as reduced:
         measure_titan_rank(setup)
-    root, block = {2: (32_832, 36_992), 3: (33_090, 37_572)}[dp]
+    root, block = {(1, 2): (32_832, 36_992), (1, 3): (33_090, 37_572), (2, 2): (16_448, 18_560)}[(tp, dp)]
     r, b = 2 * root, 2 * block
     assert got == [r, b, -1, b, -2, -3, b, -4]
     assert root_wraps(setup, True, True)
-    assert got == codes(gather_units(setup, 2, True, True) or [], steps=1, root=True)
+    rank = estimate(setup).rank_setup  # the TP rank's model, what the units shard
+    assert got == codes(gather_units(rank, 2, True, True) or [], steps=1, root=True)
     assert reduced == [4 * block // dp, 4 * block // dp, 4 * root // dp]
-    assert [(size, 0) for size in reduced] == modelled(estimate(setup).rank_setup, 2, True, True)
+    assert [(size, 0) for size in reduced] == modelled(rank, 2, True, True)

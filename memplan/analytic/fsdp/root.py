@@ -39,10 +39,12 @@ measure/distributed/reference_peak.py).
 
 Known limitations (NB): measured with dense layers (an MoE layer's unit is sized the same way,
 ``analytic.optimizer_step._layer_shapes``, not measured: the distributed run refuses MoE); modelled on one
-pipeline stage without tensor or context parallelism, every parameter trained, an
-untied head, no parameter offload (``root_gathered``); elsewhere the peak keeps ZeRO-3's one gathered unit
-(``analytic.step.zero3_gather``). Measured without activation checkpointing (the distributed run refuses
-it) and with one micro-batch (with accumulation the root's gradients accumulate unsharded: not checked).
+pipeline stage without context parallelism (and, for the reference, without tensor parallelism:
+torchtitan's 2024 wrapping is measured on tp 2 + SP ranks, its units TP-local), every parameter trained,
+an untied head, no parameter offload (``root_gathered``); elsewhere the peak keeps ZeRO-3's one gathered
+unit (``analytic.step.zero3_gather``). The reference's measured without activation checkpointing (the
+distributed run refuses it; torchtitan's with SelectiveAC and FullAC too) and with one micro-batch (with
+accumulation the root's gradients accumulate unsharded: not checked).
 Measured with the moments' dims divisible by dp: where they are not, the model states' flat shard
 (``analytic.states.shard``) differs from FSDP2's per-parameter padded one (+1 row of a [250, 64] bf16
 embedding on 4 ranks: +128 B), which this module does not correct. The layer moments are the layer model's
@@ -68,7 +70,7 @@ def root_gathered(setup: Setup) -> bool:
         root_wrapped(setup)
         and s.zero >= ZeroStage.PARAMETERS
         and s.shard_group > 1
-        and par.tp == 1
+        and (par.tp == 1 or setup.impl.impl is Impl.TORCHTITAN)  # the reference's under tp: not measured
         and par.cp == 1
         and par.pp == 1
         and Offload.PARAMS not in setup.offload
