@@ -266,6 +266,17 @@ def wrap_2024(model: Any, mesh: Any, param_dtype: torch.dtype) -> None:
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
+def retie(model: Any) -> None:
+    """The tied embedding and lm head one parameter again after ``to_empty``, as torchtitan's trainer has
+    it: materialising the meta model gives each module a parameter of its own (``Module._apply`` cannot
+    keep a meta tensor's identity on another device), and torchtitan's ``Decoder.init_states``, which its
+    trainer runs after ``to_empty``, re-points ``tok_embeddings.weight`` at ``lm_head.weight`` ("on meta
+    device the ``__init__`` tying may not have taken effect"). Without it a tied model measured one
+    [v, h] more than it holds."""
+    if getattr(model, "enable_weight_tying", False):
+        model.tok_embeddings.weight = model.lm_head.weight
+
+
 def build_rank(setup: Setup) -> Any:
     """The rank's model on the meta device (``meta_model``), parallelised as torchtitan's
     ``parallelize_llama`` does (``parallelize_part``)."""
@@ -319,6 +330,7 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
         model = build_rank(setup)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
+            retie(model)
             states = [*model.parameters(), *model.buffers()]
             with propagation_unseen(tracker), fsdp2_resizes(tracker), tracker, boundaries(model, tracker):
                 tracker.track(states)
