@@ -191,9 +191,9 @@ def root_embedding_moment(
         held,
         embedding + fsdp2_root.layer_reduce_input(setup) + 8,
     )
+    # After the embedding's backward its save is freed (the vocabulary-parallel one's clamped ids copy).
     # ``foreach_reduce`` copies the unsharded gradients into the flat input, clears them, then makes the
-    # output: the copy-in is the top (its sharded gradients not made yet).
-    # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
+    # output: at the copy-in its sharded gradients are not made yet.
     held -= loop_ids_bytes(setup, Dims.of(setup))
     reduce = terms(
         weights, optimizer, layers_grads + unsharded_grads, held, fsdp2_root.root_reduce_input(setup) + 8
@@ -362,9 +362,8 @@ def peak(
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
-            incoming = (
-                dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)
-            )  # the layer's output gradient
+            # the layer's output gradient: the rank's sequence shard under sp
+            incoming = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)
             buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
