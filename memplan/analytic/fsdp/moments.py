@@ -7,7 +7,7 @@ fake process group (tests/hf/test_torchtitan_peak.py, tests/test_fsdp_buffers.py
 
 from __future__ import annotations
 
-from memplan.analytic.fsdp.reduce import reduce_bytes
+from memplan.analytic.fsdp.reduce import reduce_bytes, sharded_grad_bytes, unsharded_grad_bytes
 from memplan.analytic.params import ParamCount
 from memplan.blocks import fp8
 from memplan.blocks.profiles import profile_of
@@ -181,10 +181,9 @@ def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tu
     embedding, layer, _ = unit_shapes(setup.model)
     weight = setup.training.precision.weight_bytes
     flat = fsdp2_flat_elements(embedding, shards)
-    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
-    shard = flat // shards * element
+    shard = flat // shards * sharded_grad_bytes(setup)
     copy_out = incoming + 2 * flat * weight + fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
-    reduce = params.embedding * weight + flat * reduce_bytes(setup)
+    reduce = params.embedding * unsharded_grad_bytes(setup) + flat * reduce_bytes(setup)
     return (shard, copy_out), (0, reduce)
 
 
@@ -204,7 +203,7 @@ def zero3_head_reduce(setup: Setup, params: ParamCount, incoming: int) -> tuple[
         return None
     shards = setup.state_shards
     _, _, head = unit_shapes(setup.model)
-    element = FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
     flat = fsdp2_flat_elements(head, shards)
-    last = params.lm_head * setup.training.precision.weight_bytes
-    return layer_gather(setup, shards), flat // shards * element, last + flat * reduce_bytes(setup) + incoming
+    last = params.lm_head * unsharded_grad_bytes(setup)
+    made = flat // shards * sharded_grad_bytes(setup)
+    return layer_gather(setup, shards), made, last + flat * reduce_bytes(setup) + incoming

@@ -6,7 +6,7 @@ the peak's moments (``analytic.peak``) read it without importing the stream repl
 from __future__ import annotations
 
 from memplan.analytic.optimizer_step import Shape, _layer_shapes
-from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
+from memplan.blocks.torchtitan import FSDP2_MIXED_BYTES, fsdp2_flat_elements, fsdp2_mixed
 from memplan.blocks.torchtitan import unit_shapes as titan_unit_shapes
 from memplan.config import FsdpWrap, Impl, Setup
 
@@ -33,6 +33,19 @@ def reduce_bytes(setup: Setup) -> int:
     the policy's ``reduce_dtype=float32`` (torchtitan's ``mixed_precision_reduce`` default)."""
     chosen = setup.strategy.reduce_dtype
     return chosen.bytes if chosen is not None else 4
+
+
+def unsharded_grad_bytes(setup: Setup) -> int:
+    """Bytes of one element of an unsharded gradient FSDP2 reduces: the gathered parameters' dtype under
+    its mixed precision (``blocks.torchtitan.fsdp2_mixed``), else the recipe's gradient."""
+    p = setup.training.precision
+    return p.weight_bytes if fsdp2_mixed(setup) else p.grad_bytes
+
+
+def sharded_grad_bytes(setup: Setup) -> int:
+    """Bytes of one element of a sharded gradient (the reduce-scatter's output, cast to the sharded
+    parameters' dtype): fp32 under FSDP2's mixed precision, else the recipe's gradient."""
+    return FSDP2_MIXED_BYTES if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
 
 
 def reduce_scatter_modelled(setup: Setup) -> bool:

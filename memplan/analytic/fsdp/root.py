@@ -56,7 +56,13 @@ from __future__ import annotations
 
 import math
 
-from memplan.analytic.fsdp.reduce import block_shapes, reduce_bytes, root_wrapped
+from memplan.analytic.fsdp.reduce import (
+    block_shapes,
+    reduce_bytes,
+    root_wrapped,
+    sharded_grad_bytes,
+    unsharded_grad_bytes,
+)
 from memplan.analytic.optimizer_step import Shape, _norm_shapes
 from memplan.blocks.torchtitan import fsdp2_flat_elements, fsdp2_mixed
 from memplan.config import Impl, Offload, PositionType, Setup, ZeroStage
@@ -117,13 +123,6 @@ def kept_after_forward(setup: Setup) -> bool:
     return setup.impl.impl is Impl.TORCHTITAN
 
 
-def _grad_bytes(setup: Setup) -> int:
-    """An unsharded gradient's element: the gathered parameter's dtype under FSDP2's mixed precision, else
-    the recipe's gradient."""
-    p = setup.training.precision
-    return p.weight_bytes if fsdp2_mixed(setup) else p.grad_bytes
-
-
 def _reduce_bytes(setup: Setup) -> int:
     """A reduce-scatter input's element: ``reduce_dtype`` under FSDP2's mixed precision
     (``fsdp.reduce.reduce_bytes``), else the gradients' own dtype (no policy: no cast)."""
@@ -133,7 +132,7 @@ def _reduce_bytes(setup: Setup) -> int:
 def root_grads(setup: Setup, embedding: bool) -> int:
     """Bytes of the root's unsharded gradients held to the backward's end: the final norm's and the lm
     head's, and (``embedding``) the embedding's and the learned positions'."""
-    return _elements(root_shapes(setup, embedding)) * _grad_bytes(setup)
+    return _elements(root_shapes(setup, embedding)) * unsharded_grad_bytes(setup)
 
 
 def last_grad(setup: Setup) -> int:
@@ -141,14 +140,14 @@ def last_grad(setup: Setup) -> int:
     order), which torch 2.13's ``foreach_reduce`` keeps bound to its loop variable (``for i,
     (fsdp_param, unsharded_grad) in enumerate(...)``) until it returns: alive beside the reduce-scatter's
     output where the unit's other gradients were freed after the copy-in."""
-    return _elements(root_shapes(setup)[-1:]) * _grad_bytes(setup)
+    return _elements(root_shapes(setup)[-1:]) * unsharded_grad_bytes(setup)
 
 
 def root_sharded_grads(setup: Setup) -> int:
     """Bytes of the root's sharded gradients (its dim-0 shards), which the model states count and which do
     not exist before its reduce-scatter at the backward's end."""
     n = _shards(setup)
-    element = 4 if fsdp2_mixed(setup) else setup.training.precision.grad_bytes
+    element = sharded_grad_bytes(setup)
     return sum(-(-s[0] // n) * math.prod(s[1:]) for s in root_shapes(setup)) * element
 
 
