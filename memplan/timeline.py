@@ -130,7 +130,8 @@ def forward_gathered(setup: Setup, n: int, layer_sets: int) -> int:
     (``analytic.fsdp.root.kept_after_forward``) gathers the root unit first and never reshards it, nor
     the top block after its forward; so the allocator meets them there, before the loss's tensors, as
     the backward's moments count them. Elsewhere 0 (a unit resharded after its forward comes and goes
-    between the points)."""
+    between the points). ``setup``: the tensor-parallel rank's (``Result.rank_setup``), whose units
+    these are, as ``analytic.peak`` counts them at the backward's moments."""
     if not (fsdp2_root.root_gathered(setup) and fsdp2_root.kept_after_forward(setup)):
         return 0
     return fsdp2_root.root_unit(setup) + (fsdp2_root.layer_flat(setup) if n >= layer_sets else 0)
@@ -160,7 +161,7 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
 
     def forward(label: str, activations: int, n: int = 0) -> Point:
         """A point after (or inside) the forward of n layers (sets)."""
-        weights = st.weights + forward_gathered(r.setup, n, layer_sets)
+        weights = st.weights + forward_gathered(r.rank_setup, n, layer_sets)
         return Point(label, terms(weights, st.optimizer, grads, activations + ropes, 0))
 
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input

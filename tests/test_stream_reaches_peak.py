@@ -8,15 +8,17 @@ stage; tests/test_titan_pipeline_fsdp2.py has that case by hand)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from memplan.alloc_stream import stream
+from memplan.alloc_stream import events, stream, stream_inputs
 from memplan.analytic.allocator import replay
 from memplan.analytic.fsdp.moments import accumulates_unsharded
 from memplan.analytic.fsdp.reduce import reduce_scatter_modelled
+from memplan.analytic.peak import TERMS
 from memplan.api import build_setup
-from memplan.config import Impl, ImplConfig, Parallel
+from memplan.config import FsdpWrap, Impl, ImplConfig, Parallel
 from memplan.engine import estimate
 from memplan.presets import load_gpu
 from memplan.reserved import cublas_workspace, cublas_workspaces
@@ -76,3 +78,25 @@ def test_the_stream_reaches_the_default_stream_peak(
         assert requested <= peak  # the sharded gradients are the reduce-scatter stream's
     else:
         assert requested == peak
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_transient_known_as_tensors_is_the_default_streams_share(tp: int) -> None:
+    """A fully checkpointed layer's backward is replayed as its re-run's tensors and the rest one block
+    (``timeline.rerun_tensors``); under torchtitan's 2024 wrapping its transient also holds FSDP2's
+    prefetched flat all-gather output, the all-gather stream's (``Peak.all_gather_stream``), which the
+    stream takes out of the term and so out of the pieces' last one (``alloc_stream._point_pieces``).
+    Before, the pieces kept it: they outgrew the term by one layer's flat output (Llama 3 8B on dp 2:
+    436,224,000 B; on tp 2 + SP, 218,120,192 B), which the stream then kept alive past the point, and the
+    second step's requested peak rose above the first's (T4's row: 204 MiB, docs/published-memory.md)."""
+    setup = build_setup(
+        "llama-3-8b", seq=512, dp=2, zero=3, parallel=Parallel(tp=tp, sp=tp > 1), checkpointing="full",
+        impl=ImplConfig(impl=Impl.TORCHTITAN, fsdp_wrap=FsdpWrap.ROOT),
+    )  # fmt: skip
+    p = estimate(setup)
+    inputs = stream_inputs(p)
+    transient = TERMS.index("transient")
+    known = [k for k, pieces in enumerate(inputs.pieces) if pieces]
+    assert known and all(sum(inputs.pieces[k]) == inputs.points[k][transient] for k in known)
+    one, two = (replay(events(inputs, steps=n)).requested_peak for n in (1, 2))
+    assert one == two <= p.device.peak.default_stream_bytes

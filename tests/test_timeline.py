@@ -47,18 +47,32 @@ def test_gradient_accumulation_keeps_the_gradients_through_the_forward() -> None
     assert all(p.terms["gradients"] == r.states.gradients for p in timeline(r)[:3])
 
 
-def test_the_2024_root_wrapping_holds_its_units_from_the_forward() -> None:
+@pytest.mark.parametrize(
+    ("tp", "root", "block"),
+    [
+        # tiny on dp 2: the root (embedding, final norm, lm head) 2·256·64 + 64 el, a block 36,992 el
+        (1, 32_832, 36_992),
+        # on tp 2 + SP × dp 2, one tensor-parallel rank's: the vocabulary-parallel embedding and the
+        # column-parallel head [128, 64] each, the norm replicated: 16,448 el; a block's norms 128 el
+        # and half its linears' (12,288 + 24,576) / 2: 18,560 el (every dim 0 even: no FSDP2 padding)
+        (2, 16_448, 18_560),
+    ],
+)
+def test_the_2024_root_wrapping_holds_its_units_from_the_forward(tp: int, root: int, block: int) -> None:
     """torchtitan's 2024 FSDP2 wrapping (``--fsdp-wrap root``) gathers the root unit first and never
     reshards it, nor the top block after its forward: the forward's points hold them beside the shards
-    (the allocator meets them before the loss's tensors), as the backward's moments do. By hand, tiny on
-    dp 2: the root (embedding, final norm, lm head) 32,832 el and a block 36,992 el, bf16."""
+    (the allocator meets them before the loss's tensors), as the backward's moments do — the tensor-
+    parallel rank's units under tp (the forward's points had counted the whole model's: at Llama 3.1
+    70B's widths on tp 8 + SP, 3.4 GiB more at the forward's points than at the loss's backward, and
+    4.8 GiB more reserved in the allocator's replay). By hand, tiny, bf16 (element counts above)."""
     from memplan.api import Options, build
 
-    r = build(
-        Options(model="tiny", seq=32, batch=2, impl="torchtitan", zero=3, dp=2, gpus=2, fsdp_wrap="root")
-    ).result  # type: ignore[arg-type]
+    options = Options(model="tiny", seq=32, batch=2, impl="torchtitan", zero=3, dp=2, gpus=2 * tp)
+    if tp > 1:
+        options = options.model_copy(update={"tp": tp, "sp": True})
+    r = build(options.model_copy(update={"fsdp_wrap": "root"})).result  # type: ignore[arg-type]
     points = {p.label: p for p in timeline(r)}
-    root, block, shards = 2 * 32_832, 2 * 36_992, r.states.weights
+    root, block, shards = 2 * root, 2 * block, r.states.weights
     assert points["forward: start"].terms["weights"] == shards + root
     assert points["forward: 1/2 layers"].terms["weights"] == shards + root
     assert points["forward: end"].terms["weights"] == shards + root + block
