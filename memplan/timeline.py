@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from memplan.analytic import activations as act
 from memplan.analytic.fsdp import root as fsdp2_root
+from memplan.analytic.fsdp.moments import zero3_head_unit, zero3_tied
 from memplan.analytic.head_moments import module_rope_buffers
 from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
@@ -129,9 +130,13 @@ def forward_gathered(setup: Setup, n: int, layer_sets: int) -> int:
     shards, where they stay gathered into the backward: torchtitan's 2024 wrapping
     (``analytic.fsdp.root.kept_after_forward``) gathers the root unit first and never reshards it, nor
     the top block after its forward; so the allocator meets them there, before the loss's tensors, as
-    the backward's moments count them. Elsewhere 0 (a unit resharded after its forward comes and goes
-    between the points). ``setup``: the tensor-parallel rank's (``Result.rank_setup``), whose units
-    these are, as ``analytic.peak`` counts them at the backward's moments."""
+    the backward's moments count them; so does torchtitan's ZeRO-3 its tied [tok_embeddings, norm,
+    lm_head] unit (``analytic.fsdp.moments.zero3_tied``), from the embedding's forward on. Elsewhere 0 (a
+    unit resharded after its forward comes and goes between the points). ``setup``: the tensor-parallel
+    rank's (``Result.rank_setup``), whose units these are, as ``analytic.peak`` counts them at the
+    backward's moments."""
+    if zero3_tied(setup):  # torchtitan's tied unit, gathered at the embedding's forward, kept to the end
+        return zero3_head_unit(setup)
     if not (fsdp2_root.root_gathered(setup) and fsdp2_root.kept_after_forward(setup)):
         return 0
     return fsdp2_root.root_unit(setup) + (fsdp2_root.layer_flat(setup) if n >= layer_sets else 0)

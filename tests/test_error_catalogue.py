@@ -226,6 +226,8 @@ CASES: list[Case] = [
         "fsdp_wrap",
     ),
     case("fsdp-wrap-typo", "estimate -m tiny --impl torchtitan --fsdp-wrap roots", "fsdp-wrap"),
+    # torchtitan's TP plan unties a tied embedding before FSDP2 wraps it (analytic.fsdp.moments.zero3_tied)
+    case("titan-tied-tp-fsdp", "estimate -m llama-3.2-1b --impl torchtitan --tp 2 --zero 3 --dp 2", "tp"),
     case("compile-loss-eager", "estimate -m tiny --impl torchtitan --no-compile-loss", "compile_loss"),
     case("compile-loss-reference", "estimate -m tiny --compile --no-compile-loss", "compile_loss"),
     case(

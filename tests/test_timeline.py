@@ -79,6 +79,22 @@ def test_the_2024_root_wrapping_holds_its_units_from_the_forward(tp: int, root: 
     assert points["loss backward"].terms["weights"] == shards + root + block
 
 
+def test_the_tied_unit_is_held_from_the_forward() -> None:
+    """torchtitan's ZeRO-3 with a tied embedding (``analytic.fsdp.moments.zero3_tied``): the one unit
+    [tok_embeddings, norm, lm_head] is gathered at the embedding's forward and never resharded before the
+    embedding's backward, so every forward point holds it beside the shards, as the loss's backward does.
+    By hand, tiny on dp 2: 256·64 + 64 = 16,448 el, bf16."""
+    from memplan.config import Impl, ImplConfig
+    from memplan.presets import load_model_preset
+
+    tied = load_model_preset("tiny").model.model_copy(update={"tied_embeddings": True})
+    r = estimate(build_setup(tied, seq=32, batch=2, zero=3, dp=2, impl=ImplConfig(impl=Impl.TORCHTITAN)))
+    points = {p.label: p for p in timeline(r)}
+    unit = 2 * 16_448
+    for label in ("forward: start", "forward: 1/2 layers", "forward: end", "loss backward"):
+        assert points[label].terms["weights"] == r.states.weights + unit, label
+
+
 @pytest.mark.parametrize("width", [80, 120])
 def test_chart_fits_its_width(width: int) -> None:
     r = estimate(build_setup("70b", seq=8192))

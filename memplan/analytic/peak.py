@@ -51,6 +51,7 @@ exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
 unit held from its forward to its backward, reduced after the final norm's backward; the embedding's
 unit gathered again and reduced at its own: ``fsdp.moments.zero3_head_reduce``, ``zero3_embedding_parts``;
+tied, one unit of both held from the embedding's forward to its backward, reduced last: ``zero3_tied``;
 ``zero3_kept_gathered``: under pp every unit of the stage), its 2024 wrapping (``--fsdp-wrap root``) the
 reference's root. torchtitan's per-layer RoPE caches that no checkpointed layer saves are module state at
 every moment (``head_moments.module_rope_buffers``).
@@ -93,6 +94,7 @@ from memplan.analytic.fsdp.moments import (
     zero3_head_unit,
     zero3_kept_gathered,
     zero3_resharded,
+    zero3_tied,
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
@@ -107,11 +109,7 @@ from memplan.analytic.head_moments import (
     sp_shards,
     titan_sp_head_scatter,
 )
-from memplan.analytic.layer_backward import (
-    layer_terms,
-    saved_layers_up_to,
-    segment_rerun_bytes,
-)
+from memplan.analytic.layer_backward import layer_terms, saved_layers_up_to, segment_rerun_bytes
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
@@ -343,8 +341,8 @@ def peak(
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * step_grads // full if full else 0
-            if root:  # the root's unsharded head gradients, held until its reduce-scatter at the end
-                head_grads = gradient_bytes_head
+            if root or zero3_tied(setup):  # the root's (tied: the one unit's) unsharded head gradients,
+                head_grads = gradient_bytes_head  # held until its reduce-scatter at the end
             grads = head_grads + params.layers_above(i, dims.layers) * step_grads // params.total
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
@@ -370,6 +368,7 @@ def peak(
             return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
         # torchtitan's ZeRO-3: the layer's own unit gathered (the largest unit, the embedding, is not then)
         own = layer_gather(setup, setup.state_shards) if zero3_resharded(setup) else gather
+        own += zero3_head_unit(setup) if zero3_tied(setup) else 0  # tied: the one unit, gathered to the end
         return terms(weights + own, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -413,13 +412,12 @@ def peak(
     incoming = dims.tokens * dims.h * dims.act.bytes  # the embedding's output gradient (gathered under sp)
     titan_parts = zero3_embedding_parts(setup, params, incoming)  # torchtitan's ZeRO-3: its unit again
     if titan_parts:
-        (unmade, copy_out), (_, reduce_at) = titan_parts
+        (unmade, copy_out, unit), (unreduced, reduce_at, _) = titan_parts
         # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
-        moments = (
-            terms(weights, optimizer, step_grads - unmade, held, copy_out + 8),
-            terms(weights, optimizer, step_grads, held - loop_ids_bytes(setup, dims), reduce_at + 8),
-        )
-        embedding_bwd = max(moments, key=lambda t: sum(t.values()))
+        freed = held - loop_ids_bytes(setup, dims)
+        at_copy_out = terms(weights + unit, optimizer, step_grads - unmade, held, copy_out + 8)
+        at_reduce = terms(weights, optimizer, step_grads - unreduced, freed, reduce_at + 8)
+        embedding_bwd = max(at_copy_out, at_reduce, key=lambda t: sum(t.values()))
     if root:
         embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)
     # ZeRO-Offload steps on the host: nothing on the device.

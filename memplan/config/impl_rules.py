@@ -92,6 +92,22 @@ def check_impl(setup: Setup) -> None:
             )
         if par.pp > 1:
             check_titan_pipeline(setup)
+        if (
+            setup.model.tied_embeddings
+            and par.tp > 1
+            and s.zero >= ZeroStage.GRADIENTS
+            and setup.state_shards > 1
+        ):
+            # torchtitan 0.3.0's tensor-parallel plan distributes tok_embeddings' and lm_head's weight each
+            # as a DTensor parameter of its own before fully_shard wraps [tok_embeddings, norm, lm_head], so
+            # the unit holds both; Decoder.init_states' re-tie is undone at the unit's first all-gather
+            # (FSDPParam._setattr_on_modules sets each module's own). Traced on the rank: tp 2 holds two
+            # [v/t, h] in the unit, tp 1 one (FSDP2's shared_modules).
+            raise ValueError(
+                "tp: torchtitan's tensor-parallel plan gives a tied embedding and lm head a parameter each "
+                "before FSDP2 wraps them (its re-tie after init is undone at the first all-gather), so the "
+                "model does not train tied; not modelled: set tied_embeddings false, --tp 1 or --zero 0"
+            )
     unmodelled = {
         # torchtitan's TP/SP plan is modelled (blocks/torchtitan.py; measure/distributed/titan.py).
         "--tp/--sp": impl is not Impl.TORCHTITAN and par.tp > 1,

@@ -346,10 +346,45 @@ def test_a_tied_model_is_measured_tied(tp: int, sp: bool) -> None:
     """torchtitan's trainer re-ties the embedding and the lm head after ``to_empty`` (its
     ``Decoder.init_states``); the rank harness does too (``measure.distributed.titan.retie``), so a tied
     model's rank holds one [v, h] and its loss backward equals the estimate's (before: one [v, h] more,
-    measured on an untied model). dp 1; under FSDP2 a tied embedding stays not modelled
-    (``analytic.fsdp.moments.zero3_unit_buffers``' NB)."""
+    measured on an untied model). dp 1; under FSDP2: ``test_the_tied_unit_holds_what_the_estimate_says``."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN, tied_embeddings=True), tp, sp)
     est, run = estimate(setup), measure_titan_rank(setup)
     assert run.param_bytes == est.states.weights
     measured = run.peak.moments(["loss backward"])["loss backward"]
     assert measured == estimated_moments(est)["loss backward"]
+
+
+@pytest.mark.parametrize(
+    ("preset", "seq", "dp", "unit"),
+    [
+        ("tiny", 32, 2, 2 * (256 * 64 + 64)),
+        ("tiny", 32, 4, 2 * (256 * 64 + 64)),
+        ("llama-3.2-1b", 512, 2, 2 * (128_256 * 2048 + 2048)),
+    ],
+)
+def test_the_tied_unit_holds_what_the_estimate_says(preset: str, seq: int, dp: int, unit: int) -> None:
+    """torchtitan's ZeRO-3 with a tied embedding (``analytic.fsdp.moments.zero3_tied``): one unit
+    [tok_embeddings, norm, lm_head], gathered at the embedding's forward and held to the end of the
+    embedding's backward, reduced last; the lm head's gradient waits for the embedding's and is summed
+    with it. Measured beside the same model untied on the fake process group: every moment off by what
+    the untied model's is (the layer's own backward under torchtitan, not modelled: nothing else), the
+    loss's, the final norm's and the embedding's exact (before: the unit's [v, h] missing at the head's
+    moments, 525 MB at Llama 3.2 1B's widths, and the embedding's gathered again). By hand, the unit's
+    bf16 bytes beside the shards at the loss's backward: v·h + h el (the unit's padding on dp 3:
+    tests/measure/test_fsdp_streams.py)."""
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+
+    def errors(tied: bool) -> tuple[dict[str, int], Setup]:
+        base = hf_setup(preset, seq=seq, batch=2, layers=2, impl=Impl.TORCHTITAN, tied_embeddings=tied)
+        setup = ranked(base, 1, False, dp, 3)
+        measured, estimated = (
+            measure_titan_rank(setup).peak.moments(names),
+            estimated_moments(estimate(setup)),
+        )
+        return {n: measured[n] - estimated[n] for n in names}, setup  # type: ignore[operator]
+
+    (tied, setup), (untied, _) = errors(True), errors(False)
+    assert tied == untied
+    assert tied["loss backward"] == tied["final norm backward"] == tied["embedding backward"] == 0
+    r = estimate(setup)
+    assert r.peak.moments["loss backward"]["weights"] - r.states.weights == unit

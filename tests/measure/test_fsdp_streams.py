@@ -71,6 +71,35 @@ def test_torchtitan_tp2_dp3_pads_the_local_shard() -> None:
 
 
 @pytest.mark.parametrize("dp", [2, 3])
+def test_torchtitan_tied_unit_is_gathered_once(dp: int) -> None:
+    """A tied embedding (``analytic.fsdp.moments.zero3_tied``): one unit [tok_embeddings, norm, lm_head],
+    the [v, h] and the norm, gathered first and never resharded, so the backward gathers only the blocks
+    (the unit's pre-backward at the lm head prefetches the top block; layer 0 prefetches nothing), and
+    its reduce-scatter output comes last. dp 2: the unit 256 × 64 + 64 = 16,448 el, a block 36,992 el;
+    dp 3 pads each dim 0 to a multiple of 3: the unit 258 × 64 + 66 = 16,578 el, a block 37,572 el
+    (``test_torchtitan_tp2_dp3_pads_the_local_shard``'s rows at tp 1); × 2 B, the reduce-scatter outputs
+    × 4 B / dp."""
+    pytest.importorskip("torchtitan.models.llama3")
+    from memplan.analytic.fsdp.buffers import reduce_scatter_outputs as modelled
+    from memplan.measure.distributed.fsdp_streams import reduce_scatter_outputs
+    from memplan.measure.distributed.titan import measure_titan_rank
+    from tests.hf.harness import hf_setup
+    from tests.hf.test_torchtitan_ranks import ranked
+
+    setup = ranked(
+        hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN, tied_embeddings=True), 1, False, dp, 3
+    )
+    with all_gather_outputs() as got, reduce_scatter_outputs() as reduced:
+        measure_titan_rank(setup)
+    t, b = {2: (16_448, 36_992), 3: (16_578, 37_572)}[dp]
+    assert got == [2 * t, 2 * b, -1, 2 * b, -2, -3, 2 * b, -4, 2 * b, -5]
+    rank = estimate(setup).rank_setup
+    assert got == codes(gather_units(rank, 2, True, True) or [], steps=1)
+    assert reduced == [4 * b // dp, 4 * b // dp, 4 * t // dp]
+    assert [(size, 0) for size in reduced] == modelled(rank, 2, True, True)
+
+
+@pytest.mark.parametrize("dp", [2, 3])
 def test_the_reference_roots_backward_comes_first(dp: int) -> None:
     """memplan's reference (``fully_shard`` per layer, then on the root: embedding, final norm and head
     in one unit, resharded after forward): the root's forward ends last, so its pre-backward at the loss

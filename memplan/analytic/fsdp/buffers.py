@@ -165,6 +165,8 @@ def unit_shapes(setup: Setup, layers: int, first: bool, last: bool) -> list[tupl
     block = [(block_shapes(setup), again)] * layers
     titan = setup.impl.impl is Impl.TORCHTITAN
     if titan and not root_wrapped(setup):  # torchtitan 0.3.0: the embedding, each block, [norm, output]
+        if m.tied_embeddings:  # one unit [tok_embeddings, norm, lm_head], gathered first, never again
+            return [(embed + head, False), *block]  # (``analytic.fsdp.moments.zero3_tied``; no pp tied)
         units = [(embed, again)] if first else []
         return units + block + ([(head, False)] if last else [])
     root = embed + head  # the root unit: gathered first

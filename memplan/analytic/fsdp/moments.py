@@ -58,6 +58,24 @@ def zero3_kept_gathered(setup: Setup) -> bool:
     return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp > 1
 
 
+def zero3_tied(setup: Setup) -> bool:
+    """torchtitan's ZeRO-3 (``zero3_resharded``) with a tied embedding: ``apply_fsdp_to_decoder`` wraps
+    [tok_embeddings, norm, lm_head] as one unit (their one [v, h] parameter and the final norm's), not
+    resharded after forward (``reshard_after_forward_policy == "always"`` for it, False under the
+    trainer's "default"): gathered at the embedding's forward, it stays gathered through the forward,
+    the loss and every layer's backward, and is resharded and reduced once, after the embedding's
+    backward, in FSDP2's final callback (the embedding's input, the ids, needs no gradient). Measured on
+    torchtitan's tied rank (``measure.distributed.titan.retie``), tests/hf/test_torchtitan_peak.py."""
+    return zero3_resharded(setup) and setup.model.tied_embeddings
+
+
+def _head_shapes(setup: Setup) -> list[tuple[int, ...]]:
+    """The [norm, lm_head] unit's parameters; tied, the one unit's: the embedding's [v, h] and the norm
+    (``zero3_tied``)."""
+    embedding, _, head = unit_shapes(setup.model)
+    return [*embedding, *head] if zero3_tied(setup) else list(head)
+
+
 def zero3_head_unit(setup: Setup) -> int:
     """Bytes of the [norm, lm_head] unit's unsharded parameters under torchtitan's ZeRO-3
     (``zero3_resharded``): gathered for its forward and, not resharded after it, still held from the
@@ -65,10 +83,11 @@ def zero3_head_unit(setup: Setup) -> int:
     its padded all-gather output (``FSDPParam.init_unsharded_param``: ``as_strided`` over the
     ``padded_unsharded_size`` buffer), so every dim 0 counts padded to the shard count
     (``fsdp2_flat_elements``; measured at Llama 3.1 405B's widths on tp 8 × dp 2,048: the lm head's
-    16,032 rows held as 16,384)."""
-    shards = setup.state_shards
-    _, _, head = unit_shapes(setup.model)
-    return fsdp2_flat_elements(head, shards) * setup.training.precision.weight_bytes
+    16,032 rows held as 16,384). Tied, the one [tok_embeddings, norm, lm_head] unit (``zero3_tied``), held
+    from the embedding's forward to the end of the embedding's backward."""
+    return (
+        fsdp2_flat_elements(_head_shapes(setup), setup.state_shards) * setup.training.precision.weight_bytes
+    )
 
 
 def zero3_head_gather(setup: Setup) -> int:
@@ -100,15 +119,23 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     ``reduce_dtype``), which ``comm_ctx.reduce_scatter_state`` holds until the next reduce-scatter (the
     unit above, layer i + 1 or [norm, lm_head]); both flat, each dim 0 padded to the shard count
     (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
-    37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). NB: a tied embedding (one unit with the head) is
-    counted as untied."""
+    37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). Tied (``zero3_tied``): the one unit of the embedding
+    and the head is gathered already and reduced last, so neither is there beside layer 0 or the top
+    layer."""
     if not zero3_resharded(setup):
         return 0
     shards = setup.state_shards
     embedding, layer, head = unit_shapes(setup.model)
-    above = layer if i < layers - 1 else head
+    tied = zero3_tied(setup)
+    above = layer if i < layers - 1 else ([] if tied else head)
     weight = setup.training.precision.weight_bytes
-    below = layer_gather(setup, shards) if i > 0 else fsdp2_flat_elements(embedding, shards) * weight
+    below = (
+        layer_gather(setup, shards)
+        if i > 0
+        else 0
+        if tied
+        else fsdp2_flat_elements(embedding, shards) * weight
+    )
     return below + fsdp2_flat_elements(above, shards) * 4
 
 
@@ -157,10 +184,13 @@ def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
     return fsdp2_shard_elements(model, shards, stage) * element  # fp32 under FSDP2's mixed precision
 
 
-def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tuple[tuple[int, int], ...]:
+def zero3_embedding_parts(
+    setup: Setup, params: ParamCount, incoming: int
+) -> tuple[tuple[int, int, int], ...]:
     """torchtitan's ZeRO-3 (``zero3_resharded``) at the embedding's backward, as two candidate moments,
-    each (sharded gradient bytes not made yet, transient bytes): FSDP2 gathers the embedding's unit again
-    in backward (prefetched by layer 0's), so
+    each (sharded gradient bytes not made yet, transient bytes, gathered parameters' bytes beside the
+    shards: 0 here; tied, ``_tied_embedding_parts``): FSDP2 gathers the embedding's unit again in backward
+    (prefetched by layer 0's), so
 
     - at its pre-backward's copy-out the flat all-gather output and the new unsharded parameter are alive
       at once, beside layer 0's fp32 reduce-scatter input (held until the next unit's reduce) and the
@@ -177,6 +207,8 @@ def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tu
     more (a [T/t, h] bf16 gradient shard beside the gathered [T, h], and 128 B): not modelled."""
     if not zero3_resharded(setup):
         return ()
+    if zero3_tied(setup):
+        return _tied_embedding_parts(setup, params)
     shards = setup.state_shards
     embedding, layer, _ = unit_shapes(setup.model)
     weight = setup.training.precision.weight_bytes
@@ -184,7 +216,34 @@ def zero3_embedding_parts(setup: Setup, params: ParamCount, incoming: int) -> tu
     shard = flat // shards * sharded_grad_bytes(setup)
     copy_out = incoming + 2 * flat * weight + fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
     reduce = params.embedding * unsharded_grad_bytes(setup) + flat * reduce_bytes(setup)
-    return (shard, copy_out), (0, reduce)
+    return (shard, copy_out, 0), (0, reduce, 0)
+
+
+def _tied_embedding_parts(setup: Setup, params: ParamCount) -> tuple[tuple[int, int, int], ...]:
+    """``zero3_embedding_parts`` of the tied unit (``zero3_tied``), each (sharded gradient bytes not made
+    yet, transient bytes, gathered parameters' bytes beside the shards):
+
+    - at the embedding's backward, its [v, h] gradient summed with the lm head's, which waited in
+      autograd's input buffer (one leaf, one ``AccumulateGrad``): the lm head's, the embedding's new one
+      and their sum, with the final norm's unsharded gradient, beside layer 0's fp32 reduce-scatter input
+      (held until the next reduce-scatter, the tied unit's) and the unit still gathered;
+    - at its reduce (FSDP2's final callback), the unit resharded first, then its flat fp32 reduce-scatter
+      input made beside its unsharded gradients (the sum freed after the copy-in: the unit's last
+      parameter, the one ``foreach_reduce``'s loop variable keeps, is the norm's); layer 0's input freed
+      by then, the sharded output not made yet.
+
+    Measured on the tiny tied model's rank (dp 2: 3 × 32,768 B of [v, h] gradients, 128 B of the norm's,
+    147,968 B of layer 0's input, the unit's 32,896 B; then 65,792 B of flat input beside 32,896 B of
+    gradients), tests/hf/test_torchtitan_peak.py."""
+    shards = setup.state_shards
+    _, layer, _ = unit_shapes(setup.model)
+    flat = fsdp2_flat_elements(_head_shapes(setup), shards)
+    shard = flat // shards * sharded_grad_bytes(setup)
+    grads = (params.embedding + params.final_norm) * unsharded_grad_bytes(setup)
+    embedding = params.embedding * unsharded_grad_bytes(setup)
+    layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
+    summed = grads + 2 * embedding + layer_input
+    return (shard, summed, zero3_head_unit(setup)), (shard, grads + flat * reduce_bytes(setup), 0)
 
 
 def zero3_head_reduce(setup: Setup, params: ParamCount, incoming: int) -> tuple[int, int, int] | None:
