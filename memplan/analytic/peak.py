@@ -51,7 +51,7 @@ exact per moment on the fake process group); torchtitan's ZeRO-3 follows its
 trainer's default ``reshard_after_forward_policy="default"`` instead (``zero3_resharded``: the [norm, lm_head]
 unit held from its forward to its backward, reduced after the final norm's backward; the embedding's
 unit gathered again and reduced at its own: ``fsdp.moments.zero3_head_reduce``, ``zero3_embedding_parts``;
-tied, one unit of both held from the embedding's forward to its backward, reduced last: ``zero3_tied``;
+tied, one unit of both held from the embedding's forward to its backward, reduced last: ``tied_unit``;
 ``zero3_kept_gathered``: under pp every unit of the stage), its 2024 wrapping (``--fsdp-wrap root``) the
 reference's root. torchtitan's per-layer RoPE caches that no checkpointed layer saves are module state at
 every moment (``head_moments.module_rope_buffers``).
@@ -87,6 +87,9 @@ from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import (
     layer_gather,
     pipeline_unsharded_gradients,
+    tied_unit,
+    units_beside_layer,
+    units_reduced,
     zero2_shards_beside,
     zero3_embedding_parts,
     zero3_head_gather,
@@ -94,7 +97,6 @@ from memplan.analytic.fsdp.moments import (
     zero3_head_unit,
     zero3_kept_gathered,
     zero3_resharded,
-    zero3_tied,
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
@@ -300,7 +302,6 @@ def peak(
         final_norm_bwd = max(final_norm_bwd, reduce, key=lambda t: sum(t.values()))
     # The lm head's own backward where modelled: its new weight gradient beside the summed ones
     # (``lm_head_backward_transient``), or the chunks' pieces summed (``chunked_head_backward_transient``).
-    # the lm head's own backward where modelled: (saves freed, bytes made)
     if accumulates_in_place(setup) and head_backward_modelled(setup):
         at_head = lm_head_backward_transient(setup, dims)
     else:  # (0, 0) but for the chunked loss
@@ -341,7 +342,7 @@ def peak(
             # full-size gradients are in its transient).
             full = params.total * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * step_grads // full if full else 0
-            if root or zero3_tied(setup):  # the root's (tied: the one unit's) unsharded head gradients,
+            if root or tied_unit(setup):  # the root's (tied: the one unit's) unsharded head gradients,
                 head_grads = gradient_bytes_head  # held until its reduce-scatter at the end
             grads = head_grads + params.layers_above(i, dims.layers) * step_grads // params.total
         # A re-run segment's layers above i are done too: their saves freed.
@@ -368,7 +369,7 @@ def peak(
             return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
         # torchtitan's ZeRO-3: the layer's own unit gathered (the largest unit, the embedding, is not then)
         own = layer_gather(setup, setup.state_shards) if zero3_resharded(setup) else gather
-        own += zero3_head_unit(setup) if zero3_tied(setup) else 0  # tied: the one unit, gathered to the end
+        own += units_beside_layer(setup, dims.layers - 1 - i)  # tied: the one unit; ZeRO-2: those above
         return terms(weights + own, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
@@ -382,8 +383,8 @@ def peak(
     ends = {0, dims.layers - 1}
     if segment:
         ends |= {min(segment, dims.layers) - 1, dims.layers // segment * segment - 1}
-    if root:  # FSDP2's buffers differ at the ends (no prefetch below layer 0, no reduce-scatter input
-        # above the top layer): the middle layers are linear in i between layers 1 and L − 2
+    if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
+        # another or no reduce-scatter input above the top layer): the middle ones linear in i
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}
     by_layer = {i: layer_moment(i) for i in sorted(ends, reverse=True)}
     top = max(by_layer, key=lambda i: sum(by_layer[i].values()))
@@ -412,11 +413,11 @@ def peak(
     incoming = dims.tokens * dims.h * dims.act.bytes  # the embedding's output gradient (gathered under sp)
     titan_parts = zero3_embedding_parts(setup, params, incoming)  # torchtitan's ZeRO-3: its unit again
     if titan_parts:
-        (unmade, copy_out, unit), (unreduced, reduce_at, _) = titan_parts
+        (unmade, copy_out, unit), (unreduced, reduce_at, left) = titan_parts
         # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
         freed = held - loop_ids_bytes(setup, dims)
         at_copy_out = terms(weights + unit, optimizer, step_grads - unmade, held, copy_out + 8)
-        at_reduce = terms(weights, optimizer, step_grads - unreduced, freed, reduce_at + 8)
+        at_reduce = terms(weights + left, optimizer, step_grads - unreduced, freed, reduce_at + 8)
         embedding_bwd = max(at_copy_out, at_reduce, key=lambda t: sum(t.values()))
     if root:
         embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)

@@ -355,14 +355,17 @@ def test_a_tied_model_is_measured_tied(tp: int, sp: bool) -> None:
 
 
 @pytest.mark.parametrize(
-    ("preset", "seq", "dp", "unit"),
+    ("preset", "seq", "dp", "layers", "unit"),
     [
-        ("tiny", 32, 2, 2 * (256 * 64 + 64)),
-        ("tiny", 32, 4, 2 * (256 * 64 + 64)),
-        ("llama-3.2-1b", 512, 2, 2 * (128_256 * 2048 + 2048)),
+        ("tiny", 32, 2, 2, 2 * (256 * 64 + 64)),
+        # 4 layers: a middle layer's backward holds a block's reduce-scatter input the top one does not
+        ("tiny", 32, 4, 4, 2 * (256 * 64 + 64)),
+        ("llama-3.2-1b", 512, 2, 2, 2 * (128_256 * 2048 + 2048)),
     ],
 )
-def test_the_tied_unit_holds_what_the_estimate_says(preset: str, seq: int, dp: int, unit: int) -> None:
+def test_the_tied_unit_holds_what_the_estimate_says(
+    preset: str, seq: int, dp: int, layers: int, unit: int
+) -> None:
     """torchtitan's ZeRO-3 with a tied embedding (``analytic.fsdp.moments.zero3_tied``): one unit
     [tok_embeddings, norm, lm_head], gathered at the embedding's forward and held to the end of the
     embedding's backward, reduced last; the lm head's gradient waits for the embedding's and is summed
@@ -375,7 +378,7 @@ def test_the_tied_unit_holds_what_the_estimate_says(preset: str, seq: int, dp: i
     names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
 
     def errors(tied: bool) -> tuple[dict[str, int], Setup]:
-        base = hf_setup(preset, seq=seq, batch=2, layers=2, impl=Impl.TORCHTITAN, tied_embeddings=tied)
+        base = hf_setup(preset, seq=seq, batch=2, layers=layers, impl=Impl.TORCHTITAN, tied_embeddings=tied)
         setup = ranked(base, 1, False, dp, 3)
         measured, estimated = (
             measure_titan_rank(setup).peak.moments(names),
@@ -388,3 +391,49 @@ def test_the_tied_unit_holds_what_the_estimate_says(preset: str, seq: int, dp: i
     assert tied["loss backward"] == tied["final norm backward"] == tied["embedding backward"] == 0
     r = estimate(setup)
     assert r.peak.moments["loss backward"]["weights"] - r.states.weights == unit
+
+
+@pytest.mark.parametrize(
+    ("preset", "seq", "tp", "dp", "layers", "tied"),
+    [
+        ("tiny", 32, 1, 2, 2, False),
+        ("tiny", 32, 1, 2, 4, True),
+        ("tiny", 32, 2, 2, 2, False),  # tp 2 + SP
+        ("llama-3.2-1b", 512, 1, 2, 2, False),
+    ],
+)
+def test_zero2_backward_reshards_and_reduces_each_unit(
+    preset: str, seq: int, tp: int, dp: int, layers: int, tied: bool
+) -> None:
+    """torchtitan's ZeRO-2 (``reshard_after_forward=False``; ``analytic.fsdp.moments.units_reduced``): no
+    unit is gathered again in backward, but each is resharded after its backward and reduce-scattered at
+    its post-backward, its flat fp32 input held until the next unit's (``zero2_resharded``,
+    ``zero3_unit_buffers``; the embedding's and the [norm, lm_head] unit's reduce moments; tied, the one
+    unit held to the end, ``tied_unit``). Measured beside ZeRO-3 on the fake process group: every moment
+    off by exactly what ZeRO-3's is (the layer's own backward, not modelled; on tp 2 + SP the embedding's
+    4,224 B NB) — before, the head's reduce-scatter input missing beside the top layer (65,792 B less the
+    head's 32,896 B resharded, on the tiny model) and layer 0's beside the embedding's backward (147,968 B),
+    1.0 GB at the final norm's backward at Llama 3.2 1B's widths. By hand, the tiny model on dp 2: the
+    head unit 16,448 el bf16, its reduce-scatter input fp32; a block's 36,992 el fp32."""
+    from memplan.analytic.fsdp.moments import zero2_resharded, zero3_unit_buffers
+
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    base = hf_setup(preset, seq=seq, batch=2, layers=layers, impl=Impl.TORCHTITAN, tied_embeddings=tied)
+
+    def errors(zero: int) -> tuple[dict[str, int], Setup]:
+        setup = ranked(base, tp, tp > 1, dp, zero)
+        measured, estimated = (
+            measure_titan_rank(setup).peak.moments(names),
+            estimated_moments(estimate(setup)),
+        )
+        return {n: measured[n] - estimated[n] for n in names}, setup  # type: ignore[operator]
+
+    (zero2, setup), (zero3, _) = errors(2), errors(3)
+    assert zero2 == zero3
+    assert (
+        tp > 1 or zero2["loss backward"] == zero2["final norm backward"] == zero2["embedding backward"] == 0
+    )
+    if preset == "tiny" and tp == 1 and layers == 2:
+        rank = estimate(setup).rank_setup
+        assert zero2_resharded(rank, 0) == 2 * 16_448
+        assert zero3_unit_buffers(rank, 1, 2) == 4 * 16_448 and zero3_unit_buffers(rank, 0, 2) == 4 * 36_992

@@ -2,8 +2,10 @@
 ZeRO-3's gathered units under its reshard policy (``measure.distributed.titan.reshard_policy``: the
 trainer's "default"), the [norm, lm_head] unit kept gathered, the prefetched all-gather output and the
 previous unit's reduce-scatter input beside each layer's backward, a pipeline stage's weights kept gathered,
-and ZeRO-2's shards beside the unsharded weights. Each measured on torchtitan's parallelised rank on the
-fake process group (tests/hf/test_torchtitan_peak.py, tests/test_fsdp_buffers.py)."""
+and ZeRO-2's shards beside the unsharded weights, its units resharded after their backward and reduced as
+ZeRO-3's are (``units_reduced``), a tied embedding's one unit with the head (``tied_unit``). Each measured
+on torchtitan's parallelised rank on the fake process group (tests/hf/test_torchtitan_peak.py,
+tests/test_fsdp_buffers.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,36 @@ def zero3_resharded(setup: Setup) -> bool:
     return titan_fsdp2(setup) and s.zero >= ZeroStage.PARAMETERS and setup.parallel.pp == 1 and units
 
 
+def units_reduced(setup: Setup) -> bool:
+    """torchtitan's FSDP2 without a pipeline, its 0.3.0 wrapping (``titan_fsdp2``; ZeRO-2 or 3): each unit
+    is resharded after its backward (``reshard_after_backward``, True) and reduce-scattered at its
+    post-backward, its flat fp32 reduce-scatter input held until the next unit's reduce-scatter
+    (``zero3_unit_buffers``' "above"). Under ZeRO-3 the units were resharded after their forward too
+    (``zero3_resharded``); under ZeRO-2 (``reshard_after_forward=False``) every unit is still gathered
+    when the backward begins, and those whose backward has run are not (``zero2_resharded``)."""
+    return titan_fsdp2(setup) and setup.parallel.pp == 1 and setup.impl.fsdp_wrap is FsdpWrap.UNITS
+
+
+def zero2_resharded(setup: Setup, blocks: int) -> int:
+    """Bytes of unsharded parameters torchtitan's ZeRO-2 (``units_reduced``, ``reshard_after_forward=
+    False``) has freed by a layer's backward: the [norm, lm_head] unit's and those of the ``blocks``
+    blocks above it, each resharded after its backward (bf16 views of their padded all-gather outputs,
+    ``zero3_head_unit``, ``layer_gather``); 0 elsewhere. Measured on the tiny model's rank (dp 2: the
+    head's 32,896 B at the top layer's backward, a block's 73,984 B more below it)."""
+    if not units_reduced(setup) or setup.strategy.zero is not ZeroStage.GRADIENTS:
+        return 0
+    head = 0 if tied_unit(setup) else zero3_head_unit(setup)  # tied: the one unit, resharded last
+    return head + blocks * layer_gather(setup, setup.state_shards)
+
+
+def units_beside_layer(setup: Setup, above: int) -> int:
+    """Unsharded parameters beside a layer's backward beyond its own unit (ZeRO-3) or every unit gathered
+    (ZeRO-2, the estimate's weights), with ``above`` layers above it: under ZeRO-3 the tied unit, held to
+    the end (``zero3_tied``); under ZeRO-2, less the units resharded after their backward
+    (``zero2_resharded``)."""
+    return (zero3_head_unit(setup) if zero3_tied(setup) else 0) - zero2_resharded(setup, above)
+
+
 def zero3_kept_gathered(setup: Setup) -> bool:
     """torchtitan's ZeRO-3 on a pipeline stage: its trainer's "default" policy reshards no unit after
     forward with pp (torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``), and torch's
@@ -58,22 +90,28 @@ def zero3_kept_gathered(setup: Setup) -> bool:
     return titan_fsdp2(setup) and setup.strategy.zero >= ZeroStage.PARAMETERS and setup.parallel.pp > 1
 
 
-def zero3_tied(setup: Setup) -> bool:
-    """torchtitan's ZeRO-3 (``zero3_resharded``) with a tied embedding: ``apply_fsdp_to_decoder`` wraps
-    [tok_embeddings, norm, lm_head] as one unit (their one [v, h] parameter and the final norm's), not
-    resharded after forward (``reshard_after_forward_policy == "always"`` for it, False under the
+def tied_unit(setup: Setup) -> bool:
+    """torchtitan's FSDP2 (``units_reduced``: ZeRO-2 or 3) with a tied embedding: ``apply_fsdp_to_decoder``
+    wraps [tok_embeddings, norm, lm_head] as one unit (their one [v, h] parameter and the final norm's),
+    not resharded after forward (``reshard_after_forward_policy == "always"`` for it, False under the
     trainer's "default"): gathered at the embedding's forward, it stays gathered through the forward,
     the loss and every layer's backward, and is resharded and reduced once, after the embedding's
     backward, in FSDP2's final callback (the embedding's input, the ids, needs no gradient). Measured on
     torchtitan's tied rank (``measure.distributed.titan.retie``), tests/hf/test_torchtitan_peak.py."""
-    return zero3_resharded(setup) and setup.model.tied_embeddings
+    return units_reduced(setup) and setup.model.tied_embeddings
+
+
+def zero3_tied(setup: Setup) -> bool:
+    """``tied_unit`` under ZeRO-3 (``zero3_resharded``), where the unit is the one gathered unit beside
+    the shards (under ZeRO-2 every unit is gathered from the forward: in the estimate's weights)."""
+    return tied_unit(setup) and zero3_resharded(setup)
 
 
 def _head_shapes(setup: Setup) -> list[tuple[int, ...]]:
     """The [norm, lm_head] unit's parameters; tied, the one unit's: the embedding's [v, h] and the norm
-    (``zero3_tied``)."""
+    (``tied_unit``)."""
     embedding, _, head = unit_shapes(setup.model)
-    return [*embedding, *head] if zero3_tied(setup) else list(head)
+    return [*embedding, *head] if tied_unit(setup) else list(head)
 
 
 def zero3_head_unit(setup: Setup) -> int:
@@ -121,22 +159,22 @@ def zero3_unit_buffers(setup: Setup, i: int, layers: int) -> int:
     (``blocks.torchtitan.fsdp2_flat_elements``). Measured on tp 2 + SP × dp 2 (the tiny model, layer 1:
     37,120 + 33,024 B; layer 0: 16,384 + 74,240 B). Tied (``zero3_tied``): the one unit of the embedding
     and the head is gathered already and reduced last, so neither is there beside layer 0 or the top
-    layer."""
-    if not zero3_resharded(setup):
+    layer. Under ZeRO-2 (``units_reduced``) the reduce-scatter input alone: no unit is gathered again
+    (measured on the tiny model's rank, dp 2: the head's 65,792 B beside the top layer, a block's 147,968 B
+    beside layer 0)."""
+    if not units_reduced(setup):
         return 0
     shards = setup.state_shards
     embedding, layer, head = unit_shapes(setup.model)
-    tied = zero3_tied(setup)
-    above = layer if i < layers - 1 else ([] if tied else head)
+    tied = setup.model.tied_embeddings
+    above_unit = layer if i < layers - 1 else [] if tied else head  # the unit reduced before this one
+    above = fsdp2_flat_elements(above_unit, shards) * reduce_bytes(setup)
+    if not zero3_resharded(setup):  # ZeRO-2: no unit gathered again, none prefetched
+        return above
+    if i > 0:
+        return layer_gather(setup, shards) + above
     weight = setup.training.precision.weight_bytes
-    below = (
-        layer_gather(setup, shards)
-        if i > 0
-        else 0
-        if tied
-        else fsdp2_flat_elements(embedding, shards) * weight
-    )
-    return below + fsdp2_flat_elements(above, shards) * 4
+    return (0 if tied else fsdp2_flat_elements(embedding, shards) * weight) + above
 
 
 def pipeline_unsharded_gradients(setup: Setup, params: ParamCount, partial: int = 0) -> int:
@@ -205,10 +243,17 @@ def zero3_embedding_parts(
     fp32), and on tp 2 + SP × dp 2 (the vocabulary-parallel embedding's clamped ids, its save, freed by
     then: ``analytic.peak``). NB: on the tiny model's tp 2 + SP rank the copy-out moment measures 4,224 B
     more (a [T/t, h] bf16 gradient shard beside the gathered [T, h], and 128 B): not modelled."""
+    if units_reduced(setup) and setup.strategy.zero is ZeroStage.GRADIENTS:
+        # ZeRO-2: the shards FSDP2 keeps beside the units still gathered (the estimate's weights count
+        # every unit gathered), less those resharded after their backward: all but the embedding's
+        held = zero2_shards_beside(setup, params) - zero2_resharded(setup, setup.model.num_layers)
+        if tied_unit(setup):
+            return _tied_embedding_parts(setup, params, held)
+        return _zero2_embedding_parts(setup, params, incoming, held)
     if not zero3_resharded(setup):
         return ()
     if zero3_tied(setup):
-        return _tied_embedding_parts(setup, params)
+        return _tied_embedding_parts(setup, params, None)
     shards = setup.state_shards
     embedding, layer, _ = unit_shapes(setup.model)
     weight = setup.training.precision.weight_bytes
@@ -219,7 +264,30 @@ def zero3_embedding_parts(
     return (shard, copy_out, 0), (0, reduce, 0)
 
 
-def _tied_embedding_parts(setup: Setup, params: ParamCount) -> tuple[tuple[int, int, int], ...]:
+def _zero2_embedding_parts(
+    setup: Setup, params: ParamCount, incoming: int, held: int
+) -> tuple[tuple[int, int, int], ...]:
+    """``zero3_embedding_parts`` under torchtitan's ZeRO-2 (``units_reduced``): the embedding still
+    gathered from its forward and every other unit resharded after its backward (``zero2_resharded``),
+    beside the shards FSDP2 keeps (``zero2_shards_beside``); at the embedding's backward its new [v, h]
+    gradient, the ``incoming`` [T, h] and layer 0's fp32 reduce-scatter input, its sharded gradient not
+    made yet; then at its reduce (the embedding resharded) its unsharded gradient, held by
+    ``foreach_reduce``'s loop variable, beside the flat reduce-scatter input and the output. Measured on
+    the tiny model's rank (dp 2: 32,768 + 8,192 + 147,968 B beside the embedding's 32,768 B gathered)."""
+    shards = setup.state_shards
+    embedding, layer, _ = unit_shapes(setup.model)
+    flat = fsdp2_flat_elements(embedding, shards)
+    shard = flat // shards * sharded_grad_bytes(setup)
+    grad = params.embedding * unsharded_grad_bytes(setup)
+    layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
+    unsharded = flat * setup.training.precision.weight_bytes
+    reduce = grad + flat * reduce_bytes(setup)
+    return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded)
+
+
+def _tied_embedding_parts(
+    setup: Setup, params: ParamCount, held: int | None
+) -> tuple[tuple[int, int, int], ...]:
     """``zero3_embedding_parts`` of the tied unit (``zero3_tied``), each (sharded gradient bytes not made
     yet, transient bytes, gathered parameters' bytes beside the shards):
 
@@ -243,26 +311,36 @@ def _tied_embedding_parts(setup: Setup, params: ParamCount) -> tuple[tuple[int, 
     embedding = params.embedding * unsharded_grad_bytes(setup)
     layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
     summed = grads + 2 * embedding + layer_input
-    return (shard, summed, zero3_head_unit(setup)), (shard, grads + flat * reduce_bytes(setup), 0)
+    reduce = grads + flat * reduce_bytes(setup)
+    if held is None:  # ZeRO-3: the unit the one gathered beside the shards, then resharded
+        return (shard, summed, zero3_head_unit(setup)), (shard, reduce, 0)
+    # ZeRO-2 (``held``: the shards beside the units still gathered): the unit resharded at its reduce
+    return (shard, summed, held), (shard, reduce, held - zero3_head_unit(setup))
 
 
 def zero3_head_reduce(setup: Setup, params: ParamCount, incoming: int) -> tuple[int, int, int] | None:
-    """torchtitan's ZeRO-3 (``zero3_resharded``) at the [norm, lm_head] unit's post-backward, after the
-    final norm's backward: (the top layer's flat all-gather output, prefetched by the unit's pre-backward,
-    beside the shards; the unit's sharded gradient, the reduce-scatter's output; the transient). FSDP2
-    reshards the unit, copies its unsharded gradients into one flat fp32 reduce-scatter input and
-    allocates the output; torch 2.13's ``foreach_reduce`` (fsdp/_fully_shard/_fsdp_collectives.py) binds
-    each gradient in turn to the loop variable of its dim-0 check (``for i, (fsdp_param, unsharded_grad)
-    in enumerate(...)``), which outlives the loop, so the unit's last parameter's unsharded gradient —
-    the lm head's [v, h] — is alive to the function's end while the others are freed after the copy-in:
-    transient = that gradient + the flat input + the ``incoming`` [T, h] gradient flowing to the top
-    layer. None elsewhere. Measured at Llama 3.1 8B's widths on dp 4 and 8 (s 1,024, where this moment
-    tops the final norm's stretch; tests/hf/test_torchtitan_peak.py)."""
-    if not zero3_resharded(setup) or setup.model.tied_embeddings:
+    """torchtitan's ZeRO-3 (``zero3_resharded``) and ZeRO-2 at the [norm, lm_head] unit's post-backward,
+    after the final norm's backward: (the top layer's flat all-gather output, prefetched by the unit's
+    pre-backward, beside the shards; the unit's sharded gradient, the reduce-scatter's output; the
+    transient). FSDP2 reshards the unit, copies its unsharded gradients into one flat fp32 reduce-scatter
+    input and allocates the output; torch 2.13's ``foreach_reduce``
+    (fsdp/_fully_shard/_fsdp_collectives.py) binds each gradient in turn to the loop variable of its dim-0
+    check (``for i, (fsdp_param, unsharded_grad) in enumerate(...)``), which outlives the loop, so the
+    unit's last parameter's unsharded gradient — the lm head's [v, h] — is alive to the function's end
+    while the others are freed after the copy-in: transient = that gradient + the flat input + the
+    ``incoming`` [T, h] gradient flowing to the top layer. Under ZeRO-2 (``units_reduced``) no block is
+    prefetched: beside the shards, every unit but this one still gathered (measured at Llama 3.2 1B's
+    widths, where this moment tops the final norm's stretch by 1.0 GB). None elsewhere (tied:
+    ``tied_unit``, reduced last). Measured at Llama 3.1 8B's widths on dp 4 and 8 (s 1,024, where this
+    moment tops the final norm's stretch; tests/hf/test_torchtitan_peak.py)."""
+    if not units_reduced(setup) or setup.model.tied_embeddings:
         return None
     shards = setup.state_shards
     _, _, head = unit_shapes(setup.model)
     flat = fsdp2_flat_elements(head, shards)
     last = params.lm_head * unsharded_grad_bytes(setup)
     made = flat // shards * sharded_grad_bytes(setup)
-    return layer_gather(setup, shards), made, last + flat * reduce_bytes(setup) + incoming
+    # ZeRO-2: no block gathered again, none prefetched; the shards beside the units, this one resharded
+    top = layer_gather(setup, shards) if zero3_resharded(setup) else 0
+    top += zero2_shards_beside(setup, params) - zero2_resharded(setup, 0)
+    return top, made, last + flat * reduce_bytes(setup) + incoming
