@@ -87,6 +87,7 @@ from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import (
     layer_gather,
     pipeline_unsharded_gradients,
+    tied_copy_out,
     tied_unit,
     units_beside_layer,
     units_reduced,
@@ -361,8 +362,7 @@ def peak(
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
-            # the layer's output gradient: the rank's sequence shard under sp
-            incoming = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)
+            incoming = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)  # its output gradient
             buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
@@ -370,7 +370,8 @@ def peak(
         # torchtitan's ZeRO-3: the layer's own unit gathered (the largest unit, the embedding, is not then)
         own = layer_gather(setup, setup.state_shards) if zero3_resharded(setup) else gather
         own += units_beside_layer(setup, dims.layers - 1 - i)  # tied: the one unit; ZeRO-2: those above
-        return terms(weights + own, optimizer, grads, saved, working + rerun + transient + 8 + fsdp2)
+        compute = max(working + rerun + transient, tied_copy_out(setup, i))  # tied: layer 0's copy-out
+        return terms(weights + own, optimizer, grads, saved, compute + 8 + fsdp2)
 
     # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
     # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a

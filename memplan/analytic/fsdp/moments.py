@@ -12,6 +12,7 @@ from __future__ import annotations
 from memplan.analytic.fsdp.reduce import reduce_bytes, sharded_grad_bytes, unsharded_grad_bytes
 from memplan.analytic.params import ParamCount
 from memplan.blocks import fp8
+from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
 from memplan.blocks.torchtitan import (
     FSDP2_MIXED_BYTES,
@@ -71,6 +72,20 @@ def units_beside_layer(setup: Setup, above: int) -> int:
     the end (``zero3_tied``); under ZeRO-2, less the units resharded after their backward
     (``zero2_resharded``)."""
     return (zero3_head_unit(setup) if zero3_tied(setup) else 0) - zero2_resharded(setup, above)
+
+
+def tied_copy_out(setup: Setup, i: int) -> int:
+    """Under torchtitan's ZeRO-3 with a tied embedding (``zero3_tied``), layer 0's pre-backward copy-out,
+    which nothing prefetched below it makes a moment of its own: its flat all-gather output beside its
+    unsharded parameters (those the layer moment counts) and the incoming [T, h] gradient (no tp: a tied
+    embedding's is refused under FSDP2), before its backward's own buffers (untied, the embedding's prefetched
+    unit beside layer 0's backward tops it). Bytes beyond the unsharded parameters and the held
+    reduce-scatter input; 0 elsewhere. Measured at Llama 3.2 1B's widths (dp 2, s 512: 121,643,008 B of
+    flat output and 4,194,304 B of gradient, 54,534,144 B above layer 0's backward)."""
+    if not zero3_tied(setup) or i:
+        return 0
+    dims = Dims.of(setup)
+    return layer_gather(setup, setup.state_shards) + dims.tokens * dims.h * dims.act.bytes
 
 
 def zero3_kept_gathered(setup: Setup) -> bool:

@@ -376,7 +376,11 @@ class FlopMeter(_Mode):
     ) -> Any:
         kwargs = kwargs or {}
         packet = func._overloadpacket
-        if packet not in flop_registry and func is not torch.ops.prim.device.default:
+        if (
+            packet not in flop_registry
+            and func is not torch.ops.prim.device.default
+            and composite(func, args)
+        ):
             with self:  # as FlopCounterMode: count what a composite op decomposes into
                 decomposed = func.decompose(*args, **kwargs)
             if decomposed is not NotImplemented:
@@ -386,6 +390,19 @@ class FlopMeter(_Mode):
         if formula is not None:
             self._add(str(packet), formula_flops(formula, str(packet), args, kwargs, out))
         return out
+
+
+def composite(func: torch._ops.OpOverload, args: tuple[Any, ...]) -> bool:
+    """``func`` has no kernel of its own for its tensors' backend (CPU, CUDA), so it runs as what it
+    decomposes into: FlopCounterMode's decomposition is then what runs anyway. An op with one — torch's
+    ``silu_backward`` has a CPU and a CUDA kernel beside its CompositeImplicitAutograd math — runs its
+    kernel, as it does outside the meter: FlopCounterMode would run its math instead (sigmoid, 1 − s,
+    x·(1 − s), 1 + …, two products: five [T, f] temporaries where the kernel makes its output alone),
+    and a live-memory measurement under the meter would count them (torchtitan's rank peak:
+    ``measure.distributed.titan``); its math holds no matmul, no FLOPs are lost."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device.type if device is not None else "", "")
+    return not key or not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)
 
 
 def formula_flops(
