@@ -324,7 +324,7 @@ def peak(
         )
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
-    transient, working = layer_terms(setup, params)
+    transient, working = layer_terms(setup, params, kept)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     segment = setup.strategy.segment
 
