@@ -136,15 +136,18 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
     norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
     attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
-    mlp_done = _mlp_done(setup, params)
-    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
     layer = params.layer
+    # W_O's gradient is not made yet at the MLP norm's backward: the residual sum before the MLP norm
+    # waits for that norm's input gradient before the attention's backward (W_O first) can run
+    w_o = layer.o_proj * made_grad_bytes(setup)
+    mlp_done = _mlp_done(setup, params) - w_o
+    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
     rest_grads = (
-        layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
+        layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
     ) * made_grad_bytes(setup)
     attn_norm = (
         mlp_norm
-        + rest_grads  # the MLP's, its norm's and W_O's are in mlp_done already
+        + rest_grads  # the MLP's and its norm's are in mlp_done already
         - attn_saved_bytes(setup)
         - attn_norm_saved(setup)
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
@@ -291,10 +294,10 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     (every other mm's output, the SDPA op's on CUDA, the block input the wrapper keeps) making its output
     again, so what the un-checkpointed layer would save is alive again less the cache, which is alive
     already (one layer's kept bytes). ``working`` elsewhere (the attention core's re-run of Korthikanti's
-    selective recompute, ``recompute_working_set``). Measured on torchtitan's rank (no tp, ZeRO-3): at
-    Llama 3.1 8B's widths (s 1,024, dp 4) the layer moment exact (327 MB under before); at Llama 3.2 1B's
-    (s 512, tied or not) 4,325,376 B and on the tiny model 8,192 B — one [T, h] and, at 1B, 128 KiB —
-    under (327 MB, 92 MB and 132,608 B under before). NB: that [T, h] is not found."""
+    selective recompute, ``recompute_working_set``). Measured on torchtitan's rank (no tp, ZeRO-3): the
+    layer moment one [T, h] under at Llama 3.1 8B's widths (s 1,024, dp 4: 16 MiB), at Llama 3.2 1B's (s
+    512, tied or not: 4,325,376 B, 128 KiB more) and on the tiny model (8,192 B); before, 327 MB, 92 MB
+    and 132,608 B under. NB: that [T, h] is not found."""
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if not selective or not profile_of(setup).op_selective_checkpoint:
         return working
