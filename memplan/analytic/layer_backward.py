@@ -295,14 +295,21 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     again, so what the un-checkpointed layer would save is alive again less the cache, which is alive
     already (one layer's kept bytes). ``working`` elsewhere (the attention core's re-run of Korthikanti's
     selective recompute, ``recompute_working_set``). Measured on torchtitan's rank (no tp, ZeRO-3): the
-    layer moment one [T, h] under at Llama 3.1 8B's widths (s 1,024, dp 4: 16 MiB), at Llama 3.2 1B's (s
-    512, tied or not: 4,325,376 B, 128 KiB more) and on the tiny model (8,192 B); before, 327 MB, 92 MB
-    and 132,608 B under. NB: that [T, h] is not found."""
+    layer moment exact at Llama 3.1 8B's widths (s 1,024, dp 4) and on the tiny model, at Llama 3.2 1B's
+    (s 512, tied or not) one [s, d/2] complex64 RoPE slice under (131,072 B); before, 327 MB, 132,608 B
+    and 92 MB under. NB: on the tiny model's tp 2 + SP rank 38,016 B over (the sequence-parallel
+    reduce-scatters the policy caches are not the un-checkpointed layer's saves either: not modelled)."""
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if not selective or not profile_of(setup).op_selective_checkpoint:
         return working
     one = sum(k.bytes for k in kept if k.scope is Scope.LAYER and k.count)
-    return act.total_bytes(act.layer_working_set(setup)) - one if one else working
+    if not one:
+        return working
+    # of one layer's kept bytes the cache alone: not the block's input, which the wrapper keeps and the
+    # un-checkpointed layer does not save (``strategies.checkpointing.op_selective_rules``' first)
+    dims, par = Dims.of(setup), setup.parallel
+    block_input = dims.b * dims.s * dims.h * dims.act.bytes // (par.tp if par.sp else 1)  # SP: the shard
+    return act.total_bytes(act.layer_working_set(setup)) - (one - block_input)
 
 
 def clear_terms() -> None:

@@ -449,9 +449,8 @@ def test_selective_ac_reruns_the_block_but_its_cache() -> None:
     forward re-run in its backward makes again every save of the un-checkpointed layer but the policy's
     cache (W_QKV's, W1's, W2's outputs, the block input), alive already. Llama 3.1 8B's widths (2 layers, s
     1,024, micro-batch 2) on dp 4 under ZeRO-3: every moment exact (the layer's was 327,434,240 B under,
-    the working set counted as the attention core's re-run alone), but the layer's, one [T, h] bf16 under
-    (16,777,216 B: the re-run holds one more than the un-checkpointed layer's saves less the cache; not
-    found, as at 1B's widths and on the tiny model)."""
+    the working set counted as the attention core's re-run alone; then one [T, h] under while the block's
+    input, which the wrapper keeps and the un-checkpointed layer does not save, was taken for the cache)."""
     setup = ranked(
         hf_setup(
             "llama-3.1-8b", seq=1024, batch=2, layers=2, impl=Impl.TORCHTITAN, checkpointing="selective"
@@ -463,5 +462,4 @@ def test_selective_ac_reruns_the_block_but_its_cache() -> None:
     )
     names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
     measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
-    errors = {n: measured[n] - estimated[n] for n in names}  # type: ignore[operator]
-    assert errors == {**dict.fromkeys(names, 0), "layer backward": 2 * 1024 * 4096 * 2}
+    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
