@@ -291,14 +291,15 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     """The working set of a block re-run under torchtitan's per-op ``SelectiveAC``
     (``Profile.op_selective_checkpoint``; ``kept``: the estimate's saves, the policy's cache among them):
     ``checkpoint_wrapper`` re-runs the block's forward in its backward, every op but the cached ones
-    (every other mm's output, the SDPA op's on CUDA, the block input the wrapper keeps) making its output
-    again, so what the un-checkpointed layer would save is alive again less the cache, which is alive
-    already (one layer's kept bytes). ``working`` elsewhere (the attention core's re-run of Korthikanti's
-    selective recompute, ``recompute_working_set``). Measured on torchtitan's rank (no tp, ZeRO-3): the
-    layer moment exact at Llama 3.1 8B's widths (s 1,024, dp 4) and on the tiny model, at Llama 3.2 1B's
-    (s 512, tied or not) one [s, d/2] complex64 RoPE slice under (131,072 B); before, 327 MB, 132,608 B
-    and 92 MB under. NB: on the tiny model's tp 2 + SP rank 38,016 B over (the sequence-parallel
-    reduce-scatters the policy caches are not the un-checkpointed layer's saves either: not modelled)."""
+    (every other mm's output, the SDPA op's on CUDA) making its output again, so what the un-checkpointed
+    layer would save is alive again less the cache, which is alive already (one layer's kept bytes but the
+    block input the wrapper keeps, which the un-checkpointed layer does not save). ``working`` elsewhere
+    (the attention core's re-run of Korthikanti's selective recompute, ``recompute_working_set``).
+    Measured on torchtitan's rank (no tp, ZeRO-3): the layer moment exact at Llama 3.1 8B's widths (s
+    1,024, dp 4) and on the tiny model, at Llama 3.2 1B's (s 512, tied or not) one [s, d/2] complex64 RoPE
+    slice under (131,072 B); before, 327 MB, 132,608 B and 92 MB under.
+    NB: on the tiny model's tp 2 + SP rank 38,016 B over (the sequence-parallel reduce-scatters the policy
+    caches are not the un-checkpointed layer's saves either: not modelled)."""
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if not selective or not profile_of(setup).op_selective_checkpoint:
         return working

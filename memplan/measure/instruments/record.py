@@ -336,7 +336,9 @@ class FlopMeter(_Mode):
     """FlopCounterMode's counts, split by phase: `with meter.phase("backward"): ...`.
 
     A TorchDispatchMode of our own (not FlopCounterMode: its totals are keyed by nn.Module, not by phase)
-    applying the same `flop_registry` the same way, decomposing ops without a formula as it does. FLOPs go
+    applying the same `flop_registry` the same way, decomposing ops without a formula as it does — but
+    only those with no kernel of their own for their tensors' backend (`composite`), so that what runs under
+    the meter is what runs without it. FLOPs go
     to the innermost active phase ("unphased" if none); nest "recompute" inside "backward".
     """
 
