@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
+from memplan.analytic.head_moments import sp_shards
 from memplan.analytic.params import ParamCount
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
@@ -308,8 +309,8 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
         return working
     # of one layer's kept bytes the cache alone: not the block's input, which the wrapper keeps and the
     # un-checkpointed layer does not save (``strategies.checkpointing.op_selective_rules``' first)
-    dims, par = Dims.of(setup), setup.parallel
-    block_input = dims.b * dims.s * dims.h * dims.act.bytes // (par.tp if par.sp else 1)  # SP: the shard
+    dims = Dims.of(setup)
+    block_input = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)  # under SP the rank's shard
     return act.total_bytes(act.layer_working_set(setup)) - (one - block_input)
 
 

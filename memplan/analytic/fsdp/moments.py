@@ -257,47 +257,34 @@ def zero3_embedding_parts(
     incoming), Llama 3.1 8B's widths on dp 4 and 8 at the second (1,050,673,152 B bf16 + 2,101,346,304 B
     fp32), and on tp 2 + SP × dp 2 (the vocabulary-parallel embedding's clamped ids, its save, freed by
     then: ``analytic.peak``). NB: on the tiny model's tp 2 + SP rank the copy-out moment measures 4,224 B
-    more (a [T/t, h] bf16 gradient shard beside the gathered [T, h], and 128 B): not modelled."""
-    if units_reduced(setup) and setup.strategy.zero is ZeroStage.GRADIENTS:
-        # ZeRO-2: the shards FSDP2 keeps beside the units still gathered (the estimate's weights count
-        # every unit gathered), less those resharded after their backward: all but the embedding's
-        held = zero2_shards_beside(setup, params) - zero2_resharded(setup, setup.model.num_layers)
-        if tied_unit(setup):
-            return _tied_embedding_parts(setup, params, held)
-        return _zero2_embedding_parts(setup, params, incoming, held)
-    if not zero3_resharded(setup):
+    more (a [T/t, h] bf16 gradient shard beside the gathered [T, h], and 128 B): not modelled.
+
+    Under ZeRO-2 (``units_reduced``) the embedding is still gathered from its forward and every other unit
+    resharded after its backward (``zero2_resharded``), beside the shards FSDP2 keeps
+    (``zero2_shards_beside``): no copy-out, but its new [v, h] gradient beside the ``incoming`` [T, h] and
+    layer 0's input, then the same reduce with the embedding resharded (measured on the tiny model's rank,
+    dp 2: 32,768 + 8,192 + 147,968 B beside the embedding's 32,768 B gathered)."""
+    zero2 = units_reduced(setup) and setup.strategy.zero is ZeroStage.GRADIENTS
+    if not zero2 and not zero3_resharded(setup):
         return ()
-    if zero3_tied(setup):
-        return _tied_embedding_parts(setup, params, None)
-    shards = setup.state_shards
-    embedding, layer, _ = unit_shapes(setup.model)
-    weight = setup.training.precision.weight_bytes
-    flat = fsdp2_flat_elements(embedding, shards)
-    shard = flat // shards * sharded_grad_bytes(setup)
-    copy_out = incoming + 2 * flat * weight + fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
-    reduce = params.embedding * unsharded_grad_bytes(setup) + flat * reduce_bytes(setup)
-    return (shard, copy_out, 0), (0, reduce, 0)
-
-
-def _zero2_embedding_parts(
-    setup: Setup, params: ParamCount, incoming: int, held: int
-) -> tuple[tuple[int, int, int], ...]:
-    """``zero3_embedding_parts`` under torchtitan's ZeRO-2 (``units_reduced``): the embedding still
-    gathered from its forward and every other unit resharded after its backward (``zero2_resharded``),
-    beside the shards FSDP2 keeps (``zero2_shards_beside``); at the embedding's backward its new [v, h]
-    gradient, the ``incoming`` [T, h] and layer 0's fp32 reduce-scatter input, its sharded gradient not
-    made yet; then at its reduce (the embedding resharded) its unsharded gradient, held by
-    ``foreach_reduce``'s loop variable, beside the flat reduce-scatter input and the output. Measured on
-    the tiny model's rank (dp 2: 32,768 + 8,192 + 147,968 B beside the embedding's 32,768 B gathered)."""
+    # ZeRO-2: the shards beside the units still gathered (the estimate's weights count every unit
+    # gathered), less those resharded after their backward: all but the embedding's
+    held = (
+        zero2_shards_beside(setup, params) - zero2_resharded(setup, setup.model.num_layers) if zero2 else None
+    )
+    if tied_unit(setup):
+        return _tied_embedding_parts(setup, params, held)
     shards = setup.state_shards
     embedding, layer, _ = unit_shapes(setup.model)
     flat = fsdp2_flat_elements(embedding, shards)
+    unsharded = flat * setup.training.precision.weight_bytes
     shard = flat // shards * sharded_grad_bytes(setup)
     grad = params.embedding * unsharded_grad_bytes(setup)
     layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
-    unsharded = flat * setup.training.precision.weight_bytes
     reduce = grad + flat * reduce_bytes(setup)
-    return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded)
+    if held is not None:  # ZeRO-2: the new gradient where ZeRO-3 copies the unit out
+        return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded)
+    return (shard, incoming + 2 * unsharded + layer_input, 0), (0, reduce, 0)
 
 
 def _tied_embedding_parts(
