@@ -57,6 +57,16 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   trainer's, is what ``--impl torchtitan`` runs under the default bf16-mixed). The doc does not say whether
   the runs set ``float8.enable_fsdp_float8_all_gather`` (docs/float8.md's suggested launch line did):
   typed without it (weights all-gathered in bf16).
+- Float8 with tensor parallelism (T4): 9dec370's ``apply_tp`` (torchtitan/parallelisms/parallelize_llama.py,
+  ``enable_float8=job_config.float8.enable_float8_linear``) laid each block out with torchao's
+  ``Float8ColwiseParallel``, ``Float8RowwiseParallel`` and ``PrepareFloat8ModuleInput``
+  (torchao/float8/float8_tensor_parallel.py): the attention's and the MLP's inputs are cast to float8 on
+  their sequence shard [T/t, h] before the tensor-parallel all-gather, which then moves float8, and the
+  row-parallel outputs' gradients are cast on their shard before the backward's all-gather
+  (``NoopFwToFloat8BwDynamic``). torchtitan 0.3.0 (what ``--impl torchtitan`` traces) has no float8
+  tensor-parallel plan: it gathers bf16 and casts the gathered [T, h]. Not expressible; typed with 0.3.0's
+  (docs/published-memory.md: at T4 the eager casts of a gathered [T, h] are 9 GiB of the layer backward's
+  14.0 GiB rest, 1.1 GiB on a shard).
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -97,6 +107,10 @@ LF = "llm-foundry benchmarking/README.md"
 TT24 = "torchtitan performance.md (0413364)"
 TT25 = "torchtitan performance.md (eaea6f6)"
 FP8 = "float8: torchao tensorwise, FSDP2 all-gather in bf16 (the doc does not state float8 all-gather)"
+FP8_TP = (
+    "tensor parallelism gathers bf16 and casts the gathered input (0.3.0's plan): the run's 9dec370 used "
+    "torchao's float8 TP plans (casts on the sequence shard, float8 all-gathers), not expressible"
+)
 OP_SAC = (
     "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
     "wq, wk, wv also re-ran W_K)"
@@ -373,7 +387,7 @@ TITAN_RUNS: tuple[Run, ...] = (
             fsdp_wrap="root",
         ),
         829,
-        f"{FP8}; {TETON}",
+        f"{FP8}; {FP8_TP}; {TETON}",
     ),
 )
 

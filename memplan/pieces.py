@@ -31,6 +31,7 @@ from memplan.strategies.pipeline_parallel import (
     Group,
     clear_placements,
     group_of,
+    is_rope_cache,
     rope_buffers,
     rope_caches,
 )
@@ -147,8 +148,16 @@ def clear_caches() -> None:
 def rerun_kept(rank: Setup) -> list[Kept]:
     """What a re-run layer of the rank (``Pieces.setup``) saves again in its backward, as the rank holds
     it: the dense, unsequence-split working set (``act.layer_working_set``) with MoE's and sequence
-    parallelism's changes (``pieces``' ``layer_correction``). Not fine-tuning's (``lora.layer_bytes``)."""
-    return _device_kept(act.with_moe(list(act.layer_working_set(rank)), rank), _without_recompute(rank))
+    parallelism's changes (``pieces``' ``layer_correction``). Not fine-tuning's (``lora.layer_bytes``).
+    Nor a view of a module buffer: torchtitan's per-layer RoPE cache (``rope_buffers``), whose save is a
+    view of the layer's buffer, is made by no re-run — under checkpointing every buffer is module state
+    already (``analytic.head_moments.module_rope_buffers``). Measured under FullAC on torchtitan's rank:
+    the layer moment one [s, d/2] complex64 over without this (524,288 B at Llama 3.1 8B's widths, s
+    1,024; 2,048 B on the tiny model)."""
+    working = act.with_moe(list(act.layer_working_set(rank)), rank)
+    if rope_buffers(rank):
+        working = [k for k in working if not is_rope_cache(k)]
+    return _device_kept(working, _without_recompute(rank))
 
 
 def pieces(core: Setup) -> Pieces:

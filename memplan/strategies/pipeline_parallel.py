@@ -70,7 +70,7 @@ def group_of(
         return Group.LAYER_CONSTANTS
     if rope_caches and k.block is Block.ROPE and k.role is Role.TOKEN_IDS:
         return Group.MICRO_BATCH_INPUTS
-    if rope_buffers and k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache":
+    if rope_buffers and is_rope_cache(k):
         return Group.LAYER_BUFFER
     if k.block is Block.CHECKPOINT:
         return Group.CHECKPOINT
@@ -83,6 +83,11 @@ def group_of(
     if k.block.in_head:
         return Group.HEAD
     return Group.STAGE
+
+
+def is_rope_cache(k: Kept) -> bool:
+    """The save of a layer's torchtitan RoPE cache (``blocks.attention.rope.rope_cache_rules``)."""
+    return k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache"
 
 
 def rope_buffers(setup: Setup) -> bool:

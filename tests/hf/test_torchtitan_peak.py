@@ -266,25 +266,31 @@ def test_zero3_reductions_of_the_head_and_embedding_units(tp: int, dp: int) -> N
 
 @pytest.mark.parametrize(
     ("preset", "seq", "ckpt"),
-    [("tiny", 32, "selective"), ("tiny", 32, "full"), ("llama-3.1-8b", 8192, "selective")],
+    [
+        ("tiny", 32, "selective"),
+        ("tiny", 32, "full"),
+        ("llama-3.1-8b", 8192, "selective"),
+        ("llama-3.1-8b", 1024, "full"),
+    ],
 )
 def test_checkpointed_layers_leave_their_rope_caches_module_state(preset: str, seq: int, ckpt: str) -> None:
     """Under torchtitan's SelectiveAC and FullAC no layer saves a view of its RoPE cache (the rotary ops
     re-run), so the caches are module buffers beside the saves at every moment
-    (``analytic.head_moments.module_rope_buffers``): ZeRO-3 over dp 2, two layers, the loss, final norm
-    and embedding moments exact. By hand at Llama 3.1 8B's widths: 2 × 8,192 × 64 × 8 B = 8 MiB, which
-    the head's moments missed before."""
+    (``analytic.head_moments.module_rope_buffers``): ZeRO-3 over dp 2, two layers, every moment exact. By
+    hand at Llama 3.1 8B's widths: 2 × 8,192 × 64 × 8 B = 8 MiB, which the head's moments missed before.
+    Nor does a re-run layer make its view again (``pieces.rerun_kept``): under FullAC the layer moment was
+    one [s, d/2] complex64 over (2,048 B on the tiny model, 524,288 B at 8B's widths and s 1,024)."""
     setup = ranked(
-        hf_setup(preset, seq=seq, batch=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 2, 3
+        hf_setup(preset, seq=seq, batch=2, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 2, 3
     )
-    names = ["loss backward", "final norm backward", "embedding backward"]
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
     measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
     assert {n: measured[n] for n in names} == {n: estimated[n] for n in names}
     if preset != "tiny":
         from memplan.analytic.head_moments import module_rope_buffers
         from memplan.blocks.inventory import Dims
 
-        assert module_rope_buffers(setup, Dims.of(setup)) == 2 * 8192 * 64 * 8
+        assert module_rope_buffers(setup, Dims.of(setup)) == 2 * seq * 64 * 8
 
 
 def test_the_loss_parallel_forward_holds_four_vocabulary_blocks() -> None:
