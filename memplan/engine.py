@@ -38,6 +38,7 @@ from memplan.analytic import peak as pk
 from memplan.analytic.flops import Flops
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
+from memplan.blocks.attention.rope import rope_buffers
 from memplan.blocks.inventory import Kept
 from memplan.blocks.profiles import profile_of
 from memplan.config import MoEConfig, Parallel, Setup
@@ -61,7 +62,6 @@ from memplan.strategies.pipeline_parallel import (
     chunk_layers,
     group_of,
     representative_stages,
-    rope_buffers,
     rope_caches,
     stage,
     stage_layers,

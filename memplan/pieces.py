@@ -15,6 +15,7 @@ from memplan.analytic import activations as act
 from memplan.analytic import layer_backward as lb
 from memplan.analytic.flops import Flops, flops
 from memplan.analytic.params import ParamCount, count_params
+from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.blocks.profiles import profile_of
@@ -31,8 +32,6 @@ from memplan.strategies.pipeline_parallel import (
     Group,
     clear_placements,
     group_of,
-    is_rope_cache,
-    rope_buffers,
     rope_caches,
 )
 from memplan.strategies.tensor_parallel import tp_model

@@ -13,6 +13,7 @@ from memplan.analytic.params import ParamCount
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
+from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
@@ -109,6 +110,27 @@ def _mlp_done(setup: Setup, params: ParamCount) -> int:
     return grads - layer_saves(setup, {Block.MLP, Block.MLP_NORM})
 
 
+def residual_gradient(setup: Setup, dims: Dims) -> int:
+    """The residual branch's gradient [T, h] alive through a pre-norm's backward (``layer_backward_
+    transient``); none for a reversible layer, whose stack holds its own (``reversible_f_extra``)."""
+    return 0 if setup.strategy.reversible else dims.tokens * dims.h * dims.act.bytes
+
+
+def rope_view_kept(setup: Setup) -> int:
+    """Of the attention's saves freed at its end (``attn_saved_bytes``), the bytes no storage gives back:
+    the layer's save of torchtitan's RoPE cache is a view of the layer's module buffer
+    (``blocks.attention.rope.rope_buffers``), which stays. Not under its per-op SelectiveAC, whose
+    re-run working set counts that view among the saves made again (``op_selective_working``), so its
+    freeing is that count's end (measured: the attention norm's moment exact at one sequence a
+    micro-batch at Llama 3.1 8B's widths)."""
+    if not rope_buffers(setup) or (
+        profile_of(setup).op_selective_checkpoint
+        and (setup.strategy.checkpointing is Checkpointing.SELECTIVE)
+    ):
+        return 0
+    return sum(k.bytes for k in act.layer_working_set(setup) if is_rope_cache(k))
+
+
 def attn_saved_bytes(setup: Setup) -> int:
     """One layer's attention saves (its norm's apart), the residual dropout masks with them."""
     return layer_saves(setup, {Block.ATTN}) + layer_saves(setup, {Block.MLP}, {Role.DROPOUT_MASK})
@@ -136,20 +158,34 @@ def mlp_moment(setup: Setup, dims: Dims) -> int:
 def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
     """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
     norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
-    attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's)."""
+    attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's).
+
+    At either norm's backward the residual branch's gradient [T, h] waits beside it in autograd's input
+    buffer of the norm's input, to be summed with the norm's input gradient once its backward ends: the
+    layer's output gradient at the MLP norm's (the MLP's incoming dY, the same tensor), the sum of the two
+    at the attention norm's (``residual_gradient``). By then the MLP norm's own input is freed.
+    Measured on torchtitan's rank at one sequence a micro-batch, where the attention norm's moment is the
+    layer's top (the weight gradients outweigh the MLP's [T, f] buffers): exact on the tiny model and at
+    Llama 3.1 8B's widths (s 1,024, dp 4) without AC, under FullAC and SelectiveAC; before, one [T, h]
+    under at the tiny model's bottom layer, one over at 8B's top (its fp32 MLP-norm input counted, the
+    residual gradient not) (tests/hf/test_torchtitan_peak.py)."""
     layer = params.layer
     # W_O's gradient is not made yet at the MLP norm's backward: the residual sum before the MLP norm
     # waits for that norm's input gradient before the attention's backward (W_O first) can run
     w_o = layer.o_proj * made_grad_bytes(setup)
     mlp_done = _mlp_done(setup, params) - w_o
-    mlp_norm = norm_backward_transient(setup, dims) + mlp_done + norm_saves_at_peak(setup, Block.MLP_NORM)
+    mlp_norm_input = norm_saves_at_peak(setup, Block.MLP_NORM)
+    norm_bwd = norm_backward_transient(setup, dims) + residual_gradient(setup, dims)
+    mlp_norm = norm_bwd + mlp_done + mlp_norm_input
     rest_grads = (
         layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
     ) * made_grad_bytes(setup)
     attn_norm = (
         mlp_norm
+        - mlp_norm_input  # freed once the MLP norm's backward has run
         + rest_grads  # the MLP's and its norm's are in mlp_done already
         - attn_saved_bytes(setup)
+        + rope_view_kept(setup)
         - attn_norm_saved(setup)
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)

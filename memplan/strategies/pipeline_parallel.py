@@ -27,6 +27,7 @@ from enum import Enum
 
 from memplan.analytic.head_moments import freed_before_final_norm
 from memplan.analytic.params import ParamCount
+from memplan.blocks.attention.rope import is_rope_cache
 from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, NormType, Parallel, Setup
@@ -83,17 +84,6 @@ def group_of(
     if k.block.in_head:
         return Group.HEAD
     return Group.STAGE
-
-
-def is_rope_cache(k: Kept) -> bool:
-    """The save of a layer's torchtitan RoPE cache (``blocks.attention.rope.rope_cache_rules``)."""
-    return k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache"
-
-
-def rope_buffers(setup: Setup) -> bool:
-    """A layer's saved RoPE cache is its module buffer (``Group.LAYER_BUFFER``): torchtitan's
-    ``rope_cache_per_layer`` without context parallelism (under cp each forward gathers its own rows)."""
-    return profile_of(setup).rope_cache_per_layer and setup.parallel.cp == 1
 
 
 def rope_caches(setup: Setup) -> bool:

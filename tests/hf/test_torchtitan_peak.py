@@ -469,3 +469,35 @@ def test_selective_ac_reruns_the_block_but_its_cache() -> None:
     names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
     measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
     assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("preset", "seq", "ckpt"),
+    [
+        ("tiny", 32, "none"),
+        ("tiny", 32, "full"),
+        ("llama-3.1-8b", 1024, "none"),
+        ("llama-3.1-8b", 1024, "selective"),
+    ],
+)
+def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq: int, ckpt: str) -> None:
+    """At one sequence a micro-batch the layer's weight gradients outweigh the MLP's [T, f] buffers and
+    its backward tops at the attention norm's (``analytic.layer_backward.layer_backward_transient``):
+    the norm's five fp32 [T, h] pieces beside the residual branch's gradient [T, h] (autograd's input
+    buffer of the norm's input, ``residual_gradient``), the MLP norm's input freed, the layer's RoPE
+    cache still its buffer (``rope_view_kept``). ZeRO-3 over dp 4, two layers: every moment exact (the
+    layer's was one [T, h] under on the tiny model, one over at Llama 3.1 8B's widths)."""
+    setup = ranked(
+        hf_setup(preset, seq=seq, batch=1, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 4, 3
+    )
+    est = estimate(setup)
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(est)
+    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+    from memplan.analytic import layer_backward as lb
+    from memplan.blocks.inventory import Dims
+
+    rank = est.pieces.setup
+    dims = Dims.of(rank)
+    assert lb.residual_gradient(rank, dims) == dims.tokens * dims.h * 2  # bf16 [T, h]
+    assert lb.layer_backward_transient(rank, dims, est.pieces.params) > lb.mlp_moment(rank, dims)

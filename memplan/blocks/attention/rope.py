@@ -4,7 +4,7 @@ tables made per layer; the caches torchtitan keeps whole under context paralleli
 
 from __future__ import annotations
 
-from memplan.blocks.inventory import Block, Dims, Role, Rule, save
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, save
 from memplan.blocks.profiles import profile_of
 from memplan.config import Checkpointing, DType, PositionType, Setup
 
@@ -52,3 +52,15 @@ def titan_cp_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the rank's positions: every checkpointed block's save_inputs keeps its tensor inputs"
         rules.append(save(B.ROPE, "positions", (dims.b, dims.s), INT64, R.TOKEN_IDS, why))
     return rules
+
+
+def is_rope_cache(k: Kept) -> bool:
+    """The save of a layer's torchtitan RoPE cache (``rope_cache_rules``)."""
+    return k.block is Block.ATTN and k.role is Role.ROPE_TABLE and k.name == "attn.rope_cache"
+
+
+def rope_buffers(setup: Setup) -> bool:
+    """A layer's saved RoPE cache is its module buffer (``strategies.pipeline_parallel.Group.LAYER_BUFFER``):
+    torchtitan's ``rope_cache_per_layer`` without context parallelism (under cp each forward gathers its
+    own rows)."""
+    return profile_of(setup).rope_cache_per_layer and setup.parallel.cp == 1
