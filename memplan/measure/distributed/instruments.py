@@ -22,7 +22,8 @@ mode (none in this run) would not be counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.debug._comm_mode import _CommModeModuleTracker
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_leaves
 
 from memplan.measure.instruments.record import SavedTensorRecorder, storage_ref
@@ -42,6 +44,34 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+class ParameterStorages:
+    """The storages of a model's current parameters (a DTensor's by its local shard), as FSDP2 swaps its
+    sharded and unsharded ones in and out of the modules: ``new`` yields those of the parameter tensors not
+    seen before. A tensor seen before keeps its storage (FSDP2 frees and re-allocates an unsharded
+    parameter's by ``resize_``, the same storage), so only a swap costs a look; the module tree is read
+    once, at the first call (it does not change during a step). What ``model.parameters()`` on every save
+    gave, without walking the tree and every storage again (a full-scale rank saves thousands of tensors)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._modules: list[nn.Module] | None = None
+        self._seen: dict[int, weakref.ref[torch.Tensor]] = {}  # id → the tensor (ids are reused)
+
+    def new(self) -> Iterator[StorageWeakRef]:
+        if self._modules is None:
+            self._modules = list(self.model.modules())
+        for module in self._modules:
+            for p in module._parameters.values():
+                if p is None:
+                    continue
+                t = local(p)
+                seen = self._seen.get(id(t))
+                if seen is not None and seen() is t:
+                    continue
+                self._seen[id(t)] = weakref.ref(t)
+                yield storage_ref(t)
+
+
 class RankRecorder(SavedTensorRecorder):
     """``SavedTensorRecorder`` for one rank: DTensors by their local storage, the model's current parameters
     (sharded, unsharded or TP-local) excluded."""
@@ -49,10 +79,10 @@ class RankRecorder(SavedTensorRecorder):
     def __init__(self, model: nn.Module) -> None:
         super().__init__(())
         self.model = model
+        self._param_storages = ParameterStorages(model)
 
     def _exclude_parameters(self) -> None:
-        for p in self.model.parameters():
-            ref = storage_ref(local(p))
+        for ref in self._param_storages.new():
             self._excluded.setdefault(ref.cdata, ref)
 
     def _info(self, t: torch.Tensor) -> Any:

@@ -211,8 +211,9 @@ class InFlightRecorder(RankRecorder):
         self._packs: dict[int, int] = {}  # storage → packed tensors (and schedule holds) still alive
         self.live = 0
         self.max = 0
-        # at the maximum: each storage's entry, whether only the schedule held it then, and its hold's name
-        self._at_max: list[tuple[Any, bool, str | None]] = []
+        # at the maximum: the storages alive, their entries, and each held one's hold name and whether only
+        # the schedule held it then (``_at_max``)
+        self._max_state: tuple[list[int], list[Any], dict[int, tuple[str, bool]]] = ([], [], {})
         self._held: dict[int, str] = {}  # storage → the name of what the schedule holds it as
         self._saves: dict[int, int] = {}  # storage → packed tensors of autograd's saves still alive
         self.holds_buffers = False
@@ -222,8 +223,20 @@ class InFlightRecorder(RankRecorder):
         if self._packs[key] == 1:
             self.live += nbytes
             if self.live > self.max:
-                at = [(self._storages[k], self._only_held(k), self._held.get(k)) for k in self._packs]
-                self.max, self._at_max = self.live, at
+                self.max = self.live
+                # taken at every new maximum (each save of a forward is one): at C speed for the storages
+                # alive, the held ones (a few) apart
+                keys = list(self._packs)
+                held = {k: (name, self._only_held(k)) for k, name in self._held.items() if k in self._packs}
+                self._max_state = (keys, list(map(self._storages.__getitem__, keys)), held)
+
+    @property
+    def _at_max(self) -> list[tuple[Any, bool, str | None]]:
+        """At the maximum: each storage's entry, whether only the schedule held it then, and its hold's
+        name."""
+        keys, entries, held = self._max_state
+        none: tuple[str | None, bool] = (None, False)
+        return [(e, held.get(k, none)[1], held.get(k, none)[0]) for k, e in zip(keys, entries, strict=True)]
 
     def _info(self, t: torch.Tensor) -> Any:
         """``RankRecorder._info``, a freed storage's entry forgotten when its address comes back: under fake

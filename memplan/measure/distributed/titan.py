@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import FsdpWrap, Setup, ZeroStage
-from memplan.measure.distributed.instruments import local
+from memplan.measure.distributed.instruments import ParameterStorages, local
 from memplan.measure.distributed.titan_peak import (
     PeakRun,
     PeakTracker,
@@ -289,11 +289,11 @@ class RankPathRecorder(PathRecorder):
 
     def _parameters(self, model: Any) -> Any:
         self.model = model
+        self._param_storages = ParameterStorages(model)
         return ()
 
     def _info(self, t: torch.Tensor) -> Any:
-        for p in self.model.parameters():
-            ref = storage_ref(local(p))
+        for ref in self._param_storages.new():
             self._excluded.setdefault(ref.cdata, ref)
         return super()._info(local(t))
 
