@@ -43,11 +43,18 @@ def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None
     )
 
 
+def norm_saves(setup: Setup, norm: Block, roles: set[Role] | None = None) -> int:
+    """``layer_saves`` of a layer norm as the rank holds them: torchtitan's sequence-parallel plan runs the
+    norms on the rank's T/t tokens (``head_moments.sp_shards``; ``strategies.sequence_parallel`` splits
+    their saves so), where ``act.layer_working_set`` is the unsequence-split layer's."""
+    return layer_saves(setup, {norm}, roles) // sp_shards(setup)
+
+
 def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
     """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
     (its fp32 input remains); LayerNorm holds input, mean and rstd until its one backward op ends."""
     keep = {Role.NORM_INPUT} if setup.model.norm is NormType.RMSNORM else {Role.NORM_INPUT, Role.NORM_STATS}
-    return layer_saves(setup, {norm}, keep)
+    return norm_saves(setup, norm, keep)
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -107,7 +114,7 @@ def _mlp_done(setup: Setup, params: ParamCount) -> int:
     change of the live set, plus the gradients)."""
     layer = params.layer
     grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * made_grad_bytes(setup)
-    return grads - layer_saves(setup, {Block.MLP, Block.MLP_NORM})
+    return grads - layer_saves(setup, {Block.MLP}) - norm_saves(setup, Block.MLP_NORM)
 
 
 def residual_gradient(setup: Setup, dims: Dims) -> int:
@@ -175,7 +182,8 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     w_o = layer.o_proj * made_grad_bytes(setup)
     mlp_done = _mlp_done(setup, params) - w_o
     mlp_norm_input = norm_saves_at_peak(setup, Block.MLP_NORM)
-    norm_bwd = norm_backward_transient(setup, dims) + residual_gradient(setup, dims)
+    # on the rank's T/t tokens under torchtitan's sequence parallelism (the residual stream is sharded)
+    norm_bwd = (norm_backward_transient(setup, dims) + residual_gradient(setup, dims)) // sp_shards(setup)
     mlp_norm = norm_bwd + mlp_done + mlp_norm_input
     rest_grads = (
         layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
@@ -250,7 +258,7 @@ def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
 
 
 def attn_norm_saved(setup: Setup) -> int:
-    return layer_saves(setup, {Block.ATTN_NORM})
+    return norm_saves(setup, Block.ATTN_NORM)
 
 
 def recompute_working_set(setup: Setup) -> int:
@@ -335,7 +343,7 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     Measured on torchtitan's rank (no tp, ZeRO-3): the layer moment exact at Llama 3.1 8B's widths (s
     1,024, dp 4) and on the tiny model, at Llama 3.2 1B's (s 512, tied or not) one [s, d/2] complex64 RoPE
     slice under (131,072 B); before, 327 MB, 132,608 B and 92 MB under.
-    NB: on the tiny model's tp 2 + SP rank 38,016 B over (the sequence-parallel reduce-scatters the policy
+    NB: on the tiny model's tp 2 + SP rank 21,760 B over (the sequence-parallel reduce-scatters the policy
     caches are not the un-checkpointed layer's saves either: not modelled)."""
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if not selective or not profile_of(setup).op_selective_checkpoint:
