@@ -173,9 +173,10 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     at the attention norm's (``residual_gradient``). By then the MLP norm's own input is freed.
     Measured on torchtitan's rank at one sequence a micro-batch, where the attention norm's moment is the
     layer's top (the weight gradients outweigh the MLP's [T, f] buffers): exact on the tiny model and at
-    Llama 3.1 8B's widths (s 1,024, dp 4) without AC, under FullAC and SelectiveAC; before, one [T, h]
-    under at the tiny model's bottom layer, one over at 8B's top (its fp32 MLP-norm input counted, the
-    residual gradient not) (tests/hf/test_torchtitan_peak.py)."""
+    Llama 3.1 8B's and 3.2 1B's widths (s 1,024 and 512) without AC, under FullAC and SelectiveAC, but the
+    tiny model under SelectiveAC (1,024 B over); before, one [T, h] under at the tiny model's bottom layer,
+    one over at 8B's top (its fp32 MLP-norm input counted, the residual gradient not)
+    (tests/hf/test_torchtitan_peak.py)."""
     layer = params.layer
     # W_O's gradient is not made yet at the MLP norm's backward: the residual sum before the MLP norm
     # waits for that norm's input gradient before the attention's backward (W_O first) can run
