@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic.head_moments import sp_shards
+from memplan.analytic.head_moments import layer_rope_buffer, sp_shards
 from memplan.analytic.params import ParamCount
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
-from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import mlp_backward_transient
@@ -123,19 +122,17 @@ def residual_gradient(setup: Setup, dims: Dims) -> int:
     return 0 if setup.strategy.reversible else dims.tokens * dims.h * dims.act.bytes
 
 
-def rope_view_kept(setup: Setup) -> int:
+def rope_view_kept(setup: Setup, dims: Dims) -> int:
     """Of the attention's saves freed at its end (``attn_saved_bytes``), the bytes no storage gives back:
     the layer's save of torchtitan's RoPE cache is a view of the layer's module buffer
-    (``blocks.attention.rope.rope_buffers``), which stays. Not under its per-op SelectiveAC, whose
+    (``head_moments.layer_rope_buffer``), which stays. Not under its per-op SelectiveAC, whose
     re-run working set counts that view among the saves made again (``op_selective_working``), so its
     freeing is that count's end (measured: the attention norm's moment exact at one sequence a
     micro-batch at Llama 3.1 8B's widths)."""
-    if not rope_buffers(setup) or (
-        profile_of(setup).op_selective_checkpoint
-        and (setup.strategy.checkpointing is Checkpointing.SELECTIVE)
-    ):
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    if selective and profile_of(setup).op_selective_checkpoint:
         return 0
-    return sum(k.bytes for k in act.layer_working_set(setup) if is_rope_cache(k))
+    return layer_rope_buffer(setup, dims)
 
 
 def attn_saved_bytes(setup: Setup) -> int:
@@ -194,7 +191,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         - mlp_norm_input  # freed once the MLP norm's backward has run
         + rest_grads  # the MLP's and its norm's are in mlp_done already
         - attn_saved_bytes(setup)
-        + rope_view_kept(setup)
+        + rope_view_kept(setup, dims)
         - attn_norm_saved(setup)
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)
