@@ -89,8 +89,8 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     """torchtitan's SP plan gathers the final norm's output for the lm head (``Replicate`` at its input,
     models/common/decoder_sharding.py), so the head's input gradient goes back through a reduce-scatter
     before the final norm's backward: the lm head's dX [T, h] in A, funcol's
-    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output and the wait's
-    result ([T/t, h] each): 2·T·h·A + 2·(T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
+    ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output [T/t, h] (the
+    wait returns that tensor): 2·T·h·A + (T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
     tests/hf/test_torchtitan_peak.py)."""
     t, a = setup.parallel.tp, dims.act.bytes
-    return 2 * dims.tokens * dims.h * a + 2 * (dims.tokens // t) * dims.h * a
+    return 2 * dims.tokens * dims.h * a + (dims.tokens // t) * dims.h * a

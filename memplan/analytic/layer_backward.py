@@ -10,12 +10,18 @@ from collections.abc import Iterable
 from memplan.analytic import activations as act
 from memplan.analytic.head_moments import layer_rope_buffer, sp_shards
 from memplan.analytic.params import ParamCount
+from memplan.blocks import fp8
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
 from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
-from memplan.blocks.mlp import mlp_backward_transient
+from memplan.blocks.mlp import (
+    down_backward_transient,
+    frozen_mlp,
+    mlp_backward_transient,
+    product_gradient_transient,
+)
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import (
@@ -28,6 +34,7 @@ from memplan.config import (
     Attention,
     Checkpointing,
     DType,
+    MlpType,
     NormType,
     Setup,
 )
@@ -156,7 +163,70 @@ def not_yet_rerun(setup: Setup, dims: Dims) -> int:
 
 def mlp_moment(setup: Setup, dims: Dims) -> int:
     """The MLP backward's rise above the layer's live set (working set included)."""
-    return mlp_backward_transient(setup, dims) - not_yet_rerun(setup, dims)
+    sp = sp_mlp(setup)
+    rise = max(sp_mlp_moments(setup, dims).values()) if sp else mlp_backward_transient(setup, dims)
+    return rise - not_yet_rerun(setup, dims)
+
+
+def sp_mlp(setup: Setup) -> bool:
+    """A trained SwiGLU MLP in bf16 matrices under torchtitan's sequence-parallel plan
+    (``sp_mlp_moments``)."""
+    plain = setup.model.mlp is MlpType.SWIGLU and not fp8.enabled(setup) and not frozen_mlp(setup)
+    return plain and sp_shards(setup) > 1
+
+
+def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
+    """A layer re-run under torchtitan's FullAC and sequence-parallel plan, at its last reduce-scatter
+    (W_down's output to the rank's T/t tokens), its saves all made again: the backward's first node, the
+    all-gather of the layer's output gradient, ran before the re-run (it unpacks no save), so that
+    gradient's shard and its gathered [T, h] are alive; W_down's output [T, h], funcol's concatenated copy
+    of it (``reduce_scatter_single`` copies along any dimension but 0) and its [T/t, h] output; the
+    attention's reduce-scattered output and the residual sum after it ([T/t, h] each).
+    Measured at Llama 3.1 8B's widths on tp 8 (s 2,048, two sequences a micro-batch): the top of every
+    layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py)."""
+    if not setup.strategy.segment or sp_shards(setup) == 1:
+        return 0
+    a, t, h = dims.act.bytes, dims.tokens, dims.h
+    return 3 * t * h * a + 4 * (t // sp_shards(setup)) * h * a
+
+
+def gather_copies(dims: Dims) -> int:
+    """[T, h] copies alive as a sequence-parallel all-gather lands (funcol's ``all_gather_single`` along
+    the sequence dimension): its output, gathered along dim 0, and with more than one sequence a
+    micro-batch ``_maybe_view_chunk_cat``'s ``torch.cat`` into sequence order (with one, a view). The
+    wait returns the collective's own tensor (c10d's ``wait_tensor``)."""
+    return 2 if dims.b > 1 else 1
+
+
+def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
+    """``mlp_backward_transient``'s moments, by name, under torchtitan's sequence-parallel plan. W_down's
+    output is reduce-scattered to the rank's T/t tokens, so its backward all-gathers the layer's output
+    gradient [T/t, h] to W_down's dY [T, h], a copy freed once W_down's backward has run, while the shard
+    waits for the residual branch (``residual_gradient``):
+
+    - ``gather``: as the all-gather lands, its copies beside the shard (``gather_copies``; the top where
+      [T, h] outweighs the [T, f/t] buffers: tp 8 at long T);
+    - ``down``: W_down's own backward, the gathered dY and the shard alive;
+    - ``product``: the product's gradient, the shard alone beside the [T, f] buffers;
+    - ``first``: W_gate's backward (after W_up's and silu's, ``fp8_first_backward``), the [T, f] saves
+      all released (down input, act, up, gate): its dX [T, h] beside W_up's, d(gate) [T, f] and the three
+      weight gradients — above ``product`` when 2·h·f·g + T·h·A > 4·T·f·A + (T − T/t)·h·A.
+
+    Measured at Llama 3.1 8B's widths: on tp 2 (s 1,024, two sequences a micro-batch) the layer tops at
+    ``first``, 4,194,304 B below the product's gradient as the unsplit layer counts it (the gathered dY
+    alive); on tp 8 (s 2,048) at ``gather``, 27,262,976 B (two sequences) and 11,534,336 B (one) above
+    the estimate before; exact now (tests/hf/test_torchtitan_peak.py)."""
+    a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
+    shard = t // sp_shards(setup) * h * a
+    gathered = t * h * a
+    grads = (3 * f * h + (2 * f + h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
+    released = layer_saves(setup, {Block.MLP}, {Role.MLP_INNER})
+    return {
+        "gather": shard + gather_copies(dims) * gathered,
+        "down": down_backward_transient(setup, dims) + shard,
+        "product": product_gradient_transient(setup, dims) - gathered + shard,
+        "first": shard + grads + 2 * gathered + t * f * a - released,
+    }
 
 
 def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -198,6 +268,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     )
     return max(
         mlp_moment(setup, dims),
+        sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),
         attention_backward_transient(setup, dims, params),
         attention_rerun_transient(setup, dims, params),
@@ -341,8 +412,10 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     Measured on torchtitan's rank (no tp, ZeRO-3): the layer moment exact at Llama 3.1 8B's widths (s
     1,024, dp 4) and on the tiny model, at Llama 3.2 1B's (s 512, tied or not) one [s, d/2] complex64 RoPE
     slice under (131,072 B); before, 327 MB, 132,608 B and 92 MB under.
-    NB: on the tiny model's tp 2 + SP rank 21,760 B over (the sequence-parallel reduce-scatters the policy
-    caches are not the un-checkpointed layer's saves either: not modelled)."""
+    Under torchtitan's SP plan the re-run's norms save on T/t tokens (``rank_working_set``): 16,779,264 B
+    over before at 8B's widths on tp 2 (s 256), exact now. NB: on the tiny model's tp 2 + SP rank (s 32)
+    11,264 B under at two sequences a micro-batch, 1,536 B over at one; at 8B's widths (s 1,024)
+    262,144 B over: not found."""
     selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
     if not selective or not profile_of(setup).op_selective_checkpoint:
         return working
@@ -353,7 +426,15 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     # un-checkpointed layer does not save (``strategies.checkpointing.op_selective_rules``' first)
     dims = Dims.of(setup)
     block_input = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)  # under SP the rank's shard
-    return act.total_bytes(act.layer_working_set(setup)) - (one - block_input)
+    return rank_working_set(setup) - (one - block_input)
+
+
+def rank_working_set(setup: Setup) -> int:
+    """One un-checkpointed layer's saves as the rank holds them: ``act.layer_working_set`` with the
+    norms' on the rank's T/t tokens under torchtitan's sequence-parallel plan (``norm_saves``)."""
+    norms = {Block.ATTN_NORM, Block.MLP_NORM}
+    unsplit = layer_saves(setup, norms)
+    return act.total_bytes(act.layer_working_set(setup)) - unsplit + sum(norm_saves(setup, n) for n in norms)
 
 
 def clear_terms() -> None:

@@ -121,23 +121,35 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     (frozen weights' gradients counted as made), below this one in every measured setup."""
     a_bytes = dims.act.bytes
     t = dims.tokens
-    f_buffers = (3 if setup.model.mlp is MlpType.SWIGLU else 2) * t * dims.f * a_bytes
     if frozen_mlp(setup) and not (te_fp8.applies(setup) or fp8.enabled(setup)):
         # no weight gradient made, no down input saved or released; the residual dropout's backward has
         # consumed its bool mask first
         mask = t * dims.h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
-        return t * dims.h * a_bytes + f_buffers - mask
-    # the down projection's gradients, unless summed into an earlier micro-batch's and freed
-    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
-    released = t * dims.f * a_bytes  # the down input's save; Transformer Engine's a float8 cast and its scale
-    if te_fp8.applies(setup):
-        released = te_fp8.saved_cast_bytes(setup, t, dims.f)
-    later = t * dims.h * a_bytes + f_buffers + down - released
+        return t * dims.h * a_bytes + gradient_buffers(setup, dims) - mask
+    later = product_gradient_transient(setup, dims)
     if te_fp8.applies(setup):
         return max(later, down_backward_transient(setup, dims), te_first_backward(setup, dims))
     if fp8.enabled(setup):
         return max(later, down_backward_transient(setup, dims), fp8_first_backward(setup, dims))
     return max(later, down_backward_transient(setup, dims))
+
+
+def product_gradient_transient(setup: Setup, dims: Dims) -> int:
+    """``mlp_backward_transient``'s moment at the product's gradient (the MLP trains): dY [T, h], the
+    [T, f] gradient buffers and the down projection's gradients (unless summed into an earlier
+    micro-batch's and freed), its saved input released (Transformer Engine: a float8 cast and its scale)."""
+    a_bytes, t = dims.act.bytes, dims.tokens
+    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
+    released = t * dims.f * a_bytes
+    if te_fp8.applies(setup):
+        released = te_fp8.saved_cast_bytes(setup, t, dims.f)
+    return t * dims.h * a_bytes + gradient_buffers(setup, dims) + down - released
+
+
+def gradient_buffers(setup: Setup, dims: Dims) -> int:
+    """The MLP backward's [T, f] buffers at the product's gradient: d(down input) and the product's two
+    operand gradients (SwiGLU; GELU: one fewer)."""
+    return (3 if setup.model.mlp is MlpType.SWIGLU else 2) * dims.tokens * dims.f * dims.act.bytes
 
 
 def te_first_backward(setup: Setup, dims: Dims) -> int:

@@ -178,7 +178,8 @@ def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
     """Under torchtitan's SP plan the lm head's input is the gathered final norm output, so its gradient is
     reduce-scattered before the norm's backward, which runs on the rank's T/t tokens: at Llama 3.1 405B's
     widths on tp 8 the stretch tops at that reduce-scatter (the lm head's dX [T, h], funcol's
-    concatenated copy, the [T/t, h] output and the wait's), the norm's saves still held; exact."""
+    concatenated copy and the [T/t, h] output, which the wait returns), the norm's saves still held;
+    exact."""
     setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True)
     est, run = estimate(setup), measure_titan_rank(setup, windows=True)
     moment = run.peak.moments(["final norm backward"])["final norm backward"]
@@ -186,8 +187,8 @@ def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
     T, h, t = 8192, 16384, 8
     _, _, _, by_op = run.peak.windows["backward final_norm"]
     assert by_op["aten.mm"] == by_op["aten.cat"] == 2 * T * h  # bf16 [T, h]
-    assert by_op["_c10d_functional.reduce_scatter_tensor"] == by_op["_c10d_functional.wait_tensor"]
-    assert by_op["_c10d_functional.wait_tensor"] == 2 * T // t * h
+    assert by_op["_c10d_functional.reduce_scatter_tensor"] == 2 * T // t * h
+    assert "_c10d_functional.wait_tensor" not in by_op  # the wait returns the collective's tensor
 
 
 @pytest.mark.parametrize(("sp", "dp", "zero"), [(False, 1, 0), (True, 2, 3)])
@@ -204,8 +205,8 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     all-gather output (bf16) and the unit above's fp32 reduce-scatter input; beside the final norm's,
     the [norm, lm_head] unit gathered and the top layer's prefetched output. By hand (the tiny model's tp 2
     rank; every dim 0 even, no padding): a layer unit 18,560 elements, the embedding 8,192, [norm, lm_head]
-    8,256. The layer moment's error is then the one without FSDP (the layer's own backward on the tp 2 +
-    SP rank: docs/distributed.md), the final norm's exact."""
+    8,256. Both moments exact, as without FSDP (the layer's since its sequence-parallel moments are
+    modelled, ``analytic.layer_backward.sp_mlp_moments``)."""
     from memplan.analytic.peak import zero3_head_gather, zero3_unit_buffers
     from memplan.strategies.tensor_parallel import tp_model
 
@@ -224,7 +225,7 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
         return [None if measured[n] is None else measured[n] - estimated[n] for n in names]  # type: ignore[operator]
 
     (norm3, layer3), (norm, layer1) = errors(zero3), errors(plain)
-    assert norm3 == norm == 0 and layer3 == layer1
+    assert norm3 == norm == layer3 == layer1 == 0
 
 
 @pytest.mark.parametrize(("tp", "dp"), [(1, 4), (1, 8), (2, 2)])
@@ -328,8 +329,8 @@ def test_the_2024_root_wrapping_holds_what_the_estimate_says(
     """``--fsdp-wrap root`` (torchtitan's parallelize_llama of 2024, ``analytic.fsdp.root``) under ZeRO-3,
     measured on the fake process group beside torchtitan 0.3.0's wrapping: at every moment the root
     wrapping's estimate is off by what the 0.3.0 wrapping's is (the layer's own backward where it is
-    not exact, under SelectiveAC or on tp 2 + SP: nothing else), and without tp its embedding backward is
-    exact. By hand, at the loss
+    not exact, under SelectiveAC: nothing else), and on the tiny model every moment is exact, on tp 2 +
+    SP too. By hand, at the loss
     backward it holds, beyond 0.3.0's [norm, lm_head], the embedding (gathered at the forward's start,
     never resharded) and the top block (kept after its forward), bf16: the tiny model's 16,384 + 36,992
     el = 106,752 B (on tp 2 + SP its TP-local 8,192 + 18,560 el); Llama
@@ -347,10 +348,9 @@ def test_the_2024_root_wrapping_holds_what_the_estimate_says(
         return {n: measured[n] - estimated[n] for n in names}, measured["loss backward"]  # type: ignore[operator]
 
     (root, root_loss), (units, units_loss) = errors("root"), errors("units")
-    assert (
-        root == units
-    )  # on the tp 2 + SP rank the embedding's copy-out: 4,224 B (zero3_embedding_parts' NB)
-    assert tp > 1 or root["embedding backward"] == 0
+    assert root == units
+    assert root["embedding backward"] == 0
+    assert preset != "tiny" or root == dict.fromkeys(names, 0)
     assert root_loss - units_loss == 2 * (embedding + block)
 
 
@@ -422,8 +422,9 @@ def test_zero2_backward_reshards_and_reduces_each_unit(
     post-backward, its flat fp32 input held until the next unit's (``zero2_resharded``,
     ``zero3_unit_buffers``; the embedding's and the [norm, lm_head] unit's reduce moments; tied, the one
     unit held to the end, ``tied_unit``). Measured beside ZeRO-3 on the fake process group: every moment
-    off by exactly what ZeRO-3's is, exact without tp (on tp 2 + SP the embedding's 4,224 B NB and the
-    layer's backward, 24,448 B above the measured) — before, the head's reduce-scatter input missing
+    off by exactly what ZeRO-3's is, exact (on tp 2 + SP since the fake wait's copy is not counted and
+    the layer's sequence-parallel moments are modelled; before, 4,224 B at the embedding's backward and
+    24,448 B at the layer's) — before, the head's reduce-scatter input missing
     beside the top layer (65,792 B less the head's 32,896 B resharded, on the tiny model) and layer 0's
     beside the embedding's backward (147,968 B), 1.0 GB at the final norm's backward at Llama 3.2 1B's
     widths. By hand, the tiny model on dp 2: the head unit 16,448 el bf16, its reduce-scatter input fp32;
@@ -442,8 +443,7 @@ def test_zero2_backward_reshards_and_reduces_each_unit(
         return {n: measured[n] - estimated[n] for n in names}, setup  # type: ignore[operator]
 
     (zero2, setup), (zero3, _) = errors(2), errors(3)
-    assert zero2 == zero3
-    assert tp > 1 or zero2 == dict.fromkeys(names, 0)
+    assert zero2 == zero3 == dict.fromkeys(names, 0)
     if preset == "tiny" and tp == 1 and layers == 2:
         rank = estimate(setup).rank_setup
         assert zero2_resharded(rank, 0) == 2 * 16_448
@@ -501,3 +501,44 @@ def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq:
     dims = Dims.of(rank)
     assert lb.residual_gradient(rank, dims) == dims.tokens * dims.h * 2  # bf16 [T, h]
     assert lb.layer_backward_transient(rank, dims, est.pieces.params) > lb.mlp_moment(rank, dims)
+
+
+@pytest.mark.parametrize(
+    ("seq", "tp", "ckpt", "batch", "top"),
+    [
+        (1024, 2, "none", 2, "first"),
+        (2048, 8, "none", 1, "first"),
+        (4096, 8, "none", 2, "gather"),
+        (2048, 8, "full", 2, "rerun"),
+        (256, 2, "selective", 2, None),  # the attention norm's moment tops
+    ],
+)
+def test_sequence_parallel_layer_backward_is_exact(
+    seq: int, tp: int, ckpt: str, batch: int, top: str | None
+) -> None:
+    """torchtitan's sequence-parallel layer at Llama 3.1 8B's widths (2 layers): the MLP's backward starts
+    by all-gathering the layer's output gradient shard to W_down's dY [T, h], freed after W_down's backward
+    (``analytic.layer_backward.sp_mlp_moments``); a FullAC layer re-runs after that gather, up to its last
+    reduce-scatter (``sp_rerun_scatter``); SelectiveAC's re-run makes the norms' saves on T/t tokens
+    (``rank_working_set``). Every moment exact, the layer's top where named. Before, at the same
+    layouts (the fake wait's copy not counted): 4,194,304 B over (tp 2), 11,534,336 B under (tp 8, one
+    sequence), 2,097,152 B under (s 4,096), 39,845,888 B under (FullAC), 16,779,264 B over (SelectiveAC);
+    the final norm's moment 2–8 MiB over (the wait's [T/t, h] counted)."""
+    from memplan.analytic import layer_backward as lb
+    from memplan.blocks.inventory import Dims
+
+    base = hf_setup("llama-3.1-8b", seq=seq, batch=batch, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)
+    setup = ranked(base, tp, True, 1, 3)
+    est = estimate(setup)
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(est)
+    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+    rank = est.pieces.setup
+    dims = Dims.of(rank)
+    transient = lb.layer_backward_transient(rank, dims, est.pieces.params)
+    if top == "rerun":
+        assert lb.sp_rerun_scatter(rank, dims) == transient
+    elif top:
+        moments = lb.sp_mlp_moments(rank, dims)
+        assert max(moments, key=lambda k: moments[k]) == top
+        assert moments[top] - lb.not_yet_rerun(rank, dims) == transient

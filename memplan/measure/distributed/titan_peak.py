@@ -58,8 +58,11 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   it).
 - NB: the embedding backward moment is exact on one device and on tp 2 + SP at Llama 3 8B's widths
   (every layer's RoPE buffer, the loop's ids, labels and count, the embedding's clamped ids:
-  ``analytic.peak``); at the tiny model's widths the stretch tops at the SP all-gather of the embedding
-  output's gradient instead ([T, h], its wait and concatenated copies: not modelled).
+  ``analytic.peak``), and on the tiny model's tp 2 + SP rank at s 32; at s 64 (two sequences) 8,448 B
+  above it (the stretch tops at the SP all-gather of the embedding output's gradient, [T, h] and its
+  concatenated copy: not modelled).
+- NB: a functional collective's wait returns the collective's tensor, as the real kernel does
+  (``instruments.WAIT_TENSOR``; under fake tensors it would make a storage of its own).
 - NB: real (uninitialised) tensors on the fake process group peak at the same bytes with the same parts
   (tests: tp 2, and tp 2 + SP × dp 2 under ZeRO-3); under SP the stretches of the forward and of the
   embedding's backward read differently (the fake run's SP all-gather of the embedding output's gradient
