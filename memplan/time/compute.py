@@ -227,17 +227,20 @@ def layer_rates(c: Critical, gpu: GpuPreset, peak: float) -> LayerRates:
     which does, is not among them; tests/plan/test_layer_rates.py compares the kernel times with those
     of fresh rates)."""
     s, whole = c.setup, c.rerun_layers > 0
-    memo, key = c.result.pieces.rates, ("layer", gpu, peak, whole)
-    found = memo.get(key)
-    if found is None:
-        found = memo[key] = LayerRates(
+    # keyed on the GPU object itself (a calibrated preset holds dicts: not hashable), kept beside its
+    # rates: while the entry lives, no other object can take its id
+    memo, key = c.result.pieces.rates, ("layer", id(gpu), peak, whole)
+    found = cast(tuple[GpuPreset, LayerRates] | None, memo.get(key))
+    if found is None or found[0] is not gpu:
+        rates = LayerRates(
             layer_stream_bytes(s, gpu, whole=whole),
             gemm.efficiencies(s, gpu.sms, roofline(s, gpu, peak)),
             fp8_layers(s, gpu),
             attention_rates(s, gpu, peak),
             layer_kernels(s),
         )
-    return cast(LayerRates, found)
+        found = memo[key] = (gpu, rates)
+    return found[1]
 
 
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
