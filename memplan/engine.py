@@ -119,13 +119,14 @@ class Result:
         """The most loaded device (the stage with the highest peak; the first on a tie)."""
         return max(self.stages, key=lambda sp: sp.peak.bytes)
 
-    @property
+    @functools.cached_property
     def rank_setup(self) -> Setup:
         """``setup`` with the model one tensor-parallel rank holds (``pieces.setup.model``:
-        ``strategies.tensor_parallel.tp_model``); ``setup`` itself without tensor parallelism."""
+        ``strategies.tensor_parallel.tp_model``); ``setup`` itself without tensor parallelism. Made once
+        per result (the allocation stream's timeline asks it at every point)."""
         if self.setup.parallel.tp == 1:
             return self.setup
-        return self.setup.model_copy(update={"model": self.pieces.setup.model})
+        return self.setup.replaced(model=self.pieces.setup.model)
 
     @property
     def devices(self) -> int:

@@ -9,7 +9,7 @@ they do depend on (``pieces_by_key``); ``whole_flops`` is the whole model's FLOP
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memplan.analytic import activations as act
 from memplan.analytic import layer_backward as lb
@@ -61,6 +61,10 @@ class Pieces:
     sequence parallelism, and the MoE's larger MLP gradient buffers."""
     layer_bytes: tuple[int, ...] = ()
     """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
+    rates: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
+    """What the time layer derives from the same fields per layer (``time.compute.layer_rates``, by GPU and
+    peak), memoised here: made once for every pipeline layout, ZeRO stage and dp of these pieces, and
+    forgotten with them (``clear_caches``)."""
 
 
 def core_of(setup: Setup) -> Setup:

@@ -164,9 +164,15 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     chunked = r.rank_setup.model_copy(update={"model": chunk})
     ropes = module_rope_buffers(chunked, Dims.of(chunked))
 
+    # ``forward_gathered`` reads n only as n ≥ layer_sets: its two values, once
+    gathered = (
+        forward_gathered(r.rank_setup, 0, layer_sets),
+        forward_gathered(r.rank_setup, layer_sets, layer_sets),
+    )
+
     def forward(label: str, activations: int, n: int = 0) -> Point:
         """A point after (or inside) the forward of n layers (sets)."""
-        weights = st.weights + forward_gathered(r.rank_setup, n, layer_sets)
+        weights = st.weights + gathered[n >= layer_sets]
         return Point(label, terms(weights, st.optimizer, grads, activations + ropes, 0))
 
     unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input

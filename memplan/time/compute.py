@@ -59,6 +59,7 @@ never overlapped with another class.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Dims
@@ -161,20 +162,34 @@ def stage_flops(c: Critical) -> StageFlops:
     )
 
 
-def launch_seconds(c: Critical, gpu: GpuPreset) -> tuple[float, float]:
+def layer_kernels(s: Setup) -> tuple[int, int, int | None]:
+    """One layer's eager element-wise kernels on a rank of ``s``: its forward's (``elementwise_kernels``),
+    its backward's (``elementwise_backward_kernels``) and, under selective recompute, those of the
+    attention core it re-runs (the eager core's softmax and dropout: the forward's less flash's); None
+    otherwise (``launch_seconds``)."""
+    per_layer = elementwise_kernels(s)
+    selective = s.strategy.checkpointing is Checkpointing.SELECTIVE and not op_selective(s)
+    core = per_layer - elementwise_kernels(_flash(s)) if selective else None
+    return per_layer, elementwise_backward_kernels(s), core
+
+
+def launch_seconds(
+    c: Critical, gpu: GpuPreset, kernels: tuple[int, int, int | None] | None = None
+) -> tuple[float, float]:
     """The launch gaps of one micro-batch's eager element-wise kernels, (forward, backward with re-run):
     ``elementwise_kernels`` × the stage's layers × ``efficiency.launch_gap``; the backward launches its
     op lists' kernels (``elementwise_backward_kernels``), a re-run layer its forward's again (selective
-    recompute: the eager attention core's softmax and dropout)."""
+    recompute: the eager attention core's softmax and dropout). ``kernels``: ``layer_kernels(c.setup)``,
+    when made."""
     s = c.setup
-    per_layer = elementwise_kernels(s)
+    per_layer, backward, core = kernels or layer_kernels(s)
     rerun = c.rerun_layers * per_layer
     if op_selective(s):  # SelectiveAC caches matmul and SDPA outputs only: every element-wise op re-runs
         rerun = c.layers * per_layer
-    elif s.strategy.checkpointing is Checkpointing.SELECTIVE:
-        rerun = c.layers * (per_layer - elementwise_kernels(_flash(s)))
+    elif core is not None:
+        rerun = c.layers * core
     gap = efficiency.launch_gap(gpu)
-    return c.layers * per_layer * gap, (c.layers * elementwise_backward_kernels(s) + rerun) * gap
+    return c.layers * per_layer * gap, (c.layers * backward + rerun) * gap
 
 
 def matmul_seconds(
@@ -189,17 +204,56 @@ def matmul_seconds(
     return forward, backward + f.head_backward / e.head_backward / mm
 
 
+@dataclass(frozen=True)
+class LayerRates:
+    """What ``kernel_times`` charges one layer of a rank by, from fields none of which is the pipeline's,
+    the ZeRO stage, dp or the micro-batches per step (``pieces.pieces_key``'s: ``layer_rates``)."""
+
+    stream: tuple[float, float, float]
+    """``layer_stream_bytes``: the forward's, the backward's, the checkpoint's re-run's."""
+    efficiencies: gemm.Efficiencies
+    fp8: tuple[gemm.Efficiencies, float] | None
+    """``fp8_layers``."""
+    attention: tuple[float, float]
+    """``attention_rates``: the core's FLOP/s, forward and backward."""
+    kernels: tuple[int, int, int | None]
+    """``layer_kernels``."""
+
+
+def layer_rates(c: Critical, gpu: GpuPreset, peak: float) -> LayerRates:
+    """``LayerRates`` of the stage's setup on ``gpu`` at ``peak``, memoised on its pieces (``Pieces.rates``:
+    the same for every stage, pipeline layout, ZeRO stage, dp and number of micro-batches of those pieces
+    — none of the functions reads ``pieces._PER_STEP`` or the pipeline's degrees; ``fp8.cast_bytes``,
+    which does, is not among them; tests/plan/test_layer_rates.py compares the kernel times with those
+    of fresh rates)."""
+    s, whole = c.setup, c.rerun_layers > 0
+    # keyed on the GPU object itself (a calibrated preset holds dicts: not hashable), kept beside its
+    # rates: while the entry lives, no other object can take its id
+    memo, key = c.result.pieces.rates, ("layer", id(gpu), peak, whole)
+    found = cast(tuple[GpuPreset, LayerRates] | None, memo.get(key))
+    if found is None or found[0] is not gpu:
+        rates = LayerRates(
+            layer_stream_bytes(s, gpu, whole=whole),
+            gemm.efficiencies(s, gpu.sms, roofline(s, gpu, peak)),
+            fp8_layers(s, gpu),
+            attention_rates(s, gpu, peak),
+            layer_kernels(s),
+        )
+        found = memo[key] = (gpu, rates)
+    return found[1]
+
+
 def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, KernelTime]:
     """Forward and backward (recompute included) of one micro-batch on one device of the stage."""
     f = stage_flops(c)
-    one, back, again = layer_stream_bytes(c.setup, gpu, whole=c.rerun_layers > 0)
+    rates = layer_rates(c, gpu, peak)
+    one, back, again = rates.stream
     layer = one * c.layers
     rerun = c.layers * again
     hbm = hbm_bytes_per_s(gpu)
-    roof = roofline(c.setup, gpu, peak)
     mm = peak * efficiency.matmul(gpu)
-    mm_f, mm_b = matmul_seconds(f, gemm.efficiencies(c.setup, gpu.sms, roof), mm, fp8_layers(c.setup, gpu))
-    at_f, at_b = attention_seconds(c.setup, f, gpu, peak)
+    mm_f, mm_b = matmul_seconds(f, rates.efficiencies, mm, rates.fp8)
+    at_f, at_b = f.attention_forward / rates.attention[0], f.attention_backward / rates.attention[1]
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
     forward_bytes = layer + c.layers * cast_f
@@ -211,7 +265,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     ring_reruns = c.layers if ring_rerun(c, f) else 0
     forward_bytes += c.layers * ring_f
     backward_bytes += c.layers * ring_b + ring_reruns * ring_f
-    gap_f, gap_b = launch_seconds(c, gpu)
+    gap_f, gap_b = launch_seconds(c, gpu, rates.kernels)
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
     backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)
     return forward, backward
@@ -259,19 +313,26 @@ def roofline(s: Setup, gpu: GpuPreset, peak: float) -> gemm.Roofline:
 
 
 def attention_seconds(s: Setup, f: StageFlops, gpu: GpuPreset, peak: float) -> tuple[float, float]:
-    """Forward and backward (with re-run) seconds of the attention core (``time.attention``): eager's
-    batched GEMMs at ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction
-    (linear in ``f``'s attention FLOPs: ``search.bound`` charges a reference rank's at a layout's rates)."""
+    """Forward and backward (with re-run) seconds of the attention core (``time.attention``): ``f``'s
+    attention FLOPs at ``attention_rates`` (linear in them: ``search.bound`` charges a reference rank's at a
+    layout's rates)."""
+    forward, backward = attention_rates(s, gpu, peak)
+    return f.attention_forward / forward, f.attention_backward / backward
+
+
+def attention_rates(s: Setup, gpu: GpuPreset, peak: float) -> tuple[float, float]:
+    """FLOP/s of the attention core, forward and backward (with re-run): eager's batched GEMMs at
+    ``MATMUL`` × their wave and roofline efficiency, a flash kernel at its fraction."""
     if attention.is_eager(s):
         roof, shapes = roofline(s, gpu, peak), gemm.attention_core_gemms(s)
         mm = peak * efficiency.matmul(gpu)
         forward = gemm.class_efficiency(shapes, gpu.sms, roof)
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
-        return f.attention_forward / (mm * forward), f.attention_backward / (mm * backward)
+        return mm * forward, mm * backward
     work = attention.causal_work(s)
-    forward = peak * attention.flash_fraction(s, gpu) / work
-    backward = peak * attention.flash_fraction(s, gpu, backward=True) / work
-    return f.attention_forward / forward, f.attention_backward / backward
+    return peak * attention.flash_fraction(s, gpu) / work, peak * attention.flash_fraction(
+        s, gpu, backward=True
+    ) / work
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:

@@ -27,9 +27,9 @@ from memplan.config import FsdpWrap, Setup, ZeroStage
 def titan_fsdp2(setup: Setup) -> bool:
     """torchtitan's FSDP2 is applied: ``Profile.fsdp2_dim0_shards``, ZeRO-2 or 3 (``--zero 2`` is its
     ``reshard_after_forward=False``), over more than one rank of dp × cp (``dp_shard_cp``)."""
-    s = setup.strategy
-    sharded = setup.state_shards > 1
-    return profile_of(setup).fsdp2_dim0_shards and s.zero >= ZeroStage.GRADIENTS and sharded
+    # the profile last: the cheap tests decide most setups (the same answer: each test is pure)
+    sharded = setup.strategy.zero >= ZeroStage.GRADIENTS and setup.state_shards > 1
+    return sharded and profile_of(setup).fsdp2_dim0_shards
 
 
 def zero3_resharded(setup: Setup) -> bool:
