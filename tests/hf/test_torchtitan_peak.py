@@ -18,12 +18,23 @@ import pytest
 pytest.importorskip("torchtitan.models.llama3")
 
 from memplan.config import Impl, Setup
-from memplan.engine import estimate
+from memplan.engine import Result, estimate
 from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
 from memplan.schema import command_schema
 from tests.hf.harness import hf_setup
 from tests.hf.test_torchtitan_ranks import ranked
+
+MOMENTS = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+"""The backward's moments a torchtitan rank's trace and its estimate are compared at."""
+
+
+def assert_every_moment_exact(setup: Setup) -> Result:
+    """Trace ``setup``'s rank and assert each of ``MOMENTS`` measures what the estimate says; the estimate."""
+    est = estimate(setup)
+    measured, estimated = measure_titan_rank(setup).peak.moments(MOMENTS), estimated_moments(est)
+    assert {n: measured[n] - estimated[n] for n in MOMENTS} == dict.fromkeys(MOMENTS, 0)  # type: ignore[operator]
+    return est
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -284,9 +295,7 @@ def test_checkpointed_layers_leave_their_rope_caches_module_state(preset: str, s
     setup = ranked(
         hf_setup(preset, seq=seq, batch=2, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 2, 3
     )
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
-    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
-    assert {n: measured[n] for n in names} == {n: estimated[n] for n in names}
+    assert_every_moment_exact(setup)
     if preset != "tiny":
         from memplan.analytic.head_moments import module_rope_buffers
         from memplan.blocks.inventory import Dims
@@ -337,7 +346,7 @@ def test_the_2024_root_wrapping_holds_what_the_estimate_says(
     3.1 8B's 525,336,576 + 218,112,000 el = 1,486,897,152 B, the 1.38 GiB docs/published-memory.md sized
     by hand."""
     base = hf_setup(preset, seq=seq, batch=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    names = MOMENTS
 
     def errors(wrap: str) -> tuple[dict[str, int], int]:
         setup = ranked(base, tp, tp > 1, dp, 3, fsdp_wrap=wrap)
@@ -388,7 +397,7 @@ def test_the_tied_unit_holds_what_the_estimate_says(
     1B's widths, and the embedding's gathered again). By hand, the unit's
     bf16 bytes beside the shards at the loss's backward: v·h + h el (the unit's padding on dp 3:
     tests/measure/test_fsdp_streams.py)."""
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    names = MOMENTS
 
     def errors(tied: bool) -> tuple[dict[str, int], Setup]:
         base = hf_setup(preset, seq=seq, batch=2, layers=layers, impl=Impl.TORCHTITAN, tied_embeddings=tied)
@@ -431,7 +440,7 @@ def test_zero2_backward_reshards_and_reduces_each_unit(
     a block's 36,992 el fp32."""
     from memplan.analytic.fsdp.moments import zero2_resharded, zero3_unit_buffers
 
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    names = MOMENTS
     base = hf_setup(preset, seq=seq, batch=2, layers=layers, impl=Impl.TORCHTITAN, tied_embeddings=tied)
 
     def errors(zero: int) -> tuple[dict[str, int], Setup]:
@@ -466,9 +475,7 @@ def test_selective_ac_reruns_the_block_but_its_cache() -> None:
         4,
         3,
     )
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
-    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(estimate(setup))
-    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+    assert_every_moment_exact(setup)
 
 
 @pytest.mark.parametrize(
@@ -490,10 +497,7 @@ def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq:
     setup = ranked(
         hf_setup(preset, seq=seq, batch=1, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 4, 3
     )
-    est = estimate(setup)
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
-    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(est)
-    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+    est = assert_every_moment_exact(setup)
     from memplan.analytic import layer_backward as lb
     from memplan.blocks.inventory import Dims
 
@@ -529,10 +533,7 @@ def test_sequence_parallel_layer_backward_is_exact(
 
     base = hf_setup("llama-3.1-8b", seq=seq, batch=batch, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)
     setup = ranked(base, tp, True, 1, 3)
-    est = estimate(setup)
-    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
-    measured, estimated = measure_titan_rank(setup).peak.moments(names), estimated_moments(est)
-    assert {n: measured[n] - estimated[n] for n in names} == dict.fromkeys(names, 0)  # type: ignore[operator]
+    est = assert_every_moment_exact(setup)
     rank = est.pieces.setup
     dims = Dims.of(rank)
     transient = lb.layer_backward_transient(rank, dims, est.pieces.params)
