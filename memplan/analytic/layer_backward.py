@@ -18,6 +18,7 @@ from memplan.blocks.attention.workspace import flash_backward_workspace, softmax
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.mlp import (
     down_backward_transient,
+    fp8_first_backward,
     frozen_mlp,
     mlp_backward_transient,
     product_gradient_transient,
@@ -169,10 +170,9 @@ def mlp_moment(setup: Setup, dims: Dims) -> int:
 
 
 def sp_mlp(setup: Setup) -> bool:
-    """A trained SwiGLU MLP in bf16 matrices under torchtitan's sequence-parallel plan
-    (``sp_mlp_moments``)."""
-    plain = setup.model.mlp is MlpType.SWIGLU and not fp8.enabled(setup) and not frozen_mlp(setup)
-    return plain and sp_shards(setup) > 1
+    """A trained SwiGLU MLP under torchtitan's sequence-parallel plan (``sp_mlp_moments``), its matrices
+    bf16 or torchao's float8."""
+    return setup.model.mlp is MlpType.SWIGLU and not frozen_mlp(setup) and sp_shards(setup) > 1
 
 
 def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
@@ -214,18 +214,25 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
 
     Measured at Llama 3.1 8B's widths: on tp 2 (s 1,024, two sequences a micro-batch) the layer tops at
     ``first``, 4,194,304 B below the product's gradient as the unsplit layer counts it (the gathered dY
-    alive); on tp 8 (s 2,048) at ``gather``, 27,262,976 B (two sequences) and 11,534,336 B (one) above
-    the estimate before; exact now (tests/hf/test_torchtitan_peak.py)."""
+    alive); on tp 8 at ``first`` (s 2,048, one sequence), 11,534,336 B above the estimate before, and at
+    ``gather`` (s 4,096, two), 2,097,152 B above; with torchao's tensorwise float8 (``first`` is
+    ``fp8_first_backward``'s casts, dY's shard for dY) 8,388,608 B over before on tp 2; exact now
+    (tests/hf/test_torchtitan_peak.py). NB: float8 under SelectiveAC on tp 2 (s 1,024, two sequences)
+    12,320,768 B under (3,932,160 B before): the moment tops at W_gate's backward weight cast with a third
+    [T, h] gathered copy alive that this does not place; not found."""
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = t // sp_shards(setup) * h * a
     gathered = t * h * a
     grads = (3 * f * h + (2 * f + h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
     released = layer_saves(setup, {Block.MLP}, {Role.MLP_INNER})
+    first = shard + grads + 2 * gathered + t * f * a - released
+    if fp8.enabled(setup):  # torchao's casts at W_up's and W_gate's backward, dY's shard for dY
+        first = fp8_first_backward(setup, dims) - gathered + shard
     return {
         "gather": shard + gather_copies(dims) * gathered,
         "down": down_backward_transient(setup, dims) + shard,
         "product": product_gradient_transient(setup, dims) - gathered + shard,
-        "first": shard + grads + 2 * gathered + t * f * a - released,
+        "first": first,
     }
 
 

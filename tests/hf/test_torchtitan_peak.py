@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("torchtitan.models.llama3")
 
-from memplan.config import Impl, Setup
+from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.engine import Result, estimate
 from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
@@ -508,30 +508,36 @@ def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq:
 
 
 @pytest.mark.parametrize(
-    ("seq", "tp", "ckpt", "batch", "top"),
+    ("seq", "tp", "ckpt", "batch", "float8", "top"),
     [
-        (1024, 2, "none", 2, "first"),
-        (2048, 8, "none", 1, "first"),
-        (4096, 8, "none", 2, "gather"),
-        (2048, 8, "full", 2, "rerun"),
-        (256, 2, "selective", 2, None),  # the attention norm's moment tops
+        (1024, 2, "none", 2, False, "first"),
+        (2048, 8, "none", 1, False, "first"),
+        (4096, 8, "none", 2, False, "gather"),
+        (2048, 8, "full", 2, False, "rerun"),
+        (256, 2, "selective", 2, False, None),  # the attention norm's moment tops
+        (1024, 2, "none", 2, True, "first"),
+        (2048, 8, "full", 2, True, "first"),
     ],
 )
 def test_sequence_parallel_layer_backward_is_exact(
-    seq: int, tp: int, ckpt: str, batch: int, top: str | None
+    seq: int, tp: int, ckpt: str, batch: int, float8: bool, top: str | None
 ) -> None:
     """torchtitan's sequence-parallel layer at Llama 3.1 8B's widths (2 layers): the MLP's backward starts
     by all-gathering the layer's output gradient shard to W_down's dY [T, h], freed after W_down's backward
-    (``analytic.layer_backward.sp_mlp_moments``); a FullAC layer re-runs after that gather, up to its last
-    reduce-scatter (``sp_rerun_scatter``); SelectiveAC's re-run makes the norms' saves on T/t tokens
+    (``analytic.layer_backward.sp_mlp_moments``; with torchao's tensorwise float8, its W_gate's casts
+    ``fp8_first_backward``); a FullAC layer re-runs after that gather, up to its last reduce-scatter
+    (``sp_rerun_scatter``); SelectiveAC's re-run makes the norms' saves on T/t tokens
     (``rank_working_set``). Every moment exact, the layer's top where named. Before, at the same
     layouts (the fake wait's copy not counted): 4,194,304 B over (tp 2), 11,534,336 B under (tp 8, one
     sequence), 2,097,152 B under (s 4,096), 39,845,888 B under (FullAC), 16,779,264 B over (SelectiveAC);
-    the final norm's moment 2–8 MiB over (the wait's [T/t, h] counted)."""
+    float8: 8,388,608 B and 29,360,128 B over; the final norm's moment 2–8 MiB over (the wait's [T/t, h]
+    counted)."""
     from memplan.analytic import layer_backward as lb
     from memplan.blocks.inventory import Dims
 
     base = hf_setup("llama-3.1-8b", seq=seq, batch=batch, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)
+    if float8:
+        base = base.model_copy(update={"impl": base.impl.model_copy(update={"fp8": Fp8Recipe.TENSORWISE})})
     setup = ranked(base, tp, True, 1, 3)
     est = assert_every_moment_exact(setup)
     rank = est.pieces.setup
