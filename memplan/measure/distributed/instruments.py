@@ -90,11 +90,6 @@ class RankRecorder(SavedTensorRecorder):
         return super()._info(local(t))
 
 
-WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
-"""A functional collective's wait: on real tensors it returns its argument (the same storage), under
-fake tensors a new tensor (tests/measure/test_fake_wait.py)."""
-
-
 class RankMemoryTracker(LiveMemoryTracker):
     """``LiveMemoryTracker`` that sees the local ops a DTensor op desugars into."""
 
@@ -107,11 +102,6 @@ class RankMemoryTracker(LiveMemoryTracker):
     ) -> Any:
         if any(issubclass(t, DTensor) for t in types):
             return NotImplemented  # DTensor runs and re-dispatches its local ops to this mode
-        if func is WAIT_TENSOR:
-            # the real kernel waits and returns the collective's own tensor (c10d's Functional.cpp
-            # ``wait_tensor``); the fake one makes a new storage the GPU never holds
-            func(*args, **(kwargs or {}))
-            return args[0]
         return super().__torch_dispatch__(func, types, args, kwargs)
 
     def track(self, tensors: Iterable[torch.Tensor]) -> None:

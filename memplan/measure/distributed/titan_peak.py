@@ -62,7 +62,7 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   above it (the stretch tops at the SP all-gather of the embedding output's gradient, [T, h] and its
   concatenated copy: not modelled).
 - NB: a functional collective's wait returns the collective's tensor, as the real kernel does
-  (``instruments.WAIT_TENSOR``; under fake tensors it would make a storage of its own).
+  (``instruments.tracker.WAIT_TENSOR``; under fake tensors it would make a storage of its own).
 - NB: real (uninitialised) tensors on the fake process group peak at the same bytes with the same parts
   (tests: tp 2, and tp 2 + SP × dp 2 under ZeRO-3); under SP the stretches of the forward and of the
   embedding's backward read differently (the fake run's SP all-gather of the embedding output's gradient

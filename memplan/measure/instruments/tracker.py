@@ -69,6 +69,13 @@ class MemoryMark:
     peak: int  # highest live bytes since the previous mark (or since tracking began)
 
 
+WAIT_TENSOR = getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)
+"""A functional collective's wait (``_c10d_functional.wait_tensor``; None without torch.distributed): the
+real kernel (c10d's ``Functional.cpp``) waits and returns its argument, the same storage; under fake
+tensors it makes a new one, which a tracker would count as memory the GPU never holds
+(tests/measure/test_fake_wait.py)."""
+
+
 class LiveMemoryTracker(_Mode):
     """Exact live bytes of every storage allocated by an op while active, plus those given to `track`.
 
@@ -147,6 +154,8 @@ class LiveMemoryTracker(_Mode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if WAIT_TENSOR is not None and func is WAIT_TENSOR.default:
+            out = args[0]  # the collective's own tensor, as the real kernel returns it
         given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         inputs = {storage_ref(d).cdata for t in given for d in data_tensors(t)}
         for t in tree_leaves(out):
