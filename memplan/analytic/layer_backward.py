@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic.head_moments import layer_rope_buffer, sp_shards
+from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, sp_shards
 from memplan.analytic.params import ParamCount
 from memplan.blocks import fp8
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
@@ -188,14 +188,6 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
         return 0
     a, t, h = dims.act.bytes, dims.tokens, dims.h
     return 3 * t * h * a + 4 * (t // sp_shards(setup)) * h * a
-
-
-def gather_copies(dims: Dims) -> int:
-    """[T, h] copies alive as a sequence-parallel all-gather lands (funcol's ``all_gather_single`` along
-    the sequence dimension): its output, gathered along dim 0, and with more than one sequence a
-    micro-batch ``_maybe_view_chunk_cat``'s ``torch.cat`` into sequence order (with one, a view). The
-    wait returns the collective's own tensor (c10d's ``wait_tensor``)."""
-    return 2 if dims.b > 1 else 1
 
 
 def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:

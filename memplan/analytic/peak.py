@@ -83,6 +83,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
+from memplan.analytic import head_moments as hm
 from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import (
     layer_gather,
@@ -101,17 +102,6 @@ from memplan.analytic.fsdp.moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
-from memplan.analytic.head_moments import (
-    final_norm_released,
-    freed_before_final_norm,
-    head_input_scatter_transient,
-    layer_rope_buffer,
-    loop_count_bytes,
-    module_rope_buffers,
-    rope_saved,
-    sp_shards,
-    titan_sp_head_scatter,
-)
 from memplan.analytic.layer_backward import layer_terms, saved_layers_up_to, segment_rerun_bytes
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
@@ -250,7 +240,7 @@ def peak(
     # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     activations += unsaved_ids_bytes(setup, dims)  # a frozen embedding's: the loop's, no save
-    activations += module_rope_buffers(setup, dims)  # torchtitan's RoPE caches no checkpointed layer saves
+    activations += hm.module_rope_buffers(setup, dims)  # torchtitan's RoPE caches no checkpointed layer saves
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
@@ -277,7 +267,7 @@ def peak(
         )
     head_moments["loss backward"] = loss_bwd
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
-    freed_for_norm = sum(k.total_bytes for k in kept if freed_before_final_norm(k, setup.model.norm))
+    freed_for_norm = sum(k.total_bytes for k in kept if hm.freed_before_final_norm(k, setup.model.norm))
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
@@ -289,15 +279,17 @@ def peak(
         # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
         grads_before + gradient_bytes_head if root else max(grads_before + pending, gradient_bytes_head),
         activations - freed_for_norm,
-        norm_backward_transient(setup, dims) // sp_shards(setup) + scalars,
+        norm_backward_transient(setup, dims) // hm.sp_shards(setup) + scalars,
     )
     # the [T, h] gradient flowing on to the top layer: the rank's sequence shard under sp
-    head_reduce = zero3_head_reduce(setup, params, dims.tokens * dims.h * dims.act.bytes // sp_shards(setup))
+    head_reduce = zero3_head_reduce(
+        setup, params, dims.tokens * dims.h * dims.act.bytes // hm.sp_shards(setup)
+    )
     if head_reduce is not None:  # torchtitan's ZeRO-3: [norm, lm_head] reduced after the norm's backward
         top_gather, made, transient_at = head_reduce
         # the final norm's saves its own backward releases (those not released before it)
-        norm_saves = sum(r.bytes for r in norm_rules(setup, Block.FINAL_NORM, dims)) // sp_shards(setup)
-        after_norm = activations - freed_for_norm - (norm_saves - final_norm_released(setup, dims))
+        norm_saves = sum(r.bytes for r in norm_rules(setup, Block.FINAL_NORM, dims)) // hm.sp_shards(setup)
+        after_norm = activations - freed_for_norm - (norm_saves - hm.final_norm_released(setup, dims))
         made += grads_before
         reduce = terms(weights + top_gather, optimizer, made, after_norm, transient_at + scalars)
         final_norm_bwd = max(final_norm_bwd, reduce, key=lambda t: sum(t.values()))
@@ -311,16 +303,16 @@ def peak(
         freed, made = at_head
         head_at = terms(weights + head_gather, optimizer, grads_before, activations - freed, made)
         head_moments["lm head backward"] = head_at
-    if titan_sp_head_scatter(setup):
+    if hm.titan_sp_head_scatter(setup):
         # Before the norm's backward: its saves still held, its weight's gradient not made yet.
-        norm_saves = final_norm_released(setup, dims)
+        norm_saves = hm.final_norm_released(setup, dims)
         norm_grad = params.final_norm * setup.training.precision.grad_bytes
         scatter = terms(
             weights + head_gather,
             optimizer,
             max(grads_before, gradient_bytes_head - norm_grad),
             activations - freed_for_norm + norm_saves,
-            head_input_scatter_transient(setup, dims) + scalars,
+            hm.head_input_scatter_transient(setup, dims) + scalars,
         )
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
@@ -355,14 +347,14 @@ def peak(
         saved -= loop_labels_bytes(setup, dims)
         # the layers above have freed their saves, views of their RoPE caches: the buffers stay (under
         # checkpointing every layer's is module state, in ``activations`` already)
-        above = dims.layers - 1 - i if rope_saved(setup) else 0
-        saved += above * layer_rope_buffer(setup, dims) + loop_count_bytes(setup)
+        above = dims.layers - 1 - i if hm.rope_saved(setup) else 0
+        saved += above * hm.layer_rope_buffer(setup, dims) + hm.loop_count_bytes(setup)
         if offloaded:  # one layer's saves brought back from the host (module docstring of offload)
             saved = max((k.bytes for k in kept if k.scope is Scope.LAYER), default=0) + inputs
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
-            incoming = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)  # its output gradient
+            incoming = dims.tokens * dims.h * dims.act.bytes // hm.sp_shards(setup)  # its output gradient
             buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
@@ -404,22 +396,28 @@ def peak(
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
-    held = inputs + loop_ids_bytes(setup, dims) + dims.layers * layer_rope_buffer(setup, dims)
-    held += loop_count_bytes(setup)
+    held = inputs + loop_ids_bytes(setup, dims) + dims.layers * hm.layer_rope_buffer(setup, dims)
+    held += hm.loop_count_bytes(setup)
     if not root:  # layer 0's, under the reference's root (``root_embedding_moment`` counts its own)
         embedding += reduce_scatter_input(setup, -1, dims.layers)
     # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward
     gathered_to_the_end = gather if unsharded_grads else 0
-    embedding_bwd = terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)
     incoming = dims.tokens * dims.h * dims.act.bytes  # the embedding's output gradient (gathered under sp)
-    titan_parts = zero3_embedding_parts(setup, params, incoming)  # torchtitan's ZeRO-3: its unit again
+    unmade, gathering = hm.sp_embedding_gather(setup, dims, params)  # torchtitan's SP: dY gathered first
+    titan_parts = zero3_embedding_parts(setup, params, incoming, gathering)  # ZeRO-3: its unit again
     if titan_parts:
-        (unmade, copy_out, unit), (unreduced, reduce_at, left) = titan_parts
+        (unmade, copy_out, unit), (unreduced, reduce_at, left), *sp_gather = titan_parts
         # after the embedding's backward its save is freed: the vocabulary-parallel one's clamped ids copy
         freed = held - loop_ids_bytes(setup, dims)
-        at_copy_out = terms(weights + unit, optimizer, step_grads - unmade, held, copy_out + 8)
-        at_reduce = terms(weights + left, optimizer, step_grads - unreduced, freed, reduce_at + 8)
-        embedding_bwd = max(at_copy_out, at_reduce, key=lambda t: sum(t.values()))
+        moments = [terms(weights + unit, optimizer, step_grads - unmade, held, copy_out + 8)]
+        moments.append(terms(weights + left, optimizer, step_grads - unreduced, freed, reduce_at + 8))
+        moments += [terms(weights + u, optimizer, step_grads - m, held, t + 8) for m, t, u in sp_gather]
+    else:
+        moments = [terms(weights + gathered_to_the_end, optimizer, step_grads, held, embedding + 8)]
+        if gathering:  # its gathered copies where the [T, h] gradient was, its gradient not made yet
+            rise = gathering + embedding - incoming + 8
+            moments.append(terms(weights + gathered_to_the_end, optimizer, step_grads - unmade, held, rise))
+    embedding_bwd = max(moments, key=lambda t: sum(t.values()))
     if root:
         embedding_bwd = root_embedding_moment(setup, weights, optimizer, states, held, embedding)
     # ZeRO-Offload steps on the host: nothing on the device.
@@ -429,7 +427,7 @@ def peak(
         weights,
         optimizer,
         states.gradients,
-        inputs + dims.layers * layer_rope_buffer(setup, dims),
+        inputs + dims.layers * hm.layer_rope_buffer(setup, dims),
         step_transient,
     )
     stream: dict[str, dict[str, int]] = {}

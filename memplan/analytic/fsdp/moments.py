@@ -238,7 +238,7 @@ def zero2_shards_beside(setup: Setup, params: ParamCount | None = None) -> int:
 
 
 def zero3_embedding_parts(
-    setup: Setup, params: ParamCount, incoming: int
+    setup: Setup, params: ParamCount, incoming: int, gathering: int = 0
 ) -> tuple[tuple[int, int, int], ...]:
     """torchtitan's ZeRO-3 (``zero3_resharded``) at the embedding's backward, as two candidate moments,
     each (sharded gradient bytes not made yet, transient bytes, gathered parameters' bytes beside the
@@ -250,7 +250,12 @@ def zero3_embedding_parts(
       ``incoming`` [T, h] gradient; the embedding's sharded gradient is not made yet;
     - at its post-backward (the root's final callback: its input, the ids, needs no gradient) its
       unsharded bf16 gradient is still alive beside the flat fp32 reduce-scatter input made for it and
-      its sharded gradient, the reduce-scatter's output; layer 0's input was popped before.
+      its sharded gradient, the reduce-scatter's output; layer 0's input was popped before;
+    - with ``gathering`` (torchtitan's SP plan: ``head_moments.sp_embedding_gather``), after the copy-out
+      (its flat all-gather output freed), as the embedding's backward all-gathers the gradient: those
+      bytes where ``incoming`` was, beside the unsharded parameter and layer 0's reduce-scatter input
+      (measured: the tiny model's tp 2 + SP rank on dp 2, s 64, two sequences a micro-batch: 8,448 B
+      above the estimate before).
 
     Measured on the fake process group (tests/hf/test_torchtitan_peak.py): the tiny model on dp 2 and 4
     peaks at the first (32,768 + 32,768 B of the embedding, 147,968 B of layer 0's input, 8,192 B
@@ -282,9 +287,11 @@ def zero3_embedding_parts(
     grad = params.embedding * unsharded_grad_bytes(setup)
     layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
     reduce = grad + flat * reduce_bytes(setup)
+    gather = ((shard, gathering + unsharded + layer_input, 0),) if gathering else ()
     if held is not None:  # ZeRO-2: the new gradient where ZeRO-3 copies the unit out
-        return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded)
-    return (shard, incoming + 2 * unsharded + layer_input, 0), (0, reduce, 0)
+        gather = ((shard, gathering + layer_input, held),) if gathering else ()
+        return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded), *gather
+    return (shard, incoming + 2 * unsharded + layer_input, 0), (0, reduce, 0), *gather
 
 
 def _tied_embedding_parts(

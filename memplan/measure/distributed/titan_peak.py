@@ -58,9 +58,9 @@ Known limitations (each moment's measured and estimated bytes are in ``trace``'s
   it).
 - NB: the embedding backward moment is exact on one device and on tp 2 + SP at Llama 3 8B's widths
   (every layer's RoPE buffer, the loop's ids, labels and count, the embedding's clamped ids:
-  ``analytic.peak``), and on the tiny model's tp 2 + SP rank at s 32; at s 64 (two sequences) 8,448 B
-  above it (the stretch tops at the SP all-gather of the embedding output's gradient, [T, h] and its
-  concatenated copy: not modelled).
+  ``analytic.peak``), and under SP where the stretch tops at the all-gather of the embedding output's
+  gradient (``analytic.head_moments.sp_embedding_gather``: the tiny model's rank at s 64, Llama 3.1
+  70B's widths on tp 8; not under the 2024 root wrapping, 8,448 B under on the tiny model).
 - NB: a functional collective's wait returns the collective's tensor, as the real kernel does
   (``instruments.tracker.WAIT_TENSOR``; under fake tensors it would make a storage of its own).
 - NB: real (uninitialised) tensors on the fake process group peak at the same bytes with the same parts
