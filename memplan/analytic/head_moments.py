@@ -74,6 +74,12 @@ def sp_shards(setup: Setup) -> int:
     return setup.parallel.tp if titan_sp_head_scatter(setup) else 1
 
 
+def residual_shard(setup: Setup, dims: Dims) -> int:
+    """The rank's share of one [T, h] residual-stream tensor in A: [T/t, h] under torchtitan's
+    sequence-parallel plan (``sp_shards``), all of it elsewhere."""
+    return dims.tokens // sp_shards(setup) * dims.h * dims.act.bytes
+
+
 def titan_sp_head_scatter(setup: Setup) -> bool:
     """torchtitan's sequence-parallel plan (``Profile.sp_module_gather``) on more than one rank."""
     return profile_of(setup).sp_module_gather and setup.parallel.sp and setup.parallel.tp > 1
@@ -95,8 +101,7 @@ def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:
     ``reduce_scatter_tensor`` input (a concatenated copy of it, [T, h]) and its output [T/t, h] (the
     wait returns that tensor): 2·T·h·A + (T/t)·h·A (measured at 405B's widths on tp 8: the stretch's top,
     tests/hf/test_torchtitan_peak.py)."""
-    t, a = setup.parallel.tp, dims.act.bytes
-    return 2 * dims.tokens * dims.h * a + (dims.tokens // t) * dims.h * a
+    return 2 * dims.tokens * dims.h * dims.act.bytes + residual_shard(setup, dims)
 
 
 def gather_copies(dims: Dims) -> int:
@@ -119,8 +124,6 @@ def sp_embedding_gather(setup: Setup, dims: Dims, params: ParamCount) -> tuple[i
     ``analytic.fsdp.root``) not placed: the tiny model's rank 8,448 B under there."""
     if not titan_sp_head_scatter(setup) or setup.model.tied_embeddings or not embedding_trains(setup):
         return 0, 0
-    a = dims.act.bytes
-    shard = dims.tokens // setup.parallel.tp * dims.h * a
     mask = sum(r.bytes for r in embedding_rules(setup, dims) if r.name == "embed.vocab_mask")
-    gathered = gather_copies(dims) * dims.tokens * dims.h * a
-    return params.embedding * made_grad_bytes(setup), shard + gathered + mask
+    gathered = gather_copies(dims) * dims.tokens * dims.h * dims.act.bytes
+    return params.embedding * made_grad_bytes(setup), residual_shard(setup, dims) + gathered + mask

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, sp_shards
+from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.params import ParamCount
 from memplan.blocks import fp8
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
@@ -187,7 +187,7 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
     if not setup.strategy.segment or sp_shards(setup) == 1:
         return 0
     a, t, h = dims.act.bytes, dims.tokens, dims.h
-    return 3 * t * h * a + 4 * (t // sp_shards(setup)) * h * a
+    return 3 * t * h * a + 4 * residual_shard(setup, dims)
 
 
 def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
@@ -213,7 +213,7 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
     12,320,768 B under (3,932,160 B before): the moment tops at W_gate's backward weight cast with a third
     [T, h] gathered copy alive that this does not place; not found."""
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
-    shard = t // sp_shards(setup) * h * a
+    shard = residual_shard(setup, dims)
     gathered = t * h * a
     grads = (3 * f * h + (2 * f + h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
     released = layer_saves(setup, {Block.MLP}, {Role.MLP_INNER})
@@ -424,7 +424,7 @@ def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> in
     # of one layer's kept bytes the cache alone: not the block's input, which the wrapper keeps and the
     # un-checkpointed layer does not save (``strategies.checkpointing.op_selective_rules``' first)
     dims = Dims.of(setup)
-    block_input = dims.tokens * dims.h * dims.act.bytes // sp_shards(setup)  # under SP the rank's shard
+    block_input = residual_shard(setup, dims)  # under SP the rank's shard
     return rank_working_set(setup) - (one - block_input)
 
 

@@ -282,9 +282,7 @@ def peak(
         norm_backward_transient(setup, dims) // hm.sp_shards(setup) + scalars,
     )
     # the [T, h] gradient flowing on to the top layer: the rank's sequence shard under sp
-    head_reduce = zero3_head_reduce(
-        setup, params, dims.tokens * dims.h * dims.act.bytes // hm.sp_shards(setup)
-    )
+    head_reduce = zero3_head_reduce(setup, params, hm.residual_shard(setup, dims))
     if head_reduce is not None:  # torchtitan's ZeRO-3: [norm, lm_head] reduced after the norm's backward
         top_gather, made, transient_at = head_reduce
         # the final norm's saves its own backward releases (those not released before it)
@@ -354,7 +352,7 @@ def peak(
         # FSDP2's buffers: torchtitan's (prefetched gather, reduce-scatter input), the reference's input
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
-            incoming = dims.tokens * dims.h * dims.act.bytes // hm.sp_shards(setup)  # its output gradient
+            incoming = hm.residual_shard(setup, dims)  # its output gradient
             buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)

@@ -330,9 +330,8 @@ def attention_rates(s: Setup, gpu: GpuPreset, peak: float) -> tuple[float, float
         backward = gemm.class_efficiency(gemm.backward_all(shapes), gpu.sms, roof)
         return mm * forward, mm * backward
     work = attention.causal_work(s)
-    return peak * attention.flash_fraction(s, gpu) / work, peak * attention.flash_fraction(
-        s, gpu, backward=True
-    ) / work
+    forward = peak * attention.flash_fraction(s, gpu) / work
+    return forward, peak * attention.flash_fraction(s, gpu, backward=True) / work
 
 
 def hbm_bytes_per_s(gpu: GpuPreset) -> float:

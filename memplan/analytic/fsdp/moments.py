@@ -287,10 +287,10 @@ def zero3_embedding_parts(
     grad = params.embedding * unsharded_grad_bytes(setup)
     layer_input = fsdp2_flat_elements(layer, shards) * reduce_bytes(setup)
     reduce = grad + flat * reduce_bytes(setup)
-    gather = ((shard, gathering + unsharded + layer_input, 0),) if gathering else ()
     if held is not None:  # ZeRO-2: the new gradient where ZeRO-3 copies the unit out
         gather = ((shard, gathering + layer_input, held),) if gathering else ()
         return (shard, incoming + grad + layer_input, held), (0, reduce, held - unsharded), *gather
+    gather = ((shard, gathering + unsharded + layer_input, 0),) if gathering else ()
     return (shard, incoming + 2 * unsharded + layer_input, 0), (0, reduce, 0), *gather
 
 
