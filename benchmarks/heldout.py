@@ -64,9 +64,8 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   their sequence shard [T/t, h] before the tensor-parallel all-gather, which then moves float8, and the
   row-parallel outputs' gradients are cast on their shard before the backward's all-gather
   (``NoopFwToFloat8BwDynamic``). torchtitan 0.3.0 (what ``--impl torchtitan`` traces) has no float8
-  tensor-parallel plan: it gathers bf16 and casts the gathered [T, h]. Not expressible; typed with 0.3.0's
-  (docs/published-memory.md: at T4 the eager casts of a gathered [T, h] are 9 GiB of the layer backward's
-  14.0 GiB rest, 1.1 GiB on a shard).
+  tensor-parallel plan (it gathers bf16 and casts the gathered [T, h]); ``--fp8-tp`` lays 0.3.0's blocks
+  out with torchao's styles as 9dec370 did (``measure.distributed.titan_fp8_tp``): typed with it.
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -108,8 +107,8 @@ TT24 = "torchtitan performance.md (0413364)"
 TT25 = "torchtitan performance.md (eaea6f6)"
 FP8 = "float8: torchao tensorwise, FSDP2 all-gather in bf16 (the doc does not state float8 all-gather)"
 FP8_TP = (
-    "tensor parallelism gathers bf16 and casts the gathered input (0.3.0's plan): the run's 9dec370 used "
-    "torchao's float8 TP plans (casts on the sequence shard, float8 all-gathers), not expressible"
+    "tensor parallelism as the run's 9dec370 laid it out under float8: torchao's float8 TP plan (--fp8-tp: "
+    "casts on the sequence shard, float8 all-gathers)"
 )
 OP_SAC = (
     "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
@@ -141,6 +140,8 @@ class Stated:
     runs: their train.py compiled the blocks only ("TODO: compiling loss function causes CUDA errors,
     turning off for now", the ``torch.compile(loss_fn)`` commented out)."""
     fp8: str = "none"
+    fp8_tp: bool = False
+    """``--fp8-tp``: torchao's float8 tensor-parallel plan (the 2024 ``apply_tp`` under float8)."""
     fsdp_wrap: str = "units"
     """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
     is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,
@@ -273,6 +274,8 @@ def _titan(
         parts.append("--compile" if s.compile_loss else "--compile --no-compile-loss")
     if s.fp8 != "none":
         parts.append(f"--fp8 {s.fp8}")
+    if s.fp8_tp:
+        parts.append("--fp8-tp")
     if s.fsdp_wrap != "units":
         parts.append(f"--fsdp-wrap {s.fsdp_wrap}")
     if s.impl != "reference":
@@ -383,6 +386,7 @@ TITAN_RUNS: tuple[Run, ...] = (
             compile=True,
             compile_loss=False,
             fp8="tensorwise",
+            fp8_tp=True,
             impl="torchtitan",
             fsdp_wrap="root",
         ),

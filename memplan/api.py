@@ -289,6 +289,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         fp8=o.fp8,
         fp8_amax_history_len=o.fp8_amax_history_len,
         fp8_all_gather=o.fp8_all_gather,
+        fp8_tp=o.fp8_tp,
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         experts=o.experts,

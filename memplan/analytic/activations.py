@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from memplan.blocks import dropout_rule, llama4, te_fp8
+from memplan.blocks import dropout_rule, fp8_tp, llama4, te_fp8
 from memplan.blocks.attention.constants import constant_rules
 from memplan.blocks.attention.core import (
     attention_core_rules,
@@ -88,8 +88,11 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
         *post_norm_rules(setup, B.POST_MLP_NORM, dims),
         *dropout_rule(B.MLP, "resid_dropout_mask", p, (b, s, h), keeps),
     ]
-    # Transformer Engine's float8 linears keep float8 casts of their inputs (blocks/te_fp8.py).
-    return te_fp8.layer_rules(setup, rules) if te_fp8.applies(setup) else rules
+    # Transformer Engine's float8 linears keep float8 casts of their inputs (blocks/te_fp8.py), and so do
+    # torchao's under its float8 tensor-parallel plan (blocks/fp8_tp.py).
+    if te_fp8.applies(setup):
+        return te_fp8.layer_rules(setup, rules)
+    return fp8_tp.layer_rules(rules) if fp8_tp.applies(setup) else rules
 
 
 def llama4_layer_rules(setup: Setup, dims: Dims) -> list[Rule]:

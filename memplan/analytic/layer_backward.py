@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
+from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.params import ParamCount
-from memplan.blocks import fp8
+from memplan.blocks import fp8, fp8_tp
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
@@ -186,8 +187,9 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
     layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py)."""
     if not setup.strategy.segment or sp_shards(setup) == 1:
         return 0
-    a, t, h = dims.act.bytes, dims.tokens, dims.h
-    return 3 * t * h * a + 4 * residual_shard(setup, dims)
+    if fp8_tp.applies(setup):  # torchao's float8 plan
+        return fp8_tp_moments.rerun(setup, dims)
+    return 3 * dims.tokens * dims.h * dims.act.bytes + 4 * residual_shard(setup, dims)
 
 
 def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
@@ -212,6 +214,8 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
     (tests/hf/test_torchtitan_peak.py). NB: float8 under SelectiveAC on tp 2 (s 1,024, two sequences)
     12,320,768 B under (3,932,160 B before): the moment tops at W_gate's backward weight cast with a third
     [T, h] gathered copy alive that this does not place; not found."""
+    if fp8_tp.applies(setup):  # torchao's float8 plan: casts before the collectives
+        return fp8_tp_moments.mlp_moments(setup, dims, layer_saves(setup, {Block.MLP}, {Role.MLP_INNER}))
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
     gathered = t * h * a

@@ -38,7 +38,9 @@ Known limitations (NB):
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
   projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
   16 (``module_filter_fn``); the estimate takes the down projection as converted.
-- NB: tensor-parallel float8 (amax all-reduce) is not modelled; a rank's shapes are used as they are.
+- NB: under torchtitan 0.3.0's tensor-parallel plan the linears cast the gathered bf16 input on the rank
+  as here (a rank's shapes as they are); torchao's float8 tensor-parallel plan (``--fp8-tp``), which
+  casts before the collectives, is blocks/fp8_tp.py.
 
 FSDP2's float8 all-gather (``--fp8-all-gather``: torchao's ``enable_fsdp_float8_all_gather``, torchtitan's
 ``float8.enable_fsdp_float8_all_gather`` with ``precompute_float8_dynamic_scale_for_fsdp``; tensorwise only,

@@ -56,6 +56,7 @@ StageOpt = Annotated[
     "experts",
     "compile",
     "fp8_all_gather",
+    "fp8_tp",
     "fsdp_wrap",
     *_FINETUNE_OPTIONS,
     device=Device.CPU,

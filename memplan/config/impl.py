@@ -180,6 +180,14 @@ class ImplConfig(Frozen):
         "element and an fp32 scale) with precompute_float8_dynamic_scale_for_fsdp's amax all-reduce a step "
         "(blocks/fp8.py)",
     )
+    fp8_tp: bool = Field(
+        default=False,
+        description="--impl torchtitan --fp8 tensorwise --tp T --sp: torchao's float8 tensor-parallel plan "
+        "(Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput; torchtitan's 2024 "
+        "apply_tp under float8): each block's inputs cast on their sequence shard and all-gathered in "
+        "float8, the row-parallel outputs' gradients cast before the backward's all-gather "
+        "(blocks/fp8_tp.py)",
+    )
     overlap_grad_reduce: bool = Field(
         default=False,
         description="megatron: --overlap-grad-reduce (Megatron-LM's default off: its data-parallel gradient "

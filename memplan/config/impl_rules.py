@@ -164,6 +164,27 @@ def check_fp8_all_gather(setup: Setup) -> None:
         )
 
 
+def check_fp8_tp(setup: Setup) -> None:
+    """``--fp8-tp`` where it is modelled and traced: torchao's float8 tensor-parallel styles over torchtitan's
+    tensorwise ``Float8Linear`` blocks with sequence parallelism (torchao's styles assume dynamic tensorwise
+    scaling: ``_float8_linear_supports_float8_allgather``), without pp and cp (not traced)."""
+    if not setup.impl.fp8_tp:
+        return
+    par, impl = setup.parallel, setup.impl
+    full = setup.strategy.checkpointing is Checkpointing.FULL
+    why = (
+        "it needs --impl torchtitan --fp8 tensorwise (torchao's float8 styles are tensorwise only)"
+        if impl.impl is not Impl.TORCHTITAN or impl.fp8 is not Fp8Recipe.TENSORWISE
+        else "it needs --tp 2 or more with --sp" if par.tp < 2 or not par.sp
+        else "it is modelled without --pp and --cp" if par.pp > 1 or par.cp > 1
+        else "it is modelled with --compile under --checkpointing full only (a compiled block's saves under "
+        "the float8 plan are not traced)" if impl.compile and not full
+        else ""
+    )  # fmt: skip
+    if why:
+        raise ValueError(f"fp8_tp: torchao's float8 tensor-parallel plan: {why}; or drop --fp8-tp")
+
+
 def check_overlap_grad_reduce(setup: Setup) -> None:
     """``--overlap-grad-reduce`` and ``--overlap-param-gather`` are Megatron's switches; torch's DDP and
     FSDP (the other implementations) overlap their reductions with the backward by design."""
@@ -225,6 +246,7 @@ def check_fp8(setup: Setup) -> None:
             "megatron --fp8 delayed or drop --fp8-amax-history-len"
         )
     check_fp8_all_gather(setup)
+    check_fp8_tp(setup)
     check_overlap_grad_reduce(setup)
     if fp8 is Fp8Recipe.NONE:
         return

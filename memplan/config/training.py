@@ -17,6 +17,8 @@ class DType(StrEnum):
     UINT8 = "uint8"
     """Raw float8 bytes as Transformer Engine stores them (``Float8Tensor._data`` / ``_transpose`` are
     ``torch.uint8``, transformer_engine/pytorch/tensor/float8_tensor.py)."""
+    FP8_E4M3 = "fp8_e4m3"
+    """torch's ``float8_e4m3fn``: torchao's float8 casts (``Float8TrainingTensor._data``)."""
     BOOL = "bool"
     INT32 = "int32"
     INT64 = "int64"
@@ -35,6 +37,7 @@ _DTYPE_BYTES = {
     DType.FP16: 2,
     DType.INT8: 1,
     DType.UINT8: 1,
+    DType.FP8_E4M3: 1,
     DType.BOOL: 1,
     DType.INT32: 4,
     DType.INT64: 8,

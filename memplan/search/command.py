@@ -82,6 +82,7 @@ def impl_args(s: Setup) -> list[str]:
     out += [f"--fsdp-wrap {impl.fsdp_wrap.value}"] if impl.fsdp_wrap is not default.fsdp_wrap else []
     out += [f"--fp8 {impl.fp8.value}"] if impl.fp8 is not default.fp8 else []
     out += ["--fp8-all-gather"] if impl.fp8_all_gather else []
+    out += ["--fp8-tp"] if impl.fp8_tp else []
     out += ["--overlap-grad-reduce"] if impl.overlap_grad_reduce else []
     out += ["--overlap-param-gather"] if impl.overlap_param_gather else []
     return out

@@ -127,10 +127,11 @@ def with_method(setup: Setup, ft: FineTune, saver: Saver) -> Setup:
 
 
 def layout_free_impl(impl: ImplConfig) -> ImplConfig:
-    """``impl`` without FSDP2's switches that need ZeRO-3 over data-parallel ranks (``--fp8-all-gather``,
-    ``--fsdp-wrap root``: ``config.impl_rules``): what a search's base (one device) is built and judged
-    with; each family is judged with them (``valid``), so the search keeps the layouts that run them."""
-    return impl.replaced(fp8_all_gather=False, fsdp_wrap=FsdpWrap.UNITS)
+    """``impl`` without the switches that need a layout (``--fp8-all-gather``, ``--fsdp-wrap root``: ZeRO-3
+    over data-parallel ranks; ``--fp8-tp``: tp with sp; ``config.impl_rules``): what a search's base (one
+    device) is built and judged with; each family is judged with them (``valid``), so the search keeps the
+    layouts that run them."""
+    return impl.replaced(fp8_all_gather=False, fsdp_wrap=FsdpWrap.UNITS, fp8_tp=False)
 
 
 def layout_free(setup: Setup) -> Setup:

@@ -11,6 +11,10 @@ GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL`` × their wave a
 - rowwise: a row's amax and its cast in one pass (reads e, writes 1): e + 1.
 X is [T, in], W [in, out], dY [T, out] per linear (e the activation bytes).
 
+Under torchao's float8 tensor-parallel plan (``--fp8-tp``) the layers' inputs are cast once on their
+sequence shard and each output gradient once, before the collectives (``float8_plan_casts``); its
+per-cast amax all-reduce over the tp group (a scalar) is not charged.
+
 Under ``--impl megatron`` the casts are Transformer Engine's (``te_cast_bytes``): each writes the rowwise
 and columnwise float8 copies at once, the norm computes the amax of W_QKV's and W_fc1's input (current
 scaling) or writes the float8 copy itself (delayed scaling), the weights are cast once a step and X is not
@@ -83,6 +87,8 @@ def cast_bytes(setup: Setup) -> tuple[int, int]:
         backward += 2 * dy + w + x
         weights += w
     per = per_element(setup)
+    if setup.impl.fp8_tp:
+        forward, backward = float8_plan_casts(setup, weights)
     if blocks_fp8.all_gather(setup):
         # --fp8-all-gather: no weight cast in the linear; FSDP2's pre-all-gather casts the rank's fp32 shard
         # with the precomputed scale (``hp_tensor_and_scale_to_float8``: reads 4 B, writes 1 B an element),
@@ -90,6 +96,24 @@ def cast_bytes(setup: Setup) -> tuple[int, int]:
         shard = -(-weights // setup.strategy.shard_group)
         return (forward - weights) * per + 5 * shard, (backward - weights) * per + 5 * shard
     return forward * per, backward * per
+
+
+def float8_plan_casts(setup: Setup, weights: int) -> tuple[int, int]:
+    """Elements one layer casts on one rank under torchao's float8 tensor-parallel plan (``--fp8-tp``,
+    blocks/fp8_tp.py; traced: measure/distributed/titan_fp8_tp.py), (forward, backward), ``weights`` the
+    rank's weight elements (each cast once in forward and once in backward, as without the plan):
+    - forward: the attention's and the MLP's inputs once each on their sequence shard [T/t, h] (W1 and W3
+      share the gathered cast), W_O's input [T, a·d/t] and W_down's [T, f/t] on the rank;
+    - backward: each output gradient once (``NoopFwToFloat8BwDynamic``; the linear finds it float8 for dX
+      and dW): W_QKV's [T, (a + 2·kv)·d/t], W1's and W3's [T, f/t] on the rank, W_O's and W_down's on
+      their sequence shard [T/t, h]; the saved inputs are float8 already (no Xᵀ cast)."""
+    m, t = setup.model, setup.parallel.tp
+    tokens = setup.training.micro_batch * setup.training.seq_len // setup.parallel.cp
+    shard = tokens // t * m.hidden_size
+    q, qkv, f = m.num_heads * m.dim // t, (m.num_heads + 2 * m.kv_heads) * m.dim // t, m.ffn // t
+    forward = weights + 2 * shard + tokens * (q + f)
+    backward = weights + tokens * (qkv + 2 * f) + 2 * shard
+    return forward, backward
 
 
 def te_cast_bytes(setup: Setup) -> tuple[int, int]:

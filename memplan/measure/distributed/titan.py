@@ -41,9 +41,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import FsdpWrap, Setup, ZeroStage
+from memplan.measure.distributed import titan_fp8_tp
 from memplan.measure.distributed.instruments import ParameterStorages, local
 from memplan.measure.distributed.titan_peak import (
     PeakRun,
@@ -65,6 +68,7 @@ from memplan.measure.frameworks.titan import (
 from memplan.measure.frameworks.titan_attention import ring_attention, ring_kernel
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
+from memplan.measure.instruments.tracker import data_tensors
 from memplan.measure.reference.context import rotate_method
 
 
@@ -165,7 +169,10 @@ def meta_model(setup: Setup) -> Any:
     from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
     config = float8_config(setup, titan_config(setup))
-    set_llama3_sharding_config(config, enable_sp=setup.parallel.sp)
+    if setup.impl.fp8_tp:
+        titan_fp8_tp.set_sharding(config)  # the blocks laid out by torchao's float8 plan (parallelize_part)
+    else:
+        set_llama3_sharding_config(config, enable_sp=setup.parallel.sp)
     default = torch.get_default_dtype()
     torch.set_default_dtype(build_dtype(setup))
     try:
@@ -231,6 +238,8 @@ def parallelize_part(part: Any, setup: Setup, dims: Any, pp_enabled: bool) -> An
         ring_attention(part, dims.get_mesh("cp").get_group(), ring_kernel(setup))
     if setup.parallel.tp > 1:
         part.parallelize(dims)
+        if setup.impl.fp8_tp:
+            titan_fp8_tp.apply_plan(part, dims)
     apply_ac(part, setup)
     if s.dp > 1 and setup.impl.fsdp_wrap is FsdpWrap.ROOT:
         wrap_2024(part, dims.get_mesh("fsdp"), activation_dtype(setup))
@@ -291,6 +300,18 @@ class RankPathRecorder(PathRecorder):
         self.model = model
         self._param_storages = ParameterStorages(model)
         return ()
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """A saved DTensor whose local tensor is itself a wrapper (``--fp8-tp``'s
+        ``DTensor(Float8TrainingTensor)``: float8 data and an fp32 scale) counted by the tensors that hold
+        its bytes (``data_tensors``): the wrapper's own storage holds none, and ``detach`` makes a new one
+        (its record would be dropped as freed). Other wrappers as before: FSDP2's float8 unsharded weights
+        (``--fp8-all-gather``) are parameters, excluded by their own storage."""
+        if not (isinstance(t, DTensor) and is_traceable_wrapper_subclass(t._local_tensor)):
+            return super()._pack(t)
+        for part in data_tensors(t):
+            super()._pack(part)
+        return t.detach()
 
     def _info(self, t: torch.Tensor) -> Any:
         for ref in self._param_storages.new():

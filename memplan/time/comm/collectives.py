@@ -64,6 +64,7 @@ concurrent groups of different dimensions are taken not to share NICs (``fabric`
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from memplan.blocks import te_fp8
@@ -119,7 +120,30 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
             row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' inputs"),
             row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
         ]
+        if s.impl.fp8_tp:
+            rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, 2 * c.layers * n)
     return [r for r in rows if r.count]
+
+
+FLOAT8_GATHERS = ("sequence → linear inputs", "output gradients", "re-run layers' inputs")
+"""The sequence-parallel all-gathers torchao's float8 plan (``--fp8-tp``, blocks/fp8_tp.py) runs in float8:
+the layers' linear inputs, cast on their shard, and the row-parallel outputs' gradients, cast before the
+backward's all-gather; the head's input and the embedding's output gradient stay in the activation dtype."""
+
+
+def float8_gathers(rows: list[Row], f8: int, layer_calls: int) -> list[Row]:
+    """``rows`` with ``FLOAT8_GATHERS``' layer calls at ``f8`` bytes (one byte an element): of the forward's
+    and the backward's ``layer_calls`` are the layers' (the rest the head's and the embedding's), every
+    re-run call is."""
+    out = []
+    for r in rows:
+        if r.what not in FLOAT8_GATHERS:
+            out.append(r)
+            continue
+        layers = r.count if r.phase is Phase.RECOMPUTE else min(layer_calls, r.count)
+        out.append(dataclasses.replace(r, bytes=f8, count=layers, what=f"{r.what} (float8)"))
+        out.append(dataclasses.replace(r, count=r.count - layers))
+    return out
 
 
 def pp_rows(c: Critical, topo: Topology) -> list[Row]:
