@@ -84,6 +84,24 @@ def test_the_float8_plan_under_full_checkpointing_is_exact(
     assert_every_moment_exact(setup)
 
 
+def test_selective_checkpointing_keeps_one_amax_for_w1_and_w3() -> None:
+    """torchtitan's SelectiveAC caches each tensorwise amax (``aten.max``); under the float8 plan W1 and W3
+    share one cast of their input, so a block caches 9 amaxes, not 10 (``blocks.fp8.sac_amax_rules``): the
+    saves exact. The peak's re-run casts are not modelled, and the estimate says so in a note."""
+    from memplan.advice import notes
+    from memplan.api import build
+    from memplan.options import Options
+
+    setup = float8_plan("tiny", 64, 2, 2, "selective")
+    assert measure_titan_rank(setup).measured.activations == estimate(setup).activations
+    o = Options(
+        model="llama-3-8b", impl="torchtitan", fp8="tensorwise", tp=2, sp=True, checkpointing="selective"
+    )
+    assert not any(n.startswith("fp8_tp:") for n in notes(build(o)))
+    said = notes(build(o.model_copy(update={"fp8_tp": True})))
+    assert any(n.startswith("fp8_tp: under selective checkpointing") for n in said)
+
+
 def test_the_70b_tensor_parallel_layout_is_exact() -> None:
     """Table 4's layout of torchtitan's 2024 benchmarks (Llama 3.1 70B's widths, 2 layers, tp 8 + SP, full
     checkpointing, FSDP2's 2024 root wrapping over dp 2, the float8 plan; s 2,048, two sequences): every
