@@ -143,6 +143,9 @@ class _Group:
     states: dict[int, int] = field(default_factory=dict)
     """Each stage's largest model states on a device (``engine.states_floor``: the same at every micro-batch
     size), once learnt: one dict shared by the triple's groups."""
+    steps: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
+    """The optimizer step's and clipping's seconds (``predict.Unstaged.steps``: the same at every micro-batch
+    size): one dict shared by the triple's groups."""
     setups: dict[int, Setup] = field(default_factory=dict)
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
@@ -186,7 +189,8 @@ class _Group:
             first = self.made.get(0) or next(iter(self.made.values()), None)
             if first is None:
                 first, self.bounded = unplanned(self.setup(0)), True
-            self.shared = unstaged(first, self.gpu, peak_flops(self.gpu, first.setup.training.precision))
+            peak = peak_flops(self.gpu, first.setup.training.precision)
+            self.shared = unstaged(first, self.gpu, peak, self.steps)
         return self.shared
 
     def time(self, i: int) -> Timing:
@@ -277,8 +281,9 @@ def triple(
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
     families = [f for f, setup in zip(every, _stage_setups(base, every), strict=True) if valid(setup)]
     states: dict[int, int] = {}  # shared: a stage's model states do not depend on the micro-batch
+    steps: dict[tuple[object, ...], tuple[float, float]] = {}  # nor its optimizer step's seconds
     groups = [
-        _Group(b, n, base, families, result.gpu, mfu, states=states)
+        _Group(b, n, base, families, result.gpu, mfu, states=states, steps=steps)
         for b, n in micro_batches(result.global_batch, layout, space).items()
     ]
     result.searched += len(families) * len(groups)
