@@ -45,6 +45,7 @@ from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict
 
+from memplan.config import unvalidated
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.strategies.context_parallel import block_shares
@@ -313,25 +314,29 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
     fsdp = dp_copies.copy_seconds(c.setup, rows, gpu)
     step = busy + bubble + outside + clip + optimizer + host + copies_step + fsdp
     model = p.flops.model * n * p.setup.strategy.dp
-    return Prediction(
+    # unvalidated (``fit`` makes thousands): every field typed as validation would make it, in declaration
+    # order — the seconds as floats (validation turns an int into one), the rows a tuple
+    # (tests/test_config_replaced.py)
+    return unvalidated(
+        Prediction,
         stage=c.index,
         stage_layers=c.layers,
-        matmul_s=n * (forward.matmul_s + backward.matmul_s),
-        matmul_wave_efficiency=wave_efficiency(forward, backward, peak, efficiency.matmul(gpu)),
-        attention_s=n * (forward.attention_s + backward.attention_s),
-        elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
-        compute_s=compute,
-        exposed_s=hidden,
-        bubble_s=bubble,
-        clip_s=clip,
-        optimizer_s=optimizer,
-        dequant_s=n * (forward.dequant_s + backward.dequant_s),
-        launch_s=n * (forward.launch_s + backward.launch_s),
-        offload_micro_batch_s=copies_stage,
-        offload_step_s=copies_step,
-        host_optimizer_s=host,
-        dp_copies_s=fsdp,
-        step_time_s=step,
-        mfu=model / (step * p.devices * peak),
+        matmul_s=float(n * (forward.matmul_s + backward.matmul_s)),
+        matmul_wave_efficiency=float(wave_efficiency(forward, backward, peak, efficiency.matmul(gpu))),
+        attention_s=float(n * (forward.attention_s + backward.attention_s)),
+        elementwise_s=float(n * (forward.elementwise_s + backward.elementwise_s)),
+        compute_s=float(compute),
+        exposed_s={k: float(v) for k, v in hidden.items()},
+        bubble_s=float(bubble),
+        optimizer_s=float(optimizer),
+        clip_s=float(clip),
+        dequant_s=float(n * (forward.dequant_s + backward.dequant_s)),
+        launch_s=float(n * (forward.launch_s + backward.launch_s)),
+        offload_micro_batch_s=float(copies_stage),
+        offload_step_s=float(copies_step),
+        host_optimizer_s=float(host),
+        dp_copies_s=float(fsdp),
+        step_time_s=float(step),
+        mfu=float(model / (step * p.devices * peak)),
         communication=tuple(rows),
     )
