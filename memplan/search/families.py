@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate, states_floor, unplanned
+from memplan.engine import Result, estimate, floors, states_floor, unplanned
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
@@ -171,9 +171,11 @@ class _Group:
         """The stages' model states (``states``: ``engine.states_floor``) where no other micro-batch size
         has told them, lowest ZeRO stage first, up to the first within ``memory`` (the higher stages shard
         more; an unlearnt stage is simply not ruled out)."""
+        shared = None  # ``engine.floors``: the pieces and stages' parameters, the same at every ZeRO stage
         for i in range(len(self.families)):
             if i not in self.states:
-                self.states[i] = states_floor(self.setup(i))
+                shared = shared or floors(self.setup(i))
+                self.states[i] = states_floor(self.setup(i), shared)
             if self.states[i] <= memory:
                 return
 
