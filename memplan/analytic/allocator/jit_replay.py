@@ -9,8 +9,8 @@ docstring) without Python objects:
   links, so a freed block merges with its free neighbours as ``try_merge_blocks`` does); a free block is
   found by its address (unique: segments are laid one after another) in one open-addressed table of
   int64 arrays (``_find``: linear probing, deletion by shifting the probe chain back), twice the blocks'
-  room so at most half full — numba's typed dict took twice the time of the whole replay's other work
-  (the 405B fit search's 67 replays: 0.21 against 0.11 CPU s);
+  room so at most half full — with numba's typed dict instead the 405B fit search's 67 replays took
+  0.142–0.148 CPU s against 0.115 (alternately, docs/fit.md's fifth round);
 - each pool (large, small) one sorted set of integer keys (size, address) — size·2^shift + address, in
   units of 512 bytes (every size and address is a multiple of 512) — so that best fit is the first key ≥
   the request's (``_best_fit``'s (size, address) order, the lower address on a tie), kept as a sorted
