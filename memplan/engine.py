@@ -59,12 +59,14 @@ from memplan.stage_plan import StagePlan, device_states, plan_rank
 from memplan.strategies.lora_states import frozen_params, trainable_params
 from memplan.strategies.pipeline_parallel import (
     Group,
+    Stage,
     chunk_layers,
     group_of,
     representative_stages,
     rope_caches,
     stage,
     stage_layers,
+    stage_params,
 )
 from memplan.strategies.tensor_parallel import check_layout
 
@@ -218,19 +220,36 @@ def unplanned(setup: Setup) -> Result:
     )
 
 
-def states_floor(setup: Setup) -> int:
+@dataclass(frozen=True)
+class Floors:
+    """What ``states_floor`` reads besides the ZeRO stage (``floors``): the pieces and each planned stage
+    with its parameters — none of them reads the ZeRO stage (``pieces._PER_STEP``, ``stage_params``), so
+    the stages of one configuration share them."""
+
+    pieces: Pieces
+    stages: tuple[tuple[Stage, ParamCount], ...]
+
+
+def floors(setup: Setup) -> Floors:
+    """``Floors`` of ``setup`` (and of every setup that differs from it in the ZeRO stage alone). Raises
+    as ``estimate`` does (``check_layout`` reads no ZeRO stage either)."""
+    check_layout(setup)
+    pc = pieces_by_key(pieces_key(setup), setup)
+    parallel, n, tied = setup.parallel, setup.training.grad_accum, setup.model.tied_embeddings
+    planned = [stage(parallel, i, chunks, n) for i, chunks in _representative(setup)]
+    return Floors(pc, tuple((st, stage_params(pc.params, st, tied, parallel.pp)) for st in planned))
+
+
+def states_floor(setup: Setup, shared: Floors | None = None) -> int:
     """The largest model states (weights, gradients, optimizer: ``ModelStates.total``) on a device of
     ``estimate(setup)``'s stages, without the stage plans: a floor of each plan's
     ``StagePlan.lower_bound`` (weights + optimizer + max(gradients before the step + activations,
     gradients)), hence of its peak. It reads the stages' layers and parameters, the ZeRO stage and shards,
     the precision and the offload — not the micro-batch (``search.families``: one per configuration at
-    every micro-batch size; tests/plan/test_fit_shortcuts.py). Raises as ``estimate`` does."""
-    check_layout(setup)
-    pc = pieces_by_key(pieces_key(setup), setup)
-    parallel, n = setup.parallel, setup.training.grad_accum
-    return max(
-        device_states(pc, stage(parallel, i, chunks, n), setup).total for i, chunks in _representative(setup)
-    )
+    every micro-batch size; tests/plan/test_fit_shortcuts.py). ``shared``: ``floors`` of a setup that
+    differs from ``setup`` in the ZeRO stage alone (the same floor, sooner). Raises as ``estimate`` does."""
+    f = shared or floors(setup)
+    return max(device_states(f.pieces, st, setup, params).total for st, params in f.stages)
 
 
 def _representative(setup: Setup) -> list[tuple[int, tuple[int, ...]]]:

@@ -60,10 +60,10 @@ def bnb_states(states: ModelStates, setup: Setup) -> ModelStates:
     """bitsandbytes' AdamW8bit states counted per tensor (block-wise absmax, fp32 states below 4096
     elements: ``optimizer_step.bnb_state_bytes``) for one stage holding the whole model.
     NB: with pipeline stages or context parallelism the flat 2 bytes per parameter stay."""
-    if (
-        optimizer_impl(setup) is not OptimizerImpl.BITSANDBYTES
-        or setup.parallel.pp > 1
+    if (  # the layout first: cheaper than the implementation, and most of a search's layouts answer
+        setup.parallel.pp > 1
         or setup.parallel.cp > 1
+        or optimizer_impl(setup) is not OptimizerImpl.BITSANDBYTES
     ):
         return states
     return states.model_copy(update={"optimizer_states": bnb_state_bytes(step_tensors(setup))})
@@ -239,10 +239,13 @@ def _params_states(pc: Pieces, st: Stage, setup: Setup) -> tuple[ParamCount, Mod
     return params, stage_states(pc, params, st, setup, setup.parallel.ep)
 
 
-def device_states(pc: Pieces, st: Stage, setup: Setup) -> ModelStates:
+def device_states(pc: Pieces, st: Stage, setup: Setup, params: ParamCount | None = None) -> ModelStates:
     """The model states on one device of stage ``st``: ``StagePlan.states`` without the rest of the plan
-    (``engine.states_floor``)."""
-    states = _params_states(pc, st, setup)[1]
+    (``engine.states_floor``). ``params``: the stage's (``stage_params``), when the caller has them."""
+    if params is None:
+        states = _params_states(pc, st, setup)[1]
+    else:
+        states = stage_states(pc, params, st, setup, setup.parallel.ep)
     return offload.device_states(states, setup) if offload.applies(setup) else states
 
 

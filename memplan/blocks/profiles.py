@@ -67,14 +67,16 @@ def made_grad_bytes(setup: Setup) -> int:
 
 
 def profile_of(setup: Setup) -> Profile:
-    """The profile of ``setup.impl`` for the model's family."""
-    if setup.impl.impl is Impl.HF:
+    """The profile of ``setup.impl`` for the model's family (memplan's reference first: ``fit`` asks it tens
+    of thousands of times; ``compile_modelled`` is false without ``--compile``)."""
+    impl = setup.impl
+    if impl.impl is Impl.REFERENCE:
+        return COMPILED_REFERENCE if impl.compile and compile_modelled(setup) else REFERENCE
+    if impl.impl is Impl.HF:
         return hf_profile(setup)
-    if setup.impl.impl is Impl.MEGATRON:
+    if impl.impl is Impl.MEGATRON:
         return megatron.profile(setup)
-    if setup.impl.impl is Impl.TORCHTITAN:
-        return torchtitan.profile(setup, compiled=compile_modelled(setup))
-    return COMPILED_REFERENCE if compile_modelled(setup) else REFERENCE
+    return torchtitan.profile(setup, compiled=compile_modelled(setup))
 
 
 def compiled_sac(setup: Setup) -> bool:

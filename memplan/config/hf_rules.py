@@ -97,15 +97,28 @@ def default_attention(m: ModelConfig, impl: Impl, device: Device) -> Attention:
     return Attention.EAGER if no_flash(m, impl, device) else Attention.FLASH
 
 
+_USED: list[tuple[ModelConfig, tuple[str, ...]]] = []
+"""``hf_only_used``'s last model (by identity: a ``ModelConfig`` is frozen) and its answer."""
+
+
+def hf_only_used(m: ModelConfig) -> tuple[str, ...]:
+    """The ``ModelConfig.hf_only`` structures ``m`` uses, in their order; the last model's answer kept
+    (``fit`` checks thousands of setups of one model: the dict of two dozen entries was 1.6 % of its
+    405B search)."""
+    if _USED and _USED[0][0] is m:
+        return _USED[0][1]
+    used = tuple(name for name, on in m.hf_only.items() if on)
+    _USED[:] = [(m, used)]
+    return used
+
+
 def check_hf_only(setup: Setup) -> None:
     """Structure only transformers' code has (``ModelConfig.hf_only``) needs ``--impl hf`` and a family
     whose code has it; softcapped attention runs eager only (``Gemma2PreTrainedModel._supports_sdpa =
     False``). SDPA with a window ≤ seq on alternating layers: the two layer kinds' saves differ
     (``blocks.attention.full_layer_setup``)."""
     m, impl = setup.model, setup.impl.impl
-    for name, used in m.hf_only.items():
-        if not used:
-            continue
+    for name in hf_only_used(m):
         if impl is not Impl.HF:
             raise ValueError(f"{name}: modelled for transformers' code only; add --impl hf or drop it")
         families = HF_STRUCTURE.get(name, ())

@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass, field
 
 from memplan.config import Attention, Checkpointing, FineTune, Offload, Setup, ZeroStage
-from memplan.engine import Result, estimate, states_floor, unplanned
+from memplan.engine import Result, estimate, floors, states_floor, unplanned
 from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
@@ -143,6 +143,9 @@ class _Group:
     states: dict[int, int] = field(default_factory=dict)
     """Each stage's largest model states on a device (``engine.states_floor``: the same at every micro-batch
     size), once learnt: one dict shared by the triple's groups."""
+    steps: dict[tuple[object, ...], tuple[float, float]] = field(default_factory=dict)
+    """The optimizer step's and clipping's seconds (``predict.Unstaged.steps``: the same at every micro-batch
+    size): one dict shared by the triple's groups."""
     setups: dict[int, Setup] = field(default_factory=dict)
     made: dict[int, Result] = field(default_factory=dict)
     timed: dict[int, Timing] = field(default_factory=dict)
@@ -168,9 +171,11 @@ class _Group:
         """The stages' model states (``states``: ``engine.states_floor``) where no other micro-batch size
         has told them, lowest ZeRO stage first, up to the first within ``memory`` (the higher stages shard
         more; an unlearnt stage is simply not ruled out)."""
+        shared = None  # ``engine.floors``: the pieces and stages' parameters, the same at every ZeRO stage
         for i in range(len(self.families)):
             if i not in self.states:
-                self.states[i] = states_floor(self.setup(i))
+                shared = shared or floors(self.setup(i))
+                self.states[i] = states_floor(self.setup(i), shared)
             if self.states[i] <= memory:
                 return
 
@@ -186,7 +191,8 @@ class _Group:
             first = self.made.get(0) or next(iter(self.made.values()), None)
             if first is None:
                 first, self.bounded = unplanned(self.setup(0)), True
-            self.shared = unstaged(first, self.gpu, peak_flops(self.gpu, first.setup.training.precision))
+            peak = peak_flops(self.gpu, first.setup.training.precision)
+            self.shared = unstaged(first, self.gpu, peak, self.steps)
         return self.shared
 
     def time(self, i: int) -> Timing:
@@ -277,8 +283,9 @@ def triple(
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
     families = [f for f, setup in zip(every, _stage_setups(base, every), strict=True) if valid(setup)]
     states: dict[int, int] = {}  # shared: a stage's model states do not depend on the micro-batch
+    steps: dict[tuple[object, ...], tuple[float, float]] = {}  # nor its optimizer step's seconds
     groups = [
-        _Group(b, n, base, families, result.gpu, mfu, states=states)
+        _Group(b, n, base, families, result.gpu, mfu, states=states, steps=steps)
         for b, n in micro_batches(result.global_batch, layout, space).items()
     ]
     result.searched += len(families) * len(groups)

@@ -156,22 +156,25 @@ def every_layout(base: Setup, gpus: int, space: Space) -> list[Layout]:
     return [x for cp in degrees for x in layouts(base, gpus, space, cp)]
 
 
-def searchable(base: Setup, gpus: int, batch: int, space: Space) -> bool:
-    """Whether some layout of ``gpus`` devices and micro-batch size splits ``batch`` sequences evenly."""
-    return any(batch % (b * x.dp) == 0 for x in every_layout(base, gpus, space) for b in space.micro_batches)
+def searchable(base: Setup, gpus: int, batch: int, space: Space, every: list[Layout] | None = None) -> bool:
+    """Whether some layout of ``gpus`` devices and micro-batch size splits ``batch`` sequences evenly
+    (``every``: ``every_layout(base, gpus, space)`` when the caller has it)."""
+    found = every_layout(base, gpus, space) if every is None else every
+    return any(batch % (b * x.dp) == 0 for x in found for b in space.micro_batches)
 
 
 NEAR = 64
 """How far from --gpus ``why_nothing`` looks for a device count that would split the batch."""
 
 
-def too_many(base: Setup, gpus: int, space: Space) -> str | None:
+def too_many(base: Setup, gpus: int, space: Space, every: list[Layout] | None = None) -> str | None:
     """One line when every layout of ``gpus`` devices, with or without context parallelism, needs
     dp > ``MAX_DP`` (what `estimate` refuses), else None. The most devices a layout takes is
     tp · pp · cp · ``MAX_DP`` with the widest tp, the deepest pp (one layer a stage) and the largest cp that
-    ``layouts`` and ``context_degrees`` search (cp under flash attention only, as ``fit`` searches it)."""
+    ``layouts`` and ``context_degrees`` search (cp under flash attention only, as ``fit`` searches it).
+    ``every``: ``every_layout(base, gpus, space)`` when the caller has it."""
     flash = Attention.FLASH in space.attention
-    if every_layout(base, gpus, space):
+    if every_layout(base, gpus, space) if every is None else every:
         return None
     m, seq = base.model, base.training.seq_len
     widths = math.gcd(*tp_widths(m, m.moe.widths(m) if m.moe else ()).values())

@@ -123,9 +123,11 @@ def kv_bytes(dims: Dims, dtype: DType) -> int:
 
 
 def kv_bytes_of(setup: Setup) -> int:
-    """One rank's K/V in the activation dtype (``kv_bytes`` of the rank's dims)."""
-    dims = Dims.of(setup)
-    return kv_bytes(dims, dims.act)
+    """One rank's K/V in the activation dtype: ``kv_bytes`` of the rank's dims (``Dims.of``), the same
+    product read from the setup without building them (the cp ring's rows ask it of every layout)."""
+    m, t = setup.model, setup.training
+    s = t.seq_len // setup.parallel.cp
+    return 2 * t.micro_batch * m.kv_heads * s * m.dim * t.precision.activation_dtype.bytes
 
 
 def attention_reruns(setup: Setup) -> bool:

@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from pydantic import BaseModel, ConfigDict
 
+from memplan.config import unvalidated
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.strategies.context_parallel import block_shares
@@ -214,6 +215,26 @@ class Unstaged:
     backward: KernelTime
     before_dp: tuple[Row, ...]
     after_dp: tuple[Row, ...]
+    steps: dict[tuple[object, ...], tuple[float, float]] | None = field(default=None, compare=False)
+    """``step_seconds``' memo, or None: the caller may share one dict between the ``Unstaged`` of plans that
+    differ in the ZeRO stage, the micro-batch size and the micro-batch count alone (``search.families``:
+    one layout × checkpointing × attention)."""
+
+    def step_seconds(self, c: Critical, gpu: GpuPreset) -> tuple[float, float]:
+        """``compute.optimizer_seconds`` and ``compute.clip_seconds`` of ``c`` (a plan of such a family),
+        memoised in ``steps`` on the ZeRO stage and the busiest stage (its index and layers; its
+        parameters follow from them in one layout). Neither reads the micro-batch size or count: the
+        optimizer and clipping kernels run once per step over the parameters the device owns, by the
+        implementation, precision, optimizer, fine-tuning method, offload, dp and ZeRO shards
+        (``compute.optimizer_step_bytes``, ``optimizer.launch_kernels``, ``optimizer.clip_ops``);
+        tests/plan/test_fit_memos.py checks the memo against both."""
+        if self.steps is None:
+            return optimizer_seconds(c, gpu), clip_seconds(c, gpu)
+        key = (c.setup.strategy.zero, c.index, c.layers)
+        found = self.steps.get(key)
+        if found is None:
+            found = self.steps[key] = (optimizer_seconds(c, gpu), clip_seconds(c, gpu))
+        return found
 
     def rows(self, c: Critical, topo: Topology) -> list[Row]:
         """Every row of ``c`` (a plan of the same family at any ZeRO stage): these and its dp rows."""
@@ -248,13 +269,16 @@ class Unstaged:
         return out
 
 
-def unstaged(p: Result, gpu: GpuPreset, peak: float) -> Unstaged:
-    """``Unstaged`` of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device."""
+def unstaged(
+    p: Result, gpu: GpuPreset, peak: float, steps: dict[tuple[object, ...], tuple[float, float]] | None = None
+) -> Unstaged:
+    """``Unstaged`` of plan ``p`` on ``gpu`` at ``peak`` FLOP/s per device (``steps``: its memo of the
+    optimizer step's and clipping's seconds, ``Unstaged.steps``)."""
     c, topo = critical_stage(p), calibrated_topology(gpu)
     forward, backward = kernel_times(c, gpu, peak)
     before = tuple(r for rows in ROWS[:_DP] for r in rows(c, topo))
     after = tuple(r for rows in ROWS[_DP + 1 :] for r in rows(c, topo))
-    return Unstaged(c, forward, backward, before, after)
+    return Unstaged(c, forward, backward, before, after, steps)
 
 
 def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = None) -> Prediction:
@@ -281,32 +305,38 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
     compute = n * (forward.total_s + backward.total_s)
     busy = compute + in_stage + copies_stage
     bubble = busy * (par.pp - 1) / (par.vpp * n)
-    optimizer = optimizer_seconds(c, gpu)
-    clip = clip_seconds(c, gpu)
+    if shared is None:
+        optimizer, clip = optimizer_seconds(c, gpu), clip_seconds(c, gpu)
+    else:
+        optimizer, clip = shared.step_seconds(c, gpu)
     host = offload.host_optimizer_seconds(c, gpu)
     outside = sum(v for k, v in hidden.items() if k not in IN_STAGE)
     fsdp = dp_copies.copy_seconds(c.setup, rows, gpu)
     step = busy + bubble + outside + clip + optimizer + host + copies_step + fsdp
     model = p.flops.model * n * p.setup.strategy.dp
-    return Prediction(
+    # unvalidated (``fit`` makes thousands): every field typed as validation would make it, in declaration
+    # order — the seconds as floats (validation turns an int into one), the rows a tuple
+    # (tests/test_config_replaced.py)
+    return unvalidated(
+        Prediction,
         stage=c.index,
         stage_layers=c.layers,
-        matmul_s=n * (forward.matmul_s + backward.matmul_s),
-        matmul_wave_efficiency=wave_efficiency(forward, backward, peak, efficiency.matmul(gpu)),
-        attention_s=n * (forward.attention_s + backward.attention_s),
-        elementwise_s=n * (forward.elementwise_s + backward.elementwise_s),
-        compute_s=compute,
-        exposed_s=hidden,
-        bubble_s=bubble,
-        clip_s=clip,
-        optimizer_s=optimizer,
-        dequant_s=n * (forward.dequant_s + backward.dequant_s),
-        launch_s=n * (forward.launch_s + backward.launch_s),
-        offload_micro_batch_s=copies_stage,
-        offload_step_s=copies_step,
-        host_optimizer_s=host,
-        dp_copies_s=fsdp,
-        step_time_s=step,
-        mfu=model / (step * p.devices * peak),
+        matmul_s=float(n * (forward.matmul_s + backward.matmul_s)),
+        matmul_wave_efficiency=float(wave_efficiency(forward, backward, peak, efficiency.matmul(gpu))),
+        attention_s=float(n * (forward.attention_s + backward.attention_s)),
+        elementwise_s=float(n * (forward.elementwise_s + backward.elementwise_s)),
+        compute_s=float(compute),
+        exposed_s={k: float(v) for k, v in hidden.items()},
+        bubble_s=float(bubble),
+        optimizer_s=float(optimizer),
+        clip_s=float(clip),
+        dequant_s=float(n * (forward.dequant_s + backward.dequant_s)),
+        launch_s=float(n * (forward.launch_s + backward.launch_s)),
+        offload_micro_batch_s=float(copies_stage),
+        offload_step_s=float(copies_step),
+        host_optimizer_s=float(host),
+        dp_copies_s=float(fsdp),
+        step_time_s=float(step),
+        mfu=float(model / (step * p.devices * peak)),
         communication=tuple(rows),
     )

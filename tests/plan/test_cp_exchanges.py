@@ -51,6 +51,24 @@ def test_kv_bytes_is_the_ranks_k_and_v() -> None:
     assert cpx.kv_bytes(dims, DType.FP32) == kv(16, 4)
 
 
+FP32 = TrainingConfig(seq_len=64, micro_batch=3, precision="fp32")
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_kv_bytes_of_is_kv_bytes_of_the_dims(cp: int) -> None:
+    """``kv_bytes_of`` reads the setup without building ``Dims``: the same bytes, here and on an MLA, GQA
+    and fp32 rank."""
+    for setup in (
+        llama(cp),
+        llama(cp).model_copy(update={"model": load_model_preset("deepseek-v2-lite").model}),
+        llama(cp).model_copy(update={"model": load_model_preset("qwen3-0.6b").model}),
+        llama(cp).model_copy(update={"training": FP32}),
+    ):
+        dims = Dims.of(setup)
+        assert cpx.kv_bytes_of(setup) == cpx.kv_bytes(dims, dims.act)
+    assert cpx.kv_bytes_of(llama(4)) == kv(16, 2)
+
+
 def test_no_exchange_without_context_parallelism() -> None:
     assert cpx.kv_exchanges(llama(1)) == []
 

@@ -83,3 +83,29 @@ def test_a_shared_prediction_is_the_prediction(name: str, seq: int, options: dic
             assert bare == unplanned(_at_zero(base, z)), z
             if not reads_device(plans[z].setup.offload):  # else timed from the estimate (its copies)
                 assert timing(bare, H100, shared=shared) == timing(plans[z], H100), z
+
+
+@pytest.mark.parametrize(("name", "seq", "options"), SETUPS)
+def test_the_step_seconds_memo_is_the_prediction(name: str, seq: int, options: dict[str, object]) -> None:
+    """One ``Unstaged.steps`` memo (the optimizer step's and clipping's seconds) shared by the plans of one
+    layout × checkpointing × attention at other micro-batch sizes and counts and every ZeRO stage, as
+    ``fit``'s groups share it, filled first by each of them in turn: every ``Timing`` equals timing that
+    plan alone."""
+    first = 1 if options.get("hsdp") else 0
+    b, n = int(options.get("batch", 1)), int(options.get("grad_accum", 1))  # type: ignore[call-overload]
+    sizes = [(b, n), (2 * b, n), (b, 2 * n), (4 * b, 2 * n)]
+    rest = {k: v for k, v in options.items() if k not in ("batch", "grad_accum")}
+    plans = {
+        (size, z): estimate(_at_zero(build_setup(name, seq=seq, zero=first, batch=size[0], grad_accum=size[1],
+                                                 **rest), z))  # type: ignore[arg-type]
+        for size in sizes
+        for z in range(first, 4)
+    }  # fmt: skip
+    peak = peak_flops(H100, plans[(sizes[0], first)].setup.training.precision)
+    for start in range(len(sizes)):
+        steps: dict[tuple[object, ...], tuple[float, float]] = {}
+        for size in sizes[start:] + sizes[:start]:
+            shared = unstaged(plans[(size, first)], H100, peak, steps)
+            for z in range(first, 4):
+                assert timing(plans[(size, z)], H100, shared=shared) == timing(plans[(size, z)], H100)
+        assert steps  # the memo was read back, not bypassed

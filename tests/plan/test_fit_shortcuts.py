@@ -23,7 +23,7 @@ from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
 from memplan.analytic.fsdp.buffers import gather_units, root_wraps, stream_reserved
 from memplan.api import build_setup
-from memplan.config import Checkpointing, Parallel, ZeroStage
+from memplan.config import Checkpointing, Parallel, Setup, ZeroStage
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, load_gpu
 from memplan.reserved import clear_replays, cublas_workspace, cublas_workspaces
@@ -293,6 +293,23 @@ def test_states_floor_is_the_plans_states_at_every_micro_batch(name: str, seq: i
         assert all(sp.states.total <= sp.lower_bound for sp in r.stages)
         floors.add(floor)
     assert len(floors) == 1
+
+
+@pytest.mark.parametrize(("name", "seq", "over"), STATES_CASES)
+def test_states_floor_from_another_stages_floors(name: str, seq: int, over: dict) -> None:
+    """``states_floor`` given ``engine.floors`` of the same configuration at another ZeRO stage (what
+    ``fit``'s groups share between their stages) is ``states_floor`` alone."""
+    from memplan.engine import floors, states_floor
+
+    setup: Setup = _states_setup(name, seq, over, 2)  # type: ignore[assignment]
+    every = {z: setup.replaced(strategy=setup.strategy.replaced(zero=z)) for z in ZeroStage}
+    at = {z: s for z, s in every.items() if valid(s)}  # the stages memplan models here
+    alone = {z: states_floor(s) for z, s in at.items()}
+    for source in at:
+        shared = floors(at[source])
+        assert {z: states_floor(s, shared) for z, s in at.items()} == alone, source
+    if len(at) > 1 and setup.strategy.dp > 1 and not over.get("offload"):
+        assert len(set(alone.values())) > 1  # the stages' floors differ: the check is not vacuous
 
 
 @pytest.mark.parametrize(

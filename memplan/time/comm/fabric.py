@@ -27,6 +27,7 @@ Known limitations (NB): NCCL's protocols (LL, LL128, Simple) share one α per le
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -148,20 +149,39 @@ def per_node(room: int, dims: tuple[tuple[int, int], ...]) -> int:
 def placed(topo: Topology, dims: tuple[tuple[int, int], ...]) -> Link:
     """The link a group spanning ``dims`` ((stride, degree) pairs, innermost first) runs on: inside one node
     when all its ranks are on one, otherwise over ⌈n/k⌉ nodes with k of its ranks on each (module
-    docstring)."""
+    docstring). Memoised on the five numbers of ``topo`` it reads and ``dims`` (``_placed``)."""
+    intra = (topo.intra_node_gbps, topo.intra_node_latency_us)
+    return _placed(topo.gpus_per_node, intra, (topo.inter_node_gbps, topo.inter_node_latency_us), dims)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placed(
+    gpus_per_node: int,
+    intra: tuple[float, float],
+    inter: tuple[float, float],
+    dims: tuple[tuple[int, int], ...],
+) -> Link:
+    """``placed`` on a topology of ``gpus_per_node`` GPUs a node, NVLink's (GB/s, µs) ``intra`` and the
+    network's ``inter``: a pure function of them (a ``Link`` is frozen), which the search asks thousands of
+    times with a few dozen distinct groups (``clear_placed``)."""
     n = math.prod(d for _, d in dims)
-    k = per_node(topo.gpus_per_node, dims)
+    k = per_node(gpus_per_node, dims)
     if k >= n:
-        return Link("intra-node", topo.intra_node_gbps, topo.intra_node_latency_us)
+        return Link("intra-node", *intra)
     return Link(
         "inter-node",
-        k * topo.inter_node_gbps,
-        topo.inter_node_latency_us,
+        k * inter[0],
+        inter[1],
         nodes=-(-n // k),
         per_node=k,
-        intra_gbps=topo.intra_node_gbps,
-        intra_latency_us=topo.intra_node_latency_us,
+        intra_gbps=intra[0],
+        intra_latency_us=intra[1],
     )
+
+
+def clear_placed() -> None:
+    """Forget ``placed``'s memo (``search.fit`` starts each search without it: cold benchmarks)."""
+    _placed.cache_clear()
 
 
 def link(topo: Topology, group_stride: int, n: int) -> Link:
