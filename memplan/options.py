@@ -212,9 +212,8 @@ class Options(Frozen):
         default=False,
     )
     fp8_tp: bool = option(
-        "--impl torchtitan --fp8 tensorwise --tp T --sp: torchao's float8 tensor-parallel plan, as "
-        "torchtitan's 2024 apply_tp laid out float8 blocks (Float8ColwiseParallel, Float8RowwiseParallel, "
-        "PrepareFloat8ModuleInput): inputs cast on their sequence shard and all-gathered in float8, the "
+        "--impl torchtitan --fp8 tensorwise --tp T --sp: torchao's float8 tensor-parallel plan (torchtitan's "
+        "2024 apply_tp under float8): inputs cast on their sequence shard and all-gathered in float8, the "
         "row-parallel outputs' gradients cast before their all-gather (blocks/fp8_tp.py). Default: "
         "torchtitan 0.3.0's plan, which gathers bf16 and casts the gathered tensor",
         STRATEGY,
