@@ -357,12 +357,6 @@ def notes(b: Built) -> list[str]:
             f"inputs, and TE's cached float8 weights and transposes and quantizer state ({cache:,} bytes a "
             f"layer{history}) are counted in weights; derived from TE's source, not measured"
         )
-    if r.setup.impl.fp8_tp and r.setup.strategy.checkpointing is Checkpointing.SELECTIVE:
-        out.append(  # blocks/fp8_tp.py, tests/hf/test_fp8_tp.py
-            "fp8_tp: under selective checkpointing the re-run's float8 casts are not a modelled moment "
-            "(the saves are exact; the layer backward measured 1.2 % above the estimate at Llama 3 8B's "
-            "widths on tp 2); --checkpointing none and full are exact per rank"
-        )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:
         out.append(compiled)

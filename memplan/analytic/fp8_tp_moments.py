@@ -27,8 +27,8 @@ from __future__ import annotations
 from memplan.analytic.head_moments import gather_copies, residual_shard
 from memplan.blocks.fp8 import SCALE, cast_top
 from memplan.blocks.inventory import Dims
-from memplan.blocks.profiles import made_grad_bytes
-from memplan.config import Setup
+from memplan.blocks.profiles import made_grad_bytes, profile_of
+from memplan.config import Checkpointing, Setup
 
 
 def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
@@ -64,9 +64,23 @@ def rerun(setup: Setup, dims: Dims) -> int:
     concatenated copy and the [T/t, h] result), whichever is larger. Measured: on the tiny model (h = f)
     the product's cast tops; at Llama 3 8B's widths on tp 2 (s 1,024, two sequences) the weight cast
     (8,388,612 B above the estimate before), on tp 8 (s 4,096) the reduce-scatter (4,194,300 B below the
-    bf16 plan's figure, whose gathered dY is two bytes an element)."""
+    bf16 plan's figure, whose gathered dY is two bytes an element). Under torchtitan's SelectiveAC the block
+    re-runs all but the cached ops: W_down's matmul and reduce-scatter are cached (their outputs alive, no
+    reduce-scatter moment), its input's and weight's casts re-run. NB: SelectiveAC's moment is an upper
+    bound, 393,216 B above at 8B's widths on tp 2 (s 1,024), 1,966,078 B on tp 8 (s 4,096), 3,070 B on the
+    tiny model (33,292,292 B below at 8B's widths before); 0 without checkpointing."""
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
     alive = 3 * shard + t * h + SCALE + t * f * a
-    # the product's own cast (its float8 result is the save), W's cast, the reduce-scatter
-    return alive + max(cast_top(t * f) - t * f, cast_top(f * h) + SCALE, 2 * t * h * a + shard)
+    # the product's own cast (its float8 result is the save), W's cast; FullAC: W_down's reduce-scatter
+    moments = [cast_top(t * f) - t * f, cast_top(f * h) + SCALE]
+    if setup.strategy.segment:
+        moments.append(2 * t * h * a + shard)
+    elif (
+        profile_of(setup).op_selective_checkpoint and setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    ):
+        # SelectiveAC caches W_down's output (a partial [T, h]) and its reduce-scatter: no re-run of them
+        alive += t * h * a + shard
+    else:
+        return 0
+    return alive + max(moments)

@@ -185,10 +185,10 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
     attention's reduce-scattered output and the residual sum after it ([T/t, h] each).
     Measured at Llama 3.1 8B's widths on tp 8 (s 2,048, two sequences a micro-batch): the top of every
     layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py)."""
+    if fp8_tp.applies(setup):  # torchao's float8 plan: FullAC's re-run and SelectiveAC's
+        return fp8_tp_moments.rerun(setup, dims)
     if not setup.strategy.segment or sp_shards(setup) == 1:
         return 0
-    if fp8_tp.applies(setup):  # torchao's float8 plan
-        return fp8_tp_moments.rerun(setup, dims)
     return 3 * dims.tokens * dims.h * dims.act.bytes + 4 * residual_shard(setup, dims)
 
 

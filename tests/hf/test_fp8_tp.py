@@ -14,8 +14,9 @@ pytest.importorskip("torchao.float8.float8_tensor_parallel")
 from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.engine import estimate
 from memplan.measure.distributed.titan import measure_titan_rank
+from memplan.measure.distributed.titan_peak import estimated_moments
 from tests.hf.harness import hf_setup
-from tests.hf.test_torchtitan_peak import assert_every_moment_exact
+from tests.hf.test_torchtitan_peak import MOMENTS, assert_every_moment_exact
 from tests.hf.test_torchtitan_ranks import ranked
 
 
@@ -30,8 +31,9 @@ def test_the_float8_plan_saves_float8_inputs() -> None:
     beside the flash core's own output, W_down's [T, f/t] in place of the bf16 product — every save by
     name and layer as the estimate says, and every moment of the backward exact."""
     setup = float8_plan("tiny", 64, 2)
-    est = assert_every_moment_exact(setup)
-    run = measure_titan_rank(setup)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    measured, estimated = run.peak.moments(MOMENTS), estimated_moments(est)
+    assert {n: measured[n] - estimated[n] for n in MOMENTS} == dict.fromkeys(MOMENTS, 0)  # type: ignore[operator]
     fp8 = sorted(
         (r.name, r.shape, r.bytes) for r in run.measured.records if r.dtype == "fp8_e4m3" and r.layer == 0
     )
@@ -84,22 +86,22 @@ def test_the_float8_plan_under_full_checkpointing_is_exact(
     assert_every_moment_exact(setup)
 
 
-def test_selective_checkpointing_keeps_one_amax_for_w1_and_w3() -> None:
+@pytest.mark.parametrize(("preset", "seq", "tp", "batch"), [("tiny", 64, 2, 2), ("llama-3-8b", 1024, 2, 2)])
+def test_selective_checkpointing_under_the_float8_plan(preset: str, seq: int, tp: int, batch: int) -> None:
     """torchtitan's SelectiveAC caches each tensorwise amax (``aten.max``); under the float8 plan W1 and W3
     share one cast of their input, so a block caches 9 amaxes, not 10 (``blocks.fp8.sac_amax_rules``): the
-    saves exact. The peak's re-run casts are not modelled, and the estimate says so in a note."""
-    from memplan.advice import notes
-    from memplan.api import build
-    from memplan.options import Options
-
-    setup = float8_plan("tiny", 64, 2, 2, "selective")
-    assert measure_titan_rank(setup).measured.activations == estimate(setup).activations
-    o = Options(
-        model="llama-3-8b", impl="torchtitan", fp8="tensorwise", tp=2, sp=True, checkpointing="selective"
+    saves exact, and the moments but the layer's. Its re-run (the casts of W_down's input and weight beside
+    the cached W_down output and reduce-scatter, ``fp8_tp_moments.rerun``) is an upper bound: NB 3,070 B
+    (0.6 %) above on the tiny model, 393,216 B (0.01 %) at Llama 3 8B's widths (33,292,292 B below before)."""
+    setup = float8_plan(preset, seq, tp, batch, "selective")
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert run.measured.activations == est.activations
+    measured, estimated = run.peak.moments(MOMENTS), estimated_moments(est)
+    layer = "layer backward"
+    assert {n: measured[n] - estimated[n] for n in MOMENTS if n != layer} == dict.fromkeys(
+        [n for n in MOMENTS if n != layer], 0
     )
-    assert not any(n.startswith("fp8_tp:") for n in notes(build(o)))
-    said = notes(build(o.model_copy(update={"fp8_tp": True})))
-    assert any(n.startswith("fp8_tp: under selective checkpointing") for n in said)
+    assert 0 <= estimated[layer] - measured[layer] <= estimated[layer] // 100  # type: ignore[operator]
 
 
 def test_the_70b_tensor_parallel_layout_is_exact() -> None:
