@@ -28,7 +28,7 @@ from memplan.analytic.head_moments import gather_copies, residual_shard
 from memplan.blocks.fp8 import SCALE, cast_top
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import made_grad_bytes, profile_of
-from memplan.config import Checkpointing, Setup
+from memplan.config import Checkpointing, Fp8Recipe, Setup
 
 
 def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
@@ -54,7 +54,14 @@ def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
     }
 
 
-def rerun(setup: Setup, dims: Dims) -> int:
+def selective(setup: Setup) -> bool:
+    """torchtitan's per-op SelectiveAC (``Profile.op_selective_checkpoint``)."""
+    return (
+        profile_of(setup).op_selective_checkpoint and setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    )
+
+
+def rerun(setup: Setup, dims: Dims) -> int | None:
     """A layer re-run under full checkpointing (``layer_backward.sp_rerun_scatter``'s moment under the
     float8 plan), above the re-run's saves: the backward's first nodes (the output gradient's cast and
     float8 all-gather) ran before the re-run, so the [T/t, h] shard and the float8 dY [T, h] are alive,
@@ -68,17 +75,27 @@ def rerun(setup: Setup, dims: Dims) -> int:
     re-runs all but the cached ops: W_down's matmul and reduce-scatter are cached (their outputs alive, no
     reduce-scatter moment), its input's and weight's casts re-run. NB: SelectiveAC's moment is an upper
     bound, 393,216 B above at 8B's widths on tp 2 (s 1,024), 1,966,078 B on tp 8 (s 4,096), 3,070 B on the
-    tiny model (33,292,292 B below at 8B's widths before); 0 without checkpointing."""
+    tiny model (33,292,292 B below at 8B's widths before).
+
+    torchtitan 0.3.0's plan with tensorwise float8 under SelectiveAC re-runs the same casts: its W_down
+    input is the bf16 product (a save), whose cast ``Float8Linear`` makes again before the cached matmul,
+    then W's, beside the gathered bf16 dY, the four [T/t, h] (the shard, the attention's cached
+    reduce-scatter, the residual sum, W_down's cached reduce-scatter) and W_down's cached partial [T, h]:
+    the layer's top at 8B's widths on tp 2 (s 1,024; 12,320,768 B below before, 393,208 B above now, the
+    same NB). None where neither applies (``layer_backward.sp_rerun_scatter``'s own figure then)."""
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
+    if not setup.impl.fp8_tp:
+        if setup.impl.fp8 is not Fp8Recipe.TENSORWISE or not selective(setup) or shard == t * h * a:
+            return None
+        alive = 4 * shard + 2 * t * h * a
+        return alive + max(cast_top(t * f) + SCALE, t * f + SCALE + cast_top(f * h) + SCALE)
     alive = 3 * shard + t * h + SCALE + t * f * a
     # the product's own cast (its float8 result is the save), W's cast; FullAC: W_down's reduce-scatter
     moments = [cast_top(t * f) - t * f, cast_top(f * h) + SCALE]
     if setup.strategy.segment:
         moments.append(2 * t * h * a + shard)
-    elif (
-        profile_of(setup).op_selective_checkpoint and setup.strategy.checkpointing is Checkpointing.SELECTIVE
-    ):
+    elif selective(setup):
         # SelectiveAC caches W_down's output (a partial [T, h]) and its reduce-scatter: no re-run of them
         alive += t * h * a + shard
     else:

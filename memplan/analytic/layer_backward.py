@@ -185,8 +185,8 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
     attention's reduce-scattered output and the residual sum after it ([T/t, h] each).
     Measured at Llama 3.1 8B's widths on tp 8 (s 2,048, two sequences a micro-batch): the top of every
     layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py)."""
-    if fp8_tp.applies(setup):  # torchao's float8 plan: FullAC's re-run and SelectiveAC's
-        return fp8_tp_moments.rerun(setup, dims)
+    if (float8 := fp8_tp_moments.rerun(setup, dims)) is not None:  # torchao's float8 re-runs
+        return float8
     if not setup.strategy.segment or sp_shards(setup) == 1:
         return 0
     return 3 * dims.tokens * dims.h * dims.act.bytes + 4 * residual_shard(setup, dims)
@@ -211,9 +211,8 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
     alive); on tp 8 at ``first`` (s 2,048, one sequence), 11,534,336 B above the estimate before, and at
     ``gather`` (s 4,096, two), 2,097,152 B above; with torchao's tensorwise float8 (``first`` is
     ``fp8_first_backward``'s casts, dY's shard for dY) 8,388,608 B over before on tp 2; exact now
-    (tests/hf/test_torchtitan_peak.py). NB: float8 under SelectiveAC on tp 2 (s 1,024, two sequences)
-    12,320,768 B under (3,932,160 B before): the moment tops at W_gate's backward weight cast with a third
-    [T, h] gathered copy alive that this does not place; not found."""
+    (tests/hf/test_torchtitan_peak.py). Under SelectiveAC the layer tops in its re-run, at W_down's
+    weight cast (``fp8_tp_moments.rerun``; 12,320,768 B under before, an upper bound now)."""
     if fp8_tp.applies(setup):  # torchao's float8 plan: casts before the collectives
         return fp8_tp_moments.mlp_moments(setup, dims, layer_saves(setup, {Block.MLP}, {Role.MLP_INNER}))
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
