@@ -26,8 +26,10 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
 - tp with sp: each all-reduce becomes an all-gather and a reduce-scatter of X (same bytes on the wire);
   forward 2L+1 of each (the embedding reduce-scatters, the head all-gathers); backward the transposes
   (an all-gather for each forward reduce-scatter, exposed; a reduce-scatter for each forward all-gather,
-  overlapped with the weight gradient) plus the re-gather of each column-parallel linear's saved sharded
-  input for its weight gradient (overlapped with the input-gradient GEMM).
+  overlapped with the weight gradient) plus, where the column-parallel linears save their sharded input
+  (Megatron), its re-gather for the weight gradient (overlapped with the input-gradient GEMM); torchtitan
+  keeps the gathered input (``Profile.sp_module_gather``): no re-gather. Under torchao's float8 plan
+  (``--fp8-tp``) the layers' gathers move float8 (``float8_gathers``).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
 - dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype (fp32 under
@@ -68,6 +70,7 @@ import dataclasses
 from collections.abc import Callable
 
 from memplan.blocks import te_fp8
+from memplan.blocks.profiles import profile_of
 from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
@@ -111,12 +114,15 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
         ]
     else:
         AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+        regather = 0 if profile_of(s).sp_module_gather else fwd_in
         rows += [
             row(AG, Phase.FORWARD, fwd_in, Overlap.NONE, "sequence → linear inputs"),
             row(RS, Phase.FORWARD, fwd_out, Overlap.NONE, "outputs → sequence shards"),
             row(AG, Phase.BACKWARD, fwd_out, Overlap.NONE, "output gradients"),
             row(RS, Phase.BACKWARD, fwd_in, Overlap.BACKWARD, "input gradients ‖ dW"),
-            row(AG, Phase.BACKWARD, fwd_in, Overlap.BACKWARD, "saved inputs for dW ‖ dX"),
+            # Megatron saves the shard and gathers it again for dW; torchtitan keeps the gathered input
+            # (``Profile.sp_module_gather``, its memory: ``strategies.sequence_parallel``): no gather
+            row(AG, Phase.BACKWARD, regather, Overlap.BACKWARD, "saved inputs for dW ‖ dX"),
             row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' inputs"),
             row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
         ]
