@@ -177,12 +177,27 @@ def check_fp8_tp(setup: Setup) -> None:
         if impl.impl is not Impl.TORCHTITAN or impl.fp8 is not Fp8Recipe.TENSORWISE
         else "it needs --tp 2 or more with --sp" if par.tp < 2 or not par.sp
         else "it is modelled without --pp and --cp" if par.pp > 1 or par.cp > 1
+        else f"torchao's float8 styles take converted linears only, and torchtitan converts none whose width "
+        f"is not a multiple of 16 ({setup.model.name}: {odd})" if (odd := unconverted(setup))
         else "it is modelled with --compile under --checkpointing full only (a compiled block's saves under "
         "the float8 plan are not traced)" if impl.compile and not full
         else ""
     )  # fmt: skip
     if why:
         raise ValueError(f"fp8_tp: torchao's float8 tensor-parallel plan: {why}; or drop --fp8-tp")
+
+
+def unconverted(setup: Setup) -> str:
+    """The widths of a Llama block's linears that torchtitan's float8 converter skips (``module_filter_fn``:
+    in or out features not a multiple of 16; ``blocks.fp8.titan_linear_shapes``), named; empty if none."""
+    m = setup.model
+    widths = {
+        "hidden": m.hidden_size,
+        "q·k·v": (m.num_heads + 2 * m.kv_heads) * m.dim,
+        "heads·d": m.num_heads * m.dim,
+        "ffn": m.ffn,
+    }
+    return ", ".join(f"{k} {v}" for k, v in widths.items() if v % 16)
 
 
 def check_overlap_grad_reduce(setup: Setup) -> None:

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torchtitan.models.llama3")
 pytest.importorskip("torchao.float8.float8_tensor_parallel")
 
-from memplan.config import Fp8Recipe, Impl, Setup
+from memplan.config import Fp8Recipe, Impl, ModelConfig, Setup
 from memplan.engine import estimate
 from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments
@@ -20,7 +20,9 @@ from tests.hf.test_torchtitan_peak import MOMENTS, assert_every_moment_exact
 from tests.hf.test_torchtitan_ranks import ranked
 
 
-def float8_plan(preset: str, seq: int, tp: int, batch: int = 1, checkpointing: str = "none") -> Setup:
+def float8_plan(
+    preset: str | ModelConfig, seq: int, tp: int, batch: int = 1, checkpointing: str = "none"
+) -> Setup:
     base = hf_setup(preset, seq=seq, batch=batch, impl=Impl.TORCHTITAN, checkpointing=checkpointing)
     return ranked(base, tp, True, fp8=Fp8Recipe.TENSORWISE, fp8_tp=True)
 
@@ -180,6 +182,13 @@ def test_the_float8_plan_refuses_what_it_does_not_model(args: list[str], field: 
         and field in line
         and "--fp8-tp" in line
     )
+
+
+def test_the_float8_plan_refuses_linears_torchtitan_does_not_convert() -> None:
+    """torchtitan's converter skips a linear whose width is not a multiple of 16, and torchao's float8 styles
+    refuse a plain linear (``_apply``: "Expecting module to be Float8Linear"): refused before any run."""
+    with pytest.raises(ValueError, match=r"fp8_tp: .*multiple of 16 \(tiny: ffn 72\)"):
+        float8_plan(hf_setup("tiny", impl=Impl.TORCHTITAN, ffn_size=72).model, 64, 2)
 
 
 def test_trace_cli_runs_the_float8_plan() -> None:
