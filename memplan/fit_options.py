@@ -36,6 +36,7 @@ FIT_OPTIONS = (
     "fsdp_wrap",
     "fp8",
     "fp8_all_gather",
+    "fp8_tp",
     "overlap_grad_reduce",
     "overlap_param_gather",
 )

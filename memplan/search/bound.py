@@ -95,7 +95,12 @@ from memplan.time.timing import peak_flops
 
 
 def tp_layer_seconds(
-    x: int, par: Parallel, gpu: GpuPreset, ckpt: Checkpointing = Checkpointing.NONE, b: int = 1
+    x: int,
+    par: Parallel,
+    gpu: GpuPreset,
+    ckpt: Checkpointing = Checkpointing.NONE,
+    b: int = 1,
+    gathered: int | None = None,
 ) -> float:
     """The sequence-parallel collectives of one layer that no compute hides, in ``Sequence``'s units (one
     sequence, its t · cp ranks together) at micro-batch ``b``: ``comm.collectives.tp_rows``' two
@@ -104,13 +109,15 @@ def tp_layer_seconds(
     (``Overlap.NONE``; x = (s/cp)·h·e, one sequence's, ``Sequence.hidden_bytes``), and a re-run layer's
     (full checkpointing) all-gathers and reduce-scatters, four more; each as ``comm.fabric.
     collective_seconds`` times it; the head's calls left out. 0 without sequence parallelism (``fit``
-    searches tp > 1 with sp only)."""
+    searches tp > 1 with sp only). ``gathered``: the bytes one all-gather moves where it is not X — under
+    torchao's float8 plan (``--fp8-tp``) the layers' gathers move one byte an element
+    (``comm.collectives.float8_gathers``), the reduce-scatters X."""
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
     rerun = 2 if ckpt >= Checkpointing.EVERY_K else 0  # a re-run layer's all-gathers, reduce-scatters
-    gathers = (4 + rerun) * collective_seconds(Collective.ALL_GATHER, b * x, t, on)
+    gathers = (4 + rerun) * collective_seconds(Collective.ALL_GATHER, b * (gathered or x), t, on)
     scatters = (2 + rerun) * collective_seconds(Collective.REDUCE_SCATTER, b * x, t, on)
     return t * par.cp * (gathers + scatters) / b
 
@@ -252,6 +259,8 @@ class Bound:
     gpu: GpuPreset
     gpus: int
     global_batch: int
+    float8_gathers: bool = False
+    """``--fp8-tp``: the layers' sequence-parallel all-gathers move one byte an element."""
     _references: dict[tuple[object, ...], Reference | None] = field(default_factory=dict)
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
     _with_tp: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
@@ -272,6 +281,9 @@ class Bound:
                     "strategy": base.strategy.model_copy(
                         update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
                     ),
+                    # --fp8-tp needs tp: the one-device reference runs without it (it changes the casts,
+                    # left out, and the tp collectives, which ``with_tp`` charges in float8)
+                    "impl": base.impl.replaced(fp8_tp=False),
                 }
             )
             try:
@@ -298,7 +310,9 @@ class Bound:
         key = _sequence_key(base, ckpt, attention, par, b)
         if key not in self._with_tp:
             one = self.sequence(base, ckpt, attention, par, b)
-            comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b)
+            e = base.training.precision.activation_dtype.bytes
+            gathered = one.hidden_bytes // e if self.float8_gathers else None
+            comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b, gathered)
             if comm:
                 one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
             self._with_tp[key] = one

@@ -491,6 +491,25 @@ def test_the_bounds_prune_no_row_of_the_full_evaluation(
     assert rows(pruned) == rows(full)
 
 
+def test_the_bounds_prune_no_row_under_the_float8_plan() -> None:
+    """``--fp8-tp`` (torchao's float8 tensor-parallel plan, held by every tp + sp family; the others cannot
+    run it): the layers' all-gathers move one byte an element, and the bound charges them so
+    (``Bound.float8_gathers``): the ``keep`` fastest rows with pruning are the search's that prunes
+    nothing, each row's command holding ``--fp8-tp``."""
+    impl = ImplConfig(impl=Impl.TORCHTITAN, fp8=Fp8Recipe.TENSORWISE, fp8_tp=True)
+    base = build_setup("llama-3.2-1b", seq=4096, impl=impl.replaced(fp8_tp=False)).replaced(impl=impl)
+    space = Space(micro_batches=(1, 2, 4), tp_max=4, cp_max=2, vpp=(1,), hsdp=False, keep=6)
+    pruned = fit(base, H100, 16, global_batch=64, space=space, max_seq=False)
+    full = fit(base, H100, 16, global_batch=64, space=dataclasses.replace(space, keep=0), max_seq=False)
+    assert pruned.pruned > 0 and full.pruned == 0
+
+    def rows(r) -> list[tuple[str, float]]:  # type: ignore[no-untyped-def]
+        return [(estimate_command(c, r), c.timing.step_time_s) for c in r.fitting[: space.keep]]
+
+    assert rows(pruned) == rows(full) and all("--fp8-tp --" in c for c, _ in rows(pruned))
+    assert all(c.family.layout.parallel.tp > 1 for c in full.fitting)
+
+
 @pytest.mark.parametrize(
     ("tp", "cp", "b", "ckpt"), [(2, 1, 1, "none"), (8, 2, 2, "selective"), (4, 4, 1, "full")]
 )
@@ -522,6 +541,37 @@ def test_the_bounds_tp_collectives_are_the_rows_no_compute_hides(tp: int, cp: in
     per_device = 3 * b * 32 * tp_layer_seconds(x, par, H100, mode, b) / (tp * cp)
     assert per_device == pytest.approx(calls * (call + latency), rel=1e-12)
     assert sum(r.time_s for r in rows) == pytest.approx((calls + 3 * 3) * (call + latency), rel=1e-12)
+
+
+def test_the_bounds_tp_collectives_under_the_float8_plan() -> None:
+    """``--fp8-tp``: of a layer's six calls the four all-gathers move X/2 (float8: one byte an element of
+    the bf16 X), the two reduce-scatters X; the head's input and the embedding's output gradient stay X.
+    The bound (``gathered``) is the layers' calls exactly, the rows those and the head's three."""
+    from memplan.engine import estimate
+    from memplan.search.bound import tp_layer_seconds
+    from memplan.time.calibration import calibrated_topology
+    from memplan.time.comm.collectives import tp_rows
+    from memplan.time.comm.fabric import Collective, link, ring_bandwidth, ring_latency
+    from memplan.time.comm.rows import Overlap, critical_stage
+
+    tp, par = 2, Parallel(tp=2, sp=True)
+    impl = ImplConfig(impl=Impl.TORCHTITAN, fp8=Fp8Recipe.TENSORWISE, fp8_tp=True)
+    setup = build_setup("llama-3-8b", seq=8192, parallel=par, grad_accum=3, impl=impl)
+    c = critical_stage(estimate(setup))
+    topo = calibrated_topology(H100)
+    rows = [r for r in tp_rows(c, topo) if r.overlap is Overlap.NONE and r.what != "cross entropy"]
+    on = link(topo, 1, tp)
+    x = 8192 * 4096 * 2
+    latency = ring_latency(Collective.ALL_GATHER, tp, on)
+    whole, half = ((tp - 1) / tp * n / ring_bandwidth(on) + latency for n in (x, x // 2))
+    layers = 3 * 32 * (4 * half + 2 * whole)  # micro-batches × layers × (gathers, reduce-scatters)
+    mode = setup.strategy.checkpointing
+    one = Bound(H100, 1, 1, float8_gathers=True).sequence(setup, mode, Attention.FLASH, par).hidden_bytes
+    assert one == x
+    assert 3 * 32 * tp_layer_seconds(one, par, H100, mode, 1, one // 2) / tp == pytest.approx(
+        layers, rel=1e-12
+    )
+    assert sum(r.time_s for r in rows) == pytest.approx(layers + 3 * 3 * whole, rel=1e-12)
 
 
 @pytest.mark.parametrize("rotate", ["allgather", "kv-gather"])
