@@ -1,6 +1,8 @@
-"""The MLP's backward under torchao's float8 tensor-parallel plan (``--fp8-tp``, blocks/fp8_tp.py), moment by
-moment: what ``layer_backward.sp_mlp_moments`` gives for torchtitan 0.3.0's plan, for the 2024 plan's
-casts. In its order (W_down a ``Float8RowwiseParallel``, W_up and W_gate ``Float8ColwiseParallel``s):
+"""Float8's own moments of a tensor-parallel layer: the MLP's backward under torchao's float8
+tensor-parallel plan (``--fp8-tp``, blocks/fp8_tp.py) moment by moment — what
+``layer_backward.sp_mlp_moments`` gives for torchtitan 0.3.0's plan, for the 2024 plan's casts — and the
+float8 re-runs of full and selective checkpointing (``rerun``). The MLP's backward, in its order (W_down
+a ``Float8RowwiseParallel``, W_up and W_gate ``Float8ColwiseParallel``s):
 
 1. the layer's output gradient, the [T/t, h] shard (``residual_shard``, alive to the end), is cast to
    float8 by ``NoopFwToFloat8BwDynamic`` (``blocks.fp8.cast_top`` of its elements: ``cast``) and
@@ -18,8 +20,9 @@ casts. In its order (W_down a ``Float8RowwiseParallel``, W_up and W_gate ``Float
    float8 input [T, h] and the scales of it and of W_gate's weight cast.
 
 Measured at Llama 3 8B's widths (tp 8 + SP, s 4,096, two sequences a micro-batch; fake process group):
-every step above as written, ``first`` the layer's top (163,577,856 B above its live set), 284,164,108 B
-below what 0.3.0's plan's casts of the gathered bf16 [T, h] gave (tests/hf/test_fp8_tp.py).
+every step above as written (``first_dx``, never the top there, derived from the same sequence),
+``first`` the layer's top (163,577,856 B above its live set), 284,164,108 B below what 0.3.0's plan's casts
+of the gathered bf16 [T, h] gave; on tp 2 (s 1,024) ``gate_weight`` tops (tests/hf/test_fp8_tp.py).
 """
 
 from __future__ import annotations
