@@ -96,6 +96,8 @@ def test_cutoff_keeps_the_fastest() -> None:
 
 
 TITAN_FP8 = ImplConfig(impl=Impl.TORCHTITAN, compile=True, fp8=Fp8Recipe.TENSORWISE)
+TITAN_FP8_TP = ImplConfig(impl=Impl.TORCHTITAN, fp8=Fp8Recipe.TENSORWISE, fp8_tp=True)
+"""torchao's float8 tensor-parallel plan (``--fp8-tp``): held where tp > 1 with sp."""
 
 
 @pytest.mark.parametrize(
@@ -629,7 +631,7 @@ _MODELS = ("llama-3.2-1b", "llama-3-8b", "mixtral-8x7b", "qwen2.5-7b", "gpt2-xl"
 )
 @given(
     model=st.sampled_from(_MODELS),
-    impl=st.sampled_from([None, TITAN_FP8, ImplConfig(impl=Impl.MEGATRON)]),
+    impl=st.sampled_from([None, TITAN_FP8, TITAN_FP8_TP, ImplConfig(impl=Impl.MEGATRON)]),
     tp=st.sampled_from([1, 2, 4, 8]),
     pp=st.sampled_from([1, 2, 3, 4]),
     vpp=st.sampled_from([1, 2]),
@@ -655,7 +657,8 @@ def test_bound_is_below_the_prediction_over_random_layouts(
 ) -> None:
     """The bound (``Bound.seconds``) never above the prediction of any ZeRO stage, over random presets,
     implementations, layouts (sp with every tp, uneven and interleaved stages, cp), checkpointing, eager or
-    flash attention, micro-batch sizes and counts: whatever memplan accepts."""
+    flash attention, micro-batch sizes and counts: whatever memplan accepts (``--fp8-tp``: the bound's
+    gathers in float8)."""
     from memplan.engine import estimate
 
     attention = Attention.EAGER if eager else Attention.FLASH
@@ -679,8 +682,10 @@ def test_bound_is_below_the_prediction_over_random_layouts(
         except ValueError:
             continue
     assume(setups)
-    base = build_setup(model, seq=seq, attention=kind, impl=impl)
-    bound = Bound(H100, gpus, b * n * dp).seconds(base, ckpt, attention, par, n)
+    base = build_setup(model, seq=seq, attention=kind, impl=impl and impl.replaced(fp8_tp=False))
+    float8 = impl is not None and impl.fp8_tp  # the plan needs tp: the one-device base runs without it
+    base = base.replaced(impl=impl) if impl is not None else base
+    bound = Bound(H100, gpus, b * n * dp, float8).seconds(base, ckpt, attention, par, n)
     predicted = []
     for setup in setups:
         try:
