@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 
 from memplan.api import Built, Options, gpu_of, setup_of
 from memplan.blocks import te_fp8
-from memplan.blocks.profiles import compile_note
+from memplan.blocks.profiles import compile_note, op_selective
 from memplan.config import (
     Attention,
     Checkpointing,
@@ -49,7 +49,6 @@ from memplan.engine import Result, estimate
 from memplan.fit_options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
-from memplan.strategies.checkpointing import op_selective
 from memplan.strategies.lora import adapter_note
 from memplan.strategies.tensor_parallel import tp_model
 

@@ -27,11 +27,11 @@ of the gathered bf16 [T, h] gave; on tp 2 (s 1,024) ``gate_weight`` tops (tests/
 
 from __future__ import annotations
 
-from memplan.analytic.head_moments import gather_copies, residual_shard
+from memplan.analytic.head_moments import gather_copies, residual_shard, sp_shards
 from memplan.blocks.fp8 import SCALE, cast_top
 from memplan.blocks.inventory import Dims
-from memplan.blocks.profiles import made_grad_bytes, profile_of
-from memplan.config import Checkpointing, Fp8Recipe, Setup
+from memplan.blocks.profiles import made_grad_bytes, op_selective
+from memplan.config import Fp8Recipe, Setup
 
 
 def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
@@ -55,13 +55,6 @@ def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
         "first_dx": shard + 2 * w * g + 2 * t * h * a + t * f + w - released,
         "sum": shard + 3 * w * g + 3 * t * h * a - released - (t * h + 2 * SCALE),
     }
-
-
-def selective(setup: Setup) -> bool:
-    """torchtitan's per-op SelectiveAC (``Profile.op_selective_checkpoint``)."""
-    return (
-        profile_of(setup).op_selective_checkpoint and setup.strategy.checkpointing is Checkpointing.SELECTIVE
-    )
 
 
 def rerun(setup: Setup, dims: Dims) -> int | None:
@@ -89,7 +82,7 @@ def rerun(setup: Setup, dims: Dims) -> int | None:
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
     if not setup.impl.fp8_tp:
-        if setup.impl.fp8 is not Fp8Recipe.TENSORWISE or not selective(setup) or shard == t * h * a:
+        if setup.impl.fp8 is not Fp8Recipe.TENSORWISE or not op_selective(setup) or sp_shards(setup) == 1:
             return None
         alive = 4 * shard + 2 * t * h * a
         return alive + max(cast_top(t * f) + SCALE, t * f + SCALE + cast_top(f * h) + SCALE)
@@ -98,7 +91,7 @@ def rerun(setup: Setup, dims: Dims) -> int | None:
     moments = [cast_top(t * f) - t * f, cast_top(f * h) + SCALE]
     if setup.strategy.segment:
         moments.append(2 * t * h * a + shard)
-    elif selective(setup):
+    elif op_selective(setup):
         # SelectiveAC caches W_down's output (a partial [T, h]) and its reduce-scatter: no re-run of them
         alive += t * h * a + shard
     else:

@@ -80,7 +80,7 @@ def profile_of(setup: Setup) -> Profile:
 
 
 def compiled_sac(setup: Setup) -> bool:
-    """``--compile`` with torchtitan's per-op ``SelectiveAC`` (``strategies.checkpointing.op_selective``),
+    """``--compile`` with torchtitan's per-op ``SelectiveAC`` (``op_selective``),
     where its partitioner was measured (measure/frameworks/titan.py ``compiled_sac_block_records``: dynamo
     and AOTAutograd's min-cut partitioner over the checkpointed block, which honours the policy's tags):
     the same dense blocks as ``compile_modelled``, one tensor- and context-parallel rank, no float8."""
@@ -176,3 +176,10 @@ def dropout_keeps(setup: Setup, dtype: DType) -> DType:
     input's dtype where the code calls ``nn.Dropout`` on CPU (``Profile.cpu_dropout_noise``)."""
     noise = setup.device is Device.CPU and profile_of(setup).cpu_dropout_noise
     return dtype if noise else DType.BOOL
+
+
+def op_selective(setup: Setup) -> bool:
+    """``--checkpointing selective`` is a per-op policy (torchtitan's ``SelectiveAC``:
+    ``Profile.op_selective_checkpoint``), not Korthikanti's attention-core recompute."""
+    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
+    return selective and profile_of(setup).op_selective_checkpoint

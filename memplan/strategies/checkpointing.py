@@ -39,7 +39,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks import fp8, llama4, mlp, moe
 from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
-from memplan.blocks.profiles import checkpoints_alone, compiled_sac, hidden_dropouts, profile_of
+from memplan.blocks.profiles import checkpoints_alone, compiled_sac, hidden_dropouts, op_selective, profile_of
 from memplan.config import Attention, Checkpointing, Device, DType, Fp8Recipe, Setup
 
 
@@ -51,13 +51,6 @@ def segments(setup: Setup) -> int:
     """Checkpointed segments of k layers: ⌈L / k⌉ (0 without segment checkpointing)."""
     k = setup.strategy.segment
     return -(-setup.model.num_layers // k) if k else 0
-
-
-def op_selective(setup: Setup) -> bool:
-    """``--checkpointing selective`` is a per-op policy (torchtitan's ``SelectiveAC``:
-    ``Profile.op_selective_checkpoint``), not Korthikanti's attention-core recompute."""
-    selective = setup.strategy.checkpointing is Checkpointing.SELECTIVE
-    return selective and profile_of(setup).op_selective_checkpoint
 
 
 def op_selective_rules(setup: Setup, dims: Dims) -> list[Rule]:

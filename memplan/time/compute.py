@@ -63,11 +63,12 @@ from typing import cast
 
 from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.inventory import Dims
+from memplan.blocks.profiles import op_selective
 from memplan.config import Attention, Checkpointing, Device, Offload, Setup, ZeroStage
 from memplan.config.finetune import Method, linear_shapes
 from memplan.presets import GpuPreset
 from memplan.strategies import context_parallel
-from memplan.strategies.checkpointing import op_selective, op_selective_recompute
+from memplan.strategies.checkpointing import op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
 from memplan.time import attention, efficiency, fp8, gemm, optimizer
