@@ -88,8 +88,10 @@ class KernelTime:
     matmul_s: float
     attention_s: float
     elementwise_s: float
-    matmul_flops: float
-    """The matrix products' FLOPs (``matmul_s`` at ``MATMUL`` × peak × their wave efficiency)."""
+    matmul_full_s: float
+    """``matmul_s`` at full waves: each product's FLOPs at its class's rate alone (``MATMUL`` × the peak it
+    runs at — the FP8 peak for ``--fp8``'s layers), so that ``matmul_full_s / matmul_s`` is the products'
+    wave efficiency (``matmul_seconds`` with unit efficiencies)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights (``dequant_bytes``), memory-bound."""
     launch_s: float = 0.0
@@ -254,6 +256,7 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     hbm = hbm_bytes_per_s(gpu)
     mm = peak * efficiency.matmul(gpu)
     mm_f, mm_b = matmul_seconds(f, rates.efficiencies, mm, rates.fp8)
+    full_f, full_b = matmul_seconds(f, gemm.FULL, mm, (gemm.FULL, rates.fp8[1]) if rates.fp8 else None)
     at_f, at_b = f.attention_forward / rates.attention[0], f.attention_backward / rates.attention[1]
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
@@ -267,8 +270,8 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     forward_bytes += c.layers * ring_f
     backward_bytes += c.layers * ring_b + ring_reruns * ring_f
     gap_f, gap_b = launch_seconds(c, gpu, rates.kernels)
-    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, f.matmul_forward, dq_f / hbm, gap_f)
-    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, f.matmul_backward, dq_b / hbm, gap_b)
+    forward = KernelTime(mm_f, at_f, forward_bytes / hbm, full_f, dq_f / hbm, gap_f)
+    backward = KernelTime(mm_b, at_b, backward_bytes / hbm, full_b, dq_b / hbm, gap_b)
     return forward, backward
 
 

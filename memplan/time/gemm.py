@@ -256,6 +256,10 @@ class Efficiencies:
     head_backward: float
 
 
+FULL = Efficiencies(1.0, 1.0, 1.0, 1.0)
+"""Every class at full waves (``compute.KernelTime.matmul_full_s``)."""
+
+
 def efficiencies(setup: Setup, sms: int | None, roof: Roofline | None = None) -> Efficiencies:
     """The four classes' efficiencies on a GPU of ``sms`` SMs (1 each where unknown), memory-bound
     shapes slowed to their intensity where ``roof`` is given."""

@@ -72,9 +72,10 @@ class Prediction(BaseModel):
     stage_layers: int
     matmul_s: float
     matmul_wave_efficiency: float
-    """The matrix products' FLOPs / (``matmul_s`` · ``MATMUL`` · peak): what wave and tile quantization of
-    their shapes, and the memory-bound ones' bytes, leave of the best shape's speed (``gemm``); with
-    ``--fp8`` against the bf16 peak (so it may exceed 1)."""
+    """The matrix products' seconds at full waves / ``matmul_s`` (``wave_efficiency``): what wave and tile
+    quantization of their shapes, and the memory-bound ones' bytes, leave of the best shape's speed
+    (``gemm``); ``--fp8``'s layers measured against the FP8 peak they run at (before, against the bf16
+    peak: above 1)."""
     attention_s: float
     elementwise_s: float
     compute_s: float
@@ -194,11 +195,11 @@ def exposed(rows: list[Row], hide: dict[Overlap, float]) -> dict[str, float]:
     return out
 
 
-def wave_efficiency(forward: KernelTime, backward: KernelTime, peak: float, matmul: float) -> float:
-    """The matrix products' FLOPs over what ``MATMUL`` × peak would run in their time (1 without any)."""
+def wave_efficiency(forward: KernelTime, backward: KernelTime) -> float:
+    """The matrix products' seconds at full waves over their seconds (1 without any): each at its class's
+    rate, so ``--fp8``'s layers are measured against the FP8 peak they run at, not the bf16 one."""
     seconds = forward.matmul_s + backward.matmul_s
-    flops = forward.matmul_flops + backward.matmul_flops
-    return flops / (seconds * matmul * peak) if seconds else 1.0
+    return (forward.matmul_full_s + backward.matmul_full_s) / seconds if seconds else 1.0
 
 
 _DP = ROWS.index(dp_rows)
@@ -322,7 +323,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
         stage=c.index,
         stage_layers=c.layers,
         matmul_s=float(n * (forward.matmul_s + backward.matmul_s)),
-        matmul_wave_efficiency=float(wave_efficiency(forward, backward, peak, efficiency.matmul(gpu))),
+        matmul_wave_efficiency=float(wave_efficiency(forward, backward)),
         attention_s=float(n * (forward.attention_s + backward.attention_s)),
         elementwise_s=float(n * (forward.elementwise_s + backward.elementwise_s)),
         compute_s=float(compute),

@@ -15,6 +15,7 @@ from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
 from memplan.config import ImplConfig, LossKind, Parallel, Setup, TrainingConfig
+from memplan.config.impl import Fp8Recipe, Impl
 from memplan.presets import load_gpu, load_model_preset
 from memplan.time import efficiency as eff
 from memplan.time import gemm
@@ -218,3 +219,19 @@ def test_the_fused_loss_moves_the_heads_gradient_products_not_the_attention() ->
     standard_t, fused_t = predicted_timing(run).prediction, predicted_timing(fused).prediction
     assert fused_t.attention_s == pytest.approx(standard_t.attention_s, rel=1e-12)
     assert fused_t.matmul_s == pytest.approx(standard_t.matmul_s, rel=1e-12)
+
+
+def test_float8_layers_are_measured_against_the_peak_they_run_at() -> None:
+    """``--fp8``'s layer GEMMs run at ``MATMUL`` × the FP8 peak: their wave efficiency is taken against
+    that rate, not the bf16 one (which had printed "achievable peak × 181.7%"). On a GPU without an SM
+    count a compute-bound GEMM has full waves, and Llama-3-8B at tp 1, T = 4096, has no GEMM under the
+    FP8 ridge, so the step's products are at exactly 1; with H100's 132 SMs, below it."""
+    h100 = load_gpu("h100-sxm")
+    bare = h100.model_copy(update={"sms": None})
+    setup = Setup(
+        model=load_model_preset("llama-3-8b").model,
+        training=TrainingConfig(seq_len=4096),
+        impl=ImplConfig(impl=Impl.TORCHTITAN, fp8=Fp8Recipe.TENSORWISE),
+    )
+    assert timing(plan(setup), bare).prediction.matmul_wave_efficiency == pytest.approx(1.0, rel=1e-12)
+    assert 0.9 < timing(plan(setup), h100).prediction.matmul_wave_efficiency < 1.0
