@@ -85,7 +85,6 @@ import json
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +93,8 @@ from typer.testing import CliRunner
 if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.heldout_nemo import NEMO_RUNS
+from benchmarks.heldout_types import Run, Stated
 from benchmarks.sections import section_main
 from memplan.cli.app import app
 
@@ -117,55 +118,6 @@ OP_SAC = (
 TETON = (
     "Grand Teton H100 typed as h100-teton (2.4 TB/s HBM2e; 500 W peak not stated: the SXM5's, an upper bound)"
 )
-
-
-@dataclass(frozen=True)
-class Stated:
-    """The run's configuration as its source states it (checked against the typed setup in tests)."""
-
-    model: str
-    gpus: int
-    gpu: str
-    seq: int
-    micro_batch: int
-    global_batch: int
-    checkpointing: str = "none"
-    tp: int = 1
-    cp: int = 1
-    zero: int = 3
-    reduce_dtype: str = "fp32"
-    compile: bool = False
-    compile_loss: bool = True
-    """Under ``compile``, the loss compiled too (torchtitan 0.3.0's default); False for the December-2024
-    runs: their train.py compiled the blocks only ("TODO: compiling loss function causes CUDA errors,
-    turning off for now", the ``torch.compile(loss_fn)`` commented out)."""
-    fp8: str = "none"
-    fp8_tp: bool = False
-    """``--fp8-tp``: torchao's float8 tensor-parallel plan (the 2024 ``apply_tp`` under float8)."""
-    fsdp_wrap: str = "units"
-    """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
-    is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,
-    the root unit holding the embedding, final norm and output (``analytic.fsdp.root``)."""
-    attention_kernel: str = "auto"
-    impl: str = "reference"
-    optimizer_impl: str = ""
-    """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""
-    clip_grad: bool = True
-    """Gradient-norm clipping at 1.0 (``--clip-grad``): llm-foundry's yamls (``algorithms:
-    gradient_clipping: clipping_type: norm, clipping_threshold: 1.0``, mpt-7b.yaml and its siblings),
-    torchtitan's ``training.max_norm`` default 1.0 (the 2024 and 2025 trainers alike)."""
-
-
-@dataclass(frozen=True)
-class Run:
-    """One published run: where it is stated, how it is typed, what it measured (tokens/s per GPU)."""
-
-    name: str
-    source: str
-    stated: Stated
-    published: float
-    typed: str
-    note: str = ""
 
 
 def _mpt(
@@ -395,7 +347,7 @@ TITAN_RUNS: tuple[Run, ...] = (
     ),
 )
 
-RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS
+RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS + NEMO_RUNS
 
 _runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.heldout import DOC, END, RUNS, START, Run, markdown, predict
+from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown, predict
+from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
 from memplan.presets import load_gpu
 
@@ -71,6 +72,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["sp"],
             s["cp"],
             s["pp"],
+            s["vpp"],
             s["zero"],
             s["checkpointing"],
             s["reduce_dtype"],
@@ -95,7 +97,8 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.tp,
             st.tp > 1,
             st.cp,
-            1,
+            st.pp,
+            st.vpp,
             st.zero,
             st.checkpointing,
             st.reduce_dtype,
@@ -165,7 +168,7 @@ def test_torchtitan_float8_rows_are_what_ran(predicted: dict[str, dict]) -> None
     recipe then), on FSDP2 with torchtitan's mixed precision (fp32 shards, bf16 gathered: no master copy
     beside the shards) and the run's own AC mode: typed ``--impl torchtitan --fp8 tensorwise``, the note
     saying the all-gather is typed in bf16 (the doc does not state float8 all-gather)."""
-    float8 = [r for r in RUNS if r.stated.fp8 != "none"]
+    float8 = [r for r in TITAN_RUNS if r.stated.fp8 != "none"]
     assert len(float8) == 2 + 4 + 1
     for run in float8:
         s = predicted[run.name]["setup"]
@@ -178,9 +181,7 @@ def test_torchtitan_float8_rows_are_what_ran(predicted: dict[str, dict]) -> None
 def test_torchtitan_runs_have_no_accumulation(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
     """torchtitan without pipelining runs the local batch as one micro-batch: global = local × dp, with
     dp = GPUs / (tp·cp) (Table 4: 16 × 32 = 512 on 256 GPUs at tp 8; Table 2: 1 × 8/cp)."""
-    for run in RUNS:
-        if _mpt(run):
-            continue
+    for run in TITAN_RUNS:
         st = run.stated
         assert predicted[run.name]["setup"]["micro_batches"] == 1, run.name
         assert st.micro_batch * st.gpus // (st.tp * st.cp) == st.global_batch, run.name
@@ -214,3 +215,79 @@ def test_grand_teton_moves_the_memory_bound_seconds_only(predicted: dict[str, di
     assert teton_p["optimizer_s"] == pytest.approx(sxm_p["optimizer_s"] * ratio, rel=1e-12)
     assert teton_p["matmul_s"] == pytest.approx(sxm_p["matmul_s"], rel=1e-12)
     assert teton_p["attention_s"] == pytest.approx(sxm_p["attention_s"], rel=1e-12)
+
+
+NEMO_ROWS = {
+    # NVIDIA/NeMo docs/source/performance/performance_summary.md (the 24.07 "Pretraining" and the 24.03.01
+    # "Long Input Sequences" tables, DGX-H100, FP8), as printed: (#-GPUs, GBS, MBS, sequence, TP, PP, CP,
+    # VP) → tokens/s/GPU; the long-sequence table's sequence in K (× 1,024) and its DP column (checked:
+    # GPUs / (TP·PP·CP))
+    "GPT3-5B": ((64, 2048, 4, 2048, 1, 1, 1, 1), 23406),
+    "GPT3-20B": ((64, 256, 2, 2048, 2, 1, 1, 1), 5851),
+    "GPT3-175B 128": ((128, 256, 1, 2048, 4, 8, 1, 6), 716),
+    "GPT3-175B 512": ((512, 2048, 2, 2048, 4, 8, 1, 6), 825),
+    "LLAMA2-7B": ((8, 128, 1, 4096, 1, 1, 1, 1), 16934),
+    "LLAMA2-13B": ((16, 128, 1, 4096, 1, 4, 1, 10), 8715),
+    "LLAMA2-70B": ((64, 128, 1, 4096, 4, 4, 1, 20), 1728),
+    "LLAMA3-8B": ((8, 128, 1, 8192, 1, 1, 2, 1), 12273),
+    "LLAMA3-70B": ((64, 128, 1, 8192, 4, 4, 2, 5), 1524),
+    **{
+        f"long {k}K": ((gpus, gbs, 1, k * 1024, tp, 1, cp, 1), tps)
+        for k, gpus, gbs, tp, cp, dp, tps in (
+            (4, 4, 1024, 1, 1, 4, 16671),
+            (16, 16, 256, 2, 1, 8, 10082),
+            (32, 32, 128, 2, 2, 8, 6687),
+            (64, 64, 64, 4, 2, 8, 4021),
+            (128, 128, 32, 4, 4, 8, 2260),
+            (256, 256, 16, 4, 8, 8, 1214),
+            (512, 512, 8, 8, 16, 4, 635),
+            (1024, 1024, 4, 8, 32, 4, 318),
+        )
+        if gpus // (tp * cp) == dp
+    },
+    "long 8K": ((8, 512, 1, 8192, 1, 2, 1, 1), 13907),  # PP 2, DP 4
+}
+
+
+def test_nemo_rows_as_printed() -> None:
+    """Every row of the two tables memplan can type is in the set, with the table's figures (the
+    Nemotron rows, a squared-ReLU MLP, and the packed fine-tuning rows are left out: heldout_nemo.py)."""
+    assert len(NEMO_ROWS) == len(NEMO_RUNS) == 18
+    got = sorted(
+        (
+            (st.gpus, st.global_batch, st.micro_batch, st.seq, st.tp, st.pp, st.cp, st.vpp),
+            run.published,
+        )
+        for run in NEMO_RUNS
+        for st in [run.stated]
+    )
+    assert got == sorted(NEMO_ROWS.values())
+
+
+def test_nemo_runs_are_typed_as_the_launcher_configures_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """Megatron-core with TE's delayed-scaling float8 (amax history 1024), the distributed optimizer with
+    overlapped gradient and parameter sync, sequence parallelism with TP, gradient clipping, TE's
+    point-to-point context-parallel ring, accumulation to the global batch: GBS = MBS × micro-batches × dp."""
+    for run in NEMO_RUNS:
+        s, st = predicted[run.name]["setup"], run.stated
+        assert (s["impl"], s["fp8"], s["fp8_amax_history_len"]) == ("megatron", "delayed", 1024), run.name
+        assert (s["zero"], s["overlap_grad_reduce"], s["overlap_param_gather"]) == (1, True, True), run.name
+        assert s["sp"] == (st.tp > 1) and s["clip_grad"] and s["checkpointing"] == "none", run.name
+        assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name  # TE's point-to-point ring
+        dp = st.gpus // (st.tp * st.pp * st.cp)
+        assert st.micro_batch * s["micro_batches"] * dp == st.global_batch, run.name
+
+
+def test_nemo_gpt3_models_are_the_launcher_configs() -> None:
+    """launcher_scripts/conf/training/gpt3/{5b,20b,175b}.yaml: num_layers, hidden_size,
+    num_attention_heads, ffn 4·hidden, seq 2048, dropout 0.1; the GPT-2 BPE vocabulary (50,257) padded to a
+    multiple of 128 × the row's TP (Megatron's _vocab_size_with_padding): TP 1, 2, 4."""
+    sizes = {"5b": (24, 4096, 32, 1), "20b": (44, 6144, 48, 2), "175b": (96, 12288, 96, 4)}
+    for size, (layers, hidden, heads, tp) in sizes.items():
+        m = load_model(str(ROOT / "benchmarks" / "published" / f"nemo-gpt3-{size}.toml")).model
+        multiple = 128 * tp
+        vocab = -(-50257 // multiple) * multiple
+        assert (m.num_layers, m.hidden_size, m.num_heads, m.ffn_size) == (layers, hidden, heads, 4 * hidden)
+        assert (m.vocab_size, m.max_positions, m.attn_dropout, m.resid_dropout) == (vocab, 2048, 0.1, 0.1)
+        rows = [r for r in NEMO_RUNS if r.stated.model == f"nemo-gpt3-{size}"]
+        assert rows and all(r.stated.tp == tp for r in rows), size

@@ -1,0 +1,59 @@
+"""The held-out set's records (benchmarks/heldout.py, benchmarks/heldout_nemo.py): a run's configuration as
+its source states it, and the run itself: where it is stated, how it is typed, what it measured."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Stated:
+    """The run's configuration as its source states it (checked against the typed setup in tests)."""
+
+    model: str
+    gpus: int
+    gpu: str
+    seq: int
+    micro_batch: int
+    global_batch: int
+    checkpointing: str = "none"
+    tp: int = 1
+    cp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    """Virtual stages per pipeline rank (Megatron's interleaved schedule; NeMo's table's VP)."""
+    zero: int = 3
+    reduce_dtype: str | None = "fp32"
+    """None: memplan's default for the implementation (the source states none)."""
+    compile: bool = False
+    compile_loss: bool = True
+    """Under ``compile``, the loss compiled too (torchtitan 0.3.0's default); False for the December-2024
+    runs: their train.py compiled the blocks only ("TODO: compiling loss function causes CUDA errors,
+    turning off for now", the ``torch.compile(loss_fn)`` commented out)."""
+    fp8: str = "none"
+    fp8_tp: bool = False
+    """``--fp8-tp``: torchao's float8 tensor-parallel plan (the 2024 ``apply_tp`` under float8)."""
+    fsdp_wrap: str = "units"
+    """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
+    is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,
+    the root unit holding the embedding, final norm and output (``analytic.fsdp.root``)."""
+    attention_kernel: str = "auto"
+    impl: str = "reference"
+    optimizer_impl: str = ""
+    """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""
+    clip_grad: bool = True
+    """Gradient-norm clipping at 1.0 (``--clip-grad``): llm-foundry's yamls (``algorithms:
+    gradient_clipping: clipping_type: norm, clipping_threshold: 1.0``, mpt-7b.yaml and its siblings),
+    torchtitan's ``training.max_norm`` default 1.0 (the 2024 and 2025 trainers alike)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: where it is stated, how it is typed, what it measured (tokens/s per GPU)."""
+
+    name: str
+    source: str
+    stated: Stated
+    published: float
+    typed: str
+    note: str = ""
