@@ -16,12 +16,16 @@ Readings (what the table does not state; ``NOTE`` on each row):
   and ``overlap_param_sync: true`` — optimizer states sharded over the data-parallel ranks, the gradient
   reduction overlapped with the backward and the parameter all-gather with the next forward: typed
   ``--zero 1 --overlap-grad-reduce --overlap-param-gather``; ``gradient_clip_val: 1.0``: ``--clip-grad``.
-  The reduction's dtype is not stated for these rows (175b_fp8.yaml sets ``grad_sync_dtype: bf16``):
-  memplan's default for ``--impl megatron``.
+  The gradients' dtype: the launcher's H100 example run scripts for these models (stored copies read:
+  the ``llama3_8b_fp8`` run, 1 node, GBS 128; ``llama3_70b_fp8``, 8 nodes, GBS 128; ``llama2_70b_bf16``;
+  ``20b_h100_fp8_1node``) all add ``+training.model.optim.grad_sync_dtype=bf16`` (NeMo's docs:
+  ``grad_sync_dtype`` default ``dtype``, fp32; "reduction in bf16 ensures improved performance at large
+  scale"): typed ``--reduce-dtype bf16`` (the gradient buffer and its reduce-scatter in bf16).
 - ``sequence_parallel: True`` in the launcher's tensor-parallel configs (20b.yaml, 175b_fp8.yaml): ``--sp``
   wherever TP > 1. Activation checkpointing ``null`` in them: none. TE's attention backend (cuDNN fused
   or FlashAttention) is not stated: memplan's default kernel. Tensor-parallel communication overlap
-  (``ub_tp_comm_overlap``) is not stated: memplan's Megatron overlap.
+  (``ub_tp_comm_overlap``; the ``llama3_70b_fp8`` script sets its H100 TP 4 configuration) is not
+  modelled: memplan's Megatron overlap.
 - Context parallelism: Transformer Engine's of the time, a ring of point-to-point K/V sends to the next
   rank, each block's transfer under the attention of the block before (TE's ``AttnFuncWithCP``; TE's later
   ``cp_comm_type`` options name it ``p2p``, Megatron-core's ``--cp-comm-type`` default): typed ``--cp-rotate
@@ -44,7 +48,8 @@ NEMO_LONG = "NeMo performance_summary.md (24.03.01, long sequences)"
 PUBLISHED = "benchmarks/published/"
 NOTE = (
     "NeMo (Megatron-core + TE float8): distributed optimizer with overlapped gradient and parameter sync, "
-    "SP with TP, no AC, as NeMo-Megatron-Launcher's configs set them (the table states the layout only)"
+    "gradients in bf16, SP with TP, no AC, as NeMo-Megatron-Launcher's configs and H100 scripts set them "
+    "(the table states the layout only)"
 )
 
 
@@ -66,7 +71,7 @@ def _nemo(
     parts = [
         f"-m {model} --seq {seq} --batch {mbs} --global-batch {gbs} --gpus {gpus} --gpu h100-sxm",
         "--impl megatron --fp8 delayed --fp8-amax-history-len 1024",
-        "--zero 1 --overlap-grad-reduce --overlap-param-gather --clip-grad",
+        "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
     ]
     if tp > 1:
         parts.append(f"--tp {tp} --sp")
@@ -88,7 +93,7 @@ def _nemo(
         pp=pp,
         vpp=vp,
         zero=1,
-        reduce_dtype=None,
+        reduce_dtype="bf16",
         fp8="delayed",
         impl="megatron",
     )

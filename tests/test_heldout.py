@@ -272,6 +272,7 @@ def test_nemo_runs_are_typed_as_the_launcher_configures_them(predicted: dict[str
         s, st = predicted[run.name]["setup"], run.stated
         assert (s["impl"], s["fp8"], s["fp8_amax_history_len"]) == ("megatron", "delayed", 1024), run.name
         assert (s["zero"], s["overlap_grad_reduce"], s["overlap_param_gather"]) == (1, True, True), run.name
+        assert s["reduce_dtype"] == "bf16", run.name  # the H100 scripts' grad_sync_dtype=bf16
         assert s["sp"] == (st.tp > 1) and s["clip_grad"] and s["checkpointing"] == "none", run.name
         assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name  # TE's point-to-point ring
         dp = st.gpus // (st.tp * st.pp * st.cp)
