@@ -29,7 +29,8 @@ Readings (what the table does not state; ``NOTE`` on each row):
 - Context parallelism: Transformer Engine's of the time, a ring of point-to-point K/V sends to the next
   rank, each block's transfer under the attention of the block before (TE's ``AttnFuncWithCP``; TE's later
   ``cp_comm_type`` options name it ``p2p``, Megatron-core's ``--cp-comm-type`` default): typed ``--cp-rotate
-  alltoall``, memplan's per-block rotation (torch's ``_AllToAllRotater``), not torch's default all-gather.
+  alltoall``, memplan's per-block rotation (torch's ``_AllToAllRotater``; memplan's default under ``--impl
+  megatron`` since, typed here all the same), not torch's default all-gather.
   Its timing is the ring's; TE's own ring buffers are not modelled in memory (torch's ring's ledger).
 - Models: the Llama rows are memplan's presets (Llama 2 7B/13B/70B, Llama 3 8B/70B); the GPT3 rows are
   the launcher's gpt3/5b.yaml, 20b.yaml and 175b.yaml as benchmarks/published/nemo-gpt3-*.toml (their

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from memplan.config import (
     FINETUNE_OPTIONS,
     AttentionChoice,
+    CpRotate,
     Device,
     FineTune,
     Impl,
@@ -38,6 +39,7 @@ from memplan.config import (
     Setup,
     TrainingConfig,
     default_attention,
+    default_cp_rotate,
     default_impl,
     finetune_from,
     parse_checkpointing,
@@ -252,7 +254,8 @@ def setup_of(o: Options) -> Setup:
             ep=o.ep,
             pp_layers=_stage_layers(o.pp_layers),
             cp=o.cp,
-            cp_rotate=o.cp_rotate,
+            # the implementation's own kind of context parallelism (none to choose without cp)
+            cp_rotate=o.cp_rotate or (default_cp_rotate(impl.impl) if o.cp > 1 else CpRotate.ALLGATHER),
             cp_rank=o.cp_rank,
         ),
         offload=o.offload,

@@ -285,15 +285,17 @@ class Options(Frozen):
         metavar="N",
         gt=0,
     )
-    cp_rotate: CpRotate = option(
+    cp_rotate: CpRotate | None = option(
         "--cp: how K/V reach each rank. torch's ring attention (set_rotate_method): allgather (one all-"
         "gather, waited for after the first block; torch's default) or alltoall (a rotation to the next "
         "rank per block, each under the block before); or kv-gather: no ring, K/V all-gathered then one "
         "attention call per local chunk, dK/dV reduce-scattered, both exposed (Llama 3's context "
         "parallelism; Transformer Engine's cp_comm_type all_gather, Megatron-LM's --cp-comm-type "
-        "all_gather). Example: --cp 16 --cp-rotate kv-gather",
+        "all_gather). Example: --cp 16 --cp-rotate kv-gather [default: alltoall under --impl megatron, "
+        "Transformer Engine's point-to-point ring (Megatron-LM's --cp-comm-type p2p); else allgather]",
         PARALLEL,
-        default=CpRotate.ALLGATHER,
+        default=None,
+        show_default=False,
     )
     cp_rank: int | None = option(
         "--cp: the context-parallel rank estimated, 0 … c−1 (its ring blocks differ; the last rank keeps "

@@ -32,6 +32,7 @@ from memplan.config import (
     ModelConfig,
     Setup,
     ZeroStage,
+    default_cp_rotate,
     parse_checkpointing,
 )
 from memplan.fit_options import FIT_OPTIONS, FIT_PASSTHROUGH
@@ -247,7 +248,8 @@ def fit_command(
             metavar="LIST",
             help=plain(
                 "Kinds of context parallelism to search for every cp > 1: allgather, alltoall (torch's "
-                "ring), kv-gather (Llama 3's, Transformer Engine's all_gather: no ring) [default: allgather]"
+                "ring), kv-gather (Llama 3's, Transformer Engine's all_gather: no ring) [default: the "
+                "implementation's own: alltoall under --impl megatron, else allgather]"
             ),
             show_default=False,
         ),
@@ -296,7 +298,8 @@ def fit_command(
         micro_batches=_list(micro_batches, "micro-batches", _positive) or defaults.micro_batches,
         tp_max=tp_max,
         cp_max=cp_max,
-        cp_rotate=_list(cp_rotate, "cp-rotate", CpRotate) or defaults.cp_rotate,
+        # the implementation's own kind of context parallelism unless a list is given
+        cp_rotate=_list(cp_rotate, "cp-rotate", CpRotate) or (default_cp_rotate(impl_of(o, model).impl),),
         keep=top,  # the rows shown are found exactly; slower configurations may be pruned
     )
     base = _fit_base(o, model, space.attention)

@@ -44,7 +44,7 @@ from memplan.config.model import (
 )
 from memplan.config.moe import MoEConfig, RouterScoring
 from memplan.config.offload import LossKind, Offload, loss_label, offload_label, parse_loss, parse_offload
-from memplan.config.setup import CpRotate, Parallel, Setup
+from memplan.config.setup import CpRotate, Parallel, Setup, default_cp_rotate
 from memplan.config.strategy import (
     Attention,
     AttentionChoice,
@@ -103,6 +103,7 @@ __all__ = [
     "ZeroStage",
     "checkpointing_label",
     "default_attention",
+    "default_cp_rotate",
     "default_impl",
     "finetune_from",
     "hf_code_only",

@@ -55,6 +55,15 @@ class CpRotate(StrEnum):
     ``--cp-comm-type all_gather``)."""
 
 
+def default_cp_rotate(impl: Impl) -> CpRotate:
+    """``--cp-rotate`` when it is not given: the kind of context parallelism the implementation's code runs.
+    Megatron-core's is Transformer Engine's point-to-point ring (``--cp-comm-type`` default ``p2p``: each
+    step sends K/V to the next rank while the block before computes, TE's ``AttnFuncWithCP``), memplan's
+    ``ALLTOALL`` rotation; every other implementation runs torch's ``context_parallel``, whose default
+    rotation is the all-gather (``ALLGATHER``)."""
+    return CpRotate.ALLTOALL if impl is Impl.MEGATRON else CpRotate.ALLGATHER
+
+
 class Parallel(Frozen):
     """Degrees of model parallelism (data parallelism and ZeRO live in ``StrategyConfig``)."""
 

@@ -6,7 +6,6 @@ import shlex
 from typing import TYPE_CHECKING
 
 from memplan.config import (
-    CpRotate,
     FineTune,
     ImplConfig,
     LossKind,
@@ -15,6 +14,7 @@ from memplan.config import (
     Optimizer,
     Precision,
     Setup,
+    default_cp_rotate,
     default_impl,
     loss_label,
     offload_label,
@@ -54,7 +54,7 @@ def estimate_command(c: Config, r: FitResult) -> str:
     args += [f"--cp {par.cp}"] if par.cp > 1 else []
     args += (
         [f"--cp-rotate {par.cp_rotate.value}"]
-        if par.cp > 1 and par.cp_rotate is not CpRotate.ALLGATHER
+        if par.cp > 1 and par.cp_rotate is not default_cp_rotate(s.impl.impl)
         else []
     )
     args += [f"--ep {par.ep}"] if par.ep > 1 else []

@@ -169,3 +169,35 @@ def test_the_kind_of_cp_is_not_taken_from_cached_pieces() -> None:
     assert gather != ring
     assert step("allgather") == ring
     assert step("kv-gather") == gather
+
+
+def test_the_default_kind_is_the_implementations_own() -> None:
+    """``--cp-rotate`` not given: Megatron-core's context parallelism is Transformer Engine's point-to-point
+    ring (``--cp-comm-type`` default ``p2p``), memplan's per-block rotation ``alltoall``; every other
+    implementation runs torch's ``context_parallel``, whose default is the all-gather. Without cp there is
+    nothing to choose (``allgather``, the field's default, for every implementation). ``fit`` searches the
+    implementation's own kind, and a row's command names a kind only where it is not the default."""
+
+    def rotate(argv: str) -> str:
+        r = runner.invoke(app, [*argv.split(), "--json"])
+        assert r.exit_code == 0, r.stderr
+        return str(json.loads(r.stdout)["setup"]["cp_rotate"])
+
+    base = "estimate -m llama-3.1-8b --seq 65536 --gpus 8 --gpu h100-sxm"
+    assert rotate(f"{base} --cp 8 --impl megatron") == "alltoall"
+    assert rotate(f"{base} --cp 8") == "allgather"
+    assert rotate(f"{base} --cp 8 --impl megatron --cp-rotate allgather") == "allgather"
+    assert rotate(f"{base} --impl megatron") == rotate(base) == "allgather"
+    argv = (
+        "fit -m 8b --seq 65536 --gpus 16 --gpu h100-sxm --global-batch 16 --top 0 --checkpointing full "
+        "--attention flash --micro-batches 1 --zero 3 --impl megatron --json"
+    )
+    r = runner.invoke(app, argv.split())
+    assert r.exit_code == 0, r.stderr
+    rings = [c for c in json.loads(r.stdout)["configs"] if c["settings"]["cp"] > 1]
+    assert rings and {c["settings"]["cp_rotate"] for c in rings} == {"alltoall"}
+    for c in rings[:2]:
+        assert "--cp-rotate" not in c["command"]
+        again = runner.invoke(app, [*c["command"].removeprefix("memplan ").split(), "--json"])
+        assert json.loads(again.stdout)["setup"]["cp_rotate"] == "alltoall"
+        assert json.loads(again.stdout)["time"]["step_time_s"] == c["time"]["step_time_s"]
