@@ -49,13 +49,15 @@ from memplan.config import Impl, Precision, Setup
 
 def profile(setup: Setup) -> Profile:
     """Megatron-core with Megatron-LM's default fusions (``masked_softmax_fusion``, ``bias_gelu_fusion`` /
-    ``bias_swiglu_fusion``, ``bias_dropout_fusion``) and Apex / TE norms; the same for every model."""
+    ``bias_swiglu_fusion``, ``bias_dropout_fusion``, ``apply_rope_fusion``) and Apex / TE norms; the same
+    for every model."""
     return Profile(
         impl=Impl.MEGATRON,
         fused_norm=True,
         fused_causal_softmax=True,
         qkv_views=True,
         fused_swiglu=True,
+        fused_rope=True,
         flash_rng_int64=True,
         checkpoint_reruns_all=True,
         vocab_parallel_loss=True,

@@ -79,6 +79,11 @@ class Profile:
     (megatron/core/models/common/embeddings/rotary_pos_embedding.py): each model chunk's module makes its
     table once and hands the same storage to every micro-batch's forward — one table per chunk, not one per
     forward in flight."""
+    fused_rope: bool = False
+    """Megatron-core's ``apply_rope_fusion`` (on unless ``--no-rope-fusion``): Transformer Engine's
+    ``fused_apply_rotary_pos_emb`` rotates q and k in one kernel each, reading the tensor once and writing
+    it once (2e an element) and its backward the same on the gradient — not the eager op list of
+    ``rotate_half`` (``time.elementwise``)."""
     fused_swiglu: bool = False
     """Megatron-core ``bias_swiglu_impl`` (``SwiGLUFunction``, ``bias_swiglu_fusion`` on by default):
     ``save_for_backward(input)`` keeps W_fc1's fused [·, 2f] output only, not silu(g) nor the chunks."""

@@ -1,9 +1,10 @@
 """Bytes per element of the element-wise kernels one layer runs, fused or as eager PyTorch runs them.
 
 A fused kernel (``--compile``: torch.compile's Inductor fuses each chain of point-wise ops and reductions
-into one kernel; ``--impl megatron``'s Apex/TE kernels for its norms and SwiGLU) reads its inputs once and
-writes its output once. Eager PyTorch runs every op of the chain as its own kernel, each reading its inputs
-from HBM and writing its output there (e the activation dtype's bytes, per element of the op's tensor):
+into one kernel; ``--impl megatron``'s Apex/TE kernels for its norms, SwiGLU and RoPE) reads its inputs
+once and writes its output once. Eager PyTorch runs every op of the chain as its own kernel, each reading
+its inputs from HBM and writing its output there (e the activation dtype's bytes, per element of the op's
+tensor):
 
 - RMSNorm as Llama's reference code and transformers' ``LlamaRMSNorm`` write it: ``x.to(float32)``
   (e + 4; no kernel when e = 4), ``pow(2)`` (4 + 4), ``mean(-1)`` (4), ``x · rsqrt(var + eps)`` (4 + 4),
@@ -98,9 +99,10 @@ def swiglu_bytes(setup: Setup, p: Profile, e: int) -> int:
     return 3 * e if fused(setup) or p.fused_swiglu else 5 * e
 
 
-def rotary_bytes(setup: Setup, e: int) -> int:
-    """Bytes per element of q or k through the rotary embedding: fused 2e, eager 10e."""
-    return 2 * e if fused(setup) else 10 * e
+def rotary_bytes(setup: Setup, p: Profile, e: int) -> int:
+    """Bytes per element of q or k through the rotary embedding: fused 2e (``--compile``; Megatron's
+    ``fused_rope``), eager 10e."""
+    return 2 * e if fused(setup) or p.fused_rope else 10 * e
 
 
 def norm_kernels(setup: Setup, p: Profile, e: int) -> int:
@@ -147,16 +149,20 @@ def swiglu_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
 
 def rotary_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
     """Rotary's backward per element of q or k, (bytes, kernels of q and k): ``rotate_half``'s eager op
-    list 17e in 10 each; fused code and the complex-multiply forms (torchtitan's per-layer ``freqs_cis``,
-    DeepSeek-V2's; not traced) twice the forward's."""
+    list 17e in 10 each; TE's fused kernel (``fused_rope``) its forward's, on the gradient; compiled code
+    and the complex-multiply forms (torchtitan's per-layer ``freqs_cis``, DeepSeek-V2's; not traced)
+    twice the forward's."""
+    if p.fused_rope and not fused(setup):  # TE's fused backward: the gradient read once, written once
+        return rotary_bytes(setup, p, e), 0
     if fused(setup) or p.rope_complex_table or p.rope_cache_per_layer:
-        return 2 * rotary_bytes(setup, e), 2 * rotary_kernels(setup)
+        return 2 * rotary_bytes(setup, p, e), 2 * rotary_kernels(setup, p)
     return 17 * e, 20
 
 
-def rotary_kernels(setup: Setup) -> int:
-    """Eager kernels of the rotary embedding on q and k: 5 each; fused 0."""
-    return 0 if fused(setup) else 10
+def rotary_kernels(setup: Setup, p: Profile) -> int:
+    """Eager kernels of the rotary embedding on q and k: 5 each; fused 0 (fused kernels are charged no
+    gap)."""
+    return 0 if fused(setup) or p.fused_rope else 10
 
 
 def norm_chain(setup: Setup, p: Profile) -> str | None:
@@ -174,8 +180,9 @@ def norm_chain(setup: Setup, p: Profile) -> str | None:
 
 
 def rotary_chain(setup: Setup, p: Profile) -> str | None:
-    """``rotate_half``'s rotary, eager or compiled; the complex-multiply forms are not measured."""
-    if p.rope_complex_table or p.rope_cache_per_layer:
+    """``rotate_half``'s rotary, eager or compiled; the complex-multiply forms and TE's fused kernel
+    (``fused_rope``, at ``MEMORY``) are not measured."""
+    if p.rope_complex_table or p.rope_cache_per_layer or (p.fused_rope and not fused(setup)):
         return None
     return "rotary_compiled" if fused(setup) else "rotary"
 

@@ -32,7 +32,7 @@ def elementwise_parts(s: Setup) -> list[Chain]:
     ]
     if m.position is PositionType.ROPE:
         qk = tokens * (m.num_heads + m.kv_heads) * m.dim // par.tp
-        out.append((qk * elementwise.rotary_bytes(s, e), elementwise.rotary_chain(s, p)))
+        out.append((qk * elementwise.rotary_bytes(s, p, e), elementwise.rotary_chain(s, p)))
     routed = (m.moe.experts if m.moe.router_sigmoid else m.moe.top_k) if m.moe else 1  # MoEConfig.slots
     width = m.ffn * routed + m.moe.shared_width(m) if m.moe else m.ffn
     per = elementwise.swiglu_bytes(s, p, e) if m.mlp is MlpType.SWIGLU else 2 * e
@@ -151,7 +151,7 @@ def elementwise_kernels(s: Setup) -> int:
     e = s.training.precision.activation_dtype.bytes
     out = 2 * elementwise.norm_kernels(s, p, e) + 2 + _dropout_softmax_kernels(s)
     if m.position is PositionType.ROPE:
-        out += elementwise.rotary_kernels(s)
+        out += elementwise.rotary_kernels(s, p)
     return out + (elementwise.swiglu_kernels(s, p) if m.mlp is MlpType.SWIGLU else 1)
 
 

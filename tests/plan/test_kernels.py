@@ -196,6 +196,23 @@ def test_megatrons_fused_kernels_need_no_compile() -> None:
     assert _elementwise_s(impl="megatron") < _elementwise_s(impl="reference")
 
 
+def test_megatrons_fused_element_wise_bytes_by_hand() -> None:
+    """Megatron-core's default fusions, every chain one kernel at ``MEMORY`` (none of them measured): the
+    Apex/TE norms 2e, TE's fused RoPE (``apply_rope_fusion``, on unless ``--no-rope-fusion``) 2e per
+    element of q and k in forward and again on their gradients, the fused SwiGLU 3e per [T, f] element; the
+    norms' and SwiGLU's backward twice their forward's; W_QKV and W_fc1 fused, so no gradient of a normed
+    input is summed, only the residual stream's before each norm (3e each). Llama-3-8B at T = 4096 on one
+    H100, 32 layers, bf16; no launch gap is charged for fused kernels."""
+    T, h, f, e = 4096, 4096, 14336, 2
+    residual = 2 * 3 * T * h * e
+    rope = T * (32 + 8) * 128 * 2 * e
+    forward = 2 * T * h * 2 * e + residual + rope + T * f * 3 * e
+    backward = 2 * (2 * T * h * 2 * e) + 2 * 3 * T * h * e + rope + 2 * (T * f * 3 * e)
+    assert _elementwise_s(impl="megatron") == pytest.approx(
+        32 * (forward + backward) / (0.80 * 3350e9), rel=1e-12
+    )
+
+
 def _fp8_prediction(recipe: str) -> tuple[float, float]:
     """(matmul_s, elementwise_s) of Llama-3-8B at T = 4096 on one H100 without an SM count (no wave loss)."""
     from memplan.config import ImplConfig, Setup, TrainingConfig
