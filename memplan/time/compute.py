@@ -302,10 +302,10 @@ def rerun_bytes(s: Setup, gpu: GpuPreset, one: float, whole: bool) -> float:
 
 def fp8_layers(s: Setup, gpu: GpuPreset) -> tuple[gemm.Efficiencies, float] | None:
     """Under ``--fp8``: the layers' GEMMs' efficiencies with 1-byte operands against the FP8 ridge, and
-    their rate ``MATMUL`` × the FP8 peak (``time.fp8``); None otherwise."""
+    their rate ``MATMUL_FP8`` × the FP8 peak (``time.fp8``); None otherwise."""
     if not fp8.enabled(s):
         return None
-    rate = fp8.peak(s, gpu) * efficiency.matmul(gpu)
+    rate = fp8.peak(s, gpu) * efficiency.matmul_fp8(gpu)
     return gemm.efficiencies(s, gpu.sms, gemm.Roofline(rate / hbm_bytes_per_s(gpu), 1)), rate
 
 

@@ -10,6 +10,12 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   torch 2.6–2.7, CUDA 12.6) reaches 794.5 of 989 TFLOP/s on H100 SXM (80.3 %) and 271.2 of 312 on A100 SXM
   (86.9 %) (S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
   comparison table"); the H100's, the lower, for every GPU: a training step's shapes are not the best one.
+- ``MATMUL_FP8`` 0.709: the same table's float8 (``float8_e4m3fn``) sweep: 1402.6 of 1979 TFLOP/s on H100
+  SXM (70.9 %, torch 2.7.0+cu126), H200 73.4 %, GH200 77.6 %, B200 76.3 %, B300 74.5 %, GB200 72.3 %; the
+  H100's, the lowest of the NVIDIA rows, for every GPU (as ``MATMUL`` takes the H100's) — the layers' GEMMs
+  under ``--fp8`` at the FP8 peak (``time.fp8``). Before, ``MATMUL`` carried to the FP8 peak (no float8
+  figure was in view); chosen with NeMo's float8 held-out rows in view (docs/step-time.md), the source's
+  figure, not adjusted.
 - ``ATTENTION`` 0.50: FlashAttention-2 (Dao 2023, arXiv 2307.08691, abstract): "reaching 50-73% of the
   theoretical maximum FLOPs/s on A100", the backward (2.5× the forward's FLOPs) at the low end; eager
   attention's batched matmuls are charged the same, its softmax and dropout as memory traffic (``MEMORY``).
@@ -69,6 +75,8 @@ from memplan.presets import GpuPreset
 
 MATMUL = 0.80
 """Achieved fraction of the dense peak FLOP/s for matrix products."""
+MATMUL_FP8 = 0.709
+"""Achieved fraction of the dense FP8 peak FLOP/s for float8 matrix products (``--fp8``'s layers)."""
 ATTENTION = 0.50
 """Achieved fraction of the dense peak FLOP/s for the attention core's products."""
 MEMORY = 0.80
@@ -301,6 +309,12 @@ def launch_gap(gpu: GpuPreset) -> float:
 def matmul(gpu: GpuPreset) -> float:
     """``MATMUL``, or what ``memplan calibrate`` measured on the device."""
     return gpu.calibrated.matmul if gpu.calibrated else MATMUL
+
+
+def matmul_fp8(gpu: GpuPreset) -> float:
+    """``MATMUL_FP8``: ``memplan calibrate`` times 16-bit GEMMs only, so a calibrated device's float8 GEMMs
+    keep the source's fraction too (NB)."""
+    return MATMUL_FP8
 
 
 def memory(gpu: GpuPreset) -> float:

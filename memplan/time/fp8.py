@@ -4,7 +4,7 @@ linears under ``--impl megatron``).
 
 torchao quantizes the three products of a linear Y = X·Wᵀ ("Quantized Training", docs.pytorch.org/ao):
 ``Y = to_fp8(X) @ to_fp8(Wᵀ)``, ``dX = to_fp8(dY) @ to_fp8(W)``, ``dW = to_fp8(Xᵀ) @ to_fp8(dY)``: the
-GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL`` × their wave and roofline efficiency with
+GEMMs run at the GPU's FP8 peak (``peak_tflops.fp8``, ``MATMUL_FP8`` × their wave and roofline efficiency with
 1-byte operands), and each of the six ``to_fp8`` is a dynamic-scaling cast, memory-bound:
 - tensorwise: an amax reduction over the tensor (reads e bytes an element), then the scaled cast (reads e,
   writes 1): 2e + 1 per element;

@@ -222,7 +222,7 @@ def test_the_fused_loss_moves_the_heads_gradient_products_not_the_attention() ->
 
 
 def test_float8_layers_are_measured_against_the_peak_they_run_at() -> None:
-    """``--fp8``'s layer GEMMs run at ``MATMUL`` × the FP8 peak: their wave efficiency is taken against
+    """``--fp8``'s layer GEMMs run at ``MATMUL_FP8`` × the FP8 peak: their wave efficiency is taken against
     that rate, not the bf16 one (which had printed "achievable peak × 181.7%"). On a GPU without an SM
     count a compute-bound GEMM has full waves, and Llama-3-8B at tp 1, T = 4096, has no GEMM under the
     FP8 ridge, so the step's products are at exactly 1; with H100's 132 SMs, below it."""
