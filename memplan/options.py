@@ -277,9 +277,9 @@ class Options(Frozen):
     )
     ep: int = option("Expert-parallel degree (MoE; ranks from dp)", PARALLEL, default=1, metavar="N", gt=0)
     cp: int = option(
-        "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan), each rank holds "
-        "s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash attention and s a multiple "
-        "of 2·c",
+        "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan; Transformer "
+        "Engine's ring under --impl megatron), each rank holds s/c tokens and exchanges K/V, e.g. --cp 4 "
+        "--seq 131072; needs flash attention and s a multiple of 2·c",
         PARALLEL,
         default=1,
         metavar="N",
