@@ -209,10 +209,11 @@ def test_keys_wider_than_63_bits_fall_back_to_replay_plain() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4000)), max_size=700))
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4000)), max_size=700))
 def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
-    # the chunked pool (inserts, deletes, best fit's ceiling) against a sorted list, on sequences long
-    # enough to split chunks of 64, empty them and reuse their ids; pool 1 is used, pool 0 stays empty
+    # the chunked pool (inserts, deletes, best fit's ceiling, and the ceiling taken out: ``_pool_take``)
+    # against a sorted list, on sequences long enough to split chunks of 64, empty them and reuse their
+    # ids; pool 1 is used, pool 0 stays empty
     room = len(ops) + 2
     data = np.empty((2, room, allocator_jit_replay.CHUNK), dtype=np.int64)
     lens, order, maxes = (np.zeros((2, room), dtype=np.int64) for _ in range(3))
@@ -226,6 +227,10 @@ def test_a_pool_is_a_sorted_set(ops: list[tuple[int, int]]) -> None:
         elif op == 1 and expected:
             gone = expected.pop(key % len(expected))
             allocator_jit_replay._pool_delete(*pool, gone)
+        elif op == 3:
+            k = bisect.bisect_left(expected, key)
+            taken = expected.pop(k) if k < len(expected) else -1
+            assert allocator_jit_replay._pool_take(*pool, key) == taken
         else:
             k = bisect.bisect_left(expected, key)
             assert allocator_jit_replay._pool_ceiling(*pool, key) == (

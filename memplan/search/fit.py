@@ -131,7 +131,9 @@ def fit(
         setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve, cp_rotate=space.cp_rotate
     )
     memory = result.usable
-    every = every_layout(base, gpus, space)  # once: both checks read it (a 16,384-GPU space: 2 % of a search)
+    # once: both checks and every saver level read it (a 16,384-GPU space: 2 % of a search). The checks
+    # read whether there is a layout and its dp, the same at any node size (HSDP's shard groups aside)
+    every = every_layout(base, gpus, space, gpu.topology.gpus_per_node)
     crowded = too_many(base, gpus, space, every)
     if crowded:
         raise ValueError(crowded)
@@ -145,7 +147,7 @@ def fit(
                     break  # offload needs the node's host memory (the preset's or --host-memory) to judge
                 before = len(result.fitting)
                 _search_level(
-                    result, with_method(base, ft, saver), ft, level, gpus, space, mfu, bound, shortcuts
+                    result, with_method(base, ft, saver), ft, level, gpus, space, mfu, bound, every, shortcuts
                 )
                 if len(result.fitting) > before:
                     break
@@ -212,20 +214,28 @@ def _search_level(
     space: Space,
     mfu: float | None,
     bound: Bound | None,
+    every: list[Layout],
     shortcuts: bool = True,
 ) -> None:
     """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
     both); context parallelism (flash attention only) with every layout, not only when nothing fits
     without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble). Searched
-    best-first (``families.search``)."""
-    node = result.gpu.topology.gpus_per_node
+    best-first (``families.search``). ``every``: ``every_layout`` of the search's base on the GPU's nodes —
+    ``layouts`` reads the model, the sequence and the implementation, which no method or saver changes —
+    of which the context-parallel degrees searched here are kept, in its order."""
     flash = Attention.FLASH in space.attention and ft.trains_everything
-    degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
-    candidates = [x for cp in degrees for x in layouts(base, gpus, space, cp, gpus_per_node=node)]
-    candidates = [x for x in candidates if searches_layout(ft, x.parallel.tp, x.parallel.pp, x.parallel.cp)]
+    degrees = {1, *(context_degrees(base, gpus, space) if flash else [])}
+    candidates = [
+        x
+        for x in every
+        if x.parallel.cp in degrees and searches_layout(ft, x.parallel.tp, x.parallel.pp, x.parallel.cp)
+    ]
+    # one memo of the optimizer step's and clipping's seconds per layout: keyed on the ZeRO stage and the
+    # busiest stage (``predict.Unstaged.step_seconds``), they read neither the checkpointing nor the attention
+    steps: list[dict[tuple[object, ...], tuple[float, float]]] = [{} for _ in candidates]
     triples = [
-        triple(result, base, x, ckpt, attention, space, mfu, ft, level)
-        for x in candidates
+        triple(result, base, x, ckpt, attention, space, mfu, ft, level, steps[k])
+        for k, x in enumerate(candidates)
         for ckpt in space.checkpointing
         if searches_checkpointing(ft, ckpt)
         for attention in (space.attention if x.parallel.cp == 1 else (Attention.FLASH,))

@@ -148,12 +148,13 @@ def context_degrees(base: Setup, gpus: int, space: Space) -> list[int]:
     return out
 
 
-def every_layout(base: Setup, gpus: int, space: Space) -> list[Layout]:
+def every_layout(base: Setup, gpus: int, space: Space, gpus_per_node: int = 8) -> list[Layout]:
     """``layouts`` without and (when the space searches flash attention) with each searched context-parallel
-    degree."""
+    degree, in that order (``gpus_per_node`` places HSDP's shard groups: the same layouts with hsdp 0 at
+    any value)."""
     flash = Attention.FLASH in space.attention
     degrees = [1, *(context_degrees(base, gpus, space) if flash else [])]
-    return [x for cp in degrees for x in layouts(base, gpus, space, cp)]
+    return [x for cp in degrees for x in layouts(base, gpus, space, cp, gpus_per_node)]
 
 
 def searchable(base: Setup, gpus: int, batch: int, space: Space, every: list[Layout] | None = None) -> bool:

@@ -13,6 +13,7 @@ from memplan.api import build_setup
 from memplan.config import Method, Parallel, Setup, ZeroStage
 from memplan.config.finetune import FineTune
 from memplan.engine import estimate, unplanned
+from memplan.options import AttentionChoice
 from memplan.presets import load_gpu
 from memplan.search.families import restaged, unplanned_at
 from memplan.time.offload import reads_device
@@ -109,3 +110,32 @@ def test_the_step_seconds_memo_is_the_prediction(name: str, seq: int, options: d
             for z in range(first, 4):
                 assert timing(plans[(size, z)], H100, shared=shared) == timing(plans[(size, z)], H100)
         assert steps  # the memo was read back, not bypassed
+
+
+@pytest.mark.parametrize(("name", "seq", "options"), SETUPS)
+def test_the_step_seconds_memo_holds_across_checkpointing_and_attention(
+    name: str, seq: int, options: dict[str, object]
+) -> None:
+    """``fit`` shares one ``Unstaged.steps`` memo between the checkpointings and attentions of a layout
+    (``fit._search_level``): filled first by each (checkpointing, attention) in turn, every ``Timing`` of
+    every ZeRO stage equals timing that plan alone — the optimizer step and clipping read neither, and the
+    busiest stage they may move is in the memo's key."""
+    first = 1 if options.get("hsdp") else 0
+    rest = {k: v for k, v in options.items() if k != "checkpointing"}
+    kinds = []
+    for ckpt in ("none", "selective", "full"):
+        for attention in (AttentionChoice.FLASH, AttentionChoice.EAGER):
+            try:
+                base = build_setup(name, seq=seq, zero=first, checkpointing=ckpt, attention=attention, **rest)  # type: ignore[arg-type]
+                kinds.append({z: estimate(_at_zero(base, z)) for z in range(first, 4)})
+            except ValueError:
+                continue  # not modelled (context parallelism runs flash attention only; LoRA no selective)
+    assert len(kinds) > 1
+    peak = peak_flops(H100, kinds[0][first].setup.training.precision)
+    for start in range(len(kinds)):
+        steps: dict[tuple[object, ...], tuple[float, float]] = {}
+        for plans in kinds[start:] + kinds[:start]:
+            shared = unstaged(plans[first], H100, peak, steps)
+            for z, p in plans.items():
+                assert timing(p, H100, shared=shared) == timing(p, H100), (start, z)
+        assert len(steps) < len(kinds) * len(range(first, 4))  # read back across the kinds

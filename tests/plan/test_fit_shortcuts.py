@@ -23,7 +23,7 @@ from memplan.alloc_stream import stream
 from memplan.analytic.allocator import replay
 from memplan.analytic.fsdp.buffers import gather_units, root_wraps, stream_reserved
 from memplan.api import build_setup
-from memplan.config import Checkpointing, Parallel, Setup, ZeroStage
+from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
 from memplan.engine import Result, estimate
 from memplan.presets import GpuPreset, load_gpu
 from memplan.reserved import clear_replays, cublas_workspace, cublas_workspaces
@@ -33,6 +33,7 @@ from memplan.search.fit import Space, fit
 from memplan.search.longest import longest_sequence, sequence_step, tensors_fit
 from memplan.search.methods import valid
 from memplan.search.results import Family
+from memplan.search.space import every_layout, layouts, searchable, too_many
 from memplan.time.comm.buffers import nccl_bytes
 from memplan.time.timing import timing
 
@@ -354,3 +355,27 @@ def test_configurations_judged_by_their_states_give_the_full_evaluations_answer(
     assert fast.states_only > 0 and slow.states_only == 0
     assert fast.best is not None and (fast.best.family.saver > 0) is saver
     assert _answer(fast, space.keep) == _answer(slow, space.keep)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "space"),
+    [
+        ("llama-3.1-405b", 16384, Space()),
+        ("mixtral-8x7b", 64, Space()),
+        ("llama-3.2-1b", 24, Space(attention=(Attention.EAGER,))),
+        ("llama-3.2-1b", 7, Space()),
+    ],
+)
+def test_the_layouts_are_enumerated_once_at_any_node_size(name: str, gpus: int, space: Space) -> None:
+    """``fit`` enumerates the layouts once, on the GPU's nodes, for its two checks and every saver level
+    (``fit._search_level`` keeps the context-parallel degrees it searches, in order): the checks read only
+    whether there is a layout and its dp, which the node size (HSDP's shard groups) does not change."""
+    base = build_setup(name, seq=8192)
+    by_node = {node: every_layout(base, gpus, space, node) for node in (4, 8, 16)}
+    plain = {(x.parallel, x.dp) for x in by_node[8] if not x.hsdp}
+    for node, every in by_node.items():
+        assert {(x.parallel, x.dp) for x in every if not x.hsdp} == plain
+        assert [x for x in every if x.parallel.cp == 1] == layouts(base, gpus, space, 1, node)
+        assert too_many(base, gpus, space, every) == too_many(base, gpus, space)
+        for batch in (gpus, 2 * gpus, 3):
+            assert searchable(base, gpus, batch, space, every) == searchable(base, gpus, batch, space)

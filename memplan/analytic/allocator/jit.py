@@ -21,6 +21,7 @@ early-stopped replays (``reserved.refuses``), never for one estimate's replay.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Protocol, cast
 
 import numba
@@ -231,9 +232,13 @@ class StreamFields(Protocol):
 
 
 def _coded_stream(inputs: StreamFields, workspace: int, steps: int) -> Codes:
-    """``_code`` of ``inputs``, their fields as int64 arrays."""
-    rows = np.array(inputs.points, dtype=np.int64) if inputs.points else np.zeros((0, 5), dtype=np.int64)
-    tensors = np.array(inputs.per_tensor, dtype=np.int64)
+    """``_code`` of ``inputs``, their fields as int64 arrays (the points' rows and the tensors read by
+    ``np.fromiter``: the same arrays as ``np.array`` of the tuples, in half its time)."""
+    points, per_tensor = inputs.points, inputs.per_tensor
+    flat = itertools.chain.from_iterable(points)
+    columns = TRANSIENT + 1  # a point's terms
+    rows = np.fromiter(flat, dtype=np.int64, count=columns * len(points)).reshape(len(points), columns)
+    tensors = np.fromiter(per_tensor, dtype=np.int64, count=len(per_tensor))
     held = np.array(inputs.states, dtype=np.int64)
     saves = np.array(inputs.layer, dtype=np.int64)
     parts = np.array(inputs.state_parts, dtype=np.int64)

@@ -143,6 +143,33 @@ def _pool_delete(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Cod
     meta[q, 2] += 1
 
 
+def _pool_take(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> int:
+    """The smallest key of pool ``q`` ≥ ``key``, removed (−1: none): ``_pool_ceiling`` then ``_pool_delete``
+    of what it found, without finding it twice."""
+    chunks = meta[q, 0]
+    p = _chunk_at(maxes, q, chunks, key)
+    if p == chunks:
+        return -1
+    c = order[q, p]
+    n = lens[q, c]
+    k = _in_chunk(data, q, c, n, key)
+    found = int(data[q, c, k])
+    for j in range(k, n - 1):
+        data[q, c, j] = data[q, c, j + 1]
+    n -= 1
+    lens[q, c] = n
+    if n:
+        maxes[q, p] = data[q, c, n - 1]
+        return found
+    for j in range(p, chunks - 1):
+        order[q, j] = order[q, j + 1]
+        maxes[q, j] = maxes[q, j + 1]
+    meta[q, 0] = chunks - 1
+    order[q, order.shape[1] - 1 - meta[q, 2]] = c  # a spare id now
+    meta[q, 2] += 1
+    return found
+
+
 def _new_chunk(meta: Codes, order: Codes, q: int) -> int:
     """A chunk id of pool ``q``: a spare one, else the next unused."""
     if meta[q, 2]:
@@ -221,12 +248,14 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
     out = np.zeros(10, dtype=np.int64)
     demand = np.zeros(n + 1, dtype=np.int64)
     largest = 0
+    allocs = 0  # the allocations: what the blocks, the live allocations and the pools are sized by
     for i in range(n - 1, -1, -1):
         c = codes[i]
         d = 0
         if c >= 0:
             d = _segment_size(max(K_MIN_BLOCK_SIZE, -(-c // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE))
             largest = max(largest, d)
+            allocs += 1
         demand[i] = demand[i + 1] + d
     # A pool's key: size·2^shift + address, in units of 512 bytes (every size and address is a multiple):
     # a new segment for every allocation bounds every address and the largest segment every size
@@ -235,17 +264,19 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
         out[9] = -1  # keys would not fit 63 bits: not replayed here
         return out
     # pools: 0 large, 1 small, each a sorted list of chunks (``_pool_insert``); a pool holds at most one
-    # free block per event, and each of its chunks at least one
-    room = n + 2
+    # free block per event and at most every block (two per allocation, below), and each of its chunks
+    # at least one
+    room = min(n, 2 * allocs) + 2
     data = np.empty((2, room, CHUNK), dtype=np.int64)
     lens = np.zeros((2, room), dtype=np.int64)
     order = np.zeros((2, room), dtype=np.int64)
     maxes = np.zeros((2, room), dtype=np.int64)
     meta = np.zeros((2, 3), dtype=np.int64)  # chunks in order, ids made, spare ids
-    kept = np.zeros(n + 1, dtype=np.int64)
-    # blocks (each event makes at most two: a segment and a split's rest), linked within their segment
-    # (-1: none), as ``Allocator``'s ``_Block``; the pools' keys name them by address (``at_keys``)
-    cap = 2 * n + 2
+    kept = np.zeros(room, dtype=np.int64)
+    # blocks (each allocation makes at most two: a segment and a split's rest; a free makes none), linked
+    # within their segment (-1: none), as ``Allocator``'s ``_Block``; the pools' keys name them by address
+    # (``at_keys``). Sized by the allocations, not the events: half the arrays to fill in a step's stream
+    cap = 2 * allocs + 2
     b_addr = np.zeros(cap, dtype=np.int64)
     b_size = np.zeros(cap, dtype=np.int64)
     b_prev = np.full(cap, -1, dtype=np.int64)
@@ -259,9 +290,9 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
     mask -= 1
     at_keys = np.full(mask + 1, -1, dtype=np.int64)
     at_blocks = np.zeros(mask + 1, dtype=np.int64)
-    live_block = np.full(n + 1, -1, dtype=np.int64)  # allocation -> its block (-1: refused)
-    live_asked = np.zeros(n + 1, dtype=np.int64)
-    live_small = np.zeros(n + 1, dtype=np.int64)
+    live_block = np.full(allocs + 1, -1, dtype=np.int64)  # allocation -> its block (-1: refused)
+    live_asked = np.zeros(allocs + 1, dtype=np.int64)
+    live_small = np.zeros(allocs + 1, dtype=np.int64)
     top = made = 0
     allocated = reserved = requested = allocated_peak = reserved_peak = requested_peak = 0
     segments = released = oom = 0
@@ -298,12 +329,11 @@ def _replay(codes: Codes, capacity: int, early: bool) -> Codes:
             continue
         rounded = max(K_MIN_BLOCK_SIZE, -(-c // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE)
         small = 1 if rounded <= K_SMALL_SIZE else 0
-        key = _pool_ceiling(data, lens, order, maxes, meta, small, _key(rounded, 0, shift))
+        key = _pool_take(data, lens, order, maxes, meta, small, _key(rounded, 0, shift))
         if key >= 0:  # the smallest free block large enough, the lowest address on a tie
             unit = key & ((1 << shift) - 1)  # its address, in 512-byte units
             x = at_blocks[_find(at_keys, mask, unit)]
             _drop(at_keys, at_blocks, mask, unit)
-            _pool_delete(data, lens, order, maxes, meta, small, key)
         else:  # a new segment (releasing the wholly free ones when over the capacity)
             size = _segment_size(rounded)
             if limited and reserved + size > capacity:
@@ -382,6 +412,7 @@ _chunk_at = _jit(_chunk_at)
 _pool_ceiling = _jit(_pool_ceiling)
 _pool_insert = _jit(_pool_insert)
 _pool_delete = _jit(_pool_delete)
+_pool_take = _jit(_pool_take)
 _new_chunk = _jit(_new_chunk)
 _segment_size = _jit(segment_size)
 _key = _jit(_key)
