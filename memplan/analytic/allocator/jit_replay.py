@@ -122,51 +122,46 @@ def _pool_insert(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Cod
         meta[q, 0] = chunks + 1
 
 
-def _pool_delete(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
-    """Remove ``key`` (in pool ``q``); a chunk left empty leaves the order."""
-    chunks = meta[q, 0]
-    p = _chunk_at(maxes, q, chunks, key)
+def _remove(
+    data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, p: int, k: int
+) -> None:
+    """Remove the ``k``-th key of the chunk at position ``p`` of pool ``q``'s order; a chunk left empty
+    leaves the order and its id becomes a spare one."""
     c = order[q, p]
     n = lens[q, c]
-    for j in range(_in_chunk(data, q, c, n, key), n - 1):
-        data[q, c, j] = data[q, c, j + 1]
-    n -= 1
-    lens[q, c] = n
-    if n:
-        maxes[q, p] = data[q, c, n - 1]
-        return
-    for j in range(p, chunks - 1):
-        order[q, j] = order[q, j + 1]
-        maxes[q, j] = maxes[q, j + 1]
-    meta[q, 0] = chunks - 1
-    order[q, order.shape[1] - 1 - meta[q, 2]] = c  # a spare id now
-    meta[q, 2] += 1
-
-
-def _pool_take(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> int:
-    """The smallest key of pool ``q`` ≥ ``key``, removed (−1: none): ``_pool_ceiling`` then ``_pool_delete``
-    of what it found, without finding it twice."""
-    chunks = meta[q, 0]
-    p = _chunk_at(maxes, q, chunks, key)
-    if p == chunks:
-        return -1
-    c = order[q, p]
-    n = lens[q, c]
-    k = _in_chunk(data, q, c, n, key)
-    found = int(data[q, c, k])
     for j in range(k, n - 1):
         data[q, c, j] = data[q, c, j + 1]
     n -= 1
     lens[q, c] = n
     if n:
         maxes[q, p] = data[q, c, n - 1]
-        return found
+        return
+    chunks = meta[q, 0]
     for j in range(p, chunks - 1):
         order[q, j] = order[q, j + 1]
         maxes[q, j] = maxes[q, j + 1]
     meta[q, 0] = chunks - 1
     order[q, order.shape[1] - 1 - meta[q, 2]] = c  # a spare id now
     meta[q, 2] += 1
+
+
+def _pool_delete(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> None:
+    """Remove ``key`` (in pool ``q``)."""
+    p = _chunk_at(maxes, q, meta[q, 0], key)
+    c = order[q, p]
+    _remove(data, lens, order, maxes, meta, q, p, _in_chunk(data, q, c, lens[q, c], key))
+
+
+def _pool_take(data: Codes, lens: Codes, order: Codes, maxes: Codes, meta: Codes, q: int, key: int) -> int:
+    """The smallest key of pool ``q`` ≥ ``key``, removed (−1: none): ``_pool_ceiling`` then ``_pool_delete``
+    of what it found, without finding it twice."""
+    p = _chunk_at(maxes, q, meta[q, 0], key)
+    if p == meta[q, 0]:
+        return -1
+    c = order[q, p]
+    k = _in_chunk(data, q, c, lens[q, c], key)
+    found = int(data[q, c, k])
+    _remove(data, lens, order, maxes, meta, q, p, k)
     return found
 
 
@@ -411,6 +406,7 @@ _in_chunk = _jit(_in_chunk)
 _chunk_at = _jit(_chunk_at)
 _pool_ceiling = _jit(_pool_ceiling)
 _pool_insert = _jit(_pool_insert)
+_remove = _jit(_remove)
 _pool_delete = _jit(_pool_delete)
 _pool_take = _jit(_pool_take)
 _new_chunk = _jit(_new_chunk)
