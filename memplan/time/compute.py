@@ -89,9 +89,9 @@ class KernelTime:
     attention_s: float
     elementwise_s: float
     matmul_full_s: float
-    """``matmul_s`` at full waves: each product's FLOPs at its class's rate alone (``MATMUL`` × the peak it
-    runs at — the FP8 peak for ``--fp8``'s layers), so that ``matmul_full_s / matmul_s`` is the products'
-    wave efficiency (``matmul_seconds`` with unit efficiencies)."""
+    """``matmul_s`` at full waves: each product's FLOPs at its class's rate alone (``MATMUL`` × the bf16
+    peak; ``MATMUL_FP8`` × the FP8 peak for ``--fp8``'s layers), so that ``matmul_full_s / matmul_s`` is the
+    products' wave efficiency (``matmul_seconds`` with unit efficiencies)."""
     dequant_s: float = 0.0
     """QLoRA's dequantisation of the frozen 4-bit weights (``dequant_bytes``), memory-bound."""
     launch_s: float = 0.0
