@@ -277,9 +277,8 @@ class Options(Frozen):
     )
     ep: int = option("Expert-parallel degree (MoE; ranks from dp)", PARALLEL, default=1, metavar="N", gt=0)
     cp: int = option(
-        "Context-parallel degree c: ring attention (torch context_parallel, as torchtitan; Transformer "
-        "Engine's ring under --impl megatron), each rank holds s/c tokens and exchanges K/V, e.g. --cp 4 "
-        "--seq 131072; needs flash attention and s a multiple of 2·c",
+        "Context-parallel degree c: ring attention (torch's as torchtitan; TE's under --impl megatron), each "
+        "rank holds s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash, s a multiple of 2·c",
         PARALLEL,
         default=1,
         metavar="N",
@@ -294,7 +293,6 @@ class Options(Frozen):
         "all_gather). Example: --cp 16 --cp-rotate kv-gather [default: alltoall under --impl megatron, "
         "Transformer Engine's point-to-point ring (Megatron-LM's --cp-comm-type p2p); else allgather]",
         PARALLEL,
-        default=None,
         show_default=False,
     )
     cp_rank: int | None = option(
