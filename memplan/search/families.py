@@ -270,11 +270,11 @@ def triple(
     mfu: float | None,
     ft: FineTune,
     level: int,
-    steps: dict[tuple[object, ...], tuple[float, float]] | None = None,
+    steps: dict[tuple[object, ...], tuple[float, float]],
 ) -> Triple:
     """The families and groups of one (layout, checkpointing, attention), counted as searched. ``steps``:
     the optimizer step's and clipping's seconds (``predict.Unstaged.steps``) shared with the layout's other
-    checkpointings and attentions, which read neither (a fresh memo when not given)."""
+    checkpointings and attentions, which read neither."""
     dp = layout.dp
     # Over one data-parallel rank every ZeRO stage shards nothing: the same memory and time as stage 0
     # (parameter offload needs ZeRO-3's sharding: its level keeps stage 3 only).
@@ -286,7 +286,6 @@ def triple(
     every = [Family(ckpt, attention, z, layout, ft, level) for z in stages]
     families = [f for f, setup in zip(every, _stage_setups(base, every), strict=True) if valid(setup)]
     states: dict[int, int] = {}  # shared: a stage's model states do not depend on the micro-batch
-    steps = {} if steps is None else steps  # nor its optimizer step's seconds
     groups = [
         _Group(b, n, base, families, result.gpu, mfu, states=states, steps=steps)
         for b, n in micro_batches(result.global_batch, layout, space).items()

@@ -119,14 +119,6 @@ class StageFlops:
     rerun_attention: float = 0.0
     """The attention core's share of the checkpoint recompute (in ``attention_backward``)."""
 
-    @property
-    def matmul_forward(self) -> float:
-        return self.linear_forward + self.head_forward
-
-    @property
-    def matmul_backward(self) -> float:
-        return self.linear_backward + self.rerun_linear + self.head_backward
-
 
 def stage_flops(c: Critical) -> StageFlops:
     """The stage's share of the whole model's FLOPs on one tensor-parallel rank (module docstring)."""
@@ -305,7 +297,7 @@ def fp8_layers(s: Setup, gpu: GpuPreset) -> tuple[gemm.Efficiencies, float] | No
     their rate ``MATMUL_FP8`` × the FP8 peak (``time.fp8``); None otherwise."""
     if not fp8.enabled(s):
         return None
-    rate = fp8.peak(s, gpu) * efficiency.matmul_fp8(gpu)
+    rate = fp8.peak(s, gpu) * efficiency.MATMUL_FP8  # calibrate times 16-bit GEMMs only
     return gemm.efficiencies(s, gpu.sms, gemm.Roofline(rate / hbm_bytes_per_s(gpu), 1)), rate
 
 

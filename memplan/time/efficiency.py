@@ -69,7 +69,7 @@ Not adopted: at 0.68 the Llama 3 H100 runs (docs/step-time.md) would move −4.8
 and −13.7 → −17.7 %, further below their published figures; the H200's HBM3e takes more of the same
 700 W than an H100's HBM3; and which of a step's GEMMs reach the limit depends on its mix. ``memplan
 calibrate`` measures the user's own — of 16-bit GEMMs: a calibrated device's float8 GEMMs keep
-``MATMUL_FP8`` (``matmul_fp8``).
+``MATMUL_FP8``.
 """
 
 from memplan.presets import GpuPreset
@@ -310,13 +310,6 @@ def launch_gap(gpu: GpuPreset) -> float:
 def matmul(gpu: GpuPreset) -> float:
     """``MATMUL``, or what ``memplan calibrate`` measured on the device."""
     return gpu.calibrated.matmul if gpu.calibrated else MATMUL
-
-
-def matmul_fp8(gpu: GpuPreset) -> float:
-    """``MATMUL_FP8`` on every device, calibrated or not: ``memplan calibrate`` times 16-bit GEMMs only
-    (module NB). ``gpu`` is taken for the day it measures float8 too."""
-    del gpu
-    return MATMUL_FP8
 
 
 def memory(gpu: GpuPreset) -> float:
