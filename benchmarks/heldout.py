@@ -93,6 +93,7 @@ from typer.testing import CliRunner
 if __name__ == "__main__":  # run as a script: the repository root on the path, for benchmarks.*
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.heldout_bridge import BRIDGE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from benchmarks.heldout_types import Run, Stated
 from benchmarks.sections import section_main
@@ -347,7 +348,7 @@ TITAN_RUNS: tuple[Run, ...] = (
     ),
 )
 
-RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS + NEMO_RUNS
+RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS + NEMO_RUNS + BRIDGE_RUNS
 
 _runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown, predict
+from benchmarks.heldout_bridge import BRIDGE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
 from memplan.presets import load_gpu
@@ -292,3 +293,90 @@ def test_nemo_gpt3_models_are_the_launcher_configs() -> None:
         assert (m.vocab_size, m.max_positions, m.attn_dropout, m.resid_dropout) == (vocab, 2048, 0.1, 0.1)
         rows = [r for r in NEMO_RUNS if r.stated.model == f"nemo-gpt3-{size}"]
         assert rows and all(r.stated.tp == tp for r in rows), size
+
+
+BRIDGE_ROWS = {
+    # NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md (00b7660), "25.11 NeMo Container", DGX-H100 and
+    # DGX-B200, as printed: (system, model, precision) → (#-GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP,
+    # GA), tokens/s/GPU; VP "n/a" read as 1, each "FP8-CS (FP8-MX)" row as two rows
+    ("DGX-H100", "LLAMA3_8B", "FP8-CS"): ((8, 128, 1, 8192, 1, 1, 1, 1, 1, 16), 14451),
+    ("DGX-H100", "LLAMA3_70B", "FP8-CS"): ((64, 128, 1, 8192, 0, 4, 8, 1, 5, 64), 1602),
+    ("DGX-H100", "LLAMA3.1_405B", "FP8-CS"): ((1024, 512, 1, 8192, 0, 8, 8, 2, 8, 64), 292),
+    ("DGX-B200", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 30624),
+    ("DGX-B200", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29521),
+    ("DGX-B200", "LLAMA3.1_405B", "FP8-CS"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 661),
+    ("DGX-B200", "LLAMA3.1_405B", "FP8-MX"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 624),
+}
+BRIDGE_MODELS = {"llama-3-8b": "LLAMA3_8B", "llama-3-70b": "LLAMA3_70B", "llama-3.1-405b": "LLAMA3.1_405B"}
+BRIDGE_FP8 = {"tensorwise": "FP8-CS", "mxfp8": "FP8-MX"}
+BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}
+
+
+def _bridge_key(run: Run) -> tuple[str, str, str]:
+    system = run.source.rsplit(", ", 1)[1]
+    return system, BRIDGE_MODELS[run.stated.model], BRIDGE_FP8[run.stated.fp8]
+
+
+def test_bridge_rows_as_printed() -> None:
+    """Every dense Llama row of the DGX-H100 and DGX-B200 tables is in the set, with the table's figures;
+    its GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP) (the GB200/GB300 rows, which have no preset, and the
+    MoE rows memplan cannot type are left out: heldout_bridge.py)."""
+    assert len(BRIDGE_RUNS) == len(BRIDGE_ROWS) == 7
+    got = {}
+    for run in BRIDGE_RUNS:
+        st = run.stated
+        system, _, _ = key = _bridge_key(run)
+        dp = st.gpus // (st.tp * st.pp * st.cp)
+        ga = st.global_batch // (st.micro_batch * dp)
+        fsdp = int(st.zero == 3)
+        got[key] = (
+            (st.gpus, st.global_batch, st.micro_batch, st.seq, fsdp, st.tp, st.pp, st.cp, st.vpp, ga),
+            run.published,
+        )
+        assert st.gpu == BRIDGE_GPU[system], run.name
+    assert got == BRIDGE_ROWS
+
+
+def test_bridge_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """Megatron-core with TE float8 (FP8-CS: current scaling, --fp8 tensorwise; FP8-MX: --fp8 mxfp8), the
+    distributed optimizer (FSDP 1: Megatron FSDP's optim_grads_params, --zero 3) with overlapped gradient
+    and parameter sync, gradients in bf16 (grad_reduce_in_fp32 False), SP with TP, no recompute, gradient
+    clipping at 1.0, TE's p2p context-parallel ring; the table's GA is memplan's micro-batches."""
+    for run in BRIDGE_RUNS:
+        s, st = predicted[run.name]["setup"], run.stated
+        (_, _, _, _, fsdp, *_, ga), _ = BRIDGE_ROWS[_bridge_key(run)]
+        assert (s["impl"], s["fp8"]) == ("megatron", st.fp8) and st.fp8 in BRIDGE_FP8, run.name
+        assert (s["zero"], s["overlap_grad_reduce"], s["overlap_param_gather"]) == (
+            3 if fsdp else 1,
+            True,
+            True,
+        )
+        assert s["reduce_dtype"] == "bf16" and s["clip_grad"] and s["checkpointing"] == "none", run.name
+        assert s["sp"] == (st.tp > 1) and s["seq_len"] == 8192, run.name
+        assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name
+        assert s["micro_batches"] == ga, run.name
+
+
+def _megatron_layers_to_build(layers: int, pp: int, vp: int, rank: int, stage: int) -> int:
+    """Megatron-core's ``get_num_layers_to_build`` with account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split: (L + 2)/pp per rank, /vp per virtual stage, one fewer on the first
+    virtual stage of the first rank and on the last of the last."""
+    n = (layers + 2) // pp // vp
+    return n - int(rank == 0 and stage == 0) - int(rank == pp - 1 and stage == vp - 1)
+
+
+def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """llama31_405b_pretrain_config sets account_for_embedding_in_pipeline_split and account_for_loss_in_
+    pipeline_split: the 126 layers and the two over PP 8 × VP 8 are 2 a virtual stage, 1 on the first
+    (embedding) and on the last (loss); --pp-layers lists them in model order (virtual stage v = k·pp + i
+    is chunk k of rank i)."""
+    rows = [r for r in BRIDGE_RUNS if r.stated.model == "llama-3.1-405b"]
+    assert len(rows) == 3
+    for run in rows:
+        st = run.stated
+        want = [
+            _megatron_layers_to_build(126, st.pp, st.vpp, v % st.pp, v // st.pp)
+            for v in range(st.pp * st.vpp)
+        ]
+        assert sum(want) == 126 and want[0] == want[-1] == 1 and set(want[1:-1]) == {2}
+        assert predicted[run.name]["setup"]["pp_layers"] == want, run.name
