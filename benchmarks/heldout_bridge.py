@@ -54,10 +54,17 @@ Readings (what the table does not state; ``NOTE`` on each row):
 - GPUs: DGX-H100 ``--gpu h100-sxm``, DGX-B200 ``--gpu b200`` (both presets: 8 GPUs a node on NVSwitch,
   one 400 Gb/s NIC per GPU).
 
+- TE's tensor-parallel communication overlap: the 70B and 405B recipes (recipes/llama/llama3.py) build
+  ``CommOverlapConfig(tp_comm_overlap=True)`` and the scripts pick the float8 userbuffers configurations
+  (``userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192``, ``..._h100_h16384_tp8_cp2_...``,
+  ``..._b200_h16384_tp4_cp2_...``: training/comm_overlap.py); ``_get_model_comm_overlap_cfgs`` keeps it
+  with TP ≥ 2 and sequence parallelism, which these rows have (25.11 applies the scripts' configuration:
+  ``finalize``, PR #1395 cherry-picked into r0.2.0): typed ``--tp-comm-overlap`` (TE's default methods;
+  those configurations run W_O's and W_fc2's reduce-scatters as ring exchanges, whose buffers are
+  (2t − 1)/t of [T, h], not typed: memplan holds TE's default one [T, h] each).
+
 Not typed, each run's note says which (memplan has no option for them):
-- TE's tensor-parallel communication overlap (``tp_comm_overlap`` with the scripts' userbuffers
-  configurations, 70B and 405B): memplan's Megatron tensor-parallel collectives as modelled;
-  ``overlap_p2p_comm`` under VP (comm_overlap.py): memplan's pipeline sends are not overlapped;
+- ``overlap_p2p_comm`` under VP (comm_overlap.py): memplan's pipeline sends are not overlapped;
   ``overlap_param_gather_with_optimizer_step`` (helpers.py, dp > 1, pp > 1, vp > 1): memplan overlaps the
   parameter gather with the next forward.
 - CUDA graphs (the 8B B200 preset: ``cuda_graph_impl = "local"``, scope "full_iteration", which 0fa501a's
@@ -94,7 +101,7 @@ NOTE = (
     "typed: fp8_param_gather (float8 primary weights)"
 )
 FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
-TP_OVERLAP = "TE TP comm overlap (userbuffers) and the p2p overlap not modelled"
+TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
 CUDA_GRAPHS = "CUDA graphs (local, full_iteration) not modelled"
 SPLIT = "405B split with embedding and loss as layers: --pp-layers 1,2,…,2,1"
 
@@ -146,6 +153,8 @@ def _bridge(
         parts.append("--pp-layers " + ",".join(map(str, embedding_loss_split(LAYERS_405B, pp, vp))))
     if cp > 1:
         parts.append(f"--cp {cp} --cp-rotate alltoall")
+    if tp > 1:  # the recipes' CommOverlapConfig(tp_comm_overlap=True) with sp (module docstring)
+        parts.append("--tp-comm-overlap")
     stated = Stated(
         model,
         gpus,

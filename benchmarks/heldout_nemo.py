@@ -23,9 +23,17 @@ Readings (what the table does not state; ``NOTE`` on each row):
   scale"): typed ``--reduce-dtype bf16`` (the gradient buffer and its reduce-scatter in bf16).
 - ``sequence_parallel: True`` in the launcher's tensor-parallel configs (20b.yaml, 175b_fp8.yaml): ``--sp``
   wherever TP > 1. Activation checkpointing ``null`` in them: none. TE's attention backend (cuDNN fused
-  or FlashAttention) is not stated: memplan's default kernel. Tensor-parallel communication overlap
-  (``ub_tp_comm_overlap``; the ``llama3_70b_fp8`` script sets its H100 TP 4 configuration) is not
-  modelled: memplan's Megatron overlap.
+  or FlashAttention) is not stated: memplan's default kernel.
+- Tensor-parallel communication overlap (TE's userbuffers, ``--tp-comm-overlap``): the Llama 70B rows
+  ran it — NVIDIA/NeMo-Framework-Launcher (the launcher's later name; the 0c6c960 copy holds the GPT
+  configs only) ``llama/llama2_70b.yaml`` (4a9b61b) and ``llama/llama3_70b.yaml`` (3dd3561, this row's
+  layout) set ``ub_tp_comm_overlap: true`` with an ``ub_cfg_h100_*_h8192_tp4`` userbuffers configuration
+  (the ``llama3_70b_fp8`` H100 script picks ``ub_cfg_h100_fp8_h8192_tp4_mbs1_seqlen8192``): typed
+  ``--tp-comm-overlap`` (TE's default methods; those files' SM counts and splits not typed). The GPT-3
+  configs of every stored launcher copy (20b.yaml, 175b.yaml, 175b_fp8.yaml) set ``ub_tp_comm_overlap:
+  False`` and the H100 scripts override nothing: typed without it (userbuffers files for the GPT rows'
+  own layouts exist, which suggests NVIDIA's runs may have used it: not typed on that inference); the
+  long-sequence rows (no stored config; ``llama2_7b.yaml``: False) without it.
 - Context parallelism: Transformer Engine's of the time, a ring of point-to-point K/V sends to the next
   rank, each block's transfer under the attention of the block before (TE's ``AttnFuncWithCP``; TE's later
   ``cp_comm_type`` options name it ``p2p``, Megatron-core's ``--cp-comm-type`` default): typed ``--cp-rotate
@@ -64,8 +72,11 @@ def _nemo(
     seq: int,
     layout: tuple[int, int, int, int],
     published: float,
+    *,
+    userbuffers: bool = False,
 ) -> Run:
-    """One row: ``layout`` is the table's (TP, PP, CP, VP); data parallelism is the GPUs left over."""
+    """One row: ``layout`` is the table's (TP, PP, CP, VP); data parallelism is the GPUs left over;
+    ``userbuffers``: the row's config sets ``ub_tp_comm_overlap`` (module docstring)."""
     tp, pp, cp, vp = layout
     dp = gpus // (tp * pp * cp)
     assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0, name
@@ -82,6 +93,8 @@ def _nemo(
         parts.append(f"--vpp {vp}")
     if cp > 1:
         parts.append(f"--cp {cp} --cp-rotate alltoall")
+    if userbuffers:
+        parts.append("--tp-comm-overlap")
     stated = Stated(
         model.removeprefix(PUBLISHED).removesuffix(".toml"),
         gpus,
@@ -98,7 +111,8 @@ def _nemo(
         fp8="delayed",
         impl="megatron",
     )
-    return Run(name, source, stated, published, " ".join(parts), NOTE)
+    note = f"{NOTE}; TE's TP comm overlap (ub_tp_comm_overlap)" if userbuffers else NOTE
+    return Run(name, source, stated, published, " ".join(parts), note)
 
 
 def _gpt3(size: str) -> str:
@@ -122,7 +136,16 @@ NEMO_RUNS: tuple[Run, ...] = (
     _nemo("Llama 2 7B, 8 × H100", NEMO, "llama-2-7b", 8, 128, 1, 4096, (1, 1, 1, 1), 16934),
     _nemo("Llama 2 13B, 16 × H100, PP 4 VP 10", NEMO, "llama-2-13b", 16, 128, 1, 4096, (1, 4, 1, 10), 8715),
     _nemo(
-        "Llama 2 70B, 64 × H100, TP 4 PP 4 VP 20", NEMO, "llama-2-70b", 64, 128, 1, 4096, (4, 4, 1, 20), 1728
+        "Llama 2 70B, 64 × H100, TP 4 PP 4 VP 20",
+        NEMO,
+        "llama-2-70b",
+        64,
+        128,
+        1,
+        4096,
+        (4, 4, 1, 20),
+        1728,
+        userbuffers=True,
     ),
     _nemo("Llama 3 8B, 8 × H100, CP 2", NEMO, "llama-3-8b", 8, 128, 1, 8192, (1, 1, 2, 1), 12273),
     _nemo(
@@ -135,6 +158,7 @@ NEMO_RUNS: tuple[Run, ...] = (
         8192,
         (4, 4, 2, 5),
         1524,
+        userbuffers=True,
     ),
     _long(4, 4, 1024, 1, 1, 1, 16671),
     _long(8, 8, 512, 1, 2, 1, 13907),

@@ -295,6 +295,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         fp8_tp=o.fp8_tp,
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
+        tp_comm_overlap=o.tp_comm_overlap,
         experts=o.experts,
     )
 
@@ -326,6 +327,9 @@ class Built:
     fsdp_reduce_scatter: int = 0
     """What the allocator reserves on FSDP2's reduce-scatter stream (the sharded gradients under FSDP2's
     mixed precision, ``time.comm.buffers.fsdp_reduce_scatter_bytes``): reported, not kept back."""
+    userbuffers: int = 0
+    """TE's userbuffers under ``--tp-comm-overlap`` (``time.tp_overlap.userbuffer_bytes``): outside the
+    allocator, judged."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -379,11 +383,13 @@ def build(o: Options) -> Built:
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
         from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_reduce_scatter_bytes, fsdp_stream_bytes
+        from memplan.time.tp_overlap import userbuffer_bytes
 
         reserved = replay_device(result, expandable=o.expandable_segments)
         fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
         scatter = fsdp_reduce_scatter_bytes(result)
-        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter)
+        ub = userbuffer_bytes(result.setup)
+        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter, ub)
     from memplan.time.comm.buffers import (  # only with a GPU (start-up)
         ddp_bucket_bytes,
         fsdp_reduce_scatter_bytes,
@@ -391,6 +397,7 @@ def build(o: Options) -> Built:
         nccl_buffers,
     )
     from memplan.time.timing import check_time_inputs, timing
+    from memplan.time.tp_overlap import userbuffer_bytes
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
@@ -403,7 +410,8 @@ def build(o: Options) -> Built:
     reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
     fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
     scatter = fsdp_reduce_scatter_bytes(result)
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter)
+    ub = userbuffer_bytes(result.setup)
+    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter, ub)
 
 
 def to_json(b: Built) -> dict[str, Any]:
@@ -419,6 +427,7 @@ def to_json(b: Built) -> dict[str, Any]:
     # buckets (``fit.comm_buffers``: kept back from the default stream's allocator)
     out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
     out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets
+    out["memory"]["te_userbuffers"] = b.userbuffers  # --tp-comm-overlap's, outside the allocator
     # FSDP2's reduce-scatter stream: its own pool (the sharded gradients), reported, not kept back
     out["memory"]["fsdp_reduce_scatter_stream"] = b.fsdp_reduce_scatter
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)

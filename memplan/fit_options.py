@@ -39,6 +39,7 @@ FIT_OPTIONS = (
     "fp8_tp",
     "overlap_grad_reduce",
     "overlap_param_gather",
+    "tp_comm_overlap",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its
 options from them and ``advice`` suggests a ``fit`` command only for settings among them."""

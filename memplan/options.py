@@ -79,10 +79,8 @@ class Options(Frozen):
         "for-loop / foreach / fused (torch.optim.AdamW), bitsandbytes (AdamW8bit, with --optimizer "
         "adamw-8bit) [default: reference under --impl reference; fused under --impl megatron (its "
         "FusedAdam, Transformer Engine's or Apex's), hf (transformers' adamw_torch_fused) and torchtitan "
-        "(0.3.0's implementation = fused); otherwise "
-        "as torch picks on --device: "
-        "foreach on cuda, for-loop on cpu (torch.optim.optimizer._default_to_fused_or_foreach); "
-        "bitsandbytes for adamw-8bit]",
+        "(0.3.0's implementation = fused); otherwise as torch picks on --device: foreach on cuda, for-loop "
+        "on cpu (torch.optim.optimizer._default_to_fused_or_foreach); bitsandbytes for adamw-8bit]",
         TRAINING,
         show_default=False,
     )
@@ -162,10 +160,9 @@ class Options(Frozen):
     )
     compile_loss: bool = option(
         "--impl torchtitan --compile: compile the loss too, as torchtitan 0.3.0's compile.components "
-        "default ['model', 'loss'] does (its Inductor buffers are not modelled: the eager loss's bytes, "
-        "one block); --no-compile-loss: the blocks only and the loss eager, as torchtitan's train.py of "
-        "late 2024 ran (its fp32 logits, log-probs and gradients each a tensor of their own, "
-        "blocks/head.py)",
+        "default ['model', 'loss'] does (its Inductor buffers are not modelled: the eager loss's bytes, one "
+        "block); --no-compile-loss: the blocks only and the loss eager, as torchtitan's train.py of late "
+        "2024 ran (its fp32 logits, log-probs and gradients each a tensor of their own, blocks/head.py)",
         STRATEGY,
         default=True,
     )
@@ -183,13 +180,12 @@ class Options(Frozen):
         "float8 training of the layers' linears: none, tensorwise, rowwise, delayed, mxfp8 or blockwise "
         "scaling (their GEMMs at the GPU's FP8 peak plus the casts' traffic). torchao (--impl reference, "
         "torchtitan: tensorwise, rowwise): the saved activations stay bf16's, the casts' fp32 and float8 "
-        "temporaries join the peak at the down projection's backward (trace --fp8, profile --fp8). "
-        "--impl megatron: tensorwise and delayed are Megatron's --fp8-recipe "
-        "(Transformer Engine Float8CurrentScaling, DelayedScaling): float8 saved linear inputs, cached "
-        "float8 weights and transposes and the quantizers' state (delayed: amax histories, all-reduced over "
-        "tp × dp × cp each forward and backward) in weights (blocks/te_fp8.py); mxfp8 is MXFP8BlockScaling "
-        "(E8M0 scales per 32 elements; Blackwell GPUs only); blockwise and TE's rowwise are refused. "
-        "--impl hf: refused",
+        "temporaries join the peak at the down projection's backward (trace --fp8, profile --fp8). --impl "
+        "megatron: tensorwise and delayed are Megatron's --fp8-recipe (Transformer Engine "
+        "Float8CurrentScaling, DelayedScaling): float8 saved linear inputs, cached float8 weights and "
+        "transposes and the quantizers' state (delayed: amax histories, all-reduced over tp × dp × cp each "
+        "forward and backward) in weights (blocks/te_fp8.py); mxfp8 is MXFP8BlockScaling (E8M0 scales per "
+        "32 elements; Blackwell GPUs only); blockwise and TE's rowwise are refused. --impl hf: refused",
         STRATEGY,
         default=Fp8Recipe.NONE,
     )
@@ -230,6 +226,12 @@ class Options(Frozen):
         "--impl megatron --overlap-grad-reduce: Megatron-LM's --overlap-param-gather, the distributed "
         "optimizer's (--zero 1) parameter all-gather overlapped with the next forward (default off: "
         "gathered after the step, exposed)",
+        STRATEGY,
+        default=False,
+    )
+    tp_comm_overlap: bool = option(
+        "--impl megatron --tp T --sp: Megatron-LM's --tp-comm-overlap (TE's userbuffers): the sequence-"
+        "parallel collectives run in chunks under the GEMMs they feed or drain (default off: exposed)",
         STRATEGY,
         default=False,
     )
@@ -425,19 +427,16 @@ class Options(Frozen):
         "with lora|qlora only layers:A-B (no adapters there)",
         "PARTS",
     )
-    quant: Quant | None = tune(
-        "QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, an absmax per 64 [default: nf4]"
-    )
+    quant: Quant | None = tune("QLoRA's 4-bit type (bitsandbytes): nf4 or fp4, absmax per 64 [default: nf4]")
     double_quant: bool = option(
         "QLoRA double quantisation: absmax in uint8 + fp32 per 256 (0.5 → 0.127 bits/weight)",
         FINETUNE,
         default=False,
     )
     reserve: float = option(
-        "GiB of each GPU's memory kept back for what memplan does not model (FSDP2's and DDP's "
-        "communication buffers, NCCL's tree/NVLS buffers): the caching allocator's reserved peak must "
-        "fit the driver's memory less the CUDA context, NCCL's ring and point-to-point buffers (modelled) "
-        "and this",
+        "GiB of each GPU's memory kept back for what memplan does not model (NCCL's tree/NVLS buffers): the "
+        "caching allocator's reserved peak must fit the driver's memory less the CUDA context, the "
+        "modelled communication buffers and this",
         GPU,
         default=DEFAULT_RESERVE_GIB,
         metavar="GiB",

@@ -278,6 +278,10 @@ def test_nemo_runs_are_typed_as_the_launcher_configures_them(predicted: dict[str
         assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name  # TE's point-to-point ring
         dp = st.gpus // (st.tp * st.pp * st.cp)
         assert st.micro_batch * s["micro_batches"] * dp == st.global_batch, run.name
+        # TE's userbuffers: the Llama 70B configs' ub_tp_comm_overlap: true, every GPT-3 config's False,
+        # the long-sequence rows' Llama 2 7B config's False (heldout_nemo.py)
+        ub = st.model in ("llama-2-70b", "llama-3-70b")
+        assert s["tp_comm_overlap"] == ub and ("--tp-comm-overlap" in run.typed) == ub, run.name
 
 
 def test_nemo_gpt3_models_are_the_launcher_configs() -> None:
@@ -355,6 +359,8 @@ def test_bridge_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str
         assert s["sp"] == (st.tp > 1) and s["seq_len"] == 8192, run.name
         assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name
         assert s["micro_batches"] == ga, run.name
+        # CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (heldout_bridge.py)
+        assert s["tp_comm_overlap"] == (st.tp > 1), run.name
 
 
 def _megatron_layers_to_build(layers: int, pp: int, vp: int, rank: int, stage: int) -> int:

@@ -198,6 +198,12 @@ class ImplConfig(Frozen):
         description="megatron: --overlap-param-gather (default off): the distributed optimizer's parameter "
         "all-gather (ZeRO-1) overlapped with the next forward; needs --overlap-grad-reduce",
     )
+    tp_comm_overlap: bool = Field(
+        default=False,
+        description="megatron: --tp-comm-overlap, Transformer Engine's userbuffers overlap of the sequence-"
+        "parallel all-gathers and reduce-scatters with the GEMMs they feed or drain (time.tp_overlap); "
+        "needs --tp T --sp inside a node",
+    )
     fsdp_wrap: FsdpWrap = Field(
         default=FsdpWrap.UNITS,
         description="torchtitan under ZeRO-3: FSDP2's units as torchtitan 0.3.0 wraps them (units) or as its "

@@ -218,6 +218,26 @@ def check_overlap_grad_reduce(setup: Setup) -> None:
         )
 
 
+def check_tp_comm_overlap(setup: Setup) -> None:
+    """``--tp-comm-overlap`` (Transformer Engine's userbuffers, ``time.tp_overlap``) where it runs and is
+    modelled: Megatron's TE layers, tensor parallelism with sp (Megatron-LM's arguments.py: "Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is enabled"), dense layers (TE's
+    GroupedLinear experts have no userbuffers overlap, and memplan does not model which of an MoE layer's
+    GEMMs would); that the tp group sits inside one node is the GPU's to say (``time.tp_overlap``)."""
+    if not setup.impl.tp_comm_overlap:
+        return
+    par = setup.parallel
+    why = (
+        "it is Transformer Engine's, under --impl megatron" if setup.impl.impl is not Impl.MEGATRON
+        else "it overlaps the sequence-parallel collectives: it needs --tp T --sp with T > 1"
+        if par.tp == 1 or not par.sp
+        else "it is modelled for dense layers (not a mixture of experts)" if setup.model.moe is not None
+        else ""
+    )  # fmt: skip
+    if why:
+        raise ValueError(f"tp_comm_overlap: --tp-comm-overlap (TE's userbuffers): {why}; or drop it")
+
+
 def check_compile_loss(setup: Setup) -> None:
     """``--no-compile-loss`` only where the loss would be compiled: torchtitan under ``--compile``."""
     if not setup.impl.compile_loss and not (setup.impl.impl is Impl.TORCHTITAN and setup.impl.compile):
@@ -263,6 +283,7 @@ def check_fp8(setup: Setup) -> None:
     check_fp8_all_gather(setup)
     check_fp8_tp(setup)
     check_overlap_grad_reduce(setup)
+    check_tp_comm_overlap(setup)
     if fp8 is Fp8Recipe.NONE:
         return
     only = hf_only_code(setup.model)

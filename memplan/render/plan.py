@@ -73,6 +73,7 @@ def verdict_text(v: Verdict) -> Text:
     stream, ddp = v.fsdp_all_gather_stream, v.ddp_buckets
     comm = f", FSDP2 all-gather stream {fmt_bytes(stream)}" if stream else ""
     comm += f", DDP buckets {fmt_bytes(ddp)}" if ddp else ""
+    comm += f", TE userbuffers {fmt_bytes(v.userbuffers)}" if v.userbuffers else ""
     memory = (
         f"{v.gpu} ({fmt_bytes(v.usable_bytes)} for the allocator of {fmt_bytes(v.device_bytes)} "
         f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, NCCL buffers {fmt_bytes(v.nccl)}"

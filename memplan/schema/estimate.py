@@ -108,7 +108,7 @@ _MEMORY = obj(
         "device_usable": described(
             BYTES,
             "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − FSDP2's all-gather "
-            "stream − DDP's buckets − --reserve (with --gpu; the verdict's)",
+            "stream − DDP's buckets − TE's userbuffers − --reserve (with --gpu; the verdict's)",
         ),
         "fsdp_all_gather_stream": described(
             {"type": ["integer", "null"], "minimum": 0},
@@ -120,6 +120,11 @@ _MEMORY = obj(
             BYTES,
             "torch DDP's gradient buckets (ZeRO 0 over dp > 1, --impl hf or torchtitan): a second copy of "
             "the gradients with gradient_as_bucket_view=False; judged: kept back from the allocator",
+        ),
+        "te_userbuffers": described(
+            BYTES,
+            "Transformer Engine's userbuffers under --tp-comm-overlap: ten [s·b/cp, h] buffers registered "
+            "outside the allocator (float8 for the all-gathers under --fp8); judged: kept back; 0 without",
         ),
         "fsdp_reduce_scatter_stream": described(
             BYTES,

@@ -261,6 +261,9 @@ class Bound:
     global_batch: int
     float8_gathers: bool = False
     """``--fp8-tp``: the layers' sequence-parallel all-gathers move one byte an element."""
+    userbuffers: bool = False
+    """``--tp-comm-overlap``: the layers' sequence-parallel collectives hide under their GEMMs
+    (``time.tp_overlap``), so none is charged (what they take beyond their windows is not bounded below)."""
     _references: dict[tuple[object, ...], Reference | None] = field(default_factory=dict)
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
     _with_tp: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
@@ -281,9 +284,10 @@ class Bound:
                     "strategy": base.strategy.model_copy(
                         update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
                     ),
-                    # --fp8-tp needs tp: the one-device reference runs without it (it changes the casts,
-                    # left out, and the tp collectives, which ``with_tp`` charges in float8)
-                    "impl": base.impl.replaced(fp8_tp=False),
+                    # --fp8-tp and --tp-comm-overlap need tp: the one-device reference runs without them
+                    # (--fp8-tp changes the casts, left out, and the tp collectives, which ``with_tp``
+                    # charges in float8; the userbuffers hide them, ``with_tp`` charges none)
+                    "impl": base.impl.replaced(fp8_tp=False, tp_comm_overlap=False),
                 }
             )
             try:
@@ -312,7 +316,11 @@ class Bound:
             one = self.sequence(base, ckpt, attention, par, b)
             e = base.training.precision.activation_dtype.bytes
             gathered = one.hidden_bytes // e if self.float8_gathers else None
-            comm = tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b, gathered)
+            comm = (
+                0.0
+                if self.userbuffers
+                else tp_layer_seconds(one.hidden_bytes, par, self.gpu, ckpt, b, gathered)
+            )
             if comm:
                 one = dataclasses.replace(one, layer_seconds=one.layer_seconds + comm)
             self._with_tp[key] = one

@@ -95,11 +95,14 @@ class Verdict(BaseModel):
     """FSDP2's all-gather stream's reserved bytes, its own pool (``time.comm.buffers.fsdp_stream_bytes``)."""
     ddp_buckets: int = 0
     """torch DDP's gradient buckets (``time.comm.buffers.ddp_bucket_bytes``)."""
+    userbuffers: int = 0
+    """Transformer Engine's userbuffers under ``--tp-comm-overlap``, outside torch's allocator
+    (``time.tp_overlap.userbuffer_bytes``)."""
     reserve: int
     """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
-    """device_bytes − cuda_context − nccl − fsdp_all_gather_stream − ddp_buckets − reserve: what the
-    allocator may reserve for the step's default stream."""
+    """device_bytes − cuda_context − nccl − fsdp_all_gather_stream − ddp_buckets − userbuffers − reserve:
+    what the allocator may reserve for the step's default stream."""
     peak: int
     """The peak of the most loaded device's tensors (``memory.peak``); when ``exact`` is false, a lower
     bound of it that already exceeds the memory (the peak itself was not needed to say so)."""
@@ -172,6 +175,7 @@ def verdict(
     expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
     lower bounds do not already exceed the usable memory."""
     from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_stream_bytes, nccl_bytes  # with a GPU
+    from memplan.time.tp_overlap import userbuffer_bytes
 
     bound = max(p.stages, key=lambda sp: sp.lower_bound)
     allocated = reserved = None
@@ -183,8 +187,9 @@ def verdict(
         # computed), else the most loaded device's
         return nccl_bytes(p, gpu, sp.stage.index), fsdp_stream_bytes(p, sp) or 0, ddp_bucket_bytes(p, sp)
 
+    ub = userbuffer_bytes(p.setup)  # TE's userbuffers, outside the allocator: the same on every rank
     nccl, stream, ddp = held(bound)
-    memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
+    memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         stream_peak = peak
@@ -193,7 +198,7 @@ def verdict(
         dev = p.device
         if dev.stage.index != bound.stage.index:
             nccl, stream, ddp = held(dev)
-            memory = allocator_memory(gpu, reserve, nccl + stream + ddp)
+            memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         # judged on the default stream's peak: FSDP2's all-gather outputs are kept back with their stream
         stream_peak = dev.peak.default_stream_bytes
@@ -217,6 +222,7 @@ def verdict(
         nccl=nccl,
         fsdp_all_gather_stream=stream,
         ddp_buckets=ddp,
+        userbuffers=ub,
         reserve=reserve,
         usable_bytes=memory,
         peak=peak,

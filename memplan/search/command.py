@@ -85,6 +85,7 @@ def impl_args(s: Setup) -> list[str]:
     out += ["--fp8-tp"] if impl.fp8_tp else []
     out += ["--overlap-grad-reduce"] if impl.overlap_grad_reduce else []
     out += ["--overlap-param-gather"] if impl.overlap_param_gather else []
+    out += ["--tp-comm-overlap"] if impl.tp_comm_overlap else []
     return out
 
 

@@ -139,7 +139,11 @@ def fit(
         raise ValueError(crowded)
     if not searchable(base, gpus, batch, space, every):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
-    bound = Bound(gpu, gpus, batch, base.impl.fp8_tp) if mfu is None and space.keep else None
+    bound = (
+        Bound(gpu, gpus, batch, base.impl.fp8_tp, base.impl.tp_comm_overlap)
+        if mfu is None and space.keep
+        else None
+    )
     with no_cycle_collection():
         for ft in finetunes or (base.finetune,):
             for level, saver in enumerate(SAVERS):

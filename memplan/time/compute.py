@@ -71,8 +71,8 @@ from memplan.strategies import context_parallel
 from memplan.strategies.checkpointing import op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, fp8, gemm, optimizer
-from memplan.time.comm.rows import Critical
+from memplan.time import attention, efficiency, fp8, gemm, optimizer, tp_overlap
+from memplan.time.comm.rows import Critical, Overlap
 from memplan.time.layer_elementwise import (
     attention_bytes,
     elementwise_backward_kernels,
@@ -265,6 +265,21 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     forward = KernelTime(mm_f, at_f, forward_bytes / hbm, full_f, dq_f / hbm, gap_f)
     backward = KernelTime(mm_b, at_b, backward_bytes / hbm, full_b, dq_b / hbm, gap_b)
     return forward, backward
+
+
+def userbuffer_windows(c: Critical, gpu: GpuPreset, peak: float) -> dict[Overlap, float]:
+    """What ``--tp-comm-overlap``'s collectives hide behind over the step's micro-batches
+    (``tp_overlap.windows``): the layers' linears of one micro-batch forward, their forward FLOPs at the
+    backward's efficiency (the row-parallel input gradients have their forward's shapes transposed) and the
+    re-run's, each at the layers' rate (``--fp8``'s where it applies); {} without it."""
+    if not tp_overlap.applies(c.setup):
+        return {}
+    f, rates = stage_flops(c), layer_rates(c, gpu, peak)
+    le, lmm = rates.fp8 if rates.fp8 is not None else (rates.efficiencies, peak * efficiency.matmul(gpu))
+    forward = f.linear_forward / le.layer_forward / lmm
+    dgrad = f.linear_forward / le.layer_backward / lmm
+    rerun = f.rerun_linear / le.layer_forward / lmm
+    return tp_overlap.windows(c, forward, dgrad, rerun, c.result.micro_batches)
 
 
 def layer_stream_bytes(s: Setup, gpu: GpuPreset, whole: bool) -> tuple[float, float, float]:

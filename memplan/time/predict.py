@@ -56,7 +56,13 @@ from memplan.time.comm.collectives import ROWS, communication
 from memplan.time.comm.dp import dp_rows
 from memplan.time.comm.fabric import Link
 from memplan.time.comm.rows import Critical, Overlap, Row, critical_stage
-from memplan.time.compute import KernelTime, clip_seconds, kernel_times, optimizer_seconds
+from memplan.time.compute import (
+    KernelTime,
+    clip_seconds,
+    kernel_times,
+    optimizer_seconds,
+    userbuffer_windows,
+)
 
 IN_STAGE = frozenset({"tp", "cp", "ep", "fp8"})
 """Dimensions whose exposed collectives are part of every micro-batch's work (context parallelism's
@@ -216,6 +222,9 @@ class Unstaged:
     backward: KernelTime
     before_dp: tuple[Row, ...]
     after_dp: tuple[Row, ...]
+    userbuffers: dict[Overlap, float] = field(default_factory=dict)
+    """``compute.userbuffer_windows`` of its plan (``--tp-comm-overlap``; {} without): what ZeRO does not
+    change."""
     steps: dict[tuple[object, ...], tuple[float, float]] | None = field(default=None, compare=False)
     """``step_seconds``' memo, or None: the caller may share one dict between the ``Unstaged`` of plans that
     differ in the ZeRO stage, the micro-batch size and the micro-batch count alone (``search.families``:
@@ -245,7 +254,9 @@ class Unstaged:
     def windows(self) -> dict[Overlap, float]:
         """``windows`` of its kernels over its plan's n micro-batches (every stage's: the same n)."""
         c = self.critical
-        return windows(self.forward, self.backward, c.result.micro_batches, c.setup.parallel.cp)
+        return windows(self.forward, self.backward, c.result.micro_batches, c.setup.parallel.cp) | (
+            self.userbuffers
+        )
 
     @cached_property
     def others_exposed(self) -> dict[str, float]:
@@ -279,7 +290,7 @@ def unstaged(
     forward, backward = kernel_times(c, gpu, peak)
     before = tuple(r for rows in ROWS[:_DP] for r in rows(c, topo))
     after = tuple(r for rows in ROWS[_DP + 1 :] for r in rows(c, topo))
-    return Unstaged(c, forward, backward, before, after, steps)
+    return Unstaged(c, forward, backward, before, after, userbuffer_windows(c, gpu, peak), steps)
 
 
 def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = None) -> Prediction:
@@ -290,7 +301,7 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
     if shared is None:
         c, rows = communication(p, calibrated_topology(gpu))
         forward, backward = kernel_times(c, gpu, peak)
-        hide = windows(forward, backward, n, par.cp)
+        hide = windows(forward, backward, n, par.cp) | userbuffer_windows(c, gpu, peak)
         hide[Overlap.BACKWARD_THEN_FORWARD] = reduce_window(c, forward, backward, n, rows)
         hidden = exposed(rows, hide)
     else:

@@ -36,6 +36,7 @@ from memplan.presets import GpuPreset, Topology
 from memplan.stage_plan import StagePlan, partial_grads
 from memplan.time.comm.fabric import link, placed
 from memplan.time.comm.rows import stride
+from memplan.time.tp_overlap import userbuffer_bytes
 
 
 def _inter(topo: Topology, group_stride: int, n: int) -> bool:
@@ -147,8 +148,9 @@ def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
     """The communication buffers a device of ``sp`` holds beside the step's replay, which the verdict and
     ``fit`` keep back from the default stream's allocator: FSDP2's all-gather stream (its own pool, held
-    from the forward's second unit to the end of the run: ``analytic.fsdp.buffers``) and DDP's buckets
-    (allocated before the first step, never freed). NB: FSDP2's stream where it is not modelled
-    (fine-tuning, a mixture of experts under tensor parallelism) counts 0: ``--reserve`` is where memory is
-    kept back for it."""
-    return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp)
+    from the forward's second unit to the end of the run: ``analytic.fsdp.buffers``), DDP's buckets
+    (allocated before the first step, never freed) and TE's userbuffers under ``--tp-comm-overlap``
+    (registered outside the allocator at start-up: ``time.tp_overlap.userbuffer_bytes``). NB: FSDP2's
+    stream where it is not modelled (fine-tuning, a mixture of experts under tensor parallelism) counts 0:
+    ``--reserve`` is where memory is kept back for it."""
+    return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp) + userbuffer_bytes(r.setup)

@@ -29,7 +29,9 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   overlapped with the weight gradient) plus, where the column-parallel linears save their sharded input
   (Megatron), its re-gather for the weight gradient (overlapped with the input-gradient GEMM); torchtitan
   keeps the gathered input (``Profile.sp_module_gather``): no re-gather. Under torchao's float8 plan
-  (``--fp8-tp``) the layers' gathers move float8 (``float8_gathers``).
+  (``--fp8-tp``) the layers' gathers move float8 (``float8_gathers``). Under TE's userbuffers
+  (``--tp-comm-overlap``, ``time.tp_overlap``) the layers' forward all-gathers and reduce-scatters and the
+  backward's output-gradient all-gathers run under the GEMMs they feed or drain (``userbuffer_rows``).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
 - dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype (fp32 under
@@ -75,6 +77,7 @@ from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import chunk_layers
+from memplan.time import tp_overlap
 from memplan.time.comm.dp import dp_rows
 from memplan.time.comm.fabric import Collective, link, placed
 from memplan.time.comm.rows import (
@@ -128,7 +131,37 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
         ]
         if s.impl.fp8_tp:
             rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, 2 * c.layers * n)
+        if tp_overlap.applies(s):
+            rows = userbuffer_rows(rows, 2 * c.layers * n)
     return [r for r in rows if r.count]
+
+
+USERBUFFERS = {
+    ("sequence → linear inputs", Phase.FORWARD): Overlap.UB_COLUMN_FORWARD,
+    ("outputs → sequence shards", Phase.FORWARD): Overlap.UB_ROW_FORWARD,
+    ("output gradients", Phase.BACKWARD): Overlap.UB_ROW_DGRAD,
+    ("re-run layers' inputs", Phase.RECOMPUTE): Overlap.UB_COLUMN_RERUN,
+    ("re-run layers' outputs", Phase.RECOMPUTE): Overlap.UB_ROW_RERUN,
+}
+"""The sequence-parallel rows TE's userbuffers run under a GEMM (``--tp-comm-overlap``, ``time.tp_overlap``)
+and the GEMMs they hide behind."""
+
+
+def userbuffer_rows(rows: list[Row], layer_calls: int) -> list[Row]:
+    """``rows`` with the layers' calls of each ``USERBUFFERS`` row under its GEMMs: ``layer_calls`` (2 a
+    layer and micro-batch) of a forward or backward row, all of a re-run row; the head's all-gather and
+    the embedding's reduce-scatter and gradient all-gather (Megatron's own modules, not TE's) keep theirs."""
+    out: list[Row] = []
+    for r in rows:
+        kind = USERBUFFERS.get((r.what, r.phase))
+        if kind is None or not r.count:
+            out.append(r)
+            continue
+        layers = r.count if r.phase is Phase.RECOMPUTE else layer_calls
+        out.append(dataclasses.replace(r, count=layers, overlap=kind, what=f"{r.what} ‖ GEMM (userbuffers)"))
+        if r.count > layers:
+            out.append(dataclasses.replace(r, count=r.count - layers))
+    return out
 
 
 FLOAT8_GATHERS = ("sequence → linear inputs", "output gradients", "re-run layers' inputs")

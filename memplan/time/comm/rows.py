@@ -47,6 +47,14 @@ class Overlap(StrEnum):
     RING_FORWARD = "ring's blocks, forward"
     """Context parallelism: every micro-batch's forward attention in all blocks but the last."""
     RING_BACKWARD = "ring's blocks, backward"
+    UB_COLUMN_FORWARD = "column-parallel GEMMs, forward"
+    """``--tp-comm-overlap`` (``time.tp_overlap``): every micro-batch's W_QKV and W_fc1 forward GEMMs."""
+    UB_ROW_FORWARD = "row-parallel GEMMs, forward"
+    """W_O and W_fc2 forward GEMMs (their outputs reduce-scattered chunk by chunk)."""
+    UB_ROW_DGRAD = "row-parallel input-gradient GEMMs"
+    """W_O and W_fc2 input-gradient GEMMs in backward (fed by the output gradients' all-gather)."""
+    UB_COLUMN_RERUN = "column-parallel GEMMs, re-run"
+    UB_ROW_RERUN = "row-parallel GEMMs, re-run"
 
 
 @dataclass(frozen=True)
