@@ -90,7 +90,7 @@ Left out, with the reason:
 
 from __future__ import annotations
 
-from benchmarks.heldout_types import Run, Stated
+from benchmarks.heldout_types import Run, Stated, megatron_layout
 
 SOURCE = "Megatron-Bridge performance-summary.md (25.11)"
 SEQ = 8192
@@ -143,18 +143,9 @@ def _bridge(
         f"--impl megatron --fp8 {fp8}",
         f"--zero {zero} --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
     ]
-    if tp > 1:
-        parts.append(f"--tp {tp} --sp")
-    if pp > 1:
-        parts.append(f"--pp {pp}")
-    if vp > 1:
-        parts.append(f"--vpp {vp}")
-    if model == "llama-3.1-405b":
-        parts.append("--pp-layers " + ",".join(map(str, embedding_loss_split(LAYERS_405B, pp, vp))))
-    if cp > 1:
-        parts.append(f"--cp {cp} --cp-rotate alltoall")
-    if tp > 1:  # the recipes' CommOverlapConfig(tp_comm_overlap=True) with sp (module docstring)
-        parts.append("--tp-comm-overlap")
+    split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
+    # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
+    parts += megatron_layout(layout, split, userbuffers=tp > 1)
     stated = Stated(
         model,
         gpus,

@@ -50,7 +50,7 @@ Readings (what the table does not state; ``NOTE`` on each row):
 
 from __future__ import annotations
 
-from benchmarks.heldout_types import Run, Stated
+from benchmarks.heldout_types import Run, Stated, megatron_layout
 
 NEMO = "NeMo performance_summary.md (24.07)"
 NEMO_LONG = "NeMo performance_summary.md (24.03.01, long sequences)"
@@ -85,16 +85,7 @@ def _nemo(
         "--impl megatron --fp8 delayed --fp8-amax-history-len 1024",
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
     ]
-    if tp > 1:
-        parts.append(f"--tp {tp} --sp")
-    if pp > 1:
-        parts.append(f"--pp {pp}")
-    if vp > 1:
-        parts.append(f"--vpp {vp}")
-    if cp > 1:
-        parts.append(f"--cp {cp} --cp-rotate alltoall")
-    if userbuffers:
-        parts.append("--tp-comm-overlap")
+    parts += megatron_layout(layout, userbuffers=userbuffers)
     stated = Stated(
         model.removeprefix(PUBLISHED).removesuffix(".toml"),
         gpus,

@@ -58,3 +58,19 @@ class Run:
     published: float
     typed: str
     note: str = ""
+
+
+def megatron_layout(
+    layout: tuple[int, int, int, int], pp_layers: tuple[int, ...] = (), *, userbuffers: bool = False
+) -> list[str]:
+    """The layout flags of a Megatron-core row (NeMo's and Megatron-Bridge's tables): ``layout`` their
+    (TP, PP, CP, VP); sequence parallelism with TP, TE's point-to-point context-parallel ring
+    (``--cp-rotate alltoall``), ``--pp-layers`` where given, ``--tp-comm-overlap`` where the row's
+    configuration runs TE's userbuffers."""
+    tp, pp, cp, vp = layout
+    flags = [f"--tp {tp} --sp"] if tp > 1 else []
+    flags += [f"--pp {pp}"] if pp > 1 else []
+    flags += [f"--vpp {vp}"] if vp > 1 else []
+    flags += ["--pp-layers " + ",".join(map(str, pp_layers))] if pp_layers else []
+    flags += [f"--cp {cp} --cp-rotate alltoall"] if cp > 1 else []
+    return flags + (["--tp-comm-overlap"] if userbuffers else [])
