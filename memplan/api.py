@@ -27,6 +27,7 @@ from memplan.config import (
     CpRotate,
     Device,
     FineTune,
+    Fp8Recipe,
     Impl,
     ImplConfig,
     ModelConfig,
@@ -278,10 +279,19 @@ def attention_of(o: Options, model: ModelConfig, impl: Impl) -> AttentionChoice:
     return AttentionChoice[default_attention(model, impl, o.device).name]
 
 
+def _fp8_any_layout(o: Options, impl: Impl) -> bool:
+    """TE's per-tensor float8 keeps no transposes on ``--gpu`` (``GpuPreset.fp8_any_layout``): set only
+    where it changes something, ``--impl megatron --fp8 tensorwise|delayed`` (False without ``--gpu``: the
+    Hopper rule, TE's on the default GPU)."""
+    te = impl is Impl.MEGATRON and o.fp8 in (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED)
+    return te and o.gpu is not None and load_gpu(o.gpu).fp8_any_layout
+
+
 def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
     """Whose code and which kernels ``o`` asks for (``--impl``: the model's default when not given)."""
+    impl = o.impl if o.impl is not None else default_impl(model)
     return ImplConfig(
-        impl=o.impl if o.impl is not None else default_impl(model),
+        impl=impl,
         use_cache=o.use_cache,
         reentrant=o.reentrant,
         flash_attn=o.flash_attn,
@@ -296,6 +306,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         tp_comm_overlap=o.tp_comm_overlap,
+        fp8_any_layout=_fp8_any_layout(o, impl),
         experts=o.experts,
     )
 

@@ -55,6 +55,9 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   off by default), so TE caches them in ``_fp8_workspaces["weight"]`` on the module: recast on a step's
   first micro-batch, reused by the others, never freed — 2 bytes per layer-linear parameter of the rank,
   resident like the weights (``workspace_bytes``, in ``memory.weights``);
+- on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
+  per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
+  (``copies``) — 1 byte per weight element, one copy of a sequence-parallel input, dY cast once;
 - the quantizers' buffers: ``TransformerEngineBaseModule.set_meta_tensor`` makes 3 forward quantizers
   (input, weight, output) and 2 backward (grad output, grad input) per GEMM (``RecipeState.create(recipe,
   mode, num_quantizers)``, pytorch/quantization.py). Current scaling: each
@@ -85,9 +88,8 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
 Known limitations (NB):
 - NB: derived from TE's and Megatron's source, not measured (TE does not run on CPU): no
   ``trace``/``profile`` of ``--impl megatron --fp8``.
-- NB: the float8 weight transposes are counted (Hopper; on Blackwell TE's non-TN GEMMs use the rowwise
-  data for both and no ``_transpose`` is made); the GEMM's cuBLAS workspace and the forward's transients
-  (the norm's high-precision output before current scaling's cast) are not counted.
+- NB: the GEMM's cuBLAS workspace and the forward's transients (the norm's high-precision output before
+  current scaling's cast) are not counted.
 - NB: Megatron's ``--fp8-param-gather`` (float8 primary weights, ``fp8_model_init``: no 16-bit weight
   copy, the distributed optimizer gathers float8) and ``--fp8-dot-product-attention`` are not modelled;
   the sequence-parallel all-gathers keep their 16-bit sizes in the step time (TE gathers the float8 copy).
@@ -174,16 +176,28 @@ def mx_scale_inv(rule: Rule, part: str, shards: int) -> Rule:
     return save(rule.block, f"{part}_scale_inv", shape, DType.UINT8, R.PARAM_DERIVED, why)
 
 
+def copies(setup: Setup) -> int:
+    """Float8 copies of a per-tensor cast, 1 byte an element each: the rowwise data and its transpose on a
+    GPU whose float8 GEMMs take TN operands only (Hopper), the data alone where they take any layout
+    (``ImplConfig.fp8_any_layout``, Blackwell: TE's ``Float8Tensor.update_usage`` under
+    ``is_non_tn_fp8_gemm_supported`` keeps ``_data`` for either usage and drops ``_transpose``;
+    ``Float8Quantizer::create_tensor`` makes no transpose)."""
+    return 1 if setup.impl.fp8_any_layout else 2
+
+
 def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Rule]:
     """What a TE linear keeps of its input ``rule``: the columnwise float8 copy and its scale_inv (MXFP8:
     its grid of E8M0 scales); with sequence parallelism a per-tensor column-parallel linear keeps the
-    rowwise copy too (re-gathered in backward; MXFP8 gathers the columnwise copy)."""
+    rowwise copy too (re-gathered in backward; MXFP8 gathers the columnwise copy) — except where the GPU
+    takes any layout, whose one copy serves both (``copies``)."""
     why = "float8 columnwise input (Xᵀ) of the wgrad GEMM: dW = Xᵀ·dY"
     sequence_shard = column_parallel and setup.parallel.sp
     if mx(setup):
         return [float8(rule, part, why), mx_scale_inv(rule, part, setup.parallel.tp if sequence_shard else 1)]
+    if copies(setup) == 1:
+        why = "float8 input of the wgrad GEMM (one copy: any-layout GEMMs read it as Xᵀ)"
     out = [float8(rule, part, why), scale_inv(rule.block, part)]
-    if sequence_shard:
+    if sequence_shard and copies(setup) == 2:
         out.insert(1, float8(rule, f"{part}_rowwise", "float8 rowwise input, all-gathered again in backward"))
     return out
 
@@ -230,13 +244,13 @@ def linear_shapes(m: ModelConfig) -> list[tuple[int, int]]:
     return [(m.q_width + 2 * m.kv_width, h), (h, m.q_width), (fc1, h), (h, f)]
 
 
-def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE) -> int:
-    """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each) and a
-    ``[1]`` fp32 scale_inv per module; MXFP8: each copy with its grid of E8M0 scales
-    (``mxfp8.both_bytes``)."""
+def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE, copies: int = 2) -> int:
+    """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each; one where
+    the GPU takes any layout, ``copies``) and a ``[1]`` fp32 scale_inv per module; MXFP8: each copy with
+    its grid of E8M0 scales (``mxfp8.both_bytes``)."""
     if recipe is Fp8Recipe.MXFP8:
         return sum(mxfp8.both_bytes(out, inp) for out, inp in linear_shapes(m))
-    return 2 * linear_elements(m) + MODULES * SCALE_INV.bytes
+    return copies * linear_elements(m) + MODULES * SCALE_INV.bytes
 
 
 def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
@@ -251,7 +265,8 @@ def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
 
 def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
     """What TE holds per layer for the whole run, beside the weights."""
-    return workspace_bytes(m, impl.fp8) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
+    copies = 1 if impl.fp8_any_layout else 2  # ``copies``
+    return workspace_bytes(m, impl.fp8, copies) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:
@@ -273,12 +288,12 @@ def amax_update_bytes(forward: bool, history: int = AMAX_HISTORY_LEN) -> int:
 
 def grad_output_casts(setup: Setup, tokens: int, n_out: int) -> int:
     """A TE linear's backward above the 16-bit dY [T, out] it receives: ``grad_output_preprocess``'s float8
-    rowwise (dgrad) and columnwise (wgrad) casts of dY, 1 byte an element each, and their [1] fp32
-    scale_inv (MXFP8: both grids of E8M0 scales). The dgrad output and the weight gradient are bf16's
-    (``blocks.mlp``)."""
+    rowwise (dgrad) and columnwise (wgrad) casts of dY, 1 byte an element each (one copy for both where
+    the GPU takes any layout, ``copies``), and their [1] fp32 scale_inv (MXFP8: both grids of E8M0
+    scales). The dgrad output and the weight gradient are bf16's (``blocks.mlp``)."""
     if mx(setup):
         return mxfp8.both_bytes(tokens, n_out)
-    return 2 * tokens * n_out + SCALE_INV.bytes
+    return copies(setup) * tokens * n_out + SCALE_INV.bytes
 
 
 def saved_cast_bytes(setup: Setup, rows: int, cols: int) -> int:

@@ -198,6 +198,12 @@ class ImplConfig(Frozen):
         description="megatron: --overlap-param-gather (default off): the distributed optimizer's parameter "
         "all-gather (ZeRO-1) overlapped with the next forward; needs --overlap-grad-reduce",
     )
+    fp8_any_layout: bool = Field(
+        default=False,
+        description="megatron --fp8 tensorwise|delayed on a GPU whose float8 GEMMs take any operand layout "
+        "(GpuPreset.fp8_any_layout: Blackwell): Transformer Engine keeps one float8 copy of a tensor, no "
+        "transpose (blocks/te_fp8.py); set from --gpu, not an option",
+    )
     tp_comm_overlap: bool = Field(
         default=False,
         description="megatron: --tp-comm-overlap, Transformer Engine's userbuffers overlap of the sequence-"

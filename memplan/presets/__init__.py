@@ -207,6 +207,16 @@ class GpuPreset(_Preset):
             return self.cuda_bytes
         return self.device_mib * 2**20 if self.device_mib is not None else self.memory_bytes
 
+    @property
+    def fp8_any_layout(self) -> bool:
+        """Whether its float8 GEMMs take operands in any layout: Transformer Engine's
+        ``is_non_tn_fp8_gemm_supported`` (transformer_engine/pytorch/utils.py), compute capability 10.x or
+        13.0 and above (datacenter Blackwell); Hopper's take TN only. False where not stated."""
+        if self.compute_capability is None:
+            return False
+        major = int(self.compute_capability.split(".")[0])
+        return 10 <= major < 12 or major >= 13
+
 
 P = TypeVar("P", bound=_Preset)
 

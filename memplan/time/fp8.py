@@ -137,9 +137,11 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     kernel writes the float8 rowwise copy itself (normalization.cpp: ``IsFloat8Quantizers`` →
     ``Impl::FULLY_FUSED``; its 1 byte an element replaces the e-byte output ``time.compute`` charges the
     norm), then ``nvte_transpose`` reads it and writes the columnwise copy (rmsnorm_api.cpp / ln_api.cpp,
-    "Compute FP8 transpose if required"): 1 + 2 − e per element. Plus the amax reduction's kernels
-    (``te_amax_bytes``). MXFP8BlockScaling (``mx_cast_bytes``): every cast reads e and writes both copies
-    and both scale grids in one kernel (the block amaxes are its own); the norm runs unfused
+    "Compute FP8 transpose if required"): 1 + 2 − e per element. Where the GPU's float8 GEMMs take any
+    layout (``te_fp8.copies``: Blackwell) no columnwise copy is written: each cast writes 1 byte an element,
+    not 2, and the norm's float8 output needs no ``nvte_transpose`` (1 − e). Plus the amax reduction's
+    kernels (``te_amax_bytes``). MXFP8BlockScaling (``mx_cast_bytes``): every cast reads e and writes both
+    copies and both scale grids in one kernel (the block amaxes are its own); the norm runs unfused
     (normalization.cpp: ``IsMXFP8Quantizers`` → ``FULLY_FUSED`` only with ``NVTE_NORM_FWD_USE_CUDNN``), so
     its inputs cost the same.
     NB: the GEMMs' float8 outputs are not used (``output_quantizer`` off), the activation function and the
@@ -152,8 +154,9 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     shard = setup.parallel.tp if setup.parallel.sp else 1
     per_step = setup.training.grad_accum
     delayed = setup.impl.fp8 is Fp8Recipe.DELAYED
-    cast = e + 2 if delayed else 2 * e + 2  # an unfused cast: (amax pass e) + read e + write 2
-    norm_cast = 1 + 2 - e if delayed else e + 2  # after the norm (docstring)
+    c = te_fp8.copies(setup)  # float8 copies written: 1 where the GPU takes any layout (no transpose)
+    cast = e + c if delayed else 2 * e + c  # an unfused cast: (amax pass e) + read e + write the copies
+    norm_cast = 1 + 2 * (c - 1) - e if delayed else e + c  # after the norm (docstring)
     forward = backward = 0
     for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
         x, w, dy = g.rows * g.inner, g.inner * g.cols, g.rows * g.cols
