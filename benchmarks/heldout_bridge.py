@@ -25,7 +25,9 @@ Readings (what the table does not state; ``NOTE`` on each row):
   megatron --fp8 tensorwise``. "FP8-MX" is ``bf16_with_mxfp8_mixed()`` (fp8_recipe "mxfp8", TE's
   MXFP8BlockScaling): ``--fp8 mxfp8``. Both set ``fp8_param_gather = True`` (mixed_precision.py at
   0509780; an older stored copy sets it False for MXFP8): float8 primary weights, gathered in float8 —
-  not modelled (memplan keeps the 16-bit weights beside TE's float8 cache and gathers 16-bit). The
+  typed ``--fp8-param-gather`` on the current-scaling rows with the distributed optimizer; memplan
+  models it for per-tensor recipes under ``--zero 1`` only, so the MXFP8 rows and the Megatron-FSDP row
+  keep 16-bit weights beside TE's float8 cache (each row's note says which). The
   table's footnote gives B200's bracketed figures "32×32" blocks; MXFP8 scales 1×32 blocks, and the
   header and the recipes (``fp8_recipe == "mx"``) name MXFP8: read as MXFP8.
 - The optimizer: ``_llama3_common``'s ``DistributedDataParallelConfig(overlap_grad_reduce=True,
@@ -97,8 +99,11 @@ SEQ = 8192
 LAYERS_405B = 126
 NOTE = (
     "Megatron-Bridge (Megatron-core + TE float8): distributed optimizer with overlapped gradient and "
-    "parameter sync, gradients in bf16, SP with TP, no AC, as its performance recipes set them; not "
-    "typed: fp8_param_gather (float8 primary weights)"
+    "parameter sync, gradients in bf16, SP with TP, no AC, as its performance recipes set them"
+)
+PRIMARY = "fp8_param_gather typed --fp8-param-gather (float8 primary weights)"
+NO_PRIMARY = (
+    "not typed: fp8_param_gather (float8 primary weights; modelled for per-tensor float8 under --zero 1)"
 )
 FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
@@ -146,6 +151,8 @@ def _bridge(
     split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
     # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
     parts += megatron_layout(layout, split, userbuffers=tp > 1)
+    primary = fp8 == "tensorwise" and not fsdp  # the recipes' fp8_param_gather, where memplan models it
+    parts += ["--fp8-param-gather"] if primary else []
     stated = Stated(
         model,
         gpus,
@@ -163,7 +170,7 @@ def _bridge(
         impl="megatron",
     )
     system = "DGX-H100" if gpu == "h100-sxm" else "DGX-B200"
-    note = "; ".join((NOTE, *notes))
+    note = "; ".join((NOTE, PRIMARY if primary else NO_PRIMARY, *notes))
     return Run(name, f"{SOURCE}, {system}", stated, published, " ".join(parts), note)
 
 

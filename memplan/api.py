@@ -306,6 +306,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         tp_comm_overlap=o.tp_comm_overlap,
+        fp8_param_gather=o.fp8_param_gather,
         fp8_any_layout=_fp8_any_layout(o, impl),
         experts=o.experts,
     )

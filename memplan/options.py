@@ -159,20 +159,17 @@ class Options(Frozen):
         default=False,
     )
     compile_loss: bool = option(
-        "--impl torchtitan --compile: compile the loss too, as torchtitan 0.3.0's compile.components "
-        "default ['model', 'loss'] does (its Inductor buffers are not modelled: the eager loss's bytes, one "
-        "block); --no-compile-loss: the blocks only and the loss eager, as torchtitan's train.py of late "
-        "2024 ran (its fp32 logits, log-probs and gradients each a tensor of their own, blocks/head.py)",
+        "--impl torchtitan --compile: compile the loss too, as torchtitan 0.3.0 does (its Inductor buffers "
+        "not modelled: the eager loss's bytes); --no-compile-loss: the blocks only, as torchtitan's train.py "
+        "of late 2024 ran (fp32 logits, log-probs and gradients each a tensor, blocks/head.py)",
         STRATEGY,
         default=True,
     )
     fsdp_wrap: FsdpWrap = option(
         "--impl torchtitan under --zero 3: FSDP2's units. units: torchtitan 0.3.0's (the embedding, each "
-        "block, [norm, output] kept gathered from its forward to its backward); root: torchtitan's "
-        "parallelize_llama of 2024, the code of its 2024 benchmark tables (each block, the last kept "
-        "gathered after forward, then the root unit of the embedding, final norm and output, never "
-        "resharded after forward by the torch of the time: held gathered, with its unsharded gradients, "
-        "to the backward's end). e.g. --impl torchtitan --zero 3 --fsdp-wrap root",
+        "block, [norm, output] kept gathered from its forward to its backward); root: its 2024 "
+        "parallelize_llama (each block, then a root unit of the embedding, final norm and output held "
+        "gathered with its unsharded gradients to the backward's end), e.g. --zero 3 --fsdp-wrap root",
         STRATEGY,
         default=FsdpWrap.UNITS,
     )
@@ -190,9 +187,8 @@ class Options(Frozen):
         default=Fp8Recipe.NONE,
     )
     fp8_amax_history_len: int = option(
-        "--fp8 delayed (--impl megatron): rows of each quantizer's amax history, Megatron's "
-        "--fp8-amax-history-len (its default 1; TE's DelayedScaling default is 1024): 4 bytes a row per "
-        "quantizer, 5 quantizers per linear (blocks/te_fp8.py)",
+        "--fp8 delayed (--impl megatron): Megatron's --fp8-amax-history-len (default 1; TE's own 1024), rows "
+        "of each quantizer's amax history: 4 B a row, 5 quantizers a linear (blocks/te_fp8.py)",
         STRATEGY,
         default=1,
         metavar="ROWS",
@@ -200,10 +196,9 @@ class Options(Frozen):
         le=1 << 20,
     )
     fp8_all_gather: bool = option(
-        "--impl torchtitan --fp8 tensorwise under FSDP2 (--zero 3, dp > 1): torchtitan's "
-        "float8.enable_fsdp_float8_all_gather with precompute_float8_dynamic_scale_for_fsdp: each converted "
-        "linear's weight all-gathered in float8 (1 byte an element, an fp32 scale kept per weight), one "
-        "all-reduce of the weights' amaxes a step (blocks/fp8.py)",
+        "--impl torchtitan --fp8 tensorwise under FSDP2 (--zero 3, dp > 1): torchtitan's float8.enable_fsdp_"
+        "float8_all_gather: each converted linear's weight all-gathered in float8 (1 byte an element, fp32 "
+        "scale kept per weight), one all-reduce of the weights' amaxes a step (blocks/fp8.py)",
         STRATEGY,
         default=False,
     )
@@ -226,6 +221,12 @@ class Options(Frozen):
         "--impl megatron --overlap-grad-reduce: Megatron-LM's --overlap-param-gather, the distributed "
         "optimizer's (--zero 1) parameter all-gather overlapped with the next forward (default off: "
         "gathered after the step, exposed)",
+        STRATEGY,
+        default=False,
+    )
+    fp8_param_gather: bool = option(
+        "--impl megatron --fp8 tensorwise|delayed --zero 1: Megatron-LM's --fp8-param-gather, float8 primary "
+        "weights: the layers' linears keep no 16-bit copy and are all-gathered in float8 (blocks/te_fp8.py)",
         STRATEGY,
         default=False,
     )

@@ -103,6 +103,7 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         dense = dense.model_copy(update={"gradients": dense.gradients + extra})
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
+        te -= te_fp8.primary_saving(setup, pc.setup.model) * st.layers  # float8 primary weights
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)

@@ -361,6 +361,8 @@ def test_bridge_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str
         assert s["micro_batches"] == ga, run.name
         # CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (heldout_bridge.py)
         assert s["tp_comm_overlap"] == (st.tp > 1), run.name
+        # both float8 recipes set fp8_param_gather; typed where modelled: per-tensor, distributed optimizer
+        assert s["fp8_param_gather"] == (st.fp8 == "tensorwise" and not fsdp), run.name
 
 
 def _megatron_layers_to_build(layers: int, pp: int, vp: int, rank: int, stage: int) -> int:

@@ -55,6 +55,15 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   off by default), so TE caches them in ``_fp8_workspaces["weight"]`` on the module: recast on a step's
   first micro-batch, reused by the others, never freed — 2 bytes per layer-linear parameter of the rank,
   resident like the weights (``workspace_bytes``, in ``memory.weights``);
+- ``--fp8-param-gather`` (Megatron-LM's, float8 primary weights: the model is built under TE's
+  ``fp8_model_init``, so each linear's ``weight`` parameter is itself a ``Float8Tensor`` — the data in
+  Megatron's param buffer, 1 byte an element, its transpose made after each all-gather,
+  ``post_all_gather_processing`` — and ``get_weight_workspace`` returns it, no cache beside it): the same
+  float8 bytes as the cache above, and no 16-bit copy of the layers' linears (``primary_saving``); the
+  distributed optimizer keeps its fp32 main parameters and all-gathers the updated float8 data
+  (``time.comm.dp``: 1 byte an element). With the distributed optimizer and per-tensor recipes only
+  (``config.impl_rules.check_fp8_param_gather``); the per-step amax all-reduce of current scaling's
+  parameter casts (one fp32 a weight) is not charged;
 - on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
   per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
   (``copies``) — 1 byte per weight element, one copy of a sequence-parallel input, dY cast once;
@@ -90,9 +99,8 @@ Known limitations (NB):
   ``trace``/``profile`` of ``--impl megatron --fp8``.
 - NB: the GEMM's cuBLAS workspace and the forward's transients (the norm's high-precision output before
   current scaling's cast) are not counted.
-- NB: Megatron's ``--fp8-param-gather`` (float8 primary weights, ``fp8_model_init``: no 16-bit weight
-  copy, the distributed optimizer gathers float8) and ``--fp8-dot-product-attention`` are not modelled;
-  the sequence-parallel all-gathers keep their 16-bit sizes in the step time (TE gathers the float8 copy).
+- NB: ``--fp8-dot-product-attention`` is not modelled; the sequence-parallel all-gathers keep their
+  16-bit sizes in the step time (TE gathers the float8 copy).
 - NB: mixtures of experts (TE ``GroupedLinear``), multi-head latent attention and Llama 4's layers under
   ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
 - NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
@@ -251,6 +259,22 @@ def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE, co
     if recipe is Fp8Recipe.MXFP8:
         return sum(mxfp8.both_bytes(out, inp) for out, inp in linear_shapes(m))
     return copies * linear_elements(m) + MODULES * SCALE_INV.bytes
+
+
+def primary_saving(setup: Setup, m: ModelConfig) -> int:
+    """Bytes one layer holds less under ``--fp8-param-gather`` (module docstring): its linears' 16-bit
+    weights on the rank (``m`` the rank's model), whose float8 copies are then the parameters; 0 without."""
+    if not (applies(setup) and setup.impl.fp8_param_gather):
+        return 0
+    return linear_elements(m) * setup.training.precision.weight_bytes
+
+
+def primary_gather_saving(setup: Setup, m: ModelConfig) -> int:
+    """Bytes one layer's all-gather of updated weights moves less under ``--fp8-param-gather``: its linears'
+    float8 data, 1 byte an element where it was the weight dtype's; 0 without."""
+    if not (applies(setup) and setup.impl.fp8_param_gather):
+        return 0
+    return linear_elements(m) * (setup.training.precision.weight_bytes - 1)
 
 
 def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:

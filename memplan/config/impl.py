@@ -198,6 +198,12 @@ class ImplConfig(Frozen):
         description="megatron: --overlap-param-gather (default off): the distributed optimizer's parameter "
         "all-gather (ZeRO-1) overlapped with the next forward; needs --overlap-grad-reduce",
     )
+    fp8_param_gather: bool = Field(
+        default=False,
+        description="megatron --fp8 tensorwise|delayed --zero 1: Megatron-LM's --fp8-param-gather, float8 "
+        "primary weights (TE's fp8_model_init): the layers' linears keep their float8 copies only, no 16-bit "
+        "weight, and the distributed optimizer all-gathers them in float8 (blocks/te_fp8.py)",
+    )
     fp8_any_layout: bool = Field(
         default=False,
         description="megatron --fp8 tensorwise|delayed on a GPU whose float8 GEMMs take any operand layout "

@@ -238,6 +238,25 @@ def check_tp_comm_overlap(setup: Setup) -> None:
         raise ValueError(f"tp_comm_overlap: --tp-comm-overlap (TE's userbuffers): {why}; or drop it")
 
 
+def check_fp8_param_gather(setup: Setup) -> None:
+    """``--fp8-param-gather`` where it is modelled (``te_fp8.primary_weights``): Megatron's TE layers under
+    a per-tensor recipe with the distributed optimizer (Megatron-LM's arguments.py: "--fp8-param-gather
+    only supported with distributed optimizer", or its FSDPs, not modelled); MXFP8's primary weights gather
+    through Megatron's own buffers (``--reuse-grad-buf-for-mxfp8-param-ag``), not modelled."""
+    if not setup.impl.fp8_param_gather:
+        return
+    impl, per_tensor = setup.impl, (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED)
+    why = (
+        "it is Megatron's, with Transformer Engine's per-tensor float8 (--impl megatron --fp8 tensorwise or "
+        "delayed)" if impl.impl is not Impl.MEGATRON or impl.fp8 not in per_tensor
+        else "it is modelled with the distributed optimizer, --zero 1"
+        if setup.strategy.zero is not ZeroStage.OPTIMIZER
+        else ""
+    )  # fmt: skip
+    if why:
+        raise ValueError(f"fp8_param_gather: --fp8-param-gather (float8 primary weights): {why}; or drop it")
+
+
 def check_compile_loss(setup: Setup) -> None:
     """``--no-compile-loss`` only where the loss would be compiled: torchtitan under ``--compile``."""
     if not setup.impl.compile_loss and not (setup.impl.impl is Impl.TORCHTITAN and setup.impl.compile):
@@ -284,6 +303,7 @@ def check_fp8(setup: Setup) -> None:
     check_fp8_tp(setup)
     check_overlap_grad_reduce(setup)
     check_tp_comm_overlap(setup)
+    check_fp8_param_gather(setup)
     if fp8 is Fp8Recipe.NONE:
         return
     only = hf_only_code(setup.model)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from memplan.analytic.fsdp.moments import titan_fsdp2
 from memplan.analytic.fsdp.reduce import reduce_bytes
-from memplan.blocks import fp8, megatron
+from memplan.blocks import fp8, megatron, te_fp8
 from memplan.config import FsdpWrap, Impl, Precision, Setup, ZeroStage
 from memplan.presets import Topology
 from memplan.strategies import torch_interleaved
@@ -58,6 +58,8 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
     if zero is ZeroStage.NONE:
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     if zero is ZeroStage.OPTIMIZER:
+        # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py)
+        weights -= c.layers * te_fp8.primary_gather_saving(s, c.result.pieces.setup.model)
         return [
             row(RS, Phase.STEP, grads, 1, reduce, "gradients"),
             row(AG, Phase.STEP, weights, 1, gather, "updated weights"),
