@@ -350,10 +350,15 @@ def notes(b: Built) -> list[str]:
             if recipe is Fp8Recipe.DELAYED
             else ""
         )
+        impl = r.setup.impl
+        weights = (
+            "float8 primary weights (no 16-bit copy; " if impl.fp8_param_gather else "cached float8 weights ("
+        )
+        weights += "one copy: the GPU's GEMMs take any layout)" if impl.fp8_any_layout else "with transposes)"
         out.append(
             f"fp8: --impl megatron --fp8 {recipe.value} is Megatron's --fp8-format hybrid --fp8-recipe "
             f"{recipe.value} (Transformer Engine {te}): the layers' linears keep float8 casts of their "
-            f"inputs, and TE's cached float8 weights and transposes and quantizer state ({cache:,} bytes a "
+            f"inputs, and TE's {weights} and quantizer state ({cache:,} bytes a "
             f"layer{history}) are counted in weights; derived from TE's source, not measured"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
