@@ -286,8 +286,9 @@ class Bound:
                     ),
                     # --fp8-tp and --tp-comm-overlap need tp: the one-device reference runs without them
                     # (--fp8-tp changes the casts, left out, and the tp collectives, which ``with_tp``
-                    # charges in float8; the userbuffers hide them, ``with_tp`` charges none)
-                    "impl": base.impl.replaced(fp8_tp=False, tp_comm_overlap=False),
+                    # charges in float8; the userbuffers hide them, ``with_tp`` charges none); nor
+                    # --fp8-param-gather, which needs the distributed optimizer and changes only its gather
+                    "impl": base.impl.replaced(fp8_tp=False, tp_comm_overlap=False, fp8_param_gather=False),
                 }
             )
             try:

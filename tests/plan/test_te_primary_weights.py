@@ -68,3 +68,20 @@ def test_refused_where_not_modelled_in_one_line(flags: str, why: str) -> None:
     line = r.stderr.strip()
     assert line.startswith("error: fp8_param_gather: --fp8-param-gather (float8 primary weights): ")
     assert why in line and "\n" not in line
+
+
+def test_fit_searches_it_under_the_distributed_optimizer_and_its_rows_reproduce() -> None:
+    """``fit --fp8-param-gather``: every row at ZeRO 1 (where it runs), its command carrying the flag and
+    reproducing the row's step time."""
+    argv = (
+        "fit -m llama-3-8b --gpus 8 --gpu h100-sxm --impl megatron --fp8 tensorwise --fp8-param-gather "
+        "--top 3 --json"
+    )
+    r = runner.invoke(app, argv.split())
+    assert r.exit_code == 0, r.stderr
+    configs = json.loads(r.stdout)["configs"]
+    assert configs and all(
+        c["settings"]["zero"] == 1 and "--fp8-param-gather" in c["command"] for c in configs
+    )
+    again = runner.invoke(app, [*configs[0]["command"].removeprefix("memplan ").split(), "--json"])
+    assert json.loads(again.stdout)["time"]["step_time_s"] == configs[0]["time"]["step_time_s"]
