@@ -87,7 +87,8 @@ Left out, with the reason:
   ``--impl megatron --fp8`` with a mixture of experts is refused (TE's GroupedLinear is not modelled);
   DeepSeekV3's MLA and MTP are not modelled under ``--impl megatron`` either.
 - The df0289c copy's 26.02 and 25.09 tables: other containers, whose recipes are other versions
-  (26.02's H100 Llama rows are the later ``*_V2`` presets) — not read for this set.
+  (26.02's H100 Llama rows are the later ``*_V2`` presets): typed from those versions in
+  benchmarks/heldout_bridge_more.py.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ PRIMARY = "fp8_param_gather typed --fp8-param-gather (float8 primary weights)"
 NO_PRIMARY = (
     "not typed: fp8_param_gather (float8 primary weights; modelled for per-tensor float8 under --zero 1)"
 )
+NO_GATHER = "fp8_param_gather False in that MXFP8 recipe: 16-bit primary weights, as typed"
 FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
 CUDA_GRAPHS = "CUDA graphs (local, full_iteration) not modelled"
@@ -123,7 +125,7 @@ def embedding_loss_split(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _bridge(
+def bridge_run(
     name: str,
     model: str,
     gpu: str,
@@ -135,9 +137,14 @@ def _bridge(
     *,
     fsdp: bool = False,
     notes: tuple[str, ...] = (),
+    source: str = SOURCE,
+    note: str = NOTE,
+    gather: bool = True,
 ) -> Run:
     """One row: ``batches`` is the table's (GBS, MBS), ``layout`` its (TP, PP, CP, VP); data parallelism is
-    the GPUs left over; ``fp8`` memplan's recipe (tensorwise: FP8-CS, mxfp8: FP8-MX)."""
+    the GPUs left over; ``fp8`` memplan's recipe (tensorwise: FP8-CS, mxfp8: FP8-MX); ``source`` and ``note``
+    the table's container and the readings every row of it shares (heldout_bridge_more.py: 26.02, 25.09);
+    ``gather``: the recipe sets fp8_param_gather."""
     gbs, mbs = batches
     tp, pp, cp, vp = layout
     dp = gpus // (tp * pp * cp)
@@ -151,7 +158,7 @@ def _bridge(
     split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
     # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
     parts += megatron_layout(layout, split, userbuffers=tp > 1)
-    primary = fp8 == "tensorwise" and not fsdp  # the recipes' fp8_param_gather, where memplan models it
+    primary = gather and fp8 == "tensorwise" and not fsdp  # the recipes' fp8_param_gather, where modelled
     parts += ["--fp8-param-gather"] if primary else []
     stated = Stated(
         model,
@@ -170,15 +177,15 @@ def _bridge(
         impl="megatron",
     )
     system = "DGX-H100" if gpu == "h100-sxm" else "DGX-B200"
-    note = "; ".join((NOTE, PRIMARY if primary else NO_PRIMARY, *notes))
-    return Run(name, f"{SOURCE}, {system}", stated, published, " ".join(parts), note)
+    note = "; ".join((note, PRIMARY if primary else NO_PRIMARY if gather else NO_GATHER, *notes))
+    return Run(name, f"{source}, {system}", stated, published, " ".join(parts), note)
 
 
 H100_405B = (8, 8, 2, 8)
 B200_405B = (4, 8, 2, 8)
 
 BRIDGE_RUNS: tuple[Run, ...] = (
-    _bridge(
+    bridge_run(
         "Llama 3 8B, 8 × H100, FSDP, FP8-CS",
         "llama-3-8b",
         "h100-sxm",
@@ -190,7 +197,7 @@ BRIDGE_RUNS: tuple[Run, ...] = (
         fsdp=True,
         notes=(FSDP,),
     ),
-    _bridge(
+    bridge_run(
         "Llama 3 70B, 64 × H100, TP 4 PP 8 VP 5, FP8-CS",
         "llama-3-70b",
         "h100-sxm",
@@ -201,7 +208,7 @@ BRIDGE_RUNS: tuple[Run, ...] = (
         1602,
         notes=(TP_OVERLAP,),
     ),
-    _bridge(
+    bridge_run(
         "Llama 3.1 405B, 1024 × H100, TP 8 PP 8 CP 2 VP 8, FP8-CS",
         "llama-3.1-405b",
         "h100-sxm",
@@ -213,7 +220,7 @@ BRIDGE_RUNS: tuple[Run, ...] = (
         notes=(TP_OVERLAP, SPLIT),
     ),
     *(
-        _bridge(
+        bridge_run(
             f"Llama 3 8B, 8 × B200, {kind}",
             "llama-3-8b",
             "b200",
@@ -227,7 +234,7 @@ BRIDGE_RUNS: tuple[Run, ...] = (
         for kind, fp8, tps in (("FP8-CS", "tensorwise", 30624), ("FP8-MX", "mxfp8", 29521))
     ),
     *(
-        _bridge(
+        bridge_run(
             f"Llama 3.1 405B, 128 × B200, TP 4 PP 8 CP 2 VP 8, {kind}",
             "llama-3.1-405b",
             "b200",

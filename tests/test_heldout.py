@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown, predict
 from benchmarks.heldout_bridge import BRIDGE_RUNS
+from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
 from memplan.presets import load_gpu
@@ -378,8 +379,8 @@ def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, di
     pipeline_split: the 126 layers and the two over PP 8 × VP 8 are 2 a virtual stage, 1 on the first
     (embedding) and on the last (loss); --pp-layers lists them in model order (virtual stage v = k·pp + i
     is chunk k of rank i)."""
-    rows = [r for r in BRIDGE_RUNS if r.stated.model == "llama-3.1-405b"]
-    assert len(rows) == 3
+    rows = [r for r in BRIDGE_RUNS + BRIDGE_MORE_RUNS if r.stated.model == "llama-3.1-405b"]
+    assert len(rows) == 3 + 4  # 25.11; 26.02 and 25.09 (heldout_bridge_more.py), their recipes set it too
     for run in rows:
         st = run.stated
         want = [
@@ -388,3 +389,68 @@ def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, di
         ]
         assert sum(want) == 126 and want[0] == want[-1] == 1 and set(want[1:-1]) == {2}
         assert predicted[run.name]["setup"]["pp_layers"] == want, run.name
+
+
+BRIDGE_MORE_ROWS = {
+    # Megatron-Bridge docs/performance-summary.md (df0289c), "26.02 NeMo Container" and "25.09 NeMo
+    # Container", DGX-H100 and DGX-B200 dense Llama rows as printed: (release, system, model, precision) →
+    # (#-GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, GA), tokens/s/GPU; VP "n/a" read as 1; the 25.09
+    # table prints no precision: read as FP8-CS, its bracketed B200 figures FP8-MX (heldout_bridge_more.py)
+    ("26.02", "DGX-H100", "LLAMA3_70B", "FP8-CS"): ((64, 256, 1, 8192, 0, 4, 8, 1, 5, 128), 1621),
+    ("26.02", "DGX-H100", "LLAMA3.1_405B", "FP8-CS"): ((1024, 1536, 1, 8192, 0, 8, 8, 2, 8, 192), 311),
+    ("25.09", "DGX-H100", "LLAMA3_8B", "FP8-CS"): ((8, 128, 1, 8192, 1, 1, 1, 1, 1, 16), 14079),
+    ("25.09", "DGX-H100", "LLAMA3_70B", "FP8-CS"): ((64, 128, 1, 8192, 0, 4, 8, 1, 5, 64), 1619),
+    ("25.09", "DGX-H100", "LLAMA3.1_405B", "FP8-CS"): ((1024, 512, 1, 8192, 0, 8, 8, 2, 8, 64), 302),
+    ("25.09", "DGX-B200", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29994),
+    ("25.09", "DGX-B200", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29388),
+    ("25.09", "DGX-B200", "LLAMA3.1_405B", "FP8-CS"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 664),
+    ("25.09", "DGX-B200", "LLAMA3.1_405B", "FP8-MX"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 622),
+}
+
+
+def _bridge_more_key(run: Run) -> tuple[str, str, str, str]:
+    release = run.source.split("(", 1)[1].split(")", 1)[0]
+    return (release, *_bridge_key(run))
+
+
+def test_bridge_more_rows_as_printed() -> None:
+    """Every dense Llama row of the 26.02 and 25.09 DGX-H100 and DGX-B200 tables is in the set once, with the
+    table's figures; GA = GBS / (MBS × dp), dp = GPUs / (TP·PP·CP); names are unique across the set (the
+    26.02 and 25.09 rows repeat 25.11's presets, named with their release)."""
+    assert len(BRIDGE_MORE_RUNS) == len(BRIDGE_MORE_ROWS) == 9
+    assert len({run.name for run in RUNS}) == len(RUNS)
+    got = {}
+    for run in BRIDGE_MORE_RUNS:
+        st = run.stated
+        release, system, _, _ = key = _bridge_more_key(run)
+        dp = st.gpus // (st.tp * st.pp * st.cp)
+        ga = st.global_batch // (st.micro_batch * dp)
+        layout = (int(st.zero == 3), st.tp, st.pp, st.cp, st.vpp, ga)
+        got[key] = ((st.gpus, st.global_batch, st.micro_batch, st.seq, *layout), run.published)
+        assert st.gpu == BRIDGE_GPU[system] and run.name.endswith(f"({release})"), run.name
+    assert got == BRIDGE_MORE_ROWS
+
+
+def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """26.02 (the *_V2 presets, scripts/performance/configs/llama) and 25.09 (the YAML perf_matrix, r0.1.0):
+    Megatron-core with TE float8, the distributed optimizer (FSDP 1: Megatron FSDP's optim_grads_params,
+    --zero 3) with overlapped gradient and parameter sync, gradients in bf16 (grad_reduce_in_fp32 False),
+    SP with TP, no recompute, clipping at 1.0, TE's p2p context-parallel ring, the table's GA as memplan's
+    micro-batches; tp_comm_overlap with TP ≥ 2 (70B and 405B recipes; 8B has TP 1); fp8_param_gather typed
+    on the current-scaling rows under the distributed optimizer (25.09's MXFP8 recipe sets it False); each
+    25.09 row's note says its float8 recipe is read, not stated."""
+    for run in BRIDGE_MORE_RUNS:
+        s, st = predicted[run.name]["setup"], run.stated
+        release, _, _, kind = _bridge_more_key(run)
+        (_, _, _, _, fsdp, *_, ga), _ = BRIDGE_MORE_ROWS[release, *_bridge_key(run)]
+        fp8 = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8"}[kind]
+        assert (s["impl"], s["fp8"], s["zero"]) == ("megatron", fp8, 3 if fsdp else 1), run.name
+        assert s["overlap_grad_reduce"] and s["overlap_param_gather"], run.name
+        assert s["reduce_dtype"] == "bf16" and s["clip_grad"] and s["checkpointing"] == "none", run.name
+        assert s["sp"] == (st.tp > 1) and s["seq_len"] == 8192, run.name
+        assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name
+        assert s["micro_batches"] == ga, run.name
+        assert s["tp_comm_overlap"] == (st.tp > 1), run.name
+        assert s["fp8_param_gather"] == (kind == "FP8-CS" and not fsdp), run.name
+        assert ("float8 recipe not stated by the 25.09 table" in run.note) == (release == "25.09"), run.name
+        assert ("fp8_param_gather False" in run.note) == (release == "25.09" and kind == "FP8-MX"), run.name
