@@ -87,8 +87,8 @@ Left out, with the reason:
   ``--impl megatron --fp8`` with a mixture of experts is refused (TE's GroupedLinear is not modelled);
   DeepSeekV3's MLA and MTP are not modelled under ``--impl megatron`` either.
 - The df0289c copy's 26.02 and 25.09 tables: other containers, whose recipes are other versions
-  (26.02's H100 Llama rows are the later ``*_V2`` presets): typed from those versions in
-  benchmarks/heldout_bridge_more.py.
+  (26.02's H100 Llama rows are the later ``*_V2`` presets): 26.02's typed from its version in
+  benchmarks/heldout_bridge_more.py; 25.09's states no precision (left out there, with the reason).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def bridge_run(
 ) -> Run:
     """One row: ``batches`` is the table's (GBS, MBS), ``layout`` its (TP, PP, CP, VP); data parallelism is
     the GPUs left over; ``fp8`` memplan's recipe (tensorwise: FP8-CS, mxfp8: FP8-MX); ``source`` and ``note``
-    the table's container and the readings every row of it shares (heldout_bridge_more.py: 26.02, 25.09);
+    the table's container and the readings every row of it shares (heldout_bridge_more.py: 26.02);
     ``gather``: the recipe sets fp8_param_gather."""
     gbs, mbs = batches
     tp, pp, cp, vp = layout

@@ -380,7 +380,7 @@ def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, di
     (embedding) and on the last (loss); --pp-layers lists them in model order (virtual stage v = k·pp + i
     is chunk k of rank i)."""
     rows = [r for r in BRIDGE_RUNS + BRIDGE_MORE_RUNS if r.stated.model == "llama-3.1-405b"]
-    assert len(rows) == 3 + 4  # 25.11; 26.02 and 25.09 (heldout_bridge_more.py), their recipes set it too
+    assert len(rows) == 3 + 1  # 25.11; 26.02 (heldout_bridge_more.py), whose recipe sets it too
     for run in rows:
         st = run.stated
         want = [
@@ -392,19 +392,11 @@ def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, di
 
 
 BRIDGE_MORE_ROWS = {
-    # Megatron-Bridge docs/performance-summary.md (df0289c), "26.02 NeMo Container" and "25.09 NeMo
-    # Container", DGX-H100 and DGX-B200 dense Llama rows as printed: (release, system, model, precision) →
-    # (#-GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP, VP, GA), tokens/s/GPU; VP "n/a" read as 1; the 25.09
-    # table prints no precision: read as FP8-CS, its bracketed B200 figures FP8-MX (heldout_bridge_more.py)
+    # Megatron-Bridge docs/performance-summary.md (df0289c), "26.02 NeMo Container", the DGX-H100 dense Llama
+    # rows as printed: (release, system, model, precision) → (#-GPUs, GBS, MBS, sequence, FSDP, TP, PP, CP,
+    # VP, GA), tokens/s/GPU (the 25.09 table states no precision: left out, heldout_bridge_more.py)
     ("26.02", "DGX-H100", "LLAMA3_70B", "FP8-CS"): ((64, 256, 1, 8192, 0, 4, 8, 1, 5, 128), 1621),
     ("26.02", "DGX-H100", "LLAMA3.1_405B", "FP8-CS"): ((1024, 1536, 1, 8192, 0, 8, 8, 2, 8, 192), 311),
-    ("25.09", "DGX-H100", "LLAMA3_8B", "FP8-CS"): ((8, 128, 1, 8192, 1, 1, 1, 1, 1, 16), 14079),
-    ("25.09", "DGX-H100", "LLAMA3_70B", "FP8-CS"): ((64, 128, 1, 8192, 0, 4, 8, 1, 5, 64), 1619),
-    ("25.09", "DGX-H100", "LLAMA3.1_405B", "FP8-CS"): ((1024, 512, 1, 8192, 0, 8, 8, 2, 8, 64), 302),
-    ("25.09", "DGX-B200", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29994),
-    ("25.09", "DGX-B200", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29388),
-    ("25.09", "DGX-B200", "LLAMA3.1_405B", "FP8-CS"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 664),
-    ("25.09", "DGX-B200", "LLAMA3.1_405B", "FP8-MX"): ((128, 64, 1, 8192, 0, 4, 8, 2, 8, 32), 622),
 }
 
 
@@ -414,10 +406,10 @@ def _bridge_more_key(run: Run) -> tuple[str, str, str, str]:
 
 
 def test_bridge_more_rows_as_printed() -> None:
-    """Every dense Llama row of the 26.02 and 25.09 DGX-H100 and DGX-B200 tables is in the set once, with the
-    table's figures; GA = GBS / (MBS × dp), dp = GPUs / (TP·PP·CP); names are unique across the set (the
-    26.02 and 25.09 rows repeat 25.11's presets, named with their release)."""
-    assert len(BRIDGE_MORE_RUNS) == len(BRIDGE_MORE_ROWS) == 9
+    """Every dense Llama row of the 26.02 DGX-H100 table is in the set once, with the table's figures; GA =
+    GBS / (MBS × dp), dp = GPUs / (TP·PP·CP); names are unique across the set (the 26.02 rows repeat
+    25.11's layouts, named with their release)."""
+    assert len(BRIDGE_MORE_RUNS) == len(BRIDGE_MORE_ROWS) == 2
     assert len({run.name for run in RUNS}) == len(RUNS)
     got = {}
     for run in BRIDGE_MORE_RUNS:
@@ -432,13 +424,11 @@ def test_bridge_more_rows_as_printed() -> None:
 
 
 def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
-    """26.02 (the *_V2 presets, scripts/performance/configs/llama) and 25.09 (the YAML perf_matrix, r0.1.0):
-    Megatron-core with TE float8, the distributed optimizer (FSDP 1: Megatron FSDP's optim_grads_params,
-    --zero 3) with overlapped gradient and parameter sync, gradients in bf16 (grad_reduce_in_fp32 False),
-    SP with TP, no recompute, clipping at 1.0, TE's p2p context-parallel ring, the table's GA as memplan's
-    micro-batches; tp_comm_overlap with TP ≥ 2 (70B and 405B recipes; 8B has TP 1); fp8_param_gather typed
-    on the current-scaling rows under the distributed optimizer (25.09's MXFP8 recipe sets it False); each
-    25.09 row's note says its float8 recipe is read, not stated."""
+    """26.02 (the *_V2 presets, scripts/performance/configs/llama): Megatron-core with TE current scaling,
+    the distributed optimizer with overlapped gradient and parameter sync, gradients in bf16
+    (grad_reduce_in_fp32 False), SP with TP, no recompute, clipping at 1.0, TE's p2p context-parallel ring,
+    the table's GA as memplan's micro-batches; tp_comm_overlap (the 70B and 405B recipes, TP ≥ 2);
+    fp8_param_gather (current scaling under the distributed optimizer)."""
     for run in BRIDGE_MORE_RUNS:
         s, st = predicted[run.name]["setup"], run.stated
         release, _, _, kind = _bridge_more_key(run)
@@ -452,5 +442,3 @@ def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dic
         assert s["micro_batches"] == ga, run.name
         assert s["tp_comm_overlap"] == (st.tp > 1), run.name
         assert s["fp8_param_gather"] == (kind == "FP8-CS" and not fsdp), run.name
-        assert ("float8 recipe not stated by the 25.09 table" in run.note) == (release == "25.09"), run.name
-        assert ("fp8_param_gather False" in run.note) == (release == "25.09" and kind == "FP8-MX"), run.name
