@@ -93,7 +93,7 @@ Left out, with the reason:
 
 from __future__ import annotations
 
-from benchmarks.heldout_types import Run, Stated, megatron_layout
+from benchmarks.heldout_types import Run, megatron_layout, megatron_stated
 
 SOURCE = "Megatron-Bridge performance-summary.md (25.11)"
 SEQ = 8192
@@ -160,22 +160,7 @@ def bridge_run(
     parts += megatron_layout(layout, split, userbuffers=tp > 1)
     primary = gather and fp8 == "tensorwise" and not fsdp  # the recipes' fp8_param_gather, where modelled
     parts += ["--fp8-param-gather"] if primary else []
-    stated = Stated(
-        model,
-        gpus,
-        gpu,
-        SEQ,
-        mbs,
-        gbs,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        vpp=vp,
-        zero=zero,
-        reduce_dtype="bf16",
-        fp8=fp8,
-        impl="megatron",
-    )
+    stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, zero, fp8)
     system = "DGX-H100" if gpu == "h100-sxm" else "DGX-B200"
     note = "; ".join((note, PRIMARY if primary else NO_PRIMARY if gather else NO_GATHER, *notes))
     return Run(name, f"{source}, {system}", stated, published, " ".join(parts), note)

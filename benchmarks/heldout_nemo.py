@@ -50,7 +50,7 @@ Readings (what the table does not state; ``NOTE`` on each row):
 
 from __future__ import annotations
 
-from benchmarks.heldout_types import Run, Stated, megatron_layout
+from benchmarks.heldout_types import Run, megatron_layout, megatron_stated
 
 NEMO = "NeMo performance_summary.md (24.07)"
 NEMO_LONG = "NeMo performance_summary.md (24.03.01, long sequences)"
@@ -77,7 +77,7 @@ def _nemo(
 ) -> Run:
     """One row: ``layout`` is the table's (TP, PP, CP, VP); data parallelism is the GPUs left over;
     ``userbuffers``: the row's config sets ``ub_tp_comm_overlap`` (module docstring)."""
-    tp, pp, cp, vp = layout
+    tp, pp, cp, _ = layout
     dp = gpus // (tp * pp * cp)
     assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0, name
     parts = [
@@ -86,22 +86,8 @@ def _nemo(
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
     ]
     parts += megatron_layout(layout, userbuffers=userbuffers)
-    stated = Stated(
-        model.removeprefix(PUBLISHED).removesuffix(".toml"),
-        gpus,
-        "h100-sxm",
-        seq,
-        mbs,
-        gbs,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        vpp=vp,
-        zero=1,
-        reduce_dtype="bf16",
-        fp8="delayed",
-        impl="megatron",
-    )
+    name_of = model.removeprefix(PUBLISHED).removesuffix(".toml")
+    stated = megatron_stated(name_of, "h100-sxm", (gpus, seq, mbs, gbs), layout, 1, "delayed")
     note = f"{NOTE}; TE's TP comm overlap (ub_tp_comm_overlap)" if userbuffers else NOTE
     return Run(name, source, stated, published, " ".join(parts), note)
 

@@ -74,3 +74,21 @@ def megatron_layout(
     flags += ["--pp-layers " + ",".join(map(str, pp_layers))] if pp_layers else []
     flags += [f"--cp {cp} --cp-rotate alltoall"] if cp > 1 else []
     return flags + (["--tp-comm-overlap"] if userbuffers else [])
+
+
+def megatron_stated(
+    model: str,
+    gpu: str,
+    sizes: tuple[int, int, int, int],
+    layout: tuple[int, int, int, int],
+    zero: int,
+    fp8: str,
+) -> Stated:
+    """What a Megatron-core row's table states (NeMo's, Megatron-Bridge's): ``sizes`` its (GPUs, sequence,
+    MBS, GBS), ``layout`` its (TP, PP, CP, VP); gradients reduced in bf16 (their configs' reading)."""
+    gpus, seq, mbs, gbs = sizes
+    tp, pp, cp, vp = layout
+    return Stated(
+        model, gpus, gpu, seq, mbs, gbs, tp=tp, cp=cp, pp=pp, vpp=vp, zero=zero, reduce_dtype="bf16", fp8=fp8,
+        impl="megatron",
+    )  # fmt: skip
