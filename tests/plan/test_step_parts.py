@@ -188,7 +188,7 @@ def setups(draw: st.DrawFn) -> dict[str, object]:
         "batch": draw(st.sampled_from([1, 2])),
         "attention": draw(st.sampled_from(["eager", "flash"])),
         "grad_accum": draw(st.sampled_from([1, 4])),
-        "gpu": draw(st.sampled_from(["h100-sxm", "a100-40gb", "rtx-4090", "mi300x"])),
+        "gpu": draw(st.sampled_from(["h100-sxm", "a100-40gb", "rtx-4090", "mi300x", "b200"])),
         "compile": draw(st.booleans()),
         "fp8": draw(st.sampled_from(["none", "none", "tensorwise", "rowwise"])),
     }
@@ -206,6 +206,12 @@ def setups(draw: st.DrawFn) -> dict[str, object]:
     # the interleaved schedule and the gradient reduction's dtype (ZeRO 2's reduce-scatter window)
     kw["vpp"] = draw(st.sampled_from([1, 2])) if pp > 1 else 1
     kw["reduce_dtype"] = draw(st.sampled_from([None, "fp32", "bf16"]))
+    if draw(st.booleans()):  # Megatron's switches: TE's userbuffers, float8 primary weights (any GPU's rule)
+        kw.update(impl="megatron", sp=tp > 1, tp_comm_overlap=draw(st.booleans()))
+        kw["fp8"] = (
+            draw(st.sampled_from(["none", "tensorwise", "delayed"])) if kw["fp8"] != "none" else "none"
+        )
+        kw["fp8_param_gather"] = kw["fp8"] != "none" and zero == 1 and draw(st.booleans())
     offloads = ["none", "optimizer", "activations"] + (["optimizer,params"] if zero == 3 else [])
     kw.update(
         checkpointing=draw(st.sampled_from(["none", "full", "selective"])),
