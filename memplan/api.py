@@ -279,17 +279,12 @@ def attention_of(o: Options, model: ModelConfig, impl: Impl) -> AttentionChoice:
     return AttentionChoice[default_attention(model, impl, o.device).name]
 
 
-def _fp8_any_layout(o: Options, impl: Impl) -> bool:
-    """TE's per-tensor float8 keeps no transposes on ``--gpu`` (``GpuPreset.fp8_any_layout``): set only
-    where it changes something, ``--impl megatron --fp8 tensorwise|delayed`` (False without ``--gpu``: the
-    Hopper rule, TE's on the default GPU)."""
-    te = impl is Impl.MEGATRON and o.fp8 in (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED)
-    return te and o.gpu is not None and load_gpu(o.gpu).fp8_any_layout
-
-
 def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
     """Whose code and which kernels ``o`` asks for (``--impl``: the model's default when not given)."""
     impl = o.impl if o.impl is not None else default_impl(model)
+    # TE's per-tensor float8 keeps no transposes on an any-layout --gpu (``GpuPreset.fp8_any_layout``): set
+    # where it changes something; without --gpu the Hopper rule (the default GPU's)
+    te = impl is Impl.MEGATRON and o.fp8 in (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED) and o.gpu is not None
     return ImplConfig(
         impl=impl,
         use_cache=o.use_cache,
@@ -307,7 +302,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         overlap_param_gather=o.overlap_param_gather,
         tp_comm_overlap=o.tp_comm_overlap,
         fp8_param_gather=o.fp8_param_gather,
-        fp8_any_layout=_fp8_any_layout(o, impl),
+        fp8_any_layout=te and load_gpu(o.gpu or DEFAULT_GPU).fp8_any_layout,
         experts=o.experts,
     )
 
@@ -399,8 +394,7 @@ def build(o: Options) -> Built:
 
         reserved = replay_device(result, expandable=o.expandable_segments)
         fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
-        scatter = fsdp_reduce_scatter_bytes(result)
-        ub = userbuffer_bytes(result.setup)
+        scatter, ub = fsdp_reduce_scatter_bytes(result), userbuffer_bytes(result.setup)
         return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter, ub)
     from memplan.time.comm.buffers import (  # only with a GPU (start-up)
         ddp_bucket_bytes,
@@ -419,10 +413,11 @@ def build(o: Options) -> Built:
     expandable = o.expandable_segments
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
-    reserved = replace(replay_device(result, gpu, expandable=expandable), nccl=sum(b.bytes for b in nccl))
+    ub = userbuffer_bytes(result.setup)
+    replayed = replay_device(result, gpu, expandable=expandable)
+    reserved = replace(replayed, nccl=sum(b.bytes for b in nccl), userbuffers=ub)
     fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
     scatter = fsdp_reduce_scatter_bytes(result)
-    ub = userbuffer_bytes(result.setup)
     return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter, ub)
 
 

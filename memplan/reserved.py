@@ -124,11 +124,15 @@ class Reserved:
     nccl: int = 0
     """NCCL's buffers, outside the allocator (``analytic.nccl``; set by the callers that know the GPU's
     topology, ``time.comm.buffers.nccl_bytes``; 0 here)."""
+    userbuffers: int = 0
+    """TE's userbuffers under ``--tp-comm-overlap``, outside the allocator (``time.tp_overlap``; set by the
+    callers; 0 here)."""
 
     @property
     def device_peak(self) -> int:
-        """What the process holds on the device at the peak: reserved + the CUDA context + NCCL's buffers."""
-        return self.reserved_peak + self.cuda_context + self.nccl
+        """What the process holds on the device at the peak: reserved + the CUDA context + NCCL's buffers
+        (+ TE's userbuffers)."""
+        return self.reserved_peak + self.cuda_context + self.nccl + self.userbuffers
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -139,6 +143,7 @@ class Reserved:
             "cublas_workspace": self.cublas_workspace,
             "cuda_context": self.cuda_context,
             "nccl": self.nccl,
+            "te_userbuffers": self.userbuffers,
             "device_peak": self.device_peak,
             "expandable_segments": self.expandable,
         }

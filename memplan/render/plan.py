@@ -103,7 +103,8 @@ def allocator_text(r: Reserved) -> Text:
     if r.cuda_context or r.nccl:  # with a GPU: what the driver holds beside the allocator's segments
         outside = (
             f"; outside it: CUDA context {fmt_bytes(r.cuda_context)} + NCCL buffers {fmt_bytes(r.nccl)} "
-            f"= device {fmt_bytes(r.device_peak)}"
+            + (f"+ TE userbuffers {fmt_bytes(r.userbuffers)} " if r.userbuffers else "")
+            + f"= device {fmt_bytes(r.device_peak)}"
         )
     return Text(
         f"allocator (replayed, memory unlimited): allocated peak {fmt_bytes(r.allocated_peak)} · "

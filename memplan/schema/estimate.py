@@ -98,7 +98,12 @@ _MEMORY = obj(
                 ),
                 "cuda_context": described(BYTES, "outside the allocator (with --gpu)"),
                 "nccl": described(BYTES, "NCCL's buffers, outside the allocator (with --gpu; memory.nccl)"),
-                "device_peak": described(BYTES, "reserved peak + CUDA context + NCCL buffers"),
+                "te_userbuffers": described(
+                    BYTES, "TE's userbuffers (--tp-comm-overlap), outside the allocator"
+                ),
+                "device_peak": described(
+                    BYTES, "reserved peak + CUDA context + NCCL buffers + TE's userbuffers"
+                ),
                 "expandable_segments": {"type": "boolean"},
             }
         ),
