@@ -11,11 +11,16 @@ Readings (what the table does not state; ``NOTE`` on each row):
 - The stack: NeMo's Megatron-core GPT (``mcore_gpt: True``) under Transformer Engine's float8 recipe,
   typed ``--impl megatron --fp8 delayed`` (TE's ``DelayedScaling``; NeMo-Megatron-Launcher's configs,
   launcher_scripts/conf/training/gpt3/*.yaml at 0c6c960: ``fp8_hybrid: True``, ``fp8_amax_history_len:
-  1024``, ``fp8_amax_compute_algo: max``), so ``--fp8-amax-history-len 1024``.
+  1024``, ``fp8_amax_compute_algo: max``), so ``--fp8-amax-history-len 1024`` — except Llama 2 70B, whose
+  NeMo-Framework-Launcher ``llama/llama2_70b.yaml`` (4a9b61b) sets ``fp8_amax_history_len: 1`` and
+  ``most_recent`` (the same bytes moved either way, ``blocks/te_fp8.py``): ``--fp8-amax-history-len 1``.
+  None of the configs or H100 scripts sets ``fp8_params`` (NeMo's default False): 16-bit primary weights.
 - The optimizer: those configs' ``optim: name: distributed_fused_adam`` with ``overlap_grad_sync: True``
   and ``overlap_param_sync: true`` — optimizer states sharded over the data-parallel ranks, the gradient
   reduction overlapped with the backward and the parameter all-gather with the next forward: typed
   ``--zero 1 --overlap-grad-reduce --overlap-param-gather``; ``gradient_clip_val: 1.0``: ``--clip-grad``.
+  (Llama 3 70B's ``llama3_70b.yaml`` at 3dd3561 names ``mcore_distributed_optim``, Megatron-core's
+  distributed optimizer: the same sharding, typed the same; its overlap settings not read apart.)
   The gradients' dtype: the launcher's H100 example run scripts for these models (stored copies read:
   the ``llama3_8b_fp8`` run, 1 node, GBS 128; ``llama3_70b_fp8``, 8 nodes, GBS 128; ``llama2_70b_bf16``;
   ``20b_h100_fp8_1node``) all add ``+training.model.optim.grad_sync_dtype=bf16`` (NeMo's docs:
@@ -74,6 +79,7 @@ def _nemo(
     published: float,
     *,
     userbuffers: bool = False,
+    amax_history: int = 1024,
 ) -> Run:
     """One row: ``layout`` is the table's (TP, PP, CP, VP); data parallelism is the GPUs left over;
     ``userbuffers``: the row's config sets ``ub_tp_comm_overlap`` (module docstring)."""
@@ -82,7 +88,7 @@ def _nemo(
     assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0, name
     parts = [
         f"-m {model} --seq {seq} --batch {mbs} --global-batch {gbs} --gpus {gpus} --gpu h100-sxm",
-        "--impl megatron --fp8 delayed --fp8-amax-history-len 1024",
+        f"--impl megatron --fp8 delayed --fp8-amax-history-len {amax_history}",
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
     ]
     parts += megatron_layout(layout, userbuffers=userbuffers)
@@ -123,6 +129,7 @@ NEMO_RUNS: tuple[Run, ...] = (
         (4, 4, 1, 20),
         1728,
         userbuffers=True,
+        amax_history=1,
     ),
     _nemo("Llama 3 8B, 8 × H100, CP 2", NEMO, "llama-3-8b", 8, 128, 1, 8192, (1, 1, 2, 1), 12273),
     _nemo(
