@@ -103,7 +103,8 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         dense = dense.model_copy(update={"gradients": dense.gradients + extra})
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
-        te -= te_fp8.primary_saving(setup, pc.setup.model) * st.layers  # float8 primary weights
+        primary = te_fp8.primary_elements(setup, pc.setup.model)  # float8 primary weights: no 16-bit copy
+        te -= primary * t.precision.weight_bytes * st.layers
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)

@@ -59,7 +59,7 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   ``fp8_model_init``, so each linear's ``weight`` parameter is itself a ``Float8Tensor`` — the data in
   Megatron's param buffer, 1 byte an element, its transpose made after each all-gather,
   ``post_all_gather_processing`` — and ``get_weight_workspace`` returns it, no cache beside it): the same
-  float8 bytes as the cache above, and no 16-bit copy of the layers' linears (``primary_saving``); the
+  float8 bytes as the cache above, and no 16-bit copy of the layers' linears (``primary_elements``); the
   distributed optimizer keeps its fp32 main parameters and all-gathers the updated float8 data
   (``time.comm.dp``: 1 byte an element). With the distributed optimizer and per-tensor recipes only
   (``config.impl_rules.check_fp8_param_gather``); the per-step amax all-reduce of current scaling's
@@ -184,13 +184,13 @@ def mx_scale_inv(rule: Rule, part: str, shards: int) -> Rule:
     return save(rule.block, f"{part}_scale_inv", shape, DType.UINT8, R.PARAM_DERIVED, why)
 
 
-def copies(setup: Setup) -> int:
+def copies(impl: ImplConfig) -> int:
     """Float8 copies of a per-tensor cast, 1 byte an element each: the rowwise data and its transpose on a
     GPU whose float8 GEMMs take TN operands only (Hopper), the data alone where they take any layout
     (``ImplConfig.fp8_any_layout``, Blackwell: TE's ``Float8Tensor.update_usage`` under
     ``is_non_tn_fp8_gemm_supported`` keeps ``_data`` for either usage and drops ``_transpose``;
     ``Float8Quantizer::create_tensor`` makes no transpose)."""
-    return 1 if setup.impl.fp8_any_layout else 2
+    return 1 if impl.fp8_any_layout else 2
 
 
 def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Rule]:
@@ -202,10 +202,11 @@ def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Ru
     sequence_shard = column_parallel and setup.parallel.sp
     if mx(setup):
         return [float8(rule, part, why), mx_scale_inv(rule, part, setup.parallel.tp if sequence_shard else 1)]
-    if copies(setup) == 1:
+    one_copy = copies(setup.impl) == 1
+    if one_copy:
         why = "float8 input of the wgrad GEMM (one copy: any-layout GEMMs read it as Xᵀ)"
     out = [float8(rule, part, why), scale_inv(rule.block, part)]
-    if sequence_shard and copies(setup) == 2:
+    if sequence_shard and not one_copy:
         out.insert(1, float8(rule, f"{part}_rowwise", "float8 rowwise input, all-gathered again in backward"))
     return out
 
@@ -261,20 +262,12 @@ def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE, co
     return copies * linear_elements(m) + MODULES * SCALE_INV.bytes
 
 
-def primary_saving(setup: Setup, m: ModelConfig) -> int:
-    """Bytes one layer holds less under ``--fp8-param-gather`` (module docstring): its linears' 16-bit
-    weights on the rank (``m`` the rank's model), whose float8 copies are then the parameters; 0 without."""
-    if not (applies(setup) and setup.impl.fp8_param_gather):
-        return 0
-    return linear_elements(m) * setup.training.precision.weight_bytes
-
-
-def primary_gather_saving(setup: Setup, m: ModelConfig) -> int:
-    """Bytes one layer's all-gather of updated weights moves less under ``--fp8-param-gather``: its linears'
-    float8 data, 1 byte an element where it was the weight dtype's; 0 without."""
-    if not (applies(setup) and setup.impl.fp8_param_gather):
-        return 0
-    return linear_elements(m) * (setup.training.precision.weight_bytes - 1)
+def primary_elements(setup: Setup, m: ModelConfig) -> int:
+    """One layer's linear weight elements on the rank (``m`` the rank's model) that are float8 primary
+    weights under ``--fp8-param-gather`` (module docstring); 0 without. The rank holds none of their 16-bit
+    copies (``weight_bytes`` each less) and the distributed optimizer gathers 1 byte of each, not
+    ``weight_bytes`` (``time.comm.dp``)."""
+    return linear_elements(m) if applies(setup) and setup.impl.fp8_param_gather else 0
 
 
 def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
@@ -289,8 +282,7 @@ def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
 
 def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
     """What TE holds per layer for the whole run, beside the weights."""
-    copies = 1 if impl.fp8_any_layout else 2  # ``copies``
-    return workspace_bytes(m, impl.fp8, copies) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
+    return workspace_bytes(m, impl.fp8, copies(impl)) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:
@@ -317,7 +309,7 @@ def grad_output_casts(setup: Setup, tokens: int, n_out: int) -> int:
     scales). The dgrad output and the weight gradient are bf16's (``blocks.mlp``)."""
     if mx(setup):
         return mxfp8.both_bytes(tokens, n_out)
-    return copies(setup) * tokens * n_out + SCALE_INV.bytes
+    return copies(setup.impl) * tokens * n_out + SCALE_INV.bytes
 
 
 def saved_cast_bytes(setup: Setup, rows: int, cols: int) -> int:

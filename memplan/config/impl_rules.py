@@ -239,7 +239,7 @@ def check_tp_comm_overlap(setup: Setup) -> None:
 
 
 def check_fp8_param_gather(setup: Setup) -> None:
-    """``--fp8-param-gather`` where it is modelled (``te_fp8.primary_weights``): Megatron's TE layers under
+    """``--fp8-param-gather`` where it is modelled (``te_fp8.primary_elements``): Megatron's TE layers under
     a per-tensor recipe with the distributed optimizer (Megatron-LM's arguments.py: "--fp8-param-gather
     only supported with distributed optimizer", or its FSDPs, not modelled); MXFP8's primary weights gather
     through Megatron's own buffers (``--reuse-grad-buf-for-mxfp8-param-ag``), not modelled."""

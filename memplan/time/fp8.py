@@ -154,7 +154,7 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     shard = setup.parallel.tp if setup.parallel.sp else 1
     per_step = setup.training.grad_accum
     delayed = setup.impl.fp8 is Fp8Recipe.DELAYED
-    c = te_fp8.copies(setup)  # float8 copies written: 1 where the GPU takes any layout (no transpose)
+    c = te_fp8.copies(setup.impl)  # float8 copies written: 1 where the GPU takes any layout (no transpose)
     cast = e + c if delayed else 2 * e + c  # an unfused cast: (amax pass e) + read e + write the copies
     norm_cast = 1 + 2 * (c - 1) - e if delayed else e + c  # after the norm (docstring)
     forward = backward = 0

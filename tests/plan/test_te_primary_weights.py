@@ -1,4 +1,4 @@
-"""``--fp8-param-gather``: Megatron's float8 primary weights (blocks/te_fp8.py ``primary_saving``) — the
+"""``--fp8-param-gather``: Megatron's float8 primary weights (blocks/te_fp8.py ``primary_elements``) — the
 layers' linears keep their float8 copies only, and the distributed optimizer all-gathers them in float8 —
 by hand, with its refusals."""
 

@@ -77,8 +77,11 @@ def test_what_hides_costs_what_its_window_leaves_and_the_overlap_slowdown() -> N
     from memplan.time.timing import peak_flops
 
     plain, ub = _json(BRIDGE_70B), _json(BRIDGE_70B + " --tp-comm-overlap")
-    argv = BRIDGE_70B.removeprefix("estimate ") + " --tp-comm-overlap"
-    o = Options.model_validate(_options(argv))
+    o = Options(  # BRIDGE_70B's settings
+        model="llama-3-70b", seq=8192, batch=1, global_batch=128, gpus=64, gpu="h100-sxm", impl="megatron",
+        fp8="tensorwise", zero=1, overlap_grad_reduce=True, overlap_param_gather=True, reduce_dtype="bf16",
+        clip_grad=True, tp=4, sp=True, pp=8, vpp=5, tp_comm_overlap=True,
+    )  # fmt: skip
     r, gpu = estimate(setup_of(o)), load_gpu("h100-sxm")
     c, rows = communication(r, gpu.topology)
     windows = userbuffer_windows(c, gpu, peak_flops(gpu, r.setup.training.precision))
@@ -92,18 +95,6 @@ def test_what_hides_costs_what_its_window_leaves_and_the_overlap_slowdown() -> N
     assert after == pytest.approx(before - saved, rel=1e-12)
     # and the compute is unchanged: only the exposure moved
     assert ub["time"]["predicted"]["compute_s"] == plain["time"]["predicted"]["compute_s"]
-
-
-def _options(argv: str) -> dict[str, object]:
-    """``--name value`` and ``--flag`` pairs of an estimate command line as ``Options`` fields."""
-    words, out, i = argv.split(), {}, 0
-    while i < len(words):
-        name = "model" if words[i] == "-m" else words[i].removeprefix("--").replace("-", "_")
-        if i + 1 < len(words) and not words[i + 1].startswith("-"):
-            out[name], i = words[i + 1], i + 2
-        else:
-            out[name], i = True, i + 1
-    return out
 
 
 def test_a_window_is_t_minus_one_chunks_of_its_gemms() -> None:

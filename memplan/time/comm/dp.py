@@ -59,7 +59,8 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     if zero is ZeroStage.OPTIMIZER:
         # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py)
-        weights -= c.layers * te_fp8.primary_gather_saving(s, c.result.pieces.setup.model)
+        primary = te_fp8.primary_elements(s, c.result.pieces.setup.model)
+        weights -= c.layers * primary * (prec.weight_bytes - 1)
         return [
             row(RS, Phase.STEP, grads, 1, reduce, "gradients"),
             row(AG, Phase.STEP, weights, 1, gather, "updated weights"),
