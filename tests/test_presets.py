@@ -126,7 +126,7 @@ ACTIVE = {
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""
-GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-teton", "h200", "b200", "mi300x", "l40s", "rtx-4090"}
+GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-teton", "h200", "b200", "gb200", "mi300x", "l40s", "rtx-4090"}
 
 VALID_TOML = """\
 name = "mine"
@@ -235,6 +235,21 @@ def test_gpu_figures() -> None:
     assert a100.name == "a100-80gb" and a100.memory_bytes == 80 * 2**30 and a100.peak_tflops.bf16 == 312
     assert a100.peak_tflops.fp8 is None
     assert h100.name == "h100-sxm" and h100.peak_tflops.bf16 == 989.5 and h100.interconnect_gbps == 900
+
+
+def test_gb200_figures_are_the_racks_over_72_gpus() -> None:
+    """GB200 NVL72 (presets/gpus/gb200.toml): NVIDIA's rack figures over its 72 GPUs — 720 PFLOPS of sparse
+    FP8 (5,000 dense a GPU, twice BF16's 2,500), 576 TB/s of HBM3e (8,000 GB/s), 13.4 TB (186 GB) —; one
+    NVLink domain of 72; the host memory of its 36 Grace CPUs (480 GiB, 512 GB/s each); the driver's
+    189,471 MiB; no host link stated, so offload's copies ask for one."""
+    gb = load_gpu("gb200-nvl72")
+    assert gb.name == "gb200" and load_gpu("gb200") is gb
+    assert gb.peak_tflops.fp8 == 720_000 / 72 / 2 == 2 * gb.peak_tflops.bf16
+    assert gb.hbm_bandwidth_gbps == 576_000 / 72 and gb.memory_bytes == 186 * 2**30
+    assert gb.device_bytes == 189_471 * 2**20
+    assert gb.topology.gpus_per_node == 72 and gb.topology.intra_node_gbps == gb.interconnect_gbps / 2
+    assert (gb.host_memory_gib, gb.host_memory_gbps) == (36 * 480, 36 * 512)
+    assert gb.host_link_gbps is None and gb.fp8_any_layout and gb.arch == "blackwell"
 
 
 def test_shipped_loads_are_cached() -> None:
