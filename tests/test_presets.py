@@ -126,7 +126,7 @@ ACTIVE = {
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""
-GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-teton", "h200", "b200", "gb200", "mi300x", "l40s", "rtx-4090"}
+GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-teton", "h200", "b200", "gb200", "gb300", "mi300x", "l40s", "rtx-4090"}
 
 VALID_TOML = """\
 name = "mine"
@@ -250,6 +250,16 @@ def test_gb200_figures_are_the_racks_over_72_gpus() -> None:
     assert gb.topology.gpus_per_node == 72 and gb.topology.intra_node_gbps == gb.interconnect_gbps / 2
     assert (gb.host_memory_gib, gb.host_memory_gbps) == (36 * 480, 36 * 512)
     assert gb.host_link_gbps is None and gb.fp8_any_layout and gb.arch == "blackwell"
+
+
+def test_gb300_figures_are_the_racks_over_72_gpus() -> None:
+    """GB300 NVL72 (presets/gpus/gb300.toml): the advertised 360 PF of dense FP8 and 576 TB/s over 72 GPUs,
+    BF16 at half FP8; 288 GB each (the driver's 284,208 MiB); one 800 Gb/s ConnectX-8 a GPU; sm_103."""
+    gb = load_gpu("gb300-nvl72")
+    assert gb.name == "gb300" and gb.peak_tflops.fp8 == 360_000 / 72 == 2 * gb.peak_tflops.bf16
+    assert gb.hbm_bandwidth_gbps == 576_000 / 72 and gb.memory_bytes == 288 * 2**30
+    assert gb.device_bytes == 284_208 * 2**20 and gb.compute_capability == "10.3" and gb.fp8_any_layout
+    assert gb.topology.gpus_per_node == 72 and gb.topology.inter_node_gbps == 800 / 8
 
 
 def test_shipped_loads_are_cached() -> None:
