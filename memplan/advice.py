@@ -6,8 +6,8 @@
   (with the default reserve), and, when the step fits there, the smallest preset that still holds it;
 - the three largest terms of the peak moment (weights, optimizer, gradients, activations, transient);
 - how many GPUs of that size it needs: the smallest data-parallel degree N for which ``--zero 3 --dp N``
-  (the user's other settings kept; ``--checkpointing full`` added when no N fits without it) fits, checked
-  by estimating N and N − 1;
+  fits (the user's other settings kept), with the user's checkpointing and with ``--checkpointing full``,
+  whichever needs fewer GPUs (the user's on a tie), checked by estimating N and N − 1;
 - suggestions, each a change of the user's options that is estimated here, with its peak and whether it
   fits: the ZeRO-3 layout above, ``--checkpointing full``, ``--finetune lora``, ``--optimizer adamw-8bit``,
   and ``memplan fit`` on a power of two ≥ N GPUs (where ``--zero 3 --dp`` that many is estimated to fit,
@@ -190,42 +190,47 @@ def _zero3_args(dp: int, full: bool) -> list[str]:
 
 
 def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
-    """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): dp
-    doubles from 1 until it fits, then a bisection finds the smallest that fits."""
+    """The fewest GPUs of ``gpu``'s size the step fits on under ``--zero 3 --dp N`` (see the module): with
+    the user's checkpointing and with ``--checkpointing full``, whichever needs fewer (the user's on a tie):
+    a large GPU can hold the step without re-running its layers only over many more GPUs than with."""
+    found = [_count(o, r, gpu, reserve, full) for full in (False, True)[: 1 + (o.checkpointing != "full")]]
+    fitting = [c for c in found if c.devices is not None]  # min keeps the first of equals: the user's
+    return min(fitting, key=lambda c: c.devices or 0) if fitting else found[-1]
+
+
+def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> GpuCount:
+    """``gpu_count`` for one checkpointing choice: dp doubles from 1 until it fits, then a bisection finds
+    the smallest that fits."""
     world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
-    # the memory shown is the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather
-    # stream and DDP's buckets out, which depend on dp); before any is judged, the device's less the
-    # context and the reserve
-    usable = allocator_memory(gpu, reserve)
-    last = 0
-    for full in [False] if o.checkpointing == "full" else [False, True]:
+    # memory shown: the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather stream
+    # and DDP's buckets out: they depend on dp); before any is judged, the device's less context and reserve
+    usable, last = allocator_memory(gpu, reserve), 0
 
-        def at(dp: int, full: bool = full) -> tuple[int, bool, int] | None:
-            got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
-            return None if got is None else (got[0], got[1], got[3])
+    def at(dp: int) -> tuple[int, bool, int] | None:
+        got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
+        return None if got is None else (got[0], got[1], got[3])
 
-        low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
+    low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
+    got = at(high)
+    while (got is None or not got[1]) and high < MAX_DP:
+        last, usable = (got[0], got[2]) if got is not None else (last, usable)
+        low, high = high, min(2 * high, MAX_DP)
         got = at(high)
-        while (got is None or not got[1]) and high < MAX_DP:
-            last, usable = (got[0], got[2]) if got is not None else (last, usable)
-            low, high = high, min(2 * high, MAX_DP)
-            got = at(high)
-        if got is None or not got[1]:
-            last, usable = (got[0], got[2]) if got is not None else (last, usable)
-            continue
-        best = got
-        while high - low > 1:
-            mid = (low + high) // 2
-            tried = at(mid)
-            if tried is not None and tried[1]:
-                high, best = mid, tried
-            else:
-                low = mid
-        args = _zero3_args(high, full)
-        return GpuCount(
-            gpu=gpu.name, usable_bytes=best[2], devices=world * high, dp=high, args=args, peak=best[0]
-        )
-    return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
+    if got is None or not got[1]:
+        last, usable = (got[0], got[2]) if got is not None else (last, usable)
+        return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
+    best = got
+    while high - low > 1:
+        mid = (low + high) // 2
+        tried = at(mid)
+        if tried is not None and tried[1]:
+            high, best = mid, tried
+        else:
+            low = mid
+    args = _zero3_args(high, full)
+    return GpuCount(
+        gpu=gpu.name, usable_bytes=best[2], devices=world * high, dp=high, args=args, peak=best[0]
+    )
 
 
 def _single_changes(o: Options) -> list[tuple[list[str], dict[str, object], str]]:
