@@ -102,9 +102,14 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         extra = partial_grads(setup, st) * t.precision.grad_bytes
         dense = dense.model_copy(update={"gradients": dense.gradients + extra})
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
-        te = te_fp8.resident_bytes(pc.setup.model, setup.impl) * st.layers
-        primary = te_fp8.primary_elements(setup, pc.setup.model)  # float8 primary weights: no 16-bit copy
-        te -= primary * t.precision.weight_bytes * st.layers
+        fsdp = te_fp8.fsdp_primary(setup)  # Megatron FSDP's float8 shards: no cache, 1 byte an element
+        te = te_fp8.resident_bytes(pc.setup.model, setup.impl, cached=not fsdp) * st.layers
+        primary = te_fp8.primary_elements(setup, pc.setup.model) * st.layers  # no 16-bit copy of these
+        te -= (
+            shard(primary, shards, True) * (t.precision.weight_bytes - 1)
+            if fsdp
+            else primary * t.precision.weight_bytes
+        )
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)

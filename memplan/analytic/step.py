@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import shard
-from memplan.blocks import fp8
+from memplan.blocks import fp8, te_fp8
 from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import Offload, Optimizer, PositionType, Precision, Setup, ZeroStage
 
@@ -79,5 +79,7 @@ def zero3_gather(p: ParamCount, setup: Setup) -> int:
     if not offloaded and (s.zero < ZeroStage.PARAMETERS or s.shard_group == 1):
         return 0
     weight = setup.training.precision.weight_bytes
-    # a block's converted weights gathered in float8 under --fp8-all-gather (blocks.fp8.gathered_saving)
-    return max(p.layer.total * weight - fp8.gathered_saving(setup), max(p.embedding, p.lm_head) * weight)
+    # a block's converted weights gathered in float8 under --fp8-all-gather (blocks.fp8.gathered_saving),
+    # Megatron FSDP's float8 primary weights with their transposes (blocks.te_fp8.gathered_saving)
+    saving = fp8.gathered_saving(setup) + te_fp8.gathered_saving(setup, setup.model)
+    return max(p.layer.total * weight - saving, max(p.embedding, p.lm_head) * weight)

@@ -61,8 +61,11 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   ``post_all_gather_processing`` — and ``get_weight_workspace`` returns it, no cache beside it): the same
   float8 bytes as the cache above, and no 16-bit copy of the layers' linears (``primary_elements``); the
   distributed optimizer keeps its fp32 main parameters and all-gathers the updated float8 data
-  (``time.comm.dp``: 1 byte an element). With the distributed optimizer and per-tensor recipes only
-  (``config.impl_rules.check_fp8_param_gather``); the per-step amax all-reduce of current scaling's
+  (``time.comm.dp``: 1 byte an element). Under Megatron FSDP (``--zero 3``, ``fsdp_primary``) the float8
+  data is sharded instead and gathered per layer, its transpose made after each gather and dropped with
+  it (``keep_fp8_transpose_cache = False``): no weight cache for the run, a gathered layer's linears
+  ``copies`` bytes an element. With the distributed optimizer or Megatron FSDP and per-tensor recipes
+  only (``config.impl_rules.check_fp8_param_gather``); the per-step amax all-reduce of current scaling's
   parameter casts (one fp32 a weight) is not charged;
 - on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
   per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
@@ -125,6 +128,7 @@ from memplan.config import (
     MlpType,
     ModelConfig,
     Setup,
+    ZeroStage,
 )
 
 B, R = Block, Role
@@ -270,6 +274,24 @@ def primary_elements(setup: Setup, m: ModelConfig) -> int:
     return linear_elements(m) if applies(setup) and setup.impl.fp8_param_gather else 0
 
 
+def fsdp_primary(setup: Setup) -> bool:
+    """Megatron FSDP (``--zero 3``) with float8 primary weights: each linear's ``Float8Tensor`` data is
+    sharded with the other parameters (1 byte an element over the shard group), gathered per layer as
+    float8, and its transpose made after the gather and dropped with it (``keep_fp8_transpose_cache =
+    False``, Megatron-FSDP's default and the Bridge recipes'): TE holds no cache of any layer's weights
+    for the run (``resident_bytes``), and a gathered layer's linears are ``copies`` bytes an element
+    (``gathered_saving``)."""
+    return bool(primary_elements(setup, setup.model)) and setup.strategy.zero is ZeroStage.PARAMETERS
+
+
+def gathered_saving(setup: Setup, m: ModelConfig) -> int:
+    """Bytes a gathered layer holds less under ``fsdp_primary`` than its 16-bit copy: its linears' float8
+    data and (Hopper) the transpose made from it, ``copies`` bytes an element, not ``weight_bytes``."""
+    if not fsdp_primary(setup):
+        return 0
+    return linear_elements(m) * (setup.training.precision.weight_bytes - copies(setup.impl))
+
+
 def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
     """One layer's quantizer state (module docstring). Current scaling: 4 modules × 5 quantizers × (scale +
     amax); delayed: 4 modules × (3 + 2) quantizers × (scale + ``history`` amax rows), fp32; MXFP8: none."""
@@ -280,9 +302,11 @@ def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
     return MODULES * QUANTIZERS * QUANTIZER_BYTES
 
 
-def resident_bytes(m: ModelConfig, impl: ImplConfig) -> int:
-    """What TE holds per layer for the whole run, beside the weights."""
-    return workspace_bytes(m, impl.fp8, copies(impl)) + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
+def resident_bytes(m: ModelConfig, impl: ImplConfig, cached: bool = True) -> int:
+    """What TE holds per layer for the whole run, beside the weights; ``cached`` False (``fsdp_primary``):
+    no weight cast held, the primary weights' ``_scale_inv`` and the quantizers' state only."""
+    held = workspace_bytes(m, impl.fp8, copies(impl)) if cached else MODULES * SCALE_INV.bytes
+    return held + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:

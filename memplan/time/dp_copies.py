@@ -57,11 +57,12 @@ from __future__ import annotations
 
 from memplan.analytic.fsdp.moments import titan_fsdp2
 from memplan.analytic.fsdp.reduce import reduce_bytes
-from memplan.config import Impl, Setup, ZeroStage
+from memplan.blocks import te_fp8
+from memplan.config import Impl, ModelConfig, Setup, ZeroStage
 from memplan.presets import GpuPreset
 from memplan.time.comm.dp import gradient_bytes
 from memplan.time.comm.fabric import Collective
-from memplan.time.comm.rows import Row
+from memplan.time.comm.rows import Phase, Row
 from memplan.time.compute import hbm_bytes_per_s
 
 
@@ -83,13 +84,28 @@ def ddp(setup: Setup) -> bool:
     )
 
 
-def copy_bytes(setup: Setup, rows: list[Row]) -> int:
+def copy_bytes(setup: Setup, rows: list[Row], transposed: int = 0) -> int:
     """Bytes data parallelism's own copies move in one step on the device ``rows`` are for (module
-    docstring): FSDP2's (``fsdp2_bytes``) or DDP's (4 × each gradient all-reduce's bytes)."""
+    docstring): FSDP2's (``fsdp2_bytes``) or DDP's (4 × each gradient all-reduce's bytes); Megatron FSDP's
+    float8 transposes, 2 bytes each of ``transposed`` elements per backward all-gather
+    (``fp8_transposed``)."""
     if ddp(setup):
         reduced = [r for r in rows if r.dimension.startswith("dp") and r.collective is Collective.ALL_REDUCE]
         return sum(4 * r.bytes * r.count for r in reduced)
-    return fsdp2_bytes(setup, rows)
+    gathered = [r for r in rows if r.dimension.startswith("dp") and r.collective is Collective.ALL_GATHER]
+    again = sum(r.count for r in gathered if r.phase is Phase.BACKWARD)
+    return fsdp2_bytes(setup, rows) + 2 * transposed * again
+
+
+def fp8_transposed(setup: Setup, layers: int, rank: ModelConfig) -> int:
+    """Megatron FSDP's float8 primary weights (``te_fp8.fsdp_primary``) on a GPU whose float8 GEMMs take
+    TN operands only (``te_fp8.copies`` 2: Hopper): each backward all-gather of a stage's ``layers`` is
+    followed by TE's ``nvte_transpose`` of its linears' float8 data (the dgrad GEMM's operand; kept until
+    the layer reshards, ``keep_fp8_transpose_cache = False``), 1 byte read and 1 written an element, on
+    the compute stream; ``rank`` the tensor-parallel rank's model. 0 elsewhere."""
+    if not te_fp8.fsdp_primary(setup) or te_fp8.copies(setup.impl) == 1:
+        return 0
+    return layers * te_fp8.primary_elements(setup, rank)
 
 
 def fsdp2_bytes(setup: Setup, rows: list[Row]) -> int:
@@ -112,6 +128,6 @@ def fsdp2_bytes(setup: Setup, rows: list[Row]) -> int:
     return total
 
 
-def copy_seconds(setup: Setup, rows: list[Row], gpu: GpuPreset) -> float:
+def copy_seconds(setup: Setup, rows: list[Row], gpu: GpuPreset, transposed: int = 0) -> float:
     """``copy_bytes`` at ``MEMORY`` × the HBM bandwidth: seconds per step on the compute stream."""
-    return copy_bytes(setup, rows) / hbm_bytes_per_s(gpu)
+    return copy_bytes(setup, rows, transposed) / hbm_bytes_per_s(gpu)

@@ -323,7 +323,8 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
         optimizer, clip = shared.step_seconds(c, gpu)
     host = offload.host_optimizer_seconds(c, gpu)
     outside = sum(v for k, v in hidden.items() if k not in IN_STAGE)
-    fsdp = dp_copies.copy_seconds(c.setup, rows, gpu)
+    transposed = dp_copies.fp8_transposed(c.setup, c.layers, p.pieces.setup.model)
+    fsdp = dp_copies.copy_seconds(c.setup, rows, gpu, transposed)
     step = busy + bubble + outside + clip + optimizer + host + copies_step + fsdp
     model = p.flops.model * n * p.setup.strategy.dp
     # unvalidated (``fit`` makes thousands): every field typed as validation would make it, in declaration

@@ -57,10 +57,10 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
     gather = Overlap.NONE if megatron and not s.impl.overlap_param_gather else Overlap.FIRST_FORWARD
     if zero is ZeroStage.NONE:
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
+    # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py), by the
+    # distributed optimizer (ZeRO 1) or Megatron FSDP (ZeRO 3)
+    weights -= c.layers * te_fp8.primary_elements(s, c.result.pieces.setup.model) * (prec.weight_bytes - 1)
     if zero is ZeroStage.OPTIMIZER:
-        # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py)
-        primary = te_fp8.primary_elements(s, c.result.pieces.setup.model)
-        weights -= c.layers * primary * (prec.weight_bytes - 1)
         return [
             row(RS, Phase.STEP, grads, 1, reduce, "gradients"),
             row(AG, Phase.STEP, weights, 1, gather, "updated weights"),
