@@ -103,9 +103,7 @@ NOTE = (
     "parameter sync, gradients in bf16, SP with TP, no AC, as its performance recipes set them"
 )
 PRIMARY = "fp8_param_gather typed --fp8-param-gather (float8 primary weights)"
-NO_PRIMARY = (
-    "not typed: fp8_param_gather (float8 primary weights; modelled for per-tensor float8 under --zero 1)"
-)
+NO_PRIMARY = "not typed: fp8_param_gather (float8 primary weights; modelled for per-tensor float8)"
 NO_GATHER = "fp8_param_gather False in that MXFP8 recipe: 16-bit primary weights, as typed"
 FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
@@ -158,7 +156,7 @@ def bridge_run(
     split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
     # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
     parts += megatron_layout(layout, split, userbuffers=tp > 1)
-    primary = gather and fp8 == "tensorwise" and not fsdp  # the recipes' fp8_param_gather, where modelled
+    primary = gather and fp8 == "tensorwise"  # the recipes' fp8_param_gather, where modelled (per-tensor)
     parts += ["--fp8-param-gather"] if primary else []
     stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, zero, fp8)
     system = "DGX-H100" if gpu == "h100-sxm" else "DGX-B200"

@@ -363,8 +363,9 @@ def test_bridge_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str
         assert s["micro_batches"] == ga, run.name
         # CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (heldout_bridge.py)
         assert s["tp_comm_overlap"] == (st.tp > 1), run.name
-        # both float8 recipes set fp8_param_gather; typed where modelled: per-tensor, distributed optimizer
-        assert s["fp8_param_gather"] == (st.fp8 == "tensorwise" and not fsdp), run.name
+        # both float8 recipes set fp8_param_gather; typed where modelled: per-tensor (distributed optimizer
+        # or Megatron FSDP)
+        assert s["fp8_param_gather"] == (st.fp8 == "tensorwise"), run.name
 
 
 def _megatron_layers_to_build(layers: int, pp: int, vp: int, rank: int, stage: int) -> int:
@@ -429,7 +430,7 @@ def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dic
     the distributed optimizer with overlapped gradient and parameter sync, gradients in bf16
     (grad_reduce_in_fp32 False), SP with TP, no recompute, clipping at 1.0, TE's p2p context-parallel ring,
     the table's GA as memplan's micro-batches; tp_comm_overlap (the 70B and 405B recipes, TP ≥ 2);
-    fp8_param_gather (current scaling under the distributed optimizer)."""
+    fp8_param_gather (current scaling, under the distributed optimizer or Megatron FSDP)."""
     for run in BRIDGE_MORE_RUNS:
         s, st = predicted[run.name]["setup"], run.stated
         release, _, _, kind = _bridge_more_key(run)
@@ -442,4 +443,4 @@ def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dic
         assert st.cp == 1 or s["cp_rotate"] == "alltoall", run.name
         assert s["micro_batches"] == ga, run.name
         assert s["tp_comm_overlap"] == (st.tp > 1), run.name
-        assert s["fp8_param_gather"] == (kind == "FP8-CS" and not fsdp), run.name
+        assert s["fp8_param_gather"] == (kind == "FP8-CS"), run.name

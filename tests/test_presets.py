@@ -126,7 +126,19 @@ ACTIVE = {
 }
 README_NAMES = ("gemma-2b", "gemma-2-9b", "gemma-3-4b", "phi-3-mini", "pythia-160m", "llama-3.1-8b")
 """Names README.md's comparison table and the issue use: each one a shipped preset."""
-GPUS = {"a100-40gb", "a100-80gb", "h100-sxm", "h100-teton", "h200", "b200", "gb200", "gb300", "mi300x", "l40s", "rtx-4090"}
+GPUS = {
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-teton",
+    "h200",
+    "b200",
+    "gb200",
+    "gb300",
+    "mi300x",
+    "l40s",
+    "rtx-4090",
+}
 
 VALID_TOML = """\
 name = "mine"

@@ -210,7 +210,7 @@ def test_gpu_memory_judges_against_that_memory_with_the_default_gpus_compute() -
     # the whole activations do not: the count is 3 with --checkpointing full, fewer than the 4 GPUs the
     # step needs as given (4 fit without checkpointing, 3 do not).
     assert v["counts"][0]["dp"] == 3 and v["counts"][0]["args"][-2:] == ["--checkpointing", "full"]
-    assert 16 * 8_030_261_248 / 2 > 48 * GIB
+    assert 48 * GIB < 16 * 8_030_261_248 / 2
     base = ("-m", "8b", "--gpu-memory", "48", "--zero", "3")
     assert _json(*base, "--dp", "3", "--checkpointing", "full")["fit"]["fits"]
     assert _json(*base, "--dp", "4")["fit"]["fits"] and not _json(*base, "--dp", "3")["fit"]["fits"]

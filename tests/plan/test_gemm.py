@@ -184,7 +184,18 @@ def test_a_gpu_without_an_sm_count_loads_and_runs_at_matmul() -> None:
 
 
 def test_every_shipped_gpu_states_its_sms() -> None:
-    names = ["a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "gb200", "gb300", "l40s", "mi300x", "rtx-4090"]
+    names = [
+        "a100-40gb",
+        "a100-80gb",
+        "h100-sxm",
+        "h200",
+        "b200",
+        "gb200",
+        "gb300",
+        "l40s",
+        "mi300x",
+        "rtx-4090",
+    ]
     assert [load_gpu(n).sms for n in names] == [108, 108, 132, 132, 148, 152, 152, 142, 304, 128]
 
 
