@@ -94,6 +94,7 @@ if __name__ == "__main__":  # run as a script: the repository root on the path, 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.heldout_bridge import BRIDGE_RUNS
+from benchmarks.heldout_bridge_gb import BRIDGE_GB_RUNS
 from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from benchmarks.heldout_types import Run, Stated
@@ -349,7 +350,7 @@ TITAN_RUNS: tuple[Run, ...] = (
     ),
 )
 
-RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS + NEMO_RUNS + BRIDGE_RUNS + BRIDGE_MORE_RUNS
+RUNS: tuple[Run, ...] = MPT_RUNS + TITAN_RUNS + NEMO_RUNS + BRIDGE_RUNS + BRIDGE_MORE_RUNS + BRIDGE_GB_RUNS
 
 _runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown, predict
 from benchmarks.heldout_bridge import BRIDGE_RUNS
+from benchmarks.heldout_bridge_gb import BRIDGE_GB_RUNS
 from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
@@ -315,7 +316,7 @@ BRIDGE_ROWS = {
 }
 BRIDGE_MODELS = {"llama-3-8b": "LLAMA3_8B", "llama-3-70b": "LLAMA3_70B", "llama-3.1-405b": "LLAMA3.1_405B"}
 BRIDGE_FP8 = {"tensorwise": "FP8-CS", "mxfp8": "FP8-MX"}
-BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200"}
+BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200", "DGX-GB200": "gb200"}
 
 
 def _bridge_key(run: Run) -> tuple[str, str, str]:
@@ -325,8 +326,8 @@ def _bridge_key(run: Run) -> tuple[str, str, str]:
 
 def test_bridge_rows_as_printed() -> None:
     """Every dense Llama row of the DGX-H100 and DGX-B200 tables is in the set, with the table's figures;
-    its GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP) (the GB200/GB300 rows, which have no preset, and the
-    MoE rows memplan cannot type are left out: heldout_bridge.py)."""
+    its GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP) (the DGX-GB200 and -GB300 rows: heldout_bridge_gb.py;
+    the MoE rows memplan cannot type are left out: heldout_bridge.py)."""
     assert len(BRIDGE_RUNS) == len(BRIDGE_ROWS) == 7
     got = {}
     for run in BRIDGE_RUNS:
@@ -378,18 +379,20 @@ def _megatron_layers_to_build(layers: int, pp: int, vp: int, rank: int, stage: i
 
 def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
     """llama31_405b_pretrain_config sets account_for_embedding_in_pipeline_split and account_for_loss_in_
-    pipeline_split: the 126 layers and the two over PP 8 × VP 8 are 2 a virtual stage, 1 on the first
-    (embedding) and on the last (loss); --pp-layers lists them in model order (virtual stage v = k·pp + i
-    is chunk k of rank i)."""
-    rows = [r for r in BRIDGE_RUNS + BRIDGE_MORE_RUNS if r.stated.model == "llama-3.1-405b"]
-    assert len(rows) == 3 + 1  # 25.11; 26.02 (heldout_bridge_more.py), whose recipe sets it too
+    pipeline_split: the 126 layers and the two over PP × VP virtual stages are (126 + 2)/(PP·VP) a virtual
+    stage, one fewer on the first (embedding) and on the last (loss) — PP 8 × VP 8 and PP 16 × VP 4: 2,
+    and 1 at the ends; PP 16 × VP 8 (GB200's FP8-MX): 1, and none at the ends; --pp-layers lists them in
+    model order (virtual stage v = k·pp + i is chunk k of rank i)."""
+    rows = [r for r in BRIDGE_RUNS + BRIDGE_MORE_RUNS + BRIDGE_GB_RUNS if r.stated.model == "llama-3.1-405b"]
+    assert len(rows) == 3 + 1 + 3  # 25.11; 26.02 (heldout_bridge_more.py); GB200 (heldout_bridge_gb.py)
     for run in rows:
         st = run.stated
+        per = 128 // (st.pp * st.vpp)
         want = [
             _megatron_layers_to_build(126, st.pp, st.vpp, v % st.pp, v // st.pp)
             for v in range(st.pp * st.vpp)
         ]
-        assert sum(want) == 126 and want[0] == want[-1] == 1 and set(want[1:-1]) == {2}
+        assert sum(want) == 126 and want[0] == want[-1] == per - 1 and set(want[1:-1]) == {per}, run.name
         assert predicted[run.name]["setup"]["pp_layers"] == want, run.name
 
 
@@ -407,14 +410,12 @@ def _bridge_more_key(run: Run) -> tuple[str, str, str, str]:
     return (release, *_bridge_key(run))
 
 
-def test_bridge_more_rows_as_printed() -> None:
-    """Every dense Llama row of the 26.02 DGX-H100 table is in the set once, with the table's figures; GA =
-    GBS / (MBS × dp), dp = GPUs / (TP·PP·CP); names are unique across the set (the 26.02 rows repeat
-    25.11's layouts, named with their release)."""
-    assert len(BRIDGE_MORE_RUNS) == len(BRIDGE_MORE_ROWS) == 2
-    assert len({run.name for run in RUNS}) == len(RUNS)
+def _release_rows_as_printed(runs: tuple[Run, ...]) -> dict[tuple[str, str, str, str], tuple]:  # type: ignore[type-arg]
+    """Each run as its table prints it: (release, system, model, precision) → (#-GPUs, GBS, MBS, sequence,
+    FSDP, TP, PP, CP, VP, GA), tokens/s/GPU; GA = GBS / (MBS × dp), dp = GPUs / (TP·PP·CP); the GPU is the
+    system's and the name ends with the release."""
     got = {}
-    for run in BRIDGE_MORE_RUNS:
+    for run in runs:
         st = run.stated
         release, system, _, _ = key = _bridge_more_key(run)
         dp = st.gpus // (st.tp * st.pp * st.cp)
@@ -422,19 +423,52 @@ def test_bridge_more_rows_as_printed() -> None:
         layout = (int(st.zero == 3), st.tp, st.pp, st.cp, st.vpp, ga)
         got[key] = ((st.gpus, st.global_batch, st.micro_batch, st.seq, *layout), run.published)
         assert st.gpu == BRIDGE_GPU[system] and run.name.endswith(f"({release})"), run.name
-    assert got == BRIDGE_MORE_ROWS
+    return got
+
+
+def test_bridge_more_rows_as_printed() -> None:
+    """Every dense Llama row of the 26.02 DGX-H100 table is in the set once, with the table's figures; names
+    are unique across the set (the 26.02 rows repeat 25.11's layouts, named with their release)."""
+    assert len(BRIDGE_MORE_RUNS) == len(BRIDGE_MORE_ROWS) == 2
+    assert len({run.name for run in RUNS}) == len(RUNS)
+    assert _release_rows_as_printed(BRIDGE_MORE_RUNS) == BRIDGE_MORE_ROWS
+
+
+BRIDGE_GB_ROWS = {
+    # Megatron-Bridge docs/performance-summary.md, the DGX-GB200 dense Llama rows as printed, FP8-CS and
+    # FP8-MX: 25.11 (00b7660; the same at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MORE_ROWS',
+    # VP "n/a" read as 1, "FP8-CS (FP8-MX)" as two rows (26.02's NVFP4 rows left out: heldout_bridge_gb.py)
+    ("25.11", "DGX-GB200", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 31508),
+    ("25.11", "DGX-GB200", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29789),
+    ("25.11", "DGX-GB200", "LLAMA3_70B", "FP8-CS"): ((64, 256, 2, 8192, 1, 1, 1, 1, 1, 2), 4312),
+    ("25.11", "DGX-GB200", "LLAMA3.1_405B", "FP8-CS"): ((256, 1536, 1, 8192, 0, 4, 16, 1, 4, 384), 813),
+    ("26.02", "DGX-GB200", "LLAMA3_70B", "FP8-CS"): ((64, 256, 2, 8192, 1, 1, 1, 1, 1, 2), 4040),
+    ("26.02", "DGX-GB200", "LLAMA3_70B", "FP8-MX"): ((64, 256, 1, 8192, 0, 2, 4, 1, 5, 32), 3887),
+    ("26.02", "DGX-GB200", "LLAMA3.1_405B", "FP8-CS"): ((256, 1536, 1, 8192, 0, 4, 16, 1, 4, 384), 793),
+    ("26.02", "DGX-GB200", "LLAMA3.1_405B", "FP8-MX"): ((256, 1536, 1, 8192, 0, 4, 16, 1, 8, 384), 786),
+}
+
+
+def test_bridge_gb_rows_as_printed() -> None:
+    """Every FP8-CS and FP8-MX dense Llama row of the 25.11 and 26.02 DGX-GB200 tables is in the set once,
+    with the table's figures, on the gb200 preset (GB200 NVL72: one NVLink domain of 72 GPUs)."""
+    assert len(BRIDGE_GB_RUNS) == len(BRIDGE_GB_ROWS) == 8
+    assert _release_rows_as_printed(BRIDGE_GB_RUNS) == BRIDGE_GB_ROWS
+    assert load_gpu("gb200").topology.gpus_per_node == 72
 
 
 def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
-    """26.02 (the *_V2 presets, scripts/performance/configs/llama): Megatron-core with TE current scaling,
-    the distributed optimizer with overlapped gradient and parameter sync, gradients in bf16
-    (grad_reduce_in_fp32 False), SP with TP, no recompute, clipping at 1.0, TE's p2p context-parallel ring,
-    the table's GA as memplan's micro-batches; tp_comm_overlap (the 70B and 405B recipes, TP ≥ 2);
-    fp8_param_gather (current scaling, under the distributed optimizer or Megatron FSDP)."""
-    for run in BRIDGE_MORE_RUNS:
+    """26.02 (the *_V2 presets, scripts/performance/configs/llama) and both releases' DGX-GB200 rows
+    (heldout_bridge_gb.py): Megatron-core with TE current scaling (FP8-CS) or MXFP8 (FP8-MX), the
+    distributed optimizer (FSDP 1: Megatron FSDP, --zero 3) with overlapped gradient and parameter sync,
+    gradients in bf16 (grad_reduce_in_fp32 False), SP with TP, no recompute, clipping at 1.0, TE's p2p
+    context-parallel ring, the table's GA as memplan's micro-batches; tp_comm_overlap (the 70B and 405B
+    recipes, TP ≥ 2); fp8_param_gather (current scaling, under the distributed optimizer or Megatron FSDP)."""
+    rows = {**BRIDGE_MORE_ROWS, **BRIDGE_GB_ROWS}
+    for run in BRIDGE_MORE_RUNS + BRIDGE_GB_RUNS:
         s, st = predicted[run.name]["setup"], run.stated
         release, _, _, kind = _bridge_more_key(run)
-        (_, _, _, _, fsdp, *_, ga), _ = BRIDGE_MORE_ROWS[release, *_bridge_key(run)]
+        (_, _, _, _, fsdp, *_, ga), _ = rows[release, *_bridge_key(run)]
         fp8 = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8"}[kind]
         assert (s["impl"], s["fp8"], s["zero"]) == ("megatron", fp8, 3 if fsdp else 1), run.name
         assert s["overlap_grad_reduce"] and s["overlap_param_gather"], run.name

@@ -1,0 +1,245 @@
+"""NVIDIA Megatron-Bridge's published pre-training throughput of dense Llama models on DGX-GB200 (GB200 NVL72:
+72 GPUs in one NVLink domain, ``--gpu gb200``) in the "25.11 NeMo Container" and "26.02 NeMo Container"
+tables: rows of the held-out set (benchmarks/heldout.py), typed as the performance scripts of each release
+ran them (heldout_bridge.py types the 25.11 DGX-H100 and DGX-B200 rows and holds the readings all these
+share; heldout_bridge_more.py the 26.02 DGX-H100 rows).
+
+Source (stored copies read): NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 00b7660 (its only
+section "25.11 NeMo Container") and at df0289c (the same 25.11 tables below a "26.02 NeMo Container"
+section). The DGX-GB200 dense Llama rows: 25.11 — Llama 3 8B FP8-CS (FP8-MX) on 8 GPUs, Llama 3 70B FP8-CS
+on 64 (FSDP 1), Llama 3.1 405B FP8-CS on 256 (TP 4, PP 16, VP 4); 26.02 — Llama 3 70B FP8-CS (FSDP 1),
+FP8-MX (TP 2, PP 4, VP 5) and NVFP4 on 64, Llama 3.1 405B FP8-CS (TP 4, PP 16, VP 4), FP8-MX (TP 4, PP 16,
+VP 8) and NVFP4 on 256. Every row's GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP).
+
+25.11 — the recipes read (stored copies):
+- scripts/performance/configs/llama3/workload_base_configs.py (0fa501a, the copy heldout_bridge.py reads):
+  ``LLAMA3_8B_GB200_FP8_CS_BASE_CONFIG`` — GBS 128, MBS 2, nothing else (no CUDA graphs, no recompute, no
+  offloading); ``LLAMA3_8B_GB200_FP8_MX_BASE_CONFIG`` — GBS 128, MBS 2, ``cuda_graph_impl = "local"``,
+  scope "full_iteration" (a later copy, configs/llama/llama3_workload_base_configs.py at 00919dc, sets the
+  same graphs on the FP8-CS preset too); ``LLAMA3_70B_GB200_FP8_CS_BASE_CONFIG`` — MBS 2,
+  ``use_megatron_fsdp = True``, ``cpu_offloading_num_layers = 40``, GBS 128 (``BASE_LLAMA3_70B_CONFIG``).
+- configs/llama31/workload_base_configs.py (0fa501a): ``LLAMA31_405B_GB200_FP8_CS_BASE_CONFIG`` — TP 2, GBS
+  64, ``use_megatron_fsdp = True``, ``cpu_offloading_num_layers = 95`` (another stored copy: 128 GPUs, the
+  same preset); configs/llama31/llama31_llm_pretrain.py (0fa501a): ``llama31_405b_gb200_config`` ("GB200,
+  128xGPU") takes it with ``userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192``.
+- configs/llama3/llama3_llm_pretrain.py (0fa501a): ``llama3_8b_gb200_config`` — the library recipe,
+  ``set_llama3_common_configs`` (sequence 8192, ``grad_reduce_in_fp32 = False``: ``--reduce-dtype bf16``),
+  ``set_workload_base_configs``, ``CommOverlapConfig(tp_comm_overlap = TP > 1)`` (off at TP 1);
+  ``llama3_70b_gb200_config`` — the same with ``userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192`` (moot at
+  TP 1: ``_get_model_comm_overlap_cfgs`` keeps TE's overlap only with TP ≥ 2 and SP) and, under Megatron
+  FSDP, ``fsdp_double_buffer = True``, ``gradient_accumulation_fusion = False``,
+  ``suggested_communication_unit_size = 800000000``.
+- utils/helpers.py (0fa501a): ``get_precision_config`` ("cs": current scaling with
+  ``first_last_layers_bf16 = False``; "mx": ``bf16_with_mxfp8_mixed()``), ``set_workload_base_configs``
+  (layout, GBS, MBS, sp = TP > 1), ``set_megatron_fsdp_overrides`` (``optim_grads_params``: ``--zero 3``;
+  ``keep_fp8_transpose_cache = False``), ``set_cuda_graph_overrides``, ``set_recompute_overrides``
+  (``cpu_offloading_num_layers``: ``cpu_offloading = True``, ``cpu_offloading_weights = False`` — Megatron's
+  activation offload of that many layers).
+
+What the 25.11 table states against those presets (each row typed as the table prints it, the rest of the
+configuration as the presets set it, the note saying so):
+- Llama 3 70B: GBS 256, GA 2 (MBS 2, dp 64) — the 25.11 preset's GBS is 128 (GA 1); the later preset with
+  GBS 256 (``LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2``, 00919dc) keeps MBS 2, Megatron FSDP and 40
+  offloaded layers.
+- Llama 3.1 405B: 256 GPUs, TP 4, PP 16, CP 1, VP 4, GBS 1536, FSDP 0 — no stored preset of that release
+  has it (TP 2 and Megatron FSDP on 128 GPUs, above); it is the 26.02 preset
+  ``LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2`` (below: no FSDP, no offloading), typed so.
+
+26.02 — the recipes read (stored copies, as heldout_bridge_more.py reads them):
+- configs/llama/llama3_workload_base_configs.py (00919dc), the V2 presets (``BASE_LLAMA3_70B_CONFIG_GBS256``:
+  64 GPUs, GBS 256): ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2`` — MBS 2, ``use_megatron_fsdp = True``,
+  ``cpu_offloading_num_layers = 40``; ``LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_MX_V2`` — TP 2, PP 4, VP 5 (MBS
+  1); neither sets CUDA graphs or recompute.
+- configs/llama/llama31_workload_base_configs.py (0013c9a): ``LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_CS_V2``
+  — 256 GPUs, TP 4, PP 16, CP 1, VP 4, GBS 1536, ``use_megatron_fsdp = False``,
+  ``cpu_offloading_num_layers = None``; ``LLAMA31_405B_PRETRAIN_CONFIG_GB200_FP8_MX_V2`` — the V1 preset
+  (TP 4, PP 8, CP 2, VP 8) with 256 GPUs, PP 16, CP 1, GBS 1536; neither sets CUDA graphs or recompute.
+  utils/utils.py (01b2977): ``WorkloadBaseConfig``'s defaults (MBS 1, ``cuda_graph_impl = None``: the
+  library's, none) and ``sequence_parallel = TP > 1``.
+- configs/llama/llama3_llm_pretrain.py (2a0d46e), ``llama3_70b_pretrain_config_gb200``: the library recipe,
+  ``get_precision_config`` (utils/precision.py, 84fba28: "fp8_cs" current scaling with
+  ``first_last_layers_bf16 = False``, "fp8_mx" ``bf16_with_mxfp8_mixed()``), ``set_llama3_common_configs``,
+  ``set_workload_base_configs``, the FSDP switches above, ``userbuffers_fp8_b200_h8192_tp2_mbs1_seqlen8192``
+  with the recipe's ``tp_comm_overlap`` (off for NVFP4 only): ``--tp-comm-overlap`` on the TP 2 row.
+  configs/llama/llama31_llm_pretrain.py (0013c9a), ``llama31_405b_pretrain_config_gb200``: the same, with
+  ``userbuffers_fp8_b200_h16384_tp4_cp2_mbs1_seqlen8192``: ``--tp-comm-overlap`` at TP 4.
+- utils/overrides.py (00538e2): ``set_workload_base_configs`` as 25.11's, and the same FSDP, CUDA-graph and
+  offloading overrides; ``set_post_overrides``: ``overlap_param_gather_with_optimizer_step`` for dp > 1,
+  pp > 1, vp > 1 (not modelled).
+
+Both releases (the readings heldout_bridge.py states): TE float8 — FP8-CS ``--fp8 tensorwise``, FP8-MX
+``--fp8 mxfp8``; both recipes set ``fp8_param_gather = True`` (training/mixed_precision.py, 0509780), typed
+``--fp8-param-gather`` where memplan models it (per-tensor float8 under the distributed optimizer, ``--zero
+1``): the FP8-MX rows and the Megatron-FSDP rows keep 16-bit weights beside TE's float8 cache
+(``memplan estimate`` refuses ``--fp8-param-gather`` under ``--zero 3``). The distributed optimizer with
+overlapped gradient and parameter sync and clipping at 1.0 (src/megatron/bridge/recipes/llama/llama3.py);
+no recompute; the 405B recipe's ``account_for_embedding_in_pipeline_split`` and
+``account_for_loss_in_pipeline_split`` (``--pp-layers``, heldout_bridge.py's ``embedding_loss_split``: at
+PP 16 × VP 4, (126 + 2)/64 = 2 a virtual stage, 1 on the first and the last; at PP 16 × VP 8, 1 a virtual
+stage and none on the first and the last, which hold the embedding and the loss alone:
+``--pp-layers 0,1,…,1,0``); TE's userbuffers typed ``--tp-comm-overlap`` with TP ≥ 2 and SP (the b200
+configurations' ring-exchange buffers as heldout_bridge.py says, not typed).
+
+Not typed (each row's note says which; the shared ones as in heldout_bridge.py):
+- Megatron's activation offload (``cpu_offloading_num_layers = 40`` of the 70B's 80 layers, over NVLink-C2C
+  to the Grace): ``--offload activations`` offloads every layer (torch's ``save_on_cpu``), and the gb200
+  preset states no host link (``memplan estimate`` refuses to time it): the 70B FSDP rows are typed with
+  every layer's activations on the GPU (their predicted peak does not fit, which the offload is for).
+- Megatron FSDP's double buffer (``fsdp_double_buffer``), ``keep_fp8_transpose_cache = False`` and
+  ``gradient_accumulation_fusion = False``: memplan's ZeRO-3 under ``--impl megatron``.
+- CUDA graphs (25.11's 8B FP8-MX preset): memplan charges the eager launch gaps, and no graph pool.
+- ``overlap_param_gather_with_optimizer_step`` and the pipeline's ``overlap_p2p_comm``; TE's fused cross
+  entropy; the vocabulary padding (heldout_bridge.py).
+
+Left out, with the reason:
+- The 26.02 NVFP4 rows (Llama 3 70B, 5041; Llama 3.1 405B, 1145 tokens/s/GPU): memplan has no NVFP4
+  recipe (``--fp8`` takes none, tensorwise, rowwise, delayed, mxfp8, blockwise).
+- The DGX-GB200 MoE and GPT OSS rows (DeepSeekV3, GPT OSS 120B, Qwen3 30B-A3B and 235B-A22B), for the
+  reasons heldout_bridge.py gives for their H100 and B200 rows.
+- The DGX-GB300 tables: not typed yet (written for the GB200 rows, before memplan had a gb300 preset).
+- The 25.09 section's DGX-GB200 table: it states no precision (heldout_bridge_more.py).
+"""
+
+from __future__ import annotations
+
+from benchmarks.heldout_bridge import CUDA_GRAPHS, NOTE, SOURCE, SPLIT, TP_OVERLAP, bridge_run
+from benchmarks.heldout_bridge_more import NOTE_2602
+from benchmarks.heldout_bridge_more import SOURCE as SOURCE_2602
+from benchmarks.heldout_types import Run
+
+FSDP_GB = (
+    "Megatron FSDP (optim_grads_params) typed --zero 3; its double buffer, keep_fp8_transpose_cache False "
+    "and gradient_accumulation_fusion False not modelled"
+)
+OFFLOAD = (
+    "not typed: cpu_offloading_num_layers 40 (Megatron's activation offload to the Grace; --offload "
+    "activations offloads every layer and gb200 states no host link): every layer's activations on the GPU"
+)
+GBS_2511 = "GBS 256 as the table prints it (the 25.11 preset at 0fa501a: 128; the V2 preset at 00919dc: 256)"
+LAYOUT_2511 = (
+    "layout as the table prints it, the 26.02 V2 preset's (0013c9a; the 25.11 preset at 0fa501a: TP 2, "
+    "Megatron FSDP, 128 GPUs)"
+)
+SPLIT_VP8 = "405B split with embedding and loss as layers: --pp-layers 0,1,…,1,0 (embedding, loss alone)"
+GB200_405B_CS = (4, 16, 1, 4)
+GB200_405B_MX = (4, 16, 1, 8)
+
+
+def _row(
+    release: str,
+    name: str,
+    model: str,
+    gpus: int,
+    batches: tuple[int, int],
+    layout: tuple[int, int, int, int],
+    kind: str,
+    published: float,
+    notes: tuple[str, ...] = (),
+    *,
+    fsdp: bool = False,
+) -> Run:
+    """One DGX-GB200 row of ``release``'s table (25.11 or 26.02): ``kind`` FP8-CS (``--fp8 tensorwise``) or
+    FP8-MX (``--fp8 mxfp8``); the recipes' fp8_param_gather, typed where modelled."""
+    source, note = (SOURCE, NOTE) if release == "25.11" else (SOURCE_2602, NOTE_2602)
+    fp8 = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8"}[kind]
+    return bridge_run(
+        f"{name}, {kind} ({release})",
+        model,
+        "gb200",
+        gpus,
+        batches,
+        layout,
+        fp8,
+        published,
+        fsdp=fsdp,
+        notes=notes,
+        source=source,
+        note=note,
+        gather=True,
+    )
+
+
+BRIDGE_GB_RUNS: tuple[Run, ...] = (
+    # 25.11
+    _row("25.11", "Llama 3 8B, 8 × GB200", "llama-3-8b", 8, (128, 2), (1, 1, 1, 1), "FP8-CS", 31508),
+    _row(
+        "25.11",
+        "Llama 3 8B, 8 × GB200",
+        "llama-3-8b",
+        8,
+        (128, 2),
+        (1, 1, 1, 1),
+        "FP8-MX",
+        29789,
+        (CUDA_GRAPHS,),
+    ),
+    _row(
+        "25.11",
+        "Llama 3 70B, 64 × GB200, FSDP",
+        "llama-3-70b",
+        64,
+        (256, 2),
+        (1, 1, 1, 1),
+        "FP8-CS",
+        4312,
+        (FSDP_GB, OFFLOAD, GBS_2511),
+        fsdp=True,
+    ),
+    _row(
+        "25.11",
+        "Llama 3.1 405B, 256 × GB200, TP 4 PP 16 VP 4",
+        "llama-3.1-405b",
+        256,
+        (1536, 1),
+        GB200_405B_CS,
+        "FP8-CS",
+        813,
+        (TP_OVERLAP, SPLIT, LAYOUT_2511),
+    ),
+    # 26.02: the V2 presets
+    _row(
+        "26.02",
+        "Llama 3 70B, 64 × GB200, FSDP",
+        "llama-3-70b",
+        64,
+        (256, 2),
+        (1, 1, 1, 1),
+        "FP8-CS",
+        4040,
+        (FSDP_GB, OFFLOAD),
+        fsdp=True,
+    ),
+    _row(
+        "26.02",
+        "Llama 3 70B, 64 × GB200, TP 2 PP 4 VP 5",
+        "llama-3-70b",
+        64,
+        (256, 1),
+        (2, 4, 1, 5),
+        "FP8-MX",
+        3887,
+        (TP_OVERLAP,),
+    ),
+    _row(
+        "26.02",
+        "Llama 3.1 405B, 256 × GB200, TP 4 PP 16 VP 4",
+        "llama-3.1-405b",
+        256,
+        (1536, 1),
+        GB200_405B_CS,
+        "FP8-CS",
+        793,
+        (TP_OVERLAP, SPLIT),
+    ),
+    _row(
+        "26.02",
+        "Llama 3.1 405B, 256 × GB200, TP 4 PP 16 VP 8",
+        "llama-3.1-405b",
+        256,
+        (1536, 1),
+        GB200_405B_MX,
+        "FP8-MX",
+        786,
+        (TP_OVERLAP, SPLIT_VP8),
+    ),
+)
