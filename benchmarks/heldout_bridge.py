@@ -78,7 +78,7 @@ Not typed, each run's note says which (memplan has no option for them):
   cross entropy. TE's attention backend is not set (TE chooses): memplan's default kernel.
 
 Left out, with the reason:
-- DGX-GB200 and DGX-GB300 rows: benchmarks/heldout_bridge_gb.py (typed there, or left out with the reason).
+- DGX-GB200 and DGX-GB300 rows: typed in benchmarks/heldout_bridge_gb.py (the gb200 and gb300 presets).
 - GPT OSS 120B (BF16, H100 and B200): memplan models gpt-oss's sliding-window and sink attention under
   ``--impl hf`` only ("sliding_window_pattern: modelled for transformers' code only"): Megatron's run
   cannot be typed. (The H100 row's GA 2 also disagrees with its own layout: 64 GPUs at PP 4 leave dp 16,
@@ -109,8 +109,8 @@ FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
 CUDA_GRAPHS = "CUDA graphs (local, full_iteration) not modelled"
 SPLIT = "405B split with embedding and loss as layers: --pp-layers 1,2,…,2,1"
-SYSTEMS = {"h100-sxm": "DGX-H100", "b200": "DGX-B200", "gb200": "DGX-GB200"}
-"""The page's system headings by memplan's GPU preset (heldout_bridge_gb.py: the DGX-GB200 rows)."""
+SYSTEMS = {"h100-sxm": "DGX-H100", "b200": "DGX-B200", "gb200": "DGX-GB200", "gb300": "DGX-GB300"}
+"""The page's system headings by memplan's GPU preset (heldout_bridge_gb.py: the GB200 and GB300 rows)."""
 
 
 def embedding_loss_split(layers: int, pp: int, vpp: int) -> tuple[int, ...]:

@@ -42,7 +42,7 @@ Not typed (each row's note says which; the shared ones as in heldout_bridge.py):
 userbuffers configurations' ring-exchange buffers.
 
 Left out, with the reason:
-- DGX-GB200 and DGX-GB300 rows: benchmarks/heldout_bridge_gb.py. DGX-B300: no preset (and no dense Llama row).
+- DGX-GB200 and DGX-GB300 rows: typed in heldout_bridge_gb.py. DGX-B300: no preset, no dense Llama row.
 - DeepSeekV3 (FP8-MX; MLA, MTP) and Qwen3 30B-A3B and 235B-A22B (FP8-MX, FP8-CS): ``--impl megatron --fp8``
   with experts is refused; GPT OSS 120B (BF16): memplan models gpt-oss's attention under ``--impl hf`` only.
 - The page's "25.09 NeMo Container" section: its table states no precision (no Precision column; only a

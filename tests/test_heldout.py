@@ -316,7 +316,7 @@ BRIDGE_ROWS = {
 }
 BRIDGE_MODELS = {"llama-3-8b": "LLAMA3_8B", "llama-3-70b": "LLAMA3_70B", "llama-3.1-405b": "LLAMA3.1_405B"}
 BRIDGE_FP8 = {"tensorwise": "FP8-CS", "mxfp8": "FP8-MX"}
-BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200", "DGX-GB200": "gb200"}
+BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200", "DGX-GB200": "gb200", "DGX-GB300": "gb300"}
 
 
 def _bridge_key(run: Run) -> tuple[str, str, str]:
@@ -381,10 +381,10 @@ def test_bridge_405b_splits_embedding_and_loss_as_layers(predicted: dict[str, di
     """llama31_405b_pretrain_config sets account_for_embedding_in_pipeline_split and account_for_loss_in_
     pipeline_split: the 126 layers and the two over PP × VP virtual stages are (126 + 2)/(PP·VP) a virtual
     stage, one fewer on the first (embedding) and on the last (loss) — PP 8 × VP 8 and PP 16 × VP 4: 2,
-    and 1 at the ends; PP 16 × VP 8 (GB200's FP8-MX): 1, and none at the ends; --pp-layers lists them in
-    model order (virtual stage v = k·pp + i is chunk k of rank i)."""
+    and 1 at the ends; PP 8 × VP 4 (GB300): 4, and 3; PP 16 × VP 8 (GB200's FP8-MX): 1, and none at the
+    ends; --pp-layers lists them in model order (virtual stage v = k·pp + i is chunk k of rank i)."""
     rows = [r for r in BRIDGE_RUNS + BRIDGE_MORE_RUNS + BRIDGE_GB_RUNS if r.stated.model == "llama-3.1-405b"]
-    assert len(rows) == 3 + 1 + 3  # 25.11; 26.02 (heldout_bridge_more.py); GB200 (heldout_bridge_gb.py)
+    assert len(rows) == 3 + 1 + 3 + 3  # 25.11; 26.02 (heldout_bridge_more.py); GB200, GB300 (_gb.py)
     for run in rows:
         st = run.stated
         per = 128 // (st.pp * st.vpp)
@@ -435,9 +435,10 @@ def test_bridge_more_rows_as_printed() -> None:
 
 
 BRIDGE_GB_ROWS = {
-    # Megatron-Bridge docs/performance-summary.md, the DGX-GB200 dense Llama rows as printed, FP8-CS and
-    # FP8-MX: 25.11 (00b7660; the same at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MORE_ROWS',
-    # VP "n/a" read as 1, "FP8-CS (FP8-MX)" as two rows (26.02's NVFP4 rows left out: heldout_bridge_gb.py)
+    # Megatron-Bridge docs/performance-summary.md, the DGX-GB200 and DGX-GB300 dense Llama rows as printed,
+    # FP8-CS and FP8-MX: 25.11 (00b7660; the same at df0289c) and 26.02 (df0289c); keys and values as
+    # BRIDGE_MORE_ROWS', VP "n/a" read as 1, "FP8-CS (FP8-MX)" as two rows (26.02's NVFP4 rows are left out:
+    # heldout_bridge_gb.py)
     ("25.11", "DGX-GB200", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 31508),
     ("25.11", "DGX-GB200", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 29789),
     ("25.11", "DGX-GB200", "LLAMA3_70B", "FP8-CS"): ((64, 256, 2, 8192, 1, 1, 1, 1, 1, 2), 4312),
@@ -446,20 +447,29 @@ BRIDGE_GB_ROWS = {
     ("26.02", "DGX-GB200", "LLAMA3_70B", "FP8-MX"): ((64, 256, 1, 8192, 0, 2, 4, 1, 5, 32), 3887),
     ("26.02", "DGX-GB200", "LLAMA3.1_405B", "FP8-CS"): ((256, 1536, 1, 8192, 0, 4, 16, 1, 4, 384), 793),
     ("26.02", "DGX-GB200", "LLAMA3.1_405B", "FP8-MX"): ((256, 1536, 1, 8192, 0, 4, 16, 1, 8, 384), 786),
+    ("25.11", "DGX-GB300", "LLAMA3_8B", "FP8-CS"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 37556),
+    ("25.11", "DGX-GB300", "LLAMA3_8B", "FP8-MX"): ((8, 128, 2, 8192, 0, 1, 1, 1, 1, 8), 36108),
+    ("25.11", "DGX-GB300", "LLAMA3_70B", "FP8-CS"): ((64, 256, 2, 8192, 1, 1, 1, 1, 1, 2), 4520),
+    ("25.11", "DGX-GB300", "LLAMA3.1_405B", "FP8-CS"): ((256, 1536, 1, 8192, 0, 2, 8, 2, 4, 192), 999),
+    ("26.02", "DGX-GB300", "LLAMA3_70B", "FP8-CS"): ((64, 256, 2, 8192, 1, 1, 1, 1, 1, 2), 5003),
+    ("26.02", "DGX-GB300", "LLAMA3_70B", "FP8-MX"): ((64, 256, 1, 8192, 0, 1, 4, 1, 5, 16), 4596),
+    ("26.02", "DGX-GB300", "LLAMA3.1_405B", "FP8-CS"): ((256, 1536, 1, 8192, 0, 4, 8, 1, 4, 192), 988),
+    ("26.02", "DGX-GB300", "LLAMA3.1_405B", "FP8-MX"): ((256, 1536, 1, 8192, 0, 2, 8, 2, 4, 192), 931),
 }
 
 
 def test_bridge_gb_rows_as_printed() -> None:
-    """Every FP8-CS and FP8-MX dense Llama row of the 25.11 and 26.02 DGX-GB200 tables is in the set once,
-    with the table's figures, on the gb200 preset (GB200 NVL72: one NVLink domain of 72 GPUs)."""
-    assert len(BRIDGE_GB_RUNS) == len(BRIDGE_GB_ROWS) == 8
+    """Every FP8-CS and FP8-MX dense Llama row of the 25.11 and 26.02 DGX-GB200 and DGX-GB300 tables is in
+    the set once, with the table's figures, on the gb200 and gb300 presets (NVL72: one NVLink domain of 72
+    GPUs)."""
+    assert len(BRIDGE_GB_RUNS) == len(BRIDGE_GB_ROWS) == 8 + 8
     assert _release_rows_as_printed(BRIDGE_GB_RUNS) == BRIDGE_GB_ROWS
-    assert load_gpu("gb200").topology.gpus_per_node == 72
+    assert load_gpu("gb200").topology.gpus_per_node == load_gpu("gb300").topology.gpus_per_node == 72
 
 
 def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
-    """26.02 (the *_V2 presets, scripts/performance/configs/llama) and both releases' DGX-GB200 rows
-    (heldout_bridge_gb.py): Megatron-core with TE current scaling (FP8-CS) or MXFP8 (FP8-MX), the
+    """26.02 (the *_V2 presets, scripts/performance/configs/llama) and both releases' DGX-GB200 and -GB300
+    rows (heldout_bridge_gb.py): Megatron-core with TE current scaling (FP8-CS) or MXFP8 (FP8-MX), the
     distributed optimizer (FSDP 1: Megatron FSDP, --zero 3) with overlapped gradient and parameter sync,
     gradients in bf16 (grad_reduce_in_fp32 False), SP with TP, no recompute, clipping at 1.0, TE's p2p
     context-parallel ring, the table's GA as memplan's micro-batches; tp_comm_overlap (the 70B and 405B
