@@ -81,8 +81,8 @@ configuration as the presets set it, the note saying so):
 Both releases (the readings heldout_bridge.py states): TE float8 — FP8-CS ``--fp8 tensorwise``, FP8-MX
 ``--fp8 mxfp8``; both recipes set ``fp8_param_gather = True`` (training/mixed_precision.py, 0509780), typed
 ``--fp8-param-gather`` where memplan models it (per-tensor float8 under the distributed optimizer, ``--zero
-1``): the FP8-MX rows and the Megatron-FSDP rows keep 16-bit weights beside TE's float8 cache
-(``memplan estimate`` refuses ``--fp8-param-gather`` under ``--zero 3``). The distributed optimizer with
+1``, or Megatron FSDP, ``--zero 3``): the FP8-MX rows keep 16-bit weights beside TE's float8 cache. The
+distributed optimizer with
 overlapped gradient and parameter sync and clipping at 1.0 (src/megatron/bridge/recipes/llama/llama3.py);
 no recompute; TE's p2p context-parallel ring (``--cp-rotate alltoall``); the 405B recipe's
 ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split`` (``--pp-layers``,
@@ -100,8 +100,9 @@ Not typed (each row's note says which; the shared ones as in heldout_bridge.py):
   the offload is what fits them). These rows are compared on the step time; memplan's verdict also puts
   GB300's two 26.02 FP8-MX rows (70B PP 4 VP 5, 405B TP 2 PP 8 CP 2 VP 4) over the driver's memory, where
   they ran (one difference: their fp8_param_gather, not modelled for MXFP8, keeps no 16-bit weights).
-- Megatron FSDP's double buffer (``fsdp_double_buffer``), ``keep_fp8_transpose_cache = False`` and
-  ``gradient_accumulation_fusion = False``: memplan's ZeRO-3 under ``--impl megatron``.
+- Megatron FSDP's double buffer (``fsdp_double_buffer``) and ``gradient_accumulation_fusion = False``:
+  memplan's ZeRO-3 under ``--impl megatron`` (its ``keep_fp8_transpose_cache = False`` is what memplan
+  models, ``te_fp8.fsdp_primary``).
 - CUDA graphs (25.11's GB200 8B FP8-MX preset, both GB300 8B presets): memplan charges the eager launch
   gaps, and no graph pool.
 - ``overlap_param_gather_with_optimizer_step`` and the pipeline's ``overlap_p2p_comm``; TE's fused cross
