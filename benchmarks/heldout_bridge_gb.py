@@ -125,8 +125,8 @@ from benchmarks.heldout_bridge_more import SOURCE as SOURCE_2602
 from benchmarks.heldout_types import Run
 
 FSDP_GB = (
-    "Megatron FSDP (optim_grads_params) typed --zero 3; its double buffer, keep_fp8_transpose_cache False "
-    "and gradient_accumulation_fusion False not modelled"
+    "Megatron FSDP (optim_grads_params) typed --zero 3 (keep_fp8_transpose_cache False as modelled); its "
+    "double buffer and gradient_accumulation_fusion False not modelled"
 )
 GBS_2511 = "GBS 256 as the table prints it (the 25.11 preset at 0fa501a: 128; the V2 preset at 00919dc: 256)"
 LAYOUT_2511 = (
