@@ -103,7 +103,11 @@ NOTE = (
     "parameter sync, gradients in bf16, SP with TP, no AC, as its performance recipes set them"
 )
 PRIMARY = "fp8_param_gather typed --fp8-param-gather (float8 primary weights)"
-NO_PRIMARY = "not typed: fp8_param_gather (float8 primary weights; modelled for per-tensor float8)"
+PRIMARY_MX = (
+    "fp8_param_gather with reuse_grad_buf_for_mxfp8_param_ag typed --fp8-param-gather (MXFP8 primary "
+    "weights, gathered in bf16 into the gradient buffer)"
+)
+NO_PRIMARY = "not typed: fp8_param_gather (MXFP8 primary weights; not modelled under Megatron FSDP)"
 NO_GATHER = "fp8_param_gather False in that MXFP8 recipe: 16-bit primary weights, as typed"
 FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
@@ -158,11 +162,14 @@ def bridge_run(
     split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
     # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
     parts += megatron_layout(layout, split, userbuffers=tp > 1)
-    primary = gather and fp8 == "tensorwise"  # the recipes' fp8_param_gather, where modelled (per-tensor)
+    # the recipes' fp8_param_gather (MXFP8's with reuse_grad_buf_for_mxfp8_param_ag), where modelled: every
+    # recipe but MXFP8 under Megatron FSDP
+    primary = gather and not (fp8 == "mxfp8" and fsdp)
     parts += ["--fp8-param-gather"] if primary else []
     stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, zero, fp8)
     system = SYSTEMS[gpu]
-    note = "; ".join((note, PRIMARY if primary else NO_PRIMARY if gather else NO_GATHER, *notes))
+    kept = (PRIMARY_MX if fp8 == "mxfp8" else PRIMARY) if primary else NO_PRIMARY if gather else NO_GATHER
+    note = "; ".join((note, kept, *notes))
     return Run(name, f"{source}, {system}", stated, published, " ".join(parts), note)
 
 

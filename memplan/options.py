@@ -225,8 +225,8 @@ class Options(Frozen):
         default=False,
     )
     fp8_param_gather: bool = option(
-        "--impl megatron --fp8 tensorwise|delayed --zero 1|3: Megatron-LM's --fp8-param-gather, float8 "
-        "primary weights: the linears keep no 16-bit copy and are all-gathered in float8 (blocks/te_fp8.py)",
+        "--impl megatron --fp8 tensorwise|delayed --zero 1|3, mxfp8 --zero 1: Megatron-LM's "
+        "--fp8-param-gather (mxfp8: with --reuse-grad-buf-for-mxfp8-param-ag): no 16-bit linears (te_fp8.py)",
         STRATEGY,
         default=False,
     )

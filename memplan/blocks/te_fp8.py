@@ -65,8 +65,10 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   data is sharded instead and gathered per layer, its transpose made after each gather and dropped with
   it (``keep_fp8_transpose_cache = False``): no weight cache for the run, a gathered layer's linears
   ``copies`` bytes an element. With the distributed optimizer or Megatron FSDP and per-tensor recipes
-  only (``config.impl_rules.check_fp8_param_gather``); the per-step amax all-reduce of current scaling's
-  parameter casts (one fp32 a weight) is not charged;
+  only (``config.impl_rules.check_fp8_param_gather``), and MXFP8 under the distributed optimizer, whose
+  primary weights are the MXFP8 copies above and are gathered in 16-bit into the gradient buffer
+  (``float8_gathered``); the per-step amax all-reduce of current scaling's parameter casts (one fp32 a
+  weight) is not charged;
 - on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
   per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
   (``copies``) — 1 byte per weight element, one copy of a sequence-parallel input, dY cast once;
@@ -272,6 +274,15 @@ def primary_elements(setup: Setup, m: ModelConfig) -> int:
     copies (``weight_bytes`` each less) and the distributed optimizer gathers 1 byte of each, not
     ``weight_bytes`` (``time.comm.dp``)."""
     return linear_elements(m) if applies(setup) and setup.impl.fp8_param_gather else 0
+
+
+def float8_gathered(setup: Setup, m: ModelConfig) -> int:
+    """``primary_elements`` that the all-gathers move as float8 (1 byte an element): the per-tensor
+    recipes'. MXFP8's primary weights are gathered in 16-bit into the gradient buffer and cast to MXFP8 on
+    the copy out (Megatron's ``--reuse-grad-buf-for-mxfp8-param-ag``, which Megatron requires beside
+    ``--fp8-param-gather`` and Bridge's MXFP8 recipe sets: ``start_param_sync``, "The parameters are cast
+    from bf16 to MXFP8 during copy"): no 16-bit copy held between steps, 2 bytes an element gathered."""
+    return 0 if setup.impl.fp8 is Fp8Recipe.MXFP8 else primary_elements(setup, m)
 
 
 def fsdp_primary(setup: Setup) -> bool:

@@ -242,16 +242,19 @@ def check_fp8_param_gather(setup: Setup) -> None:
     """``--fp8-param-gather`` where it is modelled (``te_fp8.primary_elements``): Megatron's TE layers under
     a per-tensor recipe with the distributed optimizer (Megatron-LM's arguments.py: "--fp8-param-gather
     only supported with distributed optimizer", ZeRO 1) or Megatron FSDP (ZeRO 3, ``te_fp8.fsdp_primary``);
-    MXFP8's primary weights gather through Megatron's own buffers (``--reuse-grad-buf-for-mxfp8-param-ag``),
-    not modelled."""
+    MXFP8 with the distributed optimizer, as Megatron runs it with ``--reuse-grad-buf-for-mxfp8-param-ag``
+    (``te_fp8.float8_gathered``), not under Megatron FSDP."""
     if not setup.impl.fp8_param_gather:
         return
-    impl, per_tensor = setup.impl, (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED)
+    impl, recipes = setup.impl, (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.MXFP8)
+    zero, mx = setup.strategy.zero, impl.fp8 is Fp8Recipe.MXFP8
     why = (
-        "it is Megatron's, with Transformer Engine's per-tensor float8 (--impl megatron --fp8 tensorwise or "
-        "delayed)" if impl.impl is not Impl.MEGATRON or impl.fp8 not in per_tensor
+        "it is Megatron's, with Transformer Engine's per-tensor or MXFP8 float8 (--impl megatron --fp8 "
+        "tensorwise, delayed or mxfp8)" if impl.impl is not Impl.MEGATRON or impl.fp8 not in recipes
+        else "with --fp8 mxfp8 it is modelled with the distributed optimizer (--zero 1)"
+        if mx and zero is not ZeroStage.OPTIMIZER
         else "it is modelled with the distributed optimizer (--zero 1) or Megatron FSDP (--zero 3)"
-        if setup.strategy.zero not in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS)
+        if zero not in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS)
         else ""
     )  # fmt: skip
     if why:

@@ -55,9 +55,18 @@ def test_the_distributed_optimizer_gathers_float8() -> None:
 @pytest.mark.parametrize(
     ("flags", "why"),
     [
-        ("--impl megatron --zero 1 --dp 2", "it is Megatron's, with Transformer Engine's per-tensor float8"),
-        ("--fp8 tensorwise --zero 1 --dp 2", "it is Megatron's, with Transformer Engine's per-tensor float8"),
-        ("--impl megatron --fp8 mxfp8 --gpu b200 --zero 1 --dp 2", "per-tensor float8"),
+        (
+            "--impl megatron --zero 1 --dp 2",
+            "it is Megatron's, with Transformer Engine's per-tensor or MXFP8",
+        ),
+        (
+            "--fp8 tensorwise --zero 1 --dp 2",
+            "it is Megatron's, with Transformer Engine's per-tensor or MXFP8",
+        ),
+        (
+            "--impl megatron --fp8 mxfp8 --gpu b200 --zero 3 --dp 2",
+            "with --fp8 mxfp8 it is modelled with the",
+        ),
         (
             "--impl megatron --fp8 tensorwise --zero 2 --dp 2",
             "distributed optimizer (--zero 1) or Megatron FSDP",
@@ -138,6 +147,22 @@ def test_a_gathered_layer_holds_its_float8_copies() -> None:
         impl = ImplConfig(impl="megatron", fp8="tensorwise", fp8_param_gather=True, fp8_any_layout=any_layout)
         setup = base.replaced(impl=impl)
         assert te_fp8.fsdp_primary(setup) and te_fp8.gathered_saving(setup, setup.model) == saving
+
+
+def test_mxfp8_primary_weights_keep_no_16_bit_linears_and_gather_in_16_bit() -> None:
+    """MXFP8 under the distributed optimizer (Megatron's --reuse-grad-buf-for-mxfp8-param-ag, Bridge's
+    MXFP8 recipe): the linears' parameters are the MXFP8 copies TE would cache, their 16-bit values live in
+    the gradient buffer only while they are gathered — 2 B a linear element less over the 32 layers — and
+    the all-gather moves 16-bit data, cast to MXFP8 on the copy out: its bytes and the step unchanged."""
+    argv = (
+        "estimate -m llama-3-8b --seq 8192 --batch 2 --global-batch 128 --gpus 8 --gpu b200 --impl megatron "
+        "--fp8 mxfp8 --zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --json"
+    )
+    runs = [runner.invoke(app, (argv + extra).split()) for extra in ("", " --fp8-param-gather")]
+    plain, primary = (json.loads(r.stdout) for r in runs)
+    assert plain["memory"]["weights"] - primary["memory"]["weights"] == 2 * 32 * LAYER_8B
+    assert plain["time"]["communication"] == primary["time"]["communication"]
+    assert plain["time"]["step_time_s"] == primary["time"]["step_time_s"]
 
 
 def test_fit_searches_it_under_the_distributed_optimizer_and_its_rows_reproduce() -> None:

@@ -58,8 +58,8 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
     if zero is ZeroStage.NONE:
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py), by the
-    # distributed optimizer (ZeRO 1) or Megatron FSDP (ZeRO 3)
-    weights -= c.layers * te_fp8.primary_elements(s, c.result.pieces.setup.model) * (prec.weight_bytes - 1)
+    # distributed optimizer (ZeRO 1) or Megatron FSDP (ZeRO 3); MXFP8's in 16-bit
+    weights -= c.layers * te_fp8.float8_gathered(s, c.result.pieces.setup.model) * (prec.weight_bytes - 1)
     if zero is ZeroStage.OPTIMIZER:
         return [
             row(RS, Phase.STEP, grads, 1, reduce, "gradients"),
