@@ -51,6 +51,11 @@ distributed optimizer gathers into and reduces from its contiguous buffers, and 
 run DDP or DeepSpeed: none charged. NB: Composer's FSDP1 (the llm-foundry runs) gathers into the flat
 parameter the layers view (no copy-out) but builds the flat gradient by autograd's ``cat`` and casts and
 pre-divides it on its post-backward stream; typed as ZeRO-3, those runs are charged FSDP2's kernels.
+
+Megatron FSDP with float8 primary weights on Hopper (``fp8_transposed``): after each backward all-gather TE
+transposes the layer's float8 data for the dgrad GEMM (``nvte_transpose``, 2 bytes an element, on the
+compute stream); Blackwell reads the data as it is. Its gathers' own buffers are not charged (they are
+the collective's).
 """
 
 from __future__ import annotations
