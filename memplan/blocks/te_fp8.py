@@ -65,11 +65,11 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   data is sharded instead and gathered per layer, its transpose made after each gather and dropped with
   it (``keep_fp8_transpose_cache = False``): no weight cache for the run, a gathered layer's linears
   ``copies`` bytes an element (NB: ``time.fp8`` still charges the weight cast once a step over the stage's
-  weights, where each rank casts its 1/N shard: ≈ 0.2 % of Bridge's 8B H100 step). With the distributed optimizer or Megatron FSDP and per-tensor recipes
-  only (``config.impl_rules.check_fp8_param_gather``), and MXFP8 under the distributed optimizer, whose
-  primary weights are the MXFP8 copies above and are gathered in 16-bit into the gradient buffer
-  (``float8_gathered``); the per-step amax all-reduce of current scaling's parameter casts (one fp32 a
-  weight) is not charged;
+  weights, where each rank casts its 1/N shard: ≈ 0.2 % of Bridge's 8B H100 step). With the distributed
+  optimizer or Megatron FSDP and per-tensor recipes only (``config.impl_rules.check_fp8_param_gather``),
+  and MXFP8 under the distributed optimizer, whose primary weights are the MXFP8 copies above and are
+  gathered in 16-bit into the gradient buffer (``float8_gathered``); the per-step amax all-reduce of
+  current scaling's parameter casts (one fp32 a weight) is not charged;
 - on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
   per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
   (``copies``) — 1 byte per weight element, one copy of a sequence-parallel input, dY cast once;
