@@ -78,7 +78,7 @@ from memplan.strategies.pipeline_parallel import stage_layers
 from memplan.time import efficiency, gemm
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.fabric import Collective, collective_seconds, link
-from memplan.time.comm.rows import critical_stage, hidden_bytes
+from memplan.time.comm.rows import critical_stage, hidden_bytes, stride_in
 from memplan.time.compute import (
     StageFlops,
     attention_seconds,
@@ -115,22 +115,24 @@ def tp_layer_seconds(
     t = par.tp
     if t == 1 or not par.sp:
         return 0.0
-    on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.ORDER``)
+    on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.order``)
     rerun = 2 if ckpt >= Checkpointing.EVERY_K else 0  # a re-run layer's all-gathers, reduce-scatters
     gathers = (4 + rerun) * collective_seconds(Collective.ALL_GATHER, b * (gathered or x), t, on)
     scatters = (2 + rerun) * collective_seconds(Collective.REDUCE_SCATTER, b * x, t, on)
     return t * par.cp * (gathers + scatters) / b
 
 
-def pp_step_seconds(x: int, par: Parallel, gpu: GpuPreset, n: int, b: int = 1) -> float:
+def pp_step_seconds(x: int, par: Parallel, gpu: GpuPreset, n: int, b: int = 1, apart: int = 0) -> float:
     """The pipeline's sends that no compute hides, per device and step of ``n`` micro-batches of ``b``:
     ``comm.collectives.pp_rows``' one send of ⌊X/t⌋ each way for every micro-batch and chunk
     (``Overlap.NONE``; ``predict`` adds them after the bubble), X = b·x bytes (x one sequence's,
     ``Sequence.hidden_bytes``), each as ``comm.fabric.collective_seconds`` times it; without sp the
-    receivers' all-gathers left out (``fit`` searches tp > 1 with sp only). 0 without a pipeline."""
+    receivers' all-gathers left out (``fit`` searches tp > 1 with sp only). 0 without a pipeline.
+    ``apart``: the stages' stride (``comm.rows.stride``: tp·cp, or tp·cp·dp where pp is outermost); 0 for
+    tp·cp."""
     if par.pp == 1:
         return 0.0
-    on = link(calibrated_topology(gpu), par.tp * par.cp, 2)  # two neighbouring stages, tp·cp apart
+    on = link(calibrated_topology(gpu), apart or par.tp * par.cp, 2)  # two neighbouring stages
     return 2 * par.vpp * n * collective_seconds(Collective.SEND_RECV, b * x // par.tp, 2, on)
 
 
@@ -336,9 +338,11 @@ class Bound:
         if counts_key not in self._counts:
             self._counts[counts_key] = stage_layers(base.model.num_layers, par)
         busy = self.global_batch * par.pp * one.busiest(self._counts[counts_key]) / self.gpus
-        sends_key = (one.hidden_bytes, par.tp, par.cp, par.pp, par.vpp, n, b)
+        sends_key = (one.hidden_bytes, par.tp, par.cp, par.pp, par.vpp, n, b, dp)
         if sends_key not in self._sends:
-            self._sends[sends_key] = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b)
+            degrees = {"tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": dp}
+            apart = stride_in(base.impl.impl, degrees, "pp")  # the implementation's placement
+            self._sends[sends_key] = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b, apart)
         sends = self._sends[sends_key]
         # less a billionth: the prediction adds the same terms in another order (rounding)
         return (busy * (1 + (par.pp - 1) / (par.vpp * n)) + sends) * (1 - 1e-9)

@@ -181,7 +181,7 @@ def test_pp2_by_dp2_zero3_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> 
     est, result = pp2_dp2
     assert result["equal"] is True
     coords = [(r["coords"]["dp"], r["coords"]["pp"]) for r in result["ranks"]]
-    assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # pp inside dp (time/comm/collectives.py's ORDER)
+    assert coords == [(0, 0), (0, 1), (1, 0), (1, 1)]  # pp inside dp (time/comm/rows.py's ORDER)
     p = est.setup.parallel.pp
     for rank in result["ranks"]:
         _check_stage(est, rank)

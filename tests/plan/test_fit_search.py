@@ -598,25 +598,35 @@ def test_the_bounds_ring_copies_claim(rotate: str, cp: int) -> None:
         assert tp * copies(1, tp) >= one
 
 
-@pytest.mark.parametrize(("tp", "pp", "vpp", "cp", "b"), [(8, 16, 8, 1, 1), (4, 8, 1, 2, 2), (1, 4, 2, 8, 1)])
-def test_the_bounds_pipeline_sends_are_pp_rows(tp: int, pp: int, vpp: int, cp: int, b: int) -> None:
+@pytest.mark.parametrize(
+    ("tp", "pp", "vpp", "cp", "b", "impl"),
+    [(8, 16, 8, 1, 1, "reference"), (4, 8, 1, 2, 2, "reference"), (1, 4, 2, 8, 1, "reference"),
+     (8, 16, 2, 1, 1, "megatron"), (4, 8, 1, 2, 2, "megatron")],
+)  # fmt: skip
+def test_the_bounds_pipeline_sends_are_pp_rows(
+    tp: int, pp: int, vpp: int, cp: int, b: int, impl: str
+) -> None:
     """``pp_step_seconds`` against ``pp_rows`` of the stage: one send of X/t each way for every micro-batch
     and chunk, each its bytes over the sender's rate + latency; the bound (from the reference sequence's
-    hidden bytes) is those rows exactly."""
+    hidden bytes) is those rows exactly — the stages tp·cp apart, or tp·cp·dp where the implementation
+    places pp outermost (Megatron: ``Bound.seconds`` passes ``stride_in``'s)."""
     from memplan.engine import estimate
     from memplan.search.bound import pp_step_seconds
     from memplan.time.calibration import calibrated_topology
     from memplan.time.comm.collectives import pp_rows
-    from memplan.time.comm.rows import critical_stage
+    from memplan.time.comm.rows import critical_stage, stride
 
     gpus, batch = 16384, 2048
     dp = gpus // (tp * pp * cp)
     virtual = virtual_layers(126, pp, vpp) if vpp > 1 else None
     par = Parallel(tp=tp, sp=tp > 1, pp=pp, vpp=vpp, pp_layers=virtual, cp=cp)
     setup = build_setup("405b", seq=8192, batch=b, parallel=par, dp=dp, zero=1, grad_accum=batch // (b * dp))
+    setup = setup.replaced(impl=setup.impl.replaced(impl=Impl(impl)))
     rows = pp_rows(critical_stage(estimate(setup)), calibrated_topology(H100))
     x = Bound(H100, gpus, batch).sequence(setup, Checkpointing.NONE, Attention.FLASH, par).hidden_bytes
-    bound = pp_step_seconds(x, par, H100, batch // (b * dp), b)
+    apart = tp * cp * (1 if impl == "reference" else dp)
+    assert apart == stride(setup, "pp")
+    bound = pp_step_seconds(x, par, H100, batch // (b * dp), b, apart)
     assert bound > 0
     assert sum(r.time_s for r in rows) == pytest.approx(bound, rel=1e-12)
 

@@ -5,7 +5,7 @@ runs ``run_rank`` itself and rank 0 gets every rank's report; otherwise ``launch
 ``torch.multiprocessing`` on a free localhost port, and each rank writes its report to a file the parent
 reads. Backend gloo on CPU, NCCL on CUDA (one GPU per process, ``LOCAL_RANK``). The mesh is
 ``(dp, pp, tp)``, tp the innermost (adjacent ranks), as Megatron and torchtitan place it
-(time/comm/collectives.py's ``ORDER``).
+(time/comm/rows.py's ``ORDER``).
 
 One rank's step (``parallelize.build``: TP/SP with DTensor, ZeRO-2/3 with FSDP2, ZeRO-1 with
 ``zero1.Zero1Optimizer``; with pp the rank's stage run by ``Schedule1F1B`` over grad_accum micro-batches,
@@ -81,7 +81,7 @@ def _device(cuda: bool) -> str:
 
 
 def _mesh(setup: Setup, cuda: bool) -> DeviceMesh:
-    """(dp, pp, tp), tp the innermost: time/comm/collectives.py's ORDER (Llama 3's tp, cp, pp, dp)."""
+    """(dp, pp, tp), tp the innermost: time/comm/rows.py's ORDER (Llama 3's tp, cp, pp, dp)."""
     dp, pp, tp = setup.strategy.dp, setup.parallel.pp, setup.parallel.tp
     return init_device_mesh("cuda" if cuda else "cpu", (dp, pp, tp), mesh_dim_names=("dp", "pp", "tp"))
 

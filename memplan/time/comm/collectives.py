@@ -13,9 +13,11 @@ Time of one call and the link a group runs on: ``fabric`` (ring and tree, a grou
 step).
 
 Placement: ranks are numbered with tp innermost, then cp, pp and dp outward (Llama 3, Dubey et al. 2024
-§3.3.2: "[TP, CP, PP, DP]"); a group's ranks on one node follow from the strides (``per_node``). Expert
-parallelism takes its ranks from dp (stride tp·cp·pp); HSDP's shard group is dp's innermost R ranks, its
-replicas R·tp·cp·pp apart.
+§3.3.2: "[TP, CP, PP, DP]"; memplan's reference), or, under Megatron and torchtitan, tp, cp, dp and pp
+outermost (Megatron-core's default ``order="tp-cp-ep-dp-pp"``, torchtitan's mesh ``["pp", "dp_replicate",
+"dp_shard", "cp", "tp"]``: ``comm.rows.order``); a group's ranks on one node follow from the strides
+(``per_node``). Expert parallelism takes its ranks from dp, innermost (dp's stride); HSDP's shard group is
+dp's innermost R ranks, its replicas R × dp's stride apart.
 
 Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4.2.2, Narayanan et al. 2021):
 - tp without sp: per layer two all-reduces of X in forward (after the attention and MLP row-parallel
@@ -58,8 +60,9 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   dimensions carries s/cp tokens; dp's gradients and ZeRO shards run over dp × cp.
 
 Adding a dimension: write one row function ``(Critical, Topology) → list[Row]`` below and append it to
-``ROWS``; give its degree a place in ``comm.rows.ORDER`` so the groups outside it get their stride. The
-vocabulary (``Row``, ``Critical``, ``Overlap``, placement) is ``time.comm.rows``; dp's rows ``time.comm.dp``.
+``ROWS``; give its degree a place in ``comm.rows.ORDER`` and ``PP_OUTERMOST`` (and ``stride``'s degrees) so
+the groups outside it get their stride. The vocabulary (``Row``, ``Critical``, ``Overlap``, placement) is
+``time.comm.rows``; dp's rows ``time.comm.dp``.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
 each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's;

@@ -1,16 +1,16 @@
 """The vocabulary of ``time.comm.collectives``'s table: a collective's phase and what it overlaps (``Phase``,
 ``Overlap``), one row (``Row``), the busiest pipeline stage whose device the rows describe (``Critical``),
-and the ranks' placement ([TP, CP, PP, DP], tp innermost: ``ORDER``, ``stride``)."""
+and the ranks' placement (tp innermost; [TP, CP, PP, DP] or, under Megatron and torchtitan, [TP, CP, DP,
+PP]: ``order``, ``stride``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from memplan.analytic.params import ParamCount
-from memplan.config import Checkpointing, Setup
+from memplan.config import Checkpointing, Impl, Setup
 from memplan.engine import Result
 from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time.comm.fabric import Collective, Link, collective_seconds
@@ -142,22 +142,36 @@ def critical_stage(r: Result) -> Critical:
     return Critical(r, i, counts[i], stage_params(r.pieces.params, st, r.setup.model.tied_embeddings, par.pp))
 
 
-ORDER: tuple[tuple[str, Callable[[Setup], int]], ...] = (
-    ("tp", lambda s: s.parallel.tp),
-    ("cp", lambda s: s.parallel.cp),  # Llama 3's order: tp, cp, pp, dp
-    ("pp", lambda s: s.parallel.pp),
-    ("dp", lambda s: s.strategy.dp),
-)
-"""The parallel dimensions, innermost first: a group's stride is the product of the degrees before it."""
+ORDER = ("tp", "cp", "pp", "dp")
+"""The parallel dimensions, innermost first: a group's stride is the product of the degrees before it.
+memplan's reference (``measure.distributed.nproc``'s (dp, pp, tp) mesh) and Llama 3 (Dubey et al. 2024
+§3.3.2, "[TP, CP, PP, DP]") place the pipeline inside data parallelism."""
+PP_OUTERMOST = ("tp", "cp", "dp", "pp")
+"""Megatron-core's and torchtitan's placement, pp outermost: ``initialize_model_parallel(order=
+"tp-cp-ep-dp-pp")`` (megatron/core/parallel_state.py's default; its expert parallelism the innermost of dp,
+as memplan places it) and torchtitan's device mesh ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``
+(torchtitan/distributed/parallel_dims.py; HSDP's shard group inside its replicas, as memplan places it)."""
+
+
+def order(impl: Impl) -> tuple[str, ...]:
+    """The placement of an implementation's ranks (``ORDER``, ``PP_OUTERMOST``)."""
+    return PP_OUTERMOST if impl in (Impl.MEGATRON, Impl.TORCHTITAN) else ORDER
+
+
+def stride_in(impl: Impl, degrees: dict[str, int], dimension: str) -> int:
+    """``dimension``'s stride under ``impl``'s placement, from the degrees of the dimensions inside it."""
+    out = 1
+    for name in order(impl):
+        if name == dimension:
+            return out
+        out *= degrees[name]
+    raise ValueError(f"dimension: {dimension!r} is not one of {list(ORDER)}")
 
 
 def stride(setup: Setup, dimension: str) -> int:
-    out = 1
-    for name, degree in ORDER:
-        if name == dimension:
-            return out
-        out *= degree(setup)
-    raise ValueError(f"dimension: {dimension!r} is not one of {[n for n, _ in ORDER]}")
+    par = setup.parallel
+    degrees = {"tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": setup.strategy.dp}
+    return stride_in(setup.impl.impl, degrees, dimension)
 
 
 def rank_tokens(setup: Setup) -> int:
