@@ -78,7 +78,8 @@ Not typed, each run's note says which (memplan has no option for them):
   cross entropy. TE's attention backend is not set (TE chooses): memplan's default kernel.
 
 Left out, with the reason:
-- DGX-GB200 and DGX-GB300 rows: typed in benchmarks/heldout_bridge_gb.py (the gb200 and gb300 presets).
+- DGX-GB200 and DGX-GB300 rows: typed in benchmarks/heldout_bridge_gb.py (the gb200 and gb300 presets), the
+  BF16 Qwen3 235B-A22B rows in benchmarks/heldout_bridge_moe.py.
 - GPT OSS 120B (BF16, H100 and B200): memplan models gpt-oss's sliding-window and sink attention under
   ``--impl hf`` only ("sliding_window_pattern: modelled for transformers' code only"): Megatron's run
   cannot be typed. (The H100 row's GA 2 also disagrees with its own layout: 64 GPUs at PP 4 leave dp 16,

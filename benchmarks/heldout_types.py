@@ -1,6 +1,6 @@
 """The held-out set's records (benchmarks/heldout.py, heldout_nemo.py, heldout_bridge.py,
-heldout_bridge_more.py, heldout_bridge_gb.py): a run's configuration as its source states it, and the run
-itself: where it is stated, how it is typed, what it measured."""
+heldout_bridge_more.py, heldout_bridge_gb.py, heldout_bridge_moe.py): a run's configuration as its source
+states it, and the run itself: where it is stated, how it is typed, what it measured."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class Stated:
     pp: int = 1
     vpp: int = 1
     """Virtual stages per pipeline rank (Megatron's interleaved schedule; NeMo's table's VP)."""
+    ep: int = 1
+    """Expert-parallel degree (``--ep``; Megatron-Bridge's table's EP, its ranks taken from dp)."""
     zero: int = 3
     reduce_dtype: str | None = "fp32"
     """None: memplan's default for the implementation (the source states none)."""
@@ -83,12 +85,15 @@ def megatron_stated(
     layout: tuple[int, int, int, int],
     zero: int,
     fp8: str,
+    *,
+    ep: int = 1,
 ) -> Stated:
     """What a Megatron-core row's table states (NeMo's, Megatron-Bridge's): ``sizes`` its (GPUs, sequence,
-    MBS, GBS), ``layout`` its (TP, PP, CP, VP); gradients reduced in bf16 (their configs' reading)."""
+    MBS, GBS), ``layout`` its (TP, PP, CP, VP), ``ep`` its EP (mixtures of experts); gradients reduced in
+    bf16 (their configs' reading)."""
     gpus, seq, mbs, gbs = sizes
     tp, pp, cp, vp = layout
     return Stated(
-        model, gpus, gpu, seq, mbs, gbs, tp=tp, cp=cp, pp=pp, vpp=vp, zero=zero, reduce_dtype="bf16", fp8=fp8,
-        impl="megatron",
+        model, gpus, gpu, seq, mbs, gbs, tp=tp, cp=cp, pp=pp, vpp=vp, ep=ep, zero=zero, reduce_dtype="bf16",
+        fp8=fp8, impl="megatron",
     )  # fmt: skip

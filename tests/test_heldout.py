@@ -11,6 +11,7 @@ import pytest
 from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown, predict
 from benchmarks.heldout_bridge import BRIDGE_RUNS
 from benchmarks.heldout_bridge_gb import BRIDGE_GB_RUNS
+from benchmarks.heldout_bridge_moe import BRIDGE_MOE_RUNS
 from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
@@ -76,6 +77,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["cp"],
             s["pp"],
             s["vpp"],
+            s["ep"],
             s["zero"],
             s["checkpointing"],
             s["reduce_dtype"],
@@ -102,6 +104,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.cp,
             st.pp,
             st.vpp,
+            st.ep,
             st.zero,
             st.checkpointing,
             st.reduce_dtype,
@@ -490,3 +493,79 @@ def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dic
         assert s["micro_batches"] == ga, run.name
         assert s["tp_comm_overlap"] == (st.tp > 1), run.name
         assert s["fp8_param_gather"] == (kind == "FP8-CS" or not fsdp), run.name
+
+
+BRIDGE_MOE_ROWS = {
+    # Megatron-Bridge docs/performance-summary.md (df0289c), "25.11 NeMo Container", the BF16 Qwen3 235B-A22B
+    # rows of DGX-GB300 and DGX-GB200 as printed: (release, system, model, precision) → (#-GPUs, GBS, MBS,
+    # sequence, FSDP, TP, PP, CP, VP, EP, GA), tokens/s/GPU (the FP8-MX rows of 26.02 and 25.11's other MoE
+    # rows are left out: heldout_bridge_moe.py)
+    ("25.11", "DGX-GB300", "Qwen3_235B_a22B", "BF16"): ((256, 8192, 2, 4096, 0, 1, 4, 1, 12, 16, 32), 6131),
+    ("25.11", "DGX-GB200", "Qwen3_235B_a22B", "BF16"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 3, 32, 256), 4916),
+}
+MOE_GA_AS_LAID_OUT = {
+    # rows whose printed GA is not GBS / (MBS × dp): the micro-batches their layout makes (GB300: dp 64,
+    # 8192 / (2 × 64) = 64, printed 32), which the typed run takes
+    ("25.11", "DGX-GB300", "Qwen3_235B_a22B", "BF16"): 64,
+}
+
+
+def test_bridge_moe_rows_as_printed() -> None:
+    """Both BF16 Qwen3 235B-A22B rows of the 25.11 DGX-GB300 and DGX-GB200 tables are in the set once, with
+    the table's figures, on the gb300 and gb200 presets; GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP),
+    except where the printed GA disagrees with the row's own layout (``MOE_GA_AS_LAID_OUT``)."""
+    assert len(BRIDGE_MOE_RUNS) == len(BRIDGE_MOE_ROWS) == 2
+    got = {}
+    for run in BRIDGE_MOE_RUNS:
+        st = run.stated
+        release = run.source.split("(", 1)[1].split(")", 1)[0]
+        system = run.source.rsplit(", ", 1)[1]
+        key = (release, system, "Qwen3_235B_a22B", "BF16")
+        assert (st.model, st.fp8, st.gpu) == ("qwen3-235b-a22b", "none", BRIDGE_GPU[system]), run.name
+        assert run.name.endswith(f"({release})"), run.name
+        dp = st.gpus // (st.tp * st.pp * st.cp)
+        ga = st.global_batch // (st.micro_batch * dp)
+        printed = BRIDGE_MOE_ROWS[key][0][-1]
+        assert ga == MOE_GA_AS_LAID_OUT.get(key, printed), run.name
+        layout = (int(st.zero == 3), st.tp, st.pp, st.cp, st.vpp, st.ep, printed)
+        got[key] = ((st.gpus, st.global_batch, st.micro_batch, st.seq, *layout), run.published)
+    assert got == BRIDGE_MOE_ROWS
+
+
+def test_bridge_moe_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """The 25.11 BF16 Qwen3 235B-A22B rows (heldout_bridge_moe.py): Megatron-core in BF16 (no float8), the
+    distributed optimizer with overlapped gradient and parameter sync, gradients in bf16
+    (grad_reduce_in_fp32 False), clipping at 1.0, no recompute, no offload (set_qwen3_common_configs, the
+    library recipe, the V2 presets), TP 1 (no SP, TE's userbuffers moot), the printed EP taken from dp, the
+    micro-batches GBS / (MBS × dp); the 94 layers split with account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split: (94 + 2)/(PP·VP) a virtual stage, one fewer at each end — PP 4 × VP
+    12: 2, and 1 at the ends; PP 8 × VP 3: 4, and 3."""
+    for run in BRIDGE_MOE_RUNS:
+        s, st = predicted[run.name]["setup"], run.stated
+        assert (s["impl"], s["fp8"], s["precision"], s["zero"]) == ("megatron", "none", "bf16-mixed", 1), (
+            run.name
+        )
+        assert s["overlap_grad_reduce"] and s["overlap_param_gather"] and s["clip_grad"], run.name
+        assert (s["reduce_dtype"], s["checkpointing"], s["offload"]) == ("bf16", "none", "none"), run.name
+        assert (s["tp"], s["sp"], s["cp"], s["tp_comm_overlap"], s["seq_len"]) == (1, False, 1, False, 4096)
+        dp = st.gpus // (st.pp * st.cp * st.tp)
+        assert (s["ep"], s["dp"]) == (st.ep, dp) and dp % st.ep == 0, run.name
+        assert s["micro_batches"] == st.global_batch // (st.micro_batch * dp), run.name
+        want = [
+            _megatron_layers_to_build(94, st.pp, st.vpp, v % st.pp, v // st.pp) for v in range(st.pp * st.vpp)
+        ]
+        per = 96 // (st.pp * st.vpp)
+        assert sum(want) == 94 and want[0] == want[-1] == per - 1 and set(want[1:-1]) == {per}, run.name
+        assert s["pp_layers"] == want, run.name
+
+
+def test_bridge_moe_model_is_the_providers() -> None:
+    """memplan's qwen3-235b-a22b is Megatron-Bridge's Qwen3MoEModelProvider235B_A22B (qwen_provider.py,
+    07d0d14): 94 layers, hidden 4096, 64 heads of 128, 4 query groups, moe_ffn_hidden_size 1536, 128 experts,
+    top-8, vocabulary 151,936 (a multiple of 128: no padding at TP 1), untied embeddings, no shared expert."""
+    m = load_model("qwen3-235b-a22b").model
+    moe = m.moe
+    assert moe is not None
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.head_dim, m.num_kv_heads) == (94, 4096, 64, 128, 4)
+    assert (m.ffn_size, moe.experts, moe.top_k, m.vocab_size) == (1536, 128, 8, 151936)
+    assert m.vocab_size % 128 == 0 and not m.tied_embeddings and not moe.shared_experts
