@@ -106,13 +106,13 @@ GB200's; less them both would fit (about 201 and 117 GiB). Megatron-core's own M
 (TEGroupedMLP, the fused permutation) were not read at a commit (the stored NVIDIA/Megatron-LM copies of
 experts.py and token_dispatcher.py, 00358e5 and bed33f8, predate them): the figures are memplan's side.
 
-Placement: memplan numbers ranks [TP, CP, PP, DP] with expert parallelism inside dp (stride tp·cp·pp,
-time/comm/collectives.py); Megatron-core's ``initialize_model_parallel`` defaults to ``order =
-"tp-cp-ep-dp-pp"`` (megatron/core/parallel_state.py at 934c826), pp outermost, so at TP 1 and CP 1 its EP
-group is EP consecutive ranks. GB200's EP 32 at PP 8 spans all 256 ranks in memplan — across the 72-GPU
-NVLink domains, over the NICs (51.8 s of the predicted 67.8 s step exposed in its all-to-alls) — where
-Megatron's 32 consecutive ranks sit in one NVL72 domain; GB300's EP 16 at PP 4 spans 64 ranks, inside one
-domain either way. The GB200 row's error is that placement's first.
+Placement: typed first when memplan numbered every implementation's ranks [TP, CP, PP, DP] (expert
+parallelism inside dp, stride tp·cp·pp), GB200's EP 32 at PP 8 spanned all 256 ranks — across the 72-GPU
+NVLink domains, over the NICs (51.8 s of a predicted 67.8 s step exposed in its all-to-alls: −60.7 %) —
+where Megatron-core's ``initialize_model_parallel`` defaults to ``order = "tp-cp-ep-dp-pp"``
+(megatron/core/parallel_state.py at 934c826), pp outermost, its EP group 32 consecutive ranks inside one
+NVL72 domain. memplan places Megatron's (and torchtitan's) ranks so since (``comm.rows.order``): GB200
++27.2 %, GB300 +7.3 % (EP 16 at PP 4 inside one domain either way).
 
 Left out, with the reason:
 - The 26.02 section's Qwen3 235B-A22B and 30B-A3B rows (FP8-MX) and 25.11's Qwen3 30B-A3B (FP8-MX):
@@ -145,10 +145,7 @@ PRESET_GB200 = (
     "layout as the table prints it; no stored BF16 preset has it (f29a269's and 01b2977's GB200_BF16_V2: "
     "PP 8, EP 8, no VP; 01b2977's GB200_FP8_MX_V2: PP 8, VP 3, EP 32)"
 )
-PLACED_GB200 = (
-    "memplan places EP 32 at stride PP 8 (ranks [TP, CP, PP, DP]): across the NVL72 domains, over the NICs; "
-    "Megatron's tp-cp-ep-dp-pp order keeps it in 32 consecutive ranks"
-)
+PLACED_GB200 = "EP 32 in 32 consecutive ranks (Megatron's tp-cp-ep-dp-pp order): inside one NVL72 domain"
 GA_GB300 = (
     "the printed GA 32 disagrees with the row's layout: 8192 / (2 × dp 64) = 64 micro-batches, as typed"
 )
