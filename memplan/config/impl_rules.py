@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memplan.config.hf_rules import check_family_layout, check_qk_norm, hf_only_code
-from memplan.config.impl import Fp8Recipe, FsdpWrap, Impl
+from memplan.config.impl import ExpertsImpl, Fp8Recipe, FsdpWrap, Impl
 from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Attention, Checkpointing, Device, ZeroStage
@@ -267,6 +267,18 @@ def check_compile_loss(setup: Setup) -> None:
         raise ValueError(
             "compile_loss: --no-compile-loss says torchtitan's --compile leaves the loss eager; it needs "
             "--impl torchtitan --compile (drop --no-compile-loss)"
+        )
+
+
+def check_experts(setup: Setup) -> None:
+    """``--experts eager`` where it is read: transformers' ``experts_implementation`` (``blocks.hf.moe``), a
+    mixture of experts under ``--impl hf``; elsewhere it would change nothing, so one line says so."""
+    if setup.impl.experts is ExpertsImpl.GROUPED_MM:
+        return
+    if setup.impl.impl is not Impl.HF or setup.model.moe is None:
+        raise ValueError(
+            f"experts: --experts {setup.impl.experts.value} is transformers' experts_implementation, read "
+            "for a mixture of experts under --impl hf; drop it"
         )
 
 

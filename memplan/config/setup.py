@@ -22,6 +22,7 @@ from memplan.config.hf_rules import check_flash_attn, check_hf_only, hf_only_cod
 from memplan.config.impl import Impl, ImplConfig
 from memplan.config.impl_rules import (
     check_compile_loss,
+    check_experts,
     check_fp8,
     check_fsdp_wrap,
     check_impl,
@@ -226,6 +227,7 @@ def check_setup(setup: Setup) -> None:
         check_flash_attn(setup)
     check_fp8(setup)  # every --impl: torchao's recipes or Transformer Engine's
     check_compile_loss(setup)
+    check_experts(setup)
     check_fsdp_wrap(setup)
     if setup.impl.impl is not Impl.REFERENCE:
         check_impl(setup)

@@ -186,3 +186,17 @@ def test_the_mlp_backward_buffers_grow_with_the_expert_slots(
     s = Setup(model=m, training=TrainingConfig(seq_len=T))
     assert mx.mlp_backward_extra(s, m.moe) == extra
     assert mx.mlp_backward_extra(s, None) == 0
+
+
+@pytest.mark.parametrize(
+    "argv", ["-m mixtral-8x7b --impl megatron", "-m mixtral-8x7b", "-m llama-3-8b --impl hf"]
+)
+def test_eager_experts_outside_transformers_moe_is_one_line(argv: str) -> None:
+    """``--experts eager`` is read by transformers' MoE blocks only; anywhere else it would change nothing."""
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+
+    r = CliRunner().invoke(app, ["estimate", *argv.split(), "--experts", "eager"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: experts: --experts eager is transformers'")
+    assert r.stderr.count("\n") == 1
