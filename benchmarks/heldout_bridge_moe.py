@@ -91,20 +91,21 @@ Not typed (each row's note says which):
   memplan's fused Adam), ``overlap_param_gather_with_optimizer_step``, HybridEP's SM count, the router's
   fusion and its auxiliary loss (blocks/moe.py: not counted), TE's fused cross entropy.
 
-memplan's verdict: neither row fits the GPU (``fit.fits`` false) though both ran: GB300 reserves 325.0 GiB
-of 273.2 GiB usable (activations 292.7 GiB: 98 layer-micro-batches in flight on the busiest stage, 2.99 GiB
-each); GB200 190.8 of 183.0 GiB (116 in flight, 1.49 GiB each). Neither recipe recomputes or offloads (the
-readings above), so this is memplan's activation model, not a setting left untyped: memplan's Megatron MoE
-layer is its reference MoE (blocks/megatron.py, "Known limitations": "MoE token dispatchers (the reference
-MoE)"), whose combine keeps the expert output and ``index_add_``'s source, two [S, h] tensors a layer
-(blocks/moe.py; S = T·k: 1 GiB a layer-micro-batch at MBS 2), and Qwen3's q/k norms are its unfused
-RMSNorms (blocks/norm.py ``rms_rules``: the fp32 input and the normalised output kept) where Megatron-core's
-TE layer spec builds ``q_layernorm = TENorm`` (stored copies of gpt_layer_specs.py in Megatron-LM forks; the
-stored NVIDIA copy, efbfb5f, predates qk_layernorm), a fused norm as memplan's pre-norms are (16-bit input
-and fp32 statistics). Those two terms are 98.0 + 26.0 GiB of GB300's reserved peak and 58.0 + 15.4 GiB of
-GB200's; less them both would fit (about 201 and 117 GiB). Megatron-core's own MoE saves at 25.11
-(TEGroupedMLP, the fused permutation) were not read at a commit (the stored NVIDIA/Megatron-LM copies of
-experts.py and token_dispatcher.py, 00358e5 and bed33f8, predate them): the figures are memplan's side.
+memplan's verdict, when the rows were typed: neither fitted the GPU (``fit.fits`` false) though both ran:
+GB300 reserved 325.0 GiB of 273.2 GiB usable (activations 292.7 GiB: 98 layer-micro-batches in flight on
+the busiest stage, 2.99 GiB each); GB200 190.8 of 183.0 GiB (116 in flight, 1.49 GiB each). Neither
+recipe recomputes or offloads (the readings above), so this is memplan's activation model, not a setting
+left untyped: memplan's Megatron MoE layer is its reference MoE (blocks/megatron.py, "Known limitations":
+"MoE token dispatchers (the reference MoE)"), whose combine keeps the expert output and ``index_add_``'s
+source, two [S, h] tensors a layer (blocks/moe.py; S = T·k: 1 GiB a layer-micro-batch at MBS 2) — 98.0
+GiB of GB300's peak, 58.0 of GB200's; and Qwen3's q/k norms were memplan's unfused RMSNorms (the fp32
+input and the normalised output kept) where Megatron-core's TE layer spec builds ``q_layernorm = TENorm``
+(stored copies of gpt_layer_specs.py in Megatron-LM forks; the stored NVIDIA copy, efbfb5f, predates
+qk_layernorm) — 26.0 and 15.4 GiB. The q/k norms are now TE's fused norms under ``--impl megatron``
+(``blocks.norm.qk_norm_rules``): GB300 298.0 GiB reserved (does not fit), GB200 175.4 of 177.9 (fits, as
+it ran). Megatron-core's own MoE saves at 25.11 (TEGroupedMLP, the fused permutation) were not read at a
+commit (the stored NVIDIA/Megatron-LM copies of experts.py and token_dispatcher.py, 00358e5 and bed33f8,
+predate them): the MoE figure is memplan's side.
 
 Placement: typed first when memplan numbered every implementation's ranks [TP, CP, PP, DP] (expert
 parallelism inside dp, stride tp·cp·pp), GB200's EP 32 at PP 8 spanned all 256 ranks — across the 72-GPU
@@ -135,7 +136,7 @@ NOTE = (
     "parameter sync, gradients in bf16, no AC, embedding and loss counted in the pipeline split, "
     "force-balanced dropless routing (memplan's S/ep a rank), no expert-parallel overlap, as its "
     "performance recipes set them; memplan's Megatron MoE layer is its reference MoE (the combine's two "
-    "[S, h] saves) and Qwen3's q/k norms its unfused RMSNorms; use_precision_aware_optimizer, "
+    "[S, h] saves); use_precision_aware_optimizer, "
     "overlap_param_gather_with_optimizer_step and the HybridEP dispatcher not modelled"
 )
 GRAPHS_GB300 = "TE CUDA graphs (moe_router, moe_preprocess) not modelled"

@@ -251,3 +251,23 @@ def test_gemma3_keeps_a_second_rotary_table_for_its_full_attention_layers(patter
         ("rope.full_sin", (S, D), "BF16", Role.ROPE_TABLE),
     ]
     assert rules == table + (full if tables == 2 else [])
+
+
+def test_megatron_q_and_k_norms_are_te_fused_rms_norms() -> None:
+    """Megatron-core's TE layer spec builds ``q_layernorm`` / ``k_layernorm`` as ``TENorm`` (TE's fused
+    RMSNorm): each keeps its input as it comes (bf16) and the fp32 rstd of every head-vector, no fp32 copy
+    and no normalised output (the reference's unfused RMSNorm keeps those)."""
+    from memplan.blocks.norm import qk_norm_rules
+
+    kv = 2
+    setup = build({"num_kv_heads": kv, "qk_norm": True}, FLASH, MEGATRON)
+    saves = [(r.name, r.shape, r.dtype.name) for r in qk_norm_rules(setup, Dims.of(setup))]
+    assert saves == [
+        ("attn.q_norm.input", (2, A, S, D), "BF16"),
+        ("attn.q_norm.rstd", (2, A, S, 1), "FP32"),
+        ("attn.k_norm.input", (2, kv, S, D), "BF16"),
+        ("attn.k_norm.rstd", (2, kv, S, 1), "FP32"),
+    ]
+    reference = build({"num_kv_heads": kv, "qk_norm": True}, FLASH, ImplConfig())
+    names = [r.name for r in qk_norm_rules(reference, Dims.of(reference))]
+    assert "attn.q_norm.normed" in names

@@ -58,12 +58,15 @@ def fused_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     ]
 
 
-def compiled_rms_rules(block: Block, prefix: str, shape: tuple[int, ...], act: DType) -> list[Rule]:
+def compiled_rms_rules(
+    block: Block, prefix: str, shape: tuple[int, ...], act: DType, why: str = ""
+) -> list[Rule]:
     """An RMSNorm inside a compiled block (``Profile.compiled_block``): the partitioner keeps x in the
     activation dtype and the fp32 rstd, and recomputes the fp32 upcast x32 and x32·rstd in backward
-    (cheaper to rebuild by one element-wise pass than to keep in fp32)."""
+    (cheaper to rebuild by one element-wise pass than to keep in fp32). A fused RMSNorm kernel (TE's
+    ``RMSNorm``: ``Profile.fused_norm``) keeps the same two (``why`` says which)."""
     stats = (*shape[:-1], 1)
-    why = "kept by the compiled block: backward recomputes x32 and x32·rstd from x and rstd"
+    why = why or "kept by the compiled block: backward recomputes x32 and x32·rstd from x and rstd"
     return [
         save(block, prefix + "input", shape, act, R.NORM_INPUT, why),
         save(block, prefix + "rstd", stats, FP32, R.NORM_STATS, "rsqrt output: its derivative is -½·rstd³"),
@@ -134,6 +137,10 @@ def qk_norm_rules(setup: Setup, dims: Dims) -> list[Rule]:
     if not setup.model.qk_norm:
         return []
     b, s, d = dims.b, dims.s, dims.d
+    if profile_of(setup).fused_norm:  # Megatron-core's TE layer spec: q_layernorm = k_layernorm = TENorm
+        why = "the fused norm's backward rebuilds x̂ from x"
+        q = compiled_rms_rules(Block.ATTN, "q_norm.", (b, dims.a, s, d), dims.act, why)
+        return q + compiled_rms_rules(Block.ATTN, "k_norm.", (b, dims.kv, s, d), dims.act, why)
     if profile_of(setup).compiled_block:  # the projections' outputs and rstd (compiled_rms_rules)
         q = compiled_rms_rules(Block.ATTN, "q_norm.", (b, dims.a, s, d), dims.act)
         return q + compiled_rms_rules(Block.ATTN, "k_norm.", (b, dims.kv, s, d), dims.act)
