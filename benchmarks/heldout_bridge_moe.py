@@ -103,9 +103,9 @@ input and the normalised output kept) where Megatron-core's TE layer spec builds
 (stored copies of gpt_layer_specs.py in Megatron-LM forks; the stored NVIDIA copy, efbfb5f, predates
 qk_layernorm) — 26.0 and 15.4 GiB. The q/k norms are now TE's fused norms under ``--impl megatron``
 (``blocks.norm.qk_norm_rules``): GB300 298.0 GiB reserved (does not fit), GB200 175.4 of 177.9 (fits, as
-it ran). Megatron-core's own MoE saves at 25.11 (TEGroupedMLP, the fused permutation) were not read at a
-commit (the stored NVIDIA/Megatron-LM copies of experts.py and token_dispatcher.py, 00358e5 and bed33f8,
-predate them): the MoE figure is memplan's side.
+it ran). Megatron-core's own MoE layer is modelled since (``blocks.megatron_moe``: TE's maps, the grouped
+GEMMs' inputs, fc1's output and the probabilities; no [S, h] in the combine): GB300 200.8 of 273.2 GiB,
+GB200 118.2 of 177.9 — both fit, as they ran.
 
 Placement: typed first when memplan numbered every implementation's ranks [TP, CP, PP, DP] (expert
 parallelism inside dp, stride tp·cp·pp), GB200's EP 32 at PP 8 spanned all 256 ranks — across the 72-GPU
@@ -135,8 +135,8 @@ NOTE = (
     "Megatron-Bridge (Megatron-core + TE, BF16): distributed optimizer with overlapped gradient and "
     "parameter sync, gradients in bf16, no AC, embedding and loss counted in the pipeline split, "
     "force-balanced dropless routing (memplan's S/ep a rank), no expert-parallel overlap, as its "
-    "performance recipes set them; memplan's Megatron MoE layer is its reference MoE (the combine's two "
-    "[S, h] saves); use_precision_aware_optimizer, "
+    "performance recipes set them (Megatron-core's MoE layer: alltoall dispatcher, TE grouped GEMM); "
+    "use_precision_aware_optimizer, "
     "overlap_param_gather_with_optimizer_step and the HybridEP dispatcher not modelled"
 )
 GRAPHS_GB300 = "TE CUDA graphs (moe_router, moe_preprocess) not modelled"

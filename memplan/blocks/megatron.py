@@ -37,8 +37,9 @@ embedding's masked ids (tp > 1); ``softmax_in_fp32`` off, ``apply_query_key_laye
 ``--cross-entropy-loss-fusion``, ``--no-rope-fusion`` (unfused RoPE keeps cos and sin per call); RoPE's
 table (the reference's cos and sin, 2·s·d each in the activation dtype, where TE's fused RoPE keeps fp32
 freqs [s, d]: the same bytes for 16-bit activations); Megatron's own context-parallel ring (``--cp``
-follows torch's ring attention) and MoE token dispatchers (the reference MoE); the peak's transients (the
-reference model's).
+follows torch's ring attention); the peak's transients (the reference model's). The MoE layer is
+Megatron-core's with the alltoall dispatcher and TE's grouped GEMM and fused permutation
+(``megatron_moe``, blocks/megatron_moe.py), its q/k norms TE's fused ones (``blocks.norm.qk_norm_rules``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def profile(setup: Setup) -> Profile:
         te_contiguous_qkv=True,
         frees_stage_outputs=True,
         rope_cached_per_chunk=True,
+        megatron_moe=True,
     )
 
 

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.blocks import mm
+from memplan.blocks import megatron_moe, mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_inner_rules, mlp_params
 from memplan.blocks.profiles import profile_of
@@ -52,6 +52,11 @@ from memplan.config import DType, GateActivation, MlpType, ModelConfig, MoEConfi
 
 FP32, INT32, INT64 = DType.FP32, DType.INT32, DType.INT64
 B, R = Block, Role
+
+
+def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
+    """One tensor the MoE layer keeps (block ``moe``)."""
+    return save(B.MOE, part, shape, dtype, role, why)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -129,10 +134,10 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     t, h, a = dims.tokens, dims.h, dims.act
     s = moe.slots(t)
 
-    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
-        return save(B.MOE, part, shape, dtype, role, why)
-
-    rules = router_rules(setup, moe) + dispatch_rules(setup, moe, s)
+    if profile_of(setup).megatron_moe:  # Megatron-core's MoELayer (blocks/megatron_moe.py)
+        rules = megatron_moe.routed_rules(setup, moe, s)
+    else:
+        rules = router_rules(setup, moe) + dispatch_rules(setup, moe, s)
     width = moe.shared_width(setup.model)
     if width:
         rules += mlp_inner_rules(setup, B.MOE, "shared.", (t, width), a)
@@ -161,9 +166,6 @@ def router_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
         return deepseek_router_rules(setup, moe)
     if profile_of(setup).sparsemixer_router:
         return sparsemixer_rules(setup, moe)
-
-    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
-        return save(B.MOE, part, shape, dtype, role, why)
 
     indices = moe_save(
         "topk_indices", (t, k), INT64, R.ROUTER, "top-k backward scatters into [T, E] at these indices"
@@ -297,9 +299,6 @@ def dispatch_rules(setup: Setup, moe: MoEConfig, s: int) -> list[Rule]:
     both biases)."""
     dims = Dims.of(setup)
     h, a = dims.h, dims.act
-
-    def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
-        return save(B.MOE, part, shape, dtype, role, why)
 
     bias = []
     if moe.expert_bias:

@@ -56,6 +56,38 @@ def test_mixtral_reference_layer_keeps_router_dispatch_experts_and_combine() -> 
     ]
 
 
+@pytest.mark.parametrize(("ep", "local_experts"), [(1, 8), (4, 2), (8, 1)])
+def test_megatron_layer_keeps_te_maps_the_grouped_gemms_inputs_and_the_probs(
+    ep: int, local_experts: int
+) -> None:
+    """Megatron-core's MoELayer (blocks/megatron_moe.py) at Mixtral's shapes: TE's fused top-k keeps the
+    routing map [T, E] bool and its scores [T, E] (bf16: the logits' dtype), TE's permutation its
+    row_id_map [T, 2E + 1] int32, the chunk sort and its restore a [S] int32 map each when a rank holds
+    more than one expert (E/ep > 1), GroupedLinear fc1 the dispatched tokens [S, h], the weighted SwiGLU
+    fc1's [S, 2f] output and the probabilities [S, 1], fc2 its input [S, f]; the combine nothing."""
+    from memplan.config import Parallel
+
+    h, f, e, k = 4096, 14336, 8, 2
+    s = T * k
+    base = setup("mixtral-8x7b", impl=Impl.MEGATRON)
+    at = base.replaced(parallel=Parallel(ep=ep))
+    assert e // ep == local_experts
+    chunks = [
+        ("moe.chunk_sort_map", (s,), INT32, R.DISPATCH_INDEX),
+        ("moe.chunk_restore_map", (s,), INT32, R.DISPATCH_INDEX),
+    ]
+    assert saves(at) == [
+        ("moe.routing_map", (T, e), DType.BOOL, R.ROUTER),
+        ("moe.router_scores", (T, e), BF16, R.ROUTER),
+        ("moe.row_id_map", (T, 2 * e + 1), INT32, R.DISPATCH_INDEX),
+        *(chunks if local_experts > 1 else []),
+        ("moe.expert_input", (s, h), BF16, R.EXPERT_TOKENS),
+        ("moe.fc1", (s, 2 * f), BF16, R.MLP_INNER),
+        ("moe.down_input", (s, f), BF16, R.MLP_INNER),
+        ("moe.probs", (s, 1), BF16, R.EXPERT_TOKENS),
+    ]
+
+
 def test_qwen_reference_layer_adds_the_gated_shared_expert() -> None:
     h, f, e, k, shared = 2048, 1408, 60, 4, 5632
     s = T * k
