@@ -340,8 +340,7 @@ class Bound:
         busy = self.global_batch * par.pp * one.busiest(self._counts[counts_key]) / self.gpus
         sends_key = (one.hidden_bytes, par.tp, par.cp, par.pp, par.vpp, n, b, dp)
         if sends_key not in self._sends:
-            degrees = {"tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": dp}
-            apart = stride_in(base.impl.impl, degrees, "pp")  # the implementation's placement
+            apart = stride_in(base.impl.impl, par, dp, "pp")  # the implementation's placement
             self._sends[sends_key] = pp_step_seconds(one.hidden_bytes, par, self.gpu, n, b, apart)
         sends = self._sends[sends_key]
         # less a billionth: the prediction adds the same terms in another order (rounding)

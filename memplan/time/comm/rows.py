@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from memplan.analytic.params import ParamCount
-from memplan.config import Checkpointing, Impl, Setup
+from memplan.config import Checkpointing, Impl, Parallel, Setup
 from memplan.engine import Result
 from memplan.strategies.pipeline_parallel import chunk_layers, stage, stage_layers, stage_params
 from memplan.time.comm.fabric import Collective, Link, collective_seconds
@@ -158,8 +158,10 @@ def order(impl: Impl) -> tuple[str, ...]:
     return PP_OUTERMOST if impl in (Impl.MEGATRON, Impl.TORCHTITAN) else ORDER
 
 
-def stride_in(impl: Impl, degrees: dict[str, int], dimension: str) -> int:
-    """``dimension``'s stride under ``impl``'s placement, from the degrees of the dimensions inside it."""
+def stride_in(impl: Impl, par: Parallel, dp: int, dimension: str) -> int:
+    """``dimension``'s stride under ``impl``'s placement of layout ``par`` over ``dp`` data-parallel ranks:
+    the product of the degrees inside it."""
+    degrees = {"tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": dp}
     out = 1
     for name in order(impl):
         if name == dimension:
@@ -169,9 +171,7 @@ def stride_in(impl: Impl, degrees: dict[str, int], dimension: str) -> int:
 
 
 def stride(setup: Setup, dimension: str) -> int:
-    par = setup.parallel
-    degrees = {"tp": par.tp, "cp": par.cp, "pp": par.pp, "dp": setup.strategy.dp}
-    return stride_in(setup.impl.impl, degrees, dimension)
+    return stride_in(setup.impl.impl, setup.parallel, setup.strategy.dp, dimension)
 
 
 def rank_tokens(setup: Setup) -> int:
