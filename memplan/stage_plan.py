@@ -103,7 +103,7 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         dense = dense.model_copy(update={"gradients": dense.gradients + extra})
     if te_fp8.applies(setup):  # Transformer Engine's cached float8 weights and quantizers, per layer
         fsdp = te_fp8.fsdp_primary(setup)  # Megatron FSDP's float8 shards: no cache, 1 byte an element
-        te = te_fp8.resident_bytes(pc.setup.model, setup.impl, cached=not fsdp) * st.layers
+        te = te_fp8.resident_bytes(pc.setup.model, setup.impl, not fsdp, setup.parallel.ep) * st.layers
         primary = te_fp8.primary_elements(setup, pc.setup.model) * st.layers  # no 16-bit copy of these
         te -= (
             shard(primary, shards, True) * (t.precision.weight_bytes - 1)

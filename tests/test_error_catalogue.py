@@ -240,7 +240,7 @@ CASES: list[Case] = [
     case(
         "amax-history-zero", "estimate -m 8b --impl megatron --fp8 delayed --fp8-amax-history-len 0", "amax"
     ),
-    case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 tensorwise", "fp8"),
+    case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 delayed", "fp8"),
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
     case("trace-compile-fp8", "trace -m tiny --seq 32 --compile --fp8 rowwise", "compile"),

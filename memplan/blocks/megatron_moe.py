@@ -33,9 +33,10 @@ the auxiliary load-balancing loss's [T, E] scores (kept when ``moe_aux_loss_coef
 
 from __future__ import annotations
 
+from memplan.blocks import te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_inner_rules
-from memplan.config import DType, MoEConfig, Setup
+from memplan.config import DType, MlpType, MoEConfig, Setup
 
 
 def routed_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
@@ -59,9 +60,29 @@ def routed_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
             keep("chunk_restore_map", (slots,), DType.INT32, Role.DISPATCH_INDEX, why),
         ]
     why = "GroupedLinear fc1's input: the dispatched tokens"
-    return [
-        *rules,
+    experts = [
         keep("expert_input", (slots, dims.h), a, Role.EXPERT_TOKENS, why),
         *mlp_inner_rules(setup, Block.MOE, "", (slots, dims.f), a),
         keep("probs", (slots, 1), a, Role.EXPERT_TOKENS, "weighted SwiGLU: the probabilities scale it"),
     ]
+    if te_fp8.applies(setup):  # TE's float8: fc1 and fc2 keep float8 casts of their inputs, per expert
+        inputs = ("moe.expert_input", "moe.down_input")
+        experts = [
+            c
+            for r in experts
+            for c in (te_fp8.expert_casts(setup, r, r.name[4:]) if r.name in inputs else [r])
+        ]
+    return [*rules, *experts]
+
+
+def fp8_backward_extra(setup: Setup, tokens: int, slots: int, f: int) -> int:
+    """Under Transformer Engine's float8 (``te_fp8.applies``): what fc1's backward moment
+    (``blocks.mlp.te_first_backward``, counted at the layer's T tokens) grows by when the experts run on
+    S slots — d(fc1)'s float8 rowwise and columnwise casts over S rows, less the larger release of fc2's
+    saved float8 input; 0 otherwise (``blocks.moe.mlp_backward_extra`` adds the [S, f] gradient buffers).
+    NB: the per-expert ``[1]`` scale_invs of the casts are counted once; derived, not measured."""
+    if not te_fp8.applies(setup):
+        return 0
+    w = 2 * f if setup.model.mlp is MlpType.SWIGLU else f
+    casts = te_fp8.grad_output_casts(setup, slots, w) - te_fp8.grad_output_casts(setup, tokens, w)
+    return casts - (te_fp8.saved_cast_bytes(setup, slots, f) - te_fp8.saved_cast_bytes(setup, tokens, f))

@@ -443,6 +443,7 @@ def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:
     experts' gate/up/product gradients cover S slots instead of T tokens."""
     if moe is None:
         return 0
-    dims = Dims.of(setup)
-    buffers = 3 if setup.model.mlp is MlpType.SWIGLU else 2
-    return buffers * (moe.slots(dims.tokens) - dims.tokens) * dims.f * dims.act.bytes
+    dims, buffers = Dims.of(setup), 3 if setup.model.mlp is MlpType.SWIGLU else 2
+    slots = moe.slots(dims.tokens)  # with Transformer Engine's float8 the casts grow too (megatron_moe)
+    extra = buffers * (slots - dims.tokens) * dims.f * dims.act.bytes
+    return extra + megatron_moe.fp8_backward_extra(setup, dims.tokens, slots, dims.f)

@@ -66,10 +66,12 @@ lm head Megatron's own ``ColumnParallelLinear`` outside the float8 region. What 
   it (``keep_fp8_transpose_cache = False``): no weight cache for the run, a gathered layer's linears
   ``copies`` bytes an element (NB: ``time.fp8`` still charges the weight cast once a step over the stage's
   weights, where each rank casts its 1/N shard: ≈ 0.2 % of Bridge's 8B H100 step). With the distributed
-  optimizer or Megatron FSDP and per-tensor recipes only (``config.impl_rules.check_fp8_param_gather``),
-  and MXFP8 under the distributed optimizer, whose primary weights are the MXFP8 copies above and are
-  gathered in 16-bit into the gradient buffer (``float8_gathered``); the per-step amax all-reduce of
-  current scaling's parameter casts (one fp32 a weight) is not charged;
+  optimizer or Megatron FSDP and per-tensor recipes only
+  (``config.megatron_rules.check_fp8_param_gather``), and MXFP8 under the distributed optimizer, whose
+  primary weights are the MXFP8 copies above and are gathered in 16-bit into the gradient buffer
+  (``float8_gathered``); the per-step amax all-reduce of current scaling's parameter casts (one fp32 a
+  weight) is not charged. A mixture of experts' local experts (``GroupedLinear``) are primary weights too,
+  sharded and gathered over the expert-data-parallel group (``routed_elements``);
 - on a GPU whose float8 GEMMs take any operand layout (Blackwell, ``ImplConfig.fp8_any_layout``) every
   per-tensor ``Float8Tensor`` above is its rowwise data alone, read as either operand: no transposes
   (``copies``) — 1 byte per weight element, one copy of a sequence-parallel input, dY cast once;
@@ -107,8 +109,16 @@ Known limitations (NB):
   current scaling's cast) are not counted.
 - NB: ``--fp8-dot-product-attention`` is not modelled; the sequence-parallel all-gathers keep their
   16-bit sizes in the step time (TE gathers the float8 copy).
-- NB: mixtures of experts (TE ``GroupedLinear``), multi-head latent attention and Llama 4's layers under
-  ``--fp8`` are refused; ZeRO-3 (Megatron FSDP) is taken to keep the rank's whole float8 weight cache.
+- NB: multi-head latent attention and Llama 4's layers under ``--fp8`` are refused, and so is a mixture of
+  experts with delayed scaling, shared experts, dense first layers or Megatron FSDP
+  (``config.megatron_rules.check_fp8_experts``); ZeRO-3 (Megatron FSDP) of dense layers is taken to keep
+  the rank's whole float8 weight cache.
+- NB: a mixture of experts (Megatron-core's ``TEGroupedMLP``): each local expert's rows are taken as S·ep/E
+  (balanced routing), so TE's padding of each expert's rows to a multiple of 16 (32 under MXFP8: its
+  ``Fp8Padding``, as ``moe_router_padding_for_fp8`` leaves it) adds nothing; it does where the rows are
+  not a multiple. The per-expert ``[1]`` scale_invs are one tensor in the inventory (the allocator rounds
+  each to 512 bytes). The MoE layer's backward moment counts the experts' float8 casts over the S slots
+  at fc1's backward (``blocks.megatron_moe.fp8_backward_extra``). Derived, not measured.
 - NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
   its forward ``amax_history`` and ``scale`` per checkpointed forward
   (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 96 B a layer at len 1) and
@@ -218,14 +228,42 @@ def casts(setup: Setup, rule: Rule, part: str, column_parallel: bool) -> list[Ru
     return out
 
 
+def expert_casts(setup: Setup, rule: Rule, part: str) -> list[Rule]:
+    """What a ``GroupedLinear`` keeps of its input ``rule`` [S, in] (the rank's S slots, ``m_splits`` over
+    its E/ep local experts, taken balanced): ``tex.split_quantize`` casts each expert's rows, and before
+    ``prepare_for_saving`` each cast drops its rowwise data (``inputmat.update_usage(rowwise_usage=False,
+    columnwise_usage=True)``, transformer_engine/pytorch/module/grouped_linear.py): 1 byte an element of
+    [S, in] and one ``[1]`` fp32 scale_inv per expert (MXFP8: each expert's grid of columnwise E8M0
+    scales, ``mxfp8.scale_shape`` of its S·ep/E rows)."""
+    moe = setup.model.moe
+    assert moe is not None  # NB: called for mixtures of experts only
+    local = moe.experts // setup.parallel.ep
+    why = "float8 columnwise input of the experts' wgrad GEMMs, one cast per expert: dW_i = X_iᵀ·dY_i"
+    rows = 1
+    for d in rule.shape[:-1]:
+        rows *= d
+    if mx(setup):
+        grid = mxfp8.scale_shape(rows // local, rule.shape[-1], columnwise=True)
+        grids = "each expert's columnwise E8M0 scales: one per 32 elements of a column, padded to [4, 128]"
+        scale = save(rule.block, f"{part}_scale_inv", (local, *grid), DType.UINT8, R.PARAM_DERIVED, grids)
+    else:
+        one = "each expert's cast's 1/scale"
+        scale = save(rule.block, f"{part}_scale_inv", (local,), SCALE_INV, R.PARAM_DERIVED, one)
+    return [float8(rule, part, why), scale]
+
+
 def layer_rules(setup: Setup, rules: list[Rule]) -> list[Rule]:
     """A Megatron layer's saves (``activations.layer_rules``) with TE's float8 linears: the four linears'
-    saved inputs as float8 casts (module docstring), the rest unchanged."""
+    saved inputs as float8 casts (module docstring), the rest unchanged. In a mixture of experts the MLP
+    input stays 16-bit (the router's input: Megatron's own linear), and the ``GroupedLinear`` experts'
+    float8 casts of the dispatched tokens and of fc2's input (``expert_casts``) are the MoE layer's
+    (``blocks.megatron_moe.routed_rules``, which replace the dense MLP's)."""
+    dense = setup.model.moe is None  # the MoE layer's own saves: blocks.megatron_moe.routed_rules
     out: list[Rule] = []
     for r in rules:
-        if r.name in ("attn.input", "mlp.input"):
+        if r.name == "attn.input" or (dense and r.name == "mlp.input"):
             out += casts(setup, r, r.name.split(".")[1], column_parallel=True)
-        elif r.name == "mlp.down_input":
+        elif dense and r.name == "mlp.down_input":
             out += casts(setup, r, "down_input", column_parallel=False)
         elif r.name == "attn.out":
             own = core_keeps_output(setup)
@@ -244,29 +282,45 @@ def core_keeps_output(setup: Setup) -> bool:
     return flash and setup.strategy.checkpointing is not Checkpointing.SELECTIVE
 
 
-def linear_elements(m: ModelConfig) -> int:
-    """Weight elements of one layer's four linears on a tensor-parallel rank (``m`` the rank's model,
-    ``tensor_parallel.tp_model``): W_QKV [h, q + 2kv], W_O [q, h], W_fc1 [h, 2f] (SwiGLU; GeLU [h, f]),
-    W_fc2 [f, h]. Biases are not cast."""
-    h, f = m.hidden_size, m.ffn
-    fc1 = (2 if m.mlp is MlpType.SWIGLU else 1) * h * f
-    return h * (m.q_width + 2 * m.kv_width) + m.q_width * h + fc1 + f * h
-
-
-def linear_shapes(m: ModelConfig) -> list[tuple[int, int]]:
-    """TE's weights [out, in] of one layer's four linears on a tensor-parallel rank (``linear_elements``)."""
+def gemm_shapes(m: ModelConfig, ep: int = 1) -> list[tuple[int, int, int]]:
+    """TE's weights [out, in] of one layer on a tensor-parallel rank (``m`` the rank's model,
+    ``tensor_parallel.tp_model``) and how many of each: W_QKV [q + 2kv, h] and W_O [h, q], then a dense
+    layer's W_fc1 [2f, h] (SwiGLU; GeLU [f, h]) and W_fc2 [h, f], one each, or a mixture of experts'
+    ``GroupedLinear`` fc1 and fc2 with one weight per local expert (E/ep of them, f an expert's width; the
+    router is Megatron's own linear, outside TE: not cast). Biases are not cast."""
     h, f = m.hidden_size, m.ffn
     fc1 = (2 if m.mlp is MlpType.SWIGLU else 1) * f
-    return [(m.q_width + 2 * m.kv_width, h), (h, m.q_width), (fc1, h), (h, f)]
+    local = m.moe.experts // ep if m.moe is not None else 1
+    return [(m.q_width + 2 * m.kv_width, h, 1), (h, m.q_width, 1), (fc1, h, local), (h, f, local)]
 
 
-def workspace_bytes(m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE, copies: int = 2) -> int:
+def gemm_weights(m: ModelConfig, ep: int = 1) -> int:
+    """TE weights of one layer on the rank (``gemm_shapes``): 4 in a dense layer, 2 + 2·E/ep with experts —
+    each with its cast's ``[1]`` scale_inv and its quantizers."""
+    return sum(n for _, _, n in gemm_shapes(m, ep))
+
+
+def linear_elements(m: ModelConfig, ep: int = 1) -> int:
+    """Weight elements of one layer's TE linears on a tensor-parallel rank (``gemm_shapes``)."""
+    return sum(out * inp * n for out, inp, n in gemm_shapes(m, ep))
+
+
+def routed_elements(m: ModelConfig, ep: int = 1) -> int:
+    """``linear_elements`` of the rank's local experts (0 in a dense layer): sharded and gathered over the
+    expert-data-parallel group, not dp's (``time.comm.dp``)."""
+    return sum(out * inp * n for out, inp, n in gemm_shapes(m, ep)[2:]) if m.moe is not None else 0
+
+
+def workspace_bytes(
+    m: ModelConfig, recipe: Fp8Recipe = Fp8Recipe.TENSORWISE, copies: int = 2, ep: int = 1
+) -> int:
     """One layer's cached float8 weights: rowwise and columnwise copies (1 byte an element each; one where
-    the GPU takes any layout, ``copies``) and a ``[1]`` fp32 scale_inv per module; MXFP8: each copy with
-    its grid of E8M0 scales (``mxfp8.both_bytes``)."""
+    the GPU takes any layout, ``copies``) and a ``[1]`` fp32 scale_inv per weight (``gemm_shapes``: a
+    ``GroupedLinear`` caches each expert's, ``cache_name=f"weight{i}"``); MXFP8: each copy with its grid
+    of E8M0 scales (``mxfp8.both_bytes``)."""
     if recipe is Fp8Recipe.MXFP8:
-        return sum(mxfp8.both_bytes(out, inp) for out, inp in linear_shapes(m))
-    return copies * linear_elements(m) + MODULES * SCALE_INV.bytes
+        return sum(n * mxfp8.both_bytes(out, inp) for out, inp, n in gemm_shapes(m, ep))
+    return copies * linear_elements(m, ep) + gemm_weights(m, ep) * SCALE_INV.bytes
 
 
 def primary_elements(setup: Setup, m: ModelConfig) -> int:
@@ -274,16 +328,21 @@ def primary_elements(setup: Setup, m: ModelConfig) -> int:
     weights under ``--fp8-param-gather`` (module docstring); 0 without. The rank holds none of their 16-bit
     copies (``weight_bytes`` each less) and the distributed optimizer gathers 1 byte of each, not
     ``weight_bytes`` (``time.comm.dp``)."""
-    return linear_elements(m) if applies(setup) and setup.impl.fp8_param_gather else 0
+    return linear_elements(m, setup.parallel.ep) if applies(setup) and setup.impl.fp8_param_gather else 0
 
 
-def float8_gathered(setup: Setup, m: ModelConfig) -> int:
+def float8_gathered(setup: Setup, m: ModelConfig, routed: bool = False) -> int:
     """``primary_elements`` that the all-gathers move as float8 (1 byte an element): the per-tensor
     recipes'. MXFP8's primary weights are gathered in 16-bit into the gradient buffer and cast to MXFP8 on
     the copy out (Megatron's ``--reuse-grad-buf-for-mxfp8-param-ag``, which Megatron requires beside
     ``--fp8-param-gather`` and Bridge's MXFP8 recipe sets: ``start_param_sync``, "The parameters are cast
-    from bf16 to MXFP8 during copy"): no 16-bit copy held between steps, 2 bytes an element gathered."""
-    return 0 if setup.impl.fp8 is Fp8Recipe.MXFP8 else primary_elements(setup, m)
+    from bf16 to MXFP8 during copy"): no 16-bit copy held between steps, 2 bytes an element gathered.
+    ``routed``: the local experts' part, gathered over the expert-data-parallel group
+    (``routed_elements``); else the rest, over dp."""
+    if setup.impl.fp8 is Fp8Recipe.MXFP8 or not primary_elements(setup, m):
+        return 0
+    experts = routed_elements(m, setup.parallel.ep)
+    return experts if routed else linear_elements(m, setup.parallel.ep) - experts
 
 
 def fsdp_primary(setup: Setup) -> bool:
@@ -301,24 +360,29 @@ def gathered_saving(setup: Setup, m: ModelConfig) -> int:
     data and (Hopper) the transpose made from it, ``copies`` bytes an element, not ``weight_bytes``."""
     if not fsdp_primary(setup):
         return 0
-    return linear_elements(m) * (setup.training.precision.weight_bytes - copies(setup.impl))
+    elements = linear_elements(m, setup.parallel.ep)
+    return elements * (setup.training.precision.weight_bytes - copies(setup.impl))
 
 
-def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN) -> int:
-    """One layer's quantizer state (module docstring). Current scaling: 4 modules × 5 quantizers × (scale +
-    amax); delayed: 4 modules × (3 + 2) quantizers × (scale + ``history`` amax rows), fp32; MXFP8: none."""
+def meta_bytes(recipe: Fp8Recipe, history: int = AMAX_HISTORY_LEN, weights: int = MODULES) -> int:
+    """One layer's quantizer state (module docstring), ``weights`` its TE GEMMs (``gemm_weights``: a
+    ``GroupedLinear``'s ``set_meta_tensor`` makes ``num_gemms`` × 5 quantizers). Current scaling: 5
+    quantizers a GEMM × (scale + amax); delayed: (3 + 2) a GEMM × (scale + ``history`` amax rows), fp32;
+    MXFP8: none."""
     if recipe is Fp8Recipe.DELAYED:
-        return MODULES * QUANTIZERS * (1 + history) * AMAX.bytes
+        return weights * QUANTIZERS * (1 + history) * AMAX.bytes
     if recipe is Fp8Recipe.MXFP8:
         return 0
-    return MODULES * QUANTIZERS * QUANTIZER_BYTES
+    return weights * QUANTIZERS * QUANTIZER_BYTES
 
 
-def resident_bytes(m: ModelConfig, impl: ImplConfig, cached: bool = True) -> int:
+def resident_bytes(m: ModelConfig, impl: ImplConfig, cached: bool = True, ep: int = 1) -> int:
     """What TE holds per layer for the whole run, beside the weights; ``cached`` False (``fsdp_primary``):
-    no weight cast held, the primary weights' ``_scale_inv`` and the quantizers' state only."""
-    held = workspace_bytes(m, impl.fp8, copies(impl)) if cached else MODULES * SCALE_INV.bytes
-    return held + meta_bytes(impl.fp8, impl.fp8_amax_history_len)
+    no weight cast held, the primary weights' ``_scale_inv`` and the quantizers' state only; ``ep`` the
+    expert-parallel degree (a mixture of experts' local experts, ``gemm_shapes``)."""
+    weights = gemm_weights(m, ep)
+    held = workspace_bytes(m, impl.fp8, copies(impl), ep) if cached else weights * SCALE_INV.bytes
+    return held + meta_bytes(impl.fp8, impl.fp8_amax_history_len, weights)
 
 
 def amax_buffer_bytes(layers: int, forward: bool) -> int:

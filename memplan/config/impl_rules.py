@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING
 
 from memplan.config.hf_rules import check_family_layout, check_qk_norm, hf_only_code
 from memplan.config.impl import ExpertsImpl, Fp8Recipe, FsdpWrap, Impl
+from memplan.config.megatron_rules import (
+    check_fp8_experts,
+    check_fp8_param_gather,
+    check_overlap_grad_reduce,
+    check_tp_comm_overlap,
+)
 from memplan.config.model import MlpType, ModelConfig, NormType, PositionType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Attention, Checkpointing, Device, ZeroStage
@@ -200,67 +206,6 @@ def unconverted(setup: Setup) -> str:
     return ", ".join(f"{k} {v}" for k, v in widths.items() if v % 16)
 
 
-def check_overlap_grad_reduce(setup: Setup) -> None:
-    """``--overlap-grad-reduce`` and ``--overlap-param-gather`` are Megatron's switches; torch's DDP and
-    FSDP (the other implementations) overlap their reductions with the backward by design."""
-    if setup.impl.overlap_grad_reduce and setup.impl.impl is not Impl.MEGATRON:
-        raise ValueError(
-            "overlap_grad_reduce: --overlap-grad-reduce is Megatron-LM's switch (torch's DDP and FSDP "
-            "overlap their reductions already); add --impl megatron or drop it"
-        )
-    # megatron/training/arguments.py: "Must use --overlap-param-gather with --overlap-grad-reduce" (and the
-    # distributed optimizer, whose gather it overlaps: without ZeRO-1 there is none, and the flag changes
-    # nothing — so that fit can hold it over every stage it searches)
-    if setup.impl.overlap_param_gather and not setup.impl.overlap_grad_reduce:
-        raise ValueError(
-            "overlap_param_gather: Megatron's --overlap-param-gather needs --overlap-grad-reduce (and its "
-            "distributed optimizer, --zero 1); add --impl megatron --overlap-grad-reduce or drop it"
-        )
-
-
-def check_tp_comm_overlap(setup: Setup) -> None:
-    """``--tp-comm-overlap`` (Transformer Engine's userbuffers, ``time.tp_overlap``) where it runs and is
-    modelled: Megatron's TE layers, tensor parallelism with sp (Megatron-LM's arguments.py: "Tensor parallel
-    communication/GEMM overlap can happen only when sequence parallelism is enabled"), dense layers (TE's
-    GroupedLinear experts have no userbuffers overlap, and memplan does not model which of an MoE layer's
-    GEMMs would); that the tp group sits inside one node is the GPU's to say (``time.tp_overlap``)."""
-    if not setup.impl.tp_comm_overlap:
-        return
-    par = setup.parallel
-    why = (
-        "it is Transformer Engine's, under --impl megatron" if setup.impl.impl is not Impl.MEGATRON
-        else "it overlaps the sequence-parallel collectives: it needs --tp T --sp with T > 1"
-        if par.tp == 1 or not par.sp
-        else "it is modelled for dense layers (not a mixture of experts)" if setup.model.moe is not None
-        else ""
-    )  # fmt: skip
-    if why:
-        raise ValueError(f"tp_comm_overlap: --tp-comm-overlap (TE's userbuffers): {why}; or drop it")
-
-
-def check_fp8_param_gather(setup: Setup) -> None:
-    """``--fp8-param-gather`` where it is modelled (``te_fp8.primary_elements``): Megatron's TE layers under
-    a per-tensor recipe with the distributed optimizer (Megatron-LM's arguments.py: "--fp8-param-gather
-    only supported with distributed optimizer", ZeRO 1) or Megatron FSDP (ZeRO 3, ``te_fp8.fsdp_primary``);
-    MXFP8 with the distributed optimizer, as Megatron runs it with ``--reuse-grad-buf-for-mxfp8-param-ag``
-    (``te_fp8.float8_gathered``), not under Megatron FSDP."""
-    if not setup.impl.fp8_param_gather:
-        return
-    impl, recipes = setup.impl, (Fp8Recipe.TENSORWISE, Fp8Recipe.DELAYED, Fp8Recipe.MXFP8)
-    zero, mx = setup.strategy.zero, impl.fp8 is Fp8Recipe.MXFP8
-    why = (
-        "it is Megatron's, with Transformer Engine's per-tensor or MXFP8 float8 (--impl megatron --fp8 "
-        "tensorwise, delayed or mxfp8)" if impl.impl is not Impl.MEGATRON or impl.fp8 not in recipes
-        else "with --fp8 mxfp8 it is modelled with the distributed optimizer (--zero 1)"
-        if mx and zero is not ZeroStage.OPTIMIZER
-        else "it is modelled with the distributed optimizer (--zero 1) or Megatron FSDP (--zero 3)"
-        if zero not in (ZeroStage.OPTIMIZER, ZeroStage.PARAMETERS)
-        else ""
-    )  # fmt: skip
-    if why:
-        raise ValueError(f"fp8_param_gather: --fp8-param-gather (float8 primary weights): {why}; or drop it")
-
-
 def check_compile_loss(setup: Setup) -> None:
     """``--no-compile-loss`` only where the loss would be compiled: torchtitan under ``--compile``."""
     if not setup.impl.compile_loss and not (setup.impl.impl is Impl.TORCHTITAN and setup.impl.compile):
@@ -308,7 +253,8 @@ def check_fsdp_wrap(setup: Setup) -> None:
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
-    Megatron: tensorwise and delayed, dense layers (blocks/te_fp8.py)."""
+    Megatron: tensorwise, delayed and mxfp8 (blocks/te_fp8.py), a mixture of experts as
+    ``config.megatron_rules.check_fp8_experts`` says."""
     fp8, impl, m = setup.impl.fp8, setup.impl.impl, setup.model
     if setup.impl.fp8_amax_history_len != 1 and not (impl is Impl.MEGATRON and fp8 is Fp8Recipe.DELAYED):
         raise ValueError(
@@ -361,12 +307,12 @@ def check_fp8(setup: Setup) -> None:
             "mxfp8, blockwise); use --fp8 tensorwise (Float8CurrentScaling) or delayed (DelayedScaling) "
             "with --impl megatron"
         )
-    for name, used in {"a mixture of experts": m.moe is not None, "MLA": m.mla is not None}.items():
-        if used:
-            raise ValueError(
-                f"fp8: --impl megatron --fp8 with {name} is not modelled (dense Transformer Engine layers "
-                "only); drop --fp8 or use a dense model"
-            )
+    if m.mla is not None:
+        raise ValueError(
+            "fp8: --impl megatron --fp8 with MLA is not modelled (Transformer Engine's layers with standard "
+            "attention only); drop --fp8 or use a model without MLA"
+        )
+    check_fp8_experts(setup)
 
 
 def check_titan_pipeline(setup: Setup) -> None:

@@ -34,6 +34,9 @@ def _headline(a: Advice) -> Text:
 
 
 def _count_line(c: GpuCount) -> Text:
+    if c.devices is None and c.refused:
+        why = f"no data-parallel count on {c.gpu}: --zero 3 is refused with these options ({c.refused})"
+        return Text(why, style="yellow")
     if c.devices is None:
         return Text(
             f"no data-parallel count fits on {c.gpu}: under ZeRO-3 the peak stays {fmt_bytes(c.peak)} "

@@ -50,6 +50,10 @@ VERDICT = obj(
                     "dp": {"type": ["integer", "null"], "minimum": 1},
                     "args": _ARGS,
                     "peak": BYTES,
+                    "refused": described(
+                        {"type": ["string", "null"]},
+                        "why --zero 3 --dp N cannot be planned with the other options (null: it can)",
+                    ),
                 }
             ),
         },

@@ -22,14 +22,16 @@ cast again in backward. Delayed scaling adds, per forward and per backward of a 
 buffer's copy and the history update (``te_amax_bytes``) and the buffer's all-reduce
 (``time.comm.collectives``'s ``fp8_rows``).
 
-Known limitations (NB): rowwise's CUTLASS GEMM is taken as fast as cuBLAS's tensorwise one (torchao calls
-tensorwise the fastest recipe; no figure in view); casts fused into a neighbouring op by torch.compile,
-under ``--fp8-all-gather`` the once-a-step amax pass over the fp32 shards
-(``precompute_float8_dynamic_scale_for_fsdp``), and current scaling's per-tensor amax all-reduces (TE's
+Known limitations (NB): a mixture of experts' router GEMM (Megatron's own linear, 16-bit) is timed with the
+layer's GEMMs at the float8 rate (Qwen3 30B-A3B: [T, 2,048]·[2,048, 128], 0.5 % of the layer's linear FLOPs);
+TE's grouped GEMM is taken as fast as one GEMM of its shape per expert. Rowwise's CUTLASS GEMM is taken as
+fast as cuBLAS's tensorwise one (torchao calls tensorwise the fastest recipe; no figure in view); casts fused
+into a neighbouring op by torch.compile, under ``--fp8-all-gather`` the once-a-step amax pass over the fp32
+shards (``precompute_float8_dynamic_scale_for_fsdp``), and current scaling's per-tensor amax all-reduces (TE's
 ``with_amax_reduction`` under sequence parallelism) are not modelled (nor TE's float8 all-gather of the
 sequence-parallel input: the tp collectives keep 16-bit sizes); the launch gaps of delayed scaling's two
-kernels a reduction (µs each) are not charged. The memory: blocks/fp8.py (the saved activations are
-bf16's; the casts' temporaries join the peak), blocks/te_fp8.py.
+kernels a reduction (µs each) are not charged. The memory: blocks/fp8.py (the saved activations are bf16's;
+the casts' temporaries join the peak), blocks/te_fp8.py.
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
       ``FUSED_NORM_AMAX_FP8`` (csrc/extensions/normalization.cpp: "Compute norm and amax in high precision,
       then quantize to FP8"), so the cast reads the norm's 16-bit output and writes 2: e + 2 per element,
       on the rank's s/t shard with sequence parallelism (the float8 rowwise copy is what is all-gathered);
-    - X of W_O and W_fc2 (``Linear``): amax, then the cast: 2e + 2;
+    - X of W_O and W_fc2 (``Linear``), and of a mixture of experts' ``GroupedLinear`` fc1 and fc2 (the
+      dispatched tokens, the weighted activation; ``te_gemms``): amax, then the cast: 2e + 2;
     - W: 2e + 2 per element on a step's first micro-batch only (the cached workspace,
       ``is_first_microbatch``), spread over the step's ``grad_accum`` micro-batches (rounded down);
     - backward: dY once (``grad_output_preprocess``), 2e + 2 — X and W are not cast again (their
@@ -150,7 +153,6 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     if setup.impl.fp8 is Fp8Recipe.MXFP8:
         return mx_cast_bytes(setup)
     e = setup.training.precision.activation_dtype.bytes
-    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)  # dense Megatron layers (config.impl_rules.check_fp8)
     shard = setup.parallel.tp if setup.parallel.sp else 1
     per_step = setup.training.grad_accum
     delayed = setup.impl.fp8 is Fp8Recipe.DELAYED
@@ -158,8 +160,8 @@ def te_cast_bytes(setup: Setup) -> tuple[int, int]:
     cast = e + c if delayed else 2 * e + c  # an unfused cast: (amax pass e) + read e + write the copies
     norm_cast = 1 + 2 * (c - 1) - e if delayed else e + c  # after the norm (docstring)
     forward = backward = 0
-    for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
-        x, w, dy = g.rows * g.inner, g.inner * g.cols, g.rows * g.cols
+    for g, after_norm in te_gemms(setup):
+        x, w, dy = g.count * g.rows * g.inner, g.count * g.inner * g.cols, g.count * g.rows * g.cols
         forward += x // shard * norm_cast if after_norm else x * cast
         forward += w * cast // per_step
         backward += dy * cast
@@ -178,13 +180,27 @@ def mx_cast_bytes(setup: Setup) -> tuple[int, int]:
     def cast(rows: int, cols: int) -> int:
         return e * rows * cols + mxfp8.both_bytes(rows, cols)
 
-    qkv, out, fc1, fc2 = gemm.layer_gemms(setup)
     forward = backward = 0
-    for g, after_norm in ((qkv, True), (out, False), (fc1, True), (fc2, False)):
-        forward += cast(g.rows // shard if after_norm else g.rows, g.inner)
-        forward += cast(g.cols, g.inner) // per_step
-        backward += cast(g.rows, g.cols)
+    for g, after_norm in te_gemms(setup):  # an expert's GEMM: each of its ``count`` casts with its grids
+        forward += g.count * cast(g.rows // shard if after_norm else g.rows, g.inner)
+        forward += g.count * cast(g.cols, g.inner) // per_step
+        backward += g.count * cast(g.rows, g.cols)
     return forward, backward
+
+
+def te_gemms(setup: Setup) -> list[tuple[gemm.Gemm, bool]]:
+    """One layer's Transformer Engine GEMMs on a rank (``gemm.layer_gemms``) and whether a TE norm makes
+    their input (``LayerNormLinear``): W_QKV yes, W_O no; a dense layer's W_fc1 yes, W_fc2 no; a mixture
+    of experts' ``GroupedLinear`` fc1 and fc2 (``count`` local experts, each on its S·ep/E rows) no: the
+    pre-MLP norm is a ``TENorm`` of its own whose 16-bit output the router reads and the dispatcher moves,
+    and the router's GEMM is Megatron's own (not cast; ``config.impl_rules.check_fp8``: no shared
+    experts)."""
+    g = gemm.layer_gemms(setup)
+    if setup.model.moe is None:
+        qkv, out, fc1, fc2 = g
+        return [(qkv, True), (out, False), (fc1, True), (fc2, False)]
+    qkv, out, _router, fc1, fc2 = g
+    return [(qkv, True), (out, False), (fc1, False), (fc2, False)]
 
 
 def te_amax_bytes(setup: Setup) -> tuple[int, int]:

@@ -61,8 +61,8 @@ proj_dgrad, fc1_fprop, fc1_dgrad, fc2_dgrad."""
 
 
 def applies(setup: Setup) -> bool:
-    """``--tp-comm-overlap`` (its rules, ``config.impl_rules.check_tp_comm_overlap``: Megatron, tp with sp,
-    dense layers)."""
+    """``--tp-comm-overlap`` (its rules, ``config.megatron_rules.check_tp_comm_overlap``: Megatron, tp with
+    sp, dense layers)."""
     return setup.impl.tp_comm_overlap
 
 

@@ -229,12 +229,6 @@ def test_unmodelled_fp8_is_a_one_line_error(args: str, message: str) -> None:
     assert r.output.strip() == message
 
 
-def test_megatron_fp8_with_experts_is_refused() -> None:
-    r = runner.invoke(app, ["estimate", "-m", "mixtral-8x7b", "--impl", "megatron", "--fp8", "tensorwise"])
-    assert r.exit_code == 2
-    assert r.output.strip().startswith("error: fp8: --impl megatron --fp8 with a mixture of experts")
-
-
 def test_the_note_names_the_megatron_recipe_and_the_cache() -> None:
     r = runner.invoke(
         app, ["estimate", "-m", "llama-3-8b", "--impl", "megatron", "--fp8", "tensorwise", "--json"]

@@ -59,7 +59,9 @@ def _dp_group(dimension: str, params: int, ranks: int, on: Link, c: Critical) ->
         return [row(Collective.ALL_REDUCE, Phase.STEP, grads, 1, reduce, "gradients")]
     # --fp8-param-gather: the layers' linears gathered as their float8 data (blocks/te_fp8.py), by the
     # distributed optimizer (ZeRO 1) or Megatron FSDP (ZeRO 3); MXFP8's in 16-bit
-    weights -= c.layers * te_fp8.float8_gathered(s, c.result.pieces.setup.model) * (prec.weight_bytes - 1)
+    routed = dimension == "dp experts"  # the local experts' linears, over the expert-data-parallel group
+    float8 = te_fp8.float8_gathered(s, c.result.pieces.setup.model, routed)
+    weights -= c.layers * float8 * (prec.weight_bytes - 1)
     if zero is ZeroStage.OPTIMIZER:
         return [
             row(RS, Phase.STEP, grads, 1, reduce, "gradients"),

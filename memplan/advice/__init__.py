@@ -28,29 +28,17 @@ from __future__ import annotations
 import functools
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from memplan.advice.remarks import notes
 from memplan.api import Built, Options, gpu_of, setup_of
-from memplan.blocks import te_fp8
-from memplan.blocks.profiles import compile_note, op_selective
-from memplan.config import (
-    Attention,
-    Checkpointing,
-    Device,
-    Fp8Recipe,
-    Impl,
-    MethodChoice,
-    Optimizer,
-    hf_code_only,
-    no_flash,
-)
+from memplan.config import MethodChoice, Optimizer
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
 from memplan.engine import Result, estimate
+from memplan.errors import describe_validation_error
 from memplan.fit_options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
-from memplan.strategies.lora import adapter_note
-from memplan.strategies.tensor_parallel import tp_model
 
 TOP_TERMS = 3
 
@@ -93,6 +81,9 @@ class GpuCount(BaseModel):
     """The options that make ``devices`` GPUs fit (``--zero 3 --dp N``, maybe ``--checkpointing full``)."""
     peak: int
     """The peak at ``dp`` (at ``MAX_DP`` when nothing fits)."""
+    refused: str | None = None
+    """Why ``--zero 3 --dp N`` cannot be planned with the user's other options, when no N could (the
+    first refusal's one line: e.g. an implementation that does not model ZeRO-3 with them); else None."""
 
 
 class Advice(BaseModel):
@@ -160,6 +151,17 @@ def _result(o: Options) -> Result | None:
         return None
 
 
+def _refusal(o: Options) -> str | None:
+    """The one line that refuses ``o`` (``errors.describe_validation_error``), None if it plans."""
+    try:
+        estimate(setup_of(o))
+    except ValidationError as exc:  # a ValueError: first
+        return describe_validation_error(exc)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int, int] | None:
     """(peak bytes, fits, devices, the verdict's usable bytes) of ``o`` on ``gpu``; None when it cannot be
     planned."""
@@ -218,7 +220,10 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
         got = at(high)
     if got is None or not got[1]:
         last, usable = (got[0], got[2]) if got is not None else (last, usable)
-        return GpuCount(gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last)
+        refused = _refusal(_zero3(o, r, 2, full)) if got is None and not last else None
+        return GpuCount(
+            gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last, refused=refused
+        )
     best = got
     while high - low > 1:
         mid = (low + high) // 2
@@ -310,86 +315,6 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
             why=f"the fastest layouts (tp, pp, dp, ZeRO, checkpointing) on {gpus} GPUs",
         )
     ]
-
-
-# ----------------------------------------------------------------------------------------------------
-# Notes: settings that pass but deserve a word
-# ----------------------------------------------------------------------------------------------------
-def notes(b: Built) -> list[str]:
-    """One line each: a sequence beyond the model's positions, Megatron's float8 (Transformer Engine),
-    --compile where its saved set is not modelled, 16-bit LoRA adapters outside --impl hf, selective
-    checkpointing under flash."""
-    r, o = b.result, b.options
-    out: list[str] = []
-    m, seq = r.setup.model, r.setup.training.seq_len
-    if seq > m.max_positions:  # learned positions refuse it (config.setup); rotary ones run past it
-        out.append(
-            f"seq {seq:,} exceeds {m.name}'s {m.max_positions:,} positions (max_position_embeddings): "
-            "training beyond them is a choice that needs RoPE scaling (e.g. rope_scaling in the config); "
-            "the memory and FLOPs here do not depend on it"
-        )
-    if m.rope_scaling is not None:  # read for PhiMoE (presets.hf); its tables keep their shapes
-        out.append(
-            f"rope_scaling {m.rope_scaling}: it changes the rotary tables' values, not their shapes; the "
-            "memory and FLOPs here do not depend on it"
-        )
-    if o.impl is None and r.setup.impl.impl is not Impl.REFERENCE:  # config.hf_rules.default_impl
-        only = ", ".join(hf_code_only(m))
-        out.append(
-            f"impl: --impl hf chosen for {m.name}: its structure ({only}) is modelled in transformers' code "
-            "only, not in memplan's reference model; give --impl to choose"
-        )
-    why = no_flash(m, r.setup.impl.impl, r.setup.device)
-    if o.attention is None and why is not None:  # config.hf_rules.default_attention
-        out.append(f"attention: eager chosen for {m.name}: {why}; give --attention to choose")
-    if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
-        recipe = r.setup.impl.fp8
-        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl)
-        te = {Fp8Recipe.DELAYED: "DelayedScaling", Fp8Recipe.MXFP8: "MXFP8BlockScaling"}.get(
-            recipe, "Float8CurrentScaling"
-        )
-        rows = r.setup.impl.fp8_amax_history_len
-        history = (
-            f", amax histories of {rows} row{'s' if rows > 1 else ''} (--fp8-amax-history-len) included, "
-            "reduced over tp × dp × cp every forward and backward"
-            if recipe is Fp8Recipe.DELAYED
-            else ""
-        )
-        impl = r.setup.impl
-        weights = (
-            "float8 primary weights (no 16-bit copy; " if impl.fp8_param_gather else "cached float8 weights ("
-        )
-        weights += "one copy: the GPU's GEMMs take any layout)" if impl.fp8_any_layout else "with transposes)"
-        out.append(
-            f"fp8: --impl megatron --fp8 {recipe.value} is Megatron's --fp8-format hybrid --fp8-recipe "
-            f"{recipe.value} (Transformer Engine {te}): the layers' linears keep float8 casts of their "
-            f"inputs, and TE's {weights} and quantizer state ({cache:,} bytes a "
-            f"layer{history}) are counted in weights; derived from TE's source, not measured"
-        )
-    compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
-    if compiled is not None:
-        out.append(compiled)
-    adapters = adapter_note(r.setup)  # 16-bit LoRA outside --impl hf: adapters in bf16, not peft's fp32
-    if adapters is not None:
-        out.append(adapters)
-    st = r.setup.strategy
-    if op_selective(r.setup):
-        cached = " and cuDNN SDPA's outputs" if r.setup.device is Device.CUDA else ""
-        out.append(
-            "checkpointing selective is torchtitan's SelectiveAC: each block keeps its input, the outputs "
-            f"of every other matmul{cached}, and re-runs the rest ({r.flops.recompute:,} FLOPs); derived "
-            "from torchtitan's policy, checked under fake tensors (on CUDA with the cuDNN op's meta kernel)"
-        )
-    elif st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
-        none = _result(o.model_copy(update={"checkpointing": "none"}))
-        if none is not None:
-            saved = none.device.peak.bytes - r.device.peak.bytes
-            out.append(
-                f"checkpointing selective under flash attention lowers the peak by {saved:,} bytes "
-                f"against none (flash keeps no s×s probabilities to drop) and re-runs the attention core "
-                f"({r.flops.recompute:,} FLOPs); --checkpointing full or every-K saves memory"
-            )
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------
