@@ -213,6 +213,24 @@ def test_megatrons_fused_element_wise_bytes_by_hand() -> None:
     )
 
 
+@pytest.mark.parametrize(("ep", "sorts"), [(8, 2), (128, 0)])
+def test_megatrons_token_dispatch_and_combine_by_hand(ep: int, sorts: int) -> None:
+    """Megatron-core's MoE layer under TE's fused permutation (transformer_engine/pytorch/triton/
+    permutation.py): the permute reads each of the T tokens once and writes its k slots, the unpermute
+    reads the S = T·k slots and writes T; with more than one local expert (E/ep = 16) two chunk sorts copy
+    the S slots each, with one (ep 128) none. The backward runs each kernel's inverse: the same bytes, not
+    twice them. Qwen3 30B-A3B (h 2048, k 8) at T = 4,096, bf16."""
+    from memplan.time import layer_elementwise as le
+
+    T, S, h, e = 4096, 4096 * 8, 2048, 2
+    setup = build(Options(model="qwen3-30b-a3b", seq=T, impl="megatron", ep=ep, gpus=ep)).result.setup
+    expected = (2 * (T + S) + sorts * 2 * S) * h * e
+    assert le.dispatch(setup) == (expected, None)
+    assert le.elementwise_parts(setup)[-1] == le.elementwise_backward_parts(setup)[-1] == (expected, None)
+    reference = build(Options(model="qwen3-30b-a3b", seq=T, ep=ep, gpus=ep)).result.setup
+    assert le.dispatch(reference) == (0, None)  # NB: the reference's dispatch ops are not counted
+
+
 def _fp8_prediction(recipe: str) -> tuple[float, float]:
     """(matmul_s, elementwise_s) of Llama-3-8B at T = 4096 on one H100 without an SM count (no wave loss)."""
     from memplan.config import ImplConfig, Setup, TrainingConfig
