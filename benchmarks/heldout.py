@@ -96,6 +96,7 @@ if __name__ == "__main__":  # run as a script: the repository root on the path, 
 from benchmarks.heldout_bridge import BRIDGE_RUNS
 from benchmarks.heldout_bridge_gb import BRIDGE_GB_RUNS
 from benchmarks.heldout_bridge_moe import BRIDGE_MOE_RUNS
+from benchmarks.heldout_bridge_moe_fp8 import BRIDGE_MOE_FP8_RUNS
 from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from benchmarks.heldout_types import Run, Stated
@@ -352,7 +353,14 @@ TITAN_RUNS: tuple[Run, ...] = (
 )
 
 RUNS: tuple[Run, ...] = (
-    MPT_RUNS + TITAN_RUNS + NEMO_RUNS + BRIDGE_RUNS + BRIDGE_MORE_RUNS + BRIDGE_GB_RUNS + BRIDGE_MOE_RUNS
+    MPT_RUNS
+    + TITAN_RUNS
+    + NEMO_RUNS
+    + BRIDGE_RUNS
+    + BRIDGE_MORE_RUNS
+    + BRIDGE_GB_RUNS
+    + BRIDGE_MOE_RUNS
+    + BRIDGE_MOE_FP8_RUNS
 )
 
 _runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})

@@ -84,9 +84,10 @@ Left out, with the reason:
   ``--impl hf`` only ("sliding_window_pattern: modelled for transformers' code only"): Megatron's run
   cannot be typed. (The H100 row's GA 2 also disagrees with its own layout: 64 GPUs at PP 4 leave dp 16,
   and GBS 512 / (MBS 4 × 16) = 8.)
-- Qwen3 30B-A3B and 235B-A22B (FP8-CS on H100, FP8-MX on B200) and DeepSeekV3 (FP8-MX on B200):
-  ``--impl megatron --fp8`` with a mixture of experts is refused (TE's GroupedLinear is not modelled);
-  DeepSeekV3's MLA and MTP are not modelled under ``--impl megatron`` either.
+- Qwen3 30B-A3B and 235B-A22B (FP8-CS on H100, FP8-MX on B200): typed in benchmarks/heldout_bridge_moe_fp8.py
+  but the H100 235B-A22B row (its EP 32 drawn across TP × DP, which ``--ep`` cannot express; the reason
+  there). DeepSeekV3 (FP8-MX on B200): its MLA and MTP are not modelled under ``--impl megatron``, and
+  ``--fp8`` with experts refuses shared experts and dense first layers.
 - The df0289c copy's 26.02 and 25.09 tables: other containers, whose recipes are other versions
   (26.02's H100 Llama rows are the later ``*_V2`` presets): 26.02's typed from its version in
   benchmarks/heldout_bridge_more.py; 25.09's states no precision (left out there, with the reason).

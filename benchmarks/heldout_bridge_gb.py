@@ -112,9 +112,9 @@ Left out, with the reason:
 - The 26.02 NVFP4 rows (GB200: Llama 3 70B, 5041, Llama 3.1 405B, 1145; GB300: 6798 and 1347
   tokens/s/GPU): memplan has no NVFP4 recipe (``--fp8`` takes none, tensorwise, rowwise, delayed, mxfp8,
   blockwise).
-- The MoE and GPT OSS rows of these tables (DeepSeekV3, GPT OSS 120B, Qwen3 30B-A3B and 235B-A22B), for the
-  reasons heldout_bridge.py gives for their H100 and B200 rows; 25.11's two BF16 Qwen3 235B-A22B rows are
-  typed in heldout_bridge_moe.py.
+- The DeepSeekV3 and GPT OSS rows of these tables, for the reasons heldout_bridge.py gives for their H100
+  and B200 rows; 25.11's two BF16 Qwen3 235B-A22B rows are typed in heldout_bridge_moe.py, the float8 Qwen3
+  30B-A3B and 235B-A22B rows in heldout_bridge_moe_fp8.py.
 - The 25.09 section's DGX-GB200 table: it states no precision (heldout_bridge_more.py).
 """
 

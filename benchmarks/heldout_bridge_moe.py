@@ -116,9 +116,10 @@ NVL72 domain. memplan places Megatron's (and torchtitan's) ranks so since (``com
 +27.2 %, GB300 +7.3 % (EP 16 at PP 4 inside one domain either way).
 
 Left out, with the reason:
-- The 26.02 section's Qwen3 235B-A22B and 30B-A3B rows (FP8-MX) and 25.11's Qwen3 30B-A3B (FP8-MX):
-  ``--impl megatron --fp8`` with a mixture of experts is refused ("not modelled (dense Transformer Engine
-  layers only)").
+- The 26.02 section's Qwen3 235B-A22B and 30B-A3B rows (FP8-MX) and 25.11's Qwen3 30B-A3B (FP8-MX): refused
+  by ``--impl megatron --fp8`` with a mixture of experts when these rows were typed ("not modelled (dense
+  Transformer Engine layers only)"); typed since, with the other float8 Qwen3 rows, in
+  heldout_bridge_moe_fp8.py.
 - DeepSeekV3 (BF16 and FP8-MX; MLA is modelled for transformers' code only) and GPT OSS 120B (BF16; its
   attention under ``--impl hf`` only): heldout_bridge.py's reasons.
 """

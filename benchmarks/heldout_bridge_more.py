@@ -43,8 +43,9 @@ userbuffers configurations' ring-exchange buffers.
 
 Left out, with the reason:
 - DGX-GB200 and DGX-GB300 rows: typed in heldout_bridge_gb.py. DGX-B300: no preset, no dense Llama row.
-- DeepSeekV3 (FP8-MX; MLA, MTP) and Qwen3 30B-A3B and 235B-A22B (FP8-MX, FP8-CS): ``--impl megatron --fp8``
-  with experts is refused; GPT OSS 120B (BF16): memplan models gpt-oss's attention under ``--impl hf`` only.
+- Qwen3 30B-A3B and 235B-A22B (FP8-MX, FP8-CS): typed in heldout_bridge_moe_fp8.py (but the B300 rows and
+  the H100 235B-A22B row; the reasons there). DeepSeekV3 (FP8-MX; MLA, MTP): heldout_bridge.py's reason; GPT
+  OSS 120B (BF16): memplan models gpt-oss's attention under ``--impl hf`` only.
 - The page's "25.09 NeMo Container" section: its table states no precision (no Precision column; only a
   footnote on its bracketed B200 figures' block size), and that release's presets hold float8 current- and
   delayed-scaling entries of the same layouts (configs/llama3/*.yaml ``perf_matrix``, 0aa7db3; its

@@ -1,6 +1,7 @@
 """The held-out set's records (benchmarks/heldout.py, heldout_nemo.py, heldout_bridge.py,
-heldout_bridge_more.py, heldout_bridge_gb.py, heldout_bridge_moe.py): a run's configuration as its source
-states it, and the run itself: where it is stated, how it is typed, what it measured."""
+heldout_bridge_more.py, heldout_bridge_gb.py, heldout_bridge_moe.py, heldout_bridge_moe_fp8.py): a run's
+configuration as its source states it, and the run itself: where it is stated, how it is typed, what it
+measured."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from benchmarks.heldout import DOC, END, RUNS, START, TITAN_RUNS, Run, markdown,
 from benchmarks.heldout_bridge import BRIDGE_RUNS
 from benchmarks.heldout_bridge_gb import BRIDGE_GB_RUNS
 from benchmarks.heldout_bridge_moe import BRIDGE_MOE_RUNS
+from benchmarks.heldout_bridge_moe_fp8 import BRIDGE_MOE_FP8_RUNS
 from benchmarks.heldout_bridge_more import BRIDGE_MORE_RUNS
 from benchmarks.heldout_nemo import NEMO_RUNS
 from memplan.api import load_model
@@ -498,8 +499,7 @@ def test_bridge_more_runs_are_typed_as_the_recipes_configure_them(predicted: dic
 BRIDGE_MOE_ROWS = {
     # Megatron-Bridge docs/performance-summary.md (df0289c), "25.11 NeMo Container", the BF16 Qwen3 235B-A22B
     # rows of DGX-GB300 and DGX-GB200 as printed: (release, system, model, precision) → (#-GPUs, GBS, MBS,
-    # sequence, FSDP, TP, PP, CP, VP, EP, GA), tokens/s/GPU (the FP8-MX rows of 26.02 and 25.11's other MoE
-    # rows are left out: heldout_bridge_moe.py)
+    # sequence, FSDP, TP, PP, CP, VP, EP, GA), tokens/s/GPU (the float8 Qwen3 rows: BRIDGE_MOE_FP8_ROWS)
     ("25.11", "DGX-GB300", "Qwen3_235B_a22B", "BF16"): ((256, 8192, 2, 4096, 0, 1, 4, 1, 12, 16, 32), 6131),
     ("25.11", "DGX-GB200", "Qwen3_235B_a22B", "BF16"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 3, 32, 256), 4916),
 }
@@ -541,22 +541,32 @@ def test_bridge_moe_runs_are_typed_as_the_recipes_configure_them(predicted: dict
     account_for_loss_in_pipeline_split: (94 + 2)/(PP·VP) a virtual stage, one fewer at each end — PP 4 × VP
     12: 2, and 1 at the ends; PP 8 × VP 3: 4, and 3."""
     for run in BRIDGE_MOE_RUNS:
-        s, st = predicted[run.name]["setup"], run.stated
-        assert (s["impl"], s["fp8"], s["precision"], s["zero"]) == ("megatron", "none", "bf16-mixed", 1), (
-            run.name
-        )
-        assert s["overlap_grad_reduce"] and s["overlap_param_gather"] and s["clip_grad"], run.name
-        assert (s["reduce_dtype"], s["checkpointing"], s["offload"]) == ("bf16", "none", "none"), run.name
-        assert (s["tp"], s["sp"], s["cp"], s["tp_comm_overlap"], s["seq_len"]) == (1, False, 1, False, 4096)
-        dp = st.gpus // (st.pp * st.cp * st.tp)
-        assert (s["ep"], s["dp"]) == (st.ep, dp) and dp % st.ep == 0, run.name
-        assert s["micro_batches"] == st.global_batch // (st.micro_batch * dp), run.name
-        want = [
-            _megatron_layers_to_build(94, st.pp, st.vpp, v % st.pp, v // st.pp) for v in range(st.pp * st.vpp)
-        ]
-        per = 96 // (st.pp * st.vpp)
-        assert sum(want) == 94 and want[0] == want[-1] == per - 1 and set(want[1:-1]) == {per}, run.name
-        assert s["pp_layers"] == want, run.name
+        s = predicted[run.name]["setup"]
+        assert s["fp8"] == "none", run.name
+        _qwen3_typed_as_bridge_ran(run, s)
+
+
+def _qwen3_typed_as_bridge_ran(run: Run, s: dict) -> None:  # type: ignore[type-arg]
+    """What every Qwen3 row's recipes set (its test's docstring): Megatron-core, bf16-mixed, the distributed
+    optimizer with both overlaps, clipping, bf16 gradients, no recompute or offload, TP 1, sequence 4096,
+    EP from dp, GA micro-batches; 235B-A22B's embedding-and-loss split, 30B-A3B's even one."""
+    st = run.stated
+    assert (s["impl"], s["fp8"], s["precision"], s["zero"]) == ("megatron", st.fp8, "bf16-mixed", 1), run.name
+    assert s["overlap_grad_reduce"] and s["overlap_param_gather"] and s["clip_grad"], run.name
+    assert (s["reduce_dtype"], s["checkpointing"], s["offload"]) == ("bf16", "none", "none"), run.name
+    assert (s["tp"], s["sp"], s["cp"], s["tp_comm_overlap"], s["seq_len"]) == (1, False, 1, False, 4096)
+    dp = st.gpus // (st.pp * st.cp * st.tp)
+    assert (s["ep"], s["dp"]) == (st.ep, dp) and dp % st.ep == 0, run.name
+    assert s["micro_batches"] == st.global_batch // (st.micro_batch * dp), run.name
+    if st.model == "qwen3-30b-a3b":
+        assert s["pp_layers"] is None and 48 % (st.pp * st.vpp) == 0, run.name
+        return
+    want = [
+        _megatron_layers_to_build(94, st.pp, st.vpp, v % st.pp, v // st.pp) for v in range(st.pp * st.vpp)
+    ]
+    per = 96 // (st.pp * st.vpp)
+    assert sum(want) == 94 and want[0] == want[-1] == per - 1 and set(want[1:-1]) == {per}, run.name
+    assert s["pp_layers"] == want, run.name
 
 
 def test_bridge_moe_model_is_the_providers() -> None:
@@ -569,3 +579,69 @@ def test_bridge_moe_model_is_the_providers() -> None:
     assert (m.num_layers, m.hidden_size, m.num_heads, m.head_dim, m.num_kv_heads) == (94, 4096, 64, 128, 4)
     assert (m.ffn_size, moe.experts, moe.top_k, m.vocab_size) == (1536, 128, 8, 151936)
     assert m.vocab_size % 128 == 0 and not m.tied_embeddings and not moe.shared_experts
+
+
+BRIDGE_MOE_FP8_ROWS = {
+    # Megatron-Bridge docs/performance-summary.md, the float8 Qwen3 rows as printed: 25.11 (00b7660; the same
+    # at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MOE_ROWS', VP "n/a" read as 1 (the DGX-B300
+    # rows, no GPU preset, and the DGX-H100 235B-A22B rows, EP 32 across TP × DP, are left out:
+    # heldout_bridge_moe_fp8.py)
+    ("25.11", "DGX-GB300", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 28934),
+    ("25.11", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 23766),
+    ("25.11", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9299),
+    ("25.11", "DGX-B200", "Qwen3_235B_a22B", "FP8-MX"): ((64, 1024, 1, 4096, 0, 1, 8, 1, 2, 8, 128), 3269),
+    ("25.11", "DGX-H100", "Qwen3_30B_a3B", "FP8-CS"): ((16, 512, 2, 4096, 0, 1, 2, 1, 24, 8, 32), 5275),
+    ("26.02", "DGX-GB300", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 8, 4096, 0, 1, 1, 1, 1, 8, 8), 30376),
+    ("26.02", "DGX-GB300", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 2, 4096, 0, 1, 4, 1, 1, 32, 64), 6583),
+    ("26.02", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 26084),
+    ("26.02", "DGX-GB200", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 1, 32, 256), 5448),
+    ("26.02", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9691),
+    ("26.02", "DGX-B200", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 1, 8, 256), 3805),
+    ("26.02", "DGX-H100", "Qwen3_30B_a3B", "FP8-CS"): ((16, 1024, 1, 4096, 0, 1, 2, 1, 12, 8, 128), 2557),
+}
+QWEN3_MODELS = {"qwen3-30b-a3b": "Qwen3_30B_a3B", "qwen3-235b-a22b": "Qwen3_235B_a22B"}
+
+
+def test_bridge_moe_fp8_rows_as_printed() -> None:
+    """Every typable float8 Qwen3 row of the 25.11 and 26.02 tables is in the set once, with the table's
+    figures, on its system's GPU preset; FP8-CS is --fp8 tensorwise, FP8-MX --fp8 mxfp8; the printed GA is
+    GBS / (MBS × dp), dp = GPUs / (TP·PP·CP), on every row."""
+    assert len(BRIDGE_MOE_FP8_RUNS) == len(BRIDGE_MOE_FP8_ROWS) == 5 + 7
+    got = {}
+    for run in BRIDGE_MOE_FP8_RUNS:
+        st = run.stated
+        release = run.source.split("(", 1)[1].split(")", 1)[0]
+        system = run.source.rsplit(", ", 1)[1]
+        key = (release, system, QWEN3_MODELS[st.model], BRIDGE_FP8[st.fp8])
+        assert st.gpu == BRIDGE_GPU[system] and run.name.endswith(f"({release})"), run.name
+        dp = st.gpus // (st.tp * st.pp * st.cp)
+        ga = st.global_batch // (st.micro_batch * dp)
+        layout = (int(st.zero == 3), st.tp, st.pp, st.cp, st.vpp, st.ep, ga)
+        got[key] = ((st.gpus, st.global_batch, st.micro_batch, st.seq, *layout), run.published)
+    assert got == BRIDGE_MOE_FP8_ROWS
+
+
+def test_bridge_moe_fp8_runs_are_typed_as_the_recipes_configure_them(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
+    """The float8 Qwen3 rows (heldout_bridge_moe_fp8.py): Megatron-core with TE current scaling (FP8-CS) or
+    MXFP8 (FP8-MX), fp8_param_gather (both recipes; the experts' primary weights too), the plain distributed
+    optimizer (use_precision_aware_optimizer is bf16's only) with overlapped gradient and parameter sync,
+    gradients in bf16, clipping at 1.0, no recompute, no offload, TP 1 (no SP, TE's userbuffers moot), the
+    printed EP taken from dp, the micro-batches GBS / (MBS × dp); 235B-A22B's 94 layers split with the
+    embedding and the loss ((94 + 2)/(PP·VP) a virtual stage, one fewer at each end), 30B-A3B's 48 evenly
+    (its recipe sets no such split)."""
+    for run in BRIDGE_MOE_FP8_RUNS:
+        s = predicted[run.name]["setup"]
+        assert run.stated.fp8 in BRIDGE_FP8 and s["fp8_param_gather"], run.name
+        _qwen3_typed_as_bridge_ran(run, s)
+
+
+def test_bridge_moe_30b_model_is_the_providers() -> None:
+    """memplan's qwen3-30b-a3b is Megatron-Bridge's Qwen3MoEModelProvider30B_A3B (qwen_provider.py, 07d0d14):
+    48 layers, hidden 2048, 32 heads of 128 (kv_channels), 4 query groups, moe_ffn_hidden_size 768, 128
+    experts, top-8, vocabulary 151,936, untied embeddings, no shared expert."""
+    m = load_model("qwen3-30b-a3b").model
+    moe = m.moe
+    assert moe is not None
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.head_dim, m.num_kv_heads) == (48, 2048, 32, 128, 4)
+    assert (m.ffn_size, moe.experts, moe.top_k, m.vocab_size) == (768, 128, 8, 151936)
+    assert not m.tied_embeddings and not moe.shared_experts
