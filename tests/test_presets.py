@@ -133,6 +133,7 @@ GPUS = {
     "h100-teton",
     "h200",
     "b200",
+    "b300",
     "gb200",
     "gb300",
     "mi300x",
@@ -272,6 +273,26 @@ def test_gb300_figures_are_the_racks_over_72_gpus() -> None:
     assert gb.hbm_bandwidth_gbps == 576_000 / 72 and gb.memory_bytes == 288 * 2**30
     assert gb.device_bytes == 284_208 * 2**20 and gb.compute_capability == "10.3" and gb.fp8_any_layout
     assert gb.topology.gpus_per_node == 72 and gb.topology.inter_node_gbps == 800 / 8
+
+
+def test_b300_figures_are_the_hgx_b300s_over_8_gpus() -> None:
+    """DGX/HGX B300 (presets/gpus/b300.toml): the HGX table's 72 PF of sparse FP8, 36 of BF16, 18 of TF32 and
+    600 TFLOP/s of FP32 over its 8 GPUs, sparse halved (the B200's per-GPU peaks, at 1,100 W: below gb300's
+    1,400 W 5,000); 8 TB/s; 288 GB each (the driver's 275,040 MiB, below gb300's); 148 SMs; sm_103; one
+    NVSwitch node of 8 with one 800 Gb/s ConnectX-8 a GPU; the DGX B300's 2 TB of host memory; no host link
+    or host memory bandwidth stated, so offload asks for them."""
+    b = load_gpu("hgx-b300")
+    assert b.name == "b300" and load_gpu("dgx-b300") is b is load_gpu("b300-sxm")
+    peak = b.peak_tflops
+    assert peak.fp8 == 72_000 / 8 / 2 == 2 * peak.bf16 and peak.bf16 == 36_000 / 8 / 2 == peak.fp16
+    assert peak.tf32 == 18_000 / 8 / 2 and peak.fp32 == 600 / 8
+    assert peak == load_gpu("b200").peak_tflops and peak.fp8 < load_gpu("gb300").peak_tflops.fp8
+    assert b.hbm_bandwidth_gbps == 8_000 and b.memory_bytes == 288 * 2**30 == load_gpu("gb300").memory_bytes
+    assert b.device_bytes == 275_040 * 2**20 < load_gpu("gb300").device_bytes
+    assert b.sms == 148 and b.compute_capability == "10.3" and b.fp8_any_layout and b.arch == "blackwell"
+    assert b.topology.gpus_per_node == 8 and b.topology.intra_node_gbps == b.interconnect_gbps / 2 == 900
+    assert b.topology.inter_node_gbps == 800 / 8
+    assert b.host_memory_gib == 2 * 1024 and b.host_link_gbps is None and b.host_memory_gbps is None
 
 
 def test_shipped_loads_are_cached() -> None:

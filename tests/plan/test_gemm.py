@@ -190,13 +190,14 @@ def test_every_shipped_gpu_states_its_sms() -> None:
         "h100-sxm",
         "h200",
         "b200",
+        "b300",
         "gb200",
         "gb300",
         "l40s",
         "mi300x",
         "rtx-4090",
     ]
-    assert [load_gpu(n).sms for n in names] == [108, 108, 132, 132, 148, 152, 152, 142, 304, 128]
+    assert [load_gpu(n).sms for n in names] == [108, 108, 132, 132, 148, 148, 152, 152, 142, 304, 128]
 
 
 def test_the_published_22b_matmul_time_by_hand() -> None:
