@@ -115,7 +115,13 @@ FSDP = "Megatron FSDP (optim_grads_params) typed --zero 3; nccl_ub not modelled"
 TP_OVERLAP = "TE TP comm overlap typed --tp-comm-overlap; the pipeline's p2p overlap not modelled"
 CUDA_GRAPHS = "CUDA graphs (local, full_iteration) not modelled"
 SPLIT = "405B split with embedding and loss as layers: --pp-layers 1,2,…,2,1"
-SYSTEMS = {"h100-sxm": "DGX-H100", "b200": "DGX-B200", "gb200": "DGX-GB200", "gb300": "DGX-GB300"}
+SYSTEMS = {
+    "h100-sxm": "DGX-H100",
+    "b200": "DGX-B200",
+    "b300": "DGX-B300",
+    "gb200": "DGX-GB200",
+    "gb300": "DGX-GB300",
+}
 """The page's system headings by memplan's GPU preset (heldout_bridge_gb.py: the GB200 and GB300 rows)."""
 
 

@@ -1,8 +1,8 @@
 """NVIDIA Megatron-Bridge's published pre-training throughput of Qwen3 30B-A3B and 235B-A22B (mixtures of
 experts: 48 and 94 layers, 128 experts, top-8) in float8 — FP8-CS (TE current scaling, ``--fp8 tensorwise``)
-and FP8-MX (MXFP8, ``--fp8 mxfp8``) — on DGX-GB300, -GB200, -B200 and -H100, the "25.11 NeMo Container" and
-"26.02 NeMo Container" tables: rows of the held-out set (benchmarks/heldout.py), typed as the performance
-scripts ran them (heldout_bridge_moe.py types the 25.11 BF16 Qwen3 rows, heldout_bridge.py and
+and FP8-MX (MXFP8, ``--fp8 mxfp8``) — on DGX-GB300, -GB200, -B300, -B200 and -H100, the "25.11 NeMo
+Container" and "26.02 NeMo Container" tables: rows of the held-out set (benchmarks/heldout.py), typed as
+the performance scripts ran them (heldout_bridge_moe.py types the 25.11 BF16 Qwen3 rows, heldout_bridge.py and
 heldout_bridge_gb.py the dense float8 Llama rows, whose readings of the float8 recipes this module shares).
 
 Source (stored copies read): NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md at 00b7660 (its only
@@ -16,7 +16,9 @@ all benchmarks are token-dropless."; no Qwen3 row has bracketed figures. Typed (
   32 → 5275.
 - 26.02 (df0289c only): GB300 30B-A3B 8 GPUs FP8-MX, GBS 512, MBS 8, EP 8, GA 8 → 30376; GB300 235B-A22B 256
   GPUs FP8-MX, GBS 8192, MBS 2, PP 4, EP 32, GA 64 → 6583; GB200 30B-A3B 8 GPUs, GBS 512, MBS 4, EP 8, GA 16
-  → 26084; GB200 235B-A22B 256 GPUs, GBS 8192, MBS 1, PP 8, EP 32, GA 256 → 5448; B200 30B-A3B 8 GPUs, GBS
+  → 26084; GB200 235B-A22B 256 GPUs, GBS 8192, MBS 1, PP 8, EP 32, GA 256 → 5448; B300 30B-A3B 8 GPUs, GBS
+  512, MBS 8, EP 8, GA 8 → 29521; B300 235B-A22B 256 GPUs, GBS 8192, MBS 1, PP 8, VP 4, EP 8, GA 256 → 2691
+  (the b300 preset, added after the first twelve were typed); B200 30B-A3B 8 GPUs, GBS
   512, MBS 1, EP 8, GA 64 → 9691; B200 235B-A22B 256 GPUs, GBS 8192, MBS 1, PP 8, EP 8, GA 256 → 3805 (all
   FP8-MX); H100 30B-A3B 16 GPUs FP8-CS, GBS 1024, MBS 1, PP 2, VP 12, EP 8, GA 128 → 2557.
 
@@ -37,14 +39,17 @@ The recipes read (stored copies; scripts/performance unless a path says otherwis
   entropy, the distributed optimizer with both overlaps, no flex backend (``apply_flex_dispatcher_backend(
   model_cfg, None)``: the provider's alltoall dispatcher).
 - 26.02: configs/qwen/qwen3_workload_base_configs.py at f29a269 (``QWEN3_<SIZE>_PRETRAIN_CONFIG_<GPU>_
-  <FP8_CS|FP8_MX>_<V1|V2>``, utils' ``get_workload_base_config`` falling back from V2 to V1): GB300 30B-A3B
-  V1 MBS 8, EP 8, HybridEP (``moe_flex_dispatcher_backend = "hybridep"``), TE CUDA graphs (moe_router,
+  <FP8_CS|FP8_MX>_<V1|V2>``, utils' ``get_workload_base_config`` falling back from V2 to V1): GB300 30B-A3B V1
+  MBS 8, EP 8, HybridEP (``moe_flex_dispatcher_backend = "hybridep"``), TE CUDA graphs (moe_router,
   moe_preprocess); GB300 235B-A22B V2 256 GPUs, PP 4, EP 32, GBS 8192, MBS 2, HybridEP, TE graphs (attn,
   moe_router, moe_preprocess); GB200 30B-A3B V1 MBS 4, HybridEP, graphs (moe_router, moe_preprocess); GB200
   235B-A22B V2 PP 8, EP 32, MBS 1, HybridEP, graphs with attn; B200 30B-A3B V1 MBS 1, no backend, graphs
-  (moe_router, moe_preprocess); B200 235B-A22B V2 PP 8, EP 8, 256 GPUs, GBS 8192, no graphs,
-  ``moe_a2a_overlap = False`` — each the table's row exactly. H100 30B-A3B V1: 16 GPUs, GBS 1024, MBS 1,
-  **PP 1, EP 16**, HybridEP (the script sets ``moe_token_dispatcher_type = "flex"``): not the table's PP 2,
+  (moe_router, moe_preprocess); B300 30B-A3B V1 (``..._B300_FP8_MX_V1`` = ``..._FP8_CS_V1``) MBS 8, EP 8,
+  HybridEP, graphs (moe_router, moe_preprocess); B300 235B-A22B V2 (= ``..._B300_FP8_CS_V2``): V1's PP 8, VP
+  4, EP 8, ``moe_a2a_overlap = True``, with 256 GPUs and GBS 8192, no backend, no graphs (01b2977's copy and
+  another drop VP 4 and the overlap: not the table); B200 235B-A22B V2 PP 8, EP 8, 256 GPUs, GBS 8192, no
+  graphs, ``moe_a2a_overlap = False`` — each the table's row exactly. H100 30B-A3B V1: 16 GPUs, GBS 1024, MBS
+  1, **PP 1, EP 16**, HybridEP (the script sets ``moe_token_dispatcher_type = "flex"``): not the table's PP 2,
   VP 12, EP 8 (nor are 01b2977's copy or another stored copy whose commit the index does not name); typed as
   printed. 01b2977's copy adds VP to the 235B FP8-MX V2 presets (GB300 VP 12, GB200 VP 3): not the table.
   configs/qwen/qwen3_llm_pretrain.py at f29a269: the no-argument library recipe
@@ -85,10 +90,11 @@ Readings not settled, typed as the table prints them (each row's note says so):
 - 26.02 H100 30B-A3B: PP 2, VP 12, EP 8 is in no stored 26.02 preset (above).
 - The dispatcher that ran: 25.11 alltoall (no backend reaches the recipe). 26.02 (flex_dispatcher_backend.py
   at 183c5c0, my reading of the code, no log): the recipe asks for DeepEP, applied on B200 and H100
-  (capability 9 or the "NVIDIA B200" name) and fallen back to alltoall on GB200/GB300; the script then
-  writes the preset's backend without re-applying it — GB rows alltoall with "hybridep" written, B200 rows
-  flex with none, H100 flex with "hybridep". memplan has no dispatcher option: it times an all-to-all of
-  the routed tokens each way per MoE layer, not overlapped.
+  (capability 9 or the "NVIDIA B200" / "NVIDIA B300" names) and fallen back to alltoall on GB200/GB300;
+  the script then writes the preset's backend without re-applying it — GB rows alltoall with "hybridep"
+  written, B200 rows and B300's 235B-A22B flex with none, B300's 30B-A3B and H100 flex with "hybridep".
+  memplan has no dispatcher option: it times an all-to-all of the routed tokens each way per MoE layer,
+  not overlapped.
 - Which 25.11 preset copy ran (0fa501a or 767255d: CUDA graphs and ``moe_a2a_overlap``), and which
   mixed_precision.py the containers shipped.
 
@@ -108,27 +114,25 @@ Not typed (memplan has no option; each row's note says which):
   can remove the explicit padding in the GroupedMLP layer"), balanced only on average: up to 15 (31) rows
   an expert, not counted.
 
-memplan's verdict, when the rows were typed: two rows that ran are called "does not fit" — 26.02 GB300
-30B-A3B at MBS 8 (295.7 GiB reserved of 275.3 usable: 159 GiB of activations, 37 GiB of the loss's
-backward transients on top, 37 GiB between allocated and reserved) and 25.11 H100 30B-A3B at MBS 2, PP 2,
-VP 24 (88.6 of 77.4 GiB; at the presets' VP 12, 87.9). The rest fit. The step times: the 235B-A22B rows
-+9.2 % (GB300) to +104 % (B200, 25.11); the 30B-A3B rows +18.9 … +51 % on GB300 and GB200, +140 … +410 %
-on B200 and H100. The published tokens/s follow the micro-batch where memplan's barely move (B200 at MBS 1
-9,299 and 9,691 against GB200 at MBS 4 23,766 and 26,084, memplan 32,005 and 35,923; H100 at MBS 1 2,557
-against MBS 2 5,275, memplan 13,052 and 12,658): a cost per micro-batch or per MoE layer memplan does not
-have (candidates, not measured: the alltoall dispatcher's host synchronisation for its splits — the
-"moe_preprocess" the CUDA graph scopes name —, the router's and permutation's launches, per-expert GEMMs of
-2,048 rows at MBS 1, EP 8).
+memplan's verdict, when the rows were typed: three rows that ran are called "does not fit" — 26.02 GB300 and
+B300 30B-A3B at MBS 8 (295.7 GiB reserved of 275.3 and 266.3 usable: 159 GiB of activations, 37 GiB of the
+loss's backward transients on top, 37 GiB between allocated and reserved) and 25.11 H100 30B-A3B at MBS 2, PP
+2, VP 24 (88.6 of 77.4 GiB; at the presets' VP 12, 87.9). The rest fit. The step times (with Megatron's token
+dispatch and combine, ``time.layer_elementwise.dispatch``): the 235B-A22B rows +0.3 % (GB300) to +134 % (B300,
+26.02); the 30B-A3B rows +4.8 … +36 % on GB300, B300 and GB200 at MBS 4–8, +120 … +366 % on B200 and H100 at
+MBS 1–2. The published tokens/s follow the micro-batch where memplan's barely move (B200 at MBS 1 9,299 and
+9,691 against GB200 at MBS 4 23,766 and 26,084, memplan 29,140 and 32,353; H100 at MBS 1 2,557 against MBS 2
+5,275, memplan 11,911 and 11,581): a cost per micro-batch or per MoE layer memplan does not have (candidates,
+not measured: the alltoall dispatcher's host synchronisation for its splits — the "moe_preprocess" the CUDA
+graph scopes name —, the router's and permutation's launches, per-expert GEMMs of 2,048 rows at MBS 1, EP 8).
 
 Left out, with the reason:
-- DGX-B300 (26.02: 30B-A3B FP8-MX MBS 8, EP 8 → 29521; 235B-A22B FP8-MX 256 GPUs, PP 8, VP 4, EP 8 → 2691):
-  memplan has no B300 GPU preset.
-- DGX-H100 235B-A22B (25.11: 256 GPUs, FP8-CS, GBS 2048 — df0289c's copy; 00b7660's row has 14 cells for
-  15 columns, its GBS missing —, TP 2, PP 8, VP 4, EP 32 → 1575; 26.02: GBS 8192, the same layout → 1633):
-  with ETP 1 Megatron draws EP 32 across TP × DP (2 × 16), where memplan's ``--ep`` takes its ranks from dp
-  only ("expert parallelism takes its 32 ranks from data parallelism, but --dp is 16").
-- Qwen3-Next: no row in either table (presets only). The 25.09 section: no Precision column and its Qwen3
-  rows "(tokendrop)" (heldout_bridge_more.py's reason). No FP8-DS Qwen3 row exists.
+- DGX-H100 235B-A22B (25.11: 256 GPUs, FP8-CS, GBS 2048 — df0289c's copy; 00b7660's row has 14 cells for 15
+  columns, its GBS missing —, TP 2, PP 8, VP 4, EP 32 → 1575; 26.02: GBS 8192, the same layout → 1633): with
+  ETP 1 Megatron draws EP 32 across TP × DP (2 × 16), where memplan's ``--ep`` takes its ranks from dp only
+  ("expert parallelism takes its 32 ranks from data parallelism, but --dp is 16").
+- Qwen3-Next: no row in either table (presets only). The 25.09 section: no Precision column and its Qwen3 rows
+  "(tokendrop)" (heldout_bridge_more.py's reason). No FP8-DS Qwen3 row exists.
 """
 
 from __future__ import annotations
@@ -162,6 +166,7 @@ A2A_767 = (
     "modelled; 0fa501a's does not"
 )
 PG_OPT = "overlap_param_gather_with_optimizer_step and the pipeline's overlap_p2p_comm not modelled"
+A2A_B300 = "the preset's moe_a2a_overlap (EP all-to-all overlap + delay_wgrad_compute) not modelled"
 HYBRIDEP = "HybridEP dispatcher (moe_hybridep_num_sms 32) not modelled, no expert-parallel overlap"
 DEEPEP = "the recipe's DeepEP (flex) dispatcher not modelled, no expert-parallel overlap"
 PLACED = "EP 32 in 32 consecutive ranks (Megatron's tp-cp-ep-dp-pp order)"
@@ -254,6 +259,10 @@ TABLE: tuple[tuple[str, str, str, tuple[int, int, int], tuple[int, int, int, int
      (GRAPHS_TE, HYBRIDEP, P2602.format("QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V1"))),
     ("26.02", "gb200", M235, (256, 8192, 1), (1, 8, 1, 1), 32, "FP8-MX", 5448,
      (GRAPHS_ATTN, HYBRIDEP, PLACED, P2602.format("QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2"))),
+    ("26.02", "b300", M30, (8, 512, 8), ONE, 8, "FP8-MX", 29521,
+     (GRAPHS_TE, HYBRIDEP, P2602.format("QWEN3_30B_A3B_PRETRAIN_CONFIG_B300_FP8_MX_V1"))),
+    ("26.02", "b300", M235, (256, 8192, 1), (1, 8, 1, 4), 8, "FP8-MX", 2691,
+     (DEEPEP, A2A_B300, PG_OPT, P2602.format("QWEN3_235B_A22B_PRETRAIN_CONFIG_B300_FP8_MX_V2"))),
     ("26.02", "b200", M30, (8, 512, 1), ONE, 8, "FP8-MX", 9691,
      (GRAPHS_TE, DEEPEP, P2602.format("QWEN3_30B_A3B_PRETRAIN_CONFIG_B200_FP8_MX_V1"))),
     ("26.02", "b200", M235, (256, 8192, 1), (1, 8, 1, 1), 8, "FP8-MX", 3805,

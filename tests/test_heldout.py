@@ -320,7 +320,13 @@ BRIDGE_ROWS = {
 }
 BRIDGE_MODELS = {"llama-3-8b": "LLAMA3_8B", "llama-3-70b": "LLAMA3_70B", "llama-3.1-405b": "LLAMA3.1_405B"}
 BRIDGE_FP8 = {"tensorwise": "FP8-CS", "mxfp8": "FP8-MX"}
-BRIDGE_GPU = {"DGX-H100": "h100-sxm", "DGX-B200": "b200", "DGX-GB200": "gb200", "DGX-GB300": "gb300"}
+BRIDGE_GPU = {
+    "DGX-H100": "h100-sxm",
+    "DGX-B200": "b200",
+    "DGX-B300": "b300",
+    "DGX-GB200": "gb200",
+    "DGX-GB300": "gb300",
+}
 
 
 def _bridge_key(run: Run) -> tuple[str, str, str]:
@@ -583,9 +589,8 @@ def test_bridge_moe_model_is_the_providers() -> None:
 
 BRIDGE_MOE_FP8_ROWS = {
     # Megatron-Bridge docs/performance-summary.md, the float8 Qwen3 rows as printed: 25.11 (00b7660; the same
-    # at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MOE_ROWS', VP "n/a" read as 1 (the DGX-B300
-    # rows, no GPU preset, and the DGX-H100 235B-A22B rows, EP 32 across TP × DP, are left out:
-    # heldout_bridge_moe_fp8.py)
+    # at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MOE_ROWS', VP "n/a" read as 1 (the DGX-H100
+    # 235B-A22B rows, EP 32 across TP × DP, are left out: heldout_bridge_moe_fp8.py)
     ("25.11", "DGX-GB300", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 28934),
     ("25.11", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 23766),
     ("25.11", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9299),
@@ -595,6 +600,8 @@ BRIDGE_MOE_FP8_ROWS = {
     ("26.02", "DGX-GB300", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 2, 4096, 0, 1, 4, 1, 1, 32, 64), 6583),
     ("26.02", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 26084),
     ("26.02", "DGX-GB200", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 1, 32, 256), 5448),
+    ("26.02", "DGX-B300", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 8, 4096, 0, 1, 1, 1, 1, 8, 8), 29521),
+    ("26.02", "DGX-B300", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 4, 8, 256), 2691),
     ("26.02", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9691),
     ("26.02", "DGX-B200", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 1, 8, 256), 3805),
     ("26.02", "DGX-H100", "Qwen3_30B_a3B", "FP8-CS"): ((16, 1024, 1, 4096, 0, 1, 2, 1, 12, 8, 128), 2557),
@@ -606,7 +613,7 @@ def test_bridge_moe_fp8_rows_as_printed() -> None:
     """Every typable float8 Qwen3 row of the 25.11 and 26.02 tables is in the set once, with the table's
     figures, on its system's GPU preset; FP8-CS is --fp8 tensorwise, FP8-MX --fp8 mxfp8; the printed GA is
     GBS / (MBS × dp), dp = GPUs / (TP·PP·CP), on every row."""
-    assert len(BRIDGE_MOE_FP8_RUNS) == len(BRIDGE_MOE_FP8_ROWS) == 5 + 7
+    assert len(BRIDGE_MOE_FP8_RUNS) == len(BRIDGE_MOE_FP8_ROWS) == 5 + 9
     got = {}
     for run in BRIDGE_MOE_FP8_RUNS:
         st = run.stated
