@@ -257,12 +257,12 @@ class Options(Frozen):
         metavar="none|optimizer,params,activations",
     )
     loss: str = option(
-        "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: lm head and cross-entropy per "
-        "chunk), xentropy (flash_attn's fused cross-entropy: the logits kept), fused (Liger's fused "
-        "linear cross-entropy: no [T, v] tensor kept)",
+        "Loss: standard (fp32 log-probs [T, v] kept), chunked:N (torchtune: per chunk), xentropy (flash_attn"
+        "'s fused cross-entropy: the logits kept), te (Megatron's TE fused cross-entropy: logits kept, the "
+        "gradient written over them), fused (Liger's fused linear cross-entropy: no [T, v] tensor kept)",
         STRATEGY,
         default="standard",
-        metavar="standard|chunked:N|xentropy|fused",
+        metavar="standard|chunked:N|xentropy|te|fused",
     )
     tp: int = option("Tensor-parallel degree t", PARALLEL, default=1, metavar="N", gt=0)
     sp: bool = option("Sequence parallelism over the tensor-parallel ranks", PARALLEL, default=False)

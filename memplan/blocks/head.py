@@ -1,4 +1,4 @@
-"""The lm head [h, v] (absent when tied to the embedding) and the loss, in one of three variants
+"""The lm head [h, v] (absent when tied to the embedding) and the loss, in one of five variants
 (``config.offload.LossKind``):
 
 - standard: logits upcast to fp32 as Megatron and HF do, an explicit ``log_softmax`` + ``nll_loss``: keeps
@@ -15,6 +15,9 @@
   three [v, h] at once (``chunked_head_backward_transient``). With b > 1 a chunk along the sequence is
   not contiguous, so the lm head's ``matmul`` and the labels' ``reshape(-1)`` copy it: each chunk keeps
   its own [b·c, h] input and [b·c] labels (the same bytes in N storages).
+- te — Transformer Engine's ``parallel_cross_entropy`` as Megatron runs it (``--cross-entropy-loss-fusion
+  --cross-entropy-fusion-impl te``): keeps the 16-bit logits [T, v/t] and 3·t fp32 numbers a token; its
+  backward writes the gradient over the logits in place (``te_rules``).
 - fused — Liger's ``LigerFusedLinearCrossEntropyFunction``: in forward, per chunk of rows the logits,
   their softmax gradient (written over them), grad_input[chunk] = dlogits·W and grad_weight += dlogitsᵀ·X;
   autograd keeps grad_input [T, h] (the hidden states' dtype) and grad_weight [v, h] (the weight's) and no
@@ -76,6 +79,8 @@ def lm_head_rules(setup: Setup, dims: Dims) -> list[Rule]:
         return chunked_rules(setup, dims)
     if setup.loss is LossKind.XENTROPY:
         return xentropy_rules(setup, dims)
+    if setup.loss is LossKind.TE:
+        return te_rules(setup, dims)
     b, s, h, v = dims.b, dims.s, dims.h, dims.v
     head = save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head: dW = Xᵀ·dY")
     prof = profile_of(setup)
@@ -182,6 +187,26 @@ def xentropy_rules(setup: Setup, dims: Dims) -> list[Rule]:
         save(B.LOSS, "lse", (t,), FP32, R.LOSS_SCALAR, "the kernel's fp32 logsumexp per token"),
         labels_rule(setup, dims),
         save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the mean's divisor"),
+    ]
+
+
+def te_rules(setup: Setup, dims: Dims) -> list[Rule]:
+    """Transformer Engine's ``parallel_cross_entropy`` under Megatron (``LossKind.TE``; transformer_engine/
+    pytorch/cross_entropy.py, ``CrossEntropyFunction.forward``: ``ctx.save_for_backward(_input, target,
+    m_d_X_y)``): the rank's 16-bit logits [T, v/t] as the output layer made them (no fp32 copy; the online
+    softmax reads them once), the targets [T] int64 (Megatron's transposed copy of the labels) and the
+    per-token max, sum and target logit in fp32 of every rank of the tensor-parallel group (``m_d_X_y``
+    all-gathered: 3·t numbers a token); pretrain_gpt's masked sum keeps the loss mask. The backward's
+    kernel writes the gradient over the logits (``cross_entropy_backward_kernel``: "in-place")."""
+    t, tp = dims.tokens, setup.parallel.tp
+    head = save(B.LM_HEAD, "input", (dims.b, dims.s, dims.h), dims.act, R.LINEAR_INPUT, "dW = Xᵀ·dY")
+    why = "the output layer's logits, kept by the kernel and overwritten by their gradient in backward"
+    return [
+        head,
+        save(B.LOSS, "logits", (t, dims.v), dims.act, R.LOG_PROBS, why),
+        save(B.LOSS, "m_d_X_y", (3 * tp * t,), FP32, R.LOSS_SCALAR, "each rank's max, sum, target logit"),
+        save(B.LOSS, "target", (t,), INT64, R.LABELS, "the targets, Megatron's [s, b] copy of the labels"),
+        save(B.LOSS, "loss_mask", (t,), FP32, R.LABELS, "losses · loss_mask: d(losses) needs the mask"),
     ]
 
 
@@ -293,7 +318,10 @@ def loss_backward_blocks(setup: Setup, dims: Dims) -> tuple[int, ...]:
 def loss_backward_transient(setup: Setup, dims: Dims) -> int:
     """The loss backward's buffers beside every save: nll_loss's gradient and log_softmax's input gradient,
     both fp32 [T, v] (standard); flash_attn's kernel writes one gradient of the logits, in their dtype
-    (xentropy). The fused loss only scales its kept gradients in place: none.
+    (xentropy). The fused loss only scales its kept gradients in place: none. Transformer Engine's (te)
+    writes its gradient over the kept logits, in place; the output layer's backward then makes its input
+    gradient [T, h] beside it (its weight gradient summed into Megatron's fp32 ``main_grad`` by
+    ``gradient_accumulation_fusion``, no new [v, h]): T·h in the activations' dtype.
 
     Chunked: autograd runs the chunks' backward last chunk first (the latest made), so the moment is the
     last chunk's log_softmax backward, 8·b·c_last·v, all the others' log-probs still alive; by then its
@@ -308,6 +336,8 @@ def loss_backward_transient(setup: Setup, dims: Dims) -> int:
         return 2 * 4 * dims.tokens * dims.v
     if setup.loss is LossKind.XENTROPY:  # dlogits = torch.empty_like(logits): one [T, v] in the logits' dtype
         return dims.act.bytes * dims.tokens * dims.v
+    if setup.loss is LossKind.TE:  # the gradient written over the kept logits; then the output layer's dX
+        return dims.act.bytes * dims.tokens * dims.h
     sizes = chunk_sizes(dims.s, setup.loss_chunks)
     first, longest = dims.b * sizes[-1], dims.b * sizes[0]
     freed = 4 + (8 * first if loop_labels_bytes(setup, dims) else 0)

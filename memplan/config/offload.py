@@ -70,22 +70,27 @@ class LossKind(IntEnum):
     """flash_attn's fused cross-entropy kernel (``flash_attn.losses.cross_entropy.CrossEntropyLoss``,
     llm-foundry's ``fused_crossentropy``): one kernel over the 16-bit logits, which it keeps with the fp32
     logsumexp [T]; its backward writes one logits-dtype gradient [T, v]. No fp32 [T, v] tensor."""
-    FUSED = 3
+    TE = 3
+    """Transformer Engine's ``parallel_cross_entropy`` as Megatron runs it (``--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te``, Megatron-Bridge's default): its Triton kernels keep the 16-bit logits
+    [T, v/t] with three fp32 numbers a token, and its backward writes the gradient over the logits, in
+    place: no fp32 [T, v] tensor and no new [T, v] gradient."""
+    FUSED = 4
     """Liger's fused linear cross-entropy: the gradients of the hidden states and of the lm head's weight
     are made in forward, chunk by chunk; autograd keeps those two instead of any [T, v] tensor."""
 
 
 def parse_loss(text: str) -> tuple[LossKind, int]:
-    """``standard``, ``xentropy``, ``fused`` or ``chunked:N`` → the kind and N (1 unless chunked)."""
+    """``standard``, ``xentropy``, ``te``, ``fused`` or ``chunked:N`` → the kind and N (1 unless chunked)."""
     t = text.strip().lower()
     if t.startswith("chunked"):
         n = t.removeprefix("chunked").removeprefix(":")
         if not n.isdigit() or int(n) < 1:
             raise ValueError(f"loss: '{text}' needs a whole number of chunks ≥ 1, e.g. chunked:8")
         return LossKind.CHUNKED, int(n)
-    if t not in ("standard", "xentropy", "fused"):
+    if t not in ("standard", "xentropy", "te", "fused"):
         raise ValueError(
-            f"loss: unknown '{text}'; choose standard, xentropy, fused or chunked:N (e.g. chunked:8)"
+            f"loss: unknown '{text}'; choose standard, xentropy, te, fused or chunked:N (e.g. chunked:8)"
         )
     return LossKind[t.upper()], 1
 
@@ -101,8 +106,9 @@ def check_savers(
     precision recipe keeps an fp32 master copy."""
     if loss is not LossKind.CHUNKED and chunks != 1:
         raise ValueError("loss_chunks: only the chunked loss takes a chunk count; use --loss chunked:N")
-    if loss is LossKind.XENTROPY and offload is not Offload.NONE:
-        raise ValueError("loss: --loss xentropy is modelled without offload; use --offload none")
+    if loss in (LossKind.XENTROPY, LossKind.TE) and offload is not Offload.NONE:
+        name = loss.name.lower()
+        raise ValueError(f"loss: --loss {name} is modelled without offload; use --offload none")
     if Offload.OPTIMIZER in offload and not mixed:
         raise ValueError(
             "offload: ZeRO-Offload steps an fp32 master copy of 16-bit weights on the host; use --precision "

@@ -221,6 +221,11 @@ def check_setup(setup: Setup) -> None:
             "loss: --loss xentropy is modelled for --impl reference without tensor parallelism; "
             "use --tp 1 and --impl reference, or --loss standard"
         )
+    if setup.loss is LossKind.TE and setup.impl.impl is not Impl.MEGATRON:
+        raise ValueError(
+            "loss: --loss te is Transformer Engine's fused cross entropy as Megatron runs it; add --impl "
+            "megatron, or use --loss xentropy or standard"
+        )
     if not setup.finetune.trains_everything:
         check_finetune(setup)
     if setup.impl.flash_attn:

@@ -66,6 +66,6 @@ def setup_schema() -> dict[str, Any]:
     properties["device"] = {"type": "string", "enum": [d.value for d in Device]}
     offload = "(none|optimizer|params|activations)(,(optimizer|params|activations))*"
     properties["offload"] = {"type": "string", "pattern": f"^{offload}$"}
-    properties["loss"] = {"type": "string", "pattern": "^(standard|xentropy|fused|chunked:[1-9][0-9]*)$"}
+    properties["loss"] = {"type": "string", "pattern": "^(standard|xentropy|te|fused|chunked:[1-9][0-9]*)$"}
     properties["finetune"] = {"type": "string", "enum": [m.name.lower() for m in Method]}
     return obj(properties, required=[])
