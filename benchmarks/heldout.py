@@ -158,6 +158,7 @@ def _mpt(
         reduce_dtype=reduce,
         attention_kernel="fa1",
         optimizer_impl="for-loop",
+        loss="xentropy",
     )
     label = f"MPT-{size.upper()}, s {seq:,}, {gpus} × {gpu}" + (", AC" if ac else "")
     return Run(label, f"{LF}, {table}", stated, published, typed)

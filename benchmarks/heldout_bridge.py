@@ -74,8 +74,15 @@ Not typed, each run's note says which (memplan has no option for them):
   gaps, and no graph pool in memory.
 - Megatron FSDP's own buffers and switches (``nccl_ub``, ``gradient_accumulation_fusion = False``):
   memplan's ZeRO-3 under ``--impl megatron``.
-- TE's fused cross entropy (``cross_entropy_fusion_impl = "te"``): memplan's Megatron vocabulary-parallel
-  cross entropy. TE's attention backend is not set (TE chooses): memplan's default kernel.
+- TE's attention backend is not set (TE chooses): memplan's default kernel.
+
+Typed since (every Megatron-Bridge row of this module and its siblings): TE's fused cross entropy,
+``--loss te`` — GPTModelProvider's ``cross_entropy_loss_fusion: bool = True`` ("Generally beneficial",
+src/megatron/bridge/models/gpt_provider.py at 0254ddd; the Llama and Qwen3 providers keep it) with the
+performance scripts' ``cross_entropy_fusion_impl = "te"`` (above; Megatron-core's ``compute_language_model_
+loss`` then calls ``te_parallel_cross_entropy``); before it the rows were typed with memplan's Megatron
+vocabulary-parallel cross entropy (its fp32 softmax [T, v/t] kept, two more in its backward). The step
+times do not move (the loss's element-wise work is not timed); the verdicts do.
 
 Left out, with the reason:
 - DGX-GB200 and DGX-GB300 rows: typed in benchmarks/heldout_bridge_gb.py (the gb200 and gb300 presets), the
@@ -105,6 +112,8 @@ NOTE = (
     "parameter sync, gradients in bf16, SP with TP, no AC, as its performance recipes set them"
 )
 PRIMARY = "fp8_param_gather typed --fp8-param-gather (float8 primary weights)"
+TE_LOSS = "--loss te"
+"""Megatron-Bridge's loss: TE's fused cross entropy (module docstring)."""
 PRIMARY_MX = (
     "fp8_param_gather with reuse_grad_buf_for_mxfp8_param_ag typed --fp8-param-gather (MXFP8 primary "
     "weights, gathered in bf16 into the gradient buffer)"
@@ -166,6 +175,7 @@ def bridge_run(
         f"-m {model} --seq {SEQ} --batch {mbs} --global-batch {gbs} --gpus {gpus} --gpu {gpu}",
         f"--impl megatron --fp8 {fp8}",
         f"--zero {zero} --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
+        TE_LOSS,
     ]
     split = embedding_loss_split(LAYERS_405B, pp, vp) if model == "llama-3.1-405b" else ()
     # the recipes' CommOverlapConfig(tp_comm_overlap=True), kept with TP ≥ 2 and sp (module docstring)
@@ -174,7 +184,7 @@ def bridge_run(
     # recipe but MXFP8 under Megatron FSDP
     primary = gather and not (fp8 == "mxfp8" and fsdp)
     parts += ["--fp8-param-gather"] if primary else []
-    stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, zero, fp8)
+    stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, zero, fp8, loss="te")
     system = SYSTEMS[gpu]
     kept = (PRIMARY_MX if fp8 == "mxfp8" else PRIMARY) if primary else NO_PRIMARY if gather else NO_GATHER
     note = "; ".join((note, kept, *notes))

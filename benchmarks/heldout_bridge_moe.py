@@ -89,7 +89,8 @@ Not typed (each row's note says which):
   launch gaps and no graph pool.
 - ``use_precision_aware_optimizer`` (fp32 main params and moments as the recipe sets them: the bytes of
   memplan's fused Adam), ``overlap_param_gather_with_optimizer_step``, HybridEP's SM count, the router's
-  fusion and its auxiliary loss (blocks/moe.py: not counted), TE's fused cross entropy.
+  fusion and its auxiliary loss (blocks/moe.py: not counted). TE's fused cross entropy is typed ``--loss
+  te`` (heldout_bridge.py).
 
 memplan's verdict, when the rows were typed: neither fitted the GPU (``fit.fits`` false) though both ran:
 GB300 reserved 325.0 GiB of 273.2 GiB usable (activations 292.7 GiB: 98 layer-micro-batches in flight on
@@ -126,7 +127,7 @@ Left out, with the reason:
 
 from __future__ import annotations
 
-from benchmarks.heldout_bridge import SOURCE, SYSTEMS, embedding_loss_split
+from benchmarks.heldout_bridge import SOURCE, SYSTEMS, TE_LOSS, embedding_loss_split
 from benchmarks.heldout_types import Run, megatron_layout, megatron_stated
 
 MODEL = "qwen3-235b-a22b"
@@ -171,10 +172,11 @@ def _row(
         f"-m {MODEL} --seq {SEQ} --batch {mbs} --global-batch {gbs} --gpus {gpus} --gpu {gpu}",
         "--impl megatron",
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
+        TE_LOSS,
         *megatron_layout(layout, embedding_loss_split(LAYERS, pp, vp)),
         f"--ep {ep}",
     ]
-    stated = megatron_stated(MODEL, gpu, (gpus, SEQ, mbs, gbs), layout, 1, "none", ep=ep)
+    stated = megatron_stated(MODEL, gpu, (gpus, SEQ, mbs, gbs), layout, 1, "none", ep=ep, loss="te")
     name = f"Qwen3 235B-A22B, {gpus} × {gpu.upper()}, PP {pp} VP {vp} EP {ep}, BF16 (25.11)"
     return Run(
         name, f"{SOURCE}, {SYSTEMS[gpu]}", stated, published, " ".join(parts), "; ".join((NOTE, *notes))

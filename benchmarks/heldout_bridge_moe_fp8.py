@@ -104,7 +104,8 @@ Not typed (memplan has no option; each row's note says which):
 - HybridEP and DeepEP (``moe_hybridep_num_sms = 32``); ``moe_a2a_overlap`` (EP all-to-all overlap with
   ``delay_wgrad_compute``; 767255d's B200 235B and H100 presets only, among the typed rows);
   ``overlap_param_gather_with_optimizer_step`` and the pipeline's ``overlap_p2p_comm`` (dp, pp, vp > 1: the
-  B200 235B 25.11 and both H100 rows); TE's fused cross entropy and the router's fusion and auxiliary loss.
+  B200 235B 25.11 and both H100 rows); the router's fusion and auxiliary loss (TE's fused cross entropy is
+  typed ``--loss te``, heldout_bridge.py).
 - TE's per-expert float8 padding: ``moe_router_padding_for_fp8 = False`` leaves TE's ``Fp8Padding`` in the
   grouped MLP, padding each expert's rows to 16 (32 under MXFP8). memplan takes each expert's rows balanced
   (S·ep/E: 256 × MBS × EP on these rows, a multiple of 32), so it adds nothing; the runs' forced balancing
@@ -117,14 +118,17 @@ Not typed (memplan has no option; each row's note says which):
 memplan's verdict, when the rows were typed: three rows that ran are called "does not fit" — 26.02 GB300 and
 B300 30B-A3B at MBS 8 (295.7 GiB reserved of 275.3 and 266.3 usable: 159 GiB of activations, 37 GiB of the
 loss's backward transients on top, 37 GiB between allocated and reserved) and 25.11 H100 30B-A3B at MBS 2, PP
-2, VP 24 (88.6 of 77.4 GiB; at the presets' VP 12, 87.9). The rest fit. The step times (with Megatron's token
-dispatch and combine, ``time.layer_elementwise.dispatch``): the 235B-A22B rows +0.3 % (GB300) to +134 % (B300,
-26.02); the 30B-A3B rows +4.8 … +36 % on GB300, B300 and GB200 at MBS 4–8, +120 … +366 % on B200 and H100 at
-MBS 1–2. The published tokens/s follow the micro-batch where memplan's barely move (B200 at MBS 1 9,299 and
-9,691 against GB200 at MBS 4 23,766 and 26,084, memplan 29,140 and 32,353; H100 at MBS 1 2,557 against MBS 2
-5,275, memplan 11,911 and 11,581): a cost per micro-batch or per MoE layer memplan does not have (candidates,
-not measured: the alltoall dispatcher's host synchronisation for its splits — the "moe_preprocess" the CUDA
-graph scopes name —, the router's and permutation's launches, per-expert GEMMs of 2,048 rows at MBS 1, EP 8).
+2, VP 24 (88.6 of 77.4 GiB; at the presets' VP 12, 87.9). The rest fit. Typed with TE's fused cross entropy
+since (``--loss te``, heldout_bridge.py: its logits kept in bf16, the gradient written over them, where
+memplan's Megatron loss kept an fp32 softmax and made two more in its backward), every row fits: GB300 and
+B300 30B-A3B at MBS 8 212.5 GiB, H100's at VP 24 70.2 of 77.4. The step times (with Megatron's token dispatch
+and combine, ``time.layer_elementwise.dispatch``): the 235B-A22B rows +0.3 % (GB300) to +134 % (B300, 26.02);
+the 30B-A3B rows +4.8 … +36 % on GB300, B300 and GB200 at MBS 4–8, +120 … +366 % on B200 and H100 at MBS 1–2.
+The published tokens/s follow the micro-batch where memplan's barely move (B200 at MBS 1 9,299 and 9,691
+against GB200 at MBS 4 23,766 and 26,084, memplan 29,140 and 32,353; H100 at MBS 1 2,557 against MBS 2 5,275,
+memplan 11,911 and 11,581): a cost per micro-batch or per MoE layer memplan does not have (candidates, not
+measured: the alltoall dispatcher's host synchronisation for its splits — the "moe_preprocess" the CUDA graph
+scopes name —, the router's and permutation's launches, per-expert GEMMs of 2,048 rows at MBS 1, EP 8).
 
 Left out, with the reason:
 - DGX-H100 235B-A22B (25.11: 256 GPUs, FP8-CS, GBS 2048 — df0289c's copy; 00b7660's row has 14 cells for 15
@@ -137,7 +141,7 @@ Left out, with the reason:
 
 from __future__ import annotations
 
-from benchmarks.heldout_bridge import PRIMARY, PRIMARY_MX, SYSTEMS, embedding_loss_split
+from benchmarks.heldout_bridge import PRIMARY, PRIMARY_MX, SYSTEMS, TE_LOSS, embedding_loss_split
 from benchmarks.heldout_bridge import SOURCE as SOURCE_2511
 from benchmarks.heldout_bridge_moe import GRAPHS_GB200 as GRAPHS_ATTN
 from benchmarks.heldout_bridge_moe import GRAPHS_GB300 as GRAPHS_TE
@@ -208,10 +212,11 @@ def _row(
         f"-m {model} --seq {SEQ} --batch {mbs} --global-batch {gbs} --gpus {gpus} --gpu {gpu}",
         f"--impl megatron --fp8 {fp8}",
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
+        TE_LOSS,
         *megatron_layout(layout, split),
         f"--ep {ep} --fp8-param-gather",
     ]
-    stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, 1, fp8, ep=ep)
+    stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, 1, fp8, ep=ep, loss="te")
     shape = " ".join(
         [f"TP {tp}"] * (tp > 1) + [f"PP {pp}"] * (pp > 1) + [f"VP {vp}"] * (vp > 1) + [f"EP {ep}"]
     )

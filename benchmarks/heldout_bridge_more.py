@@ -38,8 +38,8 @@ row's GA is GBS / (MBS × dp), dp = GPUs / (TP·PP·CP).
   typed ``--fp8-param-gather`` (distributed optimizer, per-tensor float8).
 
 Not typed (each row's note says which; the shared ones as in heldout_bridge.py): the pipeline's
-``overlap_p2p_comm``; ``overlap_param_gather_with_optimizer_step``; TE's fused cross entropy; the
-userbuffers configurations' ring-exchange buffers.
+``overlap_p2p_comm``; ``overlap_param_gather_with_optimizer_step``; the userbuffers configurations'
+ring-exchange buffers (TE's fused cross entropy is typed ``--loss te``, heldout_bridge.py).
 
 Left out, with the reason:
 - DGX-GB200 and DGX-GB300 rows: typed in heldout_bridge_gb.py. DGX-B300: no preset, no dense Llama row.

@@ -45,6 +45,9 @@ class Stated:
     impl: str = "reference"
     optimizer_impl: str = ""
     """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""
+    loss: str = "standard"
+    """``--loss``: the loss kernel the run's code ran where memplan models it (llm-foundry's flash_attn
+    cross-entropy: ``xentropy``; Megatron-Bridge's TE fused cross-entropy: ``te``)."""
     clip_grad: bool = True
     """Gradient-norm clipping at 1.0 (``--clip-grad``): llm-foundry's yamls (``algorithms:
     gradient_clipping: clipping_type: norm, clipping_threshold: 1.0``, mpt-7b.yaml and its siblings),
@@ -88,6 +91,7 @@ def megatron_stated(
     fp8: str,
     *,
     ep: int = 1,
+    loss: str = "standard",
 ) -> Stated:
     """What a Megatron-core row's table states (NeMo's, Megatron-Bridge's): ``sizes`` its (GPUs, sequence,
     MBS, GBS), ``layout`` its (TP, PP, CP, VP), ``ep`` its EP (mixtures of experts); gradients reduced in
@@ -96,5 +100,5 @@ def megatron_stated(
     tp, pp, cp, vp = layout
     return Stated(
         model, gpus, gpu, seq, mbs, gbs, tp=tp, cp=cp, pp=pp, vpp=vp, ep=ep, zero=zero, reduce_dtype="bf16",
-        fp8=fp8, impl="megatron",
+        fp8=fp8, impl="megatron", loss=loss,
     )  # fmt: skip

@@ -92,6 +92,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["impl"],
             s["optimizer_impl"] or "",
             s["clip_grad"],
+            s["loss"],
         )
         want = (
             st.model,
@@ -119,6 +120,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.impl,
             st.optimizer_impl,
             st.clip_grad,
+            st.loss,
         )
         assert got == want, run.name
 
