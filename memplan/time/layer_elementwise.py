@@ -8,7 +8,7 @@ docstring gives the byte formulas); this module only counts.
 from __future__ import annotations
 
 from memplan.blocks.profiles import profile_of
-from memplan.config import Attention, MlpType, PositionType, Setup
+from memplan.config import Attention, Impl, MlpType, PositionType, Setup
 from memplan.presets import GpuPreset
 from memplan.time import elementwise, gemm
 
@@ -25,24 +25,41 @@ def elementwise_parts(s: Setup) -> list[Chain]:
     return [*_forward_parts(s), dispatch(s)]
 
 
-def dispatch(s: Setup) -> Chain:
-    """Megatron-core's token dispatch and combine on one rank, either direction (the backward runs each
-    kernel's inverse, the same bytes): TE's fused permutation (``moe_permute_fusion``: transformer_engine/
-    pytorch/triton/permutation.py) reads each of the T tokens once and writes its k slots,
-    ``_permute_kernel``: (T + S)·h·e; ``_unpermute_kernel`` reads the S slots and writes the T tokens
-    (accumulating in registers): (S + T)·h·e; with more than one local expert the chunk sort after the
-    all-to-all and the one before it back (``_sort_chunks_by_map_kernel``, a row copy each): 2·S·h·e
-    each. S = T·k (``MoEConfig.slots``), e the activation bytes; the router's [T, E] top-k and the
-    ``row_id_map`` are not counted (≈ 1 % of these bytes at Qwen3 30B-A3B's E 128). None elsewhere (NB:
-    the reference's and transformers' dispatch ops — ``index_select``, ``index_add_``, the weighted
-    product — are not counted)."""
+def dispatch(s: Setup, backward: bool = False) -> Chain:
+    """A mixture of experts' token dispatch and combine on one rank, forward (or ``backward``), S = T·k
+    slots (``MoEConfig.slots``), e the activation bytes; at ``MEMORY`` (no measured chain). The router's
+    [T, E] softmax and top-k (≈ 1 % of these bytes at E 128) are not counted.
+
+    Megatron-core (``Profile.megatron_moe``), either direction (the backward runs each kernel's inverse,
+    the same bytes): TE's fused permutation (``moe_permute_fusion``: transformer_engine/pytorch/triton/
+    permutation.py) reads each of the T tokens once and writes its k slots, ``_permute_kernel``: (T + S)·h·e;
+    ``_unpermute_kernel`` reads the S slots and writes the T tokens (accumulating in registers): (S + T)·h·e;
+    with more than one local expert the chunk sort after the all-to-all and the one before it back
+    (``_sort_chunks_by_map_kernel``, a row copy each): 2·S·h·e each; its ``row_id_map`` is not counted.
+
+    memplan's reference MoE (measure/reference/moe.py ``MoEMlp.routed``), op by op, forward:
+    ``x.index_select(0, token)`` 2·S·h·e; the grouped products' ``torch.cat`` of the experts' outputs
+    (``grouped``), 2·S·f·e for gate and for up (GELU: up), 2·S·h·e for down; ``out * w[:, None]`` 2·S·h·e;
+    ``new_zeros`` T·h·e and ``index_add_`` (its source read, each target row read and written) 3·S·h·e:
+    9·S·h + 4·S·f + T·h (GELU 2·S·f). Backward (autograd's formulas): ``index_add_``'s source gradient, an
+    ``index_select``, 2·S·h; the product's two, ``grad · w`` 2·S·h and ``(grad · out).sum(-1)`` 3·S·h +
+    S·h; each ``split``'s backward a ``cat`` of the experts' input gradients, 2·S·f for down's input and
+    2·S·h each for gate's and up's, whose two [S, h] gradients are summed (3·S·h; GELU: one, no sum);
+    ``index_select``'s, an ``index_add_`` into zeros, 3·S·h + T·h: 18·S·h + 2·S·f + T·h (GELU 13·S·h).
+    None elsewhere (NB: transformers' expert loops and grouped_mm are not counted)."""
     m = s.model
-    if m.moe is None or not profile_of(s).megatron_moe:
+    if m.moe is None or m.moe.router_sigmoid:
         return (0, None)
     tokens, _ = _tokens(s)
-    slots, e = m.moe.slots(tokens), s.training.precision.activation_dtype.bytes
-    sorts = 2 if m.moe.experts // s.parallel.ep > 1 else 0
-    return ((2 * (tokens + slots) + sorts * 2 * slots) * m.hidden_size * e, None)
+    slots, e, h, f = m.moe.slots(tokens), s.training.precision.activation_dtype.bytes, m.hidden_size, m.ffn
+    if profile_of(s).megatron_moe:
+        sorts = 2 if m.moe.experts // s.parallel.ep > 1 else 0
+        return ((2 * (tokens + slots) + sorts * 2 * slots) * h * e, None)
+    if s.impl.impl is not Impl.REFERENCE:
+        return (0, None)
+    swiglu = m.mlp is MlpType.SWIGLU
+    forward, back = 9 * h + (4 if swiglu else 2) * f, (18 if swiglu else 13) * h + 2 * f  # a slot's bytes / e
+    return (((back if backward else forward) * slots + tokens * h) * e, None)
 
 
 def _forward_parts(s: Setup) -> list[Chain]:
@@ -73,7 +90,7 @@ def elementwise_backward_parts(s: Setup) -> list[Chain]:
     all of them); twice the forward's otherwise (``elementwise.eager_backward``) and for LayerNorm, GELU,
     dropouts and eager attention's softmax."""
     if not elementwise.eager_backward(s):
-        return [*((2 * b, chain) for b, chain in _forward_parts(s)), dispatch(s)]
+        return [*((2 * b, chain) for b, chain in _forward_parts(s)), dispatch(s, backward=True)]
     m, par = s.model, s.parallel
     e = s.training.precision.activation_dtype.bytes
     p = profile_of(s)

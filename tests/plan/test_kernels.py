@@ -227,8 +227,24 @@ def test_megatrons_token_dispatch_and_combine_by_hand(ep: int, sorts: int) -> No
     expected = (2 * (T + S) + sorts * 2 * S) * h * e
     assert le.dispatch(setup) == (expected, None)
     assert le.elementwise_parts(setup)[-1] == le.elementwise_backward_parts(setup)[-1] == (expected, None)
-    reference = build(Options(model="qwen3-30b-a3b", seq=T, ep=ep, gpus=ep)).result.setup
-    assert le.dispatch(reference) == (0, None)  # NB: the reference's dispatch ops are not counted
+
+
+def test_the_reference_moes_dispatch_and_combine_by_hand() -> None:
+    """memplan's reference MoE op by op (measure/reference/moe.py ``routed``): forward ``index_select`` 2Sh,
+    the grouped products' ``cat`` of gate's, up's (2Sf each) and down's (2Sh) outputs, the weighted product
+    2Sh, ``new_zeros`` Th and ``index_add_`` 3Sh; backward ``index_select`` 2Sh, the product's two
+    gradients 6Sh, the ``split`` backwards' ``cat`` 2Sf (down's input) and 2Sh each (gate's and up's
+    input), their sum 3Sh, ``index_add_`` into zeros 3Sh + Th. Qwen3 30B-A3B (h 2048, f 768, k 8) at T =
+    4,096, bf16; transformers' code (``--impl hf``) is not counted."""
+    from memplan.time import layer_elementwise as le
+
+    T, S, h, f, e = 4096, 4096 * 8, 2048, 768, 2
+    reference = build(Options(model="qwen3-30b-a3b", seq=T)).result.setup
+    assert le.dispatch(reference) == (((9 * h + 4 * f) * S + T * h) * e, None)
+    assert le.dispatch(reference, backward=True) == (((18 * h + 2 * f) * S + T * h) * e, None)
+    assert le.elementwise_backward_parts(reference)[-1] == le.dispatch(reference, backward=True)
+    hf = build(Options(model="qwen3-30b-a3b", seq=T, impl="hf")).result.setup
+    assert le.dispatch(hf) == (0, None)  # NB: transformers' dispatch ops are not counted
 
 
 def _fp8_prediction(recipe: str) -> tuple[float, float]:
