@@ -8,7 +8,16 @@ from __future__ import annotations
 from memplan.api import Built, setup_of
 from memplan.blocks import te_fp8
 from memplan.blocks.profiles import compile_note, op_selective
-from memplan.config import Attention, Checkpointing, Device, Fp8Recipe, Impl, hf_code_only, no_flash
+from memplan.config import (
+    Attention,
+    Checkpointing,
+    Device,
+    Fp8Recipe,
+    Impl,
+    LossKind,
+    hf_code_only,
+    no_flash,
+)
 from memplan.engine import estimate
 from memplan.strategies.lora import adapter_note
 from memplan.strategies.tensor_parallel import tp_model
@@ -64,6 +73,13 @@ def notes(b: Built) -> list[str]:
             f"{recipe.value} (Transformer Engine {te}): the layers' linears keep float8 casts of their "
             f"inputs, and TE's {weights} and quantizer state ({cache:,} bytes a "
             f"layer{history}) are counted in weights; derived from TE's source, not measured"
+        )
+    if r.setup.impl.impl is Impl.MEGATRON and r.setup.loss is LossKind.STANDARD:
+        out.append(
+            "loss: --impl megatron with the standard loss is Megatron-LM's own vocabulary-parallel cross "
+            "entropy (its default: an fp32 softmax [T, v/t] kept, two more in its backward); Megatron-Bridge "
+            "and --cross-entropy-loss-fusion --cross-entropy-fusion-impl te run Transformer Engine's, "
+            "--loss te"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:

@@ -65,3 +65,13 @@ def test_refused_where_not_modelled_in_one_line(extra: list[str], why: str) -> N
     r = runner.invoke(app, ["estimate", "-m", "llama-3-8b", "--loss", "te", *extra])
     assert r.exit_code == 2 and r.stderr.startswith("error: loss:") and why in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_verdict_names_the_loss_megatron_bridge_runs() -> None:
+    """Under --impl megatron the standard loss is Megatron-LM's own; the verdict's note names --loss te, and
+    says nothing once it is given (nor under the reference)."""
+    said = [n for n in _run()["notes"] if n.startswith("loss:")]
+    assert len(said) == 1 and "--loss te" in said[0]
+    assert not [n for n in _run("--loss", "te")["notes"] if n.startswith("loss:")]
+    r = runner.invoke(app, ["estimate", "-m", "llama-3-8b", "--seq", str(T), "--json"])
+    assert not [n for n in json.loads(r.stdout)["notes"] if n.startswith("loss:")]
