@@ -46,20 +46,49 @@ def dispatch(s: Setup, backward: bool = False) -> Chain:
     S·h; each ``split``'s backward a ``cat`` of the experts' input gradients, 2·S·f for down's input and
     2·S·h each for gate's and up's, whose two [S, h] gradients are summed (3·S·h; GELU: one, no sum);
     ``index_select``'s, an ``index_add_`` into zeros, 3·S·h + T·h: 18·S·h + 2·S·f + T·h (GELU 13·S·h).
-    None elsewhere (NB: transformers' expert loops and grouped_mm are not counted)."""
+    transformers' ``grouped_mm`` experts: ``transformers_dispatch``. None elsewhere (NB: transformers'
+    ``--experts eager`` loop is not counted)."""
     m = s.model
     if m.moe is None or m.moe.router_sigmoid:
         return (0, None)
     tokens, _ = _tokens(s)
     slots, e, h, f = m.moe.slots(tokens), s.training.precision.activation_dtype.bytes, m.hidden_size, m.ffn
-    if profile_of(s).megatron_moe:
+    p = profile_of(s)
+    if p.megatron_moe:
         sorts = 2 if m.moe.experts // s.parallel.ep > 1 else 0
         return ((2 * (tokens + slots) + sorts * 2 * slots) * h * e, None)
+    if p.experts_grouped_mm:
+        return (transformers_dispatch(s, tokens, slots, backward), None)
     if s.impl.impl is not Impl.REFERENCE:
         return (0, None)
     swiglu = m.mlp is MlpType.SWIGLU
     forward, back = 9 * h + (4 if swiglu else 2) * f, (18 if swiglu else 13) * h + 2 * f  # a slot's bytes / e
     return (((back if backward else forward) * slots + tokens * h) * e, None)
+
+
+def transformers_dispatch(s: Setup, tokens: int, slots: int, backward: bool) -> int:
+    """transformers' ``grouped_mm_experts_forward`` (integrations/moe.py, 5.x), op by op, e the activation
+    bytes and w the routing weights' (fp32 where the router keeps them so, ``Profile.routing_weights_fp32``:
+    the weighted output is then fp32, q = 4; else q = e). Forward: ``hidden_states[perm // k]`` 2·S·h·e;
+    ``proj_out * w`` S·h·(e + q); ``weighted_out[inv_perm]`` 2·S·h·q; ``.view(T, k, h).sum(1)`` S·h·q +
+    T·h·q; ``.to(dtype)`` T·h·(q + e) where q ≠ e. Backward: the cast's T·h·(e + q); the gather's,
+    ``index_put_`` accumulating into new zeros, 4·S·h·q; the product's, ``grad · w`` 2·S·h·q (and its cast to
+    e, S·h·(q + e)) and ``(grad · proj_out).sum(-1)`` S·h·(2q + e) + S·h·q; the first gather's, into zeros
+    [T, h], T·h·e + 3·S·h·e. With expert biases (``MoEConfig.expert_bias``: gpt-oss) each ``_grouped_linear``
+    gathers its bias rows and adds them in place, 5·S·n·e forward and 3·S·n·e backward (n = 2f for
+    gate_up, h for down)."""
+    m = s.model
+    e, h, f = s.training.precision.activation_dtype.bytes, m.hidden_size, m.ffn
+    q = 4 if profile_of(s).routing_weights_fp32 else e
+    cast = q != e
+    bias = (2 * f + h) * slots * (3 if backward else 5) * e if m.moe and m.moe.expert_bias else 0
+    if backward:
+        casts = (tokens * h + slots * h) * (q + e) if cast else 0
+        product = slots * h * (2 * q + (2 * q + e) + q)  # grad · w, grad · proj_out and its sum
+        gathers = 4 * slots * h * q + tokens * h * e + 3 * slots * h * e
+        return casts + product + gathers + bias
+    weighted = slots * h * (e + q) + 2 * slots * h * q + slots * h * q + tokens * h * q
+    return 2 * slots * h * e + weighted + (tokens * h * (q + e) if cast else 0) + bias
 
 
 def _forward_parts(s: Setup) -> list[Chain]:

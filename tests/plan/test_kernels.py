@@ -243,8 +243,29 @@ def test_the_reference_moes_dispatch_and_combine_by_hand() -> None:
     assert le.dispatch(reference) == (((9 * h + 4 * f) * S + T * h) * e, None)
     assert le.dispatch(reference, backward=True) == (((18 * h + 2 * f) * S + T * h) * e, None)
     assert le.elementwise_backward_parts(reference)[-1] == le.dispatch(reference, backward=True)
-    hf = build(Options(model="qwen3-30b-a3b", seq=T, impl="hf")).result.setup
-    assert le.dispatch(hf) == (0, None)  # NB: transformers' dispatch ops are not counted
+
+
+@pytest.mark.parametrize(
+    ("model", "h", "k", "q"), [("qwen3-30b-a3b", 2048, 8, 2), ("mixtral-8x7b", 4096, 2, 4)]
+)
+def test_transformers_grouped_mm_dispatch_and_combine_by_hand(model: str, h: int, k: int, q: int) -> None:
+    """transformers' ``grouped_mm_experts_forward`` op by op: forward the gather 2She, ``proj_out * w``
+    Sh(e + q), the inverse permutation's gather 2Shq, the per-token sum Shq + Thq, and where the weighted
+    output is fp32 (Mixtral's router keeps its weights fp32: q = 4) the cast back Th(q + e); backward the
+    casts, the gathers' ``index_put_`` into zeros (4Shq; the first Th e + 3She) and the product's 5Shq + She.
+    At T = 4,096, bf16; ``--experts eager`` (the modeling file's loop) is not counted."""
+    from memplan.time import layer_elementwise as le
+
+    T, e = 4096, 2
+    S = T * k
+    cast = q != e
+    forward = 2 * S * h * e + S * h * (e + q) + 3 * S * h * q + T * h * q + (T * h * (q + e) if cast else 0)
+    backward = (T + S) * h * (q + e) * cast + S * h * (5 * q + e) + 4 * S * h * q + T * h * e + 3 * S * h * e
+    hf = build(Options(model=model, seq=T, impl="hf")).result.setup
+    assert le.dispatch(hf) == (forward, None)
+    assert le.dispatch(hf, backward=True) == (backward, None)
+    eager = build(Options(model=model, seq=T, impl="hf", experts="eager")).result.setup
+    assert le.dispatch(eager) == (0, None)  # NB: the loop's ops are not counted
 
 
 def _fp8_prediction(recipe: str) -> tuple[float, float]:
