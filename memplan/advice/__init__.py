@@ -28,14 +28,14 @@ from __future__ import annotations
 import functools
 from enum import Enum
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
+from memplan.advice.candidates import refusal, result
 from memplan.advice.remarks import notes
-from memplan.api import Built, Options, gpu_of, setup_of
+from memplan.api import Built, Options, gpu_of
 from memplan.config import MethodChoice, Optimizer
 from memplan.config.strategy import MAX_DP  # StrategyConfig.dp's own limit
-from memplan.engine import Result, estimate
-from memplan.errors import describe_validation_error
+from memplan.engine import Result
 from memplan.fit_options import FIT_OPTIONS as FIT_OPTION_NAMES
 from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
@@ -143,29 +143,10 @@ def flags(o: Options) -> list[str]:
 # ----------------------------------------------------------------------------------------------------
 # Estimating candidates
 # ----------------------------------------------------------------------------------------------------
-def _result(o: Options) -> Result | None:
-    """The estimate of ``o``, or None when its settings cannot be planned (a rejected candidate)."""
-    try:
-        return estimate(setup_of(o))
-    except ValueError:  # pydantic's ValidationError included
-        return None
-
-
-def _refusal(o: Options) -> str | None:
-    """The one line that refuses ``o`` (``errors.describe_validation_error``), None if it plans."""
-    try:
-        estimate(setup_of(o))
-    except ValidationError as exc:  # a ValueError: first
-        return describe_validation_error(exc)
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
 def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int, int] | None:
     """(peak bytes, fits, devices, the verdict's usable bytes) of ``o`` on ``gpu``; None when it cannot be
     planned."""
-    r = _result(o)
+    r = result(o)
     if r is None:
         return None
     v = verdict(r, gpu, reserve=reserve)
@@ -220,7 +201,7 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
         got = at(high)
     if got is None or not got[1]:
         last, usable = (got[0], got[2]) if got is not None else (last, usable)
-        refused = _refusal(_zero3(o, r, 2, full)) if got is None and not last else None
+        refused = refusal(_zero3(o, r, 2, full)) if got is None and not last else None
         return GpuCount(
             gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last, refused=refused
         )

@@ -5,7 +5,8 @@ for the user, Megatron's float8 (Transformer Engine), --compile where its saved 
 
 from __future__ import annotations
 
-from memplan.api import Built, setup_of
+from memplan.advice.candidates import result
+from memplan.api import Built
 from memplan.blocks import te_fp8
 from memplan.blocks.profiles import compile_note, op_selective
 from memplan.config import (
@@ -18,7 +19,6 @@ from memplan.config import (
     hf_code_only,
     no_flash,
 )
-from memplan.engine import estimate
 from memplan.strategies.lora import adapter_note
 from memplan.strategies.tensor_parallel import tp_model
 
@@ -96,9 +96,8 @@ def notes(b: Built) -> list[str]:
             "from torchtitan's policy, checked under fake tensors (on CUDA with the cuDNN op's meta kernel)"
         )
     elif st.checkpointing is Checkpointing.SELECTIVE and st.attention is Attention.FLASH:
-        try:
-            none = estimate(setup_of(o.model_copy(update={"checkpointing": "none"})))
-        except ValueError:  # pydantic's ValidationError included: no comparison to make
+        none = result(o.model_copy(update={"checkpointing": "none"}))
+        if none is None:  # no comparison to make
             return out
         saved = none.device.peak.bytes - r.device.peak.bytes
         out.append(

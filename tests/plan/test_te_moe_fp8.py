@@ -159,3 +159,14 @@ def test_the_verdict_names_why_zero3_cannot_be_counted() -> None:
         assert count["devices"] is None and count["refused"].startswith(
             "fp8_param_gather: --fp8-param-gather"
         )
+
+
+def test_the_verdict_panel_says_the_refusal() -> None:
+    """The panel's count line says ZeRO-3 is refused and why, where it said "the peak stays 0 B"."""
+    argv = ARGV.replace("--batch 1 --global-batch 128 --gpus 16", "--batch 8 --global-batch 64 --gpus 8")
+    argv = argv.replace(" --json", "")
+    r = runner.invoke(app, [*argv.split(), "--gpu", "b200", "--fp8", "mxfp8", "--fp8-param-gather"])
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "no data-parallel count on b200: --zero 3 is refused with these options (fp8_param_gather:" in text
+    assert "the peak stays 0 B" not in text
