@@ -130,11 +130,17 @@ memplan 11,911 and 11,581): a cost per micro-batch or per MoE layer memplan does
 measured: the alltoall dispatcher's host synchronisation for its splits — the "moe_preprocess" the CUDA graph
 scopes name —, the router's and permutation's launches, per-expert GEMMs of 2,048 rows at MBS 1, EP 8).
 
+The DGX-H100 235B-A22B rows (25.11: 256 GPUs, FP8-CS, GBS 2048 — df0289c's copy; 00b7660's row has 14
+cells for 15 columns, its GBS missing —, TP 2, PP 8, VP 4, EP 32 → 1575; 26.02: GBS 8192, the same layout →
+1633) were left out while memplan's ``--ep`` took its ranks from dp only: with ETP 1 Megatron draws EP 32
+across TP × DP (2 × 16). Typed since with ``--etp 1`` (MoE parallel folding, ``Parallel.fold``): each rank
+routes its own s/2 tokens to 4 whole experts, EP 32 is 32 consecutive ranks over 4 nodes, the experts'
+states over tp·dp/ep = 1. They read −13.4 % (25.11) and −15.6 % (26.02): the 4-node all-to-alls are 57 % of
+the predicted step, exposed (the 26.02 V2 preset's ``moe_a2a_overlap`` would hide part of them, not
+modelled; the 25.11 recipe's TE userbuffers on the attention's linears are refused with a mixture of
+experts, their 0.28 s counted exposed).
+
 Left out, with the reason:
-- DGX-H100 235B-A22B (25.11: 256 GPUs, FP8-CS, GBS 2048 — df0289c's copy; 00b7660's row has 14 cells for 15
-  columns, its GBS missing —, TP 2, PP 8, VP 4, EP 32 → 1575; 26.02: GBS 8192, the same layout → 1633): with
-  ETP 1 Megatron draws EP 32 across TP × DP (2 × 16), where memplan's ``--ep`` takes its ranks from dp only
-  ("expert parallelism takes its 32 ranks from data parallelism, but --dp is 16").
 - Qwen3-Next: no row in either table (presets only). The 25.09 section: no Precision column and its Qwen3 rows
   "(tokendrop)" (heldout_bridge_more.py's reason). No FP8-DS Qwen3 row exists.
 """
@@ -179,6 +185,25 @@ VP_A5 = (
     "VP 24 as the table prints it (1 layer a virtual stage); every stored preset (0fa501a, 767255d, 4054233) "
     "says VP 12"
 )
+FOLDED = (
+    "ETP 1 with TP 2 (BASE_QWEN3_235B_A22B_CONFIG's expert_tensor_parallel_size=1) typed --etp 1: MoE "
+    "parallel folding, EP 32 drawn across TP × DP, 32 consecutive ranks over 4 nodes (Megatron's etp-ep-dp "
+    "order), each rank dispatching its own s/2 tokens to whole experts"
+)
+H100_2511 = (
+    "layout, MBS and GBS as a stored copy of qwen3_workload_base_configs.py's (its *_BASE_CONFIG naming) "
+    "QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG: TP 2, PP 8, VP 4, EP 32, GBS 2048, no moe_a2a_overlap"
+)
+UB_2511 = (
+    "that copy's qwen3_235b_a22b_h100_config sets tp_comm_overlap (TE's userbuffers on the attention's "
+    "linears): not modelled with a mixture of experts (refused), its sequence-parallel collectives counted "
+    "exposed"
+)
+H100_2602 = (
+    "f29a269's QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 (V1's layout, GBS 8192) sets moe_a2a_overlap "
+    "(EP all-to-all overlap + delay_wgrad_compute), not modelled: its all-to-alls counted exposed; "
+    "qwen3_235b_a22b_pretrain_config_h100: tp_comm_overlap off, the alltoall dispatcher"
+)
 LAYOUT_B9 = (
     "layout as the table prints it (25.11's PP 2 VP 12 EP 8); no stored 26.02 preset has it (f29a269's and "
     "01b2977's H100_FP8_CS_V1: PP 1, EP 16, MBS 1, GBS 1024, HybridEP)"
@@ -197,14 +222,16 @@ def _row(
     notes: tuple[str, ...],
 ) -> Run:
     """One float8 row of ``release``'s (25.11 or 26.02) table: ``sizes`` its (#-GPUs, GBS, MBS), ``layout``
-    its (TP, PP, CP, VP), ``ep`` its EP (from the data-parallel ranks), ``kind`` FP8-CS (``--fp8
+    its (TP, PP, CP, VP), ``ep`` its EP (from the data-parallel ranks; with TP > 1 from TP × DP, the recipes'
+    ETP 1 typed ``--etp 1``), ``kind`` FP8-CS (``--fp8
     tensorwise``) or FP8-MX (``--fp8 mxfp8``); the recipes' fp8_param_gather typed ``--fp8-param-gather``;
     235B-A22B's 94 layers split with the embedding and the loss, 30B-A3B's 48 evenly."""
     gpus, gbs, mbs = sizes
     tp, pp, cp, vp = layout
     dp = gpus // (tp * pp * cp)
     label, layers = MODELS[model]
-    assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0 and dp % ep == 0, (release, gpu, model)
+    folded = dp * tp if tp > 1 else dp  # ETP 1 draws EP from TP × DP (``Parallel.fold``)
+    assert dp * tp * pp * cp == gpus and gbs % (mbs * dp) == 0 and folded % ep == 0, (release, gpu, model)
     assert layers % (pp * vp) == 0 or model == "qwen3-235b-a22b", (release, gpu, model)
     fp8 = {"FP8-CS": "tensorwise", "FP8-MX": "mxfp8"}[kind]
     split = embedding_loss_split(layers, pp, vp) if model == "qwen3-235b-a22b" and pp > 1 else ()
@@ -214,7 +241,8 @@ def _row(
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
         TE_LOSS,
         *megatron_layout(layout, split),
-        f"--ep {ep} --fp8-param-gather",
+        f"--ep {ep}" + (" --etp 1" if tp > 1 else ""),  # the recipes' ETP 1: parallel folding with TP
+        "--fp8-param-gather",
     ]
     stated = megatron_stated(model, gpu, (gpus, SEQ, mbs, gbs), layout, 1, fp8, ep=ep, loss="te")
     shape = " ".join(
@@ -255,6 +283,8 @@ TABLE: tuple[tuple[str, str, str, tuple[int, int, int], tuple[int, int, int, int
      (ALLTOALL, A2A_767, PG_OPT, P2511.format("QWEN3_235B_A22B_B200_FP8_MX"))),
     ("25.11", "h100-sxm", M30, (16, 512, 2), (1, 2, 1, 24), 8, "FP8-CS", 5275,
      (ALLTOALL, A2A_767, PG_OPT, VP_A5)),
+    ("25.11", "h100-sxm", M235, (256, 2048, 1), (2, 8, 1, 4), 32, "FP8-CS", 1575,
+     (FOLDED, ALLTOALL, UB_2511, PG_OPT, H100_2511)),
     # 26.02 (df0289c): the V1 (30B-A3B) and V2 (235B-A22B) presets
     ("26.02", "gb300", M30, (8, 512, 8), ONE, 8, "FP8-MX", 30376,
      (GRAPHS_TE, HYBRIDEP, P2602.format("QWEN3_30B_A3B_PRETRAIN_CONFIG_GB300_FP8_MX_V1"))),
@@ -274,6 +304,8 @@ TABLE: tuple[tuple[str, str, str, tuple[int, int, int], tuple[int, int, int, int
      (DEEPEP, P2602.format("QWEN3_235B_A22B_PRETRAIN_CONFIG_B200_FP8_MX_V2"))),
     ("26.02", "h100-sxm", M30, (16, 1024, 1), (1, 2, 1, 12), 8, "FP8-CS", 2557,
      (HYBRIDEP, PG_OPT, LAYOUT_B9)),
+    ("26.02", "h100-sxm", M235, (256, 8192, 1), (2, 8, 1, 4), 32, "FP8-CS", 1633,
+     (FOLDED, H100_2602, PG_OPT)),
 )  # fmt: skip
 
 BRIDGE_MOE_FP8_RUNS: tuple[Run, ...] = tuple(_row(*row) for row in TABLE)

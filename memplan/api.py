@@ -253,6 +253,7 @@ def setup_of(o: Options) -> Setup:
             pp=o.pp,
             vpp=o.vpp,
             ep=o.ep,
+            etp=o.etp,
             pp_layers=_stage_layers(o.pp_layers),
             cp=o.cp,
             # the implementation's own kind of context parallelism (none to choose without cp)

@@ -14,83 +14,27 @@ from memplan.config import (
     Device,
     ExpertsImpl,
     Fp8Recipe,
-    Frozen,
     FsdpWrap,
     Impl,
     MethodChoice,
-    Optimizer,
-    OptimizerImpl,
-    Precision,
     Quant,
     ReduceDtype,
-    TrainingConfig,
 )
-from memplan.option_fields import FINETUNE, GPU, MODEL, PARALLEL, STRATEGY, TRAINING, option, tune
+from memplan.option_fields import FINETUNE, GPU, PARALLEL, STRATEGY, option, tune
+from memplan.options_training import DEFAULT_SEQ as DEFAULT_SEQ
+from memplan.options_training import TrainingOptions
 from memplan.search.budget import DEFAULT_RESERVE_GIB
 
 DEFAULT_GPU = "h100-sxm"
 """The GPU preset ``--gpu-memory`` takes everything but the memory from when ``--gpu`` is not given."""
 
-DEFAULT_SEQ = TrainingConfig().seq_len
-"""``--seq`` when not given: 2048 tokens, or the model's context length (max_positions) if shorter."""
-
 LISTS = "(`memplan presets` lists them)"
 
 
-class Options(Frozen):
+class Options(TrainingOptions):
     """Every setting of one estimate, declared once: field names are the option names (``_`` for ``-``),
     each with its help text; the CLI, ``compare --vary`` and the setup they build all read them here."""
 
-    model: str = option(
-        "Model preset name or alias (e.g. 70b, llama-3-8b, mixtral-8x7b, gpt2), a preset .toml, a Hugging "
-        "Face config.json or a Hub id (org/name: its config.json only, through the Hub cache; "
-        "HF_HUB_OFFLINE, HF_TOKEN). Required. `memplan presets` lists them.",
-        MODEL,
-        default=...,
-        flags=("-m",),
-        show_default=False,
-        min_length=1,
-    )
-    dropout: float | None = option(
-        "Dropout probability 0 ≤ P < 1 for attention, residual and embedding dropout [default: the "
-        "preset's own]",
-        MODEL,
-        metavar="P",
-        show_default=False,
-    )
-    seq: int | None = option(
-        f"Tokens per sequence s [default: {DEFAULT_SEQ}, or the model's context length if shorter]",
-        TRAINING,
-        metavar="TOKENS",
-        flags=("-s",),
-        show_default=False,
-    )
-    batch: int = option("Sequences per micro-batch b", TRAINING, default=1, metavar="N", flags=("-b",), gt=0)
-    precision: Precision = option(
-        "Precision recipe: dtype of weights, gradients, master copy, optimizer states, activations; "
-        "bf16-mixed is DeepSpeed's (bf16 shards + an fp32 master), fsdp2-mixed FSDP2's MixedPrecisionPolicy "
-        "(fp32 shards the optimizer steps, bf16 gathered copies, fp32 reduce-scatter; ZeRO-2/3 only)",
-        TRAINING,
-        default=Precision.BF16_MIXED,
-    )
-    optimizer: Optimizer = option("Optimizer", TRAINING, default=Optimizer.ADAMW)
-    optimizer_impl: OptimizerImpl | None = option(
-        "Whose code steps the optimizer (its step's temporaries differ): reference (memplan's own), "
-        "for-loop / foreach / fused (torch.optim.AdamW), bitsandbytes (AdamW8bit, with --optimizer "
-        "adamw-8bit) [default: reference under --impl reference; fused under --impl megatron (its "
-        "FusedAdam, Transformer Engine's or Apex's), hf (transformers' adamw_torch_fused) and torchtitan "
-        "(0.3.0's implementation = fused); otherwise as torch picks on --device: foreach on cuda, for-loop "
-        "on cpu (torch.optim.optimizer._default_to_fused_or_foreach); bitsandbytes for adamw-8bit]",
-        TRAINING,
-        show_default=False,
-    )
-    clip_grad: bool | None = option(
-        "Gradient-norm clipping before each optimizer step (its norm and rescale passes over the owned "
-        "gradients, step time only) [default: on under --impl megatron, torchtitan and hf, as their "
-        "training loops clip at 1.0; off under --impl reference, whose step does not clip]",
-        TRAINING,
-        show_default=False,
-    )
     checkpointing: str = option(
         "Activation checkpointing: none, full (keep each layer's input), selective (recompute the "
         "attention core), every-K (keep one input per K layers)",
@@ -279,6 +223,15 @@ class Options(Frozen):
         "Virtual stages per pipeline rank (interleaved 1F1B)", PARALLEL, default=1, metavar="M", gt=0
     )
     ep: int = option("Expert-parallel degree (MoE; ranks from dp)", PARALLEL, default=1, metavar="N", gt=0)
+    etp: int | None = option(
+        "Expert tensor-parallel degree (Megatron-core's --expert-tensor-parallel-size) [default: --tp]: 1 "
+        "with --tp > 1 is MoE parallel folding under --impl megatron: whole experts, each rank dispatching "
+        "its own s/t tokens, --ep ranks drawn from tp × dp, e.g. --tp 2 --sp --ep 32 --etp 1",
+        PARALLEL,
+        metavar="N",
+        gt=0,
+        show_default=False,
+    )
     cp: int = option(
         "Context-parallel degree c: ring attention (torch's as torchtitan; TE's under --impl megatron), each "
         "rank holds s/c tokens and exchanges K/V, e.g. --cp 4 --seq 131072; needs flash, s a multiple of 2·c",

@@ -120,6 +120,7 @@ def pieces_key(setup: Setup) -> tuple[object, ...]:
         par.tp,
         par.sp,
         par.ep,
+        par.etp,
         par.cp,
         par.cp_rotate,  # the ring's backward ledger (blocks.attention.ring_memory) reads both
         par.cp_rank,
@@ -166,7 +167,7 @@ def rerun_kept(rank: Setup) -> list[Kept]:
 def pieces(core: Setup) -> Pieces:
     """The pieces of ``core`` (a ``core_of`` setup) on one rank."""
     parallel = core.parallel
-    rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp)})
+    rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp, parallel.etp)})
     rank_moe = rank.model.moe
     kept = _device_kept(act.inventory(rank), rank)
     params = count_params(rank.model)

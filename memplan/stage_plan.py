@@ -78,7 +78,7 @@ def partial_grads(setup: Setup, st: Stage) -> int:
 
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:
     """Model states of the stage: ZeRO over dp × cp (``Setup.state_shards``), the routed experts
-    over dp × cp / ep."""
+    over dp × cp / ep (tp × dp / ep under parallel folding)."""
     t, s = setup.training, setup.strategy
     if lora.applies(setup):  # one stage, dense: check_finetune
         return bnb_states(finetune_states(setup, params), setup)  # 8-bit states of the trainable tensors
@@ -113,7 +113,9 @@ def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: in
         dense = dense.model_copy(update={"weights": dense.weights + te})
     if not experts:
         return bnb_states(dense, setup)
-    routed = model_states(experts, t.precision, t.optimizer, s.zero, shards // ep, grad_bytes=grads)
+    # the experts' data-parallel group: dp·cp/ep, or tp·dp/ep under parallel folding (``Parallel.fold``)
+    edp = shards * setup.parallel.fold // ep
+    routed = model_states(experts, t.precision, t.optimizer, s.zero, edp, grad_bytes=grads)
     return _add(dense, routed)
 
 

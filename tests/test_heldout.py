@@ -556,15 +556,19 @@ def test_bridge_moe_runs_are_typed_as_the_recipes_configure_them(predicted: dict
 
 def _qwen3_typed_as_bridge_ran(run: Run, s: dict) -> None:  # type: ignore[type-arg]
     """What every Qwen3 row's recipes set (its test's docstring): Megatron-core, bf16-mixed, the distributed
-    optimizer with both overlaps, clipping, bf16 gradients, no recompute or offload, TP 1, sequence 4096,
-    EP from dp, GA micro-batches; 235B-A22B's embedding-and-loss split, 30B-A3B's even one."""
+    optimizer with both overlaps, clipping, bf16 gradients, no recompute or offload, the printed TP (SP with
+    it, TE's userbuffers not typed), sequence 4096, ETP 1 (EP from dp, or from TP × DP under TP 2), GA
+    micro-batches; 235B-A22B's embedding-and-loss split, 30B-A3B's even one."""
     st = run.stated
     assert (s["impl"], s["fp8"], s["precision"], s["zero"]) == ("megatron", st.fp8, "bf16-mixed", 1), run.name
     assert s["overlap_grad_reduce"] and s["overlap_param_gather"] and s["clip_grad"], run.name
     assert (s["reduce_dtype"], s["checkpointing"], s["offload"]) == ("bf16", "none", "none"), run.name
-    assert (s["tp"], s["sp"], s["cp"], s["tp_comm_overlap"], s["seq_len"]) == (1, False, 1, False, 4096)
+    layout = (s["tp"], s["sp"], s["cp"], s["tp_comm_overlap"], s["seq_len"])
+    assert layout == (st.tp, st.tp > 1, 1, False, 4096), run.name
     dp = st.gpus // (st.pp * st.cp * st.tp)
-    assert (s["ep"], s["dp"]) == (st.ep, dp) and dp % st.ep == 0, run.name
+    # the recipes' ETP 1 (``expert_tensor_parallel_size=1``): with TP 2 parallel folding, EP from TP × DP
+    assert s["etp"] == (1 if st.tp > 1 else None) and (dp * st.tp) % st.ep == 0, run.name
+    assert (s["ep"], s["dp"]) == (st.ep, dp) and (st.tp > 1 or dp % st.ep == 0), run.name
     assert s["micro_batches"] == st.global_batch // (st.micro_batch * dp), run.name
     if st.model == "qwen3-30b-a3b":
         assert s["pp_layers"] is None and 48 % (st.pp * st.vpp) == 0, run.name
@@ -592,7 +596,7 @@ def test_bridge_moe_model_is_the_providers() -> None:
 BRIDGE_MOE_FP8_ROWS = {
     # Megatron-Bridge docs/performance-summary.md, the float8 Qwen3 rows as printed: 25.11 (00b7660; the same
     # at df0289c) and 26.02 (df0289c); keys and values as BRIDGE_MOE_ROWS', VP "n/a" read as 1 (the DGX-H100
-    # 235B-A22B rows, EP 32 across TP × DP, are left out: heldout_bridge_moe_fp8.py)
+    # 235B-A22B rows, EP 32 across TP × DP: --etp 1; 25.11's GBS from df0289c, 00b7660's row lacks it)
     ("25.11", "DGX-GB300", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 28934),
     ("25.11", "DGX-GB200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 16), 23766),
     ("25.11", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9299),
@@ -607,6 +611,8 @@ BRIDGE_MOE_FP8_ROWS = {
     ("26.02", "DGX-B200", "Qwen3_30B_a3B", "FP8-MX"): ((8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 64), 9691),
     ("26.02", "DGX-B200", "Qwen3_235B_a22B", "FP8-MX"): ((256, 8192, 1, 4096, 0, 1, 8, 1, 1, 8, 256), 3805),
     ("26.02", "DGX-H100", "Qwen3_30B_a3B", "FP8-CS"): ((16, 1024, 1, 4096, 0, 1, 2, 1, 12, 8, 128), 2557),
+    ("25.11", "DGX-H100", "Qwen3_235B_a22B", "FP8-CS"): ((256, 2048, 1, 4096, 0, 2, 8, 1, 4, 32, 128), 1575),
+    ("26.02", "DGX-H100", "Qwen3_235B_a22B", "FP8-CS"): ((256, 8192, 1, 4096, 0, 2, 8, 1, 4, 32, 512), 1633),
 }
 QWEN3_MODELS = {"qwen3-30b-a3b": "Qwen3_30B_a3B", "qwen3-235b-a22b": "Qwen3_235B_a22B"}
 
@@ -615,7 +621,7 @@ def test_bridge_moe_fp8_rows_as_printed() -> None:
     """Every typable float8 Qwen3 row of the 25.11 and 26.02 tables is in the set once, with the table's
     figures, on its system's GPU preset; FP8-CS is --fp8 tensorwise, FP8-MX --fp8 mxfp8; the printed GA is
     GBS / (MBS × dp), dp = GPUs / (TP·PP·CP), on every row."""
-    assert len(BRIDGE_MOE_FP8_RUNS) == len(BRIDGE_MOE_FP8_ROWS) == 5 + 9
+    assert len(BRIDGE_MOE_FP8_RUNS) == len(BRIDGE_MOE_FP8_ROWS) == 6 + 10
     got = {}
     for run in BRIDGE_MOE_FP8_RUNS:
         st = run.stated
@@ -634,10 +640,11 @@ def test_bridge_moe_fp8_runs_are_typed_as_the_recipes_configure_them(predicted: 
     """The float8 Qwen3 rows (heldout_bridge_moe_fp8.py): Megatron-core with TE current scaling (FP8-CS) or
     MXFP8 (FP8-MX), fp8_param_gather (both recipes; the experts' primary weights too), the plain distributed
     optimizer (use_precision_aware_optimizer is bf16's only) with overlapped gradient and parameter sync,
-    gradients in bf16, clipping at 1.0, no recompute, no offload, TP 1 (no SP, TE's userbuffers moot), the
-    printed EP taken from dp, the micro-batches GBS / (MBS × dp); 235B-A22B's 94 layers split with the
-    embedding and the loss ((94 + 2)/(PP·VP) a virtual stage, one fewer at each end), 30B-A3B's 48 evenly
-    (its recipe sets no such split)."""
+    gradients in bf16, clipping at 1.0, no recompute, no offload, the printed TP (TP 1 but the DGX-H100
+    235B-A22B rows' TP 2 with SP; TE's userbuffers not typed), the printed EP taken from dp (from TP × DP
+    under the recipes' ETP 1 at TP 2: --etp 1), the micro-batches GBS / (MBS × dp); 235B-A22B's 94 layers
+    split with the embedding and the loss ((94 + 2)/(PP·VP) a virtual stage, one fewer at each end),
+    30B-A3B's 48 evenly (its recipe sets no such split)."""
     for run in BRIDGE_MOE_FP8_RUNS:
         s = predicted[run.name]["setup"]
         assert run.stated.fp8 in BRIDGE_FP8 and s["fp8_param_gather"], run.name

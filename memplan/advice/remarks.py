@@ -52,7 +52,9 @@ def notes(b: Built) -> list[str]:
         out.append(f"attention: eager chosen for {m.name}: {why}; give --attention to choose")
     if te_fp8.applies(r.setup):  # Megatron's float8: what it maps to, what it adds (blocks/te_fp8.py)
         recipe = r.setup.impl.fp8
-        cache = te_fp8.resident_bytes(tp_model(m, r.setup.parallel.tp), r.setup.impl, ep=r.setup.parallel.ep)
+        cache = te_fp8.resident_bytes(
+            tp_model(m, r.setup.parallel.tp, r.setup.parallel.etp), r.setup.impl, ep=r.setup.parallel.ep
+        )
         te = {Fp8Recipe.DELAYED: "DelayedScaling", Fp8Recipe.MXFP8: "MXFP8BlockScaling"}.get(
             recipe, "Float8CurrentScaling"
         )

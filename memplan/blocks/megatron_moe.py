@@ -5,18 +5,20 @@ input stay ``blocks.moe``'s.
 The configuration memplan models is Megatron-Bridge's MoE performance recipes' (Qwen3 MoE, late 2025):
 ``moe_token_dispatcher_type="alltoall"``, ``moe_grouped_gemm`` (``TEGroupedMLP``: Transformer Engine's
 ``GroupedLinear``), ``moe_permute_fusion`` and ``moe_router_fusion`` (TE's fused permutation and top-k),
-expert tensor parallelism 1, no recompute. Per layer, with T tokens on the rank (before dispatch), S slots
-after it (T·k dropless, balanced over the expert-parallel ranks), E experts, L = E/ep local ones, f an
-expert's width (read from stored copies of megatron/core/transformer/moe/ and TransformerEngine's
-pytorch/router.py, permutation.py and module/grouped_linear.py in 2025 forks; NVIDIA's stored
-Megatron-LM copies predate them):
+expert tensor parallelism 1 (with tp > 1, ``--etp 1``: parallel folding, S the slots of the rank's own
+s/t tokens, ``blocks.moe.rank_slots``), no recompute. Per layer, with T tokens on the rank (before
+dispatch), S slots after it (T·k dropless, balanced over the expert-parallel ranks), E experts, L = E/ep
+local ones, f an expert's width (read from stored copies of megatron/core/transformer/moe/ and
+TransformerEngine's pytorch/router.py, permutation.py and module/grouped_linear.py in 2025 forks; NVIDIA's
+stored Megatron-LM copies predate them):
 
 - router: ``RouterGatingLinearFunction`` saves its input — the MoE input, ``mlp.input`` — and the weight;
   TE's ``FusedTopkScoreFunction`` saves the routing map [T, E] bool and its score output [T, E] in the
   logits' dtype (``moe_router_dtype`` unset: the activation dtype), not the logits;
-- dispatch: TE's ``moe_permute`` (mask map) saves its ``row_id_map`` [T, 2E + 1] int32 only (the permuted
-  tokens and probabilities are not kept); the all-to-alls keep nothing; with more than one local expert
-  the chunk sort (``_moe_chunk_sort``) saves a [S] int32 map, and the combine's restoring sort another;
+- dispatch: TE's ``moe_permute`` (mask map), on the rank's own tokens before the all-to-all (T/t of them
+  under sequence parallelism, like the router's), saves its ``row_id_map`` [T, 2E + 1] int32 only (the
+  permuted tokens and probabilities are not kept); the all-to-alls keep nothing; with more than one local
+  expert the chunk sort (``_moe_chunk_sort``) saves a [S] int32 map, and the combine's restoring sort another;
 - experts: each ``GroupedLinear`` keeps its input (fc1: the dispatched tokens [S, h]; fc2: the weighted
   activation [S, f]); ``WeightedSwiGLUFunction`` (``weighted_bias_swiglu_impl``: the routing
   probabilities applied inside the activation, before fc2 — TE 2.1's move, "to avoid saving huge input
@@ -51,7 +53,8 @@ def routed_rules(setup: Setup, moe: MoEConfig, slots: int) -> list[Rule]:
     rules = [
         keep("routing_map", (t, e), DType.BOOL, Role.ROUTER, "TE's fused top-k: its backward's mask"),
         keep("router_scores", (t, e), a, Role.ROUTER, "TE's fused top-k score output: its backward"),
-        keep("row_id_map", (t, 2 * e + 1), DType.INT32, Role.DISPATCH_INDEX, "TE's moe_permute / unpermute"),
+        # permuted before the all-to-all, on the rank's own tokens: s/t of them under sp, as the router's
+        keep("row_id_map", (t, 2 * e + 1), DType.INT32, Role.ROUTER, "TE's moe_permute / unpermute"),
     ]
     if e // setup.parallel.ep > 1:  # the local experts' chunks sorted after the all-to-all, and back
         why = "the chunk sort's map: its backward"

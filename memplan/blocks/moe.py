@@ -3,7 +3,7 @@
 ``ModelConfig.moe`` (``config.MoEConfig``) makes a model a mixture of experts: its ``ffn_size`` is the
 width of ONE routed expert; every layer's MLP is replaced by a router (h×E, no bias), E routed experts of
 that width (each a full MLP of the model's kind) and optionally shared experts every token goes through.
-Its parameters (router, one expert, shared experts; ``moe_layer_params``) are here; ``analytic.params``
+Its parameters (router, one expert, shared experts) are ``blocks.moe_params``'; ``analytic.params``
 counts the whole model's, total and active, from them.
 
 Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
@@ -42,13 +42,11 @@ for the MoE roles).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from memplan.blocks import megatron_moe, mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.mlp import mlp_inner_rules, mlp_params
+from memplan.blocks.mlp import mlp_inner_rules
 from memplan.blocks.profiles import profile_of
-from memplan.config import DType, GateActivation, MlpType, ModelConfig, MoEConfig, Setup
+from memplan.config import DType, GateActivation, MlpType, MoEConfig, Setup
 
 FP32, INT32, INT64 = DType.FP32, DType.INT32, DType.INT64
 B, R = Block, Role
@@ -57,53 +55,6 @@ B, R = Block, Role
 def moe_save(part: str, shape: tuple[int, ...], dtype: DType, role: Role, why: str) -> Rule:
     """One tensor the MoE layer keeps (block ``moe``)."""
     return save(B.MOE, part, shape, dtype, role, why)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Parameters
-# ----------------------------------------------------------------------------------------------------
-class MoELayerParams(BaseModel):
-    """One MoE layer's MLP parameters, split by who shards them: dense (ZeRO over dp) vs routed experts."""
-
-    model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use (start-up)
-    router: int
-    expert: int
-    """One routed expert's MLP."""
-    shared: int
-    """All shared experts and their gate."""
-    experts: int
-    top_k: int
-
-    def dense(self) -> int:
-        return self.router + self.shared
-
-    def local_experts(self, ep: int) -> int:
-        """Routed-expert parameters on one expert-parallel rank (E/ep experts)."""
-        return self.expert * (self.experts // ep)
-
-    @property
-    def total(self) -> int:
-        return self.dense() + self.experts * self.expert
-
-    @property
-    def inactive(self) -> int:
-        """Parameters of the experts a token is not routed to, E − k of them."""
-        return (self.experts - self.top_k) * self.expert
-
-
-def moe_layer_params(m: ModelConfig, moe: MoEConfig) -> MoELayerParams:
-    """Router h×E (+ E with ``router_bias``), one routed expert (an MLP of the model's kind and ffn_size,
-    + 2f + h with ``expert_bias``: gpt-oss's gate_up and down biases), shared experts and gate."""
-    h = m.hidden_size
-    width = moe.shared_width(m)
-    shared = mlp_params(m.model_copy(update={"ffn_size": width})) if width else 0
-    return MoELayerParams(
-        router=h * moe.experts + (moe.experts if moe.router_bias else 0),
-        expert=mlp_params(m) + (2 * m.ffn + h if moe.expert_bias else 0),
-        shared=shared + (h if moe.shared_gate else 0),
-        experts=moe.experts,
-        top_k=moe.top_k,
-    )
 
 
 def dense_mlp_layers(setup: Setup) -> int:
@@ -128,11 +79,20 @@ def dense_layer_setup(setup: Setup) -> Setup | None:
 # ----------------------------------------------------------------------------------------------------
 
 
+def rank_slots(setup: Setup, moe: MoEConfig, tokens: int) -> int:
+    """The expert slots a rank's experts take for a tensor-parallel group's ``tokens`` T (b·s/cp): S =
+    T·k (``MoEConfig.slots``) — with tp > 1 the expert-tensor-parallel ranks gather their dispatched
+    tokens over tp —, or under parallel folding (``Parallel.fold``, whole experts) the slots of the rank's
+    own s/t tokens, balanced over the expert-parallel ranks (Megatron-core's alltoall dispatcher with an
+    expert tensor-parallel group of one rank: no gather)."""
+    return moe.slots(tokens // setup.parallel.fold)
+
+
 def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     """What one MoE layer keeps beyond ``mlp.input`` (which the router, experts and shared experts share)."""
     dims = Dims.of(setup)
     t, h, a = dims.tokens, dims.h, dims.act
-    s = moe.slots(t)
+    s = rank_slots(setup, moe, t)
 
     if profile_of(setup).megatron_moe:  # Megatron-core's MoELayer (blocks/megatron_moe.py)
         rules = megatron_moe.routed_rules(setup, moe, s)
@@ -410,7 +370,9 @@ def routing(setup: Setup, moe: MoEConfig) -> dict[str, int | str]:
         how = (
             f"capacity factor {moe.capacity_factor}: each expert padded to ⌈c·T·k/E⌉ slots, overflow dropped"
         )
-    return {"tokens": t, "slots": moe.slots(t), "assumption": how}
+    if setup.parallel.fold > 1:
+        how += f"; parallel folding: each rank's s/{setup.parallel.tp} tokens, S a rank"
+    return {"tokens": t, "slots": rank_slots(setup, moe, t), "assumption": how}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -444,6 +406,6 @@ def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:
     if moe is None:
         return 0
     dims, buffers = Dims.of(setup), 3 if setup.model.mlp is MlpType.SWIGLU else 2
-    slots = moe.slots(dims.tokens)  # with Transformer Engine's float8 the casts grow too (megatron_moe)
+    slots = rank_slots(setup, moe, dims.tokens)  # with TE's float8 the casts grow too (megatron_moe)
     extra = buffers * (slots - dims.tokens) * dims.f * dims.act.bytes
     return extra + megatron_moe.fp8_backward_extra(setup, dims.tokens, slots, dims.f)

@@ -5,7 +5,8 @@ the device's kernels. One device of a dense model is the trivial layout (``Paral
 same ranks as tp), pipeline (``pp``, with ``vpp`` virtual stages per rank for the interleaved schedule),
 expert (``ep``) and context (``cp``: ring attention, each rank s/cp tokens) parallelism. Data parallelism
 and the ZeRO stage live in ``StrategyConfig.dp`` / ``.zero``; the world is ``tp · cp · pp · dp`` devices
-and expert parallelism takes its ranks from data parallelism (Megatron-Core: ``dp % ep == 0``).
+and expert parallelism takes its ranks from data parallelism (Megatron-Core: ``dp % ep == 0``), or under
+MoE parallel folding (``etp`` 1 with tp > 1) from tp × dp.
 """
 
 from __future__ import annotations
@@ -80,6 +81,14 @@ class Parallel(Frozen):
         "16 stages)",
     )
     ep: int = Field(default=1, gt=0, le=1 << 12, description="expert-parallel degree (MoE)")
+    etp: int | None = Field(
+        default=None,
+        gt=0,
+        le=1 << 12,
+        description="expert tensor-parallel degree (Megatron-core's expert_tensor_parallel_size): none is "
+        "tp (its default, the experts split like the MLP); 1 with tp > 1 is MoE parallel folding, whole "
+        "experts with expert parallelism drawn across tp × dp",
+    )
     cp: int = Field(
         default=1,
         gt=0,
@@ -110,6 +119,11 @@ class Parallel(Frozen):
                 f"cp_rank: rank {self.cp_rank} is not a context-parallel rank of --cp {self.cp}; "
                 f"use 0 to {self.cp - 1}"
             )
+        if self.etp not in (None, 1, self.tp):
+            raise ValueError(
+                f"etp: expert tensor parallelism is --tp {self.tp} (Megatron's default) or 1 (MoE parallel "
+                "folding); use --etp 1 or drop --etp"
+            )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
         if self.pp_layers is not None:
@@ -132,6 +146,19 @@ class Parallel(Frozen):
         return self
 
     @property
+    def expert_tp(self) -> int:
+        """The ranks one routed expert is split over: ``etp``, or tp where it is not given."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def fold(self) -> int:
+        """tp / ``expert_tp``: how many tensor-parallel ranks' tokens stay apart at the experts — 1, or tp
+        under parallel folding (each rank dispatches its s/t tokens to whole experts, no gather over tp),
+        whose expert parallelism draws its ranks from tp × dp (Megatron-core's expert rank order
+        etp-ep-dp)."""
+        return self.tp // self.expert_tp
+
+    @property
     def model_parallel(self) -> int:
         """Devices one model replica spans: tp · cp · pp."""
         return self.tp * self.cp * self.pp
@@ -142,6 +169,7 @@ class Parallel(Frozen):
         cp = f"·cp{self.cp}" if self.cp > 1 else ""
         vpp = f"×{self.vpp}" if self.vpp > 1 else ""
         ep = f"·ep{self.ep}" if self.ep > 1 else ""
+        ep += f"·etp{self.expert_tp}" if self.fold > 1 else ""
         return f"tp{self.tp}{sp}{cp}·pp{self.pp}{vpp}{ep}"
 
 

@@ -32,7 +32,7 @@ def _family_cells(f: Family, plain: bool) -> list[str]:
         str(int(f.zero)),
         f"{par.tp}" + ("+sp" if par.sp else "") + _cp_cell(par),
         f"{par.pp}" + (f"×{par.vpp}" if par.vpp > 1 else ""),
-        str(par.ep),
+        str(par.ep) + (f" etp{par.expert_tp}" if par.fold > 1 else ""),
         f"{f.layout.dp}" + (f"/{f.layout.hsdp}" if f.layout.hsdp else ""),
     ]
 

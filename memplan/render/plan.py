@@ -55,8 +55,9 @@ def layout_line(p: Result) -> str:
         kind = "K/V all-gathered, no ring" if par.cp_rotate is CpRotate.KV_GATHER else "ring attention"
         parts.append(f"cp {par.cp} ({kind}, {fmt_int(p.setup.training.seq_len // par.cp)} tokens each)")
     parts.append(f"pp {par.pp} ({schedule})" if par.pp > 1 else "pp 1")
-    if par.ep > 1:
-        parts.append(f"ep {par.ep}")
+    if par.ep > 1 or par.fold > 1:
+        folded = f" across tp × dp (etp {par.expert_tp}: whole experts)" if par.fold > 1 else ""
+        parts.append(f"ep {par.ep}{folded}")
     parts.append(f"dp {dp} = {plural(p.devices, 'device')}")
     tokens = p.global_batch * p.setup.training.seq_len
     parts.append(

@@ -91,7 +91,7 @@ _FAMILY = obj(
         "checkpointing": NAME,
         "attention": NAME,
         "zero": {"type": "integer", "minimum": 0, "maximum": 3},
-        **{k: POSITIVE for k in ("tp", "pp", "ep", "cp", "dp", "micro_batch")},
+        **{k: POSITIVE for k in ("tp", "pp", "ep", "etp", "cp", "dp", "micro_batch")},
         "sp": {"type": "boolean"},
     }
 )

@@ -219,6 +219,7 @@ _FINETUNE = obj(
 _PARALLEL = obj(
     {
         **{k: POSITIVE for k in ("tp", "pp", "vpp", "ep", "cp")},
+        "etp": {"type": ["integer", "null"], "minimum": 1},  # null: the tp degree (Megatron's default)
         "sp": {"type": "boolean"},
         "pp_layers": {
             "type": ["array", "null"],

@@ -107,7 +107,8 @@ def tp_layer_seconds(
     all-gathers of the linears' inputs and two reduce-scatters of their outputs in forward and two
     all-gathers of the output gradients in backward, six calls of X = b·x bytes a micro-batch
     (``Overlap.NONE``; x = (s/cp)·h·e, one sequence's, ``Sequence.hidden_bytes``), and a re-run layer's
-    (full checkpointing) all-gathers and reduce-scatters, four more; each as ``comm.fabric.
+    (full checkpointing) all-gathers and reduce-scatters, four more — half of each under parallel folding
+    (``Parallel.fold``: the MoE's own tokens, no gather over tp); each as ``comm.fabric.
     collective_seconds`` times it; the head's calls left out. 0 without sequence parallelism (``fit``
     searches tp > 1 with sp only). ``gathered``: the bytes one all-gather moves where it is not X — under
     torchao's float8 plan (``--fp8-tp``) the layers' gathers move one byte an element
@@ -116,9 +117,10 @@ def tp_layer_seconds(
     if t == 1 or not par.sp:
         return 0.0
     on = link(calibrated_topology(gpu), 1, t)  # tp innermost: stride 1 (``comm.rows.order``)
-    rerun = 2 if ckpt >= Checkpointing.EVERY_K else 0  # a re-run layer's all-gathers, reduce-scatters
-    gathers = (4 + rerun) * collective_seconds(Collective.ALL_GATHER, b * (gathered or x), t, on)
-    scatters = (2 + rerun) * collective_seconds(Collective.REDUCE_SCATTER, b * x, t, on)
+    per = 1 if par.fold > 1 else 2  # the attention's and the MLP's; folded experts gather nothing over tp
+    rerun = 1 if ckpt >= Checkpointing.EVERY_K else 0  # a re-run layer's all-gathers, reduce-scatters
+    gathers = per * (2 + rerun) * collective_seconds(Collective.ALL_GATHER, b * (gathered or x), t, on)
+    scatters = per * (1 + rerun) * collective_seconds(Collective.REDUCE_SCATTER, b * x, t, on)
     return t * par.cp * (gathers + scatters) / b
 
 
@@ -237,8 +239,8 @@ def reference(setup: Setup, gpu: GpuPreset) -> Reference:
 def _sequence_key(
     base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int
 ) -> tuple[object, ...]:
-    """What a sequence depends on (``Reference.at`` sets tp, sp, cp, its rotation, ep and b; the reference
-    its method, savers, checkpointing and attention)."""
+    """What a sequence depends on (``Reference.at`` sets tp, sp, cp, its rotation, ep, etp and b; the
+    reference its method, savers, checkpointing and attention)."""
     return (
         base.finetune,
         base.offload,
@@ -250,6 +252,7 @@ def _sequence_key(
         par.tp,
         par.sp,
         par.ep,
+        par.etp,
         b,
     )
 

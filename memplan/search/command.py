@@ -58,6 +58,7 @@ def estimate_command(c: Config, r: FitResult) -> str:
         else []
     )
     args += [f"--ep {par.ep}"] if par.ep > 1 else []
+    args += [f"--etp {par.expert_tp}"] if par.fold > 1 else []
     args.append(f"--zero {int(st.zero)}")
     args += [f"--hsdp {st.hsdp}"] if st.hsdp else []
     args += [f"--reduce-dtype {st.reduce_dtype.value}"] if st.reduce_dtype is not None else []

@@ -60,6 +60,7 @@ class Family:
             "vpp": par.vpp,
             "pp_layers": list(par.pp_layers) if par.pp_layers is not None else None,
             "ep": par.ep,
+            "etp": par.expert_tp,
             "cp": par.cp,
             "cp_rotate": par.cp_rotate.value,
             "dp": self.layout.dp,

@@ -1,14 +1,16 @@
 """The space ``fit`` searches: its settings (``Space``), the layouts of N devices and the global batch.
 
-A layout is a (tp, sp, cp, pp, vpp, ep) split with dp = N / (tp·cp·pp) and an HSDP shard group
-(``layouts``): pp any degree up to the layers that divides the devices, its stages uneven as ``estimate``
-places them (``stage_layers``: ⌈L/p⌉ each, the first and last one fewer in turn); with the interleaved
-schedule (vpp m > 1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a layout
-only when every rank gets a layer and no chunk but the first and last is empty; HSDP with one node's
-data-parallel ranks as the shard group when dp leaves the node (dense layers only: ep 1). The global
-batch B sequences must split into whole micro-batches of a searched size b on each of the dp ranks,
-b · dp | B (``searchable``; ``why_nothing`` says what to change when no layout allows it); the
-interleaved schedule also needs the micro-batches per step to be a multiple of pp.
+A layout is a (tp, sp, cp, pp, vpp, ep) split with dp = N / (tp·cp·pp) and an HSDP shard group (``layouts``):
+ep from dp, and under Megatron with tp > 1 (a mixture of routed experts alone, sp, no cp:
+``tensor_parallel.foldable``) also parallel folding, ep from tp × dp with whole experts (``etp`` 1); pp any
+degree up to the layers that divides the devices, its stages uneven as ``estimate`` places them
+(``stage_layers``: ⌈L/p⌉ each, the first and last one fewer in turn); with the interleaved schedule (vpp m >
+1) the p·m virtual stages placed the same way (Llama 3 405B's 0, 1 × 126, 0), a layout only when every rank
+gets a layer and no chunk but the first and last is empty; HSDP with one node's data-parallel ranks as the
+shard group when dp leaves the node (dense layers only: ep 1). The global batch B sequences must split into
+whole micro-batches of a searched size b on each of the dp ranks, b · dp | B (``searchable``; ``why_nothing``
+says what to change when no layout allows it); the interleaved schedule also needs the micro-batches per step
+to be a multiple of pp.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from memplan.config import Attention, Checkpointing, CpRotate, Impl, Parallel, S
 from memplan.config.impl_rules import titan_stage_layers
 from memplan.config.strategy import MAX_DP
 from memplan.strategies.pipeline_parallel import stage_layers
-from memplan.strategies.tensor_parallel import divisors, tp_widths
+from memplan.strategies.tensor_parallel import divisors, foldable, tp_widths
 
 TOKENS_PER_STEP = 1 << 22
 """Default global batch: about 4M tokens per step (Llama 2 and 3 pre-training), in whole sequences."""
@@ -119,14 +121,18 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
             dp = gpus // (tp * cp * pp)
             if dp > MAX_DP:  # what `estimate` refuses (StrategyConfig.dp)
                 continue
-            eps = [e for e in divisors(moe.experts) if dp % e == 0] if moe else [1]
+            sp = tp > 1 and (seq // cp) % tp == 0
+            # (ep, etp): ep from dp; with tp > 1 under Megatron also parallel folding, ep from tp × dp
+            experts = [(e, None) for e in divisors(moe.experts) if dp % e == 0] if moe else [(1, None)]
+            if moe and tp > 1 and foldable(setup, sp, cp):
+                experts += [(e, 1) for e in divisors(moe.experts) if (tp * dp) % e == 0]
             rotates = space.cp_rotate if cp > 1 else (CpRotate.ALLGATHER,)
-            for ep, rotate in itertools.product(eps, rotates):
-                sp = tp > 1 and (seq // cp) % tp == 0
+            for (ep, etp), rotate in itertools.product(experts, rotates):
                 par = Parallel(
-                    tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, cp=cp, cp_rotate=rotate
+                    tp=tp, sp=sp, pp=pp, vpp=vpp, pp_layers=virtual, ep=ep, etp=etp, cp=cp, cp_rotate=rotate
                 )
-                groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if ep == 1 else [0]
+                dense = ep == 1 and etp is None
+                groups = shard_groups(dp, tp * cp * pp, gpus_per_node, space) if dense else [0]
                 for hsdp in groups:
                     out.append(Layout(par, dp, hsdp))
     return out

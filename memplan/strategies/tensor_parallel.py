@@ -96,9 +96,10 @@ def check_parallel(setup: Setup, parallel: Parallel, extra_widths: tuple[int, ..
         )
 
 
-def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
+def tp_model(model: ModelConfig, tp: int, etp: int | None = None) -> ModelConfig:
     """The model one tensor-parallel rank holds: a/t heads, kv/t key/value heads, f/t MLP (and shared
-    experts), ⌈v/t⌉ vocabulary.
+    experts), ⌈v/t⌉ vocabulary; the routed experts f/``etp`` wide where the experts' own degree is given
+    (``Parallel.expert_tp``: 1 under parallel folding, whole experts).
 
     Call ``check_parallel`` first (t must divide heads, kv heads and ffn). head_dim and hidden size stay.
     """
@@ -109,7 +110,7 @@ def tp_model(model: ModelConfig, tp: int) -> ModelConfig:
             "num_heads": model.num_heads // tp,
             "num_kv_heads": model.kv_heads // tp,
             "head_dim": model.dim,
-            "ffn_size": model.ffn // tp,
+            "ffn_size": model.ffn // (tp if etp is None else etp),
             "vocab_size": -(-model.vocab_size // tp),
             "moe": model.moe.for_tp(tp) if model.moe else None,
         }
@@ -121,6 +122,8 @@ def check_layout(setup: Setup) -> None:
     parallel, moe = setup.parallel, setup.model.moe
     check_context(setup)
     check_parallel(setup, parallel, moe.widths(setup.model) if moe else ())
+    if parallel.fold > 1:
+        check_folding(setup)
     if parallel.ep == 1:
         return
     if moe is None:
@@ -133,8 +136,54 @@ def check_layout(setup: Setup) -> None:
             f"use --ep {', '.join(str(d) for d in range(1, moe.experts + 1) if moe.experts % d == 0)}"
         )
     dp = setup.strategy.dp
-    if dp % parallel.ep:
+    if parallel.fold > 1 and (parallel.fold * dp) % parallel.ep:
+        raise ValueError(
+            f"ep: with --etp 1 expert parallelism takes its {parallel.ep} ranks from tp × dp = "
+            f"{parallel.fold * dp}; use an --ep that divides {parallel.fold * dp}"
+        )
+    if parallel.fold == 1 and dp % parallel.ep:
         raise ValueError(
             f"ep: expert parallelism takes its {parallel.ep} ranks from data parallelism, but --dp is {dp}; "
-            f"use a --dp that is a multiple of {parallel.ep}"
+            f"use a --dp that is a multiple of {parallel.ep}, or --etp 1 (parallel folding, ranks from "
+            "tp × dp) under --impl megatron"
+        )
+
+
+def routed_only(m: ModelConfig) -> bool:
+    """Every MLP of ``m`` routed experts alone: a mixture of experts without shared experts, dense first
+    layers or dense layers between its MoE layers (what parallel folding is modelled for)."""
+    return m.moe is not None and not (m.moe.shared_experts or m.moe.dense_layers or m.moe_every)
+
+
+def foldable(setup: Setup, sp: bool, cp: int) -> bool:
+    """Whether ``setup``'s model and implementation, on a layout with ``sp`` and ``cp``, can run parallel
+    folding as memplan models it (``check_folding``'s conditions; ``search.space`` tries it where so)."""
+    return setup.impl.impl is Impl.MEGATRON and routed_only(setup.model) and sp and cp == 1
+
+
+def check_folding(setup: Setup) -> None:
+    """MoE parallel folding (``--etp 1`` with tp > 1, ``Parallel.fold``) as memplan models it: Megatron-core's
+    MoE layer, under sequence parallelism (Megatron-LM's arguments.py: "When using MoE and tensor
+    parallelism, sequence parallelism must be used"), every layer an MoE without shared experts (their
+    MLP is split over tp and gathers its input over tp, which ``time.comm`` does not count beside
+    folded experts yet), without context parallelism (Megatron folds cp into the experts' ranks too: not
+    modelled)."""
+    m, par = setup.model, setup.parallel
+    if m.moe is None:
+        raise ValueError(f"etp: {m.name} is dense; expert tensor parallelism needs a mixture of experts")
+    if setup.impl.impl is not Impl.MEGATRON:
+        raise ValueError(
+            "etp: --etp 1 with --tp > 1 (MoE parallel folding) is Megatron-core's; add --impl megatron or "
+            "drop --etp"
+        )
+    if not par.sp:
+        raise ValueError(
+            "etp: Megatron runs a mixture of experts under tensor parallelism with --sp; add --sp"
+        )
+    if par.cp > 1:
+        raise ValueError("etp: parallel folding with context parallelism is not modelled; drop --cp or --etp")
+    if not routed_only(m):
+        raise ValueError(
+            f"etp: parallel folding is modelled for models whose every MLP is routed experts alone; "
+            f"{m.name} has shared experts or dense layers: drop --etp"
         )

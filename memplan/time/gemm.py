@@ -48,6 +48,7 @@ import functools
 from dataclasses import dataclass
 
 from memplan.blocks import mm
+from memplan.blocks.moe import rank_slots
 from memplan.blocks.profiles import profile_of
 from memplan.config import LossKind, MlpType, Setup
 from memplan.config.finetune import linear_shapes
@@ -177,9 +178,9 @@ def mla_gemms(setup: Setup, tokens: int) -> list[Gemm]:
 
 def mlp_gemms(setup: Setup, rows: int, width: int, experts: int = 0) -> list[Gemm]:
     """An MLP of ``width`` on ``rows`` tokens (or ``experts`` of them in one launch): gate and up (one
-    [h, 2f/t] GEMM where fused; GELU: up alone), then down [f/t, h]."""
+    [h, 2f/t] GEMM where fused; GELU: up alone), then down [f/t, h]; experts split over ``expert_tp``."""
     count = max(experts, 1)
-    m, t = setup.model, setup.parallel.tp
+    m, t = setup.model, setup.parallel.expert_tp if experts else setup.parallel.tp
     p = profile_of(setup)
     f, h = width // t, m.hidden_size
     if m.mlp is not MlpType.SWIGLU:
@@ -232,7 +233,7 @@ def layer_gemms(setup: Setup) -> list[Gemm]:
     h = setup.model.hidden_size
     out = [*attention_gemms(setup, tokens), Gemm(tokens, h, moe.experts)]
     ep = setup.parallel.ep  # a rank's E/ep experts take the slots of ep ranks' tokens: S·ep/E rows each
-    rows = -(-moe.slots(tokens) * ep // moe.experts)
+    rows = -(-rank_slots(setup, moe, tokens) * ep // moe.experts)
     out += mlp_gemms(setup, rows, setup.model.ffn, moe.experts // ep)
     if moe.shared_experts:
         out += mlp_gemms(setup, tokens, moe.shared_width(setup.model))

@@ -7,6 +7,7 @@ docstring gives the byte formulas); this module only counts.
 
 from __future__ import annotations
 
+from memplan.blocks.moe import rank_slots
 from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, Impl, MlpType, PositionType, Setup
 from memplan.presets import GpuPreset
@@ -36,6 +37,9 @@ def dispatch(s: Setup, backward: bool = False) -> Chain:
     ``_unpermute_kernel`` reads the S slots and writes the T tokens (accumulating in registers): (S + T)·h·e;
     with more than one local expert the chunk sort after the all-to-all and the one before it back
     (``_sort_chunks_by_map_kernel``, a row copy each): 2·S·h·e each; its ``row_id_map`` is not counted.
+    The permutations run before the all-to-all on the rank's own tokens (T/t and their slots under
+    sequence parallelism), the sorts after it on the slots its experts take (``blocks.moe.rank_slots``:
+    gathered over tp, or the rank's own under parallel folding).
 
     memplan's reference MoE (measure/reference/moe.py ``MoEMlp.routed``), op by op, forward:
     ``x.index_select(0, token)`` 2·S·h·e; the grouped products' ``torch.cat`` of the experts' outputs
@@ -54,9 +58,10 @@ def dispatch(s: Setup, backward: bool = False) -> Chain:
     tokens, _ = _tokens(s)
     slots, e, h, f = m.moe.slots(tokens), s.training.precision.activation_dtype.bytes, m.hidden_size, m.ffn
     p = profile_of(s)
-    if p.megatron_moe:
+    if p.megatron_moe:  # permuted on the rank's own tokens (T/t under sp), sorted on its experts' slots
+        own = tokens // s.parallel.tp if s.parallel.sp else tokens
         sorts = 2 if m.moe.experts // s.parallel.ep > 1 else 0
-        return ((2 * (tokens + slots) + sorts * 2 * slots) * h * e, None)
+        return ((2 * (own + m.moe.slots(own)) + sorts * 2 * rank_slots(s, m.moe, tokens)) * h * e, None)
     if p.experts_grouped_mm:
         return (transformers_dispatch(s, tokens, slots, backward), None)
     if s.impl.impl is not Impl.REFERENCE:

@@ -16,6 +16,7 @@ import pytest
 
 from memplan.blocks import moe as mx
 from memplan.blocks.inventory import Dims, Role
+from memplan.blocks.moe_params import moe_layer_params
 from memplan.config import DType, ExpertsImpl, Impl, ImplConfig, ModelConfig, MoEConfig, Setup, TrainingConfig
 from memplan.presets import load_model_preset
 
@@ -61,8 +62,9 @@ def test_megatron_layer_keeps_te_maps_the_grouped_gemms_inputs_and_the_probs(
     ep: int, local_experts: int
 ) -> None:
     """Megatron-core's MoELayer (blocks/megatron_moe.py) at Mixtral's shapes: TE's fused top-k keeps the
-    routing map [T, E] bool and its scores [T, E] (bf16: the logits' dtype), TE's permutation its
-    row_id_map [T, 2E + 1] int32, the chunk sort and its restore a [S] int32 map each when a rank holds
+    routing map [T, E] bool and its scores [T, E] (bf16: the logits' dtype), TE's permutation (before the
+    all-to-all, on the rank's own tokens: split by sp as the router's) its row_id_map [T, 2E + 1] int32,
+    the chunk sort and its restore a [S] int32 map each when a rank holds
     more than one expert (E/ep > 1), GroupedLinear fc1 the dispatched tokens [S, h], the weighted SwiGLU
     fc1's [S, 2f] output and the probabilities [S, 1], fc2 its input [S, f]; the combine nothing."""
     from memplan.config import Parallel
@@ -79,7 +81,7 @@ def test_megatron_layer_keeps_te_maps_the_grouped_gemms_inputs_and_the_probs(
     assert saves(at) == [
         ("moe.routing_map", (T, e), DType.BOOL, R.ROUTER),
         ("moe.router_scores", (T, e), BF16, R.ROUTER),
-        ("moe.row_id_map", (T, 2 * e + 1), INT32, R.DISPATCH_INDEX),
+        ("moe.row_id_map", (T, 2 * e + 1), INT32, R.ROUTER),  # the rank's own tokens, as the router's
         *(chunks if local_experts > 1 else []),
         ("moe.expert_input", (s, h), BF16, R.EXPERT_TOKENS),
         ("moe.fc1", (s, 2 * f), BF16, R.MLP_INNER),
@@ -196,7 +198,7 @@ def test_no_shared_experts_no_shared_parameters() -> None:
     """With biased MLPs, an MLP of width 0 would still count W_down's bias [h]: none when there is none."""
     m = tiny(mlp="gelu").model_copy(update={"mlp_bias": True})
     assert m.moe is not None
-    assert mx.moe_layer_params(m, m.moe).shared == 0
+    assert moe_layer_params(m, m.moe).shared == 0
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.stage_plan import StagePlan, partial_grads
 from memplan.time.comm.fabric import link, placed
-from memplan.time.comm.rows import stride
+from memplan.time.comm.rows import expert_groups, stride
 from memplan.time.tp_overlap import userbuffer_bytes
 
 
@@ -75,10 +75,10 @@ def communicators(setup: Setup, stage: int, topo: Topology) -> list[Communicator
             Communicator("dp (replicate)", st.replicas, 0, _inter(topo, at * st.shard_group, st.replicas))
         )
     if setup.model.moe is not None and par.ep > 1:
-        if st.dp // par.ep > 1:
-            experts = st.dp // par.ep
-            out.append(Communicator("dp experts", experts, 0, _inter(topo, at * par.ep, experts)))
-        out.append(Communicator("ep", par.ep, par.ep - 1, _inter(topo, at, par.ep)))
+        (ep_at, ep), (edp_at, edp) = expert_groups(setup)
+        if edp > 1:
+            out.append(Communicator("dp experts", edp, 0, _inter(topo, edp_at, edp)))
+        out.append(Communicator("ep", ep, ep - 1, _inter(topo, ep_at, ep)))
     amax = par.tp * par.cp * st.dp
     if te_fp8.delayed(setup) and amax > 1:
         dims = ((1, par.tp), (stride(setup, "cp"), par.cp), (at, st.dp))

@@ -89,6 +89,7 @@ from memplan.time.comm.rows import (
     Phase,
     Row,
     critical_stage,
+    expert_groups,
     hidden_bytes,
     rank_tokens,
     stride,
@@ -103,9 +104,12 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
     n, x = c.result.micro_batches, hidden_bytes(s)
     on = link(topo, stride(s, "tp"), t)
     embed, head = int(c.first), int(c.last)
-    fwd_in = (2 * c.layers + head) * n  # column-parallel linears' inputs: QKV, MLP in, the head
-    fwd_out = (2 * c.layers + embed) * n  # row-parallel outputs: attention out, MLP out, the embedding
-    rerun = 2 * c.rerun_layers * n
+    # per layer the attention's and the MLP's; under parallel folding the MoE runs on the rank's sequence
+    # shard, whole experts, and its all-to-all replaces the MLP's gather and reduce-scatter over tp
+    per = 1 if s.parallel.fold > 1 else 2
+    fwd_in = (per * c.layers + head) * n  # column-parallel linears' inputs: QKV, MLP in, the head
+    fwd_out = (per * c.layers + embed) * n  # row-parallel outputs: attention out, MLP out, the embedding
+    rerun = per * c.rerun_layers * n
 
     def row(kind: Collective, phase: Phase, count: int, overlap: Overlap, what: str, nbytes: int = x) -> Row:
         return Row("tp", kind, phase, nbytes, count, t, on, overlap, what)
@@ -133,9 +137,9 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
             row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
         ]
         if s.impl.fp8_tp:
-            rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, 2 * c.layers * n)
+            rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, per * c.layers * n)
         if tp_overlap.applies(s):
-            rows = userbuffer_rows(rows, 2 * c.layers * n)
+            rows = userbuffer_rows(rows, per * c.layers * n)
     return [r for r in rows if r.count]
 
 
@@ -265,7 +269,8 @@ def ep_rows(c: Critical, topo: Topology) -> list[Row]:
     t = s.training
     tokens = rank_tokens(s) // (s.parallel.tp if s.parallel.sp else 1)
     nbytes = moe.slots(tokens) * s.model.hidden_size * t.precision.activation_dtype.bytes
-    on = link(topo, stride(s, "dp"), ep)
+    (at, _), _ = expert_groups(s)
+    on = link(topo, at, ep)
     n = c.result.micro_batches
 
     def row(phase: Phase, layers: int) -> Row:

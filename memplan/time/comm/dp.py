@@ -19,6 +19,7 @@ from memplan.time.comm.rows import (
     Overlap,
     Phase,
     Row,
+    expert_groups,
     stride,
 )
 
@@ -217,15 +218,17 @@ def _replicas(rows: list[Row], replicas: int, on: Link) -> list[Row]:
 def dp_rows(c: Critical, topo: Topology) -> list[Row]:
     """Data parallelism and ZeRO: the dense parameters over dp (× cp: the context-parallel ranks hold
     replicas too, their gradients reduced and their states sharded with dp's, as torchtitan's
-    ``dp_shard_cp`` mesh does), routed experts over dp/ep. With HSDP (``--hsdp R``) ZeRO's collectives run
-    inside the shard group of R data-parallel ranks (× cp), the innermost of dp, and the gradient shards
-    are all-reduced across the dp/R groups (``_replicas``). Each group's link: ``placed`` on its ranks."""
+    ``dp_shard_cp`` mesh does), routed experts over dp/ep (tp·dp/ep under parallel folding). With HSDP
+    (``--hsdp R``) ZeRO's collectives run inside the shard group of R data-parallel ranks (× cp), the
+    innermost of dp, and the gradient shards are all-reduced across the dp/R groups (``_replicas``). Each
+    group's link: ``placed`` on its ranks."""
     s = c.setup
-    dp, ep, cp = s.strategy.dp, s.parallel.ep, s.parallel.cp
+    cp = s.parallel.cp
     shard, replicas = s.strategy.shard_group, s.strategy.replicas
     experts = c.result.pieces.expert_params * c.layers
     at = stride(s, "dp")
     dense_on = placed(topo, ((stride(s, "cp"), cp), (at, shard)))
     dense = _dp_group("dp", c.params.total - experts, shard * cp, dense_on, c)
     dense += _replicas(dense, replicas, link(topo, at * shard, replicas))
-    return dense + _dp_group("dp experts", experts, dp // ep, link(topo, at * ep, dp // ep), c)
+    _, (edp_at, edp) = expert_groups(s)  # dp/ep ranks beyond ep's, or tp·dp/ep under parallel folding
+    return dense + _dp_group("dp experts", experts, edp, link(topo, edp_at, edp), c)

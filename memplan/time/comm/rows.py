@@ -174,6 +174,19 @@ def stride(setup: Setup, dimension: str) -> int:
     return stride_in(setup.impl.impl, setup.parallel, setup.strategy.dp, dimension)
 
 
+def expert_groups(setup: Setup) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(stride, size) of the expert-parallel group and of the experts' data-parallel group. Expert
+    parallelism takes its ep ranks from dp, innermost (dp's stride), its data-parallel group the dp/ep
+    beyond them; under parallel folding (``Parallel.fold``: ``--etp 1``, cp 1) Megatron-core lays the
+    experts out over the tp × dp ranks in its own order etp-ep-dp (``RankGenerator(tp=etp, ep=ep, dp=edp,
+    pp=pp, order="tp-ep-dp-pp")``, parallel_state.py): ep consecutive ranks, then tp·dp/ep of them."""
+    par, dp = setup.parallel, setup.strategy.dp
+    if par.fold > 1:
+        return (1, par.ep), (par.ep, par.fold * dp // par.ep)
+    at = stride(setup, "dp")
+    return (at, par.ep), (at * par.ep, dp // par.ep)
+
+
 def rank_tokens(setup: Setup) -> int:
     """Tokens of one micro-batch on one context-parallel rank: b·s/cp."""
     return setup.training.micro_batch * setup.training.seq_len // setup.parallel.cp
