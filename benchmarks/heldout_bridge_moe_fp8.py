@@ -135,10 +135,10 @@ cells for 15 columns, its GBS missing —, TP 2, PP 8, VP 4, EP 32 → 1575; 26.
 1633) were left out while memplan's ``--ep`` took its ranks from dp only: with ETP 1 Megatron draws EP 32
 across TP × DP (2 × 16). Typed since with ``--etp 1`` (MoE parallel folding, ``Parallel.fold``): each rank
 routes its own s/2 tokens to 4 whole experts, EP 32 is 32 consecutive ranks over 4 nodes, the experts'
-states over tp·dp/ep = 1. They read −13.4 % (25.11) and −15.6 % (26.02): the 4-node all-to-alls are 57 % of
-the predicted step, exposed (the 26.02 V2 preset's ``moe_a2a_overlap`` would hide part of them, not
-modelled; the 25.11 recipe's TE userbuffers on the attention's linears are refused with a mixture of
-experts, their 0.28 s counted exposed).
+states over tp·dp/ep = 1; the 25.11 recipe's TE userbuffers (``tp_comm_overlap``) overlap the attention's
+linears (the folded MoE layer has no sequence-parallel collective). They read −12.7 % (25.11; −13.4 % with
+the userbuffers left out) and −15.6 % (26.02): the 4-node all-to-alls are 57 % of the predicted step,
+exposed (the 26.02 V2 preset's ``moe_a2a_overlap`` would hide part of them, not modelled).
 
 Left out, with the reason:
 - Qwen3-Next: no row in either table (presets only). The 25.09 section: no Precision column and its Qwen3 rows
@@ -195,9 +195,8 @@ H100_2511 = (
     "QWEN3_235B_A22B_H100_FP8_CS_BASE_CONFIG: TP 2, PP 8, VP 4, EP 32, GBS 2048, no moe_a2a_overlap"
 )
 UB_2511 = (
-    "that copy's qwen3_235b_a22b_h100_config sets tp_comm_overlap (TE's userbuffers on the attention's "
-    "linears): not modelled with a mixture of experts (refused), its sequence-parallel collectives counted "
-    "exposed"
+    "that copy's qwen3_235b_a22b_h100_config sets tp_comm_overlap: typed --tp-comm-overlap (TE's userbuffers "
+    "on the attention's linears; the folded MoE layer has no sequence-parallel collective)"
 )
 H100_2602 = (
     "f29a269's QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2 (V1's layout, GBS 8192) sets moe_a2a_overlap "
@@ -240,7 +239,7 @@ def _row(
         f"--impl megatron --fp8 {fp8}",
         "--zero 1 --overlap-grad-reduce --overlap-param-gather --reduce-dtype bf16 --clip-grad",
         TE_LOSS,
-        *megatron_layout(layout, split),
+        *megatron_layout(layout, split, userbuffers=UB_2511 in notes),
         f"--ep {ep}" + (" --etp 1" if tp > 1 else ""),  # the recipes' ETP 1: parallel folding with TP
         "--fp8-param-gather",
     ]

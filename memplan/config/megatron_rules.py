@@ -34,9 +34,11 @@ def check_overlap_grad_reduce(setup: Setup) -> None:
 def check_tp_comm_overlap(setup: Setup) -> None:
     """``--tp-comm-overlap`` (Transformer Engine's userbuffers, ``time.tp_overlap``) where it runs and is
     modelled: Megatron's TE layers, tensor parallelism with sp (Megatron-LM's arguments.py: "Tensor parallel
-    communication/GEMM overlap can happen only when sequence parallelism is enabled"), dense layers (TE's
-    GroupedLinear experts have no userbuffers overlap, and memplan does not model which of an MoE layer's
-    GEMMs would); that the tp group sits inside one node is the GPU's to say (``time.tp_overlap``)."""
+    communication/GEMM overlap can happen only when sequence parallelism is enabled"), dense layers or
+    folded experts (TE's GroupedLinear experts have no userbuffers overlap; under parallel folding the MoE
+    layer gathers nothing over tp and the attention's linears overlap theirs, with experts split over tp
+    memplan does not model which of an MoE layer's GEMMs would); that the tp group sits inside one node is
+    the GPU's to say (``time.tp_overlap``)."""
     if not setup.impl.tp_comm_overlap:
         return
     par = setup.parallel
@@ -44,7 +46,8 @@ def check_tp_comm_overlap(setup: Setup) -> None:
         "it is Transformer Engine's, under --impl megatron" if setup.impl.impl is not Impl.MEGATRON
         else "it overlaps the sequence-parallel collectives: it needs --tp T --sp with T > 1"
         if par.tp == 1 or not par.sp
-        else "it is modelled for dense layers (not a mixture of experts)" if setup.model.moe is not None
+        else "with a mixture of experts it is modelled under parallel folding (--etp 1), where the MoE layer "
+        "has no sequence-parallel collective" if setup.model.moe is not None and par.fold == 1
         else ""
     )  # fmt: skip
     if why:

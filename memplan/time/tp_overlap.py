@@ -27,7 +27,10 @@ of 4 splits has the same window):
     (re-run: the same at the re-run's linear seconds)
 
 share_row = (a·d + f) / ((a + 2·kv)·d + a·d + m·f), m = 3 for SwiGLU (gate, up, down) else 2, and share_col
-= 1 − share_row: each linear's FLOPs are 2·T·in·out over the rank's shard. What hides behind a window is
+= 1 − share_row: each linear's FLOPs are 2·T·in·out over the rank's shard. Under MoE parallel folding
+(``--etp 1``) the MoE layer has no sequence-parallel collective to hide: W_QKV and W_O alone overlap,
+share_col = T·(a + 2·kv)·d / F and share_row = T·a·d / F, F = T·((a + 2·kv)·d + a·d + E) + S·m·f (the
+router on T tokens, the whole experts on S slots; ``shares``). What hides behind a window is
 charged as every overlapped NVLink collective is (``predict.exposed``: max(0, its time − the window), plus
 ``OVERLAP_SLOWDOWN`` of the seconds they share, the comm kernels' and copy engines' contention with the
 GEMM; TE's pipeline kind sets ``num_sm`` SMs aside, 16 by default, 12 % of an H100's: below that
@@ -62,7 +65,7 @@ proj_dgrad, fc1_fprop, fc1_dgrad, fc2_dgrad."""
 
 def applies(setup: Setup) -> bool:
     """``--tp-comm-overlap`` (its rules, ``config.megatron_rules.check_tp_comm_overlap``: Megatron, tp with
-    sp, dense layers)."""
+    sp, dense layers or folded experts)."""
     return setup.impl.tp_comm_overlap
 
 
@@ -77,13 +80,20 @@ def check_node(setup: Setup, topo: Topology) -> None:
         )
 
 
-def row_share(setup: Setup) -> float:
-    """The row-parallel linears' (W_O, W_fc2) share of a layer's linear FLOPs (module docstring)."""
+def shares(setup: Setup) -> tuple[float, float]:
+    """(column, row): the overlapped column-parallel (W_QKV, W_fc1) and row-parallel (W_O, W_fc2) linears'
+    shares of a layer's linear FLOPs (module docstring). Under MoE parallel folding (``Parallel.fold``) the
+    MoE layer runs no sequence-parallel collective: only the attention's W_QKV and W_O overlap, their
+    shares of the layer's FLOPs with the router [h, E] on T tokens and the whole experts on its S slots."""
     m = setup.model
     mats = 3 if m.mlp is MlpType.SWIGLU else 2
     q, kv = m.num_heads * m.dim, m.kv_heads * m.dim
-    row = q + m.ffn
-    return row / (q + 2 * kv + q + mats * m.ffn)
+    if setup.parallel.fold > 1 and m.moe is not None:  # check_folding: every layer routed experts alone
+        t = setup.training.micro_batch * setup.training.seq_len
+        total = t * (q + 2 * kv + q + m.moe.experts) + m.moe.slots(t) * mats * m.ffn
+        return t * (q + 2 * kv) / total, t * q / total
+    row = (q + m.ffn) / (q + 2 * kv + q + mats * m.ffn)
+    return 1 - row, row
 
 
 def windows(c: Critical, forward_s: float, dgrad_s: float, rerun_s: float, n: int) -> dict[Overlap, float]:
@@ -92,12 +102,12 @@ def windows(c: Critical, forward_s: float, dgrad_s: float, rerun_s: float, n: in
     backward's efficiency, ``rerun_s`` the re-run layers' linears."""
     t = c.setup.parallel.tp
     used = n * (t - 1) / t
-    row = row_share(c.setup)
+    column, row = shares(c.setup)
     return {
-        Overlap.UB_COLUMN_FORWARD: used * (1 - row) * forward_s,
+        Overlap.UB_COLUMN_FORWARD: used * column * forward_s,
         Overlap.UB_ROW_FORWARD: used * row * forward_s,
         Overlap.UB_ROW_DGRAD: used * row * dgrad_s,
-        Overlap.UB_COLUMN_RERUN: used * (1 - row) * rerun_s,
+        Overlap.UB_COLUMN_RERUN: used * column * rerun_s,
         Overlap.UB_ROW_RERUN: used * row * rerun_s,
     }
 

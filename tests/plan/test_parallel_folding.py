@@ -224,3 +224,23 @@ def test_the_bounds_prune_no_folded_row() -> None:
     rows = [(estimate_command(c, pruned), c.timing.step_time_s) for c in pruned.fitting[: space.keep]]
     assert rows == [(estimate_command(c, full), c.timing.step_time_s) for c in full.fitting[: space.keep]]
     assert any("--etp 1" in command for command, _ in rows)
+
+
+def test_userbuffers_overlap_the_attentions_linears_of_a_folded_layer() -> None:
+    """``--tp-comm-overlap`` under parallel folding (time.tp_overlap.shares): the MoE layer has no
+    sequence-parallel collective, so W_QKV (column) and W_O (row) alone hide them, their shares of the
+    layer's FLOPs by hand — per token (a + 2·kv)·d = 5,120 and a·d = 4,096 columns against those, the
+    router's E = 128 and k = 8 whole SwiGLU experts' 3·f = 2,304 each; the layers' forward all-gathers hide
+    behind W_QKV, the MoE's count none (48 + the head's, a micro-batch). With the experts split over tp it
+    stays refused in one line."""
+    from memplan.time import tp_overlap
+
+    total = 5120 + 4096 + E + K * 3 * F
+    assert tp_overlap.shares(_setup(FOLD)) == (T * 5120 / (T * total), T * 4096 / (T * total))
+    out = _run(FOLD + " --tp-comm-overlap")
+    n = 128 // 8
+    rows = {r["what"]: r["count"] for r in _rows(out, "tp") if r["phase"] == "forward"}
+    assert rows["sequence → linear inputs ‖ GEMM (userbuffers)"] == L * n  # the layers' W_QKV inputs
+    assert rows["sequence → linear inputs"] == n  # the head's, Megatron's own: exposed
+    r = runner.invoke(app, [*(ARGV + " --tp-comm-overlap").split()])
+    assert r.exit_code == 2 and "modelled under parallel folding (--etp 1)" in r.stderr

@@ -37,8 +37,8 @@ def test_the_row_parallel_share_by_hand() -> None:
     (768 + 3,072) / (3·768 + 768 + 2·3,072)."""
     from memplan.api import build_setup
 
-    assert tp_overlap.row_share(build_setup("llama-3-8b")) == 18432 / 53248
-    assert tp_overlap.row_share(build_setup("gpt2")) == (768 + 3072) / (3 * 768 + 768 + 2 * 3072)
+    assert tp_overlap.shares(build_setup("llama-3-8b")) == (1 - 18432 / 53248, 18432 / 53248)
+    assert tp_overlap.shares(build_setup("gpt2"))[1] == (768 + 3072) / (3 * 768 + 768 + 2 * 3072)
 
 
 def test_the_layers_collectives_move_under_their_gemms_and_the_rest_stay() -> None:
@@ -159,9 +159,9 @@ def test_refused_where_it_does_not_run_in_one_line(flags: str, why: str) -> None
 MEGATRON_TP = ["estimate", "--impl", "megatron", "--sp", "--tp-comm-overlap"]
 
 
-def test_refused_for_a_mixture_of_experts_and_across_nodes() -> None:
+def test_refused_for_experts_split_over_tp_and_across_nodes() -> None:
     moe = runner.invoke(app, [*MEGATRON_TP, "-m", "mixtral-8x7b", "--tp", "2"])
-    assert moe.exit_code == 2 and "dense layers" in moe.stderr
+    assert moe.exit_code == 2 and "modelled under parallel folding (--etp 1)" in moe.stderr
     narrow = ["--tp", "8", "--gpus", "8", "--gpu", "h100-sxm", "--gpus-per-node", "4"]
     node = runner.invoke(app, [*MEGATRON_TP, "-m", "llama-3-8b", *narrow])
     assert node.exit_code == 2
