@@ -123,7 +123,9 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
                 continue
             sp = tp > 1 and (seq // cp) % tp == 0
             # (ep, etp): ep from dp; with tp > 1 under Megatron also parallel folding, ep from tp × dp
-            experts = [(e, None) for e in divisors(moe.experts) if dp % e == 0] if moe else [(1, None)]
+            experts: list[tuple[int, int | None]] = (
+                [(e, None) for e in divisors(moe.experts) if dp % e == 0] if moe else [(1, None)]
+            )
             if moe and tp > 1 and foldable(setup, sp, cp):
                 experts += [(e, 1) for e in divisors(moe.experts) if (tp * dp) % e == 0]
             rotates = space.cp_rotate if cp > 1 else (CpRotate.ALLGATHER,)
