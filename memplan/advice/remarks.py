@@ -1,6 +1,7 @@
 """The verdict's notes: settings that pass but deserve a word (``memplan.advice.advise``'s ``notes``), one
 line each — a sequence beyond the model's positions, rope scaling, the implementation or attention chosen
-for the user, Megatron's float8 (Transformer Engine), --compile where its saved set is not modelled,
+for the user, Megatron's float8 (Transformer Engine), its loss, its experts split over tp where its
+recipes fold them, --compile where its saved set is not modelled,
 16-bit LoRA adapters outside --impl hf, selective checkpointing."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from memplan.config import (
     no_flash,
 )
 from memplan.strategies.lora import adapter_note
-from memplan.strategies.tensor_parallel import tp_model
+from memplan.strategies.tensor_parallel import foldable, tp_model
 
 
 def notes(b: Built) -> list[str]:
@@ -82,6 +83,15 @@ def notes(b: Built) -> list[str]:
             "entropy (its default: an fp32 softmax [T, v/t] kept, two more in its backward); Megatron-Bridge "
             "and --cross-entropy-loss-fusion --cross-entropy-fusion-impl te run Transformer Engine's, "
             "--loss te"
+        )
+    par = r.setup.parallel
+    if par.tp > 1 and par.fold == 1 and foldable(r.setup, par.sp, par.cp):
+        folded = result(o.model_copy(update={"etp": 1}))
+        peak = f": the peak {folded.device.peak.bytes / 2**30:.2f} GiB here" if folded else ""
+        out.append(
+            f"etp: the experts are split over --tp {par.tp} (Megatron-core's default expert tensor "
+            "parallelism); Megatron-Bridge's MoE recipes run --etp 1, parallel folding (whole experts, each "
+            f"rank routing its own tokens, --ep drawn from tp × dp){peak}"
         )
     compiled = compile_note(r.setup)  # --compile where its saved set is not modelled
     if compiled is not None:

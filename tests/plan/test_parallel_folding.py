@@ -244,3 +244,13 @@ def test_userbuffers_overlap_the_attentions_linears_of_a_folded_layer() -> None:
     assert rows["sequence → linear inputs"] == n  # the head's, Megatron's own: exposed
     r = runner.invoke(app, [*(ARGV + " --tp-comm-overlap").split()])
     assert r.exit_code == 2 and "modelled under parallel folding (--etp 1)" in r.stderr
+
+
+def test_the_verdict_names_folding_where_the_experts_are_split_over_tp() -> None:
+    """Megatron with tp > 1 and the experts split over tp (no --etp): a note names --etp 1, with the folded
+    layout's peak as its own estimate gives it; none once folded."""
+    split, folded = _run(), _run(FOLD)
+    note = [n for n in split["notes"] if n.startswith("etp: ")]
+    assert len(note) == 1 and "--etp 1" in note[0]
+    assert note[0].endswith(f"the peak {folded['memory']['peak'] / 2**30:.2f} GiB here")
+    assert not [n for n in folded["notes"] if n.startswith("etp: ")]
