@@ -117,12 +117,25 @@ def test_folded_expert_groups_are_placed_in_megatrons_expert_order() -> None:
 
 def test_folded_moe_layers_gather_nothing_over_tp() -> None:
     """The sequence-parallel all-gather before the column-parallel linears runs, per micro-batch, once a
-    layer for the attention (the MoE takes the rank's own tokens) and once for the head: (48 + 1) × 16
-    micro-batches; split over tp the MLP's adds a layer's second: (2·48 + 1) × 16."""
+    layer for the attention and once for the head: (48 + 1) × 16 micro-batches, [T, h] each — folded or
+    not, the MoE gathers no [T, h]. Folded it gathers nothing more; split over tp Megatron's dispatcher
+    gathers the rank's dispatched slots over tp after the all-to-all, and reduce-scatters the experts'
+    outputs before the one back (token_dispatcher.py), T·k·h·e = 4,096 · 8 · 2,048 · 2 B gathered, and
+    their inverses in backward, per layer and micro-batch, none hidden."""
     n = 128 // 8
-    for extra, per in ((FOLD, 1), ("", 2)):
-        rows = [r for r in _rows(_run(extra), "tp") if r["what"] == "sequence → linear inputs"]
-        assert [r["count"] for r in rows] == [(per * L + 1) * n]
+    folded, split = _rows(_run(FOLD), "tp"), _rows(_run(), "tp")
+    for rows in (folded, split):
+        gathers = [r for r in rows if r["what"] == "sequence → linear inputs"]
+        assert [(r["count"], r["bytes"]) for r in gathers] == [((L + 1) * n, T * H * 2)]
+    slots = {(r["collective"], r["phase"], r["what"], r["bytes"], r["count"], r["overlaps"]) for r in split}
+    y = T * K * H * 2
+    assert {
+        ("all-gather", "forward", "dispatched slots → experts", y, L * n, "none"),
+        ("reduce-scatter", "forward", "experts' outputs → slots", y, L * n, "none"),
+        ("all-gather", "backward", "experts' output gradients", y, L * n, "none"),
+        ("reduce-scatter", "backward", "dispatched slots' gradients", y, L * n, "none"),
+    } <= slots
+    assert not [r for r in folded if "slots" in r["what"] or "experts" in r["what"]]
 
 
 def test_folded_expert_gemms_are_whole_on_fewer_rows() -> None:

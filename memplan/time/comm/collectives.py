@@ -65,7 +65,8 @@ the groups outside it get their stride. The vocabulary (``Row``, ``Critical``, `
 ``time.comm.rows``; dp's rows ``time.comm.dp``.
 
 Known limitations (NB): counts are for the busiest stage's device; buckets are one call (the latency of
-each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's;
+each bucket is not counted); the MoE's tensor-parallel collectives are counted as a dense MLP's but for
+Megatron-core's (``expert_rows``: its dispatched slots gathered over tp; none under parallel folding);
 concurrent groups of different dimensions are taken not to share NICs (``fabric``'s own limitations).
 """
 
@@ -76,6 +77,7 @@ from collections.abc import Callable
 
 from memplan.blocks import te_fp8
 from memplan.blocks.profiles import profile_of
+from memplan.config import Setup
 from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
@@ -104,9 +106,12 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
     n, x = c.result.micro_batches, hidden_bytes(s)
     on = link(topo, stride(s, "tp"), t)
     embed, head = int(c.first), int(c.last)
-    # per layer the attention's and the MLP's; under parallel folding the MoE runs on the rank's sequence
-    # shard, whole experts, and its all-to-all replaces the MLP's gather and reduce-scatter over tp
-    per = 1 if s.parallel.fold > 1 else 2
+    # per layer the attention's and the MLP's; a Megatron MoE without shared experts gathers no [T, h]
+    # over tp: folded, the rank's own tokens go to whole experts; split, its dispatched slots are gathered
+    # over tp (``expert_rows``); shared experts gather their input as an MLP does
+    per = 1 if s.parallel.fold > 1 or _megatron_slot_gathers(s) else 2
+    if per == 1 and s.model.moe is not None and s.model.moe.shared_experts:
+        per = 2
     fwd_in = (per * c.layers + head) * n  # column-parallel linears' inputs: QKV, MLP in, the head
     fwd_out = (per * c.layers + embed) * n  # row-parallel outputs: attention out, MLP out, the embedding
     rerun = per * c.rerun_layers * n
@@ -136,11 +141,49 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
             row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' inputs"),
             row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
         ]
+        rows += expert_rows(c, row)
         if s.impl.fp8_tp:
             rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, per * c.layers * n)
         if tp_overlap.applies(s):
             rows = userbuffer_rows(rows, per * c.layers * n)
     return [r for r in rows if r.count]
+
+
+def _megatron_slot_gathers(s: Setup) -> bool:
+    """Megatron-core's alltoall dispatcher with its experts split over tp > 1 (sp; every layer an MoE):
+    after the all-to-all it gathers the dispatched slots over the expert tensor-parallel group and
+    reduce-scatters the experts' outputs before the all-to-all back (``expert_rows``)."""
+    m, par = s.model, s.parallel
+    every = m.moe is not None and not m.moe.dense_layers and not m.moe_every
+    return every and par.tp > 1 and par.sp and par.fold == 1 and profile_of(s).megatron_moe
+
+
+def expert_rows(c: Critical, row: Callable[..., Row]) -> list[Row]:
+    """The expert tensor-parallel collectives of Megatron-core's alltoall dispatcher with the experts split
+    over tp (``_megatron_slot_gathers``; token_dispatcher.py ``dispatch_postprocess``:
+    ``gather_from_sequence_parallel_region(global_input_tokens, group=self.tp_group)``, and
+    ``combine_preprocess``'s reduce-scatter): per MoE layer and micro-batch the rank's dispatched slots
+    gathered into the tp group's S = T·k (S·h·e gathered), the experts' outputs reduce-scattered, and in
+    backward their autograd inverses (the output gradients gathered, the input gradients
+    reduce-scattered), each waited for (no GEMM beside it: the grouped GEMMs need the whole gathered
+    input); a re-run layer's forward pair again. The probabilities' [S] gather (k per token) is not
+    counted. Empty elsewhere: the reference MoE gathers its [T, h] input as an MLP does."""
+    s = c.setup
+    if not _megatron_slot_gathers(s):
+        return []
+    moe, n = s.model.moe, c.result.micro_batches
+    assert moe is not None  # _megatron_slot_gathers
+    y = moe.slots(rank_tokens(s)) * s.model.hidden_size * s.training.precision.activation_dtype.bytes
+    AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
+    layers, rerun = c.layers * n, c.rerun_layers * n
+    return [
+        row(AG, Phase.FORWARD, layers, Overlap.NONE, "dispatched slots → experts", y),
+        row(RS, Phase.FORWARD, layers, Overlap.NONE, "experts' outputs → slots", y),
+        row(AG, Phase.BACKWARD, layers, Overlap.NONE, "experts' output gradients", y),
+        row(RS, Phase.BACKWARD, layers, Overlap.NONE, "dispatched slots' gradients", y),
+        row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run dispatched slots", y),
+        row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run experts' outputs", y),
+    ]
 
 
 USERBUFFERS = {
