@@ -168,6 +168,7 @@ def test_dispatch_moves_the_ranks_own_tokens_and_its_experts_slots() -> None:
     [
         ("--etp 1 --impl reference", "etp: --etp 1 with --tp > 1 (MoE parallel folding) is Megatron-core's"),
         ("--etp 3", "etp: expert tensor parallelism is --tp 2"),
+        ("--etp 0", "etp: must be greater than 0, got 0 (use --etp 1 (parallel folding) or drop --etp"),
         ("--etp 1 --ep 32", "ep: with --etp 1 expert parallelism takes its 32 ranks from tp × dp = 16"),
     ],
 )
