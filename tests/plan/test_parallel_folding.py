@@ -12,6 +12,7 @@ Split over tp instead, each rank's experts are f/2 = 384 wide and take the tp gr
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -36,6 +37,7 @@ ARGV = (
 FOLD = "--etp 1"
 
 
+@functools.cache  # one estimate per layout for the whole module (the tests read it, none changes it)
 def _run(extra: str = "") -> dict[str, Any]:
     r = runner.invoke(app, [*(ARGV + " " + extra).split()])
     assert r.exit_code == 0, r.stderr
