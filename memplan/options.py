@@ -224,9 +224,10 @@ class Options(TrainingOptions):
     )
     ep: int = option("Expert-parallel degree (MoE; ranks from dp)", PARALLEL, default=1, metavar="N", gt=0)
     etp: int | None = option(
-        "Expert tensor-parallel degree (Megatron-core's --expert-tensor-parallel-size) [default: --tp]: 1 "
-        "with --tp > 1 is MoE parallel folding under --impl megatron: whole experts, each rank dispatching "
-        "its own s/t tokens, --ep ranks drawn from tp × dp, e.g. --tp 2 --sp --ep 32 --etp 1",
+        "Expert tensor-parallel degree, a divisor of --tp (Megatron-core's --expert-tensor-parallel-size) "
+        "[default: --tp]: below --tp is MoE parallel folding under --impl megatron, each rank dispatching "
+        "its own s/t tokens to experts split over etp ranks (1: whole experts), --ep ranks drawn from tp/etp "
+        "× dp, e.g. --tp 2 --sp --ep 32 --etp 1",
         PARALLEL,
         metavar="N",
         gt=0,

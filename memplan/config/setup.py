@@ -85,9 +85,9 @@ class Parallel(Frozen):
         default=None,
         gt=0,
         le=1 << 12,
-        description="expert tensor-parallel degree (Megatron-core's expert_tensor_parallel_size): none is "
-        "tp (its default, the experts split like the MLP); 1 with tp > 1 is MoE parallel folding, whole "
-        "experts with expert parallelism drawn across tp × dp",
+        description="expert tensor-parallel degree (Megatron-core's expert_tensor_parallel_size), a divisor "
+        "of tp: none is tp (its default, the experts split like the MLP); below tp is MoE parallel folding "
+        "(1: whole experts), expert parallelism drawn across tp/etp × dp",
     )
     cp: int = Field(
         default=1,
@@ -119,10 +119,10 @@ class Parallel(Frozen):
                 f"cp_rank: rank {self.cp_rank} is not a context-parallel rank of --cp {self.cp}; "
                 f"use 0 to {self.cp - 1}"
             )
-        if self.etp not in (None, 1, self.tp):
+        if self.etp is not None and self.tp % self.etp:
             raise ValueError(
-                f"etp: expert tensor parallelism is --tp {self.tp} (Megatron's default) or 1 (MoE parallel "
-                "folding); use --etp 1 or drop --etp"
+                f"etp: expert tensor parallelism splits the experts over a divisor of --tp {self.tp} (1: MoE "
+                "parallel folding, whole experts); use --etp 1 or drop --etp"
             )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("vpp: the interleaved schedule needs pipeline parallelism; add --pp 2 or more")
@@ -152,10 +152,10 @@ class Parallel(Frozen):
 
     @property
     def fold(self) -> int:
-        """tp / ``expert_tp``: how many tensor-parallel ranks' tokens stay apart at the experts — 1, or tp
-        under parallel folding (each rank dispatches its s/t tokens to whole experts, no gather over tp),
-        whose expert parallelism draws its ranks from tp × dp (Megatron-core's expert rank order
-        etp-ep-dp)."""
+        """tp / ``expert_tp``: how many groups of a tensor-parallel group's tokens stay apart at the
+        experts — 1, or more under parallel folding (each rank dispatches its s/t tokens, gathered at the
+        experts over the etp ranks only: tp under ``--etp 1``, whole experts), whose expert parallelism
+        draws its ranks from tp/etp × dp (Megatron-core's expert rank order etp-ep-dp)."""
         return self.tp // self.expert_tp
 
     @property

@@ -138,8 +138,8 @@ def check_layout(setup: Setup) -> None:
     dp = setup.strategy.dp
     if parallel.fold > 1 and (parallel.fold * dp) % parallel.ep:
         raise ValueError(
-            f"ep: with --etp 1 expert parallelism takes its {parallel.ep} ranks from tp × dp = "
-            f"{parallel.fold * dp}; use an --ep that divides {parallel.fold * dp}"
+            f"ep: with --etp {parallel.expert_tp} expert parallelism takes its {parallel.ep} ranks from "
+            f"tp/etp × dp = {parallel.fold * dp}; use an --ep that divides {parallel.fold * dp}"
         )
     if parallel.fold == 1 and dp % parallel.ep:
         raise ValueError(
@@ -162,7 +162,7 @@ def foldable(setup: Setup, sp: bool, cp: int) -> bool:
 
 
 def check_folding(setup: Setup) -> None:
-    """MoE parallel folding (``--etp 1`` with tp > 1, ``Parallel.fold``) as memplan models it: Megatron-core's
+    """MoE parallel folding (``--etp E`` below tp, ``Parallel.fold``) as memplan models it: Megatron-core's
     MoE layer, under sequence parallelism (Megatron-LM's arguments.py: "When using MoE and tensor
     parallelism, sequence parallelism must be used"), every layer an MoE without shared experts (their
     MLP is split over tp and gathers its input over tp, which ``time.comm`` does not count beside
@@ -173,8 +173,8 @@ def check_folding(setup: Setup) -> None:
         raise ValueError(f"etp: {m.name} is dense; expert tensor parallelism needs a mixture of experts")
     if setup.impl.impl is not Impl.MEGATRON:
         raise ValueError(
-            "etp: --etp 1 with --tp > 1 (MoE parallel folding) is Megatron-core's; add --impl megatron or "
-            "drop --etp"
+            f"etp: --etp {par.expert_tp} with --tp {par.tp} (MoE parallel folding) is Megatron-core's; add "
+            "--impl megatron or drop --etp"
         )
     if not par.sp:
         raise ValueError(

@@ -168,10 +168,10 @@ def test_dispatch_moves_the_ranks_own_tokens_and_its_experts_slots() -> None:
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        ("--etp 1 --impl reference", "etp: --etp 1 with --tp > 1 (MoE parallel folding) is Megatron-core's"),
-        ("--etp 3", "etp: expert tensor parallelism is --tp 2"),
+        ("--etp 1 --impl reference", "etp: --etp 1 with --tp 2 (MoE parallel folding) is Megatron-core's"),
+        ("--etp 3", "etp: expert tensor parallelism splits the experts over a divisor of --tp 2"),
         ("--etp 0", "etp: must be greater than 0, got 0 (use --etp 1 (parallel folding) or drop --etp"),
-        ("--etp 1 --ep 32", "ep: with --etp 1 expert parallelism takes its 32 ranks from tp × dp = 16"),
+        ("--etp 1 --ep 32", "ep: with --etp 1 expert parallelism takes its 32 ranks from tp/etp × dp = 16"),
     ],
 )
 def test_folding_refusals_are_one_line(extra: str, field: str) -> None:
@@ -270,3 +270,30 @@ def test_the_verdict_names_folding_where_the_experts_are_split_over_tp() -> None
     assert len(note) == 1 and "--etp 1" in note[0]
     assert note[0].endswith(f"the peak {folded['memory']['peak'] / 2**30:.2f} GiB here")
     assert not [n for n in folded["notes"] if n.startswith("etp: ")]
+
+
+def test_experts_split_over_part_of_tp_gather_over_their_own_ranks() -> None:
+    """tp 4 with --etp 2 on 16 GPUs (dp 4): each rank routes its own T/4 tokens; the dispatched slots are
+    gathered over its 2 expert tensor-parallel ranks (consecutive: one node), S·2/4 = 16,384 slots a rank
+    on 32 local experts of f/2; ep 4 drawn from tp/etp × dp = 8 ranks at stride etp (one node), the
+    experts' data-parallel group the other 2, 8 ranks apart (two nodes). Parameters by hand: the attention
+    and vocabulary over 4, the router and norms whole, 32 experts at half width."""
+    argv = ARGV.replace("--tp 2", "--tp 4").replace("--ep 8", "--ep 4") + " --etp 2"
+    out = runner.invoke(app, argv.split())
+    assert out.exit_code == 0, out.stderr
+    d = json.loads(out.stdout)
+    attention = (H * (32 * 128 + 2 * 4 * 128) + 32 * 128 * H) // 4
+    experts = 32 * 3 * H * F // 2
+    dense = 2 * (V // 4) * H + L * (attention + 2 * H + 2 * 128 + H * E) + H
+    assert d["params"]["device"] == dense + L * experts == 4_018_747_392
+    saves = _tensors(d)
+    assert saves["moe.expert_input"] == ([FOLDED_SLOTS, H], "bf16")
+    assert saves["moe.fc1"] == ([FOLDED_SLOTS, 2 * F // 2], "bf16")
+    assert saves["moe.routing_map"] == ([T // 4, E], "bool")
+    rows = {(r["dimension"], r["what"], r["phase"]): r for r in d["time"]["communication"]}
+    gather = rows[("tp", "dispatched slots → experts", "forward")]
+    assert (gather["bytes"], gather["group"], gather["link"]) == (FOLDED_SLOTS * H * 2, 2, "intra-node")
+    a2a = rows[("ep", "tokens ⇄", "forward")]
+    assert (a2a["bytes"], a2a["group"], a2a["link"]) == (T // 4 * K * H * 2, 4, "intra-node")
+    grads = rows[("dp experts", "gradients", "step")]
+    assert (grads["group"], grads["link"]) == (2, "inter-node")

@@ -76,6 +76,7 @@ import dataclasses
 from collections.abc import Callable
 
 from memplan.blocks import te_fp8
+from memplan.blocks.moe import rank_slots
 from memplan.blocks.profiles import profile_of
 from memplan.config import Setup
 from memplan.engine import Result
@@ -141,7 +142,7 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
             row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' inputs"),
             row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run layers' outputs"),
         ]
-        rows += expert_rows(c, row)
+        rows += expert_rows(c, topo)
         if s.impl.fp8_tp:
             rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, per * c.layers * n)
         if tp_overlap.applies(s):
@@ -150,39 +151,47 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
 
 
 def _megatron_slot_gathers(s: Setup) -> bool:
-    """Megatron-core's alltoall dispatcher with its experts split over tp > 1 (sp; every layer an MoE):
-    after the all-to-all it gathers the dispatched slots over the expert tensor-parallel group and
+    """Megatron-core's alltoall dispatcher with its experts split over etp > 1 ranks (sp; every layer an
+    MoE): after the all-to-all it gathers the dispatched slots over the expert tensor-parallel group and
     reduce-scatters the experts' outputs before the all-to-all back (``expert_rows``)."""
     m, par = s.model, s.parallel
     every = m.moe is not None and not m.moe.dense_layers and not m.moe_every
-    return every and par.tp > 1 and par.sp and par.fold == 1 and profile_of(s).megatron_moe
+    return every and par.expert_tp > 1 and par.sp and profile_of(s).megatron_moe
 
 
-def expert_rows(c: Critical, row: Callable[..., Row]) -> list[Row]:
+def expert_rows(c: Critical, topo: Topology) -> list[Row]:
     """The expert tensor-parallel collectives of Megatron-core's alltoall dispatcher with the experts split
-    over tp (``_megatron_slot_gathers``; token_dispatcher.py ``dispatch_postprocess``:
-    ``gather_from_sequence_parallel_region(global_input_tokens, group=self.tp_group)``, and
-    ``combine_preprocess``'s reduce-scatter): per MoE layer and micro-batch the rank's dispatched slots
-    gathered into the tp group's S = T·k (S·h·e gathered), the experts' outputs reduce-scattered, and in
-    backward their autograd inverses (the output gradients gathered, the input gradients
-    reduce-scattered), each waited for (no GEMM beside it: the grouped GEMMs need the whole gathered
-    input); a re-run layer's forward pair again. The probabilities' [S] gather (k per token) is not
-    counted. Empty elsewhere: the reference MoE gathers its [T, h] input as an MLP does."""
+    over etp > 1 ranks (``_megatron_slot_gathers``; token_dispatcher.py ``dispatch_postprocess``:
+    ``gather_from_sequence_parallel_region(global_input_tokens, group=self.tp_group)``, its expert
+    tensor-parallel group, and ``combine_preprocess``'s reduce-scatter): per MoE layer and micro-batch the
+    rank's dispatched slots gathered over its etp consecutive ranks into the slots its experts take
+    (``blocks.moe.rank_slots``: the tp group's S = T·k with etp = tp; S·etp/tp below; S_rank·h·e
+    gathered), the experts' outputs reduce-scattered, and in backward their autograd inverses (the output
+    gradients gathered, the input gradients reduce-scattered), each waited for (no GEMM beside it: the
+    grouped GEMMs need the whole gathered input); a re-run layer's forward pair again. The probabilities'
+    [S] gather (k per token) is not counted. Empty elsewhere: the reference MoE gathers its [T, h] input as
+    an MLP does."""
     s = c.setup
     if not _megatron_slot_gathers(s):
         return []
-    moe, n = s.model.moe, c.result.micro_batches
+    moe, n, etp = s.model.moe, c.result.micro_batches, s.parallel.expert_tp
     assert moe is not None  # _megatron_slot_gathers
-    y = moe.slots(rank_tokens(s)) * s.model.hidden_size * s.training.precision.activation_dtype.bytes
+    slots = rank_slots(s, moe, rank_tokens(s))
+    y = slots * s.model.hidden_size * s.training.precision.activation_dtype.bytes
+    on = link(topo, stride(s, "tp"), etp)  # the etp innermost ranks of the tp group
     AG, RS = Collective.ALL_GATHER, Collective.REDUCE_SCATTER
     layers, rerun = c.layers * n, c.rerun_layers * n
+
+    def row(kind: Collective, phase: Phase, count: int, what: str) -> Row:
+        return Row("tp", kind, phase, y, count, etp, on, Overlap.NONE, what)
+
     return [
-        row(AG, Phase.FORWARD, layers, Overlap.NONE, "dispatched slots → experts", y),
-        row(RS, Phase.FORWARD, layers, Overlap.NONE, "experts' outputs → slots", y),
-        row(AG, Phase.BACKWARD, layers, Overlap.NONE, "experts' output gradients", y),
-        row(RS, Phase.BACKWARD, layers, Overlap.NONE, "dispatched slots' gradients", y),
-        row(AG, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run dispatched slots", y),
-        row(RS, Phase.RECOMPUTE, rerun, Overlap.NONE, "re-run experts' outputs", y),
+        row(AG, Phase.FORWARD, layers, "dispatched slots → experts"),
+        row(RS, Phase.FORWARD, layers, "experts' outputs → slots"),
+        row(AG, Phase.BACKWARD, layers, "experts' output gradients"),
+        row(RS, Phase.BACKWARD, layers, "dispatched slots' gradients"),
+        row(AG, Phase.RECOMPUTE, rerun, "re-run dispatched slots"),
+        row(RS, Phase.RECOMPUTE, rerun, "re-run experts' outputs"),
     ]
 
 

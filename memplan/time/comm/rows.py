@@ -177,12 +177,14 @@ def stride(setup: Setup, dimension: str) -> int:
 def expert_groups(setup: Setup) -> tuple[tuple[int, int], tuple[int, int]]:
     """(stride, size) of the expert-parallel group and of the experts' data-parallel group. Expert
     parallelism takes its ep ranks from dp, innermost (dp's stride), its data-parallel group the dp/ep
-    beyond them; under parallel folding (``Parallel.fold``: ``--etp 1``, cp 1) Megatron-core lays the
-    experts out over the tp × dp ranks in its own order etp-ep-dp (``RankGenerator(tp=etp, ep=ep, dp=edp,
-    pp=pp, order="tp-ep-dp-pp")``, parallel_state.py): ep consecutive ranks, then tp·dp/ep of them."""
+    beyond them; under parallel folding (``Parallel.fold``: ``--etp`` below tp, cp 1) Megatron-core lays
+    the experts out over the tp × dp ranks in its own order etp-ep-dp (``RankGenerator(tp=etp, ep=ep,
+    dp=edp, pp=pp, order="tp-ep-dp-pp")``, parallel_state.py): etp consecutive ranks split an expert, ep
+    groups of them (stride etp: consecutive ranks under ``--etp 1``), then tp/etp·dp/ep of those."""
     par, dp = setup.parallel, setup.strategy.dp
     if par.fold > 1:
-        return (1, par.ep), (par.ep, par.fold * dp // par.ep)
+        etp = par.expert_tp
+        return (etp, par.ep), (etp * par.ep, par.fold * dp // par.ep)
     at = stride(setup, "dp")
     return (at, par.ep), (at * par.ep, dp // par.ep)
 
