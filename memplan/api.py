@@ -336,8 +336,7 @@ class Built:
     """What the allocator reserves on FSDP2's reduce-scatter stream (the sharded gradients under FSDP2's
     mixed precision, ``time.comm.buffers.fsdp_reduce_scatter_bytes``): reported, not kept back."""
     userbuffers: int = 0
-    """TE's userbuffers under ``--tp-comm-overlap`` (``time.tp_overlap.userbuffer_bytes``): outside the
-    allocator, judged."""
+    """TE's userbuffers (``--tp-comm-overlap``, ``userbuffer_bytes``): outside the allocator, judged."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
