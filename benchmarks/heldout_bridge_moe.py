@@ -104,7 +104,7 @@ input and the normalised output kept) where Megatron-core's TE layer spec builds
 (stored copies of gpt_layer_specs.py in Megatron-LM forks; the stored NVIDIA copy, efbfb5f, predates
 qk_layernorm) — 26.0 and 15.4 GiB. The q/k norms are now TE's fused norms under ``--impl megatron``
 (``blocks.norm.qk_norm_rules``): GB300 298.0 GiB reserved (does not fit), GB200 175.4 of 177.9 (fits, as
-it ran). Megatron-core's own MoE layer is modelled since (``blocks.megatron_moe``: TE's maps, the grouped
+it ran). Megatron-core's own MoE layer is modelled since (``blocks.moe.megatron``: TE's maps, the grouped
 GEMMs' inputs, fc1's output and the probabilities; no [S, h] in the combine): GB300 200.8 of 273.2 GiB,
 GB200 118.2 of 177.9 — both fit, as they ran.
 

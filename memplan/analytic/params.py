@@ -22,7 +22,7 @@ from memplan.blocks.attention.mla import mla_params
 from memplan.blocks.embedding import embedding_params
 from memplan.blocks.head import lm_head_params
 from memplan.blocks.mlp import mlp_params
-from memplan.blocks.moe_params import MoELayerParams, moe_layer_params
+from memplan.blocks.moe.params import MoELayerParams, moe_layer_params
 from memplan.blocks.norm import norm_params
 from memplan.config import ModelConfig
 

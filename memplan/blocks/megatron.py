@@ -39,7 +39,7 @@ table (the reference's cos and sin, 2·s·d each in the activation dtype, where 
 freqs [s, d]: the same bytes for 16-bit activations); Megatron's own context-parallel ring (``--cp``
 follows torch's ring attention); the peak's transients (the reference model's). The MoE layer is
 Megatron-core's with the alltoall dispatcher and TE's grouped GEMM and fused permutation
-(``megatron_moe``, blocks/megatron_moe.py), its q/k norms TE's fused ones (``blocks.norm.qk_norm_rules``).
+(``megatron_moe``, blocks/moe/megatron.py), its q/k norms TE's fused ones (``blocks.norm.qk_norm_rules``).
 """
 
 from __future__ import annotations

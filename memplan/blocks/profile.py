@@ -146,7 +146,7 @@ class Profile:
     ``proj_out * sample_weights_g.unsqueeze(-1)`` keeps the slots' weights [S, 1] in fp32."""
     megatron_moe: bool = False
     """Megatron-core's ``MoELayer`` (alltoall dispatcher, TE's grouped GEMM and fused permutation): its
-    router, dispatch, experts and combine keep what ``blocks.megatron_moe`` lists, not the reference MoE's."""
+    router, dispatch, experts and combine keep what ``blocks.moe.megatron`` lists, not the reference MoE's."""
     checkpoints_alone: bool = False
     """``--checkpointing every-K`` is transformers' ``every_n_layers`` (modeling_utils
     ``_set_gradient_checkpointing``: ``layer_index % every_n_layers == 0``): every K-th layer is

@@ -118,7 +118,7 @@ Known limitations (NB):
   ``Fp8Padding``, as ``moe_router_padding_for_fp8`` leaves it) adds nothing; it does where the rows are
   not a multiple. The per-expert ``[1]`` scale_invs are one tensor in the inventory (the allocator rounds
   each to 512 bytes). The MoE layer's backward moment counts the experts' float8 casts over the S slots
-  at fc1's backward (``blocks.megatron_moe.fp8_backward_extra``). Derived, not measured.
+  at fc1's backward (``blocks.moe.megatron.fp8_backward_extra``). Derived, not measured.
 - NB: delayed scaling under full recompute (Megatron's ``te_checkpoint``): each module stashes a clone of
   its forward ``amax_history`` and ``scale`` per checkpointed forward
   (``copy_forward_fp8_meta_tensors_for_recompute``, 4·3·(len + 1) B a module, 96 B a layer at len 1) and
@@ -257,8 +257,8 @@ def layer_rules(setup: Setup, rules: list[Rule]) -> list[Rule]:
     saved inputs as float8 casts (module docstring), the rest unchanged. In a mixture of experts the MLP
     input stays 16-bit (the router's input: Megatron's own linear), and the ``GroupedLinear`` experts'
     float8 casts of the dispatched tokens and of fc2's input (``expert_casts``) are the MoE layer's
-    (``blocks.megatron_moe.routed_rules``, which replace the dense MLP's)."""
-    dense = setup.model.moe is None  # the MoE layer's own saves: blocks.megatron_moe.routed_rules
+    (``blocks.moe.megatron.routed_rules``, which replace the dense MLP's)."""
+    dense = setup.model.moe is None  # the MoE layer's own saves: blocks.moe.megatron.routed_rules
     out: list[Rule] = []
     for r in rules:
         if r.name == "attn.input" or (dense and r.name == "mlp.input"):

@@ -149,10 +149,15 @@ def check_layout(setup: Setup) -> None:
         )
 
 
+def every_layer_moe(m: ModelConfig) -> bool:
+    """Every layer of ``m`` a mixture of experts: no dense first layers, no dense layers between."""
+    return m.moe is not None and not (m.moe.dense_layers or m.moe_every)
+
+
 def routed_only(m: ModelConfig) -> bool:
-    """Every MLP of ``m`` routed experts alone: a mixture of experts without shared experts, dense first
-    layers or dense layers between its MoE layers (what parallel folding is modelled for)."""
-    return m.moe is not None and not (m.moe.shared_experts or m.moe.dense_layers or m.moe_every)
+    """Every MLP of ``m`` routed experts alone: every layer an MoE (``every_layer_moe``) without shared
+    experts (what parallel folding is modelled for)."""
+    return every_layer_moe(m) and not (m.moe is not None and m.moe.shared_experts)
 
 
 def foldable(setup: Setup, sp: bool, cp: int) -> bool:

@@ -55,11 +55,11 @@ def dispatch(s: Setup, backward: bool = False) -> Chain:
     m = s.model
     if m.moe is None or m.moe.router_sigmoid:
         return (0, None)
-    tokens, _ = _tokens(s)
+    tokens, hidden = _tokens(s)
     slots, e, h, f = m.moe.slots(tokens), s.training.precision.activation_dtype.bytes, m.hidden_size, m.ffn
     p = profile_of(s)
     if p.megatron_moe:  # permuted on the rank's own tokens (T/t under sp), sorted on its experts' slots
-        own = tokens // s.parallel.tp if s.parallel.sp else tokens
+        own = hidden // h
         sorts = 2 if m.moe.experts // s.parallel.ep > 1 else 0
         return ((2 * (own + m.moe.slots(own)) + sorts * 2 * rank_slots(s, m.moe, tokens)) * h * e, None)
     if p.experts_grouped_mm:

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memplan.blocks.moe_params import moe_layer_params
+from memplan.blocks.moe.params import moe_layer_params
 from memplan.config import (
     Attention,
     Device,

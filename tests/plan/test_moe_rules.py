@@ -16,7 +16,7 @@ import pytest
 
 from memplan.blocks import moe as mx
 from memplan.blocks.inventory import Dims, Role
-from memplan.blocks.moe_params import moe_layer_params
+from memplan.blocks.moe.params import moe_layer_params
 from memplan.config import DType, ExpertsImpl, Impl, ImplConfig, ModelConfig, MoEConfig, Setup, TrainingConfig
 from memplan.presets import load_model_preset
 
@@ -61,7 +61,7 @@ def test_mixtral_reference_layer_keeps_router_dispatch_experts_and_combine() -> 
 def test_megatron_layer_keeps_te_maps_the_grouped_gemms_inputs_and_the_probs(
     ep: int, local_experts: int
 ) -> None:
-    """Megatron-core's MoELayer (blocks/megatron_moe.py) at Mixtral's shapes: TE's fused top-k keeps the
+    """Megatron-core's MoELayer (blocks/moe/megatron.py) at Mixtral's shapes: TE's fused top-k keeps the
     routing map [T, E] bool and its scores [T, E] (bf16: the logits' dtype), TE's permutation (before the
     all-to-all, on the rank's own tokens: split by sp as the router's) its row_id_map [T, 2E + 1] int32,
     the chunk sort and its restore a [S] int32 map each when a rank holds

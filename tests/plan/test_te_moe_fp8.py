@@ -1,5 +1,5 @@
 """Transformer Engine's float8 with Megatron-core's mixture of experts (``--impl megatron --fp8`` with a MoE
-model: blocks/te_fp8.py ``expert_casts``, ``gemm_shapes``; blocks/megatron_moe.py; time/fp8.py
+model: blocks/te_fp8.py ``expert_casts``, ``gemm_shapes``; blocks/moe/megatron.py; time/fp8.py
 ``te_gemms``), every figure by hand from TE's ``GroupedLinear``: each local expert's input cast, its
 columnwise copy kept; each expert's weight cast and quantizers; the router left 16-bit.
 
@@ -16,7 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.api import Options, setup_of
-from memplan.blocks import megatron_moe, te_fp8
+from memplan.blocks import te_fp8
+from memplan.blocks.moe import megatron as megatron_moe
 from memplan.cli.app import app
 from memplan.time import fp8 as time_fp8
 

@@ -83,6 +83,7 @@ from memplan.engine import Result
 from memplan.presets import Topology
 from memplan.strategies import context_parallel
 from memplan.strategies.pipeline_parallel import chunk_layers
+from memplan.strategies.tensor_parallel import every_layer_moe
 from memplan.time import tp_overlap
 from memplan.time.comm.dp import dp_rows
 from memplan.time.comm.fabric import Collective, link, placed
@@ -110,9 +111,8 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
     # per layer the attention's and the MLP's; a Megatron MoE without shared experts gathers no [T, h]
     # over tp: folded, the rank's own tokens go to whole experts; split, its dispatched slots are gathered
     # over tp (``expert_rows``); shared experts gather their input as an MLP does
-    per = 1 if s.parallel.fold > 1 or _megatron_slot_gathers(s) else 2
-    if per == 1 and s.model.moe is not None and s.model.moe.shared_experts:
-        per = 2
+    shared = s.model.moe is not None and s.model.moe.shared_experts > 0
+    per = 1 if (s.parallel.fold > 1 or _megatron_slot_gathers(s)) and not shared else 2
     fwd_in = (per * c.layers + head) * n  # column-parallel linears' inputs: QKV, MLP in, the head
     fwd_out = (per * c.layers + embed) * n  # row-parallel outputs: attention out, MLP out, the embedding
     rerun = per * c.rerun_layers * n
@@ -154,9 +154,8 @@ def _megatron_slot_gathers(s: Setup) -> bool:
     """Megatron-core's alltoall dispatcher with its experts split over etp > 1 ranks (sp; every layer an
     MoE): after the all-to-all it gathers the dispatched slots over the expert tensor-parallel group and
     reduce-scatters the experts' outputs before the all-to-all back (``expert_rows``)."""
-    m, par = s.model, s.parallel
-    every = m.moe is not None and not m.moe.dense_layers and not m.moe_every
-    return every and par.expert_tp > 1 and par.sp and profile_of(s).megatron_moe
+    par = s.parallel
+    return every_layer_moe(s.model) and par.expert_tp > 1 and par.sp and profile_of(s).megatron_moe
 
 
 def expert_rows(c: Critical, topo: Topology) -> list[Row]:

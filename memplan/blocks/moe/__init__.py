@@ -3,7 +3,7 @@
 ``ModelConfig.moe`` (``config.MoEConfig``) makes a model a mixture of experts: its ``ffn_size`` is the
 width of ONE routed expert; every layer's MLP is replaced by a router (h×E, no bias), E routed experts of
 that width (each a full MLP of the model's kind) and optionally shared experts every token goes through.
-Its parameters (router, one expert, shared experts) are ``blocks.moe_params``'; ``analytic.params``
+Its parameters (router, one expert, shared experts) are ``blocks.moe.params``'s; ``analytic.params``
 counts the whole model's, total and active, from them.
 
 Activations follow the Hugging Face modules (``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``) with
@@ -42,9 +42,10 @@ for the MoE roles).
 
 from __future__ import annotations
 
-from memplan.blocks import megatron_moe, mm
+from memplan.blocks import mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_inner_rules
+from memplan.blocks.moe import megatron as megatron_moe
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, GateActivation, MlpType, MoEConfig, Setup
 
@@ -94,7 +95,7 @@ def moe_rules(setup: Setup, moe: MoEConfig) -> list[Rule]:
     t, h, a = dims.tokens, dims.h, dims.act
     s = rank_slots(setup, moe, t)
 
-    if profile_of(setup).megatron_moe:  # Megatron-core's MoELayer (blocks/megatron_moe.py)
+    if profile_of(setup).megatron_moe:  # Megatron-core's MoELayer (blocks/moe/megatron.py)
         rules = megatron_moe.routed_rules(setup, moe, s)
     else:
         rules = router_rules(setup, moe) + dispatch_rules(setup, moe, s)
@@ -406,6 +407,6 @@ def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:
     if moe is None:
         return 0
     dims, buffers = Dims.of(setup), 3 if setup.model.mlp is MlpType.SWIGLU else 2
-    slots = rank_slots(setup, moe, dims.tokens)  # with TE's float8 the casts grow too (megatron_moe)
+    slots = rank_slots(setup, moe, dims.tokens)  # with TE's float8 the casts grow too (moe.megatron)
     extra = buffers * (slots - dims.tokens) * dims.f * dims.act.bytes
     return extra + megatron_moe.fp8_backward_extra(setup, dims.tokens, slots, dims.f)
