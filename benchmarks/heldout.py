@@ -66,6 +66,9 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   (``NoopFwToFloat8BwDynamic``). torchtitan 0.3.0 (what ``--impl torchtitan`` traces) has no float8
   tensor-parallel plan (it gathers bf16 and casts the gathered [T, h]); ``--fp8-tp`` lays 0.3.0's blocks
   out with torchao's styles as 9dec370 did (``measure.distributed.titan_fp8_tp``): typed with it.
+- Async TP (Table 4's second row): 9dec370's ``apply_tp`` under ``experimental.enable_async_tensor_parallel``
+  set ``torch._inductor.config._micro_pipeline_tp`` and enabled symmetric memory on the tp group (its
+  blocks compiled, as the table's "torch.compile" says): typed ``--async-tp`` (``time.async_tp``).
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -115,6 +118,10 @@ FP8 = "float8: torchao tensorwise, FSDP2 all-gather in bf16 (the doc does not st
 FP8_TP = (
     "tensor parallelism as the run's 9dec370 laid it out under float8: torchao's float8 TP plan (--fp8-tp: "
     "casts on the sequence shard, float8 all-gathers)"
+)
+ASYNC_TP = (
+    "async TP as 9dec370's apply_tp set it up (Inductor's micro-pipeline pass, symmetric memory on the tp "
+    "group): --async-tp"
 )
 OP_SAC = (
     "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
@@ -234,6 +241,8 @@ def _titan(
         parts.append(f"--fp8 {s.fp8}")
     if s.fp8_tp:
         parts.append("--fp8-tp")
+    if s.async_tp:
+        parts.append("--async-tp")
     if s.fsdp_wrap != "units":
         parts.append(f"--fsdp-wrap {s.fsdp_wrap}")
     if s.impl != "reference":
@@ -350,6 +359,29 @@ TITAN_RUNS: tuple[Run, ...] = (
         ),
         829,
         f"{FP8}; {FP8_TP}; {TETON}",
+    ),
+    _titan(
+        "Llama 3.1 70B, 256 × H100, TP 8, full AC, compile + float8 + AsyncTP",
+        f"{TT25} T4",
+        Stated(
+            "llama-3.1-70b",
+            256,
+            "h100-teton",
+            8192,
+            16,
+            512,
+            "full",
+            tp=8,
+            compile=True,
+            compile_loss=False,
+            fp8="tensorwise",
+            fp8_tp=True,
+            async_tp=True,
+            impl="torchtitan",
+            fsdp_wrap="root",
+        ),
+        876,
+        f"{FP8}; {FP8_TP}; {ASYNC_TP}; {TETON}",
     ),
 )
 

@@ -37,6 +37,9 @@ class Stated:
     fp8: str = "none"
     fp8_tp: bool = False
     """``--fp8-tp``: torchao's float8 tensor-parallel plan (the 2024 ``apply_tp`` under float8)."""
+    async_tp: bool = False
+    """``--async-tp``: torchtitan's async tensor parallelism (torch's micro-pipelined TP,
+    ``time.async_tp``)."""
     fsdp_wrap: str = "units"
     """``--fsdp-wrap``: ``root`` for the runs of torchtitan's 2024 code typed ``--impl torchtitan`` where it
     is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,

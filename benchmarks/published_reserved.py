@@ -77,8 +77,9 @@ class Reading:
 
 _T1, _T3 = "Llama 3.1 8B, 8 × H100, ", "Llama 3.1 8B, 128 × H100, "
 _PP = (
-    "ran AsyncTP (symmetric-memory fused TP collectives), not expressible; its 405B TP × PP (× CP) × FSDP "
-    "layout without it is, traced per rank (docs/distributed.md, cp with tp)"
+    "ran torchao's float8 tensor-parallel plan under pipeline parallelism, which --fp8-tp does not model "
+    "(it refuses --pp and --cp: not traced there); its 405B TP × PP (× CP) × FSDP layout with --async-tp "
+    "and without --fp8-tp is expressible, traced per rank without async TP (docs/distributed.md, cp with tp)"
 )
 
 READINGS: tuple[Reading, ...] = (
@@ -94,7 +95,7 @@ READINGS: tuple[Reading, ...] = (
     Reading("T3", "FSDP + torch.compile + Float8", 61.8, _T3 + "+ compile + float8"),
     Reading("T4", "2D", 71.9, "Llama 3.1 70B, 256 × H100, TP 8, full AC, compile + float8"),
     Reading(
-        "T4", "2D + AsyncTP", 67.6, None, "AsyncTP (symmetric-memory fused TP collectives) not expressible"
+        "T4", "2D + AsyncTP", 67.6, "Llama 3.1 70B, 256 × H100, TP 8, full AC, compile + float8 + AsyncTP"
     ),
     Reading("T5", "1F1B", 82.5, None, _PP),
     Reading("T5", "Interleaved 1F1B", 72.7, None, _PP),

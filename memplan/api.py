@@ -302,6 +302,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         overlap_grad_reduce=o.overlap_grad_reduce,
         overlap_param_gather=o.overlap_param_gather,
         tp_comm_overlap=o.tp_comm_overlap,
+        async_tp=o.async_tp,
         fp8_param_gather=o.fp8_param_gather,
         fp8_any_layout=te and load_gpu(o.gpu or DEFAULT_GPU).fp8_any_layout,
         experts=o.experts,
@@ -389,21 +390,13 @@ def build(o: Options) -> Built:
             raise ValueError(
                 "gpu: --reserve is kept back from a GPU's memory; add --gpu NAME (`memplan gpus`)"
             )
-        from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_reduce_scatter_bytes, fsdp_stream_bytes
-        from memplan.time.tp_overlap import userbuffer_bytes
+        from memplan.time.comm.buffers import beside_replay
 
         reserved = replay_device(result, expandable=o.expandable_segments)
-        fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
-        scatter, ub = fsdp_reduce_scatter_bytes(result), userbuffer_bytes(result.setup)
-        return Built(o, result, None, None, None, host, reserved, (), fsdp, ddp, scatter, ub)
-    from memplan.time.comm.buffers import (  # only with a GPU (start-up)
-        ddp_bucket_bytes,
-        fsdp_reduce_scatter_bytes,
-        fsdp_stream_bytes,
-        nccl_buffers,
-    )
+        return Built(o, result, None, None, None, host, reserved, (), *beside_replay(result))
+    from memplan.time.async_tp import workspace_bytes  # only with a GPU (start-up)
+    from memplan.time.comm.buffers import beside_replay, nccl_buffers
     from memplan.time.timing import check_time_inputs, timing
-    from memplan.time.tp_overlap import userbuffer_bytes
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
@@ -413,17 +406,17 @@ def build(o: Options) -> Built:
     expandable = o.expandable_segments
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
-    ub = userbuffer_bytes(result.setup)
+    fsdp, ddp, scatter, ub = beside_replay(result)
     replayed = replay_device(result, gpu, expandable=expandable)
-    reserved = replace(replayed, nccl=sum(b.bytes for b in nccl), userbuffers=ub)
-    fsdp, ddp = fsdp_stream_bytes(result), ddp_bucket_bytes(result)
-    scatter = fsdp_reduce_scatter_bytes(result)
+    symm = workspace_bytes(result.setup)  # --async-tp's, outside the allocator
+    reserved = replace(replayed, nccl=sum(b.bytes for b in nccl), userbuffers=ub, symm_mem=symm)
     return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter, ub)
 
 
 def to_json(b: Built) -> dict[str, Any]:
     """The estimate's JSON contract (``memplan.contract``) with ``fit`` and ``time``."""
     from memplan.contract import to_json as result_json
+    from memplan.time.async_tp import workspace_bytes
 
     out = result_json(b.result)
     if b.reserved is not None:  # as torch's allocator would report it (memplan.reserved)
@@ -435,6 +428,7 @@ def to_json(b: Built) -> dict[str, Any]:
     out["memory"]["fsdp_all_gather_stream"] = b.fsdp_all_gather
     out["memory"]["ddp_buckets"] = b.ddp_buckets  # torch DDP's gradient buckets
     out["memory"]["te_userbuffers"] = b.userbuffers  # --tp-comm-overlap's, outside the allocator
+    out["memory"]["symm_mem_workspace"] = workspace_bytes(b.result.setup)  # --async-tp's, outside it too
     # FSDP2's reduce-scatter stream: its own pool (the sharded gradients), reported, not kept back
     out["memory"]["fsdp_reduce_scatter_stream"] = b.fsdp_reduce_scatter
     if b.gpu is not None:  # NCCL's buffers, outside the allocator (memplan.analytic.nccl)

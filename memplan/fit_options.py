@@ -40,6 +40,7 @@ FIT_OPTIONS = (
     "overlap_grad_reduce",
     "overlap_param_gather",
     "tp_comm_overlap",
+    "async_tp",
     "fp8_param_gather",
 )
 """The ``Options`` fields ``memplan fit`` takes as they are (beside ``model``): ``cli.search`` declares its

@@ -180,6 +180,13 @@ class Options(TrainingOptions):
         STRATEGY,
         default=False,
     )
+    async_tp: bool = option(
+        "--impl torchtitan --compile --tp T --sp: torchtitan's async tensor parallelism (torch's "
+        "micro-pipelined TP through symmetric memory): the sequence-parallel collectives run in chunks "
+        "under the GEMMs they feed or drain (default off: exposed)",
+        STRATEGY,
+        default=False,
+    )
     experts: ExpertsImpl = option(
         "--impl hf, mixtures of experts: transformers' experts_implementation, grouped_mm (its default: "
         "one grouped GEMM over the T·k slots) or eager (a loop over the experts: index_add_ keeps the "

@@ -127,12 +127,15 @@ class Reserved:
     userbuffers: int = 0
     """TE's userbuffers under ``--tp-comm-overlap``, outside the allocator (``time.tp_overlap``; set by the
     callers; 0 here)."""
+    symm_mem: int = 0
+    """torch's symmetric-memory workspace under ``--async-tp``, outside the allocator (``time.async_tp``;
+    set by the callers; 0 here)."""
 
     @property
     def device_peak(self) -> int:
         """What the process holds on the device at the peak: reserved + the CUDA context + NCCL's buffers
-        (+ TE's userbuffers)."""
-        return self.reserved_peak + self.cuda_context + self.nccl + self.userbuffers
+        (+ TE's userbuffers, + the symmetric-memory workspace)."""
+        return self.reserved_peak + self.cuda_context + self.nccl + self.userbuffers + self.symm_mem
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -144,6 +147,7 @@ class Reserved:
             "cuda_context": self.cuda_context,
             "nccl": self.nccl,
             "te_userbuffers": self.userbuffers,
+            "symm_mem_workspace": self.symm_mem,
             "device_peak": self.device_peak,
             "expandable_segments": self.expandable,
         }

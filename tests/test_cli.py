@@ -30,6 +30,7 @@ from memplan.contract import to_json as contract_json
 from memplan.engine import Result, estimate
 from memplan.presets import gpu_names, load_model_preset, model_names
 from memplan.reserved import replay_device
+from memplan.time.async_tp import workspace_bytes
 from memplan.time.comm.buffers import ddp_bucket_bytes
 from memplan.time.tp_overlap import userbuffer_bytes
 
@@ -40,7 +41,8 @@ runner = CliRunner(env=ENV)
 def to_json(r: Result) -> dict[str, Any]:
     """The contract of ``r`` with what ``estimate --json`` adds without a GPU: the allocator's replay,
     FSDP2's all-gather and reduce-scatter streams (their figures by hand: tests/test_fsdp_buffers.py) and
-    TE's userbuffers (tests/plan/test_tp_overlap.py)."""
+    TE's userbuffers (tests/plan/test_tp_overlap.py) and the symmetric-memory workspace
+    (tests/plan/test_async_tp.py)."""
     out = contract_json(r)
     found = replay_device(r)
     st = r.device.stage
@@ -51,6 +53,7 @@ def to_json(r: Result) -> dict[str, Any]:
         fsdp_all_gather_stream=all_gather_stream(r.setup, st.layers, st.first, st.last, r.micro_batches),
         ddp_buckets=ddp_bucket_bytes(r),
         te_userbuffers=userbuffer_bytes(r.setup),
+        symm_mem_workspace=workspace_bytes(r.setup),
         fsdp_reduce_scatter_stream=reduce_scatter_stream(
             r.setup, st.layers, st.first, st.last, r.micro_batches
         ),

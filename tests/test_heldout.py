@@ -86,6 +86,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["compile_loss"],
             s["fp8"],
             s["fp8_tp"],
+            s["async_tp"],
             s["fsdp_wrap"],
             s["precision"],
             s["attention_kernel"],
@@ -114,6 +115,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.compile_loss,
             st.fp8,
             st.fp8_tp,
+            st.async_tp,
             st.fsdp_wrap,
             "bf16-mixed",
             st.attention_kernel,
@@ -172,13 +174,14 @@ def test_torchtitan_selective_rows_are_its_per_op_policy() -> None:
 
 
 def test_torchtitan_float8_rows_are_what_ran(predicted: dict[str, dict]) -> None:  # type: ignore[type-arg]
-    """Every float8 run of the 2025 tables (T1, T3 "+ torch.compile + Float8", T2's CP rows, T4's 2D) ran
+    """Every float8 run of the 2025 tables (T1, T3 "+ torch.compile + Float8", T2's CP rows, T4's 2D and
+    2D + AsyncTP) ran
     torchtitan 9dec370's converter: torchao's ``Float8LinearConfig()``, tensorwise dynamic scaling (its only
     recipe then), on FSDP2 with torchtitan's mixed precision (fp32 shards, bf16 gathered: no master copy
     beside the shards) and the run's own AC mode: typed ``--impl torchtitan --fp8 tensorwise``, the note
     saying the all-gather is typed in bf16 (the doc does not state float8 all-gather)."""
     float8 = [r for r in TITAN_RUNS if r.stated.fp8 != "none"]
-    assert len(float8) == 2 + 4 + 1
+    assert len(float8) == 2 + 4 + 2
     for run in float8:
         s = predicted[run.name]["setup"]
         assert (s["impl"], s["fp8"], s["compile"]) == ("torchtitan", "tensorwise", True), run.name

@@ -216,6 +216,13 @@ class ImplConfig(Frozen):
         "parallel all-gathers and reduce-scatters with the GEMMs they feed or drain (time.tp_overlap); "
         "needs --tp T --sp inside a node",
     )
+    async_tp: bool = Field(
+        default=False,
+        description="torchtitan --compile: --async-tp, torchtitan's enable_async_tensor_parallel (torch's "
+        "micro-pipelined tensor parallelism: the sequence-parallel all-gathers and reduce-scatters fused "
+        "with the GEMMs they feed or drain through symmetric memory, time.async_tp); needs --tp T --sp "
+        "inside a node",
+    )
     fsdp_wrap: FsdpWrap = Field(
         default=FsdpWrap.UNITS,
         description="torchtitan under ZeRO-3: FSDP2's units as torchtitan 0.3.0 wraps them (units) or as its "

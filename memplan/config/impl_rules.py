@@ -250,6 +250,28 @@ def check_fsdp_wrap(setup: Setup) -> None:
         )
 
 
+def check_async_tp(setup: Setup) -> None:
+    """``--async-tp`` (torchtitan's ``enable_async_tensor_parallel``, ``time.async_tp``) where it runs and is
+    modelled: torchtitan's dense Llama on CUDA (symmetric memory is CUDA's), its blocks compiled (Inductor's
+    ``micro_pipeline_tp`` pass makes the fused ops: torchtitan refuses async TP without compile), tensor
+    parallelism with its sequence-parallel plan (the fused collectives are the SP all-gathers and
+    reduce-scatters); that the tp group sits inside one node is the GPU's to say (``time.async_tp``)."""
+    if not setup.impl.async_tp:
+        return
+    par = setup.parallel
+    why = (
+        "it is torchtitan's (torch's micro-pipelined TP), under --impl torchtitan"
+        if setup.impl.impl is not Impl.TORCHTITAN
+        else "Inductor's micro-pipeline pass makes its fused ops: add --compile" if not setup.impl.compile
+        else "it fuses the sequence-parallel collectives: it needs --tp T --sp with T > 1"
+        if par.tp == 1 or not par.sp
+        else "symmetric memory is CUDA's: use --device cuda" if setup.device is not Device.CUDA
+        else ""
+    )  # fmt: skip
+    if why:
+        raise ValueError(f"async_tp: --async-tp (torchtitan's async tensor parallelism): {why}; or drop it")
+
+
 def check_fp8(setup: Setup) -> None:
     """``--fp8`` where its float8 code is not modelled: one-line errors (no --fp8 passes unmodelled).
     torchao's Float8Linear: --impl reference, torchtitan (blocks/fp8.py); Transformer Engine under
@@ -265,6 +287,7 @@ def check_fp8(setup: Setup) -> None:
     check_fp8_tp(setup)
     check_overlap_grad_reduce(setup)
     check_tp_comm_overlap(setup)
+    check_async_tp(setup)
     check_fp8_param_gather(setup)
     if fp8 is Fp8Recipe.NONE:
         return

@@ -75,6 +75,7 @@ def verdict_text(v: Verdict) -> Text:
     comm = f", FSDP2 all-gather stream {fmt_bytes(stream)}" if stream else ""
     comm += f", DDP buckets {fmt_bytes(ddp)}" if ddp else ""
     comm += f", TE userbuffers {fmt_bytes(v.userbuffers)}" if v.userbuffers else ""
+    comm += f", symmetric memory {fmt_bytes(v.symm_mem)}" if v.symm_mem else ""
     memory = (
         f"{v.gpu} ({fmt_bytes(v.usable_bytes)} for the allocator of {fmt_bytes(v.device_bytes)} "
         f"the driver reports: CUDA context {fmt_bytes(v.cuda_context)}, NCCL buffers {fmt_bytes(v.nccl)}"
@@ -105,6 +106,7 @@ def allocator_text(r: Reserved) -> Text:
         outside = (
             f"; outside it: CUDA context {fmt_bytes(r.cuda_context)} + NCCL buffers {fmt_bytes(r.nccl)} "
             + (f"+ TE userbuffers {fmt_bytes(r.userbuffers)} " if r.userbuffers else "")
+            + (f"+ symmetric memory {fmt_bytes(r.symm_mem)} " if r.symm_mem else "")
             + f"= device {fmt_bytes(r.device_peak)}"
         )
     return Text(

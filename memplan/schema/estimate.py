@@ -101,8 +101,13 @@ _MEMORY = obj(
                 "te_userbuffers": described(
                     BYTES, "TE's userbuffers (--tp-comm-overlap), outside the allocator"
                 ),
+                "symm_mem_workspace": described(
+                    BYTES, "torch's symmetric-memory workspace (--async-tp), outside the allocator"
+                ),
                 "device_peak": described(
-                    BYTES, "reserved peak + CUDA context + NCCL buffers + TE's userbuffers"
+                    BYTES,
+                    "reserved peak + CUDA context + NCCL buffers + TE's userbuffers + the symmetric-memory "
+                    "workspace",
                 ),
                 "expandable_segments": {"type": "boolean"},
             }
@@ -113,7 +118,8 @@ _MEMORY = obj(
         "device_usable": described(
             BYTES,
             "what the allocator may reserve: device_bytes − CUDA context − NCCL buffers − FSDP2's all-gather "
-            "stream − DDP's buckets − TE's userbuffers − --reserve (with --gpu; the verdict's)",
+            "stream − DDP's buckets − TE's userbuffers − the symmetric-memory workspace − --reserve (with "
+            "--gpu; the verdict's)",
         ),
         "fsdp_all_gather_stream": described(
             {"type": ["integer", "null"], "minimum": 0},
@@ -130,6 +136,12 @@ _MEMORY = obj(
             BYTES,
             "Transformer Engine's userbuffers under --tp-comm-overlap: ten [s·b/cp, h] buffers registered "
             "outside the allocator (float8 for the all-gathers under --fp8); judged: kept back; 0 without",
+        ),
+        "symm_mem_workspace": described(
+            BYTES,
+            "torch's symmetric-memory workspace under --async-tp: the tp group's, the largest fused op's "
+            "request (two [s·b/(cp·t), h] output chunks of a fused reduce-scatter) rounded to 2 MiB with its "
+            "signal pad, allocated outside the caching allocator; judged: kept back; 0 without",
         ),
         "fsdp_reduce_scatter_stream": described(
             BYTES,

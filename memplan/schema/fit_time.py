@@ -84,13 +84,16 @@ FIT_VERDICT = obj(
         "usable_bytes": described(
             BYTES,
             "the driver's memory − CUDA context − NCCL buffers − fsdp_all_gather_stream − ddp_buckets "
-            "− userbuffers − reserve",
+            "− userbuffers − symm_mem − reserve",
         ),
         "fsdp_all_gather_stream": described(
             BYTES, "FSDP2's all-gather stream's reserved bytes, its own pool, kept back (0 without it)"
         ),
         "ddp_buckets": described(BYTES, "torch DDP's gradient buckets, kept back (0 without DDP)"),
         "userbuffers": described(BYTES, "TE's userbuffers (--tp-comm-overlap), kept back (0 without)"),
+        "symm_mem": described(
+            BYTES, "torch's symmetric-memory workspace (--async-tp), kept back (0 without)"
+        ),
         "peak": BYTES,
         "exact": {"type": "boolean"},
         "stage": COUNT,

@@ -267,8 +267,9 @@ class Bound:
     float8_gathers: bool = False
     """``--fp8-tp``: the layers' sequence-parallel all-gathers move one byte an element."""
     userbuffers: bool = False
-    """``--tp-comm-overlap``: the layers' sequence-parallel collectives hide under their GEMMs
-    (``time.tp_overlap``), so none is charged (what they take beyond their windows is not bounded below)."""
+    """``--tp-comm-overlap`` or ``--async-tp``: the layers' sequence-parallel collectives hide under their
+    GEMMs (``time.tp_overlap``), so none is charged (what they take beyond their windows is not bounded
+    below)."""
     _references: dict[tuple[object, ...], Reference | None] = field(default_factory=dict)
     _sequences: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
     _with_tp: dict[tuple[object, ...], Sequence] = field(default_factory=dict)
@@ -289,11 +290,14 @@ class Bound:
                     "strategy": base.strategy.model_copy(
                         update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
                     ),
-                    # --fp8-tp and --tp-comm-overlap need tp: the one-device reference runs without them
+                    # --fp8-tp, --tp-comm-overlap and --async-tp need tp: the one-device reference runs
+                    # without them (--async-tp's own kernels left out too)
                     # (--fp8-tp changes the casts, left out, and the tp collectives, which ``with_tp``
                     # charges in float8; the userbuffers hide them, ``with_tp`` charges none); nor
                     # --fp8-param-gather, which needs the distributed optimizer and changes only its gather
-                    "impl": base.impl.replaced(fp8_tp=False, tp_comm_overlap=False, fp8_param_gather=False),
+                    "impl": base.impl.replaced(
+                        fp8_tp=False, tp_comm_overlap=False, async_tp=False, fp8_param_gather=False
+                    ),
                 }
             )
             try:

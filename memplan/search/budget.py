@@ -98,10 +98,14 @@ class Verdict(BaseModel):
     userbuffers: int = 0
     """Transformer Engine's userbuffers under ``--tp-comm-overlap``, outside torch's allocator
     (``time.tp_overlap.userbuffer_bytes``)."""
+    symm_mem: int = 0
+    """torch's symmetric-memory workspace under ``--async-tp``, outside torch's allocator
+    (``time.async_tp.workspace_bytes``)."""
     reserve: int
     """Kept back for what memplan does not model (``--reserve``)."""
     usable_bytes: int
-    """device_bytes − cuda_context − nccl − fsdp_all_gather_stream − ddp_buckets − userbuffers − reserve:
+    """device_bytes − cuda_context − nccl − fsdp_all_gather_stream − ddp_buckets − userbuffers − symm_mem −
+    reserve:
     what the allocator may reserve for the step's default stream."""
     peak: int
     """The peak of the most loaded device's tensors (``memory.peak``); when ``exact`` is false, a lower
@@ -174,6 +178,7 @@ def verdict(
     """Fit or not on ``gpu`` with ``reserve`` bytes kept back (``expandable``: the allocator with
     expandable segments). With ``exact=False`` (the fit search) the peak is computed only when the stages'
     lower bounds do not already exceed the usable memory."""
+    from memplan.time.async_tp import workspace_bytes
     from memplan.time.comm.buffers import ddp_bucket_bytes, fsdp_stream_bytes, nccl_bytes  # with a GPU
     from memplan.time.tp_overlap import userbuffer_bytes
 
@@ -187,9 +192,10 @@ def verdict(
         # computed), else the most loaded device's
         return nccl_bytes(p, gpu, sp.stage.index), fsdp_stream_bytes(p, sp) or 0, ddp_bucket_bytes(p, sp)
 
-    ub = userbuffer_bytes(p.setup)  # TE's userbuffers, outside the allocator: the same on every rank
+    # TE's userbuffers, the symmetric-memory workspace: outside the allocator, the same on every rank
+    ub, symm = userbuffer_bytes(p.setup), workspace_bytes(p.setup)
     nccl, stream, ddp = held(bound)
-    memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub)
+    memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub + symm)
     if not exact and bound.lower_bound > memory:
         dev, peak, exact, phase = bound, bound.lower_bound, False, "lower bound"
         stream_peak = peak
@@ -198,7 +204,7 @@ def verdict(
         dev = p.device
         if dev.stage.index != bound.stage.index:
             nccl, stream, ddp = held(dev)
-            memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub)
+            memory = allocator_memory(gpu, reserve, nccl + stream + ddp + ub + symm)
         peak, exact, phase = dev.peak.bytes, True, dev.peak.phase
         # judged on the default stream's peak: FSDP2's all-gather outputs are kept back with their stream
         stream_peak = dev.peak.default_stream_bytes
@@ -223,6 +229,7 @@ def verdict(
         fsdp_all_gather_stream=stream,
         ddp_buckets=ddp,
         userbuffers=ub,
+        symm_mem=symm,
         reserve=reserve,
         usable_bytes=memory,
         peak=peak,

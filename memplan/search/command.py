@@ -87,6 +87,7 @@ def impl_args(s: Setup) -> list[str]:
     out += ["--overlap-grad-reduce"] if impl.overlap_grad_reduce else []
     out += ["--overlap-param-gather"] if impl.overlap_param_gather else []
     out += ["--tp-comm-overlap"] if impl.tp_comm_overlap else []
+    out += ["--async-tp"] if impl.async_tp else []
     out += ["--fp8-param-gather"] if impl.fp8_param_gather else []
     return out
 

@@ -140,7 +140,7 @@ def fit(
     if not searchable(base, gpus, batch, space, every):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
     bound = (
-        Bound(gpu, gpus, batch, base.impl.fp8_tp, base.impl.tp_comm_overlap)
+        Bound(gpu, gpus, batch, base.impl.fp8_tp, base.impl.tp_comm_overlap or base.impl.async_tp)
         if mfu is None and space.keep
         else None
     )

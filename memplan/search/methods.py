@@ -128,14 +128,16 @@ def with_method(setup: Setup, ft: FineTune, saver: Saver) -> Setup:
 
 def layout_free_impl(impl: ImplConfig) -> ImplConfig:
     """``impl`` without the switches that need a layout (``--fp8-all-gather``, ``--fsdp-wrap root``: ZeRO-3
-    over data-parallel ranks; ``--fp8-tp``, ``--tp-comm-overlap``: tp with sp; ``--fp8-param-gather``: the
-    distributed optimizer; ``config.impl_rules``): what a search's base (one device) is built and judged
-    with; each family is judged with them (``valid``), so the search keeps the layouts that run them."""
+    over data-parallel ranks; ``--fp8-tp``, ``--tp-comm-overlap``, ``--async-tp``: tp with sp;
+    ``--fp8-param-gather``: the distributed optimizer; ``config.impl_rules``): what a search's base (one
+    device) is built and judged with; each family is judged with them (``valid``), so the search keeps the
+    layouts that run them."""
     return impl.replaced(
         fp8_all_gather=False,
         fsdp_wrap=FsdpWrap.UNITS,
         fp8_tp=False,
         tp_comm_overlap=False,
+        async_tp=False,
         fp8_param_gather=False,
     )
 

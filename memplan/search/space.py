@@ -110,8 +110,9 @@ def layouts(setup: Setup, gpus: int, space: Space, cp: int = 1, gpus_per_node: i
     widths = math.gcd(*tp_widths(m, moe.widths(m) if moe else ()).values())
     out = []
     for tp in divisors(widths, space.tp_max):
-        if gpus % (tp * cp) or (setup.impl.tp_comm_overlap and tp > gpus_per_node):
-            continue  # TE's userbuffers inside a node (``time.tp_overlap.check_node``)
+        inside = setup.impl.tp_comm_overlap or setup.impl.async_tp
+        if gpus % (tp * cp) or (inside and tp > gpus_per_node):
+            continue  # TE's userbuffers, torch's symmetric memory inside a node (``tp_overlap.check_node``)
         for pp, vpp, virtual in pipelines(m.num_layers, gpus // (tp * cp), space):
             if pp > 1 and setup.impl.impl is Impl.TORCHTITAN:
                 # what the Setup validator fills in: torchtitan's placement over its pp·vpp stages

@@ -39,6 +39,10 @@ again. Context parallelism adds its own copies per layer (``context_parallel.ele
 ring's fp32 merges and accumulators, or ``kv-gather``'s reorders), its forward's again where the attention
 re-runs.
 
+torchtitan's ``--async-tp`` adds its fused collectives' own kernels (``async_tp.local_bytes``: each fused
+all-gather's copy of the rank's shard, each fused reduce-scatter's sum of the partial chunks), per layer
+forward and backward, the forward's again in a re-run layer.
+
 QLoRA (``dequant_bytes``): bitsandbytes dequantises each frozen 4-bit linear's weight to the compute
 dtype for its forward matmul and again for dX in backward, a memory-bound kernel that reads the 4-bit
 storage and writes the weight.
@@ -71,7 +75,7 @@ from memplan.strategies import context_parallel
 from memplan.strategies.checkpointing import op_selective_recompute
 from memplan.strategies.lora import base_dx_linears
 from memplan.strategies.lora_states import quantized_bytes, trainable_params
-from memplan.time import attention, efficiency, fp8, gemm, optimizer, tp_overlap
+from memplan.time import async_tp, attention, efficiency, fp8, gemm, optimizer, tp_overlap
 from memplan.time.comm.rows import Critical, Overlap
 from memplan.time.layer_elementwise import (
     attention_bytes,
@@ -252,9 +256,11 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
     at_f, at_b = f.attention_forward / rates.attention[0], f.attention_backward / rates.attention[1]
     dq_f, dq_b = dequant_bytes(c)
     cast_f, cast_b = fp8.cast_bytes(c.setup)  # --fp8's casts: the backward's, and a re-run forward's
-    forward_bytes = layer + c.layers * cast_f
+    # --async-tp's own kernels: its fused all-gathers' shard copies and reduce-scatters' sums
+    sym_f, sym_b = async_tp.local_bytes(c.setup)
+    forward_bytes = layer + c.layers * (cast_f + sym_f)
     layer_back = back * c.layers
-    backward_bytes = layer_back + rerun + c.layers * cast_b + c.rerun_layers * cast_f
+    backward_bytes = layer_back + rerun + c.layers * (cast_b + sym_b) + c.rerun_layers * (cast_f + sym_f)
     # context parallelism's own copies (torch's ring: its merges and accumulators; kv-gather: its
     # reorders), of the rank's heads (a/t, kv/t); the forward's again in every layer whose attention re-runs
     ring_f, ring_b = context_parallel.elementwise_bytes(c.result.pieces.setup, c.setup.parallel.cp_rotate)
@@ -268,10 +274,10 @@ def kernel_times(c: Critical, gpu: GpuPreset, peak: float) -> tuple[KernelTime, 
 
 
 def userbuffer_windows(c: Critical, gpu: GpuPreset, peak: float) -> dict[Overlap, float]:
-    """What ``--tp-comm-overlap``'s collectives hide behind over the step's micro-batches
-    (``tp_overlap.windows``): the layers' linears of one micro-batch forward, their forward FLOPs at the
-    backward's efficiency (the row-parallel input gradients have their forward's shapes transposed) and the
-    re-run's, each at the layers' rate (``--fp8``'s where it applies); {} without it."""
+    """What ``--tp-comm-overlap``'s (or ``--async-tp``'s) collectives hide behind over the step's
+    micro-batches (``tp_overlap.windows``): the layers' linears of one micro-batch forward, their forward
+    FLOPs at the backward's efficiency (the row-parallel input gradients have their forward's shapes
+    transposed) and the re-run's, each at the layers' rate (``--fp8``'s where it applies); {} without it."""
     if not tp_overlap.applies(c.setup):
         return {}
     f, rates = stage_flops(c), layer_rates(c, gpu, peak)

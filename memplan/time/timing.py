@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Precision
 from memplan.engine import Result
 from memplan.presets import GpuPreset
-from memplan.time import tp_overlap
+from memplan.time import async_tp, tp_overlap
 from memplan.time.predict import Prediction, Unstaged, predict
 
 SECONDS_PER_DAY = 86_400
@@ -133,6 +133,7 @@ def timing(
     """
     assumed = check_time_inputs(mfu, step_time, tokens)
     tp_overlap.check_node(p.setup, gpu.topology)
+    async_tp.check_node(p.setup, gpu.topology)
     per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
     model = p.flops.model * per_step
     recompute = p.flops.recompute * per_step

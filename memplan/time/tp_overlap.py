@@ -65,14 +65,20 @@ proj_dgrad, fc1_fprop, fc1_dgrad, fc2_dgrad."""
 
 def applies(setup: Setup) -> bool:
     """``--tp-comm-overlap`` (its rules, ``config.megatron_rules.check_tp_comm_overlap``: Megatron, tp with
-    sp, dense layers or folded experts)."""
-    return setup.impl.tp_comm_overlap
+    sp, dense layers or folded experts) or torchtitan's ``--async-tp``, whose fused collectives are these
+    and hide the same way (``time.async_tp``)."""
+    return setup.impl.tp_comm_overlap or setup.impl.async_tp
+
+
+def kind(setup: Setup) -> str:
+    """What runs the overlap, for the rows' labels: TE's userbuffers or torch's symmetric memory."""
+    return "symmetric memory" if setup.impl.async_tp else "userbuffers"
 
 
 def check_node(setup: Setup, topo: Topology) -> None:
     """A one-line ``ValueError`` where the tp group leaves a node: TE's userbuffers connect the ranks of one
     NVLink domain (``initialize_ub`` colours the ranks by host)."""
-    if applies(setup) and setup.parallel.tp > topo.gpus_per_node:
+    if setup.impl.tp_comm_overlap and setup.parallel.tp > topo.gpus_per_node:
         raise ValueError(
             f"tp_comm_overlap: TE's userbuffers run inside one node's NVLink domain; --tp "
             f"{setup.parallel.tp} spans more than its {topo.gpus_per_node} GPUs: use --tp ≤ "
@@ -115,7 +121,7 @@ def windows(c: Critical, forward_s: float, dgrad_s: float, rerun_s: float, n: in
 def userbuffer_bytes(setup: Setup) -> int:
     """Bytes of the userbuffers one rank registers (module docstring): ten of [s·b/cp, h], the all-gathers'
     in float8 under ``--fp8``; 0 without ``--tp-comm-overlap``."""
-    if not applies(setup):
+    if not setup.impl.tp_comm_overlap:
         return 0
     t, m = setup.training, setup.model
     elements = t.seq_len * t.micro_batch // setup.parallel.cp * m.hidden_size

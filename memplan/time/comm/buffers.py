@@ -34,6 +34,7 @@ from memplan.config import CpRotate, Impl, Setup, ZeroStage
 from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.stage_plan import StagePlan, partial_grads
+from memplan.time.async_tp import workspace_bytes
 from memplan.time.comm.fabric import link, placed
 from memplan.time.comm.rows import expert_groups, stride
 from memplan.time.tp_overlap import userbuffer_bytes
@@ -145,12 +146,21 @@ def fsdp_reduce_scatter_bytes(r: Result, sp: StagePlan | None = None) -> int:
     return reduce_scatter_stream(r.rank_setup, st.layers, st.first, st.last, r.micro_batches)
 
 
+def beside_replay(r: Result) -> tuple[int | None, int, int, int]:
+    """What ``estimate`` reports beside the default stream's replay on ``r``'s most loaded device: FSDP2's
+    all-gather stream (None where not modelled), DDP's buckets, FSDP2's reduce-scatter stream and TE's
+    userbuffers (``api.Built``'s order)."""
+    return fsdp_stream_bytes(r), ddp_bucket_bytes(r), fsdp_reduce_scatter_bytes(r), userbuffer_bytes(r.setup)
+
+
 def comm_buffer_bytes(r: Result, sp: StagePlan | None = None) -> int:
     """The communication buffers a device of ``sp`` holds beside the step's replay, which the verdict and
     ``fit`` keep back from the default stream's allocator: FSDP2's all-gather stream (its own pool, held
     from the forward's second unit to the end of the run: ``analytic.fsdp.buffers``), DDP's buckets
     (allocated before the first step, never freed) and TE's userbuffers under ``--tp-comm-overlap``
-    (registered outside the allocator at start-up: ``time.tp_overlap.userbuffer_bytes``). NB: FSDP2's
+    (registered outside the allocator at start-up: ``time.tp_overlap.userbuffer_bytes``) or torch's
+    symmetric-memory workspace under ``--async-tp`` (``time.async_tp.workspace_bytes``). NB: FSDP2's
     stream where it is not modelled (fine-tuning, a mixture of experts under tensor parallelism) counts 0:
     ``--reserve`` is where memory is kept back for it."""
-    return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp) + userbuffer_bytes(r.setup)
+    outside = userbuffer_bytes(r.setup) + workspace_bytes(r.setup)
+    return (fsdp_stream_bytes(r, sp) or 0) + ddp_bucket_bytes(r, sp) + outside

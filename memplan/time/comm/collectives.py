@@ -146,7 +146,7 @@ def tp_rows(c: Critical, topo: Topology) -> list[Row]:
         if s.impl.fp8_tp:
             rows = float8_gathers(rows, x // s.training.precision.activation_dtype.bytes, per * c.layers * n)
         if tp_overlap.applies(s):
-            rows = userbuffer_rows(rows, per * c.layers * n)
+            rows = userbuffer_rows(rows, per * c.layers * n, tp_overlap.kind(s), s.impl.fp8_tp)
     return [r for r in rows if r.count]
 
 
@@ -205,23 +205,32 @@ USERBUFFERS = {
 and the GEMMs they hide behind."""
 
 
-def userbuffer_rows(rows: list[Row], layer_calls: int) -> list[Row]:
+def userbuffer_rows(
+    rows: list[Row], layer_calls: int, kind: str = "userbuffers", float8: bool = False
+) -> list[Row]:
     """``rows`` with the layers' calls of each ``USERBUFFERS`` row under its GEMMs: ``layer_calls`` (2 a
     layer and micro-batch) of a forward or backward row, all of a re-run row; the head's all-gather and
-    the embedding's reduce-scatter and gradient all-gather (Megatron's own modules, not TE's) keep theirs."""
+    the embedding's reduce-scatter and gradient all-gather (Megatron's own modules, not TE's; torchtitan's
+    eager ones under ``--async-tp``, ``time.async_tp``) keep theirs. ``kind``: what runs them, for the
+    label (``tp_overlap.kind``). ``float8``: ``float8_gathers`` has split its rows already, the layers'
+    calls into the float8 row (all of them under its GEMMs) and the head's or embedding's into the rest."""
     out: list[Row] = []
     for r in rows:
-        kind = USERBUFFERS.get((r.what, r.phase))
-        if kind is None or not r.count:
+        name = r.what.removesuffix(FLOAT8)
+        overlap = USERBUFFERS.get((name, r.phase))
+        rest = float8 and name == r.what and name in FLOAT8_GATHERS  # the head's or embedding's calls
+        if overlap is None or not r.count or rest:
             out.append(r)
             continue
-        layers = r.count if r.phase is Phase.RECOMPUTE else layer_calls
-        out.append(dataclasses.replace(r, count=layers, overlap=kind, what=f"{r.what} ‖ GEMM (userbuffers)"))
+        layers = r.count if r.phase is Phase.RECOMPUTE or name != r.what else layer_calls
+        out.append(dataclasses.replace(r, count=layers, overlap=overlap, what=f"{r.what} ‖ GEMM ({kind})"))
         if r.count > layers:
             out.append(dataclasses.replace(r, count=r.count - layers))
     return out
 
 
+FLOAT8 = " (float8)"
+"""The label ``float8_gathers`` gives the layers' float8 calls."""
 FLOAT8_GATHERS = ("sequence → linear inputs", "output gradients", "re-run layers' inputs")
 """The sequence-parallel all-gathers torchao's float8 plan (``--fp8-tp``, blocks/fp8_tp.py) runs in float8:
 the layers' linear inputs, cast on their shard, and the row-parallel outputs' gradients, cast before the
@@ -238,7 +247,7 @@ def float8_gathers(rows: list[Row], f8: int, layer_calls: int) -> list[Row]:
             out.append(r)
             continue
         layers = r.count if r.phase is Phase.RECOMPUTE else min(layer_calls, r.count)
-        out.append(dataclasses.replace(r, bytes=f8, count=layers, what=f"{r.what} (float8)"))
+        out.append(dataclasses.replace(r, bytes=f8, count=layers, what=f"{r.what}{FLOAT8}"))
         out.append(dataclasses.replace(r, count=r.count - layers))
     return out
 
