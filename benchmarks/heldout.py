@@ -66,9 +66,16 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   (``NoopFwToFloat8BwDynamic``). torchtitan 0.3.0 (what ``--impl torchtitan`` traces) has no float8
   tensor-parallel plan (it gathers bf16 and casts the gathered [T, h]); ``--fp8-tp`` lays 0.3.0's blocks
   out with torchao's styles as 9dec370 did (``measure.distributed.titan_fp8_tp``): typed with it.
-- Async TP (Table 4's second row): 9dec370's ``apply_tp`` under ``experimental.enable_async_tensor_parallel``
-  set ``torch._inductor.config._micro_pipeline_tp`` and enabled symmetric memory on the tp group (its
-  blocks compiled, as the table's "torch.compile" says): typed ``--async-tp`` (``time.async_tp``).
+- Tables 5-6's pipelines (405B, PP 8): the tables state no split and no micro-batch count, so the code's
+  defaults of the time ran (torchtitan/parallelisms/pipelining_utils.py, late 2024): ``generate_split_points``
+  (``split_points``) and ``build_pipeline_schedule``'s micro-batch count, the total number of stages when
+  ``pipeline_parallel_microbatches`` is not set (8 under 1F1B, 16 interleaved over 2 stages a rank; an
+  earlier version took the pp degree, which gives 1F1B's 8 too). FSDP2's units are 0.3.0's (``--fsdp-wrap
+  root`` refuses pp). Table 6's CP rows are not typed: ``--fp8-tp`` refuses cp (not traced there).
+- Async TP (Table 4's second row, Tables 5-6): 9dec370's ``apply_tp`` under
+  ``experimental.enable_async_tensor_parallel`` set ``torch._inductor.config._micro_pipeline_tp`` and
+  enabled symmetric memory on the tp group (its blocks compiled, as the tables' "torch.compile" says):
+  typed ``--async-tp`` (``time.async_tp``).
 - Grand Teton's H100 is typed ``--gpu h100-teton`` (presets/gpus/h100-teton.toml: the doc's 96 GB HBM2e at
   2.4 TB/s); its peak is "between SXM and NVL, and we don't know the exact value" (the doc's footnote) at a
   500 W limit, and no published figure of an H100's tensor-core throughput under 500 W was found: the
@@ -122,6 +129,10 @@ FP8_TP = (
 ASYNC_TP = (
     "async TP as 9dec370's apply_tp set it up (Inductor's micro-pipeline pass, symmetric memory on the tp "
     "group): --async-tp"
+)
+PIPE = (
+    "torchtitan's generated split points and its default micro-batch count (the total stage count); FSDP2's "
+    "units as torchtitan 0.3.0 wraps them (--fsdp-wrap root refuses pp)"
 )
 OP_SAC = (
     "torchtitan's per-op selective AC typed as --impl torchtitan's (0.3.0: fused wqkv; the run's separate "
@@ -222,7 +233,7 @@ def _titan(
     docs do not say it was; 0.3.0's own default, ``implementation = "fused"``, came later)."""
     stated = Stated(**{**stated.__dict__, "optimizer_impl": stated.optimizer_impl or "foreach"})
     s = stated
-    dp = s.gpus // (s.tp * s.cp)
+    dp = s.gpus // (s.tp * s.cp * s.pp)
     parts = [
         f"-m {s.model} --seq {s.seq} --batch {s.micro_batch} --global-batch {s.global_batch} --gpus {s.gpus}",
         f"--zero {s.zero} --gpu {s.gpu} --reduce-dtype {s.reduce_dtype}",
@@ -233,6 +244,9 @@ def _titan(
         parts.append(f"--tp {s.tp} --sp")
     if s.cp > 1:
         parts.append(f"--cp {s.cp}")
+    if s.pp > 1:
+        parts.append(f"--pp {s.pp}" + (f" --vpp {s.vpp}" if s.vpp > 1 else ""))
+        parts.append("--pp-layers " + ",".join(map(str, s.pp_layers)))
     if s.checkpointing != "none":
         parts.append(f"--checkpointing {s.checkpointing}")
     if s.compile:
@@ -248,7 +262,8 @@ def _titan(
     if s.impl != "reference":
         parts.append(f"--impl {s.impl}")
     parts.append(f"--optimizer-impl {s.optimizer_impl}")
-    assert s.micro_batch * dp == s.global_batch, name
+    # without pipelining the local batch is one micro-batch; a pipeline splits it (``_titan_pp``)
+    assert s.pp > 1 or s.micro_batch * dp == s.global_batch, name
     return Run(name, source, stated, published, " ".join(parts), note)
 
 
@@ -385,9 +400,56 @@ TITAN_RUNS: tuple[Run, ...] = (
     ),
 )
 
+
+def split_points(layers: int, stages: int) -> tuple[int, ...]:
+    """torchtitan's generated split of ``layers`` blocks over ``stages`` (virtual) stages when none is given
+    (``generate_split_points``, torchtitan/parallelisms/pipelining_utils.py of late 2024): ``layers //
+    stages`` on the first, one more on each of the next ``layers % stages``, the last takes what is left."""
+    base, extra = divmod(layers, stages)
+    middle = [base + 1 if i < extra else base for i in range(stages - 2)]
+    return (base, *middle, layers - base - sum(middle))
+
+
+def _titan_pp(name: str, table: str, seq: int, local: int, vpp: int, published: float) -> Run:
+    """A 405B pipeline row of Tables 5-6: 512 H100s, TP 8, PP 8, FSDP over the other 8, full AC, compile,
+    float8 with torchao's TP plan, AsyncTP; the local batch split into the schedule's micro-batches (the
+    total stage count: 8, 16 interleaved over 2 stages a rank), the blocks placed by ``split_points``."""
+    stages = 8 * vpp
+    stated = Stated(
+        "llama-3.1-405b",
+        512,
+        "h100-teton",
+        seq,
+        local // stages,
+        local * 8,
+        "full",
+        tp=8,
+        pp=8,
+        vpp=vpp,
+        pp_layers=split_points(126, stages),
+        compile=True,
+        compile_loss=False,
+        fp8="tensorwise",
+        fp8_tp=True,
+        async_tp=True,
+        impl="torchtitan",
+    )
+    return _titan(name, f"{TT25} {table}", stated, published, f"{FP8}; {FP8_TP}; {ASYNC_TP}; {PIPE}; {TETON}")
+
+
+_405 = "Llama 3.1 405B, 512 × H100, TP 8 PP 8"
+_STACK = "full AC, compile + float8 + AsyncTP"
+PIPELINE_RUNS: tuple[Run, ...] = (
+    _titan_pp(f"{_405} 1F1B, {_STACK}", "T5", 8192, 32, 1, 100),
+    _titan_pp(f"{_405} interleaved 1F1B, {_STACK}", "T5", 8192, 32, 2, 128),
+    _titan_pp(f"{_405}, FSDP 8, s 32,768, {_STACK}", "T6", 32768, 8, 1, 76),
+)
+"""Tables 5 and 6 (Table 6's CP rows not: ``--fp8-tp`` refuses cp)."""
+
 RUNS: tuple[Run, ...] = (
     MPT_RUNS
     + TITAN_RUNS
+    + PIPELINE_RUNS
     + NEMO_RUNS
     + BRIDGE_RUNS
     + BRIDGE_MORE_RUNS

@@ -24,6 +24,9 @@ class Stated:
     pp: int = 1
     vpp: int = 1
     """Virtual stages per pipeline rank (Megatron's interleaved schedule; NeMo's table's VP)."""
+    pp_layers: tuple[int, ...] = ()
+    """Layers per (virtual) pipeline stage where the run's code placed them itself (``--pp-layers``);
+    empty: memplan's placement for the implementation."""
     ep: int = 1
     """Expert-parallel degree (``--ep``; Megatron-Bridge's table's EP, its ranks taken from dp)."""
     zero: int = 3

@@ -78,6 +78,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             s["cp"],
             s["pp"],
             s["vpp"],
+            tuple(s["pp_layers"]) if st.pp_layers else (),
             s["ep"],
             s["zero"],
             s["checkpointing"],
@@ -107,6 +108,7 @@ def test_each_typed_setup_is_what_its_source_states(predicted: dict[str, dict]) 
             st.cp,
             st.pp,
             st.vpp,
+            st.pp_layers,
             st.ep,
             st.zero,
             st.checkpointing,
@@ -667,3 +669,14 @@ def test_bridge_moe_30b_model_is_the_providers() -> None:
     assert (m.num_layers, m.hidden_size, m.num_heads, m.head_dim, m.num_kv_heads) == (48, 2048, 32, 128, 4)
     assert (m.ffn_size, moe.experts, moe.top_k, m.vocab_size) == (768, 128, 8, 151936)
     assert not m.tied_embeddings and not moe.shared_experts
+
+
+def test_torchtitans_generated_split_points_by_hand() -> None:
+    """``generate_split_points`` of late 2024 for Llama 3.1 405B's 126 blocks: over 8 stages 126 // 8 = 15
+    on the first, the 6 left over one each to stages 1-6, the last the rest (15); over 16 virtual stages 7,
+    then 14 × 8, then 7."""
+    from benchmarks.heldout import split_points
+
+    assert split_points(126, 8) == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert split_points(126, 16) == (7, *[8] * 14, 7)
+    assert sum(split_points(126, 16)) == 126

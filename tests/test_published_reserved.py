@@ -33,9 +33,22 @@ CAPTIONS = {
         "full",
         8,
     ),  # "256 GPUs (FSDP 32, TP 8). Local batch size 16, global batch size 512."
+    "T5": (512, 32, 256, "full", 8),  # "512 GPUs (FSDP 8, TP 8, PP8). Local batch size 32, global ... 256."
+    "T6": (512, 8, None, "full", 8),  # "512 GPUs (TP 8, PP8). Local batch size 8."
 }
-# the models: Tables 1-3 Llama 3.1 8B, Table 4 Llama 3.1 70B
-MODELS = {"T1": "llama-3.1-8b", "T2": "llama-3.1-8b", "T3": "llama-3.1-8b", "T4": "llama-3.1-70b"}
+# the models: Tables 1-3 Llama 3.1 8B, Table 4 Llama 3.1 70B, Tables 5-6 Llama 3.1 405B
+MODELS = {
+    "T1": "llama-3.1-8b",
+    "T2": "llama-3.1-8b",
+    "T3": "llama-3.1-8b",
+    "T4": "llama-3.1-70b",
+    "T5": "llama-3.1-405b",
+    "T6": "llama-3.1-405b",
+}
+PIPELINED = ("T5", "T6")
+"""PP 8: the local batch split into the schedule's micro-batches (torchtitan's default count, the total
+number of stages: benchmarks/heldout.py ``_titan_pp``), interleaved over 2 stages a rank where the row says
+so."""
 # each row's memory as printed (Memory(GiB) column), in the tables' order
 PUBLISHED = {
     "T1": (82.4, 77.0, 76.8),
@@ -64,19 +77,26 @@ def test_each_typed_row_is_what_its_table_states(reading: Reading) -> None:
     s: dict[str, Any] = predict(held_out(reading))["setup"]
     gpus, local, global_batch, ckpt, tp = CAPTIONS[reading.table]
     assert predict(held_out(reading))["model"] == MODELS[reading.table]
-    assert (s["devices"], s["micro_batch"], s["checkpointing"], s["tp"]) == (gpus, local, ckpt, tp)
-    assert s["zero"] == 3 and s["micro_batches"] == 1  # FSDP, no accumulation (local batch = micro-batch)
+    n = s["micro_batches"]
+    assert (s["devices"], s["micro_batch"] * n, s["checkpointing"], s["tp"]) == (gpus, local, ckpt, tp)
+    if reading.table in PIPELINED:  # the schedule's micro-batches: one per (virtual) stage
+        vpp = 2 if reading.row.startswith("Interleaved") else 1
+        assert (s["pp"], s["vpp"], n) == (8, vpp, 8 * vpp)
+    assert s["zero"] == 3 and (n == 1 or reading.table in PIPELINED)  # FSDP; local batch = micro-batch
     # torchtitan's own code, float8 rows included (torchao tensorwise: heldout.py's notes)
     assert s["impl"] == "torchtitan"
     # the row's label names compile and float8; Tables 2 and 4 caption "torch.compile + Float8" for all
     label = reading.row
-    compiled = "compile" in label or reading.table in ("T2", "T4")
-    float8 = "Float8" in label or reading.table in ("T2", "T4")
+    compiled = "compile" in label or reading.table in ("T2", "T4", "T5", "T6")
+    float8 = "Float8" in label or reading.table in ("T2", "T4", "T5", "T6")
     assert (s["compile"], s["fp8"] != "none") == (compiled, float8)
-    if reading.table == "T2":
+    # AsyncTP: Table 4's second row; Tables 5 and 6 caption it for all
+    assert s["async_tp"] == ("AsyncTP" in label or reading.table in PIPELINED)
+    if reading.table in ("T2", "T6"):
         # "FSDP d, CP c | Sequence Length L": c ranks of context parallelism, global batch d sequences
         fsdp, cp = (int(part.split()[1]) for part in label.split(", s ")[0].split(", "))
-        assert (s["cp"], s["seq_len"], s["global_batch"]) == (cp, int(label.split(", s ")[1]), fsdp)
+        # (Table 6: local batch 8 on each of the d data-parallel ranks)
+        assert (s["cp"], s["seq_len"], s["global_batch"]) == (cp, int(label.split(", s ")[1]), fsdp * local)
     else:
         # Tables 1, 3, 4: torchtitan's train_configs' seq_len 8192 (Llama 3.1)
         assert (s["cp"], s["seq_len"], s["global_batch"]) == (1, 8192, global_batch)

@@ -155,13 +155,36 @@ def test_the_float8_plan_casts_shards_once() -> None:
     assert cast_bytes(setup) == (5 * forward, 5 * backward)
 
 
+@pytest.mark.parametrize(("vpp", "dp", "checkpointing"), [(2, 2, "none")])
+def test_the_float8_plan_on_a_pipeline_stage_is_exact(vpp: int, dp: int, checkpointing: str) -> None:
+    """pp 2 interleaved over 2 chunks a rank × tp 2 + SP × FSDP2 over dp 2, 4 micro-batches, Llama 3 8B's
+    widths on 6 layers, no checkpointing: each pipeline rank at tp and dp coordinate 0,
+    torchao's float8 styles on each model part (``titan.parallelize_part``). Per layer the saves in flight
+    (each linear's float8 input and its 4-byte scale, counted by the tensors that hold them:
+    ``pipeline.InFlightRecorder._pack``), the schedule's holds, the activations and the parameters equal
+    the estimate of that rank."""
+    from tests.hf.test_torchtitan_pp import S, piped
+    from tests.hf.test_torchtitan_vpp import sharded, traced_exact
+
+    base = hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN, checkpointing=checkpointing)
+    setup = piped(base, 2, 4, vpp=vpp, tp=2, sp=True)
+    setup = sharded(setup, dp, 3) if dp > 1 else setup
+    setup = setup.replaced(impl=setup.impl.replaced(fp8=Fp8Recipe.TENSORWISE, fp8_tp=True))
+    est = estimate(setup)
+    assert est.setup.parallel.pp == 2 and est.setup.impl.fp8_tp
+    for index in (0, 1):
+        run = traced_exact(est, setup, index)
+        # each layer instance saves W_QKV's, W_O's, W_1's and W_down's float8 inputs
+        assert sum(1 for r in run.records if r.dtype == "fp8_e4m3" and r.layer == run.layers[0]) >= 4
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [
         (["--fp8", "tensorwise", "--tp", "2"], "it needs --tp 2 or more with --sp"),
         (["--fp8", "rowwise", "--tp", "2", "--sp"], "tensorwise"),
         (["--tp", "2", "--sp"], "tensorwise"),
-        (["--fp8", "tensorwise", "--tp", "2", "--sp", "--cp", "2"], "without --pp and --cp"),
+        (["--fp8", "tensorwise", "--tp", "2", "--sp", "--cp", "2"], "without --cp"),
         (["--fp8", "tensorwise", "--tp", "2", "--sp", "--compile"], "--checkpointing full only"),
     ],
 )

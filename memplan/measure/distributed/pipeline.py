@@ -41,10 +41,13 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from memplan.config import Setup
 from memplan.measure.distributed.instruments import Collective, RankRecorder, local
 from memplan.measure.instruments.record import _RECORDER, SavedRecord, current_layer, storage_ref
+from memplan.measure.instruments.tracker import data_tensors
 from memplan.measure.reference.model import Reference, torch_dtype
 from memplan.strategies.pipeline_parallel import stage_layers
 
@@ -256,17 +259,31 @@ class InFlightRecorder(RankRecorder):
         return key in self._held and self._storages[key].name is None and not self._saves.get(key)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        """A save, alive until autograd drops what it packed. A DTensor whose local tensor is a wrapper
+        (``--fp8-tp``'s ``DTensor(Float8TrainingTensor)``) is counted by the tensors that hold its bytes
+        (``data_tensors``: the float8 data and the fp32 scale), each alive as long as the wrapper's pack:
+        the wrapper's own storage holds none (``titan.RankPathRecorder._pack``, the unpipelined run's)."""
+        if isinstance(t, DTensor) and is_traceable_wrapper_subclass(t._local_tensor):
+            packed = t.detach()
+            for part in data_tensors(t):
+                self._save(part)
+                self._held_by(part, packed)
+            return packed
         packed = super()._pack(t)
+        self._held_by(t, packed)
+        return packed
+
+    def _held_by(self, t: torch.Tensor, packed: torch.Tensor) -> None:
+        """``t``'s storage counted live until ``packed`` (what autograd keeps) is dropped."""
         info = self._info(t) if self.recording else None
         if info is None:
-            return packed
+            return
         key = info.ref.cdata
         if key in self._held and info.layer is None:  # a receive buffer a layer saves: that layer's input
             info.layer = current_layer()
         self._saves[key] = self._saves.get(key, 0) + 1
         self._acquire(key, info.nbytes)
         weakref.finalize(packed, self._unpacked, key).atexit = False
-        return packed
 
     def _unpacked(self, key: int) -> None:
         self._saves[key] -= 1
