@@ -71,7 +71,8 @@ Readings that memplan cannot state exactly (the ``note`` of each run):
   (``split_points``) and ``build_pipeline_schedule``'s micro-batch count, the total number of stages when
   ``pipeline_parallel_microbatches`` is not set (8 under 1F1B, 16 interleaved over 2 stages a rank; an
   earlier version took the pp degree, which gives 1F1B's 8 too). FSDP2's units are 0.3.0's (``--fsdp-wrap
-  root`` refuses pp). Table 6's CP rows are not typed: ``--fp8-tp`` refuses cp (not traced there).
+  root`` refuses pp). Table 6's CP rows run torch's ring with its default allgather rotation, as Table 2's
+  (its K/V repeated to the query heads, as Table 2's note says, not typed).
 - Async TP (Table 4's second row, Tables 5-6): 9dec370's ``apply_tp`` under
   ``experimental.enable_async_tensor_parallel`` set ``torch._inductor.config._micro_pipeline_tp`` and
   enabled symmetric memory on the tp group (its blocks compiled, as the tables' "torch.compile" says):
@@ -410,10 +411,11 @@ def split_points(layers: int, stages: int) -> tuple[int, ...]:
     return (base, *middle, layers - base - sum(middle))
 
 
-def _titan_pp(name: str, table: str, seq: int, local: int, vpp: int, published: float) -> Run:
-    """A 405B pipeline row of Tables 5-6: 512 H100s, TP 8, PP 8, FSDP over the other 8, full AC, compile,
-    float8 with torchao's TP plan, AsyncTP; the local batch split into the schedule's micro-batches (the
-    total stage count: 8, 16 interleaved over 2 stages a rank), the blocks placed by ``split_points``."""
+def _titan_pp(name: str, table: str, seq: int, local: int, vpp: int, published: float, cp: int = 1) -> Run:
+    """A 405B pipeline row of Tables 5-6: 512 H100s, TP 8, PP 8, ``cp`` ranks of context parallelism (torch's
+    ring, allgather rotation) and FSDP over the other 8/cp, full AC, compile, float8 with torchao's TP plan,
+    AsyncTP; the local batch split into the schedule's micro-batches (the total stage count: 8, 16
+    interleaved over 2 stages a rank), the blocks placed by ``split_points``."""
     stages = 8 * vpp
     stated = Stated(
         "llama-3.1-405b",
@@ -421,9 +423,10 @@ def _titan_pp(name: str, table: str, seq: int, local: int, vpp: int, published: 
         "h100-teton",
         seq,
         local // stages,
-        local * 8,
+        local * 8 // cp,
         "full",
         tp=8,
+        cp=cp,
         pp=8,
         vpp=vpp,
         pp_layers=split_points(126, stages),
@@ -443,8 +446,11 @@ PIPELINE_RUNS: tuple[Run, ...] = (
     _titan_pp(f"{_405} 1F1B, {_STACK}", "T5", 8192, 32, 1, 100),
     _titan_pp(f"{_405} interleaved 1F1B, {_STACK}", "T5", 8192, 32, 2, 128),
     _titan_pp(f"{_405}, FSDP 8, s 32,768, {_STACK}", "T6", 32768, 8, 1, 76),
+    _titan_pp(f"{_405}, FSDP 4, CP 2, s 65,536, {_STACK}", "T6", 65536, 8, 1, 47, cp=2),
+    _titan_pp(f"{_405}, FSDP 2, CP 4, s 131,072, {_STACK}", "T6", 131072, 8, 1, 31, cp=4),
+    _titan_pp(f"{_405}, FSDP 1, CP 8, s 262,144, {_STACK}", "T6", 262144, 8, 1, 16, cp=8),
 )
-"""Tables 5 and 6 (Table 6's CP rows not: ``--fp8-tp`` refuses cp)."""
+"""Tables 5 and 6."""
 
 RUNS: tuple[Run, ...] = (
     MPT_RUNS

@@ -76,10 +76,6 @@ class Reading:
 
 
 _T1, _T3 = "Llama 3.1 8B, 8 × H100, ", "Llama 3.1 8B, 128 × H100, "
-_CP = (
-    "ran torchao's float8 tensor-parallel plan under context parallelism, which --fp8-tp does not model (it "
-    "refuses --cp: not traced there); its 405B TP × PP × CP × FSDP layout without it is expressible"
-)
 _405 = "Llama 3.1 405B, 512 × H100, TP 8 PP 8"
 _STACK = "full AC, compile + float8 + AsyncTP"
 
@@ -101,9 +97,9 @@ READINGS: tuple[Reading, ...] = (
     Reading("T5", "1F1B", 82.5, f"{_405} 1F1B, {_STACK}"),
     Reading("T5", "Interleaved 1F1B", 72.7, f"{_405} interleaved 1F1B, {_STACK}"),
     Reading("T6", "FSDP 8, CP 1, s 32768", 75.3, f"{_405}, FSDP 8, s 32,768, {_STACK}"),
-    Reading("T6", "FSDP 4, CP 2, s 65536", 75.9, None, _CP),
-    Reading("T6", "FSDP 2, CP 4, s 131072", 77.1, None, _CP),
-    Reading("T6", "FSDP 1, CP 8, s 262144", 84.9, None, _CP),
+    Reading("T6", "FSDP 4, CP 2, s 65536", 75.9, f"{_405}, FSDP 4, CP 2, s 65,536, {_STACK}"),
+    Reading("T6", "FSDP 2, CP 4, s 131072", 77.1, f"{_405}, FSDP 2, CP 4, s 131,072, {_STACK}"),
+    Reading("T6", "FSDP 1, CP 8, s 262144", 84.9, f"{_405}, FSDP 1, CP 8, s 262,144, {_STACK}"),
 )
 
 

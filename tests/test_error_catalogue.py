@@ -213,8 +213,8 @@ CASES: list[Case] = [
     case("fp8-tp-no-sp", "estimate -m tiny --impl torchtitan --fp8 tensorwise --tp 2 --fp8-tp", "fp8_tp"),
     case("fp8-tp-reference", "estimate -m tiny --fp8 tensorwise --tp 2 --sp --fp8-tp", "fp8_tp"),
     case(
-        "fp8-tp-cp",
-        "estimate -m tiny --impl torchtitan --fp8 tensorwise --tp 2 --sp --cp 2 --seq 64 --fp8-tp",
+        "fp8-tp-compile",
+        "estimate -m tiny --impl torchtitan --fp8 tensorwise --tp 2 --sp --compile --seq 64 --fp8-tp",
         "fp8_tp",
     ),
     case("fsdp-wrap-reference", "estimate -m tiny --zero 3 --dp 2 --gpus 2 --fsdp-wrap root", "fsdp_wrap"),

@@ -12,7 +12,9 @@ scale — where 0.3.0's plan saves the bf16 input and casts it again in backward
   float8 (the gathered data keeps the shard's scale: torchao's float8 all-gather returns a
   ``Float8TrainingTensor`` of the gathered data and the same scale), one copy W1 and W3 share;
 - W_O's input, the attention output [T, a·d/t], cast on the rank (``Float8RowwiseParallel``'s input): a
-  float8 copy beside the flash core's own bf16 output, which the core keeps for its backward;
+  float8 copy beside the flash core's own bf16 output, which the core keeps for its backward; under
+  context parallelism torch's ring keeps its merged output itself (``attn.merged_out``) and the bf16
+  [T, a·d/t] was W_O's input alone: the float8 copy replaces it (traced on pipeline stages with cp 2);
 - W_down's input [T, f/t] cast the same way: the float8 copy instead of the bf16 product.
 
 Traced (``trace --impl torchtitan --fp8 tensorwise --tp 2 --sp --fp8-tp``, tests/hf/test_fp8_tp.py): the
@@ -45,6 +47,7 @@ def cast(rule: Rule, part: str, why: str) -> list[Rule]:
 def layer_rules(rules: list[Rule]) -> list[Rule]:
     """A torchtitan layer's saves (``activations.layer_rules``) under the float8 plan (module docstring)."""
     out: list[Rule] = []
+    ring = any(r.name == "attn.merged_out" for r in rules)  # the ring's core keeps its own output
     for r in rules:
         if r.name in ("attn.input", "mlp.input"):
             out += cast(
@@ -53,7 +56,8 @@ def layer_rules(rules: list[Rule]) -> list[Rule]:
         elif r.name == "mlp.down_input":
             out += cast(r, "down_input", "float8 input of W_down, cast on the rank: dW = Xᵀ·dY")
         elif r.name == "attn.out":
-            out += [r, *cast(r, "out_fp8", "float8 input of W_O, cast on the rank: dW = Xᵀ·dY")]
+            kept = [] if ring else [r]  # the flash core's output, kept for its backward
+            out += [*kept, *cast(r, "out_fp8", "float8 input of W_O, cast on the rank: dW = Xᵀ·dY")]
         else:
             out.append(r)
     return out

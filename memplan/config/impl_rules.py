@@ -173,7 +173,7 @@ def check_fp8_all_gather(setup: Setup) -> None:
 def check_fp8_tp(setup: Setup) -> None:
     """``--fp8-tp`` where it is modelled and traced: torchao's float8 tensor-parallel styles over torchtitan's
     tensorwise ``Float8Linear`` blocks with sequence parallelism (torchao's styles assume dynamic tensorwise
-    scaling: ``_float8_linear_supports_float8_allgather``), on pipeline stages too, not with cp (untraced)."""
+    scaling: ``_float8_linear_supports_float8_allgather``), on pipeline stages and with cp too (traced)."""
     if not setup.impl.fp8_tp:
         return
     par, impl = setup.parallel, setup.impl
@@ -182,7 +182,6 @@ def check_fp8_tp(setup: Setup) -> None:
         "it needs --impl torchtitan --fp8 tensorwise (torchao's float8 styles are tensorwise only)"
         if impl.impl is not Impl.TORCHTITAN or impl.fp8 is not Fp8Recipe.TENSORWISE
         else "it needs --tp 2 or more with --sp" if par.tp < 2 or not par.sp
-        else "it is modelled without --cp" if par.cp > 1
         else f"torchao's float8 styles take converted linears only, and torchtitan converts none whose width "
         f"is not a multiple of 16 ({setup.model.name}: {odd})" if (odd := unconverted(setup))
         else "it is modelled with --compile under --checkpointing full only (a compiled block's saves under "
