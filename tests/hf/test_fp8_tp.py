@@ -157,7 +157,7 @@ def test_the_float8_plan_casts_shards_once() -> None:
 
 def test_the_float8_plan_on_a_pipeline_stage_is_exact() -> None:
     """pp 2 (1F1B) × cp 2 (torch's ring inside the stages) × tp 2 + SP × FSDP2 over dp 2 × cp, 4
-    micro-batches, Llama 3 8B's widths on 6 layers, no checkpointing (interleaved over 2 chunks a rank
+    micro-batches, the tiny model on 4 layers, no checkpointing (interleaved over 2 chunks a rank
     without cp, and full checkpointing, were checked the same way when the rule was lifted; the suite keeps
     the widest layout): each pipeline rank at tp, dp and cp coordinate 0, torchao's float8 styles on each
     model part (``titan.parallelize_part``). Per layer the saves in flight (each linear's float8 input and
@@ -167,7 +167,7 @@ def test_the_float8_plan_on_a_pipeline_stage_is_exact() -> None:
     from tests.hf.test_torchtitan_pp import S, piped
     from tests.hf.test_torchtitan_vpp import sharded, traced_exact
 
-    base = hf_setup("llama-3-8b", layers=6, seq=S, impl=Impl.TORCHTITAN)
+    base = hf_setup("tiny", layers=4, seq=S, impl=Impl.TORCHTITAN)
     setup = sharded(piped(base, 2, 4, tp=2, sp=True, cp=2), 2, 3)
     setup = setup.replaced(impl=setup.impl.replaced(fp8=Fp8Recipe.TENSORWISE, fp8_tp=True))
     est = estimate(setup)
