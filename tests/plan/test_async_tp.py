@@ -177,3 +177,16 @@ def test_fit_keeps_it_on_layouts_that_run_it_and_its_rows_reproduce() -> None:
     again = runner.invoke(app, [*configs[0]["command"].removeprefix("memplan ").split(), "--json"])
     assert again.exit_code == 0, again.stderr
     assert json.loads(again.stdout)["time"]["step_time_s"] == configs[0]["time"]["step_time_s"]
+
+
+def test_the_published_speedups_table_is_the_codes_output() -> None:
+    """docs/step-time.md's async-TP table is ``benchmarks/async_tp.py``'s output (no error bound asserted:
+    the ratios are read there, not fitted), and each pair is typed as its command says: the same setup but
+    for ``--async-tp``, torchao's float8 TP plan for tensorwise only."""
+    from benchmarks.async_tp import COMMON, DOC, END, PAIRS, START, markdown
+
+    table = DOC.read_text(encoding="utf-8").split(START + "\n", 1)[1].split(END, 1)[0]
+    assert table == markdown()
+    for p in PAIRS:
+        assert ("--fp8-tp" in p.typed) == (p.quantization == "float8 tensorwise")
+        assert "--async-tp" not in p.typed + COMMON and "--compile" in COMMON
