@@ -214,6 +214,8 @@ def setups(draw: st.DrawFn) -> dict[str, object]:
         kw["fp8_param_gather"] = kw["fp8"] != "none" and zero == 1 and draw(st.booleans())
         # a mixture of experts: ep, and its experts folded (--etp 1) or split over tp
         kw.update(ep=draw(st.sampled_from([1, 2])), etp=draw(st.sampled_from([None, 1])) if tp > 1 else None)
+    elif tp > 1 and draw(st.booleans()):  # torchtitan's async TP: its fused collectives and added kernels
+        kw.update(impl="torchtitan", sp=True, compile=True, async_tp=True, attention="flash")
     offloads = ["none", "optimizer", "activations"] + (["optimizer,params"] if zero == 3 else [])
     kw.update(
         checkpointing=draw(st.sampled_from(["none", "full", "selective"])),
