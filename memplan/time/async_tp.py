@@ -63,6 +63,7 @@ from __future__ import annotations
 from memplan.analytic.nccl import granular
 from memplan.config import Setup
 from memplan.presets import Topology
+from memplan.time.comm.rows import rank_tokens
 
 SIGNAL_PAD = 32 * 72 * 4
 """The symmetric allocation's signal pad (torch 2.13, torch/csrc/distributed/c10d/symm_mem:
@@ -91,10 +92,8 @@ def check_node(setup: Setup, topo: Topology) -> None:
 
 
 def _shard_elements(setup: Setup) -> int:
-    """[T/t, h]: one rank's sequence shard of the tp group's hidden states."""
-    t = setup.training
-    tokens = t.micro_batch * t.seq_len // setup.parallel.cp
-    return tokens // setup.parallel.tp * setup.model.hidden_size
+    """[T/t, h]: one rank's sequence shard of the tp group's hidden states (T = b·s/cp, ``rank_tokens``)."""
+    return rank_tokens(setup) // setup.parallel.tp * setup.model.hidden_size
 
 
 def _gathered_bytes(setup: Setup) -> int:

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from memplan.config import Fp8Recipe, MlpType, Setup
 from memplan.presets import Topology
-from memplan.time.comm.rows import Critical, Overlap
+from memplan.time.comm.rows import Critical, Overlap, rank_tokens
 
 UB_GEMMS = 10
 """The GEMM names ``initialize_ub`` makes a buffer for: qkv and fc1's fprop, dgrad and wgrad, proj and
@@ -123,8 +123,7 @@ def userbuffer_bytes(setup: Setup) -> int:
     in float8 under ``--fp8``; 0 without ``--tp-comm-overlap``."""
     if not setup.impl.tp_comm_overlap:
         return 0
-    t, m = setup.training, setup.model
-    elements = t.seq_len * t.micro_batch // setup.parallel.cp * m.hidden_size
-    e = t.precision.activation_dtype.bytes
+    elements = rank_tokens(setup) * setup.model.hidden_size
+    e = setup.training.precision.activation_dtype.bytes
     gathers = 1 if setup.impl.fp8 is not Fp8Recipe.NONE else e
     return elements * (UB_ALL_GATHERS * gathers + (UB_GEMMS - UB_ALL_GATHERS) * e)

@@ -32,8 +32,9 @@ Per dimension (Megatron-LM; Shoeybi et al. 2019 §3, Korthikanti et al. 2022 §4
   (Megatron), its re-gather for the weight gradient (overlapped with the input-gradient GEMM); torchtitan
   keeps the gathered input (``Profile.sp_module_gather``): no re-gather. Under torchao's float8 plan
   (``--fp8-tp``) the layers' gathers move float8 (``float8_gathers``). Under TE's userbuffers
-  (``--tp-comm-overlap``, ``time.tp_overlap``) the layers' forward all-gathers and reduce-scatters and the
-  backward's output-gradient all-gathers run under the GEMMs they feed or drain (``userbuffer_rows``).
+  (``--tp-comm-overlap``, ``time.tp_overlap``) or torchtitan's async TP (``--async-tp``, ``time.async_tp``)
+  the layers' forward all-gathers and reduce-scatters and the backward's output-gradient all-gathers run
+  under the GEMMs they feed or drain (``userbuffer_rows``).
 - pp: the stage sends its output forward and its input's gradient backward, one message per micro-batch
   and model chunk (X, or X/t with sp); not overlapped. The bubble is time, not bytes (``timing``).
 - dp: gradients reduce in ``--reduce-dtype`` (FSDP2's ``reduce_dtype``), else their own dtype (fp32 under
