@@ -7,6 +7,14 @@ per tiny matmul that way on a loaded 2-core machine). ``OMP_NUM_THREADS`` is rea
 OpenMP runtime, so it is set here, before any test module imports torch; the processes a test starts (the
 ranks of ``profile --nproc``, the CLI in a subprocess) inherit it. ``-n 0`` keeps torch's default.
 
+The cyclic collector, once the tests are collected: what collection imported (torch, transformers,
+torchtitan, peft, the test modules) lives to the end of the run, so it is frozen out of every later
+collection; the youngest generation is collected every 10,000 allocations (Python's default 700) and the
+oldest after 100 collections of the middle one (default 10). A worker of the full suite spent 15.3 s of
+its 257 s of tests in the collector, 11.5 s of it in full collections over that heap; so tuned, 7.3 s
+(2.5 s full), the whole run 266 → 260 s on the 2-core machine (December 2026; the youngest at 700 kept:
+10.8 s). Cycles are still collected, later; a worker's peak memory moved < 5 % (a 4-file sample).
+
 ``MEMPLAN_JIT=auto`` (unless set): a worker runs hundreds of fit searches, the long-lived process that
 ``memplan.reserved``'s rent-or-buy policy is for (its replays in Python until they have spent the compiled
 replay's load, then compiled; tests/plan/, test_verdict.py and test_layout.py serially took 72.4 s with
@@ -16,8 +24,11 @@ the replays in Python, 67.4 s compiled from the first). Both paths give the same
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+
+import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -41,3 +52,10 @@ def _build_the_cli_once() -> None:
 
 
 _build_the_cli_once()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze what collection built and collect the oldest generation less often (module docstring)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 100)
