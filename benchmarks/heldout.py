@@ -23,7 +23,10 @@ Sources (stored copies; commit of the copy read):
   PURE = all bf16); the MPT loss is flash_attn's fused cross-entropy (``loss_fn: fused_crossentropy``,
   docs/published-memory.md), typed ``--loss xentropy``; its attention is flash-attn's Triton kernel
   (``submit_benchmarks.py``: ``--attn_impl`` default ``triton``), typed ``--attention-kernel fa1`` (before
-  that option existed: the default, FlashAttention-2). The image: torch 2.0.1, CUDA 11.8 (``sweep.sh``).
+  that option existed: the default, FlashAttention-2). The image: ``mosaicml/pytorch:2.1.0_cu121-
+  nightly20230827`` (a torch 2.1 nightly, CUDA 12.1), the Image column of scripts/train/benchmarking/
+  h100new.md (beb8dee), whose H100 and A100-80GB rows carry the README's figures (760m at 2,048 on 8 GPUs:
+  63,147 and 32,434 tokens/s/GPU); ``sweep.sh`` names torch 2.0.1 with CUDA 11.8, read here before.
   The optimizer: the yamls' ``decoupled_adamw``, Composer's ``DecoupledAdamW``, whose ``step`` runs its
   ``adamw`` one parameter at a time (``mul_``, ``mul_``/``add_``, ``mul_``/``addcmul_``, ``sqrt``/``div``/
   ``add_``, ``addcdiv_``) on FSDP's fp32 flat parameters with fp32 gradients: typed ``--optimizer-impl
