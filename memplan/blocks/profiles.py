@@ -108,9 +108,13 @@ def _compiled_tensorwise(setup: Setup) -> bool:
 def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
     measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
-    SwiGLU blocks with flash attention and no dropout, on one tensor- and context-parallel rank, full
-    training, without --fp8. Elsewhere the estimate keeps the eager code's saves and says so
-    (``compile_note``)."""
+    SwiGLU blocks with flash attention and no dropout, on one context-parallel rank, full training, without
+    --fp8; tp 1, or torchtitan's tensor-parallel plan with sequence parallelism (each block of the rank
+    traced through the partitioner as DTensor code on the fake process group,
+    ``measure.distributed.titan_compiled.compiled_rank_blocks``: the same choices on the rank's shards, the
+    sequence-parallel gathers kept as the eager plan keeps them). Without ``--sp`` the traced graph
+    all-gathers W_O's input and keeps a slice of it, which the eager plan does not: not modelled. Elsewhere
+    the estimate keeps the eager code's saves and says so (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel
     return (
         setup.impl.compile
@@ -129,7 +133,7 @@ def compile_modelled(setup: Setup) -> bool:
         and m.sliding_window is None
         and m.sliding_window_pattern is None
         and m.attn_softcap is None
-        and p.tp == 1
+        and (p.tp == 1 or (p.sp and setup.impl.impl is Impl.TORCHTITAN))
         and p.cp == 1
         and s.checkpointing in (Checkpointing.NONE, Checkpointing.FULL)
         and not s.reversible
@@ -165,8 +169,9 @@ def compile_note(setup: Setup) -> str | None:
         )
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
-        "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1, cp 1, full training and "
-        "checkpointing none or full, or torchtitan's selective (measured: memplan trace --compile); here "
+        "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1 (torchtitan: or tp with "
+        "--sp), cp 1, full training and checkpointing none or full, or torchtitan's selective (measured: "
+        "memplan trace --compile); here "
         "the memory is the eager code's, the step time the compiled kernels'"
     )
 

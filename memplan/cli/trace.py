@@ -146,15 +146,17 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
         )
     measure_impl = check_traceable(setup)
     if setup.impl.impl is Impl.TORCHTITAN:
-        from memplan.measure.distributed.titan import needs_ranks
+        from memplan.measure.distributed.titan import compiles, needs_ranks
 
         if needs_ranks(setup):
-            if setup.impl.compile and setup.strategy.checkpointing is not Checkpointing.FULL:
-                # the rank runs torchtitan's eager blocks; a FullAC block keeps its input alone either way
+            full = setup.strategy.checkpointing is Checkpointing.FULL
+            if setup.impl.compile and not (full or compiles(setup)):
+                # a rank's blocks go through the partitioner where compile_modelled says (titan.compiles);
+                # a FullAC block keeps its input alone, compiled or not
                 raise ValueError(
-                    "compile: trace --impl torchtitan --compile traces the partitioner's saves in one "
-                    "process (tp 1, dp 1) and in pipeline stages; a rank over --tp or --dp runs the eager "
-                    "blocks: drop --tp/--dp to trace the compiled blocks, or --compile to trace the rank"
+                    "compile: trace --impl torchtitan --compile over --tp or --dp traces the partitioner's "
+                    "saves without checkpointing or --fp8, over --tp with --sp only (or under "
+                    "--checkpointing full); drop --compile to trace the rank's eager blocks"
                 )
             return _trace_titan_rank(setup, as_json)
     if setup.impl.compile:

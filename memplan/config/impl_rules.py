@@ -351,8 +351,10 @@ def check_titan_pipeline(setup: Setup) -> None:
     if par.vpp > 1:
         check_titan_interleaved(setup)
     # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1, no SelectiveAC,
-    # no float8) and, without pp, for SelectiveAC (compiled_sac: dynamo's selective-checkpoint op, which the
-    # stages' partitioned blocks do not run); under FullAC a block keeps its input alone, compiled or not
+    # no float8; tp with SP on an unpipelined rank only: the stages' blocks are traced with plain tensors,
+    # titan_compiled.compiled_blocks) and, without pp, for SelectiveAC (compiled_sac: dynamo's
+    # selective-checkpoint op, which the stages' partitioned blocks do not run); under FullAC a block keeps
+    # its input alone, compiled or not
     # (measure.runs.compiled's NB; float8 too, blocks.profiles.compile_note; the stages run the eager FullAC
     # blocks, titan_vpp), at any tp and cp
     full = setup.strategy.checkpointing is Checkpointing.FULL

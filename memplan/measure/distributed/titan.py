@@ -44,10 +44,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
+from memplan.blocks.profiles import compile_modelled
 from memplan.blocks.torchtitan import fsdp2_mixed
-from memplan.config import FsdpWrap, Setup, ZeroStage
+from memplan.config import Checkpointing, FsdpWrap, Setup, ZeroStage
 from memplan.measure.distributed import titan_fp8_tp
 from memplan.measure.distributed.instruments import ParameterStorages, local
+from memplan.measure.distributed.titan_compiled import compiled_rank_blocks
 from memplan.measure.distributed.titan_peak import (
     PeakRun,
     PeakTracker,
@@ -70,6 +72,7 @@ from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
 from memplan.measure.instruments.tracker import data_tensors
 from memplan.measure.reference.context import rotate_method
+from memplan.measure.runs.run import make_batch
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,16 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
             model.to_empty(device="cpu")
             retie(model)
             states = [*model.parameters(), *model.buffers()]
-            with propagation_unseen(tracker), fsdp2_resizes(tracker), tracker, boundaries(model, tracker):
+            blocks = (
+                compiled_rank_blocks(model, make_batch(setup, "cpu")[0]) if compiles(setup) else nullcontext()
+            )  # entered first: its tracing forward runs before anything is recorded
+            with (
+                blocks,
+                propagation_unseen(tracker),
+                fsdp2_resizes(tracker),
+                tracker,
+                boundaries(model, tracker),
+            ):
                 tracker.track(states)
                 measured = titan_step(
                     model, setup, Recorder, cp_rank=setup.parallel.cp_rank or 0, after_forward=backward_begins
@@ -366,6 +378,13 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
                 {storage_ref(local(g)).cdata: local(g).untyped_storage().nbytes() for g in grads}.values()
             )
     return RankRun(measured, params, grad_bytes, peak)
+
+
+def compiles(setup: Setup) -> bool:
+    """The rank's blocks run through the partitioner (``--compile`` where ``blocks.profiles.compile_modelled``
+    says, without checkpointing: under ``FullAC`` a compiled block keeps its input alone, as the eager one
+    the rank runs)."""
+    return compile_modelled(setup) and setup.strategy.checkpointing is Checkpointing.NONE
 
 
 def needs_ranks(setup: Setup) -> bool:

@@ -11,11 +11,18 @@ AOTAutograd's ``CompiledFunction`` keeps what the partitioner chose with ``ctx.s
 block of a model is the same graph: one trace serves them all (each call passes its block's own parameters
 and buffers).
 
+``compiled_rank_blocks(model, ids)`` does the same for one rank of the unpipelined model over tp and dp
+(``titan.measure_titan_rank``): there a block computes with DTensors — its tensor-parallel shards, gathered
+by FSDP2 around its call under dp — so its graph is traced from the first block's own call (its parameters
+and input as the rank's forward hands them: the DTensor specs the graph depends on), in a forward run
+before the measured step, under no recorder.
+
 Known limitations:
 - NB: without activation checkpointing only; with ``FullAC`` a compiled block keeps its input alone,
   compiled or not (``runs.compiled``'s NB): the stages run the eager ``FullAC`` blocks, at any tp and cp.
-- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1 and cp > 1 without FullAC, SelectiveAC,
-  --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``).
+- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1 without --sp, cp > 1 without FullAC,
+  SelectiveAC, --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``), and so is tp > 1
+  with pp: the stages' blocks are traced with plain tensors (``compiled_blocks``).
 """
 
 from __future__ import annotations
@@ -68,3 +75,44 @@ def _forward(block: Any, compiled: Any) -> Any:
         return compiled({**dict(block.named_parameters()), **dict(block.named_buffers())}, x)
 
     return forward
+
+
+@contextmanager
+def compiled_rank_blocks(model: Any, ids: torch.Tensor) -> Iterator[None]:
+    """Each block of a tensor- or data-parallel rank's ``model`` (torchtitan's ``Decoder``) called through
+    one partitioned forward of their common graph (module docstring), traced in a forward of ``ids``
+    without gradients at the first block's call: its parameters as they are then (FSDP2's pre-forward hook
+    has gathered them; DTensors on the tp mesh) and its input, both detached and requiring grad as in the
+    step. That forward runs to its end, so FSDP2's hooks leave every unit resharded; the blocks' own
+    ``forward`` restored after."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    blocks = list(model.layers.values())
+    template = blocks[0]
+    traced: list[Any] = []
+
+    def body(inputs: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
+        with _reparametrize_module(template, inputs):
+            return type(template).forward(template, x, None)
+
+    def trace(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        compiled, _graphs = partitioned_forward(body)
+        inputs = {n: p.detach().requires_grad_() for n, p in module.named_parameters()}
+        inputs.update(dict(module.named_buffers()))
+        with torch.enable_grad():
+            compiled(inputs, args[0].detach().requires_grad_())  # traced and partitioned; output dropped
+        traced.append(compiled)
+
+    handle = template.register_forward_pre_hook(trace, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        handle.remove()
+    for block in blocks:
+        block.forward = _forward(block, traced[0])
+    try:
+        yield
+    finally:
+        for block in blocks:
+            del block.forward  # the class's forward again

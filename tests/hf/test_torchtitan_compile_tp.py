@@ -1,0 +1,71 @@
+"""``--impl torchtitan --compile`` on a tensor- or data-parallel rank (issue #22 item 4): each block of the
+rank runs through AOTAutograd's min-cut partitioner as DTensor code on torch's fake process group
+(``measure.distributed.titan_compiled.compiled_rank_blocks``), and its saves equal the estimate's compiled
+rules (``Profile.compiled_block``) on the rank's shards — with sequence parallelism; without it the traced
+graph all-gathers W_O's input and keeps a slice of it (not modelled: the eager saves and a note)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from memplan.blocks.profiles import compile_modelled, compile_note
+from memplan.cli.app import app
+from memplan.config import Impl, Setup
+from memplan.engine import estimate
+from memplan.measure.distributed.titan import measure_titan_rank
+from tests.hf.harness import estimated_layers, hf_setup
+from tests.hf.test_torchtitan_ranks import ranked
+
+
+def compiled_rank(preset: str, seq: int, tp: int, sp: bool, dp: int = 1, zero: int = 0) -> Setup:
+    return ranked(hf_setup(preset, seq=seq, impl=Impl.TORCHTITAN), tp, sp, dp, zero, compile=True)
+
+
+@pytest.mark.parametrize(("tp", "dp", "zero"), [(2, 2, 3), (1, 2, 3)], ids=["tp2-sp-zero3-dp2", "zero3-dp2"])
+def test_compiled_rank_saves_what_the_estimate_says(tp: int, dp: int, zero: int) -> None:
+    """The tiny model at s 64 over dp 2 under ZeRO-3 (FSDP2 gathers each block's parameters around its
+    compiled call), with and without tp 2 + SP."""
+    setup = compiled_rank("tiny", 64, tp, tp > 1, dp, zero)
+    assert compile_modelled(setup) and compile_note(setup) is None
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+
+
+def test_the_partitioners_choice_on_a_sequence_parallel_rank_by_hand() -> None:
+    """Llama 3 8B's widths on tp 2 + SP, b 1, s 256 (a/t = 16 heads, kv/t = 4, f/t = 7168, h 4096), bf16:
+    each norm keeps its bf16 input on the rank's sequence shard [b, s/t, h] and the fp32 rstd (before the
+    MLP the input is W_O's reduce-scattered output, standing for the residual sum), the gathered normalised
+    inputs of W_QKV and W1/W3 [b·s, h], q, k and v after RoPE, the flash output (W_O's input, one storage)
+    and lse, the rotary cache's conjugate, and gate, up and their product — the eager plan's fp32 upcasts,
+    normalised shards and silu(g) recomputed in backward."""
+    setup = compiled_rank("llama-3-8b", 256, 2, True)
+    assert compile_modelled(setup)
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+    b, s, h, t, d = 1, 256, 4096, 2, 128
+    norms = 2 * (b * (s // t) * h * 2 + b * (s // t) * 4)
+    gathered = 2 * b * s * h * 2
+    attn = b * s * (d // 2) * 8 + (16 + 4 + 4 + 16) * b * s * d * 2 + 16 * b * s * 4  # rope, q k v out, lse
+    mlp = 3 * b * s * 7168 * 2
+    assert run.measured.layer_bytes(0) == norms + gathered + attn + mlp == 20_071_424
+    eager = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, True)
+    # what compile drops per layer: each norm's fp32 x and x·rstd on the shard (it keeps the bf16 x
+    # instead) and silu(g) [b·s, f/t]
+    dropped = 2 * (2 * b * (s // t) * h * 4 - b * (s // t) * h * 2) + b * s * 7168 * 2
+    assert estimated_layers(estimate(eager))[0] - run.measured.layer_bytes(0) == dropped
+
+
+def test_without_sequence_parallelism_the_eager_saves_and_a_note() -> None:
+    setup = compiled_rank("tiny", 64, 2, False)
+    assert not compile_modelled(setup)
+    note = compile_note(setup)
+    assert note is not None and "tp 1 (torchtitan: or tp with --sp)" in note
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "-m", "tiny", "--seq", "64", "--impl", "torchtitan", "--tp", "2", "--compile"]
+    bad = runner.invoke(app, args)
+    assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
+    ok = runner.invoke(app, [*args, "--sp"])
+    assert ok.exit_code == 0, ok.output
