@@ -22,11 +22,15 @@ def compiled_rank(preset: str, seq: int, tp: int, sp: bool, dp: int = 1, zero: i
     return ranked(hf_setup(preset, seq=seq, impl=Impl.TORCHTITAN), tp, sp, dp, zero, compile=True)
 
 
-@pytest.mark.parametrize(("tp", "dp", "zero"), [(2, 2, 3), (1, 2, 3)], ids=["tp2-sp-zero3-dp2", "zero3-dp2"])
-def test_compiled_rank_saves_what_the_estimate_says(tp: int, dp: int, zero: int) -> None:
-    """The tiny model at s 64 over dp 2 under ZeRO-3 (FSDP2 gathers each block's parameters around its
-    compiled call), with and without tp 2 + SP."""
-    setup = compiled_rank("tiny", 64, tp, tp > 1, dp, zero)
+@pytest.mark.parametrize(
+    ("preset", "seq", "tp"),
+    [("tiny", 64, 1), ("llama-3.1-405b", 8192, 8)],
+    ids=["tiny-dp2", "405b-tp8-sp-dp2"],
+)
+def test_compiled_rank_saves_what_the_estimate_says(preset: str, seq: int, tp: int) -> None:
+    """A rank over dp 2 under ZeRO-3 (FSDP2 gathers each block's parameters around its compiled call): the
+    tiny model, and Llama 3.1 405B's widths at s 8,192 on tp 8 + SP (two layers: 1,007,165,440 B each)."""
+    setup = compiled_rank(preset, seq, tp, tp > 1, 2, 3)
     assert compile_modelled(setup) and compile_note(setup) is None
     est, run = estimate(setup), measure_titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
