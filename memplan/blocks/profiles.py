@@ -112,8 +112,10 @@ def compile_modelled(setup: Setup) -> bool:
     --fp8; tp 1, or torchtitan's tensor-parallel plan with sequence parallelism (each block of the rank
     traced through the partitioner as DTensor code on the fake process group,
     ``measure.distributed.titan_compiled.compiled_rank_blocks``: the same choices on the rank's shards, the
-    sequence-parallel gathers kept as the eager plan keeps them). Without ``--sp`` the traced graph
-    all-gathers W_O's input and keeps a slice of it, which the eager plan does not: not modelled. Elsewhere
+    sequence-parallel gathers kept as the eager plan keeps them). Without ``--sp`` DTensor's cost-picked
+    strategies for W_O's backward all-gather its input [T, a·d] (at the tiny model's widths its weight too),
+    and in the joint graph those collectives run in the forward and their outputs are saved (the partitioner
+    recomputes no collective), where the eager plan gathers in backward: not modelled. Elsewhere
     the estimate keeps the eager code's saves and says so (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel
     return (

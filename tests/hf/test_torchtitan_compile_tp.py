@@ -2,7 +2,8 @@
 rank runs through AOTAutograd's min-cut partitioner as DTensor code on torch's fake process group
 (``measure.distributed.titan_compiled.compiled_rank_blocks``), and its saves equal the estimate's compiled
 rules (``Profile.compiled_block``) on the rank's shards — with sequence parallelism; without it the traced
-graph all-gathers W_O's input and keeps a slice of it (not modelled: the eager saves and a note)."""
+graph all-gathers W_O's input for its backward in the forward and saves it (not modelled: the eager saves
+and a note)."""
 
 from __future__ import annotations
 
