@@ -20,9 +20,11 @@ before the measured step, under no recorder.
 Known limitations:
 - NB: without activation checkpointing only; with ``FullAC`` a compiled block keeps its input alone,
   compiled or not (``runs.compiled``'s NB): the stages run the eager ``FullAC`` blocks, at any tp and cp.
+- NB: a tensor-parallel stage's graph depends on its parameters' DTensor specs: ``compiled_blocks`` traces
+  it on a block's own parameters (gathered by FSDP2 for it, ``FSDPModule.unshard``) and a DTensor input
+  (``_trace_unsharded``); a tp 1 stage's on plain unsharded tensors.
 - NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1 without --sp, cp > 1 without FullAC,
-  SelectiveAC, --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``), and so is tp > 1
-  with pp: the stages' blocks are traced with plain tensors (``compiled_blocks``).
+  SelectiveAC, --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from memplan.measure.runs.compiled import partitioned_forward
 
@@ -53,18 +56,39 @@ def compiled_blocks(blocks: dict[int, Any], x: torch.Tensor) -> Iterator[None]:
             return type(template).forward(template, x, None)
 
     compiled, _graphs = partitioned_forward(body)
+    if isinstance(x, DTensor):  # a tensor-parallel stage: the graph depends on the parameters' specs
+        _trace_unsharded(template, compiled, x)
+    else:
+        plain = {
+            n: torch.empty(p.shape, dtype=x.dtype, requires_grad=True) for n, p in template.named_parameters()
+        }
+        plain.update({n: torch.empty(b.shape, dtype=b.dtype) for n, b in template.named_buffers()})
+        compiled(plain, x.requires_grad_())  # AOTAutograd traces and partitions here; the output dropped
     for block in blocks.values():
         block.forward = _forward(block, compiled)
-    plain = {
-        n: torch.empty(p.shape, dtype=x.dtype, requires_grad=True) for n, p in template.named_parameters()
-    }
-    plain.update({n: torch.empty(b.shape, dtype=b.dtype) for n, b in template.named_buffers()})
     try:
-        compiled(plain, x.requires_grad_())  # AOTAutograd traces and partitions here; the output dropped
         yield
     finally:
         for block in blocks.values():
             del block.forward  # the class's forward again
+
+
+def _trace_unsharded(block: Any, compiled: Any, x: torch.Tensor) -> None:
+    """``compiled`` traced on ``block``'s own parameters as it computes with them — DTensors on the tp
+    mesh, gathered first by FSDP2 (``FSDPModule.unshard``: its ``param_dtype``, resharded after) where the
+    block is an FSDP2 unit — and ``x``, a DTensor like the stage's input."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fsdp = isinstance(block, FSDPModule)
+    if fsdp:
+        block.unshard()
+    try:
+        inputs = {n: p.detach().requires_grad_() for n, p in block.named_parameters()}
+        inputs.update(dict(block.named_buffers()))
+        compiled(inputs, x.detach().requires_grad_())  # traced and partitioned; the output dropped
+    finally:
+        if fsdp:
+            block.reshard()
 
 
 def _forward(block: Any, compiled: Any) -> Any:

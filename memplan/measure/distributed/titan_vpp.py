@@ -210,7 +210,11 @@ def measure_titan_pipeline(
                 hooks.enter_context(hold_sac(blocks))
             if setup.impl.compile and setup.strategy.checkpointing is Checkpointing.NONE:
                 t, h = setup.training, setup.model.hidden_size
-                x = torch.empty(t.micro_batch, t.seq_len, h, dtype=activation_dtype(setup))
+                x = torch.empty(t.micro_batch, t.seq_len // tp, h, dtype=activation_dtype(setup))
+                if tp > 1 and dims is not None:  # the plan hands a block its input on the sequence shard
+                    from torch.distributed.tensor import DTensor, Shard
+
+                    x = DTensor.from_local(x, dims.get_mesh("tp"), [Shard(1)], run_check=False)
                 hooks.enter_context(compiled_blocks(blocks, x))
             if cp > 1:
                 hooks.enter_context(rotate_method(setup.parallel.cp_rotate.value))
