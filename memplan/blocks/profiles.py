@@ -111,7 +111,7 @@ def compile_modelled(setup: Setup) -> bool:
     SwiGLU blocks with flash attention and no dropout, on one context-parallel rank, full training, without
     --fp8; tp 1, or torchtitan's tensor-parallel plan with sequence parallelism (each block of the rank
     traced through the partitioner as DTensor code on the fake process group,
-    ``measure.distributed.titan_compiled.compiled_rank_blocks``: the same choices on the rank's shards, the
+    ``measure.distributed.titan_compiled.compiled_blocks``: the same choices on the rank's shards, the
     sequence-parallel gathers kept as the eager plan keeps them). Without ``--sp`` DTensor's cost-picked
     strategies for W_O's backward all-gather its input [T, a·d] (at the tiny model's widths its weight too),
     and in the joint graph those collectives run in the forward and their outputs are saved (the partitioner

@@ -1,6 +1,6 @@
 """``--impl torchtitan --compile`` on a tensor- or data-parallel rank (issue #22 item 4): each block of the
 rank runs through AOTAutograd's min-cut partitioner as DTensor code on torch's fake process group
-(``measure.distributed.titan_compiled.compiled_rank_blocks``), and its saves equal the estimate's compiled
+(``measure.distributed.titan_compiled.compiled_blocks``), and its saves equal the estimate's compiled
 rules (``Profile.compiled_block``) on the rank's shards — with sequence parallelism; without it the traced
 graph all-gathers W_O's input for its backward in the forward and saves it (not modelled: the eager saves
 and a note)."""

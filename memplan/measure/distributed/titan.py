@@ -49,7 +49,7 @@ from memplan.blocks.torchtitan import fsdp2_mixed
 from memplan.config import Checkpointing, FsdpWrap, Setup, ZeroStage
 from memplan.measure.distributed import titan_fp8_tp
 from memplan.measure.distributed.instruments import ParameterStorages, local
-from memplan.measure.distributed.titan_compiled import compiled_rank_blocks
+from memplan.measure.distributed.titan_compiled import block_input, compiled_blocks
 from memplan.measure.distributed.titan_peak import (
     PeakRun,
     PeakTracker,
@@ -72,7 +72,6 @@ from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import storage_ref
 from memplan.measure.instruments.tracker import data_tensors
 from memplan.measure.reference.context import rotate_method
-from memplan.measure.runs.run import make_batch
 
 
 @dataclass(frozen=True)
@@ -289,10 +288,11 @@ def retie(model: Any) -> None:
         model.tok_embeddings.weight = model.lm_head.weight
 
 
-def build_rank(setup: Setup) -> Any:
+def build_rank(setup: Setup) -> tuple[Any, Any]:
     """The rank's model on the meta device (``meta_model``), parallelised as torchtitan's
-    ``parallelize_llama`` does (``parallelize_part``)."""
-    return parallelize_part(meta_model(setup), setup, parallel_dims(setup), pp_enabled=False)
+    ``parallelize_llama`` does (``parallelize_part``), and its ``ParallelDims``."""
+    dims = parallel_dims(setup)
+    return parallelize_part(meta_model(setup), setup, dims, pp_enabled=False), dims
 
 
 class RankPathRecorder(PathRecorder):
@@ -351,14 +351,17 @@ def measure_titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -
         fake_world(rank_of(setup), world_size(setup)),
         rotate_method(setup.parallel.cp_rotate.value) if cp > 1 else nullcontext(),
     ):
-        model = build_rank(setup)
+        model, dims = build_rank(setup)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
             model.to_empty(device="cpu")
             retie(model)
             states = [*model.parameters(), *model.buffers()]
+            tp_mesh = dims.get_mesh("tp") if setup.parallel.tp > 1 else None
             blocks = (
-                compiled_rank_blocks(model, make_batch(setup, "cpu")[0]) if compiles(setup) else nullcontext()
-            )  # entered first: its tracing forward runs before anything is recorded
+                compiled_blocks(dict(model.layers.items()), block_input(setup, tp_mesh))
+                if compiles(setup)
+                else nullcontext()
+            )  # entered first: the partitioner traces before anything is recorded
             with (
                 blocks,
                 propagation_unseen(tracker),

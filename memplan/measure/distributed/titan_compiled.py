@@ -11,11 +11,7 @@ AOTAutograd's ``CompiledFunction`` keeps what the partitioner chose with ``ctx.s
 block of a model is the same graph: one trace serves them all (each call passes its block's own parameters
 and buffers).
 
-``compiled_rank_blocks(model, ids)`` does the same for one rank of the unpipelined model over tp and dp
-(``titan.measure_titan_rank``): there a block computes with DTensors — its tensor-parallel shards, gathered
-by FSDP2 around its call under dp — so its graph is traced from the first block's own call (its parameters
-and input as the rank's forward hands them: the DTensor specs the graph depends on), in a forward run
-before the measured step, under no recorder.
+The same serves one rank of the unpipelined model over tp and dp (``titan.measure_titan_rank``).
 
 Known limitations:
 - NB: without activation checkpointing only; with ``FullAC`` a compiled block keeps its input alone,
@@ -36,15 +32,18 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from memplan.config import Setup
+from memplan.measure.frameworks.step import activation_dtype
 from memplan.measure.runs.compiled import partitioned_forward
 
 
 @contextmanager
-def compiled_blocks(blocks: dict[int, Any], x: torch.Tensor) -> Iterator[None]:
-    """Each block (layer index → ``Llama3TransformerBlock``) called through one partitioned forward of
-    their common graph (module docstring), traced once before the step on ``x`` (a [b, s, h] input like
-    the stage's) and plain parameters as the block computes with them — unsharded, in ``x``'s dtype (FSDP2's
-    ``param_dtype`` or the bf16 build) — so that no recorder sees the tracing; the blocks' own ``forward``
+def compiled_blocks(blocks: dict[Any, Any], x: torch.Tensor) -> Iterator[None]:
+    """Each block (layer key → ``Llama3TransformerBlock``) called through one partitioned forward of
+    their common graph (module docstring), traced once before the step on ``x`` (``block_input``: a
+    [b, s, h] input like the stage's) and parameters as the block computes with them — plain unsharded
+    tensors in ``x``'s dtype (FSDP2's ``param_dtype`` or the bf16 build), or under tp (``x`` a DTensor) the
+    block's own (``_trace_unsharded``) — so that no recorder sees the tracing; the blocks' own ``forward``
     restored after. The traced body is the block class's ``forward`` (not ``__call__``: FSDP2's hooks on
     the block gather and reshard outside the compiled region, as around torchtitan's compiled block)."""
     from torch.nn.utils.stateless import _reparametrize_module
@@ -101,42 +100,13 @@ def _forward(block: Any, compiled: Any) -> Any:
     return forward
 
 
-@contextmanager
-def compiled_rank_blocks(model: Any, ids: torch.Tensor) -> Iterator[None]:
-    """Each block of a tensor- or data-parallel rank's ``model`` (torchtitan's ``Decoder``) called through
-    one partitioned forward of their common graph (module docstring), traced in a forward of ``ids``
-    without gradients at the first block's call: its parameters as they are then (FSDP2's pre-forward hook
-    has gathered them; DTensors on the tp mesh) and its input, both detached and requiring grad as in the
-    step. That forward runs to its end, so FSDP2's hooks leave every unit resharded; the blocks' own
-    ``forward`` restored after."""
-    from torch.nn.utils.stateless import _reparametrize_module
+def block_input(setup: Setup, tp_mesh: Any) -> torch.Tensor:
+    """A [b, s, h] block input like the step's, to trace a block on: under tp the plan hands a block its
+    input as a DTensor on the sequence shard (``--sp``: ``Shard(1)``, [b, s/t, h] local) on ``tp_mesh``."""
+    t, h, tp = setup.training, setup.model.hidden_size, setup.parallel.tp
+    x = torch.empty(t.micro_batch, t.seq_len // tp, h, dtype=activation_dtype(setup))
+    if tp == 1:
+        return x
+    from torch.distributed.tensor import Shard
 
-    blocks = list(model.layers.values())
-    template = blocks[0]
-    traced: list[Any] = []
-
-    def body(inputs: dict[str, torch.Tensor], x: torch.Tensor) -> Any:
-        with _reparametrize_module(template, inputs):
-            return type(template).forward(template, x, None)
-
-    def trace(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        compiled, _graphs = partitioned_forward(body)
-        inputs = {n: p.detach().requires_grad_() for n, p in module.named_parameters()}
-        inputs.update(dict(module.named_buffers()))
-        with torch.enable_grad():
-            compiled(inputs, args[0].detach().requires_grad_())  # traced and partitioned; output dropped
-        traced.append(compiled)
-
-    handle = template.register_forward_pre_hook(trace, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        handle.remove()
-    for block in blocks:
-        block.forward = _forward(block, traced[0])
-    try:
-        yield
-    finally:
-        for block in blocks:
-            del block.forward  # the class's forward again
+    return DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)

@@ -61,7 +61,7 @@ from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
 from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part, split_part
-from memplan.measure.distributed.titan_compiled import compiled_blocks
+from memplan.measure.distributed.titan_compiled import block_input, compiled_blocks
 from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
     StageRun,
@@ -209,13 +209,8 @@ def measure_titan_pipeline(
             if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
                 hooks.enter_context(hold_sac(blocks))
             if setup.impl.compile and setup.strategy.checkpointing is Checkpointing.NONE:
-                t, h = setup.training, setup.model.hidden_size
-                x = torch.empty(t.micro_batch, t.seq_len // tp, h, dtype=activation_dtype(setup))
-                if tp > 1 and dims is not None:  # the plan hands a block its input on the sequence shard
-                    from torch.distributed.tensor import DTensor, Shard
-
-                    x = DTensor.from_local(x, dims.get_mesh("tp"), [Shard(1)], run_check=False)
-                hooks.enter_context(compiled_blocks(blocks, x))
+                mesh = dims.get_mesh("tp") if tp > 1 and dims is not None else None
+                hooks.enter_context(compiled_blocks(blocks, block_input(setup, mesh)))
             if cp > 1:
                 hooks.enter_context(rotate_method(setup.parallel.cp_rotate.value))
             batches, kwargs = cp_batches(setup, n, cp_rank)
