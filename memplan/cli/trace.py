@@ -76,9 +76,11 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
     torchtitan's split model under torch's schedule on a fake process group of P·dp ranks (FSDP2 on each
     stage under --zero 2/3), its saves per layer, the schedule's holds and its parameters against the
     estimate of that rank. With --compile each block's saves are what torch.compile's partitioner
-    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels.
+    (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels (on a
+    torchtitan rank or stage over --tp with --sp: its DTensor blocks).
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
+    Example: memplan trace -m llama-3-8b --seq 1024 --impl torchtitan --tp 2 --sp --compile
     """
     with user_errors():
         setup = setup_of(options_of(options))
