@@ -73,7 +73,9 @@ def partial_grads(setup: Setup, st: Stage) -> int:
     """Elements by which the gradients of stage ``st``'s rank exceed its parameters under the user's
     ``setup`` (``blocks.torchtitan.partial_grad_elements``: torchtitan's TP without SP), its chunks that send
     on counted (``pipeline_parallel.replicated_ends``)."""
-    return torchtitan.partial_grad_elements(setup, st.layers, replicated_ends(st, setup.parallel.pp))
+    compiled = profile_of(setup).compiled_block and setup.strategy.checkpointing is Checkpointing.NONE
+    ends = replicated_ends(st, setup.parallel.pp)
+    return torchtitan.partial_grad_elements(setup, st.layers, ends, compiled)
 
 
 def stage_states(pc: Pieces, params: ParamCount, st: Stage, setup: Setup, ep: int) -> ModelStates:

@@ -249,7 +249,7 @@ CASES: list[Case] = [
         "trace -m tiny --seq 32 --impl torchtitan --dp 2 --zero 2 --checkpointing selective --compile",
         "compile",
     ),
-    case("titan-pp-compile-tp", "estimate -m 8b --impl torchtitan --pp 2 --tp 2 --compile", "compile"),
+    case("titan-pp-compile-cp", "estimate -m 8b --impl torchtitan --pp 2 --cp 2 --compile", "compile"),
     case("fp8-nproc", "profile -m tiny --device cpu --seq 32 --nproc 2 --fp8 rowwise", "fp8"),
     case("unknown-optimizer", "estimate -m 70b --optimizer adam", "optimizer"),
     case("unknown-optimizer-impl", "estimate -m 70b --optimizer-impl apex", "optimizer-impl"),

@@ -39,6 +39,7 @@ from memplan.blocks.attention.core import (
 )
 from memplan.blocks.attention.mla import mla_projection_rules
 from memplan.blocks.attention.windows import is_sliding, sliding_layers
+from memplan.blocks.dtensor_cost import rowwise_input_grad_weight_whole, rowwise_weight_grad_whole
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
@@ -54,6 +55,28 @@ B, R = Block, Role
 # ----------------------------------------------------------------------------------------------------
 # A layer and the model, composed from the blocks
 # ----------------------------------------------------------------------------------------------------
+def compiled_tp_gathers(setup: Setup, dims: Dims) -> list[Rule]:
+    """A compiled block on a tensor-parallel rank without sequence parallelism (torchtitan's plan,
+    ``Profile.compiled_block``): DTensor's cost-picked strategies for W_O's backward all-gather its input
+    [T, a·d] (the weight gradient left ``Partial``: ``dtensor_cost.rowwise_weight_grad_whole``) and, where
+    cheaper than all-reducing the output gradient, its weight [h, a·d] (the input gradient:
+    ``rowwise_input_grad_weight_whole``). In the joint graph those all-gathers run in the forward, and the
+    partitioner, which recomputes no collective, saves what they gathered; the eager plan gathers in
+    backward (measured: tests/hf/test_torchtitan_compile_tp.py)."""
+    par = setup.parallel
+    if not (profile_of(setup).compiled_block and par.tp > 1 and not par.sp):
+        return []
+    t, act = par.tp, dims.act
+    tokens, attn = dims.b * dims.s, dims.a * dims.v_dim * t  # the whole W_O input width, a·d
+    why = "gathered for W_O's backward in the compiled forward (DTensor's cost-picked strategy)"
+    rules = []
+    if rowwise_weight_grad_whole(tokens, dims.h, attn, t, act.bytes):
+        rules.append(save(B.ATTN, "out_gathered", (tokens, attn), act, R.ATTN_OUT, f"W_O's input {why}"))
+    if rowwise_input_grad_weight_whole(tokens, dims.h, attn, t, act.bytes):
+        rules.append(save(B.ATTN, "wo_gathered", (dims.h, attn), act, R.PARAM_DERIVED, f"W_O {why}"))
+    return rules
+
+
 def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """Everything one transformer layer keeps when it is not checkpointed (Llama 4's code: its largest
     kind of layer, ``blocks.hf.llama4``)."""
@@ -81,6 +104,7 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
                 )
             ]
         ),
+        *compiled_tp_gathers(setup, dims),
         *post_norm_rules(setup, B.POST_ATTN_NORM, dims),
         *dropout_rule(B.ATTN, "resid_dropout_mask", p_attn, (b, s, h), keeps),
         *pre_norm_rules(setup, B.MLP_NORM, dims),

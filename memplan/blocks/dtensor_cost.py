@@ -92,3 +92,32 @@ def rowwise_weight_grad_whole(tokens: int, out_features: int, in_features: int, 
     ]
     whole, _ = min(costs, key=lambda c: c[1])
     return whole
+
+
+def rowwise_input_grad_weight_whole(
+    tokens: int, out_features: int, in_features: int, tp: int, nbytes: int
+) -> bool:
+    """Whether DTensor all-gathers a row-parallel linear's weight (``in_features`` split over ``tp``: the
+    ``Shard(1)`` [out, in]) for its input gradient ``mm(g, W)`` ("mk,kn->mn", m = ``tokens``, k = out,
+    n = in) when the output gradient g comes in ``Partial`` — the strategies as for the weight gradient
+    (``rowwise_weight_grad_whole``), [dX, g, W]:
+
+    - [R, R, R]: g all-reduced, W all-gathered;
+    - [P, S(1), S(0)] (contracting): g reduce-scattered, W shard-to-shard;
+    - [S(0), S(0), R] (m free): g reduce-scattered, W all-gathered;
+    - [S(1), R, S(1)] (n free): g all-reduced, W as it is;
+    - [P, P, R] (linearity): W all-gathered, g as it is.
+
+    Measured (the compiled tp rank without SP, tests/hf/test_torchtitan_compile_tp.py): the tiny model's
+    W_O gathered, Llama 3 8B's not."""
+    w = out_features * in_features * nbytes  # the weight's whole bytes
+    g = tokens * out_features * nbytes
+    costs = [  # (W gathered whole, cost) in torch's order; the first of equals wins
+        (True, all_reduce_us(g, tp) + all_gather_us(w, tp)),
+        (False, reduce_scatter_us(g, tp) + all_gather_us(w / tp, tp) + SHARD_TO_SHARD_PENALTY_US),
+        (True, reduce_scatter_us(g, tp) + all_gather_us(w, tp)),
+        (False, all_reduce_us(g, tp)),
+        (True, all_gather_us(w, tp)),
+    ]
+    whole, _ = min(costs, key=lambda c: c[1])
+    return whole

@@ -109,14 +109,12 @@ def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
     measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
     SwiGLU blocks with flash attention and no dropout, on one context-parallel rank, full training, without
-    --fp8; tp 1, or torchtitan's tensor-parallel plan with sequence parallelism (each block of the rank
-    traced through the partitioner as DTensor code on the fake process group,
+    --fp8; tp 1, or torchtitan's tensor-parallel plan (each block of the rank traced through the
+    partitioner as DTensor code on the fake process group,
     ``measure.distributed.titan_compiled.compiled_blocks``: the same choices on the rank's shards, the
-    sequence-parallel gathers kept as the eager plan keeps them). Without ``--sp`` DTensor's cost-picked
-    strategies for W_O's backward all-gather its input [T, a·d] (at the tiny model's widths its weight too),
-    and in the joint graph those collectives run in the forward and their outputs are saved (the partitioner
-    recomputes no collective), where the eager plan gathers in backward: not modelled. Elsewhere
-    the estimate keeps the eager code's saves and says so (``compile_note``)."""
+    sequence-parallel gathers kept as the eager plan keeps them; without ``--sp`` also what W_O's backward
+    gathers in the compiled forward, ``analytic.activations.compiled_tp_gathers``). Elsewhere the estimate
+    keeps the eager code's saves and says so (``compile_note``)."""
     m, s, p = setup.model, setup.strategy, setup.parallel
     return (
         setup.impl.compile
@@ -135,7 +133,7 @@ def compile_modelled(setup: Setup) -> bool:
         and m.sliding_window is None
         and m.sliding_window_pattern is None
         and m.attn_softcap is None
-        and (p.tp == 1 or (p.sp and setup.impl.impl is Impl.TORCHTITAN))
+        and (p.tp == 1 or setup.impl.impl is Impl.TORCHTITAN)
         and p.cp == 1
         and s.checkpointing in (Checkpointing.NONE, Checkpointing.FULL)
         and not s.reversible
@@ -171,8 +169,8 @@ def compile_note(setup: Setup) -> str | None:
         )
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "
-        "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1 (torchtitan: or tp with "
-        "--sp), cp 1, full training and checkpointing none or full, or torchtitan's selective (measured: "
+        "RMSNorm/SwiGLU blocks with flash attention, no dropout or biases, tp 1 (torchtitan: any tp), "
+        "cp 1, full training and checkpointing none or full, or torchtitan's selective (measured: "
         "memplan trace --compile); here "
         "the memory is the eager code's, the step time the compiled kernels'"
     )

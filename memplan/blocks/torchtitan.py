@@ -140,7 +140,7 @@ def fsdp2_mixed(setup: Setup) -> bool:
     )
 
 
-def partial_grad_elements(setup: Setup, layers: int, replicated_ends: int = 0) -> int:
+def partial_grad_elements(setup: Setup, layers: int, replicated_ends: int = 0, compiled: bool = False) -> int:
     """Elements by which a torchtitan tensor-parallel rank's unreduced gradients exceed its parameter shards
     under TP without sequence parallelism (``--tp`` > 1, no ``--sp``), for ``layers`` layers of which
     ``replicated_ends`` end a model chunk whose output gradient comes in as a stage boundary's
@@ -160,7 +160,11 @@ def partial_grad_elements(setup: Setup, layers: int, replicated_ends: int = 0) -
     and the gradients arrive reduce-scattered: shards. Under ``--fp8`` torchao's ``Float8Linear`` (W_O and
     W2: every preset's widths are multiples of 16, the converter's rule) makes the weight gradient in its
     own matmul: the shard, measured. Measured on the fake process group (torch 2.13,
-    tests/hf/test_torchtitan_ranks.py, tests/hf/test_torchtitan_vpp.py)."""
+    tests/hf/test_torchtitan_ranks.py, tests/hf/test_torchtitan_vpp.py). ``compiled``: each block under
+    ``torch.compile`` without checkpointing, where W2's output gradient is the block output's, which
+    AOTAutograd traced with that output's placement (``Replicate``; the ``Partial`` one coming in is
+    redistributed to it): W2's weight gradient is the shard, W_O's as eager (measured on the tiny model,
+    tests/hf/test_torchtitan_compile_tp.py)."""
     par, t = setup.parallel, setup.parallel.tp
     float8 = setup.impl.fp8 is not Fp8Recipe.NONE
     if setup.impl.impl is not Impl.TORCHTITAN or t == 1 or par.sp or float8 or layers == 0:
@@ -170,7 +174,7 @@ def partial_grad_elements(setup: Setup, layers: int, replicated_ends: int = 0) -
     nbytes = tr.precision.activation_dtype.bytes
     h, attn = m.hidden_size, m.num_heads * m.dim
     w_o = h * attn if rowwise_weight_grad_whole(tokens, h, attn, t, nbytes) else 0
-    w_2 = h * m.ffn if rowwise_weight_grad_whole(tokens, h, m.ffn, t, nbytes) else 0
+    w_2 = h * m.ffn if rowwise_weight_grad_whole(tokens, h, m.ffn, t, nbytes) and not compiled else 0
     return (layers * w_o + (layers - replicated_ends) * w_2) * (t - 1) // t
 
 

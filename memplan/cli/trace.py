@@ -77,7 +77,7 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
     stage under --zero 2/3), its saves per layer, the schedule's holds and its parameters against the
     estimate of that rank. With --compile each block's saves are what torch.compile's partitioner
     (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels (on a
-    torchtitan rank or stage over --tp with --sp: its DTensor blocks).
+    torchtitan rank or stage over --tp: its DTensor blocks).
 
     Example: memplan trace --model 70b --seq 8192 --device cuda
     Example: memplan trace -m llama-3-8b --seq 1024 --impl torchtitan --tp 2 --sp --compile
@@ -157,8 +157,8 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
                 # a FullAC block keeps its input alone, compiled or not
                 raise ValueError(
                     "compile: trace --impl torchtitan --compile over --tp or --dp traces the partitioner's "
-                    "saves without checkpointing or --fp8, over --tp with --sp only (or under "
-                    "--checkpointing full); drop --compile to trace the rank's eager blocks"
+                    "saves without checkpointing (or under --checkpointing full) and without --fp8; drop "
+                    "--compile to trace the rank's eager blocks"
                 )
             return _trace_titan_rank(setup, as_json)
     if setup.impl.compile:

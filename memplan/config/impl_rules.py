@@ -350,15 +350,14 @@ def check_titan_pipeline(setup: Setup) -> None:
     par = setup.parallel
     if par.vpp > 1:
         check_titan_interleaved(setup)
-    # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (tp 1 or tp with SP,
-    # no SelectiveAC, no float8: titan_compiled.compiled_blocks traces a tensor-parallel stage's DTensor
+    # torch.compile's saved set is measured where blocks.profiles.compile_modelled says (any tp, no
+    # SelectiveAC, no float8: titan_compiled.compiled_blocks traces a tensor-parallel stage's DTensor
     # block) and, without pp, for SelectiveAC (compiled_sac: dynamo's selective-checkpoint op, which the
     # stages' partitioned blocks do not run); under FullAC a block keeps its input alone, compiled or not
     # (measure.runs.compiled's NB; float8 too, blocks.profiles.compile_note; the stages run the eager FullAC
     # blocks, titan_vpp), at any tp and cp
     full = setup.strategy.checkpointing is Checkpointing.FULL
     with_compile = {
-        "--tp without --sp": par.tp > 1 and not par.sp and not full,
         "--cp": par.cp > 1 and not full,
         "--checkpointing selective": setup.strategy.checkpointing is Checkpointing.SELECTIVE,
         "--fp8": setup.impl.fp8 is not Fp8Recipe.NONE and not full,
@@ -366,11 +365,10 @@ def check_titan_pipeline(setup: Setup) -> None:
     for name, used in with_compile.items():
         if setup.impl.compile and used:
             but = " (with --checkpointing full it is)" if name != "--checkpointing selective" else ""
-            fix = "add --sp" if name == "--tp without --sp" else f"drop --compile or {name}"
             raise ValueError(
                 f"compile: --impl torchtitan --pp --compile with {name} is not modelled (torch.compile's "
-                f"saved set is measured in pipeline stages at tp 1 or with --sp, cp 1, without SelectiveAC "
-                f"or float8{but}); {fix}"
+                f"saved set is measured in pipeline stages at cp 1, without SelectiveAC or float8{but}); "
+                f"drop --compile or {name}"
             )
     if setup.model.tied_embeddings:
         # torchtitan 0.3.0 models/common/decoder.py update_from_config: NotImplementedError("Weight tying is

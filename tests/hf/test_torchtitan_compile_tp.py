@@ -1,9 +1,8 @@
 """``--impl torchtitan --compile`` on a tensor- or data-parallel rank (issue #22 item 4): each block of the
 rank runs through AOTAutograd's min-cut partitioner as DTensor code on torch's fake process group
 (``measure.distributed.titan_compiled.compiled_blocks``), and its saves equal the estimate's compiled
-rules (``Profile.compiled_block``) on the rank's shards — with sequence parallelism; without it the traced
-graph all-gathers W_O's input for its backward in the forward and saves it (not modelled: the eager saves
-and a note)."""
+rules (``Profile.compiled_block``) on the rank's shards; without sequence parallelism also what W_O's
+backward gathers in the compiled forward."""
 
 from __future__ import annotations
 
@@ -63,14 +62,41 @@ def test_the_partitioners_choice_on_a_sequence_parallel_rank_by_hand() -> None:
     assert estimated_layers(estimate(eager))[0] - run.measured.layer_bytes(0) == dropped
 
 
-def test_without_sequence_parallelism_the_eager_saves_and_a_note() -> None:
-    setup = compiled_rank("tiny", 64, 2, False)
-    assert not compile_modelled(setup)
-    note = compile_note(setup)
-    assert note is not None and "tp 1 (torchtitan: or tp with --sp)" in note
+@pytest.mark.parametrize(
+    ("preset", "seq", "h", "f", "weight"),
+    [("tiny", 64, 64, 128, True), ("llama-3-8b", 256, 4096, 14336, False)],
+    ids=["tiny", "8b"],
+)
+def test_without_sequence_parallelism_w_os_backward_gathers_in_the_forward(
+    preset: str, seq: int, h: int, f: int, weight: bool
+) -> None:
+    """tp 2 without SP (a·d = h): DTensor's cost-picked strategies for W_O's backward all-gather its input
+    [T, a·d] (the weight gradient left ``Partial``) and, on the tiny model, where all-gathering [h, a·d]
+    costs less than all-reducing the [T, h] output gradient, its weight; in the joint graph those gathers
+    run in the forward and are saved (``activations.compiled_tp_gathers``). W2's weight gradient is the
+    shard (its output gradient traced ``Replicate``), where eager leaves the tiny model's ``Partial``."""
+    setup = compiled_rank(preset, seq, 2, False)
+    assert compile_modelled(setup) and compile_note(setup) is None
+    est, run = estimate(setup), measure_titan_rank(setup)
+    assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
+    assert est.activations == run.measured.activations
+    assert est.device.states.gradients == run.grad_bytes
+    with_sp = compiled_rank(preset, seq, 2, True)
+    t, e = seq, 2
+    # beside the SP rank's compiled saves: the norms' inputs and rstd whole (s, not s/2), the gathers
+    norms = 2 * (t * h * e + t * 4) - 2 * ((t // 2) * h * e + (t // 2) * 4)
+    gathered = t * h * e + (h * h * e if weight else 0)
+    assert estimated_layers(est)[0] - estimated_layers(estimate(with_sp))[0] == norms + gathered
+    eager = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": False})})
+    # the eager rank's W2 gradients Partial where whole (the tiny model: f ≤ 2h), 1/2 · h·f more a layer
+    w2 = 2 * (h * f // 2) * e if preset == "tiny" else 0
+    assert estimate(eager).device.states.gradients - est.device.states.gradients == w2
+
+
+def test_compile_over_ranks_under_selective_ac_is_refused_in_one_line() -> None:
     runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
     args = ["trace", "-m", "tiny", "--seq", "64", "--impl", "torchtitan", "--tp", "2", "--compile"]
-    bad = runner.invoke(app, args)
+    bad = runner.invoke(app, [*args, "--sp", "--checkpointing", "selective"])
     assert bad.exit_code == 2 and len(bad.output.strip().splitlines()) == 1, bad.output
-    ok = runner.invoke(app, [*args, "--sp"])
+    ok = runner.invoke(app, args)
     assert ok.exit_code == 0, ok.output

@@ -121,21 +121,23 @@ def test_full_scale_405b_last_rank() -> None:
     assert held(run) == {"pp.recv": ((1, s, h), 15), "pp.logits": ((1, s, v), 1)}
 
 
-def test_tensor_parallel_stage_with_sp_keeps_the_partitioners_saves() -> None:
-    """tp 2 + SP stages (pp 2 × vpp 2, n = 4) FSDP2-sharded over dp 2 under ZeRO-3, compiled: the
-    partitioner traced once on a block's own DTensor parameters (gathered by FSDP2 for it) and a sequence
-    shard's input (``titan_compiled.compiled_blocks``), rank 1 (the head's) exact against its estimate."""
-    setup = sharded(piped(compiled(layers=4), 2, 4, vpp=2, tp=2, sp=True), 2, 3)
+@pytest.mark.parametrize("sp", [True, False], ids=["sp", "no-sp"])
+def test_tensor_parallel_stage_keeps_the_partitioners_saves(sp: bool) -> None:
+    """tp 2 stages (pp 2 × vpp 2, n = 4) FSDP2-sharded over dp 2 under ZeRO-3, compiled: the partitioner
+    traced once on a block's own DTensor parameters (gathered by FSDP2 for it) and a DTensor input
+    (``titan_compiled.compiled_blocks``), rank 1 (the head's) exact against its estimate, with and without
+    SP (without: W_O's input gathered in the forward, ``activations.compiled_tp_gathers``)."""
+    setup = sharded(piped(compiled(layers=4), 2, 4, vpp=2, tp=2, sp=sp), 2, 3)
     traced_exact(estimate(setup), setup, 1)
 
 
-@pytest.mark.parametrize("name", ["--tp without --sp", "--cp", "--checkpointing selective", "--fp8"])
+@pytest.mark.parametrize("name", ["--cp", "--checkpointing selective", "--fp8"])
 def test_unmeasured_compiles_are_refused(name: str) -> None:
     """Where the estimate keeps eager saves under --compile (``blocks.profiles.compile_modelled``) and no
     FullAC makes them the compiled block's, pp refuses it in one line."""
     data = compiled(layers=8, checkpointing="selective" if "selective" in name else "none").model_dump()
     if name == "--fp8":
         data["impl"] = {**data["impl"], "fp8": "rowwise"}
-    tp = {"tp": 2} if name.startswith("--tp") else {"cp": 2} if name == "--cp" else {}
+    tp = {"cp": 2} if name == "--cp" else {}
     with pytest.raises(ValueError, match=f"compile: --impl torchtitan --pp --compile with {name} is not"):
         piped(Setup.model_validate(data), 2, 4, **tp)

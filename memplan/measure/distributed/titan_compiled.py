@@ -19,8 +19,8 @@ Known limitations:
 - NB: a tensor-parallel stage's graph depends on its parameters' DTensor specs: ``compiled_blocks`` traces
   it on a block's own parameters (gathered by FSDP2 for it, ``FSDPModule.unshard``) and a DTensor input
   (``_trace_unsharded``); a tp 1 stage's on plain unsharded tensors.
-- NB: what ``blocks.profiles.compile_modelled`` excludes (tp > 1 without --sp, cp > 1 without FullAC,
-  SelectiveAC, --fp8) is refused with pp (``config.impl_rules.check_titan_pipeline``).
+- NB: what ``blocks.profiles.compile_modelled`` excludes (cp > 1 without FullAC, SelectiveAC, --fp8) is
+  refused with pp (``config.impl_rules.check_titan_pipeline``).
 """
 
 from __future__ import annotations
@@ -102,11 +102,13 @@ def _forward(block: Any, compiled: Any) -> Any:
 
 def block_input(setup: Setup, tp_mesh: Any) -> torch.Tensor:
     """A [b, s, h] block input like the step's, to trace a block on: under tp the plan hands a block its
-    input as a DTensor on the sequence shard (``--sp``: ``Shard(1)``, [b, s/t, h] local) on ``tp_mesh``."""
-    t, h, tp = setup.training, setup.model.hidden_size, setup.parallel.tp
-    x = torch.empty(t.micro_batch, t.seq_len // tp, h, dtype=activation_dtype(setup))
-    if tp == 1:
+    input as a DTensor on ``tp_mesh``, on the sequence shard with ``--sp`` (``Shard(1)``, [b, s/t, h]
+    local), else whole (``Replicate()``)."""
+    t, h, par = setup.training, setup.model.hidden_size, setup.parallel
+    tokens = t.seq_len // par.tp if par.sp else t.seq_len
+    x = torch.empty(t.micro_batch, tokens, h, dtype=activation_dtype(setup))
+    if par.tp == 1:
         return x
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Replicate, Shard
 
-    return DTensor.from_local(x, tp_mesh, [Shard(1)], run_check=False)
+    return DTensor.from_local(x, tp_mesh, [Shard(1) if par.sp else Replicate()], run_check=False)
