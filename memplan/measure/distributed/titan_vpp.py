@@ -60,7 +60,7 @@ from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 from memplan.config import Checkpointing, Setup
 from memplan.measure.distributed.instruments import local
 from memplan.measure.distributed.pipeline import InFlightRecorder
-from memplan.measure.distributed.titan import fake_world, meta_model, parallelize_part, split_part
+from memplan.measure.distributed.titan import compiles, fake_world, meta_model, parallelize_part, split_part
 from memplan.measure.distributed.titan_compiled import block_input, compiled_blocks
 from memplan.measure.distributed.titan_peak import PeakTracker, fsdp2_resizes, propagation_unseen
 from memplan.measure.distributed.titan_pp import (
@@ -208,7 +208,7 @@ def measure_titan_pipeline(
                     hooks.enter_context(_scoped(block, int(key)))
             if setup.strategy.checkpointing is Checkpointing.SELECTIVE:
                 hooks.enter_context(hold_sac(blocks))
-            if setup.impl.compile and setup.strategy.checkpointing is Checkpointing.NONE:
+            if compiles(setup):  # the stages' blocks through the partitioner (``titan.compiles``)
                 mesh = dims.get_mesh("tp") if tp > 1 and dims is not None else None
                 hooks.enter_context(compiled_blocks(blocks, block_input(setup, mesh)))
             if cp > 1:
