@@ -166,6 +166,23 @@ def test_suggestions_leave_out_what_is_already_set() -> None:
     assert ["--checkpointing", "full"] not in kinds and ["--optimizer", "adamw-8bit"] not in kinds
 
 
+def test_one_gpu_with_full_checkpointing_is_not_zero_3_over_one() -> None:
+    """QLoRA on Llama 3 8B at 4,096 tokens does not fit one RTX 4090 as typed, and fits it with full
+    checkpointing: the count is one GPU, over which ZeRO-3 shards nothing, so no suggestion says
+    ``--zero 3 --dp 1`` ("shard … over 1 data-parallel GPUs" before); full checkpointing is suggested once,
+    and the fit search is "on 1 GPU"."""
+    doc = _json("-m", "8b", "--seq", "4096", "--finetune", "qlora", "--gpu", "rtx-4090")
+    v = doc["verdict"]
+    (count,) = [c for c in v["counts"] if c["gpu"] == "rtx-4090"]
+    assert not v["fits"] and (count["dp"], count["args"]) == (1, ["--checkpointing", "full"])
+    found = v["suggestions"]
+    assert not any("--zero" in s["command"] for s in found)
+    assert [s["args"] for s in found].count(["--checkpointing", "full"]) == 1
+    full = next(s for s in found if s["args"] == ["--checkpointing", "full"])
+    assert full["fits"] and full["peak"] == count["peak"]
+    assert found[-1]["why"].endswith(" on 1 GPU")
+
+
 def test_a_step_that_fits_names_the_smallest_preset_and_its_free_memory() -> None:
     doc = _json("--model", "gpt2")
     v = doc["verdict"]

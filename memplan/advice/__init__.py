@@ -237,14 +237,15 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
     """Every suggestion that lowers the peak, estimated; the ZeRO-3 count first, then by peak."""
     peak = r.device.peak.bytes
     out: list[Suggestion] = []
-    if count.dp is not None:
-        full = "full" in count.args
-        if not count.args:  # fits as it is on one GPU of this size: nothing to suggest
-            return []
+    if count.dp is not None and not count.args:  # fits as it is on one GPU of this size: nothing to suggest
+        return []
+    # over one GPU ZeRO-3 shards nothing: the count is then full checkpointing alone, which the one-option
+    # suggestions below hold (its own command, without ``--zero 3 --dp 1``)
+    if count.dp is not None and count.dp > 1:
         out.append(
             Suggestion(
                 args=count.args,
-                command=["memplan", "estimate", *flags(_zero3(o, r, count.dp, full))],
+                command=["memplan", "estimate", *flags(_zero3(o, r, count.dp, "full" in count.args))],
                 peak=count.peak,
                 fits=True,
                 devices=count.devices or 0,
@@ -293,7 +294,7 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
             peak=got[0],
             fits=True,
             devices=gpus,
-            why=f"the fastest layouts (tp, pp, dp, ZeRO, checkpointing) on {gpus} GPUs",
+            why=f"the fastest layouts (tp, pp, dp, ZeRO, checkpointing) on {gpus} GPU{'s' * (gpus > 1)}",
         )
     ]
 
