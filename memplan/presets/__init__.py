@@ -192,6 +192,14 @@ class GpuPreset(_Preset):
         description="the total cudaMemGetInfo reports (bytes), measured on the GPU, with its source in the "
         "file: what a process can allocate at most, where it is below nvidia-smi's total (device_mib)",
     )
+    matmul_best: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="the best 16-bit matmul measured on this GPU / its dense bf16 peak (a published sweep of "
+        "shapes, cited in the file): the most any of its GEMMs reaches; the step caps MATMUL at it "
+        "(time/efficiency.py); absent: MATMUL uncapped",
+    )
     compute_capability: str | None = Field(
         default=None,
         pattern=r"^\d+\.\d+$",

@@ -10,6 +10,12 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   torch 2.6–2.7, CUDA 12.6) reaches 794.5 of 989 TFLOP/s on H100 SXM (80.3 %) and 271.2 of 312 on A100 SXM
   (86.9 %) (S. Bekman, ml-engineering, compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
   comparison table"); the H100's, the lower, for every GPU: a training step's shapes are not the best one.
+  Capped at each GPU's own row of that table where it is lower (``GpuPreset.matmul_best``, ``matmul``): a
+  GEMM cannot run above the best shape a sweep found on its GPU. The table's later BF16 rows: B300 78.6 %
+  (torch 2.9.1+cu130), B200 77.6 % (2.7.1+cu128), GB200 72.9 % (2.10.0.dev+cu130), MI300X 51.4 %
+  (2.5.1, ROCm 6.3, TunableOp); the cap binds on these four (H100 and H200, "the same", at 80.3 %, A100 at
+  86.9 %, do not). Chosen with the held-out runs in view (docs/step-time.md: the Blackwell rows predicted
+  too fast), the source's figures, not adjusted.
 - ``MATMUL_FP8`` 0.709: the same table's float8 (``float8_e4m3fn``) sweep: 1402.6 of 1979 TFLOP/s on H100
   SXM (70.9 %, torch 2.7.0+cu126), H200 73.4 %, GH200 77.6 %, B200 76.3 %, B300 74.5 %, GB200 72.3 %; the
   H100's, the lowest of the NVIDIA rows, for every GPU (as ``MATMUL`` takes the H100's) — the layers' GEMMs
@@ -308,8 +314,12 @@ def launch_gap(gpu: GpuPreset) -> float:
 
 
 def matmul(gpu: GpuPreset) -> float:
-    """``MATMUL``, or what ``memplan calibrate`` measured on the device."""
-    return gpu.calibrated.matmul if gpu.calibrated else MATMUL
+    """What ``memplan calibrate`` measured on the device, else ``MATMUL`` capped at the GPU's own best
+    measured matmul (``GpuPreset.matmul_best``: no GEMM runs faster than the best shape of a sweep on that
+    GPU; module docstring)."""
+    if gpu.calibrated:
+        return gpu.calibrated.matmul
+    return MATMUL if gpu.matmul_best is None else min(MATMUL, gpu.matmul_best)
 
 
 def memory(gpu: GpuPreset) -> float:

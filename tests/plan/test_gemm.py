@@ -4,8 +4,10 @@ rows·cols / (waves·SMs·Tm·Tn), the best of the 256×128, 128×256 and 128×1
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import replace
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -16,7 +18,7 @@ from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
 from memplan.config import ImplConfig, LossKind, Parallel, Setup, TrainingConfig
 from memplan.config.impl import Fp8Recipe, Impl
-from memplan.presets import load_gpu, load_model_preset
+from memplan.presets import Calibration, load_gpu, load_model_preset
 from memplan.time import efficiency as eff
 from memplan.time import gemm
 from memplan.time.gemm import Gemm
@@ -198,6 +200,31 @@ def test_every_shipped_gpu_states_its_sms() -> None:
         "rtx-4090",
     ]
     assert [load_gpu(n).sms for n in names] == [108, 108, 132, 132, 148, 148, 152, 152, 142, 304, 128]
+
+
+GPUS = Path(__file__).parents[2] / "presets" / "gpus"
+
+
+@pytest.mark.parametrize(
+    ("name", "best"),
+    [("a100-80gb", 0.869), ("h100-sxm", 0.803), ("b200", 0.776), ("gb200", 0.729), ("mi300x", 0.514)],
+)
+def test_the_matmul_rate_is_capped_at_the_gpus_own_best(name: str, best: float) -> None:
+    """``MATMUL`` (0.80, the H100's best shape) capped at the GPU's own best measured matmul (the "Maximum
+    Achievable Matmul FLOPS" table's BF16 row, in the preset file): GB200 72.9 %, B200 77.6 %, MI300X
+    51.4 % bind; A100's 86.9 % and H100's 80.3 % do not. Every GEMM's time scales by 0.80 / the cap: the
+    same step on the GPU without the field (uncapped) has its matmul seconds × best / 0.80."""
+    stated = tomllib.loads((GPUS / f"{name}.toml").read_text())["matmul_best"]
+    assert stated == best and eff.MATMUL == 0.80
+    gpu = load_gpu(name)
+    assert eff.matmul(gpu) == min(0.80, best)
+    setup = Setup(model=load_model_preset("llama-3-8b").model, training=TrainingConfig(seq_len=4096))
+    capped = timing(plan(setup), gpu).prediction
+    uncapped = timing(plan(setup), gpu.model_copy(update={"matmul_best": None})).prediction
+    assert capped.matmul_s == pytest.approx(uncapped.matmul_s * 0.80 / min(0.80, best), rel=1e-12)
+    # a calibrated device's own measurement replaces both
+    calibrated = gpu.model_copy(update={"calibrated": Calibration(matmul=0.9, memory=0.8)})
+    assert eff.matmul(calibrated) == 0.9
 
 
 def test_the_published_22b_matmul_time_by_hand() -> None:
