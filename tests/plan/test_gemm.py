@@ -212,8 +212,9 @@ GPUS = Path(__file__).parents[2] / "presets" / "gpus"
 def test_the_matmul_rate_is_capped_at_the_gpus_own_best(name: str, best: float) -> None:
     """``MATMUL`` (0.80, the H100's best shape) capped at the GPU's own best measured matmul (the "Maximum
     Achievable Matmul FLOPS" table's BF16 row, in the preset file): GB200 72.9 %, B200 77.6 %, MI300X
-    51.4 % bind; A100's 86.9 % and H100's 80.3 % do not. Every GEMM's time scales by 0.80 / the cap: the
-    same step on the GPU without the field (uncapped) has its matmul seconds × best / 0.80."""
+    51.4 % bind; A100's 86.9 % and H100's 80.3 % do not. Llama 3 8B at T = 4,096 on one GPU: every GEMM is
+    compute-bound (above the ridge at either rate), so its seconds scale by 0.80 / the cap against the same
+    GPU without the field (uncapped)."""
     stated = tomllib.loads((GPUS / f"{name}.toml").read_text())["matmul_best"]
     assert stated == best and eff.MATMUL == 0.80
     gpu = load_gpu(name)
