@@ -12,10 +12,11 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   comparison table"); the H100's, the lower, for every GPU: a training step's shapes are not the best one.
   Capped at each GPU's own row of that table where it is lower (``GpuPreset.matmul_best``, ``matmul``): a
   GEMM cannot run above the best shape a sweep found on its GPU. The table's later BF16 rows: B300 78.6 %
-  (torch 2.9.1+cu130), B200 77.6 % (2.7.1+cu128), GB200 72.9 % (2.10.0.dev+cu130), MI300X 51.4 %
-  (2.5.1, ROCm 6.3, TunableOp); the cap binds on these four (H100 and H200, "the same", at 80.3 %, A100 at
-  86.9 %, do not). Chosen with the held-out runs in view (docs/step-time.md: the Blackwell rows predicted
-  too fast), the source's figures, not adjusted.
+  (torch 2.9.1+cu130), B200 77.6 % (2.7.1+cu128), GB200 72.9 % (2.10.0.dev+cu130), MI300X 51.4 % of
+  1,300 (2.5.1, ROCm 6.3, TunableOp; 668.4 TFLOP/s, 0.511 of its preset's 1,307.4): each preset holds the
+  measured TFLOP/s over its own peak. The cap binds on these four (H100 and H200, "the same", at 80.3 %,
+  A100 at 86.9 %, do not). Chosen with the held-out runs in view (docs/step-time.md: the Blackwell rows
+  predicted too fast), the source's figures, not adjusted.
 - ``MATMUL_FP8`` 0.709: the same table's float8 (``float8_e4m3fn``) sweep: 1402.6 of 1979 TFLOP/s on H100
   SXM (70.9 %, torch 2.7.0+cu126), H200 73.4 %, GH200 77.6 %, B200 76.3 %, B300 74.5 %, GB200 72.3 %; the
   H100's, the lowest of the NVIDIA rows, for every GPU (as ``MATMUL`` takes the H100's) — the layers' GEMMs
