@@ -10,6 +10,7 @@ from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops,
 from memplan.render.fitted import Col, Fitted
 
 if TYPE_CHECKING:
+    from memplan.time.predict import Prediction
     from memplan.time.timing import Timing
 
 _BASIS = {
@@ -36,9 +37,14 @@ _PARTS = {
 }
 
 
-def _part_text(name: str, wave: float) -> str:
+def _part_text(name: str, pr: Prediction) -> str:
     if name == "matmul":
-        return f"linears and the head at their achievable peak × {wave:.1%} (waves, memory-bound shapes)"
+        fp8 = pr.fp8_matmul_fraction
+        layers = f" (--fp8's layers: {fp8:.1%} of the FP8 peak)" if fp8 is not None else ""
+        return (
+            f"linears and the head at the best shape's {pr.matmul_fraction:.1%} of the peak{layers} × "
+            f"{pr.matmul_wave_efficiency:.1%} (waves, memory-bound shapes)"
+        )
     return _PARTS.get(name, "communication no compute hides")
 
 
@@ -70,7 +76,7 @@ def time_table(t: Timing) -> Fitted:
     always = {"matmul", "attention", "element-wise", "optimizer"}
     for name, seconds in pr.parts().items():
         if seconds or name in always or name.endswith(" exposed"):
-            rows.append((f"  {name}", _seconds(seconds), _part_text(name, pr.matmul_wave_efficiency)))
+            rows.append((f"  {name}", _seconds(seconds), _part_text(name, pr)))
     for cells in rows:
         table.add(*cells)
     return table

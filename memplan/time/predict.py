@@ -50,7 +50,7 @@ from memplan.engine import Result
 from memplan.presets import GpuPreset, Topology
 from memplan.strategies.context_parallel import block_shares
 from memplan.strategies.pipeline_parallel import warmup_forwards
-from memplan.time import dp_copies, efficiency, offload
+from memplan.time import dp_copies, efficiency, fp8, offload
 from memplan.time.calibration import calibrated_topology
 from memplan.time.comm.collectives import ROWS, communication
 from memplan.time.comm.dp import dp_rows
@@ -82,6 +82,11 @@ class Prediction(BaseModel):
     quantization of their shapes, and the memory-bound ones' bytes, leave of the best shape's speed
     (``gemm``); ``--fp8``'s layers measured against the FP8 peak they run at (before, against the bf16
     peak: above 1)."""
+    matmul_fraction: float
+    """The best shape's fraction of the dense 16-bit peak the GEMMs run at (``efficiency.matmul``:
+    ``MATMUL`` capped at the GPU's own best measured matmul, or what ``memplan calibrate`` measured)."""
+    fp8_matmul_fraction: float | None
+    """``--fp8``'s layers: the best shape's fraction of the FP8 peak (``MATMUL_FP8``); None without it."""
     attention_s: float
     elementwise_s: float
     compute_s: float
@@ -336,6 +341,8 @@ def predict(p: Result, gpu: GpuPreset, peak: float, shared: Unstaged | None = No
         stage_layers=c.layers,
         matmul_s=float(n * (forward.matmul_s + backward.matmul_s)),
         matmul_wave_efficiency=float(wave_efficiency(forward, backward)),
+        matmul_fraction=float(efficiency.matmul(gpu)),
+        fp8_matmul_fraction=float(efficiency.MATMUL_FP8) if fp8.enabled(p.setup) else None,
         attention_s=float(n * (forward.attention_s + backward.attention_s)),
         elementwise_s=float(n * (forward.elementwise_s + backward.elementwise_s)),
         compute_s=float(compute),

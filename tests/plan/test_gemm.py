@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 from memplan.analytic.flops import layer_linear_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
+from memplan.cli.app import app
 from memplan.config import ImplConfig, LossKind, Parallel, Setup, TrainingConfig
 from memplan.config.impl import Fp8Recipe, Impl
 from memplan.presets import Calibration, load_gpu, load_model_preset
@@ -223,9 +225,27 @@ def test_the_matmul_rate_is_capped_at_the_gpus_own_best(name: str, best: float) 
     capped = timing(plan(setup), gpu).prediction
     uncapped = timing(plan(setup), gpu.model_copy(update={"matmul_best": None})).prediction
     assert capped.matmul_s == pytest.approx(uncapped.matmul_s * 0.80 / min(0.80, best), rel=1e-12)
+    # the prediction says the rate (--json's time.predicted; the step table's matmul row)
+    assert (capped.matmul_fraction, capped.fp8_matmul_fraction) == (min(0.80, best), None)
     # a calibrated device's own measurement replaces both
     calibrated = gpu.model_copy(update={"calibrated": Calibration(matmul=0.9, memory=0.8)})
     assert eff.matmul(calibrated) == 0.9
+
+
+def test_the_step_table_says_the_matmul_rate() -> None:
+    """The matmul row names its rate: GB200's cap (72.9 % of its peak), and under ``--fp8`` the layers'
+    ``MATMUL_FP8`` of the FP8 peak beside the 16-bit GEMMs' 80.0 % on an H100."""
+    run = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    gb200 = run.invoke(app, ["estimate", "-m", "8b", "--gpu", "gb200"])
+    assert (
+        gb200.exit_code == 0
+        and "linears and the head at the best shape's 72.9% of the peak ×" in gb200.stdout
+    )
+    fp8 = run.invoke(app, ["estimate", "-m", "8b", "--gpu", "h100", "--fp8", "tensorwise"])
+    text = (
+        "linears and the head at the best shape's 80.0% of the peak (--fp8's layers: 70.9% of the FP8 peak) ×"
+    )
+    assert fp8.exit_code == 0 and text in fp8.stdout
 
 
 def test_the_published_22b_matmul_time_by_hand() -> None:
