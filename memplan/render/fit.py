@@ -15,6 +15,7 @@ from memplan.render.fitted import Col, Fitted
 from memplan.search.command import impl_args
 from memplan.search.fit import Family, FitResult, estimate_command
 from memplan.search.methods import SAVERS
+from memplan.search.results import Outcome
 
 
 def _plain(families: list[Family]) -> bool:
@@ -95,7 +96,7 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
     for m in r.methods:
         name = m.finetune.method.name.lower()
         if m.best is None:
-            out.append(Text(f"  {name}: does not fit, even with every saver", style="red"))
+            out.append(Text(f"  {name}: does not fit, {_unsearched(m)}", style="red"))
             continue
         b = m.best
         savers = SAVERS[b.family.saver].label()
@@ -108,6 +109,21 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
             )
         )
     return out
+
+
+def _unsearched(m: Outcome) -> str:
+    """Which savers a method that fits nothing was searched with, and why not the others: every one, or
+    those memplan models for it (fine-tuning: none, ``check_finetune``; offload: the node's host memory)."""
+    if len(m.levels) == len(SAVERS):
+        return "even with every saver"
+    tried = "without savers" if m.levels in ((), (0,)) else "with " + SAVERS[m.levels[-1]].label()
+    if not m.finetune.trains_everything:
+        why = f"memplan models {m.finetune.method.name.lower()} without offload or loss variants"
+    elif m.no_host:
+        why = "offload needs the node's host memory: this GPU preset states none; give --host-memory GiB"
+    else:
+        why = "the other savers are not modelled for it"
+    return f"{tried} ({why})"
 
 
 def _family_columns(plain: bool) -> list[Col]:

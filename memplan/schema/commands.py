@@ -22,7 +22,7 @@ import copy
 from typing import Any
 
 from memplan.schema.estimate import estimate_schema
-from memplan.schema.parts import BYTES, COUNT, NAME, POSITIVE, SCHEMA_DRAFT, SECONDS, obj
+from memplan.schema.parts import BYTES, COUNT, NAME, POSITIVE, SCHEMA_DRAFT, SECONDS, described, obj
 
 COMMANDS = ("estimate", "compare", "fit", "trace", "profile")
 """The commands with ``--json`` output, in the order ``memplan schema --command`` lists them."""
@@ -128,8 +128,13 @@ _FIT = obj(
                     "peak": _BYTES,
                     "tokens_per_s": _RATE,
                     "trainable": COUNT,
+                    "savers_searched": described(
+                        {"type": "array", "items": {"type": "string"}},
+                        "the saver levels searched for the method (fine-tuning: none; offload: with the "
+                        "node's host memory)",
+                    ),
                 },
-                required=["method", "fits"],
+                required=["method", "fits", "savers_searched"],
             ),
         },
         "rejected": {"type": "array", "items": {"allOf": [_FAMILY, obj({"fit": _VERDICT_REF})]}},

@@ -137,6 +137,13 @@ _PREDICTED = obj(
         "stage_layers": COUNT,
         "matmul_s": SECONDS,
         "matmul_wave_efficiency": FRACTION,
+        "matmul_fraction": described(
+            FRACTION, "the best shape's fraction of the dense 16-bit peak the GEMMs run at (capped per GPU)"
+        ),
+        "fp8_matmul_fraction": described(
+            {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+            "--fp8's layers: the best shape's fraction of the FP8 peak; null without --fp8",
+        ),
         "attention_s": SECONDS,
         "elementwise_s": SECONDS,
         "compute_s": SECONDS,

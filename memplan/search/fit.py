@@ -144,15 +144,19 @@ def fit(
         if mfu is None and space.keep
         else None
     )
+    levels: dict[FineTune, list[int]] = {}  # per method, the saver levels with a configuration memplan models
+    no_host: set[FineTune] = set()
     with no_cycle_collection():
         for ft in finetunes or (base.finetune,):
             for level, saver in enumerate(SAVERS):
                 if saver.offload and gpu.host_memory_gib is None:
+                    no_host.add(ft)
                     break  # offload needs the node's host memory (the preset's or --host-memory) to judge
                 before = len(result.fitting)
-                _search_level(
+                if _search_level(
                     result, with_method(base, ft, saver), ft, level, gpus, space, mfu, bound, every, shortcuts
-                )
+                ):
+                    levels.setdefault(ft, []).append(level)
                 if len(result.fitting) > before:
                     break
             fits_plainly = any(c.family.finetune == ft and c.family.saver == 0 for c in result.fitting)
@@ -163,7 +167,12 @@ def fit(
         r.family.finetune: None for r in result.rejected
     }
     result.methods = [
-        Outcome(ft, next((c for c in result.fitting if c.family.finetune == ft), None))
+        Outcome(
+            ft,
+            next((c for c in result.fitting if c.family.finetune == ft), None),
+            tuple(levels.get(ft, ())),
+            ft in no_host,
+        )
         for ft in finetunes or (base.finetune,)
         if ft in searched
     ]
@@ -220,13 +229,14 @@ def _search_level(
     bound: Bound | None,
     every: list[Layout],
     shortcuts: bool = True,
-) -> None:
+) -> bool:
     """Every layout, checkpointing and attention of method ``ft`` at saver ``level`` (``base`` carries
     both); context parallelism (flash attention only) with every layout, not only when nothing fits
     without it: it may be faster (fewer micro-batches per data-parallel rank, a smaller bubble). Searched
     best-first (``families.search``). ``every``: ``every_layout`` of the search's base on the GPU's nodes —
     ``layouts`` reads the model, the sequence and the implementation, which no method or saver changes —
-    of which the context-parallel degrees searched here are kept, in its order."""
+    of which the context-parallel degrees searched here are kept, in its order. Returns whether the level
+    held any configuration memplan models (``methods.valid``)."""
     flash = Attention.FLASH in space.attention and ft.trains_everything
     degrees = {1, *(context_degrees(base, gpus, space) if flash else [])}
     candidates = [
@@ -246,3 +256,4 @@ def _search_level(
     ]
     cutoff = result.cutoffs.setdefault((ft, level), Cutoff(space.keep if bound is not None else 0))
     search(result, triples, bound, cutoff, shortcuts)
+    return any(t.families for t in triples)

@@ -19,8 +19,10 @@ when level k fits nothing. Fine-tuning (LoRA, QLoRA) runs at level 0 on data-par
 models it without tensor, pipeline or context parallelism, offload or loss variants
 (``config.finetune_rules.check_finetune``).
 
-NB: the step time does not count offload's PCIe transfers and CPU optimizer step, so configurations are
-ranked by method, then saver level, then predicted throughput: a saver is used only when it is needed.
+Configurations are ranked by method, then saver level, then predicted throughput (``Config.sort_key``): a
+saver is used only when it is needed, though the step time counts what it costs (offload's host-link
+copies and the CPU optimizer step, ``time.offload``). A method that fits nothing says which levels were
+searched (``Outcome.levels``: fine-tuning's level 0 alone; offload's only with the node's host memory).
 """
 
 from __future__ import annotations

@@ -130,9 +130,16 @@ class Outcome:
 
     finetune: FineTune
     best: Config | None
+    levels: tuple[int, ...] = ()
+    """The saver levels searched for it (``methods.SAVERS``' indices) that held a configuration memplan
+    models: fine-tuning runs at level 0 alone (``check_finetune``), and offload's levels need the node's
+    host memory."""
+    no_host: bool = False
+    """Offload's levels were not searched: the GPU preset states no host memory (``--host-memory``)."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}
+        out["savers_searched"] = [SAVERS[k].label() for k in self.levels]
         if self.best is not None:
             b = self.best
             out |= {
