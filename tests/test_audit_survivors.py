@@ -29,9 +29,10 @@ runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 # 32 heads of 128, 8 kv heads, 8 experts of ffn 14336 (SwiGLU: w1, w3 [h, f], w2 [f, h]), v 32000, untied.
 H, L, F, E, V, KV = 4096, 32, 14336, 8, 32000, 8 * 128
 
-# H100 SXM's preset: NVLink 450 GB/s per direction, 1.5 µs per ring step inside a node of 8; the network
-# fraction of an intra-node link, 0.67 (time/efficiency.py NETWORK_INTRA, its cited figure).
-NVLINK, ALPHA, NET = 450e9, 1.5e-6, 0.67
+# H100 SXM's preset: NVLink 4, 1.5 µs per ring step inside a node of 8; NCCL's ring runs on it at 370 GB/s
+# per direction (the preset's intra_node_busbw_gbps: "an effective NVLink bandwidth of 370GB/s",
+# NVIDIA/nccl-tests issue #212), of the link's 450.
+RING, ALPHA = 370e9, 1.5e-6
 
 
 def estimate_json(*args: str) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def estimate_json(*args: str) -> dict[str, Any]:
 
 def all_reduce_s(nbytes: int, n: int) -> float:
     """Ring all-reduce: 2(n−1)/n · B/β + 2(n−1)·α (Patarasuk & Yuan 2009)."""
-    return 2 * (n - 1) / n * nbytes / (NVLINK * NET) + 2 * (n - 1) * ALPHA
+    return 2 * (n - 1) / n * nbytes / RING + 2 * (n - 1) * ALPHA
 
 
 # ----------------------------------------------------------------------------------------------------

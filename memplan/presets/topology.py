@@ -37,6 +37,14 @@ class Topology(BaseModel):
     inter_node_gbps: float = Field(gt=0, description="per GPU, per direction, GB/s, between nodes")
     inter_node_latency_us: float = Field(ge=0, description="per ring step between nodes, µs")
     source: str = Field(min_length=1, description="where the figures come from")
+    intra_node_busbw_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="NCCL's achieved bus bandwidth of a ring inside the node (what nccl-tests reports as "
+        "busbw for the non-all-reduce collectives, or with NCCL_ALGO=RING), GB/s per GPU and direction, "
+        "sourced in the file; the collectives inside a node run at it (time.calibration."
+        "calibrated_topology); absent: intra_node_gbps × NETWORK_INTRA",
+    )
 
     def with_overrides(
         self, gpus_per_node: int | None, intra_node_gbps: float | None, inter_node_gbps: float | None
@@ -52,7 +60,7 @@ class Topology(BaseModel):
             raise ValueError(
                 f"gpus-per-node: must be at least 1, got {gpus_per_node}; e.g. --gpus-per-node 8"
             )
-        update = {
+        update: dict[str, object] = {
             k: v
             for k, v in (
                 ("gpus_per_node", gpus_per_node),
@@ -61,4 +69,6 @@ class Topology(BaseModel):
             )
             if v is not None
         }
+        if intra_node_gbps is not None:  # the preset's measured bus bandwidth was of its own link
+            update["intra_node_busbw_gbps"] = None
         return self.model_copy(update=update)

@@ -66,13 +66,17 @@ def calibration(
 
 
 def calibrated_topology(gpu: GpuPreset) -> Topology:
-    """The topology the collectives run on: a measured intra-node fraction scales ``intra_node_gbps`` so
-    that ``comm``'s ``NETWORK_INTRA`` × it is the measured bus bandwidth."""
-    c = gpu.calibrated
-    if c is None or c.network_intra is None:
-        return gpu.topology
-    scaled = gpu.topology.intra_node_gbps * c.network_intra / NETWORK_INTRA
-    return gpu.topology.model_copy(update={"intra_node_gbps": scaled})
+    """The topology the collectives run on: a measured intra-node bus bandwidth — ``memplan calibrate``'s
+    fraction, else the preset's sourced ``intra_node_busbw_gbps`` — scales ``intra_node_gbps`` so that
+    ``comm``'s ``NETWORK_INTRA`` × it is that bus bandwidth."""
+    c, topo = gpu.calibrated, gpu.topology
+    if c is not None and c.network_intra is not None:
+        scaled = topo.intra_node_gbps * c.network_intra / NETWORK_INTRA
+    elif topo.intra_node_busbw_gbps is not None:
+        scaled = topo.intra_node_busbw_gbps / NETWORK_INTRA
+    else:
+        return topo
+    return topo.model_copy(update={"intra_node_gbps": scaled})
 
 
 def preset_text(base: str, name: str, c: Calibration) -> str:

@@ -31,7 +31,9 @@ checked, also with the runs in view, and are the sources' figures, not fitted on
   device-to-device copy or STREAM triad on A100/H100; not re-checked against a stored measurement).
 - ``NETWORK_INTRA`` 0.67: nccl-tests ``all_reduce_perf`` bus bandwidth on 8 A100-SXM4-80GB over NVLink
   plateaus at ≈ 200 GB/s of the 300 GB/s per direction (NVIDIA/nccl-tests issue #149, 2023; issue #178
-  reports 208 GB/s on an NVLink pair).
+  reports 208 GB/s on an NVLink pair). Where a preset states NCCL's measured ring bandwidth of its own link
+  (``Topology.intra_node_busbw_gbps``: NVLink 4, 370 of 450 GB/s, NVIDIA/nccl-tests issue #212, NCCL's
+  maintainer), that replaces it (``calibration.calibrated_topology``); chosen with the Llama 3 runs in view.
 - ``NETWORK_INTER`` 0.85: nccl-tests ``all_reduce_perf`` over 3 nodes of 8 A100-SXM4-40GB with 4 × 200 Gb/s
   HDR per node (100 GB/s per node and direction) averages 84.8 GB/s, peaking at 96 (NVIDIA/nccl-tests
   issue #119, 2022).
@@ -69,7 +71,7 @@ sequence) runs at ``MATMUL`` × its wave efficiency, from wave and tile quantiza
 computing them, and not changed after).
 
 NB: one fraction per class for every GPU: FP8 and newer attention kernels (FlashAttention-3) run above
-``ATTENTION``; H100's NVLink (with NVLS) may reach a different fraction than A100's. ``MATMUL`` is a
+``ATTENTION``; H100's NVLink SHARP (NVLS) all-reduce runs above the ring's bus bandwidth. ``MATMUL`` is a
 sweep's best, not a sustained rate: one large bf16 GEMM back to back for 4 s on the lent H200 held
 673 TFLOP/s (0.68) at the 700 W limit (1,440 MHz; 817 TFLOP/s at 1,740 MHz with zeros, docs/gpu-profile.md).
 Not adopted: at 0.68 the Llama 3 H100 runs (docs/step-time.md) would move −4.8 → −6.4, −11.1 → −13.6

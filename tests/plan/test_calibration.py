@@ -104,3 +104,21 @@ def test_a_calibrated_length_curve_sets_the_flash_kernel(tmp_path: Path) -> None
     ratio = (4 / 0.30 + 10 / 0.20) / (4 / (0.35 * 0.274 / 0.351) + 10 / (0.32 * 0.231 / 0.327))
     assert cal["attention"] == pytest.approx(base["attention"] * ratio, rel=1e-12)
     assert load_gpu(_write(tmp_path, Calibration(matmul=0.8, memory=0.8, attention_curve=curve))).calibrated
+
+
+def test_the_intra_node_bus_bandwidth_calibrate_then_the_presets_then_network_intra() -> None:
+    """The collectives inside a node run at: ``memplan calibrate``'s measured all-reduce fraction of the
+    link; else the preset's NCCL ring bandwidth (H100: 370 GB/s, "an effective NVLink bandwidth of 370GB/s",
+    NVIDIA/nccl-tests issue #212); else ``NETWORK_INTRA`` 0.67 × the link (A100's 300 GB/s: 201). The
+    topology ``calibrated_topology`` returns carries each as ``intra_node_gbps`` × 0.67. ``--intra-node-bw``
+    replaces the link, and the preset's figure of the old link goes with it."""
+    from memplan.time.calibration import calibrated_topology
+
+    h100, a100 = load_gpu("h100-sxm"), load_gpu("a100-80gb")
+    assert (h100.topology.intra_node_busbw_gbps, a100.topology.intra_node_busbw_gbps) == (370, None)
+    assert calibrated_topology(h100).intra_node_gbps * eff.NETWORK_INTRA == pytest.approx(370, rel=1e-12)
+    assert calibrated_topology(a100).intra_node_gbps == 300
+    measured = h100.model_copy(update={"calibrated": Calibration(matmul=0.8, memory=0.8, network_intra=0.5)})
+    assert calibrated_topology(measured).intra_node_gbps * eff.NETWORK_INTRA == pytest.approx(450 * 0.5)
+    overridden = h100.topology.with_overrides(None, 600, None)
+    assert (overridden.intra_node_gbps, overridden.intra_node_busbw_gbps) == (600, None)

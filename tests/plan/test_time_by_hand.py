@@ -5,9 +5,9 @@ untied), seq 64, micro-batch 1, bf16-mixed AdamW, flash attention, tp 2 × dp 2 
 The figures the CLI prints (``memplan estimate --gpu``: step time, tokens/s, MFU, HFU, bubble, model and
 hardware FLOPs, peak per device, the predicted parts; the communication rows; ``compare``'s step time,
 tokens/s, MFU and FLOPs/step) are the JSON's; each is asserted against a derivation from the config, the
-GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, MEMORY 0.80, NETWORK_INTRA 0.67;
-FlashAttention-2 on Hopper FA2_HOPPER 0.35, its backward 0.32; LAUNCH_GAP_S 1.1 µs), never against
-memplan's own functions.
+GPU preset and the cited constants of time/efficiency.py (MATMUL 0.80, MEMORY 0.80; FlashAttention-2 on
+Hopper FA2_HOPPER 0.35, its backward 0.32; LAUNCH_GAP_S 1.1 µs) and the preset's NCCL ring bandwidth on
+NVLink 4 (370 GB/s, presets/gpus/h100-sxm.toml), never against memplan's own functions.
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from memplan.cli.app import app
 runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
 ARGS = ("-m", "tiny", "--seq", "64", "--gpu", "h100-sxm", "--tp", "2", "--dp", "2", "--gpus", "4")
 
-# H100 SXM (its preset, NVIDIA's datasheet): dense bf16 989.5 TFLOP/s, 132 SMs, HBM 3.35 TB/s, NVLink
-# 450 GB/s per direction, 1.5 µs per ring step.
-PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
+# H100 SXM (its preset, NVIDIA's datasheet): dense bf16 989.5 TFLOP/s, 132 SMs, HBM 3.35 TB/s, 1.5 µs per
+# ring step; NCCL's ring on its NVLink 4 runs at 370 GB/s per direction ("an effective NVLink bandwidth of
+# 370GB/s", NVIDIA/nccl-tests issue #212, the preset's intra_node_busbw_gbps), of the link's 450.
+PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 370e9, 1.5e-6
 # the flash core: torch's SDPA runs FlashAttention-2, at 35 % of peak on an H100 for long rows (Shah et al.
 # 2024, FlashAttention-3, abstract; time/attention.py), its backward at 318 of 989 TFLOP/s (the same
 # paper's backward figure): 0.32; at s 64 with heads of 16 both fall as measured for heads of 64 at the
@@ -33,7 +34,7 @@ PEAK, SMS, HBM, NVLINK, ALPHA = 989.5e12, 132, 3350e9, 450e9, 1.5e-6
 # 64k head-128 end's 0.351 and 0.327), and its grid, b 1 × 2 heads (a rank's) × 1 query tile over 132 SMs,
 # is below the smallest measured (0.485 tiles per SM at 1,024: 0.074 and 0.034 of the full grid's 0.268
 # and 0.168, FA2_HOPPER_GRID)
-MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * 0.163 / 0.351 * (0.074 / 0.268) * PEAK, 0.80 * HBM, 0.67 * NVLINK
+MM, AT, MEM, NET = 0.80 * PEAK, 0.35 * 0.163 / 0.351 * (0.074 / 0.268) * PEAK, 0.80 * HBM, NVLINK
 AT_BWD = 0.32 * 0.103 / 0.327 * (0.034 / 0.168) * PEAK
 
 # tiny: T = 64 tokens; per tensor-parallel rank (t 2): q 4·16/2 = 32 columns, k and v 2·16/2 = 16, MLP 64.

@@ -66,24 +66,32 @@ def test_the_layers_collectives_move_under_their_gemms_and_the_rest_stay() -> No
 
 def test_what_hides_costs_what_its_window_leaves_and_the_overlap_slowdown() -> None:
     """Each moved kind of row costs max(0, T − W) + ``OVERLAP_SLOWDOWN`` · min(T, W) of its seconds T under
-    its window W (``predict.exposed``) instead of T. At 70B's tp 4 in float8 the column-parallel GEMMs
-    (0.79 s a step) hide their all-gathers (0.43 s) with room, the row-parallel ones (0.432 s) leave 1 ms of
-    their reduce-scatters (0.433 s) exposed."""
+    its window W (``predict.exposed``) instead of T. At 70B's tp 4 in float8, on NVLink at 450 GB/s ×
+    NETWORK_INTRA (``--intra-node-bw 450``: the preset's measured ring bandwidth of its own link dropped),
+    the column-parallel GEMMs (0.79 s a step) hide their all-gathers (0.43 s) with room, the row-parallel
+    ones (0.432 s) leave 1 ms of their reduce-scatters (0.433 s) exposed."""
     from memplan.api import setup_of
     from memplan.engine import estimate
     from memplan.presets import load_gpu
+    from memplan.time.calibration import calibrated_topology
     from memplan.time.comm.collectives import communication
     from memplan.time.compute import userbuffer_windows
     from memplan.time.timing import peak_flops
 
-    plain, ub = _json(BRIDGE_70B), _json(BRIDGE_70B + " --tp-comm-overlap")
+    link = " --intra-node-bw 450"
+    plain, ub = _json(BRIDGE_70B + link), _json(BRIDGE_70B + link + " --tp-comm-overlap")
     o = Options(  # BRIDGE_70B's settings
         model="llama-3-70b", seq=8192, batch=1, global_batch=128, gpus=64, gpu="h100-sxm", impl="megatron",
         fp8="tensorwise", zero=1, overlap_grad_reduce=True, overlap_param_gather=True, reduce_dtype="bf16",
         clip_grad=True, tp=4, sp=True, pp=8, vpp=5, tp_comm_overlap=True,
     )  # fmt: skip
-    r, gpu = estimate(setup_of(o)), load_gpu("h100-sxm")
-    c, rows = communication(r, gpu.topology)
+    h100 = load_gpu("h100-sxm")
+    r, gpu = (
+        estimate(setup_of(o)),
+        h100.model_copy(update={"topology": h100.topology.with_overrides(None, 450, None)}),
+    )
+    assert gpu.topology.intra_node_busbw_gbps is None  # the override's link, at NETWORK_INTRA
+    c, rows = communication(r, calibrated_topology(gpu))
     windows = userbuffer_windows(c, gpu, peak_flops(gpu, r.setup.training.precision))
     slow, saved = efficiency.OVERLAP_SLOWDOWN, 0.0
     for kind, window in windows.items():
