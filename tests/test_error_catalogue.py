@@ -183,8 +183,8 @@ CASES: list[Case] = [
         "precision",
     ),
     case(
-        "fsdp2-mixed-profile",
-        "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3 --nproc 2",
+        "fsdp2-mixed-profile-one-process",
+        "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3",
         "precision",
     ),
     case("megatron-fp8-rowwise", "estimate -m 8b --impl megatron --fp8 rowwise", "fp8"),

@@ -128,13 +128,13 @@ def profile(
         from memplan.measure.distributed.torchrun import torchrun_world
         from memplan.measure.runs import profile as prof_mod
 
-        if options.get("precision") == "fsdp2-mixed":  # the reference's runs build the bf16 recipe's split
-            raise ValueError(
-                "precision: profile runs the reference's bf16-mixed (a bf16 model and an fp32 master copy), "
-                "not FSDP2's fsdp2-mixed; use --precision bf16-mixed (trace measures fsdp2-mixed's saves)"
-            )
         dev = prof_mod.resolve_device(device)
         nproc = nproc or torchrun_world()
+        if options.get("precision") == "fsdp2-mixed" and nproc is None:  # FSDP2 shards over ranks
+            raise ValueError(
+                "precision: fsdp2-mixed is FSDP2's mixed precision, which runs in ranks: add --nproc N "
+                "--zero 3 (or 2), or use --precision bf16-mixed for one process"
+            )
         cp = options.get("cp", 1)
         if cp > 1 and nproc is not None:
             raise ValueError("cp: profile --cp runs one context-parallel rank in this process; drop --nproc")

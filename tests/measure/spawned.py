@@ -40,8 +40,8 @@ TIMEOUT_S = 300  # per layout: a loaded 2-core machine starts torch processes sl
 
 def tiny(**layout: Any) -> Setup:
     """The tiny model at seq 32 in fp32 on CPU, as ``profile -m tiny --device cpu --seq 32 --precision
-    fp32`` with ``layout``'s options builds it."""
-    return setup_of(Options(model="tiny", seq=SEQ, precision="fp32", device=Device.CPU, **layout))
+    fp32`` with ``layout``'s options builds it (``precision`` among them: that recipe instead)."""
+    return setup_of(Options(model="tiny", seq=SEQ, device=Device.CPU, **{"precision": "fp32", **layout}))
 
 
 def layouts(nproc: int) -> list[Setup]:
@@ -51,6 +51,7 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=2, zero=3),  # test_distributed.py: zero3
             tiny(gpus=2, zero=1),  # test_distributed.py: zero1
             tiny(gpus=2, pp=2, grad_accum=N),  # test_distributed_pp.py: pp2
+            tiny(gpus=2, zero=3, precision="fsdp2-mixed"),  # test_distributed.py: FSDP2's mixed precision
         ]
     if nproc == 4:
         return [
@@ -58,6 +59,7 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=4, tp=2, zero=1),  # test_distributed.py: ZeRO-1 over tp ranks (CLI)
             tiny(gpus=4, pp=2, zero=3, grad_accum=N),  # test_distributed_pp.py: pp2_dp2 (CLI)
             tiny(gpus=4, tp=2, pp=2, grad_accum=N),  # test_distributed_pp_tp.py
+            tiny(gpus=4, tp=2, zero=3, precision="fsdp2-mixed"),  # test_distributed.py: and DTensor's
         ]
     raise ValueError(f"nproc: no layouts on {nproc} ranks; add them to tests/measure/spawned.py")
 

@@ -125,6 +125,43 @@ def test_tp_by_dp_on_four_ranks_equals_the_estimate(tp_dp: tuple[Any, dict[str, 
 
 
 @NPROC2
+def test_fsdp2_mixed_precision_over_two_ranks_equals_the_estimate(nproc_runs: Runs) -> None:
+    """``--precision fsdp2-mixed``: FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=
+    float32)`` on the model's fp32 parameters. By hand, per rank: the fp32 shards are the weights and what
+    AdamW steps (4 B × Ψ/N_d, no master copy), the reduce-scatter writes fp32 sharded gradients (4 B ×
+    Ψ/N_d), m and v 8 B × Ψ/N_d; each unit's all-gather sends its bf16 cast of the shard (2 B × Ψ/N_d in
+    all) and each reduce-scatter the whole fp32 gradient (4 B × Ψ); the saves are the bf16 recipe's. The
+    communication table moves the same bytes."""
+    est, result = _run(nproc_runs, 2, zero=3, precision="fsdp2-mixed")
+    _exact(est, result)
+    psi = load_model("tiny").published_params
+    units = est.setup.model.num_layers + 1
+    table = _table(est, "dp")
+    for rank in result["ranks"]:
+        mem = rank["measured"]["memory"]
+        assert mem["weights"] == mem["gradients"] == psi // 2 * 4
+        assert mem["optimizer"] == psi // 2 * 8
+        comm = _collectives(rank)
+        for phase in ("forward", "backward"):
+            assert comm[("dp", "all_gather", phase)] == (units, psi // 2 * 2)
+            row = table[("all-gather", phase)]
+            assert comm[("dp", "all_gather", phase)][1] * row.group == row.bytes * row.count
+        assert comm[("dp", "reduce_scatter", "backward")] == (units, psi * 4)
+        row = table[("reduce-scatter", "backward")]
+        assert comm[("dp", "reduce_scatter", "backward")][1] == row.bytes * row.count
+
+
+@NPROC4
+def test_fsdp2_mixed_precision_over_tensor_parallel_ranks_equals_the_estimate(nproc_runs: Runs) -> None:
+    """The same policy on tp 2 × dp 2: each rank's fp32 DTensor shards (the model's parameters made fp32
+    after the tensor-parallel split) and its saves equal the estimate."""
+    est, result = _run(nproc_runs, 4, tp=2, zero=3, precision="fsdp2-mixed")
+    _exact(est, result)
+    for rank in result["ranks"]:
+        assert rank["measured"]["memory"]["optimizer"] == 2 * rank["measured"]["memory"]["weights"]
+
+
+@NPROC2
 def test_zero1_over_two_ranks_shards_only_the_optimizer(nproc_runs: Runs) -> None:
     """ZeRO-1 (Rajbhandari et al. 2019 §5.1, P_os): weights and gradients whole (4Ψ B each in fp32), Adam's
     m and v sharded (8Ψ/N_d B); the step reduce-scatters every gradient and all-gathers every parameter

@@ -16,6 +16,11 @@
   ZeRO-0 over dp: every gradient all-reduced after backward (what DDP does, one call per parameter instead
   of 25 MB buckets).
 
+- ``--precision fsdp2-mixed``: FSDP2's ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``
+  on the model's parameters in fp32 (torchtitan's trainer): the fp32 shards are what the optimizer steps,
+  the layers compute with the bf16 gathered copies, gradients are reduce-scattered in fp32 into fp32
+  shards (``blocks.torchtitan.fsdp2_mixed_states``, what the estimate holds).
+
 - ZeRO-1: the parameters and gradients whole, the optimizer's master weights and states sharded over dp
   along dim 0; reduce-scatter, step, all-gather (memplan/measure/distributed/zero1.py).
 
@@ -35,11 +40,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from memplan.config import Checkpointing, Setup, ZeroStage
+from memplan.config import Checkpointing, Precision, Setup, ZeroStage
 from memplan.measure.reference.model import Reference
 
 _COLUMN = ("q", "k", "v", "mlp.gate", "mlp.up")
@@ -104,9 +109,15 @@ def shard_dp(root: nn.Module, layers: nn.ModuleList, setup: Setup, mesh: DeviceM
     if dp > 1 and zero >= ZeroStage.GRADIENTS:
         dp_mesh = mesh["dp"]
         after_forward = zero >= ZeroStage.PARAMETERS
+        policy = MixedPrecisionPolicy()  # the parameters' own dtype throughout
+        if setup.training.precision is Precision.FSDP2_MIXED:
+            # The model's parameters in fp32 (the model still computes its own tables and masks in the
+            # activation dtype, bf16), cast to bf16 by the all-gather, reduced in fp32.
+            root.float()
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in layers:
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=after_forward)
-        fully_shard(root, mesh=dp_mesh, reshard_after_forward=after_forward)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=after_forward, mp_policy=policy)
+        fully_shard(root, mesh=dp_mesh, reshard_after_forward=after_forward, mp_policy=policy)
 
 
 def sync_gradients(model: nn.Module, setup: Setup, mesh: DeviceMesh) -> None:

@@ -32,7 +32,8 @@ class ReferenceOptimizer:
         self, params: list[Tensor], precision: Precision, optimizer: Optimizer, lr: float = 1e-4
     ) -> None:
         self.params, self.precision, self.kind, self.lr = params, precision, optimizer, lr
-        self.mixed = precision.master_bytes > 0
+        # FSDP2's mixed precision steps the fp32 shards themselves (no master copy: parallelize.shard_dp)
+        self.mixed = precision.master_bytes > 0 and precision is not Precision.FSDP2_MIXED
         self.state_dtype = torch.bfloat16 if precision.state_bytes == 2 else torch.float32
         self.master = [p.detach().float().clone() for p in params] if self.mixed else []
         self.states = [self._init_state(p) for p in params]
