@@ -303,6 +303,9 @@ def boundary_args(pc: Pieces) -> tuple[tuple[int, int], int, DType, bool, bool, 
     # chunk's first block is torch's receive buffer itself (PipelineStage passes it to the split model as it
     # is)
     shared = shared or (titan and rank.strategy.checkpointing is not Checkpointing.NONE)
+    # the reference model's full and every-K checkpointing: its first segment's checkpoint keeps the stage's
+    # input, the receive buffer (measured: profile --nproc --pp, tests/measure/test_distributed_pp.py)
+    shared = shared or (rank.impl.impl is Impl.REFERENCE and rank.strategy.segment > 0)
     logits = dims.v if prof.stage_outputs_logits else 0
     return (dims.b, s), dims.h, dims.act, prof.frees_stage_outputs, shared, logits, dims.s
 

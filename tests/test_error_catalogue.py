@@ -182,6 +182,7 @@ CASES: list[Case] = [
         "estimate -m 8b --finetune lora --precision fsdp2-mixed --zero 3 --dp 8",
         "precision",
     ),
+    case("trace-reference-pp", "trace -m tiny --pp 2 --grad-accum 4", "pp"),
     case(
         "fsdp2-mixed-profile-one-process",
         "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3",

@@ -372,8 +372,8 @@ def peak(
     # are linear too, and K ≤ S < G makes layer 0 the largest then. L − 1 tops a partial segment (fewer
     # layers re-run, one more kept input than the last full top: smaller unless a layer saves less than K).
     ends = {0, dims.layers - 1}
-    if segment:
-        ends |= {min(segment, dims.layers) - 1, dims.layers // segment * segment - 1}
+    if segment:  # (a segment of k ≥ L layers is the whole model, or pipeline chunk: no full one below)
+        ends |= {min(segment, dims.layers) - 1, max(dims.layers // segment * segment - 1, 0)}
     if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
         # another or no reduce-scatter input above the top layer): the middle ones linear in i
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}

@@ -96,6 +96,11 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
                 "tp: trace runs the reference model in one process; --tp is traced per rank with --impl "
                 "torchtitan, or run the reference over ranks with profile --nproc"
             )
+        if setup.parallel.pp > 1:  # the whole model in one process is no pipeline rank's estimate
+            raise ValueError(
+                "pp: trace runs the reference model in one process; --pp is traced per stage with --impl "
+                "torchtitan (--stage I), or run the reference's stages over ranks with profile --nproc"
+            )
         if setup.impl.compile:
             return _trace_compiled(setup, as_json)
         from memplan.measure.compare.tensors import comparison_json

@@ -52,6 +52,9 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=2, zero=1),  # test_distributed.py: zero1
             tiny(gpus=2, pp=2, grad_accum=N),  # test_distributed_pp.py: pp2
             tiny(gpus=2, zero=3, precision="fsdp2-mixed"),  # test_distributed.py: FSDP2's mixed precision
+            tiny(gpus=2, zero=3, checkpointing="full"),  # test_distributed.py: checkpointing under FSDP2
+            tiny(gpus=2, zero=1, reversible=True),  # test_distributed.py: reversible layers over dp
+            tiny(gpus=2, pp=2, grad_accum=N, checkpointing="every-2"),  # test_distributed_pp.py
         ]
     if nproc == 4:
         return [

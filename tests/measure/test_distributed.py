@@ -162,6 +162,31 @@ def test_fsdp2_mixed_precision_over_tensor_parallel_ranks_equals_the_estimate(np
 
 
 @NPROC2
+def test_full_checkpointing_under_fsdp2_equals_the_estimate(nproc_runs: Runs) -> None:
+    """``--checkpointing full`` on FSDP2 ranks (non-reentrant ``torch.utils.checkpoint`` per layer inside
+    each ``fully_shard`` unit): each rank keeps one [b, s, h] fp32 input per layer and none of a layer's
+    own saves (its re-run makes them in backward), the states as without checkpointing."""
+    est, result = _run(nproc_runs, 2, zero=3, checkpointing="full")
+    _exact(est, result)
+    m = est.setup.model
+    for rank in result["ranks"]:
+        tensors = rank["measured"]["tensors"]
+        assert tensors["layer.input"] == {
+            "count": m.num_layers,
+            "bytes": m.num_layers * SEQ * m.hidden_size * 4,
+        }
+        assert "attn.q" not in tensors and "mlp.up" not in tensors
+
+
+@NPROC2
+def test_reversible_layers_over_data_parallel_ranks_equal_the_estimate(nproc_runs: Runs) -> None:
+    """Reversible layers over dp 2 with ZeRO-1 (the stack's own autograd Function re-runs them in backward;
+    FSDP2, whose hooks it would bypass, is refused: ``parallelize.check_distributed``)."""
+    est, result = _run(nproc_runs, 2, zero=1, reversible=True)
+    _exact(est, result)
+
+
+@NPROC2
 def test_zero1_over_two_ranks_shards_only_the_optimizer(nproc_runs: Runs) -> None:
     """ZeRO-1 (Rajbhandari et al. 2019 §5.1, P_os): weights and gradients whole (4Ψ B each in fp32), Adam's
     m and v sharded (8Ψ/N_d B); the step reduce-scatters every gradient and all-gathers every parameter
@@ -236,7 +261,8 @@ def test_collective_names(op: str, name: str) -> None:
 @pytest.mark.parametrize(
     ("flags", "field"),
     [
-        (["--nproc", "2", "--checkpointing", "full"], "checkpointing"),
+        (["--nproc", "2", "--zero", "3", "--reversible"], "reversible"),
+        (["--nproc", "2", "--pp", "2", "--grad-accum", "2", "--reversible"], "reversible"),
         (["--tp", "2"], "nproc"),
         (["--nproc", "3", "--tp", "2"], "nproc"),
     ],

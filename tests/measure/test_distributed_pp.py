@@ -203,6 +203,39 @@ def test_pp2_by_dp2_zero3_on_four_ranks(pp2_dp2: tuple[Any, dict[str, Any]]) -> 
         assert rank["measured"]["memory"]["peak"] >= at_stage(est, stage).peak.bytes
 
 
+@pytest.mark.xdist_group("nproc2")
+def test_pp2_with_segment_checkpointing_each_stage_equals_its_estimate(nproc_runs: Runs) -> None:
+    """``--checkpointing every-2`` over two one-layer stages: each stage checkpoints its own layers (one
+    segment of one layer), keeping one [b, s, h] input per forward in flight; on the last stage that input
+    is the receive buffer torch's stage passed in (the checkpoint keeps the tensor it was given), so its
+    activation buffers held apart are N − 1, as without checkpointing where the fp32 norm saves it."""
+    setup = _setup(gpus=2, pp=2, checkpointing="every-2")
+    est = estimate(setup)
+    result = comparison(nproc_runs.reports(setup, 2), est, "spawn")
+    assert result["equal"] is True
+    x = SEQ * setup.model.hidden_size * 4
+    for rank in result["ranks"]:
+        stage = rank["coords"]["pp"]
+        expected = {
+            n: {"count": c, "bytes": b} for n, (c, b) in estimated_by_name(at_stage(est, stage)).items()
+        }
+        tensors = rank["measured"]["tensors"]
+        assert tensors == expected
+        in_flight = min(2 - stage, N)
+        assert tensors["layer.input"] == {"count": in_flight, "bytes": in_flight * x}
+        if stage == 1:
+            assert tensors["pp.recv"] == {"count": N - in_flight, "bytes": (N - in_flight) * x}
+
+
+def test_a_segment_longer_than_a_pipeline_chunk_is_the_chunk() -> None:
+    """every-K over chunks of fewer than K layers: the reference checkpoints each stage's own layers, so a
+    segment is the chunk and the stage's estimate is full checkpointing's (before, the peak's layer moments
+    took layer −1 of a one-layer chunk, ``dims.layers // k · k − 1``, and re-ran two layers there)."""
+    full, every = (estimate(_setup(gpus=2, pp=2, checkpointing=c)) for c in ("full", "every-2"))
+    for stage in (0, 1):
+        assert at_stage(every, stage).peak.moments == at_stage(full, stage).peak.moments
+
+
 @pytest.mark.parametrize(
     ("flags", "field"),
     [

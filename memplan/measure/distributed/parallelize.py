@@ -44,7 +44,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from memplan.config import Checkpointing, Precision, Setup, ZeroStage
+from memplan.config import Precision, Setup, ZeroStage
 from memplan.measure.reference.model import Reference
 
 _COLUMN = ("q", "k", "v", "mlp.gate", "mlp.up")
@@ -151,10 +151,12 @@ def check_distributed(setup: Setup) -> None:
         check_pipeline(setup)
     if setup.model.moe is not None:
         raise ValueError(f"model: {setup.model.name} is a mixture of experts; --nproc runs dense models only")
-    if s.reversible or s.checkpointing is not Checkpointing.NONE:
+    if s.reversible and (par.pp > 1 or (s.dp > 1 and s.zero >= ZeroStage.GRADIENTS)):
+        # the reversible stack's own autograd Function re-runs its layers in backward outside FSDP2's
+        # hooks (their parameters still sharded DTensors) and outside the pipeline stage's
         raise ValueError(
-            "checkpointing: the distributed profile runs without activation checkpointing or reversible "
-            "layers; drop --checkpointing and --reversible"
+            "reversible: the distributed profile runs reversible layers with --tp and ZeRO-0/1 only, not "
+            "under FSDP2 (--zero 2/3) or --pp; drop --reversible, or use --zero 1 without --pp"
         )
 
 

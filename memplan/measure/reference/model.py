@@ -350,7 +350,7 @@ class Reference(nn.Module):
         return run
 
     def segments(self) -> Iterator[range]:
-        k, n = self.setup.strategy.segment, self.setup.model.num_layers
+        k, n = self.setup.strategy.segment, len(self.layers)  # a pipeline stage's own layers
         for start in range(0, n, k):
             yield range(start, min(start + k, n))
 
