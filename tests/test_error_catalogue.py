@@ -183,6 +183,7 @@ CASES: list[Case] = [
         "precision",
     ),
     case("trace-reference-pp", "trace -m tiny --pp 2 --grad-accum 4", "pp"),
+    case("profile-moe-tp", "profile -m qwen-moe --device cpu --seq 32 --nproc 4 --tp 2", "tp"),
     case(
         "fsdp2-mixed-profile-one-process",
         "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3",

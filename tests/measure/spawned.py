@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from memplan.api import Options, setup_of
-from memplan.config import Device, Setup
+from memplan.config import Device, MoEConfig, Setup
 from memplan.measure.distributed import nproc as dist_mod
 from memplan.measure.distributed.nproc import _spawned
 from memplan.measure.distributed.spawn import free_port, spawn_ranks
@@ -44,6 +44,13 @@ def tiny(**layout: Any) -> Setup:
     return setup_of(Options(model="tiny", seq=SEQ, device=Device.CPU, **{"precision": "fp32", **layout}))
 
 
+def tiny_moe(**layout: Any) -> Setup:
+    """``tiny`` with every MLP a mixture of 4 experts, top-2 (its experts' width the tiny model's ffn)."""
+    setup = tiny(**layout)
+    model = setup.model.model_copy(update={"moe": MoEConfig(experts=4, top_k=2)})
+    return setup.model_copy(update={"model": model})
+
+
 def layouts(nproc: int) -> list[Setup]:
     """Every layout the tests launch on ``nproc`` ranks (the tests that use them, in order)."""
     if nproc == 2:
@@ -55,6 +62,7 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=2, zero=3, checkpointing="full"),  # test_distributed.py: checkpointing under FSDP2
             tiny(gpus=2, zero=1, reversible=True),  # test_distributed.py: reversible layers over dp
             tiny(gpus=2, pp=2, grad_accum=N, checkpointing="every-2"),  # test_distributed_pp.py
+            tiny_moe(gpus=2, zero=3),  # test_distributed.py: a mixture of experts under FSDP2
         ]
     if nproc == 4:
         return [

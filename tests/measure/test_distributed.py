@@ -27,7 +27,7 @@ from memplan.measure.distributed.instruments import collective_name
 from memplan.presets import load_gpu
 from memplan.schema import command_schema
 from memplan.time.comm.collectives import communication
-from tests.measure.spawned import SEQ, Runs
+from tests.measure.spawned import SEQ, Runs, tiny_moe
 from tests.measure.spawned import tiny as _setup
 
 NPROC2 = pytest.mark.xdist_group("nproc2")  # one worker spawns the 2-rank layouts once (spawned.py)
@@ -184,6 +184,20 @@ def test_reversible_layers_over_data_parallel_ranks_equal_the_estimate(nproc_run
     FSDP2, whose hooks it would bypass, is refused: ``parallelize.check_distributed``)."""
     est, result = _run(nproc_runs, 2, zero=1, reversible=True)
     _exact(est, result)
+
+
+@NPROC2
+def test_a_mixture_of_experts_under_fsdp2_equals_the_estimate(nproc_runs: Runs) -> None:
+    """A mixture of experts (4 experts, top-2, the router's choices whatever the tokens make them) over dp
+    2 with ZeRO-3: each rank's saves equal the estimate, whose experts' bytes do not depend on the routing
+    (each expert's rows, T·k in all), and its states are Ψ/N_d of the model's fp32 parameters."""
+    setup = tiny_moe(gpus=2, zero=3)
+    est = estimate(setup)
+    result = comparison(nproc_runs.reports(setup, 2), est, "spawn")
+    _exact(est, result)
+    psi = est.params.total
+    for rank in result["ranks"]:
+        assert rank["measured"]["memory"]["weights"] == psi // 2 * 4
 
 
 @NPROC2

@@ -149,8 +149,11 @@ def check_distributed(setup: Setup) -> None:
     par, s = setup.parallel, setup.strategy
     if par.pp > 1:
         check_pipeline(setup)
-    if setup.model.moe is not None:
-        raise ValueError(f"model: {setup.model.name} is a mixture of experts; --nproc runs dense models only")
+    if setup.model.moe is not None and par.tp > 1:  # ``tp_plan`` names the dense MLP's linears only
+        raise ValueError(
+            f"tp: {setup.model.name} is a mixture of experts, which --nproc runs over data and pipeline "
+            "ranks (its experts whole on each rank); drop --tp"
+        )
     if s.reversible and (par.pp > 1 or (s.dp > 1 and s.zero >= ZeroStage.GRADIENTS)):
         # the reversible stack's own autograd Function re-runs its layers in backward outside FSDP2's
         # hooks (their parameters still sharded DTensors) and outside the pipeline stage's
