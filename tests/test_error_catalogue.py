@@ -185,6 +185,9 @@ CASES: list[Case] = [
     case("trace-reference-pp", "trace -m tiny --pp 2 --grad-accum 4", "pp"),
     case("profile-moe-tp", "profile -m qwen-moe --device cpu --seq 32 --nproc 4 --tp 2", "tp"),
     case(
+        "profile-moe-fp8-ranks", "profile -m qwen-moe --device cpu --seq 32 --nproc 2 --fp8 tensorwise", "fp8"
+    ),
+    case(
         "fsdp2-mixed-profile-one-process",
         "profile -m tiny --device cpu --precision fsdp2-mixed --zero 3",
         "precision",
@@ -252,7 +255,6 @@ CASES: list[Case] = [
         "compile",
     ),
     case("titan-pp-compile-cp", "estimate -m 8b --impl torchtitan --pp 2 --cp 2 --compile", "compile"),
-    case("fp8-nproc", "profile -m tiny --device cpu --seq 32 --nproc 2 --fp8 rowwise", "fp8"),
     case("unknown-optimizer", "estimate -m 70b --optimizer adam", "optimizer"),
     case("unknown-optimizer-impl", "estimate -m 70b --optimizer-impl apex", "optimizer-impl"),
     case("torch-impl-for-sgd", "estimate -m 70b --optimizer sgd --optimizer-impl fused", "optimizer_impl"),

@@ -149,11 +149,6 @@ def profile(
                     raise ValueError(
                         f"{flag}: recorded by the one-process run only; drop --{flag} or run without --nproc"
                     )
-            if options.get("fp8") not in (None, "none"):
-                raise ValueError(
-                    "fp8: profile --nproc runs bf16 linears (torchao's float8 under DTensor/FSDP2 is not "
-                    "modelled); drop --fp8 or run without --nproc"
-                )
             profile_distributed(nproc, dev, as_json, options)
             return
         check_single(options)

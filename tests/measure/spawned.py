@@ -63,6 +63,7 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=2, zero=1, reversible=True),  # test_distributed.py: reversible layers over dp
             tiny(gpus=2, pp=2, grad_accum=N, checkpointing="every-2"),  # test_distributed_pp.py
             tiny_moe(gpus=2, zero=3),  # test_distributed.py: a mixture of experts under FSDP2
+            tiny(gpus=2, zero=3, fp8="tensorwise", precision="bf16-mixed"),  # test_distributed.py: float8
         ]
     if nproc == 4:
         return [

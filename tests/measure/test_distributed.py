@@ -201,6 +201,35 @@ def test_a_mixture_of_experts_under_fsdp2_equals_the_estimate(nproc_runs: Runs) 
 
 
 @NPROC2
+def test_float8_linears_under_fsdp2_equal_the_estimate(nproc_runs: Runs) -> None:
+    """``--fp8 tensorwise`` over dp 2 with ZeRO-3: torchao's ``Float8Linear`` keeps the bf16 input and the
+    weight's view, so each rank's saves equal the estimate's (bf16 training's) and its states too (FSDP2
+    gathers the bf16 weights: no float8 all-gather on the reference)."""
+    est, result = _run(nproc_runs, 2, zero=3, fp8="tensorwise", precision="bf16-mixed")
+    _exact(est, result)
+
+
+def test_the_ranks_train_float8_linears() -> None:
+    """What ``--nproc --fp8`` ranks run: every linear of the layers a ``Float8Linear`` (7 a layer), under
+    FSDP2's units (built on torch's fake process group, as rank 0 of 2)."""
+    import torch.nn as nn
+
+    from memplan.measure.distributed.nproc import _mesh
+    from memplan.measure.distributed.parallelize import build
+    from memplan.measure.distributed.titan import fake_world
+    from memplan.measure.reference.fp8 import require_torchao
+
+    setup = _setup(gpus=2, zero=3, fp8="tensorwise", precision="bf16-mixed")
+    require_torchao()  # its CUDA extensions' warnings on a CPU build, swallowed
+    from torchao.float8.float8_linear import Float8Linear
+
+    with fake_world(0, 2):
+        model = build(setup, _mesh(setup, False), "cpu")
+        kinds = [type(m) for m in model.modules() if isinstance(m, nn.Linear)]
+    assert kinds == [Float8Linear] * 7 * setup.model.num_layers
+
+
+@NPROC2
 def test_zero1_over_two_ranks_shards_only_the_optimizer(nproc_runs: Runs) -> None:
     """ZeRO-1 (Rajbhandari et al. 2019 §5.1, P_os): weights and gradients whole (4Ψ B each in fp32), Adam's
     m and v sharded (8Ψ/N_d B); the step reduce-scatters every gradient and all-gathers every parameter

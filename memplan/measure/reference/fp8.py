@@ -53,17 +53,23 @@ def torchao_config(recipe: Fp8Recipe) -> Any:
     return require_torchao().Float8LinearConfig.from_recipe_name(Fp8Recipe(recipe).value)
 
 
-def convert_layers(model: nn.Module, setup: Setup) -> None:
-    """Swap every ``nn.Linear`` of ``model.layers`` for torchao's ``Float8Linear`` (in place) under
-    ``--fp8``; nothing otherwise."""
-    if setup.impl.fp8 is Fp8Recipe.NONE:
-        return
-    if setup.model.moe is not None:
+def check_convertible(setup: Setup) -> None:
+    """One-line ValueError (field, fix) for a model ``convert_layers`` does not convert under ``--fp8``:
+    asked before any run starts (``model.check_runnable``; ``profile --nproc`` before its ranks)."""
+    if setup.impl.fp8 is not Fp8Recipe.NONE and setup.model.moe is not None:
         raise ValueError(
             "fp8: the float8 casts are modelled for dense MLPs (torchao's Float8Linear); a mixture of "
             "experts runs torchao's grouped-GEMM float8 path, not measured here; drop --fp8 or use a dense "
             "model"
         )
+
+
+def convert_layers(model: nn.Module, setup: Setup) -> None:
+    """Swap every ``nn.Linear`` of ``model.layers`` for torchao's ``Float8Linear`` (in place) under
+    ``--fp8``; nothing otherwise."""
+    if setup.impl.fp8 is Fp8Recipe.NONE:
+        return
+    check_convertible(setup)
     float8 = require_torchao()
     layers = model.get_submodule("layers")
     float8.convert_to_float8_training(layers, config=torchao_config(setup.impl.fp8))

@@ -43,7 +43,7 @@ from memplan.config import (
     Setup,
 )
 from memplan.measure.instruments.record import label, layer_scope, note_kept
-from memplan.measure.reference.fp8 import convert_layers
+from memplan.measure.reference.fp8 import check_convertible, convert_layers
 from memplan.measure.reference.lora import apply_finetune
 from memplan.measure.reference.loss import head_loss
 from memplan.measure.reference.moe import Mlp, MoEMlp, check_moe, dense_mlp
@@ -116,6 +116,7 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
 # ----------------------------------------------------------------------------------------------------
 def check_runnable(setup: Setup, device: torch.device | str) -> None:
     """Raise ValueError (field and fix) for a setup the reference model cannot run on this device."""
+    check_convertible(setup)
     flash = setup.strategy.attention is Attention.FLASH
     if torch.device(device).type not in CUDA_KERNELS and flash and setup.model.attn_dropout > 0:
         # NB: an error, not a silent switch to eager attention: eager keeps the s×s probabilities, so the
