@@ -72,6 +72,7 @@ def layouts(nproc: int) -> list[Setup]:
             tiny(gpus=4, pp=2, zero=3, grad_accum=N),  # test_distributed_pp.py: pp2_dp2 (CLI)
             tiny(gpus=4, tp=2, pp=2, grad_accum=N),  # test_distributed_pp_tp.py
             tiny(gpus=4, tp=2, zero=3, precision="fsdp2-mixed"),  # test_distributed.py: and DTensor's
+            tiny(gpus=4, tp=2, sp=True, pp=2, grad_accum=N),  # test_distributed_pp.py: SP in the stages
         ]
     raise ValueError(f"nproc: no layouts on {nproc} ranks; add them to tests/measure/spawned.py")
 

@@ -40,14 +40,18 @@ def column_linears(setup: Setup) -> int:
 
 def sequence_parallel_gathers(est: Result) -> dict[str, tuple[int, int]]:
     """What DTensor sequence parallelism keeps instead of the estimate's sequence shards, as (count, bytes)
-    per name: the shards' names absent (0, 0), and ``unlabelled``: L·c + 1 gathered [b, s, h] tensors,
-    each t times the estimate's [b, s/t, h] ``lm_head.input``."""
+    per name: the shards' names absent (0, 0), and ``unlabelled``: a gathered [b, s, h] tensor, t times
+    the shard, for each column-parallel linear each shard feeds — ``attn.input`` W_Q, W_K and W_V, the
+    MLP's input its up (and gate) matrices, ``lm_head.input`` the head: L·c + 1 over the whole model, a
+    pipeline stage's own layers and micro-batches in flight on a stage (``at_stage``)."""
     setup = est.setup
     if not setup.parallel.sp:
         return {}
-    shard = next(k.bytes for k in est.tensors if k.name == "lm_head.input")
-    count = setup.model.num_layers * column_linears(setup) + 1
-    return {**{n: (0, 0) for n in GATHERED_NAMES}, UNLABELLED: (count, count * shard * setup.parallel.tp)}
+    kept = estimated_by_name(est)
+    feeds = {"attn.input": 3, "mlp.input": column_linears(setup) - 3, "lm_head.input": 1}
+    count = sum(kept.get(n, (0, 0))[0] * k for n, k in feeds.items())
+    shards = sum(kept.get(n, (0, 0))[1] * k for n, k in feeds.items())
+    return {**{n: (0, 0) for n in GATHERED_NAMES}, UNLABELLED: (count, shards * setup.parallel.tp)}
 
 
 def fsdp2_zero2_weights(est: Result) -> dict[str, int]:

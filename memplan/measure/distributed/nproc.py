@@ -21,10 +21,10 @@ Spawned ranks run under ``spawn.spawn_ranks``, which stops every one of them on 
 or stopped rank, SIGINT / SIGTERM / SIGHUP to the parent) and keeps the rendezvous on 127.0.0.1.
 
 Known limitations (NB): a mixture of experts without tp (its experts whole on each rank, no ep), reversible
-layers without FSDP2 or pp, pipeline parallelism with 1F1B only and without sequence parallelism
-(``parallelize.check_distributed``); on CUDA the peak is the caching allocator's. A rank's own child
-processes are not tracked (the ranks start none: gloo and NCCL use threads); SIGKILL of the parent leaves
-its temporary folder (the ranks die with it, on Linux).
+layers without FSDP2 or pp, pipeline parallelism with 1F1B only (``parallelize.check_distributed``); on
+CUDA the peak is the caching allocator's. A rank's own child processes are not tracked (the ranks start
+none: gloo and NCCL use threads); SIGKILL of the parent leaves its temporary folder (the ranks die with it,
+on Linux).
 """
 
 from __future__ import annotations

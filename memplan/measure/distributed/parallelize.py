@@ -27,7 +27,7 @@
 - Pipeline parallelism: the model cut into stages and run by torch.distributed.pipelining
   (memplan/measure/distributed/pipeline.py); ZeRO-2/3 then shards each stage (``shard_dp``).
 
-Known limitations (NB): pp without sp or the interleaved schedule (``check_pipeline``); DTensor sequence
+Known limitations (NB): pp without the interleaved schedule (``check_pipeline``); DTensor sequence
 parallelism gathers the input of each column-parallel linear itself and autograd keeps the gathered
 [b, s, h] copy (Megatron keeps the s/t shard and gathers again in backward): docs/distributed.md.
 """
@@ -173,5 +173,3 @@ def check_pipeline(setup: Setup) -> None:
             f"grad_accum: 1F1B over {par.pp} stages needs at least {par.pp} micro-batches "
             f"(torch's Schedule1F1B); use --grad-accum {par.pp} or more"
         )
-    if par.sp:
-        raise ValueError("sp: the distributed profile runs pp with tp but without --sp; drop --sp")

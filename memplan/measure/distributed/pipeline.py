@@ -27,8 +27,9 @@ backward (``fwd_cache``; under ``Schedule1F1B`` the warm-up's ``send_work`` one 
 per micro-batch and direction — is recorded by ``InFlightRecorder.hold`` under the estimate's names
 (``pp.output``, ``pp.recv``, ``pp.grad_recv``: ``pipeline_parallel.boundary_tensors``).
 ``CommDebugMode``'s per-module attribution is off (a forward
-follows a backward). No interleaved schedule (vpp > 1), no sequence parallelism with pp
-(``parallelize.check_pipeline``); the tied embedding's two copies are not all-reduced.
+follows a backward). No interleaved schedule (vpp > 1: ``parallelize.check_pipeline``); under sequence
+parallelism the stages pass the rank's [b, s/t, h] shard. The tied embedding's two copies are not
+all-reduced.
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class StageModule(nn.Module):
         the loss over ``labels`` (inside the stage's forward, where FSDP2 has its parameters gathered)."""
         ref = self.ref
         h = ref.embedding(x) if self.first else x
-        h = ref.run_layers(h, ref.consts(h.shape[1], h.device))
+        # the tables of the whole sequence (under SP h is the rank's s/t shard, the attention's s whole)
+        h = ref.run_layers(h, ref.consts(ref.setup.training.seq_len, h.device))
         if not self.last:
             return h
         assert labels is not None
@@ -162,10 +164,9 @@ def make_stage(
 ) -> CountedStage:
     """The rank's ``PipelineStage`` with static shapes (no metadata inference run: it would run the stage
     once more, on empty tensors): stage 0 takes [b, s] ids, every stage passes [b, s, h] hidden states."""
-    t, m = setup.training, setup.model
-    hidden = torch.empty(
-        t.micro_batch, t.seq_len, m.hidden_size, dtype=torch_dtype(t.precision), device="meta"
-    )
+    t, m, par = setup.training, setup.model, setup.parallel
+    seq = t.seq_len // par.tp if par.sp else t.seq_len  # a rank's sequence shard under SP
+    hidden = torch.empty(t.micro_batch, seq, m.hidden_size, dtype=torch_dtype(t.precision), device="meta")
     ids = torch.empty(t.micro_batch, t.seq_len, dtype=torch.long, device="meta")
     inputs = ids if module.first else hidden.requires_grad_()
     loss = torch.empty((), dtype=torch.float32, device="meta", requires_grad=True)  # the fp32 loss
