@@ -55,8 +55,28 @@ OPTIONS: dict[str, Any] = {
     "--reserve": ANY_FLOAT,
     "--impl": st.sampled_from(["reference", "hf", "torchtitan", "megatron", "bogus"]),
     "--experts": st.sampled_from(["grouped_mm", "eager", "bogus"]),
+    "--cp": SMALL_INT,
+    "--cp-rotate": st.sampled_from(["allgather", "alltoall", "kv-gather", "bogus"]),
+    "--hsdp": SMALL_INT,
+    "--etp": SMALL_INT,
+    "--reduce-dtype": st.sampled_from(["fp32", "bf16", "fp16"]),
+    "--fp8": st.sampled_from(["none", "tensorwise", "rowwise", "delayed", "mxfp8", "blockwise", "e5m2"]),
+    "--attention-kernel": st.sampled_from(["auto", "fa1", "fa2", "fa3", "cudnn", "bogus"]),
+    "--optimizer-impl": st.sampled_from(["reference", "for-loop", "foreach", "fused", "bitsandbytes"]),
+    "--loss": st.sampled_from(["standard", "chunked:8", "chunked:0", "xentropy", "te", "fused", "bogus"]),
+    "--offload": st.sampled_from(["none", "optimizer", "params", "activations", "optimizer,params", "x"]),
+    "--fsdp-wrap": st.sampled_from(["units", "root", "bogus"]),
+    "--finetune": st.sampled_from(["full", "lora", "qlora", "bogus"]),
+    "--lora-rank": ANY_INT,
+    "--gpus-per-node": SMALL_INT,
+    "--intra-node-bw": ANY_FLOAT,
+    "--inter-node-bw": ANY_FLOAT,
 }
-SWITCHES = ["--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant", "--flash-attn"]
+SWITCHES = [
+    *("--sp", "--no-sp", "--reversible", "--json", "--no-use-cache", "--reentrant", "--flash-attn"),
+    *("--compile", "--clip-grad", "--async-tp", "--fp8-tp", "--tp-comm-overlap", "--overlap-grad-reduce"),
+    *("--fp8-all-gather", "--fp8-param-gather", "--expandable-segments", "--no-compile-loss"),
+]
 MODELS = st.sampled_from(["tiny", "gpt2", "70b", "mixtral", "qwen-moe", "nosuch", "", "FILE"])
 FILE_TEXT = st.one_of(
     st.text(max_size=200),
