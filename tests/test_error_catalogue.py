@@ -248,7 +248,11 @@ CASES: list[Case] = [
     case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 delayed", "fp8"),
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
-    case("trace-compile-fp8", "trace -m tiny --seq 32 --compile --fp8 rowwise", "compile"),
+    case(
+        "trace-compile-fp8-tp",
+        "trace -m tiny --seq 32 --impl torchtitan --tp 2 --compile --fp8 rowwise",
+        "compile",
+    ),
     case(
         "trace-titan-rank-compile",
         "trace -m tiny --seq 32 --impl torchtitan --dp 2 --zero 2 --checkpointing selective --compile",

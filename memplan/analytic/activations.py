@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from memplan.blocks import dropout_rule, fp8_tp, llama4, te_fp8
+from memplan.blocks import dropout_rule, fp8, fp8_tp, llama4, te_fp8
 from memplan.blocks.attention.constants import constant_rules
 from memplan.blocks.attention.core import (
     attention_core_rules,
@@ -116,6 +116,8 @@ def layer_rules(setup: Setup, dims: Dims) -> list[Rule]:
     # torchao's under its float8 tensor-parallel plan (blocks/fp8_tp.py).
     if te_fp8.applies(setup):
         return te_fp8.layer_rules(setup, rules)
+    if profile_of(setup).compiled_block and fp8.enabled(setup):  # torchao's under --compile
+        return fp8.compiled_rules(setup, dims, rules)
     return fp8_tp.layer_rules(rules) if fp8_tp.applies(setup) else rules
 
 

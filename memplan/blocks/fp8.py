@@ -34,7 +34,9 @@ Known limitations (NB):
   setups exact; the miss (h = f, eager grouped-query attention, where the bf16 layer moment is already
   inexact) is 4,928 B (1.1 %) above the estimate.
 - NB: eager casts. Under ``--compile`` the partitioner keeps each linear's float8 weight cast for backward
-  (pytorch/pytorch#141881, measured: ``blocks.profiles.compile_note``): not modelled, a note says so.
+  (pytorch/pytorch#141881): the saves are ``compiled_rules`` (tp 1, no checkpointing, measured), the
+  backward's cast temporaries are still taken as the eager code's (which makes the weight casts again: an
+  upper bound); elsewhere a note says the memory is the eager code's.
 - NB: a mixture of experts' float8 path (torchao's grouped GEMMs) is not modelled: the dense MLP's down
   projection only; ``trace --fp8`` refuses an MoE. torchtitan skips linears with a dim not a multiple of
   16 (``module_filter_fn``); the estimate takes the down projection as converted.
@@ -77,7 +79,7 @@ peak is bf16-gathered's + 40 B (the held scales).
 from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.config import DType, Fp8Recipe, Impl, Setup
+from memplan.config import Checkpointing, DType, Fp8Recipe, Impl, Setup
 
 SCALE = 4
 """Bytes of one scale: torchao's ``amax_to_scale`` returns float32."""
@@ -253,3 +255,73 @@ def sac_amax_rules(setup: Setup, dims: Dims) -> list[Rule]:
         # --fp8-tp: W1 and W3 share one cast of their input (``PrepareFloat8ModuleInput``)
         if not (setup.impl.fp8_tp and name == "w3" and part == "input")
     ]
+
+
+COMPILED_RECIPES = (Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE)
+
+
+def compiled_modelled(setup: Setup) -> bool:
+    """``--compile`` with torchao's float8 where its partitioner's saves were measured (``compiled_rules``):
+    tensorwise or rowwise on a block of one tensor-parallel rank (tp 1), without ``--fp8-all-gather``
+    (the weight would arrive float8) or checkpointing, every linear converted (torchtitan's widths all
+    multiples of 16)."""
+    return (
+        enabled(setup)
+        and setup.impl.fp8 in COMPILED_RECIPES
+        and setup.parallel.tp == 1
+        and not all_gather(setup)
+        and setup.strategy.checkpointing is Checkpointing.NONE
+        and (setup.impl.impl is not Impl.TORCHTITAN or len(titan_linear_shapes(setup)) == len(WEIGHTS))
+    )
+
+
+def linear_shapes(setup: Setup) -> list[tuple[Block, str, int, int]]:
+    """The block's converted linears with (in_features, out_features): torchtitan's (fused ``wqkv``) or the
+    reference's W_Q, W_K, W_V, W_O and SwiGLU's gate, up and down."""
+    if setup.impl.impl is Impl.TORCHTITAN:
+        return titan_linear_shapes(setup)
+    m = setup.model
+    h, heads, kv, f = m.hidden_size, m.num_heads * m.dim, m.kv_heads * m.dim, m.ffn
+    return [
+        (Block.ATTN, "q", h, heads),
+        (Block.ATTN, "k", h, kv),
+        (Block.ATTN, "v", h, kv),
+        (Block.ATTN, "o", heads, h),
+        (Block.MLP, "gate", h, f),
+        (Block.MLP, "up", h, f),
+        (Block.MLP, "down", f, h),
+    ]
+
+
+RECOMPUTED = ("attn.input", "mlp.input", "mlp.down_input")
+"""The compiled bf16 block's saves a compiled float8 block recomputes in backward: the two normalised
+inputs (rebuilt from x, the residual and the rstds the block keeps) and SwiGLU's product."""
+
+
+def compiled_rules(setup: Setup, dims: Dims, rules: list[Rule]) -> list[Rule]:
+    """A compiled block's saves under torchao's float8 (``compiled_modelled``), measured: AOTAutograd's
+    min-cut partitioner on the block's joint graph (measure/runs/compiled.py, torchtitan's through
+    measure/frameworks/titan.py; tests/measure/test_compiled_fp8.py). Casting a weight materialises it,
+    so the partitioner keeps each linear's float8 weight, transposed [in, out] at 1 byte an element, with
+    its scale (pytorch/pytorch#141881), and the float8 cast of W_O's input [T, a·d] (the attention output,
+    which the flash backward keeps in bf16 too) with its scale; it recomputes the normalised inputs and
+    SwiGLU's product from what the compiled block keeps (``RECOMPUTED``). Scales: tensorwise one fp32 per
+    cast (its reciprocal); rowwise an amax in the cast tensor's dtype per row of the weight's [in, out]
+    copy (in) and per column of W_O's input (a·d). Llama-3-8B at 256 tokens: 243,304,480 bytes a layer
+    (compiled bf16: 35,686,400)."""
+    act, fp8 = dims.act, DType.FP8_E4M3
+    tensorwise = setup.impl.fp8 is Fp8Recipe.TENSORWISE
+    why = "compiled float8: the partitioner keeps the cast for backward"
+
+    def scale(block: Block, name: str, rows: tuple[int, ...]) -> Rule:
+        shape, dtype = ((), DType.FP32) if tensorwise else (rows, act)
+        return save(block, f"{name}_scale", shape, dtype, Role.PARAM_DERIVED, f"{why}: its scale")
+
+    casts: list[Rule] = []
+    for block, name, n_in, n_out in linear_shapes(setup):
+        casts.append(save(block, f"{name}_weight_fp8", (n_in, n_out), fp8, Role.PARAM_DERIVED, why))
+        casts.append(scale(block, f"{name}_weight", (n_in, 1)))
+    heads = dims.a * dims.v_dim
+    casts.append(save(Block.ATTN, "out_fp8", (dims.tokens, heads), fp8, Role.LINEAR_INPUT, why))
+    casts.append(scale(Block.ATTN, "out", (1, heads)))
+    return [r for r in rules if r.name not in RECOMPUTED] + casts

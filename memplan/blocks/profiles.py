@@ -109,8 +109,9 @@ def compile_modelled(setup: Setup) -> bool:
     """``--compile`` changes the saved set (``Profile.compiled_block``) where the partitioner's choice was
     measured (measure/runs/compiled.py): the reference model's and torchtitan's Llama's dense RMSNorm /
     SwiGLU blocks with flash attention and no dropout, on one context-parallel rank, full training, without
-    --fp8; tp 1, or torchtitan's tensor-parallel plan (each block of the rank traced through the
-    partitioner as DTensor code on the fake process group,
+    --fp8 or with torchao's where ``fp8.compiled_modelled`` (its rules: ``fp8.compiled_rules``); tp 1, or
+    torchtitan's tensor-parallel plan (each block of the rank traced through the partitioner as DTensor
+    code on the fake process group,
     ``measure.distributed.titan_compiled.compiled_blocks``: the same choices on the rank's shards, the
     sequence-parallel gathers kept as the eager plan keeps them; without ``--sp`` also what W_O's backward
     gathers in the compiled forward, ``analytic.activations.compiled_tp_gathers``). Elsewhere the estimate
@@ -138,7 +139,7 @@ def compile_modelled(setup: Setup) -> bool:
         and s.checkpointing in (Checkpointing.NONE, Checkpointing.FULL)
         and not s.reversible
         and setup.finetune.trains_everything
-        and setup.impl.fp8 is Fp8Recipe.NONE
+        and (setup.impl.fp8 is Fp8Recipe.NONE or fp8.compiled_modelled(setup))
     )
 
 
@@ -157,15 +158,13 @@ def compile_note(setup: Setup) -> str | None:
             "are taken as the eager code's, the step time the compiled kernels'"
         )
     if setup.impl.fp8 is not Fp8Recipe.NONE:
-        # Measured (measure/runs/compiled.py on a float8 block, tests/measure/test_fp8.py): the min-cut
-        # partitioner keeps each linear's float8 weight cast for backward (the cast is materialised in
-        # backward, so recomputing it is banned): one byte per layer parameter per layer, as
-        # pytorch/pytorch#141881 reported. Llama-3-8B at 256 tokens: 243,304,480 bytes a layer against
-        # 35,686,400 compiled bf16 and 51,415,040 eager.
+        # The min-cut partitioner keeps each linear's float8 weight cast for backward: one byte per layer
+        # parameter per layer (pytorch/pytorch#141881), modelled where it was measured (fp8.compiled_rules)
         return (
-            "compile: torch.compile with --fp8 is not modelled: its partitioner keeps every layer's float8 "
-            "weight casts (1 byte a parameter, pytorch/pytorch#141881) and float8 activations; here the "
-            "memory is the eager float8 code's, an underestimate, the step time the compiled kernels'"
+            "compile: torch.compile with --fp8 is modelled for tensorwise and rowwise on tp 1 without "
+            "--fp8-all-gather or checkpointing: its partitioner keeps every layer's float8 weight casts "
+            "(1 byte a parameter, pytorch/pytorch#141881); here the memory is the eager float8 code's, an "
+            "underestimate, the step time the compiled kernels'"
         )
     return (
         "compile: torch.compile's saved set is modelled for --impl reference or torchtitan dense "

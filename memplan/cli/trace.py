@@ -162,8 +162,8 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
                 # a FullAC block keeps its input alone, compiled or not
                 raise ValueError(
                     "compile: trace --impl torchtitan --compile over --tp or --dp traces the partitioner's "
-                    "saves without checkpointing (or under --checkpointing full) and without --fp8; drop "
-                    "--compile to trace the rank's eager blocks"
+                    "saves without checkpointing (or under --checkpointing full), with --fp8 over dp alone "
+                    "and without --fp8-all-gather; drop --compile to trace the rank's eager blocks"
                 )
             return _trace_titan_rank(setup, as_json)
     if setup.impl.compile:

@@ -131,20 +131,51 @@ def test_no_amax_history_in_torchao() -> None:
     assert {t.name for t in float8.config.ScalingType} == {"DYNAMIC", "DISABLED"}
 
 
+@pytest.mark.parametrize("impl", [Impl.REFERENCE, Impl.TORCHTITAN], ids=str)
 @pytest.mark.parametrize("recipe", [Fp8Recipe.TENSORWISE, Fp8Recipe.ROWWISE], ids=str)
-def test_compiled_float8_block_keeps_the_float8_weights(recipe: Fp8Recipe) -> None:
-    """Why ``--compile --fp8`` is a note, not an estimate: the min-cut partitioner keeps each linear's float8
-    weight cast for backward (pytorch/pytorch#141881), one byte per parameter of the layer's linears."""
+def test_compiled_float8_block_keeps_the_float8_weights(recipe: Fp8Recipe, impl: Impl) -> None:
+    """``--compile --fp8`` (``fp8.compiled_rules``): the min-cut partitioner keeps each linear's float8
+    weight cast for backward (pytorch/pytorch#141881), transposed, one byte per parameter of the layer's
+    linears, and the float8 cast of W_O's input, each with its scale, and recomputes the two normalised
+    inputs and SwiGLU's product. The block's saves equal the estimate's layer, and by hand, against the
+    compiled bf16 block (T = 48 tokens: no activation has a weight's shape; h 64, a·d 64, kv·d 32, f 160):
+    + 1 B × (2·64·64 + 2·64·32 + 3·64·160) weights + 1 B × 48·64 of W_O's input − 2 B × (2·48·64 + 48·160)
+    recomputed + the scales (tensorwise: 4 B a cast, one per linear and W_O's input; rowwise: one bf16
+    amax per row of each weight's [in, out] copy and per column of W_O's input)."""
+    from memplan.blocks.inventory import Scope
     from memplan.blocks.profiles import compile_note
+    from memplan.measure.frameworks.titan import compiled_block_records as titan_records
     from memplan.measure.runs.compiled import compiled_block_records
 
-    setup = _setup(recipe, micro_batch=1, seq_len=48)  # T = 48: no activation has a weight's shape
-    setup = setup.model_copy(update={"impl": setup.impl.model_copy(update={"compile": True})})
-    assert compile_note(setup) is not None and "141881" in compile_note(setup)  # type: ignore[operator]
-    # h 64, q width 4·16 = 64, kv width 2·16 = 32, f 160: W_Q, W_O 64×64; W_K, W_V 64×32; three 64×160.
-    weights = {(64, 64), (64, 32), (32, 64), (64, 160), (160, 64)}
-    kept = sum(r.bytes for r in compiled_block_records(setup) if r.dtype == "fp8_e4m3" and r.shape in weights)
-    assert kept == 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160  # 1 byte each: 43,008
+    base = _setup(recipe, micro_batch=1, seq_len=48)
+    setup = base.model_copy(update={"impl": base.impl.model_copy(update={"compile": True, "impl": impl})})
+    bf16 = setup.model_copy(update={"impl": setup.impl.model_copy(update={"fp8": Fp8Recipe.NONE})})
+    assert compile_note(setup) is None
+    measure = titan_records if impl is Impl.TORCHTITAN else compiled_block_records
+    measured = sum(r.bytes for r in measure(setup))
+
+    def layer(s: Setup) -> int:
+        return sum(k.bytes for k in estimate(s).tensors if k.scope is Scope.LAYER)
+
+    assert layer(setup) == measured
+    weights = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160  # 43,008 (torchtitan's fused W_QKV: the same)
+    linears = 5 if impl is Impl.TORCHTITAN else 7
+    ins = 64 * 4 + 160 if impl is Impl.TORCHTITAN else 64 * 6 + 160  # each weight's in_features
+    scales = 4 * (linears + 1) if recipe is Fp8Recipe.TENSORWISE else 2 * (ins + 64)
+    assert layer(setup) - layer(bf16) == weights + 48 * 64 - 2 * (2 * 48 * 64 + 48 * 160) + scales
+
+
+def test_compiled_float8_stays_a_note_where_it_was_not_traced() -> None:
+    """Over tensor-parallel ranks and with FSDP2's float8 all-gather the compiled float8 block is not traced:
+    the note says the memory is the eager code's."""
+    from memplan.blocks.profiles import compile_note
+
+    base = _setup(Fp8Recipe.TENSORWISE, micro_batch=1, seq_len=48)
+    impl = base.impl.model_copy(update={"compile": True, "impl": Impl.TORCHTITAN})
+    titan = base.model_copy(update={"impl": impl})
+    tp = titan.model_copy(update={"parallel": titan.parallel.model_copy(update={"tp": 2})})
+    note = compile_note(tp)
+    assert note is not None and "141881" in note and "underestimate" in note
 
 
 def test_compiled_float8_block_under_full_ac_keeps_its_input_alone() -> None:
