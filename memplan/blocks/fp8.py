@@ -301,7 +301,7 @@ inputs (rebuilt from x, the residual and the rstds the block keeps) and SwiGLU's
 def compiled_rules(setup: Setup, dims: Dims, rules: list[Rule]) -> list[Rule]:
     """A compiled block's saves under torchao's float8 (``compiled_modelled``), measured: AOTAutograd's
     min-cut partitioner on the block's joint graph (measure/runs/compiled.py, torchtitan's through
-    measure/frameworks/titan.py; tests/measure/test_compiled_fp8.py). Casting a weight materialises it,
+    measure/frameworks/titan.py; tests/measure/test_fp8.py). Casting a weight materialises it,
     so the partitioner keeps each linear's float8 weight, transposed [in, out] at 1 byte an element, with
     its scale (pytorch/pytorch#141881), and the float8 cast of W_O's input [T, a·d] (the attention output,
     which the flash backward keeps in bf16 too) with its scale; it recomputes the normalised inputs and
