@@ -183,8 +183,8 @@ class GpuPreset(_Preset):
     device_mib: int | None = Field(
         default=None,
         gt=0,
-        description="memory the driver reports (nvidia-smi's total, MiB = 2²⁰ bytes), with its source in "
-        "the file: what a process can have; absent: the vendor's figure (memory_bytes)",
+        description="memory the driver reports (nvidia-smi's total, rocm-smi's VRAM total; MiB = 2²⁰ bytes), "
+        "with its source in the file: what a process can have; absent: the vendor's figure (memory_bytes)",
     )
     cuda_bytes: int | None = Field(
         default=None,
