@@ -93,7 +93,8 @@ def profile(
             max=64,
             help="Run the layout (--tp, --sp, --pp with 1F1B over --grad-accum micro-batches, --zero; "
             "dp = N / (tp · pp)) in N processes with torch.distributed (gloo on CPU, NCCL on CUDA; or under "
-            "torchrun) and compare every rank with the estimate of its stage",
+            "torchrun) and compare every rank with the estimate of its stage; with --checkpointing, --fp8, "
+            "--precision fsdp2-mixed (FSDP2's mixed precision) and mixtures of experts (no --tp) too",
         ),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, max=1000, help="Measured steps")] = 2,
@@ -119,6 +120,8 @@ def profile(
       memplan profile --model tiny --device cpu --seq 256 --timeline
 
       memplan profile --model tiny --device cpu --seq 32 --nproc 4 --tp 2 --zero 3
+
+      memplan profile --model tiny --device cpu --seq 32 --nproc 2 --zero 3 --precision fsdp2-mixed
 
       memplan profile --model tiny --device cpu --seq 512 --cp 4 --cp-rank 3
     """
