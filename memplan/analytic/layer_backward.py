@@ -352,10 +352,8 @@ def recompute_working_set(setup: Setup) -> int:
     if setup.strategy.reversible:
         # One layer's saves, and the rebuilt inputs x1, x2 beside the stack outputs.
         return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
-    # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``); a segment holds
-    # at most the model's (a pipeline chunk's) layers: the reference segments each stage's own layers
-    k = min(setup.strategy.segment, setup.model.num_layers)
-    return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else k)
+    # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``).
+    return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
 
 
 def segment_rerun_bytes(setup: Setup, layers: int) -> int:
