@@ -163,7 +163,8 @@ def make_stage(
     module: StageModule, setup: Setup, group: dist.ProcessGroup, device: str, on_phase: Callable[[str], None]
 ) -> CountedStage:
     """The rank's ``PipelineStage`` with static shapes (no metadata inference run: it would run the stage
-    once more, on empty tensors): stage 0 takes [b, s] ids, every stage passes [b, s, h] hidden states."""
+    once more, on empty tensors): stage 0 takes [b, s] ids, every stage passes [b, s, h] hidden states
+    ([b, s/t, h] under sequence parallelism)."""
     t, m, par = setup.training, setup.model, setup.parallel
     seq = t.seq_len // par.tp if par.sp else t.seq_len  # a rank's sequence shard under SP
     hidden = torch.empty(t.micro_batch, seq, m.hidden_size, dtype=torch_dtype(t.precision), device="meta")
