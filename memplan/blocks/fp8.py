@@ -167,6 +167,12 @@ def titan_linear_shapes(setup: Setup) -> list[tuple[Block, str, int, int]]:
     return [s for s in shapes if s[2] % 16 == 0 and s[3] % 16 == 0]
 
 
+def titan_all_converted(setup: Setup) -> bool:
+    """Every one of a torchtitan block's five linears is converted (``titan_linear_shapes``' filter keeps
+    them all: every width a multiple of 16)."""
+    return len(titan_linear_shapes(setup)) == len(WEIGHTS)
+
+
 def titan_linears(setup: Setup) -> list[tuple[Block, str]]:
     """``titan_linear_shapes``' (block, name)."""
     return [(block, name) for block, name, _, _ in titan_linear_shapes(setup)]
@@ -271,7 +277,7 @@ def compiled_modelled(setup: Setup) -> bool:
         and setup.parallel.tp == 1
         and not all_gather(setup)
         and setup.strategy.checkpointing is Checkpointing.NONE
-        and (setup.impl.impl is not Impl.TORCHTITAN or len(titan_linear_shapes(setup)) == len(WEIGHTS))
+        and (setup.impl.impl is not Impl.TORCHTITAN or titan_all_converted(setup))
     )
 
 

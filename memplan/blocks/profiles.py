@@ -101,7 +101,7 @@ def compiled_sac(setup: Setup) -> bool:
 def _compiled_tensorwise(setup: Setup) -> bool:
     """Tensorwise float8 under compiled ``SelectiveAC`` where it was traced
     (``fp8.compiled_sac_scale_rules``): all five linears converted, the weights all-gathered in bf16."""
-    every = len(fp8.titan_linears(setup)) == len(fp8.WEIGHTS)
+    every = fp8.titan_all_converted(setup)
     return setup.impl.fp8 is Fp8Recipe.TENSORWISE and every and not setup.impl.fp8_all_gather
 
 
