@@ -49,11 +49,15 @@ from memplan.search.fit import FitResult, fit
 from memplan.search.space import virtual_layers
 from memplan.time.timing import timing
 
-CASES = (
-    ("llama-3-8b", 8192, "h100-sxm", 64, None),
-    ("llama-3.1-405b", 8192, "h100-sxm", 16384, 2048),  # issue #21: Llama 3's cluster and batch
+Case = tuple[str, int, str, int, int | None, float | None]
+
+CASES: tuple[Case, ...] = (
+    ("llama-3-8b", 8192, "h100-sxm", 64, None, None),
+    ("llama-3.1-405b", 8192, "h100-sxm", 16384, 2048, None),  # issue #21: Llama 3's cluster and batch
+    ("llama-3-70b", 4096, "h100-sxm", 256, None, 0.4),  # at an assumed MFU (``search.mfu_bound``)
 )
-"""(model, sequence, GPU, GPUs, global batch or None for the default ≈ 4M tokens)."""
+"""(model, sequence, GPU, GPUs, global batch or None for the default ≈ 4M tokens, ``--mfu`` or None for
+the predicted step)."""
 
 TARGET = 20_000
 """Configurations of the space per second the search should reach (issue #21), cold, on 2 cores."""
@@ -69,11 +73,11 @@ def published_405b_step() -> float:
     return timing(estimate(setup), load_gpu("h100-sxm")).step_time_s
 
 
-def command(case: tuple[str, int, str, int, int | None]) -> list[str]:
+def command(case: Case) -> list[str]:
     """The ``memplan fit`` command of a case."""
-    name, seq, gpu, gpus, batch = case
+    name, seq, gpu, gpus, batch, mfu = case
     out = ["memplan", "fit", "-m", name, "--seq", str(seq), "--gpu", gpu, "--gpus", str(gpus)]
-    return out + (["--global-batch", str(batch)] if batch else [])
+    return out + (["--global-batch", str(batch)] if batch else []) + (["--mfu", str(mfu)] if mfu else [])
 
 
 def child_cpu(argv: list[str], env: dict[str, str]) -> float:
@@ -126,12 +130,14 @@ def jit_load(runs: int = 5) -> float:
     return statistics.median(times)
 
 
-def search(name: str, seq: int, gpu: str, gpus: int, batch: int | None, shortcuts: bool = True) -> FitResult:
+def search(
+    name: str, seq: int, gpu: str, gpus: int, batch: int | None, mfu: float | None, shortcuts: bool = True
+) -> FitResult:
     setup, device = build_setup(name, seq=seq), load_gpu(gpu)
-    return fit(setup, device, gpus, global_batch=batch, max_seq=False, shortcuts=shortcuts)
+    return fit(setup, device, gpus, global_batch=batch, mfu=mfu, max_seq=False, shortcuts=shortcuts)
 
 
-def timed(case: tuple[str, int, str, int, int | None], shortcuts: bool) -> tuple[FitResult, float, float]:
+def timed(case: Case, shortcuts: bool) -> tuple[FitResult, float, float]:
     """One cold search: its result, wall seconds and CPU seconds."""
     clear_caches()
     clear_replays()
@@ -140,15 +146,15 @@ def timed(case: tuple[str, int, str, int, int | None], shortcuts: bool) -> tuple
     return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def bench(case: tuple[str, int, str, int, int | None], runs: int, slow_runs: int) -> dict[str, Any]:
-    name, seq, gpu, gpus, _ = case
+def bench(case: Case, runs: int, slow_runs: int) -> dict[str, Any]:
+    name, seq, gpu, gpus, _, mfu = case
     search(*case)  # imports, presets and bytecode out of the way
     fast = [timed(case, True) for _ in range(runs)]
     result = fast[-1][0]
     wall = statistics.median(t for _, t, _ in fast)
     cpu = statistics.median(c for _, _, c in fast)
     out: dict[str, Any] = {
-        "case": f"{name} seq {seq} on {gpus} × {gpu}",
+        "case": f"{name} seq {seq} on {gpus} × {gpu}" + (f" at --mfu {mfu}" if mfu else ""),
         "configs": result.searched,
         "evaluated": result.evaluated,
         "peaks": result.peaks,

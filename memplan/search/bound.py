@@ -60,7 +60,7 @@ tests/plan/test_fit_search.py checks it against the prediction of every ZeRO sta
 
 NB: the bound holds while ``Reference.at`` charges each class no more than ``time.compute`` does (a new
 kernel class, or a rate that reads a field of the setup ``at`` does not set — it sets tp, sp, cp, its
-rotation, ep and b — enters there); with an assumed ``--mfu`` nothing is pruned.
+rotation, ep and b — enters there). At an assumed ``--mfu`` the search bounds with ``mfu_bound`` instead.
 """
 
 from __future__ import annotations
@@ -236,6 +236,37 @@ def reference(setup: Setup, gpu: GpuPreset) -> Reference:
     return Reference(setup, f, layers, c.rerun_layers > 0, ring, head_layers, hidden_bytes(setup))
 
 
+def reference_key(
+    base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel
+) -> tuple[object, ...]:
+    """What ``reference_setup`` reads of its arguments besides the model, sequence and precision a search
+    holds."""
+    return (base.finetune, base.offload, base.loss, ckpt, attention, par.cp, par.cp_rotate)
+
+
+def reference_setup(base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel) -> Setup:
+    """The reference sequence's setup: ``base`` with one sequence a step (b = 1, one micro-batch), this
+    checkpointing and attention, and ``par``'s context parallelism alone (its degree and rotation: the
+    attention kernels' lengths); not validated (``methods.valid``)."""
+    return base.model_copy(
+        update={
+            "parallel": Parallel(cp=par.cp, cp_rotate=par.cp_rotate),
+            "training": base.training.model_copy(update={"micro_batch": 1, "grad_accum": 1}),
+            "strategy": base.strategy.model_copy(
+                update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
+            ),
+            # --fp8-tp, --tp-comm-overlap and --async-tp need tp: the one-device reference runs without
+            # them (--async-tp's own kernels left out too) (--fp8-tp changes the casts, left out, and the tp
+            # collectives, which ``with_tp`` charges in float8; the userbuffers hide them, ``with_tp``
+            # charges none); nor --fp8-param-gather, which needs the distributed optimizer and changes only
+            # its gather
+            "impl": base.impl.replaced(
+                fp8_tp=False, tp_comm_overlap=False, async_tp=False, fp8_param_gather=False
+            ),
+        }
+    )
+
+
 def _sequence_key(
     base: Setup, ckpt: Checkpointing, attention: Attention, par: Parallel, b: int
 ) -> tuple[object, ...]:
@@ -281,25 +312,9 @@ class Bound:
     ) -> Reference | None:
         """The reference sequence for this checkpointing, attention and ``par``'s context parallelism (its
         degree and rotation: the attention kernels' lengths); None when it cannot be built."""
-        key = (base.finetune, base.offload, base.loss, ckpt, attention, par.cp, par.cp_rotate)
+        key = reference_key(base, ckpt, attention, par)
         if key not in self._references:
-            setup = base.model_copy(
-                update={
-                    "parallel": Parallel(cp=par.cp, cp_rotate=par.cp_rotate),
-                    "training": base.training.model_copy(update={"micro_batch": 1, "grad_accum": 1}),
-                    "strategy": base.strategy.model_copy(
-                        update={"checkpointing": ckpt, "checkpoint_every": 1, "attention": attention}
-                    ),
-                    # --fp8-tp, --tp-comm-overlap and --async-tp need tp: the one-device reference runs
-                    # without them (--async-tp's own kernels left out too)
-                    # (--fp8-tp changes the casts, left out, and the tp collectives, which ``with_tp``
-                    # charges in float8; the userbuffers hide them, ``with_tp`` charges none); nor
-                    # --fp8-param-gather, which needs the distributed optimizer and changes only its gather
-                    "impl": base.impl.replaced(
-                        fp8_tp=False, tp_comm_overlap=False, async_tp=False, fp8_param_gather=False
-                    ),
-                }
-            )
+            setup = reference_setup(base, ckpt, attention, par)
             try:
                 self._references[key] = reference(setup, self.gpu) if valid(setup) else None
             except ValueError:

@@ -50,13 +50,14 @@ from memplan.presets import GpuPreset
 from memplan.search.bound import Bound, Cutoff, stages_bound
 from memplan.search.budget import fits, host_fits, verdict
 from memplan.search.methods import SAVERS, valid
+from memplan.search.mfu_bound import MfuBound
 from memplan.search.results import Config, Family, FitResult, Rejected
 from memplan.search.space import Layout, Space
 from memplan.stage_plan import stage_states
 from memplan.strategies import offload
 from memplan.time.offload import reads_device
 from memplan.time.predict import Unstaged, unstaged
-from memplan.time.timing import Timing, peak_flops, timing
+from memplan.time.timing import Timing, assumed_seconds, peak_flops, timing
 
 
 def micro_batches(global_batch: int, layout: Layout, space: Space) -> dict[int, int]:
@@ -130,7 +131,8 @@ class _Group:
     gpu: GpuPreset
     mfu: float | None
     key: float = 0.0
-    """Its first bound (``bound.Bound.seconds``; 0 without one): the key it enters the queue at."""
+    """Its first bound (``bound.Bound.seconds``, ``mfu_bound.MfuBound.seconds`` at an assumed MFU; 0
+    without one): the key it enters the queue at."""
     step: int = 1
     """The refinement it is at (module docstring): 1 its first bound, 2 its stages' shared bound, 3 its
     stages' least step time, 4 judged for memory."""
@@ -140,6 +142,8 @@ class _Group:
     """``unstaged``, once made."""
     stages_bound: float | None = None
     """``shared_bound``, once made."""
+    plain: Result | None = None
+    """Stage 0's estimate without stage plans (``engine.unplanned``), once made (``first``)."""
     states: dict[int, int] = field(default_factory=dict)
     """Each stage's largest model states on a device (``engine.states_floor``: the same at every micro-batch
     size), once learnt: one dict shared by the triple's groups."""
@@ -184,13 +188,20 @@ class _Group:
         (``engine.states_floor``), judged without an estimate."""
         return self.states.get(i, 0) > memory
 
+    def first(self) -> Result:
+        """The first estimate made, else stage 0's without stage plans (``plain``: what the stages share
+        reads none)."""
+        first = self.made.get(0) or next(iter(self.made.values()), None)
+        if first is None:
+            if self.plain is None:
+                self.plain, self.bounded = unplanned(self.setup(0)), True
+            first = self.plain
+        return first
+
     def unstaged(self) -> Unstaged:
-        """What the stages' predictions share (``predict.unstaged``), from the first estimate made (or an
-        estimate without stage plans: ``slower_than``'s bound reads none)."""
+        """What the stages' predictions share (``predict.unstaged``), from ``first``."""
         if self.shared is None:
-            first = self.made.get(0) or next(iter(self.made.values()), None)
-            if first is None:
-                first, self.bounded = unplanned(self.setup(0)), True
+            first = self.first()
             peak = peak_flops(self.gpu, first.setup.training.precision)
             self.shared = unstaged(first, self.gpu, peak, self.steps)
         return self.shared
@@ -222,14 +233,22 @@ class _Group:
             return True
         if self.shared_bound() > seconds:
             return True
+        if self.mfu is not None:
+            return False  # ``shared_bound`` is every stage's step
         return all(self.time(i).step_time_s > seconds for i in range(len(self.families)))
 
     def shared_bound(self) -> float:
         """``bound.stages_bound`` of its stages (it reads no stage plan: the critical stage, its kernels
-        and the tp/cp/pp/ep rows come from the setup, the pieces, the FLOPs and the parameters)."""
+        and the tp/cp/pp/ep rows come from the setup, the pieces, the FLOPs and the parameters); at an
+        assumed MFU every stage's step itself (``timing.assumed_seconds`` reads no ZeRO stage)."""
         if self.stages_bound is None:
-            shared = self.unstaged()
-            self.stages_bound = stages_bound(shared.critical.result, self.gpu, shared)
+            if self.mfu is not None:
+                first = self.first()
+                peak = peak_flops(self.gpu, first.setup.training.precision)
+                self.stages_bound = assumed_seconds(first, peak, self.mfu)
+            else:
+                shared = self.unstaged()
+                self.stages_bound = stages_bound(shared.critical.result, self.gpu, shared)
         return self.stages_bound
 
     def refine(self, key: float) -> float | None:
@@ -238,14 +257,15 @@ class _Group:
         self.step += 1
         if self.step == 2:
             return max(key, self.shared_bound())
-        if self.step == 3:
+        if self.step == 3 and self.mfu is None:  # at an assumed MFU step 2's key is every stage's step
             return max(key, min(self.time(i).step_time_s for i in range(len(self.families))))
         return None
 
     def listable(self, cutoff: float) -> bool:
         """Could one of its stages be listed beside rows as fast as ``cutoff`` (the final cut-off): at an
-        assumed MFU or an open cut-off (nothing pruned by time then), or some stage predicted within it."""
-        return self.mfu is not None or cutoff == math.inf or not self.slower_than(cutoff)
+        open cut-off (nothing pruned by time then), or some stage predicted (or at an assumed MFU) within
+        it."""
+        return cutoff == math.inf or not self.slower_than(cutoff)
 
 
 @dataclass
@@ -306,7 +326,7 @@ def _stage_setups(base: Setup, families: list[Family]) -> list[Setup]:
 def search(
     result: FitResult,
     triples: list[Triple],
-    bound: Bound | None,
+    bound: Bound | MfuBound | None,
     cutoff: Cutoff,
     shortcuts: bool = True,
 ) -> None:

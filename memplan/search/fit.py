@@ -22,7 +22,9 @@ step-time lower bound (``bound``: one reference sequence's kernels at the layout
 stage, stretched by its bubble), refined when it comes out — the bound its ZeRO stages share
 (``bound.stages_bound``), then their predicted step times — and judged for memory only when none of those
 is slower than the ``Space.keep`` (``--top``) fastest found so far; the search stops when the lowest key
-left is slower than them (exact: the listed rows are those of the full evaluation). Memory is judged
+left is slower than them (exact: the listed rows are those of the full evaluation). At an assumed ``--mfu``
+the bound is the step's own formula without the checkpoint recompute (``mfu_bound``), and a group's second
+key is its stages' step itself. Memory is judged
 cheapest first (``budget.fits``: the stages' lower bounds, the peak, the requested peak, then one replay of
 the allocator, memoised on the device's allocation stream), and a listed row's verdict is computed when it
 is shown (``results.Config``). A ZeRO stage that fits makes the higher stages of the same configuration
@@ -57,6 +59,7 @@ from memplan.search.methods import (
     valid,
     with_method,
 )
+from memplan.search.mfu_bound import MfuBound
 from memplan.search.results import Config, Family, FitResult, Outcome, Rejected
 from memplan.search.space import (
     Layout,
@@ -139,11 +142,13 @@ def fit(
         raise ValueError(crowded)
     if not searchable(base, gpus, batch, space, every):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
-    bound = (
-        Bound(gpu, gpus, batch, base.impl.fp8_tp, base.impl.tp_comm_overlap or base.impl.async_tp)
-        if mfu is None and space.keep
-        else None
-    )
+    bound: Bound | MfuBound | None = None  # keep 0: prune nothing
+    if space.keep:
+        bound = (
+            Bound(gpu, gpus, batch, base.impl.fp8_tp, base.impl.tp_comm_overlap or base.impl.async_tp)
+            if mfu is None
+            else MfuBound(gpu, gpus, batch, mfu)
+        )
     levels: dict[FineTune, list[int]] = {}  # per method, the saver levels with a configuration memplan models
     no_host: set[FineTune] = set()
     with no_cycle_collection():
@@ -226,7 +231,7 @@ def _search_level(
     gpus: int,
     space: Space,
     mfu: float | None,
-    bound: Bound | None,
+    bound: Bound | MfuBound | None,
     every: list[Layout],
     shortcuts: bool = True,
 ) -> bool:

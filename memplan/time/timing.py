@@ -98,6 +98,15 @@ def bubble(p: Result) -> float:
     return (par.pp - 1) / (par.vpp * p.micro_batches)
 
 
+def assumed_seconds(p: Result, peak: float, mfu: float) -> float:
+    """The step at an assumed ``mfu`` (module docstring): the model FLOPs and the checkpoint recompute of
+    the whole job's micro-batches at ``mfu`` × ``peak`` on each of its devices, stretched by the bubble.
+    It reads the FLOPs, the layout and the micro-batches, never the ZeRO stage (``search.mfu_bound``)."""
+    per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
+    model, recompute = p.flops.model * per_step, p.flops.recompute * per_step
+    return (model + recompute) / (p.devices * peak * mfu) * (1 + bubble(p))
+
+
 def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float | None) -> float | None:
     """The MFU the step time is to come from (None when predicted or measured); a one-line
     ``ValueError`` for a value out of range."""
@@ -143,7 +152,7 @@ def timing(
     b = bubble(p)
     predicted = predict(p, gpu, peak, shared)
     if assumed is not None:
-        seconds, basis = (model + recompute) / (capacity * assumed) * (1 + b), "assumed"
+        seconds, basis = assumed_seconds(p, peak, assumed), "assumed"
     elif step_time is not None:
         seconds, basis = step_time, "measured"
     else:
