@@ -223,4 +223,7 @@ def whole_flops(core: Setup) -> Flops:
         return lora.flops(core)
     dims = Dims.of(core)
     recompute = sum(s.recompute(core, dims) for s in STRATEGIES if s.applies(core))
-    return context_parallel.whole_model(flops(core, recompute), core.parallel.cp)
+    cp = core.parallel.cp
+    # the model's FLOPs are the whole sequence's on one device (``Flops.cp_skipped``)
+    unsplit = flops(core.replaced(parallel=core.parallel.replaced(cp=1, cp_rank=None))) if cp > 1 else None
+    return context_parallel.whole_model(flops(core, recompute), cp, unsplit)

@@ -13,9 +13,11 @@ from memplan.analytic.params import count_params
 from memplan.config import (
     Attention,
     Checkpointing,
+    CpRotate,
     Device,
     ModelConfig,
     Optimizer,
+    Parallel,
     Precision,
     Setup,
     StrategyConfig,
@@ -231,6 +233,48 @@ def test_palm_attention_term() -> None:
     m = e.setup.model
     attention = e.flops.model - 3 * (e.flops.layer_linear + e.flops.lm_head)
     assert attention == 12 * m.num_layers * m.num_heads * m.dim * 2048 * 2048
+
+
+@pytest.mark.parametrize("rotate", [CpRotate.ALLGATHER, CpRotate.KV_GATHER])
+@pytest.mark.parametrize("cp", [2, 4])
+def test_model_flops_do_not_depend_on_context_parallelism(cp: int, rotate: CpRotate) -> None:
+    """The model's FLOPs (MFU's, the step's at an assumed MFU) are one device's at any cp: the ranks
+    together run fewer attention FLOPs — a load-balanced rank's causal block counts (s/c)² cells, each of
+    its c − 1 others (s/c)²/2, so c·(s/c)²·(c + 1)/2 = s²·(c + 1)/(2c) cells against one device's s² —
+    and ``cp_skipped`` is the rest, 3 × (forward) of the missing cells: Llama 3 8B (32 layers, 32 heads of
+    128) at 8,192 tokens, 2·d·2 FLOPs a cell forward. The hardware FLOPs (``total``) stay the ranks'."""
+    base = Setup(model=load_model_preset("llama-3-8b").model, training=TrainingConfig(seq_len=8192))
+    base = base.model_copy(update={"strategy": StrategyConfig(attention=Attention.FLASH)})
+    one = estimate(base).flops
+    split = estimate(base.model_copy(update={"parallel": Parallel(cp=cp, cp_rotate=rotate)})).flops
+    s, layers, heads, d = 8192, 32, 32, 128
+    assert split.model == one.model
+    assert split.cp_skipped == 3 * layers * heads * 4 * d * s * s * (cp - 1) // (2 * cp)
+    assert split.total == split.model - split.cp_skipped + split.kernel_recompute < one.total
+
+
+@pytest.mark.parametrize(
+    ("name", "seq", "cp", "tflops", "tokens"),
+    [
+        ("llama-2-7b", 4096, 1, 776, 16847),
+        ("llama-2-13b", 4096, 1, 754, 8646),
+        ("llama-2-70b", 4096, 1, 759, 1707),
+        ("llama-3-8b", 8192, 2, 697, 12036),
+        ("llama-3-70b", 8192, 2, 738, 1533),
+    ],
+)
+def test_model_flops_are_nemos(name: str, seq: int, cp: int, tflops: int, tokens: int) -> None:
+    """NVIDIA NeMo's performance summary (docs/source/performance/performance_summary.md, container 24.07,
+    DGX-H100, "Pretraining") prints each run's tokens/s and model TFLOP/s per GPU: their ratio is NeMo's
+    model FLOPs a token, the attention core counted whole and the same under context parallelism (the
+    Llama 3 rows ran CP 2). memplan's ``flops.model`` a token is it, to the rounding of the printed
+    figures (TFLOP/s to the unit)."""
+    setup = Setup(model=load_model_preset(name).model, training=TrainingConfig(seq_len=seq))
+    setup = setup.model_copy(
+        update={"strategy": StrategyConfig(attention=Attention.FLASH), "parallel": Parallel(cp=cp)}
+    )
+    per_token = estimate(setup).flops.model / seq
+    assert per_token == pytest.approx(tflops * 1e12 / tokens, rel=0.5 / tflops + 0.5 / tokens)
 
 
 def test_flash_backward_recomputes_scores() -> None:

@@ -19,9 +19,13 @@ what torch's early-stopping checkpoint never re-runs (``strategies.checkpointing
 
 Model FLOPs — the one definition, used by ``flops.model`` in the JSON, the estimate and plan reports and
 timing's MFU (plan/timing.py): forward + backward without any re-computation, i.e.
-    model = forward + backward − kernel_recompute
+    model = forward + backward − kernel_recompute (+ cp_skipped)
 where ``kernel_recompute`` is the flash kernel's own re-computation of S = QKᵀ inside its backward
 (2·b·a·s²·d per layer; 0 for eager attention). Checkpoint recompute (``recompute``) is apart already.
+They are the model's, not the layout's: under context parallelism the ranks together run fewer attention
+FLOPs than one device counts (a load-balanced rank skips the blocks its causal split masks wholly), and
+``cp_skipped`` adds them back, so the model FLOPs — and an MFU, or the step at an assumed one — are the
+same at every cp (PaLM's count reads the sequence, not its split).
 This is the MFU convention of PaLM (App. B) and Korthikanti et al. 2022 (App. A): for full training every
 matmul's backward is 2× its forward, so model = 3 × forward — an identity of today's terms, not the
 definition (frozen weights, which skip dW, break it). ``total`` (hardware FLOPs, for HFU) is what
@@ -66,6 +70,11 @@ class Flops(BaseModel):
     (none when its input needs no gradient) and the adapters' products under fine-tuning."""
     lm_head_backward: int
     """The lm head's dX and dW in backward (0 under the fused loss, which runs them in its forward)."""
+    cp_skipped: int = 0
+    """The attention core's model FLOPs (forward and backward, the kernel's recompute aside) that no
+    context-parallel rank runs: the whole sequence's, as one device counts them (causal not halved), less
+    the cp ranks' — a load-balanced rank skips the blocks its causal split masks wholly
+    (``strategies.context_parallel.whole_model``). In ``model``, not in ``total``; 0 at cp 1."""
 
     @property
     def total(self) -> int:
@@ -74,8 +83,9 @@ class Flops(BaseModel):
 
     @property
     def model(self) -> int:
-        """Model FLOPs, for MFU (module docstring): forward + backward without any re-computation."""
-        return self.forward + self.backward - self.kernel_recompute
+        """Model FLOPs, for MFU (module docstring): forward + backward without any re-computation, of the
+        model whole — the same at any context parallelism (``cp_skipped``)."""
+        return self.forward + self.backward - self.kernel_recompute + self.cp_skipped
 
 
 def layer_linear_flops(setup: Setup, dims: Dims) -> int:

@@ -7,11 +7,11 @@ At an assumed MFU u the step is (``time.timing.assumed_seconds``)
 
 for the model FLOPs M and the checkpoint recompute R of the step's B sequences, on N devices, with n
 micro-batches a data-parallel rank through p stages of m virtual stages each. The model FLOPs of one
-sequence (``flops.model``: forward and backward of the whole model, no re-computation) read the model, the
-sequence, the method, the loss and the attention's split over the context-parallel ranks (the causal
-blocks a load-balanced rank skips), not tp, pp, ep, the micro-batch size or the ZeRO stage; so M = B ·
-M₁ with M₁ the one-sequence reference's (``bound.reference_setup``: b = 1, the layout's cp and rotation),
-and R ≥ 0:
+sequence (``flops.model``: forward and backward of the whole model, no re-computation, as one device counts
+them at any cp: ``Flops.cp_skipped``) read the model, the sequence, the method and the loss, not tp, pp,
+cp, ep, the micro-batch size or the ZeRO stage; so M = B · M₁ with M₁ the one-sequence reference's
+(``bound.reference_setup``: b = 1, the layout's cp and rotation, which the bound's memo shares), and
+R ≥ 0:
 
     step ≥ B · M₁ / (N · peak · u) · (1 + (p − 1)/(m·n))
 

@@ -87,11 +87,17 @@ def check_context(setup: Setup) -> None:
         )
 
 
-def whole_model(rank: Flops, cp: int) -> Flops:
-    """The whole model's FLOPs from one context-parallel rank's (every rank runs the same work)."""
+def whole_model(rank: Flops, cp: int, unsplit: Flops | None = None) -> Flops:
+    """The whole model's FLOPs from one context-parallel rank's (every rank runs the same work);
+    ``unsplit``: the same model's at cp 1 (one device, the whole sequence), whose model FLOPs the cp ranks'
+    fall short of by the masked blocks they skip (``Flops.cp_skipped``; every other term is cp × the
+    rank's: s/cp tokens on each)."""
     if cp == 1:
         return rank
-    return Flops(**{name: value * cp for name, value in rank.model_dump().items()})
+    whole = Flops(**{name: value * cp for name, value in rank.model_dump().items()})
+    if unsplit is None:
+        return whole
+    return whole.model_copy(update={"cp_skipped": unsplit.model - whole.model})
 
 
 class Exchange(NamedTuple):

@@ -3,7 +3,7 @@ search that prunes nothing lists.
 
 Before, an assumed MFU switched the bound off and every family was judged for memory and rejection
 (``fit -m 70b --seq 4096 --gpus 256 --gpu h100-sxm --mfu 0.4``: 24.8 s of CPU, 22,848 of 23,847
-configurations evaluated; now 1.4 s, 129, measured on the development machine, docs/fit.md).
+configurations evaluated; now 2.4 s, 804, measured on the development machine, docs/fit.md).
 """
 
 from __future__ import annotations
