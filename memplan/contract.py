@@ -113,6 +113,7 @@ def to_json(r: Result) -> dict[str, Any]:
             "kernel_recompute": r.flops.kernel_recompute,
             "total": r.flops.total,
             "model": r.flops.model,
+            "cp_skipped": r.flops.cp_skipped,
             "hardware": r.flops.total,
             "two_n": r.six_n // 3,
             "four_n": 2 * r.six_n // 3,

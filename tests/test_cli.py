@@ -121,6 +121,19 @@ def test_json_70b_has_every_contract_key_as_integers_and_equals_estimate() -> No
     )
 
 
+def test_the_flops_table_adds_up_under_context_parallelism() -> None:
+    """At cp 4 the model FLOPs are one device's (``Flops.cp_skipped``): the JSON's and the table's rows add
+    up — model = forward + backward − the flash kernel's S + the blocks the cp ranks skip —, and the
+    table names the skipped blocks in a row of their own."""
+    args = ("-m", "llama-3-8b", "--seq", "32768", "--cp", "4", "--gpus", "4")
+    f = estimate_json(*args)["flops"]
+    assert f["cp_skipped"] > 0
+    assert f["model"] == f["forward"] + f["backward"] - f["kernel_recompute"] + f["cp_skipped"]
+    assert f["total"] == f["forward"] + f["backward"] + f["recompute"]
+    text = invoke("estimate", *args).stdout
+    assert "cp causal skip" in text
+
+
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
     doc = estimate_json(
         "-m", "gpt2", "-s", "512", "-b", "2", "--precision", "fp32", "--optimizer", "sgd-momentum",

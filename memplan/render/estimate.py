@@ -352,7 +352,16 @@ def flops_table(e: Result) -> Fitted:
         add(name, value, why, style="dim" if name[0] == " " else "")
     table.section()
     add("total (hardware)", f.total, "all that runs, for HFU", style="bold")
-    add("model", f.model, "forward + backward without any recompute (flash's S neither), for MFU", "bold")
+    skipped = " + the blocks cp skips" if f.cp_skipped else ""
+    add(
+        "model",
+        f.model,
+        f"forward + backward without any recompute (flash's S neither){skipped}, for MFU",
+        "bold",
+    )
+    if f.cp_skipped:
+        why = "attention blocks the cp ranks' causal split masks wholly: not run, one device counts them"
+        add("  cp causal skip", f.cp_skipped, why, style="dim")
     table.section()
     two_n = e.six_n // 3
     views = (

@@ -197,7 +197,13 @@ _FLOPS_OBJ = obj(
         "backward": FLOPS,
         "recompute": described(FLOPS, "forward work re-run in backward (checkpointing, reversible)"),
         "total": described(FLOPS, "forward + backward + recompute: what FlopCounterMode counts"),
-        "model": described(FLOPS, "forward + backward, without recompute (for MFU)"),
+        "model": described(
+            FLOPS, "forward + backward, without recompute (for MFU), as one device counts them at any cp"
+        ),
+        "cp_skipped": described(
+            FLOPS,
+            "attention FLOPs in model that no context-parallel rank runs (its causal split's masked blocks)",
+        ),
         "hardware": described(FLOPS, "= total (for HFU)"),
         "six_n": FLOPS,
         "per_step": described(FLOPS, "total × grad_accum"),
