@@ -113,8 +113,8 @@ def command(draw: st.DrawFn, tmp: Path) -> list[str]:
         names = ["--batch", "--checkpointing", "--attention", "--dropout", "--zero", "--dp", "--precision"]
     elif name == "fit":
         names = ["--seq", "--gpu", "--gpus", "--global-batch", "--precision", "--mfu", "--reserve"]
-        # a small space: a valid search over every saver and stage of a large model is seconds (--mfu
-        # prunes nothing by time), which tests/plan's searches cover; the fuzz is about how a command ends
+        # a small space: a valid search over every saver and stage of a large model is seconds, which
+        # tests/plan's searches cover; the fuzz is about how a command ends
         args += ["--micro-batches", "1,2", "--tp-max", "2", "--checkpointing", "full", "--zero", "3"]
     else:
         names = list(OPTIONS)
