@@ -27,7 +27,7 @@ MFU = 0.4
 
 CASES = [
     # (model, seq, GPU, GPUs, global batch, space): tp, pp with and without the interleaved schedule,
-    # cp 2, three checkpointings
+    # cp 2, with and without checkpointing
     (
         "llama-3.2-1b",
         4096,
@@ -35,7 +35,7 @@ CASES = [
         16,
         64,
         Space(
-            checkpointing=(Checkpointing.NONE, Checkpointing.SELECTIVE, Checkpointing.FULL),
+            checkpointing=(Checkpointing.NONE, Checkpointing.FULL),
             micro_batches=(1, 2),
             vpp=(1, 2),
             cp_max=2,
