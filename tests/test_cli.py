@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,11 @@ def test_the_flops_table_adds_up_under_context_parallelism() -> None:
     assert f["total"] == f["forward"] + f["backward"] + f["recompute"]
     text = invoke("estimate", *args).stdout
     assert "cp causal skip" in text
+    # on a GPU the step's HFU reads below its MFU there, and the time table says why
+    timed = estimate_json(*args, "--gpu", "h100-sxm")["time"]
+    assert timed["hfu"] < timed["mfu"]
+    text = invoke("estimate", *args, "--gpu", "h100-sxm").stdout
+    assert "the cp ranks skip the masked blocks" in re.sub(r"[│\s]+", " ", text)  # wrapped cells joined
 
 
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:

@@ -48,6 +48,13 @@ def _part_text(name: str, pr: Prediction) -> str:
     return _PARTS.get(name, "communication no compute hides")
 
 
+def _hfu_text(t: Timing) -> str:
+    """HFU's note; under context parallelism the ranks run fewer attention FLOPs than the model FLOPs count
+    (``Flops.cp_skipped``), which is why HFU can read below MFU (said where it does)."""
+    note = "; the cp ranks skip the masked blocks the model FLOPs count" if t.hfu < t.mfu else ""
+    return f"all FLOPs that run (recompute included{note}) / the same"
+
+
 def time_table(t: Timing) -> Fitted:
     cols = (Col("", "left"), Col(""), Col("", "left", priority=1, wrap=True, min_width=16))
     table = Fitted(cols, title=f"Time of one step ({FLOP_UNITS})", show_header=False)
@@ -57,7 +64,7 @@ def time_table(t: Timing) -> Fitted:
         ("step time", f"{t.step_time_s:,.3f} s", basis),
         ("tokens/s", f"{t.tokens_per_s:,.0f}", f"{fmt_int(t.tokens_per_step)} tokens per step"),
         ("MFU", f"{t.mfu:.1%}", "model FLOPs (no recompute) / (time × devices × peak)"),
-        ("HFU", f"{t.hfu:.1%}", "all FLOPs that run (recompute included) / the same"),
+        ("HFU", f"{t.hfu:.1%}", _hfu_text(t)),
         ("pipeline bubble", f"{t.bubble:.1%}", "(p − 1)/(m·n) of the busy time"),
         ("model FLOPs", fmt_flops(t.model_flops_per_step), "per step"),
         ("hardware FLOPs", fmt_flops(t.hardware_flops_per_step), "per step"),
