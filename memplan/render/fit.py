@@ -59,17 +59,28 @@ def fit_report(r: FitResult, top: int) -> Group:
     if r.cp_rotate != (CpRotate.ALLGATHER,):
         head.append(", cp > 1 as " + ", ".join(k.value for k in r.cp_rotate))
     speed = r.searched / r.seconds if r.seconds else 0.0
+    assumed = next((c.timing.assumed_mfu for c in r.fitting), None)  # --mfu: every row's basis
+    timed = "at the assumed MFU" if assumed is not None else "predicted"
     lines: list[RenderableType] = [
         head,
         Text(
             f"searched {fmt_int(r.searched)} configurations in {r.seconds * 1000:,.0f} ms ({speed:,.0f}/s): "
             f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak, {fmt_int(r.pruned)} "
-            "pruned (step time slower than the rows shown, by its bound or predicted), "
+            f"pruned (step time slower than the rows shown, by its bound or {timed}), "
             f"{fmt_int(r.states_only)} too big by their model states alone; "
             f"{len(r.fitting)} judged to fit, {len(r.rejected)} families rejected",
             style="dim",
         ),
     ]
+    if assumed is not None:
+        lines.append(
+            Text(
+                f"step times at an assumed MFU of {assumed * 100:g} % (--mfu): the model FLOPs and "
+                "the checkpoint recompute at that fraction of the peak, stretched by the pipeline bubble; "
+                "rows as fast are ordered by fewer model-parallel devices, the lower ZeRO stage, the "
+                "larger micro-batch"
+            )
+        )
     if r.best is not None and r.max_seq is not None:
         lines.append(
             Text(f"longest sequence for the best configuration (micro-batch 1): {fmt_int(r.max_seq)}")

@@ -12,8 +12,10 @@ import dataclasses
 import json
 
 import pytest
+from typer.testing import CliRunner
 
 from memplan.api import build_setup
+from memplan.cli.app import app
 from memplan.config import Checkpointing, Parallel
 from memplan.presets import GpuPreset, load_gpu
 from memplan.search.fit import Space, fit
@@ -106,3 +108,18 @@ def test_the_bound_by_hand() -> None:
     key = bound.seconds(base, Checkpointing.NONE, base.strategy.attention, Parallel(pp=2), 4)
     capacity = 16 * peak_flops(H100, base.training.precision) * MFU
     assert key == pytest.approx(64 * model / capacity * (1 + 1 / 4), rel=1e-8)
+
+
+def test_the_summary_says_the_rows_are_at_the_assumed_mfu() -> None:
+    """At an assumed MFU the panel says the step times are not predicted, and what orders rows as fast;
+    every row's time has the assumed basis (the JSON's ``time.basis``)."""
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    command = ["fit", "-m", "llama-3.2-1b", "--seq", "2048", "--gpus", "8", "--gpu", "h100-sxm", "--top", "2"]
+    shown = runner.invoke(app, [*command, "--mfu", "0.375"])
+    assert shown.exit_code == 0, shown.output
+    assert "step times at an assumed MFU of 37.5 % (--mfu)" in shown.stdout
+    assert "by its bound or at the assumed MFU" in shown.stdout
+    predicted = runner.invoke(app, command)
+    assert "assumed MFU" not in predicted.stdout and "by its bound or predicted" in predicted.stdout
+    doc = json.loads(runner.invoke(app, [*command, "--mfu", "0.375", "--json"]).stdout)
+    assert {(c["time"]["basis"], c["time"]["assumed_mfu"]) for c in doc["configs"]} == {("assumed", 0.375)}
