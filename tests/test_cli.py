@@ -140,6 +140,31 @@ def test_the_flops_table_adds_up_under_context_parallelism() -> None:
     assert "the cp ranks skip the masked blocks" in re.sub(r"[│\s]+", " ", text)  # wrapped cells joined
 
 
+def test_under_fp8_a_measured_mfu_over_one_is_taken_and_said_to_be_against_the_16_bit_peak() -> None:
+    """``--fp8``: MFU stays against the 16-bit peak (torchtitan's convention), the float8 GEMMs run on the
+    FP8 peak, so a measured step faster than every model FLOP at the 16-bit peak is a real one (taken,
+    exit 0) and the tables say what MFU is against; the JSON carries both peaks. Without ``--fp8`` nothing
+    is said."""
+    args = ("-m", "llama-3.2-1b", "--seq", "2048", "--gpu", "h100-sxm")
+    t = estimate_json(*args, "--fp8", "tensorwise")["time"]
+    assert (t["peak_flops_per_device"], t["fp8_peak_flops_per_device"]) == (989.5e12, 1979e12)
+    step = 0.75 * t["model_flops_per_step"] / 989.5e12  # MFU 133 %
+    measured = estimate_json(*args, "--fp8", "tensorwise", "--step-time", repr(step))["time"]
+    assert measured["mfu"] == pytest.approx(1 / 0.75, rel=1e-12)
+    result = invoke("estimate", *args, "--fp8", "tensorwise", "--step-time", repr(step))
+    assert result.exit_code == 0, result.output
+    text = re.sub(r"[│\s]+", " ", result.stdout)  # wrapped cells joined
+    assert "133.3%" in text and "--fp8's GEMMs run on the FP8 peak, so it can pass 100%" in text
+    assert "--fp8's GEMMs: 1,979.0 TFLOP/s (FP8)" in text
+    compared = invoke("compare", *args, "--vary", "fp8=none,tensorwise").stdout
+    assert "so it can pass 100%" in re.sub(r"\s+", " ", compared)
+    found = invoke("fit", *args, "--gpus", "1", "--fp8", "tensorwise", "--top", "1").stdout
+    assert "so it can pass 100%" in re.sub(r"\s+", " ", found)
+    assert estimate_json(*args)["time"]["fp8_peak_flops_per_device"] is None
+    assert "FP8 peak" not in invoke("estimate", *args).stdout
+    assert "FP8 peak" not in invoke("compare", *args, "--vary", "zero=0,1").stdout
+
+
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
     doc = estimate_json(
         "-m", "gpt2", "-s", "512", "-b", "2", "--precision", "fp32", "--optimizer", "sgd-momentum",

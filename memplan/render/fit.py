@@ -12,6 +12,7 @@ from rich.text import Text
 from memplan.config import CpRotate, Method, Parallel
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
+from memplan.render.time import fp8_mfu_note
 from memplan.search.command import impl_args
 from memplan.search.fit import Family, FitResult, estimate_command
 from memplan.search.methods import SAVERS
@@ -183,9 +184,10 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
             f"{t.tokens_per_s:,.0f}",
             f"{t.mfu:.1%}",
         )
+    fp8 = fp8_mfu_note([c.timing for c in shown])
     table.caption = (
         "micro-batch: size × micro-batches per step; ZeRO: the fastest stage that fits (ties: the lowest); "
-        "the higher stages of a listed configuration fit too"
+        "the higher stages of a listed configuration fit too" + (f"; {fp8}" if fp8 else "")
     )
     return table
 

@@ -35,7 +35,7 @@ from memplan.render.estimate import (
     unit_of,
 )
 from memplan.render.fitted import Col, Fitted
-from memplan.render.time import comm_table, time_table
+from memplan.render.time import comm_table, fp8_mfu_note, time_table
 from memplan.reserved import Reserved
 from memplan.search.budget import HostVerdict, Verdict
 
@@ -349,12 +349,13 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
     memory = [r.built.gpu.memory_bytes if r.built.gpu else 0 for r in rows]
     scale = max([v["peak"] or 0 for v in values] + memory + [1])
     shared = " · ".join(f"{k} {v}" for k, v in (same or {}).items() if v != "–")
+    fp8 = fp8_mfu_note([r.built.timing for r in rows])
     table = Fitted(
         _compare_columns(keys, units),
         title="memplan compare" + (f": {shared}" if shared else ""),
         caption=(
             "peak: most loaded device; FLOPs/step: all that runs, whole job; step time predicted (or at "
-            f"--mfu). {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
+            f"--mfu).{f' {fp8}.' if fp8 else ''} {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
         ),
     )
     for vals, mem in zip(values, memory, strict=True):

@@ -4,6 +4,7 @@ decimal (TFLOP = 10¹²)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from memplan.render.estimate import FLOP_UNITS, fmt_bytes, fmt_count, fmt_flops, fmt_int, plural
@@ -55,6 +56,29 @@ def _hfu_text(t: Timing) -> str:
     return f"all FLOPs that run (recompute included{note}) / the same"
 
 
+FP8_MFU = (
+    "the 16-bit peak, as torchtitan counts float8 runs: --fp8's GEMMs run on the FP8 peak, "
+    "so it can pass 100%"
+)
+"""What MFU is against under ``--fp8`` (``time.timing``'s docstring): said wherever an MFU is shown."""
+
+
+def fp8_mfu_note(timings: Sequence[Timing | None]) -> str:
+    """``FP8_MFU`` as a clause for a table's caption where one of its rows runs ``--fp8``; else empty."""
+    return f"MFU: against {FP8_MFU}" if any(t and t.fp8_peak_flops_per_device for t in timings) else ""
+
+
+def _mfu_text(t: Timing) -> str:
+    """MFU's note; under ``--fp8`` it is still against the 16-bit peak (``FP8_MFU``)."""
+    note = f"; {FP8_MFU}" if t.fp8_peak_flops_per_device else ""
+    return f"model FLOPs (no recompute) / (time × devices × peak{note})"
+
+
+def _fp8_peak_text(t: Timing) -> str:
+    fp8 = t.fp8_peak_flops_per_device
+    return f"; --fp8's GEMMs: {fp8 / 1e12:,.1f} TFLOP/s (FP8)" if fp8 else ""
+
+
 def time_table(t: Timing) -> Fitted:
     cols = (Col("", "left"), Col(""), Col("", "left", priority=1, wrap=True, min_width=16))
     table = Fitted(cols, title=f"Time of one step ({FLOP_UNITS})", show_header=False)
@@ -63,7 +87,7 @@ def time_table(t: Timing) -> Fitted:
     rows = [
         ("step time", f"{t.step_time_s:,.3f} s", basis),
         ("tokens/s", f"{t.tokens_per_s:,.0f}", f"{fmt_int(t.tokens_per_step)} tokens per step"),
-        ("MFU", f"{t.mfu:.1%}", "model FLOPs (no recompute) / (time × devices × peak)"),
+        ("MFU", f"{t.mfu:.1%}", _mfu_text(t)),
         ("HFU", f"{t.hfu:.1%}", _hfu_text(t)),
         ("pipeline bubble", f"{t.bubble:.1%}", "(p − 1)/(m·n) of the busy time"),
         ("model FLOPs", fmt_flops(t.model_flops_per_step), "per step"),
@@ -71,7 +95,7 @@ def time_table(t: Timing) -> Fitted:
         (
             "peak per device",
             f"{t.peak_flops_per_device / 1e12:,.1f} TFLOP/s",
-            f"× {plural(t.devices, 'device')}",
+            f"× {plural(t.devices, 'device')}{_fp8_peak_text(t)}",
         ),
     ]
     if t.training_days is not None and t.training_tokens is not None:

@@ -158,7 +158,16 @@ _PREDICTED = obj(
 TIME = obj(
     {
         "devices": POSITIVE,
-        "peak_flops_per_device": {"type": "number", "exclusiveMinimum": 0},
+        "peak_flops_per_device": described(
+            {"type": "number", "exclusiveMinimum": 0},
+            "FLOP/s, dense, the precision's 16-bit (or fp32) compute dtype: what mfu and hfu are against, "
+            "under --fp8 too",
+        ),
+        "fp8_peak_flops_per_device": described(
+            {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "FLOP/s, dense FP8, that --fp8's GEMMs run at (null without --fp8): mfu can pass 1 up to this "
+            "over peak_flops_per_device",
+        ),
         "global_batch": POSITIVE,
         "tokens_per_step": POSITIVE,
         "model_flops_per_step": FLOPS,

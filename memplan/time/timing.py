@@ -19,11 +19,16 @@ Three ways to the step time, one of them per call:
   so with neither recompute nor pipeline the achieved MFU is the assumed one (communication is part of
   what an MFU below 1 stands for);
 - measured (``--step-time``): MFU = model / (time · devices · peak), HFU = hardware / (same); a step time
-  shorter than model / (devices · peak), an MFU over 1, is refused (a mistyped time or a wrong layout).
+  shorter than model / (devices · peak), an MFU over 1, is refused (a mistyped time or a wrong layout) —
+  under ``--fp8`` shorter than model / (devices · FP8 peak), every model FLOP at the FP8 peak (below).
 The communication table (``comm``) comes with every basis.
 
 Peak FLOP/s per device: the GPU preset's dense figure for the precision's compute dtype (bf16, fp16, or
-plain fp32 for the fp32 recipe: PyTorch does not use TF32 for matmuls by default).
+plain fp32 for the fp32 recipe: PyTorch does not use TF32 for matmuls by default). Under ``--fp8`` too:
+MFU and HFU stay against that 16-bit peak, as torchtitan reports them (its ``get_peak_flops``: "hardcoded
+BF16 type peak flops", float8 runs included), so they can pass 1 where the float8 GEMMs run on the FP8
+peak (``Timing.fp8_peak_flops_per_device``: about 2× the 16-bit one on the presets with FP8); a measured
+step is refused only below every model FLOP at the FP8 peak, the fastest the devices could run it.
 
 Known limitations (NB): the prediction's own (``predict``, ``comm``, ``compute``).
 """
@@ -37,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 from memplan.config import Precision
 from memplan.engine import Result
 from memplan.presets import GpuPreset
-from memplan.time import async_tp, tp_overlap
+from memplan.time import async_tp, fp8, tp_overlap
 from memplan.time.predict import Prediction, Unstaged, predict
 
 SECONDS_PER_DAY = 86_400
@@ -52,7 +57,10 @@ class Timing(BaseModel):
     model_config = ConfigDict(frozen=True, defer_build=True)  # built on first use (start-up)
     devices: int
     peak_flops_per_device: float
-    """FLOP/s (dense, the precision's compute dtype)."""
+    """FLOP/s (dense, the precision's compute dtype): what MFU and HFU are against, ``--fp8`` too."""
+    fp8_peak_flops_per_device: float | None
+    """The dense FP8 FLOP/s ``--fp8``'s GEMMs run at (None without ``--fp8``): MFU, against the 16-bit
+    peak, can pass 1 up to this over ``peak_flops_per_device`` (module docstring)."""
     global_batch: int
     tokens_per_step: int
     model_flops_per_step: int
@@ -151,6 +159,7 @@ def timing(
     capacity = p.devices * peak
     b = bubble(p)
     predicted = predict(p, gpu, peak, shared)
+    fp8_peak = fp8.peak(p.setup, gpu) if fp8.enabled(p.setup) else None
     if assumed is not None:
         seconds, basis = assumed_seconds(p, peak, assumed), "assumed"
     elif step_time is not None:
@@ -162,13 +171,16 @@ def timing(
             f"gpu: {gpu.name}'s figures give a step time of {seconds:g} s; check the GPU file's "
             "peak_tflops, hbm_bandwidth_gbps and topology bandwidths (finite GB/s and TFLOP/s)"
         )
-    fastest = model / capacity  # every model FLOP at the devices' peak: MFU 1
+    # every model FLOP at the devices' peak (MFU 1), under --fp8 at the FP8 peak (MFU the peaks' ratio)
+    fastest = model / (p.devices * (fp8_peak or peak))
     if basis == "measured" and seconds < fastest:
         achieved = model / (seconds * capacity)
         mfu_text = f"{achieved:,.0%}" if math.isfinite(achieved) else "unbounded"
+        ceiling = f"{fp8_peak / peak:.0%} (its FP8 peak)" if fp8_peak else "100%"
+        at = "at its FP8 peak" if fp8_peak else "at peak"
         raise ValueError(
-            f"step-time: {seconds:.4g} s is faster than {p.devices} × {gpu.name} at peak "
-            f"({fastest:.4g} s for this step's model FLOPs): MFU {mfu_text} > 100%; give the measured "
+            f"step-time: {seconds:.4g} s is faster than {p.devices} × {gpu.name} {at} "
+            f"({fastest:.4g} s for this step's model FLOPs): MFU {mfu_text} > {ceiling}; give the measured "
             f"seconds per optimizer step, at least --step-time {fastest:.6g}, or check --gpus and "
             "--global-batch"
         )
@@ -177,6 +189,7 @@ def timing(
     return Timing(
         devices=p.devices,
         peak_flops_per_device=peak,
+        fp8_peak_flops_per_device=fp8_peak,
         global_batch=p.global_batch,
         tokens_per_step=tokens_per_step,
         model_flops_per_step=model,

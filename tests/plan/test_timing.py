@@ -211,3 +211,45 @@ def test_precision_picks_the_peak() -> None:
 def test_timing_mistakes(kwargs: dict[str, float], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         timing(llama_plan(), A100, **kwargs)  # type: ignore[arg-type]
+
+
+def _fp8_plan(fp8: str):  # type: ignore[no-untyped-def]
+    """Llama 3.2 1B at 2,048 tokens on one H100, ``--fp8 fp8`` (or bf16 without: "none")."""
+    from memplan.api import build_setup
+    from memplan.config import Fp8Recipe
+
+    setup = build_setup("llama-3.2-1b", seq=2048)
+    return plan(setup.model_copy(update={"impl": setup.impl.model_copy(update={"fp8": Fp8Recipe(fp8)})}))
+
+
+H100 = load_gpu("h100-sxm")  # 989.5 TFLOP/s bf16 dense, 1,979 FP8
+
+
+@pytest.mark.parametrize("fp8", ["tensorwise", "rowwise"])
+def test_under_fp8_mfu_is_against_the_16_bit_peak_and_can_pass_one(fp8: str) -> None:
+    """torchtitan's MFU of a float8 run is against the BF16 peak (its ``get_peak_flops``); the float8
+    GEMMs run on the FP8 peak, so a measured step may be faster than every model FLOP at the 16-bit peak:
+    taken up to every model FLOP at the FP8 peak (MFU 1979 / 989.5 = 2), refused below it. By hand."""
+    p = _fp8_plan(fp8)
+    t = timing(p, H100)
+    assert t.peak_flops_per_device == 989.5e12
+    assert t.fp8_peak_flops_per_device == 1979e12
+    model = p.flops.model  # one micro-batch, one device
+    at_16_bit_peak = model / 989.5e12
+    measured = timing(p, H100, step_time=0.6 * at_16_bit_peak)  # faster than the 16-bit peak allows
+    assert measured.mfu == pytest.approx(1 / 0.6, rel=1e-12)
+    assert measured.mfu > 1
+    at_fp8_peak = model / 1979e12
+    assert timing(p, H100, step_time=at_fp8_peak).mfu == pytest.approx(2, rel=1e-12)
+    with pytest.raises(ValueError, match=r"at its FP8 peak .*MFU 250% > 200% \(its FP8 peak\)"):
+        timing(p, H100, step_time=0.8 * at_fp8_peak)
+
+
+def test_without_fp8_a_step_faster_than_the_peak_is_refused() -> None:
+    p = _fp8_plan("none")
+    t = timing(p, H100)
+    assert t.fp8_peak_flops_per_device is None
+    at_peak = p.flops.model / 989.5e12
+    assert timing(p, H100, step_time=at_peak).mfu == pytest.approx(1, rel=1e-12)
+    with pytest.raises(ValueError, match=r"at peak .*MFU 125% > 100%;"):
+        timing(p, H100, step_time=0.8 * at_peak)
