@@ -131,6 +131,30 @@ def test_gpu_count_under_gpu_h100_and_the_largest_preset() -> None:
     assert not _json(*base, "--dp", str(dp - 1))["fit"]["fits"]
 
 
+def test_under_context_parallelism_zero_3_over_one_data_parallel_rank_shards_over_cp() -> None:
+    """One data-parallel rank of cp 2 ranks: ZeRO-3 still shards the states over the cp ranks
+    (``Setup.state_shards`` = dp × cp, torchtitan's dp_shard_cp mesh). The count said "needs 2 ×
+    rtx-4090" with no option, on the 2 GPUs the step did not fit, and suggested nothing; it says --zero 3
+    now, whose command fits, and on the largest preset, where the step fits as it is, no option and the
+    step's own peak."""
+    args = ("-m", "llama-3.2-1b", "--seq", "16384", "--cp", "2", "--gpus", "2", "--checkpointing", "full")
+    doc = _json(*args, "--gpu", "rtx-4090")
+    v = doc["verdict"]
+    assert not v["fits"]
+    here, largest = v["counts"]
+    assert (here["devices"], here["dp"], here["args"]) == (2, 1, ["--zero", "3"])
+    sharded = _json(*args, "--gpu", "rtx-4090", "--zero", "3")
+    assert sharded["fit"]["fits"] and sharded["memory"]["peak"] == here["peak"]
+    first = v["suggestions"][0]
+    assert "--zero" in first["command"] and first["fits"] and first["peak"] == here["peak"]
+    assert _json(*shlex.split(shlex.join(first["command"][2:])))["fit"]["fits"]
+    as_is = _json(*args, "--gpu", "gb300")
+    assert as_is["fit"]["fits"]
+    assert (largest["gpu"], largest["devices"], largest["args"]) == ("gb300", 2, [])
+    assert largest["peak"] == as_is["memory"]["peak"] == doc["memory"]["peak"]
+    assert "needs 2 × rtx-4090 (--zero 3): peak" in _text(*args, "--gpu", "rtx-4090", "--summary")
+
+
 def test_every_suggestion_is_estimated_lowers_the_peak_and_its_command_says_so() -> None:
     doc = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")
     found = doc["verdict"]["suggestions"]

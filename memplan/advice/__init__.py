@@ -166,9 +166,11 @@ def _zero3(o: Options, r: Result, dp: int, full: bool) -> Options:
     return _change(o, r, zero=3, dp=dp, **extra)
 
 
-def _zero3_args(dp: int, full: bool) -> list[str]:
-    """The options of ``_zero3`` as typed; none for ZeRO-3 over one GPU (it shards nothing)."""
-    zero = ["--zero", "3", "--dp", str(dp)] if dp > 1 else []
+def _zero3_args(dp: int, full: bool, cp: int = 1) -> list[str]:
+    """The options of ``_zero3`` as typed: ``--zero 3`` wherever it shards — over the dp × cp ranks
+    (``Setup.state_shards``: under context parallelism one data-parallel rank's cp ranks share the states
+    too) —, ``--dp`` above 1; none where it shards nothing (one GPU's data-parallel rank without cp)."""
+    zero = ["--zero", "3", *(["--dp", str(dp)] if dp > 1 else [])] if dp * cp > 1 else []
     return [*zero, *(["--checkpointing", "full"] if full else [])]
 
 
@@ -213,7 +215,13 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
             high, best = mid, tried
         else:
             low = mid
-    args = _zero3_args(high, full)
+    cp = r.setup.parallel.cp
+    if high == 1 and cp > 1:  # one data-parallel rank: where the layout fits as it is, ZeRO-3 is not needed
+        own = o.model_copy(update={"checkpointing": "full"}) if full else o
+        as_is = _peak_fits(own, gpu, reserve)
+        if as_is is not None and as_is[1] and as_is[2] == world:
+            cp, best = 1, (as_is[0], as_is[1], as_is[3])
+    args = _zero3_args(high, full, cp)
     return GpuCount(
         gpu=gpu.name, usable_bytes=best[2], devices=world * high, dp=high, args=args, peak=best[0]
     )
@@ -241,7 +249,8 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
         return []
     # over one GPU ZeRO-3 shards nothing: the count is then full checkpointing alone, which the one-option
     # suggestions below hold (its own command, without ``--zero 3 --dp 1``)
-    if count.dp is not None and count.dp > 1:
+    shards = (count.dp or 0) * r.setup.parallel.cp  # ZeRO-3's ranks (``_zero3_args``)
+    if count.dp is not None and shards > 1:
         out.append(
             Suggestion(
                 args=count.args,
@@ -249,7 +258,10 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
                 peak=count.peak,
                 fits=True,
                 devices=count.devices or 0,
-                why=f"shard weights, gradients and optimizer states over {count.dp} data-parallel GPUs",
+                why=f"shard weights, gradients and optimizer states over {count.dp} data-parallel GPUs"
+                if r.setup.parallel.cp == 1
+                else f"shard weights, gradients and optimizer states over {shards} GPUs "
+                f"(dp {count.dp} × cp {r.setup.parallel.cp})",
             )
         )
     singles: list[Suggestion] = []
