@@ -155,6 +155,21 @@ def test_under_context_parallelism_zero_3_over_one_data_parallel_rank_shards_ove
     assert "needs 2 × rtx-4090 (--zero 3): peak" in _text(*args, "--gpu", "rtx-4090", "--summary")
 
 
+def test_under_hsdp_the_count_says_the_states_shard_over_the_group_only() -> None:
+    """``--hsdp 2``: ZeRO-3 shards over the 2 ranks of a group whatever the dp, so no replica count fits
+    Llama 3 8B on 24 GB cards — by hand, its states alone are 8.03e9 × 16 B / 2 = 59.8 GiB per rank — and
+    the line says so, not that activations do not shard (they are 4 GiB here)."""
+    args = ("-m", "8b", "--seq", "2048", "--gpus", "4", "--hsdp", "2", "--zero", "3", "--gpu", "rtx-4090")
+    count = _json(*args)["verdict"]["counts"][0]
+    assert (count["devices"], count["hsdp"]) == (None, 2)
+    assert _usable("rtx-4090") < 8.03e9 * 16 / 2
+    assert count["peak"] > 8.03e9 * 16 / 2  # the states over the group, and more
+    text = _text(*args, "--summary")
+    assert "under --hsdp 2 ZeRO-3 shards the model states over 2 ranks only" in text
+    assert "activations and transients do not shard" not in text
+    assert _json("--model", "70b", "--seq", "8192")["verdict"]["counts"][0]["hsdp"] is None
+
+
 def test_every_suggestion_is_estimated_lowers_the_peak_and_its_command_says_so() -> None:
     doc = _json("--model", "70b", "--seq", "8192", "--gpu", "h100")
     found = doc["verdict"]["suggestions"]

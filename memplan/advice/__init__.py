@@ -84,6 +84,9 @@ class GpuCount(BaseModel):
     refused: str | None = None
     """Why ``--zero 3 --dp N`` cannot be planned with the user's other options, when no N could (the
     first refusal's one line: e.g. an implementation that does not model ZeRO-3 with them); else None."""
+    hsdp: int | None = None
+    """The user's ``--hsdp R``, kept in the count: ZeRO-3 shards over R ranks only (× cp), so more
+    data-parallel replicas do not lower the states; None without HSDP."""
 
 
 class Advice(BaseModel):
@@ -205,7 +208,14 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
         last, usable = (got[0], got[2]) if got is not None else (last, usable)
         refused = refusal(_zero3(o, r, 2, full)) if got is None and not last else None
         return GpuCount(
-            gpu=gpu.name, usable_bytes=usable, devices=None, dp=None, args=[], peak=last, refused=refused
+            gpu=gpu.name,
+            usable_bytes=usable,
+            devices=None,
+            dp=None,
+            args=[],
+            peak=last,
+            refused=refused,
+            hsdp=r.setup.strategy.hsdp or None,
         )
     best = got
     while high - low > 1:
@@ -223,7 +233,13 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
             cp, best = 1, (as_is[0], as_is[1], as_is[3])
     args = _zero3_args(high, full, cp)
     return GpuCount(
-        gpu=gpu.name, usable_bytes=best[2], devices=world * high, dp=high, args=args, peak=best[0]
+        gpu=gpu.name,
+        usable_bytes=best[2],
+        devices=world * high,
+        dp=high,
+        args=args,
+        peak=best[0],
+        hsdp=r.setup.strategy.hsdp or None,
     )
 
 

@@ -37,6 +37,13 @@ def _count_line(c: GpuCount) -> Text:
     if c.devices is None and c.refused:
         why = f"no data-parallel count on {c.gpu}: --zero 3 is refused with these options ({c.refused})"
         return Text(why, style="yellow")
+    if c.devices is None and c.hsdp:
+        return Text(
+            f"no data-parallel count fits on {c.gpu}: under --hsdp {c.hsdp} ZeRO-3 shards the model states "
+            f"over {c.hsdp} ranks only, so more replicas leave the peak at {fmt_bytes(c.peak)}; a larger "
+            "--hsdp, or split the model or the sequence (--tp, --pp, --cp: memplan fit)",
+            style="yellow",
+        )
     if c.devices is None:
         return Text(
             f"no data-parallel count fits on {c.gpu}: under ZeRO-3 the peak stays {fmt_bytes(c.peak)} "

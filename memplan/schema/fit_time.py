@@ -54,6 +54,10 @@ VERDICT = obj(
                         {"type": ["string", "null"]},
                         "why --zero 3 --dp N cannot be planned with the other options (null: it can)",
                     ),
+                    "hsdp": described(
+                        {"type": ["integer", "null"], "minimum": 1},
+                        "the --hsdp R the count keeps: ZeRO-3 shards over R ranks only (null: no HSDP)",
+                    ),
                 }
             ),
         },
