@@ -82,6 +82,8 @@ def fit_report(r: FitResult, top: int) -> Group:
                 "larger micro-batch"
             )
         )
+    if r.unsplit_dp:
+        lines.append(Text(_unsplit_text(r), style="yellow"))
     if r.best is not None and r.max_seq is not None:
         lines.append(
             Text(f"longest sequence for the best configuration (micro-batch 1): {fmt_int(r.max_seq)}")
@@ -152,6 +154,20 @@ def _family_columns(plain: bool) -> list[Col]:
         Col("ep", same=True),
         Col("dp", same=True),
     ]
+
+
+def _unsplit_text(r: FitResult) -> str:
+    """The data-parallel degrees left out because the global batch does not split over them."""
+    dps = ", ".join(map(str, r.unsplit_dp))
+    fix = (
+        f"; --global-batch {fmt_int(r.splitting_batch)} splits over every one"
+        if r.splitting_batch is not None
+        else ""
+    )
+    return (
+        f"not searched: the layouts with dp {dps}, over which the global batch of "
+        f"{fmt_int(r.global_batch)} sequences does not split into whole micro-batches{fix}"
+    )
 
 
 def _fitting_table(r: FitResult, top: int) -> Fitted:

@@ -103,6 +103,16 @@ _FIT = obj(
         "gpus": POSITIVE,
         "seq_len": POSITIVE,
         "global_batch": POSITIVE,
+        "unsplit_dp": described(
+            {"type": "array", "items": POSITIVE},
+            "data-parallel degrees the global batch does not split over into whole micro-batches: their "
+            "layouts are not searched",
+        ),
+        "splitting_global_batch": described(
+            {"type": ["integer", "null"], "minimum": 1},
+            "the nearest global batch that splits over every data-parallel degree, where some do not "
+            "(null: all do, or none is within 25 %)",
+        ),
         "reserve": _BYTES,
         "searched": COUNT,
         "evaluated": COUNT,

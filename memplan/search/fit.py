@@ -69,7 +69,9 @@ from memplan.search.space import (
     every_layout,
     layouts,
     searchable,
+    splitting_batch,
     too_many,
+    unsplit_degrees,
     why_nothing,
 )
 from memplan.time.comm.fabric import clear_placed
@@ -142,6 +144,9 @@ def fit(
         raise ValueError(crowded)
     if not searchable(base, gpus, batch, space, every):
         raise ValueError(why_nothing(base, gpus, batch, global_batch is not None, space))
+    result.unsplit_dp = unsplit_degrees(every, batch, space)
+    if result.unsplit_dp:
+        result.splitting_batch = splitting_batch(every, batch, space)
     bound: Bound | MfuBound | None = None  # keep 0: prune nothing
     if space.keep:
         bound = (

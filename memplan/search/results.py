@@ -184,6 +184,12 @@ class FitResult:
     """Each method searched, in order: the fastest configuration at the lowest saver level that fits."""
     cutoffs: dict[tuple[FineTune, int], Cutoff] = field(default_factory=dict, repr=False)
     """Per method and saver level, the ``Space.keep`` fastest step times so far (``bound``)."""
+    unsplit_dp: tuple[int, ...] = ()
+    """The data-parallel degrees the global batch does not split over (``space.unsplit_degrees``): their
+    layouts are not searched."""
+    splitting_batch: int | None = None
+    """The nearest global batch that splits over every data-parallel degree (``space.splitting_batch``),
+    where some do not; None otherwise or where none is near."""
     cp_rotate: tuple[CpRotate, ...] = (CpRotate.ALLGATHER,)
     """The kinds of context parallelism searched (``Space.cp_rotate``)."""
     model_typed: str | None = None
@@ -215,6 +221,8 @@ class FitResult:
             "gpus": self.gpus,
             "seq_len": self.setup.training.seq_len,
             "global_batch": self.global_batch,
+            "unsplit_dp": list(self.unsplit_dp),
+            "splitting_global_batch": self.splitting_batch,
             "reserve": self.reserve,
             "searched": self.searched,
             "evaluated": self.evaluated,

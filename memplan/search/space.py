@@ -173,6 +173,29 @@ def searchable(base: Setup, gpus: int, batch: int, space: Space, every: list[Lay
     return any(batch % (b * x.dp) == 0 for x in found for b in space.micro_batches)
 
 
+def unsplit_degrees(every: list[Layout], batch: int, space: Space) -> tuple[int, ...]:
+    """The data-parallel degrees of ``every`` over which no searched micro-batch size splits ``batch``
+    sequences (b · dp ∤ B for every b): their layouts hold no configuration, so the search leaves them out
+    (``families.micro_batches``) — said in ``fit``'s summary, not silently. Ascending."""
+    dps = {x.dp for x in every}
+    return tuple(sorted(dp for dp in dps if all(batch % (b * dp) for b in space.micro_batches)))
+
+
+SPLIT_NEAR = 0.25
+"""How far from the global batch (a fraction of it) ``splitting_batch`` looks: a batch much further off
+changes the run more than it lets the search see."""
+
+
+def splitting_batch(every: list[Layout], batch: int, space: Space) -> int | None:
+    """The global batch nearest ``batch`` (the larger on a tie) that the smallest searched micro-batch
+    splits over every data-parallel degree of ``every`` (a multiple of lcm(b_min · dp)), within
+    ``SPLIT_NEAR`` of it; None where none is that near."""
+    step = math.lcm(*{min(space.micro_batches) * x.dp for x in every})
+    below, above = batch // step * step, -(-batch // step) * step
+    best = min((c for c in (above, below) if c >= 1), key=lambda c: abs(c - batch))
+    return best if abs(best - batch) <= SPLIT_NEAR * batch else None
+
+
 NEAR = 64
 """How far from --gpus ``why_nothing`` looks for a device count that would split the batch."""
 

@@ -8,14 +8,17 @@ import itertools
 import math
 
 import pytest
+from typer.testing import CliRunner
 
 from memplan.api import build_setup
+from memplan.cli.app import app
 from memplan.config import Attention, Checkpointing, Parallel, Setup, ZeroStage
 from memplan.presets import load_gpu, load_model_preset
 from memplan.search.fit import Space, default_global_batch, fit, fits, layouts
 from memplan.time.timing import timing
 
 from .layout import plan
+from .test_fit_search import run_json
 
 SMALL = Space(micro_batches=(1, 2, 4))
 # One xdist worker runs this file (pyproject.toml's --dist loadgroup), so that the four tests of the cached
@@ -208,3 +211,24 @@ def test_fit_lists_only_layouts_estimate_takes() -> None:
         "gpus: 1,099,511,627,776 devices need a data-parallel degree above 1,048,576 in every layout fit "
         "searches (tp ≤ 8, pp up to the 32 layers, cp ≤ 16); use at most --gpus 4,294,967,296"
     )
+
+
+def test_the_data_parallel_degrees_the_global_batch_does_not_split_are_said() -> None:
+    """3 GPUs and the default global batch of 512 sequences: dp 3 splits 512 into no whole micro-batches
+    (512 = 3 · 170 + 2), so its layouts hold no configuration and only dp 1 (pp 3) is searched — said in the
+    summary and the JSON, with the nearest batch that splits over dp 1 and 3: 513 (1 away; 510 is 2). With
+    it the dp-3 layouts are searched, and memplan's own fastest row is one of them, faster."""
+    common = "-m 8b --seq 8192 --gpus 3 --gpu h100-sxm --top 1"
+    default = run_json(f"fit {common} --json")
+    assert default["global_batch"] == 512
+    assert (default["unsplit_dp"], default["splitting_global_batch"]) == ([3], 513)
+    assert " --pp 3 " in default["configs"][0]["command"]
+    split = run_json(f"fit {common} --global-batch 513 --json")
+    assert (split["unsplit_dp"], split["splitting_global_batch"]) == ([], None)
+    best = split["configs"][0]
+    assert best["setup"]["dp"] == 3
+    assert best["time"]["tokens_per_s"] > default["configs"][0]["time"]["tokens_per_s"]
+    text = " ".join(CliRunner(env={"COLUMNS": "120"}).invoke(app, ["fit", *common.split()]).stdout.split())
+    text = text.replace("│ ", "").replace(" │", "")
+    assert "not searched: the layouts with dp 3, over which the global batch of 512 sequences" in text
+    assert "--global-batch 513 splits over every one" in text
