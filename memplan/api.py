@@ -396,11 +396,12 @@ def build(o: Options) -> Built:
         return Built(o, result, None, None, None, host, reserved, (), *beside_replay(result))
     from memplan.time.async_tp import workspace_bytes  # only with a GPU (start-up)
     from memplan.time.comm.buffers import beside_replay, nccl_buffers
-    from memplan.time.timing import check_time_inputs, timing
+    from memplan.time.timing import check_time_inputs, mfu_ceiling, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
-    check_time_inputs(o.mfu, o.step_time, o.tokens)  # before int(): --tokens nan, inf
+    # before int(): --tokens nan, inf
+    check_time_inputs(o.mfu, o.step_time, o.tokens, mfu_ceiling(result.setup, gpu))
     tokens = None if o.tokens is None else int(o.tokens)
     t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
     expandable = o.expandable_segments

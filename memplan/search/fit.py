@@ -75,7 +75,7 @@ from memplan.search.space import (
     why_nothing,
 )
 from memplan.time.comm.fabric import clear_placed
-from memplan.time.timing import check_time_inputs
+from memplan.time.timing import check_time_inputs, mfu_ceiling
 
 __all__ = [
     "Config",
@@ -126,7 +126,7 @@ def fit(
         raise ValueError(
             f"global-batch: must be at least one sequence, got {global_batch}; e.g. --global-batch 512"
         )
-    check_time_inputs(mfu, None, None)
+    check_time_inputs(mfu, None, None, mfu_ceiling(base, gpu))
     jit_mode()  # MEMPLAN_JIT read before the search, not at its first replay
     clear_placed()  # the fabric's placements memo lives for one search (cold benchmarks)
     space = runnable_attention(base, space)

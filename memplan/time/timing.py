@@ -39,7 +39,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.config import Precision
+from memplan.config import Precision, Setup
 from memplan.engine import Result
 from memplan.presets import GpuPreset
 from memplan.time import async_tp, fp8, tp_overlap
@@ -115,9 +115,21 @@ def assumed_seconds(p: Result, peak: float, mfu: float) -> float:
     return (model + recompute) / (p.devices * peak * mfu) * (1 + bubble(p))
 
 
-def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float | None) -> float | None:
+def mfu_ceiling(setup: Setup, gpu: GpuPreset) -> float:
+    """The most MFU a step can reach: 1, every model FLOP at the peak; under ``--fp8`` the FP8 peak over
+    the 16-bit one, every model FLOP at the FP8 peak (module docstring). ``ValueError`` where ``--fp8``
+    meets a GPU without FP8 (``fp8.peak``)."""
+    if not fp8.enabled(setup):
+        return 1.0
+    return fp8.peak(setup, gpu) / peak_flops(gpu, setup.training.precision)
+
+
+def check_time_inputs(
+    mfu: float | None, step_time: float | None, tokens: float | None, ceiling: float = 1.0
+) -> float | None:
     """The MFU the step time is to come from (None when predicted or measured); a one-line
-    ``ValueError`` for a value out of range."""
+    ``ValueError`` for a value out of range. ``ceiling``: the most MFU the step can reach
+    (``mfu_ceiling``)."""
     if mfu is not None and step_time is not None:
         raise ValueError("mfu: give either --mfu (to estimate the step time) or --step-time (to measure MFU)")
     if step_time is not None and not (math.isfinite(step_time) and step_time > 0):
@@ -125,8 +137,9 @@ def check_time_inputs(mfu: float | None, step_time: float | None, tokens: float 
             f"step-time: must be finite positive seconds, got {step_time}; e.g. --step-time 13.75"
         )
     assumed = mfu
-    if assumed is not None and not MIN_MFU <= assumed <= 1:
-        raise ValueError(f"mfu: must be in [{MIN_MFU:g}, 1], got {assumed}; e.g. --mfu 0.4")
+    if assumed is not None and not MIN_MFU <= assumed <= ceiling:
+        why = " (--fp8: up to its FP8 peak over the 16-bit one)" if ceiling != 1 else ""
+        raise ValueError(f"mfu: must be in [{MIN_MFU:g}, {ceiling:g}]{why}, got {assumed}; e.g. --mfu 0.4")
     if tokens is not None and not (math.isfinite(tokens) and tokens >= 1):
         raise ValueError(f"tokens: must be a positive number of tokens, got {tokens}; e.g. --tokens 300e9")
     return assumed
@@ -148,7 +161,8 @@ def timing(
     from ``p`` in the ZeRO stage alone (the same answer, sooner). Raises ``ValueError`` for a non-positive
     input.
     """
-    assumed = check_time_inputs(mfu, step_time, tokens)
+    ceiling = mfu_ceiling(p.setup, gpu)
+    assumed = check_time_inputs(mfu, step_time, tokens, ceiling)
     tp_overlap.check_node(p.setup, gpu.topology)
     async_tp.check_node(p.setup, gpu.topology)
     per_step = p.micro_batches * p.setup.strategy.dp  # micro-batches of the whole job per step
@@ -172,15 +186,15 @@ def timing(
             "peak_tflops, hbm_bandwidth_gbps and topology bandwidths (finite GB/s and TFLOP/s)"
         )
     # every model FLOP at the devices' peak (MFU 1), under --fp8 at the FP8 peak (MFU the peaks' ratio)
-    fastest = model / (p.devices * (fp8_peak or peak))
+    fastest = model / (capacity * ceiling)
     if basis == "measured" and seconds < fastest:
         achieved = model / (seconds * capacity)
         mfu_text = f"{achieved:,.0%}" if math.isfinite(achieved) else "unbounded"
-        ceiling = f"{fp8_peak / peak:.0%} (its FP8 peak)" if fp8_peak else "100%"
+        most = f"{ceiling:.0%} (its FP8 peak)" if fp8_peak else "100%"
         at = "at its FP8 peak" if fp8_peak else "at peak"
         raise ValueError(
             f"step-time: {seconds:.4g} s is faster than {p.devices} × {gpu.name} {at} "
-            f"({fastest:.4g} s for this step's model FLOPs): MFU {mfu_text} > {ceiling}; give the measured "
+            f"({fastest:.4g} s for this step's model FLOPs): MFU {mfu_text} > {most}; give the measured "
             f"seconds per optimizer step, at least --step-time {fastest:.6g}, or check --gpus and "
             "--global-batch"
         )

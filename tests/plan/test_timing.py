@@ -253,3 +253,17 @@ def test_without_fp8_a_step_faster_than_the_peak_is_refused() -> None:
     assert timing(p, H100, step_time=at_peak).mfu == pytest.approx(1, rel=1e-12)
     with pytest.raises(ValueError, match=r"at peak .*MFU 125% > 100%;"):
         timing(p, H100, step_time=0.8 * at_peak)
+
+
+def test_under_fp8_an_assumed_mfu_may_pass_one_up_to_the_fp8_peak() -> None:
+    """``--mfu`` is against the same 16-bit peak: under ``--fp8`` it is taken up to the FP8 peak over the
+    16-bit one (1979 / 989.5 = 2 on the H100), refused above; without ``--fp8`` up to 1."""
+    p = _fp8_plan("tensorwise")
+    t = timing(p, H100, mfu=1.5)
+    assert t.step_time_s == pytest.approx(p.flops.model / (989.5e12 * 1.5), rel=1e-12)
+    assert t.mfu == pytest.approx(1.5, rel=1e-12)
+    timing(p, H100, mfu=2.0)
+    with pytest.raises(ValueError, match=r"mfu: must be in \[1e-06, 2\] \(--fp8: up to its FP8 peak"):
+        timing(p, H100, mfu=2.01)
+    with pytest.raises(ValueError, match=r"mfu: must be in \[1e-06, 1\], got 1.5"):
+        timing(_fp8_plan("none"), H100, mfu=1.5)
