@@ -155,6 +155,24 @@ def test_under_context_parallelism_zero_3_over_one_data_parallel_rank_shards_ove
     assert "needs 2 × rtx-4090 (--zero 3): peak" in _text(*args, "--gpu", "rtx-4090", "--summary")
 
 
+def test_a_count_keeps_the_users_configuration_where_it_fits_on_as_few_gpus() -> None:
+    """Qwen3 30B-A3B over ep 8 with ZeRO-1 on 8 GPUs (ep needs all 8): ZeRO-3 needs the same 8, so the
+    count is the user's configuration itself where it fits — on H100s with full checkpointing, on the
+    largest preset as it is (its own peak) — where it said "--zero 3 --dp 8" for both; every count's
+    command fits with the count's peak."""
+    args = ("-m", "qwen3-30b-a3b", "--seq", "4096", "--gpus", "8", "--ep", "8", "--zero", "1")
+    doc = _json(*args, "--gpu", "h100-sxm")
+    assert not doc["verdict"]["fits"]
+    h100, gb300 = doc["verdict"]["counts"]
+    assert (h100["devices"], h100["dp"], h100["args"]) == (8, 8, ["--checkpointing", "full"])
+    assert (gb300["gpu"], gb300["devices"], gb300["args"]) == ("gb300", 8, [])
+    assert gb300["peak"] == doc["memory"]["peak"]
+    for count in (h100, gb300):
+        ran = _json(*args, "--gpu", count["gpu"], *count["args"])
+        assert ran["fit"]["fits"] and ran["memory"]["peak"] == count["peak"]
+    assert not any("--zero" in s["args"] for s in doc["verdict"]["suggestions"])
+
+
 def test_under_hsdp_the_count_says_the_states_shard_over_the_group_only() -> None:
     """``--hsdp 2``: ZeRO-3 shards over the 2 ranks of a group whatever the dp, so no replica count fits
     Llama 3 8B on 24 GB cards — by hand, its states alone are 8.03e9 × 16 B / 2 = 59.8 GiB per rank — and

@@ -68,7 +68,8 @@ class Suggestion(BaseModel):
 
 
 class GpuCount(BaseModel):
-    """How many GPUs of one size the step needs under ZeRO-3 over dp (None: no dp ≤ ``MAX_DP`` fits)."""
+    """How many GPUs of one size the step needs: under ZeRO-3 over dp, or the user's own configuration
+    where that fits on as few (None: no dp ≤ ``MAX_DP`` fits)."""
 
     model_config = ConfigDict(frozen=True)
     gpu: str
@@ -188,7 +189,7 @@ def gpu_count(o: Options, r: Result, gpu: GpuPreset, reserve: int) -> GpuCount:
 
 def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> GpuCount:
     """``gpu_count`` for one checkpointing choice: dp doubles from 1 until it fits, then a bisection finds
-    the smallest that fits."""
+    the smallest that fits; the user's own configuration instead where it fits on no more GPUs."""
     world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
     # memory shown: the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather stream
     # and DDP's buckets out: they depend on dp); before any is judged, the device's less context and reserve
@@ -225,19 +226,27 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
             high, best = mid, tried
         else:
             low = mid
-    cp = r.setup.parallel.cp
-    if high == 1 and cp > 1:  # one data-parallel rank: where the layout fits as it is, ZeRO-3 is not needed
-        own = o.model_copy(update={"checkpointing": "full"}) if full else o
-        as_is = _peak_fits(own, gpu, reserve)
-        if as_is is not None and as_is[1] and as_is[2] == world:
-            cp, best = 1, (as_is[0], as_is[1], as_is[3])
-    args = _zero3_args(high, full, cp)
+    # The user's own configuration (with this checkpointing), where it fits this GPU on no more devices
+    # than ZeRO-3 needs: nothing to change but the checkpointing (it said "--zero 3 --dp 8" for a ZeRO-1
+    # step that fits 8 GB300s as it is).
+    own = o.model_copy(update={"checkpointing": "full"}) if full else o
+    as_is = _peak_fits(own, gpu, reserve)
+    if as_is is not None and as_is[1] and as_is[2] <= world * high:
+        return GpuCount(
+            gpu=gpu.name,
+            usable_bytes=as_is[3],
+            devices=as_is[2],
+            dp=r.setup.strategy.dp,
+            args=["--checkpointing", "full"] if full and o.checkpointing != "full" else [],
+            peak=as_is[0],
+            hsdp=r.setup.strategy.hsdp or None,
+        )
     return GpuCount(
         gpu=gpu.name,
         usable_bytes=best[2],
         devices=world * high,
         dp=high,
-        args=args,
+        args=_zero3_args(high, full, r.setup.parallel.cp),
         peak=best[0],
         hsdp=r.setup.strategy.hsdp or None,
     )
@@ -266,7 +275,7 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
     # over one GPU ZeRO-3 shards nothing: the count is then full checkpointing alone, which the one-option
     # suggestions below hold (its own command, without ``--zero 3 --dp 1``)
     shards = (count.dp or 0) * r.setup.parallel.cp  # ZeRO-3's ranks (``_zero3_args``)
-    if count.dp is not None and shards > 1:
+    if count.dp is not None and "--zero" in count.args:
         out.append(
             Suggestion(
                 args=count.args,
