@@ -79,7 +79,8 @@ class GpuCount(BaseModel):
     devices: int | None
     dp: int | None
     args: list[str]
-    """The options that make ``devices`` GPUs fit (``--zero 3 --dp N``, maybe ``--checkpointing full``)."""
+    """The options that make ``devices`` GPUs fit (``--zero 3 --dp N``, maybe ``--checkpointing full``;
+    none, or ``--checkpointing full`` alone, where the user's configuration fits)."""
     peak: int
     """The peak at ``dp`` (at ``MAX_DP`` when nothing fits)."""
     refused: str | None = None
