@@ -338,6 +338,9 @@ class Built:
     mixed precision, ``time.comm.buffers.fsdp_reduce_scatter_bytes``): reported, not kept back."""
     userbuffers: int = 0
     """TE's userbuffers (``--tp-comm-overlap``, ``userbuffer_bytes``): outside the allocator, judged."""
+    untimed: str | None = None
+    """Why the step is not timed on ``gpu`` (``time.offload.untimed``: its preset states no host link for
+    the offload's copies): the memory and the verdict are given, ``timing`` is None."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -396,6 +399,7 @@ def build(o: Options) -> Built:
         return Built(o, result, None, None, None, host, reserved, (), *beside_replay(result))
     from memplan.time.async_tp import workspace_bytes  # only with a GPU (start-up)
     from memplan.time.comm.buffers import beside_replay, nccl_buffers
+    from memplan.time.offload import untimed
     from memplan.time.timing import check_time_inputs, mfu_ceiling, timing
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
@@ -403,7 +407,11 @@ def build(o: Options) -> Built:
     # before int(): --tokens nan, inf
     check_time_inputs(o.mfu, o.step_time, o.tokens, mfu_ceiling(result.setup, gpu))
     tokens = None if o.tokens is None else int(o.tokens)
-    t = timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
+    # Offload on a GPU that states no host link: the memory and the verdict without a time (said in the
+    # notes), unless a time was asked for (--mfu, --step-time, --tokens: refused as before)
+    asked = o.mfu is not None or o.step_time is not None or o.tokens is not None
+    missing = None if asked else untimed(result.setup.offload, gpu)
+    t = None if missing else timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
     expandable = o.expandable_segments
     fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
     nccl = tuple(nccl_buffers(result, gpu))
@@ -411,7 +419,8 @@ def build(o: Options) -> Built:
     replayed = replay_device(result, gpu, expandable=expandable)
     symm = workspace_bytes(result.setup)  # --async-tp's, outside the allocator
     reserved = replace(replayed, nccl=sum(b.bytes for b in nccl), userbuffers=ub, symm_mem=symm)
-    return Built(o, result, gpu, fit, t, _host(o, result, gpu), reserved, nccl, fsdp, ddp, scatter, ub)
+    host = _host(o, result, gpu)
+    return Built(o, result, gpu, fit, t, host, reserved, nccl, fsdp, ddp, scatter, ub, untimed=missing)
 
 
 def to_json(b: Built) -> dict[str, Any]:

@@ -30,6 +30,8 @@ def notes(b: Built) -> list[str]:
     checkpointing under flash."""
     r, o = b.result, b.options
     out: list[str] = []
+    if b.untimed is not None:  # offload on a GPU that states no host link: the memory without a time
+        out.append(f"not timed: {b.untimed.removeprefix('gpu: ')}")
     m, seq = r.setup.model, r.setup.training.seq_len
     if seq > m.max_positions:  # learned positions refuse it (config.setup); rotary ones run past it
         out.append(

@@ -133,8 +133,8 @@ def _unsearched(m: Outcome) -> str:
     tried = "without savers" if m.levels in ((), (0,)) else "with " + SAVERS[m.levels[-1]].label()
     if not m.finetune.trains_everything:
         why = f"memplan models {m.finetune.method.name.lower()} without offload or loss variants"
-    elif m.no_host:
-        why = "offload needs the node's host memory: this GPU preset states none; give --host-memory GiB"
+    elif m.no_offload is not None:
+        why = m.no_offload
     else:
         why = "the other savers are not modelled for it"
     return f"{tried} ({why})"

@@ -349,13 +349,17 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
     memory = [r.built.gpu.memory_bytes if r.built.gpu else 0 for r in rows]
     scale = max([v["peak"] or 0 for v in values] + memory + [1])
     shared = " · ".join(f"{k} {v}" for k, v in (same or {}).items() if v != "–")
-    fp8 = fp8_mfu_note([r.built.timing for r in rows])
+    notes = [fp8_mfu_note([r.built.timing for r in rows])]
+    untimed = next((r.built.untimed for r in rows if r.built.untimed), None)
+    if untimed:  # offload on a GPU that states no host link: those rows have no time
+        notes.append(f"– under step s: not timed, {untimed.removeprefix('gpu: ')}")
+    said = "".join(f" {n}." for n in notes if n)
     table = Fitted(
         _compare_columns(keys, units),
         title="memplan compare" + (f": {shared}" if shared else ""),
         caption=(
             "peak: most loaded device; FLOPs/step: all that runs, whole job; step time predicted (or at "
-            f"--mfu).{f' {fp8}.' if fp8 else ''} {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
+            f"--mfu).{said} {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
         ),
     )
     for vals, mem in zip(values, memory, strict=True):

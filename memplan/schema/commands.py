@@ -141,10 +141,15 @@ _FIT = obj(
                     "savers_searched": described(
                         {"type": "array", "items": {"type": "string"}},
                         "the saver levels searched for the method (fine-tuning: none; offload: with the "
-                        "node's host memory)",
+                        "node's host memory, and a GPU that times it)",
+                    ),
+                    "offload_not_searched": described(
+                        {"type": ["string", "null"]},
+                        "why offload's saver levels were not searched: the GPU states no host memory, or "
+                        "not what times the offload (null: searched where needed)",
                     ),
                 },
-                required=["method", "fits", "savers_searched"],
+                required=["method", "fits", "savers_searched", "offload_not_searched"],
             ),
         },
         "rejected": {"type": "array", "items": {"allOf": [_FAMILY, obj({"fit": _VERDICT_REF})]}},

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from memplan.blocks.profiles import profile_of
-from memplan.config import Attention, FineTune, Setup, no_flash
+from memplan.config import Attention, FineTune, Offload, Setup, no_flash
 from memplan.presets import GpuPreset
 from memplan.reserved import jit_mode
 from memplan.search.bound import Bound, Cutoff
@@ -75,6 +75,7 @@ from memplan.search.space import (
     why_nothing,
 )
 from memplan.time.comm.fabric import clear_placed
+from memplan.time.offload import untimed
 from memplan.time.timing import check_time_inputs, mfu_ceiling
 
 __all__ = [
@@ -92,6 +93,18 @@ __all__ = [
     "layouts",
     "longest_sequence",
 ]
+
+
+def offload_unsearched(o: Offload, gpu: GpuPreset) -> str | None:
+    """Why a saver level with offload ``o`` cannot be searched on ``gpu`` (None: it can): its verdict
+    needs the node's host memory (the preset's or ``--host-memory``), its step time the host link and,
+    for the optimizer, the host memory's bandwidth (``time.offload.untimed``)."""
+    if o is Offload.NONE:
+        return None
+    if gpu.host_memory_gib is None:
+        return "offload needs the node's host memory: this GPU preset states none; give --host-memory GiB"
+    missing = untimed(o, gpu)
+    return None if missing is None else missing.removeprefix("gpu: ")
 
 
 def fit(
@@ -155,13 +168,14 @@ def fit(
             else MfuBound(gpu, gpus, batch, mfu)
         )
     levels: dict[FineTune, list[int]] = {}  # per method, the saver levels with a configuration memplan models
-    no_host: set[FineTune] = set()
+    no_offload: dict[FineTune, str] = {}  # why offload's levels were left out, per method
     with no_cycle_collection():
         for ft in finetunes or (base.finetune,):
             for level, saver in enumerate(SAVERS):
-                if saver.offload and gpu.host_memory_gib is None:
-                    no_host.add(ft)
-                    break  # offload needs the node's host memory (the preset's or --host-memory) to judge
+                why = offload_unsearched(saver.offload, gpu)
+                if why is not None:
+                    no_offload[ft] = why
+                    break
                 before = len(result.fitting)
                 if _search_level(
                     result, with_method(base, ft, saver), ft, level, gpus, space, mfu, bound, every, shortcuts
@@ -181,7 +195,7 @@ def fit(
             ft,
             next((c for c in result.fitting if c.family.finetune == ft), None),
             tuple(levels.get(ft, ())),
-            ft in no_host,
+            no_offload.get(ft),
         )
         for ft in finetunes or (base.finetune,)
         if ft in searched

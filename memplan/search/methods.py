@@ -13,7 +13,8 @@ Savers, in the order they cost time (each level adds to the one before; ``SAVERS
   3. + parameter offload (ZeRO-Infinity / FSDP2 CPU offload: ZeRO-3 only);
   4. + activation offload (``save_on_cpu``: without checkpointing only).
 Offload (levels 2–4) is searched only when the node's host memory is known (the GPU preset's
-``host_memory_gib`` or ``--host-memory``): the host must hold what the devices offload.
+``host_memory_gib`` or ``--host-memory``): the host must hold what the devices offload; and when the GPU
+preset states what times it (``time.offload.untimed``: the host link, the host memory's bandwidth).
 A family is searched at the lowest level at which its method fits anything: level k + 1 is tried only
 when level k fits nothing. Fine-tuning (LoRA, QLoRA) runs at level 0 on data-parallel layouts only: memplan
 models it without tensor, pipeline or context parallelism, offload or loss variants

@@ -134,12 +134,14 @@ class Outcome:
     """The saver levels searched for it (``methods.SAVERS``' indices) that held a configuration memplan
     models: fine-tuning runs at level 0 alone (``check_finetune``), and offload's levels need the node's
     host memory."""
-    no_host: bool = False
-    """Offload's levels were not searched: the GPU preset states no host memory (``--host-memory``)."""
+    no_offload: str | None = None
+    """Why offload's levels were not searched (``fit.offload_unsearched``: the GPU preset states no host
+    memory, or not what times the offload); None: searched where needed."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}
         out["savers_searched"] = [SAVERS[k].label() for k in self.levels]
+        out["offload_not_searched"] = self.no_offload
         if self.best is not None:
             b = self.best
             out |= {

@@ -66,14 +66,31 @@ class Transfer:
         return self.count * self.bytes / host_link_bytes_per_s(gpu)
 
 
+def _missing(gpu: GpuPreset, field: str) -> str:
+    return (
+        f"gpu: {gpu.name} states no {field}, which times --offload; add {field} = GB/s to the GPU "
+        "file (docs/step-time.md)"
+    )
+
+
 def _need(gpu: GpuPreset, field: str) -> float:
     value = getattr(gpu, field)
     if value is None:
-        raise ValueError(
-            f"gpu: {gpu.name} states no {field}, which times --offload; add {field} = GB/s to the GPU "
-            "file (docs/step-time.md)"
-        )
+        raise ValueError(_missing(gpu, field))
     return float(value)
+
+
+def untimed(o: Offload, gpu: GpuPreset) -> str | None:
+    """Why ``gpu`` cannot time offload ``o`` (the one line ``_need`` raises: a field the GPU preset does
+    not state), else None: every copy needs the host link, the CPU optimizer step the host memory's
+    bandwidth. ``estimate`` then gives the memory without a time, ``fit`` leaves offload's levels out."""
+    if o is Offload.NONE:
+        return None
+    if gpu.host_link_gbps is None:
+        return _missing(gpu, "host_link_gbps")
+    if Offload.OPTIMIZER in o and gpu.host_memory_gbps is None:
+        return _missing(gpu, "host_memory_gbps")
+    return None
 
 
 def host_link_bytes_per_s(gpu: GpuPreset) -> float:
