@@ -139,11 +139,70 @@ def test_hub_errors_are_one_line(
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(hub, "offline", lambda: False)
+    monkeypatch.setattr(hub, "unresolvable", lambda: False)  # as online: the download is asked
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", _raising(exc()))
     with pytest.raises(ValueError) as info:
         load_model_preset("org/name")
     msg = str(info.value)
     assert msg.startswith("model org/name: ") and needle in msg and "\n" not in msg, msg
+
+
+def _no_dns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No name resolves (no network), and nothing may try the network."""
+    import socket
+
+    from huggingface_hub.utils import _http
+
+    def gai(*args: object, **kwargs: object) -> Any:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def no_request(*args: object, **kwargs: object) -> Any:
+        raise AssertionError("the network was tried")
+
+    monkeypatch.setattr(socket, "getaddrinfo", gai)
+    monkeypatch.setattr(_http, "http_backoff", no_request)
+    for name in (*hub.PROXIES, "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(hub, "offline", lambda: False)  # huggingface_hub read HF_HUB_OFFLINE at import
+
+
+def test_without_dns_the_cache_is_read_at_once(offline_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub's host does not resolve: the cached config.json is read as under HF_HUB_OFFLINE, without
+    huggingface_hub's five retries (about 24 s and a warning each, measured here), and a config that is
+    not cached is one line at once."""
+    import huggingface_hub
+
+    _no_dns(monkeypatch)
+    assert hub.unresolvable()
+    asked: list[dict[str, Any]] = []
+    real = huggingface_hub.hf_hub_download
+
+    def spy(repo_id: str, filename: str, **kwargs: Any) -> str:
+        asked.append(kwargs)
+        return str(real(repo_id, filename, **kwargs))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", spy)
+    preset = load_model_preset("meta-llama/Meta-Llama-3-8B")
+    assert count_params(preset.model).total == 8_030_261_248
+    assert asked[0]["local_files_only"] is True  # the cache alone: no request, no retry
+    with pytest.raises(ValueError) as info:
+        load_model_preset("Qwen/Qwen3-8B")
+    assert str(info.value) == (
+        "model Qwen/Qwen3-8B: cannot reach the Hugging Face Hub (its host name does not resolve) and "
+        "config.json is not in its cache; check the network, or fetch it elsewhere (`hf download "
+        "Qwen/Qwen3-8B config.json`) and pass its path"
+    )
+
+
+def test_a_proxy_resolves_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    _no_dns(monkeypatch)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    assert not hub.unresolvable()  # the proxy is asked, not the local resolver
+    monkeypatch.delenv("HTTPS_PROXY")
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: [])
+    assert not hub.unresolvable()  # it resolves: online, huggingface_hub asks the Hub
 
 
 def test_without_huggingface_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,15 +9,19 @@ repository, a repository without ``config.json``, no network, ``huggingface_hub`
 
 Known limitations:
 - NB: the repository's default branch only (no ``org/name@revision``).
-- NB: ``huggingface_hub`` retries an unreachable Hub a few times (its backoff) before memplan answers
-  "cannot reach"; set ``HF_HUB_OFFLINE=1`` to read the cache without trying the network.
+- NB: ``huggingface_hub`` retries an unreachable Hub five times (its backoff: about 24 s, with a warning
+  each) before memplan answers "cannot reach". Where the Hub's host name does not resolve — no network, no
+  DNS — memplan reads the cache alone at once (``unresolvable``), as under ``HF_HUB_OFFLINE=1``; a proxy in
+  the environment (``HTTPS_PROXY``, ``ALL_PROXY``) resolves names itself, so no such check is made there.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 """``org/name`` as the Hub spells repository ids (letters, digits, ``-``, ``_``, ``.``; one slash)."""
@@ -42,6 +46,29 @@ def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in _TRUE or bool(constants.HF_HUB_OFFLINE)
 
 
+PROXIES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+"""The proxy settings httpx reads for the Hub's https requests: with one, the proxy resolves the host."""
+
+
+def unresolvable() -> bool:
+    """The Hub's host name (``constants.ENDPOINT``'s) does not resolve here, and no proxy would resolve
+    it: no network to try, so no retries to wait for (module NB)."""
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name) for name in PROXIES):
+        return False
+    host = urlsplit(constants.ENDPOINT).hostname
+    if not host:
+        return False
+    try:
+        socket.getaddrinfo(host, 443)
+    except socket.gaierror:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def hub_config(repo_id: str) -> Path:
     """The local path of ``repo_id``'s ``config.json`` (downloaded into the Hub cache if it is not there
     and the Hub may be reached). Raises a one-line ``ValueError``."""
@@ -54,12 +81,13 @@ def hub_config(repo_id: str) -> Path:
             "pip install 'memplan[hf]', or pass the path of its config.json"
         ) from None
     is_offline = offline()
+    no_dns = not is_offline and unresolvable()
     try:
         path = hf_hub_download(
             repo_id,
             "config.json",
             cache_dir=os.environ.get("HF_HUB_CACHE") or None,  # now, not as the library read it at import
-            local_files_only=is_offline,
+            local_files_only=is_offline or no_dns,
         )
     except errors.GatedRepoError:
         raise ValueError(
@@ -74,7 +102,7 @@ def hub_config(repo_id: str) -> Path:
     except errors.RemoteEntryNotFoundError:
         raise ValueError(f"{where}: the repository has no config.json; pass a config.json path") from None
     except errors.LocalEntryNotFoundError:
-        raise ValueError(_not_cached(where, repo_id, is_offline)) from None
+        raise ValueError(_not_cached(where, repo_id, is_offline, no_dns)) from None
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "no"
         raise ValueError(
@@ -91,14 +119,15 @@ def hub_config(repo_id: str) -> Path:
     return Path(str(path))
 
 
-def _not_cached(where: str, repo_id: str, is_offline: bool) -> str:
+def _not_cached(where: str, repo_id: str, is_offline: bool, no_dns: bool = False) -> str:
     if is_offline:
         return (
             f"{where}: config.json is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
             f"fetch it once online (`hf download {repo_id} config.json`) or pass a config.json path"
         )
+    why = " (its host name does not resolve)" if no_dns else ""
     return (
-        f"{where}: cannot reach the Hugging Face Hub and config.json is not in its cache; check the "
+        f"{where}: cannot reach the Hugging Face Hub{why} and config.json is not in its cache; check the "
         f"network, or fetch it elsewhere (`hf download {repo_id} config.json`) and pass its path"
     )
 
