@@ -43,6 +43,11 @@ Sources (stored copies; commit of the copy read):
   96 GB HBM2e at a 500 W limit, 400 Gb/s RDMA per GPU; Llama 3.1 at sequence 8192, train_configs'
   ``seq_len``, unless the table states it). Float8 of that date: torchao's tensorwise dynamic scaling.
 
+The runs' RMSNorm: torchtitan's 2024 code (norms.py: ``self._norm(x.float()).type_as(x) * self.weight``,
+plain ops) on the torch of the time, before ``aten._fused_rms_norm`` had a CUDA kernel (torch 2.8): typed
+``--norm-kernel composite`` (op by op), where ``--impl torchtitan``'s ``nn.RMSNorm`` would otherwise run
+today's fused kernel (``blocks.norm.cuda_fused_rms_norm``).
+
 Readings that memplan cannot state exactly (the ``note`` of each run):
 - torchtitan's "selective" AC is its per-op policy (every other matmul's output saved, and on CUDA the SDPA
   op's, the rest re-run; the 64-A100 preset train_configs/llama3_8b.toml: ``selective_ac_option = 'op'``):
@@ -235,7 +240,10 @@ def _titan(
     accumulation without pipelining), tp with sequence parallelism, gradients reduced in fp32, AdamW by
     torch's foreach (the 2024 trainers' ``--optimizer.fused`` is a store-true flag: foreach unless set; the
     docs do not say it was; 0.3.0's own default, ``implementation = "fused"``, came later)."""
-    stated = Stated(**{**stated.__dict__, "optimizer_impl": stated.optimizer_impl or "foreach"})
+    norm = "composite" if stated.impl == "torchtitan" else stated.norm_kernel  # the runs' RMSNorm: plain ops
+    stated = Stated(
+        **{**stated.__dict__, "optimizer_impl": stated.optimizer_impl or "foreach", "norm_kernel": norm}
+    )
     s = stated
     dp = s.gpus // (s.tp * s.cp * s.pp)
     parts = [
@@ -265,6 +273,8 @@ def _titan(
         parts.append(f"--fsdp-wrap {s.fsdp_wrap}")
     if s.impl != "reference":
         parts.append(f"--impl {s.impl}")
+    if s.norm_kernel != "auto":
+        parts.append(f"--norm-kernel {s.norm_kernel}")
     parts.append(f"--optimizer-impl {s.optimizer_impl}")
     # without pipelining the local batch is one micro-batch; a pipeline splits it (``_titan_pp``)
     assert s.pp > 1 or s.micro_batch * dp == s.global_batch, name

@@ -48,6 +48,10 @@ class Stated:
     is modelled (ZeRO-3 without cp or pp): its parallelize_llama wrapped each block and then the model,
     the root unit holding the embedding, final norm and output (``analytic.fsdp.root``)."""
     attention_kernel: str = "auto"
+    norm_kernel: str = "auto"
+    """``--norm-kernel``: ``composite`` for torchtitan's runs of 2024–25 (their own RMSNorm of plain ops, on a
+    torch before ``aten._fused_rms_norm``'s CUDA kernel), where ``--impl torchtitan``'s nn.RMSNorm would
+    otherwise run today's fused kernel."""
     impl: str = "reference"
     optimizer_impl: str = ""
     """``--optimizer-impl`` where the run's code names it; empty: memplan's default for ``impl``."""

@@ -292,6 +292,7 @@ def impl_of(o: Options, model: ModelConfig) -> ImplConfig:
         reentrant=o.reentrant,
         flash_attn=o.flash_attn,
         attention_kernel=o.attention_kernel,
+        norm_kernel=o.norm_kernel,
         compile=o.compile,
         compile_loss=o.compile_loss,
         fsdp_wrap=o.fsdp_wrap,

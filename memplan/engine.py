@@ -40,6 +40,7 @@ from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.blocks.attention.rope import rope_buffers
 from memplan.blocks.inventory import Kept
+from memplan.blocks.norm import released_as
 from memplan.blocks.profiles import profile_of
 from memplan.config import MoEConfig, Parallel, Setup
 from memplan.pieces import (
@@ -161,7 +162,7 @@ class Result:
         rank = self.pieces.setup
         flags = (profile_of(rank).rope_cached_per_chunk, rope_buffers(rank), rope_caches(rank))
         for k in self.pieces.kept:
-            group = group_of(k, rank.model.norm, *flags)
+            group = group_of(k, released_as(rank), *flags)
             n = k.count if self.pieces.layer_bytes and group is Group.LAYER else sp.counts[group]
             if group is Group.LAYER_CONSTANTS and n:  # the stage's layers' share of the [L, …] constant
                 out.append(k.model_copy(update={"shape": (n, *k.shape[1:])}))

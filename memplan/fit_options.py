@@ -31,6 +31,7 @@ FIT_OPTIONS = (
     "double_quant",
     "impl",
     "attention_kernel",
+    "norm_kernel",
     "compile",
     "compile_loss",
     "fsdp_wrap",

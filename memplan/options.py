@@ -17,6 +17,7 @@ from memplan.config import (
     FsdpWrap,
     Impl,
     MethodChoice,
+    NormKernel,
     Quant,
     ReduceDtype,
 )
@@ -94,6 +95,14 @@ class Options(TrainingOptions):
         "backend: newer torch's own pick on Hopper, torchtitan 0.3.0's first; Hopper only)",
         STRATEGY,
         default=AttentionKernel.AUTO,
+    )
+    norm_kernel: NormKernel = option(
+        "How torch's nn.RMSNorm runs (--impl torchtitan): auto (what torch dispatches: on CUDA the fused "
+        "aten._fused_rms_norm kernel of torch >= 2.8, which keeps the input and the fp32 rstd, one kernel "
+        "each way) or composite (op by op, the fp32 upcast and normalised x kept: CUDA before torch 2.8, "
+        "torchtitan's 2024 RMSNorm)",
+        STRATEGY,
+        default=NormKernel.AUTO,
     )
     compile: bool = option(
         "torch.compile of each block: Inductor fuses each chain of element-wise ops (norms, SwiGLU, rotary) "

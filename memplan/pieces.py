@@ -18,6 +18,7 @@ from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.moe import mlp_backward_extra
+from memplan.blocks.norm import released_as
 from memplan.blocks.profiles import profile_of
 from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
 from memplan.strategies import (
@@ -180,7 +181,7 @@ def pieces(core: Setup) -> Pieces:
     groups = dict.fromkeys(Group, 0)
     flags = (profile_of(rank).rope_cached_per_chunk, rope_buffers(rank), rope_caches(rank))
     for k in kept:
-        groups[group_of(k, rank.model.norm, *flags)] += k.bytes
+        groups[group_of(k, released_as(rank), *flags)] += k.bytes
     groups[Group.LAYER_CONSTANTS] //= rank.model.num_layers  # one layer's (the entry spans every layer)
     per_layer: tuple[int, ...] = ()
     if not rank.strategy.segment:  # layers that differ: fine-tuning's gradient flow, or two layer kinds

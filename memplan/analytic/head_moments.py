@@ -8,7 +8,7 @@ from __future__ import annotations
 from memplan.analytic.params import ParamCount
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role
-from memplan.blocks.norm import norm_rules
+from memplan.blocks.norm import norm_rules, released_as
 from memplan.blocks.profiles import made_grad_bytes, profile_of
 from memplan.config import Checkpointing, NormType, Setup
 from memplan.config.trainable import embedding_trains
@@ -89,7 +89,7 @@ def final_norm_released(setup: Setup, dims: Dims) -> int:
     """The final norm's saves the moment's estimate releases before its backward peaks
     (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
     the sequence-parallel plan (its saves are sequence shards)."""
-    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if setup.model.norm is NormType.RMSNORM else ()
+    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if released_as(setup) is NormType.RMSNORM else ()
     rules = norm_rules(setup, Block.FINAL_NORM, dims)
     return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
 

@@ -11,6 +11,7 @@ from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.params import ParamCount
+from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
@@ -25,21 +26,9 @@ from memplan.blocks.mlp import (
     product_gradient_transient,
 )
 from memplan.blocks.moe import dense_layer_setup
-from memplan.blocks.norm import norm_backward_transient
-from memplan.blocks.profiles import (
-    accumulates_in_place,
-    checkpoints_alone,
-    made_grad_bytes,
-    profile_of,
-)
-from memplan.config import (
-    Attention,
-    Checkpointing,
-    DType,
-    MlpType,
-    NormType,
-    Setup,
-)
+from memplan.blocks.norm import norm_backward_transient, released_as
+from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, made_grad_bytes, profile_of
+from memplan.config import Attention, Checkpointing, DType, MlpType, NormType, Setup
 
 
 def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
@@ -60,8 +49,10 @@ def norm_saves(setup: Setup, norm: Block, roles: set[Role] | None = None) -> int
 
 def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
     """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
-    (its fp32 input remains); LayerNorm holds input, mean and rstd until its one backward op ends."""
-    keep = {Role.NORM_INPUT} if setup.model.norm is NormType.RMSNORM else {Role.NORM_INPUT, Role.NORM_STATS}
+    (its fp32 input remains); LayerNorm and torch's fused CUDA RMSNorm (``blocks.norm.released_as``) hold
+    input and statistics until their one backward op ends."""
+    staged = released_as(setup) is NormType.RMSNORM
+    keep = {Role.NORM_INPUT} if staged else {Role.NORM_INPUT, Role.NORM_STATS}
     return norm_saves(setup, norm, keep)
 
 
@@ -269,6 +260,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         + reversible_f_extra(setup, dims)
     )
     return max(
+        attn_norm + fused_qkv_input_gradient(setup, dims, layer.attn_norm * made_grad_bytes(setup)),
         mlp_moment(setup, dims),
         sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),

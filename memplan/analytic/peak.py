@@ -118,7 +118,7 @@ from memplan.blocks.head import (
     loss_backward_transient,
 )
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
-from memplan.blocks.norm import norm_backward_transient, norm_rules
+from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
 from memplan.blocks.profiles import accumulates_in_place, profile_of
 from memplan.config import Offload, Setup
 from memplan.config.trainable import embedding_trains, head_trains
@@ -267,7 +267,8 @@ def peak(
         )
     head_moments["loss backward"] = loss_bwd
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
-    freed_for_norm = sum(k.total_bytes for k in kept if hm.freed_before_final_norm(k, setup.model.norm))
+    released = released_as(setup)
+    freed_for_norm = sum(k.total_bytes for k in kept if hm.freed_before_final_norm(k, released))
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
     scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)

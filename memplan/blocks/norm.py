@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
-from memplan.config import Device, DType, ModelConfig, NormType, Setup
+from memplan.config import Device, DType, ModelConfig, NormKernel, NormType, Setup
 
 FP32 = DType.FP32
 R = Role
@@ -16,6 +16,26 @@ def norm_params(m: ModelConfig) -> int:
     return m.hidden_size * (2 if m.norm is NormType.LAYERNORM and m.norm_bias else 1)
 
 
+def cuda_fused_rms_norm(setup: Setup) -> bool:
+    """torch's ``nn.RMSNorm`` on CUDA (``Profile.torch_rms_norm``): ``aten._fused_rms_norm``'s kernel, which
+    keeps the input and the fp32 rstd (``compiled_rms_rules``) and runs as one kernel each way. The code's
+    weight is in the activation dtype (FSDP2's ``param_dtype``, as the measured model's), so
+    ``rms_norm_symint`` does not fall back to the composite over a dtype mismatch."""
+    return (
+        setup.device is Device.CUDA
+        and setup.impl.norm_kernel is NormKernel.AUTO
+        and setup.model.norm is NormType.RMSNORM
+        and profile_of(setup).torch_rms_norm
+    )
+
+
+def released_as(setup: Setup) -> NormType:
+    """The norm as its backward releases its saves: the decomposed RMSNorm frees its normalised x and rstd
+    before its backward peaks (its first ops consumed them); LayerNorm's one backward op, and torch's fused
+    CUDA RMSNorm's (``cuda_fused_rms_norm``), hold input and statistics to its end: read as LayerNorm's."""
+    return NormType.LAYERNORM if cuda_fused_rms_norm(setup) else setup.model.norm
+
+
 def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     """Saves of one pre-norm over [b, s, h]."""
     b, s, h, act = dims.b, dims.s, dims.h, dims.act
@@ -23,6 +43,9 @@ def norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
         return fused_norm_rules(setup, block, dims)
     if profile_of(setup).compiled_block and block is not Block.FINAL_NORM:  # the final norm runs eagerly
         return compiled_rms_rules(block, "", (b, s, h), act)
+    if cuda_fused_rms_norm(setup):
+        why = "torch's fused CUDA RMSNorm (FusedRmsNormBackward0) keeps its input and the fp32 rstd"
+        return compiled_rms_rules(block, "", (b, s, h), act, why)
     if setup.model.norm is NormType.RMSNORM:
         return rms_rules(setup, block, "", (b, s, h))
     if profile_of(setup).layernorm_python:
@@ -195,13 +218,15 @@ def norm_backward_transient(setup: Setup, dims: Dims) -> int:
 
     Llama's explicit RMSNorm: five fp32 [T, h] at once — d(x·rstd)'s part through rstd, mean's backward
     (grad / h, expanded and materialised) and pow's backward (x.pow(1), ×2, ×grad); the incoming gradient
-    and the 16-bit pieces are freed by then. ``native_layer_norm`` and the fused kernels: the incoming dY and
-    dX [T, h].
+    and the 16-bit pieces are freed by then. ``native_layer_norm`` and the fused kernels (torch's CUDA
+    ``_fused_rms_norm_backward`` among them, ``cuda_fused_rms_norm``): the incoming dY and dX [T, h].
     """
     t, h = dims.tokens, dims.h
     prof = profile_of(setup)
     # NB: a compiled block's backward is one generated kernel graph; its norm's transient is taken as a
     # fused kernel's (dY and dX), not measured.
     if setup.model.norm is NormType.LAYERNORM or prof.fused_norm or prof.compiled_block:
+        return 2 * t * h * dims.act.bytes
+    if cuda_fused_rms_norm(setup):  # the fused backward kernel: dY and dX
         return 2 * t * h * dims.act.bytes
     return 5 * 4 * t * h

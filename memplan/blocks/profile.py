@@ -195,6 +195,13 @@ class Profile:
     kernel: ``rms_norm_symint`` in aten/src/ATen/native/layer_norm.cpp) multiplies x32·rstd by the weight
     in fp32 and casts the product back (``type_as``): the mul with the weight keeps the normalised x in
     fp32, not in the activation dtype (2·b·s·h B more per norm in bf16)."""
+    torch_rms_norm: bool = False
+    """The code's RMSNorm is torch's ``nn.RMSNorm`` (``F.rms_norm``), which ``rms_norm_symint``
+    (aten/src/ATen/native/layer_norm.cpp) sends to ``aten._fused_rms_norm`` unless the weight's dtype is
+    not the input's: on CPU that op is its composite (the saves above, ``rms_norm_fp32_product``), on CUDA
+    a kernel whose autograd node (``FusedRmsNormBackward0``: ``_saved_input``, ``_saved_weight``,
+    ``_saved_result1``) keeps the input as it comes and the fp32 rstd, no fp32 copy and no normalised x
+    (``blocks.norm.cuda_fused_rms_norm``)."""
     compiled_block: bool = False
     """Each transformer block under ``torch.compile`` (torchtitan's ``apply_compile``: one
     ``torch.compile(block)`` a layer; the embedding, final norm, head and loss stay eager). AOTAutograd's

@@ -15,8 +15,9 @@ Known limitations:
 - NB: measured with CPU kernels (``trace --impl torchtitan`` runs on CPU), but for the attention: under
   ``--device cuda`` torchtitan's SDPA runs cuDNN's op (its cuDNN-first priority; head dim <= 128:
   ``blocks.attention.titan_cudnn``), measured through that op's meta kernel
-  (``measure.frameworks.titan_attention.cudnn_attention``). On a GPU torch may also run a fused
-  ``_fused_rms_norm`` kernel: not checked, so ``--device cuda`` estimates keep the CPU norm facts.
+  (``measure.frameworks.titan_attention.cudnn_attention``), and ``nn.RMSNorm`` is CUDA's
+  ``aten._fused_rms_norm`` kernel (``Profile.torch_rms_norm``: the input and the fp32 rstd), measured
+  through torch's own autograd node for that op (``measure.frameworks.titan_norm``).
 - NB: torchtitan's ``SelectiveAC`` (``--checkpointing selective``, ``op_selective_checkpoint``): its save
   list holds CUDA's SDPA ops, not the CPU flash kernel, so on CUDA the cuDNN op's outputs are cached too
   and the core is not re-run (``strategies.checkpointing.sdpa_cache_rules``); head dims above 128 are
@@ -66,6 +67,7 @@ def profile(setup: Setup, compiled: bool = False) -> Profile:
     return Profile(
         impl=Impl.TORCHTITAN,
         rms_norm_fp32_product=True,
+        torch_rms_norm=True,
         rope_cache_per_layer=True,
         loss_over_token_count=True,
         checkpoint_reruns_all=True,

@@ -32,7 +32,16 @@ from memplan.config.finetune import (
     parse_targets,
 )
 from memplan.config.hf_rules import default_attention, default_impl, hf_code_only, no_flash
-from memplan.config.impl import AttentionKernel, ExpertsImpl, Family, Fp8Recipe, FsdpWrap, Impl, ImplConfig
+from memplan.config.impl import (
+    AttentionKernel,
+    ExpertsImpl,
+    Family,
+    Fp8Recipe,
+    FsdpWrap,
+    Impl,
+    ImplConfig,
+    NormKernel,
+)
 from memplan.config.mla import MLAConfig
 from memplan.config.model import (
     GateActivation,
@@ -86,6 +95,7 @@ __all__ = [
     "MlpType",
     "MoEConfig",
     "ModelConfig",
+    "NormKernel",
     "NormType",
     "Offload",
     "Optimizer",

@@ -86,6 +86,18 @@ class AttentionKernel(StrEnum):
     first), Hopper only (its rate measured on an H200)."""
 
 
+class NormKernel(StrEnum):
+    """How torch's ``nn.RMSNorm`` runs (``--impl torchtitan``, whose norm it is; ``Profile.torch_rms_norm``):
+    memory and step time."""
+
+    AUTO = "auto"
+    """What torch dispatches: on CUDA (torch ≥ 2.8) ``aten._fused_rms_norm``'s kernel, which keeps the input
+    and the fp32 rstd and runs as one kernel each way; on CPU its composite."""
+    COMPOSITE = "composite"
+    """The composite, op by op, on any device: what CUDA ran before torch 2.8 (and what torchtitan's 2024
+    code, its own RMSNorm of plain ops, ran): the fp32 upcast and normalised x kept."""
+
+
 class Fp8Recipe(StrEnum):
     """Float8 training of the layers' linears (``--fp8``): torchao's ``Float8Linear`` (--impl reference,
     torchtitan: tensorwise, rowwise; the casts' temporaries in the peak, blocks/fp8.py) or, under --impl
@@ -146,6 +158,11 @@ class ImplConfig(Frozen):
     attention_kernel: AttentionKernel = Field(
         default=AttentionKernel.AUTO,
         description="the flash kernel's implementation, for the step time (time/attention.py)",
+    )
+    norm_kernel: NormKernel = Field(
+        default=NormKernel.AUTO,
+        description="torch's nn.RMSNorm (--impl torchtitan): auto, on CUDA the fused aten._fused_rms_norm "
+        "kernel (torch >= 2.8); composite, op by op (blocks.norm.cuda_fused_rms_norm)",
     )
     compile: bool = Field(
         default=False,

@@ -78,6 +78,7 @@ def impl_args(s: Setup) -> list[str]:
     out = [f"--impl {impl.impl.value}"] if impl.impl is not default_impl(s.model) else []
     if impl.attention_kernel is not default.attention_kernel:
         out.append(f"--attention-kernel {impl.attention_kernel.value}")
+    out += [f"--norm-kernel {impl.norm_kernel.value}"] if impl.norm_kernel is not default.norm_kernel else []
     out += ["--compile"] if impl.compile else []
     out += ["--no-compile-loss"] if impl.compile and not impl.compile_loss else []
     out += [f"--fsdp-wrap {impl.fsdp_wrap.value}"] if impl.fsdp_wrap is not default.fsdp_wrap else []

@@ -67,6 +67,7 @@ changes the element-wise bytes and launches only.
 
 from __future__ import annotations
 
+from memplan.blocks.norm import cuda_fused_rms_norm
 from memplan.blocks.profile import Profile
 from memplan.config import Impl, MlpType, NormType, Setup
 from memplan.presets import GpuPreset
@@ -87,9 +88,15 @@ def fused(setup: Setup) -> bool:
     return setup.impl.compile
 
 
+def fused_norm(setup: Setup, p: Profile) -> bool:
+    """The norm is one kernel each way: a fused-norm profile (Megatron's), or torch's ``nn.RMSNorm`` on CUDA
+    (``blocks.norm.cuda_fused_rms_norm``: ``aten._fused_rms_norm``)."""
+    return p.fused_norm or cuda_fused_rms_norm(setup)
+
+
 def norm_bytes(setup: Setup, p: Profile, e: int) -> int:
-    """Bytes per element of one norm: fused (``--compile``, a fused-norm profile, LayerNorm) 2e."""
-    if fused(setup) or p.fused_norm or setup.model.norm is not NormType.RMSNORM:
+    """Bytes per element of one norm: fused (``--compile``, a fused norm, LayerNorm) 2e."""
+    if fused(setup) or fused_norm(setup, p) or setup.model.norm is not NormType.RMSNORM:
         return 2 * e
     return rmsnorm(e, p.rms_norm_fp32_product)
 
@@ -107,7 +114,7 @@ def rotary_bytes(setup: Setup, p: Profile, e: int) -> int:
 
 def norm_kernels(setup: Setup, p: Profile, e: int) -> int:
     """Eager kernels of one norm (module docstring): RMSNorm 8 (6 in fp32), LayerNorm 1; fused 0."""
-    if fused(setup) or p.fused_norm:
+    if fused(setup) or fused_norm(setup, p):
         return 0
     if setup.model.norm is not NormType.RMSNORM:
         return 1
@@ -135,7 +142,12 @@ def rmsnorm_backward(e: int) -> int:
 def norm_backward(setup: Setup, p: Profile, e: int) -> tuple[int, int]:
     """One norm's backward, (bytes per element, kernels): eager RMSNorm's op list (17 kernels, fp32 15);
     else twice the forward's."""
-    if fused(setup) or p.fused_norm or p.rms_norm_fp32_product or setup.model.norm is not NormType.RMSNORM:
+    if (
+        fused(setup)
+        or fused_norm(setup, p)
+        or p.rms_norm_fp32_product
+        or setup.model.norm is not NormType.RMSNORM
+    ):
         return 2 * norm_bytes(setup, p, e), 2 * norm_kernels(setup, p, e)
     return rmsnorm_backward(e), 15 if e == FP32 else 17
 
@@ -172,7 +184,7 @@ def norm_chain(setup: Setup, p: Profile) -> str | None:
     layer = setup.model.norm is not NormType.RMSNORM
     if fused(setup):
         return "layernorm_compiled" if layer else "rmsnorm_compiled"
-    if p.fused_norm:
+    if fused_norm(setup, p):
         return None
     if layer:
         return "layernorm"

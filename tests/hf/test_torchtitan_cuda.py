@@ -69,3 +69,94 @@ def test_tp_rank_caches_its_heads_cudnn_outputs(sp: bool) -> None:
     scattered = 2 * b * (s // t) * h * 2 if sp else 0  # reduce_scatter_tensor after W_O and W2
     sdpa = b * 16 * s * d * 2 + b * 16 * s * 4 + 16  # the rank's heads: output, fp32 lse, two int64
     assert meas.layer_bytes(0) == local + mms + scattered + sdpa
+
+
+def test_torchs_rms_norm_on_cuda_is_its_fused_op_under_its_own_autograd_node() -> None:
+    """What ``titan_norm.cuda_rms_norm`` stands on, read from this torch: ``aten._fused_rms_norm`` (which
+    ``rms_norm_symint`` calls) has an ``Autograd`` kernel beside its composite and, on a CPU build, no CPU
+    kernel — so on CPU its composite runs, while a GPU's CUDA kernel runs under ``FusedRmsNormBackward0``,
+    which keeps the input, the weight and ``result1`` (the rstd). Under ``cuda_rms_norm`` ``F.rms_norm``
+    records that node, with x itself and an fp32 [.., 1] rstd; outside it, the composite again."""
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memplan.measure.frameworks.titan_norm import cuda_rms_norm
+
+    op = "aten::_fused_rms_norm"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeImplicitAutograd")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CPU")
+    node = torch._C._functions.FusedRmsNormBackward0
+    saved = {a for a in dir(node) if a.startswith("_saved_")}
+    assert saved == {"_saved_input", "_saved_weight", "_saved_result1", "_saved_normalized_shape"}
+    with FakeTensorMode():
+        x = torch.empty(1, 256, 4096, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.empty(4096, dtype=torch.bfloat16, requires_grad=True)
+        with cuda_rms_norm(), cuda_rms_norm():  # re-entrant
+            y = F.rms_norm(x, (4096,), w, 1e-5)
+        assert type(y.grad_fn).__name__ == "FusedRmsNormBackward0"
+        assert y.grad_fn._saved_input is x
+        rstd = y.grad_fn._saved_result1
+        assert (tuple(rstd.shape), rstd.dtype) == ((1, 256, 1), torch.float32)
+        y.sum().backward()
+        assert x.grad is not None and x.grad.dtype is torch.bfloat16
+        assert type(F.rms_norm(x, (4096,), w, 1e-5).grad_fn).__name__ != "FusedRmsNormBackward0"
+
+
+def test_each_norm_keeps_its_input_and_rstd_on_cuda_by_hand() -> None:
+    """Without checkpointing, Llama-3-8B's widths at s 256: each nn.RMSNorm of torchtitan's model keeps its
+    bf16 input [b, s, h] (2·b·s·h B) and its fp32 rstd [b, s, 1] (4·b·s B) on CUDA, where on CPU the
+    composite keeps the fp32 upcast x and the fp32 normalised x besides the rstd (8·b·s·h B): 6·b·s·h B
+    less per norm, 2 a layer and the final norm's, in the estimate as in the trace."""
+    b, s, h, layers = 1, 256, 4096, 2
+    meas = measure_titan(cuda_setup("none"))
+    norms = [(r.shape, r.dtype) for r in meas.records if "RmsNorm" in r.name]
+    assert norms == [((b, s, h), "bf16"), ((b, s, 1), "fp32")] * (2 * layers + 1)
+    on_cpu = estimate(cuda_setup("none").model_copy(update={"device": Device.CPU}))
+    on_cuda = estimate(cuda_setup("none"))
+    cpu_norms = sum(k.total_bytes for k in on_cpu.pieces.kept if "norm" in k.block.value)
+    cuda_norms = sum(k.total_bytes for k in on_cuda.pieces.kept if "norm" in k.block.value)
+    assert cpu_norms - cuda_norms == (2 * layers + 1) * 6 * b * s * h
+
+
+@pytest.mark.parametrize(
+    ("checkpointing", "dp", "zero"), [("none", 1, 0), ("full", 1, 0), ("selective", 2, 3)]
+)
+def test_every_backward_moment_on_cuda_is_exact(checkpointing: str, dp: int, zero: int) -> None:
+    """One rank of torchtitan's model on CUDA's kernels (cuDNN's attention, the fused RMSNorm) at Llama-3-8B's
+    widths, s 256: the loss's, the final norm's, the layer's and the embedding's backward moments measure
+    what the estimate says — the norms' one-op backward holding input and rstd (``blocks.norm.released_as``)
+    and, above the attention norm's, W_QKV's input-gradient matmul (``analytic.qkv_backward``)."""
+    from memplan.measure.distributed.titan import measure_titan_rank
+    from memplan.measure.distributed.titan_peak import estimated_moments
+    from tests.hf.test_torchtitan_peak import MOMENTS
+    from tests.hf.test_torchtitan_ranks import ranked
+
+    cpu = ranked(
+        hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing=checkpointing), 1, False, dp, zero
+    )
+    setup = cpu.model_copy(update={"device": Device.CUDA})
+    measured = measure_titan_rank(setup).peak.moments(MOMENTS)
+    estimated = estimated_moments(estimate(setup))
+    assert {n: measured[n] - estimated[n] for n in MOMENTS} == dict.fromkeys(MOMENTS, 0)  # type: ignore[operator]
+
+
+def test_the_composite_norm_on_cuda_keeps_what_the_cpu_kernels_keep() -> None:
+    """``--norm-kernel composite`` (CUDA before torch 2.8; torchtitan's 2024 norm of plain ops): the traced
+    CUDA run records the composite's saves, equal to the estimate, and its norms keep the fp32 upcast and
+    normalised x — the CPU estimate's norm saves, 6·b·s·h B a norm above the fused kernel's."""
+    from memplan.config import NormKernel
+
+    fused = cuda_setup("none")
+    composite = fused.model_copy(
+        update={"impl": fused.impl.model_copy(update={"norm_kernel": NormKernel.COMPOSITE})}
+    )
+    check_titan(composite)
+
+    def norms(setup: Setup) -> int:
+        return sum(k.total_bytes for k in estimate(setup).pieces.kept if "norm" in k.block.value)
+
+    cpu = composite.model_copy(update={"device": Device.CPU})
+    b, s, h, layers = 1, 256, 4096, 2
+    assert norms(composite) == norms(cpu) == norms(fused) + (2 * layers + 1) * 6 * b * s * h

@@ -23,7 +23,8 @@ Known limitations:
 - NB: ``every-K`` (0.3.0 checkpoints every block) is refused, and ``selective`` on CUDA above head dim 128
   (``memplan.config.impl_rules.check_impl``).
 - NB: ``--device cuda``: the inner SDPA is the cuDNN op torch dispatches on a GPU (``cudnn_attention``), run
-  by its meta kernel; every other op keeps its CPU kernel (the fused CUDA RMSNorm is not run).
+  by its meta kernel, and ``nn.RMSNorm`` is CUDA's ``aten._fused_rms_norm`` with its own autograd node
+  (``titan_norm.cuda_rms_norm``); every other op keeps its CPU kernel.
 - NB: ``--fp8`` converts through torchtitan's ``Float8LinearConverter.convert`` (``float8_config``). 0.3.0's
   converter names the rowwise recipes only; ``--fp8 tensorwise`` hands it torchao's tensorwise
   ``Float8LinearConfig``, the recipe of torchtitan's Dec-2024 converter (torchtitan/float8.py:
@@ -65,9 +66,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_leaves
 
-from memplan.config import Checkpointing, Device, Fp8Recipe, Setup
+from memplan.config import Checkpointing, Device, Fp8Recipe, NormKernel, Setup
 from memplan.measure.frameworks.step import PathRecorder, activation_dtype, run_step
 from memplan.measure.frameworks.titan_attention import cudnn_attention, ring_attention, ring_kernel
+from memplan.measure.frameworks.titan_norm import cuda_rms_norm
 from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.record import SavedRecord, layer_scope
 from memplan.measure.reference.context import rotate_method
@@ -309,7 +311,10 @@ def titan_step(
             if hook is not None:
                 hook(recorder)
 
-    measured = run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
+    fused = setup.device is Device.CUDA and setup.impl.norm_kernel is NormKernel.AUTO
+    fused_norm = cuda_rms_norm() if fused else nullcontext()
+    with fused_norm:
+        measured = run_step(model, layers, forward, checkpointed, titan_path, after, recorder_type)
     if cp > 1:
         measured.records.append(rope_buffers(model))
     return measured
