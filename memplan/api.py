@@ -340,8 +340,7 @@ class Built:
     userbuffers: int = 0
     """TE's userbuffers (``--tp-comm-overlap``, ``userbuffer_bytes``): outside the allocator, judged."""
     untimed: str | None = None
-    """Why the step is not timed on ``gpu`` (``time.offload.untimed``: its preset states no host link for
-    the offload's copies): the memory and the verdict are given, ``timing`` is None."""
+    """Why ``timing`` is None on ``gpu`` (``time.offload.untimed``: no host link for the offload)."""
 
 
 def _host(o: Options, result: Result, gpu: GpuPreset | None) -> HostVerdict | None:
@@ -405,23 +404,19 @@ def build(o: Options) -> Built:
 
     gpu = gpu_of(o, o.gpu or DEFAULT_GPU)
     reserve_bytes(o.reserve, gpu)  # a bad --reserve before the time
-    # before int(): --tokens nan, inf
-    check_time_inputs(o.mfu, o.step_time, o.tokens, mfu_ceiling(result.setup, gpu))
+    check_time_inputs(o.mfu, o.step_time, o.tokens, mfu_ceiling(result.setup, gpu))  # before int()
     tokens = None if o.tokens is None else int(o.tokens)
-    # Offload on a GPU that states no host link: the memory and the verdict without a time (said in the
-    # notes), unless a time was asked for (--mfu, --step-time, --tokens: refused as before)
-    asked = o.mfu is not None or o.step_time is not None or o.tokens is not None
-    missing = None if asked else untimed(result.setup.offload, gpu)
+    # offload on a GPU without a host link: no time (noted), unless one is asked for (refused then)
+    missing = untimed(result.setup.offload, gpu) if (o.mfu, o.step_time, o.tokens) == (None,) * 3 else None
     t = None if missing else timing(result, gpu, mfu=o.mfu, step_time=o.step_time, tokens=tokens)
-    expandable = o.expandable_segments
-    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=expandable)
+    fit = verdict(result, gpu, reserve=reserve_bytes(o.reserve, gpu), expandable=o.expandable_segments)
     nccl = tuple(nccl_buffers(result, gpu))
     fsdp, ddp, scatter, ub = beside_replay(result)
-    replayed = replay_device(result, gpu, expandable=expandable)
+    replayed = replay_device(result, gpu, expandable=o.expandable_segments)
     symm = workspace_bytes(result.setup)  # --async-tp's, outside the allocator
     reserved = replace(replayed, nccl=sum(b.bytes for b in nccl), userbuffers=ub, symm_mem=symm)
-    host = _host(o, result, gpu)
-    return Built(o, result, gpu, fit, t, host, reserved, nccl, fsdp, ddp, scatter, ub, untimed=missing)
+    host, streams = _host(o, result, gpu), (nccl, fsdp, ddp, scatter, ub)
+    return Built(o, result, gpu, fit, t, host, reserved, *streams, untimed=missing)
 
 
 def to_json(b: Built) -> dict[str, Any]:
