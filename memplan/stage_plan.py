@@ -16,6 +16,7 @@ from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
 from memplan.blocks import megatron, te_fp8, torchtitan
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
+from memplan.blocks.norm import cuda_fused_rms_norm
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import Checkpointing, DType, Impl, NormType, OptimizerImpl, Setup, ZeroStage
 from memplan.config.trainable import final_norm_trains, head_trains
@@ -294,6 +295,7 @@ def boundary_args(pc: Pieces) -> tuple[tuple[int, int], int, DType, bool, bool, 
     s = dims.s // par.tp if par.sp else dims.s
     prof = profile_of(rank)
     shared = rank.model.norm is NormType.LAYERNORM or dims.act is DType.FP32 or prof.fused_norm
+    shared = shared or cuda_fused_rms_norm(rank)  # torch's fused CUDA RMSNorm keeps its input itself
     # torchtitan's compiled block: its RMSNorm keeps x itself (blocks.norm.compiled_rms_rules), on a receiving
     # stage's first block the receive buffer (measured: tests/hf/test_torchtitan_pp_compile.py; NB: the
     # reference model's compiled pipeline stages are not traced, left as they were)
