@@ -7,8 +7,9 @@ dtype is not the input's. That op has a CUDA kernel, so on a GPU autograd record
 ``_fused_rms_norm_backward``; a CPU build has no such kernel, so there the op is its composite and
 autograd records the decomposed ops (the fp32 upcast x and the fp32 normalised x among the saves). Checked
 on torch 2.13 (tests/hf/test_torchtitan_cuda.py): the dispatch table of ``aten::_fused_rms_norm`` (an
-``Autograd`` kernel beside the ``CompositeImplicitAutograd`` one), the node's saved fields, and a fake
-CUDA tensor's ``rms_norm`` reaching ``_fused_rms_norm``.
+``Autograd`` kernel beside the ``CompositeImplicitAutograd`` one) and the node's saved fields; by hand, not
+in a test (the process aborts at the CUDA device guard), a fake CUDA tensor's ``rms_norm`` reaching
+``_fused_rms_norm`` (``at::_ops::rms_norm::call`` → ``at::_ops::_fused_rms_norm::call`` in its stack).
 
 While ``cuda_rms_norm()`` is open the op has a CPU kernel — torch's own decomposition of its two outputs
 (``torch._decomp.decompositions._fused_rms_norm``; under the fake mode only their shapes and dtypes) —
