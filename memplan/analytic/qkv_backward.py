@@ -3,12 +3,14 @@ moment falls below it: under torch's fused CUDA RMSNorm (``blocks.norm.cuda_fuse
 backward holds one [T, h] dY and dX, less than what is alive just before it — the fused projection's
 output gradient (the cat of dq, dk, dv) and its dX [T, h], beside the residual gradient. Measured on
 torchtitan's CUDA rank (its ``nn.RMSNorm`` as ``aten._fused_rms_norm``, ``measure.frameworks.titan_norm``)
-at Llama 3 8B's widths, s 256: every backward moment exact on one tensor-parallel rank without AC, under
-FullAC and under SelectiveAC with ZeRO-3 (tests/hf/test_torchtitan_cuda.py).
+at Llama 3 8B's widths, s 256: every backward moment exact on one rank without AC, under FullAC and under
+SelectiveAC with ZeRO-3, and on a tp 2 + SP rank without AC (tests/hf/test_torchtitan_cuda.py).
 
 Known limitations:
-- NB: on a tensor-parallel rank with sequence parallelism the layer's moment reads under what was measured
-  at s 256 (0.75 MiB without AC, 1.75 MiB under FullAC with ZeRO-3 over dp 2): not found here.
+- NB: under FullAC on a tp 2 + SP rank (ZeRO-3 over dp 2) the layer's moment reads 1 MiB under the
+  measurement at s 256: the re-run's all-gathered W_QKV input [T, h] is alive at that point (its
+  ``all_gather_into_tensor`` output in the trace), where the estimate holds the rank's [T/t, h]; not
+  modelled.
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from memplan.config import Checkpointing, Setup
 
 def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
     """Under torch's fused CUDA RMSNorm (``cuda_fused_rms_norm``), W_QKV's dX matmul over the attention
-    norm's moment: the cat of dq, dk, dv [T, (a + 2·kv)·d/t] and dX [T, h] in place of the norm's dY and dX
-    (``norm_backward_transient``), W_QKV's saved input still held (its node runs) where the forward's saves
-    are the layer's, the norm's weight gradient (``norm_grad``) not made yet; 0 elsewhere (the decomposed
-    norm's fp32 pieces are higher)."""
+    norm's moment: the cat of dq, dk, dv [T, (a + 2·kv)·d] (the rank's heads) and dX [T, h] in place of
+    the norm's dY and dX (``norm_backward_transient``), W_QKV's saved input still held (its node runs)
+    where the forward's saves are the layer's, the norm's weight gradient (``norm_grad``) not made yet;
+    0 elsewhere (the decomposed norm's fp32 pieces are higher)."""
     if not cuda_fused_rms_norm(setup):
         return 0
     e, t, m = dims.act.bytes, dims.tokens, setup.model
-    cat = t * (m.q_width + 2 * m.kv_width) // setup.parallel.tp * e
+    cat = t * (m.q_width + 2 * m.kv_width) * e  # the rank's model: its tensor-parallel heads already
     held = t * dims.h * e if setup.strategy.checkpointing is Checkpointing.NONE else 0
     return cat + t * dims.h * e + held - norm_backward_transient(setup, dims) // sp_shards(setup) - norm_grad

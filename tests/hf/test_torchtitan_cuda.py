@@ -121,21 +121,22 @@ def test_each_norm_keeps_its_input_and_rstd_on_cuda_by_hand() -> None:
 
 
 @pytest.mark.parametrize(
-    ("checkpointing", "dp", "zero"), [("none", 1, 0), ("full", 1, 0), ("selective", 2, 3)]
+    ("checkpointing", "tp", "dp", "zero"),
+    [("none", 1, 1, 0), ("full", 1, 1, 0), ("selective", 1, 2, 3), ("none", 2, 1, 0)],
 )
-def test_every_backward_moment_on_cuda_is_exact(checkpointing: str, dp: int, zero: int) -> None:
-    """One rank of torchtitan's model on CUDA's kernels (cuDNN's attention, the fused RMSNorm) at Llama-3-8B's
-    widths, s 256: the loss's, the final norm's, the layer's and the embedding's backward moments measure
-    what the estimate says — the norms' one-op backward holding input and rstd (``blocks.norm.released_as``)
-    and, above the attention norm's, W_QKV's input-gradient matmul (``analytic.qkv_backward``)."""
+def test_every_backward_moment_on_cuda_is_exact(checkpointing: str, tp: int, dp: int, zero: int) -> None:
+    """One rank of torchtitan's model on CUDA's kernels (cuDNN's attention, the fused RMSNorm) at
+    Llama-3-8B's widths, s 256 (a tp 2 + SP rank among them): the loss's, the final norm's, the layer's
+    and the embedding's backward moments measure what the estimate says — the norms' one-op backward
+    holding input and rstd (``blocks.norm.released_as``) and, above the attention norm's, W_QKV's
+    input-gradient matmul (``analytic.qkv_backward``)."""
     from memplan.measure.distributed.titan import measure_titan_rank
     from memplan.measure.distributed.titan_peak import estimated_moments
     from tests.hf.test_torchtitan_peak import MOMENTS
     from tests.hf.test_torchtitan_ranks import ranked
 
-    cpu = ranked(
-        hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing=checkpointing), 1, False, dp, zero
-    )
+    base = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing=checkpointing)
+    cpu = ranked(base, tp, tp > 1, dp, zero)
     setup = cpu.model_copy(update={"device": Device.CUDA})
     measured = measure_titan_rank(setup).peak.moments(MOMENTS)
     estimated = estimated_moments(estimate(setup))
