@@ -3,14 +3,11 @@ moment falls below it: under torch's fused CUDA RMSNorm (``blocks.norm.cuda_fuse
 backward holds one [T, h] dY and dX, less than what is alive just before it — the fused projection's
 output gradient (the cat of dq, dk, dv) and its dX [T, h], beside the residual gradient. Measured on
 torchtitan's CUDA rank (its ``nn.RMSNorm`` as ``aten._fused_rms_norm``, ``measure.frameworks.titan_norm``)
-at Llama 3 8B's widths, s 256: every backward moment exact on one rank without AC, under FullAC and under
-SelectiveAC with ZeRO-3, and on a tp 2 + SP rank without AC (tests/hf/test_torchtitan_cuda.py).
-
-Known limitations:
-- NB: under FullAC on a tp 2 + SP rank (ZeRO-3 over dp 2) the layer's moment reads 1 MiB under the
-  measurement at s 256: the re-run's all-gathered W_QKV input [T, h] is alive at that point (its
-  ``all_gather_into_tensor`` output in the trace), where the estimate holds the rank's [T/t, h]; not
-  modelled.
+at Llama 3 8B's widths, s 256: every backward moment exact without AC, under FullAC and under SelectiveAC,
+on one rank and on a tp 2 + SP rank, with and without ZeRO-3 over dp 2 (tests/hf/test_torchtitan_cuda.py;
+ten layouts in all, by hand). Under AC on a sequence-parallel rank the re-run's all-gathered W_QKV input
+[T, h] is alive at that point (its ``all_gather_into_tensor`` output in the trace), where the re-run
+working set counts the rank's [T/t, h]: the rest is added here.
 """
 
 from __future__ import annotations
@@ -31,5 +28,8 @@ def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
         return 0
     e, t, m = dims.act.bytes, dims.tokens, setup.model
     cat = t * (m.q_width + 2 * m.kv_width) * e  # the rank's model: its tensor-parallel heads already
-    held = t * dims.h * e if setup.strategy.checkpointing is Checkpointing.NONE else 0
+    gathered = t * dims.h * e  # W_QKV's saved input: the sequence-parallel plan keeps it gathered
+    # re-run (AC): the layer's re-run working set holds it already, as the rank's sequence shard
+    rerun = setup.strategy.checkpointing is not Checkpointing.NONE
+    held = gathered - gathered // sp_shards(setup) if rerun else gathered
     return cat + t * dims.h * e + held - norm_backward_transient(setup, dims) // sp_shards(setup) - norm_grad

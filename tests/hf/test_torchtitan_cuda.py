@@ -122,7 +122,7 @@ def test_each_norm_keeps_its_input_and_rstd_on_cuda_by_hand() -> None:
 
 @pytest.mark.parametrize(
     ("checkpointing", "tp", "dp", "zero"),
-    [("none", 1, 1, 0), ("full", 1, 1, 0), ("selective", 1, 2, 3), ("none", 2, 1, 0)],
+    [("none", 1, 1, 0), ("full", 1, 1, 0), ("selective", 1, 2, 3), ("none", 2, 1, 0), ("full", 2, 2, 3)],
 )
 def test_every_backward_moment_on_cuda_is_exact(checkpointing: str, tp: int, dp: int, zero: int) -> None:
     """One rank of torchtitan's model on CUDA's kernels (cuDNN's attention, the fused RMSNorm) at
