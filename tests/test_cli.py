@@ -165,6 +165,17 @@ def test_under_fp8_a_measured_mfu_over_one_is_taken_and_said_to_be_against_the_1
     assert "FP8 peak" not in invoke("compare", *args, "--vary", "zero=0,1").stdout
 
 
+def test_compare_says_zero_shards_nothing_over_one_data_parallel_rank() -> None:
+    """``compare --vary zero=…`` on one GPU: every stage's row is stage 0's (one shard), which the caption
+    says with the fix; over 8 GPUs the stages differ and nothing is said."""
+    args = ("-m", "llama-3.2-1b", "--seq", "2048", "--vary", "zero=0,3")
+    one = invoke("compare", *args, "--csv").stdout.splitlines()[1:]
+    assert len(one) == 2 and one[0].split(",")[2:] == one[1].split(",")[2:]  # the same figures
+    note = "zero: over one data-parallel rank (and no cp) ZeRO shards nothing; give --gpus or --dp"
+    assert note in re.sub(r"\s+", " ", invoke("compare", *args).stdout)
+    assert "shards nothing" not in re.sub(r"\s+", " ", invoke("compare", *args, "--gpus", "8").stdout)
+
+
 def test_json_with_every_option_equals_estimate_of_the_same_setup() -> None:
     doc = estimate_json(
         "-m", "gpt2", "-s", "512", "-b", "2", "--precision", "fp32", "--optimizer", "sgd-momentum",

@@ -341,6 +341,11 @@ def _compare_columns(keys: Sequence[str], units: dict[str, tuple[int, str]]) -> 
     return cols
 
 
+def unsharded(r: Result) -> bool:
+    """A ZeRO stage above 0 over a single shard (one data-parallel rank, no cp): the same as stage 0."""
+    return r.setup.strategy.zero > 0 and r.setup.state_shards == 1
+
+
 def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str] | None = None) -> Fitted:
     """One row per combination: the settings that tell the rows apart (keys), then the figures, each
     column in one unit said in its header; ``same``: the settings every row shares, said once above."""
@@ -353,6 +358,8 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
     untimed = next((r.built.untimed for r in rows if r.built.untimed), None)
     if untimed:  # offload on a GPU that states no host link: those rows have no time
         notes.append(f"– under step s: not timed, {untimed.removeprefix('gpu: ')}")
+    if "zero" in keys and any(unsharded(r.built.result) for r in rows):
+        notes.append("zero: over one data-parallel rank (and no cp) ZeRO shards nothing; give --gpus or --dp")
     said = "".join(f" {n}." for n in notes if n)
     table = Fitted(
         _compare_columns(keys, units),
