@@ -115,13 +115,17 @@ def assumed_seconds(p: Result, peak: float, mfu: float) -> float:
     return (model + recompute) / (p.devices * peak * mfu) * (1 + bubble(p))
 
 
+def fp8_peak_flops(setup: Setup, gpu: GpuPreset) -> float | None:
+    """The dense FP8 FLOP/s ``--fp8``'s GEMMs run at (``Timing.fp8_peak_flops_per_device``); None without
+    ``--fp8``. ``ValueError`` where ``--fp8`` meets a GPU without FP8 (``fp8.peak``)."""
+    return fp8.peak(setup, gpu) if fp8.enabled(setup) else None
+
+
 def mfu_ceiling(setup: Setup, gpu: GpuPreset) -> float:
     """The most MFU a step can reach: 1, every model FLOP at the peak; under ``--fp8`` the FP8 peak over
-    the 16-bit one, every model FLOP at the FP8 peak (module docstring). ``ValueError`` where ``--fp8``
-    meets a GPU without FP8 (``fp8.peak``)."""
-    if not fp8.enabled(setup):
-        return 1.0
-    return fp8.peak(setup, gpu) / peak_flops(gpu, setup.training.precision)
+    the 16-bit one, every model FLOP at the FP8 peak (module docstring)."""
+    fp8_peak = fp8_peak_flops(setup, gpu)
+    return 1.0 if fp8_peak is None else fp8_peak / peak_flops(gpu, setup.training.precision)
 
 
 def check_time_inputs(
@@ -173,7 +177,7 @@ def timing(
     capacity = p.devices * peak
     b = bubble(p)
     predicted = predict(p, gpu, peak, shared)
-    fp8_peak = fp8.peak(p.setup, gpu) if fp8.enabled(p.setup) else None
+    fp8_peak = fp8_peak_flops(p.setup, gpu)
     if assumed is not None:
         seconds, basis = assumed_seconds(p, peak, assumed), "assumed"
     elif step_time is not None:
