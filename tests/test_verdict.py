@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memplan.cli.app import app
+from memplan.render.estimate import fmt_bytes
 from memplan.schema import estimate_schema
 
 ENV = {"COLUMNS": "100", "NO_COLOR": "1"}
@@ -90,6 +91,27 @@ def test_70b_leads_with_the_verdict_against_the_largest_gpu_preset() -> None:
     assert "Activations kept for backward" not in text  # --summary: the panel alone
 
 
+def test_the_headline_judges_the_reserved_peak_against_the_usable_memory() -> None:
+    """The headline read "fits on each of 216 h100-sxm with 18.00 MiB free: peak 68.69 GiB (layer
+    backward), 64.93 GiB usable": a peak above the usable memory, and it fits. Both figures were right but
+    not comparable: the tensors' peak counts FSDP2's all-gather outputs, whose stream's own pool (13.79 GiB)
+    the usable memory already leaves out, and the fit is the caching allocator's reserved bytes on the
+    default stream against that memory. The headline now prints the judged figure (free = usable −
+    reserved), then the tensors' peak."""
+    doc = _json("-m", "405b", "--checkpointing", "full", "--zero", "3", "--dp", "216", "--gpu", "h100")
+    v = doc["verdict"]
+    jsonschema.validate(doc, estimate_schema())
+    assert v["fits"] and v["peak"] > v["usable_bytes"]  # every stream's tensors: not what is judged
+    assert v["reserved"] == doc["fit"]["reserved_peak"] <= v["usable_bytes"]
+    assert v["headroom"] == v["usable_bytes"] - v["reserved"] == doc["fit"]["headroom"]
+    text = _text(
+        "-m", "405b", "--checkpointing", "full", "--zero", "3", "--dp", "216", "--gpu", "h100", "--summary"
+    )
+    judged = f"reserved {_gib(v['reserved'])}, {_gib(v['usable_bytes'])} usable of 80.00 GiB"
+    assert f"fits on each of 216 h100-sxm with {fmt_bytes(v['headroom'])} free: {judged}" in text
+    assert f"tensors' peak {_gib(v['peak'])} ({v['phase']})" in text
+
+
 def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
     v = _json("--model", "70b", "--seq", "8192")["verdict"]
     count = v["counts"][0]
@@ -104,6 +126,7 @@ def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
     gb300 = ("-m", "70b", "--seq", "8192", "--gpu", "gb300")
     ran = _json(*gb300, *count["args"])
     assert ran["fit"]["fits"] and ran["memory"]["peak"] == count["peak"]
+    assert ran["fit"]["reserved_peak"] == count["reserved"]  # the judged figure the line prints
     fewer = ["--zero", "3", "--dp", str(dp - 1), "--checkpointing", "full"]
     assert not _json(*gb300, *fewer)["fit"]["fits"]
     # Without checkpointing (the user's setting) the step fits too, but only over many more GPUs (its
@@ -111,7 +134,8 @@ def test_gpu_count_is_the_fewest_data_parallel_gpus_under_zero_3() -> None:
     assert not _json(*gb300, "--zero", "3", "--dp", str(dp))["fit"]["fits"]
     assert _json(*gb300, "--zero", "3", "--dp", "128")["fit"]["fits"]
     text = _text("--model", "70b", "--seq", "8192", "--summary")
-    assert f"needs {dp} × gb300 (--zero 3 --dp {dp} --checkpointing full): peak" in text
+    line = f"needs {dp} × gb300 (--zero 3 --dp {dp} --checkpointing full): reserved {_gib(count['reserved'])}"
+    assert line in text
 
 
 def test_gpu_count_under_gpu_h100_and_the_largest_preset() -> None:
@@ -152,7 +176,7 @@ def test_under_context_parallelism_zero_3_over_one_data_parallel_rank_shards_ove
     assert as_is["fit"]["fits"]
     assert (largest["gpu"], largest["devices"], largest["args"]) == ("gb300", 2, [])
     assert largest["peak"] == as_is["memory"]["peak"] == doc["memory"]["peak"]
-    assert "needs 2 × rtx-4090 (--zero 3): peak" in _text(*args, "--gpu", "rtx-4090", "--summary")
+    assert "needs 2 × rtx-4090 (--zero 3): reserved" in _text(*args, "--gpu", "rtx-4090", "--summary")
 
 
 def test_a_count_keeps_the_users_configuration_where_it_fits_on_as_few_gpus() -> None:
@@ -204,7 +228,7 @@ def test_every_suggestion_is_estimated_lowers_the_peak_and_its_command_says_so()
         assert ran["fit"]["fits"] is s["fits"]
     text = _text("--model", "70b", "--seq", "8192", "--gpu", "h100", "--summary")
     lora = next(s for s in found if s["args"] == ["--finetune", "lora"])
-    assert f"no {_gib(lora['peak'])} {shlex.join(lora['command'])}" in text
+    assert f"no {_gib(lora['reserved'])} {shlex.join(lora['command'])}" in text
 
 
 def test_the_fit_suggestion_holds_a_layout_that_fits() -> None:
@@ -405,3 +429,14 @@ def test_the_fit_suggestion_names_a_gpu_file_as_given(tmp_path: Path) -> None:
     found = _json("-m", "8b", "--gpu", str(path))["verdict"]["suggestions"]
     fit = found[-1]["command"]
     assert fit[:2] == ["memplan", "fit"] and fit[fit.index("--gpu") + 1] == str(path)
+
+
+def test_a_change_that_saves_under_one_percent_of_the_peak_is_not_suggested() -> None:
+    """QLoRA on a 70B over 48 GiB was told "--optimizer adamw-8bit: 8-bit optimizer states", which saves
+    the 8-bit states of 16 M adapter parameters — tens of MiB of a 135 GiB peak (``MIN_SAVING``: 1 %)."""
+    args = ("-m", "70b", "--seq", "4096", "--finetune", "qlora", "--gpu-memory", "48")
+    doc = _json(*args)
+    kinds = [s["args"][:2] for s in doc["verdict"]["suggestions"]]
+    assert ["--optimizer", "adamw-8bit"] not in kinds and ["--checkpointing", "full"] in kinds
+    saved = doc["memory"]["peak"] - _json(*args, "--optimizer", "adamw-8bit")["memory"]["peak"]
+    assert 0 < saved < 0.01 * doc["memory"]["peak"]

@@ -8,10 +8,12 @@
 - how many GPUs of that size it needs: the smallest data-parallel degree N for which ``--zero 3 --dp N``
   fits (the user's other settings kept), with the user's checkpointing and with ``--checkpointing full``,
   whichever needs fewer GPUs (the user's on a tie), checked by estimating N and N − 1;
-- suggestions, each a change of the user's options that is estimated here, with its peak and whether it
-  fits: the ZeRO-3 layout above, ``--checkpointing full``, ``--finetune lora``, ``--optimizer adamw-8bit``,
-  and ``memplan fit`` on a power of two ≥ N GPUs (where ``--zero 3 --dp`` that many is estimated to fit,
-  so the search finds at least that). A change that does not lower the peak is never suggested.
+- suggestions, each a change of the user's options that is estimated here, with its peak, the reserved
+  bytes it is judged by and whether it fits: the ZeRO-3 layout above, ``--checkpointing full``,
+  ``--finetune lora``, ``--optimizer adamw-8bit``, and ``memplan fit`` on a power of two ≥ N GPUs
+  (where ``--zero 3 --dp`` that many is estimated to fit, so the search finds at least that). A change
+  that does not lower the peak by at least ``MIN_SAVING`` of it is never suggested (8-bit optimizer
+  states under LoRA save megabytes of a 135 GiB peak).
 
 Pure Python (no torch): every candidate is one ``engine.estimate`` of ``api.setup_of(options)``; the
 engine's per-rank pieces are cached, so the whole advice costs a few tens of estimates (milliseconds).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 from enum import Enum
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -41,6 +44,9 @@ from memplan.presets import GpuPreset, gpu_names, load_gpu
 from memplan.search.budget import DEFAULT_RESERVE, allocator_memory, reserve_bytes, verdict
 
 TOP_TERMS = 3
+MIN_SAVING = 0.01
+"""The least share of the peak a one-option suggestion must save to be shown: a presentation choice, not a
+physical constant (below it the line says nothing a user would act on)."""
 
 FIT_OPTIONS = frozenset(FIT_OPTION_NAMES)
 """The ``api.Options`` fields ``memplan fit`` takes as they are (``fit_options.FIT_OPTIONS``: its CLI's)."""
@@ -60,6 +66,8 @@ class Suggestion(BaseModel):
     """The whole command line that runs it (``memplan estimate …`` or ``memplan fit …``)."""
     peak: int
     """Bytes at the peak on the most loaded device (for ``memplan fit``: of the ZeRO-3 layout it contains)."""
+    reserved: int
+    """The caching allocator's reserved peak there, what ``fits`` judges (``search.budget.Verdict``)."""
     fits: bool
     devices: int
     """GPUs the suggestion runs on."""
@@ -83,6 +91,8 @@ class GpuCount(BaseModel):
     none, or ``--checkpointing full`` alone, where the user's configuration fits)."""
     peak: int
     """The peak at ``dp`` (at ``MAX_DP`` when nothing fits)."""
+    reserved: int
+    """The caching allocator's reserved peak there, the judged figure (0 when no dp could be planned)."""
     refused: str | None = None
     """Why ``--zero 3 --dp N`` cannot be planned with the user's other options, when no N could (the
     first refusal's one line: e.g. an implementation that does not model ZeRO-3 with them); else None."""
@@ -103,10 +113,14 @@ class Advice(BaseModel):
     """What the allocator may reserve: the driver's memory less the CUDA context, NCCL's buffers, FSDP2's
     all-gather stream, DDP's buckets and ``--reserve`` (the verdict's, ``search.budget``)."""
     peak: int
+    """The most loaded device's tensors at their peak moment (``phase``), every stream's."""
     phase: str
+    reserved: int
+    """The caching allocator's reserved peak on the step's default stream (the replay of its allocations),
+    what ``fits`` judges against ``usable_bytes`` (``search.budget.Verdict.reserved_peak``)."""
     fits: bool
     headroom: int
-    """usable − peak (negative when it does not fit)."""
+    """usable − reserved (negative when it does not fit)."""
     devices: int
     terms: dict[str, int]
     """The three largest terms of the peak moment, largest first, in bytes."""
@@ -148,14 +162,26 @@ def flags(o: Options) -> list[str]:
 # ----------------------------------------------------------------------------------------------------
 # Estimating candidates
 # ----------------------------------------------------------------------------------------------------
-def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> tuple[int, bool, int, int] | None:
-    """(peak bytes, fits, devices, the verdict's usable bytes) of ``o`` on ``gpu``; None when it cannot be
-    planned."""
+class _Judged(NamedTuple):
+    """One candidate's verdict on a GPU, as the advice shows it."""
+
+    peak: int
+    fits: bool
+    devices: int
+    usable: int
+    """The verdict's usable bytes (``Verdict.usable_bytes``)."""
+    reserved: int
+    """The allocator's reserved peak, the judged figure (``Verdict.reserved_peak``)."""
+
+
+def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> _Judged | None:
+    """The verdict of ``o`` on ``gpu``; None when it cannot be planned."""
     r = result(o)
     if r is None:
         return None
     v = verdict(r, gpu, reserve=reserve)
-    return v.peak, v.fits, r.devices, v.usable_bytes
+    assert v.reserved_peak is not None  # an exact verdict replays the allocator
+    return _Judged(v.peak, v.fits, r.devices, v.usable_bytes, v.reserved_peak)
 
 
 def _change(o: Options, built: Result, **update: object) -> Options:
@@ -194,28 +220,29 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
     world = r.devices // r.setup.strategy.dp  # tp · cp · pp, kept
     # memory shown: the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather stream
     # and DDP's buckets out: they depend on dp); before any is judged, the device's less context and reserve
-    usable, last = allocator_memory(gpu, reserve), 0
+    last: _Judged | None = None  # the last dp that could be planned and did not fit
 
-    def at(dp: int) -> tuple[int, bool, int] | None:
-        got = _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
-        return None if got is None else (got[0], got[1], got[3])
+    def at(dp: int) -> _Judged | None:
+        return _peak_fits(_zero3(o, r, dp, full), gpu, reserve)
 
     low, high = 0, 1  # low: known not to fit (0: nothing below 1); high: tried next
     got = at(high)
-    while (got is None or not got[1]) and high < MAX_DP:
-        last, usable = (got[0], got[2]) if got is not None else (last, usable)
+    while (got is None or not got.fits) and high < MAX_DP:
+        last = got or last
         low, high = high, min(2 * high, MAX_DP)
         got = at(high)
-    if got is None or not got[1]:
-        last, usable = (got[0], got[2]) if got is not None else (last, usable)
-        refused = refusal(_zero3(o, r, 2, full)) if got is None and not last else None
+    if got is None or not got.fits:
+        last = got or last
+        refused = refusal(_zero3(o, r, 2, full)) if last is None else None
         return GpuCount(
             gpu=gpu.name,
-            usable_bytes=usable,
+            # before any dp is judged: the device's memory less the context and the reserve
+            usable_bytes=allocator_memory(gpu, reserve) if last is None else last.usable,
             devices=None,
             dp=None,
             args=[],
-            peak=last,
+            peak=0 if last is None else last.peak,
+            reserved=0 if last is None else last.reserved,
             refused=refused,
             hsdp=r.setup.strategy.hsdp or None,
         )
@@ -223,7 +250,7 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
     while high - low > 1:
         mid = (low + high) // 2
         tried = at(mid)
-        if tried is not None and tried[1]:
+        if tried is not None and tried.fits:
             high, best = mid, tried
         else:
             low = mid
@@ -232,23 +259,20 @@ def _count(o: Options, r: Result, gpu: GpuPreset, reserve: int, full: bool) -> G
     # step that fits 8 GB300s as it is).
     own = o.model_copy(update={"checkpointing": "full"}) if full else o
     as_is = _peak_fits(own, gpu, reserve)
-    if as_is is not None and as_is[1] and as_is[2] <= world * high:
-        return GpuCount(
-            gpu=gpu.name,
-            usable_bytes=as_is[3],
-            devices=as_is[2],
-            dp=r.setup.strategy.dp,
-            args=["--checkpointing", "full"] if full and o.checkpointing != "full" else [],
-            peak=as_is[0],
-            hsdp=r.setup.strategy.hsdp or None,
-        )
+    mine = as_is is not None and as_is.fits and as_is.devices <= world * high
+    shown = as_is if mine and as_is is not None else best
     return GpuCount(
         gpu=gpu.name,
-        usable_bytes=best[2],
-        devices=world * high,
-        dp=high,
-        args=_zero3_args(high, full, r.setup.parallel.cp),
-        peak=best[0],
+        # the judged configuration's (its verdict leaves NCCL's buffers, FSDP2's all-gather stream and
+        # DDP's buckets out: they depend on dp)
+        usable_bytes=shown.usable,
+        devices=shown.devices,
+        dp=r.setup.strategy.dp if mine else high,
+        args=(["--checkpointing", "full"] if full and o.checkpointing != "full" else [])
+        if mine
+        else _zero3_args(high, full, r.setup.parallel.cp),
+        peak=shown.peak,
+        reserved=shown.reserved,
         hsdp=r.setup.strategy.hsdp or None,
     )
 
@@ -282,6 +306,7 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
                 args=count.args,
                 command=["memplan", "estimate", *flags(_zero3(o, r, count.dp, "full" in count.args))],
                 peak=count.peak,
+                reserved=count.reserved,
                 fits=True,
                 devices=count.devices or 0,
                 why=f"shard weights, gradients and optimizer states over {count.dp} data-parallel GPUs"
@@ -294,13 +319,21 @@ def suggestions(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: GpuC
     for args, update, why in _single_changes(o):
         changed = o.model_copy(update=update)
         got = _peak_fits(changed, gpu, reserve)
-        if got is None or got[0] >= peak:
+        if got is None or got.peak > peak * (1 - MIN_SAVING):
             continue
         command = ["memplan", "estimate", *flags(changed)]
         singles.append(
-            Suggestion(args=args, command=command, peak=got[0], fits=got[1], devices=got[2], why=why)
+            Suggestion(
+                args=args,
+                command=command,
+                peak=got.peak,
+                reserved=got.reserved,
+                fits=got.fits,
+                devices=got.devices,
+                why=why,
+            )
         )
-    out += sorted(singles, key=lambda s: s.peak)
+    out += sorted(singles, key=lambda s: (s.reserved, s.peak))
     if count.dp is not None and count.devices is not None:
         out += _fit_suggestion(o, r, gpu, reserve, count)
     return out
@@ -318,7 +351,7 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
     # fit's space holds tp 1, pp 1, dp = gpus, micro-batch 1, the user's attention and ZeRO 3 (with full
     # checkpointing) at its default global batch, a power of two ≥ gpus: estimate that one.
     got = _peak_fits(_zero3(o, r, gpus, full).model_copy(update={"batch": 1}), gpu, reserve)
-    if got is None or not got[1]:
+    if got is None or not got.fits:
         return []
     seq = str(r.setup.training.seq_len)
     name = o.gpu or gpu.name  # as typed: a preset file's path stays a path
@@ -329,7 +362,8 @@ def _fit_suggestion(o: Options, r: Result, gpu: GpuPreset, reserve: int, count: 
         Suggestion(
             args=command[2:],
             command=command,
-            peak=got[0],
+            peak=got.peak,
+            reserved=got.reserved,
             fits=True,
             devices=gpus,
             why=f"the fastest layouts (tp, pp, dp, ZeRO, checkpointing) on {gpus} GPU{'s' * (gpus > 1)}",
@@ -369,6 +403,7 @@ def advise(b: Built) -> Advice:
     r, o = b.result, b.options
     gpu, reserve, given = _judged_against(b)
     v = verdict(r, gpu, reserve=reserve)
+    assert v.reserved_peak is not None  # an exact verdict replays the allocator
     counts: list[GpuCount] = []
     found: list[Suggestion] = []
     if not v.fits:
@@ -385,6 +420,7 @@ def advise(b: Built) -> Advice:
         usable_bytes=v.usable_bytes,
         peak=v.peak,
         phase=v.phase,
+        reserved=v.reserved_peak,
         fits=v.fits,
         headroom=v.headroom,
         devices=r.devices,

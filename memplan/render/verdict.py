@@ -1,7 +1,7 @@
 """The verdict panel ``memplan estimate`` leads with (and ``--summary`` prints alone).
 
 Renders ``memplan.advice.Advice``: fits or not on which GPU, how many GPUs of a size it needs, the three
-largest terms of the peak, and each suggested command with its estimated peak. Units as in
+largest terms of the peak, and each suggested command with its estimated reserved peak. Units as in
 ``memplan.render.estimate`` (GiB = 2³⁰ bytes). Pure: computed advice in, a rich panel out.
 """
 
@@ -19,18 +19,21 @@ from memplan.render.estimate import fmt_bytes, plural
 
 
 def _headline(a: Advice) -> Text:
-    """Fits or not, on which GPU and why that one."""
-    usable = f"{fmt_bytes(a.usable_bytes)} usable of {fmt_bytes(a.memory_bytes)}"
+    """Fits or not, on which GPU and why that one: the allocator's reserved peak against the memory left to
+    it (what is judged: free = usable − reserved), then the tensors' peak and its moment."""
+    judged = (
+        f"reserved {fmt_bytes(a.reserved)}, {fmt_bytes(a.usable_bytes)} usable of {fmt_bytes(a.memory_bytes)}"
+    )
     devices = "one" if a.devices == 1 else f"each of {a.devices:,}"
-    peak = f"peak {fmt_bytes(a.peak)} ({a.phase})"
+    peak = f"tensors' peak {fmt_bytes(a.peak)} ({a.phase})"
     if a.fits:
         chosen = "" if a.gpu_given else " (the smallest GPU preset that holds it)"
         return Text(
-            f"fits on {devices} {a.gpu} with {fmt_bytes(a.headroom)} free{chosen}: {peak}, {usable}",
+            f"fits on {devices} {a.gpu} with {fmt_bytes(a.headroom)} free{chosen}: {judged}; {peak}",
             style="bold green",
         )
     chosen = "" if a.gpu_given else " (the largest GPU preset; --gpu NAME or --gpu-memory GiB to choose)"
-    return Text(f"does NOT fit on {devices} {a.gpu}{chosen}: {peak}, {usable}", style="bold red")
+    return Text(f"does NOT fit on {devices} {a.gpu}{chosen}: {judged}; {peak}", style="bold red")
 
 
 def _count_line(c: GpuCount) -> Text:
@@ -54,9 +57,9 @@ def _count_line(c: GpuCount) -> Text:
     how = f" ({' '.join(c.args)})" if c.args else ""
     if c.devices == 1:
         usable = fmt_bytes(c.usable_bytes)
-        return Text(f"fits on one {c.gpu}{how}: peak {fmt_bytes(c.peak)} ({usable} usable)")
+        return Text(f"fits on one {c.gpu}{how}: reserved {fmt_bytes(c.reserved)} ({usable} usable)")
     return Text(
-        f"needs {c.devices:,} × {c.gpu}{how}: peak {fmt_bytes(c.peak)} on the most loaded, "
+        f"needs {c.devices:,} × {c.gpu}{how}: reserved {fmt_bytes(c.reserved)} on the most loaded, "
         f"{fmt_bytes(c.usable_bytes)} usable",
         style="bold",
     )
@@ -64,7 +67,7 @@ def _count_line(c: GpuCount) -> Text:
 
 def _terms_line(a: Advice) -> Text:
     parts = [f"{name} {fmt_bytes(value)} ({value / a.peak:.0%})" for name, value in a.terms.items()]
-    return Text("largest terms of the peak: " + " · ".join(parts))
+    return Text("largest terms of the tensors' peak: " + " · ".join(parts))
 
 
 def _suggestions(found: list[Suggestion]) -> Table:
@@ -75,7 +78,7 @@ def _suggestions(found: list[Suggestion]) -> Table:
     for s in found:
         mark = Text("fits", style="green") if s.fits else Text("no", style="red")
         gpus = f" ({plural(s.devices, 'GPU')})" if s.devices > 1 else ""
-        table.add_row(mark, fmt_bytes(s.peak), Text(f"{shlex.join(s.command)}{gpus}: {s.why}"))
+        table.add_row(mark, fmt_bytes(s.reserved), Text(f"{shlex.join(s.command)}{gpus}: {s.why}"))
     return table
 
 
@@ -85,8 +88,8 @@ def verdict_panel(a: Advice) -> Panel:
     if a.suggestions:
         lines.append(
             Text(
-                f"to make it fit on {a.gpu}, each estimated (peak on the most loaded device; "
-                "GiB = 2³⁰ bytes):",
+                f"to make it fit on {a.gpu}, each estimated (the allocator's reserved peak on the most "
+                "loaded device; GiB = 2³⁰ bytes):",
                 style="bold",
             )
         )

@@ -2,7 +2,7 @@
 ``time`` (with ``--gpu``), ``host_fit`` (host memory under offload) and ``timeline`` (``--timeline``).
 
 Known limitations (NB): the schema checks types, required keys and signs, not the arithmetic between keys
-(``headroom = usable − peak``).
+(``headroom = usable − reserved``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ VERDICT = obj(
         "gpu": described({"type": "string"}, "the GPU judged against: --gpu, else a GPU preset"),
         "gpu_given": {"type": "boolean"},
         "memory_bytes": BYTES,
-        "usable_bytes": described(BYTES, "memory_bytes − the reserve (--reserve)"),
-        "peak": BYTES,
+        "usable_bytes": described(
+            BYTES,
+            "what the allocator may reserve: the driver's memory less the CUDA context, NCCL's buffers, "
+            "FSDP2's all-gather stream, DDP's buckets and --reserve",
+        ),
+        "peak": described(BYTES, "the most loaded device's tensors at their peak moment, every stream's"),
         "phase": {"type": "string"},
+        "reserved": described(BYTES, "the caching allocator's reserved peak on the default stream: judged"),
         "fits": {"type": "boolean"},
-        "headroom": {"type": "integer", "description": "usable − peak, bytes (negative: does not fit)"},
+        "headroom": {"type": "integer", "description": "usable − reserved, bytes (negative: does not fit)"},
         "devices": POSITIVE,
         "terms": described(
             {"type": "object", "additionalProperties": BYTES, "maxProperties": 3},
@@ -50,6 +55,7 @@ VERDICT = obj(
                     "dp": {"type": ["integer", "null"], "minimum": 1},
                     "args": _ARGS,
                     "peak": BYTES,
+                    "reserved": described(BYTES, "the allocator's reserved peak there (0: none planned)"),
                     "refused": described(
                         {"type": ["string", "null"]},
                         "why --zero 3 --dp N cannot be planned with the other options (null: it can)",
@@ -69,6 +75,7 @@ VERDICT = obj(
                     "args": _ARGS,
                     "command": _ARGS,
                     "peak": BYTES,
+                    "reserved": described(BYTES, "the allocator's reserved peak, what fits judges"),
                     "fits": {"type": "boolean"},
                     "devices": POSITIVE,
                     "why": {"type": "string"},
