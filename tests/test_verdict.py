@@ -440,3 +440,19 @@ def test_a_change_that_saves_under_one_percent_of_the_peak_is_not_suggested() ->
     assert ["--optimizer", "adamw-8bit"] not in kinds and ["--checkpointing", "full"] in kinds
     saved = doc["memory"]["peak"] - _json(*args, "--optimizer", "adamw-8bit")["memory"]["peak"]
     assert 0 < saved < 0.01 * doc["memory"]["peak"]
+
+
+def test_without_gpu_the_smallest_preset_is_the_one_whose_allocator_holds_the_step() -> None:
+    """Llama 3.2 3B, LoRA, 8,192 tokens: its tensors' peak (38.35 GiB) is under an A100 40GB's 39.25 GiB
+    usable, its reserved peak (40.33 GiB) over it. The preset was chosen by the peak and judged by the
+    reserved bytes, so the verdict read "does NOT fit on one a100-40gb (the largest GPU preset …)": neither
+    the largest, nor one that fits. It is now the smallest preset whose verdict fits."""
+    args = ("-m", "llama-3.2-3b", "--seq", "8192", "--finetune", "lora")
+    v = _json(*args)["verdict"]
+    assert v["fits"] and not v["gpu_given"]
+    a100 = _json(*args, "--gpu", "a100-40gb")["verdict"]
+    assert a100["peak"] <= a100["usable_bytes"] < a100["reserved"] and not a100["fits"]
+    smaller = [p.stem for p in GPUS.glob("*.toml") if _usable(p.stem) < v["usable_bytes"]]
+    assert "a100-40gb" in smaller
+    assert not any(_json(*args, "--gpu", g)["verdict"]["fits"] for g in smaller)
+    assert "(the smallest GPU preset that holds it)" in _text(*args, "--summary")
