@@ -139,6 +139,8 @@ GPUS = {
     "mi300x",
     "l40s",
     "rtx-4090",
+    "rtx-a6000",
+    "h100-pcie",
 }
 
 VALID_TOML = """\
@@ -248,6 +250,20 @@ def test_gpu_figures() -> None:
     assert a100.name == "a100-80gb" and a100.memory_bytes == 80 * 2**30 and a100.peak_tflops.bf16 == 312
     assert a100.peak_tflops.fp8 is None
     assert h100.name == "h100-sxm" and h100.peak_tflops.bf16 == 989.5 and h100.interconnect_gbps == 900
+
+
+def test_workstation_and_pcie_presets_by_their_clocks() -> None:
+    """The RTX A6000 and the H100 PCIe, the 48 GiB and PCIe cards fine-tuning users name: their dense 16-bit
+    peaks are tensor cores × FLOP per clock × boost clock (A6000: 336 × 256 × 1,800 MHz; H100 PCIe: 456 ×
+    1,024 × 1,620 MHz, the SXM5's 528 × 1,024 × 1,830 MHz its 989.5); TF32 half of it."""
+    a6000, pcie, sxm = load_gpu("a6000"), load_gpu("h100-pcie"), load_gpu("h100")
+    assert a6000.name == "rtx-a6000" and a6000.memory_bytes == 48 * 2**30 and a6000.device_mib is None
+    assert round(336 * 256 * 1.800e9 / 1e12, 1) == a6000.peak_tflops.bf16 == 2 * a6000.peak_tflops.tf32
+    assert a6000.peak_tflops.fp8 is None and a6000.arch == "ampere" and a6000.sms == 84
+    assert round(456 * 1024 * 1.620e9 / 1e12) == pcie.peak_tflops.bf16 == 2 * pcie.peak_tflops.tf32
+    assert abs(528 * 1024 * 1.830e9 / 1e12 - sxm.peak_tflops.bf16) < 0.1  # 989.4 by the clock
+    assert pcie.peak_tflops.fp8 == 3026 / 2  # the datasheet's sparse figure, halved
+    assert pcie.device_bytes == sxm.device_bytes and pcie.sms == 114 and pcie.hbm_bandwidth_gbps == 2000
 
 
 def test_gb200_figures_are_the_racks_over_72_gpus() -> None:
