@@ -69,7 +69,7 @@ def fit_report(r: FitResult, top: int) -> Group:
             f"{fmt_int(r.evaluated)} evaluated, {fmt_int(r.peaks)} needed their peak, {fmt_int(r.pruned)} "
             f"pruned (step time slower than the rows shown, by its bound or {timed}), "
             f"{fmt_int(r.states_only)} too big by their model states alone; "
-            f"{len(r.fitting)} judged to fit, {len(r.rejected)} families rejected",
+            f"{len(r.fitting):,} judged to fit, {len(r.rejected):,} families rejected",
             style="dim",
         ),
     ]
@@ -109,6 +109,10 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
     out: list[RenderableType] = [Text("the cheapest way each training method fits:")]
     for m in r.methods:
         name = m.finetune.method.name.lower()
+        if m.refused is not None:
+            why = m.refused.removeprefix("finetune: ")
+            out.append(Text(f"  {name}: not searched: {why}", style="yellow"))
+            continue
         if m.best is None:
             out.append(Text(f"  {name}: does not fit, {_unsearched(m)}", style="red"))
             continue

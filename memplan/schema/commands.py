@@ -148,8 +148,13 @@ _FIT = obj(
                         "why offload's saver levels were not searched: the GPU states no host memory, or "
                         "not what times the offload (null: searched where needed)",
                     ),
+                    "not_searched": described(
+                        {"type": ["string", "null"]},
+                        "why the method was not searched at all: memplan models it on no layout of this "
+                        "model with these options, e.g. LoRA with a mixture of experts (null: searched)",
+                    ),
                 },
-                required=["method", "fits", "savers_searched", "offload_not_searched"],
+                required=["method", "fits", "savers_searched", "offload_not_searched", "not_searched"],
             ),
         },
         "rejected": {"type": "array", "items": {"allOf": [_FAMILY, obj({"fit": _VERDICT_REF})]}},

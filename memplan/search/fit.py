@@ -54,6 +54,7 @@ from memplan.search.longest import longest_sequence
 from memplan.search.methods import (
     SAVERS,
     layout_free,
+    refusal,
     searches_checkpointing,
     searches_layout,
     valid,
@@ -169,8 +170,20 @@ def fit(
         )
     levels: dict[FineTune, list[int]] = {}  # per method, the saver levels with a configuration memplan models
     no_offload: dict[FineTune, str] = {}  # why offload's levels were left out, per method
+    tunes = finetunes or (base.finetune,)
+    # a method memplan models on no layout of this model (LoRA with a mixture of experts): not searched, and
+    # said so — a search of it found nothing and printed "nothing fits" with no rejected family
+    refused = {ft: why for ft in tunes if (why := refusal(base, ft)) is not None}
+    if len(refused) == len(tunes):
+        names = ", ".join(ft.method.name.lower() for ft in tunes)
+        why = refused[tunes[0]].removeprefix("finetune: ")
+        raise ValueError(f"method: {names} not searched: {why}")
+    reached: set[FineTune] = set()  # the refused methods the search came to (escalation may stop before)
     with no_cycle_collection():
-        for ft in finetunes or (base.finetune,):
+        for ft in tunes:
+            if ft in refused:
+                reached.add(ft)
+                continue
             for level, saver in enumerate(SAVERS):
                 why = offload_unsearched(saver.offload, gpu)
                 if why is not None:
@@ -196,9 +209,10 @@ def fit(
             next((c for c in result.fitting if c.family.finetune == ft), None),
             tuple(levels.get(ft, ())),
             no_offload.get(ft),
+            refused.get(ft),
         )
-        for ft in finetunes or (base.finetune,)
-        if ft in searched
+        for ft in tunes
+        if ft in searched or ft in reached
     ]
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:

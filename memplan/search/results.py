@@ -137,11 +137,15 @@ class Outcome:
     no_offload: str | None = None
     """Why offload's levels were not searched (``fit.offload_unsearched``: the GPU preset states no host
     memory, or not what times the offload); None: searched where needed."""
+    refused: str | None = None
+    """Why the method was not searched at all: memplan models it on no layout of this model and these
+    options (``methods.refusal``, e.g. LoRA with a mixture of experts); None: searched."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}
         out["savers_searched"] = [SAVERS[k].label() for k in self.levels]
         out["offload_not_searched"] = self.no_offload
+        out["not_searched"] = self.refused
         if self.best is not None:
             b = self.best
             out |= {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
 import pytest
 from typer.testing import CliRunner
 
@@ -18,6 +19,7 @@ from memplan.api import build_setup
 from memplan.cli.app import app
 from memplan.config import DType, Method, Optimizer, Precision, finetune_from
 from memplan.presets import load_gpu, load_model_preset
+from memplan.schema import command_schema
 from memplan.search.fit import Space, fit
 from memplan.search.methods import SAVERS, finetunes, parse_methods
 
@@ -143,3 +145,26 @@ def test_a_method_that_fits_nothing_says_which_savers_were_searched() -> None:
         "full: does not fit, with fused loss (offload needs the node's host memory: this GPU preset " in text
     )
     assert "lora: does not fit, without savers (memplan models lora without offload or loss variants)" in text
+
+
+def test_a_method_memplan_does_not_model_for_the_model_is_named_not_searched() -> None:
+    """Mixtral with LoRA or QLoRA is refused by ``check_finetune`` (a mixture of experts). ``fit`` searched
+    them anyway and found nothing: with ``--finetune lora`` it printed "searched 0 configurations … nothing
+    fits: see the rejected families below" over no family, exit 0; by default the methods were dropped
+    from the summary without a word. Now: every asked method refused is a one-line error (exit 2); a
+    method refused beside one that runs is listed as not searched, with the reason (``--json`` too)."""
+    runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
+    args = ["fit", "-m", "mixtral-8x7b", "--seq", "4096", "--gpus", "2", "--gpu", "a100", "--top", "1"]
+    for asked in (["--finetune", "lora"], ["--method", "lora,qlora"]):
+        bad = runner.invoke(app, [*args, *asked])
+        assert bad.exit_code == 2 and "Traceback" not in bad.output
+        assert bad.output.startswith("error: method: ") and "mixture of experts" in bad.output
+        assert len(bad.output.strip().splitlines()) == 1
+    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    jsonschema.validate(data, command_schema("fit"))
+    methods = {m["method"]: m for m in data["methods"]}
+    assert methods["full"]["fits"] and methods["full"]["not_searched"] is None
+    for name in ("lora", "qlora"):  # reached: full fits only with savers, so the search escalates
+        assert not methods[name]["fits"] and "mixture of experts" in methods[name]["not_searched"]
+    text = runner.invoke(app, args).stdout
+    assert "lora: not searched: fine-tuning or freezing with a mixture of experts is not modelled yet" in text
