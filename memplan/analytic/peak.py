@@ -8,7 +8,11 @@ The step is modelled as five moments; the peak is the largest (T = b·s tokens, 
    The chunked loss makes them for its largest chunk only; the fused one none (it scales the gradients it
    kept in place), and the labels the training loop holds are counted when the loss keeps no view of them.
    ``loss forward`` (chunked loss only): its forward's logits of every chunk beside the saves, above
-   its backward (``blocks.head.chunked_loss_forward_transient``).
+   its backward (``blocks.head.chunked_loss_forward_transient``). NB: the fused loss's forward (its chunk
+   of logits, [c, v] with c·v ≈ T·h by Liger's chunking, beside the saves and its own [T, h] and [v, h]
+   gradients) is not a moment: Liger's versions hold one reused buffer (CUDA, same dtypes) or two, and
+   the reference model an fp32 copy; it passes the backward's moments only where those are small (a
+   vocabulary far wider than h at a tiny h, where it was measured 0.01–0.7 % above the estimate).
 1b. ``lm head backward`` (where modelled): the head's weight gradient made beside the accumulated ones
    (``lm_head_backward_transient``), or the chunked loss's pieces of it summed, three [v, h] at once
    (``chunked_head_backward_transient``).
@@ -120,7 +124,7 @@ from memplan.blocks.head import (
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
 from memplan.blocks.profiles import accumulates_in_place, profile_of
-from memplan.config import Offload, Setup
+from memplan.config import LossKind, Offload, Setup
 from memplan.config.trainable import embedding_trains, head_trains
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
@@ -271,7 +275,12 @@ def peak(
     freed_for_norm = sum(k.total_bytes for k in kept if hm.freed_before_final_norm(k, released))
     # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
     # where the backward's seed gradient, held to the end, is counted too (+ 4).
-    scalars = 4 + (4 if profile_of(setup).loss_parallel_function and setup.parallel.tp > 1 else 0)
+    # Liger's fused loss keeps no fp32 normaliser either: its seed gradient (``torch.autograd.backward``'s
+    # ``ones_like`` of the loss, held by its frame to the end) is counted (+ 4); nll_loss's total_weight,
+    # counted among the saves, stands in for it (4 B either way).
+    titan_parallel = profile_of(setup).loss_parallel_function and setup.parallel.tp > 1
+    seed = titan_parallel or setup.loss is LossKind.FUSED
+    scalars = 4 + (4 if seed else 0)
     if not root:
         head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(

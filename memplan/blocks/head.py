@@ -45,6 +45,7 @@ from memplan.blocks import mm
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
 from memplan.config import DType, Impl, LossKind, ModelConfig, Setup
+from memplan.config.trainable import head_trains
 
 FP32, INT64, BOOL = DType.FP32, DType.INT64, DType.BOOL
 B, R = Block, Role
@@ -211,13 +212,16 @@ def te_rules(setup: Setup, dims: Dims) -> list[Rule]:
 
 
 def fused_rules(setup: Setup, dims: Dims) -> list[Rule]:
-    """Liger's fused linear cross-entropy keeps the two gradients it made in forward."""
+    """Liger's fused linear cross-entropy keeps the gradients it made in forward: dL/dX, and dL/dW where the
+    head's weight trains (``fused_linear_cross_entropy_forward``: ``grad_weight = torch.zeros_like(weight)
+    if weight_needs_grad else None``; a frozen head under LoRA makes none)."""
     w = setup.training.precision.activation_dtype  # the reference model's weights are in this dtype
     t = dims.tokens
-    return [
-        save(B.LOSS, "grad_input", (t, dims.h), dims.act, R.HEAD_INPUT_GRAD, "dL/dX, made in forward"),
-        save(B.LOSS, "grad_weight", (dims.v, dims.h), w, R.HEAD_WEIGHT_GRAD, "dL/dW made in forward"),
-    ]
+    out = [save(B.LOSS, "grad_input", (t, dims.h), dims.act, R.HEAD_INPUT_GRAD, "dL/dX, made in forward")]
+    if head_trains(setup):
+        why = "dL/dW made in forward"
+        out.append(save(B.LOSS, "grad_weight", (dims.v, dims.h), w, R.HEAD_WEIGHT_GRAD, why))
+    return out
 
 
 def lm_head_flops(dims: Dims) -> int:
@@ -231,7 +235,7 @@ def head_flops(setup: Setup, dims: Dims) -> tuple[int, int]:
     them where they run)."""
     head = lm_head_flops(dims)
     if setup.loss is LossKind.FUSED:
-        return 3 * head, 0
+        return (3 if head_trains(setup) else 2) * head, 0
     return head, 2 * head
 
 

@@ -66,7 +66,9 @@ def check_finetune(setup: Setup) -> None:
         "--cp": par.cp > 1,
         "a mixture of experts": m.moe is not None,
         "--offload": setup.offload is not Offload.NONE,
-        "--loss chunked or fused": setup.loss is not LossKind.STANDARD,
+        # Liger's fused loss follows the gradient flow (no weight gradient for a frozen head:
+        # ``blocks.head.fused_rules``); the chunked and the kernel losses' frozen-head saves are not listed
+        f"--loss {setup.loss.name.lower()}": setup.loss not in (LossKind.STANDARD, LossKind.FUSED),
         # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
         # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
         # residual dropouts) are not expressed there nor checked against peft.

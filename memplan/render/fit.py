@@ -131,12 +131,13 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
 
 def _unsearched(m: Outcome) -> str:
     """Which savers a method that fits nothing was searched with, and why not the others: every one, or
-    those memplan models for it (fine-tuning: none, ``check_finetune``; offload: the node's host memory)."""
+    those memplan models for it (fine-tuning: the fused loss, ``check_finetune``; offload: the node's host
+    memory)."""
     if len(m.levels) == len(SAVERS):
         return "even with every saver"
     tried = "without savers" if m.levels in ((), (0,)) else "with " + SAVERS[m.levels[-1]].label()
     if not m.finetune.trains_everything:
-        why = f"memplan models {m.finetune.method.name.lower()} without offload or loss variants"
+        why = f"memplan models {m.finetune.method.name.lower()} without offload"
     elif m.no_offload is not None:
         why = m.no_offload
     else:

@@ -19,9 +19,14 @@ Gemma-2/3 and Granite (tests/test_finetune_libraries.py): every layer's bytes, t
 The gradient flow is ``strategies.lora_flow``; the FLOPs (and segment checkpointing's ``recompute``, this
 strategy's) ``strategies.lora_flops``.
 
+Liger's fused loss (``--loss fused``) follows the gradient flow: a frozen head makes no weight gradient, so
+only dL/dX is kept and only its product runs in the forward (``blocks.head.fused_rules``, ``head_flops``;
+``strategies.lora_flops``); the chunked and the kernel losses are refused.
+
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts every
 layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
-parallelism and mixtures of experts (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
+parallelism, mixtures of experts, offload and the chunked, xentropy and te losses
+(``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
 families whose layers it does not list (``config.finetune_rules._NO_LORA``: fused projections peft adapts as
 one linear, post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one
 B [3h, r]); memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory

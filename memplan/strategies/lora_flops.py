@@ -19,7 +19,7 @@ from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import checkpoints_alone
-from memplan.config import Setup
+from memplan.config import LossKind, Setup
 from memplan.config.finetune import Target, linear_shapes
 from memplan.config.trainable import embedding_trains, final_norm_trains, head_trains
 from memplan.strategies.lora_flow import Flow, flows
@@ -105,6 +105,8 @@ def flops(setup: Setup) -> Flops:
     flash = core_of(setup) is Core.FLASH
     kernel = sum(dims.b * dims.a * mm(dims.s, dims.d, dims.s) for f in fl if f.g_core) if flash else 0
     head_backward = _linear(head, g_final, head_trains(setup))
+    if setup.loss is LossKind.FUSED:  # Liger makes dX (and dW where the head trains) in its forward
+        head, head_backward = head + head_backward, 0
     return Flops(
         forward=linear + attention + head,
         backward=sum(p[1] + p[2] for p in per) + head_backward,

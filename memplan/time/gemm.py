@@ -52,6 +52,7 @@ from memplan.blocks.moe import rank_slots
 from memplan.blocks.profiles import profile_of
 from memplan.config import LossKind, MlpType, Setup
 from memplan.config.finetune import linear_shapes
+from memplan.config.trainable import head_trains
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
 """Output tiles Tm × Tn (module docstring: the guide's §2.3, the three largest)."""
@@ -265,11 +266,13 @@ def efficiencies(setup: Setup, sms: int | None, roof: Roofline | None = None) ->
     """The four classes' efficiencies on a GPU of ``sms`` SMs (1 each where unknown), memory-bound
     shapes slowed to their intensity where ``roof`` is given."""
     layer, head = layer_gemms(setup), head_gemms(setup)
+    # a frozen head (LoRA, --freeze lm_head) runs dX alone (``strategies.lora_flops``)
+    grads = backward_all(head) if head_trains(setup) else [backward(g)[0] for g in head]
     # the fused loss runs the head's gradient products in its forward (blocks/head.py::head_flops)
-    head_in_forward = head + backward_all(head) if setup.loss is LossKind.FUSED else head
+    head_in_forward = head + grads if setup.loss is LossKind.FUSED else head
     return Efficiencies(
         layer_forward=class_efficiency(layer, sms, roof),
         layer_backward=class_efficiency(backward_all(layer), sms, roof),
         head_forward=class_efficiency(head_in_forward, sms, roof),
-        head_backward=class_efficiency(backward_all(head), sms, roof),
+        head_backward=class_efficiency(grads, sms, roof),
     )

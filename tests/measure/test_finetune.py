@@ -19,6 +19,7 @@ from memplan.config import (
     Attention,
     Device,
     FineTune,
+    LossKind,
     Method,
     ModelConfig,
     Setup,
@@ -67,6 +68,7 @@ def setup_for(
     p: float = 0.0,
     precision: str = "fp32",
     tied: bool = False,
+    loss: str = "standard",
     **ft: Any,
 ) -> Setup:
     gpt = norm == "layernorm"
@@ -95,6 +97,7 @@ def setup_for(
         strategy=StrategyConfig(attention=Attention[attn.upper()]),
         device=Device.CPU,
         finetune=FineTune(**ft),
+        loss=LossKind[loss.upper()],
     )
 
 
@@ -120,6 +123,20 @@ CASES: list[dict[str, Any]] = [
     {"method": FULL, "freeze_lm_head": True, "freeze_layers": (1, 2), "norm": "layernorm", "mlp": "gelu"},
     {"method": FULL, "attn": "eager", "p": 0.1, "freeze_layers": (2, 2), "tied": True},
     {"method": FULL, "freeze_embeddings": True, "precision": "bf16"},
+    # Liger's fused loss under a frozen head: dL/dX alone kept and made in the forward (no [v, h] gradient)
+    {"method": LORA, "loss": "fused", "precision": "bf16-mixed"},
+    {"method": QLORA, "loss": "fused", "targets": parse_targets("all-linear"), "tied": True},
+    {
+        "method": LORA,
+        "loss": "fused",
+        "attn": "eager",
+        "p": 0.1,
+        "dropout": 0.1,
+        "norm": "layernorm",
+        "mlp": "gelu",
+    },
+    {"method": FULL, "loss": "fused", "freeze_lm_head": True, "freeze_layers": (0, 0)},
+    {"method": FULL, "loss": "fused", "freeze_embeddings": True},  # the head still trains: dL/dW kept
 ]
 
 
@@ -135,6 +152,7 @@ def test_estimate_equals_measurement(case: dict[str, Any]) -> None:
 
 CHECKPOINTED: list[dict[str, Any]] = [
     {"method": LORA, "targets": parse_targets("all-linear"), "dropout": 0.1},
+    {"method": QLORA, "loss": "fused", "precision": "bf16-mixed"},
     {"method": LORA, "attn": "eager", "p": 0.1, "targets": parse_targets("q,down")},
     {"method": QLORA, "norm": "layernorm", "mlp": "gelu", "targets": parse_targets("down")},
     {"method": LORA, "attn": "eager", "targets": parse_targets("gate")},

@@ -25,6 +25,7 @@ from memplan.blocks.inventory import Dims
 from memplan.config import (
     Attention,
     Device,
+    LossKind,
     Method,
     ModelConfig,
     Setup,
@@ -187,6 +188,10 @@ def _lora(setup: Setup, targets: str = "q,v", dropout: float = 0.0) -> Setup:
     return setup.model_copy(update={"finetune": ft})
 
 
+def _fused(setup: Setup) -> Setup:
+    return Setup.model_validate({**setup.model_dump(), "loss": LossKind.FUSED})
+
+
 # LoRA's peak (blocks/mlp.py ``frozen_mlp``): the frozen MLP's moment (no weight gradient made, no down input
 # released), the layers' own saves (layer 0 keeps less: ``peak``'s ``layer_bytes``), the loop's ids beside
 # a frozen embedding, no frozen head's or tied embedding's gradient.
@@ -197,13 +202,22 @@ LORA_PEAKS = [
     _lora(make(GPT, 32, b=4, s=128)),  # the layer's, after the residual dropout's mask is consumed
     _lora(make(GPT, 32, ckpt="full", b=4, s=128, accum=2), "q,k,v,o"),  # tied: no pending head gradient
     _lora(make(GPT, 32, attention="eager", b=2, s=64), dropout=0.1),
+    # Liger's fused loss with a frozen head (dL/dX alone kept); the final norm's moment holds the seed
+    # gradient beside the loss scalar (no nll_loss total_weight stands in for it)
+    _fused(_lora(make(LLAMA, 32, b=4, s=128))),
+    _fused(_lora(make(LLAMA, 4096, b=4, s=128))),
+    _fused(_lora(make(GPT, 32, ckpt="full", b=4, s=128, accum=2), "q,k,v,o")),
+    _fused(make(LLAMA, 32, b=4, s=128)),  # full training: its dL/dW kept, the head's gradient
 ]
 
 
 @pytest.mark.parametrize(
     "setup",
     LORA_PEAKS,
-    ids=lambda s: f"{s.model.norm.value}-{s.strategy.checkpointing.value}-{s.training.grad_accum}",
+    ids=lambda s: (
+        f"{s.model.norm.value}-{s.strategy.checkpointing.value}-{s.training.grad_accum}-"
+        f"{s.loss.name.lower()}-v{s.model.vocab_size}-{s.finetune.method.name.lower()}"
+    ),
 )
 def test_lora_peak_is_exact(setup: Setup) -> None:
     est = estimate(setup)

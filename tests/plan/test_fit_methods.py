@@ -128,23 +128,23 @@ def test_cli_fit_method_json() -> None:
 
 def test_a_method_that_fits_nothing_says_which_savers_were_searched() -> None:
     """Llama 3 70B fits no RTX 4090 by itself. Full training is searched without savers and with the fused
-    loss only: the preset states no host memory, so offload's levels are not judged; LoRA at level 0 only
-    (``check_finetune``: no offload or loss variants). Neither is "even with every saver" (what both said
-    before); ``--json`` lists the savers searched."""
+    loss only: the preset states no host memory, so offload's levels are not judged; LoRA without savers
+    and with the fused loss (``check_finetune``: no offload; Liger's loss follows its frozen head). Neither
+    is "even with every saver" (what both said before); ``--json`` lists the savers searched."""
     runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
     args = ["fit", "-m", "70b", "--gpus", "1", "--gpu", "rtx-4090", "--method", "full,lora"]
     assert load_gpu("rtx-4090").host_memory_gib is None
     data = json.loads(runner.invoke(app, [*args, "--json"]).output)
     assert [(m["method"], m["fits"], m["savers_searched"]) for m in data["methods"]] == [
         ("full", False, [SAVERS[0].label(), SAVERS[1].label()]),
-        ("lora", False, [SAVERS[0].label()]),
+        ("lora", False, [SAVERS[0].label(), SAVERS[1].label()]),
     ]
     text = runner.invoke(app, args).stdout
     assert "even with every saver" not in text
     assert (
         "full: does not fit, with fused loss (offload needs the node's host memory: this GPU preset " in text
     )
-    assert "lora: does not fit, without savers (memplan models lora without offload or loss variants)" in text
+    assert "lora: does not fit, with fused loss (memplan models lora without offload)" in text
 
 
 def test_a_method_memplan_does_not_model_for_the_model_is_named_not_searched() -> None:

@@ -157,8 +157,12 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, target: Tensor) -> Tensor:
         rows, h = x.shape
         chunk = liger_chunk_rows(rows, h, weight.shape[0])
+        # Liger: grad_input always allocated, written where the input needs a gradient; grad_weight only
+        # where the weight needs one (a frozen head under LoRA: None, nothing kept, no dW product)
+        # (Liger reads ``_input.requires_grad`` and ``weight.requires_grad``: ctx.needs_input_grad here)
+        needs_x, needs_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_input = torch.zeros_like(x)
-        grad_weight = torch.zeros_like(weight)
+        grad_weight = torch.zeros_like(weight) if needs_x and needs_w else None
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         n = rows  # every label valid (module docstring)
         for start in range(0, rows, chunk):
@@ -169,15 +173,19 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
             grad = logits.sub_(lse[:, None]).exp_()  # softmax, over the logits
             grad.scatter_add_(1, tc[:, None], torch.full_like(grad[:, :1], -1.0)).div_(n)
             dlogits = grad.to(x.dtype)
-            grad_input[start : start + chunk] = dlogits @ weight
-            torch.addmm(grad_weight, dlogits.t(), xc, out=grad_weight)
-        ctx.save_for_backward(label(grad_input, "loss.grad_input"), label(grad_weight, "loss.grad_weight"))
+            if needs_x:
+                grad_input[start : start + chunk] = dlogits @ weight
+            if grad_weight is not None:
+                torch.addmm(grad_weight, dlogits.t(), xc, out=grad_weight)
+        kept = None if grad_weight is None else label(grad_weight, "loss.grad_weight")
+        ctx.save_for_backward(label(grad_input, "loss.grad_input"), kept)
         return loss
 
     @staticmethod
-    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor, Tensor, None]:
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor, Tensor | None, None]:
         grad_input, grad_weight = ctx.saved_tensors
         # Liger skips the scaling when grad_output is 1.0 (a data-dependent test); in place either way.
         grad_input.mul_(grad_output.to(grad_input.dtype))
-        grad_weight.mul_(grad_output.to(grad_weight.dtype))
+        if grad_weight is not None:
+            grad_weight.mul_(grad_output.to(grad_weight.dtype))
         return grad_input, grad_weight, None
