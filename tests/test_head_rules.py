@@ -79,6 +79,14 @@ def labels(*shape: int) -> Row:
 
 TOTAL_WEIGHT: Row = ("loss.total_weight", (), FP32, R.LOSS_SCALAR, K.LOSS)
 COUNT: Row = ("loss.count", (), INT64, R.LOSS_SCALAR, K.LOSS)
+# the chunked loss's own: freed by its backward, before the final norm's (``Role.CHUNK_LOSS``)
+CHUNK_WEIGHT: Row = ("loss.total_weight", (), FP32, R.CHUNK_LOSS, K.LOSS)
+CHUNK_COUNT: Row = ("loss.count", (), INT64, R.CHUNK_LOSS, K.LOSS)
+
+
+def chunk_labels(n: int) -> Row:
+    """A chunk's labels copy (b > 1)."""
+    return ("loss.labels", (n,), INT64, R.CHUNK_LOSS, K.LOSS)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -186,7 +194,7 @@ def test_megatron_vocab_parallel_cross_entropy() -> None:
 # Saves: the chunked loss (views at b = 1 or one chunk, copies per chunk at b > 1)
 # ----------------------------------------------------------------------------------------------------
 def chunk_saves(rows_per_chunk: list[int]) -> list[Row]:
-    return [r for n in rows_per_chunk for r in (log_probs(n), TOTAL_WEIGHT)]
+    return [r for n in rows_per_chunk for r in (log_probs(n), CHUNK_WEIGHT)]
 
 
 def test_chunked_b2_copies_each_chunks_input_and_labels() -> None:
@@ -195,8 +203,8 @@ def test_chunked_b2_copies_each_chunks_input_and_labels() -> None:
     expected = [
         *(("lm_head.input", (c, H), BF16, R.LINEAR_INPUT, K.LM_HEAD) for c in n),
         *chunk_saves(n),
-        *(("loss.labels", (c,), INT64, R.LABELS, K.LOSS) for c in n),
-        COUNT,
+        *(chunk_labels(c) for c in n),
+        CHUNK_COUNT,
     ]
     assert rows(setup(CHUNKED, 3)) == expected
     # 5 chunks: 7, 7, 7, 7, 4 positions; fp32 training copies fp32 inputs
@@ -204,7 +212,7 @@ def test_chunked_b2_copies_each_chunks_input_and_labels() -> None:
     got = rows(setup(CHUNKED, 5, precision=Precision.FP32))
     assert got[:5] == [("lm_head.input", (c, H), FP32, R.LINEAR_INPUT, K.LM_HEAD) for c in n]
     assert got[5:15] == chunk_saves(n)
-    assert got[15:] == [*(labels(c) for c in n), COUNT]
+    assert got[15:] == [*(chunk_labels(c) for c in n), CHUNK_COUNT]
 
 
 def test_two_chunks_at_b2_are_copies() -> None:
@@ -213,20 +221,20 @@ def test_two_chunks_at_b2_are_copies() -> None:
     expected = [
         *(("lm_head.input", (c, H), BF16, R.LINEAR_INPUT, K.LM_HEAD) for c in n),
         *chunk_saves(n),
-        *(labels(c) for c in n),
-        COUNT,
+        *(chunk_labels(c) for c in n),
+        CHUNK_COUNT,
     ]
     assert rows(setup(CHUNKED, 2)) == expected
 
 
 def test_chunked_b1_keeps_one_input_and_one_labels_storage() -> None:
     """b = 1: chunks of 11, 11, 10 positions are views; only the log-probs and total weights are per chunk."""
-    expected = [head_input(1, S, H), *chunk_saves([11, 11, 10]), labels(1, S), COUNT]
+    expected = [head_input(1, S, H), *chunk_saves([11, 11, 10]), labels(1, S), CHUNK_COUNT]
     assert rows(setup(CHUNKED, 3, b=1)) == expected
 
 
 def test_one_chunk_is_the_whole_tensor_even_at_b2() -> None:
-    assert rows(setup(CHUNKED, 1)) == [head_input(B, S, H), *chunk_saves([T]), labels(B, S), COUNT]
+    assert rows(setup(CHUNKED, 1)) == [head_input(B, S, H), *chunk_saves([T]), labels(B, S), CHUNK_COUNT]
 
 
 def test_more_chunks_than_positions() -> None:
@@ -235,7 +243,7 @@ def test_more_chunks_than_positions() -> None:
     assert len(got) == 32 + 2 * 32 + 32 + 1
     assert set(got[:32]) == {("lm_head.input", (2, H), BF16, R.LINEAR_INPUT, K.LM_HEAD)}
     assert got[32:96] == chunk_saves([2] * 32)
-    assert set(got[96:128]) == {labels(2)} and got[128] == COUNT
+    assert set(got[96:128]) == {chunk_labels(2)} and got[128] == CHUNK_COUNT
 
 
 @pytest.mark.parametrize(("chunks", "b"), [(1, 2), (3, 2), (3, 1), (6, 2), (40, 2)])

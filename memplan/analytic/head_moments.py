@@ -10,17 +10,19 @@ from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role
 from memplan.blocks.norm import norm_rules, released_as
 from memplan.blocks.profiles import made_grad_bytes, profile_of
-from memplan.config import Checkpointing, NormType, Setup
+from memplan.config import Checkpointing, LossKind, NormType, Setup
 from memplan.config.trainable import embedding_trains
 
-# (block, role) of the head's saves released before the final norm's backward peaks: the log-probs and the
-# lm head's input (their backward has run), and an RMSNorm's normalised output and rstd (its backward's
-# first ops consumed them); LayerNorm's one backward op holds its statistics to the end.
+# (block, role) of the head's saves released before the final norm's backward peaks: the log-probs, the
+# chunked loss's own scalars and label copies and the lm head's input (their backward has run), and an
+# RMSNorm's normalised output and rstd (its backward's first ops consumed them); LayerNorm's one backward
+# op holds its statistics to the end.
 _HEAD_FREED_BEFORE_NORM = {
     NormType.RMSNORM: {
         (Block.LOSS, Role.LOG_PROBS),
         (Block.LOSS, Role.HEAD_INPUT_GRAD),
         (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LOSS, Role.CHUNK_LOSS),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
         (Block.FINAL_NORM, Role.NORM_OUTPUT),
         (Block.FINAL_NORM, Role.NORM_STATS),
@@ -29,9 +31,22 @@ _HEAD_FREED_BEFORE_NORM = {
         (Block.LOSS, Role.LOG_PROBS),
         (Block.LOSS, Role.HEAD_INPUT_GRAD),
         (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
+        (Block.LOSS, Role.CHUNK_LOSS),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
     },
 }
+
+
+def loss_scalars(setup: Setup) -> int:
+    """Bytes of the loss's scalars alive from the final norm's backward on: the fp32 loss (4), and the
+    backward's seed gradient (``torch.autograd.backward``'s ``ones_like`` of the loss, held by its frame to
+    the end, + 4) where no save of the loss's stands in for it: torchtitan's loss-parallel function (tp > 1)
+    and Liger's fused loss keep no fp32 normaliser, the chunked loss's are freed by then
+    (``Role.CHUNK_LOSS``); the standard loss's nll_loss total_weight, counted among the saves, is the same
+    4 B (measured on CPU: tests/measure/test_peak.py)."""
+    titan_parallel = profile_of(setup).loss_parallel_function and setup.parallel.tp > 1
+    seed = titan_parallel or setup.loss in (LossKind.FUSED, LossKind.CHUNKED)
+    return 4 + (4 if seed else 0)
 
 
 def freed_before_final_norm(k: Kept, norm: NormType) -> bool:

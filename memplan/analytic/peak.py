@@ -123,8 +123,8 @@ from memplan.blocks.head import (
 )
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
 from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
-from memplan.blocks.profiles import accumulates_in_place, profile_of
-from memplan.config import LossKind, Offload, Setup
+from memplan.blocks.profiles import accumulates_in_place
+from memplan.config import Offload, Setup
 from memplan.config.trainable import embedding_trains, head_trains
 
 TERMS = ("weights", "optimizer", "gradients", "activations", "transient")
@@ -273,14 +273,7 @@ def peak(
     # The final norm's backward: the loss's and lm head's saves are freed, the head's gradients made.
     released = released_as(setup)
     freed_for_norm = sum(k.total_bytes for k in kept if hm.freed_before_final_norm(k, released))
-    # + 4: the fp32 loss scalar; torchtitan's loss-parallel function keeps no fp32 normaliser beside it,
-    # where the backward's seed gradient, held to the end, is counted too (+ 4).
-    # Liger's fused loss keeps no fp32 normaliser either: its seed gradient (``torch.autograd.backward``'s
-    # ``ones_like`` of the loss, held by its frame to the end) is counted (+ 4); nll_loss's total_weight,
-    # counted among the saves, stands in for it (4 B either way).
-    titan_parallel = profile_of(setup).loss_parallel_function and setup.parallel.tp > 1
-    seed = titan_parallel or setup.loss is LossKind.FUSED
-    scalars = 4 + (4 if seed else 0)
+    scalars = hm.loss_scalars(setup)  # the loss scalar, and its seed gradient where no save stands in
     if not root:
         head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
     final_norm_bwd = terms(

@@ -122,8 +122,11 @@ def vocab_parallel_loss_rules(dims: Dims) -> list[Rule]:
 def count_rules(setup: Setup) -> list[Rule]:
     """The label count a summed loss is divided by, kept by the division (``Profile.loss_over_token_count``,
     and torchtune's chunked loss)."""
-    if setup.loss is LossKind.CHUNKED or profile_of(setup).loss_over_token_count:
-        return [save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, "the labels counted, the sum's divisor")]
+    why = "the labels counted, the sum's divisor"
+    if setup.loss is LossKind.CHUNKED:  # the loss's own local: freed with the division's node
+        return [save(B.LOSS, "count", (), INT64, R.CHUNK_LOSS, why)]
+    if profile_of(setup).loss_over_token_count:  # the trainer's: held to the step's end
+        return [save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, why)]
     return []
 
 
@@ -160,7 +163,7 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
         else [save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head (chunks)")]
     )
     labels = (
-        [save(B.LOSS, "labels", (b * c,), INT64, R.LABELS, "a chunk's labels, reshaped") for c in sizes]
+        [save(B.LOSS, "labels", (b * c,), INT64, R.CHUNK_LOSS, "a chunk's labels, reshaped") for c in sizes]
         if copies
         else [save(B.LOSS, "labels", (b, s), INT64, R.LABELS, "targets of nll_loss (chunks)")]
     )
@@ -169,7 +172,7 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
         for c in sizes
         for rule in (
             save(B.LOSS, "log_probs", (b * c, v), FP32, R.LOG_PROBS, "a chunk's fp32 log_softmax output"),
-            save(B.LOSS, "total_weight", (), FP32, R.LOSS_SCALAR, "a chunk's nll_loss normaliser"),
+            save(B.LOSS, "total_weight", (), FP32, R.CHUNK_LOSS, "a chunk's nll_loss normaliser"),
         )
     ]
     return inputs + per_chunk + labels + count_rules(setup)
@@ -393,9 +396,11 @@ def chunked_head_backward_transient(setup: Setup, dims: Dims) -> tuple[int, int]
     until every chunk is back. Later sums hold three [v, h] too, with fewer logits gradients left. 0 with
     one chunk. Measured on CPU: tests/measure/test_loss.py.
     NB: with b = 1 and two chunks the measured moment holds neither chunk's input gradient (the estimate
-    is above it by their [T, h]; not found why)."""
+    is above it by their [T, h]; not found why). A frozen head (LoRA) makes no weight gradient: no pieces
+    to sum, its chunks' dX = dY·W alone, below the loss's backward (its fp32 [b·c, v] pair beside every
+    log-probs): not a moment."""
     sizes = _loss_chunks(setup, dims)
-    if not sizes:
+    if not sizes or not head_trains(setup):
         return 0, 0
     a, b, h, v = dims.act.bytes, dims.b, dims.h, dims.v
     copies = b > 1
@@ -413,13 +418,13 @@ def chunked_loss_forward_transient(setup: Setup, dims: Dims, norm_upcasts: bool)
     when A is fp32) and adds each chunk's loss into a running fp32 sum: at the last chunk's log_softmax its
     fp32 copy is the moment (its nll_loss normaliser not made yet), or, with no copy, the last addition
     (the chunk's loss, the sum before and the sum after, 12 bytes). The forward that made the chunks
-    still holds what it cut them from: the final norm's output [b, s, h] (a save itself when b = 1, the
-    chunks its views; b > 1 copies each) and, where the final norm saved an upcast copy of its input
-    (``norm_upcasts``), the last layer's output [b, s, h] — memplan's reference model, whose forward runs
-    the loss; torchtune's decoder returns the logits first and frees them ([T, h] less; not modelled
-    apart). Above the loss backward's two fp32 chunk
-    gradients whenever there are two chunks or more: the chunked loss's peak is its forward's. 0 for the
-    other losses (their forward's transient is below their backward's). Measured on CPU:
+    still holds what it cut them from: the final norm's output [b, s, h] (a save itself when b = 1 and the
+    head trains, the chunks its views; b > 1 copies each; a frozen head's keep none) and, where the final
+    norm saved an upcast copy of its input (``norm_upcasts``), the last layer's output [b, s, h] —
+    memplan's reference model, whose forward runs the loss; torchtune's decoder returns the logits first
+    and frees them ([T, h] less; not modelled apart). Above the loss backward's two fp32 chunk gradients
+    whenever there are two chunks or more: the chunked loss's peak is its forward's. 0 for the other
+    losses (their forward's transient is below their backward's). Measured on CPU:
     tests/measure/test_loss.py (torchtune's ``chunked_output`` and ``CEWithChunkedOutputLoss`` do the
     same: the list of logits, each chunk's ``.float()`` inside the loss, ``del logits`` after it)."""
     sizes = _loss_chunks(setup, dims)
@@ -427,5 +432,8 @@ def chunked_loss_forward_transient(setup: Setup, dims: Dims, norm_upcasts: bool)
         return 0
     a, b, th = dims.act.bytes, dims.b, dims.tokens * dims.h
     copy = 4 * b * sizes[-1] * dims.v if a < 4 else 0
-    held = (th * a if b > 1 else 0) + (th * a if norm_upcasts else 0)
+    # the final norm's output: not a save where b > 1 (each chunk copied) or the head is frozen (LoRA: its
+    # matmuls keep no input), held by the forward all the same
+    output_saved = b == 1 and head_trains(setup)
+    held = (0 if output_saved else th * a) + (th * a if norm_upcasts else 0)
     return dims.tokens * dims.v * a + held + max(copy, 12)

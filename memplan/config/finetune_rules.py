@@ -66,9 +66,10 @@ def check_finetune(setup: Setup) -> None:
         "--cp": par.cp > 1,
         "a mixture of experts": m.moe is not None,
         "--offload": setup.offload is not Offload.NONE,
-        # Liger's fused loss follows the gradient flow (no weight gradient for a frozen head:
-        # ``blocks.head.fused_rules``); the chunked and the kernel losses' frozen-head saves are not listed
-        f"--loss {setup.loss.name.lower()}": setup.loss not in (LossKind.STANDARD, LossKind.FUSED),
+        # Liger's fused loss and torchtune's chunked one follow the gradient flow (a frozen head makes no
+        # weight gradient and keeps no input: ``blocks.head``); flash_attn's and Transformer Engine's
+        # kernels under a frozen head are not measured
+        f"--loss {setup.loss.name.lower()}": setup.loss in (LossKind.XENTROPY, LossKind.TE),
         # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
         # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
         # residual dropouts) are not expressed there nor checked against peft.

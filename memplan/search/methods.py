@@ -17,8 +17,8 @@ Offload (levels 2–4) is searched only when the node's host memory is known (th
 preset states what times it (``time.offload.untimed``: the host link, the host memory's bandwidth).
 A family is searched at the lowest level at which its method fits anything: level k + 1 is tried only
 when level k fits nothing. Fine-tuning (LoRA, QLoRA) runs at levels 0 and 1 (the fused loss) on
-data-parallel layouts only: memplan models it without tensor, pipeline or context parallelism, offload or
-the other loss variants (``config.finetune_rules.check_finetune``).
+data-parallel layouts only: memplan models it without tensor, pipeline or context parallelism or offload
+(``config.finetune_rules.check_finetune``).
 
 Configurations are ranked by method, then saver level, then predicted throughput (``Config.sort_key``): a
 saver is used only when it is needed, though the step time counts what it costs (offload's host-link

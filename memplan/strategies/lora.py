@@ -21,11 +21,15 @@ strategy's) ``strategies.lora_flops``.
 
 Liger's fused loss (``--loss fused``) follows the gradient flow: a frozen head makes no weight gradient, so
 only dL/dX is kept and only its product runs in the forward (``blocks.head.fused_rules``, ``head_flops``;
-``strategies.lora_flops``); the chunked and the kernel losses are refused.
+``strategies.lora_flops``). torchtune's chunked loss (``--loss chunked:N``, its LoRA recipes' default):
+a frozen head's chunk matmuls keep no input (the pick below), its backward sums no weight-gradient pieces
+(``blocks.head.chunked_head_backward_transient``) and the forward holds the final norm's output, which no
+save keeps (``chunked_loss_forward_transient``). flash_attn's and Transformer Engine's loss kernels are
+refused.
 
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts every
 layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
-parallelism, mixtures of experts, offload and the chunked, xentropy and te losses
+parallelism, mixtures of experts, offload and the xentropy and te losses
 (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
 families whose layers it does not list (``config.finetune_rules._NO_LORA``: fused projections peft adapts as
 one linear, post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one

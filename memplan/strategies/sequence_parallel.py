@@ -89,6 +89,7 @@ SPLITS: dict[Role, Rule] = {
     Role.TOKEN_IDS: _WHOLE,
     Role.LABELS: _WHOLE,
     Role.LOSS_SCALAR: _WHOLE,
+    Role.CHUNK_LOSS: _WHOLE,
     Role.CAUSAL_MASK: _WHOLE,
     Role.RNG_STATE: _WHOLE,
     Role.ROPE_TABLE: _WHOLE,

@@ -137,6 +137,10 @@ CASES: list[dict[str, Any]] = [
     },
     {"method": FULL, "loss": "fused", "freeze_lm_head": True, "freeze_layers": (0, 0)},
     {"method": FULL, "loss": "fused", "freeze_embeddings": True},  # the head still trains: dL/dW kept
+    # torchtune's chunked loss: a frozen head's chunk matmuls keep no input (b > 1: no copies kept)
+    {"method": LORA, "loss": "chunked", "precision": "bf16-mixed"},
+    {"method": QLORA, "loss": "chunked", "targets": parse_targets("all-linear"), "tied": True},
+    {"method": FULL, "loss": "chunked", "freeze_lm_head": True, "freeze_layers": (0, 0)},
 ]
 
 

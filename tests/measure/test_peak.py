@@ -192,6 +192,10 @@ def _fused(setup: Setup) -> Setup:
     return Setup.model_validate({**setup.model_dump(), "loss": LossKind.FUSED})
 
 
+def _chunked(setup: Setup, n: int) -> Setup:
+    return Setup.model_validate({**setup.model_dump(), "loss": LossKind.CHUNKED, "loss_chunks": n})
+
+
 # LoRA's peak (blocks/mlp.py ``frozen_mlp``): the frozen MLP's moment (no weight gradient made, no down input
 # released), the layers' own saves (layer 0 keeps less: ``peak``'s ``layer_bytes``), the loop's ids beside
 # a frozen embedding, no frozen head's or tied embedding's gradient.
@@ -209,6 +213,35 @@ LORA_PEAKS = [
     _fused(_lora(make(GPT, 32, ckpt="full", b=4, s=128, accum=2), "q,k,v,o")),
     _fused(make(LLAMA, 32, b=4, s=128)),  # full training: its dL/dW kept, the head's gradient
 ]
+
+
+# torchtune's chunked loss (its LoRA recipes' default): every phase's highest point. The loss's forward
+# holds the final norm's output, which a frozen head's chunks do not save; by the final norm's backward
+# each chunk's normaliser, its labels copy (b > 1) and the count are freed, the seed gradient held.
+CHUNKED_PHASES = [
+    _chunked(_lora(make(LLAMA, 32, b=4, s=128)), 4),  # the final norm's
+    _chunked(_lora(make(LLAMA, 4096, b=1, s=128)), 3),  # the loss's forward, its output held
+    _chunked(_lora(make(GPT, 4096, ckpt="full", b=2, s=128, accum=2), "q,k,v,o"), 4),
+    _chunked(make(LLAMA, 32, b=4, s=128), 4),  # full training: the final norm's, exact now too
+]
+
+
+@pytest.mark.parametrize(
+    "setup",
+    CHUNKED_PHASES,
+    ids=lambda s: f"{s.finetune.method.name.lower()}-b{s.training.micro_batch}-v{s.model.vocab_size}",
+)
+def test_chunked_loss_phases_are_exact(setup: Setup) -> None:
+    est = estimate(setup)
+    measured = profile(setup, steps=1).phase_peaks
+    forward = est.peak.moments.get("loss forward")
+    backward = [m for name, m in est.peak.moments.items() if name not in ("loss forward", "optimizer step")]
+    assert measured["backward"] == max(sum(m.values()) for m in backward)
+    if forward is not None:  # one point of the forward phase: its highest where it is the step's peak
+        assert measured["forward"] >= sum(forward.values())
+        if est.peak.phase == "loss forward":
+            assert measured["forward"] == sum(forward.values())
+    assert max(measured.values()) == est.peak.bytes
 
 
 @pytest.mark.parametrize(
