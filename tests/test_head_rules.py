@@ -79,14 +79,14 @@ def labels(*shape: int) -> Row:
 
 TOTAL_WEIGHT: Row = ("loss.total_weight", (), FP32, R.LOSS_SCALAR, K.LOSS)
 COUNT: Row = ("loss.count", (), INT64, R.LOSS_SCALAR, K.LOSS)
-# the chunked loss's own: freed by its backward, before the final norm's (``Role.CHUNK_LOSS``)
-CHUNK_WEIGHT: Row = ("loss.total_weight", (), FP32, R.CHUNK_LOSS, K.LOSS)
-CHUNK_COUNT: Row = ("loss.count", (), INT64, R.CHUNK_LOSS, K.LOSS)
+# the chunked loss's own: freed by its backward, before the final norm's (``Role.CHUNK_SCALAR``, ...)
+CHUNK_WEIGHT: Row = ("loss.total_weight", (), FP32, R.CHUNK_SCALAR, K.LOSS)
+CHUNK_COUNT: Row = ("loss.count", (), INT64, R.CHUNK_SCALAR, K.LOSS)
 
 
 def chunk_labels(n: int) -> Row:
     """A chunk's labels copy (b > 1)."""
-    return ("loss.labels", (n,), INT64, R.CHUNK_LOSS, K.LOSS)
+    return ("loss.labels", (n,), INT64, R.CHUNK_LABELS, K.LOSS)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ _HEAD_FREED_BEFORE_NORM = {
         (Block.LOSS, Role.LOG_PROBS),
         (Block.LOSS, Role.HEAD_INPUT_GRAD),
         (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
-        (Block.LOSS, Role.CHUNK_LOSS),
+        (Block.LOSS, Role.CHUNK_SCALAR),
+        (Block.LOSS, Role.CHUNK_LABELS),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
         (Block.FINAL_NORM, Role.NORM_OUTPUT),
         (Block.FINAL_NORM, Role.NORM_STATS),
@@ -31,7 +32,8 @@ _HEAD_FREED_BEFORE_NORM = {
         (Block.LOSS, Role.LOG_PROBS),
         (Block.LOSS, Role.HEAD_INPUT_GRAD),
         (Block.LOSS, Role.HEAD_WEIGHT_GRAD),
-        (Block.LOSS, Role.CHUNK_LOSS),
+        (Block.LOSS, Role.CHUNK_SCALAR),
+        (Block.LOSS, Role.CHUNK_LABELS),
         (Block.LM_HEAD, Role.LINEAR_INPUT),
     },
 }
@@ -42,8 +44,8 @@ def loss_scalars(setup: Setup) -> int:
     backward's seed gradient (``torch.autograd.backward``'s ``ones_like`` of the loss, held by its frame to
     the end, + 4) where no save of the loss's stands in for it: torchtitan's loss-parallel function (tp > 1)
     and Liger's fused loss keep no fp32 normaliser, the chunked loss's are freed by then
-    (``Role.CHUNK_LOSS``); the standard loss's nll_loss total_weight, counted among the saves, is the same
-    4 B (measured on CPU: tests/measure/test_peak.py)."""
+    (``Role.CHUNK_SCALAR``); the standard loss's nll_loss total_weight, counted among the saves, is the
+    same 4 B (measured on CPU: tests/measure/test_peak.py)."""
     titan_parallel = profile_of(setup).loss_parallel_function and setup.parallel.tp > 1
     seed = titan_parallel or setup.loss in (LossKind.FUSED, LossKind.CHUNKED)
     return 4 + (4 if seed else 0)

@@ -124,7 +124,7 @@ def count_rules(setup: Setup) -> list[Rule]:
     and torchtune's chunked loss)."""
     why = "the labels counted, the sum's divisor"
     if setup.loss is LossKind.CHUNKED:  # the loss's own local: freed with the division's node
-        return [save(B.LOSS, "count", (), INT64, R.CHUNK_LOSS, why)]
+        return [save(B.LOSS, "count", (), INT64, R.CHUNK_SCALAR, why)]
     if profile_of(setup).loss_over_token_count:  # the trainer's: held to the step's end
         return [save(B.LOSS, "count", (), INT64, R.LOSS_SCALAR, why)]
     return []
@@ -163,7 +163,7 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
         else [save(B.LM_HEAD, "input", (b, s, h), dims.act, R.LINEAR_INPUT, "input of the lm head (chunks)")]
     )
     labels = (
-        [save(B.LOSS, "labels", (b * c,), INT64, R.CHUNK_LOSS, "a chunk's labels, reshaped") for c in sizes]
+        [save(B.LOSS, "labels", (b * c,), INT64, R.CHUNK_LABELS, "a chunk's labels, reshaped") for c in sizes]
         if copies
         else [save(B.LOSS, "labels", (b, s), INT64, R.LABELS, "targets of nll_loss (chunks)")]
     )
@@ -172,7 +172,7 @@ def chunked_rules(setup: Setup, dims: Dims) -> list[Rule]:
         for c in sizes
         for rule in (
             save(B.LOSS, "log_probs", (b * c, v), FP32, R.LOG_PROBS, "a chunk's fp32 log_softmax output"),
-            save(B.LOSS, "total_weight", (), FP32, R.CHUNK_LOSS, "a chunk's nll_loss normaliser"),
+            save(B.LOSS, "total_weight", (), FP32, R.CHUNK_SCALAR, "a chunk's nll_loss normaliser"),
         )
     ]
     return inputs + per_chunk + labels + count_rules(setup)

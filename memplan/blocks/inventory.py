@@ -115,10 +115,13 @@ class Role(StrEnum):
     LOG_PROBS = "log-probs"
     LABELS = "labels"
     LOSS_SCALAR = "loss scalar"
-    CHUNK_LOSS = "chunked loss's own"
-    """torchtune's chunked loss: a chunk's nll_loss normaliser, a chunk's labels copy (b > 1) and the count
-    the sum is divided by — freed by the loss's backward, before the final norm's (the standard loss's
-    normaliser, the loop's labels and a trainer's count outlive it)."""
+    CHUNK_SCALAR = "chunk loss scalar"
+    """torchtune's chunked loss: a chunk's nll_loss normaliser and the count the sum is divided by — freed
+    by the loss's backward, before the final norm's (the standard loss's normaliser and a trainer's count
+    outlive it)."""
+    CHUNK_LABELS = "chunk labels copy"
+    """torchtune's chunked loss at b > 1: a chunk's labels copy, freed with its nll_loss node (the loop's
+    labels outlive it)."""
     HEAD_INPUT_GRAD = "head input gradient"
     """dL/dX of the lm head's input [T, h], made in forward by a fused linear cross-entropy."""
     HEAD_WEIGHT_GRAD = "head weight gradient"
