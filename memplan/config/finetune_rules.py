@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.config.finetune import Target
+from memplan.config.finetune import Method, Target
+from memplan.config.hf_rules import hf_only_code
 from memplan.config.impl import Family, Impl
-from memplan.config.model import MlpType
+from memplan.config.model import GateActivation, MlpType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Checkpointing
+
+MLP_TARGETS = frozenset({Target.GATE, Target.UP, Target.DOWN})
 
 if TYPE_CHECKING:
     from memplan.config.setup import Setup
@@ -31,6 +34,36 @@ _NO_LORA = {
 }
 """The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
 against peft on transformers' own model: trainable counts equal, the saves differ per layer)."""
+
+
+def _moe_refusal(setup: Setup) -> str | None:
+    """What keeps memplan from modelling fine-tuning of this mixture of experts; None where it does (and
+    for a dense model): LoRA on the attention's linears (q, k, v, o) or freezing, with the router, the
+    experts and the shared experts frozen or trained whole, under ``--impl reference`` without
+    checkpointing or expert parallelism (``strategies.lora.moe_keep``: measured equal per tensor and
+    FLOP, tests/measure/test_finetune.py)."""
+    m, ft = setup.model, setup.finetune
+    moe = m.moe
+    if moe is None:
+        return None
+    only = hf_only_code(m)  # no --impl but transformers' runs it
+    if only:
+        return only
+    if m.mla is not None or moe.router_sigmoid or moe.dense_layers or moe.expert_bias or moe.input_jitter:
+        return f"{m.name}'s MoE layer (MLA, Llama 4's, DeepSeek's dense layers, expert biases or jitter)"
+    if m.gate_act is GateActivation.CLAMPED:
+        return f"{m.name}'s clamped SwiGLU experts"
+    if setup.impl.impl is not Impl.REFERENCE:
+        return f"under --impl {setup.impl.impl.value}: use --impl reference"
+    if ft.method is Method.QLORA:
+        return "QLoRA: bitsandbytes quantises experts that are nn.Linear, not transformers' fused 3-D ones"
+    if ft.lora and any(t in MLP_TARGETS for t in ft.targets):
+        return "adapters on the experts: target the attention, --lora-targets q,k,v,o"
+    if setup.strategy.checkpointing is not Checkpointing.NONE:
+        return "checkpointing: drop --checkpointing"
+    if setup.parallel.ep > 1:
+        return "expert parallelism: drop --ep"
+    return None
 
 
 def check_finetune(setup: Setup) -> None:
@@ -64,7 +97,7 @@ def check_finetune(setup: Setup) -> None:
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
         "--cp": par.cp > 1,
-        "a mixture of experts": m.moe is not None,
+        f"a mixture of experts ({_moe_refusal(setup)})": _moe_refusal(setup) is not None,
         "--offload": setup.offload is not Offload.NONE,
         # Liger's fused loss and torchtune's chunked one follow the gradient flow (a frozen head makes no
         # weight gradient and keeps no input: ``blocks.head``); flash_attn's and Transformer Engine's

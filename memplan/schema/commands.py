@@ -151,7 +151,7 @@ _FIT = obj(
                     "not_searched": described(
                         {"type": ["string", "null"]},
                         "why the method was not searched at all: memplan models it on no layout of this "
-                        "model with these options, e.g. LoRA with a mixture of experts (null: searched)",
+                        "model with these options, e.g. QLoRA with a mixture of experts (null: searched)",
                     ),
                 },
                 required=["method", "fits", "savers_searched", "offload_not_searched", "not_searched"],

@@ -171,7 +171,7 @@ def fit(
     levels: dict[FineTune, list[int]] = {}  # per method, the saver levels with a configuration memplan models
     no_offload: dict[FineTune, str] = {}  # why offload's levels were left out, per method
     tunes = finetunes or (base.finetune,)
-    # a method memplan models on no layout of this model (LoRA with a mixture of experts): not searched, and
+    # a method memplan models on no layout of this model (QLoRA with a mixture of experts): not searched, and
     # said so — a search of it found nothing and printed "nothing fits" with no rejected family
     refused = {ft: why for ft in tunes if (why := refusal(base, ft)) is not None}
     if len(refused) == len(tunes):

@@ -24,8 +24,8 @@ Configurations are ranked by method, then saver level, then predicted throughput
 saver is used only when it is needed, though the step time counts what it costs (offload's host-link
 copies and the CPU optimizer step, ``time.offload``). A method that fits nothing says which levels were
 searched (``Outcome.levels``: fine-tuning's level 0 alone; offload's only with the node's host memory).
-A method memplan models on no layout of the model with the user's options (``refusal``: LoRA and QLoRA
-with a mixture of experts, or under ``--impl hf`` a family whose adapters it does not list) is not
+A method memplan models on no layout of the model with the user's options (``refusal``: QLoRA with a
+mixture of experts, or under ``--impl hf`` a family whose adapters it does not list) is not
 searched: the summary names it with the reason (``Outcome.refused``), and when every method asked is
 refused the command is a one-line error.
 """
@@ -169,7 +169,7 @@ def valid(setup: Setup) -> bool:
 def refusal(setup: Setup, ft: FineTune) -> str | None:
     """Why method ``ft`` runs on no layout of ``setup`` (the search's base: one device, no saver, its
     layout-bound switches off, ``layout_free``): ``check_setup``'s one line where full training passes
-    and ``ft`` does not (e.g. LoRA with a mixture of experts, or under ``--impl hf`` a family whose adapters
+    and ``ft`` does not (e.g. QLoRA with a mixture of experts, or under ``--impl hf`` a family whose adapters
     memplan does not list); None where the method may run, or where the base itself needs a layout to be
     judged (the families judge it). Layout-bound refusals of fine-tuning (tp, pp, cp, selective
     checkpointing) are not asked: the search leaves those layouts out for it (``searches_layout``,

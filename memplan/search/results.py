@@ -139,7 +139,7 @@ class Outcome:
     memory, or not what times the offload); None: searched where needed."""
     refused: str | None = None
     """Why the method was not searched at all: memplan models it on no layout of this model and these
-    options (``methods.refusal``, e.g. LoRA with a mixture of experts); None: searched."""
+    options (``methods.refusal``, e.g. QLoRA with a mixture of experts); None: searched."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.finetune.method.name.lower(), "fits": self.best is not None}

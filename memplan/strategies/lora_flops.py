@@ -18,6 +18,7 @@ from memplan.blocks.attention.core import Core, core_of
 from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
+from memplan.blocks.moe import mlp_flops as moe_mlp_flops
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import LossKind, Setup
 from memplan.config.finetune import Target, linear_shapes
@@ -76,6 +77,10 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
     shapes = linear_shapes(setup.model)
     inputs = input_grads(f)
     forward = backward = 0
+    if setup.model.moe is not None:  # no adapters on it: dX of the router, experts and shared experts
+        mlp = moe_mlp_flops(setup, dims)  # where its input needs a gradient, dW where it trains
+        forward, backward = mlp, mlp * (int(f.g_mid) + int(f.trains))
+        inputs = {t: g for t, g in inputs.items() if t in (T.Q, T.K, T.V, T.O)}
     for t in inputs:
         fan_in, fan_out = shapes[t]
         base = mm(tokens, fan_in, fan_out)

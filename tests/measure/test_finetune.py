@@ -22,6 +22,7 @@ from memplan.config import (
     LossKind,
     Method,
     ModelConfig,
+    MoEConfig,
     Setup,
     StrategyConfig,
     TrainingConfig,
@@ -69,6 +70,7 @@ def setup_for(
     precision: str = "fp32",
     tied: bool = False,
     loss: str = "standard",
+    moe: MoEConfig | None = None,
     **ft: Any,
 ) -> Setup:
     gpt = norm == "layernorm"
@@ -90,6 +92,7 @@ def setup_for(
         resid_dropout=p,
         embd_dropout=p,
         tied_embeddings=tied,
+        moe=moe,
     )
     return Setup(
         model=model,
@@ -102,6 +105,9 @@ def setup_for(
 
 
 LORA, FULL, QLORA = Method.LORA, Method.FULL, Method.QLORA
+MIXTRAL_LIKE = MoEConfig(experts=4, top_k=2)  # tests/measure/test_moe.py's
+QWEN_LIKE = MoEConfig(experts=4, top_k=2, shared_experts=1, shared_ffn=40, shared_gate=True)
+SHARED = MoEConfig(experts=3, top_k=1, shared_experts=2)
 CASES: list[dict[str, Any]] = [
     {"method": LORA},
     {"method": LORA, "targets": parse_targets("all-linear"), "dropout": 0.1},
@@ -141,6 +147,12 @@ CASES: list[dict[str, Any]] = [
     {"method": LORA, "loss": "chunked", "precision": "bf16-mixed"},
     {"method": QLORA, "loss": "chunked", "targets": parse_targets("all-linear"), "tied": True},
     {"method": FULL, "loss": "chunked", "freeze_lm_head": True, "freeze_layers": (0, 0)},
+    # a mixture of experts, frozen whole (router, experts, shared experts): no linear input kept, its dX
+    {"method": LORA, "moe": MIXTRAL_LIKE},
+    {"method": LORA, "moe": QWEN_LIKE, "targets": parse_targets("q,k,v,o"), "precision": "bf16-mixed"},
+    {"method": LORA, "moe": SHARED, "attn": "eager", "dropout": 0.1, "loss": "fused"},
+    {"method": FULL, "moe": QWEN_LIKE, "freeze_embeddings": True, "freeze_layers": (0, 1)},
+    {"method": LORA, "moe": MIXTRAL_LIKE, "norm": "layernorm", "mlp": "gelu", "tied": True},
 ]
 
 

@@ -148,14 +148,15 @@ def test_a_method_that_fits_nothing_says_which_savers_were_searched() -> None:
 
 
 def test_a_method_memplan_does_not_model_for_the_model_is_named_not_searched() -> None:
-    """Mixtral with LoRA or QLoRA is refused by ``check_finetune`` (a mixture of experts). ``fit`` searched
-    them anyway and found nothing: with ``--finetune lora`` it printed "searched 0 configurations … nothing
-    fits: see the rejected families below" over no family, exit 0; by default the methods were dropped
-    from the summary without a word. Now: every asked method refused is a one-line error (exit 2); a
-    method refused beside one that runs is listed as not searched, with the reason (``--json`` too)."""
+    """Mixtral with QLoRA, or with adapters on its experts, is refused by ``check_finetune``. ``fit``
+    searched such a method anyway and found nothing: it printed "searched 0 configurations … nothing fits:
+    see the rejected families below" over no family, exit 0; by default the method was dropped from the
+    summary without a word. Now: every asked method refused is a one-line error (exit 2); a method
+    refused beside one that runs is listed as not searched, with the reason (``--json`` too). LoRA on
+    Mixtral's attention is modelled, and searched."""
     runner = CliRunner(env={"COLUMNS": "200", "NO_COLOR": "1"})
     args = ["fit", "-m", "mixtral-8x7b", "--seq", "4096", "--gpus", "2", "--gpu", "a100", "--top", "1"]
-    for asked in (["--finetune", "lora"], ["--method", "lora,qlora"]):
+    for asked in (["--finetune", "qlora"], ["--method", "lora,qlora", "--lora-targets", "all-linear"]):
         bad = runner.invoke(app, [*args, *asked])
         assert bad.exit_code == 2 and "Traceback" not in bad.output
         assert bad.output.startswith("error: method: ") and "mixture of experts" in bad.output
@@ -164,7 +165,8 @@ def test_a_method_memplan_does_not_model_for_the_model_is_named_not_searched() -
     jsonschema.validate(data, command_schema("fit"))
     methods = {m["method"]: m for m in data["methods"]}
     assert methods["full"]["fits"] and methods["full"]["not_searched"] is None
-    for name in ("lora", "qlora"):  # reached: full fits only with savers, so the search escalates
-        assert not methods[name]["fits"] and "mixture of experts" in methods[name]["not_searched"]
+    # reached: full fits only with savers, so the search escalates; LoRA searched, QLoRA named
+    assert methods["lora"]["not_searched"] is None and methods["lora"]["savers_searched"]
+    assert not methods["qlora"]["fits"] and "QLoRA" in methods["qlora"]["not_searched"]
     text = runner.invoke(app, args).stdout
-    assert "lora: not searched: fine-tuning or freezing with a mixture of experts is not modelled yet" in text
+    assert "qlora: not searched: fine-tuning or freezing with a mixture of experts (QLoRA:" in text
