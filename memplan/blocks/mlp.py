@@ -6,7 +6,7 @@ from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of
 from memplan.config import DType, MlpType, ModelConfig, Setup
-from memplan.config.finetune import Target
+from memplan.config.finetune import MLP_TARGETS
 from memplan.config.trainable import adapted, base_trains
 
 B, R = Block, Role
@@ -91,7 +91,6 @@ def early_stop_skip(setup: Setup, dims: Dims) -> int:
     return mm(dims.tokens, dims.f, dims.h)
 
 
-MLP_TARGETS = frozenset({Target.GATE, Target.UP, Target.DOWN})
 
 
 def frozen_mlp(setup: Setup) -> bool:

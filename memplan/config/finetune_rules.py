@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.config.finetune import Method, Target
+from memplan.config.finetune import MLP_TARGETS, Method, Target
 from memplan.config.hf_rules import hf_only_code
 from memplan.config.impl import Family, Impl
 from memplan.config.model import GateActivation, MlpType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Checkpointing
-
-MLP_TARGETS = frozenset({Target.GATE, Target.UP, Target.DOWN})
 
 if TYPE_CHECKING:
     from memplan.config.setup import Setup
@@ -89,6 +87,7 @@ def check_finetune(setup: Setup) -> None:
     # and FLOPs memplan models for fine-tuning on one unsplit replica only (data parallelism and ZeRO are).
     # Segment checkpointing re-runs layers whose output needs a gradient: every one under LoRA on all layers.
     segment_ok = ft.lora and ft.freeze_layers is None and s.checkpointing is not Checkpointing.SELECTIVE
+    moe = _moe_refusal(setup)
     unmodelled = {
         "--checkpointing (but full or every-K with LoRA on every layer)": s.checkpointing
         is not Checkpointing.NONE
@@ -97,7 +96,7 @@ def check_finetune(setup: Setup) -> None:
         "--tp/--sp": par.tp > 1,
         "--pp": par.pp > 1,
         "--cp": par.cp > 1,
-        f"a mixture of experts ({_moe_refusal(setup)})": _moe_refusal(setup) is not None,
+        f"a mixture of experts ({moe})": moe is not None,
         "--offload": setup.offload is not Offload.NONE,
         # Liger's fused loss and torchtune's chunked one follow the gradient flow (a frozen head makes no
         # weight gradient and keeps no input: ``blocks.head``); flash_attn's and Transformer Engine's
