@@ -91,8 +91,6 @@ def early_stop_skip(setup: Setup, dims: Dims) -> int:
     return mm(dims.tokens, dims.f, dims.h)
 
 
-
-
 def frozen_mlp(setup: Setup) -> bool:
     """Fine-tuning where the top layer's MLP (the layer whose backward is the moment: it keeps the most)
     neither trains nor carries an adapter — LoRA on attention targets, peft's default q, v; QLoRA alike."""
