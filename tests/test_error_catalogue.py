@@ -141,7 +141,7 @@ CASES: list[Case] = [
     case("qlora-with-tp", "estimate -m 7b --finetune qlora --tp 2", "finetune"),
     case("qlora-with-moe", "estimate -m mixtral-8x7b --finetune qlora", "finetune"),
     case("lora-on-experts", "estimate -m mixtral-8x7b --finetune lora --lora-targets all-linear", "finetune"),
-    case("lora-moe-ckpt", "estimate -m mixtral-8x7b --finetune lora --checkpointing full", "finetune"),
+    case("lora-moe-ep", "estimate -m mixtral-8x7b --finetune lora --ep 2 --gpus 2", "finetune"),
     case("hf-lora-gpt2-fused-c-attn", "estimate -m gpt2 --finetune lora --impl hf", "finetune"),
     case("hf-lora-neox-fused-qkv", "estimate -m pythia-160m --finetune lora --impl hf", "finetune"),
     case("hf-lora-phi3-fused", "estimate -m phi-3-mini --finetune lora --impl hf", "finetune"),

@@ -37,9 +37,9 @@ against peft on transformers' own model: trainable counts equal, the saves diffe
 def _moe_refusal(setup: Setup) -> str | None:
     """What keeps memplan from modelling fine-tuning of this mixture of experts; None where it does (and
     for a dense model): LoRA on the attention's linears (q, k, v, o) or freezing, with the router, the
-    experts and the shared experts frozen or trained whole, under ``--impl reference`` without
-    checkpointing or expert parallelism (``strategies.lora.moe_keep``: measured equal per tensor and
-    FLOP, tests/measure/test_finetune.py)."""
+    experts and the shared experts frozen or trained whole, under ``--impl reference`` without expert
+    parallelism (``strategies.lora.moe_keep``: measured equal per tensor and FLOP, checkpointed too,
+    tests/measure/test_finetune.py)."""
     m, ft = setup.model, setup.finetune
     moe = m.moe
     if moe is None:
@@ -57,8 +57,6 @@ def _moe_refusal(setup: Setup) -> str | None:
         return "QLoRA: bitsandbytes quantises experts that are nn.Linear, not transformers' fused 3-D ones"
     if ft.lora and any(t in MLP_TARGETS for t in ft.targets):
         return "adapters on the experts: target the attention, --lora-targets q,k,v,o"
-    if setup.strategy.checkpointing is not Checkpointing.NONE:
-        return "checkpointing: drop --checkpointing"
     if setup.parallel.ep > 1:
         return "expert parallelism: drop --ep"
     return None

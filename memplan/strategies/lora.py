@@ -29,15 +29,18 @@ refused.
 
 A mixture of experts (Mixtral, Qwen-MoE) with LoRA on its attention, or frozen layers: the MoE MLP frozen
 whole keeps what its dX needs and none of its linears' inputs (``moe_keep``), and runs dX alone
-(``strategies.lora_flops``); measured equal per tensor and FLOP (tests/measure/test_finetune.py, and the
-full-size presets under fake tensors). Its peak takes full training's MoE moments with the frozen MLP's
-terms: +3.4 and +3.7 % above the measured on two tiny layers (Mixtral- and Qwen-like; full training +0.8 %).
+(``strategies.lora_flops``), with full or every-K checkpointing too (its re-run stops after the same last
+save as in full training, ``blocks.moe.early_stop_skip``); measured equal per tensor and FLOP
+(tests/measure/test_finetune.py, and the full-size presets under fake tensors). Its peak takes full
+training's MoE moments with the frozen MLP's terms, above the measured step: at h 64, 3 layers, +3.4 and
++3.7 % (Mixtral- and Qwen-like; full training +0.8 %); at h 256, 4 layers exact where the loss's moment is
+the peak, and with full checkpointing (the layer's moment) +10.3 and +9.8 % (full training +1.7, +2.3 %).
 
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts every
 layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
 parallelism, offload and the xentropy and te losses; with a mixture of experts also adapters on the experts,
-QLoRA, checkpointing, expert parallelism, implementations but the reference and the MoE layers of MLA,
-Llama 4 and gpt-oss (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
+QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and
+gpt-oss (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
 families whose layers it does not list (``config.finetune_rules._NO_LORA``: fused projections peft adapts as
 one linear, post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one
 B [3h, r]); memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory

@@ -18,6 +18,7 @@ from memplan.blocks.attention.core import Core, core_of
 from memplan.blocks.attention.flops import attention_core_flops
 from memplan.blocks.head import lm_head_flops
 from memplan.blocks.inventory import Dims
+from memplan.blocks.moe import early_stop_skip as moe_early_stop_skip
 from memplan.blocks.moe import mlp_flops as moe_mlp_flops
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import LossKind, Setup
@@ -45,6 +46,8 @@ def recompute(setup: Setup, dims: Dims) -> int:
     forward += len(rerun) * attention_core_flops(dims)
     down = T.DOWN in setup.finetune.targets
     skip = mm(dims.tokens, setup.finetune.rank if down else dims.f, dims.h)
+    if setup.model.moe is not None:  # frozen whole: the same last saves as in full training
+        skip = moe_early_stop_skip(setup, dims)
     return forward - (segments * skip if setup.model.resid_dropout == 0 else 0)
 
 

@@ -169,6 +169,11 @@ def test_estimate_equals_measurement(case: dict[str, Any]) -> None:
 CHECKPOINTED: list[dict[str, Any]] = [
     {"method": LORA, "targets": parse_targets("all-linear"), "dropout": 0.1},
     {"method": QLORA, "loss": "fused", "precision": "bf16-mixed"},
+    # a mixture of experts frozen whole: the re-run stops after its last save (the shared experts' act and
+    # up before their W_down without a gate; the gate's product with one; the combine's source without)
+    {"method": LORA, "moe": MIXTRAL_LIKE},
+    {"method": LORA, "moe": SHARED, "targets": parse_targets("q,k,v,o")},
+    {"method": LORA, "moe": QWEN_LIKE, "precision": "bf16-mixed"},
     {"method": LORA, "attn": "eager", "p": 0.1, "targets": parse_targets("q,down")},
     {"method": QLORA, "norm": "layernorm", "mlp": "gelu", "targets": parse_targets("down")},
     {"method": LORA, "attn": "eager", "targets": parse_targets("gate")},

@@ -161,12 +161,12 @@ def test_a_method_memplan_does_not_model_for_the_model_is_named_not_searched() -
         assert bad.exit_code == 2 and "Traceback" not in bad.output
         assert bad.output.startswith("error: method: ") and "mixture of experts" in bad.output
         assert len(bad.output.strip().splitlines()) == 1
-    data = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    every = [*args, "--method", "full,lora,qlora"]
+    data = json.loads(runner.invoke(app, [*every, "--json"]).output)
     jsonschema.validate(data, command_schema("fit"))
     methods = {m["method"]: m for m in data["methods"]}
     assert methods["full"]["fits"] and methods["full"]["not_searched"] is None
-    # reached: full fits only with savers, so the search escalates; LoRA searched, QLoRA named
-    assert methods["lora"]["not_searched"] is None and methods["lora"]["savers_searched"]
+    assert methods["lora"]["not_searched"] is None and methods["lora"]["savers_searched"]  # searched
     assert not methods["qlora"]["fits"] and "QLoRA" in methods["qlora"]["not_searched"]
-    text = runner.invoke(app, args).stdout
+    text = runner.invoke(app, every).stdout
     assert "qlora: not searched: fine-tuning or freezing with a mixture of experts (QLoRA:" in text
