@@ -62,6 +62,8 @@ class Target(StrEnum):
 
 ALL_LINEAR = tuple(Target)
 """peft's ``all-linear``: every linear of every layer, the lm head excepted."""
+ATTN_TARGETS = (Target.Q, Target.K, Target.V, Target.O)
+"""The attention's linears."""
 MLP_TARGETS = frozenset({Target.GATE, Target.UP, Target.DOWN})
 """The MLP's linears (a mixture of experts' experts)."""
 

@@ -71,7 +71,7 @@ from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps
 from memplan.config import DType, Impl, NormType, Setup
-from memplan.config.finetune import Target, linear_shapes
+from memplan.config.finetune import ATTN_TARGETS, Target, linear_shapes
 from memplan.config.trainable import (
     embedding_trains,
     final_norm_trains,
@@ -83,7 +83,6 @@ from memplan.strategies.lora_flow import Flow, flows
 
 # The strategy (applies, keeps, recompute), what the engine reads, and base_dx_linears for time.compute.
 __all__ = [
-    "ATTN_TARGETS",
     "adapter_note",
     "applies",
     "base_dx_linears",
@@ -95,7 +94,6 @@ __all__ = [
 ]
 
 B, R, T = Block, Role, Target
-ATTN_TARGETS = (T.Q, T.K, T.V, T.O)
 
 
 def applies(setup: Setup) -> bool:

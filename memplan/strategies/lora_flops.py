@@ -22,7 +22,7 @@ from memplan.blocks.moe import early_stop_skip as moe_early_stop_skip
 from memplan.blocks.moe import mlp_flops as moe_mlp_flops
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import LossKind, Setup
-from memplan.config.finetune import Target, linear_shapes
+from memplan.config.finetune import ATTN_TARGETS, Target, linear_shapes
 from memplan.config.trainable import embedding_trains, final_norm_trains, head_trains
 from memplan.strategies.lora_flow import Flow, flows
 
@@ -60,7 +60,7 @@ def _linear(fwd: int, g_x: bool, trains: bool) -> int:
 def input_grads(f: Flow) -> dict[Target, bool]:
     """The layer's linears under ``f``, in order, each with whether its input needs a gradient (its
     backward runs dX = dY·W)."""
-    targets = [T.Q, T.K, T.V, T.O, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
+    targets = [*ATTN_TARGETS, *((T.GATE, T.UP) if f.swiglu else (T.UP,)), T.DOWN]
     return {t: f.g_input(t) for t in targets}
 
 
@@ -83,7 +83,7 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
     if setup.model.moe is not None:  # no adapters on it: dX of the router, experts and shared experts
         mlp = moe_mlp_flops(setup, dims)  # where its input needs a gradient, dW where it trains
         forward, backward = mlp, mlp * (int(f.g_mid) + int(f.trains))
-        inputs = {t: g for t, g in inputs.items() if t in (T.Q, T.K, T.V, T.O)}
+        inputs = {t: g for t, g in inputs.items() if t in ATTN_TARGETS}
     for t in inputs:
         fan_in, fan_out = shapes[t]
         base = mm(tokens, fan_in, fan_out)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from memplan.blocks.head import chunk_sizes, liger_chunk_rows
-from memplan.config import Device, LossKind, ModelConfig, Setup, TrainingConfig, parse_loss
+from memplan.config import Device, LossKind, Method, ModelConfig, Setup, TrainingConfig, parse_loss
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import compare
 from memplan.measure.runs.profile import profile
@@ -108,7 +108,7 @@ def test_fused_loss_under_a_frozen_head_keeps_and_makes_dx_alone() -> None:
     kernel loss stays refused under fine-tuning."""
     kw: dict[str, Any] = {"b": 2, "precision": "bf16-mixed", "tied": False, "gpt": False, "s": 64, "v": 4096}
     full = setup_for("fused", **kw)
-    lora = Setup.model_validate({**full.model_dump(), "finetune": {"method": 1}})
+    lora = Setup.model_validate({**full.model_dump(), "finetune": {"method": Method.LORA}})
     assert _named(lora, "loss.grad_input") == 2 * 128 * 32 and _named(lora, "loss.grad_weight") == 0
     head = 2 * 128 * 32 * 4096
     assert estimate(full).flops.lm_head == 3 * head and estimate(lora).flops.lm_head == 2 * head
@@ -116,7 +116,9 @@ def test_fused_loss_under_a_frozen_head_keeps_and_makes_dx_alone() -> None:
     c = compare(estimate(lora), measure(lora, fake=False))
     assert c.equal and [r for r in c.tensors if not r.equal] == []
     with pytest.raises(ValueError, match="--loss xentropy is not modelled yet"):
-        Setup.model_validate({**setup_for("xentropy", **kw).model_dump(), "finetune": {"method": 1}})
+        Setup.model_validate(
+            {**setup_for("xentropy", **kw).model_dump(), "finetune": {"method": Method.LORA}}
+        )
 
 
 def test_chunks_as_torch_chunk_and_liger_cut_them() -> None:

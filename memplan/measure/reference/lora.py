@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from memplan.config import Setup
-from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, Target
+from memplan.config.finetune import ATTN_TARGETS, QUANT_BLOCK, QUANT_BLOCK2, Method, Target
 from memplan.config.trainable import (
     adapted,
     base_trains,
@@ -33,7 +33,6 @@ from memplan.config.trainable import (
     head_trains,
 )
 from memplan.measure.instruments.record import label
-from memplan.strategies.lora import ATTN_TARGETS
 
 if TYPE_CHECKING:
     from memplan.measure.reference.model import Reference
