@@ -34,6 +34,7 @@ NUMBERS: tuple[tuple[str, str], ...] = (
     ("optimizer_memory", "optimizer"),
     ("activations", "activations"),
     ("peak", "peak"),
+    ("reserved", "reserved"),
     ("flops", "FLOPs/step"),
     ("step_time", "step s"),
     ("tokens_per_s", "tokens/s"),
@@ -101,6 +102,9 @@ class Row:
             activations=parts["activations"],
             transient=parts["transient"],
             peak=dev.peak.bytes,
+            # the caching allocator's reserved peak (its replay): the figure ``fits`` is judged on, against
+            # the GPU's usable memory (``budget.verdict``); None without a GPU
+            reserved=v.reserved_peak if v else None,
             flops=p.flops.total * p.micro_batches * p.setup.strategy.dp,
             step_time=t.step_time_s if t else None,
             tokens_per_s=t.tokens_per_s if t else None,

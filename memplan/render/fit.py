@@ -13,6 +13,7 @@ from memplan.config import CpRotate, Method, Parallel
 from memplan.render.estimate import BYTE_UNITS, fmt_bytes, fmt_in, fmt_int, unit_of
 from memplan.render.fitted import Col, Fitted
 from memplan.render.time import fp8_mfu_note
+from memplan.search.budget import Verdict
 from memplan.search.command import impl_args
 from memplan.search.fit import Family, FitResult, estimate_command
 from memplan.search.methods import SAVERS
@@ -122,11 +123,19 @@ def _method_lines(r: FitResult) -> list[RenderableType]:
         out.append(
             Text(
                 f"  {name}: fits {how}: {b.family.layout.label()}, ZeRO-{int(b.family.zero)}, "
-                f"checkpointing {b.family.checkpointing.name.lower()}, peak {fmt_bytes(b.verdict.peak)}, "
+                f"checkpointing {b.family.checkpointing.name.lower()}, {_judged(b.verdict)}, "
                 f"{b.timing.tokens_per_s:,.0f} tokens/s, {fmt_int(b.result.params_trainable)} trainable"
             )
         )
     return out
+
+
+def _judged(v: Verdict) -> str:
+    """A listed configuration's memory as its verdict judges it: the allocator's reserved peak, then the
+    tensors' peak (the verdict's headline, ``render.verdict``)."""
+    if v.reserved_peak is None:
+        return f"peak {fmt_bytes(v.peak)}"
+    return f"reserved {fmt_bytes(v.reserved_peak)} (tensors' peak {fmt_bytes(v.peak)})"
 
 
 def _unsearched(m: Outcome) -> str:
@@ -177,14 +186,15 @@ def _unsplit_text(r: FitResult) -> str:
 
 def _fitting_table(r: FitResult, top: int) -> Fitted:
     shown = r.fitting[:top] if top else r.fitting
-    peak_unit = unit_of([c.verdict.peak for c in shown])
+    peak_unit = unit_of([c.verdict.peak for c in shown] + [c.verdict.reserved_peak or 0 for c in shown])
     room_unit = unit_of([c.verdict.headroom for c in shown])
     plain = _plain([c.family for c in shown])
     cols = [
         Col("#"),
         *_family_columns(plain),
         Col("micro-\nbatch", priority=1),
-        Col(f"peak\n{peak_unit[1]}", priority=1),
+        Col(f"peak\n{peak_unit[1]}", priority=2),
+        Col(f"reserved\n{peak_unit[1]}", priority=1),
         Col(f"headroom\n{room_unit[1]}", priority=2),
         Col("step s", priority=2),
         Col("tokens/s", priority=1),
@@ -200,6 +210,7 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
             *_family_cells(c.family, plain),
             f"{c.micro_batch} × {c.result.micro_batches}",
             fmt_in(v.peak, peak_unit[0]),
+            "–" if v.reserved_peak is None else fmt_in(v.reserved_peak, peak_unit[0]),
             fmt_in(v.headroom, room_unit[0]),
             f"{t.step_time_s:,.2f}",
             f"{t.tokens_per_s:,.0f}",
@@ -207,8 +218,10 @@ def _fitting_table(r: FitResult, top: int) -> Fitted:
         )
     fp8 = fp8_mfu_note([c.timing for c in shown])
     table.caption = (
-        "micro-batch: size × micro-batches per step; ZeRO: the fastest stage that fits (ties: the lowest); "
-        "the higher stages of a listed configuration fit too" + (f"; {fp8}" if fp8 else "")
+        "micro-batch: size × micro-batches per step; peak: the most loaded device's tensors; reserved: its "
+        "caching allocator's reserved peak, what fits is judged on; headroom: the memory the allocator may "
+        "use less reserved; ZeRO: the fastest stage that fits (ties: the lowest); the higher stages of a "
+        "listed configuration fit too" + (f"; {fp8}" if fp8 else "")
     )
     return table
 
@@ -227,11 +240,12 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
     shown = closest[:top] if top else closest
     reasons = Counter(x.verdict.overflow for x in r.rejected)
     summary = ", ".join(f"{n} {term}" for term, n in reasons.most_common())
-    size, unit = unit_of([x.verdict.peak for x in shown])
+    size, unit = unit_of([x.verdict.peak for x in shown] + [x.verdict.reserved_peak or 0 for x in shown])
     plain = _plain([x.family for x in shown])
     cols = [
         *_family_columns(plain),
         Col(f"peak\n{unit}"),
+        Col(f"reserved\n{unit}", priority=2),
         Col("overflows", "left"),
         Col("stage", priority=1),
     ]
@@ -240,9 +254,16 @@ def _rejected_table(r: FitResult, top: int) -> Fitted:
     for x in shown:
         v = x.verdict
         peak = fmt_in(v.peak, size) if v.exact else f"≥ {fmt_in(v.peak, size)}"
-        table.add(*_family_cells(x.family, plain), peak, v.overflow or "–", str(v.stage))
+        reserved = "–" if v.reserved_peak is None else fmt_in(v.reserved_peak, size)
+        table.add(*_family_cells(x.family, plain), peak, reserved, v.overflow or "–", str(v.stage))
     table.caption = (
-        "at micro-batch 1 (≥: a lower bound that already passes the memory); overflows: the "
+        "at micro-batch 1 (≥: a lower bound that already passes the memory"
+        + (
+            "; reserved: the caching allocator's reserved peak where it was replayed"
+            if any(x.verdict.reserved_peak is not None for x in shown)
+            else ""
+        )
+        + "); overflows: the "
         "first of weights, optimizer, gradients, activations, transient whose running sum passes the memory; "
         "allocator: the peak fits, the caching allocator's reserved segments do not; families slower than "
         "the rows shown at every micro-batch size are not judged"

@@ -250,10 +250,11 @@ def plan_report(b: Built) -> Group:
 # memplan compare
 # ----------------------------------------------------------------------------------------------------
 HEADERS = dict(NUMBERS)
-BYTE_KEYS = ("weights", "gradients", "optimizer_memory", "activations", "peak", "transient")
+BYTE_KEYS = ("weights", "gradients", "optimizer_memory", "activations", "peak", "reserved", "transient")
 # Which numbers give way first when the terminal is narrow (0: never; the settings are keys, always shown).
 PRIORITY = {
     "peak": 1,
+    "reserved": 1,
     "fits": 1,
     "step_time": 2,
     "tokens_per_s": 3,
@@ -265,7 +266,10 @@ PRIORITY = {
     "weights": 7,
     "gradients": 7,
 }
-BAR_LEGEND = "bar: █ weights ▓ gradients ▒ optimizer ░ activations ▞ peak transient, │ the GPU's memory"
+BAR_LEGEND = (
+    "bar: █ weights ▓ gradients ▒ optimizer ░ activations ▞ peak transient, │ the memory the allocator may "
+    "use (the GPU's less the CUDA context, NCCL's and FSDP's buffers and --reserve)"
+)
 
 
 def fmt_value(key: str, value: Any) -> str:
@@ -311,7 +315,7 @@ def _cell(key: str, value: Any, units: dict[str, tuple[int, str]]) -> str:
 
 def memory_cell(values: dict[str, Any], scale: int, memory: int | None, width: int = COMPARE_BAR) -> Text:
     """A one-line stacked bar (weights, gradients, optimizer, activations, transient) on a shared scale;
-    ``│`` marks the GPU's memory."""
+    ``│`` marks the memory the allocator may use (``Verdict.usable_bytes``)."""
     bar = Text()
     done = cum = 0
     parts = ("weights", "gradients", "optimizer_memory", "activations", "transient")
@@ -336,7 +340,7 @@ def _compare_columns(keys: Sequence[str], units: dict[str, tuple[int, str]]) -> 
             cols.append(Col(header, priority=PRIORITY[key]))
         else:  # a setting: a key; "global-batch" on two lines, its values are short
             cols.append(Col(key.replace("-", "-\n"), "left"))
-        if key == "peak":
+        if key == "reserved":  # the bar after the two peaks it draws and is judged by
             cols.append(Col("memory", "left", priority=8, below=True))
     return cols
 
@@ -351,8 +355,8 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
     column in one unit said in its header; ``same``: the settings every row shares, said once above."""
     values = [r.values() for r in rows]
     units = column_units(values)
-    memory = [r.built.gpu.memory_bytes if r.built.gpu else 0 for r in rows]
-    scale = max([v["peak"] or 0 for v in values] + memory + [1])
+    memory = [r.built.verdict.usable_bytes if r.built.verdict else 0 for r in rows]
+    scale = max([v["peak"] or 0 for v in values] + [v["reserved"] or 0 for v in values] + memory + [1])
     shared = " · ".join(f"{k} {v}" for k, v in (same or {}).items() if v != "–")
     notes = [fp8_mfu_note([r.built.timing for r in rows])]
     untimed = next((r.built.untimed for r in rows if r.built.untimed), None)
@@ -365,7 +369,8 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
         _compare_columns(keys, units),
         title="memplan compare" + (f": {shared}" if shared else ""),
         caption=(
-            "peak: most loaded device; FLOPs/step: all that runs, whole job; step time predicted (or at "
+            "peak: the most loaded device's tensors; reserved: its caching allocator's reserved peak, what "
+            "fits is judged on; FLOPs/step: all that runs, whole job; step time predicted (or at "
             f"--mfu).{said} {BAR_LEGEND}. {BYTE_UNITS}; {FLOP_UNITS}"
         ),
     )
@@ -374,7 +379,7 @@ def compare_table(rows: Sequence[Row], keys: Sequence[str], same: dict[str, str]
         for key in keys:
             style = "red" if vals.get(key) is False else ""
             cells.append(Text(_cell(key, vals.get(key), units), style=style))
-            if key == "peak":
+            if key == "reserved":
                 cells.append(memory_cell(vals, scale, mem or None))
         table.add(*cells)
     return table

@@ -61,6 +61,12 @@ _COMPARE_VALUES = {
     "step_time": {"type": ["number", "null"], "minimum": 0, "description": "seconds (null without --gpu)"},
     "tokens_per_s": {"type": ["number", "null"], "minimum": 0},
     "step_mfu": {"type": ["number", "null"], "minimum": 0},
+    "reserved": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "description": "bytes: the caching allocator's reserved peak on the most loaded device, what fits is "
+        "judged on (null without --gpu)",
+    },
     "fits": {"type": ["boolean", "null"]},
 }
 
@@ -135,7 +141,11 @@ _FIT = obj(
                     "method": NAME,
                     "fits": {"type": "boolean"},
                     "settings": _FAMILY,
-                    "peak": _BYTES,
+                    "peak": {**_BYTES, "description": "the most loaded device's tensors' peak"},
+                    "reserved": {
+                        **_BYTES,
+                        "description": "the caching allocator's reserved peak, what fits is judged on",
+                    },
                     "tokens_per_s": _RATE,
                     "trainable": COUNT,
                     "savers_searched": described(

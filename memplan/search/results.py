@@ -151,6 +151,7 @@ class Outcome:
             out |= {
                 "settings": {**b.family.settings(), "micro_batch": b.micro_batch},
                 "peak": b.peak,
+                "reserved": b.verdict.reserved_peak,
                 "tokens_per_s": b.timing.tokens_per_s,
                 "trainable": b.result.params_trainable,
             }

@@ -155,6 +155,37 @@ def test_compare_rows_are_the_cartesian_product() -> None:
     assert first["values"]["fits"] is False and first["values"]["peak"] > 6_738_415_616 * 16
 
 
+def test_compare_shows_the_reserved_peak_that_fits_is_judged_on() -> None:
+    """Llama 3 8B at 8,192 tokens, ZeRO-3 over 8 H100s: the tensors' peak (76.48 GiB) is under the GPU's
+    80 GiB and the row does not fit. The row says why: its allocator's reserved peak (the verdict's
+    replay) passes the memory the allocator may use (the GPU's less the CUDA context, NCCL's and FSDP2's
+    all-gather stream's buffers), which the bar's ``│`` marks."""
+    args = ("compare", "-m", "8b", "--seq", "8192", "--dp", "8", "--gpu", "h100", "--vary", "zero=0,3")
+    doc = ok_json(*args)
+    for row in doc["rows"]:
+        v, fit = row["values"], row["plan"]["fit"]
+        assert v["reserved"] == fit["reserved_peak"] and v["peak"] == fit["peak"]
+        assert v["fits"] is (v["reserved"] <= fit["usable_bytes"])
+    zero3 = doc["rows"][1]
+    assert zero3["values"]["peak"] < zero3["plan"]["fit"]["memory_bytes"] and zero3["values"]["fits"] is False
+    assert "reserved" in doc["columns"]
+    table = invoke(*args).stdout
+    head = next(line for line in table.splitlines() if "reserved" in line)
+    assert head.index("peak") < head.index("reserved")
+    said = "reserved: its caching allocator's reserved peak, what fits is judged on"
+    assert said in " ".join(table.split())
+    assert ok_json("compare", "-m", "8b", "--vary", "zero=0,3")["rows"][0]["values"]["reserved"] is None
+
+
+def test_the_compare_bar_marks_the_usable_memory() -> None:
+    """``memory_cell``: on a scale of 40 cells, 10 bytes each, the ``│`` of 250 usable bytes in cell 25."""
+    from memplan.render.plan import memory_cell
+
+    parts = {"weights": 100, "gradients": 0, "optimizer_memory": 0, "activations": 200, "transient": 0}
+    bar = memory_cell(parts, 400, 250, width=40).plain
+    assert bar.index("│") == 25 and bar[:10] == "█" * 10 and bar[10:25] == "░" * 15
+
+
 def test_compare_sort_csv_and_markdown() -> None:
     args = (*COMPARE, "--vary", "tp=2,4,8", "--sp", "--sort", "-peak")
     result = invoke(*args, "--csv")
@@ -287,6 +318,36 @@ def test_fit_best_config_replans_to_the_same_numbers() -> None:
     built = build(options)
     assert built.result.device.peak.bytes == best["memory"]["peak"]
     assert built.timing is not None and built.timing.tokens_per_s == best["time"]["tokens_per_s"]
+
+
+def test_fit_tables_show_the_reserved_peak_each_row_is_judged_on() -> None:
+    """Llama 3 8B at 16,384 tokens on two A100-40GB: each listed row prints the tensors' peak, the
+    allocator's reserved peak (what fits is judged on) and the headroom, the usable memory less the
+    reserved peak (the figures of ``--json``); each method's line says the reserved peak, then the
+    tensors'; a family rejected by the allocator alone shows both."""
+    from memplan.render.estimate import fmt_bytes, fmt_in, unit_of
+
+    args = ("fit", "-m", "llama-3-8b", "--seq", "16384", "--gpu", "a100-40gb", "--gpus", "2", "--top", "3")
+    doc, text = ok_json(*args), invoke(*args).stdout
+    lines = text.splitlines()
+    configs = doc["configs"]
+    size, _ = unit_of([c["fit"]["peak"] for c in configs] + [c["fit"]["reserved_peak"] for c in configs])
+    for i, c in enumerate(configs, 1):
+        fit = c["fit"]
+        assert fit["headroom"] == fit["usable_bytes"] - fit["reserved_peak"]
+        row = next(line for line in lines if line.startswith(f"│ {i} │"))
+        cells = [cell.strip() for cell in row.strip("│").split("│")]
+        want = [fmt_in(fit[k], size) for k in ("peak", "reserved_peak")]
+        assert cells[cells.index(want[0]) + 1] == want[1], row
+    assert len(doc["methods"]) == 3  # full training fits with savers only: LoRA and QLoRA are searched too
+    for m in doc["methods"]:
+        judged = f"reserved {fmt_bytes(m['reserved'])} (tensors' peak {fmt_bytes(m['peak'])})"
+        assert judged in " ".join(text.split()), m["method"]
+    assert configs[0]["fit"]["reserved_peak"] == doc["methods"][0]["reserved"]
+    allocator = [r for r in doc["rejected"] if r["fit"]["overflow"] == "allocator"]
+    assert allocator and all(
+        r["fit"]["peak"] <= r["fit"]["usable_bytes"] < r["fit"]["reserved_peak"] for r in allocator
+    )
 
 
 def test_fit_rich_output_and_mistakes() -> None:
