@@ -160,11 +160,14 @@ def hf_lora_setup(
     dropout: float,
     attention: str = "flash",
     checkpointing: str = "none",
+    vocab: int = 128,
 ) -> Setup:
-    """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32."""
+    """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32
+    (``vocab``: above the preset's pad token id, which transformers' embedding refuses beyond it)."""
     from tests.hf.harness import hf_setup
 
-    setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **TINY)
+    widths = {**TINY, "vocab_size": vocab}
+    setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **widths)
     ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
     training = {**setup.training.model_dump(), "precision": precision}
     return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
@@ -232,6 +235,93 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
         b_inputs = [r for r in meas.records if r.layer == 0 and "q_proj.lora_B" in r.name]
         assert [(r.dtype, r.bytes) for r in a_inputs] == [("fp32", B * S * 64 * 4)]
         assert [(r.dtype, r.bytes) for r in b_inputs] == [("fp32", B * S * RANK * 4)]
+
+
+PEFT_FUSED = {
+    "phi-3-mini": {"q,k,v": ["qkv_proj"], "all-linear": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
+}
+
+
+@pytest.mark.parametrize(
+    ("preset", "precision", "targets", "dropout", "attention"),
+    [
+        ("phi-3-mini", "bf16", "q,k,v", 0.0, "flash"),
+        ("phi-3-mini", "bf16", "all-linear", 0.0, "flash"),
+        ("phi-3-mini", "fp32", "all-linear", 0.1, "eager"),
+    ],
+)
+def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
+    preset: str, precision: str, targets: str, dropout: float, attention: str
+) -> None:
+    """transformers' Phi-3 computes q, k, v in one ``qkv_proj`` and gate, up in one ``gate_up_proj``: peft
+    adapts each whole — one A [r, h] and one B [out, r], one fp32 copy of the input
+    and one [b·s, r] A·x each — where memplan's reference model has an adapter per linear
+    (``config.finetune.FUSED_LINEARS``). peft's adapters named as its users name them (``qkv_proj``,
+    ``gate_up_proj``, or ``all-linear``) on transformers' own model: every layer's bytes, the total, the
+    FLOPs and the trainable count are the estimate's. The flash kernel's output is head-major there
+    (``head_major_output``), so a frozen o_proj keeps no copy of it."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import build, layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=32064)  # > pad id 32000
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = peft.LoraConfig(
+            r=RANK, lora_alpha=16, target_modules=PEFT_FUSED[preset][targets], lora_dropout=dropout
+        )
+        peft_model = peft.get_peft_model(build(setup), config)
+    model = peft_model.base_model.model
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    assert est.params_trainable == peft_model.get_nb_trainable_parameters()[0]
+    if preset == "phi-3-mini" and precision == "bf16":
+        # By hand, layer 0 of the tiny Phi-3 (h 64, 4 heads and 2 kv heads of 16): qkv_proj's one A keeps
+        # one fp32 copy of its input [b·s, h] = 1·32·64·4 = 8192 B; its B reads A·x [b·s, r] = 512 B
+        a_inputs = [r for r in meas.records if r.layer == 0 and "qkv_proj.lora_A" in r.name]
+        b_inputs = [r for r in meas.records if r.layer == 0 and "qkv_proj.lora_B" in r.name]
+        assert [(r.dtype, r.bytes) for r in a_inputs] == [("fp32", B * S * 64 * 4)]
+        assert [(r.dtype, r.bytes) for r in b_inputs] == [("fp32", B * S * RANK * 4)]
+
+
+def test_qlora_quantises_a_fused_projection_as_one_linear4bit() -> None:
+    """QLoRA under ``--impl hf`` on Phi-3-mini: bitsandbytes quantises each ``nn.Linear`` (its storage by
+    shape: ``test_4bit_storage_equals_bitsandbytes``), so qkv_proj [9216, 3072] and gate_up_proj [16384,
+    3072] are one ``Linear4bit`` each, with one code book, where the reference model's q, k, v and gate, up
+    have one each. By hand, per layer: the modules' 4-bit storage; the rest (embeddings, head, norms) bf16."""
+    from memplan.config import Impl, ImplConfig
+    from memplan.engine import param_counts
+    from memplan.strategies.lora_states import base_weight_bytes
+
+    ft = FineTune(method=Method.QLORA, targets=parse_targets("all-linear"))
+    hf = build_setup("phi-3-mini", seq=128, finetune=ft, impl=ImplConfig(impl=Impl.HF))
+    ref = build_setup("phi-3-mini", seq=128, finetune=ft)
+    h, f, layers = 3072, 8192, 32
+    modules = [(9216, h), (h, h), (2 * f, h), (h, f)]  # qkv_proj, o_proj, gate_up_proj, down_proj
+    linear = sum(o * i for o, i in modules)
+    params = param_counts(hf.model)
+    quant = sum(quantized_bytes(o * i, double_quant=False) for o, i in modules)
+    assert base_weight_bytes(hf, params) == (params.total - layers * linear) * 2 + layers * quant
+    separate = [(h, h), (h, h), (h, h), (h, h), (f, h), (f, h), (h, f)]  # q, k, v, o, gate, up, down
+    quant_ref = sum(quantized_bytes(o * i, double_quant=False) for o, i in separate)
+    assert base_weight_bytes(hf, params) - base_weight_bytes(ref, params) == layers * (quant - quant_ref) < 0
+
+
+def test_fused_targets_are_adapted_whole() -> None:
+    """LoRA on part of a fused projection is what peft cannot make: one line naming the group."""
+    with pytest.raises(
+        ValueError, match=r"lora-targets: phi-3-mini's q,k,v are one linear .* --lora-targets"
+    ):
+        hf_lora_setup("phi-3-mini", "bf16", "q,v", 0.0)
+    with pytest.raises(ValueError, match=r"lora-targets: phi-3-mini's gate,up are one linear"):
+        hf_lora_setup("phi-3-mini", "bf16", "up,down", 0.0)
 
 
 def test_qwen3_lora_keeps_the_q_k_norms_saves() -> None:

@@ -12,6 +12,7 @@ from tiny_setup import tiny_setup
 from memplan.blocks.inventory import Block, Dims, Role
 from memplan.config import DType, FineTune, Method, ModelConfig, Setup, TrainingConfig, trainable
 from memplan.config.finetune import Target, parse_freeze
+from memplan.config.trainable import adapters
 from memplan.engine import estimate
 from memplan.strategies import lora
 
@@ -74,7 +75,9 @@ def test_an_adapter_with_dropout_keeps_mask_dropped_input_and_rank_output(
     [b, s, in] (A's input, bf16) and A·x [b, s, r] (B's input); r = 8."""
     s = setup(method=Method.LORA, dropout=0.1, targets=(target,))
     dims = Dims.of(s)
-    got = [(r.name, r.shape, r.dtype, r.block, r.role) for r in lora.adapter_rules(s, dims, target, True)]
+    (ad,) = adapters(s)
+    assert ad.targets == (target,) and ad.fan_in == fan_in
+    got = [(r.name, r.shape, r.dtype, r.block, r.role) for r in lora.adapter_rules(s, dims, ad, True)]
     p = f"{block.value}.{target.value}"
     assert got == [
         (f"{p}_lora_mask", (B, S, fan_in), DType.BOOL, block, Role.DROPOUT_MASK),
@@ -82,12 +85,12 @@ def test_an_adapter_with_dropout_keeps_mask_dropped_input_and_rank_output(
         (f"{p}_lora_mid", (B, S, 8), DType.BF16, block, Role.LORA_RANK),
     ]
     # x needs no gradient: no mask; without dropout A reads x itself (its linear's save): A·x only.
-    assert [r.name for r in lora.adapter_rules(s, dims, target, False)] == [
+    assert [r.name for r in lora.adapter_rules(s, dims, ad, False)] == [
         f"{p}_lora_input",
         f"{p}_lora_mid",
     ]
     plain = setup(method=Method.LORA, targets=(target,))
-    assert [r.name for r in lora.adapter_rules(plain, Dims.of(plain), target, True)] == [f"{p}_lora_mid"]
+    assert [r.name for r in lora.adapter_rules(plain, Dims.of(plain), ad, True)] == [f"{p}_lora_mid"]
 
 
 def test_residual_dropout_mask_is_a_bool_per_activation() -> None:

@@ -59,8 +59,15 @@ from memplan.config import (
     Setup,
     ZeroStage,
 )
-from memplan.config.finetune import Target, linear_shapes
-from memplan.config.trainable import adapted, base_trains, embedding_trains, final_norm_trains, head_trains
+from memplan.config.finetune import Target
+from memplan.config.trainable import (
+    adapted,
+    adapters,
+    base_trains,
+    embedding_trains,
+    final_norm_trains,
+    head_trains,
+)
 
 Shape = tuple[int, ...]
 
@@ -199,12 +206,14 @@ def parameter_shapes(setup: Setup) -> list[Shape]:
     return (layout or _reference_shapes)(m)
 
 
-def _adapter_shapes(m: ModelConfig, targets: frozenset[Target], rank: int) -> list[Shape]:
+def _adapter_shapes(setup: Setup, targets: frozenset[Target]) -> list[Shape]:
     """One layer's LoRA adapters in module order (q, k, v, o, then the MLP's gate, up, down;
-    measure/reference/lora.py
-    ``LoraLinear`` and peft's ``lora.Linear`` alike): A [r, in] then B [out, r] for each adapted linear."""
-    shapes = linear_shapes(m)
-    return [s for t in Target if t in targets for s in ((rank, shapes[t][0]), (shapes[t][1], rank))]
+    measure/reference/lora.py ``LoraLinear`` and peft's ``lora.Linear`` alike): A [r, in] then B [out, r]
+    for each adapter (``config.trainable.adapters``: a fused projection's one under ``--impl hf``).
+    NB: Phi-3 registers o_proj before qkv_proj (modeling_phi3.py): only the for-loop's transient reads
+    the order."""
+    rank = setup.finetune.rank
+    return [s for a in adapters(setup, targets) for s in ((rank, a.fan_in), (a.fan_out, rank))]
 
 
 def _finetune_shapes(setup: Setup) -> list[Shape]:
@@ -212,7 +221,7 @@ def _finetune_shapes(setup: Setup) -> list[Shape]:
     order (``_reference_shapes`` with the frozen ones dropped and each layer's adapters in place).
     NB: full fine-tuning with frozen parts under ``--impl hf`` steps in this order too (transformers
     registers the lm head last): only the for-loop's transient depends on the order."""
-    m, ft = setup.model, setup.finetune
+    m = setup.model
     h = m.hidden_size
     shapes: list[Shape] = []
     if embedding_trains(setup):
@@ -222,7 +231,7 @@ def _finetune_shapes(setup: Setup) -> list[Shape]:
         shapes.append((m.vocab_size, h))
     for i in range(m.num_layers):
         shapes += _layer_shapes(m) if base_trains(setup, i) else []
-        shapes += _adapter_shapes(m, adapted(setup, i), ft.rank)
+        shapes += _adapter_shapes(setup, adapted(setup, i))
     return shapes + (_norm_shapes(m) if final_norm_trains(setup) else [])
 
 

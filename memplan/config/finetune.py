@@ -13,12 +13,15 @@ double-quantised absmax) and computes in ``compute_dtype``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from typing import Any, Self
 
 from pydantic import Field, ValidationError, model_validator
 
 from memplan.config._base import Frozen
+from memplan.config.impl import Family
 from memplan.config.model import MlpType, ModelConfig
 from memplan.config.training import DType
 from memplan.errors import describe_validation_error
@@ -231,3 +234,58 @@ def linear_shapes(model: ModelConfig) -> dict[Target, tuple[int, int]]:
     if model.mlp is not MlpType.SWIGLU:
         del out[Target.GATE]
     return out
+
+
+FUSED_LINEARS: dict[Family, tuple[tuple[Target, ...], ...]] = {
+    Family.PHI3: ((Target.Q, Target.K, Target.V), (Target.GATE, Target.UP)),
+    Family.GLM: ((Target.GATE, Target.UP),),
+}
+"""memplan's linears that transformers' code of a family computes as one ``nn.Linear`` (its output the
+concatenation): ``Phi3Attention.qkv_proj`` [(a + 2·kv)·d, h], ``Phi3MLP.gate_up_proj`` and ``GlmMLP.
+gate_up_proj`` [2·f, h] (modeling_phi3.py, modeling_glm.py). peft adapts such a module whole: one A
+[r, h] and one B [out, r] for the group (``adapter_modules``), where memplan's reference model has an
+adapter per linear. The forward's views of the fused output are the profiles' (``blocks.hf.phi3``,
+``blocks.hf.llama.glm``: ``fused_qkv``, ``fused_gate_up``). NB: the other families with fused projections
+(Falcon, GPT-NeoX, GPT-2) are refused for fine-tuning under ``--impl hf`` (``config.finetune_rules``)."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One LoRA adapter as peft makes it: the module's linears (memplan's targets, one unless fused), A
+    [r, fan_in] and B [fan_out, r]."""
+
+    targets: tuple[Target, ...]
+    fan_in: int
+    fan_out: int
+
+    @property
+    def name(self) -> str:
+        """Its saves' prefix: the target, or the fused module's (``qkv``, ``gate_up``)."""
+        if self.targets == (Target.Q, Target.K, Target.V):
+            return "qkv"
+        return "_".join(t.value for t in self.targets)
+
+    @property
+    def attention(self) -> bool:
+        return self.targets[0] in ATTN_TARGETS
+
+
+def linear_modules(model: ModelConfig, fused: bool) -> list[tuple[int, int]]:
+    """(in, out) features of one layer's linear modules: ``linear_shapes``, a fused group one module under
+    ``fused`` (``FUSED_LINEARS``: what bitsandbytes quantises as one ``Linear4bit``)."""
+    return [(a.fan_in, a.fan_out) for a in adapter_modules(model, fused, linear_shapes(model))]
+
+
+def adapter_modules(model: ModelConfig, fused: bool, targets: Iterable[Target]) -> tuple[Adapter, ...]:
+    """The adapters on one layer's ``targets``, in q, k, v, o, gate, up, down order; ``fused``: as peft
+    adapts transformers' modules (``FUSED_LINEARS``: one adapter per fused group, whose targets are all
+    adapted or none, ``finetune_rules.check_finetune``), else one per linear (memplan's reference model)."""
+    shapes, wanted = linear_shapes(model), set(targets)
+    groups = FUSED_LINEARS.get(model.code_family, ()) if fused else ()
+    out: list[Adapter] = []
+    for t in Target:
+        if t not in wanted or any(t in a.targets for a in out):
+            continue
+        group = next((g for g in groups if t in g), (t,))
+        out.append(Adapter(group, shapes[t][0], sum(shapes[g][1] for g in group)))
+    return tuple(out)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.config.finetune import MLP_TARGETS, Method, Target
+from memplan.config.finetune import FUSED_LINEARS, MLP_TARGETS, Method, Target
 from memplan.config.hf_rules import hf_only_code
 from memplan.config.impl import Family, Impl
 from memplan.config.model import GateActivation, MlpType
@@ -21,14 +21,12 @@ _NO_LORA = {
     Family.STARCODER2: "residual dropouts, biased GELU MLP: saves strategies.lora does not list",
     Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
     Family.STABLELM: "partial rotary's cat, parallel layer: saves strategies.lora does not list",
-    Family.GLM: "peft adapts the fused gate_up_proj as one linear, memplan gate and up as two",
+    Family.GLM: "partial rotary's cat of q and k: saves strategies.lora does not list",
     Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
     Family.GPT2: "peft adapts the fused c_attn as one linear, memplan q, k, v as three; Conv1D layers' "
     "saves strategies.lora does not list",
     Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
     "parallel layer's saves strategies.lora does not list",
-    Family.PHI3: "peft adapts the fused qkv_proj and gate_up_proj as one linear each, memplan q, k, v and "
-    "gate, up apart",
 }
 """The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
 against peft on transformers' own model: trainable counts equal, the saves differ per layer)."""
@@ -62,6 +60,23 @@ def _moe_refusal(setup: Setup) -> str | None:
     return None
 
 
+def _split_group(setup: Setup) -> str | None:
+    """Under ``--impl hf``, LoRA targets that split one of the family's fused linears (``FUSED_LINEARS``:
+    peft adapts the module whole, so its linears are all adapted or none); None when none does."""
+    m, ft = setup.model, setup.finetune
+    if not ft.lora or setup.impl.impl is not Impl.HF:
+        return None
+    for group in FUSED_LINEARS.get(m.code_family, ()):
+        chosen = [t for t in group if t in ft.targets]
+        if chosen and len(chosen) < len(group):
+            names = ",".join(t.value for t in group)
+            return (
+                f"lora-targets: {m.name}'s {names} are one linear in transformers' code, which peft adapts "
+                f"whole; target {names} together or none of them (e.g. --lora-targets {names} or all-linear)"
+            )
+    return None
+
+
 def check_finetune(setup: Setup) -> None:
     """The fine-tuning settings fit the model and the layouts memplan models them for; one-line errors."""
     m, ft, s, par = setup.model, setup.finetune, setup.strategy, setup.parallel
@@ -75,6 +90,9 @@ def check_finetune(setup: Setup) -> None:
             f"lora-targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
             "or all-linear"
         )
+    split = _split_group(setup)
+    if split:
+        raise ValueError(split)
     if (
         ft.lora
         and ft.freeze_layers is not None

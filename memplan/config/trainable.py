@@ -6,7 +6,7 @@ in fp32 under ``--impl hf`` with 16-bit activations (peft's default, ``fp32_adap
 
 from __future__ import annotations
 
-from memplan.config.finetune import Method, Target
+from memplan.config.finetune import Adapter, Method, Target, adapter_modules, linear_modules
 from memplan.config.impl import Impl
 from memplan.config.setup import Setup
 from memplan.config.training import DType
@@ -24,6 +24,19 @@ def adapted(setup: Setup, layer: int) -> frozenset[Target]:
     if not ft.lora or ft.layer_frozen(layer):
         return frozenset()
     return frozenset(ft.targets)
+
+
+def adapters(setup: Setup, targets: frozenset[Target] | None = None) -> tuple[Adapter, ...]:
+    """The LoRA adapters on a layer with ``targets`` adapted (default: every target): peft's modules under
+    ``--impl hf`` (a fused projection one adapter, ``FUSED_LINEARS``), else one per linear."""
+    wanted = frozenset(setup.finetune.targets) if targets is None else targets
+    return adapter_modules(setup.model, setup.impl.impl is Impl.HF, wanted)
+
+
+def base_linears(setup: Setup) -> list[tuple[int, int]]:
+    """(in, out) of one layer's linear modules as the code builds them: under ``--impl hf`` a fused
+    projection one module (``FUSED_LINEARS``), else one per linear."""
+    return linear_modules(setup.model, setup.impl.impl is Impl.HF)
 
 
 def embedding_trains(setup: Setup) -> bool:

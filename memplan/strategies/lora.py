@@ -39,19 +39,21 @@ the peak, and with full checkpointing (the layer's moment) +10.3 and +9.8 % (ful
 Known limitations (NB): refused with selective checkpointing, segment checkpointing unless LoRA adapts every
 layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
 parallelism, offload and the xentropy and te losses; with a mixture of experts also adapters on the experts,
-QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and
-gpt-oss (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the
-families whose layers it does not list (``config.finetune_rules._NO_LORA``: fused projections peft adapts as
-one linear, post-norm-only or parallel layers). peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one
-B [3h, r]); memplan's reference model's separate q, k, v adapters have 2·r·h more parameters. Memory
-moments: peft's ``result + B(A(x))·s`` in fp32 and its cast back (``result.to(torch_result_dtype)``) keep
-nothing, but their [T, out] fp32 temporaries are not in the peak's transients. The fp32 adapters' matmuls
-are timed at the activation dtype's rate and their optimizer step at the base recipe's bytes
-(``time.compute``).
-Where a single layer keeps the rotary products (a 2-layer trace whose layer 0 has no q/k gradient), a
-per-layer trace attributes the cos/sin tables to that layer; the estimate counts them once at model level
-(the total is the same; kept by several layers, the trace counts them at model level too).
-"""
+QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and gpt-oss
+(``config.finetune_rules.check_finetune``), and under ``--impl hf`` the families whose layers it does not list
+(``config.finetune_rules._NO_LORA``: GPT-2's, GPT-NeoX's and Falcon's fused projections, post-norm-only or
+parallel layers, GLM's cat rotary). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are one adapter each
+(``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and one A·x per
+module), measured equal to peft on transformers' Phi-3 (tests/test_finetune_libraries.py); its head-major
+flash output keeps no copy for a frozen o_proj (``blocks.attention.core.head_major_output``). peft's GPT-2
+adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]); memplan's reference model's separate q, k, v
+adapters have 2·r·h more parameters. Memory moments: peft's ``result + B(A(x))·s`` in fp32 and its cast back
+(``result.to(torch_result_dtype)``) keep nothing, but their [T, out] fp32 temporaries are not in the peak's
+transients. The fp32 adapters' matmuls are timed at the activation dtype's rate and their optimizer step at
+the base recipe's bytes (``time.compute``). Where a single layer keeps the rotary products (a 2-layer trace
+whose layer 0 has no q/k gradient), a per-layer trace attributes the cos/sin tables to that layer; the
+estimate counts them once at model level (the total is the same; kept by several layers, the trace counts them
+at model level too)."""
 
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ from memplan.blocks.attention.core import (
     Core,
     attention_core_rules,
     core_of,
+    head_major_output,
     projection_rules,
 )
 from memplan.blocks.embedding import embedding_rules
@@ -69,10 +72,11 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
-from memplan.blocks.profiles import dropout_keeps
+from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import DType, Impl, NormType, Setup
-from memplan.config.finetune import ATTN_TARGETS, Target, linear_shapes
+from memplan.config.finetune import Adapter, Target
 from memplan.config.trainable import (
+    adapters,
     embedding_trains,
     final_norm_trains,
     fp32_adapters,
@@ -172,15 +176,14 @@ def qk_norm_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     return out
 
 
-def adapter_rules(setup: Setup, dims: Dims, t: Target, g_x: bool) -> list[Rule]:
+def adapter_rules(setup: Setup, dims: Dims, ad: Adapter, g_x: bool) -> list[Rule]:
     """One adapter's saves: with LoRA dropout its bool mask (when x needs a gradient; on CPU under a profile
     with ``cpu_dropout_noise`` the noise ``input · noise`` keeps, in the adapter's dtype) and the dropped x,
     A's input; A's output [T, r], B's input. Without dropout A's input is x itself, kept by its linear's
     rule — or, under ``fp32_adapters``, the adapter's own fp32 copy ``x.to(fp32)`` (one per adapter: each
     casts the shared input again). The rest of peft's forward keeps nothing: ``* scaling`` (a Python float),
     ``result + …`` and the cast back ``result.to(torch_result_dtype)``."""
-    block = B.ATTN if t in ATTN_TARGETS else B.MLP
-    fan_in = linear_shapes(setup.model)[t][0]
+    block, t, fan_in = B.ATTN if ad.attention else B.MLP, ad.name, ad.fan_in
     b, s, r = dims.b, dims.s, setup.finetune.rank
     dtype = adapter_dtype(setup)
     out = []
@@ -208,8 +211,11 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
     out += _pick(core, core_keep(core, f, eager))
-    # The flash kernel keeps its own output, W_O's input (a view of it): kept whenever the core's is.
-    if f.keeps_input(T.O) or (not eager and f.g_core):
+    # The flash kernel keeps its own output, W_O's input (a view of it): kept whenever the core's is —
+    # unless it comes out head-major (Phi-3's fused QKV, GLM's cat rotary: ``head_major_output``), when the
+    # kernel keeps its own (``kernel_out``) and W_O reads a copy, kept for W_O's dW alone.
+    view = not eager and not head_major_output(setup)
+    if f.keeps_input(T.O) or (view and f.g_core):
         why = "attention output, input of W_O: dW = Xᵀ·dY"
         out.append(save(B.ATTN, "out", (dims.b, dims.s, dims.a * dims.d), dims.act, R.ATTN_OUT, why))
     # Gemma-2/3's post norms (post_attention_layernorm, post_feedforward_layernorm) on W_O's and W_down's
@@ -223,15 +229,18 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     if setup.model.moe is not None:
         out += moe_keep(setup, dims, f)
     else:
-        inner = [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]  # silu keeps g; g·u keeps each
+        # silu keeps g; g·u keeps each. transformers' fused gate_up_proj (Phi-3, GLM: ``fused_gate_up``)
+        # keeps its [T, 2f] output whole for g's and u's views (silu's g and the product's u, both for
+        # gate's gradient) and act for up's
+        fused = f.swiglu and profile_of(setup).fused_gate_up
+        inner = [f.g_gate, f.g_up] if fused else [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]
         out += _pick(mlp_rules(setup, dims), [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
     post = post_norm_rules(setup, B.POST_MLP_NORM, dims)
     out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:
         out.append(_resid_mask(B.MLP, dims))
-    for t in Target:
-        if t in f.adapters:
-            out += adapter_rules(setup, dims, t, f.g_input(t))
+    for ad in adapters(setup, f.adapters):  # a fused projection's one under --impl hf (peft's module)
+        out += adapter_rules(setup, dims, ad, f.g_input(ad.targets[0]))
     return out
 
 

@@ -23,7 +23,7 @@ from memplan.blocks.moe import mlp_flops as moe_mlp_flops
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import LossKind, Setup
 from memplan.config.finetune import ATTN_TARGETS, Target, linear_shapes
-from memplan.config.trainable import embedding_trains, final_norm_trains, head_trains
+from memplan.config.trainable import adapters, embedding_trains, final_norm_trains, head_trains
 from memplan.strategies.lora_flow import Flow, flows
 
 T = Target
@@ -89,10 +89,15 @@ def layer_flops(setup: Setup, dims: Dims, f: Flow) -> tuple[int, int, int]:
         base = mm(tokens, fan_in, fan_out)
         forward += base
         backward += _linear(base, inputs[t], f.trains)
-        if t in f.adapters:
-            a, b = mm(tokens, fan_in, r), mm(tokens, r, fan_out)
-            forward += a + b
-            backward += _linear(a, inputs[t], True) + _linear(b, True, True)
+    # each adapter (a fused projection's one under --impl hf: one A for its linears, one B as wide as
+    # their outputs) on the layer's adapted linears: A·x and B·(A·x); dB always, dA and A's dX where x
+    # needs a gradient
+    for ad in adapters(setup, f.adapters):
+        if ad.targets[0] not in inputs:
+            continue
+        a, b = mm(tokens, ad.fan_in, r), mm(tokens, r, ad.fan_out)
+        forward += a + b
+        backward += _linear(a, inputs[ad.targets[0]], True) + _linear(b, True, True)
     per_bmm = dims.b * dims.a * mm(dims.s, dims.d, dims.s)
     if core_of(setup) is Core.FLASH:
         core = 5 * per_bmm if f.g_core else 0  # S recomputed, dP, dV, dQ, dK: all when any runs

@@ -27,8 +27,8 @@ from __future__ import annotations
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
 from memplan.config import Precision, Setup, ZeroStage
-from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method, linear_shapes
-from memplan.config.trainable import fp32_adapters
+from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method
+from memplan.config.trainable import adapters, base_linears, fp32_adapters
 from memplan.strategies.zero import model_states
 
 FP32_BYTES = 4
@@ -49,9 +49,10 @@ def quantized_bytes(n: int, double_quant: bool) -> int:
 
 
 def adapter_params(setup: Setup) -> int:
-    """LoRA parameters of one adapted layer: A [r, in] and B [out, r] per target (peft: no bias)."""
-    r, shapes = setup.finetune.rank, linear_shapes(setup.model)
-    return sum(r * (shapes[t][0] + shapes[t][1]) for t in setup.finetune.targets)
+    """LoRA parameters of one adapted layer: A [r, in] and B [out, r] per adapter (peft: no bias; a fused
+    projection one adapter under ``--impl hf``, ``config.trainable.adapters``)."""
+    r = setup.finetune.rank
+    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup))
 
 
 def adapted_layers(setup: Setup) -> int:
@@ -83,7 +84,7 @@ def base_weight_bytes(setup: Setup, params: ParamCount) -> int:
     w = setup.training.precision.weight_bytes
     if setup.finetune.method is not Method.QLORA:
         return params.total * w
-    shapes = linear_shapes(setup.model).values()
+    shapes = base_linears(setup)  # bitsandbytes quantises each module, a fused projection as one
     linear_elements = sum(i * o for i, o in shapes)
     quant = sum(quantized_bytes(i * o, setup.finetune.double_quant) for i, o in shapes)
     layers = setup.model.num_layers
@@ -111,7 +112,7 @@ def dequant_transient(setup: Setup) -> int:
     matmul (forward, and again for dX in backward) and frees it after; the largest linear's. 0 otherwise."""
     if setup.finetune.method is not Method.QLORA:
         return 0
-    largest = max(i * o for i, o in linear_shapes(setup.model).values())
+    largest = max(i * o for i, o in base_linears(setup))
     return largest * setup.finetune.compute_dtype.bytes
 
 

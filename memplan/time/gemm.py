@@ -51,8 +51,7 @@ from memplan.blocks import mm
 from memplan.blocks.moe import rank_slots
 from memplan.blocks.profiles import profile_of
 from memplan.config import LossKind, MlpType, Setup
-from memplan.config.finetune import linear_shapes
-from memplan.config.trainable import head_trains
+from memplan.config.trainable import adapters, head_trains
 
 TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128))
 """Output tiles Tm × Tn (module docstring: the guide's §2.3, the three largest)."""
@@ -194,16 +193,15 @@ def mlp_gemms(setup: Setup, rows: int, width: int, experts: int = 0) -> list[Gem
 
 
 def adapter_gemms(setup: Setup, tokens: int) -> list[Gemm]:
-    """LoRA's adapters on one layer (peft, rank r): A [in, r] then B [r, out] per target — narrow,
-    memory-bound GEMMs (none without LoRA)."""
+    """LoRA's adapters on one layer (peft, rank r): A [in, r] then B [r, out] per adapter
+    (``config.trainable.adapters``) — narrow, memory-bound GEMMs (none without LoRA)."""
     ft = setup.finetune
     if not ft.lora:
         return []
-    shapes = linear_shapes(setup.model)
     return [
         g
-        for t in ft.targets
-        for g in (Gemm(tokens, shapes[t][0], ft.rank), Gemm(tokens, ft.rank, shapes[t][1]))
+        for a in adapters(setup)
+        for g in (Gemm(tokens, a.fan_in, ft.rank), Gemm(tokens, ft.rank, a.fan_out))
     ]
 
 

@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
 from memplan.config.finetune import Method, Target
+from memplan.config.trainable import adapters
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.frameworks.step import activation_dtype, run_step
 from memplan.measure.instruments.measured import Measured
@@ -104,7 +105,10 @@ def with_peft(setup: Setup, model: Any) -> Any:
     import peft
 
     ft = setup.finetune
-    modules = [PEFT_TARGETS[t] for t in Target if t in ft.targets]
+    # one module per adapter: a fused projection's own (qkv_proj, gate_up_proj: config.finetune.FUSED_LINEARS)
+    modules = [
+        f"{a.name}_proj" if len(a.targets) > 1 else PEFT_TARGETS[a.targets[0]] for a in adapters(setup)
+    ]
     lora: Any = {"r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "target_modules": modules}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
