@@ -145,7 +145,6 @@ CASES: list[Case] = [
     case("hf-lora-gpt2-fused-c-attn", "estimate -m gpt2 --finetune lora --impl hf", "finetune"),
     case("hf-lora-neox-fused-qkv", "estimate -m pythia-160m --finetune lora --impl hf", "finetune"),
     case("hf-lora-phi3-split-qkv", "estimate -m phi-3-mini --finetune lora --impl hf", "lora-targets"),
-    case("hf-lora-glm-cat-rotary", "estimate -m glm-4-9b --finetune lora --impl hf", "finetune"),
     case("hf-freeze-gpt2", "estimate -m gpt2 --freeze embeddings --impl hf", "finetune"),
     case("trace-hf-qlora", "trace -m tiny --seq 32 --impl hf --finetune qlora", "finetune"),
     case("trace-hf-freeze", "trace -m tiny --seq 32 --impl hf --freeze embeddings", "finetune"),

@@ -237,9 +237,13 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
         assert [(r.dtype, r.bytes) for r in b_inputs] == [("fp32", B * S * RANK * 4)]
 
 
-PEFT_FUSED = {
-    "phi-3-mini": {"q,k,v": ["qkv_proj"], "all-linear": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]}
+PEFT_FUSED: dict[str, dict[str, Any]] = {
+    "phi-3-mini": {"q,k,v": ["qkv_proj"], "all-linear": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]},
+    "glm-4-9b": {"all-linear": "all-linear", "q,v": ["q_proj", "v_proj"]},
 }
+PEFT_FUSED["glm-4-9b"]["q,k,v,o,gate,up"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj"]
+VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552}
+"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329), which transformers' embedding needs."""
 
 
 @pytest.mark.parametrize(
@@ -248,24 +252,28 @@ PEFT_FUSED = {
         ("phi-3-mini", "bf16", "q,k,v", 0.0, "flash"),
         ("phi-3-mini", "bf16", "all-linear", 0.0, "flash"),
         ("phi-3-mini", "fp32", "all-linear", 0.1, "eager"),
+        ("glm-4-9b", "bf16", "all-linear", 0.0, "flash"),
+        ("glm-4-9b", "bf16-mixed", "q,v", 0.0, "eager"),
+        ("glm-4-9b", "fp32", "q,k,v,o,gate,up", 0.1, "flash"),
     ],
 )
 def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
     preset: str, precision: str, targets: str, dropout: float, attention: str
 ) -> None:
-    """transformers' Phi-3 computes q, k, v in one ``qkv_proj`` and gate, up in one ``gate_up_proj``: peft
-    adapts each whole — one A [r, h] and one B [out, r], one fp32 copy of the input
-    and one [b·s, r] A·x each — where memplan's reference model has an adapter per linear
-    (``config.finetune.FUSED_LINEARS``). peft's adapters named as its users name them (``qkv_proj``,
-    ``gate_up_proj``, or ``all-linear``) on transformers' own model: every layer's bytes, the total, the
-    FLOPs and the trainable count are the estimate's. The flash kernel's output is head-major there
-    (``head_major_output``), so a frozen o_proj keeps no copy of it."""
+    """transformers' Phi-3 computes q, k, v in one ``qkv_proj`` and gate, up in one ``gate_up_proj`` (GLM-4
+    the latter; its per-layer rotary tables kept where q or k needs a gradient): peft adapts each whole — one
+    A [r, h] and one B [out, r], one fp32 copy of the input and one [b·s, r] A·x each — where memplan's
+    reference model has an adapter per linear (``config.finetune.FUSED_LINEARS``). peft's adapters named as
+    its users name them (``qkv_proj``, ``gate_up_proj``, or ``all-linear``) on transformers' own model: every
+    layer's bytes, the total, the FLOPs and the trainable count are the estimate's. The flash kernel's output
+    is head-major there (Phi-3's fused q, GLM's cat rotary: ``head_major_output``), so a frozen o_proj keeps
+    no copy of it."""
     from memplan.measure.compare.tensors import estimated_layers
     from memplan.measure.frameworks.hf import build, layers_of
     from memplan.measure.frameworks.step import run_step
     from memplan.measure.runs.run import make_batch
 
-    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=32064)  # > pad id 32000
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB[preset])
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -42,8 +42,8 @@ parallelism, offload and the xentropy and te losses; with a mixture of experts a
 QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and gpt-oss
 (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the families whose layers it does not list
 (``config.finetune_rules._NO_LORA``: GPT-2's, GPT-NeoX's and Falcon's fused projections, post-norm-only or
-parallel layers, GLM's cat rotary). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are one adapter each
-(``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and one A·x per
+parallel layers). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (GLM-4's ``gate_up_proj``) are one adapter
+each (``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and one A·x per
 module), measured equal to peft on transformers' Phi-3 (tests/test_finetune_libraries.py); its head-major
 flash output keeps no copy for a frozen o_proj (``blocks.attention.core.head_major_output``). peft's GPT-2
 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]); memplan's reference model's separate q, k, v
@@ -66,6 +66,7 @@ from memplan.blocks.attention.core import (
     head_major_output,
     projection_rules,
 )
+from memplan.blocks.attention.rope import rope_cache_rules
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
@@ -207,7 +208,10 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     attn_norm = norm_rules(setup, B.ATTN_NORM, dims)
     out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
-    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *qkv])
+    # a layer's own rotary tables (GLM's, ``rope_cache_rules``), kept by q·cos and k·cos where q or k
+    # needs a gradient, sit between W_Q's input and q, k, v
+    tables = [f.g_qk] * len(rope_cache_rules(setup, dims))
+    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *tables, *qkv])
     out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
     out += _pick(core, core_keep(core, f, eager))
