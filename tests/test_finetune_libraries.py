@@ -201,6 +201,9 @@ def peft_on_transformers(setup: Setup) -> Any:
         ("gemma-2-2b", "bf16", "all-linear", 0.0, "eager"),
         ("gemma-3-1b", "bf16", "all-linear", 0.0, "flash"),
         ("granite-3.0-8b", "fp32", "q,v", 0.0, "flash"),
+        ("stablelm-2-1.6b", "bf16", "all-linear", 0.0, "flash"),
+        ("stablelm-2-1.6b", "bf16-mixed", "q,v", 0.0, "eager"),
+        ("stablelm-2-1.6b", "fp32", "all-linear", 0.1, "flash"),
     ],
 )
 def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
@@ -212,13 +215,15 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
     Gemma-3's q/k norms keep x32 and rstd when an adapter sits on q_proj / k_proj; LoRA dropout on CPU
     keeps its noise (``Profile.cpu_dropout_noise``); eager attention in bf16 keeps the fp32 softmax
     output and its bf16 copy apart; Gemma-2/3's post norms and fp32 1 + w, Gemma-2's softcaps; Granite
-    (attention dropout 0.1: SDPA's math fallback on CPU) keeps per operand as eager does."""
+    (attention dropout 0.1: SDPA's math fallback on CPU) keeps per operand as eager does; StableLM-2's
+    LayerNorms, biased q, k, v and partial rotary (its ``torch.cat`` of the rotated and passed dims: a
+    head-major flash output, so a frozen o_proj keeps no copy of it)."""
     from memplan.measure.compare.tensors import estimated_layers
     from memplan.measure.frameworks.hf import layers_of
     from memplan.measure.frameworks.step import run_step
     from memplan.measure.runs.run import make_batch
 
-    setup = hf_lora_setup(preset, precision, targets, dropout, attention)
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB.get(preset, 128))
     model = peft_on_transformers(setup)
     ids, labels = make_batch(setup, "cpu")
     layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
@@ -320,6 +325,15 @@ def test_qlora_quantises_a_fused_projection_as_one_linear4bit() -> None:
     separate = [(h, h), (h, h), (h, h), (h, h), (f, h), (f, h), (h, f)]  # q, k, v, o, gate, up, down
     quant_ref = sum(quantized_bytes(o * i, double_quant=False) for o, i in separate)
     assert base_weight_bytes(hf, params) - base_weight_bytes(ref, params) == layers * (quant - quant_ref) < 0
+
+
+def test_stablelms_parallel_layer_is_refused_in_one_line() -> None:
+    """StableLM-2-1.6B's sequential layer is modelled (above); a StableLM with ``use_parallel_residual``
+    (attention and MLP on one residual) is a flow ``strategies.lora_flow`` does not have: refused."""
+    setup = hf_lora_setup("stablelm-2-1.6b", "bf16", "q,v", 0.0)
+    parallel = setup.model.model_copy(update={"parallel_residual": True})
+    with pytest.raises(ValueError, match=r"finetune: .*stablelm \(a parallel layer"):
+        Setup.model_validate({**setup.model_dump(), "model": parallel.model_dump()})
 
 
 def test_fused_targets_are_adapted_whole() -> None:
