@@ -151,6 +151,7 @@ def test_peft_lora_keeps_the_adapters_tensors_of_the_estimate() -> None:
 TINY = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "ffn_size": 96}
 TINY |= {"vocab_size": 128}
 B, S, RANK = 1, 32, 4
+WIDTHS = {"gpt2": {"num_kv_heads": 4, "ffn_size": 256}}
 
 
 def hf_lora_setup(
@@ -163,10 +164,11 @@ def hf_lora_setup(
     vocab: int = 128,
 ) -> Setup:
     """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32
-    (``vocab``: above the preset's pad token id, which transformers' embedding refuses beyond it)."""
+    (``vocab``: above the preset's pad token id, which transformers' embedding refuses beyond it; GPT-2's
+    heads all keep k and v, its MLP 4·h wide: ``WIDTHS``)."""
     from tests.hf.harness import hf_setup
 
-    widths = {**TINY, "vocab_size": vocab}
+    widths = {**TINY, **WIDTHS.get(preset, {}), "vocab_size": vocab}
     setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **widths)
     ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
     training = {**setup.training.model_dump(), "precision": precision}
@@ -247,8 +249,10 @@ PEFT_FUSED: dict[str, dict[str, Any]] = {
     "glm-4-9b": {"all-linear": "all-linear", "q,v": ["q_proj", "v_proj"]},
 }
 PEFT_FUSED["glm-4-9b"]["q,k,v,o,gate,up"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj"]
-VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552}
-"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329), which transformers' embedding needs."""
+PEFT_FUSED["gpt2"] = {"q,k,v": ["c_attn"], "q,k,v,o,up,down": ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]}
+VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552, "gpt2": 50257}
+"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329; GPT-2's own vocabulary), which
+transformers' embedding needs."""
 
 
 @pytest.mark.parametrize(
@@ -260,6 +264,8 @@ VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552}
         ("glm-4-9b", "bf16", "all-linear", 0.0, "flash"),
         ("glm-4-9b", "bf16-mixed", "q,v", 0.0, "eager"),
         ("glm-4-9b", "fp32", "q,k,v,o,gate,up", 0.1, "flash"),
+        ("gpt2", "fp32", "q,k,v", 0.0, "flash"),
+        ("gpt2", "bf16", "q,k,v,o,up,down", 0.0, "eager"),
     ],
 )
 def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
@@ -336,6 +342,37 @@ def test_stablelms_parallel_layer_is_refused_in_one_line() -> None:
         Setup.model_validate({**setup.model_dump(), "model": parallel.model_dump()})
 
 
+@pytest.mark.parametrize("frozen", ["embeddings", "embeddings and layer 0"])
+def test_freezing_gpt2_under_impl_hf_keeps_the_estimate(frozen: str) -> None:
+    """Freezing on transformers' GPT-2 (fp32, tiny widths, its dropouts on CPU keeping their noise): the
+    frozen parameters' ``requires_grad`` off on the model itself, one step; every layer's bytes, the total
+    and the FLOPs are the estimate's (a frozen layer keeps nothing)."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import build, layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+    from tests.hf.harness import hf_setup
+
+    layer0 = frozen.endswith("layer 0")
+    setup = hf_setup("gpt2", layers=2, seq=S, **{**TINY, **WIDTHS["gpt2"], "vocab_size": VOCAB["gpt2"]})
+    ft = FineTune(method=Method.FULL, freeze_embeddings=True, freeze_layers=(0, 0) if layer0 else None)
+    training = {**setup.training.model_dump(), "precision": "fp32"}
+    setup = Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
+    torch.manual_seed(0)
+    model = build(setup)
+    frozen_params = [model.transformer.wte.weight, model.transformer.wpe.weight]
+    frozen_params += list(model.transformer.h[0].parameters()) if layer0 else []
+    for p in frozen_params:
+        p.requires_grad_(False)
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations and (layer0 is (meas.layer_bytes(0) == 0))
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+
+
 def test_fused_targets_are_adapted_whole() -> None:
     """LoRA on part of a fused projection is what peft cannot make: one line naming the group."""
     with pytest.raises(
@@ -403,6 +440,8 @@ def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
         ("llama-3-8b", "bf16", "all-linear", "none"),
         ("qwen3-8b", "bf16-mixed", "q,k,down", "full"),
         ("llama-3-8b", "fp32", "q,v", "every-2"),
+        ("gpt2", "fp32", "q,k,v", "full"),
+        ("phi-3-mini", "bf16", "all-linear", "full"),
     ],
 )
 def test_trace_impl_hf_runs_peft_under_fake_tensors(
@@ -413,17 +452,19 @@ def test_trace_impl_hf_runs_peft_under_fake_tensors(
     gives — the adapters fp32 in bf16 (peft's default): layer 0's A of q_proj keeps a fp32 [b·s, h].
     Under transformers' checkpointing the embedding's output requires grad (``enable_input_require_grads``,
     ``strategies.lora.input_grads_hooked``): layer 0 runs its dX; every-K re-runs the checkpointed layers
-    only."""
+    only; GPT-2's embedding dropout after the hooked output keeps its noise though the embedding is frozen
+    (``strategies.lora.model_rules``); Phi-3's fused projections one adapter each, re-run too."""
     from memplan.measure.compare.tensors import estimated_layers
     from memplan.measure.frameworks.hf import measure_hf
 
-    setup = hf_lora_setup(preset, precision, targets, 0.0, checkpointing=checkpointing)
+    vocab = VOCAB.get(preset, 128)
+    setup = hf_lora_setup(preset, precision, targets, 0.0, checkpointing=checkpointing, vocab=vocab)
     meas = measure_hf(setup)
     est = estimate(setup)
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
     assert est.activations == meas.activations
     assert est.flops.forward == meas.flops["forward"]
     assert (est.flops.backward, est.flops.recompute) == (meas.flops["backward"], meas.flops["recompute"])
-    if checkpointing == "none":  # by hand: 1·32·64 fp32 elements = 8192 bytes
+    if checkpointing == "none" and preset != "gpt2":  # by hand: 1·32·64 fp32 elements = 8192 bytes
         a = [r for r in meas.records if r.layer == 0 and "q_proj.lora_A" in r.name]
         assert [(r.dtype, r.bytes) for r in a] == [("fp32", B * S * 64 * 4)]

@@ -94,8 +94,9 @@ def test_an_adapter_with_dropout_keeps_mask_dropped_input_and_rank_output(
 
 
 def test_residual_dropout_mask_is_a_bool_per_activation() -> None:
-    dims = Dims.of(setup())
-    r = lora._resid_mask(Block.MLP, dims)
+    s = setup()
+    dims = Dims.of(s)
+    r = lora._resid_mask(s, Block.MLP, dims)
     assert (r.name, r.shape, r.dtype, r.block, r.role) == (
         "mlp.resid_dropout_mask",
         (B, S, H),

@@ -21,8 +21,6 @@ _NO_LORA = {
     Family.STARCODER2: "residual dropouts, biased GELU MLP: saves strategies.lora does not list",
     Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
     Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
-    Family.GPT2: "peft adapts the fused c_attn as one linear, memplan q, k, v as three; Conv1D layers' "
-    "saves strategies.lora does not list",
     Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
     "parallel layer's saves strategies.lora does not list",
 }

@@ -41,17 +41,17 @@ layer (a frozen layer's checkpoint would keep nothing), reversible layers, tenso
 parallelism, offload and the xentropy and te losses; with a mixture of experts also adapters on the experts,
 QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and gpt-oss
 (``config.finetune_rules.check_finetune``), and under ``--impl hf`` the families whose layers it does not list
-(``config.finetune_rules._NO_LORA``: GPT-2's, GPT-NeoX's and Falcon's fused projections, post-norm-only or
-parallel layers). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (GLM-4's ``gate_up_proj``) are one adapter
-each (``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and one A·x per
-module), measured equal to peft on transformers' Phi-3 (tests/test_finetune_libraries.py); its head-major
-flash output keeps no copy for a frozen o_proj (``blocks.attention.core.head_major_output``). peft's GPT-2
-adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]); memplan's reference model's separate q, k, v
-adapters have 2·r·h more parameters. Memory moments: peft's ``result + B(A(x))·s`` in fp32 and its cast back
-(``result.to(torch_result_dtype)``) keep nothing, but their [T, out] fp32 temporaries are not in the peak's
-transients. The fp32 adapters' matmuls are timed at the activation dtype's rate and their optimizer step at
-the base recipe's bytes (``time.compute``). Where a single layer keeps the rotary products (a 2-layer trace
-whose layer 0 has no q/k gradient), a per-layer trace attributes the cos/sin tables to that layer; the
+(``config.finetune_rules._NO_LORA``: GPT-NeoX's and Falcon's fused projections, post-norm-only or parallel
+layers). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (GLM-4's ``gate_up_proj``, GPT-2's ``c_attn``) are
+one adapter each (``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and
+one A·x per module), measured equal to peft on transformers' Phi-3 (tests/test_finetune_libraries.py); its
+head-major flash output keeps no copy for a frozen o_proj (``blocks.attention.core.head_major_output``).
+peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]); memplan's reference model's separate
+q, k, v adapters have 2·r·h more parameters. Memory moments: peft's ``result + B(A(x))·s`` in fp32 and its
+cast back (``result.to(torch_result_dtype)``) keep nothing, but their [T, out] fp32 temporaries are not in the
+peak's transients. The fp32 adapters' matmuls are timed at the activation dtype's rate and their optimizer
+step at the base recipe's bytes (``time.compute``). Where a single layer keeps the rotary products (a 2-layer
+trace whose layer 0 has no q/k gradient), a per-layer trace attributes the cos/sin tables to that layer; the
 estimate counts them once at model level (the total is the same; kept by several layers, the trace counts them
 at model level too)."""
 
@@ -84,7 +84,7 @@ from memplan.config.trainable import (
     head_trains,
 )
 from memplan.strategies.lora_flops import base_dx_linears, flops, recompute
-from memplan.strategies.lora_flow import Flow, flows
+from memplan.strategies.lora_flow import Flow, flows, input_grads_hooked
 
 # The strategy (applies, keeps, recompute), what the engine reads, and base_dx_linears for time.compute.
 __all__ = [
@@ -227,7 +227,7 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     post = post_norm_rules(setup, B.POST_ATTN_NORM, dims)
     out += _pick(post, norm_keep(setup, post, f.lin(T.O, f.g_core), f.trains))
     if setup.model.resid_dropout > 0 and f.lin(T.O, f.g_core):
-        out.append(_resid_mask(B.ATTN, dims))
+        out.append(_resid_mask(setup, B.ATTN, dims))
     mlp_norm = norm_rules(setup, B.MLP_NORM, dims)
     out += _pick(mlp_norm, norm_keep(setup, mlp_norm, f.g_mid, f.trains))
     if setup.model.moe is not None:
@@ -236,13 +236,17 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
         # silu keeps g; g·u keeps each. transformers' fused gate_up_proj (Phi-3, GLM: ``fused_gate_up``)
         # keeps its [T, 2f] output whole for g's and u's views (silu's g and the product's u, both for
         # gate's gradient) and act for up's
+        # GELU: fc1's output for gelu'(x) where it needs a gradient — and transformers' NewGELUActivation
+        # (GPT-2's, ``gelu_python``) keeps its pow's x, tanh, 0.5·x and 1 + tanh for the same one
         fused = f.swiglu and profile_of(setup).fused_gate_up
-        inner = [f.g_gate, f.g_up] if fused else [f.g_gate, f.g_up, f.g_gate] if f.swiglu else [f.g_up]
-        out += _pick(mlp_rules(setup, dims), [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
+        mlp = mlp_rules(setup, dims)
+        gelu = [f.g_up] * (len(mlp) - 2)
+        inner = [f.g_gate, f.g_up] if fused else [f.g_gate, f.g_up, f.g_gate] if f.swiglu else gelu
+        out += _pick(mlp, [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
     post = post_norm_rules(setup, B.POST_MLP_NORM, dims)
     out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:
-        out.append(_resid_mask(B.MLP, dims))
+        out.append(_resid_mask(setup, B.MLP, dims))
     for ad in adapters(setup, f.adapters):  # a fused projection's one under --impl hf (peft's module)
         out += adapter_rules(setup, dims, ad, f.g_input(ad.targets[0]))
     return out
@@ -270,16 +274,23 @@ def moe_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     return [r for r in moe_rules(setup, moe) if r.name not in _MOE_WEIGHT_INPUTS]
 
 
-def _resid_mask(block: Block, dims: Dims) -> Rule:
+def _resid_mask(setup: Setup, block: Block, dims: Dims) -> Rule:
+    """The residual dropout's mask (on CPU under ``Profile.cpu_dropout_noise`` the noise it multiplies by,
+    in the activation dtype: ``dropout_keeps``)."""
     why = "dropout mask: dX = dY·mask/(1−p)"
-    return save(block, "resid_dropout_mask", (dims.b, dims.s, dims.h), DType.BOOL, R.DROPOUT_MASK, why)
+    keeps = dropout_keeps(setup, dims.act)
+    return save(block, "resid_dropout_mask", (dims.b, dims.s, dims.h), keeps, R.DROPOUT_MASK, why)
 
 
 def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Rule], list[Rule]]:
     """The embedding's and the constants' saves, and the head's: before and after the layers."""
     g_embed = embedding_trains(setup)
     emb = embedding_rules(setup, dims)
-    before = _pick(emb, [g_embed] * len(emb))
+    # transformers' checkpointing hooks the embedding module's output to require grad
+    # (``input_grads_hooked``): the embedding dropout after it (GPT-2's) keeps its noise or mask though no
+    # embedding weight trains (measured; Gemma's normaliser, applied inside its embedding module, is not)
+    hooked = g_embed or input_grads_hooked(setup)
+    before = _pick(emb, [hooked if r.role is R.DROPOUT_MASK else g_embed for r in emb])
     consts = constant_rules(setup, dims)
     before += _pick(consts, [any(f.g_qk for f in fl)] * len(consts))  # q·cos, masked_fill keep theirs
     g_last = fl[-1].g_out if fl else g_embed

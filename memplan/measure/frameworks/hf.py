@@ -38,7 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memplan.config import Attention, Checkpointing, ExpertsImpl, Family, Setup
-from memplan.config.finetune import Method, Target
+from memplan.config.finetune import Adapter, Method, Target
 from memplan.config.trainable import adapters
 from memplan.measure.frameworks.hf_config import hf_config, hf_config_of_file, require_transformers
 from memplan.measure.frameworks.step import activation_dtype, run_step
@@ -99,16 +99,28 @@ def check_peft(setup: Setup) -> None:
         raise ValueError("finetune: trace --impl hf --finetune lora runs peft; pip install peft") from None
 
 
+GPT2_MODULES = {Target.Q: "c_attn", Target.O: "attn.c_proj", Target.UP: "c_fc", Target.DOWN: "mlp.c_proj"}
+"""GPT-2's ``Conv1D`` modules (modeling_gpt2.py), ``c_attn`` the fused q, k, v; attention's and the MLP's
+``c_proj`` told apart by their parent (peft matches a target that ends the module's name)."""
+
+
+def peft_module(setup: Setup, adapter: Adapter) -> str:
+    """peft's ``target_modules`` entry for one adapter: a fused projection's own module
+    (``config.finetune.FUSED_LINEARS``: Phi-3's ``qkv_proj``, ``gate_up_proj``, GLM's ``gate_up_proj``,
+    GPT-2's ``c_attn``), else the linear's."""
+    first = adapter.targets[0]
+    if setup.model.code_family is Family.GPT2:
+        return GPT2_MODULES[first]
+    return f"{adapter.name}_proj" if len(adapter.targets) > 1 else PEFT_TARGETS[first]
+
+
 def with_peft(setup: Setup, model: Any) -> Any:
     """``model`` with peft's LoRA adapters (``peft.get_peft_model`` with its defaults) on the targets; the
     adapted transformers model (``base_model.model``), whose decoder layers ``layers_of`` finds."""
     import peft
 
     ft = setup.finetune
-    # one module per adapter: a fused projection's own (qkv_proj, gate_up_proj: config.finetune.FUSED_LINEARS)
-    modules = [
-        f"{a.name}_proj" if len(a.targets) > 1 else PEFT_TARGETS[a.targets[0]] for a in adapters(setup)
-    ]
+    modules = [peft_module(setup, a) for a in adapters(setup)]
     lora: Any = {"r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "target_modules": modules}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
