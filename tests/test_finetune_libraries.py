@@ -250,9 +250,11 @@ PEFT_FUSED: dict[str, dict[str, Any]] = {
 }
 PEFT_FUSED["glm-4-9b"]["q,k,v,o,gate,up"] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj"]
 PEFT_FUSED["gpt2"] = {"q,k,v": ["c_attn"], "q,k,v,o,up,down": ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]}
-VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552, "gpt2": 50257}
-"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329; GPT-2's own vocabulary), which
-transformers' embedding needs."""
+PEFT_FUSED["gpt2"]["all-linear"] = "all-linear"  # every linear a GELU MLP has: no gate
+PEFT_FUSED["starcoder2-3b"] = {"q,v": ["q_proj", "v_proj"], "all-linear": "all-linear"}
+VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552, "gpt2": 50257, "starcoder2-3b": 50304}
+"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329; GPT-2's own vocabulary; StarCoder2's
+bos and eos 50256), which transformers' embedding (its config check) needs."""
 
 
 @pytest.mark.parametrize(
@@ -266,6 +268,9 @@ transformers' embedding needs."""
         ("glm-4-9b", "fp32", "q,k,v,o,gate,up", 0.1, "flash"),
         ("gpt2", "fp32", "q,k,v", 0.0, "flash"),
         ("gpt2", "bf16", "q,k,v,o,up,down", 0.0, "eager"),
+        ("gpt2", "fp32", "all-linear", 0.0, "eager"),
+        ("starcoder2-3b", "bf16", "q,v", 0.0, "flash"),
+        ("starcoder2-3b", "fp32", "all-linear", 0.1, "eager"),
     ],
 )
 def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(

@@ -285,8 +285,8 @@ def adapter_modules(model: ModelConfig, fused: bool, targets: Iterable[Target]) 
     shapes, wanted = linear_shapes(model), set(targets)
     groups = FUSED_LINEARS.get(model.code_family, ()) if fused else ()
     out: list[Adapter] = []
-    for t in Target:
-        if t not in wanted or any(t in a.targets for a in out):
+    for t in Target:  # all-linear names a gate a GELU MLP lacks: only the model's linears
+        if t not in wanted or t not in shapes or any(t in a.targets for a in out):
             continue
         group = next((g for g in groups if t in g), (t,))
         out.append(Adapter(group, shapes[t][0], sum(shapes[g][1] for g in group)))

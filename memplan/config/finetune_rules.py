@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memplan.config.finetune import FUSED_LINEARS, MLP_TARGETS, Method, Target
+from memplan.config.finetune import ALL_LINEAR, FUSED_LINEARS, MLP_TARGETS, Method, Target
 from memplan.config.hf_rules import hf_only_code
 from memplan.config.impl import Family, Impl
 from memplan.config.model import GateActivation, MlpType, ModelConfig
@@ -18,7 +18,6 @@ if TYPE_CHECKING:
 
 _NO_LORA = {
     Family.OLMO2: "post-norm-only layers, whole-width q/k norms: saves strategies.lora does not list",
-    Family.STARCODER2: "residual dropouts, biased GELU MLP: saves strategies.lora does not list",
     Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
     Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
     Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
@@ -97,7 +96,8 @@ def check_finetune(setup: Setup) -> None:
             f"freeze: layers:{ft.freeze_layers[0]}-{ft.freeze_layers[1]} beyond {m.name}'s "
             f"{m.num_layers} layers (0-{m.num_layers - 1}); use layers:A-B with B < {m.num_layers}"
         )
-    if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets:
+    named = set(ft.targets) != set(ALL_LINEAR)  # all-linear: every linear the model has (peft's spelling)
+    if ft.lora and m.mlp is MlpType.GELU and Target.GATE in ft.targets and named:
         raise ValueError(
             f"lora-targets: {m.name}'s GELU MLP has no gate projection; target up and down (fc1, fc2) "
             "or all-linear"

@@ -122,6 +122,14 @@ CASES: list[dict[str, Any]] = [
         "freeze_layers": (0, 0),
     },
     {"method": LORA, "norm": "layernorm", "mlp": "gelu", "targets": parse_targets("up,v"), "tied": True},
+    # all-linear on a GELU MLP: every linear it has (no gate), as peft's all-linear
+    {
+        "method": LORA,
+        "norm": "layernorm",
+        "mlp": "gelu",
+        "attn": "eager",
+        "targets": parse_targets("all-linear"),
+    },
     {"method": LORA, "precision": "bf16-mixed", "targets": parse_targets("gate,up"), "rank": 3},
     {"method": QLORA, "targets": parse_targets("all-linear"), "precision": "bf16-mixed"},
     {"method": QLORA, "double_quant": True, "norm": "layernorm", "mlp": "gelu", "attn": "eager", "p": 0.1},

@@ -99,18 +99,22 @@ def check_peft(setup: Setup) -> None:
         raise ValueError("finetune: trace --impl hf --finetune lora runs peft; pip install peft") from None
 
 
-GPT2_MODULES = {Target.Q: "c_attn", Target.O: "attn.c_proj", Target.UP: "c_fc", Target.DOWN: "mlp.c_proj"}
-"""GPT-2's ``Conv1D`` modules (modeling_gpt2.py), ``c_attn`` the fused q, k, v; attention's and the MLP's
-``c_proj`` told apart by their parent (peft matches a target that ends the module's name)."""
+FAMILY_MODULES: dict[Family, dict[Target, str]] = {
+    Family.GPT2: {Target.Q: "c_attn", Target.O: "attn.c_proj", Target.UP: "c_fc", Target.DOWN: "mlp.c_proj"},
+    Family.STARCODER2: {Target.UP: "c_fc", Target.DOWN: "c_proj"},
+}
+"""Modules named otherwise than Llama's: GPT-2's ``Conv1D`` ones (modeling_gpt2.py), ``c_attn`` the fused q,
+k, v, attention's and the MLP's ``c_proj`` told apart by their parent (peft matches a target that ends the
+module's name); StarCoder2's biased GELU MLP (modeling_starcoder2.py)."""
 
 
 def peft_module(setup: Setup, adapter: Adapter) -> str:
     """peft's ``target_modules`` entry for one adapter: a fused projection's own module
     (``config.finetune.FUSED_LINEARS``: Phi-3's ``qkv_proj``, ``gate_up_proj``, GLM's ``gate_up_proj``,
     GPT-2's ``c_attn``), else the linear's."""
-    first = adapter.targets[0]
-    if setup.model.code_family is Family.GPT2:
-        return GPT2_MODULES[first]
+    first, own = adapter.targets[0], FAMILY_MODULES.get(setup.model.code_family, {})
+    if first in own:
+        return own[first]
     return f"{adapter.name}_proj" if len(adapter.targets) > 1 else PEFT_TARGETS[first]
 
 

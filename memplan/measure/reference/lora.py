@@ -154,6 +154,8 @@ def apply_finetune(model: Reference) -> None:
                 owner, attr = _owner(layer, t)
                 setattr(owner, attr, Linear4bit(getattr(owner, attr), setup))
         for t in sorted(adapted(setup, i), key=list(Target).index):
+            if t is Target.GATE and not hasattr(layer.mlp, "gate"):
+                continue  # all-linear on a GELU MLP: every linear it has
             owner, attr = _owner(layer, t)
             block = "attn" if t in ATTN_TARGETS else "mlp"
             lora = LoraLinear(getattr(owner, attr), setup, f"{block}.{t.value}", model.dtype)
