@@ -10,10 +10,8 @@ from typing import Any
 import pytest
 
 from memplan.api import build_setup
-from memplan.config import FineTune, ImplConfig, ModelConfig
-from memplan.config.finetune import Method
+from memplan.config import ImplConfig, ModelConfig
 from memplan.presets import load_model_preset
-from memplan.presets.hf import model_from_hf_config
 
 
 def hf(**fields: Any) -> Any:
@@ -46,27 +44,3 @@ def test_the_families_own_layouts_pass() -> None:
     hf(family="granite")
     hf(family="glm", rotary_pct=0.5)
     hf(family="stablelm", norm="layernorm", rotary_pct=0.25, parallel_residual=True, shared_norm=True)
-
-
-@pytest.mark.parametrize("family", ["olmo2", "starcoder2", "cohere", "stablelm", "glm", "falcon"])
-def test_lora_on_the_families_strategies_lora_does_not_express_is_refused(family: str) -> None:
-    """``strategies.lora`` lists a Llama / GPT layer's saves by position; these layers differ: refused."""
-    from tests.hf.test_cohere import COMMAND_R
-    from tests.hf.test_falcon import FALCON_7B
-    from tests.hf.test_glm import GLM4_9B
-    from tests.hf.test_olmo2 import OLMO2_7B
-    from tests.hf.test_stablelm import STABLELM_2_1_6B
-    from tests.hf.test_starcoder2 import STARCODER2_3B
-
-    configs = {
-        "olmo2": OLMO2_7B,
-        "starcoder2": STARCODER2_3B,
-        "cohere": COMMAND_R,
-        "stablelm": STABLELM_2_1_6B,
-        "glm": GLM4_9B,
-        "falcon": FALCON_7B,
-    }
-    model = model_from_hf_config(configs[family], family)
-    # one line naming the family and why (peft on transformers' model keeps other saves, or fuses linears)
-    with pytest.raises(ValueError, match=rf"finetune: .* --impl hf for {family} \(.+\) is not modelled"):
-        build_setup(model, seq=256, impl=ImplConfig(impl="hf"), finetune=FineTune(method=Method.LORA))

@@ -151,7 +151,9 @@ def test_peft_lora_keeps_the_adapters_tensors_of_the_estimate() -> None:
 TINY = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "ffn_size": 96}
 TINY |= {"vocab_size": 128}
 B, S, RANK = 1, 32, 4
-WIDTHS = {"gpt2": {"num_kv_heads": 4, "ffn_size": 256}}
+WIDTHS: dict[str, dict[str, Any]] = {"gpt2": {"num_kv_heads": 4, "ffn_size": 256}}
+WIDTHS["pythia-160m"] = {"num_kv_heads": 4, "ffn_size": 256}  # GPT-NeoX: every head keeps k, v
+WIDTHS["falcon-7b"] = {"num_kv_heads": 1, "ffn_size": 256}  # Falcon-7B's multi-query attention
 
 
 def hf_lora_setup(
@@ -162,13 +164,14 @@ def hf_lora_setup(
     attention: str = "flash",
     checkpointing: str = "none",
     vocab: int = 128,
+    **fields: Any,
 ) -> Setup:
     """``--impl hf`` with LoRA (rank 4) on ``preset``'s family at tiny widths, 2 layers, b = 1, s = 32
     (``vocab``: above the preset's pad token id, which transformers' embedding refuses beyond it; GPT-2's
     heads all keep k and v, its MLP 4·h wide: ``WIDTHS``)."""
     from tests.hf.harness import hf_setup
 
-    widths = {**TINY, **WIDTHS.get(preset, {}), "vocab_size": vocab}
+    widths = {**TINY, **WIDTHS.get(preset, {}), "vocab_size": vocab, **fields}
     setup = hf_setup(preset, layers=2, seq=S, attention=attention, checkpointing=checkpointing, **widths)
     ft = FineTune(method=Method.LORA, rank=RANK, targets=parse_targets(targets), dropout=dropout)
     training = {**setup.training.model_dump(), "precision": precision}
@@ -206,6 +209,10 @@ def peft_on_transformers(setup: Setup) -> Any:
         ("stablelm-2-1.6b", "bf16", "all-linear", 0.0, "flash"),
         ("stablelm-2-1.6b", "bf16-mixed", "q,v", 0.0, "eager"),
         ("stablelm-2-1.6b", "fp32", "all-linear", 0.1, "flash"),
+        ("olmo-2-7b", "bf16", "all-linear", 0.0, "flash"),
+        ("olmo-2-7b", "fp32", "q,v", 0.1, "eager"),
+        ("command-r", "bf16", "all-linear", 0.0, "flash"),
+        ("command-r", "fp32", "q,v", 0.1, "eager"),
     ],
 )
 def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
@@ -219,7 +226,9 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
     output and its bf16 copy apart; Gemma-2/3's post norms and fp32 1 + w, Gemma-2's softcaps; Granite
     (attention dropout 0.1: SDPA's math fallback on CPU) keeps per operand as eager does; StableLM-2's
     LayerNorms, biased q, k, v and partial rotary (its ``torch.cat`` of the rotated and passed dims: a
-    head-major flash output, so a frozen o_proj keeps no copy of it)."""
+    head-major flash output, so a frozen o_proj keeps no copy of it); OLMo-2's post norms only (its
+    sublayers read the residual) and whole-width q/k norms; Cohere's one Python LayerNorm feeding attention
+    and MLP side by side (``Flow.parallel``: the MLP reads the layer's input)."""
     from memplan.measure.compare.tensors import estimated_layers
     from memplan.measure.frameworks.hf import layers_of
     from memplan.measure.frameworks.step import run_step
@@ -252,9 +261,15 @@ PEFT_FUSED["glm-4-9b"]["q,k,v,o,gate,up"] = ["q_proj", "k_proj", "v_proj", "o_pr
 PEFT_FUSED["gpt2"] = {"q,k,v": ["c_attn"], "q,k,v,o,up,down": ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]}
 PEFT_FUSED["gpt2"]["all-linear"] = "all-linear"  # every linear a GELU MLP has: no gate
 PEFT_FUSED["starcoder2-3b"] = {"q,v": ["q_proj", "v_proj"], "all-linear": "all-linear"}
+PEFT_FUSED["pythia-160m"] = PEFT_FUSED["falcon-7b"] = {
+    "q,k,v": ["query_key_value"],
+    "all-linear": "all-linear",
+}
 VOCAB = {"phi-3-mini": 32064, "glm-4-9b": 151552, "gpt2": 50257, "starcoder2-3b": 50304}
-"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329; GPT-2's own vocabulary; StarCoder2's
-bos and eos 50256), which transformers' embedding (its config check) needs."""
+VOCAB |= {"olmo-2-7b": 100352, "command-r": 256000}
+"""Above each preset's pad token id (Phi-3's 32000, GLM-4's 151329, OLMo-2's 100277; GPT-2's own
+vocabulary; StarCoder2's bos and eos 50256, Command-R's eos 255001), which transformers' embedding (its
+config check) needs."""
 
 
 @pytest.mark.parametrize(
@@ -271,6 +286,10 @@ bos and eos 50256), which transformers' embedding (its config check) needs."""
         ("gpt2", "fp32", "all-linear", 0.0, "eager"),
         ("starcoder2-3b", "bf16", "q,v", 0.0, "flash"),
         ("starcoder2-3b", "fp32", "all-linear", 0.1, "eager"),
+        ("pythia-160m", "fp32", "q,k,v", 0.0, "flash"),
+        ("pythia-160m", "bf16", "all-linear", 0.1, "eager"),
+        ("falcon-7b", "fp32", "q,k,v", 0.0, "flash"),
+        ("falcon-7b", "bf16", "all-linear", 0.0, "eager"),
     ],
 )
 def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
@@ -289,7 +308,7 @@ def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
     from memplan.measure.frameworks.step import run_step
     from memplan.measure.runs.run import make_batch
 
-    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB[preset])
+    setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB.get(preset, 128))
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -338,43 +357,25 @@ def test_qlora_quantises_a_fused_projection_as_one_linear4bit() -> None:
     assert base_weight_bytes(hf, params) - base_weight_bytes(ref, params) == layers * (quant - quant_ref) < 0
 
 
-def test_stablelms_parallel_layer_is_refused_in_one_line() -> None:
-    """StableLM-2-1.6B's sequential layer is modelled (above); a StableLM with ``use_parallel_residual``
-    (attention and MLP on one residual) is a flow ``strategies.lora_flow`` does not have: refused."""
-    setup = hf_lora_setup("stablelm-2-1.6b", "bf16", "q,v", 0.0)
-    parallel = setup.model.model_copy(update={"parallel_residual": True})
-    with pytest.raises(ValueError, match=r"finetune: .*stablelm \(a parallel layer"):
-        Setup.model_validate({**setup.model_dump(), "model": parallel.model_dump()})
-
-
-@pytest.mark.parametrize("frozen", ["embeddings", "embeddings and layer 0"])
-def test_freezing_gpt2_under_impl_hf_keeps_the_estimate(frozen: str) -> None:
-    """Freezing on transformers' GPT-2 (fp32, tiny widths, its dropouts on CPU keeping their noise): the
-    frozen parameters' ``requires_grad`` off on the model itself, one step; every layer's bytes, the total
-    and the FLOPs are the estimate's (a frozen layer keeps nothing)."""
+def test_stablelms_parallel_layer_keeps_the_estimate_under_impl_hf() -> None:
+    """StableLM with ``use_parallel_residual`` (StableLM-2-12B's layer: one LayerNorm feeding attention
+    and MLP side by side, ``Flow.parallel``), LoRA on every linear: peft on transformers' model keeps every
+    layer's bytes, the total and the FLOPs of the estimate."""
     from memplan.measure.compare.tensors import estimated_layers
-    from memplan.measure.frameworks.hf import build, layers_of
+    from memplan.measure.frameworks.hf import layers_of
     from memplan.measure.frameworks.step import run_step
     from memplan.measure.runs.run import make_batch
-    from tests.hf.harness import hf_setup
 
-    layer0 = frozen.endswith("layer 0")
-    setup = hf_setup("gpt2", layers=2, seq=S, **{**TINY, **WIDTHS["gpt2"], "vocab_size": VOCAB["gpt2"]})
-    ft = FineTune(method=Method.FULL, freeze_embeddings=True, freeze_layers=(0, 0) if layer0 else None)
-    training = {**setup.training.model_dump(), "precision": "fp32"}
-    setup = Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
-    torch.manual_seed(0)
-    model = build(setup)
-    frozen_params = [model.transformer.wte.weight, model.transformer.wpe.weight]
-    frozen_params += list(model.transformer.h[0].parameters()) if layer0 else []
-    for p in frozen_params:
-        p.requires_grad_(False)
+    setup = hf_lora_setup(
+        "stablelm-2-1.6b", "bf16", "all-linear", 0.0, parallel_residual=True, shared_norm=True
+    )
+    model = peft_on_transformers(setup)
     ids, labels = make_batch(setup, "cpu")
     layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
     meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
     est = estimate(setup)
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
-    assert est.activations == meas.activations and (layer0 is (meas.layer_bytes(0) == 0))
+    assert est.activations == meas.activations
     assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
 
 

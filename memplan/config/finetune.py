@@ -240,15 +240,17 @@ FUSED_LINEARS: dict[Family, tuple[tuple[Target, ...], ...]] = {
     Family.PHI3: ((Target.Q, Target.K, Target.V), (Target.GATE, Target.UP)),
     Family.GLM: ((Target.GATE, Target.UP),),
     Family.GPT2: ((Target.Q, Target.K, Target.V),),
+    Family.GPT_NEOX: ((Target.Q, Target.K, Target.V),),
+    Family.FALCON: ((Target.Q, Target.K, Target.V),),
 }
 """memplan's linears that transformers' code of a family computes as one module (its output the
 concatenation): ``Phi3Attention.qkv_proj`` [(a + 2·kv)·d, h], ``Phi3MLP.gate_up_proj`` and ``GlmMLP.
 gate_up_proj`` [2·f, h] (modeling_phi3.py, modeling_glm.py), GPT-2's ``c_attn``, a ``Conv1D`` [h, 3h]
-(modeling_gpt2.py). peft adapts such a module whole: one A [r, h] and one B [out, r] for the group
+(modeling_gpt2.py), GPT-NeoX's and Falcon's ``query_key_value`` (modeling_gpt_neox.py, modeling_falcon.py).
+peft adapts such a module whole: one A [r, h] and one B [out, r] for the group
 (``adapter_modules``), where memplan's reference model has an adapter per linear. The forward's views of
 the fused output are the profiles' (``blocks.hf.phi3``, ``blocks.hf.llama.glm``, ``blocks.hf.gpt2``:
-``fused_qkv``, ``fused_gate_up``, ``qkv_views``). NB: Falcon's and GPT-NeoX's fused ``query_key_value``
-are not listed: their layers are refused for fine-tuning under ``--impl hf`` (``config.finetune_rules``)."""
+``fused_qkv``, ``fused_gate_up``, ``qkv_views``)."""
 
 
 @dataclass(frozen=True)

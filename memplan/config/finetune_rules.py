@@ -8,39 +8,13 @@ from typing import TYPE_CHECKING
 
 from memplan.config.finetune import ALL_LINEAR, FUSED_LINEARS, MLP_TARGETS, Method, Target
 from memplan.config.hf_rules import hf_only_code
-from memplan.config.impl import Family, Impl
-from memplan.config.model import GateActivation, MlpType, ModelConfig
+from memplan.config.impl import Impl
+from memplan.config.model import GateActivation, MlpType
 from memplan.config.offload import LossKind, Offload
 from memplan.config.strategy import Checkpointing
 
 if TYPE_CHECKING:
     from memplan.config.setup import Setup
-
-_NO_LORA = {
-    Family.OLMO2: "post-norm-only layers, whole-width q/k norms: saves strategies.lora does not list",
-    Family.COHERE: "one LayerNorm feeding parallel attention and MLP: a flow strategies.lora does not list",
-    Family.FALCON: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three",
-    Family.GPT_NEOX: "peft adapts the fused query_key_value as one linear, memplan q, k, v as three; the "
-    "parallel layer's saves strategies.lora does not list",
-}
-"""The transformers families whose LoRA ``strategies.lora`` does not express, each with why (measured
-against peft on transformers' own model: trainable counts equal, the saves differ per layer). StableLM's
-sequential layer (StableLM-2-1.6B's) is expressed, its parallel one not (``_no_lora``)."""
-
-
-def _no_lora(m: ModelConfig) -> str | None:
-    """Why LoRA on ``m`` is not modelled under ``--impl hf`` (``_NO_LORA``); None where it is. StableLM's
-    partial rotary (its ``torch.cat`` of the rotated and passed dims) keeps what ``strategies.lora`` lists
-    (measured against peft on transformers' StableLM-2: tests/test_finetune_libraries.py); its parallel
-    layer (``use_parallel_residual``: one residual for attention and MLP) is a flow ``lora_flow`` does not
-    have."""
-    if m.code_family is Family.STABLELM:
-        return (
-            "a parallel layer (attention and MLP on one residual): a flow strategies.lora does not list"
-            if (m.parallel_residual)
-            else None
-        )
-    return _NO_LORA.get(m.code_family)
 
 
 def _moe_refusal(setup: Setup) -> str | None:
@@ -130,11 +104,6 @@ def check_finetune(setup: Setup) -> None:
         # weight gradient and keeps no input: ``blocks.head``); flash_attn's and Transformer Engine's
         # kernels under a frozen head are not measured
         f"--loss {setup.loss.name.lower()}": setup.loss in (LossKind.XENTROPY, LossKind.TE),
-        # NB: strategies.lora lists a Llama / GPT layer's saves by position; these families' layers
-        # (post norms only, one parallel norm, q/k views of one projection, per-layer rotary tables,
-        # residual dropouts) are not expressed there nor checked against peft.
-        f"--impl hf for {m.code_family.value} ({_no_lora(m)})": setup.impl.impl is Impl.HF
-        and _no_lora(m) is not None,
     }
     for name, used in unmodelled.items():
         if used:

@@ -40,11 +40,11 @@ Known limitations (NB): refused with selective checkpointing, segment checkpoint
 layer (a frozen layer's checkpoint would keep nothing), reversible layers, tensor/sequence/pipeline
 parallelism, offload and the xentropy and te losses; with a mixture of experts also adapters on the experts,
 QLoRA, expert parallelism, implementations but the reference and the MoE layers of MLA, Llama 4 and gpt-oss
-(``config.finetune_rules.check_finetune``), and under ``--impl hf`` the families whose layers it does not list
-(``config.finetune_rules._NO_LORA``: GPT-NeoX's and Falcon's fused projections, post-norm-only or parallel
-layers). Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (GLM-4's ``gate_up_proj``, GPT-2's ``c_attn``) are
-one adapter each (``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one fp32 input copy and
-one A·x per module), measured equal to peft on transformers' Phi-3 (tests/test_finetune_libraries.py); its
+(``config.finetune_rules.check_finetune``). Under ``--impl hf`` every family: a fused projection (Phi-3's
+``qkv_proj`` and ``gate_up_proj``, GLM-4's ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's and Falcon's
+``query_key_value``) is one adapter (``config.finetune.FUSED_LINEARS``, ``config.trainable.adapters``: one
+fp32 input copy and one A·x per module); parallel layers follow ``Flow.parallel``, missing or shared pre-norms
+``pre_norm_rules``; measured equal to peft on transformers' models (tests/test_finetune_libraries.py); a
 head-major flash output keeps no copy for a frozen o_proj (``blocks.attention.core.head_major_output``).
 peft's GPT-2 adapts the fused ``c_attn`` (one A [r, h], one B [3h, r]); memplan's reference model's separate
 q, k, v adapters have 2·r·h more parameters. Memory moments: peft's ``result + B(A(x))·s`` in fp32 and its
@@ -72,7 +72,7 @@ from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
 from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
-from memplan.blocks.norm import norm_rules, post_norm_rules, qk_norm_rules
+from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import DType, Impl, NormType, Setup
 from memplan.config.finetune import Adapter, Target
@@ -132,9 +132,10 @@ def _pick(rules: list[Rule], keep: list[bool]) -> list[Rule]:
 def norm_keep(setup: Setup, rules: list[Rule], g_x: bool, weight_trains: bool) -> list[bool]:
     """Which of one norm's saves are kept. RMSNorm: pow and x·rstd keep x32 and rstd when x needs a
     gradient, w·n keeps n when w trains; Gemma's (x32·rstd)·(1 + w.float()) keeps the fp32 1 + w when x
-    needs a gradient (d(normed) needs it). ``native_layer_norm``'s [input, mean, rstd]: one node, all kept
-    when anything does."""
-    if setup.model.norm is NormType.RMSNORM:
+    needs a gradient (d(normed) needs it). Cohere's LayerNorm in Python alike (its fp32 weight copy for
+    d(normed)). ``native_layer_norm``'s [input, mean, rstd]: one node, all kept when anything does."""
+    if setup.model.norm is NormType.RMSNORM or profile_of(setup).layernorm_python:
+        # op by op (Cohere's Python LayerNorm too, ``python_layernorm_rules``): w·n keeps n for dW alone
         return [weight_trains if r.role is R.NORM_OUTPUT else g_x for r in rules]
     return [g_x or weight_trains] * len(rules)
 
@@ -205,13 +206,15 @@ def adapter_rules(setup: Setup, dims: Dims, ad: Adapter, g_x: bool) -> list[Rule
 def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     """What one layer keeps under its gradient flow ``f`` (the blocks' saves, picked, plus the adapters')."""
     eager = core_of(setup) is not Core.FLASH  # SDPA's math fallback runs eager's ops (per-operand saves)
-    attn_norm = norm_rules(setup, B.ATTN_NORM, dims)
+    attn_norm = pre_norm_rules(setup, B.ATTN_NORM, dims)  # none on OLMo-2; one shared by both branches
     out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
     qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
     # a layer's own rotary tables (GLM's, ``rope_cache_rules``), kept by q·cos and k·cos where q or k
     # needs a gradient, sit between W_Q's input and q, k, v
     tables = [f.g_qk] * len(rope_cache_rules(setup, dims))
-    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V), *tables, *qkv])
+    # one norm feeding attention and MLP (``shared_norm``): its output, W_Q's input, is the MLP's too
+    shared = (T.GATE, T.UP) if setup.model.shared_norm else ()
+    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V, *shared), *tables, *qkv])
     out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
     out += _pick(core, core_keep(core, f, eager))
@@ -228,8 +231,8 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     out += _pick(post, norm_keep(setup, post, f.lin(T.O, f.g_core), f.trains))
     if setup.model.resid_dropout > 0 and f.lin(T.O, f.g_core):
         out.append(_resid_mask(setup, B.ATTN, dims))
-    mlp_norm = norm_rules(setup, B.MLP_NORM, dims)
-    out += _pick(mlp_norm, norm_keep(setup, mlp_norm, f.g_mid, f.trains))
+    mlp_norm = pre_norm_rules(setup, B.MLP_NORM, dims)
+    out += _pick(mlp_norm, norm_keep(setup, mlp_norm, f.g_mlp_in, f.trains))
     if setup.model.moe is not None:
         out += moe_keep(setup, dims, f)
     else:
@@ -240,9 +243,10 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
         # (GPT-2's, ``gelu_python``) keeps its pow's x, tanh, 0.5·x and 1 + tanh for the same one
         fused = f.swiglu and profile_of(setup).fused_gate_up
         mlp = mlp_rules(setup, dims)
-        gelu = [f.g_up] * (len(mlp) - 2)
+        own = [] if setup.model.shared_norm else [f.keeps_input(T.GATE, T.UP)]  # no input of its own
+        gelu = [f.g_up] * (len(mlp) - len(own) - 1)
         inner = [f.g_gate, f.g_up] if fused else [f.g_gate, f.g_up, f.g_gate] if f.swiglu else gelu
-        out += _pick(mlp, [f.keeps_input(T.GATE, T.UP), *inner, f.keeps_input(T.DOWN)])
+        out += _pick(mlp, [*own, *inner, f.keeps_input(T.DOWN)])
     post = post_norm_rules(setup, B.POST_MLP_NORM, dims)
     out += _pick(post, norm_keep(setup, post, f.g_down, f.trains))
     if setup.model.resid_dropout > 0 and f.g_down:

@@ -6,10 +6,9 @@ PyTorch saves a tensor for backward only when a gradient that needs it will be c
 dX only when its input needs a gradient; so the first layers before any trainable parameter keep nothing
 and run no backward, and the first trainable layer's input needs no gradient.
 
-Known limitations: a layer's flow is one ``Flow`` for a Llama / GPT layer (attention, then MLP); the
-layouts whose flow differs (parallel layers, post-norm-only) are refused with fine-tuning
-(``config.finetune_rules._NO_LORA``).
-"""
+A layer's flow is one ``Flow``: a Llama / GPT layer (attention, then MLP; OLMo-2's post norms alike) or
+a parallel one (both on the layer's input: ``Flow.parallel``; GPT-NeoX, Falcon, Cohere, StableLM's
+``use_parallel_residual``)."""
 
 from __future__ import annotations
 
@@ -37,6 +36,9 @@ class Flow:
     not the linear's shared input."""
     swiglu: bool
     """SwiGLU MLP (gate, up, down); else GELU (up = fc1, down = fc2)."""
+    parallel: bool = False
+    """A parallel layer, x + attn(ln(x)) + mlp(ln₂(x)) (``ModelConfig.parallel_residual``; one shared norm
+    under ``shared_norm``): the MLP reads the layer's input, not the residual after attention."""
 
     def lin(self, t: Target, g_x: bool) -> bool:
         """A linear's output requires grad: its input does, its weight trains, or it has an adapter."""
@@ -79,8 +81,13 @@ class Flow:
         return self.g_in or self.lin(T.O, self.g_core)
 
     @property
+    def g_mlp_in(self) -> bool:
+        """The MLP norm's input: the layer's input in a parallel layer, else the residual after attention."""
+        return self.g_in if self.parallel else self.g_mid
+
+    @property
     def g_y2(self) -> bool:
-        return self.g_mid or self.trains
+        return self.g_mlp_in or self.trains
 
     @property
     def g_gate(self) -> bool:
@@ -133,10 +140,11 @@ def flows(setup: Setup) -> tuple[Flow, ...]:
     one's input."""
     g = embedding_trains(setup) or input_grads_hooked(setup)
     dropout, swiglu = setup.finetune.dropout > 0, setup.model.mlp is MlpType.SWIGLU
+    parallel = setup.model.parallel_residual
     cast = fp32_adapters(setup)
     out = []
     for i in range(setup.model.num_layers):
-        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, cast, swiglu)
+        f = Flow(g, base_trains(setup, i), adapted(setup, i), dropout, cast, swiglu, parallel)
         out.append(f)
         g = f.g_out
     return tuple(out)

@@ -99,13 +99,17 @@ def check_peft(setup: Setup) -> None:
         raise ValueError("finetune: trace --impl hf --finetune lora runs peft; pip install peft") from None
 
 
+_H4H = {Target.UP: "dense_h_to_4h", Target.DOWN: "dense_4h_to_h"}
 FAMILY_MODULES: dict[Family, dict[Target, str]] = {
     Family.GPT2: {Target.Q: "c_attn", Target.O: "attn.c_proj", Target.UP: "c_fc", Target.DOWN: "mlp.c_proj"},
     Family.STARCODER2: {Target.UP: "c_fc", Target.DOWN: "c_proj"},
+    Family.GPT_NEOX: {Target.Q: "query_key_value", Target.O: "attention.dense"} | _H4H,
+    Family.FALCON: {Target.Q: "query_key_value", Target.O: "self_attention.dense"} | _H4H,
 }
 """Modules named otherwise than Llama's: GPT-2's ``Conv1D`` ones (modeling_gpt2.py), ``c_attn`` the fused q,
 k, v, attention's and the MLP's ``c_proj`` told apart by their parent (peft matches a target that ends the
-module's name); StarCoder2's biased GELU MLP (modeling_starcoder2.py)."""
+module's name); StarCoder2's biased GELU MLP (modeling_starcoder2.py); GPT-NeoX's and Falcon's fused
+``query_key_value``, their attention's ``dense`` told apart from the MLP's by its parent."""
 
 
 def peft_module(setup: Setup, adapter: Adapter) -> str:
