@@ -55,9 +55,11 @@ def _split_group(setup: Setup) -> str | None:
         chosen = [t for t in group if t in ft.targets]
         if chosen and len(chosen) < len(group):
             names = ",".join(t.value for t in group)
+            default = " (the default targets are q,v)" if ft.targets == (Target.Q, Target.V) else ""
             return (
                 f"lora-targets: {m.name}'s {names} are one linear in transformers' code, which peft adapts "
-                f"whole; target {names} together or none of them (e.g. --lora-targets {names} or all-linear)"
+                f"whole; target {names} together or none of them{default}: e.g. --lora-targets {names} or "
+                "all-linear"
             )
     return None
 

@@ -695,6 +695,9 @@ def test_bound_is_below_the_prediction_over_random_layouts(
     base = build_setup(model, seq=seq, attention=kind, impl=impl and impl.replaced(fp8_tp=False))
     float8 = impl is not None and impl.fp8_tp  # the plan needs tp: the one-device base runs without it
     base = base.replaced(impl=impl) if impl is not None else base
+    # the layout as the setups hold it: torchtitan places the layers itself (the Setup validator's
+    # pp_layers), as ``fit``'s layouts carry it (``space.layouts``)
+    par = setups[0].parallel
     bound = Bound(H100, gpus, b * n * dp, float8).seconds(base, ckpt, attention, par, n)
     predicted = []
     for setup in setups:
