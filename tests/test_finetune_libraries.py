@@ -192,6 +192,25 @@ def peft_on_transformers(setup: Setup) -> Any:
         return peft.get_peft_model(build(setup), lora).base_model.model
 
 
+def exact_step(setup: Setup, model: Any) -> tuple[Any, Any]:
+    """One step of transformers' ``model`` (peft's adapters on it, or its frozen parameters) on CPU, and
+    the estimate of ``setup``: every layer's bytes, the total and the forward and backward FLOPs equal.
+    Both returned for further checks."""
+    from memplan.measure.compare.tensors import estimated_layers
+    from memplan.measure.frameworks.hf import layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
+    est = estimate(setup)
+    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
+    assert est.activations == meas.activations
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    return meas, est
+
+
 @pytest.mark.parametrize(
     ("preset", "precision", "targets", "dropout", "attention"),
     [
@@ -229,20 +248,9 @@ def test_peft_on_transformers_keeps_the_estimate_under_impl_hf(
     head-major flash output, so a frozen o_proj keeps no copy of it); OLMo-2's post norms only (its
     sublayers read the residual) and whole-width q/k norms; Cohere's one Python LayerNorm feeding attention
     and MLP side by side (``Flow.parallel``: the MLP reads the layer's input)."""
-    from memplan.measure.compare.tensors import estimated_layers
-    from memplan.measure.frameworks.hf import layers_of
-    from memplan.measure.frameworks.step import run_step
-    from memplan.measure.runs.run import make_batch
 
     setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB.get(preset, 128))
-    model = peft_on_transformers(setup)
-    ids, labels = make_batch(setup, "cpu")
-    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
-    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
-    est = estimate(setup)
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
-    assert est.activations == meas.activations
-    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    meas, _ = exact_step(setup, peft_on_transformers(setup))
     if precision != "fp32" and dropout == 0:
         # By hand: each adapter's A keeps its own fp32 copy of its input, [b·s, in] · 4 bytes (q and v
         # read the hidden state, in = h = 64): 1·32·64·4 = 8192 bytes, and B keeps A's fp32 output
@@ -303,10 +311,7 @@ def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
     layer's bytes, the total, the FLOPs and the trainable count are the estimate's. The flash kernel's output
     is head-major there (Phi-3's fused q, GLM's cat rotary: ``head_major_output``), so a frozen o_proj keeps
     no copy of it."""
-    from memplan.measure.compare.tensors import estimated_layers
-    from memplan.measure.frameworks.hf import build, layers_of
-    from memplan.measure.frameworks.step import run_step
-    from memplan.measure.runs.run import make_batch
+    from memplan.measure.frameworks.hf import build
 
     setup = hf_lora_setup(preset, precision, targets, dropout, attention, vocab=VOCAB.get(preset, 128))
     torch.manual_seed(0)
@@ -317,13 +322,7 @@ def test_peft_adapts_a_fused_projection_as_one_module_under_impl_hf(
         )
         peft_model = peft.get_peft_model(build(setup), config)
     model = peft_model.base_model.model
-    ids, labels = make_batch(setup, "cpu")
-    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
-    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
-    est = estimate(setup)
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
-    assert est.activations == meas.activations
-    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    meas, est = exact_step(setup, model)
     assert est.params_trainable == peft_model.get_nb_trainable_parameters()[0]
     if preset == "phi-3-mini" and precision == "bf16":
         # By hand, layer 0 of the tiny Phi-3 (h 64, 4 heads and 2 kv heads of 16): qkv_proj's one A keeps
@@ -361,22 +360,34 @@ def test_stablelms_parallel_layer_keeps_the_estimate_under_impl_hf() -> None:
     """StableLM with ``use_parallel_residual`` (StableLM-2-12B's layer: one LayerNorm feeding attention
     and MLP side by side, ``Flow.parallel``), LoRA on every linear: peft on transformers' model keeps every
     layer's bytes, the total and the FLOPs of the estimate."""
-    from memplan.measure.compare.tensors import estimated_layers
-    from memplan.measure.frameworks.hf import layers_of
-    from memplan.measure.frameworks.step import run_step
-    from memplan.measure.runs.run import make_batch
 
     setup = hf_lora_setup(
         "stablelm-2-1.6b", "bf16", "all-linear", 0.0, parallel_residual=True, shared_norm=True
     )
-    model = peft_on_transformers(setup)
-    ids, labels = make_batch(setup, "cpu")
-    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
-    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
-    est = estimate(setup)
-    assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
-    assert est.activations == meas.activations
-    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+    exact_step(setup, peft_on_transformers(setup))
+
+
+@pytest.mark.parametrize("frozen", ["embeddings", "embeddings and layer 0"])
+def test_freezing_gpt2_under_impl_hf_keeps_the_estimate(frozen: str) -> None:
+    """Freezing on transformers' GPT-2 (fp32, tiny widths, its dropouts on CPU keeping their noise): the
+    frozen parameters' ``requires_grad`` off on the model itself, one step; every layer's bytes, the total
+    and the FLOPs are the estimate's (a frozen layer keeps nothing)."""
+    from memplan.measure.frameworks.hf import build
+    from tests.hf.harness import hf_setup
+
+    layer0 = frozen.endswith("layer 0")
+    setup = hf_setup("gpt2", layers=2, seq=S, **{**TINY, **WIDTHS["gpt2"], "vocab_size": VOCAB["gpt2"]})
+    ft = FineTune(method=Method.FULL, freeze_embeddings=True, freeze_layers=(0, 0) if layer0 else None)
+    training = {**setup.training.model_dump(), "precision": "fp32"}
+    setup = Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
+    torch.manual_seed(0)
+    model = build(setup)
+    frozen_params = [model.transformer.wte.weight, model.transformer.wpe.weight]
+    frozen_params += list(model.transformer.h[0].parameters()) if layer0 else []
+    for p in frozen_params:
+        p.requires_grad_(False)
+    meas, _ = exact_step(setup, model)
+    assert layer0 is (meas.layer_bytes(0) == 0)
 
 
 def test_fused_targets_are_adapted_whole() -> None:
