@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from memplan.config import Setup
-from memplan.config.finetune import ATTN_TARGETS, QUANT_BLOCK, QUANT_BLOCK2, Method, Target
+from memplan.config.finetune import ATTN_TARGETS, QUANT_BLOCK, QUANT_BLOCK2, Method, Target, linear_shapes
 from memplan.config.trainable import (
     adapted,
     base_trains,
@@ -144,18 +144,18 @@ def apply_finetune(model: Reference) -> None:
     setup = model.setup
     if setup.finetune.trains_everything:
         return
+    linears = linear_shapes(setup.model).keys()  # the layer's linears: a GELU MLP has no gate
     for i, layer in enumerate(model.layers):
         for p in layer.parameters():
             p.requires_grad_(base_trains(setup, i))
         if setup.finetune.method is Method.QLORA:
             for t in Target:
-                if t is Target.GATE and not hasattr(layer.mlp, "gate"):
+                if t not in linears:
                     continue
                 owner, attr = _owner(layer, t)
                 setattr(owner, attr, Linear4bit(getattr(owner, attr), setup))
-        for t in sorted(adapted(setup, i), key=list(Target).index):
-            if t is Target.GATE and not hasattr(layer.mlp, "gate"):
-                continue  # all-linear on a GELU MLP: every linear it has
+        # all-linear on a GELU MLP: every linear it has
+        for t in sorted(adapted(setup, i) & linears, key=list(Target).index):
             owner, attr = _owner(layer, t)
             block = "attn" if t in ATTN_TARGETS else "mlp"
             lora = LoraLinear(getattr(owner, attr), setup, f"{block}.{t.value}", model.dtype)
