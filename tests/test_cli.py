@@ -272,6 +272,15 @@ def test_rich_output_runs_and_shows_the_estimate(args: tuple[str, ...]) -> None:
     assert result.stderr == ""
 
 
+def test_the_setup_line_counts_tokens_in_the_numbers_grammar() -> None:
+    """One token is "1 token" (``--seq 1`` printed "= 1 tokens"); more keep the plural."""
+    one = invoke("estimate", "-m", "tiny", "--seq", "1")
+    assert one.exit_code == 0, one.output
+    assert "× seq 1 = 1 token ·" in one.stdout
+    two = invoke("estimate", "-m", "tiny", "--seq", "1", "--batch", "2")
+    assert "× seq 1 = 2 tokens ·" in two.stdout
+
+
 def test_estimate_help_states_units_and_examples() -> None:
     result = invoke("estimate", "--help")
     assert result.exit_code == 0

@@ -50,6 +50,8 @@ def test_each_paragraph_is_one_line_and_its_brackets_are_shown(path: tuple[str, 
             continue
         joined = " ".join(paragraph.split())
         assert joined in lines, joined  # the whole paragraph on one line of a wide terminal
+        # two examples in one unindented paragraph run together into one line ("Example: … Example: …")
+        assert joined.count("Example:") <= 1, joined
     flat = " ".join(" ".join(lines).split())
     for param in cmd.params:
         for bracketed in BRACKETS.findall(_shown(getattr(param, "help", None) or "")):

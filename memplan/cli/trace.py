@@ -79,8 +79,11 @@ def trace(as_json: JsonOpt = False, stage: StageOpt = None, **options: Any) -> N
     (AOTAutograd's min-cut) returns from the compiled forward, traced without compiling kernels (on a
     torchtitan rank or stage over --tp: its DTensor blocks).
 
-    Example: memplan trace --model 70b --seq 8192 --device cuda
-    Example: memplan trace -m llama-3-8b --seq 1024 --impl torchtitan --tp 2 --sp --compile
+    Examples:
+
+      memplan trace --model 70b --seq 8192 --device cuda
+
+      memplan trace -m llama-3-8b --seq 1024 --impl torchtitan --tp 2 --sp --compile
     """
     with user_errors():
         setup = setup_of(options_of(options))

@@ -127,9 +127,9 @@ def setup_line(e: Result) -> str:
     par = s.parallel
     cp = f" × cp {par.cp}" if par.cp > 1 else ""
     cp += f" ({par.cp_rotate.value})" if par.cp > 1 and par.cp_rotate is not CpRotate.ALLGATHER else ""
-    tokens = fmt_int(t.micro_batch * t.seq_len)
+    tokens = plural(t.micro_batch * t.seq_len, "token")
     return (
-        f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens} tokens"
+        f"micro-batch {t.micro_batch} × seq {fmt_int(t.seq_len)} = {tokens}"
         f" · {t.precision.value} · {t.optimizer.value} · grad-accum {t.grad_accum}"
         f" · checkpointing {checkpointing_label(st)} · {st.attention.name.lower()} attention{rev}"
         f" · ZeRO-{int(st.zero)} over dp {st.dp}{cp} · {s.device.value} kernels{_savers(e)}"
