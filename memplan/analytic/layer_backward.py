@@ -27,8 +27,9 @@ from memplan.blocks.mlp import (
 )
 from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import norm_backward_transient, released_as
-from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, made_grad_bytes, profile_of
+from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, profile_of, top_layer_grads
 from memplan.config import Attention, Checkpointing, DType, MlpType, NormType, Setup
+from memplan.config.finetune import ATTN_TARGETS, MLP_TARGETS, Target
 
 
 def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
@@ -112,7 +113,7 @@ def _mlp_done(setup: Setup, params: ParamCount) -> int:
     """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
     change of the live set, plus the gradients)."""
     layer = params.layer
-    grads = (layer.mlp + layer.mlp_norm + layer.o_proj) * made_grad_bytes(setup)
+    grads = top_layer_grads(setup, layer.mlp + layer.mlp_norm + layer.o_proj, {*MLP_TARGETS, Target.O})
     return grads - layer_saves(setup, {Block.MLP}) - norm_saves(setup, Block.MLP_NORM)
 
 
@@ -209,7 +210,7 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
     gathered = t * h * a
-    grads = (3 * f * h + (2 * f + h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
+    grads = top_layer_grads(setup, 3 * f * h + (2 * f + h if setup.model.mlp_bias else 0), MLP_TARGETS)
     released = layer_saves(setup, {Block.MLP}, {Role.MLP_INNER})
     first = shard + grads + 2 * gathered + t * f * a - released
     if fp8.enabled(setup):  # torchao's casts at W_up's and W_gate's backward, dY's shard for dY
@@ -240,15 +241,17 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     layer = params.layer
     # W_O's gradient is not made yet at the MLP norm's backward: the residual sum before the MLP norm
     # waits for that norm's input gradient before the attention's backward (W_O first) can run
-    w_o = layer.o_proj * made_grad_bytes(setup)
+    w_o = top_layer_grads(setup, layer.o_proj, {Target.O})
     mlp_done = _mlp_done(setup, params) - w_o
     mlp_norm_input = norm_saves_at_peak(setup, Block.MLP_NORM)
     # on the rank's T/t tokens under torchtitan's sequence parallelism (the residual stream is sharded)
     norm_bwd = (norm_backward_transient(setup, dims) + residual_gradient(setup, dims)) // sp_shards(setup)
     mlp_norm = norm_bwd + mlp_done + mlp_norm_input
-    rest_grads = (
-        layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm
-    ) * made_grad_bytes(setup)
+    rest_grads = top_layer_grads(
+        setup,
+        layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm,
+        ATTN_TARGETS,
+    )
     attn_norm = (
         mlp_norm
         - mlp_norm_input  # freed once the MLP norm's backward has run
@@ -260,7 +263,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         + reversible_f_extra(setup, dims)
     )
     return max(
-        attn_norm + fused_qkv_input_gradient(setup, dims, layer.attn_norm * made_grad_bytes(setup)),
+        attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm)),
         mlp_moment(setup, dims),
         sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of
+from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of, top_layer_grads
 from memplan.config import DType, MlpType, ModelConfig, Setup
-from memplan.config.finetune import MLP_TARGETS
+from memplan.config.finetune import MLP_TARGETS, Target
 from memplan.config.trainable import adapted, base_trains
 
 B, R = Block, Role
@@ -112,10 +112,12 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     (tests/measure/test_peak.py ``test_lora_peak_is_exact``: Llama- and GPT-shaped layers, q, v and q, k,
     v, o adapters, flash and eager attention, LoRA dropout, none and full checkpointing, one and two
     micro-batches), exact.
-    NB: an adapted MLP (gate, up or down targets) keeps full training's terms; its adapters' backward adds
-    [T, in] input-gradient pieces not modelled (all-linear LoRA on the Llama-shaped layer under full
-    checkpointing: −1.7 … +0.3 %). The layer's other moments keep full training's terms under fine-tuning
-    (frozen weights' gradients counted as made), below this one in every measured setup."""
+    NB: an adapted MLP (gate, up or down targets) keeps full training's buffers, its frozen base no weight
+    gradient (``profiles.top_layer_grads``); its adapters' backward adds [T, in] input-gradient pieces not
+    modelled (all-linear LoRA on the Llama-shaped layer under full checkpointing: −1.7 … +0.3 %; one
+    [T, h] at Llama 3 8B's widths under transformers and peft). The layer's other moments count the
+    adapters' gradients alone too: they had counted a frozen base's as made, which at a wide layer and a
+    short sequence put the peak there (tests/measure/test_peak.py ``WIDE``: 31 % over)."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if frozen_mlp(setup) and not (te_fp8.applies(setup) or fp8.enabled(setup)):
@@ -136,7 +138,7 @@ def product_gradient_transient(setup: Setup, dims: Dims) -> int:
     [T, f] gradient buffers and the down projection's gradients (unless summed into an earlier
     micro-batch's and freed), its saved input released (Transformer Engine: a float8 cast and its scale)."""
     a_bytes, t = dims.act.bytes, dims.tokens
-    down = (dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0)) * made_grad_bytes(setup)
+    down = top_layer_grads(setup, dims.f * dims.h + (dims.h if setup.model.mlp_bias else 0), {Target.DOWN})
     released = t * dims.f * a_bytes
     if te_fp8.applies(setup):
         released = te_fp8.saved_cast_bytes(setup, t, dims.f)
@@ -204,7 +206,7 @@ def down_backward_transient(setup: Setup, dims: Dims) -> int:
         bias_grad = (h if setup.model.mlp_bias else 0) * made_grad_bytes(setup)
         return t * h * a_bytes + dropout + bias_grad + fp8.down_backward(setup, dims)
     bias = h if setup.model.mlp_bias and not setup.strategy.segment else 0
-    grads = (dims.f * h + bias) * setup.training.precision.grad_bytes
+    grads = top_layer_grads(setup, dims.f * h + bias, {Target.DOWN}, summed=False)
     # Transformer Engine's float8: dY's rowwise and columnwise casts beside it (blocks/te_fp8.py)
     casts = te_fp8.grad_output_casts(setup, t, h) if te_fp8.applies(setup) else 0
     return t * h * a_bytes + dropout + casts + t * dims.f * a_bytes + grads

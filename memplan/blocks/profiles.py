@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from memplan.blocks import fp8, megatron, torchtitan
 from memplan.blocks.hf import hf_profile
 from memplan.blocks.profile import COMPILED_REFERENCE, REFERENCE, Profile
@@ -19,6 +21,8 @@ from memplan.config import (
     Setup,
     ZeroStage,
 )
+from memplan.config.finetune import Target
+from memplan.config.trainable import adapted, adapters, base_trains, fp32_adapters
 
 
 def checkpoints_alone(setup: Setup) -> bool:
@@ -64,6 +68,29 @@ def made_grad_bytes(setup: Setup) -> int:
     """Bytes per element of the gradients a layer's backward leaves alive once their node has run: the
     recipe's, or none when they are summed into earlier micro-batches' (``accumulates_in_place``)."""
     return 0 if accumulates_in_place(setup) else setup.training.precision.grad_bytes
+
+
+def top_layer_grads(setup: Setup, count: int, targets: Iterable[Target] = (), summed: bool = True) -> int:
+    """Bytes of the gradients the top layer's backward makes for ``count`` of its own parameters, the
+    linears of ``targets`` and their norms (the layer-backward moments, ``analytic.layer_backward``): all
+    of them where its base trains (full training outside ``--freeze``); under LoRA none for the frozen
+    base, only its adapters' on ``targets`` (A [r, in] and B [out, r], in the adapters' dtype: peft's fp32
+    under ``--impl hf``, ``config.trainable.fp32_adapters``); none where they are summed into an earlier
+    micro-batch's (``accumulates_in_place``) unless ``summed`` is false (a gradient alive before its sum).
+    Before, a frozen layer was charged its base weights' gradients: at Llama 3 8B's widths under LoRA on
+    q, v, 424 MB of a layer backward that the step of transformers and peft never holds
+    (tests/hf/test_hf_peak.py)."""
+    if summed and accumulates_in_place(setup):
+        return 0
+    top = setup.model.num_layers - 1
+    if base_trains(setup, top):
+        return count * setup.training.precision.grad_bytes
+    made = frozenset(targets) & adapted(setup, top)
+    if not made:
+        return 0
+    grad = DType.FP32.bytes if fp32_adapters(setup) else setup.training.precision.grad_bytes
+    r = setup.finetune.rank
+    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup, made)) * grad
 
 
 def profile_of(setup: Setup) -> Profile:

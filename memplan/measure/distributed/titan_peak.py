@@ -92,7 +92,7 @@ from torch.distributed.tensor import DTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from memplan.measure.distributed.instruments import RankMemoryTracker, local
-from memplan.measure.instruments.moments import read_points
+from memplan.measure.instruments.moments import estimated_moments, read_points
 from memplan.measure.instruments.record import storage_ref
 from memplan.measure.instruments.tracker import Curve, data_tensors
 
@@ -335,16 +335,6 @@ def boundaries(model: Any, tracker: PeakTracker) -> Iterator[None]:
 
 def grads_of(model: Any) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.grad is not None]
-
-
-def estimated_moments(est: Any) -> dict[str, int]:
-    """The estimate's moments of forward and backward (``analytic.peak``), each less its ``optimizer``
-    term (module docstring): the optimizer step's moment left out."""
-    return {
-        name: sum(parts.values()) - parts["optimizer"]
-        for name, parts in est.peak.moments.items()
-        if name != "optimizer step"
-    }
 
 
 def peak_json(est: Any, run: PeakRun) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from memplan.measure.instruments.tracker import Curve
 
@@ -94,3 +95,15 @@ def read_points(curve: Curve, labels: Sequence[str]) -> list[Reading]:
         return None if i is None else (i, s[i])
 
     return [read(label) for label in labels]
+
+
+def estimated_moments(est: Any) -> dict[str, int]:
+    """The estimate's moments of forward and backward (``analytic.peak``), each less its ``optimizer``
+    term: a measured step that builds no optimizer holds none of its states (and its master copy, where
+    the recipe keeps one, is constant through forward and backward); the optimizer step's moment left out.
+    Read against ``read_points`` by the torchtitan ranks' and transformers' peak runs."""
+    return {
+        name: sum(parts.values()) - parts["optimizer"]
+        for name, parts in est.peak.moments.items()
+        if name != "optimizer step"
+    }

@@ -1,0 +1,124 @@
+"""The peak of transformers' own training step (``--impl hf``): one forward (transformers' loss) and backward
+of the model ``measure_hf`` builds, peft's adapters on it under LoRA, every storage an op makes counted
+until its last reference dies (``instruments.tracker.LiveMemoryTracker``), read at the estimate's moments
+(``instruments.moments``).
+
+The curve's boundaries are hooks on transformers' modules: "start", "forward i" when decoder layer i
+returns, and when an output gradient is ready (that module's backward begins) "backward lm_head", "backward
+final_norm", "backward i", "backward embedding" (a hook on a view of the module's output, registered by a
+forward hook; a decoder layer that returns a tuple has its first element, the hidden states, viewed). The
+final norm is the last normalisation module outside the layers (Llama's ``model.norm``, GPT-2's
+``transformer.ln_f``, GPT-NeoX's ``gpt_neox.final_layer_norm``).
+
+Live from the start: the parameters, the buffers and the batch (ids, labels). The optimizer is not built:
+the estimate's side is ``estimated_moments`` (each moment less its optimizer term).
+
+Known limitations (tests/hf/test_hf_peak.py):
+- NB: the estimate does not count a model's buffers: the rotary tables' ``inv_freq`` and
+  ``original_inv_freq`` (2 × d/2 fp32: 512 B at Llama 3's head dim 128), nor GPT-NeoX's or Pythia's, which
+  the measured curve holds from the start; the tests compare the curve less them.
+- NB: transformers' loss keeps its shifted labels as a contiguous [b·s] copy where the estimate counts the
+  padded [b, s + 1] it is cut from: 8 bytes a sequence over at the loss's and the final norm's backward (4
+  at the embedding's, where the loss's scalars are freed).
+- NB: the layer backward moment follows memplan's reference layer; transformers' layers differ by small
+  terms per family (GPT-2: +688,128 B at s 128; an adapted MLP's LoRA input gradients, one [T, h]).
+- NB: fake tensors (``fake=True``, any size); ``fake=False`` runs real CPU tensors for small models.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from memplan.config import Setup
+from memplan.measure.frameworks.hf import _one_sequence_per_row, build, layers_of, with_peft
+from memplan.measure.instruments.moments import read_points
+from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.runs.run import make_batch
+
+
+def final_norm(model: Any) -> Any:
+    """The last normalisation module outside the decoder layers (a name with no layer index)."""
+    norms = [
+        m
+        for name, m in model.named_modules()
+        if "norm" in type(m).__name__.lower() and not any(part.isdigit() for part in name.split("."))
+    ]
+    if not norms:
+        raise ValueError(f"model: no final norm found in {type(model).__name__}")
+    return norms[-1]
+
+
+@contextmanager
+def boundaries(model: Any, tracker: LiveMemoryTracker) -> Iterator[None]:
+    """The step's boundaries on ``tracker``'s curve, as ``instruments.moments`` reads them (module
+    docstring)."""
+    handles = []
+
+    def on_grad(label: str) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            tracker.note(label)
+
+        return hook
+
+    def watch(module: Any, label: str, forward: str | None = None) -> None:
+        def after(mod: Any, args: Any, out: Any) -> Any:
+            if forward is not None:
+                tracker.note(forward)
+            first = out[0] if isinstance(out, tuple) else out
+            if not (isinstance(first, torch.Tensor) and first.requires_grad):
+                return None
+            view = first.view_as(first)  # its gradient is ready before any hook on the output runs
+            view.register_hook(on_grad(label))
+            return (view, *out[1:]) if isinstance(out, tuple) else view
+
+        handles.append(module.register_forward_hook(after))
+
+    watch(model.get_input_embeddings(), "backward embedding")
+    for i, layer in enumerate(layers_of(model)):
+        watch(layer, f"backward {i}", f"forward {i}")
+    watch(final_norm(model), "backward final_norm")
+    watch(model.get_output_embeddings(), "backward lm_head")
+    tracker.note("start")
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def buffer_bytes(model: Any) -> int:
+    """Bytes of the model's buffers (the rotary tables' frequencies), which the estimate does not count."""
+    return sum(b.untyped_storage().nbytes() for b in model.buffers())
+
+
+def measure_hf_peak(setup: Setup, fake: bool = True) -> tuple[dict[str, int | None], int]:
+    """The curve's highest point in each of the estimate's moments (``analytic.peak``'s names but the
+    optimizer step's; None where the curve has no such stretch), and the model's ``buffer_bytes``."""
+    torch.manual_seed(0)
+    lora = not setup.finetune.trains_everything
+    if lora:  # as ``measure_hf``: peft's adapters made on the meta device, then materialised
+        with torch.device("meta"):
+            meta = with_peft(setup, build(setup))
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext():
+        model = meta.to_empty(device="cpu") if lora else build(setup)
+        if lora:
+            model.tie_weights()  # to_empty makes each parameter anew: a tied head its own copy otherwise
+        ids, labels = make_batch(setup, "cpu")
+        tracker = LiveMemoryTracker()
+        with _one_sequence_per_row(fake), tracker, boundaries(model, tracker), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tracker.track([*model.parameters(), *model.buffers(), ids, labels])
+            loss = model(input_ids=ids, labels=labels, use_cache=setup.impl.use_cache).loss
+            tracker.note("forward")
+            loss.backward()
+            tracker.note("backward")
+        buffers = buffer_bytes(model)
+    names = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
+    readings = read_points(tracker.curve, names)
+    return {n: None if r is None else r[1] for n, r in zip(names, readings, strict=True)}, buffers

@@ -1,0 +1,64 @@
+"""The peak of transformers' own training step under LoRA (peft's adapters on transformers' model, its loss,
+fake tensors at the family's real widths, two layers), read at each of the estimate's moments
+(``measure.frameworks.hf_peak``), against the estimate.
+
+The layer backward is the moment a frozen base got wrong: memplan charged the top layer's base weights'
+gradients (``blocks.profiles.top_layer_grads``), 424 MB at Llama 3 8B's widths, which no step of peft's
+makes; its estimated peak was that moment's, 225 MB (7 %) above the measured step's."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("peft")
+
+from memplan.config import FineTune, Method, Setup
+from memplan.config.finetune import parse_targets
+from memplan.engine import estimate
+from memplan.measure.frameworks.hf_peak import measure_hf_peak
+from memplan.measure.instruments.moments import estimated_moments
+from tests.hf.harness import hf_setup
+
+
+def lora(preset: str, targets: str, batch: int = 1) -> Setup:
+    """``--impl hf --finetune lora`` (rank 8, bf16-mixed: peft's fp32 adapters) at ``preset``'s widths, two
+    layers, s 128."""
+    setup = hf_setup(preset, seq=128, batch=batch)
+    ft = FineTune(method=Method.LORA, rank=8, targets=parse_targets(targets), dropout=0.0)
+    training = {**setup.training.model_dump(), "precision": "bf16-mixed"}
+    return Setup.model_validate({**setup.model_dump(), "finetune": ft.model_dump(), "training": training})
+
+
+CASES = [
+    lora("llama-3-8b", "q,v", batch=2),  # peft's default targets
+    lora("phi-3-mini", "q,k,v"),  # its fused qkv_proj, one adapter
+    lora("pythia-160m", "q,k,v"),  # GPT-NeoX's parallel layer, its fused query_key_value
+    lora("qwen3-0.6b", "q,v"),  # q and k norms
+]
+
+
+@pytest.mark.parametrize("setup", CASES, ids=lambda s: f"{s.model.name}-b{s.training.micro_batch}")
+def test_lora_moments_are_transformers_and_pefts(setup: Setup) -> None:
+    """Each moment measured, less the model's buffers (the rotary frequencies, which the estimate does not
+    count), equals the estimate's: the layer backward exactly; the loss's, the final norm's and the
+    embedding's to 8 bytes (``hf_peak``'s NB: at one sequence a micro-batch the loss keeps 8 B fewer
+    than the estimate's labels, and at the embedding's backward a 4-byte scalar of the loss's is freed)."""
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    assert delta["layer backward"] == 0, delta
+    assert all(-8 <= d <= 0 for d in delta.values()), delta
+    b = setup.training.micro_batch
+    if b > 1:  # the labels' copy as the estimate counts it: the loss's moments exact
+        assert delta["loss backward"] == delta["final norm backward"] == 0, delta
+
+
+def test_the_peak_is_no_longer_a_frozen_layers_phantom_gradients() -> None:
+    """At Llama 3 8B's widths the step's peak is the loss backward (the fp32 log-probabilities and their
+    gradients over a vocabulary of 128,256), not the layer's, whose base makes no gradient."""
+    setup = CASES[0]
+    result = estimate(setup)
+    measured, buffers = measure_hf_peak(setup)
+    assert result.peak.phase == "loss backward"
+    highest = max(v for v in measured.values() if v is not None)
+    assert highest - buffers == max(estimated_moments(result).values())
