@@ -180,6 +180,15 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
     seconds = time.perf_counter() - start
     result = impl_comparison_json(est, meas)
     result["built_from"] = "config.json" if document is not None else "memplan's model"
+    if setup.impl.impl is Impl.HF:  # the step's own peak, a second pass (shown, not judged)
+        from memplan.measure.frameworks.hf_peak import measure_hf_peak, step_peak_json
+        from memplan.measure.instruments.moments import estimated_moments
+
+        with Bar("tracing") as bar:
+            bar.advance(0, f"the peak of transformers' {setup.model.name} step under fake tensors")
+            moments, buffers = measure_hf_peak(setup, document=document)
+        seconds = time.perf_counter() - start
+        result["step_peak"] = step_peak_json(estimated_moments(est), moments, buffers)
     _print_impl_trace(result, seconds, as_json)
 
 

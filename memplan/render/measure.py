@@ -143,6 +143,10 @@ def impl_trace_report(result: dict[str, Any], seconds: float) -> RenderableType:
         from memplan.render.rank_peak import rank_peak_report
 
         peak.append(rank_peak_report(result["peak"]))
+    if "step_peak" in result:  # trace --impl hf: transformers' step
+        from memplan.render.rank_peak import step_peak_report
+
+        peak.append(step_peak_report(result["step_peak"]))
     if "weights" in diff and "rank" in result:  # the rank's states after the step, judged with the saves
         rank, w, g = result["rank"], diff["weights"], diff["gradients"]
         peak.append(

@@ -49,3 +49,32 @@ def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
         Text(f"its temporaries by op: {ops or 'none'}"),
         Text(judged),
     )
+
+
+def step_peak_report(peak: dict[str, Any]) -> RenderableType:
+    """``trace --impl hf``: each moment of transformers' step estimated (without the optimizer's states)
+    and measured (the curve's highest point in its stretch, less the model's buffers)."""
+    cols = (Col("moment", "left"), Col("estimated"), Col("measured"), Col("Δ", priority=1))
+    title = f"Peak of transformers' step, forward and backward, without the optimizer's states ({BYTE_UNITS})"
+    t = Fitted(cols, title=title)
+    for m in peak["moments"]:
+        measured = "—" if m["measured"] is None else fmt_bytes(m["measured"])
+        t.add(m["moment"], fmt_bytes(m["estimated"]), measured, _signed(m["delta"]))
+    t.add(
+        f"peak (estimated: {peak['estimated_phase']})",
+        fmt_bytes(peak["estimated"]),
+        fmt_bytes(peak["measured"]),
+        _signed(peak["delta"]),
+    )
+    judged = (
+        "the peaks are equal"
+        if peak["equal"]
+        else "the peak is shown, not judged: measure/frameworks/hf_peak.py's NBs name what is not modelled"
+    )
+    return Group(
+        t,
+        Text(
+            f"the model's buffers ({fmt_bytes(peak['buffers'])}: the rotary tables' frequencies), which the "
+            "estimate does not count, are taken off the measured curve; " + judged
+        ),
+    )

@@ -282,6 +282,29 @@ _TRACE = obj(
                 "equal": {"type": "boolean"},
             }
         ),
+        # trace --impl hf: the peak of transformers' step (peft's under LoRA) at the estimate's moments, the
+        # model's buffers (which the estimate does not count) taken off the measured curve; shown, not judged
+        "step_peak": obj(
+            {
+                "moments": {
+                    "type": "array",
+                    "items": obj(
+                        {
+                            "moment": NAME,
+                            "estimated": BYTES,
+                            "measured": {"type": ["integer", "null"], "minimum": 0},
+                            "delta": {"type": ["integer", "null"]},
+                        }
+                    ),
+                },
+                "buffers": BYTES,
+                "estimated": BYTES,
+                "estimated_phase": NAME,
+                "measured": BYTES,
+                "delta": {"type": "integer"},
+                "equal": {"type": "boolean"},
+            }
+        ),
         # trace --impl torchtitan --pp: the pipeline rank traced (its local chunks' virtual stages)
         "stage": obj(
             {

@@ -62,3 +62,31 @@ def test_the_peak_is_no_longer_a_frozen_layers_phantom_gradients() -> None:
     assert result.peak.phase == "loss backward"
     highest = max(v for v in measured.values() if v is not None)
     assert highest - buffers == max(estimated_moments(result).values())
+
+
+def test_trace_shows_the_steps_peak_beside_the_estimate() -> None:
+    """``trace --impl hf``: the ``step_peak`` object (valid against trace's schema), each moment estimated
+    and measured, the layer backward's exact under LoRA; the rich report shows
+    the table and says the peak is shown, not judged (the exit code is the saves' verdict)."""
+    import json
+
+    import jsonschema  # type: ignore[import-untyped]  # (no stubs installed)
+    from typer.testing import CliRunner
+
+    from memplan.cli.app import app
+    from memplan.schema import command_schema
+
+    runner = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"})
+    args = ["trace", "-m", "tiny", "--seq", "32", "--impl", "hf", "--finetune", "lora"]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    jsonschema.validate(out, command_schema("trace"))
+    peak = out["step_peak"]
+    layer = next(m for m in peak["moments"] if m["moment"] == "layer backward")
+    assert layer["delta"] == 0 and layer["measured"] == layer["estimated"]
+    assert peak["buffers"] == 2 * 8 * 4  # inv_freq and original_inv_freq: d/2 fp32 each, the tiny head dim 16
+    assert peak["delta"] == peak["measured"] - peak["estimated"]
+    shown = runner.invoke(app, args)
+    assert shown.exit_code == 0, shown.output
+    assert "Peak of transformers' step" in shown.stdout and "layer backward" in shown.stdout
