@@ -20,12 +20,10 @@ def _signed(d: int | None) -> Text:
     return Text(f"{'+' if d > 0 else '−'}{fmt_bytes(abs(d))}", style="bold red")
 
 
-def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
-    """Each moment estimated (without the optimizer's states) and measured (the curve's highest point in
-    its stretch); the peaks; the measured peak's parts and its largest temporaries by op."""
+def moments_table(peak: dict[str, Any], what: str) -> Fitted:
+    """Each moment estimated and measured, and the two peaks, with their differences."""
     cols = (Col("moment", "left"), Col("estimated"), Col("measured"), Col("Δ", priority=1))
-    title = f"Rank peak of forward and backward, without the optimizer's states ({BYTE_UNITS})"
-    t = Fitted(cols, title=title)
+    t = Fitted(cols, title=f"{what}, without the optimizer's states ({BYTE_UNITS})")
     for m in peak["moments"]:
         measured = "—" if m["measured"] is None else fmt_bytes(m["measured"])
         t.add(m["moment"], fmt_bytes(m["estimated"]), measured, _signed(m["delta"]))
@@ -35,6 +33,13 @@ def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
         fmt_bytes(peak["measured"]),
         _signed(peak["delta"]),
     )
+    return t
+
+
+def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
+    """Each moment estimated (without the optimizer's states) and measured (the curve's highest point in
+    its stretch); the peaks; the measured peak's parts and its largest temporaries by op."""
+    t = moments_table(peak, "Rank peak of forward and backward")
     parts = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in peak["measured_parts"].items())
     ops = ", ".join(f"{op} {fmt_bytes(v)}" for op, v in list(peak["measured_transient"].items())[:6])
     judged = (
@@ -54,18 +59,7 @@ def rank_peak_report(peak: dict[str, Any]) -> RenderableType:
 def step_peak_report(peak: dict[str, Any]) -> RenderableType:
     """``trace --impl hf``: each moment of transformers' step estimated (without the optimizer's states)
     and measured (the curve's highest point in its stretch, less the model's buffers)."""
-    cols = (Col("moment", "left"), Col("estimated"), Col("measured"), Col("Δ", priority=1))
-    title = f"Peak of transformers' step, forward and backward, without the optimizer's states ({BYTE_UNITS})"
-    t = Fitted(cols, title=title)
-    for m in peak["moments"]:
-        measured = "—" if m["measured"] is None else fmt_bytes(m["measured"])
-        t.add(m["moment"], fmt_bytes(m["estimated"]), measured, _signed(m["delta"]))
-    t.add(
-        f"peak (estimated: {peak['estimated_phase']})",
-        fmt_bytes(peak["estimated"]),
-        fmt_bytes(peak["measured"]),
-        _signed(peak["delta"]),
-    )
+    t = moments_table(peak, "Peak of transformers' step, forward and backward")
     judged = (
         "the peaks are equal"
         if peak["equal"]

@@ -246,6 +246,21 @@ _DIFF = obj(
     },
     required=["equal", "tensors", "flops", "layers"],
 )
+
+_PEAK_MOMENTS = {
+    "type": "array",
+    "items": obj(
+        {
+            "moment": NAME,
+            "estimated": BYTES,
+            # null: the measured curve has no such stretch
+            "measured": {"type": ["integer", "null"], "minimum": 0},
+            "delta": {"type": ["integer", "null"]},
+        }
+    ),
+}
+"""A peak's moments, each estimated and measured (the curve's highest point in its stretch)."""
+
 _TRACE = obj(
     {
         "estimated": _ESTIMATE_REF,
@@ -261,18 +276,7 @@ _TRACE = obj(
             {
                 "estimated": BYTES,
                 "estimated_phase": NAME,
-                "moments": {
-                    "type": "array",
-                    "items": obj(
-                        {
-                            "moment": NAME,
-                            "estimated": BYTES,
-                            # null: the measured curve has no such stretch
-                            "measured": {"type": ["integer", "null"], "minimum": 0},
-                            "delta": {"type": ["integer", "null"]},
-                        }
-                    ),
-                },
+                "moments": _PEAK_MOMENTS,
                 "measured": BYTES,
                 "measured_phase": NAME,
                 "measured_op": NAME,
@@ -286,17 +290,7 @@ _TRACE = obj(
         # model's buffers (which the estimate does not count) taken off the measured curve; shown, not judged
         "step_peak": obj(
             {
-                "moments": {
-                    "type": "array",
-                    "items": obj(
-                        {
-                            "moment": NAME,
-                            "estimated": BYTES,
-                            "measured": {"type": ["integer", "null"], "minimum": 0},
-                            "delta": {"type": ["integer", "null"]},
-                        }
-                    ),
-                },
+                "moments": _PEAK_MOMENTS,
                 "buffers": BYTES,
                 "estimated": BYTES,
                 "estimated_phase": NAME,

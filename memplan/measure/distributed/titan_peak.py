@@ -94,7 +94,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from memplan.measure.distributed.instruments import RankMemoryTracker, local
 from memplan.measure.instruments.moments import estimated_moments, read_points
 from memplan.measure.instruments.record import storage_ref
-from memplan.measure.instruments.tracker import Curve, data_tensors
+from memplan.measure.instruments.tracker import Curve, data_tensors, step_boundaries
 
 KINDS = ("states", "gradients", "saved", "transient")
 """What is alive at the measured peak, in the order the comparison shows it."""
@@ -291,46 +291,17 @@ def propagation_unseen(tracker: PeakTracker) -> Iterator[None]:
 
 @contextmanager
 def boundaries(model: Any, tracker: PeakTracker) -> Iterator[None]:
-    """The step's boundaries on the tracker's curve, as ``instruments.moments`` reads them: "start",
-    "forward i" when block i's forward returns, and when an output gradient is ready (that block's
-    backward begins) "backward lm_head", "backward final_norm", "backward i", "backward embedding" (a hook
-    on the output, registered by a forward hook)."""
-    handles = []
-
-    def on_grad(label: str) -> Any:
-        def hook(grad: torch.Tensor) -> None:
-            tracker.note(label)
-
-        return hook
-
-    def watch(module: Any, label: str, forward: str | None = None) -> None:
-        def after(mod: Any, args: Any, out: Any) -> Any:
-            if forward is not None:
-                tracker.note(forward)
-            if not (isinstance(out, torch.Tensor) and out.requires_grad):
-                return None
-            view = out.view_as(out)  # its gradient is ready before any hook on the output runs
-            view.register_hook(on_grad(label))
-            return view
-
-        handles.append(module.register_forward_hook(after))
-
-    # Each note fires before FSDP2's pre-backward hook on the same output gathers the block's unit (a hook
-    # on a view of it): the gather belongs to the block's backward, as the estimate's gathered unit does.
-    watch(model.tok_embeddings, "backward embedding")
-    for i, block in enumerate(model.layers.values()):
-        watch(block, f"backward {i}", f"forward {i}")
-    watch(model.norm, "backward final_norm")
-    watch(model.lm_head, "backward lm_head")
-    tracker.note("start")
-    try:
-        with warnings.catch_warnings():
-            # FSDP2's root warns that the model returns a view (the lm head's, above): nothing writes to it
-            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-            yield
-    finally:
-        for h in handles:
-            h.remove()
+    """The step's boundaries on the tracker's curve (``instruments.tracker.step_boundaries``) on
+    torchtitan's embedding, blocks, final norm and head."""
+    with (
+        step_boundaries(
+            tracker, model.tok_embeddings, list(model.layers.values()), model.norm, model.lm_head
+        ),
+        warnings.catch_warnings(),
+    ):
+        # FSDP2's root warns that the model returns a view (the lm head's): nothing writes to it
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+        yield
 
 
 def grads_of(model: Any) -> list[torch.Tensor]:

@@ -173,12 +173,7 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             model = build(setup, document)
             model = with_peft(setup, model) if lora else model
         s = setup.strategy
-        if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model._activation_checkpointing_enable(
-                    {"use_reentrant": setup.impl.reentrant}, every_n_layers=s.segment
-                )
+        enable_checkpointing(setup, model)
         ids, labels = make_batch(setup, "cpu")
         layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
 
@@ -193,6 +188,17 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             meas = run_step(model, layers, forward, checkpointed)
         meas.routing = routing
         return meas
+
+
+def enable_checkpointing(setup: Setup, model: Any) -> None:
+    """transformers' activation checkpointing under ``--checkpointing full`` or every-K (``--reentrant``)."""
+    s = setup.strategy
+    if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model._activation_checkpointing_enable(
+                {"use_reentrant": setup.impl.reentrant}, every_n_layers=s.segment
+            )
 
 
 def rope_type(document: Mapping[str, Any]) -> str | None:

@@ -32,17 +32,23 @@ Known limitations (tests/hf/test_hf_peak.py):
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Checkpointing, Setup
-from memplan.measure.frameworks.hf import _one_sequence_per_row, build, layers_of, with_peft
+from memplan.config import Setup
+from memplan.measure.frameworks.hf import (
+    _one_sequence_per_row,
+    build,
+    enable_checkpointing,
+    layers_of,
+    with_peft,
+)
 from memplan.measure.instruments.moments import read_points
-from memplan.measure.instruments.tracker import LiveMemoryTracker
+from memplan.measure.instruments.tracker import LiveMemoryTracker, step_boundaries
 from memplan.measure.runs.run import make_batch
 
 
@@ -58,54 +64,15 @@ def final_norm(model: Any) -> Any:
     return norms[-1]
 
 
-@contextmanager
-def boundaries(model: Any, tracker: LiveMemoryTracker) -> Iterator[None]:
-    """The step's boundaries on ``tracker``'s curve, as ``instruments.moments`` reads them (module
-    docstring)."""
-    handles = []
-
-    def on_grad(label: str) -> Any:
-        def hook(grad: torch.Tensor) -> None:
-            tracker.note(label)
-
-        return hook
-
-    def watch(module: Any, label: str, forward: str | None = None) -> None:
-        def after(mod: Any, args: Any, out: Any) -> Any:
-            if forward is not None:
-                tracker.note(forward)
-            first = out[0] if isinstance(out, tuple) else out
-            if not (isinstance(first, torch.Tensor) and first.requires_grad):
-                return None
-            view = first.view_as(first)  # its gradient is ready before any hook on the output runs
-            view.register_hook(on_grad(label))
-            return (view, *out[1:]) if isinstance(out, tuple) else view
-
-        handles.append(module.register_forward_hook(after))
-
-    watch(model.get_input_embeddings(), "backward embedding")
-    for i, layer in enumerate(layers_of(model)):
-        watch(layer, f"backward {i}", f"forward {i}")
-    watch(final_norm(model), "backward final_norm")
-    watch(model.get_output_embeddings(), "backward lm_head")
-    tracker.note("start")
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def checkpointing(setup: Setup, model: Any) -> None:
-    """transformers' activation checkpointing as ``measure_hf`` enables it (``--checkpointing full`` or
-    every-K; ``--reentrant``)."""
-    s = setup.strategy
-    if s.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model._activation_checkpointing_enable(
-                {"use_reentrant": setup.impl.reentrant}, every_n_layers=s.segment
-            )
+def boundaries(model: Any, tracker: LiveMemoryTracker) -> Any:
+    """The step's boundaries (``instruments.tracker.step_boundaries``) on transformers' modules."""
+    return step_boundaries(
+        tracker,
+        model.get_input_embeddings(),
+        layers_of(model),
+        final_norm(model),
+        model.get_output_embeddings(),
+    )
 
 
 def buffer_bytes(model: Any) -> int:
@@ -129,7 +96,7 @@ def measure_hf_peak(
         model = meta.to_empty(device="cpu") if lora else build(setup, document)
         if lora:
             model.tie_weights()  # to_empty makes each parameter anew: a tied head its own copy otherwise
-        checkpointing(setup, model)
+        enable_checkpointing(setup, model)
         ids, labels = make_batch(setup, "cpu")
         tracker = LiveMemoryTracker()
         with _one_sequence_per_row(fake), tracker, boundaries(model, tracker), warnings.catch_warnings():

@@ -305,3 +305,48 @@ def cuda_history_curve(
     if any(stamps[1:]):
         notes = [(label, max(0, bisect.bisect_right(stamps, t) - 1)) for label, t in times]
     return Curve(samples, notes)
+
+
+@contextmanager
+def step_boundaries(
+    tracker: LiveMemoryTracker, embedding: Any, layers: Sequence[Any], norm: Any, head: Any
+) -> Iterator[None]:
+    """The step's boundaries on ``tracker``'s curve, as ``instruments.moments`` reads them: "start",
+    "forward i" when layer i's forward returns, and when an output gradient is ready (that module's
+    backward begins) "backward lm_head", "backward final_norm", "backward i", "backward embedding": a hook
+    on a view of the module's output, registered by a forward hook (a view's gradient is ready before any
+    hook on the output runs: under FSDP2 the note comes before its pre-backward hook gathers the unit, so
+    the gather falls in the module's backward); a module that returns a tuple (transformers' decoder
+    layers) has its first element, the hidden states, viewed."""
+    handles = []
+
+    def on_grad(label: str) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            tracker.note(label)
+
+        return hook
+
+    def watch(module: Any, label: str, forward: str | None = None) -> None:
+        def after(mod: Any, args: Any, out: Any) -> Any:
+            if forward is not None:
+                tracker.note(forward)
+            first = out[0] if isinstance(out, tuple) else out
+            if not (isinstance(first, torch.Tensor) and first.requires_grad):
+                return None
+            view = first.view_as(first)
+            view.register_hook(on_grad(label))
+            return (view, *out[1:]) if isinstance(out, tuple) else view
+
+        handles.append(module.register_forward_hook(after))
+
+    watch(embedding, "backward embedding")
+    for i, layer in enumerate(layers):
+        watch(layer, f"backward {i}", f"forward {i}")
+    watch(norm, "backward final_norm")
+    watch(head, "backward lm_head")
+    tracker.note("start")
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
