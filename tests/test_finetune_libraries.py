@@ -401,6 +401,30 @@ def test_fused_targets_are_adapted_whole() -> None:
         hf_lora_setup("phi-3-mini", "bf16", "up,down", 0.0)
 
 
+def test_gemma3s_full_layer_keeps_its_own_saves_under_lora() -> None:
+    """Gemma-3 with a window shorter than the sequence (16 of 32) and every second layer full: under SDPA
+    the sliding layer passes a mask and k and v repeated to the query heads, the full layer neither
+    (``attention.full_layer_setup``). Under LoRA each layer is now charged its own kind's saves
+    (``strategies.lora.layer_bytes``); before, the full layer a sliding one's: 6,144 B over here, 6 MiB a
+    full layer at Gemma-3-4B's widths and s 1,024, where ``trace --impl hf --finetune lora`` failed. The
+    saves' total and the FLOPs equal peft's step (per layer, the step counts each shared rotary table in
+    the first layer that multiplies by it, the estimate in the model's constants)."""
+    from memplan.blocks.attention.windows import is_sliding
+    from memplan.measure.frameworks.hf import layers_of
+    from memplan.measure.frameworks.step import run_step
+    from memplan.measure.runs.run import make_batch
+
+    setup = hf_lora_setup("gemma-3-1b", "bf16", "q,v", 0.0, sliding_window=16, sliding_window_pattern=2)
+    assert [is_sliding(setup.model, i) for i in range(2)] == [True, False]
+    model = peft_on_transformers(setup)
+    ids, labels = make_batch(setup, "cpu")
+    layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]
+    meas = run_step(model, layers, lambda: model(input_ids=ids, labels=labels).loss, False)
+    est = estimate(setup)
+    assert est.activations == meas.activations
+    assert (est.flops.forward, est.flops.backward) == (meas.flops["forward"], meas.flops["backward"])
+
+
 def test_qwen3_lora_keeps_the_q_k_norms_saves() -> None:
     """LoRA on q and k of Qwen3 in fp32: q_norm and k_norm (RMSNorm over head_dim on q_proj's and k_proj's
     outputs, frozen weights) keep x32 and rstd. By hand per layer: q [b, s, a, d] = 1·32·4·16·4 = 8192 and

@@ -63,10 +63,12 @@ from memplan.blocks.attention.core import (
     Core,
     attention_core_rules,
     core_of,
+    full_layer_setup,
     head_major_output,
     projection_rules,
 )
 from memplan.blocks.attention.rope import rope_cache_rules
+from memplan.blocks.attention.windows import is_sliding
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.head import lm_head_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Rule, Scope, save
@@ -328,12 +330,21 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
 
 
 def layer_bytes(setup: Setup) -> list[int]:
-    """Bytes each layer keeps, first to last."""
+    """Bytes each layer keeps, first to last: its flow's rules, on a full-attention layer of a model with
+    sliding ones (Gemma-2 and 3 under SDPA, ``full_layer_setup``) its own kind's — SDPA gets no window mask
+    there and k and v stay at their kv heads. Before, every layer was charged a sliding one's under LoRA:
+    Gemma-3-4B's full layers 6 MiB each over at s 1,024 (tests/test_finetune_libraries.py)."""
     fl = flows(setup)
-    per_flow = {
-        f: sum(r.bytes for r in rules) for f, rules in _rules_by_flow(setup, Dims.of(setup), fl).items()
-    }
-    return [per_flow[f] for f in fl]
+
+    def per_flow(s: Setup) -> dict[Flow, int]:
+        return {f: sum(r.bytes for r in rules) for f, rules in _rules_by_flow(s, Dims.of(s), fl).items()}
+
+    sliding = per_flow(setup)
+    full = full_layer_setup(setup)
+    if full is None:
+        return [sliding[f] for f in fl]
+    whole = per_flow(full)
+    return [sliding[f] if is_sliding(setup.model, i) else whole[f] for i, f in enumerate(fl)]
 
 
 def _rules_by_flow(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> dict[Flow, list[Rule]]:
