@@ -249,6 +249,8 @@ CASES: list[Case] = [
     case("megatron-fp8-moe", "estimate -m mixtral-8x7b --impl megatron --fp8 delayed", "fp8"),
     case("hf-fp8", "estimate -m tiny --impl hf --fp8 rowwise", "fp8"),
     case("trace-hf-compile", "trace -m tiny --seq 32 --impl hf --compile", "compile"),
+    # CPU's SDPA runs its math kernel under attention dropout, CUDA's flash: not the cuda estimate's saves
+    case("trace-hf-cuda-math", "trace -m tiny --seq 32 --impl hf --device cuda --dropout 0.1", "device"),
     case(
         "trace-compile-fp8-tp",
         "trace -m tiny --seq 32 --impl torchtitan --tp 2 --compile --fp8 rowwise",

@@ -155,6 +155,17 @@ def _trace_impl(setup: Setup, as_json: bool, model: str) -> None:
             "saved set is traced for --impl reference and torchtitan; drop --compile"
         )
     measure_impl = check_traceable(setup)
+    if setup.impl.impl is Impl.HF and setup.device is Device.CUDA:
+        from memplan.blocks.attention.core import core_of
+
+        if core_of(setup.model_copy(update={"device": Device.CPU})) is not core_of(setup):
+            # transformers' model runs on CPU kernels here: SDPA's CPU dispatcher picks its math kernel for
+            # attention dropout or MLA's unequal head widths, where CUDA's does not
+            raise ValueError(
+                "device: trace --impl hf runs transformers' model on CPU kernels, where this model's "
+                "attention runs SDPA's math kernel (attention dropout or MLA's head widths) and CUDA's does "
+                "not; compare like with like: trace --device cpu"
+            )
     if setup.impl.impl is Impl.TORCHTITAN:
         from memplan.measure.distributed.titan import compiles, needs_ranks
 
