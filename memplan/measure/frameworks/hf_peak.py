@@ -17,13 +17,13 @@ Known limitations (tests/hf/test_hf_peak.py):
 - NB: the estimate does not count a model's buffers: the rotary tables' ``inv_freq`` and
   ``original_inv_freq`` (2 × d/2 fp32: 512 B at Llama 3's head dim 128), nor GPT-NeoX's or Pythia's, which
   the measured curve holds from the start; the tests compare the curve less them.
-- NB: transformers' loss keeps its shifted labels as a contiguous [b·s] copy where the estimate counts the
-  padded [b, s + 1] it is cut from: 8 bytes a sequence over at the loss's and the final norm's backward (4
-  at the embedding's, where the loss's scalars are freed).
-- NB: under transformers' checkpointing with LoRA (Llama 3 8B, s 1,024) the measured moments are 8 KiB
-  above the estimate's (an int64 [b, s] the checkpointed layers' inputs hold) and the embedding's
-  backward 16 MiB above (the embedding output's gradient that peft's ``enable_input_require_grads`` asks
-  for): not modelled.
+- NB: at one sequence a micro-batch the loss's and the final norm's moments measure 8 B under the estimate
+  (its labels: not found further; at two sequences they are exact), the embedding's 4 B under (a scalar of
+  the loss's).
+- NB: under transformers' checkpointing the measured moments are 8·s B above the estimate's (an int64 [s]
+  the checkpointed layers' inputs hold: 8 KiB at s 1,024), and with LoRA the embedding's backward one
+  [T, h] above (the embedding output's gradient that peft's ``enable_input_require_grads`` asks for): not
+  modelled.
 - NB: the layer backward moment follows memplan's reference layer; transformers' layers differ by small
   terms per family (GPT-2: +688,128 B at s 128; an adapted MLP's LoRA input gradients, one [T, h]).
 - NB: fake tensors (``fake=True``, any size); ``fake=False`` runs real CPU tensors for small models.
