@@ -92,7 +92,7 @@ from torch.distributed.tensor import DTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from memplan.measure.distributed.instruments import RankMemoryTracker, local
-from memplan.measure.instruments.moments import estimated_moments, read_points
+from memplan.measure.instruments.moments import estimated_moments, moment_rows, read_points
 from memplan.measure.instruments.record import storage_ref
 from memplan.measure.instruments.tracker import Curve, data_tensors, step_boundaries
 
@@ -315,10 +315,7 @@ def peak_json(est: Any, run: PeakRun) -> dict[str, Any]:
     estimated = estimated_moments(est)
     measured = run.moments(list(estimated))
     phase = max(estimated, key=lambda k: estimated[k])
-    moments = [
-        {"moment": name, "estimated": value, "measured": reading, "delta": _minus(reading, value)}
-        for (name, value), reading in zip(estimated.items(), measured.values(), strict=True)
-    ]
+    moments = moment_rows(estimated, measured)
     return {
         "estimated": estimated[phase],
         "estimated_phase": phase,
@@ -331,7 +328,3 @@ def peak_json(est: Any, run: PeakRun) -> dict[str, Any]:
         "delta": run.peak - estimated[phase],
         "equal": run.peak == estimated[phase],
     }
-
-
-def _minus(measured: int | None, estimated: int) -> int | None:
-    return None if measured is None else measured - estimated

@@ -47,7 +47,7 @@ from memplan.measure.frameworks.hf import (
     layers_of,
     with_peft,
 )
-from memplan.measure.instruments.moments import read_points
+from memplan.measure.instruments.moments import moment_rows, read_points
 from memplan.measure.instruments.tracker import LiveMemoryTracker, step_boundaries
 from memplan.measure.runs.run import make_batch
 
@@ -118,12 +118,7 @@ def step_peak_json(
     """``trace --impl hf``'s ``step_peak``: each moment estimated (``instruments.moments.estimated_moments``)
     and measured less the model's ``buffers``, the two peaks, their difference."""
     less = {k: None if v is None else v - buffers for k, v in measured.items()}
-    moments = [
-        {"moment": k, "estimated": v, "measured": got, "delta": None if got is None else got - v}
-        for k, v in estimated.items()
-        if k in less
-        for got in (less[k],)
-    ]
+    moments = moment_rows({k: v for k, v in estimated.items() if k in less}, less)
     phase = max(estimated, key=lambda k: estimated[k])
     highest = max((v for v in less.values() if v is not None), default=0)
     return {

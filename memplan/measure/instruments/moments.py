@@ -107,3 +107,20 @@ def estimated_moments(est: Any) -> dict[str, int]:
         for name, parts in est.peak.moments.items()
         if name != "optimizer step"
     }
+
+
+def moment_rows(estimated: dict[str, int], measured: dict[str, int | None]) -> list[dict[str, Any]]:
+    """Each of ``estimated``'s moments beside its ``measured`` reading (None: the curve has no such stretch)
+    and their difference: the ``moments`` of ``trace``'s ``peak`` and ``step_peak``."""
+    rows = []
+    for name, value in estimated.items():
+        got = measured.get(name)
+        rows.append(
+            {
+                "moment": name,
+                "estimated": value,
+                "measured": got,
+                "delta": None if got is None else got - value,
+            }
+        )
+    return rows
