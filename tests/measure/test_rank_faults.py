@@ -129,12 +129,23 @@ position = "rope"
 """
 
 
+def run_env(tmp: Path, **more: str) -> dict[str, str]:
+    """A memplan process's environment with ``tmp`` as its $TMPDIR, torch's own cache beside it.
+
+    torch makes its inductor cache (``torchinductor_$USER``, kept across runs by design) in $TMPDIR when a
+    process first imports dynamo, unless ``TORCHINDUCTOR_CACHE_DIR`` names one, which torch then sets in the
+    importing process's environment: so it depended on what a worker had run before whether a child made
+    it in ``tmp`` (a failure run alone, a pass in the suite). What must be left in $TMPDIR is nothing of
+    the run's own."""
+    cache = str(tmp.with_name(tmp.name + "-inductor-cache"))
+    return {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": cache, **more}
+
+
 def memplan_profile(tmp: Path, model: str = "tiny", seq: str = "16") -> subprocess.Popen[str]:
-    env = {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "COLUMNS": "100"}
     args = ["profile", "-m", model, "--device", "cpu", "--seq", seq, "--nproc", "2"]
     return subprocess.Popen(
         [sys.executable, "-m", "memplan", *args],
-        env=env,
+        env=run_env(tmp, COLUMNS="100"),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -186,8 +197,10 @@ def test_ctrl_c_to_the_process_group_while_the_ranks_run(tmp_path: Path) -> None
     (tmp_path / "wide.toml").write_text(WIDE)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    # The wide model computes for some 10 s after the rendezvous (the tiny one is done in a moment).
-    proc = memplan_profile(tmp, str(tmp_path / "wide.toml"), "256")
+    # The wide model at 4,096 tokens runs for some 17 s after rank 0's store listens (measured unloaded; the
+    # tiny one is done in a moment). At 256 tokens that was 4.6 s, and once a loaded machine's poll saw the
+    # store late: the SIGINT came as the parent reaped the finished ranks (ignored then), exit code 0.
+    proc = memplan_profile(tmp, str(tmp_path / "wide.toml"), "4096")
     ranks = wait_for_ranks(proc, 2)
     # Running: the rendezvous is up when rank 0's store listens (the ranks have imported torch).
     deadline = time.monotonic() + 90
@@ -218,7 +231,7 @@ def _listening(pid: int) -> bool:
 
 def test_one_process_refusals_come_before_any_rank(tmp_path: Path) -> None:
     """gpt2's attention dropout cannot run in the CPU flash kernel: refused by the parent, no rank spawned."""
-    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    env = run_env(tmp_path)
     args = ["profile", "-m", "gpt2", "--device", "cpu", "--seq", "16", "--nproc", "2"]
     with subprocess.Popen(
         [sys.executable, "-m", "memplan", *args], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True
