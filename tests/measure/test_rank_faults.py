@@ -138,7 +138,13 @@ def run_env(tmp: Path, **more: str) -> dict[str, str]:
     it in ``tmp`` (a failure run alone, a pass in the suite). What must be left in $TMPDIR is nothing of
     the run's own."""
     cache = str(tmp.with_name(tmp.name + "-inductor-cache"))
-    return {**os.environ, "TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": cache, **more}
+    return {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": str(ROOT),
+        "TORCHINDUCTOR_CACHE_DIR": cache,
+        **more,
+    }
 
 
 def memplan_profile(tmp: Path, model: str = "tiny", seq: str = "16") -> subprocess.Popen[str]:
@@ -151,7 +157,15 @@ def memplan_profile(tmp: Path, model: str = "tiny", seq: str = "16") -> subproce
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a shell job: killpg below is the terminal's ^C
+        preexec_fn=_terminal_sigint,
     )
+
+
+def _terminal_sigint() -> None:
+    """SIGINT at its default in the child, as a terminal's foreground job has it: a process inherits an
+    ignored signal, and a pytest worker may have it ignored; memplan then keeps it ignored (so does every
+    program started with it ignored, as a shell's background job is), and the run ignores the ^C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_ranks(proc: subprocess.Popen[str], n: int, within: float = 90) -> list[int]:
@@ -202,19 +216,33 @@ def test_ctrl_c_to_the_process_group_while_the_ranks_run(tmp_path: Path) -> None
     # store late: the SIGINT came as the parent reaped the finished ranks (ignored then), exit code 0.
     proc = memplan_profile(tmp, str(tmp_path / "wide.toml"), "4096")
     ranks = wait_for_ranks(proc, 2)
-    # Running: the rendezvous is up when rank 0's store listens (the ranks have imported torch).
+    # Running: the rendezvous is up when rank 0's store listens (the ranks have imported torch), and the
+    # parent has left ``spawn._sigint_ignored``: it ignores SIGINT until the last rank has read its
+    # arguments from the pipe (seconds while that rank imports torch, spawn's NB), and rank 0 can listen
+    # before then. Before, the test waited for the store alone: under load the SIGINT came inside that
+    # window, and the run went on to its end (exit 0, or past the 30 s wait).
     deadline = time.monotonic() + 90
-    while not _listening(ranks[0]):
-        assert time.monotonic() < deadline and proc.poll() is None
+    while not (_listening(ranks[0]) and not _ignores_sigint(proc.pid)):
+        assert proc.poll() is None, ("the run ended before the SIGINT", proc.returncode, proc.communicate())
+        assert time.monotonic() < deadline
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)  # the parent and both ranks, as a terminal's Ctrl-C
     check_stopped(proc, ranks, tmp, 128 + signal.SIGINT, "SIGINT")
 
 
+def _ignores_sigint(pid: int) -> bool:
+    """Whether ``pid`` ignores SIGINT (its ``SigIgn`` mask in /proc/PID/status: bit signum − 1)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    return False
+
+
 def _listening(pid: int) -> bool:
     """Whether ``pid`` holds a listening TCP socket (rank 0's store: the rank is past torch's import)."""
     inodes = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
+    fds = Path(f"/proc/{pid}/fd")
+    for fd in fds.iterdir() if fds.exists() else ():
         try:
             target = os.readlink(fd)
         except OSError:

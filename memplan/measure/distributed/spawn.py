@@ -4,8 +4,9 @@ and reaped; the ranks ignore SIGINT (a terminal's Ctrl-C stops them through the 
 parent. A spawned run's rendezvous listens on 127.0.0.1 only (``local_store``).
 
 Known limitations (NB): a rank's own child processes are not tracked (the ranks start none: gloo and NCCL
-use threads); a SIGINT in the moment the ranks are being started is ignored (SIGINT is ignored then, so
-that they inherit it).
+use threads); a SIGINT while the ranks are being started is ignored (SIGINT is ignored then, so that they
+inherit it): until the last rank has read its pickled arguments from its pipe, which it does once it has
+imported what they need (torch, seconds; longer on a loaded machine).
 """
 
 from __future__ import annotations
