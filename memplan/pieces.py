@@ -19,7 +19,7 @@ from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.blocks.norm import released_as
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
 from memplan.strategies import (
     Strategy,
@@ -62,6 +62,12 @@ class Pieces:
     sequence parallelism, and the MoE's larger MLP gradient buffers."""
     layer_bytes: tuple[int, ...] = ()
     """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
+    alone_layers: tuple[int, ...] = ()
+    """transformers' every-K (``Profile.checkpoints_alone``): each layer's bytes, the checkpoint's input
+    where i % K == 0, its saves elsewhere (``analytic.every_k``)."""
+    rerun_less: int = 0
+    """transformers' every-K: what one re-run layer keeps below the full-training working set
+    (``layer_correction`` carries it for segments, where every layer of one re-runs)."""
     rates: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
     """What the time layer derives from the same fields per layer (``time.compute.layer_rates``, by GPU and
     peak), memoised here: made once for every pipeline layout, ZeRO stage and dp of these pieces, and
@@ -199,6 +205,7 @@ def pieces(core: Setup) -> Pieces:
     transient = lb.layer_backward_transient(rank, dims, params)
     mlp = lb.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
+    alone = checkpoints_alone(rank)
     return Pieces(
         core=core,
         setup=rank,
@@ -206,9 +213,21 @@ def pieces(core: Setup) -> Pieces:
         params=params,
         expert_params=experts,
         group_bytes=groups,
-        layer_correction=moe_buffers - rerun * changed,
+        layer_correction=moe_buffers - (0 if alone else rerun * changed),
         layer_bytes=per_layer,
+        alone_layers=alone_layer_bytes(rank, groups) if alone else (),
+        rerun_less=changed if alone else 0,
     )
+
+
+def alone_layer_bytes(rank: Setup, groups: dict[Group, int]) -> tuple[int, ...]:
+    """Each layer's bytes under transformers' every-K (``Pieces.alone_layers``): a checkpointed layer's
+    input, every other layer's saves as un-checkpointed (fine-tuning's along the gradient flow, a model's
+    kinds of layer; else the group's one layer)."""
+    plain, k = _without_recompute(rank), rank.strategy.segment
+    each = lora.layer_bytes(plain) if lora.applies(rank) else act.layer_kind_bytes(plain)
+    each = each or [groups[Group.LAYER]] * rank.model.num_layers
+    return tuple(groups[Group.CHECKPOINT] if i % k == 0 else n for i, n in enumerate(each))
 
 
 @functools.lru_cache(maxsize=256)

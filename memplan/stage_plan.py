@@ -170,8 +170,11 @@ class StagePlan:
             unsharded = torch_interleaved.most_unsharded(par.pp, par.vpp, st.micro_batches, st.index, sizes)
         partial = partial_grads(self.setup, st)  # the user's setup: ``at``'s model is the rank's shard
         # what each layer keeps, where they differ, when this chunk is the whole model
-        layers = pc.layer_bytes if len(pc.layer_bytes) == st.chunk_layers else ()
-        base = pk.peak(at, self.states, kept, self.params, head_grads, unsharded, partial, layers)
+        layers = pc.layer_bytes if len(pc.layer_bytes) == st.chunk_layers else pc.alone_layers
+        whole = st.chunk_layers == pc.setup.model.num_layers
+        base = pk.peak(
+            at, self.states, kept, self.params, head_grads, unsharded, partial, layers, pc.rerun_less, whole
+        )
         moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage
             for name in ("loss forward", "loss backward", "lm head backward", "final norm backward"):
@@ -213,6 +216,9 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     layer = g[Group.CHECKPOINT] if segment else g[Group.LAYER]
     per_chunk = counts[Group.CHECKPOINT] if segment else counts[Group.LAYER]
     one_chunk = -(-st.chunk_layers // segment) if segment else st.chunk_layers  # the largest chunk
+    if pc.alone_layers:  # transformers' every-K (no pp): one entry per layer, each counted as the largest
+        layer, per_chunk = max(pc.alone_layers), counts[Group.CHECKPOINT] + counts[Group.LAYER]
+        one_chunk = per_chunk
     others = layer * (per_chunk - one_chunk) + g[Group.STAGE] * counts[Group.STAGE]
     others += g[Group.LAYER_CONSTANTS] * counts[Group.LAYER_CONSTANTS]  # alive throughout
     # a layer's saved module buffer (torchtitan's RoPE cache) with the chunk's layers, once per layer; the
@@ -220,8 +226,6 @@ def peak_inputs(pc: Pieces, st: Stage, counts: dict[Group, int], boundary: int =
     buffers = counts[Group.LAYER_BUFFER]
     layer += g[Group.LAYER_BUFFER] if buffers else 0
     others += g[Group.LAYER_BUFFER] * (buffers - one_chunk) if buffers else 0
-    if checkpoints_alone(pc.setup):  # NB: the layers not checkpointed, lumped as alive throughout
-        others += g[Group.LAYER] * counts[Group.LAYER]
     return [
         _lump("layers", layer, Scope.LAYER, one_chunk, Block.CHECKPOINT, Role.RESIDUAL),
         _lump(

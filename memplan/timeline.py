@@ -118,8 +118,8 @@ def saved_after(r: Result, layer_sets: int) -> list[int]:
     """Bytes the layers (or checkpointed segments) have saved after the first n of them, n = 0 … all.
     Fine-tuning's layers keep different bytes along the gradient flow (``Pieces.layer_bytes``, first layer
     first): their running sum; else n × one layer's."""
-    per_layer = r.pieces.layer_bytes
-    if per_layer and not r.setup.strategy.segment and len(per_layer) == layer_sets:
+    per_layer = r.pieces.alone_layers or r.pieces.layer_bytes  # transformers' every-K: each layer its own
+    if per_layer and (r.pieces.alone_layers or not r.setup.strategy.segment) and len(per_layer) == layer_sets:
         return [sum(per_layer[:n]) for n in range(layer_sets + 1)]
     group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
     return [r.pieces.group_bytes[group] * n for n in range(layer_sets + 1)]
@@ -149,7 +149,8 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
     accumulating = r.setup.training.grad_accum > 1
     grads = st.gradients if accumulating else 0
     layer_group = Group.CHECKPOINT if r.setup.strategy.segment else Group.LAYER
-    layer_sets = dev.counts[layer_group]
+    alone = len(r.pieces.alone_layers)  # transformers' every-K: layer by layer, each its own bytes
+    layer_sets = alone or dev.counts[layer_group]
     saved = saved_after(r, layer_sets)
     # What the forward saves before its first layer and after its last one: the embedding's and the
     # constants' (and, reversible, the stack's outputs) first; the head's at the end.
@@ -175,7 +176,7 @@ def timeline(r: Result, forward_points: int = FORWARD_POINTS) -> list[Point]:
         weights = st.weights + gathered[n >= layer_sets]
         return Point(label, terms(weights, st.optimizer, grads, activations + ropes, 0))
 
-    unit = "segments" if r.setup.strategy.segment else "layers"  # a checkpointed segment keeps its input
+    unit = "segments" if r.setup.strategy.segment and not alone else "layers"  # a segment keeps its input
     points = [forward("forward: start", before)]
     steps = sorted({round(layer_sets * k / forward_points) for k in range(1, forward_points + 1)} - {0})
     dims = Dims.of(r.rank_setup)  # the loss's [T, v] is the tensor-parallel rank's [T, v/t]

@@ -87,6 +87,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from memplan.analytic import activations as act
+from memplan.analytic import every_k, trainable_grads
 from memplan.analytic import head_moments as hm
 from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import (
@@ -106,7 +107,7 @@ from memplan.analytic.fsdp.moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
-from memplan.analytic.layer_backward import layer_terms, saved_layers_up_to, segment_rerun_bytes
+from memplan.analytic.layer_backward import layer_terms, saved_layers_up_to
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
@@ -209,13 +210,16 @@ def peak(
     unsharded: int | None = None,
     partial_grads: int = 0,
     layer_bytes: tuple[int, ...] = (),
+    rerun_less: int = 0,
+    whole_model: bool = True,
 ) -> Peak:
     """The moments (module docstring). ``unsharded``: on a torchtitan pipeline rank, the most of its
     parameters torch keeps unsharded at once (``strategies.torch_interleaved.most_unsharded``; all of
     them by default); ``partial_grads``: the elements by which its gradients exceed its parameters
     (``stage_plan.partial_grads``); ``layer_bytes``: what each layer keeps, bottom to top, where layers
-    differ (fine-tuning's gradient flow, two layer kinds: ``Pieces.layer_bytes``) and ``kept`` counts
-    each as the largest."""
+    differ (fine-tuning's gradient flow, two layer kinds, transformers' every-K: ``Pieces.layer_bytes``,
+    ``Pieces.alone_layers``) and ``kept`` counts each as the largest; ``rerun_less``: ``Pieces.rerun_less``;
+    ``whole_model``: false on a pipeline stage's chunk (``trainable_grads.shares``)."""
     dims = Dims.of(setup)
     # ``kept``'s layer scope counts every layer as the largest; the layers below keep less
     deficit = max(layer_bytes) * len(layer_bytes) - sum(layer_bytes) if layer_bytes else 0
@@ -319,7 +323,7 @@ def peak(
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
     transient, working = layer_terms(setup, params, kept)
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
-    segment = setup.strategy.segment
+    trained, whole = trainable_grads.shares(setup, params, whole_model)  # what trains above each layer
 
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
 
@@ -334,13 +338,13 @@ def peak(
             # Gradients of the head and of the layers above, as many bytes per parameter as the device
             # keeps (ZeRO-2/3 reduce-scatter them into shards as the backward goes; the current layer's
             # full-size gradients are in its transient).
-            full = params.total * setup.training.precision.grad_bytes
+            full = whole * setup.training.precision.grad_bytes
             head_grads = gradient_bytes_head * step_grads // full if full else 0
             if root or tied_unit(setup):  # the root's (tied: the one unit's) unsharded head gradients,
                 head_grads = gradient_bytes_head  # held until its reduce-scatter at the end
-            grads = head_grads + params.layers_above(i, dims.layers) * step_grads // params.total
+            grads = head_grads + trained[i] * step_grads // whole
         # A re-run segment's layers above i are done too: their saves freed.
-        rerun = segment_rerun_bytes(setup, i % segment + 1) if segment else 0
+        rerun = every_k.rerun_bytes(setup, i, rerun_less)
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         below = sum(layer_bytes[: i + 1]) if layer_bytes else saved_layers_up_to(setup, kept, i)
@@ -366,17 +370,8 @@ def peak(
         compute = max(working + rerun + transient, tied_copy_out(setup, i))  # tied: layer 0's copy-out
         return terms(weights + own, optimizer, grads, saved, compute + 8 + fsdp2)
 
-    # Which layer's backward is the moment. Without segments the live set is linear in i: the top layer
-    # (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside a
-    # segment adds a re-run layer's saves S and has one layer's gradients G fewer: a segment peaks at its
-    # top (S > G) or its bottom. The full segments' tops are linear in the segment's index (one more kept
-    # input K, k·G fewer): the first or the last full segment's top, which is not L − 1 when k does not
-    # divide L (every-2 of 5 layers at T 2048 peaks at layer 3: tests/measure/test_peak.py). The bottoms
-    # are linear too, and K ≤ S < G makes layer 0 the largest then. L − 1 tops a partial segment (fewer
-    # layers re-run, one more kept input than the last full top: smaller unless a layer saves less than K).
-    ends = {0, dims.layers - 1}
-    if segment:  # (a segment of k ≥ L layers is the whole model, or pipeline chunk: no full one below)
-        ends |= {min(segment, dims.layers) - 1, max(dims.layers // segment * segment - 1, 0)}
+    # Which layer's backward is the moment (``every_k.moment_layers``).
+    ends = every_k.moment_layers(setup, dims.layers)
     if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
         # another or no reduce-scatter input above the top layer): the middle ones linear in i
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}

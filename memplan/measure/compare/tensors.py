@@ -10,8 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from memplan.blocks.inventory import Block, Scope
-from memplan.blocks.profiles import checkpoints_alone
+from memplan.blocks.inventory import Scope
 from memplan.contract import to_json
 from memplan.engine import Result
 from memplan.measure.instruments.measured import Measured
@@ -71,9 +70,8 @@ def estimated_layers(est: Result) -> list[int]:
     one = sum(k.bytes for k in est.tensors if k.scope is Scope.LAYER)
     if s.reversible:
         return [0] * n
-    if checkpoints_alone(est.setup):  # every K-th layer its input, the others all they save
-        kept = sum(k.bytes for k in est.tensors if k.scope is Scope.LAYER and k.block is Block.CHECKPOINT)
-        return [kept if i % s.segment == 0 else one - kept for i in range(n)]
+    if est.pieces.alone_layers:  # transformers' every-K: each K-th layer its input, the others their saves
+        return list(est.pieces.alone_layers)
     if s.segment:
         return [one if i % s.segment == 0 else 0 for i in range(n)]
     return [one] * n
