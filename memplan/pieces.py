@@ -65,9 +65,12 @@ class Pieces:
     alone_layers: tuple[int, ...] = ()
     """transformers' every-K (``Profile.checkpoints_alone``): each layer's bytes, the checkpoint's input
     where i % K == 0, its saves elsewhere (``analytic.every_k``)."""
-    rerun_less: int = 0
-    """transformers' every-K: what one re-run layer keeps below the full-training working set
-    (``layer_correction`` carries it for segments, where every layer of one re-runs)."""
+    rerun_layers: tuple[int, ...] = ()
+    """Checkpointed segments: what each layer keeps when re-run, as the rank holds it (fine-tuning's along
+    the gradient flow; else one value for every layer, MoE's and sequence parallelism's changes in it):
+    ``analytic.every_k.rerun_bytes`` sums the re-run layers'. Before, one layer's full-training working
+    set was counted for each and ``layer_correction`` took the difference off k times, right only at a
+    segment's top: a frozen layer re-run under ``--freeze`` was charged a trainable one's saves."""
     rates: dict[tuple[object, ...], object] = field(default_factory=dict, compare=False, repr=False)
     """What the time layer derives from the same fields per layer (``time.compute.layer_rates``, by GPU and
     peak), memoised here: made once for every pipeline layout, ZeRO stage and dp of these pieces, and
@@ -205,7 +208,7 @@ def pieces(core: Setup) -> Pieces:
     transient = lb.layer_backward_transient(rank, dims, params)
     mlp = lb.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
     moe_buffers = max(transient, mlp) - transient
-    alone = checkpoints_alone(rank)
+    alone, segmented, n = checkpoints_alone(rank), bool(rank.strategy.segment), rank.model.num_layers
     return Pieces(
         core=core,
         setup=rank,
@@ -213,10 +216,10 @@ def pieces(core: Setup) -> Pieces:
         params=params,
         expert_params=experts,
         group_bytes=groups,
-        layer_correction=moe_buffers - (0 if alone else rerun * changed),
+        layer_correction=moe_buffers - (0 if segmented else rerun * changed),
         layer_bytes=per_layer,
         alone_layers=alone_layer_bytes(rank, groups) if alone else (),
-        rerun_less=changed if alone else 0,
+        rerun_layers=(tuple(redone) if len(redone) == n else tuple(redone) * n) if segmented else (),
     )
 
 

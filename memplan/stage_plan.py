@@ -172,8 +172,10 @@ class StagePlan:
         # what each layer keeps, where they differ, when this chunk is the whole model
         layers = pc.layer_bytes if len(pc.layer_bytes) == st.chunk_layers else pc.alone_layers
         whole = st.chunk_layers == pc.setup.model.num_layers
+        # a chunk's layers re-run as the largest one (their place in the model not known here)
+        rerun = pc.rerun_layers if whole else (max(pc.rerun_layers, default=0),) * st.chunk_layers
         base = pk.peak(
-            at, self.states, kept, self.params, head_grads, unsharded, partial, layers, pc.rerun_less, whole
+            at, self.states, kept, self.params, head_grads, unsharded, partial, layers, rerun, whole
         )
         moments = dict(base.moments)
         if not st.last:  # the final norm and the loss run on the last stage

@@ -15,21 +15,30 @@ and which layers' backwards can hold the most.
 
 from __future__ import annotations
 
+from memplan.analytic import activations as act
 from memplan.analytic.layer_backward import segment_rerun_bytes
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
 
 
-def rerun_bytes(setup: Setup, i: int, less: int = 0) -> int:
+def rerun_bytes(setup: Setup, i: int, rerun_layers: tuple[int, ...] = ()) -> int:
     """What layer i's backward holds re-run: its segment's layers up to i, or under transformers' every-K its
-    own when checkpointed (``less``: what a re-run layer keeps below the full-training working set that
-    ``segment_rerun_bytes`` counts — fine-tuning's, MoE's: ``Pieces.rerun_less``); 0 without segments."""
+    own when checkpointed; 0 without segments. ``rerun_layers``: what each layer keeps re-run as the rank
+    holds it (``Pieces.rerun_layers``: fine-tuning's along the gradient flow, MoE's, sequence
+    parallelism's); without it, the full-training working set each (``segment_rerun_bytes``). The
+    segment's first layer's norm may save the kept input itself (LayerNorm, fp32): that storage is the
+    checkpoint's, counted once."""
     k = setup.strategy.segment
     if not k:
         return 0
-    if checkpoints_alone(setup):
-        return segment_rerun_bytes(setup, 1) - less if i % k == 0 else 0
-    return segment_rerun_bytes(setup, i % k + 1)
+    alone = checkpoints_alone(setup)
+    layers = ([i] if i % k == 0 else []) if alone else list(range(i - i % k, i + 1))
+    if not layers:
+        return 0
+    if not rerun_layers:
+        return segment_rerun_bytes(setup, len(layers))
+    shared = act.total_bytes(act.layer_working_set(setup)) - segment_rerun_bytes(setup, 1)
+    return sum(rerun_layers[j] for j in layers) - shared
 
 
 def moment_layers(setup: Setup, layers: int) -> set[int]:
@@ -41,7 +50,9 @@ def moment_layers(setup: Setup, layers: int) -> set[int]:
     (every-2 of 5 layers at T 2048 peaks at layer 3: tests/measure/test_peak.py). The bottoms are linear
     too, and K ≤ S < G makes layer 0 the largest then. L − 1 tops a partial segment. Under transformers'
     every-K the layers of one residue i % k are linear in i (k layers' gradients, one input and k − 1
-    layers' saves apart): the lowest and the highest of each residue."""
+    layers' saves apart): the lowest and the highest of each residue. Under fine-tuning, also the layers
+    about each place where the gradient flow changes: with layer 0 of 3 frozen (full checkpointing) the
+    peak is layer 1's backward, which neither end is (tests/measure/test_peak.py)."""
     ends = {0, layers - 1}
     k = setup.strategy.segment
     if k and checkpoints_alone(setup):
@@ -49,4 +60,12 @@ def moment_layers(setup: Setup, layers: int) -> set[int]:
             ends |= {r, r + (layers - 1 - r) // k * k}
     elif k:  # (a segment of k ≥ L layers is the whole model, or pipeline chunk: no full one below)
         ends |= {min(k, layers) - 1, max(layers // k * k - 1, 0)}
+    # Fine-tuning: the layers are alike only between where the gradient flow changes — above layer 0 (its
+    # input needs no gradient under LoRA) and at ``--freeze``'s edges; each run of like layers has its own
+    # ends, and its segments' (within k of an edge).
+    if not setup.finetune.trains_everything:
+        f = setup.finetune.freeze_layers
+        edges = {1} if f is None else {1, f[0], f[1] + 1}
+        near = max(k, 1)
+        ends |= {j for e in edges for j in range(e - near, e + near) if 0 <= j < layers}
     return ends

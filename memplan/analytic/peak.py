@@ -210,7 +210,7 @@ def peak(
     unsharded: int | None = None,
     partial_grads: int = 0,
     layer_bytes: tuple[int, ...] = (),
-    rerun_less: int = 0,
+    rerun_layers: tuple[int, ...] = (),
     whole_model: bool = True,
 ) -> Peak:
     """The moments (module docstring). ``unsharded``: on a torchtitan pipeline rank, the most of its
@@ -218,8 +218,8 @@ def peak(
     them by default); ``partial_grads``: the elements by which its gradients exceed its parameters
     (``stage_plan.partial_grads``); ``layer_bytes``: what each layer keeps, bottom to top, where layers
     differ (fine-tuning's gradient flow, two layer kinds, transformers' every-K: ``Pieces.layer_bytes``,
-    ``Pieces.alone_layers``) and ``kept`` counts each as the largest; ``rerun_less``: ``Pieces.rerun_less``;
-    ``whole_model``: false on a pipeline stage's chunk (``trainable_grads.shares``)."""
+    ``Pieces.alone_layers``) and ``kept`` counts each as the largest; ``rerun_layers``:
+    ``Pieces.rerun_layers``; ``whole_model``: false on a pipeline chunk (``trainable_grads.shares``)."""
     dims = Dims.of(setup)
     # ``kept``'s layer scope counts every layer as the largest; the layers below keep less
     deficit = max(layer_bytes) * len(layer_bytes) - sum(layer_bytes) if layer_bytes else 0
@@ -329,6 +329,7 @@ def peak(
 
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
+        transient_i, working_i = trainable_grads.own_terms(setup, i, params, kept, (transient, working))
         if grads_before:
             grads = grads_before + (gradient_bytes_head if root else pending)  # the root's, unsharded
             if setup.strategy.reversible:  # the stack's Function returns every layer's gradients at its
@@ -344,7 +345,7 @@ def peak(
                 head_grads = gradient_bytes_head  # held until its reduce-scatter at the end
             grads = head_grads + trained[i] * step_grads // whole
         # A re-run segment's layers above i are done too: their saves freed.
-        rerun = every_k.rerun_bytes(setup, i, rerun_less)
+        rerun = every_k.rerun_bytes(setup, i, rerun_layers)
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         below = sum(layer_bytes[: i + 1]) if layer_bytes else saved_layers_up_to(setup, kept, i)
@@ -360,18 +361,22 @@ def peak(
         fsdp2 = zero3_unit_buffers(setup, i, dims.layers) + reduce_scatter_input(setup, i, dims.layers)
         if root:  # the root unit beside an unsharded layer; the layer's copy-out or its prefetch
             incoming = hm.residual_shard(setup, dims)  # its output gradient
-            buffers = fsdp2_root.layer_buffers(setup, i, dims.layers, working + rerun + transient, incoming)
+            buffers = fsdp2_root.layer_buffers(
+                setup, i, dims.layers, working_i + rerun + transient_i, incoming
+            )
             gather_outputs[i] = buffers[1]
             unsharded = fsdp2_root.root_unit(setup) + fsdp2_root.layer_flat(setup)
             return terms(weights + unsharded, optimizer, grads, saved, buffers[0] + 8)
         # torchtitan's ZeRO-3: the layer's own unit gathered (the largest unit, the embedding, is not then)
         own = layer_gather(setup, setup.state_shards) if zero3_resharded(setup) else gather
         own += units_beside_layer(setup, dims.layers - 1 - i)  # tied: the one unit; ZeRO-2: those above
-        compute = max(working + rerun + transient, tied_copy_out(setup, i))  # tied: layer 0's copy-out
+        compute = max(working_i + rerun + transient_i, tied_copy_out(setup, i))  # tied: layer 0's copy-out
         return terms(weights + own, optimizer, grads, saved, compute + 8 + fsdp2)
 
     # Which layer's backward is the moment (``every_k.moment_layers``).
-    ends = every_k.moment_layers(setup, dims.layers)
+    first = trainable_grads.first_backward_layer(setup) if whole_model else 0  # no backward below it
+    ends = {i for i in every_k.moment_layers(setup, dims.layers) | {first} if first <= i < dims.layers}
+    ends = ends or {dims.layers - 1}  # (NB: no layer's backward runs; the top's charged)
     if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
         # another or no reduce-scatter input above the top layer): the middle ones linear in i
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}

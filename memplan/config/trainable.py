@@ -9,6 +9,7 @@ from __future__ import annotations
 from memplan.config.finetune import Adapter, Method, Target, adapter_modules, linear_modules
 from memplan.config.impl import Impl
 from memplan.config.setup import Setup
+from memplan.config.strategy import Checkpointing
 from memplan.config.training import DType
 
 
@@ -55,6 +56,16 @@ def head_trains(setup: Setup) -> bool:
 
 def final_norm_trains(setup: Setup) -> bool:
     return setup.finetune.method is Method.FULL
+
+
+def input_grads_hooked(setup: Setup) -> bool:
+    """transformers' ``gradient_checkpointing_enable`` on a causal LM calls ``enable_input_require_grads()``
+    (modeling_utils.py: ``needs_embedding_grads = self.main_input_name == "input_ids"``, "When using PEFT +
+    gradient checkpointing ... the input has requires_grad=True"): a forward hook makes the embedding's
+    output require grad, so under ``--impl hf`` with checkpointing full or every-K layer 0's input needs a
+    gradient even with a frozen embedding (its linears run dX in backward)."""
+    ckpt = setup.strategy.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K)
+    return setup.impl.impl is Impl.HF and ckpt
 
 
 def fp32_adapters(setup: Setup) -> bool:

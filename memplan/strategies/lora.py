@@ -84,9 +84,10 @@ from memplan.config.trainable import (
     final_norm_trains,
     fp32_adapters,
     head_trains,
+    input_grads_hooked,
 )
 from memplan.strategies.lora_flops import base_dx_linears, flops, recompute
-from memplan.strategies.lora_flow import Flow, flows, input_grads_hooked
+from memplan.strategies.lora_flow import Flow, flows
 
 # The strategy (applies, keeps, recompute), what the engine reads, and base_dx_linears for time.compute.
 __all__ = [

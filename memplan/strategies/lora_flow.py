@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memplan.config import Checkpointing, Impl, MlpType, Setup
+from memplan.config import MlpType, Setup
 from memplan.config.finetune import Target
-from memplan.config.trainable import adapted, base_trains, embedding_trains, fp32_adapters
+from memplan.config.trainable import adapted, base_trains, embedding_trains, fp32_adapters, input_grads_hooked
 
 T = Target
 
@@ -122,16 +122,6 @@ class Flow:
             T.DOWN: self.g_act,
         }
         return inputs[t]
-
-
-def input_grads_hooked(setup: Setup) -> bool:
-    """transformers' ``gradient_checkpointing_enable`` on a causal LM calls ``enable_input_require_grads()``
-    (modeling_utils.py: ``needs_embedding_grads = self.main_input_name == "input_ids"``, "When using PEFT +
-    gradient checkpointing ... the input has requires_grad=True"): a forward hook makes the embedding's
-    output require grad, so under ``--impl hf`` with checkpointing full or every-K layer 0's input needs a
-    gradient even with a frozen embedding (its linears run dX in backward)."""
-    ckpt = setup.strategy.checkpointing in (Checkpointing.FULL, Checkpointing.EVERY_K)
-    return setup.impl.impl is Impl.HF and ckpt
 
 
 def flows(setup: Setup) -> tuple[Flow, ...]:

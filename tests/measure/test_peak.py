@@ -285,15 +285,48 @@ LAYER = [
 ]
 
 
-def _frozen(setup: Setup, layers: tuple[int, int]) -> Setup:
-    return setup.model_copy(update={"finetune": setup.finetune.model_copy(update={"freeze_layers": layers})})
+def _frozen(
+    setup: Setup, layers: tuple[int, int] | None, embeddings: bool = False, head: bool = False
+) -> Setup:
+    ft = setup.finetune.model_copy(
+        update={"freeze_layers": layers, "freeze_embeddings": embeddings, "freeze_lm_head": head}
+    )
+    return Setup.model_validate(setup.model_copy(update={"finetune": ft}).model_dump())
 
 
-# --freeze layers:0-0 under full checkpointing: the layer backward is the peak. The layers above a frozen
-# one counted by what trains (``analytic.trainable_grads``): layer 1's moment, the measured peak, exact;
-# layer 0's, a frozen layer charged the trainable top's weight gradients (its NB), +0.61 % — before, the
-# gradients above were a share of every parameter and the estimate was 22,101 B (0.65 %) under.
-LAYER.append((_frozen(make(LLAMA, 32, ckpt="full", b=4, s=128), (0, 0)), (-0.007, 0.0)))
+L5 = dict(LLAMA, num_layers=5)
+# --freeze (and LoRA with it): every backward moment's highest point. The gradients made above a layer are
+# a share of what trains (``analytic.trainable_grads.shares``), a frozen layer's own backward and the lowest
+# trainable one's are their own (``as_top``: no weight gradients; no input gradient where nothing below
+# trains), and no layer below the lowest one that trains runs a backward (``first_backward_layer``). Before,
+# WIDE with layer 0 frozen had its layer backward 8,342,858 B over (26 MB once the share was the trainable
+# one's, until a frozen layer's own terms were its own).
+FROZEN = [
+    _frozen(make(WIDE, 256, b=1, s=16), (0, 0)),
+    _frozen(make(L5, 256, b=1, s=8), (2, 3)),  # few tokens: the gradients outweigh the saves
+    _frozen(make(L5, 256, b=1, s=8), (3, 4), head=True),
+    _frozen(make(L5, 32, b=4, s=128), (0, 1), embeddings=True),
+    _frozen(make(L5, 32, b=4, s=128, precision="fp32"), (1, 2)),  # the layer backward is the peak
+    _frozen(make(dict(GPT, num_layers=5), 32, b=4, s=128), (0, 2)),  # the layer backward is the peak
+    _lora(_frozen(make(WIDE, 256, b=1, s=16), (0, 0))),
+    _lora(_frozen(make(L5, 256, b=1, s=8), (1, 2)), "q,k,v,o"),
+]
+
+
+@pytest.mark.parametrize(
+    "setup",
+    FROZEN,
+    ids=lambda s: (
+        f"{s.model.norm.value}-L{s.model.num_layers}-{s.finetune.freeze_layers}-"
+        f"{s.finetune.method.name.lower()}"
+    ),
+)
+def test_frozen_layers_backward_is_exact(setup: Setup) -> None:
+    est = estimate(setup)
+    backward = [m for name, m in est.peak.moments.items() if name not in ("loss forward", "optimizer step")]
+    measured = profile(setup, steps=1)
+    assert measured.phase_peaks["backward"] == max(sum(m.values()) for m in backward)
+    assert measured.peak == est.peak.bytes
 
 
 @pytest.mark.parametrize(
