@@ -32,7 +32,7 @@ from memplan.blocks.inventory import Kept
 from memplan.config import Setup
 from memplan.config.trainable import (
     adapted,
-    adapters,
+    adapter_params,
     base_trains,
     embedding_trains,
     final_norm_trains,
@@ -47,8 +47,7 @@ def layer_trainable(setup: Setup, params: ParamCount, layer: int) -> int:
     if base_trains(setup, layer):
         return params.layers_from(layer, layer + 1)
     targets = adapted(setup, layer)
-    r = setup.finetune.rank
-    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup, targets)) if targets else 0
+    return adapter_params(setup, targets) if targets else 0
 
 
 def trainable(setup: Setup, params: ParamCount) -> int:

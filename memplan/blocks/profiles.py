@@ -22,7 +22,7 @@ from memplan.config import (
     ZeroStage,
 )
 from memplan.config.finetune import Target
-from memplan.config.trainable import adapted, adapters, base_trains, fp32_adapters
+from memplan.config.trainable import adapted, adapter_params, base_trains, fp32_adapters
 
 
 def checkpoints_alone(setup: Setup) -> bool:
@@ -89,8 +89,7 @@ def top_layer_grads(setup: Setup, count: int, targets: Iterable[Target] = (), su
     if not made:
         return 0
     grad = DType.FP32.bytes if fp32_adapters(setup) else setup.training.precision.grad_bytes
-    r = setup.finetune.rank
-    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup, made)) * grad
+    return adapter_params(setup, made) * grad
 
 
 def profile_of(setup: Setup) -> Profile:

@@ -34,6 +34,13 @@ def adapters(setup: Setup, targets: frozenset[Target] | None = None) -> tuple[Ad
     return adapter_modules(setup.model, setup.impl.impl is Impl.HF, wanted)
 
 
+def adapter_params(setup: Setup, targets: frozenset[Target] | None = None) -> int:
+    """LoRA parameters of one layer with ``targets`` adapted (default: every target): A [r, in] and B
+    [out, r] per adapter (peft: no bias; a fused projection one adapter under ``--impl hf``)."""
+    r = setup.finetune.rank
+    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup, targets))
+
+
 def base_linears(setup: Setup) -> list[tuple[int, int]]:
     """(in, out) of one layer's linear modules as the code builds them: under ``--impl hf`` a fused
     projection one module (``FUSED_LINEARS``), else one per linear."""

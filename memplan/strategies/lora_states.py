@@ -28,7 +28,7 @@ from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates, shard
 from memplan.config import Precision, Setup, ZeroStage
 from memplan.config.finetune import QUANT_BLOCK, QUANT_BLOCK2, Method
-from memplan.config.trainable import adapters, base_linears, fp32_adapters
+from memplan.config.trainable import adapter_params, base_linears, fp32_adapters
 from memplan.strategies.zero import model_states
 
 FP32_BYTES = 4
@@ -46,13 +46,6 @@ def quantized_bytes(n: int, double_quant: bool) -> int:
         return packed + FP32_BYTES * blocks + CODE_4BIT
     blocks2 = -(-blocks // QUANT_BLOCK2)
     return packed + blocks + FP32_BYTES + FP32_BYTES * blocks2 + CODE_8BIT + CODE_4BIT
-
-
-def adapter_params(setup: Setup) -> int:
-    """LoRA parameters of one adapted layer: A [r, in] and B [out, r] per adapter (peft: no bias; a fused
-    projection one adapter under ``--impl hf``, ``config.trainable.adapters``)."""
-    r = setup.finetune.rank
-    return sum(r * (a.fan_in + a.fan_out) for a in adapters(setup))
 
 
 def adapted_layers(setup: Setup) -> int:
