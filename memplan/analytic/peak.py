@@ -343,7 +343,7 @@ def peak(
             head_grads = gradient_bytes_head * step_grads // full if full else 0
             if root or tied_unit(setup):  # the root's (tied: the one unit's) unsharded head gradients,
                 head_grads = gradient_bytes_head  # held until its reduce-scatter at the end
-            grads = head_grads + trained[i] * step_grads // whole
+            grads = head_grads + trained(i) * step_grads // whole
         # A re-run segment's layers above i are done too: their saves freed.
         rerun = every_k.rerun_bytes(setup, i, rerun_layers)
         # The head's saves are freed by then but for the labels, which the training loop holds (the ids

@@ -24,7 +24,7 @@ Known limitations:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from memplan.analytic.layer_backward import layer_terms
 from memplan.analytic.params import ParamCount
@@ -59,15 +59,15 @@ def trainable(setup: Setup, params: ParamCount) -> int:
     return n + (params.final_norm if final_norm_trains(setup) else 0)
 
 
-def shares(setup: Setup, params: ParamCount, whole_model: bool = True) -> tuple[list[int], int]:
-    """(parameters counted above each layer i, what they are a share of): the trainable ones under
-    fine-tuning of the ``whole_model``, else every parameter (full training, or a pipeline stage's chunk)."""
+def shares(setup: Setup, params: ParamCount, whole_model: bool = True) -> tuple[Callable[[int], int], int]:
+    """(the parameters counted above layer i, as a function of i; what they are a share of): the trainable
+    ones under fine-tuning of the ``whole_model``, else every parameter (full training, or a pipeline
+    stage's chunk). A function: the peak asks it at a few layers (``fit`` for every configuration)."""
     layers = params.num_layers
     if setup.finetune.trains_everything or not whole_model:
-        return [params.layers_above(i, layers) for i in range(layers)], params.total
+        return lambda i: params.layers_above(i, layers), params.total
     own = [layer_trainable(setup, params, i) for i in range(layers)]
-    above = [sum(own[i + 1 :]) for i in range(layers)]
-    return above, trainable(setup, params)
+    return lambda i: sum(own[i + 1 :]), trainable(setup, params)
 
 
 def as_top(setup: Setup, layer: int) -> Setup:
