@@ -124,3 +124,31 @@ def test_qlora_65b_fits_one_48gb_gpu() -> None:
     gpu_bytes = 48 * 10**9  # "48 GB"
     assert est.peak.bytes < gpu_bytes
     assert estimate(setup.model_copy(update={"finetune": FineTune()})).states.total > 10 * gpu_bytes
+
+
+def test_gpt2_lora_with_checkpointing_on_cuda_keeps_the_fused_buffer() -> None:
+    """GPT-2's q, k, v are views of c_attn's output; on CUDA's flash kernel the core keeps them as views,
+    so the projection's saves are its input and the buffer alone. LoRA's flow picked them by position as
+    if q, k and v were three tensors: ``estimate --impl hf --finetune lora`` with checkpointing full or
+    every-K ended in an AssertionError traceback. Every part of the layer needs a gradient here, so the
+    core's saves are full training's."""
+    from memplan.api import build_setup
+    from memplan.blocks.attention.core import projection_rules
+    from memplan.blocks.inventory import Dims
+    from memplan.config import Checkpointing, Device, FineTune, Impl, ImplConfig, Method
+    from memplan.config.finetune import parse_targets
+    from memplan.engine import estimate
+    from memplan.strategies import lora
+
+    impl = ImplConfig(impl=Impl.HF)
+    for ckpt in ("full", "every-2"):
+        setup = build_setup("gpt2", seq=256, checkpointing=ckpt, device=Device.CUDA, impl=impl)
+        ft = FineTune(method=Method.LORA, rank=8, targets=parse_targets("all-linear"), dropout=0.0)
+        setup = setup.model_copy(update={"finetune": ft})
+        assert estimate(setup).peak.bytes > 0
+        none = setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE, "checkpoint_every": 1})
+        plain = setup.model_copy(update={"strategy": none})
+        dims = Dims.of(plain)
+        kept = {r.name for r in lora.layer_rules(plain, dims, lora.flows(plain)[1])}
+        views = {r.name for r in projection_rules(plain, dims)[1:]}  # the input is the adapters' concern
+        assert "attn.qkv" in views and views <= kept

@@ -166,6 +166,18 @@ def core_keep(rules: list[Rule], f: Flow, eager: bool) -> list[bool]:
     return keep
 
 
+def _qkv_keep(rule: Rule, f: Flow, eager: bool) -> bool:
+    """Whether one of q, k, v (or the fused projection's buffer their views keep alive) is kept: by the
+    flash kernel when the core needs a gradient; eagerly a @ b keeps a when b needs dB — q for dK, k for
+    dQ, v where the scores need one; the buffer when any of its views is. By name: a fused projection's
+    views (``Profile.qkv_views``) may be the buffer alone (GPT-2 on CUDA's flash kernel), where a
+    positional q, k, v list had crashed ``--impl hf --finetune lora`` with checkpointing."""
+    part = rule.name.removeprefix(f"{B.ATTN.value}.")
+    if not eager:
+        return f.g_core
+    return {"q": f.g_k, "k": f.g_q, "v": f.g_qk}.get(part, f.g_k or f.g_q or f.g_qk)
+
+
 def qk_norm_keep(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     """Qwen3's / Gemma-3's per-head q_norm and k_norm (``blocks.norm.qk_norm_rules``) on q_proj's and
     k_proj's outputs: x32 and rstd kept when that output needs a gradient (``g_q``, ``g_k``: an adapter on
@@ -211,13 +223,14 @@ def layer_rules(setup: Setup, dims: Dims, f: Flow) -> list[Rule]:
     eager = core_of(setup) is not Core.FLASH  # SDPA's math fallback runs eager's ops (per-operand saves)
     attn_norm = pre_norm_rules(setup, B.ATTN_NORM, dims)  # none on OLMo-2; one shared by both branches
     out = _pick(attn_norm, norm_keep(setup, attn_norm, f.g_in, f.trains))
-    qkv = [f.g_k, f.g_q, f.g_qk] if eager else [f.g_core] * 3  # eager: a @ b keeps a when b needs dB
     # a layer's own rotary tables (GLM's, ``rope_cache_rules``), kept by q·cos and k·cos where q or k
     # needs a gradient, sit between W_Q's input and q, k, v
     tables = [f.g_qk] * len(rope_cache_rules(setup, dims))
     # one norm feeding attention and MLP (``shared_norm``): its output, W_Q's input, is the MLP's too
     shared = (T.GATE, T.UP) if setup.model.shared_norm else ()
-    out += _pick(projection_rules(setup, dims), [f.keeps_input(T.Q, T.K, T.V, *shared), *tables, *qkv])
+    proj = projection_rules(setup, dims)
+    qkv_keep = [_qkv_keep(r, f, eager) for r in proj[1 + len(tables) :]]
+    out += _pick(proj, [f.keeps_input(T.Q, T.K, T.V, *shared), *tables, *qkv_keep])
     out += qk_norm_keep(setup, dims, f)
     core = attention_core_rules(setup, dims)
     out += _pick(core, core_keep(core, f, eager))
