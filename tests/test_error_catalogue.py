@@ -146,7 +146,6 @@ CASES: list[Case] = [
     case("hf-lora-neox-split-qkv", "estimate -m pythia-160m --finetune lora --impl hf", "lora-targets"),
     case("hf-lora-phi3-split-qkv", "estimate -m phi-3-mini --finetune lora --impl hf", "lora-targets"),
     case("trace-hf-qlora", "trace -m tiny --seq 32 --impl hf --finetune qlora", "finetune"),
-    case("trace-hf-freeze", "trace -m tiny --seq 32 --impl hf --freeze embeddings", "finetune"),
     case("zero-negative", "estimate -m 70b --zero -1", "zero"),
     case("zero-not-int", "estimate -m 70b --zero abc", "zero"),
     case("zero-float", "estimate -m 70b --zero 1.5", "zero"),

@@ -78,10 +78,9 @@ def as_top(setup: Setup, layer: int) -> Setup:
     and the lowest trainable layer its input's gradient: with layer 0 of 3 frozen (h 1,024, 16 tokens) the
     layer moment 26 MB over once the layers above were counted by what trains (tests/measure/test_peak.py)."""
     ft, top = setup.finetune, setup.model.num_layers - 1
-    f = ft.freeze_layers
-    if f is None:
+    if ft.trains_everything:
         return setup
-    first = first_backward_layer(setup)
+    f, first = ft.freeze_layers, first_backward_layer(setup)
 
     def agrees(i: int) -> tuple[bool, bool]:  # (trains, its input needs a gradient)
         return not ft.layer_frozen(i), i > first or _input_grad(setup)
@@ -91,10 +90,12 @@ def as_top(setup: Setup, layer: int) -> Setup:
         return setup
     if not g_in:  # the lowest layer that trains, nothing below it: it alone trains, at the top
         moved: tuple[int, int] | None = (0, top - 1)
-    elif trains:  # the layers from it up train; those below as they are (one of them trains)
+    elif trains and f is not None:  # the layers from it up train; those below as they are (one trains)
         moved = (f[0], min(f[1], layer - 1)) if f[0] < layer else None
-    else:  # frozen from it up
+    elif f is not None:  # frozen from it up
         moved = (f[0], top)
+    else:  # (not reached: without frozen layers every layer above the first trains alike)
+        return setup
     return setup.model_copy(update={"finetune": ft.model_copy(update={"freeze_layers": moved})})
 
 

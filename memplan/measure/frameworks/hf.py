@@ -88,10 +88,12 @@ def check_peft(setup: Setup) -> None:
     if setup.finetune.trains_everything:
         return
     ft = setup.finetune
-    if ft.method is not Method.LORA or ft.freeze_layers is not None:
+    if ft.method is Method.FULL:  # --freeze: requires_grad off on transformers' own modules (``freeze``)
+        return
+    if ft.method is not Method.LORA:
         raise ValueError(
-            "finetune: trace --impl hf runs peft's LoRA on every layer; --finetune qlora and --freeze are "
-            "not traced there: trace them with --impl reference"
+            "finetune: trace --impl hf runs peft's LoRA; --finetune qlora is not traced there: trace it "
+            "with --impl reference"
         )
     try:
         import peft  # noqa: F401
@@ -130,9 +132,31 @@ def with_peft(setup: Setup, model: Any) -> Any:
     ft = setup.finetune
     modules = [peft_module(setup, a) for a in adapters(setup)]
     lora: Any = {"r": ft.rank, "lora_alpha": ft.alpha, "lora_dropout": ft.dropout, "target_modules": modules}
+    if ft.freeze_layers is not None:  # --freeze layers:A-B: no adapters there (peft's layers_to_transform)
+        lora["layers_to_transform"] = [i for i in range(setup.model.num_layers) if not ft.layer_frozen(i)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return peft.get_peft_model(model, peft.LoraConfig(**lora)).base_model.model
+
+
+def freeze(setup: Setup, model: Any) -> None:
+    """``--freeze`` under full fine-tuning as a training script freezes transformers' model:
+    ``requires_grad_(False)`` on the token embedding (and GPT-2's learned positions), the lm head (tied:
+    the one weight) and the layers A … B (``config.trainable``'s parts). LoRA's frozen layers get no
+    adapters instead (``with_peft``)."""
+    ft = setup.finetune
+    if ft.method is not Method.FULL:
+        return
+    if ft.freeze_embeddings or (setup.model.tied_embeddings and ft.freeze_lm_head):
+        model.get_input_embeddings().requires_grad_(False)
+        positions = getattr(model.base_model, "wpe", None)
+        if positions is not None:
+            positions.requires_grad_(False)
+    if ft.freeze_lm_head:
+        model.get_output_embeddings().requires_grad_(False)
+    for i, layer in enumerate(layers_of(model)):
+        if ft.layer_frozen(i):
+            layer.requires_grad_(False)
 
 
 def layers_of(model: Any) -> list[Any]:
@@ -160,7 +184,7 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             "tables' values only: the same bytes and FLOPs)"
         )
     torch.manual_seed(0)
-    lora = not setup.finetune.trains_everything
+    lora = setup.finetune.method is Method.LORA
     if lora and fake:
         # peft moves each new adapter to its base layer's device and dtype (``.to``), which a fake
         # parameter refuses (``_apply``'s swap_tensors): adapted on the meta device, then made fake below.
@@ -173,6 +197,7 @@ def measure_hf(setup: Setup, fake: bool = True, document: Mapping[str, Any] | No
             model = build(setup, document)
             model = with_peft(setup, model) if lora else model
         s = setup.strategy
+        freeze(setup, model)
         enable_checkpointing(setup, model)
         ids, labels = make_batch(setup, "cpu")
         layers = [(layer, "_gradient_checkpointing_func") for layer in layers_of(model)]

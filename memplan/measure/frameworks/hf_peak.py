@@ -41,11 +41,12 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from memplan.config import Setup
+from memplan.config import Method, Setup
 from memplan.measure.frameworks.hf import (
     _one_sequence_per_row,
     build,
     enable_checkpointing,
+    freeze,
     layers_of,
     with_peft,
 )
@@ -90,7 +91,7 @@ def measure_hf_peak(
     model built as ``measure_hf`` builds it (from the user's config.json ``document`` when given, with
     transformers' activation checkpointing under ``--checkpointing full|every-K``)."""
     torch.manual_seed(0)
-    lora = not setup.finetune.trains_everything
+    lora = setup.finetune.method is Method.LORA
     if lora:  # as ``measure_hf``: peft's adapters made on the meta device, then materialised
         with torch.device("meta"):
             meta = with_peft(setup, build(setup, document))
@@ -98,6 +99,7 @@ def measure_hf_peak(
         model = meta.to_empty(device="cpu") if lora else build(setup, document)
         if lora:
             model.tie_weights()  # to_empty makes each parameter anew: a tied head its own copy otherwise
+        freeze(setup, model)
         enable_checkpointing(setup, model)
         ids, labels = make_batch(setup, "cpu")
         tracker = LiveMemoryTracker()

@@ -52,6 +52,7 @@ def _scoped(
     handles = []
     for i, (layer, attr) in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(partial(_enter, i)))
+        handles.append(layer.register_forward_pre_hook(partial(_given, recorder), with_kwargs=True))
         handles.append(layer.register_forward_hook(_leave))
         func = getattr(layer, attr, None)
         if func is not None:
@@ -69,6 +70,15 @@ _TOKENS: list[Any] = []
 def _enter(i: int, module: Any, args: Any) -> None:
     _TOKENS.append(layer_scope(i))
     _TOKENS[-1].__enter__()
+
+
+def _given(recorder: PathRecorder, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+    """The rotary tables a decoder layer is given (transformers' ``position_embeddings``, made once per
+    forward, outside every layer): the model's, whichever layer saves them. (Not its other keyword
+    tensors: a window's mask belongs to the layers of its kind.)"""
+    tables = kwargs.get("position_embeddings")
+    if recorder.recording and tables is not None:
+        recorder.outside.update(storage_ref(t).cdata for t in _tensors([tables]))
 
 
 def _leave(module: Any, args: Any, out: Any) -> None:
@@ -122,6 +132,8 @@ class PathRecorder(SavedTensorRecorder):
             self.handles.append(module.register_forward_hook(partial(_pop, self.stack)))
 
         self.layers: dict[int, set[int | None]] = {}
+        self.outside: set[int] = set()
+        """The rotary tables given to the layers (``_given``): made outside them."""
 
     def _parameters(self, model: Any) -> Any:
         """The parameters excluded from the records (a subclass may refresh them as it goes)."""
@@ -140,12 +152,14 @@ class PathRecorder(SavedTensorRecorder):
         super().keep(t, name)
 
     def named(self, ops: dict[int, str]) -> list[SavedRecord]:
-        """The records, each named ``module · op``; a storage saved by several layers (the rotary tables
-        made once per forward) belongs to the model, not to the first layer that saved it."""
+        """The records, each named ``module · op``; a storage saved by several layers, or given to the
+        layers from outside (the rotary tables made once per forward), belongs to the model, not to the
+        first layer that saved it. Before, with every layer below the top frozen (``--freeze``) one layer
+        alone saved the tables, and they counted as its (``trace --impl hf`` a layer 2,048 B over)."""
         out = []
         for r, key in zip(self.records, self._saved, strict=True):
             op = ops.get(key)
-            shared = len(self.layers.get(key, ())) > 1
+            shared = len(self.layers.get(key, ())) > 1 or key in self.outside
             name = r.name if not op else op if r.name == "unlabelled" else f"{r.name} · {op}"
             out.append(replace(r, name=name, layer=None if shared else r.layer))
         return out
