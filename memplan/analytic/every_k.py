@@ -15,8 +15,7 @@ and which layers' backwards can hold the most.
 
 from __future__ import annotations
 
-from memplan.analytic import activations as act
-from memplan.analytic.layer_backward import segment_rerun_bytes
+from memplan.analytic.layer_backward import checkpoint_shared_bytes, segment_rerun_bytes
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
 
@@ -37,8 +36,7 @@ def rerun_bytes(setup: Setup, i: int, rerun_layers: tuple[int, ...] = ()) -> int
         return 0
     if not rerun_layers:
         return segment_rerun_bytes(setup, len(layers))
-    shared = act.total_bytes(act.layer_working_set(setup)) - segment_rerun_bytes(setup, 1)
-    return sum(rerun_layers[j] for j in layers) - shared
+    return sum(rerun_layers[j] for j in layers) - checkpoint_shared_bytes(setup)
 
 
 def moment_layers(setup: Setup, layers: int) -> set[int]:

@@ -357,10 +357,15 @@ def segment_rerun_bytes(setup: Setup, layers: int) -> int:
     checkpoint's, not a new one."""
     if not layers:
         return 0
+    return layers * act.total_bytes(act.layer_working_set(setup)) - checkpoint_shared_bytes(setup)
+
+
+def checkpoint_shared_bytes(setup: Setup) -> int:
+    """The kept input a re-run segment's first norm saves as its own (LayerNorm, or fp32 activations: no
+    upcast copy), counted once, as the checkpoint's; else 0."""
     dims = Dims.of(setup)
     shared = setup.model.norm is NormType.LAYERNORM or dims.act is DType.FP32
-    one = act.total_bytes(act.layer_working_set(setup))
-    return layers * one - (dims.tokens * dims.h * dims.act.bytes if shared else 0)
+    return dims.tokens * dims.h * dims.act.bytes if shared else 0
 
 
 def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:

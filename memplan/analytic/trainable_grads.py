@@ -90,12 +90,12 @@ def as_top(setup: Setup, layer: int) -> Setup:
         return setup
     if not g_in:  # the lowest layer that trains, nothing below it: it alone trains, at the top
         moved: tuple[int, int] | None = (0, top - 1)
-    elif trains and f is not None:  # the layers from it up train; those below as they are (one trains)
-        moved = (f[0], min(f[1], layer - 1)) if f[0] < layer else None
-    elif f is not None:  # frozen from it up
-        moved = (f[0], top)
-    else:  # (not reached: without frozen layers every layer above the first trains alike)
+    elif f is None:  # (without frozen layers every layer above the first trains alike: not reached)
         return setup
+    elif trains:  # the layers from it up train; those below as they are (one of them trains)
+        moved = (f[0], min(f[1], layer - 1)) if f[0] < layer else None
+    else:  # frozen from it up
+        moved = (f[0], top)
     return setup.model_copy(update={"finetune": ft.model_copy(update={"freeze_layers": moved})})
 
 
