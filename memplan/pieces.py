@@ -17,6 +17,7 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
+from memplan.blocks.moe import backward as moe_backward
 from memplan.blocks.moe import mlp_backward_extra
 from memplan.blocks.norm import released_as
 from memplan.blocks.profiles import checkpoints_alone, profile_of
@@ -168,7 +169,7 @@ def rerun_kept(rank: Setup) -> list[Kept]:
     already (``analytic.head_moments.module_rope_buffers``). Measured under FullAC on torchtitan's rank:
     the layer moment one [s, d/2] complex64 over without this (524,288 B at Llama 3.1 8B's widths, s
     1,024; 2,048 B on the tiny model)."""
-    working = act.with_moe(list(act.layer_working_set(rank)), rank)
+    working = act.layer_saves_kept(rank)
     if rope_buffers(rank):
         working = [k for k in working if not is_rope_cache(k)]
     return _device_kept(working, _without_recompute(rank))
@@ -206,7 +207,9 @@ def pieces(core: Setup) -> Pieces:
     # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
     dims = Dims.of(rank)
     transient = lb.layer_backward_transient(rank, dims, params)
-    mlp = lb.mlp_moment(rank, dims) + mlp_backward_extra(rank, rank_moe)
+    # (replayed op by op where ``blocks.moe.backward`` models the code: its moment is in ``transient``)
+    extra = 0 if moe_backward.applies(rank) else mlp_backward_extra(rank, rank_moe)
+    mlp = lb.mlp_moment(rank, dims) + extra
     moe_buffers = max(transient, mlp) - transient
     alone, segmented, n = checkpoints_alone(rank), bool(rank.strategy.segment), rank.model.num_layers
     return Pieces(

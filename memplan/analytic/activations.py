@@ -309,6 +309,12 @@ def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
     return found
 
 
+def layer_saves_kept(setup: Setup) -> list[Kept]:
+    """``layer_working_set`` as the layer keeps it: a mixture of experts' MLP with its MoE saves
+    (``with_moe``: block ``moe``) where a dense MLP keeps its inner [T, f] ones."""
+    return with_moe(list(layer_working_set(setup)), setup)
+
+
 def clear_working_sets() -> None:
     """Forget ``layer_working_set``'s memo (cold-start benchmarks)."""
     _WORKING.clear()

@@ -35,9 +35,12 @@ is assumed balanced (S/ep slots: the most loaded rank can take more).
 
 Known limitations (NB):
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
-the router's auxiliary loss and the MoE backward's extra gradient buffers beyond one expert MLP's are
-not counted; tensor and sequence parallelism are not measured (strategies/sequence_parallel.py's rules
-for the MoE roles).
+the router's auxiliary loss is not counted; the MoE MLP's backward is replayed op by op where
+``blocks.moe.backward`` models the code (``applies``: memplan's reference and transformers' grouped_mm
+experts, full training on one rank's whole layer; exact, tests/measure/test_moe_peak.py and
+tests/hf/test_moe_peak.py), elsewhere read as a dense MLP's with its [S, f] buffers
+(``mlp_backward_extra``); tensor and sequence parallelism are not measured
+(strategies/sequence_parallel.py's rules for the MoE roles).
 """
 
 from __future__ import annotations
@@ -403,7 +406,8 @@ def early_stop_skip(setup: Setup, dims: Dims) -> int:
 
 def mlp_backward_extra(setup: Setup, moe: MoEConfig | None) -> int:
     """What the MLP backward's [T, f] gradient buffers (``peak.mlp_backward_transient``) grow by when the
-    experts' gate/up/product gradients cover S slots instead of T tokens."""
+    experts' gate/up/product gradients cover S slots instead of T tokens: the dense reading of an MoE's
+    backward, where ``blocks.moe.backward`` does not replay it (not measured there)."""
     if moe is None:
         return 0
     dims, buffers = Dims.of(setup), 3 if setup.model.mlp is MlpType.SWIGLU else 2

@@ -217,8 +217,9 @@ def profile(
     cp_rank: int = 0,
 ) -> Profile:
     """Real training steps of the reference model: saves, FLOPs, peak and times, and on CPU the curve of
-    live bytes (on CUDA too with ``curve``: the allocator's recorded history, which slows the step). NB:
-    for a mixture of experts only saves and FLOPs are checked against the estimate, not the peak.
+    live bytes (on CUDA too with ``curve``: the allocator's recorded history, which slows the step). A
+    mixture of experts' peak is the estimate's where ``blocks.moe.backward`` replays its MLP's backward
+    (tests/measure/test_moe_peak.py); elsewhere (``applies``) its saves and FLOPs are.
     ``on_step(what)`` is called after each pass (the saves' run, each warm-up and measured step): a
     progress bar. With context parallelism the run is rank ``cp_rank`` of the ring on the CPU (torch's
     ring attention over a fake process group, ``run.ring``; its rotate method ``--cp-rotate``'s)."""
