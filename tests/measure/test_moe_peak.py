@@ -20,6 +20,8 @@ from memplan.blocks.moe import backward as moe_backward
 from memplan.config import (
     Attention,
     Device,
+    FineTune,
+    Method,
     ModelConfig,
     MoEConfig,
     Setup,
@@ -45,12 +47,15 @@ def make(
     attention: str = "flash",
     b: int = 4,
     s: int = 128,
+    accum: int = 1,
 ) -> Setup:
     """A three-layer model of vocabulary 32 (the layer backward outweighs the loss's) with MoE layers."""
     mode, k = parse_checkpointing(ckpt)
     return Setup(
         model=ModelConfig(**arch, vocab_size=32, max_positions=512, moe=moe),
-        training=TrainingConfig(micro_batch=b, seq_len=s, precision=precision, optimizer="adamw"),
+        training=TrainingConfig(
+            micro_batch=b, seq_len=s, precision=precision, optimizer="adamw", grad_accum=accum
+        ),
         strategy=StrategyConfig(
             attention=Attention[attention.upper()], checkpointing=mode, checkpoint_every=k
         ),
@@ -60,15 +65,16 @@ def make(
 
 CASES = [
     make(PEAK_LLAMA, MIXTRAL, precision="fp32"),  # the product's gradient over the slots tops it
-    make(PEAK_LLAMA, MIXTRAL, "full"),  # checkpointed: saves die as their nodes unpack them
+    make(PEAK_LLAMA, MIXTRAL, "full"),  # checkpointed: saves die as their nodes' functions return
     make(PEAK_LLAMA, QWEN, "full", "fp32"),  # the gated shared expert, first
     make(PEAK_LLAMA, SHARED, precision="fp32"),  # the shared experts' own product's gradient
-    make(PEAK_LLAMA, SHARED, "full", "fp16-mixed"),
     make(PEAK_LLAMA, WIDE, "every-2", attention="eager", b=2),
     make(PEAK_LLAMA, QWEN, "selective", "bf16-mixed", "eager", b=2, s=64),
-    make(GPT, MIXTRAL, precision="fp32"),  # GELU experts with biases: each bias gradient with its node
     make(GPT, MoEConfig(experts=3, top_k=2), "full", "fp32", "eager"),  # the last bias after its input dies
     make(GPT, MoEConfig(experts=4, top_k=2, shared_experts=2, shared_gate=True), "every-2", "fp32"),
+    # a later micro-batch: each gradient summed into the .grad and freed as soon as its node has run
+    make(PEAK_LLAMA, SHARED, precision="fp32", accum=2),
+    make(GPT, QWEN, "full", "fp32", accum=3),
 ]
 
 
@@ -95,8 +101,11 @@ def test_the_layer_is_the_peak_in_most_cases() -> None:
 
 
 def test_what_the_replay_does_not_model_keeps_the_dense_moment() -> None:
-    """Fine-tuning and accumulated micro-batches (gradients summed as they are made) keep the dense
-    MLP's moment with the experts' [S, f] buffers (``blocks.moe.mlp_backward_extra``)."""
-    accumulated = make(PEAK_LLAMA, MIXTRAL).model_copy(deep=True)
-    training = accumulated.training.model_copy(update={"grad_accum": 2})
-    assert not moe_backward.applies(accumulated.model_copy(update={"training": training}))
+    """Fine-tuning (a frozen base makes no expert gradient) and expert parallelism keep the dense MLP's
+    moment with the experts' [S, f] buffers (``blocks.moe.mlp_backward_extra``), not measured."""
+    setup = make(PEAK_LLAMA, MIXTRAL)
+    assert moe_backward.applies(setup)
+    lora = setup.model_copy(update={"finetune": FineTune(method=Method.LORA)})
+    assert not moe_backward.applies(lora)
+    ep = setup.model_copy(update={"parallel": setup.parallel.model_copy(update={"ep": 2})})
+    assert not moe_backward.applies(ep)

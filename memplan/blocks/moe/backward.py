@@ -25,11 +25,16 @@ the ops of a real step (``memplan.measure.instruments.tracker`` with each storag
   ``weighted_out[inv_perm]`` and ``view(T, k, h).sum(1)`` back to the tokens, Mixtral's fp32 routing
   weights (``Profile.routing_weights_fp32``).
 
+A later micro-batch sums each new weight gradient into the ``.grad`` the earlier ones left and frees it
+as soon as its node has run (``blocks.profiles.accumulates_in_place``): one linear's gradients at a time
+(``Stream.summed``; measured on the reference, tests/measure/test_moe_peak.py; transformers' step is
+measured one micro-batch at a time).
+
 Measured (tests/measure/test_moe_peak.py: the reference on CPU, every storage, the layer backward's
 moment equal to the byte; tests/hf/test_moe_peak.py: transformers' Mixtral and Qwen3-MoE under fake
 tensors). Elsewhere — Megatron's MoE layer, DeepSeek's, PhiMoE's, gpt-oss's and Llama 4's routers,
 expert biases, capacity factors, transformers' shared experts and eager experts, expert, tensor, context
-or pipeline parallelism, accumulated micro-batches, fine-tuning — the dense moment with the experts'
+or pipeline parallelism, fine-tuning — the dense moment with the experts'
 [S, f] buffers stays (``applies``; ``blocks.moe.mlp_backward_extra``), not measured.
 """
 
@@ -38,7 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.blocks.inventory import Dims, Kept
-from memplan.blocks.profiles import profile_of, top_layer_grads
+from memplan.blocks.profiles import accumulates_in_place, profile_of, top_layer_grads
 from memplan.config import GateActivation, Impl, MlpType, Setup
 from memplan.config.finetune import MLP_TARGETS
 
@@ -47,11 +52,13 @@ class Stream:
     """A running total of bytes and its highest point: ``step(frees, makes)`` releases ``frees`` first (what
     autograd drops before an op), then makes each of ``makes`` in turn. ``early``: the layer is
     checkpointed (the module docstring: a node's saves die before the engine reduces or casts its
-    outputs); ``node`` replays one node that way."""
+    outputs); ``node`` replays one node that way. ``summed``: a weight gradient is added into the
+    ``.grad`` an earlier micro-batch left and freed as soon as its node has run (``accumulates_in_place``:
+    torch's ``AccumulateGrad`` runs first among the ready nodes); ``grads`` replays that."""
 
-    def __init__(self, start: int, early: bool) -> None:
+    def __init__(self, start: int, early: bool, summed: bool) -> None:
         self.now = self.peak = start
-        self.early = early
+        self.early, self.summed = early, summed
 
     def step(self, frees: Iterable[int] = (), makes: Iterable[int] = ()) -> None:
         self.now -= sum(frees)
@@ -69,11 +76,16 @@ class Stream:
             self.step((), engine)
             self.step(saves)
 
+    def grads(self, made: Iterable[int]) -> None:
+        """Weight gradients just made: summed into the ``.grad`` and freed under ``summed``, else kept."""
+        if self.summed:
+            self.step(made)
+
 
 def applies(setup: Setup) -> bool:
     """Whether ``rise`` models this MoE layer: full training of a softmax top-k router without biases,
     dropless, on one rank's whole layer, in memplan's reference model or transformers' grouped_mm
-    experts (gated experts fused as ``gate_up_proj``), one micro-batch's gradients made whole."""
+    experts (gated experts fused as ``gate_up_proj``)."""
     m, moe = setup.model, setup.model.moe
     if moe is None or not setup.finetune.trains_everything or setup.strategy.reversible:
         return False
@@ -98,8 +110,7 @@ def applies(setup: Setup) -> bool:
         and not moe.shared_width(m)  # NB: Qwen2-MoE's gated shared expert in transformers: not replayed
     )
     acts = m.mlp in (MlpType.SWIGLU, MlpType.GELU) and m.gate_act is not GateActivation.CLAMPED
-    summed = setup.training.grad_accum > 1  # gradients summed into .grad as they are made: not replayed
-    return plain_router and plain_moe and whole and code and acts and not summed
+    return plain_router and plain_moe and whole and code and acts
 
 
 def rise(setup: Setup, layer: Iterable[Kept]) -> int:
@@ -108,7 +119,8 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
     ``layer``: one layer's saves (``blocks.moe.moe_rules``' and the MLP's input among them)."""
     kept = {k.name: k.bytes for k in layer}
     dims = Dims.of(setup)
-    s = Stream(dims.tokens * dims.h * dims.act.bytes, early=bool(setup.strategy.segment))
+    early, summed = bool(setup.strategy.segment), accumulates_in_place(setup)
+    s = Stream(dims.tokens * dims.h * dims.act.bytes, early, summed)
     grouped = setup.impl.impl is not Impl.REFERENCE
     moe = setup.model.moe
     shared = 0
@@ -120,7 +132,8 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
 
 
 def _grads(setup: Setup, params: int) -> int:
-    return top_layer_grads(setup, params, MLP_TARGETS)
+    """Bytes of the gradients of ``params`` of the MLP as its backward makes them (summed or not)."""
+    return top_layer_grads(setup, params, MLP_TARGETS, summed=False)
 
 
 def _bias(setup: Setup, out: int) -> int:
@@ -132,7 +145,13 @@ def _linears(s: Stream, weights: int, bias: int, inputs: int, count: int, saved:
     """``count`` linears' backward (one, or an expert each on its slice of the slots): their weight
     gradients ``weights`` and input gradients ``inputs`` together, each bias gradient (``bias`` one) the
     engine's reduction after its node, ``saved`` (the input they keep, where this is its last use) dying
-    with the last node."""
+    with the last node. Summed into ``.grad`` (``Stream.summed``), one linear's gradients live at a time."""
+    if s.summed:  # each node's gradients summed and freed before the next: the last's beside every input
+        one = weights // count
+        s.step((), (inputs, one))
+        s.node((), (bias,), (saved,))
+        s.grads((one, bias))
+        return
     s.step((), (weights + (count - 1) * bias, inputs))
     s.node((), (bias,), (saved,))
 
@@ -155,7 +174,9 @@ def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
         # the gate linear's weight gradient [1, h] and input gradient [T, h]
         s.node((tha, tha), (t * a,), (kept["moe.shared_output"],))
         s.step((tha,), (t * a,))
-        s.step((t * a, kept["moe.shared_gate"]), (_grads(setup, h), tha))
+        gate = _grads(setup, h)
+        s.step((t * a, kept["moe.shared_gate"]), (gate, tha))
+        s.grads((gate,))
         s.step((t * a,))
         dy, pieces = tha, [tha]
     # W_down: its weight gradient and d(down input); then dY's gate copy freed
@@ -266,12 +287,16 @@ def _grouped_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
         s.step((), (w,))
     s.step((shw, shw) if s.early else (shw, shw, w, out))  # d·proj and d(weighted) freed
     d_proj = sha if wide != a else shw
-    s.step((), (_grads(setup, e * h * f), sfa))  # W_down: the [E, h, f] gradient, d(down input) [S, f]
+    down = _grads(setup, e * h * f)
+    s.step((), (down, sfa))  # W_down: the [E, h, f] gradient, d(down input) [S, f]
+    s.grads((down,))
     s.step((d_proj, kept["moe.down_input"]), (sfa, sfa))  # d·up and d·act
     s.step((sfa, kept["moe.act"]), (sfa,))  # silu's backward: d(gate)
     s.step((sfa, kept["moe.gate_up"]), (2 * sfa,))  # cat(d(gate), d(up)): [S, 2f]
     s.step((sfa, sfa))
-    s.step((), (_grads(setup, e * 2 * f * h), sha))  # gate_up_proj: the [E, 2f, h] gradient, d(x) [S, h]
+    gate_up = _grads(setup, e * 2 * f * h)
+    s.step((), (gate_up, sha))  # gate_up_proj: the [E, 2f, h] gradient, d(x) [S, h]
+    s.grads((gate_up,))
     s.step((2 * sfa, kept["moe.offsets"], kept["moe.expert_input"]))
     s.step((), (w, w))  # sample_weights[perm]'s backward: zeros, index_put
     s.step((w, w, kept["moe.weight_index"]), (tha, tha))  # hidden_states[perm // k]'s: zeros, index_put
@@ -318,6 +343,8 @@ def _router(s: Stream, setup: Setup, kept: dict[str, int], shared: int) -> None:
         te_router = t * e * a
     else:
         te_router = te4
-    s.step((), (_grads(setup, e * h), tha))  # the router's weight gradient [E, h] and input gradient
+    router = _grads(setup, e * h)
+    s.step((), (router, tha))  # the router's weight gradient [E, h] and input gradient
+    s.grads((router,))
     s.step((te_router, kept["mlp.input"]), (tha,))  # the sum of the MLP input's gradients
     s.step((tha, tha))  # the routed (or summed) d(x) and the router's
