@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
+from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak
 from memplan.analytic.params import ParamCount
 from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
@@ -27,33 +28,10 @@ from memplan.blocks.mlp import (
 )
 from memplan.blocks.moe import backward as moe_backward
 from memplan.blocks.moe import dense_layer_setup
-from memplan.blocks.norm import norm_backward_transient, released_as
+from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, profile_of, top_layer_grads
 from memplan.config import Attention, Checkpointing, DType, MlpType, NormType, Setup
 from memplan.config.finetune import ATTN_TARGETS, MLP_TARGETS, Target
-
-
-def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
-    """Bytes one un-checkpointed layer keeps in ``blocks`` (only of ``roles`` when given), an MoE's saves
-    with the MLP's (``act.layer_saves_kept``; the dense MLP's had been freed: 302 MB fewer at Mixtral)."""
-    wanted, kept = blocks | ({Block.MOE} if Block.MLP in blocks else set()), act.layer_saves_kept(setup)
-    return sum(k.bytes for k in kept if k.block in wanted and (roles is None or k.role in roles))
-
-
-def norm_saves(setup: Setup, norm: Block, roles: set[Role] | None = None) -> int:
-    """``layer_saves`` of a layer norm as the rank holds them: torchtitan's sequence-parallel plan runs the
-    norms on the rank's T/t tokens (``head_moments.sp_shards``; ``strategies.sequence_parallel`` splits
-    their saves so), where ``act.layer_working_set`` is the unsequence-split layer's."""
-    return layer_saves(setup, {norm}, roles) // sp_shards(setup)
-
-
-def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
-    """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
-    (its fp32 input remains); LayerNorm and torch's fused CUDA RMSNorm (``blocks.norm.released_as``) hold
-    input and statistics until their one backward op ends."""
-    staged = released_as(setup) is NormType.RMSNORM
-    keep = {Role.NORM_INPUT} if staged else {Role.NORM_INPUT, Role.NORM_STATS}
-    return norm_saves(setup, norm, keep)
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -263,17 +241,29 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)
     )
-    return max(
+    moments = [
         attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm)),
         mlp_moment(setup, dims),
-        sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),
         attention_backward_transient(setup, dims, params),
-        attention_rerun_transient(setup, dims, params),
-        selective_rerun_transient(setup, dims, params),
-        selective_softmax_backward(setup, dims, params),
         attn_norm,
-    )
+    ]
+    # The moments only some layers have (each 0 elsewhere, which is no moment: where every rise is
+    # negative, as a selective layer's with its gradients summed into an earlier micro-batch's, a 0 had
+    # made the layer hold its whole working set — one [T, h] over at h 64, s 64, b 2). A selective eager
+    # core's re-run is one with attention dropout too: its 0 there is the working set back, a floor
+    # (``selective_rerun_transient``'s NB)
+    s = setup.strategy
+    if fp8_tp_moments.rerun(setup, dims) is not None or (s.segment and sp_shards(setup) > 1):
+        moments.append(sp_rerun_scatter(setup, dims))
+    if s.reversible or s.segment:
+        moments.append(attention_rerun_transient(setup, dims, params))
+    if s.checkpointing is Checkpointing.SELECTIVE and s.attention is Attention.EAGER:
+        moments += [
+            selective_rerun_transient(setup, dims, params),
+            selective_softmax_backward(setup, dims, params),
+        ]
+    return max(moments)
 
 
 def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:

@@ -166,6 +166,9 @@ ACCUMULATED = [
     make(LLAMA, 32, precision="fp32", b=4, s=128, accum=3),  # the final norm's
     make(LLAMA, 4096, b=2, s=8, precision="fp32", optimizer="sgd", accum=2),  # the lm head's backward
     make(GPT, 4096, b=1, s=4, precision="fp32", optimizer="lion", accum=2),  # tied: three [v, h] at once
+    # a selective layer's every rise is negative with its gradients summed: no moment holds its whole
+    # working set (a 0 of the moments only other layers have had said one did: one [T, h] over)
+    make(LLAMA, 32, attention="eager", ckpt="selective", precision="fp32", b=2, s=64, accum=2),
 ]
 
 
