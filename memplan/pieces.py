@@ -169,7 +169,7 @@ def rerun_kept(rank: Setup) -> list[Kept]:
     already (``analytic.head_moments.module_rope_buffers``). Measured under FullAC on torchtitan's rank:
     the layer moment one [s, d/2] complex64 over without this (524,288 B at Llama 3.1 8B's widths, s
     1,024; 2,048 B on the tiny model)."""
-    working = act.layer_saves_kept(rank)
+    working = list(act.layer_saves_kept(rank))
     if rope_buffers(rank):
         working = [k for k in working if not is_rope_cache(k)]
     return _device_kept(working, _without_recompute(rank))

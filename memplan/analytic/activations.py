@@ -309,15 +309,28 @@ def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
     return found
 
 
-def layer_saves_kept(setup: Setup) -> list[Kept]:
+def layer_saves_kept(setup: Setup) -> tuple[Kept, ...]:
     """``layer_working_set`` as the layer keeps it: a mixture of experts' MLP with its MoE saves
-    (``with_moe``: block ``moe``) where a dense MLP keeps its inner [T, f] ones."""
-    return with_moe(list(layer_working_set(setup)), setup)
+    (``with_moe``: block ``moe``) where a dense MLP keeps its inner [T, f] ones. Memoised as
+    ``layer_working_set`` (the layer moments ask for it a dozen times an estimate)."""
+    if setup.model.moe is None:
+        return layer_working_set(setup)
+    key = rank_key(setup)
+    found = _KEPT.get(key)
+    if found is None:
+        if len(_KEPT) >= _WORKING_MAX:
+            _KEPT.clear()
+        found = _KEPT[key] = tuple(with_moe(list(layer_working_set(setup)), setup))
+    return found
+
+
+_KEPT: dict[tuple[object, ...], tuple[Kept, ...]] = {}
 
 
 def clear_working_sets() -> None:
-    """Forget ``layer_working_set``'s memo (cold-start benchmarks)."""
+    """Forget ``layer_working_set``'s and ``layer_saves_kept``'s memos (cold-start benchmarks)."""
     _WORKING.clear()
+    _KEPT.clear()
 
 
 def total_bytes(kept: Iterable[Kept]) -> int:
