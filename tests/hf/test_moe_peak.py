@@ -7,7 +7,8 @@ Before, the moment was the dense MLP's with the experts' [S, f] buffers: at Mixt
 2,048 under full checkpointing the estimate's layer backward — the step's peak there — was 134,299,648 B
 above the measured one (its attention moment freed the dense MLP's saves where the MoE keeps 2.2 times as
 many, and the moment the MoE tops at, W_gate_up's [E, 2f, h] gradient beside d(gate_up) [S, 2f], was not
-counted); without checkpointing 96 MB over at s 1,024, Qwen3-30B-A3B's 53 MB."""
+counted); without checkpointing 96 MB over at s 1,024, Qwen3-30B-A3B's 53 MB; Qwen1.5-MoE's (a gated
+shared expert) 10,617,344 B under at h 256, s 256."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ CASES = [
     # Qwen3-30B-A3B: 128 experts, top-8, weights cast to bf16 and renormalised (4 heads: its q and k norms'
     # backward, not modelled, would top the layer at 32: docs/peak-accuracy.md)
     hf_setup("qwen3-30b-a3b", seq=256, num_heads=4, num_kv_heads=2),
+    # Qwen1.5-MoE (Qwen2-MoE's code): a gated shared expert, its gate's backward first, its MLP's last
+    hf_setup("qwen1.5-moe-a2.7b", seq=256, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_size=256),
     # a narrow layer: the [S, f] buffers outweigh the gradients, the top at the product's gradient
     hf_setup(
         "qwen3-30b-a3b",

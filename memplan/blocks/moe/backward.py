@@ -23,7 +23,9 @@ the ops of a real step (``memplan.measure.instruments.tracker`` with each storag
 - transformers' ``grouped_mm`` experts (``integrations/moe.py::grouped_mm_experts_forward``, 5.x): one
   ``_grouped_mm`` a projection (weight gradients [E, ·, ·] whole), the fused ``gate_up_proj`` [S, 2f],
   ``weighted_out[inv_perm]`` and ``view(T, k, h).sum(1)`` back to the tokens, Mixtral's fp32 routing
-  weights (``Profile.routing_weights_fp32``).
+  weights (``Profile.routing_weights_fp32``); Qwen2-MoE's gated shared expert, made first and gated last:
+  its gate's backward first, the routed experts' and the router's, its MLP's last (the MLP input's save
+  dies before its final sum).
 
 A later micro-batch sums each new weight gradient into the ``.grad`` the earlier ones left and frees it
 as soon as its node has run (``blocks.profiles.accumulates_in_place``): one linear's gradients at a time
@@ -33,7 +35,7 @@ measured one micro-batch at a time).
 Measured (tests/measure/test_moe_peak.py: the reference on CPU, every storage, the layer backward's
 moment equal to the byte; tests/hf/test_moe_peak.py: transformers' Mixtral and Qwen3-MoE under fake
 tensors). Elsewhere — Megatron's MoE layer, DeepSeek's, PhiMoE's, gpt-oss's and Llama 4's routers,
-expert biases, capacity factors, transformers' shared experts and eager experts, expert, tensor, context
+expert biases, capacity factors, transformers' eager experts, expert, tensor, context
 or pipeline parallelism, fine-tuning — the dense moment with the experts'
 [S, f] buffers stays (``applies``; ``blocks.moe.mlp_backward_extra``), not measured.
 """
@@ -107,7 +109,7 @@ def applies(setup: Setup) -> bool:
         p.experts_grouped_mm
         and p.experts_gate_up_fused
         and m.mlp is MlpType.SWIGLU
-        and not moe.shared_width(m)  # NB: Qwen2-MoE's gated shared expert in transformers: not replayed
+        and (moe.shared_gate or not moe.shared_width(m))  # Qwen2-MoE's shared expert, gated
     )
     acts = m.mlp in (MlpType.SWIGLU, MlpType.GELU) and m.gate_act is not GateActivation.CLAMPED
     return plain_router and plain_moe and whole and code and acts
@@ -123,11 +125,19 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
     s = Stream(dims.tokens * dims.h * dims.act.bytes, early, summed)
     grouped = setup.impl.impl is not Impl.REFERENCE
     moe = setup.model.moe
-    shared = 0
-    if not grouped and moe is not None and moe.shared_width(setup.model):
-        shared = _reference_shared(s, setup, kept)
-    (_grouped_routed if grouped else _reference_routed)(s, setup, kept)
-    _router(s, setup, kept, shared)
+    assert moe is not None
+    if not grouped:
+        shared = _reference_shared(s, setup, kept) if moe.shared_width(setup.model) else 0
+        _reference_routed(s, setup, kept)
+        _router(s, setup, kept, shared, frees_input=True)
+    elif moe.shared_width(setup.model):  # Qwen2-MoE: the gate (made last) first, the shared MLP last
+        dy = _shared_gate(s, setup, kept)
+        _grouped_routed(s, setup, kept)
+        _router(s, setup, kept, dy, frees_input=False)
+        _shared_mlp(s, setup, kept, dy, dy, last=True)
+    else:
+        _grouped_routed(s, setup, kept)
+        _router(s, setup, kept, 0, frees_input=True)
     return s.peak
 
 
@@ -156,30 +166,36 @@ def _linears(s: Stream, weights: int, bias: int, inputs: int, count: int, saved:
     s.node((), (bias,), (saved,))
 
 
-def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
-    """``out = routed + [sigmoid(x·w_g) ·] shared(x)``: the shared branch, made last, runs first; its
-    input gradients pile up in one [T, h] partial sum, whose bytes it returns (``_router`` adds the
-    routed d(x) to it)."""
+def _shared_gate(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
+    """``sigmoid(x·w_g) · shared``'s backward (a gated shared expert): d(shared) = dY·gate and dY·shared,
+    whose sum over h is d(gate) [T, 1], the shared output dying with the node (the sigmoid stays: its own
+    node keeps it); sigmoid's backward; the gate linear's weight gradient [1, h] and input gradient
+    [T, h]. Returns d(shared)'s bytes (the input gradient stays too, the first of the MLP input's)."""
+    dims = Dims.of(setup)
+    a, t, h = dims.act.bytes, dims.tokens, dims.h
+    tha = t * h * a
+    s.node((tha, tha), (t * a,), (kept["moe.shared_output"],))
+    s.step((tha,), (t * a,))
+    gate = _grads(setup, h)
+    s.step((t * a, kept["moe.shared_gate"]), (gate, tha))
+    s.grads((gate,))
+    s.step((t * a,))
+    return tha
+
+
+def _shared_mlp(s: Stream, setup: Setup, kept: dict[str, int], dy: int, partial: int, last: bool) -> int:
+    """The shared experts' MLP (n·f_s wide) on every token: ``dy`` its incoming gradient's own bytes (0:
+    the layer's dY itself), freed after W_down's backward; its input gradients summed into the MLP
+    input's ``partial`` one (0: none yet) as they come; ``last``: its W_gate's (W_up's) input gradient is
+    the MLP input's last, whose save (the norm's output) dies before that sum. Returns the partial sum's
+    bytes."""
     moe = setup.model.moe
     assert moe is not None
     dims = Dims.of(setup)
     a, t, h = dims.act.bytes, dims.tokens, dims.h
     tha, width = t * h * a, moe.shared_width(setup.model)
     tfa = t * width * a
-    dy = 0  # the shared branch's dY: the layer's own (nothing new), or dY·gate under a gate
-    pieces: list[int] = []  # input gradients waiting for their sum
-    if moe.shared_gate:
-        # gate · shared: d(shared) = dY·gate and dY·shared, whose sum over h is d(gate) [T, 1]; the shared
-        # output dies with the node (the sigmoid stays: its own node keeps it); then sigmoid's backward,
-        # the gate linear's weight gradient [1, h] and input gradient [T, h]
-        s.node((tha, tha), (t * a,), (kept["moe.shared_output"],))
-        s.step((tha,), (t * a,))
-        gate = _grads(setup, h)
-        s.step((t * a, kept["moe.shared_gate"]), (gate, tha))
-        s.grads((gate,))
-        s.step((t * a,))
-        dy, pieces = tha, [tha]
-    # W_down: its weight gradient and d(down input); then dY's gate copy freed
+    # W_down: its weight gradient and d(down input); then d(shared) freed
     _linears(s, _grads(setup, width * h), _bias(setup, h), tfa, 1, kept["moe.shared.down_input"])
     s.step((dy,))
     if setup.model.mlp is MlpType.SWIGLU:  # d·up and d·act; then d(down input), up and act freed
@@ -194,15 +210,27 @@ def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
         if name == "gate":  # silu's backward, then d(act) and the gate freed
             s.step((), (tfa,))
             s.step((tfa, kept["moe.shared.gate"]))
-        # the input, the MLP's, is the router's and the routed experts' too: it stays
         _linears(s, _grads(setup, h * width), _bias(setup, width), tha, 1, 0)
-        if pieces:  # d(up) or d(gate) freed, the sum with the partial made; then both parts freed
-            s.step((tfa,), (tha,))
-            s.step((pieces.pop(), tha))
+        dies = kept["mlp.input"] if last and name == firsts[-1] else 0
+        if partial:  # d(up) or d(gate) freed, the sum with the partial made; then both parts freed
+            s.step((tfa, dies), (tha,))
+            s.step((partial, tha))
         else:
-            s.step((tfa,))
-        pieces.append(tha)
-    return pieces[0]
+            s.step((tfa, dies))
+        partial = tha
+    return partial
+
+
+def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
+    """``out = routed + [sigmoid(x·w_g) ·] shared(x)`` in the reference: the shared branch, made last, runs
+    first, its gate then its MLP; returns the MLP input's partial gradient (``_router`` adds the routed
+    d(x) to it)."""
+    moe = setup.model.moe
+    assert moe is not None
+    if moe.shared_gate:
+        dy = _shared_gate(s, setup, kept)
+        return _shared_mlp(s, setup, kept, dy, dy, last=False)  # the gate's input gradient first
+    return _shared_mlp(s, setup, kept, 0, 0, last=False)
 
 
 def _reference_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
@@ -303,12 +331,13 @@ def _grouped_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
     s.step((tha, sha, kept["moe.dispatch_index"]))
 
 
-def _router(s: Stream, setup: Setup, kept: dict[str, int], shared: int) -> None:
+def _router(s: Stream, setup: Setup, kept: dict[str, int], shared: int, frees_input: bool) -> None:
     """After the routed experts (their d(x) [T, h] and the weights' gradient, as the slots' [S] in the
     routing weights' dtype, alive): the shared branch's partial d(x) (``shared`` bytes) added; the
     router's backward — the renormalisation's (when it divides by the top-k sum), the top-k's scatter into
     [T, E], the fp32 softmax's, the router linear's weight and input gradients —; the MLP input's
-    gradients summed (its save, the norm's output, freed)."""
+    gradients summed (its save, the norm's output, freed where ``frees_input``: no shared MLP reads it
+    later)."""
     moe = setup.model.moe
     assert moe is not None
     dims = Dims.of(setup)
@@ -346,5 +375,5 @@ def _router(s: Stream, setup: Setup, kept: dict[str, int], shared: int) -> None:
     router = _grads(setup, e * h)
     s.step((), (router, tha))  # the router's weight gradient [E, h] and input gradient
     s.grads((router,))
-    s.step((te_router, kept["mlp.input"]), (tha,))  # the sum of the MLP input's gradients
+    s.step((te_router, kept["mlp.input"] if frees_input else 0), (tha,))  # the MLP input's gradients summed
     s.step((tha, tha))  # the routed (or summed) d(x) and the router's
