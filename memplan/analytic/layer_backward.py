@@ -147,7 +147,7 @@ def sp_mlp(setup: Setup) -> bool:
     return setup.model.mlp is MlpType.SWIGLU and not frozen_mlp(setup) and sp_shards(setup) > 1
 
 
-def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
+def sp_rerun_scatter(setup: Setup, dims: Dims) -> int | None:
     """A layer re-run under torchtitan's FullAC and sequence-parallel plan, at its last reduce-scatter
     (W_down's output to the rank's T/t tokens), its saves all made again: the backward's first node, the
     all-gather of the layer's output gradient, ran before the re-run (it unpacks no save), so that
@@ -155,11 +155,12 @@ def sp_rerun_scatter(setup: Setup, dims: Dims) -> int:
     of it (``reduce_scatter_single`` copies along any dimension but 0) and its [T/t, h] output; the
     attention's reduce-scattered output and the residual sum after it ([T/t, h] each).
     Measured at Llama 3.1 8B's widths on tp 8 (s 2,048, two sequences a micro-batch): the top of every
-    layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py)."""
+    layer's backward, 46,137,344 B above the estimate before (tests/hf/test_torchtitan_peak.py). None: the
+    layer has no such moment."""
     if (float8 := fp8_tp_moments.rerun(setup, dims)) is not None:  # torchao's float8 re-runs
         return float8
     if not setup.strategy.segment or sp_shards(setup) == 1:
-        return 0
+        return None
     return 3 * dims.tokens * dims.h * dims.act.bytes + 4 * residual_shard(setup, dims)
 
 
@@ -244,37 +245,31 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     moments = [
         attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm)),
         mlp_moment(setup, dims),
+        sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims),
         attention_backward_transient(setup, dims, params),
+        attention_rerun_transient(setup, dims, params),
+        selective_rerun_transient(setup, dims, params),
+        selective_softmax_backward(setup, dims, params),
         attn_norm,
     ]
-    # The moments only some layers have (each 0 elsewhere, which is no moment: where every rise is
-    # negative, as a selective layer's with its gradients summed into an earlier micro-batch's, a 0 had
-    # made the layer hold its whole working set — one [T, h] over at h 64, s 64, b 2). A selective eager
-    # core's re-run is one with attention dropout too: its 0 there is the working set back, a floor
-    # (``selective_rerun_transient``'s NB)
-    s = setup.strategy
-    if fp8_tp_moments.rerun(setup, dims) is not None or (s.segment and sp_shards(setup) > 1):
-        moments.append(sp_rerun_scatter(setup, dims))
-    if s.reversible or s.segment:
-        moments.append(attention_rerun_transient(setup, dims, params))
-    if s.checkpointing is Checkpointing.SELECTIVE and s.attention is Attention.EAGER:
-        moments += [
-            selective_rerun_transient(setup, dims, params),
-            selective_softmax_backward(setup, dims, params),
-        ]
-    return max(moments)
+    # None: a moment only some layers have, which this one does not. (Each had been 0, itself a moment —
+    # the whole live and working set —, which won where every rise is negative: a selective layer's with
+    # its gradients summed into an earlier micro-batch's, one [T, h] over at h 64, s 64, b 2.)
+    return max(m for m in moments if m is not None)
 
 
-def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int | None:
     """A selectively checkpointed eager core re-run at its backward, at its softmax: W_O's backward is
     done (``_mlp_done``, ``w_o_done``), dY [T, h] and the core's output gradient [T, a·d] are alive, the
     core's saves are back (the working set) and the scaled and the masked scores [b, a, s, s] are alive
     beside the probabilities.
-    NB: with attention dropout the re-run and P·V's backward are not modelled apart (measured up to
-    +0.7 % above the estimate)."""
+    None: no selective eager core. NB: with attention dropout the re-run and P·V's backward are not
+    modelled apart: 0, the working set back and nothing beside it, a floor (measured up to +0.7 % above)."""
     eager = setup.strategy.attention is Attention.EAGER
-    if setup.strategy.checkpointing is not Checkpointing.SELECTIVE or not eager or setup.model.attn_dropout:
+    if setup.strategy.checkpointing is not Checkpointing.SELECTIVE or not eager:
+        return None
+    if setup.model.attn_dropout:
         return 0
     a_bytes, t = dims.act.bytes, dims.tokens
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
@@ -282,26 +277,26 @@ def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
     return grads_in + 2 * scores + _mlp_done(setup, params) - w_o_done(setup)
 
 
-def selective_softmax_backward(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def selective_softmax_backward(setup: Setup, dims: Dims, params: ParamCount) -> int | None:
     """The same re-run core at its softmax's backward: P·V's backward has made dP [b, a, s, s] and dV, and
     freed the core's output gradient [T, a·d] and (its last use) the V copy that dV equals in size; the
     softmax backward makes dS. Against the re-run's softmax (``selective_rerun_transient``): dP and dS for
     the scaled and masked scores, less the output gradient — below it by T·a·d elements on CPU (measured by
     tests/measure/test_peak.py), above it on CUDA by the op's own product (``softmax_backward_scratch``)."""
     rerun = selective_rerun_transient(setup, dims, params)
-    if not rerun:
-        return 0
+    if rerun is None or setup.model.attn_dropout:
+        return rerun
     out_grad = dims.tokens * dims.a * dims.d * dims.act.bytes
     return rerun - out_grad + softmax_backward_scratch(setup, dims)
 
 
-def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int | None:
     """A layer's attention forward re-run in backward, above the layer's live set (its MLP not re-run).
 
     Reversible: the MLP's backward is done (``_mlp_done``) and six [T, h] are alive beside the rebuilt
     inputs (``reversible_f_extra``). A checkpointed segment's layer: its MLP's saves and its attention's
     residual dropout mask do not exist yet.
-    Both add eager attention's forward locals (``eager_forward_extra``).
+    Both add eager attention's forward locals (``eager_forward_extra``). None: neither.
     """
     if setup.strategy.reversible:
         rerun = reversible_f_extra(setup, dims) + _mlp_done(setup, params)
@@ -310,7 +305,7 @@ def attention_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
         later = layer_saves(setup, {Block.MLP, Block.MLP_NORM})
         rerun = -later - layer_saves(setup, {Block.ATTN}, {Role.DROPOUT_MASK})
     else:
-        return 0
+        return None
     return rerun + eager_forward_extra(setup, dims)
 
 

@@ -82,9 +82,9 @@ CASES = [
     "setup",
     CASES,
     ids=lambda s: (
-        f"{s.model.mlp.value}-e{s.model.moe.experts}k{s.model.moe.top_k}"  # type: ignore[union-attr]
-        f"s{s.model.moe.shared_experts}-{s.strategy.checkpointing.name.lower()}"
-    ),  # type: ignore[union-attr]
+        f"{s.model.mlp.value}-e{s.model.moe.experts}k{s.model.moe.top_k}s{s.model.moe.shared_experts}-"
+        f"{s.strategy.checkpointing.name.lower()}-acc{s.training.grad_accum}"
+    ),
 )
 def test_the_moe_steps_peak_is_exact(setup: Setup) -> None:
     assert moe_backward.applies(setup)
