@@ -65,10 +65,27 @@ def calibration(
     )
 
 
+_TOPOLOGIES: dict[int, tuple[GpuPreset, Topology]] = {}
+"""``calibrated_topology``'s answers by the preset's identity (the preset held, so its id is not reused):
+the step-time prediction asks it several times per configuration, and ``fit`` times thousands."""
+
+
 def calibrated_topology(gpu: GpuPreset) -> Topology:
     """The topology the collectives run on: a measured intra-node bus bandwidth — ``memplan calibrate``'s
     fraction, else the preset's sourced ``intra_node_busbw_gbps`` — scales ``intra_node_gbps`` so that
-    ``comm``'s ``NETWORK_INTRA`` × it is that bus bandwidth."""
+    ``comm``'s ``NETWORK_INTRA`` × it is that bus bandwidth. Made once per preset object (a frozen model)."""
+    held = _TOPOLOGIES.get(id(gpu))
+    if held is not None and held[0] is gpu:
+        return held[1]
+    if len(_TOPOLOGIES) >= 64:  # a long process building many presets (the tests) keeps a bounded memo
+        _TOPOLOGIES.clear()
+    topo = _scaled_topology(gpu)
+    _TOPOLOGIES[id(gpu)] = (gpu, topo)
+    return topo
+
+
+def _scaled_topology(gpu: GpuPreset) -> Topology:
+    """``calibrated_topology``, made."""
     c, topo = gpu.calibrated, gpu.topology
     if c is not None and c.network_intra is not None:
         scaled = topo.intra_node_gbps * c.network_intra / NETWORK_INTRA
