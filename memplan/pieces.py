@@ -17,8 +17,6 @@ from memplan.analytic.flops import Flops, flops
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
-from memplan.blocks.moe import backward as moe_backward
-from memplan.blocks.moe import mlp_backward_extra
 from memplan.blocks.norm import released_as
 from memplan.blocks.profiles import checkpoints_alone, profile_of
 from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
@@ -179,7 +177,6 @@ def pieces(core: Setup) -> Pieces:
     """The pieces of ``core`` (a ``core_of`` setup) on one rank."""
     parallel = core.parallel
     rank = core.model_copy(update={"model": tp_model(core.model, parallel.tp, parallel.etp)})
-    rank_moe = rank.model.moe
     kept = _device_kept(act.inventory(rank), rank)
     params = count_params(rank.model)
     experts = 0
@@ -202,15 +199,13 @@ def pieces(core: Setup) -> Pieces:
     working = act.layer_working_set(rank)
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
     plain = _without_recompute(rank)  # fine-tuning: the largest layer
-    redone = lora.layer_bytes(plain) if lora.applies(rank) else [act.total_bytes(rerun_kept(rank))]
+    if lora.applies(rank):
+        redone = lora.layer_bytes(plain)
+    else:  # each layer's kind's (``act.layer_kind_setups``: DeepSeek's dense first layers, Llama 4's)
+        kinds = act.layer_kind_setups(rank) or (rank,)
+        made = {k.model: act.total_bytes(rerun_kept(k)) for k in kinds}
+        redone = [made[k.model] for k in kinds]
     changed = act.total_bytes(working) - max(redone)
-    # The MLP's backward moment with the experts' S-slot gradient buffers, if that becomes the largest.
-    dims = Dims.of(rank)
-    transient = lb.layer_backward_transient(rank, dims, params)
-    # (replayed op by op where ``blocks.moe.backward`` models the code: its moment is in ``transient``)
-    extra = 0 if moe_backward.applies(rank) else mlp_backward_extra(rank, rank_moe)
-    mlp = lb.mlp_moment(rank, dims) + extra
-    moe_buffers = max(transient, mlp) - transient
     alone, segmented, n = checkpoints_alone(rank), bool(rank.strategy.segment), rank.model.num_layers
     return Pieces(
         core=core,
@@ -219,7 +214,7 @@ def pieces(core: Setup) -> Pieces:
         params=params,
         expert_params=experts,
         group_bytes=groups,
-        layer_correction=moe_buffers - (0 if segmented else rerun * changed),
+        layer_correction=-(0 if segmented else rerun * changed),
         layer_bytes=per_layer,
         alone_layers=alone_layer_bytes(rank, groups) if alone else (),
         rerun_layers=(tuple(redone) if len(redone) == n else tuple(redone) * n) if segmented else (),

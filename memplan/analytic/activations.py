@@ -226,6 +226,24 @@ def kinds_entries(kinds: list[tuple[Setup, int]]) -> list[Kept]:
     return [k for key, r in rules.items() for k in kept([r], Scope.LAYER, counts[key])]
 
 
+def layer_kind_setups(setup: Setup) -> tuple[Setup, ...]:
+    """Each layer's own setup when the layers differ by kind, in order — Llama 4's kinds
+    (``blocks.hf.llama4.kind_of_layers``), DeepSeek's dense first layers (``blocks.moe.dense_layer_setup``;
+    its MoE layers are ``setup`` itself), the full layers among sliding ones (``attention.full_layer_setup``)
+    —; () when every layer is alike (``layer_kind_bytes``' layers)."""
+    m = setup.model
+    if llama4.applies(setup) and not llama4.is_uniform(m):
+        return tuple(llama4.kind_of_layers(setup))
+    dense = dense_layer_setup(setup)
+    if dense is not None:
+        n = dense_mlp_layers(setup)
+        return tuple(dense if i < n else setup for i in range(m.num_layers))
+    full = full_layer_setup(setup)
+    if full is None:
+        return ()
+    return tuple(setup if is_sliding(m, i) else full for i in range(m.num_layers))
+
+
 def layer_kind_bytes(setup: Setup) -> tuple[int, ...]:
     """Each layer's bytes when the layers differ by kind (``attention.full_layer_setup``, Llama 4's
     ``blocks.hf.llama4.layer_kinds``), in order; () when every layer keeps the same."""

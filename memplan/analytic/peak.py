@@ -107,7 +107,7 @@ from memplan.analytic.fsdp.moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
-from memplan.analytic.layer_backward import layer_terms, saved_layers_up_to
+from memplan.analytic.layer_backward import layer_kind_terms, layer_terms, saved_layers_up_to
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
@@ -322,6 +322,7 @@ def peak(
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
     transient, working = layer_terms(setup, params, kept)
+    kinds = layer_kind_terms(setup, kept) if whole_model else ()  # layers of another kind: their own
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     trained, whole = trainable_grads.shares(setup, params, whole_model)  # what trains above each layer
 
@@ -329,7 +330,8 @@ def peak(
 
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
-        transient_i, working_i = trainable_grads.own_terms(setup, i, params, kept, (transient, working))
+        terms_i = (kinds[i] if kinds else None) or (transient, working)
+        transient_i, working_i = trainable_grads.own_terms(setup, i, params, kept, terms_i)
         if grads_before:
             grads = grads_before + (gradient_bytes_head if root else pending)  # the root's, unsharded
             if setup.strategy.reversible:  # the stack's Function returns every layer's gradients at its
@@ -373,10 +375,9 @@ def peak(
         compute = max(working_i + rerun + transient_i, tied_copy_out(setup, i))  # tied: layer 0's copy-out
         return terms(weights + own, optimizer, grads, saved, compute + 8 + fsdp2)
 
-    # Which layer's backward is the moment (``every_k.moment_layers``).
-    first = trainable_grads.first_backward_layer(setup) if whole_model else 0  # no backward below it
-    ends = {i for i in every_k.moment_layers(setup, dims.layers) | {first} if first <= i < dims.layers}
-    ends = ends or {dims.layers - 1}  # (NB: no layer's backward runs; the top's charged)
+    first = trainable_grads.first_backward_layer(setup) if whole_model else 0  # none below it; the moment's:
+    ends = every_k.moment_layers(setup, dims.layers, bool(kinds)) | {first}
+    ends = {i for i in ends if first <= i < dims.layers} or {dims.layers - 1}  # (NB: none runs: the top)
     if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
         # another or no reduce-scatter input above the top layer): the middle ones linear in i
         ends |= {min(1, dims.layers - 1), max(dims.layers - 2, 0)}

@@ -22,8 +22,12 @@ Checked to the byte per layer and in total, FLOPs equal, under fake tensors on C
 Known limitations, refused by ``check`` (one line each): NB torch's CUDA SDPA runs MLA in its
 memory-efficient kernel (not modelled: use eager attention, or --device cpu); NB tensor, pipeline,
 context and expert parallelism, selective and every-K checkpointing of the mixed dense / MoE layers are not
-modelled; NB the peak's per-layer moments take every layer as an MoE layer (the dense first layers keep
-less). NB the MTP modules of DeepSeek-V3 (``num_nextn_predict_layers``) are not in transformers' model.
+modelled. The peak charges the dense first layers' backward as a dense layer's
+(``analytic.layer_backward.layer_kind_terms``), V2's MoE backward replayed op by op
+(``blocks.moe.backward._deepseek``; V3's sigmoid router not). NB ``_keep_in_fp32_modules_strict =
+["gate.weight"]`` keeps each router's weight (and so its gradient) in fp32, which the model states count in
+the weights' dtype: E·h·2 bytes a MoE layer under (tests/hf/test_layer_kinds.py). NB the MTP modules of
+DeepSeek-V3 (``num_nextn_predict_layers``) are not in transformers' model.
 """
 
 from __future__ import annotations

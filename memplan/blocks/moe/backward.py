@@ -25,7 +25,12 @@ the ops of a real step (``memplan.measure.instruments.tracker`` with each storag
   ``weighted_out[inv_perm]`` and ``view(T, k, h).sum(1)`` back to the tokens, Mixtral's fp32 routing
   weights (``Profile.routing_weights_fp32``); Qwen2-MoE's gated shared expert, made first and gated last:
   its gate's backward first, the routed experts' and the router's, its MLP's last (the MLP input's save
-  dies before its final sum).
+  dies before its final sum);
+- transformers' Llama 4 (``Llama4TextMoe``): every token through all E experts, its input scaled by the
+  sigmoid scores, the experts' ``bmm``s over [E, T, ·], the shared expert first (``_llama4``);
+- transformers' DeepSeek-V2 (``DeepseekV2Moe``): the ungated shared MLP first, the grouped_mm experts, its
+  fp32 softmax router with ``routed_scaling_factor`` and group-limited routing's mask, its weight kept in
+  fp32 (``_deepseek``).
 
 A later micro-batch sums each new weight gradient into the ``.grad`` the earlier ones left and frees it
 as soon as its node has run (``blocks.profiles.accumulates_in_place``): one linear's gradients at a time
@@ -34,7 +39,8 @@ measured one micro-batch at a time).
 
 Measured (tests/measure/test_moe_peak.py: the reference on CPU, every storage, the layer backward's
 moment equal to the byte; tests/hf/test_moe_peak.py: transformers' Mixtral and Qwen3-MoE under fake
-tensors). Elsewhere — Megatron's MoE layer, DeepSeek's, PhiMoE's, gpt-oss's and Llama 4's routers,
+tensors; tests/hf/test_layer_kinds.py: Llama 4 Scout and Maverick at their widths, DeepSeek-V2's layer).
+Elsewhere — Megatron's MoE layer, DeepSeek-V3's sigmoid router, PhiMoE's and gpt-oss's routers,
 expert biases, capacity factors, transformers' eager experts, expert, tensor, context
 or pipeline parallelism, fine-tuning — the dense moment with the experts'
 [S, f] buffers stays (``applies``; ``blocks.moe.mlp_backward_extra``), not measured.
@@ -44,44 +50,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from memplan.blocks import llama4
 from memplan.blocks.inventory import Dims, Kept
-from memplan.blocks.profiles import accumulates_in_place, profile_of, top_layer_grads
-from memplan.config import GateActivation, Impl, MlpType, Setup
-from memplan.config.finetune import MLP_TARGETS
-
-
-class Stream:
-    """A running total of bytes and its highest point: ``step(frees, makes)`` releases ``frees`` first (what
-    autograd drops before an op), then makes each of ``makes`` in turn. ``early``: the layer is
-    checkpointed (the module docstring: a node's saves die before the engine reduces or casts its
-    outputs); ``node`` replays one node that way. ``summed``: a weight gradient is added into the
-    ``.grad`` an earlier micro-batch left and freed as soon as its node has run (``accumulates_in_place``:
-    torch's ``AccumulateGrad`` runs first among the ready nodes); ``grads`` replays that."""
-
-    def __init__(self, start: int, early: bool, summed: bool) -> None:
-        self.now = self.peak = start
-        self.early, self.summed = early, summed
-
-    def step(self, frees: Iterable[int] = (), makes: Iterable[int] = ()) -> None:
-        self.now -= sum(frees)
-        for n in makes:
-            self.now += n
-            self.peak = max(self.peak, self.now)
-
-    def node(self, outputs: Iterable[int], engine: Iterable[int], saves: Iterable[int] = ()) -> None:
-        """A node whose function makes ``outputs``, the engine then its reductions or casts ``engine``,
-        its ``saves`` dying (their last reference) with it: before ``engine`` when ``early``."""
-        self.step((), outputs)
-        if self.early:
-            self.step(saves, engine)
-        else:
-            self.step((), engine)
-            self.step(saves)
-
-    def grads(self, made: Iterable[int]) -> None:
-        """Weight gradients just made: summed into the ``.grad`` and freed under ``summed``, else kept."""
-        if self.summed:
-            self.step(made)
+from memplan.blocks.moe.stream import Stream, bias_grads, grads, linears, shared_gate, shared_mlp
+from memplan.blocks.profiles import accumulates_in_place, profile_of
+from memplan.config import DType, GateActivation, Impl, MlpType, Setup
 
 
 def applies(setup: Setup) -> bool:
@@ -105,6 +78,13 @@ def applies(setup: Setup) -> bool:
     )
     par = setup.parallel
     whole = par.tp == 1 and par.ep == 1 and par.cp == 1 and par.pp == 1
+    if llama4.applies(setup):  # ``Llama4TextMoe`` (``_llama4``): a uniform MoE kind (``llama4.kind_model``)
+        return whole and setup.model.moe_every is None and m.mlp is MlpType.SWIGLU
+    if p.deepseek_router:  # DeepSeek-V2's softmax router (``_deepseek``); its dense layers are a kind apart
+        v2 = not (moe.sigmoid or moe.renormalises or moe.shared_gate)
+        # 16-bit activations: the router's fp32 copy of its input (grouped_mm runs no fp32 on CPU or CUDA)
+        copy = setup.training.precision.activation_dtype is not DType.FP32
+        return whole and v2 and copy and p.experts_grouped_mm
     code = (setup.impl.impl is Impl.REFERENCE and not setup.impl.compile) or (
         p.experts_grouped_mm
         and p.experts_gate_up_fused
@@ -126,99 +106,23 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
     grouped = setup.impl.impl is not Impl.REFERENCE
     moe = setup.model.moe
     assert moe is not None
-    if not grouped:
+    if moe.router_sigmoid:  # transformers' Llama 4: every token through every expert
+        _llama4(s, setup, kept)
+    elif profile_of(setup).deepseek_router:  # DeepSeek-V2: the shared MLP first, its own router last
+        _deepseek(s, setup, kept)
+    elif not grouped:
         shared = _reference_shared(s, setup, kept) if moe.shared_width(setup.model) else 0
         _reference_routed(s, setup, kept)
         _router(s, setup, kept, shared, frees_input=True)
     elif moe.shared_width(setup.model):  # Qwen2-MoE: the gate (made last) first, the shared MLP last
-        dy = _shared_gate(s, setup, kept)
+        dy = shared_gate(s, setup, kept)
         _grouped_routed(s, setup, kept)
         _router(s, setup, kept, dy, frees_input=False)
-        _shared_mlp(s, setup, kept, dy, dy, last=True)
+        shared_mlp(s, setup, kept, dy, dy, last=True)
     else:
         _grouped_routed(s, setup, kept)
         _router(s, setup, kept, 0, frees_input=True)
     return s.peak
-
-
-def _grads(setup: Setup, params: int) -> int:
-    """Bytes of the gradients of ``params`` of the MLP as its backward makes them (summed or not)."""
-    return top_layer_grads(setup, params, MLP_TARGETS, summed=False)
-
-
-def _bias(setup: Setup, out: int) -> int:
-    """A projection's bias gradient, where the model's MLPs have biases."""
-    return _grads(setup, out) if setup.model.mlp_bias else 0
-
-
-def _linears(s: Stream, weights: int, bias: int, inputs: int, count: int, saved: int) -> None:
-    """``count`` linears' backward (one, or an expert each on its slice of the slots): their weight
-    gradients ``weights`` and input gradients ``inputs`` together, each bias gradient (``bias`` one) the
-    engine's reduction after its node, ``saved`` (the input they keep, where this is its last use) dying
-    with the last node. Summed into ``.grad`` (``Stream.summed``), one linear's gradients live at a time."""
-    if s.summed:  # each node's gradients summed and freed before the next: the last's beside every input
-        one = weights // count
-        s.step((), (inputs, one))
-        s.node((), (bias,), (saved,))
-        s.grads((one, bias))
-        return
-    s.step((), (weights + (count - 1) * bias, inputs))
-    s.node((), (bias,), (saved,))
-
-
-def _shared_gate(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
-    """``sigmoid(x·w_g) · shared``'s backward (a gated shared expert): d(shared) = dY·gate and dY·shared,
-    whose sum over h is d(gate) [T, 1], the shared output dying with the node (the sigmoid stays: its own
-    node keeps it); sigmoid's backward; the gate linear's weight gradient [1, h] and input gradient
-    [T, h]. Returns d(shared)'s bytes (the input gradient stays too, the first of the MLP input's)."""
-    dims = Dims.of(setup)
-    a, t, h = dims.act.bytes, dims.tokens, dims.h
-    tha = t * h * a
-    s.node((tha, tha), (t * a,), (kept["moe.shared_output"],))
-    s.step((tha,), (t * a,))
-    gate = _grads(setup, h)
-    s.step((t * a, kept["moe.shared_gate"]), (gate, tha))
-    s.grads((gate,))
-    s.step((t * a,))
-    return tha
-
-
-def _shared_mlp(s: Stream, setup: Setup, kept: dict[str, int], dy: int, partial: int, last: bool) -> int:
-    """The shared experts' MLP (n·f_s wide) on every token: ``dy`` its incoming gradient's own bytes (0:
-    the layer's dY itself), freed after W_down's backward; its input gradients summed into the MLP
-    input's ``partial`` one (0: none yet) as they come; ``last``: its W_gate's (W_up's) input gradient is
-    the MLP input's last, whose save (the norm's output) dies before that sum. Returns the partial sum's
-    bytes."""
-    moe = setup.model.moe
-    assert moe is not None
-    dims = Dims.of(setup)
-    a, t, h = dims.act.bytes, dims.tokens, dims.h
-    tha, width = t * h * a, moe.shared_width(setup.model)
-    tfa = t * width * a
-    # W_down: its weight gradient and d(down input); then d(shared) freed
-    _linears(s, _grads(setup, width * h), _bias(setup, h), tfa, 1, kept["moe.shared.down_input"])
-    s.step((dy,))
-    if setup.model.mlp is MlpType.SWIGLU:  # d·up and d·act; then d(down input), up and act freed
-        s.step((), (tfa, tfa))
-        s.step((tfa, kept["moe.shared.up"], kept["moe.shared.act"]))
-        firsts = ["up", "gate"]  # W_up's backward first, then silu's and W_gate's
-    else:  # gelu's backward: d(up); d(down input) and up freed
-        s.step((), (tfa,))
-        s.step((tfa, kept["moe.shared.up"]))
-        firsts = ["up"]
-    for name in firsts:
-        if name == "gate":  # silu's backward, then d(act) and the gate freed
-            s.step((), (tfa,))
-            s.step((tfa, kept["moe.shared.gate"]))
-        _linears(s, _grads(setup, h * width), _bias(setup, width), tha, 1, 0)
-        dies = kept["mlp.input"] if last and name == firsts[-1] else 0
-        if partial:  # d(up) or d(gate) freed, the sum with the partial made; then both parts freed
-            s.step((tfa, dies), (tha,))
-            s.step((partial, tha))
-        else:
-            s.step((tfa, dies))
-        partial = tha
-    return partial
 
 
 def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
@@ -228,9 +132,9 @@ def _reference_shared(s: Stream, setup: Setup, kept: dict[str, int]) -> int:
     moe = setup.model.moe
     assert moe is not None
     if moe.shared_gate:
-        dy = _shared_gate(s, setup, kept)
-        return _shared_mlp(s, setup, kept, dy, dy, last=False)  # the gate's input gradient first
-    return _shared_mlp(s, setup, kept, 0, 0, last=False)
+        dy = shared_gate(s, setup, kept)
+        return shared_mlp(s, setup, kept, dy, dy, last=False)  # the gate's input gradient first
+    return shared_mlp(s, setup, kept, 0, 0, last=False)
 
 
 def _reference_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
@@ -252,7 +156,7 @@ def _reference_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
     s.step((), (w, w))  # the weight gather's backward: zeros, index_add
     s.step((w, w, kept["moe.weight_index"]))
     # W_down: the experts' weight gradients and input-gradient pieces; its input and d(out) freed
-    _linears(s, _grads(setup, e * f * h), _bias(setup, h), sfa, e, kept["moe.down_input"])
+    linears(s, grads(setup, e * f * h), bias_grads(setup, h), sfa, e, kept["moe.down_input"])
     s.step((sha,))
     if setup.model.mlp is MlpType.SWIGLU:
         s.step((), (sfa,))  # the pieces concatenated: d(down input)
@@ -268,8 +172,8 @@ def _reference_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
     cats: list[int] = []
     for i in range(projections):
         last = i == projections - 1
-        into = _grads(setup, e * h * f)
-        _linears(s, into, _bias(setup, f), sha, e, kept["moe.expert_input"] if last else 0)
+        into = grads(setup, e * h * f)
+        linears(s, into, bias_grads(setup, f), sha, e, kept["moe.expert_input"] if last else 0)
         s.step((sfa,))  # d(up) or d(gate) freed
         s.step((), (sha,))  # the pieces concatenated
         if cats:  # W_gate's and W_up's input gradients summed: the pieces freed, the sum made
@@ -315,14 +219,14 @@ def _grouped_routed(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
         s.step((), (w,))
     s.step((shw, shw) if s.early else (shw, shw, w, out))  # d·proj and d(weighted) freed
     d_proj = sha if wide != a else shw
-    down = _grads(setup, e * h * f)
+    down = grads(setup, e * h * f)
     s.step((), (down, sfa))  # W_down: the [E, h, f] gradient, d(down input) [S, f]
     s.grads((down,))
     s.step((d_proj, kept["moe.down_input"]), (sfa, sfa))  # d·up and d·act
     s.step((sfa, kept["moe.act"]), (sfa,))  # silu's backward: d(gate)
     s.step((sfa, kept["moe.gate_up"]), (2 * sfa,))  # cat(d(gate), d(up)): [S, 2f]
     s.step((sfa, sfa))
-    gate_up = _grads(setup, e * 2 * f * h)
+    gate_up = grads(setup, e * 2 * f * h)
     s.step((), (gate_up, sha))  # gate_up_proj: the [E, 2f, h] gradient, d(x) [S, h]
     s.grads((gate_up,))
     s.step((2 * sfa, kept["moe.offsets"], kept["moe.expert_input"]))
@@ -372,8 +276,91 @@ def _router(s: Stream, setup: Setup, kept: dict[str, int], shared: int, frees_in
         te_router = t * e * a
     else:
         te_router = te4
-    router = _grads(setup, e * h)
+    router = grads(setup, e * h)
     s.step((), (router, tha))  # the router's weight gradient [E, h] and input gradient
     s.grads((router,))
     s.step((te_router, kept["mlp.input"] if frees_input else 0), (tha,))  # the MLP input's gradients summed
     s.step((tha, tha))  # the routed (or summed) d(x) and the router's
+
+
+def _llama4(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
+    """transformers' ``Llama4TextMoe`` (``blocks.llama4``: every token through all E experts, scaled by its
+    sigmoid scores): ``sum(0)``'s backward expanded and reshaped, a copy [E·T, h]; the shared expert
+    (``shared_expert(hidden)``, made after the routed ``bmm``s, runs first); the experts' ``bmm``s, SwiGLU's
+    and ``chunk``'s backward over [E, T, ·]; ``routed_in · scores``' (d(routed_in) and d·routed_in, summed
+    over h by the engine to d(scores) [E·T, 1], both operands dying with the node); ``repeat``'s (a sum over
+    E) into the MLP input's gradient; the scores' way back — the cast to fp32, the fp32 sigmoid's, the cast
+    back, ``scatter_``'s gather [T, k], ``topk``'s zeros and scatter [T, E] —; the router linear's, the MLP
+    input's save dying with it. Read off a step of transformers' Llama 4 Scout (fake tensors, each storage's
+    maker; tests/hf/test_llama4.py)."""
+    moe = setup.model.moe
+    assert moe is not None
+    dims = Dims.of(setup)
+    a, t, h, f, e, k = dims.act.bytes, dims.tokens, dims.h, dims.f, moe.experts, moe.top_k
+    tha, eth, etf = t * h * a, e * t * h * a, e * t * f * a
+    s.step((), (eth,))  # the routed output's gradient [E·T, h]: sum(0)'s expand, reshaped (a copy)
+    partial = shared_mlp(s, setup, kept, 0, 0, last=False)
+    down = grads(setup, e * f * h)
+    s.step((), (down, etf))  # the down bmm: the [E, f, h] gradient, d(down input) [E, T, f]
+    s.grads((down,))
+    s.step((eth, kept["moe.down_input"]), (etf, etf))  # d·up and d·act
+    s.step((etf, kept["moe.act"]), (etf,))  # silu's backward: d(gate)
+    s.step((etf, kept["moe.gate_up"]), (2 * etf,))  # chunk's backward: cat(d(gate), d(up)) [E, T, 2f]
+    s.step((etf, etf))
+    gate_up = grads(setup, e * h * 2 * f)
+    s.step((), (gate_up, eth))  # the gate_up bmm: the [E, h, 2f] gradient, d(expert input) [E, T, h]
+    s.grads((gate_up,))
+    s.step((2 * etf, kept["moe.expert_input"]))
+    scores = kept["moe.scores"]  # [E·T, 1] in the activation dtype
+    s.node((eth, eth), (scores,), (scores, kept["moe.routed_in"]))  # routed_in · scores
+    s.step((eth, eth))  # d·routed_in (before its sum over h) and d(expert input) freed
+    s.step((), (tha,))  # repeat's backward: d(routed_in) summed over the E copies
+    s.step((eth,), (tha,))  # added to the shared expert's d(x)
+    s.step((partial, tha))
+    te4, tea = t * e * 4, t * e * a
+    s.step((), (te4,))  # d(scores) [T, E] cast to the sigmoid's fp32
+    s.step((scores,), (te4,))  # the sigmoid's backward
+    s.step((te4, kept["moe.router_scores"]), (tea,))  # cast back to the logits' dtype
+    s.step((te4,), (t * k * a,))  # scatter_'s backward: gather [T, k]
+    s.step((tea,), (tea, tea))  # topk's backward: zeros, scatter
+    s.step((tea, t * k * a, kept["moe.topk_indices"]))
+    router = grads(setup, e * h)
+    s.step((), (router, tha))  # the router linear: its [E, h] gradient and d(x)
+    s.grads((router,))
+    s.step((tea, kept["mlp.input"]), (tha,))  # the MLP input's gradients summed, its save freed
+    s.step((tha, tha))
+
+
+def _deepseek(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
+    """transformers' ``DeepseekV2Moe``: ``experts(...) + shared_experts(residuals)`` — the shared MLP, made
+    last, runs first, the MLP input's save dying with its W_gate's backward where the router reads an fp32
+    copy of it —; the grouped_mm experts with the fp32 routing weights (``_grouped_routed``), their d(x)
+    added to the shared MLP's; then ``DeepseekV2TopkRouter``'s: ``routed_scaling_factor``'s multiply
+    (d(weights)·scale [T, k] fp32), ``topk``'s zeros and scatter [T, E], group-limited routing's
+    ``masked_fill`` (its bool mask dying), the fp32 softmax's, the fp32 linear's — its weight kept in fp32
+    (``_keep_in_fp32_modules_strict``: a [E, h] fp32 gradient) and d(x) in fp32, cast back to the
+    activations' dtype (``hidden_states.type(float32)``'s backward). Read off a step of transformers'
+    DeepSeek-V2 (fake tensors, each storage's maker; tests/hf/test_layer_kinds.py)."""
+    moe = setup.model.moe
+    assert moe is not None
+    dims = Dims.of(setup)
+    a, t, h, e, k = dims.act.bytes, dims.tokens, dims.h, moe.experts, moe.top_k
+    tha, th4, tk4, te4 = t * h * a, t * h * 4, t * k * 4, t * e * 4
+    partial = shared_mlp(s, setup, kept, 0, 0, last=True)  # the router reads an fp32 copy of the input
+    _grouped_routed(s, setup, kept)
+    s.step((), (tha,))  # the routed d(x) added to the shared MLP's
+    s.step((partial, tha))
+    s.step((), (tk4,))  # routed_scaling_factor's multiply: d(weights)·scale
+    s.step((kept["moe.routing_weights"],), (te4, te4))  # topk's backward: zeros, scatter
+    s.step((te4, tk4, kept["moe.topk_indices"]))
+    if moe.groups is not None:  # masked_fill(~group_mask, 0)'s backward
+        s.step((), (te4,))
+        s.step((te4, kept["moe.group_mask"]))
+    s.step((), (te4,))  # the fp32 softmax's backward
+    s.step((te4, kept["moe.router_scores"]))
+    router = 4 * e * h if grads(setup, e * h) else 0  # the router's fp32 weight gradient [E, h]
+    s.step((), (router, th4))
+    s.grads((router,))
+    s.step((te4, kept["moe.router_input"]), (tha,))  # d(x) in fp32 cast back
+    s.step((th4,), (tha,))  # added to the MLP input's gradient
+    s.step((tha, tha))

@@ -1,0 +1,133 @@
+"""Layers of two kinds, each layer's backward charged as its own kind, and transformers' Llama 4 MoE backward
+replayed op by op (``blocks.moe.backward._llama4``), at the real widths under fake tensors: the highest point
+measured (``measure.frameworks.hf_peak``) against the estimate's.
+
+Before, every layer's backward was charged the MoE layer's transient and re-run working set
+(``analytic.layer_backward.layer_kind_terms``, ``pieces``' ``rerun_layers``): Llama 4 Maverick's dense
+layer 0 below its MoE layer 1 (s 512) read a layer moment 22,834,438,144 B above the measured one, 2.2 GB
+above under full checkpointing; DeepSeek-V2-Lite's dense first layer 972 MB above. And Llama 4's MoE
+backward was the dense MLP's with [E·T, f] buffers: 403,755,008 B under at Scout's widths, 4.03 GB under at
+Maverick's (every token through every expert, the experts' weight gradients beside [E, T, ·] buffers)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.analytic import activations as act
+from memplan.analytic import layer_backward as lb
+from memplan.analytic.layer_backward import layer_kind_terms, layer_terms
+from memplan.analytic.params import count_params
+from memplan.blocks.inventory import Dims
+from memplan.blocks.moe import backward as moe_backward
+from memplan.config import Setup
+from memplan.engine import estimate
+from memplan.measure.frameworks.hf_peak import measure_hf_peak
+from memplan.measure.instruments.moments import estimated_moments
+from memplan.pieces import core_of, pieces
+from tests.hf.harness import hf_setup
+
+MAVERICK = "llama-4-maverick-17b-128e"
+CASES = [
+    # layer 0 dense (intermediate_size_mlp 16,384), layer 1 MoE (128 experts): the dense layer's own moment
+    hf_setup(MAVERICK, seq=512),
+    hf_setup(MAVERICK, seq=512, checkpointing="full"),
+    # Scout: every layer MoE (16 experts), RoPE and NoPE kinds alike in their MLP
+    hf_setup("llama-4-scout-17b-16e", seq=512),
+    # narrow: the [E, T, ·] buffers against the weight gradients
+    hf_setup("llama-4-scout-17b-16e", seq=256, hidden_size=256, ffn_size=192, num_heads=4, num_kv_heads=2),
+]
+
+
+@pytest.mark.parametrize(
+    "setup",
+    CASES,
+    ids=lambda s: f"{s.model.name}-h{s.model.hidden_size}-{s.strategy.checkpointing.name.lower()}",
+)
+def test_each_layer_backward_is_its_kinds(setup: Setup) -> None:
+    """Exact without checkpointing; under transformers' checkpointing above by the int64 [s] its
+    checkpointed layers hold (``hf_peak``'s NB: 8·s B)."""
+    kinds = act.layer_kind_setups(pieces(core_of(setup)).setup)
+    assert kinds and all(moe_backward.applies(k) for k in kinds if k.model.moe is not None)
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    layer = measured["layer backward"]
+    assert layer is not None
+    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
+    assert layer - buffers - est["layer backward"] == held
+
+
+def test_a_dense_layer_is_charged_its_own_terms() -> None:
+    """Maverick's dense layer 0 and MoE layer 1: each its kind's own (transient, working set), from its
+    kind's setup and parameters; the MoE's the larger by its experts' weight gradients [128, ·, 5,120] and
+    [E, T, ·] buffers."""
+    p = pieces(core_of(CASES[0]))
+    terms = layer_kind_terms(p.setup, p.kept)
+    kinds = act.layer_kind_setups(p.setup)
+    assert [k.model.moe is not None for k in kinds] == [False, True]
+    assert terms == tuple(layer_terms(k, count_params(k.model), p.kept) for k in kinds)
+    assert terms[0] is not None and terms[1] is not None and terms[0][0] < terms[1][0]
+
+
+def deepseek(layers: int, dense: int, groups: int | None, checkpointing: str = "none") -> Setup:
+    """DeepSeek-V2's code with narrow latents (its own widths' MLA attention backward tops the layer), 16
+    experts, top-4, two shared experts; ``dense`` first layers dense; group-limited routing over
+    ``groups``."""
+    moe = {"experts": 16, "top_k": 4, "shared_experts": 2, "dense_layers": dense, "dense_ffn": 80}
+    if groups:
+        moe |= {"groups": groups, "topk_groups": 2}
+    mla = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+    return hf_setup(
+        "deepseek-v2-lite",
+        layers=layers,
+        seq=64,
+        attention="eager",
+        checkpointing=checkpointing,
+        hidden_size=128,
+        ffn_size=96,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=8,
+        vocab_size=512,
+        mla=mla,
+        moe={**moe, "norm_topk_prob": False},
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "dense", "groups", "checkpointing", "above"),
+    [
+        (1, 0, None, "none", 0),
+        (1, 0, 4, "full", 0),
+        (2, 1, None, "none", 0),
+        (2, 1, 4, "full", 0),
+        # the first MoE layer's backward, one MoE layer above it: the two dense layers' saves outweigh their
+        # gradients, the MoE layers' gradients their saves (before: the ends 0 and 3 alone, both charged the
+        # MoE's terms, 257,536 B over)
+        (4, 2, None, "none", 1),
+    ],
+)
+def test_deepseek_v2_moe_backward_is_transformers(
+    layers: int, dense: int, groups: int | None, checkpointing: str, above: int
+) -> None:
+    """The MoE's moment tops the layer; the estimate is exact but for two named differences: transformers
+    keeps each router's weight in fp32 (``_keep_in_fp32_modules_strict = ["gate.weight"]``), which memplan's
+    model states count in the weights' dtype — E·h·2 B more a MoE layer, and as much for each gradient made
+    above the moment's layer (``above`` MoE layers; the replay's own is fp32) —, and the checkpointed
+    layers' int64 [s] (``hf_peak``'s NB). Before the replay: 142,400 B under (one layer, no
+    checkpointing)."""
+    setup = deepseek(layers, dense, groups, checkpointing)
+    p = pieces(core_of(setup))
+    assert moe_backward.applies(p.setup)
+    dims = Dims.of(p.setup)
+    assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    moe = setup.model.moe
+    assert moe is not None
+    precision = setup.training.precision
+    excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
+    fp32_router = excess * moe.experts * setup.model.hidden_size
+    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
+    layer = measured["layer backward"]
+    assert layer is not None
+    assert layer - buffers - est["layer backward"] == fp32_router + held
