@@ -58,7 +58,8 @@ class Pieces:
     """Bytes of one instance of each group's tensors (one layer, one micro-batch)."""
     layer_correction: int
     """What ``analytic.peak`` cannot see in the layer-backward moment: a re-run layer's saves under MoE and
-    sequence parallelism, and the MoE's larger MLP gradient buffers."""
+    sequence parallelism. An MoE's dense-reading gradient buffers, once added here to whichever layer's
+    moment was the largest, are its kind's own term now (``layer_backward.unreplayed_moe_moment``)."""
     layer_bytes: tuple[int, ...] = ()
     """Fine-tuning: each layer's bytes (they differ along the gradient flow); ``group_bytes`` the largest."""
     alone_layers: tuple[int, ...] = ()
@@ -66,7 +67,8 @@ class Pieces:
     where i % K == 0, its saves elsewhere (``analytic.every_k``)."""
     rerun_layers: tuple[int, ...] = ()
     """Checkpointed segments: what each layer keeps when re-run, as the rank holds it (fine-tuning's along
-    the gradient flow; else one value for every layer, MoE's and sequence parallelism's changes in it):
+    the gradient flow; layers of two kinds each their kind's, ``activations.layer_kind_setups``; else one
+    value for every layer, MoE's and sequence parallelism's changes in it):
     ``analytic.every_k.rerun_bytes`` sums the re-run layers'. Before, one layer's full-training working
     set was counted for each and ``layer_correction`` took the difference off k times, right only at a
     segment's top: a frozen layer re-run under ``--freeze`` was charged a trainable one's saves."""
