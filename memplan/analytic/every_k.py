@@ -15,7 +15,8 @@ and which layers' backwards can hold the most.
 
 from __future__ import annotations
 
-from memplan.analytic.layer_backward import checkpoint_shared_bytes, kind_ends, segment_rerun_bytes
+from memplan.analytic.layer_backward import checkpoint_shared_bytes, segment_rerun_bytes
+from memplan.analytic.layer_kinds import kind_ends
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
 
@@ -51,7 +52,7 @@ def moment_layers(setup: Setup, layers: int, kinds: bool = False) -> set[int]:
     layers' saves apart): the lowest and the highest of each residue. Under fine-tuning, also the layers
     about each place where the gradient flow changes: with layer 0 of 3 frozen (full checkpointing) the
     peak is layer 1's backward, which neither end is (tests/measure/test_peak.py). ``kinds``: the layers
-    differ by kind (the whole model's, ``layer_backward.kind_ends``): each kind's first and last layer too
+    differ by kind (the whole model's, ``layer_kinds.kind_ends``): each kind's first and last layer too
     — DeepSeek-V3's first MoE layer, whose dense layers below keep more than their gradients weigh, its MoE
     layers above less (``estimate -m deepseek-v3 --impl hf``: 20.2 GB above both ends)."""
     ends = {0, layers - 1} | (kind_ends(setup) if kinds else set())

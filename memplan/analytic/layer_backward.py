@@ -11,7 +11,7 @@ from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak
-from memplan.analytic.params import ParamCount, count_params
+from memplan.analytic.params import ParamCount
 from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
 from memplan.blocks.attention.core import attention_core_rules, projection_rules
@@ -397,43 +397,12 @@ def unreplayed_moe_moment(setup: Setup, dims: Dims) -> int | None:
     measured): the dense MLP's moment with the experts' S-slot gradient buffers
     (``blocks.moe.mlp_backward_extra``); None for a dense layer or a replayed MoE one (its moment is among
     ``layer_backward_transient``'s, which may be negative: a layer whose gradients are summed). Part of
-    each layer kind's own terms (``layer_kind_terms``): before, it was added to whichever layer's moment
+    each layer kind's own terms (``layer_kinds.layer_kind_terms``): before, it was added to whichever layer's moment
     was the largest, a dense one's too."""
     moe = setup.model.moe
     if moe is None or moe_backward.applies(setup):
         return None
     return mlp_moment(setup, dims) + mlp_backward_extra(setup, moe)
-
-
-def layer_kind_terms(setup: Setup, kept: Iterable[Kept] = ()) -> tuple[tuple[int, int] | None, ...]:
-    """Each layer's ``layer_terms`` where the layers differ by kind (``activations.layer_kind_setups``):
-    its kind's own, from its kind's setup and one layer of it (``count_params``); None for a layer whose
-    kind is ``setup`` itself (``layer_terms(setup, ...)``); () when every layer is alike. Before, every
-    layer's backward was charged ``setup``'s: a dense layer below MoE ones the MoE's weight gradients and
-    [S, ·] buffers — at Llama 4 Maverick's widths (layer 0 dense, layer 1 MoE, s 512) the layer moment
-    22.8 GB over transformers' measured step, at DeepSeek-V2-Lite's 0.97 GB (tests/hf/test_layer_kinds.py)."""
-    made: dict[object, tuple[int, int]] = {}
-    terms: list[tuple[int, int] | None] = []
-    for kind in act.layer_kind_setups(setup):
-        if kind is setup:
-            terms.append(None)
-            continue
-        if kind.model not in made:
-            made[kind.model] = layer_terms(kind, count_params(kind.model), kept)
-        terms.append(made[kind.model])
-    return tuple(terms)
-
-
-def kind_ends(setup: Setup) -> set[int]:
-    """The first and last layer of each kind (``activations.layer_kind_setups``): over one kind's layers,
-    evenly interleaved with the others' or contiguous, the layer moment's live set is linear in the layer
-    (``every_k.moment_layers``), so its largest is at one of them; {} when every layer is alike."""
-    first: dict[object, int] = {}
-    last: dict[object, int] = {}
-    for i, kind in enumerate(act.layer_kind_setups(setup)):
-        first.setdefault(kind.model, i)
-        last[kind.model] = i
-    return set(first.values()) | set(last.values())
 
 
 def op_selective_working(setup: Setup, kept: Iterable[Kept], working: int) -> int:

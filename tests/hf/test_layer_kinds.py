@@ -15,7 +15,8 @@ import pytest
 
 from memplan.analytic import activations as act
 from memplan.analytic import layer_backward as lb
-from memplan.analytic.layer_backward import layer_kind_terms, layer_terms
+from memplan.analytic.layer_backward import layer_terms
+from memplan.analytic.layer_kinds import layer_kind_terms
 from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Dims
 from memplan.blocks.moe import backward as moe_backward
