@@ -397,8 +397,8 @@ def unreplayed_moe_moment(setup: Setup, dims: Dims) -> int | None:
     measured): the dense MLP's moment with the experts' S-slot gradient buffers
     (``blocks.moe.mlp_backward_extra``); None for a dense layer or a replayed MoE one (its moment is among
     ``layer_backward_transient``'s, which may be negative: a layer whose gradients are summed). Part of
-    each layer kind's own terms (``layer_kinds.layer_kind_terms``): before, it was added to whichever layer's moment
-    was the largest, a dense one's too."""
+    each layer kind's own terms (``layer_kinds.layer_kind_terms``): before, it was added to whichever
+    layer's moment was the largest, a dense one's too."""
     moe = setup.model.moe
     if moe is None or moe_backward.applies(setup):
         return None
