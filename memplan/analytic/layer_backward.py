@@ -10,11 +10,16 @@ from collections.abc import Iterable
 from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
-from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak
+from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak, w_o_done
 from memplan.analytic.params import ParamCount
 from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
-from memplan.blocks.attention.core import attention_core_rules, projection_rules
+from memplan.blocks.attention.core import (
+    attention_core_rules,
+    math_backward_buffers,
+    math_dropout_core,
+    projection_rules,
+)
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
 from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
@@ -40,7 +45,8 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
     backward, whose dV is still alive; on CUDA the softmax backward's own product,
     ``softmax_backward_scratch``) or dq, dk, dv and dO (flash; on CUDA with the kernel's own workspace,
     ``flash_backward_workspace``; under context parallelism what torch's ring holds instead,
-    ``ring_memory.ring_backward_transient``), plus the incoming dY [T, h].
+    ``ring_memory.ring_backward_transient``) or, SDPA's math kernel with dropout, fp32 dO, dV and
+    d(attn) (``math_backward_buffers``), plus the incoming dY [T, h].
     W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
@@ -48,6 +54,8 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         scores = dims.b * dims.a * dims.s * dims.s * a_bytes
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
         buffers += softmax_backward_scratch(setup, dims)
+    elif math_dropout_core(setup):  # SDPA's math kernel: fp32 dO, dV and d(attn) at P·V's backward
+        buffers = math_backward_buffers(dims)
     else:
         ring = ring_backward_transient(setup, dims)
         if ring:  # dO, and what torch's ring holds (its accumulators, the K/V in flight, dq, dk, dv)
@@ -57,26 +65,6 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
             buffers += flash_backward_workspace(setup, dims)
     done = _mlp_done(setup, params) - w_o_done(setup)
     return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
-
-
-OUTPUT_KEPT_APART = ("attn.merged_out", "attn.kernel_out")
-"""Flash outputs kept apart from W_O's input (``blocks.attention.flash_rules``): torch's ring merge made
-head-major, or a kernel output in q's head-major layout; W_O's input ``attn.out`` is then a copy."""
-
-
-def w_o_done(setup: Setup) -> int:
-    """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
-    mask after W_O, and W_O's input where it is a [b, s, a·d] copy nothing else holds — eager P·V's
-    output, or a flash output kept apart (``OUTPUT_KEPT_APART``: torch's ring on every rank but the last,
-    measured by tests/measure/test_ring_memory.py).
-    NB: otherwise the flash kernel's output is that input (a view), and its own backward still needs it."""
-    freed = {Role.DROPOUT_MASK} | ({Role.ATTN_OUT} if eager_core_copies(setup) else set())
-    done = layer_saves(setup, {Block.ATTN}, freed)
-    if not eager_core_copies(setup):
-        kept = [k for k in act.layer_working_set(setup) if k.block is Block.ATTN]
-        if any(k.name in OUTPUT_KEPT_APART for k in kept):
-            done += sum(k.bytes for k in kept if k.name == "attn.out")
-    return done
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:

@@ -1,11 +1,13 @@
 """What one layer keeps, by block and role, as ``analytic.layer_backward``'s moments free it: the layer's
-saves (an MoE's with its MLP's), a norm's on the rank that runs it, and what a norm still holds at its
-backward's peak."""
+saves (an MoE's with its MLP's), a norm's on the rank that runs it, what a norm still holds at its
+backward's peak, and what W_O's backward frees."""
 
 from __future__ import annotations
 
 from memplan.analytic import activations as act
 from memplan.analytic.head_moments import sp_shards
+from memplan.blocks.attention.core import math_dropout_core
+from memplan.blocks.attention.eager_locals import eager_core_copies
 from memplan.blocks.inventory import Block, Role
 from memplan.blocks.norm import released_as
 from memplan.config import NormType, Setup
@@ -32,3 +34,26 @@ def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
     staged = released_as(setup) is NormType.RMSNORM
     keep = {Role.NORM_INPUT} if staged else {Role.NORM_INPUT, Role.NORM_STATS}
     return norm_saves(setup, norm, keep)
+
+
+OUTPUT_KEPT_APART = ("attn.merged_out", "attn.kernel_out")
+"""Flash outputs kept apart from W_O's input (``blocks.attention.flash_rules``): torch's ring merge made
+head-major, or a kernel output in q's head-major layout; W_O's input ``attn.out`` is then a copy."""
+
+
+def w_o_done(setup: Setup) -> int:
+    """Saves released once W_O's backward has run, before the attention core's: the residual dropout's
+    mask after W_O, and W_O's input where it is a [b, s, a·d] copy nothing else holds — eager P·V's
+    output, SDPA's math kernel's (``attn @ v`` cast back: neither the cast nor
+    ``transpose(1, 2).contiguous()`` saves it; measured: tests/hf/test_math_core_peak.py), or a flash
+    output kept apart (``OUTPUT_KEPT_APART``: torch's ring on every rank but the last,
+    measured by tests/measure/test_ring_memory.py).
+    NB: otherwise the flash kernel's output is that input (a view), and its own backward still needs it."""
+    copied = eager_core_copies(setup) or math_dropout_core(setup)
+    freed = {Role.DROPOUT_MASK} | ({Role.ATTN_OUT} if copied else set())
+    done = layer_saves(setup, {Block.ATTN}, freed)
+    if not copied:
+        kept = [k for k in act.layer_working_set(setup) if k.block is Block.ATTN]
+        if any(k.name in OUTPUT_KEPT_APART for k in kept):
+            done += sum(k.bytes for k in kept if k.name == "attn.out")
+    return done

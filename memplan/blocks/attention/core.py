@@ -53,6 +53,25 @@ def core_of(setup: Setup) -> Core:
     return Core.MATH if math and profile_of(setup).sdpa_dispatch else Core.FLASH
 
 
+def math_dropout_core(setup: Setup) -> bool:
+    """SDPA's math kernel with attention dropout (``Core.MATH``, p > 0: transformers' SDPA in training on
+    CPU). NB: MLA's math core without dropout (d_n + d_r keys, d_v values) is not read here: its softmax
+    backward may top its P·V backward, not measured."""
+    return core_of(setup) is Core.MATH and setup.model.attn_dropout > 0
+
+
+def math_backward_buffers(dims: Dims) -> int:
+    """The top of the math kernel's backward (``_scaled_dot_product_attention_math``: ``attn = dropout(
+    softmax(q·kᵀ))``, ``attn @ v`` on fp32 copies of 16-bit q, k, v, k and v repeated to a heads, the
+    output cast back): at P·V's backward, dO in fp32 [b, a, s, d_v] (the cast's backward, a copy of
+    W_O's input gradient, which is freed with it; fp32 activations: that gradient itself), dV = attnᵀ·dO
+    and d(attn) = dO·vᵀ [b, a, s, s], all fp32 — before the bmm's backward returns and frees dO, the
+    repeated v and the dropped probabilities (later steps, each a [b, a, s, s] made as one is freed,
+    stay below). Measured: transformers' Granite and StarCoder2 (tests/hf/test_math_core_peak.py)."""
+    b, a, s = dims.b, dims.a, dims.s
+    return (2 * b * a * s * dims.v_dim + b * a * s * s) * FP32.bytes
+
+
 def window_masked(setup: Setup, dims: Dims) -> bool:
     """Whether the code passes SDPA an explicit mask: a sliding window W set, honoured
     (``Profile.window_mask``) and s ≥ W (below it the window covers every causal cell and SDPA's
