@@ -8,6 +8,10 @@ on one rank and on a tp 2 + SP rank, with and without ZeRO-3 over dp 2 (tests/hf
 ten layouts in all, by hand). Under AC on a sequence-parallel rank the re-run's all-gathered W_QKV input
 [T, h] is alive at that point (its ``all_gather_into_tensor`` output in the trace), where the re-run
 working set counts the rank's [T/t, h]: the rest is added here.
+
+Under transformers' LayerNorm (``native_layer_norm``: dY and dX alone in its backward) the same moment
+tops Falcon's parallel layer (``parallel_shared_qkv``) and, with separate projections, StableLM's
+(``q_input_gradient``): measured at their real widths (tests/hf/test_layernorm_peak.py).
 """
 
 from __future__ import annotations
@@ -15,21 +19,66 @@ from __future__ import annotations
 from memplan.analytic.head_moments import sp_shards
 from memplan.blocks.inventory import Dims
 from memplan.blocks.norm import cuda_fused_rms_norm, norm_backward_transient
+from memplan.blocks.profiles import profile_of, top_layer_grads
 from memplan.config import Checkpointing, Setup
+from memplan.config.trainable import base_trains
+
+
+def parallel_shared_qkv(setup: Setup) -> bool:
+    """A parallel layer whose one norm feeds both branches and whose q, k, v are views of one fused
+    projection (transformers' Falcon: ``query_key_value``, ``shared_norm``, ``qkv_views``). Autograd runs
+    the MLP's backward first (its output made last: ``mlp_output += attention_output``), so the MLP's
+    input gradient [T, h] waits in the norm output's input buffer while the attention's backward runs,
+    to be summed with W_QKV's dX; that dX matmul is the layer's top where the fused output gradient
+    [T, (a + 2·kv)·d] and the norm's output (W_QKV's and the MLP's saved input) outweigh LayerNorm's
+    backward. Measured at Falcon-7B's widths (s 512, layer 0): ``mm`` [512, 4544] after W_QKV's
+    [4672, 4544] weight gradient, 9,419,008 B above the norm's backward (tests/hf/test_falcon_peak.py)."""
+    m = setup.model
+    return m.parallel_residual and m.shared_norm and profile_of(setup).qkv_views
+
+
+def q_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
+    """Separate q, k, v projections on one LayerNorm's output (``Profile.q_input_gradient_top``): W_Q's
+    backward, the last of the three, at its bias gradient, over the attention norm's moment. Alive: q's
+    output gradient [T, a·d] (the contiguous copy the rotary backward's [b, s, a, d] view is ``clone``d
+    to for the matmul), W_Q's dX [T, h], the sum of W_K's and W_V's dX [T, h] (one ``add`` of the two,
+    waiting in the norm output's input buffer), and W_Q's saved input, the norm's output [T, h] (freed
+    after this node, forward's or re-run's) — in place of the norm's dY and dX (``norm_backward_
+    transient``), its weight and bias gradients (``norm_grad``) not made yet. A checkpoint's re-run norm
+    output is freed right after W_Q's weight-gradient matmul, its last use, before W_Q's bias gradient is
+    made: the top is at that matmul then, the bias gradient not counted. Measured at StableLM 2 1.6B's
+    widths (s 512, layer 0): 4,186,112 B above the norm's backward, the layer's top (4,182,016 B under
+    full checkpointing: less W_Q's [a·d] bias gradient). 0 where the layer's base does not train (LoRA,
+    ``--freeze``: not measured)."""
+    m, e, t, h = setup.model, dims.act.bytes, dims.tokens, dims.h
+    if not base_trains(setup, m.num_layers - 1):
+        return 0
+    q_grad = t * m.q_width * e
+    bias = top_layer_grads(setup, m.q_width) if m.qkv_bias and setup.strategy.segment else 0
+    return q_grad + 3 * t * h * e - norm_backward_transient(setup, dims) - norm_grad - bias
 
 
 def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
-    """Under torch's fused CUDA RMSNorm (``cuda_fused_rms_norm``), W_QKV's dX matmul over the attention
-    norm's moment: the cat of dq, dk, dv [T, (a + 2·kv)·d] (the rank's heads) and dX [T, h] in place of
-    the norm's dY and dX (``norm_backward_transient``), W_QKV's saved input still held (its node runs)
-    where the forward's saves are the layer's, the norm's weight gradient (``norm_grad``) not made yet;
-    0 elsewhere (the decomposed norm's fp32 pieces are higher)."""
-    if not cuda_fused_rms_norm(setup):
+    """Under torch's fused CUDA RMSNorm (``cuda_fused_rms_norm``) or in a parallel shared-norm layer
+    (``parallel_shared_qkv``), W_QKV's dX matmul over the attention norm's moment: the cat of dq, dk, dv
+    [T, (a + 2·kv)·d] (the rank's heads) and dX [T, h] in place of the norm's dY and dX
+    (``norm_backward_transient``), W_QKV's saved input still held (its node runs) where the forward's
+    saves are the layer's, the norm's weight gradient (``norm_grad``) not made yet; in the parallel layer
+    the MLP's input gradient [T, h] beside them, not yet summed into the norm's dY; 0 elsewhere (the
+    decomposed norm's fp32 pieces are higher)."""
+    if profile_of(setup).q_input_gradient_top:
+        return q_input_gradient(setup, dims, norm_grad)
+    parallel = parallel_shared_qkv(setup)
+    if not (cuda_fused_rms_norm(setup) or parallel):
         return 0
     e, t, m = dims.act.bytes, dims.tokens, setup.model
     cat = t * (m.q_width + 2 * m.kv_width) * e  # the rank's model: its tensor-parallel heads already
     gathered = t * dims.h * e  # W_QKV's saved input: the sequence-parallel plan keeps it gathered
-    # re-run (AC): the layer's re-run working set holds it already, as the rank's sequence shard
-    rerun = setup.strategy.checkpointing is not Checkpointing.NONE
+    # re-run (AC): the layer's re-run working set holds it already, as the rank's sequence shard. Not
+    # in the parallel layer: its re-run norm output, freed by W_QKV's dX matmul (the MLP's save of it
+    # unpacked already), is alive there as the forward's is (measured, Falcon-7B under full AC: +[T, h])
+    rerun = setup.strategy.checkpointing is not Checkpointing.NONE and not parallel
     held = gathered - gathered // sp_shards(setup) if rerun else gathered
-    return cat + t * dims.h * e + held - norm_backward_transient(setup, dims) // sp_shards(setup) - norm_grad
+    waiting = t * dims.h * e if parallel else 0  # the MLP's input gradient, summed after W_QKV's dX
+    norm = norm_backward_transient(setup, dims) // sp_shards(setup)
+    return cat + t * dims.h * e + waiting + held - norm - norm_grad

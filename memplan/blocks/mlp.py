@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from memplan.blocks import fp8, linear_params, mm, te_fp8
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of, top_layer_grads
+from memplan.blocks.profiles import (
+    dropout_keeps,
+    hidden_dropouts,
+    made_grad_bytes,
+    profile_of,
+    top_layer_grads,
+)
 from memplan.config import DType, MlpType, ModelConfig, Setup
 from memplan.config.finetune import MLP_TARGETS, Target
 from memplan.config.trainable import adapted, base_trains
@@ -142,13 +148,30 @@ def product_gradient_transient(setup: Setup, dims: Dims) -> int:
     released = t * dims.f * a_bytes
     if te_fp8.applies(setup):
         released = te_fp8.saved_cast_bytes(setup, t, dims.f)
-    return t * dims.h * a_bytes + gradient_buffers(setup, dims) + down - released
+    mask = python_gelu_mask(setup, dims)
+    return t * dims.h * a_bytes + gradient_buffers(setup, dims) + down - released - mask
 
 
 def gradient_buffers(setup: Setup, dims: Dims) -> int:
     """The MLP backward's [T, f] buffers at the product's gradient: d(down input) and the product's two
-    operand gradients (SwiGLU; GELU: one fewer)."""
-    return (3 if setup.model.mlp is MlpType.SWIGLU else 2) * dims.tokens * dims.f * dims.act.bytes
+    operand gradients (SwiGLU; GELU: one fewer; transformers' ``NewGELUActivation``, ``gelu_python``: its
+    last product ``(0.5·x) · (1 + tanh(·))``, both operands [T, f] saves, makes two gradients beside
+    d(down input), as SwiGLU's. Measured, GPT-2 at s 128, h 64, f 256: the two ``mul`` of that product's
+    backward rise the layer to its top, d(down input) alive)."""
+    two = setup.model.mlp is MlpType.SWIGLU or profile_of(setup).gelu_python
+    return (3 if two else 2) * dims.tokens * dims.f * dims.act.bytes
+
+
+def python_gelu_mask(setup: Setup, dims: Dims) -> int:
+    """The residual dropout's mask after W_down (on CPU under ``cpu_dropout_noise`` its noise in the
+    activation dtype, ``dropout_keeps``), freed by the dropout's backward before the MLP's product's
+    gradient: counted released there for ``gelu_python`` (GPT-2's ``NewGELUActivation``), where that
+    moment is the MLP's top (measured: ``empty_like`` [b, s, h] freed before W_down's backward).
+    NB: the other MLPs' product-gradient moment still counts it (not re-measured here; plain GELU's
+    top with dropout is W_down's backward, ``down_backward_transient``)."""
+    if not profile_of(setup).gelu_python or hidden_dropouts(setup)[0] == 0:
+        return 0
+    return dims.tokens * dims.h * dropout_keeps(setup, dims.act).bytes
 
 
 def te_first_backward(setup: Setup, dims: Dims) -> int:

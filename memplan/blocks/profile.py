@@ -267,6 +267,13 @@ class Profile:
     mlp_dropout_only: bool = False
     """StableLM's only hidden dropout is ``self.dropout(mlp_output)`` (``nn.Dropout(hidden_dropout)`` after
     the MLP, ``StableLmDecoderLayer.forward``): none after the attention nor after the embedding."""
+    q_input_gradient_top: bool = False
+    """StableLM's attention: separate ``q_proj``, ``k_proj``, ``v_proj`` (with biases) on the output of one
+    ``nn.LayerNorm`` (``native_layer_norm``, whose backward holds only dY and dX [T, h]): W_Q's backward,
+    the last of the three (autograd runs v's, k's, then q's), tops the layer, above the norm's backward
+    (``analytic.qkv_backward.q_input_gradient``).
+    NB: set for StableLM only, where it is measured; other LayerNorm layers with separate projections
+    (StarCoder2's, Cohere's) are not switched to it here."""
     layernorm_python: bool = False
     """Cohere's ``CohereLayerNorm.forward``, LayerNorm in Python ops in fp32 (no ``native_layer_norm``):
     ``(x32 - mean).pow(2)`` keeps x − mean, ``(x32 - mean) * rsqrt(...)`` a second x − mean and rstd,

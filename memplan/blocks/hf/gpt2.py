@@ -5,9 +5,10 @@ exact. Known limitations:
 - NB: CUDA semantics (``native_dropout``'s bool masks, SDPA's flash kernel with dropout instead of the
   math path) follow torch's dispatch rules but are not measured: ``measure.hf`` runs on CPU only.
 - NB: the peak's transients (eager forward locals, backward buffers) use the reference's and Megatron's
-  formulas (``attention.eager_locals.eager_forward_extra``, ``mlp.mlp_backward_transient``): gelu_new's extra
-  backward buffers and the math path's fp32 locals are not counted there; ``trace --impl hf`` checks saves
-  only.
+  formulas (``attention.eager_locals.eager_forward_extra``, ``mlp.mlp_backward_transient``); gelu_new's
+  last product's two operand gradients are counted (``mlp.gradient_buffers``: the layer backward exact at
+  GPT-2's widths, s 512, tests/hf/test_layernorm_peak.py), the math path's fp32 locals are not (at s 128
+  the attention's backward tops the layer, 589,824 B above the estimate).
 """
 
 from __future__ import annotations

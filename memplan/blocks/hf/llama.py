@@ -73,8 +73,11 @@ def stablelm(setup: Setup) -> Profile:
     ``norm``), partial rotary on the first ``rotary_pct`` of each head (``torch.cat((query_rot,
     query_pass))``, as GPT-NeoX: ``rotary_pct``, ``rotary_cat``), an optional parallel layer with one norm
     (``use_parallel_residual``: ``parallel_residual`` and ``shared_norm``) and ``nn.Dropout(hidden_dropout)``
-    after the MLP only (``mlp_dropout_only``; on CPU its noise, ``cpu_dropout_noise``)."""
-    return replace(profile(setup), hidden_dropout=True, mlp_dropout_only=True, rotary_cat=True)
+    after the MLP only (``mlp_dropout_only``; on CPU its noise, ``cpu_dropout_noise``); the layer's
+    backward tops at W_Q's input gradient (``q_input_gradient_top``)."""
+    return replace(
+        profile(setup), hidden_dropout=True, mlp_dropout_only=True, rotary_cat=True, q_input_gradient_top=True
+    )
 
 
 def glm(setup: Setup) -> Profile:

@@ -25,7 +25,8 @@ Known limitations (tests/hf/test_hf_peak.py):
   [T, h] above (the embedding output's gradient that peft's ``enable_input_require_grads`` asks for): not
   modelled.
 - NB: the layer backward moment follows memplan's reference layer; transformers' layers differ by small
-  terms per family (GPT-2: +688,128 B at s 128; an adapted MLP's LoRA input gradients, one [T, h]). Under
+  terms per family (GPT-2 at s 128: +589,824 B, its attention's backward through SDPA's math path under
+  attention dropout, its fp32 pieces; an adapted MLP's LoRA input gradients, one [T, h]). Under
   every-K (transformers' ``every_n_layers``) each layer's moment is read in its own stretch too
   (tests/hf/test_hf_peak.py ``every_k``; ``analytic.every_k``).
 - NB: fake tensors (``fake=True``, any size); ``fake=False`` runs real CPU tensors for small models.
