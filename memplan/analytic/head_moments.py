@@ -8,10 +8,10 @@ from __future__ import annotations
 from memplan.analytic.params import ParamCount
 from memplan.blocks.embedding import embedding_rules
 from memplan.blocks.inventory import Block, Dims, Kept, Role
-from memplan.blocks.norm import norm_rules, released_as
+from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
 from memplan.blocks.profiles import made_grad_bytes, profile_of
 from memplan.config import Checkpointing, LossKind, NormType, Setup
-from memplan.config.trainable import embedding_trains
+from memplan.config.trainable import embedding_trains, final_norm_trains
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs, the
 # chunked loss's own scalars and label copies and the lm head's input (their backward has run), and an
@@ -109,6 +109,16 @@ def final_norm_released(setup: Setup, dims: Dims) -> int:
     released = (Role.NORM_OUTPUT, Role.NORM_STATS) if released_as(setup) is NormType.RMSNORM else ()
     rules = norm_rules(setup, Block.FINAL_NORM, dims)
     return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
+
+
+def final_norm_backward(setup: Setup, dims: Dims, params: ParamCount, made: bool) -> int:
+    """The final norm's backward transient (``blocks.norm.norm_backward_transient``) on the rank's T/t
+    tokens; its weight's gradient, where it trains, counted among the moment's gradients when ``made``
+    (Cohere's Python LayerNorm tops before that gradient is made: ``norm.python_layernorm_backward``)."""
+    grad = None
+    if final_norm_trains(setup):
+        grad = params.final_norm * setup.training.precision.grad_bytes if made else 0
+    return norm_backward_transient(setup, dims, grad) // sp_shards(setup)
 
 
 def head_input_scatter_transient(setup: Setup, dims: Dims) -> int:

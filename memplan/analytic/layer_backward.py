@@ -33,7 +33,7 @@ from memplan.blocks.mlp import (
 )
 from memplan.blocks.moe import backward as moe_backward
 from memplan.blocks.moe import dense_layer_setup, mlp_backward_extra
-from memplan.blocks.norm import norm_backward_transient
+from memplan.blocks.norm import norm_backward_transient, python_layernorm, python_layernorm_over
 from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, profile_of, top_layer_grads
 from memplan.config import Attention, Checkpointing, DType, MlpType, NormType, Setup
 from memplan.config.finetune import ATTN_TARGETS, MLP_TARGETS, Target
@@ -229,6 +229,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         - attn_norm_saved(setup)
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)
+        + python_layernorm_over(setup, dims, layer.attn_norm) // sp_shards(setup)  # its grad in rest_grads
     )
     moments = [
         attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm)),
@@ -336,9 +337,12 @@ def segment_rerun_bytes(setup: Setup, layers: int) -> int:
 
 def checkpoint_shared_bytes(setup: Setup) -> int:
     """The kept input a re-run segment's first norm saves as its own (LayerNorm, or fp32 activations: no
-    upcast copy), counted once, as the checkpoint's; else 0."""
+    upcast copy), counted once, as the checkpoint's; else 0. Cohere's Python LayerNorm saves no input of
+    its own, only fp32 x − mean (``blocks.norm.python_layernorm_rules``): measured, one [T, h] under
+    before at Command R's widths under full checkpointing (tests/hf/test_cohere_peak.py)."""
     dims = Dims.of(setup)
-    shared = setup.model.norm is NormType.LAYERNORM or dims.act is DType.FP32
+    native = setup.model.norm is NormType.LAYERNORM and not python_layernorm(setup)
+    shared = native or (dims.act is DType.FP32 and not python_layernorm(setup))
     return dims.tokens * dims.h * dims.act.bytes if shared else 0
 
 

@@ -9,7 +9,7 @@ from memplan.analytic.head_moments import sp_shards
 from memplan.blocks.attention.core import math_dropout_core
 from memplan.blocks.attention.eager_locals import eager_core_copies
 from memplan.blocks.inventory import Block, Role
-from memplan.blocks.norm import released_as
+from memplan.blocks.norm import python_layernorm, released_as
 from memplan.config import NormType, Setup
 
 
@@ -30,7 +30,10 @@ def norm_saves(setup: Setup, norm: Block, roles: set[Role] | None = None) -> int
 def norm_saves_at_peak(setup: Setup, norm: Block) -> int:
     """The norm's own saves still alive at its backward's peak: RMSNorm has released n and rstd by then
     (its fp32 input remains); LayerNorm and torch's fused CUDA RMSNorm (``blocks.norm.released_as``) hold
-    input and statistics until their one backward op ends."""
+    input and statistics until their one backward op ends; Cohere's Python LayerNorm all its saves, the
+    normalised x and the fp32 weight copy too, to its top (``blocks.norm.python_layernorm_backward``)."""
+    if python_layernorm(setup):  # all held: its first node, the weight's product's, holds normed and w32
+        return norm_saves(setup, norm)
     staged = released_as(setup) is NormType.RMSNORM
     keep = {Role.NORM_INPUT} if staged else {Role.NORM_INPUT, Role.NORM_STATS}
     return norm_saves(setup, norm, keep)

@@ -124,7 +124,7 @@ from memplan.blocks.head import (
     loss_backward_transient,
 )
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
-from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
+from memplan.blocks.norm import norm_rules, released_as
 from memplan.blocks.profiles import accumulates_in_place
 from memplan.config import Offload, Setup
 from memplan.config.trainable import embedding_trains, head_trains
@@ -281,14 +281,12 @@ def peak(
     scalars = hm.loss_scalars(setup)  # the loss scalar, and its seed gradient where no save stands in
     if not root:
         head_gather = zero3_head_gather(setup) if zero3_resharded(setup) else gather
-    final_norm_bwd = terms(
-        weights + head_gather,
-        optimizer,
-        # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
-        grads_before + gradient_bytes_head if root else max(grads_before + pending, gradient_bytes_head),
-        activations - freed_for_norm,
-        norm_backward_transient(setup, dims) // hm.sp_shards(setup) + scalars,
-    )
+    # under the reference's FSDP2 root the head's unsharded gradients come beside the accumulated shards
+    head_g = gradient_bytes_head
+    grads_at = grads_before + head_g if root else max(grads_before + pending, head_g)
+    norm_grad_made = root or head_g >= grads_before + pending  # the final norm's weight's among them
+    at_norm = hm.final_norm_backward(setup, dims, params, norm_grad_made) + scalars
+    final_norm_bwd = terms(weights + head_gather, optimizer, grads_at, activations - freed_for_norm, at_norm)
     # the [T, h] gradient flowing on to the top layer: the rank's sequence shard under sp
     head_reduce = zero3_head_reduce(setup, params, hm.residual_shard(setup, dims))
     if head_reduce is not None:  # torchtitan's ZeRO-3: [norm, lm_head] reduced after the norm's backward

@@ -4,8 +4,9 @@ profile with ``fused_norm`` (Megatron's Apex / TE kernels) either norm as one fu
 from __future__ import annotations
 
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import profile_of, top_layer_grads
 from memplan.config import Device, DType, ModelConfig, NormKernel, NormType, Setup
+from memplan.config.trainable import base_trains
 
 FP32 = DType.FP32
 R = Role
@@ -213,16 +214,23 @@ def post_norm_rules(setup: Setup, block: Block, dims: Dims) -> list[Rule]:
     return norm_rules(setup, block, dims) if setup.model.post_norms else []
 
 
-def norm_backward_transient(setup: Setup, dims: Dims) -> int:
+def norm_backward_transient(
+    setup: Setup, dims: Dims, weight_grad: int | None = None, unpacked: bool = False
+) -> int:
     """A pre-norm's backward at its peak, beyond the saves still held then (``norm_saves_at_peak``).
 
     Llama's explicit RMSNorm: five fp32 [T, h] at once — d(x·rstd)'s part through rstd, mean's backward
     (grad / h, expanded and materialised) and pow's backward (x.pow(1), ×2, ×grad); the incoming gradient
     and the 16-bit pieces are freed by then. ``native_layer_norm`` and the fused kernels (torch's CUDA
     ``_fused_rms_norm_backward`` among them, ``cuda_fused_rms_norm``): the incoming dY and dX [T, h].
+    Cohere's Python LayerNorm (``python_layernorm``) where its weight trains (``weight_grad``: the bytes
+    of its gradient the moment counts as made; None: frozen) ``python_layernorm_backward``'s (``unpacked``:
+    its saves a checkpoint's re-run).
     """
     t, h = dims.tokens, dims.h
     prof = profile_of(setup)
+    if python_layernorm(setup) and weight_grad is not None:
+        return python_layernorm_backward(dims, unpacked) - weight_grad
     # NB: a compiled block's backward is one generated kernel graph; its norm's transient is taken as a
     # fused kernel's (dY and dX), not measured.
     if setup.model.norm is NormType.LAYERNORM or prof.fused_norm or prof.compiled_block:
@@ -230,3 +238,43 @@ def norm_backward_transient(setup: Setup, dims: Dims) -> int:
     if cuda_fused_rms_norm(setup):  # the fused backward kernel: dY and dX
         return 2 * t * h * dims.act.bytes
     return 5 * 4 * t * h
+
+
+def python_layernorm(setup: Setup) -> bool:
+    """The norm is Cohere's ``CohereLayerNorm`` in Python ops (``Profile.layernorm_python``;
+    ``python_layernorm_rules``), not a fused kernel's nor a compiled block's."""
+    prof = profile_of(setup)
+    plain = not (prof.fused_norm or prof.compiled_block)
+    return plain and prof.layernorm_python and setup.model.norm is NormType.LAYERNORM
+
+
+def python_layernorm_backward(dims: Dims, unpacked: bool = False) -> int:
+    """``CohereLayerNorm``'s backward at its top where its weight trains, beyond its saves, all still held
+    (``python_layernorm_rules``): its first node, ``.to(input_dtype)``'s, makes the incoming dY in fp32
+    (the 16-bit dY freed as it ends); ``self.weight.to(float32) * hidden_states``' backward then makes
+    d(normed) = dY32 · w32 and dY32 · normed [T, h] fp32 and sums the latter over the tokens to the fp32
+    [h] weight gradient: 3 · 4·T·h + 4·h, before the node ends (it frees dY32, normed and the weight copy)
+    and the weight's 16-bit gradient is made. Later nodes hold less: at ``pow``'s backward five fp32
+    [T, h] (d(x − mean) of the product, mean's, pow's three) and x − mean are alive, but the product's
+    second x − mean, the normalised x and the weight copy are freed: lower by those two and the sum, less
+    the weight's 16-bit gradient. ``unpacked``: the saves are a non-reentrant checkpoint's re-run, which
+    the node holds only while its function runs: the engine's sum to [h] comes after the node returned
+    them (the normalised x and the weight copy freed), so the top is the product, without the 4·h sum.
+    Measured at Command R's widths (h 8,192, s 512): the final norm's backward 33,570,816 B above the
+    native layer_norm's dY and dX before; the layer's 12·T·h + 6·h B above it without checkpointing,
+    12·T·h + 2·h under full checkpointing (tests/hf/test_cohere_peak.py)."""
+    return 3 * 4 * dims.tokens * dims.h + (0 if unpacked else 4 * dims.h)
+
+
+def python_layernorm_over(setup: Setup, dims: Dims, weights: int) -> int:
+    """The top layer's norm's backward transient (``weights``: its parameters, their gradient counted as
+    made, ``top_layer_grads``, where its base trains; its saves unpacked from a non-reentrant
+    checkpoint's re-run under ``segment``) over its reading as a frozen one (``norm_backward_transient``):
+    Cohere's Python LayerNorm's fp32 pieces (``python_layernorm_backward``) over native layer_norm's dY
+    and dX; 0 elsewhere. ``analytic.layer_backward`` adds it at the attention norm's moment, the one norm
+    of Cohere's parallel layer; its MLP norm's (the MLP's end: that layer has no MLP norm) is read without."""
+    if not base_trains(setup, setup.model.num_layers - 1):
+        return 0
+    unpacked = bool(setup.strategy.segment) and not setup.impl.reentrant
+    weight_grad = top_layer_grads(setup, weights)
+    return norm_backward_transient(setup, dims, weight_grad, unpacked) - norm_backward_transient(setup, dims)

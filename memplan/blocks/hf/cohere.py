@@ -9,8 +9,13 @@ Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test
 limitations:
 - ``use_qk_norm`` (Command R+): a ``CohereLayerNorm`` with a [heads, d] weight on the [b, s, heads, d]
   views of q and k (``qk_norm``, ``qk_norm_whole``; ``norm.qk_norm_rules``).
-- NB: the peak's backward transients (``analytic.peak``) follow Llama's RMSNorm, not the Python
-  LayerNorm's fp32 buffers.
+- The norms' backward moments (``analytic.peak``) are the Python LayerNorm's fp32 pieces where its weight
+  trains (``norm.python_layernorm_backward``): the final norm's and the layer's exact at Command R's widths
+  (s 512) without and with full checkpointing but for ``hf_peak``'s known NBs (tests/hf/test_cohere_peak.py).
+  NB: a frozen norm's (LoRA) is read as native layer_norm's dY and dX: not measured. NB: at narrow widths
+  (h 64, s 64) the layer backward's top is in the top layer's attention and reads 31,744 B above the
+  estimate, as before this reading (not found; the parallel layer's attention backward is read as the
+  sequential layer's).
 """
 
 from __future__ import annotations

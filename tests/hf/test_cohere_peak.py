@@ -1,0 +1,39 @@
+"""transformers' Cohere (Command R) step at its real widths under fake tensors: the final norm's and the
+layers' backward moments against the estimate's (``measure.frameworks.hf_peak``).
+
+``CohereLayerNorm`` runs in Python fp32 ops: its backward tops at its weight's product
+(``blocks.norm.python_layernorm_backward``: dY in fp32, d(normed) and dY · normed [T, h] fp32 and their
+fp32 [h] sum, every save still held), not at native layer_norm's dY and dX. Before, the final norm's
+backward read 33,570,816 B under the measured step (without and with checkpointing), the layer's
+50,380,800 B under without checkpointing (the one norm of the parallel layer, at layer 0's backward) and
+58,736,640 B under full checkpointing (the re-run's norm keeps no input of its own: one [T, h] more,
+``layer_backward.checkpoint_shared_bytes``; its weight's [h] sum after the re-run's saves are returned)."""
+
+from __future__ import annotations
+
+import pytest
+
+from memplan.config import Setup
+from memplan.engine import estimate
+from memplan.measure.frameworks.hf_peak import measure_hf_peak
+from memplan.measure.instruments.moments import estimated_moments
+from tests.hf.harness import hf_setup
+
+S = 512
+CASES = [hf_setup("command-r", seq=S), hf_setup("command-r", seq=S, checkpointing="full")]
+
+
+@pytest.mark.parametrize("setup", CASES, ids=lambda s: s.strategy.checkpointing.name.lower())
+def test_norm_backward_moments(setup: Setup) -> None:
+    """Exact but for the known NBs (``hf_peak``): under checkpointing the int64 [s] the checkpointed
+    layers hold (8·s B); at one sequence a micro-batch the final norm's moment 8 B under; without
+    checkpointing the layer's 512 B a token under (the rotary tables cos, sin [s, 128] bf16, freed with
+    layer 0's rotary backward)."""
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    held = 8 * S if setup.strategy.segment else 0
+    rotary = 0 if setup.strategy.segment else 2 * S * 128 * 2
+    final, layer = measured["final norm backward"], measured["layer backward"]
+    assert final is not None and layer is not None
+    assert final - buffers - est["final norm backward"] == held - 8
+    assert layer - buffers - est["layer backward"] == held - rotary
