@@ -15,8 +15,9 @@ from memplan.config.trainable import embedding_trains, final_norm_trains
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs, the
 # chunked loss's own scalars and label copies and the lm head's input (their backward has run), and an
-# RMSNorm's normalised output and rstd (its backward's first ops consumed them); LayerNorm's one backward
-# op holds its statistics to the end.
+# RMSNorm's normalised output and rstd (its backward's first ops consumed them) and Gemma's fp32 1 + w [h]
+# (``Profile.norm_fp32_affine``: the product's backward, its first op, frees both operands; measured at
+# Gemma 7B's widths, h·4 = 12,288 B over before); LayerNorm's one backward op holds its statistics to the end.
 _HEAD_FREED_BEFORE_NORM = {
     NormType.RMSNORM: {
         (Block.LOSS, Role.LOG_PROBS),
@@ -27,6 +28,7 @@ _HEAD_FREED_BEFORE_NORM = {
         (Block.LM_HEAD, Role.LINEAR_INPUT),
         (Block.FINAL_NORM, Role.NORM_OUTPUT),
         (Block.FINAL_NORM, Role.NORM_STATS),
+        (Block.FINAL_NORM, Role.PARAM_DERIVED),
     },
     NormType.LAYERNORM: {
         (Block.LOSS, Role.LOG_PROBS),
@@ -104,9 +106,10 @@ def titan_sp_head_scatter(setup: Setup) -> bool:
 
 def final_norm_released(setup: Setup, dims: Dims) -> int:
     """The final norm's saves the moment's estimate releases before its backward peaks
-    (``freed_before_final_norm``: RMSNorm's normalised output and rstd), on the rank's T/t tokens under
-    the sequence-parallel plan (its saves are sequence shards)."""
-    released = (Role.NORM_OUTPUT, Role.NORM_STATS) if released_as(setup) is NormType.RMSNORM else ()
+    (``freed_before_final_norm``: RMSNorm's normalised output, rstd and Gemma's fp32 1 + w), on the rank's
+    T/t tokens under the sequence-parallel plan (its saves are sequence shards)."""
+    rms = released_as(setup) is NormType.RMSNORM
+    released = (Role.NORM_OUTPUT, Role.NORM_STATS, Role.PARAM_DERIVED) if rms else ()
     rules = norm_rules(setup, Block.FINAL_NORM, dims)
     return sum(r.bytes for r in rules if r.role in released) // sp_shards(setup)
 

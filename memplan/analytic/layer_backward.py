@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
+from memplan.analytic import post_norms as pn
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak, w_o_done
 from memplan.analytic.params import ParamCount
@@ -63,7 +64,7 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         else:
             buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
             buffers += flash_backward_workspace(setup, dims)
-    done = _mlp_done(setup, params) - w_o_done(setup)
+    done = _mlp_done(setup, params) - w_o_done(setup) + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
     return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
 
 
@@ -76,10 +77,11 @@ def reversible_f_extra(setup: Setup, dims: Dims) -> int:
 
 def _mlp_done(setup: Setup, params: ParamCount) -> int:
     """Once the MLP's backward has run: its gradients are made and its saved tensors freed (a negative
-    change of the live set, plus the gradients)."""
+    change of the live set, plus the gradients), the post-MLP norm's before them (``post_norm_done``)."""
     layer = params.layer
     grads = top_layer_grads(setup, layer.mlp + layer.mlp_norm + layer.o_proj, {*MLP_TARGETS, Target.O})
-    return grads - layer_saves(setup, {Block.MLP}) - norm_saves(setup, Block.MLP_NORM)
+    freed = layer_saves(setup, {Block.MLP}) + norm_saves(setup, Block.MLP_NORM)
+    return grads - freed + pn.post_norm_done(setup, Block.POST_MLP_NORM)
 
 
 def residual_gradient(setup: Setup, dims: Dims) -> int:
@@ -121,12 +123,14 @@ def not_yet_rerun(setup: Setup, dims: Dims) -> int:
 
 
 def mlp_moment(setup: Setup, dims: Dims) -> int:
-    """The MLP backward's rise above the layer's live set (working set included)."""
+    """The MLP backward's rise above the layer's live set (working set included), the post-MLP norm's
+    backward done before it (``post_norm_done``)."""
+    before = pn.post_norm_done(setup, Block.POST_MLP_NORM) - not_yet_rerun(setup, dims)
     if moe_backward.applies(setup):  # a mixture of experts' MLP, its backward replayed op by op
-        return moe_backward.rise(setup, act.layer_saves_kept(setup)) - not_yet_rerun(setup, dims)
+        return moe_backward.rise(setup, act.layer_saves_kept(setup)) + before
     sp = sp_mlp(setup)
     rise = max(sp_mlp_moments(setup, dims).values()) if sp else mlp_backward_transient(setup, dims)
-    return rise - not_yet_rerun(setup, dims)
+    return rise + before
 
 
 def sp_mlp(setup: Setup) -> bool:
@@ -215,6 +219,8 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     # on the rank's T/t tokens under torchtitan's sequence parallelism (the residual stream is sharded)
     norm_bwd = (norm_backward_transient(setup, dims) + residual_gradient(setup, dims)) // sp_shards(setup)
     mlp_norm = norm_bwd + mlp_done + mlp_norm_input
+    # the post-attention norm's backward next (Gemma-2's, Gemma-3's, OLMo-2's), the MLP norm's input freed
+    post_attn = mlp_norm - mlp_norm_input + pn.at_norm_peak(setup, Block.POST_ATTN_NORM)
     rest_grads = top_layer_grads(
         setup,
         layer.o_proj + layer.q_proj + layer.k_proj + layer.v_proj + layer.attn_norm + layer.qk_norm,
@@ -230,17 +236,23 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         + norm_saves_at_peak(setup, Block.ATTN_NORM)
         + reversible_f_extra(setup, dims)
         + python_layernorm_over(setup, dims, layer.attn_norm) // sp_shards(setup)  # its grad in rest_grads
+        + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
     )
+    normed_in = setup.model.pre_norms or not setup.model.qk_norm_whole
+    qkv = attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm))
+    # OLMo-2 (no pre-norms): no MLP norm; its last norms are the whole-width q/k norms, no attention norm's
+    last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
     moments = [
-        attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm)),
         mlp_moment(setup, dims),
         sp_rerun_scatter(setup, dims),
-        mlp_norm - not_yet_rerun(setup, dims),
+        mlp_norm - not_yet_rerun(setup, dims) if normed_in else None,
+        pn.post_mlp_norm_moment(setup, dims, residual_gradient(setup, dims) - not_yet_rerun(setup, dims)),
+        post_attn - not_yet_rerun(setup, dims) if setup.model.post_norms else None,
         attention_backward_transient(setup, dims, params),
         attention_rerun_transient(setup, dims, params),
         selective_rerun_transient(setup, dims, params),
         selective_softmax_backward(setup, dims, params),
-        attn_norm,
+        *last,
     ]
     # None: a moment only some layers have, which this one does not. (Each had been 0, itself a moment —
     # the whole live and working set —, which won where every rise is negative: a selective layer's with
@@ -263,7 +275,8 @@ def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> i
     a_bytes, t = dims.act.bytes, dims.tokens
     scores = dims.b * dims.a * dims.s * dims.s * a_bytes
     grads_in = t * dims.h * a_bytes + t * dims.a * dims.d * a_bytes
-    return grads_in + 2 * scores + _mlp_done(setup, params) - w_o_done(setup)
+    done = _mlp_done(setup, params) - w_o_done(setup) + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
+    return grads_in + 2 * scores + done
 
 
 def selective_softmax_backward(setup: Setup, dims: Dims, params: ParamCount) -> int | None:
@@ -337,12 +350,15 @@ def segment_rerun_bytes(setup: Setup, layers: int) -> int:
 
 def checkpoint_shared_bytes(setup: Setup) -> int:
     """The kept input a re-run segment's first norm saves as its own (LayerNorm, or fp32 activations: no
-    upcast copy), counted once, as the checkpoint's; else 0. Cohere's Python LayerNorm saves no input of
-    its own, only fp32 x − mean (``blocks.norm.python_layernorm_rules``): measured, one [T, h] under
-    before at Command R's widths under full checkpointing (tests/hf/test_cohere_peak.py)."""
+    upcast copy), or its attention's projections without a norm before them (OLMo-2: ``pre_norms`` false;
+    measured at its 7B's widths under full checkpointing: one [T, h] over before), counted once, as the
+    checkpoint's; else 0. Cohere's Python LayerNorm saves no input of its own, only fp32 x − mean
+    (``blocks.norm.python_layernorm_rules``): measured, one [T, h] under before at Command R's widths under
+    full checkpointing (tests/hf/test_cohere_peak.py)."""
     dims = Dims.of(setup)
-    native = setup.model.norm is NormType.LAYERNORM and not python_layernorm(setup)
-    shared = native or (dims.act is DType.FP32 and not python_layernorm(setup))
+    m = setup.model
+    own = not python_layernorm(setup) and (m.norm is NormType.LAYERNORM or dims.act is DType.FP32)
+    shared = own or not m.pre_norms
     return dims.tokens * dims.h * dims.act.bytes if shared else 0
 
 

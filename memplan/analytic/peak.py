@@ -113,6 +113,7 @@ from memplan.analytic.optimizer_step import step_transient as optimizer_step_tra
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
+from memplan.blocks.attention.constants import released_below
 from memplan.blocks.embedding import loop_ids_bytes, unsaved_ids_bytes
 from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import (
@@ -324,7 +325,6 @@ def peak(
     kinds = layer_kind_terms(setup, kept) if whole_model else ()  # layers of another kind: their own
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     trained, whole = trainable_grads.shares(setup, params, whole_model)  # what trains above each layer
-
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
 
     def layer_moment(i: int) -> dict[str, int]:
@@ -351,7 +351,7 @@ def peak(
         # are the embedding's save); + 8: the fp32 loss scalar and the backward's seed gradient.
         below = sum(layer_bytes[: i + 1]) if layer_bytes else saved_layers_up_to(setup, kept, i)
         saved = activations - head - layer_saved + below + inputs // 2
-        saved -= loop_labels_bytes(setup, dims)
+        saved -= loop_labels_bytes(setup, dims) + released_below(setup, dims, i)  # masks, tables
         # the layers above have freed their saves, views of their RoPE caches: the buffers stay (under
         # checkpointing every layer's is module state, in ``activations`` already)
         above = dims.layers - 1 - i if hm.rope_saved(setup) else 0

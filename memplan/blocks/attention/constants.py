@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from memplan.blocks.attention.core import fused_softmax_runs, window_masked
 from memplan.blocks.attention.rope import titan_cp_rules
-from memplan.blocks.attention.windows import full_and_sliding
+from memplan.blocks.attention.windows import full_and_sliding, is_sliding
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of
 from memplan.config import Attention, DType, PositionType, Setup
@@ -72,3 +72,33 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
         rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
     return rules
+
+
+def released_below(setup: Setup, dims: Dims, i: int) -> int:
+    """Of the tensors made once per forward for one layer kind (a full and a sliding-window kind:
+    ``full_and_sliding``), those no layer at or below layer i holds, at layer i's backward (the layers
+    above are done; the forward's ``causal_mask_mapping`` and ``position_embeddings_mapping`` are gone):
+    the lowest holder's backward releases them.
+
+    - The checkpointed masks (``checkpointed_mask_rule``): each bound in the partials of its kind's
+      checkpointed layers (every one under ``full``, i % K == 0 under transformers' every-K).
+    - Gemma-3's rotary tables per layer type (``Profile.rope_per_layer_type``): each held by its kind's
+      layers (their rotary products' saves, or their checkpoint's ``position_embeddings``).
+
+    Measured under full checkpointing (eager): at Gemma-2 2B's widths (s 512) layer 0 (sliding) below
+    layer 1 (full) holds the sliding mask alone, the full one's [b, 1, s, s] (524,288 B) was over; at
+    Gemma-3 1B's (s 2,048, six layers, layer 5 full) layers 0-4 hold neither the full mask nor the full
+    layers' cos and sin [s, d] (2,097,152 B over beyond the mask before)."""
+    m = setup.model
+    if not full_and_sliding(m):
+        return 0
+    k = setup.strategy.segment or 1
+    kinds = {is_sliding(m, j) for j in range(i + 1)}
+    checkpointed = {is_sliding(m, j) for j in range(i + 1) if j % k == 0}
+    masks = checkpointed_mask_rule(setup, dims)
+    freed = sum(r.bytes for r in masks if len(masks) > 1 and (r.name == "attn.mask") not in checkpointed)
+    if profile_of(setup).rope_per_layer_type and not {True, False} <= kinds:
+        full = "rope.full_cos", "rope.full_sin"  # the full layers'; rope.cos and rope.sin the sliding ones'
+        tables = [r for r in constant_rules(setup, dims) if r.block is B.ROPE]
+        freed += sum(r.bytes for r in tables if (r.name not in full) not in kinds)
+    return freed
