@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic import layer_backward as lb
+from memplan.analytic import layer_saves
 from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.config import (
     Checkpointing,
@@ -65,8 +66,8 @@ def test_a_rerun_segment_counts_the_kept_input_once(norm: str, precision: Precis
     """n re-run layers are n working sets less the first norm's input when that is the kept checkpoint:
     rerun(2) − 2·rerun(1) = shared; nothing re-runs for no layer."""
     s = setup(norm, precision)
-    assert lb.segment_rerun_bytes(s, 0) == 0
-    assert lb.segment_rerun_bytes(s, 2) - 2 * lb.segment_rerun_bytes(s, 1) == shared
+    assert layer_saves.segment_rerun_bytes(s, 0) == 0
+    assert layer_saves.segment_rerun_bytes(s, 2) - 2 * layer_saves.segment_rerun_bytes(s, 1) == shared
 
 
 def kept(scope: Scope, elements: int) -> Kept:
@@ -95,7 +96,7 @@ def kept(scope: Scope, elements: int) -> Kept:
 def test_saves_alive_at_a_layers_backward(strategy: StrategyConfig, i: int, alive: int) -> None:
     """One layer's layer-scope saves are 10 bf16 elements (20 bytes); model-scope saves never count."""
     inventory = [kept(Scope.LAYER, 10), kept(Scope.MODEL, 1000)]
-    assert lb.saved_layers_up_to(setup(strategy=strategy), inventory, i) == alive * 20
+    assert layer_saves.saved_layers_up_to(setup(strategy=strategy), inventory, i) == alive * 20
 
 
 def test_the_loop_labels_join_the_fused_losss_loss_backward() -> None:

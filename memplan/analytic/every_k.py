@@ -15,8 +15,8 @@ and which layers' backwards can hold the most.
 
 from __future__ import annotations
 
-from memplan.analytic.layer_backward import checkpoint_shared_bytes, segment_rerun_bytes
 from memplan.analytic.layer_kinds import kind_ends
+from memplan.analytic.layer_saves import checkpoint_shared_bytes, segment_rerun_bytes
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
 

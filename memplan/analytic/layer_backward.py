@@ -11,7 +11,13 @@ from memplan.analytic import activations as act
 from memplan.analytic import fp8_tp_moments
 from memplan.analytic import post_norms as pn
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
-from memplan.analytic.layer_saves import layer_saves, norm_saves, norm_saves_at_peak, w_o_done
+from memplan.analytic.layer_saves import (
+    layer_saves,
+    norm_saves,
+    norm_saves_at_peak,
+    segment_rerun_bytes,
+    w_o_done,
+)
 from memplan.analytic.params import ParamCount
 from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
@@ -33,10 +39,10 @@ from memplan.blocks.mlp import (
     product_gradient_transient,
 )
 from memplan.blocks.moe import backward as moe_backward
-from memplan.blocks.moe import dense_layer_setup, mlp_backward_extra
-from memplan.blocks.norm import norm_backward_transient, python_layernorm, python_layernorm_over
+from memplan.blocks.moe import mlp_backward_extra
+from memplan.blocks.norm import norm_backward_transient, python_layernorm_over
 from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, profile_of, top_layer_grads
-from memplan.config import Attention, Checkpointing, DType, MlpType, NormType, Setup
+from memplan.config import Attention, Checkpointing, MlpType, Setup
 from memplan.config.finetune import ATTN_TARGETS, MLP_TARGETS, Target
 
 
@@ -337,40 +343,6 @@ def recompute_working_set(setup: Setup) -> int:
         return act.total_bytes(act.layer_working_set(setup)) + 2 * dims.tokens * dims.h * dims.act.bytes
     # transformers' every_n_layers re-runs one layer per checkpoint (``checkpoints_alone``).
     return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
-
-
-def segment_rerun_bytes(setup: Setup, layers: int) -> int:
-    """The saves of ``layers`` re-run layers of a checkpointed segment. Its first norm saves the kept
-    input itself when it needs no upcast (LayerNorm, or fp32 activations): that storage is the
-    checkpoint's, not a new one."""
-    if not layers:
-        return 0
-    return layers * act.total_bytes(act.layer_working_set(setup)) - checkpoint_shared_bytes(setup)
-
-
-def checkpoint_shared_bytes(setup: Setup) -> int:
-    """The kept input a re-run segment's first norm saves as its own (LayerNorm, or fp32 activations: no
-    upcast copy), or its attention's projections without a norm before them (OLMo-2: ``pre_norms`` false;
-    measured at its 7B's widths under full checkpointing: one [T, h] over before), counted once, as the
-    checkpoint's; else 0. Cohere's Python LayerNorm saves no input of its own, only fp32 x − mean
-    (``blocks.norm.python_layernorm_rules``): measured, one [T, h] under before at Command R's widths under
-    full checkpointing (tests/hf/test_cohere_peak.py)."""
-    dims = Dims.of(setup)
-    m = setup.model
-    own = not python_layernorm(setup) and (m.norm is NormType.LAYERNORM or dims.act is DType.FP32)
-    shared = own or not m.pre_norms
-    return dims.tokens * dims.h * dims.act.bytes if shared else 0
-
-
-def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
-    """Layer-scope saves still alive when layer i's backward runs (those of layers 0..i)."""
-    k = setup.strategy.segment
-    if not k and dense_layer_setup(setup) is not None:  # DeepSeek: dense first layers keep less
-        return sum(act.layer_kind_bytes(setup)[: i + 1])
-    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
-    if k:  # one kept input per segment of k layers, up to layer i's segment
-        return (i // k + 1) * one
-    return (i + 1) * one
 
 
 _TERMS: dict[tuple[object, ...], tuple[int, int]] = {}

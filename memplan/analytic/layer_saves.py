@@ -1,6 +1,7 @@
 """What one layer keeps, by block and role, as ``analytic.layer_backward``'s moments free it: the layer's
 saves (an MoE's with its MLP's), a norm's on the rank that runs it, what a norm still holds at its
-backward's peak, and what W_O's backward frees."""
+backward's peak, what W_O's backward frees; the layers' saves alive at a layer's backward and those a
+checkpointed segment makes again."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from memplan.analytic import activations as act
 from memplan.analytic.head_moments import sp_shards
 from memplan.blocks.attention.core import math_dropout_core
 from memplan.blocks.attention.eager_locals import eager_core_copies
-from memplan.blocks.inventory import Block, Role
+from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
+from memplan.blocks.moe import dense_layer_setup
 from memplan.blocks.norm import python_layernorm, released_as
-from memplan.config import NormType, Setup
+from memplan.config import DType, NormType, Setup
 
 
 def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None) -> int:
@@ -60,3 +62,37 @@ def w_o_done(setup: Setup) -> int:
         if any(k.name in OUTPUT_KEPT_APART for k in kept):
             done += sum(k.bytes for k in kept if k.name == "attn.out")
     return done
+
+
+def segment_rerun_bytes(setup: Setup, layers: int) -> int:
+    """The saves of ``layers`` re-run layers of a checkpointed segment. Its first norm saves the kept
+    input itself when it needs no upcast (LayerNorm, or fp32 activations): that storage is the
+    checkpoint's, not a new one."""
+    if not layers:
+        return 0
+    return layers * act.total_bytes(act.layer_working_set(setup)) - checkpoint_shared_bytes(setup)
+
+
+def checkpoint_shared_bytes(setup: Setup) -> int:
+    """The kept input a re-run segment's first norm saves as its own (LayerNorm, or fp32 activations: no
+    upcast copy), or its attention's projections without a norm before them (OLMo-2: ``pre_norms`` false;
+    measured at its 7B's widths under full checkpointing: one [T, h] over before), counted once, as the
+    checkpoint's; else 0. Cohere's Python LayerNorm saves no input of its own, only fp32 x − mean
+    (``blocks.norm.python_layernorm_rules``): measured, one [T, h] under before at Command R's widths under
+    full checkpointing (tests/hf/test_cohere_peak.py)."""
+    dims = Dims.of(setup)
+    m = setup.model
+    own = not python_layernorm(setup) and (m.norm is NormType.LAYERNORM or dims.act is DType.FP32)
+    shared = own or not m.pre_norms
+    return dims.tokens * dims.h * dims.act.bytes if shared else 0
+
+
+def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
+    """Layer-scope saves still alive when layer i's backward runs (those of layers 0..i)."""
+    k = setup.strategy.segment
+    if not k and dense_layer_setup(setup) is not None:  # DeepSeek: dense first layers keep less
+        return sum(act.layer_kind_bytes(setup)[: i + 1])
+    one = sum(k.bytes for k in kept if k.scope is Scope.LAYER)
+    if k:  # one kept input per segment of k layers, up to layer i's segment
+        return (i // k + 1) * one
+    return (i + 1) * one

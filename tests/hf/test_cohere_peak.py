@@ -7,7 +7,7 @@ fp32 [h] sum, every save still held), not at native layer_norm's dY and dX. Befo
 backward read 33,570,816 B under the measured step (without and with checkpointing), the layer's
 50,380,800 B under without checkpointing (the one norm of the parallel layer, at layer 0's backward) and
 58,736,640 B under full checkpointing (the re-run's norm keeps no input of its own: one [T, h] more,
-``layer_backward.checkpoint_shared_bytes``; its weight's [h] sum after the re-run's saves are returned)."""
+``layer_saves.checkpoint_shared_bytes``; its weight's [h] sum after the re-run's saves are returned)."""
 
 from __future__ import annotations
 
