@@ -7,8 +7,9 @@ exact. Known limitations:
 - NB: the peak's transients (eager forward locals, backward buffers) use the reference's and Megatron's
   formulas (``attention.eager_locals.eager_forward_extra``, ``mlp.mlp_backward_transient``); gelu_new's
   last product's two operand gradients are counted (``mlp.gradient_buffers``: the layer backward exact at
-  GPT-2's widths, s 512, tests/hf/test_layernorm_peak.py), the math path's fp32 locals are not (at s 128
-  the attention's backward tops the layer, 589,824 B above the estimate).
+  GPT-2's widths, s 512, tests/hf/test_layernorm_peak.py), and so are the math path's fp32 backward
+  buffers under attention dropout (``attention.core.math_backward_buffers``: at s 128, where the attention's
+  backward tops the layer, exact; 589,824 B under before).
 """
 
 from __future__ import annotations

@@ -25,8 +25,9 @@ Known limitations (tests/hf/test_hf_peak.py):
   [T, h] above (the embedding output's gradient that peft's ``enable_input_require_grads`` asks for): not
   modelled.
 - NB: the layer backward moment follows memplan's reference layer; transformers' layers differ by small
-  terms per family (GPT-2 at s 128: +589,824 B, its attention's backward through SDPA's math path under
-  attention dropout, its fp32 pieces; an adapted MLP's LoRA input gradients, one [T, h]). Under
+  terms per family, each modelled where measured (tests/hf/test_layernorm_peak.py, test_math_core_peak.py,
+  test_cohere_peak.py, test_post_norms_peak.py, test_layer_kinds.py; an adapted MLP's LoRA input
+  gradients, one [T, h], not). Under
   every-K (transformers' ``every_n_layers``) each layer's moment is read in its own stretch too
   (tests/hf/test_hf_peak.py ``every_k``; ``analytic.every_k``).
 - NB: fake tensors (``fake=True``, any size); ``fake=False`` runs real CPU tensors for small models.
