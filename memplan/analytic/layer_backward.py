@@ -21,6 +21,7 @@ from memplan.analytic.layer_saves import (
 from memplan.analytic.params import ParamCount
 from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
+from memplan.blocks.attention.constants import tables_freed_by_layer0
 from memplan.blocks.attention.core import (
     attention_core_rules,
     math_backward_buffers,
@@ -201,7 +202,7 @@ def sp_mlp_moments(setup: Setup, dims: Dims) -> dict[str, int]:
     }
 
 
-def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
+def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, bottom: bool = False) -> int:
     """The largest rise above the layer's live set among its backward's moments: the MLP, the MLP's
     norm (MLP saves freed), the attention core (or a reversible layer's attention re-run) and the
     attention norm (the whole layer's gradients made, the attention's saves freed but for its norm's).
@@ -215,7 +216,8 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     Llama 3.1 8B's and 3.2 1B's widths (s 1,024 and 512) without AC, under FullAC and SelectiveAC, but the
     tiny model under SelectiveAC (1,024 B over); before, one [T, h] under at the tiny model's bottom layer,
     one over at 8B's top (its fp32 MLP-norm input counted, the residual gradient not)
-    (tests/hf/test_torchtitan_peak.py)."""
+    (tests/hf/test_torchtitan_peak.py). ``bottom``: layer 0's, the moments after its rotary backward
+    less the tables it frees (``attention.constants.tables_freed_by_layer0``)."""
     layer = params.layer
     # W_O's gradient is not made yet at the MLP norm's backward: the residual sum before the MLP norm
     # waits for that norm's input gradient before the attention's backward (W_O first) can run
@@ -248,6 +250,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
     qkv = attn_norm + fused_qkv_input_gradient(setup, dims, top_layer_grads(setup, layer.attn_norm))
     # OLMo-2 (no pre-norms): no MLP norm; its last norms are the whole-width q/k norms, no attention norm's
     last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
+    freed = tables_freed_by_layer0(setup, dims) if bottom else 0  # after the rotary backward
     moments = [
         mlp_moment(setup, dims),
         sp_rerun_scatter(setup, dims),
@@ -258,7 +261,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> in
         attention_rerun_transient(setup, dims, params),
         selective_rerun_transient(setup, dims, params),
         selective_softmax_backward(setup, dims, params),
-        *last,
+        *(m - freed for m in last),
     ]
     # None: a moment only some layers have, which this one does not. (Each had been 0, itself a moment —
     # the whole live and working set —, which won where every rise is negative: a selective layer's with
@@ -345,18 +348,21 @@ def recompute_working_set(setup: Setup) -> int:
     return segment_rerun_bytes(setup, 1 if checkpoints_alone(setup) else setup.strategy.segment)
 
 
-_TERMS: dict[tuple[object, ...], tuple[int, int]] = {}
+_TERMS: dict[tuple[object, ...], tuple[int, int, int]] = {}
 _TERMS_MAX = 8192
 
 
-def layer_terms(setup: Setup, params: ParamCount, kept: Iterable[Kept] = ()) -> tuple[int, int]:
+def layer_terms(
+    setup: Setup, params: ParamCount, kept: Iterable[Kept] = (), bottom: bool = False
+) -> tuple[int, int]:
     """(``layer_backward_transient``, ``recompute_working_set``) of ``setup`` — what ``analytic.peak``'s
     layer moments add — memoised on ``activations.rank_key`` (every field but the ZeRO stage, dp and the
     micro-batch count: the blocks' rules and this module read none of them but through
     ``accumulates_in_place``, which the key carries) and on one layer's parameters (the only part of
     ``params`` they read). tests/plan/test_fit_memos.py checks the memo against the two
     functions across ZeRO stages, dp degrees and micro-batch counts. ``kept``: the layer saves the
-    estimate keeps (``Pieces.kept``), for torchtitan's per-op SelectiveAC (``op_selective_working``)."""
+    estimate keeps (``Pieces.kept``), for torchtitan's per-op SelectiveAC (``op_selective_working``);
+    ``bottom``: layer 0's transient (``layer_backward_transient``'s)."""
     key = (*act.rank_key(setup), params.layer, accumulates_in_place(setup))
     found = _TERMS.get(key)
     if found is None:
@@ -365,11 +371,13 @@ def layer_terms(setup: Setup, params: ParamCount, kept: Iterable[Kept] = ()) -> 
         dims = Dims.of(setup)
         working = 0 if setup.strategy.segment else recompute_working_set(setup)
         transient = layer_backward_transient(setup, dims, params)
+        freed = tables_freed_by_layer0(setup, dims)  # layer 0's: its rotary backward frees the tables
+        low = layer_backward_transient(setup, dims, params, bottom=True) if freed else transient
         if (moe := unreplayed_moe_moment(setup, dims)) is not None:
-            transient = max(transient, moe)
-        found = _TERMS[key] = (transient, working)
-    transient, working = found
-    return transient, op_selective_working(setup, kept, working)
+            transient, low = max(transient, moe), max(low, moe)
+        found = _TERMS[key] = (transient, working, low)
+    transient, working, low = found
+    return low if bottom else transient, op_selective_working(setup, kept, working)
 
 
 def unreplayed_moe_moment(setup: Setup, dims: Dims) -> int | None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from memplan.analytic import activations as act
 from memplan.analytic.layer_backward import layer_terms
-from memplan.analytic.params import count_params
+from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.inventory import Kept
 from memplan.config import Setup
 
@@ -42,3 +42,20 @@ def kind_ends(setup: Setup) -> set[int]:
         first.setdefault(kind.model, i)
         last[kind.model] = i
     return set(first.values()) | set(last.values())
+
+
+def bottom_terms(setup: Setup, params: ParamCount, kept: Iterable[Kept] = ()) -> tuple[int, int]:
+    """Layer 0's ``layer_terms``, of its own kind: its moments after its rotary backward without the
+    rotary tables that backward frees (``attention.constants.tables_freed_by_layer0``). Before, layer 0's
+    attention norm's moment counted them: at Llama 3 8B's widths (s 512) 262,144 B over transformers'
+    measured step, at OLMo-2 7B's 524,288 B (tests/hf/test_rotary_release_peak.py)."""
+    kinds = act.layer_kind_setups(setup)
+    kind = kinds[0] if kinds else setup
+    return layer_terms(kind, params if kind is setup else count_params(kind.model), kept, bottom=True)
+
+
+def kind_terms(
+    setup: Setup, params: ParamCount, kept: Iterable[Kept] = ()
+) -> tuple[tuple[tuple[int, int] | None, ...], tuple[int, int]]:
+    """(``layer_kind_terms``, ``bottom_terms``): each layer's terms where its kind is its own; layer 0's."""
+    return layer_kind_terms(setup, kept), bottom_terms(setup, params, kept)

@@ -108,7 +108,7 @@ from memplan.analytic.fsdp.moments import (
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
 from memplan.analytic.layer_backward import layer_terms
-from memplan.analytic.layer_kinds import layer_kind_terms
+from memplan.analytic.layer_kinds import kind_terms
 from memplan.analytic.layer_saves import saved_layers_up_to
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
@@ -323,14 +323,14 @@ def peak(
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
     transient, working = layer_terms(setup, params, kept)
-    kinds = layer_kind_terms(setup, kept) if whole_model else ()  # layers of another kind: their own
+    kinds, low = kind_terms(setup, params, kept) if whole_model else ((), None)  # each kind's; layer 0's
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     trained, whole = trainable_grads.shares(setup, params, whole_model)  # what trains above each layer
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
 
     def layer_moment(i: int) -> dict[str, int]:
         """Layer i's backward: the layers above are done (their saves freed, their gradients made)."""
-        terms_i = (kinds[i] if kinds else None) or (transient, working)
+        terms_i = (low if i == 0 else None) or (kinds[i] if kinds else None) or (transient, working)
         transient_i, working_i = trainable_grads.own_terms(setup, i, params, kept, terms_i)
         if grads_before:
             grads = grads_before + (gradient_bytes_head if root else pending)  # the root's, unsharded

@@ -283,6 +283,13 @@ class Profile:
     """OLMo-2's ``Olmo2RotaryEmbedding.forward`` returns cos and sin in fp32 (no ``.to(x.dtype)``) and
     ``apply_rotary_pos_emb`` multiplies in fp32 before ``q_embed.to(q_type)``: the muls keep fp32 tables
     [s, d] (4·s·d B each, not 2)."""
+    rope_tables_freed_by_layer0: bool = False
+    """transformers' model makes the rotary tables once per forward (``self.rotary_emb(hidden_states,
+    position_ids)``: cos and sin, no module keeps them) and hands them to every layer as
+    ``position_embeddings``; only the layers' rotary muls keep them (``q * cos``, ``rotate_half(q) * sin``
+    and k's), so layer 0's rotary backward, their last user, frees them before its projections' and its
+    norm's backward (``attention.constants.tables_freed_by_layer0``). Not under checkpointing: the
+    checkpointed layer's ``partial`` keeps ``position_embeddings`` to its backward's end."""
     rope_per_layer_type: bool = False
     """Gemma-3's ``Gemma3TextModel.forward``: one rotary table pair per layer type present (``for
     layer_type in set(layer_types)``: full and sliding layers, each with its base), every pair kept."""

@@ -20,33 +20,29 @@ from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
 from tests.hf.harness import hf_setup
 
-# (preset, attention, the layer moment after layer 0's rotary backward without checkpointing)
-PRESETS = [("olmo-2-7b", "flash", True), ("gemma-2-2b", "eager", False), ("gemma-3-1b", "eager", False)]
-PRESETS.append(("gemma-7b", "eager", True))
-CASES = [(p, a, r, ck) for p, a, r in PRESETS for ck in ("none", "full")]
+PRESETS = [("olmo-2-7b", "flash"), ("gemma-2-2b", "eager"), ("gemma-3-1b", "eager"), ("gemma-7b", "eager")]
+CASES = [(p, a, ck) for p, a in PRESETS for ck in ("none", "full")]
 
 
-def known(setup: Setup, after_rotary: bool) -> int:
+def known(setup: Setup) -> int:
     """measured − buffers − estimate, every term named (tests/hf/test_hf_peak.py): under checkpointing the
-    int64 [s] position ids the checkpointed layers hold (+8·s); without, where the layer's top follows
-    layer 0's rotary backward, the cos and sin tables [s, d] it frees (OLMo-2's in fp32:
-    ``Profile.rope_fp32_tables``); Gemma's 0-dim ``embed_scale`` buffer (bf16: ``.to(dtype)`` returns it),
-    the embedding product's save the estimate counts and a buffer the measured side takes off (−A)."""
-    s, d, m = setup.training.seq_len, setup.model.dim, setup.model
-    table = 4 if m.code_family.value == "olmo2" else 2
-    held = 8 * s if setup.strategy.segment else -(2 * s * d * table if after_rotary else 0)
+    int64 [s] position ids the checkpointed layers hold (+8·s); Gemma's 0-dim ``embed_scale`` buffer
+    (bf16: ``.to(dtype)`` returns it), the embedding product's save the estimate counts and a buffer the
+    measured side takes off (−A). Without checkpointing, where the layer's top follows layer 0's rotary
+    backward (OLMo-2 7B's, Gemma 7B's), the cos and sin tables [s, d] it frees are off the estimate
+    (``constants.tables_freed_by_layer0``; OLMo-2's fp32: 524,288 B over before, Gemma 7B's 524,288 B)."""
+    s, m = setup.training.seq_len, setup.model
+    held = 8 * s if setup.strategy.segment else 0
     return held - (2 if m.code_family.value.startswith("gemma") else 0)
 
 
-@pytest.mark.parametrize(("preset", "attention", "after_rotary", "checkpointing"), CASES)
-def test_layer_and_final_norm_moments(
-    preset: str, attention: str, after_rotary: bool, checkpointing: str
-) -> None:
+@pytest.mark.parametrize(("preset", "attention", "checkpointing"), CASES)
+def test_layer_and_final_norm_moments(preset: str, attention: str, checkpointing: str) -> None:
     setup = hf_setup(preset, seq=512, attention=attention, checkpointing=checkpointing)
     est = estimated_moments(estimate(setup))
     measured, buffers = measure_hf_peak(setup)
     layer, final = measured["layer backward"], measured["final norm backward"]
     assert layer is not None and final is not None
-    assert layer - buffers - est["layer backward"] == known(setup, after_rotary)
+    assert layer - buffers - est["layer backward"] == known(setup)
     # the final norm's: the labels' 8 B at one sequence a micro-batch (hf_peak's NB)
-    assert final - buffers - est["final norm backward"] == known(setup, False) - 8
+    assert final - buffers - est["final norm backward"] == known(setup) - 8

@@ -102,3 +102,16 @@ def released_below(setup: Setup, dims: Dims, i: int) -> int:
         tables = [r for r in constant_rules(setup, dims) if r.block is B.ROPE]
         freed += sum(r.bytes for r in tables if (r.name not in full) not in kinds)
     return freed
+
+
+def tables_freed_by_layer0(setup: Setup, dims: Dims) -> int:
+    """The rotary tables layer 0's rotary backward frees (``Profile.rope_tables_freed_by_layer0``), gone
+    at the moments after it: its projections' and its attention norm's backward. Those of its own kind:
+    the others' are released below their lowest layer already (``released_below``, nothing else there
+    without checkpointing). Measured at Llama 3 8B's widths (s 512, no checkpointing): cos and sin [s, d]
+    bf16, 262,144 B, freed before the attention norm's backward that tops layer 0's; OLMo-2 7B's fp32
+    (524,288 B), Phi-3-mini's d 96, Falcon-7B's and StableLM 2's partial rotary (rot 64, 16) alike."""
+    if not profile_of(setup).rope_tables_freed_by_layer0 or setup.strategy.segment:
+        return 0
+    tables = sum(r.bytes for r in constant_rules(setup, dims) if r.role is R.ROPE_TABLE)
+    return tables - released_below(setup, dims, 0)

@@ -23,6 +23,7 @@ def common(setup: Setup) -> Profile:
         checkpoints_alone=True,
         kv_cache=cached,
         checkpoint_reruns_all=reruns,
+        rope_tables_freed_by_layer0=True,
     )
 
 
