@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic import fp8_tp_moments
+from memplan.analytic import fp8_tp_moments, reentrant
 from memplan.analytic import post_norms as pn
 from memplan.analytic.head_moments import gather_copies, layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.layer_saves import (
@@ -251,17 +251,26 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     # OLMo-2 (no pre-norms): no MLP norm; its last norms are the whole-width q/k norms, no attention norm's
     last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
     freed = tables_freed_by_layer0(setup, dims) if bottom else 0  # after the rotary backward
-    moments = [
+    # Reentrant checkpointing's frame holds the re-run output through the backward, and the layer's
+    # output gradient past the residual sum below the MLP's norm (``analytic.reentrant``).
+    output, gradient = reentrant.held_output(setup, dims), reentrant.held_gradient(setup, dims)
+    mlp_side = [
         mlp_moment(setup, dims),
-        sp_rerun_scatter(setup, dims),
         mlp_norm - not_yet_rerun(setup, dims) if normed_in else None,
         pn.post_mlp_norm_moment(setup, dims, residual_gradient(setup, dims) - not_yet_rerun(setup, dims)),
+    ]
+    attention_side = [
         post_attn - not_yet_rerun(setup, dims) if setup.model.post_norms else None,
         attention_backward_transient(setup, dims, params),
-        attention_rerun_transient(setup, dims, params),
+        *(m - freed for m in last),
+    ]
+    moments = [
+        *(m + output for m in mlp_side if m is not None),
+        *(m + output + gradient for m in attention_side if m is not None),
+        sp_rerun_scatter(setup, dims),
+        attention_rerun_transient(setup, dims, params),  # the re-run's forward: no output made yet
         selective_rerun_transient(setup, dims, params),
         selective_softmax_backward(setup, dims, params),
-        *(m - freed for m in last),
     ]
     # None: a moment only some layers have, which this one does not. (Each had been 0, itself a moment —
     # the whole live and working set —, which won where every rise is negative: a selective layer's with

@@ -114,7 +114,7 @@ from memplan.analytic.optimizer_step import step_transient as optimizer_step_tra
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates
 from memplan.analytic.step import zero3_gather
-from memplan.blocks.attention.constants import released_below
+from memplan.blocks.attention.constants import bound_in_partials, released_below
 from memplan.blocks.embedding import loop_ids_bytes, unsaved_ids_bytes
 from memplan.blocks.fp8 import gathered_scales as fp8_scales_held
 from memplan.blocks.head import (
@@ -399,7 +399,7 @@ def peak(
     # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
     held = inputs + loop_ids_bytes(setup, dims) + dims.layers * hm.layer_rope_buffer(setup, dims)
-    held += hm.loop_count_bytes(setup)
+    held += hm.loop_count_bytes(setup) + bound_in_partials(setup, dims)  # reentrant: the layers' kwargs
     if not root:  # layer 0's, under the reference's root (``root_embedding_moment`` counts its own)
         embedding += reduce_scatter_input(setup, -1, dims.layers)
     # a pipeline stage's FSDP2 units stay gathered until the reduce after its last backward

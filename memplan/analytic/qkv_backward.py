@@ -46,15 +46,17 @@ def q_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
     after this node, forward's or re-run's) — in place of the norm's dY and dX (``norm_backward_
     transient``), its weight and bias gradients (``norm_grad``) not made yet. A checkpoint's re-run norm
     output is freed right after W_Q's weight-gradient matmul, its last use, before W_Q's bias gradient is
-    made: the top is at that matmul then, the bias gradient not counted. Measured at StableLM 2 1.6B's
-    widths (s 512, layer 0): 4,186,112 B above the norm's backward, the layer's top (4,182,016 B under
-    full checkpointing: less W_Q's [a·d] bias gradient). 0 where the layer's base does not train (LoRA,
-    ``--freeze``: not measured)."""
+    made: the top is at that matmul then, the bias gradient not counted (not under reentrant
+    checkpointing: the re-run graph's own saves, freed after the node; measured, +4,096 B before).
+    Measured at StableLM 2 1.6B's widths (s 512, layer 0): 4,186,112 B above the norm's backward, the
+    layer's top (4,182,016 B under full checkpointing: less W_Q's [a·d] bias gradient). 0 where the
+    layer's base does not train (LoRA, ``--freeze``: not measured)."""
     m, e, t, h = setup.model, dims.act.bytes, dims.tokens, dims.h
     if not base_trains(setup, m.num_layers - 1):
         return 0
     q_grad = t * m.q_width * e
-    bias = top_layer_grads(setup, m.q_width) if m.qkv_bias and setup.strategy.segment else 0
+    unpacked = setup.strategy.segment and not setup.impl.reentrant  # reentrant: the re-run graph's save
+    bias = top_layer_grads(setup, m.q_width) if m.qkv_bias and unpacked else 0
     return q_grad + 3 * t * h * e - norm_backward_transient(setup, dims) - norm_grad - bias
 
 

@@ -32,6 +32,13 @@ def checkpoints_alone(setup: Setup) -> bool:
     return every_k and profile_of(setup).checkpoints_alone
 
 
+def reentrant_checkpoint(setup: Setup) -> bool:
+    """transformers' checkpointed layers run by torch.utils.checkpoint's ``CheckpointFunction``
+    (``use_reentrant=True``, ``ImplConfig.reentrant``): each layer's ``partial(forward, **kwargs)`` is its
+    node's ``ctx.run_function``, alive as long as the graph (``analytic.reentrant``)."""
+    return setup.impl.impl is Impl.HF and setup.impl.reentrant and bool(setup.strategy.segment)
+
+
 def hidden_dropouts(setup: Setup) -> tuple[float, float]:
     """(residual, embedding) dropout probabilities the code applies (``Profile.hidden_dropout``)."""
     m, prof = setup.model, profile_of(setup)

@@ -8,7 +8,7 @@ from memplan.blocks.attention.core import fused_softmax_runs, window_masked
 from memplan.blocks.attention.rope import titan_cp_rules
 from memplan.blocks.attention.windows import full_and_sliding, is_sliding
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
-from memplan.blocks.profiles import profile_of
+from memplan.blocks.profiles import profile_of, reentrant_checkpoint
 from memplan.config import Attention, DType, PositionType, Setup
 
 FP32, BOOL, COMPLEX64 = DType.FP32, DType.BOOL, DType.COMPLEX64
@@ -90,7 +90,7 @@ def released_below(setup: Setup, dims: Dims, i: int) -> int:
     Gemma-3 1B's (s 2,048, six layers, layer 5 full) layers 0-4 hold neither the full mask nor the full
     layers' cos and sin [s, d] (2,097,152 B over beyond the mask before)."""
     m = setup.model
-    if not full_and_sliding(m):
+    if not full_and_sliding(m) or reentrant_checkpoint(setup):  # reentrant: held to the end (below)
         return 0
     k = setup.strategy.segment or 1
     kinds = {is_sliding(m, j) for j in range(i + 1)}
@@ -115,3 +115,16 @@ def tables_freed_by_layer0(setup: Setup, dims: Dims) -> int:
         return 0
     tables = sum(r.bytes for r in constant_rules(setup, dims) if r.role is R.ROPE_TABLE)
     return tables - released_below(setup, dims, 0)
+
+
+def bound_in_partials(setup: Setup, dims: Dims) -> int:
+    """Under reentrant checkpointing (``reentrant_checkpoint``) the tables and masks every checkpointed
+    layer's ``partial(forward, **kwargs)`` binds (``position_embeddings``, ``attention_mask``: the
+    constants here) stay alive to the backward's end, the partial being its ``CheckpointFunction`` node's
+    ``ctx.run_function``, which lives with the graph, not with the node's saved tensors; the non-reentrant
+    checkpoint frees them with the lowest holder's backward (``released_below``: not under reentrant).
+    Measured at the embedding's backward (two layers, s 512): Llama 3 8B's cos and sin [s, 128] bf16
+    (262,144 B), Falcon-7B's and its materialised bool mask [1, 1, s, s] (393,216 B), StableLM 2's
+    [s, 16] (32,768 B). 0 elsewhere. NB: the int64 [s] position ids the partials bind too (8·s B, the
+    checkpointed layers' known difference) are not counted."""
+    return sum(r.bytes for r in constant_rules(setup, dims)) if reentrant_checkpoint(setup) else 0
