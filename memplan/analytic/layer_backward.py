@@ -27,6 +27,7 @@ from memplan.blocks.attention.core import (
     math_backward_buffers,
     math_dropout_core,
     projection_rules,
+    sink_backward_extra,
 )
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
 from memplan.blocks.attention.ring_memory import ring_backward_transient
@@ -61,7 +62,7 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
     if setup.strategy.attention is Attention.EAGER:
         scores = dims.b * dims.a * dims.s * dims.s * a_bytes
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
-        buffers += softmax_backward_scratch(setup, dims)
+        buffers += softmax_backward_scratch(setup, dims) + sink_backward_extra(setup, dims)
     elif math_dropout_core(setup):  # SDPA's math kernel: fp32 dO, dV and d(attn) at P·V's backward
         buffers = math_backward_buffers(dims)
     else:

@@ -272,8 +272,8 @@ class Profile:
     ``nn.LayerNorm`` (``native_layer_norm``, whose backward holds only dY and dX [T, h]): W_Q's backward,
     the last of the three (autograd runs v's, k's, then q's), tops the layer, above the norm's backward
     (``analytic.qkv_backward.q_input_gradient``).
-    NB: set for StableLM only, where it is measured; other LayerNorm layers with separate projections
-    (StarCoder2's, Cohere's) are not switched to it here."""
+    NB: set for StableLM and PhiMoE only, where it is measured; other LayerNorm layers with separate
+    projections (StarCoder2's, Cohere's) are not switched to it here."""
     layernorm_python: bool = False
     """Cohere's ``CohereLayerNorm.forward``, LayerNorm in Python ops in fp32 (no ``native_layer_norm``):
     ``(x32 - mean).pow(2)`` keeps x − mean, ``(x32 - mean) * rsqrt(...)`` a second x − mean and rstd,

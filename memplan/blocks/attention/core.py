@@ -295,6 +295,21 @@ def sink_rules(dims: Dims) -> list[Rule]:
     ]
 
 
+def sink_backward_extra(setup: Setup, dims: Dims) -> int:
+    """What gpt-oss's eager core's backward (``sink_rules``) holds beyond the two [b, a, s, s] buffers of a
+    plain eager core's at its top, ``max.dim``'s backward (``combined - combined.max(-1).values``): the
+    softmax's gradient [b, a, s, s+1] (the slice ``probs[..., :-1]``'s backward padded it to the sink
+    column, the probabilities freed), the max values' gradient ``-d`` summed over the row [b, a, s, 1],
+    and that backward's zeros and ``scatter`` [b, a, s, s+1] — two [b, a, s, s+1] and one [b, a, s, 1]
+    beside the live set, whose probabilities [b, a, s, s+1] are freed (measured at gpt-oss-20b's widths,
+    s 512, layer 0: 196,608 B above the two [b, a, s, s]). 0 without sinks. NB: with attention dropout
+    not measured (the same extra counted)."""
+    if not setup.model.attn_sinks:
+        return 0
+    rows = dims.b * dims.a * dims.s * dims.act.bytes
+    return 2 * rows + rows
+
+
 def dropout_rules(setup: Setup, probs: tuple[int, ...], dtype: DType) -> list[Rule]:
     """Dropout on the probabilities (when p > 0): ``native_dropout``'s bool mask, or on CPU under
     ``Profile.cpu_dropout_noise`` the noise it multiplies by; and the dropped probabilities for P·V."""

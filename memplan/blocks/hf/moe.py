@@ -82,13 +82,16 @@ def phimoe(setup: Setup) -> Profile:
     grouped experts, no shared expert; ``nn.LayerNorm`` with bias for every norm (``ModelConfig.norm``),
     biases on q, k, v and o (``attention_bias``) and the lm head (``head_bias``); Mistral's sliding-window
     mask when ``config.sliding_window`` is set (``window_mask``). sparsemixer returns two experts
-    whatever ``num_experts_per_tok``: top_k ≠ 2 is refused."""
+    whatever ``num_experts_per_tok``: top_k ≠ 2 is refused. Its attention is StableLM's in what tops the
+    layer's backward: separate biased q, k, v on one ``nn.LayerNorm``'s output, W_Q's backward over the
+    norm's (``q_input_gradient_top``; measured at Phi-3.5-MoE's widths, s 512: 8,372,224 B above the
+    attention norm's moment at layer 0, the MoE's replayed backward below it)."""
     check(setup, shared=False)
     moe = setup.model.moe
     assert moe is not None  # NB: check refuses an MoE family without [model.moe]
     if moe.top_k != 2:
         raise ValueError("moe.top_k: PhiMoE's sparsemixer always routes to 2 experts; set top_k = 2")
-    return replace(experts(setup), sparsemixer_router=True, window_mask=True)
+    return replace(experts(setup), sparsemixer_router=True, window_mask=True, q_input_gradient_top=True)
 
 
 def qwen3_moe(setup: Setup) -> Profile:

@@ -37,10 +37,10 @@ Known limitations (NB):
 the capacity factor's token dropping is estimated but not measured (the reference model refuses it);
 the router's auxiliary loss is not counted; the MoE MLP's backward is replayed op by op where
 ``blocks.moe.backward`` models the code (``applies``: memplan's reference and transformers' grouped_mm
-experts, full training on one rank's whole layer; exact, tests/measure/test_moe_peak.py and
-tests/hf/test_moe_peak.py), elsewhere read as a dense MLP's with its [S, f] buffers
-(``mlp_backward_extra``); tensor and sequence parallelism are not measured
-(strategies/sequence_parallel.py's rules for the MoE roles).
+experts — PhiMoE's and gpt-oss's among them —, full training on one rank's whole layer; exact,
+tests/measure/test_moe_peak.py, tests/hf/test_moe_peak.py and test_moe_families_peak.py), elsewhere
+read as a dense MLP's with its [S, f] buffers (``mlp_backward_extra``); tensor and sequence parallelism
+are not measured (strategies/sequence_parallel.py's rules for the MoE roles).
 """
 
 from __future__ import annotations

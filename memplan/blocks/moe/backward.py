@@ -30,7 +30,11 @@ the ops of a real step (``memplan.measure.instruments.tracker`` with each storag
   sigmoid scores, the experts' ``bmm``s over [E, T, ·], the shared expert first (``_llama4``);
 - transformers' DeepSeek-V2 (``DeepseekV2Moe``): the ungated shared MLP first, the grouped_mm experts, its
   fp32 softmax router with ``routed_scaling_factor`` and group-limited routing's mask, its weight kept in
-  fp32 (``_deepseek``).
+  fp32 (``_deepseek``);
+- transformers' PhiMoE (``PhimoeSparseMoeBlock``): the grouped_mm experts, then ``sparsemixer``'s two
+  ``PhimoeMultiplier`` backwards and the input jitter's in-place multiplies (``hf_routers.sparsemixer``);
+- transformers' gpt-oss (``GptOssMLP``): the grouped_mm experts with their gathered biases and the
+  clamped SwiGLU, the top-k-then-softmax router with its bias (``hf_routers.gpt_oss``).
 
 A later micro-batch sums each new weight gradient into the ``.grad`` the earlier ones left and frees it
 as soon as its node has run (``blocks.profiles.accumulates_in_place``): one linear's gradients at a time
@@ -39,9 +43,10 @@ measured one micro-batch at a time).
 
 Measured (tests/measure/test_moe_peak.py: the reference on CPU, every storage, the layer backward's
 moment equal to the byte; tests/hf/test_moe_peak.py: transformers' Mixtral and Qwen3-MoE under fake
-tensors; tests/hf/test_layer_kinds.py: Llama 4 Scout and Maverick at their widths, DeepSeek-V2's layer).
-Elsewhere — Megatron's MoE layer, DeepSeek-V3's sigmoid router, PhiMoE's and gpt-oss's routers,
-expert biases, capacity factors, transformers' eager experts, expert, tensor, context
+tensors; tests/hf/test_layer_kinds.py: Llama 4 Scout and Maverick at their widths, DeepSeek-V2's layer;
+tests/hf/test_moe_families_peak.py: PhiMoE and gpt-oss at h 512, f 128, where the experts top the layer).
+Elsewhere — Megatron's MoE layer, DeepSeek-V3's sigmoid router, expert biases but gpt-oss's, capacity
+factors, transformers' eager experts, expert, tensor, context
 or pipeline parallelism, fine-tuning — the dense moment with the experts'
 [S, f] buffers stays (``applies``; ``blocks.moe.mlp_backward_extra``), not measured.
 """
@@ -52,6 +57,7 @@ from collections.abc import Iterable
 
 from memplan.blocks import llama4
 from memplan.blocks.inventory import Dims, Kept
+from memplan.blocks.moe.hf_routers import gpt_oss, sparsemixer
 from memplan.blocks.moe.stream import Stream, bias_grads, grads, linears, shared_gate, shared_mlp
 from memplan.blocks.profiles import accumulates_in_place, profile_of
 from memplan.config import DType, GateActivation, Impl, MlpType, Setup
@@ -71,7 +77,7 @@ def applies(setup: Setup) -> bool:
         or moe.router_bias
         or moe.expert_bias
         or moe.capacity_factor is not None
-        or moe.input_jitter
+        or (moe.input_jitter and not p.sparsemixer_router)  # PhiMoE's (``hf_routers.input_jitter``)
         or moe.dense_layers
         or moe.sigmoid
         or moe.groups is not None
@@ -85,6 +91,11 @@ def applies(setup: Setup) -> bool:
         # 16-bit activations: the router's fp32 copy of its input (grouped_mm runs no fp32 on CPU or CUDA)
         copy = setup.training.precision.activation_dtype is not DType.FP32
         return whole and v2 and copy and p.experts_grouped_mm
+    fused = p.experts_grouped_mm and p.experts_gate_up_fused and m.mlp is MlpType.SWIGLU
+    if p.sparsemixer_router:  # PhiMoE's grouped_mm experts and sparsemixer (``hf_routers.sparsemixer``)
+        return plain_moe and whole and fused and not moe.shared_width(m)
+    if p.router_topk_softmax:  # gpt-oss's biased experts and router (``hf_routers.gpt_oss``)
+        return whole and fused and _gpt_oss_moe(setup)
     code = (setup.impl.impl is Impl.REFERENCE and not setup.impl.compile) or (
         p.experts_grouped_mm
         and p.experts_gate_up_fused
@@ -93,6 +104,19 @@ def applies(setup: Setup) -> bool:
     )
     acts = m.mlp in (MlpType.SWIGLU, MlpType.GELU) and m.gate_act is not GateActivation.CLAMPED
     return plain_router and plain_moe and whole and code and acts
+
+
+def _gpt_oss_moe(setup: Setup) -> bool:
+    """gpt-oss's MoE as ``hf_routers.gpt_oss`` replays it: the clamped SwiGLU, a biased router and biased
+    experts, nothing else of the others'."""
+    moe = setup.model.moe
+    assert moe is not None
+    clamped = setup.model.gate_act is GateActivation.CLAMPED
+    plain = not (
+        moe.router_sigmoid or moe.input_jitter or moe.dense_layers or moe.sigmoid or moe.renormalises
+    )
+    dropless = moe.capacity_factor is None and moe.groups is None and not moe.shared_width(setup.model)
+    return clamped and moe.router_bias and moe.expert_bias and plain and dropless
 
 
 def rise(setup: Setup, layer: Iterable[Kept]) -> int:
@@ -110,6 +134,11 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
         _llama4(s, setup, kept)
     elif profile_of(setup).deepseek_router:  # DeepSeek-V2: the shared MLP first, its own router last
         _deepseek(s, setup, kept)
+    elif profile_of(setup).router_topk_softmax:  # gpt-oss: biased experts, the clamped SwiGLU, its router
+        gpt_oss(s, setup, kept)
+    elif profile_of(setup).sparsemixer_router:  # PhiMoE: the grouped_mm experts, its two-round router
+        _grouped_routed(s, setup, kept)
+        sparsemixer(s, setup, kept)
     elif not grouped:
         shared = _reference_shared(s, setup, kept) if moe.shared_width(setup.model) else 0
         _reference_routed(s, setup, kept)
