@@ -12,9 +12,9 @@ Their MoE MLP's backward is replayed op by op (``blocks.moe.hf_routers``: PhiMoE
 jitter, gpt-oss's biased experts, clamped SwiGLU and top-k-then-softmax router); where the experts top
 the layer (h 512, f 128) it is exact; before, the dense reading was under by 3,205,184 / 3,209,280 B
 (PhiMoE) and 1,598,528 / 1,602,624 B (gpt-oss).
-Left, named (``hf_peak``'s NBs): without checkpointing PhiMoE's rotary tables cos and sin [s, d] (bf16),
-which layer 0's rotary backward frees, 4·d B a token under (gpt-oss reads 0); under checkpointing the
-int64 [s] position ids the checkpointed layers hold (8·s B)."""
+Left, named (``hf_peak``'s NB): under checkpointing the int64 [s] position ids the checkpointed layers
+hold (8·s B). (PhiMoE's rotary tables, which layer 0's rotary backward frees, are modelled:
+``attention.constants.tables_freed_by_layer0``.)"""
 
 from __future__ import annotations
 
@@ -40,15 +40,9 @@ EXPERTS_TOP = [
 ]
 
 
-def named_difference(setup: Setup, layer_0_top: bool = True) -> int:
-    """The known measured − estimated bytes: PhiMoE's rotary tables freed early (no checkpointing) where
-    the top is after layer 0's rotary backward, or the checkpointed layers' int64 position ids."""
-    s = setup.training.seq_len
-    if setup.strategy.segment:
-        return 8 * s
-    if setup.model.name == "phi-3.5-moe" and layer_0_top:
-        return -2 * s * setup.model.head_dim * setup.training.precision.activation_dtype.bytes
-    return 0
+def named_difference(setup: Setup) -> int:
+    """The known measured − estimated bytes: the checkpointed layers' int64 position ids."""
+    return 8 * setup.training.seq_len if setup.strategy.segment else 0
 
 
 def moe_tops(setup: Setup) -> bool:
@@ -83,4 +77,4 @@ def test_layer_backward_is_transformers(setup: Setup) -> None:
 @pytest.mark.parametrize("setup", EXPERTS_TOP, ids=case_id)
 def test_replayed_moe_tops_the_layer_exactly(setup: Setup) -> None:
     assert moe_backward.applies(setup) and moe_tops(setup)
-    assert layer_difference(setup) == named_difference(setup, layer_0_top=False)
+    assert layer_difference(setup) == named_difference(setup)
