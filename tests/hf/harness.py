@@ -22,8 +22,10 @@ from memplan.measure.compare.impl import paired_tensors
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.dispatch import check_traceable
 from memplan.measure.frameworks.hf import measure_hf
+from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.frameworks.titan import measure_titan
 from memplan.measure.instruments.measured import Measured
+from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
 
@@ -201,3 +203,18 @@ def exact_realised_routing(setup: Setup, experts: str, routed: int) -> None:
     meas = measure_hf(setup, fake=False)
     assert all(sum(c) == routed and max(c) > min(c) for c in meas.routing)
     exact_moe(estimate(setup), meas, paired=experts == "grouped_mm")
+
+
+def layer_difference(setup: Setup) -> int:
+    """The layer backward's highest point on transformers' step (``measure_hf_peak``, fake tensors), its
+    model's buffers taken off, less the estimate's, in bytes."""
+    measured, buffers = measure_hf_peak(setup)
+    layer = measured["layer backward"]
+    assert layer is not None
+    return layer - buffers - estimated_moments(estimate(setup))["layer backward"]
+
+
+def ids_held(setup: Setup) -> int:
+    """``hf_peak``'s named difference under transformers' checkpointing: the int64 [s] position ids the
+    checkpointed layers hold (8·s B; 0 without checkpointing)."""
+    return 8 * setup.training.seq_len if setup.strategy.segment else 0

@@ -21,11 +21,8 @@ from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Dims
 from memplan.blocks.moe import backward as moe_backward
 from memplan.config import Setup
-from memplan.engine import estimate
-from memplan.measure.frameworks.hf_peak import measure_hf_peak
-from memplan.measure.instruments.moments import estimated_moments
 from memplan.pieces import core_of, pieces
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, ids_held, layer_difference
 
 MAVERICK = "llama-4-maverick-17b-128e"
 CASES = [
@@ -49,12 +46,7 @@ def test_each_layer_backward_is_its_kinds(setup: Setup) -> None:
     checkpointed layers hold (``hf_peak``'s NB: 8·s B)."""
     kinds = act.layer_kind_setups(pieces(core_of(setup)).setup)
     assert kinds and all(moe_backward.applies(k) for k in kinds if k.model.moe is not None)
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    layer = measured["layer backward"]
-    assert layer is not None
-    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
-    assert layer - buffers - est["layer backward"] == held
+    assert layer_difference(setup) == ids_held(setup)
 
 
 def test_a_dense_layer_is_charged_its_own_terms() -> None:
@@ -121,14 +113,9 @@ def test_deepseek_v2_moe_backward_is_transformers(
     assert moe_backward.applies(p.setup)
     dims = Dims.of(p.setup)
     assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
     moe = setup.model.moe
     assert moe is not None
     precision = setup.training.precision
     excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
     fp32_router = excess * moe.experts * setup.model.hidden_size
-    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
-    layer = measured["layer backward"]
-    assert layer is not None
-    assert layer - buffers - est["layer backward"] == fp32_router + held
+    assert layer_difference(setup) == fp32_router + ids_held(setup)

@@ -16,12 +16,9 @@ from memplan.analytic import layer_backward as lb
 from memplan.blocks.attention.core import Core, core_of, math_backward_buffers
 from memplan.blocks.inventory import Dims
 from memplan.config import Setup
-from memplan.engine import estimate
-from memplan.measure.frameworks.hf_peak import measure_hf_peak
-from memplan.measure.instruments.moments import estimated_moments
 from memplan.pieces import core_of as pieces_core
 from memplan.pieces import pieces
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, ids_held, layer_difference
 
 NARROW = {"hidden_size": 64, "ffn_size": 48, "num_heads": 4, "num_kv_heads": 2}
 CASES = [
@@ -45,12 +42,7 @@ def test_math_core_layer_backward_is_transformers(setup: Setup) -> None:
     """Exact without checkpointing; under transformers' checkpointing above by the int64 [s] its
     checkpointed layers hold (``hf_peak``'s NB: 8·s B)."""
     assert core_of(setup) is Core.MATH
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    layer = measured["layer backward"]
-    assert layer is not None
-    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
-    assert layer - buffers - est["layer backward"] == held
+    assert layer_difference(setup) == ids_held(setup)
 
 
 def test_math_core_tops_granites_layer() -> None:

@@ -22,10 +22,7 @@ import pytest
 
 from memplan.blocks.moe import backward as moe_backward
 from memplan.config import Setup
-from memplan.engine import estimate
-from memplan.measure.frameworks.hf_peak import measure_hf_peak
-from memplan.measure.instruments.moments import estimated_moments
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, ids_held, layer_difference
 
 NARROW = {"hidden_size": 512, "ffn_size": 128, "num_heads": 2, "num_kv_heads": 1, "head_dim": 16}
 REAL = [
@@ -38,11 +35,6 @@ EXPERTS_TOP = [
     for name, attention in (("phi-3.5-moe", "flash"), ("gpt-oss-20b", "eager"))
     for checkpointing in ("none", "full")
 ]
-
-
-def named_difference(setup: Setup) -> int:
-    """The known measured − estimated bytes: the checkpointed layers' int64 position ids."""
-    return 8 * setup.training.seq_len if setup.strategy.segment else 0
 
 
 def moe_tops(setup: Setup) -> bool:
@@ -60,21 +52,13 @@ def case_id(setup: Setup) -> str:
     return f"{setup.model.name}-h{setup.model.hidden_size}-{setup.strategy.checkpointing.name.lower()}"
 
 
-def layer_difference(setup: Setup) -> int:
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    layer = measured["layer backward"]
-    assert layer is not None
-    return layer - buffers - est["layer backward"]
-
-
 @pytest.mark.parametrize("setup", REAL, ids=case_id)
 def test_layer_backward_is_transformers(setup: Setup) -> None:
     assert moe_backward.applies(setup)
-    assert layer_difference(setup) == named_difference(setup)
+    assert layer_difference(setup) == ids_held(setup)
 
 
 @pytest.mark.parametrize("setup", EXPERTS_TOP, ids=case_id)
 def test_replayed_moe_tops_the_layer_exactly(setup: Setup) -> None:
     assert moe_backward.applies(setup) and moe_tops(setup)
-    assert layer_difference(setup) == named_difference(setup)
+    assert layer_difference(setup) == ids_held(setup)

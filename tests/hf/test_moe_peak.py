@@ -16,10 +16,7 @@ import pytest
 
 from memplan.blocks.moe import backward as moe_backward
 from memplan.config import Setup
-from memplan.engine import estimate
-from memplan.measure.frameworks.hf_peak import measure_hf_peak
-from memplan.measure.instruments.moments import estimated_moments
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, ids_held, layer_difference
 
 CASES = [
     # full widths: the weight gradients outweigh the [S, f] buffers, the top after W_gate_up's gradient
@@ -67,9 +64,4 @@ def test_moe_layer_backward_is_transformers(setup: Setup) -> None:
     checkpointed Mixtral (there the re-run's: exact too)."""
     assert moe_backward.applies(setup)
     assert moe_tops(setup) == (setup is not CASES[1])
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    layer = measured["layer backward"]
-    assert layer is not None
-    held = 8 * setup.training.seq_len if setup.strategy.segment else 0
-    assert layer - buffers - est["layer backward"] == held
+    assert layer_difference(setup) == ids_held(setup)

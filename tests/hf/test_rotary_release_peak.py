@@ -18,10 +18,7 @@ import pytest
 from memplan.blocks.attention.constants import tables_freed_by_layer0
 from memplan.blocks.inventory import Dims
 from memplan.config import Impl, Setup
-from memplan.engine import estimate
-from memplan.measure.frameworks.hf_peak import measure_hf_peak
-from memplan.measure.instruments.moments import estimated_moments
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, ids_held, layer_difference
 
 S = 512
 CASES = [
@@ -35,12 +32,7 @@ CASES = [
     "setup", CASES, ids=lambda s: f"{s.model.name}-{s.strategy.checkpointing.name.lower()}"
 )
 def test_layer_backward_is_transformers(setup: Setup) -> None:
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    layer = measured["layer backward"]
-    assert layer is not None
-    held = 8 * S if setup.strategy.segment else 0  # the checkpointed layers' int64 position ids
-    assert layer - buffers - est["layer backward"] == held
+    assert layer_difference(setup) == ids_held(setup)  # the checkpointed layers' int64 position ids
 
 
 def test_tables_freed_are_the_rotary_tables() -> None:
