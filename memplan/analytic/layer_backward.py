@@ -23,11 +23,13 @@ from memplan.analytic.qkv_backward import fused_qkv_input_gradient
 from memplan.blocks import fp8, fp8_tp
 from memplan.blocks.attention.core import (
     attention_core_rules,
+    fp32_softmax_gradients,
     math_backward_buffers,
     math_dropout_core,
     projection_rules,
 )
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
+from memplan.blocks.attention.mla import value_save_over_gradient
 from memplan.blocks.attention.ring_memory import ring_backward_transient
 from memplan.blocks.attention.workspace import flash_backward_workspace, softmax_backward_scratch
 from memplan.blocks.inventory import Block, Dims, Kept, Role, Scope
@@ -50,17 +52,19 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
     """Attention backward, after the MLP's: its saved tensors are freed, the MLP and W_O gradients exist;
     two [b, a, s, s] softmax gradients (eager; the dropped probabilities and V were released with P·V's
     backward, whose dV is still alive; on CUDA the softmax backward's own product,
-    ``softmax_backward_scratch``) or dq, dk, dv and dO (flash; on CUDA with the kernel's own workspace,
-    ``flash_backward_workspace``; under context parallelism what torch's ring holds instead,
-    ``ring_memory.ring_backward_transient``) or, SDPA's math kernel with dropout, fp32 dO, dV and
-    d(attn) (``math_backward_buffers``), plus the incoming dY [T, h].
+    ``softmax_backward_scratch``; transformers' fp32 softmax, ``fp32_softmax_gradients``; MLA's v a view
+    of a wider tensor, ``value_save_over_gradient``) or dq, dk, dv and dO (flash; on CUDA with the
+    kernel's own workspace, ``flash_backward_workspace``; under context parallelism what torch's ring
+    holds instead, ``ring_memory.ring_backward_transient``) or, SDPA's math kernel with dropout, fp32 dO,
+    dV and d(attn) (``math_backward_buffers``), plus the incoming dY [T, h].
     W_O's backward has run (``w_o_done``): its input and the residual dropout mask after it are freed."""
     a_bytes = dims.act.bytes
     t = dims.tokens
     if setup.strategy.attention is Attention.EAGER:
         scores = dims.b * dims.a * dims.s * dims.s * a_bytes
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
-        buffers += softmax_backward_scratch(setup, dims)
+        buffers += softmax_backward_scratch(setup, dims) + fp32_softmax_gradients(setup, dims)
+        buffers -= value_save_over_gradient(setup, dims)
     elif math_dropout_core(setup):  # SDPA's math kernel: fp32 dO, dV and d(attn) at P·V's backward
         buffers = math_backward_buffers(dims)
     else:
