@@ -1,6 +1,6 @@
 """Float8's own moments of a tensor-parallel layer: the MLP's backward under torchao's float8
 tensor-parallel plan (``--fp8-tp``, blocks/fp8_tp.py) moment by moment — what
-``layer_backward.sp_mlp_moments`` gives for torchtitan 0.3.0's plan, for the 2024 plan's casts — and the
+``sp_moments.sp_mlp_moments`` gives for torchtitan 0.3.0's plan, for the 2024 plan's casts — and the
 float8 re-runs of full and selective checkpointing (``rerun``). The MLP's backward, in its order (W_down
 a ``Float8RowwiseParallel``, W_up and W_gate ``Float8ColwiseParallel``s):
 
@@ -58,7 +58,7 @@ def mlp_moments(setup: Setup, dims: Dims, released: int) -> dict[str, int]:
 
 
 def rerun(setup: Setup, dims: Dims) -> int | None:
-    """A layer re-run under full checkpointing (``layer_backward.sp_rerun_scatter``'s moment under the
+    """A layer re-run under full checkpointing (``sp_moments.sp_rerun_scatter``'s moment under the
     float8 plan), above the re-run's saves: the backward's first nodes (the output gradient's cast and
     float8 all-gather) ran before the re-run, so the [T/t, h] shard and the float8 dY [T, h] are alive,
     beside the re-run's attention output and residual sum ([T/t, h] each) and the bf16 product [T, f/t],
@@ -78,7 +78,7 @@ def rerun(setup: Setup, dims: Dims) -> int | None:
     then W's, beside the gathered bf16 dY, the four [T/t, h] (the shard, the attention's cached
     reduce-scatter, the residual sum, W_down's cached reduce-scatter) and W_down's cached partial [T, h]:
     the layer's top at 8B's widths on tp 2 (s 1,024; 12,320,768 B below before, 393,208 B above now, the
-    same NB). None where neither applies (``layer_backward.sp_rerun_scatter``'s own figure then)."""
+    same NB). None where neither applies (``sp_moments.sp_rerun_scatter``'s own figure then)."""
     a, t, h, f = dims.act.bytes, dims.tokens, dims.h, dims.f
     shard = residual_shard(setup, dims)
     if not setup.impl.fp8_tp:

@@ -119,3 +119,62 @@ def test_deepseek_v2_moe_backward_is_transformers(
     excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
     fp32_router = excess * moe.experts * setup.model.hidden_size
     assert layer_difference(setup) == fp32_router + ids_held(setup)
+
+
+def deepseek_v3(layers: int, dense: int, norm: bool, checkpointing: str) -> Setup:
+    """DeepSeek-V3's code with narrow latents (``deepseek``'s widths, V3's q latent), 16 experts, top-4 in
+    two of four groups, one shared expert, its sigmoid router (the correction bias for the choice;
+    ``norm``: the top-k weights renormalised)."""
+    moe = {"experts": 16, "top_k": 4, "shared_experts": 1, "dense_layers": dense, "dense_ffn": 80}
+    moe |= {"scoring": "sigmoid", "groups": 4, "topk_groups": 2, "norm_topk_prob": norm}
+    mla = {
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+    }
+    return hf_setup(
+        "deepseek-v3",
+        layers=layers,
+        seq=64,
+        attention="eager",
+        checkpointing=checkpointing,
+        hidden_size=128,
+        ffn_size=96,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=8,
+        vocab_size=512,
+        mla=mla,
+        moe=moe,
+    )
+
+
+@pytest.mark.parametrize(
+    ("layers", "dense", "norm", "checkpointing", "above"),
+    [
+        (1, 0, True, "none", 0),
+        (1, 0, True, "full", 0),
+        (1, 0, False, "none", 0),
+        (2, 1, True, "full", 0),
+        (4, 2, True, "none", 1),  # the first MoE layer's backward, one MoE layer above it
+    ],
+)
+def test_deepseek_v3_moe_backward_is_transformers(
+    layers: int, dense: int, norm: bool, checkpointing: str, above: int
+) -> None:
+    """``DeepseekV3TopkRouter``'s backward replayed (``blocks.moe.backward._v3_choice``): the MoE's moment
+    tops the layer, exact but for the named differences (``test_deepseek_v2_moe_backward_is_transformers``):
+    the routers' fp32 weights and gradients above, the checkpointed layers' int64 [s]."""
+    setup = deepseek_v3(layers, dense, norm, checkpointing)
+    p = pieces(core_of(setup))
+    assert moe_backward.applies(p.setup)
+    dims = Dims.of(p.setup)
+    assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
+    moe = setup.model.moe
+    assert moe is not None
+    precision = setup.training.precision
+    excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
+    fp32_router = excess * moe.experts * setup.model.hidden_size
+    assert layer_difference(setup) == fp32_router + ids_held(setup)

@@ -217,7 +217,7 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     the [norm, lm_head] unit gathered and the top layer's prefetched output. By hand (the tiny model's tp 2
     rank; every dim 0 even, no padding): a layer unit 18,560 elements, the embedding 8,192, [norm, lm_head]
     8,256. Both moments exact, as without FSDP (the layer's since its sequence-parallel moments are
-    modelled, ``analytic.layer_backward.sp_mlp_moments``)."""
+    modelled, ``analytic.sp_moments.sp_mlp_moments``)."""
     from memplan.analytic.peak import zero3_head_gather, zero3_unit_buffers
     from memplan.strategies.tensor_parallel import tp_model
 
@@ -524,7 +524,7 @@ def test_sequence_parallel_layer_backward_is_exact(
 ) -> None:
     """torchtitan's sequence-parallel layer at Llama 3.1 8B's widths (2 layers): the MLP's backward starts
     by all-gathering the layer's output gradient shard to W_down's dY [T, h], freed after W_down's backward
-    (``analytic.layer_backward.sp_mlp_moments``; with torchao's tensorwise float8, its W_gate's casts
+    (``analytic.sp_moments.sp_mlp_moments``; with torchao's tensorwise float8, its W_gate's casts
     ``fp8_first_backward``); a FullAC layer re-runs after that gather, up to its last reduce-scatter
     (``sp_rerun_scatter``); SelectiveAC's re-run makes the norms' saves on T/t tokens
     (``rank_working_set``). Every moment exact, the layer's top where named. Before, at the same
@@ -533,6 +533,7 @@ def test_sequence_parallel_layer_backward_is_exact(
     float8: 8,388,608 B and 29,360,128 B over; the final norm's moment 2–8 MiB over (the wait's [T/t, h]
     counted)."""
     from memplan.analytic import layer_backward as lb
+    from memplan.analytic import sp_moments
     from memplan.blocks.inventory import Dims
 
     base = hf_setup("llama-3.1-8b", seq=seq, batch=batch, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)
@@ -544,9 +545,9 @@ def test_sequence_parallel_layer_backward_is_exact(
     dims = Dims.of(rank)
     transient = lb.layer_backward_transient(rank, dims, est.pieces.params)
     if top == "rerun":
-        assert lb.sp_rerun_scatter(rank, dims) == transient
+        assert sp_moments.sp_rerun_scatter(rank, dims) == transient
     elif top:
-        moments = lb.sp_mlp_moments(rank, dims)
+        moments = sp_moments.sp_mlp_moments(rank, dims)
         assert max(moments, key=lambda k: moments[k]) == top
         assert moments[top] - lb.not_yet_rerun(rank, dims) == transient
 

@@ -72,6 +72,25 @@ def math_backward_buffers(dims: Dims) -> int:
     return (2 * b * a * s * dims.v_dim + b * a * s * s) * FP32.bytes
 
 
+def fp32_softmax_gradients(setup: Setup, dims: Dims) -> int:
+    """transformers' eager core (``Profile.eager_fp32_softmax``: ``softmax(dtype=float32).to(A)``, A
+    16-bit, no dropout) at its softmax's backward, beyond the two [b, a, s, s] in A that the attention's
+    moment counts (dP and dS, the probabilities kept): P·V's backward makes dP in A and frees the
+    probabilities' A copy (its save, its last use); ``.to(A)``'s backward casts dP to fp32 (dP in A
+    freed); ``_softmax_backward_data`` makes dS in fp32 beside it: 2·4 − A bytes an element alive where the
+    A-dtype reading counts 2·A. Measured (transformers, fake tensors, two layers, s 512, bf16-mixed,
+    eager): the softmax's backward tops the layer backward, one [b, a, s, s] bf16 under before — Llama 3
+    8B's 16,777,216 B, DeepSeek-V2-Lite's 8,388,608 B. 0 with attention dropout (its mask and dropped
+    probabilities, not measured here), with fp32 activations (one storage) or gpt-oss's sinks (softmax in
+    A)."""
+    if core_of(setup) is not Core.EAGER or not profile_of(setup).eager_fp32_softmax:
+        return 0
+    if setup.model.attn_dropout > 0 or setup.model.attn_sinks or dims.act is FP32:
+        return 0
+    cells = dims.b * dims.a * dims.s * dims.s
+    return cells * (2 * FP32.bytes - dims.act.bytes) - 2 * cells * dims.act.bytes
+
+
 def window_masked(setup: Setup, dims: Dims) -> bool:
     """Whether the code passes SDPA an explicit mask: a sliding window W set, honoured
     (``Profile.window_mask``) and s ≥ W (below it the window covers every causal cell and SDPA's

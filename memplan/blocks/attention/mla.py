@@ -121,3 +121,14 @@ def core_input_rules(setup: Setup, dims: Dims) -> list[Rule]:
         save(B.ATTN, "k", (b, a, s, dq), dtype, R.ATTN_QKV, f"cat(k_nope, k_rot){scaled} for QKᵀ: dQ = dS·K"),
         v,
     ]
+
+
+def value_save_over_gradient(setup: Setup, dims: Dims) -> int:
+    """What P·V's backward frees of the eager core's v beyond the dV [b, a, s, d_v] it makes, which the
+    attention's moment counts as equal: at b = 1 P·V keeps v as a strided view of ``kv_b_proj``'s whole
+    output [b, s, a·(d_n + d_v)] (``core_input_rules``), its last use, so the key rows' T·a·d_n go too
+    (measured at DeepSeek-V2-Lite's widths, s 512: its dense layer's softmax backward 2,097,152 B below
+    the A-dtype reading). 0 for other models, other cores and b > 1 (a contiguous copy of dV's size)."""
+    if setup.model.mla is None or core_of(setup) is not Core.EAGER or dims.b != 1:
+        return 0
+    return dims.tokens * dims.a * mla_of(setup.model).qk_nope_head_dim * dims.act.bytes

@@ -24,7 +24,7 @@ memory-efficient kernel (not modelled: use eager attention, or --device cpu); NB
 context and expert parallelism, selective and every-K checkpointing of the mixed dense / MoE layers are not
 modelled. The peak charges the dense first layers' backward as a dense layer's
 (``analytic.layer_kinds.layer_kind_terms``), V2's MoE backward replayed op by op
-(``blocks.moe.backward._deepseek``; V3's sigmoid router not). NB ``_keep_in_fp32_modules_strict =
+(``blocks.moe.backward._deepseek``; V3's sigmoid router ``_v3_choice``). NB ``_keep_in_fp32_modules_strict =
 ["gate.weight"]`` keeps each router's weight (and so its gradient) in fp32, which the model states count in
 the weights' dtype: E·h·2 bytes a MoE layer under (tests/hf/test_layer_kinds.py). NB the MTP modules of
 DeepSeek-V3 (``num_nextn_predict_layers``) are not in transformers' model.

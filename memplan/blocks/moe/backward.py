@@ -30,7 +30,8 @@ the ops of a real step (``memplan.measure.instruments.tracker`` with each storag
   sigmoid scores, the experts' ``bmm``s over [E, T, ·], the shared expert first (``_llama4``);
 - transformers' DeepSeek-V2 (``DeepseekV2Moe``): the ungated shared MLP first, the grouped_mm experts, its
   fp32 softmax router with ``routed_scaling_factor`` and group-limited routing's mask, its weight kept in
-  fp32 (``_deepseek``);
+  fp32 (``_deepseek``); DeepSeek-V3's sigmoid router the same way, its top-k weights gathered from the
+  scores and renormalised (``_v3_choice``);
 - transformers' PhiMoE (``PhimoeSparseMoeBlock``): the grouped_mm experts, then ``sparsemixer``'s two
   ``PhimoeMultiplier`` backwards and the input jitter's in-place multiplies (``hf_routers.sparsemixer``);
 - transformers' gpt-oss (``GptOssMLP``): the grouped_mm experts with their gathered biases and the
@@ -43,9 +44,10 @@ measured one micro-batch at a time).
 
 Measured (tests/measure/test_moe_peak.py: the reference on CPU, every storage, the layer backward's
 moment equal to the byte; tests/hf/test_moe_peak.py: transformers' Mixtral and Qwen3-MoE under fake
-tensors; tests/hf/test_layer_kinds.py: Llama 4 Scout and Maverick at their widths, DeepSeek-V2's layer;
-tests/hf/test_moe_families_peak.py: PhiMoE and gpt-oss at h 512, f 128, where the experts top the layer).
-Elsewhere — Megatron's MoE layer, DeepSeek-V3's sigmoid router, expert biases but gpt-oss's, capacity
+tensors; tests/hf/test_layer_kinds.py: Llama 4 Scout and Maverick at their widths, DeepSeek-V2's and
+V3's layers; tests/hf/test_moe_families_peak.py: PhiMoE and gpt-oss at h 512, f 128, where the experts
+top the layer).
+Elsewhere — Megatron's MoE layer, expert biases but gpt-oss's, capacity
 factors, transformers' eager experts, expert, tensor, context
 or pipeline parallelism, fine-tuning — the dense moment with the experts'
 [S, f] buffers stays (``applies``; ``blocks.moe.mlp_backward_extra``), not measured.
@@ -86,8 +88,9 @@ def applies(setup: Setup) -> bool:
     whole = par.tp == 1 and par.ep == 1 and par.cp == 1 and par.pp == 1
     if llama4.applies(setup):  # ``Llama4TextMoe`` (``_llama4``): a uniform MoE kind (``llama4.kind_model``)
         return whole and setup.model.moe_every is None and m.mlp is MlpType.SWIGLU
-    if p.deepseek_router:  # DeepSeek-V2's softmax router (``_deepseek``); its dense layers are a kind apart
-        v2 = not (moe.sigmoid or moe.renormalises or moe.shared_gate)
+    if p.deepseek_router:  # DeepSeek-V2's and V3's routers (``_deepseek``); its dense layers are a kind apart
+        # V2's softmax router, not renormalised; V3's sigmoid router (``_v3_choice``)
+        v2 = (moe.sigmoid or not moe.renormalises) and not moe.shared_gate
         # 16-bit activations: the router's fp32 copy of its input (grouped_mm runs no fp32 on CPU or CUDA)
         copy = setup.training.precision.activation_dtype is not DType.FP32
         return whole and v2 and copy and p.experts_grouped_mm
@@ -132,7 +135,7 @@ def rise(setup: Setup, layer: Iterable[Kept]) -> int:
     assert moe is not None
     if moe.router_sigmoid:  # transformers' Llama 4: every token through every expert
         _llama4(s, setup, kept)
-    elif profile_of(setup).deepseek_router:  # DeepSeek-V2: the shared MLP first, its own router last
+    elif profile_of(setup).deepseek_router:  # DeepSeek-V2 and V3: the shared MLP first, its own router last
         _deepseek(s, setup, kept)
     elif profile_of(setup).router_topk_softmax:  # gpt-oss: biased experts, the clamped SwiGLU, its router
         gpt_oss(s, setup, kept)
@@ -380,12 +383,15 @@ def _deepseek(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
     s.step((), (tha,))  # the routed d(x) added to the shared MLP's
     s.step((partial, tha))
     s.step((), (tk4,))  # routed_scaling_factor's multiply: d(weights)·scale
-    s.step((kept["moe.routing_weights"],), (te4, te4))  # topk's backward: zeros, scatter
-    s.step((te4, tk4, kept["moe.topk_indices"]))
-    if moe.groups is not None:  # masked_fill(~group_mask, 0)'s backward
-        s.step((), (te4,))
-        s.step((te4, kept["moe.group_mask"]))
-    s.step((), (te4,))  # the fp32 softmax's backward
+    if moe.sigmoid:
+        _v3_choice(s, setup, kept)
+    else:
+        s.step((kept["moe.routing_weights"],), (te4, te4))  # topk's backward: zeros, scatter
+        s.step((te4, tk4, kept["moe.topk_indices"]))
+        if moe.groups is not None:  # masked_fill(~group_mask, 0)'s backward
+            s.step((), (te4,))
+            s.step((te4, kept["moe.group_mask"]))
+    s.step((), (te4,))  # the fp32 softmax's (V3: sigmoid's) backward
     s.step((te4, kept["moe.router_scores"]))
     router = 4 * e * h if grads(setup, e * h) else 0  # the router's fp32 weight gradient [E, h]
     s.step((), (router, th4))
@@ -393,3 +399,29 @@ def _deepseek(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
     s.step((te4, kept["moe.router_input"]), (tha,))  # d(x) in fp32 cast back
     s.step((th4,), (tha,))  # added to the MLP input's gradient
     s.step((tha, tha))
+
+
+def _v3_choice(s: Stream, setup: Setup, kept: dict[str, int]) -> None:
+    """``DeepseekV3TopkRouter``'s way back from d(weights)·scale [T, k] fp32 to the sigmoid's output: the
+    experts' d(weights) [S] freed; the renormalisation's (``norm_topk_prob``: ``topk_weights /= sum +
+    1e-20``; d/total, d(total) = −d·weights/total² summed over k by the engine, the dividend's clone and
+    the divisor dying with the node; the two parts of d(weights) added); ``scores.gather(1, topk_indices)``'s
+    (zeros and scatter_add [T, E]), the indices dying. The choice itself (the correction bias, the groups'
+    top-2 sums, ``masked_fill(-inf)``, ``topk``) passes on indices only: no gradient flows through it.
+    Read off a step of transformers' DeepSeek-V3 (fake tensors, each storage's maker;
+    tests/hf/test_layer_kinds.py)."""
+    moe = setup.model.moe
+    assert moe is not None
+    dims = Dims.of(setup)
+    t, e, k = dims.tokens, moe.experts, moe.top_k
+    tk4, te4 = t * k * 4, t * e * 4
+    if moe.renormalises:
+        s.step((kept["moe.routing_weights"],))
+        s.step((), (tk4, tk4, tk4, tk4))
+        s.step((tk4, tk4, tk4), (tk4,))
+        s.node((), (t * 4,), (kept["moe.topk_sum"], kept["moe.topk_weights"]))
+        s.step((tk4, tk4), (tk4,))  # the scaled d(weights) freed, the two parts of d(weights) added
+        s.step((tk4, t * 4), (te4, te4))  # gather's backward: zeros, scatter_add
+    else:
+        s.step((kept["moe.routing_weights"],), (te4, te4))
+    s.step((te4, tk4, kept["moe.topk_indices"]))
