@@ -456,3 +456,17 @@ def test_without_gpu_the_smallest_preset_is_the_one_whose_allocator_holds_the_st
     assert "a100-40gb" in smaller
     assert not any(_json(*args, "--gpu", g)["verdict"]["fits"] for g in smaller)
     assert "(the smallest GPU preset that holds it)" in _text(*args, "--summary")
+
+
+def test_a_verdict_with_little_usable_memory_names_what_holds_the_rest() -> None:
+    """Llama 2 13B under transformers' code on eight A100-40GB with DDP (no ZeRO): DDP's gradient buckets,
+    the whole bf16 gradient (24.24 GiB), are held beside the allocator before the step's replay, so less
+    than half the memory is usable; the headline says what holds it, and ``--json``'s verdict lists what is
+    held (``Advice.held``, ``search.budget.Verdict.held``), largest first. Before, the headline read
+    "14.73 GiB usable of 40.00 GiB" without a why (Maverick on 64 GB300s: "0 B usable")."""
+    args = ("-m", "llama-2-13b", "--impl", "hf", "--seq", "1024", "--gpu", "a100-40gb", "--gpus", "8")
+    verdict = _json(*args)["verdict"]
+    held = verdict["held"]
+    assert verdict["usable_bytes"] < verdict["memory_bytes"] // 2
+    assert next(iter(held)) == "ddp_buckets" and list(held.values()) == sorted(held.values(), reverse=True)
+    assert f"(held before it: DDP's gradient buckets, {fmt_bytes(held['ddp_buckets'])})" in _text(*args)

@@ -122,6 +122,10 @@ class Advice(BaseModel):
     headroom: int
     """usable − reserved (negative when it does not fit)."""
     devices: int
+    held: dict[str, int] = {}
+    """What the verdict takes off the device before the allocator's share, by the ``search.budget.Verdict``
+    field (``cuda_context``, ``nccl``, ``fsdp_all_gather_stream``, ``ddp_buckets``, ``userbuffers``,
+    ``symm_mem``, ``reserve``), those above 0, largest first: why ``usable_bytes`` is what it is."""
     terms: dict[str, int]
     """The three largest terms of the peak moment, largest first, in bytes."""
     counts: list[GpuCount]
@@ -429,6 +433,7 @@ def advise(b: Built) -> Advice:
         fits=v.fits,
         headroom=v.headroom,
         devices=r.devices,
+        held=v.held(),
         terms=top_terms(r),
         counts=counts,
         suggestions=found,

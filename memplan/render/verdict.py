@@ -17,6 +17,17 @@ from rich.text import Text
 from memplan.advice import Advice, GpuCount, Suggestion
 from memplan.render.estimate import fmt_bytes, plural
 
+HELD = {
+    "cuda_context": "the CUDA context",
+    "nccl": "NCCL's buffers",
+    "fsdp_all_gather_stream": "FSDP2's all-gather stream",
+    "ddp_buckets": "DDP's gradient buckets",
+    "userbuffers": "Transformer Engine's userbuffers",
+    "symm_mem": "the symmetric-memory workspace",
+    "reserve": "--reserve",
+}
+"""How the headline names each of ``Advice.held``'s keys (``search.budget.Verdict.held``)."""
+
 
 def _headline(a: Advice) -> Text:
     """Fits or not, on which GPU and why that one: the allocator's reserved peak against the memory left to
@@ -24,6 +35,9 @@ def _headline(a: Advice) -> Text:
     judged = (
         f"reserved {fmt_bytes(a.reserved)}, {fmt_bytes(a.usable_bytes)} usable of {fmt_bytes(a.memory_bytes)}"
     )
+    largest = next(iter(a.held.items()), None)
+    if largest and a.usable_bytes < a.memory_bytes // 2:  # say what takes the device's memory first
+        judged += f" (held before it: {HELD[largest[0]]}, {fmt_bytes(largest[1])})"
     devices = "one" if a.devices == 1 else f"each of {a.devices:,}"
     peak = f"tensors' peak {fmt_bytes(a.peak)} ({a.phase})"
     if a.fits:

@@ -41,6 +41,12 @@ VERDICT = obj(
         "fits": {"type": "boolean"},
         "headroom": {"type": "integer", "description": "usable − reserved, bytes (negative: does not fit)"},
         "devices": POSITIVE,
+        "held": described(
+            {"type": "object", "additionalProperties": BYTES},
+            "what is kept off the allocator's share before the step (cuda_context, nccl, "
+            "fsdp_all_gather_stream, ddp_buckets, userbuffers, symm_mem, reserve), those above 0, the "
+            "largest first, bytes",
+        ),
         "terms": described(
             {"type": "object", "additionalProperties": BYTES, "maxProperties": 3},
             "the three largest terms of the peak moment, bytes",

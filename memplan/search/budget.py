@@ -128,6 +128,20 @@ class Verdict(BaseModel):
     """The term whose addition passes the usable memory (one of ``TERMS`` or ``allocator``); None when it
     fits."""
 
+    def held(self) -> dict[str, int]:
+        """What is kept off the allocator's share (``usable_bytes``), by field, those above 0, the largest
+        first."""
+        parts = {
+            "cuda_context": self.cuda_context,
+            "nccl": self.nccl,
+            "fsdp_all_gather_stream": self.fsdp_all_gather_stream,
+            "ddp_buckets": self.ddp_buckets,
+            "userbuffers": self.userbuffers,
+            "symm_mem": self.symm_mem,
+            "reserve": self.reserve,
+        }
+        return dict(sorted(((k, b) for k, b in parts.items() if b > 0), key=lambda kb: -kb[1]))
+
     def to_json(self) -> dict[str, object]:
         return self.model_dump()
 
