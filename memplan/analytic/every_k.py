@@ -15,7 +15,8 @@ and which layers' backwards can hold the most.
 
 from __future__ import annotations
 
-from memplan.analytic.layer_kinds import kind_ends
+from collections.abc import Iterable
+
 from memplan.analytic.layer_saves import checkpoint_shared_bytes, segment_rerun_bytes
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
@@ -40,7 +41,7 @@ def rerun_bytes(setup: Setup, i: int, rerun_layers: tuple[int, ...] = ()) -> int
     return sum(rerun_layers[j] for j in layers) - checkpoint_shared_bytes(setup)
 
 
-def moment_layers(setup: Setup, layers: int, kinds: bool = False) -> set[int]:
+def moment_layers(setup: Setup, layers: int, kinds: Iterable[int] = ()) -> set[int]:
     """The layers whose backward can hold the most. Without segments the live set is linear in i: the top
     layer (saves dominate) or the bottom one (gradients do). With segments of k layers, one layer up inside
     a segment adds a re-run layer's saves S and has one layer's gradients G fewer: a segment peaks at its top
@@ -51,11 +52,11 @@ def moment_layers(setup: Setup, layers: int, kinds: bool = False) -> set[int]:
     every-K the layers of one residue i % k are linear in i (k layers' gradients, one input and k − 1
     layers' saves apart): the lowest and the highest of each residue. Under fine-tuning, also the layers
     about each place where the gradient flow changes: with layer 0 of 3 frozen (full checkpointing) the
-    peak is layer 1's backward, which neither end is (tests/measure/test_peak.py). ``kinds``: the layers
-    differ by kind (the whole model's, ``layer_kinds.kind_ends``): each kind's first and last layer too
+    peak is layer 1's backward, which neither end is (tests/measure/test_peak.py). ``kinds``: where the layers
+    differ by kind, each kind's first and last layer (the whole model's, ``layer_kinds.kind_ends``) too
     — DeepSeek-V3's first MoE layer, whose dense layers below keep more than their gradients weigh, its MoE
     layers above less (``estimate -m deepseek-v3 --impl hf``: 20.2 GB above both ends)."""
-    ends = {0, layers - 1} | (kind_ends(setup) if kinds else set())
+    ends = {0, layers - 1, *kinds}
     k = setup.strategy.segment
     if k and checkpoints_alone(setup):
         for r in range(min(k, layers)):

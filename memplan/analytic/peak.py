@@ -323,7 +323,7 @@ def peak(
         final_norm_bwd = max(final_norm_bwd, scatter, key=lambda t: sum(t.values()))
     # the layer's backward transient and re-run working set (none with segments: ``rerun`` below)
     transient, working = layer_terms(setup, params, kept)
-    kinds, low = kind_terms(setup, params, kept) if whole_model else ((), None)  # each kind's; layer 0's
+    kinds, low, kind_ends = kind_terms(setup, params, kept) if whole_model else ((), None, set())
     layer_saved = sum(k.total_bytes for k in kept if k.scope is Scope.LAYER) - deficit
     trained, whole = trainable_grads.shares(setup, params, whole_model)  # what trains above each layer
     gather_outputs: dict[int, int] = {}  # layer i's moment: its flat all-gather output (root only)
@@ -376,7 +376,7 @@ def peak(
         return terms(weights + own, optimizer, grads, saved, compute + 8 + fsdp2)
 
     first = trainable_grads.first_backward_layer(setup) if whole_model else 0  # none below it; the moment's:
-    ends = every_k.moment_layers(setup, dims.layers, bool(kinds)) | {first}
+    ends = every_k.moment_layers(setup, dims.layers, kind_ends) | {first}
     ends = {i for i in ends if first <= i < dims.layers} or {dims.layers - 1}  # (NB: none runs: the top)
     if root or units_reduced(setup):  # FSDP2's buffers differ at the ends (no prefetch below layer 0,
         # another or no reduce-scatter input above the top layer): the middle ones linear in i

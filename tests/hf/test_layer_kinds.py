@@ -11,6 +11,8 @@ Maverick's (every token through every expert, the experts' weight gradients besi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from memplan.analytic import activations as act
@@ -61,16 +63,13 @@ def test_a_dense_layer_is_charged_its_own_terms() -> None:
     assert terms[0] is not None and terms[1] is not None and terms[0][0] < terms[1][0]
 
 
-def deepseek(layers: int, dense: int, groups: int | None, checkpointing: str = "none") -> Setup:
-    """DeepSeek-V2's code with narrow latents (its own widths' MLA attention backward tops the layer), 16
-    experts, top-4, two shared experts; ``dense`` first layers dense; group-limited routing over
-    ``groups``."""
-    moe = {"experts": 16, "top_k": 4, "shared_experts": 2, "dense_layers": dense, "dense_ffn": 80}
-    if groups:
-        moe |= {"groups": groups, "topk_groups": 2}
-    mla = {"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+def narrow_mla(
+    preset: str, layers: int, checkpointing: str, mla: dict[str, int], moe: dict[str, Any]
+) -> Setup:
+    """DeepSeek's code (``preset``'s) with narrow latents (its own widths' MLA attention backward tops the
+    layer): h 128, four heads of 8 rotated dims, vocabulary 512, s 64, eager attention."""
     return hf_setup(
-        "deepseek-v2-lite",
+        preset,
         layers=layers,
         seq=64,
         attention="eager",
@@ -81,9 +80,36 @@ def deepseek(layers: int, dense: int, groups: int | None, checkpointing: str = "
         num_kv_heads=4,
         head_dim=8,
         vocab_size=512,
-        mla=mla,
-        moe={**moe, "norm_topk_prob": False},
+        mla={"kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, **mla},
+        moe=moe,
     )
+
+
+def deepseek(layers: int, dense: int, groups: int | None, checkpointing: str = "none") -> Setup:
+    """DeepSeek-V2's code, narrow (``narrow_mla``), 16 experts, top-4, two shared experts; ``dense`` first
+    layers dense; group-limited routing over ``groups``."""
+    moe = {"experts": 16, "top_k": 4, "shared_experts": 2, "dense_layers": dense, "dense_ffn": 80}
+    if groups:
+        moe |= {"groups": groups, "topk_groups": 2}
+    return narrow_mla("deepseek-v2-lite", layers, checkpointing, {}, {**moe, "norm_topk_prob": False})
+
+
+def assert_moe_tops_at_the_fp32_routers(setup: Setup, dense: int, above: int) -> None:
+    """The MoE's moment tops the layer, and transformers' step is above the estimate by the named
+    differences alone: each MoE layer's router weight kept in fp32 (``_keep_in_fp32_modules_strict =
+    ["gate.weight"]``), which memplan's model states count in the weights' dtype — E·h·2 B a MoE layer,
+    and as much for each router gradient made above the moment's layer (``above`` MoE layers; the replay's
+    own is fp32) —, and the checkpointed layers' int64 [s] (``ids_held``)."""
+    p = pieces(core_of(setup))
+    assert moe_backward.applies(p.setup)
+    dims = Dims.of(p.setup)
+    assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
+    moe = setup.model.moe
+    assert moe is not None
+    precision = setup.training.precision
+    moe_layers = setup.model.num_layers - dense
+    excess = (4 - precision.weight_bytes) * moe_layers + (4 - precision.grad_bytes) * above
+    assert layer_difference(setup) == excess * moe.experts * setup.model.hidden_size + ids_held(setup)
 
 
 @pytest.mark.parametrize(
@@ -102,53 +128,19 @@ def deepseek(layers: int, dense: int, groups: int | None, checkpointing: str = "
 def test_deepseek_v2_moe_backward_is_transformers(
     layers: int, dense: int, groups: int | None, checkpointing: str, above: int
 ) -> None:
-    """The MoE's moment tops the layer; the estimate is exact but for two named differences: transformers
-    keeps each router's weight in fp32 (``_keep_in_fp32_modules_strict = ["gate.weight"]``), which memplan's
-    model states count in the weights' dtype — E·h·2 B more a MoE layer, and as much for each gradient made
-    above the moment's layer (``above`` MoE layers; the replay's own is fp32) —, and the checkpointed
-    layers' int64 [s] (``hf_peak``'s NB). Before the replay: 142,400 B under (one layer, no
+    """``DeepseekV2Moe``'s backward replayed (``blocks.moe.backward._deepseek``): exact but for the named
+    differences (``assert_moe_tops_at_the_fp32_routers``). Before the replay: 142,400 B under (one layer, no
     checkpointing)."""
-    setup = deepseek(layers, dense, groups, checkpointing)
-    p = pieces(core_of(setup))
-    assert moe_backward.applies(p.setup)
-    dims = Dims.of(p.setup)
-    assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
-    moe = setup.model.moe
-    assert moe is not None
-    precision = setup.training.precision
-    excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
-    fp32_router = excess * moe.experts * setup.model.hidden_size
-    assert layer_difference(setup) == fp32_router + ids_held(setup)
+    assert_moe_tops_at_the_fp32_routers(deepseek(layers, dense, groups, checkpointing), dense, above)
 
 
 def deepseek_v3(layers: int, dense: int, norm: bool, checkpointing: str) -> Setup:
-    """DeepSeek-V3's code with narrow latents (``deepseek``'s widths, V3's q latent), 16 experts, top-4 in
-    two of four groups, one shared expert, its sigmoid router (the correction bias for the choice;
-    ``norm``: the top-k weights renormalised)."""
+    """DeepSeek-V3's code, narrow (``narrow_mla``, V3's q latent), 16 experts, top-4 in two of four groups,
+    one shared expert, its sigmoid router (the correction bias for the choice; ``norm``: the top-k weights
+    renormalised)."""
     moe = {"experts": 16, "top_k": 4, "shared_experts": 1, "dense_layers": dense, "dense_ffn": 80}
     moe |= {"scoring": "sigmoid", "groups": 4, "topk_groups": 2, "norm_topk_prob": norm}
-    mla = {
-        "q_lora_rank": 48,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-    }
-    return hf_setup(
-        "deepseek-v3",
-        layers=layers,
-        seq=64,
-        attention="eager",
-        checkpointing=checkpointing,
-        hidden_size=128,
-        ffn_size=96,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=8,
-        vocab_size=512,
-        mla=mla,
-        moe=moe,
-    )
+    return narrow_mla("deepseek-v3", layers, checkpointing, {"q_lora_rank": 48}, moe)
 
 
 @pytest.mark.parametrize(
@@ -165,16 +157,6 @@ def test_deepseek_v3_moe_backward_is_transformers(
     layers: int, dense: int, norm: bool, checkpointing: str, above: int
 ) -> None:
     """``DeepseekV3TopkRouter``'s backward replayed (``blocks.moe.backward._v3_choice``): the MoE's moment
-    tops the layer, exact but for the named differences (``test_deepseek_v2_moe_backward_is_transformers``):
+    tops the layer, exact but for the named differences (``assert_moe_tops_at_the_fp32_routers``):
     the routers' fp32 weights and gradients above, the checkpointed layers' int64 [s]."""
-    setup = deepseek_v3(layers, dense, norm, checkpointing)
-    p = pieces(core_of(setup))
-    assert moe_backward.applies(p.setup)
-    dims = Dims.of(p.setup)
-    assert lb.mlp_moment(p.setup, dims) == lb.layer_backward_transient(p.setup, dims, p.params)
-    moe = setup.model.moe
-    assert moe is not None
-    precision = setup.training.precision
-    excess = (4 - precision.weight_bytes) * (layers - dense) + (4 - precision.grad_bytes) * above
-    fp32_router = excess * moe.experts * setup.model.hidden_size
-    assert layer_difference(setup) == fp32_router + ids_held(setup)
+    assert_moe_tops_at_the_fp32_routers(deepseek_v3(layers, dense, norm, checkpointing), dense, above)
