@@ -11,7 +11,7 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role
 from memplan.blocks.norm import norm_backward_transient, norm_rules, released_as
 from memplan.blocks.profiles import made_grad_bytes, profile_of
 from memplan.config import Checkpointing, LossKind, NormType, Setup
-from memplan.config.trainable import embedding_trains, final_norm_trains
+from memplan.config.trainable import embedding_trains, final_norm_trains, input_grads_hooked
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs, the
 # chunked loss's own scalars and label copies and the lm head's input (their backward has run), and an
@@ -79,6 +79,20 @@ def module_rope_buffers(setup: Setup, dims: Dims) -> int:
     buffers, [s, d/2] complex64 a layer, alive all step beside the saves (measured: 8 MiB at Llama 3.1
     8B's widths, two layers, s 8,192 under SelectiveAC; tests/hf/test_torchtitan_peak.py)."""
     return 0 if rope_saved(setup) else dims.layers * layer_rope_buffer(setup, dims)
+
+
+def frozen_embedding_leaf(setup: Setup, dims: Dims) -> int:
+    """At the embedding's backward, a frozen embedding's output under transformers' checkpointing
+    (``config.trainable.input_grads_hooked``): ``enable_input_require_grads`` made it a leaf that requires
+    grad, which its ``AccumulateGrad`` node holds to the backward's end — where the estimate had it freed
+    with layer 0's checkpoint — and its gradient [T, h], which layer 0's backward made and the leaf keeps
+    as its ``.grad``: two [T, h] in the activation dtype. Without a checkpoint the output does not
+    require grad and no gradient reaches it. Measured at the embedding's moment under LoRA (fake tensors,
+    s 512: Llama 3 8B 8,388,608 B, GPT-2 1,572,864 B, Falcon-7B 9,306,112 B, under before; non-reentrant,
+    reentrant and every-K alike; tests/hf/test_hf_peak.py)."""
+    if embedding_trains(setup) or not input_grads_hooked(setup):
+        return 0
+    return 2 * dims.tokens * dims.h * dims.act.bytes
 
 
 def loop_count_bytes(setup: Setup) -> int:

@@ -25,7 +25,7 @@ Its facts, each with the line that causes it:
 - dense layers: ``Llama4TextMLP(intermediate_size_mlp)``, Llama's SwiGLU.
 - gradient checkpointing: the layer inputs, and the forward's constants bound in the layer's partial: the
   chunked mask (bool [1, 1, s, s] under SDPA at s ≥ C; eager: each layer type's additive mask
-  [b, 1, s, s] in the activation dtype) and ``freqs_cis``.
+  [b, 1, s, s] in the activation dtype), ``freqs_cis`` and the int64 position ids.
 
 Checked to the byte per layer and in total, FLOPs equal (tests/hf/test_llama4.py). Known limitations (each
 refused in one line by ``blocks.hf.llama4.check``): attention dropout, selective and every-K checkpointing,
@@ -38,6 +38,7 @@ the re-run working set per kind: ``pieces.pieces``' ``rerun_layers``), the MoE's
 from __future__ import annotations
 
 from memplan.blocks import mm
+from memplan.blocks.attention.constants import checkpointed_position_ids
 from memplan.blocks.attention.core import flash_rules
 from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.mlp import mlp_flops, mlp_inner_rules, mlp_rules
@@ -197,7 +198,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
     """The forward's constants: ``freqs_cis`` [1, s, 1, d/2] complex64 (kept by every RoPE layer's
     ``xq_ * freqs_cis``, or bound in the checkpointed layers' partial); under gradient checkpointing the
     masks bound in it (SDPA: the chunked bool mask when s ≥ C; eager: one additive [b, 1, s, s] mask per
-    layer type present)."""
+    layer type present) and the int64 position ids (``constants.checkpointed_position_ids``)."""
     m, s, b = setup.model, dims.s, dims.b
     kinds = [kind_model(m, i) for i in range(m.num_layers)]
     rope = any(k.nope_every is None for k in kinds)
@@ -207,6 +208,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
         rules.append(Rule("rope.freqs_cis", (1, s, 1, dims.d // 2), C64, why, B.ROPE, R.ROPE_TABLE))
     if not setup.strategy.segment:
         return rules
+    rules += checkpointed_position_ids(setup, dims)
     why = "attention mask bound in the checkpointed layer's partial(forward, **kwargs)"
     chunked = rope and chunk_masked(setup, dims)
     if setup.strategy.attention is not Attention.EAGER:

@@ -58,7 +58,7 @@ at model level too)."""
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.blocks.attention.constants import constant_rules
+from memplan.blocks.attention.constants import constant_rules, partials_bind_positions
 from memplan.blocks.attention.core import (
     Core,
     attention_core_rules,
@@ -310,7 +310,14 @@ def model_rules(setup: Setup, dims: Dims, fl: tuple[Flow, ...]) -> tuple[list[Ru
     # (``input_grads_hooked``): the embedding dropout after it (GPT-2's) keeps its noise or mask though no
     # embedding weight trains (measured; Gemma's normaliser, applied inside its embedding module, is not)
     hooked = g_embed or input_grads_hooked(setup)
-    before = _pick(emb, [hooked if r.role is R.DROPOUT_MASK else g_embed for r in emb])
+    # GPT-2's learned positions: the ids its frozen table's lookup does not save, the checkpoints' partials
+    # keep (``partials_bind_positions``: the storage ``embed.positions`` names)
+    bound = partials_bind_positions(setup)
+    picks = [
+        hooked if r.role is R.DROPOUT_MASK else g_embed or (bound and r.name == "embed.positions")
+        for r in emb
+    ]
+    before = _pick(emb, picks)
     consts = constant_rules(setup, dims)
     before += _pick(consts, [any(f.g_qk for f in fl)] * len(consts))  # q·cos, masked_fill keep theirs
     g_last = fl[-1].g_out if fl else g_embed

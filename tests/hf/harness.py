@@ -212,9 +212,3 @@ def layer_difference(setup: Setup) -> int:
     layer = measured["layer backward"]
     assert layer is not None
     return layer - buffers - estimated_moments(estimate(setup))["layer backward"]
-
-
-def ids_held(setup: Setup) -> int:
-    """``hf_peak``'s named difference under transformers' checkpointing: the int64 [s] position ids the
-    checkpointed layers hold (8·s B; 0 without checkpointing)."""
-    return 8 * setup.training.seq_len if setup.strategy.segment else 0

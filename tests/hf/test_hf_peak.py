@@ -122,8 +122,9 @@ EVERY_K = [
 def test_every_k_layer_backward_is_transformers(setup: Setup) -> None:
     """Under transformers' every-K (``analytic.every_k``) each layer i % K == 0 is checkpointed alone and
     re-runs only itself in its backward; the others keep their saves from the forward and free them as the
-    backward passes. The layer backward's highest point equals the estimate's to the int64 [s] that
-    transformers' checkpointed layers hold (``hf_peak``'s NB: 8·s B). Before, layer i was charged its
+    backward passes. The layer backward's highest point equals the estimate's, the int64 [s] position ids
+    transformers' checkpointed layers hold included (``constants.checkpointed_position_ids``; 8·s B under
+    before). Before that, layer i was charged its
     segment's i % K + 1 re-run layers and every un-checkpointed layer's saves to the end of the backward:
     2.8 % over at Mistral 7B's 32 layers (the step's peak 2.0 % over); under LoRA, each layer above was
     charged a share of the frozen base's parameters for its adapters' gradients (15,421 B a layer under)."""
@@ -131,7 +132,7 @@ def test_every_k_layer_backward_is_transformers(setup: Setup) -> None:
     measured, buffers = measure_hf_peak(setup)
     layer = measured["layer backward"]
     assert layer is not None
-    assert layer - buffers - est["layer backward"] == 8 * setup.training.seq_len
+    assert layer - buffers - est["layer backward"] == 0
 
 
 def frozen(preset: str, parts: str, lora_targets: str | None = None) -> Setup:
@@ -188,3 +189,48 @@ def test_trace_runs_transformers_with_its_parts_frozen() -> None:
     result = CliRunner(env={"COLUMNS": "120", "NO_COLOR": "1"}).invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "byte for byte" in result.output
+
+
+def checkpointed(preset: str, checkpointing: str, reentrant: bool = False, **ft: object) -> Setup:
+    """``preset`` at its widths (two layers, s 512) with its embedding frozen: LoRA on q and v, or
+    ``ft``'s ``--freeze`` fields under full training."""
+    setup = hf_setup(preset, seq=512, checkpointing=checkpointing, reentrant=reentrant)
+    lora = FineTune(method=Method.LORA, rank=8, targets=parse_targets("q,v"), dropout=0.0)
+    return setup.model_copy(update={"finetune": FineTune(**ft) if ft else lora})  # type: ignore[arg-type]
+
+
+LEAF = [
+    checkpointed("llama-3-8b", "full"),
+    checkpointed("llama-3-8b", "full", reentrant=True),
+    checkpointed("qwen3-8b", "every-2"),
+    checkpointed("gpt2", "full"),
+    checkpointed("llama-3-8b", "full", freeze_embeddings=True),
+    checkpointed("llama-3-8b", "none"),
+]
+
+
+@pytest.mark.parametrize(
+    "setup",
+    LEAF,
+    ids=lambda s: (
+        f"{s.model.name}-{s.finetune.label()}-{s.strategy.checkpointing.value}"
+        + ("-reentrant" if s.impl.reentrant else "")
+    ),
+)
+def test_a_frozen_embeddings_output_is_a_leaf_under_transformers_checkpointing(setup: Setup) -> None:
+    """transformers' checkpointing calls ``enable_input_require_grads``: a frozen embedding's output is made
+    a leaf that requires grad, held by its ``AccumulateGrad`` node to the backward's end, and its gradient
+    [T, h] reaches it — two [T, h] bf16 at the embedding's backward (``head_moments.frozen_embedding_leaf``;
+    8,388,608 B under at Llama 3 8B's widths before, 1,572,864 B at GPT-2's). Without checkpointing the
+    output needs no gradient: 0, the moment 4 B under as ``hf_peak``'s NB says."""
+    from memplan.analytic.head_moments import frozen_embedding_leaf
+    from memplan.blocks.inventory import Dims
+
+    tokens, h = setup.training.micro_batch * setup.training.seq_len, setup.model.hidden_size
+    segmented = setup.strategy.segment > 0
+    assert frozen_embedding_leaf(setup, Dims.of(setup)) == (2 * tokens * h * 2 if segmented else 0)
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    embedding = measured["embedding backward"]
+    assert embedding is not None
+    assert embedding - buffers - est["embedding backward"] == (0 if segmented else -4)

@@ -24,7 +24,7 @@ from memplan.blocks.inventory import Dims
 from memplan.blocks.moe import backward as moe_backward
 from memplan.config import Setup
 from memplan.pieces import core_of, pieces
-from tests.hf.harness import hf_setup, ids_held, layer_difference
+from tests.hf.harness import hf_setup, layer_difference
 
 MAVERICK = "llama-4-maverick-17b-128e"
 CASES = [
@@ -44,11 +44,11 @@ CASES = [
     ids=lambda s: f"{s.model.name}-h{s.model.hidden_size}-{s.strategy.checkpointing.name.lower()}",
 )
 def test_each_layer_backward_is_its_kinds(setup: Setup) -> None:
-    """Exact without checkpointing; under transformers' checkpointing above by the int64 [s] its
-    checkpointed layers hold (``hf_peak``'s NB: 8·s B)."""
+    """Exact, with and without transformers' checkpointing (the int64 [s] position ids its checkpointed
+    layers hold modelled: ``constants.checkpointed_position_ids``)."""
     kinds = act.layer_kind_setups(pieces(core_of(setup)).setup)
     assert kinds and all(moe_backward.applies(k) for k in kinds if k.model.moe is not None)
-    assert layer_difference(setup) == ids_held(setup)
+    assert layer_difference(setup) == 0
 
 
 def test_a_dense_layer_is_charged_its_own_terms() -> None:
@@ -99,7 +99,7 @@ def assert_moe_tops_at_the_fp32_routers(setup: Setup, dense: int, above: int) ->
     differences alone: each MoE layer's router weight kept in fp32 (``_keep_in_fp32_modules_strict =
     ["gate.weight"]``), which memplan's model states count in the weights' dtype — E·h·2 B a MoE layer,
     and as much for each router gradient made above the moment's layer (``above`` MoE layers; the replay's
-    own is fp32) —, and the checkpointed layers' int64 [s] (``ids_held``)."""
+    own is fp32)."""
     p = pieces(core_of(setup))
     assert moe_backward.applies(p.setup)
     dims = Dims.of(p.setup)
@@ -109,7 +109,7 @@ def assert_moe_tops_at_the_fp32_routers(setup: Setup, dense: int, above: int) ->
     precision = setup.training.precision
     moe_layers = setup.model.num_layers - dense
     excess = (4 - precision.weight_bytes) * moe_layers + (4 - precision.grad_bytes) * above
-    assert layer_difference(setup) == excess * moe.experts * setup.model.hidden_size + ids_held(setup)
+    assert layer_difference(setup) == excess * moe.experts * setup.model.hidden_size
 
 
 @pytest.mark.parametrize(
@@ -158,5 +158,5 @@ def test_deepseek_v3_moe_backward_is_transformers(
 ) -> None:
     """``DeepseekV3TopkRouter``'s backward replayed (``blocks.moe.backward._v3_choice``): the MoE's moment
     tops the layer, exact but for the named differences (``assert_moe_tops_at_the_fp32_routers``):
-    the routers' fp32 weights and gradients above, the checkpointed layers' int64 [s]."""
+    the routers' fp32 weights and gradients above."""
     assert_moe_tops_at_the_fp32_routers(deepseek_v3(layers, dense, norm, checkpointing), dense, above)

@@ -16,16 +16,20 @@ differences below):
 - Gemma 2 2B (eager): the full layers' additive mask [1, 1, s, s] is held to the end, not freed below
   the lowest full layer (``released_below``: 524,288 B over at layer 0's backward with the above modelled).
 
-Left, named: the int64 [s] position ids (8·s B) the checkpointed layers' partials bind: at the layer
-backward where the layers take rotary positions (as non-reentrant), at the embedding's in every family
-(GPT-2's layers are passed them too, and the reentrant partials keep them to the end); Gemma's
-``embed_scale`` buffer, which ``.to(bf16)`` returns as itself (−2 B at the layer's backward)."""
+- The int64 [1, s] position ids (8·s B) the checkpointed layers' partials bind, kept to the end: at the
+  layer backward where the layers take rotary positions (``constants.checkpointed_position_ids``, as
+  non-reentrant), at the embedding's in every family (``bound_in_partials``; GPT-2's layers are passed
+  them too: the position table's saved ids, whose backward frees the save but not the partials'
+  reference), 8·s B under at both before.
+
+Left, named: Gemma's ``embed_scale`` buffer, which ``.to(bf16)`` returns as itself (−2 B at the layer's
+backward)."""
 
 from __future__ import annotations
 
 import pytest
 
-from memplan.config import Family, PositionType, Setup
+from memplan.config import Family, Setup
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
@@ -46,15 +50,13 @@ def case_id(setup: Setup) -> str:
 
 @pytest.mark.parametrize("setup", CASES, ids=case_id)
 def test_reentrant_moments_are_transformers(setup: Setup) -> None:
-    """The layer's and the embedding's backward exact but for the position ids (8·s B)."""
+    """The layer's and the embedding's backward exact but for Gemma's ``embed_scale`` (2 B)."""
     est = estimated_moments(estimate(setup))
     measured, buffers = measure_hf_peak(setup)
-    ids = 8 * setup.training.seq_len
-    rotary = setup.model.position is PositionType.ROPE
     scale = 2 if setup.model.family is Family.GEMMA2 else 0  # embed_scale: .to(bf16) returns itself
     got = {k: measured[k] for k in ("layer backward", "embedding backward")}
     assert all(v is not None for v in got.values())
     assert {k: v - buffers - est[k] for k, v in got.items() if v is not None} == {
-        "layer backward": (ids if rotary else 0) - scale,
-        "embedding backward": ids,
+        "layer backward": -scale,
+        "embedding backward": 0,
     }

@@ -11,7 +11,7 @@ from memplan.blocks.inventory import Block, Dims, Role, Rule, save
 from memplan.blocks.profiles import profile_of, reentrant_checkpoint
 from memplan.config import Attention, DType, PositionType, Setup
 
-FP32, BOOL, COMPLEX64 = DType.FP32, DType.BOOL, DType.COMPLEX64
+FP32, BOOL, COMPLEX64, INT64 = DType.FP32, DType.BOOL, DType.COMPLEX64, DType.INT64
 B, R = Block, Role
 
 
@@ -46,7 +46,7 @@ def constant_rules(setup: Setup, dims: Dims) -> list[Rule]:
         why = "masked_fill's backward zeroes masked cells"
         rules.append(Rule("attn.causal_mask", (dims.s, dims.s), BOOL, why, B.CONST, R.CAUSAL_MASK))
     rules += checkpointed_mask_rule(setup, dims)
-    return rules
+    return rules + checkpointed_position_ids(setup, dims)
 
 
 def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
@@ -72,6 +72,30 @@ def checkpointed_mask_rule(setup: Setup, dims: Dims) -> list[Rule]:
         why = "the full-attention layers' mask, an input of theirs (the sliding layers have their own)"
         rules.append(Rule("attn.full_mask", shape, dtype, why, B.CONST, R.CAUSAL_MASK))
     return rules
+
+
+def partials_bind_positions(setup: Setup) -> bool:
+    """transformers' checkpointed decoder layers bind the model's position ids in their ``partial(forward,
+    self, **kwargs)`` (every family passes ``position_ids=position_ids`` to its layers, GPT-2's learned
+    positions too): ``Profile.checkpoint_keeps_mask``'s checkpoint, under full or every-K."""
+    return profile_of(setup).checkpoint_keeps_mask and bool(setup.strategy.segment)
+
+
+def checkpointed_position_ids(setup: Setup, dims: Dims) -> list[Rule]:
+    """transformers' position ids, an argument of every decoder layer beside the mask: the model makes them
+    once before its layers (``torch.arange(s) + past_seen_tokens``, then ``unsqueeze(0)``: one int64
+    [1, s] storage whatever b) and a gradient checkpoint binds them in its ``partial(forward, self,
+    **kwargs)`` (``checkpointed_mask_rule``), so they live until the lowest checkpointed layer's backward
+    (reentrant: to the backward's end, ``bound_in_partials``). Without a checkpoint nothing keeps them past
+    the forward (the rotary tables are made from them under no_grad); learned positions (GPT-2) pass none
+    to the layers as a tensor of their own (their position table's lookup saves them: ``embed.positions``,
+    which the checkpoints keep even where a frozen table saves nothing, ``strategies.lora``). Measured
+    under fake tensors: 8·s B at every backward moment down to layer 0's (4,096 B at s 512:
+    tests/hf/test_hf_peak.py)."""
+    if not partials_bind_positions(setup) or setup.model.position is not PositionType.ROPE:
+        return []
+    why = "position ids bound in the checkpointed layer's partial(forward, **kwargs)"
+    return [Rule("rope.position_ids", (1, dims.s), INT64, why, B.CONST, R.TOKEN_IDS)]
 
 
 def released_below(setup: Setup, dims: Dims, i: int) -> int:
@@ -125,6 +149,12 @@ def bound_in_partials(setup: Setup, dims: Dims) -> int:
     checkpoint frees them with the lowest holder's backward (``released_below``: not under reentrant).
     Measured at the embedding's backward (two layers, s 512): Llama 3 8B's cos and sin [s, 128] bf16
     (262,144 B), Falcon-7B's and its materialised bool mask [1, 1, s, s] (393,216 B), StableLM 2's
-    [s, 16] (32,768 B). 0 elsewhere. NB: the int64 [s] position ids the partials bind too (8·s B, the
-    checkpointed layers' known difference) are not counted."""
-    return sum(r.bytes for r in constant_rules(setup, dims)) if reentrant_checkpoint(setup) else 0
+    [s, 16] (32,768 B); the int64 [1, s] position ids the partials bind too (8·s B: under rotary
+    positions one of the constants, ``checkpointed_position_ids``; under GPT-2's learned positions the
+    storage the position table's lookup saves, whose backward, before the token embedding's, frees the
+    save but not the partials' reference: 4,096 B at s 512). 0 elsewhere."""
+    if not reentrant_checkpoint(setup):
+        return 0
+    learned = setup.model.position is PositionType.LEARNED and partials_bind_positions(setup)
+    ids = DType.INT64.bytes * dims.s if learned else 0
+    return sum(r.bytes for r in constant_rules(setup, dims)) + ids

@@ -20,10 +20,10 @@ Known limitations (tests/hf/test_hf_peak.py):
 - NB: at one sequence a micro-batch the loss's and the final norm's moments measure 8 B under the estimate
   (its labels: not found further; at two sequences they are exact), the embedding's 4 B under (a scalar of
   the loss's).
-- NB: under transformers' checkpointing the measured moments are 8·s B above the estimate's (an int64 [s]
-  the checkpointed layers' inputs hold: 8 KiB at s 1,024), and with LoRA the embedding's backward one
-  [T, h] above (the embedding output's gradient that peft's ``enable_input_require_grads`` asks for): not
-  modelled.
+- Modelled since they were NBs here: under transformers' checkpointing the int64 [1, s] position ids
+  the checkpointed layers bind (``blocks.attention.constants.checkpointed_position_ids``; 8·s B under),
+  and a frozen embedding's output, a leaf that requires grad there, with its gradient at the
+  embedding's backward (``analytic.head_moments.frozen_embedding_leaf``; two [T, h] under).
 - NB: the layer backward moment follows memplan's reference layer; transformers' layers differ by small
   terms per family, each modelled where measured (tests/hf/test_layernorm_peak.py, test_math_core_peak.py,
   test_cohere_peak.py, test_post_norms_peak.py, test_layer_kinds.py; an adapted MLP's LoRA input

@@ -73,12 +73,13 @@ def _enter(i: int, module: Any, args: Any) -> None:
 
 
 def _given(recorder: PathRecorder, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
-    """The rotary tables a decoder layer is given (transformers' ``position_embeddings``, made once per
-    forward, outside every layer): the model's, whichever layer saves them. (Not its other keyword
-    tensors: a window's mask belongs to the layers of its kind.)"""
-    tables = kwargs.get("position_embeddings")
-    if recorder.recording and tables is not None:
-        recorder.outside.update(storage_ref(t).cdata for t in _tensors([tables]))
+    """The rotary tables and the position ids a decoder layer is given (transformers'
+    ``position_embeddings`` and ``position_ids``, made once per forward, outside every layer): the
+    model's, whichever layer saves or keeps them (every-K over two layers: layer 0's checkpoint alone).
+    (Not its other keyword tensors: a window's mask belongs to the layers of its kind.)"""
+    given = [kwargs.get("position_embeddings"), kwargs.get("position_ids")]
+    if recorder.recording:
+        recorder.outside.update(storage_ref(t).cdata for t in _tensors([g for g in given if g is not None]))
 
 
 def _leave(module: Any, args: Any, out: Any) -> None:
@@ -105,10 +106,9 @@ def _kept(
 
 def _tensors(values: list[Any]) -> Iterator[torch.Tensor]:
     for v in values:
-        # complex too: DeepSeek-V2's freqs_cis (complex64) is a keyword tensor the checkpoint binds
-        if isinstance(v, torch.Tensor) and (
-            v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool
-        ):
+        # complex too: DeepSeek-V2's freqs_cis (complex64) is a keyword tensor the checkpoint binds; and
+        # integers: transformers' int64 position ids (``constants.checkpointed_position_ids``)
+        if isinstance(v, torch.Tensor):
             yield v
         elif isinstance(v, tuple | list):
             yield from _tensors(list(v))
