@@ -266,6 +266,20 @@ def python_layernorm_backward(dims: Dims, unpacked: bool = False) -> int:
     return 3 * 4 * dims.tokens * dims.h + (0 if unpacked else 4 * dims.h)
 
 
+def python_layernorm_frozen_backward(dims: Dims) -> int:
+    """``CohereLayerNorm``'s backward at its top where its weight is frozen (LoRA), beyond its saves, all
+    held at its start (``python_layernorm_rules``): ``.to(input_dtype)``'s node makes dY in fp32 and frees
+    the 16-bit one; the weight product's makes d(normed) = dY32 · w32 (no weight gradient) and frees dY32
+    and the weight copy [h]; the product with rsqrt's makes d(x − mean) and (x − mean) · d(normed), summed
+    to rsqrt's [T, 1] gradient, then frees d(normed) and its second x − mean; at ``pow``'s backward five
+    fp32 [T, h] are alive — d(x − mean), mean's backward (the gradient / h, expanded and materialised),
+    pow's x.pow(1), its ×2 and ×grad — beside the first x − mean and rstd, still saved: 5 · 4·T·h less the
+    second x − mean and the weight copy, 16·T·h − 4·h B. Measured at Command R's widths (h 8,192, s 512,
+    LoRA, with and without checkpointing): the final norm's moment 50,298,880 B above the native
+    layer_norm's dY and dX (4·T·h B at 16 bits) it was read as (tests/hf/test_cohere_peak.py)."""
+    return 4 * 4 * dims.tokens * dims.h - 4 * dims.h
+
+
 def python_layernorm_over(setup: Setup, dims: Dims, weights: int) -> int:
     """The top layer's norm's backward transient (``weights``: its parameters, their gradient counted as
     made, ``top_layer_grads``, where its base trains; its saves unpacked from a non-reentrant

@@ -36,3 +36,31 @@ def test_norm_backward_moments(setup: Setup) -> None:
     assert final is not None and layer is not None
     assert final - buffers - est["final norm backward"] == -8
     assert layer - buffers - est["layer backward"] == 0
+
+
+def lora(checkpointing: str) -> Setup:
+    """Command R under LoRA (peft's q, v adapters): every norm frozen."""
+    from memplan.config import FineTune, Method
+
+    setup = hf_setup("command-r", seq=S, checkpointing=checkpointing)
+    return setup.model_copy(update={"finetune": FineTune(method=Method.LORA)})
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_frozen_final_norm_backward_tops_at_pow(checkpointing: str) -> None:
+    """A frozen ``CohereLayerNorm`` makes no weight gradient: its backward tops at ``pow``'s, five fp32
+    [T, h] beside the first x − mean and rstd, the second x − mean and the weight copy freed by then
+    (``norm.python_layernorm_frozen_backward``: 16·T·h − 4·h beyond the saves). Read before as native
+    layer_norm's dY and dX (4·T·h at 16 bits): 50,298,880 B under. Exact now but for the labels' 8 B."""
+    from memplan.blocks.inventory import Dims
+    from memplan.blocks.norm import python_layernorm_frozen_backward
+
+    setup = lora(checkpointing)
+    h = setup.model.hidden_size
+    assert python_layernorm_frozen_backward(Dims.of(setup)) == 16 * S * h - 4 * h
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    final, layer = measured["final norm backward"], measured["layer backward"]
+    assert final is not None and layer is not None
+    assert final - buffers - est["final norm backward"] == -8
+    assert layer - buffers - est["layer backward"] == 0
