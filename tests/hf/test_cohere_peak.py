@@ -23,6 +23,17 @@ S = 512
 CASES = [hf_setup("command-r", seq=S), hf_setup("command-r", seq=S, checkpointing="full")]
 
 
+def assert_norm_moments_exact(setup: Setup) -> None:
+    """transformers' step against the estimate: the final norm's moment 8 B under (``hf_peak``'s NB: the
+    labels at one sequence a micro-batch), the layer's exact."""
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    final, layer = measured["final norm backward"], measured["layer backward"]
+    assert final is not None and layer is not None
+    assert final - buffers - est["final norm backward"] == -8
+    assert layer - buffers - est["layer backward"] == 0
+
+
 @pytest.mark.parametrize("setup", CASES, ids=lambda s: s.strategy.checkpointing.name.lower())
 def test_norm_backward_moments(setup: Setup) -> None:
     """Exact but for the known NB (``hf_peak``): at one sequence a micro-batch the final norm's moment 8 B
@@ -30,12 +41,7 @@ def test_norm_backward_moments(setup: Setup) -> None:
     ``constants.checkpointed_position_ids``, 8·s B under before.) Without
     checkpointing the layer's moment follows layer 0's rotary backward, which frees the rotary tables cos
     and sin [s, 128] bf16 (``constants.tables_freed_by_layer0``: 262,144 B over before)."""
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    final, layer = measured["final norm backward"], measured["layer backward"]
-    assert final is not None and layer is not None
-    assert final - buffers - est["final norm backward"] == -8
-    assert layer - buffers - est["layer backward"] == 0
+    assert_norm_moments_exact(setup)
 
 
 def lora(checkpointing: str) -> Setup:
@@ -58,9 +64,4 @@ def test_frozen_final_norm_backward_tops_at_pow(checkpointing: str) -> None:
     setup = lora(checkpointing)
     h = setup.model.hidden_size
     assert python_layernorm_frozen_backward(Dims.of(setup)) == 16 * S * h - 4 * h
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    final, layer = measured["final norm backward"], measured["layer backward"]
-    assert final is not None and layer is not None
-    assert final - buffers - est["final norm backward"] == -8
-    assert layer - buffers - est["layer backward"] == 0
+    assert_norm_moments_exact(setup)
