@@ -393,8 +393,8 @@ def peak(
     copies = (3 if pending else 2) if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
-    if not embedding_trains(setup):  # frozen (fine-tuning): no backward of its own; transformers'
-        embedding = hm.frozen_embedding_leaf(setup, dims)  # checkpointing: its output and that's gradient
+    if not embedding_trains(setup):  # frozen (fine-tuning): no backward of its own (under transformers'
+        embedding = hm.frozen_embedding_leaf(setup, dims)  # checkpointing its output, a leaf, and its grad)
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
