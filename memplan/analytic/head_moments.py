@@ -16,7 +16,7 @@ from memplan.blocks.norm import (
     released_as,
 )
 from memplan.blocks.profiles import made_grad_bytes, profile_of
-from memplan.config import Checkpointing, LossKind, NormType, Setup
+from memplan.config import Checkpointing, LossKind, NormType, PositionType, Setup
 from memplan.config.trainable import embedding_trains, final_norm_trains, input_grads_hooked
 
 # (block, role) of the head's saves released before the final norm's backward peaks: the log-probs, the
@@ -99,6 +99,20 @@ def frozen_embedding_leaf(setup: Setup, dims: Dims) -> int:
     if embedding_trains(setup) or not input_grads_hooked(setup):
         return 0
     return 2 * dims.tokens * dims.h * dims.act.bytes
+
+
+def hooked_embedding_held(setup: Setup, dims: Dims) -> int:
+    """A frozen embedding's hooked output (``frozen_embedding_leaf``: a leaf its ``AccumulateGrad`` node
+    holds to the backward's end) where layer 0 reads another tensor — GPT-2's learned positions added to
+    it, Granite's embedding multiplier (``Profile.embedding_multiplied``) — so nothing else keeps it: one
+    [T, h] in the activation dtype from the forward's end to the embedding's backward (counted there by
+    ``frozen_embedding_leaf``). Measured under LoRA with checkpointing (s 512): Granite 3.0 8B's loss,
+    final norm and layer moments 4,194,304 B under before (the loss's −8 the labels NB); GPT-2's loss's
+    786,432 B (its layer's 393,216 B under become 393,216 B over: a term of GPT-2's own, not traced)."""
+    learned = setup.model.position is PositionType.LEARNED
+    if not frozen_embedding_leaf(setup, dims) or not (learned or profile_of(setup).embedding_multiplied):
+        return 0
+    return dims.tokens * dims.h * dims.act.bytes
 
 
 def loop_count_bytes(setup: Setup) -> int:

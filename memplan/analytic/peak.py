@@ -252,6 +252,7 @@ def peak(
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
     activations += unsaved_ids_bytes(setup, dims)  # a frozen embedding's: the loop's, no save
     activations += hm.module_rope_buffers(setup, dims)  # torchtitan's RoPE caches no checkpointed layer saves
+    activations += hm.hooked_embedding_held(setup, dims)  # transformers' hooked leaf, not layer 0's input
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs

@@ -186,6 +186,9 @@ class Profile:
     ("Always materialize the mask so alibi can be added"): SDPA always gets an explicit bool [b, 1, s, s]
     mask, with ``window_mask``'s consequences (the CPU flash kernel's converted mask per layer, k and v
     repeated under GQA, the mask kept by a checkpoint)."""
+    embedding_multiplied: bool = False
+    """Granite's ``inputs_embeds * self.embedding_multiplier``: layer 0's input is a new tensor, not the
+    embedding's output (``head_moments.hooked_embedding_held``)."""
     checkpoint_keeps_mask: bool = False
     """``GradientCheckpointingLayer`` checkpoints ``partial(forward, self, **kwargs)``: the attention mask
     bound in the partial (one storage for every layer) stays alive until backward, with the rotary

@@ -233,3 +233,23 @@ def test_a_frozen_embeddings_output_is_a_leaf_under_transformers_checkpointing(s
     embedding = measured["embedding backward"]
     assert embedding is not None
     assert embedding - buffers - est["embedding backward"] == (0 if segmented else -4)
+
+
+@pytest.mark.parametrize("preset", ["granite-3.0-8b", "gpt2"])
+def test_the_hooked_leaf_stays_where_layer_0_reads_another_tensor(preset: str) -> None:
+    """Granite multiplies the embedding's output, GPT-2 adds its learned positions to it: layer 0 reads
+    another tensor, so the hooked leaf (``head_moments.hooked_embedding_held``) is one [T, h] held beside
+    everything from the forward's end (Granite's moments [T, h] under before, GPT-2's loss's too). The
+    loss's and the final norm's moments are exact but for the labels' 8 B; Granite's layer exactly, GPT-2's
+    layer 393,216 B (half a [T, h] in bf16) over: a term of GPT-2's own under LoRA, not traced."""
+    from memplan.analytic.head_moments import hooked_embedding_held
+    from memplan.blocks.inventory import Dims
+
+    setup = checkpointed(preset, "full")
+    tokens, h = setup.training.seq_len, setup.model.hidden_size
+    assert hooked_embedding_held(setup, Dims.of(setup)) == tokens * h * 2
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    layer = -tokens * h if preset == "gpt2" else 0
+    assert (delta["loss backward"], delta["final norm backward"], delta["layer backward"]) == (-8, -8, layer)

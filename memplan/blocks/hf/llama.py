@@ -56,8 +56,9 @@ def granite(setup: Setup) -> Profile:
     ``scaling=config.attention_multiplier`` (the scores' scale in place of d^-½: SDPA's ``scale``, eager's
     ``* scaling``), ``residual + hidden_states * self.residual_multiplier`` (twice per layer) and
     ``logits / self.config.logits_scaling`` (a new [b, s, v] the loss's ``.float()`` copies, as Llama's
-    logits). The multipliers change no byte and no FLOP: Llama's profile."""
-    return profile(setup)
+    logits). The multipliers change no byte and no FLOP beyond Llama's; the embedding's makes layer 0's
+    input a tensor of its own (``embedding_multiplied``)."""
+    return replace(profile(setup), embedding_multiplied=True)
 
 
 def starcoder2(setup: Setup) -> Profile:
