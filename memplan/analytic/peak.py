@@ -248,11 +248,10 @@ def peak(
     # torchtitan's ZeRO-2: the shards beside the unsharded weights (a pipeline stage's own)
     gather += zero2_shards_beside(setup, params)
     # + 4: the fp32 loss scalar (nll_loss's backward has consumed the seed gradient by then).
-    # The labels the training loop holds, when the loss saves none of that storage (fused, chunk copies).
+    # Held beyond the saves: the loop's labels and ids, RoPE caches, transformers' hooked leaf (each's doc).
     activations += loop_labels_bytes(setup, dims) + loop_ids_bytes(setup, dims)
-    activations += unsaved_ids_bytes(setup, dims)  # a frozen embedding's: the loop's, no save
-    activations += hm.module_rope_buffers(setup, dims)  # torchtitan's RoPE caches no checkpointed layer saves
-    activations += hm.hooked_embedding_held(setup, dims)  # transformers' hooked leaf, not layer 0's input
+    activations += unsaved_ids_bytes(setup, dims) + hm.module_rope_buffers(setup, dims)
+    activations += hm.hooked_embedding_held(setup, dims)
     offloaded = Offload.ACTIVATIONS in setup.offload
     if offloaded:  # on the device: the head's saves brought back for the loss backward, the loop's inputs
         activations = head + inputs
@@ -394,8 +393,8 @@ def peak(
     copies = (3 if pending else 2) if tied else (1 if setup.training.grad_accum > 1 else 0)
     embedding = params.embedding * setup.training.precision.grad_bytes * copies
     embedding += 0 if tied else dims.tokens * dims.h * dims.act.bytes
-    if not embedding_trains(setup):  # frozen (fine-tuning): no backward of its own (under transformers'
-        embedding = hm.frozen_embedding_leaf(setup, dims)  # checkpointing its output, a leaf, and its grad)
+    if not embedding_trains(setup):  # frozen: no backward of its own (the hooked leaf and its gradient)
+        embedding = hm.frozen_embedding_leaf(setup, dims)
     # + 8: the fp32 loss scalar and the backward's seed gradient (held until the backward ends).
     # Held to the step's end: the loop's ids, labels and count, every layer's RoPE buffer; under the
     # vocabulary-parallel embedding its clamped ids copy too, saved for its backward.
