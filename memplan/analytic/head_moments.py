@@ -11,8 +11,6 @@ from memplan.blocks.inventory import Block, Dims, Kept, Role
 from memplan.blocks.norm import (
     norm_backward_transient,
     norm_rules,
-    python_layernorm,
-    python_layernorm_frozen_backward,
     released_as,
 )
 from memplan.blocks.profiles import made_grad_bytes, profile_of
@@ -155,8 +153,6 @@ def final_norm_backward(setup: Setup, dims: Dims, params: ParamCount, made: bool
     grad = None
     if final_norm_trains(setup):
         grad = params.final_norm * setup.training.precision.grad_bytes if made else 0
-    elif python_layernorm(setup):  # frozen: no weight gradient, its pow's backward the top
-        return python_layernorm_frozen_backward(dims) // sp_shards(setup)
     return norm_backward_transient(setup, dims, grad) // sp_shards(setup)
 
 

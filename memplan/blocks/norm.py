@@ -224,12 +224,14 @@ def norm_backward_transient(
     and the 16-bit pieces are freed by then. ``native_layer_norm`` and the fused kernels (torch's CUDA
     ``_fused_rms_norm_backward`` among them, ``cuda_fused_rms_norm``): the incoming dY and dX [T, h].
     Cohere's Python LayerNorm (``python_layernorm``) where its weight trains (``weight_grad``: the bytes
-    of its gradient the moment counts as made; None: frozen) ``python_layernorm_backward``'s (``unpacked``:
-    its saves a checkpoint's re-run).
+    of its gradient the moment counts as made) ``python_layernorm_backward``'s (``unpacked``: its saves a
+    checkpoint's re-run); frozen (None) ``python_layernorm_frozen_backward``'s.
     """
     t, h = dims.tokens, dims.h
     prof = profile_of(setup)
-    if python_layernorm(setup) and weight_grad is not None:
+    if python_layernorm(setup):  # frozen (None): no weight gradient, its pow's backward the top
+        if weight_grad is None:
+            return python_layernorm_frozen_backward(dims)
         return python_layernorm_backward(dims, unpacked) - weight_grad
     # NB: a compiled block's backward is one generated kernel graph; its norm's transient is taken as a
     # fused kernel's (dY and dX), not measured.
@@ -276,7 +278,8 @@ def python_layernorm_frozen_backward(dims: Dims) -> int:
     pow's x.pow(1), its ×2 and ×grad — beside the first x − mean and rstd, still saved: 5 · 4·T·h less the
     second x − mean and the weight copy, 16·T·h − 4·h B. Measured at Command R's widths (h 8,192, s 512,
     LoRA, with and without checkpointing): the final norm's moment 50,298,880 B above the native
-    layer_norm's dY and dX (4·T·h B at 16 bits) it was read as (tests/hf/test_cohere_peak.py)."""
+    layer_norm's dY and dX (4·T·h B at 16 bits) it was read as (tests/hf/test_cohere_peak.py); the
+    layers' frozen norms read so too (``norm_backward_transient``), their moments exact as before."""
     return 4 * 4 * dims.tokens * dims.h - 4 * dims.h
 
 
