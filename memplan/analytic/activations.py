@@ -27,7 +27,7 @@ activations: see ``peak.py``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from memplan.blocks import dropout_rule, fp8, fp8_tp, llama4, te_fp8
 from memplan.blocks.attention.constants import constant_rules
@@ -328,18 +328,35 @@ def layer_working_set(setup: Setup) -> tuple[Kept, ...]:
 
 
 def layer_saves_kept(setup: Setup) -> tuple[Kept, ...]:
-    """``layer_working_set`` as the layer keeps it: a mixture of experts' MLP with its MoE saves
-    (``with_moe``: block ``moe``) where a dense MLP keeps its inner [T, f] ones. Memoised as
-    ``layer_working_set`` (the layer moments ask for it a dozen times an estimate)."""
-    if setup.model.moe is None:
+    """``layer_working_set`` as the top layer keeps it: a mixture of experts' MLP with its MoE saves
+    (``with_moe``: block ``moe``) where a dense MLP keeps its inner [T, f] ones; under fine-tuning its saves
+    under its gradient flow (``FLOW_SAVES``: a frozen norm's weight product keeps no normalised x, a frozen
+    linear no input). Memoised as ``layer_working_set`` (the layer moments ask for it a dozen times an
+    estimate). Before, the fine-tuned layer's moments freed the saves of a trained one: OLMo-2's and
+    Gemma-2's post norms' normalised x, which no frozen norm keeps, one fp32 [T, h] under at their layer
+    backward (tests/hf/test_hf_peak.py)."""
+    tuned = not setup.finetune.trains_everything
+    if setup.model.moe is None and not tuned:
         return layer_working_set(setup)
     key = rank_key(setup)
     found = _KEPT.get(key)
     if found is None:
         if len(_KEPT) >= _WORKING_MAX:
             _KEPT.clear()
-        found = _KEPT[key] = tuple(with_moe(list(layer_working_set(setup)), setup))
+        if tuned:
+            if not FLOW_SAVES:
+                raise RuntimeError("layer_saves_kept: fine-tuning's flow needs strategies.lora imported")
+            found = FLOW_SAVES[0](setup)
+        else:
+            found = tuple(with_moe(list(layer_working_set(setup)), setup))
+        _KEPT[key] = found
     return found
+
+
+FLOW_SAVES: list[Callable[[Setup], tuple[Kept, ...]]] = []
+"""The top layer's saves under fine-tuning's gradient flow (``strategies.lora.top_layer_saves``), which
+that module registers as it is imported: the strategies sit above this module, the layer moments below it
+(import-linter's layers), and it is one source, the inventory's rules."""
 
 
 _KEPT: dict[tuple[object, ...], tuple[Kept, ...]] = {}

@@ -350,6 +350,15 @@ def keeps(kept: list[Kept], setup: Setup) -> list[Kept]:
     return act.kept(before, Scope.MODEL, 1) + layers + act.kept(after, Scope.MODEL, 1)
 
 
+def top_layer_saves(setup: Setup) -> tuple[Kept, ...]:
+    """What the top layer keeps under its gradient flow (``layer_rules``): the saves its backward moments
+    free (``analytic.activations.layer_saves_kept``, where this function is registered)."""
+    return tuple(act.kept(layer_rules(setup, Dims.of(setup), flows(setup)[-1]), Scope.LAYER, 1))
+
+
+act.FLOW_SAVES[:] = [top_layer_saves]
+
+
 def layer_bytes(setup: Setup) -> list[int]:
     """Bytes each layer keeps, first to last: its flow's rules, on a full-attention layer of a model with
     sliding ones (Gemma-2 and 3 under SDPA, ``full_layer_setup``) its own kind's — SDPA gets no window mask

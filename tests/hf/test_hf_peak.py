@@ -253,3 +253,45 @@ def test_the_hooked_leaf_stays_where_layer_0_reads_another_tensor(preset: str) -
     delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
     layer = -tokens * h if preset == "gpt2" else 0
     assert (delta["loss backward"], delta["final norm backward"], delta["layer backward"]) == (-8, -8, layer)
+
+
+def post_normed(preset: str, checkpointing: str) -> Setup:
+    """``checkpointed`` with the attention transformers' code runs for the family (Gemma-2 eager)."""
+    setup = hf_setup(
+        preset, seq=512, checkpointing=checkpointing, attention="eager" if "gemma" in preset else "flash"
+    )
+    lora = FineTune(method=Method.LORA, rank=8, targets=parse_targets("q,v"), dropout=0.0)
+    return setup.model_copy(update={"finetune": lora})
+
+
+@pytest.mark.parametrize(
+    ("preset", "checkpointing", "left"),
+    [
+        ("olmo-2-7b", "none", 0),
+        ("gemma-2-2b", "none", 0),
+        ("gemma-2-2b", "full", 0),
+        # one bf16 [T, h] under, left (docs/peak-accuracy.md, "LoRA's moments family by family")
+        ("olmo-2-7b", "full", 512 * 4096 * 2),
+    ],
+)
+def test_a_frozen_post_norm_keeps_no_normalised_x_at_the_layer_backward(
+    preset: str, checkpointing: str, left: int
+) -> None:
+    """A frozen norm's ``weight * normed`` saves the weight alone (d(normed) needs no normed): the layer
+    moments free what the layer keeps under its gradient flow (``activations.layer_saves_kept`` under
+    fine-tuning, ``strategies.lora.top_layer_saves``), where they had freed a trained layer's. OLMo-2's
+    and Gemma-2's first layer moment, the post-MLP norm's backward, had been one fp32 [T, h] under
+    (8,388,608 B at OLMo-2 7B's widths, 4,718,592 B at Gemma-2 2B's; with checkpointing OLMo-2's
+    12,582,912 B)."""
+    from memplan.analytic.activations import layer_saves_kept
+    from memplan.strategies.lora import top_layer_saves
+
+    setup = post_normed(preset, checkpointing)
+    kept = layer_saves_kept(setup)
+    assert kept == top_layer_saves(setup)
+    assert "post_mlp_norm.normed" not in {k.name for k in kept}
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    layer = measured["layer backward"]
+    assert layer is not None
+    assert layer - buffers - est["layer backward"] == left
