@@ -83,8 +83,17 @@ def checkpoint_shared_bytes(setup: Setup) -> int:
     dims = Dims.of(setup)
     m = setup.model
     own = not python_layernorm(setup) and (m.norm is NormType.LAYERNORM or dims.act is DType.FP32)
-    shared = own or not m.pre_norms
-    return dims.tokens * dims.h * dims.act.bytes if shared else 0
+    if not (own or not m.pre_norms):
+        return 0
+    # only where the layer keeps that input (``act.layer_saves_kept``: under fine-tuning its gradient flow's
+    # saves — OLMo-2's frozen projections keep none, its q and v adapters fp32 copies; measured: one [T, h]
+    # under at its 7B's widths under LoRA and full checkpointing before)
+    saves = act.layer_saves_kept(setup)
+    if m.pre_norms:
+        kept = any(k.block is Block.ATTN_NORM and k.role is Role.NORM_INPUT for k in saves)
+    else:  # W_Q/W_K/W_V's input itself (``unfused_projection_rules``), not an adapter's copy of it
+        kept = any(k.name == "attn.input" for k in saves)
+    return dims.tokens * dims.h * dims.act.bytes if kept else 0
 
 
 def saved_layers_up_to(setup: Setup, kept: list[Kept], i: int) -> int:
