@@ -13,7 +13,7 @@ from memplan.blocks.norm import (
     norm_rules,
     released_as,
 )
-from memplan.blocks.profiles import made_grad_bytes, profile_of
+from memplan.blocks.profiles import hidden_dropouts, made_grad_bytes, profile_of
 from memplan.config import Checkpointing, LossKind, NormType, PositionType, Setup
 from memplan.config.trainable import embedding_trains, final_norm_trains, input_grads_hooked
 
@@ -102,13 +102,16 @@ def frozen_embedding_leaf(setup: Setup, dims: Dims) -> int:
 def hooked_embedding_held(setup: Setup, dims: Dims) -> int:
     """A frozen embedding's hooked output (``frozen_embedding_leaf``: a leaf its ``AccumulateGrad`` node
     holds to the backward's end) where layer 0 reads another tensor — GPT-2's learned positions added to
-    it, Granite's embedding multiplier (``Profile.embedding_multiplied``) — so nothing else keeps it: one
-    [T, h] in the activation dtype from the forward's end to the embedding's backward (counted there by
-    ``frozen_embedding_leaf``). Measured under LoRA with checkpointing (s 512): Granite 3.0 8B's loss,
-    final norm and layer moments 4,194,304 B under before (the loss's −8 the labels NB); GPT-2's loss's
-    786,432 B (its layer's 393,216 B under become 393,216 B over: a term of GPT-2's own, not traced)."""
+    it, Granite's embedding multiplier (``Profile.embedding_multiplied``), StarCoder2's embedding dropout
+    (``hidden_dropouts``' second, p > 0) — so nothing else keeps it: one [T, h] in the activation dtype
+    from the forward's end to the embedding's backward (counted there by ``frozen_embedding_leaf``).
+    Measured under LoRA with checkpointing (s 512): Granite 3.0 8B's loss, final norm and layer moments
+    4,194,304 B under before (the loss's −8 the labels NB); GPT-2's loss's 786,432 B (its layer's 393,216 B
+    under become 393,216 B over: a term of GPT-2's own, not traced); StarCoder2 3B's loss and final norm
+    3,145,728 B under."""
     learned = setup.model.position is PositionType.LEARNED
-    if not frozen_embedding_leaf(setup, dims) or not (learned or profile_of(setup).embedding_multiplied):
+    other = learned or profile_of(setup).embedding_multiplied or hidden_dropouts(setup)[1] > 0
+    if not frozen_embedding_leaf(setup, dims) or not other:
         return 0
     return dims.tokens * dims.h * dims.act.bytes
 

@@ -128,8 +128,10 @@ def mlp_backward_transient(setup: Setup, dims: Dims) -> int:
     t = dims.tokens
     if frozen_mlp(setup) and not (te_fp8.applies(setup) or fp8.enabled(setup)):
         # no weight gradient made, no down input saved or released; the residual dropout's backward has
-        # consumed its bool mask first
-        mask = t * dims.h * DType.BOOL.bytes if hidden_dropouts(setup)[0] > 0 else 0
+        # consumed its mask first (``dropout_keeps``: on CPU transformers' nn.Dropout keeps its noise in
+        # the activation dtype — measured, StarCoder2's and GPT-2's layer under LoRA half a [T, h] over
+        # with a bool mask's bytes)
+        mask = t * dims.h * dropout_keeps(setup, dims.act).bytes if hidden_dropouts(setup)[0] > 0 else 0
         return t * dims.h * a_bytes + gradient_buffers(setup, dims) - mask
     later = product_gradient_transient(setup, dims)
     if te_fp8.applies(setup):
