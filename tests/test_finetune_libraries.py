@@ -476,6 +476,20 @@ def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
     assert adapter_note(hf) is None and adapter_note(fp32) is None
 
 
+def test_peft_adapters_on_the_mlp_say_their_backward_is_not_modelled() -> None:
+    """peft's fp32 adapters on the MLP's linears (all-linear, gate/up/down) make fp32 pieces in their
+    backward that the layer moment does not count (docs/peak-accuracy.md, "All-linear LoRA": measured 1-15
+    [T, h] under); the estimate says so there, and not for the attention targets (exact), nor in fp32
+    training, where no cast runs (measured at Llama 3 8B's widths, s 256: 8,192 B over)."""
+    from memplan.strategies.lora import mlp_adapter_note
+
+    note = mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "all-linear", 0.0))
+    assert note is not None and note.startswith("lora: peft's adapters on the MLP")
+    assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "gate,up,down", 0.0)) is not None
+    assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "q,k,v,o", 0.0)) is None
+    assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "fp32", "all-linear", 0.0)) is None
+
+
 @pytest.mark.parametrize(
     ("preset", "precision", "targets", "checkpointing"),
     [

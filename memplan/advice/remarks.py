@@ -20,7 +20,7 @@ from memplan.config import (
     hf_code_only,
     no_flash,
 )
-from memplan.strategies.lora import adapter_note
+from memplan.strategies.lora import adapter_note, mlp_adapter_note
 from memplan.strategies.tensor_parallel import foldable, tp_model
 
 
@@ -101,6 +101,9 @@ def notes(b: Built) -> list[str]:
     adapters = adapter_note(r.setup)  # 16-bit LoRA outside --impl hf: adapters in bf16, not peft's fp32
     if adapters is not None:
         out.append(adapters)
+    mlp_adapters = mlp_adapter_note(r.setup)  # peft's fp32 adapters on the MLP: their backward not modelled
+    if mlp_adapters is not None:
+        out.append(mlp_adapters)
     st = r.setup.strategy
     if op_selective(r.setup):
         cached = " and cuDNN SDPA's outputs" if r.setup.device is Device.CUDA else ""

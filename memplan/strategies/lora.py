@@ -77,7 +77,7 @@ from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, profile_of
 from memplan.config import DType, Impl, NormType, Setup
-from memplan.config.finetune import Adapter, Target
+from memplan.config.finetune import MLP_TARGETS, Adapter, Target
 from memplan.config.trainable import (
     adapters,
     embedding_trains,
@@ -98,6 +98,7 @@ __all__ = [
     "flops",
     "keeps",
     "layer_bytes",
+    "mlp_adapter_note",
     "recompute",
 ]
 
@@ -123,6 +124,22 @@ def adapter_note(setup: Setup) -> str | None:
         f"lora: the adapters are counted in {act.value} as memplan's reference model runs them; peft's "
         "default (autocast_adapter_dtype=True) keeps them in fp32 and casts each adapter's input to fp32, "
         "which keeps more: --impl hf models peft's default"
+    )
+
+
+def mlp_adapter_note(setup: Setup) -> str | None:
+    """One line where peft's fp32 adapters sit on the MLP's linears (``--lora-targets`` gate, up, down,
+    all-linear) under ``--impl hf``: their own backward's fp32 pieces (dY in fp32, its bf16 copy, dx in
+    fp32 over the linear's input) are not modelled, and the layer backward's moment reads low by the
+    measured up to ~15 [T, h] (docs/peak-accuracy.md, "All-linear LoRA"); attention targets are exact."""
+    if not setup.finetune.lora or not fp32_adapters(setup):
+        return None
+    if not any(t in MLP_TARGETS for t in setup.finetune.targets):
+        return None
+    return (
+        "lora: peft's adapters on the MLP (gate, up, down) make fp32 pieces in their backward that memplan "
+        "does not model yet: the layer backward's moment reads low, measured by 1-15 [T, h] bf16 at the "
+        "families' widths (docs/peak-accuracy.md, 'All-linear LoRA'); adapters on q, k, v, o are exact"
     )
 
 
