@@ -130,16 +130,18 @@ def adapter_note(setup: Setup) -> str | None:
 def mlp_adapter_note(setup: Setup) -> str | None:
     """One line where peft's fp32 adapters sit on the MLP's linears (``--lora-targets`` gate, up, down,
     all-linear) under ``--impl hf``: their own backward's fp32 pieces (dY in fp32, its bf16 copy, dx in
-    fp32 over the linear's input) are not modelled, and the layer backward's moment reads low by the
+    fp32 over the linear's input) and, re-run under checkpointing, their forward's (B·A·x, its scaled copy
+    and the fp32 sum over [T, out]) are not modelled, and the layer backward's moment reads low by the
     measured up to ~15 [T, h] (docs/peak-accuracy.md, "All-linear LoRA"); attention targets are exact."""
     if not setup.finetune.lora or not fp32_adapters(setup):
         return None
     if not any(t in MLP_TARGETS for t in setup.finetune.targets):
         return None
     return (
-        "lora: peft's adapters on the MLP (gate, up, down) make fp32 pieces in their backward that memplan "
-        "does not model yet: the layer backward's moment reads low, measured by 1-15 [T, h] bf16 at the "
-        "families' widths (docs/peak-accuracy.md, 'All-linear LoRA'); adapters on q, k, v, o are exact"
+        "lora: peft's adapters on the MLP (gate, up, down) make fp32 pieces in their backward (and in a "
+        "checkpoint's re-run forward) that memplan does not model yet: the layer backward's moment reads "
+        "low, measured by 1-15 [T, h] bf16 at the families' widths (docs/peak-accuracy.md, 'All-linear "
+        "LoRA'); adapters on q, k, v, o are exact"
     )
 
 
