@@ -19,7 +19,7 @@ from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept
 from memplan.blocks.norm import released_as
 from memplan.blocks.profiles import checkpoints_alone, profile_of
-from memplan.config import Checkpointing, ModelConfig, Setup, ZeroStage
+from memplan.config import Checkpointing, Impl, ModelConfig, Setup, ZeroStage
 from memplan.strategies import (
     Strategy,
     checkpointing,
@@ -112,7 +112,8 @@ def _without_recompute(setup: Setup) -> Setup:
     output whole (Phi-3-mini under LoRA and full checkpointing: 6,291,456 B under at s 512)."""
     plain = setup.strategy.model_copy(update={"checkpointing": Checkpointing.NONE, "reversible": False})
     update: dict[str, object] = {"strategy": plain}
-    if setup.strategy.checkpointing is not Checkpointing.NONE and setup.impl.use_cache:
+    hf_cache = setup.impl.impl is Impl.HF and setup.impl.use_cache  # transformers' alone reads it
+    if setup.strategy.checkpointing is not Checkpointing.NONE and hf_cache:
         update["impl"] = setup.impl.model_copy(update={"use_cache": False})
     return setup.model_copy(update=update)
 
