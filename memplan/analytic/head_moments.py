@@ -106,9 +106,9 @@ def hooked_embedding_held(setup: Setup, dims: Dims) -> int:
     (``hidden_dropouts``' second, p > 0) — so nothing else keeps it: one [T, h] in the activation dtype
     from the forward's end to the embedding's backward (counted there by ``frozen_embedding_leaf``).
     Measured under LoRA with checkpointing (s 512): Granite 3.0 8B's loss, final norm and layer moments
-    4,194,304 B under before (the loss's −8 the labels NB); GPT-2's loss's 786,432 B (its layer's 393,216 B
-    under become 393,216 B over: a term of GPT-2's own, not traced); StarCoder2 3B's loss and final norm
-    3,145,728 B under."""
+    4,194,304 B under before (the loss's −8 the labels NB); GPT-2's loss's 786,432 B; StarCoder2 3B's loss
+    and final norm 3,145,728 B (its layer's and GPT-2's, half a [T, h] over after it, were the frozen MLP's
+    dropout noise read as a bool mask: ``blocks.mlp.mlp_backward_transient``)."""
     learned = setup.model.position is PositionType.LEARNED
     other = learned or profile_of(setup).embedding_multiplied or hidden_dropouts(setup)[1] > 0
     if not frozen_embedding_leaf(setup, dims) or not other:
