@@ -476,16 +476,26 @@ def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
     assert adapter_note(hf) is None and adapter_note(fp32) is None
 
 
-def test_peft_adapters_on_the_mlp_say_their_backward_is_not_modelled() -> None:
-    """peft's fp32 adapters on the MLP's linears (all-linear, gate/up/down) make fp32 pieces in their
-    backward that the layer moment does not count (docs/peak-accuracy.md, "All-linear LoRA": measured 1-15
-    [T, h] under); the estimate says so there, and not for the attention targets (exact), nor in fp32
-    training, where no cast runs (measured at Llama 3 8B's widths, s 256: 8,192 B over)."""
+def test_peft_adapters_on_the_mlp_say_where_their_backward_is_not_modelled() -> None:
+    """peft's fp32 adapters on the MLP's linears make fp32 pieces in their backward (docs/peak-accuracy.md,
+    "All-linear LoRA": measured 1-15 [T, h] under where not replayed); ``analytic.lora_mlp`` replays them for
+    separate gate, up and down adapters after an RMSNorm, and the estimate says so where it does not: a
+    fused gate_up (Phi-3), a subset of the three, a parallel layer (Command R). Not for the attention
+    targets (exact), nor in fp32 training, where no cast runs (measured at Llama 3 8B's widths, s 256:
+    8,192 B over)."""
+    from memplan.analytic import lora_mlp
     from memplan.strategies.lora import mlp_adapter_note
 
-    note = mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "all-linear", 0.0))
-    assert note is not None and note.startswith("lora: peft's adapters on the MLP")
-    assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "gate,up,down", 0.0)) is not None
+    llama = hf_lora_setup("llama-3-8b", "bf16", "all-linear", 0.0)
+    assert lora_mlp.modelled(llama) and mlp_adapter_note(llama) is None
+    assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "gate,up,down", 0.0)) is None
+    for preset, targets in (
+        ("phi-3-mini", "all-linear"),
+        ("llama-3-8b", "up,down"),
+        ("command-r", "all-linear"),
+    ):
+        note = mlp_adapter_note(hf_lora_setup(preset, "bf16", targets, 0.0))
+        assert note is not None and note.startswith("lora: peft's adapters on this MLP"), (preset, targets)
     assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "bf16", "q,k,v,o", 0.0)) is None
     assert mlp_adapter_note(hf_lora_setup("llama-3-8b", "fp32", "all-linear", 0.0)) is None
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
+from memplan.analytic import lora_mlp, reentrant
 from memplan.analytic import post_norms as pn
-from memplan.analytic import reentrant
 from memplan.analytic.head_moments import layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.layer_saves import (
     layer_saves,
@@ -195,6 +195,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     output, gradient = reentrant.held_output(setup, dims), reentrant.held_gradient(setup, dims)
     mlp_side = [
         mlp_moment(setup, dims),
+        lora_mlp.down_backward(setup, dims),  # peft's fp32 adapters on the MLP: W_down's A backward
         mlp_norm - not_yet_rerun(setup, dims) if normed_in else None,
         pn.post_mlp_norm_moment(setup, dims, residual_gradient(setup, dims) - not_yet_rerun(setup, dims)),
     ]
@@ -208,6 +209,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
         *(m + output + gradient for m in attention_side if m is not None),
         sp_rerun_scatter(setup, dims),
         attention_rerun_transient(setup, dims, params),  # the re-run's forward: no output made yet
+        lora_mlp.rerun_forward(setup, dims),  # the re-run at W_up's fp32 adapter
         selective_rerun_transient(setup, dims, params),
         selective_softmax_backward(setup, dims, params),
     ]

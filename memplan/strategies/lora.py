@@ -58,6 +58,7 @@ at model level too)."""
 from __future__ import annotations
 
 from memplan.analytic import activations as act
+from memplan.analytic import lora_mlp
 from memplan.blocks.attention.constants import constant_rules, partials_bind_positions
 from memplan.blocks.attention.core import (
     Core,
@@ -76,7 +77,7 @@ from memplan.blocks.mlp import mlp_rules
 from memplan.blocks.moe import moe_rules
 from memplan.blocks.norm import norm_rules, post_norm_rules, pre_norm_rules, qk_norm_rules
 from memplan.blocks.profiles import dropout_keeps, profile_of
-from memplan.config import DType, Impl, NormType, Setup
+from memplan.config import DType, Impl, Method, NormType, Setup
 from memplan.config.finetune import MLP_TARGETS, Adapter, Target
 from memplan.config.trainable import (
     adapters,
@@ -129,19 +130,23 @@ def adapter_note(setup: Setup) -> str | None:
 
 def mlp_adapter_note(setup: Setup) -> str | None:
     """One line where peft's fp32 adapters sit on the MLP's linears (``--lora-targets`` gate, up, down,
-    all-linear) under ``--impl hf``: their own backward's fp32 pieces (dY in fp32, its bf16 copy, dx in
-    fp32 over the linear's input) and, re-run under checkpointing, their forward's (B·A·x, its scaled copy
-    and the fp32 sum over [T, out]) are not modelled, and the layer backward's moment reads low by the
-    measured up to ~15 [T, h] (docs/peak-accuracy.md, "All-linear LoRA"); attention targets are exact."""
-    if not setup.finetune.lora or not fp32_adapters(setup):
+    all-linear) under ``--impl hf`` in a layer ``analytic.lora_mlp`` does not replay (fused gate_up, GELU,
+    parallel layers, post norms, a subset of the three, adapter dropout, LayerNorm, every-K or reentrant
+    checkpointing; QLoRA's bitsandbytes layer, another sequence, is not traced): their own backward's
+    fp32 pieces (dY in fp32, its bf16 copy, dx in fp32 over the linear's input) and, re-run under
+    checkpointing, their forward's (B·A·x, its scaled copy and the fp32 sum over [T, out]) are not
+    modelled there, and the layer backward's moment reads low by the measured up to ~15 [T, h]
+    (docs/peak-accuracy.md, "All-linear LoRA"); attention targets are exact."""
+    if setup.finetune.method is not Method.LORA or not fp32_adapters(setup):  # QLoRA's: not traced
         return None
-    if not any(t in MLP_TARGETS for t in setup.finetune.targets):
+    if not any(t in MLP_TARGETS for t in setup.finetune.targets) or lora_mlp.modelled(setup):
         return None
     return (
-        "lora: peft's adapters on the MLP (gate, up, down) make fp32 pieces in their backward (and in a "
-        "checkpoint's re-run forward) that memplan does not model yet: the layer backward's moment reads "
-        "low, measured by 1-15 [T, h] bf16 at the families' widths (docs/peak-accuracy.md, 'All-linear "
-        "LoRA'); adapters on q, k, v, o are exact"
+        "lora: peft's adapters on this MLP make fp32 pieces in their backward (and in a checkpoint's "
+        "re-run forward) that memplan models only for separate gate, up, down adapters after an "
+        "RMSNorm (no or full non-reentrant checkpointing): the "
+        "layer backward's moment reads low, measured by 1-15 [T, h] bf16 at the families' widths "
+        "(docs/peak-accuracy.md, 'All-linear LoRA'); adapters on q, k, v, o are exact"
     )
 
 
