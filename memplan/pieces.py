@@ -28,6 +28,7 @@ from memplan.strategies import (
     reversible,
     sequence_parallel,
 )
+from memplan.strategies.lora_flow import flows
 from memplan.strategies.pipeline_parallel import (
     Group,
     clear_placements,
@@ -211,7 +212,7 @@ def pieces(core: Setup) -> Pieces:
     rerun = rank.strategy.segment or (1 if rank.strategy.reversible else 0)
     plain = _without_recompute(rank)  # fine-tuning: the largest layer
     if lora.applies(rank):
-        redone = lora.layer_bytes(plain)
+        redone = lora.layer_bytes(plain, flows(rank))  # the checkpointed setup's flows (its hooked input)
     else:  # each layer's kind's (``act.layer_kind_setups``: DeepSeek's dense first layers, Llama 4's)
         kinds = act.layer_kind_setups(rank) or (rank,)
         made = {k.model: act.total_bytes(rerun_kept(k)) for k in kinds}
@@ -237,7 +238,7 @@ def alone_layer_bytes(rank: Setup, groups: dict[Group, int]) -> tuple[int, ...]:
     input, every other layer's saves as un-checkpointed (fine-tuning's along the gradient flow, a model's
     kinds of layer; else the group's one layer)."""
     plain, k = _without_recompute(rank), rank.strategy.segment
-    each = lora.layer_bytes(plain) if lora.applies(rank) else act.layer_kind_bytes(plain)
+    each = lora.layer_bytes(plain, flows(rank)) if lora.applies(rank) else act.layer_kind_bytes(plain)
     each = each or [groups[Group.LAYER]] * rank.model.num_layers
     return tuple(groups[Group.CHECKPOINT] if i % k == 0 else n for i, n in enumerate(each))
 

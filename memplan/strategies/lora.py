@@ -383,12 +383,17 @@ def top_layer_saves(setup: Setup) -> tuple[Kept, ...]:
 act.FLOW_SAVES[:] = [top_layer_saves]
 
 
-def layer_bytes(setup: Setup) -> list[int]:
+def layer_bytes(setup: Setup, fl: tuple[Flow, ...] | None = None) -> list[int]:
     """Bytes each layer keeps, first to last: its flow's rules, on a full-attention layer of a model with
     sliding ones (Gemma-2 and 3 under SDPA, ``full_layer_setup``) its own kind's — SDPA gets no window mask
     there and k and v stay at their kv heads. Before, every layer was charged a sliding one's under LoRA:
-    Gemma-3-4B's full layers 6 MiB each over at s 1,024 (tests/test_finetune_libraries.py)."""
-    fl = flows(setup)
+    Gemma-3-4B's full layers 6 MiB each over at s 1,024 (tests/test_finetune_libraries.py). ``fl``: the
+    layers' flows, by default ``setup``'s; a checkpointed setup's for its re-run layers, read on the setup
+    without checkpointing (``pieces``), whose own flows lose transformers' hook on the embedding's output
+    (``input_grads_hooked``): layer 0 re-run keeps what the others do (its norm's fp32 input among them),
+    measured under all-linear LoRA at rank 16 (Llama 3.2 1B's widths, s 512, full checkpointing), where
+    layer 0's moment tops the step: 720,896 B under before."""
+    fl = flows(setup) if fl is None else fl
 
     def per_flow(s: Setup) -> dict[Flow, int]:
         return {f: sum(r.bytes for r in rules) for f, rules in _rules_by_flow(s, Dims.of(s), fl).items()}

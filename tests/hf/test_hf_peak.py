@@ -314,16 +314,25 @@ def test_a_re_run_layer_under_lora_keeps_what_transformers_re_run_keeps(preset: 
 
 
 @pytest.mark.parametrize(
-    ("preset", "checkpointing"), [("llama-3-8b", "none"), ("llama-3-8b", "full"), ("qwen3-8b", "full")]
+    ("preset", "checkpointing", "rank"),
+    [
+        ("llama-3-8b", "none", 8),
+        ("llama-3-8b", "full", 8),
+        ("qwen3-8b", "full", 8),
+        ("llama-3.2-1b", "full", 16),
+    ],
 )
-def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: str) -> None:
+def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: str, rank: int) -> None:
     """peft's fp32 adapters on every linear (``analytic.lora_mlp``): without checkpointing W_down's
     adapter's A backward tops the layer (dx32 [T, f] in fp32 beside dY and its 16-bit copy), under full
     checkpointing the re-run's forward at W_up's adapter (B·A·x32 and its scaled copy [T, f] in fp32, the
     scaled gradient of W_down's adapter waiting since before the re-run): every moment exact but the NB
-    bytes, where the layer read 4,194,304 and 20,365,312 B under at Llama 3 8B's widths before."""
+    bytes, where the layer read 4,194,304 and 20,365,312 B under at Llama 3 8B's widths before. At rank 16
+    (Llama 3.2 1B's widths) layer 0's re-run tops the step, the layer above's adapters' gradients made: its
+    re-run keeps what the others do, its input hooked (``strategies.lora.layer_bytes``' flows; 720,896 B
+    under before)."""
     setup = hf_setup(preset, seq=512, checkpointing=checkpointing)
-    lora = FineTune(method=Method.LORA, rank=8, targets=parse_targets("all-linear"), dropout=0.0)
+    lora = FineTune(method=Method.LORA, rank=rank, targets=parse_targets("all-linear"), dropout=0.0)
     setup = Setup.model_validate({**setup.model_dump(), "finetune": lora.model_dump()})
     est = estimated_moments(estimate(setup))
     measured, buffers = measure_hf_peak(setup)
