@@ -29,8 +29,7 @@ adapter's product to the result's dtype before the sum), no adapter dropout, no 
 re-run under full non-reentrant checkpointing. Measured exact (every moment but the NB bytes) at Llama 3
 8B's, Llama 3.2 1B's, Qwen3 8B's, Qwen2.5 7B's, Mistral 7B's and Granite 3.0 8B's widths, with and without
 checkpointing, at ranks 4 to 32 and one or two sequences a micro-batch; Gemma 2B's re-run 81,920 B (5·T·r
-fp32) under, not traced. Elsewhere
-``strategies.lora.mlp_adapter_note`` says the moment reads low.
+fp32) under, not traced. Elsewhere ``strategies.lora.mlp_adapter_note`` says the moment reads low.
 """
 
 from __future__ import annotations
