@@ -21,15 +21,16 @@ op by op at Llama 3 8B's widths (s 512, two layers, each storage's maker, docs/p
   copy and A x) — 12.996 [T, h] above the layer's re-run working set, where the estimate had read the
   re-run saves and W_down's full-training buffers (4.86 [T, h] under).
 
-Modelled where the measured sequence is the code's (``modelled``): a gated MLP of separate linears (not
-Phi-3's or GLM's fused ``gate_up_proj``, not GELU's two) after an RMSNorm (StableLM's LayerNorm keeps its
-attention input alive through the re-run: one [T, h] more there, not traced), a sequential layer without
-post norms, peft's fp32 adapters on all three (not bitsandbytes' QLoRA layer, whose forward casts the
-adapter's product to the result's dtype before the sum), no adapter dropout, no mixture of experts; the
-re-run under full non-reentrant checkpointing. Measured exact (every moment but the NB bytes) at Llama 3
-8B's, Llama 3.2 1B's, Qwen3 8B's, Qwen2.5 7B's, Mistral 7B's and Granite 3.0 8B's widths, with and without
-checkpointing, at ranks 4 to 32 and one or two sequences a micro-batch; Gemma 2B's re-run 81,920 B (5·T·r
-fp32) under, not traced. Elsewhere ``strategies.lora.mlp_adapter_note`` says the moment reads low.
+Modelled where the measured sequence is the code's (``modelled``): a gated MLP after an RMSNorm, its
+linears separate or with Phi-3's fused ``gate_up_proj`` (one adapter over [T, 2f]: ``up_backward``'s and
+``rerun_forward``'s widths), not GELU's two (StableLM's LayerNorm keeps its attention input alive through
+the re-run: one [T, h] more there, not traced), a sequential layer without post norms, peft's fp32
+adapters on all three (not bitsandbytes' QLoRA layer, whose forward casts the adapter's product to the
+result's dtype before the sum), no adapter dropout, no mixture of experts; the re-run under full
+non-reentrant checkpointing. Measured exact (every moment but the NB bytes) at Llama 3 8B's, Llama 3.2
+1B's, Qwen3 8B's, Qwen2.5 7B's, Mistral 7B's, Granite 3.0 8B's, Gemma 2B's, Phi-3-mini's, Phi-4's and GLM-4
+9B's widths, with and without checkpointing, at ranks 4 to 32 and one or two sequences a micro-batch.
+Elsewhere ``strategies.lora.mlp_adapter_note`` says the moment reads low.
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ def modelled(setup: Setup) -> bool:
         and m.moe is None
         and not m.parallel_residual
         and not m.post_norms
-        and not profile_of(setup).fused_gate_up
         and adapted(setup, m.num_layers - 1) >= _THREE
     )
+
+
+def _first_out(setup: Setup, dims: Dims) -> int:
+    """The output width of the MLP's first adapted linear: W_up's f, or the fused ``gate_up_proj``'s 2f
+    (Phi-3: one adapter over both, ``Profile.fused_gate_up``)."""
+    return 2 * dims.f if profile_of(setup).fused_gate_up else dims.f
 
 
 def down_backward(setup: Setup, dims: Dims) -> int | None:
@@ -79,6 +85,24 @@ def down_backward(setup: Setup, dims: Dims) -> int | None:
     return 2 * t * h * e + a * (h * r + r * f + t * f)
 
 
+def up_backward(setup: Setup, dims: Dims) -> int | None:
+    """The first linear's adapter (W_up's; a fused ``gate_up_proj``'s, over [T, 2f]) at its scaled
+    gradient, above the layer's live set: dY [T, h] and W_down's adapter's gradients beside dY32, its
+    16-bit copy and dY32 · scaling over [T, out] (the incoming 16-bit gradient freed); W_down's adapter's
+    fp32 input and A x freed, and W_up's output and the activation (their own gradient, d(act), kept
+    where separate: the two cancel) — fused, the [T, 2f] output and the activation freed beside the
+    ``cat`` of the two gradients, itself freed once cast. Measured: 8.137 [T, h] at Llama 3 8B's widths
+    (below W_down's), 14.443 at Phi-3-mini's (the layer's top without checkpointing). None where not
+    ``modelled``."""
+    if not modelled(setup):
+        return None
+    t, h, f, e, r, a = dims.tokens, dims.h, dims.f, dims.act.bytes, setup.finetune.rank, ADAPTER_BYTES
+    out = _first_out(setup, dims)
+    held = t * h * e + a * (h * r + r * f) - a * t * r - a * t * f  # dY, W_down's grads; its saves freed
+    fused = t * f * e if out > f else 0  # the activation freed, its gradient gone into the cat
+    return held + 2 * a * t * out - fused
+
+
 def rerun_forward(setup: Setup, dims: Dims) -> int | None:
     """A checkpointed layer's re-run forward at W_up's adapter, above the layer's live set with its whole
     re-run working set: dY [T, h], W_down's adapter's backward begun before the re-run (dY's 16-bit copy and
@@ -89,7 +113,9 @@ def rerun_forward(setup: Setup, dims: Dims) -> int | None:
     if setup.strategy.checkpointing is not Checkpointing.FULL or not modelled(setup):
         return None
     t, h, f, e, r, a = dims.tokens, dims.h, dims.f, dims.act.bytes, setup.finetune.rank, ADAPTER_BYTES
+    out = _first_out(setup, dims)
     held = 4 * t * h * e + a * t * h  # dY, its copy, the residual, the MLP's input; the scaled gradient
-    up = t * f * e + 2 * a * t * f  # W_up's base output, B·A·x32 and its scaled copy
-    not_yet = t * f * e + a * t * f + a * t * r  # W_up's output, W_down's adapter's input copy and A x
+    up = t * out * e + 2 * a * t * out  # the base output, B·A·x32 and its scaled copy
+    # not made yet: the output (fused: and the activation after it), W_down's adapter's input and A x
+    not_yet = t * out * e + (t * f * e if out > f else 0) + a * t * f + a * t * r
     return held + up - not_yet

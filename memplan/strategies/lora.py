@@ -130,12 +130,12 @@ def adapter_note(setup: Setup) -> str | None:
 
 def mlp_adapter_note(setup: Setup) -> str | None:
     """One line where peft's fp32 adapters sit on the MLP's linears (``--lora-targets`` gate, up, down,
-    all-linear) under ``--impl hf`` in a layer ``analytic.lora_mlp`` does not replay (fused gate_up, GELU,
-    parallel layers, post norms, a subset of the three, adapter dropout, LayerNorm, every-K or reentrant
+    all-linear) under ``--impl hf`` in a layer ``analytic.lora_mlp`` does not replay (GELU MLPs, parallel
+    layers, post norms, a subset of the three, adapter dropout, LayerNorm, every-K or reentrant
     checkpointing; QLoRA's bitsandbytes layer, another sequence, is not traced): their own backward's
     fp32 pieces (dY in fp32, its bf16 copy, dx in fp32 over the linear's input) and, re-run under
     checkpointing, their forward's (B·A·x, its scaled copy and the fp32 sum over [T, out]) are not
-    modelled there, and the layer backward's moment reads low by the measured up to ~15 [T, h]
+    modelled there, and the layer backward's moment reads low by the measured 1-9 [T, h]
     (docs/peak-accuracy.md, "All-linear LoRA"); attention targets are exact."""
     if setup.finetune.method is not Method.LORA or not fp32_adapters(setup):  # QLoRA's: not traced
         return None
@@ -143,9 +143,9 @@ def mlp_adapter_note(setup: Setup) -> str | None:
         return None
     return (
         "lora: peft's adapters on this MLP make fp32 pieces in their backward (and in a checkpoint's "
-        "re-run forward) that memplan models only for separate gate, up, down adapters after an "
+        "re-run forward) that memplan models only for a gated MLP's gate, up, down adapters after an "
         "RMSNorm (no or full non-reentrant checkpointing): the "
-        "layer backward's moment reads low, measured by 1-15 [T, h] bf16 at the families' widths "
+        "layer backward's moment reads low, measured by 1-9 [T, h] bf16 at the families' widths "
         "(docs/peak-accuracy.md, 'All-linear LoRA'); adapters on q, k, v, o are exact"
     )
 

@@ -320,6 +320,8 @@ def test_a_re_run_layer_under_lora_keeps_what_transformers_re_run_keeps(preset: 
         ("llama-3-8b", "full", 8),
         ("qwen3-8b", "full", 8),
         ("llama-3.2-1b", "full", 16),
+        ("phi-3-mini", "none", 8),
+        ("phi-3-mini", "full", 8),
     ],
 )
 def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: str, rank: int) -> None:
@@ -327,7 +329,9 @@ def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: s
     adapter's A backward tops the layer (dx32 [T, f] in fp32 beside dY and its 16-bit copy), under full
     checkpointing the re-run's forward at W_up's adapter (B·A·x32 and its scaled copy [T, f] in fp32, the
     scaled gradient of W_down's adapter waiting since before the re-run): every moment exact but the NB
-    bytes, where the layer read 4,194,304 and 20,365,312 B under at Llama 3 8B's widths before. At rank 16
+    bytes, where the layer read 4,194,304 and 20,365,312 B under at Llama 3 8B's widths before; Phi-3's
+    fused gate_up adapter (its scaled gradient over [T, 2f] tops the layer without checkpointing, its
+    re-run forward with it) 25,149,440 and 40,517,632 B under before. At rank 16
     (Llama 3.2 1B's widths) layer 0's re-run tops the step, the layer above's adapters' gradients made: its
     re-run keeps what the others do, its input hooked (``strategies.lora.layer_bytes``' flows; 720,896 B
     under before)."""
