@@ -108,8 +108,8 @@ def rerun_forward(setup: Setup, dims: Dims) -> int | None:
     re-run working set: dY [T, h], W_down's adapter's backward begun before the re-run (dY's 16-bit copy and
     the scaled fp32 gradient [T, h]), the residual stream and the MLP's input [T, h], W_up's base output
     [T, f] and B·A·x32 with its scaled copy in fp32 [T, f]; not made yet: W_up's output [T, f] and W_down's
-    adapter's saves (its fp32 input [T, f], A x [T, r]). None but under full non-reentrant checkpointing
-    where ``modelled``."""
+    adapter's saves (its fp32 input [T, f], A x [T, r]). A fused ``gate_up_proj``'s over [T, 2f], the
+    activation not made yet either. None but under full non-reentrant checkpointing where ``modelled``."""
     if setup.strategy.checkpointing is not Checkpointing.FULL or not modelled(setup):
         return None
     t, h, f, e, r, a = dims.tokens, dims.h, dims.f, dims.act.bytes, setup.finetune.rank, ADAPTER_BYTES
