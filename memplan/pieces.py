@@ -12,8 +12,8 @@ import functools
 from dataclasses import dataclass, field
 
 from memplan.analytic import activations as act
-from memplan.analytic import layer_backward as lb
 from memplan.analytic.flops import Flops, flops
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.attention.rope import is_rope_cache, rope_buffers
 from memplan.blocks.inventory import Dims, Kept

@@ -33,7 +33,7 @@ from memplan.analytic import activations as act
 from memplan.analytic.fsdp import root as fsdp2_root
 from memplan.analytic.fsdp.moments import zero3_head_unit, zero3_tied
 from memplan.analytic.head_moments import module_rope_buffers
-from memplan.analytic.layer_saves import segment_rerun_bytes
+from memplan.analytic.moments.layer_saves import segment_rerun_bytes
 from memplan.analytic.peak import TERMS, terms
 from memplan.blocks.forward_locals import layer_forward_peak
 from memplan.blocks.head import forward_loss_blocks, loss_backward_blocks

@@ -478,12 +478,13 @@ def test_reference_lora_in_bf16_says_its_adapters_are_bf16() -> None:
 
 def test_peft_adapters_on_the_mlp_say_where_their_backward_is_not_modelled() -> None:
     """peft's fp32 adapters on the MLP's linears make fp32 pieces in their backward (docs/peak-accuracy.md,
-    "All-linear LoRA": measured 1-15 [T, h] under where not replayed); ``analytic.lora_mlp`` replays them for
+    "All-linear LoRA": measured 1-9 [T, h] under where not replayed); ``analytic.moments.lora_mlp`` replays
+    them for
     a gated MLP's gate, up and down adapters after an RMSNorm (Phi-3's fused gate_up too), and the estimate
     says so where it does not: a GELU MLP (GPT-2), a subset of the three, a parallel layer (Command R). Not
     for the attention targets (exact), nor in fp32 training, where no cast runs (measured at Llama 3 8B's
     widths, s 256: 8,192 B over)."""
-    from memplan.analytic import lora_mlp
+    from memplan.analytic.moments import lora_mlp
     from memplan.strategies.lora import mlp_adapter_note
 
     llama = hf_lora_setup("llama-3-8b", "bf16", "all-linear", 0.0)

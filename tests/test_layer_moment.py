@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic import layer_backward as lb
 from memplan.analytic import peak as pk
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.blocks.attention import core as att
 from memplan.blocks.attention import workspace as aw

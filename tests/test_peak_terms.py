@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic import layer_backward as lb
-from memplan.analytic import layer_saves
+from memplan.analytic.moments import layer_backward as lb
+from memplan.analytic.moments import layer_saves
 from memplan.blocks.inventory import Block, Kept, Role, Scope
 from memplan.config import (
     Checkpointing,

@@ -12,7 +12,7 @@ from typing import Any
 
 from tiny_setup import A, B, H, S, T, tiny_setup
 
-from memplan.analytic import layer_backward as lb
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Dims
 from memplan.config import Device, Setup

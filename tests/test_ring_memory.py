@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memplan.analytic import layer_backward as lb
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.blocks.attention.ring_memory import (
     KEY_HALF,

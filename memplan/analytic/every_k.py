@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from memplan.analytic.layer_saves import checkpoint_shared_bytes, segment_rerun_bytes
+from memplan.analytic.moments.layer_saves import checkpoint_shared_bytes, segment_rerun_bytes
 from memplan.blocks.profiles import checkpoints_alone
 from memplan.config import Setup
 

@@ -107,9 +107,9 @@ from memplan.analytic.fsdp.moments import (
     zero3_unit_buffers,
 )
 from memplan.analytic.fsdp.reduce import reduce_scatter_input
-from memplan.analytic.layer_backward import layer_terms
-from memplan.analytic.layer_kinds import kind_terms
-from memplan.analytic.layer_saves import saved_layers_up_to
+from memplan.analytic.moments.layer_backward import layer_terms
+from memplan.analytic.moments.layer_kinds import kind_terms
+from memplan.analytic.moments.layer_saves import saved_layers_up_to
 from memplan.analytic.optimizer_step import step_transient as optimizer_step_transient
 from memplan.analytic.params import ParamCount
 from memplan.analytic.states import ModelStates

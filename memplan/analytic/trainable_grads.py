@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from memplan.analytic.layer_backward import layer_terms
+from memplan.analytic.moments.layer_backward import layer_terms
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Kept
 from memplan.config import Setup
@@ -73,7 +73,8 @@ def shares(setup: Setup, params: ParamCount, whole_model: bool = True) -> tuple[
 def as_top(setup: Setup, layer: int) -> Setup:
     """``setup`` with ``--freeze layers:A-B`` moved so that the top layer trains as layer ``layer`` does and
     its input needs a gradient as that layer's does: the setup whose top-layer backward terms
-    (``analytic.layer_backward`` speaks of the top layer) are layer ``layer``'s; ``setup`` itself where
+    (``analytic.moments.layer_backward`` speaks of the top layer) are layer ``layer``'s; ``setup`` itself
+    where
     they already agree. Before, a frozen layer's backward was charged the trainable top's weight gradients
     and the lowest trainable layer its input's gradient: with layer 0 of 3 frozen (h 1,024, 16 tokens) the
     layer moment 26 MB over once the layers above were counted by what trains (tests/measure/test_peak.py)."""

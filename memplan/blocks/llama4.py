@@ -30,7 +30,8 @@ Its facts, each with the line that causes it:
 Checked to the byte per layer and in total, FLOPs equal (tests/hf/test_llama4.py). Known limitations (each
 refused in one line by ``blocks.hf.llama4.check``): attention dropout, selective and every-K checkpointing,
 tp / sp / pp / cp / ep (the kinds are modelled on one unsplit replica), the reference model and the other
---impl's. The peak charges each layer's backward as its kind's (``analytic.layer_kinds.layer_kind_terms``,
+--impl's. The peak charges each layer's backward as its kind's
+(``analytic.moments.layer_kinds.layer_kind_terms``,
 the re-run working set per kind: ``pieces.pieces``' ``rerun_layers``), the MoE's replayed op by op
 (``blocks.moe.backward._llama4``; tests/hf/test_layer_kinds.py).
 """

@@ -288,7 +288,8 @@ def python_layernorm_over(setup: Setup, dims: Dims, weights: int) -> int:
     made, ``top_layer_grads``, where its base trains; its saves unpacked from a non-reentrant
     checkpoint's re-run under ``segment``) over its reading as a frozen one (``norm_backward_transient``):
     Cohere's Python LayerNorm's fp32 pieces (``python_layernorm_backward``) over native layer_norm's dY
-    and dX; 0 elsewhere. ``analytic.layer_backward`` adds it at the attention norm's moment, the one norm
+    and dX; 0 elsewhere. ``analytic.moments.layer_backward`` adds it at the attention norm's moment, the one
+    norm
     of Cohere's parallel layer; its MLP norm's (the MLP's end: that layer has no MLP norm) is read without."""
     if not base_trains(setup, setup.model.num_layers - 1):
         return 0

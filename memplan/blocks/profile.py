@@ -274,7 +274,7 @@ class Profile:
     """StableLM's attention: separate ``q_proj``, ``k_proj``, ``v_proj`` (with biases) on the output of one
     ``nn.LayerNorm`` (``native_layer_norm``, whose backward holds only dY and dX [T, h]): W_Q's backward,
     the last of the three (autograd runs v's, k's, then q's), tops the layer, above the norm's backward
-    (``analytic.qkv_backward.q_input_gradient``).
+    (``analytic.moments.qkv_backward.q_input_gradient``).
     NB: set for StableLM and PhiMoE only, where it is measured; other LayerNorm layers with separate
     projections (StarCoder2's, Cohere's) are not switched to it here."""
     layernorm_python: bool = False

@@ -35,7 +35,7 @@ def checkpoints_alone(setup: Setup) -> bool:
 def reentrant_checkpoint(setup: Setup) -> bool:
     """transformers' checkpointed layers run by torch.utils.checkpoint's ``CheckpointFunction``
     (``use_reentrant=True``, ``ImplConfig.reentrant``): each layer's ``partial(forward, **kwargs)`` is its
-    node's ``ctx.run_function``, alive as long as the graph (``analytic.reentrant``)."""
+    node's ``ctx.run_function``, alive as long as the graph (``analytic.moments.reentrant``)."""
     return setup.impl.impl is Impl.HF and setup.impl.reentrant and bool(setup.strategy.segment)
 
 
@@ -79,7 +79,8 @@ def made_grad_bytes(setup: Setup) -> int:
 
 def top_layer_grads(setup: Setup, count: int, targets: Iterable[Target] = (), summed: bool = True) -> int:
     """Bytes of the gradients the top layer's backward makes for ``count`` of its own parameters, the
-    linears of ``targets`` and their norms (the layer-backward moments, ``analytic.layer_backward``): all
+    linears of ``targets`` and their norms (the layer-backward moments, ``analytic.moments.layer_backward``):
+    all
     of them where its base trains (full training outside ``--freeze``); under LoRA none for the frozen
     base, only its adapters' on ``targets`` (A [r, in] and B [out, r], in the adapters' dtype: peft's fp32
     under ``--impl hf``, ``config.trainable.fp32_adapters``); none where they are summed into an earlier

@@ -58,7 +58,7 @@ at model level too)."""
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.analytic import lora_mlp
+from memplan.analytic.moments import lora_mlp
 from memplan.blocks.attention.constants import constant_rules, partials_bind_positions
 from memplan.blocks.attention.core import (
     Core,
@@ -130,7 +130,8 @@ def adapter_note(setup: Setup) -> str | None:
 
 def mlp_adapter_note(setup: Setup) -> str | None:
     """One line where peft's fp32 adapters sit on the MLP's linears (``--lora-targets`` gate, up, down,
-    all-linear) under ``--impl hf`` in a layer ``analytic.lora_mlp`` does not replay (GELU MLPs, parallel
+    all-linear) under ``--impl hf`` in a layer ``analytic.moments.lora_mlp`` does not replay (GELU MLPs,
+    parallel
     layers, post norms, a subset of the three, adapter dropout, LayerNorm, every-K or reentrant
     checkpointing; QLoRA's bitsandbytes layer, another sequence, is not traced): their own backward's
     fp32 pieces (dY in fp32, its bf16 copy, dx in fp32 over the linear's input) and, re-run under

@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic import activations as act
-from memplan.analytic import layer_backward as lb
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.blocks.attention.core import fp32_softmax_gradients
 from memplan.blocks.attention.mla import value_save_over_gradient

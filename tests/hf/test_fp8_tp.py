@@ -1,6 +1,6 @@
 """``--fp8-tp``: torchao's float8 tensor-parallel plan on torchtitan's Llama 3 blocks, one rank traced on the
 fake process group (``measure.distributed.titan_fp8_tp``) against the estimate (blocks/fp8_tp.py,
-analytic/fp8_tp_moments.py, the time's float8 all-gathers)."""
+analytic/moments/fp8_tp_moments.py, the time's float8 all-gathers)."""
 
 from __future__ import annotations
 

@@ -325,7 +325,7 @@ def test_a_re_run_layer_under_lora_keeps_what_transformers_re_run_keeps(preset: 
     ],
 )
 def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: str, rank: int) -> None:
-    """peft's fp32 adapters on every linear (``analytic.lora_mlp``): without checkpointing W_down's
+    """peft's fp32 adapters on every linear (``analytic.moments.lora_mlp``): without checkpointing W_down's
     adapter's A backward tops the layer (dx32 [T, f] in fp32 beside dY and its 16-bit copy), under full
     checkpointing the re-run's forward at W_up's adapter (B·A·x32 and its scaled copy [T, f] in fp32, the
     scaled gradient of W_down's adapter waiting since before the re-run): every moment exact but the NB

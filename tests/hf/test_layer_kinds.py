@@ -3,7 +3,7 @@ replayed op by op (``blocks.moe.backward._llama4``), at the real widths under fa
 measured (``measure.frameworks.hf_peak``) against the estimate's.
 
 Before, every layer's backward was charged the MoE layer's transient and re-run working set
-(``analytic.layer_backward.layer_kind_terms``, ``pieces``' ``rerun_layers``): Llama 4 Maverick's dense
+(``analytic.moments.layer_backward.layer_kind_terms``, ``pieces``' ``rerun_layers``): Llama 4 Maverick's dense
 layer 0 below its MoE layer 1 (s 512) read a layer moment 22,834,438,144 B above the measured one, 2.2 GB
 above under full checkpointing; DeepSeek-V2-Lite's dense first layer 972 MB above. And Llama 4's MoE
 backward was the dense MLP's with [E·T, f] buffers: 403,755,008 B under at Scout's widths, 4.03 GB under at
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from memplan.analytic import activations as act
-from memplan.analytic import layer_backward as lb
-from memplan.analytic.layer_backward import layer_terms
-from memplan.analytic.layer_kinds import layer_kind_terms
+from memplan.analytic.moments import layer_backward as lb
+from memplan.analytic.moments.layer_backward import layer_terms
+from memplan.analytic.moments.layer_kinds import layer_kind_terms
 from memplan.analytic.params import count_params
 from memplan.blocks.inventory import Dims
 from memplan.blocks.moe import backward as moe_backward

@@ -8,9 +8,9 @@ Before, each read under the measured top of its layer's backward (none / full ch
   then (``blocks.mlp.gradient_buffers``, ``python_gelu_mask``).
 - Falcon-7B: 9,287,936 / 9,423,104 B. Its one norm feeds both branches: W_QKV's dX matmul, with the fused
   output gradient [T, (a + 2)·d], the norm's output and the MLP's input gradient waiting to be summed,
-  tops the layer (``analytic.qkv_backward.parallel_shared_qkv``).
+  tops the layer (``analytic.moments.qkv_backward.parallel_shared_qkv``).
 - StableLM 2 1.6B: 4,153,344 / 4,186,112 B. W_Q's backward, the last of its three projections, above
-  LayerNorm's (``analytic.qkv_backward.q_input_gradient``).
+  LayerNorm's (``analytic.moments.qkv_backward.q_input_gradient``).
 
 Without checkpointing the rotary tables' cos and sin [s, rot] (bf16), which layer 0's rotary backward frees
 before the moment that tops it (``constants.tables_freed_by_layer0``): 4·rot B a token over before (Falcon's

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from memplan.analytic import layer_backward as lb
+from memplan.analytic.moments import layer_backward as lb
 from memplan.blocks.attention.core import Core, core_of, math_backward_buffers
 from memplan.blocks.inventory import Dims
 from memplan.config import Setup

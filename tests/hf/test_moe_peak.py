@@ -42,7 +42,7 @@ CASES = [
 
 def moe_tops(setup: Setup) -> bool:
     """The MoE's own moment is the layer backward's largest rise (``blocks.moe.backward.rise``)."""
-    from memplan.analytic import layer_backward as lb
+    from memplan.analytic.moments import layer_backward as lb
     from memplan.blocks.inventory import Dims
     from memplan.pieces import core_of, pieces
 

@@ -1,7 +1,7 @@
 """transformers' layers with norms after their sublayers (Gemma-2, Gemma-3: beside pre-norms; OLMo-2: alone,
 with q/k norms over the projections' whole outputs) and Gemma's fp32 (1 + w) norm, at the real widths under
 fake tensors: each moment measured (``measure.frameworks.hf_peak``) against the estimate's
-(``analytic.post_norms``, ``head_moments``' final norm, ``constants.released_below``).
+(``analytic.moments.post_norms``, ``head_moments``' final norm, ``constants.released_below``).
 
 Before (s 512, two layers, none / full checkpointing, beyond the named differences below): OLMo-2 7B's
 layer backward 54,513,664 / 58,707,968 B over (its post norms' saves held, q_proj's gradient counted at

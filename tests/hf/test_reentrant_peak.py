@@ -1,7 +1,7 @@
 """transformers' reentrant checkpointing (``use_reentrant=True``: torch.utils.checkpoint's
 ``CheckpointFunction``) under full training, at the families' real widths (two layers, s 512, fake
 tensors): the layer's and the embedding's backward measured (``measure.frameworks.hf_peak``) against the
-estimate's (``analytic.reentrant``, ``blocks.attention.constants.bound_in_partials``).
+estimate's (``analytic.moments.reentrant``, ``blocks.attention.constants.bound_in_partials``).
 
 Before, each read under the measured moments (layer backward / embedding backward, beyond the named
 differences below):
@@ -12,7 +12,8 @@ differences below):
 - Falcon-7B: 4,653,056 / 393,216 B. The re-run output [T, h] at W_QKV's dX matmul (the parallel layer's
   output gradient is its residual gradient: alive either way); the tables and the bool mask [1, 1, s, s].
 - StableLM 2 1.6B: 4,198,400 / 32,768 B. Two [T, h] and W_Q's bias gradient [a·d], made before the
-  re-run graph frees W_Q's saved input (``analytic.qkv_backward.q_input_gradient``); the tables [s, 16].
+  re-run graph frees W_Q's saved input (``analytic.moments.qkv_backward.q_input_gradient``); the tables [s,
+  16].
 - Gemma 2 2B (eager): the full layers' additive mask [1, 1, s, s] is held to the end, not freed below
   the lowest full layer (``released_below``: 524,288 B over at layer 0's backward with the above modelled).
 

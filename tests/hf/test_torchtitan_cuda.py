@@ -129,7 +129,7 @@ def test_every_backward_moment_on_cuda_is_exact(checkpointing: str, tp: int, dp:
     Llama-3-8B's widths, s 256 (a tp 2 + SP rank among them): the loss's, the final norm's, the layer's
     and the embedding's backward moments measure what the estimate says — the norms' one-op backward
     holding input and rstd (``blocks.norm.released_as``) and, above the attention norm's, W_QKV's
-    input-gradient matmul (``analytic.qkv_backward``)."""
+    input-gradient matmul (``analytic.moments.qkv_backward``)."""
     from memplan.measure.distributed.titan import measure_titan_rank
     from memplan.measure.distributed.titan_peak import estimated_moments
     from tests.hf.test_torchtitan_peak import MOMENTS

@@ -217,7 +217,7 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     the [norm, lm_head] unit gathered and the top layer's prefetched output. By hand (the tiny model's tp 2
     rank; every dim 0 even, no padding): a layer unit 18,560 elements, the embedding 8,192, [norm, lm_head]
     8,256. Both moments exact, as without FSDP (the layer's since its sequence-parallel moments are
-    modelled, ``analytic.sp_moments.sp_mlp_moments``)."""
+    modelled, ``analytic.moments.sp_moments.sp_mlp_moments``)."""
     from memplan.analytic.peak import zero3_head_gather, zero3_unit_buffers
     from memplan.strategies.tensor_parallel import tp_model
 
@@ -252,7 +252,8 @@ def test_zero3_reductions_of_the_head_and_embedding_units(tp: int, dp: int) -> N
     tp 2 + SP rank the same moments on its TP-local units, the gradient flowing on its [T/t, h] sequence
     shard, and the vocabulary-parallel embedding's clamped ids (its save) freed before its reduce.
     Without tp every moment is exact: the layer's too, since W_O's gradient is not counted at the MLP
-    norm's backward (``analytic.layer_backward.layer_backward_transient``; it had been: 32 MiB more there,
+    norm's backward (``analytic.moments.layer_backward.layer_backward_transient``; it had been: 32 MiB more
+    there,
     which made that moment top the layer's backward, 16 MiB above the measured)."""
     setup = ranked(hf_setup("llama-3.1-8b", seq=1024, batch=2, impl=Impl.TORCHTITAN), tp, tp > 1, dp, 3)
     est, run = estimate(setup), measure_titan_rank(setup, windows=True)
@@ -460,7 +461,7 @@ def test_zero2_backward_reshards_and_reduces_each_unit(
 
 
 def test_selective_ac_reruns_the_block_but_its_cache() -> None:
-    """torchtitan's per-op SelectiveAC (``analytic.layer_backward.op_selective_working``): the block's
+    """torchtitan's per-op SelectiveAC (``analytic.moments.layer_backward.op_selective_working``): the block's
     forward re-run in its backward makes again every save of the un-checkpointed layer but the policy's
     cache (W_QKV's, W1's, W2's outputs, the block input), alive already. Llama 3.1 8B's widths (2 layers, s
     1,024, micro-batch 2) on dp 4 under ZeRO-3: every moment exact (the layer's was 327,434,240 B under,
@@ -489,7 +490,7 @@ def test_selective_ac_reruns_the_block_but_its_cache() -> None:
 )
 def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq: int, ckpt: str) -> None:
     """At one sequence a micro-batch the layer's weight gradients outweigh the MLP's [T, f] buffers and
-    its backward tops at the attention norm's (``analytic.layer_backward.layer_backward_transient``):
+    its backward tops at the attention norm's (``analytic.moments.layer_backward.layer_backward_transient``):
     the norm's five fp32 [T, h] pieces beside the residual branch's gradient [T, h] (autograd's input
     buffer of the norm's input, ``residual_gradient``), the MLP norm's input freed, the layer's RoPE
     cache still its buffer (``rope_view_kept``). ZeRO-3 over dp 4, two layers: every moment exact (the
@@ -498,7 +499,7 @@ def test_one_sequence_a_micro_batch_tops_at_the_attention_norm(preset: str, seq:
         hf_setup(preset, seq=seq, batch=1, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt), 1, False, 4, 3
     )
     est = assert_every_moment_exact(setup)
-    from memplan.analytic import layer_backward as lb
+    from memplan.analytic.moments import layer_backward as lb
     from memplan.blocks.inventory import Dims
 
     rank = est.pieces.setup
@@ -524,7 +525,7 @@ def test_sequence_parallel_layer_backward_is_exact(
 ) -> None:
     """torchtitan's sequence-parallel layer at Llama 3.1 8B's widths (2 layers): the MLP's backward starts
     by all-gathering the layer's output gradient shard to W_down's dY [T, h], freed after W_down's backward
-    (``analytic.sp_moments.sp_mlp_moments``; with torchao's tensorwise float8, its W_gate's casts
+    (``analytic.moments.sp_moments.sp_mlp_moments``; with torchao's tensorwise float8, its W_gate's casts
     ``fp8_first_backward``); a FullAC layer re-runs after that gather, up to its last reduce-scatter
     (``sp_rerun_scatter``); SelectiveAC's re-run makes the norms' saves on T/t tokens
     (``rank_working_set``). Every moment exact, the layer's top where named. Before, at the same
@@ -532,8 +533,8 @@ def test_sequence_parallel_layer_backward_is_exact(
     sequence), 2,097,152 B under (s 4,096), 39,845,888 B under (FullAC), 16,779,264 B over (SelectiveAC);
     float8: 8,388,608 B and 29,360,128 B over; the final norm's moment 2–8 MiB over (the wait's [T/t, h]
     counted)."""
-    from memplan.analytic import layer_backward as lb
-    from memplan.analytic import sp_moments
+    from memplan.analytic.moments import layer_backward as lb
+    from memplan.analytic.moments import sp_moments
     from memplan.blocks.inventory import Dims
 
     base = hf_setup("llama-3.1-8b", seq=seq, batch=batch, layers=2, impl=Impl.TORCHTITAN, checkpointing=ckpt)

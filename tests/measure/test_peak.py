@@ -18,7 +18,7 @@ import pytest
 import torch
 from layouts import PEAK_GPT, PEAK_LLAMA
 
-from memplan.analytic import layer_backward as lb
+from memplan.analytic.moments import layer_backward as lb
 from memplan.analytic.params import count_params
 from memplan.analytic.step import largest_step_tensor, optimizer_transient
 from memplan.blocks.inventory import Dims

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.analytic.activations import clear_working_sets, kept, layer_rules, layer_working_set, setup_key
-from memplan.analytic.layer_backward import (
+from memplan.analytic.moments.layer_backward import (
     clear_terms,
     layer_backward_transient,
     layer_terms,

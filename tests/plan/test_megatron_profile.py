@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 from typer.testing import CliRunner
 
-from memplan.analytic.layer_backward import recompute_working_set
+from memplan.analytic.moments.layer_backward import recompute_working_set
 from memplan.blocks.inventory import Block
 from memplan.cli.app import app
 from memplan.config import (

@@ -1,5 +1,6 @@
 """What the attention's backward holds inside its kernels on CUDA, beyond the tensors it makes: the eager
-softmax backward's own product and FlashAttention-2's workspace (``analytic.layer_backward``'s attention
+softmax backward's own product and FlashAttention-2's workspace (``analytic.moments.layer_backward``'s
+attention
 moments and ``blocks.attention.ring_memory``'s ring blocks add them). Found on an H200
 (docs/gpu-profile.md) and derived from torch's kernels; 0 on CPU, whose kernels keep none
 (tests/measure/test_peak.py)."""

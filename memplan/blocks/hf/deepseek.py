@@ -23,7 +23,7 @@ Known limitations, refused by ``check`` (one line each): NB torch's CUDA SDPA ru
 memory-efficient kernel (not modelled: use eager attention, or --device cpu); NB tensor, pipeline,
 context and expert parallelism, selective and every-K checkpointing of the mixed dense / MoE layers are not
 modelled. The peak charges the dense first layers' backward as a dense layer's
-(``analytic.layer_kinds.layer_kind_terms``), V2's MoE backward replayed op by op
+(``analytic.moments.layer_kinds.layer_kind_terms``), V2's MoE backward replayed op by op
 (``blocks.moe.backward._deepseek``; V3's sigmoid router ``_v3_choice``). NB ``_keep_in_fp32_modules_strict =
 ["gate.weight"]`` keeps each router's weight (and so its gradient) in fp32, which the model states count in
 the weights' dtype: E·h·2 bytes a MoE layer under (tests/hf/test_layer_kinds.py). NB the MTP modules of

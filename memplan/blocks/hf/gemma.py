@@ -8,7 +8,8 @@ Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test
 - NB: under fake tensors transformers cannot skip SDPA's causal mask, and a checkpoint keeps a bool
   [b, 1, s, s] per mask kind that the real run (``is_causal``) has not: not counted (1.0002–1.0005× in
   total at the tests' sizes; ``constants.checkpointed_mask_rule``).
-- The post norms' backward (``analytic.post_norms``), the final norm's fp32 (1 + w) freed before its peak
+- The post norms' backward (``analytic.moments.post_norms``), the final norm's fp32 (1 + w) freed before its
+peak
   and a layer kind's mask and rotary tables freed below its lowest layer (``constants.released_below``):
   the moments exact at Gemma 7B's, Gemma-2 2B's and Gemma-3 1B's widths (tests/hf/test_post_norms_peak.py)
   but for the bf16 ``embed_scale`` buffer (−2 B: the estimate's normaliser save, a buffer measured apart).

@@ -6,7 +6,8 @@ whole outputs before the heads' view (``q_norm`` [a·d], ``k_norm`` [kv·d]: ``q
 
 Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test_olmo2.py). Known
 limitations:
-- The layer backward's moments around the post norms and the whole-width q/k norms: ``analytic.post_norms``
+- The layer backward's moments around the post norms and the whole-width q/k norms:
+``analytic.moments.post_norms``
   (exact at 7B's widths but for the fp32 rotary tables layer 0's rotary backward frees:
   tests/hf/test_post_norms_peak.py).
 """

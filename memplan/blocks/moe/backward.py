@@ -1,5 +1,5 @@
 """A mixture-of-experts MLP's backward, tensor by tensor: the highest point it reaches above the layer's
-live set (``analytic.layer_backward.mlp_moment``'s for a dense MLP).
+live set (``analytic.moments.layer_backward.mlp_moment``'s for a dense MLP).
 
 A dense MLP's backward peaks at its product's gradient, three [T, f] buffers beside dY
 (``blocks.mlp.mlp_backward_transient``). An MoE layer's runs over S = T·k slots and E experts, in an order

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic.layer_backward import layer_terms
+from memplan.analytic.moments.layer_backward import layer_terms
 from memplan.analytic.params import ParamCount, count_params
 from memplan.blocks.inventory import Kept
 from memplan.config import Setup

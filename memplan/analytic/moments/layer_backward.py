@@ -8,19 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from memplan.analytic import activations as act
-from memplan.analytic import lora_mlp, reentrant
-from memplan.analytic import post_norms as pn
 from memplan.analytic.head_moments import layer_rope_buffer, residual_shard, sp_shards
-from memplan.analytic.layer_saves import (
+from memplan.analytic.moments import lora_mlp, reentrant
+from memplan.analytic.moments import post_norms as pn
+from memplan.analytic.moments.layer_saves import (
     layer_saves,
     norm_saves,
     norm_saves_at_peak,
     segment_rerun_bytes,
     w_o_done,
 )
+from memplan.analytic.moments.qkv_backward import fused_qkv_input_gradient
+from memplan.analytic.moments.sp_moments import sp_mlp, sp_mlp_moments, sp_rerun_scatter
 from memplan.analytic.params import ParamCount
-from memplan.analytic.qkv_backward import fused_qkv_input_gradient
-from memplan.analytic.sp_moments import sp_mlp, sp_mlp_moments, sp_rerun_scatter
 from memplan.blocks.attention.constants import tables_freed_by_layer0
 from memplan.blocks.attention.core import (
     attention_core_rules,
@@ -191,7 +191,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
     freed = tables_freed_by_layer0(setup, dims) if bottom else 0  # after the rotary backward
     # Reentrant checkpointing's frame holds the re-run output through the backward, and the layer's
-    # output gradient past the residual sum below the MLP's norm (``analytic.reentrant``).
+    # output gradient past the residual sum below the MLP's norm (``analytic.moments.reentrant``).
     output, gradient = reentrant.held_output(setup, dims), reentrant.held_gradient(setup, dims)
     mlp_side = [
         mlp_moment(setup, dims),

@@ -1,4 +1,5 @@
-"""What one layer keeps, by block and role, as ``analytic.layer_backward``'s moments free it: the layer's
+"""What one layer keeps, by block and role, as ``analytic.moments.layer_backward``'s moments free it: the
+layer's
 saves (an MoE's with its MLP's), a norm's on the rank that runs it, what a norm still holds at its
 backward's peak, what W_O's backward frees; the layers' saves alive at a layer's backward and those a
 checkpointed segment makes again."""

@@ -4,9 +4,9 @@ last reduce-scatter (``sp_rerun_scatter``)."""
 
 from __future__ import annotations
 
-from memplan.analytic import fp8_tp_moments
 from memplan.analytic.head_moments import gather_copies, residual_shard, sp_shards
-from memplan.analytic.layer_saves import layer_saves
+from memplan.analytic.moments import fp8_tp_moments
+from memplan.analytic.moments.layer_saves import layer_saves
 from memplan.blocks import fp8, fp8_tp
 from memplan.blocks.inventory import Block, Dims, Role
 from memplan.blocks.mlp import (

@@ -37,12 +37,13 @@ from __future__ import annotations
 
 from memplan.blocks.inventory import Dims
 from memplan.blocks.profiles import profile_of
-from memplan.config import Checkpointing, Impl, Method, MlpType, NormType, Setup
+from memplan.config import Checkpointing, DType, Impl, Method, MlpType, NormType, Setup
 from memplan.config.finetune import Target
 from memplan.config.trainable import adapted, fp32_adapters
 
-ADAPTER_BYTES = 4
-"""peft's adapters under ``fp32_adapters``: fp32 weights, inputs cast to fp32."""
+ADAPTER_BYTES = DType.FP32.bytes
+"""peft's adapters under ``fp32_adapters`` (``strategies.lora.adapter_dtype``): fp32 weights, inputs cast
+to fp32."""
 
 _THREE = frozenset({Target.GATE, Target.UP, Target.DOWN})
 

@@ -1,6 +1,6 @@
 """What transformers' reentrant checkpointing (``gradient_checkpointing_kwargs={'use_reentrant': True}``:
 torch.utils.checkpoint's ``CheckpointFunction``) holds through a checkpointed layer's backward beyond what
-the non-reentrant checkpoint does, which ``analytic.layer_backward``'s moments add.
+the non-reentrant checkpoint does, which ``analytic.moments.layer_backward``'s moments add.
 
 ``CheckpointFunction.backward(ctx, *args)`` re-runs the layer whole under ``enable_grad`` on detached
 inputs (views of the saved ones: no new bytes), ``outputs = ctx.run_function(*detached_inputs)``, then

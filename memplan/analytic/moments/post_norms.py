@@ -1,6 +1,6 @@
 """A layer backward's moments around the norms after its sublayers (``ModelConfig.post_norms``: Gemma-2's
 and Gemma-3's beside their pre-norms, OLMo-2's alone) and OLMo-2's whole-width q/k norms, which
-``analytic.layer_backward``'s moments read.
+``analytic.moments.layer_backward``'s moments read.
 
 With post norms a layer's output is ``h + post_mlp_norm(mlp(·))`` and ``h = x + post_attn_norm(attn(·))``:
 the post-MLP norm's backward is the layer's first, before the MLP's, and the post-attention norm's runs
@@ -19,7 +19,7 @@ the attention norm's.
 from __future__ import annotations
 
 from memplan.analytic import activations as act
-from memplan.analytic.layer_saves import norm_saves, norm_saves_at_peak
+from memplan.analytic.moments.layer_saves import norm_saves, norm_saves_at_peak
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Block, Dims
 from memplan.blocks.norm import norm_backward_transient, norm_params
