@@ -470,3 +470,28 @@ def test_a_verdict_with_little_usable_memory_names_what_holds_the_rest() -> None
     assert verdict["usable_bytes"] < verdict["memory_bytes"] // 2
     assert next(iter(held)) == "ddp_buckets" and list(held.values()) == sorted(held.values(), reverse=True)
     assert f"(held before it: DDP's gradient buckets, {fmt_bytes(held['ddp_buckets'])})" in _text(*args)
+
+
+def test_the_verdict_judges_the_allocator_the_user_typed() -> None:
+    """``--expandable-segments`` changed the estimate's ``fit`` but not the verdict above it: the headline
+    read "does NOT fit … reserved 79.71 GiB" (the default allocator's replay) over a ``fit`` section that
+    fitted at 77.46 GiB, and each suggestion's reserved figure was the default allocator's while its
+    command carried ``--expandable-segments``. The verdict, its GPU count and its suggestions now judge the
+    allocator the options name, as the estimate's own ``fit`` does."""
+    run = ("-m", "llama-2-13b", "--seq", "4096", "--batch", "2", "--zero", "3", "--gpus", "64")
+    run += ("--gpu", "a100-80gb", "--attention", "flash", "--precision", "fsdp2-mixed")
+    plain, grown = _json(*run), _json(*run, "--expandable-segments")
+    assert grown["memory"]["allocator"]["expandable_segments"] is True
+    for doc in (plain, grown):
+        v = doc["verdict"]
+        assert v["reserved"] == doc["fit"]["reserved_peak"] and v["fits"] is doc["fit"]["fits"]
+    # one growing segment per pool: fewer reserved bytes than the default allocator's segments here
+    assert grown["verdict"]["reserved"] < plain["verdict"]["reserved"]
+    found = _json("--model", "70b", "--seq", "8192", "--gpu", "h100", "--expandable-segments")["verdict"]
+    assert found["counts"] and found["suggestions"]
+    for s in found["suggestions"]:
+        if s["command"][1] != "estimate":
+            continue
+        assert "--expandable-segments" in s["command"]
+        ran = _json(*s["command"][2:])  # the printed command, run: its own estimate and allocator
+        assert ran["fit"]["reserved_peak"] == s["reserved"] and ran["fit"]["fits"] is s["fits"]

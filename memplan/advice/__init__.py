@@ -183,7 +183,7 @@ def _peak_fits(o: Options, gpu: GpuPreset, reserve: int) -> _Judged | None:
     r = result(o)
     if r is None:
         return None
-    v = verdict(r, gpu, reserve=reserve)
+    v = verdict(r, gpu, reserve=reserve, expandable=o.expandable_segments)
     assert v.reserved_peak is not None  # an exact verdict replays the allocator
     return _Judged(v.peak, v.fits, r.devices, v.usable_bytes, v.reserved_peak)
 
@@ -402,7 +402,7 @@ def _judged_against(b: Built) -> tuple[GpuPreset, int, bool]:
     for g in _presets():
         if peak > allocator_memory(g, DEFAULT_RESERVE):
             continue
-        if verdict(b.result, g, reserve=DEFAULT_RESERVE).fits:
+        if verdict(b.result, g, reserve=DEFAULT_RESERVE, expandable=b.options.expandable_segments).fits:
             return g, DEFAULT_RESERVE, False
     return _presets()[-1], DEFAULT_RESERVE, False
 
@@ -411,7 +411,8 @@ def advise(b: Built) -> Advice:
     """The verdict of ``b`` (see the module docstring)."""
     r, o = b.result, b.options
     gpu, reserve, given = _judged_against(b)
-    v = verdict(r, gpu, reserve=reserve)
+    # judged as the estimate's own fit (``api.build``): the allocator the user typed
+    v = verdict(r, gpu, reserve=reserve, expandable=o.expandable_segments)
     assert v.reserved_peak is not None  # an exact verdict replays the allocator
     counts: list[GpuCount] = []
     found: list[Suggestion] = []
