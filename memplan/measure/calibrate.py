@@ -231,13 +231,20 @@ def _all_reduce_rank(rank: int, world: int, port: int, elements: int, repeat: in
 
     import torch.distributed as dist
 
+    from memplan.measure.distributed.spawn import LOOPBACK, local_interfaces, local_store
+
     cuda = torch.cuda.is_available()
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    local_interfaces()
     torch.set_num_threads(1)
     if cuda:
         torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    dist.init_process_group(  # the rendezvous on the loopback interface only, as profile --nproc's
+        "nccl" if cuda else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=120),
+        store=local_store(port, rank, world),
     )
     try:
         device = torch.device("cuda", rank) if cuda else torch.device("cpu")
@@ -264,20 +271,13 @@ def all_reduce_busbw(nproc: int, small: bool | None = None) -> float:
     import tempfile
     from pathlib import Path
 
-    import torch.multiprocessing as mp
-
-    from memplan.measure.distributed.spawn import _join, free_port
+    from memplan.measure.distributed.spawn import free_port, spawn_ranks
 
     small = not torch.cuda.is_available() if small is None else small
     elements = 1 << (18 if small else 26)  # fp32: 1 MiB on CPU, 256 MiB on a GPU
     with tempfile.TemporaryDirectory(prefix="memplan-calibrate-") as out:
-        ctx = mp.start_processes(  # type: ignore[attr-defined]
-            _all_reduce_rank,
-            args=(nproc, free_port(), elements, 3 if small else 20, out),
-            nprocs=nproc,
-            join=False,
-            start_method="spawn",
-        )
-        _join(ctx, 300)
+        # every rank stopped on any fault or signal, as profile --nproc's (spawn.spawn_ranks)
+        args = (nproc, free_port(), elements, 3 if small else 20, out)
+        spawn_ranks(_all_reduce_rank, args, nproc, 300, out)
         seconds = float(json.loads(Path(out, "all_reduce.json").read_text(encoding="utf-8"))["seconds"])
     return 2 * (nproc - 1) / nproc * elements * 4 / seconds

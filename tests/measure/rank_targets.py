@@ -30,3 +30,23 @@ def stop_rank_1(rank: int, folder: str) -> None:
             time.sleep(0.01)
         Path(folder, "stopped").write_text("", encoding="ascii")
     time.sleep(3600)
+
+
+def describe(rank: int, folder: str) -> None:
+    """Write what this rank sees: its environment's probe variable, whether torch was imported before this
+    module ran (the fork server's preload), its SIGINT disposition and its parent."""
+    import json
+    import sys
+
+    seen = {
+        "probe": os.environ.get("MEMPLAN_RANK_PROBE"),
+        "torch_preloaded": PRELOADED,
+        "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN,
+        "ppid": os.getppid(),
+        "modules": "memplan.measure.distributed.nproc" in sys.modules,
+    }
+    Path(folder, f"rank{rank}.json").write_text(json.dumps(seen), encoding="ascii")
+
+
+PRELOADED = "torch" in __import__("sys").modules
+"""Whether torch was imported before this module (a spawned interpreter: no; a fork of the server: yes)."""

@@ -3,9 +3,10 @@ test of tensor with sequence parallelism keeps its own, the one CLI → ``launch
 
 Each spawned rank runs ``nproc._spawned`` — what ``launch`` runs in a rank — for every layout of its
 world size in turn, each with its own rendezvous port, process group, mesh, model, optimizer and report
-folder, so that the N processes start and import torch (seconds each on a loaded 2-core machine) once per
-world size, not once per layout. What the layouts of one batch share is the Python process alone
-(imported modules, torch's caches); ``run_rank`` builds everything it measures from the setup.
+folder, so that the N processes start once per world size, not once per layout (forks of the worker's
+fork server, which imported torch once: ``spawn.START_METHOD``). What the layouts of one batch share is
+the Python process alone (imported modules, torch's caches); ``run_rank`` builds everything it measures
+from the setup.
 
 The tests reach the reports through the session fixture ``nproc_runs`` (tests/measure/conftest.py):
 ``reports(setup, nproc)`` for a direct launch, ``serve(monkeypatch)`` for the CLI, whose ``launch`` is

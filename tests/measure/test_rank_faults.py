@@ -13,11 +13,14 @@ real signals, each bounded in time:
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,8 +44,8 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-def children(pid: int) -> list[int]:
-    """The spawned ranks of ``pid`` (its children running multiprocessing's spawn main)."""
+def _children(pid: int) -> list[tuple[int, bytes]]:
+    """The child processes of ``pid`` with their command lines."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -50,9 +53,20 @@ def children(pid: int) -> list[int]:
             cmd = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(text.rsplit(")", 1)[1].split()[1]) == pid and b"spawn_main" in cmd:
-            found.append(int(stat.parent.name))
+        if int(text.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append((int(stat.parent.name), cmd))
     return found
+
+
+def children(pid: int) -> list[int]:
+    """The ranks ``pid`` started: the children of its fork server (``spawn.START_METHOD``: a child of
+    ``pid`` running multiprocessing's forkserver main, whose forks carry its command line), or, where the
+    server's socket path would not fit (``spawn._start_method``: a deep ``$TMPDIR``, as some tests give),
+    its own children running multiprocessing's spawn main."""
+    found = _children(pid)
+    servers = [c for c, cmd in found if b"multiprocessing.forkserver" in cmd]
+    spawned = [c for c, cmd in found if b"spawn_main" in cmd]
+    return spawned + [r for server in servers for r, _ in _children(server)]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
@@ -313,3 +327,68 @@ def test_a_stop_signal_is_held_while_the_ranks_start() -> None:
         reached = True
     assert reached and stopped.value.signum == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the fork server is POSIX's")
+def test_ranks_are_forks_of_a_preloaded_server_with_the_callers_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each rank is forked by this process's fork server, which imported torch and memplan's distributed
+    measurement once (spawn started a new interpreter per rank, 3 s of imports each); it still sees the
+    caller's environment as it is at the launch, set after the server started, and ignores SIGINT."""
+    spawn_ranks(rank_targets.describe, (str(tmp_path),), 2, timeout_s=120)  # the server runs from here on
+    monkeypatch.setenv("MEMPLAN_RANK_PROBE", "set after the server started")
+    spawn_ranks(rank_targets.describe, (str(tmp_path),), 2, timeout_s=120)
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for s in seen:
+        assert s["probe"] == "set after the server started"
+        assert s["torch_preloaded"] and s["modules"] and s["sigint_ignored"]
+        assert s["ppid"] != os.getpid()  # the server's fork, not this process's child
+    assert seen[0]["ppid"] == seen[1]["ppid"]
+
+
+KILLED_CALLER = """\
+import sys
+from memplan.measure.distributed.spawn import spawn_ranks
+from tests.measure import rank_targets
+
+if __name__ == "__main__":
+    spawn_ranks(rank_targets.stop_rank_1, (sys.argv[1],), 2, timeout_s=600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_ranks_and_their_server_die_with_a_killed_caller(tmp_path: Path) -> None:
+    """SIGKILL to the caller (nothing of it runs after) ends its fork server and both ranks, a stopped one
+    too: the server dies with its starter (``server_guard``), each rank with the server. Before the guard,
+    the ranks kept the server alive (each holds its "alive" pipe) and ran on, orphaned."""
+    script = tmp_path / "caller.py"
+    script.write_text(KILLED_CALLER)
+    short = Path(tempfile.mkdtemp(prefix="mp-", dir="/tmp"))  # pytest's folders are too deep for its socket
+    env = run_env(short)
+    with subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, cwd=ROOT) as p:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "stopped").exists():  # rank 0 has seen rank 1 stopped: both run
+            assert p.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        servers = [c for c, cmd in _children(p.pid) if b"multiprocessing.forkserver" in cmd]
+        pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
+        p.kill()
+    deadline = time.monotonic() + 10
+    while not all(gone(pid) for pid in [*servers, *pids]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servers and all(gone(pid) for pid in [*servers, *pids])
+    shutil.rmtree(short)  # multiprocessing's folder in it is left by the killed caller
+    shutil.rmtree(short.with_name(short.name + "-inductor-cache"), ignore_errors=True)  # run_env's
+
+
+def test_a_deep_tmpdir_spawns_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork server binds its socket in multiprocessing's folder in $TMPDIR; past AF_UNIX's path
+    length ``bind`` fails ("AF_UNIX path too long", seen with pytest's folders), so the ranks are spawned."""
+    from multiprocessing import util
+
+    folder = "/tmp/" + "d" * (spawn.SOCKET_PATH_MAX - len("/tmp/") - len("/listener-xxxxxxxx") + 1)
+    monkeypatch.setattr(util, "get_temp_dir", lambda: folder)
+    assert spawn._start_method(rank_targets.describe) == "spawn"
+    monkeypatch.setattr(util, "get_temp_dir", lambda: folder[:-1])
+    assert spawn._server_socket_fits()  # one byte less fits

@@ -3,10 +3,21 @@ hung or stopped rank, and SIGINT / SIGTERM / SIGHUP to the parent, end with ever
 and reaped; the ranks ignore SIGINT (a terminal's Ctrl-C stops them through the parent) and die with the
 parent. A spawned run's rendezvous listens on 127.0.0.1 only (``local_store``).
 
+The ranks are forked by multiprocessing's fork server (``START_METHOD``), started once per process with
+torch and memplan's distributed measurement imported (``PRELOAD``): each rank is a fork of that clean
+interpreter (no CUDA context, none of the caller's threads), where ``spawn`` started a new interpreter that
+imported torch again — 3 s a rank on an idle 2-core machine, more under load; ``profile --nproc 4`` and a
+process that launches many runs (the test suite) paid it every rank, every launch. The rank is given the
+caller's environment as it is at the launch (``_rank_main``), as a spawned one inherited it. Where the
+server's socket path would be too long for AF_UNIX (a deep ``$TMPDIR``), the ranks are spawned as before
+(``_start_method``).
+
 Known limitations (NB): a rank's own child processes are not tracked (the ranks start none: gloo and NCCL
 use threads); a SIGINT while the ranks are being started is ignored (SIGINT is ignored then, so that they
 inherit it): until the last rank has read its pickled arguments from its pipe, which it does once it has
-imported what they need (torch, seconds; longer on a loaded machine).
+imported what they need (torch, seconds; longer on a loaded machine). The fork server imported torch
+with the caller's environment as it was at the server's start: a variable torch reads on import and the
+caller set later (none of memplan's) reaches a rank's ``os.environ``, not its torch's import.
 """
 
 from __future__ import annotations
@@ -88,17 +99,31 @@ def local_interfaces() -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    """Linux: SIGKILL this rank when the parent dies, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``;
-    torch's own spawn wrapper asks for SIGINT, which the ranks ignore: see ``spawn_ranks``)."""
+    """Linux: SIGKILL this rank when its starter dies, even by SIGKILL (``prctl(PR_SET_PDEATHSIG)``;
+    torch's own spawn wrapper asks for SIGINT, which the ranks ignore: see ``spawn_ranks``). The starter
+    is the fork server (``START_METHOD``), which dies with ``parent`` (``server_guard``)."""
+    starter = os.getppid()
     if sys.platform.startswith("linux"):
         with suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() != parent:  # the parent died before the prctl
+    if os.getppid() != starter or not _alive(parent):  # the server or the parent died before the prctl
         os._exit(1)
 
 
-def _rank_main(rank: int, fn: Callable[..., None], parent: int, *args: Any) -> None:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (a reused pid)
+        return True
+    return True
+
+
+def _rank_main(rank: int, fn: Callable[..., None], parent: int, env: dict[str, str], *args: Any) -> None:
     _die_with_parent(parent)
+    os.environ.clear()
+    os.environ.update(env)  # the caller's at the launch (the fork server's is the one of its start)
     fn(rank, *args)
 
 
@@ -133,10 +158,72 @@ def _stops_deferred() -> Iterator[None]:
         raise Interrupted(caught[0])
 
 
+START_METHOD = "forkserver"
+"""How ranks are started (module docstring): forks of one server per process."""
+PRELOAD = ("memplan.measure.distributed.server_guard", "memplan.measure.distributed.nproc")
+"""What the fork server imports before it forks any rank, in order: its guard (it dies with its starter,
+``server_guard``), then torch, torch.distributed, DTensor, pipelining and memplan's distributed measurement
+(``nproc``'s own imports); and the module of the first function launched."""
+
+
+SOCKET_PATH_MAX = 103
+"""The longest filesystem path an AF_UNIX socket may bind to, in bytes: ``sun_path`` holds 108 on Linux and
+104 on macOS, the terminating NUL included (unix(7); macOS <sys/un.h>)."""
+
+
+def _server_socket_fits() -> bool:
+    """Whether the fork server's socket path fits ``SOCKET_PATH_MAX``: multiprocessing binds it at
+    ``listener-`` and 8 random characters in its own temporary folder (multiprocessing/connection.py
+    ``arbitrary_address``), made in ``$TMPDIR``; a deep ``$TMPDIR`` (a job scheduler's, pytest's) is
+    refused by ``bind`` ("AF_UNIX path too long")."""
+    from multiprocessing import util
+
+    return len(os.path.join(util.get_temp_dir(), "listener-xxxxxxxx").encode()) <= SOCKET_PATH_MAX
+
+
+def _start_method(fn: Callable[..., None]) -> str:
+    """``START_METHOD`` with this process's fork server running (``_fork_server``), or ``"spawn"`` where
+    the server's socket path would not fit (``_server_socket_fits``): every rank then starts a new
+    interpreter, as before the fork server, slower but the same run."""
+    main = threading.current_thread() is threading.main_thread()
+    with _sigint_ignored() if main else nullcontext():
+        if not _server_socket_fits():
+            return "spawn"
+        _fork_server(fn, main)
+    return START_METHOD
+
+
+def _fork_server(fn: Callable[..., None], main: bool) -> None:
+    """Start this process's fork server, if it is not running, with ``PRELOAD`` and ``fn``'s module.
+
+    Started with SIGINT ignored (``_start_method``'s ``_sigint_ignored``): the server inherits that
+    across ``exec``, and its forks take it back from the server (multiprocessing/forkserver.py
+    ``_serve_one`` restores the handlers the server started with), so every rank ignores SIGINT as a
+    spawned one did. Started before
+    ``spawn_ranks`` points ``tempfile`` at the caller's folder: the server's socket lives in
+    multiprocessing's own temporary folder (``util.get_temp_dir``, removed at this process's exit), which
+    must outlast the run's folder, since the server serves later launches too. From the main thread the
+    server is told its starter (``server_guard.STARTER``) and dies with this process; the kernel ties
+    that to the starting thread, so a server started from another thread is not (it then lives until
+    its last rank is gone, as multiprocessing's own)."""
+    from multiprocessing import forkserver
+
+    from memplan.measure.distributed.server_guard import STARTER
+
+    own = [fn.__module__] if fn.__module__ != "__main__" else []
+    forkserver.set_forkserver_preload([*PRELOAD, *own])
+    if main:
+        os.environ[STARTER] = str(os.getpid())
+    try:
+        forkserver.ensure_running()
+    finally:
+        os.environ.pop(STARTER, None)
+
+
 def spawn_ranks(
     fn: Callable[..., None], args: tuple[Any, ...], nproc: int, timeout_s: float, tmp: str | None = None
 ) -> None:
-    """Run ``fn(rank, *args)`` in ``nproc`` spawned processes and wait for all of them.
+    """Run ``fn(rank, *args)`` in ``nproc`` processes (forks of the fork server) and wait for all of them.
 
     Every way out stops every rank: a rank that raised or died (RuntimeError with its last error line), a
     run past ``timeout_s`` (TimeoutError: a hung collective, a rank stopped by SIGSTOP), SIGINT in the
@@ -146,6 +233,7 @@ def spawn_ranks(
     the parent's exit does not wait on them. torch's per-rank error files go to ``tmp`` (removed by the
     caller) rather than ``$TMPDIR``. Main thread only (signal handlers)."""
     main = threading.current_thread() is threading.main_thread()
+    method = _start_method(fn)
     handlers = {s: signal.signal(s, _interrupted) for s in _STOP_SIGNALS} if main else {}
     before = set(mp.active_children())
     ctx: Any = None
@@ -156,10 +244,10 @@ def spawn_ranks(
             try:
                 ctx = mp.start_processes(  # type: ignore[attr-defined]
                     _rank_main,
-                    args=(fn, os.getpid(), *args),
+                    args=(fn, os.getpid(), dict(os.environ), *args),
                     nprocs=nproc,
                     join=False,
-                    start_method="spawn",
+                    start_method=method,
                 )
             finally:
                 tempfile.tempdir = saved_tmp
