@@ -13,10 +13,12 @@ FIT_PASSTHROUGH = (
     "intra_node_bw",
     "inter_node_bw",
     "reserve",
+    "expandable_segments",
     "host_memory",
 )
 """``FIT_OPTIONS`` no setup holds (the model's dropout is rebuilt from the preset; the rest shape the GPU,
-its budget or the time basis): each ``fit`` row's ``memplan estimate`` command repeats them as given."""
+its budget — the allocator the memory is judged with among them — or the time basis): each ``fit`` row's
+``memplan estimate`` command repeats them as given."""
 
 FIT_OPTIONS = (
     "seq",

@@ -321,6 +321,7 @@ def fit_command(
             mfu=o.mfu,
             space=space,
             reserve=reserve,
+            expandable=o.expandable_segments,
             finetunes=tunes,
             escalate=escalate,
         )

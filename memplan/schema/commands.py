@@ -120,6 +120,10 @@ _FIT = obj(
             "(null: all do, or none is within 25 %)",
         ),
         "reserve": _BYTES,
+        "expandable_segments": described(
+            {"type": "boolean"},
+            "memory judged with the caching allocator under expandable_segments:True (--expandable-segments)",
+        ),
         "searched": COUNT,
         "evaluated": COUNT,
         "peaks": COUNT,

@@ -321,7 +321,7 @@ def host_fits(p: Result, gpu: GpuPreset) -> bool:
     return host is None or host.fits
 
 
-def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
+def fits(p: Result, memory: int, gpu: GpuPreset | None = None, expandable: bool = False) -> bool:
     """Every computed stage fits: the lower bound first, the peak only when needed, then (with ``gpu``)
     what the allocator reserves in ``memory`` less the layout's NCCL buffers, FSDP2's all-gather stream and
     DDP's buckets (``verdict``) — the same answer as ``judged``, sooner:
@@ -332,7 +332,9 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     - else one replay at the capacity ``memory`` decides: when the unlimited replay's reserved peak is
       within it, the capped replay never reaches the capacity, so runs the same and refuses nothing; when
       it is not, ``judged`` asks the capped replay itself. It stops once the rest of the stream cannot
-      pass the capacity (``reserved.refuses``); memoised on the stream.
+      pass the capacity (``reserved.refuses``); memoised on the stream. With ``expandable`` (the
+      allocator under ``expandable_segments:True``) the replay at that capacity decides whole
+      (``reserved.fits_reserved``, in Python: the compiled replay is the default allocator's).
 
     NB: no upper bound of reserved replaces the replay. Any allocator that never moves blocks can be
     driven to about M·log₂(n)/2 bytes for M live bytes in blocks of 1 … n units (Robson, J. ACM 21(3),
@@ -351,4 +353,6 @@ def fits(p: Result, memory: int, gpu: GpuPreset | None = None) -> bool:
     memory -= nccl_bytes(p, gpu) + comm_buffer_bytes(p)  # as ``verdict``
     if p.device.peak.default_stream_bytes + cublas_workspaces(gpu) > memory:
         return False
+    if expandable:
+        return fits_reserved(p, gpu, memory, expandable=True) is not None
     return not refuses(p, gpu, memory)

@@ -373,7 +373,7 @@ def search(
 
 
 def _fits(result: FitResult, p: Result) -> bool:
-    ok = fits(p, result.usable, result.gpu) and host_fits(p, result.gpu)
+    ok = fits(p, result.usable, result.gpu, result.expandable) and host_fits(p, result.gpu)
     result.peaks += any("peak" in vars(sp) for sp in p.stages)  # computed (cached) or not
     return ok
 
@@ -397,15 +397,16 @@ def fastest_stage(result: FitResult, group: _Group, first: int) -> Config:
     optimizer on its 1/dp of the parameters (``time.compute.optimizer_step_bytes``), while its extra
     communication (ZeRO-3's parameter all-gathers) may hide behind compute."""
     gpu, usable, families = result.gpu, result.usable, group.families
-    best = Config(families[first], group.estimate(first), group.time(first), gpu, result.reserve)
+    reserve, expandable = result.reserve, result.expandable
+    best = Config(families[first], group.estimate(first), group.time(first), gpu, reserve, expandable)
     for k in range(first + 1, len(families)):
         q = group.estimate(k)
         if not (fits(q, usable) and host_fits(q, gpu)):
             continue
         t = group.time(k)
         # judged on the allocator's reserved peak (a replay) only when it would be listed: faster
-        if t.step_time_s < best.timing.step_time_s and fits(q, usable, gpu):
-            best = Config(families[k], q, t, gpu, result.reserve)
+        if t.step_time_s < best.timing.step_time_s and fits(q, usable, gpu, expandable):
+            best = Config(families[k], q, t, gpu, reserve, expandable)
     return best
 
 
@@ -436,5 +437,7 @@ def _reject(result: FitResult, t: Triple) -> None:
     g = groups[0]
     for i, family in enumerate(families):
         if i not in fitted and family.saver == 0:
-            v = verdict(g.estimate(i), result.gpu, exact=False, reserve=result.reserve)
+            v = verdict(
+                g.estimate(i), result.gpu, exact=False, reserve=result.reserve, expandable=result.expandable
+            )
             result.rejected.append(Rejected(family, g.micro_batch, v))

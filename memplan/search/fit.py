@@ -118,12 +118,14 @@ def fit(
     space: Space | None = None,
     max_seq: bool = True,
     reserve: int = DEFAULT_RESERVE,
+    expandable: bool = False,
     finetunes: tuple[FineTune, ...] = (),
     escalate: bool = False,
     shortcuts: bool = True,
 ) -> FitResult:
     """Search ``space`` for ``base``'s model and sequence on ``gpus`` × ``gpu``, each with ``reserve`` bytes
-    kept back (``budget``); see the module docstring. ``finetunes``: the methods to search, in order
+    kept back (``budget``) and the allocator under ``expandable_segments:True`` when ``expandable``; see
+    the module docstring. ``finetunes``: the methods to search, in order
     (default: ``base``'s); ``escalate``: stop at the first that fits without a saver (``methods``);
     ``shortcuts=False``: judge the memory of every estimated configuration (``families``: the reference the
     pruning by predicted time is tested against)."""
@@ -147,7 +149,13 @@ def fit(
     batch = global_batch or default_global_batch(base.training.seq_len, gpus)
     start = time.perf_counter()
     result = FitResult(
-        setup=base, gpu=gpu, gpus=gpus, global_batch=batch, reserve=reserve, cp_rotate=space.cp_rotate
+        setup=base,
+        gpu=gpu,
+        gpus=gpus,
+        global_batch=batch,
+        reserve=reserve,
+        expandable=expandable,
+        cp_rotate=space.cp_rotate,
     )
     memory = result.usable
     # once: both checks and every saver level read it (a 16,384-GPU space: 2 % of a search). The checks
@@ -217,7 +225,7 @@ def fit(
     result.seconds = time.perf_counter() - start
     if max_seq and result.best is not None:
         with no_cycle_collection():
-            result.max_seq = longest_sequence(result.best, memory, gpu=gpu)
+            result.max_seq = longest_sequence(result.best, memory, gpu=gpu, expandable=expandable)
     return result
 
 

@@ -56,9 +56,12 @@ def tensors_fit(p: Result, memory: int, gpu: GpuPreset | None) -> bool:
     return all(sp.lower_bound <= memory for sp in p.stages) and requested <= memory
 
 
-def longest_sequence(best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPreset | None = None) -> int:
+def longest_sequence(
+    best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPreset | None = None, expandable: bool = False
+) -> int:
     """The longest sequence ``best`` fits at micro-batch 1 in ``memory`` bytes, judged on what the
-    allocator reserves with ``gpu`` (module docstring); 0 when none does."""
+    allocator reserves with ``gpu`` (``expandable``: under ``expandable_segments:True``; module
+    docstring); 0 when none does."""
     p = best.result
     step = sequence_step(p)
     if p.setup.model.position is PositionType.LEARNED:
@@ -75,15 +78,15 @@ def longest_sequence(best: Config, memory: int, cap: int = 1 << 20, gpu: GpuPres
         lo, hi = (mid, hi) if tensors_fit(at(mid * step), memory, gpu) else (lo, mid - 1)
     if gpu is None:  # without a GPU, fitting is the tensors' judgement
         return lo * step
-    if lo == 0 or fits(at(lo * step), memory, gpu):
+    if lo == 0 or fits(at(lo * step), memory, gpu, expandable):
         return lo * step
     a, b = 0, lo  # the allocator fits at a (0: no sequence), not at b
     while b - a > 1:
         mid = (a + b) // 2
-        a, b = (mid, b) if fits(at(mid * step), memory, gpu) else (a, mid)
+        a, b = (mid, b) if fits(at(mid * step), memory, gpu, expandable) else (a, mid)
     while True:  # a longer one that fits within ``WINDOW`` steps above, until a window holds none
         top = min(a + WINDOW, lo - 1)
-        found = next((k for k in range(top, a, -1) if fits(at(k * step), memory, gpu)), a)
+        found = next((k for k in range(top, a, -1) if fits(at(k * step), memory, gpu, expandable)), a)
         if found == a:
             return a * step
         a = found

@@ -77,11 +77,13 @@ class Config:
     timing: Timing
     gpu: GpuPreset
     reserve: int = DEFAULT_RESERVE
+    expandable: bool = False
+    """Judged with the allocator under ``expandable_segments:True`` (``fit --expandable-segments``)."""
 
     @functools.cached_property
     def verdict(self) -> Verdict:
         """``budget.verdict`` of the configuration (the allocator's replays: computed when first read)."""
-        return verdict(self.result, self.gpu, reserve=self.reserve)
+        return verdict(self.result, self.gpu, reserve=self.reserve, expandable=self.expandable)
 
     @property
     def micro_batch(self) -> int:
@@ -166,6 +168,8 @@ class FitResult:
     global_batch: int
     reserve: int = DEFAULT_RESERVE
     """Bytes of each GPU kept back (``budget``): configurations fit in ``usable``."""
+    expandable: bool = False
+    """Memory judged with the allocator under ``expandable_segments:True`` (``--expandable-segments``)."""
     fitting: list[Config] = field(default_factory=list)
     """The configurations that fit, fastest first; with pruning (``Space.keep``) those evaluated: every
     one that can be among the ``keep`` fastest, not every one that fits."""
@@ -231,6 +235,7 @@ class FitResult:
             "unsplit_dp": list(self.unsplit_dp),
             "splitting_global_batch": self.splitting_batch,
             "reserve": self.reserve,
+            "expandable_segments": self.expandable,
             "searched": self.searched,
             "evaluated": self.evaluated,
             "peaks": self.peaks,
