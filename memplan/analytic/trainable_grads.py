@@ -104,9 +104,14 @@ def own_terms(
     setup: Setup, layer: int, params: ParamCount, kept: Iterable[Kept], top: tuple[int, int]
 ) -> tuple[int, int]:
     """Layer ``layer``'s (backward transient, re-run working set): ``top``'s, the top layer's, unless it
-    trains otherwise (``as_top``)."""
+    trains otherwise (``as_top``); the lowest layer whose backward runs (``first_backward_layer``) as the
+    bottom layer's (``layer_terms``' ``bottom``): the layers below it saved nothing, so its rotary backward
+    frees the tables (measured under transformers' Llama and Mistral with the embedding, and layer 0,
+    frozen: tests/hf/test_hf_peak.py)."""
     own = as_top(setup, layer)
-    return top if own is setup else layer_terms(own, params, kept)
+    if own is setup:
+        return top
+    return layer_terms(own, params, kept, bottom=layer == first_backward_layer(setup))
 
 
 def _input_grad(setup: Setup) -> bool:

@@ -75,6 +75,15 @@ def input_grads_hooked(setup: Setup) -> bool:
     return setup.impl.impl is Impl.HF and ckpt
 
 
+def layer_input_grad(setup: Setup, layer: int) -> bool:
+    """Whether layer ``layer``'s input requires grad: the embedding's output does (it trains, or
+    transformers' checkpointing hooks it, ``input_grads_hooked``), or a layer below trains or is adapted
+    (its output then does) — ``strategies.lora_flow.flows``' ``g_in``, read without the flows."""
+    if embedding_trains(setup) or input_grads_hooked(setup):
+        return True
+    return any(base_trains(setup, i) or adapted(setup, i) for i in range(layer))
+
+
 def fp32_adapters(setup: Setup) -> bool:
     """peft's default under ``--impl hf`` with 16-bit activations: ``get_peft_model``'s
     ``autocast_adapter_dtype=True`` upcasts bf16/fp16 adapter weights to fp32

@@ -154,11 +154,16 @@ FROZEN = [
     frozen("llama-3-8b", "layers:0-1"),
     frozen("llama-3.2-1b", "layers:0-0"),  # tied embeddings
     frozen("llama-3-8b", "layers:0-0", "q,v"),
+    # layer 0's (and, with layer 0 frozen, layer 1's) input needs no gradient: its backward tops at W_Q's
+    # (``analytic.moments.layer_backward.no_input_gradient_moments``; before, 12,721,152 B over at Llama 3
+    # 8B, 32 layers, s 256; 3,182,080 B at Llama 3.2 1B's widths, 3 layers, s 128)
+    frozen("llama-3-8b", "embeddings"),
+    frozen("llama-3.2-1b", "embeddings"),
+    frozen("mistral-7b", "embeddings,layers:0-0"),
 ]
-"""Not exact, measured (docs/peak-accuracy.md): a frozen embedding, the layer backward over (layer 0's
-input needs no gradient; its norm's input-gradient pieces still charged: 12,721,152 B at Llama 3 8B, 32
-layers, s 256; 3,182,080 B at Llama 3.2 1B's widths, 3 layers, s 128); ``lm_head`` alone, or a frozen
-middle layer above a trainable layer 0, the rotary tables' bytes a token over
+"""Not exact, measured (docs/peak-accuracy.md): a frozen embedding under Qwen3's per-head q/k norms,
+Gemma's fp32 norm or a fused q, k, v projection (the input's pieces still charged: over); ``lm_head``
+alone, or a frozen middle layer above a trainable layer 0, the rotary tables' bytes a token over
 (full training's rotary tables, the NB there); Qwen3-0.6B with a layer frozen, layer 0's backward
 195,072 B (middle layer) and 260,608 B (layer 0) under: Qwen3's own layer (its q and k norms), under
 full training as well (+5.5 MB at 8B's widths, s 1,024)."""

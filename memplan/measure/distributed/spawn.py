@@ -199,13 +199,12 @@ def _fork_server(fn: Callable[..., None], main: bool) -> None:
     Started with SIGINT ignored (``_start_method``'s ``_sigint_ignored``): the server inherits that
     across ``exec``, and its forks take it back from the server (multiprocessing/forkserver.py
     ``_serve_one`` restores the handlers the server started with), so every rank ignores SIGINT as a
-    spawned one did. Started before
-    ``spawn_ranks`` points ``tempfile`` at the caller's folder: the server's socket lives in
-    multiprocessing's own temporary folder (``util.get_temp_dir``, removed at this process's exit), which
-    must outlast the run's folder, since the server serves later launches too. From the main thread the
-    server is told its starter (``server_guard.STARTER``) and dies with this process; the kernel ties
-    that to the starting thread, so a server started from another thread is not (it then lives until
-    its last rank is gone, as multiprocessing's own)."""
+    spawned one did. Started before ``spawn_ranks`` points ``tempfile`` at the caller's folder: the
+    server's socket lives in multiprocessing's own temporary folder (``util.get_temp_dir``, removed at
+    this process's exit), which must outlast the run's folder, since the server serves later launches
+    too. From the main thread the server is told its starter (``server_guard.STARTER``) and dies with
+    this process; the kernel ties that to the starting thread, so a server started from another thread
+    is not (it then lives until its last rank is gone, as multiprocessing's own)."""
     from multiprocessing import forkserver
 
     from memplan.measure.distributed.server_guard import STARTER
