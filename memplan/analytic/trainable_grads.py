@@ -37,7 +37,7 @@ from memplan.config.trainable import (
     embedding_trains,
     final_norm_trains,
     head_trains,
-    input_grads_hooked,
+    layer_input_grad,
 )
 
 
@@ -81,10 +81,10 @@ def as_top(setup: Setup, layer: int) -> Setup:
     ft, top = setup.finetune, setup.model.num_layers - 1
     if ft.trains_everything:
         return setup
-    f, first = ft.freeze_layers, first_backward_layer(setup)
+    f = ft.freeze_layers
 
     def agrees(i: int) -> tuple[bool, bool]:  # (trains, its input needs a gradient)
-        return not ft.layer_frozen(i), i > first or _input_grad(setup)
+        return not ft.layer_frozen(i), layer_input_grad(setup, i)
 
     trains, g_in = agrees(layer)
     if (trains, g_in) == agrees(top):
@@ -114,17 +114,12 @@ def own_terms(
     return layer_terms(own, params, kept, bottom=layer == first_backward_layer(setup))
 
 
-def _input_grad(setup: Setup) -> bool:
-    """Layer 0's input needs a gradient: the embedding trains, or transformers' checkpointing hooks it."""
-    return embedding_trains(setup) or input_grads_hooked(setup)
-
-
 def first_backward_layer(setup: Setup) -> int:
     """The lowest layer whose backward runs: 0 where the embedding's output needs a gradient (it trains,
     or transformers' checkpointing hooks it), else the lowest layer that trains or is adapted (the layers
     below it keep nothing and run no backward: ``strategies.lora_flow``, and have no layer moment); the
     layer count where none does."""
-    if setup.finetune.trains_everything or _input_grad(setup):
+    if setup.finetune.trains_everything or layer_input_grad(setup, 0):
         return 0
     layers = setup.model.num_layers
     return next((i for i in range(layers) if base_trains(setup, i) or adapted(setup, i)), layers)

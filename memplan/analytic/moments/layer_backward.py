@@ -269,8 +269,9 @@ def no_input_gradient_moments(setup: Setup, dims: Dims, attn_norm: int, norm_gra
 
     Measured on transformers' Llama 3 8B (two layers at its widths, s 512, ``--freeze embeddings``, no
     checkpointing), layer 0's backward, the step's top: ``mm`` [512, 4096] (W_Q's dX) after W_Q's
-    [4096, 4096] weight gradient, 6.002 [T, h] (bf16) below the dx chain's peak that the trained embedding's
-    layer 0 reaches (tests/hf/test_hf_peak.py); before, the estimate charged that chain: 25,436,160 B over."""
+    [4096, 4096] weight gradient, 8.0 [T, h] (bf16) below the dx chain's peak that the trained embedding's
+    layer 0 reaches (whose norm keeps its fp32 input there); before, the estimate charged that chain:
+    25,436,160 B over (tests/hf/test_hf_peak.py ``FROZEN``)."""
     t, h, e = dims.tokens, dims.h, dims.act.bytes
     chain = norm_backward_transient(setup, dims) + residual_gradient(setup, dims)
     held = norm_saves(setup, Block.ATTN_NORM) - norm_saves_at_peak(setup, Block.ATTN_NORM)
