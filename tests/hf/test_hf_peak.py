@@ -155,7 +155,7 @@ FROZEN = [
     frozen("llama-3.2-1b", "layers:0-0"),  # tied embeddings
     frozen("llama-3-8b", "layers:0-0", "q,v"),
     # layer 0's (and, with layer 0 frozen, layer 1's) input needs no gradient: its backward tops at W_Q's
-    # (``analytic.moments.layer_backward.no_input_gradient_moments``; before, 12,721,152 B over at Llama 3
+    # (``analytic.moments.input_free.no_input_gradient_moments``; before, 12,721,152 B over at Llama 3
     # 8B, 32 layers, s 256; 3,182,080 B at Llama 3.2 1B's widths, 3 layers, s 128)
     frozen("llama-3-8b", "embeddings"),
     frozen("llama-3.2-1b", "embeddings"),

@@ -11,6 +11,7 @@ from memplan.analytic import activations as act
 from memplan.analytic.head_moments import layer_rope_buffer, residual_shard, sp_shards
 from memplan.analytic.moments import lora_mlp, reentrant
 from memplan.analytic.moments import post_norms as pn
+from memplan.analytic.moments.input_free import input_needs_no_gradient, no_input_gradient_moments
 from memplan.analytic.moments.layer_saves import (
     layer_saves,
     norm_saves,
@@ -44,7 +45,6 @@ from memplan.blocks.norm import norm_backward_transient, python_layernorm_over
 from memplan.blocks.profiles import accumulates_in_place, checkpoints_alone, profile_of, top_layer_grads
 from memplan.config import Attention, Checkpointing, Setup
 from memplan.config.finetune import ATTN_TARGETS, MLP_TARGETS, Target
-from memplan.config.trainable import base_trains, layer_input_grad
 
 
 def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -> int:
@@ -193,8 +193,9 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
     core = attention_backward_transient(setup, dims, params)
     if input_needs_no_gradient(setup, dims):  # its input's gradient neither made nor summed (docstring)
-        core -= residual_gradient(setup, dims)
-        last = no_input_gradient_moments(setup, dims, attn_norm, norm_grad)
+        residual = residual_gradient(setup, dims)
+        core -= residual
+        last = no_input_gradient_moments(setup, dims, attn_norm, norm_grad, residual)
     freed = tables_freed_by_layer0(setup, dims) if bottom else 0  # after the rotary backward
     # Reentrant checkpointing's frame holds the re-run output through the backward, and the layer's
     # output gradient past the residual sum below the MLP's norm (``analytic.moments.reentrant``).
@@ -224,61 +225,6 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     # the whole live and working set —, which won where every rise is negative: a selective layer's with
     # its gradients summed into an earlier micro-batch's, one [T, h] over at h 64, s 64, b 2.)
     return max(m for m in moments if m is not None)
-
-
-def input_needs_no_gradient(setup: Setup, dims: Dims) -> bool:
-    """The top layer trains but its input needs no gradient (``config.trainable.layer_input_grad``): the
-    layer the backward moments speak of stands for layer 0 under ``--freeze embeddings`` (or the lowest
-    layer that trains above frozen ones, ``analytic.trainable_grads.as_top``), where that layer's backward
-    is the step's top (its gradients outweigh the saves). Modelled where measured: pre-norm layers with
-    the op-by-op RMSNorm (``norm_backward_transient``'s five fp32 [T, h]) feeding separate q, k and v
-    projections, whose weights train, on one rank without checkpointing: transformers' Llama family
-    (exact); memplan's reference model, whose projections' backward runs in another order, 512 B and
-    8,192 B over at small widths (L5 at s 8, WIDE at s 16, the embedding frozen; 6,784 B and 206,848 B
-    over before)."""
-    m, prof = setup.model, profile_of(setup)
-    top = m.num_layers - 1
-    separate = not (prof.fused_qkv or prof.qkv_views or prof.q_input_gradient_top)
-    # the op-by-op chain, and the norm keeping one [T, h] in the activations' dtype for its weight's
-    # gradient (Llama's ``weight * hidden.to(input_dtype)``; Gemma's fp32 ``(1 + weight)`` product not)
-    t_h = dims.tokens * dims.h
-    explicit = norm_backward_transient(setup, dims) == 5 * 4 * t_h
-    explicit = explicit and norm_saves(setup, Block.ATTN_NORM) == t_h * dims.act.bytes
-    plain = m.pre_norms and not (m.post_norms or m.parallel_residual or setup.strategy.reversible)
-    # Qwen3's per-head q/k norms, Llama 4's (their own chains) and MoE layers: not measured here
-    plain = plain and not (m.qk_norm or m.qk_l2_norm) and m.moe is None
-    alone = setup.parallel.tp == 1 and setup.parallel.cp == 1
-    unsaved = setup.strategy.checkpointing is Checkpointing.NONE
-    own = base_trains(setup, top) and not layer_input_grad(setup, top)
-    return own and separate and explicit and plain and alone and unsaved
-
-
-def no_input_gradient_moments(setup: Setup, dims: Dims, attn_norm: int, norm_grad: int) -> list[int]:
-    """The attention side's last moments where the layer's input needs no gradient
-    (``input_needs_no_gradient``), from the attention norm's moment (``attn_norm``: its dx chain, the
-    residual gradient beside it and the norm's saves it still holds at that chain's peak):
-
-    - W_Q's backward, the layer's top: the norm's dx chain never runs (``norm_backward_transient``), its
-      weight's gradient (``norm_grad``) is not made yet, and no residual gradient waits for the input's
-      (nothing sums into the input's gradient: ``residual_gradient``); the norm's saves are all held (it
-      has not run: ``norm_saves`` less ``norm_saves_at_peak``), and W_Q's node holds what
-      ``q_input_gradient`` lists — q's output gradient (the rotary backward's ``clone``), W_Q's dX, the
-      sum of W_K's and W_V's dX, W_Q's saved input;
-    - the norm's own backward, its weight's alone: ``weight * normed``'s product dY·normed [T, h] before
-      its sum, beside the summed dY [T, h] and the saved normed (the same chain and residual gone).
-
-    Measured on transformers' Llama 3 8B (two layers at its widths, s 512, ``--freeze embeddings``, no
-    checkpointing), layer 0's backward, the step's top: ``mm`` [512, 4096] (W_Q's dX) after W_Q's
-    [4096, 4096] weight gradient, 8.0 [T, h] (bf16) below the dx chain's peak that the trained embedding's
-    layer 0 reaches (whose norm keeps its fp32 input there); before, the estimate charged that chain:
-    25,436,160 B over (tests/hf/test_hf_peak.py ``FROZEN``)."""
-    t, h, e = dims.tokens, dims.h, dims.act.bytes
-    chain = norm_backward_transient(setup, dims) + residual_gradient(setup, dims)
-    held = norm_saves(setup, Block.ATTN_NORM) - norm_saves_at_peak(setup, Block.ATTN_NORM)
-    unrun = attn_norm - chain + held
-    w_q = unrun - norm_grad + t * setup.model.q_width * e + 3 * t * h * e
-    weight_only = unrun + 2 * t * h * e  # dY and dY·normed; the weight's gradient a sum of it, after
-    return [w_q, weight_only]
 
 
 def selective_rerun_transient(setup: Setup, dims: Dims, params: ParamCount) -> int | None:
