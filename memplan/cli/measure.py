@@ -128,7 +128,7 @@ def profile(
     with user_errors():
         torch_or_fail()
         from memplan.cli.nproc import check_single, profile_distributed
-        from memplan.measure.distributed.torchrun import torchrun_world
+        from memplan.measure.distributed.launch.torchrun import torchrun_world
         from memplan.measure.runs import profile as prof_mod
 
         dev = prof_mod.resolve_device(device)

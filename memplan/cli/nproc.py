@@ -70,7 +70,7 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
     differs beyond the documented differences). Raises ValueError for what cannot run."""
     from memplan.measure.compare.ranks import comparison
     from memplan.measure.distributed import nproc as dist_mod
-    from memplan.measure.distributed import spawn
+    from memplan.measure.distributed.launch import spawn
     from memplan.measure.distributed.parallelize import check_distributed
     from memplan.measure.instruments.sizes import check_sizes
     from memplan.measure.reference.model import check_runnable
@@ -101,7 +101,7 @@ def profile_distributed(nproc: int, dev: str, as_json: bool, options: dict[str, 
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         typer.echo(f"error: nproc: the distributed run failed: {last}; every rank was stopped", err=True)
         raise typer.Exit(1) from None
-    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped (measure.distributed.spawn.spawn_ranks)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks are stopped (measure.distributed.launch.spawn.spawn_ranks)
         typer.echo("error: nproc: interrupted (SIGINT); every rank was stopped", err=True)
         raise typer.Exit(128 + signal.SIGINT) from None
     except spawn.Interrupted as e:

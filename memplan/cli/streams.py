@@ -54,7 +54,7 @@ def exit_on_termination() -> None:
     129, no traceback) rather than at once: ``finally`` blocks and context managers run, so a file being
     written leaves no temporary behind (``memplan.files``) and temporary folders are removed. (Python's
     own default kills the process where it stands.) Main thread only; ``profile --nproc`` installs its
-    own while its ranks run (``measure.distributed.spawn.spawn_ranks``)."""
+    own while its ranks run (``measure.distributed.launch.spawn.spawn_ranks``)."""
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _terminated)

@@ -231,7 +231,7 @@ def _all_reduce_rank(rank: int, world: int, port: int, elements: int, repeat: in
 
     import torch.distributed as dist
 
-    from memplan.measure.distributed.spawn import LOOPBACK, local_interfaces, local_store
+    from memplan.measure.distributed.launch.spawn import LOOPBACK, local_interfaces, local_store
 
     cuda = torch.cuda.is_available()
     os.environ.update(MASTER_ADDR=LOOPBACK, MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -271,7 +271,7 @@ def all_reduce_busbw(nproc: int, small: bool | None = None) -> float:
     import tempfile
     from pathlib import Path
 
-    from memplan.measure.distributed.spawn import free_port, spawn_ranks
+    from memplan.measure.distributed.launch.spawn import free_port, spawn_ranks
 
     small = not torch.cuda.is_available() if small is None else small
     elements = 1 << (18 if small else 26)  # fp32: 1 MiB on CPU, 256 MiB on a GPU

@@ -31,8 +31,8 @@ import pytest
 from memplan.api import Options, setup_of
 from memplan.config import Device, MoEConfig, Setup
 from memplan.measure.distributed import nproc as dist_mod
+from memplan.measure.distributed.launch.spawn import free_port, spawn_ranks
 from memplan.measure.distributed.nproc import _spawned
-from memplan.measure.distributed.spawn import free_port, spawn_ranks
 
 SEQ = 32
 N = 4  # micro-batches per step with a pipeline (grad_accum; 1F1B needs n ≥ p)

@@ -340,7 +340,7 @@ class _Hung:
 
 
 def test_a_hung_launch_ends_with_a_timeout() -> None:
-    from memplan.measure.distributed.spawn import _join
+    from memplan.measure.distributed.launch.spawn import _join
 
     with pytest.raises(TimeoutError, match="ran past"):
         _join(_Hung(), timeout_s=0.3)

@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 pytest.importorskip("torch")
-from memplan.measure.distributed import spawn
-from memplan.measure.distributed.spawn import free_port, local_store, spawn_ranks
+from memplan.measure.distributed.launch import spawn
+from memplan.measure.distributed.launch.spawn import free_port, local_store, spawn_ranks
 from tests.measure import rank_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -317,7 +317,7 @@ def test_a_stop_signal_is_held_while_the_ranks_start() -> None:
     """SIGTERM during ``start_processes`` waits until every rank has its arguments (a rank whose pipe the
     parent stopped writing printed an EOFError traceback), then raises ``Interrupted``; the handler
     before is back."""
-    from memplan.measure.distributed.spawn import Interrupted, _stops_deferred
+    from memplan.measure.distributed.launch.spawn import Interrupted, _stops_deferred
 
     before = signal.getsignal(signal.SIGTERM)
     reached = False
@@ -349,7 +349,7 @@ def test_ranks_are_forks_of_a_preloaded_server_with_the_callers_environment(
 
 KILLED_CALLER = """\
 import sys
-from memplan.measure.distributed.spawn import spawn_ranks
+from memplan.measure.distributed.launch.spawn import spawn_ranks
 from tests.measure import rank_targets
 
 if __name__ == "__main__":

@@ -47,6 +47,15 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from memplan.config import Setup, ZeroStage
 from memplan.measure.distributed.instruments import CollectiveCounter, RankMemoryTracker, RankRecorder, local
+from memplan.measure.distributed.launch.spawn import (
+    LOOPBACK,
+    TIMEOUT_S,
+    free_port,
+    local_interfaces,
+    local_store,
+    spawn_ranks,
+)
+from memplan.measure.distributed.launch.torchrun import torchrun_world
 from memplan.measure.distributed.parallelize import build, shard_dp, sync_gradients
 from memplan.measure.distributed.pipeline import (
     InFlightRecorder,
@@ -56,15 +65,6 @@ from memplan.measure.distributed.pipeline import (
     run_step,
     stage_batches,
 )
-from memplan.measure.distributed.spawn import (
-    LOOPBACK,
-    TIMEOUT_S,
-    free_port,
-    local_interfaces,
-    local_store,
-    spawn_ranks,
-)
-from memplan.measure.distributed.torchrun import torchrun_world
 from memplan.measure.distributed.zero1 import Zero1Optimizer
 from memplan.measure.instruments.record import storage_ref, totals_by_name
 from memplan.measure.instruments.tracker import cuda_peak

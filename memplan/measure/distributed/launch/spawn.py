@@ -160,7 +160,7 @@ def _stops_deferred() -> Iterator[None]:
 
 START_METHOD = "forkserver"
 """How ranks are started (module docstring): forks of one server per process."""
-PRELOAD = ("memplan.measure.distributed.server_guard", "memplan.measure.distributed.nproc")
+PRELOAD = ("memplan.measure.distributed.launch.server_guard", "memplan.measure.distributed.nproc")
 """What the fork server imports before it forks any rank, in order: its guard (it dies with its starter,
 ``server_guard``), then torch, torch.distributed, DTensor, pipelining and memplan's distributed measurement
 (``nproc``'s own imports); and the module of the first function launched."""
@@ -207,7 +207,7 @@ def _fork_server(fn: Callable[..., None], main: bool) -> None:
     is not (it then lives until its last rank is gone, as multiprocessing's own)."""
     from multiprocessing import forkserver
 
-    from memplan.measure.distributed.server_guard import STARTER
+    from memplan.measure.distributed.launch.server_guard import STARTER
 
     own = [fn.__module__] if fn.__module__ != "__main__" else []
     forkserver.set_forkserver_preload([*PRELOAD, *own])
