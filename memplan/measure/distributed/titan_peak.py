@@ -149,7 +149,7 @@ class PeakTracker(RankMemoryTracker):
         self.windows: dict[str, tuple[int, str, dict[int, tuple[StorageWeakRef, str, int]]]] = {}
 
     def _add(self, storage: torch.UntypedStorage) -> None:
-        key = StorageWeakRef(storage).cdata
+        key = storage._cdata  # ``StorageWeakRef(storage).cdata``, without making and freeing one
         if key not in self._live:
             self._made_by[key] = self._op
         super()._add(storage)
@@ -180,7 +180,7 @@ class PeakTracker(RankMemoryTracker):
 
     def resized(self, storage: torch.UntypedStorage, op: str) -> None:
         """A storage resized in place (FSDP2): its live bytes become its new size."""
-        key = StorageWeakRef(storage).cdata
+        key = storage._cdata  # ``StorageWeakRef(storage).cdata``, without making and freeing one
         if key not in self._live:
             return  # made before tracking began and never seen: resized to 0 before the step
         ref, before = self._live[key]

@@ -27,10 +27,26 @@ from typing import Any, Protocol, cast
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-from torch.utils._pytree import tree_leaves
 
 from memplan.analytic.allocator import Alloc, Event, Free
-from memplan.measure.instruments.record import _Mode, storage_ref
+from memplan.measure.instruments.record import _Mode
+
+
+def tensor_leaves(tree: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (nested tuples, lists and dicts; an aten op takes no
+    other container): ``tree_leaves`` filtered to tensors, without the pytree machinery's cost on every op
+    of a traced step (2.6 % of a traced test's samples)."""
+    out: list[torch.Tensor] = []
+    stack = [tree]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            out.append(x)
+        elif isinstance(x, (tuple, list)):
+            stack.extend(reversed(x))
+        elif isinstance(x, dict):
+            stack.extend(reversed(list(x.values())))
+    return out
 
 
 def data_tensors(t: torch.Tensor) -> Iterator[torch.Tensor]:
@@ -128,9 +144,9 @@ class LiveMemoryTracker(_Mode):
         return m
 
     def _add(self, storage: torch.UntypedStorage) -> None:
-        ref = StorageWeakRef(storage)
-        if ref.cdata in self._live:
+        if storage._cdata in self._live:  # the StorageImpl's address: ``StorageWeakRef(storage).cdata``
             return
+        ref = StorageWeakRef(storage)
         nbytes = storage.nbytes()
         self._live[ref.cdata] = (ref, nbytes)
         self._ids[ref.cdata] = len(self.events)
@@ -156,14 +172,12 @@ class LiveMemoryTracker(_Mode):
         out = func(*args, **kwargs)
         if WAIT_TENSOR is not None and func is WAIT_TENSOR.default:
             out = args[0]  # the collective's own tensor, as the real kernel returns it
-        given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        inputs = {storage_ref(d).cdata for t in given for d in data_tensors(t)}
-        for t in tree_leaves(out):
-            if not isinstance(t, torch.Tensor):
-                continue
+        inputs = {d.untyped_storage()._cdata for t in tensor_leaves((args, kwargs)) for d in data_tensors(t)}
+        for t in tensor_leaves(out):
             for d in data_tensors(t):
-                if storage_ref(d).cdata not in inputs:
-                    self._add(d.untyped_storage())
+                storage = d.untyped_storage()
+                if storage._cdata not in inputs:
+                    self._add(storage)
         self.curve.samples.append(self.current)
         return out
 
