@@ -7,8 +7,9 @@ exact. The exact bytes are in the failure message."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -28,6 +29,9 @@ from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
+
+if TYPE_CHECKING:
+    from memplan.measure.distributed.titan import RankRun
 
 F = TypeVar("F", bound=Callable[..., None])
 
@@ -212,3 +216,15 @@ def layer_difference(setup: Setup) -> int:
     layer = measured["layer backward"]
     assert layer is not None
     return layer - buffers - estimated_moments(estimate(setup))["layer backward"]
+
+
+@functools.cache
+def titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -> RankRun:
+    """``measure_titan_rank`` once per arguments in a process (its ``RankRun`` is frozen, its trace
+    deterministic): tests/hf/test_torchtitan_peak.py and test_torchtitan_ranks.py read one rank's step
+    several ways — its saves, its moments, its shards — and ran the same trace up to nine times (15 s of
+    the suite's test time). Both files carry ``xdist_group("titan_rank")`` so that one worker holds the
+    cache."""
+    from memplan.measure.distributed.titan import measure_titan_rank  # torchtitan: only where asked
+
+    return measure_titan_rank(setup, fake=fake, windows=windows)

@@ -19,11 +19,12 @@ pytest.importorskip("torchtitan.models.llama3")
 
 from memplan.config import Fp8Recipe, Impl, Setup
 from memplan.engine import Result, estimate
-from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.measure.distributed.titan_peak import estimated_moments, peak_json
 from memplan.schema import command_schema
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, titan_rank
 from tests.hf.test_torchtitan_ranks import ranked
+
+pytestmark = pytest.mark.xdist_group("titan_rank")  # one worker holds titan_rank's traces (harness)
 
 MOMENTS = ["loss backward", "final norm backward", "layer backward", "embedding backward"]
 """The backward's moments a torchtitan rank's trace and its estimate are compared at."""
@@ -32,7 +33,7 @@ MOMENTS = ["loss backward", "final norm backward", "layer backward", "embedding 
 def assert_every_moment_exact(setup: Setup) -> Result:
     """Trace ``setup``'s rank and assert each of ``MOMENTS`` measures what the estimate says; the estimate."""
     est = estimate(setup)
-    measured, estimated = measure_titan_rank(setup).peak.moments(MOMENTS), estimated_moments(est)
+    measured, estimated = titan_rank(setup).peak.moments(MOMENTS), estimated_moments(est)
     assert {n: measured[n] - estimated[n] for n in MOMENTS} == dict.fromkeys(MOMENTS, 0)  # type: ignore[operator]
     return est
 
@@ -40,7 +41,7 @@ def assert_every_moment_exact(setup: Setup) -> Result:
 @pytest.mark.parametrize("sp", [False, True])
 def test_tp_rank_peak_is_the_loss_parallel_backward(sp: bool) -> None:
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     peak = run.peak
     moments = estimated_moments(est)
     assert peak.peak == moments["loss backward"] == max(moments.values())
@@ -86,7 +87,7 @@ def test_fsdp2_resizes_are_followed() -> None:
     dispatched op); the tracker follows it, so after the step the live bytes are the rank's own again:
     its parameter shards, buffers and sharded gradients (each storage once)."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
-    run = measure_titan_rank(setup)
+    run = titan_rank(setup)
     end = run.peak.curve.samples[-1]
     rope = 2 * 32 * 8 * 8
     # The gradients at rest: FSDP2's reduce-scattered shards, one per parameter, in the sharded
@@ -121,7 +122,7 @@ def test_zero2_rank_holds_its_shards_beside_the_gathered_weights() -> None:
     unsharded parameters, gathered in forward and kept for backward: the estimate's whole weights plus
     the shards (``analytic.fsdp.moments.zero2_shards_beside``), exact."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 2)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     weights, rope = tiny_tp2_weights(), 2 * 32 * 8 * 8
     # the shards are fp32 (FSDP2's mixed precision): half the elements at twice the bf16 bytes
     assert run.param_bytes == weights
@@ -135,7 +136,7 @@ def test_zero3_loss_backward_holds_the_head_unit_gathered() -> None:
     forward, [norm, lm_head] not) on tp 2 + SP × dp 2: at the loss's backward the rank holds its shards and
     the [norm, lm_head] unit gathered in its forward; the moment is exact."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True, 2, 3)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     # every dim 0 even: half the TP rank's elements, fp32 (FSDP2's mixed precision): the bf16 TP bytes
     assert run.param_bytes == tiny_tp2_weights()
     # [norm, lm_head] unsharded on the tp 2 rank: final norm [h] + lm head [v/t, h] = 64 + 128·64 =
@@ -156,7 +157,7 @@ def test_full_scale_loss_backward_of_rank_0_of_16384() -> None:
     policy), every save and the loss-parallel backward's 3 fp32 [T, v/t] (T 8192, v/t 16,032) with its
     locals. NB: the other moments are not exact (titan_peak's module docstring)."""
     setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True, 2048, 3)
-    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    est, run = estimate(setup), titan_rank(setup, windows=True)
     loss = run.peak.moments(["loss backward"])["loss backward"]
     assert loss == estimated_moments(est)["loss backward"]
     T, v = 8192, 16032
@@ -175,7 +176,7 @@ def test_embedding_backward_holds_the_buffers_and_the_loop_tensors() -> None:
     the vocabulary-parallel embedding's clamped ids (its save), both layers' RoPE buffers, the incoming
     gradient times the vocabulary mask and the fp32 loss scalars; exact."""
     setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, True)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     moment = run.peak.moments(["embedding backward"])["embedding backward"]
     assert moment == estimated_moments(est)["embedding backward"]
     T, h = 256, 4096
@@ -192,7 +193,7 @@ def test_sp_final_norm_backward_tops_at_the_head_input_scatter() -> None:
     concatenated copy and the [T/t, h] output, which the wait returns), the norm's saves still held;
     exact."""
     setup = ranked(hf_setup("llama-3.1-405b", seq=8192, layers=1, impl=Impl.TORCHTITAN), 8, True)
-    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    est, run = estimate(setup), titan_rank(setup, windows=True)
     moment = run.peak.moments(["final norm backward"])["final norm backward"]
     assert moment == estimated_moments(est)["final norm backward"]
     T, h, t = 8192, 16384, 8
@@ -207,7 +208,7 @@ def test_real_tensors_peak_where_fake_ones_do(sp: bool, dp: int, zero: int) -> N
     """The tiny model's rank with real (uninitialised) tensors over the fake group peaks at the same bytes,
     holding the same parts, as under fake tensors."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
-    real, fake = measure_titan_rank(setup, fake=False).peak, measure_titan_rank(setup).peak
+    real, fake = titan_rank(setup, fake=False).peak, titan_rank(setup).peak
     assert (real.peak, real.parts, real.op) == (fake.peak, fake.parts, fake.op)
 
 
@@ -231,7 +232,7 @@ def test_zero3_layer_and_final_norm_buffers() -> None:
     names = ["final norm backward", "layer backward"]
 
     def errors(setup: Setup) -> list[int | None]:
-        measured = measure_titan_rank(setup).peak.moments(names)
+        measured = titan_rank(setup).peak.moments(names)
         estimated = estimated_moments(estimate(setup))
         return [None if measured[n] is None else measured[n] - estimated[n] for n in names]  # type: ignore[operator]
 
@@ -256,7 +257,7 @@ def test_zero3_reductions_of_the_head_and_embedding_units(tp: int, dp: int) -> N
     there,
     which made that moment top the layer's backward, 16 MiB above the measured)."""
     setup = ranked(hf_setup("llama-3.1-8b", seq=1024, batch=2, impl=Impl.TORCHTITAN), tp, tp > 1, dp, 3)
-    est, run = estimate(setup), measure_titan_rank(setup, windows=True)
+    est, run = estimate(setup), titan_rank(setup, windows=True)
     names = ["final norm backward", "embedding backward"]
     measured, estimated = run.peak.moments(names), estimated_moments(est)
     assert all(measured[n] == estimated[n] for n in names), (measured, estimated)
@@ -314,7 +315,7 @@ def test_the_loss_parallel_forward_holds_four_vocabulary_blocks() -> None:
     from memplan.timeline import timeline
 
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, True)
-    run = measure_titan_rank(setup, windows=True)
+    run = titan_rank(setup, windows=True)
     t, v = 64, 128
     high, _op, _parts, made = run.peak.windows["forward 1"]
     assert high == max(run.peak.curve.samples[: dict(run.peak.curve.notes)["forward"] + 1])
@@ -352,7 +353,7 @@ def test_the_2024_root_wrapping_holds_what_the_estimate_says(
     def errors(wrap: str) -> tuple[dict[str, int], int]:
         setup = ranked(base, tp, tp > 1, dp, 3, fsdp_wrap=wrap)
         measured, estimated = (
-            measure_titan_rank(setup).peak.moments(names),
+            titan_rank(setup).peak.moments(names),
             estimated_moments(estimate(setup)),
         )
         return {n: measured[n] - estimated[n] for n in names}, measured["loss backward"]  # type: ignore[operator]
@@ -371,7 +372,7 @@ def test_a_tied_model_is_measured_tied(tp: int, sp: bool) -> None:
     model's rank holds one [v, h] and its loss backward equals the estimate's (before: one [v, h] more,
     measured on an untied model). dp 1; under FSDP2: ``test_the_tied_unit_holds_what_the_estimate_says``."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN, tied_embeddings=True), tp, sp)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert run.param_bytes == est.states.weights
     measured = run.peak.moments(["loss backward"])["loss backward"]
     assert measured == estimated_moments(est)["loss backward"]
@@ -404,7 +405,7 @@ def test_the_tied_unit_holds_what_the_estimate_says(
         base = hf_setup(preset, seq=seq, batch=2, layers=layers, impl=Impl.TORCHTITAN, tied_embeddings=tied)
         setup = ranked(base, 1, False, dp, 3)
         measured, estimated = (
-            measure_titan_rank(setup).peak.moments(names),
+            titan_rank(setup).peak.moments(names),
             estimated_moments(estimate(setup)),
         )
         return {n: measured[n] - estimated[n] for n in names}, setup  # type: ignore[operator]
@@ -447,7 +448,7 @@ def test_zero2_backward_reshards_and_reduces_each_unit(
     def errors(zero: int) -> tuple[dict[str, int], Setup]:
         setup = ranked(base, tp, tp > 1, dp, zero)
         measured, estimated = (
-            measure_titan_rank(setup).peak.moments(names),
+            titan_rank(setup).peak.moments(names),
             estimated_moments(estimate(setup)),
         )
         return {n: measured[n] - estimated[n] for n in names}, setup  # type: ignore[operator]

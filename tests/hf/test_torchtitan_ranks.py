@@ -20,9 +20,10 @@ pytest.importorskip("torchtitan.models.llama3")
 from memplan.config import Impl, Setup, ZeroStage
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
-from memplan.measure.distributed.titan import measure_titan_rank
 from memplan.schema import command_schema
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_setup, titan_rank
+
+pytestmark = pytest.mark.xdist_group("titan_rank")  # one worker holds titan_rank's traces (harness)
 
 
 def ranked(setup: Setup, tp: int, sp: bool, dp: int = 1, zero: int = 0, **impl: object) -> Setup:
@@ -38,7 +39,7 @@ def ranked(setup: Setup, tp: int, sp: bool, dp: int = 1, zero: int = 0, **impl: 
 @pytest.mark.parametrize(("sp", "dp", "zero"), [(False, 1, 0), (True, 1, 0), (True, 2, 3)])
 def test_tp_rank_saves_what_the_estimate_says(sp: bool, dp: int, zero: int) -> None:
     setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     meas = run.measured
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
     assert est.activations == meas.activations
@@ -56,7 +57,7 @@ def test_tp_rank_under_selective_ac(sp: bool) -> None:
     """torchtitan's SelectiveAC on a tp 2 rank: the block input, the rank's cached mm outputs (W2's a
     partial sum [T, h]) and, under SP, the two reduce-scatter outputs the comm save list caches."""
     setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing="selective"), 2, sp)
-    est, meas = estimate(setup), measure_titan_rank(setup).measured
+    est, meas = estimate(setup), titan_rank(setup).measured
     assert estimated_layers(est) == [meas.layer_bytes(i) for i in range(2)]
     assert est.activations == meas.activations
     b, s, h, t = 1, 256, 4096, 2
@@ -72,9 +73,9 @@ def test_fsdp2_rank_holds_its_shard() -> None:
     mixed precision: the model built in fp32, bf16 only while gathered); the tp-only rank (no FSDP) holds
     the whole TP shard in bf16. E elements of the TP shard: 4 B · E/2 = 2 B · E."""
     base = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN)
-    whole = measure_titan_rank(ranked(base, 2, True)).param_bytes  # 2 B · E
+    whole = titan_rank(ranked(base, 2, True)).param_bytes  # 2 B · E
     for zero in (2, 3):
-        assert measure_titan_rank(ranked(base, 2, True, 2, zero)).param_bytes == whole  # 4 B · E/2
+        assert titan_rank(ranked(base, 2, True, 2, zero)).param_bytes == whole  # 4 B · E/2
 
 
 def test_full_scale_rank_of_8192() -> None:
@@ -82,7 +83,7 @@ def test_full_scale_rank_of_8192() -> None:
     8,192 on the fake process group keeps what the estimate says to the byte, and holds FSDP2's padded
     dim-0 shards (Σ ⌈dim0/1024⌉·rest, not ⌈Ψ/1024⌉)."""
     setup = ranked(hf_setup("llama-3-70b", seq=8192, impl=Impl.TORCHTITAN), 8, True, 1024, 3)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
     assert est.activations == run.measured.activations
     # The TP rank's parameters (h 8192, a/t 8, kv/t 1, d 128, f/t 3584, v/t 16032), each cut along dim 0
@@ -109,7 +110,7 @@ def test_real_tensors_save_what_fake_ones_do(sp: bool, zero: int) -> None:
     """The tiny model on tp 2 × dp 2 with real (uninitialised) tensors over the fake group saves the same
     storages and holds the same parameters as under fake tensors, and both equal the estimate."""
     setup = ranked(hf_setup("tiny", seq=32, batch=2, impl=Impl.TORCHTITAN), 2, sp, 2, zero)
-    real, fake = measure_titan_rank(setup, fake=False), measure_titan_rank(setup)
+    real, fake = titan_rank(setup, fake=False), titan_rank(setup)
     assert [(r.shape, r.dtype, r.bytes) for r in real.measured.records] == [
         (r.shape, r.dtype, r.bytes) for r in fake.measured.records
     ]
@@ -147,7 +148,7 @@ def test_tp_fsdp2_rank_under_full_ac() -> None:
     """FullAC on a tp 2 + SP × dp 2 ZeRO-3 rank: each block keeps its input, the sequence shard
     [b, s/t, h] (1 × 128 × 4096 bf16 = 1 MiB), and nothing else; the model level as without checkpointing."""
     setup = ranked(hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN, checkpointing="full"), 2, True, 2, 3)
-    est, meas = estimate(setup), measure_titan_rank(setup).measured
+    est, meas = estimate(setup), titan_rank(setup).measured
     assert [meas.layer_bytes(i) for i in range(2)] == estimated_layers(est) == [128 * 4096 * 2] * 2
     assert est.activations == meas.activations
 
@@ -157,8 +158,8 @@ def test_hsdp_rank_holds_its_group_shard() -> None:
     parameters over the 2 ranks of the group, so the rank holds half the TP shard, as at dp 2."""
     base = ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 4, 3)
     hsdp = base.model_copy(update={"strategy": base.strategy.model_copy(update={"hsdp": 2})})
-    run = measure_titan_rank(Setup.model_validate(hsdp.model_dump()))
-    half = measure_titan_rank(ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 2, 3))
+    run = titan_rank(Setup.model_validate(hsdp.model_dump()))
+    half = titan_rank(ranked(hf_setup("tiny", seq=32, impl=Impl.TORCHTITAN), 2, True, 2, 3))
     assert run.param_bytes == half.param_bytes == estimate(hsdp).device.states.weights
 
 
@@ -174,7 +175,7 @@ def test_context_parallel_rank_of_a_tp_or_fsdp2_mesh(tp: int, dp: int, cp_rank: 
     data["parallel"] = {**data["parallel"], "tp": tp, "sp": tp > 1, "cp": 2, "cp_rank": cp_rank}
     data["strategy"] = {**data["strategy"], "dp": dp, "zero": ZeroStage(3 if dp > 1 else 0)}
     setup = Setup.model_validate(data)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
     assert est.activations == run.measured.activations
     assert run.param_bytes == est.device.states.weights
@@ -215,7 +216,7 @@ def test_gradients_after_the_step(sp: bool, dp: int, zero: int) -> None:
     (h 64, a·d 64, f 128), 2 layers, bf16, (64·64 + 64·128)/2 elements more a layer. Under SP they arrive
     as shards; under FSDP2 they are redistributed and reduce-scattered to the fp32 shards."""
     setup = ranked(hf_setup("tiny", seq=64, impl=Impl.TORCHTITAN), 2, sp, dp, zero)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert run.grad_bytes == est.device.states.gradients
     shards = ranked(hf_setup("tiny", seq=64, impl=Impl.TORCHTITAN), 2, True, dp, zero)
     more = 2 * (64 * 64 + 64 * 128) // 2 * 2 if (sp, zero) == (False, 0) else 0
@@ -229,7 +230,7 @@ def test_llama_3_8b_tp_without_sp_keeps_w_o_whole_and_w2_sharded() -> None:
     all-reduce). The rank's gradients equal the estimate's: the SP layout's plus 2 · 4,096 · 2,048 bf16."""
     base = hf_setup("llama-3-8b", seq=256, impl=Impl.TORCHTITAN)
     setup, sp = ranked(base, 2, False), ranked(base, 2, True)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert run.grad_bytes == est.device.states.gradients
     assert run.grad_bytes == estimate(sp).device.states.gradients + 2 * 4096 * 2048 * 2
 
