@@ -12,11 +12,12 @@ import pytest
 
 pytest.importorskip("peft")
 
-from memplan.config import FineTune, Method, MlpType, Setup
+from memplan.config import FineTune, Method, MlpType, ModelConfig, Setup
 from memplan.config.finetune import parse_targets
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
+from memplan.presets import load_model_preset
 from tests.hf.harness import hf_setup
 
 
@@ -160,13 +161,17 @@ FROZEN = [
     frozen("llama-3-8b", "embeddings"),
     frozen("llama-3.2-1b", "embeddings"),
     frozen("mistral-7b", "embeddings,layers:0-0"),
+    # Qwen3's per-head q/k norms (``analytic.moments.qk_norms``): with the embedding frozen 6,299,648 B
+    # over before (8B's widths), with a layer frozen 195,072 B (middle) and 260,608 B (layer 0) under
+    frozen("qwen3-8b", "embeddings"),
+    frozen("qwen3-0.6b", "embeddings"),
+    frozen("qwen3-0.6b", "layers:0-0"),
+    frozen("qwen3-0.6b", "layers:1-1"),
 ]
-"""Not exact, measured (docs/peak-accuracy.md): a frozen embedding under Qwen3's per-head q/k norms,
-Gemma's fp32 norm or a fused q, k, v projection (the input's pieces still charged: over); ``lm_head``
-alone, or a frozen middle layer above a trainable layer 0, the rotary tables' bytes a token over
-(full training's rotary tables, the NB there); Qwen3-0.6B with a layer frozen, layer 0's backward
-195,072 B (middle layer) and 260,608 B (layer 0) under: Qwen3's own layer (its q and k norms), under
-full training as well (+5.5 MB at 8B's widths, s 1,024)."""
+"""Not exact, measured (docs/peak-accuracy.md): a frozen embedding under Gemma's fp32 norm or a fused q,
+k, v projection (the input's pieces still charged: over); ``lm_head`` alone, or a frozen middle layer
+above a trainable layer 0, the rotary tables' bytes a token over (full training's rotary tables, the NB
+there)."""
 
 
 @pytest.mark.parametrize(
@@ -216,6 +221,39 @@ def test_a_wide_mlps_top_is_its_first_matrices_backward(preset: str, checkpointi
     layer = measured["layer backward"]
     assert layer is not None
     assert layer - buffers - est["layer backward"] == (-2 if "gemma" in preset else 0)
+
+
+def _qwen3_moe_narrow(h: int) -> ModelConfig:
+    """Qwen3-30B-A3B's layout (32 heads of 128, 4 kv heads) on narrow widths, 8 experts of h/4, two layers."""
+    m = load_model_preset("qwen3-30b-a3b").model
+    moe = m.moe.model_copy(update={"experts": 8, "top_k": 2}) if m.moe else None
+    return m.model_copy(
+        update={"hidden_size": h, "moe": moe, "ffn_size": h // 4, "num_layers": 2, "vocab_size": 1024}
+    )
+
+
+@pytest.mark.parametrize(
+    ("preset", "seq", "checkpointing"),
+    [
+        ("qwen3-0.6b", 512, "none"),
+        ("qwen3-0.6b", 512, "full"),
+        ("qwen3-8b", 1024, "none"),
+        ("qwen3-moe-narrow", 512, "none"),
+    ],
+)
+def test_qwen3_q_norms_chain_tops_the_layer(preset: str, seq: int, checkpointing: str) -> None:
+    """Full training, two layers: where q is wide against h (Qwen3-0.6B: a·d = 2h; Qwen3-MoE's layout at
+    h 512: a·d = 8h) or the sequence long against the weights (Qwen3 8B at s 1,024), q_norm's input-gradient
+    chain over [T, a·d] in fp32 tops the layer above the attention norm's
+    (``analytic.moments.qk_norms.per_head_qk_norm_moments``). Before: 6,210,048 B, 6,210,048 B, 5,472,768 B
+    and 18,735,616 B under; now the layer moment is exact."""
+    model = _qwen3_moe_narrow(512) if preset == "qwen3-moe-narrow" else preset
+    setup = hf_setup(model, seq=seq, checkpointing=checkpointing)
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    assert delta["layer backward"] == 0, delta
+    assert all(-8 <= d <= 0 for d in delta.values()), delta
 
 
 def test_trace_runs_transformers_with_its_parts_frozen() -> None:

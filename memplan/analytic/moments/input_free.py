@@ -34,8 +34,9 @@ def input_needs_no_gradient(setup: Setup, dims: Dims) -> bool:
     explicit = norm_backward_transient(setup, dims) == 5 * 4 * t_h
     explicit = explicit and norm_saves(setup, Block.ATTN_NORM) == t_h * dims.act.bytes
     plain = m.pre_norms and not (m.post_norms or m.parallel_residual or setup.strategy.reversible)
-    # Qwen3's per-head q/k norms, Llama 4's (their own chains) and MoE layers: not measured here
-    plain = plain and not (m.qk_norm or m.qk_l2_norm) and m.moe is None
+    # Llama 4's q/k L2 norms (their own chains) and MoE layers: not measured here; Qwen3's per-head norms
+    # measured, their chains' moments read less the residual gradient (``analytic.moments.qk_norms``)
+    plain = plain and not m.qk_l2_norm and m.moe is None
     alone = setup.parallel.tp == 1 and setup.parallel.cp == 1
     unsaved = setup.strategy.checkpointing is Checkpointing.NONE
     own = base_trains(setup, top) and not layer_input_grad(setup, top)

@@ -19,6 +19,7 @@ from memplan.analytic.moments.layer_saves import (
     segment_rerun_bytes,
     w_o_done,
 )
+from memplan.analytic.moments.qk_norms import per_head_norms_apply, per_head_qk_norm_moments
 from memplan.analytic.moments.qkv_backward import fused_qkv_input_gradient
 from memplan.analytic.moments.sp_moments import sp_mlp, sp_mlp_moments, sp_rerun_scatter
 from memplan.analytic.params import ParamCount
@@ -191,11 +192,17 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     qkv = attn_norm + fused_qkv_input_gradient(setup, dims, norm_grad)
     # OLMo-2 (no pre-norms): no MLP norm; its last norms are the whole-width q/k norms, no attention norm's
     last = [qkv, attn_norm] if normed_in else pn.whole_qk_norm_moments(setup, dims, params, attn_norm)
+    # Qwen3's q_norm and k_norm chains, before the attention norm's
+    qk_norms = (
+        per_head_qk_norm_moments(setup, dims, params, attn_norm) if per_head_norms_apply(setup, dims) else []
+    )
     core = attention_backward_transient(setup, dims, params)
     if input_needs_no_gradient(setup, dims):  # its input's gradient neither made nor summed (docstring)
         residual = residual_gradient(setup, dims)
         core -= residual
         last = no_input_gradient_moments(setup, dims, attn_norm, norm_grad, residual)
+        qk_norms = [m - residual for m in qk_norms]  # no residual gradient waits for the input's
+    last += qk_norms
     freed = tables_freed_by_layer0(setup, dims) if bottom else 0  # after the rotary backward
     # Reentrant checkpointing's frame holds the re-run output through the backward, and the layer's
     # output gradient past the residual sum below the MLP's norm (``analytic.moments.reentrant``).
