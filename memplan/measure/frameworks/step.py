@@ -30,7 +30,7 @@ from memplan.measure.instruments.record import (
     SavedTensorRecorder,
     current_layer,
     layer_scope,
-    storage_ref,
+    storage_key,
 )
 
 
@@ -79,7 +79,7 @@ def _given(recorder: PathRecorder, module: Any, args: Any, kwargs: dict[str, Any
     (Not its other keyword tensors: a window's mask belongs to the layers of its kind.)"""
     given = [kwargs.get("position_embeddings"), kwargs.get("position_ids")]
     if recorder.recording:
-        recorder.outside.update(storage_ref(t).cdata for t in _tensors([g for g in given if g is not None]))
+        recorder.outside.update(storage_key(t) for t in _tensors([g for g in given if g is not None]))
 
 
 def _leave(module: Any, args: Any, out: Any) -> None:
@@ -143,12 +143,12 @@ class PathRecorder(SavedTensorRecorder):
         if self.recording:
             if self.stack:
                 self.label(t, self.stack[-1])
-            self.layers.setdefault(storage_ref(t).cdata, set()).add(current_layer())
+            self.layers.setdefault(storage_key(t), set()).add(current_layer())
         return super()._pack(t)
 
     def keep(self, t: torch.Tensor, name: str | None = None) -> None:
         if self.recording:
-            self.layers.setdefault(storage_ref(t).cdata, set()).add(current_layer())
+            self.layers.setdefault(storage_key(t), set()).add(current_layer())
         super().keep(t, name)
 
     def named(self, ops: dict[int, str]) -> list[SavedRecord]:
@@ -196,7 +196,7 @@ def op_names(loss: torch.Tensor) -> dict[int, str]:
             for attr in dir(node):
                 if attr.startswith("_saved_"):
                     for t in _tensors([getattr(node, attr)]):
-                        key = storage_ref(t).cdata
+                        key = storage_key(t)
                         if op not in names.get(key, "").split("+"):
                             names[key] = f"{names[key]}+{op}" if key in names else op
             todo.extend(fn for fn, _ in node.next_functions)

@@ -63,6 +63,13 @@ def storage_ref(t: torch.Tensor) -> StorageWeakRef:
     return StorageWeakRef(t.untyped_storage())
 
 
+def storage_key(t: torch.Tensor) -> int:
+    """``storage_ref(t).cdata`` without making (and freeing) a weak reference: the address of t's C++
+    StorageImpl, which ``StorageWeakRef`` keeps as ``cdata`` and ``UntypedStorage._cdata`` returns. For the
+    per-op and per-save paths of a trace, where a weak reference is made only for a storage first seen."""
+    return t.untyped_storage()._cdata
+
+
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(int(n) for n in t.shape)
 
@@ -190,14 +197,14 @@ class SavedTensorRecorder:
 
     def _info(self, t: torch.Tensor) -> _StorageInfo | None:
         """The storage's entry, created on first sight; None for parameters (and views of them)."""
-        ref = storage_ref(t)
-        if ref.cdata in self._excluded:
+        key = storage_key(t)
+        if key in self._excluded:
             return None
-        info = self._storages.get(ref.cdata)
+        info = self._storages.get(key)
         if info is None:
             nbytes = t.untyped_storage().nbytes()
-            info = _StorageInfo(ref, current_layer(), _shape(t), dtype_name(t.dtype), nbytes)
-            self._storages[ref.cdata] = info
+            info = _StorageInfo(storage_ref(t), current_layer(), _shape(t), dtype_name(t.dtype), nbytes)
+            self._storages[key] = info
         return info
 
     def label(self, t: torch.Tensor, name: str, force: bool = False) -> None:
