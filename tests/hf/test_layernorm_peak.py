@@ -46,3 +46,20 @@ def test_layer_backward_is_transformers(setup: Setup) -> None:
     layer = measured["layer backward"]
     assert layer is not None
     assert layer - buffers - est["layer backward"] == 0
+
+
+@pytest.mark.parametrize(("seq", "checkpointing"), [(2048, "none"), (1024, "full")])
+def test_falcons_long_sequence_tops_at_its_attention_core(seq: int, checkpointing: str) -> None:
+    """Falcon-7B at longer sequences: the attention core's backward tops the layer (its fused LayerNorm's
+    backward is small beside Llama's op-by-op RMSNorm chain), with dq, dk and dv of [T, a·d] each — k and v
+    reach SDPA repeated to the 71 heads (transformers passes Falcon's mask always: ``repeat_kv``, an
+    expand view of the one kv head, whose gradient the kernel returns whole: ``core.sdpa_kv_heads``) — and
+    the MLP branch's input gradient [T, h] waiting for W_QKV's dX (the one norm for both branches,
+    ``layer_backward.attention_backward_transient``). Before: 41,295,872 B under at s 2,048 (2 · [T, 70·d]
+    for dk, dv at one head, and the waiting [T, h]), 6,590,464 B under at s 1,024 with full checkpointing."""
+    setup = hf_setup("falcon-7b", seq=seq, checkpointing=checkpointing)
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    assert delta["layer backward"] == 0, delta
+    assert all(-8 <= d <= 0 for d in delta.values()), delta

@@ -30,6 +30,7 @@ from memplan.blocks.attention.core import (
     math_backward_buffers,
     math_dropout_core,
     projection_rules,
+    sdpa_kv_heads,
     sink_backward_extra,
 )
 from memplan.blocks.attention.eager_locals import eager_core_copies, eager_forward_extra
@@ -72,10 +73,13 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         if ring:  # dO, and what torch's ring holds (its accumulators, the K/V in flight, dq, dk, dv)
             buffers = t * dims.a * dims.d * a_bytes + ring
         else:
-            buffers = (2 * t * dims.a * dims.d + 2 * t * dims.kv * dims.d) * a_bytes
+            buffers = (2 * t * dims.a * dims.d + 2 * t * sdpa_kv_heads(setup, dims) * dims.d) * a_bytes
             buffers += flash_backward_workspace(setup, dims)
     done = _mlp_done(setup, params) - w_o_done(setup) + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
-    return t * dims.h * a_bytes + buffers + done + reversible_f_extra(setup, dims)
+    # A parallel layer with one norm for both branches (Falcon-7B): the MLP's input gradient [T, h] waits
+    # in the norm output's input buffer for W_QKV's dX (``qkv_backward.parallel_shared_qkv``)
+    waiting = t * dims.h * a_bytes if setup.model.parallel_residual and setup.model.shared_norm else 0
+    return t * dims.h * a_bytes + buffers + done + waiting + reversible_f_extra(setup, dims)
 
 
 def reversible_f_extra(setup: Setup, dims: Dims) -> int:

@@ -99,6 +99,16 @@ def window_masked(setup: Setup, dims: Dims) -> bool:
     return prof.sdpa_mask_always or (prof.window_mask and w is not None and dims.s >= w)
 
 
+def sdpa_kv_heads(setup: Setup, dims: Dims) -> int:
+    """The k and v heads SDPA's flash kernel is handed, and so the heads of the dk and dv its backward
+    returns: a where the code passes an explicit mask (``window_masked``), since transformers then
+    repeats k and v to a heads first (``repeat_kv``: a copy for GQA, an expand view for MQA — the
+    kernel's gradient has its input's shape either way, summed back to kv heads by the repeat's own
+    backward after); kv otherwise (``enable_gqa``, or no repeat). Measured: Falcon-7B (MQA, its mask
+    always passed) at s 2,048 holds dq, dk and dv of [T, a·d] each at the core's backward."""
+    return dims.a if window_masked(setup, dims) else dims.kv
+
+
 def qk_norm_params(m: ModelConfig) -> int:
     """Qwen3's q_norm and k_norm: an RMSNorm weight [d] each; OLMo-2's over the whole projection outputs
     (``qk_norm_whole``): [a·d] and [kv·d]."""
