@@ -258,6 +258,11 @@ class Profile:
     """Gemma's ``hidden_states * torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)``: the mul keeps
     the 0-dim normaliser (A bytes) once per forward (the code scales: ``ModelConfig.embed_scale`` is what
     the reference model does)."""
+    rope_fp32_interleaved: bool = False
+    """Cohere's ``apply_rotary_pos_emb``: ``q.float()``, ``k.float()``, then ``rotate_half`` on the even and
+    odd dims (slices, ``stack``, ``flatten``) and ``.to(dtype)``: its backward upcasts q's and k's
+    gradients to fp32 and k's ``rotate_half`` backward makes two ``slice_backward`` [T, kv·d] fp32 and
+    their sum (``analytic.moments.rotary_backward``)."""
     rope_tables_per_layer: bool = False
     """GLM's ``apply_rotary_pos_emb`` interleaves the tables on every call (``cos[..., : rot // 2]
     .repeat_interleave(2, dim=-1)``): q_rot·cos and k_rot·cos keep that layer's own [s, rot] cos and sin,

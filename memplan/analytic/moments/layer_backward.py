@@ -21,6 +21,7 @@ from memplan.analytic.moments.layer_saves import (
 )
 from memplan.analytic.moments.qk_norms import per_head_norms_apply, per_head_qk_norm_moments
 from memplan.analytic.moments.qkv_backward import fused_qkv_input_gradient
+from memplan.analytic.moments.rotary_backward import fp32_rotary_moment
 from memplan.analytic.moments.sp_moments import sp_mlp, sp_mlp_moments, sp_rerun_scatter
 from memplan.analytic.params import ParamCount
 from memplan.blocks.attention.constants import tables_freed_by_layer0
@@ -221,6 +222,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     attention_side = [
         post_attn - not_yet_rerun(setup, dims) if setup.model.post_norms else None,
         core,
+        fp32_rotary_moment(setup, dims, core),  # Cohere's rotation in fp32, after the core's backward
         *(m - freed for m in last),
     ]
     moments = [

@@ -12,10 +12,10 @@ limitations:
 - The norms' backward moments (``analytic.peak``) are the Python LayerNorm's fp32 pieces where its weight
   trains (``norm.python_layernorm_backward``): the final norm's and the layer's exact at Command R's widths
   (s 512) without and with full checkpointing but for ``hf_peak``'s known NBs (tests/hf/test_cohere_peak.py).
-  NB: a frozen norm's (LoRA) is read as native layer_norm's dY and dX: not measured. NB: at narrow widths
-  (h 64, s 64) the layer backward's top is in the top layer's attention and reads 31,744 B above the
-  estimate, as before this reading (not found; the parallel layer's attention backward is read as the
-  sequential layer's).
+  NB: a frozen norm's (LoRA) is read as native layer_norm's dY and dX: not measured.
+- The rotary embedding runs in fp32 (``Profile.rope_fp32_interleaved``): its backward tops the layer at
+  long sequences and narrow widths (``analytic.moments.rotary_backward``; exact at Command R's widths,
+  s 4,096 and 8,192, and at h 64, s 64: tests/hf/test_cohere_peak.py).
 """
 
 from __future__ import annotations
@@ -35,4 +35,4 @@ def profile(setup: Setup) -> Profile:
             "shared_norm: Cohere's code has one bias-free LayerNorm per parallel layer; set "
             "parallel_residual and shared_norm true, norm_bias false (norm = 'layernorm')"
         )
-    return replace(llama_profile(setup), layernorm_python=True)
+    return replace(llama_profile(setup), layernorm_python=True, rope_fp32_interleaved=True)
