@@ -22,9 +22,10 @@ def input_needs_no_gradient(setup: Setup, dims: Dims) -> bool:
     is the step's top (its gradients outweigh the saves). Modelled where measured: pre-norm layers with
     the op-by-op RMSNorm (``norm_backward_transient``'s five fp32 [T, h]) feeding separate q, k and v
     projections, whose weights train, on one rank without checkpointing: transformers' Llama family
-    (exact); memplan's reference model, whose projections' backward runs in another order, 512 B and
-    8,192 B over at small widths (L5 at s 8, WIDE at s 16, the embedding frozen; 6,784 B and 206,848 B
-    over before)."""
+    (exact); Qwen3 (its q/k norms' moments, ``analytic.moments.qk_norms``) and Gemma (its fp32 ``(1 + w)``
+    norm, whose weight-only backward runs in fp32), exact; memplan's reference model, whose projections'
+    backward runs in another order, 512 B and 8,192 B over at small widths (L5 at s 8, WIDE at s 16, the
+    embedding frozen; 6,784 B and 206,848 B over before)."""
     m, prof = setup.model, profile_of(setup)
     top = m.num_layers - 1
     separate = not (prof.fused_qkv or prof.qkv_views or prof.q_input_gradient_top)
@@ -32,7 +33,9 @@ def input_needs_no_gradient(setup: Setup, dims: Dims) -> bool:
     # gradient (Llama's ``weight * hidden.to(input_dtype)``; Gemma's fp32 ``(1 + weight)`` product not)
     t_h = dims.tokens * dims.h
     explicit = norm_backward_transient(setup, dims) == 5 * 4 * t_h
-    explicit = explicit and norm_saves(setup, Block.ATTN_NORM) == t_h * dims.act.bytes
+    # Gemma's fp32 (1 + w) product keeps its normalised x in fp32 (``Profile.norm_fp32_affine``)
+    own_saves = norm_saves(setup, Block.ATTN_NORM) == t_h * dims.act.bytes or prof.norm_fp32_affine
+    explicit = explicit and own_saves
     plain = m.pre_norms and not (m.post_norms or m.parallel_residual or setup.strategy.reversible)
     # Llama 4's q/k L2 norms (their own chains) and MoE layers: not measured here; Qwen3's per-head norms
     # measured, their chains' moments read less the residual gradient (``analytic.moments.qk_norms``)
@@ -58,7 +61,10 @@ def no_input_gradient_moments(
       q's output gradient (the rotary backward's ``clone``), W_Q's dX, the sum of W_K's and W_V's dX,
       W_Q's saved input;
     - the norm's own backward, its weight's alone: ``weight * normed``'s product dY·normed [T, h] before
-      its sum, beside the summed dY [T, h] and the saved normed (the same chain and residual gone).
+      its sum, beside the summed dY [T, h] and the saved normed (the same chain and residual gone); Gemma's
+      ``(1 + w)`` product in fp32: dY upcast and dY·normed fp32 [T, h], and the fp32 [h] sum made before
+      the product is freed, the weight's gradient its cast after (Gemma 2B three layers at s 128: the
+      layer's top, 2,617,344 B over before as the trained input's chain).
 
     Measured on transformers' Llama 3 8B (two layers at its widths, s 512, ``--freeze embeddings``, no
     checkpointing), layer 0's backward, the step's top: ``mm`` [512, 4096] (W_Q's dX) after W_Q's
@@ -71,4 +77,8 @@ def no_input_gradient_moments(
     unrun = attn_norm - chain + held
     w_q = attn_norm - residual + held + q_input_gradient(setup, dims, norm_grad)
     weight_only = unrun + 2 * t_h_e  # dY and dY·normed; the weight's gradient a sum of it, after
+    if profile_of(setup).norm_fp32_affine:
+        # Gemma: dY upcast and dY·normed in fp32, and the fp32 [h] sum made before the product is freed;
+        # the weight's gradient (``norm_grad``) is its cast, after
+        weight_only = unrun + 2 * 4 * dims.tokens * dims.h + 4 * dims.h - norm_grad
     return [w_q, weight_only]
