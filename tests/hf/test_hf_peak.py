@@ -170,10 +170,13 @@ FROZEN = [
     # Gemma's fp32 (1 + w) norm: its weight-only backward in fp32 (2,617,344 B over at 2B's widths before)
     frozen("gemma-2b", "embeddings"),
     frozen("gemma-7b", "embeddings"),
+    # Phi-3's fused qkv_proj: W_QKV's dX matmul tops layer 0 (3,938,304 B over before, as the trained
+    # input's chain; ``qkv_backward.w_qkv_dx``)
+    frozen("phi-3-mini", "embeddings"),
+    frozen("phi-4", "embeddings"),
 ]
-"""Not exact, measured (docs/peak-accuracy.md): a frozen embedding under a fused q, k, v projection (the
-input's pieces still charged: over); ``lm_head`` alone, or a frozen middle layer above a trainable layer
-0, the rotary tables' bytes a token over (full training's rotary tables, the NB there)."""
+"""Not exact, measured (docs/peak-accuracy.md): ``lm_head`` alone, or a frozen middle layer above a
+trainable layer 0, the rotary tables' bytes a token over (full training's rotary tables, the NB there)."""
 
 
 @pytest.mark.parametrize(

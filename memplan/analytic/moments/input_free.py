@@ -7,7 +7,7 @@ puts these in place of the attention norm's moments where ``input_needs_no_gradi
 from __future__ import annotations
 
 from memplan.analytic.moments.layer_saves import norm_saves, norm_saves_at_peak
-from memplan.analytic.moments.qkv_backward import q_input_gradient
+from memplan.analytic.moments.qkv_backward import q_input_gradient, w_qkv_dx
 from memplan.blocks.inventory import Block, Dims
 from memplan.blocks.norm import norm_backward_transient
 from memplan.blocks.profiles import profile_of
@@ -22,13 +22,14 @@ def input_needs_no_gradient(setup: Setup, dims: Dims) -> bool:
     is the step's top (its gradients outweigh the saves). Modelled where measured: pre-norm layers with
     the op-by-op RMSNorm (``norm_backward_transient``'s five fp32 [T, h]) feeding separate q, k and v
     projections, whose weights train, on one rank without checkpointing: transformers' Llama family
-    (exact); Qwen3 (its q/k norms' moments, ``analytic.moments.qk_norms``) and Gemma (its fp32 ``(1 + w)``
-    norm, whose weight-only backward runs in fp32), exact; memplan's reference model, whose projections'
+    (exact); Qwen3 (its q/k norms' moments, ``analytic.moments.qk_norms``), Gemma (its fp32 ``(1 + w)``
+    norm, whose weight-only backward runs in fp32) and Phi-3's fused ``qkv_proj`` (W_QKV's dX matmul
+    in place of W_Q's, ``qkv_backward.w_qkv_dx``), exact; memplan's reference model, whose projections'
     backward runs in another order, 512 B and 8,192 B over at small widths (L5 at s 8, WIDE at s 16, the
     embedding frozen; 6,784 B and 206,848 B over before)."""
     m, prof = setup.model, profile_of(setup)
     top = m.num_layers - 1
-    separate = not (prof.fused_qkv or prof.qkv_views or prof.q_input_gradient_top)
+    separate = not (prof.qkv_views or prof.q_input_gradient_top)  # q, k, v as three or one fused linear
     # the op-by-op chain, and the norm keeping one [T, h] in the activations' dtype for its weight's
     # gradient (Llama's ``weight * hidden.to(input_dtype)``; Gemma's fp32 ``(1 + weight)`` product not)
     t_h = dims.tokens * dims.h
@@ -75,7 +76,10 @@ def no_input_gradient_moments(
     chain = norm_backward_transient(setup, dims) + residual
     held = norm_saves(setup, Block.ATTN_NORM) - norm_saves_at_peak(setup, Block.ATTN_NORM)
     unrun = attn_norm - chain + held
-    w_q = attn_norm - residual + held + q_input_gradient(setup, dims, norm_grad)
+    # one fused W_QKV (Phi-3's ``qkv_proj``): its dX matmul, the cat of dq, dk, dv beside it
+    fused = profile_of(setup).fused_qkv
+    w_q_node = w_qkv_dx(setup, dims, norm_grad) if fused else q_input_gradient(setup, dims, norm_grad)
+    w_q = attn_norm - residual + held + w_q_node
     weight_only = unrun + 2 * t_h_e  # dY and dY·normed; the weight's gradient a sum of it, after
     if profile_of(setup).norm_fp32_affine:
         # Gemma: dY upcast and dY·normed in fp32, and the fp32 [h] sum made before the product is freed;

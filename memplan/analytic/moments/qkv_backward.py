@@ -70,9 +70,18 @@ def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
     decomposed norm's fp32 pieces are higher)."""
     if profile_of(setup).q_input_gradient_top:
         return q_input_gradient(setup, dims, norm_grad)
-    parallel = parallel_shared_qkv(setup)
-    if not (cuda_fused_rms_norm(setup) or parallel):
+    if not (cuda_fused_rms_norm(setup) or parallel_shared_qkv(setup)):
         return 0
+    return w_qkv_dx(setup, dims, norm_grad)
+
+
+def w_qkv_dx(setup: Setup, dims: Dims, norm_grad: int) -> int:
+    """W_QKV's dX matmul over the attention norm's moment (``fused_qkv_input_gradient``'s terms): the cat
+    of dq, dk, dv, dX [T, h], W_QKV's saved input, the MLP's input gradient in a shared-norm parallel layer,
+    less the norm's transient and weight gradient. Also the top of a layer whose input needs no gradient
+    under a fused projection (``input_free``: Phi-3's ``qkv_proj``, the op-by-op RMSNorm's chain never
+    run)."""
+    parallel = parallel_shared_qkv(setup)
     e, t, m = dims.act.bytes, dims.tokens, setup.model
     cat = t * (m.q_width + 2 * m.kv_width) * e  # the rank's model: its tensor-parallel heads already
     gathered = t * dims.h * e  # W_QKV's saved input: the sequence-parallel plan keeps it gathered
