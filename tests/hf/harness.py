@@ -218,6 +218,14 @@ def layer_difference(setup: Setup) -> int:
     return layer - buffers - estimated_moments(estimate(setup))["layer backward"]
 
 
+def hf_moment_deltas(setup: Setup) -> dict[str, int]:
+    """transformers' step against the estimate at each of its moments: measured (``measure_hf_peak``, the
+    model's buffers taken off) minus estimated, bytes."""
+    est = estimated_moments(estimate(setup))
+    measured, buffers = measure_hf_peak(setup)
+    return {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+
+
 @functools.cache
 def titan_rank(setup: Setup, fake: bool = True, windows: bool = False) -> RankRun:
     """``measure_titan_rank`` once per arguments in a process (its ``RankRun`` is frozen, its trace

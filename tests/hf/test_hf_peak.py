@@ -18,7 +18,7 @@ from memplan.engine import estimate
 from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_moment_deltas, hf_setup
 
 
 def lora(preset: str, targets: str, batch: int = 1) -> Setup:
@@ -44,9 +44,7 @@ def test_lora_moments_are_transformers_and_pefts(setup: Setup) -> None:
     count), equals the estimate's: the layer backward exactly; the loss's, the final norm's and the
     embedding's to 8 bytes (``hf_peak``'s NB: at one sequence a micro-batch the loss keeps 8 B fewer
     than the estimate's labels, and at the embedding's backward a 4-byte scalar of the loss's is freed)."""
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta
     assert all(-8 <= d <= 0 for d in delta.values()), delta
     b = setup.training.micro_batch
@@ -186,9 +184,7 @@ def test_frozen_moments_are_transformers(setup: Setup) -> None:
     """``trace --impl hf --freeze``: every moment of transformers' step with its parts frozen as a training
     script freezes them equals the estimate's to 8 B (the loss's labels at one sequence: the NB above),
     the layer backward exactly (``analytic.trainable_grads``). Before, ``--freeze`` was refused there."""
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta
     assert all(-8 <= d <= 0 for d in delta.values()), delta
 
@@ -254,9 +250,7 @@ def test_qwen3_q_norms_chain_tops_the_layer(preset: str, seq: int, checkpointing
     and 18,735,616 B under; now the layer moment is exact."""
     model = _qwen3_moe_narrow(512) if preset == "qwen3-moe-narrow" else preset
     setup = hf_setup(model, seq=seq, checkpointing=checkpointing)
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta
     assert all(-8 <= d <= 0 for d in delta.values()), delta
 
@@ -339,9 +333,7 @@ def test_the_hooked_leaf_stays_where_layer_0_reads_another_tensor(preset: str) -
     setup = checkpointed(preset, "full")
     tokens, h = setup.training.seq_len, setup.model.hidden_size
     assert hooked_embedding_held(setup, Dims.of(setup)) == tokens * h * 2
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert (delta["loss backward"], delta["final norm backward"], delta["layer backward"]) == (-8, -8, 0)
 
 
@@ -352,9 +344,7 @@ def test_a_frozen_mlps_residual_dropout_frees_what_it_kept(preset: str, checkpoi
     where the frozen MLP's moment had freed a bool mask's bytes: GPT-2's and StarCoder2's layer moment half
     a [T, h] over (393,216 B and 1,572,864 B at s 512; with checkpointing too)."""
     setup = checkpointed(preset, checkpointing)
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert (delta["loss backward"], delta["layer backward"], delta["embedding backward"]) == (-8, 0, -4)
 
 
@@ -390,9 +380,7 @@ def test_a_re_run_layer_under_lora_keeps_what_transformers_re_run_keeps(preset: 
     checkpoint_shared_bytes``: its frozen projections keep no input, the adapters fp32 copies; 4,194,304 B
     under before), beside its frozen post norms' (12,582,912 B under in all; Gemma-2's 4,718,592)."""
     setup = checkpointed(preset, "full")
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert (delta["loss backward"], delta["layer backward"], delta["embedding backward"]) == (-8, 0, 0)
 
 
@@ -421,8 +409,6 @@ def test_all_linear_lora_is_transformers_and_pefts(preset: str, checkpointing: s
     setup = hf_setup(preset, seq=512, checkpointing=checkpointing)
     lora = FineTune(method=Method.LORA, rank=rank, targets=parse_targets("all-linear"), dropout=0.0)
     setup = Setup.model_validate({**setup.model_dump(), "finetune": lora.model_dump()})
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta
     assert all(-8 <= d <= 0 for d in delta.values()), delta

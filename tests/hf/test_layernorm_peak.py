@@ -26,7 +26,7 @@ from memplan.config import Setup
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
-from tests.hf.harness import hf_setup
+from tests.hf.harness import hf_moment_deltas, hf_setup
 
 CASES = [
     hf_setup(name, seq=512, checkpointing=checkpointing)
@@ -58,8 +58,6 @@ def test_falcons_long_sequence_tops_at_its_attention_core(seq: int, checkpointin
     ``layer_backward.attention_backward_transient``). Before: 41,295,872 B under at s 2,048 (2 · [T, 70·d]
     for dk, dv at one head, and the waiting [T, h]), 6,590,464 B under at s 1,024 with full checkpointing."""
     setup = hf_setup("falcon-7b", seq=seq, checkpointing=checkpointing)
-    est = estimated_moments(estimate(setup))
-    measured, buffers = measure_hf_peak(setup)
-    delta = {name: measured[name] - buffers - value for name, value in est.items()}  # type: ignore[operator]
+    delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta
     assert all(-8 <= d <= 0 for d in delta.values()), delta

@@ -23,6 +23,12 @@ def layer_saves(setup: Setup, blocks: set[Block], roles: set[Role] | None = None
     return sum(k.bytes for k in kept if k.block in wanted and (roles is None or k.role in roles))
 
 
+def named_saves(setup: Setup, *names: str) -> int:
+    """Bytes of the layer's saves of these names (``act.layer_working_set``: ``attn.input``,
+    ``attn.q_norm.input``, …), for moments that hold some saves and not others of one block."""
+    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in names)
+
+
 def norm_saves(setup: Setup, norm: Block, roles: set[Role] | None = None) -> int:
     """``layer_saves`` of a layer norm as the rank holds them: torchtitan's sequence-parallel plan runs the
     norms on the rank's T/t tokens (``head_moments.sp_shards``; ``strategies.sequence_parallel`` splits

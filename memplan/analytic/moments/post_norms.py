@@ -18,8 +18,7 @@ the attention norm's.
 
 from __future__ import annotations
 
-from memplan.analytic import activations as act
-from memplan.analytic.moments.layer_saves import norm_saves, norm_saves_at_peak
+from memplan.analytic.moments.layer_saves import named_saves, norm_saves, norm_saves_at_peak
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Block, Dims
 from memplan.blocks.norm import norm_backward_transient, norm_params
@@ -52,10 +51,6 @@ def post_mlp_norm_moment(setup: Setup, dims: Dims, residual: int) -> int | None:
     return residual + norm_backward_transient(setup, dims) + at_norm_peak(setup, Block.POST_MLP_NORM)
 
 
-def _named(setup: Setup, *names: str) -> int:
-    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in names)
-
-
 def whole_qk_norm_moments(setup: Setup, dims: Dims, params: ParamCount, attn_norm: int) -> list[int]:
     """OLMo-2's k_norm and q_norm backward peaks, from ``attn_norm`` (the whole layer's gradients made and
     its attention's saves freed, the norm transient over [T, h] beside the residual gradient: the
@@ -77,9 +72,11 @@ def whole_qk_norm_moments(setup: Setup, dims: Dims, params: ParamCount, attn_nor
     def norm_over(width: int) -> int:  # the norm's transient over [T, width]
         return norm_backward_transient(setup, dims.model_copy(update={"h": width}))
 
-    base = attn_norm - norm_h - top_layer_grads(setup, params.layer.q_proj) + _named(setup, "attn.input")
-    q_norm = base + norm_over(a_d) + _named(setup, "attn.q_norm.input")
-    held = _named(setup, "attn.q_norm.input", "attn.q_norm.rstd", "attn.q_norm.normed", "attn.k_norm.input")
+    base = attn_norm - norm_h - top_layer_grads(setup, params.layer.q_proj) + named_saves(setup, "attn.input")
+    q_norm = base + norm_over(a_d) + named_saves(setup, "attn.q_norm.input")
+    held = named_saves(
+        setup, "attn.q_norm.input", "attn.q_norm.rstd", "attn.q_norm.normed", "attn.k_norm.input"
+    )
     q_grad = dims.tokens * a_d * dims.act.bytes
     k_grads = top_layer_grads(setup, params.layer.k_proj) + top_layer_grads(setup, a_d)
     k_norm = base + norm_over(kv_d) + held + q_grad - k_grads

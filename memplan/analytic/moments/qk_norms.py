@@ -17,8 +17,7 @@ whole-width q/k norms, with no pre-norm, replace that moment instead (``post_nor
 
 from __future__ import annotations
 
-from memplan.analytic import activations as act
-from memplan.analytic.moments.layer_saves import norm_saves, norm_saves_at_peak
+from memplan.analytic.moments.layer_saves import named_saves, norm_saves, norm_saves_at_peak
 from memplan.analytic.params import ParamCount
 from memplan.blocks.inventory import Block, Dims
 from memplan.blocks.norm import norm_backward_transient
@@ -36,10 +35,6 @@ def per_head_norms_apply(setup: Setup, dims: Dims) -> bool:
         return False
     t_h = dims.tokens * dims.h
     return norm_backward_transient(setup, dims) == 5 * 4 * t_h
-
-
-def _named(setup: Setup, *names: str) -> int:
-    return sum(k.bytes for k in act.layer_working_set(setup) if k.name in names)
 
 
 def per_head_qk_norm_moments(setup: Setup, dims: Dims, params: ParamCount, attn_norm: int) -> list[int]:
@@ -73,7 +68,7 @@ def per_head_qk_norm_moments(setup: Setup, dims: Dims, params: ParamCount, attn_
         + chain(a_d)
         - unmade
         + held
-        + _named(setup, "attn.input", "attn.q_norm.input")
+        + named_saves(setup, "attn.input", "attn.q_norm.input")
         + t * dims.h * e  # W_K's and W_V's dX, summed, waiting for W_Q's
     )
     k_norm = (
@@ -82,7 +77,7 @@ def per_head_qk_norm_moments(setup: Setup, dims: Dims, params: ParamCount, attn_
         + chain(kv_d)
         - top_layer_grads(setup, layer.k_proj)
         - top_layer_grads(setup, dims.d)  # q_norm's weight [d]
-        + _named(setup, "attn.q_norm.rstd", "attn.q_norm.normed", "attn.k_norm.input")
+        + named_saves(setup, "attn.q_norm.rstd", "attn.q_norm.normed", "attn.k_norm.input")
         + t * a_d * e  # q's gradient, waiting for q_norm's backward
     )
     return [q_norm, k_norm]

@@ -64,9 +64,8 @@ def storage_ref(t: torch.Tensor) -> StorageWeakRef:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """``storage_ref(t).cdata`` without making (and freeing) a weak reference: the address of t's C++
-    StorageImpl, which ``StorageWeakRef`` keeps as ``cdata`` and ``UntypedStorage._cdata`` returns. For the
-    per-op and per-save paths of a trace, where a weak reference is made only for a storage first seen."""
+    """``storage_ref(t).cdata`` without making and freeing a weak reference (the per-op and per-save paths
+    of a trace): the address of t's StorageImpl, which ``UntypedStorage._cdata`` returns too."""
     return t.untyped_storage()._cdata
 
 
