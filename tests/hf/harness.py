@@ -8,7 +8,7 @@ exact. The exact bytes are in the failure message."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
@@ -29,6 +29,7 @@ from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
+from tests.grids import pairwise
 
 if TYPE_CHECKING:
     from memplan.measure.distributed.titan import RankRun
@@ -92,12 +93,15 @@ def tiny_hf(config: Mapping[str, Any], name: str, **fields: Any) -> Setup:
     return hf_setup(model_from_hf_config(config, name), seq=256, **(TINY | fields))
 
 
-def each_case(test: F) -> F:
-    """``test`` parametrized over what every family's exactness runs: attention (flash, eager) ×
-    ``CHECKPOINTING`` × the KV cache (on, off)."""
-    test = pytest.mark.parametrize("use_cache", [True, False])(test)
-    test = pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)(test)
-    return pytest.mark.parametrize("attention", ["flash", "eager"])(test)
+def each_case(test: F | None = None, /, **leading: Sequence[Any]) -> Any:
+    """``test`` parametrized over what every family's exactness runs — attention (flash, eager),
+    ``CHECKPOINTING``, the KV cache (on, off) and any ``leading`` axes (``name=CONFIGS``) — as a pairwise
+    covering array (``tests.grids``: every pair of two switches' values run; the whole product under
+    ``MEMPLAN_FULL_GRIDS=1``). ``@each_case`` or ``@each_case(name=[...])``."""
+    axes = [*map(list, leading.values()), ["flash", "eager"], CHECKPOINTING, [True, False]]
+    cases = [(*c[:-2], *c[-2], c[-1]) for c in pairwise(*axes)]
+    mark = pytest.mark.parametrize([*leading, "attention", "checkpointing", "reentrant", "use_cache"], cases)
+    return mark(test) if test is not None else mark
 
 
 def with_experts(setup: Setup, experts: str) -> Setup:

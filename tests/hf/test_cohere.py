@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import hf_notes, model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/CohereForAI/c4ai-command-r-v01/blob/main/config.json (the keys memplan reads; no
@@ -111,9 +110,7 @@ def test_cohere_plus_parameters() -> None:
     assert round(expected / 1e9) == 104
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pairwise_cases("attention, checkpointing, use_cache", ["flash", "eager"], ["none", "full"], [True, False])
 def test_cohere_qk_norm(attention: str, checkpointing: str, use_cache: bool) -> None:
     """Command R+'s q/k LayerNorms (``use_qk_norm``), tiny widths: exact."""
     fields = {"qk_norm": True, "qk_norm_whole": True, "use_cache": use_cache}

@@ -15,6 +15,7 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/tiiuae/falcon-7b/blob/main/config.json (the keys memplan reads)
@@ -73,8 +74,7 @@ def test_falcon_parameters() -> None:
     assert count_params(model_from_hf_config(FALCON_40B, "f")).total == expected == 41_303_293_952
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-@each_case
+@each_case(name=CONFIGS)
 def test_falcon(name: str, attention: str, checkpointing: str, reentrant: bool, use_cache: bool) -> None:
     setup = falcon(
         name, attention=attention, checkpointing=checkpointing, reentrant=reentrant, use_cache=use_cache
@@ -82,10 +82,11 @@ def test_falcon(name: str, attention: str, checkpointing: str, reentrant: bool, 
     check_exact(setup)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(
-    "fields", [{"batch": 2}, {"attn_dropout": 0.1, "resid_dropout": 0.1}], ids=["batch-2", "dropout"]
+@pairwise_cases(
+    "name, attention, fields",
+    list(CONFIGS),
+    ["flash", "eager"],
+    [{"batch": 2}, {"attn_dropout": 0.1, "resid_dropout": 0.1}],
 )
 def test_falcon_switches(name: str, attention: str, fields: dict[str, Any]) -> None:
     check_exact(falcon(name, attention=attention, **fields))

@@ -37,6 +37,7 @@ def all_gathered(setup: Setup) -> Setup:
 
 
 _RUNS: dict[bool, tuple[Setup, RankRun]] = {}
+pytestmark = pytest.mark.xdist_group("fp8_all_gather")  # one worker traces each rank once (``rank``)
 
 
 def rank(float8_gather: bool) -> tuple[Setup, RankRun]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from memplan.config import Gelu, MlpType, ModelConfig, NormType, PositionType
+from tests.grids import pairwise_cases
 from tests.hf.harness import check_hf, hf_setup
 
 PYTHIA_1B = ModelConfig(
@@ -40,10 +41,13 @@ def dropout(p: float) -> dict[str, float]:
     return dict.fromkeys(DROPOUTS, p)
 
 
-@pytest.mark.parametrize("model", ["gpt2", PYTHIA_1B], ids=["gpt2", "pythia-1b"])
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("p", [0.1, 0.0])
+@pairwise_cases(
+    "model, attention, checkpointing, p",
+    ["gpt2", PYTHIA_1B],
+    ["flash", "eager"],
+    ["none", "full"],
+    [0.1, 0.0],
+)
 def test_gpt(model: str | ModelConfig, attention: str, checkpointing: str, p: float) -> None:
     setup = hf_setup(model, seq=256, attention=attention, checkpointing=checkpointing, **dropout(p))
     check_hf(setup)

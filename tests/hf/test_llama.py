@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
+from tests.grids import pairwise_cases
 from tests.hf.harness import CHECKPOINTING, check_exact, hf_setup
 
 FAMILIES = ["llama-2-7b", "llama-3-8b", "mistral-7b", "qwen2.5-7b", "qwen3-8b"]
 
 
-@pytest.mark.parametrize("preset", FAMILIES)
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize(("checkpointing", "reentrant"), CHECKPOINTING)
-def test_family(preset: str, attention: str, checkpointing: str, reentrant: bool) -> None:
+@pairwise_cases("preset, attention, how", FAMILIES, ["flash", "eager"], CHECKPOINTING)
+def test_family(preset: str, attention: str, how: tuple[str, bool]) -> None:
+    checkpointing, reentrant = how
     setup = hf_setup(preset, seq=256, attention=attention, checkpointing=checkpointing, reentrant=reentrant)
     check_exact(setup)
 

@@ -22,6 +22,7 @@ from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import MOE_WIDTHS, hf_setup
 
 # huggingface.co/meta-llama/Llama-4-Scout-17B-16E/blob/main/config.json, its text_config (the keys memplan
@@ -183,10 +184,13 @@ def exact(setup: Setup, fake: bool = True) -> None:
     assert model == Counter((r.dtype, r.bytes) for r in meas.records if r.layer is None)
 
 
-@pytest.mark.parametrize("preset", ["llama-4-scout-17b-16e", "llama-4-maverick-17b-128e"])
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pairwise_cases(
+    "preset, attention, checkpointing, use_cache",
+    ["llama-4-scout-17b-16e", "llama-4-maverick-17b-128e"],
+    ["flash", "eager"],
+    ["none", "full"],
+    [True, False],
+)
 def test_llama4_exact(preset: str, attention: str, checkpointing: str, use_cache: bool) -> None:
     exact(small(preset, attention=attention, checkpointing=checkpointing, use_cache=use_cache))
 

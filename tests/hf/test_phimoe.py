@@ -19,6 +19,7 @@ from memplan.engine import estimate
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets import load_model_preset
 from memplan.presets.hf import hf_notes, model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import MOE_WIDTHS, exact_realised_routing, hf_setup
 from tests.hf.harness import exact_moe as exact
 
@@ -109,9 +110,7 @@ def small(**kw: Any) -> Any:
     return hf_setup(base, seq=SEQ, **(SMALL | kw))
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pairwise_cases("attention, checkpointing, use_cache", ["flash", "eager"], ["none", "full"], [True, False])
 def test_phimoe_exact(attention: str, checkpointing: str, use_cache: bool) -> None:
     setup = small(attention=attention, checkpointing=checkpointing, use_cache=use_cache)
     exact(estimate(setup), measure_hf(setup))

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import estimated_layers
 from memplan.measure.frameworks.hf import measure_hf
 from memplan.presets.hf import model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import hf_setup
 from tests.test_hf_config import QWEN25_7B
 
@@ -37,9 +36,7 @@ def setup_of(**kw: Any) -> Any:
     return hf_setup(model, layers=LAYERS, seq=SEQ, **kw)
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("use_cache", [True, False])
+@pairwise_cases("attention, checkpointing, use_cache", ["flash", "eager"], ["none", "full"], [True, False])
 def test_qwen2_max_window_layers_exact(attention: str, checkpointing: str, use_cache: bool) -> None:
     setup = setup_of(attention=attention, checkpointing=checkpointing, use_cache=use_cache)
     est, meas = estimate(setup), measure_hf(setup)

@@ -14,6 +14,7 @@ import pytest
 from memplan.analytic.params import count_params
 from memplan.engine import estimate
 from memplan.presets.hf import model_from_hf_config
+from tests.grids import pairwise_cases
 from tests.hf.harness import check_exact, each_case, tiny_hf
 
 # huggingface.co/stabilityai/stablelm-2-1_6b/blob/main/config.json (the keys memplan reads)
@@ -117,9 +118,12 @@ def test_stablelm_12b_parameters() -> None:
     assert round(expected / 1e8) == 121
 
 
-@pytest.mark.parametrize("attention", ["flash", "eager"])
-@pytest.mark.parametrize("checkpointing", ["none", "full"])
-@pytest.mark.parametrize("fields", [{}, {"use_cache": False}, {"batch": 2}, PARALLEL], ids=str)
+@pairwise_cases(
+    "attention, checkpointing, fields",
+    ["flash", "eager"],
+    ["none", "full"],
+    [{}, {"use_cache": False}, {"batch": 2}, PARALLEL],
+)
 def test_stablelm_qk_layernorm(attention: str, checkpointing: str, fields: dict[str, Any]) -> None:
     """StableLM-2-12B's per-head q/k LayerNorms (``qk_layernorm``), tiny widths: exact."""
     setup = stablelm(

@@ -13,9 +13,10 @@ from memplan.blocks.profiles import compile_modelled, compile_note
 from memplan.cli.app import app
 from memplan.config import Impl, Setup
 from memplan.engine import estimate
-from memplan.measure.distributed.titan import measure_titan_rank
-from tests.hf.harness import estimated_layers, hf_setup
+from tests.hf.harness import estimated_layers, hf_setup, titan_rank
 from tests.hf.test_torchtitan_ranks import ranked
+
+pytestmark = pytest.mark.xdist_group("titan_compile_tp")  # one worker traces each rank once (``titan_rank``)
 
 
 def compiled_rank(preset: str, seq: int, tp: int, sp: bool, dp: int = 1, zero: int = 0) -> Setup:
@@ -32,7 +33,7 @@ def test_compiled_rank_saves_what_the_estimate_says(preset: str, seq: int, tp: i
     tiny model, and Llama 3.1 405B's widths at s 8,192 on tp 8 + SP (two layers: 1,007,165,440 B each)."""
     setup = compiled_rank(preset, seq, tp, tp > 1, 2, 3)
     assert compile_modelled(setup) and compile_note(setup) is None
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
     assert est.activations == run.measured.activations
 
@@ -46,7 +47,7 @@ def test_the_partitioners_choice_on_a_sequence_parallel_rank_by_hand() -> None:
     normalised shards and silu(g) recomputed in backward."""
     setup = compiled_rank("llama-3-8b", 256, 2, True)
     assert compile_modelled(setup)
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
     assert est.activations == run.measured.activations
     b, s, h, t, d = 1, 256, 4096, 2, 128
@@ -77,7 +78,7 @@ def test_without_sequence_parallelism_w_os_backward_gathers_in_the_forward(
     shard (its output gradient traced ``Replicate``), where eager leaves the tiny model's ``Partial``."""
     setup = compiled_rank(preset, seq, 2, False)
     assert compile_modelled(setup) and compile_note(setup) is None
-    est, run = estimate(setup), measure_titan_rank(setup)
+    est, run = estimate(setup), titan_rank(setup)
     assert estimated_layers(est) == [run.measured.layer_bytes(i) for i in range(2)]
     assert est.activations == run.measured.activations
     assert est.device.states.gradients == run.grad_bytes

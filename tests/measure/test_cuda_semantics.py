@@ -37,8 +37,23 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+pytestmark = pytest.mark.xdist_group("cuda_semantics")  # one worker runs each setup once (``on_meta``)
+
+
 def cuda_setup(options: dict[str, Any]) -> Setup:
     return setup_of(Options(**{"seq": 64, **options, "device": Device.CUDA}))
+
+
+def on_meta(setup: Setup) -> Measured:
+    """The run of ``setup`` on the meta device (the CUDA kernels' outputs), once per setup in a process:
+    several tests read the same run (the cases above and the RNG-state, LayerNorm and mask checks)."""
+    key = setup.model_dump_json()
+    if key not in _RUNS:
+        _RUNS[key] = measure(setup, fake=True, device="meta")
+    return _RUNS[key]
+
+
+_RUNS: dict[str, Measured] = {}
 
 
 def records(meas: Measured, name: str) -> list[tuple[tuple[int, ...], str, int]]:
@@ -49,7 +64,7 @@ def records(meas: Measured, name: str) -> list[tuple[tuple[int, ...], str, int]]
 def test_cuda_estimate_equals_the_cuda_kernels(options: dict[str, Any]) -> None:
     setup = cuda_setup(options)
     assert trace_device(setup.device) == "meta"
-    meas = measure(setup, fake=True, device="meta")
+    meas = on_meta(setup)
     c = compare(estimate(setup), meas)
     assert c.equal, [r for r in c.tensors if not r.equal] or (c.est_layers, c.meas_layers, c.flops)
 
@@ -59,7 +74,7 @@ def test_flash_rng_state_is_a_two_element_uint64_and_an_unused_scalar() -> None:
     int64 scalars would be 16 B): the meta kernel's outputs, which autograd saves for the backward."""
     for p in (0.0, 0.1):
         setup = cuda_setup({"model": "tiny", "attention": "flash", "dropout": p})
-        meas = measure(setup, fake=True, device="meta")
+        meas = on_meta(setup)
         layers = setup.model.num_layers
         assert records(meas, "attn.philox_seed") == [((2,), "uint64", 16)] * layers
         assert records(meas, "attn.philox_offset") == [((), "uint64", 8)] * layers
@@ -68,7 +83,7 @@ def test_flash_rng_state_is_a_two_element_uint64_and_an_unused_scalar() -> None:
 def test_layer_norm_statistics_are_fp32_on_cuda_and_16_bit_on_cpu() -> None:
     """native_layer_norm under bf16 inputs: mean and rstd [b, s, 1] in fp32 on CUDA (meta), bf16 on CPU."""
     options = {"model": "gpt2", "precision": "bf16-mixed", "attention": "eager", "dropout": 0.0}
-    cuda = measure(cuda_setup(options), fake=True, device="meta")
+    cuda = on_meta(cuda_setup(options))
     cpu = measure(setup_of(Options(seq=64, **options, device=Device.CPU)), fake=True, device="cpu")
     for name in ("attn_norm.mean", "attn_norm.rstd", "final_norm.rstd"):
         assert {r[:2] for r in records(cuda, name)} == {((1, 64, 1), "fp32")}, name
@@ -76,7 +91,7 @@ def test_layer_norm_statistics_are_fp32_on_cuda_and_16_bit_on_cpu() -> None:
 
 
 def test_cuda_dropout_masks_are_bool() -> None:
-    meas = measure(cuda_setup({"model": "gpt2", "attention": "eager"}), fake=True, device="meta")
+    meas = on_meta(cuda_setup({"model": "gpt2", "attention": "eager"}))
     for name in ("attn.dropout_mask", "attn.resid_dropout_mask", "mlp.resid_dropout_mask"):
         kept = records(meas, name)
         assert kept and {dtype for _, dtype, _ in kept} == {"bool"}, name
@@ -87,7 +102,7 @@ def test_the_cpu_rules_do_not_describe_the_cuda_kernels(model: str) -> None:
     """The check has teeth: the cpu estimate (no RNG state; LayerNorm statistics in the input dtype)
     differs from the CUDA kernels' run, so a CUDA rule dropped from the estimate fails the cases above."""
     options = {"model": model, "attention": "flash", "precision": "bf16-mixed"}
-    meas = measure(cuda_setup(options), fake=True, device="meta")
+    meas = on_meta(cuda_setup(options))
     cpu = estimate(setup_of(Options(seq=64, **options, device=Device.CPU)))
     assert not compare(cpu, meas).equal
 
