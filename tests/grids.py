@@ -12,13 +12,14 @@ switch that interacts in threes would need its three-way combinations written ou
 ``MEMPLAN_FULL_GRIDS=1`` runs every such test on its whole product instead (e.g. before a release, or
 after a change to a family's code): the same assertions, all combinations, some minutes longer. The
 README's suite runs the covering arrays, which keeps it within its five minutes on two cores.
+(tests/measure/test_matrix.py's nine axes, 6,144 combinations, stay pairwise either way.)
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -26,26 +27,34 @@ import pytest
 FULL = os.environ.get("MEMPLAN_FULL_GRIDS", "") == "1"
 
 
-def pairwise(*axes: Sequence[Any]) -> list[tuple[Any, ...]]:
+def pairwise(
+    *axes: Sequence[Any], allowed: Callable[[tuple[Any, ...]], bool] | None = None
+) -> list[tuple[Any, ...]]:
     """Cases (tuples, one value per axis, in ``axes``' order) covering every pair of values of every two
-    axes; the whole product under ``MEMPLAN_FULL_GRIDS=1`` or with fewer than three axes (a pair of
-    axes is its own product)."""
-    product = list(itertools.product(*axes))
-    if FULL or len(axes) < 3:
+    axes that some ``allowed`` case holds (every case allowed without it); with fewer than three axes the
+    (allowed) product itself, a pair of axes being its own product."""
+    product = [c for c in itertools.product(*axes) if allowed is None or allowed(c)]
+    if len(axes) < 3:
         return product
     index = [{v: k for k, v in enumerate(_keys(axis))} for axis in axes]
 
-    def pairs(case: tuple[Any, ...]) -> set[tuple[int, int, int, int]]:
+    def pairs(case: tuple[Any, ...]) -> frozenset[tuple[int, int, int, int]]:
         at = [index[i][_key(v)] for i, v in enumerate(case)]
-        return {(i, at[i], j, at[j]) for i, j in itertools.combinations(range(len(case)), 2)}
+        return frozenset((i, at[i], j, at[j]) for i, j in itertools.combinations(range(len(case)), 2))
 
-    todo = set().union(*(pairs(c) for c in product))
+    covers = [pairs(c) for c in product]
+    todo = set().union(*covers)
     chosen: list[tuple[Any, ...]] = []
     while todo:
-        best = max(product, key=lambda c: len(pairs(c) & todo))  # the first of the most, in product order
-        chosen.append(best)
-        todo -= pairs(best)
+        best = max(range(len(product)), key=lambda k: len(covers[k] & todo))  # the first of the most
+        chosen.append(product[best])
+        todo -= covers[best]
     return chosen
+
+
+def grid(*axes: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """``pairwise(*axes)``, or their whole product under ``MEMPLAN_FULL_GRIDS=1``."""
+    return list(itertools.product(*axes)) if FULL else pairwise(*axes)
 
 
 def _key(value: Any) -> Any:
@@ -61,5 +70,5 @@ def _keys(axis: Sequence[Any]) -> list[Any]:
 
 
 def pairwise_cases(argnames: str, *axes: Sequence[Any]) -> pytest.MarkDecorator:
-    """``pytest.mark.parametrize(argnames, pairwise(*axes))``: one axis per comma-separated name."""
-    return pytest.mark.parametrize(argnames, pairwise(*axes))
+    """``pytest.mark.parametrize(argnames, grid(*axes))``: one axis per comma-separated name."""
+    return pytest.mark.parametrize(argnames, grid(*axes))

@@ -32,8 +32,16 @@ def test_the_family_grids_are_smaller_than_their_products() -> None:
 
 
 def test_full_grids_run_every_combination(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert grids.grid([0, 1], [0, 1], [0, 1]) == grids.pairwise([0, 1], [0, 1], [0, 1])
     monkeypatch.setattr(grids, "FULL", True)
-    assert grids.pairwise([0, 1], [0, 1], [0, 1]) == list(itertools.product([0, 1], [0, 1], [0, 1]))
+    assert grids.grid([0, 1], [0, 1], [0, 1]) == list(itertools.product([0, 1], [0, 1], [0, 1]))
+
+
+def test_only_allowed_cases_and_their_pairs() -> None:
+    """A pair no allowed case holds is not asked for (test_matrix: reversible layers under checkpointing)."""
+    cases = grids.pairwise([0, 1], [0, 1], [0, 1], allowed=lambda c: not (c[0] and c[1]))
+    assert all(not (a and b) for a, b, _ in cases)
+    assert {(c[0], c[2]) for c in cases} == {(0, 0), (0, 1), (1, 0), (1, 1)}
 
 
 def test_unhashable_values_and_repeats() -> None:

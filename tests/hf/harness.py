@@ -29,7 +29,7 @@ from memplan.measure.instruments.measured import Measured
 from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
 from memplan.presets.hf import model_from_hf_config
-from tests.grids import pairwise
+from tests.grids import grid
 
 if TYPE_CHECKING:
     from memplan.measure.distributed.titan import RankRun
@@ -99,7 +99,7 @@ def each_case(test: F | None = None, /, **leading: Sequence[Any]) -> Any:
     covering array (``tests.grids``: every pair of two switches' values run; the whole product under
     ``MEMPLAN_FULL_GRIDS=1``). ``@each_case`` or ``@each_case(name=[...])``."""
     axes = [*map(list, leading.values()), ["flash", "eager"], CHECKPOINTING, [True, False]]
-    cases = [(*c[:-2], *c[-2], c[-1]) for c in pairwise(*axes)]
+    cases = [(*c[:-2], *c[-2], c[-1]) for c in grid(*axes)]
     mark = pytest.mark.parametrize([*leading, "attention", "checkpointing", "reentrant", "use_cache"], cases)
     return mark(test) if test is not None else mark
 

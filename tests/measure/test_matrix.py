@@ -26,6 +26,7 @@ from memplan.config import (
 from memplan.engine import estimate
 from memplan.measure.compare.tensors import compare
 from memplan.measure.runs.run import measure
+from tests.grids import pairwise
 
 AXES: dict[str, list[Any]] = {
     "attention": ["eager", "flash"],
@@ -45,27 +46,10 @@ def allowed(case: dict[str, Any]) -> bool:
 
 
 def all_pairs() -> list[dict[str, Any]]:
-    """Greedy all-pairs: add the case covering the most uncovered (allowed) pairs until none remain."""
+    """The allowed cases covering every allowed pair of two axes' values (``tests.grids.pairwise``)."""
     names = list(AXES)
-    uncovered = {
-        (a, va, b, vb)
-        for a, b in itertools.combinations(names, 2)
-        for va in AXES[a]
-        for vb in AXES[b]
-        if allowed({a: va, b: vb})
-    }
-    cases: list[dict[str, Any]] = []
-    candidates = [dict(zip(names, vals, strict=True)) for vals in itertools.product(*AXES.values())]
-    candidates = [c for c in candidates if allowed(c)]
-
-    def gain(c: dict[str, Any], todo: set[tuple[Any, ...]]) -> int:
-        return sum((a, c[a], b, c[b]) in todo for a, b in itertools.combinations(names, 2))
-
-    while uncovered:
-        best = max(candidates, key=lambda c: gain(c, uncovered))
-        cases.append(best)
-        uncovered -= {(a, best[a], b, best[b]) for a, b in itertools.combinations(names, 2)}
-    return cases
+    cases = pairwise(*AXES.values(), allowed=lambda c: allowed(dict(zip(names, c, strict=True))))
+    return [dict(zip(names, c, strict=True)) for c in cases]
 
 
 def setup_for(case: dict[str, Any]) -> Setup:
