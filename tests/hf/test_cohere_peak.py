@@ -11,14 +11,18 @@ backward read 33,570,816 B under the measured step (without and with checkpointi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from memplan.config import Setup
+from memplan.config import ModelConfig, Setup
 from memplan.engine import estimate
 from memplan.measure.frameworks.hf_peak import measure_hf_peak
 from memplan.measure.instruments.moments import estimated_moments
 from memplan.presets import load_model_preset
+from memplan.presets.hf import model_from_hf_config
 from tests.hf.harness import hf_setup
+from tests.hf.test_cohere import COMMAND_R_PLUS
 
 S = 512
 CASES = [hf_setup("command-r", seq=S), hf_setup("command-r", seq=S, checkpointing="full")]
@@ -87,3 +91,41 @@ def test_narrow_layer_tops_at_the_fp32_rotary_backward(checkpointing: str) -> No
     fields = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 4, "head_dim": 16, "ffn_size": 128}
     narrow = m.model_copy(update={**fields, "vocab_size": 256, "num_layers": 2})
     assert_norm_moments_exact(hf_setup(narrow, seq=64, checkpointing=checkpointing))
+
+
+def command_r_plus(**fields: Any) -> ModelConfig:
+    """Command R+ (96 heads, 8 kv heads of 128, its q/k LayerNorms) from its config.json, ``fields``
+    replaced."""
+    return model_from_hf_config({**COMMAND_R_PLUS, **fields}, "command-r-plus")
+
+
+@pytest.mark.parametrize(
+    ("fields", "seq", "checkpointing"),
+    [
+        ({}, 4096, "none"),
+        ({}, 4096, "full"),
+        (
+            {
+                "hidden_size": 1024,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 4,
+                "intermediate_size": 2816,
+            },
+            512,
+            "none",
+        ),
+    ],
+    ids=["command-r-plus-none", "command-r-plus-full", "narrow-gqa"],
+)
+def test_grouped_query_layer_tops_at_qs_rotary_backward(
+    fields: dict[str, Any], seq: int, checkpointing: str
+) -> None:
+    """Under grouped-query attention k's rotation is narrow, and the top is q's ``rotate_half`` backward
+    after k's: q's upcast gradient, dq·sin and its two ``slice_backward`` halves, 4 fp32 [T, a·d], beside
+    k's finished fp32 [T, kv·d] gradient; without checkpointing layer 0's sin table is released by then
+    (``rotary_backward.fp32_rotary_moment``). Before, the moment was modelled under multi-head attention
+    alone: Command R+ at s 4,096 207,142,912 B under (208,191,488 B under full checkpointing), the narrow
+    layer (h 1,024, 16 heads, 4 kv heads) at s 512 1,282,048 B under; exact now, and at s 2,048 and 8,192
+    (checked, not in the suite)."""
+    setup = hf_setup(command_r_plus(**fields), seq=seq, checkpointing=checkpointing)
+    assert_norm_moments_exact(setup)

@@ -222,7 +222,7 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
     attention_side = [
         post_attn - not_yet_rerun(setup, dims) if setup.model.post_norms else None,
         core,
-        fp32_rotary_moment(setup, dims, core),  # Cohere's rotation in fp32, after the core's backward
+        fp32_rotary_moment(setup, dims, core, freed),  # Cohere's rotation in fp32, after the core's
         *(m - freed for m in last),
     ]
     moments = [
