@@ -129,3 +129,18 @@ def test_grouped_query_layer_tops_at_qs_rotary_backward(
     (checked, not in the suite)."""
     setup = hf_setup(command_r_plus(**fields), seq=seq, checkpointing=checkpointing)
     assert_norm_moments_exact(setup)
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_a_shared_norm_has_no_mlp_norm_moment(checkpointing: str) -> None:
+    """Cohere's one norm feeds the attention and the MLP: its backward runs once, after both branches',
+    so the moment of a separate MLP norm's backward (the MLP's gradients made, the norm's chain beside
+    them) never happens. It had been a candidate, and topped a layer whose MLP is narrower than its width
+    (h 512, f 256, 8 heads, 2 kv heads, s 2,048): 1,112,064 B over; exact now."""
+    fields = {
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "intermediate_size": 256,
+    }
+    assert_norm_moments_exact(hf_setup(command_r_plus(**fields), seq=2048, checkpointing=checkpointing))

@@ -216,7 +216,8 @@ def layer_backward_transient(setup: Setup, dims: Dims, params: ParamCount, botto
         mlp_moment(setup, dims),
         lora_mlp.down_backward(setup, dims),  # peft's fp32 adapters on the MLP: W_down's A backward
         lora_mlp.up_backward(setup, dims),  # and the first linear's scaled gradient
-        mlp_norm - not_yet_rerun(setup, dims) if normed_in else None,
+        # a shared norm (Cohere, Falcon) runs its backward once, after the attention's: no MLP-norm moment
+        mlp_norm - not_yet_rerun(setup, dims) if normed_in and not setup.model.shared_norm else None,
         pn.post_mlp_norm_moment(setup, dims, residual_gradient(setup, dims) - not_yet_rerun(setup, dims)),
     ]
     attention_side = [
