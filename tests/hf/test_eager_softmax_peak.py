@@ -77,3 +77,25 @@ def test_deepseek_v2_lite_dense_layer_tops_at_its_softmax_backward() -> None:
     assert value_save_over_gradient(dense, dims) == 512 * 16 * 128 * 2
     attention = lb.attention_backward_transient(dense, dims, params)
     assert attention == lb.layer_backward_transient(dense, dims, params)
+
+
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+@pytest.mark.parametrize(("model", "seq"), [("gemma-3-1b", 4096), ("falcon-7b", 1024)])
+def test_multi_query_value_gradient_is_wider_than_its_save(model: str, seq: int, checkpointing: str) -> None:
+    """MQA (one kv head) at b = 1: ``repeat_kv`` is a view, so P·V's backward frees v's own storage — its
+    one head (Gemma-3 1B; Falcon-7B's KV cache copy), or the fused ``query_key_value`` output it is a view
+    of (Falcon without the cache, under checkpointing) — and makes dV at a heads
+    (``core.mqa_value_gradient_over_save``: dV less that storage). The layer backward before, measured −
+    estimated (none / full): Gemma-3 1B at s 4,096 +6,291,454 / +6,291,454 (its top the softmax's
+    backward), Falcon-7B at s 1,024 +9,175,040 / −262,144; exact now (Gemma's ``embed_scale``, −2 B)."""
+    from memplan.blocks.attention.core import mqa_value_gradient_over_save
+
+    setup = hf_setup(model, seq=seq, attention="eager", checkpointing=checkpointing)
+    dims = Dims.of(setup)
+    v = dims.tokens * dims.d * 2 * (73 if model == "falcon-7b" and checkpointing == "full" else 1)
+    assert mqa_value_gradient_over_save(setup, dims) == dims.tokens * dims.a * dims.d * 2 - v  # by hand
+    measured, buffers = measure_hf_peak(setup)
+    layer = measured["layer backward"]
+    assert layer is not None
+    gemma_embed_scale = 2 if model.startswith("gemma") else 0
+    assert layer - buffers - estimated_moments(estimate(setup))["layer backward"] == -gemma_embed_scale

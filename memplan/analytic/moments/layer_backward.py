@@ -30,6 +30,7 @@ from memplan.blocks.attention.core import (
     fp32_softmax_gradients,
     math_backward_buffers,
     math_dropout_core,
+    mqa_value_gradient_over_save,
     projection_rules,
     sdpa_kv_heads,
     sink_backward_extra,
@@ -67,6 +68,7 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
         buffers = 2 * scores - (scores if setup.model.attn_dropout > 0 else 0)
         buffers += softmax_backward_scratch(setup, dims) + sink_backward_extra(setup, dims)
         buffers += fp32_softmax_gradients(setup, dims) - value_save_over_gradient(setup, dims)
+        buffers += mqa_value_gradient_over_save(setup, dims)
     elif math_dropout_core(setup):  # SDPA's math kernel: fp32 dO, dV and d(attn) at P·V's backward
         buffers = math_backward_buffers(dims)
     else:
