@@ -81,7 +81,11 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
     done = _mlp_done(setup, params) - w_o_done(setup) + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
     # A parallel layer with one norm for both branches (Falcon-7B): the MLP's input gradient [T, h] waits
     # in the norm output's input buffer for W_QKV's dX (``qkv_backward.parallel_shared_qkv``)
-    waiting = t * dims.h * a_bytes if setup.model.parallel_residual and setup.model.shared_norm else 0
+    # Falcon's new architecture (two norms, ln_attn and ln_mlp, both run before the attention) alike: the
+    # MLP's input gradient waits in ln_mlp's output buffer, its backward after the attention's
+    m = setup.model
+    branch_norms_first = m.shared_norm or profile_of(setup).qkv_views
+    waiting = t * dims.h * a_bytes if m.parallel_residual and branch_norms_first else 0
     return t * dims.h * a_bytes + buffers + done + waiting + reversible_f_extra(setup, dims)
 
 
