@@ -104,8 +104,8 @@ def mqa_value_gradient_over_save(setup: Setup, dims: Dims) -> int:
     if core_of(setup) is not Core.EAGER or dims.kv != 1 or dims.b != 1 or not prof.repeat_kv_view:
         return 0
     saves = {r.name: r.bytes for r in projection_rules(setup, dims)}
-    v = saves.get("attn.v", saves.get("attn.qkv", 0))
-    return dims.tokens * dims.a * dims.d * dims.act.bytes - v
+    v = saves.get("attn.v", saves.get("attn.qkv"))
+    return 0 if v is None else dims.tokens * dims.a * dims.d * dims.act.bytes - v
 
 
 def window_masked(setup: Setup, dims: Dims) -> bool:
