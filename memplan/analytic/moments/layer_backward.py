@@ -20,7 +20,7 @@ from memplan.analytic.moments.layer_saves import (
     w_o_done,
 )
 from memplan.analytic.moments.qk_norms import per_head_norms_apply, per_head_qk_norm_moments
-from memplan.analytic.moments.qkv_backward import fused_qkv_input_gradient
+from memplan.analytic.moments.qkv_backward import fused_qkv_input_gradient, mlp_gradient_waits
 from memplan.analytic.moments.rotary_backward import fp32_rotary_moment
 from memplan.analytic.moments.sp_moments import sp_mlp, sp_mlp_moments, sp_rerun_scatter
 from memplan.analytic.params import ParamCount
@@ -79,13 +79,9 @@ def attention_backward_transient(setup: Setup, dims: Dims, params: ParamCount) -
             buffers = (2 * t * dims.a * dims.d + 2 * t * sdpa_kv_heads(setup, dims) * dims.d) * a_bytes
             buffers += flash_backward_workspace(setup, dims)
     done = _mlp_done(setup, params) - w_o_done(setup) + pn.post_norm_done(setup, Block.POST_ATTN_NORM)
-    # A parallel layer with one norm for both branches (Falcon-7B): the MLP's input gradient [T, h] waits
-    # in the norm output's input buffer for W_QKV's dX (``qkv_backward.parallel_shared_qkv``)
-    # Falcon's new architecture (two norms, ln_attn and ln_mlp, both run before the attention) alike: the
-    # MLP's input gradient waits in ln_mlp's output buffer, its backward after the attention's
-    m = setup.model
-    branch_norms_first = m.shared_norm or profile_of(setup).qkv_views
-    waiting = t * dims.h * a_bytes if m.parallel_residual and branch_norms_first else 0
+    # A parallel layer whose MLP norm runs before the attention (one norm for both branches, or Falcon's
+    # ln_mlp): the MLP's input gradient [T, h] waits through the attention's backward (for W_QKV's dX)
+    waiting = t * dims.h * a_bytes if mlp_gradient_waits(setup) else 0
     return t * dims.h * a_bytes + buffers + done + waiting + reversible_f_extra(setup, dims)
 
 

@@ -25,16 +25,26 @@ from memplan.config.trainable import base_trains
 
 
 def parallel_shared_qkv(setup: Setup) -> bool:
-    """A parallel layer whose one norm feeds both branches and whose q, k, v are views of one fused
-    projection (transformers' Falcon: ``query_key_value``, ``shared_norm``, ``qkv_views``). Autograd runs
-    the MLP's backward first (its output made last: ``mlp_output += attention_output``), so the MLP's
-    input gradient [T, h] waits in the norm output's input buffer while the attention's backward runs,
-    to be summed with W_QKV's dX; that dX matmul is the layer's top where the fused output gradient
-    [T, (a + 2·kv)·d] and the norm's output (W_QKV's and the MLP's saved input) outweigh LayerNorm's
-    backward. Measured at Falcon-7B's widths (s 512, layer 0): ``mm`` [512, 4544] after W_QKV's
-    [4672, 4544] weight gradient, 9,419,008 B above the norm's backward (tests/hf/test_falcon_peak.py)."""
+    """A parallel layer whose q, k, v are views of one fused projection and whose MLP's norm runs before
+    the attention (transformers' Falcon: ``query_key_value``, ``qkv_views``; one norm for both branches,
+    ``shared_norm``, or the new architecture's ``ln_attn`` and ``ln_mlp``, both on the layer input).
+    Autograd runs the MLP's backward first (its output made last: ``mlp_output += attention_output``), so
+    the MLP's input gradient [T, h] waits — in the one norm's output buffer, or in ``ln_mlp``'s — while the
+    attention's backward runs, to be summed with W_QKV's dX; that dX matmul is the layer's top where the
+    fused output gradient [T, (a + 2·kv)·d] and the norm's output (W_QKV's saved input) outweigh
+    LayerNorm's backward. Measured at Falcon-7B's widths (s 512, layer 0): ``mm`` [512, 4544] after W_QKV's
+    [4672, 4544] weight gradient, 9,419,008 B above the norm's backward; at Falcon-40B's (s 1,024):
+    35,590,144 B under before the new architecture was read so (tests/hf/test_layernorm_peak.py)."""
     m = setup.model
-    return m.parallel_residual and m.shared_norm and profile_of(setup).qkv_views
+    return m.parallel_residual and profile_of(setup).qkv_views
+
+
+def mlp_gradient_waits(setup: Setup) -> bool:
+    """Whether the MLP's input gradient [T, h] waits through the attention's backward: a parallel layer
+    whose MLP norm runs before the attention — one norm for both branches (Cohere, Falcon-7B) or Falcon's
+    ``ln_mlp`` beside ``ln_attn`` (``parallel_shared_qkv``); not GPT-NeoX's, whose MLP norm runs after it."""
+    m = setup.model
+    return m.parallel_residual and (m.shared_norm or profile_of(setup).qkv_views)
 
 
 def q_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
