@@ -8,7 +8,7 @@ Before, each read under the measured top of its layer's backward (none / full ch
   then (``blocks.mlp.gradient_buffers``, ``python_gelu_mask``).
 - Falcon-7B: 9,287,936 / 9,423,104 B. Its one norm feeds both branches: W_QKV's dX matmul, with the fused
   output gradient [T, (a + 2)·d], the norm's output and the MLP's input gradient waiting to be summed,
-  tops the layer (``analytic.moments.qkv_backward.parallel_shared_qkv``).
+  tops the layer (``analytic.moments.qkv_backward.parallel_fused_qkv``).
 - StableLM 2 1.6B: 4,153,344 / 4,186,112 B. W_Q's backward, the last of its three projections, above
   LayerNorm's (``analytic.moments.qkv_backward.q_input_gradient``).
 
@@ -69,15 +69,14 @@ def test_falcon_40bs_mlp_gradient_waits_for_ln_mlp(attention: str, seq: int) -> 
     """Falcon-40B's new decoder architecture runs both norms, ``ln_attn`` and ``ln_mlp``, on the layer
     input before the attention: in backward the MLP's input gradient [T, h] waits in ``ln_mlp``'s output
     buffer through the attention's backward and W_QKV's dX, as Falcon-7B's through its one norm
-    (``qkv_backward.mlp_gradient_waits``, ``parallel_shared_qkv``), and ``ln_mlp``'s backward runs after
+    (``qkv_backward.mlp_gradient_waits``, ``parallel_fused_qkv``), and ``ln_mlp``'s backward runs after
     them: its saves still held, its weight and bias gradients not made (``layer_backward.
     mlp_norm_not_run``). The layer's top — W_QKV's dX at s 1,024, the attention core at s 4,096 — was
     35,590,144 B under at s 1,024 under flash (16,748,544 B eager) and 67,092,480 B at s 4,096; then, with
     the waiting gradient alone, 32,768 − 4·T B over; exact now (and under full checkpointing, checked)."""
     setup = hf_setup("falcon-40b", seq=seq, attention=attention)
     from memplan.analytic.moments.layer_backward import mlp_norm_not_run
-    from memplan.engine import estimate as est
 
-    assert mlp_norm_not_run(setup, est(setup).pieces.params) == 4 * seq - 2 * 2 * 8192  # rstd; weight, bias
+    assert mlp_norm_not_run(setup, estimate(setup).pieces.params) == 4 * seq - 2 * 2 * 8192  # rstd; w, b
     delta = hf_moment_deltas(setup)
     assert delta["layer backward"] == 0, delta

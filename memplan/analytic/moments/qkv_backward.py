@@ -10,7 +10,7 @@ ten layouts in all, by hand). Under AC on a sequence-parallel rank the re-run's 
 working set counts the rank's [T/t, h]: the rest is added here.
 
 Under transformers' LayerNorm (``native_layer_norm``: dY and dX alone in its backward) the same moment
-tops Falcon's parallel layer (``parallel_shared_qkv``) and, with separate projections, StableLM's
+tops Falcon's parallel layer (``parallel_fused_qkv``) and, with separate projections, StableLM's
 (``q_input_gradient``): measured at their real widths (tests/hf/test_layernorm_peak.py).
 """
 
@@ -24,7 +24,7 @@ from memplan.config import Checkpointing, Setup
 from memplan.config.trainable import base_trains
 
 
-def parallel_shared_qkv(setup: Setup) -> bool:
+def parallel_fused_qkv(setup: Setup) -> bool:
     """A parallel layer whose q, k, v are views of one fused projection and whose MLP's norm runs before
     the attention (transformers' Falcon: ``query_key_value``, ``qkv_views``; one norm for both branches,
     ``shared_norm``, or the new architecture's ``ln_attn`` and ``ln_mlp``, both on the layer input).
@@ -42,7 +42,7 @@ def parallel_shared_qkv(setup: Setup) -> bool:
 def mlp_gradient_waits(setup: Setup) -> bool:
     """Whether the MLP's input gradient [T, h] waits through the attention's backward: a parallel layer
     whose MLP norm runs before the attention — one norm for both branches (Cohere, Falcon-7B) or Falcon's
-    ``ln_mlp`` beside ``ln_attn`` (``parallel_shared_qkv``); not GPT-NeoX's, whose MLP norm runs after it."""
+    ``ln_mlp`` beside ``ln_attn`` (``parallel_fused_qkv``); not GPT-NeoX's, whose MLP norm runs after it."""
     m = setup.model
     return m.parallel_residual and (m.shared_norm or profile_of(setup).qkv_views)
 
@@ -72,7 +72,7 @@ def q_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
 
 def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
     """Under torch's fused CUDA RMSNorm (``cuda_fused_rms_norm``) or in a parallel shared-norm layer
-    (``parallel_shared_qkv``), W_QKV's dX matmul over the attention norm's moment: the cat of dq, dk, dv
+    (``parallel_fused_qkv``), W_QKV's dX matmul over the attention norm's moment: the cat of dq, dk, dv
     [T, (a + 2·kv)·d] (the rank's heads) and dX [T, h] in place of the norm's dY and dX
     (``norm_backward_transient``), W_QKV's saved input still held (its node runs) where the forward's
     saves are the layer's, the norm's weight gradient (``norm_grad``) not made yet; in the parallel layer
@@ -80,18 +80,18 @@ def fused_qkv_input_gradient(setup: Setup, dims: Dims, norm_grad: int) -> int:
     decomposed norm's fp32 pieces are higher)."""
     if profile_of(setup).q_input_gradient_top:
         return q_input_gradient(setup, dims, norm_grad)
-    if not (cuda_fused_rms_norm(setup) or parallel_shared_qkv(setup)):
+    if not (cuda_fused_rms_norm(setup) or parallel_fused_qkv(setup)):
         return 0
     return w_qkv_dx(setup, dims, norm_grad)
 
 
 def w_qkv_dx(setup: Setup, dims: Dims, norm_grad: int) -> int:
     """W_QKV's dX matmul over the attention norm's moment (``fused_qkv_input_gradient``'s terms): the cat
-    of dq, dk, dv, dX [T, h], W_QKV's saved input, the MLP's input gradient in a shared-norm parallel layer,
-    less the norm's transient and weight gradient. Also the top of a layer whose input needs no gradient
-    under a fused projection (``input_free``: Phi-3's ``qkv_proj``, the op-by-op RMSNorm's chain never
-    run)."""
-    parallel = parallel_shared_qkv(setup)
+    of dq, dk, dv, dX [T, h], W_QKV's saved input, the MLP's input gradient in a parallel layer
+    (``parallel_fused_qkv``), less the norm's transient and weight gradient. Also the top of a layer whose
+    input needs no gradient under a fused projection (``input_free``: Phi-3's ``qkv_proj``, the op-by-op
+    RMSNorm's chain never run)."""
+    parallel = parallel_fused_qkv(setup)
     e, t, m = dims.act.bytes, dims.tokens, setup.model
     cat = t * (m.q_width + 2 * m.kv_width) * e  # the rank's model: its tensor-parallel heads already
     gathered = t * dims.h * e  # W_QKV's saved input: the sequence-parallel plan keeps it gathered

@@ -8,7 +8,7 @@ input (the new architecture's ``ln_attn`` / ``ln_mlp``: ``parallel_residual``). 
 
 Checked to the byte per layer and in total, FLOPs per phase equal (tests/hf/test_falcon.py); the layer
 backward's top, W_QKV's input gradient beside the MLP's
-(``analytic.moments.qkv_backward.parallel_shared_qkv``),
+(``analytic.moments.qkv_backward.parallel_fused_qkv``),
 exact at Falcon-7B's widths (tests/hf/test_layernorm_peak.py). Known
 limitations:
 - NB: ALiBi (Falcon-RW, ``alibi``) and the sequential layer (``parallel_attn`` false, which drops out the
